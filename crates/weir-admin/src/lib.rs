@@ -1,0 +1,110 @@
+//! The admin listener: `/live` and `/ready` now; `/metrics` and the object API join here.
+//!
+//! It runs on its own thread and runtime, separate from the data-plane workers, so it never
+//! shares their limits and stays reachable when they are saturated.
+
+#![forbid(unsafe_code)]
+
+use std::convert::Infallible;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use http_body_util::Full;
+use hyper::body::{Bytes, Incoming};
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use tokio::sync::watch;
+
+/// What the admin endpoints report on.
+#[derive(Default)]
+pub struct AdminState {
+    /// Config loaded and listeners bound.
+    pub ready: AtomicBool,
+}
+
+/// A running admin listener; `stop` ends it.
+pub struct Admin {
+    addr: SocketAddr,
+    stop: watch::Sender<bool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Admin {
+    /// Binds `bind` (so returning means it accepts) and serves on a thread of its own.
+    pub fn start(bind: SocketAddr, state: Arc<AdminState>) -> io::Result<Admin> {
+        let listener = std::net::TcpListener::bind(bind)?;
+        listener.set_nonblocking(true)?;
+        let addr = listener.local_addr()?;
+        let (stop, stopped) = watch::channel(false);
+        let thread = std::thread::Builder::new()
+            .name("weir-admin".into())
+            .spawn(move || serve(listener, state, stopped))?;
+        Ok(Admin {
+            addr,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn stop(mut self) {
+        let _ = self.stop.send(true);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn serve(
+    listener: std::net::TcpListener,
+    state: Arc<AdminState>,
+    mut stopped: watch::Receiver<bool>,
+) {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => return tracing::error!(error = %e, "admin runtime failed"),
+    };
+    runtime.block_on(async move {
+        let listener = match tokio::net::TcpListener::from_std(listener) {
+            Ok(l) => l,
+            Err(e) => return tracing::error!(error = %e, "admin listener failed"),
+        };
+        loop {
+            let (stream, _) = tokio::select! {
+                r = listener.accept() => match r { Ok(s) => s, Err(_) => continue },
+                _ = stopped.changed() => return,
+            };
+            let state = state.clone();
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |req| handle(req, state.clone()));
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+}
+
+async fn handle(
+    req: Request<Incoming>,
+    state: Arc<AdminState>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    let (status, body) = match req.uri().path() {
+        "/live" => (StatusCode::OK, "live\n"),
+        "/ready" if state.ready.load(Ordering::Acquire) => (StatusCode::OK, "ready\n"),
+        "/ready" => (StatusCode::SERVICE_UNAVAILABLE, "not ready\n"),
+        _ => (StatusCode::NOT_FOUND, "not found: try /live or /ready\n"),
+    };
+    let mut response = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
+    *response.status_mut() = status;
+    Ok(response)
+}

@@ -1,0 +1,417 @@
+//! Configuration errors, and locating them in the source text.
+//!
+//! Every error names the file, a 1-based `line:column`, the offending key as a dotted path
+//! (`listeners[0].routes[1].upstream`), what is wrong and how to fix it. Syntax and type
+//! errors come with a byte span from the TOML parser; validation errors come with a key
+//! path, which is looked up in a span-preserving parse ([`toml_edit::ImDocument`]). A key
+//! that cannot be found is reported at its nearest located parent, else at `1:1`.
+
+use std::fmt;
+use std::ops::Range;
+
+use toml_edit::{ImDocument, Item, Table, TableLike, Value};
+
+/// Why a configuration could not be loaded.
+///
+/// Displays as one line:
+/// `weir.toml:12:5: listeners[0].routes[0].upstream: unknown upstream "cgi2" (fix: ...)`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}{message} (fix: {fix})", prefix(.file, .line, .column, .field))]
+pub struct ConfigError {
+    /// The file name as given to [`crate::load_file`] or [`crate::parse_str`].
+    pub file: String,
+    /// 1-based line; 0 when the error concerns the file as a whole (it could not be read).
+    pub line: usize,
+    /// 1-based column, in characters; 0 when `line` is 0.
+    pub column: usize,
+    /// Dotted path of the offending key, such as `upstreams.cgi.servers[0].addr`;
+    /// empty when no key applies (a syntax error, an unreadable file).
+    pub field: String,
+    /// What is wrong.
+    pub message: String,
+    /// How to fix it.
+    pub fix: String,
+}
+
+/// `file:line:column: field: `, leaving out the parts that do not apply.
+fn prefix(file: &str, line: &usize, column: &usize, field: &str) -> String {
+    let mut out = if *line == 0 {
+        format!("{file}: ")
+    } else {
+        format!("{file}:{line}:{column}: ")
+    };
+    if !field.is_empty() {
+        out.push_str(field);
+        out.push_str(": ");
+    }
+    out
+}
+
+impl ConfigError {
+    /// The configuration file could not be read.
+    pub(crate) fn io(file: &str, err: &std::io::Error) -> Self {
+        let fix = match err.kind() {
+            std::io::ErrorKind::NotFound => "check the path, or pass another file with -c FILE",
+            std::io::ErrorKind::PermissionDenied => "make the file readable by this user",
+            std::io::ErrorKind::InvalidData => "save the file as UTF-8",
+            _ => "check that the path names a readable file",
+        };
+        ConfigError {
+            file: file.to_owned(),
+            line: 0,
+            column: 0,
+            field: String::new(),
+            message: format!("cannot read the configuration file: {err}"),
+            fix: fix.to_owned(),
+        }
+    }
+}
+
+/// One step of a [`FieldPath`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Seg {
+    Key(String),
+    Index(usize),
+}
+
+/// The path of a key in the document, such as `listeners[0].routes[1].upstream`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct FieldPath(Vec<Seg>);
+
+impl FieldPath {
+    /// This path extended by a key.
+    pub(crate) fn key(&self, key: &str) -> FieldPath {
+        let mut segs = self.0.clone();
+        segs.push(Seg::Key(key.to_owned()));
+        FieldPath(segs)
+    }
+
+    /// This path extended by an array index.
+    pub(crate) fn index(&self, index: usize) -> FieldPath {
+        let mut segs = self.0.clone();
+        segs.push(Seg::Index(index));
+        FieldPath(segs)
+    }
+
+    /// The last key of the path (`upstream` for `listeners[0].routes[1].upstream`).
+    pub(crate) fn last_key(&self) -> &str {
+        self.0
+            .iter()
+            .rev()
+            .find_map(|seg| match seg {
+                Seg::Key(key) => Some(key.as_str()),
+                Seg::Index(_) => None,
+            })
+            .unwrap_or("")
+    }
+}
+
+impl fmt::Display for FieldPath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, seg) in self.0.iter().enumerate() {
+            match seg {
+                Seg::Index(index) => write!(f, "[{index}]")?,
+                Seg::Key(key) => {
+                    if i > 0 {
+                        f.write_str(".")?;
+                    }
+                    let bare = !key.is_empty()
+                        && key
+                            .chars()
+                            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+                    if bare {
+                        f.write_str(key)?;
+                    } else {
+                        write!(f, "{key:?}")?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A validation failure, before it is located in the source.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Issue {
+    pub path: FieldPath,
+    pub message: String,
+    pub fix: String,
+}
+
+impl Issue {
+    pub(crate) fn new(path: &FieldPath, message: impl Into<String>, fix: impl Into<String>) -> Self {
+        Issue {
+            path: path.clone(),
+            message: message.into(),
+            fix: fix.into(),
+        }
+    }
+}
+
+/// The text being parsed, with what is needed to locate errors in it.
+pub(crate) struct Source<'a> {
+    pub file: &'a str,
+    pub text: &'a str,
+}
+
+impl Source<'_> {
+    fn error(&self, offset: usize, field: String, message: String, fix: String) -> ConfigError {
+        let (line, column) = line_column(self.text, offset);
+        ConfigError {
+            file: self.file.to_owned(),
+            line,
+            column,
+            field,
+            message,
+            fix,
+        }
+    }
+
+    /// The document is not valid TOML.
+    pub(crate) fn syntax_error(&self, err: &toml_edit::TomlError) -> ConfigError {
+        let message = one_line(err.message());
+        let fix = SYNTAX_FIXES
+            .iter()
+            .find(|(needle, _)| message.contains(needle))
+            .map_or("correct the TOML syntax at this position", |(_, fix)| fix);
+        let offset = err.span().map_or(0, |s| s.start);
+        self.error(offset, String::new(), message, fix.to_owned())
+    }
+
+    /// The document is valid TOML but does not fit the expected shape.
+    pub(crate) fn shape_error(&self, doc: &ImDocument<&str>, err: &toml::de::Error) -> ConfigError {
+        let offset = err.span().map_or(0, |s| s.start);
+        let mut path = FieldPath::default();
+        find_path(Node::Item(doc.as_item()), offset, &mut path);
+        let message = readable_serde_message(&one_line(err.message()));
+        let fix = shape_fix(&path.to_string(), &message);
+        self.error(offset, path.to_string(), message, fix)
+    }
+
+    /// A validation error: locate its key, else its nearest located parent.
+    pub(crate) fn issue_error(&self, doc: &ImDocument<&str>, issue: Issue) -> ConfigError {
+        let offset = locate(doc, &issue.path).unwrap_or(0);
+        self.error(offset, issue.path.to_string(), issue.message, issue.fix)
+    }
+}
+
+/// 1-based line and column (in characters) of a byte offset; clamped to the text.
+fn line_column(text: &str, offset: usize) -> (usize, usize) {
+    let mut end = offset.min(text.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    let before = &text[..end];
+    let line = before.matches('\n').count() + 1;
+    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+    (line, before[line_start..].chars().count() + 1)
+}
+
+/// Joins a possibly multi-line parser message into one line.
+fn one_line(message: &str) -> String {
+    let parts: Vec<&str> = message
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    parts.join("; ")
+}
+
+/// Replaces internal type names (`struct RawRoute`) in serde messages with "a table".
+fn readable_serde_message(message: &str) -> String {
+    let mut out = message.to_owned();
+    while let Some(start) = out.find("struct Raw") {
+        let rest = &out[start + "struct ".len()..];
+        let len = rest
+            .find(|c: char| !c.is_ascii_alphanumeric())
+            .unwrap_or(rest.len());
+        out.replace_range(start..start + "struct ".len() + len, "a table");
+    }
+    out.replace("expected a map", "expected a table")
+}
+
+/// Fixes for TOML syntax errors, by a phrase of the message.
+const SYNTAX_FIXES: &[(&str, &str)] = &[
+    ("duplicate key", "remove or rename one of the two definitions"),
+    ("basic string", "close the string with a double quote on the same line"),
+    ("literal string", "close the string with a single quote on the same line"),
+    (
+        "invalid string",
+        r#"write a valid value: "text" in quotes, a number, true or false, [a list] or { a table }"#,
+    ),
+    ("expected", "insert what is expected here, or correct the syntax around it"),
+];
+
+/// Fixes for serde errors, by a phrase of the message.
+const SHAPE_FIXES: &[(&str, &str)] = &[
+    ("unknown field", "remove the key or correct its spelling"),
+    ("expected a boolean", "write true or false, without quotes"),
+    ("expected a sequence", r#"write a list in brackets, such as ["a", "b"]"#),
+    ("expected a table", "write a table, such as { key = \"value\" } or a [section]"),
+    ("expected a string or an integer", "write a quoted string or a whole number"),
+    ("expected a string", "write the value in double quotes"),
+    ("expected i64", "write a whole number, without quotes"),
+];
+
+/// How to fix a serde error on `field`.
+fn shape_fix(field: &str, message: &str) -> String {
+    if field.ends_with("_timeout") && message.contains("expected a string") {
+        return r#"write the duration in double quotes with a unit, such as "5s""#.to_owned();
+    }
+    SHAPE_FIXES
+        .iter()
+        .find(|(needle, _)| message.contains(needle))
+        .map_or("change the value to the expected type", |(_, fix)| fix)
+        .to_owned()
+}
+
+/// A node of the span-preserving document.
+#[derive(Clone, Copy)]
+enum Node<'a> {
+    Item(&'a Item),
+    Value(&'a Value),
+    Table(&'a Table),
+}
+
+impl<'a> Node<'a> {
+    fn span(self) -> Option<Range<usize>> {
+        match self {
+            Node::Item(item) => item.span(),
+            Node::Value(value) => value.span(),
+            Node::Table(table) => table.span(),
+        }
+    }
+
+    fn table(self) -> Option<&'a dyn TableLike> {
+        match self {
+            Node::Item(item) => item.as_table_like(),
+            Node::Value(value) => value.as_inline_table().map(|t| t as &dyn TableLike),
+            Node::Table(table) => Some(table as &dyn TableLike),
+        }
+    }
+
+    /// Elements of an array or array of tables; empty for anything else.
+    fn elements(self) -> Vec<Node<'a>> {
+        let array = match self {
+            Node::Item(item) => {
+                if let Some(tables) = item.as_array_of_tables() {
+                    return tables.iter().map(Node::Table).collect();
+                }
+                item.as_array()
+            }
+            Node::Value(value) => value.as_array(),
+            Node::Table(_) => None,
+        };
+        array.map_or_else(Vec::new, |a| a.iter().map(Node::Value).collect())
+    }
+}
+
+/// Byte offset of the key named by `path`, else of its nearest located parent.
+fn locate(doc: &ImDocument<&str>, path: &FieldPath) -> Option<usize> {
+    let mut node = Node::Item(doc.as_item());
+    let mut found = None;
+    for seg in &path.0 {
+        let next = match seg {
+            Seg::Key(key) => node.table().and_then(|t| t.get_key_value(key)).map(|(k, item)| {
+                (k.span(), Node::Item(item))
+            }),
+            Seg::Index(index) => node.elements().get(*index).map(|n| (n.span(), *n)),
+        };
+        let Some((span, child)) = next else { break };
+        found = span.map(|s| s.start).or(found);
+        node = child;
+    }
+    found
+}
+
+/// Appends to `path` the keys leading to the deepest node that contains `offset`;
+/// returns whether `offset` lies in `node` at all.
+fn find_path(node: Node<'_>, offset: usize, path: &mut FieldPath) -> bool {
+    if let Some(table) = node.table() {
+        for (name, item) in table.iter() {
+            let on_key = table
+                .key(name)
+                .and_then(|k| k.span())
+                .is_some_and(|s| s.contains(&offset));
+            path.0.push(Seg::Key(name.to_owned()));
+            if on_key || find_path(Node::Item(item), offset, path) {
+                return true;
+            }
+            path.0.pop();
+        }
+    }
+    for (index, child) in node.elements().into_iter().enumerate() {
+        path.0.push(Seg::Index(index));
+        if find_path(child, offset, path) {
+            return true;
+        }
+        path.0.pop();
+    }
+    node.span().is_some_and(|s| s.contains(&offset))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn display_is_one_line() {
+        let err = ConfigError {
+            file: "weir.toml".into(),
+            line: 12,
+            column: 5,
+            field: "listeners[0].routes[0].upstream".into(),
+            message: "unknown upstream \"cgi2\"".into(),
+            fix: "define [upstreams.cgi2] or use one of: cgi".into(),
+        };
+        assert_eq!(
+            err.to_string(),
+            "weir.toml:12:5: listeners[0].routes[0].upstream: unknown upstream \"cgi2\" \
+             (fix: define [upstreams.cgi2] or use one of: cgi)"
+        );
+    }
+
+    #[test]
+    fn display_leaves_out_what_does_not_apply() {
+        let err = ConfigError::io("weir.toml", &std::io::Error::from(std::io::ErrorKind::NotFound));
+        let text = err.to_string();
+        assert!(text.starts_with("weir.toml: cannot read the configuration file: "), "{text}");
+        assert!(text.ends_with("(fix: check the path, or pass another file with -c FILE)"));
+    }
+
+    #[test]
+    fn paths_render_dotted() {
+        let path = FieldPath::default().key("upstreams").key("cgi").key("servers").index(0);
+        assert_eq!(path.key("addr").to_string(), "upstreams.cgi.servers[0].addr");
+        assert_eq!(FieldPath::default().key("upstreams").key("a.b").to_string(), "upstreams.\"a.b\"");
+    }
+
+    #[test]
+    fn line_column_counts_characters() {
+        let text = "ab\nçd = 1\n";
+        assert_eq!(line_column(text, 0), (1, 1));
+        assert_eq!(line_column(text, 3), (2, 1));
+        assert_eq!(line_column(text, 5), (2, 2)); // after the two-byte 'ç'
+        assert_eq!(line_column(text, 4), (2, 1)); // inside 'ç': clamped back
+        assert_eq!(line_column(text, 999), (3, 1));
+    }
+
+    #[test]
+    fn internal_type_names_are_hidden() {
+        assert_eq!(
+            readable_serde_message("invalid type: string \"x\", expected struct RawUpstreamServer"),
+            "invalid type: string \"x\", expected a table"
+        );
+    }
+
+    #[test]
+    fn locate_falls_back_to_parent() {
+        let text = "[[listeners]]\nname = \"a\"\n\n[[listeners]]\nname = \"b\"\n";
+        let doc = ImDocument::parse(text).expect("valid TOML");
+        let listeners = FieldPath::default().key("listeners");
+        assert_eq!(locate(&doc, &listeners.index(1).key("name")), Some(40));
+        assert_eq!(locate(&doc, &listeners.index(1).key("bind")), Some(26));
+        assert_eq!(locate(&doc, &FieldPath::default().key("upstreams")), None);
+    }
+}

@@ -1,0 +1,349 @@
+//! Weir's configuration: the TOML file, its validation, and the validated model.
+//!
+//! [`load_file`] and [`parse_str`] turn a `weir.toml` into a [`Config`] in three steps:
+//! the text is parsed as TOML (keeping spans), deserialized into raw structs that mirror
+//! the file and reject unknown keys, then validated: defaults are filled in, durations,
+//! sizes and addresses parsed, names resolved. Any failure is a single [`ConfigError`]
+//! naming the file, line, column and key, with a message and a suggested fix.
+//!
+//! The crate does no I/O beyond reading the file, except that upstream server addresses
+//! written as `host:port` are resolved once, at load time.
+
+#![forbid(unsafe_code)]
+
+pub mod model;
+
+mod error;
+mod raw;
+mod units;
+mod validate;
+
+use std::path::Path;
+
+pub use error::ConfigError;
+pub use model::*;
+pub use units::{parse_duration, parse_size};
+
+use error::Source;
+
+/// Reads and validates the configuration file at `path`.
+///
+/// A file that cannot be read (missing, unreadable, not UTF-8) is a [`ConfigError`] too,
+/// with `line` 0; errors name the file as `path` displays.
+pub fn load_file(path: &Path) -> Result<Config, ConfigError> {
+    let file = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| ConfigError::io(&file, &e))?;
+    parse_str(&text, &file)
+}
+
+/// Parses and validates configuration text; `file_name` is used in error messages.
+pub fn parse_str(source: &str, file_name: &str) -> Result<Config, ConfigError> {
+    let src = Source {
+        file: file_name,
+        text: source,
+    };
+    let doc = toml_edit::ImDocument::parse(source).map_err(|e| src.syntax_error(&e))?;
+    let raw: raw::RawConfig = toml::from_str(source).map_err(|e| src.shape_error(&doc, &e))?;
+    validate::config(raw).map_err(|issue| src.issue_error(&doc, issue))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::SocketAddr;
+    use std::time::Duration;
+
+    const FULL: &str = r#"[server]
+workers = "auto"
+drain_timeout = "30s"
+
+[admin]
+bind = "127.0.0.1:9901"
+
+[[listeners]]
+name = "web"
+bind = "127.0.0.1:8080"
+protocol = "http"
+backlog = 4096
+max_connections = 10000
+keepalive_timeout = "5s"
+keepalive_requests = 500
+header_timeout = "10s"
+client_timeout = "60s"
+max_body_size = "0"
+max_header_size = "16KiB"
+max_headers = 100
+default_response = { status = 404, body = "no route\n", content_type = "text/plain" }
+
+[[listeners.routes]]
+name = "cgi"
+hosts = ["*"]
+path_prefix = "/cgi/"
+rewrite_prefix = "/"
+reverse_rewrite = false
+preserve_host = true
+forwarded_headers = true
+upstream = "cgi"
+
+[upstreams.cgi]
+servers = [{ addr = "127.0.0.1:8081" }]
+connect_timeout = "2s"
+response_timeout = "60s"
+idle_timeout = "60s"
+max_idle = 256
+"#;
+
+    fn addr(text: &str) -> SocketAddr {
+        text.parse().expect("test address")
+    }
+
+    fn listener(name: &str, bind: &str, routes: Vec<Route>) -> Listener {
+        Listener {
+            name: name.into(),
+            bind: addr(bind),
+            protocol: Protocol::Http,
+            backlog: 4096,
+            max_connections: 10_000,
+            keepalive_timeout: Duration::from_secs(5),
+            keepalive_requests: 500,
+            header_timeout: Duration::from_secs(10),
+            client_timeout: Duration::from_secs(60),
+            max_body_size: None,
+            max_header_size: 16 * 1024,
+            max_headers: 100,
+            default_response: DefaultResponse {
+                status: 404,
+                body: "no route\n".into(),
+                content_type: "text/plain".into(),
+            },
+            routes,
+        }
+    }
+
+    fn parse(source: &str) -> Config {
+        match parse_str(source, "weir.toml") {
+            Ok(config) => config,
+            Err(e) => panic!("unexpected error: {e}"),
+        }
+    }
+
+    pub(crate) fn fail(source: &str) -> ConfigError {
+        parse_str(source, "weir.toml").expect_err("the configuration should be rejected")
+    }
+
+    #[test]
+    fn full_example_parses_into_the_model() {
+        let route = Route {
+            name: "cgi".into(),
+            hosts: vec![HostPattern::Any],
+            path_prefix: "/cgi/".into(),
+            rewrite_prefix: Some("/".into()),
+            reverse_rewrite: false,
+            preserve_host: true,
+            forwarded_headers: true,
+            upstream: 0,
+        };
+        let expected = Config {
+            server: ServerSettings {
+                workers: Workers::Auto,
+                drain_timeout: Duration::from_secs(30),
+            },
+            admin: AdminSettings {
+                bind: Some(addr("127.0.0.1:9901")),
+            },
+            listeners: vec![listener("web", "127.0.0.1:8080", vec![route])],
+            upstreams: vec![Upstream {
+                name: "cgi".into(),
+                servers: vec![UpstreamServer {
+                    name: "127.0.0.1:8081".into(),
+                    addr: addr("127.0.0.1:8081"),
+                }],
+                connect_timeout: Duration::from_secs(2),
+                response_timeout: Duration::from_secs(60),
+                idle_timeout: Duration::from_secs(60),
+                max_idle: 256,
+            }],
+        };
+        assert_eq!(parse(FULL), expected);
+        assert_eq!(
+            expected.summary(),
+            "1 listener(s), 1 route(s), 1 upstream(s), 1 server(s)"
+        );
+    }
+
+    #[test]
+    fn minimal_config_gets_the_defaults() {
+        let config = parse("[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:8080\"\n");
+        let expected = Config {
+            server: ServerSettings {
+                workers: Workers::Auto,
+                drain_timeout: Duration::from_secs(30),
+            },
+            admin: AdminSettings {
+                bind: Some(addr("127.0.0.1:9901")),
+            },
+            listeners: vec![listener("web", "127.0.0.1:8080", Vec::new())],
+            upstreams: Vec::new(),
+        };
+        assert_eq!(config, expected);
+    }
+
+    #[test]
+    fn non_default_values() {
+        let config = parse(
+            r#"
+server = { workers = 8, drain_timeout = "0s" }
+admin = { bind = "off" }
+[[listeners]]
+name = "a.b-c_d"
+bind = "[::1]:0"
+max_body_size = "10MB"
+max_header_size = 2048
+keepalive_timeout = "0"
+keepalive_requests = 0
+default_response = { status = 503 }
+[[listeners.routes]]
+name = "r"
+hosts = ["Example.COM", "*.Example.org", "[::1]"]
+path_prefix = "/app"
+rewrite_prefix = "/"
+reverse_rewrite = true
+preserve_host = false
+forwarded_headers = false
+upstream = "b"
+[upstreams.b]
+servers = [{ addr = "localhost:9000" }, { addr = "[::1]:9001" }]
+idle_timeout = "0s"
+max_idle = 0
+[upstreams.a]
+servers = [{ addr = "10.0.0.1:80" }]
+"#,
+        );
+        assert_eq!(config.server.workers, Workers::Count(8));
+        assert_eq!(config.server.drain_timeout, Duration::ZERO);
+        assert_eq!(config.admin.bind, None);
+        let l = &config.listeners[0];
+        assert_eq!(l.bind, addr("[::1]:0"));
+        assert_eq!(l.max_body_size, Some(10_000_000));
+        assert_eq!(l.max_header_size, 2048);
+        assert_eq!(l.keepalive_timeout, Duration::ZERO);
+        assert_eq!(l.keepalive_requests, 0);
+        assert_eq!(l.default_response.status, 503);
+        assert_eq!(l.default_response.body, "no route\n");
+        let r = &l.routes[0];
+        assert_eq!(
+            r.hosts,
+            vec![
+                HostPattern::Exact("example.com".into()),
+                HostPattern::Suffix(".example.org".into()),
+                HostPattern::Exact("[::1]".into()),
+            ]
+        );
+        assert!(r.reverse_rewrite && !r.preserve_host && !r.forwarded_headers);
+        // Upstreams are sorted by name, and the route points at "b".
+        let names: Vec<&str> = config.upstreams.iter().map(|u| u.name.as_str()).collect();
+        assert_eq!(names, ["a", "b"]);
+        assert_eq!(r.upstream, 1);
+        let b = &config.upstreams[1];
+        assert_eq!(b.servers[0].name, "localhost:9000");
+        assert_eq!(b.servers[0].addr.port(), 9000);
+        assert!(b.servers[0].addr.ip().is_loopback());
+        assert_eq!(b.servers[1].addr, addr("[::1]:9001"));
+        assert_eq!((b.idle_timeout, b.max_idle), (Duration::ZERO, 0));
+    }
+
+    #[test]
+    fn syntax_error_reports_line_and_column() {
+        let e = fail("[[listeners]]\nname = \"web\nbind = \"127.0.0.1:8080\"\n");
+        assert_eq!((e.line, e.column), (2, 12), "{e}");
+        assert!(e.message.contains("string"), "{e}");
+        assert!(e.to_string().starts_with("weir.toml:2:12: "), "{e}");
+
+        let e = fail("[[listeners]]\nname = \"web\"\nbind = = 1\n");
+        assert_eq!((e.line, e.column), (3, 8), "{e}");
+        assert!(e.fix.starts_with("write a valid value"), "{e}");
+
+        let e = fail("[[listeners]\nname = \"a\"\n");
+        assert_eq!((e.line, e.column), (1, 12), "{e}");
+        assert!(e.message.contains("`]]`"), "{e}");
+
+        let e = fail("[[listeners]]\nname = \"a\"\nname = \"b\"\n");
+        assert_eq!(e.line, 3, "{e}");
+        assert!(e.message.contains("duplicate key"), "{e}");
+    }
+
+    #[test]
+    fn unknown_keys_are_rejected_where_they_are() {
+        let cases = [
+            ("lisener = 1\n[[listeners]]\nname = \"a\"\nbind = \"127.0.0.1:1\"\n", 1, "lisener"),
+            (
+                "[[listeners]]\nname = \"a\"\nbind = \"127.0.0.1:1\"\nbakclog = 5\n",
+                4,
+                "listeners[0].bakclog",
+            ),
+            (
+                "[[listeners]]\nname = \"a\"\nbind = \"127.0.0.1:1\"\n[[listeners.routes]]\n\
+                 name = \"r\"\nupstream = \"u\"\npath = \"/\"\n",
+                7,
+                "listeners[0].routes[0].path",
+            ),
+            (
+                "[[listeners]]\nname = \"a\"\nbind = \"127.0.0.1:1\"\n[upstreams.u]\n\
+                 servers = [{ addr = \"127.0.0.1:2\" }]\ntimeout = \"1s\"\n",
+                6,
+                "upstreams.u.timeout",
+            ),
+            (
+                "[[listeners]]\nname = \"a\"\nbind = \"127.0.0.1:1\"\n[upstreams.u]\n\
+                 servers = [{ addr = \"127.0.0.1:2\", weight = 2 }]\n",
+                5,
+                "upstreams.u.servers[0].weight",
+            ),
+            ("[servre]\n", 1, "servre"),
+        ];
+        for (source, line, field) in cases {
+            let e = fail(source);
+            assert_eq!((e.line, e.field.as_str()), (line, field), "{e}");
+            assert!(e.message.starts_with("unknown field"), "{e}");
+            assert!(e.message.contains("expected"), "lists the accepted keys: {e}");
+            assert_eq!(e.fix, "remove the key or correct its spelling");
+        }
+    }
+
+    #[test]
+    fn wrong_types_are_reported_with_a_fix() {
+        let base = "[[listeners]]\nname = \"a\"\nbind = \"127.0.0.1:1\"\n";
+        let e = fail(&format!("{base}header_timeout = 5\n"));
+        assert_eq!((e.line, e.column), (4, 18), "{e}");
+        assert_eq!(e.field, "listeners[0].header_timeout");
+        assert!(e.fix.contains("\"5s\""), "{e}");
+
+        let e = fail(&format!("{base}backlog = \"10\"\n"));
+        assert_eq!(e.field, "listeners[0].backlog");
+        assert!(e.fix.contains("whole number"), "{e}");
+
+        let e = fail("[upstreams.u]\nservers = [\"127.0.0.1:2\"]\n");
+        assert_eq!(e.field, "upstreams.u.servers[0]", "{e}");
+        assert!(e.message.ends_with("expected a table"), "{e}");
+    }
+
+    #[test]
+    fn load_file_reads_and_names_the_file() {
+        let dir = std::env::temp_dir().join(format!("weir-config-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let path = dir.join("weir.toml");
+        std::fs::write(&path, FULL).expect("write temp file");
+        assert_eq!(load_file(&path), parse_str(FULL, "x"));
+
+        std::fs::write(&path, "[[listeners]]\nname = 1\n").expect("write temp file");
+        let e = load_file(&path).expect_err("bad file");
+        assert_eq!(e.file, path.display().to_string());
+        assert_eq!(e.line, 2);
+
+        let missing = dir.join("missing.toml");
+        let e = load_file(&missing).expect_err("missing file");
+        assert_eq!((e.file.as_str(), e.line), (missing.to_str().unwrap_or_default(), 0));
+        assert!(e.message.contains("cannot read"), "{e}");
+        std::fs::remove_dir_all(&dir).expect("clean up");
+    }
+}

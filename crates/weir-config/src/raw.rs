@@ -1,0 +1,135 @@
+//! The configuration exactly as written: serde structs mirroring the TOML.
+//!
+//! Every key is optional here (`Option`), integers are `i64` and durations and sizes are
+//! strings, so that missing keys, ranges and units are reported by validation with a
+//! message and a fix instead of a bare serde error. Unknown keys are rejected everywhere.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::de::{self, Deserializer, Unexpected, Visitor};
+use serde::Deserialize;
+
+/// The whole file.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawConfig {
+    pub server: Option<RawServer>,
+    pub admin: Option<RawAdmin>,
+    pub listeners: Option<Vec<RawListener>>,
+    /// Keyed by upstream name; a `BTreeMap` keeps them sorted by name.
+    pub upstreams: Option<BTreeMap<String, RawUpstream>>,
+}
+
+/// `[server]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawServer {
+    pub workers: Option<StrOrInt>,
+    pub drain_timeout: Option<String>,
+}
+
+/// `[admin]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawAdmin {
+    pub bind: Option<String>,
+}
+
+/// `[[listeners]]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawListener {
+    pub name: Option<String>,
+    pub bind: Option<String>,
+    pub protocol: Option<String>,
+    pub backlog: Option<i64>,
+    pub max_connections: Option<i64>,
+    pub keepalive_timeout: Option<String>,
+    pub keepalive_requests: Option<i64>,
+    pub header_timeout: Option<String>,
+    pub client_timeout: Option<String>,
+    pub max_body_size: Option<StrOrInt>,
+    pub max_header_size: Option<StrOrInt>,
+    pub max_headers: Option<i64>,
+    pub default_response: Option<RawDefaultResponse>,
+    pub routes: Option<Vec<RawRoute>>,
+}
+
+/// `default_response = { ... }` of a listener.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawDefaultResponse {
+    pub status: Option<i64>,
+    pub body: Option<String>,
+    pub content_type: Option<String>,
+}
+
+/// `[[listeners.routes]]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawRoute {
+    pub name: Option<String>,
+    pub hosts: Option<Vec<String>>,
+    pub path_prefix: Option<String>,
+    pub rewrite_prefix: Option<String>,
+    pub reverse_rewrite: Option<bool>,
+    pub preserve_host: Option<bool>,
+    pub forwarded_headers: Option<bool>,
+    pub upstream: Option<String>,
+}
+
+/// `[upstreams.NAME]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawUpstream {
+    pub servers: Option<Vec<RawUpstreamServer>>,
+    pub connect_timeout: Option<String>,
+    pub response_timeout: Option<String>,
+    pub idle_timeout: Option<String>,
+    pub max_idle: Option<i64>,
+}
+
+/// One entry of `servers = [{ addr = "..." }]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawUpstreamServer {
+    pub addr: Option<String>,
+}
+
+/// A value that may be written as a string or as an integer (`workers`, sizes).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum StrOrInt {
+    Str(String),
+    Int(i64),
+}
+
+impl<'de> Deserialize<'de> for StrOrInt {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(StrOrIntVisitor)
+    }
+}
+
+struct StrOrIntVisitor;
+
+impl Visitor<'_> for StrOrIntVisitor {
+    type Value = StrOrInt;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a string or an integer")
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<StrOrInt, E> {
+        Ok(StrOrInt::Str(v.to_owned()))
+    }
+
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<StrOrInt, E> {
+        Ok(StrOrInt::Int(v))
+    }
+
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<StrOrInt, E> {
+        i64::try_from(v)
+            .map(StrOrInt::Int)
+            .map_err(|_| E::invalid_value(Unexpected::Unsigned(v), &self))
+    }
+}

@@ -1,0 +1,156 @@
+//! Durations and sizes as written in the configuration.
+//!
+//! Both are a non-negative integer followed by an optional unit, with optional whitespace
+//! in between: `"250ms"`, `"5 s"`, `"16KiB"`, `"10MB"`. Fractions are not accepted.
+//! Arithmetic is checked: a value too large to represent is an error, never a panic.
+
+use std::time::Duration;
+
+/// What a duration may look like; ends every duration error.
+const DURATION_HINT: &str = r#"expected a duration such as "250ms", "5s", "2m" or "1h""#;
+
+/// What a size may look like; ends every size error.
+const SIZE_HINT: &str =
+    r#"expected a size such as "0", "512B", "16KiB", "64k", "10MB" or "1GiB" (k/m/g are binary)"#;
+
+/// Parses a duration: an integer and a unit out of `ms`, `s`, `m`, `h`.
+///
+/// The unit may be left out only for zero (`"0"`).
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let (number, unit) = split_number(text)
+        .ok_or_else(|| format!("invalid duration \"{text}\": {DURATION_HINT}"))?;
+    let too_large = || format!("duration \"{text}\" is too large");
+    let value: u64 = number.parse().map_err(|_| too_large())?;
+    match unit {
+        "ms" => Ok(Duration::from_millis(value)),
+        "s" => Ok(Duration::from_secs(value)),
+        "m" => value
+            .checked_mul(60)
+            .map(Duration::from_secs)
+            .ok_or_else(too_large),
+        "h" => value
+            .checked_mul(3600)
+            .map(Duration::from_secs)
+            .ok_or_else(too_large),
+        "" if value == 0 => Ok(Duration::ZERO),
+        "" => Err(format!(
+            "duration \"{text}\" has no unit: {DURATION_HINT}"
+        )),
+        _ => Err(format!(
+            "unknown duration unit \"{unit}\" in \"{text}\": {DURATION_HINT}"
+        )),
+    }
+}
+
+/// Parses a size in bytes: an integer and an optional unit.
+///
+/// Units: `B`; decimal `KB`, `MB`, `GB`; binary `KiB`, `MiB`, `GiB` and their short forms
+/// `k`, `m`, `g`. No unit means bytes.
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let (number, unit) =
+        split_number(text).ok_or_else(|| format!("invalid size \"{text}\": {SIZE_HINT}"))?;
+    let too_large = || format!("size \"{text}\" is too large");
+    let value: u64 = number.parse().map_err(|_| too_large())?;
+    let factor: u64 = match unit {
+        "" | "B" => 1,
+        "KB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        "KiB" | "k" => 1 << 10,
+        "MiB" | "m" => 1 << 20,
+        "GiB" | "g" => 1 << 30,
+        _ => {
+            return Err(format!(
+                "unknown size unit \"{unit}\" in \"{text}\": {SIZE_HINT}"
+            ))
+        }
+    };
+    value.checked_mul(factor).ok_or_else(too_large)
+}
+
+/// Splits `"  12 ms "` into `("12", "ms")`; `None` unless it starts with an ASCII digit.
+fn split_number(text: &str) -> Option<(&str, &str)> {
+    let text = text.trim();
+    let digits = text.bytes().take_while(u8::is_ascii_digit).count();
+    if digits == 0 {
+        return None;
+    }
+    let (number, unit) = text.split_at(digits);
+    Some((number, unit.trim_start()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("5s"), Ok(Duration::from_secs(5)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
+        assert_eq!(parse_duration("0s"), Ok(Duration::ZERO));
+        assert_eq!(parse_duration("0ms"), Ok(Duration::ZERO));
+        assert_eq!(parse_duration(" 5 s "), Ok(Duration::from_secs(5)));
+        assert_eq!(parse_duration("007s"), Ok(Duration::from_secs(7)));
+    }
+
+    #[test]
+    fn bad_durations() {
+        for text in ["", "s", "5", "5x", "5 sec", "-5s", "1.5s", "5S", "+5s", "5s5"] {
+            let err = parse_duration(text).expect_err(text);
+            assert!(err.contains(DURATION_HINT), "{text}: {err}");
+        }
+        assert!(parse_duration("5").unwrap_err().contains("no unit"));
+        assert!(parse_duration("5x").unwrap_err().contains("unit \"x\""));
+    }
+
+    #[test]
+    fn duration_overflow_is_an_error() {
+        let max = u64::MAX;
+        assert_eq!(parse_duration(&format!("{max}s")), Ok(Duration::from_secs(max)));
+        for text in [
+            format!("{max}m"),
+            format!("{max}h"),
+            "99999999999999999999999s".to_owned(),
+        ] {
+            assert!(parse_duration(&text).unwrap_err().contains("too large"), "{text}");
+        }
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("0"), Ok(0));
+        assert_eq!(parse_size("512"), Ok(512));
+        assert_eq!(parse_size("512B"), Ok(512));
+        assert_eq!(parse_size("1KB"), Ok(1_000));
+        assert_eq!(parse_size("1KiB"), Ok(1_024));
+        assert_eq!(parse_size("16KiB"), Ok(16_384));
+        assert_eq!(parse_size("16k"), Ok(16_384));
+        assert_eq!(parse_size("2MB"), Ok(2_000_000));
+        assert_eq!(parse_size("2MiB"), Ok(2 << 20));
+        assert_eq!(parse_size("2m"), Ok(2 << 20));
+        assert_eq!(parse_size("3GB"), Ok(3_000_000_000));
+        assert_eq!(parse_size("3GiB"), Ok(3 << 30));
+        assert_eq!(parse_size("3g"), Ok(3 << 30));
+        assert_eq!(parse_size(" 10 MiB "), Ok(10 << 20));
+    }
+
+    #[test]
+    fn bad_sizes() {
+        for text in ["", "KiB", "1.5k", "-1", "1kb", "1K", "1 KiBs", "1TB", "x1"] {
+            let err = parse_size(text).expect_err(text);
+            assert!(err.contains(SIZE_HINT), "{text}: {err}");
+        }
+    }
+
+    #[test]
+    fn size_overflow_is_an_error() {
+        let max = u64::MAX;
+        assert_eq!(parse_size(&max.to_string()), Ok(max));
+        for text in [format!("{max}k"), "17179869184GiB".to_owned(), "99999999999999999999".to_owned()] {
+            assert!(parse_size(&text).unwrap_err().contains("too large"), "{text}");
+        }
+    }
+}

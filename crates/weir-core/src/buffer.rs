@@ -1,0 +1,99 @@
+//! A fixed-capacity byte buffer with a read cursor: the unit of all socket I/O on the
+//! request path. It never grows, so every connection's memory is bounded.
+
+use std::io;
+
+use tokio::io::{AsyncRead, AsyncReadExt};
+
+pub struct Buffer {
+    data: Box<[u8]>,
+    start: usize,
+    end: usize,
+}
+
+impl Buffer {
+    pub fn new(capacity: usize) -> Buffer {
+        Buffer {
+            data: vec![0; capacity].into_boxed_slice(),
+            start: 0,
+            end: 0,
+        }
+    }
+
+    /// Bytes read and not yet consumed.
+    #[inline]
+    pub fn filled(&self) -> &[u8] {
+        &self.data[self.start..self.end]
+    }
+
+    #[inline]
+    pub fn filled_mut(&mut self) -> &mut [u8] {
+        &mut self.data[self.start..self.end]
+    }
+
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.start == self.end
+    }
+
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.end - self.start
+    }
+
+    pub fn is_full(&self) -> bool {
+        self.start == 0 && self.end == self.data.len()
+    }
+
+    /// Marks `n` filled bytes as used.
+    #[inline]
+    pub fn consume(&mut self, n: usize) {
+        self.start += n.min(self.len());
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+        }
+    }
+
+    pub fn clear(&mut self) {
+        self.start = 0;
+        self.end = 0;
+    }
+
+    /// Reads once from `src` into the free space (moving unread bytes to the front first
+    /// when the tail is full). Returns 0 at EOF, or when the buffer is full.
+    pub async fn read_from<R: AsyncRead + Unpin>(&mut self, src: &mut R) -> io::Result<usize> {
+        if self.end == self.data.len() {
+            if self.start == 0 {
+                return Ok(0);
+            }
+            self.data.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+        }
+        let n = src.read(&mut self.data[self.end..]).await?;
+        self.end += n;
+        Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn reads_compacts_and_consumes() {
+        let mut buf = Buffer::new(8);
+        let mut src: &[u8] = b"abcdefghij";
+        assert_eq!(buf.read_from(&mut src).await.unwrap(), 8);
+        assert!(buf.is_full());
+        assert_eq!(buf.read_from(&mut src).await.unwrap(), 0);
+        buf.consume(6);
+        assert_eq!(buf.filled(), b"gh");
+        assert_eq!(buf.read_from(&mut src).await.unwrap(), 2);
+        assert_eq!(buf.filled(), b"ghij");
+        buf.consume(10);
+        assert!(buf.is_empty());
+        assert_eq!(buf.read_from(&mut src).await.unwrap(), 0);
+    }
+}

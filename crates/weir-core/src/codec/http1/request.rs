@@ -1,0 +1,290 @@
+//! Request-head parsing with strict RFC 9112 framing.
+//!
+//! `httparse` does the tokenising; this module adds what a proxy must decide before it
+//! forwards anything: the body framing (refusing every ambiguous combination), the target
+//! form, the host, and the connection options. A request whose framing is ambiguous never
+//! leaves this module as `Ok`.
+
+use std::mem::MaybeUninit;
+use std::ops::Range;
+
+use super::header::{
+    apply_connection_tokens, offset_in, parse_content_length, trim, ConnectionOptions, HeaderKind,
+    HeaderSpan,
+};
+use crate::error::ProxyError;
+
+/// How the body of a message is delimited.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum BodyFraming {
+    #[default]
+    None,
+    Length(u64),
+    Chunked,
+    /// Responses only: the body ends when the upstream closes.
+    UntilClose,
+}
+
+/// Limits applied while parsing a request head.
+#[derive(Debug, Clone, Copy)]
+pub struct HeadLimits {
+    pub max_header_size: usize,
+    pub max_headers: usize,
+}
+
+/// A parsed request head; ranges index the buffer it was parsed from.
+#[derive(Debug, Default, Clone)]
+pub struct RequestHead {
+    pub method: Range<usize>,
+    /// Origin-form path and query (`/a?b`), or `*`.
+    pub path: Range<usize>,
+    /// The authority of an absolute-form target, which overrides `Host`.
+    pub target_authority: Option<Range<usize>>,
+    /// 0 for HTTP/1.0, 1 for HTTP/1.1.
+    pub minor_version: u8,
+    pub headers: Vec<HeaderSpan>,
+    /// Length of the head including the final CRLF; the body starts here.
+    pub head_len: usize,
+    pub framing: BodyFraming,
+    /// Host header value, or the absolute-form authority.
+    pub host: Option<Range<usize>>,
+    pub connection: ConnectionOptions,
+    pub expect_continue: bool,
+    /// `Connection: upgrade` with an `Upgrade` header.
+    pub upgrade: bool,
+    pub idempotent: bool,
+    pub is_head: bool,
+}
+
+const STACK_HEADERS: usize = 128;
+
+/// Parses a request head from the start of `buf` into `head` (reusing its allocations).
+///
+/// `Ok(false)`: incomplete, read more. `Ok(true)`: `head` is filled. `Err`: the status to answer.
+pub fn parse_request(
+    buf: &[u8],
+    limits: HeadLimits,
+    head: &mut RequestHead,
+) -> Result<bool, ProxyError> {
+    let max = limits.max_headers;
+    let mut stack = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; STACK_HEADERS];
+    let mut heap = Vec::new();
+    let slots: &mut [MaybeUninit<httparse::Header<'_>>] = if max <= STACK_HEADERS {
+        &mut stack[..max]
+    } else {
+        heap.resize_with(max, MaybeUninit::uninit);
+        &mut heap[..]
+    };
+    let mut req = httparse::Request::new(&mut []);
+    let status = match req.parse_with_uninit_headers(buf, slots) {
+        Ok(s) => s,
+        Err(httparse::Error::TooManyHeaders) => return Err(ProxyError::HeadTooLarge),
+        Err(httparse::Error::Version) => return Err(ProxyError::VersionNotSupported),
+        Err(e) => return Err(ProxyError::BadRequest(parse_error_reason(e))),
+    };
+    let head_len = match status {
+        httparse::Status::Complete(n) if n <= limits.max_header_size => n,
+        httparse::Status::Complete(_) => return Err(ProxyError::HeadTooLarge),
+        httparse::Status::Partial if buf.len() >= limits.max_header_size => {
+            return Err(ProxyError::HeadTooLarge)
+        }
+        httparse::Status::Partial => return Ok(false),
+    };
+    fill_head(buf, &req, head_len, head)?;
+    Ok(true)
+}
+
+fn parse_error_reason(e: httparse::Error) -> &'static str {
+    match e {
+        httparse::Error::HeaderName => "invalid header name (whitespace before ':' or obs-fold?)",
+        httparse::Error::HeaderValue => "invalid header value",
+        httparse::Error::NewLine | httparse::Error::Status => "malformed request line",
+        httparse::Error::Token => "invalid method",
+        _ => "malformed request",
+    }
+}
+
+fn fill_head(
+    buf: &[u8],
+    req: &httparse::Request<'_, '_>,
+    head_len: usize,
+    head: &mut RequestHead,
+) -> Result<(), ProxyError> {
+    let (Some(method), Some(target), Some(version)) = (req.method, req.path, req.version) else {
+        return Err(ProxyError::BadRequest("malformed request line"));
+    };
+    head.method = offset_in(buf, method.as_bytes());
+    head.minor_version = version;
+    head.head_len = head_len;
+    head.is_head = method == "HEAD";
+    head.idempotent = matches!(
+        method,
+        "GET" | "HEAD" | "OPTIONS" | "TRACE" | "PUT" | "DELETE"
+    );
+    if method == "CONNECT" {
+        return Err(ProxyError::MethodNotAllowed);
+    }
+    parse_target(buf, method, target.as_bytes(), head)?;
+    head.headers.clear();
+    head.headers.extend(req.headers.iter().map(|h| HeaderSpan {
+        name: offset_in(buf, h.name.as_bytes()),
+        value: offset_in(buf, h.value),
+        kind: HeaderKind::of(h.name.as_bytes()),
+        connection_listed: false,
+    }));
+    head.connection = apply_connection_tokens(buf, &mut head.headers);
+    scan_headers(buf, head)
+}
+
+/// Accepts origin-form (`/p`), absolute-form (`http://h/p`) and `*` for OPTIONS.
+fn parse_target(
+    buf: &[u8],
+    method: &str,
+    target: &[u8],
+    head: &mut RequestHead,
+) -> Result<(), ProxyError> {
+    head.target_authority = None;
+    if target.first() == Some(&b'/') {
+        head.path = offset_in(buf, target);
+        return Ok(());
+    }
+    if target == b"*" && method == "OPTIONS" {
+        head.path = offset_in(buf, target);
+        return Ok(());
+    }
+    let rest = strip_scheme(target).ok_or(ProxyError::BadRequest("invalid request-target"))?;
+    let split = rest
+        .iter()
+        .position(|b| matches!(b, b'/' | b'?'))
+        .unwrap_or(rest.len());
+    let (authority, path) = rest.split_at(split);
+    if authority.is_empty() || authority.contains(&b'@') {
+        return Err(ProxyError::BadRequest("invalid request-target authority"));
+    }
+    head.target_authority = Some(offset_in(buf, authority));
+    // An empty path in absolute form means "/": represented by an empty range, see `path_or_root`.
+    head.path = offset_in(buf, path);
+    if path.first() == Some(&b'?') {
+        return Err(ProxyError::BadRequest("invalid request-target"));
+    }
+    Ok(())
+}
+
+fn strip_scheme(target: &[u8]) -> Option<&[u8]> {
+    for scheme in [&b"http://"[..], &b"https://"[..]] {
+        if target.len() > scheme.len() && target[..scheme.len()].eq_ignore_ascii_case(scheme) {
+            return Some(&target[scheme.len()..]);
+        }
+    }
+    None
+}
+
+/// Decides framing, host, expect and upgrade from the classified headers.
+fn scan_headers(buf: &[u8], head: &mut RequestHead) -> Result<(), ProxyError> {
+    let mut length: Option<u64> = None;
+    let mut chunked = false;
+    let mut host: Option<Range<usize>> = None;
+    let mut has_upgrade = false;
+    head.expect_continue = false;
+    for h in &head.headers {
+        let value = &buf[h.value.clone()];
+        match h.kind {
+            HeaderKind::ContentLength => {
+                if length.is_some() {
+                    return Err(ProxyError::BadRequest("duplicate Content-Length"));
+                }
+                let n = parse_content_length(value)
+                    .ok_or(ProxyError::BadRequest("malformed Content-Length"))?;
+                length = Some(n);
+            }
+            HeaderKind::TransferEncoding => {
+                if chunked {
+                    return Err(ProxyError::BadRequest("duplicate Transfer-Encoding"));
+                }
+                if !trim(value).eq_ignore_ascii_case(b"chunked") {
+                    return Err(ProxyError::NotImplemented(
+                        "only Transfer-Encoding: chunked is supported",
+                    ));
+                }
+                chunked = true;
+            }
+            HeaderKind::Host => {
+                if host.is_some() {
+                    return Err(ProxyError::BadRequest("duplicate Host"));
+                }
+                host = Some(h.value.clone());
+            }
+            HeaderKind::Expect => {
+                if trim(value).eq_ignore_ascii_case(b"100-continue") {
+                    head.expect_continue = true;
+                } else {
+                    return Err(ProxyError::ExpectationFailed);
+                }
+            }
+            HeaderKind::Upgrade => has_upgrade = true,
+            _ => {}
+        }
+    }
+    head.framing = match (length, chunked) {
+        (Some(_), true) => {
+            return Err(ProxyError::BadRequest(
+                "both Content-Length and Transfer-Encoding",
+            ))
+        }
+        (_, true) if head.minor_version == 0 => {
+            return Err(ProxyError::BadRequest(
+                "Transfer-Encoding in an HTTP/1.0 request",
+            ))
+        }
+        (_, true) => BodyFraming::Chunked,
+        (Some(0) | None, false) => BodyFraming::None,
+        (Some(n), false) => BodyFraming::Length(n),
+    };
+    if head.minor_version == 1 && host.is_none() {
+        return Err(ProxyError::BadRequest("missing Host header"));
+    }
+    head.host = head.target_authority.clone().or(host);
+    if let Some(h) = &head.host {
+        validate_host(&buf[h.clone()])?;
+    }
+    head.upgrade = has_upgrade && head.connection.upgrade;
+    Ok(())
+}
+
+/// A host is `name[:port]` or `[v6][:port]` with no whitespace or delimiters.
+fn validate_host(host: &[u8]) -> Result<(), ProxyError> {
+    let ok = !host.is_empty()
+        && host.iter().all(|&b| {
+            b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b':' | b'[' | b']' | b'_')
+        });
+    if ok {
+        Ok(())
+    } else {
+        Err(ProxyError::BadRequest("invalid Host header"))
+    }
+}
+
+impl RequestHead {
+    /// The host name without port, for routing (not lower-cased).
+    pub fn host_name<'a>(&self, buf: &'a [u8]) -> &'a [u8] {
+        let Some(range) = &self.host else { return b"" };
+        strip_port(&buf[range.clone()])
+    }
+}
+
+/// Removes a trailing `:port` (keeping IPv6 brackets intact).
+pub fn strip_port(host: &[u8]) -> &[u8] {
+    if host.first() == Some(&b'[') {
+        return match host.iter().position(|b| *b == b']') {
+            Some(end) => &host[..=end],
+            None => host,
+        };
+    }
+    match host.iter().rposition(|b| *b == b':') {
+        Some(colon) => &host[..colon],
+        None => host,
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,154 @@
+//! The one error type of the data plane and its single mapping to an HTTP status.
+//!
+//! Every failure on the request path becomes a `ProxyError`. Its side (client, upstream,
+//! internal) says who is at fault; `status()` says what the client is told, in exactly one
+//! place. Errors carry no heap data so that raising one allocates nothing.
+
+use std::io;
+
+/// Who caused a failure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    Client,
+    Upstream,
+    Internal,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ProxyError {
+    #[error("bad request: {0}")]
+    BadRequest(&'static str),
+    #[error("request head too large")]
+    HeadTooLarge,
+    #[error("request body too large")]
+    BodyTooLarge,
+    #[error("request head not received within header_timeout")]
+    HeaderTimeout,
+    #[error("client too slow (client_timeout)")]
+    ClientTimeout,
+    #[error("not implemented: {0}")]
+    NotImplemented(&'static str),
+    #[error("method not allowed")]
+    MethodNotAllowed,
+    #[error("expectation failed")]
+    ExpectationFailed,
+    #[error("HTTP version not supported")]
+    VersionNotSupported,
+    #[error("client closed the connection")]
+    ClientClosed,
+    #[error("client I/O error: {0:?}")]
+    ClientIo(io::ErrorKind),
+    #[error("upstream connect failed: {0:?}")]
+    UpstreamConnect(io::ErrorKind),
+    #[error("upstream connect timed out")]
+    UpstreamConnectTimeout,
+    #[error("upstream closed the connection before a complete response")]
+    UpstreamClosed,
+    #[error("upstream I/O error: {0:?}")]
+    UpstreamIo(io::ErrorKind),
+    #[error("malformed upstream response: {0}")]
+    UpstreamMalformed(&'static str),
+    #[error("upstream response timed out")]
+    UpstreamTimeout,
+    #[error("no upstream server available")]
+    NoServer,
+}
+
+impl ProxyError {
+    pub fn side(self) -> Side {
+        use ProxyError::*;
+        match self {
+            BadRequest(_) | HeadTooLarge | BodyTooLarge | HeaderTimeout | ClientTimeout
+            | NotImplemented(_) | MethodNotAllowed | ExpectationFailed | VersionNotSupported
+            | ClientClosed | ClientIo(_) => Side::Client,
+            UpstreamConnect(_)
+            | UpstreamConnectTimeout
+            | UpstreamClosed
+            | UpstreamIo(_)
+            | UpstreamMalformed(_)
+            | UpstreamTimeout => Side::Upstream,
+            NoServer => Side::Internal,
+        }
+    }
+
+    /// The status to answer with, or `None` when the client cannot be answered (it left).
+    pub fn status(self) -> Option<u16> {
+        use ProxyError::*;
+        Some(match self {
+            BadRequest(_) => 400,
+            MethodNotAllowed => 405,
+            HeaderTimeout | ClientTimeout => 408,
+            BodyTooLarge => 413,
+            ExpectationFailed => 417,
+            HeadTooLarge => 431,
+            NotImplemented(_) => 501,
+            UpstreamConnect(_) | UpstreamClosed | UpstreamIo(_) | UpstreamMalformed(_) => 502,
+            NoServer => 503,
+            UpstreamConnectTimeout | UpstreamTimeout => 504,
+            VersionNotSupported => 505,
+            ClientClosed | ClientIo(_) => return None,
+        })
+    }
+
+    pub fn client_io(e: io::Error) -> ProxyError {
+        ProxyError::ClientIo(e.kind())
+    }
+
+    pub fn upstream_io(e: io::Error) -> ProxyError {
+        match e.kind() {
+            io::ErrorKind::UnexpectedEof => ProxyError::UpstreamClosed,
+            kind => ProxyError::UpstreamIo(kind),
+        }
+    }
+}
+
+/// The reason phrase for the statuses Weir itself generates.
+pub fn reason_phrase(status: u16) -> &'static str {
+    match status {
+        200 => "OK",
+        400 => "Bad Request",
+        403 => "Forbidden",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        408 => "Request Timeout",
+        413 => "Content Too Large",
+        417 => "Expectation Failed",
+        431 => "Request Header Fields Too Large",
+        500 => "Internal Server Error",
+        501 => "Not Implemented",
+        502 => "Bad Gateway",
+        503 => "Service Unavailable",
+        504 => "Gateway Timeout",
+        505 => "HTTP Version Not Supported",
+        _ => "",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_answerable_error_has_a_reason_phrase() {
+        let all = [
+            ProxyError::BadRequest("x"),
+            ProxyError::HeadTooLarge,
+            ProxyError::BodyTooLarge,
+            ProxyError::HeaderTimeout,
+            ProxyError::NotImplemented("x"),
+            ProxyError::MethodNotAllowed,
+            ProxyError::ExpectationFailed,
+            ProxyError::VersionNotSupported,
+            ProxyError::UpstreamConnect(io::ErrorKind::ConnectionRefused),
+            ProxyError::UpstreamConnectTimeout,
+            ProxyError::UpstreamMalformed("x"),
+            ProxyError::UpstreamTimeout,
+            ProxyError::NoServer,
+        ];
+        for e in all {
+            let status = e.status().unwrap();
+            assert!(!reason_phrase(status).is_empty(), "{e}");
+        }
+        assert_eq!(ProxyError::ClientClosed.status(), None);
+    }
+}

@@ -1,0 +1,84 @@
+//! Forwarded headers as nginx users set them: `X-Real-IP`, `X-Forwarded-For` (appended),
+//! `X-Forwarded-Proto` and `X-Forwarded-Host`.
+
+use std::io::Write;
+use std::net::IpAddr;
+
+use crate::codec::http1::write::push_header;
+
+/// The client address rendered once per connection, so requests reuse the bytes.
+#[derive(Debug, Clone, Copy)]
+pub struct ClientIp {
+    text: [u8; 46],
+    len: u8,
+}
+
+impl ClientIp {
+    pub fn new(ip: IpAddr) -> ClientIp {
+        let mut text = [0u8; 46];
+        let mut cursor = std::io::Cursor::new(&mut text[..]);
+        // 46 bytes hold the longest IPv6 text form; a failure would only shorten the value.
+        let _ = write!(cursor, "{ip}");
+        let len = cursor.position() as u8;
+        ClientIp { text, len }
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.text[..usize::from(self.len)]
+    }
+}
+
+/// Appends the four forwarded headers. `prior_xff` are the values of the client's own
+/// `X-Forwarded-For` headers, in order; the client address is appended to them.
+pub fn push_forwarded<'a>(
+    out: &mut Vec<u8>,
+    client: &ClientIp,
+    host: Option<&[u8]>,
+    prior_xff: impl Iterator<Item = &'a [u8]>,
+) {
+    push_header(out, b"X-Real-IP", client.as_bytes());
+    out.extend_from_slice(b"X-Forwarded-For: ");
+    for value in prior_xff {
+        out.extend_from_slice(value);
+        out.extend_from_slice(b", ");
+    }
+    out.extend_from_slice(client.as_bytes());
+    out.extend_from_slice(b"\r\n");
+    push_header(out, b"X-Forwarded-Proto", b"http");
+    if let Some(host) = host {
+        push_header(out, b"X-Forwarded-Host", host);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn appends_to_prior_chain() {
+        let ip = ClientIp::new("10.0.0.7".parse().unwrap());
+        let mut out = Vec::new();
+        push_forwarded(
+            &mut out,
+            &ip,
+            Some(b"example.com"),
+            [&b"1.1.1.1"[..], b"2.2.2.2"].into_iter(),
+        );
+        let text = String::from_utf8(out).unwrap();
+        assert_eq!(
+            text,
+            "X-Real-IP: 10.0.0.7\r\nX-Forwarded-For: 1.1.1.1, 2.2.2.2, 10.0.0.7\r\n\
+             X-Forwarded-Proto: http\r\nX-Forwarded-Host: example.com\r\n"
+        );
+    }
+
+    #[test]
+    fn renders_v6() {
+        let ip = ClientIp::new("::1".parse().unwrap());
+        assert_eq!(ip.as_bytes(), b"::1");
+        let long: IpAddr = "ffff:ffff:ffff:ffff:ffff:ffff:255.255.255.255"
+            .parse()
+            .unwrap();
+        assert_eq!(ClientIp::new(long).as_bytes(), long.to_string().as_bytes());
+    }
+}

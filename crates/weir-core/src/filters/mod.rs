@@ -1,0 +1,8 @@
+//! Request and response filters: one file per transformation the proxy applies to a head.
+//!
+//! Filters are pure functions over bytes; the forwarding code calls them while it writes the
+//! upstream request head and the client response head.
+
+pub mod forwarded;
+pub mod location;
+pub mod rewrite;

@@ -1,0 +1,254 @@
+//! Body streaming: deciding which bytes of a buffer belong to a message body, and pumping
+//! a body from one socket to another through a bounded buffer.
+//!
+//! The same `BodyState` frames request bodies (client -> upstream) and response bodies
+//! (upstream -> client). Chunked bodies pass through byte for byte after validation, or are
+//! de-chunked in place for HTTP/1.0 clients.
+
+use std::io::{self, IoSlice};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::time::timeout;
+
+use crate::buffer::Buffer;
+use crate::codec::http1::{BodyFraming, ChunkedDecoder};
+
+pub enum BodyState {
+    Length(u64),
+    Chunked {
+        decoder: ChunkedDecoder,
+        dechunk: bool,
+        limit: Option<u64>,
+    },
+    UntilClose {
+        done: bool,
+    },
+    Done,
+}
+
+/// Why a pump stopped early.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PumpError {
+    Read(io::ErrorKind),
+    ReadTimeout,
+    /// The source ended before the body did.
+    Truncated,
+    Write(io::ErrorKind),
+    WriteTimeout,
+    Framing(&'static str),
+    TooLarge,
+}
+
+impl BodyState {
+    pub fn new(framing: BodyFraming, dechunk: bool, limit: Option<u64>) -> BodyState {
+        match framing {
+            BodyFraming::None | BodyFraming::Length(0) => BodyState::Done,
+            BodyFraming::Length(n) => BodyState::Length(n),
+            BodyFraming::Chunked => BodyState::Chunked {
+                decoder: ChunkedDecoder::new(),
+                dechunk,
+                limit,
+            },
+            BodyFraming::UntilClose => BodyState::UntilClose { done: false },
+        }
+    }
+
+    pub fn is_done(&self) -> bool {
+        match self {
+            BodyState::Length(_) => false,
+            BodyState::Chunked { decoder, .. } => decoder.is_done(),
+            BodyState::UntilClose { done } => *done,
+            BodyState::Done => true,
+        }
+    }
+
+    /// Takes the body bytes at the start of `data`. Returns `(forward, consumed)`: after the
+    /// call `data[..forward]` is what to send on, and `consumed` bytes of `data` are used up.
+    pub fn take(&mut self, data: &mut [u8]) -> Result<(usize, usize), PumpError> {
+        match self {
+            BodyState::Done => Ok((0, 0)),
+            BodyState::UntilClose { .. } => Ok((data.len(), data.len())),
+            BodyState::Length(remaining) => {
+                let n = (*remaining).min(data.len() as u64) as usize;
+                *remaining -= n as u64;
+                if *remaining == 0 {
+                    *self = BodyState::Done;
+                }
+                Ok((n, n))
+            }
+            BodyState::Chunked {
+                decoder,
+                dechunk,
+                limit,
+            } => {
+                let r = take_chunked(decoder, *dechunk, data)?;
+                if limit.is_some_and(|max| decoder.body_len() > max) {
+                    return Err(PumpError::TooLarge);
+                }
+                Ok(r)
+            }
+        }
+    }
+
+    /// The source reached EOF; true if that ends the body cleanly.
+    pub fn on_eof(&mut self) -> bool {
+        match self {
+            BodyState::UntilClose { done } => {
+                *done = true;
+                true
+            }
+            BodyState::Done => true,
+            _ => false,
+        }
+    }
+}
+
+fn take_chunked(
+    decoder: &mut ChunkedDecoder,
+    dechunk: bool,
+    data: &mut [u8],
+) -> Result<(usize, usize), PumpError> {
+    let mut pos = 0;
+    let mut out = 0;
+    while pos < data.len() && !decoder.is_done() {
+        let d = decoder
+            .decode(&data[pos..])
+            .map_err(|e| PumpError::Framing(e.0))?;
+        if let Some(r) = d.data.filter(|_| dechunk) {
+            let len = r.len();
+            data.copy_within(pos + r.start..pos + r.end, out);
+            out += len;
+        }
+        pos += d.consumed;
+        if d.consumed == 0 {
+            break;
+        }
+    }
+    Ok((if dechunk { out } else { pos }, pos))
+}
+
+/// Moves a body from `src` to `dst` through `buf` (which may already hold body bytes)
+/// until `state` is done. Bytes after the body stay in `buf`.
+pub async fn pump<R, W>(
+    src: &mut R,
+    buf: &mut Buffer,
+    dst: &mut W,
+    state: &mut BodyState,
+    read_timeout: Duration,
+    write_timeout: Duration,
+) -> Result<(), PumpError>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    loop {
+        if !buf.is_empty() {
+            let (forward, consumed) = state.take(buf.filled_mut())?;
+            if forward > 0 {
+                write_all(dst, &buf.filled()[..forward], &[], write_timeout).await?;
+            }
+            buf.consume(consumed);
+        }
+        if state.is_done() {
+            return Ok(());
+        }
+        match timeout(read_timeout, buf.read_from(src)).await {
+            Err(_) => return Err(PumpError::ReadTimeout),
+            Ok(Err(e)) => return Err(PumpError::Read(e.kind())),
+            Ok(Ok(0)) if state.on_eof() => return Ok(()),
+            Ok(Ok(0)) => return Err(PumpError::Truncated),
+            Ok(Ok(_)) => {}
+        }
+    }
+}
+
+/// Writes `a` then `b` with as few syscalls as possible (one `writev` when both fit).
+pub async fn write_all<W: AsyncWrite + Unpin>(
+    dst: &mut W,
+    mut a: &[u8],
+    mut b: &[u8],
+    write_timeout: Duration,
+) -> Result<(), PumpError> {
+    let write = async {
+        while !a.is_empty() || !b.is_empty() {
+            let n = if b.is_empty() {
+                dst.write(a).await?
+            } else if a.is_empty() {
+                dst.write(b).await?
+            } else {
+                dst.write_vectored(&[IoSlice::new(a), IoSlice::new(b)])
+                    .await?
+            };
+            if n == 0 {
+                return Err(io::Error::from(io::ErrorKind::WriteZero));
+            }
+            let from_a = n.min(a.len());
+            a = &a[from_a..];
+            b = &b[n - from_a..];
+        }
+        Ok(())
+    };
+    match timeout(write_timeout, write).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(PumpError::Write(e.kind())),
+        Err(_) => Err(PumpError::WriteTimeout),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn length_takes_only_its_bytes() {
+        let mut state = BodyState::new(BodyFraming::Length(3), false, None);
+        let mut data = *b"abcGET";
+        assert_eq!(state.take(&mut data).unwrap(), (3, 3));
+        assert!(state.is_done());
+    }
+
+    #[test]
+    fn dechunks_in_place() {
+        let mut state = BodyState::new(BodyFraming::Chunked, true, None);
+        let mut data = b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\nNEXT".to_vec();
+        let (forward, consumed) = state.take(&mut data).unwrap();
+        assert_eq!(&data[..forward], b"abcde");
+        assert_eq!(consumed, data.len() - 4);
+        assert!(state.is_done());
+    }
+
+    #[test]
+    fn passes_chunked_through() {
+        let mut state = BodyState::new(BodyFraming::Chunked, false, None);
+        let mut data = b"3\r\nabc\r\n0\r\n\r\n".to_vec();
+        let len = data.len();
+        assert_eq!(state.take(&mut data).unwrap(), (len, len));
+    }
+
+    #[test]
+    fn chunked_limit() {
+        let mut state = BodyState::new(BodyFraming::Chunked, false, Some(2));
+        let mut data = b"3\r\nabc\r\n".to_vec();
+        assert_eq!(state.take(&mut data), Err(PumpError::TooLarge));
+    }
+
+    #[tokio::test]
+    async fn pump_stops_at_body_end() {
+        let mut src: &[u8] = b"llo world";
+        let mut buf = Buffer::new(4);
+        let mut dst = Vec::new();
+        let mut state = BodyState::new(BodyFraming::Length(5), false, None);
+        let t = Duration::from_secs(1);
+        pump(&mut src, &mut buf, &mut dst, &mut state, t, t)
+            .await
+            .unwrap();
+        assert_eq!(dst, b"llo w");
+        let mut state = BodyState::new(BodyFraming::Length(50), false, None);
+        let mut src: &[u8] = b"short";
+        assert_eq!(
+            pump(&mut src, &mut Buffer::new(4), &mut dst, &mut state, t, t).await,
+            Err(PumpError::Truncated)
+        );
+    }
+}

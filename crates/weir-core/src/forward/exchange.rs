@@ -1,0 +1,490 @@
+//! The exchange with one upstream server, in the order it happens on the wire.
+
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpStream;
+use tokio::time::{timeout_at, Instant};
+use weir_config::{Listener, Route, Upstream, UpstreamServer};
+
+use super::body::{self, pump, BodyState, PumpError};
+use super::request_head::write_request_head;
+use super::response_head::{write_response_head, ClientFraming};
+use super::{tunnel, Failure};
+use crate::buffer::Buffer;
+use crate::client::ClientConn;
+use crate::codec::http1::{parse_response, BodyFraming, RequestHead, ResponseHead};
+use crate::connector::connect;
+use crate::error::ProxyError;
+use crate::filters::location::ReverseMap;
+use crate::worker::Worker;
+
+/// What the exchange needs to remember about the request once its head is consumed.
+#[derive(Clone, Copy)]
+struct RequestMeta {
+    is_head: bool,
+    http10: bool,
+    upgrade: bool,
+    idempotent: bool,
+}
+
+/// Where the request goes and under which limits.
+#[derive(Clone, Copy)]
+pub struct Target<'a> {
+    pub listener: &'a Listener,
+    pub route: &'a Route,
+    pub upstream: &'a Upstream,
+}
+
+/// Forwards the request whose head is at the start of `conn.buf`. `keep_alive`: the client
+/// connection may stay open afterwards. Returns whether it does.
+pub async fn forward(
+    worker: &Worker,
+    target: Target<'_>,
+    conn: &mut ClientConn,
+    req: &RequestHead,
+    resp: &mut ResponseHead,
+    keep_alive: bool,
+) -> Result<bool, Failure> {
+    let index = worker
+        .pick(target.route.upstream, target.upstream.servers.len())
+        .ok_or(ProxyError::NoServer)?;
+    let server = &target.upstream.servers[index];
+    let meta = RequestMeta {
+        is_head: req.is_head,
+        http10: req.minor_version == 0,
+        upgrade: req.upgrade,
+        idempotent: req.idempotent,
+    };
+    conn.out.clear();
+    write_request_head(
+        &mut conn.out,
+        conn.buf.filled(),
+        req,
+        target.route,
+        server,
+        &conn.ip,
+    );
+    conn.host.clear();
+    if let Some(host) = &req.host {
+        conn.host
+            .extend_from_slice(&conn.buf.filled()[host.clone()]);
+    }
+    conn.buf.consume(req.head_len);
+    let mut body = BodyState::new(req.framing, false, target.listener.max_body_size);
+    let (buffered, _) = body
+        .take(conn.buf.filled_mut())
+        .map_err(client_pump_error)?;
+    let mut up_buf = worker.take_buffer();
+    let result = exchange(
+        worker,
+        target,
+        server,
+        conn,
+        meta,
+        body,
+        buffered,
+        &mut up_buf,
+        resp,
+        keep_alive,
+    )
+    .await;
+    worker.give_buffer(up_buf);
+    result
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn exchange(
+    worker: &Worker,
+    target: Target<'_>,
+    server: &UpstreamServer,
+    conn: &mut ClientConn,
+    meta: RequestMeta,
+    mut body: BodyState,
+    buffered: usize,
+    up_buf: &mut Buffer,
+    resp: &mut ResponseHead,
+    keep_alive: bool,
+) -> Result<bool, Failure> {
+    let (stream, request_done) = if body.is_done() {
+        (
+            send_buffered(worker, target, server, conn, meta, buffered, up_buf, resp).await?,
+            true,
+        )
+    } else {
+        send_streaming(
+            worker, target, server, conn, meta, &mut body, buffered, up_buf, resp,
+        )
+        .await?
+    };
+    let exchange = Exchange {
+        worker,
+        target,
+        server,
+        meta,
+        request_done,
+        keep_alive,
+    };
+    exchange.respond(conn, stream, up_buf, resp).await
+}
+
+/// The request is complete in the buffer: send it, and replay it once on a fresh
+/// connection if a pooled one proves dead before any response byte (idempotent only).
+#[allow(clippy::too_many_arguments)]
+async fn send_buffered(
+    worker: &Worker,
+    target: Target<'_>,
+    server: &UpstreamServer,
+    conn: &mut ClientConn,
+    meta: RequestMeta,
+    buffered: usize,
+    up_buf: &mut Buffer,
+    resp: &mut ResponseHead,
+) -> Result<TcpStream, Failure> {
+    let upstream = target.upstream;
+    let mut fresh = false;
+    loop {
+        let (mut stream, reused) = obtain(worker, server, upstream, fresh).await?;
+        let sent = body::write_all(
+            &mut stream,
+            &conn.out,
+            &conn.buf.filled()[..buffered],
+            upstream.response_timeout,
+        )
+        .await;
+        let outcome = match sent {
+            Ok(()) => {
+                read_final_head(&mut stream, up_buf, resp, meta, &mut conn.stream, target).await
+            }
+            Err(e) => Err(HeadError {
+                error: upstream_write_error(e),
+                received: false,
+                interim_sent: false,
+            }),
+        };
+        match outcome {
+            Ok(()) => {
+                conn.buf.consume(buffered);
+                return Ok(stream);
+            }
+            Err(e) if reused && meta.idempotent && e.retryable() => {
+                tracing::debug!(server = %server.addr, error = %e.error, "pooled connection was dead; retrying on a new one");
+                up_buf.clear();
+                fresh = true;
+            }
+            Err(e) => {
+                return Err(Failure {
+                    error: e.error,
+                    responded: e.interim_sent,
+                })
+            }
+        }
+    }
+}
+
+/// The body is still arriving: stream it while waiting for the response head (which may
+/// come early, or be a `100 Continue` the client waits for). Returns whether the whole
+/// request body was sent.
+#[allow(clippy::too_many_arguments)]
+async fn send_streaming(
+    worker: &Worker,
+    target: Target<'_>,
+    server: &UpstreamServer,
+    conn: &mut ClientConn,
+    meta: RequestMeta,
+    body: &mut BodyState,
+    buffered: usize,
+    up_buf: &mut Buffer,
+    resp: &mut ResponseHead,
+) -> Result<(TcpStream, bool), Failure> {
+    let (mut stream, _) = obtain(worker, server, target.upstream, false).await?;
+    let response_timeout = target.upstream.response_timeout;
+    body::write_all(
+        &mut stream,
+        &conn.out,
+        &conn.buf.filled()[..buffered],
+        response_timeout,
+    )
+    .await
+    .map_err(|e| Failure::from(upstream_write_error(e)))?;
+    conn.buf.consume(buffered);
+    let mut upload_done = false;
+    let result = {
+        let (mut ur, mut uw) = stream.split();
+        let (mut cr, mut cw) = conn.stream.split();
+        let upload = pump(
+            &mut cr,
+            &mut conn.buf,
+            &mut uw,
+            body,
+            target.listener.client_timeout,
+            response_timeout,
+        );
+        let head = read_final_head(&mut ur, up_buf, resp, meta, &mut cw, target);
+        tokio::pin!(upload, head);
+        let mut uploading = true;
+        loop {
+            tokio::select! {
+                r = &mut upload, if uploading => {
+                    uploading = false;
+                    match r {
+                        Ok(()) => upload_done = true,
+                        // The upstream stopped reading; its response (if any) says why.
+                        Err(PumpError::Write(_) | PumpError::WriteTimeout) => {}
+                        Err(e) => break Err(Failure::from(client_pump_error(e))),
+                    }
+                }
+                h = &mut head => break h.map_err(|e| Failure { error: e.error, responded: e.interim_sent }),
+            }
+        }
+    };
+    result.map(|()| (stream, upload_done))
+}
+
+async fn obtain(
+    worker: &Worker,
+    server: &UpstreamServer,
+    upstream: &Upstream,
+    fresh: bool,
+) -> Result<(TcpStream, bool), ProxyError> {
+    if !fresh {
+        if let Some(stream) = worker
+            .pool
+            .borrow_mut()
+            .take(server.addr, upstream.idle_timeout)
+        {
+            return Ok((stream, true));
+        }
+    }
+    Ok((connect(server.addr, upstream.connect_timeout).await?, false))
+}
+
+struct HeadError {
+    error: ProxyError,
+    /// Some response byte arrived: the upstream processed the request.
+    received: bool,
+    /// A 1xx was relayed: the client has response bytes.
+    interim_sent: bool,
+}
+
+impl HeadError {
+    fn retryable(&self) -> bool {
+        !self.received
+            && matches!(
+                self.error,
+                ProxyError::UpstreamClosed | ProxyError::UpstreamIo(_)
+            )
+    }
+}
+
+/// Reads until a final (non-1xx) response head is parsed into `resp`, relaying 1xx heads
+/// to HTTP/1.1 clients. The whole head must arrive within `response_timeout`.
+async fn read_final_head<R, W>(
+    up: &mut R,
+    up_buf: &mut Buffer,
+    resp: &mut ResponseHead,
+    meta: RequestMeta,
+    client: &mut W,
+    target: Target<'_>,
+) -> Result<(), HeadError>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let deadline = Instant::now() + target.upstream.response_timeout;
+    let mut received = !up_buf.is_empty();
+    let mut interim_sent = false;
+    let fail = |error, received, interim_sent| HeadError {
+        error,
+        received,
+        interim_sent,
+    };
+    loop {
+        let complete = parse_response(
+            up_buf.filled(),
+            crate::worker::UPSTREAM_BUFFER,
+            meta.is_head,
+            resp,
+        )
+        .map_err(|e| fail(e, true, interim_sent))?;
+        if !complete {
+            match timeout_at(deadline, up_buf.read_from(up)).await {
+                Err(_) => return Err(fail(ProxyError::UpstreamTimeout, received, interim_sent)),
+                Ok(Err(e)) => return Err(fail(ProxyError::upstream_io(e), received, interim_sent)),
+                Ok(Ok(0)) => return Err(fail(ProxyError::UpstreamClosed, received, interim_sent)),
+                Ok(Ok(_)) => received = true,
+            }
+            continue;
+        }
+        if !resp.is_interim() {
+            return Ok(());
+        }
+        if !meta.http10 {
+            let head = &up_buf.filled()[..resp.head_len];
+            body::write_all(client, head, &[], target.listener.client_timeout)
+                .await
+                .map_err(|_| fail(ProxyError::ClientClosed, true, true))?;
+            interim_sent = true;
+        }
+        up_buf.consume(resp.head_len);
+    }
+}
+
+/// The response half of an exchange.
+struct Exchange<'a> {
+    worker: &'a Worker,
+    target: Target<'a>,
+    server: &'a UpstreamServer,
+    meta: RequestMeta,
+    request_done: bool,
+    keep_alive: bool,
+}
+
+impl Exchange<'_> {
+    async fn respond(
+        &self,
+        conn: &mut ClientConn,
+        mut stream: TcpStream,
+        up_buf: &mut Buffer,
+        resp: &ResponseHead,
+    ) -> Result<bool, Failure> {
+        if resp.status == 101 {
+            return self.upgrade(conn, stream, up_buf, resp).await;
+        }
+        let dechunk = resp.framing == BodyFraming::Chunked && self.meta.http10;
+        let close = !self.keep_alive
+            || !self.request_done
+            || dechunk
+            || resp.framing == BodyFraming::UntilClose;
+        let framing = ClientFraming {
+            dechunk,
+            close,
+            http10: self.meta.http10,
+        };
+        conn.out.clear();
+        let reverse = self.reverse_map(&conn.host);
+        write_response_head(
+            &mut conn.out,
+            up_buf.filled(),
+            resp,
+            reverse.as_ref(),
+            &framing,
+        );
+        up_buf.consume(resp.head_len);
+        let mut state = BodyState::new(resp.framing, dechunk, None);
+        let (forward, consumed) = state
+            .take(up_buf.filled_mut())
+            .map_err(|e| Failure::from(upstream_pump_error(e)))?;
+        let client_timeout = self.target.listener.client_timeout;
+        body::write_all(
+            &mut conn.stream,
+            &conn.out,
+            &up_buf.filled()[..forward],
+            client_timeout,
+        )
+        .await
+        .map_err(|_| Failure {
+            error: ProxyError::ClientClosed,
+            responded: true,
+        })?;
+        up_buf.consume(consumed);
+        let upstream_timeout = self.target.upstream.response_timeout;
+        pump(
+            &mut stream,
+            up_buf,
+            &mut conn.stream,
+            &mut state,
+            upstream_timeout,
+            client_timeout,
+        )
+        .await
+        .map_err(|e| Failure {
+            error: upstream_pump_error(e),
+            responded: true,
+        })?;
+        if resp.keeps_alive() && self.request_done && up_buf.is_empty() {
+            self.worker.pool.borrow_mut().put(
+                self.server.addr,
+                stream,
+                self.target.upstream.max_idle,
+            );
+        }
+        Ok(!close)
+    }
+
+    fn reverse_map<'h>(&'h self, host: &'h [u8]) -> Option<ReverseMap<'h>> {
+        let route = self.target.route;
+        route.reverse_rewrite.then(|| ReverseMap {
+            upstream_authority: self.server.name.as_bytes(),
+            public_authority: (!host.is_empty()).then_some(host),
+            upstream_prefix: route
+                .rewrite_prefix
+                .as_deref()
+                .unwrap_or(&route.path_prefix),
+            public_prefix: &route.path_prefix,
+        })
+    }
+
+    async fn upgrade(
+        &self,
+        conn: &mut ClientConn,
+        mut stream: TcpStream,
+        up_buf: &mut Buffer,
+        resp: &ResponseHead,
+    ) -> Result<bool, Failure> {
+        if !self.meta.upgrade || !self.request_done {
+            return Err(ProxyError::UpstreamMalformed("101 without an upgrade request").into());
+        }
+        let framing = ClientFraming {
+            dechunk: false,
+            close: false,
+            http10: false,
+        };
+        conn.out.clear();
+        write_response_head(&mut conn.out, up_buf.filled(), resp, None, &framing);
+        up_buf.consume(resp.head_len);
+        body::write_all(
+            &mut conn.stream,
+            &conn.out,
+            &[],
+            self.target.listener.client_timeout,
+        )
+        .await
+        .map_err(|_| Failure {
+            error: ProxyError::ClientClosed,
+            responded: true,
+        })?;
+        tunnel::run(&mut conn.stream, &mut conn.buf, &mut stream, up_buf).await;
+        Ok(false)
+    }
+}
+
+fn upstream_write_error(e: PumpError) -> ProxyError {
+    match e {
+        PumpError::WriteTimeout => ProxyError::UpstreamTimeout,
+        PumpError::Write(kind) => ProxyError::upstream_io(kind.into()),
+        _ => ProxyError::UpstreamClosed,
+    }
+}
+
+/// Errors while moving the request body, seen from the client side.
+fn client_pump_error(e: PumpError) -> ProxyError {
+    match e {
+        PumpError::ReadTimeout => ProxyError::ClientTimeout,
+        PumpError::Framing(reason) => ProxyError::BadRequest(reason),
+        PumpError::TooLarge => ProxyError::BodyTooLarge,
+        PumpError::Read(kind) => ProxyError::ClientIo(kind),
+        PumpError::Truncated => ProxyError::ClientClosed,
+        PumpError::Write(_) | PumpError::WriteTimeout => ProxyError::UpstreamClosed,
+    }
+}
+
+/// Errors while moving the response body.
+fn upstream_pump_error(e: PumpError) -> ProxyError {
+    match e {
+        PumpError::ReadTimeout => ProxyError::UpstreamTimeout,
+        PumpError::Framing(reason) => ProxyError::UpstreamMalformed(reason),
+        PumpError::Read(kind) => ProxyError::UpstreamIo(kind),
+        PumpError::Truncated => ProxyError::UpstreamClosed,
+        PumpError::TooLarge => ProxyError::UpstreamMalformed("body too large"),
+        PumpError::Write(_) | PumpError::WriteTimeout => ProxyError::ClientClosed,
+    }
+}

@@ -1,0 +1,47 @@
+//! Forwarding one request to an upstream server and its response back to the client.
+//!
+//! `forward` is the exchange: pick a server, write the request head (and whatever body is
+//! already buffered), stream the rest of the body while waiting for the response head,
+//! relay 1xx, then write the response head and stream the body back. It decides whether
+//! each side's connection can be kept, and retries once on a fresh connection when a pooled
+//! one turns out dead and replaying is safe.
+
+pub mod body;
+mod exchange;
+pub mod request_head;
+pub mod response_head;
+mod tunnel;
+
+pub use exchange::{forward, Target};
+
+/// The route, its upstream and the listener limits an exchange runs under.
+pub fn exchange_target<'a>(
+    listener: &'a weir_config::Listener,
+    route: &'a weir_config::Route,
+    upstream: &'a weir_config::Upstream,
+) -> Target<'a> {
+    Target {
+        listener,
+        route,
+        upstream,
+    }
+}
+
+use crate::error::ProxyError;
+
+/// A failed exchange: what went wrong and whether the client already got response bytes
+/// (then the only thing left to do is close).
+#[derive(Debug, Clone, Copy)]
+pub struct Failure {
+    pub error: ProxyError,
+    pub responded: bool,
+}
+
+impl From<ProxyError> for Failure {
+    fn from(error: ProxyError) -> Failure {
+        Failure {
+            error,
+            responded: false,
+        }
+    }
+}

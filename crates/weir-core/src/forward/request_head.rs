@@ -1,0 +1,73 @@
+//! Writing the upstream request head: request line (with the route's prefix rewrite),
+//! end-to-end headers byte for byte, `Host`, framing, and the forwarded headers.
+
+use weir_config::{Route, UpstreamServer};
+
+use crate::codec::http1::write::push_header;
+use crate::codec::http1::{BodyFraming, HeaderKind, RequestHead};
+use crate::filters::forwarded::{push_forwarded, ClientIp};
+use crate::filters::rewrite::upstream_path;
+
+/// Appends the upstream request head for `req` (parsed from `buf`) to `out`.
+pub fn write_request_head(
+    out: &mut Vec<u8>,
+    buf: &[u8],
+    req: &RequestHead,
+    route: &Route,
+    server: &UpstreamServer,
+    client: &ClientIp,
+) {
+    let (prefix, rest) = upstream_path(
+        &buf[req.path.clone()],
+        &route.path_prefix,
+        route.rewrite_prefix.as_deref(),
+    );
+    out.extend_from_slice(&buf[req.method.clone()]);
+    out.push(b' ');
+    out.extend_from_slice(prefix);
+    out.extend_from_slice(rest);
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+    let client_host = req.host.as_ref().map(|r| &buf[r.clone()]);
+    match client_host.filter(|_| route.preserve_host) {
+        Some(host) => push_header(out, b"Host", host),
+        None => push_header(out, b"Host", server.name.as_bytes()),
+    }
+    for h in &req.headers {
+        if forwards_unchanged(h.kind, h.connection_listed, route.forwarded_headers) {
+            push_header(out, &buf[h.name.clone()], &buf[h.value.clone()]);
+        }
+    }
+    if req.framing == BodyFraming::Chunked {
+        out.extend_from_slice(b"Transfer-Encoding: chunked\r\n");
+    }
+    if req.upgrade {
+        out.extend_from_slice(b"Connection: upgrade\r\n");
+        for h in req.headers.iter().filter(|h| h.kind == HeaderKind::Upgrade) {
+            push_header(out, b"Upgrade", &buf[h.value.clone()]);
+        }
+    }
+    if route.forwarded_headers {
+        let prior = req
+            .headers
+            .iter()
+            .filter(|h| h.kind == HeaderKind::XForwardedFor)
+            .map(|h| &buf[h.value.clone()]);
+        push_forwarded(out, client, client_host, prior);
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Headers copied as they are: everything end-to-end that the proxy does not set itself.
+fn forwards_unchanged(kind: HeaderKind, connection_listed: bool, forwarded: bool) -> bool {
+    if connection_listed || kind.is_hop_by_hop() || kind == HeaderKind::Host {
+        return false;
+    }
+    let set_by_proxy = matches!(
+        kind,
+        HeaderKind::XForwardedFor
+            | HeaderKind::XRealIp
+            | HeaderKind::XForwardedProto
+            | HeaderKind::XForwardedHost
+    );
+    !(forwarded && set_by_proxy)
+}

@@ -1,0 +1,69 @@
+//! Writing the client response head: status line, end-to-end headers byte for byte (with
+//! ProxyPassReverse on location headers), framing and the client connection's persistence.
+
+use crate::codec::http1::write::{push_header, push_status_line};
+use crate::codec::http1::{BodyFraming, HeaderKind, ResponseHead};
+use crate::filters::location::ReverseMap;
+
+/// How the head should present the client connection.
+pub struct ClientFraming {
+    /// The body is re-framed from chunked to close-delimited (HTTP/1.0 client).
+    pub dechunk: bool,
+    /// Weir closes the client connection after this response.
+    pub close: bool,
+    /// The client speaks HTTP/1.0 (needs an explicit keep-alive).
+    pub http10: bool,
+}
+
+/// Appends the client response head for `resp` (parsed from `buf`) to `out`.
+pub fn write_response_head(
+    out: &mut Vec<u8>,
+    buf: &[u8],
+    resp: &ResponseHead,
+    reverse: Option<&ReverseMap<'_>>,
+    framing: &ClientFraming,
+) {
+    push_status_line(out, resp.status, &buf[resp.reason.clone()]);
+    for h in &resp.headers {
+        if h.connection_listed || h.kind.is_hop_by_hop() {
+            continue;
+        }
+        let name = &buf[h.name.clone()];
+        let value = &buf[h.value.clone()];
+        if let (Some(map), true) = (reverse, is_location(h.kind)) {
+            out.extend_from_slice(name);
+            out.extend_from_slice(b": ");
+            if !map.map_into(value, out) {
+                out.extend_from_slice(value);
+            }
+            out.extend_from_slice(b"\r\n");
+        } else {
+            push_header(out, name, value);
+        }
+    }
+    if resp.framing == BodyFraming::Chunked && !framing.dechunk {
+        out.extend_from_slice(b"Transfer-Encoding: chunked\r\n");
+    }
+    if resp.status == 101 {
+        out.extend_from_slice(b"Connection: upgrade\r\n");
+        for h in resp
+            .headers
+            .iter()
+            .filter(|h| h.kind == HeaderKind::Upgrade)
+        {
+            push_header(out, b"Upgrade", &buf[h.value.clone()]);
+        }
+    } else if framing.close {
+        out.extend_from_slice(b"Connection: close\r\n");
+    } else if framing.http10 {
+        out.extend_from_slice(b"Connection: keep-alive\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+fn is_location(kind: HeaderKind) -> bool {
+    matches!(
+        kind,
+        HeaderKind::Location | HeaderKind::ContentLocation | HeaderKind::Uri
+    )
+}

@@ -1,0 +1,37 @@
+//! Weir's data plane.
+//!
+//! The request path, in the order a request meets the modules:
+//!
+//! 1. `listener/`  — SO_REUSEPORT sockets per worker, accept loop, connection limit, fd back-off
+//! 2. `client`     — the client connection: buffer, request-head reading, timeouts
+//! 3. `codec/`     — HTTP/1.1 parsing (strict framing), chunked decoding, head writing
+//! 4. `router/`    — host + longest path prefix -> route
+//! 5. `filters/`   — prefix rewrite, forwarded headers, location reverse-mapping
+//! 6. `upstream/`  — choosing a server (round robin)
+//! 7. `connector/` — connecting, the per-worker keep-alive pool
+//! 8. `forward/`   — the exchange with the upstream: heads, bodies, 1xx, upgrade tunnels
+//! 9. `proxy`      — the pipeline tying 1-8 together, one loop per client connection
+//!
+//! Around it: `server` (start, workers, drain), `worker` (per-thread state), `snapshot`
+//! (the published, pre-computed config), `error` (the one error -> status mapping),
+//! `buffer` (bounded I/O buffers).
+
+#![forbid(unsafe_code)]
+
+pub mod buffer;
+pub mod client;
+pub mod codec;
+pub mod connector;
+pub mod error;
+pub mod filters;
+pub mod forward;
+pub mod listener;
+pub mod proxy;
+pub mod router;
+pub mod server;
+pub mod snapshot;
+pub mod upstream;
+pub mod worker;
+
+pub use error::ProxyError;
+pub use server::{Proxy, StartError};

@@ -1,0 +1,56 @@
+//! The immutable, pre-computed form of a validated config that workers read.
+//!
+//! A snapshot is built once per config change and published through `ArcSwap`; a request
+//! sees exactly one snapshot from start to end. Anything derivable from the config that the
+//! request path would otherwise recompute (route tables, pre-rendered default responses)
+//! lives here.
+
+use std::sync::Arc;
+
+use weir_config::{Config, Listener};
+
+use crate::codec::http1::write::push_simple_response;
+use crate::router::Router;
+
+pub struct Snapshot {
+    pub config: Arc<Config>,
+    pub listeners: Vec<ListenerPlan>,
+}
+
+/// Per-listener derived data, indexed like `config.listeners`.
+pub struct ListenerPlan {
+    pub router: Router,
+    /// The default response, ready to write, keeping the connection open.
+    pub default_keep_alive: Box<[u8]>,
+    /// The same with `Connection: close`.
+    pub default_close: Box<[u8]>,
+}
+
+impl Snapshot {
+    pub fn new(config: Arc<Config>) -> Snapshot {
+        let listeners = config.listeners.iter().map(ListenerPlan::new).collect();
+        Snapshot { config, listeners }
+    }
+}
+
+impl ListenerPlan {
+    fn new(listener: &Listener) -> ListenerPlan {
+        let d = &listener.default_response;
+        let render = |close| {
+            let mut out = Vec::new();
+            push_simple_response(
+                &mut out,
+                d.status,
+                &d.content_type,
+                d.body.as_bytes(),
+                close,
+            );
+            out.into_boxed_slice()
+        };
+        ListenerPlan {
+            router: Router::new(&listener.routes),
+            default_keep_alive: render(false),
+            default_close: render(true),
+        }
+    }
+}

@@ -1,0 +1,152 @@
+//! One worker: a thread with its own single-threaded tokio runtime, its own listening
+//! sockets (SO_REUSEPORT), its own upstream pool and round-robin cursors.
+//!
+//! Nothing here is shared with other workers except `Shared` (the published snapshot and the
+//! shutdown signal), which the request path reads without locks or atomic read-modify-write.
+
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use tokio::sync::{watch, Notify};
+
+use crate::buffer::Buffer;
+use crate::connector::IdlePool;
+use crate::snapshot::Snapshot;
+
+/// State shared by all workers.
+pub struct Shared {
+    pub snapshot: ArcSwap<Snapshot>,
+    /// Bumped on every publish, so workers notice a new snapshot with a plain load.
+    pub generation: AtomicU64,
+    pub shutdown: watch::Receiver<bool>,
+}
+
+impl Shared {
+    pub fn publish(&self, snapshot: Snapshot) {
+        self.snapshot.store(Arc::new(snapshot));
+        self.generation.fetch_add(1, Ordering::Release);
+    }
+}
+
+/// Size of the buffers used for upstream responses.
+pub const UPSTREAM_BUFFER: usize = 16 * 1024;
+/// Most spare buffers a worker keeps for reuse.
+const SPARE_BUFFERS: usize = 1024;
+
+pub struct Worker {
+    pub shared: Arc<Shared>,
+    /// The snapshot this worker uses, with the generation it was loaded at. `Rc<Arc<_>>` on
+    /// purpose: handing it to a request clones the `Rc` (no atomic), not the shared `Arc`.
+    #[allow(clippy::redundant_allocation)]
+    cached: RefCell<(u64, Rc<Arc<Snapshot>>)>,
+    pub pool: RefCell<IdlePool>,
+    cursors: RefCell<Vec<usize>>,
+    spare: RefCell<Vec<Buffer>>,
+    draining: Cell<bool>,
+    drain: Notify,
+    /// Open client connections of this worker, per listener.
+    pub connections: RefCell<Vec<usize>>,
+    /// Signalled whenever a client connection closes.
+    pub connection_closed: Notify,
+}
+
+impl Worker {
+    pub fn new(shared: Arc<Shared>) -> Worker {
+        let generation = shared.generation.load(Ordering::Acquire);
+        let snapshot = Rc::new(shared.snapshot.load_full());
+        let listeners = snapshot.listeners.len();
+        Worker {
+            shared,
+            cached: RefCell::new((generation, snapshot)),
+            pool: RefCell::new(IdlePool::default()),
+            cursors: RefCell::new(Vec::new()),
+            spare: RefCell::new(Vec::new()),
+            draining: Cell::new(false),
+            drain: Notify::new(),
+            connections: RefCell::new(vec![0; listeners]),
+            connection_closed: Notify::new(),
+        }
+    }
+
+    /// The current snapshot; reloads it only when the generation moved.
+    #[allow(clippy::redundant_allocation)]
+    pub fn snapshot(&self) -> Rc<Arc<Snapshot>> {
+        let generation = self.shared.generation.load(Ordering::Acquire);
+        let mut cached = self.cached.borrow_mut();
+        if cached.0 != generation {
+            *cached = (generation, Rc::new(self.shared.snapshot.load_full()));
+        }
+        cached.1.clone()
+    }
+
+    /// Round robin over `count` servers of upstream `upstream`.
+    pub fn pick(&self, upstream: usize, count: usize) -> Option<usize> {
+        let mut cursors = self.cursors.borrow_mut();
+        if cursors.len() <= upstream {
+            cursors.resize(upstream + 1, 0);
+        }
+        crate::upstream::round_robin::pick(&mut cursors[upstream], count)
+    }
+
+    pub fn take_buffer(&self) -> Buffer {
+        self.spare
+            .borrow_mut()
+            .pop()
+            .unwrap_or_else(|| Buffer::new(UPSTREAM_BUFFER))
+    }
+
+    pub fn give_buffer(&self, mut buf: Buffer) {
+        let mut spare = self.spare.borrow_mut();
+        if spare.len() < SPARE_BUFFERS {
+            buf.clear();
+            spare.push(buf);
+        }
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining.get()
+    }
+
+    /// Stops accepting and wakes idle connections so they close.
+    pub fn begin_drain(&self) {
+        self.draining.set(true);
+        self.drain.notify_waiters();
+        self.pool.borrow_mut().clear();
+    }
+
+    /// Resolves when the worker starts draining (immediately if it already has).
+    pub async fn drained(&self) {
+        let notified = self.drain.notified();
+        if self.draining.get() {
+            return;
+        }
+        notified.await;
+    }
+
+    pub fn open_connections(&self) -> usize {
+        self.connections.borrow().iter().sum()
+    }
+}
+
+/// Counts one open client connection of a listener for as long as it lives.
+pub struct ConnectionGuard {
+    worker: Rc<Worker>,
+    listener: usize,
+}
+
+impl ConnectionGuard {
+    pub fn new(worker: Rc<Worker>, listener: usize) -> ConnectionGuard {
+        worker.connections.borrow_mut()[listener] += 1;
+        ConnectionGuard { worker, listener }
+    }
+}
+
+impl Drop for ConnectionGuard {
+    fn drop(&mut self) {
+        self.worker.connections.borrow_mut()[self.listener] -= 1;
+        self.worker.connection_closed.notify_waiters();
+    }
+}

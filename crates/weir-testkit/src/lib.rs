@@ -1,0 +1,76 @@
+//! Test backends and clients for Weir's integration tests and `weir demo`.
+//!
+//! * [`Backend`]: an HTTP/1.1 server on `127.0.0.1:<ephemeral>`, running on
+//!   its own thread and tokio runtime (usable from `#[test]` and
+//!   `#[tokio::test]` alike) and stopped when dropped. Constructors pick a
+//!   behaviour: [`echo`](Backend::echo), [`fixed`](Backend::fixed),
+//!   [`slow`](Backend::slow), [`reset`](Backend::reset),
+//!   [`close_mid_body`](Backend::close_mid_body),
+//!   [`chunked`](Backend::chunked), [`close_delimited`](Backend::close_delimited),
+//!   [`huge`](Backend::huge), [`sink`](Backend::sink),
+//!   [`raw_response`](Backend::raw_response),
+//!   [`close_after_each`](Backend::close_after_each),
+//!   [`idle_closer`](Backend::idle_closer) and [`hang`](Backend::hang).
+//!   Counters ([`connections_accepted`](Backend::connections_accepted),
+//!   [`requests_served`](Backend::requests_served),
+//!   [`in_flight`](Backend::in_flight)) let tests assert connection reuse.
+//! * [`Client`] / [`BlockingClient`]: a keep-alive HTTP/1.1 client, and
+//!   [`send_raw_once`] / [`status_of`] for raw exchanges.
+//! * [`pattern()`], [`pattern_hash`] and [`Hasher`] (FNV-1a 64): deterministic
+//!   large bodies that are hashed on both ends instead of being compared.
+//! * [`chunked`]: a small chunked-coding decoder and encoder.
+//! * [`wait_until`] / [`wait_until_async`]: poll a condition instead of
+//!   sleeping a fixed time.
+
+mod backend;
+mod behaviours;
+pub mod chunked;
+mod client;
+mod pattern;
+mod wire;
+
+use std::time::{Duration, Instant};
+
+pub use backend::Backend;
+pub use client::{
+    send_raw_once, send_raw_once_blocking, status_of, BlockingClient, Client, Response, CLOSE_WAIT,
+    DEFAULT_TIMEOUT,
+};
+pub use pattern::{
+    fill_pattern, hash_bytes, pattern, pattern_byte, pattern_hash, pattern_vec, sink_summary,
+    Hasher,
+};
+
+/// How often [`wait_until`] and [`wait_until_async`] re-check their condition.
+pub const POLL_INTERVAL: Duration = Duration::from_millis(5);
+
+/// Polls `cond` every 5 ms until it returns true (then returns true) or
+/// `timeout` has passed (then returns false after one last check). It blocks
+/// the calling thread: inside an async test prefer [`wait_until_async`]
+/// (backends run on their own threads, so either works for their counters).
+pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(POLL_INTERVAL);
+    }
+}
+
+/// Async [`wait_until`]: polls `cond` every 5 ms with `tokio::time::sleep`.
+pub async fn wait_until_async(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(POLL_INTERVAL).await;
+    }
+}

@@ -1,0 +1,57 @@
+//! The `weir` binary: command line, signals and process lifetime. `anyhow` lives only here.
+
+mod demo;
+mod run;
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+/// Weir: a reverse proxy and load balancer.
+#[derive(Parser)]
+#[command(name = "weir", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the proxy with a config file.
+    Run {
+        /// Path to the TOML config file.
+        #[arg(short, long, default_value = "weir.toml")]
+        config: PathBuf,
+    },
+    /// Validate a config file: exit 0 with a summary, or print where and what is wrong.
+    Check {
+        #[arg(short, long, default_value = "weir.toml")]
+        config: PathBuf,
+    },
+    /// Start three echo backends and Weir in front of them (round robin). Nothing to install.
+    Demo {
+        /// Port of the demo proxy listener on 127.0.0.1.
+        #[arg(long, default_value_t = 8080)]
+        port: u16,
+        /// Port of the admin listener on 127.0.0.1.
+        #[arg(long, default_value_t = 9901)]
+        admin_port: u16,
+    },
+}
+
+fn main() -> std::process::ExitCode {
+    run::init_logging();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Run { config } => run::run_file(&config),
+        Command::Check { config } => run::check_file(&config),
+        Command::Demo { port, admin_port } => demo::run(port, admin_port),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,93 @@
+//! `weir run` and `weir check`: load a config, start the data plane and the admin listener,
+//! wait for SIGTERM / SIGINT, drain, exit.
+
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use anyhow::Context;
+use weir_admin::{Admin, AdminState};
+use weir_config::{Config, Workers};
+use weir_core::Proxy;
+
+pub fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("WEIR_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+pub fn check_file(path: &Path) -> anyhow::Result<()> {
+    let config = weir_config::load_file(path)?;
+    println!("{}: OK: {}", path.display(), config.summary());
+    Ok(())
+}
+
+pub fn run_file(path: &Path) -> anyhow::Result<()> {
+    let config = weir_config::load_file(path)?;
+    let running = Running::start(config)?;
+    tracing::info!(config = %path.display(), "weir started");
+    running.wait_for_signal_and_stop()
+}
+
+/// A started data plane plus its admin listener.
+pub struct Running {
+    pub proxy: Proxy,
+    pub admin: Option<Admin>,
+}
+
+impl Running {
+    pub fn start(config: Config) -> anyhow::Result<Running> {
+        let workers = match config.server.workers {
+            Workers::Count(n) => n,
+            Workers::Auto => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        };
+        let admin_bind = config.admin.bind;
+        let proxy = Proxy::start(config, workers)?;
+        let state = Arc::new(AdminState::default());
+        let admin = match admin_bind {
+            Some(bind) => Some(
+                Admin::start(bind, state.clone())
+                    .with_context(|| format!("admin: cannot bind {bind}"))?,
+            ),
+            None => None,
+        };
+        state.ready.store(true, Ordering::Release);
+        for l in &proxy.config().listeners {
+            if let Some(addr) = proxy.listener_addr(&l.name) {
+                tracing::info!(listener = %l.name, %addr, workers, "listening");
+            }
+        }
+        Ok(Running { proxy, admin })
+    }
+
+    /// Blocks until SIGTERM or SIGINT, then drains and stops.
+    pub fn wait_for_signal_and_stop(self) -> anyhow::Result<()> {
+        wait_for_signal()?;
+        tracing::info!("signal received: draining");
+        self.proxy.shutdown();
+        if let Some(admin) = self.admin {
+            admin.stop();
+        }
+        tracing::info!("stopped");
+        Ok(())
+    }
+}
+
+fn wait_for_signal() -> anyhow::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let mut term = signal(SignalKind::terminate())?;
+        let mut int = signal(SignalKind::interrupt())?;
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        Ok(())
+    })
+}
