@@ -140,7 +140,11 @@ pub(crate) struct Issue {
 }
 
 impl Issue {
-    pub(crate) fn new(path: &FieldPath, message: impl Into<String>, fix: impl Into<String>) -> Self {
+    pub(crate) fn new(
+        path: &FieldPath,
+        message: impl Into<String>,
+        fix: impl Into<String>,
+    ) -> Self {
         Issue {
             path: path.clone(),
             message: message.into(),
@@ -229,35 +233,94 @@ fn readable_serde_message(message: &str) -> String {
         out.replace_range(start..start + "struct ".len() + len, "a table");
     }
     out.replace("expected a map", "expected a table")
+        .replace("expected i64", "expected a whole number")
 }
 
 /// Fixes for TOML syntax errors, by a phrase of the message.
 const SYNTAX_FIXES: &[(&str, &str)] = &[
-    ("duplicate key", "remove or rename one of the two definitions"),
-    ("basic string", "close the string with a double quote on the same line"),
-    ("literal string", "close the string with a single quote on the same line"),
+    (
+        "duplicate key",
+        "remove or rename one of the two definitions",
+    ),
+    (
+        "basic string",
+        "close the string with a double quote on the same line",
+    ),
+    (
+        "literal string",
+        "close the string with a single quote on the same line",
+    ),
     (
         "invalid string",
         r#"write a valid value: "text" in quotes, a number, true or false, [a list] or { a table }"#,
     ),
-    ("expected", "insert what is expected here, or correct the syntax around it"),
+    ("too large", "use a smaller number"),
+    (
+        "expected",
+        "insert what is expected here, or correct the syntax around it",
+    ),
 ];
 
 /// Fixes for serde errors, by a phrase of the message.
 const SHAPE_FIXES: &[(&str, &str)] = &[
     ("unknown field", "remove the key or correct its spelling"),
     ("expected a boolean", "write true or false, without quotes"),
-    ("expected a sequence", r#"write a list in brackets, such as ["a", "b"]"#),
-    ("expected a table", "write a table, such as { key = \"value\" } or a [section]"),
-    ("expected a string or an integer", "write a quoted string or a whole number"),
+    (
+        "expected a sequence",
+        r#"write a list in brackets, such as ["a", "b"]"#,
+    ),
+    (
+        "expected a table",
+        "write a table, such as { key = \"value\" } or a [section]",
+    ),
+    (
+        "expected a string or an integer",
+        "write a quoted string or a whole number",
+    ),
     ("expected a string", "write the value in double quotes"),
-    ("expected i64", "write a whole number, without quotes"),
+    (
+        "expected a whole number",
+        "write a whole number, without quotes",
+    ),
+];
+
+/// Fixes for serde errors on keys whose shape a generic fix would describe badly:
+/// (key, phrase of the message, fix).
+const KEY_FIXES: &[(&str, &str, &str)] = &[
+    (
+        "_timeout",
+        "expected a string",
+        r#"write the duration in double quotes with a unit, such as "5s""#,
+    ),
+    (
+        "listeners",
+        "expected a sequence",
+        "write each listener as a [[listeners]] table",
+    ),
+    (
+        "routes",
+        "expected a sequence",
+        "write each route as a [[listeners.routes]] table",
+    ),
+    (
+        "servers",
+        "expected a sequence",
+        r#"write servers = [{ addr = "host:port" }, ...]"#,
+    ),
+    (
+        "hosts",
+        "expected a sequence",
+        r#"write hosts = ["example.com", "*.example.org"]"#,
+    ),
 ];
 
 /// How to fix a serde error on `field`.
 fn shape_fix(field: &str, message: &str) -> String {
-    if field.ends_with("_timeout") && message.contains("expected a string") {
-        return r#"write the duration in double quotes with a unit, such as "5s""#.to_owned();
+    let by_key = KEY_FIXES
+        .iter()
+        .find(|(key, needle, _)| field.ends_with(key) && message.contains(needle));
+    if let Some((_, _, fix)) = by_key {
+        return (*fix).to_owned();
     }
     SHAPE_FIXES
         .iter()
@@ -313,9 +376,10 @@ fn locate(doc: &ImDocument<&str>, path: &FieldPath) -> Option<usize> {
     let mut found = None;
     for seg in &path.0 {
         let next = match seg {
-            Seg::Key(key) => node.table().and_then(|t| t.get_key_value(key)).map(|(k, item)| {
-                (k.span(), Node::Item(item))
-            }),
+            Seg::Key(key) => node
+                .table()
+                .and_then(|t| t.get_key_value(key))
+                .map(|(k, item)| (k.span(), Node::Item(item))),
             Seg::Index(index) => node.elements().get(*index).map(|n| (n.span(), *n)),
         };
         let Some((span, child)) = next else { break };
@@ -374,17 +438,33 @@ mod tests {
 
     #[test]
     fn display_leaves_out_what_does_not_apply() {
-        let err = ConfigError::io("weir.toml", &std::io::Error::from(std::io::ErrorKind::NotFound));
+        let err = ConfigError::io(
+            "weir.toml",
+            &std::io::Error::from(std::io::ErrorKind::NotFound),
+        );
         let text = err.to_string();
-        assert!(text.starts_with("weir.toml: cannot read the configuration file: "), "{text}");
+        assert!(
+            text.starts_with("weir.toml: cannot read the configuration file: "),
+            "{text}"
+        );
         assert!(text.ends_with("(fix: check the path, or pass another file with -c FILE)"));
     }
 
     #[test]
     fn paths_render_dotted() {
-        let path = FieldPath::default().key("upstreams").key("cgi").key("servers").index(0);
-        assert_eq!(path.key("addr").to_string(), "upstreams.cgi.servers[0].addr");
-        assert_eq!(FieldPath::default().key("upstreams").key("a.b").to_string(), "upstreams.\"a.b\"");
+        let path = FieldPath::default()
+            .key("upstreams")
+            .key("cgi")
+            .key("servers")
+            .index(0);
+        assert_eq!(
+            path.key("addr").to_string(),
+            "upstreams.cgi.servers[0].addr"
+        );
+        assert_eq!(
+            FieldPath::default().key("upstreams").key("a.b").to_string(),
+            "upstreams.\"a.b\""
+        );
     }
 
     #[test]

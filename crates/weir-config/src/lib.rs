@@ -188,10 +188,8 @@ max_idle = 256
         assert_eq!(config, expected);
     }
 
-    #[test]
-    fn non_default_values() {
-        let config = parse(
-            r#"
+    /// Every section with values other than the defaults.
+    const NON_DEFAULT: &str = r#"
 server = { workers = 8, drain_timeout = "0s" }
 admin = { bind = "off" }
 [[listeners]]
@@ -217,8 +215,11 @@ idle_timeout = "0s"
 max_idle = 0
 [upstreams.a]
 servers = [{ addr = "10.0.0.1:80" }]
-"#,
-        );
+"#;
+
+    #[test]
+    fn non_default_values() {
+        let config = parse(NON_DEFAULT);
         assert_eq!(config.server.workers, Workers::Count(8));
         assert_eq!(config.server.drain_timeout, Duration::ZERO);
         assert_eq!(config.admin.bind, None);
@@ -240,10 +241,17 @@ servers = [{ addr = "10.0.0.1:80" }]
             ]
         );
         assert!(r.reverse_rewrite && !r.preserve_host && !r.forwarded_headers);
-        // Upstreams are sorted by name, and the route points at "b".
+    }
+
+    #[test]
+    fn upstreams_are_sorted_and_resolved() {
+        let config = parse(NON_DEFAULT);
         let names: Vec<&str> = config.upstreams.iter().map(|u| u.name.as_str()).collect();
         assert_eq!(names, ["a", "b"]);
-        assert_eq!(r.upstream, 1);
+        assert_eq!(
+            config.listeners[0].routes[0].upstream, 1,
+            "the route names \"b\""
+        );
         let b = &config.upstreams[1];
         assert_eq!(b.servers[0].name, "localhost:9000");
         assert_eq!(b.servers[0].addr.port(), 9000);
@@ -275,7 +283,11 @@ servers = [{ addr = "10.0.0.1:80" }]
     #[test]
     fn unknown_keys_are_rejected_where_they_are() {
         let cases = [
-            ("lisener = 1\n[[listeners]]\nname = \"a\"\nbind = \"127.0.0.1:1\"\n", 1, "lisener"),
+            (
+                "lisener = 1\n[[listeners]]\nname = \"a\"\nbind = \"127.0.0.1:1\"\n",
+                1,
+                "lisener",
+            ),
             (
                 "[[listeners]]\nname = \"a\"\nbind = \"127.0.0.1:1\"\nbakclog = 5\n",
                 4,
@@ -305,7 +317,10 @@ servers = [{ addr = "10.0.0.1:80" }]
             let e = fail(source);
             assert_eq!((e.line, e.field.as_str()), (line, field), "{e}");
             assert!(e.message.starts_with("unknown field"), "{e}");
-            assert!(e.message.contains("expected"), "lists the accepted keys: {e}");
+            assert!(
+                e.message.contains("expected"),
+                "lists the accepted keys: {e}"
+            );
             assert_eq!(e.fix, "remove the key or correct its spelling");
         }
     }
@@ -342,7 +357,10 @@ servers = [{ addr = "10.0.0.1:80" }]
 
         let missing = dir.join("missing.toml");
         let e = load_file(&missing).expect_err("missing file");
-        assert_eq!((e.file.as_str(), e.line), (missing.to_str().unwrap_or_default(), 0));
+        assert_eq!(
+            (e.file.as_str(), e.line),
+            (missing.to_str().unwrap_or_default(), 0)
+        );
         assert!(e.message.contains("cannot read"), "{e}");
         std::fs::remove_dir_all(&dir).expect("clean up");
     }

@@ -33,9 +33,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
             .map(Duration::from_secs)
             .ok_or_else(too_large),
         "" if value == 0 => Ok(Duration::ZERO),
-        "" => Err(format!(
-            "duration \"{text}\" has no unit: {DURATION_HINT}"
-        )),
+        "" => Err(format!("duration \"{text}\" has no unit: {DURATION_HINT}")),
         _ => Err(format!(
             "unknown duration unit \"{unit}\" in \"{text}\": {DURATION_HINT}"
         )),
@@ -98,7 +96,9 @@ mod tests {
 
     #[test]
     fn bad_durations() {
-        for text in ["", "s", "5", "5x", "5 sec", "-5s", "1.5s", "5S", "+5s", "5s5"] {
+        for text in [
+            "", "s", "5", "5x", "5 sec", "-5s", "1.5s", "5S", "+5s", "5s5",
+        ] {
             let err = parse_duration(text).expect_err(text);
             assert!(err.contains(DURATION_HINT), "{text}: {err}");
         }
@@ -109,13 +109,19 @@ mod tests {
     #[test]
     fn duration_overflow_is_an_error() {
         let max = u64::MAX;
-        assert_eq!(parse_duration(&format!("{max}s")), Ok(Duration::from_secs(max)));
+        assert_eq!(
+            parse_duration(&format!("{max}s")),
+            Ok(Duration::from_secs(max))
+        );
         for text in [
             format!("{max}m"),
             format!("{max}h"),
             "99999999999999999999999s".to_owned(),
         ] {
-            assert!(parse_duration(&text).unwrap_err().contains("too large"), "{text}");
+            assert!(
+                parse_duration(&text).unwrap_err().contains("too large"),
+                "{text}"
+            );
         }
     }
 
@@ -149,8 +155,15 @@ mod tests {
     fn size_overflow_is_an_error() {
         let max = u64::MAX;
         assert_eq!(parse_size(&max.to_string()), Ok(max));
-        for text in [format!("{max}k"), "17179869184GiB".to_owned(), "99999999999999999999".to_owned()] {
-            assert!(parse_size(&text).unwrap_err().contains("too large"), "{text}");
+        for text in [
+            format!("{max}k"),
+            "17179869184GiB".to_owned(),
+            "99999999999999999999".to_owned(),
+        ] {
+            assert!(
+                parse_size(&text).unwrap_err().contains("too large"),
+                "{text}"
+            );
         }
     }
 }

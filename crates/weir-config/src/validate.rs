@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use crate::error::{FieldPath, Issue};
 use crate::model::{
-    AdminSettings, Config, DefaultResponse, HostPattern, Listener, Protocol, Route,
-    ServerSettings, Upstream, UpstreamServer, Workers,
+    AdminSettings, Config, DefaultResponse, HostPattern, Listener, Protocol, Route, ServerSettings,
+    Upstream, UpstreamServer, Workers,
 };
 use crate::raw::{
     RawAdmin, RawConfig, RawDefaultResponse, RawListener, RawRoute, RawServer, RawUpstream,
@@ -77,7 +77,10 @@ fn workers(raw: Option<StrOrInt>, path: &FieldPath) -> Result<Workers, Issue> {
         Some(StrOrInt::Str(text)) if text.trim().parse::<i64>().is_ok() => Err(Issue::new(
             path,
             format!("workers = \"{text}\" is a string, not a number"),
-            format!("write workers = {} without quotes, or \"auto\"", text.trim()),
+            format!(
+                "write workers = {} without quotes, or \"auto\"",
+                text.trim()
+            ),
         )),
         Some(StrOrInt::Str(text)) => Err(Issue::new(
             path,
@@ -155,7 +158,10 @@ fn check_unique_listener(
     if let Some(i) = earlier.iter().position(|l| l.name == listener.name) {
         return Err(Issue::new(
             &path.key("name"),
-            format!("duplicate listener name \"{}\" (also listeners[{i}])", listener.name),
+            format!(
+                "duplicate listener name \"{}\" (also listeners[{i}])",
+                listener.name
+            ),
             "give each listener a unique name",
         ));
     }
@@ -180,9 +186,24 @@ fn listener(raw: RawListener, path: &FieldPath, upstreams: &[String]) -> Result<
         bind: listener_bind(raw.bind, &key("bind"))?,
         protocol: protocol(raw.protocol, &key("protocol"))?,
         backlog: int_in(raw.backlog, 4096, 1..=65535, &key("backlog"))?,
-        max_connections: int_in(raw.max_connections, 10_000, 1..=i64::MAX, &key("max_connections"))?,
-        keepalive_timeout: duration(raw.keepalive_timeout, "5s", &key("keepalive_timeout"), false)?,
-        keepalive_requests: int_in(raw.keepalive_requests, 500, 0..=i64::MAX, &key("keepalive_requests"))?,
+        max_connections: int_in(
+            raw.max_connections,
+            10_000,
+            1..=i64::MAX,
+            &key("max_connections"),
+        )?,
+        keepalive_timeout: duration(
+            raw.keepalive_timeout,
+            "5s",
+            &key("keepalive_timeout"),
+            false,
+        )?,
+        keepalive_requests: int_in(
+            raw.keepalive_requests,
+            500,
+            0..=i64::MAX,
+            &key("keepalive_requests"),
+        )?,
         header_timeout: duration(raw.header_timeout, "10s", &key("header_timeout"), true)?,
         client_timeout: duration(raw.client_timeout, "60s", &key("client_timeout"), true)?,
         max_body_size: Some(size(raw.max_body_size, 0, &key("max_body_size"))?).filter(|n| *n > 0),
@@ -230,7 +251,8 @@ fn max_header_size(raw: Option<StrOrInt>, path: &FieldPath) -> Result<usize, Iss
             r#"set max_header_size to a size such as "16KiB" (the default)"#,
         ));
     }
-    usize::try_from(bytes).map_err(|_| Issue::new(path, "max_header_size is too large", "use at most \"1MiB\""))
+    usize::try_from(bytes)
+        .map_err(|_| Issue::new(path, "max_header_size is too large", "use at most \"1MiB\""))
 }
 
 fn default_response(
@@ -239,7 +261,9 @@ fn default_response(
 ) -> Result<DefaultResponse, Issue> {
     let raw = raw.unwrap_or_default();
     let content_type = raw.content_type.unwrap_or_else(|| "text/plain".to_owned());
-    let printable = content_type.chars().all(|c| c == '\t' || (' '..='~').contains(&c));
+    let printable = content_type
+        .chars()
+        .all(|c| c == '\t' || (' '..='~').contains(&c));
     if content_type.trim().is_empty() || !printable {
         return Err(Issue::new(
             &path.key("content_type"),
@@ -271,15 +295,23 @@ fn routes(
 }
 
 /// Route names are unique per listener, and a route must be able to match something.
-fn check_route_against_earlier(earlier: &[Route], route: &Route, path: &FieldPath) -> Result<(), Issue> {
+fn check_route_against_earlier(
+    earlier: &[Route],
+    route: &Route,
+    path: &FieldPath,
+) -> Result<(), Issue> {
     if let Some(i) = earlier.iter().position(|r| r.name == route.name) {
         return Err(Issue::new(
             &path.key("name"),
-            format!("duplicate route name \"{}\" (also routes[{i}] of this listener)", route.name),
+            format!(
+                "duplicate route name \"{}\" (also routes[{i}] of this listener)",
+                route.name
+            ),
             "give each route of a listener a unique name",
         ));
     }
-    let same = |r: &&Route| r.path_prefix == route.path_prefix && same_hosts(&r.hosts, &route.hosts);
+    let same =
+        |r: &&Route| r.path_prefix == route.path_prefix && same_hosts(&r.hosts, &route.hosts);
     match earlier.iter().find(same) {
         None => Ok(()),
         Some(first) => Err(Issue::new(
@@ -299,7 +331,11 @@ fn same_hosts(a: &[HostPattern], b: &[HostPattern]) -> bool {
 
 fn route(raw: RawRoute, path: &FieldPath, upstreams: &[String]) -> Result<Route, Issue> {
     let name = raw.name.filter(|n| !n.trim().is_empty()).ok_or_else(|| {
-        Issue::new(&path.key("name"), "the route has no name", r#"add name = "..." to the route"#)
+        Issue::new(
+            &path.key("name"),
+            "the route has no name",
+            r#"add name = "..." to the route"#,
+        )
     })?;
     let rewrite_prefix = match raw.rewrite_prefix {
         None => None,
@@ -315,7 +351,10 @@ fn route(raw: RawRoute, path: &FieldPath, upstreams: &[String]) -> Result<Route,
     }
     Ok(Route {
         hosts: hosts(raw.hosts, &path.key("hosts"))?,
-        path_prefix: url_path(raw.path_prefix.unwrap_or_else(|| "/".to_owned()), &path.key("path_prefix"))?,
+        path_prefix: url_path(
+            raw.path_prefix.unwrap_or_else(|| "/".to_owned()),
+            &path.key("path_prefix"),
+        )?,
         upstream: upstream_index(raw.upstream, &path.key("upstream"), upstreams)?,
         name,
         rewrite_prefix,
@@ -335,7 +374,10 @@ fn url_path(text: String, path: &FieldPath) -> Result<String, Issue> {
             format!("write it as \"/{text}\""),
         ));
     }
-    if text.chars().any(|c| c.is_whitespace() || c.is_control() || c == '?' || c == '#') {
+    if text
+        .chars()
+        .any(|c| c.is_whitespace() || c.is_control() || c == '?' || c == '#')
+    {
         return Err(Issue::new(
             path,
             format!("{key} \"{text}\" contains whitespace, '?' or '#'"),
@@ -345,16 +387,28 @@ fn url_path(text: String, path: &FieldPath) -> Result<String, Issue> {
     Ok(text)
 }
 
-fn upstream_index(raw: Option<String>, path: &FieldPath, upstreams: &[String]) -> Result<usize, Issue> {
-    let wanted = raw.as_deref().unwrap_or("NAME");
-    let table = FieldPath::default().key("upstreams").key(wanted);
+fn upstream_index(
+    raw: Option<String>,
+    path: &FieldPath,
+    upstreams: &[String],
+) -> Result<usize, Issue> {
+    let Some(name) = raw else {
+        let fix = if upstreams.is_empty() {
+            r#"add upstream = "NAME" and define [upstreams.NAME] with servers = [{ addr = "host:port" }]"#
+                .to_owned()
+        } else {
+            format!(
+                "add upstream = \"...\" naming one of: {}",
+                upstreams.join(", ")
+            )
+        };
+        return Err(Issue::new(path, "the route has no upstream", fix));
+    };
+    let table = FieldPath::default().key("upstreams").key(&name);
     let fix = if upstreams.is_empty() {
         format!("define [{table}] with servers = [{{ addr = \"host:port\" }}]")
     } else {
         format!("define [{table}] or use one of: {}", upstreams.join(", "))
-    };
-    let Some(name) = raw else {
-        return Err(Issue::new(path, "the route has no upstream", format!("add upstream = \"...\"; {fix}")));
     };
     upstreams
         .binary_search(&name)
@@ -443,8 +497,18 @@ fn upstream(name: String, raw: RawUpstream, path: &FieldPath) -> Result<Upstream
         .map(|(i, s)| upstream_server(s, &servers_path.index(i).key("addr")))
         .collect::<Result<Vec<_>, _>>()?;
     Ok(Upstream {
-        connect_timeout: duration(raw.connect_timeout, "2s", &path.key("connect_timeout"), true)?,
-        response_timeout: duration(raw.response_timeout, "60s", &path.key("response_timeout"), true)?,
+        connect_timeout: duration(
+            raw.connect_timeout,
+            "2s",
+            &path.key("connect_timeout"),
+            true,
+        )?,
+        response_timeout: duration(
+            raw.response_timeout,
+            "60s",
+            &path.key("response_timeout"),
+            true,
+        )?,
         idle_timeout: duration(raw.idle_timeout, "60s", &path.key("idle_timeout"), false)?,
         max_idle: int_in(raw.max_idle, 256, 0..=i64::MAX, &path.key("max_idle"))?,
         name,
@@ -455,15 +519,36 @@ fn upstream(name: String, raw: RawUpstream, path: &FieldPath) -> Result<Upstream
 /// Resolves `addr` (`ip:port` or `host:port`) to its first socket address.
 fn upstream_server(raw: RawUpstreamServer, path: &FieldPath) -> Result<UpstreamServer, Issue> {
     let Some(name) = raw.addr else {
-        return Err(Issue::new(path, "the server has no addr", r#"write { addr = "host:port" }"#));
+        return Err(Issue::new(
+            path,
+            "the server has no addr",
+            r#"write { addr = "host:port" }"#,
+        ));
     };
-    let Some((host, port)) = name.rsplit_once(':').filter(|(_, p)| p.parse::<u16>().is_ok()) else {
+    check_host_port(&name, path)?;
+    let addr = resolve(&name, path)?;
+    Ok(UpstreamServer { name, addr })
+}
+
+/// `name` must be `host:port`, with a port other than 0 and IPv6 addresses in brackets.
+fn check_host_port(name: &str, path: &FieldPath) -> Result<(), Issue> {
+    let Some((host, port)) = name
+        .rsplit_once(':')
+        .filter(|(_, p)| p.parse::<u16>().is_ok())
+    else {
         return Err(Issue::new(
             path,
             format!("server address \"{name}\" has no port"),
             format!("write it as \"host:port\", such as \"{name}:80\""),
         ));
     };
+    if port.parse::<u16>() == Ok(0) {
+        return Err(Issue::new(
+            path,
+            format!("server address \"{name}\" has port 0"),
+            "use the port the server listens on",
+        ));
+    }
     if host.contains(':') && !host.starts_with('[') {
         return Err(Issue::new(
             path,
@@ -471,16 +556,22 @@ fn upstream_server(raw: RawUpstreamServer, path: &FieldPath) -> Result<UpstreamS
             format!("write it as \"[{host}]:{port}\""),
         ));
     }
-    let first = name.to_socket_addrs().map(|mut addrs| addrs.next());
-    let addr = match first {
-        Ok(Some(addr)) => addr,
-        Ok(None) => return Err(Issue::new(path, format!("\"{name}\" resolved to no address"), "check the host name, or use an IP address")),
-        Err(e) => return Err(Issue::new(path, format!("cannot resolve \"{name}\": {e}"), "check the host name, or use an IP address")),
-    };
-    if addr.port() == 0 {
-        return Err(Issue::new(path, format!("server address \"{name}\" has port 0"), "use the port the server listens on"));
+    Ok(())
+}
+
+/// The first socket address `name` resolves to (no lookup for `ip:port`).
+fn resolve(name: &str, path: &FieldPath) -> Result<SocketAddr, Issue> {
+    let fix = "check the host name, or use an IP address";
+    match name.to_socket_addrs() {
+        Ok(mut addrs) => addrs
+            .next()
+            .ok_or_else(|| Issue::new(path, format!("\"{name}\" resolved to no address"), fix)),
+        Err(e) => Err(Issue::new(
+            path,
+            format!("cannot resolve \"{name}\": {e}"),
+            fix,
+        )),
     }
-    Ok(UpstreamServer { name, addr })
 }
 
 // ---------------------------------------------------------------- values
@@ -488,7 +579,11 @@ fn upstream_server(raw: RawUpstreamServer, path: &FieldPath) -> Result<UpstreamS
 /// Listener and upstream names: required, `[A-Za-z0-9_.-]+`.
 fn name(raw: Option<String>, path: &FieldPath, what: &str) -> Result<String, Issue> {
     let name = raw.ok_or_else(|| {
-        Issue::new(path, format!("the {what} has no name"), format!("add name = \"...\" ({NAME_CHARS})"))
+        Issue::new(
+            path,
+            format!("the {what} has no name"),
+            format!("add name = \"...\" ({NAME_CHARS})"),
+        )
     })?;
     check_name(&name, path, what)?;
     Ok(name)
@@ -510,7 +605,13 @@ fn check_name(name: &str, path: &FieldPath, what: &str) -> Result<(), Issue> {
 fn suggest_name(name: &str) -> String {
     let fixed: String = name
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '_' | '.') { c } else { '-' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '_' | '.') {
+                c
+            } else {
+                '-'
+            }
+        })
         .collect();
     if fixed.trim_matches('-').is_empty() {
         "main".to_owned()
@@ -542,16 +643,30 @@ fn int_in<T: TryFrom<i64>>(
         ));
     }
     T::try_from(value).map_err(|_| {
-        Issue::new(path, format!("{key} = {value} is too large for this platform"), format!("use a smaller {key}"))
+        Issue::new(
+            path,
+            format!("{key} = {value} is too large for this platform"),
+            format!("use a smaller {key}"),
+        )
     })
 }
 
 /// A duration (default `default`); with `positive`, zero is rejected.
-fn duration(raw: Option<String>, default: &str, path: &FieldPath, positive: bool) -> Result<Duration, Issue> {
+fn duration(
+    raw: Option<String>,
+    default: &str,
+    path: &FieldPath,
+    positive: bool,
+) -> Result<Duration, Issue> {
     let key = path.last_key();
     let text = raw.as_deref().unwrap_or(default);
-    let value = parse_duration(text)
-        .map_err(|e| Issue::new(path, e, format!("write {key} as a duration such as \"{default}\"")))?;
+    let value = parse_duration(text).map_err(|e| {
+        Issue::new(
+            path,
+            e,
+            format!("write {key} as a duration such as \"{default}\""),
+        )
+    })?;
     if positive && value.is_zero() {
         return Err(Issue::new(
             path,
@@ -569,228 +684,10 @@ fn size(raw: Option<StrOrInt>, default: u64, path: &FieldPath) -> Result<u64, Is
     match raw {
         None => Ok(default),
         Some(StrOrInt::Str(text)) => parse_size(&text).map_err(|e| Issue::new(path, e, fix)),
-        Some(StrOrInt::Int(n)) => {
-            u64::try_from(n).map_err(|_| Issue::new(path, format!("{key} must not be negative"), fix))
-        }
+        Some(StrOrInt::Int(n)) => u64::try_from(n)
+            .map_err(|_| Issue::new(path, format!("{key} must not be negative"), fix)),
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use crate::tests::fail;
-    use crate::{parse_str, HostPattern};
-
-    /// A valid listener on lines 1-3.
-    const LISTENER: &str = "[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:8080\"\n";
-
-    /// A valid listener (lines 1-3) with one route (lines 4-6) and upstream `cgi` (last 2 lines).
-    fn with_route(route_lines: &str) -> String {
-        format!(
-            "{LISTENER}[[listeners.routes]]\nname = \"r\"\nupstream = \"cgi\"\n{route_lines}\
-             [upstreams.cgi]\nservers = [{{ addr = \"127.0.0.1:8081\" }}]\n"
-        )
-    }
-
-    /// A valid listener (lines 1-3) and upstream `u` (header on line 4).
-    fn with_upstream(lines: &str) -> String {
-        format!("{LISTENER}[upstreams.u]\n{lines}")
-    }
-
-    /// Asserts the error's field and line, and that message and fix say something useful.
-    #[track_caller]
-    fn check(source: &str, field: &str, line: usize, message: &str, fix: &str) {
-        let e = fail(source);
-        assert_eq!((e.field.as_str(), e.line), (field, line), "{e}");
-        assert!(e.message.contains(message), "message of: {e}");
-        assert!(e.fix.contains(fix), "fix of: {e}");
-        assert!(!e.to_string().contains('\n'), "one line: {e}");
-    }
-
-    #[test]
-    fn server_settings() {
-        let w = "server.workers";
-        check(&format!("[server]\nworkers = 0\n{LISTENER}"), w, 2, "from 1 to 1024, not 0", "\"auto\"");
-        check(&format!("[server]\nworkers = 1025\n{LISTENER}"), w, 2, "not 1025", "1 to 1024");
-        check(&format!("[server]\nworkers = \"4\"\n{LISTENER}"), w, 2, "is a string", "workers = 4 without quotes");
-        check(&format!("[server]\nworkers = \"many\"\n{LISTENER}"), w, 2, "\"many\"", "\"auto\"");
-        let d = "server.drain_timeout";
-        check(&format!("[server]\ndrain_timeout = \"30\"\n{LISTENER}"), d, 2, "no unit", "\"30s\"");
-        check(&format!("[server]\ndrain_timeout = \"1d\"\n{LISTENER}"), d, 2, "unit \"d\"", "duration");
-    }
-
-    #[test]
-    fn admin_settings() {
-        let source = format!("[admin]\nbind = \"localhost:9901\"\n{LISTENER}");
-        check(&source, "admin.bind", 2, "invalid admin address", "\"off\"");
-        let source = format!("{LISTENER}[[listeners]]\nname = \"b\"\nbind = \"127.0.0.1:9901\"\n");
-        check(&source, "listeners[1].bind", 6, "already used by the admin listener", "\"off\"");
-        let moved = format!("[admin]\nbind = \"127.0.0.1:9902\"\n{source}");
-        assert!(parse_str(&moved, "weir.toml").is_ok());
-    }
-
-    #[test]
-    fn listeners_are_required() {
-        check("", "listeners", 1, "no listeners", "[[listeners]]");
-        check("# no listeners\nlisteners = []\n[server]\nworkers = 2\n", "listeners", 2, "no listeners", "bind");
-    }
-
-    #[test]
-    fn listener_names_and_binds() {
-        let l = "listeners[0]";
-        check("[[listeners]]\nbind = \"127.0.0.1:1\"\n", &format!("{l}.name"), 1, "no name", "name = ");
-        check("[[listeners]]\nname = \"we b\"\nbind = \"127.0.0.1:1\"\n", &format!("{l}.name"), 2, "\"we b\"", "\"we-b\"");
-        check("[[listeners]]\nname = \"web\"\n", &format!("{l}.bind"), 1, "no bind address", "127.0.0.1:8080");
-        check("[[listeners]]\nname = \"w\"\nbind = \"localhost:80\"\n", &format!("{l}.bind"), 3, "\"localhost:80\"", "IP address");
-        let twice = format!("{LISTENER}\n[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:8081\"\n");
-        check(&twice, "listeners[1].name", 6, "duplicate listener name \"web\"", "unique");
-        let shared = format!("{LISTENER}[[listeners]]\nname = \"b\"\nbind = \"127.0.0.1:8080\"\n");
-        check(&shared, "listeners[1].bind", 6, "listener \"web\"", "different address");
-        let port_zero = "[[listeners]]\nname = \"a\"\nbind = \"127.0.0.1:0\"\n\
-                         [[listeners]]\nname = \"b\"\nbind = \"127.0.0.1:0\"\n";
-        assert!(parse_str(port_zero, "weir.toml").is_ok(), "port 0 is a fresh port each time");
-    }
-
-    #[test]
-    fn listener_protocol() {
-        let p = "listeners[0].protocol";
-        check(&format!("{LISTENER}protocol = \"tcp\"\n"), p, 4, "TCP listeners are not supported yet", "\"http\"");
-        check(&format!("{LISTENER}protocol = \"udp\"\n"), p, 4, "unknown protocol \"udp\"", "\"http\"");
-    }
-
-    #[test]
-    fn listener_limits() {
-        let cases = [
-            ("backlog = 0", "backlog", "between 1 and 65535, not 0", "default 4096"),
-            ("backlog = 65536", "backlog", "not 65536", "between 1 and 65535"),
-            ("max_connections = 0", "max_connections", "at least 1", "default 10000"),
-            ("keepalive_requests = -1", "keepalive_requests", "at least 0", "default 500"),
-            ("max_headers = 0", "max_headers", "between 1 and 1000", "default 100"),
-            ("max_headers = 1001", "max_headers", "not 1001", "default 100"),
-            ("max_header_size = \"512\"", "max_header_size", "not 512 bytes", "16KiB"),
-            ("max_header_size = \"2MiB\"", "max_header_size", "between 1KiB and 1MiB", "16KiB"),
-            ("max_header_size = \"16 kb\"", "max_header_size", "unknown size unit", "size such as"),
-            ("max_body_size = \"1.5MB\"", "max_body_size", "expected a size", "size such as"),
-            ("max_body_size = -1", "max_body_size", "negative", "size such as"),
-            ("header_timeout = \"0s\"", "header_timeout", "greater than 0", "\"10s\""),
-            ("client_timeout = \"0\"", "client_timeout", "greater than 0", "\"60s\""),
-            ("keepalive_timeout = \"5 min\"", "keepalive_timeout", "unit \"min\"", "\"5s\""),
-        ];
-        for (line, key, message, fix) in cases {
-            check(&format!("{LISTENER}{line}\n"), &format!("listeners[0].{key}"), 4, message, fix);
-        }
-    }
-
-    #[test]
-    fn default_response() {
-        let d = "listeners[0].default_response";
-        let source = |v: &str| format!("{LISTENER}default_response = {{ {v} }}\n");
-        check(&source("status = 199"), &format!("{d}.status"), 4, "between 200 and 599", "default 404");
-        check(&source("status = 600"), &format!("{d}.status"), 4, "not 600", "default 404");
-        check(&source("content_type = \"\""), &format!("{d}.content_type"), 4, "non-empty", "text/plain");
-        check(&source("content_type = \"a\\nb\""), &format!("{d}.content_type"), 4, "printable", "text/plain");
-        let table = format!("{LISTENER}[listeners.default_response]\nstatus = 200\nbody = \"hi\"\n");
-        let config = parse_str(&table, "weir.toml").expect("valid");
-        let response = &config.listeners[0].default_response;
-        assert_eq!((response.status, response.body.as_str(), response.content_type.as_str()), (200, "hi", "text/plain"));
-    }
-
-    #[test]
-    fn route_names_and_upstreams() {
-        let r = "listeners[0].routes[0]";
-        let no_name = format!("{LISTENER}[[listeners.routes]]\nupstream = \"x\"\n");
-        check(&no_name, &format!("{r}.name"), 4, "no name", "name = ");
-        let no_upstream = format!("{LISTENER}[[listeners.routes]]\nname = \"r\"\n");
-        check(&no_upstream, &format!("{r}.upstream"), 4, "no upstream", "define [upstreams.NAME]");
-        let unknown = format!("{LISTENER}[[listeners.routes]]\nname = \"r\"\nupstream = \"x\"\n");
-        check(&unknown, &format!("{r}.upstream"), 6, "unknown upstream \"x\"", "define [upstreams.x] with servers");
-        let twice = format!("{}[[listeners.routes]]\nname = \"r\"\nupstream = \"cgi\"\npath_prefix = \"/b\"\n", with_route(""));
-        check(&twice, "listeners[0].routes[1].name", 10, "duplicate route name \"r\"", "unique");
-    }
-
-    #[test]
-    fn unknown_upstream_displays_as_documented() {
-        let source = "[server]\nworkers = 2\n\n[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:8080\"\n\n\
-                      [upstreams.cgi]\nservers = [{ addr = \"127.0.0.1:8081\" }]\n\n\
-                      [[listeners.routes]]\n    upstream = \"cgi2\"\n    name = \"r\"\n";
-        assert_eq!(
-            fail(source).to_string(),
-            "weir.toml:12:5: listeners[0].routes[0].upstream: unknown upstream \"cgi2\" \
-             (fix: define [upstreams.cgi2] or use one of: cgi)"
-        );
-    }
-
-    #[test]
-    fn route_hosts() {
-        let h = "listeners[0].routes[0].hosts";
-        check(&with_route("hosts = []\n"), h, 7, "could never match", "[\"*\"]");
-        check(&with_route("hosts = [\"a.com\", \"a.com:80\"]\n"), &format!("{h}[1]"), 7, "includes a port", "\":PORT\"");
-        check(&with_route("hosts = [\"a*.example.com\"]\n"), &format!("{h}[0]"), 7, "'*'", "\"*.example.com\"");
-        check(&with_route("hosts = [\"*.*.com\"]\n"), &format!("{h}[0]"), 7, "'*'", "\"*\"");
-        check(&with_route("hosts = [\"*.\"]\n"), &format!("{h}[0]"), 7, "not a valid host name", "dots");
-        check(&with_route("hosts = [\"a..com\"]\n"), &format!("{h}[0]"), 7, "not a valid host name", "dots");
-        check(&with_route("hosts = [\"a b\"]\n"), &format!("{h}[0]"), 7, "not a valid host name", "punycode");
-        let config = parse_str(&with_route("hosts = [\"*\", \"WWW.A.com\", \"*.B.com\"]\n"), "f").expect("valid");
-        let expected = [HostPattern::Any, HostPattern::Exact("www.a.com".into()), HostPattern::Suffix(".b.com".into())];
-        assert_eq!(config.listeners[0].routes[0].hosts, expected);
-    }
-
-    #[test]
-    fn route_prefixes() {
-        let r = "listeners[0].routes[0]";
-        check(&with_route("path_prefix = \"cgi/\"\n"), &format!("{r}.path_prefix"), 7, "must start with '/'", "\"/cgi/\"");
-        check(&with_route("path_prefix = \"/a b\"\n"), &format!("{r}.path_prefix"), 7, "whitespace", "path part");
-        check(&with_route("path_prefix = \"/a?b\"\n"), &format!("{r}.path_prefix"), 7, "'?'", "path part");
-        check(&with_route("rewrite_prefix = \"x\"\n"), &format!("{r}.rewrite_prefix"), 7, "must start with '/'", "\"/x\"");
-        check(&with_route("reverse_rewrite = true\n"), &format!("{r}.reverse_rewrite"), 7, "needs rewrite_prefix", "rewrite_prefix");
-    }
-
-    #[test]
-    fn routes_that_could_never_match() {
-        let second = |lines: &str| {
-            format!("{}[[listeners.routes]]\nname = \"s\"\nupstream = \"cgi\"\n{lines}", with_route("hosts = [\"a.com\", \"b.com\"]\n"))
-        };
-        // Same host set in another order, same (default) path_prefix: reported at the route.
-        let e = fail(&second("hosts = [\"B.com\", \"a.com\"]\n"));
-        assert_eq!((e.field.as_str(), e.line), ("listeners[0].routes[1].path_prefix", 10), "{e}");
-        assert!(e.message.contains("could never match") && e.message.contains("route \"r\""), "{e}");
-        assert!(e.fix.contains("change its hosts or path_prefix"), "{e}");
-        // Written path_prefix: reported at the key.
-        let e = fail(&second("hosts = [\"a.com\", \"b.com\"]\npath_prefix = \"/\"\n"));
-        assert_eq!(e.line, 14, "{e}");
-        // Different hosts or prefix: fine.
-        assert!(parse_str(&second("hosts = [\"a.com\"]\n"), "f").is_ok());
-        assert!(parse_str(&second("hosts = [\"a.com\", \"b.com\"]\npath_prefix = \"/x\"\n"), "f").is_ok());
-    }
-
-    #[test]
-    fn upstream_servers() {
-        let s = "upstreams.u.servers";
-        check(&with_upstream("connect_timeout = \"1s\"\n"), s, 4, "has no servers", "servers = [{ addr");
-        check(&with_upstream("servers = []\n"), s, 5, "has no servers", "addr = ");
-        check(&with_upstream("servers = [{}]\n"), &format!("{s}[0].addr"), 5, "no addr", "host:port");
-        check(&with_upstream("servers = [{ addr = \"127.0.0.1\" }]\n"), &format!("{s}[0].addr"), 5, "has no port", "\"127.0.0.1:80\"");
-        check(&with_upstream("servers = [{ addr = \"::1:80\" }]\n"), &format!("{s}[0].addr"), 5, "needs brackets", "\"[::1]:80\"");
-        check(&with_upstream("servers = [{ addr = \"no-such-host.invalid:80\" }]\n"), &format!("{s}[0].addr"), 5, "cannot resolve", "IP address");
-        check(&with_upstream("servers = [{ addr = \"10.0.0.1:0\" }]\n"), &format!("{s}[0].addr"), 5, "port 0", "port");
-        let second = "servers = [\n  { addr = \"10.0.0.1:80\" },\n  { addr = \"10.0.0.2\" },\n]\n";
-        check(&with_upstream(second), &format!("{s}[1].addr"), 7, "has no port", "host:port");
-    }
-
-    #[test]
-    fn upstream_settings() {
-        let servers = "servers = [{ addr = \"10.0.0.1:80\" }]\n";
-        let cases = [
-            ("connect_timeout = \"0s\"", "connect_timeout", "greater than 0", "\"2s\""),
-            ("response_timeout = \"0ms\"", "response_timeout", "greater than 0", "\"60s\""),
-            ("idle_timeout = \"x\"", "idle_timeout", "expected a duration", "\"60s\""),
-            ("max_idle = -1", "max_idle", "at least 0", "default 256"),
-        ];
-        for (line, key, message, fix) in cases {
-            check(&with_upstream(&format!("{servers}{line}\n")), &format!("upstreams.u.{key}"), 6, message, fix);
-        }
-        let bad_name = format!("{LISTENER}[upstreams.\"a b\"]\n{servers}");
-        check(&bad_name, "upstreams.\"a b\"", 4, "invalid upstream name", "\"a-b\"");
-        let unused = with_upstream(servers);
-        assert_eq!(parse_str(&unused, "f").map(|c| c.upstreams.len()), Ok(1));
-    }
-}
+mod tests;

@@ -19,7 +19,7 @@ use crate::codec::http1::{BodyFraming, RequestHead, ResponseHead};
 use crate::error::ProxyError;
 use crate::forward::body::BodyState;
 use crate::forward::{forward, Failure};
-use crate::snapshot::ListenerPlan;
+use crate::snapshot::{ListenerPlan, Snapshot};
 use crate::worker::Worker;
 
 /// Serves one client connection until it closes.
@@ -40,8 +40,7 @@ pub async fn serve_client(
         let outcome = match conn.next_request(listener, &mut req, &worker).await {
             Ok(NextRequest::Ready) => {
                 conn.served += 1;
-                let plan = &snapshot.listeners[listener_index];
-                handle(&worker, listener, plan, &mut conn, &req, &mut resp).await
+                handle(&worker, &snapshot, listener_index, &mut conn, &req, &mut resp).await
             }
             Ok(NextRequest::Close) => return,
             Err(error) => Err(Failure::from(error)),
@@ -64,12 +63,14 @@ pub async fn serve_client(
 /// Returns whether the client connection stays open.
 async fn handle(
     worker: &Worker,
-    listener: &Listener,
-    plan: &ListenerPlan,
+    snapshot: &Snapshot,
+    listener_index: usize,
     conn: &mut ClientConn,
     req: &RequestHead,
     resp: &mut ResponseHead,
 ) -> Result<bool, Failure> {
+    let listener = &snapshot.config.listeners[listener_index];
+    let plan = &snapshot.listeners[listener_index];
     if let (BodyFraming::Length(n), Some(max)) = (req.framing, listener.max_body_size) {
         if n > max {
             return Err(ProxyError::BodyTooLarge.into());
@@ -83,7 +84,6 @@ async fn handle(
     let Some(route) = route.map(|i| &listener.routes[i]) else {
         return default_response(listener, plan, conn, req, keep_alive).await;
     };
-    let snapshot = worker.snapshot();
     let upstream = &snapshot.config.upstreams[route.upstream];
     let target = crate::forward::exchange_target(listener, route, upstream);
     forward(worker, target, conn, req, resp, keep_alive).await
@@ -131,7 +131,8 @@ async fn default_response(
 fn log_failure(error: &ProxyError, listener: &Listener, conn: &ClientConn) {
     match error.side() {
         crate::error::Side::Client => {
-            tracing::debug!(listener = %listener.name, client = ?conn.ip.as_bytes(), %error, "client error")
+            let client = String::from_utf8_lossy(conn.ip.as_bytes());
+            tracing::debug!(listener = %listener.name, %client, %error, "client error")
         }
         _ => tracing::warn!(listener = %listener.name, %error, "request failed"),
     }

@@ -24,6 +24,8 @@ pub struct ListenerPlan {
     pub default_keep_alive: Box<[u8]>,
     /// The same with `Connection: close`.
     pub default_close: Box<[u8]>,
+    /// Length of the body at the end of both (left out for HEAD requests).
+    default_body_len: usize,
 }
 
 impl Snapshot {
@@ -51,6 +53,21 @@ impl ListenerPlan {
             router: Router::new(&listener.routes),
             default_keep_alive: render(false),
             default_close: render(true),
+            default_body_len: d.body.len(),
+        }
+    }
+
+    /// The default response to write; without its body for a HEAD request.
+    pub fn default_response(&self, keep_alive: bool, is_head: bool) -> &[u8] {
+        let full = if keep_alive {
+            &self.default_keep_alive
+        } else {
+            &self.default_close
+        };
+        if is_head {
+            &full[..full.len() - self.default_body_len]
+        } else {
+            full
         }
     }
 }

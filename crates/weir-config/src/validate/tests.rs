@@ -1,0 +1,501 @@
+//! Validation rules: one failing case (or more) per rule, checking key, line, message and fix.
+
+use crate::tests::fail;
+use crate::{parse_str, HostPattern};
+
+/// A valid listener on lines 1-3.
+const LISTENER: &str = "[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:8080\"\n";
+
+/// A valid listener (lines 1-3) with one route (lines 4-6) and upstream `cgi` (last 2 lines).
+fn with_route(route_lines: &str) -> String {
+    format!(
+        "{LISTENER}[[listeners.routes]]\nname = \"r\"\nupstream = \"cgi\"\n{route_lines}\
+         [upstreams.cgi]\nservers = [{{ addr = \"127.0.0.1:8081\" }}]\n"
+    )
+}
+
+/// A valid listener (lines 1-3) and upstream `u` (header on line 4).
+fn with_upstream(lines: &str) -> String {
+    format!("{LISTENER}[upstreams.u]\n{lines}")
+}
+
+/// Asserts the error's field and line, and that message and fix say something useful.
+#[track_caller]
+fn check(source: &str, field: &str, line: usize, message: &str, fix: &str) {
+    let e = fail(source);
+    assert_eq!((e.field.as_str(), e.line), (field, line), "{e}");
+    assert!(e.message.contains(message), "message of: {e}");
+    assert!(e.fix.contains(fix), "fix of: {e}");
+    assert!(!e.to_string().contains('\n'), "one line: {e}");
+}
+
+#[test]
+fn server_settings() {
+    let w = "server.workers";
+    check(
+        &format!("[server]\nworkers = 0\n{LISTENER}"),
+        w,
+        2,
+        "from 1 to 1024, not 0",
+        "\"auto\"",
+    );
+    check(
+        &format!("[server]\nworkers = 1025\n{LISTENER}"),
+        w,
+        2,
+        "not 1025",
+        "1 to 1024",
+    );
+    check(
+        &format!("[server]\nworkers = \"4\"\n{LISTENER}"),
+        w,
+        2,
+        "is a string",
+        "workers = 4 without quotes",
+    );
+    check(
+        &format!("[server]\nworkers = \"many\"\n{LISTENER}"),
+        w,
+        2,
+        "\"many\"",
+        "\"auto\"",
+    );
+    let d = "server.drain_timeout";
+    check(
+        &format!("[server]\ndrain_timeout = \"30\"\n{LISTENER}"),
+        d,
+        2,
+        "no unit",
+        "\"30s\"",
+    );
+    check(
+        &format!("[server]\ndrain_timeout = \"1d\"\n{LISTENER}"),
+        d,
+        2,
+        "unit \"d\"",
+        "duration",
+    );
+}
+
+#[test]
+fn admin_settings() {
+    let source = format!("[admin]\nbind = \"localhost:9901\"\n{LISTENER}");
+    check(&source, "admin.bind", 2, "invalid admin address", "\"off\"");
+    let source = format!("{LISTENER}[[listeners]]\nname = \"b\"\nbind = \"127.0.0.1:9901\"\n");
+    check(
+        &source,
+        "listeners[1].bind",
+        6,
+        "already used by the admin listener",
+        "\"off\"",
+    );
+    let moved = format!("[admin]\nbind = \"127.0.0.1:9902\"\n{source}");
+    assert!(parse_str(&moved, "weir.toml").is_ok());
+}
+
+#[test]
+fn listeners_are_required() {
+    check("", "listeners", 1, "no listeners", "[[listeners]]");
+    check(
+        "# no listeners\nlisteners = []\n[server]\nworkers = 2\n",
+        "listeners",
+        2,
+        "no listeners",
+        "bind",
+    );
+}
+
+#[test]
+fn listener_names_and_binds() {
+    let l = "listeners[0]";
+    check(
+        "[[listeners]]\nbind = \"127.0.0.1:1\"\n",
+        &format!("{l}.name"),
+        1,
+        "no name",
+        "name = ",
+    );
+    check(
+        "[[listeners]]\nname = \"we b\"\nbind = \"127.0.0.1:1\"\n",
+        &format!("{l}.name"),
+        2,
+        "\"we b\"",
+        "\"we-b\"",
+    );
+    check(
+        "[[listeners]]\nname = \"web\"\n",
+        &format!("{l}.bind"),
+        1,
+        "no bind address",
+        "127.0.0.1:8080",
+    );
+    check(
+        "[[listeners]]\nname = \"w\"\nbind = \"localhost:80\"\n",
+        &format!("{l}.bind"),
+        3,
+        "\"localhost:80\"",
+        "IP address",
+    );
+    let twice = format!("{LISTENER}\n[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:8081\"\n");
+    check(
+        &twice,
+        "listeners[1].name",
+        6,
+        "duplicate listener name \"web\"",
+        "unique",
+    );
+    let shared = format!("{LISTENER}[[listeners]]\nname = \"b\"\nbind = \"127.0.0.1:8080\"\n");
+    check(
+        &shared,
+        "listeners[1].bind",
+        6,
+        "listener \"web\"",
+        "different address",
+    );
+    let port_zero = "[[listeners]]\nname = \"a\"\nbind = \"127.0.0.1:0\"\n\
+                     [[listeners]]\nname = \"b\"\nbind = \"127.0.0.1:0\"\n";
+    assert!(
+        parse_str(port_zero, "weir.toml").is_ok(),
+        "port 0 is a fresh port each time"
+    );
+}
+
+#[test]
+fn listener_protocol() {
+    let p = "listeners[0].protocol";
+    check(
+        &format!("{LISTENER}protocol = \"tcp\"\n"),
+        p,
+        4,
+        "TCP listeners are not supported yet",
+        "\"http\"",
+    );
+    check(
+        &format!("{LISTENER}protocol = \"udp\"\n"),
+        p,
+        4,
+        "unknown protocol \"udp\"",
+        "\"http\"",
+    );
+}
+
+/// Checks a listener with one extra `key = value` line (line 4), rejected at that key.
+#[track_caller]
+fn check_listener_line(line: &str, message: &str, fix: &str) {
+    let key = line.split(" =").next().unwrap_or_default();
+    let source = format!("{LISTENER}{line}\n");
+    check(&source, &format!("listeners[0].{key}"), 4, message, fix);
+}
+
+#[test]
+fn listener_integer_limits() {
+    check_listener_line("backlog = 0", "between 1 and 65535, not 0", "default 4096");
+    check_listener_line("backlog = 65536", "not 65536", "between 1 and 65535");
+    check_listener_line("max_connections = 0", "at least 1", "default 10000");
+    check_listener_line("keepalive_requests = -1", "at least 0", "default 500");
+    check_listener_line("max_headers = 0", "between 1 and 1000", "default 100");
+    check_listener_line("max_headers = 1001", "not 1001", "default 100");
+}
+
+#[test]
+fn listener_size_limits() {
+    check_listener_line("max_header_size = \"512\"", "not 512 bytes", "16KiB");
+    check_listener_line(
+        "max_header_size = \"2MiB\"",
+        "between 1KiB and 1MiB",
+        "16KiB",
+    );
+    check_listener_line(
+        "max_header_size = \"16 kb\"",
+        "unknown size unit",
+        "size such as",
+    );
+    check_listener_line(
+        "max_body_size = \"1.5MB\"",
+        "expected a size",
+        "size such as",
+    );
+    check_listener_line("max_body_size = -1", "negative", "size such as");
+}
+
+#[test]
+fn listener_timeouts() {
+    check_listener_line("header_timeout = \"0s\"", "greater than 0", "\"10s\"");
+    check_listener_line("client_timeout = \"0\"", "greater than 0", "\"60s\"");
+    check_listener_line("keepalive_timeout = \"5 min\"", "unit \"min\"", "\"5s\"");
+}
+
+#[test]
+fn default_response() {
+    let d = "listeners[0].default_response";
+    let source = |v: &str| format!("{LISTENER}default_response = {{ {v} }}\n");
+    check(
+        &source("status = 199"),
+        &format!("{d}.status"),
+        4,
+        "between 200 and 599",
+        "default 404",
+    );
+    check(
+        &source("status = 600"),
+        &format!("{d}.status"),
+        4,
+        "not 600",
+        "default 404",
+    );
+    check(
+        &source("content_type = \"\""),
+        &format!("{d}.content_type"),
+        4,
+        "non-empty",
+        "text/plain",
+    );
+    check(
+        &source("content_type = \"a\\nb\""),
+        &format!("{d}.content_type"),
+        4,
+        "printable",
+        "text/plain",
+    );
+    let table = format!("{LISTENER}[listeners.default_response]\nstatus = 200\nbody = \"hi\"\n");
+    let config = parse_str(&table, "weir.toml").expect("valid");
+    let response = &config.listeners[0].default_response;
+    assert_eq!(
+        (
+            response.status,
+            response.body.as_str(),
+            response.content_type.as_str()
+        ),
+        (200, "hi", "text/plain")
+    );
+}
+
+#[test]
+fn route_names_and_upstreams() {
+    let r = "listeners[0].routes[0]";
+    let no_name = format!("{LISTENER}[[listeners.routes]]\nupstream = \"x\"\n");
+    check(&no_name, &format!("{r}.name"), 4, "no name", "name = ");
+    let no_upstream = format!("{LISTENER}[[listeners.routes]]\nname = \"r\"\n");
+    check(
+        &no_upstream,
+        &format!("{r}.upstream"),
+        4,
+        "no upstream",
+        "define [upstreams.NAME]",
+    );
+    let unknown = format!("{LISTENER}[[listeners.routes]]\nname = \"r\"\nupstream = \"x\"\n");
+    check(
+        &unknown,
+        &format!("{r}.upstream"),
+        6,
+        "unknown upstream \"x\"",
+        "define [upstreams.x] with servers",
+    );
+    let twice = format!(
+        "{}[[listeners.routes]]\nname = \"r\"\nupstream = \"cgi\"\npath_prefix = \"/b\"\n",
+        with_route("")
+    );
+    check(
+        &twice,
+        "listeners[0].routes[1].name",
+        10,
+        "duplicate route name \"r\"",
+        "unique",
+    );
+}
+
+#[test]
+fn unknown_upstream_displays_as_documented() {
+    let source =
+        "[server]\nworkers = 2\n\n[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:8080\"\n\n\
+                  [upstreams.cgi]\nservers = [{ addr = \"127.0.0.1:8081\" }]\n\n\
+                  [[listeners.routes]]\n    upstream = \"cgi2\"\n    name = \"r\"\n";
+    assert_eq!(
+        fail(source).to_string(),
+        "weir.toml:12:5: listeners[0].routes[0].upstream: unknown upstream \"cgi2\" \
+         (fix: define [upstreams.cgi2] or use one of: cgi)"
+    );
+}
+
+/// Checks a route with one extra line (line 7), rejected at `listeners[0].routes[0]` + `key`.
+#[track_caller]
+fn check_route_line(line: &str, key: &str, message: &str, fix: &str) {
+    let field = format!("listeners[0].routes[0].{key}");
+    check(&with_route(&format!("{line}\n")), &field, 7, message, fix);
+}
+
+#[test]
+fn route_hosts_rejected() {
+    check_route_line("hosts = []", "hosts", "could never match", "[\"*\"]");
+    let port = "hosts = [\"a.com\", \"a.com:80\"]";
+    check_route_line(port, "hosts[1]", "includes a port", "\":PORT\"");
+    let star = "'*'";
+    check_route_line(
+        "hosts = [\"a*.b.com\"]",
+        "hosts[0]",
+        star,
+        "\"*.example.com\"",
+    );
+    check_route_line("hosts = [\"*.*.com\"]", "hosts[0]", star, "\"*\"");
+    let invalid = "not a valid host name";
+    check_route_line("hosts = [\"*.\"]", "hosts[0]", invalid, "dots");
+    check_route_line("hosts = [\"a..com\"]", "hosts[0]", invalid, "dots");
+    check_route_line("hosts = [\"a b\"]", "hosts[0]", invalid, "punycode");
+}
+
+#[test]
+fn route_hosts_accepted() {
+    let source = with_route("hosts = [\"*\", \"WWW.A.com\", \"*.B.com\"]\n");
+    let config = parse_str(&source, "f").expect("valid");
+    let expected = [
+        HostPattern::Any,
+        HostPattern::Exact("www.a.com".into()),
+        HostPattern::Suffix(".b.com".into()),
+    ];
+    assert_eq!(config.listeners[0].routes[0].hosts, expected);
+}
+
+#[test]
+fn route_prefixes() {
+    let (path, rewrite) = ("path_prefix", "rewrite_prefix");
+    check_route_line(
+        "path_prefix = \"cgi/\"",
+        path,
+        "must start with '/'",
+        "\"/cgi/\"",
+    );
+    check_route_line("path_prefix = \"/a b\"", path, "whitespace", "path part");
+    check_route_line("path_prefix = \"/a?b\"", path, "'?'", "path part");
+    check_route_line(
+        "rewrite_prefix = \"x\"",
+        rewrite,
+        "must start with '/'",
+        "\"/x\"",
+    );
+    let reverse = "reverse_rewrite = true";
+    check_route_line(
+        reverse,
+        "reverse_rewrite",
+        "needs rewrite_prefix",
+        "rewrite_prefix",
+    );
+}
+
+#[test]
+fn routes_that_could_never_match() {
+    let second = |lines: &str| {
+        format!(
+            "{}[[listeners.routes]]\nname = \"s\"\nupstream = \"cgi\"\n{lines}",
+            with_route("hosts = [\"a.com\", \"b.com\"]\n")
+        )
+    };
+    // Same host set in another order, same (default) path_prefix: reported at the route.
+    let e = fail(&second("hosts = [\"B.com\", \"a.com\"]\n"));
+    assert_eq!(
+        (e.field.as_str(), e.line),
+        ("listeners[0].routes[1].path_prefix", 10),
+        "{e}"
+    );
+    assert!(
+        e.message.contains("could never match") && e.message.contains("route \"r\""),
+        "{e}"
+    );
+    assert!(e.fix.contains("change its hosts or path_prefix"), "{e}");
+    // Written path_prefix: reported at the key.
+    let e = fail(&second(
+        "hosts = [\"a.com\", \"b.com\"]\npath_prefix = \"/\"\n",
+    ));
+    assert_eq!(e.line, 14, "{e}");
+    // Different hosts or prefix: fine.
+    assert!(parse_str(&second("hosts = [\"a.com\"]\n"), "f").is_ok());
+    assert!(parse_str(
+        &second("hosts = [\"a.com\", \"b.com\"]\npath_prefix = \"/x\"\n"),
+        "f"
+    )
+    .is_ok());
+}
+
+#[test]
+fn upstream_without_servers() {
+    let s = "upstreams.u.servers";
+    let timeout = with_upstream("connect_timeout = \"1s\"\n");
+    check(&timeout, s, 4, "has no servers", "servers = [{ addr");
+    check(
+        &with_upstream("servers = []\n"),
+        s,
+        5,
+        "has no servers",
+        "addr = ",
+    );
+    let no_addr = with_upstream("servers = [{}]\n");
+    check(&no_addr, &format!("{s}[0].addr"), 5, "no addr", "host:port");
+}
+
+/// Checks upstream `u` with the one server `addr`, rejected at its `addr` on line 5.
+#[track_caller]
+fn check_server(addr: &str, message: &str, fix: &str) {
+    let source = with_upstream(&format!("servers = [{{ addr = \"{addr}\" }}]\n"));
+    check(&source, "upstreams.u.servers[0].addr", 5, message, fix);
+}
+
+#[test]
+fn upstream_server_addresses() {
+    check_server("127.0.0.1", "has no port", "\"127.0.0.1:80\"");
+    check_server("::1:80", "needs brackets", "\"[::1]:80\"");
+    check_server("no-such-host.invalid:80", "cannot resolve", "IP address");
+    check_server("10.0.0.1:0", "port 0", "port");
+    let second = "servers = [\n  { addr = \"10.0.0.1:80\" },\n  { addr = \"10.0.0.2\" },\n]\n";
+    let source = with_upstream(second);
+    check(
+        &source,
+        "upstreams.u.servers[1].addr",
+        7,
+        "has no port",
+        "host:port",
+    );
+}
+
+#[test]
+fn upstream_settings() {
+    let servers = "servers = [{ addr = \"10.0.0.1:80\" }]\n";
+    let cases = [
+        (
+            "connect_timeout = \"0s\"",
+            "connect_timeout",
+            "greater than 0",
+            "\"2s\"",
+        ),
+        (
+            "response_timeout = \"0ms\"",
+            "response_timeout",
+            "greater than 0",
+            "\"60s\"",
+        ),
+        (
+            "idle_timeout = \"x\"",
+            "idle_timeout",
+            "expected a duration",
+            "\"60s\"",
+        ),
+        ("max_idle = -1", "max_idle", "at least 0", "default 256"),
+    ];
+    for (line, key, message, fix) in cases {
+        check(
+            &with_upstream(&format!("{servers}{line}\n")),
+            &format!("upstreams.u.{key}"),
+            6,
+            message,
+            fix,
+        );
+    }
+    let bad_name = format!("{LISTENER}[upstreams.\"a b\"]\n{servers}");
+    check(
+        &bad_name,
+        "upstreams.\"a b\"",
+        4,
+        "invalid upstream name",
+        "\"a-b\"",
+    );
+    let unused = with_upstream(servers);
+    assert_eq!(parse_str(&unused, "f").map(|c| c.upstreams.len()), Ok(1));
+}

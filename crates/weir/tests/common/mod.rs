@@ -1,0 +1,172 @@
+//! The harness shared by the HTTP integration tests: a config builder that writes a
+//! `weir.toml` text (parsed by the real config parser), and a running Weir (one worker,
+//! listener on `127.0.0.1:0`) that shuts down when dropped.
+//!
+//! Each test file uses a different subset of it.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use weir_core::Proxy;
+use weir_testkit::Client;
+
+/// The name of the one listener every test config has.
+pub const LISTENER: &str = "web";
+
+/// How long tests poll a condition (backend counters) before giving up.
+pub const WAIT: Duration = Duration::from_secs(5);
+
+/// Builds a configuration text: one listener `web` on `127.0.0.1:0`, `workers = 1`, the
+/// admin listener off, `drain_timeout = "0s"` (so dropping a harness never waits).
+#[derive(Debug, Default, Clone)]
+pub struct Conf {
+    listener: Vec<String>,
+    routes: Vec<String>,
+    upstreams: Vec<String>,
+}
+
+impl Conf {
+    pub fn new() -> Conf {
+        Conf::default()
+    }
+
+    /// Adds a `key = value` line to the listener table.
+    pub fn listener(mut self, line: &str) -> Conf {
+        self.listener.push(line.to_string());
+        self
+    }
+
+    /// Adds a route; `keys` are extra TOML lines (`path_prefix = "/api/"`, ...).
+    pub fn route(mut self, name: &str, upstream: &str, keys: &[&str]) -> Conf {
+        let mut text = format!("[[listeners.routes]]\nname = \"{name}\"\nupstream = \"{upstream}\"\n");
+        for k in keys {
+            text.push_str(k);
+            text.push('\n');
+        }
+        self.routes.push(text);
+        self
+    }
+
+    /// Adds an upstream with the given servers; `keys` are extra TOML lines.
+    pub fn upstream(mut self, name: &str, servers: &[SocketAddr], keys: &[&str]) -> Conf {
+        let servers: Vec<String> = servers
+            .iter()
+            .map(|a| format!("{{ addr = \"{a}\" }}"))
+            .collect();
+        let mut text = format!("[upstreams.{name}]\nservers = [{}]\n", servers.join(", "));
+        for k in keys {
+            text.push_str(k);
+            text.push('\n');
+        }
+        self.upstreams.push(text);
+        self
+    }
+
+    /// The whole TOML text.
+    pub fn toml(&self) -> String {
+        let mut out = String::from(
+            "[server]\nworkers = 1\ndrain_timeout = \"0s\"\n\n[admin]\nbind = \"off\"\n\n",
+        );
+        out.push_str(&format!(
+            "[[listeners]]\nname = \"{LISTENER}\"\nbind = \"127.0.0.1:0\"\n"
+        ));
+        for l in &self.listener {
+            out.push_str(l);
+            out.push('\n');
+        }
+        out.push('\n');
+        for r in &self.routes {
+            out.push_str(r);
+            out.push('\n');
+        }
+        for u in &self.upstreams {
+            out.push_str(u);
+            out.push('\n');
+        }
+        out
+    }
+
+    /// Parses the text with the real config parser and starts Weir with one worker.
+    pub fn start(&self) -> Weir {
+        let toml = self.toml();
+        let config = weir_config::parse_str(&toml, "test.toml")
+            .unwrap_or_else(|e| panic!("test config rejected: {e}\n---\n{toml}"));
+        let proxy = Proxy::start(config, 1).expect("start weir");
+        let addr = proxy
+            .listener_addr(LISTENER)
+            .expect("the listener has an address");
+        Weir {
+            proxy: Some(proxy),
+            addr,
+        }
+    }
+}
+
+/// The most common setup: every request (`/`, any host) to one upstream `up` with one server.
+pub fn single(backend: SocketAddr) -> Conf {
+    Conf::new()
+        .route("all", "up", &[])
+        .upstream("up", &[backend], &[])
+}
+
+/// A running Weir; shut down (and its worker thread joined) on drop.
+pub struct Weir {
+    proxy: Option<Proxy>,
+    pub addr: SocketAddr,
+}
+
+impl Weir {
+    /// A new client connection to the listener.
+    pub async fn client(&self) -> Client {
+        Client::connect(self.addr).await.expect("connect to weir")
+    }
+}
+
+impl Drop for Weir {
+    fn drop(&mut self) {
+        if let Some(proxy) = self.proxy.take() {
+            proxy.shutdown();
+        }
+    }
+}
+
+/// The forwarded headers Weir appends for a client on 127.0.0.1 that sent `Host: host`
+/// and no `X-Forwarded-For` of its own.
+pub fn forwarded(host: &str) -> String {
+    format!(
+        "X-Real-IP: 127.0.0.1\r\nX-Forwarded-For: 127.0.0.1\r\n\
+         X-Forwarded-Proto: http\r\nX-Forwarded-Host: {host}\r\n"
+    )
+}
+
+/// The request head an echo backend reports for a body-less request forwarded with the
+/// default route settings (`preserve_host`, forwarded headers): request line, `Host`, the
+/// given end-to-end header lines (each ending in CRLF), then the forwarded headers.
+pub fn upstream_head(request_line: &str, host: &str, headers: &str) -> String {
+    format!(
+        "{request_line}\r\nHost: {host}\r\n{headers}{}\r\n",
+        forwarded(host)
+    )
+}
+
+/// Splits a raw response stream at the end of the first head: (head, rest).
+pub fn split_head(raw: &[u8]) -> (String, Vec<u8>) {
+    let end = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map(|p| p + 4)
+        .unwrap_or_else(|| panic!("no complete head in {:?}", String::from_utf8_lossy(raw)));
+    (
+        String::from_utf8_lossy(&raw[..end]).into_owned(),
+        raw[end..].to_vec(),
+    )
+}
+
+/// A port on 127.0.0.1 with nothing listening: bound, then released.
+pub fn dead_port() -> SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = l.local_addr().expect("addr");
+    drop(l);
+    addr
+}
