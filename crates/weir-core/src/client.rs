@@ -17,6 +17,7 @@ use crate::codec::http1::write::push_simple_response;
 use crate::codec::http1::{parse_request, HeadLimits, RequestHead};
 use crate::error::{reason_phrase, ProxyError};
 use crate::filters::forwarded::ClientIp;
+use crate::time::with_timeout;
 use crate::worker::Worker;
 
 /// The smallest client read buffer; larger when `max_header_size` needs it.
@@ -99,7 +100,7 @@ impl ClientConn {
 
     /// Writes bytes to the client within `client_timeout`.
     pub async fn write_all(&mut self, bytes: &[u8], listener: &Listener) -> Result<(), ProxyError> {
-        match timeout(listener.client_timeout, self.stream.write_all(bytes)).await {
+        match with_timeout(listener.client_timeout, self.stream.write_all(bytes)).await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(ProxyError::client_io(e)),
             Err(_) => Err(ProxyError::ClientTimeout),

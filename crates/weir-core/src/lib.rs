@@ -30,6 +30,7 @@ pub mod proxy;
 pub mod router;
 pub mod server;
 pub mod snapshot;
+pub mod time;
 pub mod upstream;
 pub mod worker;
 

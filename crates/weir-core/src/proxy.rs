@@ -40,7 +40,15 @@ pub async fn serve_client(
         let outcome = match conn.next_request(listener, &mut req, &worker).await {
             Ok(NextRequest::Ready) => {
                 conn.served += 1;
-                handle(&worker, &snapshot, listener_index, &mut conn, &req, &mut resp).await
+                handle(
+                    &worker,
+                    &snapshot,
+                    listener_index,
+                    &mut conn,
+                    &req,
+                    &mut resp,
+                )
+                .await
             }
             Ok(NextRequest::Close) => return,
             Err(error) => Err(Failure::from(error)),

@@ -9,7 +9,8 @@ use std::io::{self, IoSlice};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
-use tokio::time::timeout;
+
+use crate::time::with_timeout;
 
 use crate::buffer::Buffer;
 use crate::codec::http1::{BodyFraming, ChunkedDecoder};
@@ -153,7 +154,7 @@ where
         if state.is_done() {
             return Ok(());
         }
-        match timeout(read_timeout, buf.read_from(src)).await {
+        match with_timeout(read_timeout, buf.read_from(src)).await {
             Err(_) => return Err(PumpError::ReadTimeout),
             Ok(Err(e)) => return Err(PumpError::Read(e.kind())),
             Ok(Ok(0)) if state.on_eof() => return Ok(()),
@@ -189,7 +190,7 @@ pub async fn write_all<W: AsyncWrite + Unpin>(
         }
         Ok(())
     };
-    match timeout(write_timeout, write).await {
+    match with_timeout(write_timeout, write).await {
         Ok(Ok(())) => Ok(()),
         Ok(Err(e)) => Err(PumpError::Write(e.kind())),
         Err(_) => Err(PumpError::WriteTimeout),
