@@ -1,4 +1,4 @@
-//! The admin listener: `/live` and `/ready` now; `/metrics` and the object API join here.
+//! The admin listener: `/live`, `/ready` and `/metrics`; the object API joins here.
 //!
 //! It runs on its own thread and runtime, separate from the data-plane workers, so it never
 //! shares their limits and stays reachable when they are saturated.
@@ -18,11 +18,16 @@ use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::sync::watch;
 
+/// Renders the Prometheus text exposition.
+pub type MetricsRenderer = Box<dyn Fn() -> String + Send + Sync>;
+
 /// What the admin endpoints report on.
 #[derive(Default)]
 pub struct AdminState {
     /// Config loaded and listeners bound.
     pub ready: AtomicBool,
+    /// `/metrics`; 404 when absent.
+    pub metrics: Option<MetricsRenderer>,
 }
 
 /// A running admin listener; `stop` ends it.
@@ -98,13 +103,31 @@ async fn handle(
     req: Request<Incoming>,
     state: Arc<AdminState>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
-    let (status, body) = match req.uri().path() {
-        "/live" => (StatusCode::OK, "live\n"),
-        "/ready" if state.ready.load(Ordering::Acquire) => (StatusCode::OK, "ready\n"),
-        "/ready" => (StatusCode::SERVICE_UNAVAILABLE, "not ready\n"),
-        _ => (StatusCode::NOT_FOUND, "not found: try /live or /ready\n"),
+    let (status, body, content_type) = match req.uri().path() {
+        "/live" => (StatusCode::OK, Bytes::from_static(b"live\n"), TEXT),
+        "/ready" if state.ready.load(Ordering::Acquire) => {
+            (StatusCode::OK, Bytes::from_static(b"ready\n"), TEXT)
+        }
+        "/ready" => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Bytes::from_static(b"not ready\n"),
+            TEXT,
+        ),
+        "/metrics" if state.metrics.is_some() => {
+            let render = state.metrics.as_ref().map(|m| m()).unwrap_or_default();
+            (StatusCode::OK, Bytes::from(render), PROMETHEUS_TEXT)
+        }
+        _ => (StatusCode::NOT_FOUND, Bytes::from_static(NOT_FOUND), TEXT),
     };
-    let mut response = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
+    let mut response = Response::new(Full::new(body));
     *response.status_mut() = status;
+    response.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static(content_type),
+    );
     Ok(response)
 }
+
+const NOT_FOUND: &[u8] = b"not found: try /live, /ready or /metrics\n";
+const TEXT: &str = "text/plain; charset=utf-8";
+const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";

@@ -26,6 +26,7 @@ pub mod error;
 pub mod filters;
 pub mod forward;
 pub mod listener;
+pub mod metrics;
 pub mod proxy;
 pub mod router;
 pub mod server;

@@ -4,12 +4,13 @@
 //! accept (listener/) -> read request head (client.rs, codec/http1) -> route (router/)
 //!   -> pick server (upstream/) -> connect or reuse (connector/) -> send head + stream body
 //!   -> read response head -> response filters -> stream body back (forward/)
-//!   -> keep-alive or close
+//!   -> metrics -> keep-alive or close
 //! ```
 //! Errors become responses in exactly one place: `answer_error` at the bottom of the loop.
 
 use std::net::SocketAddr;
 use std::rc::Rc;
+use std::time::Instant;
 
 use tokio::net::TcpStream;
 use weir_config::Listener;
@@ -19,6 +20,8 @@ use crate::codec::http1::{BodyFraming, RequestHead, ResponseHead};
 use crate::error::ProxyError;
 use crate::forward::body::BodyState;
 use crate::forward::{forward, Failure};
+use crate::metrics::shard::{method_index, METHODS};
+use crate::metrics::DefaultReason;
 use crate::snapshot::{ListenerPlan, Snapshot};
 use crate::worker::Worker;
 
@@ -37,10 +40,13 @@ pub async fn serve_client(
     loop {
         let snapshot = worker.snapshot();
         let listener = &snapshot.config.listeners[listener_index];
-        let outcome = match conn.next_request(listener, &mut req, &worker).await {
+        let (handled, started, method) = match conn.next_request(listener, &mut req, &worker).await
+        {
             Ok(NextRequest::Ready) => {
                 conn.served += 1;
-                handle(
+                let started = Instant::now();
+                let method = method_index(&conn.buf.filled()[req.method.clone()]);
+                let handled = handle(
                     &worker,
                     &snapshot,
                     listener_index,
@@ -48,12 +54,25 @@ pub async fn serve_client(
                     &req,
                     &mut resp,
                 )
-                .await
+                .await;
+                (handled, started, method)
             }
             Ok(NextRequest::Close) => return,
-            Err(error) => Err(Failure::from(error)),
+            Err(error) => (
+                Handled {
+                    route: None,
+                    result: Err(error.into()),
+                },
+                Instant::now(),
+                METHODS.len() - 1,
+            ),
         };
-        match outcome {
+        let status = match &handled.result {
+            Ok(_) => handled_status(&handled, listener, &resp),
+            Err(failure) => failure.error.status().unwrap_or(499),
+        };
+        record(&worker, listener_index, &handled, method, status, started);
+        match handled.result {
             Ok(true) => continue,
             Ok(false) => return,
             Err(failure) => {
@@ -67,8 +86,13 @@ pub async fn serve_client(
     }
 }
 
+/// The outcome of one request: the route it took and whether the connection stays open.
+struct Handled {
+    route: Option<usize>,
+    result: Result<bool, Failure>,
+}
+
 /// One request: route it, then forward it or answer with the default response.
-/// Returns whether the client connection stays open.
 async fn handle(
     worker: &Worker,
     snapshot: &Snapshot,
@@ -76,12 +100,15 @@ async fn handle(
     conn: &mut ClientConn,
     req: &RequestHead,
     resp: &mut ResponseHead,
-) -> Result<bool, Failure> {
+) -> Handled {
     let listener = &snapshot.config.listeners[listener_index];
     let plan = &snapshot.listeners[listener_index];
     if let (BodyFraming::Length(n), Some(max)) = (req.framing, listener.max_body_size) {
         if n > max {
-            return Err(ProxyError::BodyTooLarge.into());
+            return Handled {
+                route: None,
+                result: Err(ProxyError::BodyTooLarge.into()),
+            };
         }
     }
     let keep_alive = wants_keep_alive(req, listener, conn.served, worker.is_draining());
@@ -89,12 +116,17 @@ async fn handle(
     let route = plan
         .router
         .route(req.host_name(buf), &buf[req.path.clone()]);
-    let Some(route) = route.map(|i| &listener.routes[i]) else {
-        return default_response(listener, plan, conn, req, keep_alive).await;
+    let Some(index) = route else {
+        let result = default_response(listener, plan, conn, req, keep_alive).await;
+        return Handled { route, result };
     };
-    let upstream = &snapshot.config.upstreams[route.upstream];
-    let target = crate::forward::exchange_target(listener, route, upstream);
-    forward(worker, target, conn, req, resp, keep_alive).await
+    let route_config = &listener.routes[index];
+    let upstream = &snapshot.config.upstreams[route_config.upstream];
+    let target = crate::forward::exchange_target(listener, route_config, upstream);
+    Handled {
+        route,
+        result: forward(worker, target, conn, req, resp, keep_alive).await,
+    }
 }
 
 /// Whether the client connection may carry another request after this one.
@@ -124,16 +156,58 @@ async fn default_response(
         .map_err(|_| ProxyError::BadRequest("malformed body"))?;
     conn.buf.consume(consumed);
     let keep_alive = keep_alive && body.is_done();
-    let bytes = if keep_alive {
-        &plan.default_keep_alive
-    } else {
-        &plan.default_close
-    };
-    conn.write_all(bytes, listener).await.map_err(|e| Failure {
-        error: e,
-        responded: true,
-    })?;
+    let bytes = plan.default_response(keep_alive, req.is_head);
+    conn.write_all(bytes, listener)
+        .await
+        .map_err(|error| Failure {
+            error,
+            responded: true,
+        })?;
     Ok(keep_alive)
+}
+
+/// The status a successfully handled request was answered with.
+fn handled_status(handled: &Handled, listener: &Listener, resp: &ResponseHead) -> u16 {
+    match handled.route {
+        Some(_) => resp.status,
+        None => listener.default_response.status,
+    }
+}
+
+/// Counts one request in this worker's metric shard.
+fn record(
+    worker: &Worker,
+    listener: usize,
+    handled: &Handled,
+    method: usize,
+    status: u16,
+    started: Instant,
+) {
+    let m = &worker.metrics.listeners[listener];
+    let route = m.route(handled.route);
+    route.request(method, status).inc();
+    route.duration.observe(started.elapsed());
+    let reason = match &handled.result {
+        Ok(_) if handled.route.is_none() => Some(DefaultReason::NoRoute),
+        Ok(_) => None,
+        Err(failure) => default_reason(failure.error),
+    };
+    if let Some(reason) = reason {
+        m.default_response(reason).inc();
+    }
+}
+
+/// Which default-response reason an error counts as (upstream failures are not one).
+fn default_reason(error: ProxyError) -> Option<DefaultReason> {
+    use ProxyError::*;
+    match error {
+        NoServer => Some(DefaultReason::NoHealthyServer),
+        BadRequest(_) | NotImplemented(_) | MethodNotAllowed | ExpectationFailed
+        | VersionNotSupported => Some(DefaultReason::BadRequest),
+        BodyTooLarge | HeadTooLarge => Some(DefaultReason::TooLarge),
+        HeaderTimeout | ClientTimeout => Some(DefaultReason::Timeout),
+        _ => None,
+    }
 }
 
 fn log_failure(error: &ProxyError, listener: &Listener, conn: &ClientConn) {

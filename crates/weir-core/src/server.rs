@@ -14,6 +14,7 @@ use tokio::time::{timeout_at, Instant};
 use weir_config::Config;
 
 use crate::listener::{accept_loop, bind_reuseport};
+use crate::metrics::{Metrics, WorkerMetrics};
 use crate::snapshot::Snapshot;
 use crate::worker::{Shared, Worker};
 
@@ -36,6 +37,7 @@ pub struct Proxy {
     threads: Vec<JoinHandle<()>>,
     bound: Vec<(String, SocketAddr)>,
     shared: Arc<Shared>,
+    metrics: Arc<Metrics>,
 }
 
 impl Proxy {
@@ -54,13 +56,16 @@ impl Proxy {
             generation: AtomicU64::new(0),
             shutdown: rx,
         });
+        let metrics = Arc::new(Metrics::default());
         let mut threads = Vec::with_capacity(workers);
         for (index, sockets) in sockets.into_iter().enumerate() {
+            let shard = Arc::new(WorkerMetrics::new(&shared.snapshot.load().config));
+            metrics.add_shard(shard.clone());
             let shared = shared.clone();
             let limits = limits.clone();
             let thread = std::thread::Builder::new()
                 .name(format!("weir-worker-{index}"))
-                .spawn(move || run_worker(shared, sockets, limits))
+                .spawn(move || run_worker(shared, shard, sockets, limits))
                 .map_err(StartError::Thread)?;
             threads.push(thread);
         }
@@ -69,6 +74,7 @@ impl Proxy {
             threads,
             bound,
             shared,
+            metrics,
         })
     }
 
@@ -80,6 +86,19 @@ impl Proxy {
     /// The running configuration.
     pub fn config(&self) -> Arc<Config> {
         self.shared.snapshot.load().config.clone()
+    }
+
+    /// The metrics of all workers.
+    pub fn metrics(&self) -> Arc<Metrics> {
+        self.metrics.clone()
+    }
+
+    /// A function rendering all metrics in the Prometheus text format (what `/metrics`
+    /// serves), callable from any thread.
+    pub fn metrics_renderer(&self) -> impl Fn() -> String + Send + Sync + 'static {
+        let metrics = self.metrics.clone();
+        let shared = self.shared.clone();
+        move || crate::metrics::encode_text(&metrics, &shared.snapshot.load().config)
     }
 
     /// Stops accepting, lets in-flight requests finish within the config's `drain_timeout`,
@@ -118,7 +137,12 @@ fn bind_all(
     Ok((sockets, bound))
 }
 
-fn run_worker(shared: Arc<Shared>, sockets: Vec<std::net::TcpListener>, limits: Vec<usize>) {
+fn run_worker(
+    shared: Arc<Shared>,
+    metrics: Arc<WorkerMetrics>,
+    sockets: Vec<std::net::TcpListener>,
+    limits: Vec<usize>,
+) {
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -131,7 +155,7 @@ fn run_worker(shared: Arc<Shared>, sockets: Vec<std::net::TcpListener>, limits: 
     };
     let local = tokio::task::LocalSet::new();
     local.block_on(&runtime, async move {
-        let worker = Rc::new(Worker::new(shared.clone()));
+        let worker = Rc::new(Worker::new(shared.clone(), metrics));
         for (index, (socket, limit)) in sockets.into_iter().zip(limits).enumerate() {
             match TcpListener::from_std(socket) {
                 Ok(listener) => {

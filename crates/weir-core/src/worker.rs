@@ -14,6 +14,7 @@ use tokio::sync::{watch, Notify};
 
 use crate::buffer::Buffer;
 use crate::connector::IdlePool;
+use crate::metrics::WorkerMetrics;
 use crate::snapshot::Snapshot;
 
 /// State shared by all workers.
@@ -51,10 +52,12 @@ pub struct Worker {
     pub connections: RefCell<Vec<usize>>,
     /// Signalled whenever a client connection closes.
     pub connection_closed: Notify,
+    /// This worker's metric shard (it is the only writer).
+    pub metrics: Arc<WorkerMetrics>,
 }
 
 impl Worker {
-    pub fn new(shared: Arc<Shared>) -> Worker {
+    pub fn new(shared: Arc<Shared>, metrics: Arc<WorkerMetrics>) -> Worker {
         let generation = shared.generation.load(Ordering::Acquire);
         let snapshot = Rc::new(shared.snapshot.load_full());
         let listeners = snapshot.listeners.len();
@@ -68,6 +71,7 @@ impl Worker {
             drain: Notify::new(),
             connections: RefCell::new(vec![0; listeners]),
             connection_closed: Notify::new(),
+            metrics,
         }
     }
 
@@ -139,14 +143,28 @@ pub struct ConnectionGuard {
 
 impl ConnectionGuard {
     pub fn new(worker: Rc<Worker>, listener: usize) -> ConnectionGuard {
-        worker.connections.borrow_mut()[listener] += 1;
+        let open = {
+            let mut connections = worker.connections.borrow_mut();
+            connections[listener] += 1;
+            connections[listener]
+        };
+        let m = &worker.metrics.listeners[listener];
+        m.connections_total.inc();
+        m.connections_active.set(open as u64);
         ConnectionGuard { worker, listener }
     }
 }
 
 impl Drop for ConnectionGuard {
     fn drop(&mut self) {
-        self.worker.connections.borrow_mut()[self.listener] -= 1;
+        let open = {
+            let mut connections = self.worker.connections.borrow_mut();
+            connections[self.listener] -= 1;
+            connections[self.listener]
+        };
+        self.worker.metrics.listeners[self.listener]
+            .connections_active
+            .set(open as u64);
         self.worker.connection_closed.notify_waiters();
     }
 }

@@ -28,7 +28,7 @@ pub fn run(port: u16, admin_port: u16) -> anyhow::Result<()> {
     println!("  proxy    http://{proxy}/            try: curl -i http://{proxy}/hello");
     println!("  rewrite  http://{proxy}/cgi/x       (ProxyPass: the backend sees /x)");
     println!("  admin    http://{admin}/live  http://{admin}/ready");
-    println!("  metrics  http://{admin}/metrics     (arrives with the observability issue)\n");
+    println!("  metrics  http://{admin}/metrics\n");
     println!("The config this demo runs (save it and use `weir run -c FILE`):\n\n{toml}");
     println!("Ctrl-C stops it.");
     let result = running.wait_for_signal_and_stop();

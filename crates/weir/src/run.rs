@@ -46,7 +46,10 @@ impl Running {
         };
         let admin_bind = config.admin.bind;
         let proxy = Proxy::start(config, workers)?;
-        let state = Arc::new(AdminState::default());
+        let state = Arc::new(AdminState {
+            metrics: Some(Box::new(proxy.metrics_renderer())),
+            ..Default::default()
+        });
         let admin = match admin_bind {
             Some(bind) => Some(
                 Admin::start(bind, state.clone())

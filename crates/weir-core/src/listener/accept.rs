@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use tokio::net::TcpListener;
 
+use crate::metrics::shard::accept_error_index;
 use crate::worker::{ConnectionGuard, Worker};
 
 /// How long to pause accepting after a resource error.
@@ -45,6 +46,8 @@ pub async fn accept_loop(
                 });
             }
             Err(e) if is_resource_exhaustion(&e) => {
+                worker.metrics.listeners[listener_index].accept_errors[accept_error_index(&e)]
+                    .inc();
                 if last_log.is_none_or(|t| t.elapsed() >= LOG_INTERVAL) {
                     tracing::warn!(error = %e, suppressed, "accept failed: out of resources; pausing accepts, open connections keep being served");
                     last_log = Some(Instant::now());
@@ -57,7 +60,11 @@ pub async fn accept_loop(
                     _ = worker.drained() => return,
                 }
             }
-            Err(e) => tracing::debug!(error = %e, "accept failed"),
+            Err(e) => {
+                worker.metrics.listeners[listener_index].accept_errors[accept_error_index(&e)]
+                    .inc();
+                tracing::debug!(error = %e, "accept failed");
+            }
         }
     }
 }

@@ -1,0 +1,402 @@
+//! The scrape: merging shards and writing Prometheus text with `prometheus-client`.
+
+use std::fmt::Write;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, NoLabelSet};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
+use weir_config::Config;
+
+use super::process::ProcessStats;
+use super::shard::{
+    DefaultReason, Histogram, WorkerMetrics, ACCEPT_ERRORS, LATENCY_BUCKETS, METHODS, STATUS_SLOTS,
+};
+use super::Metrics;
+
+/// Renders all metrics for `config` in the Prometheus text format.
+pub fn encode_text(metrics: &Metrics, config: &Config) -> String {
+    let collector = Scrape {
+        shards: metrics.shards(),
+        config: config.clone(),
+        dropped: metrics.dropped_log_lines(),
+        up: up_table(metrics),
+    };
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(collector));
+    let mut out = String::new();
+    if prometheus_client::encoding::text::encode(&mut out, &registry).is_err() {
+        out.clear();
+        let _ = writeln!(out, "# encoding metrics failed");
+    }
+    out
+}
+
+fn up_table(metrics: &Metrics) -> Vec<Vec<bool>> {
+    let table = metrics.server_up.lock().unwrap_or_else(|e| e.into_inner());
+    table
+        .iter()
+        .map(|u| {
+            u.iter()
+                .map(|s| s.load(std::sync::atomic::Ordering::Relaxed))
+                .collect()
+        })
+        .collect()
+}
+
+#[derive(Debug)]
+struct Scrape {
+    shards: Vec<std::sync::Arc<WorkerMetrics>>,
+    config: Config,
+    dropped: u64,
+    up: Vec<Vec<bool>>,
+}
+
+type Result = std::result::Result<(), std::fmt::Error>;
+
+/// Label pairs of one series.
+type Labels = Vec<(&'static str, String)>;
+
+impl Collector for Scrape {
+    fn encode(&self, mut enc: DescriptorEncoder) -> Result {
+        self.requests(&mut enc)?;
+        self.durations(&mut enc)?;
+        self.listener_counters(&mut enc)?;
+        self.upstream_counters(&mut enc)?;
+        self.upstream_histograms(&mut enc)?;
+        self.process(&mut enc)
+    }
+}
+
+fn counter(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    rows: &[(Labels, u64)],
+) -> Result {
+    let mut m = enc.encode_descriptor(name, help, None, MetricType::Counter)?;
+    for (labels, v) in rows {
+        ConstCounter::new(*v).encode(m.encode_family(labels)?)?;
+    }
+    Ok(())
+}
+
+fn gauge(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    rows: &[(Labels, i64)],
+) -> Result {
+    let mut m = enc.encode_descriptor(name, help, None, MetricType::Gauge)?;
+    for (labels, v) in rows {
+        ConstGauge::new(*v).encode(m.encode_family(labels)?)?;
+    }
+    Ok(())
+}
+
+fn histogram(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    rows: &[(Labels, Vec<&Histogram>)],
+) -> Result {
+    let mut m = enc.encode_descriptor(name, help, None, MetricType::Histogram)?;
+    for (labels, parts) in rows {
+        let (mut sum, mut count, mut per_bucket) = (0.0, 0, [0u64; LATENCY_BUCKETS.len()]);
+        for h in parts {
+            h.merge_into(&mut sum, &mut count, &mut per_bucket);
+        }
+        // prometheus-client accumulates the buckets itself: pass per-bucket counts.
+        let mut buckets: Vec<(f64, u64)> =
+            LATENCY_BUCKETS.iter().copied().zip(per_bucket).collect();
+        let overflow = count.saturating_sub(per_bucket.iter().sum());
+        buckets.push((f64::INFINITY, overflow));
+        m.encode_family(labels)?
+            .encode_histogram::<NoLabelSet>(sum, count, &buckets, None)?;
+    }
+    Ok(())
+}
+
+fn status_label(slot: usize) -> String {
+    if slot == STATUS_SLOTS - 1 {
+        "other".to_string()
+    } else {
+        (slot + 100).to_string()
+    }
+}
+
+fn route_label(config: &Config, listener: usize, route: usize) -> String {
+    match route {
+        0 => "default".to_string(),
+        r => config.listeners[listener].routes[r - 1].name.clone(),
+    }
+}
+
+impl Scrape {
+    fn sum(&self, f: impl Fn(&WorkerMetrics) -> u64) -> u64 {
+        self.shards.iter().map(|s| f(s)).sum()
+    }
+
+    fn requests(&self, enc: &mut DescriptorEncoder) -> Result {
+        let mut rows = Vec::new();
+        for (li, l) in self.config.listeners.iter().enumerate() {
+            for ri in 0..=l.routes.len() {
+                for (mi, method) in METHODS.iter().enumerate() {
+                    for slot in 0..STATUS_SLOTS {
+                        let v = self.sum(|s| s.listeners[li].routes[ri].requests(mi, slot));
+                        if v > 0 {
+                            let labels = vec![
+                                ("listener", l.name.clone()),
+                                ("route", route_label(&self.config, li, ri)),
+                                ("method", method.to_string()),
+                                ("code", status_label(slot)),
+                            ];
+                            rows.push((labels, v));
+                        }
+                    }
+                }
+            }
+        }
+        counter(
+            enc,
+            "weir_requests",
+            "Requests answered, by listener, route, method and status code.",
+            &rows,
+        )
+    }
+
+    fn durations(&self, enc: &mut DescriptorEncoder) -> Result {
+        let mut rows = Vec::new();
+        for (li, l) in self.config.listeners.iter().enumerate() {
+            for ri in 0..=l.routes.len() {
+                let parts = self
+                    .shards
+                    .iter()
+                    .map(|s| &s.listeners[li].routes[ri].duration)
+                    .collect();
+                rows.push((
+                    vec![
+                        ("listener", l.name.clone()),
+                        ("route", route_label(&self.config, li, ri)),
+                    ],
+                    parts,
+                ));
+            }
+        }
+        histogram(
+            enc,
+            "weir_request_duration_seconds",
+            "Time from a complete request head to the end of the response.",
+            &rows,
+        )
+    }
+
+    fn listener_counters(&self, enc: &mut DescriptorEncoder) -> Result {
+        let (mut defaults, mut active, mut total, mut accept, mut bytes) =
+            (vec![], vec![], vec![], vec![], vec![]);
+        for (li, l) in self.config.listeners.iter().enumerate() {
+            let name = || ("listener", l.name.clone());
+            for reason in DefaultReason::ALL {
+                let v = self.sum(|s| s.listeners[li].default_response(reason).get());
+                defaults.push((vec![name(), ("reason", reason.label().to_string())], v));
+            }
+            active.push((
+                vec![name()],
+                self.sum(|s| s.listeners[li].connections_active.get()) as i64,
+            ));
+            total.push((
+                vec![name()],
+                self.sum(|s| s.listeners[li].connections_total.get()),
+            ));
+            for (ki, kind) in ACCEPT_ERRORS.iter().enumerate() {
+                let v = self.sum(|s| s.listeners[li].accept_errors[ki].get());
+                accept.push((vec![name(), ("kind", kind.to_string())], v));
+            }
+            bytes.push((
+                vec![name(), ("direction", "in".to_string())],
+                self.sum(|s| s.listeners[li].bytes_in.get()),
+            ));
+            bytes.push((
+                vec![name(), ("direction", "out".to_string())],
+                self.sum(|s| s.listeners[li].bytes_out.get()),
+            ));
+        }
+        counter(
+            enc,
+            "weir_default_responses",
+            "Responses Weir generated itself, by reason.",
+            &defaults,
+        )?;
+        gauge(
+            enc,
+            "weir_connections_active",
+            "Open client connections.",
+            &active,
+        )?;
+        counter(
+            enc,
+            "weir_connections",
+            "Client connections accepted.",
+            &total,
+        )?;
+        counter(
+            enc,
+            "weir_accept_errors",
+            "Failed accepts, by kind (EMFILE: out of file descriptors).",
+            &accept,
+        )?;
+        counter(
+            enc,
+            "weir_bytes",
+            "Bytes received from (in) and sent to (out) clients.",
+            &bytes,
+        )?;
+        let dropped = vec![(vec![], self.dropped)];
+        counter(
+            enc,
+            "weir_access_log_dropped",
+            "Access-log lines dropped because the writer fell behind.",
+            &dropped,
+        )
+    }
+
+    fn upstream_counters(&self, enc: &mut DescriptorEncoder) -> Result {
+        let (mut requests, mut up, mut retries, mut idle) = (vec![], vec![], vec![], vec![]);
+        for (ui, u) in self.config.upstreams.iter().enumerate() {
+            for (si, server) in u.servers.iter().enumerate() {
+                let labels = || {
+                    vec![
+                        ("upstream", u.name.clone()),
+                        ("server", server.name.clone()),
+                    ]
+                };
+                for slot in 0..STATUS_SLOTS {
+                    let v = self.sum(|s| s.upstreams[ui].servers[si].requests(slot));
+                    if v > 0 {
+                        let mut l = labels();
+                        l.push(("code", status_label(slot)));
+                        requests.push((l, v));
+                    }
+                }
+                let is_up = self
+                    .up
+                    .get(ui)
+                    .and_then(|s| s.get(si))
+                    .copied()
+                    .unwrap_or(true);
+                up.push((labels(), i64::from(is_up)));
+                idle.push((
+                    labels(),
+                    self.sum(|s| s.upstreams[ui].servers[si].pool_idle.get()) as i64,
+                ));
+            }
+            retries.push((
+                vec![("upstream", u.name.clone())],
+                self.sum(|s| s.upstreams[ui].retries.get()),
+            ));
+        }
+        counter(
+            enc,
+            "weir_upstream_requests",
+            "Responses received from upstream servers, by status code.",
+            &requests,
+        )?;
+        gauge(
+            enc,
+            "weir_upstream_server_up",
+            "1 if the server is considered up.",
+            &up,
+        )?;
+        counter(
+            enc,
+            "weir_upstream_retries",
+            "Requests retried on another connection or server.",
+            &retries,
+        )?;
+        gauge(
+            enc,
+            "weir_upstream_pool_idle",
+            "Idle pooled connections to the server, all workers.",
+            &idle,
+        )
+    }
+
+    fn upstream_histograms(&self, enc: &mut DescriptorEncoder) -> Result {
+        let (mut connect, mut response) = (vec![], vec![]);
+        for (ui, u) in self.config.upstreams.iter().enumerate() {
+            for (si, server) in u.servers.iter().enumerate() {
+                let labels = vec![
+                    ("upstream", u.name.clone()),
+                    ("server", server.name.clone()),
+                ];
+                connect.push((
+                    labels.clone(),
+                    self.shards
+                        .iter()
+                        .map(|s| &s.upstreams[ui].servers[si].connect)
+                        .collect(),
+                ));
+                response.push((
+                    labels,
+                    self.shards
+                        .iter()
+                        .map(|s| &s.upstreams[ui].servers[si].response)
+                        .collect(),
+                ));
+            }
+        }
+        histogram(
+            enc,
+            "weir_upstream_connect_duration_seconds",
+            "Time to open a new upstream connection.",
+            &connect,
+        )?;
+        histogram(
+            enc,
+            "weir_upstream_response_duration_seconds",
+            "Time from sending the request to the response head.",
+            &response,
+        )
+    }
+
+    fn process(&self, enc: &mut DescriptorEncoder) -> Result {
+        let p = ProcessStats::read();
+        let mut m = enc.encode_descriptor(
+            "process_cpu_seconds",
+            "User and system CPU time.",
+            None,
+            MetricType::Counter,
+        )?;
+        ConstCounter::new(p.cpu_seconds).encode(m)?;
+        m = enc.encode_descriptor(
+            "process_resident_memory_bytes",
+            "Resident memory.",
+            None,
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(p.resident_bytes as i64).encode(m)?;
+        m = enc.encode_descriptor(
+            "process_open_fds",
+            "Open file descriptors.",
+            None,
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(p.open_fds as i64).encode(m)?;
+        m = enc.encode_descriptor(
+            "process_max_fds",
+            "Limit on open file descriptors.",
+            None,
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(p.max_fds as i64).encode(m)?;
+        m = enc.encode_descriptor(
+            "process_start_time_seconds",
+            "Start time since the Unix epoch.",
+            None,
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(p.start_time_seconds).encode(m)
+    }
+}

@@ -1,0 +1,50 @@
+//! Every metric Weir exports: names, help texts, labels, and the scrape that merges the
+//! per-worker shards into Prometheus text format (via `prometheus-client`).
+//!
+//! Counting happens in `shard` (one shard per worker, single writer). The scrape walks the
+//! shards of all workers, adds them up, and labels them with names from the config, so label
+//! values are always bounded: listener, route, upstream and server names from the config,
+//! methods from a fixed set, status codes.
+
+mod encode;
+pub mod process;
+pub mod shard;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+pub use shard::{DefaultReason, WorkerMetrics};
+
+/// The process-wide view: every worker's shard plus the few process-level counters.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    shards: Mutex<Vec<Arc<WorkerMetrics>>>,
+    /// Access-log lines dropped because the writer fell behind.
+    pub access_log_dropped: AtomicU64,
+    /// Per upstream, per server: up (true) or down, as health checking last decided.
+    pub server_up: Mutex<Vec<Vec<Arc<AtomicBool>>>>,
+}
+
+impl Metrics {
+    /// Registers a worker's shard (called once per worker at start).
+    pub fn add_shard(&self, shard: Arc<WorkerMetrics>) {
+        self.shards
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(shard);
+    }
+
+    /// The current shards (a scrape-time copy of the list, not of the counters).
+    pub fn shards(&self) -> Vec<Arc<WorkerMetrics>> {
+        self.shards
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    pub fn dropped_log_lines(&self) -> u64 {
+        self.access_log_dropped.load(Ordering::Relaxed)
+    }
+}
+
+pub use encode::encode_text;

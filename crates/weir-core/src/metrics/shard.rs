@@ -1,0 +1,296 @@
+//! Per-worker metric shards: plain counters a single worker writes and the scraper sums.
+//!
+//! Each worker owns one `WorkerMetrics` and is its only writer, so an increment is a relaxed
+//! load plus a relaxed store: no lock, no atomic read-modify-write, no shared cache line on
+//! the request path. The admin thread reads every shard at scrape time and adds them up.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
+
+use weir_config::Config;
+
+/// A monotonically increasing count, or a gauge, written by one thread only.
+#[derive(Debug, Default)]
+pub struct Counter(AtomicU64);
+
+impl Counter {
+    /// Adds `n`. Only the owning worker may call this (single writer).
+    #[inline]
+    pub fn add(&self, n: u64) {
+        self.0.store(self.0.load(Relaxed).wrapping_add(n), Relaxed);
+    }
+
+    #[inline]
+    pub fn inc(&self) {
+        self.add(1);
+    }
+
+    /// Sets a gauge value (owning worker only).
+    #[inline]
+    pub fn set(&self, v: u64) {
+        self.0.store(v, Relaxed);
+    }
+
+    pub fn get(&self) -> u64 {
+        self.0.load(Relaxed)
+    }
+}
+
+/// Upper bounds (seconds) of the latency histogram buckets.
+pub const LATENCY_BUCKETS: [f64; 14] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// A latency histogram: per-bucket counts (not cumulative), sum and count.
+#[derive(Debug, Default)]
+pub struct Histogram {
+    buckets: [Counter; LATENCY_BUCKETS.len()],
+    sum_nanos: Counter,
+    count: Counter,
+}
+
+impl Histogram {
+    #[inline]
+    pub fn observe(&self, d: Duration) {
+        let secs = d.as_secs_f64();
+        if let Some(i) = LATENCY_BUCKETS.iter().position(|b| secs <= *b) {
+            self.buckets[i].inc();
+        }
+        self.sum_nanos.add(d.as_nanos() as u64);
+        self.count.inc();
+    }
+
+    /// Adds this shard into (sum seconds, count, per-bucket counts).
+    pub fn merge_into(
+        &self,
+        sum: &mut f64,
+        count: &mut u64,
+        buckets: &mut [u64; LATENCY_BUCKETS.len()],
+    ) {
+        *sum += self.sum_nanos.get() as f64 / 1e9;
+        *count += self.count.get();
+        for (total, b) in buckets.iter_mut().zip(&self.buckets) {
+            *total += b.get();
+        }
+    }
+}
+
+/// Methods with their own label value; everything else is "OTHER".
+pub const METHODS: [&str; 10] = [
+    "GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH", "TRACE", "CONNECT", "OTHER",
+];
+
+/// The label slot of a request method.
+pub fn method_index(method: &[u8]) -> usize {
+    METHODS[..METHODS.len() - 1]
+        .iter()
+        .position(|m| m.as_bytes() == method)
+        .unwrap_or(METHODS.len() - 1)
+}
+
+/// Status codes 100..=599 each have a slot; anything else shares the last one (label "other").
+pub const STATUS_SLOTS: usize = 501;
+
+#[inline]
+pub fn status_index(status: u16) -> usize {
+    match status {
+        100..=599 => usize::from(status - 100),
+        _ => STATUS_SLOTS - 1,
+    }
+}
+
+/// Why the listener answered by itself instead of forwarding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DefaultReason {
+    NoRoute,
+    NoHealthyServer,
+    BadRequest,
+    TooLarge,
+    Timeout,
+}
+
+impl DefaultReason {
+    pub const ALL: [DefaultReason; 5] = [
+        DefaultReason::NoRoute,
+        DefaultReason::NoHealthyServer,
+        DefaultReason::BadRequest,
+        DefaultReason::TooLarge,
+        DefaultReason::Timeout,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            DefaultReason::NoRoute => "no_route",
+            DefaultReason::NoHealthyServer => "no_healthy_server",
+            DefaultReason::BadRequest => "bad_request",
+            DefaultReason::TooLarge => "too_large",
+            DefaultReason::Timeout => "timeout",
+        }
+    }
+}
+
+/// Kinds of accept errors with their own label value.
+pub const ACCEPT_ERRORS: [&str; 3] = ["EMFILE", "ENFILE", "other"];
+
+pub fn accept_error_index(e: &std::io::Error) -> usize {
+    match e.raw_os_error() {
+        Some(libc::EMFILE) => 0,
+        Some(libc::ENFILE) => 1,
+        _ => 2,
+    }
+}
+
+/// Requests of one route (or of "no route"), by method and status, and their durations.
+#[derive(Debug)]
+pub struct RouteMetrics {
+    requests: Box<[Counter]>,
+    pub duration: Histogram,
+}
+
+impl RouteMetrics {
+    fn new() -> RouteMetrics {
+        let requests = (0..METHODS.len() * STATUS_SLOTS)
+            .map(|_| Counter::default())
+            .collect();
+        RouteMetrics {
+            requests,
+            duration: Histogram::default(),
+        }
+    }
+
+    #[inline]
+    pub fn request(&self, method: usize, status: u16) -> &Counter {
+        &self.requests[method * STATUS_SLOTS + status_index(status)]
+    }
+
+    pub fn requests(&self, method: usize, slot: usize) -> u64 {
+        self.requests[method * STATUS_SLOTS + slot].get()
+    }
+}
+
+#[derive(Debug)]
+pub struct ListenerMetrics {
+    /// Index 0: requests no route matched; index i + 1: route i.
+    pub routes: Box<[RouteMetrics]>,
+    pub default_responses: [Counter; 5],
+    pub connections_active: Counter,
+    pub connections_total: Counter,
+    pub accept_errors: [Counter; 3],
+    pub bytes_in: Counter,
+    pub bytes_out: Counter,
+}
+
+impl ListenerMetrics {
+    #[inline]
+    pub fn route(&self, route: Option<usize>) -> &RouteMetrics {
+        &self.routes[route.map_or(0, |r| r + 1)]
+    }
+
+    #[inline]
+    pub fn default_response(&self, reason: DefaultReason) -> &Counter {
+        &self.default_responses[reason as usize]
+    }
+}
+
+/// One server of an upstream pool.
+#[derive(Debug)]
+pub struct ServerMetrics {
+    requests: Box<[Counter]>,
+    pub connect: Histogram,
+    pub response: Histogram,
+    pub pool_idle: Counter,
+}
+
+impl ServerMetrics {
+    #[inline]
+    pub fn request(&self, status: u16) -> &Counter {
+        &self.requests[status_index(status)]
+    }
+
+    pub fn requests(&self, slot: usize) -> u64 {
+        self.requests[slot].get()
+    }
+}
+
+#[derive(Debug)]
+pub struct UpstreamMetrics {
+    pub servers: Box<[ServerMetrics]>,
+    pub retries: Counter,
+}
+
+/// Everything one worker counts.
+#[derive(Debug)]
+pub struct WorkerMetrics {
+    pub listeners: Box<[ListenerMetrics]>,
+    pub upstreams: Box<[UpstreamMetrics]>,
+}
+
+impl WorkerMetrics {
+    /// Shaped after `config`: one slot per listener, route, upstream and server.
+    pub fn new(config: &Config) -> WorkerMetrics {
+        let listeners = config
+            .listeners
+            .iter()
+            .map(|l| ListenerMetrics {
+                routes: (0..=l.routes.len()).map(|_| RouteMetrics::new()).collect(),
+                default_responses: Default::default(),
+                connections_active: Counter::default(),
+                connections_total: Counter::default(),
+                accept_errors: Default::default(),
+                bytes_in: Counter::default(),
+                bytes_out: Counter::default(),
+            })
+            .collect();
+        let upstreams = config
+            .upstreams
+            .iter()
+            .map(|u| UpstreamMetrics {
+                servers: u
+                    .servers
+                    .iter()
+                    .map(|_| ServerMetrics {
+                        requests: (0..STATUS_SLOTS).map(|_| Counter::default()).collect(),
+                        connect: Histogram::default(),
+                        response: Histogram::default(),
+                        pool_idle: Counter::default(),
+                    })
+                    .collect(),
+                retries: Counter::default(),
+            })
+            .collect();
+        WorkerMetrics {
+            listeners,
+            upstreams,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn indices() {
+        assert_eq!(method_index(b"GET"), 0);
+        assert_eq!(method_index(b"PATCH"), 6);
+        assert_eq!(method_index(b"BREW"), METHODS.len() - 1);
+        assert_eq!(status_index(100), 0);
+        assert_eq!(status_index(599), 499);
+        assert_eq!(status_index(999), STATUS_SLOTS - 1);
+    }
+
+    #[test]
+    fn histogram_buckets() {
+        let h = Histogram::default();
+        h.observe(Duration::from_micros(300));
+        h.observe(Duration::from_millis(3));
+        h.observe(Duration::from_secs(60));
+        let (mut sum, mut count, mut buckets) = (0.0, 0, [0; LATENCY_BUCKETS.len()]);
+        h.merge_into(&mut sum, &mut count, &mut buckets);
+        assert_eq!(count, 3);
+        assert_eq!(buckets[0], 1);
+        assert_eq!(buckets[3], 1);
+        assert_eq!(buckets.iter().sum::<u64>(), 2);
+        assert!((sum - 60.0033).abs() < 1e-6);
+    }
+}
