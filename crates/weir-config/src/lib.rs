@@ -116,6 +116,7 @@ max_idle = 256
                 body: "no route\n".into(),
                 content_type: "text/plain".into(),
             },
+            access_log: None,
             routes,
         }
     }

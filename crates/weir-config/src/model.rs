@@ -67,7 +67,32 @@ pub struct Listener {
     /// Most header fields accepted in one request head; beyond it: 431.
     pub max_headers: usize,
     pub default_response: DefaultResponse,
+    /// `None` when access logging is off.
+    pub access_log: Option<AccessLog>,
     pub routes: Vec<Route>,
+}
+
+/// Where and how a listener logs each request (`[listeners.access_log]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AccessLog {
+    pub format: AccessLogFormat,
+    pub target: LogTarget,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AccessLogFormat {
+    /// Apache/nginx common log format.
+    Common,
+    /// Common plus referer and user agent.
+    Combined,
+    /// One JSON object per line.
+    Json,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LogTarget {
+    Stdout,
+    File(std::path::PathBuf),
 }
 
 /// The response sent when no route matches (seed 002's default backend).

@@ -53,7 +53,16 @@ pub(crate) struct RawListener {
     pub max_header_size: Option<StrOrInt>,
     pub max_headers: Option<i64>,
     pub default_response: Option<RawDefaultResponse>,
+    pub access_log: Option<RawAccessLog>,
     pub routes: Option<Vec<RawRoute>>,
+}
+
+/// `[listeners.access_log]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawAccessLog {
+    pub format: Option<String>,
+    pub path: Option<String>,
 }
 
 /// `default_response = { ... }` of a listener.

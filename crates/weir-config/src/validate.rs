@@ -11,12 +11,12 @@ use std::time::Duration;
 
 use crate::error::{FieldPath, Issue};
 use crate::model::{
-    AdminSettings, Config, DefaultResponse, HostPattern, Listener, Protocol, Route, ServerSettings,
-    Upstream, UpstreamServer, Workers,
+    AccessLog, AccessLogFormat, AdminSettings, Config, DefaultResponse, HostPattern, Listener,
+    LogTarget, Protocol, Route, ServerSettings, Upstream, UpstreamServer, Workers,
 };
 use crate::raw::{
-    RawAdmin, RawConfig, RawDefaultResponse, RawListener, RawRoute, RawServer, RawUpstream,
-    RawUpstreamServer, StrOrInt,
+    RawAccessLog, RawAdmin, RawConfig, RawDefaultResponse, RawListener, RawRoute, RawServer,
+    RawUpstream, RawUpstreamServer, StrOrInt,
 };
 use crate::units::{parse_duration, parse_size};
 
@@ -210,6 +210,7 @@ fn listener(raw: RawListener, path: &FieldPath, upstreams: &[String]) -> Result<
         max_header_size: max_header_size(raw.max_header_size, &key("max_header_size"))?,
         max_headers: int_in(raw.max_headers, 100, 1..=1000, &key("max_headers"))?,
         default_response: default_response(raw.default_response, &key("default_response"))?,
+        access_log: access_log(raw.access_log, &key("access_log"))?,
         routes: routes(raw.routes, &key("routes"), upstreams)?,
     })
 }
@@ -276,6 +277,35 @@ fn default_response(
         body: raw.body.unwrap_or_else(|| "no route\n".to_owned()),
         content_type,
     })
+}
+
+fn access_log(raw: Option<RawAccessLog>, path: &FieldPath) -> Result<Option<AccessLog>, Issue> {
+    let Some(raw) = raw else { return Ok(None) };
+    let format = match raw.format.as_deref() {
+        None | Some("combined") => AccessLogFormat::Combined,
+        Some("common") => AccessLogFormat::Common,
+        Some("json") => AccessLogFormat::Json,
+        Some("off") => return Ok(None),
+        Some(other) => {
+            return Err(Issue::new(
+                &path.key("format"),
+                format!("unknown access log format \"{other}\""),
+                r#"use format = "combined", "common", "json" or "off""#,
+            ))
+        }
+    };
+    let target = match raw.path.as_deref().map(str::trim) {
+        None | Some("stdout") => LogTarget::Stdout,
+        Some("") => {
+            return Err(Issue::new(
+                &path.key("path"),
+                "the access log path is empty",
+                r#"write a file path such as path = "/var/log/weir/access.log", or "stdout""#,
+            ))
+        }
+        Some(file) => LogTarget::File(file.into()),
+    };
+    Ok(Some(AccessLog { format, target }))
 }
 
 // ---------------------------------------------------------------- [[listeners.routes]]

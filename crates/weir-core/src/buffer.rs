@@ -9,6 +9,8 @@ pub struct Buffer {
     data: Box<[u8]>,
     start: usize,
     end: usize,
+    /// Bytes ever read into this buffer (for byte counters).
+    total_read: u64,
 }
 
 impl Buffer {
@@ -17,6 +19,7 @@ impl Buffer {
             data: vec![0; capacity].into_boxed_slice(),
             start: 0,
             end: 0,
+            total_read: 0,
         }
     }
 
@@ -39,6 +42,11 @@ impl Buffer {
     #[inline]
     pub fn len(&self) -> usize {
         self.end - self.start
+    }
+
+    /// Bytes read so far that have been consumed (read but no longer waiting in the buffer).
+    pub fn consumed_total(&self) -> u64 {
+        self.total_read - self.len() as u64
     }
 
     pub fn is_full(&self) -> bool {
@@ -73,6 +81,7 @@ impl Buffer {
         }
         let n = src.read(&mut self.data[self.end..]).await?;
         self.end += n;
+        self.total_read += n as u64;
         Ok(n)
     }
 }

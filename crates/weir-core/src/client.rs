@@ -12,6 +12,7 @@ use tokio::net::TcpStream;
 use tokio::time::{timeout, timeout_at, Instant};
 use weir_config::Listener;
 
+use crate::access_log::RequestFields;
 use crate::buffer::Buffer;
 use crate::codec::http1::write::push_simple_response;
 use crate::codec::http1::{parse_request, HeadLimits, RequestHead};
@@ -33,6 +34,14 @@ pub struct ClientConn {
     pub host: Vec<u8>,
     /// Requests read on this connection so far.
     pub served: u64,
+    /// Bytes written to the client so far.
+    pub sent: u64,
+    /// The current request's access-log fields (filled only when the listener logs).
+    pub log_fields: RequestFields,
+    /// The upstream and server the current request went to, if any.
+    pub upstream_pick: Option<(usize, usize)>,
+    /// Time from sending the current request upstream to its response head.
+    pub upstream_time: Option<std::time::Duration>,
 }
 
 /// What waiting for the next request produced.
@@ -52,6 +61,10 @@ impl ClientConn {
             ip: ClientIp::new(peer.ip()),
             host: Vec::new(),
             served: 0,
+            sent: 0,
+            log_fields: RequestFields::default(),
+            upstream_pick: None,
+            upstream_time: None,
         }
     }
 
@@ -101,9 +114,37 @@ impl ClientConn {
     /// Writes bytes to the client within `client_timeout`.
     pub async fn write_all(&mut self, bytes: &[u8], listener: &Listener) -> Result<(), ProxyError> {
         match with_timeout(listener.client_timeout, self.stream.write_all(bytes)).await {
-            Ok(Ok(())) => Ok(()),
+            Ok(Ok(())) => {
+                self.sent += bytes.len() as u64;
+                Ok(())
+            }
             Ok(Err(e)) => Err(ProxyError::client_io(e)),
             Err(_) => Err(ProxyError::ClientTimeout),
+        }
+    }
+
+    /// Copies what the access log needs from the request head before the head is consumed.
+    pub fn capture_log_fields(&mut self, head: &RequestHead) {
+        let buf = self.buf.filled();
+        let f = &mut self.log_fields;
+        f.method.clear();
+        f.method.extend_from_slice(&buf[head.method.clone()]);
+        f.target.clear();
+        if let Some(authority) = &head.target_authority {
+            f.target.extend_from_slice(b"http://");
+            f.target.extend_from_slice(&buf[authority.clone()]);
+        }
+        f.target.extend_from_slice(&buf[head.path.clone()]);
+        f.http10 = head.minor_version == 0;
+        f.referer.clear();
+        f.user_agent.clear();
+        for h in &head.headers {
+            let name = &buf[h.name.clone()];
+            if name.eq_ignore_ascii_case(b"referer") {
+                f.referer.extend_from_slice(&buf[h.value.clone()]);
+            } else if name.eq_ignore_ascii_case(b"user-agent") {
+                f.user_agent.extend_from_slice(&buf[h.value.clone()]);
+            }
         }
     }
 

@@ -18,6 +18,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod access_log;
 pub mod buffer;
 pub mod client;
 pub mod codec;

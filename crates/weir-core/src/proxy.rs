@@ -15,6 +15,7 @@ use std::time::Instant;
 use tokio::net::TcpStream;
 use weir_config::Listener;
 
+use crate::access_log::{Outcome, RequestFields};
 use crate::client::{ClientConn, NextRequest};
 use crate::codec::http1::{BodyFraming, RequestHead, ResponseHead};
 use crate::error::ProxyError;
@@ -40,11 +41,20 @@ pub async fn serve_client(
     loop {
         let snapshot = worker.snapshot();
         let listener = &snapshot.config.listeners[listener_index];
-        let (handled, started, method) = match conn.next_request(listener, &mut req, &worker).await
-        {
+        let counters = Counters {
+            bytes_in: conn.buf.consumed_total(),
+            bytes_out: conn.sent,
+        };
+        conn.upstream_pick = None;
+        conn.upstream_time = None;
+        let next = conn.next_request(listener, &mut req, &worker).await;
+        let started = Instant::now();
+        let (handled, method) = match next {
             Ok(NextRequest::Ready) => {
                 conn.served += 1;
-                let started = Instant::now();
+                if worker.logs[listener_index].is_some() {
+                    conn.capture_log_fields(&req);
+                }
                 let method = method_index(&conn.buf.filled()[req.method.clone()]);
                 let handled = handle(
                     &worker,
@@ -55,33 +65,38 @@ pub async fn serve_client(
                     &mut resp,
                 )
                 .await;
-                (handled, started, method)
+                (handled, method)
             }
             Ok(NextRequest::Close) => return,
-            Err(error) => (
-                Handled {
+            Err(error) => {
+                conn.log_fields = RequestFields::default();
+                let handled = Handled {
                     route: None,
                     result: Err(error.into()),
-                },
-                Instant::now(),
-                METHODS.len() - 1,
-            ),
+                };
+                (handled, METHODS.len() - 1)
+            }
         };
         let status = match &handled.result {
             Ok(_) => handled_status(&handled, listener, &resp),
-            Err(failure) => failure.error.status().unwrap_or(499),
-        };
-        record(&worker, listener_index, &handled, method, status, started);
-        match handled.result {
-            Ok(true) => continue,
-            Ok(false) => return,
             Err(failure) => {
                 log_failure(&failure.error, listener, &conn);
                 if !failure.responded {
                     conn.answer_error(failure.error, listener).await;
                 }
-                return;
+                failure.error.status().unwrap_or(499)
             }
+        };
+        let done = Done {
+            listener: listener_index,
+            method,
+            status,
+            started,
+            counters,
+        };
+        record(&worker, &snapshot, &conn, &handled, &done);
+        if handled.result != Ok(true) {
+            return;
         }
     }
 }
@@ -174,19 +189,32 @@ fn handled_status(handled: &Handled, listener: &Listener, resp: &ResponseHead) -
     }
 }
 
-/// Counts one request in this worker's metric shard.
-fn record(
-    worker: &Worker,
+/// Byte counters of the client connection when a request started.
+struct Counters {
+    bytes_in: u64,
+    bytes_out: u64,
+}
+
+/// What is known about a request once it is finished.
+struct Done {
     listener: usize,
-    handled: &Handled,
     method: usize,
     status: u16,
     started: Instant,
-) {
-    let m = &worker.metrics.listeners[listener];
+    counters: Counters,
+}
+
+/// Counts one request in this worker's metric shard and writes its access-log line.
+fn record(worker: &Worker, snapshot: &Snapshot, conn: &ClientConn, handled: &Handled, done: &Done) {
+    let m = &worker.metrics.listeners[done.listener];
     let route = m.route(handled.route);
-    route.request(method, status).inc();
-    route.duration.observe(started.elapsed());
+    let duration = done.started.elapsed();
+    route.request(done.method, done.status).inc();
+    route.duration.observe(duration);
+    let bytes_in = conn.buf.consumed_total() - done.counters.bytes_in;
+    let bytes_out = conn.sent - done.counters.bytes_out;
+    m.bytes_in.add(bytes_in);
+    m.bytes_out.add(bytes_out);
     let reason = match &handled.result {
         Ok(_) if handled.route.is_none() => Some(DefaultReason::NoRoute),
         Ok(_) => None,
@@ -194,6 +222,27 @@ fn record(
     };
     if let Some(reason) = reason {
         m.default_response(reason).inc();
+    }
+    if let Some(log) = &worker.logs[done.listener] {
+        let config = &snapshot.config;
+        let route_name = handled.route.map_or("default", |r| {
+            config.listeners[done.listener].routes[r].name.as_str()
+        });
+        let upstream = conn
+            .upstream_pick
+            .and_then(|(u, s)| config.upstreams.get(u)?.servers.get(s))
+            .map(|s| s.name.as_str());
+        let outcome = Outcome {
+            client: conn.ip.as_bytes(),
+            status: done.status,
+            bytes_in,
+            bytes_out,
+            duration,
+            route: route_name,
+            upstream,
+            upstream_time: conn.upstream_time,
+        };
+        log.log(&conn.log_fields, &outcome);
     }
 }
 

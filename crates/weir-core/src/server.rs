@@ -13,6 +13,7 @@ use tokio::sync::watch;
 use tokio::time::{timeout_at, Instant};
 use weir_config::Config;
 
+use crate::access_log::{ListenerSinks, LogBuffer, WriterThread, FLUSH_INTERVAL};
 use crate::listener::{accept_loop, bind_reuseport};
 use crate::metrics::{Metrics, WorkerMetrics};
 use crate::snapshot::Snapshot;
@@ -28,6 +29,8 @@ pub enum StartError {
     },
     #[error("cannot start worker thread: {0}")]
     Thread(std::io::Error),
+    #[error("cannot open access log: {0}")]
+    AccessLog(std::io::Error),
 }
 
 /// A running data plane. Dropping it without `shutdown` leaves the workers running until
@@ -38,6 +41,7 @@ pub struct Proxy {
     bound: Vec<(String, SocketAddr)>,
     shared: Arc<Shared>,
     metrics: Arc<Metrics>,
+    log_writers: Vec<WriterThread>,
 }
 
 impl Proxy {
@@ -57,15 +61,26 @@ impl Proxy {
             shutdown: rx,
         });
         let metrics = Arc::new(Metrics::default());
+        let (log_sinks, log_writers) = crate::access_log::start_all(
+            &shared.snapshot.load().config,
+            &metrics.access_log_dropped,
+        )
+        .map_err(StartError::AccessLog)?;
         let mut threads = Vec::with_capacity(workers);
         for (index, sockets) in sockets.into_iter().enumerate() {
             let shard = Arc::new(WorkerMetrics::new(&shared.snapshot.load().config));
             metrics.add_shard(shard.clone());
             let shared = shared.clone();
-            let limits = limits.clone();
+            let setup = WorkerSetup {
+                shared,
+                metrics: shard,
+                sockets,
+                limits: limits.clone(),
+                logs: log_sinks.clone(),
+            };
             let thread = std::thread::Builder::new()
                 .name(format!("weir-worker-{index}"))
-                .spawn(move || run_worker(shared, shard, sockets, limits))
+                .spawn(move || run_worker(setup))
                 .map_err(StartError::Thread)?;
             threads.push(thread);
         }
@@ -75,6 +90,7 @@ impl Proxy {
             bound,
             shared,
             metrics,
+            log_writers,
         })
     }
 
@@ -108,6 +124,10 @@ impl Proxy {
         for thread in self.threads {
             let _ = thread.join();
         }
+        // The workers (and with them the log sinks) are gone: writers drain and end.
+        for writer in self.log_writers {
+            writer.join();
+        }
     }
 }
 
@@ -137,12 +157,23 @@ fn bind_all(
     Ok((sockets, bound))
 }
 
-fn run_worker(
+/// What a worker thread starts with.
+struct WorkerSetup {
     shared: Arc<Shared>,
     metrics: Arc<WorkerMetrics>,
     sockets: Vec<std::net::TcpListener>,
     limits: Vec<usize>,
-) {
+    logs: ListenerSinks,
+}
+
+fn run_worker(setup: WorkerSetup) {
+    let WorkerSetup {
+        shared,
+        metrics,
+        sockets,
+        limits,
+        logs,
+    } = setup;
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -155,7 +186,12 @@ fn run_worker(
     };
     let local = tokio::task::LocalSet::new();
     local.block_on(&runtime, async move {
-        let worker = Rc::new(Worker::new(shared.clone(), metrics));
+        let logs = logs
+            .into_iter()
+            .map(|l| l.map(|(format, sink)| LogBuffer::new(format, sink)))
+            .collect();
+        let worker = Rc::new(Worker::new(shared.clone(), metrics, logs));
+        tokio::task::spawn_local(flush_logs_periodically(worker.clone()));
         for (index, (socket, limit)) in sockets.into_iter().zip(limits).enumerate() {
             match TcpListener::from_std(socket) {
                 Ok(listener) => {
@@ -171,6 +207,7 @@ fn run_worker(
             }
         }
         drain(&worker).await;
+        worker.flush_logs();
     });
 }
 
@@ -189,5 +226,17 @@ async fn drain(worker: &Worker) {
             tracing::warn!(open, "drain_timeout reached; closing remaining connections");
             return;
         }
+    }
+}
+
+/// Bounds how long an access-log line waits in a quiet worker's buffer.
+async fn flush_logs_periodically(worker: Rc<Worker>) {
+    if worker.logs.iter().all(Option::is_none) {
+        return;
+    }
+    let mut tick = tokio::time::interval(FLUSH_INTERVAL);
+    loop {
+        tick.tick().await;
+        worker.flush_logs();
     }
 }

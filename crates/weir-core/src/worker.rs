@@ -12,6 +12,7 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use tokio::sync::{watch, Notify};
 
+use crate::access_log::LogBuffer;
 use crate::buffer::Buffer;
 use crate::connector::IdlePool;
 use crate::metrics::WorkerMetrics;
@@ -54,10 +55,16 @@ pub struct Worker {
     pub connection_closed: Notify,
     /// This worker's metric shard (it is the only writer).
     pub metrics: Arc<WorkerMetrics>,
+    /// Access-log buffers, per listener (`None`: logging off).
+    pub logs: Vec<Option<LogBuffer>>,
 }
 
 impl Worker {
-    pub fn new(shared: Arc<Shared>, metrics: Arc<WorkerMetrics>) -> Worker {
+    pub fn new(
+        shared: Arc<Shared>,
+        metrics: Arc<WorkerMetrics>,
+        logs: Vec<Option<LogBuffer>>,
+    ) -> Worker {
         let generation = shared.generation.load(Ordering::Acquire);
         let snapshot = Rc::new(shared.snapshot.load_full());
         let listeners = snapshot.listeners.len();
@@ -72,6 +79,7 @@ impl Worker {
             connections: RefCell::new(vec![0; listeners]),
             connection_closed: Notify::new(),
             metrics,
+            logs,
         }
     }
 
@@ -128,6 +136,11 @@ impl Worker {
             return;
         }
         notified.await;
+    }
+
+    /// Hands every buffered access-log line to its writer.
+    pub fn flush_logs(&self) {
+        self.logs.iter().flatten().for_each(LogBuffer::flush);
     }
 
     pub fn open_connections(&self) -> usize {

@@ -79,6 +79,7 @@ impl Running {
     }
 }
 
+/// Waits for SIGTERM or SIGINT; SIGUSR1 on the way reopens the access logs (logrotate).
 fn wait_for_signal() -> anyhow::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -87,10 +88,16 @@ fn wait_for_signal() -> anyhow::Result<()> {
     runtime.block_on(async {
         let mut term = signal(SignalKind::terminate())?;
         let mut int = signal(SignalKind::interrupt())?;
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = int.recv() => {}
+        let mut usr1 = signal(SignalKind::user_defined1())?;
+        loop {
+            tokio::select! {
+                _ = term.recv() => return Ok(()),
+                _ = int.recv() => return Ok(()),
+                _ = usr1.recv() => {
+                    tracing::info!("SIGUSR1: reopening access logs");
+                    weir_core::access_log::reopen();
+                }
+            }
         }
-        Ok(())
     })
 }

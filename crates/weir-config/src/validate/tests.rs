@@ -499,3 +499,27 @@ fn upstream_settings() {
     let unused = with_upstream(servers);
     assert_eq!(parse_str(&unused, "f").map(|c| c.upstreams.len()), Ok(1));
 }
+
+#[test]
+fn access_log_defaults_to_combined_on_stdout() {
+    let config = crate::parse_str(
+        "[[listeners]]\nname = \"a\"\nbind = \"127.0.0.1:0\"\n[listeners.access_log]\n",
+        "weir.toml",
+    )
+    .unwrap();
+    let log = config.listeners[0].access_log.clone().unwrap();
+    assert_eq!(log.format, crate::AccessLogFormat::Combined);
+    assert_eq!(log.target, crate::LogTarget::Stdout);
+}
+
+#[test]
+fn access_log_rejects_unknown_format() {
+    let err = crate::parse_str(
+        "[[listeners]]\nname = \"a\"\nbind = \"127.0.0.1:0\"\n[listeners.access_log]\nformat = \"xml\"\n",
+        "weir.toml",
+    )
+    .unwrap_err();
+    assert_eq!(err.field, "listeners[0].access_log.format");
+    assert_eq!(err.line, 5);
+    assert!(err.fix.contains("json"));
+}

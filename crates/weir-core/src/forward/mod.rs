@@ -31,7 +31,7 @@ use crate::error::ProxyError;
 
 /// A failed exchange: what went wrong and whether the client already got response bytes
 /// (then the only thing left to do is close).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Failure {
     pub error: ProxyError,
     pub responded: bool,

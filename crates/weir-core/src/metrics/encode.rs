@@ -70,12 +70,7 @@ impl Collector for Scrape {
     }
 }
 
-fn counter(
-    enc: &mut DescriptorEncoder,
-    name: &str,
-    help: &str,
-    rows: &[(Labels, u64)],
-) -> Result {
+fn counter(enc: &mut DescriptorEncoder, name: &str, help: &str, rows: &[(Labels, u64)]) -> Result {
     let mut m = enc.encode_descriptor(name, help, None, MetricType::Counter)?;
     for (labels, v) in rows {
         ConstCounter::new(*v).encode(m.encode_family(labels)?)?;
@@ -83,12 +78,7 @@ fn counter(
     Ok(())
 }
 
-fn gauge(
-    enc: &mut DescriptorEncoder,
-    name: &str,
-    help: &str,
-    rows: &[(Labels, i64)],
-) -> Result {
+fn gauge(enc: &mut DescriptorEncoder, name: &str, help: &str, rows: &[(Labels, i64)]) -> Result {
     let mut m = enc.encode_descriptor(name, help, None, MetricType::Gauge)?;
     for (labels, v) in rows {
         ConstGauge::new(*v).encode(m.encode_family(labels)?)?;

@@ -20,7 +20,7 @@ pub use shard::{DefaultReason, WorkerMetrics};
 pub struct Metrics {
     shards: Mutex<Vec<Arc<WorkerMetrics>>>,
     /// Access-log lines dropped because the writer fell behind.
-    pub access_log_dropped: AtomicU64,
+    pub access_log_dropped: Arc<AtomicU64>,
     /// Per upstream, per server: up (true) or down, as health checking last decided.
     pub server_up: Mutex<Vec<Vec<Arc<AtomicBool>>>>,
 }

@@ -1,0 +1,229 @@
+//! Formatting one access-log line (common, combined, JSON) into a worker's buffer.
+
+use std::time::Duration;
+
+use weir_config::AccessLogFormat;
+
+use super::time::TimeCache;
+use crate::codec::http1::write::push_decimal;
+
+/// What the request contributed, copied before its head buffer is reused.
+#[derive(Debug, Default)]
+pub struct RequestFields {
+    pub method: Vec<u8>,
+    pub target: Vec<u8>,
+    pub http10: bool,
+    pub referer: Vec<u8>,
+    pub user_agent: Vec<u8>,
+}
+
+/// Everything known once the response is done.
+pub struct Outcome<'a> {
+    pub client: &'a [u8],
+    pub status: u16,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+    pub duration: Duration,
+    pub route: &'a str,
+    pub upstream: Option<&'a str>,
+    pub upstream_time: Option<Duration>,
+}
+
+pub fn push_line(
+    out: &mut Vec<u8>,
+    format: AccessLogFormat,
+    req: &RequestFields,
+    o: &Outcome<'_>,
+    time: &mut TimeCache,
+) {
+    match format {
+        AccessLogFormat::Json => push_json(out, req, o, time),
+        AccessLogFormat::Common | AccessLogFormat::Combined => {
+            push_common(out, req, o, time);
+            if format == AccessLogFormat::Combined {
+                out.extend_from_slice(b" \"");
+                push_escaped(out, or_dash(&req.referer), false);
+                out.extend_from_slice(b"\" \"");
+                push_escaped(out, or_dash(&req.user_agent), false);
+                out.push(b'"');
+            }
+        }
+    }
+    out.push(b'\n');
+}
+
+fn or_dash(v: &[u8]) -> &[u8] {
+    if v.is_empty() {
+        b"-"
+    } else {
+        v
+    }
+}
+
+fn protocol(req: &RequestFields) -> &'static [u8] {
+    if req.http10 {
+        b"HTTP/1.0"
+    } else {
+        b"HTTP/1.1"
+    }
+}
+
+fn push_common(out: &mut Vec<u8>, req: &RequestFields, o: &Outcome<'_>, time: &mut TimeCache) {
+    out.extend_from_slice(o.client);
+    out.extend_from_slice(b" - - [");
+    out.extend_from_slice(time.now().0.as_bytes());
+    out.extend_from_slice(b"] \"");
+    push_escaped(out, &req.method, false);
+    out.push(b' ');
+    push_escaped(out, &req.target, false);
+    out.push(b' ');
+    out.extend_from_slice(protocol(req));
+    out.extend_from_slice(b"\" ");
+    push_decimal(out, u64::from(o.status));
+    out.push(b' ');
+    push_decimal(out, o.bytes_out);
+}
+
+fn push_json(out: &mut Vec<u8>, req: &RequestFields, o: &Outcome<'_>, time: &mut TimeCache) {
+    let (_, iso, millis) = time.now();
+    out.extend_from_slice(b"{\"time\":\"");
+    out.extend_from_slice(iso.as_bytes());
+    out.extend_from_slice(format!(".{millis:03}Z\"").as_bytes());
+    json_str(out, b"client", o.client);
+    json_str(out, b"method", &req.method);
+    json_str(out, b"target", &req.target);
+    json_str(out, b"protocol", protocol(req));
+    json_num(out, b"status", u64::from(o.status));
+    json_num(out, b"bytes_in", o.bytes_in);
+    json_num(out, b"bytes_out", o.bytes_out);
+    out.extend_from_slice(format!(",\"duration\":{:.6}", o.duration.as_secs_f64()).as_bytes());
+    json_str(out, b"route", o.route.as_bytes());
+    match o.upstream {
+        Some(u) => json_str(out, b"upstream", u.as_bytes()),
+        None => out.extend_from_slice(b",\"upstream\":null"),
+    }
+    match o.upstream_time {
+        Some(t) => {
+            out.extend_from_slice(format!(",\"upstream_time\":{:.6}", t.as_secs_f64()).as_bytes())
+        }
+        None => out.extend_from_slice(b",\"upstream_time\":null"),
+    }
+    json_str(out, b"referer", &req.referer);
+    json_str(out, b"user_agent", &req.user_agent);
+    out.push(b'}');
+}
+
+fn json_str(out: &mut Vec<u8>, key: &[u8], value: &[u8]) {
+    out.extend_from_slice(b",\"");
+    out.extend_from_slice(key);
+    out.extend_from_slice(b"\":\"");
+    push_escaped(out, value, true);
+    out.push(b'"');
+}
+
+fn json_num(out: &mut Vec<u8>, key: &[u8], value: u64) {
+    out.extend_from_slice(b",\"");
+    out.extend_from_slice(key);
+    out.extend_from_slice(b"\":");
+    push_decimal(out, value);
+}
+
+/// Escapes quotes, backslashes and non-printable bytes: `\u00XX` in JSON, `\xXX` otherwise
+/// (as nginx does), so a request can never forge a log line.
+fn push_escaped(out: &mut Vec<u8>, value: &[u8], json: bool) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    for &b in value {
+        match b {
+            b'"' | b'\\' => out.extend_from_slice(&[b'\\', b]),
+            0x20..=0x7e => out.push(b),
+            _ if json => out.extend_from_slice(&[
+                b'\\',
+                b'u',
+                b'0',
+                b'0',
+                HEX[usize::from(b >> 4)],
+                HEX[usize::from(b & 15)],
+            ]),
+            _ => out.extend_from_slice(&[
+                b'\\',
+                b'x',
+                HEX[usize::from(b >> 4)],
+                HEX[usize::from(b & 15)],
+            ]),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> (RequestFields, Outcome<'static>) {
+        let req = RequestFields {
+            method: b"GET".to_vec(),
+            target: b"/a?\"x\"".to_vec(),
+            http10: false,
+            referer: Vec::new(),
+            user_agent: b"curl/8\n".to_vec(),
+        };
+        let o = Outcome {
+            client: b"127.0.0.1",
+            status: 200,
+            bytes_in: 80,
+            bytes_out: 615,
+            duration: Duration::from_micros(1500),
+            route: "all",
+            upstream: Some("127.0.0.1:9000"),
+            upstream_time: Some(Duration::from_micros(1000)),
+        };
+        (req, o)
+    }
+
+    #[test]
+    fn combined_line() {
+        let (req, o) = sample();
+        let mut out = Vec::new();
+        push_line(
+            &mut out,
+            AccessLogFormat::Combined,
+            &req,
+            &o,
+            &mut TimeCache::default(),
+        );
+        let line = String::from_utf8(out).unwrap();
+        assert!(line.starts_with("127.0.0.1 - - ["), "{line}");
+        assert!(
+            line.ends_with("] \"GET /a?\\\"x\\\" HTTP/1.1\" 200 615 \"-\" \"curl/8\\x0a\"\n"),
+            "{line}"
+        );
+    }
+
+    #[test]
+    fn json_line_is_one_line_with_all_fields() {
+        let (req, o) = sample();
+        let mut out = Vec::new();
+        push_line(
+            &mut out,
+            AccessLogFormat::Json,
+            &req,
+            &o,
+            &mut TimeCache::default(),
+        );
+        let line = String::from_utf8(out).unwrap();
+        assert_eq!(line.matches('\n').count(), 1);
+        assert!(
+            line.starts_with("{\"time\":\"") && line.contains("Z\",\"client\""),
+            "{line}"
+        );
+        for field in [
+            "\"status\":200",
+            "\"bytes_out\":615",
+            "\"route\":\"all\"",
+            "\"upstream\":\"127.0.0.1:9000\"",
+            "\"duration\":0.001500",
+            "\"user_agent\":\"curl/8\\u000a\"",
+        ] {
+            assert!(line.contains(field), "{field} in {line}");
+        }
+    }
+}
