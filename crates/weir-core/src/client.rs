@@ -134,7 +134,7 @@ impl ClientConn {
             f.target.extend_from_slice(b"http://");
             f.target.extend_from_slice(&buf[authority.clone()]);
         }
-        f.target.extend_from_slice(&buf[head.path.clone()]);
+        f.target.extend_from_slice(head.path(buf));
         f.http10 = head.minor_version == 0;
         f.referer.clear();
         f.user_agent.clear();

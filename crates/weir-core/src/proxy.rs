@@ -128,9 +128,7 @@ async fn handle(
     }
     let keep_alive = wants_keep_alive(req, listener, conn.served, worker.is_draining());
     let buf = conn.buf.filled();
-    let route = plan
-        .router
-        .route(req.host_name(buf), &buf[req.path.clone()]);
+    let route = plan.router.route(req.host_name(buf), req.path(buf));
     let Some(index) = route else {
         let result = default_response(listener, plan, conn, req, keep_alive).await;
         return Handled { route, result };

@@ -18,7 +18,7 @@ pub fn write_request_head(
     client: &ClientIp,
 ) {
     let (prefix, rest) = upstream_path(
-        &buf[req.path.clone()],
+        req.path(buf),
         &route.path_prefix,
         route.rewrite_prefix.as_deref(),
     );

@@ -92,10 +92,15 @@ pub struct ConnectionOptions {
     pub upgrade: bool,
 }
 
-/// Offset of `part` inside `buf`; `part` must be a sub-slice of `buf` (httparse guarantees it).
+/// Offset of `part` inside `buf`. httparse returns sub-slices of the buffer, except for
+/// empty values, which may be a static `""` elsewhere: those become an empty range, and so
+/// does anything else that is not inside `buf`.
 pub(crate) fn offset_in(buf: &[u8], part: &[u8]) -> Range<usize> {
     let start = (part.as_ptr() as usize).wrapping_sub(buf.as_ptr() as usize);
-    start..start + part.len()
+    match start.checked_add(part.len()) {
+        Some(end) if !part.is_empty() && end <= buf.len() => start..end,
+        _ => 0..0,
+    }
 }
 
 /// Iterates the comma-separated, trimmed, non-empty tokens of a header value.
@@ -117,11 +122,11 @@ pub fn trim(mut s: &[u8]) -> &[u8] {
     s
 }
 
-/// Reads the `Connection` tokens of all headers and marks the headers they name.
+/// Reads the `Connection` tokens of all headers and marks the headers they name
+/// (any number of them: a header hidden behind many tokens must still be removed).
 pub(crate) fn apply_connection_tokens(buf: &[u8], headers: &mut [HeaderSpan]) -> ConnectionOptions {
     let mut opts = ConnectionOptions::default();
-    let mut listed: [Option<Range<usize>>; 8] = Default::default();
-    let mut n = 0;
+    let mut names_headers = false;
     for h in headers.iter().filter(|h| h.kind == HeaderKind::Connection) {
         for token in tokens(&buf[h.value.clone()]) {
             if token.eq_ignore_ascii_case(b"close") {
@@ -130,20 +135,31 @@ pub(crate) fn apply_connection_tokens(buf: &[u8], headers: &mut [HeaderSpan]) ->
                 opts.keep_alive = true;
             } else if token.eq_ignore_ascii_case(b"upgrade") {
                 opts.upgrade = true;
-            } else if n < listed.len() {
-                listed[n] = Some(offset_in(buf, token));
-                n += 1;
+            } else {
+                names_headers = true;
             }
         }
     }
-    for h in headers.iter_mut().filter(|h| h.kind == HeaderKind::Other) {
-        let name = &buf[h.name.clone()];
-        h.connection_listed = listed[..n]
-            .iter()
-            .flatten()
-            .any(|r| buf[r.clone()].eq_ignore_ascii_case(name));
+    if names_headers {
+        mark_connection_listed(buf, headers);
     }
     opts
+}
+
+/// Marks every end-to-end header whose name a `Connection` header lists. Rare, so the
+/// nested scan (no allocation) is fine.
+fn mark_connection_listed(buf: &[u8], headers: &mut [HeaderSpan]) {
+    for i in 0..headers.len() {
+        if headers[i].kind != HeaderKind::Other {
+            continue;
+        }
+        let name = &buf[headers[i].name.clone()];
+        let listed = headers
+            .iter()
+            .filter(|h| h.kind == HeaderKind::Connection)
+            .any(|h| tokens(&buf[h.value.clone()]).any(|t| t.eq_ignore_ascii_case(name)));
+        headers[i].connection_listed = listed;
+    }
 }
 
 /// Parses a Content-Length value strictly: ASCII digits only, no sign, no list, no overflow.

@@ -79,7 +79,7 @@ pub fn parse_request(
     let status = match req.parse_with_uninit_headers(buf, slots) {
         Ok(s) => s,
         Err(httparse::Error::TooManyHeaders) => return Err(ProxyError::HeadTooLarge),
-        Err(httparse::Error::Version) => return Err(ProxyError::VersionNotSupported),
+        Err(httparse::Error::Version) => return Err(version_error(buf)),
         Err(e) => return Err(ProxyError::BadRequest(parse_error_reason(e))),
     };
     let head_len = match status {
@@ -92,6 +92,32 @@ pub fn parse_request(
     };
     fill_head(buf, &req, head_len, head)?;
     Ok(true)
+}
+
+/// httparse reports any bad third token as a version error: only a well-formed
+/// `HTTP/d.d` that is not 1.0 / 1.1 is "version not supported"; the rest (a space inside the
+/// target, garbage) is a bad request.
+fn version_error(buf: &[u8]) -> ProxyError {
+    let line_end = buf.iter().position(|b| *b == b'\n');
+    let line = &buf[..line_end.unwrap_or(buf.len())];
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    let mut parts = line.split(|b| *b == b' ');
+    match (parts.next(), parts.next(), parts.next(), parts.next()) {
+        (Some(_), Some(_), Some(v), None) if looks_like_version(v, line_end.is_none()) => {
+            ProxyError::VersionNotSupported
+        }
+        _ => ProxyError::BadRequest("malformed request line"),
+    }
+}
+
+/// `HTTP/d.d`; while the line is still arriving, a prefix of that shape also counts.
+fn looks_like_version(v: &[u8], partial: bool) -> bool {
+    const SHAPE: &[u8] = b"HTTP/0.0";
+    let fits = |(i, b): (usize, &u8)| match SHAPE[i] {
+        b'0' => b.is_ascii_digit(),
+        c => c == *b,
+    };
+    v.len() <= SHAPE.len() && (partial || v.len() == SHAPE.len()) && v.iter().enumerate().all(fits)
 }
 
 fn parse_error_reason(e: httparse::Error) -> &'static str {
@@ -265,6 +291,15 @@ fn validate_host(host: &[u8]) -> Result<(), ProxyError> {
 }
 
 impl RequestHead {
+    /// The origin-form path; an absolute-form target with no path means `/` (RFC 9112 3.2.2).
+    pub fn path<'a>(&self, buf: &'a [u8]) -> &'a [u8] {
+        if self.path.is_empty() {
+            b"/"
+        } else {
+            &buf[self.path.clone()]
+        }
+    }
+
     /// The host name without port, for routing (not lower-cased).
     pub fn host_name<'a>(&self, buf: &'a [u8]) -> &'a [u8] {
         let Some(range) = &self.host else { return b"" };
