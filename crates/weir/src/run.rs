@@ -36,6 +36,7 @@ pub fn run_file(path: &Path) -> anyhow::Result<()> {
 pub struct Running {
     pub proxy: Proxy,
     pub admin: Option<Admin>,
+    state: Arc<AdminState>,
 }
 
 impl Running {
@@ -63,13 +64,19 @@ impl Running {
                 tracing::info!(listener = %l.name, %addr, workers, "listening");
             }
         }
-        Ok(Running { proxy, admin })
+        Ok(Running {
+            proxy,
+            admin,
+            state,
+        })
     }
 
     /// Blocks until SIGTERM or SIGINT, then drains and stops.
     pub fn wait_for_signal_and_stop(self) -> anyhow::Result<()> {
         wait_for_signal()?;
         tracing::info!("signal received: draining");
+        // Tell load balancers polling /ready to stop sending new work while we drain.
+        self.state.ready.store(false, Ordering::Release);
         self.proxy.shutdown();
         if let Some(admin) = self.admin {
             admin.stop();
