@@ -57,7 +57,11 @@ async fn host_patterns_exact_suffix_and_any() {
     let weir = Conf::new()
         .route("any", "any", &[r#"hosts = ["*"]"#])
         .route("suffix", "suffix", &[r#"hosts = ["*.example.com"]"#])
-        .route("exact", "exact", &[r#"hosts = ["a.example.com", "other.test"]"#])
+        .route(
+            "exact",
+            "exact",
+            &[r#"hosts = ["a.example.com", "other.test"]"#],
+        )
         .upstream("any", &[any.addr()], &[])
         .upstream("suffix", &[suffix.addr()], &[])
         .upstream("exact", &[exact.addr()], &[])
@@ -118,7 +122,11 @@ async fn unmatched_request_gets_the_default_response_and_keeps_the_connection() 
     let b = Backend::echo("only");
     let weir = Conf::new()
         .listener(r#"default_response = { status = 404, body = "nothing here\n" }"#)
-        .route("only", "up", &[r#"hosts = ["only.test"]"#, r#"path_prefix = "/app/""#])
+        .route(
+            "only",
+            "up",
+            &[r#"hosts = ["only.test"]"#, r#"path_prefix = "/app/""#],
+        )
         .upstream("up", &[b.addr()], &[])
         .start();
     let mut c = weir.client().await;
@@ -134,7 +142,11 @@ async fn unmatched_request_gets_the_default_response_and_keeps_the_connection() 
     let r = c.get("/app/x", "only.test").await.unwrap();
     assert_eq!(r.status, 200);
     assert_eq!(r.header("x-backend"), Some("only"));
-    assert_eq!(b.requests_served(), 1, "unrouted requests never reach a backend");
+    assert_eq!(
+        b.requests_served(),
+        1,
+        "unrouted requests never reach a backend"
+    );
 }
 
 #[tokio::test]
@@ -163,7 +175,12 @@ async fn default_response_to_a_post_with_a_body_keeps_the_connection_usable() {
     let mut c = weir.client().await;
     // Content-Length body: the body bytes must not be read as the next request.
     let r = c
-        .request("POST", "/nowhere", &[], b"GET /app/smuggled HTTP/1.1\r\n\r\n")
+        .request(
+            "POST",
+            "/nowhere",
+            &[],
+            b"GET /app/smuggled HTTP/1.1\r\n\r\n",
+        )
         .await
         .unwrap();
     assert_eq!(r.status, 404);
@@ -208,7 +225,10 @@ async fn cgi_prefix_is_rewritten_for_the_backend() {
     let mut c = weir.client().await;
     for (public, upstream) in [
         ("/cgi/cgi-bin/second.pl", "/cgi-bin/second.pl"),
-        ("/cgi/cgi-bin/first.pl?a=1&b=%20", "/cgi-bin/first.pl?a=1&b=%20"),
+        (
+            "/cgi/cgi-bin/first.pl?a=1&b=%20",
+            "/cgi-bin/first.pl?a=1&b=%20",
+        ),
         ("/cgi/", "/"),
     ] {
         let r = c.get(public, "www.test:8080").await.unwrap();
@@ -231,7 +251,10 @@ async fn rewrite_to_a_deeper_prefix() {
         .route(
             "api",
             "api",
-            &[r#"path_prefix = "/api/""#, r#"rewrite_prefix = "/backend/v1/""#],
+            &[
+                r#"path_prefix = "/api/""#,
+                r#"rewrite_prefix = "/backend/v1/""#,
+            ],
         )
         .upstream("api", &[b.addr()], &[])
         .start();
@@ -330,7 +353,10 @@ async fn location_headers_are_mapped_back_to_the_public_prefix() {
         .start();
     let mut c = weir.client().await;
 
-    let r = c.get("/cgi/cgi-bin/first.pl", "www.test:8080").await.unwrap();
+    let r = c
+        .get("/cgi/cgi-bin/first.pl", "www.test:8080")
+        .await
+        .unwrap();
     assert_eq!(r.status, 302);
     assert_eq!(
         r.header("location"),

@@ -39,7 +39,8 @@ impl Conf {
 
     /// Adds a route; `keys` are extra TOML lines (`path_prefix = "/api/"`, ...).
     pub fn route(mut self, name: &str, upstream: &str, keys: &[&str]) -> Conf {
-        let mut text = format!("[[listeners.routes]]\nname = \"{name}\"\nupstream = \"{upstream}\"\n");
+        let mut text =
+            format!("[[listeners.routes]]\nname = \"{name}\"\nupstream = \"{upstream}\"\n");
         for k in keys {
             text.push_str(k);
             text.push('\n');
@@ -163,10 +164,21 @@ pub fn split_head(raw: &[u8]) -> (String, Vec<u8>) {
     )
 }
 
-/// A port on 127.0.0.1 with nothing listening: bound, then released.
-pub fn dead_port() -> SocketAddr {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    let addr = l.local_addr().expect("addr");
-    drop(l);
-    addr
+/// A port on 127.0.0.1 where connecting is refused: a socket bound but not listening, held
+/// for as long as the value lives (so no other test can start listening on that port).
+pub struct DeadPort {
+    _socket: tokio::net::TcpSocket,
+    pub addr: SocketAddr,
+}
+
+pub fn dead_port() -> DeadPort {
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket
+        .bind("127.0.0.1:0".parse().expect("address"))
+        .expect("bind");
+    let addr = socket.local_addr().expect("addr");
+    DeadPort {
+        _socket: socket,
+        addr,
+    }
 }

@@ -1,0 +1,267 @@
+//! `Expect: 100-continue` and other 1xx relayed from the backend, and `Upgrade` becoming a
+//! two-way tunnel after `101 Switching Protocols`.
+
+mod common;
+
+use std::net::SocketAddr;
+
+use common::{single, split_head, upstream_head};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinHandle;
+use weir_testkit::{send_raw_once, Backend};
+
+#[tokio::test]
+async fn expect_100_continue_is_relayed_before_the_body_is_sent() {
+    let b = Backend::echo("e");
+    let weir = single(b.addr()).start();
+    let mut c = weir.client().await;
+    c.send_raw(b"POST /e HTTP/1.1\r\nHost: h\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n")
+        .await
+        .unwrap();
+    // Nothing but the head has been sent: the 100 comes from the backend through Weir.
+    let interim = c.read_response(false).await.unwrap();
+    assert_eq!(interim.status, 100);
+    assert!(interim.body.is_empty());
+    assert_eq!(b.requests_served(), 1);
+    c.send_raw(b"hello").await.unwrap();
+    let r = c.read_response(false).await.unwrap();
+    assert_eq!(r.status, 200);
+    let mut expected = upstream_head(
+        "POST /e HTTP/1.1",
+        "h",
+        "Expect: 100-continue\r\nContent-Length: 5\r\n",
+    );
+    expected.push_str("hello");
+    assert_eq!(r.body_str(), expected);
+    // Still keep-alive.
+    assert_eq!(c.get("/after", "h").await.unwrap().status, 200);
+    assert_eq!(b.connections_accepted(), 1);
+}
+
+#[tokio::test]
+async fn expect_100_continue_with_a_chunked_body() {
+    let b = Backend::sink();
+    let weir = single(b.addr()).start();
+    let mut c = weir.client().await;
+    c.send_raw(
+        b"PUT /e HTTP/1.1\r\nHost: h\r\nExpect: 100-continue\r\nTransfer-Encoding: chunked\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    assert_eq!(c.read_response(false).await.unwrap().status, 100);
+    c.send_raw(&weir_testkit::chunked::encode(&[b"abc", b"def"], &[]))
+        .await
+        .unwrap();
+    let r = c.read_response(false).await.unwrap();
+    assert_eq!(
+        r.body_str(),
+        weir_testkit::sink_summary(6, weir_testkit::hash_bytes(b"abcdef"))
+    );
+}
+
+#[tokio::test]
+async fn informational_responses_are_relayed_before_the_final_one() {
+    let b = Backend::raw_response(
+        b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\n\
+          HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
+    );
+    let weir = single(b.addr()).start();
+    let mut c = weir.client().await;
+    c.send_raw(b"GET / HTTP/1.1\r\nHost: h\r\n\r\n")
+        .await
+        .unwrap();
+    let hints = c.read_response(false).await.unwrap();
+    assert_eq!(hints.status, 103);
+    assert_eq!(hints.header("link"), Some("</style.css>; rel=preload"));
+    let r = c.read_response(false).await.unwrap();
+    assert_eq!((r.status, &*r.body_str()), (200, "ok"));
+}
+
+#[tokio::test]
+async fn informational_responses_are_not_sent_to_http10_clients() {
+    let b = Backend::raw_response(
+        b"HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
+    );
+    let weir = single(b.addr()).start();
+    let raw = send_raw_once(weir.addr, b"GET / HTTP/1.0\r\nHost: h\r\n\r\n")
+        .await
+        .unwrap();
+    let (head, body) = split_head(&raw);
+    assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
+    assert_eq!(body, b"ok");
+}
+
+/// A WebSocket-ish backend on the test runtime: reads the upgrade request head, answers
+/// 101, then echoes every byte back prefixed by nothing (a plain byte echo) until EOF.
+/// Returns its address and a handle yielding the request head it received.
+async fn upgrade_backend() -> (SocketAddr, JoinHandle<String>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        let end = loop {
+            if let Some(p) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+                break p + 4;
+            }
+            let n = s.read(&mut buf).await.unwrap();
+            assert!(n > 0, "EOF inside the upgrade request head");
+            got.extend_from_slice(&buf[..n]);
+        };
+        let head = String::from_utf8_lossy(&got[..end]).into_owned();
+        s.write_all(
+            b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+              Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\n",
+        )
+        .await
+        .unwrap();
+        // Bytes that arrived right behind the head belong to the tunnel.
+        if got.len() > end {
+            s.write_all(&got[end..]).await.unwrap();
+        }
+        loop {
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    if s.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+        head
+    });
+    (addr, task)
+}
+
+/// Reads exactly `n` bytes (bounded by the harness wait).
+async fn read_exact(s: &mut TcpStream, n: usize) -> Vec<u8> {
+    let mut out = vec![0u8; n];
+    tokio::time::timeout(common::WAIT, s.read_exact(&mut out))
+        .await
+        .expect("bytes through the tunnel in time")
+        .expect("read");
+    out
+}
+
+/// Reads a response head byte by byte (so no tunnel bytes are consumed with it).
+async fn read_head(s: &mut TcpStream) -> String {
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let b = read_exact(s, 1).await;
+        head.extend_from_slice(&b);
+    }
+    String::from_utf8(head).unwrap()
+}
+
+const UPGRADE_REQUEST: &[u8] = b"GET /chat HTTP/1.1\r\nHost: h\r\n\
+    Connection: Upgrade\r\nUpgrade: websocket\r\n\
+    Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n";
+
+#[tokio::test]
+async fn upgrade_becomes_a_two_way_tunnel_after_101() {
+    let (addr, backend) = upgrade_backend().await;
+    let weir = single(addr).start();
+    let mut s = TcpStream::connect(weir.addr).await.unwrap();
+    s.write_all(UPGRADE_REQUEST).await.unwrap();
+    let head = read_head(&mut s).await;
+    assert!(
+        head.starts_with("HTTP/1.1 101 Switching Protocols\r\n"),
+        "{head}"
+    );
+    let lower = head.to_ascii_lowercase();
+    assert!(lower.contains("\r\nconnection: upgrade\r\n"), "{head}");
+    assert!(lower.contains("\r\nupgrade: websocket\r\n"), "{head}");
+    assert!(
+        head.contains("\r\nSec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n"),
+        "{head}"
+    );
+
+    // Bytes flow both ways, several times, including binary.
+    for msg in [&b"ping"[..], b"\x81\x05hello", &[0u8, 255, 13, 10, 13, 10]] {
+        s.write_all(msg).await.unwrap();
+        assert_eq!(read_exact(&mut s, msg.len()).await, msg);
+    }
+    let big = weir_testkit::pattern_vec(300_000);
+    let (mut r, mut w) = s.split();
+    let write = async {
+        w.write_all(&big).await.unwrap();
+    };
+    let read = async {
+        let mut got = vec![0u8; big.len()];
+        tokio::time::timeout(common::WAIT, r.read_exact(&mut got))
+            .await
+            .expect("in time")
+            .expect("read");
+        got
+    };
+    let ((), got) = tokio::join!(write, read);
+    assert_eq!(
+        weir_testkit::hash_bytes(&got),
+        weir_testkit::hash_bytes(&big)
+    );
+
+    // Closing the client side ends the tunnel and the backend sees EOF.
+    drop(s);
+    let upstream_head = tokio::time::timeout(common::WAIT, backend)
+        .await
+        .expect("the backend saw the tunnel close")
+        .unwrap();
+    assert!(
+        upstream_head.starts_with("GET /chat HTTP/1.1\r\nHost: h\r\n"),
+        "{upstream_head}"
+    );
+    let lower = upstream_head.to_ascii_lowercase();
+    assert!(
+        lower.contains("\r\nconnection: upgrade\r\n"),
+        "{upstream_head}"
+    );
+    assert!(
+        lower.contains("\r\nupgrade: websocket\r\n"),
+        "{upstream_head}"
+    );
+    assert!(
+        upstream_head.contains("\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"),
+        "{upstream_head}"
+    );
+    assert!(
+        upstream_head.contains("\r\nX-Forwarded-For: 127.0.0.1\r\n"),
+        "{upstream_head}"
+    );
+}
+
+#[tokio::test]
+async fn bytes_sent_right_behind_the_upgrade_request_reach_the_backend() {
+    let (addr, _backend) = upgrade_backend().await;
+    let weir = single(addr).start();
+    let mut s = TcpStream::connect(weir.addr).await.unwrap();
+    let mut bytes = UPGRADE_REQUEST.to_vec();
+    bytes.extend_from_slice(b"early");
+    s.write_all(&bytes).await.unwrap();
+    let head = read_head(&mut s).await;
+    assert!(head.starts_with("HTTP/1.1 101 "), "{head}");
+    assert_eq!(read_exact(&mut s, 5).await, b"early");
+    s.write_all(b"late").await.unwrap();
+    assert_eq!(read_exact(&mut s, 4).await, b"late");
+}
+
+#[tokio::test]
+async fn upgrade_refused_by_the_backend_is_an_ordinary_response() {
+    let b = Backend::echo("e");
+    let weir = single(b.addr()).start();
+    let mut c = weir.client().await;
+    c.send_raw(UPGRADE_REQUEST).await.unwrap();
+    let r = c.read_response(false).await.unwrap();
+    assert_eq!(r.status, 200);
+    let body = r.body_str();
+    assert!(
+        body.starts_with("GET /chat HTTP/1.1\r\nHost: h\r\n"),
+        "{body}"
+    );
+    // The connection is still HTTP: another request works.
+    let r = c.get("/after", "h").await.unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body_str(), upstream_head("GET /after HTTP/1.1", "h", ""));
+}

@@ -1,0 +1,383 @@
+//! Upstream failures: refused, reset, malformed, truncated and hanging upstreams, and
+//! which requests Weir may replay.
+
+mod common;
+
+use std::io::ErrorKind;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+
+use common::{dead_port, single, split_head, WAIT};
+use weir_testkit::{pattern_vec, send_raw_once, status_of, wait_until_async, Backend};
+
+/// Sends one GET on a fresh connection and returns (status, whole raw response).
+async fn get_once(addr: std::net::SocketAddr) -> (Option<u16>, String) {
+    let raw = send_raw_once(addr, b"GET /x HTTP/1.1\r\nHost: h\r\n\r\n")
+        .await
+        .expect("weir answers and closes");
+    (status_of(&raw), String::from_utf8_lossy(&raw).into_owned())
+}
+
+#[tokio::test]
+async fn refused_connection_is_502() {
+    let dead = dead_port();
+    let weir = single(dead.addr).start();
+    let (status, raw) = get_once(weir.addr).await;
+    assert_eq!(status, Some(502), "{raw}");
+    assert!(raw.ends_with("\r\n\r\nBad Gateway\n"), "{raw}");
+    assert!(raw.contains("\r\nConnection: close\r\n"), "{raw}");
+    // Weir itself is fine: the next connection is served the same way.
+    assert_eq!(get_once(weir.addr).await.0, Some(502));
+}
+
+#[tokio::test]
+async fn reset_is_502() {
+    let b = Backend::reset();
+    let weir = single(b.addr()).start();
+    let (status, raw) = get_once(weir.addr).await;
+    assert_eq!(status, Some(502), "{raw}");
+    assert_eq!(b.requests_served(), 1, "a fresh connection is not retried");
+}
+
+#[tokio::test]
+async fn post_to_a_resetting_upstream_is_tried_exactly_once() {
+    let b = Backend::reset();
+    let weir = single(b.addr()).start();
+    let raw = send_raw_once(
+        weir.addr,
+        b"POST /pay HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\n\r\nmoney",
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        status_of(&raw),
+        Some(502),
+        "{:?}",
+        String::from_utf8_lossy(&raw)
+    );
+    assert_eq!(b.requests_served(), 1);
+    assert_eq!(b.connections_accepted(), 1);
+}
+
+#[tokio::test]
+async fn garbage_response_is_502() {
+    let b = Backend::raw_response(b"garbage\r\n\r\n");
+    let weir = single(b.addr()).start();
+    let (status, raw) = get_once(weir.addr).await;
+    assert_eq!(status, Some(502), "{raw}");
+    assert!(!raw.contains("garbage"), "{raw}");
+}
+
+#[tokio::test]
+async fn malformed_response_heads_are_502() {
+    for response in [
+        &b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"[..],
+        b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello!",
+        b"HTTP/1.1 200 OK\r\nContent-Length: -5\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\nxx",
+        b"HTTP/1.1 2000 OK\r\nContent-Length: 0\r\n\r\n",
+        b"HTTP/1.1 OK\r\nContent-Length: 0\r\n\r\n",
+        b"HTTP/9.9 200 OK\r\nContent-Length: 0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nBad Header\r\n\r\n",
+        // A 101 to a request that asked for no upgrade.
+        b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n",
+        // Closed before the head is complete.
+        b"HTTP/1.1 200 OK\r\nContent-Le",
+        b"",
+    ] {
+        let b = Backend::raw_response(response);
+        let weir = single(b.addr()).start();
+        let (status, raw) = get_once(weir.addr).await;
+        assert_eq!(
+            status,
+            Some(502),
+            "{:?} -> {raw}",
+            String::from_utf8_lossy(response)
+        );
+    }
+}
+
+#[tokio::test]
+async fn bad_chunked_response_body_after_the_head_closes_the_connection() {
+    let b = Backend::raw_response(
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\nzz\r\n",
+    );
+    let weir = single(b.addr()).start();
+    let raw = send_raw_once(weir.addr, b"GET / HTTP/1.1\r\nHost: h\r\n\r\n")
+        .await
+        .unwrap();
+    let (head, body) = split_head(&raw);
+    let body = String::from_utf8_lossy(&body);
+    match status_of(&raw) {
+        // Detected before the head was relayed (the whole response came in one read).
+        Some(502) => {}
+        // Detected after: the valid part may have been relayed; the invalid framing never
+        // is, and the client sees no last chunk (so cannot take the body as complete).
+        Some(200) => {
+            assert!(!body.contains("zz"), "{body}");
+            assert!(!body.contains("0\r\n\r\n"), "{body}");
+        }
+        other => panic!("unexpected {other:?}: {head}{body}"),
+    }
+}
+
+/// A one-connection backend on the test runtime: reads a request head, writes `first`,
+/// waits for `release`, writes `then` and closes. Returns what it read (the head).
+async fn scripted(
+    first: &'static [u8],
+    then: &'static [u8],
+) -> (SocketAddr, Arc<Notify>, JoinHandle<Vec<u8>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let release = Arc::new(Notify::new());
+    let wait = release.clone();
+    let task = tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.unwrap();
+        let head = read_until(&mut s, b"\r\n\r\n").await;
+        s.write_all(first).await.unwrap();
+        wait.notified().await;
+        let _ = s.write_all(then).await;
+        let _ = s.shutdown().await;
+        head
+    });
+    (addr, release, task)
+}
+
+/// Reads from `s` until `needle` has been received (panics on EOF first).
+async fn read_until(s: &mut TcpStream, needle: &[u8]) -> Vec<u8> {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !got.windows(needle.len()).any(|w| w == needle) {
+        let n = s.read(&mut buf).await.unwrap();
+        assert!(
+            n > 0,
+            "EOF before {:?}: {:?}",
+            String::from_utf8_lossy(needle),
+            String::from_utf8_lossy(&got)
+        );
+        got.extend_from_slice(&buf[..n]);
+    }
+    got
+}
+
+#[tokio::test]
+async fn bad_chunk_after_the_relayed_head_closes_without_a_last_chunk() {
+    let (addr, release, backend) = scripted(
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n",
+        b"zz\r\nmore\r\n0\r\n\r\n",
+    )
+    .await;
+    let weir = single(addr).start();
+    let mut s = TcpStream::connect(weir.addr).await.unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\nHost: h\r\n\r\n")
+        .await
+        .unwrap();
+    let got = read_until(&mut s, b"5\r\nhello\r\n").await;
+    assert!(got.starts_with(b"HTTP/1.1 200 OK\r\n"));
+    release.notify_one();
+    let mut rest = Vec::new();
+    // EOF (or a reset) ends it: never a hang, never the bad bytes or a last chunk.
+    let _ = tokio::time::timeout(common::WAIT, s.read_to_end(&mut rest))
+        .await
+        .expect("the client connection is closed");
+    let rest = String::from_utf8_lossy(&rest);
+    assert!(
+        !rest.contains("zz") && !rest.contains("0\r\n\r\n"),
+        "{rest}"
+    );
+    backend.await.unwrap();
+}
+
+#[tokio::test]
+async fn early_response_before_the_request_body_ends_closes_the_connection() {
+    let (addr, release, backend) = scripted(
+        b"HTTP/1.1 413 Payload Too Large\r\nContent-Length: 4\r\n\r\nnope",
+        b"",
+    )
+    .await;
+    let weir = single(addr).start();
+    let mut c = weir.client().await;
+    c.send_raw(b"POST /up HTTP/1.1\r\nHost: h\r\nContent-Length: 100000\r\n\r\n0123456789")
+        .await
+        .unwrap();
+    let r = c.read_response(false).await.unwrap();
+    assert_eq!(r.status, 413);
+    assert_eq!(r.body_str(), "nope");
+    // The rest of the body will never be read: the connection cannot be kept.
+    assert_eq!(r.header("connection"), Some("close"));
+    release.notify_one();
+    assert!(c.is_closed_by_peer().await);
+    let head = backend.await.unwrap();
+    assert!(head.starts_with(b"POST /up HTTP/1.1\r\n"));
+}
+
+#[tokio::test]
+async fn upstream_closing_mid_body_truncates_and_closes_the_client_connection() {
+    let b = Backend::close_mid_body();
+    let weir = single(b.addr()).start();
+    // Raw: the head and the 100 bytes that were sent, then EOF (not a hang).
+    let raw = send_raw_once(weir.addr, b"GET / HTTP/1.1\r\nHost: h\r\n\r\n")
+        .await
+        .expect("closed, not hanging");
+    let (head, body) = split_head(&raw);
+    assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
+    assert!(head.contains("\r\nContent-Length: 1000\r\n"), "{head}");
+    assert_eq!(body, pattern_vec(100));
+    // A keep-alive client sees an early EOF, not a timeout.
+    let mut c = weir.client().await;
+    let err = c.get("/", "h").await.expect_err("truncated body");
+    assert_eq!(err.kind(), ErrorKind::UnexpectedEof, "{err}");
+}
+
+#[tokio::test]
+async fn hanging_upstream_is_504_after_response_timeout() {
+    let b = Backend::hang();
+    let weir = common::Conf::new()
+        .route("all", "up", &[])
+        .upstream("up", &[b.addr()], &[r#"response_timeout = "300ms""#])
+        .start();
+    let (status, raw) = get_once(weir.addr).await;
+    assert_eq!(status, Some(504), "{raw}");
+    assert!(raw.ends_with("\r\n\r\nGateway Timeout\n"), "{raw}");
+    // Weir gave up on the upstream connection.
+    assert!(wait_until_async(WAIT, || b.in_flight() == 0).await);
+    assert!(b.requests_served() >= 1);
+}
+
+#[tokio::test]
+async fn slow_upstream_within_response_timeout_is_fine() {
+    let b = Backend::slow(std::time::Duration::from_millis(100));
+    let weir = common::Conf::new()
+        .route("all", "up", &[])
+        .upstream("up", &[b.addr()], &[r#"response_timeout = "5s""#])
+        .start();
+    let mut c = weir.client().await;
+    let r = c.get("/", "h").await.unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("x-backend"), Some("slow"));
+}
+
+#[tokio::test]
+async fn errors_on_one_route_do_not_affect_the_next_request() {
+    let ok = Backend::echo("ok");
+    let dead = dead_port();
+    let weir = common::Conf::new()
+        .route("dead", "dead", &[r#"path_prefix = "/dead/""#])
+        .route("ok", "ok", &[])
+        .upstream("dead", &[dead.addr], &[])
+        .upstream("ok", &[ok.addr()], &[])
+        .start();
+    let mut c = weir.client().await;
+    let r = c.get("/dead/x", "h").await.unwrap();
+    assert_eq!(r.status, 502);
+    // Weir closes a connection after an error it generated.
+    assert!(c.is_closed_by_peer().await);
+    let mut c = weir.client().await;
+    assert_eq!(c.get("/fine", "h").await.unwrap().status, 200);
+}
+
+#[tokio::test]
+async fn round_robin_skips_nothing_and_spreads_requests() {
+    let a = Backend::echo("a");
+    let b = Backend::echo("b");
+    let weir = common::Conf::new()
+        .route("all", "up", &[])
+        .upstream("up", &[a.addr(), b.addr()], &[])
+        .start();
+    let mut c = weir.client().await;
+    let mut seen = Vec::new();
+    for _ in 0..4 {
+        let r = c.get("/", "h").await.unwrap();
+        seen.push(r.header("x-backend").unwrap_or_default().to_string());
+    }
+    assert_eq!(a.requests_served(), 2, "{seen:?}");
+    assert_eq!(b.requests_served(), 2, "{seen:?}");
+}
+
+/// A keep-alive backend on the test runtime that answers the first request of each
+/// connection (body `first-on-<n>`, n = connection number) and closes the connection,
+/// unanswered, as soon as a second request head arrives on it: the race of an upstream
+/// closing an idle pooled connection just as Weir reuses it, made deterministic.
+/// Returns its address and (connections, request heads seen).
+async fn closes_on_reuse() -> (SocketAddr, Arc<AtomicUsize>, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let conns = Arc::new(AtomicUsize::new(0));
+    let heads = Arc::new(AtomicUsize::new(0));
+    let (c, h) = (conns.clone(), heads.clone());
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let n = c.fetch_add(1, Ordering::SeqCst) + 1;
+            let h = h.clone();
+            tokio::spawn(async move {
+                let mut got = Vec::new();
+                let mut buf = [0u8; 4096];
+                let mut answered = false;
+                loop {
+                    if let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+                        h.fetch_add(1, Ordering::SeqCst);
+                        if answered {
+                            return; // drop: close without answering
+                        }
+                        got.drain(..end + 4);
+                        let body = format!("first-on-{n}");
+                        let resp = format!(
+                            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{body}",
+                            body.len()
+                        );
+                        if s.write_all(resp.as_bytes()).await.is_err() {
+                            return;
+                        }
+                        answered = true;
+                        continue;
+                    }
+                    match s.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(k) => got.extend_from_slice(&buf[..k]),
+                    }
+                }
+            });
+        }
+    });
+    (addr, conns, heads)
+}
+
+#[tokio::test]
+async fn idempotent_request_on_a_dead_pooled_connection_is_retried_on_a_fresh_one() {
+    let (addr, conns, heads) = closes_on_reuse().await;
+    let weir = single(addr).start();
+    let mut c = weir.client().await;
+    assert_eq!(c.get("/1", "h").await.unwrap().body_str(), "first-on-1");
+    // Reuses the pooled connection, which dies: retried on connection 2, invisibly.
+    let r = c.get("/2", "h").await.unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body_str(), "first-on-2");
+    assert_eq!(conns.load(Ordering::SeqCst), 2);
+    assert_eq!(heads.load(Ordering::SeqCst), 3);
+}
+
+#[tokio::test]
+async fn non_idempotent_request_on_a_dead_pooled_connection_is_not_replayed() {
+    let (addr, conns, heads) = closes_on_reuse().await;
+    let weir = single(addr).start();
+    let mut c = weir.client().await;
+    assert_eq!(c.get("/1", "h").await.unwrap().body_str(), "first-on-1");
+    // The upstream received this POST (and may have acted on it): no replay.
+    let r = c
+        .request("POST", "/order", &[("Host", "h")], b"buy=1")
+        .await
+        .unwrap();
+    assert_eq!(r.status, 502);
+    assert_eq!(
+        conns.load(Ordering::SeqCst),
+        1,
+        "no second connection for a replay"
+    );
+    assert_eq!(heads.load(Ordering::SeqCst), 2);
+}
