@@ -12,7 +12,7 @@ fuzz_target!(|data: &[u8]| {
     let [a, b, input @ ..] = data else { return };
     let limits = HeadLimits {
         max_header_size: 16 + usize::from(*a) * 8, // 16 ..= 2056 bytes
-        max_headers: usize::from(*b % 40),        // 0 ..= 39, also 0
+        max_headers: usize::from(*b % 40),         // 0 ..= 39, also 0
     };
     let mut head = RequestHead::default();
     let whole = parse_request(input, limits, &mut head);
@@ -21,7 +21,10 @@ fuzz_target!(|data: &[u8]| {
         // Every strict prefix of an accepted head is incomplete: never accepted, never refused.
         for cut in 0..head.head_len {
             let mut partial = RequestHead::default();
-            assert_eq!(parse_request(&input[..cut], limits, &mut partial), Ok(false));
+            assert_eq!(
+                parse_request(&input[..cut], limits, &mut partial),
+                Ok(false)
+            );
         }
     } else {
         for cut in 0..input.len() {
@@ -64,7 +67,11 @@ fn check_accepted(input: &[u8], limits: HeadLimits, head: &RequestHead) {
         assert!(within(r));
     }
     assert!(head.minor_version <= 1);
-    assert_ne!(head.framing, BodyFraming::UntilClose, "requests are never close-delimited");
+    assert_ne!(
+        head.framing,
+        BodyFraming::UntilClose,
+        "requests are never close-delimited"
+    );
     if head.framing == BodyFraming::Chunked {
         assert_eq!(head.minor_version, 1, "chunked only in HTTP/1.1");
     }
@@ -73,7 +80,9 @@ fn check_accepted(input: &[u8], limits: HeadLimits, head: &RequestHead) {
     assert_eq!(head.is_head, method == b"HEAD");
     let path = &input[head.path.clone()];
     assert!(
-        path.first() == Some(&b'/') || path == b"*" || (path.is_empty() && head.target_authority.is_some()),
+        path.first() == Some(&b'/')
+            || path == b"*"
+            || (path.is_empty() && head.target_authority.is_some()),
         "target form"
     );
     if head.minor_version == 1 {

@@ -6,6 +6,7 @@ use weir_testkit::Backend;
 use crate::run::Running;
 
 pub fn run(port: u16, admin_port: u16) -> anyhow::Result<()> {
+    let signals = crate::run::Signals::install()?;
     let backends: Vec<Backend> = (1..=3)
         .map(|i| Backend::echo(&format!("echo-{i}")))
         .collect();
@@ -31,7 +32,7 @@ pub fn run(port: u16, admin_port: u16) -> anyhow::Result<()> {
     println!("  metrics  http://{admin}/metrics\n");
     println!("The config this demo runs (save it and use `weir run -c FILE`):\n\n{toml}");
     println!("Ctrl-C stops it.");
-    let result = running.wait_for_signal_and_stop();
+    let result = running.wait_for_signal_and_stop(signals);
     drop(backends);
     result
 }

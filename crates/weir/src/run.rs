@@ -27,9 +27,12 @@ pub fn check_file(path: &Path) -> anyhow::Result<()> {
 
 pub fn run_file(path: &Path) -> anyhow::Result<()> {
     let config = weir_config::load_file(path)?;
+    // Signal handlers first: a SIGTERM (or fd exhaustion) right after the listeners bind
+    // must find them installed.
+    let signals = Signals::install()?;
     let running = Running::start(config)?;
     tracing::info!(config = %path.display(), "weir started");
-    running.wait_for_signal_and_stop()
+    running.wait_for_signal_and_stop(signals)
 }
 
 /// A started data plane plus its admin listener.
@@ -72,8 +75,8 @@ impl Running {
     }
 
     /// Blocks until SIGTERM or SIGINT, then drains and stops.
-    pub fn wait_for_signal_and_stop(self) -> anyhow::Result<()> {
-        wait_for_signal()?;
+    pub fn wait_for_signal_and_stop(self, signals: Signals) -> anyhow::Result<()> {
+        signals.wait()?;
         tracing::info!("signal received: draining");
         // Tell load balancers polling /ready to stop sending new work while we drain.
         self.state.ready.store(false, Ordering::Release);
@@ -86,25 +89,48 @@ impl Running {
     }
 }
 
-/// Waits for SIGTERM or SIGINT; SIGUSR1 on the way reopens the access logs (logrotate).
-fn wait_for_signal() -> anyhow::Result<()> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    runtime.block_on(async {
-        let mut term = signal(SignalKind::terminate())?;
-        let mut int = signal(SignalKind::interrupt())?;
-        let mut usr1 = signal(SignalKind::user_defined1())?;
-        loop {
-            tokio::select! {
-                _ = term.recv() => return Ok(()),
-                _ = int.recv() => return Ok(()),
-                _ = usr1.recv() => {
-                    tracing::info!("SIGUSR1: reopening access logs");
-                    weir_core::access_log::reopen();
+/// The process's signal handlers, installed before anything else can fail.
+pub struct Signals {
+    runtime: tokio::runtime::Runtime,
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+    usr1: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    pub fn install() -> anyhow::Result<Signals> {
+        use tokio::signal::unix::{signal, SignalKind};
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let _guard = runtime.enter();
+        Ok(Signals {
+            term: signal(SignalKind::terminate())?,
+            int: signal(SignalKind::interrupt())?,
+            usr1: signal(SignalKind::user_defined1())?,
+            runtime,
+        })
+    }
+
+    /// Waits for SIGTERM or SIGINT; SIGUSR1 on the way reopens the access logs (logrotate).
+    fn wait(self) -> anyhow::Result<()> {
+        let Signals {
+            runtime,
+            mut term,
+            mut int,
+            mut usr1,
+        } = self;
+        runtime.block_on(async move {
+            loop {
+                tokio::select! {
+                    _ = term.recv() => return Ok(()),
+                    _ = int.recv() => return Ok(()),
+                    _ = usr1.recv() => {
+                        tracing::info!("SIGUSR1: reopening access logs");
+                        weir_core::access_log::reopen();
+                    }
                 }
             }
-        }
-    })
+        })
+    }
 }

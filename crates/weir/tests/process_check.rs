@@ -1,0 +1,169 @@
+//! `weir check -c FILE`: exit 0 and a one-line summary for a good file; a non-zero exit with
+//! `file:line:column`, the field path, what is wrong and a fix for a bad one.
+
+mod support_process;
+
+use std::path::Path;
+
+use support_process::{weir_check, TempDir};
+
+const GOOD: &str = r#"[server]
+workers = 2
+drain_timeout = "5s"
+
+[admin]
+bind = "127.0.0.1:0"
+
+[[listeners]]
+name = "web"
+bind = "127.0.0.1:0"
+keepalive_timeout = "5s"
+max_body_size = "10MiB"
+default_response = { status = 404, body = "no route\n" }
+
+[[listeners.routes]]
+name = "cgi"
+hosts = ["*"]
+path_prefix = "/cgi/"
+rewrite_prefix = "/"
+reverse_rewrite = true
+upstream = "cgi"
+
+[[listeners.routes]]
+name = "all"
+path_prefix = "/"
+upstream = "cgi"
+
+[upstreams.cgi]
+servers = [{ addr = "127.0.0.1:8081" }, { addr = "127.0.0.1:8082" }]
+connect_timeout = "2s"
+"#;
+
+#[test]
+fn good_config_prints_one_summary_line() {
+    let dir = TempDir::new("check");
+    let path = dir.write("good.toml", GOOD);
+    let out = weir_check(&path);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?}\n{stdout}\n{stderr}", out.status);
+    assert_eq!(stdout.lines().count(), 1, "one line: {stdout:?}");
+    let line = stdout.trim_end();
+    assert!(line.starts_with(&path.display().to_string()), "{line}");
+    assert!(line.contains("OK"), "{line}");
+    assert!(
+        line.contains("1 listener(s), 2 route(s), 1 upstream(s), 2 server(s)"),
+        "{line}"
+    );
+    assert!(stderr.trim().is_empty(), "nothing on stderr: {stderr}");
+}
+
+/// Runs `weir check` on `text`, expects failure, returns (path, stderr).
+fn check_fails(name: &str, text: &str) -> (String, String) {
+    let dir = TempDir::new("check");
+    let path = dir.write(name, text);
+    let out = weir_check(&path);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        !out.status.success(),
+        "{name}: should fail, got {:?}; stdout: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(out.stdout.is_empty(), "{name}: no summary on failure");
+    (path.display().to_string(), stderr)
+}
+
+/// Asserts the error names `path:line:COLUMN: field: ` and carries a fix hint; returns the
+/// column and the rest of the message.
+fn assert_located(path: &str, stderr: &str, line: usize, field: &str) -> (usize, String) {
+    let prefix = format!("{path}:{line}:");
+    let at = stderr
+        .find(&prefix)
+        .unwrap_or_else(|| panic!("no {prefix} in: {stderr}"));
+    let rest = &stderr[at + prefix.len()..];
+    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    let column: usize = digits
+        .parse()
+        .unwrap_or_else(|_| panic!("no column after {prefix}: {stderr}"));
+    assert!(column >= 1, "{stderr}");
+    let rest = &rest[digits.len()..];
+    let expected = format!(": {field}: ");
+    assert!(
+        rest.starts_with(&expected),
+        "field path {field:?} right after the position: {stderr}"
+    );
+    let message = rest[expected.len()..].trim_end().to_string();
+    let fix = message
+        .split("(fix: ")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no fix hint: {stderr}"));
+    assert!(fix.trim_end_matches(')').trim().len() > 5, "{stderr}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "one line: {stderr}");
+    (column, message)
+}
+
+fn with_line(line_no: usize, insert: &str) -> String {
+    let mut lines: Vec<&str> = GOOD.lines().collect();
+    lines.insert(line_no - 1, insert);
+    lines.join("\n") + "\n"
+}
+
+#[test]
+fn unknown_key_is_located_with_a_fix() {
+    // Line 11 of the file: inside [[listeners]], after `bind`.
+    let text = with_line(11, "bakclog = 64");
+    let (path, stderr) = check_fails("unknown.toml", &text);
+    let (column, message) = assert_located(&path, &stderr, 11, "listeners[0].bakclog");
+    assert_eq!(column, 1, "{stderr}");
+    assert!(message.contains("unknown field"), "{stderr}");
+    assert!(
+        message.contains("backlog"),
+        "lists the accepted keys: {stderr}"
+    );
+}
+
+#[test]
+fn bad_duration_is_located_with_a_fix() {
+    let text = GOOD.replace(
+        "keepalive_timeout = \"5s\"",
+        "keepalive_timeout = \"5 parsecs\"",
+    );
+    let (path, stderr) = check_fails("duration.toml", &text);
+    let (column, message) = assert_located(&path, &stderr, 11, "listeners[0].keepalive_timeout");
+    // The key starts at column 1, its value at 21: either is a fine place to point at.
+    assert!(column == 1 || column == 21, "{stderr}");
+    assert!(
+        message.contains("parsecs"),
+        "quotes the bad value: {stderr}"
+    );
+    assert!(
+        message.contains("\"5s\"") || message.contains("ms"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn undefined_upstream_is_located_with_a_fix() {
+    let text = GOOD.replace("upstream = \"cgi\"\n\n[[", "upstream = \"cig\"\n\n[[");
+    assert_ne!(text, GOOD);
+    let (path, stderr) = check_fails("upstream.toml", &text);
+    let (column, message) = assert_located(&path, &stderr, 21, "listeners[0].routes[0].upstream");
+    assert!(column == 1 || column == 12, "{stderr}");
+    assert!(message.contains("cig"), "{stderr}");
+    assert!(
+        message.contains("cgi"),
+        "names the defined upstreams: {stderr}"
+    );
+}
+
+#[test]
+fn missing_file_fails_with_the_path() {
+    let dir = TempDir::new("check");
+    let path = dir.path().join("absent.toml");
+    let out = weir_check(Path::new(&path));
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains(&path.display().to_string()), "{stderr}");
+    assert!(stderr.contains("fix:"), "{stderr}");
+}
