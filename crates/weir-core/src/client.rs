@@ -52,6 +52,17 @@ pub enum NextRequest {
     Close,
 }
 
+/// Whether `buf` contains an empty line (`\n\n` or `\n\r\n`), scanning only bytes not
+/// scanned before (`scanned` remembers where the last scan stopped).
+fn head_end_seen(buf: &[u8], scanned: &mut usize) -> bool {
+    let from = scanned.saturating_sub(2);
+    *scanned = buf.len();
+    buf[from..]
+        .windows(2)
+        .enumerate()
+        .any(|(i, w)| w == b"\n\n" || (w == b"\n\r" && buf.get(from + i + 2) == Some(&b'\n')))
+}
+
 impl ClientConn {
     pub fn new(stream: TcpStream, peer: SocketAddr, listener: &Listener) -> ClientConn {
         ClientConn {
@@ -82,15 +93,25 @@ impl ClientConn {
         if self.buf.is_empty() && !self.wait_first_byte(listener, worker).await {
             return Ok(NextRequest::Close);
         }
+        // Usually the whole head is there: parse at once. Otherwise re-parse only when an
+        // end of head may have arrived (or the size limit is reached), so a client dribbling
+        // a head byte by byte cannot make Weir re-parse it thousands of times.
+        if parse_request(self.buf.filled(), limits, head)? {
+            return Ok(NextRequest::Ready);
+        }
         let deadline = Instant::now() + listener.header_timeout;
+        let mut scanned = 0;
         loop {
-            if parse_request(self.buf.filled(), limits, head)? {
-                return Ok(NextRequest::Ready);
-            }
             match timeout_at(deadline, self.buf.read_from(&mut self.stream)).await {
                 Err(_) => return Err(ProxyError::HeaderTimeout),
                 Ok(Ok(0)) | Ok(Err(_)) => return Ok(NextRequest::Close),
                 Ok(Ok(_)) => {}
+            }
+            let filled = self.buf.filled();
+            let worth_parsing =
+                head_end_seen(filled, &mut scanned) || filled.len() >= listener.max_header_size;
+            if worth_parsing && parse_request(filled, limits, head)? {
+                return Ok(NextRequest::Ready);
             }
         }
     }
@@ -159,5 +180,25 @@ impl ClientConn {
         push_simple_response(&mut out, status, "text/plain", &body, true);
         let _ = self.write_all(&out, listener).await;
         self.out = out;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::head_end_seen;
+
+    #[test]
+    fn finds_the_end_of_a_head_across_reads() {
+        let head = b"GET / HTTP/1.1\r\nHost: a\r\n\r\n";
+        for cut in 0..head.len() {
+            let mut scanned = 0;
+            let first = head_end_seen(&head[..cut], &mut scanned);
+            let second = head_end_seen(head, &mut scanned);
+            assert!(!first, "cut {cut}");
+            assert!(second, "cut {cut}");
+        }
+        let mut scanned = 0;
+        assert!(head_end_seen(b"GET / HTTP/1.0\n\n", &mut scanned));
+        assert!(!head_end_seen(b"GET / HTTP/1.1\r\nHost: a\r\n", &mut 0));
     }
 }
