@@ -288,9 +288,19 @@ const SHAPE_FIXES: &[(&str, &str)] = &[
 /// (key, phrase of the message, fix).
 const KEY_FIXES: &[(&str, &str, &str)] = &[
     (
-        "_timeout",
+        "timeout",
         "expected a string",
         r#"write the duration in double quotes with a unit, such as "5s""#,
+    ),
+    (
+        "interval",
+        "expected a string",
+        r#"write the duration in double quotes with a unit, such as "2s""#,
+    ),
+    (
+        "slow_start",
+        "expected a string",
+        r#"write the duration in double quotes with a unit, such as "10s""#,
     ),
     (
         "listeners",

@@ -158,11 +158,31 @@ max_idle = 256
                 servers: vec![UpstreamServer {
                     name: "127.0.0.1:8081".into(),
                     addr: addr("127.0.0.1:8081"),
+                    weight: 1,
+                    max_connections: None,
+                    backup: false,
                 }],
                 connect_timeout: Duration::from_secs(2),
                 response_timeout: Duration::from_secs(60),
                 idle_timeout: Duration::from_secs(60),
                 max_idle: 256,
+                lb: LbPolicy::RoundRobin,
+                health_check: None,
+                passive: PassiveHealth {
+                    max_fails: 1,
+                    fail_timeout: Duration::from_secs(10),
+                    slow_start: Duration::from_secs(10),
+                },
+                retry: RetryPolicy {
+                    attempts: 1,
+                    on: RetryOn {
+                        connect_error: true,
+                        reset_before_response: true,
+                        timeout: false,
+                        statuses: Vec::new(),
+                    },
+                    budget_percent: 20,
+                },
             }],
         };
         assert_eq!(parse(FULL), expected);
@@ -308,9 +328,9 @@ servers = [{ addr = "10.0.0.1:80" }]
             ),
             (
                 "[[listeners]]\nname = \"a\"\nbind = \"127.0.0.1:1\"\n[upstreams.u]\n\
-                 servers = [{ addr = \"127.0.0.1:2\", weight = 2 }]\n",
+                 servers = [{ addr = \"127.0.0.1:2\", wieght = 2 }]\n",
                 5,
-                "upstreams.u.servers[0].weight",
+                "upstreams.u.servers[0].wieght",
             ),
             ("[servre]\n", 1, "servre"),
         ];

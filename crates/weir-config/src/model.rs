@@ -145,6 +145,15 @@ pub struct Upstream {
     pub idle_timeout: Duration,
     /// Pooled idle connections per server per worker.
     pub max_idle: usize,
+    /// How a server is chosen for each request.
+    pub lb: LbPolicy,
+    /// Active health checking (`[upstreams.NAME.health_check]`); `None`: every server is
+    /// considered up as far as active checks go.
+    pub health_check: Option<HealthCheck>,
+    /// Passive ejection on consecutive failures (`[upstreams.NAME.passive]`).
+    pub passive: PassiveHealth,
+    /// Retrying failed attempts on another server (`[upstreams.NAME.retry]`).
+    pub retry: RetryPolicy,
 }
 
 /// One server of an upstream pool.
@@ -153,6 +162,119 @@ pub struct UpstreamServer {
     /// The address as written in the config (used as `Host` when `preserve_host = false`).
     pub name: String,
     pub addr: SocketAddr,
+    /// Relative share of requests under weighted policies (1..=1000).
+    pub weight: u32,
+    /// Most requests in flight to this server at once, across all workers (each worker
+    /// enforces its share, rounded up); `None` = unlimited.
+    pub max_connections: Option<u32>,
+    /// Used only while no primary (non-backup) server is available.
+    pub backup: bool,
+}
+
+/// A load-balancing policy (`lb = "..."`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LbPolicy {
+    /// Servers in turn, each equally (weights not allowed).
+    RoundRobin,
+    /// nginx's smooth weighted round robin.
+    WeightedRoundRobin,
+    /// Fewest in-flight requests relative to weight.
+    LeastConnections,
+    /// Weighted random.
+    Random,
+    /// Power of two random choices, comparing peak-EWMA latency x in-flight requests.
+    P2cEwma,
+    /// A hash ring over the servers, keyed by part of the request.
+    ConsistentHash(HashKey),
+    /// A cookie names the server; requests without a valid one get one (weighted round robin).
+    StickyCookie {
+        /// The cookie's name.
+        cookie: String,
+    },
+}
+
+/// What a consistent-hash policy hashes (`hash_key = "..."`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HashKey {
+    ClientIp,
+    /// The value of the first header of this name (stored lower-cased).
+    Header(String),
+    /// The value of the cookie of this name.
+    Cookie(String),
+    /// The request path, without the query string.
+    Path,
+}
+
+/// Active health checks of an upstream's servers, run once per process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HealthCheck {
+    pub kind: HealthCheckKind,
+    /// Time between two checks of a server.
+    pub interval: Duration,
+    /// Time allowed for one check (connect and, for HTTP, the response status line).
+    pub timeout: Duration,
+    /// Consecutive successes that mark a down server up.
+    pub rise: u32,
+    /// Consecutive failures that mark an up server down.
+    pub fall: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HealthCheckKind {
+    /// A TCP connect succeeding is a success.
+    Tcp,
+    /// `GET path` with a status in `expect_status` is a success.
+    Http {
+        path: String,
+        expect_status: Vec<StatusRange>,
+    },
+}
+
+/// An inclusive range of status codes (`"200-399"`, or one code).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StatusRange {
+    pub first: u16,
+    pub last: u16,
+}
+
+impl StatusRange {
+    pub fn contains(&self, status: u16) -> bool {
+        (self.first..=self.last).contains(&status)
+    }
+}
+
+/// Passive ejection: a server failing `max_fails` times in a row is not chosen for
+/// `fail_timeout`, then its weight ramps back up over `slow_start`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PassiveHealth {
+    /// Consecutive failures that eject a server; 0 turns passive ejection off.
+    pub max_fails: u32,
+    pub fail_timeout: Duration,
+    /// Time over which a returning server's weight ramps from little to full; zero = none.
+    pub slow_start: Duration,
+}
+
+/// When and how often a failed attempt is retried on another server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Other servers tried after the first attempt fails; 0 = no retries.
+    pub attempts: u32,
+    pub on: RetryOn,
+    /// Retries allowed per 100 requests (per worker, with a small burst allowance).
+    pub budget_percent: u32,
+}
+
+/// The failures that may be retried (each only when replaying the request is safe).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RetryOn {
+    /// The connection could not be opened (nothing was sent).
+    pub connect_error: bool,
+    /// The connection failed before any response byte.
+    pub reset_before_response: bool,
+    /// `response_timeout` passed before any response byte.
+    pub timeout: bool,
+    /// Response statuses retried (before anything was sent to the client).
+    pub statuses: Vec<u16>,
 }
 
 impl Config {

@@ -97,6 +97,12 @@ pub(crate) struct RawUpstream {
     pub response_timeout: Option<String>,
     pub idle_timeout: Option<String>,
     pub max_idle: Option<i64>,
+    pub lb: Option<String>,
+    pub hash_key: Option<String>,
+    pub sticky_cookie: Option<String>,
+    pub health_check: Option<RawHealthCheck>,
+    pub passive: Option<RawPassive>,
+    pub retry: Option<RawRetry>,
 }
 
 /// One entry of `servers = [{ addr = "..." }]`.
@@ -104,6 +110,40 @@ pub(crate) struct RawUpstream {
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawUpstreamServer {
     pub addr: Option<String>,
+    pub weight: Option<i64>,
+    pub max_connections: Option<i64>,
+    pub backup: Option<bool>,
+}
+
+/// `[upstreams.NAME.health_check]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawHealthCheck {
+    pub kind: Option<String>,
+    pub path: Option<String>,
+    pub expect_status: Option<StrOrInt>,
+    pub interval: Option<String>,
+    pub timeout: Option<String>,
+    pub rise: Option<i64>,
+    pub fall: Option<i64>,
+}
+
+/// `[upstreams.NAME.passive]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawPassive {
+    pub max_fails: Option<i64>,
+    pub fail_timeout: Option<String>,
+    pub slow_start: Option<String>,
+}
+
+/// `[upstreams.NAME.retry]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawRetry {
+    pub attempts: Option<i64>,
+    pub on: Option<Vec<StrOrInt>>,
+    pub budget_percent: Option<i64>,
 }
 
 /// A value that may be written as a string or as an integer (`workers`, sizes).

@@ -511,8 +511,9 @@ fn host_name(text: &str, name: &str) -> Result<(), (String, String)> {
 
 // ---------------------------------------------------------------- [upstreams.NAME]
 
-fn upstream(name: String, raw: RawUpstream, path: &FieldPath) -> Result<Upstream, Issue> {
+fn upstream(name: String, mut raw: RawUpstream, path: &FieldPath) -> Result<Upstream, Issue> {
     check_name(&name, path, "upstream")?;
+    let raw_policy = pool::RawPolicy::take(&mut raw);
     let servers_path = path.key("servers");
     let raw_servers = raw.servers.filter(|s| !s.is_empty()).ok_or_else(|| {
         Issue::new(
@@ -524,8 +525,9 @@ fn upstream(name: String, raw: RawUpstream, path: &FieldPath) -> Result<Upstream
     let servers = raw_servers
         .into_iter()
         .enumerate()
-        .map(|(i, s)| upstream_server(s, &servers_path.index(i).key("addr")))
+        .map(|(i, s)| upstream_server(s, &servers_path.index(i)))
         .collect::<Result<Vec<_>, _>>()?;
+    let policy = pool::policy(raw_policy, &servers, path)?;
     Ok(Upstream {
         connect_timeout: duration(
             raw.connect_timeout,
@@ -543,11 +545,21 @@ fn upstream(name: String, raw: RawUpstream, path: &FieldPath) -> Result<Upstream
         max_idle: int_in(raw.max_idle, 256, 0..=i64::MAX, &path.key("max_idle"))?,
         name,
         servers,
+        lb: policy.lb,
+        health_check: policy.health_check,
+        passive: policy.passive,
+        retry: policy.retry,
     })
 }
 
-/// Resolves `addr` (`ip:port` or `host:port`) to its first socket address.
-fn upstream_server(raw: RawUpstreamServer, path: &FieldPath) -> Result<UpstreamServer, Issue> {
+/// Resolves `addr` (`ip:port` or `host:port`) to its first socket address; `path` is the
+/// server's entry in `servers`.
+fn upstream_server(
+    raw: RawUpstreamServer,
+    server_path: &FieldPath,
+) -> Result<UpstreamServer, Issue> {
+    let (weight, max_connections, backup) = pool::server_options(&raw, server_path)?;
+    let path = &server_path.key("addr");
     let Some(name) = raw.addr else {
         return Err(Issue::new(
             path,
@@ -557,7 +569,13 @@ fn upstream_server(raw: RawUpstreamServer, path: &FieldPath) -> Result<UpstreamS
     };
     check_host_port(&name, path)?;
     let addr = resolve(&name, path)?;
-    Ok(UpstreamServer { name, addr })
+    Ok(UpstreamServer {
+        name,
+        addr,
+        weight,
+        max_connections,
+        backup,
+    })
 }
 
 /// `name` must be `host:port`, with a port other than 0 and IPv6 addresses in brackets.
@@ -718,6 +736,8 @@ fn size(raw: Option<StrOrInt>, default: u64, path: &FieldPath) -> Result<u64, Is
             .map_err(|_| Issue::new(path, format!("{key} must not be negative"), fix)),
     }
 }
+
+mod pool;
 
 #[cfg(test)]
 mod tests;

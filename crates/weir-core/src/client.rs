@@ -175,7 +175,12 @@ impl ClientConn {
         let mut out = std::mem::take(&mut self.out);
         out.clear();
         let mut body = Vec::with_capacity(64);
-        body.extend_from_slice(reason_phrase(status).as_bytes());
+        body.extend_from_slice(
+            error
+                .body_text()
+                .unwrap_or(reason_phrase(status))
+                .as_bytes(),
+        );
         body.push(b'\n');
         push_simple_response(&mut out, status, "text/plain", &body, true);
         let _ = self.write_all(&out, listener).await;

@@ -50,7 +50,7 @@ pub enum ProxyError {
     UpstreamMalformed(&'static str),
     #[error("upstream response timed out")]
     UpstreamTimeout,
-    #[error("no upstream server available")]
+    #[error("no healthy upstream server")]
     NoServer,
 }
 
@@ -88,6 +88,14 @@ impl ProxyError {
             VersionNotSupported => 505,
             ClientClosed | ClientIo(_) => return None,
         })
+    }
+
+    /// The body of Weir's own error response when it says more than the reason phrase.
+    pub fn body_text(self) -> Option<&'static str> {
+        match self {
+            ProxyError::NoServer => Some("no healthy upstream server"),
+            _ => None,
+        }
     }
 
     pub fn client_io(e: io::Error) -> ProxyError {

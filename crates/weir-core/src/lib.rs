@@ -7,7 +7,7 @@
 //! 3. `codec/`     — HTTP/1.1 parsing (strict framing), chunked decoding, head writing
 //! 4. `router/`    — host + longest path prefix -> route
 //! 5. `filters/`   — prefix rewrite, forwarded headers, location reverse-mapping
-//! 6. `upstream/`  — choosing a server (round robin)
+//! 6. `upstream/`  — choosing a server (policies, health checks, ejection), retry decisions
 //! 7. `connector/` — connecting, the per-worker keep-alive pool
 //! 8. `forward/`   — the exchange with the upstream: heads, bodies, 1xx, upgrade tunnels
 //! 9. `proxy`      — the pipeline tying 1-8 together, one loop per client connection

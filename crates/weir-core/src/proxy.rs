@@ -135,7 +135,8 @@ async fn handle(
     };
     let route_config = &listener.routes[index];
     let upstream = &snapshot.config.upstreams[route_config.upstream];
-    let target = crate::forward::exchange_target(listener, route_config, upstream);
+    let pool = &snapshot.upstreams[route_config.upstream];
+    let target = crate::forward::exchange_target(listener, route_config, upstream, pool);
     Handled {
         route,
         result: forward(worker, target, conn, req, resp, keep_alive).await,

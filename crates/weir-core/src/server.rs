@@ -59,14 +59,19 @@ impl Proxy {
             snapshot: ArcSwap::from_pointee(Snapshot::new(Arc::new(config))),
             generation: AtomicU64::new(0),
             shutdown: rx,
+            workers,
         });
         let metrics = Arc::new(Metrics::default());
+        *metrics.server_up.lock().unwrap_or_else(|e| e.into_inner()) =
+            shared.snapshot.load().server_up_flags();
         let (log_sinks, log_writers) = crate::access_log::start_all(
             &shared.snapshot.load().config,
             &metrics.access_log_dropped,
         )
         .map_err(StartError::AccessLog)?;
-        let mut threads = Vec::with_capacity(workers);
+        let mut threads = Vec::with_capacity(workers + 1);
+        // Active health checks: one thread for the process, following the snapshot.
+        threads.push(crate::upstream::health::spawn(shared.clone()).map_err(StartError::Thread)?);
         for (index, sockets) in sockets.into_iter().enumerate() {
             let shard = Arc::new(WorkerMetrics::new(&shared.snapshot.load().config));
             metrics.add_shard(shard.clone());

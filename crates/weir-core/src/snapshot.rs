@@ -5,16 +5,20 @@
 //! request path would otherwise recompute (route tables, pre-rendered default responses)
 //! lives here.
 
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use weir_config::{Config, Listener};
 
 use crate::codec::http1::write::push_simple_response;
 use crate::router::Router;
+use crate::upstream::UpstreamPlan;
 
 pub struct Snapshot {
     pub config: Arc<Config>,
     pub listeners: Vec<ListenerPlan>,
+    /// Per upstream (indexed like `config.upstreams`): groups, rings, shared server state.
+    pub upstreams: Vec<UpstreamPlan>,
 }
 
 /// Per-listener derived data, indexed like `config.listeners`.
@@ -31,7 +35,51 @@ pub struct ListenerPlan {
 impl Snapshot {
     pub fn new(config: Arc<Config>) -> Snapshot {
         let listeners = config.listeners.iter().map(ListenerPlan::new).collect();
-        Snapshot { config, listeners }
+        let upstreams = config
+            .upstreams
+            .iter()
+            .map(|u| UpstreamPlan::new(u, |_| None))
+            .collect();
+        Snapshot {
+            config,
+            listeners,
+            upstreams,
+        }
+    }
+
+    /// A snapshot of `config` that keeps the health state (active verdict, passive
+    /// ejection) of every server that `previous` had in an upstream of the same name.
+    pub fn with_previous(config: Arc<Config>, previous: &Snapshot) -> Snapshot {
+        let mut next = Snapshot::new(config.clone());
+        next.upstreams = config
+            .upstreams
+            .iter()
+            .map(|u| {
+                let old = previous
+                    .config
+                    .upstreams
+                    .iter()
+                    .position(|o| o.name == u.name);
+                UpstreamPlan::new(u, |i| {
+                    let o = old?;
+                    let s = &u.servers[i];
+                    let j = previous.config.upstreams[o]
+                        .servers
+                        .iter()
+                        .position(|p| p.name == s.name && p.addr == s.addr)?;
+                    Some(previous.upstreams[o].servers[j].clone())
+                })
+            })
+            .collect();
+        next
+    }
+
+    /// The health verdict flags, per upstream and server (what the metrics scrape reads).
+    pub fn server_up_flags(&self) -> Vec<Vec<Arc<AtomicBool>>> {
+        self.upstreams
+            .iter()
+            .map(|p| p.servers.iter().map(|s| s.up.clone()).collect())
+            .collect()
     }
 }
 

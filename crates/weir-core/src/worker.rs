@@ -1,5 +1,5 @@
 //! One worker: a thread with its own single-threaded tokio runtime, its own listening
-//! sockets (SO_REUSEPORT), its own upstream pool and round-robin cursors.
+//! sockets (SO_REUSEPORT), its own upstream pool and load-balancing state.
 //!
 //! Nothing here is shared with other workers except `Shared` (the published snapshot and the
 //! shutdown signal), which the request path reads without locks or atomic read-modify-write.
@@ -17,6 +17,7 @@ use crate::buffer::Buffer;
 use crate::connector::IdlePool;
 use crate::metrics::WorkerMetrics;
 use crate::snapshot::Snapshot;
+use crate::upstream::WorkerUpstreams;
 
 /// State shared by all workers.
 pub struct Shared {
@@ -24,6 +25,8 @@ pub struct Shared {
     /// Bumped on every publish, so workers notice a new snapshot with a plain load.
     pub generation: AtomicU64,
     pub shutdown: watch::Receiver<bool>,
+    /// Number of workers (each enforces its share of a server's `max_connections`).
+    pub workers: usize,
 }
 
 impl Shared {
@@ -45,7 +48,8 @@ pub struct Worker {
     #[allow(clippy::redundant_allocation)]
     cached: RefCell<(u64, Rc<Arc<Snapshot>>)>,
     pub pool: RefCell<IdlePool>,
-    cursors: RefCell<Vec<usize>>,
+    /// Load-balancing state, in-flight counts and retry budgets, per upstream.
+    pub upstreams: WorkerUpstreams,
     spare: RefCell<Vec<Buffer>>,
     draining: Cell<bool>,
     drain: Notify,
@@ -66,13 +70,14 @@ impl Worker {
         logs: Vec<Option<LogBuffer>>,
     ) -> Worker {
         let generation = shared.generation.load(Ordering::Acquire);
+        let upstreams = WorkerUpstreams::new(shared.workers);
         let snapshot = Rc::new(shared.snapshot.load_full());
         let listeners = snapshot.listeners.len();
         Worker {
             shared,
             cached: RefCell::new((generation, snapshot)),
             pool: RefCell::new(IdlePool::default()),
-            cursors: RefCell::new(Vec::new()),
+            upstreams,
             spare: RefCell::new(Vec::new()),
             draining: Cell::new(false),
             drain: Notify::new(),
@@ -92,15 +97,6 @@ impl Worker {
             *cached = (generation, Rc::new(self.shared.snapshot.load_full()));
         }
         cached.1.clone()
-    }
-
-    /// Round robin over `count` servers of upstream `upstream`.
-    pub fn pick(&self, upstream: usize, count: usize) -> Option<usize> {
-        let mut cursors = self.cursors.borrow_mut();
-        if cursors.len() <= upstream {
-            cursors.resize(upstream + 1, 0);
-        }
-        crate::upstream::round_robin::pick(&mut cursors[upstream], count)
     }
 
     pub fn take_buffer(&self) -> Buffer {

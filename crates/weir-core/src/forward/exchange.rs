@@ -15,6 +15,8 @@ use crate::codec::http1::{parse_response, BodyFraming, RequestHead, ResponseHead
 use crate::connector::connect;
 use crate::error::ProxyError;
 use crate::filters::location::ReverseMap;
+use crate::upstream::retry::{may_retry, replace_host, Outcome, Replay, Tried};
+use crate::upstream::{Pick, RequestKey, UpstreamPlan};
 use crate::worker::Worker;
 
 /// What the exchange needs to remember about the request once its head is consumed.
@@ -32,6 +34,8 @@ pub struct Target<'a> {
     pub listener: &'a Listener,
     pub route: &'a Route,
     pub upstream: &'a Upstream,
+    /// The upstream's pool plan in the same snapshot.
+    pub pool: &'a UpstreamPlan,
 }
 
 /// Forwards the request whose head is at the start of `conn.buf`. `keep_alive`: the client
@@ -44,10 +48,12 @@ pub async fn forward(
     resp: &mut ResponseHead,
     keep_alive: bool,
 ) -> Result<bool, Failure> {
-    let index = worker
-        .pick(target.route.upstream, target.upstream.servers.len())
+    let key = RequestKey::new(&target.upstream.lb, conn.buf.filled(), req, &conn.ip);
+    let pick = worker
+        .upstreams
+        .pick(target.route.upstream, target.pool, target.upstream, key)
         .ok_or(ProxyError::NoServer)?;
-    let server = &target.upstream.servers[index];
+    let server = &target.upstream.servers[pick.server];
     let meta = RequestMeta {
         is_head: req.is_head,
         http10: req.minor_version == 0,
@@ -77,7 +83,7 @@ pub async fn forward(
     let result = exchange(
         worker,
         target,
-        server,
+        (pick, key),
         conn,
         meta,
         body,
@@ -91,11 +97,13 @@ pub async fn forward(
     result
 }
 
+/// Sends the request to the picked server, retrying on other servers when the attempt
+/// fails in a way `upstream::retry` deems safe to retry, then relays the response.
 #[allow(clippy::too_many_arguments)]
 async fn exchange(
     worker: &Worker,
     target: Target<'_>,
-    server: &UpstreamServer,
+    (mut pick, key): (Pick, RequestKey),
     conn: &mut ClientConn,
     meta: RequestMeta,
     mut body: BodyState,
@@ -104,26 +112,90 @@ async fn exchange(
     resp: &mut ResponseHead,
     keep_alive: bool,
 ) -> Result<bool, Failure> {
-    let (stream, request_done) = if body.is_done() {
-        (
-            send_buffered(worker, target, server, conn, meta, buffered, up_buf, resp).await?,
-            true,
-        )
-    } else {
-        send_streaming(
-            worker, target, server, conn, meta, &mut body, buffered, up_buf, resp,
-        )
-        .await?
-    };
-    let exchange = Exchange {
-        worker,
-        target,
-        server,
-        meta,
-        request_done,
-        keep_alive,
-    };
-    exchange.respond(conn, stream, up_buf, resp).await
+    // The whole request is in the buffer (consumed only once a response is accepted), so
+    // it can be replayed byte for byte.
+    let whole = body.is_done();
+    let mut tried = Tried::new(pick.server);
+    loop {
+        let server = &target.upstream.servers[pick.server];
+        conn.upstream_pick = Some((target.route.upstream, pick.server));
+        let started = std::time::Instant::now();
+        let sent = if whole {
+            send_buffered(worker, target, server, conn, meta, buffered, up_buf, resp)
+                .await
+                .map(|stream| (stream, true))
+        } else {
+            send_streaming(
+                worker, target, server, conn, meta, &mut body, buffered, up_buf, resp,
+            )
+            .await
+        };
+        let elapsed = started.elapsed();
+        let outcome = match &sent {
+            Ok(_) => Outcome::Status(resp.status),
+            Err(f) => Outcome::of_error(f.error),
+        };
+        pick.record(target.pool, target.upstream, outcome, elapsed);
+        let replay = Replay {
+            idempotent: meta.idempotent,
+            buffered: whole,
+            responded: sent.as_ref().is_err_and(|f| f.responded),
+        };
+        if may_retry(&target.upstream.retry.on, outcome, replay) {
+            if let Some(next) = next_attempt(worker, target, key, &mut tried, conn, server) {
+                tracing::debug!(upstream = %target.upstream.name, server = %server.name, reason = outcome.reason(), "retrying on another server");
+                if let Some(m) = worker.metrics.upstreams.get(target.route.upstream) {
+                    m.retries.inc();
+                }
+                up_buf.clear();
+                drop(sent);
+                pick = next;
+                continue;
+            }
+        }
+        let (stream, request_done) = sent?;
+        conn.upstream_time = Some(elapsed);
+        if whole {
+            conn.buf.consume(buffered);
+        }
+        let exchange = Exchange {
+            worker,
+            target,
+            server,
+            meta,
+            request_done,
+            keep_alive,
+            set_cookie: target
+                .pool
+                .set_cookie(pick.server)
+                .filter(|_| pick.set_cookie),
+        };
+        // `pick` lives until the response is relayed: the request counts as in flight.
+        return exchange.respond(conn, stream, up_buf, resp).await;
+    }
+}
+
+/// The next server to try after `failed`, with the request head's `Host` updated when it
+/// names the server.
+fn next_attempt(
+    worker: &Worker,
+    target: Target<'_>,
+    key: RequestKey,
+    tried: &mut Tried,
+    conn: &mut ClientConn,
+    failed: &UpstreamServer,
+) -> Option<Pick> {
+    let u = target.upstream;
+    let next = worker
+        .upstreams
+        .retry(target.route.upstream, target.pool, u, key, tried)?;
+    let host_is_server = !target.route.preserve_host || conn.host.is_empty();
+    let new_name = u.servers[next.server].name.as_bytes();
+    if host_is_server && !replace_host(&mut conn.out, failed.name.as_bytes(), new_name) {
+        return None;
+    }
+    tried.push(next.server);
+    Some(next)
 }
 
 /// The request is complete in the buffer: send it, and replay it once on a fresh
@@ -161,10 +233,8 @@ async fn send_buffered(
             }),
         };
         match outcome {
-            Ok(()) => {
-                conn.buf.consume(buffered);
-                return Ok(stream);
-            }
+            // The caller consumes the buffered request once it accepts the response.
+            Ok(()) => return Ok(stream),
             Err(e) if reused && meta.idempotent && e.retryable() => {
                 tracing::debug!(server = %server.addr, error = %e.error, "pooled connection was dead; retrying on a new one");
                 up_buf.clear();
@@ -336,6 +406,8 @@ struct Exchange<'a> {
     meta: RequestMeta,
     request_done: bool,
     keep_alive: bool,
+    /// A `Set-Cookie` line to add (sticky sessions).
+    set_cookie: Option<&'a [u8]>,
 }
 
 impl Exchange<'_> {
@@ -368,6 +440,11 @@ impl Exchange<'_> {
             reverse.as_ref(),
             &framing,
         );
+        if let Some(line) = self.set_cookie {
+            // Before the head's final empty line.
+            let at = conn.out.len() - 2;
+            conn.out.splice(at..at, line.iter().copied());
+        }
         up_buf.consume(resp.head_len);
         let mut state = BodyState::new(resp.framing, dechunk, None);
         let (forward, consumed) = state

@@ -14,16 +14,19 @@ mod tunnel;
 
 pub use exchange::{forward, Target};
 
-/// The route, its upstream and the listener limits an exchange runs under.
+/// The route, its upstream (config and pool plan) and the listener limits an exchange
+/// runs under.
 pub fn exchange_target<'a>(
     listener: &'a weir_config::Listener,
     route: &'a weir_config::Route,
     upstream: &'a weir_config::Upstream,
+    pool: &'a crate::upstream::UpstreamPlan,
 ) -> Target<'a> {
     Target {
         listener,
         route,
         upstream,
+        pool,
     }
 }
 

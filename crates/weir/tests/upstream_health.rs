@@ -1,0 +1,139 @@
+//! Active health checks through the proxy: a failing server is marked down after `fall`
+//! checks and gets no requests, comes back after `rise`; backups take over while every
+//! primary is down; no server up means 503. Check intervals are 50 ms; the tests poll for
+//! state changes and never assert on timing.
+
+mod upstream_support;
+
+use upstream_support::{get_backend, servers, Switchable, Weir, WAIT};
+use weir_testkit::{wait_until, Backend};
+
+/// `[upstreams.app.health_check]` at 50 ms, and no slow start (so a returning server gets
+/// its share at once).
+fn checks(kind: &str, rise: u32, fall: u32) -> String {
+    let path = if kind == "http" {
+        "path = \"/healthz\"\n"
+    } else {
+        ""
+    };
+    format!(
+        "[upstreams.app.health_check]\nkind = \"{kind}\"\n{path}interval = \"50ms\"\n\
+         timeout = \"500ms\"\nrise = {rise}\nfall = {fall}\n\
+         [upstreams.app.passive]\nslow_start = \"0s\"\n"
+    )
+}
+
+#[test]
+fn a_failing_server_is_marked_down_after_fall_checks_and_back_after_rise() {
+    let flaky = Switchable::start("flaky");
+    let steady = Backend::echo("steady");
+    let weir = Weir::start(&format!(
+        "[upstreams.app]\n{}{}",
+        servers(&[(flaky.addr, ""), (steady.addr(), "")]),
+        checks("http", 2, 3)
+    ));
+    let mut client = weir.client();
+    assert!(weir.server_up(0));
+    assert!(wait_until(WAIT, || flaky.health_checks() >= 1));
+
+    let before = flaky.health_checks();
+    flaky.set_healthy(false);
+    assert!(wait_until(WAIT, || !weir.server_up(0)), "marked down");
+    assert!(
+        flaky.health_checks() - before >= 3,
+        "down only after fall = 3 failed checks"
+    );
+    let served = flaky.requests();
+    for _ in 0..30 {
+        assert_eq!(get_backend(&mut client), "steady");
+    }
+    assert_eq!(flaky.requests(), served, "a down server gets no requests");
+
+    let before = flaky.health_checks();
+    flaky.set_healthy(true);
+    assert!(wait_until(WAIT, || weir.server_up(0)), "marked up again");
+    assert!(
+        flaky.health_checks() - before >= 2,
+        "up only after rise = 2 good checks"
+    );
+    assert!(wait_until(WAIT, || get_backend(&mut client) == "flaky"));
+}
+
+#[test]
+fn tcp_check_marks_a_stopped_server_down() {
+    let gone = Backend::echo("gone");
+    let steady = Backend::echo("steady");
+    let weir = Weir::start(&format!(
+        "[upstreams.app]\n{}{}",
+        servers(&[(gone.addr(), ""), (steady.addr(), "")]),
+        checks("tcp", 1, 2)
+    ));
+    drop(gone);
+    assert!(wait_until(WAIT, || !weir.server_up(0)), "marked down");
+    let mut client = weir.client();
+    for _ in 0..20 {
+        assert_eq!(get_backend(&mut client), "steady");
+    }
+    assert!(weir.server_up(1));
+}
+
+#[test]
+fn no_server_up_means_503_with_a_clear_body() {
+    let only = Switchable::start("only");
+    let weir = Weir::start(&format!(
+        "[upstreams.app]\n{}{}",
+        servers(&[(only.addr, "")]),
+        checks("http", 1, 1)
+    ));
+    let mut client = weir.client();
+    assert_eq!(get_backend(&mut client), "only");
+    only.set_healthy(false);
+    assert!(wait_until(WAIT, || !weir.server_up(0)));
+    let served = only.requests();
+    let r = weir.client().get("/", "app.test").expect("response");
+    assert_eq!(r.status, 503);
+    assert_eq!(r.body_str(), "no healthy upstream server\n");
+    assert_eq!(only.requests(), served);
+    only.set_healthy(true);
+    assert!(wait_until(WAIT, || weir.server_up(0)));
+    assert_eq!(get_backend(&mut weir.client()), "only");
+}
+
+#[test]
+fn backup_takes_over_while_every_primary_is_down() {
+    let p1 = Switchable::start("p1");
+    let p2 = Switchable::start("p2");
+    let backup = Switchable::start("backup");
+    let weir = Weir::start(&format!(
+        "[upstreams.app]\n{}{}",
+        servers(&[(p1.addr, ""), (backup.addr, "backup = true"), (p2.addr, "")]),
+        checks("http", 1, 1)
+    ));
+    let mut client = weir.client();
+    for _ in 0..10 {
+        assert_ne!(get_backend(&mut client), "backup");
+    }
+    p1.set_healthy(false);
+    assert!(wait_until(WAIT, || !weir.server_up(0)));
+    for _ in 0..10 {
+        assert_eq!(get_backend(&mut client), "p2", "one primary is still up");
+    }
+    p2.set_healthy(false);
+    assert!(wait_until(WAIT, || !weir.server_up(2)));
+    for _ in 0..10 {
+        assert_eq!(get_backend(&mut client), "backup");
+    }
+    p2.set_healthy(true);
+    assert!(wait_until(WAIT, || weir.server_up(2)));
+    let backup_served = backup.requests();
+    for _ in 0..10 {
+        assert_eq!(get_backend(&mut client), "p2", "primaries take over again");
+    }
+    assert_eq!(backup.requests(), backup_served);
+    backup.set_healthy(false);
+    assert!(wait_until(WAIT, || !weir.server_up(1)));
+    p2.set_healthy(false);
+    assert!(wait_until(WAIT, || !weir.server_up(2)));
+    let r = weir.client().get("/", "app.test").expect("response");
+    assert_eq!(r.status, 503, "no primary and no backup up");
+}
