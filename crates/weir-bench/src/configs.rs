@@ -1,0 +1,267 @@
+//! Configuration files of the peers, rendered from the templates under `bench/templates/`
+//! (which hold the fairness settings) with the run's ports, paths, backends and routes.
+
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::path::Path;
+
+use anyhow::{bail, Result};
+
+use crate::peers::{Route, Setup, CGI_PREFIX, NO_ROUTE};
+
+const NGINX_T: &str = include_str!("../../../bench/templates/nginx.conf");
+const HAPROXY_T: &str = include_str!("../../../bench/templates/haproxy.cfg");
+const CADDY_T: &str = include_str!("../../../bench/templates/Caddyfile");
+const APACHE_T: &str = include_str!("../../../bench/templates/apache.conf");
+const WEIR_T: &str = include_str!("../../../bench/templates/weir.toml");
+
+/// Replaces each `{{KEY}}`; fails if a placeholder is left over.
+pub fn render(template: &str, vars: &[(&str, &str)]) -> Result<String> {
+    let mut s = template.to_string();
+    for (k, v) in vars {
+        s = s.replace(&format!("{{{{{k}}}}}"), v);
+    }
+    if let Some(i) = s.find("{{") {
+        let end = s[i..].find("}}").map_or(s.len(), |e| i + e + 2);
+        bail!("template placeholder {} not filled", &s[i..end]);
+    }
+    Ok(s)
+}
+
+fn addr_list(backends: &[SocketAddr], f: impl Fn(&SocketAddr) -> String) -> String {
+    backends.iter().map(f).collect::<Vec<_>>().join("")
+}
+
+pub fn nginx_conf(
+    name: &str,
+    dir: &Path,
+    port: u16,
+    upstream: &str,
+    locations: &str,
+) -> Result<String> {
+    render(
+        NGINX_T,
+        &[
+            ("NAME", name),
+            ("DIR", &dir.to_string_lossy()),
+            ("PORT", &port.to_string()),
+            ("UPSTREAM", upstream),
+            ("LOCATIONS", locations),
+        ],
+    )
+}
+
+pub fn nginx_proxy(s: &Setup, port: u16) -> Result<String> {
+    let no_route =
+        format!("        location / {{\n            return 404 \"{NO_ROUTE}\";\n        }}\n");
+    let upstream = format!(
+        "    upstream backend {{\n{}        keepalive {};\n        keepalive_requests 1000000;\n        keepalive_timeout 300s;\n    }}\n",
+        addr_list(s.backends, |a| format!("        server {a};\n")),
+        s.max_conns.max(64) * 2,
+    );
+    let (upstream, locations) = match s.route {
+        Route::Proxy => (upstream, "        location / {\n            proxy_pass http://backend;\n        }\n".to_string()),
+        Route::Prefix => (
+            upstream,
+            format!("        location {CGI_PREFIX} {{\n            proxy_pass http://backend/;\n        }}\n{no_route}"),
+        ),
+        Route::Default => (String::new(), no_route),
+    };
+    nginx_conf("nginx", s.dir, port, &upstream, &locations)
+}
+
+pub fn haproxy_cfg(s: &Setup, port: u16, tcp: bool) -> Result<String> {
+    let mut body = String::new();
+    match s.route {
+        Route::Default => {
+            let _ = writeln!(
+                body,
+                "    http-request return status 404 content-type text/plain string \"{NO_ROUTE}\""
+            );
+        }
+        Route::Proxy | Route::Prefix => {
+            body.push_str("    balance roundrobin\n");
+            for (i, a) in s.backends.iter().enumerate() {
+                let _ = writeln!(body, "    server s{i} {a}");
+            }
+        }
+    }
+    let http_defaults = if tcp {
+        ""
+    } else {
+        "    timeout http-keep-alive 300s\n    option http-keep-alive\n    http-reuse always\n"
+    };
+    render(
+        HAPROXY_T,
+        &[
+            ("MAXCONN", &(s.max_conns * 2 + 1000).to_string()),
+            ("MODE", if tcp { "tcp" } else { "http" }),
+            ("HTTP_DEFAULTS", http_defaults),
+            ("PORT", &port.to_string()),
+            ("BODY", &body),
+        ],
+    )
+}
+
+pub fn caddyfile(s: &Setup, port: u16) -> Result<String> {
+    let routes = match s.route {
+        Route::Default => format!("\trespond \"{NO_ROUTE}\" 404"),
+        Route::Proxy | Route::Prefix => {
+            let idle = s.max_conns.max(64) * 2;
+            format!(
+                "\treverse_proxy {} {{\n\t\tlb_policy round_robin\n\t\ttransport http {{\n\t\t\tkeepalive 300s\n\t\t\tkeepalive_idle_conns {idle}\n\t\t\tkeepalive_idle_conns_per_host {idle}\n\t\t}}\n\t}}",
+                s.backends.iter().map(|a| a.to_string()).collect::<Vec<_>>().join(" ")
+            )
+        }
+    };
+    render(CADDY_T, &[("PORT", &port.to_string()), ("ROUTES", &routes)])
+}
+
+pub fn apache_conf(s: &Setup, port: u16, moddir: &Path) -> Result<String> {
+    let b = s
+        .backends
+        .first()
+        .map(|a| a.to_string())
+        .unwrap_or_default();
+    let routes = match s.route {
+        Route::Proxy => format!("ProxyPass \"/\" \"http://{b}/\"\n"),
+        Route::Prefix => format!(
+            "ProxyPass \"{CGI_PREFIX}\" \"http://{b}/\"\nProxyPassReverse \"{CGI_PREFIX}\" \"http://{b}/\"\n"
+        ),
+        Route::Default => String::new(),
+    };
+    let unixd = if moddir.join("mod_unixd.so").exists() {
+        format!("LoadModule unixd_module {}/mod_unixd.so", moddir.display())
+    } else {
+        String::new()
+    };
+    render(
+        APACHE_T,
+        &[
+            ("DIR", &s.dir.to_string_lossy()),
+            ("MODDIR", &moddir.to_string_lossy()),
+            ("UNIXD", &unixd),
+            ("PORT", &port.to_string()),
+            ("THREADS", &(s.max_conns + 16).max(64).to_string()),
+            ("ROUTES", &routes),
+        ],
+    )
+}
+
+/// Weir's configuration; `tcp` asks for an L4 listener (skipped while Weir rejects it).
+pub fn weir_toml(s: &Setup, port: u16, admin: Option<u16>, tcp: bool) -> Result<String> {
+    let servers = s
+        .backends
+        .iter()
+        .map(|a| format!("{{ addr = \"{a}\" }}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let pool = format!(
+        "[upstreams.backend]\nservers = [{servers}]\nmax_idle = {}\nidle_timeout = \"300s\"\n",
+        s.max_conns.max(64) * 2
+    );
+    let (routes, upstreams) = match (tcp, s.route) {
+        (true, _) => ("protocol = \"tcp\"\nupstream = \"backend\"\n".to_string(), pool),
+        (false, Route::Proxy) => (
+            "\n[[listeners.routes]]\nname = \"all\"\npath_prefix = \"/\"\nforwarded_headers = false\nupstream = \"backend\"\n".to_string(),
+            pool,
+        ),
+        (false, Route::Prefix) => (
+            format!("\n[[listeners.routes]]\nname = \"cgi\"\npath_prefix = \"{CGI_PREFIX}\"\nrewrite_prefix = \"/\"\nreverse_rewrite = true\nforwarded_headers = false\nupstream = \"backend\"\n"),
+            pool,
+        ),
+        (false, Route::Default) => (String::new(), String::new()),
+    };
+    let admin = admin.map_or("off".to_string(), |p| format!("127.0.0.1:{p}"));
+    render(
+        WEIR_T,
+        &[
+            ("ADMIN", &admin),
+            ("PORT", &port.to_string()),
+            ("ROUTES", &routes),
+            ("UPSTREAMS", &upstreams),
+        ],
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn setup<'a>(dir: &'a Path, backends: &'a [SocketAddr], route: Route) -> Setup<'a> {
+        Setup {
+            dir,
+            backends,
+            route,
+            max_conns: 512,
+            weir: Path::new("/nonexistent/weir"),
+            admin: false,
+        }
+    }
+
+    fn addrs() -> Vec<SocketAddr> {
+        vec![
+            "127.0.0.1:9001".parse().unwrap(),
+            "127.0.0.1:9002".parse().unwrap(),
+        ]
+    }
+
+    #[test]
+    fn render_fills_and_detects_leftovers() {
+        assert_eq!(render("a {{X}} b", &[("X", "1")]).unwrap(), "a 1 b");
+        let e = render("a {{X}} {{Y}}", &[("X", "1")]).unwrap_err();
+        assert!(e.to_string().contains("{{Y}}"), "{e}");
+    }
+
+    #[test]
+    fn every_template_renders_for_every_route() {
+        let b = addrs();
+        let dir = Path::new("/tmp/wb");
+        for route in [Route::Proxy, Route::Prefix, Route::Default] {
+            let s = setup(dir, &b, route);
+            let n = nginx_proxy(&s, 8080).unwrap();
+            assert!(n.contains("worker_processes 1;") && n.contains("access_log off;"));
+            assert_eq!(n.contains("keepalive 1024;"), route != Route::Default);
+            haproxy_cfg(&s, 8080, false).unwrap();
+            caddyfile(&s, 8080).unwrap();
+            apache_conf(&s, 8080, Path::new("/m")).unwrap();
+            weir_toml(&s, 8080, None, false).unwrap();
+        }
+    }
+
+    #[test]
+    fn weir_config_matches_the_fairness_rules() {
+        let b = addrs();
+        let s = setup(Path::new("/tmp"), &b, Route::Prefix);
+        let t = weir_toml(&s, 8080, Some(9901), false).unwrap();
+        for want in [
+            "workers = 1",
+            "keepalive_requests = 0",
+            "forwarded_headers = false",
+            "rewrite_prefix = \"/\"",
+            "bind = \"127.0.0.1:9901\"",
+            "{ addr = \"127.0.0.1:9002\" }",
+        ] {
+            assert!(t.contains(want), "missing {want} in\n{t}");
+        }
+        let d = weir_toml(
+            &setup(Path::new("/tmp"), &b, Route::Default),
+            1,
+            None,
+            false,
+        )
+        .unwrap();
+        assert!(!d.contains("[upstreams"), "{d}");
+        assert!(d.contains("bind = \"off\""));
+    }
+
+    #[test]
+    fn haproxy_modes() {
+        let b = addrs();
+        let s = setup(Path::new("/tmp"), &b, Route::Proxy);
+        let tcp = haproxy_cfg(&s, 1, true).unwrap();
+        assert!(tcp.contains("mode tcp") && !tcp.contains("option http-keep-alive"));
+        let http = haproxy_cfg(&s, 1, false).unwrap();
+        assert!(http.contains("nbthread 1") && http.contains("server s1 127.0.0.1:9002"));
+    }
+}

@@ -1,0 +1,212 @@
+//! The load side: what one measured run sends (wrk, ab or the open-loop generator), run on
+//! the load CPU, and the figures it reports.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+
+use crate::process::{self, Spec};
+use crate::{ab, wrk, LOAD_CPU};
+
+/// What a load generator measured. Latencies in microseconds.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct LoadOutput {
+    pub requests: u64,
+    pub duration_s: f64,
+    pub rps: f64,
+    pub p50_us: Option<f64>,
+    pub p90_us: Option<f64>,
+    pub p99_us: Option<f64>,
+    pub p999_us: Option<f64>,
+    /// Connect, read, write and timeout errors (ab: failed requests).
+    pub errors: u64,
+    /// Responses outside 2xx (wrk: outside 2xx/3xx).
+    pub non2xx: u64,
+    /// Open-loop only: requests sent more than 1 ms behind schedule, and requests never sent.
+    pub late: Option<u64>,
+    pub unsent: Option<u64>,
+}
+
+/// One load level of a scenario.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[serde(tag = "tool", rename_all = "lowercase")]
+pub enum Load {
+    /// `wrk -t1 -cN`: closed loop, keep-alive.
+    Wrk { conns: u32 },
+    /// `ab -cN`: closed loop, a new connection per request; GET or POST (body "hola").
+    Ab { conns: u32, post: bool },
+    /// The open-loop generator at a fixed rate over `conns` keep-alive connections.
+    Rate { rate: u32, conns: u32 },
+}
+
+impl Load {
+    pub fn label(&self) -> String {
+        match self {
+            Load::Wrk { conns } => format!("c={conns}"),
+            Load::Ab { conns, post } => {
+                format!("{} c={conns}", if *post { "POST" } else { "GET" })
+            }
+            Load::Rate { rate, .. } => format!("{rate} rps"),
+        }
+    }
+
+    pub fn conns(&self) -> u32 {
+        match *self {
+            Load::Wrk { conns } | Load::Ab { conns, .. } | Load::Rate { conns, .. } => conns,
+        }
+    }
+}
+
+/// The load tools found on this machine, and the run's scratch directory.
+pub struct Tools {
+    pub wrk: Option<PathBuf>,
+    pub ab: Option<PathBuf>,
+    pub self_exe: PathBuf,
+    pub dir: PathBuf,
+}
+
+impl Tools {
+    /// Finds wrk and ab and writes the wrk script and the POST body into `dir`.
+    pub fn new(dir: PathBuf) -> Result<Tools> {
+        std::fs::write(dir.join("report.lua"), wrk::REPORT_LUA)?;
+        std::fs::write(dir.join("post-body.txt"), "hola")?;
+        Ok(Tools {
+            wrk: process::find_program("wrk"),
+            ab: process::find_program("ab"),
+            self_exe: std::env::current_exe().context("locate weir-bench itself")?,
+            dir,
+        })
+    }
+
+    /// Why `load` cannot run here, if it cannot.
+    pub fn missing(&self, load: &Load) -> Option<&'static str> {
+        match load {
+            Load::Wrk { .. } if self.wrk.is_none() => Some("wrk is not installed (bench/setup.sh)"),
+            Load::Ab { .. } if self.ab.is_none() => {
+                Some("ab is not installed (apache2-utils, bench/setup.sh)")
+            }
+            _ => None,
+        }
+    }
+}
+
+/// Runs `load` against `http://addr{path}` for `secs` seconds on the load CPU. Returns what
+/// it measured and its own CPU time in seconds.
+pub fn run(
+    load: &Load,
+    tools: &Tools,
+    addr: SocketAddr,
+    path: &str,
+    secs: u64,
+) -> Result<(LoadOutput, f64)> {
+    let url = format!("http://{addr}{path}");
+    let log = tools.dir.join("load.log");
+    let csv = tools.dir.join("ab.csv");
+    let spec = match *load {
+        Load::Wrk { conns } => {
+            let script = tools.dir.join("report.lua");
+            Spec::new(
+                "wrk",
+                tools.wrk.clone().unwrap_or_default(),
+                Some(LOAD_CPU),
+                log,
+            )
+            .args(wrk::args(conns, secs, &script.to_string_lossy(), &url))
+        }
+        Load::Ab { conns, post } => {
+            let _ = std::fs::remove_file(&csv);
+            let body = tools.dir.join("post-body.txt");
+            let body = post.then(|| body.to_string_lossy().into_owned());
+            Spec::new(
+                "ab",
+                tools.ab.clone().unwrap_or_default(),
+                Some(LOAD_CPU),
+                log,
+            )
+            .args(ab::args(
+                conns,
+                secs,
+                body.as_deref(),
+                &csv.to_string_lossy(),
+                &url,
+            ))
+        }
+        Load::Rate { rate, conns } => Spec::new("loadgen", &tools.self_exe, Some(LOAD_CPU), log)
+            .args([
+                "loadgen".to_string(),
+                format!("--addr={addr}"),
+                format!("--path={path}"),
+                format!("--rate={rate}"),
+                format!("--conns={conns}"),
+                format!("--duration={secs}"),
+            ]),
+    };
+    let child = process::spawn(&spec.piped())?;
+    let log_path = child.log.clone();
+    let done = child.finish()?;
+    let parsed = match load {
+        Load::Wrk { .. } => wrk::parse(&done.stdout),
+        Load::Ab { .. } => ab::parse(&done.stdout).map(|mut o| {
+            if let Ok(text) = std::fs::read_to_string(&csv) {
+                ab::apply_csv(&mut o, &text);
+            }
+            o
+        }),
+        Load::Rate { .. } => serde_json::from_str(done.stdout.trim()).context("loadgen report"),
+    };
+    match parsed {
+        Ok(o) => Ok((o, done.cpu_secs)),
+        Err(e) => {
+            let err = std::fs::read_to_string(log_path).unwrap_or_default();
+            bail!("{e:#} ({}; stderr: {})", done.status, err.trim())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels() {
+        assert_eq!(Load::Wrk { conns: 32 }.label(), "c=32");
+        assert_eq!(
+            Load::Ab {
+                conns: 100,
+                post: true
+            }
+            .label(),
+            "POST c=100"
+        );
+        assert_eq!(
+            Load::Rate {
+                rate: 5000,
+                conns: 64
+            }
+            .label(),
+            "5000 rps"
+        );
+        assert_eq!(
+            Load::Rate {
+                rate: 5000,
+                conns: 64
+            }
+            .conns(),
+            64
+        );
+    }
+
+    #[test]
+    fn loadgen_report_round_trips() {
+        let o = LoadOutput {
+            requests: 10,
+            late: Some(1),
+            p999_us: Some(12.5),
+            ..LoadOutput::default()
+        };
+        let back: LoadOutput = serde_json::from_str(&serde_json::to_string(&o).unwrap()).unwrap();
+        assert_eq!(back, o);
+    }
+}

@@ -1,0 +1,211 @@
+//! weir-bench: reruns the seed benchmark reports with Weir side by side with nginx, HAProxy,
+//! Caddy and Apache, each configured fairly (one worker, upstream keep-alive, logging off).
+//!
+//! `cargo run -p weir-bench --release -- <scenario>... [--quick] [--repeat N] [--out DIR]
+//! [--weir PATH]`. The proxy under test is pinned to CPU 0; the backends, the load generator
+//! and this harness run on CPU 1. See docs/benchmarks.md for the method.
+//!
+//! Modules: [`scenario`] (what each seed needs), [`runner`] (repetitions and measurement),
+//! [`summary`] (medians, spreads, flags, ratios),
+//! [`peers`], [`configs`] and [`backend`] (what runs), [`load`], [`wrk`], [`ab`] and [`loadgen`] (the
+//! load side), [`procfs`] and [`stats`] (the figures), [`report`], [`chart`] and [`envinfo`]
+//! (the output), [`process`] (children and their cleanup).
+
+mod ab;
+mod backend;
+mod chart;
+mod configs;
+mod envinfo;
+mod load;
+mod loadgen;
+mod peers;
+mod process;
+mod procfs;
+mod report;
+mod runner;
+mod scenario;
+mod stats;
+mod summary;
+mod wrk;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+
+/// The CPU the proxy under test is pinned to.
+pub const PROXY_CPU: usize = 0;
+/// The CPU of the load generator, the backends and the harness.
+pub const LOAD_CPU: usize = 1;
+
+/// Benchmark Weir against nginx, HAProxy, Caddy and Apache (the seed experiments).
+#[derive(Parser)]
+#[command(name = "weir-bench", args_conflicts_with_subcommands = true)]
+struct Cli {
+    #[command(subcommand)]
+    helper: Option<Helper>,
+    /// Scenarios to run.
+    #[arg(value_enum)]
+    scenarios: Vec<scenario::Name>,
+    /// Smoke test: 2 s per case, one repetition, fewer loads. Not a result.
+    #[arg(long)]
+    quick: bool,
+    /// Repetitions per case (default 3; 1 with --quick).
+    #[arg(long)]
+    repeat: Option<u32>,
+    /// Where results.md, results.json and the SVG charts go.
+    #[arg(long, default_value = "target/weir-bench")]
+    out: PathBuf,
+    /// The Weir binary (default: build target/release/weir with cargo first).
+    #[arg(long)]
+    weir: Option<PathBuf>,
+    /// Only these peers, comma-separated (direct, weir, weir-tcp, nginx, haproxy-http,
+    /// haproxy-tcp, caddy, apache-event).
+    #[arg(long, value_delimiter = ',')]
+    peers: Vec<String>,
+    /// Seconds per measured run (default 10; 2 with --quick).
+    #[arg(long)]
+    duration: Option<u64>,
+    /// Seconds of warm-up after a peer starts (default 2; 1 with --quick).
+    #[arg(long)]
+    warmup: Option<u64>,
+}
+
+#[derive(Subcommand)]
+enum Helper {
+    /// Internal: run test backends (started by the harness on the backend CPU).
+    #[command(hide = true)]
+    Backend(backend::Args),
+    /// Internal: the open-loop fixed-rate generator (started on the load CPU).
+    #[command(hide = true)]
+    Loadgen(loadgen::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.helper {
+        Some(Helper::Backend(a)) => backend::main(a),
+        Some(Helper::Loadgen(a)) => loadgen::main(a),
+        None => bench(cli),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("weir-bench: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn repo_root() -> PathBuf {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    p.canonicalize().unwrap_or(p)
+}
+
+/// Builds Weir in release mode (a no-op when it is up to date) and returns its path.
+fn build_weir(root: &Path) -> Result<PathBuf> {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    eprintln!("weir-bench: cargo build --release -p weir");
+    let st = Command::new(cargo)
+        .current_dir(root)
+        .args(["build", "--release", "-p", "weir"])
+        .status()
+        .context("run cargo")?;
+    if !st.success() {
+        bail!("cargo build --release -p weir failed");
+    }
+    let target =
+        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
+    Ok(target.join("release/weir"))
+}
+
+/// Raises the open-file limit the children inherit: to 262144 where allowed (root), else
+/// the soft limit to the hard one.
+fn raise_fd_limit() {
+    // SAFETY: getrlimit/setrlimit with a valid struct.
+    unsafe {
+        let mut r: libc::rlimit = std::mem::zeroed();
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) != 0 {
+            return;
+        }
+        let want = 262_144;
+        if r.rlim_max < want {
+            let big = libc::rlimit {
+                rlim_cur: want,
+                rlim_max: want,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &big) == 0 {
+                return;
+            }
+        }
+        if r.rlim_cur < r.rlim_max {
+            r.rlim_cur = r.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &r);
+        }
+    }
+}
+
+fn bench(cli: Cli) -> Result<()> {
+    if cli.scenarios.is_empty() {
+        bail!("name one or more scenarios: proxy-1core, cgi-prefix, default-backend, round-robin, latency, all");
+    }
+    let mut names = Vec::new();
+    for n in &cli.scenarios {
+        let expand: &[scenario::Name] = if *n == scenario::Name::All {
+            &scenario::Name::EVERY
+        } else {
+            std::slice::from_ref(n)
+        };
+        for n in expand {
+            if !names.contains(n) {
+                names.push(*n);
+            }
+        }
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if cores < 2 {
+        bail!("needs 2 CPUs (proxy on CPU {PROXY_CPU}, load on CPU {LOAD_CPU}); this machine has {cores}");
+    }
+    if cfg!(debug_assertions) {
+        eprintln!("weir-bench: warning: a debug build; run with --release (the open-loop generator is this binary)");
+    }
+    process::install_cleanup();
+    raise_fd_limit();
+    let root = repo_root();
+    let weir = match cli.weir {
+        Some(p) => p,
+        None => build_weir(&root)?,
+    };
+    // After the build (which should have both cores): keep the harness off the proxy's core.
+    process::pin_self(LOAD_CPU);
+    let quick = cli.quick;
+    let opts = runner::Opts {
+        quick,
+        repeat: cli.repeat.unwrap_or(if quick { 1 } else { 3 }).max(1),
+        secs: cli.duration.unwrap_or(if quick { 2 } else { 10 }).max(1),
+        warmup: cli.warmup.unwrap_or(if quick { 1 } else { 2 }),
+        weir,
+        only: cli.peers,
+    };
+    let tmp = process::TempDir::new("weir-bench")?;
+    let tools = load::Tools::new(tmp.0.clone())?;
+    let env = envinfo::collect(&opts.weir, &root);
+    let mut results = Vec::new();
+    for n in names {
+        let sc = scenario::build(n, quick);
+        eprintln!("weir-bench: scenario {} (seed {})", sc.name, sc.seeds);
+        results.push(runner::run(&sc, &opts, &tools, &tmp.0));
+    }
+    let r = report::Report {
+        env: &env,
+        options: &opts,
+        scenarios: &results,
+    };
+    let md = report::markdown(&r);
+    print!("{md}");
+    for f in report::write_all(&cli.out, &r, &md)? {
+        eprintln!("weir-bench: wrote {f}");
+    }
+    Ok(())
+}

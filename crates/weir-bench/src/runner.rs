@@ -1,0 +1,349 @@
+//! Running a scenario: for each repetition and each peer, start the peer on the proxy CPU,
+//! check that it answers correctly, warm it up, measure every load, stop it. Per measured run
+//! the proxy's CPU time and peak RSS come from `/proc`, the generator's CPU from `wait4`.
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{bail, Result};
+use serde::Serialize;
+
+use crate::backend::{self, BackendKind};
+use crate::load::{self, Load, LoadOutput, Tools};
+use crate::peers::{self, Peer, Route};
+use crate::process::{self, Child};
+use crate::procfs;
+use crate::scenario::Scenario;
+use crate::summary::{flags, metrics_verdict, ratios, summarise, Case, Ratio};
+use crate::{LOAD_CPU, PROXY_CPU};
+
+/// Harness options.
+#[derive(Debug, Clone, Serialize)]
+pub struct Opts {
+    pub quick: bool,
+    pub repeat: u32,
+    pub secs: u64,
+    pub warmup: u64,
+    pub weir: PathBuf,
+    /// Only these peers (by name); empty = all.
+    pub only: Vec<String>,
+}
+
+/// One measured run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Sample {
+    #[serde(flatten)]
+    pub load: LoadOutput,
+    /// The proxy's (for `direct`: the backend's) utime + stime per request, microseconds.
+    pub cpu_per_req_us: Option<f64>,
+    /// Percent of one core, over the run's wall time.
+    pub proxy_cpu_pct: f64,
+    pub peak_rss_mib: Option<f64>,
+    pub gen_cpu_pct: f64,
+    pub backend_cpu_pct: Option<f64>,
+    /// Task time on the proxy CPU not accounted for by the proxy (other processes).
+    pub cpu0_other_pct: Option<f64>,
+    pub metrics: Option<String>,
+}
+
+/// Everything one scenario produced.
+#[derive(Debug, Clone, Serialize)]
+pub struct ScenarioResult {
+    pub scenario: Scenario,
+    pub backend: String,
+    pub cases: Vec<Case>,
+    pub ratios: Vec<Ratio>,
+    pub notes: Vec<String>,
+    pub seconds: f64,
+}
+
+/// Runs `sc` and summarises it. Failures of single peers become notes.
+pub fn run(sc: &Scenario, opts: &Opts, tools: &Tools, dir: &Path) -> ScenarioResult {
+    let started = Instant::now();
+    let mut notes = Vec::new();
+    let loads: Vec<Load> = sc
+        .loads
+        .iter()
+        .filter(|l| match tools.missing(l) {
+            Some(why) => {
+                notes.push(format!("{} skipped: {why}", l.label()));
+                false
+            }
+            None => true,
+        })
+        .copied()
+        .collect();
+    let mut peers = Vec::new();
+    for &p in &sc.peers {
+        if !opts.only.is_empty() && !opts.only.iter().any(|o| o == p.name()) {
+            continue;
+        }
+        match peers::program(p, &opts.weir) {
+            Ok(_) => peers.push(p),
+            Err(why) => notes.push(format!("{} skipped: {why}", p.name())),
+        }
+    }
+    let mut result = ScenarioResult {
+        scenario: sc.clone(),
+        backend: String::new(),
+        cases: Vec::new(),
+        ratios: Vec::new(),
+        notes,
+        seconds: 0.0,
+    };
+    let backend = match backend::start(sc.backend, LOAD_CPU, dir, "main") {
+        Ok(b) => b,
+        Err(e) => {
+            result.notes.push(format!("backend failed to start: {e:#}"));
+            return result;
+        }
+    };
+    result.backend = backend
+        .as_ref()
+        .map_or("none (the proxy answers)".into(), |b| {
+            format!("{}, pinned to CPU {LOAD_CPU}", b.about)
+        });
+    let mut samples: Vec<Vec<Vec<Sample>>> = vec![vec![Vec::new(); loads.len()]; peers.len()];
+    let mut failed = BTreeSet::new();
+    for rep in 0..opts.repeat {
+        for (pi, &peer) in peers.iter().enumerate() {
+            if failed.contains(&pi) {
+                continue;
+            }
+            eprintln!(
+                "[{}] repetition {}/{}: {}",
+                sc.name,
+                rep + 1,
+                opts.repeat,
+                peer.name()
+            );
+            let backend_ref = backend.as_ref();
+            match run_peer(
+                sc,
+                peer,
+                &loads,
+                opts,
+                tools,
+                dir,
+                backend_ref,
+                &mut result.notes,
+            ) {
+                Ok(per_load) => {
+                    for (li, s) in per_load.into_iter().enumerate() {
+                        match s {
+                            Ok(s) => samples[pi][li].push(s),
+                            Err(e) => result.notes.push(format!(
+                                "{} {}: run failed: {e:#}",
+                                peer.name(),
+                                loads[li].label()
+                            )),
+                        }
+                    }
+                }
+                Err(e) => {
+                    result.notes.push(format!("{} skipped: {e:#}", peer.name()));
+                    failed.insert(pi);
+                }
+            }
+        }
+    }
+    drop(backend);
+    for (pi, &peer) in peers.iter().enumerate() {
+        for (li, load) in loads.iter().enumerate() {
+            let s = std::mem::take(&mut samples[pi][li]);
+            if s.is_empty() {
+                continue;
+            }
+            let summary = summarise(&s);
+            let flags = flags(peer, &summary, sc.expect_status);
+            result.cases.push(Case {
+                peer,
+                peer_name: peer.name(),
+                load: *load,
+                label: load.label(),
+                samples: s,
+                summary,
+                flags,
+            });
+        }
+    }
+    result.ratios = ratios(&result.cases);
+    result.seconds = started.elapsed().as_secs_f64();
+    result
+}
+
+/// The system under test of one peer run: what to send load to, and whose CPU to count.
+struct Target {
+    addr: SocketAddr,
+    admin: Option<SocketAddr>,
+    child: Child,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_peer(
+    sc: &Scenario,
+    peer: Peer,
+    loads: &[Load],
+    opts: &Opts,
+    tools: &Tools,
+    dir: &Path,
+    backend: Option<&backend::Running>,
+    notes: &mut Vec<String>,
+) -> Result<Vec<Result<Sample>>> {
+    let backends: Vec<SocketAddr> = backend.map(|b| b.addrs.clone()).unwrap_or_default();
+    let max_conns = loads.iter().map(Load::conns).max().unwrap_or(64);
+    let mut t = if peer == Peer::Direct {
+        // The backend alone on the proxy CPU: the cost floor a proxy is compared with.
+        let kind = match sc.backend {
+            BackendKind::Echo { .. } => BackendKind::Echo { count: 1 },
+            k => k,
+        };
+        let Some(b) = backend::start(kind, PROXY_CPU, dir, "direct")? else {
+            bail!("no backend to measure directly");
+        };
+        Target {
+            addr: b.addrs[0],
+            admin: None,
+            child: b.child,
+        }
+    } else {
+        let setup = peers::Setup {
+            dir,
+            backends: &backends,
+            route: sc.route,
+            max_conns,
+            weir: &opts.weir,
+            admin: sc.check_metrics,
+        };
+        let s = peers::start(peer, &setup, PROXY_CPU)?;
+        Target {
+            addr: s.addr,
+            admin: s.admin,
+            child: s.child,
+        }
+    };
+    verify(sc, peer, &t, backends.len(), notes)?;
+    let heaviest = loads.iter().max_by_key(|l| l.conns()).copied();
+    if let (Some(w), true) = (heaviest, opts.warmup > 0) {
+        load::run(&w, tools, t.addr, sc.path, opts.warmup)?;
+    }
+    let backend_pgid = if peer == Peer::Direct {
+        None
+    } else {
+        backend.map(|b| b.child.pgid)
+    };
+    let out = loads
+        .iter()
+        .map(|l| measure(l, sc, opts, tools, &mut t, backend_pgid))
+        .collect();
+    Ok(out)
+}
+
+/// One request through the peer before measuring: right status, prefix rewritten, and (with
+/// several backends) every backend reached.
+fn verify(
+    sc: &Scenario,
+    peer: Peer,
+    t: &Target,
+    n_backends: usize,
+    notes: &mut Vec<String>,
+) -> Result<()> {
+    let p = process::http_get(t.addr, sc.path)?;
+    if p.status != sc.expect_status {
+        bail!(
+            "answered {} instead of {} for {}",
+            p.status,
+            sc.expect_status,
+            sc.path
+        );
+    }
+    if sc.route == Route::Prefix && peer != Peer::Direct && !p.body.starts_with(b"GET /cgi-bin/") {
+        bail!(
+            "prefix not rewritten: backend saw {:?}",
+            String::from_utf8_lossy(&p.body[..p.body.len().min(40)])
+        );
+    }
+    if n_backends > 1 && peer != Peer::Direct {
+        let mut seen = BTreeSet::new();
+        for _ in 0..n_backends * 2 {
+            let p = process::http_get(t.addr, sc.path)?;
+            seen.insert(p.header("x-backend").unwrap_or("?").to_string());
+        }
+        if seen.len() < n_backends {
+            notes.push(format!(
+                "{}: round robin reached only {seen:?}",
+                peer.name()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Sum of the samples of metrics whose name ends in `requests_total`, from `/metrics`.
+fn scrape_requests(admin: SocketAddr) -> Option<f64> {
+    let p = process::http_get(admin, "/metrics").ok()?;
+    if p.status != 200 {
+        return None;
+    }
+    let text = String::from_utf8_lossy(&p.body);
+    let sum = text
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (name, value) = l.rsplit_once(' ')?;
+            let metric = name.split('{').next()?;
+            metric
+                .ends_with("requests_total")
+                .then(|| value.parse::<f64>().ok())?
+        })
+        .sum();
+    Some(sum)
+}
+
+fn measure(
+    l: &Load,
+    sc: &Scenario,
+    opts: &Opts,
+    tools: &Tools,
+    t: &mut Target,
+    backend_pgid: Option<i32>,
+) -> Result<Sample> {
+    let pgid = t.child.pgid;
+    if let Some(st) = t.child.exited() {
+        bail!("{} exited ({st}): {}", t.child.name, t.child.log_tail());
+    }
+    procfs::reset_peak_rss(pgid);
+    let metrics_before = t.admin.and_then(scrape_requests);
+    let cpu0_a = procfs::cpu_times(PROXY_CPU);
+    let sut_a = procfs::group_cpu_secs(pgid);
+    let be_a = backend_pgid.map(procfs::group_cpu_secs);
+    let t0 = Instant::now();
+    let (out, gen_cpu) = load::run(l, tools, t.addr, sc.path, opts.secs)?;
+    let wall = t0.elapsed().as_secs_f64().max(1e-9);
+    let sut_cpu = procfs::group_cpu_secs(pgid) - sut_a;
+    let be_cpu = backend_pgid
+        .map(procfs::group_cpu_secs)
+        .zip(be_a)
+        .map(|(b, a)| b - a);
+    let cpu0_other = cpu0_a.zip(procfs::cpu_times(PROXY_CPU)).map(|(a, b)| {
+        let ticks = b.task_ticks().saturating_sub(a.task_ticks()) as f64 / procfs::clk_tck();
+        ((ticks - sut_cpu) / wall * 100.0).max(0.0)
+    });
+    let metrics = match (metrics_before, t.admin.and_then(scrape_requests)) {
+        (Some(a), Some(b)) => Some(metrics_verdict(b - a, out.requests, l.conns())),
+        _ if sc.check_metrics && t.admin.is_some() => Some("no /metrics yet".into()),
+        _ => None,
+    };
+    Ok(Sample {
+        cpu_per_req_us: (out.requests > 0).then(|| sut_cpu / out.requests as f64 * 1e6),
+        proxy_cpu_pct: sut_cpu / wall * 100.0,
+        peak_rss_mib: procfs::group_peak_rss_kib(pgid).map(|k| k as f64 / 1024.0),
+        gen_cpu_pct: gen_cpu / wall * 100.0,
+        backend_cpu_pct: be_cpu.map(|c| c / wall * 100.0),
+        cpu0_other_pct: cpu0_other,
+        metrics,
+        load: out,
+    })
+}

@@ -1,0 +1,204 @@
+//! The scenarios, one per seed report: what runs behind the proxies, which proxies, which
+//! loads, and what a correct answer looks like.
+
+use serde::Serialize;
+
+use crate::backend::BackendKind;
+use crate::load::Load;
+use crate::peers::{Peer, Route};
+
+/// Scenario names on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+pub enum Name {
+    /// Seeds 001, 004: one proxy core, 615-byte backend, wrk at 6..512 connections.
+    #[value(name = "proxy-1core")]
+    Proxy1Core,
+    /// Seed 000: /cgi/ prefix routing to a slow backend at 400 and 96 connections.
+    #[value(name = "cgi-prefix")]
+    CgiPrefix,
+    /// Seed 002: ab GET and POST at 100 and 1000 connections against the default backend.
+    #[value(name = "default-backend")]
+    DefaultBackend,
+    /// Seed 003: three echo backends, ab -c 300, direct vs nginx vs Weir.
+    #[value(name = "round-robin")]
+    RoundRobin,
+    /// Fixed-rate latency percentiles, corrected for coordinated omission.
+    #[value(name = "latency")]
+    Latency,
+    /// All of the above, in this order.
+    #[value(name = "all")]
+    All,
+}
+
+impl Name {
+    pub const EVERY: [Name; 5] = [
+        Name::Proxy1Core,
+        Name::CgiPrefix,
+        Name::DefaultBackend,
+        Name::RoundRobin,
+        Name::Latency,
+    ];
+}
+
+/// Think time of the slow backend in `cgi-prefix` (the seed's CGI script forks Perl).
+pub const CGI_THINK_MS: u64 = 20;
+
+/// One scenario, ready to run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Scenario {
+    pub name: &'static str,
+    pub seeds: &'static str,
+    pub about: &'static str,
+    pub backend: BackendKind,
+    pub route: Route,
+    pub path: &'static str,
+    pub peers: Vec<Peer>,
+    pub loads: Vec<Load>,
+    /// The status a correct answer has (404 for the default backend).
+    pub expect_status: u16,
+    /// Compare Weir's `/metrics` request count with what the load tool sent.
+    pub check_metrics: bool,
+}
+
+/// The scenario `name`; `quick` trims the loads to a smoke test.
+pub fn build(name: Name, quick: bool) -> Scenario {
+    let wrk = |cs: &[u32]| {
+        cs.iter()
+            .map(|&conns| Load::Wrk { conns })
+            .collect::<Vec<_>>()
+    };
+    let pick = |full: Vec<Load>, q: Vec<Load>| if quick { q } else { full };
+    match name {
+        Name::Proxy1Core | Name::All => Scenario {
+            name: "proxy-1core",
+            seeds: "001, 004",
+            about: "One proxy core in front of nginx returning 615 bytes; wrk -t1, keep-alive.",
+            backend: BackendKind::Nginx615,
+            route: Route::Proxy,
+            path: "/",
+            peers: vec![
+                Peer::Direct,
+                Peer::Weir,
+                Peer::WeirTcp,
+                Peer::Nginx,
+                Peer::HaproxyHttp,
+                Peer::HaproxyTcp,
+                Peer::Caddy,
+                Peer::Apache,
+            ],
+            loads: pick(wrk(&[6, 16, 32, 256, 512]), wrk(&[32, 256])),
+            expect_status: 200,
+            check_metrics: false,
+        },
+        Name::CgiPrefix => Scenario {
+            name: "cgi-prefix",
+            seeds: "000",
+            about: "Prefix routing /cgi/ -> / (ProxyPass + ProxyPassReverse) to a slow backend \
+                    (20 ms think time); wrk -t1 at 400 and 96 connections.",
+            backend: BackendKind::Slow {
+                delay_ms: CGI_THINK_MS,
+            },
+            route: Route::Prefix,
+            path: "/cgi/cgi-bin/second.pl",
+            peers: vec![Peer::Weir, Peer::Apache, Peer::Nginx],
+            loads: pick(wrk(&[400, 96]), wrk(&[400])),
+            expect_status: 200,
+            check_metrics: false,
+        },
+        Name::DefaultBackend => {
+            let ab = |cs: &[u32]| {
+                cs.iter()
+                    .flat_map(|&conns| [false, true].map(|post| Load::Ab { conns, post }))
+                    .collect::<Vec<_>>()
+            };
+            Scenario {
+                name: "default-backend",
+                seeds: "002",
+                about: "No route matches: the proxy's own 404 \"no route\"; ab GET and POST \
+                        (a new connection per request).",
+                backend: BackendKind::None,
+                route: Route::Default,
+                path: "/page.html",
+                peers: vec![
+                    Peer::Weir,
+                    Peer::Nginx,
+                    Peer::HaproxyHttp,
+                    Peer::Caddy,
+                    Peer::Apache,
+                ],
+                loads: pick(ab(&[100, 1000]), ab(&[100])),
+                expect_status: 404,
+                check_metrics: true,
+            }
+        }
+        Name::RoundRobin => Scenario {
+            name: "round-robin",
+            seeds: "003",
+            about: "Three echo backends, round robin; ab -c 300 (a new connection per request).",
+            backend: BackendKind::Echo { count: 3 },
+            route: Route::Proxy,
+            path: "/pipeline",
+            peers: vec![Peer::Direct, Peer::Nginx, Peer::Weir],
+            loads: vec![Load::Ab {
+                conns: 300,
+                post: false,
+            }],
+            expect_status: 200,
+            check_metrics: false,
+        },
+        Name::Latency => {
+            let rates = |rs: &[u32]| {
+                rs.iter()
+                    .map(|&rate| Load::Rate { rate, conns: 64 })
+                    .collect::<Vec<_>>()
+            };
+            Scenario {
+                name: "latency",
+                seeds: "004 (its p99.9 column), at a fixed rate",
+                about: "Open-loop generator at fixed rates over 64 keep-alive connections; \
+                        latency from each request's intended send time (coordinated omission \
+                        corrected).",
+                backend: BackendKind::Nginx615,
+                route: Route::Proxy,
+                path: "/",
+                peers: vec![
+                    Peer::Direct,
+                    Peer::Weir,
+                    Peer::Nginx,
+                    Peer::HaproxyHttp,
+                    Peer::Caddy,
+                    Peer::Apache,
+                ],
+                loads: pick(rates(&[2_000, 10_000, 25_000]), rates(&[10_000])),
+                expect_status: 200,
+                check_metrics: false,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_scenario_names_its_seed_and_has_weir() {
+        for n in Name::EVERY {
+            for quick in [false, true] {
+                let s = build(n, quick);
+                assert!(!s.seeds.is_empty());
+                assert!(s.peers.contains(&Peer::Weir), "{}", s.name);
+                assert!(!s.loads.is_empty());
+            }
+        }
+    }
+
+    #[test]
+    fn quick_trims_loads() {
+        let full = build(Name::Proxy1Core, false);
+        let quick = build(Name::Proxy1Core, true);
+        assert_eq!(full.loads.len(), 5);
+        assert!(quick.loads.len() < full.loads.len());
+        assert_eq!(build(Name::DefaultBackend, false).loads.len(), 4);
+    }
+}
