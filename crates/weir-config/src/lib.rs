@@ -13,6 +13,7 @@
 
 pub mod model;
 
+pub mod diff;
 mod error;
 mod raw;
 mod units;
@@ -151,6 +152,7 @@ max_idle = 256
             },
             admin: AdminSettings {
                 bind: Some(addr("127.0.0.1:9901")),
+                token_file: None,
             },
             listeners: vec![listener("web", "127.0.0.1:8080", vec![route])],
             upstreams: vec![Upstream {
@@ -161,6 +163,7 @@ max_idle = 256
                     weight: 1,
                     max_connections: None,
                     backup: false,
+                    drain: false,
                 }],
                 connect_timeout: Duration::from_secs(2),
                 response_timeout: Duration::from_secs(60),
@@ -202,6 +205,7 @@ max_idle = 256
             },
             admin: AdminSettings {
                 bind: Some(addr("127.0.0.1:9901")),
+                token_file: None,
             },
             listeners: vec![listener("web", "127.0.0.1:8080", Vec::new())],
             upstreams: Vec::new(),

@@ -37,6 +37,9 @@ pub enum Workers {
 pub struct AdminSettings {
     /// `None` when the admin listener is disabled (`bind = "off"`).
     pub bind: Option<SocketAddr>,
+    /// File holding the bearer token every admin request must carry (`None`: no token;
+    /// writes are then accepted only on a loopback bind).
+    pub token_file: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -169,6 +172,8 @@ pub struct UpstreamServer {
     pub max_connections: Option<u32>,
     /// Used only while no primary (non-backup) server is available.
     pub backup: bool,
+    /// Draining: no new requests; requests in flight finish (set live by the admin API).
+    pub drain: bool,
 }
 
 /// A load-balancing policy (`lb = "..."`).

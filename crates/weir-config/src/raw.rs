@@ -34,6 +34,7 @@ pub(crate) struct RawServer {
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawAdmin {
     pub bind: Option<String>,
+    pub token_file: Option<String>,
 }
 
 /// `[[listeners]]`.
@@ -113,6 +114,7 @@ pub(crate) struct RawUpstreamServer {
     pub weight: Option<i64>,
     pub max_connections: Option<i64>,
     pub backup: Option<bool>,
+    pub drain: Option<bool>,
 }
 
 /// `[upstreams.NAME.health_check]`.

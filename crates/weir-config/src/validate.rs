@@ -102,7 +102,18 @@ fn admin(raw: RawAdmin, path: &FieldPath) -> Result<AdminSettings, Issue> {
             )
         })?),
     };
-    Ok(AdminSettings { bind })
+    let token_file = match raw.token_file.as_deref().map(str::trim) {
+        None => None,
+        Some("") => {
+            return Err(Issue::new(
+                &path.key("token_file"),
+                "token_file is empty",
+                "give the path of a file holding the admin API token, or remove token_file",
+            ))
+        }
+        Some(p) => Some(std::path::PathBuf::from(p)),
+    };
+    Ok(AdminSettings { bind, token_file })
 }
 
 /// The admin listener and a data-plane listener may not bind the same address.
@@ -575,6 +586,7 @@ fn upstream_server(
         weight,
         max_connections,
         backup,
+        drain: raw.drain.unwrap_or(false),
     })
 }
 

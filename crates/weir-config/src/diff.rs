@@ -1,0 +1,164 @@
+//! What changes between two configs, object by object: listeners, routes, upstreams and
+//! servers added, removed or changed. The admin API's dry run returns this list, reloads
+//! log it, and `weir ctl diff` prints it.
+
+use crate::model::{Config, Listener, Upstream};
+
+/// How one object changes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChangeKind {
+    Added,
+    Removed,
+    Changed,
+}
+
+impl ChangeKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ChangeKind::Added => "added",
+            ChangeKind::Removed => "removed",
+            ChangeKind::Changed => "changed",
+        }
+    }
+}
+
+/// One changed object, such as `listener "web"` or `server "api" "10.0.0.1:80"`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Change {
+    pub kind: ChangeKind,
+    /// `server`, `listener`, `route`, `upstream` or `server`.
+    pub object: &'static str,
+    /// The object's path of names: `["web"]`, `["web", "api"]` for a route.
+    pub name: Vec<String>,
+}
+
+impl std::fmt::Display for Change {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {} {}", self.kind.as_str(), self.object, self.name.join("/"))
+    }
+}
+
+/// Every object that differs between `old` and `new`, in config order.
+pub fn diff(old: &Config, new: &Config) -> Vec<Change> {
+    let mut out = Vec::new();
+    if old.server != new.server {
+        out.push(change(ChangeKind::Changed, "server", &[]));
+    }
+    if old.admin != new.admin {
+        out.push(change(ChangeKind::Changed, "admin", &[]));
+    }
+    by_name(&old.listeners, &new.listeners, |l| &l.name, &mut |kind, o, n| {
+        listener(kind, o, n, &mut out)
+    });
+    by_name(&old.upstreams, &new.upstreams, |u| &u.name, &mut |kind, o, n| {
+        upstream(kind, o, n, &mut out)
+    });
+    out
+}
+
+fn change(kind: ChangeKind, object: &'static str, name: &[&str]) -> Change {
+    Change {
+        kind,
+        object,
+        name: name.iter().map(|s| s.to_string()).collect(),
+    }
+}
+
+/// Calls `f` for every item only in `old` (removed), only in `new` (added), or in both but
+/// different (changed); `f` gets whichever sides exist.
+fn by_name<'a, T: PartialEq>(
+    old: &'a [T],
+    new: &'a [T],
+    name: impl Fn(&T) -> &String,
+    f: &mut dyn FnMut(ChangeKind, Option<&'a T>, Option<&'a T>),
+) {
+    for o in old {
+        match new.iter().find(|n| name(n) == name(o)) {
+            None => f(ChangeKind::Removed, Some(o), None),
+            Some(n) if n != o => f(ChangeKind::Changed, Some(o), Some(n)),
+            Some(_) => {}
+        }
+    }
+    for n in new {
+        if !old.iter().any(|o| name(o) == name(n)) {
+            f(ChangeKind::Added, None, Some(n));
+        }
+    }
+}
+
+fn listener(kind: ChangeKind, o: Option<&Listener>, n: Option<&Listener>, out: &mut Vec<Change>) {
+    let (Some(o), Some(n)) = (o, n) else {
+        let name = o.or(n).map_or("", |l| l.name.as_str());
+        return out.push(change(kind, "listener", &[name]));
+    };
+    let mut settings_only = o.clone();
+    settings_only.routes = n.routes.clone();
+    if &settings_only != n {
+        out.push(change(kind, "listener", &[&n.name]));
+    }
+    by_name(&o.routes, &n.routes, |r| &r.name, &mut |kind, a, b| {
+        let route = a.or(b).map_or("", |r| r.name.as_str());
+        out.push(change(kind, "route", &[&n.name, route]));
+    });
+}
+
+fn upstream(kind: ChangeKind, o: Option<&Upstream>, n: Option<&Upstream>, out: &mut Vec<Change>) {
+    let (Some(o), Some(n)) = (o, n) else {
+        let name = o.or(n).map_or("", |u| u.name.as_str());
+        return out.push(change(kind, "upstream", &[name]));
+    };
+    let mut settings_only = o.clone();
+    settings_only.servers = n.servers.clone();
+    if &settings_only != n {
+        out.push(change(kind, "upstream", &[&n.name]));
+    }
+    by_name(&o.servers, &n.servers, |s| &s.name, &mut |kind, a, b| {
+        let server = a.or(b).map_or("", |s| s.name.as_str());
+        out.push(change(kind, "server", &[&n.name, server]));
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: &str = r#"
+[[listeners]]
+name = "web"
+bind = "127.0.0.1:8080"
+[[listeners.routes]]
+name = "api"
+path_prefix = "/api"
+upstream = "api"
+[upstreams.api]
+servers = [{ addr = "127.0.0.1:9001" }, { addr = "127.0.0.1:9002" }]
+"#;
+
+    fn parse(text: &str) -> Config {
+        crate::parse_str(text, "test.toml").unwrap()
+    }
+
+    #[test]
+    fn same_config_has_no_changes() {
+        assert!(diff(&parse(BASE), &parse(BASE)).is_empty());
+    }
+
+    #[test]
+    fn names_each_changed_object() {
+        let new = BASE
+            .replace("9002\" }", "9003\", backup = true }")
+            .replace("/api\"", "/v2\"");
+        let changes: Vec<String> = diff(&parse(BASE), &parse(&new))
+            .iter()
+            .map(|c| c.to_string())
+            .collect();
+        assert_eq!(
+            changes,
+            [
+                "changed route web/api",
+                "removed server api/127.0.0.1:9002",
+                "added server api/127.0.0.1:9003",
+            ]
+        );
+    }
+}
