@@ -15,6 +15,7 @@ use crate::codec::http1::{parse_response, BodyFraming, RequestHead, ResponseHead
 use crate::connector::connect;
 use crate::error::ProxyError;
 use crate::filters::location::ReverseMap;
+use crate::metrics::shard::ServerMetrics;
 use crate::upstream::retry::{may_retry, replace_host, Outcome, Replay, Tried};
 use crate::upstream::{Pick, RequestKey, UpstreamPlan};
 use crate::worker::Worker;
@@ -119,14 +120,16 @@ async fn exchange(
     loop {
         let server = &target.upstream.servers[pick.server];
         conn.upstream_pick = Some((target.route.upstream, pick.server));
+        let metrics = worker.server_metrics(target.route.upstream, pick.server);
+        let on = (server, metrics);
         let started = std::time::Instant::now();
         let sent = if whole {
-            send_buffered(worker, target, server, conn, meta, buffered, up_buf, resp)
+            send_buffered(worker, target, on, conn, meta, buffered, up_buf, resp)
                 .await
                 .map(|stream| (stream, true))
         } else {
             send_streaming(
-                worker, target, server, conn, meta, &mut body, buffered, up_buf, resp,
+                worker, target, on, conn, meta, &mut body, buffered, up_buf, resp,
             )
             .await
         };
@@ -136,6 +139,7 @@ async fn exchange(
             Err(f) => Outcome::of_error(f.error),
         };
         pick.record(target.pool, target.upstream, outcome, elapsed);
+        count_attempt(metrics, &sent, resp, elapsed);
         let replay = Replay {
             idempotent: meta.idempotent,
             buffered: whole,
@@ -162,6 +166,7 @@ async fn exchange(
             worker,
             target,
             server,
+            metrics,
             meta,
             request_done,
             keep_alive,
@@ -204,7 +209,7 @@ fn next_attempt(
 async fn send_buffered(
     worker: &Worker,
     target: Target<'_>,
-    server: &UpstreamServer,
+    (server, metrics): (&UpstreamServer, Option<&ServerMetrics>),
     conn: &mut ClientConn,
     meta: RequestMeta,
     buffered: usize,
@@ -214,7 +219,7 @@ async fn send_buffered(
     let upstream = target.upstream;
     let mut fresh = false;
     loop {
-        let (mut stream, reused) = obtain(worker, server, upstream, fresh).await?;
+        let (mut stream, reused) = obtain(worker, server, upstream, fresh, metrics).await?;
         let sent = body::write_all(
             &mut stream,
             &conn.out,
@@ -257,7 +262,7 @@ async fn send_buffered(
 async fn send_streaming(
     worker: &Worker,
     target: Target<'_>,
-    server: &UpstreamServer,
+    (server, metrics): (&UpstreamServer, Option<&ServerMetrics>),
     conn: &mut ClientConn,
     meta: RequestMeta,
     body: &mut BodyState,
@@ -265,7 +270,7 @@ async fn send_streaming(
     up_buf: &mut Buffer,
     resp: &mut ResponseHead,
 ) -> Result<(TcpStream, bool), Failure> {
-    let (mut stream, _) = obtain(worker, server, target.upstream, false).await?;
+    let (mut stream, _) = obtain(worker, server, target.upstream, false, metrics).await?;
     let response_timeout = target.upstream.response_timeout;
     body::write_all(
         &mut stream,
@@ -280,13 +285,13 @@ async fn send_streaming(
     let result = {
         let (mut ur, mut uw) = stream.split();
         let (mut cr, mut cw) = conn.stream.split();
+        let mut uploaded = 0;
         let upload = pump(
             &mut cr,
             &mut conn.buf,
-            &mut uw,
+            (&mut uw, &mut uploaded),
             body,
-            target.listener.client_timeout,
-            response_timeout,
+            (target.listener.client_timeout, response_timeout),
         );
         let head = read_final_head(&mut ur, up_buf, resp, meta, &mut cw, target);
         tokio::pin!(upload, head);
@@ -309,22 +314,53 @@ async fn send_streaming(
     result.map(|()| (stream, upload_done))
 }
 
+/// A connection to `server`: a pooled idle one unless `fresh`, else a new one. Returns
+/// whether it was reused.
 async fn obtain(
     worker: &Worker,
     server: &UpstreamServer,
     upstream: &Upstream,
     fresh: bool,
+    metrics: Option<&ServerMetrics>,
 ) -> Result<(TcpStream, bool), ProxyError> {
     if !fresh {
-        if let Some(stream) = worker
-            .pool
-            .borrow_mut()
-            .take(server.addr, upstream.idle_timeout)
-        {
+        let mut pool = worker.pool.borrow_mut();
+        let reused = pool.take(server.addr, upstream.idle_timeout);
+        if let Some(m) = metrics {
+            m.pool_idle.set(pool.idle_count(server.addr) as u64);
+        }
+        if let Some(stream) = reused {
             return Ok((stream, true));
         }
     }
-    Ok((connect(server.addr, upstream.connect_timeout).await?, false))
+    let started = std::time::Instant::now();
+    let stream = connect(server.addr, upstream.connect_timeout).await?;
+    if let Some(m) = metrics {
+        m.connect.observe(started.elapsed());
+    }
+    Ok((stream, false))
+}
+
+/// Counts one attempt on a server: by the status it answered, or the one Weir answers for
+/// it when it failed (502, 504). Attempts the client broke off are not the server's doing.
+fn count_attempt(
+    metrics: Option<&ServerMetrics>,
+    sent: &Result<impl Sized, Failure>,
+    resp: &ResponseHead,
+    elapsed: std::time::Duration,
+) {
+    let Some(m) = metrics else { return };
+    let status = match sent {
+        Ok(_) => {
+            m.response.observe(elapsed);
+            resp.status
+        }
+        Err(f) => match f.error.status() {
+            Some(status) => status,
+            None => return,
+        },
+    };
+    m.request(status).inc();
 }
 
 struct HeadError {
@@ -403,6 +439,7 @@ struct Exchange<'a> {
     worker: &'a Worker,
     target: Target<'a>,
     server: &'a UpstreamServer,
+    metrics: Option<&'a ServerMetrics>,
     meta: RequestMeta,
     request_done: bool,
     keep_alive: bool,
@@ -462,15 +499,15 @@ impl Exchange<'_> {
             error: ProxyError::ClientClosed,
             responded: true,
         })?;
+        conn.sent += (conn.out.len() + forward) as u64;
         up_buf.consume(consumed);
         let upstream_timeout = self.target.upstream.response_timeout;
         pump(
             &mut stream,
             up_buf,
-            &mut conn.stream,
+            (&mut conn.stream, &mut conn.sent),
             &mut state,
-            upstream_timeout,
-            client_timeout,
+            (upstream_timeout, client_timeout),
         )
         .await
         .map_err(|e| Failure {
@@ -478,11 +515,11 @@ impl Exchange<'_> {
             responded: true,
         })?;
         if resp.keeps_alive() && self.request_done && up_buf.is_empty() {
-            self.worker.pool.borrow_mut().put(
-                self.server.addr,
-                stream,
-                self.target.upstream.max_idle,
-            );
+            let mut pool = self.worker.pool.borrow_mut();
+            pool.put(self.server.addr, stream, self.target.upstream.max_idle);
+            if let Some(m) = self.metrics {
+                m.pool_idle.set(pool.idle_count(self.server.addr) as u64);
+            }
         }
         Ok(!close)
     }

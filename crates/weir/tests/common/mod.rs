@@ -122,6 +122,12 @@ impl Weir {
     pub async fn client(&self) -> Client {
         Client::connect(self.addr).await.expect("connect to weir")
     }
+
+    /// The Prometheus text `/metrics` would serve now.
+    pub fn metrics_text(&self) -> String {
+        let proxy = self.proxy.as_ref().expect("running");
+        proxy.metrics_renderer()()
+    }
 }
 
 impl Drop for Weir {
