@@ -34,7 +34,13 @@ pub struct Change {
 
 impl std::fmt::Display for Change {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} {} {}", self.kind.as_str(), self.object, self.name.join("/"))
+        write!(
+            f,
+            "{} {} {}",
+            self.kind.as_str(),
+            self.object,
+            self.name.join("/")
+        )
     }
 }
 
@@ -47,12 +53,18 @@ pub fn diff(old: &Config, new: &Config) -> Vec<Change> {
     if old.admin != new.admin {
         out.push(change(ChangeKind::Changed, "admin", &[]));
     }
-    by_name(&old.listeners, &new.listeners, |l| &l.name, &mut |kind, o, n| {
-        listener(kind, o, n, &mut out)
-    });
-    by_name(&old.upstreams, &new.upstreams, |u| &u.name, &mut |kind, o, n| {
-        upstream(kind, o, n, &mut out)
-    });
+    by_name(
+        &old.listeners,
+        &new.listeners,
+        |l| &l.name,
+        &mut |kind, o, n| listener(kind, o, n, &mut out),
+    );
+    by_name(
+        &old.upstreams,
+        &new.upstreams,
+        |u| &u.name,
+        &mut |kind, o, n| upstream(kind, o, n, &mut out),
+    );
     out
 }
 

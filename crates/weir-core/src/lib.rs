@@ -12,7 +12,8 @@
 //! 8. `forward/`   — the exchange with the upstream: heads, bodies, 1xx, upgrade tunnels
 //! 9. `proxy`      — the pipeline tying 1-8 together, one loop per client connection
 //!
-//! Around it: `server` (start, workers, drain), `worker` (per-thread state), `snapshot`
+//! Around it: `server` (start, workers, drain), `reload` (applying a new config while
+//! running), `worker` (per-thread state), `snapshot`
 //! (the published, pre-computed config), `error` (the one error -> status mapping),
 //! `buffer` (bounded I/O buffers).
 
@@ -29,6 +30,7 @@ pub mod forward;
 pub mod listener;
 pub mod metrics;
 pub mod proxy;
+pub mod reload;
 pub mod router;
 pub mod server;
 pub mod snapshot;
@@ -37,4 +39,5 @@ pub mod upstream;
 pub mod worker;
 
 pub use error::ProxyError;
+pub use reload::ApplyError;
 pub use server::{Proxy, StartError};

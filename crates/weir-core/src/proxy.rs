@@ -26,20 +26,25 @@ use crate::metrics::DefaultReason;
 use crate::snapshot::{ListenerPlan, Snapshot};
 use crate::worker::Worker;
 
-/// Serves one client connection until it closes.
-pub async fn serve_client(
-    worker: Rc<Worker>,
-    listener_index: usize,
-    stream: TcpStream,
-    peer: SocketAddr,
-) {
+/// Serves one client connection of the listener with metric slot `slot` until it closes.
+///
+/// The listener's config position is looked up in each request's snapshot: a reload may
+/// move it, and once a reload removes it the connection closes instead of taking another
+/// request.
+pub async fn serve_client(worker: Rc<Worker>, slot: usize, stream: TcpStream, peer: SocketAddr) {
     let snapshot = worker.snapshot();
-    let mut conn = ClientConn::new(stream, peer, &snapshot.config.listeners[listener_index]);
+    let Some(index) = snapshot.listener_index(slot) else {
+        return;
+    };
+    let mut conn = ClientConn::new(stream, peer, &snapshot.config.listeners[index]);
     drop(snapshot);
     let mut req = RequestHead::default();
     let mut resp = ResponseHead::default();
     loop {
         let snapshot = worker.snapshot();
+        let Some(listener_index) = snapshot.listener_index(slot) else {
+            return;
+        };
         let listener = &snapshot.config.listeners[listener_index];
         let counters = Counters {
             bytes_in: conn.buf.consumed_total(),
@@ -52,7 +57,7 @@ pub async fn serve_client(
         let (handled, method) = match next {
             Ok(NextRequest::Ready) => {
                 conn.served += 1;
-                if worker.logs[listener_index].is_some() {
+                if worker.log(slot).is_some() {
                     conn.capture_log_fields(&req);
                 }
                 let method = method_index(&conn.buf.filled()[req.method.clone()]);
@@ -89,6 +94,7 @@ pub async fn serve_client(
         };
         let done = Done {
             listener: listener_index,
+            slot,
             method,
             status,
             started,
@@ -196,7 +202,9 @@ struct Counters {
 
 /// What is known about a request once it is finished.
 struct Done {
+    /// The listener's config position in the request's snapshot, and its metric slot.
     listener: usize,
+    slot: usize,
     method: usize,
     status: u16,
     started: Instant,
@@ -205,24 +213,27 @@ struct Done {
 
 /// Counts one request in this worker's metric shard and writes its access-log line.
 fn record(worker: &Worker, snapshot: &Snapshot, conn: &ClientConn, handled: &Handled, done: &Done) {
-    let m = &worker.metrics.listeners[done.listener];
-    let route = m.route(handled.route);
     let duration = done.started.elapsed();
-    route.request(done.method, done.status).inc();
-    route.duration.observe(duration);
     let bytes_in = conn.buf.consumed_total() - done.counters.bytes_in;
     let bytes_out = conn.sent - done.counters.bytes_out;
-    m.bytes_in.add(bytes_in);
-    m.bytes_out.add(bytes_out);
-    let reason = match &handled.result {
-        Ok(_) if handled.route.is_none() => Some(DefaultReason::NoRoute),
-        Ok(_) => None,
-        Err(failure) => default_reason(failure.error),
-    };
-    if let Some(reason) = reason {
-        m.default_response(reason).inc();
+    if let Some(m) = worker.metrics.listener(done.slot) {
+        let route_slot = snapshot.slots.listeners[done.listener].route(handled.route);
+        if let Some(route) = m.route(route_slot) {
+            route.request(done.method, done.status).inc();
+            route.duration.observe(duration);
+        }
+        m.bytes_in.add(bytes_in);
+        m.bytes_out.add(bytes_out);
+        let reason = match &handled.result {
+            Ok(_) if handled.route.is_none() => Some(DefaultReason::NoRoute),
+            Ok(_) => None,
+            Err(failure) => default_reason(failure.error),
+        };
+        if let Some(reason) = reason {
+            m.default_response(reason).inc();
+        }
     }
-    if let Some(log) = &worker.logs[done.listener] {
+    if let Some(log) = worker.log(done.slot) {
         let config = &snapshot.config;
         let route_name = handled.route.map_or("default", |r| {
             config.listeners[done.listener].routes[r].name.as_str()

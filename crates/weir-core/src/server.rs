@@ -1,21 +1,24 @@
 //! Starting and stopping the data plane: binding every listener once per worker, spawning
-//! the worker threads, and the graceful drain on shutdown.
+//! the worker threads, and the graceful drain on shutdown. Config changes after start go
+//! through `reload`.
 
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::atomic::AtomicU64;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use arc_swap::ArcSwap;
-use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio::time::{timeout_at, Instant};
-use weir_config::Config;
+use weir_config::{Config, Listener};
 
 use crate::access_log::{ListenerSinks, LogBuffer, WriterThread, FLUSH_INTERVAL};
-use crate::listener::{accept_loop, bind_reuseport};
+use crate::listener::{bind_reuseport, control_loop, Command};
+use crate::metrics::layout::Layout;
 use crate::metrics::{Metrics, WorkerMetrics};
+use crate::reload::{Bound, Control};
+
 use crate::snapshot::Snapshot;
 use crate::worker::{Shared, Worker};
 
@@ -38,49 +41,51 @@ pub enum StartError {
 pub struct Proxy {
     shutdown: watch::Sender<bool>,
     threads: Vec<JoinHandle<()>>,
-    bound: Vec<(String, SocketAddr)>,
-    shared: Arc<Shared>,
-    metrics: Arc<Metrics>,
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) metrics: Arc<Metrics>,
     log_writers: Vec<WriterThread>,
+    /// Listener sockets and metric slots; the lock serializes config changes.
+    pub(crate) control: Mutex<Control>,
 }
 
 impl Proxy {
     /// Binds all listeners (so `start` returning means they accept) and starts `workers` threads.
     pub fn start(config: Config, workers: usize) -> Result<Proxy, StartError> {
         let workers = workers.max(1);
-        let (sockets, bound) = bind_all(&config, workers)?;
-        let limits: Vec<usize> = config
-            .listeners
-            .iter()
-            .map(|l| l.max_connections.div_ceil(workers).max(1))
-            .collect();
+        let mut layout = Layout::default();
+        let slots = layout.assign(&config);
         let (tx, rx) = watch::channel(false);
         let shared = Arc::new(Shared {
-            snapshot: ArcSwap::from_pointee(Snapshot::new(Arc::new(config))),
+            snapshot: ArcSwap::from_pointee(Snapshot::new(Arc::new(config), slots)),
             generation: AtomicU64::new(0),
             shutdown: rx,
             workers,
         });
+        let snapshot = shared.snapshot.load_full();
+        let (mut control, receivers) = Control::new(layout, workers);
+        for (listener, slots) in snapshot
+            .config
+            .listeners
+            .iter()
+            .zip(&*snapshot.slots.listeners)
+        {
+            let bound = bind_per_worker(listener, workers)?;
+            control.listen(listener, slots.slot, bound);
+        }
         let metrics = Arc::new(Metrics::default());
-        *metrics.server_up.lock().unwrap_or_else(|e| e.into_inner()) =
-            shared.snapshot.load().server_up_flags();
-        let (log_sinks, log_writers) = crate::access_log::start_all(
-            &shared.snapshot.load().config,
-            &metrics.access_log_dropped,
-        )
-        .map_err(StartError::AccessLog)?;
+        let (log_sinks, log_writers) =
+            crate::access_log::start_all(&snapshot.config, &metrics.access_log_dropped)
+                .map_err(StartError::AccessLog)?;
         let mut threads = Vec::with_capacity(workers + 1);
         // Active health checks: one thread for the process, following the snapshot.
         threads.push(crate::upstream::health::spawn(shared.clone()).map_err(StartError::Thread)?);
-        for (index, sockets) in sockets.into_iter().enumerate() {
-            let shard = Arc::new(WorkerMetrics::new(&shared.snapshot.load().config));
+        for (index, commands) in receivers.into_iter().enumerate() {
+            let shard = Arc::new(WorkerMetrics::new(&snapshot.slots));
             metrics.add_shard(shard.clone());
-            let shared = shared.clone();
             let setup = WorkerSetup {
-                shared,
+                shared: shared.clone(),
                 metrics: shard,
-                sockets,
-                limits: limits.clone(),
+                commands,
                 logs: log_sinks.clone(),
             };
             let thread = std::thread::Builder::new()
@@ -92,21 +97,26 @@ impl Proxy {
         Ok(Proxy {
             shutdown: tx,
             threads,
-            bound,
             shared,
             metrics,
             log_writers,
+            control: Mutex::new(control),
         })
     }
 
     /// The address a listener actually bound (useful with port 0).
     pub fn listener_addr(&self, name: &str) -> Option<SocketAddr> {
-        self.bound.iter().find(|(n, _)| n == name).map(|(_, a)| *a)
+        self.lock_control().addr_of(name)
     }
 
     /// The running configuration.
     pub fn config(&self) -> Arc<Config> {
         self.shared.snapshot.load().config.clone()
+    }
+
+    /// The running snapshot (config plus derived state such as server health).
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        self.shared.snapshot.load_full()
     }
 
     /// The metrics of all workers.
@@ -119,7 +129,11 @@ impl Proxy {
     pub fn metrics_renderer(&self) -> impl Fn() -> String + Send + Sync + 'static {
         let metrics = self.metrics.clone();
         let shared = self.shared.clone();
-        move || crate::metrics::encode_text(&metrics, &shared.snapshot.load().config)
+        move || crate::metrics::encode_text(&metrics, &shared.snapshot.load())
+    }
+
+    pub(crate) fn lock_control(&self) -> std::sync::MutexGuard<'_, Control> {
+        self.control.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Stops accepting, lets in-flight requests finish within the config's `drain_timeout`,
@@ -136,38 +150,32 @@ impl Proxy {
     }
 }
 
-type WorkerSockets = Vec<Vec<std::net::TcpListener>>;
-
-/// One socket per listener per worker, all on the address the first one got.
-fn bind_all(
-    config: &Config,
-    workers: usize,
-) -> Result<(WorkerSockets, Vec<(String, SocketAddr)>), StartError> {
-    let mut sockets: WorkerSockets = (0..workers).map(|_| Vec::new()).collect();
-    let mut bound = Vec::new();
-    for l in &config.listeners {
-        let err = |addr, source| StartError::Bind {
-            listener: l.name.clone(),
-            addr,
-            source,
-        };
-        let first = bind_reuseport(l.bind, l.backlog).map_err(|e| err(l.bind, e))?;
-        let addr = first.local_addr().map_err(|e| err(l.bind, e))?;
-        sockets[0].push(first);
-        for worker_sockets in sockets.iter_mut().skip(1) {
-            worker_sockets.push(bind_reuseport(addr, l.backlog).map_err(|e| err(addr, e))?);
-        }
-        bound.push((l.name.clone(), addr));
+/// One socket per worker for `listener`, all on the address the first one got.
+pub(crate) fn bind_per_worker(listener: &Listener, workers: usize) -> Result<Bound, StartError> {
+    let err = |addr, source| StartError::Bind {
+        listener: listener.name.clone(),
+        addr,
+        source,
+    };
+    let first =
+        bind_reuseport(listener.bind, listener.backlog).map_err(|e| err(listener.bind, e))?;
+    let addr = first.local_addr().map_err(|e| err(listener.bind, e))?;
+    let mut sockets = vec![first];
+    for _ in 1..workers {
+        sockets.push(bind_reuseport(addr, listener.backlog).map_err(|e| err(addr, e))?);
     }
-    Ok((sockets, bound))
+    Ok(Bound {
+        addr,
+        sockets,
+        limit: listener.max_connections.div_ceil(workers).max(1),
+    })
 }
 
 /// What a worker thread starts with.
 struct WorkerSetup {
     shared: Arc<Shared>,
     metrics: Arc<WorkerMetrics>,
-    sockets: Vec<std::net::TcpListener>,
-    limits: Vec<usize>,
+    commands: mpsc::UnboundedReceiver<Command>,
     logs: ListenerSinks,
 }
 
@@ -175,8 +183,7 @@ fn run_worker(setup: WorkerSetup) {
     let WorkerSetup {
         shared,
         metrics,
-        sockets,
-        limits,
+        commands,
         logs,
     } = setup;
     let runtime = match tokio::runtime::Builder::new_current_thread()
@@ -197,14 +204,7 @@ fn run_worker(setup: WorkerSetup) {
             .collect();
         let worker = Rc::new(Worker::new(shared.clone(), metrics, logs));
         tokio::task::spawn_local(flush_logs_periodically(worker.clone()));
-        for (index, (socket, limit)) in sockets.into_iter().zip(limits).enumerate() {
-            match TcpListener::from_std(socket) {
-                Ok(listener) => {
-                    tokio::task::spawn_local(accept_loop(worker.clone(), index, listener, limit));
-                }
-                Err(e) => tracing::error!(error = %e, "cannot register listener"),
-            }
-        }
+        tokio::task::spawn_local(control_loop(worker.clone(), commands));
         let mut shutdown = shared.shutdown.clone();
         while !*shutdown.borrow_and_update() {
             if shutdown.changed().await.is_err() {

@@ -5,17 +5,21 @@
 //! request path would otherwise recompute (route tables, pre-rendered default responses)
 //! lives here.
 
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-use weir_config::{Config, Listener};
+use weir_config::{Config, Listener, UpstreamServer};
 
 use crate::codec::http1::write::push_simple_response;
+use crate::metrics::layout::SlotMap;
 use crate::router::Router;
+use crate::upstream::state::ServerState;
 use crate::upstream::UpstreamPlan;
 
 pub struct Snapshot {
     pub config: Arc<Config>,
+    /// Where each listener, route, upstream and server counts in the metric shards; a
+    /// listener's slot is also its identity across reloads (accept loops, connection counts).
+    pub slots: SlotMap,
     pub listeners: Vec<ListenerPlan>,
     /// Per upstream (indexed like `config.upstreams`): groups, rings, shared server state.
     pub upstreams: Vec<UpstreamPlan>,
@@ -33,53 +37,57 @@ pub struct ListenerPlan {
 }
 
 impl Snapshot {
-    pub fn new(config: Arc<Config>) -> Snapshot {
+    /// A snapshot of `config`, its objects counting in `slots`.
+    pub fn new(config: Arc<Config>, slots: SlotMap) -> Snapshot {
+        Snapshot::build(config, slots, None)
+    }
+
+    /// A snapshot of `config` that keeps the health state (active verdict, passive
+    /// ejection) of every server that `previous` had in an upstream of the same name.
+    pub fn with_previous(config: Arc<Config>, slots: SlotMap, previous: &Snapshot) -> Snapshot {
+        Snapshot::build(config, slots, Some(previous))
+    }
+
+    fn build(config: Arc<Config>, slots: SlotMap, previous: Option<&Snapshot>) -> Snapshot {
         let listeners = config.listeners.iter().map(ListenerPlan::new).collect();
         let upstreams = config
             .upstreams
             .iter()
-            .map(|u| UpstreamPlan::new(u, |_| None))
+            .zip(slots.upstreams.iter())
+            .map(|(u, u_slots)| {
+                let mut plan =
+                    UpstreamPlan::new(u, |i| previous?.server_state(&u.name, &u.servers[i]));
+                plan.slot = u_slots.slot;
+                plan.server_slots = u_slots.children.clone();
+                plan
+            })
             .collect();
         Snapshot {
             config,
+            slots,
             listeners,
             upstreams,
         }
     }
 
-    /// A snapshot of `config` that keeps the health state (active verdict, passive
-    /// ejection) of every server that `previous` had in an upstream of the same name.
-    pub fn with_previous(config: Arc<Config>, previous: &Snapshot) -> Snapshot {
-        let mut next = Snapshot::new(config.clone());
-        next.upstreams = config
+    /// The shared state of `server` if this snapshot's upstream `upstream` has it.
+    fn server_state(&self, upstream: &str, server: &UpstreamServer) -> Option<Arc<ServerState>> {
+        let u = self
+            .config
             .upstreams
             .iter()
-            .map(|u| {
-                let old = previous
-                    .config
-                    .upstreams
-                    .iter()
-                    .position(|o| o.name == u.name);
-                UpstreamPlan::new(u, |i| {
-                    let o = old?;
-                    let s = &u.servers[i];
-                    let j = previous.config.upstreams[o]
-                        .servers
-                        .iter()
-                        .position(|p| p.name == s.name && p.addr == s.addr)?;
-                    Some(previous.upstreams[o].servers[j].clone())
-                })
-            })
-            .collect();
-        next
+            .position(|o| o.name == upstream)?;
+        let s = self.config.upstreams[u]
+            .servers
+            .iter()
+            .position(|p| p.name == server.name && p.addr == server.addr)?;
+        Some(self.upstreams[u].servers[s].clone())
     }
 
-    /// The health verdict flags, per upstream and server (what the metrics scrape reads).
-    pub fn server_up_flags(&self) -> Vec<Vec<Arc<AtomicBool>>> {
-        self.upstreams
-            .iter()
-            .map(|p| p.servers.iter().map(|s| s.up.clone()).collect())
-            .collect()
+    /// The config position of the listener with metric slot `slot` (`None`: removed).
+    #[inline]
+    pub fn listener_index(&self, slot: usize) -> Option<usize> {
+        self.slots.listeners.iter().position(|l| l.slot == slot)
     }
 }
 

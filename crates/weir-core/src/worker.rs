@@ -54,21 +54,27 @@ pub struct Worker {
     spare: RefCell<Vec<Buffer>>,
     draining: Cell<bool>,
     drain: Notify,
-    /// Open client connections of this worker, per listener.
-    pub connections: RefCell<Vec<usize>>,
+    /// Open client connections of this worker, per listener slot.
+    connections: RefCell<Vec<usize>>,
     /// Signalled whenever a client connection closes.
     pub connection_closed: Notify,
     /// This worker's metric shard (it is the only writer).
     pub metrics: Arc<WorkerMetrics>,
-    /// Access-log buffers, per listener (`None`: logging off).
+    /// Access-log buffers, per listener slot (`None`: logging off).
     pub logs: Vec<Option<LogBuffer>>,
 }
 
 impl Worker {
-    /// The metrics of one server of one upstream (absent if the shard predates it).
+    /// The metrics of one server, by metric slots (see `UpstreamPlan::slot`).
     #[inline]
     pub fn server_metrics(&self, upstream: usize, server: usize) -> Option<&ServerMetrics> {
-        self.metrics.upstreams.get(upstream)?.servers.get(server)
+        self.metrics.server(upstream, server)
+    }
+
+    /// The access-log buffer of the listener with metric slot `slot`, if it logs.
+    #[inline]
+    pub fn log(&self, slot: usize) -> Option<&LogBuffer> {
+        self.logs.get(slot)?.as_ref()
     }
 
     pub fn new(
@@ -79,7 +85,6 @@ impl Worker {
         let generation = shared.generation.load(Ordering::Acquire);
         let upstreams = WorkerUpstreams::new(shared.workers);
         let snapshot = Rc::new(shared.snapshot.load_full());
-        let listeners = snapshot.listeners.len();
         Worker {
             shared,
             cached: RefCell::new((generation, snapshot)),
@@ -88,7 +93,7 @@ impl Worker {
             spare: RefCell::new(Vec::new()),
             draining: Cell::new(false),
             drain: Notify::new(),
-            connections: RefCell::new(vec![0; listeners]),
+            connections: RefCell::new(Vec::new()),
             connection_closed: Notify::new(),
             metrics,
             logs,
@@ -149,38 +154,47 @@ impl Worker {
     pub fn open_connections(&self) -> usize {
         self.connections.borrow().iter().sum()
     }
+
+    /// Open connections of the listener with metric slot `slot`.
+    pub fn open_on(&self, slot: usize) -> usize {
+        self.connections.borrow().get(slot).copied().unwrap_or(0)
+    }
+
+    /// Counts a listener's connection opening or closing; returns its open connections.
+    fn count_connection(&self, slot: usize, opened: bool) -> usize {
+        let mut connections = self.connections.borrow_mut();
+        if connections.len() <= slot {
+            connections.resize(slot + 1, 0);
+        }
+        let n = &mut connections[slot];
+        *n = if opened { *n + 1 } else { n.saturating_sub(1) };
+        *n
+    }
 }
 
-/// Counts one open client connection of a listener for as long as it lives.
+/// Counts one open client connection of a listener (by metric slot) for as long as it lives.
 pub struct ConnectionGuard {
     worker: Rc<Worker>,
-    listener: usize,
+    slot: usize,
 }
 
 impl ConnectionGuard {
-    pub fn new(worker: Rc<Worker>, listener: usize) -> ConnectionGuard {
-        let open = {
-            let mut connections = worker.connections.borrow_mut();
-            connections[listener] += 1;
-            connections[listener]
-        };
-        let m = &worker.metrics.listeners[listener];
-        m.connections_total.inc();
-        m.connections_active.set(open as u64);
-        ConnectionGuard { worker, listener }
+    pub fn new(worker: Rc<Worker>, slot: usize) -> ConnectionGuard {
+        let open = worker.count_connection(slot, true);
+        if let Some(m) = worker.metrics.listener(slot) {
+            m.connections_total.inc();
+            m.connections_active.set(open as u64);
+        }
+        ConnectionGuard { worker, slot }
     }
 }
 
 impl Drop for ConnectionGuard {
     fn drop(&mut self) {
-        let open = {
-            let mut connections = self.worker.connections.borrow_mut();
-            connections[self.listener] -= 1;
-            connections[self.listener]
-        };
-        self.worker.metrics.listeners[self.listener]
-            .connections_active
-            .set(open as u64);
+        let open = self.worker.count_connection(self.slot, false);
+        if let Some(m) = self.worker.metrics.listener(self.slot) {
+            m.connections_active.set(open as u64);
+        }
         self.worker.connection_closed.notify_waiters();
     }
 }

@@ -120,7 +120,8 @@ async fn exchange(
     loop {
         let server = &target.upstream.servers[pick.server];
         conn.upstream_pick = Some((target.route.upstream, pick.server));
-        let metrics = worker.server_metrics(target.route.upstream, pick.server);
+        let metrics =
+            worker.server_metrics(target.pool.slot, target.pool.server_slots[pick.server]);
         let on = (server, metrics);
         let started = std::time::Instant::now();
         let sent = if whole {
@@ -148,7 +149,7 @@ async fn exchange(
         if may_retry(&target.upstream.retry.on, outcome, replay) {
             if let Some(next) = next_attempt(worker, target, key, &mut tried, conn, server) {
                 tracing::debug!(upstream = %target.upstream.name, server = %server.name, reason = outcome.reason(), "retrying on another server");
-                if let Some(m) = worker.metrics.upstreams.get(target.route.upstream) {
+                if let Some(m) = worker.metrics.upstream(target.pool.slot) {
                     m.retries.inc();
                 }
                 up_buf.clear();

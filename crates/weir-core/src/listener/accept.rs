@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use tokio::net::TcpListener;
 
+use super::StopSignal;
 use crate::metrics::shard::accept_error_index;
 use crate::worker::{ConnectionGuard, Worker};
 
@@ -19,35 +20,38 @@ const RESOURCE_BACKOFF: Duration = Duration::from_millis(50);
 /// At most one resource-error log line per listener per this interval.
 const LOG_INTERVAL: Duration = Duration::from_secs(1);
 
+/// Accepts on `listener` (metric slot `slot`) until the worker drains or `stop` fires;
+/// returning closes the socket.
 pub async fn accept_loop(
     worker: Rc<Worker>,
-    listener_index: usize,
+    slot: usize,
     listener: TcpListener,
     limit: usize,
+    stop: Rc<StopSignal>,
 ) {
     let mut last_log: Option<Instant> = None;
     let mut suppressed = 0u64;
     loop {
-        if !wait_below_limit(&worker, listener_index, limit).await {
+        if !wait_below_limit(&worker, slot, limit, &stop).await {
             return;
         }
         let accepted = tokio::select! {
             r = listener.accept() => r,
             _ = worker.drained() => return,
+            _ = stop.stopped() => return,
         };
         match accepted {
             Ok((stream, peer)) => {
                 let _ = stream.set_nodelay(true);
-                let guard = ConnectionGuard::new(worker.clone(), listener_index);
+                let guard = ConnectionGuard::new(worker.clone(), slot);
                 let w = worker.clone();
                 tokio::task::spawn_local(async move {
-                    crate::proxy::serve_client(w, listener_index, stream, peer).await;
+                    crate::proxy::serve_client(w, slot, stream, peer).await;
                     drop(guard);
                 });
             }
             Err(e) if is_resource_exhaustion(&e) => {
-                worker.metrics.listeners[listener_index].accept_errors[accept_error_index(&e)]
-                    .inc();
+                count_accept_error(&worker, slot, &e);
                 if last_log.is_none_or(|t| t.elapsed() >= LOG_INTERVAL) {
                     tracing::warn!(error = %e, suppressed, "accept failed: out of resources; pausing accepts, open connections keep being served");
                     last_log = Some(Instant::now());
@@ -58,31 +62,38 @@ pub async fn accept_loop(
                 tokio::select! {
                     _ = tokio::time::sleep(RESOURCE_BACKOFF) => {}
                     _ = worker.drained() => return,
+                    _ = stop.stopped() => return,
                 }
             }
             Err(e) => {
-                worker.metrics.listeners[listener_index].accept_errors[accept_error_index(&e)]
-                    .inc();
+                count_accept_error(&worker, slot, &e);
                 tracing::debug!(error = %e, "accept failed");
             }
         }
     }
 }
 
+fn count_accept_error(worker: &Worker, slot: usize, e: &io::Error) {
+    if let Some(m) = worker.metrics.listener(slot) {
+        m.accept_errors[accept_error_index(e)].inc();
+    }
+}
+
 /// Waits until this worker's share of the listener's connections is below `limit`.
-/// Returns false when the worker starts draining instead.
-async fn wait_below_limit(worker: &Worker, listener_index: usize, limit: usize) -> bool {
+/// Returns false when the worker starts draining or the listener stops instead.
+async fn wait_below_limit(worker: &Worker, slot: usize, limit: usize, stop: &StopSignal) -> bool {
     loop {
-        if worker.is_draining() {
+        if worker.is_draining() || stop.is_stopped() {
             return false;
         }
         let closed = worker.connection_closed.notified();
-        if worker.connections.borrow()[listener_index] < limit {
+        if worker.open_on(slot) < limit {
             return true;
         }
         tokio::select! {
             _ = closed => {}
             _ = worker.drained() => return false,
+            _ = stop.stopped() => return false,
         }
     }
 }

@@ -1,8 +1,11 @@
 //! Listening sockets: binding with SO_REUSEPORT (one socket per worker per listener) and
-//! the accept loop with its connection limit and file-descriptor back-off.
+//! the accept loop with its connection limit and file-descriptor back-off, and the
+//! per-worker task that starts and stops accept loops when the config changes.
 
 mod accept;
 mod bind;
+pub mod control;
 
 pub use accept::accept_loop;
 pub use bind::bind_reuseport;
+pub use control::{control_loop, Command, StopSignal};

@@ -1,6 +1,7 @@
 //! The scrape: merging shards and writing Prometheus text with `prometheus-client`.
 
 use std::fmt::Write;
+use std::sync::atomic::Ordering::Relaxed;
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, NoLabelSet};
@@ -10,19 +11,23 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 use weir_config::Config;
 
+use super::layout::SlotMap;
 use super::process::ProcessStats;
 use super::shard::{
-    DefaultReason, Histogram, WorkerMetrics, ACCEPT_ERRORS, LATENCY_BUCKETS, METHODS, STATUS_SLOTS,
+    DefaultReason, Histogram, ListenerMetrics, RouteMetrics, ServerMetrics, UpstreamMetrics,
+    WorkerMetrics, ACCEPT_ERRORS, LATENCY_BUCKETS, METHODS, STATUS_SLOTS,
 };
 use super::Metrics;
+use crate::snapshot::Snapshot;
 
-/// Renders all metrics for `config` in the Prometheus text format.
-pub fn encode_text(metrics: &Metrics, config: &Config) -> String {
+/// Renders all metrics of the objects in `snapshot`'s config in the Prometheus text format.
+pub fn encode_text(metrics: &Metrics, snapshot: &Snapshot) -> String {
     let collector = Scrape {
         shards: metrics.shards(),
-        config: config.clone(),
+        config: (*snapshot.config).clone(),
+        slots: snapshot.slots.clone(),
         dropped: metrics.dropped_log_lines(),
-        up: up_table(metrics),
+        up: up_table(snapshot),
     };
     let mut registry = Registry::default();
     registry.register_collector(Box::new(collector));
@@ -34,15 +39,11 @@ pub fn encode_text(metrics: &Metrics, config: &Config) -> String {
     out
 }
 
-fn up_table(metrics: &Metrics) -> Vec<Vec<bool>> {
-    let table = metrics.server_up.lock().unwrap_or_else(|e| e.into_inner());
-    table
+fn up_table(snapshot: &Snapshot) -> Vec<Vec<bool>> {
+    snapshot
+        .upstreams
         .iter()
-        .map(|u| {
-            u.iter()
-                .map(|s| s.load(std::sync::atomic::Ordering::Relaxed))
-                .collect()
-        })
+        .map(|u| u.servers.iter().map(|s| s.up.load(Relaxed)).collect())
         .collect()
 }
 
@@ -50,6 +51,8 @@ fn up_table(metrics: &Metrics) -> Vec<Vec<bool>> {
 struct Scrape {
     shards: Vec<std::sync::Arc<WorkerMetrics>>,
     config: Config,
+    /// Where each object of `config` counts in the shards.
+    slots: SlotMap,
     dropped: u64,
     up: Vec<Vec<bool>>,
 }
@@ -125,8 +128,28 @@ fn route_label(config: &Config, listener: usize, route: usize) -> String {
 }
 
 impl Scrape {
-    fn sum(&self, f: impl Fn(&WorkerMetrics) -> u64) -> u64 {
-        self.shards.iter().map(|s| f(s)).sum()
+    fn sum(&self, f: impl Fn(&WorkerMetrics) -> Option<u64>) -> u64 {
+        self.shards.iter().filter_map(|s| f(s)).sum()
+    }
+
+    fn listener<'a>(&self, s: &'a WorkerMetrics, li: usize) -> Option<&'a ListenerMetrics> {
+        s.listener(self.slots.listeners.get(li)?.slot)
+    }
+
+    /// Route `ri` of listener `li`; 0 is the no-route slot, `r + 1` the config's route `r`.
+    fn route<'a>(&self, s: &'a WorkerMetrics, li: usize, ri: usize) -> Option<&'a RouteMetrics> {
+        let l = self.slots.listeners.get(li)?;
+        let slot = l.route(ri.checked_sub(1));
+        s.listener(l.slot)?.route(slot)
+    }
+
+    fn upstream<'a>(&self, s: &'a WorkerMetrics, ui: usize) -> Option<&'a UpstreamMetrics> {
+        s.upstream(self.slots.upstreams.get(ui)?.slot)
+    }
+
+    fn server<'a>(&self, s: &'a WorkerMetrics, ui: usize, si: usize) -> Option<&'a ServerMetrics> {
+        let u = self.slots.upstreams.get(ui)?;
+        s.server(u.slot, *u.children.get(si)?)
     }
 
     fn requests(&self, enc: &mut DescriptorEncoder) -> Result {
@@ -135,7 +158,7 @@ impl Scrape {
             for ri in 0..=l.routes.len() {
                 for (mi, method) in METHODS.iter().enumerate() {
                     for slot in 0..STATUS_SLOTS {
-                        let v = self.sum(|s| s.listeners[li].routes[ri].requests(mi, slot));
+                        let v = self.sum(|s| Some(self.route(s, li, ri)?.requests(mi, slot)));
                         if v > 0 {
                             let labels = vec![
                                 ("listener", l.name.clone()),
@@ -164,7 +187,7 @@ impl Scrape {
                 let parts = self
                     .shards
                     .iter()
-                    .map(|s| &s.listeners[li].routes[ri].duration)
+                    .filter_map(|s| Some(&self.route(s, li, ri)?.duration))
                     .collect();
                 rows.push((
                     vec![
@@ -189,28 +212,28 @@ impl Scrape {
         for (li, l) in self.config.listeners.iter().enumerate() {
             let name = || ("listener", l.name.clone());
             for reason in DefaultReason::ALL {
-                let v = self.sum(|s| s.listeners[li].default_response(reason).get());
+                let v = self.sum(|s| Some(self.listener(s, li)?.default_response(reason).get()));
                 defaults.push((vec![name(), ("reason", reason.label().to_string())], v));
             }
             active.push((
                 vec![name()],
-                self.sum(|s| s.listeners[li].connections_active.get()) as i64,
+                self.sum(|s| Some(self.listener(s, li)?.connections_active.get())) as i64,
             ));
             total.push((
                 vec![name()],
-                self.sum(|s| s.listeners[li].connections_total.get()),
+                self.sum(|s| Some(self.listener(s, li)?.connections_total.get())),
             ));
             for (ki, kind) in ACCEPT_ERRORS.iter().enumerate() {
-                let v = self.sum(|s| s.listeners[li].accept_errors[ki].get());
+                let v = self.sum(|s| Some(self.listener(s, li)?.accept_errors[ki].get()));
                 accept.push((vec![name(), ("kind", kind.to_string())], v));
             }
             bytes.push((
                 vec![name(), ("direction", "in".to_string())],
-                self.sum(|s| s.listeners[li].bytes_in.get()),
+                self.sum(|s| Some(self.listener(s, li)?.bytes_in.get())),
             ));
             bytes.push((
                 vec![name(), ("direction", "out".to_string())],
-                self.sum(|s| s.listeners[li].bytes_out.get()),
+                self.sum(|s| Some(self.listener(s, li)?.bytes_out.get())),
             ));
         }
         counter(
@@ -263,7 +286,7 @@ impl Scrape {
                     ]
                 };
                 for slot in 0..STATUS_SLOTS {
-                    let v = self.sum(|s| s.upstreams[ui].servers[si].requests(slot));
+                    let v = self.sum(|s| Some(self.server(s, ui, si)?.requests(slot)));
                     if v > 0 {
                         let mut l = labels();
                         l.push(("code", status_label(slot)));
@@ -279,12 +302,12 @@ impl Scrape {
                 up.push((labels(), i64::from(is_up)));
                 idle.push((
                     labels(),
-                    self.sum(|s| s.upstreams[ui].servers[si].pool_idle.get()) as i64,
+                    self.sum(|s| Some(self.server(s, ui, si)?.pool_idle.get())) as i64,
                 ));
             }
             retries.push((
                 vec![("upstream", u.name.clone())],
-                self.sum(|s| s.upstreams[ui].retries.get()),
+                self.sum(|s| Some(self.upstream(s, ui)?.retries.get())),
             ));
         }
         counter(
@@ -325,14 +348,14 @@ impl Scrape {
                     labels.clone(),
                     self.shards
                         .iter()
-                        .map(|s| &s.upstreams[ui].servers[si].connect)
+                        .filter_map(|s| Some(&self.server(s, ui, si)?.connect))
                         .collect(),
                 ));
                 response.push((
                     labels,
                     self.shards
                         .iter()
-                        .map(|s| &s.upstreams[ui].servers[si].response)
+                        .filter_map(|s| Some(&self.server(s, ui, si)?.response))
                         .collect(),
                 ));
             }

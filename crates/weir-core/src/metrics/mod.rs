@@ -7,10 +7,12 @@
 //! methods from a fixed set, status codes.
 
 mod encode;
+pub mod layout;
 pub mod process;
 pub mod shard;
+mod slots;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 pub use shard::{DefaultReason, WorkerMetrics};
@@ -21,8 +23,6 @@ pub struct Metrics {
     shards: Mutex<Vec<Arc<WorkerMetrics>>>,
     /// Access-log lines dropped because the writer fell behind.
     pub access_log_dropped: Arc<AtomicU64>,
-    /// Per upstream, per server: up (true) or down, as health checking last decided.
-    pub server_up: Mutex<Vec<Vec<Arc<AtomicBool>>>>,
 }
 
 impl Metrics {
@@ -48,3 +48,12 @@ impl Metrics {
 }
 
 pub use encode::encode_text;
+
+impl Metrics {
+    /// Gives every worker's shard the slots of a config about to be published.
+    pub fn fill(&self, slots: &layout::SlotMap) {
+        for shard in self.shards() {
+            shard.fill(slots);
+        }
+    }
+}

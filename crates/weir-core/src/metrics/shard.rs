@@ -7,7 +7,8 @@
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
-use weir_config::Config;
+use super::layout::{SlotMap, NO_ROUTE_SLOT};
+use super::slots::Slots;
 
 /// A monotonically increasing count, or a gauge, written by one thread only.
 #[derive(Debug, Default)]
@@ -168,10 +169,10 @@ impl RouteMetrics {
     }
 }
 
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct ListenerMetrics {
-    /// Index 0: requests no route matched; index i + 1: route i.
-    pub routes: Box<[RouteMetrics]>,
+    /// By route slot (see `layout`); slot 0: requests no route matched.
+    pub routes: Slots<RouteMetrics>,
     pub default_responses: [Counter; 5],
     pub connections_active: Counter,
     pub connections_total: Counter,
@@ -182,8 +183,8 @@ pub struct ListenerMetrics {
 
 impl ListenerMetrics {
     #[inline]
-    pub fn route(&self, route: Option<usize>) -> &RouteMetrics {
-        &self.routes[route.map_or(0, |r| r + 1)]
+    pub fn route(&self, slot: usize) -> Option<&RouteMetrics> {
+        self.routes.get(slot)
     }
 
     #[inline]
@@ -202,6 +203,15 @@ pub struct ServerMetrics {
 }
 
 impl ServerMetrics {
+    fn new() -> ServerMetrics {
+        ServerMetrics {
+            requests: (0..STATUS_SLOTS).map(|_| Counter::default()).collect(),
+            connect: Histogram::default(),
+            response: Histogram::default(),
+            pool_idle: Counter::default(),
+        }
+    }
+
     #[inline]
     pub fn request(&self, status: u16) -> &Counter {
         &self.requests[status_index(status)]
@@ -212,56 +222,62 @@ impl ServerMetrics {
     }
 }
 
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct UpstreamMetrics {
-    pub servers: Box<[ServerMetrics]>,
+    /// By server slot.
+    pub servers: Slots<ServerMetrics>,
     pub retries: Counter,
 }
 
-/// Everything one worker counts.
-#[derive(Debug)]
+/// Everything one worker counts, by slot (see `layout`). The control plane fills the slots
+/// of a new config before publishing its snapshot, so the request path finds every slot it
+/// looks up; existing slots never move, so counts survive any reload.
+#[derive(Debug, Default)]
 pub struct WorkerMetrics {
-    pub listeners: Box<[ListenerMetrics]>,
-    pub upstreams: Box<[UpstreamMetrics]>,
+    pub listeners: Slots<ListenerMetrics>,
+    pub upstreams: Slots<UpstreamMetrics>,
 }
 
 impl WorkerMetrics {
-    /// Shaped after `config`: one slot per listener, route, upstream and server.
-    pub fn new(config: &Config) -> WorkerMetrics {
-        let listeners = config
-            .listeners
-            .iter()
-            .map(|l| ListenerMetrics {
-                routes: (0..=l.routes.len()).map(|_| RouteMetrics::new()).collect(),
-                default_responses: Default::default(),
-                connections_active: Counter::default(),
-                connections_total: Counter::default(),
-                accept_errors: Default::default(),
-                bytes_in: Counter::default(),
-                bytes_out: Counter::default(),
-            })
-            .collect();
-        let upstreams = config
-            .upstreams
-            .iter()
-            .map(|u| UpstreamMetrics {
-                servers: u
-                    .servers
-                    .iter()
-                    .map(|_| ServerMetrics {
-                        requests: (0..STATUS_SLOTS).map(|_| Counter::default()).collect(),
-                        connect: Histogram::default(),
-                        response: Histogram::default(),
-                        pool_idle: Counter::default(),
-                    })
-                    .collect(),
-                retries: Counter::default(),
-            })
-            .collect();
-        WorkerMetrics {
-            listeners,
-            upstreams,
+    /// A shard with a slot for every object `slots` names.
+    pub fn new(slots: &SlotMap) -> WorkerMetrics {
+        let shard = WorkerMetrics::default();
+        shard.fill(slots);
+        shard
+    }
+
+    /// Fills the slots `slots` names that are still empty.
+    pub fn fill(&self, slots: &SlotMap) {
+        for l in slots.listeners.iter() {
+            if let Some(m) = self.listeners.get_or_init(l.slot, ListenerMetrics::default) {
+                m.routes.get_or_init(NO_ROUTE_SLOT, RouteMetrics::new);
+                for &r in l.children.iter() {
+                    m.routes.get_or_init(r, RouteMetrics::new);
+                }
+            }
         }
+        for u in slots.upstreams.iter() {
+            if let Some(m) = self.upstreams.get_or_init(u.slot, UpstreamMetrics::default) {
+                for &s in u.children.iter() {
+                    m.servers.get_or_init(s, ServerMetrics::new);
+                }
+            }
+        }
+    }
+
+    #[inline]
+    pub fn listener(&self, slot: usize) -> Option<&ListenerMetrics> {
+        self.listeners.get(slot)
+    }
+
+    #[inline]
+    pub fn upstream(&self, slot: usize) -> Option<&UpstreamMetrics> {
+        self.upstreams.get(slot)
+    }
+
+    #[inline]
+    pub fn server(&self, upstream: usize, server: usize) -> Option<&ServerMetrics> {
+        self.upstreams.get(upstream)?.servers.get(server)
     }
 }
 

@@ -62,7 +62,12 @@ impl LocalUpstream {
                 max_in_flight: upstream
                     .servers
                     .iter()
-                    .map(|s| s.max_connections.map_or(u32::MAX, |m| m.div_ceil(workers)))
+                    // A draining server takes no new requests: a share of zero.
+                    .map(|s| match s.max_connections {
+                        _ if s.drain => 0,
+                        None => u32::MAX,
+                        Some(m) => m.div_ceil(workers),
+                    })
                     .collect(),
                 rng: XorShift::from_entropy(),
                 budget: RetryBudget::default(),

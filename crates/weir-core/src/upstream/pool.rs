@@ -40,6 +40,10 @@ pub struct UpstreamPlan {
     /// `sticky_cookie`: the cookie ids and `Set-Cookie` lines, per server.
     pub sticky: Option<Sticky>,
     pub passive: Passive,
+    /// Metric slots of the upstream and of each server (see `metrics::layout`); set by
+    /// the snapshot that owns the plan.
+    pub slot: usize,
+    pub server_slots: Box<[usize]>,
 }
 
 pub struct Sticky {
@@ -101,6 +105,8 @@ impl UpstreamPlan {
             rings,
             sticky,
             passive: Passive::new(&upstream.passive),
+            slot: 0,
+            server_slots: (0..upstream.servers.len()).collect(),
         }
     }
 

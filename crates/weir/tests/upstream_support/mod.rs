@@ -50,9 +50,9 @@ impl Weir {
     /// Whether the active health check currently says server `index` of `app` is up.
     pub fn server_up(&self, index: usize) -> bool {
         let proxy = self.proxy.as_ref().expect("running");
-        let metrics = proxy.metrics();
-        let table = metrics.server_up.lock().expect("server_up table");
-        table[0][index].load(Ordering::Relaxed)
+        proxy.snapshot().upstreams[0].servers[index]
+            .up
+            .load(Ordering::Relaxed)
     }
 
     /// `weir_upstream_retries_total` of `app`.

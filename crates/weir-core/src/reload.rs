@@ -1,0 +1,201 @@
+//! Changing the running config: the one diff-and-apply path that SIGHUP, the admin API and
+//! `weir ctl apply` all go through.
+//!
+//! Applying a validated config (1) binds the listeners that are new or whose socket
+//! settings changed, so a bind failure changes nothing; (2) fills the metric slots of new
+//! objects in every worker's shard; (3) publishes a snapshot built `with_previous`, which
+//! keeps server health; (4) tells every worker to accept on the new sockets and to close
+//! the sockets of removed or rebound listeners. Requests in flight finish on the snapshot
+//! they started with; the next request on a connection uses the new one, and a connection
+//! whose listener is gone closes instead of taking another request.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+use weir_config::diff::{diff, Change};
+use weir_config::{Config, Listener};
+
+use crate::listener::Command;
+use crate::metrics::layout::Layout;
+use crate::server::{bind_per_worker, Proxy, StartError};
+use crate::snapshot::Snapshot;
+
+/// Why a config could not be applied; the running config stays.
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    /// The change needs a restart (or `weir upgrade`).
+    #[error("{field}: {message}")]
+    NotReloadable {
+        field: String,
+        message: String,
+        fix: &'static str,
+    },
+    #[error(transparent)]
+    Bind(#[from] StartError),
+}
+
+impl ApplyError {
+    /// The config field at fault, for API error bodies.
+    pub fn field(&self) -> String {
+        match self {
+            ApplyError::NotReloadable { field, .. } => field.clone(),
+            ApplyError::Bind(StartError::Bind { listener, .. }) => {
+                format!("listeners[{listener}].bind")
+            }
+            ApplyError::Bind(_) => String::new(),
+        }
+    }
+
+    pub fn fix(&self) -> &'static str {
+        match self {
+            ApplyError::NotReloadable { fix, .. } => fix,
+            ApplyError::Bind(_) => "use an address that is free on this host",
+        }
+    }
+}
+
+/// The sockets of one listener, one per worker, and each worker's share of its limit.
+pub(crate) struct Bound {
+    pub addr: SocketAddr,
+    pub sockets: Vec<std::net::TcpListener>,
+    pub limit: usize,
+}
+
+/// A listener the workers accept on.
+struct Active {
+    name: String,
+    /// The settings that need new sockets when they change.
+    key: SocketKey,
+    /// The socket generation (a rebind under the same name gets a new id).
+    id: u64,
+    addr: SocketAddr,
+}
+
+type SocketKey = (SocketAddr, u32, usize);
+
+fn socket_key(l: &Listener) -> SocketKey {
+    (l.bind, l.backlog, l.max_connections)
+}
+
+/// The control plane's state, behind the `Proxy`'s lock (which also serializes changes).
+pub(crate) struct Control {
+    layout: Layout,
+    workers: Vec<mpsc::UnboundedSender<Command>>,
+    active: Vec<Active>,
+    next_id: u64,
+}
+
+impl Control {
+    /// The control state with one command channel per worker; returns the receivers.
+    pub fn new(layout: Layout, workers: usize) -> (Control, Vec<mpsc::UnboundedReceiver<Command>>) {
+        let (senders, receivers) = (0..workers).map(|_| mpsc::unbounded_channel()).unzip();
+        let control = Control {
+            layout,
+            workers: senders,
+            active: Vec::new(),
+            next_id: 0,
+        };
+        (control, receivers)
+    }
+
+    pub fn addr_of(&self, name: &str) -> Option<SocketAddr> {
+        self.active.iter().find(|a| a.name == name).map(|a| a.addr)
+    }
+
+    /// Has every worker accept on `bound` for `listener` (metric slot `slot`).
+    pub fn listen(&mut self, listener: &Listener, slot: usize, bound: Bound) {
+        let id = self.next_id;
+        self.next_id += 1;
+        for (commands, socket) in self.workers.iter().zip(bound.sockets) {
+            let limit = bound.limit;
+            // A worker that is gone is shutting down; its socket closes with the message.
+            let _ = commands.send(Command::Listen {
+                id,
+                slot,
+                socket,
+                limit,
+            });
+        }
+        self.active.push(Active {
+            name: listener.name.clone(),
+            key: socket_key(listener),
+            id,
+            addr: bound.addr,
+        });
+    }
+
+    /// Closes the sockets of every listener `config` no longer has as it is.
+    fn stop_stale(&mut self, config: &Config) {
+        let (keep, stale): (Vec<Active>, Vec<Active>) =
+            std::mem::take(&mut self.active).into_iter().partition(|a| {
+                config
+                    .listeners
+                    .iter()
+                    .any(|l| l.name == a.name && socket_key(l) == a.key)
+            });
+        self.active = keep;
+        for a in stale {
+            for commands in &self.workers {
+                let _ = commands.send(Command::Stop { id: a.id });
+            }
+        }
+    }
+
+    fn is_active(&self, l: &Listener) -> bool {
+        self.active
+            .iter()
+            .any(|a| a.name == l.name && a.key == socket_key(l))
+    }
+}
+
+impl Proxy {
+    /// Makes `config` the running config; returns what changed. On error nothing changed.
+    pub fn apply(&self, config: Config) -> Result<Vec<Change>, ApplyError> {
+        let mut control = self.lock_control();
+        let old = self.shared.snapshot.load_full();
+        check_reloadable(&old.config, &config)?;
+        let changes = diff(&old.config, &config);
+        let mut binds = Vec::new();
+        for (i, l) in config.listeners.iter().enumerate() {
+            if !control.is_active(l) {
+                binds.push((i, bind_per_worker(l, self.shared.workers)?));
+            }
+        }
+        let slots = control.layout.assign(&config);
+        self.metrics.fill(&slots);
+        let config = Arc::new(config);
+        control.stop_stale(&config);
+        for (i, bound) in binds {
+            control.listen(&config.listeners[i], slots.listeners[i].slot, bound);
+        }
+        self.shared
+            .publish(Snapshot::with_previous(config, slots, &old));
+        Ok(changes)
+    }
+}
+
+/// Settings fixed for the life of the process: the worker count and the access logs (their
+/// writers and per-worker buffers are set up at start).
+fn check_reloadable(old: &Config, new: &Config) -> Result<(), ApplyError> {
+    if old.server.workers != new.server.workers {
+        return Err(ApplyError::NotReloadable {
+            field: "server.workers".into(),
+            message: "the number of workers cannot change while running".into(),
+            fix: "keep the running value, or restart (or `weir upgrade`) to change it",
+        });
+    }
+    for l in &new.listeners {
+        let before = old.listeners.iter().find(|o| o.name == l.name);
+        // A new listener may come without a log; an existing one must keep its own.
+        let changed = before.map_or(l.access_log.is_some(), |o| o.access_log != l.access_log);
+        if changed {
+            return Err(ApplyError::NotReloadable {
+                field: format!("listeners[{}].access_log", l.name),
+                message: "access logs are opened at start and cannot change while running".into(),
+                fix: "keep the running access_log settings, or restart (or `weir upgrade`) to change them",
+            });
+        }
+    }
+    Ok(())
+}
