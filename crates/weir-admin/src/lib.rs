@@ -1,4 +1,5 @@
-//! The admin listener: `/live`, `/ready` and `/metrics`; the object API joins here.
+//! The admin listener: `/live`, `/ready`, `/metrics`, and the object API under `/api/v1`
+//! (`api`), which changes the running config through the `store`.
 //!
 //! It runs on its own thread and runtime, separate from the data-plane workers, so it never
 //! shares their limits and stays reachable when they are saturated.
@@ -18,6 +19,11 @@ use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::sync::watch;
 
+pub mod api;
+pub mod store;
+
+pub use store::Store;
+
 /// Renders the Prometheus text exposition.
 pub type MetricsRenderer = Box<dyn Fn() -> String + Send + Sync>;
 
@@ -28,6 +34,8 @@ pub struct AdminState {
     pub ready: AtomicBool,
     /// `/metrics`; 404 when absent.
     pub metrics: Option<MetricsRenderer>,
+    /// The object API; 404 when absent.
+    pub store: Option<Arc<Store>>,
 }
 
 /// A running admin listener; `stop` ends it.
@@ -103,6 +111,17 @@ async fn handle(
     req: Request<Incoming>,
     state: Arc<AdminState>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
+    if req.uri().path().starts_with("/api/") {
+        return Ok(match &state.store {
+            Some(store) => api::handle(req, store).await,
+            None => plain(StatusCode::NOT_FOUND, Bytes::from_static(NOT_FOUND), TEXT),
+        });
+    }
+    if let (Some(store), "/metrics") = (&state.store, req.uri().path()) {
+        if let Err(e) = api::check_read(store, req.headers()) {
+            return Ok(plain(e.status, Bytes::from(e.to_json().to_string()), JSON));
+        }
+    }
     let (status, body, content_type) = match req.uri().path() {
         "/live" => (StatusCode::OK, Bytes::from_static(b"live\n"), TEXT),
         "/ready" if state.ready.load(Ordering::Acquire) => {
@@ -119,15 +138,20 @@ async fn handle(
         }
         _ => (StatusCode::NOT_FOUND, Bytes::from_static(NOT_FOUND), TEXT),
     };
+    Ok(plain(status, body, content_type))
+}
+
+fn plain(status: StatusCode, body: Bytes, content_type: &'static str) -> Response<Full<Bytes>> {
     let mut response = Response::new(Full::new(body));
     *response.status_mut() = status;
     response.headers_mut().insert(
         hyper::header::CONTENT_TYPE,
         hyper::header::HeaderValue::from_static(content_type),
     );
-    Ok(response)
+    response
 }
 
-const NOT_FOUND: &[u8] = b"not found: try /live, /ready or /metrics\n";
+const NOT_FOUND: &[u8] = b"not found: try /live, /ready, /metrics or /api/v1/config\n";
+const JSON: &str = "application/json";
 const TEXT: &str = "text/plain; charset=utf-8";
 const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";

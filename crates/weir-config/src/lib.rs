@@ -32,9 +32,14 @@ use error::Source;
 /// A file that cannot be read (missing, unreadable, not UTF-8) is a [`ConfigError`] too,
 /// with `line` 0; errors name the file as `path` displays.
 pub fn load_file(path: &Path) -> Result<Config, ConfigError> {
+    load_file_with_text(path).map(|(config, _)| config)
+}
+
+/// Like [`load_file`], also returning the text (the admin API edits and persists it).
+pub fn load_file_with_text(path: &Path) -> Result<(Config, String), ConfigError> {
     let file = path.display().to_string();
     let text = std::fs::read_to_string(path).map_err(|e| ConfigError::io(&file, &e))?;
-    parse_str(&text, &file)
+    Ok((parse_str(&text, &file)?, text))
 }
 
 /// Parses and validates configuration text; `file_name` is used in error messages.

@@ -40,10 +40,11 @@ pub enum StartError {
 /// the process exits.
 pub struct Proxy {
     shutdown: watch::Sender<bool>,
-    threads: Vec<JoinHandle<()>>,
+    /// Taken by `shutdown` (which may be called through an `Arc`).
+    threads: Mutex<Vec<JoinHandle<()>>>,
     pub(crate) shared: Arc<Shared>,
     pub(crate) metrics: Arc<Metrics>,
-    log_writers: Vec<WriterThread>,
+    log_writers: Mutex<Vec<WriterThread>>,
     /// Listener sockets and metric slots; the lock serializes config changes.
     pub(crate) control: Mutex<Control>,
 }
@@ -96,10 +97,10 @@ impl Proxy {
         }
         Ok(Proxy {
             shutdown: tx,
-            threads,
+            threads: Mutex::new(threads),
             shared,
             metrics,
-            log_writers,
+            log_writers: Mutex::new(log_writers),
             control: Mutex::new(control),
         })
     }
@@ -137,14 +138,17 @@ impl Proxy {
     }
 
     /// Stops accepting, lets in-flight requests finish within the config's `drain_timeout`,
-    /// then returns.
-    pub fn shutdown(self) {
+    /// then returns. Later calls return at once.
+    pub fn shutdown(&self) {
         let _ = self.shutdown.send(true);
-        for thread in self.threads {
+        let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner()));
+        for thread in threads {
             let _ = thread.join();
         }
         // The workers (and with them the log sinks) are gone: writers drain and end.
-        for writer in self.log_writers {
+        let writers =
+            std::mem::take(&mut *self.log_writers.lock().unwrap_or_else(|e| e.into_inner()));
+        for writer in writers {
             writer.join();
         }
     }

@@ -16,7 +16,7 @@ pub fn run(port: u16, admin_port: u16) -> anyhow::Result<()> {
         .collect();
     let toml = demo_config(port, admin_port, &servers.join(", "));
     let config = weir_config::parse_str(&toml, "demo.toml")?;
-    let running = Running::start(config)?;
+    let running = Running::start(config, None, toml.clone())?;
     let proxy = running
         .proxy
         .listener_addr("demo")

@@ -1,12 +1,13 @@
 //! `weir run` and `weir check`: load a config, start the data plane and the admin listener,
-//! wait for SIGTERM / SIGINT, drain, exit.
+//! wait for SIGTERM / SIGINT, drain, exit. SIGHUP reloads the config file, SIGUSR1 reopens
+//! the access logs.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use anyhow::Context;
-use weir_admin::{Admin, AdminState};
+use weir_admin::{Admin, AdminState, Store};
 use weir_config::{Config, Workers};
 use weir_core::Proxy;
 
@@ -26,32 +27,36 @@ pub fn check_file(path: &Path) -> anyhow::Result<()> {
 }
 
 pub fn run_file(path: &Path) -> anyhow::Result<()> {
-    let config = weir_config::load_file(path)?;
+    let (config, text) = weir_config::load_file_with_text(path)?;
     // Signal handlers first: a SIGTERM (or fd exhaustion) right after the listeners bind
     // must find them installed.
     let signals = Signals::install()?;
-    let running = Running::start(config)?;
+    let running = Running::start(config, Some(path.to_path_buf()), text)?;
     tracing::info!(config = %path.display(), "weir started");
     running.wait_for_signal_and_stop(signals)
 }
 
-/// A started data plane plus its admin listener.
+/// A started data plane plus its admin listener and the config store both change through.
 pub struct Running {
-    pub proxy: Proxy,
+    pub proxy: Arc<Proxy>,
     pub admin: Option<Admin>,
     state: Arc<AdminState>,
+    store: Arc<Store>,
 }
 
 impl Running {
-    pub fn start(config: Config) -> anyhow::Result<Running> {
+    /// Starts `config`, parsed from `text` (the file at `path`, where API changes persist).
+    pub fn start(config: Config, path: Option<PathBuf>, text: String) -> anyhow::Result<Running> {
         let workers = match config.server.workers {
             Workers::Count(n) => n,
             Workers::Auto => std::thread::available_parallelism().map_or(1, |n| n.get()),
         };
         let admin_bind = config.admin.bind;
-        let proxy = Proxy::start(config, workers)?;
+        let proxy = Arc::new(Proxy::start(config, workers)?);
+        let store = Arc::new(Store::new(proxy.clone(), path, text));
         let state = Arc::new(AdminState {
             metrics: Some(Box::new(proxy.metrics_renderer())),
+            store: Some(store.clone()),
             ..Default::default()
         });
         let admin = match admin_bind {
@@ -71,12 +76,14 @@ impl Running {
             proxy,
             admin,
             state,
+            store,
         })
     }
 
     /// Blocks until SIGTERM or SIGINT, then drains and stops.
     pub fn wait_for_signal_and_stop(self, signals: Signals) -> anyhow::Result<()> {
-        signals.wait()?;
+        let store = self.store.clone();
+        signals.wait(move || reload(&store))?;
         tracing::info!("signal received: draining");
         // Tell load balancers polling /ready to stop sending new work while we drain.
         self.state.ready.store(false, Ordering::Release);
@@ -89,12 +96,31 @@ impl Running {
     }
 }
 
+/// SIGHUP: re-reads the config file through the same path as the admin API. A rejected
+/// file is logged with its `file:line:col` and the running config stays.
+fn reload(store: &Store) {
+    match store.reload_file() {
+        Ok(applied) => {
+            let changes: Vec<String> = applied.changes.iter().map(ToString::to_string).collect();
+            tracing::info!(version = applied.version, changes = ?changes, "SIGHUP: config reloaded");
+        }
+        Err(e) => tracing::error!(
+            at = e.at.as_deref().unwrap_or(""),
+            field = %e.field,
+            error = %e.message,
+            fix = %e.fix,
+            "SIGHUP: config rejected; the running config stays"
+        ),
+    }
+}
+
 /// The process's signal handlers, installed before anything else can fail.
 pub struct Signals {
     runtime: tokio::runtime::Runtime,
     term: tokio::signal::unix::Signal,
     int: tokio::signal::unix::Signal,
     usr1: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
 }
 
 impl Signals {
@@ -108,17 +134,20 @@ impl Signals {
             term: signal(SignalKind::terminate())?,
             int: signal(SignalKind::interrupt())?,
             usr1: signal(SignalKind::user_defined1())?,
+            hup: signal(SignalKind::hangup())?,
             runtime,
         })
     }
 
-    /// Waits for SIGTERM or SIGINT; SIGUSR1 on the way reopens the access logs (logrotate).
-    fn wait(self) -> anyhow::Result<()> {
+    /// Waits for SIGTERM or SIGINT; SIGUSR1 on the way reopens the access logs (logrotate),
+    /// SIGHUP calls `on_hup`.
+    fn wait(self, on_hup: impl Fn()) -> anyhow::Result<()> {
         let Signals {
             runtime,
             mut term,
             mut int,
             mut usr1,
+            mut hup,
         } = self;
         runtime.block_on(async move {
             loop {
@@ -129,6 +158,7 @@ impl Signals {
                         tracing::info!("SIGUSR1: reopening access logs");
                         weir_core::access_log::reopen();
                     }
+                    _ = hup.recv() => on_hup(),
                 }
             }
         })

@@ -36,6 +36,15 @@ pub struct ServerState {
     since_ms: AtomicU64,
     /// Consecutive failures (passive).
     fails: AtomicU32,
+    /// The last active check, for the admin API (never touched by the request path).
+    pub last_check: std::sync::Mutex<Option<LastCheck>>,
+}
+
+/// When the last active health check ran and, if it failed, why.
+#[derive(Debug, Clone)]
+pub struct LastCheck {
+    pub at: std::time::SystemTime,
+    pub failure: Option<String>,
 }
 
 impl Default for ServerState {
@@ -44,6 +53,7 @@ impl Default for ServerState {
             up: Arc::new(AtomicBool::new(true)),
             since_ms: AtomicU64::new(0),
             fails: AtomicU32::new(0),
+            last_check: std::sync::Mutex::new(None),
         }
     }
 }
@@ -125,6 +135,15 @@ impl ServerState {
             let since = if passive.slow_start_ms > 0 { now } else { 0 };
             self.since_ms.store(since, Relaxed);
         }
+    }
+
+    /// Notes an active check's result (`failure`: its reason) for the admin API.
+    pub fn record_check(&self, failure: Option<String>) {
+        let last = LastCheck {
+            at: std::time::SystemTime::now(),
+            failure,
+        };
+        *self.last_check.lock().unwrap_or_else(|e| e.into_inner()) = Some(last);
     }
 
     /// Time left of an ejection at `now`, if the server is ejected.

@@ -112,6 +112,8 @@ async fn check_server(t: Target) {
     loop {
         tick.tick().await;
         let result = probe::probe(&t.check, t.addr, &t.server).await;
+        t.state
+            .record_check(result.as_ref().err().map(ToString::to_string));
         let Some(up) = counter.record(result.is_ok()) else {
             continue;
         };

@@ -1,0 +1,260 @@
+//! The object API under `/api/v1`: read and change the running config, object by object.
+//!
+//! Reads come from the running snapshot and config text; every write goes through
+//! [`Store`] (validate like the file, apply, persist). Responses are JSON; errors carry the
+//! field and the fix. The version of the running config is in every response's `ETag`, and
+//! a write with `If-Match` fails with 409 when the config has moved on since.
+
+mod auth;
+pub(crate) mod convert;
+mod edit;
+pub(crate) mod error;
+mod views;
+
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::{Bytes, Incoming};
+use hyper::header::{HeaderValue, ACCEPT, CONTENT_TYPE, ETAG, IF_MATCH};
+use hyper::{Method, Request, Response, StatusCode};
+use serde_json::{json, Value as Json};
+
+use crate::store::{Applied, Store, WriteMode};
+use convert::Format;
+use error::ApiError;
+
+/// The largest request body accepted (a whole config fits many times over).
+pub const MAX_BODY: usize = 1 << 20;
+
+/// Serves one `/api/v1/...` request.
+pub async fn handle(req: Request<Incoming>, store: &Store) -> Response<Full<Bytes>> {
+    match route(req, store).await {
+        Ok(response) => response,
+        Err(e) => json_response(e.status, &e.to_json(), None),
+    }
+}
+
+/// A request reduced to what the handlers need, body read and size-checked.
+struct Call {
+    method: Method,
+    segments: Vec<String>,
+    mode: WriteMode,
+    format: Format,
+    wants_toml: bool,
+    body: Bytes,
+}
+
+async fn route(req: Request<Incoming>, store: &Store) -> Result<Response<Full<Bytes>>, ApiError> {
+    let write = req.method() != Method::GET && req.method() != Method::HEAD;
+    auth::check(&store.proxy().config().admin, req.headers(), write)?;
+    let call = read_call(req).await?;
+    let segs: Vec<&str> = call.segments.iter().map(String::as_str).collect();
+    let (version, text) = store.current();
+    let read = |value: Json| {
+        Ok(json_response(
+            StatusCode::OK,
+            &json!({"version": version, "data": value}),
+            Some(version),
+        ))
+    };
+    match (&call.method, segs.as_slice()) {
+        (&Method::GET, ["config"]) if call.wants_toml => Ok(toml_response(version, text)),
+        (&Method::GET, ["config"]) => read(convert::config_json(&text)),
+        (&Method::PUT, ["config"]) => {
+            let text = convert::body_config_text(&call.body, call.format)?;
+            written(store.replace(text, call.mode), call.mode)
+        }
+        (&Method::GET, ["upstreams"]) => read(views::upstreams(store.proxy())),
+        (&Method::GET, ["upstreams", name]) => read(views::upstream(&text, name)?),
+        (&Method::GET, ["upstreams", name, "health"]) => read(views::health(store.proxy(), name)?),
+        (&Method::PUT, ["upstreams", name]) => {
+            let body = convert::body_table(&call.body, call.format)?;
+            written(
+                store.edit(call.mode, |doc| Ok(edit::put_upstream(doc, name, body))),
+                call.mode,
+            )
+        }
+        (&Method::DELETE, ["upstreams", name]) => written(
+            store.edit(call.mode, |doc| edit::delete_upstream(doc, name)),
+            call.mode,
+        ),
+        (&Method::PUT, ["upstreams", name, "servers", addr]) => {
+            let body = optional_table(&call)?;
+            written(
+                store.edit(call.mode, |doc| edit::put_server(doc, name, addr, &body)),
+                call.mode,
+            )
+        }
+        (&Method::DELETE, ["upstreams", name, "servers", addr]) => written(
+            store.edit(call.mode, |doc| edit::delete_server(doc, name, addr)),
+            call.mode,
+        ),
+        (&Method::GET, ["listeners"]) => read(views::listeners(store.proxy())),
+        (&Method::GET, ["listeners", name]) => read(views::listener(&text, name)?),
+        (&Method::PUT, ["listeners", name]) => {
+            let body = convert::body_table(&call.body, call.format)?;
+            written(
+                store.edit(call.mode, |doc| edit::put_listener(doc, name, body)),
+                call.mode,
+            )
+        }
+        (&Method::DELETE, ["listeners", name]) => written(
+            store.edit(call.mode, |doc| edit::delete_listener(doc, name)),
+            call.mode,
+        ),
+        (&Method::GET, ["listeners", l, "routes", r]) => read(views::route(&text, l, r)?),
+        (&Method::PUT, ["listeners", l, "routes", r]) => {
+            let body = convert::body_table(&call.body, call.format)?;
+            written(
+                store.edit(call.mode, |doc| edit::put_route(doc, l, r, body)),
+                call.mode,
+            )
+        }
+        (&Method::DELETE, ["listeners", l, "routes", r]) => written(
+            store.edit(call.mode, |doc| edit::delete_route(doc, l, r)),
+            call.mode,
+        ),
+        _ => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!(
+                "no such endpoint: {} /api/v1/{}",
+                call.method,
+                call.segments.join("/")
+            ),
+            "see docs/operations.md for the endpoints",
+        )),
+    }
+}
+
+/// The token check for reads outside `/api` (`/metrics`).
+pub fn check_read(store: &Store, headers: &hyper::HeaderMap) -> Result<(), ApiError> {
+    auth::check(&store.proxy().config().admin, headers, false)
+}
+
+async fn read_call(req: Request<Incoming>) -> Result<Call, ApiError> {
+    let (parts, body) = req.into_parts();
+    let path = parts.uri.path().strip_prefix("/api/v1").unwrap_or("");
+    let segments = path
+        .split('/')
+        .filter(|s| !s.is_empty())
+        .map(percent_decode)
+        .collect();
+    let query = parts.uri.query().unwrap_or("");
+    let dry_run = query
+        .split('&')
+        .any(|p| p == "dry_run=true" || p == "dry_run=1");
+    let header = |name| {
+        parts
+            .headers
+            .get(name)
+            .and_then(|v: &HeaderValue| v.to_str().ok())
+    };
+    let expect = match header(IF_MATCH) {
+        None => None,
+        Some(v) => Some(v.trim().trim_matches('"').parse::<u64>().map_err(|_| {
+            ApiError::bad_request(
+                format!("If-Match {v:?} is not a config version"),
+                "send the number from the ETag of a GET",
+            )
+            .field("If-Match")
+        })?),
+    };
+    let format = Format::of_content_type(header(CONTENT_TYPE));
+    let wants_toml = header(ACCEPT).is_some_and(|a| a.contains("toml"));
+    let body = Limited::new(body, MAX_BODY).collect().await.map_err(|_| {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("the body is over {MAX_BODY} bytes (or could not be read)"),
+            "send a smaller body",
+        )
+    })?;
+    Ok(Call {
+        method: parts.method,
+        segments,
+        mode: WriteMode { expect, dry_run },
+        format,
+        wants_toml,
+        body: body.to_bytes(),
+    })
+}
+
+/// A server's settings body, which may be empty (add with defaults).
+fn optional_table(call: &Call) -> Result<toml_edit::Table, ApiError> {
+    if call.body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(toml_edit::Table::new());
+    }
+    convert::body_table(&call.body, call.format)
+}
+
+fn written(
+    result: Result<Applied, ApiError>,
+    mode: WriteMode,
+) -> Result<Response<Full<Bytes>>, ApiError> {
+    let applied = result?;
+    let changes: Vec<String> = applied.changes.iter().map(ToString::to_string).collect();
+    let body = json!({"version": applied.version, "dry_run": mode.dry_run, "changes": changes});
+    Ok(json_response(StatusCode::OK, &body, Some(applied.version)))
+}
+
+fn json_response(status: StatusCode, body: &Json, version: Option<u64>) -> Response<Full<Bytes>> {
+    let mut text = body.to_string();
+    text.push('\n');
+    let mut response = Response::new(Full::new(Bytes::from(text)));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    if let Some(v) = version {
+        set_etag(&mut response, v);
+    }
+    response
+}
+
+fn toml_response(version: u64, text: String) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(text)));
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/toml"));
+    set_etag(&mut response, version);
+    response
+}
+
+fn set_etag(response: &mut Response<Full<Bytes>>, version: u64) {
+    if let Ok(v) = HeaderValue::from_str(&format!("\"{version}\"")) {
+        response.headers_mut().insert(ETAG, v);
+    }
+}
+
+/// Decodes `%XX` escapes (an IPv6 server address arrives as `%5B::1%5D:80`).
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok());
+        match (bytes[i], hex.and_then(|h| u8::from_str_radix(h, 16).ok())) {
+            (b'%', Some(b)) => {
+                out.push(b);
+                i += 3;
+            }
+            (b, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::percent_decode;
+
+    #[test]
+    fn decodes_escapes_and_keeps_the_rest() {
+        assert_eq!(percent_decode("%5B%3A%3A1%5D:80"), "[::1]:80");
+        assert_eq!(percent_decode("127.0.0.1:80"), "127.0.0.1:80");
+        assert_eq!(percent_decode("100%"), "100%");
+        assert_eq!(percent_decode("%zz"), "%zz");
+    }
+}

@@ -1,0 +1,131 @@
+//! What the read endpoints return: lists of upstreams and listeners built from the running
+//! config and snapshot, single objects as written in the config text, and server health.
+
+use std::time::UNIX_EPOCH;
+
+use serde_json::{json, Value as Json};
+use weir_core::upstream::state::now_ms;
+use weir_core::Proxy;
+
+use super::convert::config_json;
+use super::error::ApiError;
+
+pub fn upstreams(proxy: &Proxy) -> Json {
+    let config = proxy.config();
+    let list: Vec<Json> = config
+        .upstreams
+        .iter()
+        .map(|u| {
+            let servers: Vec<Json> = u
+                .servers
+                .iter()
+                .map(|s| json!({"addr": s.name, "weight": s.weight, "backup": s.backup, "drain": s.drain}))
+                .collect();
+            json!({"name": u.name, "lb": format!("{:?}", u.lb), "servers": servers})
+        })
+        .collect();
+    json!(list)
+}
+
+pub fn listeners(proxy: &Proxy) -> Json {
+    let config = proxy.config();
+    let list: Vec<Json> = config
+        .listeners
+        .iter()
+        .map(|l| {
+            let routes: Vec<&str> = l.routes.iter().map(|r| r.name.as_str()).collect();
+            let addr = proxy.listener_addr(&l.name).map(|a| a.to_string());
+            json!({"name": l.name, "bind": l.bind.to_string(), "addr": addr, "routes": routes})
+        })
+        .collect();
+    json!(list)
+}
+
+/// `upstreams.NAME` as written in the config text.
+pub fn upstream(text: &str, name: &str) -> Result<Json, ApiError> {
+    config_json(text)["upstreams"]
+        .get(name)
+        .cloned()
+        .ok_or_else(|| {
+            ApiError::not_found(
+                &format!("upstream {name}"),
+                "GET /api/v1/upstreams lists them",
+            )
+        })
+}
+
+/// The listener `name` as written in the config text.
+pub fn listener(text: &str, name: &str) -> Result<Json, ApiError> {
+    named(&config_json(text)["listeners"], name).ok_or_else(|| {
+        ApiError::not_found(
+            &format!("listener {name}"),
+            "GET /api/v1/listeners lists them",
+        )
+    })
+}
+
+pub fn route(text: &str, listener_name: &str, name: &str) -> Result<Json, ApiError> {
+    let l = listener(text, listener_name)?;
+    named(&l["routes"], name).ok_or_else(|| {
+        ApiError::not_found(
+            &format!("route {name} of listener {listener_name}"),
+            "GET /api/v1/listeners/{name} lists its routes",
+        )
+    })
+}
+
+fn named(list: &Json, name: &str) -> Option<Json> {
+    list.as_array()?.iter().find(|i| i["name"] == name).cloned()
+}
+
+/// Each server's state: up (active checks), ejected (passive), draining, the last check.
+pub fn health(proxy: &Proxy, name: &str) -> Result<Json, ApiError> {
+    let snapshot = proxy.snapshot();
+    let Some(index) = snapshot
+        .config
+        .upstreams
+        .iter()
+        .position(|u| u.name == name)
+    else {
+        return Err(ApiError::not_found(
+            &format!("upstream {name}"),
+            "GET /api/v1/upstreams lists them",
+        ));
+    };
+    let upstream = &snapshot.config.upstreams[index];
+    let plan = &snapshot.upstreams[index];
+    let now = now_ms();
+    let servers: Vec<Json> = upstream
+        .servers
+        .iter()
+        .zip(plan.servers.iter())
+        .map(|(s, state)| {
+            let up = state.up.load(std::sync::atomic::Ordering::Relaxed);
+            let ejected = state.ejected_for(now);
+            let last = state
+                .last_check
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone();
+            let last_check = last.map(|c| {
+                let at = c.at.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+                json!({"at": at, "ok": c.failure.is_none(), "reason": c.failure})
+            });
+            let state_name = match () {
+                _ if s.drain => "draining",
+                _ if !up => "down",
+                _ if ejected.is_some() => "ejected",
+                _ => "up",
+            };
+            json!({
+                "addr": s.name,
+                "state": state_name,
+                "up": up,
+                "ejected_for_ms": ejected.map(|d| d.as_millis() as u64),
+                "checked": upstream.health_check.is_some(),
+                "last_check": last_check,
+            })
+        })
+        .collect();
+    Ok(json!({"upstream": name, "servers": servers}))
+}

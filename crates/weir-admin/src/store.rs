@@ -1,0 +1,213 @@
+//! The running config as the admin plane sees it: its TOML text, its version, and the one
+//! way to change it.
+//!
+//! Every change (SIGHUP, `PUT /api/v1/config`, an object edit) becomes a full config text,
+//! is validated exactly like the file (`weir_config::parse_str`), and is applied through
+//! `Proxy::apply`. API changes are then written to the config file atomically (a temp file
+//! in the same directory, then rename), so a restart keeps them. A lock serializes changes;
+//! each success bumps the version that `If-Match` is checked against.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use hyper::StatusCode;
+use weir_config::diff::{diff, Change};
+use weir_config::Config;
+use weir_core::Proxy;
+
+use crate::api::error::ApiError;
+
+pub struct Store {
+    proxy: Arc<Proxy>,
+    /// The config file changes are persisted to (`None`: not persisted, as in tests).
+    path: Option<PathBuf>,
+    state: Mutex<State>,
+}
+
+struct State {
+    version: u64,
+    text: String,
+}
+
+/// The outcome of a change (or of a dry run, which changes nothing).
+#[derive(Debug)]
+pub struct Applied {
+    pub version: u64,
+    pub changes: Vec<Change>,
+}
+
+/// How a write is made.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct WriteMode {
+    /// The version the client started from (`If-Match`); stale: 409.
+    pub expect: Option<u64>,
+    /// Validate and diff only.
+    pub dry_run: bool,
+}
+
+impl Store {
+    /// `text` is the text the running config was parsed from (the file at `path`).
+    pub fn new(proxy: Arc<Proxy>, path: Option<PathBuf>, text: String) -> Store {
+        Store {
+            proxy,
+            path,
+            state: Mutex::new(State { version: 1, text }),
+        }
+    }
+
+    pub fn proxy(&self) -> &Arc<Proxy> {
+        &self.proxy
+    }
+
+    /// The running config's version and text.
+    pub fn current(&self) -> (u64, String) {
+        let state = self.lock();
+        (state.version, state.text.clone())
+    }
+
+    /// SIGHUP: re-reads the config file and applies it (nothing to persist).
+    pub fn reload_file(&self) -> Result<Applied, ApiError> {
+        let Some(path) = &self.path else {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "no config file to reload",
+                "start weir with -c FILE",
+            ));
+        };
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("cannot read {}: {e}", path.display()),
+                "check the file exists and is readable",
+            )
+        })?;
+        let mut state = self.lock();
+        self.commit(&mut state, text, WriteMode::default(), false)
+    }
+
+    /// Replaces the whole config with `text`.
+    pub fn replace(&self, text: String, mode: WriteMode) -> Result<Applied, ApiError> {
+        let mut state = self.lock();
+        check_version(&state, mode)?;
+        self.commit(&mut state, text, mode, true)
+    }
+
+    /// Changes the config document with `edit` (one object), then applies it.
+    pub fn edit(
+        &self,
+        mode: WriteMode,
+        edit: impl FnOnce(&mut toml_edit::DocumentMut) -> Result<(), ApiError>,
+    ) -> Result<Applied, ApiError> {
+        let mut state = self.lock();
+        check_version(&state, mode)?;
+        let mut doc: toml_edit::DocumentMut = state.text.parse().map_err(|_| {
+            ApiError::new(
+                StatusCode::CONFLICT,
+                "the running config text cannot be edited",
+                "replace the whole config with PUT /api/v1/config",
+            )
+        })?;
+        edit(&mut doc)?;
+        self.commit(&mut state, doc.to_string(), mode, true)
+    }
+
+    fn commit(
+        &self,
+        state: &mut State,
+        text: String,
+        mode: WriteMode,
+        persist: bool,
+    ) -> Result<Applied, ApiError> {
+        let name = self
+            .path
+            .as_deref()
+            .map_or_else(|| "api".to_string(), |p| p.display().to_string());
+        let config = weir_config::parse_str(&text, &name)?;
+        let running = self.proxy.config();
+        check_admin_unchanged(&running, &config)?;
+        if mode.dry_run {
+            return Ok(Applied {
+                version: state.version,
+                changes: diff(&running, &config),
+            });
+        }
+        // Written first, renamed after the apply: a failed apply leaves the file alone, and
+        // a failed write leaves the running config alone.
+        let staged = match (&self.path, persist) {
+            (Some(path), true) => Some(stage(path, &text)?),
+            _ => None,
+        };
+        let changes = match self.proxy.apply(config) {
+            Ok(changes) => changes,
+            Err(e) => {
+                if let Some(tmp) = staged {
+                    let _ = std::fs::remove_file(tmp);
+                }
+                return Err(e.into());
+            }
+        };
+        state.version += 1;
+        state.text = text;
+        if let (Some(tmp), Some(path)) = (staged, &self.path) {
+            std::fs::rename(&tmp, path).map_err(|e| write_error(path, &e))?;
+        }
+        Ok(Applied {
+            version: state.version,
+            changes,
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+fn check_version(state: &State, mode: WriteMode) -> Result<(), ApiError> {
+    match mode.expect {
+        Some(v) if v != state.version => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            format!(
+                "the config changed: version {} is stale, the running version is {}",
+                v, state.version
+            ),
+            "GET the object again and retry with its version in If-Match",
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// The admin listener itself is not rebound at run time.
+fn check_admin_unchanged(running: &Config, new: &Config) -> Result<(), ApiError> {
+    if running.admin.bind != new.admin.bind {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "the admin listener cannot move while running",
+            "keep [admin] bind as it is, or restart (or `weir upgrade`) to change it",
+        )
+        .field("admin.bind"));
+    }
+    Ok(())
+}
+
+/// Writes `text` next to `path` (same directory, so the rename is atomic) and syncs it.
+fn stage(path: &Path, text: &str) -> Result<PathBuf, ApiError> {
+    use std::io::Write;
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".weir-tmp");
+    let tmp = PathBuf::from(tmp);
+    let write = || -> std::io::Result<()> {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(text.as_bytes())?;
+        f.sync_all()
+    };
+    write().map_err(|e| write_error(path, &e))?;
+    Ok(tmp)
+}
+
+fn write_error(path: &Path, e: &std::io::Error) -> ApiError {
+    ApiError::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        format!("cannot write {}: {e}", path.display()),
+        "make the config file and its directory writable by weir",
+    )
+}
