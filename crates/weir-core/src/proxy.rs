@@ -53,6 +53,13 @@ pub async fn serve_client(worker: Rc<Worker>, slot: usize, stream: TcpStream, pe
         conn.upstream_pick = None;
         conn.upstream_time = None;
         let next = conn.next_request(listener, &mut req, &worker).await;
+        // The request runs on the snapshot current when its head arrived, not the one from
+        // before an idle wait: a reload in between applies to it.
+        let snapshot = worker.snapshot();
+        let Some(listener_index) = snapshot.listener_index(slot) else {
+            return;
+        };
+        let listener = &snapshot.config.listeners[listener_index];
         let started = Instant::now();
         let (handled, method) = match next {
             Ok(NextRequest::Ready) => {

@@ -68,9 +68,11 @@ impl Running {
         };
         state.ready.store(true, Ordering::Release);
         for l in &proxy.config().listeners {
-            if let Some(addr) = proxy.listener_addr(&l.name) {
-                tracing::info!(listener = %l.name, %addr, workers, "listening");
-            }
+            log_listening(&proxy, &l.name);
+        }
+        tracing::info!(workers, "workers started");
+        if let Some(admin) = &admin {
+            tracing::info!(addr = %admin.addr(), "admin api listening");
         }
         Ok(Running {
             proxy,
@@ -96,6 +98,12 @@ impl Running {
     }
 }
 
+fn log_listening(proxy: &Proxy, name: &str) {
+    if let Some(addr) = proxy.listener_addr(name) {
+        tracing::info!(listener = %name, %addr, "listening");
+    }
+}
+
 /// SIGHUP: re-reads the config file through the same path as the admin API. A rejected
 /// file is logged with its `file:line:col` and the running config stays.
 fn reload(store: &Store) {
@@ -103,6 +111,11 @@ fn reload(store: &Store) {
         Ok(applied) => {
             let changes: Vec<String> = applied.changes.iter().map(ToString::to_string).collect();
             tracing::info!(version = applied.version, changes = ?changes, "SIGHUP: config reloaded");
+            for c in &applied.changes {
+                if c.object == "listener" && c.kind != weir_config::diff::ChangeKind::Removed {
+                    log_listening(store.proxy(), &c.name[0]);
+                }
+            }
         }
         Err(e) => tracing::error!(
             at = e.at.as_deref().unwrap_or(""),

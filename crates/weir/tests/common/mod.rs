@@ -123,6 +123,20 @@ impl Weir {
         Client::connect(self.addr).await.expect("connect to weir")
     }
 
+    /// Applies `toml` as the new config (the reload path SIGHUP and the admin API use).
+    pub fn apply_text(
+        &self,
+        toml: &str,
+    ) -> Result<Vec<weir_config::diff::Change>, weir_core::ApplyError> {
+        let config = weir_config::parse_str(toml, "reload.toml")
+            .unwrap_or_else(|e| panic!("test config rejected: {e}\n---\n{toml}"));
+        self.proxy().apply(config)
+    }
+
+    pub fn proxy(&self) -> &Proxy {
+        self.proxy.as_ref().expect("running")
+    }
+
     /// The Prometheus text `/metrics` would serve now.
     pub fn metrics_text(&self) -> String {
         let proxy = self.proxy.as_ref().expect("running");

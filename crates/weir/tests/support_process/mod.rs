@@ -170,6 +170,8 @@ pub struct Weir {
     pub addr: SocketAddr,
     status: Option<ExitStatus>,
     _dir: Option<TempDir>,
+    /// The config file `start` wrote.
+    pub config_path: Option<PathBuf>,
 }
 
 impl Weir {
@@ -181,7 +183,31 @@ impl Weir {
         cmd.arg("run").arg("-c").arg(&path);
         let mut weir = Weir::spawn(cmd);
         weir._dir = Some(dir);
+        weir.config_path = Some(path);
         weir
+    }
+
+    /// Runs `weir run -c path` on an existing file (kept by the caller, say across restarts).
+    pub fn start_file(path: &Path) -> Weir {
+        let mut cmd = Command::new(WEIR);
+        cmd.arg("run").arg("-c").arg(path);
+        let mut weir = Weir::spawn(cmd);
+        weir.config_path = Some(path.to_path_buf());
+        weir
+    }
+
+    /// The admin API's address, from the `admin api listening` log line.
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.log
+            .lines()
+            .iter()
+            .filter(|l| l.contains("admin api listening"))
+            .find_map(|l| {
+                l.split_whitespace()
+                    .find_map(|w| w.strip_prefix("addr="))
+                    .and_then(|a| a.trim_matches('"').parse().ok())
+            })
+            .unwrap_or_else(|| panic!("no admin address logged:\n{}", self.log.text()))
     }
 
     /// Runs `weir run -c FILE` under `sh -c 'ulimit -n LIMIT; exec weir run -c FILE'`; the
@@ -245,6 +271,7 @@ impl Weir {
             addr: SocketAddr::from(([0, 0, 0, 0], 0)),
             status: None,
             _dir: None,
+            config_path: None,
         }
     }
 
@@ -443,6 +470,29 @@ pub fn get_on(s: &mut TcpStream, path: &str) -> io::Result<(Head, Vec<u8>)> {
 pub fn get(addr: SocketAddr, path: &str) -> io::Result<(Head, Vec<u8>)> {
     let mut s = connect(addr, Duration::from_secs(2))?;
     get_on(&mut s, path)
+}
+
+/// One request on a fresh connection (`Connection: close`); returns the head and the body.
+pub fn call(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> io::Result<(Head, String)> {
+    let mut s = connect(addr, Duration::from_secs(2))?;
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (name, value) in headers {
+        req.push_str(&format!("{name}: {value}\r\n"));
+    }
+    req.push_str("\r\n");
+    req.push_str(body);
+    s.write_all(req.as_bytes())?;
+    let (head, body) = read_response(&mut s)?;
+    Ok((head, String::from_utf8_lossy(&body).into_owned()))
 }
 
 /// True when a connection to `addr` is refused (nothing listens any more).

@@ -1,0 +1,91 @@
+//! SIGHUP through the real binary: the config file is re-read and applied through the same
+//! path as the admin API; a broken file is rejected with its `file:line` and the running
+//! config stays.
+
+mod support_process;
+
+use std::time::Duration;
+
+use support_process::{get, refused, Weir, START_WAIT};
+use weir_testkit::{wait_until, Backend};
+
+fn file(route_to: &str, a: &Backend, b: &Backend, extra: &str) -> String {
+    format!(
+        "[server]\nworkers = 1\ndrain_timeout = \"1s\"\n\n[admin]\nbind = \"off\"\n\n\
+         [[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\n\n\
+         [[listeners.routes]]\nname = \"all\"\nupstream = \"{route_to}\"\n\n{extra}\n\
+         [upstreams.a]\nservers = [{{ addr = \"{}\" }}]\n\n\
+         [upstreams.b]\nservers = [{{ addr = \"{}\" }}]\n",
+        a.addr(),
+        b.addr()
+    )
+}
+
+fn backend_of(addr: std::net::SocketAddr) -> String {
+    let (head, _) = get(addr, "/").expect("response");
+    head.header("x-backend").unwrap_or("").to_string()
+}
+
+#[test]
+fn sighup_applies_the_file_and_adds_and_removes_listeners() {
+    let (a, b) = (Backend::echo("a"), Backend::echo("b"));
+    let mut weir = Weir::start(&file("a", &a, &b, ""));
+    let path = weir.config_path.clone().expect("path");
+    assert_eq!(backend_of(weir.addr), "a");
+
+    let second = "[[listeners]]\nname = \"second\"\nbind = \"127.0.0.1:0\"\n\
+                  [[listeners.routes]]\nname = \"all\"\nupstream = \"a\"\n";
+    std::fs::write(&path, file("b", &a, &b, second)).expect("write");
+    weir.signal(libc::SIGHUP);
+    assert!(
+        weir.log.wait_for("listener=second", START_WAIT),
+        "{}",
+        weir.log.text()
+    );
+    assert!(weir.log.contains("changed route web/all"));
+    assert_eq!(backend_of(weir.addr), "b");
+    let second_addr = weir
+        .log
+        .lines()
+        .iter()
+        .find_map(|l| support_process::listening_addr(l, "second"))
+        .expect("second listener logged");
+    assert_eq!(backend_of(second_addr), "a");
+
+    std::fs::write(&path, file("b", &a, &b, "")).expect("write");
+    weir.signal(libc::SIGHUP);
+    assert!(wait_until(START_WAIT, || refused(second_addr)));
+    assert_eq!(backend_of(weir.addr), "b");
+    assert!(!weir.exited());
+}
+
+#[test]
+fn sighup_with_a_broken_file_keeps_the_running_config() {
+    let (a, b) = (Backend::echo("a"), Backend::echo("b"));
+    let mut weir = Weir::start(&file("a", &a, &b, ""));
+    let path = weir.config_path.clone().expect("path");
+    std::fs::write(&path, file("nowhere", &a, &b, "")).expect("write");
+    weir.signal(libc::SIGHUP);
+    assert!(
+        weir.log.wait_for("config rejected", START_WAIT),
+        "{}",
+        weir.log.text()
+    );
+    let text = weir.log.text();
+    let line = text
+        .lines()
+        .find(|l| l.contains("config rejected"))
+        .unwrap_or("");
+    assert!(
+        line.contains("weir.toml:"),
+        "names the file and line: {line}"
+    );
+    assert!(line.contains("nowhere"), "{line}");
+    assert!(line.contains("fix="), "{line}");
+    assert_eq!(backend_of(weir.addr), "a");
+    // A fixed file is taken on the next SIGHUP.
+    std::fs::write(&path, file("b", &a, &b, "")).expect("write");
+    weir.signal(libc::SIGHUP);
+    assert!(wait_until(START_WAIT, || backend_of(weir.addr) == "b"));
+    assert!(weir.wait_exit(Duration::from_millis(1)).is_none());
+}
