@@ -198,16 +198,19 @@ impl Weir {
 
     /// The admin API's address, from the `admin api listening` log line.
     pub fn admin_addr(&self) -> SocketAddr {
-        self.log
-            .lines()
-            .iter()
-            .filter(|l| l.contains("admin api listening"))
-            .find_map(|l| {
-                l.split_whitespace()
-                    .find_map(|w| w.strip_prefix("addr="))
-                    .and_then(|a| a.trim_matches('"').parse().ok())
-            })
-            .unwrap_or_else(|| panic!("no admin address logged:\n{}", self.log.text()))
+        let find = || {
+            self.log
+                .lines()
+                .iter()
+                .filter(|l| l.contains("admin api listening"))
+                .find_map(|l| {
+                    l.split_whitespace()
+                        .find_map(|w| w.strip_prefix("addr="))
+                        .and_then(|a| a.trim_matches('"').parse().ok())
+                })
+        };
+        weir_testkit::wait_until(START_WAIT, || find().is_some());
+        find().unwrap_or_else(|| panic!("no admin address logged:\n{}", self.log.text()))
     }
 
     /// Runs `weir run -c FILE` under `sh -c 'ulimit -n LIMIT; exec weir run -c FILE'`; the
