@@ -1,5 +1,6 @@
 //! The `weir` binary: command line, signals and process lifetime. `anyhow` lives only here.
 
+mod ctl;
 mod demo;
 mod run;
 
@@ -28,6 +29,8 @@ enum Command {
         #[arg(short, long, default_value = "weir.toml")]
         config: PathBuf,
     },
+    /// Read and change a running Weir through its admin API.
+    Ctl(ctl::Ctl),
     /// Start three echo backends and Weir in front of them (round robin). Nothing to install.
     Demo {
         /// Port of the demo proxy listener on 127.0.0.1.
@@ -46,6 +49,7 @@ fn main() -> std::process::ExitCode {
         Command::Run { config } => run::run_file(&config),
         Command::Check { config } => run::check_file(&config),
         Command::Demo { port, admin_port } => demo::run(port, admin_port),
+        Command::Ctl(args) => ctl::run(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

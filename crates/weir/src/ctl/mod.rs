@@ -1,0 +1,382 @@
+//! `weir ctl`: the admin API from the command line. Reads print tables (or `-o json`);
+//! writes print what changed and the new version. Any failure prints the API's message,
+//! field and fix, and exits non-zero.
+
+mod http;
+mod table;
+
+use std::io::Read;
+use std::path::PathBuf;
+
+use anyhow::{anyhow, bail, Context};
+use clap::{Args, Subcommand, ValueEnum};
+use serde_json::{json, Value};
+
+#[derive(Args)]
+pub struct Ctl {
+    /// The admin API's URL.
+    #[arg(long, global = true, default_value = "http://127.0.0.1:9901")]
+    admin: String,
+    /// File holding the bearer token ([admin] token_file on the server).
+    #[arg(long, global = true)]
+    token_file: Option<PathBuf>,
+    /// Output format.
+    #[arg(short, long, global = true, value_enum, default_value_t = Output::Table)]
+    output: Output,
+    #[command(subcommand)]
+    command: CtlCommand,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Output {
+    Table,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum CtlCommand {
+    /// Show the running config, upstreams, listeners or server health.
+    Get {
+        #[arg(value_enum)]
+        what: What,
+        /// For `health`: only this upstream.
+        name: Option<String>,
+    },
+    /// Replace the running config with FILE (TOML or JSON; `-` reads stdin).
+    Apply {
+        #[arg(short, long)]
+        file: String,
+    },
+    /// Show what applying FILE would change, changing nothing.
+    Diff {
+        #[arg(short, long)]
+        file: String,
+    },
+    /// Delete an object.
+    Delete {
+        #[arg(value_enum)]
+        kind: Kind,
+        name: String,
+    },
+    /// Change one server of an upstream.
+    Server {
+        #[arg(value_enum)]
+        action: ServerAction,
+        upstream: String,
+        addr: String,
+        /// For `add` and `weight`.
+        weight: Option<u32>,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum What {
+    Config,
+    Upstreams,
+    Listeners,
+    Health,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Kind {
+    Upstream,
+    Listener,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum ServerAction {
+    Add,
+    Remove,
+    Drain,
+    Undrain,
+    Weight,
+}
+
+pub fn run(ctl: Ctl) -> anyhow::Result<()> {
+    let client = Client::new(&ctl)?;
+    match &ctl.command {
+        CtlCommand::Get { what, name } => get(&client, *what, name.as_deref(), ctl.output),
+        CtlCommand::Apply { file } => write_config(&client, file, false, ctl.output),
+        CtlCommand::Diff { file } => write_config(&client, file, true, ctl.output),
+        CtlCommand::Delete { kind, name } => {
+            let path = match kind {
+                Kind::Upstream => format!("/upstreams/{name}"),
+                Kind::Listener => format!("/listeners/{name}"),
+            };
+            let reply = client.call("DELETE", &path, None, b"")?;
+            print_written(&reply, ctl.output)
+        }
+        CtlCommand::Server {
+            action,
+            upstream,
+            addr,
+            weight,
+        } => server(&client, *action, upstream, addr, *weight, ctl.output),
+    }
+}
+
+struct Client {
+    authority: String,
+    token: Option<String>,
+}
+
+impl Client {
+    fn new(ctl: &Ctl) -> anyhow::Result<Client> {
+        let token = match &ctl.token_file {
+            Some(path) => Some(
+                std::fs::read_to_string(path)
+                    .with_context(|| format!("cannot read --token-file {}", path.display()))?
+                    .trim()
+                    .to_string(),
+            ),
+            None => None,
+        };
+        Ok(Client {
+            authority: http::authority(&ctl.admin)?,
+            token,
+        })
+    }
+
+    /// Calls `/api/v1{path}`; a non-2xx answer becomes an error with the API's fix.
+    fn call(
+        &self,
+        method: &str,
+        path: &str,
+        content_type: Option<&str>,
+        body: &[u8],
+    ) -> anyhow::Result<Value> {
+        let mut headers = Vec::new();
+        if let Some(token) = &self.token {
+            headers.push(("Authorization", format!("Bearer {token}")));
+        }
+        if let Some(t) = content_type {
+            headers.push(("Content-Type", t.to_string()));
+        }
+        let path = format!("/api/v1{path}");
+        let reply = http::send(
+            &self.authority,
+            &http::Request {
+                method,
+                path: &path,
+                headers,
+                body,
+            },
+        )?;
+        let value: Value = serde_json::from_slice(&reply.body)
+            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&reply.body).into_owned()));
+        if !(200..300).contains(&reply.status) {
+            bail!("{}", api_error(reply.status, &value));
+        }
+        Ok(value)
+    }
+}
+
+fn api_error(status: u16, body: &Value) -> String {
+    let message = body["error"].as_str().unwrap_or("request failed");
+    let mut out = format!("{message} (HTTP {status})");
+    if let Some(at) = body["at"].as_str() {
+        out = format!("{at}: {out}");
+    }
+    if let Some(field) = body["field"].as_str().filter(|f| !f.is_empty()) {
+        out.push_str(&format!("\n  field: {field}"));
+    }
+    if let Some(fix) = body["fix"].as_str().filter(|f| !f.is_empty()) {
+        out.push_str(&format!("\n  fix: {fix}"));
+    }
+    out
+}
+
+fn get(client: &Client, what: What, name: Option<&str>, output: Output) -> anyhow::Result<()> {
+    match what {
+        What::Config if output == Output::Table => {
+            let reply = client.call("GET", "/config", None, b"")?;
+            let text = toml::to_string(&reply["data"]).unwrap_or_default();
+            print!("# version {}\n{text}", reply["version"]);
+        }
+        What::Config => print_json(&client.call("GET", "/config", None, b"")?),
+        What::Upstreams => {
+            let reply = client.call("GET", "/upstreams", None, b"")?;
+            print_or_table(&reply, output, &["NAME", "LB", "SERVERS"], |u| {
+                let servers: Vec<String> = list(&u["servers"]).iter().map(server_cell).collect();
+                vec![text(&u["name"]), text(&u["lb"]), servers.join(", ")]
+            });
+        }
+        What::Listeners => {
+            let reply = client.call("GET", "/listeners", None, b"")?;
+            print_or_table(
+                &reply,
+                output,
+                &["NAME", "BIND", "ADDRESS", "ROUTES"],
+                |l| {
+                    let routes: Vec<String> = list(&l["routes"]).iter().map(text).collect();
+                    vec![
+                        text(&l["name"]),
+                        text(&l["bind"]),
+                        text(&l["addr"]),
+                        routes.join(", "),
+                    ]
+                },
+            );
+        }
+        What::Health => health(client, name, output)?,
+    }
+    Ok(())
+}
+
+fn health(client: &Client, name: Option<&str>, output: Output) -> anyhow::Result<()> {
+    let names: Vec<String> = match name {
+        Some(n) => vec![n.to_string()],
+        None => list(&client.call("GET", "/upstreams", None, b"")?["data"])
+            .iter()
+            .map(|u| text(&u["name"]))
+            .collect(),
+    };
+    let mut all = Vec::new();
+    for n in &names {
+        all.push(client.call("GET", &format!("/upstreams/{n}/health"), None, b"")?["data"].clone());
+    }
+    if output == Output::Json {
+        print_json(&json!(all));
+        return Ok(());
+    }
+    let mut rows = Vec::new();
+    for u in &all {
+        for s in list(&u["servers"]) {
+            let last = &s["last_check"];
+            let reason = match &last["reason"] {
+                Value::String(r) => r.clone(),
+                _ if last.is_null() => "-".to_string(),
+                _ => "ok".to_string(),
+            };
+            rows.push(vec![
+                text(&u["upstream"]),
+                text(&s["addr"]),
+                text(&s["state"]),
+                reason,
+            ]);
+        }
+    }
+    print!(
+        "{}",
+        table::render(&["UPSTREAM", "SERVER", "STATE", "LAST CHECK"], &rows)
+    );
+    Ok(())
+}
+
+fn write_config(client: &Client, file: &str, dry_run: bool, output: Output) -> anyhow::Result<()> {
+    let body = if file == "-" {
+        let mut b = Vec::new();
+        std::io::stdin()
+            .read_to_end(&mut b)
+            .context("reading stdin")?;
+        b
+    } else {
+        std::fs::read(file).with_context(|| format!("cannot read {file}"))?
+    };
+    let is_json =
+        file.ends_with(".json") || body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{');
+    let content_type = if is_json {
+        "application/json"
+    } else {
+        "application/toml"
+    };
+    let path = if dry_run {
+        "/config?dry_run=true"
+    } else {
+        "/config"
+    };
+    let reply = client.call("PUT", path, Some(content_type), &body)?;
+    print_written(&reply, output)
+}
+
+fn server(
+    client: &Client,
+    action: ServerAction,
+    upstream: &str,
+    addr: &str,
+    weight: Option<u32>,
+    output: Output,
+) -> anyhow::Result<()> {
+    let path = format!("/upstreams/{upstream}/servers/{addr}");
+    let body = match (action, weight) {
+        (ServerAction::Remove, _) => {
+            return print_written(&client.call("DELETE", &path, None, b"")?, output)
+        }
+        (ServerAction::Drain, _) => json!({"drain": true}),
+        (ServerAction::Undrain, _) => json!({"drain": false}),
+        (ServerAction::Weight, None) => return Err(anyhow!("server weight needs a WEIGHT")),
+        (_, Some(w)) => json!({"weight": w}),
+        (ServerAction::Add, None) => json!({}),
+    };
+    let reply = client.call(
+        "PUT",
+        &path,
+        Some("application/json"),
+        body.to_string().as_bytes(),
+    )?;
+    print_written(&reply, output)
+}
+
+fn print_written(reply: &Value, output: Output) -> anyhow::Result<()> {
+    if output == Output::Json {
+        print_json(reply);
+        return Ok(());
+    }
+    let changes = list(&reply["changes"]);
+    let verb = if reply["dry_run"] == true {
+        "would change"
+    } else {
+        "changed"
+    };
+    if changes.is_empty() {
+        println!("no changes (version {})", reply["version"]);
+    } else {
+        println!("{verb} (version {}):", reply["version"]);
+        for c in changes {
+            println!("  {}", text(&c));
+        }
+    }
+    Ok(())
+}
+
+fn print_or_table(
+    reply: &Value,
+    output: Output,
+    header: &[&str],
+    row: impl Fn(&Value) -> Vec<String>,
+) {
+    if output == Output::Json {
+        return print_json(&reply["data"]);
+    }
+    let rows: Vec<Vec<String>> = list(&reply["data"]).iter().map(row).collect();
+    print!("{}", table::render(header, &rows));
+}
+
+fn print_json(v: &Value) {
+    println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+}
+
+fn list(v: &Value) -> Vec<Value> {
+    v.as_array().cloned().unwrap_or_default()
+}
+
+fn text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Null => "-".to_string(),
+        other => other.to_string(),
+    }
+}
+
+fn server_cell(s: &Value) -> String {
+    let mut cell = text(&s["addr"]);
+    if s["weight"] != 1 {
+        cell.push_str(&format!(" w={}", s["weight"]));
+    }
+    for flag in ["backup", "drain"] {
+        if s[flag] == true {
+            cell.push_str(&format!(" {flag}"));
+        }
+    }
+    cell
+}

@@ -1,0 +1,176 @@
+//! `weir ctl` against a running `weir`: every command, tables and `-o json`, stdin, and
+//! clear errors with a non-zero exit.
+
+mod support_process;
+
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
+
+use support_process::{get, TempDir, Weir, WEIR};
+use weir_testkit::Backend;
+
+fn file(a: &Backend, admin_extra: &str) -> String {
+    format!(
+        "[server]\nworkers = 1\ndrain_timeout = \"1s\"\n\n[admin]\nbind = \"127.0.0.1:0\"\n{admin_extra}\n\n\
+         [[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\n\n\
+         [[listeners.routes]]\nname = \"all\"\nupstream = \"app\"\n\n\
+         [upstreams.app]\nlb = \"weighted_round_robin\"\nservers = [{{ addr = \"{}\" }}]\n",
+        a.addr()
+    )
+}
+
+/// Runs `weir ctl --admin URL ARGS...` with `stdin`; returns the output.
+fn ctl(weir: &Weir, args: &[&str], stdin: &str) -> Output {
+    let mut child = Command::new(WEIR)
+        .arg("ctl")
+        .arg("--admin")
+        .arg(format!("http://{}", weir.admin_addr()))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn weir ctl");
+    if let Some(mut input) = child.stdin.take() {
+        input.write_all(stdin.as_bytes()).expect("stdin");
+    }
+    child.wait_with_output().expect("weir ctl output")
+}
+
+fn ok(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "weir ctl failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn backend_of(addr: std::net::SocketAddr) -> String {
+    let (head, _) = get(addr, "/").expect("response");
+    head.header("x-backend").unwrap_or("").to_string()
+}
+
+#[test]
+fn get_prints_tables_and_json() {
+    let a = Backend::echo("a");
+    let weir = Weir::start(&file(&a, ""));
+    let out = ok(&ctl(&weir, &["get", "upstreams"], ""));
+    assert!(
+        out.starts_with("NAME") && out.contains(&a.addr().to_string()),
+        "{out}"
+    );
+    let out = ok(&ctl(&weir, &["get", "listeners"], ""));
+    assert!(out.contains("web") && out.contains("all"), "{out}");
+    let out = ok(&ctl(&weir, &["get", "health"], ""));
+    assert!(out.contains("UPSTREAM") && out.contains(" up"), "{out}");
+    let out = ok(&ctl(&weir, &["get", "config"], ""));
+    assert!(
+        out.starts_with("# version 1") && out.contains("[upstreams.app]"),
+        "{out}"
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&ok(&ctl(&weir, &["-o", "json", "get", "upstreams"], "")))
+            .expect("json");
+    assert_eq!(json[0]["name"], "app");
+}
+
+#[test]
+fn server_commands_change_the_pool() {
+    let (a, b) = (Backend::echo("a"), Backend::echo("b"));
+    let weir = Weir::start(&file(&a, ""));
+    let (a_addr, b_addr) = (a.addr().to_string(), b.addr().to_string());
+    let out = ok(&ctl(&weir, &["server", "add", "app", &b_addr, "2"], ""));
+    assert!(out.contains(&format!("added server app/{b_addr}")), "{out}");
+    ok(&ctl(&weir, &["server", "weight", "app", &b_addr, "5"], ""));
+    ok(&ctl(&weir, &["server", "drain", "app", &a_addr], ""));
+    for _ in 0..3 {
+        assert_eq!(backend_of(weir.addr), "b");
+    }
+    let out = ok(&ctl(&weir, &["get", "upstreams"], ""));
+    assert!(out.contains("w=5") && out.contains("drain"), "{out}");
+    ok(&ctl(&weir, &["server", "remove", "app", &a_addr], ""));
+    let out = ctl(&weir, &["server", "remove", "app", &a_addr], "");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not found"));
+}
+
+#[test]
+fn apply_and_diff_take_toml_and_json_from_files_and_stdin() {
+    let (a, b) = (Backend::echo("a"), Backend::echo("b"));
+    let weir = Weir::start(&file(&a, ""));
+    let dir = TempDir::new("ctl-apply");
+    let next = weir
+        .config_path
+        .as_ref()
+        .map(std::fs::read_to_string)
+        .expect("path")
+        .expect("read");
+    let next = next.replace(&a.addr().to_string(), &b.addr().to_string());
+    let path = dir.write("next.toml", &next);
+    let out = ok(&ctl(
+        &weir,
+        &["diff", "-f", path.to_str().expect("utf-8")],
+        "",
+    ));
+    assert!(
+        out.starts_with("would change") && out.contains("added server"),
+        "{out}"
+    );
+    assert_eq!(backend_of(weir.addr), "a");
+    let out = ok(&ctl(&weir, &["apply", "-f", "-"], &next));
+    assert!(out.starts_with("changed (version 2)"), "{out}");
+    assert_eq!(backend_of(weir.addr), "b");
+    // JSON, as `get config -o json` prints it.
+    let json: serde_json::Value =
+        serde_json::from_str(&ok(&ctl(&weir, &["-o", "json", "get", "config"], ""))).expect("json");
+    let mut data = json["data"].clone();
+    data["upstreams"]["app"]["servers"][0]["addr"] = a.addr().to_string().into();
+    let json_path = dir.write("next.json", &data.to_string());
+    ok(&ctl(
+        &weir,
+        &["apply", "-f", json_path.to_str().expect("utf-8")],
+        "",
+    ));
+    assert_eq!(backend_of(weir.addr), "a");
+}
+
+#[test]
+fn errors_are_clear_and_exit_non_zero() {
+    let a = Backend::echo("a");
+    let dir = TempDir::new("ctl-errors");
+    let token = dir.write("token", "sesame");
+    let weir = Weir::start(&file(&a, &format!("token_file = \"{}\"", token.display())));
+    let out = ctl(&weir, &["get", "upstreams"], "");
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("HTTP 401") && err.contains("fix:"), "{err}");
+    let token_arg = token.to_str().expect("utf-8");
+    ok(&ctl(
+        &weir,
+        &["--token-file", token_arg, "get", "upstreams"],
+        "",
+    ));
+    let out = ctl(
+        &weir,
+        &["--token-file", token_arg, "delete", "upstream", "app"],
+        "",
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("field: listeners[0].routes[0].upstream"),
+        "{err}"
+    );
+    let out = ctl(
+        &weir,
+        &["--token-file", token_arg, "apply", "-f", "-"],
+        "not = [valid",
+    );
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("HTTP 422"));
+    let nobody = Command::new(WEIR)
+        .args(["ctl", "--admin", "http://127.0.0.1:1", "get", "config"])
+        .output()
+        .expect("run");
+    assert!(!nobody.status.success());
+    assert!(String::from_utf8_lossy(&nobody.stderr).contains("cannot reach the admin API"));
+}
