@@ -43,13 +43,20 @@ pub struct Admin {
     addr: SocketAddr,
     stop: watch::Sender<bool>,
     thread: Option<JoinHandle<()>>,
+    /// A duplicate of the listening socket, to hand to a new process in a binary upgrade.
+    handover: std::net::TcpListener,
 }
 
 impl Admin {
     /// Binds `bind` (so returning means it accepts) and serves on a thread of its own.
     pub fn start(bind: SocketAddr, state: Arc<AdminState>) -> io::Result<Admin> {
-        let listener = std::net::TcpListener::bind(bind)?;
+        Admin::start_on(std::net::TcpListener::bind(bind)?, state)
+    }
+
+    /// Serves on an already bound socket (one handed over by a binary upgrade).
+    pub fn start_on(listener: std::net::TcpListener, state: Arc<AdminState>) -> io::Result<Admin> {
         listener.set_nonblocking(true)?;
+        let handover = listener.try_clone()?;
         let addr = listener.local_addr()?;
         let (stop, stopped) = watch::channel(false);
         let thread = std::thread::Builder::new()
@@ -59,11 +66,17 @@ impl Admin {
             addr,
             stop,
             thread: Some(thread),
+            handover,
         })
     }
 
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// Another handle on the listening socket (for a binary upgrade).
+    pub fn socket(&self) -> io::Result<std::net::TcpListener> {
+        self.handover.try_clone()
     }
 
     pub fn stop(mut self) {

@@ -27,6 +27,9 @@ pub struct Store {
 struct State {
     version: u64,
     text: String,
+    /// Set while a binary upgrade hands over: the new process reads the file, so a write
+    /// now could be lost.
+    frozen: bool,
 }
 
 /// The outcome of a change (or of a dry run, which changes nothing).
@@ -51,8 +54,17 @@ impl Store {
         Store {
             proxy,
             path,
-            state: Mutex::new(State { version: 1, text }),
+            state: Mutex::new(State {
+                version: 1,
+                text,
+                frozen: false,
+            }),
         }
+    }
+
+    /// The config file changes persist to.
+    pub fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
     }
 
     pub fn proxy(&self) -> &Arc<Proxy> {
@@ -157,12 +169,24 @@ impl Store {
         })
     }
 
+    /// Refuses (503) or accepts writes again; see `State::frozen`.
+    pub fn set_frozen(&self, frozen: bool) {
+        self.lock().frozen = frozen;
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
 fn check_version(state: &State, mode: WriteMode) -> Result<(), ApiError> {
+    if state.frozen {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "a binary upgrade is in progress",
+            "retry in a moment; the new process takes the change",
+        ));
+    }
     match mode.expect {
         Some(v) if v != state.version => Err(ApiError::new(
             StatusCode::CONFLICT,

@@ -21,6 +21,9 @@ use crate::filters::forwarded::ClientIp;
 use crate::time::with_timeout;
 use crate::worker::Worker;
 
+/// How long an idle connection waits for a request once its worker drains.
+const DRAIN_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// The smallest client read buffer; larger when `max_header_size` needs it.
 const MIN_CLIENT_BUFFER: usize = 16 * 1024;
 
@@ -123,13 +126,21 @@ impl ClientConn {
         } else {
             listener.keepalive_timeout
         };
-        if idle.is_zero() || worker.is_draining() {
+        if idle.is_zero() {
             return false;
         }
-        tokio::select! {
-            r = timeout(idle, self.buf.read_from(&mut self.stream)) => matches!(r, Ok(Ok(n)) if n > 0),
-            _ = worker.drained() => false,
+        let read = timeout(idle, self.buf.read_from(&mut self.stream));
+        tokio::pin!(read);
+        if !worker.is_draining() {
+            tokio::select! {
+                r = &mut read => return matches!(r, Ok(Ok(n)) if n > 0),
+                _ = worker.drained() => {}
+            }
         }
+        // Draining (a shutdown or a binary upgrade): a request the client already sent, or
+        // a new connection's first one, cannot know about the drain. It gets a short grace
+        // and an answer with `Connection: close`; a connection that stays quiet closes.
+        matches!(timeout(DRAIN_GRACE, &mut read).await, Ok(Ok(Ok(n))) if n > 0)
     }
 
     /// Writes bytes to the client within `client_timeout`.

@@ -40,4 +40,4 @@ pub mod worker;
 
 pub use error::ProxyError;
 pub use reload::ApplyError;
-pub use server::{Proxy, StartError};
+pub use server::{Inherited, Proxy, StartError};

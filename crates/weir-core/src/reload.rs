@@ -55,7 +55,8 @@ impl ApplyError {
     }
 }
 
-/// The sockets of one listener, one per worker, and each worker's share of its limit.
+/// The sockets of one listener (at least one per worker; socket `i` goes to worker
+/// `i % workers`) and each worker's share of its limit.
 pub(crate) struct Bound {
     pub addr: SocketAddr,
     pub sockets: Vec<std::net::TcpListener>,
@@ -70,6 +71,8 @@ struct Active {
     /// The socket generation (a rebind under the same name gets a new id).
     id: u64,
     addr: SocketAddr,
+    /// Duplicates of the workers' sockets, kept to hand over in a binary upgrade.
+    sockets: Vec<std::net::TcpListener>,
 }
 
 type SocketKey = (SocketAddr, u32, usize);
@@ -107,10 +110,15 @@ impl Control {
     pub fn listen(&mut self, listener: &Listener, slot: usize, bound: Bound) {
         let id = self.next_id;
         self.next_id += 1;
-        for (commands, socket) in self.workers.iter().zip(bound.sockets) {
+        let mut kept = Vec::new();
+        for (i, socket) in bound.sockets.into_iter().enumerate() {
+            match socket.try_clone() {
+                Ok(dup) => kept.push(dup),
+                Err(e) => tracing::warn!(error = %e, "cannot keep a socket for upgrades"),
+            }
             let limit = bound.limit;
             // A worker that is gone is shutting down; its socket closes with the message.
-            let _ = commands.send(Command::Listen {
+            let _ = self.workers[i % self.workers.len()].send(Command::Listen {
                 id,
                 slot,
                 socket,
@@ -122,6 +130,7 @@ impl Control {
             key: socket_key(listener),
             id,
             addr: bound.addr,
+            sockets: kept,
         });
     }
 
@@ -142,6 +151,27 @@ impl Control {
         }
     }
 
+    pub fn duplicate_sockets(&self) -> std::io::Result<crate::server::Inherited> {
+        self.active
+            .iter()
+            .map(|a| {
+                let dups = a
+                    .sockets
+                    .iter()
+                    .map(|s| s.try_clone())
+                    .collect::<Result<_, _>>()?;
+                Ok((a.name.clone(), dups))
+            })
+            .collect()
+    }
+
+    /// Closes the duplicates kept for upgrades.
+    pub fn forget_sockets(&mut self) {
+        for a in &mut self.active {
+            a.sockets.clear();
+        }
+    }
+
     fn is_active(&self, l: &Listener) -> bool {
         self.active
             .iter()
@@ -159,7 +189,7 @@ impl Proxy {
         let mut binds = Vec::new();
         for (i, l) in config.listeners.iter().enumerate() {
             if !control.is_active(l) {
-                binds.push((i, bind_per_worker(l, self.shared.workers)?));
+                binds.push((i, bind_per_worker(l, self.shared.workers, Vec::new())?));
             }
         }
         let slots = control.layout.assign(&config);

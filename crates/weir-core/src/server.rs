@@ -52,6 +52,16 @@ pub struct Proxy {
 impl Proxy {
     /// Binds all listeners (so `start` returning means they accept) and starts `workers` threads.
     pub fn start(config: Config, workers: usize) -> Result<Proxy, StartError> {
+        Proxy::start_inherited(config, workers, Vec::new())
+    }
+
+    /// Like `start`, accepting on `inherited` sockets where a listener matches one (a binary
+    /// upgrade). Inherited sockets no listener takes are closed.
+    pub fn start_inherited(
+        config: Config,
+        workers: usize,
+        mut inherited: Inherited,
+    ) -> Result<Proxy, StartError> {
         let workers = workers.max(1);
         let mut layout = Layout::default();
         let slots = layout.assign(&config);
@@ -70,7 +80,8 @@ impl Proxy {
             .iter()
             .zip(&*snapshot.slots.listeners)
         {
-            let bound = bind_per_worker(listener, workers)?;
+            let bound =
+                bind_per_worker(listener, workers, take_inherited(&mut inherited, listener))?;
             control.listen(listener, slots.slot, bound);
         }
         let metrics = Arc::new(Metrics::default());
@@ -110,6 +121,11 @@ impl Proxy {
         self.lock_control().addr_of(name)
     }
 
+    /// Duplicates of every listener's sockets, by listener name, to hand to a new process.
+    pub fn listening_sockets(&self) -> std::io::Result<Inherited> {
+        self.lock_control().duplicate_sockets()
+    }
+
     /// The running configuration.
     pub fn config(&self) -> Arc<Config> {
         self.shared.snapshot.load().config.clone()
@@ -140,6 +156,9 @@ impl Proxy {
     /// Stops accepting, lets in-flight requests finish within the config's `drain_timeout`,
     /// then returns. Later calls return at once.
     pub fn shutdown(&self) {
+        // Close the duplicates kept for upgrades first: once the workers stop accepting,
+        // new connections must be refused, not left waiting in a backlog nobody reads.
+        self.lock_control().forget_sockets();
         let _ = self.shutdown.send(true);
         let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner()));
         for thread in threads {
@@ -154,18 +173,29 @@ impl Proxy {
     }
 }
 
-/// One socket per worker for `listener`, all on the address the first one got.
-pub(crate) fn bind_per_worker(listener: &Listener, workers: usize) -> Result<Bound, StartError> {
+/// Sockets for `listener`: the `inherited` ones (a binary upgrade hands them over) and
+/// fresh SO_REUSEPORT binds on the same address until every worker has one.
+pub(crate) fn bind_per_worker(
+    listener: &Listener,
+    workers: usize,
+    inherited: Vec<std::net::TcpListener>,
+) -> Result<Bound, StartError> {
     let err = |addr, source| StartError::Bind {
         listener: listener.name.clone(),
         addr,
         source,
     };
-    let first =
-        bind_reuseport(listener.bind, listener.backlog).map_err(|e| err(listener.bind, e))?;
-    let addr = first.local_addr().map_err(|e| err(listener.bind, e))?;
-    let mut sockets = vec![first];
-    for _ in 1..workers {
+    let mut sockets = inherited;
+    for s in &sockets {
+        s.set_nonblocking(true).map_err(|e| err(listener.bind, e))?;
+    }
+    if sockets.is_empty() {
+        let first =
+            bind_reuseport(listener.bind, listener.backlog).map_err(|e| err(listener.bind, e))?;
+        sockets.push(first);
+    }
+    let addr = sockets[0].local_addr().map_err(|e| err(listener.bind, e))?;
+    while sockets.len() < workers {
         sockets.push(bind_reuseport(addr, listener.backlog).map_err(|e| err(addr, e))?);
     }
     Ok(Bound {
@@ -173,6 +203,25 @@ pub(crate) fn bind_per_worker(listener: &Listener, workers: usize) -> Result<Bou
         sockets,
         limit: listener.max_connections.div_ceil(workers).max(1),
     })
+}
+
+/// Listening sockets handed over by the process being upgraded, by listener name.
+pub type Inherited = Vec<(String, Vec<std::net::TcpListener>)>;
+
+/// Takes the inherited sockets of `listener`: same name, and the configured address unless
+/// it asks for any port (`:0`), in which case the port the old process got is kept.
+fn take_inherited(inherited: &mut Inherited, listener: &Listener) -> Vec<std::net::TcpListener> {
+    let matches = |(name, sockets): &(String, Vec<std::net::TcpListener>)| {
+        let addr = sockets.first().and_then(|s| s.local_addr().ok());
+        name == &listener.name
+            && addr.is_some_and(|a| {
+                a == listener.bind || (listener.bind.port() == 0 && a.ip() == listener.bind.ip())
+            })
+    };
+    match inherited.iter().position(matches) {
+        Some(i) => inherited.swap_remove(i).1,
+        None => Vec::new(),
+    }
 }
 
 /// What a worker thread starts with.

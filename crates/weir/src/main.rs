@@ -3,6 +3,7 @@
 mod ctl;
 mod demo;
 mod run;
+mod upgrade;
 
 use std::path::PathBuf;
 
@@ -23,6 +24,16 @@ enum Command {
         /// Path to the TOML config file.
         #[arg(short, long, default_value = "weir.toml")]
         config: PathBuf,
+        /// Set by `weir upgrade` on the new process: where to take the sockets from.
+        #[arg(long, hide = true)]
+        upgrade_from: Option<PathBuf>,
+    },
+    /// Zero-downtime binary upgrade of a running weir (the same as `kill -USR2 PID`): it
+    /// starts the binary installed at its path, hands it the listening sockets, and drains.
+    Upgrade {
+        /// The running weir's process id.
+        #[arg(long)]
+        pid: u32,
     },
     /// Validate a config file: exit 0 with a summary, or print where and what is wrong.
     Check {
@@ -46,7 +57,12 @@ fn main() -> std::process::ExitCode {
     run::init_logging();
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Run { config } => run::run_file(&config),
+        Command::Run {
+            config,
+            upgrade_from,
+        } => run::run_file(&config, upgrade_from.as_deref()),
+        Command::Upgrade { pid } => upgrade::kill(pid, libc::SIGUSR2)
+            .map_err(|e| anyhow::anyhow!("cannot signal process {pid}: {e}")),
         Command::Check { config } => run::check_file(&config),
         Command::Demo { port, admin_port } => demo::run(port, admin_port),
         Command::Ctl(args) => ctl::run(args),

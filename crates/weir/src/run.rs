@@ -11,6 +11,8 @@ use weir_admin::{Admin, AdminState, Store};
 use weir_config::{Config, Workers};
 use weir_core::Proxy;
 
+use crate::upgrade::{self, Handover, Sockets};
+
 pub fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("WEIR_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
@@ -26,12 +28,29 @@ pub fn check_file(path: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub fn run_file(path: &Path) -> anyhow::Result<()> {
+/// `weir run`; with `upgrade_from`, the new process of a binary upgrade, which starts on
+/// the sockets the old process hands over at that unix socket path.
+pub fn run_file(path: &Path, upgrade_from: Option<&Path>) -> anyhow::Result<()> {
     let (config, text) = weir_config::load_file_with_text(path)?;
     // Signal handlers first: a SIGTERM (or fd exhaustion) right after the listeners bind
     // must find them installed.
     let signals = Signals::install()?;
-    let running = Running::start(config, Some(path.to_path_buf()), text)?;
+    let handover = upgrade_from.map(Handover::receive).transpose()?;
+    let (sockets, handover) = match handover {
+        Some(h) => {
+            let (sockets, ready) = h.split();
+            (Some(sockets), Some(ready))
+        }
+        None => (None, None),
+    };
+    let running = Running::start_with(config, Some(path.to_path_buf()), text, sockets)?;
+    if let Some(ready) = handover {
+        ready.ready().context("telling the old process to drain")?;
+        tracing::info!(
+            pid = std::process::id(),
+            "upgrade: took over the listening sockets"
+        );
+    }
     tracing::info!(config = %path.display(), "weir started");
     running.wait_for_signal_and_stop(signals)
 }
@@ -42,29 +61,55 @@ pub struct Running {
     pub admin: Option<Admin>,
     state: Arc<AdminState>,
     store: Arc<Store>,
+    /// This binary's path at start: `weir upgrade` runs whatever is installed there then.
+    exe: Option<PathBuf>,
 }
 
 impl Running {
     /// Starts `config`, parsed from `text` (the file at `path`, where API changes persist).
     pub fn start(config: Config, path: Option<PathBuf>, text: String) -> anyhow::Result<Running> {
+        Running::start_with(config, path, text, None)
+    }
+
+    /// Like `start`, on the sockets a binary upgrade handed over.
+    pub fn start_with(
+        config: Config,
+        path: Option<PathBuf>,
+        text: String,
+        sockets: Option<Sockets>,
+    ) -> anyhow::Result<Running> {
+        let Sockets {
+            listeners,
+            admin: admin_socket,
+        } = sockets.unwrap_or(Sockets {
+            listeners: Vec::new(),
+            admin: None,
+        });
         let workers = match config.server.workers {
             Workers::Count(n) => n,
             Workers::Auto => std::thread::available_parallelism().map_or(1, |n| n.get()),
         };
         let admin_bind = config.admin.bind;
-        let proxy = Arc::new(Proxy::start(config, workers)?);
+        let proxy = Arc::new(Proxy::start_inherited(config, workers, listeners)?);
         let store = Arc::new(Store::new(proxy.clone(), path, text));
         let state = Arc::new(AdminState {
             metrics: Some(Box::new(proxy.metrics_renderer())),
             store: Some(store.clone()),
             ..Default::default()
         });
-        let admin = match admin_bind {
-            Some(bind) => Some(
+        let inherited_admin = admin_socket.filter(|s| {
+            let addr = s.local_addr().ok();
+            admin_bind.is_some_and(|b| {
+                addr == Some(b) || (b.port() == 0 && addr.is_some_and(|a| a.ip() == b.ip()))
+            })
+        });
+        let admin = match (admin_bind, inherited_admin) {
+            (Some(_), Some(socket)) => Some(Admin::start_on(socket, state.clone())?),
+            (Some(bind), None) => Some(
                 Admin::start(bind, state.clone())
                     .with_context(|| format!("admin: cannot bind {bind}"))?,
             ),
-            None => None,
+            (None, _) => None,
         };
         state.ready.store(true, Ordering::Release);
         for l in &proxy.config().listeners {
@@ -79,13 +124,20 @@ impl Running {
             admin,
             state,
             store,
+            exe: std::env::current_exe().ok(),
         })
     }
 
-    /// Blocks until SIGTERM or SIGINT, then drains and stops.
-    pub fn wait_for_signal_and_stop(self, signals: Signals) -> anyhow::Result<()> {
+    /// Blocks until SIGTERM or SIGINT (or a successful upgrade), then drains and stops.
+    pub fn wait_for_signal_and_stop(mut self, signals: Signals) -> anyhow::Result<()> {
         let store = self.store.clone();
-        signals.wait(move || reload(&store))?;
+        let exit = signals.wait(|| reload(&store), || self.upgrade())?;
+        if exit == Exit::Upgraded {
+            // The new process serves the admin socket now; API writes must reach it.
+            if let Some(admin) = self.admin.take() {
+                admin.stop();
+            }
+        }
         tracing::info!("signal received: draining");
         // Tell load balancers polling /ready to stop sending new work while we drain.
         self.state.ready.store(false, Ordering::Release);
@@ -95,6 +147,41 @@ impl Running {
         }
         tracing::info!("stopped");
         Ok(())
+    }
+
+    /// SIGUSR2: hands the sockets to a new process; true once it runs and this one should
+    /// drain. A failure is logged and this process keeps serving.
+    fn upgrade(&self) -> bool {
+        let result = (|| {
+            let exe = self
+                .exe
+                .as_deref()
+                .context("this binary's path is unknown")?;
+            let config = self
+                .store
+                .path()
+                .context("no config file (weir run -c FILE)")?;
+            let sockets = Sockets {
+                listeners: self.proxy.listening_sockets()?,
+                admin: self.admin.as_ref().map(Admin::socket).transpose()?,
+            };
+            self.store.set_frozen(true);
+            upgrade::hand_over(exe, config, sockets)
+        })();
+        match result {
+            Ok(pid) => {
+                tracing::info!(
+                    new_pid = pid,
+                    "upgrade: the new process is ready; draining this one"
+                );
+                true
+            }
+            Err(e) => {
+                self.store.set_frozen(false);
+                tracing::error!(error = %format!("{e:#}"), "upgrade failed; this process keeps serving");
+                false
+            }
+        }
     }
 }
 
@@ -133,7 +220,15 @@ pub struct Signals {
     term: tokio::signal::unix::Signal,
     int: tokio::signal::unix::Signal,
     usr1: tokio::signal::unix::Signal,
+    usr2: tokio::signal::unix::Signal,
     hup: tokio::signal::unix::Signal,
+}
+
+/// Why the signal wait ended.
+#[derive(Debug, PartialEq, Eq)]
+enum Exit {
+    Stop,
+    Upgraded,
 }
 
 impl Signals {
@@ -148,25 +243,33 @@ impl Signals {
             int: signal(SignalKind::interrupt())?,
             usr1: signal(SignalKind::user_defined1())?,
             hup: signal(SignalKind::hangup())?,
+            usr2: signal(SignalKind::user_defined2())?,
             runtime,
         })
     }
 
     /// Waits for SIGTERM or SIGINT; SIGUSR1 on the way reopens the access logs (logrotate),
-    /// SIGHUP calls `on_hup`.
-    fn wait(self, on_hup: impl Fn()) -> anyhow::Result<()> {
+    /// SIGHUP calls `on_hup`, SIGUSR2 `on_usr2` (an upgrade: true ends the wait).
+    fn wait(self, on_hup: impl Fn(), on_usr2: impl Fn() -> bool) -> anyhow::Result<Exit> {
         let Signals {
             runtime,
             mut term,
             mut int,
             mut usr1,
+            mut usr2,
             mut hup,
         } = self;
         runtime.block_on(async move {
             loop {
                 tokio::select! {
-                    _ = term.recv() => return Ok(()),
-                    _ = int.recv() => return Ok(()),
+                    _ = term.recv() => return Ok(Exit::Stop),
+                    _ = int.recv() => return Ok(Exit::Stop),
+                    _ = usr2.recv() => {
+                        tracing::info!("SIGUSR2: upgrading");
+                        if on_usr2() {
+                            return Ok(Exit::Upgraded);
+                        }
+                    }
                     _ = usr1.recv() => {
                         tracing::info!("SIGUSR1: reopening access logs");
                         weir_core::access_log::reopen();

@@ -475,6 +475,16 @@ pub fn get(addr: SocketAddr, path: &str) -> io::Result<(Head, Vec<u8>)> {
     get_on(&mut s, path)
 }
 
+/// Sends `sig` to `pid` (a process the test started, directly or through an upgrade).
+pub fn signal_pid(pid: u32, sig: libc::c_int) {
+    if let Ok(pid) = libc::pid_t::try_from(pid) {
+        // SAFETY: kill(2) takes plain integers.
+        unsafe {
+            libc::kill(pid, sig);
+        }
+    }
+}
+
 /// One request on a fresh connection (`Connection: close`); returns the head and the body.
 pub fn call(
     addr: SocketAddr,
