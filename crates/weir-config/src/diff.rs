@@ -56,14 +56,14 @@ pub fn diff(old: &Config, new: &Config) -> Vec<Change> {
     by_name(
         &old.listeners,
         &new.listeners,
-        |l| &l.name,
-        &mut |kind, o, n| listener(kind, o, n, &mut out),
+        LISTENER.name,
+        &mut |kind, o, n| LISTENER.compare(kind, o, n, &mut out),
     );
     by_name(
         &old.upstreams,
         &new.upstreams,
-        |u| &u.name,
-        &mut |kind, o, n| upstream(kind, o, n, &mut out),
+        UPSTREAM.name,
+        &mut |kind, o, n| UPSTREAM.compare(kind, o, n, &mut out),
     );
     out
 }
@@ -98,36 +98,63 @@ fn by_name<'a, T: PartialEq>(
     }
 }
 
-fn listener(kind: ChangeKind, o: Option<&Listener>, n: Option<&Listener>, out: &mut Vec<Change>) {
-    let (Some(o), Some(n)) = (o, n) else {
-        let name = o.or(n).map_or("", |l| l.name.as_str());
-        return out.push(change(kind, "listener", &[name]));
-    };
-    let mut settings_only = o.clone();
-    settings_only.routes = n.routes.clone();
-    if &settings_only != n {
-        out.push(change(kind, "listener", &[&n.name]));
-    }
-    by_name(&o.routes, &n.routes, |r| &r.name, &mut |kind, a, b| {
-        let route = a.or(b).map_or("", |r| r.name.as_str());
-        out.push(change(kind, "route", &[&n.name, route]));
-    });
+/// How to compare one kind of object that has children: a listener with its routes, an
+/// upstream with its servers.
+struct Parent<P, C> {
+    object: &'static str,
+    child: &'static str,
+    name: fn(&P) -> &String,
+    children: fn(&P) -> &Vec<C>,
+    /// `old` with `new`'s children: equal to `new` iff only children changed.
+    with_children_of: fn(&P, &P) -> P,
+    child_name: fn(&C) -> &String,
 }
 
-fn upstream(kind: ChangeKind, o: Option<&Upstream>, n: Option<&Upstream>, out: &mut Vec<Change>) {
-    let (Some(o), Some(n)) = (o, n) else {
-        let name = o.or(n).map_or("", |u| u.name.as_str());
-        return out.push(change(kind, "upstream", &[name]));
-    };
-    let mut settings_only = o.clone();
-    settings_only.servers = n.servers.clone();
-    if &settings_only != n {
-        out.push(change(kind, "upstream", &[&n.name]));
+const LISTENER: Parent<Listener, crate::model::Route> = Parent {
+    object: "listener",
+    child: "route",
+    name: |l| &l.name,
+    children: |l| &l.routes,
+    with_children_of: |o, n| Listener {
+        routes: n.routes.clone(),
+        ..o.clone()
+    },
+    child_name: |r| &r.name,
+};
+
+const UPSTREAM: Parent<Upstream, crate::model::UpstreamServer> = Parent {
+    object: "upstream",
+    child: "server",
+    name: |u| &u.name,
+    children: |u| &u.servers,
+    with_children_of: |o, n| Upstream {
+        servers: n.servers.clone(),
+        ..o.clone()
+    },
+    child_name: |s| &s.name,
+};
+
+impl<P: PartialEq, C: PartialEq> Parent<P, C> {
+    /// Records the object's own change, then each child's.
+    fn compare(&self, kind: ChangeKind, o: Option<&P>, n: Option<&P>, out: &mut Vec<Change>) {
+        let (Some(o), Some(n)) = (o, n) else {
+            let name = o.or(n).map_or("", |p| (self.name)(p).as_str());
+            return out.push(change(kind, self.object, &[name]));
+        };
+        let parent = (self.name)(n);
+        if &(self.with_children_of)(o, n) != n {
+            out.push(change(kind, self.object, &[parent]));
+        }
+        by_name(
+            (self.children)(o),
+            (self.children)(n),
+            self.child_name,
+            &mut |kind, a, b| {
+                let child = a.or(b).map_or("", |c| (self.child_name)(c).as_str());
+                out.push(change(kind, self.child, &[parent, child]));
+            },
+        );
     }
-    by_name(&o.servers, &n.servers, |s| &s.name, &mut |kind, a, b| {
-        let server = a.or(b).map_or("", |s| s.name.as_str());
-        out.push(change(kind, "server", &[&n.name, server]));
-    });
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@ mod support_process;
 use std::net::SocketAddr;
 
 use serde_json::Value;
-use support_process::{call, get, TempDir, Weir};
+use support_process::{backend_of, call, get, TempDir, Weir};
 use weir_testkit::Backend;
 
 fn file(a: &Backend, admin_extra: &str) -> String {
@@ -36,11 +36,6 @@ fn api(
         .and_then(|e| e.trim_matches('"').parse().ok());
     let json = serde_json::from_str(&text).unwrap_or(Value::String(text));
     (head.status, version, json)
-}
-
-fn backend_of(addr: SocketAddr) -> String {
-    let (head, _) = get(addr, "/").expect("response");
-    head.header("x-backend").unwrap_or("").to_string()
 }
 
 #[test]

@@ -6,7 +6,7 @@ mod support_process;
 use std::io::Write;
 use std::process::{Command, Output, Stdio};
 
-use support_process::{get, TempDir, Weir, WEIR};
+use support_process::{backend_of, TempDir, Weir, WEIR};
 use weir_testkit::Backend;
 
 fn file(a: &Backend, admin_extra: &str) -> String {
@@ -44,11 +44,6 @@ fn ok(out: &Output) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn backend_of(addr: std::net::SocketAddr) -> String {
-    let (head, _) = get(addr, "/").expect("response");
-    head.header("x-backend").unwrap_or("").to_string()
 }
 
 #[test]

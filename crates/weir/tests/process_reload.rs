@@ -6,7 +6,7 @@ mod support_process;
 
 use std::time::Duration;
 
-use support_process::{get, refused, Weir, START_WAIT};
+use support_process::{backend_of, refused, Weir, START_WAIT};
 use weir_testkit::{wait_until, Backend};
 
 fn file(route_to: &str, a: &Backend, b: &Backend, extra: &str) -> String {
@@ -19,11 +19,6 @@ fn file(route_to: &str, a: &Backend, b: &Backend, extra: &str) -> String {
         a.addr(),
         b.addr()
     )
-}
-
-fn backend_of(addr: std::net::SocketAddr) -> String {
-    let (head, _) = get(addr, "/").expect("response");
-    head.header("x-backend").unwrap_or("").to_string()
 }
 
 #[test]

@@ -7,13 +7,20 @@ use toml_edit::{ArrayOfTables, DocumentMut, InlineTable, Item, Table, Value};
 use super::error::ApiError;
 
 /// `PUT /upstreams/{name}`: the upstream's table becomes `body`.
-pub fn put_upstream(doc: &mut DocumentMut, name: &str, body: Table) {
+pub fn put_upstream(doc: &mut DocumentMut, name: &str, body: Table) -> Result<(), ApiError> {
     let upstreams = doc
         .entry("upstreams")
-        .or_insert_with(|| Item::Table(implicit_table()));
-    if let Some(t) = upstreams.as_table_like_mut() {
-        t.insert(name, Item::Table(body));
-    }
+        .or_insert_with(|| Item::Table(implicit_table()))
+        .as_table_like_mut()
+        .ok_or_else(|| {
+            ApiError::bad_request(
+                "upstreams is not a table",
+                "write upstreams as [upstreams.NAME] tables",
+            )
+            .field("upstreams")
+        })?;
+    upstreams.insert(name, Item::Table(body));
+    Ok(())
 }
 
 pub fn delete_upstream(doc: &mut DocumentMut, name: &str) -> Result<(), ApiError> {

@@ -68,7 +68,7 @@ async fn route(req: Request<Incoming>, store: &Store) -> Result<Response<Full<By
         (&Method::PUT, ["upstreams", name]) => {
             let body = convert::body_table(&call.body, call.format)?;
             written(
-                store.edit(call.mode, |doc| Ok(edit::put_upstream(doc, name, body))),
+                store.edit(call.mode, |doc| edit::put_upstream(doc, name, body)),
                 call.mode,
             )
         }

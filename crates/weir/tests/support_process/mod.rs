@@ -508,6 +508,12 @@ pub fn call(
     Ok((head, String::from_utf8_lossy(&body).into_owned()))
 }
 
+/// The `X-Backend` of a `GET /` on a fresh connection (which echo backend answered).
+pub fn backend_of(addr: SocketAddr) -> String {
+    let (head, _) = get(addr, "/").expect("response");
+    head.header("x-backend").unwrap_or("").to_string()
+}
+
 /// True when a connection to `addr` is refused (nothing listens any more).
 pub fn refused(addr: SocketAddr) -> bool {
     matches!(
