@@ -282,6 +282,21 @@ pub struct RetryOn {
     pub statuses: Vec<u16>,
 }
 
+impl LbPolicy {
+    /// The policy's name as written in the config (`lb = "..."`).
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            LbPolicy::RoundRobin => "round_robin",
+            LbPolicy::WeightedRoundRobin => "weighted_round_robin",
+            LbPolicy::LeastConnections => "least_connections",
+            LbPolicy::Random => "random",
+            LbPolicy::P2cEwma => "p2c_ewma",
+            LbPolicy::ConsistentHash(_) => "consistent_hash",
+            LbPolicy::StickyCookie { .. } => "sticky_cookie",
+        }
+    }
+}
+
 impl Config {
     /// One line for `weir check`: counts of listeners, routes, upstreams and servers.
     pub fn summary(&self) -> String {

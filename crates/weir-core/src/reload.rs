@@ -195,12 +195,15 @@ impl Proxy {
         let slots = control.layout.assign(&config);
         self.metrics.fill(&slots);
         let config = Arc::new(config);
+        let listener_slots: Vec<usize> = slots.listeners.iter().map(|l| l.slot).collect();
+        // Publish first: a connection accepted on a new socket must find its listener in
+        // the snapshot.
+        self.shared
+            .publish(Snapshot::with_previous(config.clone(), slots, &old));
         control.stop_stale(&config);
         for (i, bound) in binds {
-            control.listen(&config.listeners[i], slots.listeners[i].slot, bound);
+            control.listen(&config.listeners[i], listener_slots[i], bound);
         }
-        self.shared
-            .publish(Snapshot::with_previous(config, slots, &old));
         Ok(changes)
     }
 }

@@ -61,7 +61,7 @@ fn get_prints_tables_and_json() {
     assert!(out.contains("UPSTREAM") && out.contains(" up"), "{out}");
     let out = ok(&ctl(&weir, &["get", "config"], ""));
     assert!(
-        out.starts_with("# version 1") && out.contains("[upstreams.app]"),
+        out.starts_with("[server]") && out.contains("[upstreams.app]"),
         "{out}"
     );
     let json: serde_json::Value =

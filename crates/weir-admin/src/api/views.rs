@@ -21,7 +21,7 @@ pub fn upstreams(proxy: &Proxy) -> Json {
                 .iter()
                 .map(|s| json!({"addr": s.name, "weight": s.weight, "backup": s.backup, "drain": s.drain}))
                 .collect();
-            json!({"name": u.name, "lb": format!("{:?}", u.lb), "servers": servers})
+            json!({"name": u.name, "lb": u.lb.as_str(), "servers": servers})
         })
         .collect();
     json!(list)

@@ -145,12 +145,25 @@ impl Client {
         content_type: Option<&str>,
         body: &[u8],
     ) -> anyhow::Result<Value> {
-        let mut headers = Vec::new();
+        let headers: Vec<_> = content_type
+            .map(|t| ("Content-Type", t))
+            .into_iter()
+            .collect();
+        self.request(method, path, &headers, body)
+    }
+
+    /// Like `call` with any headers; a body that is not JSON comes back as a string.
+    fn request(
+        &self,
+        method: &str,
+        path: &str,
+        extra: &[(&'static str, &str)],
+        body: &[u8],
+    ) -> anyhow::Result<Value> {
+        let mut headers: Vec<(&'static str, String)> =
+            extra.iter().map(|(n, v)| (*n, v.to_string())).collect();
         if let Some(token) = &self.token {
             headers.push(("Authorization", format!("Bearer {token}")));
-        }
-        if let Some(t) = content_type {
-            headers.push(("Content-Type", t.to_string()));
         }
         let path = format!("/api/v1{path}");
         let reply = http::send(
@@ -189,9 +202,9 @@ fn api_error(status: u16, body: &Value) -> String {
 fn get(client: &Client, what: What, name: Option<&str>, output: Output) -> anyhow::Result<()> {
     match what {
         What::Config if output == Output::Table => {
-            let reply = client.call("GET", "/config", None, b"")?;
-            let text = toml::to_string(&reply["data"]).unwrap_or_default();
-            print!("# version {}\n{text}", reply["version"]);
+            // The file as it runs, comments and all.
+            let accept = [("Accept", "application/toml")];
+            print!("{}", text(&client.request("GET", "/config", &accept, b"")?));
         }
         What::Config => print_json(&client.call("GET", "/config", None, b"")?),
         What::Upstreams => {
