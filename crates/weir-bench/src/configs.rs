@@ -148,8 +148,15 @@ pub fn apache_conf(s: &Setup, port: u16, moddir: &Path) -> Result<String> {
     )
 }
 
-/// Weir's configuration; `tcp` asks for an L4 listener (skipped while Weir rejects it).
-pub fn weir_toml(s: &Setup, port: u16, admin: Option<u16>, tcp: bool) -> Result<String> {
+/// Weir's configuration; `tcp` asks for an L4 listener (skipped while Weir rejects it);
+/// `access_log` turns on a JSON access log to that file.
+pub fn weir_toml(
+    s: &Setup,
+    port: u16,
+    admin: Option<u16>,
+    tcp: bool,
+    access_log: Option<&Path>,
+) -> Result<String> {
     let servers = s
         .backends
         .iter()
@@ -173,10 +180,17 @@ pub fn weir_toml(s: &Setup, port: u16, admin: Option<u16>, tcp: bool) -> Result<
         (false, Route::Default) => (String::new(), String::new()),
     };
     let admin = admin.map_or("off".to_string(), |p| format!("127.0.0.1:{p}"));
+    let access_log = access_log.map_or(String::new(), |path| {
+        format!(
+            "access_log = {{ format = \"json\", path = \"{}\" }}",
+            path.display()
+        )
+    });
     render(
         WEIR_T,
         &[
             ("ADMIN", &admin),
+            ("ACCESS_LOG", &access_log),
             ("PORT", &port.to_string()),
             ("ROUTES", &routes),
             ("UPSTREAMS", &upstreams),
@@ -225,7 +239,7 @@ mod tests {
             haproxy_cfg(&s, 8080, false).unwrap();
             caddyfile(&s, 8080).unwrap();
             apache_conf(&s, 8080, Path::new("/m")).unwrap();
-            weir_toml(&s, 8080, None, false).unwrap();
+            weir_toml(&s, 8080, None, false, None).unwrap();
         }
     }
 
@@ -233,7 +247,10 @@ mod tests {
     fn weir_config_matches_the_fairness_rules() {
         let b = addrs();
         let s = setup(Path::new("/tmp"), &b, Route::Prefix);
-        let t = weir_toml(&s, 8080, Some(9901), false).unwrap();
+        let t = weir_toml(&s, 8080, Some(9901), false, None).unwrap();
+        assert!(!t.contains("access_log"), "access log on by default:\n{t}");
+        let observed = weir_toml(&s, 8080, Some(9901), false, Some(Path::new("/l/a.log"))).unwrap();
+        assert!(observed.contains("access_log = { format = \"json\", path = \"/l/a.log\" }"));
         for want in [
             "workers = 1",
             "keepalive_requests = 0",
@@ -249,6 +266,7 @@ mod tests {
             1,
             None,
             false,
+            None,
         )
         .unwrap();
         assert!(!d.contains("[upstreams"), "{d}");

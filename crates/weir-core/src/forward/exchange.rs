@@ -1,5 +1,7 @@
 //! The exchange with one upstream server, in the order it happens on the wire.
 
+use std::time::Duration;
+
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::time::{timeout_at, Instant};
@@ -230,7 +232,9 @@ async fn send_buffered(
         .await;
         let outcome = match sent {
             Ok(()) => {
-                read_final_head(&mut stream, up_buf, resp, meta, &mut conn.stream, target).await
+                let deadline = Some(Instant::now() + upstream.response_timeout);
+                let client = &mut conn.stream;
+                read_final_head(&mut stream, up_buf, resp, meta, client, (target, deadline)).await
             }
             Err(e) => Err(HeadError {
                 error: upstream_write_error(e),
@@ -294,13 +298,18 @@ async fn send_streaming(
             body,
             (target.listener.client_timeout, response_timeout),
         );
-        let head = read_final_head(&mut ur, up_buf, resp, meta, &mut cw, target);
-        tokio::pin!(upload, head);
+        // `response_timeout` counts from the end of the upload, however long the body
+        // takes to arrive (nginx's proxy_read_timeout does the same); while it uploads, a
+        // stalled upstream is caught by the upload's write timeout.
+        let head = read_final_head(&mut ur, up_buf, resp, meta, &mut cw, (target, None));
+        let head_timer = tokio::time::sleep(Duration::MAX);
+        tokio::pin!(upload, head, head_timer);
         let mut uploading = true;
         loop {
             tokio::select! {
                 r = &mut upload, if uploading => {
                     uploading = false;
+                    head_timer.as_mut().reset(Instant::now() + response_timeout);
                     match r {
                         Ok(()) => upload_done = true,
                         // The upstream stopped reading; its response (if any) says why.
@@ -309,6 +318,7 @@ async fn send_streaming(
                     }
                 }
                 h = &mut head => break h.map_err(|e| Failure { error: e.error, responded: e.interim_sent }),
+                () = &mut head_timer, if !uploading => break Err(Failure::from(ProxyError::UpstreamTimeout)),
             }
         }
     };
@@ -348,7 +358,7 @@ fn count_attempt(
     metrics: Option<&ServerMetrics>,
     sent: &Result<impl Sized, Failure>,
     resp: &ResponseHead,
-    elapsed: std::time::Duration,
+    elapsed: Duration,
 ) {
     let Some(m) = metrics else { return };
     let status = match sent {
@@ -383,20 +393,20 @@ impl HeadError {
 }
 
 /// Reads until a final (non-1xx) response head is parsed into `resp`, relaying 1xx heads
-/// to HTTP/1.1 clients. The whole head must arrive within `response_timeout`.
+/// to HTTP/1.1 clients. The whole head must arrive by `deadline` (when there is one; the
+/// streaming path times the wait itself, from the end of the upload).
 async fn read_final_head<R, W>(
     up: &mut R,
     up_buf: &mut Buffer,
     resp: &mut ResponseHead,
     meta: RequestMeta,
     client: &mut W,
-    target: Target<'_>,
+    (target, deadline): (Target<'_>, Option<Instant>),
 ) -> Result<(), HeadError>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
-    let deadline = Instant::now() + target.upstream.response_timeout;
     let mut received = !up_buf.is_empty();
     let mut interim_sent = false;
     let fail = |error, received, interim_sent| HeadError {
@@ -413,7 +423,12 @@ where
         )
         .map_err(|e| fail(e, true, interim_sent))?;
         if !complete {
-            match timeout_at(deadline, up_buf.read_from(up)).await {
+            let read = up_buf.read_from(up);
+            let read = match deadline {
+                Some(deadline) => timeout_at(deadline, read).await,
+                None => Ok(read.await),
+            };
+            match read {
                 Err(_) => return Err(fail(ProxyError::UpstreamTimeout, received, interim_sent)),
                 Ok(Err(e)) => return Err(fail(ProxyError::upstream_io(e), received, interim_sent)),
                 Ok(Ok(0)) => return Err(fail(ProxyError::UpstreamClosed, received, interim_sent)),
