@@ -45,6 +45,8 @@ pub struct ClientConn {
     pub upstream_pick: Option<(usize, usize)>,
     /// Time from sending the current request upstream to its response head.
     pub upstream_time: Option<std::time::Duration>,
+    /// The listener was removed by a reload: answer this request with `Connection: close`.
+    pub last_request: bool,
 }
 
 /// What waiting for the next request produced.
@@ -79,6 +81,7 @@ impl ClientConn {
             log_fields: RequestFields::default(),
             upstream_pick: None,
             upstream_time: None,
+            last_request: false,
         }
     }
 

@@ -29,8 +29,8 @@ use crate::worker::Worker;
 /// Serves one client connection of the listener with metric slot `slot` until it closes.
 ///
 /// The listener's config position is looked up in each request's snapshot: a reload may
-/// move it, and once a reload removes it the connection closes instead of taking another
-/// request.
+/// move it, and once a reload removes it the connection serves the request it has and
+/// closes.
 pub async fn serve_client(worker: Rc<Worker>, slot: usize, stream: TcpStream, peer: SocketAddr) {
     let snapshot = worker.snapshot();
     let Some(index) = snapshot.listener_index(slot) else {
@@ -54,10 +54,15 @@ pub async fn serve_client(worker: Rc<Worker>, slot: usize, stream: TcpStream, pe
         conn.upstream_time = None;
         let next = conn.next_request(listener, &mut req, &worker).await;
         // The request runs on the snapshot current when its head arrived, not the one from
-        // before an idle wait: a reload in between applies to it.
-        let snapshot = worker.snapshot();
-        let Some(listener_index) = snapshot.listener_index(slot) else {
-            return;
+        // before an idle wait: a reload in between applies to it. If that reload removed
+        // the listener, the request is served as it arrived and the connection then closes.
+        let current = worker.snapshot();
+        let (snapshot, listener_index) = match current.listener_index(slot) {
+            Some(i) => (current, i),
+            None => {
+                conn.last_request = true;
+                (snapshot, listener_index)
+            }
         };
         let listener = &snapshot.config.listeners[listener_index];
         let started = Instant::now();
@@ -139,7 +144,8 @@ async fn handle(
             };
         }
     }
-    let keep_alive = wants_keep_alive(req, listener, conn.served, worker.is_draining());
+    let closing = worker.is_draining() || conn.last_request;
+    let keep_alive = wants_keep_alive(req, listener, conn.served, closing);
     let buf = conn.buf.filled();
     let route = plan.router.route(req.host_name(buf), req.path(buf));
     let Some(index) = route else {

@@ -88,8 +88,12 @@ fn listeners_are_added_and_removed() {
     assert_eq!(kept.get("/", "test").expect("response").status, 200);
     weir.apply_text(&base.toml()).expect("apply");
     assert!(wait_until(WAIT, || std::net::TcpStream::connect(addr).is_err()));
-    // Its open connection takes no further request; the other listener is untouched.
-    assert!(kept.get("/", "test").is_err());
+    // Its open connection is answered once more, with `Connection: close`, then closed.
+    let last = kept.get("/", "test").expect("response");
+    assert_eq!(last.status, 200);
+    assert_eq!(last.header("connection"), Some("close"));
+    assert!(kept.is_closed_by_peer_within(WAIT));
+    // The other listener is untouched.
     assert_eq!(get(weir.addr, "/").status, 200);
 }
 
