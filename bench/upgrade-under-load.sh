@@ -32,6 +32,8 @@ TOML
 DEMO=$!
 "$W" run -c weir.toml > weir.log 2>&1 &
 PID=$!
+# Whatever happens, stop what this script started (by pid).
+trap 'kill "${WRK:-}" "$PID" "$DEMO" 2>/dev/null || true' EXIT
 sleep 1
 wrk -t2 -c16 -d45s http://127.0.0.1:18081/ > wrk.txt 2>&1 &
 WRK=$!
@@ -47,7 +49,7 @@ for round in $(seq 1 20); do
   "$W" upgrade --pid "$PID"
   NEW=""
   for _ in $(seq 1 400); do
-    NEW=$(grep -o 'new_pid=[0-9]*' weir.log | sed -n "${round}p" | cut -d= -f2)
+    NEW=$(grep -o 'new_pid=[0-9]*' weir.log | sed -n "${round}p" | cut -d= -f2 || true)
     [ -n "$NEW" ] && break
     sleep 0.05
   done
@@ -62,4 +64,3 @@ done
 echo "API changes: $changes, upgrades: $(grep -c 'new process is ready' weir.log)"
 wait "$WRK"
 cat wrk.txt
-kill "$PID" "$DEMO"
