@@ -136,6 +136,11 @@ async fn exchange(
             Err(f) => Outcome::of_error(f.error),
         };
         pick.record(target.pool, target.upstream, outcome, elapsed);
+        if outcome == Outcome::ConnectError {
+            if let Some(m) = worker.metrics.server(target.route.upstream, pick.server) {
+                m.connect_errors.inc();
+            }
+        }
         let replay = Replay {
             idempotent: meta.idempotent,
             buffered: whole,
