@@ -22,7 +22,7 @@ use crate::error::ProxyError;
 use crate::filters::forwarded::ClientIp;
 use crate::forward::body::BodyState;
 use crate::forward::{forward, Failure};
-use crate::listener::proxy_protocol::{read_header, record_rejection};
+use crate::listener::proxy_protocol::accept_step;
 use crate::metrics::shard::{method_index, METHODS};
 use crate::metrics::DefaultReason;
 use crate::snapshot::{ListenerPlan, Snapshot};
@@ -38,15 +38,20 @@ pub async fn serve_client(
     let snapshot = worker.snapshot();
     let listener = &snapshot.config.listeners[listener_index];
     let mut conn = ClientConn::new(stream, peer, listener);
-    if listener.proxy_protocol.accept {
-        let pp = &listener.proxy_protocol;
-        let timeout = listener.header_timeout;
-        match read_header(&conn.stream, peer, pp, &mut conn.buf, timeout).await {
-            // The carried client address is the one X-Forwarded-For and logs show.
-            Ok(Some(addresses)) => conn.ip = ClientIp::new(addresses.source.ip()),
-            Ok(None) => {}
-            Err(why) => return record_rejection(&worker, listener_index, peer, why),
-        }
+    let timeout = listener.header_timeout;
+    let step = accept_step(
+        &worker,
+        listener_index,
+        listener,
+        (&conn.stream, peer),
+        &mut conn.buf,
+        timeout,
+    );
+    match step.await {
+        // The carried client address is the one X-Forwarded-For and logs show.
+        Ok(Some(addresses)) => conn.ip = ClientIp::new(addresses.source.ip()),
+        Ok(None) => {}
+        Err(_) => return,
     }
     drop(snapshot);
     let mut req = RequestHead::default();

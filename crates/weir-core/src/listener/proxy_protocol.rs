@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use tokio::net::TcpStream;
 use tokio::time::{timeout_at, Instant};
-use weir_config::ProxyProtocol;
+use weir_config::{Listener, ProxyProtocol};
 
 use crate::buffer::Buffer;
 use crate::codec::proxy_protocol::{parse, Addresses, Parsed, ProxyHeaderError};
@@ -61,8 +61,30 @@ pub async fn read_header(
     }
 }
 
+/// The PROXY header step of a new connection of listener `index`: nothing unless the
+/// listener accepts PROXY headers; else the header's addresses (`None` if it carried none)
+/// or, when the connection must close, why (already counted and logged).
+pub async fn accept_step(
+    worker: &Worker,
+    index: usize,
+    listener: &Listener,
+    conn: (&TcpStream, SocketAddr),
+    buf: &mut Buffer,
+    timeout: Duration,
+) -> Result<Option<Addresses>, Rejected> {
+    let (stream, peer) = conn;
+    if !listener.proxy_protocol.accept {
+        return Ok(None);
+    }
+    let read = read_header(stream, peer, &listener.proxy_protocol, buf, timeout).await;
+    if let Err(why) = read {
+        record_rejection(worker, index, peer, why);
+    }
+    read
+}
+
 /// Counts and logs a rejected connection (at debug level: clients can cause it at will).
-pub fn record_rejection(worker: &Worker, listener: usize, peer: SocketAddr, why: Rejected) {
+fn record_rejection(worker: &Worker, listener: usize, peer: SocketAddr, why: Rejected) {
     if let Some(m) = worker.metrics.listeners.get(listener) {
         m.proxy_rejected.inc();
     }

@@ -25,7 +25,7 @@ use weir_config::{Listener, TcpSettings};
 use crate::codec::proxy_protocol::{self, Addresses};
 use crate::connector::connect;
 use crate::filters::forwarded::ClientIp;
-use crate::listener::proxy_protocol::{read_header, record_rejection};
+use crate::listener::proxy_protocol::accept_step;
 use crate::snapshot::Snapshot;
 use crate::upstream::retry::{Outcome, Tried};
 use crate::upstream::{Pick, RequestKey};
@@ -42,18 +42,19 @@ pub async fn serve_tcp(
     let listener = &snapshot.config.listeners[listener_index];
     let Some(tcp) = listener.tcp() else { return };
     let mut to_server = worker.take_buffer_sized(tcp.buffer_size);
-    let mut carried = None;
-    if listener.proxy_protocol.accept {
-        let pp = &listener.proxy_protocol;
-        match read_header(&client, peer, pp, &mut to_server, tcp.idle_timeout).await {
-            Ok(addresses) => carried = addresses,
-            Err(why) => {
-                record_rejection(&worker, listener_index, peer, why);
-                worker.give_buffer(to_server);
-                return;
-            }
-        }
-    }
+    let conn = (&client, peer);
+    let step = accept_step(
+        &worker,
+        listener_index,
+        listener,
+        conn,
+        &mut to_server,
+        tcp.idle_timeout,
+    );
+    let Ok(carried) = step.await else {
+        worker.give_buffer(to_server);
+        return;
+    };
     let source = carried.map_or(peer, |a| a.source);
     let Some((server, _pick)) = connect_upstream(&worker, &snapshot, tcp, source).await else {
         worker.give_buffer(to_server);
