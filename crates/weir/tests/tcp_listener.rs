@@ -193,29 +193,70 @@ fn idle_timeout_closes_both_sides() {
     assert_eq!(rx.recv_timeout(WAIT).expect("backend closed too"), b"x");
 }
 
+/// The `weir_upstream_connect_errors_total` value of `server` in upstream `up`.
+fn connect_errors(weir: &common::Weir, server: SocketAddr) -> Option<u64> {
+    let prefix =
+        format!("weir_upstream_connect_errors_total{{upstream=\"up\",server=\"{server}\"}} ");
+    let text = weir.metrics_text();
+    let line = text.lines().find(|l| l.starts_with(&prefix))?;
+    line[prefix.len()..].trim().parse().ok()
+}
+
+/// `n` connections through Weir, each reading what the server sends until it closes.
+fn read_n(weir: &common::Weir, n: usize, want: &[u8]) {
+    for _ in 0..n {
+        let mut client = connect(weir.addr);
+        let mut got = Vec::new();
+        client.read_to_end(&mut got).expect("read");
+        assert_eq!(got, want);
+    }
+}
+
 #[test]
-fn refused_server_is_skipped() {
+fn refused_server_is_skipped_and_ejected() {
     let dead = dead_port();
     let backend = RawBackend::spawn(|mut s| {
         let _ = s.write_all(b"alive");
     });
+    // Round robin starts with the dead server: its refusal is retried on the live one and
+    // (max_fails = 1, the default) ejects it, so it is not tried again.
     let weir = tcp_conf(&[dead.addr, backend.addr], &[]).start();
-    for _ in 0..4 {
-        let mut client = connect(weir.addr);
-        let mut got = Vec::new();
-        client.read_to_end(&mut got).expect("read");
-        assert_eq!(got, b"alive");
-    }
+    read_n(&weir, 4, b"alive");
     assert_eq!(backend.accepted(), 4);
-    let metrics = weir.metrics_text();
-    let refused = format!(
-        "weir_upstream_connect_errors_total{{upstream=\"up\",server=\"{}\"}} 0",
+    assert_eq!(
+        connect_errors(&weir, dead.addr),
+        Some(1),
+        "{}",
+        weir.metrics_text()
+    );
+    assert_eq!(connect_errors(&weir, backend.addr), Some(0));
+}
+
+#[test]
+fn health_down_server_is_not_chosen() {
+    let dead = dead_port();
+    let backend = RawBackend::spawn(|mut s| {
+        let _ = s.write_all(b"alive");
+    });
+    let weir = Conf::new()
+        .listener("protocol = \"tcp\"")
+        .listener("upstream = \"up\"")
+        .upstream(
+            "up",
+            &[dead.addr, backend.addr],
+            &[
+                "[upstreams.up.passive]\nmax_fails = 0",
+                "[upstreams.up.health_check]\nkind = \"tcp\"\ninterval = \"50ms\"\nfall = 1",
+            ],
+        )
+        .start();
+    let down = format!(
+        "weir_upstream_server_up{{upstream=\"up\",server=\"{}\"}} 0",
         dead.addr
     );
-    assert!(
-        metrics.contains("weir_upstream_connect_errors_total") && !metrics.contains(&refused),
-        "{metrics}"
-    );
+    assert!(wait_until(WAIT, || weir.metrics_text().contains(&down)));
+    read_n(&weir, 4, b"alive");
+    assert_eq!(connect_errors(&weir, dead.addr), Some(0), "never tried");
 }
 
 /// A backend that reports the first `len` bytes of its connection.
@@ -283,16 +324,23 @@ fn send_through(extra: &[&str], expect: impl Fn(u16, u16) -> Vec<u8>) -> (u16, u
 
 #[test]
 fn accepts_proxy_from_trusted_and_forwards_the_carried_addresses() {
-    let sent = b"PROXY TCP4 203.0.113.7 192.0.2.1 5555 443\r\nhi";
-    let (backend, rx) = capture(sent.len());
-    let weir = tcp_conf(
-        &[backend.addr],
-        &["proxy_protocol = { accept = true, trusted = [\"127.0.0.0/8\"], send = \"v1\" }"],
-    )
-    .start();
-    let mut client = connect(weir.addr);
-    client.write_all(sent).expect("write");
-    assert_eq!(rx.recv_timeout(WAIT).expect("relayed"), sent);
+    // The bytes after the header ("hi") arrive with it: they must be relayed first, whether
+    // the relay copies or splices.
+    for splice in ["splice = \"auto\"", "splice = \"on\""] {
+        let sent = b"PROXY TCP4 203.0.113.7 192.0.2.1 5555 443\r\nhi";
+        let (backend, rx) = capture(sent.len());
+        let weir = tcp_conf(
+            &[backend.addr],
+            &[
+                "proxy_protocol = { accept = true, trusted = [\"127.0.0.0/8\"], send = \"v1\" }",
+                splice,
+            ],
+        )
+        .start();
+        let mut client = connect(weir.addr);
+        client.write_all(sent).expect("write");
+        assert_eq!(rx.recv_timeout(WAIT).expect("relayed"), sent, "{splice}");
+    }
 }
 
 /// Sends `bytes` to a TCP listener accepting PROXY headers from `trusted`; checks that

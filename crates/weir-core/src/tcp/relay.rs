@@ -218,6 +218,10 @@ impl<'a> Direction<'a> {
     /// Splices one pipeful in and out. False at end of stream. Falls back to copying when
     /// splice is impossible here.
     async fn splice_once(&mut self, worker: &Worker) -> io::Result<bool> {
+        // Bytes already buffered (after a PROXY header) go first.
+        if let Some(buf) = self.buf.as_mut().filter(|b| !b.is_empty()) {
+            write_all(self.to, buf).await?;
+        }
         let pipe = match self.pipe.take() {
             Some(pipe) => pipe,
             None => match worker.take_pipe() {
