@@ -86,6 +86,8 @@ pub async fn relay(
     let mut down = Direction::new(server, client, back, mode, auto, &last, config.bytes_out);
     let both = async { tokio::try_join!(up.run(worker), down.run(worker)).map(|_| ()) };
     let end = tokio::select! {
+        // Transfers first; no random branch order to pay for.
+        biased;
         r = both => if r.is_ok() { End::Closed } else { End::Error },
         _ = idle(&last, config.idle_timeout) => End::Idle,
     };
