@@ -1,7 +1,8 @@
 //! TCP (L4) listeners over real sockets: 1 GiB each way hash-checked on both ends (auto,
 //! forced splice and forced copy), half-close both ways, idle timeout, a refused server
 //! skipped, PROXY headers sent byte-exact (v1, v2), accepted only from trusted sources,
-//! and accepted on an HTTP listener for X-Forwarded-For.
+//! and accepted on an HTTP listener for X-Forwarded-For and the access log; health-down
+//! and refused servers skipped.
 
 mod common;
 
@@ -375,10 +376,16 @@ fn malformed_proxy_header_closes_the_connection() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
-async fn proxy_v2_on_an_http_listener_sets_x_forwarded_for() {
+async fn proxy_v2_on_an_http_listener_sets_x_forwarded_for_and_the_logged_client() {
     let echo = Backend::echo("e");
+    let log = std::env::temp_dir().join(format!("weir-tcp-test-{}.log", std::process::id()));
+    let _ = std::fs::remove_file(&log);
     let weir = Conf::new()
         .listener("proxy_protocol = { accept = true, trusted = [\"127.0.0.0/8\"] }")
+        .listener(&format!(
+            "access_log = {{ format = \"common\", path = \"{}\" }}",
+            log.display()
+        ))
         .route("all", "up", &[])
         .upstream("up", &[echo.addr()], &[])
         .start();
@@ -391,4 +398,12 @@ async fn proxy_v2_on_an_http_listener_sets_x_forwarded_for() {
     let body = resp.body_str();
     assert!(body.contains("X-Real-IP: 203.0.113.7\r\n"), "{body}");
     assert!(body.contains("X-Forwarded-For: 203.0.113.7\r\n"), "{body}");
+    let logged = || std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        weir_testkit::wait_until_async(WAIT, || logged().starts_with("203.0.113.7 ")).await,
+        "access log: {:?}",
+        logged()
+    );
+    drop(weir);
+    let _ = std::fs::remove_file(&log);
 }
