@@ -224,31 +224,33 @@ impl<'a> Direction<'a> {
         if let Some(buf) = self.buf.as_mut().filter(|b| !b.is_empty()) {
             write_all(self.to, buf).await?;
         }
-        let pipe = match self.pipe.take() {
-            Some(pipe) => pipe,
-            None => match worker.take_pipe() {
-                Ok(pipe) => pipe,
+        if self.pipe.is_none() {
+            match worker.take_pipe() {
+                Ok(pipe) => self.pipe = Some(pipe),
                 Err(e) => return self.fall_back(&e),
-            },
+            }
+        }
+        // The pipe stays in `self` across the awaits: if the relay ends meanwhile (idle,
+        // the other direction failed), `finish` still sees it and how full it is.
+        let Some(pipe) = self.pipe.as_ref() else {
+            return Ok(true);
         };
         if self.in_pipe == 0 {
-            let n = match fill(self.from, &pipe).await {
+            let n = match fill(self.from, pipe).await {
                 Ok(n) => n,
                 Err(e) if splice_unsupported(&e) => return self.fall_back(&e),
                 Err(e) => return Err(e),
             };
             if n == 0 {
-                self.pipe = Some(pipe);
                 return Ok(false);
             }
             self.in_pipe = n;
             self.transferred(n);
         }
         while self.in_pipe > 0 {
-            let n = drain(self.to, &pipe, self.in_pipe).await?;
+            let n = drain(self.to, pipe, self.in_pipe).await?;
             self.in_pipe -= n.min(self.in_pipe);
         }
-        self.pipe = Some(pipe);
         Ok(true)
     }
 
