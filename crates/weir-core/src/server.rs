@@ -54,12 +54,14 @@ impl Proxy {
             .iter()
             .map(|l| l.max_connections.div_ceil(workers).max(1))
             .collect();
+        let splice_available = probe_splice(&config);
         let (tx, rx) = watch::channel(false);
         let shared = Arc::new(Shared {
             snapshot: ArcSwap::from_pointee(Snapshot::new(Arc::new(config))),
             generation: AtomicU64::new(0),
             shutdown: rx,
             workers,
+            splice_available,
         });
         let metrics = Arc::new(Metrics::default());
         *metrics.server_up.lock().unwrap_or_else(|e| e.into_inner()) =
@@ -134,6 +136,24 @@ impl Proxy {
             writer.join();
         }
     }
+}
+
+/// Whether TCP listeners can splice; logged once when the config has TCP listeners.
+fn probe_splice(config: &Config) -> bool {
+    let available = crate::sys::splice_available();
+    let tcp: Vec<_> = config
+        .listeners
+        .iter()
+        .filter_map(|l| Some((l.name.as_str(), l.tcp()?.splice)))
+        .collect();
+    if !tcp.is_empty() {
+        if available {
+            tracing::info!(listeners = ?tcp, "tcp relay: splice(2) available (auto: bulk transfers splice, small exchanges copy; off: always copy)");
+        } else {
+            tracing::info!(listeners = ?tcp, "tcp relay: splice(2) not available here; copying through buffers");
+        }
+    }
+    available
 }
 
 type WorkerSockets = Vec<Vec<std::net::TcpListener>>;

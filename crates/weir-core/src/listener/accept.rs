@@ -27,6 +27,9 @@ pub async fn accept_loop(
 ) {
     let mut last_log: Option<Instant> = None;
     let mut suppressed = 0u64;
+    let tcp = worker.snapshot().config.listeners[listener_index]
+        .tcp()
+        .is_some();
     loop {
         if !wait_below_limit(&worker, listener_index, limit).await {
             return;
@@ -40,10 +43,17 @@ pub async fn accept_loop(
                 // TCP_NODELAY is inherited from the listening socket (see `bind`).
                 let guard = ConnectionGuard::new(worker.clone(), listener_index);
                 let w = worker.clone();
-                tokio::task::spawn_local(async move {
-                    crate::proxy::serve_client(w, listener_index, stream, peer).await;
-                    drop(guard);
-                });
+                if tcp {
+                    tokio::task::spawn_local(async move {
+                        crate::tcp::serve_tcp(w, listener_index, stream, peer).await;
+                        drop(guard);
+                    });
+                } else {
+                    tokio::task::spawn_local(async move {
+                        crate::proxy::serve_client(w, listener_index, stream, peer).await;
+                        drop(guard);
+                    });
+                }
             }
             Err(e) if is_resource_exhaustion(&e) => {
                 worker.metrics.listeners[listener_index].accept_errors[accept_error_index(&e)]

@@ -178,6 +178,8 @@ pub struct ListenerMetrics {
     pub accept_errors: [Counter; 3],
     pub bytes_in: Counter,
     pub bytes_out: Counter,
+    /// Connections closed for a missing, malformed or untrusted PROXY header.
+    pub proxy_rejected: Counter,
 }
 
 impl ListenerMetrics {
@@ -199,6 +201,8 @@ pub struct ServerMetrics {
     pub connect: Histogram,
     pub response: Histogram,
     pub pool_idle: Counter,
+    /// Connection attempts that failed (refused, unreachable, timed out).
+    pub connect_errors: Counter,
 }
 
 impl ServerMetrics {
@@ -226,6 +230,12 @@ pub struct WorkerMetrics {
 }
 
 impl WorkerMetrics {
+    /// Server `server` of upstream `upstream`, if the shard has it.
+    #[inline]
+    pub fn server(&self, upstream: usize, server: usize) -> Option<&ServerMetrics> {
+        self.upstreams.get(upstream)?.servers.get(server)
+    }
+
     /// Shaped after `config`: one slot per listener, route, upstream and server.
     pub fn new(config: &Config) -> WorkerMetrics {
         let listeners = config
@@ -239,6 +249,7 @@ impl WorkerMetrics {
                 accept_errors: Default::default(),
                 bytes_in: Counter::default(),
                 bytes_out: Counter::default(),
+                proxy_rejected: Counter::default(),
             })
             .collect();
         let upstreams = config
@@ -253,6 +264,7 @@ impl WorkerMetrics {
                         connect: Histogram::default(),
                         response: Histogram::default(),
                         pool_idle: Counter::default(),
+                        connect_errors: Counter::default(),
                     })
                     .collect(),
                 retries: Counter::default(),
