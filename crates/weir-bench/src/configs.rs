@@ -148,7 +148,14 @@ pub fn apache_conf(s: &Setup, port: u16, moddir: &Path) -> Result<String> {
     )
 }
 
-/// Weir's configuration; `tcp` asks for an L4 listener (skipped while Weir rejects it);
+/// HTTP listener keys: keep-alive without a request cap, the default response.
+const WEIR_HTTP_LISTENER: &str = "keepalive_timeout = \"300s\"\nkeepalive_requests = 0\n\
+    default_response = { status = 404, body = \"no route\", content_type = \"text/plain\" }";
+/// L4 listener keys: like HAProxy `mode tcp` with `timeout client 300s` and 16 KiB buffers.
+const WEIR_TCP_LISTENER: &str =
+    "protocol = \"tcp\"\nupstream = \"backend\"\nidle_timeout = \"300s\"\nbuffer_size = \"16KiB\"";
+
+/// Weir's configuration; `tcp` asks for an L4 listener;
 /// `access_log` turns on a JSON access log to that file.
 pub fn weir_toml(
     s: &Setup,
@@ -168,7 +175,7 @@ pub fn weir_toml(
         s.max_conns.max(64) * 2
     );
     let (routes, upstreams) = match (tcp, s.route) {
-        (true, _) => ("protocol = \"tcp\"\nupstream = \"backend\"\n".to_string(), pool),
+        (true, _) => (String::new(), pool),
         (false, Route::Proxy) => (
             "\n[[listeners.routes]]\nname = \"all\"\npath_prefix = \"/\"\nforwarded_headers = false\nupstream = \"backend\"\n".to_string(),
             pool,
@@ -192,6 +199,14 @@ pub fn weir_toml(
             ("ADMIN", &admin),
             ("ACCESS_LOG", &access_log),
             ("PORT", &port.to_string()),
+            (
+                "LISTENER",
+                if tcp {
+                    WEIR_TCP_LISTENER
+                } else {
+                    WEIR_HTTP_LISTENER
+                },
+            ),
             ("ROUTES", &routes),
             ("UPSTREAMS", &upstreams),
         ],
@@ -271,6 +286,11 @@ mod tests {
         .unwrap();
         assert!(!d.contains("[upstreams"), "{d}");
         assert!(d.contains("bind = \"off\""));
+        let tcp = weir_toml(&s, 8080, None, true, None).unwrap();
+        let config = weir_config::parse_str(&tcp, "bench.toml").expect("valid tcp config");
+        assert!(config.listeners[0].tcp().is_some(), "{tcp}");
+        let http = weir_toml(&s, 8080, None, false, None).unwrap();
+        weir_config::parse_str(&http, "bench.toml").expect("valid http config");
     }
 
     #[test]

@@ -6,13 +6,14 @@
 //! and this harness run on CPU 1. See docs/benchmarks.md for the method.
 //!
 //! Modules: [`scenario`] (what each seed needs), [`runner`] (repetitions and measurement),
-//! [`summary`] (medians, spreads, flags, ratios),
+//! [`summary`] (medians, spreads, flags, ratios), [`bulk`] (`tcp-bulk`: one long L4 stream),
 //! [`peers`], [`configs`] and [`backend`] (what runs), [`load`], [`wrk`], [`ab`] and [`loadgen`] (the
 //! load side), [`procfs`] and [`stats`] (the figures), [`report`], [`chart`] and [`envinfo`]
 //! (the output), [`process`] (children and their cleanup).
 
 mod ab;
 mod backend;
+mod bulk;
 mod chart;
 mod configs;
 mod envinfo;
@@ -80,6 +81,11 @@ enum Helper {
     /// Internal: the open-loop fixed-rate generator (started on the load CPU).
     #[command(hide = true)]
     Loadgen(loadgen::Args),
+    /// One TCP stream of several GiB through each L4 proxy: bytes per proxy CPU-second.
+    TcpBulk(bulk::Args),
+    /// Internal: the source of the tcp-bulk stream (started on the load CPU).
+    #[command(hide = true)]
+    BulkSource(bulk::SourceArgs),
 }
 
 fn main() -> ExitCode {
@@ -87,6 +93,8 @@ fn main() -> ExitCode {
     let result = match cli.helper {
         Some(Helper::Backend(a)) => backend::main(a),
         Some(Helper::Loadgen(a)) => loadgen::main(a),
+        Some(Helper::TcpBulk(a)) => tcp_bulk(a),
+        Some(Helper::BulkSource(a)) => bulk::source_main(a),
         None => bench(cli),
     };
     match result {
@@ -144,6 +152,19 @@ fn raise_fd_limit() {
             libc::setrlimit(libc::RLIMIT_NOFILE, &r);
         }
     }
+}
+
+/// `tcp-bulk`: set up like a scenario run, then the bulk transfers.
+fn tcp_bulk(a: bulk::Args) -> Result<()> {
+    process::install_cleanup();
+    raise_fd_limit();
+    let weir = match a.weir.clone() {
+        Some(p) => p,
+        None => build_weir(&repo_root())?,
+    };
+    process::pin_self(LOAD_CPU);
+    let tmp = process::TempDir::new("weir-bench-bulk")?;
+    bulk::main(a, weir, &tmp.0)
 }
 
 fn bench(cli: Cli) -> Result<()> {

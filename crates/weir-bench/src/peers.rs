@@ -193,9 +193,6 @@ pub fn start(peer: Peer, s: &Setup, cpu: usize) -> Result<Started> {
             if !check.status.success() {
                 let why = String::from_utf8_lossy(&check.stderr);
                 let why: String = why.trim().chars().take(160).collect();
-                if peer == Peer::WeirTcp {
-                    bail!("this Weir has no L4 (tcp) listener yet; weir check says: {why}");
-                }
                 bail!("weir check: {why}");
             }
             Spec::new(name, program, Some(cpu), log)

@@ -108,6 +108,7 @@ max_idle = 256
             name: name.into(),
             bind: addr(bind),
             protocol: Protocol::Http,
+            proxy_protocol: ProxyProtocol::default(),
             backlog: 4096,
             max_connections: 10_000,
             keepalive_timeout: Duration::from_secs(5),

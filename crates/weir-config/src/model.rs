@@ -4,7 +4,7 @@
 //! parsed, names are resolved to indices, and no `Option` remains that validation settled.
 //! Runtime code (the data plane, the admin API) only ever sees these types.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 /// A whole validated configuration.
@@ -42,9 +42,93 @@ pub struct AdminSettings {
     pub token_file: Option<std::path::PathBuf>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What a listener speaks.
+#[derive(Debug, Clone, PartialEq)]
 pub enum Protocol {
+    /// HTTP/1.1: routes, filters, default response.
     Http,
+    /// Layer 4: every connection is relayed byte for byte to one upstream pool.
+    Tcp(TcpSettings),
+}
+
+/// The keys only a `protocol = "tcp"` listener has.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TcpSettings {
+    /// Index into [`Config::upstreams`].
+    pub upstream: usize,
+    /// A connection with no byte moving either way for this long is closed (both sides).
+    pub idle_timeout: Duration,
+    /// Bytes buffered per direction when copying (not splicing).
+    pub buffer_size: usize,
+    pub splice: SpliceMode,
+}
+
+/// Whether a TCP listener relays with splice(2) (Linux) or through a user-space buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpliceMode {
+    /// Copy small exchanges through the buffer; a direction whose reads keep filling the
+    /// buffer (a bulk transfer) switches to splice.
+    Auto,
+    /// Splice from the first byte.
+    Always,
+    /// Always copy through the buffer.
+    Never,
+}
+
+/// PROXY protocol settings of a listener (`proxy_protocol = { ... }`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ProxyProtocol {
+    /// Every connection must start with a PROXY header (v1 or v2) and come from `trusted`.
+    pub accept: bool,
+    /// Source ranges allowed to send PROXY headers (non-empty when `accept`).
+    pub trusted: Vec<Cidr>,
+    /// The header sent to upstream servers (TCP listeners only).
+    pub send: ProxyVersion,
+}
+
+/// Which PROXY header to send upstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ProxyVersion {
+    #[default]
+    Off,
+    V1,
+    V2,
+}
+
+/// An address range such as `10.0.0.0/8` or `::1/128`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cidr {
+    pub addr: IpAddr,
+    /// Leading bits that must match (at most 32 for IPv4, 128 for IPv6).
+    pub prefix: u8,
+}
+
+impl Cidr {
+    /// Whether `ip` is in the range; an IPv4-mapped IPv6 address counts as its IPv4 form.
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        let ip = match ip {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+            v4 => v4,
+        };
+        match (self.addr, ip) {
+            (IpAddr::V4(net), IpAddr::V4(ip)) => same_prefix(
+                u128::from(net.to_bits()) << 96,
+                u128::from(ip.to_bits()) << 96,
+                self.prefix,
+            ),
+            (IpAddr::V6(net), IpAddr::V6(ip)) => {
+                same_prefix(net.to_bits(), ip.to_bits(), self.prefix)
+            }
+            _ => false,
+        }
+    }
+}
+
+fn same_prefix(a: u128, b: u128, prefix: u8) -> bool {
+    let mask = u128::MAX
+        .checked_shl(128 - u32::from(prefix.min(128)))
+        .unwrap_or(0);
+    a & mask == b & mask
 }
 
 /// One data-plane listener (`[[listeners]]`).
@@ -53,6 +137,8 @@ pub struct Listener {
     pub name: String,
     pub bind: SocketAddr,
     pub protocol: Protocol,
+    /// Accepting (any listener) and sending (TCP listeners) PROXY protocol headers.
+    pub proxy_protocol: ProxyProtocol,
     pub backlog: u32,
     pub max_connections: usize,
     /// Idle time allowed between requests on a client connection.
@@ -293,6 +379,16 @@ impl LbPolicy {
             LbPolicy::P2cEwma => "p2c_ewma",
             LbPolicy::ConsistentHash(_) => "consistent_hash",
             LbPolicy::StickyCookie { .. } => "sticky_cookie",
+        }
+    }
+}
+
+impl Listener {
+    /// The TCP settings of a `protocol = "tcp"` listener.
+    pub fn tcp(&self) -> Option<&TcpSettings> {
+        match &self.protocol {
+            Protocol::Tcp(tcp) => Some(tcp),
+            Protocol::Http => None,
         }
     }
 }

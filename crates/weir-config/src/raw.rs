@@ -56,6 +56,21 @@ pub(crate) struct RawListener {
     pub default_response: Option<RawDefaultResponse>,
     pub access_log: Option<RawAccessLog>,
     pub routes: Option<Vec<RawRoute>>,
+    pub proxy_protocol: Option<RawProxyProtocol>,
+    // TCP listeners only.
+    pub upstream: Option<String>,
+    pub idle_timeout: Option<String>,
+    pub buffer_size: Option<StrOrInt>,
+    pub splice: Option<String>,
+}
+
+/// `proxy_protocol = { ... }` of a listener.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawProxyProtocol {
+    pub accept: Option<bool>,
+    pub send: Option<String>,
+    pub trusted: Option<Vec<String>>,
 }
 
 /// `[listeners.access_log]`.

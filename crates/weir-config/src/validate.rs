@@ -12,7 +12,7 @@ use std::time::Duration;
 use crate::error::{FieldPath, Issue};
 use crate::model::{
     AccessLog, AccessLogFormat, AdminSettings, Config, DefaultResponse, HostPattern, Listener,
-    LogTarget, Protocol, Route, ServerSettings, Upstream, UpstreamServer, Workers,
+    LogTarget, Route, ServerSettings, Upstream, UpstreamServer, Workers,
 };
 use crate::raw::{
     RawAccessLog, RawAdmin, RawConfig, RawDefaultResponse, RawListener, RawRoute, RawServer,
@@ -190,12 +190,20 @@ fn check_unique_listener(
     }
 }
 
-fn listener(raw: RawListener, path: &FieldPath, upstreams: &[String]) -> Result<Listener, Issue> {
+fn listener(
+    mut raw: RawListener,
+    path: &FieldPath,
+    upstreams: &[String],
+) -> Result<Listener, Issue> {
     let key = |k: &str| path.key(k);
+    let name = name(raw.name.take(), &key("name"), "listener")?;
+    let bind = listener_bind(raw.bind.take(), &key("bind"))?;
+    let protocol = tcp::protocol(&mut raw, path, upstreams)?;
     Ok(Listener {
-        name: name(raw.name, &key("name"), "listener")?,
-        bind: listener_bind(raw.bind, &key("bind"))?,
-        protocol: protocol(raw.protocol, &key("protocol"))?,
+        name,
+        bind,
+        protocol,
+        proxy_protocol: tcp::proxy_protocol(raw.proxy_protocol, &key("proxy_protocol"))?,
         backlog: int_in(raw.backlog, 4096, 1..=65535, &key("backlog"))?,
         max_connections: int_in(
             raw.max_connections,
@@ -236,22 +244,6 @@ fn listener_bind(raw: Option<String>, path: &FieldPath) -> Result<SocketAddr, Is
             fix,
         )
     })
-}
-
-fn protocol(raw: Option<String>, path: &FieldPath) -> Result<Protocol, Issue> {
-    match raw.as_deref() {
-        None | Some("http") => Ok(Protocol::Http),
-        Some("tcp") => Err(Issue::new(
-            path,
-            "TCP listeners are not supported yet",
-            r#"use protocol = "http", or remove the key"#,
-        )),
-        Some(other) => Err(Issue::new(
-            path,
-            format!("unknown protocol \"{other}\""),
-            r#"use protocol = "http" (the only protocol supported), or remove the key"#,
-        )),
-    }
 }
 
 fn max_header_size(raw: Option<StrOrInt>, path: &FieldPath) -> Result<usize, Issue> {
@@ -750,6 +742,7 @@ fn size(raw: Option<StrOrInt>, default: u64, path: &FieldPath) -> Result<u64, Is
 }
 
 mod pool;
+mod tcp;
 
 #[cfg(test)]
 mod tests;

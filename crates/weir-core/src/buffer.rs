@@ -68,20 +68,37 @@ impl Buffer {
         self.end = 0;
     }
 
-    /// Reads once from `src` into the free space (moving unread bytes to the front first
-    /// when the tail is full). Returns 0 at EOF, or when the buffer is full.
-    pub async fn read_from<R: AsyncRead + Unpin>(&mut self, src: &mut R) -> io::Result<usize> {
-        if self.end == self.data.len() {
-            if self.start == 0 {
-                return Ok(0);
-            }
+    pub fn capacity(&self) -> usize {
+        self.data.len()
+    }
+
+    /// The free space after the filled bytes, moving unread bytes to the front first when
+    /// the tail is full. Empty only when the buffer is full.
+    pub fn spare_mut(&mut self) -> &mut [u8] {
+        if self.end == self.data.len() && self.start > 0 {
             self.data.copy_within(self.start..self.end, 0);
             self.end -= self.start;
             self.start = 0;
         }
-        let n = src.read(&mut self.data[self.end..]).await?;
+        &mut self.data[self.end..]
+    }
+
+    /// Marks `n` bytes written into [`Buffer::spare_mut`] as filled.
+    pub fn commit(&mut self, n: usize) {
+        let n = n.min(self.data.len() - self.end);
         self.end += n;
         self.total_read += n as u64;
+    }
+
+    /// Reads once from `src` into the free space (moving unread bytes to the front first
+    /// when the tail is full). Returns 0 at EOF, or when the buffer is full.
+    pub async fn read_from<R: AsyncRead + Unpin>(&mut self, src: &mut R) -> io::Result<usize> {
+        let spare = self.spare_mut();
+        if spare.is_empty() {
+            return Ok(0);
+        }
+        let n = src.read(spare).await?;
+        self.commit(n);
         Ok(n)
     }
 }

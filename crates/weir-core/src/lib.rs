@@ -12,12 +12,18 @@
 //! 8. `forward/`   — the exchange with the upstream: heads, bodies, 1xx, upgrade tunnels
 //! 9. `proxy`      — the pipeline tying 1-8 together, one loop per client connection
 //!
+//! TCP (L4) listeners take a shorter path: `listener/` -> `tcp` (pick and connect through
+//! `upstream/` and `connector/`, then relay bytes both ways, spliced on Linux via `sys`).
+//! Both kinds may first read a PROXY protocol header (`listener/proxy_protocol`,
+//! `codec/proxy_protocol`).
+//!
 //! Around it: `server` (start, workers, drain), `reload` (applying a new config while
 //! running), `worker` (per-thread state), `snapshot`
 //! (the published, pre-computed config), `error` (the one error -> status mapping),
 //! `buffer` (bounded I/O buffers).
 
-#![forbid(unsafe_code)]
+// Unsafe code is denied everywhere but `sys` (pipes and splice), which allows it explicitly.
+#![deny(unsafe_code)]
 
 pub mod access_log;
 pub mod buffer;
@@ -34,6 +40,8 @@ pub mod reload;
 pub mod router;
 pub mod server;
 pub mod snapshot;
+pub mod sys;
+pub mod tcp;
 pub mod time;
 pub mod upstream;
 pub mod worker;

@@ -19,8 +19,10 @@ use crate::access_log::{Outcome, RequestFields};
 use crate::client::{ClientConn, NextRequest};
 use crate::codec::http1::{BodyFraming, RequestHead, ResponseHead};
 use crate::error::ProxyError;
+use crate::filters::forwarded::ClientIp;
 use crate::forward::body::BodyState;
 use crate::forward::{forward, Failure};
+use crate::listener::proxy_protocol::accept_step;
 use crate::metrics::shard::{method_index, METHODS};
 use crate::metrics::DefaultReason;
 use crate::snapshot::{ListenerPlan, Snapshot};
@@ -33,10 +35,26 @@ use crate::worker::Worker;
 /// closes.
 pub async fn serve_client(worker: Rc<Worker>, slot: usize, stream: TcpStream, peer: SocketAddr) {
     let snapshot = worker.snapshot();
-    let Some(index) = snapshot.listener_index(slot) else {
+    let Some(listener_index) = snapshot.listener_index(slot) else {
         return;
     };
-    let mut conn = ClientConn::new(stream, peer, &snapshot.config.listeners[index]);
+    let listener = &snapshot.config.listeners[listener_index];
+    let mut conn = ClientConn::new(stream, peer, listener);
+    let timeout = listener.header_timeout;
+    let step = accept_step(
+        &worker,
+        slot,
+        listener,
+        (&conn.stream, peer),
+        &mut conn.buf,
+        timeout,
+    );
+    match step.await {
+        // The carried client address is the one X-Forwarded-For and logs show.
+        Ok(Some(addresses)) => conn.ip = ClientIp::new(addresses.source.ip()),
+        Ok(None) => {}
+        Err(_) => return,
+    }
     drop(snapshot);
     let mut req = RequestHead::default();
     let mut resp = ResponseHead::default();

@@ -75,10 +75,11 @@ struct Active {
     sockets: Vec<std::net::TcpListener>,
 }
 
-type SocketKey = (SocketAddr, u32, usize);
+/// Bind address, backlog, connection limit, and whether the accept loop serves TCP (L4).
+type SocketKey = (SocketAddr, u32, usize, bool);
 
 fn socket_key(l: &Listener) -> SocketKey {
-    (l.bind, l.backlog, l.max_connections)
+    (l.bind, l.backlog, l.max_connections, l.tcp().is_some())
 }
 
 /// The control plane's state, behind the `Proxy`'s lock (which also serializes changes).

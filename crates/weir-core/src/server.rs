@@ -65,12 +65,14 @@ impl Proxy {
         let workers = workers.max(1);
         let mut layout = Layout::default();
         let slots = layout.assign(&config);
+        let splice_available = probe_splice(&config);
         let (tx, rx) = watch::channel(false);
         let shared = Arc::new(Shared {
             snapshot: ArcSwap::from_pointee(Snapshot::new(Arc::new(config), slots)),
             generation: AtomicU64::new(0),
             shutdown: rx,
             workers,
+            splice_available,
         });
         let snapshot = shared.snapshot.load_full();
         let (mut control, receivers) = Control::new(layout, workers);
@@ -171,6 +173,24 @@ impl Proxy {
             writer.join();
         }
     }
+}
+
+/// Whether TCP listeners can splice; logged once when the config has TCP listeners.
+fn probe_splice(config: &Config) -> bool {
+    let available = crate::sys::splice_available();
+    let tcp: Vec<_> = config
+        .listeners
+        .iter()
+        .filter_map(|l| Some((l.name.as_str(), l.tcp()?.splice)))
+        .collect();
+    if !tcp.is_empty() {
+        if available {
+            tracing::info!(listeners = ?tcp, "tcp relay: splice(2) available (auto: bulk transfers splice, small exchanges copy; off: always copy)");
+        } else {
+            tracing::info!(listeners = ?tcp, "tcp relay: splice(2) not available here; copying through buffers");
+        }
+    }
+    available
 }
 
 /// Sockets for `listener`: the `inherited` ones (a binary upgrade hands them over) and

@@ -15,9 +15,9 @@ use tokio::sync::{watch, Notify};
 use crate::access_log::LogBuffer;
 use crate::buffer::Buffer;
 use crate::connector::IdlePool;
-use crate::metrics::shard::ServerMetrics;
 use crate::metrics::WorkerMetrics;
 use crate::snapshot::Snapshot;
+use crate::sys::Pipe;
 use crate::upstream::WorkerUpstreams;
 
 /// State shared by all workers.
@@ -28,6 +28,8 @@ pub struct Shared {
     pub shutdown: watch::Receiver<bool>,
     /// Number of workers (each enforces its share of a server's `max_connections`).
     pub workers: usize,
+    /// Whether the kernel can splice (probed once at start; TCP listeners copy otherwise).
+    pub splice_available: bool,
 }
 
 impl Shared {
@@ -41,6 +43,8 @@ impl Shared {
 pub const UPSTREAM_BUFFER: usize = 16 * 1024;
 /// Most spare buffers a worker keeps for reuse.
 const SPARE_BUFFERS: usize = 1024;
+/// Most spare pipes a worker keeps (two descriptors each).
+const SPARE_PIPES: usize = 256;
 
 pub struct Worker {
     pub shared: Arc<Shared>,
@@ -52,6 +56,8 @@ pub struct Worker {
     /// Load-balancing state, in-flight counts and retry budgets, per upstream.
     pub upstreams: WorkerUpstreams,
     spare: RefCell<Vec<Buffer>>,
+    /// Empty pipes kept for the next spliced TCP connection (saves pipe2 + 2 close).
+    pipes: RefCell<Vec<Pipe>>,
     draining: Cell<bool>,
     drain: Notify,
     /// Open client connections of this worker, per listener slot.
@@ -65,12 +71,6 @@ pub struct Worker {
 }
 
 impl Worker {
-    /// The metrics of one server, by metric slots (see `UpstreamPlan::slot`).
-    #[inline]
-    pub fn server_metrics(&self, upstream: usize, server: usize) -> Option<&ServerMetrics> {
-        self.metrics.server(upstream, server)
-    }
-
     /// The access-log buffer of the listener with metric slot `slot`, if it logs.
     #[inline]
     pub fn log(&self, slot: usize) -> Option<&LogBuffer> {
@@ -91,6 +91,7 @@ impl Worker {
             pool: RefCell::new(IdlePool::default()),
             upstreams,
             spare: RefCell::new(Vec::new()),
+            pipes: RefCell::new(Vec::new()),
             draining: Cell::new(false),
             drain: Notify::new(),
             connections: RefCell::new(Vec::new()),
@@ -118,11 +119,36 @@ impl Worker {
             .unwrap_or_else(|| Buffer::new(UPSTREAM_BUFFER))
     }
 
+    /// A buffer of `size` bytes: a spare one when `size` is the usual size.
+    pub fn take_buffer_sized(&self, size: usize) -> Buffer {
+        if size == UPSTREAM_BUFFER {
+            self.take_buffer()
+        } else {
+            Buffer::new(size)
+        }
+    }
+
     pub fn give_buffer(&self, mut buf: Buffer) {
         let mut spare = self.spare.borrow_mut();
-        if spare.len() < SPARE_BUFFERS {
+        if spare.len() < SPARE_BUFFERS && buf.capacity() == UPSTREAM_BUFFER {
             buf.clear();
             spare.push(buf);
+        }
+    }
+
+    /// An empty pipe for splicing, reused when possible.
+    pub fn take_pipe(&self) -> std::io::Result<Pipe> {
+        match self.pipes.borrow_mut().pop() {
+            Some(pipe) => Ok(pipe),
+            None => Pipe::new(),
+        }
+    }
+
+    /// Keeps an empty pipe for reuse (a pipe with bytes left in it is closed instead).
+    pub fn give_pipe(&self, pipe: Pipe) {
+        let mut pipes = self.pipes.borrow_mut();
+        if pipes.len() < SPARE_PIPES {
+            pipes.push(pipe);
         }
     }
 

@@ -167,3 +167,16 @@ fn missing_file_fails_with_the_path() {
     assert!(stderr.contains(&path.display().to_string()), "{stderr}");
     assert!(stderr.contains("fix:"), "{stderr}");
 }
+
+#[test]
+fn tcp_listener_with_routes_is_located_with_a_fix() {
+    // After the listener's bind (line 10): a tcp listener that keeps its HTTP keys.
+    let text = with_line(11, "protocol = \"tcp\"\nupstream = \"cgi\"");
+    let (path, stderr) = check_fails("tcp.toml", &text);
+    let (_, message) = assert_located(&path, &stderr, 13, "listeners[0].keepalive_timeout");
+    assert!(message.contains("only to protocol = \"http\""), "{stderr}");
+    assert!(
+        message.contains("remove keepalive_timeout, max_body_size, default_response, routes"),
+        "{stderr}"
+    );
+}

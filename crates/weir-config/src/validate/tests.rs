@@ -164,19 +164,151 @@ fn listener_names_and_binds() {
 fn listener_protocol() {
     let p = "listeners[0].protocol";
     check(
-        &format!("{LISTENER}protocol = \"tcp\"\n"),
-        p,
-        4,
-        "TCP listeners are not supported yet",
-        "\"http\"",
-    );
-    check(
         &format!("{LISTENER}protocol = \"udp\"\n"),
         p,
         4,
         "unknown protocol \"udp\"",
-        "\"http\"",
+        "\"tcp\"",
     );
+}
+
+/// A tcp listener (lines 1-5) to upstream `u`, `extra` lines, then upstream `u`.
+fn tcp_listener(extra: &str) -> String {
+    format!(
+        "{LISTENER}protocol = \"tcp\"\nupstream = \"u\"\n{extra}\
+         [upstreams.u]\nservers = [{{ addr = \"127.0.0.1:8081\" }}]\n"
+    )
+}
+
+#[test]
+fn tcp_listener_settings() {
+    let config = parse_str(
+        &tcp_listener(
+            "idle_timeout = \"30s\"\nbuffer_size = \"64KiB\"\nsplice = \"off\"\n\
+             proxy_protocol = { send = \"v2\" }\nmax_connections = 50\n",
+        ),
+        "t",
+    )
+    .expect("valid");
+    let l = &config.listeners[0];
+    let tcp = l.tcp().expect("tcp");
+    assert_eq!(tcp.upstream, 0);
+    assert_eq!(tcp.idle_timeout, std::time::Duration::from_secs(30));
+    assert_eq!(tcp.buffer_size, 64 * 1024);
+    assert_eq!(tcp.splice, crate::SpliceMode::Never);
+    assert_eq!(l.proxy_protocol.send, crate::ProxyVersion::V2);
+    assert_eq!(l.max_connections, 50);
+    let defaults = parse_str(&tcp_listener(""), "t").expect("valid");
+    let tcp = defaults.listeners[0].tcp().expect("tcp");
+    assert_eq!(tcp.splice, crate::SpliceMode::Auto);
+    assert_eq!(tcp.buffer_size, 16 * 1024);
+}
+
+#[test]
+fn tcp_listener_errors() {
+    check(
+        &format!("{LISTENER}protocol = \"tcp\"\n"),
+        "listeners[0].upstream",
+        1,
+        "needs an upstream",
+        "upstream = \"NAME\"",
+    );
+    check(
+        &tcp_listener("[[listeners.routes]]\nname = \"r\"\nupstream = \"u\"\n"),
+        "listeners[0].routes",
+        6,
+        "routes applies only to protocol = \"http\"",
+        "remove routes",
+    );
+    check(
+        &tcp_listener("keepalive_timeout = \"1s\"\n"),
+        "listeners[0].keepalive_timeout",
+        6,
+        "only to protocol = \"http\"",
+        "set protocol = \"http\"",
+    );
+    check(
+        &tcp_listener("buffer_size = 100\n"),
+        "listeners[0].buffer_size",
+        6,
+        "between 1KiB and 16MiB",
+        "16KiB",
+    );
+    check(
+        &tcp_listener("splice = \"maybe\"\n"),
+        "listeners[0].splice",
+        6,
+        "unknown splice mode",
+        "\"auto\"",
+    );
+    check(
+        &format!("{LISTENER}upstream = \"u\"\n"),
+        "listeners[0].upstream",
+        4,
+        "only to protocol = \"tcp\"",
+        "protocol = \"tcp\"",
+    );
+    check(
+        &format!("{LISTENER}proxy_protocol = {{ send = \"v1\" }}\n"),
+        "listeners[0].proxy_protocol.send",
+        4,
+        "only to protocol = \"tcp\"",
+        "remove proxy_protocol.send",
+    );
+}
+
+#[test]
+fn proxy_protocol_accept() {
+    let ok = parse_str(
+        &format!(
+            "{LISTENER}proxy_protocol = {{ accept = true, trusted = [\"127.0.0.0/8\", \"::1\"] }}\n"
+        ),
+        "t",
+    )
+    .expect("valid");
+    let pp = &ok.listeners[0].proxy_protocol;
+    assert!(pp.accept);
+    assert!(pp.trusted[0].contains("127.1.2.3".parse().unwrap()));
+    assert!(pp.trusted[0].contains("::ffff:127.0.0.1".parse().unwrap()));
+    assert!(!pp.trusted[0].contains("128.0.0.1".parse().unwrap()));
+    assert!(pp.trusted[1].contains("::1".parse().unwrap()));
+    assert!(!pp.trusted[1].contains("::2".parse().unwrap()));
+    check(
+        &format!("{LISTENER}proxy_protocol = {{ accept = true }}\n"),
+        "listeners[0].proxy_protocol.accept",
+        4,
+        "needs the source ranges",
+        "trusted = [",
+    );
+    check(
+        &format!("{LISTENER}proxy_protocol = {{ accept = true, trusted = [\"10.0.0.0/33\"] }}\n"),
+        "listeners[0].proxy_protocol.trusted[0]",
+        4,
+        "invalid address range \"10.0.0.0/33\"",
+        "10.0.0.0/8",
+    );
+    check(
+        &format!("{LISTENER}proxy_protocol = {{ trusted = [\"10.0.0.0/8\"] }}\n"),
+        "listeners[0].proxy_protocol.trusted",
+        4,
+        "no effect unless accept = true",
+        "accept = true",
+    );
+}
+
+#[test]
+fn cidr_edges() {
+    let any = crate::Cidr {
+        addr: "0.0.0.0".parse().unwrap(),
+        prefix: 0,
+    };
+    assert!(any.contains("1.2.3.4".parse().unwrap()));
+    assert!(!any.contains("::2".parse().unwrap()), "families differ");
+    let all6 = crate::Cidr {
+        addr: "::".parse().unwrap(),
+        prefix: 0,
+    };
+    assert!(all6.contains("fe80::1".parse().unwrap()));
 }
 
 /// Checks a listener with one extra `key = value` line (line 4), rejected at that key.

@@ -1,3 +1,4 @@
-//! Wire codecs. Only HTTP/1.1 for now; HTTP/2 and L4 join here.
+//! Wire codecs: HTTP/1.1 and the PROXY protocol header of L4 and HTTP connections.
 
 pub mod http1;
+pub mod proxy_protocol;

@@ -122,8 +122,9 @@ async fn exchange(
     loop {
         let server = &target.upstream.servers[pick.server];
         conn.upstream_pick = Some((target.route.upstream, pick.server));
-        let metrics =
-            worker.server_metrics(target.pool.slot, target.pool.server_slots[pick.server]);
+        let metrics = worker
+            .metrics
+            .server(target.pool.slot, target.pool.server_slots[pick.server]);
         let on = (server, metrics);
         let started = std::time::Instant::now();
         let sent = if whole {
@@ -143,6 +144,11 @@ async fn exchange(
         };
         pick.record(target.pool, target.upstream, outcome, elapsed);
         count_attempt(metrics, &sent, resp, elapsed);
+        if outcome == Outcome::ConnectError {
+            if let Some(m) = metrics {
+                m.connect_errors.inc();
+            }
+        }
         let replay = Replay {
             idempotent: meta.idempotent,
             buffered: whole,

@@ -31,6 +31,13 @@ pub async fn accept_loop(
 ) {
     let mut last_log: Option<Instant> = None;
     let mut suppressed = 0u64;
+    // A listener's protocol is part of its socket settings: changing it rebinds (reload).
+    let tcp = {
+        let snapshot = worker.snapshot();
+        snapshot
+            .listener_index(slot)
+            .is_some_and(|i| snapshot.config.listeners[i].tcp().is_some())
+    };
     loop {
         if !wait_below_limit(&worker, slot, limit, &stop).await {
             return;
@@ -45,10 +52,17 @@ pub async fn accept_loop(
                 // TCP_NODELAY is inherited from the listening socket (see `bind`).
                 let guard = ConnectionGuard::new(worker.clone(), slot);
                 let w = worker.clone();
-                tokio::task::spawn_local(async move {
-                    crate::proxy::serve_client(w, slot, stream, peer).await;
-                    drop(guard);
-                });
+                if tcp {
+                    tokio::task::spawn_local(async move {
+                        crate::tcp::serve_tcp(w, slot, stream, peer).await;
+                        drop(guard);
+                    });
+                } else {
+                    tokio::task::spawn_local(async move {
+                        crate::proxy::serve_client(w, slot, stream, peer).await;
+                        drop(guard);
+                    });
+                }
             }
             Err(e) if is_resource_exhaustion(&e) => {
                 count_accept_error(&worker, slot, &e);

@@ -1,10 +1,12 @@
 //! Listening sockets: binding with SO_REUSEPORT (one socket per worker per listener) and
-//! the accept loop with its connection limit and file-descriptor back-off, and the
-//! per-worker task that starts and stops accept loops when the config changes.
+//! the accept loop with its connection limit and file-descriptor back-off, the PROXY
+//! protocol check of accepted connections, and the per-worker task that starts and stops
+//! accept loops when the config changes.
 
 mod accept;
 mod bind;
 pub mod control;
+pub mod proxy_protocol;
 
 pub use accept::accept_loop;
 pub use bind::bind_reuseport;

@@ -209,6 +209,7 @@ impl Scrape {
     fn listener_counters(&self, enc: &mut DescriptorEncoder) -> Result {
         let (mut defaults, mut active, mut total, mut accept, mut bytes) =
             (vec![], vec![], vec![], vec![], vec![]);
+        let mut proxy_rejected = vec![];
         for (li, l) in self.config.listeners.iter().enumerate() {
             let name = || ("listener", l.name.clone());
             for reason in DefaultReason::ALL {
@@ -234,6 +235,10 @@ impl Scrape {
             bytes.push((
                 vec![name(), ("direction", "out".to_string())],
                 self.sum(|s| Some(self.listener(s, li)?.bytes_out.get())),
+            ));
+            proxy_rejected.push((
+                vec![name()],
+                self.sum(|s| Some(self.listener(s, li)?.proxy_rejected.get())),
             ));
         }
         counter(
@@ -266,6 +271,12 @@ impl Scrape {
             "Bytes received from (in) and sent to (out) clients.",
             &bytes,
         )?;
+        counter(
+            enc,
+            "weir_proxy_protocol_rejected",
+            "Connections closed for a missing, malformed or untrusted PROXY header.",
+            &proxy_rejected,
+        )?;
         let dropped = vec![(vec![], self.dropped)];
         counter(
             enc,
@@ -277,6 +288,7 @@ impl Scrape {
 
     fn upstream_counters(&self, enc: &mut DescriptorEncoder) -> Result {
         let (mut requests, mut up, mut retries, mut idle) = (vec![], vec![], vec![], vec![]);
+        let mut connect_errors = vec![];
         for (ui, u) in self.config.upstreams.iter().enumerate() {
             for (si, server) in u.servers.iter().enumerate() {
                 let labels = || {
@@ -304,6 +316,10 @@ impl Scrape {
                     labels(),
                     self.sum(|s| Some(self.server(s, ui, si)?.pool_idle.get())) as i64,
                 ));
+                connect_errors.push((
+                    labels(),
+                    self.sum(|s| Some(self.server(s, ui, si)?.connect_errors.get())),
+                ));
             }
             retries.push((
                 vec![("upstream", u.name.clone())],
@@ -327,6 +343,12 @@ impl Scrape {
             "weir_upstream_retries",
             "Requests retried on another connection or server.",
             &retries,
+        )?;
+        counter(
+            enc,
+            "weir_upstream_connect_errors",
+            "Failed connection attempts to the server (refused, unreachable, timed out).",
+            &connect_errors,
         )?;
         gauge(
             enc,

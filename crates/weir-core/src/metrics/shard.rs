@@ -179,6 +179,8 @@ pub struct ListenerMetrics {
     pub accept_errors: [Counter; 3],
     pub bytes_in: Counter,
     pub bytes_out: Counter,
+    /// Connections closed for a missing, malformed or untrusted PROXY header.
+    pub proxy_rejected: Counter,
 }
 
 impl ListenerMetrics {
@@ -200,6 +202,8 @@ pub struct ServerMetrics {
     pub connect: Histogram,
     pub response: Histogram,
     pub pool_idle: Counter,
+    /// Connection attempts that failed (refused, unreachable, timed out).
+    pub connect_errors: Counter,
 }
 
 impl ServerMetrics {
@@ -209,6 +213,7 @@ impl ServerMetrics {
             connect: Histogram::default(),
             response: Histogram::default(),
             pool_idle: Counter::default(),
+            connect_errors: Counter::default(),
         }
     }
 

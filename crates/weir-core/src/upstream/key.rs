@@ -35,6 +35,21 @@ impl RequestKey {
     }
 }
 
+impl RequestKey {
+    /// The key of a TCP (L4) connection: only the client address is known, so only
+    /// `consistent_hash` on `client_ip` has a key (other policies need none; other hash
+    /// keys and sticky cookies fall back to weighted round robin).
+    pub fn for_connection(lb: &LbPolicy, client: &ClientIp) -> RequestKey {
+        match lb {
+            LbPolicy::ConsistentHash(HashKey::ClientIp) => RequestKey {
+                hash: Some(hash_key(client.as_bytes())),
+                sticky: None,
+            },
+            _ => RequestKey::default(),
+        }
+    }
+}
+
 /// The bytes `key` selects from the request, if present.
 fn key_bytes<'a>(
     key: &HashKey,

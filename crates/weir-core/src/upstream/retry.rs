@@ -25,6 +25,8 @@ pub enum Outcome {
     Malformed,
     /// A response head with this status arrived.
     Status(u16),
+    /// A TCP (L4) connection to the server was opened: a success for health and latency.
+    Connected,
     /// The client side failed (left, too slow, bad body): says nothing about the server.
     Client,
 }
@@ -47,7 +49,7 @@ impl Outcome {
         match self {
             Outcome::ConnectError | Outcome::Reset | Outcome::Timeout | Outcome::Malformed => true,
             Outcome::Status(s) => matches!(s, 502..=504),
-            Outcome::Client => false,
+            Outcome::Connected | Outcome::Client => false,
         }
     }
 
@@ -62,6 +64,7 @@ impl Outcome {
             Outcome::Status(503) => "status 503",
             Outcome::Status(504) => "status 504",
             Outcome::Status(_) => "status",
+            Outcome::Connected => "connected",
             Outcome::Client => "client error",
         }
     }
@@ -89,7 +92,7 @@ pub fn may_retry(on: &RetryOn, outcome: Outcome, r: Replay) -> bool {
         Outcome::Reset => on.reset_before_response && replayable,
         Outcome::Timeout => on.timeout && replayable,
         Outcome::Status(s) => replayable && on.statuses.contains(&s),
-        Outcome::Malformed | Outcome::Client => false,
+        Outcome::Malformed | Outcome::Connected | Outcome::Client => false,
     }
 }
 

@@ -1,0 +1,123 @@
+//! The data plane's only unsafe code: pipes and splice(2) for the L4 relay (Linux).
+//!
+//! Each function wraps one system call; the file descriptors involved are borrowed from
+//! owned sockets and pipes (`BorrowedFd`), so none can be closed while in use. On other
+//! systems `Pipe::new` fails with `Unsupported` and the relay copies through a buffer.
+
+#![allow(unsafe_code)]
+
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+
+/// A non-blocking pipe: bytes spliced into `write` come out of `read`.
+#[derive(Debug)]
+pub struct Pipe {
+    read: OwnedFd,
+    write: OwnedFd,
+}
+
+impl Pipe {
+    #[cfg(target_os = "linux")]
+    pub fn new() -> io::Result<Pipe> {
+        use std::os::fd::FromRawFd;
+        let mut fds = [0 as libc::c_int; 2];
+        // SAFETY: `fds` is a valid array of two ints for pipe2 to fill.
+        let rc = unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_NONBLOCK | libc::O_CLOEXEC) };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: pipe2 succeeded, so both descriptors are open and owned by nobody else.
+        let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        Ok(Pipe { read, write })
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    pub fn new() -> io::Result<Pipe> {
+        Err(io::ErrorKind::Unsupported.into())
+    }
+
+    /// Moves up to `len` bytes from the socket `from` into the pipe.
+    pub fn fill_from(&self, from: BorrowedFd<'_>, len: usize) -> io::Result<usize> {
+        splice(from, self.write.as_fd(), len)
+    }
+
+    /// Moves up to `len` bytes from the pipe to the socket `to`.
+    pub fn drain_to(&self, to: BorrowedFd<'_>, len: usize) -> io::Result<usize> {
+        splice(self.read.as_fd(), to, len)
+    }
+}
+
+/// splice(2) between two descriptors, without blocking; `len` is capped at what the
+/// kernel accepts in one call.
+#[cfg(target_os = "linux")]
+fn splice(from: BorrowedFd<'_>, to: BorrowedFd<'_>, len: usize) -> io::Result<usize> {
+    use std::os::fd::AsRawFd;
+    let flags = libc::SPLICE_F_MOVE | libc::SPLICE_F_NONBLOCK;
+    // SAFETY: both descriptors are borrowed from live owners for the duration of the call;
+    // null offsets mean "the file position", as required for sockets and pipes.
+    let n = unsafe {
+        libc::splice(
+            from.as_raw_fd(),
+            std::ptr::null_mut(),
+            to.as_raw_fd(),
+            std::ptr::null_mut(),
+            len.min(1 << 30),
+            flags,
+        )
+    };
+    usize::try_from(n).map_err(|_| io::Error::last_os_error())
+}
+
+#[cfg(not(target_os = "linux"))]
+fn splice(_: BorrowedFd<'_>, _: BorrowedFd<'_>, _: usize) -> io::Result<usize> {
+    Err(io::ErrorKind::Unsupported.into())
+}
+
+/// Whether this kernel can splice at all: a zero-length splice between two pipes answers
+/// at once (0 or EAGAIN) where splice exists, and ENOSYS / EINVAL where it does not.
+pub fn splice_available() -> bool {
+    let (Ok(a), Ok(b)) = (Pipe::new(), Pipe::new()) else {
+        return false;
+    };
+    match splice(a.read.as_fd(), b.write.as_fd(), 1) {
+        Ok(_) => true,
+        Err(e) => e.kind() == io::ErrorKind::WouldBlock,
+    }
+}
+
+/// Whether a splice error means "not possible on these descriptors" (so copying is the
+/// answer) rather than a failed connection.
+pub fn splice_unsupported(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EINVAL | libc::ENOSYS | libc::EOPNOTSUPP)
+    ) || e.kind() == io::ErrorKind::Unsupported
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+    use std::os::fd::AsFd;
+
+    #[test]
+    fn splices_between_sockets() {
+        assert!(splice_available());
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (server, _) = listener.accept().unwrap();
+        let back = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let out = std::net::TcpStream::connect(back.local_addr().unwrap()).unwrap();
+        let (mut sink, _) = back.accept().unwrap();
+        client.write_all(b"hello").unwrap();
+        let pipe = Pipe::new().unwrap();
+        let n = pipe.fill_from(server.as_fd(), 64).unwrap();
+        assert_eq!(pipe.drain_to(out.as_fd(), n).unwrap(), n);
+        let mut got = vec![0; n];
+        sink.read_exact(&mut got).unwrap();
+        assert_eq!(got[..], b"hello"[..n]);
+        server.set_nonblocking(true).unwrap();
+        let e = pipe.fill_from(server.as_fd(), 64).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
+    }
+}

@@ -1,0 +1,160 @@
+//! TCP (L4) listeners: each accepted connection is relayed byte for byte to a server of
+//! the listener's upstream pool.
+//!
+//! ```text
+//! accept (listener/) -> [PROXY header in, if accept = true (listener/proxy_protocol)]
+//!   -> pick a server (upstream/) -> connect, next server on failure (retry policy)
+//!   -> [PROXY header out, if send = v1|v2] -> relay both ways until closed or idle (relay)
+//! ```
+//!
+//! - `io`: reads and writes on a shared `&TcpStream` driven by readiness
+//! - `relay`: the two directions, buffered copy or splice(2), half-close, idle timeout
+
+pub mod io;
+mod relay;
+
+pub use relay::{relay, End, RelayConfig};
+
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::time::Instant;
+
+use tokio::net::TcpStream;
+use weir_config::{Listener, TcpSettings};
+
+use crate::codec::proxy_protocol::{self, Addresses};
+use crate::connector::connect;
+use crate::filters::forwarded::ClientIp;
+use crate::listener::proxy_protocol::accept_step;
+use crate::snapshot::Snapshot;
+use crate::upstream::retry::{Outcome, Tried};
+use crate::upstream::{Pick, RequestKey};
+use crate::worker::Worker;
+
+/// Serves one connection of the TCP listener with metric slot `slot` until it closes.
+pub async fn serve_tcp(worker: Rc<Worker>, slot: usize, client: TcpStream, peer: SocketAddr) {
+    let snapshot = worker.snapshot();
+    let Some(listener_index) = snapshot.listener_index(slot) else {
+        return;
+    };
+    let listener = &snapshot.config.listeners[listener_index];
+    let Some(tcp) = listener.tcp() else { return };
+    let mut to_server = worker.take_buffer_sized(tcp.buffer_size);
+    let conn = (&client, peer);
+    let step = accept_step(
+        &worker,
+        slot,
+        listener,
+        conn,
+        &mut to_server,
+        tcp.idle_timeout,
+    );
+    let Ok(carried) = step.await else {
+        worker.give_buffer(to_server);
+        return;
+    };
+    let source = carried.map_or(peer, |a| a.source);
+    let Some((server, _pick)) = connect_upstream(&worker, &snapshot, tcp, source).await else {
+        worker.give_buffer(to_server);
+        return;
+    };
+    if !send_proxy_header(&server, listener, &client, peer, carried).await {
+        worker.give_buffer(to_server);
+        return;
+    }
+    let Some(m) = worker.metrics.listener(slot) else {
+        worker.give_buffer(to_server);
+        return;
+    };
+    let config = RelayConfig {
+        idle_timeout: tcp.idle_timeout,
+        splice: tcp.splice,
+        splice_available: worker.shared.splice_available,
+        bytes_in: &m.bytes_in,
+        bytes_out: &m.bytes_out,
+    };
+    // Client bytes that came with the PROXY header were not counted by the relay.
+    m.bytes_in.add(to_server.len() as u64);
+    let end = relay(&worker, &client, &server, to_server, &config).await;
+    tracing::trace!(listener = %listener.name, %source, ?end, "tcp connection ended");
+    // `_pick` lives until here: the connection counts as in flight to its server.
+}
+
+/// Connects to a server of the listener's upstream, trying others on connect failure as
+/// the upstream's retry policy allows. `None`: no server could be reached.
+async fn connect_upstream(
+    worker: &Worker,
+    snapshot: &Snapshot,
+    tcp: &TcpSettings,
+    source: SocketAddr,
+) -> Option<(TcpStream, Pick)> {
+    let index = tcp.upstream;
+    let upstream = &snapshot.config.upstreams[index];
+    let plan = &snapshot.upstreams[index];
+    let key = RequestKey::for_connection(&upstream.lb, &ClientIp::new(source.ip()));
+    let Some(mut pick) = worker.upstreams.pick(index, plan, upstream, key) else {
+        tracing::warn!(upstream = %upstream.name, "no server available for a tcp connection");
+        return None;
+    };
+    let mut tried = Tried::new(pick.server);
+    loop {
+        let server = &upstream.servers[pick.server];
+        let started = Instant::now();
+        let result = connect(server.addr, upstream.connect_timeout).await;
+        let elapsed = started.elapsed();
+        let metrics = worker
+            .metrics
+            .server(plan.slot, plan.server_slots[pick.server]);
+        match result {
+            Ok(stream) => {
+                pick.record(plan, upstream, Outcome::Connected, elapsed);
+                if let Some(m) = metrics {
+                    m.connect.observe(elapsed);
+                }
+                return Some((stream, pick));
+            }
+            Err(error) => {
+                pick.record(plan, upstream, Outcome::ConnectError, elapsed);
+                if let Some(m) = metrics {
+                    m.connect_errors.inc();
+                }
+                tracing::warn!(upstream = %upstream.name, server = %server.name, %error, "tcp connect failed");
+            }
+        }
+        if !upstream.retry.on.connect_error {
+            return None;
+        }
+        pick = worker.upstreams.retry(index, plan, upstream, key, &tried)?;
+        tried.push(pick.server);
+        if let Some(m) = worker.metrics.upstream(plan.slot) {
+            m.retries.inc();
+        }
+    }
+}
+
+/// Sends the listener's PROXY header (if any) to the server: the carried addresses when
+/// the client's own header had them, else the client and the address it connected to.
+/// False if the server connection failed.
+async fn send_proxy_header(
+    server: &TcpStream,
+    listener: &Listener,
+    client: &TcpStream,
+    peer: SocketAddr,
+    carried: Option<Addresses>,
+) -> bool {
+    let version = listener.proxy_protocol.send;
+    if version == weir_config::ProxyVersion::Off {
+        return true;
+    }
+    let addresses = match carried {
+        Some(a) => a,
+        None => Addresses {
+            source: peer,
+            destination: client.local_addr().unwrap_or(listener.bind),
+        },
+    };
+    let Some(header) = proxy_protocol::encode(version, addresses) else {
+        return true;
+    };
+    io::write_bytes(server, header.as_bytes()).await.is_ok()
+}

@@ -1,0 +1,280 @@
+//! The two-way relay of a TCP (L4) connection: client -> server and server -> client run
+//! concurrently in one task, each moving bytes either through a user-space buffer or, on
+//! Linux, with splice(2) through a pipe (zero-copy).
+//!
+//! Choice per direction (`splice = "auto"`): small exchanges (request/response traffic)
+//! copy through the buffer: one `recv` plus one `send`, the same system calls splice
+//! would need, without the pipe. A direction whose reads fill the whole buffer a few times
+//! in a row is a bulk transfer and switches to splice for good. `"on"` splices from the
+//! start, `"off"` never does. If splice turns out impossible on a socket (EINVAL), that
+//! direction copies.
+//!
+//! End of stream on one side shuts down writing on the other (half-close) and the other
+//! direction goes on; an error on either side ends both. No byte moving either way for
+//! `idle_timeout` closes both sides.
+
+use std::cell::Cell;
+use std::io;
+use std::os::fd::AsFd;
+use std::time::Duration;
+
+use tokio::io::Interest;
+use tokio::net::TcpStream;
+use tokio::time::{sleep_until, Instant};
+use weir_config::SpliceMode;
+
+use super::io::{read_some, retry_eintr, shutdown_write, write_all};
+use crate::buffer::Buffer;
+use crate::metrics::shard::Counter;
+use crate::sys::{splice_unsupported, Pipe};
+use crate::worker::Worker;
+
+/// Consecutive full-buffer reads after which an `auto` direction switches to splice.
+const FULL_READS_TO_SPLICE: u8 = 4;
+/// Most bytes asked of one splice into the pipe (the default pipe holds 64 KiB).
+const SPLICE_CHUNK: usize = 1 << 20;
+
+/// How a relay ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum End {
+    /// Both sides closed their sending side.
+    Closed,
+    /// A socket error (usually a reset) on either side.
+    Error,
+    /// Nothing moved for `idle_timeout`.
+    Idle,
+}
+
+/// What the relay needs besides the two sockets.
+pub struct RelayConfig<'a> {
+    pub idle_timeout: Duration,
+    pub splice: SpliceMode,
+    /// False when the kernel cannot splice at all (probed once at start).
+    pub splice_available: bool,
+    pub bytes_in: &'a Counter,
+    pub bytes_out: &'a Counter,
+}
+
+/// Relays until both directions end, one fails, or the connection is idle too long.
+/// `to_server` already holds client bytes to send first (after a PROXY header).
+pub async fn relay(
+    worker: &Worker,
+    client: &TcpStream,
+    server: &TcpStream,
+    to_server: Buffer,
+    config: &RelayConfig<'_>,
+) -> End {
+    let last = Cell::new(Instant::now());
+    let size = to_server.capacity();
+    let mode = match config.splice {
+        SpliceMode::Never => Mode::Copy,
+        _ if !config.splice_available => Mode::Copy,
+        SpliceMode::Auto => Mode::Copy,
+        SpliceMode::Always => Mode::Splice,
+    };
+    let auto = config.splice == SpliceMode::Auto && config.splice_available;
+    let mut up = Direction::new(
+        client,
+        server,
+        to_server,
+        mode,
+        auto,
+        &last,
+        config.bytes_in,
+    );
+    let back = worker.take_buffer_sized(size);
+    let mut down = Direction::new(server, client, back, mode, auto, &last, config.bytes_out);
+    let both = async { tokio::try_join!(up.run(worker), down.run(worker)).map(|_| ()) };
+    let end = tokio::select! {
+        // Transfers first; no random branch order to pay for.
+        biased;
+        r = both => if r.is_ok() { End::Closed } else { End::Error },
+        _ = idle(&last, config.idle_timeout) => End::Idle,
+    };
+    up.finish(worker);
+    down.finish(worker);
+    end
+}
+
+/// Resolves once `last` (the time of the latest transfer) is `timeout` in the past. The
+/// timer is re-armed only when it fires, not on every transfer.
+async fn idle(last: &Cell<Instant>, timeout: Duration) {
+    loop {
+        let deadline = last.get() + timeout;
+        if deadline <= Instant::now() {
+            return;
+        }
+        sleep_until(deadline).await;
+    }
+}
+
+/// Splices what `from` has into the empty `pipe`; 0 at end of stream.
+async fn fill(from: &TcpStream, pipe: &Pipe) -> io::Result<usize> {
+    loop {
+        let r = from.try_io(Interest::READABLE, || {
+            retry_eintr(|| pipe.fill_from(from.as_fd(), SPLICE_CHUNK))
+        });
+        match r {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => from.readable().await?,
+            other => return other,
+        }
+    }
+}
+
+/// Splices up to `len` bytes from `pipe` to `to`; at least one.
+async fn drain(to: &TcpStream, pipe: &Pipe, len: usize) -> io::Result<usize> {
+    loop {
+        let r = to.try_io(Interest::WRITABLE, || {
+            retry_eintr(|| pipe.drain_to(to.as_fd(), len))
+        });
+        match r {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => to.writable().await?,
+            other => return other,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Copy,
+    Splice,
+}
+
+/// One direction: bytes read from `from` are written to `to`.
+struct Direction<'a> {
+    from: &'a TcpStream,
+    to: &'a TcpStream,
+    buf: Option<Buffer>,
+    pipe: Option<Pipe>,
+    /// Bytes sitting in the pipe.
+    in_pipe: usize,
+    mode: Mode,
+    auto: bool,
+    full_reads: u8,
+    last: &'a Cell<Instant>,
+    moved: &'a Counter,
+}
+
+impl<'a> Direction<'a> {
+    fn new(
+        from: &'a TcpStream,
+        to: &'a TcpStream,
+        buf: Buffer,
+        mode: Mode,
+        auto: bool,
+        last: &'a Cell<Instant>,
+        moved: &'a Counter,
+    ) -> Direction<'a> {
+        Direction {
+            from,
+            to,
+            buf: Some(buf),
+            pipe: None,
+            in_pipe: 0,
+            mode,
+            auto,
+            full_reads: 0,
+            last,
+            moved,
+        }
+    }
+
+    async fn run(&mut self, worker: &Worker) -> io::Result<()> {
+        loop {
+            let more = match self.mode {
+                Mode::Copy => self.copy_once().await?,
+                Mode::Splice => self.splice_once(worker).await?,
+            };
+            if !more {
+                shutdown_write(self.to);
+                return Ok(());
+            }
+        }
+    }
+
+    /// Flushes what is buffered, then reads once. False at end of stream.
+    async fn copy_once(&mut self) -> io::Result<bool> {
+        let Some(buf) = self.buf.as_mut() else {
+            return Err(io::ErrorKind::Other.into());
+        };
+        write_all(self.to, buf).await?;
+        if self.full_reads >= FULL_READS_TO_SPLICE {
+            self.mode = Mode::Splice;
+            return Ok(true);
+        }
+        let n = read_some(self.from, buf).await?;
+        if n == 0 {
+            return Ok(false);
+        }
+        let full = n == buf.capacity();
+        self.transferred(n);
+        if self.auto && full {
+            self.full_reads += 1;
+        } else {
+            self.full_reads = 0;
+        }
+        Ok(true)
+    }
+
+    /// Splices one pipeful in and out. False at end of stream. Falls back to copying when
+    /// splice is impossible here.
+    async fn splice_once(&mut self, worker: &Worker) -> io::Result<bool> {
+        // Bytes already buffered (after a PROXY header) go first.
+        if let Some(buf) = self.buf.as_mut().filter(|b| !b.is_empty()) {
+            write_all(self.to, buf).await?;
+        }
+        if self.pipe.is_none() {
+            match worker.take_pipe() {
+                Ok(pipe) => self.pipe = Some(pipe),
+                Err(e) => return self.fall_back(&e),
+            }
+        }
+        // The pipe stays in `self` across the awaits: if the relay ends meanwhile (idle,
+        // the other direction failed), `finish` still sees it and how full it is.
+        let Some(pipe) = self.pipe.as_ref() else {
+            return Ok(true);
+        };
+        if self.in_pipe == 0 {
+            let n = match fill(self.from, pipe).await {
+                Ok(n) => n,
+                Err(e) if splice_unsupported(&e) => return self.fall_back(&e),
+                Err(e) => return Err(e),
+            };
+            if n == 0 {
+                return Ok(false);
+            }
+            self.in_pipe = n;
+            self.transferred(n);
+        }
+        while self.in_pipe > 0 {
+            let n = drain(self.to, pipe, self.in_pipe).await?;
+            self.in_pipe -= n.min(self.in_pipe);
+        }
+        Ok(true)
+    }
+
+    /// Switches to copying after splice failed with `e` (before any byte entered the pipe).
+    fn fall_back(&mut self, e: &io::Error) -> io::Result<bool> {
+        tracing::debug!(error = %e, "splice not possible on this connection; copying");
+        self.mode = Mode::Copy;
+        self.auto = false;
+        self.full_reads = 0;
+        Ok(true)
+    }
+
+    fn transferred(&self, n: usize) {
+        self.moved.add(n as u64);
+        self.last.set(Instant::now());
+    }
+
+    /// Returns the buffer and an empty pipe to the worker for reuse.
+    fn finish(&mut self, worker: &Worker) {
+        if let Some(buf) = self.buf.take() {
+            worker.give_buffer(buf);
+        }
+        if let Some(pipe) = self.pipe.take().filter(|_| self.in_pipe == 0) {
+            worker.give_pipe(pipe);
+        }
+    }
+}

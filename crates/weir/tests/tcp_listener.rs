@@ -1,0 +1,409 @@
+//! TCP (L4) listeners over real sockets: 1 GiB each way hash-checked on both ends (auto,
+//! forced splice and forced copy), half-close both ways, idle timeout, a refused server
+//! skipped, PROXY headers sent byte-exact (v1, v2), accepted only from trusted sources,
+//! and accepted on an HTTP listener for X-Forwarded-For and the access log; health-down
+//! and refused servers skipped.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+
+use common::{dead_port, Conf, WAIT};
+use weir_testkit::{fill_pattern, pattern_hash, wait_until, Backend, Hasher};
+
+const BLOCK: usize = 64 * 1024;
+
+/// A raw TCP backend: every accepted connection is handed to `serve` on its own thread.
+struct RawBackend {
+    addr: SocketAddr,
+    accepted: Arc<AtomicUsize>,
+}
+
+impl RawBackend {
+    fn spawn(serve: impl Fn(TcpStream) + Send + Sync + 'static) -> RawBackend {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind backend");
+        let addr = listener.local_addr().expect("backend addr");
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let count = accepted.clone();
+        let serve = Arc::new(serve);
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                count.fetch_add(1, Ordering::SeqCst);
+                let serve = serve.clone();
+                std::thread::spawn(move || serve(stream));
+            }
+        });
+        RawBackend { addr, accepted }
+    }
+
+    fn accepted(&self) -> usize {
+        self.accepted.load(Ordering::SeqCst)
+    }
+}
+
+/// A TCP listener `web` relaying to upstream `up` (servers `servers`), plus `extra` lines.
+fn tcp_conf(servers: &[SocketAddr], extra: &[&str]) -> Conf {
+    let mut conf = Conf::new()
+        .listener("protocol = \"tcp\"")
+        .listener("upstream = \"up\"");
+    for line in extra {
+        conf = conf.listener(line);
+    }
+    conf.upstream("up", servers, &[])
+}
+
+fn connect(addr: SocketAddr) -> TcpStream {
+    let s = TcpStream::connect(addr).expect("connect to weir");
+    s.set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("timeout");
+    s
+}
+
+/// Writes `len` pattern bytes, then shuts down writing.
+fn send_pattern(mut s: TcpStream, len: u64) {
+    let mut buf = vec![0u8; BLOCK];
+    let mut off = 0u64;
+    while off < len {
+        let n = (len - off).min(BLOCK as u64) as usize;
+        fill_pattern(off, &mut buf[..n]);
+        s.write_all(&buf[..n]).expect("write pattern");
+        off += n as u64;
+    }
+    s.shutdown(Shutdown::Write).expect("shutdown write");
+}
+
+/// Reads to end of stream, hashing.
+fn hash_all(s: &mut TcpStream) -> Hasher {
+    let mut hasher = Hasher::new();
+    let mut buf = vec![0u8; BLOCK];
+    loop {
+        match s.read(&mut buf).expect("read") {
+            0 => return hasher,
+            n => hasher.update(&buf[..n]),
+        }
+    }
+}
+
+/// Streams `len` bytes each way through a TCP listener and checks both ends' hashes.
+fn stream_both_ways(len: u64, extra: &[&str]) {
+    let (tx, rx) = mpsc::channel();
+    let backend = RawBackend::spawn(move |mut s| {
+        let writer = s.try_clone().expect("clone");
+        let sending = std::thread::spawn(move || send_pattern(writer, len));
+        let got = hash_all(&mut s);
+        sending.join().expect("backend sender");
+        let _ = tx.send(got);
+    });
+    let weir = tcp_conf(&[backend.addr], extra).start();
+    let expected = std::thread::spawn(move || pattern_hash(len));
+    let mut client = connect(weir.addr);
+    let writer = client.try_clone().expect("clone");
+    let sending = std::thread::spawn(move || send_pattern(writer, len));
+    let got = hash_all(&mut client);
+    sending.join().expect("client sender");
+    let at_backend = rx
+        .recv_timeout(Duration::from_secs(120))
+        .expect("backend done");
+    let expected = expected.join().expect("hash");
+    assert_eq!(
+        (got.len(), got.finish()),
+        (len, expected),
+        "server -> client"
+    );
+    assert_eq!(
+        (at_backend.len(), at_backend.finish()),
+        (len, expected),
+        "client -> server"
+    );
+    let metrics = weir.metrics_text();
+    assert!(
+        metrics.contains(&format!(
+            "weir_bytes_total{{listener=\"web\",direction=\"in\"}} {len}"
+        )),
+        "{metrics}"
+    );
+}
+
+#[test]
+fn one_gib_each_way_hash_checked_auto_splice() {
+    stream_both_ways(1 << 30, &[]);
+}
+
+#[test]
+fn forced_splice_and_forced_copy_64mib_each_way() {
+    stream_both_ways(64 << 20, &["splice = \"on\""]);
+    stream_both_ways(64 << 20, &["splice = \"off\"", "buffer_size = \"4KiB\""]);
+}
+
+#[test]
+fn client_half_close_reaches_the_server_which_keeps_sending() {
+    let backend = RawBackend::spawn(|mut s| {
+        let mut got = Vec::new();
+        s.read_to_end(&mut got).expect("read to EOF");
+        s.write_all(&[b"got:".as_slice(), &got].concat())
+            .expect("answer after EOF");
+    });
+    let weir = tcp_conf(&[backend.addr], &[]).start();
+    let mut client = connect(weir.addr);
+    client.write_all(b"ping").expect("write");
+    client.shutdown(Shutdown::Write).expect("half-close");
+    let mut answer = Vec::new();
+    client.read_to_end(&mut answer).expect("read answer");
+    assert_eq!(answer, b"got:ping");
+}
+
+#[test]
+fn server_half_close_reaches_the_client_which_keeps_sending() {
+    let (tx, rx) = mpsc::channel();
+    let backend = RawBackend::spawn(move |mut s| {
+        s.write_all(b"hello").expect("write");
+        s.shutdown(Shutdown::Write).expect("half-close");
+        let mut got = Vec::new();
+        s.read_to_end(&mut got).expect("read to EOF");
+        let _ = tx.send(got);
+    });
+    let weir = tcp_conf(&[backend.addr], &[]).start();
+    let mut client = connect(weir.addr);
+    let mut hello = Vec::new();
+    client.read_to_end(&mut hello).expect("read to EOF");
+    assert_eq!(hello, b"hello");
+    client.write_all(b"still here").expect("write after EOF");
+    client.shutdown(Shutdown::Write).expect("half-close");
+    let got = rx.recv_timeout(WAIT).expect("backend saw EOF");
+    assert_eq!(got, b"still here");
+}
+
+#[test]
+fn idle_timeout_closes_both_sides() {
+    let (tx, rx) = mpsc::channel();
+    let backend = RawBackend::spawn(move |mut s| {
+        let mut got = Vec::new();
+        let _ = s.read_to_end(&mut got);
+        let _ = tx.send(got);
+    });
+    let weir = tcp_conf(&[backend.addr], &["idle_timeout = \"300ms\""]).start();
+    let mut client = connect(weir.addr);
+    client.write_all(b"x").expect("write");
+    let mut rest = Vec::new();
+    client.read_to_end(&mut rest).expect("closed by weir");
+    assert!(rest.is_empty());
+    assert_eq!(rx.recv_timeout(WAIT).expect("backend closed too"), b"x");
+}
+
+/// The `weir_upstream_connect_errors_total` value of `server` in upstream `up`.
+fn connect_errors(weir: &common::Weir, server: SocketAddr) -> Option<u64> {
+    let prefix =
+        format!("weir_upstream_connect_errors_total{{upstream=\"up\",server=\"{server}\"}} ");
+    let text = weir.metrics_text();
+    let line = text.lines().find(|l| l.starts_with(&prefix))?;
+    line[prefix.len()..].trim().parse().ok()
+}
+
+/// `n` connections through Weir, each reading what the server sends until it closes.
+fn read_n(weir: &common::Weir, n: usize, want: &[u8]) {
+    for _ in 0..n {
+        let mut client = connect(weir.addr);
+        let mut got = Vec::new();
+        client.read_to_end(&mut got).expect("read");
+        assert_eq!(got, want);
+    }
+}
+
+#[test]
+fn refused_server_is_skipped_and_ejected() {
+    let dead = dead_port();
+    let backend = RawBackend::spawn(|mut s| {
+        let _ = s.write_all(b"alive");
+    });
+    // Round robin starts with the dead server: its refusal is retried on the live one and
+    // (max_fails = 1, the default) ejects it, so it is not tried again.
+    let weir = tcp_conf(&[dead.addr, backend.addr], &[]).start();
+    read_n(&weir, 4, b"alive");
+    assert_eq!(backend.accepted(), 4);
+    assert_eq!(
+        connect_errors(&weir, dead.addr),
+        Some(1),
+        "{}",
+        weir.metrics_text()
+    );
+    assert_eq!(connect_errors(&weir, backend.addr), Some(0));
+}
+
+#[test]
+fn health_down_server_is_not_chosen() {
+    let dead = dead_port();
+    let backend = RawBackend::spawn(|mut s| {
+        let _ = s.write_all(b"alive");
+    });
+    let weir = Conf::new()
+        .listener("protocol = \"tcp\"")
+        .listener("upstream = \"up\"")
+        .upstream(
+            "up",
+            &[dead.addr, backend.addr],
+            &[
+                "[upstreams.up.passive]\nmax_fails = 0",
+                "[upstreams.up.health_check]\nkind = \"tcp\"\ninterval = \"50ms\"\nfall = 1",
+            ],
+        )
+        .start();
+    let down = format!(
+        "weir_upstream_server_up{{upstream=\"up\",server=\"{}\"}} 0",
+        dead.addr
+    );
+    assert!(wait_until(WAIT, || weir.metrics_text().contains(&down)));
+    read_n(&weir, 4, b"alive");
+    assert_eq!(connect_errors(&weir, dead.addr), Some(0), "never tried");
+}
+
+/// A backend that reports the first `len` bytes of its connection.
+fn capture(len: usize) -> (RawBackend, mpsc::Receiver<Vec<u8>>) {
+    let (tx, rx) = mpsc::channel();
+    let tx = std::sync::Mutex::new(tx);
+    let backend = RawBackend::spawn(move |mut s| {
+        let mut got = vec![0u8; len];
+        let read = s.read_exact(&mut got).map(|_| got);
+        if let (Ok(got), Ok(tx)) = (read, tx.lock()) {
+            let _ = tx.send(got);
+        }
+    });
+    (backend, rx)
+}
+
+#[test]
+fn sends_proxy_v1_byte_exact() {
+    let v1 = |c: u16, w: u16| format!("PROXY TCP4 127.0.0.1 127.0.0.1 {c} {w}\r\nhello");
+    let (w, c, got) = send_through(&["proxy_protocol = { send = \"v1\" }"], |c, w| {
+        v1(c, w).into_bytes()
+    });
+    assert_eq!(String::from_utf8_lossy(&got), v1(c, w));
+}
+
+#[test]
+fn sends_proxy_v2_byte_exact() {
+    let (port_weir, port_client, got) = send_through(&["proxy_protocol = { send = \"v2\" }"], v2);
+    assert_eq!(got, v2(port_client, port_weir));
+}
+
+/// The v2 header for 127.0.0.1:client -> 127.0.0.1:weir, followed by "hello".
+fn v2(client: u16, weir: u16) -> Vec<u8> {
+    let mut want = b"\r\n\r\n\0\r\nQUIT\n\x21\x11\x00\x0c\x7f\x00\x00\x01\x7f\x00\x00\x01".to_vec();
+    want.extend_from_slice(&client.to_be_bytes());
+    want.extend_from_slice(&weir.to_be_bytes());
+    want.extend_from_slice(b"hello");
+    want
+}
+
+/// Connects through a TCP listener with `extra`, sends "hello", and returns (weir's port,
+/// the client's port, what the backend received), reading as many bytes as
+/// `expect(client port, weir port)` has (port numbers change the v1 length).
+fn send_through(extra: &[&str], expect: impl Fn(u16, u16) -> Vec<u8>) -> (u16, u16, Vec<u8>) {
+    let (tx_len, rx_len) = mpsc::channel::<usize>();
+    let (tx, rx) = mpsc::channel();
+    let tx = std::sync::Mutex::new(tx);
+    let rx_len = std::sync::Mutex::new(rx_len);
+    let backend = RawBackend::spawn(move |mut s| {
+        let len = rx_len.lock().ok().and_then(|r| r.recv().ok()).unwrap_or(0);
+        let mut got = vec![0u8; len];
+        let read = s.read_exact(&mut got).map(|_| got);
+        if let (Ok(got), Ok(tx)) = (read, tx.lock()) {
+            let _ = tx.send(got);
+        }
+    });
+    let weir = tcp_conf(&[backend.addr], extra).start();
+    let mut client = connect(weir.addr);
+    let (w, c) = (weir.addr.port(), client.local_addr().expect("addr").port());
+    tx_len.send(expect(c, w).len()).expect("send len");
+    client.write_all(b"hello").expect("write");
+    let got = rx.recv_timeout(WAIT).expect("backend got the bytes");
+    (w, c, got)
+}
+
+#[test]
+fn accepts_proxy_from_trusted_and_forwards_the_carried_addresses() {
+    // The bytes after the header ("hi") arrive with it: they must be relayed first, whether
+    // the relay copies or splices.
+    for splice in ["splice = \"auto\"", "splice = \"on\""] {
+        let sent = b"PROXY TCP4 203.0.113.7 192.0.2.1 5555 443\r\nhi";
+        let (backend, rx) = capture(sent.len());
+        let weir = tcp_conf(
+            &[backend.addr],
+            &[
+                "proxy_protocol = { accept = true, trusted = [\"127.0.0.0/8\"], send = \"v1\" }",
+                splice,
+            ],
+        )
+        .start();
+        let mut client = connect(weir.addr);
+        client.write_all(sent).expect("write");
+        assert_eq!(rx.recv_timeout(WAIT).expect("relayed"), sent, "{splice}");
+    }
+}
+
+/// Sends `bytes` to a TCP listener accepting PROXY headers from `trusted`; checks that
+/// Weir closes the connection without answering, counts it, and never connects upstream.
+fn assert_rejected(trusted: &str, bytes: &[u8]) {
+    let (backend, _rx) = capture(1);
+    let accept = format!("proxy_protocol = {{ accept = true, trusted = [\"{trusted}\"] }}");
+    let weir = tcp_conf(&[backend.addr], &[&accept]).start();
+    let mut client = connect(weir.addr);
+    let _ = client.write_all(bytes);
+    let mut rest = Vec::new();
+    let _ = client.read_to_end(&mut rest);
+    assert!(rest.is_empty(), "closed without an answer");
+    assert!(wait_until(WAIT, || weir.metrics_text().contains(
+        "weir_proxy_protocol_rejected_total{listener=\"web\"} 1"
+    )));
+    assert_eq!(backend.accepted(), 0, "nothing reached the server");
+}
+
+#[test]
+fn proxy_header_from_untrusted_source_is_rejected() {
+    assert_rejected(
+        "10.0.0.0/8",
+        b"PROXY TCP4 203.0.113.7 192.0.2.1 5555 443\r\nhi",
+    );
+}
+
+#[test]
+fn malformed_proxy_header_closes_the_connection() {
+    assert_rejected("127.0.0.1", b"PROXY TCP4 1.2.3.4 nonsense\r\n");
+    assert_rejected("127.0.0.1", b"GET / HTTP/1.1\r\n\r\n");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn proxy_v2_on_an_http_listener_sets_x_forwarded_for_and_the_logged_client() {
+    let echo = Backend::echo("e");
+    let log = std::env::temp_dir().join(format!("weir-tcp-test-{}.log", std::process::id()));
+    let _ = std::fs::remove_file(&log);
+    let weir = Conf::new()
+        .listener("proxy_protocol = { accept = true, trusted = [\"127.0.0.0/8\"] }")
+        .listener(&format!(
+            "access_log = {{ format = \"common\", path = \"{}\" }}",
+            log.display()
+        ))
+        .route("all", "up", &[])
+        .upstream("up", &[echo.addr()], &[])
+        .start();
+    let mut client = weir.client().await;
+    let mut header = b"\r\n\r\n\0\r\nQUIT\n\x21\x11\x00\x0c".to_vec();
+    header.extend_from_slice(&[203, 0, 113, 7, 192, 0, 2, 1, 0x15, 0xB3, 0, 80]);
+    client.send_raw(&header).await.expect("header");
+    let resp = client.get("/", "example.com").await.expect("response");
+    assert_eq!(resp.status, 200);
+    let body = resp.body_str();
+    assert!(body.contains("X-Real-IP: 203.0.113.7\r\n"), "{body}");
+    assert!(body.contains("X-Forwarded-For: 203.0.113.7\r\n"), "{body}");
+    let logged = || std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        weir_testkit::wait_until_async(WAIT, || logged().starts_with("203.0.113.7 ")).await,
+        "access log: {:?}",
+        logged()
+    );
+    drop(weir);
+    let _ = std::fs::remove_file(&log);
+}
