@@ -177,3 +177,27 @@ fn unreloadable_changes_are_refused_and_change_nothing() {
     assert!(weir.proxy().listener_addr("busy").is_none());
     assert_eq!(get(weir.addr, "/").status, 200);
 }
+
+#[test]
+fn a_listener_switches_between_http_and_tcp() {
+    let backend = Backend::echo("app");
+    let http = Conf::new()
+        .route("all", "app", &[])
+        .upstream("app", &[backend.addr()], &[]);
+    let tcp = Conf::new()
+        .listener("protocol = \"tcp\"")
+        .listener("upstream = \"app\"")
+        .upstream("app", &[backend.addr()], &[]);
+    let weir = http.start();
+    let forwarded = |addr| {
+        let body = get(addr, "/").body_str().to_ascii_lowercase();
+        body.contains("x-forwarded-for")
+    };
+    assert!(forwarded(weir.addr), "HTTP: weir adds forwarded headers");
+    weir.apply_text(&tcp.toml()).expect("apply");
+    let addr = weir.proxy().listener_addr(common::LISTENER).expect("bound");
+    assert!(!forwarded(addr), "TCP: the request head is relayed as sent");
+    weir.apply_text(&http.toml()).expect("apply");
+    let addr = weir.proxy().listener_addr(common::LISTENER).expect("bound");
+    assert!(forwarded(addr));
+}
