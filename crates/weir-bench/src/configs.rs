@@ -155,8 +155,15 @@ const WEIR_HTTP_LISTENER: &str = "keepalive_timeout = \"300s\"\nkeepalive_reques
 const WEIR_TCP_LISTENER: &str =
     "protocol = \"tcp\"\nupstream = \"backend\"\nidle_timeout = \"300s\"\nbuffer_size = \"16KiB\"";
 
-/// Weir's configuration; `tcp` asks for an L4 listener.
-pub fn weir_toml(s: &Setup, port: u16, admin: Option<u16>, tcp: bool) -> Result<String> {
+/// Weir's configuration; `tcp` asks for an L4 listener; `access_log` turns on a JSON access
+/// log to that file (HTTP listeners only: TCP listeners have none).
+pub fn weir_toml(
+    s: &Setup,
+    port: u16,
+    admin: Option<u16>,
+    tcp: bool,
+    access_log: Option<&Path>,
+) -> Result<String> {
     let servers = s
         .backends
         .iter()
@@ -180,10 +187,17 @@ pub fn weir_toml(s: &Setup, port: u16, admin: Option<u16>, tcp: bool) -> Result<
         (false, Route::Default) => (String::new(), String::new()),
     };
     let admin = admin.map_or("off".to_string(), |p| format!("127.0.0.1:{p}"));
+    let access_log = access_log.filter(|_| !tcp).map_or(String::new(), |path| {
+        format!(
+            "access_log = {{ format = \"json\", path = \"{}\" }}",
+            path.display()
+        )
+    });
     render(
         WEIR_T,
         &[
             ("ADMIN", &admin),
+            ("ACCESS_LOG", &access_log),
             ("PORT", &port.to_string()),
             (
                 "LISTENER",
@@ -240,7 +254,7 @@ mod tests {
             haproxy_cfg(&s, 8080, false).unwrap();
             caddyfile(&s, 8080).unwrap();
             apache_conf(&s, 8080, Path::new("/m")).unwrap();
-            weir_toml(&s, 8080, None, false).unwrap();
+            weir_toml(&s, 8080, None, false, None).unwrap();
         }
     }
 
@@ -248,7 +262,10 @@ mod tests {
     fn weir_config_matches_the_fairness_rules() {
         let b = addrs();
         let s = setup(Path::new("/tmp"), &b, Route::Prefix);
-        let t = weir_toml(&s, 8080, Some(9901), false).unwrap();
+        let t = weir_toml(&s, 8080, Some(9901), false, None).unwrap();
+        assert!(!t.contains("access_log"), "access log on by default:\n{t}");
+        let observed = weir_toml(&s, 8080, Some(9901), false, Some(Path::new("/l/a.log"))).unwrap();
+        assert!(observed.contains("access_log = { format = \"json\", path = \"/l/a.log\" }"));
         for want in [
             "workers = 1",
             "keepalive_requests = 0",
@@ -264,14 +281,15 @@ mod tests {
             1,
             None,
             false,
+            None,
         )
         .unwrap();
         assert!(!d.contains("[upstreams"), "{d}");
         assert!(d.contains("bind = \"off\""));
-        let tcp = weir_toml(&s, 8080, None, true).unwrap();
+        let tcp = weir_toml(&s, 8080, None, true, Some(Path::new("/l/a.log"))).unwrap();
         let config = weir_config::parse_str(&tcp, "bench.toml").expect("valid tcp config");
         assert!(config.listeners[0].tcp().is_some(), "{tcp}");
-        let http = weir_toml(&s, 8080, None, false).unwrap();
+        let http = weir_toml(&s, 8080, None, false, None).unwrap();
         weir_config::parse_str(&http, "bench.toml").expect("valid http config");
     }
 

@@ -61,8 +61,8 @@ struct Cli {
     /// The Weir binary (default: build target/release/weir with cargo first).
     #[arg(long)]
     weir: Option<PathBuf>,
-    /// Only these peers, comma-separated (direct, weir, weir-tcp, nginx, haproxy-http,
-    /// haproxy-tcp, caddy, apache-event).
+    /// Only these peers, comma-separated (direct, weir, weir-observed, weir-tcp, nginx,
+    /// haproxy-http, haproxy-tcp, caddy, apache-event).
     #[arg(long, value_delimiter = ',')]
     peers: Vec<String>,
     /// Seconds per measured run (default 10; 2 with --quick).

@@ -26,6 +26,9 @@ pub enum Peer {
     /// No proxy: the load goes straight to a backend pinned to the proxy CPU.
     Direct,
     Weir,
+    /// Weir with a JSON access log to a file and the admin listener on (the cost of
+    /// observability, against `Weir` with both off).
+    WeirObserved,
     WeirTcp,
     Nginx,
     HaproxyHttp,
@@ -39,6 +42,7 @@ impl Peer {
         match self {
             Peer::Direct => "direct",
             Peer::Weir => "weir",
+            Peer::WeirObserved => "weir-observed",
             Peer::WeirTcp => "weir-tcp",
             Peer::Nginx => "nginx",
             Peer::HaproxyHttp => "haproxy-http",
@@ -49,7 +53,7 @@ impl Peer {
     }
 
     pub fn is_weir(self) -> bool {
-        matches!(self, Peer::Weir | Peer::WeirTcp)
+        matches!(self, Peer::Weir | Peer::WeirObserved | Peer::WeirTcp)
     }
 }
 
@@ -107,7 +111,9 @@ fn apache_modules() -> Option<PathBuf> {
 pub fn program(peer: Peer, weir: &Path) -> std::result::Result<PathBuf, String> {
     let found = match peer {
         Peer::Direct => return Ok(PathBuf::new()),
-        Peer::Weir | Peer::WeirTcp => Some(weir.to_path_buf()).filter(|p| p.exists()),
+        Peer::Weir | Peer::WeirObserved | Peer::WeirTcp => {
+            Some(weir.to_path_buf()).filter(|p| p.exists())
+        }
         Peer::Nginx => process::find_program("nginx"),
         Peer::HaproxyHttp | Peer::HaproxyTcp => process::find_program("haproxy"),
         Peer::Caddy => process::find_program("caddy"),
@@ -160,8 +166,9 @@ pub fn start(peer: Peer, s: &Setup, cpu: usize) -> Result<Started> {
     let mut admin = None;
     let spec = match peer {
         Peer::Direct => bail!("direct is not a proxy"),
-        Peer::Weir | Peer::WeirTcp => {
-            let admin_port = if s.admin {
+        Peer::Weir | Peer::WeirObserved | Peer::WeirTcp => {
+            let observed = peer == Peer::WeirObserved;
+            let admin_port = if s.admin || observed {
                 Some(process::free_port()?)
             } else {
                 None
@@ -170,7 +177,13 @@ pub fn start(peer: Peer, s: &Setup, cpu: usize) -> Result<Started> {
             let conf = file("toml");
             std::fs::write(
                 &conf,
-                weir_toml(s, port, admin_port, peer == Peer::WeirTcp)?,
+                weir_toml(
+                    s,
+                    port,
+                    admin_port,
+                    peer == Peer::WeirTcp,
+                    observed.then(|| file("access.log")).as_deref(),
+                )?,
             )?;
             let check = Command::new(&program)
                 .arg("check")

@@ -281,25 +281,36 @@ fn verify(
     Ok(())
 }
 
-/// Sum of the samples of metrics whose name ends in `requests_total`, from `/metrics`.
+/// Sum of the samples of `weir_requests_total` (every request a listener answered), from `/metrics`,
+/// once no client connection is open (so requests a previous load abandoned mid-flight are
+/// counted before, not during, the next run). Gives up waiting after 5 s.
 fn scrape_requests(admin: SocketAddr) -> Option<f64> {
-    let p = process::http_get(admin, "/metrics").ok()?;
-    if p.status != 200 {
-        return None;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let text = scrape(admin)?;
+        let open = sum_series(&text, |name| name == "weir_connections_active");
+        if open == 0.0 || std::time::Instant::now() > deadline {
+            return Some(sum_series(&text, |name| name == "weir_requests_total"));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    let text = String::from_utf8_lossy(&p.body);
-    let sum = text
-        .lines()
+}
+
+fn scrape(admin: SocketAddr) -> Option<String> {
+    let p = process::http_get(admin, "/metrics").ok()?;
+    (p.status == 200).then(|| String::from_utf8_lossy(&p.body).into_owned())
+}
+
+/// Sum of the samples of the metrics whose name satisfies `pick`.
+fn sum_series(text: &str, pick: impl Fn(&str) -> bool) -> f64 {
+    text.lines()
         .filter(|l| !l.starts_with('#'))
         .filter_map(|l| {
             let (name, value) = l.rsplit_once(' ')?;
             let metric = name.split('{').next()?;
-            metric
-                .ends_with("requests_total")
-                .then(|| value.parse::<f64>().ok())?
+            pick(metric).then(|| value.parse::<f64>().ok())?
         })
-        .sum();
-    Some(sum)
+        .sum()
 }
 
 fn measure(

@@ -79,6 +79,7 @@ pub fn build(name: Name, quick: bool) -> Scenario {
             peers: vec![
                 Peer::Direct,
                 Peer::Weir,
+                Peer::WeirObserved,
                 Peer::WeirTcp,
                 Peer::Nginx,
                 Peer::HaproxyHttp,

@@ -381,3 +381,51 @@ async fn non_idempotent_request_on_a_dead_pooled_connection_is_not_replayed() {
     );
     assert_eq!(heads.load(Ordering::SeqCst), 2);
 }
+
+/// `response_timeout` is the wait for the answer, not a cap on the upload: a body that keeps
+/// arriving for longer than the timeout is still forwarded and answered.
+#[tokio::test]
+async fn slow_upload_longer_than_response_timeout_is_answered() {
+    let backend = Backend::echo("b");
+    let weir = common::Conf::new()
+        .route("all", "up", &[])
+        .upstream("up", &[backend.addr()], &["response_timeout = \"200ms\""])
+        .start();
+    let mut client = weir.client().await;
+    let pieces = 6;
+    client
+        .send_raw(
+            format!("POST /up HTTP/1.1\r\nHost: a\r\nContent-Length: {pieces}\r\n\r\n").as_bytes(),
+        )
+        .await
+        .unwrap();
+    // The upload takes at least 6 x 100 ms, three times the response timeout.
+    for _ in 0..pieces {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        client.send_raw(b"x").await.unwrap();
+    }
+    let resp = client.read_response(false).await.unwrap();
+    assert_eq!(resp.status, 200);
+    assert!(
+        resp.body.ends_with(b"\r\n\r\nxxxxxx"),
+        "{}",
+        resp.body_str()
+    );
+}
+
+/// The streaming path still times out an upstream that takes the body and never answers.
+#[tokio::test]
+async fn streamed_upload_to_a_silent_upstream_is_504() {
+    let backend = Backend::hang();
+    let weir = common::Conf::new()
+        .route("all", "up", &[])
+        .upstream("up", &[backend.addr()], &["response_timeout = \"200ms\""])
+        .start();
+    let mut client = weir.client().await;
+    client
+        .send_raw(b"POST /up HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n\r\nx")
+        .await
+        .unwrap();
+    client.send_raw(b"y").await.unwrap();
+    assert_eq!(client.read_response(false).await.unwrap().status, 504);
+}

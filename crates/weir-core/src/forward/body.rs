@@ -130,14 +130,14 @@ fn take_chunked(
 }
 
 /// Moves a body from `src` to `dst` through `buf` (which may already hold body bytes)
-/// until `state` is done. Bytes after the body stay in `buf`.
+/// until `state` is done, adding the bytes written to `written`. Bytes after the body
+/// stay in `buf`.
 pub async fn pump<R, W>(
     src: &mut R,
     buf: &mut Buffer,
-    dst: &mut W,
+    (dst, written): (&mut W, &mut u64),
     state: &mut BodyState,
-    read_timeout: Duration,
-    write_timeout: Duration,
+    (read_timeout, write_timeout): (Duration, Duration),
 ) -> Result<(), PumpError>
 where
     R: AsyncRead + Unpin,
@@ -148,6 +148,7 @@ where
             let (forward, consumed) = state.take(buf.filled_mut())?;
             if forward > 0 {
                 write_all(dst, &buf.filled()[..forward], &[], write_timeout).await?;
+                *written += forward as u64;
             }
             buf.consume(consumed);
         }
@@ -240,15 +241,24 @@ mod tests {
         let mut buf = Buffer::new(4);
         let mut dst = Vec::new();
         let mut state = BodyState::new(BodyFraming::Length(5), false, None);
-        let t = Duration::from_secs(1);
-        pump(&mut src, &mut buf, &mut dst, &mut state, t, t)
+        let t = (Duration::from_secs(1), Duration::from_secs(1));
+        let mut written = 0;
+        pump(&mut src, &mut buf, (&mut dst, &mut written), &mut state, t)
             .await
             .unwrap();
         assert_eq!(dst, b"llo w");
+        assert_eq!(written, 5);
         let mut state = BodyState::new(BodyFraming::Length(50), false, None);
         let mut src: &[u8] = b"short";
         assert_eq!(
-            pump(&mut src, &mut Buffer::new(4), &mut dst, &mut state, t, t).await,
+            pump(
+                &mut src,
+                &mut Buffer::new(4),
+                (&mut dst, &mut written),
+                &mut state,
+                t
+            )
+            .await,
             Err(PumpError::Truncated)
         );
     }

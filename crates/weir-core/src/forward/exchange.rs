@@ -1,5 +1,7 @@
 //! The exchange with one upstream server, in the order it happens on the wire.
 
+use std::time::Duration;
+
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::time::{timeout_at, Instant};
@@ -15,6 +17,7 @@ use crate::codec::http1::{parse_response, BodyFraming, RequestHead, ResponseHead
 use crate::connector::connect;
 use crate::error::ProxyError;
 use crate::filters::location::ReverseMap;
+use crate::metrics::shard::ServerMetrics;
 use crate::upstream::retry::{may_retry, replace_host, Outcome, Replay, Tried};
 use crate::upstream::{Pick, RequestKey, UpstreamPlan};
 use crate::worker::Worker;
@@ -119,14 +122,16 @@ async fn exchange(
     loop {
         let server = &target.upstream.servers[pick.server];
         conn.upstream_pick = Some((target.route.upstream, pick.server));
+        let metrics = worker.server_metrics(target.route.upstream, pick.server);
+        let on = (server, metrics);
         let started = std::time::Instant::now();
         let sent = if whole {
-            send_buffered(worker, target, server, conn, meta, buffered, up_buf, resp)
+            send_buffered(worker, target, on, conn, meta, buffered, up_buf, resp)
                 .await
                 .map(|stream| (stream, true))
         } else {
             send_streaming(
-                worker, target, server, conn, meta, &mut body, buffered, up_buf, resp,
+                worker, target, on, conn, meta, &mut body, buffered, up_buf, resp,
             )
             .await
         };
@@ -136,10 +141,9 @@ async fn exchange(
             Err(f) => Outcome::of_error(f.error),
         };
         pick.record(target.pool, target.upstream, outcome, elapsed);
-        if outcome == Outcome::ConnectError {
-            if let Some(m) = worker.metrics.server(target.route.upstream, pick.server) {
-                m.connect_errors.inc();
-            }
+        count_attempt(metrics, &sent, resp, elapsed);
+        if let (Some(m), Outcome::ConnectError) = (metrics, outcome) {
+            m.connect_errors.inc();
         }
         let replay = Replay {
             idempotent: meta.idempotent,
@@ -167,6 +171,7 @@ async fn exchange(
             worker,
             target,
             server,
+            metrics,
             meta,
             request_done,
             keep_alive,
@@ -209,7 +214,7 @@ fn next_attempt(
 async fn send_buffered(
     worker: &Worker,
     target: Target<'_>,
-    server: &UpstreamServer,
+    (server, metrics): (&UpstreamServer, Option<&ServerMetrics>),
     conn: &mut ClientConn,
     meta: RequestMeta,
     buffered: usize,
@@ -219,7 +224,7 @@ async fn send_buffered(
     let upstream = target.upstream;
     let mut fresh = false;
     loop {
-        let (mut stream, reused) = obtain(worker, server, upstream, fresh).await?;
+        let (mut stream, reused) = obtain(worker, server, upstream, fresh, metrics).await?;
         let sent = body::write_all(
             &mut stream,
             &conn.out,
@@ -229,7 +234,9 @@ async fn send_buffered(
         .await;
         let outcome = match sent {
             Ok(()) => {
-                read_final_head(&mut stream, up_buf, resp, meta, &mut conn.stream, target).await
+                let deadline = Some(Instant::now() + upstream.response_timeout);
+                let client = &mut conn.stream;
+                read_final_head(&mut stream, up_buf, resp, meta, client, (target, deadline)).await
             }
             Err(e) => Err(HeadError {
                 error: upstream_write_error(e),
@@ -262,7 +269,7 @@ async fn send_buffered(
 async fn send_streaming(
     worker: &Worker,
     target: Target<'_>,
-    server: &UpstreamServer,
+    (server, metrics): (&UpstreamServer, Option<&ServerMetrics>),
     conn: &mut ClientConn,
     meta: RequestMeta,
     body: &mut BodyState,
@@ -270,7 +277,7 @@ async fn send_streaming(
     up_buf: &mut Buffer,
     resp: &mut ResponseHead,
 ) -> Result<(TcpStream, bool), Failure> {
-    let (mut stream, _) = obtain(worker, server, target.upstream, false).await?;
+    let (mut stream, _) = obtain(worker, server, target.upstream, false, metrics).await?;
     let response_timeout = target.upstream.response_timeout;
     body::write_all(
         &mut stream,
@@ -285,21 +292,26 @@ async fn send_streaming(
     let result = {
         let (mut ur, mut uw) = stream.split();
         let (mut cr, mut cw) = conn.stream.split();
+        let mut uploaded = 0;
         let upload = pump(
             &mut cr,
             &mut conn.buf,
-            &mut uw,
+            (&mut uw, &mut uploaded),
             body,
-            target.listener.client_timeout,
-            response_timeout,
+            (target.listener.client_timeout, response_timeout),
         );
-        let head = read_final_head(&mut ur, up_buf, resp, meta, &mut cw, target);
-        tokio::pin!(upload, head);
+        // `response_timeout` counts from the end of the upload, however long the body
+        // takes to arrive (nginx's proxy_read_timeout does the same); while it uploads, a
+        // stalled upstream is caught by the upload's write timeout.
+        let head = read_final_head(&mut ur, up_buf, resp, meta, &mut cw, (target, None));
+        let head_timer = tokio::time::sleep(Duration::MAX);
+        tokio::pin!(upload, head, head_timer);
         let mut uploading = true;
         loop {
             tokio::select! {
                 r = &mut upload, if uploading => {
                     uploading = false;
+                    head_timer.as_mut().reset(Instant::now() + response_timeout);
                     match r {
                         Ok(()) => upload_done = true,
                         // The upstream stopped reading; its response (if any) says why.
@@ -308,28 +320,60 @@ async fn send_streaming(
                     }
                 }
                 h = &mut head => break h.map_err(|e| Failure { error: e.error, responded: e.interim_sent }),
+                () = &mut head_timer, if !uploading => break Err(Failure::from(ProxyError::UpstreamTimeout)),
             }
         }
     };
     result.map(|()| (stream, upload_done))
 }
 
+/// A connection to `server`: a pooled idle one unless `fresh`, else a new one. Returns
+/// whether it was reused.
 async fn obtain(
     worker: &Worker,
     server: &UpstreamServer,
     upstream: &Upstream,
     fresh: bool,
+    metrics: Option<&ServerMetrics>,
 ) -> Result<(TcpStream, bool), ProxyError> {
     if !fresh {
-        if let Some(stream) = worker
-            .pool
-            .borrow_mut()
-            .take(server.addr, upstream.idle_timeout)
-        {
+        let mut pool = worker.pool.borrow_mut();
+        let reused = pool.take(server.addr, upstream.idle_timeout);
+        if let Some(m) = metrics {
+            m.pool_idle.set(pool.idle_count(server.addr) as u64);
+        }
+        if let Some(stream) = reused {
             return Ok((stream, true));
         }
     }
-    Ok((connect(server.addr, upstream.connect_timeout).await?, false))
+    let started = std::time::Instant::now();
+    let stream = connect(server.addr, upstream.connect_timeout).await?;
+    if let Some(m) = metrics {
+        m.connect.observe(started.elapsed());
+    }
+    Ok((stream, false))
+}
+
+/// Counts one attempt on a server: by the status it answered, or the one Weir answers for
+/// it when it failed (502, 504). Attempts the client broke off are not the server's doing.
+fn count_attempt(
+    metrics: Option<&ServerMetrics>,
+    sent: &Result<impl Sized, Failure>,
+    resp: &ResponseHead,
+    elapsed: Duration,
+) {
+    let Some(m) = metrics else { return };
+    let status = match sent {
+        Ok(_) => {
+            m.response.observe(elapsed);
+            resp.status
+        }
+        Err(f) => match f.error.status() {
+            Some(status) => status,
+            None => return,
+        },
+    };
+    m.request(status).inc();
 }
 
 struct HeadError {
@@ -351,20 +395,20 @@ impl HeadError {
 }
 
 /// Reads until a final (non-1xx) response head is parsed into `resp`, relaying 1xx heads
-/// to HTTP/1.1 clients. The whole head must arrive within `response_timeout`.
+/// to HTTP/1.1 clients. The whole head must arrive by `deadline` (when there is one; the
+/// streaming path times the wait itself, from the end of the upload).
 async fn read_final_head<R, W>(
     up: &mut R,
     up_buf: &mut Buffer,
     resp: &mut ResponseHead,
     meta: RequestMeta,
     client: &mut W,
-    target: Target<'_>,
+    (target, deadline): (Target<'_>, Option<Instant>),
 ) -> Result<(), HeadError>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
-    let deadline = Instant::now() + target.upstream.response_timeout;
     let mut received = !up_buf.is_empty();
     let mut interim_sent = false;
     let fail = |error, received, interim_sent| HeadError {
@@ -381,7 +425,12 @@ where
         )
         .map_err(|e| fail(e, true, interim_sent))?;
         if !complete {
-            match timeout_at(deadline, up_buf.read_from(up)).await {
+            let read = up_buf.read_from(up);
+            let read = match deadline {
+                Some(deadline) => timeout_at(deadline, read).await,
+                None => Ok(read.await),
+            };
+            match read {
                 Err(_) => return Err(fail(ProxyError::UpstreamTimeout, received, interim_sent)),
                 Ok(Err(e)) => return Err(fail(ProxyError::upstream_io(e), received, interim_sent)),
                 Ok(Ok(0)) => return Err(fail(ProxyError::UpstreamClosed, received, interim_sent)),
@@ -408,6 +457,7 @@ struct Exchange<'a> {
     worker: &'a Worker,
     target: Target<'a>,
     server: &'a UpstreamServer,
+    metrics: Option<&'a ServerMetrics>,
     meta: RequestMeta,
     request_done: bool,
     keep_alive: bool,
@@ -467,15 +517,15 @@ impl Exchange<'_> {
             error: ProxyError::ClientClosed,
             responded: true,
         })?;
+        conn.sent += (conn.out.len() + forward) as u64;
         up_buf.consume(consumed);
         let upstream_timeout = self.target.upstream.response_timeout;
         pump(
             &mut stream,
             up_buf,
-            &mut conn.stream,
+            (&mut conn.stream, &mut conn.sent),
             &mut state,
-            upstream_timeout,
-            client_timeout,
+            (upstream_timeout, client_timeout),
         )
         .await
         .map_err(|e| Failure {
@@ -483,11 +533,11 @@ impl Exchange<'_> {
             responded: true,
         })?;
         if resp.keeps_alive() && self.request_done && up_buf.is_empty() {
-            self.worker.pool.borrow_mut().put(
-                self.server.addr,
-                stream,
-                self.target.upstream.max_idle,
-            );
+            let mut pool = self.worker.pool.borrow_mut();
+            pool.put(self.server.addr, stream, self.target.upstream.max_idle);
+            if let Some(m) = self.metrics {
+                m.pool_idle.set(pool.idle_count(self.server.addr) as u64);
+            }
         }
         Ok(!close)
     }

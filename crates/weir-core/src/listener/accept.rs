@@ -40,7 +40,7 @@ pub async fn accept_loop(
         };
         match accepted {
             Ok((stream, peer)) => {
-                let _ = stream.set_nodelay(true);
+                // TCP_NODELAY is inherited from the listening socket (see `bind`).
                 let guard = ConnectionGuard::new(worker.clone(), listener_index);
                 let w = worker.clone();
                 if tcp {

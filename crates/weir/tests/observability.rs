@@ -1,0 +1,232 @@
+//! Metrics and access logs seen from outside: requests sent over real sockets must show up
+//! in the Prometheus text exactly (counts and bytes), per route and per upstream server,
+//! and in the access log with the fields the docs promise.
+
+mod common;
+
+use std::net::SocketAddr;
+
+use common::{dead_port, single, Conf, Weir, WAIT};
+use weir_testkit::{send_raw_once, wait_until, Backend};
+
+/// The value of the series `name{labels}` (labels exactly as rendered), if present.
+fn series(text: &str, name_and_labels: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|line| line.strip_prefix(name_and_labels)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// Polls until the series has `want` (recording happens just after the last byte is sent).
+fn wait_for_series(weir: &Weir, name_and_labels: &str, want: f64) {
+    let ok = wait_until(WAIT, || {
+        series(&weir.metrics_text(), name_and_labels) == Some(want)
+    });
+    let text = weir.metrics_text();
+    assert!(
+        ok,
+        "{name_and_labels}: want {want}, have {:?}\n{text}",
+        series(&text, name_and_labels)
+    );
+}
+
+fn server_labels(upstream: &str, server: SocketAddr) -> String {
+    format!("upstream=\"{upstream}\",server=\"{server}\"")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_and_bytes_are_counted_exactly() {
+    let backend = Backend::fixed(200, &[], "hello");
+    let weir = single(backend.addr())
+        .route("only", "up", &["path_prefix = \"/only/\""])
+        .start();
+    let (mut sent, mut received) = (0usize, 0usize);
+    for i in 0..7 {
+        let req = format!("GET /x{i} HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n");
+        let resp = send_raw_once(weir.addr, req.as_bytes()).await.unwrap();
+        assert!(resp.starts_with(b"HTTP/1.1 200"));
+        sent += req.len();
+        received += resp.len();
+    }
+    for _ in 0..3 {
+        let req = b"POST /only/y HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nConnection: close\r\n\r\nabc";
+        let resp = send_raw_once(weir.addr, req).await.unwrap();
+        sent += req.len();
+        received += resp.len();
+    }
+    wait_for_series(
+        &weir,
+        "weir_requests_total{listener=\"web\",route=\"all\",method=\"GET\",code=\"200\"}",
+        7.0,
+    );
+    wait_for_series(
+        &weir,
+        "weir_requests_total{listener=\"web\",route=\"only\",method=\"POST\",code=\"200\"}",
+        3.0,
+    );
+    wait_for_series(
+        &weir,
+        "weir_bytes_total{listener=\"web\",direction=\"in\"}",
+        sent as f64,
+    );
+    wait_for_series(
+        &weir,
+        "weir_bytes_total{listener=\"web\",direction=\"out\"}",
+        received as f64,
+    );
+    wait_for_series(&weir, "weir_connections_total{listener=\"web\"}", 10.0);
+    let text = weir.metrics_text();
+    assert_eq!(
+        series(
+            &text,
+            "weir_request_duration_seconds_count{listener=\"web\",route=\"all\"}"
+        ),
+        Some(7.0)
+    );
+    let labels = server_labels("up", backend.addr());
+    assert_eq!(
+        series(
+            &text,
+            &format!("weir_upstream_requests_total{{{labels},code=\"200\"}}")
+        ),
+        Some(10.0)
+    );
+    assert_eq!(
+        series(
+            &text,
+            &format!("weir_upstream_response_duration_seconds_count{{{labels}}}")
+        ),
+        Some(10.0)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn default_responses_are_counted_by_reason() {
+    let backend = Backend::echo("b");
+    let weir = Conf::new()
+        .route("api", "up", &["path_prefix = \"/api/\""])
+        .upstream("up", &[backend.addr()], &[])
+        .listener("max_body_size = \"4\"")
+        .start();
+    let mut client = weir.client().await;
+    for _ in 0..4 {
+        assert_eq!(client.get("/nothing", "a").await.unwrap().status, 404);
+    }
+    let resp = send_raw_once(weir.addr, b"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n")
+        .await
+        .unwrap();
+    assert!(resp.starts_with(b"HTTP/1.1 400"));
+    let resp = send_raw_once(
+        weir.addr,
+        b"POST /api/x HTTP/1.1\r\nHost: a\r\nContent-Length: 10\r\n\r\n0123456789",
+    )
+    .await
+    .unwrap();
+    assert!(resp.starts_with(b"HTTP/1.1 413"));
+    let reason =
+        |r: &str| format!("weir_default_responses_total{{listener=\"web\",reason=\"{r}\"}}");
+    wait_for_series(&weir, &reason("no_route"), 4.0);
+    wait_for_series(&weir, &reason("bad_request"), 1.0);
+    wait_for_series(&weir, &reason("too_large"), 1.0);
+    wait_for_series(
+        &weir,
+        "weir_requests_total{listener=\"web\",route=\"default\",method=\"GET\",code=\"404\"}",
+        4.0,
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_servers_have_their_own_series() {
+    let (a, b) = (Backend::echo("a"), Backend::echo("b"));
+    let dead = dead_port();
+    let weir = Conf::new()
+        .route("all", "up", &[])
+        .upstream("up", &[a.addr(), b.addr()], &[])
+        .route("broken", "down", &["path_prefix = \"/broken/\""])
+        .upstream("down", &[dead.addr], &[])
+        .start();
+    let mut client = weir.client().await;
+    for _ in 0..6 {
+        assert_eq!(client.get("/", "h").await.unwrap().status, 200);
+    }
+    assert_eq!(client.get("/broken/", "h").await.unwrap().status, 502);
+    for server in [a.addr(), b.addr()] {
+        let labels = server_labels("up", server);
+        wait_for_series(
+            &weir,
+            &format!("weir_upstream_requests_total{{{labels},code=\"200\"}}"),
+            3.0,
+        );
+        let text = weir.metrics_text();
+        // One connection per server, then reused: one connect each, one idle each.
+        assert_eq!(
+            series(
+                &text,
+                &format!("weir_upstream_connect_duration_seconds_count{{{labels}}}")
+            ),
+            Some(1.0),
+            "{text}"
+        );
+        assert_eq!(
+            series(&text, &format!("weir_upstream_pool_idle{{{labels}}}")),
+            Some(1.0),
+            "{text}"
+        );
+        assert_eq!(
+            series(&text, &format!("weir_upstream_server_up{{{labels}}}")),
+            Some(1.0)
+        );
+    }
+    wait_for_series(
+        &weir,
+        &format!(
+            "weir_upstream_requests_total{{{},code=\"502\"}}",
+            server_labels("down", dead.addr)
+        ),
+        1.0,
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_access_log_has_every_field() {
+    let dir = std::env::temp_dir().join(format!("weir-log-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("access.log");
+    let _ = std::fs::remove_file(&path);
+    let backend = Backend::fixed(201, &[], "made");
+    let weir = single(backend.addr())
+        .listener(&format!(
+            "access_log = {{ format = \"json\", path = \"{}\" }}",
+            path.display()
+        ))
+        .start();
+    let req = b"PUT /thing?q=\"x\" HTTP/1.1\r\nHost: a\r\nUser-Agent: t/1\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi";
+    let resp = send_raw_once(weir.addr, req).await.unwrap();
+    assert!(resp.starts_with(b"HTTP/1.1 201"));
+    let read = || std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        wait_until(WAIT, || read().ends_with('\n')),
+        "no access-log line in {}",
+        path.display()
+    );
+    let line = read();
+    let expect = [
+        "\"client\":\"127.0.0.1\"".to_string(),
+        "\"method\":\"PUT\"".to_string(),
+        "\"target\":\"/thing?q=\\\"x\\\"\"".to_string(),
+        "\"protocol\":\"HTTP/1.1\"".to_string(),
+        "\"status\":201".to_string(),
+        format!("\"bytes_in\":{}", req.len()),
+        format!("\"bytes_out\":{}", resp.len()),
+        "\"route\":\"all\"".to_string(),
+        format!("\"upstream\":\"{}\"", backend.addr()),
+        "\"user_agent\":\"t/1\"".to_string(),
+    ];
+    for field in expect {
+        assert!(line.contains(&field), "{field} missing in {line}");
+    }
+    for key in ["\"time\":\"", "\"duration\":", "\"upstream_time\":"] {
+        assert!(line.contains(key), "{key} missing in {line}");
+    }
+    drop(weir);
+    let _ = std::fs::remove_dir_all(&dir);
+}
