@@ -15,7 +15,6 @@ use tokio::sync::{watch, Notify};
 use crate::access_log::LogBuffer;
 use crate::buffer::Buffer;
 use crate::connector::IdlePool;
-use crate::metrics::shard::ServerMetrics;
 use crate::metrics::WorkerMetrics;
 use crate::snapshot::Snapshot;
 use crate::sys::Pipe;
@@ -72,12 +71,6 @@ pub struct Worker {
 }
 
 impl Worker {
-    /// The metrics of one server of one upstream (absent if the shard predates it).
-    #[inline]
-    pub fn server_metrics(&self, upstream: usize, server: usize) -> Option<&ServerMetrics> {
-        self.metrics.upstreams.get(upstream)?.servers.get(server)
-    }
-
     pub fn new(
         shared: Arc<Shared>,
         metrics: Arc<WorkerMetrics>,

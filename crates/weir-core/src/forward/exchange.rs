@@ -122,7 +122,7 @@ async fn exchange(
     loop {
         let server = &target.upstream.servers[pick.server];
         conn.upstream_pick = Some((target.route.upstream, pick.server));
-        let metrics = worker.server_metrics(target.route.upstream, pick.server);
+        let metrics = worker.metrics.server(target.route.upstream, pick.server);
         let on = (server, metrics);
         let started = std::time::Instant::now();
         let sent = if whole {
@@ -142,8 +142,10 @@ async fn exchange(
         };
         pick.record(target.pool, target.upstream, outcome, elapsed);
         count_attempt(metrics, &sent, resp, elapsed);
-        if let (Some(m), Outcome::ConnectError) = (metrics, outcome) {
-            m.connect_errors.inc();
+        if outcome == Outcome::ConnectError {
+            if let Some(m) = metrics {
+                m.connect_errors.inc();
+            }
         }
         let replay = Replay {
             idempotent: meta.idempotent,

@@ -230,6 +230,12 @@ pub struct WorkerMetrics {
 }
 
 impl WorkerMetrics {
+    /// Server `server` of upstream `upstream`, if the shard has it.
+    #[inline]
+    pub fn server(&self, upstream: usize, server: usize) -> Option<&ServerMetrics> {
+        self.upstreams.get(upstream)?.servers.get(server)
+    }
+
     /// Shaped after `config`: one slot per listener, route, upstream and server.
     pub fn new(config: &Config) -> WorkerMetrics {
         let listeners = config

@@ -101,7 +101,7 @@ async fn connect_upstream(
         let started = Instant::now();
         let result = connect(server.addr, upstream.connect_timeout).await;
         let elapsed = started.elapsed();
-        let metrics = worker.server_metrics(index, pick.server);
+        let metrics = worker.metrics.server(index, pick.server);
         match result {
             Ok(stream) => {
                 pick.record(plan, upstream, Outcome::Connected, elapsed);

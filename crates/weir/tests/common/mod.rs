@@ -118,15 +118,17 @@ pub struct Weir {
 }
 
 impl Weir {
+    /// The Prometheus text `/metrics` would serve.
+    pub fn metrics_text(&self) -> String {
+        self.proxy
+            .as_ref()
+            .map(|p| p.metrics_renderer()())
+            .unwrap_or_default()
+    }
+
     /// A new client connection to the listener.
     pub async fn client(&self) -> Client {
         Client::connect(self.addr).await.expect("connect to weir")
-    }
-
-    /// The Prometheus text `/metrics` would serve now.
-    pub fn metrics_text(&self) -> String {
-        let proxy = self.proxy.as_ref().expect("running");
-        proxy.metrics_renderer()()
     }
 }
 
