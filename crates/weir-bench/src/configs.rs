@@ -155,8 +155,8 @@ const WEIR_HTTP_LISTENER: &str = "keepalive_timeout = \"300s\"\nkeepalive_reques
 const WEIR_TCP_LISTENER: &str =
     "protocol = \"tcp\"\nupstream = \"backend\"\nidle_timeout = \"300s\"\nbuffer_size = \"16KiB\"";
 
-/// Weir's configuration; `tcp` asks for an L4 listener;
-/// `access_log` turns on a JSON access log to that file.
+/// Weir's configuration; `tcp` asks for an L4 listener; `access_log` turns on a JSON access
+/// log to that file (HTTP listeners only: TCP listeners have none).
 pub fn weir_toml(
     s: &Setup,
     port: u16,
@@ -187,7 +187,7 @@ pub fn weir_toml(
         (false, Route::Default) => (String::new(), String::new()),
     };
     let admin = admin.map_or("off".to_string(), |p| format!("127.0.0.1:{p}"));
-    let access_log = access_log.map_or(String::new(), |path| {
+    let access_log = access_log.filter(|_| !tcp).map_or(String::new(), |path| {
         format!(
             "access_log = {{ format = \"json\", path = \"{}\" }}",
             path.display()
@@ -286,7 +286,7 @@ mod tests {
         .unwrap();
         assert!(!d.contains("[upstreams"), "{d}");
         assert!(d.contains("bind = \"off\""));
-        let tcp = weir_toml(&s, 8080, None, true, None).unwrap();
+        let tcp = weir_toml(&s, 8080, None, true, Some(Path::new("/l/a.log"))).unwrap();
         let config = weir_config::parse_str(&tcp, "bench.toml").expect("valid tcp config");
         assert!(config.listeners[0].tcp().is_some(), "{tcp}");
         let http = weir_toml(&s, 8080, None, false, None).unwrap();

@@ -74,7 +74,12 @@ fn drain_with(sig: libc::c_int) {
         "took {:?}",
         signalled.elapsed()
     );
-    assert!(weir.log.contains("stopped"), "{}", weir.log.text());
+    // The exit can be seen before the log reader has read the last stderr line: poll.
+    assert!(
+        weir.log.wait_for("stopped", Duration::from_secs(5)),
+        "{}",
+        weir.log.text()
+    );
     assert!(refused(addr));
 }
 

@@ -1,8 +1,8 @@
 //! TCP (L4) listeners over real sockets: 1 GiB each way hash-checked on both ends (auto,
 //! forced splice and forced copy), half-close both ways, idle timeout, a refused server
 //! skipped, PROXY headers sent byte-exact (v1, v2), accepted only from trusted sources,
-//! and accepted on an HTTP listener for X-Forwarded-For and the access log; health-down
-//! and refused servers skipped.
+//! and accepted on an HTTP listener for X-Forwarded-For and the access log; health-down,
+//! refused and hanging (connect timeout) servers skipped.
 
 mod common;
 
@@ -47,13 +47,25 @@ impl RawBackend {
 
 /// A TCP listener `web` relaying to upstream `up` (servers `servers`), plus `extra` lines.
 fn tcp_conf(servers: &[SocketAddr], extra: &[&str]) -> Conf {
+    tcp_pool(servers, extra, &[])
+}
+
+/// [`tcp_conf`] with `pool` lines in `[upstreams.up]`.
+fn tcp_pool(servers: &[SocketAddr], extra: &[&str], pool: &[&str]) -> Conf {
     let mut conf = Conf::new()
         .listener("protocol = \"tcp\"")
         .listener("upstream = \"up\"");
     for line in extra {
         conf = conf.listener(line);
     }
-    conf.upstream("up", servers, &[])
+    conf.upstream("up", servers, pool)
+}
+
+/// A server that sends "alive" to each connection and closes it.
+fn alive() -> RawBackend {
+    RawBackend::spawn(|mut s| {
+        let _ = s.write_all(b"alive");
+    })
 }
 
 fn connect(addr: SocketAddr) -> TcpStream {
@@ -215,10 +227,7 @@ fn read_n(weir: &common::Weir, n: usize, want: &[u8]) {
 
 #[test]
 fn refused_server_is_skipped_and_ejected() {
-    let dead = dead_port();
-    let backend = RawBackend::spawn(|mut s| {
-        let _ = s.write_all(b"alive");
-    });
+    let (dead, backend) = (dead_port(), alive());
     // Round robin starts with the dead server: its refusal is retried on the live one and
     // (max_fails = 1, the default) ejects it, so it is not tried again.
     let weir = tcp_conf(&[dead.addr, backend.addr], &[]).start();
@@ -234,23 +243,60 @@ fn refused_server_is_skipped_and_ejected() {
 }
 
 #[test]
+fn connect_timeout_applies_and_the_next_server_is_tried() {
+    let (hanging, backend) = (FullListener::new(), alive());
+    // Round robin tries the hanging server first; it times out and the live one answers.
+    let pool = ["connect_timeout = \"200ms\""];
+    let weir = tcp_pool(&[hanging.addr, backend.addr], &[], &pool).start();
+    let started = std::time::Instant::now();
+    read_n(&weir, 1, b"alive");
+    assert!(
+        started.elapsed() >= Duration::from_millis(200),
+        "the first attempt waited for connect_timeout (not refused)"
+    );
+    assert_eq!(connect_errors(&weir, hanging.addr), Some(1));
+}
+
+/// A listening socket whose accept queue is full, so the kernel drops new SYNs and a
+/// connect to it hangs (until the connector's timeout).
+struct FullListener {
+    addr: SocketAddr,
+    _listener: TcpListener,
+    _queued: Vec<TcpStream>,
+}
+
+impl FullListener {
+    fn new() -> FullListener {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let listener = rt.block_on(async {
+            let s = tokio::net::TcpSocket::new_v4().expect("socket");
+            s.bind("127.0.0.1:0".parse().expect("addr")).expect("bind");
+            s.listen(0).expect("listen").into_std().expect("std")
+        });
+        let addr = listener.local_addr().expect("addr");
+        // Backlog 0 queues one connection; the second attempt already hangs.
+        let _queued = (0..2)
+            .filter_map(|_| TcpStream::connect_timeout(&addr, Duration::from_millis(100)).ok())
+            .collect();
+        FullListener {
+            addr,
+            _listener: listener,
+            _queued,
+        }
+    }
+}
+
+#[test]
 fn health_down_server_is_not_chosen() {
-    let dead = dead_port();
-    let backend = RawBackend::spawn(|mut s| {
-        let _ = s.write_all(b"alive");
-    });
-    let weir = Conf::new()
-        .listener("protocol = \"tcp\"")
-        .listener("upstream = \"up\"")
-        .upstream(
-            "up",
-            &[dead.addr, backend.addr],
-            &[
-                "[upstreams.up.passive]\nmax_fails = 0",
-                "[upstreams.up.health_check]\nkind = \"tcp\"\ninterval = \"50ms\"\nfall = 1",
-            ],
-        )
-        .start();
+    let (dead, backend) = (dead_port(), alive());
+    let pool = [
+        "[upstreams.up.passive]\nmax_fails = 0",
+        "[upstreams.up.health_check]\nkind = \"tcp\"\ninterval = \"50ms\"\nfall = 1",
+    ];
+    let weir = tcp_pool(&[dead.addr, backend.addr], &[], &pool).start();
     let down = format!(
         "weir_upstream_server_up{{upstream=\"up\",server=\"{}\"}} 0",
         dead.addr

@@ -98,3 +98,57 @@ pub fn retry_eintr<T>(mut call: impl FnMut() -> io::Result<T>) -> io::Result<T> 
 pub fn shutdown_write(stream: &TcpStream) {
     let _ = SockRef::from(stream).shutdown(std::net::Shutdown::Write);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncWriteExt;
+
+    async fn pair() -> (TcpStream, TcpStream) {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let c = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+        let (s, _) = l.accept().await.unwrap();
+        (c, s)
+    }
+
+    /// A short read clears the readiness; data arriving later must still wake the reader.
+    #[tokio::test]
+    async fn short_reads_do_not_lose_later_data() {
+        let (mut c, s) = pair().await;
+        let mut buf = Buffer::new(64);
+        for round in 0..50u8 {
+            c.write_all(&[round; 3]).await.unwrap();
+            let n = read_some(&s, &mut buf).await.unwrap();
+            assert_eq!(buf.filled(), &[round; 3][..n]);
+            buf.consume(n);
+            if n < 3 {
+                while buf.len() < 3 - n {
+                    read_some(&s, &mut buf).await.unwrap();
+                }
+                buf.clear();
+            }
+        }
+        drop(c);
+        assert_eq!(read_some(&s, &mut buf).await.unwrap(), 0, "end of stream");
+    }
+
+    #[tokio::test]
+    async fn writes_everything_and_reads_it_back() {
+        let (c, s) = pair().await;
+        let data: Vec<u8> = (0..200_000u32).map(|i| i as u8).collect();
+        let reader = async {
+            let mut got = Vec::new();
+            let mut buf = Buffer::new(4096);
+            while got.len() < data.len() {
+                let n = read_some(&s, &mut buf).await.unwrap();
+                assert!(n > 0);
+                got.extend_from_slice(buf.filled());
+                buf.clear();
+            }
+            got
+        };
+        let (written, got) = tokio::join!(write_bytes(&c, &data), reader);
+        written.unwrap();
+        assert_eq!(got, data);
+    }
+}
