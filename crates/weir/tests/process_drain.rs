@@ -144,7 +144,8 @@ fn drain_timeout_bounds_the_wait() {
         .expect("exits after drain_timeout");
     assert!(status.success(), "{status:?}");
     assert!(
-        weir.log.contains("drain_timeout reached"),
+        weir.log
+            .wait_for("drain_timeout reached", Duration::from_secs(5)),
         "{}",
         weir.log.text()
     );

@@ -37,7 +37,9 @@ fn sighup_applies_the_file_and_adds_and_removes_listeners() {
         "{}",
         weir.log.text()
     );
-    assert!(weir.log.contains("changed route web/all"));
+    assert!(weir
+        .log
+        .wait_for("changed route web/all", Duration::from_secs(5)));
     assert_eq!(backend_of(weir.addr), "b");
     let second_addr = weir
         .log
