@@ -88,7 +88,9 @@ fn push_json(out: &mut Vec<u8>, req: &RequestFields, o: &Outcome<'_>, time: &mut
     let (_, iso, millis) = time.now();
     out.extend_from_slice(b"{\"time\":\"");
     out.extend_from_slice(iso.as_bytes());
-    out.extend_from_slice(format!(".{millis:03}Z\"").as_bytes());
+    out.push(b'.');
+    push_padded(out, u64::from(millis), 3);
+    out.extend_from_slice(b"Z\"");
     json_str(out, b"client", o.client);
     json_str(out, b"method", &req.method);
     json_str(out, b"target", &req.target);
@@ -96,7 +98,8 @@ fn push_json(out: &mut Vec<u8>, req: &RequestFields, o: &Outcome<'_>, time: &mut
     json_num(out, b"status", u64::from(o.status));
     json_num(out, b"bytes_in", o.bytes_in);
     json_num(out, b"bytes_out", o.bytes_out);
-    out.extend_from_slice(format!(",\"duration\":{:.6}", o.duration.as_secs_f64()).as_bytes());
+    out.extend_from_slice(b",\"duration\":");
+    push_seconds(out, o.duration);
     json_str(out, b"route", o.route.as_bytes());
     match o.upstream {
         Some(u) => json_str(out, b"upstream", u.as_bytes()),
@@ -104,13 +107,32 @@ fn push_json(out: &mut Vec<u8>, req: &RequestFields, o: &Outcome<'_>, time: &mut
     }
     match o.upstream_time {
         Some(t) => {
-            out.extend_from_slice(format!(",\"upstream_time\":{:.6}", t.as_secs_f64()).as_bytes())
+            out.extend_from_slice(b",\"upstream_time\":");
+            push_seconds(out, t);
         }
         None => out.extend_from_slice(b",\"upstream_time\":null"),
     }
     json_str(out, b"referer", &req.referer);
     json_str(out, b"user_agent", &req.user_agent);
     out.push(b'}');
+}
+
+/// Seconds with six decimals (microseconds, rounded), without allocating.
+fn push_seconds(out: &mut Vec<u8>, d: Duration) {
+    let micros = (d.as_nanos() + 500) / 1000;
+    push_decimal(out, (micros / 1_000_000) as u64);
+    out.push(b'.');
+    push_padded(out, (micros % 1_000_000) as u64, 6);
+}
+
+/// `n` in decimal with leading zeros up to `width` digits.
+fn push_padded(out: &mut Vec<u8>, n: u64, width: usize) {
+    let start = out.len();
+    push_decimal(out, n);
+    let len = out.len() - start;
+    if len < width {
+        out.splice(start..start, std::iter::repeat_n(b'0', width - len));
+    }
 }
 
 fn json_str(out: &mut Vec<u8>, key: &[u8], value: &[u8]) {
@@ -225,5 +247,24 @@ mod tests {
         ] {
             assert!(line.contains(field), "{field} in {line}");
         }
+    }
+
+    #[test]
+    fn seconds_have_six_rounded_decimals() {
+        let cases = [
+            (Duration::ZERO, "0.000000"),
+            (Duration::from_nanos(1_898_400), "0.001898"),
+            (Duration::from_nanos(1_898_500), "0.001899"),
+            (Duration::from_micros(12_345_678), "12.345678"),
+            (Duration::from_nanos(999_999_600), "1.000000"),
+        ];
+        for (d, want) in cases {
+            let mut out = Vec::new();
+            push_seconds(&mut out, d);
+            assert_eq!(String::from_utf8(out).unwrap(), want, "{d:?}");
+        }
+        let mut out = b"x".to_vec();
+        push_padded(&mut out, 7, 3);
+        assert_eq!(out, b"x007");
     }
 }
