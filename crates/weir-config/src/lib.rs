@@ -110,6 +110,7 @@ max_idle = 256
             protocol: Protocol::Http,
             proxy_protocol: ProxyProtocol::default(),
             backlog: 4096,
+            defer_accept: true,
             max_connections: 10_000,
             keepalive_timeout: Duration::from_secs(5),
             keepalive_requests: 500,

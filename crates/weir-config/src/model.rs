@@ -140,6 +140,9 @@ pub struct Listener {
     /// Accepting (any listener) and sending (TCP listeners) PROXY protocol headers.
     pub proxy_protocol: ProxyProtocol,
     pub backlog: u32,
+    /// TCP_DEFER_ACCEPT: hand a connection to Weir only once its first bytes have arrived
+    /// (or after about a second). Default on for HTTP, off for TCP listeners.
+    pub defer_accept: bool,
     pub max_connections: usize,
     /// Idle time allowed between requests on a client connection.
     pub keepalive_timeout: Duration,

@@ -45,6 +45,7 @@ pub(crate) struct RawListener {
     pub bind: Option<String>,
     pub protocol: Option<String>,
     pub backlog: Option<i64>,
+    pub defer_accept: Option<bool>,
     pub max_connections: Option<i64>,
     pub keepalive_timeout: Option<String>,
     pub keepalive_requests: Option<i64>,

@@ -12,7 +12,7 @@ use std::time::Duration;
 use crate::error::{FieldPath, Issue};
 use crate::model::{
     AccessLog, AccessLogFormat, AdminSettings, Config, DefaultResponse, HostPattern, Listener,
-    LogTarget, Route, ServerSettings, Upstream, UpstreamServer, Workers,
+    LogTarget, Protocol, Route, ServerSettings, Upstream, UpstreamServer, Workers,
 };
 use crate::raw::{
     RawAccessLog, RawAdmin, RawConfig, RawDefaultResponse, RawListener, RawRoute, RawServer,
@@ -199,12 +199,18 @@ fn listener(
     let name = name(raw.name.take(), &key("name"), "listener")?;
     let bind = listener_bind(raw.bind.take(), &key("bind"))?;
     let protocol = tcp::protocol(&mut raw, path, upstreams)?;
+    // A TCP listener may carry a protocol where the server speaks first (SMTP, MySQL):
+    // deferring its accept would stall it, so there it is opt-in.
+    let defer_accept = raw
+        .defer_accept
+        .unwrap_or(matches!(protocol, Protocol::Http));
     Ok(Listener {
         name,
         bind,
         protocol,
         proxy_protocol: tcp::proxy_protocol(raw.proxy_protocol, &key("proxy_protocol"))?,
         backlog: int_in(raw.backlog, 4096, 1..=65535, &key("backlog"))?,
+        defer_accept,
         max_connections: int_in(
             raw.max_connections,
             10_000,

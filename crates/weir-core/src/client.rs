@@ -6,14 +6,15 @@
 //! without touching the socket.
 
 use std::net::SocketAddr;
+use std::rc::Rc;
 
 use tokio::io::AsyncWriteExt;
-use tokio::net::TcpStream;
 use tokio::time::{timeout, timeout_at, Instant};
 use weir_config::Listener;
 
 use crate::access_log::RequestFields;
 use crate::buffer::Buffer;
+use crate::client_stream::ClientStream;
 use crate::codec::http1::write::push_simple_response;
 use crate::codec::http1::{parse_request, HeadLimits, RequestHead};
 use crate::error::{reason_phrase, ProxyError};
@@ -28,7 +29,8 @@ const DRAIN_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
 const MIN_CLIENT_BUFFER: usize = 16 * 1024;
 
 pub struct ClientConn {
-    pub stream: TcpStream,
+    worker: Rc<Worker>,
+    pub stream: ClientStream,
     pub buf: Buffer,
     /// Scratch space for serialising heads; reused across requests.
     pub out: Vec<u8>,
@@ -69,10 +71,19 @@ fn head_end_seen(buf: &[u8], scanned: &mut usize) -> bool {
 }
 
 impl ClientConn {
-    pub fn new(stream: TcpStream, peer: SocketAddr, listener: &Listener) -> ClientConn {
+    /// The read buffer comes from `worker`'s spares (and goes back there on drop): a short
+    /// connection would otherwise allocate and zero 16 KiB.
+    pub fn new(
+        worker: Rc<Worker>,
+        stream: ClientStream,
+        peer: SocketAddr,
+        listener: &Listener,
+    ) -> ClientConn {
+        let buf = worker.take_buffer_sized(listener.max_header_size.max(MIN_CLIENT_BUFFER));
         ClientConn {
+            worker,
             stream,
-            buf: Buffer::new(listener.max_header_size.max(MIN_CLIENT_BUFFER)),
+            buf,
             out: Vec::with_capacity(1024),
             ip: ClientIp::new(peer.ip()),
             host: Vec::new(),
@@ -199,6 +210,13 @@ impl ClientConn {
         push_simple_response(&mut out, status, "text/plain", &body, true);
         let _ = self.write_all(&out, listener).await;
         self.out = out;
+    }
+}
+
+impl Drop for ClientConn {
+    fn drop(&mut self) {
+        self.worker
+            .give_buffer(std::mem::replace(&mut self.buf, Buffer::new(0)));
     }
 }
 

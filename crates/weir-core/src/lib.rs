@@ -28,6 +28,7 @@
 pub mod access_log;
 pub mod buffer;
 pub mod client;
+pub mod client_stream;
 pub mod codec;
 pub mod connector;
 pub mod error;

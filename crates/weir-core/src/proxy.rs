@@ -12,11 +12,11 @@ use std::net::SocketAddr;
 use std::rc::Rc;
 use std::time::Instant;
 
-use tokio::net::TcpStream;
 use weir_config::Listener;
 
 use crate::access_log::{Outcome, RequestFields};
 use crate::client::{ClientConn, NextRequest};
+use crate::client_stream::ClientStream;
 use crate::codec::http1::{BodyFraming, RequestHead, ResponseHead};
 use crate::error::ProxyError;
 use crate::filters::forwarded::ClientIp;
@@ -33,33 +33,48 @@ use crate::worker::Worker;
 /// The listener's config position is looked up in each request's snapshot: a reload may
 /// move it, and once a reload removes it the connection serves the request it has and
 /// closes.
-pub async fn serve_client(worker: Rc<Worker>, slot: usize, stream: TcpStream, peer: SocketAddr) {
+pub async fn serve_client(worker: Rc<Worker>, slot: usize, stream: ClientStream, peer: SocketAddr) {
     let snapshot = worker.snapshot();
     let Some(listener_index) = snapshot.listener_index(slot) else {
         return;
     };
     let listener = &snapshot.config.listeners[listener_index];
-    let mut conn = ClientConn::new(stream, peer, listener);
-    let timeout = listener.header_timeout;
-    let step = accept_step(
-        &worker,
-        slot,
-        listener,
-        (&conn.stream, peer),
-        &mut conn.buf,
-        timeout,
-    );
-    match step.await {
-        // The carried client address is the one X-Forwarded-For and logs show.
-        Ok(Some(addresses)) => conn.ip = ClientIp::new(addresses.source.ip()),
-        Ok(None) => {}
-        Err(_) => return,
+    let mut conn = ClientConn::new(worker.clone(), stream, peer, listener);
+    if listener.proxy_protocol.accept {
+        let Ok(stream) = conn.stream.registered() else {
+            return;
+        };
+        let timeout = listener.header_timeout;
+        let step = accept_step(
+            &worker,
+            slot,
+            listener,
+            (stream, peer),
+            &mut conn.buf,
+            timeout,
+        );
+        match step.await {
+            // The carried client address is the one X-Forwarded-For and logs show.
+            Ok(Some(addresses)) => conn.ip = ClientIp::new(addresses.source.ip()),
+            Ok(None) => {}
+            Err(_) => return,
+        }
     }
+    let mut kept = snapshot.clone();
     drop(snapshot);
     let mut req = RequestHead::default();
     let mut resp = ResponseHead::default();
     loop {
-        let snapshot = worker.snapshot();
+        // A reload may have removed the listener since the last response: the connection
+        // still gets its next request answered (on the snapshot it was served with), with
+        // `Connection: close`.
+        let fresh = worker.snapshot();
+        let snapshot = if fresh.listener_index(slot).is_some() {
+            fresh
+        } else {
+            conn.last_request = true;
+            kept.clone()
+        };
         let Some(listener_index) = snapshot.listener_index(slot) else {
             return;
         };
@@ -134,6 +149,7 @@ pub async fn serve_client(worker: Rc<Worker>, slot: usize, stream: TcpStream, pe
         if handled.result != Ok(true) {
             return;
         }
+        kept = snapshot.clone();
     }
 }
 

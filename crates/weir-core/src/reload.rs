@@ -75,11 +75,18 @@ struct Active {
     sockets: Vec<std::net::TcpListener>,
 }
 
-/// Bind address, backlog, connection limit, and whether the accept loop serves TCP (L4).
-type SocketKey = (SocketAddr, u32, usize, bool);
+/// Bind address, backlog, connection limit, whether the accept loop serves TCP (L4), and
+/// TCP_DEFER_ACCEPT.
+type SocketKey = (SocketAddr, u32, usize, bool, bool);
 
 fn socket_key(l: &Listener) -> SocketKey {
-    (l.bind, l.backlog, l.max_connections, l.tcp().is_some())
+    (
+        l.bind,
+        l.backlog,
+        l.max_connections,
+        l.tcp().is_some(),
+        l.defer_accept,
+    )
 }
 
 /// The control plane's state, behind the `Proxy`'s lock (which also serializes changes).

@@ -210,13 +210,16 @@ pub(crate) fn bind_per_worker(
         s.set_nonblocking(true).map_err(|e| err(listener.bind, e))?;
     }
     if sockets.is_empty() {
-        let first =
-            bind_reuseport(listener.bind, listener.backlog).map_err(|e| err(listener.bind, e))?;
+        let first = bind_reuseport(listener.bind, listener.backlog, listener.defer_accept)
+            .map_err(|e| err(listener.bind, e))?;
         sockets.push(first);
     }
     let addr = sockets[0].local_addr().map_err(|e| err(listener.bind, e))?;
     while sockets.len() < workers {
-        sockets.push(bind_reuseport(addr, listener.backlog).map_err(|e| err(addr, e))?);
+        sockets.push(
+            bind_reuseport(addr, listener.backlog, listener.defer_accept)
+                .map_err(|e| err(addr, e))?,
+        );
     }
     Ok(Bound {
         addr,

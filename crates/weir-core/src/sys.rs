@@ -1,4 +1,5 @@
-//! The data plane's only unsafe code: pipes and splice(2) for the L4 relay (Linux).
+//! The data plane's only unsafe code: pipes and splice(2) for the L4 relay (Linux), and the
+//! registration of listening sockets with the reactor.
 //!
 //! Each function wraps one system call; the file descriptors involved are borrowed from
 //! owned sockets and pipes (`BorrowedFd`), so none can be closed while in use. On other
@@ -45,6 +46,71 @@ impl Pipe {
     pub fn drain_to(&self, to: BorrowedFd<'_>, len: usize) -> io::Result<usize> {
         splice(self.read.as_fd(), to, len)
     }
+}
+
+/// Registers a listening socket with the reactor, for readable (incoming connection) events.
+/// Accepting through the `mio` listener yields sockets that are not registered (see
+/// `client_stream`), which tokio's own `TcpListener` cannot do.
+pub fn register_listener(
+    listener: mio::net::TcpListener,
+) -> io::Result<tokio::io::unix::AsyncFd<mio::net::TcpListener>> {
+    use tokio::io::{unix::AsyncFd, Interest};
+    // SAFETY: the AsyncFd takes ownership of `listener`, which owns its descriptor, so the
+    // descriptor stays open for as long as it is registered.
+    unsafe { AsyncFd::register_with_interest(listener, Interest::READABLE) }.map_err(Into::into)
+}
+
+/// TCP_DEFER_ACCEPT on a listening socket: accept(2) returns a connection only once its
+/// first bytes have arrived, or after about `seconds` (the kernel then hands it over anyway).
+/// The first read of an accepted connection then finds its request instead of waiting.
+#[cfg(target_os = "linux")]
+pub fn set_defer_accept(socket: BorrowedFd<'_>, seconds: u32) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let value = libc::c_int::try_from(seconds).unwrap_or(libc::c_int::MAX);
+    // SAFETY: the descriptor is borrowed from a live socket; `value` outlives the call and
+    // its size is passed with it.
+    let rc = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_DEFER_ACCEPT,
+            (&value as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The TCP_DEFER_ACCEPT setting of a socket, as the kernel reports it (seconds, 0 = off).
+#[cfg(all(test, target_os = "linux"))]
+pub fn defer_accept(socket: BorrowedFd<'_>) -> io::Result<u32> {
+    use std::os::fd::AsRawFd;
+    let mut value: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: the descriptor is borrowed from a live socket; `value` and `len` are valid
+    // for writes for the duration of the call.
+    let rc = unsafe {
+        libc::getsockopt(
+            socket.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_DEFER_ACCEPT,
+            (&mut value as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(u32::try_from(value).unwrap_or(0))
+}
+
+/// TCP_DEFER_ACCEPT is Linux-only: elsewhere connections are accepted at once.
+#[cfg(not(target_os = "linux"))]
+pub fn set_defer_accept(_: BorrowedFd<'_>, _: u32) -> io::Result<()> {
+    Ok(())
 }
 
 /// splice(2) between two descriptors, without blocking; `len` is capped at what the

@@ -44,12 +44,17 @@ fn fd_exhaustion_is_survived() {
     assert_eq!(head.status, 200);
 
     // The flood: connects complete in the kernel backlog whether or not Weir accepts them.
+    // Each sends its request at once (a silent connection would wait in the kernel: HTTP
+    // listeners defer accepting until the first bytes arrive).
     let started = Instant::now();
     let mut flood: Vec<TcpStream> = Vec::new();
     let mut failed_connects = 0;
     for _ in 0..FLOOD {
         match connect(weir.addr, Duration::from_secs(1)) {
-            Ok(s) => flood.push(s),
+            Ok(mut s) => {
+                let _ = s.write_all(b"GET /flood HTTP/1.1\r\nHost: test\r\n\r\n");
+                flood.push(s)
+            }
             Err(_) => failed_connects += 1,
         }
     }
@@ -67,12 +72,9 @@ fn fd_exhaustion_is_survived() {
     let fds_at_limit = weir.open_fds();
     assert!(!weir.exited(), "alive while out of descriptors");
 
-    // Connections Weir holds are still served. Send a request on every flood connection:
-    // those Weir accepted answer (the upstream connection may fail for lack of a descriptor:
-    // 502 is fine, a crash is not); the rest wait in the backlog.
-    for s in &mut flood {
-        let _ = s.write_all(b"GET /flood HTTP/1.1\r\nHost: test\r\n\r\n");
-    }
+    // Connections Weir holds are still served: those it accepted answer (the upstream
+    // connection may fail for lack of a descriptor: 502 is fine, a crash is not); the rest
+    // wait in the backlog.
     let mut answered = 0;
     for s in &mut flood[..8] {
         s.set_read_timeout(Some(Duration::from_millis(300)))

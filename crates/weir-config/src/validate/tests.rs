@@ -205,6 +205,18 @@ fn tcp_listener_settings() {
 }
 
 #[test]
+fn defer_accept_defaults_to_on_for_http_and_off_for_tcp() {
+    let http = parse_str(&format!("{LISTENER}backlog = 16\n"), "t").expect("valid");
+    assert!(http.listeners[0].defer_accept);
+    let tcp = parse_str(&tcp_listener(""), "t").expect("valid");
+    assert!(!tcp.listeners[0].defer_accept);
+    let opted_in = parse_str(&tcp_listener("defer_accept = true\n"), "t").expect("valid");
+    assert!(opted_in.listeners[0].defer_accept);
+    let opted_out = parse_str(&format!("{LISTENER}defer_accept = false\n"), "t").expect("valid");
+    assert!(!opted_out.listeners[0].defer_accept);
+}
+
+#[test]
 fn tcp_listener_errors() {
     check(
         &format!("{LISTENER}protocol = \"tcp\"\n"),

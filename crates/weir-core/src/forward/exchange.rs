@@ -295,7 +295,9 @@ async fn send_streaming(
     let mut upload_done = false;
     let result = {
         let (mut ur, mut uw) = stream.split();
-        let (mut cr, mut cw) = conn.stream.split();
+        // A streamed upload waits on the client and the upstream at once: register.
+        let client = conn.stream.registered().map_err(ProxyError::client_io)?;
+        let (mut cr, mut cw) = client.split();
         let mut uploaded = 0;
         let upload = pump(
             &mut cr,

@@ -1,14 +1,14 @@
 //! The two-way tunnel after `101 Switching Protocols` (WebSocket and friends).
 
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::buffer::Buffer;
 
 /// Relays bytes both ways until either side closes. Bytes that arrived early (after the
 /// request head from the client, after the 101 head from the upstream) are sent first.
-pub async fn run(
-    client: &mut TcpStream,
+pub async fn run<C: AsyncRead + AsyncWrite + Unpin>(
+    client: &mut C,
     client_early: &mut Buffer,
     upstream: &mut TcpStream,
     upstream_early: &mut Buffer,

@@ -6,12 +6,15 @@
 //! running out of descriptors never ends the process.
 
 use std::io;
+use std::net::SocketAddr;
+use std::os::fd::OwnedFd;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use tokio::net::TcpListener;
+use tokio::io::unix::AsyncFd;
 
 use super::StopSignal;
+use crate::client_stream::ClientStream;
 use crate::metrics::shard::accept_error_index;
 use crate::worker::{ConnectionGuard, Worker};
 
@@ -25,7 +28,7 @@ const LOG_INTERVAL: Duration = Duration::from_secs(1);
 pub async fn accept_loop(
     worker: Rc<Worker>,
     slot: usize,
-    listener: TcpListener,
+    listener: AsyncFd<mio::net::TcpListener>,
     limit: usize,
     stop: Rc<StopSignal>,
 ) {
@@ -43,7 +46,7 @@ pub async fn accept_loop(
             return;
         }
         let accepted = tokio::select! {
-            r = listener.accept() => r,
+            r = accept(&listener) => r,
             _ = worker.drained() => return,
             _ = stop.stopped() => return,
         };
@@ -53,11 +56,18 @@ pub async fn accept_loop(
                 let guard = ConnectionGuard::new(worker.clone(), slot);
                 let w = worker.clone();
                 if tcp {
-                    tokio::task::spawn_local(async move {
-                        crate::tcp::serve_tcp(w, slot, stream, peer).await;
-                        drop(guard);
-                    });
+                    // The L4 relay waits on both sides at once: register straight away.
+                    match tokio::net::TcpStream::from_std(stream) {
+                        Ok(stream) => {
+                            tokio::task::spawn_local(async move {
+                                crate::tcp::serve_tcp(w, slot, stream, peer).await;
+                                drop(guard);
+                            });
+                        }
+                        Err(e) => tracing::warn!(error = %e, "cannot register a connection"),
+                    }
                 } else {
+                    let stream = ClientStream::new(stream);
                     tokio::task::spawn_local(async move {
                         crate::proxy::serve_client(w, slot, stream, peer).await;
                         drop(guard);
@@ -83,6 +93,20 @@ pub async fn accept_loop(
                 count_accept_error(&worker, slot, &e);
                 tracing::debug!(error = %e, "accept failed");
             }
+        }
+    }
+}
+
+/// Accepts one connection as a non-blocking socket that is not registered with the reactor
+/// (see `client_stream`).
+async fn accept(
+    listener: &AsyncFd<mio::net::TcpListener>,
+) -> io::Result<(std::net::TcpStream, SocketAddr)> {
+    loop {
+        let mut ready = listener.readable().await?;
+        if let Ok(accepted) = ready.try_io(|l| l.get_ref().accept()) {
+            let (stream, peer) = accepted?;
+            return Ok((std::net::TcpStream::from(OwnedFd::from(stream)), peer));
         }
     }
 }

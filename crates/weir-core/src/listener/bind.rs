@@ -4,14 +4,24 @@
 
 use std::io;
 use std::net::SocketAddr;
+use std::os::fd::AsFd;
 
 use socket2::{Domain, Protocol, Socket, Type};
 
-/// Binds a non-blocking listening socket with SO_REUSEADDR and SO_REUSEPORT.
+/// How long the kernel holds a connection that has sent nothing before handing it over
+/// anyway (HAProxy's `defer-accept` uses the same second). It then gets `header_timeout`.
+const DEFER_ACCEPT_SECONDS: u32 = 1;
+
+/// Binds a non-blocking listening socket with SO_REUSEADDR and SO_REUSEPORT, and
+/// TCP_DEFER_ACCEPT when `defer_accept`.
 ///
 /// TCP_NODELAY is set on the listening socket: Linux copies it into every accepted socket,
 /// which saves a `setsockopt` per connection (one of nine syscalls for a short connection).
-pub fn bind_reuseport(addr: SocketAddr, backlog: u32) -> io::Result<std::net::TcpListener> {
+pub fn bind_reuseport(
+    addr: SocketAddr,
+    backlog: u32,
+    defer_accept: bool,
+) -> io::Result<std::net::TcpListener> {
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
     socket.set_reuse_address(true)?;
     #[cfg(unix)]
@@ -22,6 +32,9 @@ pub fn bind_reuseport(addr: SocketAddr, backlog: u32) -> io::Result<std::net::Tc
     socket.set_nonblocking(true)?;
     socket.set_nodelay(true)?;
     socket.bind(&addr.into())?;
+    if defer_accept {
+        crate::sys::set_defer_accept(socket.as_fd(), DEFER_ACCEPT_SECONDS)?;
+    }
     socket.listen(i32::try_from(backlog).unwrap_or(i32::MAX))?;
     Ok(socket.into())
 }
@@ -32,15 +45,25 @@ mod tests {
 
     #[test]
     fn workers_can_share_a_port() {
-        let first = bind_reuseport("127.0.0.1:0".parse().unwrap(), 16).unwrap();
+        let first = bind_reuseport("127.0.0.1:0".parse().unwrap(), 16, false).unwrap();
         let addr = first.local_addr().unwrap();
-        let second = bind_reuseport(addr, 16).unwrap();
+        let second = bind_reuseport(addr, 16, false).unwrap();
         assert_eq!(second.local_addr().unwrap(), addr);
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn defer_accept_is_set_only_when_asked() {
+        let any = || "127.0.0.1:0".parse().unwrap();
+        let deferred = bind_reuseport(any(), 16, true).unwrap();
+        let plain = bind_reuseport(any(), 16, false).unwrap();
+        assert!(crate::sys::defer_accept(deferred.as_fd()).unwrap() > 0);
+        assert_eq!(crate::sys::defer_accept(plain.as_fd()).unwrap(), 0);
     }
 
     #[test]
     fn accepted_sockets_inherit_nodelay() {
-        let listener = bind_reuseport("127.0.0.1:0".parse().unwrap(), 16).unwrap();
+        let listener = bind_reuseport("127.0.0.1:0".parse().unwrap(), 16, false).unwrap();
         listener.set_nonblocking(false).unwrap();
         let _client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         let (accepted, _) = listener.accept().unwrap();

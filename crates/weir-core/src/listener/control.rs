@@ -6,7 +6,6 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
 
-use tokio::net::TcpListener;
 use tokio::sync::{mpsc, Notify};
 
 use crate::worker::Worker;
@@ -64,7 +63,7 @@ pub async fn control_loop(worker: Rc<Worker>, mut commands: mpsc::UnboundedRecei
                 slot,
                 socket,
                 limit,
-            } => match TcpListener::from_std(socket) {
+            } => match crate::sys::register_listener(mio::net::TcpListener::from_std(socket)) {
                 Ok(listener) => {
                     let stop = Rc::new(StopSignal::default());
                     running.borrow_mut().insert(id, stop.clone());

@@ -1,0 +1,221 @@
+//! The client socket, joined to the reactor only once it has to wait.
+//!
+//! A short connection (one request, then close) often never waits: its request is in the
+//! socket when it is accepted, and the response write and the close complete at once.
+//! Registering such a socket with epoll costs an `epoll_ctl(ADD)` and, when tokio drops it,
+//! an `epoll_ctl(DEL)`: two of the ten system calls of a proxied short connection. So an
+//! accepted socket stays a plain non-blocking socket until a read or write would block;
+//! then it is registered (epoll reports the state it is in at that moment, so nothing is
+//! missed) and stays registered for the rest of its life.
+
+use std::io::{self, IoSlice, Read, Write};
+use std::net::Shutdown;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+
+pub struct ClientStream {
+    state: State,
+}
+
+enum State {
+    /// Every operation so far completed without waiting.
+    Unregistered(std::net::TcpStream),
+    Registered(TcpStream),
+    /// Registration failed: every operation fails.
+    Gone,
+}
+
+/// What a direct attempt on the unregistered socket gave: a result, or "register and wait".
+fn settled<T>(result: io::Result<T>) -> Option<io::Result<T>> {
+    match result {
+        Err(e)
+            if matches!(
+                e.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+            ) =>
+        {
+            None
+        }
+        other => Some(other),
+    }
+}
+
+impl ClientStream {
+    /// Wraps a non-blocking accepted socket without registering it.
+    pub fn new(stream: std::net::TcpStream) -> ClientStream {
+        ClientStream {
+            state: State::Unregistered(stream),
+        }
+    }
+
+    /// The socket as a registered tokio stream, registering it now if it is not yet.
+    pub fn registered(&mut self) -> io::Result<&mut TcpStream> {
+        if matches!(self.state, State::Unregistered(_)) {
+            self.state = match std::mem::replace(&mut self.state, State::Gone) {
+                State::Unregistered(s) => State::Registered(TcpStream::from_std(s)?),
+                other => other,
+            };
+        }
+        match &mut self.state {
+            State::Registered(s) => Ok(s),
+            _ => Err(io::Error::new(
+                io::ErrorKind::NotConnected,
+                "the client socket could not be registered",
+            )),
+        }
+    }
+
+    /// Whether the socket has been registered with the reactor (for tests).
+    pub fn is_registered(&self) -> bool {
+        matches!(self.state, State::Registered(_))
+    }
+
+    /// The unregistered socket, if it still is.
+    fn direct(&mut self) -> Option<&std::net::TcpStream> {
+        match &self.state {
+            State::Unregistered(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// Polls `op` on the registered stream (registering first).
+    fn poll_registered<T>(
+        &mut self,
+        op: impl FnOnce(Pin<&mut TcpStream>) -> Poll<io::Result<T>>,
+    ) -> Poll<io::Result<T>> {
+        match self.registered() {
+            Ok(s) => op(Pin::new(s)),
+            Err(e) => Poll::Ready(Err(e)),
+        }
+    }
+}
+
+impl AsyncRead for ClientStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if let Some(mut s) = this.direct() {
+            if let Some(result) = settled(s.read(buf.initialize_unfilled())) {
+                return Poll::Ready(result.map(|n| buf.advance(n)));
+            }
+        }
+        this.poll_registered(|s| s.poll_read(cx, buf))
+    }
+}
+
+impl AsyncWrite for ClientStream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        if let Some(mut s) = this.direct() {
+            if let Some(result) = settled(s.write(data)) {
+                return Poll::Ready(result);
+            }
+        }
+        this.poll_registered(|s| s.poll_write(cx, data))
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        if let Some(mut s) = this.direct() {
+            if let Some(result) = settled(s.write_vectored(bufs)) {
+                return Poll::Ready(result);
+            }
+        }
+        this.poll_registered(|s| s.poll_write_vectored(cx, bufs))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match &mut self.get_mut().state {
+            State::Registered(s) => Pin::new(s).poll_flush(cx),
+            _ => Poll::Ready(Ok(())),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if let Some(s) = this.direct() {
+            return Poll::Ready(s.shutdown(Shutdown::Write));
+        }
+        this.poll_registered(|s| s.poll_shutdown(cx))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A connected pair: (client side, accepted side as a non-blocking std socket).
+    fn pair() -> (std::net::TcpStream, std::net::TcpStream) {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (s, _) = l.accept().unwrap();
+        s.set_nonblocking(true).unwrap();
+        (c, s)
+    }
+
+    #[tokio::test]
+    async fn serves_what_is_there_without_registering() {
+        let (mut c, s) = pair();
+        c.write_all(b"hello").unwrap();
+        let mut s = ClientStream::new(s);
+        let mut got = [0u8; 5];
+        s.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got, b"hello");
+        s.write_all(b"world").await.unwrap();
+        assert!(!s.is_registered());
+        let mut back = [0u8; 5];
+        c.read_exact(&mut back).unwrap();
+        assert_eq!(&back, b"world");
+    }
+
+    #[tokio::test]
+    async fn registers_when_a_read_would_block_and_then_gets_the_data() {
+        let (mut c, s) = pair();
+        let mut s = ClientStream::new(s);
+        let mut got = [0u8; 3];
+        // Nothing has been sent: the read must wait, which registers the socket.
+        let waited = std::future::poll_fn(|cx| {
+            let mut rb = ReadBuf::new(&mut got);
+            Poll::Ready(Pin::new(&mut s).poll_read(cx, &mut rb).is_pending())
+        })
+        .await;
+        assert!(waited);
+        assert!(s.is_registered());
+        c.write_all(b"end").unwrap();
+        s.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got, b"end");
+    }
+
+    #[tokio::test]
+    async fn reports_end_of_stream_and_shuts_down_writes() {
+        let (mut c, s) = pair();
+        let mut s = ClientStream::new(s);
+        c.shutdown(Shutdown::Write).unwrap();
+        let mut rest = Vec::new();
+        s.read_to_end(&mut rest).await.unwrap();
+        assert!(rest.is_empty());
+        s.shutdown().await.unwrap();
+        let mut tail = Vec::new();
+        c.read_to_end(&mut tail).unwrap();
+        assert!(tail.is_empty());
+    }
+}
