@@ -86,24 +86,37 @@ fn push_common(out: &mut Vec<u8>, req: &RequestFields, o: &Outcome<'_>, time: &m
 
 fn push_json(out: &mut Vec<u8>, req: &RequestFields, o: &Outcome<'_>, time: &mut TimeCache) {
     let (_, iso, millis) = time.now();
+    // Each key is part of one literal with its punctuation: a constant-length copy the
+    // compiler inlines, instead of three calls per field.
     out.extend_from_slice(b"{\"time\":\"");
     out.extend_from_slice(iso.as_bytes());
     out.push(b'.');
     push_padded(out, u64::from(millis), 3);
-    out.extend_from_slice(b"Z\"");
-    json_str(out, b"client", o.client);
-    json_str(out, b"method", &req.method);
-    json_str(out, b"target", &req.target);
-    json_str(out, b"protocol", protocol(req));
-    json_num(out, b"status", u64::from(o.status));
-    json_num(out, b"bytes_in", o.bytes_in);
-    json_num(out, b"bytes_out", o.bytes_out);
+    out.extend_from_slice(b"Z\",\"client\":\"");
+    push_escaped(out, o.client, true);
+    out.extend_from_slice(b"\",\"method\":\"");
+    push_escaped(out, &req.method, true);
+    out.extend_from_slice(b"\",\"target\":\"");
+    push_escaped(out, &req.target, true);
+    out.extend_from_slice(b"\",\"protocol\":\"");
+    out.extend_from_slice(protocol(req));
+    out.extend_from_slice(b"\",\"status\":");
+    push_decimal(out, u64::from(o.status));
+    out.extend_from_slice(b",\"bytes_in\":");
+    push_decimal(out, o.bytes_in);
+    out.extend_from_slice(b",\"bytes_out\":");
+    push_decimal(out, o.bytes_out);
     out.extend_from_slice(b",\"duration\":");
     push_seconds(out, o.duration);
-    json_str(out, b"route", o.route.as_bytes());
+    out.extend_from_slice(b",\"route\":\"");
+    push_escaped(out, o.route.as_bytes(), true);
     match o.upstream {
-        Some(u) => json_str(out, b"upstream", u.as_bytes()),
-        None => out.extend_from_slice(b",\"upstream\":null"),
+        Some(u) => {
+            out.extend_from_slice(b"\",\"upstream\":\"");
+            push_escaped(out, u.as_bytes(), true);
+            out.push(b'"');
+        }
+        None => out.extend_from_slice(b"\",\"upstream\":null"),
     }
     match o.upstream_time {
         Some(t) => {
@@ -112,9 +125,11 @@ fn push_json(out: &mut Vec<u8>, req: &RequestFields, o: &Outcome<'_>, time: &mut
         }
         None => out.extend_from_slice(b",\"upstream_time\":null"),
     }
-    json_str(out, b"referer", &req.referer);
-    json_str(out, b"user_agent", &req.user_agent);
-    out.push(b'}');
+    out.extend_from_slice(b",\"referer\":\"");
+    push_escaped(out, &req.referer, true);
+    out.extend_from_slice(b"\",\"user_agent\":\"");
+    push_escaped(out, &req.user_agent, true);
+    out.extend_from_slice(b"\"}");
 }
 
 /// Seconds with six decimals (microseconds, rounded), without allocating.
@@ -127,37 +142,27 @@ fn push_seconds(out: &mut Vec<u8>, d: Duration) {
 
 /// `n` in decimal with leading zeros up to `width` digits.
 fn push_padded(out: &mut Vec<u8>, n: u64, width: usize) {
-    let start = out.len();
+    let digits = n.checked_ilog10().map_or(1, |d| d as usize + 1);
+    out.extend(std::iter::repeat_n(b'0', width.saturating_sub(digits)));
     push_decimal(out, n);
-    let len = out.len() - start;
-    if len < width {
-        out.splice(start..start, std::iter::repeat_n(b'0', width - len));
-    }
-}
-
-fn json_str(out: &mut Vec<u8>, key: &[u8], value: &[u8]) {
-    out.extend_from_slice(b",\"");
-    out.extend_from_slice(key);
-    out.extend_from_slice(b"\":\"");
-    push_escaped(out, value, true);
-    out.push(b'"');
-}
-
-fn json_num(out: &mut Vec<u8>, key: &[u8], value: u64) {
-    out.extend_from_slice(b",\"");
-    out.extend_from_slice(key);
-    out.extend_from_slice(b"\":");
-    push_decimal(out, value);
 }
 
 /// Escapes quotes, backslashes and non-printable bytes: `\u00XX` in JSON, `\xXX` otherwise
 /// (as nginx does), so a request can never forge a log line.
 fn push_escaped(out: &mut Vec<u8>, value: &[u8], json: bool) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
-    for &b in value {
+    let safe = |b: &u8| matches!(b, 0x20..=0x7e) && *b != b'"' && *b != b'\\';
+    let mut rest = value;
+    // Copy runs of bytes that need no escape in one go (usually the whole value).
+    while !rest.is_empty() {
+        let run = rest.iter().position(|b| !safe(b)).unwrap_or(rest.len());
+        out.extend_from_slice(&rest[..run]);
+        let Some((&b, tail)) = rest[run..].split_first() else {
+            break;
+        };
+        rest = tail;
         match b {
             b'"' | b'\\' => out.extend_from_slice(&[b'\\', b]),
-            0x20..=0x7e => out.push(b),
             _ if json => out.extend_from_slice(&[
                 b'\\',
                 b'u',
@@ -250,6 +255,25 @@ mod tests {
     }
 
     #[test]
+    fn escapes_only_what_needs_it_wherever_it_is() {
+        let cases: [(&[u8], &str, &str); 5] = [
+            (b"plain/path?q=1", "plain/path?q=1", "plain/path?q=1"),
+            (b"\"x\"", "\\\"x\\\"", "\\\"x\\\""),
+            (b"a\\b\x01", "a\\\\b\\u0001", "a\\\\b\\x01"),
+            (b"\xffend", "\\u00ffend", "\\xffend"),
+            (b"", "", ""),
+        ];
+        for (raw, json, common) in cases {
+            let mut out = Vec::new();
+            push_escaped(&mut out, raw, true);
+            assert_eq!(String::from_utf8(out).unwrap(), json, "{raw:?}");
+            let mut out = Vec::new();
+            push_escaped(&mut out, raw, false);
+            assert_eq!(String::from_utf8(out).unwrap(), common, "{raw:?}");
+        }
+    }
+
+    #[test]
     fn seconds_have_six_rounded_decimals() {
         let cases = [
             (Duration::ZERO, "0.000000"),
@@ -265,6 +289,8 @@ mod tests {
         }
         let mut out = b"x".to_vec();
         push_padded(&mut out, 7, 3);
-        assert_eq!(out, b"x007");
+        push_padded(&mut out, 0, 3);
+        push_padded(&mut out, 1234, 3);
+        assert_eq!(out, b"x0070001234");
     }
 }

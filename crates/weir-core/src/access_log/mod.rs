@@ -19,7 +19,7 @@ pub use writer::{reopen, start, Sink, WriterThread};
 /// A worker flushes its log buffers at least this often.
 pub const FLUSH_INTERVAL: Duration = Duration::from_millis(200);
 /// A buffer is handed to the writer once it holds this much.
-const BATCH_BYTES: usize = 32 * 1024;
+const BATCH_BYTES: usize = 256 * 1024;
 
 /// One worker's buffer for one listener's access log.
 pub struct LogBuffer {

@@ -17,7 +17,7 @@ use std::thread::JoinHandle;
 use weir_config::LogTarget;
 
 /// Batches that may wait for the writer before new ones are dropped.
-const QUEUE_BATCHES: usize = 256;
+const QUEUE_BATCHES: usize = 32;
 
 static REOPEN: AtomicBool = AtomicBool::new(false);
 
