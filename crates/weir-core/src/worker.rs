@@ -41,8 +41,9 @@ impl Shared {
 
 /// Size of the buffers used for upstream responses.
 pub const UPSTREAM_BUFFER: usize = 16 * 1024;
-/// Most spare buffers a worker keeps for reuse.
-const SPARE_BUFFERS: usize = 1024;
+/// Most spare buffers a worker keeps for reuse (client and upstream buffers alike): enough
+/// for connection churn, at most 4 MiB per worker held after a burst.
+const SPARE_BUFFERS: usize = 256;
 /// Most spare pipes a worker keeps (two descriptors each).
 const SPARE_PIPES: usize = 256;
 
