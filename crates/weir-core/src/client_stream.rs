@@ -7,14 +7,19 @@
 //! accepted socket stays a plain non-blocking socket until a read or write would block;
 //! then it is registered (epoll reports the state it is in at that moment, so nothing is
 //! missed) and stays registered for the rest of its life.
+//!
+//! A direct read or write spends the task's cooperative budget like tokio's own sockets do,
+//! so a client that keeps its socket full (pipelined requests answered by the default
+//! response, which touch no other socket) still yields to the rest of the worker.
 
 use std::io::{self, IoSlice, Read, Write};
 use std::net::Shutdown;
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
+use tokio::task::coop;
 
 pub struct ClientStream {
     state: State,
@@ -52,10 +57,18 @@ impl ClientStream {
     }
 
     /// The socket as a registered tokio stream, registering it now if it is not yet.
+    /// Registration fails only when epoll cannot take the socket (ENOMEM, or ENOSPC at
+    /// `max_user_watches`); the connection then closes with that error.
     pub fn registered(&mut self) -> io::Result<&mut TcpStream> {
         if matches!(self.state, State::Unregistered(_)) {
             self.state = match std::mem::replace(&mut self.state, State::Gone) {
-                State::Unregistered(s) => State::Registered(TcpStream::from_std(s)?),
+                State::Unregistered(s) => match TcpStream::from_std(s) {
+                    Ok(s) => State::Registered(s),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot register a client connection with epoll: closing it");
+                        return Err(e);
+                    }
+                },
                 other => other,
             };
         }
@@ -101,7 +114,9 @@ impl AsyncRead for ClientStream {
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         if let Some(mut s) = this.direct() {
+            let budget = ready!(coop::poll_proceed(cx));
             if let Some(result) = settled(s.read(buf.initialize_unfilled())) {
+                budget.made_progress();
                 return Poll::Ready(result.map(|n| buf.advance(n)));
             }
         }
@@ -117,7 +132,9 @@ impl AsyncWrite for ClientStream {
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
         if let Some(mut s) = this.direct() {
+            let budget = ready!(coop::poll_proceed(cx));
             if let Some(result) = settled(s.write(data)) {
+                budget.made_progress();
                 return Poll::Ready(result);
             }
         }
@@ -131,7 +148,9 @@ impl AsyncWrite for ClientStream {
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
         if let Some(mut s) = this.direct() {
+            let budget = ready!(coop::poll_proceed(cx));
             if let Some(result) = settled(s.write_vectored(bufs)) {
+                budget.made_progress();
                 return Poll::Ready(result);
             }
         }
@@ -203,6 +222,32 @@ mod tests {
         c.write_all(b"end").unwrap();
         s.read_exact(&mut got).await.unwrap();
         assert_eq!(&got, b"end");
+    }
+
+    #[tokio::test]
+    async fn a_connection_that_never_waits_still_yields_to_other_tasks() {
+        let (mut c, s) = pair();
+        // More bytes than one task budget of reads, all there before the first read: without
+        // the budget the loop below would read them all without letting `other` run.
+        c.write_all(&[b'x'; 4096]).unwrap();
+        let ran = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = ran.clone();
+        let other =
+            tokio::spawn(async move { flag.store(true, std::sync::atomic::Ordering::SeqCst) });
+        let mut s = ClientStream::new(s);
+        let mut one = [0u8; 1];
+        let mut reads = 0;
+        while reads < 4096 && !ran.load(std::sync::atomic::Ordering::SeqCst) {
+            s.read_exact(&mut one).await.unwrap();
+            reads += 1;
+        }
+        assert!(
+            ran.load(std::sync::atomic::Ordering::SeqCst),
+            "the other task never ran"
+        );
+        assert!(reads < 4096, "yielded only after {reads} reads");
+        assert!(!s.is_registered(), "every read found data");
+        other.await.unwrap();
     }
 
     #[tokio::test]

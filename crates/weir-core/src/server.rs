@@ -14,7 +14,7 @@ use tokio::time::{timeout_at, Instant};
 use weir_config::{Config, Listener};
 
 use crate::access_log::{ListenerSinks, LogBuffer, WriterThread, FLUSH_INTERVAL};
-use crate::listener::{bind_reuseport, control_loop, Command};
+use crate::listener::{bind_reuseport, control_loop, set_defer_accept, Command};
 use crate::metrics::layout::Layout;
 use crate::metrics::{Metrics, WorkerMetrics};
 use crate::reload::{Bound, Control};
@@ -208,6 +208,7 @@ pub(crate) fn bind_per_worker(
     let mut sockets = inherited;
     for s in &sockets {
         s.set_nonblocking(true).map_err(|e| err(listener.bind, e))?;
+        set_defer_accept(s, listener.defer_accept).map_err(|e| err(listener.bind, e))?;
     }
     if sockets.is_empty() {
         let first = bind_reuseport(listener.bind, listener.backlog, listener.defer_accept)

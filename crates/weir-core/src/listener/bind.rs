@@ -39,6 +39,13 @@ pub fn bind_reuseport(
     Ok(socket.into())
 }
 
+/// Sets or clears TCP_DEFER_ACCEPT on a socket bound earlier (one handed over by the
+/// process being upgraded carries the old process's setting).
+pub fn set_defer_accept(socket: &std::net::TcpListener, on: bool) -> io::Result<()> {
+    let seconds = if on { DEFER_ACCEPT_SECONDS } else { 0 };
+    crate::sys::set_defer_accept(socket.as_fd(), seconds)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -59,6 +66,16 @@ mod tests {
         let plain = bind_reuseport(any(), 16, false).unwrap();
         assert!(crate::sys::defer_accept(deferred.as_fd()).unwrap() > 0);
         assert_eq!(crate::sys::defer_accept(plain.as_fd()).unwrap(), 0);
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn defer_accept_can_be_changed_on_a_bound_socket() {
+        let socket = bind_reuseport("127.0.0.1:0".parse().unwrap(), 16, true).unwrap();
+        set_defer_accept(&socket, false).unwrap();
+        assert_eq!(crate::sys::defer_accept(socket.as_fd()).unwrap(), 0);
+        set_defer_accept(&socket, true).unwrap();
+        assert!(crate::sys::defer_accept(socket.as_fd()).unwrap() > 0);
     }
 
     #[test]

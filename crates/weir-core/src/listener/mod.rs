@@ -9,5 +9,5 @@ pub mod control;
 pub mod proxy_protocol;
 
 pub use accept::accept_loop;
-pub use bind::bind_reuseport;
+pub use bind::{bind_reuseport, set_defer_accept};
 pub use control::{control_loop, Command, StopSignal};
