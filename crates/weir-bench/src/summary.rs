@@ -45,6 +45,8 @@ pub struct Case {
 /// Weir's medians divided by a peer's.
 #[derive(Debug, Clone, Serialize)]
 pub struct Ratio {
+    /// The Weir variant measured (`weir`, `weir-tcp`, `weir-observed`).
+    pub weir: &'static str,
     pub peer: &'static str,
     pub load: String,
     pub cpu_per_req: Option<f64>,
@@ -128,28 +130,46 @@ pub fn flags(peer: Peer, s: &Summary, expect: u16) -> Vec<String> {
     f
 }
 
-/// Weir's medians over each other peer's, load by load.
+/// Weir's medians over each other peer's, load by load: `weir` against every non-Weir
+/// peer, and the like-for-like pairs: `weir-tcp` against `haproxy-tcp` (both L4) and
+/// `weir-observed` against `weir` (the cost of the access log and admin listener).
 pub fn ratios(cases: &[Case]) -> Vec<Ratio> {
-    let div = |a: Option<Spread>, b: Option<Spread>| match (a, b) {
-        (Some(a), Some(b)) if b.median > 0.0 => Some(a.median / b.median),
-        _ => None,
-    };
     let mut out = Vec::new();
     for w in cases.iter().filter(|c| c.peer == Peer::Weir) {
         for c in cases
             .iter()
             .filter(|c| c.label == w.label && !c.peer.is_weir() && c.peer != Peer::Direct)
         {
-            out.push(Ratio {
-                peer: c.peer_name,
-                load: c.label.clone(),
-                cpu_per_req: div(w.summary.cpu_per_req_us, c.summary.cpu_per_req_us),
-                rps: div(w.summary.rps, c.summary.rps),
-                p99: div(w.summary.p99_us, c.summary.p99_us),
-            });
+            out.push(ratio(w, c));
+        }
+    }
+    let pairs = [
+        (Peer::WeirTcp, Peer::HaproxyTcp),
+        (Peer::WeirObserved, Peer::Weir),
+    ];
+    for (num, den) in pairs {
+        for w in cases.iter().filter(|c| c.peer == num) {
+            if let Some(c) = cases.iter().find(|c| c.peer == den && c.label == w.label) {
+                out.push(ratio(w, c));
+            }
         }
     }
     out
+}
+
+fn ratio(w: &Case, c: &Case) -> Ratio {
+    let div = |a: Option<Spread>, b: Option<Spread>| match (a, b) {
+        (Some(a), Some(b)) if b.median > 0.0 => Some(a.median / b.median),
+        _ => None,
+    };
+    Ratio {
+        weir: w.peer_name,
+        peer: c.peer_name,
+        load: c.label.clone(),
+        cpu_per_req: div(w.summary.cpu_per_req_us, c.summary.cpu_per_req_us),
+        rps: div(w.summary.rps, c.summary.rps),
+        p99: div(w.summary.p99_us, c.summary.p99_us),
+    }
 }
 
 #[cfg(test)]
@@ -223,6 +243,26 @@ mod tests {
     }
 
     #[test]
+    fn ratios_pair_the_l4_listener_with_haproxy_tcp_and_observed_with_plain() {
+        let cases = vec![
+            case(Peer::Weir, vec![sample(200.0, 10.0, 1.0, 1.0)]),
+            case(Peer::WeirObserved, vec![sample(190.0, 11.0, 1.0, 1.0)]),
+            case(Peer::WeirTcp, vec![sample(200.0, 8.0, 1.0, 1.0)]),
+            case(Peer::HaproxyTcp, vec![sample(200.0, 10.0, 1.0, 1.0)]),
+        ];
+        let r = ratios(&cases);
+        let find = |w: &str, p: &str| r.iter().find(|x| x.weir == w && x.peer == p);
+        assert_eq!(find("weir", "haproxy-tcp").unwrap().cpu_per_req, Some(1.0));
+        assert_eq!(
+            find("weir-tcp", "haproxy-tcp").unwrap().cpu_per_req,
+            Some(0.8)
+        );
+        let observed = find("weir-observed", "weir").unwrap().cpu_per_req.unwrap();
+        assert!((observed - 1.1).abs() < 1e-9, "{observed}");
+        assert_eq!(r.len(), 3);
+    }
+
+    #[test]
     fn ratios_compare_weir_with_each_peer() {
         let cases = vec![
             case(Peer::Weir, vec![sample(200.0, 10.0, 1.0, 1.0)]),
@@ -231,6 +271,7 @@ mod tests {
         ];
         let r = ratios(&cases);
         assert_eq!(r.len(), 1);
+        assert_eq!(r[0].weir, "weir");
         assert_eq!(r[0].peer, "nginx");
         assert_eq!(r[0].cpu_per_req, Some(0.5));
         assert_eq!(r[0].rps, Some(2.0));
