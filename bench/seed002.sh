@@ -6,7 +6,11 @@
 #              must be a 404 and weir_requests_total must grow by exactly 2 x N.
 #   2. fd cap: Weir started with `ulimit -n` far below what ab -c 10000 needs; Weir must stay
 #              up, count EMFILE in weir_accept_errors_total, keep serving, and answer normally
-#              (with no connection left open) once the load stops.
+#              (with no connection left open) once the load stops. Run twice: with the
+#              listener's default `defer_accept = true` (connections reach Weir with their
+#              request and are answered at once, so the cap may never be reached), then with
+#              `defer_accept = false`, which accepts at connect time as the seed's server did
+#              and must run out of descriptors.
 #
 # Usage: bench/seed002.sh [N] [FD_LIMIT]   (defaults: 1000000 and 1024)
 # Needs ab (bench/setup.sh) and builds Weir in release mode. Weir runs one worker on CPU 0;
@@ -39,13 +43,15 @@ backlog = 4096
 max_connections = 100000
 default_response = { status = 404, body = "default backend - 404\n" }
 EOF
+sed 's/^max_connections = 100000$/max_connections = 100000\ndefer_accept = false/' \
+  "$DIR/weir.toml" >"$DIR/weir-nodefer.toml"
 echo "hola" >"$DIR/post.txt"
 
 metric() { # metric NAME_AND_LABEL_PREFIX: sum of every series starting with it
   curl -s "http://127.0.0.1:$ADMIN/metrics" | awk -v p="$1" 'index($0, p) == 1 { s += $NF } END { printf "%d\n", s }'
 }
-start_weir() {
-  (ulimit -n "$1"; exec taskset -c 0 "$WEIR" run -c "$DIR/weir.toml") >"$DIR/weir.log" 2>&1 &
+start_weir() { # start_weir FD_LIMIT [CONFIG]
+  (ulimit -n "$1"; exec taskset -c 0 "$WEIR" run -c "${2:-$DIR/weir.toml}") >"$DIR/weir.log" 2>&1 &
   WEIR_PID=$!
   for _ in $(seq 100); do
     curl -sf "http://127.0.0.1:$ADMIN/ready" >/dev/null && return 0
@@ -84,23 +90,29 @@ awk -v n=$((2 * N)) -v c=$((cpu1 - cpu0)) -v t="$ticks" -v s="$t0" -v e="$t1" \
   'BEGIN { printf "  combined %.0f req/s over %.1f s; Weir CPU %.2f us/request\n", n / (e - s), e - s, c / t / n * 1e6 }'
 stop_weir
 
-echo "== 2. ab -c 10000 against Weir with ulimit -n $FD_LIMIT"
-start_weir "$FD_LIMIT"
-ulimit -n "$(ulimit -Hn)"
-taskset -c 1 ab -q -r -n 200000 -c 10000 "$URL" >"$DIR/flood.log" 2>&1 || true
-echo "  ab: $(ab_field 'Complete requests' "$DIR/flood.log") complete, $(ab_field 'Failed requests' "$DIR/flood.log") failed"
-kill -0 "$WEIR_PID" && echo "  ok   weir still running" || { echo "  FAIL weir exited"; fail=1; }
-emfile=$(metric 'weir_accept_errors_total{listener="default",kind="EMFILE"}')
-echo "  weir_accept_errors_total{kind=EMFILE} = $emfile"
-[ "$emfile" -gt 0 ] || { echo "  FAIL no EMFILE counted (raise the load or lower the limit)"; fail=1; }
-grep -c "accept" "$DIR/weir.log" | xargs -I{} echo "  {} accept-error log lines (rate-limited)"
-for _ in $(seq 100); do
-  [ "$(metric 'weir_connections_active{')" = 0 ] && break
-  sleep 0.1
-done
-check "$(metric 'weir_connections_active{')" 0 "connections open after the load"
-check "$(curl -s -o /dev/null -w '%{http_code}' "$URL")" 404 "a request after the load"
-served=$(metric 'weir_requests_total{')
-echo "  requests counted: $served (ab completed $(ab_field 'Complete requests' "$DIR/flood.log"))"
-stop_weir
+flood() { # flood CONFIG MUST_HIT_EMFILE
+  start_weir "$FD_LIMIT" "$1"
+  (ulimit -n "$(ulimit -Hn)"; taskset -c 1 ab -q -r -n 200000 -c 10000 "$URL" >"$DIR/flood.log" 2>&1) || true
+  echo "  ab: $(ab_field 'Complete requests' "$DIR/flood.log") complete, $(ab_field 'Failed requests' "$DIR/flood.log") failed"
+  kill -0 "$WEIR_PID" && echo "  ok   weir still running" || { echo "  FAIL weir exited"; fail=1; }
+  emfile=$(metric 'weir_accept_errors_total{listener="default",kind="EMFILE"}')
+  echo "  weir_accept_errors_total{kind=EMFILE} = $emfile"
+  if [ "$2" = yes ] && [ "$emfile" -eq 0 ]; then
+    echo "  FAIL no EMFILE counted (raise the load or lower the limit)"; fail=1
+  fi
+  echo "  $(grep -c "accept" "$DIR/weir.log" || true) accept-error log lines (rate-limited)"
+  for _ in $(seq 100); do
+    [ "$(metric 'weir_connections_active{')" = 0 ] && break
+    sleep 0.1
+  done
+  check "$(metric 'weir_connections_active{')" 0 "connections open after the load"
+  check "$(curl -s -o /dev/null -w '%{http_code}' "$URL")" 404 "a request after the load"
+  served=$(metric 'weir_requests_total{')
+  echo "  requests counted: $served (ab completed $(ab_field 'Complete requests' "$DIR/flood.log"))"
+  stop_weir
+}
+echo "== 2a. ab -c 10000 against Weir with ulimit -n $FD_LIMIT (defer_accept = true, the default)"
+flood "$DIR/weir.toml" no
+echo "== 2b. the same with defer_accept = false (accept at connect, as the seed's server)"
+flood "$DIR/weir-nodefer.toml" yes
 exit $fail
