@@ -103,12 +103,13 @@ async fn accept(
     listener: &AsyncFd<mio::net::TcpListener>,
 ) -> io::Result<(std::net::TcpStream, SocketAddr)> {
     loop {
+        // Like tokio's own accept: spend task budget, so a flood of connections cannot keep
+        // this loop from yielding to the connections it has accepted. Before the accept, not
+        // after: a yield there could let `select!` drop an accepted connection.
+        tokio::task::coop::consume_budget().await;
         let mut ready = listener.readable().await?;
         if let Ok(accepted) = ready.try_io(|l| l.get_ref().accept()) {
             let (stream, peer) = accepted?;
-            // Like tokio's own accept: spend task budget, so a flood of connections cannot
-            // keep this loop from yielding to the connections it has accepted.
-            tokio::task::coop::consume_budget().await;
             return Ok((std::net::TcpStream::from(OwnedFd::from(stream)), peer));
         }
     }
