@@ -5,9 +5,12 @@
 //! shutdown signal), which the request path reads without locks or atomic read-modify-write.
 
 use std::cell::{Cell, RefCell};
+use std::future::Future;
+use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
 
 use arc_swap::ArcSwap;
 use tokio::sync::{watch, Notify};
@@ -60,7 +63,8 @@ pub struct Worker {
     /// Empty pipes kept for the next spliced TCP connection (saves pipe2 + 2 close).
     pipes: RefCell<Vec<Pipe>>,
     draining: Cell<bool>,
-    drain: Notify,
+    /// Tasks waiting in `drained()` (idle connections, accept loops).
+    drain_waiters: DrainWaiters,
     /// Open client connections of this worker, per listener slot.
     connections: RefCell<Vec<usize>>,
     /// Signalled whenever a client connection closes.
@@ -94,7 +98,7 @@ impl Worker {
             spare: RefCell::new(Vec::new()),
             pipes: RefCell::new(Vec::new()),
             draining: Cell::new(false),
-            drain: Notify::new(),
+            drain_waiters: DrainWaiters::default(),
             connections: RefCell::new(Vec::new()),
             connection_closed: Notify::new(),
             metrics,
@@ -160,17 +164,16 @@ impl Worker {
     /// Stops accepting and wakes idle connections so they close.
     pub fn begin_drain(&self) {
         self.draining.set(true);
-        self.drain.notify_waiters();
+        self.drain_waiters.wake_all();
         self.pool.borrow_mut().clear();
     }
 
     /// Resolves when the worker starts draining (immediately if it already has).
-    pub async fn drained(&self) {
-        let notified = self.drain.notified();
-        if self.draining.get() {
-            return;
+    pub fn drained(&self) -> Drained<'_> {
+        Drained {
+            worker: self,
+            slot: None,
         }
-        notified.await;
     }
 
     /// Hands every buffered access-log line to its writer.
@@ -199,6 +202,79 @@ impl Worker {
     }
 }
 
+/// Wakers of the tasks waiting for the worker to drain, in reusable slots. Worker-local
+/// (no lock): every idle keep-alive wait registers here, once per request, so it replaces a
+/// `tokio::sync::Notify`, which locks a mutex to add and again to remove each waiter. (By
+/// hand at c=256: dropping the wait altogether saved about 2.5 % of the CPU per request,
+/// this registry about 1 %, both within run-to-run noise of 3 %.)
+#[derive(Default)]
+struct DrainWaiters {
+    slots: RefCell<Vec<Option<Waker>>>,
+    free: RefCell<Vec<usize>>,
+}
+
+impl DrainWaiters {
+    /// Stores `waker` in `slot` (a new slot when `None`); returns the slot.
+    fn register(&self, slot: Option<usize>, waker: &Waker) -> usize {
+        let mut slots = self.slots.borrow_mut();
+        let i = slot.unwrap_or_else(|| {
+            self.free.borrow_mut().pop().unwrap_or_else(|| {
+                slots.push(None);
+                slots.len() - 1
+            })
+        });
+        match &mut slots[i] {
+            Some(w) if w.will_wake(waker) => {}
+            entry => *entry = Some(waker.clone()),
+        }
+        i
+    }
+
+    fn release(&self, slot: usize) {
+        if let Some(entry) = self.slots.borrow_mut().get_mut(slot) {
+            *entry = None;
+            self.free.borrow_mut().push(slot);
+        }
+    }
+
+    fn wake_all(&self) {
+        let wakers: Vec<Waker> = self
+            .slots
+            .borrow_mut()
+            .iter_mut()
+            .filter_map(Option::take)
+            .collect();
+        wakers.into_iter().for_each(Waker::wake);
+    }
+}
+
+/// The future of [`Worker::drained`].
+pub struct Drained<'a> {
+    worker: &'a Worker,
+    slot: Option<usize>,
+}
+
+impl Future for Drained<'_> {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = self.get_mut();
+        if this.worker.draining.get() {
+            return Poll::Ready(());
+        }
+        this.slot = Some(this.worker.drain_waiters.register(this.slot, cx.waker()));
+        Poll::Pending
+    }
+}
+
+impl Drop for Drained<'_> {
+    fn drop(&mut self) {
+        if let Some(slot) = self.slot {
+            self.worker.drain_waiters.release(slot);
+        }
+    }
+}
+
 /// Counts one open client connection of a listener (by metric slot) for as long as it lives.
 pub struct ConnectionGuard {
     worker: Rc<Worker>,
@@ -223,5 +299,45 @@ impl Drop for ConnectionGuard {
             m.connections_active.set(open as u64);
         }
         self.worker.connection_closed.notify_waiters();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::DrainWaiters;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::task::{Wake, Waker};
+
+    struct Count(AtomicUsize);
+
+    impl Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn drain_wakes_every_registered_waiter_once_and_slots_are_reused() {
+        let waiters = DrainWaiters::default();
+        let counts: Vec<Arc<Count>> = (0..3)
+            .map(|_| Arc::new(Count(AtomicUsize::new(0))))
+            .collect();
+        let wakers: Vec<Waker> = counts.iter().map(|c| Waker::from(c.clone())).collect();
+        let a = waiters.register(None, &wakers[0]);
+        let b = waiters.register(None, &wakers[1]);
+        // Re-registering keeps the slot; a released slot is handed out again.
+        assert_eq!(waiters.register(Some(a), &wakers[0]), a);
+        waiters.release(b);
+        let c = waiters.register(None, &wakers[2]);
+        assert_eq!(c, b);
+        waiters.wake_all();
+        waiters.wake_all();
+        let woken: Vec<usize> = counts.iter().map(|c| c.0.load(Ordering::SeqCst)).collect();
+        assert_eq!(
+            woken,
+            vec![1, 0, 1],
+            "the released waiter is not woken, the others once"
+        );
     }
 }
