@@ -15,7 +15,7 @@
 use std::io::{self, IoSlice, Read, Write};
 use std::net::Shutdown;
 use std::pin::Pin;
-use std::task::{ready, Context, Poll};
+use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
@@ -94,6 +94,23 @@ impl ClientStream {
         }
     }
 
+    /// `op` straight on the unregistered socket, within the task's cooperative budget.
+    /// `None` when the socket is registered or `op` would block: the registered path then
+    /// takes over (and waits).
+    fn try_direct<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        op: impl FnOnce(&std::net::TcpStream) -> io::Result<T>,
+    ) -> Option<Poll<io::Result<T>>> {
+        let s = self.direct()?;
+        let Poll::Ready(budget) = coop::poll_proceed(cx) else {
+            return Some(Poll::Pending);
+        };
+        let result = settled(op(s))?;
+        budget.made_progress();
+        Some(Poll::Ready(result))
+    }
+
     /// Polls `op` on the registered stream (registering first).
     fn poll_registered<T>(
         &mut self,
@@ -113,12 +130,8 @@ impl AsyncRead for ClientStream {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        if let Some(mut s) = this.direct() {
-            let budget = ready!(coop::poll_proceed(cx));
-            if let Some(result) = settled(s.read(buf.initialize_unfilled())) {
-                budget.made_progress();
-                return Poll::Ready(result.map(|n| buf.advance(n)));
-            }
+        if let Some(done) = this.try_direct(cx, |mut s| s.read(buf.initialize_unfilled())) {
+            return done.map_ok(|n| buf.advance(n));
         }
         this.poll_registered(|s| s.poll_read(cx, buf))
     }
@@ -131,12 +144,8 @@ impl AsyncWrite for ClientStream {
         data: &[u8],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        if let Some(mut s) = this.direct() {
-            let budget = ready!(coop::poll_proceed(cx));
-            if let Some(result) = settled(s.write(data)) {
-                budget.made_progress();
-                return Poll::Ready(result);
-            }
+        if let Some(done) = this.try_direct(cx, |mut s| s.write(data)) {
+            return done;
         }
         this.poll_registered(|s| s.poll_write(cx, data))
     }
@@ -147,12 +156,8 @@ impl AsyncWrite for ClientStream {
         bufs: &[IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        if let Some(mut s) = this.direct() {
-            let budget = ready!(coop::poll_proceed(cx));
-            if let Some(result) = settled(s.write_vectored(bufs)) {
-                budget.made_progress();
-                return Poll::Ready(result);
-            }
+        if let Some(done) = this.try_direct(cx, |mut s| s.write_vectored(bufs)) {
+            return done;
         }
         this.poll_registered(|s| s.poll_write_vectored(cx, bufs))
     }

@@ -5,7 +5,7 @@ use std::time::Duration;
 use weir_config::AccessLogFormat;
 
 use super::time::TimeCache;
-use crate::codec::http1::write::push_decimal;
+use crate::codec::http1::write::{decimal_len, push_decimal};
 
 /// What the request contributed, copied before its head buffer is reused.
 #[derive(Debug, Default)]
@@ -142,8 +142,10 @@ fn push_seconds(out: &mut Vec<u8>, d: Duration) {
 
 /// `n` in decimal with leading zeros up to `width` digits.
 fn push_padded(out: &mut Vec<u8>, n: u64, width: usize) {
-    let digits = n.checked_ilog10().map_or(1, |d| d as usize + 1);
-    out.extend(std::iter::repeat_n(b'0', width.saturating_sub(digits)));
+    out.extend(std::iter::repeat_n(
+        b'0',
+        width.saturating_sub(decimal_len(n)),
+    ));
     push_decimal(out, n);
 }
 

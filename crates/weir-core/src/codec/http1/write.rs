@@ -11,6 +11,12 @@ pub fn push_header(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
     out.extend_from_slice(b"\r\n");
 }
 
+/// How many decimal digits `n` has.
+#[inline]
+pub fn decimal_len(n: u64) -> usize {
+    n.checked_ilog10().map_or(1, |d| d as usize + 1)
+}
+
 /// Appends the decimal digits of `n` without going through `fmt`.
 ///
 /// The digits are written left-aligned into a fixed 20-byte array that is appended whole
@@ -19,7 +25,7 @@ pub fn push_header(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
 /// for status lines, Content-Length and several access-log fields).
 #[inline]
 pub fn push_decimal(out: &mut Vec<u8>, mut n: u64) {
-    let len = n.checked_ilog10().map_or(1, |d| d as usize + 1);
+    let len = decimal_len(n);
     let mut digits = [0u8; 20];
     for slot in digits[..len].iter_mut().rev() {
         *slot = b'0' + (n % 10) as u8;
