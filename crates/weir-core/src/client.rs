@@ -19,7 +19,7 @@ use crate::codec::http1::write::push_simple_response;
 use crate::codec::http1::{parse_request, HeadLimits, RequestHead};
 use crate::error::{reason_phrase, ProxyError};
 use crate::filters::forwarded::ClientIp;
-use crate::time::with_timeout;
+use crate::time::{with_timeout, LazyTimer};
 use crate::worker::Worker;
 
 /// How long an idle connection waits for a request once its worker drains.
@@ -49,6 +49,14 @@ pub struct ClientConn {
     pub upstream_time: Option<std::time::Duration>,
     /// The listener was removed by a reload: answer this request with `Connection: close`.
     pub last_request: bool,
+    /// When the current request's head was complete.
+    pub request_started: std::time::Instant,
+    /// When the connection last became idle: accepted, or its last response finished.
+    pub idle_since: std::time::Instant,
+    /// The wait for the next request (`header_timeout`, then `keepalive_timeout`).
+    idle_timer: LazyTimer,
+    /// The wait for a response head (`response_timeout`).
+    pub upstream_timer: LazyTimer,
 }
 
 /// What waiting for the next request produced.
@@ -80,6 +88,7 @@ impl ClientConn {
         listener: &Listener,
     ) -> ClientConn {
         let buf = worker.take_buffer_sized(listener.max_header_size.max(MIN_CLIENT_BUFFER));
+        let now = std::time::Instant::now();
         ClientConn {
             worker,
             stream,
@@ -93,6 +102,10 @@ impl ClientConn {
             upstream_pick: None,
             upstream_time: None,
             last_request: false,
+            request_started: now,
+            idle_since: now,
+            idle_timer: LazyTimer::default(),
+            upstream_timer: LazyTimer::default(),
         }
     }
 
@@ -143,18 +156,20 @@ impl ClientConn {
         if idle.is_zero() {
             return false;
         }
-        let read = timeout(idle, self.buf.read_from(&mut self.stream));
+        self.idle_timer
+            .set(Instant::from_std(self.idle_since) + idle);
+        let read = self.idle_timer.within(self.buf.read_from(&mut self.stream));
         tokio::pin!(read);
         if !worker.is_draining() {
             tokio::select! {
-                r = &mut read => return matches!(r, Ok(Ok(n)) if n > 0),
+                r = &mut read => return matches!(r, Some(Ok(n)) if n > 0),
                 _ = worker.drained() => {}
             }
         }
         // Draining (a shutdown or a binary upgrade): a request the client already sent, or
         // a new connection's first one, cannot know about the drain. It gets a short grace
         // and an answer with `Connection: close`; a connection that stays quiet closes.
-        matches!(timeout(DRAIN_GRACE, &mut read).await, Ok(Ok(Ok(n))) if n > 0)
+        matches!(timeout(DRAIN_GRACE, &mut read).await, Ok(Some(Ok(n))) if n > 0)
     }
 
     /// Writes bytes to the client within `client_timeout`.

@@ -99,6 +99,7 @@ pub async fn serve_client(worker: Rc<Worker>, slot: usize, stream: ClientStream,
         };
         let listener = &snapshot.config.listeners[listener_index];
         let started = Instant::now();
+        conn.request_started = started;
         let (handled, method) = match next {
             Ok(NextRequest::Ready) => {
                 conn.served += 1;
@@ -137,12 +138,15 @@ pub async fn serve_client(worker: Rc<Worker>, slot: usize, stream: ClientStream,
                 failure.error.status().unwrap_or(499)
             }
         };
+        let finished = Instant::now();
+        // The keep-alive wait for the next request counts from here.
+        conn.idle_since = finished;
         let done = Done {
             listener: listener_index,
             slot,
             method,
             status,
-            started,
+            duration: finished.saturating_duration_since(started),
             counters,
         };
         record(&worker, &snapshot, &conn, &handled, &done);
@@ -254,13 +258,13 @@ struct Done {
     slot: usize,
     method: usize,
     status: u16,
-    started: Instant,
+    duration: std::time::Duration,
     counters: Counters,
 }
 
 /// Counts one request in this worker's metric shard and writes its access-log line.
 fn record(worker: &Worker, snapshot: &Snapshot, conn: &ClientConn, handled: &Handled, done: &Done) {
-    let duration = done.started.elapsed();
+    let duration = done.duration;
     let bytes_in = conn.buf.consumed_total() - done.counters.bytes_in;
     let bytes_out = conn.sent - done.counters.bytes_out;
     if let Some(m) = worker.metrics.listener(done.slot) {

@@ -1,13 +1,23 @@
-//! Timeouts that cost nothing when the operation is already complete.
+//! Timeouts that cost little on the request path.
 //!
 //! Arming a tokio timer means reading the clock, cloning the runtime handle and inserting
-//! into (then removing from) the timer wheel. Most writes on the request path complete on
-//! their first poll, so `with_timeout` polls once first and arms the timer only if the
-//! operation has to wait.
+//! into (then removing from) the timer wheel. Two ways around that, for two kinds of wait:
+//!
+//! - `with_timeout`: most writes complete on their first poll, so it polls once first and
+//!   arms a timer only if the operation has to wait.
+//! - `LazyTimer`: the waits every keep-alive request makes (for the next request, for the
+//!   response head) usually do have to wait, and their deadline moves forward with every
+//!   request. A `LazyTimer` keeps one timer armed per connection and moves it only when it
+//!   fires before the current deadline (or when the deadline moves earlier), so a busy
+//!   connection touches the timer wheel about once per timeout period instead of twice
+//!   per request, and its deadlines are computed from times the request path already read.
 
 use std::future::{poll_fn, Future};
-use std::task::Poll;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
+
+use tokio::time::{Instant, Sleep};
 
 pub use tokio::time::error::Elapsed;
 
@@ -18,6 +28,76 @@ pub async fn with_timeout<F: Future>(duration: Duration, fut: F) -> Result<F::Ou
         return Ok(out);
     }
     tokio::time::timeout(duration, fut).await
+}
+
+/// A deadline that can move with every request at the cost of a comparison and a store.
+pub struct LazyTimer {
+    /// Armed at `armed` once first polled; kept for the owner's lifetime.
+    sleep: Option<Pin<Box<Sleep>>>,
+    armed: Instant,
+    deadline: Instant,
+}
+
+impl Default for LazyTimer {
+    fn default() -> LazyTimer {
+        let now = Instant::now();
+        LazyTimer {
+            sleep: None,
+            armed: now,
+            deadline: now,
+        }
+    }
+}
+
+impl LazyTimer {
+    /// Sets the deadline of the next wait. Later than the armed timer: only recorded (the
+    /// timer re-arms when it fires). Earlier: the timer is re-armed now.
+    pub fn set(&mut self, deadline: Instant) {
+        self.deadline = deadline;
+        if let Some(sleep) = &mut self.sleep {
+            if deadline < self.armed {
+                sleep.as_mut().reset(deadline);
+                self.armed = deadline;
+            }
+        }
+    }
+
+    /// Ready once the deadline has passed.
+    pub fn poll_expired(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        let sleep = match &mut self.sleep {
+            Some(sleep) => sleep,
+            None => {
+                self.armed = self.deadline;
+                self.sleep
+                    .insert(Box::pin(tokio::time::sleep_until(self.deadline)))
+            }
+        };
+        loop {
+            if sleep.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            // The timer fired, so the time is past `armed`: past the deadline too unless
+            // the deadline moved later since it was armed.
+            if self.deadline <= self.armed {
+                return Poll::Ready(());
+            }
+            sleep.as_mut().reset(self.deadline);
+            self.armed = self.deadline;
+        }
+    }
+
+    /// Runs `fut` until it completes (`Some`) or the deadline set last passes (`None`). A
+    /// future that is ready at once never looks at the timer.
+    pub async fn within<F: Future>(&mut self, fut: F) -> Option<F::Output> {
+        let mut fut = std::pin::pin!(fut);
+        poll_fn(|cx| {
+            if let Poll::Ready(out) = fut.as_mut().poll(cx) {
+                return Poll::Ready(Some(out));
+            }
+            self.poll_expired(cx).map(|()| None)
+        })
+        .await
+    }
 }
 
 #[cfg(test)]
@@ -38,5 +118,70 @@ mod tests {
         assert!(with_timeout(Duration::from_millis(10), never)
             .await
             .is_err());
+    }
+
+    /// Waits on `timer` with a future that never completes; returns when it expired.
+    async fn expiry(timer: &mut LazyTimer) -> Instant {
+        assert!(timer.within(std::future::pending::<()>()).await.is_none());
+        Instant::now()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn lazy_timer_expires_at_its_deadline() {
+        let start = Instant::now();
+        let mut timer = LazyTimer::default();
+        timer.set(start + Duration::from_millis(10));
+        assert_eq!(expiry(&mut timer).await, start + Duration::from_millis(10));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn lazy_timer_follows_a_later_deadline_without_expiring_early() {
+        let start = Instant::now();
+        let mut timer = LazyTimer::default();
+        timer.set(start + Duration::from_millis(10));
+        assert_eq!(timer.within(async { 1 }).await, Some(1));
+        assert!(
+            timer.sleep.is_none(),
+            "a ready future does not arm the timer"
+        );
+        // This wait has to wait: it arms the timer at +10 ms.
+        let quick = timer
+            .within(tokio::time::sleep(Duration::from_millis(5)))
+            .await;
+        assert!(quick.is_some());
+        // Moved later: recorded only; the +10 ms timer re-arms when it fires.
+        timer.set(start + Duration::from_millis(50));
+        assert_eq!(timer.armed, start + Duration::from_millis(10));
+        assert_eq!(expiry(&mut timer).await, start + Duration::from_millis(50));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn lazy_timer_rearms_at_once_for_an_earlier_deadline() {
+        let start = Instant::now();
+        let mut timer = LazyTimer::default();
+        timer.set(start + Duration::from_millis(100));
+        let quick = timer
+            .within(tokio::time::sleep(Duration::from_millis(1)))
+            .await;
+        assert!(quick.is_some());
+        timer.set(start + Duration::from_millis(20));
+        assert_eq!(expiry(&mut timer).await, start + Duration::from_millis(20));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn lazy_timer_is_reusable_after_expiring() {
+        let start = Instant::now();
+        let mut timer = LazyTimer::default();
+        timer.set(start + Duration::from_millis(10));
+        expiry(&mut timer).await;
+        timer.set(start + Duration::from_millis(30));
+        let done = timer
+            .within(tokio::time::sleep(Duration::from_millis(5)))
+            .await;
+        assert!(
+            done.is_some(),
+            "a wait shorter than the new deadline completes"
+        );
+        assert_eq!(expiry(&mut timer).await, start + Duration::from_millis(30));
     }
 }

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
-use tokio::time::{timeout_at, Instant};
+use tokio::time::Instant;
 use weir_config::{Listener, Route, Upstream, UpstreamServer};
 
 use super::body::{self, pump, BodyState, PumpError};
@@ -18,6 +18,7 @@ use crate::connector::connect;
 use crate::error::ProxyError;
 use crate::filters::location::ReverseMap;
 use crate::metrics::shard::ServerMetrics;
+use crate::time::LazyTimer;
 use crate::upstream::retry::{may_retry, replace_host, Outcome, Replay, Tried};
 use crate::upstream::{Pick, RequestKey, UpstreamPlan};
 use crate::worker::Worker;
@@ -119,6 +120,8 @@ async fn exchange(
     // it can be replayed byte for byte.
     let whole = body.is_done();
     let mut tried = Tried::new(pick.server);
+    // The first attempt starts with the request (no second clock read); retries read it.
+    let mut started = conn.request_started;
     loop {
         let server = &target.upstream.servers[pick.server];
         conn.upstream_pick = Some((target.route.upstream, pick.server));
@@ -126,14 +129,15 @@ async fn exchange(
             .metrics
             .server(target.pool.slot, target.pool.server_slots[pick.server]);
         let on = (server, metrics);
-        let started = std::time::Instant::now();
         let sent = if whole {
-            send_buffered(worker, target, on, conn, meta, buffered, up_buf, resp)
-                .await
-                .map(|stream| (stream, true))
+            send_buffered(
+                worker, target, on, conn, meta, buffered, up_buf, resp, started,
+            )
+            .await
+            .map(|stream| (stream, true))
         } else {
             send_streaming(
-                worker, target, on, conn, meta, &mut body, buffered, up_buf, resp,
+                worker, target, on, conn, meta, &mut body, buffered, up_buf, resp, started,
             )
             .await
         };
@@ -163,6 +167,7 @@ async fn exchange(
                 up_buf.clear();
                 drop(sent);
                 pick = next;
+                started = std::time::Instant::now();
                 continue;
             }
         }
@@ -179,6 +184,7 @@ async fn exchange(
             meta,
             request_done,
             keep_alive,
+            head_at: started + elapsed,
             set_cookie: target
                 .pool
                 .set_cookie(pick.server)
@@ -224,11 +230,13 @@ async fn send_buffered(
     buffered: usize,
     up_buf: &mut Buffer,
     resp: &mut ResponseHead,
+    started: std::time::Instant,
 ) -> Result<TcpStream, Failure> {
     let upstream = target.upstream;
     let mut fresh = false;
     loop {
-        let (mut stream, reused) = obtain(worker, server, upstream, fresh, metrics).await?;
+        let (mut stream, reused) =
+            obtain(worker, server, upstream, fresh, metrics, started).await?;
         let sent = body::write_all(
             &mut stream,
             &conn.out,
@@ -238,9 +246,24 @@ async fn send_buffered(
         .await;
         let outcome = match sent {
             Ok(()) => {
-                let deadline = Some(Instant::now() + upstream.response_timeout);
+                // A replay on a fresh connection gets a whole response_timeout of its own.
+                let sent_at = if fresh {
+                    std::time::Instant::now()
+                } else {
+                    started
+                };
+                let timer = &mut conn.upstream_timer;
+                timer.set(Instant::from_std(sent_at) + upstream.response_timeout);
                 let client = &mut conn.stream;
-                read_final_head(&mut stream, up_buf, resp, meta, client, (target, deadline)).await
+                read_final_head(
+                    &mut stream,
+                    up_buf,
+                    resp,
+                    meta,
+                    client,
+                    (target, Some(timer)),
+                )
+                .await
             }
             Err(e) => Err(HeadError {
                 error: upstream_write_error(e),
@@ -280,8 +303,9 @@ async fn send_streaming(
     buffered: usize,
     up_buf: &mut Buffer,
     resp: &mut ResponseHead,
+    started: std::time::Instant,
 ) -> Result<(TcpStream, bool), Failure> {
-    let (mut stream, _) = obtain(worker, server, target.upstream, false, metrics).await?;
+    let (mut stream, _) = obtain(worker, server, target.upstream, false, metrics, started).await?;
     let response_timeout = target.upstream.response_timeout;
     body::write_all(
         &mut stream,
@@ -334,19 +358,22 @@ async fn send_streaming(
 }
 
 /// A connection to `server`: a pooled idle one unless `fresh`, else a new one. Returns
-/// whether it was reused.
+/// whether it was reused. `now`: the time the attempt started.
 async fn obtain(
     worker: &Worker,
     server: &UpstreamServer,
     upstream: &Upstream,
     fresh: bool,
     metrics: Option<&ServerMetrics>,
+    now: std::time::Instant,
 ) -> Result<(TcpStream, bool), ProxyError> {
     if !fresh {
-        let mut pool = worker.pool.borrow_mut();
-        let reused = pool.take(server.addr, upstream.idle_timeout);
+        let (reused, idle) = worker
+            .pool
+            .borrow_mut()
+            .take(server.addr, upstream.idle_timeout, now);
         if let Some(m) = metrics {
-            m.pool_idle.set(pool.idle_count(server.addr) as u64);
+            m.pool_idle.set(idle as u64);
         }
         if let Some(stream) = reused {
             return Ok((stream, true));
@@ -401,15 +428,15 @@ impl HeadError {
 }
 
 /// Reads until a final (non-1xx) response head is parsed into `resp`, relaying 1xx heads
-/// to HTTP/1.1 clients. The whole head must arrive by `deadline` (when there is one; the
-/// streaming path times the wait itself, from the end of the upload).
+/// to HTTP/1.1 clients. The whole head must arrive by the deadline set on `timer` (when there
+/// is one; the streaming path times the wait itself, from the end of the upload).
 async fn read_final_head<R, W>(
     up: &mut R,
     up_buf: &mut Buffer,
     resp: &mut ResponseHead,
     meta: RequestMeta,
     client: &mut W,
-    (target, deadline): (Target<'_>, Option<Instant>),
+    (target, mut timer): (Target<'_>, Option<&mut LazyTimer>),
 ) -> Result<(), HeadError>
 where
     R: AsyncRead + Unpin,
@@ -423,24 +450,30 @@ where
         interim_sent,
     };
     loop {
-        let complete = parse_response(
-            up_buf.filled(),
-            crate::worker::UPSTREAM_BUFFER,
-            meta.is_head,
-            resp,
-        )
-        .map_err(|e| fail(e, true, interim_sent))?;
+        // Nothing read yet (the usual case right after sending): nothing to parse.
+        let complete = !up_buf.is_empty()
+            && parse_response(
+                up_buf.filled(),
+                crate::worker::UPSTREAM_BUFFER,
+                meta.is_head,
+                resp,
+            )
+            .map_err(|e| fail(e, true, interim_sent))?;
         if !complete {
             let read = up_buf.read_from(up);
-            let read = match deadline {
-                Some(deadline) => timeout_at(deadline, read).await,
-                None => Ok(read.await),
+            let read = match timer.as_deref_mut() {
+                Some(timer) => timer.within(read).await,
+                None => Some(read.await),
             };
             match read {
-                Err(_) => return Err(fail(ProxyError::UpstreamTimeout, received, interim_sent)),
-                Ok(Err(e)) => return Err(fail(ProxyError::upstream_io(e), received, interim_sent)),
-                Ok(Ok(0)) => return Err(fail(ProxyError::UpstreamClosed, received, interim_sent)),
-                Ok(Ok(_)) => received = true,
+                None => return Err(fail(ProxyError::UpstreamTimeout, received, interim_sent)),
+                Some(Err(e)) => {
+                    return Err(fail(ProxyError::upstream_io(e), received, interim_sent))
+                }
+                Some(Ok(0)) => {
+                    return Err(fail(ProxyError::UpstreamClosed, received, interim_sent))
+                }
+                Some(Ok(_)) => received = true,
             }
             continue;
         }
@@ -467,6 +500,8 @@ struct Exchange<'a> {
     meta: RequestMeta,
     request_done: bool,
     keep_alive: bool,
+    /// When the response head arrived (the pool's idle clock starts about then).
+    head_at: std::time::Instant,
     /// A `Set-Cookie` line to add (sticky sessions).
     set_cookie: Option<&'a [u8]>,
 }
@@ -539,10 +574,14 @@ impl Exchange<'_> {
             responded: true,
         })?;
         if resp.keeps_alive() && self.request_done && up_buf.is_empty() {
-            let mut pool = self.worker.pool.borrow_mut();
-            pool.put(self.server.addr, stream, self.target.upstream.max_idle);
+            let max_idle = self.target.upstream.max_idle;
+            let idle =
+                self.worker
+                    .pool
+                    .borrow_mut()
+                    .put(self.server.addr, stream, max_idle, self.head_at);
             if let Some(m) = self.metrics {
-                m.pool_idle.set(pool.idle_count(self.server.addr) as u64);
+                m.pool_idle.set(idle as u64);
             }
         }
         Ok(!close)

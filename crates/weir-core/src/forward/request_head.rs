@@ -3,7 +3,7 @@
 
 use weir_config::{Route, UpstreamServer};
 
-use crate::codec::http1::write::push_header;
+use crate::codec::http1::write::{push_header, HeaderLines};
 use crate::codec::http1::{BodyFraming, HeaderKind, RequestHead};
 use crate::filters::forwarded::{push_forwarded, ClientIp};
 use crate::filters::rewrite::upstream_path;
@@ -32,11 +32,13 @@ pub fn write_request_head(
         Some(host) => push_header(out, b"Host", host),
         None => push_header(out, b"Host", server.name.as_bytes()),
     }
+    let mut lines = HeaderLines::default();
     for h in &req.headers {
         if forwards_unchanged(h.kind, h.connection_listed, route.forwarded_headers) {
-            push_header(out, &buf[h.name.clone()], &buf[h.value.clone()]);
+            lines.keep(out, buf, h);
         }
     }
+    lines.flush(out, buf);
     if req.framing == BodyFraming::Chunked {
         out.extend_from_slice(b"Transfer-Encoding: chunked\r\n");
     }

@@ -1,7 +1,7 @@
 //! Writing the client response head: status line, end-to-end headers byte for byte (with
 //! ProxyPassReverse on location headers), framing and the client connection's persistence.
 
-use crate::codec::http1::write::{push_header, push_status_line};
+use crate::codec::http1::write::{push_header, push_status_line, HeaderLines};
 use crate::codec::http1::{BodyFraming, HeaderKind, ResponseHead};
 use crate::filters::location::ReverseMap;
 
@@ -24,23 +24,25 @@ pub fn write_response_head(
     framing: &ClientFraming,
 ) {
     push_status_line(out, resp.status, &buf[resp.reason.clone()]);
+    let mut lines = HeaderLines::default();
     for h in &resp.headers {
         if h.connection_listed || h.kind.is_hop_by_hop() {
             continue;
         }
-        let name = &buf[h.name.clone()];
+        let Some(map) = reverse.filter(|_| is_location(h.kind)) else {
+            lines.keep(out, buf, h);
+            continue;
+        };
+        lines.flush(out, buf);
         let value = &buf[h.value.clone()];
-        if let (Some(map), true) = (reverse, is_location(h.kind)) {
-            out.extend_from_slice(name);
-            out.extend_from_slice(b": ");
-            if !map.map_into(value, out) {
-                out.extend_from_slice(value);
-            }
-            out.extend_from_slice(b"\r\n");
-        } else {
-            push_header(out, name, value);
+        out.extend_from_slice(&buf[h.name.clone()]);
+        out.extend_from_slice(b": ");
+        if !map.map_into(value, out) {
+            out.extend_from_slice(value);
         }
+        out.extend_from_slice(b"\r\n");
     }
+    lines.flush(out, buf);
     if resp.framing == BodyFraming::Chunked && !framing.dechunk {
         out.extend_from_slice(b"Transfer-Encoding: chunked\r\n");
     }

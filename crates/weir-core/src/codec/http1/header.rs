@@ -30,33 +30,37 @@ pub enum HeaderKind {
 }
 
 impl HeaderKind {
-    /// Classifies a header name, ASCII case-insensitively.
+    /// Classifies a header name (a token: httparse has checked it), ASCII case-insensitively.
+    /// Every header of every head goes through here, so the candidates are picked by length
+    /// first: most names are compared with one known name or none.
     pub fn of(name: &[u8]) -> HeaderKind {
-        const NAMES: &[(&[u8], HeaderKind)] = &[
-            (b"host", HeaderKind::Host),
-            (b"content-length", HeaderKind::ContentLength),
-            (b"transfer-encoding", HeaderKind::TransferEncoding),
-            (b"connection", HeaderKind::Connection),
-            (b"keep-alive", HeaderKind::KeepAlive),
-            (b"proxy-connection", HeaderKind::ProxyConnection),
-            (b"te", HeaderKind::Te),
-            (b"trailer", HeaderKind::Trailer),
-            (b"upgrade", HeaderKind::Upgrade),
-            (b"expect", HeaderKind::Expect),
-            (b"x-forwarded-for", HeaderKind::XForwardedFor),
-            (b"x-real-ip", HeaderKind::XRealIp),
-            (b"x-forwarded-proto", HeaderKind::XForwardedProto),
-            (b"x-forwarded-host", HeaderKind::XForwardedHost),
-            (b"location", HeaderKind::Location),
-            (b"content-location", HeaderKind::ContentLocation),
-            (b"uri", HeaderKind::Uri),
-        ];
-        for (known, kind) in NAMES {
-            if known.len() == name.len() && known.eq_ignore_ascii_case(name) {
-                return *kind;
-            }
-        }
-        HeaderKind::Other
+        use HeaderKind::*;
+        let candidates: &[(&[u8], HeaderKind)] = match name.len() {
+            2 => &[(b"te", Te)],
+            3 => &[(b"uri", Uri)],
+            4 => &[(b"host", Host)],
+            6 => &[(b"expect", Expect)],
+            7 => &[(b"trailer", Trailer), (b"upgrade", Upgrade)],
+            8 => &[(b"location", Location)],
+            9 => &[(b"x-real-ip", XRealIp)],
+            10 => &[(b"connection", Connection), (b"keep-alive", KeepAlive)],
+            14 => &[(b"content-length", ContentLength)],
+            15 => &[(b"x-forwarded-for", XForwardedFor)],
+            16 => &[
+                (b"proxy-connection", ProxyConnection),
+                (b"x-forwarded-host", XForwardedHost),
+                (b"content-location", ContentLocation),
+            ],
+            17 => &[
+                (b"transfer-encoding", TransferEncoding),
+                (b"x-forwarded-proto", XForwardedProto),
+            ],
+            _ => return Other,
+        };
+        candidates
+            .iter()
+            .find(|(known, _)| token_eq_lower(name, known))
+            .map_or(Other, |&(_, kind)| kind)
     }
 
     /// Hop-by-hop headers (RFC 9110 7.6.1) never cross the proxy as they are.
@@ -74,11 +78,54 @@ impl HeaderKind {
     }
 }
 
+/// Whether the header name `token` equals `lower` (lower-case letters and `-`, same length)
+/// ignoring ASCII case. Setting bit 5 lower-cases a letter and maps no other token character
+/// (RFC 9110 `tchar`, which httparse has checked) onto a lower-case letter or `-`, so one OR
+/// per word replaces a per-byte case fold. The words are fixed-size loads that overlap to
+/// cover any length, so there is neither a byte loop nor a variable-length copy.
+#[inline]
+fn token_eq_lower(token: &[u8], lower: &[u8]) -> bool {
+    let n = token.len();
+    if n != lower.len() {
+        return false;
+    }
+    match n {
+        0..=1 => token.eq_ignore_ascii_case(lower),
+        2..=3 => folded_eq::<2>(token, lower, 0) && folded_eq::<2>(token, lower, n - 2),
+        4..=7 => folded_eq::<4>(token, lower, 0) && folded_eq::<4>(token, lower, n - 4),
+        _ => {
+            (0..n - 8)
+                .step_by(8)
+                .all(|at| folded_eq::<8>(token, lower, at))
+                && folded_eq::<8>(token, lower, n - 8)
+        }
+    }
+}
+
+/// `token[at..at + N]`, with bit 5 set in every byte, equals `lower[at..at + N]`.
+#[inline]
+fn folded_eq<const N: usize>(token: &[u8], lower: &[u8], at: usize) -> bool {
+    let word = |s: &[u8]| -> u64 {
+        let mut w = [0u8; 8];
+        match s.get(at..at + N) {
+            Some(bytes) => w[..N].copy_from_slice(bytes),
+            None => return u64::MAX,
+        }
+        u64::from_le_bytes(w)
+    };
+    let bit5 = 0x2020_2020_2020_2020 & (u64::MAX >> (64 - 8 * N));
+    let t = word(token);
+    t != u64::MAX && t | bit5 == word(lower)
+}
+
 /// One header of a parsed head, as byte ranges into the buffer the head was parsed from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HeaderSpan {
     pub name: Range<usize>,
     pub value: Range<usize>,
+    /// Where the header's line ends (after its line terminator): `name.start..line_end`
+    /// is the line as it arrived.
+    pub line_end: usize,
     pub kind: HeaderKind,
     /// Named by a `Connection` header: removed like a hop-by-hop header.
     pub connection_listed: bool,
@@ -90,6 +137,21 @@ pub struct ConnectionOptions {
     pub close: bool,
     pub keep_alive: bool,
     pub upgrade: bool,
+}
+
+/// Sets each header's `line_end`: the next header's start, and for the last one the start of
+/// the empty line that ends the head (`head_len` bytes long, ending in CRLF or a bare LF).
+pub(crate) fn set_line_ends(buf: &[u8], head_len: usize, headers: &mut [HeaderSpan]) {
+    let empty_line = if buf[..head_len].ends_with(b"\r\n") {
+        2
+    } else {
+        1
+    };
+    let mut next = head_len - empty_line;
+    for h in headers.iter_mut().rev() {
+        h.line_end = next;
+        next = h.name.start;
+    }
 }
 
 /// Offset of `part` inside `buf`. httparse returns sub-slices of the buffer, except for
@@ -182,10 +244,47 @@ mod tests {
     use super::*;
 
     #[test]
+    fn classifies_every_known_name_in_any_case() {
+        use HeaderKind::*;
+        let known = [
+            ("Host", Host),
+            ("Content-Length", ContentLength),
+            ("Transfer-Encoding", TransferEncoding),
+            ("Connection", Connection),
+            ("Keep-Alive", KeepAlive),
+            ("Proxy-Connection", ProxyConnection),
+            ("TE", Te),
+            ("Trailer", Trailer),
+            ("Upgrade", Upgrade),
+            ("Expect", Expect),
+            ("X-Forwarded-For", XForwardedFor),
+            ("X-Real-IP", XRealIp),
+            ("X-Forwarded-Proto", XForwardedProto),
+            ("X-Forwarded-Host", XForwardedHost),
+            ("Location", Location),
+            ("Content-Location", ContentLocation),
+            ("URI", Uri),
+        ];
+        for (name, kind) in known {
+            assert_eq!(HeaderKind::of(name.as_bytes()), kind, "{name}");
+            assert_eq!(HeaderKind::of(name.to_lowercase().as_bytes()), kind);
+            assert_eq!(HeaderKind::of(name.to_uppercase().as_bytes()), kind);
+            // Same length, one byte different: not the header.
+            let mut other = name.as_bytes().to_vec();
+            other[0] = b'z';
+            assert_eq!(HeaderKind::of(&other), Other, "{name}");
+        }
+    }
+
+    #[test]
     fn classifies_case_insensitively() {
         assert_eq!(HeaderKind::of(b"Content-LENGTH"), HeaderKind::ContentLength);
         assert_eq!(HeaderKind::of(b"x-real-ip"), HeaderKind::XRealIp);
         assert_eq!(HeaderKind::of(b"X-Custom"), HeaderKind::Other);
+        // Other token characters do not fold onto letters or '-'.
+        assert_eq!(HeaderKind::of(b"x_real_ip"), HeaderKind::Other);
+        assert_eq!(HeaderKind::of(b"^e"), HeaderKind::Other);
+        assert_eq!(HeaderKind::of(b"keep.alive"), HeaderKind::Other);
         assert_eq!(HeaderKind::of(b""), HeaderKind::Other);
     }
 

@@ -9,8 +9,8 @@ use std::mem::MaybeUninit;
 use std::ops::Range;
 
 use super::header::{
-    apply_connection_tokens, offset_in, parse_content_length, trim, ConnectionOptions, HeaderKind,
-    HeaderSpan,
+    apply_connection_tokens, offset_in, parse_content_length, set_line_ends, trim,
+    ConnectionOptions, HeaderKind, HeaderSpan,
 };
 use crate::error::ProxyError;
 
@@ -155,9 +155,11 @@ fn fill_head(
     head.headers.extend(req.headers.iter().map(|h| HeaderSpan {
         name: offset_in(buf, h.name.as_bytes()),
         value: offset_in(buf, h.value),
+        line_end: 0,
         kind: HeaderKind::of(h.name.as_bytes()),
         connection_listed: false,
     }));
+    set_line_ends(buf, head_len, &mut head.headers);
     head.connection = apply_connection_tokens(buf, &mut head.headers);
     scan_headers(buf, head)
 }

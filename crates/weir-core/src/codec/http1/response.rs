@@ -8,8 +8,8 @@ use std::mem::MaybeUninit;
 use std::ops::Range;
 
 use super::header::{
-    apply_connection_tokens, offset_in, parse_content_length, ConnectionOptions, HeaderKind,
-    HeaderSpan,
+    apply_connection_tokens, offset_in, parse_content_length, set_line_ends, ConnectionOptions,
+    HeaderKind, HeaderSpan,
 };
 use super::request::BodyFraming;
 use crate::error::ProxyError;
@@ -78,9 +78,11 @@ pub fn parse_response(
     head.headers.extend(res.headers.iter().map(|h| HeaderSpan {
         name: offset_in(buf, h.name.as_bytes()),
         value: offset_in(buf, h.value),
+        line_end: 0,
         kind: HeaderKind::of(h.name.as_bytes()),
         connection_listed: false,
     }));
+    set_line_ends(buf, head_len, &mut head.headers);
     head.connection = apply_connection_tokens(buf, &mut head.headers);
     head.framing = response_framing(buf, head, request_is_head)?;
     Ok(true)
