@@ -5,7 +5,7 @@ use std::time::Duration;
 use weir_config::AccessLogFormat;
 
 use super::time::TimeCache;
-use crate::codec::http1::write::{decimal_len, push_decimal};
+use crate::codec::http1::write::push_decimal;
 
 /// What the request contributed, copied before its head buffer is reused.
 #[derive(Debug, Default)]
@@ -91,7 +91,7 @@ fn push_json(out: &mut Vec<u8>, req: &RequestFields, o: &Outcome<'_>, time: &mut
     out.extend_from_slice(b"{\"time\":\"");
     out.extend_from_slice(iso.as_bytes());
     out.push(b'.');
-    push_padded(out, u64::from(millis), 3);
+    push_digits::<3>(out, u64::from(millis));
     out.extend_from_slice(b"Z\",\"client\":\"");
     push_escaped(out, o.client, true);
     out.extend_from_slice(b"\",\"method\":\"");
@@ -137,27 +137,67 @@ fn push_seconds(out: &mut Vec<u8>, d: Duration) {
     let micros = (d.as_nanos() + 500) / 1000;
     push_decimal(out, (micros / 1_000_000) as u64);
     out.push(b'.');
-    push_padded(out, (micros % 1_000_000) as u64, 6);
+    push_digits::<6>(out, (micros % 1_000_000) as u64);
 }
 
-/// `n` in decimal with leading zeros up to `width` digits.
-fn push_padded(out: &mut Vec<u8>, n: u64, width: usize) {
-    out.extend(std::iter::repeat_n(
-        b'0',
-        width.saturating_sub(decimal_len(n)),
-    ));
-    push_decimal(out, n);
+/// The last `W` decimal digits of `n`, with leading zeros: one fixed-size copy.
+#[inline]
+fn push_digits<const W: usize>(out: &mut Vec<u8>, mut n: u64) {
+    let mut digits = [b'0'; W];
+    for slot in digits.iter_mut().rev() {
+        *slot = b'0' + (n % 10) as u8;
+        n /= 10;
+    }
+    out.extend_from_slice(&digits);
+}
+
+/// How many leading bytes of `value` need no escape. Eight bytes at a time: a word holds a
+/// byte to escape when a byte is below 0x20 or above 0x7e, or equals `"` or `\\` (the
+/// classic SWAR has-less / has-more / has-zero tests, which are exact for "any byte").
+fn safe_prefix(value: &[u8]) -> usize {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    let has_zero = |v: u64| v.wrapping_sub(ONES) & !v & HIGH;
+    let needs_escape = |w: u64| {
+        let below_space = w.wrapping_sub(ONES * 0x20) & !w & HIGH;
+        // Adding 1 to each byte sets its high bit from 0x7f up (bytes with it set already
+        // are caught by `| w`; their carries cannot clear another byte's high bit).
+        let above_tilde = (w.wrapping_add(ONES) | w) & HIGH;
+        below_space
+            | above_tilde
+            | has_zero(w ^ (ONES * u64::from(b'"')))
+            | has_zero(w ^ (ONES * u64::from(b'\\')))
+            != 0
+    };
+    let mut at = 0;
+    while let Some(word) = value.get(at..at + 8) {
+        let mut bytes = [0u8; 8];
+        bytes.copy_from_slice(word);
+        if needs_escape(u64::from_le_bytes(bytes)) {
+            break;
+        }
+        at += 8;
+    }
+    at + value[at..]
+        .iter()
+        .position(|b| !is_safe(*b))
+        .unwrap_or(value.len() - at)
+}
+
+/// A byte that goes into a log line as it is.
+#[inline]
+fn is_safe(b: u8) -> bool {
+    matches!(b, 0x20..=0x7e) && b != b'"' && b != b'\\'
 }
 
 /// Escapes quotes, backslashes and non-printable bytes: `\u00XX` in JSON, `\xXX` otherwise
 /// (as nginx does), so a request can never forge a log line.
 fn push_escaped(out: &mut Vec<u8>, value: &[u8], json: bool) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
-    let safe = |b: &u8| matches!(b, 0x20..=0x7e) && *b != b'"' && *b != b'\\';
     let mut rest = value;
     // Copy runs of bytes that need no escape in one go (usually the whole value).
     while !rest.is_empty() {
-        let run = rest.iter().position(|b| !safe(b)).unwrap_or(rest.len());
+        let run = safe_prefix(rest);
         out.extend_from_slice(&rest[..run]);
         let Some((&b, tail)) = rest[run..].split_first() else {
             break;
@@ -290,9 +330,24 @@ mod tests {
             assert_eq!(String::from_utf8(out).unwrap(), want, "{d:?}");
         }
         let mut out = b"x".to_vec();
-        push_padded(&mut out, 7, 3);
-        push_padded(&mut out, 0, 3);
-        push_padded(&mut out, 1234, 3);
-        assert_eq!(out, b"x0070001234");
+        push_digits::<3>(&mut out, 7);
+        push_digits::<3>(&mut out, 0);
+        push_digits::<3>(&mut out, 999);
+        push_digits::<6>(&mut out, 42);
+        assert_eq!(out, b"x007000999000042");
+    }
+
+    #[test]
+    fn the_word_scan_finds_every_byte_to_escape_at_every_position() {
+        for b in 0..=255u8 {
+            for len in 1..=20 {
+                for at in 0..len {
+                    let mut value = vec![b'a'; len];
+                    value[at] = b;
+                    let want = if is_safe(b) { len } else { at };
+                    assert_eq!(safe_prefix(&value), want, "byte {b:#x} at {at} of {len}");
+                }
+            }
+        }
     }
 }

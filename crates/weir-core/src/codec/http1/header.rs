@@ -78,10 +78,11 @@ impl HeaderKind {
     }
 }
 
-/// Whether the header name `token` equals `lower` (lower-case letters and `-`, same length)
-/// ignoring ASCII case. Setting bit 5 lower-cases a letter and maps no other token character
-/// (RFC 9110 `tchar`, which httparse has checked) onto a lower-case letter or `-`, so one OR
-/// per word replaces a per-byte case fold. The words are fixed-size loads that overlap to
+/// Whether `token` (a header name or a piece of a header value, as httparse has checked
+/// them) equals `lower` (lower-case letters and `-`) ignoring ASCII case. Setting bit 5
+/// lower-cases a letter and maps no other byte allowed there (`tchar`, VCHAR, SP, HTAB,
+/// obs-text; never CR or LF) onto a lower-case letter or `-`, so one OR per word replaces a
+/// per-byte case fold. The words are fixed-size loads that overlap to
 /// cover any length, so there is neither a byte loop nor a variable-length copy.
 #[inline]
 fn token_eq_lower(token: &[u8], lower: &[u8]) -> bool {
@@ -191,14 +192,15 @@ pub(crate) fn apply_connection_tokens(buf: &[u8], headers: &mut [HeaderSpan]) ->
     let mut names_headers = false;
     for h in headers.iter().filter(|h| h.kind == HeaderKind::Connection) {
         for token in tokens(&buf[h.value.clone()]) {
-            if token.eq_ignore_ascii_case(b"close") {
-                opts.close = true;
-            } else if token.eq_ignore_ascii_case(b"keep-alive") {
-                opts.keep_alive = true;
-            } else if token.eq_ignore_ascii_case(b"upgrade") {
-                opts.upgrade = true;
-            } else {
-                names_headers = true;
+            let known = match token.len() {
+                5 => token_eq_lower(token, b"close").then_some(&mut opts.close),
+                7 => token_eq_lower(token, b"upgrade").then_some(&mut opts.upgrade),
+                10 => token_eq_lower(token, b"keep-alive").then_some(&mut opts.keep_alive),
+                _ => None,
+            };
+            match known {
+                Some(option) => *option = true,
+                None => names_headers = true,
             }
         }
     }

@@ -647,6 +647,10 @@ fn connection_tokens() {
             upgrade: true
         }
     );
+    // Same length, not the same token: an ordinary (hop-by-hop) name, not an option.
+    let head =
+        parse(b"GET / HTTP/1.1\r\nHost: a\r\nConnection: keep_alive, c1ose\r\n\r\n").unwrap();
+    assert_eq!(head.connection, ConnectionOptions::default());
     // No Connection header: all false.
     let head = parse(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n").unwrap();
     assert_eq!(head.connection, ConnectionOptions::default());
