@@ -1,6 +1,12 @@
-//! Running a scenario: for each repetition and each peer, start the peer on the proxy CPU,
-//! check that it answers correctly, warm it up, measure every load, stop it. Per measured run
-//! the proxy's CPU time and peak RSS come from `/proc`, the generator's CPU from `wait4`.
+//! Running a scenario: start every peer on the proxy CPU (each on its own port; a peer
+//! without load costs nothing), check that each answers correctly and warm it up, then for
+//! each repetition and each load measure the peers one after the other, and stop them all.
+//!
+//! Interleaving peers per load keeps the runs being compared a few seconds apart: the
+//! machines this runs on are shared, and their speed drifts in phases of tens of seconds, so
+//! running one peer through every load before the next (minutes apart) turned drift into
+//! false differences. Per measured run the proxy's CPU time and peak RSS come from `/proc`,
+//! the generator's CPU from `wait4`.
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
@@ -106,49 +112,49 @@ pub fn run(sc: &Scenario, opts: &Opts, tools: &Tools, dir: &Path) -> ScenarioRes
             format!("{}, pinned to CPU {LOAD_CPU}", b.about)
         });
     let mut samples: Vec<Vec<Vec<Sample>>> = vec![vec![Vec::new(); loads.len()]; peers.len()];
-    let mut failed = BTreeSet::new();
-    for rep in 0..opts.repeat {
-        for (pi, &peer) in peers.iter().enumerate() {
-            if failed.contains(&pi) {
-                continue;
+    let mut targets: Vec<Option<Target>> = Vec::new();
+    for &peer in &peers {
+        eprintln!("[{}] starting {}", sc.name, peer.name());
+        let started = start_target(sc, peer, &loads, opts, tools, dir, backend.as_ref());
+        targets.push(match started {
+            Ok((t, note)) => {
+                result.notes.extend(note);
+                Some(t)
             }
+            Err(e) => {
+                result.notes.push(format!("{} skipped: {e:#}", peer.name()));
+                None
+            }
+        });
+    }
+    let backend_pgid = backend.as_ref().map(|b| b.child.pgid);
+    for rep in 0..opts.repeat {
+        for (li, load) in loads.iter().enumerate() {
             eprintln!(
                 "[{}] repetition {}/{}: {}",
                 sc.name,
                 rep + 1,
                 opts.repeat,
-                peer.name()
+                load.label()
             );
-            let backend_ref = backend.as_ref();
-            match run_peer(
-                sc,
-                peer,
-                &loads,
-                opts,
-                tools,
-                dir,
-                backend_ref,
-                &mut result.notes,
-            ) {
-                Ok(per_load) => {
-                    for (li, s) in per_load.into_iter().enumerate() {
-                        match s {
-                            Ok(s) => samples[pi][li].push(s),
-                            Err(e) => result.notes.push(format!(
-                                "{} {}: run failed: {e:#}",
-                                peer.name(),
-                                loads[li].label()
-                            )),
-                        }
-                    }
-                }
-                Err(e) => {
-                    result.notes.push(format!("{} skipped: {e:#}", peer.name()));
-                    failed.insert(pi);
+            for (pi, &peer) in peers.iter().enumerate() {
+                let Some(t) = targets[pi].as_mut() else {
+                    continue;
+                };
+                // `direct` is the backend itself: no separate backend CPU to count.
+                let be = backend_pgid.filter(|_| peer != Peer::Direct);
+                match measure(load, sc, opts, tools, t, be) {
+                    Ok(s) => samples[pi][li].push(s),
+                    Err(e) => result.notes.push(format!(
+                        "{} {}: run failed: {e:#}",
+                        peer.name(),
+                        load.label()
+                    )),
                 }
             }
         }
     }
+    drop(targets);
     drop(backend);
     for (pi, &peer) in peers.iter().enumerate() {
         for (li, load) in loads.iter().enumerate() {
@@ -181,8 +187,9 @@ struct Target {
     child: Child,
 }
 
-#[allow(clippy::too_many_arguments)]
-fn run_peer(
+/// Starts `peer` on the proxy CPU, checks its answer and warms it up at the heaviest load.
+/// Also returns a note on what the check found, if anything.
+fn start_target(
     sc: &Scenario,
     peer: Peer,
     loads: &[Load],
@@ -190,11 +197,10 @@ fn run_peer(
     tools: &Tools,
     dir: &Path,
     backend: Option<&backend::Running>,
-    notes: &mut Vec<String>,
-) -> Result<Vec<Result<Sample>>> {
+) -> Result<(Target, Option<String>)> {
     let backends: Vec<SocketAddr> = backend.map(|b| b.addrs.clone()).unwrap_or_default();
     let max_conns = loads.iter().map(Load::conns).max().unwrap_or(64);
-    let mut t = if peer == Peer::Direct {
+    let t = if peer == Peer::Direct {
         // The backend alone on the proxy CPU: the cost floor a proxy is compared with.
         let kind = match sc.backend {
             BackendKind::Echo { .. } => BackendKind::Echo { count: 1 },
@@ -224,32 +230,17 @@ fn run_peer(
             child: s.child,
         }
     };
-    verify(sc, peer, &t, backends.len(), notes)?;
+    let note = verify(sc, peer, &t, backends.len())?;
     let heaviest = loads.iter().max_by_key(|l| l.conns()).copied();
     if let (Some(w), true) = (heaviest, opts.warmup > 0) {
         load::run(&w, tools, t.addr, sc.path, opts.warmup)?;
     }
-    let backend_pgid = if peer == Peer::Direct {
-        None
-    } else {
-        backend.map(|b| b.child.pgid)
-    };
-    let out = loads
-        .iter()
-        .map(|l| measure(l, sc, opts, tools, &mut t, backend_pgid))
-        .collect();
-    Ok(out)
+    Ok((t, note))
 }
 
 /// One request through the peer before measuring: right status, prefix rewritten, and (with
-/// several backends) every backend reached.
-fn verify(
-    sc: &Scenario,
-    peer: Peer,
-    t: &Target,
-    n_backends: usize,
-    notes: &mut Vec<String>,
-) -> Result<()> {
+/// several backends) every backend reached (a note when not).
+fn verify(sc: &Scenario, peer: Peer, t: &Target, n_backends: usize) -> Result<Option<String>> {
     let p = process::http_get(t.addr, sc.path)?;
     if p.status != sc.expect_status {
         bail!(
@@ -272,13 +263,13 @@ fn verify(
             seen.insert(p.header("x-backend").unwrap_or("?").to_string());
         }
         if seen.len() < n_backends {
-            notes.push(format!(
+            return Ok(Some(format!(
                 "{}: round robin reached only {seen:?}",
                 peer.name()
-            ));
+            )));
         }
     }
-    Ok(())
+    Ok(None)
 }
 
 /// Sum of the samples of `weir_requests_total` (every request a listener answered), from `/metrics`,
