@@ -40,6 +40,9 @@ pub struct Opts {
 /// One measured run.
 #[derive(Debug, Clone, Serialize)]
 pub struct Sample {
+    /// Which repetition (from 0): samples of different peers with the same repetition and
+    /// load were measured seconds apart.
+    pub repetition: u32,
     #[serde(flatten)]
     pub load: LoadOutput,
     /// The proxy's (for `direct`: the backend's) utime + stime per request, microseconds.
@@ -144,7 +147,10 @@ pub fn run(sc: &Scenario, opts: &Opts, tools: &Tools, dir: &Path) -> ScenarioRes
                 // `direct` is the backend itself: no separate backend CPU to count.
                 let be = backend_pgid.filter(|_| peer != Peer::Direct);
                 match measure(load, sc, opts, tools, t, be) {
-                    Ok(s) => samples[pi][li].push(s),
+                    Ok(s) => samples[pi][li].push(Sample {
+                        repetition: rep,
+                        ..s
+                    }),
                     Err(e) => result.notes.push(format!(
                         "{} {}: run failed: {e:#}",
                         peer.name(),
@@ -339,6 +345,7 @@ fn measure(
         _ => None,
     };
     Ok(Sample {
+        repetition: 0,
         cpu_per_req_us: (out.requests > 0).then(|| sut_cpu / out.requests as f64 * 1e6),
         proxy_cpu_pct: sut_cpu / wall * 100.0,
         peak_rss_mib: procfs::group_peak_rss_kib(pgid).map(|k| k as f64 / 1024.0),

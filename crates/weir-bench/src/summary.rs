@@ -50,6 +50,9 @@ pub struct Ratio {
     pub peer: &'static str,
     pub load: String,
     pub cpu_per_req: Option<f64>,
+    /// The CPU/req ratio of each repetition (the two runs seconds apart): less exposed to
+    /// the machine's drift than the ratio of medians.
+    pub cpu_per_req_paired: Option<Spread>,
     pub rps: Option<f64>,
     pub p99: Option<f64>,
 }
@@ -167,9 +170,22 @@ fn ratio(w: &Case, c: &Case) -> Ratio {
         peer: c.peer_name,
         load: c.label.clone(),
         cpu_per_req: div(w.summary.cpu_per_req_us, c.summary.cpu_per_req_us),
+        cpu_per_req_paired: paired_cpu_ratio(&w.samples, &c.samples),
         rps: div(w.summary.rps, c.summary.rps),
         p99: div(w.summary.p99_us, c.summary.p99_us),
     }
+}
+
+/// The spread of `w`'s CPU/req over `c`'s, repetition by repetition.
+fn paired_cpu_ratio(w: &[Sample], c: &[Sample]) -> Option<Spread> {
+    let per_rep: Vec<f64> = w
+        .iter()
+        .filter_map(|a| {
+            let b = c.iter().find(|b| b.repetition == a.repetition)?;
+            Some(a.cpu_per_req_us? / b.cpu_per_req_us.filter(|v| *v > 0.0)?)
+        })
+        .collect();
+    spread(&per_rep)
 }
 
 #[cfg(test)]
@@ -179,6 +195,7 @@ mod tests {
 
     fn sample(rps: f64, cpu: f64, gen: f64, be: f64) -> Sample {
         Sample {
+            repetition: 0,
             load: LoadOutput {
                 rps,
                 requests: 1000,
@@ -260,6 +277,21 @@ mod tests {
         let observed = find("weir-observed", "weir").unwrap().cpu_per_req.unwrap();
         assert!((observed - 1.1).abs() < 1e-9, "{observed}");
         assert_eq!(r.len(), 3);
+    }
+
+    #[test]
+    fn paired_ratios_divide_runs_of_the_same_repetition() {
+        let rep = |r: u32, cpu: f64| Sample {
+            repetition: r,
+            ..sample(100.0, cpu, 1.0, 1.0)
+        };
+        // Repetition 1 of the peer failed: only repetitions 0 and 2 pair up.
+        let w = case(Peer::Weir, vec![rep(0, 10.0), rep(1, 30.0), rep(2, 12.0)]);
+        let c = case(Peer::Nginx, vec![rep(0, 20.0), rep(2, 10.0)]);
+        let r = ratios(&[w, c]);
+        let paired = r[0].cpu_per_req_paired.unwrap();
+        assert_eq!((paired.min, paired.max, paired.n), (0.5, 1.2, 2));
+        assert!((paired.median - 0.85).abs() < 1e-9);
     }
 
     #[test]

@@ -104,8 +104,8 @@ impl ClientConn {
             last_request: false,
             request_started: now,
             idle_since: now,
-            idle_timer: LazyTimer::default(),
-            upstream_timer: LazyTimer::default(),
+            idle_timer: LazyTimer::new(Instant::from_std(now)),
+            upstream_timer: LazyTimer::new(Instant::from_std(now)),
         }
     }
 

@@ -40,16 +40,21 @@ pub struct LazyTimer {
 
 impl Default for LazyTimer {
     fn default() -> LazyTimer {
-        let now = Instant::now();
+        LazyTimer::new(Instant::now())
+    }
+}
+
+impl LazyTimer {
+    /// A timer whose deadline is `now` until `set` moves it (taking a time the caller
+    /// already read saves a clock read per connection).
+    pub fn new(now: Instant) -> LazyTimer {
         LazyTimer {
             sleep: None,
             armed: now,
             deadline: now,
         }
     }
-}
 
-impl LazyTimer {
     /// Sets the deadline of the next wait. Later than the armed timer: only recorded (the
     /// timer re-arms when it fires). Earlier: the timer is re-armed now.
     pub fn set(&mut self, deadline: Instant) {
