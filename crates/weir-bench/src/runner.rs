@@ -140,7 +140,10 @@ pub fn run(sc: &Scenario, opts: &Opts, tools: &Tools, dir: &Path) -> ScenarioRes
                 opts.repeat,
                 load.label()
             );
-            for (pi, &peer) in peers.iter().enumerate() {
+            // The first peer moves by one each repetition, so no peer always runs right
+            // after the same neighbour (TIME_WAIT sockets, backend state, drift).
+            for pi in (0..peers.len()).map(|i| (i + rep as usize) % peers.len()) {
+                let peer = peers[pi];
                 let Some(t) = targets[pi].as_mut() else {
                     continue;
                 };

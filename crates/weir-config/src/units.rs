@@ -13,26 +13,35 @@ const DURATION_HINT: &str = r#"expected a duration such as "250ms", "5s", "2m" o
 const SIZE_HINT: &str =
     r#"expected a size such as "0", "512B", "16KiB", "64k", "10MB" or "1GiB" (k/m/g are binary)"#;
 
-/// Parses a duration: an integer and a unit out of `ms`, `s`, `m`, `h`.
+/// The longest duration accepted (ten years): every timeout is added to the current time
+/// on the request path, and a sum past what the clock can hold would abort the process.
+pub const MAX_DURATION: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
+
+/// Parses a duration: an integer and a unit out of `ms`, `s`, `m`, `h`, at most
+/// [`MAX_DURATION`].
 ///
 /// The unit may be left out only for zero (`"0"`).
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let too_large = || format!("duration \"{text}\" is too large (at most 87600h, ten years)");
+    parse_unbounded_duration(text)?
+        .filter(|d| *d <= MAX_DURATION)
+        .ok_or_else(too_large)
+}
+
+/// A duration of any size; `Ok(None)` when it does not fit in a `Duration`.
+fn parse_unbounded_duration(text: &str) -> Result<Option<Duration>, String> {
     let (number, unit) = split_number(text)
         .ok_or_else(|| format!("invalid duration \"{text}\": {DURATION_HINT}"))?;
-    let too_large = || format!("duration \"{text}\" is too large");
-    let value: u64 = number.parse().map_err(|_| too_large())?;
+    let Ok(value) = number.parse::<u64>() else {
+        return Ok(None);
+    };
+    let secs = |factor: u64| Ok(value.checked_mul(factor).map(Duration::from_secs));
     match unit {
-        "ms" => Ok(Duration::from_millis(value)),
-        "s" => Ok(Duration::from_secs(value)),
-        "m" => value
-            .checked_mul(60)
-            .map(Duration::from_secs)
-            .ok_or_else(too_large),
-        "h" => value
-            .checked_mul(3600)
-            .map(Duration::from_secs)
-            .ok_or_else(too_large),
-        "" if value == 0 => Ok(Duration::ZERO),
+        "ms" => Ok(Some(Duration::from_millis(value))),
+        "s" => secs(1),
+        "m" => secs(60),
+        "h" => secs(3600),
+        "" if value == 0 => Ok(Some(Duration::ZERO)),
         "" => Err(format!("duration \"{text}\" has no unit: {DURATION_HINT}")),
         _ => Err(format!(
             "unknown duration unit \"{unit}\" in \"{text}\": {DURATION_HINT}"
@@ -109,11 +118,12 @@ mod tests {
     #[test]
     fn duration_overflow_is_an_error() {
         let max = u64::MAX;
-        assert_eq!(
-            parse_duration(&format!("{max}s")),
-            Ok(Duration::from_secs(max))
-        );
+        assert_eq!(parse_duration("87600h"), Ok(MAX_DURATION));
         for text in [
+            "87601h".to_owned(),
+            format!("{}s", MAX_DURATION.as_secs() + 1),
+            format!("{max}s"),
+            format!("{max}ms"),
             format!("{max}m"),
             format!("{max}h"),
             "99999999999999999999999s".to_owned(),

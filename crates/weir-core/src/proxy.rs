@@ -59,6 +59,8 @@ pub async fn serve_client(worker: Rc<Worker>, slot: usize, stream: ClientStream,
             Ok(None) => {}
             Err(_) => return,
         }
+        // The first request gets its whole header_timeout after the PROXY header.
+        conn.idle_since = Instant::now();
     }
     let mut kept = snapshot.clone();
     drop(snapshot);

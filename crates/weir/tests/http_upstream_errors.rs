@@ -429,3 +429,71 @@ async fn streamed_upload_to_a_silent_upstream_is_504() {
     client.send_raw(b"y").await.unwrap();
     assert_eq!(client.read_response(false).await.unwrap().status, 504);
 }
+
+/// `response_timeout` counts from the end of the request, not from before the connect: an
+/// upstream whose accept queue is full (Linux drops the SYN; the connect completes on the
+/// retransmit about 1 s later) and which then answers at once is a 200, not a 504, with a
+/// 600 ms `response_timeout`. (A regression of the request-path clock savings.)
+#[tokio::test]
+async fn response_timeout_does_not_count_the_connect() {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let listener = socket.listen(0).unwrap();
+    let addr = listener.local_addr().unwrap();
+    // Fill the accept queue (one connection fits a backlog of 0; later SYNs are dropped).
+    let mut fillers = Vec::new();
+    for _ in 0..3 {
+        let connect = TcpStream::connect(addr);
+        if let Ok(Ok(s)) =
+            tokio::time::timeout(std::time::Duration::from_millis(100), connect).await
+        {
+            fillers.push(s);
+        }
+    }
+    let weir = common::Conf::new()
+        .route("all", "up", &[])
+        .upstream(
+            "up",
+            &[addr],
+            &[r#"response_timeout = "600ms""#, r#"connect_timeout = "5s""#],
+        )
+        .start();
+    let server = tokio::spawn(async move {
+        // Weir's first SYN meets the full queue; then the queue is drained, so the
+        // retransmitted SYN is accepted and answered at once.
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        loop {
+            let Ok((mut s, _)) = listener.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let _ = s
+                    .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                    .await;
+                let _ = s.read(&mut buf).await;
+            });
+        }
+    });
+    let raw = send_raw_once(
+        weir.addr,
+        b"GET /x HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n",
+    )
+    .await
+    .expect("weir answers");
+    server.abort();
+    drop(fillers);
+    assert_eq!(
+        status_of(&raw),
+        Some(200),
+        "{}",
+        String::from_utf8_lossy(&raw)
+    );
+}

@@ -246,11 +246,14 @@ async fn send_buffered(
         .await;
         let outcome = match sent {
             Ok(()) => {
-                // A replay on a fresh connection gets a whole response_timeout of its own.
-                let sent_at = if fresh {
-                    std::time::Instant::now()
-                } else {
+                // response_timeout counts from the end of the request. On a pooled connection
+                // the send completes at once, so that is when the attempt started (no clock
+                // read); after a connect (a new server, or a replay on a fresh connection)
+                // it is now.
+                let sent_at = if reused {
                     started
+                } else {
+                    std::time::Instant::now()
                 };
                 let timer = &mut conn.upstream_timer;
                 timer.set(Instant::from_std(sent_at) + upstream.response_timeout);
@@ -500,7 +503,8 @@ struct Exchange<'a> {
     meta: RequestMeta,
     request_done: bool,
     keep_alive: bool,
-    /// When the response head arrived (the pool's idle clock starts about then).
+    /// When the response head arrived (the pool's idle clock starts then when the whole
+    /// body came with the head).
     head_at: std::time::Instant,
     /// A `Set-Cookie` line to add (sticky sessions).
     set_cookie: Option<&'a [u8]>,
@@ -560,6 +564,9 @@ impl Exchange<'_> {
         })?;
         conn.sent += (conn.out.len() + forward) as u64;
         up_buf.consume(consumed);
+        // The whole body came with the head (the usual small response): the connection is
+        // idle from the head's arrival. Otherwise it is idle from the end of the pump.
+        let body_was_buffered = state.is_done();
         let upstream_timeout = self.target.upstream.response_timeout;
         pump(
             &mut stream,
@@ -575,11 +582,16 @@ impl Exchange<'_> {
         })?;
         if resp.keeps_alive() && self.request_done && up_buf.is_empty() {
             let max_idle = self.target.upstream.max_idle;
+            let idle_from = if body_was_buffered {
+                self.head_at
+            } else {
+                std::time::Instant::now()
+            };
             let idle =
                 self.worker
                     .pool
                     .borrow_mut()
-                    .put(self.server.addr, stream, max_idle, self.head_at);
+                    .put(self.server.addr, stream, max_idle, idle_from);
             if let Some(m) = self.metrics {
                 m.pool_idle.set(idle as u64);
             }

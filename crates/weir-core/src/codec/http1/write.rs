@@ -16,6 +16,11 @@ pub fn push_header(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
 /// each other in the parsed buffer go out in one copy (a typical response keeps all its
 /// lines but `Connection` and `Keep-Alive`: two or three copies instead of one per header).
 /// A line that ended in a bare LF is written with CRLF instead.
+///
+/// Copying lines as they arrived is safe because httparse runs with its strict defaults: a
+/// line is exactly `name ":" OWS value OWS` and its end (obs-fold, whitespace before the
+/// colon and invalid bytes are errors). Enabling httparse's `allow_obsolete_multiline_*` or
+/// `ignore_invalid_headers_*` options would forward folded or skipped lines verbatim.
 #[derive(Default)]
 pub struct HeaderLines {
     /// The lines waiting to be copied: `buf[start..end]`.
