@@ -38,12 +38,6 @@ pub struct LazyTimer {
     deadline: Instant,
 }
 
-impl Default for LazyTimer {
-    fn default() -> LazyTimer {
-        LazyTimer::new(Instant::now())
-    }
-}
-
 impl LazyTimer {
     /// A timer whose deadline is `now` until `set` moves it (taking a time the caller
     /// already read saves a clock read per connection).
@@ -134,7 +128,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn lazy_timer_expires_at_its_deadline() {
         let start = Instant::now();
-        let mut timer = LazyTimer::default();
+        let mut timer = LazyTimer::new(Instant::now());
         timer.set(start + Duration::from_millis(10));
         assert_eq!(expiry(&mut timer).await, start + Duration::from_millis(10));
     }
@@ -142,7 +136,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn lazy_timer_follows_a_later_deadline_without_expiring_early() {
         let start = Instant::now();
-        let mut timer = LazyTimer::default();
+        let mut timer = LazyTimer::new(Instant::now());
         timer.set(start + Duration::from_millis(10));
         assert_eq!(timer.within(async { 1 }).await, Some(1));
         assert!(
@@ -163,7 +157,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn lazy_timer_rearms_at_once_for_an_earlier_deadline() {
         let start = Instant::now();
-        let mut timer = LazyTimer::default();
+        let mut timer = LazyTimer::new(Instant::now());
         timer.set(start + Duration::from_millis(100));
         let quick = timer
             .within(tokio::time::sleep(Duration::from_millis(1)))
@@ -176,7 +170,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn lazy_timer_is_reusable_after_expiring() {
         let start = Instant::now();
-        let mut timer = LazyTimer::default();
+        let mut timer = LazyTimer::new(Instant::now());
         timer.set(start + Duration::from_millis(10));
         expiry(&mut timer).await;
         timer.set(start + Duration::from_millis(30));

@@ -106,17 +106,14 @@ fn token_eq_lower(token: &[u8], lower: &[u8]) -> bool {
 /// `token[at..at + N]`, with bit 5 set in every byte, equals `lower[at..at + N]`.
 #[inline]
 fn folded_eq<const N: usize>(token: &[u8], lower: &[u8], at: usize) -> bool {
-    let word = |s: &[u8]| -> u64 {
+    let word = |s: &[u8]| {
+        let bytes = s.get(at..at + N)?;
         let mut w = [0u8; 8];
-        match s.get(at..at + N) {
-            Some(bytes) => w[..N].copy_from_slice(bytes),
-            None => return u64::MAX,
-        }
-        u64::from_le_bytes(w)
+        w[..N].copy_from_slice(bytes);
+        Some(u64::from_le_bytes(w))
     };
     let bit5 = 0x2020_2020_2020_2020 & (u64::MAX >> (64 - 8 * N));
-    let t = word(token);
-    t != u64::MAX && t | bit5 == word(lower)
+    matches!((word(token), word(lower)), (Some(t), Some(l)) if t | bit5 == l)
 }
 
 /// One header of a parsed head, as byte ranges into the buffer the head was parsed from.
