@@ -19,11 +19,13 @@
 //! * [`pattern()`], [`pattern_hash`] and [`Hasher`] (FNV-1a 64): deterministic
 //!   large bodies that are hashed on both ends instead of being compared.
 //! * [`chunked`]: a small chunked-coding decoder and encoder.
+//! * [`certs`]: a throw-away CA and the leaf certificates it signs, as PEM files.
 //! * [`wait_until`] / [`wait_until_async`]: poll a condition instead of
 //!   sleeping a fixed time.
 
 mod backend;
 mod behaviours;
+pub mod certs;
 pub mod chunked;
 mod client;
 mod pattern;
