@@ -1,6 +1,6 @@
 //! Issue 17, item 3: the admin listener under idle and descriptor-hungry clients, through
 //! the real binary. Idle admin connections are closed after `[admin] header_timeout` /
-//! `idle_timeout`; with `ulimit -n 64`, connections over `[admin] max_connections` are
+//! `idle_timeout` (an API body that stops short gets 408); with `ulimit -n 64`, connections over `[admin] max_connections` are
 //! closed at once so the data plane keeps its descriptors; and when the process is out of
 //! descriptors anyway, the admin accept loop pauses instead of spinning on EMFILE.
 
@@ -10,7 +10,7 @@ use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use support_process::{config, connect, get, get_on, route_to, Weir};
+use support_process::{config, connect, get, get_on, read_response, route_to, Weir};
 use weir_testkit::{wait_until, Backend};
 
 const FD_LIMIT: u32 = 64;
@@ -95,11 +95,21 @@ fn idle_admin_connections_are_closed_after_the_timeouts() {
     let (head, body) = get_on(&mut kept, "/live").expect("/live");
     assert_eq!((head.status, body.as_slice()), (200, &b"live\n"[..]));
 
+    // An API request whose body stops short: 408 after idle_timeout.
+    let mut short = connect(admin, Duration::from_secs(2)).expect("connect");
+    short
+        .write_all(b"PUT /api/v1/config HTTP/1.1\r\nHost: a\r\nContent-Length: 100\r\n\r\n[server]")
+        .unwrap();
+
     for (i, s) in silent.iter_mut().enumerate() {
         wait_closed(s, limit).unwrap_or_else(|e| panic!("silent connection {i}: {e}"));
     }
     wait_closed(&mut partial, limit).unwrap_or_else(|e| panic!("partial head: {e}"));
     wait_closed(&mut kept, limit).unwrap_or_else(|e| panic!("idle keep-alive: {e}"));
+    short.set_read_timeout(Some(limit)).unwrap();
+    let (head, body) = read_response(&mut short).expect("an answer to the short body");
+    assert_eq!(head.status, 408, "{}", String::from_utf8_lossy(&body));
+    wait_closed(&mut short, limit).unwrap_or_else(|e| panic!("after the 408: {e}"));
     // Closed, not broken: a new connection is served.
     let (head, _) = get(admin, "/live").expect("/live after the timeouts");
     assert_eq!(head.status, 200);
