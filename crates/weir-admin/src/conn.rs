@@ -77,10 +77,11 @@ impl Clock {
 
     fn read(&self) {
         let mut phase = self.lock();
-        if let Phase::Waiting { .. } = *phase {
-            *phase = Phase::Head {
-                since: Instant::now(),
-            };
+        if let Phase::Waiting { since, first } = *phase {
+            // A connection's first head is timed from the accept: trickling a byte just
+            // before the deadline buys no more time.
+            let since = if first { since } else { Instant::now() };
+            *phase = Phase::Head { since };
             drop(phase);
             self.changed.notify_one();
         }
@@ -234,9 +235,16 @@ mod tests {
         assert_eq!(clock.deadline(&LIMITS), Some(start + LIMITS.header_timeout));
         tokio::time::advance(Duration::from_secs(3)).await;
         clock.read();
-        // ...counted from its first byte.
-        let head = start + Duration::from_secs(3) + LIMITS.header_timeout;
+        // ...counted from the accept, not from its first byte.
+        let first_head = start + LIMITS.header_timeout;
+        assert_eq!(clock.deadline(&LIMITS), Some(first_head));
+        drop(clock.busy());
+        tokio::time::advance(Duration::from_secs(3)).await;
+        // A later head: from its first byte.
+        clock.read();
+        let head = Instant::now() + LIMITS.header_timeout;
         assert_eq!(clock.deadline(&LIMITS), Some(head));
+        tokio::time::advance(Duration::from_secs(1)).await;
         clock.read();
         assert_eq!(clock.deadline(&LIMITS), Some(head), "more head bytes");
         let busy = clock.busy();

@@ -32,7 +32,7 @@ pub mod store;
 #[cfg(test)]
 mod tests;
 
-pub use conn::Limits;
+use conn::Limits;
 pub use store::Store;
 
 /// The limits when no config is attached (`AdminState::store` is `None`): the `[admin]`
@@ -181,6 +181,7 @@ async fn accept_loop(
                     "admin connection closed: max_connections reached"
                 );
             }
+            drop(stream);
             continue;
         }
         let slot = Slot::take(&open);
