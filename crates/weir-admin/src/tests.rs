@@ -1,6 +1,7 @@
 //! The admin listener in-process, on a real proxy: an API change held between validation
 //! and apply (the store's `before_apply` hook) while the probes ask for `/live`, `/ready`
-//! and `/metrics`. When changes ran on the admin thread, the probes waited for the apply.
+//! and `/metrics` (when changes ran on the admin thread, the probes waited for the apply),
+//! and a connection cap changed through the API.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -82,6 +83,53 @@ fn probes_answer_while_a_change_is_applied() {
     assert_eq!(status, 200, "{text}");
     assert!(text.contains("\"version\":2"), "{text}");
     assert_eq!(proxy.config().upstreams.len(), 1, "applied");
+    admin.stop();
+    proxy.shutdown();
+}
+
+/// `[admin]` limits changed through the API apply to the next connections.
+#[test]
+fn a_new_connection_cap_applies_to_the_next_connections() {
+    let config = weir_config::parse_str(CONFIG, "test").unwrap();
+    let proxy = Arc::new(Proxy::start(config, 1).unwrap());
+    let store = Arc::new(Store::new(proxy.clone(), None, CONFIG.to_string()));
+    let state = Arc::new(AdminState {
+        store: Some(store),
+        ..Default::default()
+    });
+    let admin = Admin::start("127.0.0.1:0".parse().unwrap(), state).unwrap();
+    let addr = admin.addr();
+    let capped = CONFIG.replace("[admin]\n", "[admin]\nmax_connections = 1\n");
+    let (status, text) = request(addr, "PUT", "/api/v1/config", &capped).unwrap();
+    assert_eq!(status, 200, "{text}");
+
+    // One connection, served and kept open...
+    let mut first = TcpStream::connect(addr).unwrap();
+    first
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    first
+        .write_all(b"GET /live HTTP/1.1\r\nHost: admin\r\n\r\n")
+        .unwrap();
+    let mut buf = [0u8; 512];
+    let n = first.read(&mut buf).unwrap();
+    assert!(buf[..n].starts_with(b"HTTP/1.1 200"), "{:?}", &buf[..n]);
+    // ...so a second is closed at once.
+    let mut second = TcpStream::connect(addr).unwrap();
+    second
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    match second.read(&mut buf) {
+        Ok(0) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+        other => panic!("the connection over the cap was not closed: {other:?}"),
+    }
+    drop(first);
+    let served = (0..500).any(|_| {
+        std::thread::sleep(Duration::from_millis(10));
+        matches!(request(addr, "GET", "/live", ""), Ok((200, _)))
+    });
+    assert!(served, "a connection is served once the first one closed");
     admin.stop();
     proxy.shutdown();
 }
