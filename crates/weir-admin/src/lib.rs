@@ -2,27 +2,50 @@
 //! (`api`), which changes the running config through the `store`.
 //!
 //! It runs on its own thread and runtime, separate from the data-plane workers, so it never
-//! shares their limits and stays reachable when they are saturated.
+//! shares their limits and stays reachable when they are saturated. That thread only does
+//! quick work: API requests validate, resolve, apply and persist on tokio's blocking pool
+//! (`api`), so `/live`, `/ready` and `/metrics` answer while a change is being applied.
+//! Connections are capped (`[admin] max_connections`: more are closed as soon as they are
+//! accepted, so idle clients cannot take the process's descriptors) and timed out
+//! (`conn`), and running out of descriptors pauses accepting as on the data plane.
 
 #![forbid(unsafe_code)]
 
 use std::convert::Infallible;
 use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::sync::watch;
+use weir_core::listener::backoff::{is_resource_exhaustion, ResourceLog, RESOURCE_BACKOFF};
 
 pub mod api;
+mod conn;
 pub mod store;
+#[cfg(test)]
+mod tests;
 
+use conn::Limits;
 pub use store::Store;
+
+/// The limits when no config is attached (`AdminState::store` is `None`): the `[admin]`
+/// defaults.
+const DEFAULT_LIMITS: Limits = Limits {
+    header_timeout: Duration::from_secs(10),
+    idle_timeout: Duration::from_secs(60),
+    max_connections: 64,
+};
+
+/// Threads for API requests (validation and DNS look-ups, apply, file writes, reads that
+/// wait for a write in progress). Writes are serialized by the store anyway.
+const BLOCKING_THREADS: usize = 4;
 
 /// Renders the Prometheus text exposition.
 pub type MetricsRenderer = Box<dyn Fn() -> String + Send + Sync>;
@@ -36,6 +59,15 @@ pub struct AdminState {
     pub metrics: Option<MetricsRenderer>,
     /// The object API; 404 when absent.
     pub store: Option<Arc<Store>>,
+}
+
+impl AdminState {
+    /// The running config's `[admin]` limits (a reload changes them for new connections).
+    fn limits(&self) -> Limits {
+        self.store
+            .as_ref()
+            .map_or(DEFAULT_LIMITS, |s| Limits::of(&s.proxy().config().admin))
+    }
 }
 
 /// A running admin listener; `stop` ends it.
@@ -94,6 +126,7 @@ fn serve(
 ) {
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
+        .max_blocking_threads(BLOCKING_THREADS)
         .build()
     {
         Ok(rt) => rt,
@@ -104,29 +137,105 @@ fn serve(
             Ok(l) => l,
             Err(e) => return tracing::error!(error = %e, "admin listener failed"),
         };
-        loop {
-            let (stream, _) = tokio::select! {
-                r = listener.accept() => match r { Ok(s) => s, Err(_) => continue },
-                _ = stopped.changed() => return,
-            };
-            let state = state.clone();
-            tokio::spawn(async move {
-                let service = hyper::service::service_fn(move |req| handle(req, state.clone()));
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
-            });
+        accept_loop(listener, state, &mut stopped).await;
+    });
+}
+
+/// Accepts until `stopped`; each connection is served on a task of its own.
+async fn accept_loop(
+    listener: tokio::net::TcpListener,
+    state: Arc<AdminState>,
+    stopped: &mut watch::Receiver<bool>,
+) {
+    let open = Arc::new(AtomicUsize::new(0));
+    let (mut resource_log, mut cap_log) = (ResourceLog::default(), ResourceLog::default());
+    loop {
+        let accepted = tokio::select! {
+            r = listener.accept() => r,
+            _ = stopped.changed() => return,
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(e) if is_resource_exhaustion(&e) => {
+                if let Some(suppressed) = resource_log.should_log() {
+                    tracing::warn!(error = %e, suppressed, "admin accept failed: out of resources; pausing accepts");
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(RESOURCE_BACKOFF) => continue,
+                    _ = stopped.changed() => return,
+                }
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "admin accept failed");
+                continue;
+            }
+        };
+        let limits = state.limits();
+        // Closed at once rather than left in the backlog: the client learns straight away,
+        // and no descriptor is held for it.
+        if open.load(Ordering::Relaxed) >= limits.max_connections {
+            if let Some(suppressed) = cap_log.should_log() {
+                tracing::warn!(
+                    max_connections = limits.max_connections,
+                    suppressed,
+                    "admin connection closed: max_connections reached"
+                );
+            }
+            drop(stream);
+            continue;
+        }
+        let slot = Slot::take(&open);
+        let state = state.clone();
+        tokio::spawn(async move {
+            serve_connection(stream, state, limits).await;
+            drop(slot);
+        });
+    }
+}
+
+/// One open admin connection, counted against `max_connections` until dropped.
+struct Slot(Arc<AtomicUsize>);
+
+impl Slot {
+    fn take(open: &Arc<AtomicUsize>) -> Slot {
+        open.fetch_add(1, Ordering::Relaxed);
+        Slot(open.clone())
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Serves one connection until the client closes it or keeps it waiting too long.
+async fn serve_connection(stream: tokio::net::TcpStream, state: Arc<AdminState>, limits: Limits) {
+    let clock = conn::Clock::new();
+    let io = TokioIo::new(conn::Watched::new(stream, clock.clone()));
+    let service_clock = clock.clone();
+    let service = hyper::service::service_fn(move |req| {
+        let (state, clock) = (state.clone(), service_clock.clone());
+        async move {
+            let _busy = clock.busy();
+            handle(req, state, limits.idle_timeout).await
         }
     });
+    let connection = hyper::server::conn::http1::Builder::new()
+        // `conn` keeps the time instead (hyper's would also cut idle keep-alive waits).
+        .header_read_timeout(None)
+        .serve_connection(io, service);
+    conn::serve(connection, &clock, &limits).await;
 }
 
 async fn handle(
     req: Request<Incoming>,
     state: Arc<AdminState>,
+    body_timeout: Duration,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     if req.uri().path().starts_with("/api/") {
         return Ok(match &state.store {
-            Some(store) => api::handle(req, store).await,
+            Some(store) => api::handle(req, store.clone(), body_timeout).await,
             None => plain(StatusCode::NOT_FOUND, Bytes::from_static(NOT_FOUND), TEXT),
         });
     }

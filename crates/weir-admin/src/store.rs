@@ -22,6 +22,10 @@ pub struct Store {
     /// The config file changes are persisted to (`None`: not persisted, as in tests).
     path: Option<PathBuf>,
     state: Mutex<State>,
+    /// Runs between validation and apply: tests hold a change there to see what the admin
+    /// listener does meanwhile.
+    #[cfg(test)]
+    pub(crate) before_apply: Mutex<Option<Box<dyn FnMut() + Send>>>,
 }
 
 struct State {
@@ -59,6 +63,8 @@ impl Store {
                 text,
                 frozen: false,
             }),
+            #[cfg(test)]
+            before_apply: Mutex::new(None),
         }
     }
 
@@ -135,6 +141,10 @@ impl Store {
             .as_deref()
             .map_or_else(|| "api".to_string(), |p| p.display().to_string());
         let config = weir_config::parse_str(&text, &name)?;
+        #[cfg(test)]
+        if let Some(hook) = self.before_apply.lock().unwrap().as_mut() {
+            hook();
+        }
         let running = self.proxy.config();
         check_admin_unchanged(&running, &config)?;
         if mode.dry_run {

@@ -160,6 +160,9 @@ max_idle = 256
             admin: AdminSettings {
                 bind: Some(addr("127.0.0.1:9901")),
                 token_file: None,
+                header_timeout: Duration::from_secs(10),
+                idle_timeout: Duration::from_secs(60),
+                max_connections: 64,
             },
             listeners: vec![listener("web", "127.0.0.1:8080", vec![route])],
             upstreams: vec![Upstream {
@@ -213,6 +216,9 @@ max_idle = 256
             admin: AdminSettings {
                 bind: Some(addr("127.0.0.1:9901")),
                 token_file: None,
+                header_timeout: Duration::from_secs(10),
+                idle_timeout: Duration::from_secs(60),
+                max_connections: 64,
             },
             listeners: vec![listener("web", "127.0.0.1:8080", Vec::new())],
             upstreams: Vec::new(),

@@ -40,6 +40,14 @@ pub struct AdminSettings {
     /// File holding the bearer token every admin request must carry (`None`: no token;
     /// writes are then accepted only on a loopback bind).
     pub token_file: Option<std::path::PathBuf>,
+    /// Time allowed for a whole request head: from the connection's accept for its first
+    /// request, from the first byte for later ones.
+    pub header_timeout: Duration,
+    /// Longest wait for the client between requests, for a request body, and for the
+    /// client to take response bytes.
+    pub idle_timeout: Duration,
+    /// Most admin connections open at once; more are closed as soon as they are accepted.
+    pub max_connections: usize,
 }
 
 /// What a listener speaks.

@@ -35,6 +35,9 @@ pub(crate) struct RawServer {
 pub(crate) struct RawAdmin {
     pub bind: Option<String>,
     pub token_file: Option<String>,
+    pub header_timeout: Option<String>,
+    pub idle_timeout: Option<String>,
+    pub max_connections: Option<i64>,
 }
 
 /// `[[listeners]]`.

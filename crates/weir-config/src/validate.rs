@@ -113,7 +113,18 @@ fn admin(raw: RawAdmin, path: &FieldPath) -> Result<AdminSettings, Issue> {
         }
         Some(p) => Some(std::path::PathBuf::from(p)),
     };
-    Ok(AdminSettings { bind, token_file })
+    Ok(AdminSettings {
+        bind,
+        token_file,
+        header_timeout: duration(raw.header_timeout, "10s", &path.key("header_timeout"), true)?,
+        idle_timeout: duration(raw.idle_timeout, "60s", &path.key("idle_timeout"), true)?,
+        max_connections: int_in(
+            raw.max_connections,
+            64,
+            1..=65_536,
+            &path.key("max_connections"),
+        )?,
+    })
 }
 
 /// The admin listener and a data-plane listener may not bind the same address.

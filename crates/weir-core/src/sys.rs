@@ -1,5 +1,6 @@
-//! The data plane's only unsafe code: pipes and splice(2) for the L4 relay (Linux), and the
-//! registration of listening sockets with the reactor.
+//! The data plane's only unsafe code: pipes and splice(2) for the L4 relay (Linux), the
+//! registration of listening sockets with the reactor, and sysconf(3) for the `process_*`
+//! metrics.
 //!
 //! Each function wraps one system call; the file descriptors involved are borrowed from
 //! owned sockets and pipes (`BorrowedFd`), so none can be closed while in use. On other
@@ -111,6 +112,24 @@ pub fn defer_accept(socket: BorrowedFd<'_>) -> io::Result<u32> {
 #[cfg(not(target_os = "linux"))]
 pub fn set_defer_accept(_: BorrowedFd<'_>, _: u32) -> io::Result<()> {
     Ok(())
+}
+
+/// The size of a memory page in bytes (sysconf `_SC_PAGESIZE`), `None` if unknown.
+pub fn page_size() -> Option<u64> {
+    sysconf(libc::_SC_PAGESIZE)
+}
+
+/// The kernel's clock ticks per second (sysconf `_SC_CLK_TCK`), the unit of the CPU times
+/// in /proc/PID/stat; `None` if unknown.
+pub fn clock_ticks_per_second() -> Option<u64> {
+    sysconf(libc::_SC_CLK_TCK)
+}
+
+fn sysconf(name: libc::c_int) -> Option<u64> {
+    // SAFETY: sysconf takes a plain integer and touches no memory of ours; it returns -1
+    // for an unknown name or an indeterminate value.
+    let value = unsafe { libc::sysconf(name) };
+    u64::try_from(value).ok().filter(|v| *v > 0)
 }
 
 /// splice(2) between two descriptors, without blocking; `len` is capped at what the

@@ -4,12 +4,20 @@
 //! [`Store`] (validate like the file, apply, persist). Responses are JSON; errors carry the
 //! field and the fix. The version of the running config is in every response's `ETag`, and
 //! a write with `If-Match` fails with 409 when the config has moved on since.
+//!
+//! The token is checked and the body read on the admin thread; the rest of a request runs
+//! on tokio's blocking pool, because validation resolves server names, a write applies and
+//! persists, and a read waits for a write in progress (the store's lock). The admin thread
+//! stays free for `/live`, `/ready` and `/metrics` meanwhile.
 
 mod auth;
 pub(crate) mod convert;
 mod edit;
 pub(crate) mod error;
 mod views;
+
+use std::sync::Arc;
+use std::time::Duration;
 
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Bytes, Incoming};
@@ -24,12 +32,44 @@ use error::ApiError;
 /// The largest request body accepted (a whole config fits many times over).
 pub const MAX_BODY: usize = 1 << 20;
 
-/// Serves one `/api/v1/...` request.
-pub async fn handle(req: Request<Incoming>, store: &Store) -> Response<Full<Bytes>> {
-    match route(req, store).await {
+/// Serves one `/api/v1/...` request; its body must arrive within `body_timeout`.
+pub async fn handle(
+    req: Request<Incoming>,
+    store: Arc<Store>,
+    body_timeout: Duration,
+) -> Response<Full<Bytes>> {
+    match serve(req, store, body_timeout).await {
         Ok(response) => response,
         Err(e) => json_response(e.status, &e.to_json(), None),
     }
+}
+
+async fn serve(
+    req: Request<Incoming>,
+    store: Arc<Store>,
+    body_timeout: Duration,
+) -> Result<Response<Full<Bytes>>, ApiError> {
+    let write = req.method() != Method::GET && req.method() != Method::HEAD;
+    auth::check(&store.proxy().config().admin, req.headers(), write)?;
+    let call = tokio::time::timeout(body_timeout, read_call(req))
+        .await
+        .map_err(|_| {
+            ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                format!("the request body did not arrive within {body_timeout:?}"),
+                "send the whole body at once; [admin] idle_timeout sets the limit",
+            )
+        })??;
+    tokio::task::spawn_blocking(move || route(call, &store))
+        .await
+        .map_err(|e| {
+            tracing::error!(error = %e, "admin API handler failed");
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "the request failed inside weir",
+                "see weir's log; the running config is unchanged unless a GET shows otherwise",
+            )
+        })?
 }
 
 /// A request reduced to what the handlers need, body read and size-checked.
@@ -42,10 +82,8 @@ struct Call {
     body: Bytes,
 }
 
-async fn route(req: Request<Incoming>, store: &Store) -> Result<Response<Full<Bytes>>, ApiError> {
-    let write = req.method() != Method::GET && req.method() != Method::HEAD;
-    auth::check(&store.proxy().config().admin, req.headers(), write)?;
-    let call = read_call(req).await?;
+/// Runs a request (blocking: see the module doc).
+fn route(call: Call, store: &Store) -> Result<Response<Full<Bytes>>, ApiError> {
     let segs: Vec<&str> = call.segments.iter().map(String::as_str).collect();
     let (version, text) = store.current();
     let read = |value: Json| {

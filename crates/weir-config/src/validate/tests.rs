@@ -91,6 +91,27 @@ fn admin_settings() {
     );
     let moved = format!("[admin]\nbind = \"127.0.0.1:9902\"\n{source}");
     assert!(parse_str(&moved, "weir.toml").is_ok());
+    for key in ["header_timeout", "idle_timeout"] {
+        let source = format!("[admin]\n{key} = \"0s\"\n{LISTENER}");
+        check(
+            &source,
+            &format!("admin.{key}"),
+            2,
+            "greater than 0",
+            "duration",
+        );
+        let source = format!("[admin]\n{key} = \"10\"\n{LISTENER}");
+        check(&source, &format!("admin.{key}"), 2, "no unit", "\"");
+    }
+    let source = format!("[admin]\nmax_connections = 0\n{LISTENER}");
+    check(&source, "admin.max_connections", 2, "not 0", "default 64");
+    let set = format!(
+        "[admin]\nheader_timeout = \"1s\"\nidle_timeout = \"2s\"\nmax_connections = 3\n{LISTENER}"
+    );
+    let admin = parse_str(&set, "weir.toml").unwrap().admin;
+    assert_eq!(admin.header_timeout, std::time::Duration::from_secs(1));
+    assert_eq!(admin.idle_timeout, std::time::Duration::from_secs(2));
+    assert_eq!(admin.max_connections, 3);
 }
 
 #[test]

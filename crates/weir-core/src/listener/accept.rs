@@ -9,19 +9,14 @@ use std::io;
 use std::net::SocketAddr;
 use std::os::fd::OwnedFd;
 use std::rc::Rc;
-use std::time::{Duration, Instant};
 
 use tokio::io::unix::AsyncFd;
 
+use super::backoff::{is_resource_exhaustion, ResourceLog, RESOURCE_BACKOFF};
 use super::StopSignal;
 use crate::client_stream::ClientStream;
 use crate::metrics::shard::accept_error_index;
 use crate::worker::{ConnectionGuard, Worker};
-
-/// How long to pause accepting after a resource error.
-const RESOURCE_BACKOFF: Duration = Duration::from_millis(50);
-/// At most one resource-error log line per listener per this interval.
-const LOG_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Accepts on `listener` (metric slot `slot`) until the worker drains or `stop` fires;
 /// returning closes the socket.
@@ -32,8 +27,7 @@ pub async fn accept_loop(
     limit: usize,
     stop: Rc<StopSignal>,
 ) {
-    let mut last_log: Option<Instant> = None;
-    let mut suppressed = 0u64;
+    let mut resource_log = ResourceLog::default();
     // A listener's protocol is part of its socket settings: changing it rebinds (reload).
     let tcp = {
         let snapshot = worker.snapshot();
@@ -76,12 +70,8 @@ pub async fn accept_loop(
             }
             Err(e) if is_resource_exhaustion(&e) => {
                 count_accept_error(&worker, slot, &e);
-                if last_log.is_none_or(|t| t.elapsed() >= LOG_INTERVAL) {
+                if let Some(suppressed) = resource_log.should_log() {
                     tracing::warn!(error = %e, suppressed, "accept failed: out of resources; pausing accepts, open connections keep being served");
-                    last_log = Some(Instant::now());
-                    suppressed = 0;
-                } else {
-                    suppressed += 1;
                 }
                 tokio::select! {
                     _ = tokio::time::sleep(RESOURCE_BACKOFF) => {}
@@ -138,11 +128,4 @@ async fn wait_below_limit(worker: &Worker, slot: usize, limit: usize, stop: &Sto
             _ = stop.stopped() => return false,
         }
     }
-}
-
-fn is_resource_exhaustion(e: &io::Error) -> bool {
-    matches!(
-        e.raw_os_error(),
-        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
-    )
 }

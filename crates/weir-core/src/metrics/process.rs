@@ -1,5 +1,6 @@
 //! `process_*` metrics read from /proc (Linux), as the Prometheus client libraries name them.
 
+use std::sync::OnceLock;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// A point-in-time reading of this process's resources.
@@ -43,12 +44,18 @@ fn stat_fields(stat: &str) -> Option<Vec<&str>> {
     Some(after.split_whitespace().collect())
 }
 
+/// Clock ticks per second, the unit of the CPU times in /proc/self/stat (100 on most
+/// Linux systems, but a kernel setting: read it, as the Prometheus clients do).
 fn clock_ticks() -> f64 {
-    100.0
+    static TICKS: OnceLock<u64> = OnceLock::new();
+    *TICKS.get_or_init(|| crate::sys::clock_ticks_per_second().unwrap_or(100)) as f64
 }
 
+/// The page size, the unit of the resident set in /proc/self/stat: 4 KiB on x86-64, but
+/// 16 or 64 KiB on some arm64 and ppc64 kernels.
 fn page_size() -> u64 {
-    4096
+    static PAGE: OnceLock<u64> = OnceLock::new();
+    *PAGE.get_or_init(|| crate::sys::page_size().unwrap_or(4096))
 }
 
 fn boot_time() -> f64 {
@@ -86,6 +93,34 @@ mod tests {
         assert!(s.open_fds > 0);
         assert!(s.max_fds >= s.open_fds);
         assert!(s.start_time_seconds > 1.0e9);
+    }
+
+    /// The resident set from /proc/self/stat (pages times the page size) agrees with the
+    /// kernel's own byte count, VmRSS in /proc/self/status. Both move while the test
+    /// harness runs other threads, hence the generous factor; a wrong page size (4 KiB
+    /// assumed on a 64 KiB kernel) is off by 16.
+    #[test]
+    fn resident_bytes_match_vm_rss() {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let vm_rss_kib: u64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap();
+        let resident = ProcessStats::read().resident_bytes;
+        let vm_rss = vm_rss_kib * 1024;
+        assert!(
+            resident >= vm_rss / 2 && resident <= vm_rss * 2,
+            "resident {resident} bytes vs VmRSS {vm_rss} bytes"
+        );
+    }
+
+    #[test]
+    fn units_come_from_the_system() {
+        let page = page_size();
+        assert!(page.is_power_of_two() && page >= 4096, "{page}");
+        let ticks = clock_ticks();
+        assert!((1.0..=10_000.0).contains(&ticks), "{ticks}");
     }
 
     #[test]
