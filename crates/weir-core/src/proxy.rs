@@ -21,6 +21,7 @@ use weir_config::Listener;
 use crate::access_log::{Outcome, RequestFields};
 use crate::client::{ClientConn, NextRequest};
 use crate::client_stream::ClientStream;
+use crate::codec::http1::write::Persistence;
 use crate::codec::http1::{BodyFraming, RequestHead, ResponseHead};
 use crate::error::ProxyError;
 use crate::filters::forwarded::ClientIp;
@@ -274,7 +275,9 @@ async fn default_response(
         .map_err(|_| ProxyError::BadRequest("malformed body"))?;
     conn.buf.consume(consumed);
     let keep_alive = keep_alive && body.is_done();
-    let bytes = plan.default_response(keep_alive, req.is_head);
+    // An HTTP/1.0 client needs to be told the connection stays open.
+    let persistence = Persistence::of(keep_alive, req.minor_version == 0);
+    let bytes = plan.default_response(persistence, req.is_head);
     conn.write_all(bytes, listener)
         .await
         .map_err(|error| Failure {
