@@ -6,10 +6,14 @@
 //!   -> read response head -> response filters -> stream body back (forward/)
 //!   -> metrics -> keep-alive or close
 //! ```
-//! Errors become responses in exactly one place: `answer_error` at the bottom of the loop.
+//! `serve_client` runs the phases of docs/request-lifecycle.md in order: `open` (the
+//! connection, its PROXY header), `Serving::current` (which snapshot a request runs on),
+//! `ClientConn::next_request` (read), `serve` (route and handle), `answer` (errors become
+//! responses here, in exactly one place) and `record` (metrics and the access log).
 
 use std::net::SocketAddr;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::Instant;
 
 use weir_config::Listener;
@@ -17,6 +21,7 @@ use weir_config::Listener;
 use crate::access_log::{Outcome, RequestFields};
 use crate::client::{ClientConn, NextRequest};
 use crate::client_stream::ClientStream;
+use crate::codec::http1::write::Persistence;
 use crate::codec::http1::{BodyFraming, RequestHead, ResponseHead};
 use crate::error::ProxyError;
 use crate::filters::forwarded::ClientIp;
@@ -34,128 +39,169 @@ use crate::worker::Worker;
 /// move it, and once a reload removes it the connection serves the request it has and
 /// closes.
 pub async fn serve_client(worker: Rc<Worker>, slot: usize, stream: ClientStream, peer: SocketAddr) {
-    let snapshot = worker.snapshot();
-    let Some(listener_index) = snapshot.listener_index(slot) else {
+    let Some((mut conn, mut kept)) = open(&worker, slot, stream, peer).await else {
         return;
     };
-    let listener = &snapshot.config.listeners[listener_index];
-    let mut conn = ClientConn::new(worker.clone(), stream, peer, listener);
-    if listener.proxy_protocol.accept {
-        let Ok(stream) = conn.stream.registered() else {
-            return;
-        };
-        let timeout = listener.header_timeout;
-        let step = accept_step(
-            &worker,
-            slot,
-            listener,
-            (stream, peer),
-            &mut conn.buf,
-            timeout,
-        );
-        match step.await {
-            // The carried client address is the one X-Forwarded-For and logs show.
-            Ok(Some(addresses)) => conn.ip = ClientIp::new(addresses.source.ip()),
-            Ok(None) => {}
-            Err(_) => return,
-        }
-        // The first request gets its whole header_timeout after the PROXY header.
-        conn.idle_since = Instant::now();
-    }
-    let mut kept = snapshot.clone();
-    drop(snapshot);
     let mut req = RequestHead::default();
     let mut resp = ResponseHead::default();
     loop {
-        // A reload may have removed the listener since the last response: the connection
-        // still gets its next request answered (on the snapshot it was served with), with
-        // `Connection: close`.
-        let fresh = worker.snapshot();
-        let snapshot = if fresh.listener_index(slot).is_some() {
-            fresh
-        } else {
-            conn.last_request = true;
-            kept.clone()
-        };
-        let Some(listener_index) = snapshot.listener_index(slot) else {
-            return;
-        };
-        let listener = &snapshot.config.listeners[listener_index];
+        // The wait for the next request runs under the current config's timeouts.
+        let waiting = Serving::current(&worker, slot, kept, &mut conn);
         let counters = Counters {
             bytes_in: conn.buf.consumed_total(),
             bytes_out: conn.sent,
         };
         conn.upstream_pick = None;
         conn.upstream_time = None;
-        let next = conn.next_request(listener, &mut req, &worker).await;
+        let next = conn
+            .next_request(waiting.listener(), &mut req, &worker)
+            .await;
         // The request runs on the snapshot current when its head arrived, not the one from
-        // before an idle wait: a reload in between applies to it. If that reload removed
-        // the listener, the request is served as it arrived and the connection then closes.
-        let current = worker.snapshot();
-        let (snapshot, listener_index) = match current.listener_index(slot) {
-            Some(i) => (current, i),
-            None => {
-                conn.last_request = true;
-                (snapshot, listener_index)
-            }
-        };
-        let listener = &snapshot.config.listeners[listener_index];
+        // before an idle wait: a reload in between applies to it.
+        let serving = Serving::current(&worker, slot, waiting, &mut conn);
         let started = Instant::now();
         conn.request_started = started;
-        let (handled, method) = match next {
-            Ok(NextRequest::Ready) => {
-                conn.served += 1;
-                if worker.log(slot).is_some() {
-                    conn.capture_log_fields(&req);
-                }
-                let method = method_index(&conn.buf.filled()[req.method.clone()]);
-                let handled = handle(
-                    &worker,
-                    &snapshot,
-                    listener_index,
-                    &mut conn,
-                    &req,
-                    &mut resp,
-                )
-                .await;
-                (handled, method)
-            }
-            Ok(NextRequest::Close) => return,
-            Err(error) => {
-                conn.log_fields = RequestFields::default();
-                let handled = Handled {
-                    route: None,
-                    result: Err(error.into()),
-                };
-                (handled, METHODS.len() - 1)
-            }
+        let Some((handled, method)) =
+            serve(&worker, slot, &serving, &mut conn, next, &req, &mut resp).await
+        else {
+            return;
         };
-        let status = match &handled.result {
-            Ok(_) => handled_status(&handled, listener, &resp),
-            Err(failure) => {
-                log_failure(&failure.error, listener, &conn);
-                if !failure.responded {
-                    conn.answer_error(failure.error, listener).await;
-                }
-                failure.error.status().unwrap_or(499)
-            }
-        };
+        let listener = serving.listener();
+        let status = answer(&mut conn, &handled, listener, &resp).await;
         let finished = Instant::now();
         // The keep-alive wait for the next request counts from here.
         conn.idle_since = finished;
         let done = Done {
-            listener: listener_index,
+            listener: serving.index,
             slot,
             method,
             status,
             duration: finished.saturating_duration_since(started),
             counters,
         };
-        record(&worker, &snapshot, &conn, &handled, &done);
+        record(&worker, &serving.snapshot, &conn, &handled, &done);
         if handled.result != Ok(true) {
             return;
         }
-        kept = snapshot.clone();
+        kept = serving;
+    }
+}
+
+/// The snapshot a request is served with, and its listener's config position in it.
+struct Serving {
+    #[allow(clippy::redundant_allocation)]
+    snapshot: Rc<Arc<Snapshot>>,
+    index: usize,
+}
+
+impl Serving {
+    /// The worker's current snapshot if it still has the listener of `slot`. If a reload
+    /// removed the listener, the connection still gets its next request answered, on the
+    /// snapshot it was served with (`previous`), with `Connection: close`.
+    fn current(worker: &Worker, slot: usize, previous: Serving, conn: &mut ClientConn) -> Serving {
+        let fresh = worker.snapshot();
+        match fresh.listener_index(slot) {
+            Some(index) => Serving {
+                snapshot: fresh,
+                index,
+            },
+            None => {
+                conn.last_request = true;
+                previous
+            }
+        }
+    }
+
+    fn listener(&self) -> &Listener {
+        &self.snapshot.config.listeners[self.index]
+    }
+}
+
+/// Connection setup: the client connection of the listener with slot `slot`, after its
+/// PROXY header when the listener expects one. `None`: close (the listener is gone, or the
+/// PROXY header was missing or bad).
+async fn open(
+    worker: &Rc<Worker>,
+    slot: usize,
+    stream: ClientStream,
+    peer: SocketAddr,
+) -> Option<(ClientConn, Serving)> {
+    let snapshot = worker.snapshot();
+    let index = snapshot.listener_index(slot)?;
+    let listener = &snapshot.config.listeners[index];
+    let mut conn = ClientConn::new(worker.clone(), stream, peer, listener);
+    if listener.proxy_protocol.accept {
+        let stream = conn.stream.registered().ok()?;
+        let timeout = listener.header_timeout;
+        let step = accept_step(
+            worker,
+            slot,
+            listener,
+            (stream, peer),
+            &mut conn.buf,
+            timeout,
+        );
+        // The carried client address is the one X-Forwarded-For and logs show.
+        if let Some(addresses) = step.await.ok()? {
+            conn.ip = ClientIp::new(addresses.source.ip());
+        }
+        // The first request gets its whole header_timeout after the PROXY header.
+        conn.idle_since = Instant::now();
+    }
+    Some((conn, Serving { snapshot, index }))
+}
+
+/// What reading produced, handled: the request routed and forwarded (or answered with the
+/// default response), or the read error as a failure to answer. `None`: the connection
+/// closes quietly. Also returns the request's method slot for the metrics.
+async fn serve(
+    worker: &Worker,
+    slot: usize,
+    serving: &Serving,
+    conn: &mut ClientConn,
+    next: Result<NextRequest, ProxyError>,
+    req: &RequestHead,
+    resp: &mut ResponseHead,
+) -> Option<(Handled, usize)> {
+    match next {
+        Ok(NextRequest::Ready) => {
+            conn.served += 1;
+            if worker.log(slot).is_some() {
+                conn.capture_log_fields(req);
+            }
+            let method = method_index(&conn.buf.filled()[req.method.clone()]);
+            let handled = handle(worker, &serving.snapshot, serving.index, conn, req, resp).await;
+            Some((handled, method))
+        }
+        Ok(NextRequest::Close) => None,
+        Err(error) => {
+            conn.log_fields = RequestFields::default();
+            let handled = Handled {
+                route: None,
+                result: Err(error.into()),
+            };
+            Some((handled, METHODS.len() - 1))
+        }
+    }
+}
+
+/// Answers a failure the client has not had a response for yet (the one place errors
+/// become responses). Returns the status the request counts with.
+async fn answer(
+    conn: &mut ClientConn,
+    handled: &Handled,
+    listener: &Listener,
+    resp: &ResponseHead,
+) -> u16 {
+    match &handled.result {
+        Ok(_) => handled_status(handled, listener, resp),
+        Err(failure) => {
+            log_failure(&failure.error, listener, conn);
+            if !failure.responded {
+                conn.answer_error(failure.error, listener).await;
+            }
+            failure.error.status().unwrap_or(499)
+        }
     }
 }
 
@@ -229,7 +275,9 @@ async fn default_response(
         .map_err(|_| ProxyError::BadRequest("malformed body"))?;
     conn.buf.consume(consumed);
     let keep_alive = keep_alive && body.is_done();
-    let bytes = plan.default_response(keep_alive, req.is_head);
+    // An HTTP/1.0 client needs to be told the connection stays open.
+    let persistence = Persistence::of(keep_alive, req.minor_version == 0);
+    let bytes = plan.default_response(persistence, req.is_head);
     conn.write_all(bytes, listener)
         .await
         .map_err(|error| Failure {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use weir_config::{Config, Listener, UpstreamServer};
 
-use crate::codec::http1::write::push_simple_response;
+use crate::codec::http1::write::{push_simple_response, Persistence};
 use crate::metrics::layout::SlotMap;
 use crate::router::Router;
 use crate::upstream::state::ServerState;
@@ -28,11 +28,11 @@ pub struct Snapshot {
 /// Per-listener derived data, indexed like `config.listeners`.
 pub struct ListenerPlan {
     pub router: Router,
-    /// The default response, ready to write, keeping the connection open.
-    pub default_keep_alive: Box<[u8]>,
-    /// The same with `Connection: close`.
-    pub default_close: Box<[u8]>,
-    /// Length of the body at the end of both (left out for HEAD requests).
+    /// The default response, ready to write, for each `Persistence` (indexed by it): with
+    /// `Connection: close`, without a `Connection` header (HTTP/1.1 keep-alive), and with
+    /// `Connection: keep-alive` (HTTP/1.0 keep-alive).
+    default_responses: [Box<[u8]>; Persistence::COUNT],
+    /// Length of the body at the end of each (left out for HEAD requests).
     default_body_len: usize,
 }
 
@@ -94,32 +94,33 @@ impl Snapshot {
 impl ListenerPlan {
     fn new(listener: &Listener) -> ListenerPlan {
         let d = &listener.default_response;
-        let render = |close| {
+        let render = |persistence| {
             let mut out = Vec::new();
             push_simple_response(
                 &mut out,
                 d.status,
                 &d.content_type,
                 d.body.as_bytes(),
-                close,
+                persistence,
             );
             out.into_boxed_slice()
         };
         ListenerPlan {
             router: Router::new(&listener.routes),
-            default_keep_alive: render(false),
-            default_close: render(true),
+            // In declaration order: `default_response` indexes by discriminant.
+            default_responses: [
+                Persistence::Close,
+                Persistence::KeepAlive,
+                Persistence::KeepAlive10,
+            ]
+            .map(render),
             default_body_len: d.body.len(),
         }
     }
 
     /// The default response to write; without its body for a HEAD request.
-    pub fn default_response(&self, keep_alive: bool, is_head: bool) -> &[u8] {
-        let full = if keep_alive {
-            &self.default_keep_alive
-        } else {
-            &self.default_close
-        };
+    pub fn default_response(&self, persistence: Persistence, is_head: bool) -> &[u8] {
+        let full = &self.default_responses[persistence as usize];
         if is_head {
             &full[..full.len() - self.default_body_len]
         } else {

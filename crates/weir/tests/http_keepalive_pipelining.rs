@@ -284,3 +284,140 @@ async fn pipelined_requests_after_connection_close_are_not_served() {
     assert!(wait_until_async(WAIT, || b.in_flight() == 0).await);
     assert_eq!(b.requests_served(), 1);
 }
+
+/// One response on a client connection and what must follow it.
+struct Persistence {
+    name: &'static str,
+    request: &'static str,
+    status: u16,
+    /// The `Connection` header the response must carry.
+    connection: Option<&'static str>,
+    /// The connection stays open (a second request is answered on it), else Weir closes it.
+    open: bool,
+}
+
+/// Every kind of response Weir writes (proxied, the default response, its own errors) to
+/// HTTP/1.0 and HTTP/1.1 clients: an HTTP/1.0 client whose connection stays open must be told
+/// so (`Connection: keep-alive`: `ab -k` otherwise waits for a close that never comes), and
+/// a connection that is not kept open says `Connection: close` and is closed.
+fn persistence_cases() -> Vec<Persistence> {
+    let case = |name, request, status, connection, open| Persistence {
+        name,
+        request,
+        status,
+        connection,
+        open,
+    };
+    vec![
+        case(
+            "default response, ab -k",
+            "GET /none HTTP/1.0\r\nHost: h\r\nConnection: Keep-Alive\r\nUser-Agent: ApacheBench/2.3\r\nAccept: */*\r\n\r\n",
+            404,
+            Some("keep-alive"),
+            true,
+        ),
+        case(
+            "default response to HEAD, HTTP/1.0 keep-alive",
+            "HEAD /none HTTP/1.0\r\nConnection: keep-alive\r\n\r\n",
+            404,
+            Some("keep-alive"),
+            true,
+        ),
+        case(
+            "default response after a body, HTTP/1.0 keep-alive",
+            "POST /none HTTP/1.0\r\nConnection: keep-alive\r\nContent-Length: 3\r\n\r\nabc",
+            404,
+            Some("keep-alive"),
+            true,
+        ),
+        case(
+            "default response, HTTP/1.0",
+            "GET /none HTTP/1.0\r\n\r\n",
+            404,
+            Some("close"),
+            false,
+        ),
+        case(
+            "default response, HTTP/1.1",
+            "GET /none HTTP/1.1\r\nHost: h\r\n\r\n",
+            404,
+            None,
+            true,
+        ),
+        case(
+            "default response, HTTP/1.1 Connection: close",
+            "GET /none HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n",
+            404,
+            Some("close"),
+            false,
+        ),
+        case(
+            "proxied, HTTP/1.0 keep-alive",
+            "GET /app/x HTTP/1.0\r\nConnection: keep-alive\r\n\r\n",
+            200,
+            Some("keep-alive"),
+            true,
+        ),
+        case(
+            "proxied, HTTP/1.1 Connection: close",
+            "GET /app/x HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n",
+            200,
+            Some("close"),
+            false,
+        ),
+        case(
+            "502 from Weir, HTTP/1.0 keep-alive",
+            "GET /down/ HTTP/1.0\r\nConnection: keep-alive\r\n\r\n",
+            502,
+            Some("close"),
+            false,
+        ),
+        case(
+            "413 from Weir, HTTP/1.0 keep-alive",
+            "POST /app/ HTTP/1.0\r\nConnection: keep-alive\r\nContent-Length: 5000\r\n\r\n",
+            413,
+            Some("close"),
+            false,
+        ),
+        case(
+            "400 from Weir, HTTP/1.1",
+            "GET /app/ HTTP/1.1\r\n\r\n",
+            400,
+            Some("close"),
+            false,
+        ),
+    ]
+}
+
+#[tokio::test]
+async fn every_response_says_whether_the_connection_stays_open() {
+    let b = Backend::echo("e");
+    let dead = common::dead_port();
+    let weir = Conf::new()
+        .listener(r#"max_body_size = "1KiB""#)
+        .route("app", "up", &[r#"path_prefix = "/app/""#])
+        .route("down", "dead", &[r#"path_prefix = "/down/""#])
+        .upstream("up", &[b.addr()], &[])
+        .upstream("dead", &[dead.addr], &[])
+        .start();
+    for case in persistence_cases() {
+        let name = case.name;
+        let mut c = weir.client().await;
+        c.send_raw(case.request.as_bytes()).await.unwrap();
+        let head_request = case.request.starts_with("HEAD");
+        let r = c.read_response(head_request).await.unwrap();
+        assert_eq!(r.status, case.status, "{name}");
+        assert_eq!(r.header("connection"), case.connection, "{name}");
+        if case.open {
+            // What ab -k does next: another request on the same connection.
+            c.send_raw(b"GET /none HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+                .await
+                .unwrap();
+            let r = c.read_response(false).await.unwrap();
+            assert_eq!(r.status, 404, "{name}: second request");
+            assert_eq!(r.header("connection"), Some("keep-alive"), "{name}");
+        } else {
+            assert!(c.is_closed_by_peer().await, "{name}: closed");
+        }
+    }
+}

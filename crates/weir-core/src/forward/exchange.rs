@@ -1,4 +1,8 @@
 //! The exchange with one upstream server, in the order it happens on the wire.
+//!
+//! `forward` prepares the request once (`Forwarding`: what every attempt shares); each try
+//! on a server is an `Attempt` (send the request, read the final response head); the
+//! accepted attempt becomes an `Exchange`, which relays the response.
 
 use std::time::Duration;
 
@@ -42,6 +46,27 @@ pub struct Target<'a> {
     pub pool: &'a UpstreamPlan,
 }
 
+/// One request on its way upstream: what every attempt shares. The upstream request head
+/// is in `conn.out`, followed in `conn.buf` by the `buffered` body bytes that came with it.
+struct Forwarding<'a> {
+    worker: &'a Worker,
+    target: Target<'a>,
+    key: RequestKey,
+    meta: RequestMeta,
+    buffered: usize,
+    /// The client connection may stay open after the response.
+    keep_alive: bool,
+}
+
+/// One attempt: the request sent to one server.
+struct Attempt<'a> {
+    fwd: &'a Forwarding<'a>,
+    server: &'a UpstreamServer,
+    metrics: Option<&'a ServerMetrics>,
+    /// When the attempt started (the request's start for the first one: no clock read).
+    started: std::time::Instant,
+}
+
 /// Forwards the request whose head is at the start of `conn.buf`. `keep_alive`: the client
 /// connection may stay open afterwards. Returns whether it does.
 pub async fn forward(
@@ -83,311 +108,314 @@ pub async fn forward(
     let (buffered, _) = body
         .take(conn.buf.filled_mut())
         .map_err(client_pump_error)?;
-    let mut up_buf = worker.take_buffer();
-    let result = exchange(
+    let fwd = Forwarding {
         worker,
         target,
-        (pick, key),
-        conn,
+        key,
         meta,
-        body,
         buffered,
-        &mut up_buf,
-        resp,
         keep_alive,
-    )
-    .await;
+    };
+    let mut up_buf = worker.take_buffer();
+    let result = fwd.exchange(pick, conn, body, &mut up_buf, resp).await;
     worker.give_buffer(up_buf);
     result
 }
 
-/// Sends the request to the picked server, retrying on other servers when the attempt
-/// fails in a way `upstream::retry` deems safe to retry, then relays the response.
-#[allow(clippy::too_many_arguments)]
-async fn exchange(
-    worker: &Worker,
-    target: Target<'_>,
-    (mut pick, key): (Pick, RequestKey),
-    conn: &mut ClientConn,
-    meta: RequestMeta,
-    mut body: BodyState,
-    buffered: usize,
-    up_buf: &mut Buffer,
-    resp: &mut ResponseHead,
-    keep_alive: bool,
-) -> Result<bool, Failure> {
-    // The whole request is in the buffer (consumed only once a response is accepted), so
-    // it can be replayed byte for byte.
-    let whole = body.is_done();
-    let mut tried = Tried::new(pick.server);
-    // The first attempt starts with the request (no second clock read); retries read it.
-    let mut started = conn.request_started;
-    loop {
-        let server = &target.upstream.servers[pick.server];
-        conn.upstream_pick = Some((target.route.upstream, pick.server));
-        let metrics = worker
-            .metrics
-            .server(target.pool.slot, target.pool.server_slots[pick.server]);
-        let on = (server, metrics);
-        let sent = if whole {
-            send_buffered(
-                worker, target, on, conn, meta, buffered, up_buf, resp, started,
+impl<'a> Forwarding<'a> {
+    /// Sends the request to the picked server, retrying on other servers when the attempt
+    /// fails in a way `upstream::retry` deems safe to retry, then relays the response.
+    async fn exchange(
+        &self,
+        mut pick: Pick,
+        conn: &mut ClientConn,
+        mut body: BodyState,
+        up_buf: &mut Buffer,
+        resp: &mut ResponseHead,
+    ) -> Result<bool, Failure> {
+        let target = self.target;
+        // The whole request is in the buffer (consumed only once a response is accepted),
+        // so it can be replayed byte for byte.
+        let whole = body.is_done();
+        let mut tried = Tried::new(pick.server);
+        // The first attempt starts with the request (no second clock read); retries read it.
+        let mut started = conn.request_started;
+        loop {
+            let attempt = self.attempt(&pick, started);
+            conn.upstream_pick = Some((target.route.upstream, pick.server));
+            let sent = if whole {
+                attempt
+                    .send_buffered(conn, up_buf, resp)
+                    .await
+                    .map(|stream| (stream, true))
+            } else {
+                attempt.send_streaming(conn, &mut body, up_buf, resp).await
+            };
+            let elapsed = started.elapsed();
+            let outcome = attempt.count(&pick, &sent, resp, elapsed);
+            let replay = Replay {
+                idempotent: self.meta.idempotent,
+                buffered: whole,
+                responded: sent.as_ref().is_err_and(|f| f.responded),
+            };
+            if may_retry(&target.upstream.retry.on, outcome, replay) {
+                if let Some(next) = self.next_attempt(&mut tried, conn, attempt.server) {
+                    tracing::debug!(upstream = %target.upstream.name, server = %attempt.server.name, reason = outcome.reason(), "retrying on another server");
+                    if let Some(m) = self.worker.metrics.upstream(target.pool.slot) {
+                        m.retries.inc();
+                    }
+                    up_buf.clear();
+                    drop(sent);
+                    pick = next;
+                    started = std::time::Instant::now();
+                    continue;
+                }
+            }
+            let (stream, request_done) = sent?;
+            conn.upstream_time = Some(elapsed);
+            if whole {
+                conn.buf.consume(self.buffered);
+            }
+            let exchange = Exchange {
+                worker: self.worker,
+                target,
+                server: attempt.server,
+                metrics: attempt.metrics,
+                meta: self.meta,
+                request_done,
+                keep_alive: self.keep_alive,
+                head_at: started + elapsed,
+                set_cookie: target
+                    .pool
+                    .set_cookie(pick.server)
+                    .filter(|_| pick.set_cookie),
+            };
+            // `pick` lives until the response is relayed: the request counts as in flight.
+            return exchange.respond(conn, stream, up_buf, resp).await;
+        }
+    }
+
+    /// An attempt on `pick`'s server, started at `started`.
+    fn attempt(&self, pick: &Pick, started: std::time::Instant) -> Attempt<'_> {
+        let pool = self.target.pool;
+        Attempt {
+            fwd: self,
+            server: &self.target.upstream.servers[pick.server],
+            metrics: self
+                .worker
+                .metrics
+                .server(pool.slot, pool.server_slots[pick.server]),
+            started,
+        }
+    }
+
+    /// The next server to try after `failed`, with the request head's `Host` updated when
+    /// it names the server.
+    fn next_attempt(
+        &self,
+        tried: &mut Tried,
+        conn: &mut ClientConn,
+        failed: &UpstreamServer,
+    ) -> Option<Pick> {
+        let (target, u) = (self.target, self.target.upstream);
+        let next =
+            self.worker
+                .upstreams
+                .retry(target.route.upstream, target.pool, u, self.key, tried)?;
+        let host_is_server = !target.route.preserve_host || conn.host.is_empty();
+        let new_name = u.servers[next.server].name.as_bytes();
+        if host_is_server && !replace_host(&mut conn.out, failed.name.as_bytes(), new_name) {
+            return None;
+        }
+        tried.push(next.server);
+        Some(next)
+    }
+}
+
+impl Attempt<'_> {
+    /// The request is complete in the buffer: send it, and replay it once on a fresh
+    /// connection if a pooled one proves dead before any response byte (idempotent only).
+    async fn send_buffered(
+        &self,
+        conn: &mut ClientConn,
+        up_buf: &mut Buffer,
+        resp: &mut ResponseHead,
+    ) -> Result<TcpStream, Failure> {
+        let (upstream, meta) = (self.fwd.target.upstream, self.fwd.meta);
+        let mut fresh = false;
+        loop {
+            let (mut stream, reused) = self.obtain(fresh).await?;
+            let sent = body::write_all(
+                &mut stream,
+                &conn.out,
+                &conn.buf.filled()[..self.fwd.buffered],
+                upstream.response_timeout,
             )
-            .await
-            .map(|stream| (stream, true))
-        } else {
-            send_streaming(
-                worker, target, on, conn, meta, &mut body, buffered, up_buf, resp, started,
-            )
-            .await
+            .await;
+            let outcome = match sent {
+                Ok(()) => {
+                    // response_timeout counts from the end of the request. On a pooled
+                    // connection the send completes at once, so that is when the attempt
+                    // started (no clock read); after a connect (a new server, or a replay
+                    // on a fresh connection) it is now.
+                    let sent_at = if reused {
+                        self.started
+                    } else {
+                        std::time::Instant::now()
+                    };
+                    let timer = &mut conn.upstream_timer;
+                    timer.set(Instant::from_std(sent_at) + upstream.response_timeout);
+                    let client = &mut conn.stream;
+                    let client_timeout = self.fwd.target.listener.client_timeout;
+                    read_final_head(
+                        &mut stream,
+                        up_buf,
+                        resp,
+                        meta,
+                        client,
+                        client_timeout,
+                        Some(timer),
+                    )
+                    .await
+                }
+                Err(e) => Err(HeadError {
+                    error: upstream_write_error(e),
+                    received: false,
+                    interim_sent: false,
+                }),
+            };
+            match outcome {
+                // The caller consumes the buffered request once it accepts the response.
+                Ok(()) => return Ok(stream),
+                Err(e) if reused && meta.idempotent && e.retryable() => {
+                    tracing::debug!(server = %self.server.addr, error = %e.error, "pooled connection was dead; retrying on a new one");
+                    up_buf.clear();
+                    fresh = true;
+                }
+                Err(e) => {
+                    return Err(Failure {
+                        error: e.error,
+                        responded: e.interim_sent,
+                    })
+                }
+            }
+        }
+    }
+
+    /// The body is still arriving: stream it while waiting for the response head (which
+    /// may come early, or be a `100 Continue` the client waits for). Returns whether the
+    /// whole request body was sent.
+    async fn send_streaming(
+        &self,
+        conn: &mut ClientConn,
+        body: &mut BodyState,
+        up_buf: &mut Buffer,
+        resp: &mut ResponseHead,
+    ) -> Result<(TcpStream, bool), Failure> {
+        let target = self.fwd.target;
+        let (mut stream, _) = self.obtain(false).await?;
+        let response_timeout = target.upstream.response_timeout;
+        let buffered = self.fwd.buffered;
+        body::write_all(
+            &mut stream,
+            &conn.out,
+            &conn.buf.filled()[..buffered],
+            response_timeout,
+        )
+        .await
+        .map_err(|e| Failure::from(upstream_write_error(e)))?;
+        conn.buf.consume(buffered);
+        let mut upload_done = false;
+        let result = {
+            let (mut ur, mut uw) = stream.split();
+            // A streamed upload waits on the client and the upstream at once: register.
+            let client = conn.stream.registered().map_err(ProxyError::client_io)?;
+            let (mut cr, mut cw) = client.split();
+            let mut uploaded = 0;
+            let client_timeout = target.listener.client_timeout;
+            let upload = pump(
+                &mut cr,
+                &mut conn.buf,
+                (&mut uw, &mut uploaded),
+                body,
+                (client_timeout, response_timeout),
+            );
+            // `response_timeout` counts from the end of the upload, however long the body
+            // takes to arrive (nginx's proxy_read_timeout does the same); while it uploads,
+            // a stalled upstream is caught by the upload's write timeout.
+            let meta = self.fwd.meta;
+            let head = read_final_head(&mut ur, up_buf, resp, meta, &mut cw, client_timeout, None);
+            let head_timer = tokio::time::sleep(Duration::MAX);
+            tokio::pin!(upload, head, head_timer);
+            let mut uploading = true;
+            loop {
+                tokio::select! {
+                    r = &mut upload, if uploading => {
+                        uploading = false;
+                        head_timer.as_mut().reset(Instant::now() + response_timeout);
+                        match r {
+                            Ok(()) => upload_done = true,
+                            // The upstream stopped reading; its response (if any) says why.
+                            Err(PumpError::Write(_) | PumpError::WriteTimeout) => {}
+                            Err(e) => break Err(Failure::from(client_pump_error(e))),
+                        }
+                    }
+                    h = &mut head => break h.map_err(|e| Failure { error: e.error, responded: e.interim_sent }),
+                    () = &mut head_timer, if !uploading => break Err(Failure::from(ProxyError::UpstreamTimeout)),
+                }
+            }
         };
-        let elapsed = started.elapsed();
-        let outcome = match &sent {
+        result.map(|()| (stream, upload_done))
+    }
+
+    /// A connection to the server: a pooled idle one unless `fresh`, else a new one.
+    /// Returns whether it was reused.
+    async fn obtain(&self, fresh: bool) -> Result<(TcpStream, bool), ProxyError> {
+        let (server, upstream) = (self.server, self.fwd.target.upstream);
+        if !fresh {
+            let (reused, idle) = self.fwd.worker.pool.borrow_mut().take(
+                server.addr,
+                upstream.idle_timeout,
+                self.started,
+            );
+            if let Some(m) = self.metrics {
+                m.pool_idle.set(idle as u64);
+            }
+            if let Some(stream) = reused {
+                return Ok((stream, true));
+            }
+        }
+        let started = std::time::Instant::now();
+        let stream = connect(server.addr, upstream.connect_timeout).await?;
+        if let Some(m) = self.metrics {
+            m.connect.observe(started.elapsed());
+        }
+        Ok((stream, false))
+    }
+
+    /// Records the attempt's outcome: for the server's passive health and load balancing
+    /// (`pick`), and in the server's metrics.
+    fn count(
+        &self,
+        pick: &Pick,
+        sent: &Result<impl Sized, Failure>,
+        resp: &ResponseHead,
+        elapsed: Duration,
+    ) -> Outcome {
+        let target = self.fwd.target;
+        let outcome = match sent {
             Ok(_) => Outcome::Status(resp.status),
             Err(f) => Outcome::of_error(f.error),
         };
         pick.record(target.pool, target.upstream, outcome, elapsed);
-        count_attempt(metrics, &sent, resp, elapsed);
+        count_attempt(self.metrics, sent, resp, elapsed);
         if outcome == Outcome::ConnectError {
-            if let Some(m) = metrics {
+            if let Some(m) = self.metrics {
                 m.connect_errors.inc();
             }
         }
-        let replay = Replay {
-            idempotent: meta.idempotent,
-            buffered: whole,
-            responded: sent.as_ref().is_err_and(|f| f.responded),
-        };
-        if may_retry(&target.upstream.retry.on, outcome, replay) {
-            if let Some(next) = next_attempt(worker, target, key, &mut tried, conn, server) {
-                tracing::debug!(upstream = %target.upstream.name, server = %server.name, reason = outcome.reason(), "retrying on another server");
-                if let Some(m) = worker.metrics.upstream(target.pool.slot) {
-                    m.retries.inc();
-                }
-                up_buf.clear();
-                drop(sent);
-                pick = next;
-                started = std::time::Instant::now();
-                continue;
-            }
-        }
-        let (stream, request_done) = sent?;
-        conn.upstream_time = Some(elapsed);
-        if whole {
-            conn.buf.consume(buffered);
-        }
-        let exchange = Exchange {
-            worker,
-            target,
-            server,
-            metrics,
-            meta,
-            request_done,
-            keep_alive,
-            head_at: started + elapsed,
-            set_cookie: target
-                .pool
-                .set_cookie(pick.server)
-                .filter(|_| pick.set_cookie),
-        };
-        // `pick` lives until the response is relayed: the request counts as in flight.
-        return exchange.respond(conn, stream, up_buf, resp).await;
+        outcome
     }
-}
-
-/// The next server to try after `failed`, with the request head's `Host` updated when it
-/// names the server.
-fn next_attempt(
-    worker: &Worker,
-    target: Target<'_>,
-    key: RequestKey,
-    tried: &mut Tried,
-    conn: &mut ClientConn,
-    failed: &UpstreamServer,
-) -> Option<Pick> {
-    let u = target.upstream;
-    let next = worker
-        .upstreams
-        .retry(target.route.upstream, target.pool, u, key, tried)?;
-    let host_is_server = !target.route.preserve_host || conn.host.is_empty();
-    let new_name = u.servers[next.server].name.as_bytes();
-    if host_is_server && !replace_host(&mut conn.out, failed.name.as_bytes(), new_name) {
-        return None;
-    }
-    tried.push(next.server);
-    Some(next)
-}
-
-/// The request is complete in the buffer: send it, and replay it once on a fresh
-/// connection if a pooled one proves dead before any response byte (idempotent only).
-#[allow(clippy::too_many_arguments)]
-async fn send_buffered(
-    worker: &Worker,
-    target: Target<'_>,
-    (server, metrics): (&UpstreamServer, Option<&ServerMetrics>),
-    conn: &mut ClientConn,
-    meta: RequestMeta,
-    buffered: usize,
-    up_buf: &mut Buffer,
-    resp: &mut ResponseHead,
-    started: std::time::Instant,
-) -> Result<TcpStream, Failure> {
-    let upstream = target.upstream;
-    let mut fresh = false;
-    loop {
-        let (mut stream, reused) =
-            obtain(worker, server, upstream, fresh, metrics, started).await?;
-        let sent = body::write_all(
-            &mut stream,
-            &conn.out,
-            &conn.buf.filled()[..buffered],
-            upstream.response_timeout,
-        )
-        .await;
-        let outcome = match sent {
-            Ok(()) => {
-                // response_timeout counts from the end of the request. On a pooled connection
-                // the send completes at once, so that is when the attempt started (no clock
-                // read); after a connect (a new server, or a replay on a fresh connection)
-                // it is now.
-                let sent_at = if reused {
-                    started
-                } else {
-                    std::time::Instant::now()
-                };
-                let timer = &mut conn.upstream_timer;
-                timer.set(Instant::from_std(sent_at) + upstream.response_timeout);
-                let client = &mut conn.stream;
-                read_final_head(
-                    &mut stream,
-                    up_buf,
-                    resp,
-                    meta,
-                    client,
-                    (target, Some(timer)),
-                )
-                .await
-            }
-            Err(e) => Err(HeadError {
-                error: upstream_write_error(e),
-                received: false,
-                interim_sent: false,
-            }),
-        };
-        match outcome {
-            // The caller consumes the buffered request once it accepts the response.
-            Ok(()) => return Ok(stream),
-            Err(e) if reused && meta.idempotent && e.retryable() => {
-                tracing::debug!(server = %server.addr, error = %e.error, "pooled connection was dead; retrying on a new one");
-                up_buf.clear();
-                fresh = true;
-            }
-            Err(e) => {
-                return Err(Failure {
-                    error: e.error,
-                    responded: e.interim_sent,
-                })
-            }
-        }
-    }
-}
-
-/// The body is still arriving: stream it while waiting for the response head (which may
-/// come early, or be a `100 Continue` the client waits for). Returns whether the whole
-/// request body was sent.
-#[allow(clippy::too_many_arguments)]
-async fn send_streaming(
-    worker: &Worker,
-    target: Target<'_>,
-    (server, metrics): (&UpstreamServer, Option<&ServerMetrics>),
-    conn: &mut ClientConn,
-    meta: RequestMeta,
-    body: &mut BodyState,
-    buffered: usize,
-    up_buf: &mut Buffer,
-    resp: &mut ResponseHead,
-    started: std::time::Instant,
-) -> Result<(TcpStream, bool), Failure> {
-    let (mut stream, _) = obtain(worker, server, target.upstream, false, metrics, started).await?;
-    let response_timeout = target.upstream.response_timeout;
-    body::write_all(
-        &mut stream,
-        &conn.out,
-        &conn.buf.filled()[..buffered],
-        response_timeout,
-    )
-    .await
-    .map_err(|e| Failure::from(upstream_write_error(e)))?;
-    conn.buf.consume(buffered);
-    let mut upload_done = false;
-    let result = {
-        let (mut ur, mut uw) = stream.split();
-        // A streamed upload waits on the client and the upstream at once: register.
-        let client = conn.stream.registered().map_err(ProxyError::client_io)?;
-        let (mut cr, mut cw) = client.split();
-        let mut uploaded = 0;
-        let upload = pump(
-            &mut cr,
-            &mut conn.buf,
-            (&mut uw, &mut uploaded),
-            body,
-            (target.listener.client_timeout, response_timeout),
-        );
-        // `response_timeout` counts from the end of the upload, however long the body
-        // takes to arrive (nginx's proxy_read_timeout does the same); while it uploads, a
-        // stalled upstream is caught by the upload's write timeout.
-        let head = read_final_head(&mut ur, up_buf, resp, meta, &mut cw, (target, None));
-        let head_timer = tokio::time::sleep(Duration::MAX);
-        tokio::pin!(upload, head, head_timer);
-        let mut uploading = true;
-        loop {
-            tokio::select! {
-                r = &mut upload, if uploading => {
-                    uploading = false;
-                    head_timer.as_mut().reset(Instant::now() + response_timeout);
-                    match r {
-                        Ok(()) => upload_done = true,
-                        // The upstream stopped reading; its response (if any) says why.
-                        Err(PumpError::Write(_) | PumpError::WriteTimeout) => {}
-                        Err(e) => break Err(Failure::from(client_pump_error(e))),
-                    }
-                }
-                h = &mut head => break h.map_err(|e| Failure { error: e.error, responded: e.interim_sent }),
-                () = &mut head_timer, if !uploading => break Err(Failure::from(ProxyError::UpstreamTimeout)),
-            }
-        }
-    };
-    result.map(|()| (stream, upload_done))
-}
-
-/// A connection to `server`: a pooled idle one unless `fresh`, else a new one. Returns
-/// whether it was reused. `now`: the time the attempt started.
-async fn obtain(
-    worker: &Worker,
-    server: &UpstreamServer,
-    upstream: &Upstream,
-    fresh: bool,
-    metrics: Option<&ServerMetrics>,
-    now: std::time::Instant,
-) -> Result<(TcpStream, bool), ProxyError> {
-    if !fresh {
-        let (reused, idle) = worker
-            .pool
-            .borrow_mut()
-            .take(server.addr, upstream.idle_timeout, now);
-        if let Some(m) = metrics {
-            m.pool_idle.set(idle as u64);
-        }
-        if let Some(stream) = reused {
-            return Ok((stream, true));
-        }
-    }
-    let started = std::time::Instant::now();
-    let stream = connect(server.addr, upstream.connect_timeout).await?;
-    if let Some(m) = metrics {
-        m.connect.observe(started.elapsed());
-    }
-    Ok((stream, false))
 }
 
 /// Counts one attempt on a server: by the status it answered, or the one Weir answers for
@@ -439,7 +467,8 @@ async fn read_final_head<R, W>(
     resp: &mut ResponseHead,
     meta: RequestMeta,
     client: &mut W,
-    (target, mut timer): (Target<'_>, Option<&mut LazyTimer>),
+    client_timeout: Duration,
+    mut timer: Option<&mut LazyTimer>,
 ) -> Result<(), HeadError>
 where
     R: AsyncRead + Unpin,
@@ -485,7 +514,7 @@ where
         }
         if !meta.http10 {
             let head = &up_buf.filled()[..resp.head_len];
-            body::write_all(client, head, &[], target.listener.client_timeout)
+            body::write_all(client, head, &[], client_timeout)
                 .await
                 .map_err(|_| fail(ProxyError::ClientClosed, true, true))?;
             interim_sent = true;

@@ -1,7 +1,7 @@
 //! Writing the client response head: status line, end-to-end headers byte for byte (with
 //! ProxyPassReverse on location headers), framing and the client connection's persistence.
 
-use crate::codec::http1::write::{push_header, push_status_line, HeaderLines};
+use crate::codec::http1::write::{push_header, push_status_line, HeaderLines, Persistence};
 use crate::codec::http1::{BodyFraming, HeaderKind, ResponseHead};
 use crate::filters::location::ReverseMap;
 
@@ -55,10 +55,8 @@ pub fn write_response_head(
         {
             push_header(out, b"Upgrade", &buf[h.value.clone()]);
         }
-    } else if framing.close {
-        out.extend_from_slice(b"Connection: close\r\n");
-    } else if framing.http10 {
-        out.extend_from_slice(b"Connection: keep-alive\r\n");
+    } else {
+        Persistence::of(!framing.close, framing.http10).push_header(out);
     }
     out.extend_from_slice(b"\r\n");
 }
