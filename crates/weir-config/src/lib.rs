@@ -150,6 +150,7 @@ max_idle = 256
             reverse_rewrite: false,
             preserve_host: true,
             forwarded_headers: true,
+            upgrades: vec!["websocket".into()],
             upstream: 0,
         };
         let expected = Config {

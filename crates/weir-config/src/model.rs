@@ -218,6 +218,9 @@ pub struct Route {
     pub preserve_host: bool,
     /// Set `X-Real-IP`, `X-Forwarded-Proto`, `X-Forwarded-Host`, append `X-Forwarded-For`.
     pub forwarded_headers: bool,
+    /// The protocols a client may switch to through this route (`Upgrade`, then a tunnel
+    /// after `101`), lower-cased names without a version; empty: none. Never `h2c`.
+    pub upgrades: Vec<String>,
     /// Index into [`Config::upstreams`].
     pub upstream: usize,
 }

@@ -105,6 +105,7 @@ pub(crate) struct RawRoute {
     pub reverse_rewrite: Option<bool>,
     pub preserve_host: Option<bool>,
     pub forwarded_headers: Option<bool>,
+    pub upgrades: Option<Vec<String>>,
     pub upstream: Option<String>,
 }
 

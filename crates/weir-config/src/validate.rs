@@ -411,7 +411,62 @@ fn route(raw: RawRoute, path: &FieldPath, upstreams: &[String]) -> Result<Route,
         reverse_rewrite,
         preserve_host: raw.preserve_host.unwrap_or(true),
         forwarded_headers: raw.forwarded_headers.unwrap_or(true),
+        upgrades: upgrades(raw.upgrades, &path.key("upgrades"))?,
     })
+}
+
+/// Most protocols one route may allow (the request path keeps the offered ones as bits).
+const MAX_UPGRADES: usize = 64;
+
+/// `upgrades`: protocol names (tokens, no version), lower-cased, no duplicates, none that
+/// would carry HTTP itself past Weir's routes.
+fn upgrades(raw: Option<Vec<String>>, path: &FieldPath) -> Result<Vec<String>, Issue> {
+    let Some(raw) = raw else {
+        return Ok(vec!["websocket".to_owned()]);
+    };
+    if raw.len() > MAX_UPGRADES {
+        return Err(Issue::new(
+            path,
+            format!("more than {MAX_UPGRADES} upgrade protocols"),
+            "list only the protocols the route's servers speak",
+        ));
+    }
+    let mut names: Vec<String> = Vec::with_capacity(raw.len());
+    for (i, text) in raw.iter().enumerate() {
+        let name = text.to_ascii_lowercase();
+        let at = path.index(i);
+        if name.is_empty() || !name.bytes().all(is_tchar) {
+            return Err(Issue::new(
+                &at,
+                format!("upgrade protocol \"{text}\" is not a protocol name"),
+                r#"write the name alone, without a version or spaces, such as "websocket""#,
+            ));
+        }
+        if matches!(name.as_str(), "h2c" | "h2" | "http") {
+            return Err(Issue::new(
+                &at,
+                format!(
+                    "upgrade protocol \"{text}\" would tunnel HTTP past Weir: the client could \
+                     then send any request to the server, outside the routes"
+                ),
+                format!("remove \"{text}\" from upgrades (HTTP/2 to clients is a listener matter, not an upgrade)"),
+            ));
+        }
+        if names.contains(&name) {
+            return Err(Issue::new(
+                &at,
+                format!("upgrade protocol \"{text}\" is listed twice"),
+                "list each protocol once",
+            ));
+        }
+        names.push(name);
+    }
+    Ok(names)
+}
+
+/// A `tchar` of RFC 9110 5.6.2 (a token character).
+fn is_tchar(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
 }
 
 /// `path_prefix` and `rewrite_prefix`: start with `/`, no whitespace, query or fragment.

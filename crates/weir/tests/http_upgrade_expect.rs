@@ -265,3 +265,141 @@ async fn upgrade_refused_by_the_backend_is_an_ordinary_response() {
     assert_eq!(r.status, 200);
     assert_eq!(r.body_str(), upstream_head("GET /after HTTP/1.1", "h", ""));
 }
+
+/// An upgrade request and what the upstream must see of it.
+struct Offer {
+    name: &'static str,
+    /// Extra route keys.
+    route: &'static [&'static str],
+    request: &'static str,
+    /// The `Upgrade` line the upstream gets (None: no Upgrade, no `Connection: upgrade`).
+    forwarded: Option<&'static str>,
+}
+
+/// Upgrades the route does not allow are stripped: h2c above all (issue 17: with h2c
+/// forwarded and a 101 tunnelled, a client speaks HTTP/2 to the backend past the routes).
+fn offers() -> Vec<Offer> {
+    let case = |name, route, request, forwarded| Offer {
+        name,
+        route,
+        request,
+        forwarded,
+    };
+    vec![
+        case(
+            "h2c, as curl --http2 sends it",
+            &[],
+            "GET /x HTTP/1.1\r\nHost: h\r\nConnection: Upgrade, HTTP2-Settings\r\n\
+             Upgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n\r\n",
+            None,
+        ),
+        case(
+            "h2c with HTTP2-Settings not named by Connection",
+            &[],
+            "GET /x HTTP/1.1\r\nHost: h\r\nConnection: upgrade\r\nUpgrade: H2C\r\n\
+             HTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n\r\n",
+            None,
+        ),
+        case(
+            "h2c offered next to websocket",
+            &[],
+            "GET /x HTTP/1.1\r\nHost: h\r\nConnection: upgrade\r\nUpgrade: h2c, WebSocket\r\n\r\n",
+            Some("Upgrade: WebSocket"),
+        ),
+        case(
+            "websocket on a route with upgrades = []",
+            &["upgrades = []"],
+            "GET /x HTTP/1.1\r\nHost: h\r\nConnection: upgrade\r\nUpgrade: websocket\r\n\r\n",
+            None,
+        ),
+        case(
+            "a protocol the route allows, with its version",
+            &[r#"upgrades = ["websocket", "Foo"]"#],
+            "GET /x HTTP/1.1\r\nHost: h\r\nConnection: upgrade\r\nUpgrade: foo/2, bar\r\n\r\n",
+            Some("Upgrade: foo/2"),
+        ),
+        case(
+            "HTTP/1.0 (its Upgrade is ignored)",
+            &[],
+            "GET /x HTTP/1.0\r\nHost: h\r\nConnection: keep-alive, upgrade\r\nUpgrade: websocket\r\n\r\n",
+            None,
+        ),
+    ]
+}
+
+#[tokio::test]
+async fn upgrades_the_route_does_not_allow_are_not_forwarded() {
+    let b = Backend::echo("e");
+    for case in offers() {
+        let name = case.name;
+        let weir = common::Conf::new()
+            .route("all", "up", case.route)
+            .upstream("up", &[b.addr()], &[])
+            .start();
+        let mut c = weir.client().await;
+        c.send_raw(case.request.as_bytes()).await.unwrap();
+        let r = c.read_response(false).await.unwrap();
+        assert_eq!(r.status, 200, "{name}");
+        let seen = r.body_str().to_ascii_lowercase();
+        assert!(!seen.contains("h2c"), "{name}: {seen}");
+        assert!(!seen.contains("http2-settings"), "{name}: {seen}");
+        match case.forwarded {
+            Some(line) => {
+                assert!(
+                    r.body_str().contains(&format!("\r\n{line}\r\n")),
+                    "{name}: {seen}"
+                );
+                assert!(
+                    seen.contains("\r\nconnection: upgrade\r\n"),
+                    "{name}: {seen}"
+                );
+            }
+            None => {
+                assert!(!seen.contains("upgrade"), "{name}: {seen}");
+            }
+        }
+        // Not tunnelled: the connection still speaks HTTP.
+        let r = c.get("/after", "h").await.unwrap();
+        assert_eq!(
+            r.body_str(),
+            upstream_head("GET /after HTTP/1.1", "h", ""),
+            "{name}"
+        );
+    }
+}
+
+/// Upstreams that answer 101 to something the client did not get to offer them.
+#[tokio::test]
+async fn a_101_to_a_protocol_not_offered_is_never_tunnelled() {
+    let h2c = "GET /x HTTP/1.1\r\nHost: h\r\nConnection: Upgrade, HTTP2-Settings\r\n\
+               Upgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n\r\n";
+    let ws = std::str::from_utf8(UPGRADE_REQUEST).unwrap();
+    let plain = "GET /x HTTP/1.1\r\nHost: h\r\n\r\n";
+    let to_h2c = "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n";
+    let to_ws =
+        "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n";
+    let no_protocol = "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\n\r\n";
+    let cases = [
+        ("h2c request answered 101 h2c", h2c, to_h2c),
+        ("h2c request answered 101 websocket", h2c, to_ws),
+        ("websocket request answered 101 h2c", ws, to_h2c),
+        (
+            "websocket request answered 101 without Upgrade",
+            ws,
+            no_protocol,
+        ),
+        ("plain request answered 101 websocket", plain, to_ws),
+    ];
+    for (name, request, answer) in cases {
+        // The HTTP/2 server preface right behind the 101, as an h2c server sends it.
+        let mut response = answer.as_bytes().to_vec();
+        response.extend_from_slice(b"\x00\x00\x00\x04\x00\x00\x00\x00\x00");
+        let b = Backend::raw_response(&response);
+        let weir = single(b.addr()).start();
+        let raw = send_raw_once(weir.addr, request.as_bytes()).await.unwrap();
+        let (head, body) = split_head(&raw);
+        assert!(head.starts_with("HTTP/1.1 502 "), "{name}: {head}");
+        assert!(head.contains("\r\nConnection: close\r\n"), "{name}: {head}");
+        assert_eq!(body, b"Bad Gateway\n", "{name}");
+    }
+}

@@ -180,3 +180,16 @@ fn tcp_listener_with_routes_is_located_with_a_fix() {
         "{stderr}"
     );
 }
+
+#[test]
+fn h2c_upgrade_is_refused_with_a_fix() {
+    // Line 21 of the file: the first route's `upstream`; the new key goes before it.
+    let text = with_line(21, "upgrades = [\"websocket\", \"h2c\"]");
+    let (path, stderr) = check_fails("h2c.toml", &text);
+    let (_, message) = assert_located(&path, &stderr, 21, "listeners[0].routes[0].upgrades[1]");
+    assert!(
+        message.contains("\"h2c\" would tunnel HTTP past Weir"),
+        "{stderr}"
+    );
+    assert!(message.contains("remove \"h2c\" from upgrades"), "{stderr}");
+}

@@ -688,3 +688,45 @@ fn access_log_rejects_unknown_format() {
     assert_eq!(err.line, 5);
     assert!(err.fix.contains("json"));
 }
+
+#[test]
+fn route_upgrades() {
+    let upgrades = |line: &str| {
+        let config = parse_str(&with_route(line), "f").expect("valid");
+        config.listeners[0].routes[0].upgrades.clone()
+    };
+    assert_eq!(upgrades(""), ["websocket"]);
+    assert_eq!(upgrades("upgrades = []\n"), Vec::<String>::new());
+    assert_eq!(
+        upgrades("upgrades = [\"WebSocket\", \"foo.bar-1\"]\n"),
+        ["websocket", "foo.bar-1"]
+    );
+    let past = "would tunnel HTTP past Weir";
+    check_route_line(
+        "upgrades = [\"h2c\"]",
+        "upgrades[0]",
+        past,
+        "remove \"h2c\"",
+    );
+    check_route_line(
+        "upgrades = [\"websocket\", \"H2C\"]",
+        "upgrades[1]",
+        past,
+        "remove \"H2C\"",
+    );
+    check_route_line("upgrades = [\"HTTP\"]", "upgrades[0]", past, "remove");
+    let name = "is not a protocol name";
+    check_route_line(
+        "upgrades = [\"websocket/13\"]",
+        "upgrades[0]",
+        name,
+        "without a version",
+    );
+    check_route_line("upgrades = [\"\"]", "upgrades[0]", name, "\"websocket\"");
+    check_route_line("upgrades = [\"a b\"]", "upgrades[0]", name, "spaces");
+    let twice = "upgrades = [\"websocket\", \"WEBSOCKET\"]";
+    check_route_line(twice, "upgrades[1]", "listed twice", "once");
+    let many: Vec<String> = (0..65).map(|i| format!("\"p{i}\"")).collect();
+    let many = format!("upgrades = [{}]", many.join(", "));
+    check_route_line(&many, "upgrades", "more than 64", "only the protocols");
+}

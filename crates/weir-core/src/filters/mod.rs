@@ -6,3 +6,4 @@
 pub mod forwarded;
 pub mod location;
 pub mod rewrite;
+pub mod upgrade;

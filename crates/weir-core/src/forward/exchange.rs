@@ -21,6 +21,7 @@ use crate::codec::http1::{parse_response, BodyFraming, RequestHead, ResponseHead
 use crate::connector::connect;
 use crate::error::ProxyError;
 use crate::filters::location::ReverseMap;
+use crate::filters::upgrade::{switch_allowed, Offered};
 use crate::metrics::shard::ServerMetrics;
 use crate::time::LazyTimer;
 use crate::upstream::retry::{may_retry, replace_host, Outcome, Replay, Tried};
@@ -32,7 +33,8 @@ use crate::worker::Worker;
 struct RequestMeta {
     is_head: bool,
     http10: bool,
-    upgrade: bool,
+    /// The upgrade protocols offered upstream (empty: not an upgrade).
+    upgrade: Offered,
     idempotent: bool,
 }
 
@@ -83,14 +85,8 @@ pub async fn forward(
         .pick(target.route.upstream, target.pool, target.upstream, key)
         .ok_or(ProxyError::NoServer)?;
     let server = &target.upstream.servers[pick.server];
-    let meta = RequestMeta {
-        is_head: req.is_head,
-        http10: req.minor_version == 0,
-        upgrade: req.upgrade,
-        idempotent: req.idempotent,
-    };
     conn.out.clear();
-    write_request_head(
+    let upgrade = write_request_head(
         &mut conn.out,
         conn.buf.filled(),
         req,
@@ -98,6 +94,12 @@ pub async fn forward(
         server,
         &conn.ip,
     );
+    let meta = RequestMeta {
+        is_head: req.is_head,
+        http10: req.minor_version == 0,
+        upgrade,
+        idempotent: req.idempotent,
+    };
     conn.host.clear();
     if let Some(host) = &req.host {
         conn.host
@@ -648,8 +650,14 @@ impl Exchange<'_> {
         up_buf: &mut Buffer,
         resp: &ResponseHead,
     ) -> Result<bool, Failure> {
-        if !self.meta.upgrade || !self.request_done {
+        if self.meta.upgrade.is_empty() || !self.request_done {
             return Err(ProxyError::UpstreamMalformed("101 without an upgrade request").into());
+        }
+        let allowed = &self.target.route.upgrades;
+        if !switch_allowed(&resp.headers, up_buf.filled(), allowed, self.meta.upgrade) {
+            // Tunnelling would let the client speak a protocol the route does not allow
+            // (h2c: any request, past the routes) straight to the server.
+            return Err(ProxyError::UpstreamMalformed("101 to a protocol not offered").into());
         }
         let framing = ClientFraming {
             dechunk: false,

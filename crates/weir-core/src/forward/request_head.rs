@@ -7,8 +7,10 @@ use crate::codec::http1::write::{push_header, HeaderLines};
 use crate::codec::http1::{BodyFraming, HeaderKind, RequestHead};
 use crate::filters::forwarded::{push_forwarded, ClientIp};
 use crate::filters::rewrite::upstream_path;
+use crate::filters::upgrade::{push_offer, Offered};
 
-/// Appends the upstream request head for `req` (parsed from `buf`) to `out`.
+/// Appends the upstream request head for `req` (parsed from `buf`) to `out`. Returns the
+/// upgrade protocols it offers (empty: not an upgrade request).
 pub fn write_request_head(
     out: &mut Vec<u8>,
     buf: &[u8],
@@ -16,7 +18,7 @@ pub fn write_request_head(
     route: &Route,
     server: &UpstreamServer,
     client: &ClientIp,
-) {
+) -> Offered {
     let (prefix, rest) = upstream_path(
         req.path(buf),
         &route.path_prefix,
@@ -42,12 +44,7 @@ pub fn write_request_head(
     if req.framing == BodyFraming::Chunked {
         out.extend_from_slice(b"Transfer-Encoding: chunked\r\n");
     }
-    if req.upgrade {
-        out.extend_from_slice(b"Connection: upgrade\r\n");
-        for h in req.headers.iter().filter(|h| h.kind == HeaderKind::Upgrade) {
-            push_header(out, b"Upgrade", &buf[h.value.clone()]);
-        }
-    }
+    let offered = push_offer(out, buf, req, &route.upgrades);
     if route.forwarded_headers {
         let prior = req
             .headers
@@ -57,6 +54,7 @@ pub fn write_request_head(
         push_forwarded(out, client, client_host, prior);
     }
     out.extend_from_slice(b"\r\n");
+    offered
 }
 
 /// Headers copied as they are: everything end-to-end that the proxy does not set itself.

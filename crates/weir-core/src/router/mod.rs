@@ -88,6 +88,7 @@ mod tests {
             reverse_rewrite: false,
             preserve_host: true,
             forwarded_headers: true,
+            upgrades: vec![],
             upstream: 0,
         }
     }

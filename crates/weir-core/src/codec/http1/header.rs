@@ -18,6 +18,8 @@ pub enum HeaderKind {
     Te,
     Trailer,
     Upgrade,
+    /// `HTTP2-Settings`: only meaningful with `Upgrade: h2c`, which is never forwarded.
+    Http2Settings,
     Expect,
     XForwardedFor,
     XRealIp,
@@ -44,7 +46,10 @@ impl HeaderKind {
             8 => &[(b"location", Location)],
             9 => &[(b"x-real-ip", XRealIp)],
             10 => &[(b"connection", Connection), (b"keep-alive", KeepAlive)],
-            14 => &[(b"content-length", ContentLength)],
+            14 => &[
+                (b"content-length", ContentLength),
+                (b"http2-settings", Http2Settings),
+            ],
             15 => &[(b"x-forwarded-for", XForwardedFor)],
             16 => &[
                 (b"proxy-connection", ProxyConnection),
@@ -73,6 +78,7 @@ impl HeaderKind {
                 | HeaderKind::Te
                 | HeaderKind::Trailer
                 | HeaderKind::Upgrade
+                | HeaderKind::Http2Settings
                 | HeaderKind::TransferEncoding
         )
     }
@@ -255,6 +261,7 @@ mod tests {
             ("TE", Te),
             ("Trailer", Trailer),
             ("Upgrade", Upgrade),
+            ("HTTP2-Settings", Http2Settings),
             ("Expect", Expect),
             ("X-Forwarded-For", XForwardedFor),
             ("X-Real-IP", XRealIp),
