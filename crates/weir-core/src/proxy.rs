@@ -26,10 +26,10 @@ use crate::codec::http1::{BodyFraming, RequestHead, ResponseHead};
 use crate::error::ProxyError;
 use crate::filters::forwarded::ClientIp;
 use crate::forward::body::BodyState;
-use crate::forward::{forward, Failure};
+use crate::forward::{forward, Failure, Reached};
 use crate::listener::proxy_protocol::accept_step;
 use crate::metrics::shard::{method_index, METHODS};
-use crate::metrics::DefaultReason;
+use crate::metrics::{AbortReason, DefaultReason};
 use crate::snapshot::{ListenerPlan, Snapshot};
 use crate::worker::Worker;
 
@@ -186,7 +186,9 @@ async fn serve(
 }
 
 /// Answers a failure the client has not had a response for yet (the one place errors
-/// become responses). Returns the status the request counts with.
+/// become responses). Returns the status the request counts with: the one sent to the
+/// client, also when the response was cut short after its head; 499 when the client left
+/// before it could be answered.
 async fn answer(
     conn: &mut ClientConn,
     handled: &Handled,
@@ -197,9 +199,10 @@ async fn answer(
         Ok(_) => handled_status(handled, listener, resp),
         Err(failure) => {
             log_failure(&failure.error, listener, conn);
-            if !failure.responded {
-                conn.answer_error(failure.error, listener).await;
+            if failure.reached == Reached::Head {
+                return handled_status(handled, listener, resp);
             }
+            conn.answer_error(failure.error, listener).await;
             failure.error.status().unwrap_or(499)
         }
     }
@@ -280,10 +283,7 @@ async fn default_response(
     let bytes = plan.default_response(persistence, req.is_head);
     conn.write_all(bytes, listener)
         .await
-        .map_err(|error| Failure {
-            error,
-            responded: true,
-        })?;
+        .map_err(Failure::after_head)?;
     Ok(keep_alive)
 }
 
@@ -317,18 +317,26 @@ fn record(worker: &Worker, snapshot: &Snapshot, conn: &ClientConn, handled: &Han
     let duration = done.duration;
     let bytes_in = conn.buf.consumed_total() - done.counters.bytes_in;
     let bytes_out = conn.sent - done.counters.bytes_out;
+    // A response cut short after its head counts with the head's status, plus why.
+    let aborted = match &handled.result {
+        Err(f) if f.reached == Reached::Head => Some(AbortReason::of(f.error)),
+        _ => None,
+    };
     if let Some(m) = worker.metrics.listener(done.slot) {
         let route_slot = snapshot.slots.listeners[done.listener].route(handled.route);
         if let Some(route) = m.route(route_slot) {
             route.request(done.method, done.status).inc();
             route.duration.observe(duration);
+            if let Some(reason) = aborted {
+                route.aborted(reason).inc();
+            }
         }
         m.bytes_in.add(bytes_in);
         m.bytes_out.add(bytes_out);
         let reason = match &handled.result {
-            Ok(_) if handled.route.is_none() => Some(DefaultReason::NoRoute),
-            Ok(_) => None,
-            Err(failure) => default_reason(failure.error),
+            Err(failure) if aborted.is_none() => default_reason(failure.error),
+            // Answered (if `aborted`, in part) by the default response or the upstream.
+            _ => handled.route.is_none().then_some(DefaultReason::NoRoute),
         };
         if let Some(reason) = reason {
             m.default_response(reason).inc();
@@ -352,6 +360,7 @@ fn record(worker: &Worker, snapshot: &Snapshot, conn: &ClientConn, handled: &Han
             route: route_name,
             upstream,
             upstream_time: conn.upstream_time,
+            aborted,
         };
         log.log(&conn.log_fields, &outcome);
     }

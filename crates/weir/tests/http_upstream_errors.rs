@@ -497,3 +497,26 @@ async fn response_timeout_does_not_count_the_connect() {
         String::from_utf8_lossy(&raw)
     );
 }
+
+/// A final response may follow 1xx responses: an upstream that fails after a relayed
+/// `100 Continue` gets its 502 to the client, not a bare close.
+#[tokio::test]
+async fn upstream_failing_after_a_relayed_100_is_answered_502() {
+    let b = Backend::raw_response(b"HTTP/1.1 100 Continue\r\n\r\n");
+    let weir = single(b.addr()).start();
+    let raw = send_raw_once(
+        weir.addr,
+        b"POST /up HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\n\r\nhello",
+    )
+    .await
+    .unwrap();
+    let (interim, rest) = split_head(&raw);
+    assert!(
+        interim.starts_with("HTTP/1.1 100 Continue\r\n"),
+        "{interim}"
+    );
+    let (head, body) = split_head(&rest);
+    assert!(head.starts_with("HTTP/1.1 502 Bad Gateway\r\n"), "{head}");
+    assert!(head.contains("\r\nConnection: close\r\n"), "{head}");
+    assert_eq!(body, b"Bad Gateway\n");
+}

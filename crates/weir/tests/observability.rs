@@ -186,29 +186,58 @@ async fn upstream_servers_have_their_own_series() {
     );
 }
 
+/// A json access log in a fresh temporary directory `weir-<tag>-<pid>`.
+struct JsonLog {
+    dir: std::path::PathBuf,
+    path: std::path::PathBuf,
+}
+
+impl JsonLog {
+    fn new(tag: &str) -> JsonLog {
+        let dir = std::env::temp_dir().join(format!("weir-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("access.log");
+        let _ = std::fs::remove_file(&path);
+        JsonLog { dir, path }
+    }
+
+    /// The listener line that writes this log.
+    fn listener_line(&self) -> String {
+        format!(
+            "access_log = {{ format = \"json\", path = \"{}\" }}",
+            self.path.display()
+        )
+    }
+
+    /// The log's content once it holds a complete line.
+    fn first_line(&self) -> String {
+        let read = || std::fs::read_to_string(&self.path).unwrap_or_default();
+        assert!(
+            wait_until(WAIT, || read().ends_with('\n')),
+            "no access-log line in {}",
+            self.path.display()
+        );
+        read()
+    }
+}
+
+impl Drop for JsonLog {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn json_access_log_has_every_field() {
-    let dir = std::env::temp_dir().join(format!("weir-log-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("access.log");
-    let _ = std::fs::remove_file(&path);
+    let log = JsonLog::new("log");
     let backend = Backend::fixed(201, &[], "made");
     let weir = single(backend.addr())
-        .listener(&format!(
-            "access_log = {{ format = \"json\", path = \"{}\" }}",
-            path.display()
-        ))
+        .listener(&log.listener_line())
         .start();
     let req = b"PUT /thing?q=\"x\" HTTP/1.1\r\nHost: a\r\nUser-Agent: t/1\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi";
     let resp = send_raw_once(weir.addr, req).await.unwrap();
     assert!(resp.starts_with(b"HTTP/1.1 201"));
-    let read = || std::fs::read_to_string(&path).unwrap_or_default();
-    assert!(
-        wait_until(WAIT, || read().ends_with('\n')),
-        "no access-log line in {}",
-        path.display()
-    );
-    let line = read();
+    let line = log.first_line();
     let expect = [
         "\"client\":\"127.0.0.1\"".to_string(),
         "\"method\":\"PUT\"".to_string(),
@@ -228,5 +257,46 @@ async fn json_access_log_has_every_field() {
         assert!(line.contains(key), "{key} missing in {line}");
     }
     drop(weir);
-    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Issue 17: a response that fails after its head was sent counts with the status the
+/// client got (the upstream's 200), in the request counter, the per-server counter and the
+/// access log alike, plus the abort and its reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_cut_short_counts_with_the_status_sent_and_its_abort() {
+    let log = JsonLog::new("abort");
+    // A 200 head with Content-Length 1000, 100 body bytes, then a close.
+    let backend = Backend::close_mid_body();
+    let weir = single(backend.addr())
+        .listener(&log.listener_line())
+        .start();
+    let resp = send_raw_once(weir.addr, b"GET /cut HTTP/1.1\r\nHost: a\r\n\r\n")
+        .await
+        .unwrap();
+    assert!(
+        resp.starts_with(b"HTTP/1.1 200"),
+        "the client got the 200 head"
+    );
+    let requests = |code: &str| {
+        format!(
+            "weir_requests_total{{listener=\"web\",route=\"all\",method=\"GET\",code=\"{code}\"}}"
+        )
+    };
+    wait_for_series(&weir, &requests("200"), 1.0);
+    let aborted =
+        "weir_responses_aborted_total{listener=\"web\",route=\"all\",reason=\"upstream_closed\"}";
+    wait_for_series(&weir, aborted, 1.0);
+    let text = weir.metrics_text();
+    assert_eq!(series(&text, &requests("502")), None, "{text}");
+    let server = format!(
+        "weir_upstream_requests_total{{{},code=\"200\"}}",
+        server_labels("up", backend.addr())
+    );
+    assert_eq!(series(&text, &server), Some(1.0), "{text}");
+    let line = log.first_line();
+    assert!(
+        line.contains("\"status\":200,\"aborted\":\"upstream_closed\","),
+        "{line}"
+    );
+    drop(weir);
 }

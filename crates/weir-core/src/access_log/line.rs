@@ -6,6 +6,7 @@ use weir_config::AccessLogFormat;
 
 use super::time::TimeCache;
 use crate::codec::http1::write::push_decimal;
+use crate::metrics::AbortReason;
 
 /// What the request contributed, copied before its head buffer is reused.
 #[derive(Debug, Default)]
@@ -27,6 +28,8 @@ pub struct Outcome<'a> {
     pub route: &'a str,
     pub upstream: Option<&'a str>,
     pub upstream_time: Option<Duration>,
+    /// The response was cut short after its head (`status` is that head's).
+    pub aborted: Option<AbortReason>,
 }
 
 pub fn push_line(
@@ -102,6 +105,14 @@ fn push_json(out: &mut Vec<u8>, req: &RequestFields, o: &Outcome<'_>, time: &mut
     out.extend_from_slice(protocol(req));
     out.extend_from_slice(b"\",\"status\":");
     push_decimal(out, u64::from(o.status));
+    match o.aborted {
+        Some(reason) => {
+            out.extend_from_slice(b",\"aborted\":\"");
+            out.extend_from_slice(reason.label().as_bytes());
+            out.push(b'"');
+        }
+        None => out.extend_from_slice(b",\"aborted\":null"),
+    }
     out.extend_from_slice(b",\"bytes_in\":");
     push_decimal(out, o.bytes_in);
     out.extend_from_slice(b",\"bytes_out\":");
@@ -244,6 +255,7 @@ mod tests {
             route: "all",
             upstream: Some("127.0.0.1:9000"),
             upstream_time: Some(Duration::from_micros(1000)),
+            aborted: None,
         };
         (req, o)
     }
@@ -285,7 +297,7 @@ mod tests {
             "{line}"
         );
         for field in [
-            "\"status\":200",
+            "\"status\":200,\"aborted\":null,",
             "\"bytes_out\":615",
             "\"route\":\"all\"",
             "\"upstream\":\"127.0.0.1:9000\"",
@@ -294,6 +306,26 @@ mod tests {
         ] {
             assert!(line.contains(field), "{field} in {line}");
         }
+    }
+
+    #[test]
+    fn an_aborted_response_says_why_in_json_only() {
+        let (req, mut o) = sample();
+        o.aborted = Some(AbortReason::UpstreamClosed);
+        let line = |format| {
+            let mut out = Vec::new();
+            push_line(&mut out, format, &req, &o, &mut TimeCache::default());
+            String::from_utf8(out).unwrap()
+        };
+        let json = line(AccessLogFormat::Json);
+        assert!(
+            json.contains(",\"status\":200,\"aborted\":\"upstream_closed\","),
+            "{json}"
+        );
+        // Common and combined keep their standard fields.
+        let combined = line(AccessLogFormat::Combined);
+        assert!(!combined.contains("aborted") && !combined.contains("upstream_closed"));
+        assert!(combined.contains("\" 200 615 \""), "{combined}");
     }
 
     #[test]

@@ -14,7 +14,7 @@ use weir_config::{Listener, Route, Upstream, UpstreamServer};
 use super::body::{self, pump, BodyState, PumpError};
 use super::request_head::write_request_head;
 use super::response_head::{write_response_head, ClientFraming};
-use super::{tunnel, Failure};
+use super::{tunnel, Failure, Reached};
 use crate::buffer::Buffer;
 use crate::client::ClientConn;
 use crate::codec::http1::{parse_response, BodyFraming, RequestHead, ResponseHead};
@@ -158,7 +158,7 @@ impl<'a> Forwarding<'a> {
             let replay = Replay {
                 idempotent: self.meta.idempotent,
                 buffered: whole,
-                responded: sent.as_ref().is_err_and(|f| f.responded),
+                responded: sent.as_ref().is_err_and(|f| f.reached != Reached::Nothing),
             };
             if may_retry(&target.upstream.retry.on, outcome, replay) {
                 if let Some(next) = self.next_attempt(&mut tried, conn, attempt.server) {
@@ -294,12 +294,7 @@ impl Attempt<'_> {
                     up_buf.clear();
                     fresh = true;
                 }
-                Err(e) => {
-                    return Err(Failure {
-                        error: e.error,
-                        responded: e.interim_sent,
-                    })
-                }
+                Err(e) => return Err(e.into()),
             }
         }
     }
@@ -362,7 +357,7 @@ impl Attempt<'_> {
                             Err(e) => break Err(Failure::from(client_pump_error(e))),
                         }
                     }
-                    h = &mut head => break h.map_err(|e| Failure { error: e.error, responded: e.interim_sent }),
+                    h = &mut head => break h.map_err(Failure::from),
                     () = &mut head_timer, if !uploading => break Err(Failure::from(ProxyError::UpstreamTimeout)),
                 }
             }
@@ -448,6 +443,20 @@ struct HeadError {
     received: bool,
     /// A 1xx was relayed: the client has response bytes.
     interim_sent: bool,
+}
+
+impl From<HeadError> for Failure {
+    fn from(e: HeadError) -> Failure {
+        let reached = if e.interim_sent {
+            Reached::Interim
+        } else {
+            Reached::Nothing
+        };
+        Failure {
+            error: e.error,
+            reached,
+        }
+    }
 }
 
 impl HeadError {
@@ -589,10 +598,7 @@ impl Exchange<'_> {
             client_timeout,
         )
         .await
-        .map_err(|_| Failure {
-            error: ProxyError::ClientClosed,
-            responded: true,
-        })?;
+        .map_err(|e| Failure::after_head(client_write_error(e)))?;
         conn.sent += (conn.out.len() + forward) as u64;
         up_buf.consume(consumed);
         // The whole body came with the head (the usual small response): the connection is
@@ -607,10 +613,7 @@ impl Exchange<'_> {
             (upstream_timeout, client_timeout),
         )
         .await
-        .map_err(|e| Failure {
-            error: upstream_pump_error(e),
-            responded: true,
-        })?;
+        .map_err(|e| Failure::after_head(upstream_pump_error(e)))?;
         if resp.keeps_alive() && self.request_done && up_buf.is_empty() {
             let max_idle = self.target.upstream.max_idle;
             let idle_from = if body_was_buffered {
@@ -674,10 +677,7 @@ impl Exchange<'_> {
             self.target.listener.client_timeout,
         )
         .await
-        .map_err(|_| Failure {
-            error: ProxyError::ClientClosed,
-            responded: true,
-        })?;
+        .map_err(|e| Failure::after_head(client_write_error(e)))?;
         tunnel::run(&mut conn.stream, &mut conn.buf, &mut stream, up_buf).await;
         Ok(false)
     }
@@ -711,6 +711,14 @@ fn upstream_pump_error(e: PumpError) -> ProxyError {
         PumpError::Read(kind) => ProxyError::UpstreamIo(kind),
         PumpError::Truncated => ProxyError::UpstreamClosed,
         PumpError::TooLarge => ProxyError::UpstreamMalformed("body too large"),
-        PumpError::Write(_) | PumpError::WriteTimeout => ProxyError::ClientClosed,
+        PumpError::Write(_) | PumpError::WriteTimeout => client_write_error(e),
+    }
+}
+
+/// Errors while writing the response to the client.
+fn client_write_error(e: PumpError) -> ProxyError {
+    match e {
+        PumpError::WriteTimeout => ProxyError::ClientTimeout,
+        _ => ProxyError::ClientClosed,
     }
 }

@@ -32,19 +32,42 @@ pub fn exchange_target<'a>(
 
 use crate::error::ProxyError;
 
-/// A failed exchange: what went wrong and whether the client already got response bytes
-/// (then the only thing left to do is close).
+/// How far the response to the client got when a request failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reached {
+    /// Nothing was sent: Weir answers with the error's status.
+    Nothing,
+    /// Only 1xx responses were sent. A final response may still follow them, so Weir still
+    /// answers; but the request is not replayed on another server.
+    Interim,
+    /// The final response head was sent (or its write began): the response is cut short,
+    /// the connection closes, and the request counts with that head's status plus an
+    /// abort reason (`weir_responses_aborted_total`, the access log's `aborted`).
+    Head,
+}
+
+/// A failed exchange: what went wrong and how far the response had got.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Failure {
     pub error: ProxyError,
-    pub responded: bool,
+    pub reached: Reached,
+}
+
+impl Failure {
+    /// A failure once the final response head was being sent.
+    pub fn after_head(error: ProxyError) -> Failure {
+        Failure {
+            error,
+            reached: Reached::Head,
+        }
+    }
 }
 
 impl From<ProxyError> for Failure {
     fn from(error: ProxyError) -> Failure {
         Failure {
             error,
-            responded: false,
+            reached: Reached::Nothing,
         }
     }
 }

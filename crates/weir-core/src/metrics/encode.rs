@@ -14,8 +14,8 @@ use weir_config::Config;
 use super::layout::SlotMap;
 use super::process::ProcessStats;
 use super::shard::{
-    DefaultReason, Histogram, ListenerMetrics, RouteMetrics, ServerMetrics, UpstreamMetrics,
-    WorkerMetrics, ACCEPT_ERRORS, LATENCY_BUCKETS, METHODS, STATUS_SLOTS,
+    AbortReason, DefaultReason, Histogram, ListenerMetrics, RouteMetrics, ServerMetrics,
+    UpstreamMetrics, WorkerMetrics, ACCEPT_ERRORS, LATENCY_BUCKETS, METHODS, STATUS_SLOTS,
 };
 use super::Metrics;
 use crate::snapshot::Snapshot;
@@ -65,6 +65,7 @@ type Labels = Vec<(&'static str, String)>;
 impl Collector for Scrape {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result {
         self.requests(&mut enc)?;
+        self.aborted(&mut enc)?;
         self.durations(&mut enc)?;
         self.listener_counters(&mut enc)?;
         self.upstream_counters(&mut enc)?;
@@ -176,6 +177,32 @@ impl Scrape {
             enc,
             "weir_requests",
             "Requests answered, by listener, route, method and status code.",
+            &rows,
+        )
+    }
+
+    fn aborted(&self, enc: &mut DescriptorEncoder) -> Result {
+        let mut rows = Vec::new();
+        for (li, l) in self.config.listeners.iter().enumerate() {
+            for ri in 0..=l.routes.len() {
+                for reason in AbortReason::ALL {
+                    let v = self.sum(|s| Some(self.route(s, li, ri)?.aborted(reason).get()));
+                    if v > 0 {
+                        let labels = vec![
+                            ("listener", l.name.clone()),
+                            ("route", route_label(&self.config, li, ri)),
+                            ("reason", reason.label().to_string()),
+                        ];
+                        rows.push((labels, v));
+                    }
+                }
+            }
+        }
+        counter(
+            enc,
+            "weir_responses_aborted",
+            "Responses cut short after their head was sent, by reason (also counted in \
+             weir_requests_total with the status sent).",
             &rows,
         )
     }

@@ -15,7 +15,7 @@ mod slots;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-pub use shard::{DefaultReason, WorkerMetrics};
+pub use shard::{AbortReason, DefaultReason, WorkerMetrics};
 
 /// The process-wide view: every worker's shard plus the few process-level counters.
 #[derive(Debug, Default)]

@@ -130,6 +130,60 @@ impl DefaultReason {
     }
 }
 
+/// Why a response was cut short after its head was sent (`weir_responses_aborted_total`,
+/// the access log's `aborted`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AbortReason {
+    /// The upstream closed before the end of the body.
+    UpstreamClosed,
+    /// Reading the body from the upstream failed (a reset, usually).
+    UpstreamReset,
+    /// The upstream sent no body byte within `response_timeout`.
+    UpstreamTimeout,
+    /// The upstream's body broke its framing (a bad chunk).
+    UpstreamMalformed,
+    /// The client closed or reset the connection.
+    ClientClosed,
+    /// The client took no bytes within `client_timeout`.
+    ClientTimeout,
+}
+
+impl AbortReason {
+    pub const ALL: [AbortReason; 6] = [
+        AbortReason::UpstreamClosed,
+        AbortReason::UpstreamReset,
+        AbortReason::UpstreamTimeout,
+        AbortReason::UpstreamMalformed,
+        AbortReason::ClientClosed,
+        AbortReason::ClientTimeout,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            AbortReason::UpstreamClosed => "upstream_closed",
+            AbortReason::UpstreamReset => "upstream_reset",
+            AbortReason::UpstreamTimeout => "upstream_timeout",
+            AbortReason::UpstreamMalformed => "upstream_malformed",
+            AbortReason::ClientClosed => "client_closed",
+            AbortReason::ClientTimeout => "client_timeout",
+        }
+    }
+
+    /// The reason an error that cut a response short counts as. Only the errors of
+    /// relaying a body occur then; any other counts by its side.
+    pub fn of(error: crate::error::ProxyError) -> AbortReason {
+        use crate::error::{ProxyError::*, Side};
+        match error {
+            UpstreamClosed => AbortReason::UpstreamClosed,
+            UpstreamTimeout | UpstreamConnectTimeout => AbortReason::UpstreamTimeout,
+            UpstreamMalformed(_) => AbortReason::UpstreamMalformed,
+            ClientTimeout | HeaderTimeout => AbortReason::ClientTimeout,
+            e if e.side() == Side::Client => AbortReason::ClientClosed,
+            _ => AbortReason::UpstreamReset,
+        }
+    }
+}
+
 /// Kinds of accept errors with their own label value.
 pub const ACCEPT_ERRORS: [&str; 3] = ["EMFILE", "ENFILE", "other"];
 
@@ -146,6 +200,8 @@ pub fn accept_error_index(e: &std::io::Error) -> usize {
 pub struct RouteMetrics {
     requests: Box<[Counter]>,
     pub duration: Histogram,
+    /// Responses cut short after their head, by `AbortReason`.
+    aborted: [Counter; AbortReason::ALL.len()],
 }
 
 impl RouteMetrics {
@@ -156,7 +212,13 @@ impl RouteMetrics {
         RouteMetrics {
             requests,
             duration: Histogram::default(),
+            aborted: Default::default(),
         }
+    }
+
+    #[inline]
+    pub fn aborted(&self, reason: AbortReason) -> &Counter {
+        &self.aborted[reason as usize]
     }
 
     #[inline]
@@ -298,6 +360,35 @@ mod tests {
         assert_eq!(status_index(100), 0);
         assert_eq!(status_index(599), 499);
         assert_eq!(status_index(999), STATUS_SLOTS - 1);
+    }
+
+    #[test]
+    fn abort_reasons() {
+        use crate::error::ProxyError;
+        for (i, r) in AbortReason::ALL.into_iter().enumerate() {
+            assert_eq!(r as usize, i, "ALL is in declaration order");
+        }
+        let cases = [
+            (ProxyError::UpstreamClosed, "upstream_closed"),
+            (
+                ProxyError::UpstreamIo(std::io::ErrorKind::ConnectionReset),
+                "upstream_reset",
+            ),
+            (ProxyError::UpstreamTimeout, "upstream_timeout"),
+            (
+                ProxyError::UpstreamMalformed("bad chunk"),
+                "upstream_malformed",
+            ),
+            (ProxyError::ClientClosed, "client_closed"),
+            (
+                ProxyError::ClientIo(std::io::ErrorKind::BrokenPipe),
+                "client_closed",
+            ),
+            (ProxyError::ClientTimeout, "client_timeout"),
+        ];
+        for (error, label) in cases {
+            assert_eq!(AbortReason::of(error).label(), label, "{error}");
+        }
     }
 
     #[test]
