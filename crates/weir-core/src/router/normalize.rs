@@ -49,7 +49,7 @@ pub fn normalize_into(
     settings: &PathNormalization,
     out: &mut Vec<u8>,
 ) -> Result<bool, PathError> {
-    if settings.is_off() || target.first() != Some(&b'/') {
+    if settings.is_off() || target.first() != Some(&b'/') || is_normal(target, settings) {
         return Ok(false);
     }
     let end = target
@@ -57,9 +57,6 @@ pub fn normalize_into(
         .position(|b| *b == b'?')
         .unwrap_or(target.len());
     let (path, query) = target.split_at(end);
-    if is_normal(path, settings) {
-        return Ok(false);
-    }
     out.clear();
     write_normalized(path, settings, out)?;
     if out.as_slice() == path {
@@ -69,15 +66,17 @@ pub fn normalize_into(
     Ok(true)
 }
 
-/// The fast path: one scan for anything normalisation could change.
-fn is_normal(path: &[u8], s: &PathNormalization) -> bool {
+/// The fast path: one scan of the path (up to the query) for anything normalisation could
+/// change.
+fn is_normal(target: &[u8], s: &PathNormalization) -> bool {
     let slashes = s.encoded_slash != EncodedSlash::Keep;
     let mut prev = 0;
-    for (i, &b) in path.iter().enumerate() {
+    for (i, &b) in target.iter().enumerate() {
         let suspect = match b {
+            b'?' => return true,
             b'%' => true,
             b'\\' => slashes,
-            b'.' => prev == b'/' && s.dot_segments && starts_dot_segment(&path[i..]),
+            b'.' => prev == b'/' && s.dot_segments && starts_dot_segment(&target[i..]),
             b'/' => prev == b'/' && s.merge_slashes,
             _ => false,
         };
@@ -92,8 +91,8 @@ fn is_normal(path: &[u8], s: &PathNormalization) -> bool {
 /// Whether `rest` (starting with `.`, just after a `/`) is a `.` or `..` segment.
 fn starts_dot_segment(rest: &[u8]) -> bool {
     match rest.get(1) {
-        None | Some(b'/') => true,
-        Some(b'.') => matches!(rest.get(2), None | Some(b'/')),
+        None | Some(b'/' | b'?') => true,
+        Some(b'.') => matches!(rest.get(2), None | Some(b'/' | b'?')),
         _ => false,
     }
 }
@@ -119,6 +118,14 @@ fn write_normalized(
     let mut i = 1;
     let mut start = out.len();
     loop {
+        // Plain bytes are copied as one run.
+        let rest = &path[i..];
+        let run = rest
+            .iter()
+            .position(|b| matches!(b, b'/' | b'%' | b'\\'))
+            .unwrap_or(rest.len());
+        out.extend_from_slice(&rest[..run]);
+        i += run;
         let (unit, len) = match path.get(i) {
             Some(_) => read_unit(&path[i..], s)?,
             None => return end_segment(out, start, s, true),
