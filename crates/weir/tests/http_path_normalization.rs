@@ -240,3 +240,19 @@ async fn the_access_log_keeps_the_original_target() {
     drop(weir);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test]
+async fn a_reload_changes_the_settings_for_the_next_request() {
+    let public = Backend::echo("public");
+    let admin = Backend::echo("admin");
+    let weir = public_and_admin(&public, &admin, &[]);
+    expect_status(&weir, "/public/..%2Fadmin", 400).await;
+    let decode = Conf::new()
+        .listener(r#"path_normalization = { encoded_slash = "decode" }"#)
+        .route("public", "public", &[r#"path_prefix = "/public/""#])
+        .route("admin", "admin", &[r#"path_prefix = "/admin""#])
+        .upstream("public", &[public.addr()], &[])
+        .upstream("admin", &[admin.addr()], &[]);
+    weir.apply_text(&decode.toml()).unwrap();
+    expect_routed(&weir, "/public/..%2Fadmin", "admin", "/admin").await;
+}
