@@ -122,6 +122,8 @@ async fn paths_climbing_above_the_root_and_encoded_slashes_are_refused() {
         "/public/..%5Cadmin",
         "/public/..\\admin",
         "/public/%zz",
+        // Tomcat would resolve this to /admin.
+        "/public/..;/admin",
     ] {
         expect_status(&weir, target, 400).await;
     }

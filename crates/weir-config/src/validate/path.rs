@@ -73,8 +73,9 @@ fn prefix_problem(prefix: &[u8], s: &PathNormalization) -> Option<(String, Strin
             }
         }
     }
-    let segments = || prefix.split(|b| *b == b'/').skip(1);
-    if s.dot_segments && segments().any(|seg| seg == b"." || seg == b"..") {
+    // A dot segment, also with parameters (`..;x`, refused in requests).
+    let is_dot = |seg: &[u8]| matches!(seg.split(|b| *b == b';').next(), Some(b"." | b".."));
+    if s.dot_segments && prefix.split(|b| *b == b'/').skip(1).any(is_dot) {
         let fix = "write the prefix without \".\" and \"..\" segments";
         return Some(("contains a dot segment".into(), fix.into()));
     }

@@ -722,6 +722,11 @@ fn path_prefix_must_be_normalised() {
             "contains a dot segment",
             "without \".\" and \"..\"",
         ),
+        (
+            "/a/..;x/",
+            "contains a dot segment",
+            "without \".\" and \"..\"",
+        ),
         ("/%7Euser/", "encodes '~'", "write '~' instead of %7E"),
         (
             "/a%2fb/",

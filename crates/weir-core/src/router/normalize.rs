@@ -8,7 +8,8 @@
 //!
 //! Besides dot segments: percent-encoded unreserved characters are decoded (`%7E` -> `~`,
 //! `%2e` -> `.`, RFC 3986 6.2.2.2) and other escapes get upper-case hex, a malformed escape
-//! is refused, `%2F` / `%5C` (and a raw `\`) follow `encoded_slash`, and `//` may be merged.
+//! is refused, `%2F` / `%5C` (and a raw `\`) follow `encoded_slash`, `//` may be merged,
+//! and a dot segment with parameters (`..;`, which servlet containers resolve) is refused.
 //!
 //! Cost: a path with no `%`, no `\`, no `.` or `..` segment (and no `//` when merging) is
 //! already normal; one scan over its bytes finds that, and it is used in place. Only a path
@@ -27,6 +28,10 @@ pub enum PathError {
     EncodedSlash,
     /// `%` not followed by two hex digits.
     BadEscape,
+    /// A `.` or `..` segment with parameters (`/public/..;/admin`): Tomcat and Jetty drop
+    /// the parameters and resolve the `..`, so it must neither pass as a name nor be
+    /// guessed at.
+    DotSegmentParameters,
 }
 
 impl From<PathError> for ProxyError {
@@ -35,6 +40,7 @@ impl From<PathError> for ProxyError {
             PathError::ClimbsAboveRoot => "path climbs above the root",
             PathError::EncodedSlash => "encoded slash or backslash in path",
             PathError::BadEscape => "malformed percent-encoding in path",
+            PathError::DotSegmentParameters => "dot segment with parameters (..;) in path",
         })
     }
 }
@@ -88,11 +94,12 @@ fn is_normal(target: &[u8], s: &PathNormalization) -> bool {
     true
 }
 
-/// Whether `rest` (starting with `.`, just after a `/`) is a `.` or `..` segment.
+/// Whether `rest` (starting with `.`, just after a `/`) is a `.` or `..` segment, perhaps
+/// with parameters.
 fn starts_dot_segment(rest: &[u8]) -> bool {
     match rest.get(1) {
-        None | Some(b'/' | b'?') => true,
-        Some(b'.') => matches!(rest.get(2), None | Some(b'/' | b'?')),
+        None | Some(b'/' | b'?' | b';') => true,
+        Some(b'.') => matches!(rest.get(2), None | Some(b'/' | b'?' | b';')),
         _ => false,
     }
 }
@@ -180,6 +187,9 @@ fn end_segment(
     last: bool,
 ) -> Result<(), PathError> {
     let segment = &out[start..];
+    if s.dot_segments && is_dot_with_parameters(segment) {
+        return Err(PathError::DotSegmentParameters);
+    }
     if s.dot_segments && segment == b"." {
         out.truncate(start);
     } else if s.dot_segments && segment == b".." {
@@ -196,6 +206,14 @@ fn end_segment(
         out.push(b'/');
     }
     Ok(())
+}
+
+/// `.;x` or `..;x`: a dot segment once a servlet container strips its parameters.
+fn is_dot_with_parameters(segment: &[u8]) -> bool {
+    match segment.iter().position(|b| *b == b';') {
+        Some(semicolon) => matches!(&segment[..semicolon], b"." | b".."),
+        None => false,
+    }
 }
 
 /// RFC 3986 unreserved: decoding these never changes what a path means.

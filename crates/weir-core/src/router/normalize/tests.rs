@@ -97,6 +97,29 @@ fn dot_segments_plain_and_encoded() {
     );
 }
 
+/// Tomcat and Jetty strip `;parameters` from each segment before resolving `..`.
+#[test]
+fn dot_segments_with_parameters_are_refused() {
+    let refused = Err(PathError::DotSegmentParameters);
+    check(
+        &DEFAULT,
+        &[
+            ("/public/..;/admin", refused),
+            ("/public/..;jsessionid=x/admin", refused),
+            ("/public/.;/admin", refused),
+            ("/public/%2e%2e;/admin", refused),
+            ("/public/..;", refused),
+            ("/a;b/../c", Ok("/c")),
+            ("/a/..b;/c", Ok("/a/..b;/c")),
+            ("/a/b;../c", Ok("/a/b;../c")),
+        ],
+    );
+    check(
+        &with(false, false, EncodedSlash::Reject),
+        &[("/public/..;/admin", Ok("/public/..;/admin"))],
+    );
+}
+
 #[test]
 fn escapes_decoded_when_unreserved_upper_cased_otherwise() {
     check(
@@ -235,6 +258,7 @@ fn routed_path_reuses_its_buffer() {
 fn generated_paths() -> impl Iterator<Item = Vec<u8>> {
     const UNITS: &[&str] = &[
         "/", "/", ".", "..", "a", "%2e", "%2E", "%2F", "%5c", "\\", "%41", "%c3", "%", "?", "//",
+        ";",
     ];
     let mut state: u64 = 0x9E37_79B9_7F4A_7C15;
     std::iter::repeat_with(move || {
