@@ -7,9 +7,13 @@ mod common;
 use common::{upstream_head, Conf, Weir, WAIT};
 use weir_testkit::{send_raw_once, status_of, wait_until, Backend};
 
-/// Routes `/public/` to backend "public" and `/admin` to backend "admin"; `settings` are
-/// extra listener lines.
+/// Weir routing `/public/` to backend "public" and `/admin` to backend "admin"; `settings`
+/// are extra listener lines.
 fn public_and_admin(public: &Backend, admin: &Backend, settings: &[&str]) -> Weir {
+    public_and_admin_conf(public, admin, settings).start()
+}
+
+fn public_and_admin_conf(public: &Backend, admin: &Backend, settings: &[&str]) -> Conf {
     let mut conf = Conf::new()
         .route("public", "public", &[r#"path_prefix = "/public/""#])
         .route("admin", "admin", &[r#"path_prefix = "/admin""#])
@@ -18,7 +22,7 @@ fn public_and_admin(public: &Backend, admin: &Backend, settings: &[&str]) -> Wei
     for line in settings {
         conf = conf.listener(line);
     }
-    conf.start()
+    conf
 }
 
 /// Asserts that `path` was answered by `backend`, which received `GET <upstream> HTTP/1.1`.
@@ -249,12 +253,11 @@ async fn a_reload_changes_the_settings_for_the_next_request() {
     let admin = Backend::echo("admin");
     let weir = public_and_admin(&public, &admin, &[]);
     expect_status(&weir, "/public/..%2Fadmin", 400).await;
-    let decode = Conf::new()
-        .listener(r#"path_normalization = { encoded_slash = "decode" }"#)
-        .route("public", "public", &[r#"path_prefix = "/public/""#])
-        .route("admin", "admin", &[r#"path_prefix = "/admin""#])
-        .upstream("public", &[public.addr()], &[])
-        .upstream("admin", &[admin.addr()], &[]);
+    let decode = public_and_admin_conf(
+        &public,
+        &admin,
+        &[r#"path_normalization = { encoded_slash = "decode" }"#],
+    );
     weir.apply_text(&decode.toml()).unwrap();
     expect_routed(&weir, "/public/..%2Fadmin", "admin", "/admin").await;
 }
