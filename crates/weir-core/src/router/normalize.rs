@@ -104,7 +104,7 @@ fn starts_dot_segment(rest: &[u8]) -> bool {
     }
 }
 
-/// One byte of the path as normalisation sees it.
+/// One unit of the path as normalisation sees it: a byte, an escape or a separator.
 enum Unit {
     /// A segment separator: `/`, or a decoded `%2F` / `%5C` / `\`.
     Separator,
@@ -112,7 +112,7 @@ enum Unit {
     Bytes([u8; 3], usize),
 }
 
-/// Writes `path` (starting with `/`, no query) in normal form into `out` (cleared).
+/// Writes `path` (starting with `/`, no query) in normal form into the empty `out`.
 ///
 /// `out` always holds `/` followed by the finished segments, each ending with `/` once the
 /// next one starts; a segment is judged (`.`, `..`, empty) when its end is reached.
