@@ -125,6 +125,7 @@ max_idle = 256
                 content_type: "text/plain".into(),
             },
             access_log: None,
+            path_normalization: PathNormalization::default(),
             routes,
         }
     }

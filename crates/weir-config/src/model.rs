@@ -169,7 +169,50 @@ pub struct Listener {
     pub default_response: DefaultResponse,
     /// `None` when access logging is off.
     pub access_log: Option<AccessLog>,
+    /// How the request path is normalised before routing and forwarding.
+    pub path_normalization: PathNormalization,
     pub routes: Vec<Route>,
+}
+
+/// How a listener normalises request paths (`[listeners.path_normalization]`). Requests
+/// are routed on the normalised path, and it is the path sent upstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PathNormalization {
+    /// Resolve `.` and `..` segments (also written `%2e`); a path climbing above `/` is
+    /// refused with 400. `false` routes on the path as sent (unsafe behind prefix routes).
+    pub dot_segments: bool,
+    /// Merge runs of `/` into one (nginx `merge_slashes`).
+    pub merge_slashes: bool,
+    /// What `%2F` and `%5C` (and a raw `\`) in the path mean.
+    pub encoded_slash: EncodedSlash,
+}
+
+impl Default for PathNormalization {
+    fn default() -> PathNormalization {
+        PathNormalization {
+            dot_segments: true,
+            merge_slashes: false,
+            encoded_slash: EncodedSlash::Reject,
+        }
+    }
+}
+
+impl PathNormalization {
+    /// Whether the path is left exactly as sent (every normalisation turned off).
+    pub fn is_off(&self) -> bool {
+        !self.dot_segments && !self.merge_slashes && self.encoded_slash == EncodedSlash::Keep
+    }
+}
+
+/// The treatment of an encoded slash or backslash in a request path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EncodedSlash {
+    /// Refuse the request with 400.
+    Reject,
+    /// Keep it encoded: part of a segment, not a separator.
+    Keep,
+    /// Decode it to `/`: a segment separator (nginx).
+    Decode,
 }
 
 /// Where and how a listener logs each request (`[listeners.access_log]`).

@@ -61,6 +61,7 @@ pub(crate) struct RawListener {
     pub access_log: Option<RawAccessLog>,
     pub routes: Option<Vec<RawRoute>>,
     pub proxy_protocol: Option<RawProxyProtocol>,
+    pub path_normalization: Option<RawPathNormalization>,
     // TCP listeners only.
     pub upstream: Option<String>,
     pub idle_timeout: Option<String>,
@@ -75,6 +76,15 @@ pub(crate) struct RawProxyProtocol {
     pub accept: Option<bool>,
     pub send: Option<String>,
     pub trusted: Option<Vec<String>>,
+}
+
+/// `[listeners.path_normalization]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawPathNormalization {
+    pub dot_segments: Option<bool>,
+    pub merge_slashes: Option<bool>,
+    pub encoded_slash: Option<String>,
 }
 
 /// `[listeners.access_log]`.

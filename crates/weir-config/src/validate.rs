@@ -12,7 +12,8 @@ use std::time::Duration;
 use crate::error::{FieldPath, Issue};
 use crate::model::{
     AccessLog, AccessLogFormat, AdminSettings, Config, DefaultResponse, HostPattern, Listener,
-    LogTarget, Protocol, Route, ServerSettings, Upstream, UpstreamServer, Workers,
+    LogTarget, PathNormalization, Protocol, Route, ServerSettings, Upstream, UpstreamServer,
+    Workers,
 };
 use crate::raw::{
     RawAccessLog, RawAdmin, RawConfig, RawDefaultResponse, RawListener, RawRoute, RawServer,
@@ -215,6 +216,8 @@ fn listener(
     let defer_accept = raw
         .defer_accept
         .unwrap_or(matches!(protocol, Protocol::Http));
+    let normalization =
+        path::path_normalization(raw.path_normalization.take(), &key("path_normalization"))?;
     Ok(Listener {
         name,
         bind,
@@ -247,7 +250,8 @@ fn listener(
         max_headers: int_in(raw.max_headers, 100, 1..=1000, &key("max_headers"))?,
         default_response: default_response(raw.default_response, &key("default_response"))?,
         access_log: access_log(raw.access_log, &key("access_log"))?,
-        routes: routes(raw.routes, &key("routes"), upstreams)?,
+        routes: routes(raw.routes, &key("routes"), upstreams, &normalization)?,
+        path_normalization: normalization,
     })
 }
 
@@ -334,10 +338,16 @@ fn routes(
     raw: Option<Vec<RawRoute>>,
     path: &FieldPath,
     upstreams: &[String],
+    normalization: &PathNormalization,
 ) -> Result<Vec<Route>, Issue> {
     let mut out: Vec<Route> = Vec::new();
     for (i, raw_route) in raw.unwrap_or_default().into_iter().enumerate() {
         let route = route(raw_route, &path.index(i), upstreams)?;
+        path::check_prefix(
+            &route.path_prefix,
+            normalization,
+            &path.index(i).key("path_prefix"),
+        )?;
         check_route_against_earlier(&out, &route, &path.index(i))?;
         out.push(route);
     }
@@ -813,6 +823,7 @@ fn size(raw: Option<StrOrInt>, default: u64, path: &FieldPath) -> Result<u64, Is
     }
 }
 
+mod path;
 mod pool;
 mod tcp;
 

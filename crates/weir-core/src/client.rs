@@ -19,6 +19,7 @@ use crate::codec::http1::write::{push_simple_response, Persistence};
 use crate::codec::http1::{parse_request, HeadLimits, RequestHead};
 use crate::error::{reason_phrase, ProxyError};
 use crate::filters::forwarded::ClientIp;
+use crate::router::RoutedPath;
 use crate::time::{with_timeout, LazyTimer};
 use crate::worker::Worker;
 
@@ -37,6 +38,8 @@ pub struct ClientConn {
     pub ip: ClientIp,
     /// The current request's host, kept after its head is consumed (for ProxyPassReverse).
     pub host: Vec<u8>,
+    /// The current request's normalised path (routed and forwarded); its buffer is reused.
+    pub path: RoutedPath,
     /// Requests read on this connection so far.
     pub served: u64,
     /// Bytes written to the client so far.
@@ -96,6 +99,7 @@ impl ClientConn {
             out: Vec::with_capacity(1024),
             ip: ClientIp::new(peer.ip()),
             host: Vec::new(),
+            path: RoutedPath::default(),
             served: 0,
             sent: 0,
             log_fields: RequestFields::default(),

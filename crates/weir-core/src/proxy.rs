@@ -236,7 +236,19 @@ async fn handle(
     let closing = worker.is_draining() || conn.last_request;
     let keep_alive = wants_keep_alive(req, listener, conn.served, closing);
     let buf = conn.buf.filled();
-    let route = plan.router.route(req.host_name(buf), req.path(buf));
+    let path = match conn
+        .path
+        .normalize(req.path(buf), &listener.path_normalization)
+    {
+        Ok(path) => path,
+        Err(error) => {
+            return Handled {
+                route: None,
+                result: Err(error.into()),
+            }
+        }
+    };
+    let route = plan.router.route(req.host_name(buf), path);
     let Some(index) = route else {
         let result = default_response(listener, plan, conn, req, keep_alive).await;
         return Handled { route, result };

@@ -71,6 +71,10 @@ async fn host_patterns_exact_suffix_and_any() {
         ("a.example.com", "exact"),
         ("A.Example.COM", "exact"),
         ("a.example.com:8080", "exact"),
+        // The absolute (FQDN) form names the same host.
+        ("a.example.com.", "exact"),
+        ("A.EXAMPLE.COM.:8080", "exact"),
+        ("b.example.com.", "suffix"),
         ("other.test", "exact"),
         ("b.example.com", "suffix"),
         ("deep.b.example.com:81", "suffix"),

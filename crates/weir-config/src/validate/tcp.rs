@@ -98,6 +98,7 @@ fn http_only_keys(raw: &RawListener) -> Vec<&'static str> {
         ("max_headers", raw.max_headers.is_some()),
         ("default_response", raw.default_response.is_some()),
         ("access_log", raw.access_log.is_some()),
+        ("path_normalization", raw.path_normalization.is_some()),
         ("routes", raw.routes.is_some()),
     ];
     present.iter().filter(|p| p.1).map(|p| p.0).collect()

@@ -730,3 +730,108 @@ fn route_upgrades() {
     let many = format!("upgrades = [{}]", many.join(", "));
     check_route_line(&many, "upgrades", "more than 64", "only the protocols");
 }
+
+#[test]
+fn path_normalization_settings() {
+    use crate::{EncodedSlash, PathNormalization};
+    let ok = parse_str(LISTENER, "t").expect("valid");
+    assert_eq!(
+        ok.listeners[0].path_normalization,
+        PathNormalization {
+            dot_segments: true,
+            merge_slashes: false,
+            encoded_slash: EncodedSlash::Reject,
+        }
+    );
+    let ok = parse_str(
+        &format!(
+            "{LISTENER}path_normalization = {{ dot_segments = false, merge_slashes = true, \
+             encoded_slash = \"decode\" }}\n"
+        ),
+        "t",
+    )
+    .expect("valid");
+    let p = ok.listeners[0].path_normalization;
+    assert!(!p.dot_segments && p.merge_slashes);
+    assert_eq!(p.encoded_slash, EncodedSlash::Decode);
+    check(
+        &format!("{LISTENER}[listeners.path_normalization]\nencoded_slash = \"drop\"\n"),
+        "listeners[0].path_normalization.encoded_slash",
+        5,
+        "unknown encoded_slash value \"drop\"",
+        "\"reject\" (the default), \"keep\" or \"decode\"",
+    );
+    check(
+        &format!("{LISTENER}protocol = \"tcp\"\nupstream = \"u\"\npath_normalization = {{}}\n[upstreams.u]\nservers = [{{ addr = \"127.0.0.1:1\" }}]\n"),
+        "listeners[0].path_normalization",
+        6,
+        "only to protocol = \"http\"",
+        "remove path_normalization",
+    );
+}
+
+/// Requests are routed on their normalised path: a prefix not in that form never matches.
+#[test]
+fn path_prefix_must_be_normalised() {
+    let field = "listeners[0].routes[0].path_prefix";
+    for (prefix, message, fix) in [
+        (
+            "/a/../b/",
+            "contains a dot segment",
+            "without \".\" and \"..\"",
+        ),
+        (
+            "/a/./",
+            "contains a dot segment",
+            "without \".\" and \"..\"",
+        ),
+        (
+            "/a/..;x/",
+            "contains a dot segment",
+            "without \".\" and \"..\"",
+        ),
+        ("/%7Euser/", "encodes '~'", "write '~' instead of %7E"),
+        (
+            "/a%2fb/",
+            "encoded_slash = \"reject\" refuses",
+            "encoded_slash = \"keep\"",
+        ),
+        ("/a%zz/", "malformed escape \"%zz\"", "%25"),
+        ("/a\\\\b/", "contains '\\'", "remove the backslash"),
+    ] {
+        check(
+            &with_route(&format!("path_prefix = \"{prefix}\"\n")),
+            field,
+            7,
+            message,
+            fix,
+        );
+    }
+    // Under other settings the same prefixes may be fine, or wrong for another reason.
+    let listener = |settings: &str, prefix: &str| {
+        format!(
+            "{LISTENER}path_normalization = {{ {settings} }}\n[[listeners.routes]]\nname = \"r\"\n\
+             upstream = \"cgi\"\npath_prefix = \"{prefix}\"\n\
+             [upstreams.cgi]\nservers = [{{ addr = \"127.0.0.1:8081\" }}]\n"
+        )
+    };
+    for (settings, prefix) in [
+        ("encoded_slash = \"keep\"", "/a%2Fb/"),
+        ("dot_segments = false", "/a/../b/"),
+        ("", "/a//b/"),
+        ("", "/caf%C3%A9/"),
+    ] {
+        parse_str(&listener(settings, prefix), "t").expect(prefix);
+    }
+    for (settings, prefix, message) in [
+        (
+            "encoded_slash = \"keep\"",
+            "/a%2fb/",
+            "lower-case escape %2f",
+        ),
+        ("encoded_slash = \"decode\"", "/a%2Fb/", "turns into '/'"),
+        ("merge_slashes = true", "/a//b/", "contains \"//\""),
+    ] {
+        check(&listener(settings, prefix), field, 8, message, "");
+    }
+}

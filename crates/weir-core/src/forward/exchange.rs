@@ -90,6 +90,7 @@ pub async fn forward(
         &mut conn.out,
         conn.buf.filled(),
         req,
+        &conn.path,
         target.route,
         server,
         &conn.ip,

@@ -1,5 +1,6 @@
-//! Writing the upstream request head: request line (with the route's prefix rewrite),
-//! end-to-end headers byte for byte, `Host`, framing, and the forwarded headers.
+//! Writing the upstream request head: request line (the normalised path the request was
+//! routed on, with the route's prefix rewrite), end-to-end headers byte for byte, `Host`,
+//! framing, and the forwarded headers.
 
 use weir_config::{Route, UpstreamServer};
 
@@ -8,19 +9,22 @@ use crate::codec::http1::{BodyFraming, HeaderKind, RequestHead};
 use crate::filters::forwarded::{push_forwarded, ClientIp};
 use crate::filters::rewrite::upstream_path;
 use crate::filters::upgrade::{push_offer, Offered};
+use crate::router::RoutedPath;
 
-/// Appends the upstream request head for `req` (parsed from `buf`) to `out`. Returns the
-/// upgrade protocols it offers (empty: not an upgrade request).
+/// Appends the upstream request head for `req` (parsed from `buf`, its path normalised
+/// into `path`) to `out`. Returns the upgrade protocols it offers (empty: not an upgrade
+/// request).
 pub fn write_request_head(
     out: &mut Vec<u8>,
     buf: &[u8],
     req: &RequestHead,
+    path: &RoutedPath,
     route: &Route,
     server: &UpstreamServer,
     client: &ClientIp,
 ) -> Offered {
     let (prefix, rest) = upstream_path(
-        req.path(buf),
+        path.get(req.path(buf)),
         &route.path_prefix,
         route.rewrite_prefix.as_deref(),
     );

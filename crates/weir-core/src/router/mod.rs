@@ -3,8 +3,14 @@
 //! Routes are sorted once, when a snapshot is built: longest path prefix first, then the most
 //! specific host pattern (exact, then `*.suffix`, then `*`), then declaration order. A request
 //! takes the first route whose host and prefix both match.
+//!
+//! The path matched is the normalised one (`normalize`), which is also the one forwarded.
 
 use weir_config::{HostPattern, Route};
+
+pub mod normalize;
+
+pub use normalize::RoutedPath;
 
 #[derive(Debug, Clone)]
 pub struct Router {

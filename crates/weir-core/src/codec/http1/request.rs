@@ -302,10 +302,13 @@ impl RequestHead {
         }
     }
 
-    /// The host name without port, for routing (not lower-cased).
+    /// The host name without port, for routing (not lower-cased). A trailing dot goes too:
+    /// `example.com.` names the same host as `example.com` (and is routed like it, as nginx
+    /// does), so it must not slip past the routes written for that name.
     pub fn host_name<'a>(&self, buf: &'a [u8]) -> &'a [u8] {
         let Some(range) = &self.host else { return b"" };
-        strip_port(&buf[range.clone()])
+        let host = strip_port(&buf[range.clone()]);
+        host.strip_suffix(b".").unwrap_or(host)
     }
 }
 

@@ -773,6 +773,29 @@ fn ipv6_hosts() {
 }
 
 #[test]
+fn host_name_drops_a_trailing_dot() {
+    for (host, name) in [
+        (&b"example.com."[..], &b"example.com"[..]),
+        (b"Example.COM.:8080", b"Example.COM"),
+        (b"example.com", b"example.com"),
+        (b"[::1]:80", b"[::1]"),
+    ] {
+        let mut raw = b"GET / HTTP/1.1\r\nHost: ".to_vec();
+        raw.extend_from_slice(host);
+        raw.extend_from_slice(b"\r\n\r\n");
+        let head = parse(&raw).unwrap();
+        assert_eq!(
+            head.host_name(&raw),
+            name,
+            "{}",
+            String::from_utf8_lossy(host)
+        );
+    }
+    let raw = b"GET http://a.test./x HTTP/1.1\r\nHost: b\r\n\r\n";
+    assert_eq!(parse(raw).unwrap().host_name(raw), b"a.test");
+}
+
+#[test]
 fn http10_without_host() {
     let raw = b"GET /old HTTP/1.0\r\n\r\n";
     let head = parse(raw).unwrap();

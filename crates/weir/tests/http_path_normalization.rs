@@ -1,0 +1,263 @@
+//! Issue 17 item 7: dot segments must not escape a prefix route. Requests are routed on
+//! their normalised path (`[listeners.path_normalization]`), that path is what the upstream
+//! receives, paths climbing above `/` get 400, and the access log keeps the original target.
+
+mod common;
+
+use common::{upstream_head, Conf, Weir, WAIT};
+use weir_testkit::{send_raw_once, status_of, wait_until, Backend};
+
+/// Weir routing `/public/` to backend "public" and `/admin` to backend "admin"; `settings`
+/// are extra listener lines.
+fn public_and_admin(public: &Backend, admin: &Backend, settings: &[&str]) -> Weir {
+    public_and_admin_conf(public, admin, settings).start()
+}
+
+fn public_and_admin_conf(public: &Backend, admin: &Backend, settings: &[&str]) -> Conf {
+    let mut conf = Conf::new()
+        .route("public", "public", &[r#"path_prefix = "/public/""#])
+        .route("admin", "admin", &[r#"path_prefix = "/admin""#])
+        .upstream("public", &[public.addr()], &[])
+        .upstream("admin", &[admin.addr()], &[]);
+    for line in settings {
+        conf = conf.listener(line);
+    }
+    conf
+}
+
+/// Asserts that `path` was answered by `backend`, which received `GET <upstream> HTTP/1.1`.
+async fn expect_routed(weir: &Weir, path: &str, backend: &str, upstream: &str) {
+    let mut c = weir.client().await;
+    let r = c.get(path, "h.test").await.unwrap();
+    assert_eq!(r.status, 200, "{path}");
+    assert_eq!(r.header("x-backend"), Some(backend), "{path}");
+    assert_eq!(
+        r.body_str(),
+        upstream_head(&format!("GET {upstream} HTTP/1.1"), "h.test", ""),
+        "{path}"
+    );
+}
+
+/// Asserts that `target` is answered with `status` by Weir itself.
+async fn expect_status(weir: &Weir, target: &str, status: u16) {
+    let req = format!("GET {target} HTTP/1.1\r\nHost: h.test\r\nConnection: close\r\n\r\n");
+    let resp = send_raw_once(weir.addr, req.as_bytes()).await.unwrap();
+    assert_eq!(
+        status_of(&resp),
+        Some(status),
+        "{target}: {}",
+        String::from_utf8_lossy(&resp)
+    );
+}
+
+#[tokio::test]
+async fn dot_segments_do_not_escape_a_prefix_route() {
+    let public = Backend::echo("public");
+    let admin = Backend::echo("admin");
+    let weir = public_and_admin(&public, &admin, &[]);
+    for (path, upstream) in [
+        ("/public/../admin", "/admin"),
+        ("/public/%2e%2e/admin", "/admin"),
+        ("/public/%2E%2e/admin/x", "/admin/x"),
+        (
+            "/public/.%2e/admin?next=/../public/",
+            "/admin?next=/../public/",
+        ),
+        ("/public/./../admin/./panel", "/admin/panel"),
+        ("/public/a/../../admin", "/admin"),
+    ] {
+        expect_routed(&weir, path, "admin", upstream).await;
+    }
+    // Within the route, the upstream receives the normalised path too.
+    for (path, upstream) in [
+        ("/public/./a/../b", "/public/b"),
+        ("/public/%7Euser/", "/public/~user/"),
+        ("/public/a//b", "/public/a//b"),
+    ] {
+        expect_routed(&weir, path, "public", upstream).await;
+    }
+    assert_eq!(public.requests_served(), 3);
+    // Absolute form: its path is normalised the same way.
+    let mut c = weir.client().await;
+    c.send_raw(b"GET http://h.test/public/../admin HTTP/1.1\r\nHost: h.test\r\n\r\n")
+        .await
+        .unwrap();
+    let r = c.read_response(false).await.unwrap();
+    assert_eq!(r.header("x-backend"), Some("admin"));
+    assert!(
+        r.body_str().starts_with("GET /admin HTTP/1.1\r\n"),
+        "{}",
+        r.body_str()
+    );
+}
+
+#[tokio::test]
+async fn without_a_route_for_the_resolved_path_the_default_response_answers() {
+    let public = Backend::echo("public");
+    let weir = Conf::new()
+        .route("public", "public", &[r#"path_prefix = "/public/""#])
+        .upstream("public", &[public.addr()], &[])
+        .start();
+    for path in ["/public/../admin", "/public/%2e%2e/admin", "/public/.."] {
+        let mut c = weir.client().await;
+        let r = c.get(path, "h.test").await.unwrap();
+        assert_eq!(r.status, 404, "{path}");
+        assert_eq!(r.body_str(), "no route\n");
+    }
+    assert_eq!(
+        public.requests_served(),
+        0,
+        "nothing reached the /public/ upstream"
+    );
+}
+
+#[tokio::test]
+async fn paths_climbing_above_the_root_and_encoded_slashes_are_refused() {
+    let public = Backend::echo("public");
+    let admin = Backend::echo("admin");
+    let weir = public_and_admin(&public, &admin, &[]);
+    for target in [
+        "/..",
+        "/../admin",
+        "/public/../../etc/passwd",
+        "/%2e%2e/admin",
+        "/public/..%2Fadmin",
+        "/public/..%2fadmin",
+        "/public/..%5Cadmin",
+        "/public/..\\admin",
+        "/public/%zz",
+        // Tomcat would resolve this to /admin.
+        "/public/..;/admin",
+    ] {
+        expect_status(&weir, target, 400).await;
+    }
+    // The query is not part of the path.
+    expect_routed(
+        &weir,
+        "/public/x?to=/../%2F..",
+        "public",
+        "/public/x?to=/../%2F..",
+    )
+    .await;
+    assert_eq!(admin.requests_served(), 0);
+    assert_eq!(public.requests_served(), 1);
+}
+
+#[tokio::test]
+async fn encoded_slash_keep_and_decode() {
+    let public = Backend::echo("public");
+    let admin = Backend::echo("admin");
+    let keep = public_and_admin(
+        &public,
+        &admin,
+        &[r#"path_normalization = { encoded_slash = "keep" }"#],
+    );
+    // Opaque: one segment named "..%2Fadmin" inside /public/, forwarded with upper-case hex.
+    expect_routed(&keep, "/public/..%2fadmin", "public", "/public/..%2Fadmin").await;
+    let decode = public_and_admin(
+        &public,
+        &admin,
+        &[r#"path_normalization = { encoded_slash = "decode" }"#],
+    );
+    expect_routed(&decode, "/public/..%2Fadmin", "admin", "/admin").await;
+    expect_routed(&decode, "/public/..%5cadmin", "admin", "/admin").await;
+    expect_status(&decode, "/public/..%2F..%2F..", 400).await;
+}
+
+#[tokio::test]
+async fn merge_slashes_when_asked() {
+    let public = Backend::echo("public");
+    let admin = Backend::echo("admin");
+    let weir = public_and_admin(&public, &admin, &[]);
+    // Off by default: "//admin" does not start with "/admin".
+    expect_status(&weir, "//admin", 404).await;
+    let merged = public_and_admin(
+        &public,
+        &admin,
+        &["path_normalization = { merge_slashes = true }"],
+    );
+    expect_routed(&merged, "//admin", "admin", "/admin").await;
+    expect_routed(&merged, "/public//a///b", "public", "/public/a/b").await;
+}
+
+/// Documented as unsafe: the raw path is routed and forwarded.
+#[tokio::test]
+async fn dot_segments_off_routes_on_the_raw_path() {
+    let public = Backend::echo("public");
+    let admin = Backend::echo("admin");
+    let weir = public_and_admin(
+        &public,
+        &admin,
+        &["path_normalization = { dot_segments = false }"],
+    );
+    expect_routed(&weir, "/public/../admin", "public", "/public/../admin").await;
+}
+
+#[tokio::test]
+async fn rewrite_prefix_applies_to_the_normalised_path() {
+    let cgi = Backend::echo("cgi");
+    let weir = Conf::new()
+        .route(
+            "cgi",
+            "cgi",
+            &[r#"path_prefix = "/cgi/""#, r#"rewrite_prefix = "/""#],
+        )
+        .upstream("cgi", &[cgi.addr()], &[])
+        .start();
+    expect_routed(&weir, "/cgi/a/../bin/./x.pl?q=..", "cgi", "/bin/x.pl?q=..").await;
+    expect_routed(&weir, "/cgi/%2e/x", "cgi", "/x").await;
+    // Resolves outside /cgi/: no route.
+    expect_status(&weir, "/cgi/../x", 404).await;
+    assert_eq!(cgi.requests_served(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_access_log_keeps_the_original_target() {
+    let dir = std::env::temp_dir().join(format!("weir-path-log-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("access.log");
+    let _ = std::fs::remove_file(&path);
+    let public = Backend::echo("public");
+    let admin = Backend::echo("admin");
+    let log = format!(
+        "access_log = {{ format = \"json\", path = \"{}\" }}",
+        path.display()
+    );
+    let weir = public_and_admin(&public, &admin, &[&log]);
+    expect_routed(&weir, "/public/%2e%2e/admin", "admin", "/admin").await;
+    expect_status(&weir, "/public/../..", 400).await;
+    let read = || std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        wait_until(WAIT, || read().lines().count() == 2),
+        "log: {}",
+        read()
+    );
+    let lines = read();
+    let mut lines = lines.lines();
+    let first = lines.next().unwrap();
+    assert!(
+        first.contains("\"target\":\"/public/%2e%2e/admin\""),
+        "{first}"
+    );
+    assert!(first.contains("\"route\":\"admin\""), "{first}");
+    let second = lines.next().unwrap();
+    assert!(second.contains("\"target\":\"/public/../..\""), "{second}");
+    assert!(second.contains("\"status\":400"), "{second}");
+    drop(weir);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn a_reload_changes_the_settings_for_the_next_request() {
+    let public = Backend::echo("public");
+    let admin = Backend::echo("admin");
+    let weir = public_and_admin(&public, &admin, &[]);
+    expect_status(&weir, "/public/..%2Fadmin", 400).await;
+    let decode = public_and_admin_conf(
+        &public,
+        &admin,
+        &[r#"path_normalization = { encoded_slash = "decode" }"#],
+    );
+    weir.apply_text(&decode.toml()).unwrap();
+    expect_routed(&weir, "/public/..%2Fadmin", "admin", "/admin").await;
+}
