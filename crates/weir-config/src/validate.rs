@@ -248,6 +248,7 @@ fn listener(
         default_response: default_response(raw.default_response, &key("default_response"))?,
         access_log: access_log(raw.access_log, &key("access_log"))?,
         routes: routes(raw.routes, &key("routes"), upstreams)?,
+        http2: http2::http2(raw.http2, &key("http2"))?,
     })
 }
 
@@ -813,6 +814,7 @@ fn size(raw: Option<StrOrInt>, default: u64, path: &FieldPath) -> Result<u64, Is
     }
 }
 
+mod http2;
 mod pool;
 mod tcp;
 
