@@ -52,7 +52,12 @@ pub(super) fn http2(raw: Option<RawHttp2>, path: &FieldPath) -> Result<Http2, Is
             1024..=MAX_WINDOW,
             &key("max_send_buffer"),
         )?,
-        reset_budget: count(raw.reset_budget, d.reset_budget, 1..=1_000_000, "reset_budget")?,
+        reset_budget: count(
+            raw.reset_budget,
+            d.reset_budget,
+            1..=1_000_000,
+            "reset_budget",
+        )?,
         reset_window,
         max_pending_accept_resets: count(
             raw.max_pending_accept_resets,
@@ -86,7 +91,10 @@ fn bytes(
                 range.start(),
                 range.end()
             ),
-            format!("set {key} to a size such as \"{}KiB\" (the default)", default / 1024),
+            format!(
+                "set {key} to a size such as \"{}KiB\" (the default)",
+                default / 1024
+            ),
         ));
     }
     Ok(u32::try_from(value).unwrap_or(default))

@@ -738,7 +738,10 @@ fn http2_settings() {
     ), "t.toml")
     .expect("valid http2 table");
     let h2 = &ok.listeners[0].http2;
-    assert_eq!((h2.max_concurrent_streams, h2.max_header_list_size), (10, 32 * 1024));
+    assert_eq!(
+        (h2.max_concurrent_streams, h2.max_header_list_size),
+        (10, 32 * 1024)
+    );
     assert_eq!(h2.reset_window, std::time::Duration::from_secs(1));
     assert_eq!(h2.reset_budget, crate::Http2::default().reset_budget);
     let base = format!("{LISTENER}[listeners.http2]\n");
