@@ -119,6 +119,25 @@ impl ClientConn {
         head: &mut RequestHead,
         worker: &Worker,
     ) -> Result<NextRequest, ProxyError> {
+        match self.read_head(listener, head, worker).await {
+            // Neither HTTP/1 nor the HTTP/2 preface: possibly an HTTP/2 client with a bad
+            // preface, which must see the connection closed (RFC 9113 3.4), not a 400.
+            Err(ProxyError::BadRequest(_))
+                if self.served == 0 && crate::http2::neither_protocol(self.buf.filled()) =>
+            {
+                tracing::debug!("first line is neither HTTP/1 nor the HTTP/2 preface; closing");
+                Ok(NextRequest::Close)
+            }
+            next => next,
+        }
+    }
+
+    async fn read_head(
+        &mut self,
+        listener: &Listener,
+        head: &mut RequestHead,
+        worker: &Worker,
+    ) -> Result<NextRequest, ProxyError> {
         let limits = HeadLimits {
             max_header_size: listener.max_header_size,
             max_headers: listener.max_headers,

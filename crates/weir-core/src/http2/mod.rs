@@ -52,6 +52,23 @@ pub fn preface(buf: &[u8]) -> Preface {
     }
 }
 
+/// Whether a connection's first line (complete in `buf`) is neither an HTTP/1 request line
+/// nor the preface: three tokens, the last not starting with `HTTP/` (`INVALID CONNECTION
+/// PREFACE`). Such a connection is closed without an HTTP/1.1 answer. A request line with an
+/// HTTP version (or with a bad target, or bad fields) still gets its 400.
+pub fn neither_protocol(buf: &[u8]) -> bool {
+    let Some(end) = buf.iter().position(|b| *b == b'\n') else {
+        return false;
+    };
+    let line = &buf[..end];
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    let mut tokens = line.split(|b| *b == b' ');
+    match (tokens.next(), tokens.next(), tokens.next(), tokens.next()) {
+        (Some(_), Some(_), Some(version), None) => !version.starts_with(b"HTTP/"),
+        _ => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -78,6 +95,21 @@ mod tests {
                 "{:?}",
                 String::from_utf8_lossy(h1)
             );
+        }
+    }
+
+    #[test]
+    fn tells_a_bad_preface_from_a_bad_http1_request() {
+        assert!(neither_protocol(b"INVALID CONNECTION PREFACE\r\n\r\n"));
+        assert!(neither_protocol(b"GET / FOO\n"));
+        for h1 in [
+            &b"GET / HTTP/9.9\r\n"[..],
+            b"GET /a b HTTP/1.1\r\n",
+            b"GET /\r\n",
+            b"GET / HTTP/1.1\r\nBad Header\r\n\r\n",
+            b"INVALID CONNECTION PREFACE",
+        ] {
+            assert!(!neither_protocol(h1), "{:?}", String::from_utf8_lossy(h1));
         }
     }
 }
