@@ -374,3 +374,68 @@ async fn drain_sends_goaway_and_lets_streams_finish() {
     assert!(ended.is_ok(), "graceful GOAWAY (NO_ERROR): {ended:?}");
     weir_thread.join().expect("shutdown");
 }
+
+#[tokio::test]
+async fn expect_100_continue_is_answered_before_the_body() {
+    let backend = Backend::sink();
+    let weir = single(backend.addr()).start();
+    let (mut client, _conn) = connect(weir.addr).await;
+    let mut req = request(Method::POST, "/upload");
+    req.headers_mut()
+        .insert("expect", http::HeaderValue::from_static("100-continue"));
+    req.headers_mut().insert("content-length", 5.into());
+    let (mut response, mut send) = client.send_request(req, false).expect("send");
+    // Like curl, the client holds the body until it has the 100.
+    let interim = tokio::time::timeout(
+        WAIT,
+        std::future::poll_fn(|cx| response.poll_informational(cx)),
+    )
+    .await
+    .expect("a 100 before the body")
+    .expect("an informational response")
+    .expect("no error");
+    assert_eq!(interim.status(), StatusCode::CONTINUE);
+    send.send_data(Bytes::from_static(b"hello"), true)
+        .expect("body");
+    let response = response.await.expect("response");
+    assert_eq!(response.status(), StatusCode::OK);
+    let mut h = Hasher::new();
+    h.update(b"hello");
+    assert_eq!(
+        read_body(response.into_body()).await,
+        sink_summary(5, h.finish()).into_bytes()
+    );
+}
+
+#[tokio::test]
+async fn access_log_shows_http_2_0() {
+    let dir = std::env::temp_dir().join(format!("weir-h2c-log-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join("access.log");
+    let backend = Backend::echo("e");
+    let weir = single(backend.addr())
+        .listener(&format!(
+            "access_log = {{ format = \"json\", path = \"{}\" }}",
+            path.display()
+        ))
+        .start();
+    let (mut client, _conn) = connect(weir.addr).await;
+    let (status, _) = get(&mut client, Method::GET, "/logged?x=1").await;
+    assert_eq!(status, StatusCode::OK);
+    let read = || std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        wait_until_async(WAIT, || read().ends_with('\n')).await,
+        "no log line"
+    );
+    let line = read();
+    let _ = std::fs::remove_dir_all(&dir);
+    for field in [
+        "\"protocol\":\"HTTP/2.0\"",
+        "\"method\":\"GET\"",
+        "\"target\":\"/logged?x=1\"",
+        "\"status\":200",
+        "\"route\":\"all\"",
+    ] {
+        assert!(line.contains(field), "{field} missing in {line}");
+    }
+}

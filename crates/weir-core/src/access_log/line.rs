@@ -312,6 +312,28 @@ mod tests {
     }
 
     #[test]
+    fn http2_requests_show_http_2_0() {
+        let (mut req, o) = sample();
+        req.http2 = true;
+        for (format, want) in [
+            (
+                AccessLogFormat::Common,
+                "\"GET /a?\\\"x\\\" HTTP/2.0\" 200 615",
+            ),
+            (
+                AccessLogFormat::Combined,
+                "\"GET /a?\\\"x\\\" HTTP/2.0\" 200 615",
+            ),
+            (AccessLogFormat::Json, "\"protocol\":\"HTTP/2.0\""),
+        ] {
+            let mut out = Vec::new();
+            push_line(&mut out, format, &req, &o, &mut TimeCache::default());
+            let line = String::from_utf8(out).unwrap_or_default();
+            assert!(line.contains(want), "{format:?}: {line}");
+        }
+    }
+
+    #[test]
     fn json_line_is_one_line_with_all_fields() {
         let (req, o) = sample();
         let mut out = Vec::new();

@@ -182,10 +182,7 @@ impl StreamRequest<'_> {
                 responded: false,
             };
             if may_retry(&u.retry.on, outcome, replay) {
-                if let Some(next) = worker
-                    .upstreams
-                    .retry(route.upstream, pool, u, key, &mut tried)
-                {
+                if let Some(next) = worker.upstreams.retry(route.upstream, pool, u, key, &tried) {
                     tried.push(next.server);
                     if let Some(m) = worker.metrics.upstream(pool.slot) {
                         m.retries.inc();

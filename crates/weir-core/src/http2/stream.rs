@@ -156,6 +156,13 @@ impl Stream<'_> {
             trace.body_out = sent.as_ref().map_or(0, |n| *n);
             return (None, sent.map(|_| ()).map_err(Failure::after_head));
         };
+        if self.req.expect_continue && body.is_some() {
+            // The client may wait for 100 before sending DATA; Weir reads the body at once
+            // (an upstream's 1xx is not relayed to h2 clients), so it says so itself.
+            let mut go_on = http::Response::new(());
+            *go_on.status_mut() = http::StatusCode::CONTINUE;
+            let _ = respond.send_informational(go_on);
+        }
         let route_config = &listener.routes[index];
         let upstream = &self.snapshot.config.upstreams[route_config.upstream];
         let pool = &self.snapshot.upstreams[route_config.upstream];
