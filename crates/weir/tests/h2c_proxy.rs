@@ -439,3 +439,30 @@ async fn access_log_shows_http_2_0() {
         assert!(line.contains(field), "{field} missing in {line}");
     }
 }
+
+#[tokio::test]
+async fn a_closed_connection_cancels_its_upstream_requests() {
+    let backend = Backend::hang();
+    let weir = single(backend.addr()).start();
+    let (mut client, conn) = connect(weir.addr).await;
+    let mut responses = Vec::new();
+    for i in 0..3 {
+        let req = request(Method::GET, &format!("/{i}"));
+        responses.push(client.send_request(req, true).expect("send"));
+    }
+    assert!(wait_until_async(WAIT, || backend.requests_served() == 3).await);
+    // The client goes away without a GOAWAY or a reset: its TCP connection just closes.
+    conn.abort();
+    drop((client, responses));
+    assert!(
+        wait_until_async(WAIT, || backend.in_flight() == 0).await,
+        "in flight {}",
+        backend.in_flight()
+    );
+    let open = || metric(&weir, "weir_connections_active{listener=\"web\"}");
+    assert!(
+        wait_until_async(WAIT, || open() == 0).await,
+        "connections open: {}",
+        open()
+    );
+}

@@ -10,7 +10,7 @@
 
 use std::cell::Cell;
 use std::rc::Rc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use h2::server::{Builder, Connection};
@@ -162,12 +162,21 @@ async fn accept_streams(
             }
             () = &mut timer, if !closing => {
                 let since = shared.idle_since.get();
-                if shared.active.get() == 0 && since.elapsed() >= idle {
+                let idle_out = shared.active.get() == 0 && since.elapsed() >= idle;
+                // Also a busy connection notices a reload that removed its listener here,
+                // within keepalive_timeout.
+                let removed = worker.snapshot().listener_index(shared.slot).is_none();
+                if idle_out || removed {
                     h2.graceful_shutdown();
                     closing = true;
                 } else {
-                    let from = if shared.active.get() == 0 { since } else { Instant::now() };
-                    timer.as_mut().reset((from + idle).into());
+                    // While streams run, look again in a while (at least a second, so a
+                    // keepalive_timeout of 0 does not spin).
+                    let next = match shared.active.get() {
+                        0 => since + idle,
+                        _ => Instant::now() + idle.max(Duration::from_secs(1)),
+                    };
+                    timer.as_mut().reset(next.into());
                 }
             }
             () = worker.drained(), if !closing => {
