@@ -466,3 +466,38 @@ async fn a_closed_connection_cancels_its_upstream_requests() {
         open()
     );
 }
+
+#[tokio::test]
+async fn content_length_must_match_the_data() {
+    let backend = Backend::sink();
+    let weir = single(backend.addr()).start();
+    let (mut client, _conn) = connect(weir.addr).await;
+    for (declared, sent) in [(10, &b"short"[..]), (2, &b"too long"[..])] {
+        let mut req = request(Method::POST, "/upload");
+        req.headers_mut().insert("content-length", declared.into());
+        let (response, mut send) = client.send_request(req, false).expect("send");
+        send.reserve_capacity(sent.len());
+        send.send_data(Bytes::copy_from_slice(sent), true)
+            .expect("data");
+        let error = response.await.expect_err("malformed: the stream is reset");
+        assert_eq!(
+            error.reason(),
+            Some(Reason::PROTOCOL_ERROR),
+            "{declared}: {error:?}"
+        );
+    }
+    // Stream errors only: the connection goes on.
+    let mut req = request(Method::POST, "/upload");
+    req.headers_mut().insert("content-length", 2.into());
+    let (response, mut send) = client.send_request(req, false).expect("send");
+    send.send_data(Bytes::from_static(b"ok"), true)
+        .expect("data");
+    let response = response.await.expect("response");
+    assert_eq!(response.status(), StatusCode::OK);
+    let mut h = Hasher::new();
+    h.update(b"ok");
+    assert_eq!(
+        read_body(response.into_body()).await,
+        sink_summary(2, h.finish()).into_bytes()
+    );
+}
