@@ -501,3 +501,22 @@ async fn content_length_must_match_the_data() {
         sink_summary(2, h.finish()).into_bytes()
     );
 }
+
+#[tokio::test]
+async fn an_idle_connection_gets_goaway_after_keepalive_timeout() {
+    let backend = Backend::echo("e");
+    let weir = single(backend.addr())
+        .listener("keepalive_timeout = \"200ms\"")
+        .start();
+    let (mut client, conn) = connect(weir.addr).await;
+    let (status, _) = get(&mut client, Method::GET, "/").await;
+    assert_eq!(status, StatusCode::OK);
+    let ended = tokio::time::timeout(WAIT, conn)
+        .await
+        .expect("idle connection closed")
+        .expect("task");
+    assert!(ended.is_ok(), "GOAWAY NO_ERROR: {ended:?}");
+    assert!(client
+        .send_request(request(Method::GET, "/"), true)
+        .is_err());
+}
