@@ -172,6 +172,48 @@ pub struct Listener {
     /// How the request path is normalised before routing and forwarding.
     pub path_normalization: PathNormalization,
     pub routes: Vec<Route>,
+    /// HTTP/2 (h2c with prior knowledge) settings and flood defences.
+    pub http2: Http2,
+}
+
+/// HTTP/2 settings of an HTTP listener (`[listeners.http2]`, docs/http2.md).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Http2 {
+    /// SETTINGS_MAX_CONCURRENT_STREAMS advertised to clients.
+    pub max_concurrent_streams: u32,
+    /// SETTINGS_MAX_HEADER_LIST_SIZE: larger header blocks are refused.
+    pub max_header_list_size: u32,
+    /// SETTINGS_INITIAL_WINDOW_SIZE: request body bytes a stream may send ahead.
+    pub initial_stream_window: u32,
+    /// Request body bytes all streams of a connection together may send ahead.
+    pub initial_connection_window: u32,
+    /// Response bytes buffered per stream before Weir stops reading its upstream.
+    pub max_send_buffer: u32,
+    /// Client resets of accepted streams allowed per `reset_window` before GOAWAY
+    /// ENHANCE_YOUR_CALM (rapid reset, CVE-2023-44487).
+    pub reset_budget: u32,
+    pub reset_window: Duration,
+    /// Streams reset by the client before Weir accepted them, queued at once (h2's guard).
+    pub max_pending_accept_resets: u32,
+    /// Resets Weir sends because of client errors before GOAWAY (MadeYouReset,
+    /// CVE-2025-8671).
+    pub max_local_error_resets: u32,
+}
+
+impl Default for Http2 {
+    fn default() -> Http2 {
+        Http2 {
+            max_concurrent_streams: 128,
+            max_header_list_size: 64 * 1024,
+            initial_stream_window: 256 * 1024,
+            initial_connection_window: 1024 * 1024,
+            max_send_buffer: 256 * 1024,
+            reset_budget: 200,
+            reset_window: Duration::from_secs(10),
+            max_pending_accept_resets: 20,
+            max_local_error_resets: 200,
+        }
+    }
 }
 
 /// How a listener normalises request paths (`[listeners.path_normalization]`). Requests

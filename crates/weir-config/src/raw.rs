@@ -62,6 +62,7 @@ pub(crate) struct RawListener {
     pub routes: Option<Vec<RawRoute>>,
     pub proxy_protocol: Option<RawProxyProtocol>,
     pub path_normalization: Option<RawPathNormalization>,
+    pub http2: Option<RawHttp2>,
     // TCP listeners only.
     pub upstream: Option<String>,
     pub idle_timeout: Option<String>,
@@ -85,6 +86,21 @@ pub(crate) struct RawPathNormalization {
     pub dot_segments: Option<bool>,
     pub merge_slashes: Option<bool>,
     pub encoded_slash: Option<String>,
+}
+
+/// `[listeners.http2]`: HTTP/2 (h2c) settings and flood defences of an HTTP listener.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawHttp2 {
+    pub max_concurrent_streams: Option<i64>,
+    pub max_header_list_size: Option<StrOrInt>,
+    pub initial_stream_window: Option<StrOrInt>,
+    pub initial_connection_window: Option<StrOrInt>,
+    pub max_send_buffer: Option<StrOrInt>,
+    pub reset_budget: Option<i64>,
+    pub reset_window: Option<String>,
+    pub max_pending_accept_resets: Option<i64>,
+    pub max_local_error_resets: Option<i64>,
 }
 
 /// `[listeners.access_log]`.

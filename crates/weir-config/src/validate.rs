@@ -252,6 +252,7 @@ fn listener(
         access_log: access_log(raw.access_log, &key("access_log"))?,
         routes: routes(raw.routes, &key("routes"), upstreams, &normalization)?,
         path_normalization: normalization,
+        http2: http2::http2(raw.http2, &key("http2"))?,
     })
 }
 
@@ -823,6 +824,7 @@ fn size(raw: Option<StrOrInt>, default: u64, path: &FieldPath) -> Result<u64, Is
     }
 }
 
+mod http2;
 mod path;
 mod pool;
 mod tcp;

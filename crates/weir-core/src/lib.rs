@@ -12,6 +12,9 @@
 //! 8. `forward/`   — the exchange with the upstream: heads, bodies, 1xx, upgrade tunnels
 //! 9. `proxy`      — the pipeline tying 1-8 together, one loop per client connection
 //!
+//! A cleartext connection that opens with the HTTP/2 preface leaves `proxy` for `http2/`,
+//! which turns each stream into a request for 4-8 (docs/http2.md).
+//!
 //! TCP (L4) listeners take a shorter path: `listener/` -> `tcp` (pick and connect through
 //! `upstream/` and `connector/`, then relay bytes both ways, spliced on Linux via `sys`).
 //! Both kinds may first read a PROXY protocol header (`listener/proxy_protocol`,
@@ -34,6 +37,7 @@ pub mod connector;
 pub mod error;
 pub mod filters;
 pub mod forward;
+pub mod http2;
 pub mod listener;
 pub mod metrics;
 pub mod proxy;

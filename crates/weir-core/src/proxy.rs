@@ -56,6 +56,9 @@ pub async fn serve_client(worker: Rc<Worker>, slot: usize, stream: ClientStream,
         let next = conn
             .next_request(waiting.listener(), &mut req, &worker)
             .await;
+        if matches!(next, Ok(NextRequest::Http2)) {
+            return crate::http2::serve(worker, slot, conn).await;
+        }
         // The request runs on the snapshot current when its head arrived, not the one from
         // before an idle wait: a reload in between applies to it.
         let serving = Serving::current(&worker, slot, waiting, &mut conn);
@@ -79,7 +82,13 @@ pub async fn serve_client(worker: Rc<Worker>, slot: usize, stream: ClientStream,
             duration: finished.saturating_duration_since(started),
             counters,
         };
-        record(&worker, &serving.snapshot, &conn, &handled, &done);
+        record(
+            &worker,
+            &serving.snapshot,
+            &ClientSide::of(&conn),
+            &handled,
+            &done,
+        );
         if handled.result != Ok(true) {
             return;
         }
@@ -173,7 +182,7 @@ async fn serve(
             let handled = handle(worker, &serving.snapshot, serving.index, conn, req, resp).await;
             Some((handled, method))
         }
-        Ok(NextRequest::Close) => None,
+        Ok(NextRequest::Close | NextRequest::Http2) => None,
         Err(error) => {
             conn.log_fields = RequestFields::default();
             let handled = Handled {
@@ -209,9 +218,9 @@ async fn answer(
 }
 
 /// The outcome of one request: the route it took and whether the connection stays open.
-struct Handled {
-    route: Option<usize>,
-    result: Result<bool, Failure>,
+pub(crate) struct Handled {
+    pub route: Option<usize>,
+    pub result: Result<bool, Failure>,
 }
 
 /// One request: route it, then forward it or answer with the default response.
@@ -308,27 +317,57 @@ fn handled_status(handled: &Handled, listener: &Listener, resp: &ResponseHead) -
 }
 
 /// Byte counters of the client connection when a request started.
-struct Counters {
-    bytes_in: u64,
-    bytes_out: u64,
+pub(crate) struct Counters {
+    pub bytes_in: u64,
+    pub bytes_out: u64,
 }
 
 /// What is known about a request once it is finished.
-struct Done {
+pub(crate) struct Done {
     /// The listener's config position in the request's snapshot, and its metric slot.
-    listener: usize,
-    slot: usize,
-    method: usize,
-    status: u16,
-    duration: std::time::Duration,
-    counters: Counters,
+    pub listener: usize,
+    pub slot: usize,
+    pub method: usize,
+    pub status: u16,
+    pub duration: std::time::Duration,
+    pub counters: Counters,
+}
+
+/// What `record` needs of the client side: an HTTP/1 connection, or an HTTP/2 stream
+/// (`http2/`). Byte counters are totals, from which `Done::counters` is subtracted.
+pub(crate) struct ClientSide<'a> {
+    pub ip: &'a ClientIp,
+    pub fields: &'a RequestFields,
+    pub upstream_pick: Option<(usize, usize)>,
+    pub upstream_time: Option<std::time::Duration>,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+}
+
+impl ClientSide<'_> {
+    fn of(conn: &ClientConn) -> ClientSide<'_> {
+        ClientSide {
+            ip: &conn.ip,
+            fields: &conn.log_fields,
+            upstream_pick: conn.upstream_pick,
+            upstream_time: conn.upstream_time,
+            bytes_in: conn.buf.consumed_total(),
+            bytes_out: conn.sent,
+        }
+    }
 }
 
 /// Counts one request in this worker's metric shard and writes its access-log line.
-fn record(worker: &Worker, snapshot: &Snapshot, conn: &ClientConn, handled: &Handled, done: &Done) {
+pub(crate) fn record(
+    worker: &Worker,
+    snapshot: &Snapshot,
+    conn: &ClientSide<'_>,
+    handled: &Handled,
+    done: &Done,
+) {
     let duration = done.duration;
-    let bytes_in = conn.buf.consumed_total() - done.counters.bytes_in;
-    let bytes_out = conn.sent - done.counters.bytes_out;
+    let bytes_in = conn.bytes_in - done.counters.bytes_in;
+    let bytes_out = conn.bytes_out - done.counters.bytes_out;
     // A response cut short after its head counts with the head's status, plus why.
     let aborted = match &handled.result {
         Err(f) if f.reached == Reached::Head => Some(AbortReason::of(f.error)),
@@ -374,12 +413,12 @@ fn record(worker: &Worker, snapshot: &Snapshot, conn: &ClientConn, handled: &Han
             upstream_time: conn.upstream_time,
             aborted,
         };
-        log.log(&conn.log_fields, &outcome);
+        log.log(conn.fields, &outcome);
     }
 }
 
 /// Which default-response reason an error counts as (upstream failures are not one).
-fn default_reason(error: ProxyError) -> Option<DefaultReason> {
+pub(crate) fn default_reason(error: ProxyError) -> Option<DefaultReason> {
     use ProxyError::*;
     match error {
         NoServer => Some(DefaultReason::NoHealthyServer),

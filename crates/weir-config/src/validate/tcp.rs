@@ -100,6 +100,7 @@ fn http_only_keys(raw: &RawListener) -> Vec<&'static str> {
         ("access_log", raw.access_log.is_some()),
         ("path_normalization", raw.path_normalization.is_some()),
         ("routes", raw.routes.is_some()),
+        ("http2", raw.http2.is_some()),
     ];
     present.iter().filter(|p| p.1).map(|p| p.0).collect()
 }

@@ -835,3 +835,47 @@ fn path_prefix_must_be_normalised() {
         check(&listener(settings, prefix), field, 8, message, "");
     }
 }
+
+#[test]
+fn http2_settings() {
+    let ok = crate::parse_str(&format!(
+        "{LISTENER}[listeners.http2]\nmax_concurrent_streams = 10\nmax_header_list_size = \"32KiB\"\nreset_window = \"1s\"\n"
+    ), "t.toml")
+    .expect("valid http2 table");
+    let h2 = &ok.listeners[0].http2;
+    assert_eq!(
+        (h2.max_concurrent_streams, h2.max_header_list_size),
+        (10, 32 * 1024)
+    );
+    assert_eq!(h2.reset_window, std::time::Duration::from_secs(1));
+    assert_eq!(h2.reset_budget, crate::Http2::default().reset_budget);
+    let base = format!("{LISTENER}[listeners.http2]\n");
+    check(
+        &format!("{base}max_concurrent_streams = 0\n"),
+        "listeners[0].http2.max_concurrent_streams",
+        5,
+        "between 1 and 65535",
+        "default 128",
+    );
+    check(
+        &format!("{base}initial_stream_window = \"4GiB\"\n"),
+        "listeners[0].http2.initial_stream_window",
+        5,
+        "must be between",
+        "(the default)",
+    );
+    check(
+        &format!("{base}reset_window = \"0s\"\n"),
+        "listeners[0].http2.reset_window",
+        5,
+        "greater than 0",
+        "10s",
+    );
+    check(
+        &format!("{base}max_streams = 5\n"),
+        "listeners[0].http2.max_streams",
+        5,
+        "unknown field",
+        "spelling",
+    );
+}

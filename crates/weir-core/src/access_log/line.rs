@@ -6,6 +6,7 @@ use weir_config::AccessLogFormat;
 
 use super::time::TimeCache;
 use crate::codec::http1::write::push_decimal;
+use crate::codec::http1::RequestHead;
 use crate::metrics::AbortReason;
 
 /// What the request contributed, copied before its head buffer is reused.
@@ -14,8 +15,36 @@ pub struct RequestFields {
     pub method: Vec<u8>,
     pub target: Vec<u8>,
     pub http10: bool,
+    /// The request came on an HTTP/2 stream (logged as `HTTP/2.0`).
+    pub http2: bool,
     pub referer: Vec<u8>,
     pub user_agent: Vec<u8>,
+}
+
+impl RequestFields {
+    /// Copies what the access log needs from a request head parsed from `buf`, before the
+    /// head is consumed. `http2` is left for the caller to set.
+    pub fn capture(&mut self, buf: &[u8], head: &RequestHead) {
+        self.method.clear();
+        self.method.extend_from_slice(&buf[head.method.clone()]);
+        self.target.clear();
+        if let Some(authority) = &head.target_authority {
+            self.target.extend_from_slice(b"http://");
+            self.target.extend_from_slice(&buf[authority.clone()]);
+        }
+        self.target.extend_from_slice(head.path(buf));
+        self.http10 = head.minor_version == 0;
+        self.referer.clear();
+        self.user_agent.clear();
+        for h in &head.headers {
+            let name = &buf[h.name.clone()];
+            if name.eq_ignore_ascii_case(b"referer") {
+                self.referer.extend_from_slice(&buf[h.value.clone()]);
+            } else if name.eq_ignore_ascii_case(b"user-agent") {
+                self.user_agent.extend_from_slice(&buf[h.value.clone()]);
+            }
+        }
+    }
 }
 
 /// Everything known once the response is done.
@@ -64,7 +93,9 @@ fn or_dash(v: &[u8]) -> &[u8] {
 }
 
 fn protocol(req: &RequestFields) -> &'static [u8] {
-    if req.http10 {
+    if req.http2 {
+        b"HTTP/2.0"
+    } else if req.http10 {
         b"HTTP/1.0"
     } else {
         b"HTTP/1.1"
@@ -243,6 +274,7 @@ mod tests {
             method: b"GET".to_vec(),
             target: b"/a?\"x\"".to_vec(),
             http10: false,
+            http2: false,
             referer: Vec::new(),
             user_agent: b"curl/8\n".to_vec(),
         };
@@ -277,6 +309,28 @@ mod tests {
             line.ends_with("] \"GET /a?\\\"x\\\" HTTP/1.1\" 200 615 \"-\" \"curl/8\\x0a\"\n"),
             "{line}"
         );
+    }
+
+    #[test]
+    fn http2_requests_show_http_2_0() {
+        let (mut req, o) = sample();
+        req.http2 = true;
+        for (format, want) in [
+            (
+                AccessLogFormat::Common,
+                "\"GET /a?\\\"x\\\" HTTP/2.0\" 200 615",
+            ),
+            (
+                AccessLogFormat::Combined,
+                "\"GET /a?\\\"x\\\" HTTP/2.0\" 200 615",
+            ),
+            (AccessLogFormat::Json, "\"protocol\":\"HTTP/2.0\""),
+        ] {
+            let mut out = Vec::new();
+            push_line(&mut out, format, &req, &o, &mut TimeCache::default());
+            let line = String::from_utf8(out).unwrap_or_default();
+            assert!(line.contains(want), "{format:?}: {line}");
+        }
     }
 
     #[test]

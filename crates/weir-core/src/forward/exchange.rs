@@ -4,6 +4,7 @@
 //! on a server is an `Attempt` (send the request, read the final response head); the
 //! accepted attempt becomes an `Exchange`, which relays the response.
 
+use std::future::Future;
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -30,12 +31,13 @@ use crate::worker::Worker;
 
 /// What the exchange needs to remember about the request once its head is consumed.
 #[derive(Clone, Copy)]
-struct RequestMeta {
-    is_head: bool,
-    http10: bool,
+pub(crate) struct RequestMeta {
+    pub is_head: bool,
+    /// Also set for HTTP/2 clients: 1xx responses are not relayed to them.
+    pub http10: bool,
     /// The upgrade protocols offered upstream (empty: not an upgrade).
-    upgrade: Offered,
-    idempotent: bool,
+    pub upgrade: Offered,
+    pub idempotent: bool,
 }
 
 /// Where the request goes and under which limits.
@@ -323,8 +325,7 @@ impl Attempt<'_> {
         .await
         .map_err(|e| Failure::from(upstream_write_error(e)))?;
         conn.buf.consume(buffered);
-        let mut upload_done = false;
-        let result = {
+        let upload_done = {
             let (mut ur, mut uw) = stream.split();
             // A streamed upload waits on the client and the upstream at once: register.
             let client = conn.stream.registered().map_err(ProxyError::client_io)?;
@@ -338,57 +339,26 @@ impl Attempt<'_> {
                 body,
                 (client_timeout, response_timeout),
             );
-            // `response_timeout` counts from the end of the upload, however long the body
-            // takes to arrive (nginx's proxy_read_timeout does the same); while it uploads,
-            // a stalled upstream is caught by the upload's write timeout.
             let meta = self.fwd.meta;
             let head = read_final_head(&mut ur, up_buf, resp, meta, &mut cw, client_timeout, None);
-            let head_timer = tokio::time::sleep(Duration::MAX);
-            tokio::pin!(upload, head, head_timer);
-            let mut uploading = true;
-            loop {
-                tokio::select! {
-                    r = &mut upload, if uploading => {
-                        uploading = false;
-                        head_timer.as_mut().reset(Instant::now() + response_timeout);
-                        match r {
-                            Ok(()) => upload_done = true,
-                            // The upstream stopped reading; its response (if any) says why.
-                            Err(PumpError::Write(_) | PumpError::WriteTimeout) => {}
-                            Err(e) => break Err(Failure::from(client_pump_error(e))),
-                        }
-                    }
-                    h = &mut head => break h.map_err(Failure::from),
-                    () = &mut head_timer, if !uploading => break Err(Failure::from(ProxyError::UpstreamTimeout)),
-                }
-            }
+            upload_while_waiting(upload, head, response_timeout).await?
         };
-        result.map(|()| (stream, upload_done))
+        Ok((stream, upload_done))
     }
 
     /// A connection to the server: a pooled idle one unless `fresh`, else a new one.
     /// Returns whether it was reused.
     async fn obtain(&self, fresh: bool) -> Result<(TcpStream, bool), ProxyError> {
-        let (server, upstream) = (self.server, self.fwd.target.upstream);
-        if !fresh {
-            let (reused, idle) = self.fwd.worker.pool.borrow_mut().take(
-                server.addr,
-                upstream.idle_timeout,
-                self.started,
-            );
-            if let Some(m) = self.metrics {
-                m.pool_idle.set(idle as u64);
-            }
-            if let Some(stream) = reused {
-                return Ok((stream, true));
-            }
-        }
-        let started = std::time::Instant::now();
-        let stream = connect(server.addr, upstream.connect_timeout).await?;
-        if let Some(m) = self.metrics {
-            m.connect.observe(started.elapsed());
-        }
-        Ok((stream, false))
+        let (worker, upstream) = (self.fwd.worker, self.fwd.target.upstream);
+        obtain(
+            worker,
+            self.server,
+            upstream,
+            self.metrics,
+            self.started,
+            fresh,
+        )
+        .await
     }
 
     /// Records the attempt's outcome: for the server's passive health and load balancing
@@ -400,20 +370,94 @@ impl Attempt<'_> {
         resp: &ResponseHead,
         elapsed: Duration,
     ) -> Outcome {
-        let target = self.fwd.target;
-        let outcome = match sent {
-            Ok(_) => Outcome::Status(resp.status),
-            Err(f) => Outcome::of_error(f.error),
-        };
-        pick.record(target.pool, target.upstream, outcome, elapsed);
-        count_attempt(self.metrics, sent, resp, elapsed);
-        if outcome == Outcome::ConnectError {
-            if let Some(m) = self.metrics {
-                m.connect_errors.inc();
-            }
-        }
-        outcome
+        record_attempt(self.fwd.target, pick, self.metrics, sent, resp, elapsed)
     }
+}
+
+/// Records an attempt's outcome: for the server's passive health and load balancing
+/// (`pick`), and in the server's metrics.
+pub(crate) fn record_attempt(
+    target: Target<'_>,
+    pick: &Pick,
+    metrics: Option<&ServerMetrics>,
+    sent: &Result<impl Sized, Failure>,
+    resp: &ResponseHead,
+    elapsed: Duration,
+) -> Outcome {
+    let outcome = match sent {
+        Ok(_) => Outcome::Status(resp.status),
+        Err(f) => Outcome::of_error(f.error),
+    };
+    pick.record(target.pool, target.upstream, outcome, elapsed);
+    count_attempt(metrics, sent, resp, elapsed);
+    if outcome == Outcome::ConnectError {
+        if let Some(m) = metrics {
+            m.connect_errors.inc();
+        }
+    }
+    outcome
+}
+
+/// Runs a request body's `upload` and the wait for the response `head` together (the
+/// response may come early, or be a `100 Continue` the client waits for). Returns whether
+/// the whole body went up. `response_timeout` counts from the end of the upload, however
+/// long the body takes to arrive (nginx's proxy_read_timeout does the same); while it
+/// uploads, a stalled upstream is caught by the upload's write timeout.
+pub(crate) async fn upload_while_waiting(
+    upload: impl Future<Output = Result<(), PumpError>>,
+    head: impl Future<Output = Result<(), HeadError>>,
+    response_timeout: Duration,
+) -> Result<bool, Failure> {
+    let head_timer = tokio::time::sleep(Duration::MAX);
+    tokio::pin!(upload, head, head_timer);
+    let mut uploading = true;
+    let mut upload_done = false;
+    loop {
+        tokio::select! {
+            r = &mut upload, if uploading => {
+                uploading = false;
+                head_timer.as_mut().reset(Instant::now() + response_timeout);
+                match r {
+                    Ok(()) => upload_done = true,
+                    // The upstream stopped reading; its response (if any) says why.
+                    Err(PumpError::Write(_) | PumpError::WriteTimeout) => {}
+                    Err(e) => return Err(Failure::from(client_pump_error(e))),
+                }
+            }
+            h = &mut head => return h.map(|()| upload_done).map_err(Failure::from),
+            () = &mut head_timer, if !uploading => return Err(Failure::from(ProxyError::UpstreamTimeout)),
+        }
+    }
+}
+
+/// A connection to `server`: a pooled idle one (checked against `now`) unless `fresh`,
+/// else a new one. Returns whether it was reused.
+pub(crate) async fn obtain(
+    worker: &Worker,
+    server: &UpstreamServer,
+    upstream: &Upstream,
+    metrics: Option<&ServerMetrics>,
+    now: std::time::Instant,
+    fresh: bool,
+) -> Result<(TcpStream, bool), ProxyError> {
+    if !fresh {
+        let (reused, idle) = worker
+            .pool
+            .borrow_mut()
+            .take(server.addr, upstream.idle_timeout, now);
+        if let Some(m) = metrics {
+            m.pool_idle.set(idle as u64);
+        }
+        if let Some(stream) = reused {
+            return Ok((stream, true));
+        }
+    }
+    let started = std::time::Instant::now();
+    let stream = connect(server.addr, upstream.connect_timeout).await?;
+    if let Some(m) = metrics {
+        m.connect.observe(started.elapsed());
+    }
+    Ok((stream, false))
 }
 
 /// Counts one attempt on a server: by the status it answered, or the one Weir answers for
@@ -438,12 +482,12 @@ fn count_attempt(
     m.request(status).inc();
 }
 
-struct HeadError {
-    error: ProxyError,
+pub(crate) struct HeadError {
+    pub error: ProxyError,
     /// Some response byte arrived: the upstream processed the request.
-    received: bool,
+    pub received: bool,
     /// A 1xx was relayed: the client has response bytes.
-    interim_sent: bool,
+    pub interim_sent: bool,
 }
 
 impl From<HeadError> for Failure {
@@ -461,7 +505,7 @@ impl From<HeadError> for Failure {
 }
 
 impl HeadError {
-    fn retryable(&self) -> bool {
+    pub(crate) fn retryable(&self) -> bool {
         !self.received
             && matches!(
                 self.error,
@@ -473,7 +517,7 @@ impl HeadError {
 /// Reads until a final (non-1xx) response head is parsed into `resp`, relaying 1xx heads
 /// to HTTP/1.1 clients. The whole head must arrive by the deadline set on `timer` (when there
 /// is one; the streaming path times the wait itself, from the end of the upload).
-async fn read_final_head<R, W>(
+pub(crate) async fn read_final_head<R, W>(
     up: &mut R,
     up_buf: &mut Buffer,
     resp: &mut ResponseHead,
@@ -684,7 +728,7 @@ impl Exchange<'_> {
     }
 }
 
-fn upstream_write_error(e: PumpError) -> ProxyError {
+pub(crate) fn upstream_write_error(e: PumpError) -> ProxyError {
     match e {
         PumpError::WriteTimeout => ProxyError::UpstreamTimeout,
         PumpError::Write(kind) => ProxyError::upstream_io(kind.into()),
@@ -693,7 +737,7 @@ fn upstream_write_error(e: PumpError) -> ProxyError {
 }
 
 /// Errors while moving the request body, seen from the client side.
-fn client_pump_error(e: PumpError) -> ProxyError {
+pub(crate) fn client_pump_error(e: PumpError) -> ProxyError {
     match e {
         PumpError::ReadTimeout => ProxyError::ClientTimeout,
         PumpError::Framing(reason) => ProxyError::BadRequest(reason),
@@ -705,7 +749,7 @@ fn client_pump_error(e: PumpError) -> ProxyError {
 }
 
 /// Errors while moving the response body.
-fn upstream_pump_error(e: PumpError) -> ProxyError {
+pub(crate) fn upstream_pump_error(e: PumpError) -> ProxyError {
     match e {
         PumpError::ReadTimeout => ProxyError::UpstreamTimeout,
         PumpError::Framing(reason) => ProxyError::UpstreamMalformed(reason),
@@ -717,7 +761,7 @@ fn upstream_pump_error(e: PumpError) -> ProxyError {
 }
 
 /// Errors while writing the response to the client.
-fn client_write_error(e: PumpError) -> ProxyError {
+pub(crate) fn client_write_error(e: PumpError) -> ProxyError {
     match e {
         PumpError::WriteTimeout => ProxyError::ClientTimeout,
         _ => ProxyError::ClientClosed,

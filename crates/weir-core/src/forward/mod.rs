@@ -7,7 +7,7 @@
 //! one turns out dead and replaying is safe.
 
 pub mod body;
-mod exchange;
+pub(crate) mod exchange;
 pub mod request_head;
 pub mod response_head;
 mod tunnel;

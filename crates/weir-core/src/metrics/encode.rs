@@ -68,6 +68,7 @@ impl Collector for Scrape {
         self.aborted(&mut enc)?;
         self.durations(&mut enc)?;
         self.listener_counters(&mut enc)?;
+        self.http2_counters(&mut enc)?;
         self.upstream_counters(&mut enc)?;
         self.upstream_histograms(&mut enc)?;
         self.process(&mut enc)
@@ -311,6 +312,32 @@ impl Scrape {
             "Access-log lines dropped because the writer fell behind.",
             &dropped,
         )
+    }
+
+    /// `weir_http2_*`: HTTP/2 connections, streams, client resets and GOAWAYs for calm, per
+    /// listener. Separate series, so the request series keep their labels.
+    fn http2_counters(&self, enc: &mut DescriptorEncoder) -> Result {
+        type Pick = fn(&super::shard::Http2Metrics) -> &super::shard::Counter;
+        let families: [(&str, &str, Pick); 4] = [
+            ("weir_http2_connections", "Client connections that spoke HTTP/2 (h2c).", |m| &m.connections),
+            ("weir_http2_streams", "HTTP/2 streams (requests) served.", |m| &m.streams),
+            ("weir_http2_client_resets", "HTTP/2 streams the client reset while in flight; each cancelled its upstream request.", |m| &m.client_resets),
+            ("weir_http2_calm_goaways", "HTTP/2 connections closed with GOAWAY ENHANCE_YOUR_CALM (a reset budget exceeded).", |m| &m.calm_goaways),
+        ];
+        for (name, help, pick) in families {
+            let rows: Vec<_> = self
+                .config
+                .listeners
+                .iter()
+                .enumerate()
+                .map(|(li, l)| {
+                    let v = self.sum(|s| Some(pick(&self.listener(s, li)?.http2).get()));
+                    (vec![("listener", l.name.clone())], v)
+                })
+                .collect();
+            counter(enc, name, help, &rows)?;
+        }
+        Ok(())
     }
 
     fn upstream_counters(&self, enc: &mut DescriptorEncoder) -> Result {

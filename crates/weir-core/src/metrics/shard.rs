@@ -243,6 +243,22 @@ pub struct ListenerMetrics {
     pub bytes_out: Counter,
     /// Connections closed for a missing, malformed or untrusted PROXY header.
     pub proxy_rejected: Counter,
+    pub http2: Http2Metrics,
+}
+
+/// HTTP/2 client connections of a listener (their requests also count in the route
+/// metrics, like HTTP/1.1 ones).
+#[derive(Debug, Default)]
+pub struct Http2Metrics {
+    /// Connections that started with the HTTP/2 preface.
+    pub connections: Counter,
+    /// Streams (requests) served.
+    pub streams: Counter,
+    /// Streams the client reset while Weir worked on them; each cancelled its upstream
+    /// request.
+    pub client_resets: Counter,
+    /// Connections closed with GOAWAY ENHANCE_YOUR_CALM (a reset budget exceeded).
+    pub calm_goaways: Counter,
 }
 
 impl ListenerMetrics {

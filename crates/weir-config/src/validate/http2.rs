@@ -1,0 +1,101 @@
+//! Validation of `[listeners.http2]`: HTTP/2 settings and flood-defence budgets, each with
+//! its default and a range the `h2` crate and RFC 9113 accept.
+
+use std::ops::RangeInclusive;
+
+use super::{duration, int_in, size};
+use crate::error::{FieldPath, Issue};
+use crate::model::Http2;
+use crate::raw::{RawHttp2, StrOrInt};
+
+/// The largest flow-control window RFC 9113 allows (2^31 - 1).
+const MAX_WINDOW: u64 = (1 << 31) - 1;
+
+pub(super) fn http2(raw: Option<RawHttp2>, path: &FieldPath) -> Result<Http2, Issue> {
+    let Some(raw) = raw else {
+        return Ok(Http2::default());
+    };
+    let d = Http2::default();
+    let key = |k: &str| path.key(k);
+    let count = |v: Option<i64>, default: u32, range: RangeInclusive<i64>, k: &str| {
+        int_in::<u32>(v, i64::from(default), range, &key(k))
+    };
+    let reset_window = duration(raw.reset_window, "10s", &key("reset_window"), true)?;
+    Ok(Http2 {
+        max_concurrent_streams: count(
+            raw.max_concurrent_streams,
+            d.max_concurrent_streams,
+            1..=65_535,
+            "max_concurrent_streams",
+        )?,
+        max_header_list_size: bytes(
+            raw.max_header_list_size,
+            d.max_header_list_size,
+            1024..=16 * 1024 * 1024,
+            &key("max_header_list_size"),
+        )?,
+        initial_stream_window: bytes(
+            raw.initial_stream_window,
+            d.initial_stream_window,
+            1024..=MAX_WINDOW,
+            &key("initial_stream_window"),
+        )?,
+        initial_connection_window: bytes(
+            raw.initial_connection_window,
+            d.initial_connection_window,
+            65_535..=MAX_WINDOW,
+            &key("initial_connection_window"),
+        )?,
+        max_send_buffer: bytes(
+            raw.max_send_buffer,
+            d.max_send_buffer,
+            1024..=MAX_WINDOW,
+            &key("max_send_buffer"),
+        )?,
+        reset_budget: count(
+            raw.reset_budget,
+            d.reset_budget,
+            1..=1_000_000,
+            "reset_budget",
+        )?,
+        reset_window,
+        max_pending_accept_resets: count(
+            raw.max_pending_accept_resets,
+            d.max_pending_accept_resets,
+            1..=100_000,
+            "max_pending_accept_resets",
+        )?,
+        max_local_error_resets: count(
+            raw.max_local_error_resets,
+            d.max_local_error_resets,
+            1..=1_000_000,
+            "max_local_error_resets",
+        )?,
+    })
+}
+
+/// A size within `range` bytes.
+fn bytes(
+    raw: Option<StrOrInt>,
+    default: u32,
+    range: RangeInclusive<u64>,
+    path: &FieldPath,
+) -> Result<u32, Issue> {
+    let key = path.last_key();
+    let value = size(raw, u64::from(default), path)?;
+    if !range.contains(&value) {
+        return Err(Issue::new(
+            path,
+            format!(
+                "{key} must be between {} and {} bytes, not {value}",
+                range.start(),
+                range.end()
+            ),
+            format!(
+                "set {key} to a size such as \"{}KiB\" (the default)",
+                default / 1024
+            ),
+        ));
+    }
+    Ok(u32::try_from(value).unwrap_or(default))
+}

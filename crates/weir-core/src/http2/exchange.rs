@@ -1,0 +1,500 @@
+//! One h2 stream's exchange with an HTTP/1.1 upstream server.
+//!
+//! The request half reuses `forward`'s pieces: the upstream pick and retry decisions
+//! (`upstream/`), `forward::request_head` for the head, `forward::exchange::obtain` for a
+//! pooled or new connection, `read_final_head` for the response head (1xx are not relayed)
+//! and `record_attempt` for health and metrics. What differs is the body: request DATA is
+//! written upstream and only then released to the client's window (flow control follows
+//! the upstream's pace), and the response body goes out as DATA within the client's window.
+//! A client reset during any wait drops the upstream connection: the server sees the
+//! request cancelled, and a half-done exchange is never pooled.
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use h2::server::SendResponse;
+use h2::{Reason, RecvStream, SendStream};
+use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+use weir_config::UpstreamServer;
+
+use super::send::{send_data, unless_reset, Stop};
+use crate::buffer::Buffer;
+use crate::codec::http1::{BodyFraming, RequestHead, ResponseHead};
+use crate::error::ProxyError;
+use crate::filters::forwarded::ClientIp;
+use crate::filters::location::ReverseMap;
+use crate::filters::upgrade::Offered;
+use crate::forward::body::{self, BodyState, PumpError};
+use crate::forward::exchange::{
+    obtain, read_final_head, record_attempt, upload_while_waiting, upstream_pump_error,
+    upstream_write_error, RequestMeta,
+};
+use crate::forward::request_head::write_request_head;
+use crate::forward::{Failure, Reached, Target};
+use crate::metrics::shard::ServerMetrics;
+use crate::router::RoutedPath;
+use crate::time::{with_timeout, LazyTimer};
+use crate::upstream::retry::{may_retry, Replay, Tried};
+use crate::upstream::{Pick, RequestKey};
+use crate::worker::Worker;
+
+/// One stream's request, as the HTTP/1.1 head `request` wrote and the codec parsed.
+pub struct StreamRequest<'a> {
+    pub worker: &'a Worker,
+    pub target: Target<'a>,
+    pub ip: &'a ClientIp,
+    /// The HTTP/1.1 head `req` was parsed from.
+    pub buf: &'a [u8],
+    pub req: &'a RequestHead,
+    /// The request's path, normalised as it was routed (what goes upstream).
+    pub path: &'a RoutedPath,
+    pub started: Instant,
+}
+
+/// What the access log and metrics learn from the exchange.
+#[derive(Debug, Default)]
+pub struct Trace {
+    pub upstream_pick: Option<(usize, usize)>,
+    pub upstream_time: Option<Duration>,
+    pub status: u16,
+    pub body_in: u64,
+    pub body_out: u64,
+    /// The client reset the stream: the upstream request was cancelled.
+    pub reset: bool,
+}
+
+/// The request sent and the final response head read.
+struct Sent<'a> {
+    stream: TcpStream,
+    /// The whole request body went upstream.
+    request_done: bool,
+    pick: Pick,
+    server: &'a UpstreamServer,
+    metrics: Option<&'a ServerMetrics>,
+}
+
+impl StreamRequest<'_> {
+    /// Forwards the request and relays the response. On `Err` nothing final was sent
+    /// (`Reached::Nothing`: the caller answers) or the stream was reset.
+    pub async fn forward(
+        &self,
+        body: Option<RecvStream>,
+        respond: &mut SendResponse<Bytes>,
+        trace: &mut Trace,
+    ) -> Result<(), Failure> {
+        let mut up_buf = self.worker.take_buffer();
+        let mut resp = ResponseHead::default();
+        let result = self
+            .exchange(body, respond, &mut up_buf, &mut resp, trace)
+            .await;
+        self.worker.give_buffer(up_buf);
+        result
+    }
+
+    async fn exchange(
+        &self,
+        body: Option<RecvStream>,
+        respond: &mut SendResponse<Bytes>,
+        up_buf: &mut Buffer,
+        resp: &mut ResponseHead,
+        trace: &mut Trace,
+    ) -> Result<(), Failure> {
+        let sent = unless_reset(respond, self.send(body, up_buf, resp, trace)).await;
+        let sent = match sent {
+            Ok(sent) => sent?,
+            Err(stop) => return Err(stopped(stop, Reached::Nothing, trace)),
+        };
+        trace.status = resp.status;
+        let head = self.response_head(resp, up_buf.filled(), &sent);
+        up_buf.consume(resp.head_len);
+        let mut state = BodyState::new(resp.framing, true, None);
+        let empty = self.req.is_head || state.is_done();
+        let mut send = respond
+            .send_response(head, empty)
+            .map_err(|_| Failure::after_head(ProxyError::ClientClosed))?;
+        let mut stream = sent.stream;
+        if !empty {
+            let relayed = self
+                .relay(&mut send, &mut stream, up_buf, &mut state, trace)
+                .await;
+            if let Err(stop) = relayed {
+                send.send_reset(Reason::CANCEL);
+                return Err(stopped(stop, Reached::Head, trace));
+            }
+        }
+        let reusable = resp.keeps_alive() && sent.request_done && up_buf.is_empty();
+        if reusable && !(self.req.is_head && resp.framing == BodyFraming::UntilClose) {
+            let upstream = self.target.upstream;
+            let idle = self.worker.pool.borrow_mut().put(
+                sent.server.addr,
+                stream,
+                upstream.max_idle,
+                Instant::now(),
+            );
+            if let Some(m) = sent.metrics {
+                m.pool_idle.set(idle as u64);
+            }
+        }
+        drop(sent.pick);
+        Ok(())
+    }
+
+    /// Picks a server and sends the request, retrying on other servers when
+    /// `upstream::retry` allows, until a final response head is in `resp`.
+    async fn send(
+        &self,
+        mut body: Option<RecvStream>,
+        up_buf: &mut Buffer,
+        resp: &mut ResponseHead,
+        trace: &mut Trace,
+    ) -> Result<Sent<'_>, Failure> {
+        let (worker, target) = (self.worker, self.target);
+        let (route, u, pool) = (target.route, target.upstream, target.pool);
+        let key = RequestKey::new(&u.lb, self.buf, self.req, self.ip);
+        let mut pick = worker
+            .upstreams
+            .pick(route.upstream, pool, u, key)
+            .ok_or(ProxyError::NoServer)?;
+        let mut tried = Tried::new(pick.server);
+        let mut started = self.started;
+        let mut out = Vec::with_capacity(self.buf.len() + 256);
+        loop {
+            let server = &u.servers[pick.server];
+            let metrics = worker
+                .metrics
+                .server(pool.slot, pool.server_slots[pick.server]);
+            trace.upstream_pick = Some((route.upstream, pick.server));
+            out.clear();
+            write_request_head(
+                &mut out, self.buf, self.req, self.path, route, server, self.ip,
+            );
+            let attempt = Attempt {
+                server,
+                metrics,
+                started,
+                head: &out,
+            };
+            let sent = match body.as_mut() {
+                None => attempt.whole(self, up_buf, resp).await.map(|s| (s, true)),
+                Some(b) => attempt.streaming(self, b, up_buf, resp, trace).await,
+            };
+            let elapsed = started.elapsed();
+            let outcome = record_attempt(target, &pick, metrics, &sent, resp, elapsed);
+            let replay = Replay {
+                idempotent: self.req.idempotent,
+                buffered: body.is_none(),
+                responded: false,
+            };
+            if may_retry(&u.retry.on, outcome, replay) {
+                if let Some(next) = worker.upstreams.retry(route.upstream, pool, u, key, &tried) {
+                    tried.push(next.server);
+                    if let Some(m) = worker.metrics.upstream(pool.slot) {
+                        m.retries.inc();
+                    }
+                    up_buf.clear();
+                    pick = next;
+                    started = Instant::now();
+                    continue;
+                }
+            }
+            let (stream, request_done) = sent?;
+            trace.upstream_time = Some(elapsed);
+            return Ok(Sent {
+                stream,
+                request_done,
+                pick,
+                server,
+                metrics,
+            });
+        }
+    }
+
+    fn meta(&self) -> RequestMeta {
+        RequestMeta {
+            is_head: self.req.is_head,
+            // Interim responses are not relayed to h2 clients.
+            http10: true,
+            upgrade: Offered::default(),
+            idempotent: self.req.idempotent,
+        }
+    }
+
+    /// Streams the response body from the upstream to the client.
+    async fn relay(
+        &self,
+        send: &mut SendStream<Bytes>,
+        stream: &mut TcpStream,
+        up_buf: &mut Buffer,
+        state: &mut BodyState,
+        trace: &mut Trace,
+    ) -> Result<(), Stop> {
+        let client_timeout = self.target.listener.client_timeout;
+        let upstream_timeout = self.target.upstream.response_timeout;
+        let pump_error = |e| Stop::Error(upstream_pump_error(e));
+        loop {
+            let (forward, consumed) = state.take(up_buf.filled_mut()).map_err(pump_error)?;
+            let done = state.is_done();
+            send_data(send, &up_buf.filled()[..forward], done, client_timeout).await?;
+            trace.body_out += forward as u64;
+            up_buf.consume(consumed);
+            if done {
+                return Ok(());
+            }
+            let read = with_timeout(upstream_timeout, up_buf.read_from(stream));
+            match unless_reset(send, read).await? {
+                Err(_) => return Err(pump_error(PumpError::ReadTimeout)),
+                Ok(Err(e)) => return Err(pump_error(PumpError::Read(e.kind()))),
+                Ok(Ok(0)) if up_buf.is_full() => {
+                    return Err(pump_error(PumpError::Framing("chunk line too long")))
+                }
+                Ok(Ok(0)) if state.on_eof() => {
+                    return send_data(send, &[], true, client_timeout).await;
+                }
+                Ok(Ok(0)) => return Err(pump_error(PumpError::Truncated)),
+                Ok(Ok(_)) => {}
+            }
+        }
+    }
+
+    /// The h2 response head for the upstream's `resp` (parsed from `buf`): hop-by-hop and
+    /// `Connection`-listed fields dropped, names lower-cased, locations reverse-mapped,
+    /// the sticky-session cookie added.
+    fn response_head(
+        &self,
+        resp: &ResponseHead,
+        buf: &[u8],
+        sent: &Sent<'_>,
+    ) -> http::Response<()> {
+        let mut response = http::Response::new(());
+        *response.status_mut() =
+            http::StatusCode::from_u16(resp.status).unwrap_or(http::StatusCode::BAD_GATEWAY);
+        let headers = response.headers_mut();
+        let reverse = self.reverse_map(sent.server);
+        let mut mapped = Vec::new();
+        for h in &resp.headers {
+            if h.connection_listed || h.kind.is_hop_by_hop() {
+                continue;
+            }
+            let mut value = &buf[h.value.clone()];
+            if let Some(map) = reverse.as_ref().filter(|_| is_location(h.kind)) {
+                mapped.clear();
+                if map.map_into(value, &mut mapped) {
+                    value = &mapped;
+                }
+            }
+            let name = http::HeaderName::from_bytes(&buf[h.name.clone()]);
+            let value = http::HeaderValue::from_bytes(value);
+            if let (Ok(name), Ok(value)) = (name, value) {
+                headers.append(name, value);
+            }
+        }
+        let cookie = self.target.pool.set_cookie(sent.pick.server);
+        if let Some(value) = cookie
+            .filter(|_| sent.pick.set_cookie)
+            .and_then(cookie_value)
+        {
+            headers.append(http::header::SET_COOKIE, value);
+        }
+        response
+    }
+
+    fn reverse_map<'h>(&'h self, server: &'h UpstreamServer) -> Option<ReverseMap<'h>> {
+        let route = self.target.route;
+        let host = self.req.host.as_ref().map(|r| &self.buf[r.clone()]);
+        route.reverse_rewrite.then(|| ReverseMap {
+            upstream_authority: server.name.as_bytes(),
+            public_authority: host,
+            upstream_prefix: route
+                .rewrite_prefix
+                .as_deref()
+                .unwrap_or(&route.path_prefix),
+            public_prefix: &route.path_prefix,
+        })
+    }
+}
+
+fn is_location(kind: crate::codec::http1::HeaderKind) -> bool {
+    use crate::codec::http1::HeaderKind::*;
+    matches!(kind, Location | ContentLocation | Uri)
+}
+
+/// The value of a pool's `Set-Cookie: ...\r\n` line.
+fn cookie_value(line: &[u8]) -> Option<http::HeaderValue> {
+    let value = line.splitn(2, |b| *b == b':').nth(1)?;
+    let value = value.trim_ascii();
+    http::HeaderValue::from_bytes(value).ok()
+}
+
+/// A failure from a stream's early end; a client reset is marked in `trace`.
+fn stopped(stop: Stop, reached: Reached, trace: &mut Trace) -> Failure {
+    let error = match stop {
+        Stop::Reset => {
+            trace.reset = true;
+            ProxyError::ClientClosed
+        }
+        Stop::Error(e) => e,
+    };
+    Failure { error, reached }
+}
+
+/// One try on one server.
+struct Attempt<'a> {
+    server: &'a UpstreamServer,
+    metrics: Option<&'a ServerMetrics>,
+    started: Instant,
+    /// The upstream request head.
+    head: &'a [u8],
+}
+
+impl Attempt<'_> {
+    /// A request without a body: send the head, read the response head; replayed once on
+    /// a fresh connection if a pooled one proves dead first (idempotent requests only).
+    async fn whole(
+        &self,
+        r: &StreamRequest<'_>,
+        up_buf: &mut Buffer,
+        resp: &mut ResponseHead,
+    ) -> Result<TcpStream, Failure> {
+        let upstream = r.target.upstream;
+        let meta = r.meta();
+        let mut fresh = false;
+        loop {
+            let (mut stream, reused) = obtain(
+                r.worker,
+                self.server,
+                upstream,
+                self.metrics,
+                self.started,
+                fresh,
+            )
+            .await?;
+            let timeout = upstream.response_timeout;
+            if let Err(e) = body::write_all(&mut stream, self.head, &[], timeout).await {
+                if reused && meta.idempotent && !fresh {
+                    fresh = true;
+                    continue;
+                }
+                return Err(upstream_write_error(e).into());
+            }
+            let now = tokio::time::Instant::now();
+            let mut timer = LazyTimer::new(now);
+            timer.set(now + timeout);
+            let client_timeout = r.target.listener.client_timeout;
+            let mut sink = tokio::io::sink();
+            let head = read_final_head(
+                &mut stream,
+                up_buf,
+                resp,
+                meta,
+                &mut sink,
+                client_timeout,
+                Some(&mut timer),
+            );
+            match head.await {
+                Ok(()) => return Ok(stream),
+                Err(e) if reused && meta.idempotent && e.retryable() && !fresh => {
+                    up_buf.clear();
+                    fresh = true;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// A request with a body: send the head, then the DATA as it arrives while waiting
+    /// for the response head. Returns whether the whole body was sent.
+    async fn streaming(
+        &self,
+        r: &StreamRequest<'_>,
+        body: &mut RecvStream,
+        up_buf: &mut Buffer,
+        resp: &mut ResponseHead,
+        trace: &mut Trace,
+    ) -> Result<(TcpStream, bool), Failure> {
+        let upstream = r.target.upstream;
+        let (mut stream, _) = obtain(
+            r.worker,
+            self.server,
+            upstream,
+            self.metrics,
+            self.started,
+            false,
+        )
+        .await?;
+        let response_timeout = upstream.response_timeout;
+        body::write_all(&mut stream, self.head, &[], response_timeout)
+            .await
+            .map_err(|e| Failure::from(upstream_write_error(e)))?;
+        let chunked = r.req.framing == BodyFraming::Chunked;
+        let limit = r.target.listener.max_body_size;
+        let client_timeout = r.target.listener.client_timeout;
+        let upload_done = {
+            let (mut ur, mut uw) = stream.split();
+            let timeouts = (client_timeout, response_timeout);
+            let upload = upload(body, &mut uw, chunked, limit, timeouts, &mut trace.body_in);
+            let mut sink = tokio::io::sink();
+            let meta = r.meta();
+            let head =
+                read_final_head(&mut ur, up_buf, resp, meta, &mut sink, client_timeout, None);
+            upload_while_waiting(upload, head, response_timeout).await?
+        };
+        Ok((stream, upload_done))
+    }
+}
+
+/// Writes the request's DATA upstream (chunk-framed when `chunked`), releasing each
+/// piece's flow-control capacity only once the upstream took it. `timeouts`: for the
+/// client's next DATA, and for each write upstream.
+async fn upload<W: AsyncWrite + Unpin>(
+    body: &mut RecvStream,
+    up: &mut W,
+    chunked: bool,
+    limit: Option<u64>,
+    timeouts: (Duration, Duration),
+    total: &mut u64,
+) -> Result<(), PumpError> {
+    let (client_timeout, upstream_timeout) = timeouts;
+    let write = |e: std::io::Error| PumpError::Write(e.kind());
+    loop {
+        let data = match with_timeout(client_timeout, body.data()).await {
+            Err(_) => return Err(PumpError::ReadTimeout),
+            Ok(None) => break,
+            Ok(Some(Err(_))) => return Err(PumpError::Read(std::io::ErrorKind::ConnectionReset)),
+            Ok(Some(Ok(data))) => data,
+        };
+        *total += data.len() as u64;
+        if limit.is_some_and(|max| *total > max) {
+            return Err(PumpError::TooLarge);
+        }
+        if data.is_empty() {
+            continue;
+        }
+        let written = async {
+            if chunked {
+                up.write_all(format!("{:x}\r\n", data.len()).as_bytes())
+                    .await?;
+                up.write_all(&data).await?;
+                up.write_all(b"\r\n").await
+            } else {
+                up.write_all(&data).await
+            }
+        };
+        match with_timeout(upstream_timeout, written).await {
+            Err(_) => return Err(PumpError::WriteTimeout),
+            Ok(Err(e)) => return Err(write(e)),
+            Ok(Ok(())) => {}
+        }
+        // Only now may the client send more: its pace is the upstream's.
+        let _ = body.flow_control().release_capacity(data.len());
+    }
+    if chunked {
+        // Trailers (if any) are dropped: an HTTP/1.1 upstream gets none from h2 clients.
+        match with_timeout(upstream_timeout, up.write_all(b"0\r\n\r\n")).await {
+            Err(_) => return Err(PumpError::WriteTimeout),
+            Ok(Err(e)) => return Err(write(e)),
+            Ok(Ok(())) => {}
+        }
+    }
+    Ok(())
+}

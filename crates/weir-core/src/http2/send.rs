@@ -1,0 +1,115 @@
+//! Sending to the client within its flow-control window, and noticing its resets.
+//!
+//! Every wait of a stream (for the upstream, for window capacity) also polls the stream's
+//! reset state, so a client RST_STREAM ends the wait at once: the exchange drops its
+//! upstream connection instead of finishing (or pooling) a request nobody wants.
+
+use std::future::{poll_fn, Future};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use h2::server::SendResponse;
+use h2::{Reason, SendStream};
+
+use crate::error::ProxyError;
+use crate::time::with_timeout;
+
+/// Why a stream's wait ended early.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    /// The client reset the stream (a cancellation).
+    Reset,
+    /// The stream or connection failed otherwise; the error says how.
+    Error(ProxyError),
+}
+
+/// Either half of an h2 response, which can tell whether the client reset the stream.
+pub trait Resettable {
+    fn poll_reset(&mut self, cx: &mut Context<'_>) -> Poll<Result<Reason, h2::Error>>;
+}
+
+impl Resettable for SendResponse<Bytes> {
+    fn poll_reset(&mut self, cx: &mut Context<'_>) -> Poll<Result<Reason, h2::Error>> {
+        SendResponse::poll_reset(self, cx)
+    }
+}
+
+impl Resettable for SendStream<Bytes> {
+    fn poll_reset(&mut self, cx: &mut Context<'_>) -> Poll<Result<Reason, h2::Error>> {
+        SendStream::poll_reset(self, cx)
+    }
+}
+
+fn stop_of(reset: Result<Reason, h2::Error>) -> Stop {
+    match reset {
+        Ok(_) => Stop::Reset,
+        Err(_) => Stop::Error(ProxyError::ClientClosed),
+    }
+}
+
+/// Runs `fut` to completion unless the client resets the stream first.
+pub async fn unless_reset<F: Future>(
+    stream: &mut impl Resettable,
+    fut: F,
+) -> Result<F::Output, Stop> {
+    let mut fut = std::pin::pin!(fut);
+    poll_fn(|cx| {
+        if let Poll::Ready(r) = stream.poll_reset(cx) {
+            return Poll::Ready(Err(stop_of(r)));
+        }
+        fut.as_mut().poll(cx).map(Ok)
+    })
+    .await
+}
+
+/// Sends `data` (ending the stream after it when `end`), in pieces as the client's window
+/// and the send buffer (`max_send_buffer`) allow. Waits at most `timeout` for each piece
+/// of window: a client that stops reading gets its stream reset.
+pub async fn send_data(
+    send: &mut SendStream<Bytes>,
+    mut data: &[u8],
+    end: bool,
+    timeout: Duration,
+) -> Result<(), Stop> {
+    if data.is_empty() {
+        return if end {
+            finish(send, Bytes::new())
+        } else {
+            Ok(())
+        };
+    }
+    while !data.is_empty() {
+        send.reserve_capacity(data.len());
+        let window = poll_fn(|cx| {
+            if let Poll::Ready(r) = send.poll_reset(cx) {
+                return Poll::Ready(Err(stop_of(r)));
+            }
+            match send.poll_capacity(cx) {
+                Poll::Ready(Some(Ok(n))) => Poll::Ready(Ok(n)),
+                Poll::Ready(_) => Poll::Ready(Err(Stop::Error(ProxyError::ClientClosed))),
+                Poll::Pending => Poll::Pending,
+            }
+        });
+        let n = with_timeout(timeout, window)
+            .await
+            .map_err(|_| Stop::Error(ProxyError::ClientTimeout))??;
+        let n = n.min(data.len());
+        if n == 0 {
+            continue;
+        }
+        let piece = Bytes::copy_from_slice(&data[..n]);
+        data = &data[n..];
+        if end && data.is_empty() {
+            return finish(send, piece);
+        }
+        send.send_data(piece, false)
+            .map_err(|_| Stop::Error(ProxyError::ClientClosed))?;
+    }
+    Ok(())
+}
+
+fn finish(send: &mut SendStream<Bytes>, last: Bytes) -> Result<(), Stop> {
+    send.send_data(last, true)
+        .map_err(|_| Stop::Error(ProxyError::ClientClosed))
+}

@@ -1,0 +1,254 @@
+//! One h2 stream, one request: its HTTP/1.1 head, the route, then the upstream exchange
+//! or a local answer (the default response, or an error status), then metrics and the
+//! access log through `proxy::record`, as for an HTTP/1.1 request.
+
+use std::rc::Rc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use h2::server::SendResponse;
+use h2::{Reason, RecvStream};
+use http::Request;
+
+use super::conn::Shared;
+use super::exchange::{StreamRequest, Trace};
+use super::request::write_head;
+use super::send::send_data;
+use crate::access_log::RequestFields;
+use crate::codec::http1::{parse_request, BodyFraming, HeadLimits, RequestHead};
+use crate::error::{reason_phrase, ProxyError};
+use crate::forward::{exchange_target, Failure, Reached};
+use crate::metrics::shard::{method_index, METHODS};
+use crate::proxy::{record, ClientSide, Counters, Done, Handled};
+use crate::router::RoutedPath;
+use crate::snapshot::Snapshot;
+
+/// Serves one accepted stream of the connection `shared`.
+pub async fn serve(
+    shared: Rc<Shared>,
+    request: Request<RecvStream>,
+    mut respond: SendResponse<Bytes>,
+) {
+    let started = Instant::now();
+    let worker = &*shared.worker;
+    let snapshot = worker.snapshot();
+    let Some(index) = snapshot.listener_index(shared.slot) else {
+        // A reload removed the listener: the connection is going away.
+        respond.send_reset(Reason::REFUSED_STREAM);
+        return;
+    };
+    let listener = &snapshot.config.listeners[index];
+    let (parts, body) = request.into_parts();
+    let mut buf = Vec::with_capacity(512);
+    if write_head(&mut buf, &parts, body.is_end_stream()).is_err() {
+        // Malformed (RFC 9113 8.1.1): a stream error, budgeted like a client reset
+        // (MadeYouReset makes the server reset streams on purpose).
+        respond.send_reset(Reason::PROTOCOL_ERROR);
+        shared.reset_by_client_error();
+        return;
+    }
+    drop(parts);
+    let mut req = RequestHead::default();
+    let limits = HeadLimits {
+        max_header_size: buf.len(),
+        max_headers: listener.max_headers,
+    };
+    let mut fields = RequestFields::default();
+    let mut trace = Trace::default();
+    let (route, result, method) = match parse_request(&buf, limits, &mut req) {
+        Ok(true) => {
+            if worker.log(shared.slot).is_some() {
+                fields.capture(&buf, &req);
+                fields.http2 = true;
+            }
+            let method = method_index(&buf[req.method.clone()]);
+            let body = (!body.is_end_stream()).then_some(body);
+            let s = Stream {
+                shared: &shared,
+                snapshot: &snapshot,
+                index,
+                buf: &buf,
+                req: &req,
+                started,
+            };
+            let (route, result) = s.handle(body, &mut respond, &mut trace).await;
+            (route, result, method)
+        }
+        Ok(false) => (
+            None,
+            Err(ProxyError::BadRequest("incomplete head").into()),
+            METHODS.len() - 1,
+        ),
+        Err(e) => (None, Err(e.into()), METHODS.len() - 1),
+    };
+    let status = answer(&mut respond, &result, listener, &mut trace).await;
+    if trace.reset {
+        shared.reset_by_client();
+    }
+    if let Some(m) = worker.metrics.listener(shared.slot) {
+        m.http2.streams.inc();
+    }
+    let handled = Handled {
+        route,
+        result: result.map(|()| true),
+    };
+    let done = Done {
+        listener: index,
+        slot: shared.slot,
+        method,
+        status,
+        duration: started.elapsed(),
+        counters: Counters {
+            bytes_in: 0,
+            bytes_out: 0,
+        },
+    };
+    let side = ClientSide {
+        ip: &shared.ip,
+        fields: &fields,
+        upstream_pick: trace.upstream_pick,
+        upstream_time: trace.upstream_time,
+        bytes_in: trace.body_in,
+        bytes_out: trace.body_out,
+    };
+    record(worker, &snapshot, &side, &handled, &done);
+}
+
+/// A parsed request on the snapshot it runs on.
+struct Stream<'a> {
+    shared: &'a Shared,
+    snapshot: &'a Snapshot,
+    index: usize,
+    buf: &'a [u8],
+    req: &'a RequestHead,
+    started: Instant,
+}
+
+impl Stream<'_> {
+    /// Routes the request, then forwards it or sends the default response.
+    async fn handle(
+        &self,
+        body: Option<RecvStream>,
+        respond: &mut SendResponse<Bytes>,
+        trace: &mut Trace,
+    ) -> (Option<usize>, Result<(), Failure>) {
+        let listener = &self.snapshot.config.listeners[self.index];
+        let plan = &self.snapshot.listeners[self.index];
+        if let (BodyFraming::Length(n), Some(max)) = (self.req.framing, listener.max_body_size) {
+            if n > max {
+                return (None, Err(ProxyError::BodyTooLarge.into()));
+            }
+        }
+        // Routed and forwarded on the normalised path, exactly as HTTP/1 requests are.
+        let mut path = RoutedPath::default();
+        let routed = match path.normalize(self.req.path(self.buf), &listener.path_normalization) {
+            Ok(routed) => routed,
+            Err(error) => return (None, Err(error.into())),
+        };
+        let route = plan.router.route(self.req.host_name(self.buf), routed);
+        let Some(index) = route else {
+            let d = &listener.default_response;
+            trace.status = d.status;
+            let sent = local(
+                respond,
+                d.status,
+                &d.content_type,
+                d.body.as_bytes(),
+                self.req.is_head,
+                listener.client_timeout,
+            )
+            .await;
+            trace.body_out = sent.as_ref().map_or(0, |n| *n);
+            return (None, sent.map(|_| ()).map_err(Failure::after_head));
+        };
+        if self.req.expect_continue && body.is_some() {
+            // The client may wait for 100 before sending DATA; Weir reads the body at once
+            // (an upstream's 1xx is not relayed to h2 clients), so it says so itself.
+            let mut go_on = http::Response::new(());
+            *go_on.status_mut() = http::StatusCode::CONTINUE;
+            let _ = respond.send_informational(go_on);
+        }
+        let route_config = &listener.routes[index];
+        let upstream = &self.snapshot.config.upstreams[route_config.upstream];
+        let pool = &self.snapshot.upstreams[route_config.upstream];
+        let r = StreamRequest {
+            worker: &self.shared.worker,
+            target: exchange_target(listener, route_config, upstream, pool),
+            ip: &self.shared.ip,
+            buf: self.buf,
+            req: self.req,
+            path: &path,
+            started: self.started,
+        };
+        (route, r.forward(body, respond, trace).await)
+    }
+}
+
+/// Answers a failure nothing was sent for yet with its status (or resets the stream when
+/// there is none to give). Returns the status the request counts with.
+async fn answer(
+    respond: &mut SendResponse<Bytes>,
+    result: &Result<(), Failure>,
+    listener: &weir_config::Listener,
+    trace: &mut Trace,
+) -> u16 {
+    let failure = match result {
+        Ok(()) => return trace.status,
+        Err(f) if f.reached == Reached::Head => return trace.status,
+        Err(f) => f,
+    };
+    let Some(status) = failure.error.status().filter(|_| !trace.reset) else {
+        respond.send_reset(Reason::CANCEL);
+        return 499;
+    };
+    let mut body = failure
+        .error
+        .body_text()
+        .unwrap_or(reason_phrase(status))
+        .as_bytes()
+        .to_vec();
+    body.push(b'\n');
+    if let Ok(n) = local(
+        respond,
+        status,
+        "text/plain",
+        &body,
+        false,
+        listener.client_timeout,
+    )
+    .await
+    {
+        trace.body_out = n;
+    }
+    status
+}
+
+/// Sends a response Weir makes itself. Returns the body bytes sent.
+async fn local(
+    respond: &mut SendResponse<Bytes>,
+    status: u16,
+    content_type: &str,
+    body: &[u8],
+    is_head: bool,
+    timeout: std::time::Duration,
+) -> Result<u64, ProxyError> {
+    let mut head = http::Response::new(());
+    *head.status_mut() =
+        http::StatusCode::from_u16(status).unwrap_or(http::StatusCode::BAD_GATEWAY);
+    let headers = head.headers_mut();
+    if let Ok(v) = http::HeaderValue::from_str(content_type) {
+        headers.insert(http::header::CONTENT_TYPE, v);
+    }
+    headers.insert(http::header::CONTENT_LENGTH, body.len().into());
+    let empty = is_head || body.is_empty();
+    let mut send = respond
+        .send_response(head, empty)
+        .map_err(|_| ProxyError::ClientClosed)?;
+    if empty {
+        return Ok(0);
+    }
+    send_data(&mut send, body, true, timeout)
+        .await
+        .map_err(|_| ProxyError::ClientClosed)?;
+    Ok(body.len() as u64)
+}

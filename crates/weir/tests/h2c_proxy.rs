@@ -1,0 +1,546 @@
+//! HTTP/2 with prior knowledge (h2c) on a cleartext listener, proxied to HTTP/1.1
+//! upstreams: multiplexing, bodies both ways under flow control, local answers, and the
+//! rapid-reset defence. The client is the `h2` crate's, over real sockets.
+
+mod common;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use h2::client::SendRequest;
+use h2::{Reason, RecvStream};
+use http::{Method, Request, StatusCode};
+use tokio::net::TcpStream;
+use tokio::task::JoinHandle;
+
+use common::{dead_port, single, Conf, WAIT};
+use weir_testkit::{pattern_hash, pattern_vec, sink_summary, wait_until_async, Backend, Hasher};
+
+/// An h2c connection to `addr`: the request handle and the task driving the connection
+/// (its result says how the connection ended).
+async fn connect(
+    addr: std::net::SocketAddr,
+) -> (SendRequest<Bytes>, JoinHandle<Result<(), h2::Error>>) {
+    let tcp = TcpStream::connect(addr).await.expect("connect to weir");
+    let (client, conn) = h2::client::handshake(tcp).await.expect("h2 handshake");
+    (client, tokio::spawn(conn))
+}
+
+fn request(method: Method, path: &str) -> Request<()> {
+    Request::builder()
+        .method(method)
+        .uri(format!("http://example.test{path}"))
+        .body(())
+        .expect("request")
+}
+
+/// Reads a whole response body, releasing flow-control capacity as it goes.
+async fn read_body(mut body: RecvStream) -> Vec<u8> {
+    let mut out = Vec::new();
+    while let Some(chunk) = body.data().await {
+        let chunk = chunk.expect("body chunk");
+        let _ = body.flow_control().release_capacity(chunk.len());
+        out.extend_from_slice(&chunk);
+    }
+    out
+}
+
+/// Sends a body-less request and returns (status, body).
+async fn get(client: &mut SendRequest<Bytes>, method: Method, path: &str) -> (StatusCode, Vec<u8>) {
+    let (response, _) = client
+        .send_request(request(method, path), true)
+        .expect("send request");
+    let response = response.await.expect("response");
+    let status = response.status();
+    (status, read_body(response.into_body()).await)
+}
+
+fn metric(weir: &common::Weir, name: &str) -> u64 {
+    let text = weir.metrics_text();
+    let line = text
+        .lines()
+        .find(|l| l.starts_with(name))
+        .unwrap_or_else(|| panic!("no {name} in\n{text}"));
+    line.rsplit(' ')
+        .next()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn multiplexed_requests_each_get_their_own_response() {
+    let backend = Backend::echo("e");
+    let weir = single(backend.addr()).start();
+    let (client, _conn) = connect(weir.addr).await;
+    let mut tasks = Vec::new();
+    for i in 0..32 {
+        let mut client = client.clone();
+        tasks.push(tokio::spawn(async move {
+            let (status, body) = get(&mut client, Method::GET, &format!("/item/{i}?q={i}")).await;
+            (i, status, String::from_utf8_lossy(&body).into_owned())
+        }));
+    }
+    for t in tasks {
+        let (i, status, body) = t.await.expect("task");
+        assert_eq!(status, StatusCode::OK);
+        // The echo backend answers with the request head it received, in HTTP/1.1.
+        assert!(
+            body.starts_with(&format!("GET /item/{i}?q={i} HTTP/1.1\r\n")),
+            "{body}"
+        );
+        assert!(
+            body.contains("\r\nhost: example.test\r\n")
+                || body.contains("\r\nHost: example.test\r\n"),
+            "{body}"
+        );
+        assert!(body.contains("X-Forwarded-For: 127.0.0.1\r\n"), "{body}");
+    }
+    assert_eq!(
+        metric(&weir, "weir_http2_connections_total{listener=\"web\"}"),
+        1
+    );
+    assert_eq!(
+        metric(&weir, "weir_http2_streams_total{listener=\"web\"}"),
+        32
+    );
+    let text = weir.metrics_text();
+    assert!(
+        text.contains(
+            "weir_requests_total{listener=\"web\",route=\"all\",method=\"GET\",code=\"200\"} 32"
+        ),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn request_bodies_with_and_without_content_length() {
+    let backend = Backend::sink();
+    let weir = single(backend.addr()).start();
+    let (mut client, _conn) = connect(weir.addr).await;
+    let data = pattern_vec(300_000);
+    for with_length in [true, false] {
+        let mut req = request(Method::POST, "/upload");
+        if with_length {
+            req.headers_mut()
+                .insert("content-length", data.len().into());
+        }
+        let (response, mut send) = client.send_request(req, false).expect("send");
+        // Several DATA frames, each waiting for window: the upload follows flow control.
+        for piece in data.chunks(70_000) {
+            send.reserve_capacity(piece.len());
+            let mut left = Bytes::copy_from_slice(piece);
+            while !left.is_empty() {
+                let cap = std::future::poll_fn(|cx| send.poll_capacity(cx))
+                    .await
+                    .expect("capacity")
+                    .expect("capacity ok");
+                let n = cap.min(left.len());
+                send.send_data(left.split_to(n), false).expect("data");
+            }
+        }
+        send.send_data(Bytes::new(), true).expect("end");
+        let response = response.await.expect("response");
+        assert_eq!(
+            response.status(),
+            StatusCode::OK,
+            "with_length {with_length}"
+        );
+        let body = read_body(response.into_body()).await;
+        let mut h = Hasher::new();
+        h.update(&data);
+        assert_eq!(
+            String::from_utf8_lossy(&body),
+            sink_summary(data.len() as u64, h.finish()),
+            "with_length {with_length}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn large_response_streams_under_flow_control() {
+    let len = 8 << 20;
+    let backend = Backend::huge(len);
+    let weir = single(backend.addr()).start();
+    let (mut client, _conn) = connect(weir.addr).await;
+    let (response, _) = client
+        .send_request(request(Method::GET, "/big"), true)
+        .expect("send");
+    let response = response.await.expect("response");
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(
+        response.headers()["content-length"],
+        len.to_string().as_str()
+    );
+    let mut body = response.into_body();
+    let mut hasher = Hasher::new();
+    // Reading slowly at first: Weir may only send what the default 64 KiB window allows.
+    while let Some(chunk) = body.data().await {
+        let chunk = chunk.expect("chunk");
+        hasher.update(&chunk);
+        let _ = body.flow_control().release_capacity(chunk.len());
+    }
+    assert_eq!(hasher.finish(), pattern_hash(len));
+}
+
+#[tokio::test]
+async fn head_has_no_body_but_its_length() {
+    let backend = Backend::fixed(200, &[("X-A", "1")], "hello world");
+    let weir = single(backend.addr()).start();
+    let (mut client, _conn) = connect(weir.addr).await;
+    let (response, _) = client
+        .send_request(request(Method::HEAD, "/"), true)
+        .expect("send");
+    let response = response.await.expect("response");
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(response.headers()["content-length"], "11");
+    assert_eq!(response.headers()["x-a"], "1");
+    assert!(response.headers().get("connection").is_none());
+    assert!(read_body(response.into_body()).await.is_empty());
+    let (status, body) = get(&mut client, Method::GET, "/").await;
+    assert_eq!(
+        (status, body.as_slice()),
+        (StatusCode::OK, &b"hello world"[..])
+    );
+}
+
+#[tokio::test]
+async fn no_route_gets_the_default_response() {
+    let backend = Backend::echo("e");
+    let weir = Conf::new()
+        .listener("default_response = { status = 421, body = \"nothing here\\n\" }")
+        .route("api", "up", &["path_prefix = \"/api/\""])
+        .upstream("up", &[backend.addr()], &[])
+        .start();
+    let (mut client, _conn) = connect(weir.addr).await;
+    let (status, body) = get(&mut client, Method::GET, "/other").await;
+    assert_eq!(status.as_u16(), 421);
+    assert_eq!(body, b"nothing here\n");
+    let (status, _) = get(&mut client, Method::GET, "/api/x").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(backend.requests_served(), 1);
+}
+
+#[tokio::test]
+async fn upstream_down_is_502_and_the_connection_stays_usable() {
+    let dead = dead_port();
+    let weir = single(dead.addr).start();
+    let (mut client, _conn) = connect(weir.addr).await;
+    for _ in 0..2 {
+        let (status, body) = get(&mut client, Method::GET, "/").await;
+        assert_eq!(status, StatusCode::BAD_GATEWAY);
+        assert_eq!(body, b"Bad Gateway\n");
+    }
+}
+
+#[tokio::test]
+async fn client_resets_cancel_their_upstream_requests() {
+    let backend = Backend::hang();
+    let weir = single(backend.addr()).start();
+    let (mut client, conn) = connect(weir.addr).await;
+    let mut streams = Vec::new();
+    for i in 0..5 {
+        let (response, send) = client
+            .send_request(request(Method::GET, &format!("/{i}")), true)
+            .expect("send");
+        streams.push((response, send));
+    }
+    assert!(
+        wait_until_async(WAIT, || backend.requests_served() == 5).await,
+        "served {}",
+        backend.requests_served()
+    );
+    assert_eq!(backend.in_flight(), 5);
+    for (_, send) in &mut streams {
+        send.send_reset(Reason::CANCEL);
+    }
+    // Each reset closed its upstream connection: the backend sees the requests end.
+    assert!(
+        wait_until_async(WAIT, || backend.in_flight() == 0).await,
+        "in flight {}",
+        backend.in_flight()
+    );
+    assert_eq!(
+        metric(&weir, "weir_http2_client_resets_total{listener=\"web\"}"),
+        5
+    );
+    assert_eq!(backend.requests_served(), 5);
+    // Within budget: the connection still works.
+    assert!(!conn.is_finished());
+    let text = weir.metrics_text();
+    assert!(text.contains("code=\"499\"} 5"), "{text}");
+}
+
+#[tokio::test]
+async fn rapid_reset_past_the_budget_gets_goaway_enhance_your_calm() {
+    let backend = Backend::hang();
+    let weir = single(backend.addr())
+        .listener("http2 = { reset_budget = 5, reset_window = \"60s\" }")
+        .start();
+    let (mut client, conn) = connect(weir.addr).await;
+    let mut resets = 0;
+    for i in 0..20 {
+        let Ok((_, mut send)) = client.send_request(request(Method::GET, &format!("/{i}")), true)
+        else {
+            break;
+        };
+        // Reset each stream once Weir has sent it upstream: the costly kind of reset,
+        // which h2's own pending-accept guard does not see.
+        if !wait_until_async(WAIT, || backend.requests_served() == i + 1).await {
+            break;
+        }
+        send.send_reset(Reason::CANCEL);
+        resets += 1;
+        if conn.is_finished() {
+            break;
+        }
+        // Wait until Weir has seen this reset (or closed the connection).
+        let seen =
+            || metric(&weir, "weir_http2_client_resets_total{listener=\"web\"}") == resets as u64;
+        assert!(wait_until_async(WAIT, || seen() || conn.is_finished()).await);
+        if conn.is_finished() {
+            break;
+        }
+    }
+    let ended = tokio::time::timeout(WAIT, conn)
+        .await
+        .expect("connection closed")
+        .expect("task");
+    let error = ended.expect_err("GOAWAY");
+    assert!(error.is_go_away(), "{error:?}");
+    assert_eq!(error.reason(), Some(Reason::ENHANCE_YOUR_CALM));
+    assert_eq!(resets, 6, "the sixth reset is one past a budget of five");
+    // Every request Weir sent upstream was cancelled: upstream cancellations == resets.
+    assert!(wait_until_async(WAIT, || backend.in_flight() == 0).await);
+    assert_eq!(backend.requests_served(), resets);
+    assert_eq!(
+        metric(&weir, "weir_http2_client_resets_total{listener=\"web\"}"),
+        resets as u64
+    );
+    assert_eq!(
+        metric(&weir, "weir_http2_calm_goaways_total{listener=\"web\"}"),
+        1
+    );
+}
+
+#[tokio::test]
+async fn http1_clients_share_the_listener() {
+    let backend = Backend::echo("e");
+    let weir = single(backend.addr()).start();
+    let (mut h2client, _conn) = connect(weir.addr).await;
+    let mut h1 = weir.client().await;
+    let r = h1.get("/one", "h").await.expect("h1 response");
+    assert_eq!(r.status, 200);
+    // PUT, POST and PATCH start with 'P' like the preface: still HTTP/1.1.
+    for method in ["POST", "PUT", "PATCH"] {
+        let req = format!(
+            "{method} /p HTTP/1.1\r\nHost: h\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok"
+        );
+        let raw = weir_testkit::send_raw_once(weir.addr, req.as_bytes())
+            .await
+            .expect("raw");
+        assert_eq!(weir_testkit::status_of(&raw), Some(200), "{method}");
+    }
+    let (status, _) = get(&mut h2client, Method::GET, "/two").await;
+    assert_eq!(status, StatusCode::OK);
+    let r = h1.get("/three", "h").await.expect("h1 response");
+    assert_eq!(r.status, 200);
+}
+
+#[tokio::test]
+async fn drain_sends_goaway_and_lets_streams_finish() {
+    let backend = Backend::slow(Duration::from_millis(300));
+    // The harness drains for 0 s; this test needs time for the in-flight stream.
+    let toml = single(backend.addr())
+        .toml()
+        .replace("drain_timeout = \"0s\"", "drain_timeout = \"30s\"");
+    let config = weir_config::parse_str(&toml, "drain.toml").expect("config");
+    let proxy = weir_core::Proxy::start(config, 1).expect("start");
+    let addr = proxy.listener_addr(common::LISTENER).expect("address");
+    let (mut client, conn) = connect(addr).await;
+    let (response, _) = client
+        .send_request(request(Method::GET, "/slow"), true)
+        .expect("send");
+    assert!(wait_until_async(WAIT, || backend.requests_served() == 1).await);
+    let weir_thread = std::thread::spawn(move || proxy.shutdown());
+    let response = response.await.expect("in-flight stream finishes");
+    assert_eq!(response.status(), StatusCode::OK);
+    assert!(read_body(response.into_body())
+        .await
+        .starts_with(b"GET /slow HTTP/1.1\r\n"));
+    let ended = tokio::time::timeout(WAIT, conn)
+        .await
+        .expect("connection closed")
+        .expect("task");
+    assert!(ended.is_ok(), "graceful GOAWAY (NO_ERROR): {ended:?}");
+    weir_thread.join().expect("shutdown");
+}
+
+#[tokio::test]
+async fn expect_100_continue_is_answered_before_the_body() {
+    let backend = Backend::sink();
+    let weir = single(backend.addr()).start();
+    let (mut client, _conn) = connect(weir.addr).await;
+    let mut req = request(Method::POST, "/upload");
+    req.headers_mut()
+        .insert("expect", http::HeaderValue::from_static("100-continue"));
+    req.headers_mut().insert("content-length", 5.into());
+    let (mut response, mut send) = client.send_request(req, false).expect("send");
+    // Like curl, the client holds the body until it has the 100.
+    let interim = tokio::time::timeout(
+        WAIT,
+        std::future::poll_fn(|cx| response.poll_informational(cx)),
+    )
+    .await
+    .expect("a 100 before the body")
+    .expect("an informational response")
+    .expect("no error");
+    assert_eq!(interim.status(), StatusCode::CONTINUE);
+    send.send_data(Bytes::from_static(b"hello"), true)
+        .expect("body");
+    let response = response.await.expect("response");
+    assert_eq!(response.status(), StatusCode::OK);
+    let mut h = Hasher::new();
+    h.update(b"hello");
+    assert_eq!(
+        read_body(response.into_body()).await,
+        sink_summary(5, h.finish()).into_bytes()
+    );
+}
+
+#[tokio::test]
+async fn access_log_shows_http_2_0() {
+    let dir = std::env::temp_dir().join(format!("weir-h2c-log-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join("access.log");
+    let backend = Backend::echo("e");
+    let weir = single(backend.addr())
+        .listener(&format!(
+            "access_log = {{ format = \"json\", path = \"{}\" }}",
+            path.display()
+        ))
+        .start();
+    let (mut client, _conn) = connect(weir.addr).await;
+    let (status, _) = get(&mut client, Method::GET, "/logged?x=1").await;
+    assert_eq!(status, StatusCode::OK);
+    let read = || std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        wait_until_async(WAIT, || read().ends_with('\n')).await,
+        "no log line"
+    );
+    let line = read();
+    let _ = std::fs::remove_dir_all(&dir);
+    for field in [
+        "\"protocol\":\"HTTP/2.0\"",
+        "\"method\":\"GET\"",
+        "\"target\":\"/logged?x=1\"",
+        "\"status\":200",
+        "\"route\":\"all\"",
+    ] {
+        assert!(line.contains(field), "{field} missing in {line}");
+    }
+}
+
+#[tokio::test]
+async fn a_closed_connection_cancels_its_upstream_requests() {
+    let backend = Backend::hang();
+    let weir = single(backend.addr()).start();
+    let (mut client, conn) = connect(weir.addr).await;
+    let mut responses = Vec::new();
+    for i in 0..3 {
+        let req = request(Method::GET, &format!("/{i}"));
+        responses.push(client.send_request(req, true).expect("send"));
+    }
+    assert!(wait_until_async(WAIT, || backend.requests_served() == 3).await);
+    // The client goes away without a GOAWAY or a reset: its TCP connection just closes.
+    conn.abort();
+    drop((client, responses));
+    assert!(
+        wait_until_async(WAIT, || backend.in_flight() == 0).await,
+        "in flight {}",
+        backend.in_flight()
+    );
+    let open = || metric(&weir, "weir_connections_active{listener=\"web\"}");
+    assert!(
+        wait_until_async(WAIT, || open() == 0).await,
+        "connections open: {}",
+        open()
+    );
+}
+
+#[tokio::test]
+async fn content_length_must_match_the_data() {
+    let backend = Backend::sink();
+    let weir = single(backend.addr()).start();
+    let (mut client, _conn) = connect(weir.addr).await;
+    for (declared, sent) in [(10, &b"short"[..]), (2, &b"too long"[..])] {
+        let mut req = request(Method::POST, "/upload");
+        req.headers_mut().insert("content-length", declared.into());
+        let (response, mut send) = client.send_request(req, false).expect("send");
+        send.reserve_capacity(sent.len());
+        send.send_data(Bytes::copy_from_slice(sent), true)
+            .expect("data");
+        let error = response.await.expect_err("malformed: the stream is reset");
+        assert_eq!(
+            error.reason(),
+            Some(Reason::PROTOCOL_ERROR),
+            "{declared}: {error:?}"
+        );
+    }
+    // Stream errors only: the connection goes on.
+    let mut req = request(Method::POST, "/upload");
+    req.headers_mut().insert("content-length", 2.into());
+    let (response, mut send) = client.send_request(req, false).expect("send");
+    send.send_data(Bytes::from_static(b"ok"), true)
+        .expect("data");
+    let response = response.await.expect("response");
+    assert_eq!(response.status(), StatusCode::OK);
+    let mut h = Hasher::new();
+    h.update(b"ok");
+    assert_eq!(
+        read_body(response.into_body()).await,
+        sink_summary(2, h.finish()).into_bytes()
+    );
+}
+
+#[tokio::test]
+async fn an_idle_connection_gets_goaway_after_keepalive_timeout() {
+    let backend = Backend::echo("e");
+    let weir = single(backend.addr())
+        .listener("keepalive_timeout = \"200ms\"")
+        .start();
+    let (mut client, conn) = connect(weir.addr).await;
+    let (status, _) = get(&mut client, Method::GET, "/").await;
+    assert_eq!(status, StatusCode::OK);
+    let ended = tokio::time::timeout(WAIT, conn)
+        .await
+        .expect("idle connection closed")
+        .expect("task");
+    assert!(ended.is_ok(), "GOAWAY NO_ERROR: {ended:?}");
+    assert!(client
+        .send_request(request(Method::GET, "/"), true)
+        .is_err());
+}
+
+/// HTTP/2 requests are routed and forwarded on the normalised path, like HTTP/1 ones: a dot
+/// segment cannot carry a request past its prefix route.
+#[tokio::test]
+async fn dot_segments_do_not_escape_a_prefix_route() {
+    let public = Backend::echo("public");
+    let admin = Backend::echo("admin");
+    let weir = Conf::new()
+        .route("public", "pub", &["path_prefix = \"/public/\""])
+        .route("admin", "adm", &["path_prefix = \"/admin/\""])
+        .upstream("pub", &[public.addr()], &[])
+        .upstream("adm", &[admin.addr()], &[])
+        .start();
+    let (mut client, _conn) = connect(weir.addr).await;
+    let (status, _) = get(&mut client, Method::GET, "/public/../admin/x").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!((public.requests_served(), admin.requests_served()), (0, 1));
+    let (status, _) = get(&mut client, Method::GET, "/public/%2e%2e/admin/y").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!((public.requests_served(), admin.requests_served()), (0, 2));
+    let (status, _) = get(&mut client, Method::GET, "/public/../../etc").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!((public.requests_served(), admin.requests_served()), (0, 2));
+}

@@ -1,0 +1,62 @@
+//! h2spec (strict) against an h2c listener whose route goes to an HTTP/1.1 upstream.
+//!
+//! Runs when the h2spec binary is found: `WEIR_H2SPEC`, else `$HOME/go/bin/h2spec`
+//! (`GOBIN=$HOME/go/bin go install github.com/summerwind/h2spec/cmd/h2spec@latest`).
+//! Without it the test prints that it was skipped and passes.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use common::single;
+use weir_testkit::Backend;
+
+fn h2spec_binary() -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os("WEIR_H2SPEC") {
+        return Some(PathBuf::from(path));
+    }
+    let home = std::env::var_os("HOME")?;
+    let path = PathBuf::from(home).join("go/bin/h2spec");
+    path.is_file().then_some(path)
+}
+
+/// (tests, passed, skipped, failed) from h2spec's last line.
+fn summary(output: &str) -> Option<(u32, u32, u32, u32)> {
+    let line = output.lines().rev().find(|l| l.contains(" tests, "))?;
+    let numbers: Vec<u32> = line
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|n| n.parse().ok())
+        .collect();
+    match numbers[..] {
+        [tests, passed, skipped, failed] => Some((tests, passed, skipped, failed)),
+        _ => None,
+    }
+}
+
+#[test]
+fn h2spec_strict_passes_on_an_h2c_listener() {
+    let Some(binary) = h2spec_binary() else {
+        eprintln!(
+            "SKIPPED h2spec_strict_passes_on_an_h2c_listener: no h2spec binary (set WEIR_H2SPEC \
+             or install it to $HOME/go/bin)"
+        );
+        return;
+    };
+    let backend = Backend::echo("e");
+    let weir = single(backend.addr()).start();
+    let output = Command::new(&binary)
+        .args(["-S", "-h", "127.0.0.1", "-p", &weir.addr.port().to_string()])
+        .output()
+        .unwrap_or_else(|e| panic!("running {}: {e}", binary.display()));
+    let text = String::from_utf8_lossy(&output.stdout);
+    let (tests, passed, skipped, failed) =
+        summary(&text).unwrap_or_else(|| panic!("no h2spec summary in:\n{text}"));
+    eprintln!("h2spec -S: {tests} tests, {passed} passed, {skipped} skipped, {failed} failed");
+    assert!(tests > 100, "{text}");
+    assert_eq!(failed, 0, "{text}");
+    assert!(
+        backend.requests_served() > 0,
+        "h2spec's requests reached the upstream"
+    );
+}
