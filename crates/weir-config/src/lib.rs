@@ -109,6 +109,7 @@ max_idle = 256
             bind: addr(bind),
             protocol: Protocol::Http,
             proxy_protocol: ProxyProtocol::default(),
+            tls: None,
             backlog: 4096,
             defer_accept: true,
             max_connections: 10_000,

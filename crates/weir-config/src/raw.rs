@@ -58,6 +58,7 @@ pub(crate) struct RawListener {
     pub access_log: Option<RawAccessLog>,
     pub routes: Option<Vec<RawRoute>>,
     pub proxy_protocol: Option<RawProxyProtocol>,
+    pub tls: Option<RawTls>,
     // TCP listeners only.
     pub upstream: Option<String>,
     pub idle_timeout: Option<String>,
@@ -72,6 +73,37 @@ pub(crate) struct RawProxyProtocol {
     pub accept: Option<bool>,
     pub send: Option<String>,
     pub trusted: Option<Vec<String>>,
+}
+
+/// `[listeners.tls]`: TLS termination.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawTls {
+    pub certs: Option<Vec<RawCertKey>>,
+    pub default_cert: Option<String>,
+    pub min_version: Option<String>,
+    pub alpn: Option<Vec<String>>,
+    pub session_resumption: Option<bool>,
+    pub client_auth: Option<RawClientAuth>,
+    pub client_cert_header: Option<String>,
+    pub handshake_timeout: Option<String>,
+    pub max_handshakes: Option<i64>,
+}
+
+/// One entry of `certs = [{ cert = "...", key = "..." }]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawCertKey {
+    pub cert: Option<String>,
+    pub key: Option<String>,
+}
+
+/// `client_auth = { ca = "...", required = true }`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawClientAuth {
+    pub ca: Option<String>,
+    pub required: Option<bool>,
 }
 
 /// `[listeners.access_log]`.

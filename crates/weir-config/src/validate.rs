@@ -209,6 +209,7 @@ fn listener(
         bind,
         protocol,
         proxy_protocol: tcp::proxy_protocol(raw.proxy_protocol, &key("proxy_protocol"))?,
+        tls: tls::tls(raw.tls, &key("tls"))?,
         backlog: int_in(raw.backlog, 4096, 1..=65535, &key("backlog"))?,
         defer_accept,
         max_connections: int_in(
@@ -749,6 +750,7 @@ fn size(raw: Option<StrOrInt>, default: u64, path: &FieldPath) -> Result<u64, Is
 
 mod pool;
 mod tcp;
+mod tls;
 
 #[cfg(test)]
 mod tests;
