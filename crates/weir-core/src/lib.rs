@@ -44,6 +44,7 @@ pub mod snapshot;
 pub mod sys;
 pub mod tcp;
 pub mod time;
+pub mod tls;
 pub mod upstream;
 pub mod worker;
 

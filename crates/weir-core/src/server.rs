@@ -34,6 +34,8 @@ pub enum StartError {
     Thread(std::io::Error),
     #[error("cannot open access log: {0}")]
     AccessLog(std::io::Error),
+    #[error(transparent)]
+    Tls(#[from] crate::snapshot::ListenerTlsError),
 }
 
 /// A running data plane. Dropping it without `shutdown` leaves the workers running until
@@ -68,7 +70,7 @@ impl Proxy {
         let splice_available = probe_splice(&config);
         let (tx, rx) = watch::channel(false);
         let shared = Arc::new(Shared {
-            snapshot: ArcSwap::from_pointee(Snapshot::new(Arc::new(config), slots)),
+            snapshot: ArcSwap::from_pointee(Snapshot::new(Arc::new(config), slots)?),
             generation: AtomicU64::new(0),
             shutdown: rx,
             workers,
