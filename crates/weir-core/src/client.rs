@@ -57,6 +57,8 @@ pub struct ClientConn {
     idle_timer: LazyTimer,
     /// The wait for a response head (`response_timeout`).
     pub upstream_timer: LazyTimer,
+    /// What the TLS handshake settled (`None`: a plain connection).
+    pub tls: Option<Box<crate::tls::session::TlsSession>>,
 }
 
 /// What waiting for the next request produced.
@@ -106,6 +108,7 @@ impl ClientConn {
             idle_since: now,
             idle_timer: LazyTimer::new(Instant::from_std(now)),
             upstream_timer: LazyTimer::new(Instant::from_std(now)),
+            tls: None,
         }
     }
 

@@ -62,6 +62,16 @@ pub async fn serve_client(worker: Rc<Worker>, slot: usize, stream: ClientStream,
         // The first request gets its whole header_timeout after the PROXY header.
         conn.idle_since = Instant::now();
     }
+    // TLS listeners: the handshake, before the first request (see tls/handshake.rs).
+    if let Some(tls) = &snapshot.listeners[listener_index].tls {
+        let at = (slot, listener);
+        let hello =
+            crate::tls::handshake::accept(&worker, at, tls, &mut conn.stream, &mut conn.buf);
+        let Some(session) = hello.await else { return };
+        conn.tls = Some(Box::new(session));
+        // The first request gets its whole header_timeout after the handshake.
+        conn.idle_since = Instant::now();
+    }
     let mut kept = snapshot.clone();
     drop(snapshot);
     let mut req = RequestHead::default();
@@ -304,6 +314,7 @@ fn record(worker: &Worker, snapshot: &Snapshot, conn: &ClientConn, handled: &Han
             route: route_name,
             upstream,
             upstream_time: conn.upstream_time,
+            tls: conn.tls.as_deref(),
         };
         log.log(&conn.log_fields, &outcome);
     }

@@ -72,6 +72,7 @@ pub async fn forward(
         target.route,
         server,
         &conn.ip,
+        conn.tls.as_deref(),
     );
     conn.host.clear();
     if let Some(host) = &req.host {
@@ -323,8 +324,7 @@ async fn send_streaming(
     let result = {
         let (mut ur, mut uw) = stream.split();
         // A streamed upload waits on the client and the upstream at once: register.
-        let client = conn.stream.registered().map_err(ProxyError::client_io)?;
-        let (mut cr, mut cw) = client.split();
+        let (mut cr, mut cw) = conn.stream.split().map_err(ProxyError::client_io)?;
         let mut uploaded = 0;
         let upload = pump(
             &mut cr,

@@ -7,8 +7,10 @@ use crate::codec::http1::write::{push_header, HeaderLines};
 use crate::codec::http1::{BodyFraming, HeaderKind, RequestHead};
 use crate::filters::forwarded::{push_forwarded, ClientIp};
 use crate::filters::rewrite::upstream_path;
+use crate::tls::session::TlsSession;
 
-/// Appends the upstream request head for `req` (parsed from `buf`) to `out`.
+/// Appends the upstream request head for `req` (parsed from `buf`) to `out`. `tls`: the
+/// connection's TLS session (`X-Forwarded-Proto: https`, the client-certificate header).
 pub fn write_request_head(
     out: &mut Vec<u8>,
     buf: &[u8],
@@ -16,6 +18,7 @@ pub fn write_request_head(
     route: &Route,
     server: &UpstreamServer,
     client: &ClientIp,
+    tls: Option<&TlsSession>,
 ) {
     let (prefix, rest) = upstream_path(
         req.path(buf),
@@ -33,12 +36,19 @@ pub fn write_request_head(
         None => push_header(out, b"Host", server.name.as_bytes()),
     }
     let mut lines = HeaderLines::default();
+    // The client-certificate header is Weir's to set: a client's copy never passes.
+    let strip = tls.and_then(|t| t.strip_header.as_deref());
     for h in &req.headers {
-        if forwards_unchanged(h.kind, h.connection_listed, route.forwarded_headers) {
+        if forwards_unchanged(h.kind, h.connection_listed, route.forwarded_headers)
+            && !strip.is_some_and(|name| buf[h.name.clone()].eq_ignore_ascii_case(name))
+        {
             lines.keep(out, buf, h);
         }
     }
     lines.flush(out, buf);
+    if let Some(line) = tls.and_then(|t| t.cert_header_line.as_deref()) {
+        out.extend_from_slice(line);
+    }
     if req.framing == BodyFraming::Chunked {
         out.extend_from_slice(b"Transfer-Encoding: chunked\r\n");
     }
@@ -54,7 +64,7 @@ pub fn write_request_head(
             .iter()
             .filter(|h| h.kind == HeaderKind::XForwardedFor)
             .map(|h| &buf[h.value.clone()]);
-        push_forwarded(out, client, client_host, prior);
+        push_forwarded(out, client, client_host, prior, tls.is_some());
     }
     out.extend_from_slice(b"\r\n");
 }

@@ -58,7 +58,8 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
     out
 }
 
-const HEX: &[u8; 16] = b"0123456789abcdef";
+/// Lower-case hex digits.
+pub(crate) const HEX: &[u8; 16] = b"0123456789abcdef";
 
 /// Seconds since the Unix epoch, now.
 pub fn unix_now() -> i64 {
