@@ -157,6 +157,7 @@ max_idle = 256
             server: ServerSettings {
                 workers: Workers::Auto,
                 drain_timeout: Duration::from_secs(30),
+                cert_check_interval: Duration::from_secs(5),
             },
             admin: AdminSettings {
                 bind: Some(addr("127.0.0.1:9901")),
@@ -210,6 +211,7 @@ max_idle = 256
             server: ServerSettings {
                 workers: Workers::Auto,
                 drain_timeout: Duration::from_secs(30),
+                cert_check_interval: Duration::from_secs(5),
             },
             admin: AdminSettings {
                 bind: Some(addr("127.0.0.1:9901")),

@@ -22,6 +22,9 @@ pub struct Config {
 pub struct ServerSettings {
     pub workers: Workers,
     pub drain_timeout: Duration,
+    /// How often the TLS certificate, key and CA files are checked for changes on disk
+    /// (changed files are reloaded); zero: never.
+    pub cert_check_interval: Duration,
 }
 
 /// How many worker threads to run.

@@ -27,6 +27,7 @@ pub(crate) struct RawConfig {
 pub(crate) struct RawServer {
     pub workers: Option<StrOrInt>,
     pub drain_timeout: Option<String>,
+    pub cert_check_interval: Option<String>,
 }
 
 /// `[admin]`.

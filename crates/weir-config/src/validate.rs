@@ -58,6 +58,12 @@ fn server(raw: RawServer, path: &FieldPath) -> Result<ServerSettings, Issue> {
     Ok(ServerSettings {
         workers: workers(raw.workers, &path.key("workers"))?,
         drain_timeout: duration(raw.drain_timeout, "30s", &path.key("drain_timeout"), false)?,
+        cert_check_interval: duration(
+            raw.cert_check_interval,
+            "5s",
+            &path.key("cert_check_interval"),
+            false,
+        )?,
     })
 }
 

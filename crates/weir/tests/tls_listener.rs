@@ -197,10 +197,29 @@ async fn min_version_1_3_refuses_a_tls_1_2_client() {
     .await;
 }
 
-/// A running Weir with two workers (the common harness runs one).
-struct TwoWorkers(Option<weir_core::Proxy>);
+/// A running Weir started from `toml` with `workers` workers (the common harness runs one).
+struct Running(Option<weir_core::Proxy>);
 
-impl Drop for TwoWorkers {
+impl Running {
+    fn start(toml: &str, workers: usize) -> Running {
+        let config = weir_config::parse_str(toml, "test.toml").expect("config");
+        Running(Some(
+            weir_core::Proxy::start(config, workers).expect("start"),
+        ))
+    }
+
+    fn proxy(&self) -> &weir_core::Proxy {
+        self.0.as_ref().expect("running")
+    }
+
+    fn addr(&self) -> SocketAddr {
+        self.proxy()
+            .listener_addr(common::LISTENER)
+            .expect("listener")
+    }
+}
+
+impl Drop for Running {
     fn drop(&mut self) {
         if let Some(p) = self.0.take() {
             p.shutdown();
@@ -214,10 +233,8 @@ async fn sessions_resume_on_either_of_two_workers() {
     let leaf = ca.leaf(&["r.example.com"]);
     let b = Backend::echo("app");
     let toml = single(b.addr()).listener(&tls_table(&[&leaf], "")).toml();
-    let config = weir_config::parse_str(&toml, "test.toml").expect("config");
-    let proxy = TwoWorkers(Some(weir_core::Proxy::start(config, 2).expect("start")));
-    let p = proxy.0.as_ref().unwrap();
-    let addr = p.listener_addr(common::LISTENER).unwrap();
+    let running = Running::start(&toml, 2);
+    let (p, addr) = (running.proxy(), running.addr());
     let slot = p.snapshot().slots.listeners[0].slot;
     // Resumed handshakes seen by each worker: the kernel spreads connections over the two
     // SO_REUSEPORT sockets by their source port, so within a few dozen connections both
@@ -649,4 +666,104 @@ async fn json_access_log_and_metrics_describe_the_tls_session_and_certificates()
         "weir_tls_certificate_expiry_timestamp_seconds{{listener=\"web\",names=\"log.example.com,*.log.example.net\"}} {not_after}"
     );
     wait_metric(&weir, &gauge).await;
+}
+
+/// Replaces the files of `target` with those of `with` (same paths, new contents).
+fn overwrite(target: &Leaf, with: &Leaf) {
+    std::fs::write(&target.cert_path, &with.chain_pem).unwrap();
+    std::fs::write(&target.key_path, &with.key_pem).unwrap();
+}
+
+/// The certificate a fresh TLS 1.3 connection to `addr` is presented.
+async fn served(addr: SocketAddr, ca: &TestCa, name: &str) -> CertificateDer<'static> {
+    let s = connect(addr, client_config(ca, TLS13, None), name)
+        .await
+        .expect("handshake");
+    presented(&s)
+}
+
+#[tokio::test]
+async fn a_reload_reads_new_certificate_files_and_a_bad_one_keeps_the_old() {
+    let ca = TestCa::new("reload CA");
+    let leaf = ca.leaf(&["re.example.com"]);
+    let b = Backend::echo("app");
+    let conf = single(b.addr()).listener(&tls_table(&[&leaf], ""));
+    let weir = conf.start();
+    assert_eq!(
+        served(weir.addr, &ca, "re.example.com").await,
+        der(&leaf.cert_pem)
+    );
+    // Same config, new files: the reload (SIGHUP, admin API) reads them.
+    let renewed = ca.leaf(&["re.example.com"]);
+    overwrite(&leaf, &renewed);
+    weir.apply_text(&conf.toml()).expect("reload");
+    assert_eq!(
+        served(weir.addr, &ca, "re.example.com").await,
+        der(&renewed.cert_pem)
+    );
+    // A key that does not match: rejected, naming the key file; the renewed one stays.
+    let other = ca.leaf(&["re.example.com"]);
+    std::fs::write(&leaf.key_path, &other.key_pem).unwrap();
+    let err = weir.apply_text(&conf.toml()).expect_err("mismatched key");
+    let message = err.to_string();
+    assert!(
+        message.contains(&leaf.key_path.display().to_string()),
+        "{message}"
+    );
+    assert!(message.contains("does not match"), "{message}");
+    assert_eq!(err.field(), "listeners[web].tls");
+    assert_eq!(
+        served(weir.addr, &ca, "re.example.com").await,
+        der(&renewed.cert_pem)
+    );
+}
+
+#[tokio::test]
+async fn changed_files_are_picked_up_without_a_reload_and_bad_ones_are_skipped() {
+    let ca = TestCa::new("watch CA");
+    let leaf = ca.leaf(&["w.example.com"]);
+    let b = Backend::echo("app");
+    let toml = single(b.addr())
+        .listener(&tls_table(&[&leaf], ""))
+        .toml()
+        .replace("[server]\n", "[server]\ncert_check_interval = \"20ms\"\n");
+    let running = Running::start(&toml, 1);
+    let addr = running.addr();
+    assert_eq!(
+        served(addr, &ca, "w.example.com").await,
+        der(&leaf.cert_pem)
+    );
+    // An expired replacement is not taken.
+    let expired = ca.leaf_with(
+        &["w.example.com"],
+        &weir_testkit::certs::LeafOptions {
+            not_before_days: -9,
+            not_after_days: -1,
+            ..Default::default()
+        },
+    );
+    overwrite(&leaf, &expired);
+    let current = || running.proxy().snapshot();
+    let before = current();
+    // Give the watcher several intervals to (wrongly) take it, then check it did not.
+    let renewed = ca.leaf(&["w.example.com"]);
+    for _ in 0..20 {
+        assert_eq!(
+            served(addr, &ca, "w.example.com").await,
+            der(&leaf.cert_pem)
+        );
+    }
+    assert!(
+        std::sync::Arc::ptr_eq(&before, &current()),
+        "no new snapshot for a bad file"
+    );
+    overwrite(&leaf, &renewed);
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while served(addr, &ca, "w.example.com").await != der(&renewed.cert_pem) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the renewed certificate was never served"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
 }

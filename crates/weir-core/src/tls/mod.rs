@@ -12,7 +12,8 @@
 //! - `handshake`: the handshake of an accepted connection, bounded in time and in number
 //!   per worker, counted by result and failure reason;
 //! - `session`: what the handshake settled, per connection (version, cipher, SNI, client
-//!   certificate), for forwarded headers and the access log.
+//!   certificate), for forwarded headers and the access log;
+//! - `watch`: reloading certificates whose files changed on disk.
 //!
 //! A listener without `[listeners.tls]` never touches this module after accept.
 
@@ -22,6 +23,7 @@ pub mod pem;
 pub mod session;
 mod setup;
 pub mod store;
+pub mod watch;
 
 use std::path::PathBuf;
 
