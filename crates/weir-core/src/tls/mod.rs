@@ -13,10 +13,12 @@
 //!   per worker, counted by result and failure reason;
 //! - `session`: what the handshake settled, per connection (version, cipher, SNI, client
 //!   certificate), for forwarded headers and the access log;
-//! - `watch`: reloading certificates whose files changed on disk.
+//! - `watch`: reloading certificates whose files changed on disk;
+//! - `check`: the certificate report of `weir check`.
 //!
 //! A listener without `[listeners.tls]` never touches this module after accept.
 
+pub mod check;
 pub mod facts;
 pub mod handshake;
 pub mod pem;
