@@ -767,3 +767,54 @@ async fn changed_files_are_picked_up_without_a_reload_and_bad_ones_are_skipped()
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
 }
+
+#[tokio::test]
+async fn an_upgraded_connection_tunnels_over_tls() {
+    // A backend that answers 101 and then echoes bytes.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let backend_addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.unwrap();
+        let mut head = Vec::new();
+        while !head.ends_with(b"\r\n\r\n") {
+            head.push(s.read_u8().await.unwrap());
+        }
+        s.write_all(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+            .await
+            .unwrap();
+        let (mut r, mut w) = s.split();
+        let _ = tokio::io::copy(&mut r, &mut w).await;
+    });
+    let ca = TestCa::new("upgrade CA");
+    let leaf = ca.leaf(&["ws.example.com"]);
+    let weir = single(backend_addr)
+        .listener(&tls_table(&[&leaf], ""))
+        .start();
+    let s = connect(weir.addr, client_config(&ca, TLS13, None), "ws.example.com")
+        .await
+        .unwrap();
+    let (mut r, mut w) = tokio::io::split(s);
+    w.write_all(b"GET /ws HTTP/1.1\r\nHost: ws.example.com\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
+        .await
+        .unwrap();
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        head.push(r.read_u8().await.unwrap());
+    }
+    assert!(
+        head.starts_with(b"HTTP/1.1 101 "),
+        "{}",
+        String::from_utf8_lossy(&head)
+    );
+    let big = weir_testkit::pattern_vec(300_000);
+    let write = async { w.write_all(&big).await.unwrap() };
+    let read = async {
+        let mut got = vec![0u8; big.len()];
+        r.read_exact(&mut got).await.unwrap();
+        got
+    };
+    let ((), got) = tokio::time::timeout(WAIT, async { tokio::join!(write, read) })
+        .await
+        .expect("the tunnel moves the bytes in time");
+    assert!(got == big, "the tunnel changed the bytes");
+}
