@@ -818,3 +818,48 @@ async fn an_upgraded_connection_tunnels_over_tls() {
         .expect("the tunnel moves the bytes in time");
     assert!(got == big, "the tunnel changed the bytes");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reloads_under_a_load_of_new_handshakes_fail_none() {
+    use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::Relaxed};
+    let ca = TestCa::new("load CA");
+    let leaf = ca.leaf(&["load.example.com"]);
+    let b = Backend::echo("app");
+    let conf = single(b.addr()).listener(&tls_table(&[&leaf], ""));
+    let weir = conf.start();
+    let (stop, ok) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicU32::new(0)),
+    );
+    let config = client_config(&ca, TLS13, None);
+    let load = {
+        let (stop, ok, addr) = (stop.clone(), ok.clone(), weir.addr);
+        tokio::spawn(async move {
+            let mut failed = Vec::new();
+            while !stop.load(Relaxed) {
+                let attempt = async {
+                    let mut s = connect(addr, config.clone(), "load.example.com").await?;
+                    get(&mut s, "").await
+                };
+                match attempt.await {
+                    Ok(r) if r.starts_with("HTTP/1.1 200") => drop(ok.fetch_add(1, Relaxed)),
+                    other => failed.push(format!("{other:?}")),
+                }
+            }
+            failed
+        })
+    };
+    for round in 1..=10 {
+        overwrite(&leaf, &ca.leaf(&["load.example.com"]));
+        weir.apply_text(&conf.toml()).expect("reload");
+        // Handshakes keep completing between reloads (and during them).
+        let deadline = tokio::time::Instant::now() + WAIT;
+        while ok.load(Relaxed) < round * 5 {
+            assert!(tokio::time::Instant::now() < deadline, "the load stalled");
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        }
+    }
+    stop.store(true, Relaxed);
+    let failed = load.await.unwrap();
+    assert!(failed.is_empty(), "{} failed: {failed:?}", failed.len());
+}
