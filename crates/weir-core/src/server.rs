@@ -325,3 +325,24 @@ async fn flush_logs_periodically(worker: Rc<Worker>) {
         worker.flush_logs();
     }
 }
+
+/// A thread named `name` running `task` on a current-thread tokio runtime of its own (the
+/// health checks, the certificate watcher).
+pub(crate) fn spawn_with_runtime<F, Fut>(name: &str, task: F) -> std::io::Result<JoinHandle<()>>
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()>,
+{
+    let thread = name.to_string();
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
+            match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(runtime) => runtime.block_on(task()),
+                Err(e) => tracing::error!(thread, error = %e, "cannot build a tokio runtime"),
+            }
+        })
+}

@@ -863,3 +863,23 @@ async fn reloads_under_a_load_of_new_handshakes_fail_none() {
     let failed = load.await.unwrap();
     assert!(failed.is_empty(), "{} failed: {failed:?}", failed.len());
 }
+
+#[tokio::test]
+async fn without_session_resumption_every_handshake_is_full() {
+    let ca = TestCa::new("no-resume CA");
+    let leaf = ca.leaf(&["n.example.com"]);
+    let b = Backend::echo("app");
+    let weir = single(b.addr())
+        .listener(&tls_table(&[&leaf], "session_resumption = false\n"))
+        .start();
+    for versions in [TLS13, TLS12] {
+        let config = client_config(&ca, versions, None);
+        for _ in 0..3 {
+            let mut s = connect(weir.addr, config.clone(), "n.example.com")
+                .await
+                .unwrap();
+            assert_eq!(s.get_ref().1.handshake_kind(), Some(HandshakeKind::Full));
+            assert!(get(&mut s, "").await.unwrap().starts_with("HTTP/1.1 200"));
+        }
+    }
+}

@@ -24,21 +24,7 @@ type Stamp = (PathBuf, Option<(u64, SystemTime)>);
 
 /// Starts the watcher thread; it ends at shutdown.
 pub fn spawn(shared: Arc<Shared>) -> std::io::Result<JoinHandle<()>> {
-    std::thread::Builder::new()
-        .name("weir-cert-watch".into())
-        .spawn(move || {
-            let runtime = match tokio::runtime::Builder::new_current_thread()
-                .enable_time()
-                .build()
-            {
-                Ok(rt) => rt,
-                Err(e) => {
-                    tracing::error!(error = %e, "cannot build the certificate watcher's runtime");
-                    return;
-                }
-            };
-            runtime.block_on(run(shared));
-        })
+    crate::server::spawn_with_runtime("weir-cert-watch", move || run(shared))
 }
 
 async fn run(shared: Arc<Shared>) {
