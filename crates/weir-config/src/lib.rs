@@ -109,6 +109,7 @@ max_idle = 256
             bind: addr(bind),
             protocol: Protocol::Http,
             proxy_protocol: ProxyProtocol::default(),
+            tls: None,
             backlog: 4096,
             defer_accept: true,
             max_connections: 10_000,
@@ -159,6 +160,7 @@ max_idle = 256
             server: ServerSettings {
                 workers: Workers::Auto,
                 drain_timeout: Duration::from_secs(30),
+                cert_check_interval: Duration::from_secs(5),
             },
             admin: AdminSettings {
                 bind: Some(addr("127.0.0.1:9901")),
@@ -215,6 +217,7 @@ max_idle = 256
             server: ServerSettings {
                 workers: Workers::Auto,
                 drain_timeout: Duration::from_secs(30),
+                cert_check_interval: Duration::from_secs(5),
             },
             admin: AdminSettings {
                 bind: Some(addr("127.0.0.1:9901")),

@@ -22,6 +22,9 @@ pub struct Config {
 pub struct ServerSettings {
     pub workers: Workers,
     pub drain_timeout: Duration,
+    /// How often the TLS certificate, key and CA files are checked for changes on disk
+    /// (changed files are reloaded); zero: never.
+    pub cert_check_interval: Duration,
 }
 
 /// How many worker threads to run.
@@ -147,6 +150,8 @@ pub struct Listener {
     pub protocol: Protocol,
     /// Accepting (any listener) and sending (TCP listeners) PROXY protocol headers.
     pub proxy_protocol: ProxyProtocol,
+    /// TLS termination (`[listeners.tls]`); `None`: plain TCP.
+    pub tls: Option<Tls>,
     pub backlog: u32,
     /// TCP_DEFER_ACCEPT: hand a connection to Weir only once its first bytes have arrived
     /// (or after about a second). Default on for HTTP, off for TCP listeners.
@@ -255,6 +260,53 @@ pub enum EncodedSlash {
     Keep,
     /// Decode it to `/`: a segment separator (nginx).
     Decode,
+}
+
+/// TLS termination on a listener (`[listeners.tls]`). The files are read when the config is
+/// applied (weir-core), not by validation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tls {
+    /// Certificate chains with their keys; never empty.
+    pub certs: Vec<CertKey>,
+    /// Index into `certs` of the certificate for clients without SNI or with an unknown name.
+    pub default_cert: usize,
+    pub min_version: TlsVersion,
+    /// ALPN protocols offered, in order of preference; empty: no ALPN.
+    pub alpn: Vec<String>,
+    /// Session tickets (rotating keys) and a server-side session cache.
+    pub session_resumption: bool,
+    /// Client certificates (mTLS); `None`: not asked for.
+    pub client_auth: Option<ClientAuth>,
+    /// Header carrying the verified client certificate's facts upstream (as written);
+    /// any copy the client sends is removed.
+    pub client_cert_header: Option<String>,
+    /// Time allowed for a handshake, from the first byte (after any PROXY header).
+    pub handshake_timeout: Duration,
+    /// Handshakes in progress at once, per worker; connections beyond it are closed.
+    pub max_handshakes: usize,
+}
+
+/// One certificate chain (leaf first) and its private key, as paths.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CertKey {
+    pub cert: std::path::PathBuf,
+    pub key: std::path::PathBuf,
+}
+
+/// The lowest TLS version accepted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TlsVersion {
+    V1_2,
+    V1_3,
+}
+
+/// Client certificate verification (`client_auth = { ca, required }`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientAuth {
+    /// PEM file of the CA certificates client certificates must chain to.
+    pub ca: std::path::PathBuf,
+    /// Without a certificate the handshake fails; `false`: a client may send none.
+    pub required: bool,
 }
 
 /// Where and how a listener logs each request (`[listeners.access_log]`).

@@ -27,6 +27,7 @@ pub(crate) struct RawConfig {
 pub(crate) struct RawServer {
     pub workers: Option<StrOrInt>,
     pub drain_timeout: Option<String>,
+    pub cert_check_interval: Option<String>,
 }
 
 /// `[admin]`.
@@ -63,6 +64,7 @@ pub(crate) struct RawListener {
     pub proxy_protocol: Option<RawProxyProtocol>,
     pub path_normalization: Option<RawPathNormalization>,
     pub http2: Option<RawHttp2>,
+    pub tls: Option<RawTls>,
     // TCP listeners only.
     pub upstream: Option<String>,
     pub idle_timeout: Option<String>,
@@ -101,6 +103,37 @@ pub(crate) struct RawHttp2 {
     pub reset_window: Option<String>,
     pub max_pending_accept_resets: Option<i64>,
     pub max_local_error_resets: Option<i64>,
+}
+
+/// `[listeners.tls]`: TLS termination.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawTls {
+    pub certs: Option<Vec<RawCertKey>>,
+    pub default_cert: Option<String>,
+    pub min_version: Option<String>,
+    pub alpn: Option<Vec<String>>,
+    pub session_resumption: Option<bool>,
+    pub client_auth: Option<RawClientAuth>,
+    pub client_cert_header: Option<String>,
+    pub handshake_timeout: Option<String>,
+    pub max_handshakes: Option<i64>,
+}
+
+/// One entry of `certs = [{ cert = "...", key = "..." }]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawCertKey {
+    pub cert: Option<String>,
+    pub key: Option<String>,
+}
+
+/// `client_auth = { ca = "...", required = true }`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawClientAuth {
+    pub ca: Option<String>,
+    pub required: Option<bool>,
 }
 
 /// `[listeners.access_log]`.

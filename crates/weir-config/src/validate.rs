@@ -59,6 +59,12 @@ fn server(raw: RawServer, path: &FieldPath) -> Result<ServerSettings, Issue> {
     Ok(ServerSettings {
         workers: workers(raw.workers, &path.key("workers"))?,
         drain_timeout: duration(raw.drain_timeout, "30s", &path.key("drain_timeout"), false)?,
+        cert_check_interval: duration(
+            raw.cert_check_interval,
+            "5s",
+            &path.key("cert_check_interval"),
+            false,
+        )?,
     })
 }
 
@@ -223,6 +229,7 @@ fn listener(
         bind,
         protocol,
         proxy_protocol: tcp::proxy_protocol(raw.proxy_protocol, &key("proxy_protocol"))?,
+        tls: tls::tls(raw.tls, &key("tls"))?,
         backlog: int_in(raw.backlog, 4096, 1..=65535, &key("backlog"))?,
         defer_accept,
         max_connections: int_in(
@@ -828,6 +835,7 @@ mod http2;
 mod path;
 mod pool;
 mod tcp;
+mod tls;
 
 #[cfg(test)]
 mod tests;

@@ -60,6 +60,8 @@ pub struct ClientConn {
     idle_timer: LazyTimer,
     /// The wait for a response head (`response_timeout`).
     pub upstream_timer: LazyTimer,
+    /// What the TLS handshake settled (`None`: a plain connection).
+    pub tls: Option<Box<crate::tls::session::TlsSession>>,
 }
 
 /// What waiting for the next request produced.
@@ -113,6 +115,7 @@ impl ClientConn {
             idle_since: now,
             idle_timer: LazyTimer::new(Instant::from_std(now)),
             upstream_timer: LazyTimer::new(Instant::from_std(now)),
+            tls: None,
         }
     }
 

@@ -11,15 +11,24 @@
 //! A direct read or write spends the task's cooperative budget like tokio's own sockets do,
 //! so a client that keeps its socket full (pipelined requests answered by the default
 //! response, which touch no other socket) still yields to the rest of the worker.
+//!
+//! A connection to a TLS listener is registered for its handshake and then carries a
+//! tokio-rustls stream (`tls::handshake` puts it here). The HTTP pipeline never flushes, so
+//! this type does: ciphertext that did not fit in the socket goes out before the next
+//! write (or, best effort, before the next read), and when the stream is dropped a
+//! `close_notify` and whatever is left are sent, within the listener's `client_timeout`.
 
 use std::io::{self, IoSlice, Read, Write};
 use std::net::Shutdown;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use std::time::Duration;
+
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::task::coop;
+use tokio_rustls::server::TlsStream;
 
 pub struct ClientStream {
     state: State,
@@ -29,7 +38,9 @@ enum State {
     /// Every operation so far completed without waiting.
     Unregistered(std::net::TcpStream),
     Registered(TcpStream),
-    /// Registration failed: every operation fails.
+    /// After a TLS handshake; `Duration`: how long a close may take to send what is left.
+    Tls(Box<TlsStream<TcpStream>>, Duration),
+    /// Registration failed, or the socket is in a handshake: every operation fails.
     Gone,
 }
 
@@ -86,6 +97,44 @@ impl ClientStream {
         matches!(self.state, State::Registered(_))
     }
 
+    /// Takes the socket out (registered) for a TLS handshake; the stream is unusable until
+    /// [`ClientStream::set_tls`].
+    pub fn take_registered(&mut self) -> io::Result<TcpStream> {
+        self.registered()?;
+        match std::mem::replace(&mut self.state, State::Gone) {
+            State::Registered(s) => Ok(s),
+            other => {
+                self.state = other;
+                Err(io::Error::from(io::ErrorKind::NotConnected))
+            }
+        }
+    }
+
+    /// From now on the connection speaks TLS through `stream`; closing it may take up to
+    /// `linger` to send `close_notify` and the last ciphertext.
+    pub fn set_tls(&mut self, stream: TlsStream<TcpStream>, linger: Duration) {
+        self.state = State::Tls(Box::new(stream), linger);
+    }
+
+    /// The TLS session, on a TLS connection.
+    pub fn tls(&self) -> Option<&rustls::ServerConnection> {
+        match &self.state {
+            State::Tls(s, _) => Some(s.get_ref().1),
+            _ => None,
+        }
+    }
+
+    /// Read and write halves usable at the same time in one task (a streamed upload while
+    /// the response head is awaited). Registers a plain socket.
+    pub fn split(&mut self) -> io::Result<(ClientReadHalf<'_>, ClientWriteHalf<'_>)> {
+        if let State::Tls(..) = self.state {
+            let (r, w) = tokio::io::split(self);
+            return Ok((ClientReadHalf::Tls(r), ClientWriteHalf::Tls(w)));
+        }
+        let (r, w) = self.registered()?.split();
+        Ok((ClientReadHalf::Plain(r), ClientWriteHalf::Plain(w)))
+    }
+
     /// The unregistered socket, if it still is.
     fn direct(&mut self) -> Option<&std::net::TcpStream> {
         match &self.state {
@@ -133,6 +182,11 @@ impl AsyncRead for ClientStream {
         if let Some(done) = this.try_direct(cx, |mut s| s.read(buf.initialize_unfilled())) {
             return done.map_ok(|n| buf.advance(n));
         }
+        if let State::Tls(s, _) = &mut this.state {
+            // Best effort: a response's tail still in rustls goes out while we wait to read.
+            let _ = Pin::new(&mut **s).poll_flush(cx);
+            return Pin::new(&mut **s).poll_read(cx, buf);
+        }
         this.poll_registered(|s| s.poll_read(cx, buf))
     }
 }
@@ -147,6 +201,10 @@ impl AsyncWrite for ClientStream {
         if let Some(done) = this.try_direct(cx, |mut s| s.write(data)) {
             return done;
         }
+        if let State::Tls(s, _) = &mut this.state {
+            std::task::ready!(Pin::new(&mut **s).poll_flush(cx))?;
+            return Pin::new(&mut **s).poll_write(cx, data);
+        }
         this.poll_registered(|s| s.poll_write(cx, data))
     }
 
@@ -159,6 +217,10 @@ impl AsyncWrite for ClientStream {
         if let Some(done) = this.try_direct(cx, |mut s| s.write_vectored(bufs)) {
             return done;
         }
+        if let State::Tls(s, _) = &mut this.state {
+            std::task::ready!(Pin::new(&mut **s).poll_flush(cx))?;
+            return Pin::new(&mut **s).poll_write_vectored(cx, bufs);
+        }
         this.poll_registered(|s| s.poll_write_vectored(cx, bufs))
     }
 
@@ -169,6 +231,7 @@ impl AsyncWrite for ClientStream {
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match &mut self.get_mut().state {
             State::Registered(s) => Pin::new(s).poll_flush(cx),
+            State::Tls(s, _) => Pin::new(&mut **s).poll_flush(cx),
             _ => Poll::Ready(Ok(())),
         }
     }
@@ -178,7 +241,120 @@ impl AsyncWrite for ClientStream {
         if let Some(s) = this.direct() {
             return Poll::Ready(s.shutdown(Shutdown::Write));
         }
+        if let State::Tls(s, _) = &mut this.state {
+            return Pin::new(&mut **s).poll_shutdown(cx);
+        }
         this.poll_registered(|s| s.poll_shutdown(cx))
+    }
+}
+
+impl Drop for ClientStream {
+    /// A TLS connection ends with `close_notify` after the last ciphertext: sent at once
+    /// when the socket takes it (the usual case), else by a task that gives up after the
+    /// linger time.
+    fn drop(&mut self) {
+        let State::Tls(mut stream, linger) = std::mem::replace(&mut self.state, State::Gone) else {
+            return;
+        };
+        let (tcp, session) = stream.get_mut();
+        session.send_close_notify();
+        while session.wants_write() {
+            match session.write_tls(&mut TryWriter(tcp)) {
+                Ok(0) => return,
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(_) => return,
+            }
+        }
+        if !session.wants_write() {
+            return;
+        }
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                use tokio::io::AsyncWriteExt;
+                let _ = tokio::time::timeout(linger, stream.flush()).await;
+            });
+        }
+    }
+}
+
+/// `io::Write` on a registered socket without waiting (`WouldBlock` when it is full).
+struct TryWriter<'a>(&'a TcpStream);
+
+impl Write for TryWriter<'_> {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        self.0.try_write(data)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The read half of [`ClientStream::split`].
+pub enum ClientReadHalf<'a> {
+    Plain(tokio::net::tcp::ReadHalf<'a>),
+    Tls(tokio::io::ReadHalf<&'a mut ClientStream>),
+}
+
+/// The write half of [`ClientStream::split`].
+pub enum ClientWriteHalf<'a> {
+    Plain(tokio::net::tcp::WriteHalf<'a>),
+    Tls(tokio::io::WriteHalf<&'a mut ClientStream>),
+}
+
+impl AsyncRead for ClientReadHalf<'_> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            ClientReadHalf::Plain(r) => Pin::new(r).poll_read(cx, buf),
+            ClientReadHalf::Tls(r) => Pin::new(r).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for ClientWriteHalf<'_> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            ClientWriteHalf::Plain(w) => Pin::new(w).poll_write(cx, data),
+            ClientWriteHalf::Tls(w) => Pin::new(w).poll_write(cx, data),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            ClientWriteHalf::Plain(w) => Pin::new(w).poll_write_vectored(cx, bufs),
+            ClientWriteHalf::Tls(w) => Pin::new(w).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            ClientWriteHalf::Plain(w) => Pin::new(w).poll_flush(cx),
+            ClientWriteHalf::Tls(w) => Pin::new(w).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            ClientWriteHalf::Plain(w) => Pin::new(w).poll_shutdown(cx),
+            ClientWriteHalf::Tls(w) => Pin::new(w).poll_shutdown(cx),
+        }
     }
 }
 

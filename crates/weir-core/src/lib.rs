@@ -19,6 +19,8 @@
 //! `upstream/` and `connector/`, then relay bytes both ways, spliced on Linux via `sys`).
 //! Both kinds may first read a PROXY protocol header (`listener/proxy_protocol`,
 //! `codec/proxy_protocol`).
+//! A listener with `[listeners.tls]` then runs the TLS handshake (`tls/`: certificates by
+//! SNI, the shared rustls config, session facts) before its first request.
 //!
 //! Around it: `server` (start, workers, drain), `reload` (applying a new config while
 //! running), `worker` (per-thread state), `snapshot`
@@ -48,6 +50,7 @@ pub mod snapshot;
 pub mod sys;
 pub mod tcp;
 pub mod time;
+pub mod tls;
 pub mod upstream;
 pub mod worker;
 

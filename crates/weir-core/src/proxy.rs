@@ -157,6 +157,14 @@ async fn open(
         // The first request gets its whole header_timeout after the PROXY header.
         conn.idle_since = Instant::now();
     }
+    // TLS listeners: the handshake, before the first request (see tls/handshake.rs).
+    if let Some(tls) = &snapshot.listeners[index].tls {
+        let at = (slot, listener);
+        let hello = crate::tls::handshake::accept(worker, at, tls, &mut conn.stream, &mut conn.buf);
+        conn.tls = Some(Box::new(hello.await?));
+        // The first request gets its whole header_timeout after the handshake.
+        conn.idle_since = Instant::now();
+    }
     Some((conn, Serving { snapshot, index }))
 }
 
@@ -342,6 +350,8 @@ pub(crate) struct ClientSide<'a> {
     pub upstream_time: Option<std::time::Duration>,
     pub bytes_in: u64,
     pub bytes_out: u64,
+    /// The connection's TLS session, on TLS listeners.
+    pub tls: Option<&'a crate::tls::session::TlsSession>,
 }
 
 impl ClientSide<'_> {
@@ -353,6 +363,7 @@ impl ClientSide<'_> {
             upstream_time: conn.upstream_time,
             bytes_in: conn.buf.consumed_total(),
             bytes_out: conn.sent,
+            tls: conn.tls.as_deref(),
         }
     }
 }
@@ -412,6 +423,7 @@ pub(crate) fn record(
             upstream,
             upstream_time: conn.upstream_time,
             aborted,
+            tls: conn.tls,
         };
         log.log(conn.fields, &outcome);
     }

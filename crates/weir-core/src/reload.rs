@@ -19,7 +19,7 @@ use weir_config::{Config, Listener};
 use crate::listener::Command;
 use crate::metrics::layout::Layout;
 use crate::server::{bind_per_worker, Proxy, StartError};
-use crate::snapshot::Snapshot;
+use crate::snapshot::{Snapshot, TlsPlans};
 
 /// Why a config could not be applied; the running config stays.
 #[derive(Debug, thiserror::Error)]
@@ -33,6 +33,9 @@ pub enum ApplyError {
     },
     #[error(transparent)]
     Bind(#[from] StartError),
+    /// A listener's certificate, key or CA file cannot be used.
+    #[error(transparent)]
+    Tls(#[from] crate::snapshot::ListenerTlsError),
 }
 
 impl ApplyError {
@@ -44,6 +47,7 @@ impl ApplyError {
                 format!("listeners[{listener}].bind")
             }
             ApplyError::Bind(_) => String::new(),
+            ApplyError::Tls(e) => format!("listeners[{}].tls", e.listener),
         }
     }
 
@@ -51,6 +55,9 @@ impl ApplyError {
         match self {
             ApplyError::NotReloadable { fix, .. } => fix,
             ApplyError::Bind(_) => "use an address that is free on this host",
+            ApplyError::Tls(_) => {
+                "fix or replace the file (the running certificates stay in use meanwhile)"
+            }
         }
     }
 }
@@ -193,6 +200,8 @@ impl Proxy {
         let mut control = self.lock_control();
         let old = self.shared.snapshot.load_full();
         check_reloadable(&old.config, &config)?;
+        // Certificate files are read before anything changes: a bad one leaves all as it was.
+        let tls = TlsPlans::build(&config, Some(&old))?;
         let changes = diff(&old.config, &config);
         let mut binds = Vec::new();
         for (i, l) in config.listeners.iter().enumerate() {
@@ -207,7 +216,7 @@ impl Proxy {
         // Publish first: a connection accepted on a new socket must find its listener in
         // the snapshot.
         self.shared
-            .publish(Snapshot::with_previous(config.clone(), slots, &old));
+            .publish(Snapshot::with_previous(config.clone(), slots, &old, tls));
         control.stop_stale(&config);
         for (i, bound) in binds {
             control.listen(&config.listeners[i], listener_slots[i], bound);

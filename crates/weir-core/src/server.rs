@@ -34,6 +34,8 @@ pub enum StartError {
     Thread(std::io::Error),
     #[error("cannot open access log: {0}")]
     AccessLog(std::io::Error),
+    #[error(transparent)]
+    Tls(#[from] crate::snapshot::ListenerTlsError),
 }
 
 /// A running data plane. Dropping it without `shutdown` leaves the workers running until
@@ -68,7 +70,7 @@ impl Proxy {
         let splice_available = probe_splice(&config);
         let (tx, rx) = watch::channel(false);
         let shared = Arc::new(Shared {
-            snapshot: ArcSwap::from_pointee(Snapshot::new(Arc::new(config), slots)),
+            snapshot: ArcSwap::from_pointee(Snapshot::new(Arc::new(config), slots)?),
             generation: AtomicU64::new(0),
             shutdown: rx,
             workers,
@@ -93,6 +95,7 @@ impl Proxy {
         let mut threads = Vec::with_capacity(workers + 1);
         // Active health checks: one thread for the process, following the snapshot.
         threads.push(crate::upstream::health::spawn(shared.clone()).map_err(StartError::Thread)?);
+        threads.push(crate::tls::watch::spawn(shared.clone()).map_err(StartError::Thread)?);
         for (index, commands) in receivers.into_iter().enumerate() {
             let shard = Arc::new(WorkerMetrics::new(&snapshot.slots));
             metrics.add_shard(shard.clone());
@@ -321,4 +324,25 @@ async fn flush_logs_periodically(worker: Rc<Worker>) {
         tick.tick().await;
         worker.flush_logs();
     }
+}
+
+/// A thread named `name` running `task` on a current-thread tokio runtime of its own (the
+/// health checks, the certificate watcher).
+pub(crate) fn spawn_with_runtime<F, Fut>(name: &str, task: F) -> std::io::Result<JoinHandle<()>>
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()>,
+{
+    let thread = name.to_string();
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
+            match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(runtime) => runtime.block_on(task()),
+                Err(e) => tracing::error!(thread, error = %e, "cannot build a tokio runtime"),
+            }
+        })
 }

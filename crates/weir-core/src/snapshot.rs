@@ -12,6 +12,7 @@ use weir_config::{Config, Listener, UpstreamServer};
 use crate::codec::http1::write::{push_simple_response, Persistence};
 use crate::metrics::layout::SlotMap;
 use crate::router::Router;
+use crate::tls::{ListenerTls, TlsError};
 use crate::upstream::state::ServerState;
 use crate::upstream::UpstreamPlan;
 
@@ -34,22 +35,51 @@ pub struct ListenerPlan {
     default_responses: [Box<[u8]>; Persistence::COUNT],
     /// Length of the body at the end of each (left out for HEAD requests).
     default_body_len: usize,
+    /// TLS termination: certificates and the rustls config all workers share.
+    pub tls: Option<Arc<ListenerTls>>,
+}
+
+/// A listener's certificate, key or CA file cannot be used: the config is not applied.
+#[derive(Debug, thiserror::Error)]
+#[error("listener {listener:?}: {error}")]
+pub struct ListenerTlsError {
+    pub listener: String,
+    pub error: TlsError,
 }
 
 impl Snapshot {
-    /// A snapshot of `config`, its objects counting in `slots`.
-    pub fn new(config: Arc<Config>, slots: SlotMap) -> Snapshot {
-        Snapshot::build(config, slots, None)
+    /// A snapshot of `config`, its objects counting in `slots`. Fails when a listener's
+    /// TLS files cannot be used.
+    pub fn new(config: Arc<Config>, slots: SlotMap) -> Result<Snapshot, ListenerTlsError> {
+        let tls = TlsPlans::build(&config, None)?;
+        Ok(Snapshot::build(config, slots, None, tls))
     }
 
     /// A snapshot of `config` that keeps the health state (active verdict, passive
     /// ejection) of every server that `previous` had in an upstream of the same name.
-    pub fn with_previous(config: Arc<Config>, slots: SlotMap, previous: &Snapshot) -> Snapshot {
-        Snapshot::build(config, slots, Some(previous))
+    /// `tls`: the TLS setups of `config`'s listeners (built first, since reading their
+    /// files is what can fail).
+    pub fn with_previous(
+        config: Arc<Config>,
+        slots: SlotMap,
+        previous: &Snapshot,
+        tls: TlsPlans,
+    ) -> Snapshot {
+        Snapshot::build(config, slots, Some(previous), tls)
     }
 
-    fn build(config: Arc<Config>, slots: SlotMap, previous: Option<&Snapshot>) -> Snapshot {
-        let listeners = config.listeners.iter().map(ListenerPlan::new).collect();
+    fn build(
+        config: Arc<Config>,
+        slots: SlotMap,
+        previous: Option<&Snapshot>,
+        tls: TlsPlans,
+    ) -> Snapshot {
+        let listeners = config
+            .listeners
+            .iter()
+            .zip(tls.0)
+            .map(|(l, tls)| ListenerPlan::new(l, tls))
+            .collect();
         let upstreams = config
             .upstreams
             .iter()
@@ -84,6 +114,12 @@ impl Snapshot {
         Some(self.upstreams[u].servers[s].clone())
     }
 
+    /// The TLS setup of the listener named `name`, if it has one.
+    pub fn listener_tls(&self, name: &str) -> Option<&ListenerTls> {
+        let i = self.config.listeners.iter().position(|l| l.name == name)?;
+        self.listeners[i].tls.as_deref()
+    }
+
     /// The config position of the listener with metric slot `slot` (`None`: removed).
     #[inline]
     pub fn listener_index(&self, slot: usize) -> Option<usize> {
@@ -91,8 +127,35 @@ impl Snapshot {
     }
 }
 
+/// The TLS setups of a config's listeners, in config order (`None`: plain).
+pub struct TlsPlans(Vec<Option<Arc<ListenerTls>>>);
+
+impl TlsPlans {
+    /// Reads every TLS listener's files. A listener that `previous` had (same name) keeps
+    /// its ticket keys and session cache, so sessions survive a reload.
+    pub fn build(
+        config: &Config,
+        previous: Option<&Snapshot>,
+    ) -> Result<TlsPlans, ListenerTlsError> {
+        let mut plans = Vec::with_capacity(config.listeners.len());
+        for listener in &config.listeners {
+            let Some(tls) = &listener.tls else {
+                plans.push(None);
+                continue;
+            };
+            let before = previous.and_then(|p| p.listener_tls(&listener.name));
+            let built = ListenerTls::build(tls, before).map_err(|error| ListenerTlsError {
+                listener: listener.name.clone(),
+                error,
+            })?;
+            plans.push(Some(Arc::new(built)));
+        }
+        Ok(TlsPlans(plans))
+    }
+}
+
 impl ListenerPlan {
-    fn new(listener: &Listener) -> ListenerPlan {
+    fn new(listener: &Listener, tls: Option<Arc<ListenerTls>>) -> ListenerPlan {
         let d = &listener.default_response;
         let render = |persistence| {
             let mut out = Vec::new();
@@ -115,6 +178,7 @@ impl ListenerPlan {
             ]
             .map(render),
             default_body_len: d.body.len(),
+            tls,
         }
     }
 

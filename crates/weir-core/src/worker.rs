@@ -73,6 +73,9 @@ pub struct Worker {
     pub metrics: Arc<WorkerMetrics>,
     /// Access-log buffers, per listener slot (`None`: logging off).
     pub logs: Vec<Option<LogBuffer>>,
+    /// TLS handshakes in progress on this worker (bounded by each listener's
+    /// `max_handshakes`).
+    pub tls_handshakes: Cell<usize>,
 }
 
 impl Worker {
@@ -103,6 +106,7 @@ impl Worker {
             connection_closed: Notify::new(),
             metrics,
             logs,
+            tls_handshakes: Cell::new(0),
         }
     }
 

@@ -1,11 +1,13 @@
-//! `weir demo`: three echo backends on loopback and Weir in front of them, round robin.
+//! `weir demo`: three echo backends on loopback and Weir in front of them, round robin,
+//! over HTTP and HTTPS (a certificate for `localhost` signed by a CA made at start, rcgen).
 //! The config is generated as TOML and goes through the same parser as a user's file.
 
+use weir_testkit::certs::TestCa;
 use weir_testkit::Backend;
 
 use crate::run::Running;
 
-pub fn run(port: u16, admin_port: u16) -> anyhow::Result<()> {
+pub fn run(port: u16, tls_port: u16, admin_port: u16) -> anyhow::Result<()> {
     let signals = crate::run::Signals::install()?;
     let backends: Vec<Backend> = (1..=3)
         .map(|i| Backend::echo(&format!("echo-{i}")))
@@ -14,7 +16,15 @@ pub fn run(port: u16, admin_port: u16) -> anyhow::Result<()> {
         .iter()
         .map(|b| format!("{{ addr = \"{}\" }}", b.addr()))
         .collect();
-    let toml = demo_config(port, admin_port, &servers.join(", "));
+    // Removed (with its directory) when the demo ends.
+    let ca = TestCa::new("Weir demo CA");
+    let leaf = ca.leaf(&["localhost"]);
+    let tls = format!(
+        "[listeners.tls]\ncerts = [{{ cert = \"{}\", key = \"{}\" }}]\n",
+        leaf.cert_path.display(),
+        leaf.key_path.display()
+    );
+    let toml = demo_config((port, tls_port, admin_port), &tls, &servers.join(", "));
     let config = weir_config::parse_str(&toml, "demo.toml")?;
     let running = Running::start(config, None, toml.clone())?;
     let proxy = running
@@ -28,16 +38,38 @@ pub fn run(port: u16, admin_port: u16) -> anyhow::Result<()> {
     println!("Weir demo: three echo backends, round robin, Weir in front.\n");
     println!("  proxy    http://{proxy}/            try: curl -i http://{proxy}/hello");
     println!("  rewrite  http://{proxy}/cgi/x       (ProxyPass: the backend sees /x)");
+    if let Some(https) = running.proxy.listener_addr("demo-tls") {
+        let port = https.port();
+        println!(
+            "  https    https://localhost:{port}/   try: curl -i --cacert {} --resolve localhost:{port}:127.0.0.1 https://localhost:{port}/hello",
+            ca.cert_path.display()
+        );
+    }
     println!("  admin    http://{admin}/live  http://{admin}/ready");
     println!("  metrics  http://{admin}/metrics\n");
     println!("The config this demo runs (save it and use `weir run -c FILE`):\n\n{toml}");
     println!("Ctrl-C stops it.");
     let result = running.wait_for_signal_and_stop(signals);
     drop(backends);
+    drop(ca);
     result
 }
 
-fn demo_config(port: u16, admin_port: u16, servers: &str) -> String {
+/// The demo's config: the same routes on an HTTP and an HTTPS listener (`tls`: the
+/// `[listeners.tls]` table).
+fn demo_config((port, tls_port, admin_port): (u16, u16, u16), tls: &str, servers: &str) -> String {
+    let routes = r#"[[listeners.routes]]
+name = "cgi"
+path_prefix = "/cgi/"
+rewrite_prefix = "/"
+reverse_rewrite = true
+upstream = "echo"
+
+[[listeners.routes]]
+name = "all"
+path_prefix = "/"
+upstream = "echo"
+"#;
     format!(
         r#"[server]
 workers = "auto"
@@ -49,18 +81,12 @@ bind = "127.0.0.1:{admin_port}"
 name = "demo"
 bind = "127.0.0.1:{port}"
 
-[[listeners.routes]]
-name = "cgi"
-path_prefix = "/cgi/"
-rewrite_prefix = "/"
-reverse_rewrite = true
-upstream = "echo"
-
-[[listeners.routes]]
-name = "all"
-path_prefix = "/"
-upstream = "echo"
-
+{routes}
+[[listeners]]
+name = "demo-tls"
+bind = "127.0.0.1:{tls_port}"
+{tls}
+{routes}
 [upstreams.echo]
 servers = [{servers}]
 "#

@@ -47,6 +47,9 @@ enum Command {
         /// Port of the demo proxy listener on 127.0.0.1.
         #[arg(long, default_value_t = 8080)]
         port: u16,
+        /// Port of the demo HTTPS listener on 127.0.0.1.
+        #[arg(long, default_value_t = 8443)]
+        tls_port: u16,
         /// Port of the admin listener on 127.0.0.1.
         #[arg(long, default_value_t = 9901)]
         admin_port: u16,
@@ -64,7 +67,11 @@ fn main() -> std::process::ExitCode {
         Command::Upgrade { pid } => upgrade::kill(pid, libc::SIGUSR2)
             .map_err(|e| anyhow::anyhow!("cannot signal process {pid}: {e}")),
         Command::Check { config } => run::check_file(&config),
-        Command::Demo { port, admin_port } => demo::run(port, admin_port),
+        Command::Demo {
+            port,
+            tls_port,
+            admin_port,
+        } => demo::run(port, tls_port, admin_port),
         Command::Ctl(args) => ctl::run(args),
     };
     match result {

@@ -24,7 +24,18 @@ pub fn init_logging() {
 
 pub fn check_file(path: &Path) -> anyhow::Result<()> {
     let config = weir_config::load_file(path)?;
+    let certs = weir_core::tls::check::check(&config)?;
     println!("{}: OK: {}", path.display(), config.summary());
+    for cert in &certs {
+        println!("  {cert}");
+        for warning in &cert.warnings {
+            println!(
+                "  warning: listener {:?}: {}: {warning}",
+                cert.listener,
+                cert.file.display()
+            );
+        }
+    }
     Ok(())
 }
 

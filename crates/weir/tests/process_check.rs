@@ -193,3 +193,81 @@ fn h2c_upgrade_is_refused_with_a_fix() {
     );
     assert!(message.contains("remove \"h2c\" from upgrades"), "{stderr}");
 }
+
+/// A config with one TLS listener serving `cert` / `key`.
+fn tls_config(cert: &Path, key: &Path) -> String {
+    format!(
+        "[admin]\nbind = \"off\"\n\n[[listeners]]\nname = \"https\"\nbind = \"127.0.0.1:0\"\n\
+         [listeners.tls]\ncerts = [{{ cert = \"{}\", key = \"{}\" }}]\n",
+        cert.display(),
+        key.display()
+    )
+}
+
+#[test]
+fn certificates_are_reported_with_names_expiry_and_warnings() {
+    use weir_testkit::certs::{LeafOptions, TestCa};
+    let ca = TestCa::new("Check CA");
+    let dir = TempDir::new("check-tls");
+    let good = ca.leaf(&["a.example.com", "*.b.example.com"]);
+    let path = dir.write("tls.toml", &tls_config(&good.cert_path, &good.key_path));
+    let out = weir_check(&path);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(
+        stdout.contains("names a.example.com, *.b.example.com; issuer CN=Check CA"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("(in 364 days)") || stdout.contains("(in 365 days)"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("warning"), "{stdout}");
+    // Expiring soon, and a chain with the CA before the leaf: warnings, still exit 0.
+    let soon = ca.leaf_with(
+        &["soon.example.com"],
+        &LeafOptions {
+            not_after_days: 9,
+            ..Default::default()
+        },
+    );
+    let swapped = dir.write("swapped.pem", &format!("{}{}", ca.cert_pem, soon.cert_pem));
+    let path = dir.write("soon.toml", &tls_config(&soon.cert_path, &soon.key_path));
+    let out = weir_check(&path);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(
+        stdout.contains("warning: listener \"https\"")
+            && (stdout.contains("expires in 8 days") || stdout.contains("expires in 9 days")),
+        "{stdout}"
+    );
+    // The swapped chain's first certificate is the CA: no DNS name, an error.
+    let path = dir.write("swapped.toml", &tls_config(&swapped, &soon.key_path));
+    let out = weir_check(&path);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains(&swapped.display().to_string()) && stderr.contains("no DNS name"),
+        "{stderr}"
+    );
+    // A key that is not the certificate's: an error naming the key file.
+    let path = dir.write("mixed.toml", &tls_config(&good.cert_path, &soon.key_path));
+    let out = weir_check(&path);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains(&soon.key_path.display().to_string()) && stderr.contains("does not match"),
+        "{stderr}"
+    );
+    // Leaf, then an unrelated certificate: out of order.
+    let other = TestCa::new("Other CA");
+    let misordered = dir.write("mis.pem", &format!("{}{}", good.cert_pem, other.cert_pem));
+    let path = dir.write("mis.toml", &tls_config(&misordered, &good.key_path));
+    let out = weir_check(&path);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(
+        stdout.contains("chain out of order: certificate 1"),
+        "{stdout}"
+    );
+}

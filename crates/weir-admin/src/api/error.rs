@@ -70,6 +70,7 @@ impl From<ApplyError> for ApiError {
         let status = match e {
             ApplyError::NotReloadable { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             ApplyError::Bind(_) => StatusCode::CONFLICT,
+            ApplyError::Tls(_) => StatusCode::UNPROCESSABLE_ENTITY,
         };
         ApiError::new(status, e.to_string(), e.fix()).field(e.field())
     }

@@ -101,6 +101,8 @@ fn http_only_keys(raw: &RawListener) -> Vec<&'static str> {
         ("path_normalization", raw.path_normalization.is_some()),
         ("routes", raw.routes.is_some()),
         ("http2", raw.http2.is_some()),
+        // TLS offload on TCP listeners is not built yet.
+        ("tls", raw.tls.is_some()),
     ];
     present.iter().filter(|p| p.1).map(|p| p.0).collect()
 }

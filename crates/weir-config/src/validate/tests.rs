@@ -879,3 +879,153 @@ fn http2_settings() {
         "spelling",
     );
 }
+
+/// A valid listener (lines 1-3) with a `[listeners.tls]` table (header on line 4).
+fn with_tls(lines: &str) -> String {
+    format!("{LISTENER}[listeners.tls]\n{lines}")
+}
+
+const CERTS: &str =
+    "certs = [{ cert = \"a.pem\", key = \"a.key\" }, { cert = \"b.pem\", key = \"b.key\" }]\n";
+
+#[test]
+fn tls_defaults_and_values() {
+    let ok = parse_str(&with_tls(CERTS), "t").expect("valid");
+    let tls = ok.listeners[0].tls.as_ref().expect("tls");
+    assert_eq!(tls.certs.len(), 2);
+    assert_eq!(tls.certs[1].key, std::path::PathBuf::from("b.key"));
+    assert_eq!(tls.default_cert, 0);
+    assert_eq!(tls.min_version, crate::TlsVersion::V1_2);
+    assert_eq!(tls.alpn, vec!["http/1.1".to_string()]);
+    assert!(tls.session_resumption);
+    assert_eq!(tls.client_auth, None);
+    assert_eq!(tls.client_cert_header, None);
+    assert_eq!(tls.handshake_timeout, std::time::Duration::from_secs(10));
+    assert_eq!(tls.max_handshakes, 256);
+    let ok = parse_str(
+        &with_tls(&format!(
+            "{CERTS}default_cert = \"b.pem\"\nmin_version = \"1.3\"\nalpn = []\n\
+             session_resumption = false\nclient_auth = {{ ca = \"ca.pem\", required = false }}\n\
+             client_cert_header = \"X-Client-Cert\"\nhandshake_timeout = \"3s\"\nmax_handshakes = 8\n"
+        )),
+        "t",
+    )
+    .expect("valid");
+    let tls = ok.listeners[0].tls.as_ref().expect("tls");
+    assert_eq!(tls.default_cert, 1);
+    assert_eq!(tls.min_version, crate::TlsVersion::V1_3);
+    assert!(tls.alpn.is_empty());
+    assert!(!tls.session_resumption);
+    let auth = tls.client_auth.as_ref().expect("client_auth");
+    assert_eq!(auth.ca, std::path::PathBuf::from("ca.pem"));
+    assert!(!auth.required);
+    assert_eq!(tls.client_cert_header.as_deref(), Some("X-Client-Cert"));
+    assert_eq!(tls.handshake_timeout, std::time::Duration::from_secs(3));
+    assert_eq!(tls.max_handshakes, 8);
+}
+
+#[test]
+fn tls_rules() {
+    let t = "listeners[0].tls";
+    check(
+        &with_tls("min_version = \"1.2\"\n"),
+        &format!("{t}.certs"),
+        4,
+        "at least one certificate",
+        "certs = [{",
+    );
+    check(
+        &with_tls("certs = []\n"),
+        &format!("{t}.certs"),
+        5,
+        "at least one certificate",
+        "cert =",
+    );
+    check(
+        &with_tls("certs = [{ cert = \"a.pem\" }]\n"),
+        &format!("{t}.certs[0].key"),
+        5,
+        "key file is missing",
+        "add key =",
+    );
+    check(
+        &with_tls("certs = [{ cert = \" \", key = \"a.key\" }]\n"),
+        &format!("{t}.certs[0].cert"),
+        5,
+        "path is empty",
+        "PEM file",
+    );
+    check(
+        &with_tls("certs = [{ cert = \"a.pem\", key = \"a.key\" }, { cert = \"a.pem\", key = \"b.key\" }]\n"),
+        &format!("{t}.certs[1].cert"), 5, "listed twice (also certs[0])", "once",
+    );
+    check(
+        &with_tls(&format!("{CERTS}default_cert = \"c.pem\"\n")),
+        &format!("{t}.default_cert"),
+        6,
+        "not one of the listed",
+        "\"a.pem\", \"b.pem\"",
+    );
+    check(
+        &with_tls(&format!("{CERTS}min_version = \"1.1\"\n")),
+        &format!("{t}.min_version"),
+        6,
+        "unsupported min_version \"1.1\"",
+        "\"1.3\"",
+    );
+    check(
+        &with_tls(&format!("{CERTS}alpn = [\"http/1.1\", \"h2\"]\n")),
+        &format!("{t}.alpn[1]"),
+        6,
+        "does not speak \"h2\"",
+        "[\"http/1.1\"]",
+    );
+    check(
+        &with_tls(&format!("{CERTS}client_auth = {{ required = true }}\n")),
+        &format!("{t}.client_auth.ca"),
+        6,
+        "client CA file is missing",
+        "add ca =",
+    );
+    check(
+        &with_tls(&format!("{CERTS}client_cert_header = \"X Cert\"\n")),
+        &format!("{t}.client_cert_header"),
+        6,
+        "not a valid header name",
+        "X-Forwarded-Client-Cert",
+    );
+    check(
+        &with_tls(&format!(
+            "{CERTS}client_cert_header = \"x-forwarded-for\"\n"
+        )),
+        &format!("{t}.client_cert_header"),
+        6,
+        "the proxy sets",
+        "of its own",
+    );
+    check(
+        &with_tls(&format!("{CERTS}handshake_timeout = \"0s\"\n")),
+        &format!("{t}.handshake_timeout"),
+        6,
+        "",
+        "",
+    );
+    check(
+        &with_tls(&format!("{CERTS}max_handshakes = 0\n")),
+        &format!("{t}.max_handshakes"),
+        6,
+        "",
+        "",
+    );
+    check(
+        &with_tls(&format!("{CERTS}ciphers = \"all\"\n")),
+        &format!("{t}.ciphers"),
+        6,
+        "unknown",
+        "",
+    );
+    check(
+        &format!("[[listeners]]\nname = \"t\"\nbind = \"127.0.0.1:1\"\nprotocol = \"tcp\"\nupstream = \"u\"\n[listeners.tls]\n{CERTS}[upstreams.u]\nservers = [{{ addr = \"127.0.0.1:2\" }}]\n"),
+        "listeners[0].tls", 6, "only to protocol = \"http\"", "remove tls",
+    );
+}

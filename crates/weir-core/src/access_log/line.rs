@@ -59,6 +59,8 @@ pub struct Outcome<'a> {
     pub upstream_time: Option<Duration>,
     /// The response was cut short after its head (`status` is that head's).
     pub aborted: Option<AbortReason>,
+    /// The connection's TLS session (JSON lines of TLS listeners gain its fields).
+    pub tls: Option<&'a crate::tls::session::TlsSession>,
 }
 
 pub fn push_line(
@@ -171,7 +173,37 @@ fn push_json(out: &mut Vec<u8>, req: &RequestFields, o: &Outcome<'_>, time: &mut
     push_escaped(out, &req.referer, true);
     out.extend_from_slice(b"\",\"user_agent\":\"");
     push_escaped(out, &req.user_agent, true);
-    out.extend_from_slice(b"\"}");
+    out.push(b'"');
+    if let Some(tls) = o.tls {
+        push_json_tls(out, tls);
+    }
+    out.push(b'}');
+}
+
+/// `,"tls_version":..,"tls_cipher":..,"sni":..,"client_cert_subject":..` (null when absent).
+fn push_json_tls(out: &mut Vec<u8>, tls: &crate::tls::session::TlsSession) {
+    out.extend_from_slice(b",\"tls_version\":\"");
+    out.extend_from_slice(tls.version.as_bytes());
+    out.extend_from_slice(b"\",\"tls_cipher\":\"");
+    out.extend_from_slice(tls.cipher.as_bytes());
+    out.push(b'"');
+    for (key, value) in [
+        (&b",\"sni\":"[..], tls.sni.as_deref()),
+        (
+            b",\"client_cert_subject\":",
+            tls.client_cert_subject.as_deref(),
+        ),
+    ] {
+        out.extend_from_slice(key);
+        match value {
+            Some(v) => {
+                out.push(b'"');
+                push_escaped(out, v.as_bytes(), true);
+                out.push(b'"');
+            }
+            None => out.extend_from_slice(b"null"),
+        }
+    }
 }
 
 /// Seconds with six decimals (microseconds, rounded), without allocating.
@@ -288,6 +320,7 @@ mod tests {
             upstream: Some("127.0.0.1:9000"),
             upstream_time: Some(Duration::from_micros(1000)),
             aborted: None,
+            tls: None,
         };
         (req, o)
     }
@@ -360,6 +393,47 @@ mod tests {
         ] {
             assert!(line.contains(field), "{field} in {line}");
         }
+    }
+
+    fn json_line(req: &RequestFields, o: &Outcome<'_>) -> String {
+        let mut out = Vec::new();
+        push_line(
+            &mut out,
+            AccessLogFormat::Json,
+            req,
+            o,
+            &mut TimeCache::default(),
+        );
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn json_line_of_a_tls_connection_has_its_fields() {
+        let (req, mut o) = sample();
+        let tls = crate::tls::session::TlsSession {
+            version: "TLSv1.3",
+            cipher: "TLS13_AES_128_GCM_SHA256",
+            sni: Some("a.example.com".into()),
+            client_cert_subject: Some("CN=\"x\"".into()),
+            ..Default::default()
+        };
+        o.tls = Some(&tls);
+        let line = json_line(&req, &o);
+        assert!(
+            line.ends_with(
+                "\"user_agent\":\"curl/8\\u000a\",\"tls_version\":\"TLSv1.3\",\
+                 \"tls_cipher\":\"TLS13_AES_128_GCM_SHA256\",\"sni\":\"a.example.com\",\
+                 \"client_cert_subject\":\"CN=\\\"x\\\"\"}\n"
+            ),
+            "{line}"
+        );
+        let no_sni = crate::tls::session::TlsSession::default();
+        o.tls = Some(&no_sni);
+        let line = json_line(&req, &o);
+        assert!(
+            line.ends_with("\"sni\":null,\"client_cert_subject\":null}\n"),
+            "{line}"
+        );
     }
 
     #[test]

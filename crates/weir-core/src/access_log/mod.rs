@@ -5,7 +5,7 @@
 //! so a line waits at most `FLUSH_INTERVAL`.
 
 mod line;
-mod time;
+pub mod time;
 mod writer;
 
 use std::cell::RefCell;

@@ -29,12 +29,14 @@ impl ClientIp {
 }
 
 /// Appends the four forwarded headers. `prior_xff` are the values of the client's own
-/// `X-Forwarded-For` headers, in order; the client address is appended to them.
+/// `X-Forwarded-For` headers, in order; the client address is appended to them. `https`:
+/// the request came over TLS (`X-Forwarded-Proto: https`).
 pub fn push_forwarded<'a>(
     out: &mut Vec<u8>,
     client: &ClientIp,
     host: Option<&[u8]>,
     prior_xff: impl Iterator<Item = &'a [u8]>,
+    https: bool,
 ) {
     push_header(out, b"X-Real-IP", client.as_bytes());
     out.extend_from_slice(b"X-Forwarded-For: ");
@@ -44,7 +46,8 @@ pub fn push_forwarded<'a>(
     }
     out.extend_from_slice(client.as_bytes());
     out.extend_from_slice(b"\r\n");
-    push_header(out, b"X-Forwarded-Proto", b"http");
+    let proto: &[u8] = if https { b"https" } else { b"http" };
+    push_header(out, b"X-Forwarded-Proto", proto);
     if let Some(host) = host {
         push_header(out, b"X-Forwarded-Host", host);
     }
@@ -63,6 +66,7 @@ mod tests {
             &ip,
             Some(b"example.com"),
             [&b"1.1.1.1"[..], b"2.2.2.2"].into_iter(),
+            false,
         );
         let text = String::from_utf8(out).unwrap();
         assert_eq!(
@@ -70,6 +74,15 @@ mod tests {
             "X-Real-IP: 10.0.0.7\r\nX-Forwarded-For: 1.1.1.1, 2.2.2.2, 10.0.0.7\r\n\
              X-Forwarded-Proto: http\r\nX-Forwarded-Host: example.com\r\n"
         );
+    }
+
+    #[test]
+    fn proto_is_https_over_tls() {
+        let ip = ClientIp::new("10.0.0.7".parse().unwrap());
+        let mut out = Vec::new();
+        push_forwarded(&mut out, &ip, None, std::iter::empty(), true);
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.ends_with("X-Forwarded-Proto: https\r\n"), "{text}");
     }
 
     #[test]

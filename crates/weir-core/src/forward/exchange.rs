@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use weir_config::{Listener, Route, Upstream, UpstreamServer};
 
 use super::body::{self, pump, BodyState, PumpError};
-use super::request_head::write_request_head;
+use super::request_head::{write_request_head, ClientFacts};
 use super::response_head::{write_response_head, ClientFraming};
 use super::{tunnel, Failure, Reached};
 use crate::buffer::Buffer;
@@ -95,7 +95,10 @@ pub async fn forward(
         &conn.path,
         target.route,
         server,
-        &conn.ip,
+        ClientFacts {
+            ip: &conn.ip,
+            tls: conn.tls.as_deref(),
+        },
     );
     let meta = RequestMeta {
         is_head: req.is_head,
@@ -328,8 +331,7 @@ impl Attempt<'_> {
         let upload_done = {
             let (mut ur, mut uw) = stream.split();
             // A streamed upload waits on the client and the upstream at once: register.
-            let client = conn.stream.registered().map_err(ProxyError::client_io)?;
-            let (mut cr, mut cw) = client.split();
+            let (mut cr, mut cw) = conn.stream.split().map_err(ProxyError::client_io)?;
             let mut uploaded = 0;
             let client_timeout = target.listener.client_timeout;
             let upload = pump(

@@ -10,6 +10,17 @@ use crate::filters::forwarded::{push_forwarded, ClientIp};
 use crate::filters::rewrite::upstream_path;
 use crate::filters::upgrade::{push_offer, Offered};
 use crate::router::RoutedPath;
+use crate::tls::session::TlsSession;
+
+/// What the upstream request head says about the client.
+#[derive(Clone, Copy)]
+pub struct ClientFacts<'a> {
+    /// The client address (`X-Forwarded-For`, `X-Real-IP`).
+    pub ip: &'a ClientIp,
+    /// The connection's TLS session (`X-Forwarded-Proto: https`, the client-certificate
+    /// header).
+    pub tls: Option<&'a TlsSession>,
+}
 
 /// Appends the upstream request head for `req` (parsed from `buf`, its path normalised
 /// into `path`) to `out`. Returns the upgrade protocols it offers (empty: not an upgrade
@@ -21,8 +32,9 @@ pub fn write_request_head(
     path: &RoutedPath,
     route: &Route,
     server: &UpstreamServer,
-    client: &ClientIp,
+    client: ClientFacts<'_>,
 ) -> Offered {
+    let tls = client.tls;
     let (prefix, rest) = upstream_path(
         path.get(req.path(buf)),
         &route.path_prefix,
@@ -39,12 +51,19 @@ pub fn write_request_head(
         None => push_header(out, b"Host", server.name.as_bytes()),
     }
     let mut lines = HeaderLines::default();
+    // The client-certificate header is Weir's to set: a client's copy never passes.
+    let strip = tls.and_then(|t| t.strip_header.as_deref());
     for h in &req.headers {
-        if forwards_unchanged(h.kind, h.connection_listed, route.forwarded_headers) {
+        if forwards_unchanged(h.kind, h.connection_listed, route.forwarded_headers)
+            && !strip.is_some_and(|name| buf[h.name.clone()].eq_ignore_ascii_case(name))
+        {
             lines.keep(out, buf, h);
         }
     }
     lines.flush(out, buf);
+    if let Some(line) = tls.and_then(|t| t.cert_header_line.as_deref()) {
+        out.extend_from_slice(line);
+    }
     if req.framing == BodyFraming::Chunked {
         out.extend_from_slice(b"Transfer-Encoding: chunked\r\n");
     }
@@ -55,7 +74,7 @@ pub fn write_request_head(
             .iter()
             .filter(|h| h.kind == HeaderKind::XForwardedFor)
             .map(|h| &buf[h.value.clone()]);
-        push_forwarded(out, client, client_host, prior);
+        push_forwarded(out, client.ip, client_host, prior, tls.is_some());
     }
     out.extend_from_slice(b"\r\n");
     offered

@@ -30,7 +30,7 @@ use crate::forward::exchange::{
     obtain, read_final_head, record_attempt, upload_while_waiting, upstream_pump_error,
     upstream_write_error, RequestMeta,
 };
-use crate::forward::request_head::write_request_head;
+use crate::forward::request_head::{write_request_head, ClientFacts};
 use crate::forward::{Failure, Reached, Target};
 use crate::metrics::shard::ServerMetrics;
 use crate::router::RoutedPath;
@@ -166,8 +166,12 @@ impl StreamRequest<'_> {
                 .server(pool.slot, pool.server_slots[pick.server]);
             trace.upstream_pick = Some((route.upstream, pick.server));
             out.clear();
+            let client = ClientFacts {
+                ip: self.ip,
+                tls: None,
+            };
             write_request_head(
-                &mut out, self.buf, self.req, self.path, route, server, self.ip,
+                &mut out, self.buf, self.req, self.path, route, server, client,
             );
             let attempt = Attempt {
                 server,

@@ -110,6 +110,7 @@ pub async fn serve(
         upstream_time: trace.upstream_time,
         bytes_in: trace.body_in,
         bytes_out: trace.body_out,
+        tls: None,
     };
     record(worker, &snapshot, &side, &handled, &done);
 }

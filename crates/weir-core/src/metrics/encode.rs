@@ -15,7 +15,8 @@ use super::layout::SlotMap;
 use super::process::ProcessStats;
 use super::shard::{
     AbortReason, DefaultReason, Histogram, ListenerMetrics, RouteMetrics, ServerMetrics,
-    UpstreamMetrics, WorkerMetrics, ACCEPT_ERRORS, LATENCY_BUCKETS, METHODS, STATUS_SLOTS,
+    TlsFailure, UpstreamMetrics, WorkerMetrics, ACCEPT_ERRORS, LATENCY_BUCKETS, METHODS,
+    STATUS_SLOTS, TLS_VERSIONS,
 };
 use super::Metrics;
 use crate::snapshot::Snapshot;
@@ -28,6 +29,7 @@ pub fn encode_text(metrics: &Metrics, snapshot: &Snapshot) -> String {
         slots: snapshot.slots.clone(),
         dropped: metrics.dropped_log_lines(),
         up: up_table(snapshot),
+        certs: cert_table(snapshot),
     };
     let mut registry = Registry::default();
     registry.register_collector(Box::new(collector));
@@ -47,6 +49,17 @@ fn up_table(snapshot: &Snapshot) -> Vec<Vec<bool>> {
         .collect()
 }
 
+/// `(listener index, names joined by ",", not-after)` of every certificate in use.
+fn cert_table(snapshot: &Snapshot) -> Vec<(usize, String, i64)> {
+    let mut rows = Vec::new();
+    for (li, plan) in snapshot.listeners.iter().enumerate() {
+        for cert in plan.tls.iter().flat_map(|t| t.store.certs()) {
+            rows.push((li, cert.facts.names.join(","), cert.facts.not_after));
+        }
+    }
+    rows
+}
+
 #[derive(Debug)]
 struct Scrape {
     shards: Vec<std::sync::Arc<WorkerMetrics>>,
@@ -55,6 +68,7 @@ struct Scrape {
     slots: SlotMap,
     dropped: u64,
     up: Vec<Vec<bool>>,
+    certs: Vec<(usize, String, i64)>,
 }
 
 type Result = std::result::Result<(), std::fmt::Error>;
@@ -69,6 +83,7 @@ impl Collector for Scrape {
         self.durations(&mut enc)?;
         self.listener_counters(&mut enc)?;
         self.http2_counters(&mut enc)?;
+        self.tls(&mut enc)?;
         self.upstream_counters(&mut enc)?;
         self.upstream_histograms(&mut enc)?;
         self.process(&mut enc)
@@ -338,6 +353,69 @@ impl Scrape {
             counter(enc, name, help, &rows)?;
         }
         Ok(())
+    }
+
+    /// Handshakes and certificate expiry of the listeners that terminate TLS.
+    fn tls(&self, enc: &mut DescriptorEncoder) -> Result {
+        let (mut handshakes, mut failures) = (vec![], vec![]);
+        for (li, l) in self.config.listeners.iter().enumerate() {
+            if l.tls.is_none() {
+                continue;
+            }
+            let name = || ("listener", l.name.clone());
+            let row = |version: &str, result: &str, v| {
+                let labels = vec![
+                    name(),
+                    ("version", version.into()),
+                    ("result", result.into()),
+                ];
+                (labels, v)
+            };
+            for (vi, version) in TLS_VERSIONS.iter().enumerate() {
+                for (ri, result) in ["full", "resumed"].iter().enumerate() {
+                    let v =
+                        self.sum(|s| Some(self.listener(s, li)?.tls_handshakes[2 * vi + ri].get()));
+                    handshakes.push(row(version, result, v));
+                }
+            }
+            let mut failed = 0;
+            for reason in TlsFailure::ALL {
+                let v =
+                    self.sum(|s| Some(self.listener(s, li)?.tls_failures[reason as usize].get()));
+                failed += v;
+                failures.push((vec![name(), ("reason", reason.label().to_string())], v));
+            }
+            handshakes.push(row("unknown", "failed", failed));
+        }
+        if handshakes.is_empty() {
+            return Ok(());
+        }
+        counter(
+            enc,
+            "weir_tls_handshakes",
+            "TLS handshakes: completed (full or resumed, by version) and failed.",
+            &handshakes,
+        )?;
+        counter(
+            enc,
+            "weir_tls_handshake_failures",
+            "Failed TLS handshakes, by reason.",
+            &failures,
+        )?;
+        let expiry: Vec<(Labels, i64)> = self
+            .certs
+            .iter()
+            .map(|(li, names, not_after)| {
+                let listener = ("listener", self.config.listeners[*li].name.clone());
+                (vec![listener, ("names", names.clone())], *not_after)
+            })
+            .collect();
+        gauge(
+            enc,
+            "weir_tls_certificate_expiry_timestamp_seconds",
+            "When each certificate in use expires (Unix time).",
+            &expiry,
+        )
     }
 
     fn upstream_counters(&self, enc: &mut DescriptorEncoder) -> Result {

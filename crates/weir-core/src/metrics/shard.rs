@@ -244,6 +244,11 @@ pub struct ListenerMetrics {
     /// Connections closed for a missing, malformed or untrusted PROXY header.
     pub proxy_rejected: Counter,
     pub http2: Http2Metrics,
+    /// Completed TLS handshakes: index `2 * version + resumed` (`TLS_VERSIONS`; 0 full,
+    /// 1 resumed).
+    pub tls_handshakes: [Counter; 4],
+    /// Failed TLS handshakes, by reason (`TlsFailure`).
+    pub tls_failures: [Counter; TlsFailure::ALL.len()],
 }
 
 /// HTTP/2 client connections of a listener (their requests also count in the route
@@ -259,6 +264,51 @@ pub struct Http2Metrics {
     pub client_resets: Counter,
     /// Connections closed with GOAWAY ENHANCE_YOUR_CALM (a reset budget exceeded).
     pub calm_goaways: Counter,
+}
+
+/// TLS versions counted apart.
+pub const TLS_VERSIONS: [&str; 2] = ["1.2", "1.3"];
+
+/// Why a TLS handshake failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TlsFailure {
+    /// No cipher suite, key exchange group or signature scheme both sides have.
+    NoSharedCipher,
+    /// No TLS version both sides accept (such as a TLS 1.2 client and `min_version = "1.3"`).
+    NoSharedVersion,
+    /// A client certificate was required and missing, or did not verify.
+    BadClientCert,
+    /// Not finished within `handshake_timeout`.
+    Timeout,
+    /// The first byte was not a TLS handshake record but text: plain HTTP to a TLS port.
+    PlainHttp,
+    /// `max_handshakes` were already in progress on the worker.
+    Busy,
+    Other,
+}
+
+impl TlsFailure {
+    pub const ALL: [TlsFailure; 7] = [
+        TlsFailure::NoSharedCipher,
+        TlsFailure::NoSharedVersion,
+        TlsFailure::BadClientCert,
+        TlsFailure::Timeout,
+        TlsFailure::PlainHttp,
+        TlsFailure::Busy,
+        TlsFailure::Other,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            TlsFailure::NoSharedCipher => "no_shared_cipher",
+            TlsFailure::NoSharedVersion => "no_shared_version",
+            TlsFailure::BadClientCert => "bad_client_cert",
+            TlsFailure::Timeout => "timeout",
+            TlsFailure::PlainHttp => "plain_http",
+            TlsFailure::Busy => "busy",
+            TlsFailure::Other => "other",
+        }
+    }
 }
 
 impl ListenerMetrics {

@@ -34,21 +34,7 @@ const SNAPSHOT_POLL: Duration = Duration::from_millis(200);
 
 /// Starts the health-check thread; it ends when `shared.shutdown` turns true.
 pub fn spawn(shared: Arc<Shared>) -> std::io::Result<JoinHandle<()>> {
-    std::thread::Builder::new()
-        .name("weir-health".into())
-        .spawn(move || {
-            let runtime = match tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
-                Ok(rt) => rt,
-                Err(e) => {
-                    tracing::error!(error = %e, "cannot build the health-check runtime");
-                    return;
-                }
-            };
-            runtime.block_on(supervise(shared));
-        })
+    crate::server::spawn_with_runtime("weir-health", move || supervise(shared))
 }
 
 /// Runs the checks of the current snapshot until shutdown, restarting them on a new one.

@@ -1,0 +1,201 @@
+//! Validation of a listener's `[listeners.tls]` table: certificate and key paths, the
+//! default certificate, version floor, ALPN, client authentication and handshake limits.
+//!
+//! Only the shape is checked here; the files are read (and a bad one rejected with its path
+//! and the reason) when weir-core builds the listener's TLS setup.
+
+use std::path::PathBuf;
+
+use super::{duration, int_in};
+use crate::error::{FieldPath, Issue};
+use crate::model::{CertKey, ClientAuth, Tls, TlsVersion};
+use crate::raw::{RawCertKey, RawClientAuth, RawTls};
+
+/// The protocols an HTTP listener speaks and may offer through ALPN.
+const ALPN_SPOKEN: &[&str] = &["http/1.1"];
+
+/// Headers the proxy owns or that frame the message: never a client-cert header.
+const RESERVED_HEADERS: &[&str] = &[
+    "host",
+    "connection",
+    "content-length",
+    "transfer-encoding",
+    "upgrade",
+    "te",
+    "trailer",
+    "keep-alive",
+    "proxy-connection",
+    "x-forwarded-for",
+    "x-forwarded-proto",
+    "x-forwarded-host",
+    "x-real-ip",
+];
+
+/// `[listeners.tls]`, or `None` without one.
+pub(super) fn tls(raw: Option<RawTls>, path: &FieldPath) -> Result<Option<Tls>, Issue> {
+    let Some(raw) = raw else { return Ok(None) };
+    let certs = certs(raw.certs, &path.key("certs"))?;
+    Ok(Some(Tls {
+        default_cert: default_cert(raw.default_cert, &certs, &path.key("default_cert"))?,
+        certs,
+        min_version: min_version(raw.min_version.as_deref(), &path.key("min_version"))?,
+        alpn: alpn(raw.alpn, &path.key("alpn"))?,
+        session_resumption: raw.session_resumption.unwrap_or(true),
+        client_auth: client_auth(raw.client_auth, &path.key("client_auth"))?,
+        client_cert_header: client_cert_header(
+            raw.client_cert_header,
+            &path.key("client_cert_header"),
+        )?,
+        handshake_timeout: duration(
+            raw.handshake_timeout,
+            "10s",
+            &path.key("handshake_timeout"),
+            true,
+        )?,
+        max_handshakes: int_in(
+            raw.max_handshakes,
+            256,
+            1..=1_000_000,
+            &path.key("max_handshakes"),
+        )?,
+    }))
+}
+
+/// A non-empty path; `what` names it in the message.
+fn file(
+    raw: Option<String>,
+    path: &FieldPath,
+    what: &str,
+    example: &str,
+) -> Result<PathBuf, Issue> {
+    match raw.as_deref().map(str::trim) {
+        Some(p) if !p.is_empty() => Ok(PathBuf::from(p)),
+        Some(_) => Err(Issue::new(
+            path,
+            format!("the {what} path is empty"),
+            format!("write the path of a PEM file, such as \"{example}\""),
+        )),
+        None => Err(Issue::new(
+            path,
+            format!("the {what} file is missing"),
+            format!("add {} = \"{example}\"", path.last_key()),
+        )),
+    }
+}
+
+fn certs(raw: Option<Vec<RawCertKey>>, path: &FieldPath) -> Result<Vec<CertKey>, Issue> {
+    let raw = raw.filter(|c| !c.is_empty()).ok_or_else(|| {
+        Issue::new(
+            path,
+            "a TLS listener needs at least one certificate",
+            r#"add certs = [{ cert = "certs/example.com.pem", key = "certs/example.com.key" }]"#,
+        )
+    })?;
+    let mut out: Vec<CertKey> = Vec::with_capacity(raw.len());
+    for (i, entry) in raw.into_iter().enumerate() {
+        let at = path.index(i);
+        let cert_key = CertKey {
+            cert: file(
+                entry.cert,
+                &at.key("cert"),
+                "certificate",
+                "certs/example.com.pem",
+            )?,
+            key: file(entry.key, &at.key("key"), "key", "certs/example.com.key")?,
+        };
+        if let Some(j) = out.iter().position(|c| c.cert == cert_key.cert) {
+            return Err(Issue::new(
+                &at.key("cert"),
+                format!(
+                    "certificate \"{}\" is listed twice (also certs[{j}])",
+                    cert_key.cert.display()
+                ),
+                "list each certificate once",
+            ));
+        }
+        out.push(cert_key);
+    }
+    Ok(out)
+}
+
+fn default_cert(raw: Option<String>, certs: &[CertKey], path: &FieldPath) -> Result<usize, Issue> {
+    let Some(text) = raw else { return Ok(0) };
+    let wanted = PathBuf::from(text.trim());
+    certs.iter().position(|c| c.cert == wanted).ok_or_else(|| {
+        let listed: Vec<String> = certs
+            .iter()
+            .map(|c| format!("\"{}\"", c.cert.display()))
+            .collect();
+        Issue::new(
+            path,
+            format!("default_cert \"{text}\" is not one of the listed certificates"),
+            format!(
+                "write the cert path of one of certs ({}), or remove default_cert to use the first",
+                listed.join(", ")
+            ),
+        )
+    })
+}
+
+fn min_version(raw: Option<&str>, path: &FieldPath) -> Result<TlsVersion, Issue> {
+    match raw.map(str::trim) {
+        None | Some("1.2") => Ok(TlsVersion::V1_2),
+        Some("1.3") => Ok(TlsVersion::V1_3),
+        Some(other) => Err(Issue::new(
+            path,
+            format!("unsupported min_version \"{other}\""),
+            r#"use min_version = "1.2" (the default) or "1.3"; older versions are insecure"#,
+        )),
+    }
+}
+
+fn alpn(raw: Option<Vec<String>>, path: &FieldPath) -> Result<Vec<String>, Issue> {
+    let Some(list) = raw else {
+        return Ok(vec!["http/1.1".to_owned()]);
+    };
+    for (i, name) in list.iter().enumerate() {
+        if !ALPN_SPOKEN.contains(&name.as_str()) {
+            return Err(Issue::new(
+                &path.index(i),
+                format!("this listener does not speak \"{name}\""),
+                r#"offer only what the listener speaks: alpn = ["http/1.1"] (the default), or [] for no ALPN"#,
+            ));
+        }
+        if list[..i].contains(name) {
+            return Err(Issue::new(
+                &path.index(i),
+                format!("\"{name}\" is listed twice"),
+                "list each protocol once",
+            ));
+        }
+    }
+    Ok(list)
+}
+
+fn client_auth(raw: Option<RawClientAuth>, path: &FieldPath) -> Result<Option<ClientAuth>, Issue> {
+    let Some(raw) = raw else { return Ok(None) };
+    Ok(Some(ClientAuth {
+        ca: file(raw.ca, &path.key("ca"), "client CA", "certs/clients-ca.pem")?,
+        required: raw.required.unwrap_or(true),
+    }))
+}
+
+fn client_cert_header(raw: Option<String>, path: &FieldPath) -> Result<Option<String>, Issue> {
+    let Some(name) = raw else { return Ok(None) };
+    let token = |c: char| c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~".contains(c);
+    if name.is_empty() || !name.chars().all(token) {
+        return Err(Issue::new(
+            path,
+            format!("\"{name}\" is not a valid header name"),
+            r#"use letters, digits and '-', such as "X-Forwarded-Client-Cert""#,
+        ));
+    }
+    if RESERVED_HEADERS.contains(&name.to_ascii_lowercase().as_str()) {
+        return Err(Issue::new(
+            path,
+            format!("\"{name}\" is a header the proxy sets or needs for framing"),
+            r#"use a header of its own, such as "X-Forwarded-Client-Cert""#,
+        ));
+    }
+    Ok(Some(name))
+}

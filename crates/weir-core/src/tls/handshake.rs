@@ -1,0 +1,156 @@
+//! The TLS handshake of an accepted connection, before its first request.
+//!
+//! Bounded twice, so a slow or garbage ClientHello never holds a worker: the whole
+//! handshake must finish within `handshake_timeout`, and each worker runs at most
+//! `max_handshakes` at once (a connection beyond that is closed at once). Bytes already
+//! read (the first read, or what came with a PROXY header) are the start of the
+//! ClientHello and are fed to rustls first. A first byte that is not a TLS handshake
+//! record ends the connection; text there is plain HTTP sent to a TLS port.
+//! Every outcome is counted: by version when it succeeds, by reason when it fails.
+
+use std::cell::Cell;
+use std::io;
+use std::sync::Arc;
+
+use rustls::server::Acceptor;
+use rustls::{Error, PeerIncompatible};
+use tokio::net::TcpStream;
+use tokio_rustls::server::{LazyConfigAcceptor, StartHandshake, TlsStream};
+use weir_config::Listener;
+
+use super::session::TlsSession;
+use super::ListenerTls;
+use crate::buffer::Buffer;
+use crate::client_stream::ClientStream;
+use crate::metrics::shard::TlsFailure;
+use crate::worker::Worker;
+
+/// The TLS record type of a handshake message: every ClientHello starts with it.
+const HANDSHAKE_RECORD: u8 = 0x16;
+
+/// Runs the handshake on `stream` (a connection of `listener`, metric slot `slot`),
+/// counts it, and on success makes `stream` a TLS stream. `None`: the connection must
+/// close (the client left, or the handshake failed; counted and logged at debug).
+pub async fn accept(
+    worker: &Worker,
+    (slot, listener): (usize, &Listener),
+    tls: &ListenerTls,
+    stream: &mut ClientStream,
+    buf: &mut Buffer,
+) -> Option<TlsSession> {
+    let result = if worker.tls_handshakes.get() >= tls.max_handshakes {
+        Err(TlsFailure::Busy)
+    } else {
+        let _in_progress = InProgress::enter(&worker.tls_handshakes);
+        let handshake = handshake(&tls.server_config, stream, buf);
+        match tokio::time::timeout(tls.handshake_timeout, handshake).await {
+            Ok(Ok(Some(tls_stream))) => {
+                let session = TlsSession::new(tls_stream.get_ref().1, tls);
+                stream.set_tls(tls_stream, listener.client_timeout);
+                Ok(Some(session))
+            }
+            Ok(Ok(None)) => Ok(None),
+            Ok(Err(failure)) => Err(failure),
+            Err(_) => Err(TlsFailure::Timeout),
+        }
+    };
+    let metrics = worker.metrics.listener(slot);
+    match result {
+        Ok(Some(session)) => {
+            if let (Some(m), Some(v)) = (metrics, session.version_index()) {
+                m.tls_handshakes[2 * v + usize::from(session.resumed)].inc();
+            }
+            Some(session)
+        }
+        Ok(None) => None,
+        Err(failure) => {
+            if let Some(m) = metrics {
+                m.tls_failures[failure as usize].inc();
+            }
+            tracing::debug!(listener = %listener.name, reason = failure.label(), "TLS handshake failed");
+            None
+        }
+    }
+}
+
+/// Counts a handshake in progress for as long as it lives.
+struct InProgress<'a>(&'a Cell<usize>);
+
+impl<'a> InProgress<'a> {
+    fn enter(count: &'a Cell<usize>) -> InProgress<'a> {
+        count.set(count.get() + 1);
+        InProgress(count)
+    }
+}
+
+impl Drop for InProgress<'_> {
+    fn drop(&mut self) {
+        self.0.set(self.0.get().saturating_sub(1));
+    }
+}
+
+/// The handshake itself. `Ok(None)`: the client closed before sending anything (a port
+/// check, not a failed handshake).
+async fn handshake(
+    config: &Arc<rustls::ServerConfig>,
+    stream: &mut ClientStream,
+    buf: &mut Buffer,
+) -> Result<Option<TlsStream<TcpStream>>, TlsFailure> {
+    if buf.is_empty() && !matches!(buf.read_from(stream).await, Ok(n) if n > 0) {
+        return Ok(None);
+    }
+    match buf.filled()[0] {
+        HANDSHAKE_RECORD => {}
+        b if b.is_ascii_alphabetic() => return Err(TlsFailure::PlainHttp),
+        _ => return Err(TlsFailure::Other),
+    }
+    let tcp = stream.take_registered().map_err(|_| TlsFailure::Other)?;
+    let mut acceptor = Acceptor::default();
+    let mut early = buf.filled();
+    while !early.is_empty() {
+        if acceptor.read_tls(&mut early).is_err() {
+            return Err(TlsFailure::Other);
+        }
+    }
+    buf.clear();
+    // The bytes read may already hold the whole ClientHello: ask before reading more.
+    let start = match acceptor.accept() {
+        Ok(Some(accepted)) => StartHandshake::from_parts(accepted, tcp),
+        Ok(None) => LazyConfigAcceptor::new(acceptor, tcp)
+            .await
+            .map_err(|e| classify(&e))?,
+        Err((error, _alert)) => return Err(classify_rustls(&error)),
+    };
+    let tls = start
+        .into_stream(config.clone())
+        .await
+        .map_err(|e| classify(&e))?;
+    Ok(Some(tls))
+}
+
+/// The failure reason of a handshake error from tokio-rustls.
+fn classify(e: &io::Error) -> TlsFailure {
+    e.get_ref()
+        .and_then(|inner| inner.downcast_ref::<Error>())
+        .map_or(TlsFailure::Other, classify_rustls)
+}
+
+fn classify_rustls(e: &Error) -> TlsFailure {
+    use PeerIncompatible::*;
+    match e {
+        Error::PeerIncompatible(
+            NoCipherSuitesInCommon
+            | NoKxGroupsInCommon
+            | NoSignatureSchemesInCommon
+            | NoCertificateRequestSignatureSchemesInCommon,
+        ) => TlsFailure::NoSharedCipher,
+        Error::PeerIncompatible(
+            SupportedVersionsExtensionRequired
+            | Tls12NotOffered
+            | Tls12NotOfferedOrEnabled
+            | ServerDoesNotSupportTls12Or13,
+        ) => TlsFailure::NoSharedVersion,
+        Error::NoCertificatesPresented | Error::InvalidCertificate(_) => TlsFailure::BadClientCert,
+        _ => TlsFailure::Other,
+    }
+}
