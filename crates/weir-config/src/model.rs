@@ -61,6 +61,20 @@ pub struct TcpSettings {
     /// Bytes buffered per direction when copying (not splicing).
     pub buffer_size: usize,
     pub splice: SpliceMode,
+    /// Routing by the TLS ClientHello's server name, without terminating TLS (empty: every
+    /// connection goes to `upstream`, and nothing is read before connecting).
+    pub sni_routes: Vec<SniRoute>,
+    /// Time allowed for the ClientHello to arrive when `sni_routes` is set.
+    pub preread_timeout: Duration,
+}
+
+/// One entry of `sni_routes`: connections whose SNI matches one of `hosts` go to `upstream`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SniRoute {
+    /// Exact names or `*.suffix` patterns (never `*` alone: that is `upstream`'s job).
+    pub hosts: Vec<HostPattern>,
+    /// Index into [`Config::upstreams`].
+    pub upstream: usize,
 }
 
 /// Whether a TCP listener relays with splice(2) (Linux) or through a user-space buffer.

@@ -63,6 +63,16 @@ pub(crate) struct RawListener {
     pub idle_timeout: Option<String>,
     pub buffer_size: Option<StrOrInt>,
     pub splice: Option<String>,
+    pub sni_routes: Option<Vec<RawSniRoute>>,
+    pub preread_timeout: Option<String>,
+}
+
+/// One entry of a TCP listener's `sni_routes = [{ hosts, upstream }]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawSniRoute {
+    pub hosts: Option<Vec<String>>,
+    pub upstream: Option<String>,
 }
 
 /// `proxy_protocol = { ... }` of a listener.

@@ -217,6 +217,82 @@ fn defer_accept_defaults_to_on_for_http_and_off_for_tcp() {
 }
 
 #[test]
+fn sni_routes() {
+    let config = parse_str(
+        &format!(
+            "{LISTENER}protocol = \"tcp\"\nupstream = \"u\"\npreread_timeout = \"2s\"\n\
+             sni_routes = [{{ hosts = [\"A.example.com\", \"*.b.example.com\"], upstream = \"v\" }}]\n\
+             [upstreams.u]\nservers = [{{ addr = \"127.0.0.1:8081\" }}]\n\
+             [upstreams.v]\nservers = [{{ addr = \"127.0.0.1:8082\" }}]\n"
+        ),
+        "t",
+    )
+    .expect("valid");
+    let tcp = config.listeners[0].tcp().expect("tcp");
+    assert_eq!(tcp.preread_timeout, std::time::Duration::from_secs(2));
+    assert_eq!(tcp.sni_routes.len(), 1);
+    assert_eq!(tcp.sni_routes[0].upstream, 1);
+    assert_eq!(
+        tcp.sni_routes[0].hosts,
+        vec![
+            HostPattern::Exact("a.example.com".into()),
+            HostPattern::Suffix(".b.example.com".into())
+        ]
+    );
+    let defaults = parse_str(&tcp_listener(""), "t").expect("valid");
+    let tcp = defaults.listeners[0].tcp().expect("tcp");
+    assert!(tcp.sni_routes.is_empty());
+    assert_eq!(tcp.preread_timeout, std::time::Duration::from_secs(5));
+}
+
+#[test]
+fn sni_route_errors() {
+    let route = |r: &str| tcp_listener(&format!("sni_routes = [{r}]\n"));
+    check(
+        &route(r#"{ hosts = ["a.example.com"], upstream = "nope" }"#),
+        "listeners[0].sni_routes[0].upstream",
+        6,
+        "unknown upstream \"nope\"",
+        "use one of: u",
+    );
+    check(
+        &route(r#"{ hosts = [], upstream = "u" }"#),
+        "listeners[0].sni_routes[0].hosts",
+        6,
+        "at least one host",
+        "hosts = [",
+    );
+    check(
+        &route(r#"{ hosts = ["a b"], upstream = "u" }"#),
+        "listeners[0].sni_routes[0].hosts[0]",
+        6,
+        "not a valid host name",
+        "labels",
+    );
+    check(
+        &route(r#"{ hosts = ["*"], upstream = "u" }"#),
+        "listeners[0].sni_routes[0].hosts[0]",
+        6,
+        "match every connection",
+        "listener's upstream",
+    );
+    check(
+        &route(r#"{ hosts = ["a.x"], upstream = "u" }, { hosts = ["A.x"], upstream = "u" }"#),
+        "listeners[0].sni_routes[1].hosts[0]",
+        6,
+        "more than one SNI route",
+        "one SNI route only",
+    );
+    check(
+        &format!("{LISTENER}sni_routes = []\n"),
+        "listeners[0].sni_routes",
+        4,
+        "only to protocol = \"tcp\"",
+        "protocol = \"tcp\"",
+    );
+}
+
+#[test]
 fn tcp_listener_errors() {
     check(
         &format!("{LISTENER}protocol = \"tcp\"\n"),

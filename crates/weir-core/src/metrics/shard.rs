@@ -181,6 +181,9 @@ pub struct ListenerMetrics {
     pub bytes_out: Counter,
     /// Connections closed for a missing, malformed or untrusted PROXY header.
     pub proxy_rejected: Counter,
+    /// TCP listeners with `sni_routes`: connections by how their SNI step ended
+    /// (indexed by `tcp::sni::SniResult as usize`).
+    pub sni: [Counter; 8],
 }
 
 impl ListenerMetrics {

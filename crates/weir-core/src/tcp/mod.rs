@@ -9,9 +9,11 @@
 //!
 //! - `io`: reads and writes on a shared `&TcpStream` driven by readiness
 //! - `relay`: the two directions, buffered copy or splice(2), half-close, idle timeout
+//! - `sni`: with `sni_routes`, the upstream is chosen by the ClientHello's server name
 
 pub mod io;
 mod relay;
+pub mod sni;
 
 pub use relay::{relay, End, RelayConfig};
 
@@ -22,6 +24,7 @@ use std::time::Instant;
 use tokio::net::TcpStream;
 use weir_config::{Listener, TcpSettings};
 
+use crate::buffer::Buffer;
 use crate::codec::proxy_protocol::{self, Addresses};
 use crate::connector::connect;
 use crate::filters::forwarded::ClientIp;
@@ -54,7 +57,11 @@ pub async fn serve_tcp(worker: Rc<Worker>, slot: usize, client: TcpStream, peer:
         return;
     };
     let source = carried.map_or(peer, |a| a.source);
-    let Some((server, _pick)) = connect_upstream(&worker, &snapshot, tcp, source).await else {
+    let Some(upstream) = choose_upstream(&worker, slot, tcp, &client, &mut to_server).await else {
+        worker.give_buffer(to_server);
+        return;
+    };
+    let Some((server, _pick)) = connect_upstream(&worker, &snapshot, upstream, source).await else {
         worker.give_buffer(to_server);
         return;
     };
@@ -80,15 +87,34 @@ pub async fn serve_tcp(worker: Rc<Worker>, slot: usize, client: TcpStream, peer:
     // `_pick` lives until here: the connection counts as in flight to its server.
 }
 
-/// Connects to a server of the listener's upstream, trying others on connect failure as
-/// the upstream's retry policy allows. `None`: no server could be reached.
+/// The upstream for this connection: the listener's, or with `sni_routes` the one the
+/// ClientHello's server name picks (read into `buf`, counted). `None`: close.
+async fn choose_upstream(
+    worker: &Worker,
+    slot: usize,
+    tcp: &TcpSettings,
+    client: &TcpStream,
+    buf: &mut Buffer,
+) -> Option<usize> {
+    if tcp.sni_routes.is_empty() {
+        return Some(tcp.upstream);
+    }
+    let (upstream, result) = sni::choose_upstream(client, tcp, buf).await;
+    if let Some(m) = worker.metrics.listener(slot) {
+        m.sni[result as usize].inc();
+    }
+    tracing::debug!(result = result.label(), ?upstream, "tcp sni routing");
+    upstream
+}
+
+/// Connects to a server of upstream `index`, trying others on connect failure as the
+/// upstream's retry policy allows. `None`: no server could be reached.
 async fn connect_upstream(
     worker: &Worker,
     snapshot: &Snapshot,
-    tcp: &TcpSettings,
+    index: usize,
     source: SocketAddr,
 ) -> Option<(TcpStream, Pick)> {
-    let index = tcp.upstream;
     let upstream = &snapshot.config.upstreams[index];
     let plan = &snapshot.upstreams[index];
     let key = RequestKey::for_connection(&upstream.lb, &ClientIp::new(source.ip()));
