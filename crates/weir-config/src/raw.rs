@@ -130,6 +130,25 @@ pub(crate) struct RawUpstream {
     pub health_check: Option<RawHealthCheck>,
     pub passive: Option<RawPassive>,
     pub retry: Option<RawRetry>,
+    pub tls: Option<RawUpstreamTls>,
+}
+
+/// `tls = { ... }` of an upstream.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawUpstreamTls {
+    pub server_name: Option<String>,
+    pub ca: Option<String>,
+    pub client_cert: Option<RawCertKey>,
+    pub insecure_skip_verify: Option<bool>,
+}
+
+/// `{ cert = "chain.pem", key = "key.pem" }`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawCertKey {
+    pub cert: Option<String>,
+    pub key: Option<String>,
 }
 
 /// One entry of `servers = [{ addr = "..." }]`.

@@ -558,6 +558,7 @@ fn upstream(name: String, mut raw: RawUpstream, path: &FieldPath) -> Result<Upst
         health_check: policy.health_check,
         passive: policy.passive,
         retry: policy.retry,
+        tls: upstream_tls::upstream_tls(raw.tls, &path.key("tls"))?,
     })
 }
 
@@ -749,6 +750,7 @@ fn size(raw: Option<StrOrInt>, default: u64, path: &FieldPath) -> Result<u64, Is
 
 mod pool;
 mod tcp;
+mod upstream_tls;
 
 #[cfg(test)]
 mod tests;

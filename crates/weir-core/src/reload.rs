@@ -33,6 +33,8 @@ pub enum ApplyError {
     },
     #[error(transparent)]
     Bind(#[from] StartError),
+    #[error(transparent)]
+    Tls(#[from] crate::connector::tls::TlsSetupError),
 }
 
 impl ApplyError {
@@ -44,6 +46,7 @@ impl ApplyError {
                 format!("listeners[{listener}].bind")
             }
             ApplyError::Bind(_) => String::new(),
+            ApplyError::Tls(e) => format!("upstreams.{}.tls", e.upstream),
         }
     }
 
@@ -51,6 +54,7 @@ impl ApplyError {
         match self {
             ApplyError::NotReloadable { fix, .. } => fix,
             ApplyError::Bind(_) => "use an address that is free on this host",
+            ApplyError::Tls(_) => "give a certificate and key that belong together, in PEM",
         }
     }
 }
@@ -193,6 +197,8 @@ impl Proxy {
         let mut control = self.lock_control();
         let old = self.shared.snapshot.load_full();
         check_reloadable(&old.config, &config)?;
+        // Upstream TLS clients first: a bad one rejects the change before anything moved.
+        let tls = crate::connector::tls::build_all(&config, &old.tls_clients())?;
         let changes = diff(&old.config, &config);
         let mut binds = Vec::new();
         for (i, l) in config.listeners.iter().enumerate() {
@@ -207,7 +213,7 @@ impl Proxy {
         // Publish first: a connection accepted on a new socket must find its listener in
         // the snapshot.
         self.shared
-            .publish(Snapshot::with_previous(config.clone(), slots, &old));
+            .publish(Snapshot::with_previous(config.clone(), slots, tls, &old));
         control.stop_stale(&config);
         for (i, bound) in binds {
             control.listen(&config.listeners[i], listener_slots[i], bound);

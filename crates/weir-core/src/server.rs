@@ -34,6 +34,8 @@ pub enum StartError {
     Thread(std::io::Error),
     #[error("cannot open access log: {0}")]
     AccessLog(std::io::Error),
+    #[error(transparent)]
+    Tls(#[from] crate::connector::tls::TlsSetupError),
 }
 
 /// A running data plane. Dropping it without `shutdown` leaves the workers running until
@@ -63,12 +65,13 @@ impl Proxy {
         mut inherited: Inherited,
     ) -> Result<Proxy, StartError> {
         let workers = workers.max(1);
+        let tls = crate::connector::tls::build_all(&config, &[])?;
         let mut layout = Layout::default();
         let slots = layout.assign(&config);
         let splice_available = probe_splice(&config);
         let (tx, rx) = watch::channel(false);
         let shared = Arc::new(Shared {
-            snapshot: ArcSwap::from_pointee(Snapshot::new(Arc::new(config), slots)),
+            snapshot: ArcSwap::from_pointee(Snapshot::new(Arc::new(config), slots, tls)),
             generation: AtomicU64::new(0),
             shutdown: rx,
             workers,

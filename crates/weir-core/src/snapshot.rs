@@ -10,6 +10,7 @@ use std::sync::Arc;
 use weir_config::{Config, Listener, UpstreamServer};
 
 use crate::codec::http1::write::push_simple_response;
+use crate::connector::TlsUpstream;
 use crate::metrics::layout::SlotMap;
 use crate::router::Router;
 use crate::upstream::state::ServerState;
@@ -37,28 +38,45 @@ pub struct ListenerPlan {
 }
 
 impl Snapshot {
-    /// A snapshot of `config`, its objects counting in `slots`.
-    pub fn new(config: Arc<Config>, slots: SlotMap) -> Snapshot {
-        Snapshot::build(config, slots, None)
+    /// A snapshot of `config`, its objects counting in `slots`; `tls`: the upstreams' TLS
+    /// clients (`connector::tls::build_all`).
+    pub fn new(
+        config: Arc<Config>,
+        slots: SlotMap,
+        tls: Vec<Option<Arc<TlsUpstream>>>,
+    ) -> Snapshot {
+        Snapshot::build(config, slots, tls, None)
     }
 
     /// A snapshot of `config` that keeps the health state (active verdict, passive
     /// ejection) of every server that `previous` had in an upstream of the same name.
-    pub fn with_previous(config: Arc<Config>, slots: SlotMap, previous: &Snapshot) -> Snapshot {
-        Snapshot::build(config, slots, Some(previous))
+    pub fn with_previous(
+        config: Arc<Config>,
+        slots: SlotMap,
+        tls: Vec<Option<Arc<TlsUpstream>>>,
+        previous: &Snapshot,
+    ) -> Snapshot {
+        Snapshot::build(config, slots, tls, Some(previous))
     }
 
-    fn build(config: Arc<Config>, slots: SlotMap, previous: Option<&Snapshot>) -> Snapshot {
+    fn build(
+        config: Arc<Config>,
+        slots: SlotMap,
+        tls: Vec<Option<Arc<TlsUpstream>>>,
+        previous: Option<&Snapshot>,
+    ) -> Snapshot {
         let listeners = config.listeners.iter().map(ListenerPlan::new).collect();
         let upstreams = config
             .upstreams
             .iter()
             .zip(slots.upstreams.iter())
-            .map(|(u, u_slots)| {
+            .zip(tls)
+            .map(|((u, u_slots), tls)| {
                 let mut plan =
                     UpstreamPlan::new(u, |i| previous?.server_state(&u.name, &u.servers[i]));
                 plan.slot = u_slots.slot;
                 plan.server_slots = u_slots.children.clone();
+                plan.tls = tls;
                 plan
             })
             .collect();
@@ -68,6 +86,17 @@ impl Snapshot {
             listeners,
             upstreams,
         }
+    }
+
+    /// The TLS clients of this snapshot's upstreams, by upstream name (to keep unchanged
+    /// ones across a reload).
+    pub fn tls_clients(&self) -> Vec<(String, Arc<TlsUpstream>)> {
+        self.config
+            .upstreams
+            .iter()
+            .zip(&self.upstreams)
+            .filter_map(|(u, plan)| Some((u.name.clone(), plan.tls.clone()?)))
+            .collect()
     }
 
     /// The shared state of `server` if this snapshot's upstream `upstream` has it.

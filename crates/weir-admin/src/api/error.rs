@@ -68,7 +68,9 @@ impl From<ConfigError> for ApiError {
 impl From<ApplyError> for ApiError {
     fn from(e: ApplyError) -> ApiError {
         let status = match e {
-            ApplyError::NotReloadable { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+            ApplyError::NotReloadable { .. } | ApplyError::Tls(_) => {
+                StatusCode::UNPROCESSABLE_ENTITY
+            }
             ApplyError::Bind(_) => StatusCode::CONFLICT,
         };
         ApiError::new(status, e.to_string(), e.fix()).field(e.field())

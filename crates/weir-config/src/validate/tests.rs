@@ -743,3 +743,91 @@ fn access_log_rejects_unknown_format() {
     assert_eq!(err.line, 5);
     assert!(err.fix.contains("json"));
 }
+
+/// A file in the temp dir holding `text`, for the TLS keys' file checks.
+fn temp_file(name: &str, text: &str) -> String {
+    let path = std::env::temp_dir().join(format!("weir-config-{}-{name}", std::process::id()));
+    std::fs::write(&path, text).expect("write a temp file");
+    path.display().to_string()
+}
+
+/// A certificate-shaped PEM block (PEM parsing does not look inside).
+const CERT_PEM: &str = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
+const KEY_PEM: &str = "-----BEGIN PRIVATE KEY-----\nMIIB\n-----END PRIVATE KEY-----\n";
+
+#[test]
+fn upstream_tls_settings() {
+    let ca = temp_file("ca.pem", CERT_PEM);
+    let key = temp_file("client.key", KEY_PEM);
+    let config = parse_str(
+        &with_upstream(&format!(
+            "servers = [{{ addr = \"127.0.0.1:8443\" }}]\n\
+             tls = {{ server_name = \"api.internal\", ca = \"{ca}\", \
+             client_cert = {{ cert = \"{ca}\", key = \"{key}\" }} }}\n"
+        )),
+        "t",
+    )
+    .expect("valid");
+    let tls = config.upstreams[0].tls.as_ref().expect("tls");
+    assert_eq!(tls.server_name.as_deref(), Some("api.internal"));
+    assert_eq!(tls.ca.as_ref().expect("ca").contents, CERT_PEM.as_bytes());
+    assert!(!tls.insecure_skip_verify);
+    assert!(config.warnings().is_empty());
+    let debug = format!("{:?}", tls.client_cert);
+    assert!(!debug.contains("MIIB"), "key bytes never printed: {debug}");
+    let insecure = parse_str(
+        &with_upstream(
+            "servers = [{ addr = \"127.0.0.1:8443\" }]\ntls = { insecure_skip_verify = true }\n",
+        ),
+        "t",
+    )
+    .expect("valid");
+    let warnings = insecure.warnings();
+    assert_eq!(warnings.len(), 1);
+    assert!(warnings[0].contains("upstreams.u.tls.insecure_skip_verify"));
+}
+
+#[test]
+fn upstream_tls_errors() {
+    let servers = "servers = [{ addr = \"127.0.0.1:8443\" }]\n";
+    let tls = |t: &str| with_upstream(&format!("{servers}tls = {{ {t} }}\n"));
+    check(
+        &tls("server_name = \"not a name\""),
+        "upstreams.u.tls.server_name",
+        6,
+        "not a DNS name or an IP address",
+        "api.internal",
+    );
+    check(
+        &tls("ca = \"/nonexistent/weir-ca.pem\""),
+        "upstreams.u.tls.ca",
+        6,
+        "cannot read /nonexistent/weir-ca.pem",
+        "check the path",
+    );
+    let key = temp_file("only-key.pem", KEY_PEM);
+    check(
+        &tls(&format!("ca = \"{key}\"")),
+        "upstreams.u.tls.ca",
+        6,
+        "holds no PEM certificate",
+        "BEGIN CERTIFICATE",
+    );
+    let cert = temp_file("only-cert.pem", CERT_PEM);
+    check(
+        &tls(&format!(
+            "client_cert = {{ cert = \"{cert}\", key = \"{cert}\" }}"
+        )),
+        "upstreams.u.tls.client_cert.key",
+        6,
+        "holds no PEM private key",
+        "PKCS#8",
+    );
+    check(
+        &tls(&format!("client_cert = {{ cert = \"{cert}\" }}")),
+        "upstreams.u.tls.client_cert.key",
+        6,
+        "client_cert has no key",
+        "client_cert = {",
+    );
+}

@@ -3,7 +3,6 @@
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::TcpStream;
 use tokio::time::Instant;
 use weir_config::{Listener, Route, Upstream, UpstreamServer};
 
@@ -14,7 +13,9 @@ use super::{tunnel, Failure};
 use crate::buffer::Buffer;
 use crate::client::ClientConn;
 use crate::codec::http1::{parse_response, BodyFraming, RequestHead, ResponseHead};
-use crate::connector::connect;
+// Upstream TLS: connections are `UpstreamStream`s (plain or TLS), made by
+// `connect_server` and pooled under a key that includes the upstream's TLS client.
+use crate::connector::{connect_server, PoolKey, TlsUpstream, UpstreamStream};
 use crate::error::ProxyError;
 use crate::filters::location::ReverseMap;
 use crate::metrics::shard::ServerMetrics;
@@ -231,12 +232,13 @@ async fn send_buffered(
     up_buf: &mut Buffer,
     resp: &mut ResponseHead,
     started: std::time::Instant,
-) -> Result<TcpStream, Failure> {
+) -> Result<UpstreamStream, Failure> {
     let upstream = target.upstream;
     let mut fresh = false;
     loop {
+        let tls = target.pool.tls.as_deref();
         let (mut stream, reused) =
-            obtain(worker, server, upstream, fresh, metrics, started).await?;
+            obtain(worker, (server, tls), upstream, fresh, metrics, started).await?;
         let sent = body::write_all(
             &mut stream,
             &conn.out,
@@ -307,8 +309,17 @@ async fn send_streaming(
     up_buf: &mut Buffer,
     resp: &mut ResponseHead,
     started: std::time::Instant,
-) -> Result<(TcpStream, bool), Failure> {
-    let (mut stream, _) = obtain(worker, server, target.upstream, false, metrics, started).await?;
+) -> Result<(UpstreamStream, bool), Failure> {
+    let tls = target.pool.tls.as_deref();
+    let (mut stream, _) = obtain(
+        worker,
+        (server, tls),
+        target.upstream,
+        false,
+        metrics,
+        started,
+    )
+    .await?;
     let response_timeout = target.upstream.response_timeout;
     body::write_all(
         &mut stream,
@@ -364,17 +375,18 @@ async fn send_streaming(
 /// whether it was reused. `now`: the time the attempt started.
 async fn obtain(
     worker: &Worker,
-    server: &UpstreamServer,
+    (server, tls): (&UpstreamServer, Option<&TlsUpstream>),
     upstream: &Upstream,
     fresh: bool,
     metrics: Option<&ServerMetrics>,
     now: std::time::Instant,
-) -> Result<(TcpStream, bool), ProxyError> {
+) -> Result<(UpstreamStream, bool), ProxyError> {
     if !fresh {
-        let (reused, idle) = worker
-            .pool
-            .borrow_mut()
-            .take(server.addr, upstream.idle_timeout, now);
+        let (reused, idle) = worker.pool.borrow_mut().take(
+            PoolKey::new(server.addr, tls),
+            upstream.idle_timeout,
+            now,
+        );
         if let Some(m) = metrics {
             m.pool_idle.set(idle as u64);
         }
@@ -383,7 +395,7 @@ async fn obtain(
         }
     }
     let started = std::time::Instant::now();
-    let stream = connect(server.addr, upstream.connect_timeout).await?;
+    let stream = connect_server(upstream, server, tls).await?;
     if let Some(m) = metrics {
         m.connect.observe(started.elapsed());
     }
@@ -514,7 +526,7 @@ impl Exchange<'_> {
     async fn respond(
         &self,
         conn: &mut ClientConn,
-        mut stream: TcpStream,
+        mut stream: UpstreamStream,
         up_buf: &mut Buffer,
         resp: &ResponseHead,
     ) -> Result<bool, Failure> {
@@ -587,11 +599,12 @@ impl Exchange<'_> {
             } else {
                 std::time::Instant::now()
             };
-            let idle =
-                self.worker
-                    .pool
-                    .borrow_mut()
-                    .put(self.server.addr, stream, max_idle, idle_from);
+            let key = PoolKey::new(self.server.addr, self.target.pool.tls.as_deref());
+            let idle = self
+                .worker
+                .pool
+                .borrow_mut()
+                .put(key, stream, max_idle, idle_from);
             if let Some(m) = self.metrics {
                 m.pool_idle.set(idle as u64);
             }
@@ -615,7 +628,7 @@ impl Exchange<'_> {
     async fn upgrade(
         &self,
         conn: &mut ClientConn,
-        mut stream: TcpStream,
+        mut stream: UpstreamStream,
         up_buf: &mut Buffer,
         resp: &ResponseHead,
     ) -> Result<bool, Failure> {
