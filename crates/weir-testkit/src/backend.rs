@@ -44,6 +44,8 @@ pub(crate) struct Stats {
     pub(crate) sni: std::sync::Mutex<Vec<String>>,
     /// TLS backends: handshakes that failed (bad client certificate, no shared version...).
     pub(crate) tls_failures: AtomicUsize,
+    /// TLS backends: handshakes that resumed an earlier session (abbreviated).
+    pub(crate) tls_resumed: AtomicUsize,
 }
 
 /// A running test backend; stops when dropped. Each constructor
@@ -149,6 +151,11 @@ impl Backend {
     /// TLS backends: handshakes that failed.
     pub fn tls_failures(&self) -> usize {
         self.stats.tls_failures.load(Ordering::SeqCst)
+    }
+
+    /// TLS backends: handshakes that resumed an earlier session.
+    pub fn tls_resumed(&self) -> usize {
+        self.stats.tls_resumed.load(Ordering::SeqCst)
     }
 }
 

@@ -1,6 +1,6 @@
 //! TLS test backends and clients: the HTTP behaviours of [`Backend`] served over TLS
 //! (rustls), optionally requiring a client certificate, recording the SNI each handshake
-//! carried; and [`Client::connect_tls`], the keep-alive client over TLS.
+//! carried and whether it resumed a session; and [`Client::connect_tls`], the keep-alive client over TLS.
 //!
 //! ```no_run
 //! use weir_testkit::{certs::TestCa, Backend, TlsServer};
@@ -121,12 +121,11 @@ pub(crate) async fn accept(
     let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await;
     match handshake {
         Ok(Ok(tls)) => {
-            let name = tls
-                .get_ref()
-                .1
-                .server_name()
-                .unwrap_or_default()
-                .to_string();
+            let state = tls.get_ref().1;
+            let name = state.server_name().unwrap_or_default().to_string();
+            if state.handshake_kind() == Some(rustls::HandshakeKind::Resumed) {
+                stats.tls_resumed.fetch_add(1, Ordering::SeqCst);
+            }
             if let Ok(mut seen) = stats.sni.lock() {
                 seen.push(name);
             }

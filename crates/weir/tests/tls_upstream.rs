@@ -279,3 +279,20 @@ fn weir_check_rejects_a_client_key_that_is_not_the_certificates() {
         "{stderr}"
     );
 }
+
+#[tokio::test]
+async fn new_upstream_connections_resume_the_tls_session() {
+    let ca = TestCa::new("upstream CA");
+    let backend = tls_backend(&ca, &["127.0.0.1"]);
+    // No pooling: every request opens a new connection, which resumes.
+    let weir = proxy_to(&backend, &[&tls_line(&ca.cert_path, ""), "max_idle = 0"]);
+    for _ in 0..3 {
+        assert_eq!(status(&weir).await, 200);
+    }
+    assert_eq!(backend.connections_accepted(), 3);
+    assert!(
+        backend.tls_resumed() >= 2,
+        "resumed {} of 3",
+        backend.tls_resumed()
+    );
+}
