@@ -44,6 +44,7 @@ pub(crate) fn config(raw: RawConfig) -> Result<Config, Issue> {
         let path = root.key("upstreams").key(&name);
         upstreams.push(upstream(name, upstream_raw, &path)?);
     }
+    tcp::check_passthrough(&listeners, &upstreams, &root.key("listeners"))?;
     Ok(Config {
         server,
         admin,

@@ -9,7 +9,8 @@ use std::net::IpAddr;
 use super::{duration, host_pattern, size, upstream_index};
 use crate::error::{FieldPath, Issue};
 use crate::model::{
-    Cidr, HostPattern, Protocol, ProxyProtocol, ProxyVersion, SniRoute, SpliceMode, TcpSettings,
+    Cidr, HostPattern, Listener, Protocol, ProxyProtocol, ProxyVersion, SniRoute, SpliceMode,
+    TcpSettings, Upstream,
 };
 use crate::raw::{RawListener, RawProxyProtocol, RawSniRoute};
 
@@ -117,6 +118,43 @@ fn sni_routes(
         out.push(SniRoute { hosts, upstream });
     }
     Ok(out)
+}
+
+/// SNI routing passes the client's TLS through, so the pools it routes to (fallback
+/// included) must not originate TLS themselves: that would wrap it in a second layer.
+pub(super) fn check_passthrough(
+    listeners: &[Listener],
+    upstreams: &[Upstream],
+    path: &FieldPath,
+) -> Result<(), Issue> {
+    for (i, listener) in listeners.iter().enumerate() {
+        let Some(tcp) = listener.tcp().filter(|t| !t.sni_routes.is_empty()) else {
+            continue;
+        };
+        let at = path.index(i);
+        let routes = tcp.sni_routes.iter().enumerate();
+        let targets = routes
+            .map(|(j, r)| (at.key("sni_routes").index(j).key("upstream"), r.upstream))
+            .chain([(at.key("upstream"), tcp.upstream)]);
+        for (field, index) in targets {
+            let upstream = &upstreams[index];
+            if upstream.tls.is_some() {
+                return Err(Issue::new(
+                    &field,
+                    format!(
+                        "upstream \"{}\" has tls, but SNI routing passes the client's TLS \
+                         through: it would be wrapped in a second TLS layer",
+                        upstream.name
+                    ),
+                    format!(
+                        "remove tls from [upstreams.{}], or route to a pool without tls",
+                        upstream.name
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A host of an SNI route: an exact name or `*.suffix`; `"*"` is what `upstream` is for.

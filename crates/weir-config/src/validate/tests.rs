@@ -284,6 +284,18 @@ fn sni_route_errors() {
         "one SNI route only",
     );
     check(
+        &format!(
+            "{LISTENER}protocol = \"tcp\"\nupstream = \"u\"\n\
+             sni_routes = [{{ hosts = [\"a.x\"], upstream = \"u\" }}]\n\
+             [upstreams.u]\nservers = [{{ addr = \"127.0.0.1:8081\" }}]\n\
+             tls = {{ insecure_skip_verify = true }}\n"
+        ),
+        "listeners[0].sni_routes[0].upstream",
+        6,
+        "second TLS layer",
+        "remove tls from [upstreams.u]",
+    );
+    check(
         &format!("{LISTENER}sni_routes = []\n"),
         "listeners[0].sni_routes",
         4,
