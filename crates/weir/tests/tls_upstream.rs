@@ -296,3 +296,26 @@ async fn new_upstream_connections_resume_the_tls_session() {
         backend.tls_resumed()
     );
 }
+
+/// Bodies larger than the socket buffers, both ways over TLS, twice on one connection
+/// (writes under backpressure; the body writer flushes what TLS may hold back).
+#[tokio::test]
+async fn a_large_body_goes_through_tls_whole() {
+    let ca = TestCa::new("upstream CA");
+    let backend = tls_backend(&ca, &["127.0.0.1"]);
+    let keys = [
+        tls_line(&ca.cert_path, ""),
+        "response_timeout = \"5s\"".into(),
+    ];
+    let weir = proxy_to(&backend, &[&keys[0], &keys[1]]);
+    let body = weir_testkit::pattern_vec(8 << 20);
+    let mut client = weir.client().await;
+    for _ in 0..2 {
+        let response = client
+            .request("POST", "/upload", &[], &body)
+            .await
+            .expect("response");
+        assert_eq!(response.status, 200);
+        assert!(response.body.ends_with(&body[body.len() - 4096..]));
+    }
+}

@@ -64,6 +64,8 @@ async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
         .write_all(request)
         .await
         .map_err(|e| format!("write: {e}"))?;
+    // TLS: make sure the request's records have left.
+    stream.flush().await.map_err(|e| format!("write: {e}"))?;
     let mut buf = Vec::with_capacity(256);
     let mut chunk = [0u8; 256];
     loop {
