@@ -319,3 +319,31 @@ async fn a_large_body_goes_through_tls_whole() {
         assert!(response.body.ends_with(&body[body.len() - 4096..]));
     }
 }
+
+#[test]
+fn tls_origination_passes_half_closes_on() {
+    use std::io::{Read, Write};
+    let ca = TestCa::new("upstream CA");
+    let backend = tls_backend(&ca, &["127.0.0.1"]);
+    let weir = Conf::new()
+        .listener("protocol = \"tcp\"")
+        .listener("upstream = \"up\"")
+        .upstream("up", &[backend.addr()], &[&tls_line(&ca.cert_path, "")])
+        .start();
+    let mut client = std::net::TcpStream::connect(weir.addr).expect("connect");
+    client
+        .set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .expect("timeout");
+    client
+        .write_all(b"GET /bye HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .expect("write");
+    // Client FIN: a close_notify to the backend; the response still comes back, then EOF.
+    client
+        .shutdown(std::net::Shutdown::Write)
+        .expect("shutdown");
+    let mut response = Vec::new();
+    client.read_to_end(&mut response).expect("read to EOF");
+    let text = String::from_utf8_lossy(&response);
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(text.contains("GET /bye HTTP/1.1"), "{text}");
+}
