@@ -201,6 +201,7 @@ max_idle = 256
                     },
                     budget_percent: 20,
                 },
+                tls: None,
             }],
         };
         assert_eq!(parse(FULL), expected);

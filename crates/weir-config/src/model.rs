@@ -72,6 +72,20 @@ pub struct TcpSettings {
     /// Bytes buffered per direction when copying (not splicing).
     pub buffer_size: usize,
     pub splice: SpliceMode,
+    /// Routing by the TLS ClientHello's server name, without terminating TLS (empty: every
+    /// connection goes to `upstream`, and nothing is read before connecting).
+    pub sni_routes: Vec<SniRoute>,
+    /// Time allowed for the ClientHello to arrive when `sni_routes` is set.
+    pub preread_timeout: Duration,
+}
+
+/// One entry of `sni_routes`: connections whose SNI matches one of `hosts` go to `upstream`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SniRoute {
+    /// Exact names or `*.suffix` patterns (never `*` alone: that is `upstream`'s job).
+    pub hosts: Vec<HostPattern>,
+    /// Index into [`Config::upstreams`].
+    pub upstream: usize,
 }
 
 /// Whether a TCP listener relays with splice(2) (Linux) or through a user-space buffer.
@@ -394,6 +408,50 @@ pub struct Upstream {
     pub passive: PassiveHealth,
     /// Retrying failed attempts on another server (`[upstreams.NAME.retry]`).
     pub retry: RetryPolicy,
+    /// TLS to the servers (`tls = { ... }`); `None`: plain TCP.
+    pub tls: Option<UpstreamTls>,
+}
+
+/// TLS to an upstream's servers (`[upstreams.NAME] tls = { ... }`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamTls {
+    /// The name sent as SNI and verified in the server's certificate; `None`: each server's
+    /// host as written in `addr` (a name is sent and verified; an IP address is verified
+    /// against the certificate's IP addresses, and no SNI is sent).
+    pub server_name: Option<String>,
+    /// The CA certificates trusted; `None`: the system's roots.
+    pub ca: Option<PemFile>,
+    /// A client certificate (chain) and key presented to servers that ask (mTLS).
+    pub client_cert: Option<PemCertKey>,
+    /// No verification of the server's certificate at all (tests, never the default).
+    pub insecure_skip_verify: bool,
+}
+
+/// A certificate chain and its private key, both PEM files read at load (an upstream's
+/// `client_cert`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PemCertKey {
+    pub cert: PemFile,
+    pub key: PemFile,
+}
+
+/// A PEM file as read when the configuration was loaded (checked to hold what its key
+/// needs). Comparing contents makes a reload notice a changed file.
+#[derive(Clone, PartialEq, Eq)]
+pub struct PemFile {
+    /// As written in the configuration (relative paths from Weir's working directory).
+    pub path: std::path::PathBuf,
+    pub contents: Vec<u8>,
+}
+
+impl std::fmt::Debug for PemFile {
+    // Never prints the contents: a key file's bytes are a secret.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PemFile")
+            .field("path", &self.path)
+            .field("bytes", &self.contents.len())
+            .finish()
+    }
 }
 
 /// One server of an upstream pool.
@@ -545,6 +603,22 @@ impl Listener {
 }
 
 impl Config {
+    /// Settings that are valid but dangerous, one line each, for `weir check` and the log.
+    pub fn warnings(&self) -> Vec<String> {
+        self.upstreams
+            .iter()
+            .filter(|u| u.tls.as_ref().is_some_and(|t| t.insecure_skip_verify))
+            .map(|u| {
+                format!(
+                    "upstreams.{}.tls.insecure_skip_verify = true: the servers' certificates \
+                     are NOT verified, so anyone on the network path can impersonate them; \
+                     set ca (and server_name) instead",
+                    u.name
+                )
+            })
+            .collect()
+    }
+
     /// One line for `weir check`: counts of listeners, routes, upstreams and servers.
     pub fn summary(&self) -> String {
         let routes: usize = self.listeners.iter().map(|l| l.routes.len()).sum();

@@ -70,6 +70,16 @@ pub(crate) struct RawListener {
     pub idle_timeout: Option<String>,
     pub buffer_size: Option<StrOrInt>,
     pub splice: Option<String>,
+    pub sni_routes: Option<Vec<RawSniRoute>>,
+    pub preread_timeout: Option<String>,
+}
+
+/// One entry of a TCP listener's `sni_routes = [{ hosts, upstream }]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawSniRoute {
+    pub hosts: Option<Vec<String>>,
+    pub upstream: Option<String>,
 }
 
 /// `proxy_protocol = { ... }` of a listener.
@@ -120,7 +130,8 @@ pub(crate) struct RawTls {
     pub max_handshakes: Option<i64>,
 }
 
-/// One entry of `certs = [{ cert = "...", key = "..." }]`.
+/// `{ cert = "chain.pem", key = "key.pem" }`: an entry of a listener's `certs`, or an
+/// upstream's `client_cert`.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawCertKey {
@@ -183,6 +194,17 @@ pub(crate) struct RawUpstream {
     pub health_check: Option<RawHealthCheck>,
     pub passive: Option<RawPassive>,
     pub retry: Option<RawRetry>,
+    pub tls: Option<RawUpstreamTls>,
+}
+
+/// `tls = { ... }` of an upstream.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawUpstreamTls {
+    pub server_name: Option<String>,
+    pub ca: Option<String>,
+    pub client_cert: Option<RawCertKey>,
+    pub insecure_skip_verify: Option<bool>,
 }
 
 /// One entry of `servers = [{ addr = "..." }]`.

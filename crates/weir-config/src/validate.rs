@@ -45,6 +45,7 @@ pub(crate) fn config(raw: RawConfig) -> Result<Config, Issue> {
         let path = root.key("upstreams").key(&name);
         upstreams.push(upstream(name, upstream_raw, &path)?);
     }
+    tcp::check_passthrough(&listeners, &upstreams, &root.key("listeners"))?;
     Ok(Config {
         server,
         admin,
@@ -642,6 +643,7 @@ fn upstream(name: String, mut raw: RawUpstream, path: &FieldPath) -> Result<Upst
         health_check: policy.health_check,
         passive: policy.passive,
         retry: policy.retry,
+        tls: upstream_tls::upstream_tls(raw.tls, &path.key("tls"))?,
     })
 }
 
@@ -836,6 +838,7 @@ mod path;
 mod pool;
 mod tcp;
 mod tls;
+mod upstream_tls;
 
 #[cfg(test)]
 mod tests;

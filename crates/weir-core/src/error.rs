@@ -42,6 +42,9 @@ pub enum ProxyError {
     UpstreamConnect(io::ErrorKind),
     #[error("upstream connect timed out")]
     UpstreamConnectTimeout,
+    /// The TLS handshake with the upstream failed (the reason is logged where it failed).
+    #[error("upstream TLS handshake failed: {0}")]
+    UpstreamTls(&'static str),
     #[error("upstream closed the connection before a complete response")]
     UpstreamClosed,
     #[error("upstream I/O error: {0:?}")]
@@ -63,6 +66,7 @@ impl ProxyError {
             | ClientClosed | ClientIo(_) => Side::Client,
             UpstreamConnect(_)
             | UpstreamConnectTimeout
+            | UpstreamTls(_)
             | UpstreamClosed
             | UpstreamIo(_)
             | UpstreamMalformed(_)
@@ -82,7 +86,8 @@ impl ProxyError {
             ExpectationFailed => 417,
             HeadTooLarge => 431,
             NotImplemented(_) => 501,
-            UpstreamConnect(_) | UpstreamClosed | UpstreamIo(_) | UpstreamMalformed(_) => 502,
+            UpstreamConnect(_) | UpstreamTls(_) | UpstreamClosed | UpstreamIo(_)
+            | UpstreamMalformed(_) => 502,
             NoServer => 503,
             UpstreamConnectTimeout | UpstreamTimeout => 504,
             VersionNotSupported => 505,
@@ -149,6 +154,7 @@ mod tests {
             ProxyError::VersionNotSupported,
             ProxyError::UpstreamConnect(io::ErrorKind::ConnectionRefused),
             ProxyError::UpstreamConnectTimeout,
+            ProxyError::UpstreamTls("x"),
             ProxyError::UpstreamMalformed("x"),
             ProxyError::UpstreamTimeout,
             ProxyError::NoServer,

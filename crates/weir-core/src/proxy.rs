@@ -448,6 +448,8 @@ fn log_failure(error: &ProxyError, listener: &Listener, conn: &ClientConn) {
             let client = String::from_utf8_lossy(conn.ip.as_bytes());
             tracing::debug!(listener = %listener.name, %client, %error, "client error")
         }
+        // Upstream TLS: already logged where the handshake failed, naming the server.
+        _ if matches!(error, ProxyError::UpstreamTls(_)) => {}
         _ => tracing::warn!(listener = %listener.name, %error, "request failed"),
     }
 }

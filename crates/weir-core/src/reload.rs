@@ -36,6 +36,9 @@ pub enum ApplyError {
     /// A listener's certificate, key or CA file cannot be used.
     #[error(transparent)]
     Tls(#[from] crate::snapshot::ListenerTlsError),
+    /// An upstream's TLS client cannot be built (its CA, certificate or key).
+    #[error(transparent)]
+    UpstreamTls(#[from] crate::connector::tls::TlsSetupError),
 }
 
 impl ApplyError {
@@ -48,6 +51,7 @@ impl ApplyError {
             }
             ApplyError::Bind(_) => String::new(),
             ApplyError::Tls(e) => format!("listeners[{}].tls", e.listener),
+            ApplyError::UpstreamTls(e) => format!("upstreams.{}.tls", e.upstream),
         }
     }
 
@@ -58,6 +62,7 @@ impl ApplyError {
             ApplyError::Tls(_) => {
                 "fix or replace the file (the running certificates stay in use meanwhile)"
             }
+            ApplyError::UpstreamTls(_) => "give a certificate and key that belong together, in PEM",
         }
     }
 }
@@ -202,6 +207,8 @@ impl Proxy {
         check_reloadable(&old.config, &config)?;
         // Certificate files are read before anything changes: a bad one leaves all as it was.
         let tls = TlsPlans::build(&config, Some(&old))?;
+        // Upstream TLS clients too: a bad one rejects the change before anything moved.
+        let upstream_tls = crate::connector::tls::build_all(&config, &old.tls_clients())?;
         let changes = diff(&old.config, &config);
         let mut binds = Vec::new();
         for (i, l) in config.listeners.iter().enumerate() {
@@ -215,8 +222,13 @@ impl Proxy {
         let listener_slots: Vec<usize> = slots.listeners.iter().map(|l| l.slot).collect();
         // Publish first: a connection accepted on a new socket must find its listener in
         // the snapshot.
-        self.shared
-            .publish(Snapshot::with_previous(config.clone(), slots, &old, tls));
+        self.shared.publish(Snapshot::with_previous(
+            config.clone(),
+            slots,
+            &old,
+            tls,
+            upstream_tls,
+        ));
         control.stop_stale(&config);
         for (i, bound) in binds {
             control.listen(&config.listeners[i], listener_slots[i], bound);

@@ -36,6 +36,8 @@ pub enum StartError {
     AccessLog(std::io::Error),
     #[error(transparent)]
     Tls(#[from] crate::snapshot::ListenerTlsError),
+    #[error(transparent)]
+    UpstreamTls(#[from] crate::connector::tls::TlsSetupError),
 }
 
 /// A running data plane. Dropping it without `shutdown` leaves the workers running until
@@ -65,12 +67,13 @@ impl Proxy {
         mut inherited: Inherited,
     ) -> Result<Proxy, StartError> {
         let workers = workers.max(1);
+        let upstream_tls = crate::connector::tls::build_all(&config, &[])?;
         let mut layout = Layout::default();
         let slots = layout.assign(&config);
         let splice_available = probe_splice(&config);
         let (tx, rx) = watch::channel(false);
         let shared = Arc::new(Shared {
-            snapshot: ArcSwap::from_pointee(Snapshot::new(Arc::new(config), slots)?),
+            snapshot: ArcSwap::from_pointee(Snapshot::new(Arc::new(config), slots, upstream_tls)?),
             generation: AtomicU64::new(0),
             shutdown: rx,
             workers,

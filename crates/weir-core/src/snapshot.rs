@@ -10,6 +10,7 @@ use std::sync::Arc;
 use weir_config::{Config, Listener, UpstreamServer};
 
 use crate::codec::http1::write::{push_simple_response, Persistence};
+use crate::connector::TlsUpstream;
 use crate::metrics::layout::SlotMap;
 use crate::router::Router;
 use crate::tls::{ListenerTls, TlsError};
@@ -48,24 +49,30 @@ pub struct ListenerTlsError {
 }
 
 impl Snapshot {
-    /// A snapshot of `config`, its objects counting in `slots`. Fails when a listener's
-    /// TLS files cannot be used.
-    pub fn new(config: Arc<Config>, slots: SlotMap) -> Result<Snapshot, ListenerTlsError> {
+    /// A snapshot of `config`, its objects counting in `slots`; `upstream_tls`: the
+    /// upstreams' TLS clients (`connector::tls::build_all`). Fails when a listener's TLS
+    /// files cannot be used.
+    pub fn new(
+        config: Arc<Config>,
+        slots: SlotMap,
+        upstream_tls: Vec<Option<Arc<TlsUpstream>>>,
+    ) -> Result<Snapshot, ListenerTlsError> {
         let tls = TlsPlans::build(&config, None)?;
-        Ok(Snapshot::build(config, slots, None, tls))
+        Ok(Snapshot::build(config, slots, None, tls, upstream_tls))
     }
 
     /// A snapshot of `config` that keeps the health state (active verdict, passive
     /// ejection) of every server that `previous` had in an upstream of the same name.
     /// `tls`: the TLS setups of `config`'s listeners (built first, since reading their
-    /// files is what can fail).
+    /// files is what can fail); `upstream_tls`: the upstreams' TLS clients.
     pub fn with_previous(
         config: Arc<Config>,
         slots: SlotMap,
         previous: &Snapshot,
         tls: TlsPlans,
+        upstream_tls: Vec<Option<Arc<TlsUpstream>>>,
     ) -> Snapshot {
-        Snapshot::build(config, slots, Some(previous), tls)
+        Snapshot::build(config, slots, Some(previous), tls, upstream_tls)
     }
 
     fn build(
@@ -73,6 +80,7 @@ impl Snapshot {
         slots: SlotMap,
         previous: Option<&Snapshot>,
         tls: TlsPlans,
+        upstream_tls: Vec<Option<Arc<TlsUpstream>>>,
     ) -> Snapshot {
         let listeners = config
             .listeners
@@ -84,11 +92,13 @@ impl Snapshot {
             .upstreams
             .iter()
             .zip(slots.upstreams.iter())
-            .map(|(u, u_slots)| {
+            .zip(upstream_tls)
+            .map(|((u, u_slots), tls)| {
                 let mut plan =
                     UpstreamPlan::new(u, |i| previous?.server_state(&u.name, &u.servers[i]));
                 plan.slot = u_slots.slot;
                 plan.server_slots = u_slots.children.clone();
+                plan.tls = tls;
                 plan
             })
             .collect();
@@ -98,6 +108,17 @@ impl Snapshot {
             listeners,
             upstreams,
         }
+    }
+
+    /// The TLS clients of this snapshot's upstreams, by upstream name (to keep unchanged
+    /// ones across a reload).
+    pub fn tls_clients(&self) -> Vec<(String, Arc<TlsUpstream>)> {
+        self.config
+            .upstreams
+            .iter()
+            .zip(&self.upstreams)
+            .filter_map(|(u, plan)| Some((u.name.clone(), plan.tls.clone()?)))
+            .collect()
     }
 
     /// The shared state of `server` if this snapshot's upstream `upstream` has it.

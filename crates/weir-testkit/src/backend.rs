@@ -28,7 +28,10 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
 
+use tokio_rustls::TlsAcceptor;
+
 use crate::behaviours::{self, After, Behaviour};
+use crate::tls_backend;
 use crate::wire::{self, Conn, MAX_HEADERS, MAX_REQUEST_HEAD};
 
 /// Counters shared between a backend's thread and its handle.
@@ -37,6 +40,12 @@ pub(crate) struct Stats {
     accepted: AtomicUsize,
     requests: AtomicUsize,
     in_flight: AtomicUsize,
+    /// TLS backends: the server name of each completed handshake ("" without SNI).
+    pub(crate) sni: std::sync::Mutex<Vec<String>>,
+    /// TLS backends: handshakes that failed (bad client certificate, no shared version...).
+    pub(crate) tls_failures: AtomicUsize,
+    /// TLS backends: handshakes that resumed an earlier session (abbreviated).
+    pub(crate) tls_resumed: AtomicUsize,
 }
 
 /// A running test backend; stops when dropped. Each constructor
@@ -62,6 +71,11 @@ impl Backend {
     /// Starts a backend with the given behaviour. Panics only if the
     /// loopback listener or the runtime cannot be created.
     pub(crate) fn spawn(behaviour: Behaviour) -> Backend {
+        Backend::spawn_with(behaviour, None)
+    }
+
+    /// [`Backend::spawn`], speaking TLS with `tls` first when given.
+    pub(crate) fn spawn_with(behaviour: Behaviour, tls: Option<TlsAcceptor>) -> Backend {
         let listener =
             std::net::TcpListener::bind(("127.0.0.1", 0)).expect("testkit: bind 127.0.0.1:0");
         listener
@@ -78,7 +92,12 @@ impl Backend {
         let thread = thread::Builder::new()
             .name(format!("testkit-backend-{}", addr.port()))
             .spawn(move || {
-                runtime.block_on(accept_loop(listener, Arc::new(behaviour), thread_stats, rx));
+                let serve = Serve {
+                    behaviour: Arc::new(behaviour),
+                    stats: thread_stats,
+                    tls,
+                };
+                runtime.block_on(accept_loop(listener, Arc::new(serve), rx));
                 // Dropping the runtime here cancels all connection tasks.
                 drop(runtime);
             })
@@ -122,6 +141,22 @@ impl Backend {
     pub fn in_flight(&self) -> usize {
         self.stats.in_flight.load(Ordering::SeqCst)
     }
+
+    /// TLS backends: the server name (SNI) of each completed handshake, in order; an
+    /// empty string for a client that sent none.
+    pub fn sni_seen(&self) -> Vec<String> {
+        self.stats.sni.lock().map(|v| v.clone()).unwrap_or_default()
+    }
+
+    /// TLS backends: handshakes that failed.
+    pub fn tls_failures(&self) -> usize {
+        self.stats.tls_failures.load(Ordering::SeqCst)
+    }
+
+    /// TLS backends: handshakes that resumed an earlier session.
+    pub fn tls_resumed(&self) -> usize {
+        self.stats.tls_resumed.load(Ordering::SeqCst)
+    }
 }
 
 impl Drop for Backend {
@@ -136,10 +171,16 @@ impl Drop for Backend {
     }
 }
 
-async fn accept_loop(
-    listener: std::net::TcpListener,
+/// What the accept loop hands each connection.
+struct Serve {
     behaviour: Arc<Behaviour>,
     stats: Arc<Stats>,
+    tls: Option<TlsAcceptor>,
+}
+
+async fn accept_loop(
+    listener: std::net::TcpListener,
+    serve: Arc<Serve>,
     mut shutdown: oneshot::Receiver<()>,
 ) {
     let Ok(listener) = TcpListener::from_std(listener) else {
@@ -151,12 +192,8 @@ async fn accept_loop(
             _ = &mut shutdown => return,
             res = listener.accept() => match res {
                 Ok((stream, _)) => {
-                    stats.accepted.fetch_add(1, Ordering::SeqCst);
-                    tokio::spawn(serve_connection(
-                        stream,
-                        Arc::clone(&behaviour),
-                        Arc::clone(&stats),
-                    ));
+                    serve.stats.accepted.fetch_add(1, Ordering::SeqCst);
+                    tokio::spawn(start_connection(stream, Arc::clone(&serve)));
                 }
                 // E.g. EMFILE: back off briefly instead of spinning.
                 Err(_) => tokio::time::sleep(Duration::from_millis(5)).await,
@@ -181,8 +218,19 @@ impl Drop for InFlight<'_> {
     }
 }
 
-async fn serve_connection(stream: TcpStream, behaviour: Arc<Behaviour>, stats: Arc<Stats>) {
-    let mut conn = Conn::new(stream);
+/// Runs the TLS handshake (TLS backends), then serves HTTP on the connection.
+async fn start_connection(stream: TcpStream, serve: Arc<Serve>) {
+    let conn = match &serve.tls {
+        None => Conn::new(stream),
+        Some(acceptor) => match tls_backend::accept(acceptor, stream, &serve.stats).await {
+            Some(conn) => conn,
+            None => return,
+        },
+    };
+    serve_connection(conn, Arc::clone(&serve.behaviour), Arc::clone(&serve.stats)).await;
+}
+
+async fn serve_connection(mut conn: Conn, behaviour: Arc<Behaviour>, stats: Arc<Stats>) {
     let mut served = 0usize;
     loop {
         let req = match read_request_head(&mut conn).await {

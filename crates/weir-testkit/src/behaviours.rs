@@ -193,7 +193,7 @@ pub(crate) async fn handle(
 ) -> io::Result<After> {
     match behaviour {
         Behaviour::Reset => {
-            let _ = conn.stream.set_zero_linger();
+            let _ = conn.stream.tcp().set_zero_linger();
             return Ok(After::Abort);
         }
         Behaviour::Hang => loop {

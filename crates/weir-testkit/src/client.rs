@@ -84,10 +84,14 @@ impl Client {
     /// Connects to `addr` (bounded by [`DEFAULT_TIMEOUT`]).
     pub async fn connect(addr: SocketAddr) -> io::Result<Client> {
         let stream = with_timeout(DEFAULT_TIMEOUT, TcpStream::connect(addr)).await?;
-        Ok(Client {
-            conn: Conn::new(stream),
+        Ok(Client::over(Conn::new(stream)))
+    }
+
+    pub(crate) fn over(conn: Conn) -> Client {
+        Client {
+            conn,
             timeout: DEFAULT_TIMEOUT,
-        })
+        }
     }
 
     /// Changes the bound on reading one response (default 10 s).
@@ -97,7 +101,7 @@ impl Client {
 
     /// The client's local address (to correlate with server-side logs).
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
-        self.conn.stream.local_addr()
+        self.conn.stream.tcp().local_addr()
     }
 
     /// Writes `bytes` as they are.

@@ -20,6 +20,9 @@
 //!   large bodies that are hashed on both ends instead of being compared.
 //! * [`chunked`]: a small chunked-coding decoder and encoder.
 //! * [`certs`]: a throw-away CA and the leaf certificates it signs, as PEM files.
+//! * [`Backend::echo_tls`] with a [`TlsServer`] (optionally requiring a client
+//!   certificate; [`Backend::sni_seen`] lists the SNI of each handshake), and
+//!   [`Client::connect_tls`].
 //! * [`wait_until`] / [`wait_until_async`]: poll a condition instead of
 //!   sleeping a fixed time.
 
@@ -29,6 +32,7 @@ pub mod certs;
 pub mod chunked;
 mod client;
 mod pattern;
+mod tls_backend;
 mod wire;
 
 use std::time::{Duration, Instant};
@@ -42,6 +46,7 @@ pub use pattern::{
     fill_pattern, hash_bytes, pattern, pattern_byte, pattern_hash, pattern_vec, sink_summary,
     Hasher,
 };
+pub use tls_backend::TlsServer;
 
 /// How often [`wait_until`] and [`wait_until_async`] re-check their condition.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(5);

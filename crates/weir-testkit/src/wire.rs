@@ -2,9 +2,12 @@
 //! backends and the test client (crate-internal).
 
 use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
+use tokio_rustls::TlsStream;
 
 use crate::chunked::ChunkedDecoder;
 
@@ -33,15 +36,76 @@ pub(crate) enum Framing {
     UntilClose,
 }
 
-/// A TCP stream with a read buffer holding bytes received but not yet consumed.
+/// A plain TCP connection or TLS over one (either side), so that backends and clients
+/// speak HTTP the same way over both.
+pub(crate) enum Stream {
+    Plain(TcpStream),
+    Tls(Box<TlsStream<TcpStream>>),
+}
+
+impl Stream {
+    /// The TCP connection underneath.
+    pub(crate) fn tcp(&self) -> &TcpStream {
+        match self {
+            Stream::Plain(s) => s,
+            Stream::Tls(s) => s.get_ref().0,
+        }
+    }
+}
+
+impl AsyncRead for Stream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Stream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_flush(cx),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
+}
+
+/// A connection with a read buffer holding bytes received but not yet consumed.
 pub(crate) struct Conn {
-    pub(crate) stream: TcpStream,
+    pub(crate) stream: Stream,
     pub(crate) buf: Vec<u8>,
 }
 
 impl Conn {
     pub(crate) fn new(stream: TcpStream) -> Conn {
         let _ = stream.set_nodelay(true);
+        Conn::over(Stream::Plain(stream))
+    }
+
+    pub(crate) fn over(stream: Stream) -> Conn {
         Conn {
             stream,
             buf: Vec::new(),

@@ -25,6 +25,13 @@ pub fn init_logging() {
 pub fn check_file(path: &Path) -> anyhow::Result<()> {
     let config = weir_config::load_file(path)?;
     let certs = weir_core::tls::check::check(&config)?;
+    // Builds the upstreams' TLS clients as a start would (a key that does not match its
+    // certificate is found here, not at start).
+    weir_core::connector::tls::build_all(&config, &[])
+        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    for warning in config.warnings() {
+        println!("{}: WARNING: {warning}", path.display());
+    }
     println!("{}: OK: {}", path.display(), config.summary());
     for cert in &certs {
         println!("  {cert}");

@@ -68,9 +68,10 @@ impl From<ConfigError> for ApiError {
 impl From<ApplyError> for ApiError {
     fn from(e: ApplyError) -> ApiError {
         let status = match e {
-            ApplyError::NotReloadable { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+            ApplyError::NotReloadable { .. } | ApplyError::Tls(_) | ApplyError::UpstreamTls(_) => {
+                StatusCode::UNPROCESSABLE_ENTITY
+            }
             ApplyError::Bind(_) => StatusCode::CONFLICT,
-            ApplyError::Tls(_) => StatusCode::UNPROCESSABLE_ENTITY,
         };
         ApiError::new(status, e.to_string(), e.fix()).field(e.field())
     }

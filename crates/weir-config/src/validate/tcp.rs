@@ -6,10 +6,13 @@
 
 use std::net::IpAddr;
 
-use super::{duration, size, upstream_index};
+use super::{duration, host_pattern, size, upstream_index};
 use crate::error::{FieldPath, Issue};
-use crate::model::{Cidr, Protocol, ProxyProtocol, ProxyVersion, SpliceMode, TcpSettings};
-use crate::raw::{RawListener, RawProxyProtocol};
+use crate::model::{
+    Cidr, HostPattern, Listener, Protocol, ProxyProtocol, ProxyVersion, SniRoute, SpliceMode,
+    TcpSettings, Upstream,
+};
+use crate::raw::{RawListener, RawProxyProtocol, RawSniRoute};
 
 /// `buffer_size` bounds: at least a page of a TCP segment, at most what a pipe can usefully hold.
 const MIN_BUFFER: u64 = 1024;
@@ -70,7 +73,106 @@ fn tcp_settings(
         )?,
         buffer_size: usize::try_from(buffer).unwrap_or(16 * 1024),
         splice: splice(raw.splice.as_deref(), &path.key("splice"))?,
+        sni_routes: sni_routes(raw.sni_routes.take(), &path.key("sni_routes"), upstreams)?,
+        preread_timeout: duration(
+            raw.preread_timeout.take(),
+            "5s",
+            &path.key("preread_timeout"),
+            true,
+        )?,
     })
+}
+
+/// `sni_routes = [{ hosts = [...], upstream = "..." }]`: each host an exact name or
+/// `*.suffix`, each name at most once across the list, each upstream defined.
+fn sni_routes(
+    raw: Option<Vec<RawSniRoute>>,
+    path: &FieldPath,
+    upstreams: &[String],
+) -> Result<Vec<SniRoute>, Issue> {
+    let mut out: Vec<SniRoute> = Vec::new();
+    for (i, route) in raw.unwrap_or_default().into_iter().enumerate() {
+        let at = path.index(i);
+        let hosts_path = at.key("hosts");
+        let raw_hosts = route.hosts.filter(|h| !h.is_empty()).ok_or_else(|| {
+            Issue::new(
+                &hosts_path,
+                "an SNI route needs at least one host",
+                r#"write hosts = ["a.example.com", "*.b.example.com"]"#,
+            )
+        })?;
+        let mut hosts = Vec::with_capacity(raw_hosts.len());
+        for (j, text) in raw_hosts.iter().enumerate() {
+            let host_path = hosts_path.index(j);
+            let host = sni_host(text, &host_path)?;
+            if out.iter().any(|r| r.hosts.contains(&host)) || hosts.contains(&host) {
+                return Err(Issue::new(
+                    &host_path,
+                    format!("host \"{text}\" appears in more than one SNI route"),
+                    "list each host in one SNI route only",
+                ));
+            }
+            hosts.push(host);
+        }
+        let upstream = upstream_index(route.upstream, &at.key("upstream"), upstreams)?;
+        out.push(SniRoute { hosts, upstream });
+    }
+    Ok(out)
+}
+
+/// SNI routing passes the client's TLS through, so the pools it routes to (fallback
+/// included) must not originate TLS themselves: that would wrap it in a second layer.
+pub(super) fn check_passthrough(
+    listeners: &[Listener],
+    upstreams: &[Upstream],
+    path: &FieldPath,
+) -> Result<(), Issue> {
+    for (i, listener) in listeners.iter().enumerate() {
+        let Some(tcp) = listener.tcp().filter(|t| !t.sni_routes.is_empty()) else {
+            continue;
+        };
+        let at = path.index(i);
+        let routes = tcp.sni_routes.iter().enumerate();
+        let targets = routes
+            .map(|(j, r)| (at.key("sni_routes").index(j).key("upstream"), r.upstream))
+            .chain([(at.key("upstream"), tcp.upstream)]);
+        for (field, index) in targets {
+            let upstream = &upstreams[index];
+            if upstream.tls.is_some() {
+                return Err(Issue::new(
+                    &field,
+                    format!(
+                        "upstream \"{}\" has tls, but SNI routing passes the client's TLS \
+                         through: it would be wrapped in a second TLS layer",
+                        upstream.name
+                    ),
+                    format!(
+                        "remove tls from [upstreams.{}], or route to a pool without tls",
+                        upstream.name
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A host of an SNI route: an exact name or `*.suffix`; `"*"` is what `upstream` is for.
+fn sni_host(text: &str, path: &FieldPath) -> Result<HostPattern, Issue> {
+    match host_pattern(text) {
+        Ok(HostPattern::Any) => Err(Issue::new(
+            path,
+            "\"*\" in an SNI route would match every connection",
+            "remove it: connections no SNI route matches go to the listener's upstream",
+        )),
+        Ok(HostPattern::Exact(name)) if name.starts_with('[') => Err(Issue::new(
+            path,
+            format!("\"{text}\" is an IP address; TLS clients send host names only as SNI"),
+            "use a DNS name such as \"a.example.com\"",
+        )),
+        Ok(host) => Ok(host),
+        Err((message, fix)) => Err(Issue::new(path, message, fix)),
+    }
 }
 
 fn splice(raw: Option<&str>, path: &FieldPath) -> Result<SpliceMode, Issue> {
@@ -115,6 +217,8 @@ fn tcp_only_keys(raw: &RawListener) -> Vec<&'static str> {
         ("idle_timeout", raw.idle_timeout.is_some()),
         ("buffer_size", raw.buffer_size.is_some()),
         ("splice", raw.splice.is_some()),
+        ("sni_routes", raw.sni_routes.is_some()),
+        ("preread_timeout", raw.preread_timeout.is_some()),
         ("proxy_protocol.send", send.is_some_and(|s| s != "off")),
     ];
     present.iter().filter(|p| p.1).map(|p| p.0).collect()

@@ -1029,3 +1029,179 @@ fn tls_rules() {
         "listeners[0].tls", 6, "only to protocol = \"http\"", "remove tls",
     );
 }
+
+#[test]
+fn sni_routes() {
+    let config = parse_str(
+        &format!(
+            "{LISTENER}protocol = \"tcp\"\nupstream = \"u\"\npreread_timeout = \"2s\"\n\
+             sni_routes = [{{ hosts = [\"A.example.com\", \"*.b.example.com\"], upstream = \"v\" }}]\n\
+             [upstreams.u]\nservers = [{{ addr = \"127.0.0.1:8081\" }}]\n\
+             [upstreams.v]\nservers = [{{ addr = \"127.0.0.1:8082\" }}]\n"
+        ),
+        "t",
+    )
+    .expect("valid");
+    let tcp = config.listeners[0].tcp().expect("tcp");
+    assert_eq!(tcp.preread_timeout, std::time::Duration::from_secs(2));
+    assert_eq!(tcp.sni_routes.len(), 1);
+    assert_eq!(tcp.sni_routes[0].upstream, 1);
+    assert_eq!(
+        tcp.sni_routes[0].hosts,
+        vec![
+            HostPattern::Exact("a.example.com".into()),
+            HostPattern::Suffix(".b.example.com".into())
+        ]
+    );
+    let defaults = parse_str(&tcp_listener(""), "t").expect("valid");
+    let tcp = defaults.listeners[0].tcp().expect("tcp");
+    assert!(tcp.sni_routes.is_empty());
+    assert_eq!(tcp.preread_timeout, std::time::Duration::from_secs(5));
+}
+
+#[test]
+fn sni_route_errors() {
+    let route = |r: &str| tcp_listener(&format!("sni_routes = [{r}]\n"));
+    check(
+        &route(r#"{ hosts = ["a.example.com"], upstream = "nope" }"#),
+        "listeners[0].sni_routes[0].upstream",
+        6,
+        "unknown upstream \"nope\"",
+        "use one of: u",
+    );
+    check(
+        &route(r#"{ hosts = [], upstream = "u" }"#),
+        "listeners[0].sni_routes[0].hosts",
+        6,
+        "at least one host",
+        "hosts = [",
+    );
+    check(
+        &route(r#"{ hosts = ["a b"], upstream = "u" }"#),
+        "listeners[0].sni_routes[0].hosts[0]",
+        6,
+        "not a valid host name",
+        "labels",
+    );
+    check(
+        &route(r#"{ hosts = ["*"], upstream = "u" }"#),
+        "listeners[0].sni_routes[0].hosts[0]",
+        6,
+        "match every connection",
+        "listener's upstream",
+    );
+    check(
+        &route(r#"{ hosts = ["a.x"], upstream = "u" }, { hosts = ["A.x"], upstream = "u" }"#),
+        "listeners[0].sni_routes[1].hosts[0]",
+        6,
+        "more than one SNI route",
+        "one SNI route only",
+    );
+    check(
+        &format!(
+            "{LISTENER}protocol = \"tcp\"\nupstream = \"u\"\n\
+             sni_routes = [{{ hosts = [\"a.x\"], upstream = \"u\" }}]\n\
+             [upstreams.u]\nservers = [{{ addr = \"127.0.0.1:8081\" }}]\n\
+             tls = {{ insecure_skip_verify = true }}\n"
+        ),
+        "listeners[0].sni_routes[0].upstream",
+        6,
+        "second TLS layer",
+        "remove tls from [upstreams.u]",
+    );
+    check(
+        &format!("{LISTENER}sni_routes = []\n"),
+        "listeners[0].sni_routes",
+        4,
+        "only to protocol = \"tcp\"",
+        "protocol = \"tcp\"",
+    );
+}
+
+/// A file in the temp dir holding `text`, for the TLS keys' file checks.
+fn temp_file(name: &str, text: &str) -> String {
+    let path = std::env::temp_dir().join(format!("weir-config-{}-{name}", std::process::id()));
+    std::fs::write(&path, text).expect("write a temp file");
+    path.display().to_string()
+}
+
+/// A certificate-shaped PEM block (PEM parsing does not look inside).
+const CERT_PEM: &str = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
+const KEY_PEM: &str = "-----BEGIN PRIVATE KEY-----\nMIIB\n-----END PRIVATE KEY-----\n";
+
+#[test]
+fn upstream_tls_settings() {
+    let ca = temp_file("ca.pem", CERT_PEM);
+    let key = temp_file("client.key", KEY_PEM);
+    let config = parse_str(
+        &with_upstream(&format!(
+            "servers = [{{ addr = \"127.0.0.1:8443\" }}]\n\
+             tls = {{ server_name = \"api.internal\", ca = \"{ca}\", \
+             client_cert = {{ cert = \"{ca}\", key = \"{key}\" }} }}\n"
+        )),
+        "t",
+    )
+    .expect("valid");
+    let tls = config.upstreams[0].tls.as_ref().expect("tls");
+    assert_eq!(tls.server_name.as_deref(), Some("api.internal"));
+    assert_eq!(tls.ca.as_ref().expect("ca").contents, CERT_PEM.as_bytes());
+    assert!(!tls.insecure_skip_verify);
+    assert!(config.warnings().is_empty());
+    let debug = format!("{:?}", tls.client_cert);
+    assert!(!debug.contains("MIIB"), "key bytes never printed: {debug}");
+    let insecure = parse_str(
+        &with_upstream(
+            "servers = [{ addr = \"127.0.0.1:8443\" }]\ntls = { insecure_skip_verify = true }\n",
+        ),
+        "t",
+    )
+    .expect("valid");
+    let warnings = insecure.warnings();
+    assert_eq!(warnings.len(), 1);
+    assert!(warnings[0].contains("upstreams.u.tls.insecure_skip_verify"));
+}
+
+#[test]
+fn upstream_tls_errors() {
+    let servers = "servers = [{ addr = \"127.0.0.1:8443\" }]\n";
+    let tls = |t: &str| with_upstream(&format!("{servers}tls = {{ {t} }}\n"));
+    check(
+        &tls("server_name = \"not a name\""),
+        "upstreams.u.tls.server_name",
+        6,
+        "not a DNS name or an IP address",
+        "api.internal",
+    );
+    check(
+        &tls("ca = \"/nonexistent/weir-ca.pem\""),
+        "upstreams.u.tls.ca",
+        6,
+        "cannot read /nonexistent/weir-ca.pem",
+        "check the path",
+    );
+    let key = temp_file("only-key.pem", KEY_PEM);
+    check(
+        &tls(&format!("ca = \"{key}\"")),
+        "upstreams.u.tls.ca",
+        6,
+        "holds no PEM certificate",
+        "BEGIN CERTIFICATE",
+    );
+    let cert = temp_file("only-cert.pem", CERT_PEM);
+    check(
+        &tls(&format!(
+            "client_cert = {{ cert = \"{cert}\", key = \"{cert}\" }}"
+        )),
+        "upstreams.u.tls.client_cert.key",
+        6,
+        "holds no PEM private key",
+        "PKCS#8",
+    );
+    check(
+        &tls(&format!("client_cert = {{ cert = \"{cert}\" }}")),
+        "upstreams.u.tls.client_cert.key",
+        6,
+        "client_cert has no key",
+        "client_cert = {",
+    );
+}

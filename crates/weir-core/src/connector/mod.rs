@@ -1,8 +1,15 @@
-//! Upstream connections: connecting with a timeout, and the per-worker keep-alive pool.
+//! Upstream connections: connecting with a timeout, TLS to upstreams (`tls`), the
+//! connection type (plain or TLS, `stream`), and the per-worker keep-alive pool.
 
 mod pool;
+mod stream;
+pub mod tls;
 
-pub use pool::IdlePool;
+pub use pool::{IdlePool, PoolKey};
+pub use stream::UpstreamStream;
+pub use tls::TlsUpstream;
+
+use weir_config::{Upstream, UpstreamServer};
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -23,4 +30,43 @@ pub async fn connect(addr: SocketAddr, timeout: Duration) -> Result<TcpStream, P
         .set_nodelay(true)
         .map_err(|e| ProxyError::UpstreamConnect(e.kind()))?;
     Ok(stream)
+}
+
+/// A new connection to `server` of `upstream`: TCP, then TLS when the upstream has `tls`,
+/// both within `connect_timeout`.
+pub async fn connect_server(
+    upstream: &Upstream,
+    server: &UpstreamServer,
+    tls: Option<&TlsUpstream>,
+) -> Result<UpstreamStream, ProxyError> {
+    let Some(tls) = tls else {
+        return connect(server.addr, upstream.connect_timeout)
+            .await
+            .map(UpstreamStream::Plain);
+    };
+    let deadline = tokio::time::Instant::now() + upstream.connect_timeout;
+    let tcp = connect(server.addr, upstream.connect_timeout).await?;
+    handshake(upstream, server, tls, tcp, deadline).await
+}
+
+/// The TLS handshake on a connection to `server`, by `deadline`; a failure is logged once
+/// (upstream, server, name verified, reason).
+pub async fn handshake(
+    upstream: &Upstream,
+    server: &UpstreamServer,
+    tls: &TlsUpstream,
+    tcp: TcpStream,
+    deadline: tokio::time::Instant,
+) -> Result<UpstreamStream, ProxyError> {
+    tls.handshake(server, tcp, deadline).await.map_err(|e| {
+        if let tls::HandshakeError::Failed(reason) = e {
+            tracing::warn!(
+                upstream = %upstream.name,
+                server = %server.name,
+                server_name = %tls.server_name_shown(server),
+                "upstream TLS handshake failed: {reason}"
+            );
+        }
+        ProxyError::from(e)
+    })
 }

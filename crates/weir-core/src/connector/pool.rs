@@ -17,10 +17,36 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use tokio::net::TcpStream;
+use super::stream::UpstreamStream;
+
+/// What a pooled connection can be reused for: the server's address and, for TLS, which
+/// TLS client made it (0: plain TCP), so a plain and a TLS upstream on one address (or
+/// two TLS upstreams verifying different names) never share connections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PoolKey {
+    pub addr: SocketAddr,
+    pub tls: u64,
+}
+
+impl PoolKey {
+    /// The key of connections to `addr` made with `tls` (or plain).
+    #[inline]
+    pub fn new(addr: SocketAddr, tls: Option<&super::TlsUpstream>) -> PoolKey {
+        PoolKey {
+            addr,
+            tls: tls.map_or(0, |t| t.pool_id),
+        }
+    }
+}
+
+impl From<SocketAddr> for PoolKey {
+    fn from(addr: SocketAddr) -> Self {
+        PoolKey { addr, tls: 0 }
+    }
+}
 
 struct Idle {
-    stream: TcpStream,
+    stream: UpstreamStream,
     since: Instant,
 }
 
@@ -72,7 +98,7 @@ impl Hasher for AddrHasher {
 
 #[derive(Default)]
 pub struct IdlePool {
-    idle: HashMap<SocketAddr, Vec<Idle>, BuildHasherDefault<AddrHasher>>,
+    idle: HashMap<PoolKey, Vec<Idle>, BuildHasherDefault<AddrHasher>>,
 }
 
 impl IdlePool {
@@ -80,16 +106,16 @@ impl IdlePool {
     /// `now`, and the number of idle connections to `addr` left after taking it.
     pub fn take(
         &mut self,
-        addr: SocketAddr,
+        key: impl Into<PoolKey>,
         max_idle_time: Duration,
         now: Instant,
-    ) -> (Option<TcpStream>, usize) {
-        let Some(list) = self.idle.get_mut(&addr) else {
+    ) -> (Option<UpstreamStream>, usize) {
+        let Some(list) = self.idle.get_mut(&key.into()) else {
             return (None, 0);
         };
         while let Some(idle) = list.pop() {
             let fresh = now.saturating_duration_since(idle.since) < max_idle_time;
-            if fresh && still_open(&idle.stream) {
+            if fresh && still_open(idle.stream.tcp()) {
                 return (Some(idle.stream), list.len());
             }
         }
@@ -100,15 +126,17 @@ impl IdlePool {
     /// oldest is closed. Returns the number of idle connections to `addr`.
     pub fn put(
         &mut self,
-        addr: SocketAddr,
-        stream: TcpStream,
+        key: impl Into<PoolKey>,
+        stream: impl Into<UpstreamStream>,
         max_idle: usize,
         now: Instant,
     ) -> usize {
+        let key = key.into();
         if max_idle == 0 {
-            return self.idle_count(addr);
+            return self.idle_count(key);
         }
-        let list = self.idle.entry(addr).or_default();
+        let stream = stream.into();
+        let list = self.idle.entry(key).or_default();
         if list.len() >= max_idle {
             list.remove(0);
         }
@@ -116,9 +144,9 @@ impl IdlePool {
         list.len()
     }
 
-    /// Idle connections held for `addr`.
-    pub fn idle_count(&self, addr: SocketAddr) -> usize {
-        self.idle.get(&addr).map_or(0, Vec::len)
+    /// Idle connections held for `key`.
+    pub fn idle_count(&self, key: impl Into<PoolKey>) -> usize {
+        self.idle.get(&key.into()).map_or(0, Vec::len)
     }
 
     /// Closes every idle connection (on drain).
@@ -128,8 +156,10 @@ impl IdlePool {
 }
 
 /// An idle connection must have nothing to read: EOF means the upstream closed it, data
-/// means it broke protocol. `try_read` only reaches the kernel if readiness was signalled.
-fn still_open(stream: &TcpStream) -> bool {
+/// means it broke protocol (for TLS: a close_notify, or anything else unasked for; the
+/// byte read is lost, but the connection is dropped then anyway). `try_read` only
+/// reaches the kernel if readiness was signalled.
+fn still_open(stream: &tokio::net::TcpStream) -> bool {
     let mut probe = [0u8; 1];
     matches!(stream.try_read(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
 }
@@ -137,6 +167,7 @@ fn still_open(stream: &TcpStream) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::net::TcpStream;
 
     /// A pooled-style connection to a listener, and the accepted other end.
     async fn conn(l: &tokio::net::TcpListener) -> (TcpStream, TcpStream) {
@@ -157,7 +188,7 @@ mod tests {
         assert_eq!(pool.put(addr, a, 8, now), 1);
         assert_eq!(pool.put(addr, b, 8, now), 2);
         let (taken, left) = pool.take(addr, Duration::from_secs(60), now);
-        assert_eq!(taken.unwrap().local_addr().unwrap().port(), b_port);
+        assert_eq!(taken.unwrap().tcp().local_addr().unwrap().port(), b_port);
         assert_eq!(left, 1);
         assert_eq!(pool.idle_count(addr), 1);
         let other: SocketAddr = "127.0.0.1:1".parse().unwrap();
@@ -208,7 +239,7 @@ mod tests {
         assert_eq!(pool.idle_count(addr), 2);
         let taken: Vec<u16> = (0..2)
             .map(|_| pool.take(addr, Duration::from_secs(60), now).0.unwrap())
-            .map(|s| s.local_addr().unwrap().port())
+            .map(|s| s.tcp().local_addr().unwrap().port())
             .collect();
         assert_eq!(taken, vec![ports[2], ports[1]], "the oldest was closed");
         assert_eq!(

@@ -189,7 +189,9 @@ pub async fn write_all<W: AsyncWrite + Unpin>(
             a = &a[from_a..];
             b = &b[n - from_a..];
         }
-        Ok(())
+        // A TLS stream may hold the last records back when the socket was full; plain
+        // TCP returns at once (no system call).
+        dst.flush().await
     };
     match with_timeout(write_timeout, write).await {
         Ok(Ok(())) => Ok(()),

@@ -8,7 +8,6 @@ use std::future::Future;
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::TcpStream;
 use tokio::time::Instant;
 use weir_config::{Listener, Route, Upstream, UpstreamServer};
 
@@ -19,7 +18,9 @@ use super::{tunnel, Failure, Reached};
 use crate::buffer::Buffer;
 use crate::client::ClientConn;
 use crate::codec::http1::{parse_response, BodyFraming, RequestHead, ResponseHead};
-use crate::connector::connect;
+// Upstream TLS: connections are `UpstreamStream`s (plain or TLS), made by
+// `connect_server` and pooled under a key that includes the upstream's TLS client.
+use crate::connector::{connect_server, PoolKey, TlsUpstream, UpstreamStream};
 use crate::error::ProxyError;
 use crate::filters::location::ReverseMap;
 use crate::filters::upgrade::{switch_allowed, Offered};
@@ -248,7 +249,7 @@ impl Attempt<'_> {
         conn: &mut ClientConn,
         up_buf: &mut Buffer,
         resp: &mut ResponseHead,
-    ) -> Result<TcpStream, Failure> {
+    ) -> Result<UpstreamStream, Failure> {
         let (upstream, meta) = (self.fwd.target.upstream, self.fwd.meta);
         let mut fresh = false;
         loop {
@@ -314,7 +315,7 @@ impl Attempt<'_> {
         body: &mut BodyState,
         up_buf: &mut Buffer,
         resp: &mut ResponseHead,
-    ) -> Result<(TcpStream, bool), Failure> {
+    ) -> Result<(UpstreamStream, bool), Failure> {
         let target = self.fwd.target;
         let (mut stream, _) = self.obtain(false).await?;
         let response_timeout = target.upstream.response_timeout;
@@ -350,11 +351,12 @@ impl Attempt<'_> {
 
     /// A connection to the server: a pooled idle one unless `fresh`, else a new one.
     /// Returns whether it was reused.
-    async fn obtain(&self, fresh: bool) -> Result<(TcpStream, bool), ProxyError> {
+    async fn obtain(&self, fresh: bool) -> Result<(UpstreamStream, bool), ProxyError> {
         let (worker, upstream) = (self.fwd.worker, self.fwd.target.upstream);
+        let tls = self.fwd.target.pool.tls.as_deref();
         obtain(
             worker,
-            self.server,
+            (self.server, tls),
             upstream,
             self.metrics,
             self.started,
@@ -436,17 +438,18 @@ pub(crate) async fn upload_while_waiting(
 /// else a new one. Returns whether it was reused.
 pub(crate) async fn obtain(
     worker: &Worker,
-    server: &UpstreamServer,
+    (server, tls): (&UpstreamServer, Option<&TlsUpstream>),
     upstream: &Upstream,
     metrics: Option<&ServerMetrics>,
     now: std::time::Instant,
     fresh: bool,
-) -> Result<(TcpStream, bool), ProxyError> {
+) -> Result<(UpstreamStream, bool), ProxyError> {
     if !fresh {
-        let (reused, idle) = worker
-            .pool
-            .borrow_mut()
-            .take(server.addr, upstream.idle_timeout, now);
+        let (reused, idle) = worker.pool.borrow_mut().take(
+            PoolKey::new(server.addr, tls),
+            upstream.idle_timeout,
+            now,
+        );
         if let Some(m) = metrics {
             m.pool_idle.set(idle as u64);
         }
@@ -455,7 +458,7 @@ pub(crate) async fn obtain(
         }
     }
     let started = std::time::Instant::now();
-    let stream = connect(server.addr, upstream.connect_timeout).await?;
+    let stream = connect_server(upstream, server, tls).await?;
     if let Some(m) = metrics {
         m.connect.observe(started.elapsed());
     }
@@ -601,7 +604,7 @@ impl Exchange<'_> {
     async fn respond(
         &self,
         conn: &mut ClientConn,
-        mut stream: TcpStream,
+        mut stream: UpstreamStream,
         up_buf: &mut Buffer,
         resp: &ResponseHead,
     ) -> Result<bool, Failure> {
@@ -668,11 +671,12 @@ impl Exchange<'_> {
             } else {
                 std::time::Instant::now()
             };
-            let idle =
-                self.worker
-                    .pool
-                    .borrow_mut()
-                    .put(self.server.addr, stream, max_idle, idle_from);
+            let key = PoolKey::new(self.server.addr, self.target.pool.tls.as_deref());
+            let idle = self
+                .worker
+                .pool
+                .borrow_mut()
+                .put(key, stream, max_idle, idle_from);
             if let Some(m) = self.metrics {
                 m.pool_idle.set(idle as u64);
             }
@@ -696,7 +700,7 @@ impl Exchange<'_> {
     async fn upgrade(
         &self,
         conn: &mut ClientConn,
-        mut stream: TcpStream,
+        mut stream: UpstreamStream,
         up_buf: &mut Buffer,
         resp: &ResponseHead,
     ) -> Result<bool, Failure> {

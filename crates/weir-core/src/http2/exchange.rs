@@ -15,12 +15,12 @@ use bytes::Bytes;
 use h2::server::SendResponse;
 use h2::{Reason, RecvStream, SendStream};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
-use tokio::net::TcpStream;
 use weir_config::UpstreamServer;
 
 use super::send::{send_data, unless_reset, Stop};
 use crate::buffer::Buffer;
 use crate::codec::http1::{BodyFraming, RequestHead, ResponseHead};
+use crate::connector::{PoolKey, UpstreamStream};
 use crate::error::ProxyError;
 use crate::filters::forwarded::ClientIp;
 use crate::filters::location::ReverseMap;
@@ -66,7 +66,7 @@ pub struct Trace {
 
 /// The request sent and the final response head read.
 struct Sent<'a> {
-    stream: TcpStream,
+    stream: UpstreamStream,
     /// The whole request body went upstream.
     request_done: bool,
     pick: Pick,
@@ -126,12 +126,12 @@ impl StreamRequest<'_> {
         let reusable = resp.keeps_alive() && sent.request_done && up_buf.is_empty();
         if reusable && !(self.req.is_head && resp.framing == BodyFraming::UntilClose) {
             let upstream = self.target.upstream;
-            let idle = self.worker.pool.borrow_mut().put(
-                sent.server.addr,
-                stream,
-                upstream.max_idle,
-                Instant::now(),
-            );
+            let key = PoolKey::new(sent.server.addr, self.target.pool.tls.as_deref());
+            let idle =
+                self.worker
+                    .pool
+                    .borrow_mut()
+                    .put(key, stream, upstream.max_idle, Instant::now());
             if let Some(m) = sent.metrics {
                 m.pool_idle.set(idle as u64);
             }
@@ -228,7 +228,7 @@ impl StreamRequest<'_> {
     async fn relay(
         &self,
         send: &mut SendStream<Bytes>,
-        stream: &mut TcpStream,
+        stream: &mut UpstreamStream,
         up_buf: &mut Buffer,
         state: &mut BodyState,
         trace: &mut Trace,
@@ -359,14 +359,14 @@ impl Attempt<'_> {
         r: &StreamRequest<'_>,
         up_buf: &mut Buffer,
         resp: &mut ResponseHead,
-    ) -> Result<TcpStream, Failure> {
+    ) -> Result<UpstreamStream, Failure> {
         let upstream = r.target.upstream;
         let meta = r.meta();
         let mut fresh = false;
         loop {
             let (mut stream, reused) = obtain(
                 r.worker,
-                self.server,
+                (self.server, r.target.pool.tls.as_deref()),
                 upstream,
                 self.metrics,
                 self.started,
@@ -415,11 +415,11 @@ impl Attempt<'_> {
         up_buf: &mut Buffer,
         resp: &mut ResponseHead,
         trace: &mut Trace,
-    ) -> Result<(TcpStream, bool), Failure> {
+    ) -> Result<(UpstreamStream, bool), Failure> {
         let upstream = r.target.upstream;
         let (mut stream, _) = obtain(
             r.worker,
-            self.server,
+            (self.server, r.target.pool.tls.as_deref()),
             upstream,
             self.metrics,
             self.started,

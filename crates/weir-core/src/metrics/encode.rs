@@ -20,6 +20,7 @@ use super::shard::{
 };
 use super::Metrics;
 use crate::snapshot::Snapshot;
+use crate::tcp::sni::SniResult;
 
 /// Renders all metrics of the objects in `snapshot`'s config in the Prometheus text format.
 pub fn encode_text(metrics: &Metrics, snapshot: &Snapshot) -> String {
@@ -252,7 +253,7 @@ impl Scrape {
     fn listener_counters(&self, enc: &mut DescriptorEncoder) -> Result {
         let (mut defaults, mut active, mut total, mut accept, mut bytes) =
             (vec![], vec![], vec![], vec![], vec![]);
-        let mut proxy_rejected = vec![];
+        let (mut proxy_rejected, mut sni) = (vec![], vec![]);
         for (li, l) in self.config.listeners.iter().enumerate() {
             let name = || ("listener", l.name.clone());
             for reason in DefaultReason::ALL {
@@ -283,6 +284,14 @@ impl Scrape {
                 vec![name()],
                 self.sum(|s| Some(self.listener(s, li)?.proxy_rejected.get())),
             ));
+            if l.tcp().is_some_and(|t| !t.sni_routes.is_empty()) {
+                for result in SniResult::ALL {
+                    sni.push((
+                        vec![name(), ("result", result.label().to_string())],
+                        self.sum(|s| Some(self.listener(s, li)?.sni[result as usize].get())),
+                    ));
+                }
+            }
         }
         counter(
             enc,
@@ -319,6 +328,12 @@ impl Scrape {
             "weir_proxy_protocol_rejected",
             "Connections closed for a missing, malformed or untrusted PROXY header.",
             &proxy_rejected,
+        )?;
+        counter(
+            enc,
+            "weir_tcp_sni",
+            "TCP connections of listeners with sni_routes, by how the ClientHello was routed.",
+            &sni,
         )?;
         let dropped = vec![(vec![], self.dropped)];
         counter(

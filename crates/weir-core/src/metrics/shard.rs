@@ -249,6 +249,9 @@ pub struct ListenerMetrics {
     pub tls_handshakes: [Counter; 4],
     /// Failed TLS handshakes, by reason (`TlsFailure`).
     pub tls_failures: [Counter; TlsFailure::ALL.len()],
+    /// TCP listeners with `sni_routes`: connections by how their SNI step ended
+    /// (indexed by `tcp::sni::SniResult as usize`).
+    pub sni: [Counter; 8],
 }
 
 /// HTTP/2 client connections of a listener (their requests also count in the route

@@ -70,7 +70,8 @@ impl Router {
     }
 }
 
-fn host_matches(pattern: &HostPattern, host: &[u8]) -> bool {
+/// Whether `host` (any case) matches `pattern` (lower-cased by validation).
+pub(crate) fn host_matches(pattern: &HostPattern, host: &[u8]) -> bool {
     match pattern {
         HostPattern::Any => true,
         HostPattern::Exact(name) => host.eq_ignore_ascii_case(name.as_bytes()),

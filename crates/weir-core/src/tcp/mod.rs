@@ -9,11 +9,16 @@
 //!
 //! - `io`: reads and writes on a shared `&TcpStream` driven by readiness
 //! - `relay`: the two directions, buffered copy or splice(2), half-close, idle timeout
+//! - `sni`: with `sni_routes`, the upstream is chosen by the ClientHello's server name
+//! - `tls_relay`: the relay when the upstream has `tls` (TLS origination)
 
 pub mod io;
 mod relay;
+pub mod sni;
+mod tls_relay;
 
 pub use relay::{relay, End, RelayConfig};
+pub use tls_relay::relay_tls;
 
 use std::net::SocketAddr;
 use std::rc::Rc;
@@ -22,8 +27,9 @@ use std::time::Instant;
 use tokio::net::TcpStream;
 use weir_config::{Listener, TcpSettings};
 
+use crate::buffer::Buffer;
 use crate::codec::proxy_protocol::{self, Addresses};
-use crate::connector::connect;
+use crate::connector::{connect, handshake};
 use crate::filters::forwarded::ClientIp;
 use crate::listener::proxy_protocol::accept_step;
 use crate::snapshot::Snapshot;
@@ -54,7 +60,11 @@ pub async fn serve_tcp(worker: Rc<Worker>, slot: usize, client: TcpStream, peer:
         return;
     };
     let source = carried.map_or(peer, |a| a.source);
-    let Some((server, _pick)) = connect_upstream(&worker, &snapshot, tcp, source).await else {
+    let Some(upstream) = choose_upstream(&worker, slot, tcp, &client, &mut to_server).await else {
+        worker.give_buffer(to_server);
+        return;
+    };
+    let Some((server, pick)) = connect_upstream(&worker, &snapshot, upstream, source).await else {
         worker.give_buffer(to_server);
         return;
     };
@@ -75,20 +85,70 @@ pub async fn serve_tcp(worker: Rc<Worker>, slot: usize, client: TcpStream, peer:
     };
     // Client bytes that came with the PROXY header were not counted by the relay.
     m.bytes_in.add(to_server.len() as u64);
-    let end = relay(&worker, &client, &server, to_server, &config).await;
+    let target: (&Snapshot, _, _) = (&snapshot, upstream, pick.server);
+    let end = relay_to(&worker, target, &client, server, to_server, &config).await;
     tracing::trace!(listener = %listener.name, %source, ?end, "tcp connection ended");
-    // `_pick` lives until here: the connection counts as in flight to its server.
+    // `pick` lives until here: the connection counts as in flight to its server.
 }
 
-/// Connects to a server of the listener's upstream, trying others on connect failure as
-/// the upstream's retry policy allows. `None`: no server could be reached.
+/// Relays between the client and the server: plain, or over TLS when upstream `upstream`
+/// has `tls` (the handshake comes after any PROXY header; a failed one counts as a connect
+/// error and closes the client, `None`).
+async fn relay_to(
+    worker: &Worker,
+    (snapshot, upstream, server_index): (&Snapshot, usize, usize),
+    client: &TcpStream,
+    server: TcpStream,
+    to_server: Buffer,
+    config: &RelayConfig<'_>,
+) -> Option<End> {
+    let plan = &snapshot.upstreams[upstream];
+    let Some(tls) = &plan.tls else {
+        return Some(relay(worker, client, &server, to_server, config).await);
+    };
+    let u = &snapshot.config.upstreams[upstream];
+    let deadline = tokio::time::Instant::now() + u.connect_timeout;
+    match handshake(u, &u.servers[server_index], tls, server, deadline).await {
+        Ok(mut tls) => Some(relay_tls(worker, client, &mut tls, to_server, config).await),
+        Err(_) => {
+            let slot = plan.server_slots[server_index];
+            if let Some(m) = worker.metrics.server(plan.slot, slot) {
+                m.connect_errors.inc();
+            }
+            worker.give_buffer(to_server);
+            None
+        }
+    }
+}
+
+/// The upstream for this connection: the listener's, or with `sni_routes` the one the
+/// ClientHello's server name picks (read into `buf`, counted). `None`: close.
+async fn choose_upstream(
+    worker: &Worker,
+    slot: usize,
+    tcp: &TcpSettings,
+    client: &TcpStream,
+    buf: &mut Buffer,
+) -> Option<usize> {
+    if tcp.sni_routes.is_empty() {
+        return Some(tcp.upstream);
+    }
+    let (upstream, result) = sni::choose_upstream(client, tcp, buf).await;
+    if let Some(m) = worker.metrics.listener(slot) {
+        m.sni[result as usize].inc();
+    }
+    tracing::debug!(result = result.label(), ?upstream, "tcp sni routing");
+    upstream
+}
+
+/// Connects to a server of upstream `index`, trying others on connect failure as the
+/// upstream's retry policy allows. `None`: no server could be reached.
 async fn connect_upstream(
     worker: &Worker,
     snapshot: &Snapshot,
-    tcp: &TcpSettings,
+    index: usize,
     source: SocketAddr,
 ) -> Option<(TcpStream, Pick)> {
-    let index = tcp.upstream;
     let upstream = &snapshot.config.upstreams[index];
     let plan = &snapshot.upstreams[index];
     let key = RequestKey::for_connection(&upstream.lb, &ClientIp::new(source.ip()));

@@ -98,7 +98,7 @@ pub async fn relay(
 
 /// Resolves once `last` (the time of the latest transfer) is `timeout` in the past. The
 /// timer is re-armed only when it fires, not on every transfer.
-async fn idle(last: &Cell<Instant>, timeout: Duration) {
+pub(super) async fn idle(last: &Cell<Instant>, timeout: Duration) {
     loop {
         let deadline = last.get() + timeout;
         if deadline <= Instant::now() {

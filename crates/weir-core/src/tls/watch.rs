@@ -92,7 +92,15 @@ fn reload(shared: &Shared, old: Arc<Snapshot>) {
             return;
         }
     };
-    let new = Snapshot::with_previous(old.config.clone(), old.slots.clone(), &old, tls);
+    // Same config: the upstreams keep their TLS clients.
+    let upstream_tls = old.upstreams.iter().map(|u| u.tls.clone()).collect();
+    let new = Snapshot::with_previous(
+        old.config.clone(),
+        old.slots.clone(),
+        &old,
+        tls,
+        upstream_tls,
+    );
     let before = shared.snapshot.compare_and_swap(&old, Arc::new(new));
     if Arc::ptr_eq(&before, &old) {
         shared.generation.fetch_add(1, Ordering::Release);

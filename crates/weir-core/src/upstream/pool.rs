@@ -11,6 +11,8 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use crate::connector::TlsUpstream;
+
 use weir_config::{LbPolicy, Upstream};
 
 use super::lb::consistent_hash::Ring;
@@ -44,6 +46,8 @@ pub struct UpstreamPlan {
     /// the snapshot that owns the plan.
     pub slot: usize,
     pub server_slots: Box<[usize]>,
+    /// The upstream's TLS client (`tls = { ... }`); `None`: plain TCP. Set by the snapshot.
+    pub tls: Option<Arc<TlsUpstream>>,
 }
 
 pub struct Sticky {
@@ -107,6 +111,7 @@ impl UpstreamPlan {
             passive: Passive::new(&upstream.passive),
             slot: 0,
             server_slots: (0..upstream.servers.len()).collect(),
+            tls: None,
         }
     }
 

@@ -35,7 +35,7 @@ impl Outcome {
     pub fn of_error(error: ProxyError) -> Outcome {
         use ProxyError::*;
         match error {
-            UpstreamConnect(_) | UpstreamConnectTimeout => Outcome::ConnectError,
+            UpstreamConnect(_) | UpstreamConnectTimeout | UpstreamTls(_) => Outcome::ConnectError,
             UpstreamClosed | UpstreamIo(_) => Outcome::Reset,
             UpstreamTimeout => Outcome::Timeout,
             UpstreamMalformed(_) => Outcome::Malformed,

@@ -14,7 +14,6 @@
 pub mod counter;
 pub mod probe;
 
-use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -22,11 +21,12 @@ use std::time::Duration;
 
 use tokio::task::JoinSet;
 use tokio::time::MissedTickBehavior;
-use weir_config::HealthCheck;
+use weir_config::{HealthCheck, UpstreamServer};
 
 pub use counter::RiseFall;
 
 use super::state::{now_ms, Passive, ServerState};
+use crate::connector::TlsUpstream;
 use crate::worker::Shared;
 
 /// How often the health thread looks for a new snapshot.
@@ -71,10 +71,10 @@ fn spawn_checks(shared: &Shared) -> JoinSet<()> {
             tasks.spawn(check_server(Target {
                 check: check.clone(),
                 upstream: upstream.name.clone(),
-                server: server.name.clone(),
-                addr: server.addr,
+                server: server.clone(),
                 state: state.clone(),
                 passive: plan.passive,
+                tls: plan.tls.clone(),
             }));
         }
     }
@@ -85,10 +85,11 @@ fn spawn_checks(shared: &Shared) -> JoinSet<()> {
 struct Target {
     check: HealthCheck,
     upstream: String,
-    server: String,
-    addr: SocketAddr,
+    server: UpstreamServer,
     state: Arc<ServerState>,
     passive: Passive,
+    /// The upstream's TLS client: checks go over TLS too.
+    tls: Option<Arc<TlsUpstream>>,
 }
 
 async fn check_server(t: Target) {
@@ -97,7 +98,8 @@ async fn check_server(t: Target) {
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let result = probe::probe(&t.check, t.addr, &t.server).await;
+        let tls = t.tls.as_deref().map(|c| (c, &t.server));
+        let result = probe::probe(&t.check, t.server.addr, &t.server.name, tls).await;
         t.state
             .record_check(result.as_ref().err().map(ToString::to_string));
         let Some(up) = counter.record(result.is_ok()) else {
@@ -107,13 +109,13 @@ async fn check_server(t: Target) {
         match result {
             Ok(()) => tracing::info!(
                 upstream = %t.upstream,
-                server = %t.server,
+                server = %t.server.name,
                 reason = %format!("{} successful check(s) in a row", t.check.rise),
                 "server is up"
             ),
             Err(reason) => tracing::warn!(
                 upstream = %t.upstream,
-                server = %t.server,
+                server = %t.server.name,
                 %reason,
                 fall = t.check.fall,
                 "server is down"

@@ -4,22 +4,38 @@
 
 use std::net::SocketAddr;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::{timeout_at, Instant};
-use weir_config::{HealthCheck, HealthCheckKind, StatusRange};
+use weir_config::{HealthCheck, HealthCheckKind, StatusRange, UpstreamServer};
+
+use crate::connector::{TlsUpstream, UpstreamStream};
 
 /// Bytes read at most while looking for the status line.
 const MAX_STATUS_LINE: usize = 1024;
 
-/// Runs one check of `addr`; `host` is the `Host` header of an HTTP check.
-pub async fn probe(check: &HealthCheck, addr: SocketAddr, host: &str) -> Result<(), String> {
+/// Runs one check of `addr`; `host` is the `Host` header of an HTTP check. With `tls`
+/// (the upstream's TLS client and the server) the check goes over TLS, and a failed
+/// handshake fails it.
+pub async fn probe(
+    check: &HealthCheck,
+    addr: SocketAddr,
+    host: &str,
+    tls: Option<(&TlsUpstream, &UpstreamServer)>,
+) -> Result<(), String> {
     let deadline = Instant::now() + check.timeout;
     let timed_out = || format!("no answer within {:?}", check.timeout);
-    let mut stream = match timeout_at(deadline, TcpStream::connect(addr)).await {
+    let tcp = match timeout_at(deadline, TcpStream::connect(addr)).await {
         Err(_) => return Err(timed_out()),
         Ok(Err(e)) => return Err(format!("connect: {e}")),
         Ok(Ok(s)) => s,
+    };
+    let mut stream = match tls {
+        None => UpstreamStream::Plain(tcp),
+        Some((client, server)) => client
+            .handshake(server, tcp, deadline)
+            .await
+            .map_err(|e| format!("TLS: {e}"))?,
     };
     let HealthCheckKind::Http {
         path,
@@ -40,11 +56,16 @@ pub async fn probe(check: &HealthCheck, addr: SocketAddr, host: &str) -> Result<
     }
 }
 
-async fn exchange(stream: &mut TcpStream, request: &[u8]) -> Result<u16, String> {
+async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    request: &[u8],
+) -> Result<u16, String> {
     stream
         .write_all(request)
         .await
         .map_err(|e| format!("write: {e}"))?;
+    // TLS: make sure the request's records have left.
+    stream.flush().await.map_err(|e| format!("write: {e}"))?;
     let mut buf = Vec::with_capacity(256);
     let mut chunk = [0u8; 256];
     loop {
@@ -158,9 +179,9 @@ mod tests {
     #[tokio::test]
     async fn http_checks_the_status() {
         let ok = answer(b"HTTP/1.1 204 No Content\r\n\r\n").await;
-        assert_eq!(probe(&http(&[(200, 399)]), ok, "app:1").await, Ok(()));
+        assert_eq!(probe(&http(&[(200, 399)]), ok, "app:1", None).await, Ok(()));
         let bad = answer(b"HTTP/1.1 503 Service Unavailable\r\n\r\n").await;
-        let err = probe(&http(&[(200, 299), (302, 302)]), bad, "app:1").await;
+        let err = probe(&http(&[(200, 299), (302, 302)]), bad, "app:1", None).await;
         assert_eq!(err, Err("status 503 not in 200-299,302".into()));
     }
 
@@ -172,9 +193,9 @@ mod tests {
             kind: HealthCheckKind::Tcp,
             ..http(&[])
         };
-        assert_eq!(probe(&tcp, addr, "x").await, Ok(()));
+        assert_eq!(probe(&tcp, addr, "x", None).await, Ok(()));
         drop(listener);
-        let err = probe(&tcp, addr, "x").await.unwrap_err();
+        let err = probe(&tcp, addr, "x", None).await.unwrap_err();
         assert!(err.starts_with("connect: "), "{err}");
     }
 }

@@ -1,0 +1,73 @@
+//! The relay of a TCP listener whose upstream has `tls` (TLS origination): the client side
+//! is plain TCP, read and written as in `relay`; the server side is a TLS stream, moved
+//! through buffers (no splice: the bytes must be encrypted in user space). Half-close is
+//! passed on (client FIN -> TLS close_notify and FIN; server close -> FIN to the client),
+//! and `idle_timeout` applies as for plain relays.
+
+use std::cell::Cell;
+use std::io;
+
+use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+use super::io::{read_some, shutdown_write, write_all};
+use super::relay::{idle, End, RelayConfig};
+use crate::buffer::Buffer;
+use crate::connector::UpstreamStream;
+use crate::worker::Worker;
+
+/// Relays until both directions end, one fails, or nothing moves for `idle_timeout`.
+/// `to_server` holds client bytes to send first.
+pub async fn relay_tls(
+    worker: &Worker,
+    client: &TcpStream,
+    server: &mut UpstreamStream,
+    mut to_server: Buffer,
+    config: &RelayConfig<'_>,
+) -> End {
+    let last = Cell::new(Instant::now());
+    let mut back = worker.take_buffer_sized(to_server.capacity());
+    let (mut server_read, mut server_write) = server.split();
+    let up = async {
+        loop {
+            if !to_server.is_empty() {
+                write_buffered(&mut server_write, &mut to_server).await?;
+            }
+            let n = read_some(client, &mut to_server).await?;
+            if n == 0 {
+                return server_write.shutdown().await;
+            }
+            config.bytes_in.add(n as u64);
+            last.set(Instant::now());
+        }
+    };
+    let down = async {
+        loop {
+            let n = back.read_from(&mut server_read).await?;
+            if n == 0 {
+                shutdown_write(client);
+                return Ok::<_, io::Error>(());
+            }
+            config.bytes_out.add(n as u64);
+            last.set(Instant::now());
+            write_all(client, &mut back).await?;
+        }
+    };
+    let both = async { tokio::try_join!(up, down).map(|_| ()) };
+    let end = tokio::select! {
+        biased;
+        r = both => if r.is_ok() { End::Closed } else { End::Error },
+        _ = idle(&last, config.idle_timeout) => End::Idle,
+    };
+    worker.give_buffer(to_server);
+    worker.give_buffer(back);
+    end
+}
+
+/// Writes and flushes everything in `buf` (TLS records go out whole).
+async fn write_buffered<W: AsyncWrite + Unpin>(w: &mut W, buf: &mut Buffer) -> io::Result<()> {
+    w.write_all(buf.filled()).await?;
+    buf.clear();
+    w.flush().await
+}
