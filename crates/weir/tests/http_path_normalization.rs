@@ -143,6 +143,28 @@ async fn paths_climbing_above_the_root_and_encoded_slashes_are_refused() {
     assert_eq!(public.requests_served(), 1);
 }
 
+/// No request-target form has a fragment (RFC 9112 3.2). The normaliser ends the path only at
+/// `?`, so `/public/..#/admin` would match `/public/` as is, and a backend that drops the
+/// fragment and then resolves `..` would serve `/`: refused with 400 before routing.
+#[tokio::test]
+async fn a_fragment_in_the_target_is_refused() {
+    let public = Backend::echo("public");
+    let admin = Backend::echo("admin");
+    let weir = public_and_admin(&public, &admin, &[]);
+    for target in [
+        "/public/..#/admin",
+        "/public/..#",
+        "/public/.#",
+        "/public/x#frag",
+        "/public/x?q=1#frag",
+        "http://h.test/public/..#/admin",
+        "http://h.test#/public/",
+    ] {
+        expect_status(&weir, target, 400).await;
+    }
+    assert_eq!(public.requests_served() + admin.requests_served(), 0);
+}
+
 #[tokio::test]
 async fn encoded_slash_keep_and_decode() {
     let public = Backend::echo("public");
