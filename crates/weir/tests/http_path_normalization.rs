@@ -233,6 +233,39 @@ async fn rewrite_prefix_applies_to_the_normalised_path() {
     assert_eq!(cgi.requests_served(), 2);
 }
 
+/// `path_prefix = "/api"` with `rewrite_prefix = "/v1/"`: `/api../secret` is normal (its
+/// segment is `api..`), but the plain substitution would send `/v1/../secret`, which the
+/// server resolves to `/secret`, outside the route. Weir refuses what the join would turn
+/// into a dot segment and forwards the rest as nginx and Apache would.
+#[tokio::test]
+async fn a_rewrite_never_makes_a_dot_segment() {
+    let api = Backend::echo("api");
+    let weir = Conf::new()
+        .route(
+            "api",
+            "api",
+            &[r#"path_prefix = "/api""#, r#"rewrite_prefix = "/v1/""#],
+        )
+        .upstream("api", &[api.addr()], &[])
+        .start();
+    for target in [
+        "/api../secret",
+        "/api..",
+        "/api.",
+        "/api./x",
+        "/api..?q=1",
+        "/api%2e%2e/secret",
+        "/api..;x/secret",
+    ] {
+        expect_status(&weir, target, 400).await;
+    }
+    assert_eq!(api.requests_served(), 0);
+    expect_routed(&weir, "/apix", "api", "/v1/x").await;
+    expect_routed(&weir, "/api...", "api", "/v1/...").await;
+    expect_routed(&weir, "/api", "api", "/v1/").await;
+    assert_eq!(api.requests_served(), 3);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_access_log_keeps_the_original_target() {
     let dir = std::env::temp_dir().join(format!("weir-path-log-{}", std::process::id()));
