@@ -79,7 +79,9 @@ pub async fn forward(
     resp: &mut ResponseHead,
     keep_alive: bool,
 ) -> Result<bool, Failure> {
-    let key = RequestKey::new(&target.upstream.lb, conn.buf.filled(), req, &conn.ip);
+    let buf = conn.buf.filled();
+    let path = conn.path.get(req.path(buf));
+    let key = RequestKey::new(&target.upstream.lb, buf, req, path, &conn.ip);
     let pick = worker
         .upstreams
         .pick(target.route.upstream, target.pool, target.upstream, key)
