@@ -245,7 +245,7 @@ async fn handle(
         });
     }
     if let (Some(store), "/metrics") = (&state.store, req.uri().path()) {
-        if let Err(e) = api::check_read(store, req.headers()) {
+        if let Err(e) = api::check_read(store, req.headers()).await {
             return Ok(plain(e.status, Bytes::from(e.to_json().to_string()), JSON));
         }
     }
