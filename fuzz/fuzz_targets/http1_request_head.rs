@@ -2,7 +2,7 @@
 //!
 //! Never panics, on the whole input or on any prefix of it; an accepted head stays inside
 //! the input and the limits; a shorter prefix of an accepted head is only ever "incomplete";
-//! a reused `RequestHead` gives the same answer as a fresh one.
+//! a reused `RequestHead` gives the same answer as a fresh one; an accepted target has no `#`.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -85,6 +85,11 @@ fn check_accepted(input: &[u8], limits: HeadLimits, head: &RequestHead) {
             || (path.is_empty() && head.target_authority.is_some()),
         "target form"
     );
+    // No target form has a fragment (RFC 9112 3.2): it would end the path for the backend only.
+    assert!(!path.contains(&b'#'), "fragment accepted");
+    if let Some(r) = &head.target_authority {
+        assert!(!input[r.clone()].contains(&b'#'), "fragment accepted");
+    }
     if head.minor_version == 1 {
         assert!(head.host.is_some(), "HTTP/1.1 needs a host");
     }

@@ -8,10 +8,12 @@
 //! a response waits for the client to take it. A [`Clock`] follows the connection's phase
 //! from the bytes moving through [`Watched`] and from the service (a request is handled
 //! between the head and the response), and [`serve`] drops the connection when the
-//! deadline of its phase passes.
+//! deadline of its phase passes, or when the cap hands its slot to a newcomer
+//! ([`Clock::evict`], see `slots`).
 
 use std::io;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
@@ -44,8 +46,9 @@ enum Phase {
     /// Waiting for a request's first byte, or for the client to take a response, since
     /// `since` (the accept, the end of the last request, or the last byte written).
     Waiting { since: Instant, first: bool },
-    /// The first bytes of a request head arrived at `since`.
-    Head { since: Instant },
+    /// The first bytes of a request head arrived at `since` (`first`: the connection's
+    /// first request).
+    Head { since: Instant, first: bool },
     /// A request is being handled: the handler bounds its own waits (see `api`).
     Busy,
 }
@@ -54,8 +57,20 @@ enum Phase {
 #[derive(Debug)]
 pub struct Clock {
     phase: Mutex<Phase>,
-    /// Told when the deadline may have come earlier (or appeared).
+    /// Told when the deadline may have come earlier (or appeared), or on eviction.
     changed: Notify,
+    /// The connection's slot went to a newcomer: close it now.
+    evicted: AtomicBool,
+}
+
+/// Whether a connection may give its slot to a newcomer at the cap, and how readily.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Standing {
+    /// No request completed yet: silent, or trickling its first head.
+    Unserved,
+    /// Between requests: an idle keep-alive wait, a later head arriving, or a response the
+    /// client is slow to take.
+    Between,
 }
 
 impl Clock {
@@ -66,7 +81,30 @@ impl Clock {
                 first: true,
             }),
             changed: Notify::new(),
+            evicted: AtomicBool::new(false),
         })
+    }
+
+    /// Where the connection stands for eviction; `None` while it handles a request.
+    pub fn standing(&self) -> Option<Standing> {
+        match *self.lock() {
+            Phase::Waiting { first: true, .. } | Phase::Head { first: true, .. } => {
+                Some(Standing::Unserved)
+            }
+            Phase::Waiting { .. } | Phase::Head { .. } => Some(Standing::Between),
+            Phase::Busy => None,
+        }
+    }
+
+    /// Closes the connection: its slot was given to a newcomer.
+    pub fn evict(&self) {
+        self.evicted.store(true, Ordering::Relaxed);
+        self.changed.notify_one();
+    }
+
+    #[cfg(test)]
+    pub fn is_evicted(&self) -> bool {
+        self.evicted.load(Ordering::Relaxed)
     }
 
     /// Marks a request as being handled until the guard drops (the response is ready).
@@ -81,7 +119,7 @@ impl Clock {
             // A connection's first head is timed from the accept: trickling a byte just
             // before the deadline buys no more time.
             let since = if first { since } else { Instant::now() };
-            *phase = Phase::Head { since };
+            *phase = Phase::Head { since, first };
             drop(phase);
             self.changed.notify_one();
         }
@@ -103,7 +141,7 @@ impl Clock {
         match *self.lock() {
             Phase::Waiting { since, first: true } => Some(since + limits.header_timeout),
             Phase::Waiting { since, .. } => Some(since + limits.idle_timeout),
-            Phase::Head { since } => Some(since + limits.header_timeout),
+            Phase::Head { since, .. } => Some(since + limits.header_timeout),
             Phase::Busy => None,
         }
     }
@@ -112,9 +150,12 @@ impl Clock {
         self.phase.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Returns once the deadline of the current phase has passed.
+    /// Returns once the deadline of the current phase has passed, or on eviction.
     async fn expired(&self, limits: &Limits) {
         loop {
+            if self.evicted.load(Ordering::Relaxed) {
+                return;
+            }
             match self.deadline(limits) {
                 Some(at) if at <= Instant::now() => return,
                 Some(at) => {
@@ -207,12 +248,12 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Watched<T> {
 }
 
 /// Runs `connection` (hyper's, over a [`Watched`] socket of `clock`) until it ends or its
-/// phase's deadline passes; dropping it then closes the socket.
+/// phase's deadline passes or it is evicted; dropping it then closes the socket.
 pub async fn serve<F: std::future::Future>(connection: F, clock: &Clock, limits: &Limits) {
     tokio::select! {
         _ = connection => {}
         _ = clock.expired(limits) => {
-            tracing::debug!("admin connection timed out");
+            tracing::debug!("admin connection timed out or evicted");
         }
     }
 }
@@ -281,5 +322,32 @@ mod tests {
         clock.read();
         waiter.await.unwrap();
         assert_eq!(Instant::now(), read_at + LIMITS.header_timeout);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn standing_follows_the_phase_and_eviction_ends_the_wait() {
+        let clock = Clock::new();
+        assert_eq!(clock.standing(), Some(Standing::Unserved));
+        clock.read();
+        assert_eq!(clock.standing(), Some(Standing::Unserved), "first head");
+        let busy = clock.busy();
+        assert_eq!(clock.standing(), None);
+        drop(busy);
+        assert_eq!(clock.standing(), Some(Standing::Between));
+        clock.read();
+        assert_eq!(clock.standing(), Some(Standing::Between), "a later head");
+        let start = Instant::now();
+        let waiter = {
+            let clock = clock.clone();
+            tokio::spawn(async move { clock.expired(&LIMITS).await })
+        };
+        tokio::task::yield_now().await;
+        clock.evict();
+        waiter.await.unwrap();
+        assert_eq!(
+            Instant::now(),
+            start,
+            "evicted at once, not at the deadline"
+        );
     }
 }

@@ -5,16 +5,17 @@
 //! shares their limits and stays reachable when they are saturated. That thread only does
 //! quick work: API requests validate, resolve, apply and persist on tokio's blocking pool
 //! (`api`), so `/live`, `/ready` and `/metrics` answer while a change is being applied.
-//! Connections are capped (`[admin] max_connections`: more are closed as soon as they are
-//! accepted, so idle clients cannot take the process's descriptors) and timed out
-//! (`conn`), and running out of descriptors pauses accepting as on the data plane.
+//! Connections are capped (`[admin] max_connections`, so idle clients cannot take the
+//! process's descriptors; at the cap a newcomer takes the place of an idle or silent
+//! connection, see `slots`) and timed out (`conn`), and running out of descriptors pauses
+//! accepting as on the data plane.
 
 #![forbid(unsafe_code)]
 
 use std::convert::Infallible;
 use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -28,11 +29,13 @@ use weir_core::listener::backoff::{is_resource_exhaustion, ResourceLog, RESOURCE
 
 pub mod api;
 mod conn;
+mod slots;
 pub mod store;
 #[cfg(test)]
 mod tests;
 
-use conn::Limits;
+use conn::{Clock, Limits};
+use slots::{Admission, Slots};
 pub use store::Store;
 
 /// The limits when no config is attached (`AdminState::store` is `None`): the `[admin]`
@@ -147,7 +150,7 @@ async fn accept_loop(
     state: Arc<AdminState>,
     stopped: &mut watch::Receiver<bool>,
 ) {
-    let open = Arc::new(AtomicUsize::new(0));
+    let slots = Arc::new(Slots::default());
     let (mut resource_log, mut cap_log) = (ResourceLog::default(), ResourceLog::default());
     loop {
         let accepted = tokio::select! {
@@ -171,47 +174,49 @@ async fn accept_loop(
             }
         };
         let limits = state.limits();
-        // Closed at once rather than left in the backlog: the client learns straight away,
-        // and no descriptor is held for it.
-        if open.load(Ordering::Relaxed) >= limits.max_connections {
-            if let Some(suppressed) = cap_log.should_log() {
-                tracing::warn!(
-                    max_connections = limits.max_connections,
-                    suppressed,
-                    "admin connection closed: max_connections reached"
-                );
+        let clock = Clock::new();
+        let slot = match slots.admit(&clock, limits.max_connections) {
+            Admission::Free(slot) => slot,
+            Admission::Evicted(slot) => {
+                if let Some(suppressed) = cap_log.should_log() {
+                    tracing::warn!(
+                        max_connections = limits.max_connections,
+                        suppressed,
+                        "admin connection closed for a new one: max_connections reached"
+                    );
+                }
+                slot
             }
-            drop(stream);
-            continue;
-        }
-        let slot = Slot::take(&open);
+            // Closed at once rather than left in the backlog: the client learns straight
+            // away, and no descriptor is held for it.
+            Admission::Full => {
+                if let Some(suppressed) = cap_log.should_log() {
+                    tracing::warn!(
+                        max_connections = limits.max_connections,
+                        suppressed,
+                        "admin connection refused: max_connections reached, all busy"
+                    );
+                }
+                drop(stream);
+                continue;
+            }
+        };
         let state = state.clone();
         tokio::spawn(async move {
-            serve_connection(stream, state, limits).await;
+            serve_connection(stream, clock, state, limits).await;
             drop(slot);
         });
     }
 }
 
-/// One open admin connection, counted against `max_connections` until dropped.
-struct Slot(Arc<AtomicUsize>);
-
-impl Slot {
-    fn take(open: &Arc<AtomicUsize>) -> Slot {
-        open.fetch_add(1, Ordering::Relaxed);
-        Slot(open.clone())
-    }
-}
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-/// Serves one connection until the client closes it or keeps it waiting too long.
-async fn serve_connection(stream: tokio::net::TcpStream, state: Arc<AdminState>, limits: Limits) {
-    let clock = conn::Clock::new();
+/// Serves one connection until the client closes it, keeps it waiting too long, or its
+/// slot goes to a newcomer.
+async fn serve_connection(
+    stream: tokio::net::TcpStream,
+    clock: Arc<Clock>,
+    state: Arc<AdminState>,
+    limits: Limits,
+) {
     let io = TokioIo::new(conn::Watched::new(stream, clock.clone()));
     let service_clock = clock.clone();
     let service = hyper::service::service_fn(move |req| {
@@ -240,7 +245,7 @@ async fn handle(
         });
     }
     if let (Some(store), "/metrics") = (&state.store, req.uri().path()) {
-        if let Err(e) = api::check_read(store, req.headers()) {
+        if let Err(e) = api::check_read(store, req.headers()).await {
             return Ok(plain(e.status, Bytes::from(e.to_json().to_string()), JSON));
         }
     }

@@ -22,6 +22,8 @@ pub struct Store {
     /// The config file changes are persisted to (`None`: not persisted, as in tests).
     path: Option<PathBuf>,
     state: Mutex<State>,
+    /// `[admin] token_file`, as last read (see `api::auth`).
+    pub(crate) token: crate::api::auth::TokenCache,
     /// Runs between validation and apply: tests hold a change there to see what the admin
     /// listener does meanwhile.
     #[cfg(test)]
@@ -63,6 +65,7 @@ impl Store {
                 text,
                 frozen: false,
             }),
+            token: Default::default(),
             #[cfg(test)]
             before_apply: Mutex::new(None),
         }

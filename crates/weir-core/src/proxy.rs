@@ -25,6 +25,7 @@ use crate::codec::http1::write::Persistence;
 use crate::codec::http1::{BodyFraming, RequestHead, ResponseHead};
 use crate::error::ProxyError;
 use crate::filters::forwarded::ClientIp;
+use crate::filters::rewrite::check_join;
 use crate::forward::body::BodyState;
 use crate::forward::{forward, Failure, Reached};
 use crate::listener::proxy_protocol::accept_step;
@@ -271,6 +272,13 @@ async fn handle(
         return Handled { route, result };
     };
     let route_config = &listener.routes[index];
+    let rewrite = route_config.rewrite_prefix.as_deref();
+    if let Err(error) = check_join(path, &route_config.path_prefix, rewrite) {
+        return Handled {
+            route,
+            result: Err(error.into()),
+        };
+    }
     let upstream = &snapshot.config.upstreams[route_config.upstream];
     let pool = &snapshot.upstreams[route_config.upstream];
     let target = crate::forward::exchange_target(listener, route_config, upstream, pool);

@@ -143,6 +143,28 @@ async fn paths_climbing_above_the_root_and_encoded_slashes_are_refused() {
     assert_eq!(public.requests_served(), 1);
 }
 
+/// No request-target form has a fragment (RFC 9112 3.2). The normaliser ends the path only at
+/// `?`, so `/public/..#/admin` would match `/public/` as is, and a backend that drops the
+/// fragment and then resolves `..` would serve `/`: refused with 400 before routing.
+#[tokio::test]
+async fn a_fragment_in_the_target_is_refused() {
+    let public = Backend::echo("public");
+    let admin = Backend::echo("admin");
+    let weir = public_and_admin(&public, &admin, &[]);
+    for target in [
+        "/public/..#/admin",
+        "/public/..#",
+        "/public/.#",
+        "/public/x#frag",
+        "/public/x?q=1#frag",
+        "http://h.test/public/..#/admin",
+        "http://h.test#/public/",
+    ] {
+        expect_status(&weir, target, 400).await;
+    }
+    assert_eq!(public.requests_served() + admin.requests_served(), 0);
+}
+
 #[tokio::test]
 async fn encoded_slash_keep_and_decode() {
     let public = Backend::echo("public");
@@ -209,6 +231,39 @@ async fn rewrite_prefix_applies_to_the_normalised_path() {
     // Resolves outside /cgi/: no route.
     expect_status(&weir, "/cgi/../x", 404).await;
     assert_eq!(cgi.requests_served(), 2);
+}
+
+/// `path_prefix = "/api"` with `rewrite_prefix = "/v1/"`: `/api../secret` is normal (its
+/// segment is `api..`), but the plain substitution would send `/v1/../secret`, which the
+/// server resolves to `/secret`, outside the route. Weir refuses what the join would turn
+/// into a dot segment and forwards the rest as nginx and Apache would.
+#[tokio::test]
+async fn a_rewrite_never_makes_a_dot_segment() {
+    let api = Backend::echo("api");
+    let weir = Conf::new()
+        .route(
+            "api",
+            "api",
+            &[r#"path_prefix = "/api""#, r#"rewrite_prefix = "/v1/""#],
+        )
+        .upstream("api", &[api.addr()], &[])
+        .start();
+    for target in [
+        "/api../secret",
+        "/api..",
+        "/api.",
+        "/api./x",
+        "/api..?q=1",
+        "/api%2e%2e/secret",
+        "/api..;x/secret",
+    ] {
+        expect_status(&weir, target, 400).await;
+    }
+    assert_eq!(api.requests_served(), 0);
+    expect_routed(&weir, "/apix", "api", "/v1/x").await;
+    expect_routed(&weir, "/api...", "api", "/v1/...").await;
+    expect_routed(&weir, "/api", "api", "/v1/").await;
+    assert_eq!(api.requests_served(), 3);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

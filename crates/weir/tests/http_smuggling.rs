@@ -148,6 +148,12 @@ fn cases() -> Vec<Case> {
             "GET http://user@h/ HTTP/1.1\r\nHost: h\r\n\r\n",
             &[400],
         ),
+        case("fragment in the target", "GET /a/..#/b HTTP/1.1\r\nHost: h\r\n\r\n", &[400]),
+        case(
+            "fragment in an absolute-form target",
+            "GET http://h/a#b HTTP/1.1\r\nHost: h\r\n\r\n",
+            &[400],
+        ),
         case("asterisk outside OPTIONS", "GET * HTTP/1.1\r\nHost: h\r\n\r\n", &[400]),
         case("HTTP/2.0", "GET / HTTP/2.0\r\nHost: h\r\n\r\n", &[505]),
         case("HTTP/1.2", "GET / HTTP/1.2\r\nHost: h\r\n\r\n", &[505]),

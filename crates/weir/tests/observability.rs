@@ -300,3 +300,45 @@ async fn a_response_cut_short_counts_with_the_status_sent_and_its_abort() {
     );
     drop(weir);
 }
+
+/// A response refused before any byte of it reaches the client (a malformed chunked body
+/// already in the first read, a 101 to a protocol never offered) counts as the 502 the
+/// client got: in the request counter and in the server's own series, which must not say
+/// 200 or 101.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_refused_before_its_head_counts_as_502_for_the_server_too() {
+    let refused: [(&[u8], &str); 2] = [
+        (
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nhello\r\n0\r\n\r\n",
+            "200",
+        ),
+        (
+            b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n",
+            "101",
+        ),
+    ];
+    for (raw, upstream_status) in refused {
+        let backend = Backend::raw_response(raw);
+        let weir = single(backend.addr()).start();
+        let resp = send_raw_once(weir.addr, b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+            .await
+            .unwrap();
+        assert!(
+            resp.starts_with(b"HTTP/1.1 502"),
+            "{}",
+            String::from_utf8_lossy(&resp)
+        );
+        wait_for_series(
+            &weir,
+            "weir_requests_total{listener=\"web\",route=\"all\",method=\"GET\",code=\"502\"}",
+            1.0,
+        );
+        let server = |code: &str| {
+            let labels = server_labels("up", backend.addr());
+            format!("weir_upstream_requests_total{{{labels},code=\"{code}\"}}")
+        };
+        wait_for_series(&weir, &server("502"), 1.0);
+        let text = weir.metrics_text();
+        assert_eq!(series(&text, &server(upstream_status)), None, "{text}");
+    }
+}

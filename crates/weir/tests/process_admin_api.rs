@@ -256,4 +256,14 @@ fn a_token_file_requires_the_bearer_token() {
     assert_eq!(head.status, 401);
     let (head, _) = call(admin, "GET", "/live", &[], "").expect("call");
     assert_eq!(head.status, 200, "probes stay open");
+    // A rotated token is picked up without a restart (the file is read at most once a
+    // second, so poll for it).
+    std::fs::write(&token, "n3w\n").unwrap();
+    let status = |bearer: &str| {
+        let auth = format!("Bearer {bearer}");
+        api(admin, "GET", "/config", &[("Authorization", &auth)], "").0
+    };
+    let rotated = weir_testkit::wait_until(support_process::START_WAIT, || status("n3w") == 200);
+    assert!(rotated, "rotated token");
+    assert_eq!(status("t0ken"), 401, "the old token no longer works");
 }

@@ -214,3 +214,35 @@ fn max_connections_overflow_goes_to_another_server() {
         assert_eq!(get_backend(&mut client), "other");
     }
 }
+
+/// `hash_key = "path"` hashes the normalised path (the one routed and forwarded), so
+/// spellings of one path that the server sees as the same go to the same server.
+#[test]
+fn consistent_hash_on_the_path_uses_the_normalised_path() {
+    let backends = [
+        Backend::echo("a"),
+        Backend::echo("b"),
+        Backend::echo("c"),
+        Backend::echo("d"),
+    ];
+    let list: Vec<_> = backends.iter().map(|b| (b.addr(), "")).collect();
+    let weir = Weir::start(&format!(
+        "[upstreams.app]\nlb = \"consistent_hash\"\nhash_key = \"path\"\n{}",
+        servers(&list)
+    ));
+    let mut client = weir.client();
+    let mut used = std::collections::HashSet::new();
+    for n in 0..12 {
+        let plain = client.get(&format!("/a/~x{n}"), "app.test").unwrap();
+        for spelling in [
+            format!("/a/%7Ex{n}"),
+            format!("/a/./~x{n}"),
+            format!("/a/b/../%7ex{n}?q=1"),
+        ] {
+            let again = client.get(&spelling, "app.test").unwrap();
+            assert_eq!(backend_of(&again), backend_of(&plain), "{spelling}");
+        }
+        used.insert(backend_of(&plain));
+    }
+    assert!(used.len() >= 2, "paths spread over servers: {used:?}");
+}

@@ -1,8 +1,15 @@
 //! Who may use the API. With `[admin] token_file`, every `/api` and `/metrics` request
-//! needs `Authorization: Bearer TOKEN` (the file is read per request, so rotating the token
-//! needs no restart). Without a token, writes are refused unless the admin listener binds
-//! a loopback address, where only local users reach it. `/live` and `/ready` stay open for
-//! load-balancer probes, which rarely carry credentials.
+//! needs `Authorization: Bearer TOKEN`. Without a token, writes are refused unless the
+//! admin listener binds a loopback address, where only local users reach it. `/live` and
+//! `/ready` stay open for load-balancer probes, which rarely carry credentials.
+//!
+//! The token file is read at most once per [`TOKEN_TTL`] ([`TokenCache`]), on tokio's
+//! blocking pool: rotating the token needs no restart, and a file on a slow mount delays
+//! only the requests that need the token, never the admin thread (`/live`, `/ready`).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use hyper::header::AUTHORIZATION;
 use hyper::{HeaderMap, StatusCode};
@@ -10,17 +17,66 @@ use weir_config::AdminSettings;
 
 use super::error::ApiError;
 
-pub fn check(admin: &AdminSettings, headers: &HeaderMap, write: bool) -> Result<(), ApiError> {
+/// How long a read of the token file is used before the file is read again.
+pub const TOKEN_TTL: Duration = Duration::from_secs(1);
+
+/// The last read of the token file: its trimmed content, or why it could not be read.
+#[derive(Default)]
+pub struct TokenCache {
+    last: tokio::sync::Mutex<Option<Read>>,
+}
+
+struct Read {
+    path: PathBuf,
+    at: Instant,
+    token: Result<Arc<str>, Arc<str>>,
+}
+
+impl TokenCache {
+    /// The token in `file`, read again once the last read is [`TOKEN_TTL`] old. One read
+    /// at a time: requests arriving meanwhile wait for it rather than start their own.
+    async fn token(&self, file: &Path) -> Result<Arc<str>, ApiError> {
+        let mut last = self.last.lock().await;
+        let fresh = |r: &&Read| r.path == file && r.at.elapsed() < TOKEN_TTL;
+        let token = match last.as_ref().filter(fresh) {
+            Some(read) => read.token.clone(),
+            None => {
+                let token = read_token(file.to_owned()).await;
+                let at = Instant::now();
+                let path = file.to_owned();
+                last.insert(Read { path, at, token }).token.clone()
+            }
+        };
+        token.map_err(|e| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                e.to_string(),
+                "make [admin] token_file readable by weir",
+            )
+        })
+    }
+}
+
+async fn read_token(file: PathBuf) -> Result<Arc<str>, Arc<str>> {
+    let shown = file.display().to_string();
+    let read = tokio::task::spawn_blocking(move || std::fs::read_to_string(file)).await;
+    match read {
+        Ok(Ok(text)) => Ok(Arc::from(text.trim())),
+        Ok(Err(e)) => Err(format!("cannot read token_file {shown}: {e}").into()),
+        Err(e) => Err(format!("cannot read token_file {shown}: {e}").into()),
+    }
+}
+
+pub async fn check(
+    admin: &AdminSettings,
+    cache: &TokenCache,
+    headers: &HeaderMap,
+    write: bool,
+) -> Result<(), ApiError> {
     match &admin.token_file {
         Some(file) => {
-            let token = std::fs::read_to_string(file).map_err(|e| {
-                ApiError::new(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    format!("cannot read token_file {}: {e}", file.display()),
-                    "make [admin] token_file readable by weir",
-                )
-            })?;
-            let token = token.trim();
+            let token = cache.token(file).await?;
+            let token = &*token;
             let given = headers
                 .get(AUTHORIZATION)
                 .and_then(|v| v.to_str().ok())
@@ -63,33 +119,70 @@ mod tests {
         }
     }
 
-    #[test]
-    fn loopback_without_token_allows_writes_elsewhere_refuses() {
-        let h = HeaderMap::new();
-        assert!(check(&admin("127.0.0.1:9901", None), &h, true).is_ok());
+    #[tokio::test]
+    async fn loopback_without_token_allows_writes_elsewhere_refuses() {
+        let (h, cache) = (HeaderMap::new(), TokenCache::default());
+        let check = |bind, write| {
+            let a = admin(bind, None);
+            let (h, cache) = (&h, &cache);
+            async move { check(&a, cache, h, write).await }
+        };
+        assert!(check("127.0.0.1:9901", true).await.is_ok());
         assert_eq!(
-            check(&admin("0.0.0.0:9901", None), &h, true)
-                .unwrap_err()
-                .status,
+            check("0.0.0.0:9901", true).await.unwrap_err().status,
             StatusCode::FORBIDDEN
         );
-        assert!(check(&admin("0.0.0.0:9901", None), &h, false).is_ok());
+        assert!(check("0.0.0.0:9901", false).await.is_ok());
     }
 
-    #[test]
-    fn token_is_required_when_configured() {
-        let path = std::env::temp_dir().join(format!("weir-token-{}", std::process::id()));
-        std::fs::write(&path, "s3cret\n").unwrap();
-        let a = admin("127.0.0.1:9901", Some(path.clone()));
+    fn token_file(tag: &str, token: &str) -> PathBuf {
+        let name = format!("weir-token-{tag}-{}", std::process::id());
+        let path = std::env::temp_dir().join(name);
+        std::fs::write(&path, token).unwrap();
+        path
+    }
+
+    fn bearer(token: &str) -> HeaderMap {
         let mut h = HeaderMap::new();
-        assert_eq!(
-            check(&a, &h, false).unwrap_err().status,
-            StatusCode::UNAUTHORIZED
-        );
-        h.insert(AUTHORIZATION, "Bearer nope".parse().unwrap());
-        assert!(check(&a, &h, false).is_err());
-        h.insert(AUTHORIZATION, "Bearer s3cret".parse().unwrap());
-        assert!(check(&a, &h, true).is_ok());
+        h.insert(AUTHORIZATION, format!("Bearer {token}").parse().unwrap());
+        h
+    }
+
+    #[tokio::test]
+    async fn token_is_required_when_configured() {
+        let path = token_file("required", "s3cret\n");
+        let a = admin("127.0.0.1:9901", Some(path.clone()));
+        let cache = TokenCache::default();
+        let status = check(&a, &cache, &HeaderMap::new(), false).await;
+        assert_eq!(status.unwrap_err().status, StatusCode::UNAUTHORIZED);
+        assert!(check(&a, &cache, &bearer("nope"), false).await.is_err());
+        assert!(check(&a, &cache, &bearer("s3cret"), true).await.is_ok());
         let _ = std::fs::remove_file(path);
+    }
+
+    /// The file is read once per TOKEN_TTL, not per request; a rotated token is used once
+    /// the last read is that old.
+    #[tokio::test]
+    async fn the_token_file_is_cached_and_a_rotation_picked_up() {
+        let path = token_file("rotated", "old\n");
+        let a = admin("127.0.0.1:9901", Some(path.clone()));
+        let cache = TokenCache::default();
+        assert!(check(&a, &cache, &bearer("old"), false).await.is_ok());
+        std::fs::write(&path, "new\n").unwrap();
+        let read_at = cache.last.lock().await.as_ref().unwrap().at;
+        // Within TOKEN_TTL of the last read the cached token answers (unless this test ran
+        // so slowly that the TTL passed: then the new token must already be in use).
+        let cached = check(&a, &cache, &bearer("old"), false).await.is_ok();
+        assert!(cached || read_at.elapsed() >= TOKEN_TTL);
+        // Age the read instead of sleeping through the TTL.
+        cache.last.lock().await.as_mut().unwrap().at = Instant::now() - TOKEN_TTL;
+        assert!(check(&a, &cache, &bearer("new"), false).await.is_ok());
+        assert!(check(&a, &cache, &bearer("old"), false).await.is_err());
+        // Another file (a reload changed token_file) is read at once.
+        let other = token_file("other", "other\n");
+        let b = admin("127.0.0.1:9901", Some(other.clone()));
+        assert!(check(&b, &cache, &bearer("other"), false).await.is_ok());
+        let _ = std::fs::remove_file(path);
+        let _ = std::fs::remove_file(other);
     }
 }

@@ -10,7 +10,7 @@
 //! persists, and a read waits for a write in progress (the store's lock). The admin thread
 //! stays free for `/live`, `/ready` and `/metrics` meanwhile.
 
-mod auth;
+pub(crate) mod auth;
 pub(crate) mod convert;
 mod edit;
 pub(crate) mod error;
@@ -50,7 +50,13 @@ async fn serve(
     body_timeout: Duration,
 ) -> Result<Response<Full<Bytes>>, ApiError> {
     let write = req.method() != Method::GET && req.method() != Method::HEAD;
-    auth::check(&store.proxy().config().admin, req.headers(), write)?;
+    auth::check(
+        &store.proxy().config().admin,
+        &store.token,
+        req.headers(),
+        write,
+    )
+    .await?;
     let call = tokio::time::timeout(body_timeout, read_call(req))
         .await
         .map_err(|_| {
@@ -163,8 +169,8 @@ fn route(call: Call, store: &Store) -> Result<Response<Full<Bytes>>, ApiError> {
 }
 
 /// The token check for reads outside `/api` (`/metrics`).
-pub fn check_read(store: &Store, headers: &hyper::HeaderMap) -> Result<(), ApiError> {
-    auth::check(&store.proxy().config().admin, headers, false)
+pub async fn check_read(store: &Store, headers: &hyper::HeaderMap) -> Result<(), ApiError> {
+    auth::check(&store.proxy().config().admin, &store.token, headers, false).await
 }
 
 async fn read_call(req: Request<Incoming>) -> Result<Call, ApiError> {

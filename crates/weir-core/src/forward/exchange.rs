@@ -82,7 +82,9 @@ pub async fn forward(
     resp: &mut ResponseHead,
     keep_alive: bool,
 ) -> Result<bool, Failure> {
-    let key = RequestKey::new(&target.upstream.lb, conn.buf.filled(), req, &conn.ip);
+    let buf = conn.buf.filled();
+    let path = conn.path.get(req.path(buf));
+    let key = RequestKey::new(&target.upstream.lb, buf, req, path, &conn.ip);
     let pick = worker
         .upstreams
         .pick(target.route.upstream, target.pool, target.upstream, key)
@@ -161,7 +163,15 @@ impl<'a> Forwarding<'a> {
                 attempt.send_streaming(conn, &mut body, up_buf, resp).await
             };
             let elapsed = started.elapsed();
-            let outcome = attempt.count(&pick, &sent, resp, elapsed);
+            let outcome = match &sent {
+                Ok(_) => Outcome::Status(resp.status),
+                Err(f) => Outcome::of_error(f.error),
+            };
+            // A response is counted once `respond` knows whether it is relayed (its status)
+            // or refused before the client gets any of it (the error the client gets).
+            if let Err(f) = &sent {
+                attempt.count(&pick, Err(f.error), elapsed);
+            }
             let replay = Replay {
                 idempotent: self.meta.idempotent,
                 buffered: whole,
@@ -169,6 +179,9 @@ impl<'a> Forwarding<'a> {
             };
             if may_retry(&target.upstream.retry.on, outcome, replay) {
                 if let Some(next) = self.next_attempt(&mut tried, conn, attempt.server) {
+                    if sent.is_ok() {
+                        attempt.count(&pick, Ok(resp.status), elapsed);
+                    }
                     tracing::debug!(upstream = %target.upstream.name, server = %attempt.server.name, reason = outcome.reason(), "retrying on another server");
                     if let Some(m) = self.worker.metrics.upstream(target.pool.slot) {
                         m.retries.inc();
@@ -190,6 +203,8 @@ impl<'a> Forwarding<'a> {
                 target,
                 server: attempt.server,
                 metrics: attempt.metrics,
+                pick: &pick,
+                elapsed,
                 meta: self.meta,
                 request_done,
                 keep_alive: self.keep_alive,
@@ -365,21 +380,37 @@ impl Attempt<'_> {
         .await
     }
 
-    /// Records the attempt's outcome: for the server's passive health and load balancing
-    /// (`pick`), and in the server's metrics.
-    fn count(
-        &self,
-        pick: &Pick,
-        sent: &Result<impl Sized, Failure>,
-        resp: &ResponseHead,
-        elapsed: Duration,
-    ) -> Outcome {
-        record_attempt(self.fwd.target, pick, self.metrics, sent, resp, elapsed)
+    /// Records the attempt's outcome: the status the server answered, or the error.
+    fn count(&self, pick: &Pick, result: Result<u16, ProxyError>, elapsed: Duration) {
+        count(self.fwd.target, self.metrics, pick, result, elapsed);
     }
 }
 
 /// Records an attempt's outcome: for the server's passive health and load balancing
 /// (`pick`), and in the server's metrics.
+fn count(
+    target: Target<'_>,
+    metrics: Option<&ServerMetrics>,
+    pick: &Pick,
+    result: Result<u16, ProxyError>,
+    elapsed: Duration,
+) -> Outcome {
+    let outcome = match result {
+        Ok(status) => Outcome::Status(status),
+        Err(error) => Outcome::of_error(error),
+    };
+    pick.record(target.pool, target.upstream, outcome, elapsed);
+    count_attempt(metrics, result, elapsed);
+    if outcome == Outcome::ConnectError {
+        if let Some(m) = metrics {
+            m.connect_errors.inc();
+        }
+    }
+    outcome
+}
+
+/// `count` for an attempt as a sender sees it: `sent` with the head in `resp`, or the
+/// failure (HTTP/2 streams count here; HTTP/1 ones through `Exchange::count`).
 pub(crate) fn record_attempt(
     target: Target<'_>,
     pick: &Pick,
@@ -388,18 +419,11 @@ pub(crate) fn record_attempt(
     resp: &ResponseHead,
     elapsed: Duration,
 ) -> Outcome {
-    let outcome = match sent {
-        Ok(_) => Outcome::Status(resp.status),
-        Err(f) => Outcome::of_error(f.error),
+    let result = match sent {
+        Ok(_) => Ok(resp.status),
+        Err(f) => Err(f.error),
     };
-    pick.record(target.pool, target.upstream, outcome, elapsed);
-    count_attempt(metrics, sent, resp, elapsed);
-    if outcome == Outcome::ConnectError {
-        if let Some(m) = metrics {
-            m.connect_errors.inc();
-        }
-    }
-    outcome
+    count(target, metrics, pick, result, elapsed)
 }
 
 /// Runs a request body's `upload` and the wait for the response `head` together (the
@@ -469,17 +493,16 @@ pub(crate) async fn obtain(
 /// it when it failed (502, 504). Attempts the client broke off are not the server's doing.
 fn count_attempt(
     metrics: Option<&ServerMetrics>,
-    sent: &Result<impl Sized, Failure>,
-    resp: &ResponseHead,
+    result: Result<u16, ProxyError>,
     elapsed: Duration,
 ) {
     let Some(m) = metrics else { return };
-    let status = match sent {
-        Ok(_) => {
+    let status = match result {
+        Ok(status) => {
             m.response.observe(elapsed);
-            resp.status
+            status
         }
-        Err(f) => match f.error.status() {
+        Err(error) => match error.status() {
             Some(status) => status,
             None => return,
         },
@@ -590,6 +613,9 @@ struct Exchange<'a> {
     target: Target<'a>,
     server: &'a UpstreamServer,
     metrics: Option<&'a ServerMetrics>,
+    /// The accepted attempt, counted by `respond` (see `Exchange::count`).
+    pick: &'a Pick,
+    elapsed: Duration,
     meta: RequestMeta,
     request_done: bool,
     keep_alive: bool,
@@ -637,9 +663,8 @@ impl Exchange<'_> {
         }
         up_buf.consume(resp.head_len);
         let mut state = BodyState::new(resp.framing, dechunk, None);
-        let (forward, consumed) = state
-            .take(up_buf.filled_mut())
-            .map_err(|e| Failure::from(upstream_pump_error(e)))?;
+        let taken = state.take(up_buf.filled_mut()).map_err(upstream_pump_error);
+        let (forward, consumed) = self.count(taken.map(|t| (resp.status, t)))?;
         let client_timeout = self.target.listener.client_timeout;
         body::write_all(
             &mut conn.stream,
@@ -684,6 +709,34 @@ impl Exchange<'_> {
         Ok(!close)
     }
 
+    /// Counts the accepted attempt, once, as the client will see it: `Ok((status, t))` when
+    /// the response is relayed, the error (the client's 502) when it is refused before any
+    /// byte of it is sent. Gives back `t` or the failure.
+    fn count<T>(&self, result: Result<(u16, T), ProxyError>) -> Result<T, Failure> {
+        let status = result.as_ref().map(|(s, _)| *s).map_err(|e| *e);
+        count(self.target, self.metrics, self.pick, status, self.elapsed);
+        result.map(|(_, t)| t).map_err(Failure::from)
+    }
+
+    /// Whether the 101 may be tunnelled: only an upgrade the request offered and the route
+    /// allows.
+    fn may_switch(&self, up_buf: &Buffer, resp: &ResponseHead) -> Result<(), ProxyError> {
+        if self.meta.upgrade.is_empty() || !self.request_done {
+            return Err(ProxyError::UpstreamMalformed(
+                "101 without an upgrade request",
+            ));
+        }
+        let allowed = &self.target.route.upgrades;
+        if !switch_allowed(&resp.headers, up_buf.filled(), allowed, self.meta.upgrade) {
+            // Tunnelling would let the client speak a protocol the route does not allow
+            // (h2c: any request, past the routes) straight to the server.
+            return Err(ProxyError::UpstreamMalformed(
+                "101 to a protocol not offered",
+            ));
+        }
+        Ok(())
+    }
+
     fn reverse_map<'h>(&'h self, host: &'h [u8]) -> Option<ReverseMap<'h>> {
         let route = self.target.route;
         route.reverse_rewrite.then(|| ReverseMap {
@@ -704,15 +757,7 @@ impl Exchange<'_> {
         up_buf: &mut Buffer,
         resp: &ResponseHead,
     ) -> Result<bool, Failure> {
-        if self.meta.upgrade.is_empty() || !self.request_done {
-            return Err(ProxyError::UpstreamMalformed("101 without an upgrade request").into());
-        }
-        let allowed = &self.target.route.upgrades;
-        if !switch_allowed(&resp.headers, up_buf.filled(), allowed, self.meta.upgrade) {
-            // Tunnelling would let the client speak a protocol the route does not allow
-            // (h2c: any request, past the routes) straight to the server.
-            return Err(ProxyError::UpstreamMalformed("101 to a protocol not offered").into());
-        }
+        self.count(self.may_switch(up_buf, resp).map(|()| (101, ())))?;
         let framing = ClientFraming {
             dechunk: false,
             close: false,

@@ -151,7 +151,8 @@ impl StreamRequest<'_> {
     ) -> Result<Sent<'_>, Failure> {
         let (worker, target) = (self.worker, self.target);
         let (route, u, pool) = (target.route, target.upstream, target.pool);
-        let key = RequestKey::new(&u.lb, self.buf, self.req, self.ip);
+        let path = self.path.get(self.req.path(self.buf));
+        let key = RequestKey::new(&u.lb, self.buf, self.req, path, self.ip);
         let mut pick = worker
             .upstreams
             .pick(route.upstream, pool, u, key)

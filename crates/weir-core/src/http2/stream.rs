@@ -17,6 +17,7 @@ use super::send::send_data;
 use crate::access_log::RequestFields;
 use crate::codec::http1::{parse_request, BodyFraming, HeadLimits, RequestHead};
 use crate::error::{reason_phrase, ProxyError};
+use crate::filters::rewrite::check_join;
 use crate::forward::{exchange_target, Failure, Reached};
 use crate::metrics::shard::{method_index, METHODS};
 use crate::proxy::{record, ClientSide, Counters, Done, Handled};
@@ -170,6 +171,10 @@ impl Stream<'_> {
             let _ = respond.send_informational(go_on);
         }
         let route_config = &listener.routes[index];
+        let rewrite = route_config.rewrite_prefix.as_deref();
+        if let Err(error) = check_join(routed, &route_config.path_prefix, rewrite) {
+            return (route, Err(error.into()));
+        }
         let upstream = &self.snapshot.config.upstreams[route_config.upstream];
         let pool = &self.snapshot.upstreams[route_config.upstream];
         let r = StreamRequest {

@@ -19,11 +19,18 @@ pub struct RequestKey {
 }
 
 impl RequestKey {
-    /// Reads what `lb` needs from the head `req` parsed from `buf`.
-    pub fn new(lb: &LbPolicy, buf: &[u8], req: &RequestHead, client: &ClientIp) -> RequestKey {
+    /// Reads what `lb` needs from the head `req` parsed from `buf`, whose path normalised
+    /// (`RoutedPath`) is `path`.
+    pub fn new(
+        lb: &LbPolicy,
+        buf: &[u8],
+        req: &RequestHead,
+        path: &[u8],
+        client: &ClientIp,
+    ) -> RequestKey {
         match lb {
             LbPolicy::ConsistentHash(key) => RequestKey {
-                hash: key_bytes(key, buf, req, client).map(hash_key),
+                hash: key_bytes(key, buf, req, path, client).map(hash_key),
                 sticky: None,
             },
             LbPolicy::StickyCookie { cookie } => RequestKey {
@@ -50,17 +57,19 @@ impl RequestKey {
     }
 }
 
-/// The bytes `key` selects from the request, if present.
+/// The bytes `key` selects from the request, if present. The path is the normalised one
+/// (without its query), so `/a/%7Ex`, `/a/./~x` and `/a/~x` (one resource for the routes
+/// and the server) go to one server.
 fn key_bytes<'a>(
     key: &HashKey,
     buf: &'a [u8],
     req: &RequestHead,
+    path: &'a [u8],
     client: &'a ClientIp,
 ) -> Option<&'a [u8]> {
     match key {
         HashKey::ClientIp => Some(client.as_bytes()),
         HashKey::Path => {
-            let path = req.path(buf);
             let end = path.iter().position(|&b| b == b'?').unwrap_or(path.len());
             Some(&path[..end])
         }
@@ -136,7 +145,9 @@ mod tests {
         let text = "GET /a/b?q=1 HTTP/1.1\r\nHost: x\r\nX-User: alice\r\nCookie: sid=42\r\n\r\n";
         let (buf, req) = (text.as_bytes(), head(text));
         let ip = ClientIp::new("10.1.2.3".parse().unwrap());
-        let key = |k: HashKey| RequestKey::new(&LbPolicy::ConsistentHash(k), buf, &req, &ip).hash;
+        let path = req.path(buf);
+        let key =
+            |k: HashKey| RequestKey::new(&LbPolicy::ConsistentHash(k), buf, &req, path, &ip).hash;
         assert_eq!(key(HashKey::Path), Some(hash_key(b"/a/b")));
         assert_eq!(key(HashKey::ClientIp), Some(hash_key(b"10.1.2.3")));
         assert_eq!(
@@ -145,8 +156,19 @@ mod tests {
         );
         assert_eq!(key(HashKey::Cookie("sid".into())), Some(hash_key(b"42")));
         assert_eq!(key(HashKey::Header("x-none".into())), None);
-        let rr = RequestKey::new(&LbPolicy::RoundRobin, buf, &req, &ip);
+        let rr = RequestKey::new(&LbPolicy::RoundRobin, buf, &req, path, &ip);
         assert_eq!(rr, RequestKey::default());
+    }
+
+    /// The path key hashes the normalised path the caller gives, not the raw target.
+    #[test]
+    fn the_path_key_is_the_normalised_path() {
+        let text = "GET /a/./%7Ex?q=1 HTTP/1.1\r\nHost: x\r\n\r\n";
+        let (buf, req) = (text.as_bytes(), head(text));
+        let ip = ClientIp::new("10.1.2.3".parse().unwrap());
+        let lb = LbPolicy::ConsistentHash(HashKey::Path);
+        let key = RequestKey::new(&lb, buf, &req, b"/a/~x?q=1", &ip);
+        assert_eq!(key.hash, Some(hash_key(b"/a/~x")));
     }
 
     #[test]
@@ -156,7 +178,8 @@ mod tests {
         let lb = LbPolicy::StickyCookie {
             cookie: "srv".into(),
         };
-        let key = RequestKey::new(&lb, text.as_bytes(), &head(text), &ip);
+        let (buf, req) = (text.as_bytes(), head(text));
+        let key = RequestKey::new(&lb, buf, &req, req.path(buf), &ip);
         assert_eq!(key.sticky, Some(255));
     }
 }

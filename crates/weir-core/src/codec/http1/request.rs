@@ -172,6 +172,12 @@ fn parse_target(
     head: &mut RequestHead,
 ) -> Result<(), ProxyError> {
     head.target_authority = None;
+    // No request-target form has a fragment (RFC 9112 3.2), and httparse lets `#` through.
+    // Refused outright: the normaliser ends the path only at `?`, so `/public/..#/admin`
+    // would match `/public/` and reach a backend that drops the fragment, then resolves `..`.
+    if target.contains(&b'#') {
+        return Err(ProxyError::BadRequest("fragment in request-target"));
+    }
     if target.first() == Some(&b'/') {
         head.path = offset_in(buf, target);
         return Ok(());

@@ -361,6 +361,32 @@ const MALFORMED: &[(&str, &[u8], Want)] = &[
         b"GET http://a?x=1 HTTP/1.1\r\nHost: a\r\n\r\n",
         Want::Bad("invalid request-target"),
     ),
+    // --- fragment (RFC 9112 3.2: no target form has one) ---
+    (
+        "fragment after a dot segment",
+        b"GET /public/..#/admin HTTP/1.1\r\nHost: a\r\n\r\n",
+        Want::Is(ProxyError::BadRequest("fragment in request-target")),
+    ),
+    (
+        "empty fragment",
+        b"GET /public/.# HTTP/1.1\r\nHost: a\r\n\r\n",
+        Want::Is(ProxyError::BadRequest("fragment in request-target")),
+    ),
+    (
+        "fragment after the query",
+        b"GET /a?b=1#c HTTP/1.1\r\nHost: a\r\n\r\n",
+        Want::Is(ProxyError::BadRequest("fragment in request-target")),
+    ),
+    (
+        "absolute-form with a fragment",
+        b"GET http://a/public/..#/admin HTTP/1.1\r\nHost: a\r\n\r\n",
+        Want::Is(ProxyError::BadRequest("fragment in request-target")),
+    ),
+    (
+        "absolute-form, fragment in the authority",
+        b"GET http://a#/x HTTP/1.1\r\nHost: a\r\n\r\n",
+        Want::Is(ProxyError::BadRequest("fragment in request-target")),
+    ),
     (
         "authority-form without CONNECT",
         b"GET a:80 HTTP/1.1\r\nHost: a\r\n\r\n",
