@@ -126,6 +126,7 @@ max_idle = 256
             },
             access_log: None,
             routes,
+            redirect_https: false,
         }
     }
 
@@ -151,7 +152,8 @@ max_idle = 256
             preserve_host: true,
             forwarded_headers: true,
             upgrades: vec!["websocket".into()],
-            upstream: 0,
+            matching: RouteMatch::default(),
+            target: RouteTarget::Upstream(0),
         };
         let expected = Config {
             server: ServerSettings {
@@ -288,7 +290,7 @@ servers = [{ addr = "10.0.0.1:80" }]
         let names: Vec<&str> = config.upstreams.iter().map(|u| u.name.as_str()).collect();
         assert_eq!(names, ["a", "b"]);
         assert_eq!(
-            config.listeners[0].routes[0].upstream, 1,
+            config.listeners[0].routes[0].target, RouteTarget::Upstream(1),
             "the route names \"b\""
         );
         let b = &config.upstreams[1];

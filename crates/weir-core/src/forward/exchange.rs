@@ -44,6 +44,8 @@ pub struct Target<'a> {
     pub listener: &'a Listener,
     pub route: &'a Route,
     pub upstream: &'a Upstream,
+    /// The upstream's index in the config (the route may split over several).
+    pub upstream_index: usize,
     /// The upstream's pool plan in the same snapshot.
     pub pool: &'a UpstreamPlan,
 }
@@ -82,7 +84,7 @@ pub async fn forward(
     let key = RequestKey::new(&target.upstream.lb, conn.buf.filled(), req, &conn.ip);
     let pick = worker
         .upstreams
-        .pick(target.route.upstream, target.pool, target.upstream, key)
+        .pick(target.upstream_index, target.pool, target.upstream, key)
         .ok_or(ProxyError::NoServer)?;
     let server = &target.upstream.servers[pick.server];
     conn.out.clear();
@@ -144,7 +146,7 @@ impl<'a> Forwarding<'a> {
         let mut started = conn.request_started;
         loop {
             let attempt = self.attempt(&pick, started);
-            conn.upstream_pick = Some((target.route.upstream, pick.server));
+            conn.upstream_pick = Some((target.upstream_index, pick.server));
             let sent = if whole {
                 attempt
                     .send_buffered(conn, up_buf, resp)
@@ -223,7 +225,7 @@ impl<'a> Forwarding<'a> {
         let next =
             self.worker
                 .upstreams
-                .retry(target.route.upstream, target.pool, u, self.key, tried)?;
+                .retry(target.upstream_index, target.pool, u, self.key, tried)?;
         let host_is_server = !target.route.preserve_host || conn.host.is_empty();
         let new_name = u.servers[next.server].name.as_bytes();
         if host_is_server && !replace_host(&mut conn.out, failed.name.as_bytes(), new_name) {
