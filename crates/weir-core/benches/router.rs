@@ -101,7 +101,8 @@ fn routing(c: &mut Criterion) {
         c.bench_function(&format!("route/{name}"), |b| {
             b.iter(|| {
                 let buf = black_box(REQUEST);
-                black_box(r.route(head.host_name(buf), head.path(buf)))
+                let view = weir_core::router::RequestView::new(buf, &head);
+                black_box(r.route(head.host_name(buf), head.path(buf), &view))
             })
         });
     }
