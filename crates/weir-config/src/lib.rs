@@ -290,7 +290,8 @@ servers = [{ addr = "10.0.0.1:80" }]
         let names: Vec<&str> = config.upstreams.iter().map(|u| u.name.as_str()).collect();
         assert_eq!(names, ["a", "b"]);
         assert_eq!(
-            config.listeners[0].routes[0].target, RouteTarget::Upstream(1),
+            config.listeners[0].routes[0].target,
+            RouteTarget::Upstream(1),
             "the route names \"b\""
         );
         let b = &config.upstreams[1];

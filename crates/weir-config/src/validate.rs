@@ -391,13 +391,17 @@ fn same_hosts(a: &[HostPattern], b: &[HostPattern]) -> bool {
 }
 
 fn route(mut raw: RawRoute, path: &FieldPath, upstreams: &[String]) -> Result<Route, Issue> {
-    let name = raw.name.take().filter(|n| !n.trim().is_empty()).ok_or_else(|| {
-        Issue::new(
-            &path.key("name"),
-            "the route has no name",
-            r#"add name = "..." to the route"#,
-        )
-    })?;
+    let name = raw
+        .name
+        .take()
+        .filter(|n| !n.trim().is_empty())
+        .ok_or_else(|| {
+            Issue::new(
+                &path.key("name"),
+                "the route has no name",
+                r#"add name = "..." to the route"#,
+            )
+        })?;
     let matching = route_match::matching(&mut raw, path)?;
     let target = route_match::target(&mut raw, path, upstreams)?;
     let rewrite_prefix = match raw.rewrite_prefix {

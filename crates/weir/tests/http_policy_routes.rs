@@ -22,7 +22,10 @@ fn wait_for_line(weir: &Weir, line: &str) {
 
 /// The `x-backend` header of a `GET path` with extra header lines `headers`.
 async fn backend_of(c: &mut Client, method: &str, path: &str, headers: &[(&str, &str)]) -> String {
-    let r = c.request(method, path, headers, b"").await.expect("response");
+    let r = c
+        .request(method, path, headers, b"")
+        .await
+        .expect("response");
     assert_eq!(r.status, 200, "{method} {path} {headers:?}");
     r.header("x-backend").unwrap_or("(local)").to_owned()
 }
@@ -61,7 +64,11 @@ async fn exact_path_before_prefix() {
         ("/pingx", "prefix"),
         ("/ping/deeper", "prefix"),
     ] {
-        assert_eq!(backend_of(&mut c, "GET", path, &[]).await, expected, "{path}");
+        assert_eq!(
+            backend_of(&mut c, "GET", path, &[]).await,
+            expected,
+            "{path}"
+        );
     }
     assert_eq!(prefix.requests_served(), 3);
 }
@@ -88,9 +95,16 @@ async fn methods_fall_through_to_the_next_route() {
         ("DELETE", "rest"),
         ("post", "rest"),
     ] {
-        assert_eq!(backend_of(&mut c, method, "/api/x", &[]).await, expected, "{method}");
+        assert_eq!(
+            backend_of(&mut c, method, "/api/x", &[]).await,
+            expected,
+            "{method}"
+        );
     }
 }
+
+/// A request path, its extra headers, and the backend it must reach.
+type Case = (&'static str, &'static [(&'static str, &'static str)], &'static str);
 
 #[tokio::test]
 async fn header_and_query_conditions() {
@@ -113,7 +127,7 @@ async fn header_and_query_conditions() {
         .upstream("s", &[stable.addr()], &[])
         .start();
     let mut c = weir.client().await;
-    let cases: [(&str, &[(&str, &str)], &str); 10] = [
+    let cases: [Case; 10] = [
         ("/", &[("x-canary", "1")], "canary"),
         ("/", &[("X-CANARY", "1")], "canary"),
         ("/", &[("X-Canary", "2")], "stable"),
@@ -126,7 +140,11 @@ async fn header_and_query_conditions() {
         ("/?beta=false&v=1", &[], "stable"),
     ];
     for (path, headers, expected) in cases {
-        assert_eq!(backend_of(&mut c, "GET", path, headers).await, expected, "{path} {headers:?}");
+        assert_eq!(
+            backend_of(&mut c, "GET", path, headers).await,
+            expected,
+            "{path} {headers:?}"
+        );
     }
 }
 
@@ -150,12 +168,19 @@ async fn respond_status_body_headers_and_head() {
     assert_eq!(r.header("retry-after"), Some("120"));
     assert_eq!(r.header("content-type"), Some("text/plain; charset=utf-8"));
     assert_eq!(r.header("content-length"), Some("10"));
-    assert_eq!(r.header("connection"), None, "HTTP/1.1 keep-alive says nothing");
+    assert_eq!(
+        r.header("connection"),
+        None,
+        "HTTP/1.1 keep-alive says nothing"
+    );
     let head = c.request("HEAD", "/maint", &[], b"").await.unwrap();
     assert_eq!((head.status, head.body.len()), (503, 0));
     assert_eq!(head.header("content-length"), Some("10"));
     // A request body is consumed: the next request on the connection is answered.
-    let post = c.request("POST", "/maint", &[], b"some body").await.unwrap();
+    let post = c
+        .request("POST", "/maint", &[], b"some body")
+        .await
+        .unwrap();
     assert_eq!(post.status, 503);
     let again = c.get("/maint", "h").await.unwrap();
     assert_eq!(again.body_str(), "back soon\n");
@@ -183,7 +208,9 @@ async fn respond_keeps_http10_keep_alive_and_closes_on_unread_body() {
         assert_eq!(r.header("connection"), Some("keep-alive"));
     }
     // Plain HTTP/1.0: Connection: close, then closed.
-    let raw = send_raw_once(weir.addr, b"GET /maint HTTP/1.0\r\n\r\n").await.unwrap();
+    let raw = send_raw_once(weir.addr, b"GET /maint HTTP/1.0\r\n\r\n")
+        .await
+        .unwrap();
     let text = String::from_utf8_lossy(&raw);
     assert!(text.contains("Connection: close\r\n"), "{text}");
     // A body that has not arrived yet is not waited for: the answer says close and closes.
@@ -211,7 +238,10 @@ async fn redirect_variables_and_every_status() {
         );
     }
     let weir = conf
-        .route_keys("default-status", &["path_prefix = \"/old/\"", "redirect = { to = \"/new/\" }"])
+        .route_keys(
+            "default-status",
+            &["path_prefix = \"/old/\"", "redirect = { to = \"/new/\" }"],
+        )
         .start();
     let mut c = weir.client().await;
     for status in [301, 302, 303, 307, 308] {
@@ -245,9 +275,18 @@ async fn redirect_https_answers_every_request() {
     let mut c = weir.client().await;
     let r = c.get("/a/b?c=d", "www.example.com:8080").await.unwrap();
     assert_eq!(r.status, 308);
-    assert_eq!(r.header("location"), Some("https://www.example.com/a/b?c=d"));
-    let post = c.request("POST", "/form", &[("Host", "e.test")], b"x=1").await.unwrap();
-    assert_eq!((post.status, post.header("location")), (308, Some("https://e.test/form")));
+    assert_eq!(
+        r.header("location"),
+        Some("https://www.example.com/a/b?c=d")
+    );
+    let post = c
+        .request("POST", "/form", &[("Host", "e.test")], b"x=1")
+        .await
+        .unwrap();
+    assert_eq!(
+        (post.status, post.header("location")),
+        (308, Some("https://e.test/form"))
+    );
     c.send_raw(b"GET /ten HTTP/1.0\r\nHost: old.test\r\nConnection: keep-alive\r\n\r\n")
         .await
         .unwrap();
@@ -303,7 +342,10 @@ fn check_rejects(lines: &str, line: usize, words: &[&str]) {
     let out = weir_check(&path);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{lines}: should fail");
-    assert!(stderr.contains(&format!("{}:{line}:", path.display())), "{stderr}");
+    assert!(
+        stderr.contains(&format!("{}:{line}:", path.display())),
+        "{stderr}"
+    );
     for w in words {
         assert!(stderr.contains(w), "{w:?} in {stderr}");
     }
@@ -314,12 +356,20 @@ fn check_rejects_bad_targets_with_a_fix() {
     check_rejects(
         "upstream = \"a\"\nredirect = { to = \"/x\" }",
         7,
-        &["routes[0].redirect", "both upstream and redirect", "(fix: keep one of"],
+        &[
+            "routes[0].redirect",
+            "both upstream and redirect",
+            "(fix: keep one of",
+        ],
     );
     check_rejects(
         "redirect = { to = \"/x\", status = 305 }",
         6,
-        &["redirect.status", "305 is not a redirect status", "(fix: use 301 or 308"],
+        &[
+            "redirect.status",
+            "305 is not a redirect status",
+            "(fix: use 301 or 308",
+        ],
     );
     check_rejects(
         "respond = { status = 700 }",
@@ -334,11 +384,42 @@ fn check_rejects_bad_targets_with_a_fix() {
     check_rejects(
         "respond = { headers = { \"X Bad\" = \"1\" } }",
         6,
-        &["respond.headers", "not a valid header name", "(fix: use letters"],
+        &[
+            "respond.headers",
+            "not a valid header name",
+            "(fix: use letters",
+        ],
     );
     check_rejects(
         "respond = { headers = { \"X-Ok\" = \"line\\nbreak\" } }",
         6,
-        &["respond.headers.X-Ok", "not a valid header value", "without line breaks"],
+        &[
+            "respond.headers.X-Ok",
+            "not a valid header value",
+            "without line breaks",
+        ],
     );
+}
+
+#[tokio::test]
+async fn reload_switches_a_route_between_targets() {
+    let app = Backend::echo("app");
+    let base = Conf::new().upstream("app", &[app.addr()], &[]);
+    let weir = base.clone().route("r", "app", &[]).start();
+    let mut c = weir.client().await;
+    assert_eq!(backend_of(&mut c, "GET", "/x", &[]).await, "app");
+    let local = base
+        .clone()
+        .route_keys("r", &[r#"respond = { status = 200, body = "local" }"#]);
+    weir.apply_text(&local.toml()).expect("apply respond");
+    let r = c.get("/x", "h").await.unwrap();
+    assert_eq!(
+        (r.header("x-backend"), r.body_str().as_ref()),
+        (None, "local")
+    );
+    let redirect = base.route_keys("r", &[r#"redirect = { to = "/y{path}", status = 307 }"#]);
+    weir.apply_text(&redirect.toml()).expect("apply redirect");
+    let r = c.get("/x", "h").await.unwrap();
+    assert_eq!((r.status, r.header("location")), (307, Some("/y/x")));
+    assert_eq!(app.requests_served(), 1);
 }

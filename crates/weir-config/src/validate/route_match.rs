@@ -31,7 +31,9 @@ pub(super) fn matching(raw: &mut RawRoute, path: &FieldPath) -> Result<RouteMatc
 }
 
 fn methods(raw: Option<Vec<String>>, path: &FieldPath) -> Result<Vec<String>, Issue> {
-    let Some(raw) = raw else { return Ok(Vec::new()) };
+    let Some(raw) = raw else {
+        return Ok(Vec::new());
+    };
     if raw.is_empty() || raw.len() > MAX_CONDITIONS {
         return Err(Issue::new(
             path,
@@ -66,7 +68,9 @@ fn conditions(
     path: &FieldPath,
     headers: bool,
 ) -> Result<Vec<(String, MatchValue)>, Issue> {
-    let Some(raw) = raw else { return Ok(Vec::new()) };
+    let Some(raw) = raw else {
+        return Ok(Vec::new());
+    };
     if raw.len() > MAX_CONDITIONS {
         return Err(Issue::new(
             path,
@@ -119,7 +123,9 @@ pub(super) fn header_name(name: &str, path: &FieldPath) -> Result<(), Issue> {
 
 /// A header value: visible ASCII, spaces and tabs, no leading or trailing whitespace.
 pub(super) fn header_value(value: &str, path: &FieldPath) -> Result<(), Issue> {
-    let printable = value.bytes().all(|b| b == b'\t' || (b' '..=b'~').contains(&b));
+    let printable = value
+        .bytes()
+        .all(|b| b == b'\t' || (b' '..=b'~').contains(&b));
     if !printable || value.trim() != value {
         return Err(Issue::new(
             path,
@@ -133,7 +139,9 @@ pub(super) fn header_value(value: &str, path: &FieldPath) -> Result<(), Issue> {
 
 /// A query parameter name or value as it appears in a URL: no '&', '=', '#', spaces.
 fn query_part(text: &str, path: &FieldPath, what: &str) -> Result<(), Issue> {
-    let valid = text.bytes().all(|b| (b'!'..=b'~').contains(&b) && !b"&=#".contains(&b));
+    let valid = text
+        .bytes()
+        .all(|b| (b'!'..=b'~').contains(&b) && !b"&=#".contains(&b));
     if (what != "value" && text.is_empty()) || !valid {
         return Err(Issue::new(
             path,
@@ -334,7 +342,11 @@ pub(super) fn template(text: &str, path: &FieldPath) -> Result<Template, Issue> 
         let after = &rest[open..];
         let close = after.find('}').filter(|_| after.starts_with('{'));
         let Some(close) = close else {
-            return Err(Issue::new(path, format!("unbalanced brace in {text:?}"), fix));
+            return Err(Issue::new(
+                path,
+                format!("unbalanced brace in {text:?}"),
+                fix,
+            ));
         };
         let name = &after[1..close];
         let Some((_, var)) = TemplateVar::ALL.iter().find(|(n, _)| *n == name) else {

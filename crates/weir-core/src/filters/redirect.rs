@@ -99,7 +99,12 @@ mod tests {
     #[test]
     fn https_redirect_response() {
         let mut out = Vec::new();
-        push_redirect(&mut out, &https_redirect(), &vars(b"/x?y"), Persistence::KeepAlive10);
+        push_redirect(
+            &mut out,
+            &https_redirect(),
+            &vars(b"/x?y"),
+            Persistence::KeepAlive10,
+        );
         assert_eq!(
             out,
             b"HTTP/1.1 308 Permanent Redirect\r\nServer: weir\r\nLocation: https://example.com/x?y\r\n\

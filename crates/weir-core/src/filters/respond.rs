@@ -8,7 +8,7 @@
 use weir_config::LocalResponse;
 
 use crate::codec::http1::write::{
-    push_decimal, push_header, push_status_line, push_simple_response, Persistence,
+    push_decimal, push_header, push_simple_response, push_status_line, Persistence,
 };
 use crate::error::reason_phrase;
 
@@ -105,7 +105,10 @@ mod tests {
         let head = "HTTP/1.1 503 Service Unavailable\r\nServer: weir\r\nRetry-After: 5\r\n\
                     Content-Type: text/plain\r\nContent-Length: 5\r\n";
         let text = |p, is_head| String::from_utf8(c.bytes(p, is_head).to_vec()).expect("ascii");
-        assert_eq!(text(Persistence::KeepAlive, false), format!("{head}\r\ndown\n"));
+        assert_eq!(
+            text(Persistence::KeepAlive, false),
+            format!("{head}\r\ndown\n")
+        );
         assert_eq!(
             text(Persistence::Close, false),
             format!("{head}Connection: close\r\n\r\ndown\n")

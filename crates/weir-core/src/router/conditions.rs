@@ -51,17 +51,20 @@ impl<'a> RequestView<'a> {
     }
 }
 
+/// A header or query condition: the name, and the value it must have (`None`: present).
+type Pair = (Box<[u8]>, Option<Box<[u8]>>);
+
 /// The conditions of one route, as bytes ready to compare. All must hold.
 #[derive(Debug, Clone)]
 pub struct Conditions {
     /// Empty: any method.
     methods: Vec<Box<[u8]>>,
     /// Lower-cased names; `None`: present with any value.
-    headers: Vec<(Box<[u8]>, Option<Box<[u8]>>)>,
-    query: Vec<(Box<[u8]>, Option<Box<[u8]>>)>,
+    headers: Vec<Pair>,
+    query: Vec<Pair>,
 }
 
-fn bytes(pairs: &[(String, MatchValue)]) -> Vec<(Box<[u8]>, Option<Box<[u8]>>)> {
+fn bytes(pairs: &[(String, MatchValue)]) -> Vec<Pair> {
     pairs
         .iter()
         .map(|(name, value)| {

@@ -88,7 +88,10 @@ impl Router {
     pub fn route(&self, host: &[u8], path: &[u8], req: &RequestView<'_>) -> Option<usize> {
         if !self.exact.is_empty() {
             let bare = path.split(|b| *b == b'?').next().unwrap_or(path);
-            let found = self.exact.iter().find(|e| *bare == *e.prefix && e.takes(host, req));
+            let found = self
+                .exact
+                .iter()
+                .find(|e| *bare == *e.prefix && e.takes(host, req));
             if let Some(e) = found {
                 return Some(e.route);
             }

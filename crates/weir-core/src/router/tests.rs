@@ -91,14 +91,26 @@ fn exact_paths_come_before_every_prefix() {
             m.exact = true
         }),
         with(
-            route("exact-host", vec![HostPattern::Exact("a.test".into())], "/ping"),
+            route(
+                "exact-host",
+                vec![HostPattern::Exact("a.test".into())],
+                "/ping",
+            ),
             |m| m.exact = true,
         ),
     ];
     let r = Router::new(&routes);
     assert_eq!(at(&r, "x", "/ping"), Some(2));
-    assert_eq!(at(&r, "x", "/ping?a=1"), Some(2), "the query is not part of the path");
-    assert_eq!(at(&r, "a.test", "/ping"), Some(3), "more specific host first");
+    assert_eq!(
+        at(&r, "x", "/ping?a=1"),
+        Some(2),
+        "the query is not part of the path"
+    );
+    assert_eq!(
+        at(&r, "a.test", "/ping"),
+        Some(3),
+        "more specific host first"
+    );
     assert_eq!(at(&r, "x", "/ping/"), Some(1), "not exact: prefix");
     assert_eq!(at(&r, "x", "/pingx"), Some(1));
     assert_eq!(at(&r, "x", "/ping/deeper/x"), Some(0));
@@ -142,7 +154,11 @@ fn headers_match_by_exact_value_or_presence() {
     assert_eq!(h("\r\nx-CANARY: 1"), Some(0), "names are case-insensitive");
     assert_eq!(h("\r\nX-Canary: 2"), Some(2));
     assert_eq!(h("\r\nX-Canary: 10"), Some(2), "exact, not a prefix");
-    assert_eq!(h("\r\nX-Canary: 2\r\nX-Canary: 1"), Some(0), "any of the fields");
+    assert_eq!(
+        h("\r\nX-Canary: 2\r\nX-Canary: 1"),
+        Some(0),
+        "any of the fields"
+    );
     assert_eq!(h("\r\nX-Debug: "), Some(1), "present, even empty");
     assert_eq!(h("\r\nX-Debug: yes"), Some(1));
     assert_eq!(h(""), Some(2));
@@ -176,7 +192,11 @@ fn query_parameters_match_raw() {
 #[test]
 fn conditions_combine_and_respect_host_and_prefix_first() {
     let routes = vec![
-        route("other-host", vec![HostPattern::Exact("b.test".into())], "/api/"),
+        route(
+            "other-host",
+            vec![HostPattern::Exact("b.test".into())],
+            "/api/",
+        ),
         with(route("canary", vec![HostPattern::Any], "/api/"), |m| {
             m.methods = vec!["GET".into()];
             m.headers = vec![("x-canary".into(), MatchValue::Present)];
@@ -191,12 +211,24 @@ fn conditions_combine_and_respect_host_and_prefix_first() {
     let go = |line: &str, host: &str, extra: &str| {
         route_head(&r, &format!("{line} HTTP/1.1\r\nHost: {host}{extra}"))
     };
-    assert_eq!(go("GET /api/x?beta=1", "a.test", "\r\nX-Canary: y"), Some(1));
-    assert_eq!(go("POST /api/x?beta=1", "a.test", "\r\nX-Canary: y"), Some(2));
-    assert_eq!(go("GET /api/x?beta=2", "a.test", "\r\nX-Canary: y"), Some(2));
+    assert_eq!(
+        go("GET /api/x?beta=1", "a.test", "\r\nX-Canary: y"),
+        Some(1)
+    );
+    assert_eq!(
+        go("POST /api/x?beta=1", "a.test", "\r\nX-Canary: y"),
+        Some(2)
+    );
+    assert_eq!(
+        go("GET /api/x?beta=2", "a.test", "\r\nX-Canary: y"),
+        Some(2)
+    );
     assert_eq!(go("GET /api/x?beta=1", "a.test", ""), Some(2));
     // An exact host at the same prefix is more specific than any condition.
-    assert_eq!(go("GET /api/x?beta=1", "b.test", "\r\nX-Canary: y"), Some(0));
+    assert_eq!(
+        go("GET /api/x?beta=1", "b.test", "\r\nX-Canary: y"),
+        Some(0)
+    );
     // A longer prefix whose conditions fail falls back to the shorter prefix.
     assert_eq!(go("GET /api/v2/x", "a.test", ""), Some(2));
     assert_eq!(go("POST /api/v2/x", "a.test", ""), Some(3));

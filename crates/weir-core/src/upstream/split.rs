@@ -37,7 +37,10 @@ impl Split {
         let fixed = Fixed::new(&weights);
         let mut wrr = SmoothWeighted::default();
         let schedule = (0..period)
-            .map(|_| wrr.pick(&fixed).map_or(pools[0].upstream, |i| pools[i].upstream))
+            .map(|_| {
+                wrr.pick(&fixed)
+                    .map_or(pools[0].upstream, |i| pools[i].upstream)
+            })
             .collect();
         Split { schedule }
     }
@@ -47,7 +50,10 @@ impl Split {
     pub fn pick(&self, cursor: u64) -> usize {
         // The schedule has at least one entry: validation keeps weights >= 1.
         let len = self.schedule.len().max(1) as u64;
-        self.schedule.get((cursor % len) as usize).copied().unwrap_or(0)
+        self.schedule
+            .get((cursor % len) as usize)
+            .copied()
+            .unwrap_or(0)
     }
 }
 
@@ -112,6 +118,9 @@ mod tests {
     #[test]
     fn cursors_count_per_route() {
         let c = SplitCursors::default();
-        assert_eq!((c.next(1, 2), c.next(1, 2), c.next(0, 2), c.next(1, 2)), (0, 1, 0, 2));
+        assert_eq!(
+            (c.next(1, 2), c.next(1, 2), c.next(0, 2), c.next(1, 2)),
+            (0, 1, 0, 2)
+        );
     }
 }
