@@ -104,7 +104,11 @@ async fn methods_fall_through_to_the_next_route() {
 }
 
 /// A request path, its extra headers, and the backend it must reach.
-type Case = (&'static str, &'static [(&'static str, &'static str)], &'static str);
+type Case = (
+    &'static str,
+    &'static [(&'static str, &'static str)],
+    &'static str,
+);
 
 #[tokio::test]
 async fn header_and_query_conditions() {
