@@ -416,6 +416,7 @@ fn route(mut raw: RawRoute, path: &FieldPath, upstreams: &[String]) -> Result<Ro
             r#"set rewrite_prefix (such as "/"), or remove reverse_rewrite"#,
         ));
     }
+    route_match::check_local_keys(&target, rewrite_prefix.is_some(), path)?;
     Ok(Route {
         hosts: hosts(raw.hosts, &path.key("hosts"))?,
         path_prefix: url_path(

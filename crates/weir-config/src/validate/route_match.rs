@@ -365,6 +365,27 @@ pub(super) fn template(text: &str, path: &FieldPath) -> Result<Template, Issue> 
     Ok(Template { parts })
 }
 
+/// `rewrite_prefix` changes the path sent upstream: a route answered locally has none.
+pub(super) fn check_local_keys(
+    target: &RouteTarget,
+    rewrite: bool,
+    path: &FieldPath,
+) -> Result<(), Issue> {
+    let local = match target {
+        RouteTarget::Respond(_) => "respond",
+        RouteTarget::Redirect(_) => "redirect",
+        RouteTarget::Upstream(_) | RouteTarget::Split(_) => return Ok(()),
+    };
+    if rewrite {
+        return Err(Issue::new(
+            &path.key("rewrite_prefix"),
+            format!("rewrite_prefix has no effect on a route answered by {local}"),
+            "remove rewrite_prefix (and reverse_rewrite); use {path} or {uri} in a redirect's to",
+        ));
+    }
+    Ok(())
+}
+
 /// `redirect_https = true` answers every request itself, so routes would never be used.
 pub(super) fn redirect_https(
     raw: Option<bool>,

@@ -211,6 +211,17 @@ fn respond_rejections() {
 }
 
 #[test]
+fn local_routes_have_no_rewrite() {
+    check(
+        "rewrite_prefix = \"/\"\nrespond = {}",
+        "listeners[0].routes[0].rewrite_prefix",
+        6,
+        "no effect on a route answered by respond",
+        "remove rewrite_prefix",
+    );
+}
+
+#[test]
 fn redirect_rejections() {
     let r = "listeners[0].routes[0].redirect";
     for bad in [200, 300, 304, 309] {
