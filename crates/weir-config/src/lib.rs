@@ -129,6 +129,7 @@ max_idle = 256
             access_log: None,
             path_normalization: PathNormalization::default(),
             routes,
+            redirect_https: false,
         }
     }
 
@@ -154,7 +155,8 @@ max_idle = 256
             preserve_host: true,
             forwarded_headers: true,
             upgrades: vec!["websocket".into()],
-            upstream: 0,
+            matching: RouteMatch::default(),
+            target: RouteTarget::Upstream(0),
         };
         let expected = Config {
             server: ServerSettings {
@@ -294,7 +296,8 @@ servers = [{ addr = "10.0.0.1:80" }]
         let names: Vec<&str> = config.upstreams.iter().map(|u| u.name.as_str()).collect();
         assert_eq!(names, ["a", "b"]);
         assert_eq!(
-            config.listeners[0].routes[0].upstream, 1,
+            config.listeners[0].routes[0].target,
+            RouteTarget::Upstream(1),
             "the route names \"b\""
         );
         let b = &config.upstreams[1];

@@ -193,6 +193,8 @@ pub struct Listener {
     pub routes: Vec<Route>,
     /// HTTP/2 (h2c with prior knowledge) settings and flood defences.
     pub http2: Http2,
+    /// Every request is answered with a 308 redirect to `https://{host}{uri}` (routes unused).
+    pub redirect_https: bool,
 }
 
 /// HTTP/2 settings of an HTTP listener (`[listeners.http2]`, docs/http2.md).
@@ -372,9 +374,138 @@ pub struct Route {
     /// The protocols a client may switch to through this route (`Upgrade`, then a tunnel
     /// after `101`), lower-cased names without a version; empty: none. Never `h2c`.
     pub upgrades: Vec<String>,
+    /// The request conditions beyond host and path prefix (see [`RouteMatch`]).
+    pub matching: RouteMatch,
+    /// Where a matched request goes: an upstream pool, a weighted split, or a local answer.
+    pub target: RouteTarget,
+}
+
+// ---------------------------------------------------------------- route matching and targets
+// (issue 16: `exact`, `methods`, `match_headers`, `match_query`, `upstreams`, `respond`,
+// `redirect`; validated in validate/route_match.rs)
+
+/// What a request must carry, beyond host and path prefix, to take a route.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RouteMatch {
+    /// `path_prefix` is the whole path (the query is not part of it).
+    pub exact: bool,
+    /// Allowed methods, as written (methods are case-sensitive); empty: any method.
+    pub methods: Vec<String>,
+    /// Header conditions; names lower-cased. All must hold.
+    pub headers: Vec<(String, MatchValue)>,
+    /// Query parameter conditions, compared as raw (undecoded) bytes. All must hold.
+    pub query: Vec<(String, MatchValue)>,
+}
+
+impl RouteMatch {
+    /// Whether the route has method, header or query conditions (`exact` is not one: it is
+    /// part of where the route sits in the match order).
+    pub fn has_conditions(&self) -> bool {
+        !self.methods.is_empty() || !self.headers.is_empty() || !self.query.is_empty()
+    }
+}
+
+/// The value a header or query parameter must have.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MatchValue {
+    /// `"*"`: present, with any value.
+    Present,
+    /// Exactly this value.
+    Exact(String),
+}
+
+/// Where a route sends a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RouteTarget {
+    /// `upstream = "NAME"`: index into [`Config::upstreams`].
+    Upstream(usize),
+    /// `upstreams = [{ name, weight }, ...]`: a weighted split over pools.
+    Split(Vec<WeightedUpstream>),
+    /// `respond = { ... }`: a fixed local response.
+    Respond(LocalResponse),
+    /// `redirect = { ... }`: a redirect rendered per request.
+    Redirect(Redirect),
+}
+
+impl RouteTarget {
+    /// The pools this target may forward to (none for a local answer).
+    pub fn upstreams(&self) -> Vec<usize> {
+        match self {
+            RouteTarget::Upstream(u) => vec![*u],
+            RouteTarget::Split(split) => split.iter().map(|w| w.upstream).collect(),
+            RouteTarget::Respond(_) | RouteTarget::Redirect(_) => Vec::new(),
+        }
+    }
+}
+
+/// One pool of a weighted split.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WeightedUpstream {
     /// Index into [`Config::upstreams`].
     pub upstream: usize,
+    /// Relative share (1..=1000).
+    pub weight: u32,
 }
+
+/// A response Weir writes itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalResponse {
+    pub status: u16,
+    pub body: String,
+    /// Extra headers, names as written; never framing or hop-by-hop headers.
+    pub headers: Vec<(String, String)>,
+}
+
+/// A redirect: `Location` rendered from a template per request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Redirect {
+    /// 301, 302, 303, 307 or 308.
+    pub status: u16,
+    pub to: Template,
+}
+
+/// A string with `{variable}` parts, split once at load so rendering only appends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Template {
+    pub parts: Vec<TemplatePart>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TemplatePart {
+    Literal(String),
+    Var(TemplateVar),
+}
+
+/// A variable of a template.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TemplateVar {
+    /// `http` or `https`, as the client connected.
+    Scheme,
+    /// The request's host name, without the port.
+    Host,
+    /// The request target as received: path and query.
+    Uri,
+    /// The path without the query.
+    Path,
+    /// The query without its `?` (empty when there is none).
+    Query,
+    /// The client address.
+    ClientIp,
+}
+
+impl TemplateVar {
+    /// Every variable with its name as written between braces.
+    pub const ALL: [(&'static str, TemplateVar); 6] = [
+        ("scheme", TemplateVar::Scheme),
+        ("host", TemplateVar::Host),
+        ("uri", TemplateVar::Uri),
+        ("path", TemplateVar::Path),
+        ("query", TemplateVar::Query),
+        ("client_ip", TemplateVar::ClientIp),
+    ];
+}
+
+// ---------------------------------------------------------------- end of route matching
 
 /// A host pattern of a route, already lower-cased.
 #[derive(Debug, Clone, PartialEq, Eq)]

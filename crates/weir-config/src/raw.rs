@@ -65,6 +65,7 @@ pub(crate) struct RawListener {
     pub path_normalization: Option<RawPathNormalization>,
     pub http2: Option<RawHttp2>,
     pub tls: Option<RawTls>,
+    pub redirect_https: Option<bool>,
     // TCP listeners only.
     pub upstream: Option<String>,
     pub idle_timeout: Option<String>,
@@ -177,6 +178,39 @@ pub(crate) struct RawRoute {
     pub forwarded_headers: Option<bool>,
     pub upgrades: Option<Vec<String>>,
     pub upstream: Option<String>,
+    // Matching conditions and local targets (issue 16), validated in validate/route_match.rs.
+    pub exact: Option<bool>,
+    pub methods: Option<Vec<String>>,
+    pub match_headers: Option<BTreeMap<String, String>>,
+    pub match_query: Option<BTreeMap<String, String>>,
+    pub upstreams: Option<Vec<RawWeightedUpstream>>,
+    pub respond: Option<RawRespond>,
+    pub redirect: Option<RawRedirect>,
+}
+
+/// One entry of a route's `upstreams = [{ name = "v1", weight = 95 }]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawWeightedUpstream {
+    pub name: Option<String>,
+    pub weight: Option<i64>,
+}
+
+/// `respond = { status, body, headers }` of a route.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawRespond {
+    pub status: Option<i64>,
+    pub body: Option<String>,
+    pub headers: Option<BTreeMap<String, String>>,
+}
+
+/// `redirect = { to, status }` of a route.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawRedirect {
+    pub to: Option<String>,
+    pub status: Option<i64>,
 }
 
 /// `[upstreams.NAME]`.

@@ -258,6 +258,11 @@ fn listener(
         max_headers: int_in(raw.max_headers, 100, 1..=1000, &key("max_headers"))?,
         default_response: default_response(raw.default_response, &key("default_response"))?,
         access_log: access_log(raw.access_log, &key("access_log"))?,
+        redirect_https: route_match::redirect_https(
+            raw.redirect_https,
+            raw.routes.as_ref().map_or(0, Vec::len),
+            &key("redirect_https"),
+        )?,
         routes: routes(raw.routes, &key("routes"), upstreams, &normalization)?,
         path_normalization: normalization,
         http2: http2::http2(raw.http2, &key("http2"))?,
@@ -379,14 +384,20 @@ fn check_route_against_earlier(
             "give each route of a listener a unique name",
         ));
     }
-    let same =
-        |r: &&Route| r.path_prefix == route.path_prefix && same_hosts(&r.hosts, &route.hosts);
+    // An earlier route at the same place takes every request this one could match when it
+    // has no conditions (a catch-all there) or exactly the same ones.
+    let same = |r: &&Route| {
+        r.path_prefix == route.path_prefix
+            && r.matching.exact == route.matching.exact
+            && same_hosts(&r.hosts, &route.hosts)
+            && (!r.matching.has_conditions() || r.matching == route.matching)
+    };
     match earlier.iter().find(same) {
         None => Ok(()),
         Some(first) => Err(Issue::new(
             &path.key("path_prefix"),
             format!(
-                "route \"{}\" has the same hosts and path_prefix \"{}\" as route \"{}\", so it could never match",
+                "route \"{}\" has the same hosts and path_prefix \"{}\" as route \"{}\" (which has no method, header or query conditions, or the same ones), so it could never match",
                 route.name, route.path_prefix, first.name
             ),
             "change its hosts or path_prefix, or remove one of the two routes",
@@ -398,14 +409,20 @@ fn same_hosts(a: &[HostPattern], b: &[HostPattern]) -> bool {
     a.iter().all(|h| b.contains(h)) && b.iter().all(|h| a.contains(h))
 }
 
-fn route(raw: RawRoute, path: &FieldPath, upstreams: &[String]) -> Result<Route, Issue> {
-    let name = raw.name.filter(|n| !n.trim().is_empty()).ok_or_else(|| {
-        Issue::new(
-            &path.key("name"),
-            "the route has no name",
-            r#"add name = "..." to the route"#,
-        )
-    })?;
+fn route(mut raw: RawRoute, path: &FieldPath, upstreams: &[String]) -> Result<Route, Issue> {
+    let name = raw
+        .name
+        .take()
+        .filter(|n| !n.trim().is_empty())
+        .ok_or_else(|| {
+            Issue::new(
+                &path.key("name"),
+                "the route has no name",
+                r#"add name = "..." to the route"#,
+            )
+        })?;
+    let matching = route_match::matching(&mut raw, path)?;
+    let target = route_match::target(&mut raw, path, upstreams)?;
     let rewrite_prefix = match raw.rewrite_prefix {
         None => None,
         Some(text) => Some(url_path(text, &path.key("rewrite_prefix"))?),
@@ -418,13 +435,15 @@ fn route(raw: RawRoute, path: &FieldPath, upstreams: &[String]) -> Result<Route,
             r#"set rewrite_prefix (such as "/"), or remove reverse_rewrite"#,
         ));
     }
+    route_match::check_local_keys(&target, rewrite_prefix.is_some(), path)?;
     Ok(Route {
         hosts: hosts(raw.hosts, &path.key("hosts"))?,
         path_prefix: url_path(
             raw.path_prefix.unwrap_or_else(|| "/".to_owned()),
             &path.key("path_prefix"),
         )?,
-        upstream: upstream_index(raw.upstream, &path.key("upstream"), upstreams)?,
+        matching,
+        target,
         name,
         rewrite_prefix,
         reverse_rewrite,
@@ -836,6 +855,7 @@ fn size(raw: Option<StrOrInt>, default: u64, path: &FieldPath) -> Result<u64, Is
 mod http2;
 mod path;
 mod pool;
+mod route_match;
 mod tcp;
 mod tls;
 mod upstream_tls;

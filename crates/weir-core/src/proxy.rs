@@ -16,7 +16,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Instant;
 
-use weir_config::Listener;
+use weir_config::{Listener, Redirect};
 
 use crate::access_log::{Outcome, RequestFields};
 use crate::client::{ClientConn, NextRequest};
@@ -25,13 +25,16 @@ use crate::codec::http1::write::Persistence;
 use crate::codec::http1::{BodyFraming, RequestHead, ResponseHead};
 use crate::error::ProxyError;
 use crate::filters::forwarded::ClientIp;
+use crate::filters::redirect::{push_redirect, Vars};
+use crate::filters::respond::Canned;
 use crate::filters::rewrite::check_join;
 use crate::forward::body::BodyState;
 use crate::forward::{forward, Failure, Reached};
 use crate::listener::proxy_protocol::accept_step;
 use crate::metrics::shard::{method_index, METHODS};
 use crate::metrics::{AbortReason, DefaultReason};
-use crate::snapshot::{ListenerPlan, Snapshot};
+use crate::router::RequestView;
+use crate::snapshot::{RoutePlan, Snapshot};
 use crate::worker::Worker;
 
 /// Serves one client connection of the listener with metric slot `slot` until it closes.
@@ -196,6 +199,7 @@ async fn serve(
             conn.log_fields = RequestFields::default();
             let handled = Handled {
                 route: None,
+                local: false,
                 result: Err(error.into()),
             };
             Some((handled, METHODS.len() - 1))
@@ -229,7 +233,28 @@ async fn answer(
 /// The outcome of one request: the route it took and whether the connection stays open.
 pub(crate) struct Handled {
     pub route: Option<usize>,
+    /// Answered by Weir itself (`respond`, `redirect`, `redirect_https`), status in `resp`.
+    pub local: bool,
     pub result: Result<bool, Failure>,
+}
+
+impl Handled {
+    fn local(route: Option<usize>, result: Result<bool, Failure>) -> Handled {
+        Handled {
+            route,
+            local: true,
+            result,
+        }
+    }
+
+    /// Refused before an answer was written: `error` becomes the response.
+    fn failed(route: Option<usize>, error: ProxyError) -> Handled {
+        Handled {
+            route,
+            local: false,
+            result: Err(error.into()),
+        }
+    }
 }
 
 /// One request: route it, then forward it or answer with the default response.
@@ -247,43 +272,63 @@ async fn handle(
         if n > max {
             return Handled {
                 route: None,
+                local: false,
                 result: Err(ProxyError::BodyTooLarge.into()),
             };
         }
     }
     let closing = worker.is_draining() || conn.last_request;
     let keep_alive = wants_keep_alive(req, listener, conn.served, closing);
+    if let Some(redirect) = &plan.redirect_https {
+        let answer = Local::Redirect(redirect);
+        let result = local_response(listener, conn, req, keep_alive, answer, resp).await;
+        return Handled::local(None, result);
+    }
     let buf = conn.buf.filled();
     let path = match conn
         .path
         .normalize(req.path(buf), &listener.path_normalization)
     {
         Ok(path) => path,
-        Err(error) => {
-            return Handled {
-                route: None,
-                result: Err(error.into()),
-            }
-        }
+        Err(error) => return Handled::failed(None, error),
     };
-    let route = plan.router.route(req.host_name(buf), path);
+    let view = RequestView::new(buf, req);
+    let route = plan.router.route(req.host_name(buf), path, &view);
     let Some(index) = route else {
-        let result = default_response(listener, plan, conn, req, keep_alive).await;
-        return Handled { route, result };
+        let answer = Local::Canned(plan.default_response());
+        let result = local_response(listener, conn, req, keep_alive, answer, resp).await;
+        return Handled {
+            route,
+            local: false,
+            result,
+        };
     };
     let route_config = &listener.routes[index];
     let rewrite = route_config.rewrite_prefix.as_deref();
     if let Err(error) = check_join(path, &route_config.path_prefix, rewrite) {
-        return Handled {
-            route,
-            result: Err(error.into()),
-        };
+        return Handled::failed(route, error);
     }
-    let upstream = &snapshot.config.upstreams[route_config.upstream];
-    let pool = &snapshot.upstreams[route_config.upstream];
-    let target = crate::forward::exchange_target(listener, route_config, upstream, pool);
+    let upstream = match &plan.routes[index] {
+        RoutePlan::Upstream(upstream) => *upstream,
+        RoutePlan::Split(split) => {
+            let slots = &snapshot.slots.listeners[listener_index];
+            split.pick(worker.splits.next(slots.slot, slots.route(route)))
+        }
+        RoutePlan::Respond(canned) => {
+            let answer = Local::Canned(canned);
+            let result = local_response(listener, conn, req, keep_alive, answer, resp).await;
+            return Handled::local(route, result);
+        }
+        RoutePlan::Redirect(redirect) => {
+            let answer = Local::Redirect(redirect);
+            let result = local_response(listener, conn, req, keep_alive, answer, resp).await;
+            return Handled::local(route, result);
+        }
+    };
+    let target = crate::forward::exchange_target(listener, route_config, snapshot, upstream);
     Handled {
         route,
+        local: false,
         result: forward(worker, target, conn, req, resp, keep_alive).await,
     }
 }
@@ -299,28 +344,61 @@ fn wants_keep_alive(req: &RequestHead, listener: &Listener, served: u64, drainin
     asked && under_limit && !draining && !listener.keepalive_timeout.is_zero()
 }
 
-/// Seed 002's default backend: the listener's configured response for unrouted requests.
-/// A request body already in the buffer is skipped; one still arriving closes the connection.
-async fn default_response(
+/// A response Weir writes itself, without an upstream.
+enum Local<'a> {
+    /// Rendered with the snapshot: the default response (seed 002's default backend for
+    /// unrouted requests) or a route's `respond`.
+    Canned(&'a Canned),
+    /// Rendered per request: a route's `redirect`, or the listener's `redirect_https`.
+    Redirect(&'a Redirect),
+}
+
+/// Answers the request with `answer`, keeping the connection exactly as a forwarded request
+/// would: a request body already in the buffer is skipped, one still arriving closes the
+/// connection; an HTTP/1.0 keep-alive client is told the connection stays open; a HEAD
+/// request gets no body. `resp.status` is set to the status sent.
+async fn local_response(
     listener: &Listener,
-    plan: &ListenerPlan,
     conn: &mut ClientConn,
     req: &RequestHead,
     keep_alive: bool,
+    answer: Local<'_>,
+    resp: &mut ResponseHead,
 ) -> Result<bool, Failure> {
-    conn.buf.consume(req.head_len);
     let mut body = BodyState::new(req.framing, false, listener.max_body_size);
     let (_, consumed) = body
-        .take(conn.buf.filled_mut())
+        .take(&mut conn.buf.filled_mut()[req.head_len..])
         .map_err(|_| ProxyError::BadRequest("malformed body"))?;
-    conn.buf.consume(consumed);
     let keep_alive = keep_alive && body.is_done();
-    // An HTTP/1.0 client needs to be told the connection stays open.
     let persistence = Persistence::of(keep_alive, req.minor_version == 0);
-    let bytes = plan.default_response(persistence, req.is_head);
-    conn.write_all(bytes, listener)
-        .await
-        .map_err(Failure::after_head)?;
+    let mut out = std::mem::take(&mut conn.out);
+    out.clear();
+    let bytes = match answer {
+        Local::Canned(canned) => {
+            resp.status = canned.status;
+            canned.bytes(persistence, req.is_head)
+        }
+        Local::Redirect(redirect) => {
+            resp.status = redirect.status;
+            let buf = conn.buf.filled();
+            let vars = Vars {
+                scheme: if conn.tls.is_some() {
+                    b"https"
+                } else {
+                    b"http"
+                },
+                host: req.host_name(buf),
+                uri: req.path(buf),
+                client_ip: conn.ip.as_bytes(),
+            };
+            push_redirect(&mut out, redirect, &vars, persistence);
+            &out[..]
+        }
+    };
+    conn.buf.consume(req.head_len + consumed);
+    let written = conn.write_all(bytes, listener).await;
+    conn.out = out;
+    written.map_err(Failure::after_head)?;
     Ok(keep_alive)
 }
 
@@ -328,6 +406,7 @@ async fn default_response(
 fn handled_status(handled: &Handled, listener: &Listener, resp: &ResponseHead) -> u16 {
     match handled.route {
         Some(_) => resp.status,
+        None if handled.local => resp.status,
         None => listener.default_response.status,
     }
 }
@@ -405,8 +484,9 @@ pub(crate) fn record(
         m.bytes_out.add(bytes_out);
         let reason = match &handled.result {
             Err(failure) if aborted.is_none() => default_reason(failure.error),
-            // Answered (if `aborted`, in part) by the default response or the upstream.
-            _ => handled.route.is_none().then_some(DefaultReason::NoRoute),
+            // Answered (if `aborted`, in part) by the default response or the upstream;
+            // `respond` and `redirect` answers are not default responses.
+            _ => (handled.route.is_none() && !handled.local).then_some(DefaultReason::NoRoute),
         };
         if let Some(reason) = reason {
             m.default_response(reason).inc();

@@ -9,11 +9,15 @@ use std::sync::Arc;
 
 use weir_config::{Config, Listener, UpstreamServer};
 
-use crate::codec::http1::write::{push_simple_response, Persistence};
+use weir_config::{Redirect, RouteTarget};
+
 use crate::connector::TlsUpstream;
+use crate::filters::redirect::https_redirect;
+use crate::filters::respond::Canned;
 use crate::metrics::layout::SlotMap;
 use crate::router::Router;
 use crate::tls::{ListenerTls, TlsError};
+use crate::upstream::split::Split;
 use crate::upstream::state::ServerState;
 use crate::upstream::UpstreamPlan;
 
@@ -30,14 +34,34 @@ pub struct Snapshot {
 /// Per-listener derived data, indexed like `config.listeners`.
 pub struct ListenerPlan {
     pub router: Router,
-    /// The default response, ready to write, for each `Persistence` (indexed by it): with
-    /// `Connection: close`, without a `Connection` header (HTTP/1.1 keep-alive), and with
-    /// `Connection: keep-alive` (HTTP/1.0 keep-alive).
-    default_responses: [Box<[u8]>; Persistence::COUNT],
-    /// Length of the body at the end of each (left out for HEAD requests).
-    default_body_len: usize,
+    /// The default response, ready to write in each `Persistence` form.
+    default: Canned,
+    /// What each route does with a request, indexed like the listener's routes.
+    pub routes: Vec<RoutePlan>,
+    /// `redirect_https = true`: the redirect every request gets.
+    pub redirect_https: Option<Redirect>,
     /// TLS termination: certificates and the rustls config all workers share.
     pub tls: Option<Arc<ListenerTls>>,
+}
+
+/// A route's target, prepared: a pool index, a split's schedule, a rendered response.
+pub enum RoutePlan {
+    Upstream(usize),
+    Split(Split),
+    Respond(Canned),
+    /// The route's `redirect`, rendered per request from its template.
+    Redirect(Redirect),
+}
+
+impl RoutePlan {
+    fn new(target: &RouteTarget) -> RoutePlan {
+        match target {
+            RouteTarget::Upstream(u) => RoutePlan::Upstream(*u),
+            RouteTarget::Split(pools) => RoutePlan::Split(Split::new(pools)),
+            RouteTarget::Respond(r) => RoutePlan::Respond(Canned::respond(r)),
+            RouteTarget::Redirect(r) => RoutePlan::Redirect(r.clone()),
+        }
+    }
 }
 
 /// A listener's certificate, key or CA file cannot be used: the config is not applied.
@@ -177,39 +201,21 @@ impl TlsPlans {
 
 impl ListenerPlan {
     fn new(listener: &Listener, tls: Option<Arc<ListenerTls>>) -> ListenerPlan {
-        let d = &listener.default_response;
-        let render = |persistence| {
-            let mut out = Vec::new();
-            push_simple_response(
-                &mut out,
-                d.status,
-                &d.content_type,
-                d.body.as_bytes(),
-                persistence,
-            );
-            out.into_boxed_slice()
-        };
         ListenerPlan {
             router: Router::new(&listener.routes),
-            // In declaration order: `default_response` indexes by discriminant.
-            default_responses: [
-                Persistence::Close,
-                Persistence::KeepAlive,
-                Persistence::KeepAlive10,
-            ]
-            .map(render),
-            default_body_len: d.body.len(),
+            default: Canned::default_response(&listener.default_response),
+            routes: listener
+                .routes
+                .iter()
+                .map(|r| RoutePlan::new(&r.target))
+                .collect(),
+            redirect_https: listener.redirect_https.then(https_redirect),
             tls,
         }
     }
 
-    /// The default response to write; without its body for a HEAD request.
-    pub fn default_response(&self, persistence: Persistence, is_head: bool) -> &[u8] {
-        let full = &self.default_responses[persistence as usize];
-        if is_head {
-            &full[..full.len() - self.default_body_len]
-        } else {
-            full
-        }
+    /// The default response, ready to write in each `Persistence` form.
+    pub fn default_response(&self) -> &Canned {
+        &self.default
     }
 }

@@ -59,6 +59,8 @@ pub struct Worker {
     pub pool: RefCell<IdlePool>,
     /// Load-balancing state, in-flight counts and retry budgets, per upstream.
     pub upstreams: WorkerUpstreams,
+    /// This worker's position in each weighted split's schedule.
+    pub splits: crate::upstream::split::SplitCursors,
     spare: RefCell<Vec<Buffer>>,
     /// Empty pipes kept for the next spliced TCP connection (saves pipe2 + 2 close).
     pipes: RefCell<Vec<Pipe>>,
@@ -98,6 +100,7 @@ impl Worker {
             cached: RefCell::new((generation, snapshot)),
             pool: RefCell::new(IdlePool::default()),
             upstreams,
+            splits: Default::default(),
             spare: RefCell::new(Vec::new()),
             pipes: RefCell::new(Vec::new()),
             draining: Cell::new(false),

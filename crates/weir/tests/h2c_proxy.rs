@@ -544,3 +544,58 @@ async fn dot_segments_do_not_escape_a_prefix_route() {
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert_eq!((public.requests_served(), admin.requests_served()), (0, 2));
 }
+
+/// A route's `respond` and `redirect`, and a weighted split, serve HTTP/2 clients as they
+/// serve HTTP/1 ones.
+#[tokio::test]
+async fn local_answers_and_splits_over_http2() {
+    let a = Backend::echo("a");
+    let b = Backend::echo("b");
+    let weir = Conf::new()
+        .route_keys(
+            "ping",
+            &[
+                "path_prefix = \"/ping\"",
+                "respond = { status = 200, body = \"pong\\n\", headers = { \"X-Local\" = \"yes\" } }",
+            ],
+        )
+        .route_keys(
+            "old",
+            &[
+                "path_prefix = \"/old/\"",
+                "redirect = { to = \"https://{host}{uri}\", status = 301 }",
+            ],
+        )
+        .route_keys(
+            "split",
+            &[
+                "path_prefix = \"/\"",
+                "upstreams = [{ name = \"a\", weight = 1 }, { name = \"b\", weight = 1 }]",
+            ],
+        )
+        .upstream("a", &[a.addr()], &[])
+        .upstream("b", &[b.addr()], &[])
+        .start();
+    let (mut client, _conn) = connect(weir.addr).await;
+    let (response, _) = client
+        .send_request(request(Method::GET, "/ping"), true)
+        .expect("send");
+    let response = response.await.expect("response");
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(response.headers()["x-local"], "yes");
+    assert_eq!(read_body(response.into_body()).await, b"pong\n");
+    let (response, _) = client
+        .send_request(request(Method::GET, "/old/x?q=1"), true)
+        .expect("send");
+    let response = response.await.expect("response");
+    assert_eq!(response.status(), StatusCode::MOVED_PERMANENTLY);
+    assert_eq!(
+        response.headers()["location"],
+        "https://example.test/old/x?q=1"
+    );
+    for _ in 0..4 {
+        let (status, _) = get(&mut client, Method::GET, "/app").await;
+        assert_eq!(status, StatusCode::OK);
+    }
+    assert_eq!((a.requests_served(), b.requests_served()), (2, 2));
+}

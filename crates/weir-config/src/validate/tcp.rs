@@ -205,6 +205,7 @@ fn http_only_keys(raw: &RawListener) -> Vec<&'static str> {
         ("http2", raw.http2.is_some()),
         // TLS offload on TCP listeners is not built yet.
         ("tls", raw.tls.is_some()),
+        ("redirect_https", raw.redirect_https.is_some()),
     ];
     present.iter().filter(|p| p.1).map(|p| p.0).collect()
 }

@@ -5,5 +5,7 @@
 
 pub mod forwarded;
 pub mod location;
+pub mod redirect;
+pub mod respond;
 pub mod rewrite;
 pub mod upgrade;

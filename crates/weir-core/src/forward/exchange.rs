@@ -47,6 +47,8 @@ pub struct Target<'a> {
     pub listener: &'a Listener,
     pub route: &'a Route,
     pub upstream: &'a Upstream,
+    /// The upstream's index in the config (the route may split over several).
+    pub upstream_index: usize,
     /// The upstream's pool plan in the same snapshot.
     pub pool: &'a UpstreamPlan,
 }
@@ -87,7 +89,7 @@ pub async fn forward(
     let key = RequestKey::new(&target.upstream.lb, buf, req, path, &conn.ip);
     let pick = worker
         .upstreams
-        .pick(target.route.upstream, target.pool, target.upstream, key)
+        .pick(target.upstream_index, target.pool, target.upstream, key)
         .ok_or(ProxyError::NoServer)?;
     let server = &target.upstream.servers[pick.server];
     conn.out.clear();
@@ -153,7 +155,7 @@ impl<'a> Forwarding<'a> {
         let mut started = conn.request_started;
         loop {
             let attempt = self.attempt(&pick, started);
-            conn.upstream_pick = Some((target.route.upstream, pick.server));
+            conn.upstream_pick = Some((target.upstream_index, pick.server));
             let sent = if whole {
                 attempt
                     .send_buffered(conn, up_buf, resp)
@@ -245,7 +247,7 @@ impl<'a> Forwarding<'a> {
         let next =
             self.worker
                 .upstreams
-                .retry(target.route.upstream, target.pool, u, self.key, tried)?;
+                .retry(target.upstream_index, target.pool, u, self.key, tried)?;
         let host_is_server = !target.route.preserve_host || conn.host.is_empty();
         let new_name = u.servers[next.server].name.as_bytes();
         if host_is_server && !replace_host(&mut conn.out, failed.name.as_bytes(), new_name) {

@@ -14,19 +14,20 @@ mod tunnel;
 
 pub use exchange::{forward, Target};
 
-/// The route, its upstream (config and pool plan) and the listener limits an exchange
-/// runs under.
+/// The route, the upstream it chose (index, config and pool plan, all from `snapshot`) and
+/// the listener limits an exchange runs under.
 pub fn exchange_target<'a>(
     listener: &'a weir_config::Listener,
     route: &'a weir_config::Route,
-    upstream: &'a weir_config::Upstream,
-    pool: &'a crate::upstream::UpstreamPlan,
+    snapshot: &'a crate::snapshot::Snapshot,
+    upstream_index: usize,
 ) -> Target<'a> {
     Target {
         listener,
         route,
-        upstream,
-        pool,
+        upstream: &snapshot.config.upstreams[upstream_index],
+        upstream_index,
+        pool: &snapshot.upstreams[upstream_index],
     }
 }
 

@@ -62,6 +62,8 @@ pub struct Trace {
     pub body_out: u64,
     /// The client reset the stream: the upstream request was cancelled.
     pub reset: bool,
+    /// Answered by Weir itself (`respond`, `redirect`), not by an upstream.
+    pub local: bool,
 }
 
 /// The request sent and the final response head read.
@@ -155,7 +157,7 @@ impl StreamRequest<'_> {
         let key = RequestKey::new(&u.lb, self.buf, self.req, path, self.ip);
         let mut pick = worker
             .upstreams
-            .pick(route.upstream, pool, u, key)
+            .pick(target.upstream_index, pool, u, key)
             .ok_or(ProxyError::NoServer)?;
         let mut tried = Tried::new(pick.server);
         let mut started = self.started;
@@ -165,7 +167,7 @@ impl StreamRequest<'_> {
             let metrics = worker
                 .metrics
                 .server(pool.slot, pool.server_slots[pick.server]);
-            trace.upstream_pick = Some((route.upstream, pick.server));
+            trace.upstream_pick = Some((target.upstream_index, pick.server));
             out.clear();
             let client = ClientFacts {
                 ip: self.ip,
@@ -192,7 +194,11 @@ impl StreamRequest<'_> {
                 responded: false,
             };
             if may_retry(&u.retry.on, outcome, replay) {
-                if let Some(next) = worker.upstreams.retry(route.upstream, pool, u, key, &tried) {
+                if let Some(next) =
+                    worker
+                        .upstreams
+                        .retry(target.upstream_index, pool, u, key, &tried)
+                {
                     tried.push(next.server);
                     if let Some(m) = worker.metrics.upstream(pool.slot) {
                         m.retries.inc();

@@ -15,6 +15,7 @@ mod budget;
 mod conn;
 mod exchange;
 mod io;
+mod local;
 mod request;
 mod send;
 mod stream;

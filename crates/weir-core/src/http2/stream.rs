@@ -12,17 +12,21 @@ use http::Request;
 
 use super::conn::Shared;
 use super::exchange::{StreamRequest, Trace};
+use super::local::send_rendered;
 use super::request::write_head;
 use super::send::send_data;
 use crate::access_log::RequestFields;
+use crate::codec::http1::write::Persistence;
 use crate::codec::http1::{parse_request, BodyFraming, HeadLimits, RequestHead};
 use crate::error::{reason_phrase, ProxyError};
+use crate::filters::redirect::{push_redirect, Vars};
 use crate::filters::rewrite::check_join;
 use crate::forward::{exchange_target, Failure, Reached};
 use crate::metrics::shard::{method_index, METHODS};
 use crate::proxy::{record, ClientSide, Counters, Done, Handled};
-use crate::router::RoutedPath;
-use crate::snapshot::Snapshot;
+use crate::router::{RequestView, RoutedPath};
+use crate::snapshot::{RoutePlan, Snapshot};
+use weir_config::Redirect;
 
 /// Serves one accepted stream of the connection `shared`.
 pub async fn serve(
@@ -91,6 +95,7 @@ pub async fn serve(
     }
     let handled = Handled {
         route,
+        local: trace.local,
         result: result.map(|()| true),
     };
     let done = Done {
@@ -141,13 +146,19 @@ impl Stream<'_> {
                 return (None, Err(ProxyError::BodyTooLarge.into()));
             }
         }
+        if let Some(redirect) = &plan.redirect_https {
+            return (None, self.redirect(redirect, respond, trace).await);
+        }
         // Routed and forwarded on the normalised path, exactly as HTTP/1 requests are.
         let mut path = RoutedPath::default();
         let routed = match path.normalize(self.req.path(self.buf), &listener.path_normalization) {
             Ok(routed) => routed,
             Err(error) => return (None, Err(error.into())),
         };
-        let route = plan.router.route(self.req.host_name(self.buf), routed);
+        let view = RequestView::new(self.buf, self.req);
+        let route = plan
+            .router
+            .route(self.req.host_name(self.buf), routed, &view);
         let Some(index) = route else {
             let d = &listener.default_response;
             trace.status = d.status;
@@ -163,6 +174,26 @@ impl Stream<'_> {
             trace.body_out = sent.as_ref().map_or(0, |n| *n);
             return (None, sent.map(|_| ()).map_err(Failure::after_head));
         };
+        let route_config = &listener.routes[index];
+        let rewrite = route_config.rewrite_prefix.as_deref();
+        if let Err(error) = check_join(routed, &route_config.path_prefix, rewrite) {
+            return (route, Err(error.into()));
+        }
+        let upstream = match &plan.routes[index] {
+            RoutePlan::Upstream(upstream) => *upstream,
+            RoutePlan::Split(split) => {
+                let slots = &self.snapshot.slots.listeners[self.index];
+                let worker = &self.shared.worker;
+                split.pick(worker.splits.next(slots.slot, slots.route(route)))
+            }
+            RoutePlan::Respond(canned) => {
+                let rendered = canned.bytes(Persistence::KeepAlive, false);
+                return (route, self.local(rendered, respond, trace).await);
+            }
+            RoutePlan::Redirect(redirect) => {
+                return (route, self.redirect(redirect, respond, trace).await);
+            }
+        };
         if self.req.expect_continue && body.is_some() {
             // The client may wait for 100 before sending DATA; Weir reads the body at once
             // (an upstream's 1xx is not relayed to h2 clients), so it says so itself.
@@ -170,16 +201,9 @@ impl Stream<'_> {
             *go_on.status_mut() = http::StatusCode::CONTINUE;
             let _ = respond.send_informational(go_on);
         }
-        let route_config = &listener.routes[index];
-        let rewrite = route_config.rewrite_prefix.as_deref();
-        if let Err(error) = check_join(routed, &route_config.path_prefix, rewrite) {
-            return (route, Err(error.into()));
-        }
-        let upstream = &self.snapshot.config.upstreams[route_config.upstream];
-        let pool = &self.snapshot.upstreams[route_config.upstream];
         let r = StreamRequest {
             worker: &self.shared.worker,
-            target: exchange_target(listener, route_config, upstream, pool),
+            target: exchange_target(listener, route_config, self.snapshot, upstream),
             ip: &self.shared.ip,
             buf: self.buf,
             req: self.req,
@@ -187,6 +211,41 @@ impl Stream<'_> {
             started: self.started,
         };
         (route, r.forward(body, respond, trace).await)
+    }
+
+    /// Sends `rendered`, an answer Weir made itself (`respond`, `redirect`).
+    async fn local(
+        &self,
+        rendered: &[u8],
+        respond: &mut SendResponse<Bytes>,
+        trace: &mut Trace,
+    ) -> Result<(), Failure> {
+        let timeout = self.snapshot.config.listeners[self.index].client_timeout;
+        trace.local = true;
+        let (status, sent) = send_rendered(respond, rendered, self.req.is_head, timeout)
+            .await
+            .map_err(Failure::after_head)?;
+        trace.status = status;
+        trace.body_out = sent;
+        Ok(())
+    }
+
+    /// Answers with `redirect`, its template filled from this request.
+    async fn redirect(
+        &self,
+        redirect: &Redirect,
+        respond: &mut SendResponse<Bytes>,
+        trace: &mut Trace,
+    ) -> Result<(), Failure> {
+        let vars = Vars {
+            scheme: b"http",
+            host: self.req.host_name(self.buf),
+            uri: self.req.path(self.buf),
+            client_ip: self.shared.ip.as_bytes(),
+        };
+        let mut rendered = Vec::with_capacity(256);
+        push_redirect(&mut rendered, redirect, &vars, Persistence::KeepAlive);
+        self.local(&rendered, respond, trace).await
     }
 }
 

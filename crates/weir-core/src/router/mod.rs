@@ -1,11 +1,24 @@
-//! Routing: host + path prefix -> route index. Pure, no I/O.
+//! Routing: host + path (+ method, header and query conditions) -> route index. Pure, no I/O.
 //!
-//! Routes are sorted once, when a snapshot is built: longest path prefix first, then the most
-//! specific host pattern (exact, then `*.suffix`, then `*`), then declaration order. A request
-//! takes the first route whose host and prefix both match.
+//! Precedence, decided once when a snapshot is built:
+//! 1. the route's host pattern must match the request's host;
+//! 2. routes with `exact = true` whose path equals the request path (query left out) come
+//!    before every prefix route;
+//! 3. then the longest matching `path_prefix`;
+//! 4. among routes at the same path, the most specific host pattern (exact, then
+//!    `*.suffix`, then `*`), then file order: the first route whose method, header and
+//!    query conditions all hold wins. A route without conditions takes every request that
+//!    reaches it (the catch-all of its place), so conditional routes go before it.
+//!
+//! Routes without conditions cost what they did before conditions existed: the exact list
+//! is empty unless `exact` is used, and conditions are looked at only once host and path
+//! have matched (a `None` check for a plain route).
 //!
 //! The path matched is the normalised one (`normalize`), which is also the one forwarded.
 
+mod conditions;
+
+pub use conditions::{Conditions, RequestView};
 use weir_config::{HostPattern, Route};
 
 pub mod normalize;
@@ -14,7 +27,9 @@ pub use normalize::RoutedPath;
 
 #[derive(Debug, Clone)]
 pub struct Router {
-    /// (index into the listener's routes, host patterns, path prefix), in match order.
+    /// `exact = true` routes, most specific host first, then file order.
+    exact: Vec<Entry>,
+    /// Prefix routes, in match order.
     entries: Vec<Entry>,
 }
 
@@ -24,6 +39,15 @@ struct Entry {
     hosts: Vec<HostPattern>,
     prefix: Box<[u8]>,
     specificity: u8,
+    conditions: Option<Box<Conditions>>,
+}
+
+impl Entry {
+    #[inline]
+    fn takes(&self, host: &[u8], req: &RequestView<'_>) -> bool {
+        self.hosts.iter().any(|p| host_matches(p, host))
+            && self.conditions.as_ref().is_none_or(|c| c.hold(req))
+    }
 }
 
 fn specificity(hosts: &[HostPattern]) -> u8 {
@@ -40,7 +64,7 @@ fn specificity(hosts: &[HostPattern]) -> u8 {
 
 impl Router {
     pub fn new(routes: &[Route]) -> Router {
-        let mut entries: Vec<Entry> = routes
+        let (mut exact, mut entries): (Vec<Entry>, Vec<Entry>) = routes
             .iter()
             .enumerate()
             .map(|(i, r)| Entry {
@@ -48,24 +72,39 @@ impl Router {
                 hosts: r.hosts.clone(),
                 prefix: r.path_prefix.as_bytes().into(),
                 specificity: specificity(&r.hosts),
+                conditions: Conditions::new(&r.matching),
             })
-            .collect();
-        entries.sort_by(|a, b| {
+            .partition(|e| routes[e.route].matching.exact);
+        let order = |a: &Entry, b: &Entry| {
             b.prefix
                 .len()
                 .cmp(&a.prefix.len())
                 .then(b.specificity.cmp(&a.specificity))
                 .then(a.route.cmp(&b.route))
-        });
-        Router { entries }
+        };
+        exact.sort_by(order);
+        entries.sort_by(order);
+        Router { exact, entries }
     }
 
     /// The matching route's index in the listener's route list, if any.
-    /// `host` is the request's host without port, in any case.
-    pub fn route(&self, host: &[u8], path: &[u8]) -> Option<usize> {
+    /// `host` is the request's host without port, in any case; `path` its path (a query
+    /// after it only matters to prefix routes, as before); `req` what conditions read.
+    #[inline]
+    pub fn route(&self, host: &[u8], path: &[u8], req: &RequestView<'_>) -> Option<usize> {
+        if !self.exact.is_empty() {
+            let bare = path.split(|b| *b == b'?').next().unwrap_or(path);
+            let found = self
+                .exact
+                .iter()
+                .find(|e| *bare == *e.prefix && e.takes(host, req));
+            if let Some(e) = found {
+                return Some(e.route);
+            }
+        }
         self.entries
             .iter()
-            .find(|e| path.starts_with(&e.prefix) && e.hosts.iter().any(|p| host_matches(p, host)))
+            .find(|e| path.starts_with(&e.prefix) && e.takes(host, req))
             .map(|e| e.route)
     }
 }
@@ -83,55 +122,4 @@ pub(crate) fn host_matches(pattern: &HostPattern, host: &[u8]) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn route(name: &str, hosts: Vec<HostPattern>, prefix: &str) -> Route {
-        Route {
-            name: name.into(),
-            hosts,
-            path_prefix: prefix.into(),
-            rewrite_prefix: None,
-            reverse_rewrite: false,
-            preserve_host: true,
-            forwarded_headers: true,
-            upgrades: vec![],
-            upstream: 0,
-        }
-    }
-
-    #[test]
-    fn longest_prefix_then_most_specific_host() {
-        let routes = vec![
-            route("any-root", vec![HostPattern::Any], "/"),
-            route("any-api", vec![HostPattern::Any], "/api/"),
-            route(
-                "wild-api",
-                vec![HostPattern::Suffix(".example.com".into())],
-                "/api/",
-            ),
-            route(
-                "exact-api",
-                vec![HostPattern::Exact("a.example.com".into())],
-                "/api/",
-            ),
-            route("cgi", vec![HostPattern::Any], "/cgi/"),
-        ];
-        let r = Router::new(&routes);
-        assert_eq!(r.route(b"x", b"/index.html"), Some(0));
-        assert_eq!(r.route(b"x", b"/api/v1"), Some(1));
-        assert_eq!(r.route(b"b.EXAMPLE.com", b"/api/v1"), Some(2));
-        assert_eq!(r.route(b"A.example.com", b"/api/v1"), Some(3));
-        assert_eq!(r.route(b"example.com", b"/api/v1"), Some(1));
-        assert_eq!(r.route(b"x", b"/cgi/x"), Some(4));
-        assert_eq!(r.route(b"x", b"/cgi"), Some(0));
-    }
-
-    #[test]
-    fn no_match_without_catch_all() {
-        let r = Router::new(&[route("a", vec![HostPattern::Exact("a.test".into())], "/")]);
-        assert_eq!(r.route(b"b.test", b"/"), None);
-        assert_eq!(r.route(b"", b"/"), None);
-        assert_eq!(Router::new(&[]).route(b"a", b"/"), None);
-    }
-}
+mod tests;

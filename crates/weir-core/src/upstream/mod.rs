@@ -20,6 +20,7 @@ pub mod local;
 pub mod pool;
 pub mod retry;
 pub mod select;
+pub mod split;
 pub mod state;
 
 pub use key::RequestKey;

@@ -49,6 +49,17 @@ impl Conf {
         self
     }
 
+    /// Adds a route whose target is in `keys` (`respond`, `redirect`, `upstreams`).
+    pub fn route_keys(mut self, name: &str, keys: &[&str]) -> Conf {
+        let mut text = format!("[[listeners.routes]]\nname = \"{name}\"\n");
+        for k in keys {
+            text.push_str(k);
+            text.push('\n');
+        }
+        self.routes.push(text);
+        self
+    }
+
     /// Adds an upstream with the given servers; `keys` are extra TOML lines.
     pub fn upstream(mut self, name: &str, servers: &[SocketAddr], keys: &[&str]) -> Conf {
         let servers: Vec<String> = servers

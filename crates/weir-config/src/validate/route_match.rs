@@ -1,0 +1,408 @@
+//! Validation of a route's match conditions (`exact`, `methods`, `match_headers`,
+//! `match_query`) and of its target: exactly one of `upstream`, `upstreams` (a weighted
+//! split), `respond` (a local response) and `redirect`; plus the listener shortcut
+//! `redirect_https`. Templates are split into literal and variable parts here, once.
+
+use std::collections::BTreeMap;
+
+use super::{int_in, is_tchar, upstream_index};
+use crate::error::{FieldPath, Issue};
+use crate::model::{
+    LocalResponse, MatchValue, Redirect, RouteMatch, RouteTarget, Template, TemplatePart,
+    TemplateVar, WeightedUpstream,
+};
+use crate::raw::{RawRedirect, RawRespond, RawRoute, RawWeightedUpstream};
+
+/// Most pools one weighted split may name.
+const MAX_SPLIT: usize = 16;
+/// Most conditions of one kind (methods, headers, query parameters) per route.
+const MAX_CONDITIONS: usize = 32;
+/// Statuses a redirect may use.
+const REDIRECT_STATUSES: [i64; 5] = [301, 302, 303, 307, 308];
+
+/// The route's conditions beyond host and path prefix.
+pub(super) fn matching(raw: &mut RawRoute, path: &FieldPath) -> Result<RouteMatch, Issue> {
+    Ok(RouteMatch {
+        exact: raw.exact.take().unwrap_or(false),
+        methods: methods(raw.methods.take(), &path.key("methods"))?,
+        headers: conditions(raw.match_headers.take(), &path.key("match_headers"), true)?,
+        query: conditions(raw.match_query.take(), &path.key("match_query"), false)?,
+    })
+}
+
+fn methods(raw: Option<Vec<String>>, path: &FieldPath) -> Result<Vec<String>, Issue> {
+    let Some(raw) = raw else {
+        return Ok(Vec::new());
+    };
+    if raw.is_empty() || raw.len() > MAX_CONDITIONS {
+        return Err(Issue::new(
+            path,
+            format!("methods must list 1 to {MAX_CONDITIONS} methods"),
+            r#"list the methods the route takes, such as methods = ["GET", "HEAD"], or remove methods to take any"#,
+        ));
+    }
+    let mut out: Vec<String> = Vec::with_capacity(raw.len());
+    for (i, m) in raw.into_iter().enumerate() {
+        if m.is_empty() || !m.bytes().all(is_tchar) {
+            return Err(Issue::new(
+                &path.index(i),
+                format!("\"{m}\" is not a method name"),
+                r#"write a method such as "GET" or "POST" (letters only, no spaces)"#,
+            ));
+        }
+        if out.contains(&m) {
+            return Err(Issue::new(
+                &path.index(i),
+                format!("method \"{m}\" is listed twice"),
+                "list each method once",
+            ));
+        }
+        out.push(m);
+    }
+    Ok(out)
+}
+
+/// `match_headers` (`headers`: names are tokens, compared lower-cased) or `match_query`.
+fn conditions(
+    raw: Option<BTreeMap<String, String>>,
+    path: &FieldPath,
+    headers: bool,
+) -> Result<Vec<(String, MatchValue)>, Issue> {
+    let Some(raw) = raw else {
+        return Ok(Vec::new());
+    };
+    if raw.len() > MAX_CONDITIONS {
+        return Err(Issue::new(
+            path,
+            format!("more than {MAX_CONDITIONS} conditions"),
+            "split the route, or match on fewer values",
+        ));
+    }
+    let mut out: Vec<(String, MatchValue)> = Vec::with_capacity(raw.len());
+    for (name, value) in raw {
+        let at = path.key(&name);
+        let key = if headers {
+            header_name(&name, &at)?;
+            name.to_ascii_lowercase()
+        } else {
+            query_part(&name, &at, "parameter name")?;
+            name
+        };
+        if out.iter().any(|(n, _)| *n == key) {
+            return Err(Issue::new(
+                &at,
+                format!("header \"{key}\" is listed twice (names are case-insensitive)"),
+                "keep one of the two entries",
+            ));
+        }
+        let value = if value == "*" {
+            MatchValue::Present
+        } else if headers {
+            header_value(&value, &at)?;
+            MatchValue::Exact(value)
+        } else {
+            query_part(&value, &at, "value")?;
+            MatchValue::Exact(value)
+        };
+        out.push((key, value));
+    }
+    Ok(out)
+}
+
+/// A header name must be a token (RFC 9110 5.1).
+pub(super) fn header_name(name: &str, path: &FieldPath) -> Result<(), Issue> {
+    if name.is_empty() || !name.bytes().all(is_tchar) {
+        return Err(Issue::new(
+            path,
+            format!("\"{name}\" is not a valid header name"),
+            "use letters, digits and '-' only, such as \"X-Canary\" (no spaces or ':')",
+        ));
+    }
+    Ok(())
+}
+
+/// A header value: visible ASCII, spaces and tabs, no leading or trailing whitespace.
+pub(super) fn header_value(value: &str, path: &FieldPath) -> Result<(), Issue> {
+    let printable = value
+        .bytes()
+        .all(|b| b == b'\t' || (b' '..=b'~').contains(&b));
+    if !printable || value.trim() != value {
+        return Err(Issue::new(
+            path,
+            format!("{value:?} is not a valid header value"),
+            "use printable ASCII without line breaks or control characters, and no \
+             leading or trailing spaces (percent-encode anything else)",
+        ));
+    }
+    Ok(())
+}
+
+/// A query parameter name or value as it appears in a URL: no '&', '=', '#', spaces.
+fn query_part(text: &str, path: &FieldPath, what: &str) -> Result<(), Issue> {
+    let valid = text
+        .bytes()
+        .all(|b| (b'!'..=b'~').contains(&b) && !b"&=#".contains(&b));
+    if (what != "value" && text.is_empty()) || !valid {
+        return Err(Issue::new(
+            path,
+            format!("query {what} {text:?} cannot appear in a query string as written"),
+            "write it as it appears in the URL, percent-encoded (no spaces, '&', '=' or '#')",
+        ));
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------- targets
+
+/// Exactly one of `upstream`, `upstreams`, `respond` and `redirect`.
+pub(super) fn target(
+    raw: &mut RawRoute,
+    path: &FieldPath,
+    upstreams: &[String],
+) -> Result<RouteTarget, Issue> {
+    let given: Vec<&str> = [
+        ("upstream", raw.upstream.is_some()),
+        ("upstreams", raw.upstreams.is_some()),
+        ("respond", raw.respond.is_some()),
+        ("redirect", raw.redirect.is_some()),
+    ]
+    .iter()
+    .filter(|(_, present)| *present)
+    .map(|(key, _)| *key)
+    .collect();
+    if given.len() > 1 {
+        return Err(Issue::new(
+            &path.key(given[1]),
+            format!(
+                "the route has both {} and {}; a route has exactly one target",
+                given[0], given[1]
+            ),
+            format!(
+                "keep one of {} and remove the other (use two routes to send requests to both)",
+                given.join(", ")
+            ),
+        ));
+    }
+    if let Some(split) = raw.upstreams.take() {
+        return weighted(split, &path.key("upstreams"), upstreams).map(RouteTarget::Split);
+    }
+    if let Some(respond) = raw.respond.take() {
+        return local_response(respond, &path.key("respond")).map(RouteTarget::Respond);
+    }
+    if let Some(redirect) = raw.redirect.take() {
+        return redirect_target(redirect, &path.key("redirect")).map(RouteTarget::Redirect);
+    }
+    upstream_index(raw.upstream.take(), &path.key("upstream"), upstreams)
+        .map(RouteTarget::Upstream)
+        .map_err(|mut issue| {
+            if issue.message == "the route has no upstream" {
+                issue.message =
+                    "the route has no upstream (nor upstreams, respond or redirect)".to_owned();
+                issue.fix = format!(
+                    "{}, or give it upstreams = [...], respond = {{ ... }} or redirect = {{ ... }}",
+                    issue.fix
+                );
+            }
+            issue
+        })
+}
+
+fn weighted(
+    raw: Vec<RawWeightedUpstream>,
+    path: &FieldPath,
+    upstreams: &[String],
+) -> Result<Vec<WeightedUpstream>, Issue> {
+    if raw.is_empty() || raw.len() > MAX_SPLIT {
+        return Err(Issue::new(
+            path,
+            format!("upstreams must list 1 to {MAX_SPLIT} pools"),
+            r#"write upstreams = [{ name = "v1", weight = 95 }, { name = "v2", weight = 5 }]"#,
+        ));
+    }
+    let mut out: Vec<WeightedUpstream> = Vec::with_capacity(raw.len());
+    for (i, entry) in raw.into_iter().enumerate() {
+        let at = path.index(i);
+        let upstream = upstream_index(entry.name, &at.key("name"), upstreams)?;
+        if out.iter().any(|w| w.upstream == upstream) {
+            return Err(Issue::new(
+                &at.key("name"),
+                format!("upstream \"{}\" is listed twice", upstreams[upstream]),
+                "list each pool once and add up its weights",
+            ));
+        }
+        let weight = int_in(entry.weight, 1, 1..=1000, &at.key("weight"))?;
+        out.push(WeightedUpstream { upstream, weight });
+    }
+    Ok(out)
+}
+
+/// Headers Weir writes itself on a local response: framing and connection management.
+const RESERVED_HEADERS: [&str; 8] = [
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "keep-alive",
+    "upgrade",
+    "te",
+    "trailer",
+    "proxy-connection",
+];
+
+fn local_response(raw: RawRespond, path: &FieldPath) -> Result<LocalResponse, Issue> {
+    let status: u16 = int_in(raw.status, 200, 200..=599, &path.key("status"))?;
+    let body = raw.body.unwrap_or_default();
+    if matches!(status, 204 | 304) && !body.is_empty() {
+        return Err(Issue::new(
+            &path.key("body"),
+            format!("a {status} response has no body"),
+            "remove body, or use another status such as 200",
+        ));
+    }
+    let mut headers = Vec::new();
+    for (name, value) in raw.headers.unwrap_or_default() {
+        let at = path.key("headers").key(&name);
+        header_name(&name, &at)?;
+        let lower = name.to_ascii_lowercase();
+        if RESERVED_HEADERS.contains(&lower.as_str()) {
+            return Err(Issue::new(
+                &at,
+                format!("{name} is set by Weir on local responses (framing and keep-alive)"),
+                format!("remove {name} from headers"),
+            ));
+        }
+        if headers
+            .iter()
+            .any(|(n, _): &(String, String)| n.eq_ignore_ascii_case(&name))
+        {
+            return Err(Issue::new(
+                &at,
+                format!("header {name} is given twice (names are case-insensitive)"),
+                "keep one of the two entries",
+            ));
+        }
+        header_value(&value, &at)?;
+        headers.push((name, value));
+    }
+    Ok(LocalResponse {
+        status,
+        body,
+        headers,
+    })
+}
+
+fn redirect_target(raw: RawRedirect, path: &FieldPath) -> Result<Redirect, Issue> {
+    let status_path = path.key("status");
+    let status = raw.status.unwrap_or(302);
+    if !REDIRECT_STATUSES.contains(&status) {
+        return Err(Issue::new(
+            &status_path,
+            format!("{status} is not a redirect status"),
+            "use 301 or 308 (permanent), 302, 303 or 307 (temporary); 308 and 307 keep the method",
+        ));
+    }
+    let to_path = path.key("to");
+    let Some(to) = raw.to else {
+        return Err(Issue::new(
+            &to_path,
+            "the redirect has no target",
+            r#"add to = "https://{host}{uri}" (or another URL or path)"#,
+        ));
+    };
+    header_value(&to, &to_path)?;
+    if to.is_empty() || to.contains(' ') {
+        return Err(Issue::new(
+            &to_path,
+            "a redirect target must be a non-empty URL without spaces",
+            "percent-encode spaces as %20",
+        ));
+    }
+    Ok(Redirect {
+        // One of REDIRECT_STATUSES, so it fits.
+        status: u16::try_from(status).unwrap_or(302),
+        to: template(&to, &to_path)?,
+    })
+}
+
+/// Splits `text` into literal and `{variable}` parts.
+pub(super) fn template(text: &str, path: &FieldPath) -> Result<Template, Issue> {
+    let names: Vec<String> = TemplateVar::ALL
+        .iter()
+        .map(|(n, _)| format!("{{{n}}}"))
+        .collect();
+    let fix = format!(
+        "use one of {} (a literal brace is written %7B or %7D)",
+        names.join(" ")
+    );
+    let mut parts = Vec::new();
+    let mut rest = text;
+    while let Some(open) = rest.find(['{', '}']) {
+        if open > 0 {
+            parts.push(TemplatePart::Literal(rest[..open].to_owned()));
+        }
+        let after = &rest[open..];
+        let close = after.find('}').filter(|_| after.starts_with('{'));
+        let Some(close) = close else {
+            return Err(Issue::new(
+                path,
+                format!("unbalanced brace in {text:?}"),
+                fix,
+            ));
+        };
+        let name = &after[1..close];
+        let Some((_, var)) = TemplateVar::ALL.iter().find(|(n, _)| *n == name) else {
+            return Err(Issue::new(
+                path,
+                format!("unknown variable {{{name}}} in {text:?}"),
+                fix,
+            ));
+        };
+        parts.push(TemplatePart::Var(*var));
+        rest = &after[close + 1..];
+    }
+    if !rest.is_empty() {
+        parts.push(TemplatePart::Literal(rest.to_owned()));
+    }
+    Ok(Template { parts })
+}
+
+/// `rewrite_prefix` changes the path sent upstream: a route answered locally has none.
+pub(super) fn check_local_keys(
+    target: &RouteTarget,
+    rewrite: bool,
+    path: &FieldPath,
+) -> Result<(), Issue> {
+    let local = match target {
+        RouteTarget::Respond(_) => "respond",
+        RouteTarget::Redirect(_) => "redirect",
+        RouteTarget::Upstream(_) | RouteTarget::Split(_) => return Ok(()),
+    };
+    if rewrite {
+        return Err(Issue::new(
+            &path.key("rewrite_prefix"),
+            format!("rewrite_prefix has no effect on a route answered by {local}"),
+            "remove rewrite_prefix (and reverse_rewrite); use {path} or {uri} in a redirect's to",
+        ));
+    }
+    Ok(())
+}
+
+/// `redirect_https = true` answers every request itself, so routes would never be used.
+pub(super) fn redirect_https(
+    raw: Option<bool>,
+    routes: usize,
+    path: &FieldPath,
+) -> Result<bool, Issue> {
+    let on = raw.unwrap_or(false);
+    if on && routes > 0 {
+        return Err(Issue::new(
+            path,
+            "redirect_https = true redirects every request, so this listener's routes would never be used",
+            "move the routes to the https listener, or remove redirect_https and add a route \
+             with redirect = { to = \"https://{host}{uri}\", status = 308 } where you want it",
+        ));
+    }
+    Ok(on)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,51 @@
+//! Answers Weir writes itself on HTTP/2 streams: a route's `respond` or `redirect` and the
+//! listener's `redirect_https`. They are rendered as HTTP/1.1 bytes, as for HTTP/1 clients
+//! (`filters::respond`, `filters::redirect`), and sent from those bytes, so both protocols
+//! carry the same status, headers and body.
+
+use bytes::Bytes;
+use h2::server::SendResponse;
+
+use super::send::send_data;
+use crate::codec::http1::{parse_response, ResponseHead};
+use crate::error::ProxyError;
+
+/// Sends the HTTP/1.1 response `rendered` (head and body, complete) on `respond`, without
+/// its hop-by-hop fields. Returns its status and the body bytes sent.
+pub async fn send_rendered(
+    respond: &mut SendResponse<Bytes>,
+    rendered: &[u8],
+    is_head: bool,
+    timeout: std::time::Duration,
+) -> Result<(u16, u64), ProxyError> {
+    let mut head = ResponseHead::default();
+    // Weir rendered these bytes itself: they always parse.
+    if !parse_response(rendered, rendered.len(), is_head, &mut head)? {
+        return Err(ProxyError::UpstreamMalformed("incomplete local response"));
+    }
+    let mut response = http::Response::new(());
+    *response.status_mut() =
+        http::StatusCode::from_u16(head.status).unwrap_or(http::StatusCode::BAD_GATEWAY);
+    let headers = response.headers_mut();
+    for h in head.headers.iter().filter(|h| !h.kind.is_hop_by_hop()) {
+        let name = http::HeaderName::from_bytes(&rendered[h.name.clone()]);
+        let value = http::HeaderValue::from_bytes(&rendered[h.value.clone()]);
+        if let (Ok(name), Ok(value)) = (name, value) {
+            headers.append(name, value);
+        }
+    }
+    let body = if is_head {
+        &[][..]
+    } else {
+        &rendered[head.head_len..]
+    };
+    let mut send = respond
+        .send_response(response, body.is_empty())
+        .map_err(|_| ProxyError::ClientClosed)?;
+    if !body.is_empty() {
+        send_data(&mut send, body, true, timeout)
+            .await
+            .map_err(|_| ProxyError::ClientClosed)?;
+    }
+    Ok((head.status, body.len() as u64))
+}
