@@ -152,6 +152,7 @@ max_idle = 256
             forwarded_headers: true,
             upgrades: vec!["websocket".into()],
             upstream: 0,
+            filters: Default::default(),
         };
         let expected = Config {
             server: ServerSettings {

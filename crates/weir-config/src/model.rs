@@ -223,6 +223,8 @@ pub struct Route {
     pub upgrades: Vec<String>,
     /// Index into [`Config::upstreams`].
     pub upstream: usize,
+    /// Traffic-policy filters (issue 16): header rules, access lists, ...
+    pub filters: RouteFilters,
 }
 
 /// A host pattern of a route, already lower-cased.
@@ -420,4 +422,89 @@ impl Config {
             servers
         )
     }
+}
+
+// ---------------------------------------------------------------- traffic policy (issue 16)
+// The per-route filters and per-listener client settings of docs/configuration.md
+// "Traffic policy". Each filter is an `Option`: `None` costs a route nothing per request.
+
+/// The policy filters of one route (`request_headers`, `response_headers`, ...).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct RouteFilters {
+    /// Rules applied to the request head sent upstream.
+    pub request_headers: Option<HeaderRules>,
+    /// Rules applied to the response head sent to the client.
+    pub response_headers: Option<HeaderRules>,
+}
+
+/// `request_headers` / `response_headers = { set, add, remove }`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct HeaderRules {
+    /// Replace every header of the name with one line (in name order).
+    pub set: Vec<HeaderRule>,
+    /// Append one line, keeping the headers already there (in name order).
+    pub add: Vec<HeaderRule>,
+    /// The lower-cased names whose incoming lines are dropped: every `set` and `remove` name.
+    pub drop: Vec<String>,
+    /// `set` has a `Host` rule (request headers only): it replaces the Host Weir would send.
+    pub sets_host: bool,
+}
+
+impl HeaderRules {
+    /// Whether an incoming header named `name` is dropped (`set` or `remove`).
+    #[inline]
+    pub fn drops(&self, name: &[u8]) -> bool {
+        self.drop
+            .iter()
+            .any(|d| d.len() == name.len() && d.as_bytes().eq_ignore_ascii_case(name))
+    }
+}
+
+/// One `"Name" = "value template"` rule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeaderRule {
+    /// The name as written.
+    pub name: String,
+    pub value: Template,
+}
+
+/// A header value with `{variable}`s, split once at load into literal text and variables.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Template(pub Vec<TemplatePart>);
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TemplatePart {
+    Text(String),
+    Var(Variable),
+}
+
+/// The variables a header value may use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Variable {
+    /// `http` (or `https` on a TLS listener).
+    Scheme,
+    /// The request's Host (or absolute-form authority), as sent.
+    Host,
+    /// The request target: path and query, as the client sent it.
+    Uri,
+    /// The target's path, without the query.
+    Path,
+    /// The target's query, without the `?` (empty when there is none).
+    Query,
+    /// The client address (after PROXY protocol and `trusted_proxies`).
+    ClientIp,
+    /// The request's id (empty when the listener has `request_id = false`).
+    RequestId,
+}
+
+impl Variable {
+    pub const ALL: [(&'static str, Variable); 7] = [
+        ("scheme", Variable::Scheme),
+        ("host", Variable::Host),
+        ("uri", Variable::Uri),
+        ("path", Variable::Path),
+        ("query", Variable::Query),
+        ("client_ip", Variable::ClientIp),
+        ("request_id", Variable::RequestId),
+    ];
 }

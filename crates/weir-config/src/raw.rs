@@ -107,6 +107,18 @@ pub(crate) struct RawRoute {
     pub forwarded_headers: Option<bool>,
     pub upgrades: Option<Vec<String>>,
     pub upstream: Option<String>,
+    // Traffic policy (issue 16; validate/policy.rs).
+    pub request_headers: Option<RawHeaderRules>,
+    pub response_headers: Option<RawHeaderRules>,
+}
+
+/// `request_headers` / `response_headers = { set, add, remove }` of a route.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawHeaderRules {
+    pub set: Option<BTreeMap<String, String>>,
+    pub add: Option<BTreeMap<String, String>>,
+    pub remove: Option<Vec<String>>,
 }
 
 /// `[upstreams.NAME]`.

@@ -379,7 +379,8 @@ fn same_hosts(a: &[HostPattern], b: &[HostPattern]) -> bool {
     a.iter().all(|h| b.contains(h)) && b.iter().all(|h| a.contains(h))
 }
 
-fn route(raw: RawRoute, path: &FieldPath, upstreams: &[String]) -> Result<Route, Issue> {
+fn route(mut raw: RawRoute, path: &FieldPath, upstreams: &[String]) -> Result<Route, Issue> {
+    let filters = policy::route_filters(&mut raw, path)?;
     let name = raw.name.filter(|n| !n.trim().is_empty()).ok_or_else(|| {
         Issue::new(
             &path.key("name"),
@@ -412,6 +413,7 @@ fn route(raw: RawRoute, path: &FieldPath, upstreams: &[String]) -> Result<Route,
         preserve_host: raw.preserve_host.unwrap_or(true),
         forwarded_headers: raw.forwarded_headers.unwrap_or(true),
         upgrades: upgrades(raw.upgrades, &path.key("upgrades"))?,
+        filters,
     })
 }
 
@@ -813,6 +815,7 @@ fn size(raw: Option<StrOrInt>, default: u64, path: &FieldPath) -> Result<u64, Is
     }
 }
 
+mod policy;
 mod pool;
 mod tcp;
 

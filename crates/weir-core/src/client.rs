@@ -37,6 +37,8 @@ pub struct ClientConn {
     pub ip: ClientIp,
     /// The current request's host, kept after its head is consumed (for ProxyPassReverse).
     pub host: Vec<u8>,
+    /// The current route's `response_headers` lines, rendered from the request.
+    pub resp_lines: Vec<u8>,
     /// Requests read on this connection so far.
     pub served: u64,
     /// Bytes written to the client so far.
@@ -96,6 +98,7 @@ impl ClientConn {
             out: Vec::with_capacity(1024),
             ip: ClientIp::new(peer.ip()),
             host: Vec::new(),
+            resp_lines: Vec::new(),
             served: 0,
             sent: 0,
             log_fields: RequestFields::default(),

@@ -4,6 +4,7 @@
 //! upstream request head and the client response head.
 
 pub mod forwarded;
+pub mod headers;
 pub mod location;
 pub mod rewrite;
 pub mod upgrade;

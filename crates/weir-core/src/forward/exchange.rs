@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use weir_config::{Listener, Route, Upstream, UpstreamServer};
 
 use super::body::{self, pump, BodyState, PumpError};
-use super::request_head::write_request_head;
+use super::request_head::{write_request_head, RequestEdits};
 use super::response_head::{write_response_head, ClientFraming};
 use super::{tunnel, Failure};
 use crate::buffer::Buffer;
@@ -20,6 +20,7 @@ use crate::client::ClientConn;
 use crate::codec::http1::{parse_response, BodyFraming, RequestHead, ResponseHead};
 use crate::connector::connect;
 use crate::error::ProxyError;
+use crate::filters::headers::{push_rules, Vars};
 use crate::filters::location::ReverseMap;
 use crate::filters::upgrade::{switch_allowed, Offered};
 use crate::metrics::shard::ServerMetrics;
@@ -86,14 +87,7 @@ pub async fn forward(
         .ok_or(ProxyError::NoServer)?;
     let server = &target.upstream.servers[pick.server];
     conn.out.clear();
-    let upgrade = write_request_head(
-        &mut conn.out,
-        conn.buf.filled(),
-        req,
-        target.route,
-        server,
-        &conn.ip,
-    );
+    let upgrade = write_head_with_policy(conn, req, target.route, server);
     let meta = RequestMeta {
         is_head: req.is_head,
         http10: req.minor_version == 0,
@@ -122,6 +116,45 @@ pub async fn forward(
     let result = fwd.exchange(pick, conn, body, &mut up_buf, resp).await;
     worker.give_buffer(up_buf);
     result
+}
+
+/// Writes the upstream request head into `conn.out` with the route's header rules, and
+/// renders its response-header lines into `conn.resp_lines` while the request is at hand.
+fn write_head_with_policy(
+    conn: &mut ClientConn,
+    req: &RequestHead,
+    route: &Route,
+    server: &UpstreamServer,
+) -> Offered {
+    let filters = &route.filters;
+    let buf = conn.buf.filled();
+    if filters.request_headers.is_none() && filters.response_headers.is_none() {
+        return write_request_head(&mut conn.out, buf, req, route, server, &conn.ip, None);
+    }
+    let vars = Vars {
+        scheme: b"http",
+        host: req.host.as_ref().map_or(&[][..], |r| &buf[r.clone()]),
+        target: req.path(buf),
+        client_ip: conn.ip.as_bytes(),
+        request_id: b"",
+    };
+    conn.resp_lines.clear();
+    if let Some(rules) = &filters.response_headers {
+        push_rules(&mut conn.resp_lines, rules, &vars);
+    }
+    let edits = RequestEdits {
+        rules: filters.request_headers.as_ref(),
+        vars,
+    };
+    write_request_head(
+        &mut conn.out,
+        buf,
+        req,
+        route,
+        server,
+        &conn.ip,
+        Some(&edits),
+    )
 }
 
 impl<'a> Forwarding<'a> {
@@ -570,6 +603,12 @@ impl Exchange<'_> {
             resp,
             reverse.as_ref(),
             &framing,
+            self.target
+                .route
+                .filters
+                .response_headers
+                .as_ref()
+                .map(|rules| (rules, &conn.resp_lines[..])),
         );
         if let Some(line) = self.set_cookie {
             // Before the head's final empty line.
@@ -665,7 +704,7 @@ impl Exchange<'_> {
             http10: false,
         };
         conn.out.clear();
-        write_response_head(&mut conn.out, up_buf.filled(), resp, None, &framing);
+        write_response_head(&mut conn.out, up_buf.filled(), resp, None, &framing, None);
         up_buf.consume(resp.head_len);
         body::write_all(
             &mut conn.stream,

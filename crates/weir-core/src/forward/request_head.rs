@@ -1,13 +1,22 @@
 //! Writing the upstream request head: request line (with the route's prefix rewrite),
 //! end-to-end headers byte for byte, `Host`, framing, and the forwarded headers.
 
-use weir_config::{Route, UpstreamServer};
+use weir_config::{HeaderRules, Route, UpstreamServer};
 
 use crate::codec::http1::write::{push_header, HeaderLines};
+use crate::codec::http1::HeaderSpan;
 use crate::codec::http1::{BodyFraming, HeaderKind, RequestHead};
 use crate::filters::forwarded::{push_forwarded, ClientIp};
+use crate::filters::headers::{push_rules, Vars};
 use crate::filters::rewrite::upstream_path;
 use crate::filters::upgrade::{push_offer, Offered};
+
+/// What the route's traffic policy changes in the upstream head; `None` when nothing.
+pub struct RequestEdits<'a> {
+    /// The route's `request_headers`.
+    pub rules: Option<&'a HeaderRules>,
+    pub vars: Vars<'a>,
+}
 
 /// Appends the upstream request head for `req` (parsed from `buf`) to `out`. Returns the
 /// upgrade protocols it offers (empty: not an upgrade request).
@@ -18,6 +27,7 @@ pub fn write_request_head(
     route: &Route,
     server: &UpstreamServer,
     client: &ClientIp,
+    edits: Option<&RequestEdits<'_>>,
 ) -> Offered {
     let (prefix, rest) = upstream_path(
         req.path(buf),
@@ -30,17 +40,20 @@ pub fn write_request_head(
     out.extend_from_slice(rest);
     out.extend_from_slice(b" HTTP/1.1\r\n");
     let client_host = req.host.as_ref().map(|r| &buf[r.clone()]);
+    let rules = edits.and_then(|e| e.rules);
     match client_host.filter(|_| route.preserve_host) {
+        _ if rules.is_some_and(|r| r.sets_host) => {}
         Some(host) => push_header(out, b"Host", host),
         None => push_header(out, b"Host", server.name.as_bytes()),
     }
-    let mut lines = HeaderLines::default();
-    for h in &req.headers {
-        if forwards_unchanged(h.kind, h.connection_listed, route.forwarded_headers) {
-            lines.keep(out, buf, h);
+    match (edits, rules) {
+        // Two loops so that a route without rules runs exactly the copy it always ran.
+        (Some(e), Some(rules)) => {
+            copy_headers(out, buf, &req.headers, route, |name| rules.drops(name));
+            push_rules(out, rules, &e.vars);
         }
+        _ => copy_headers(out, buf, &req.headers, route, |_| false),
     }
-    lines.flush(out, buf);
     if req.framing == BodyFraming::Chunked {
         out.extend_from_slice(b"Transfer-Encoding: chunked\r\n");
     }
@@ -55,6 +68,26 @@ pub fn write_request_head(
     }
     out.extend_from_slice(b"\r\n");
     offered
+}
+
+/// Copies the lines of the headers forwarded as they are, except those `dropped` names.
+#[inline]
+fn copy_headers(
+    out: &mut Vec<u8>,
+    buf: &[u8],
+    headers: &[HeaderSpan],
+    route: &Route,
+    dropped: impl Fn(&[u8]) -> bool,
+) {
+    let mut lines = HeaderLines::default();
+    for h in headers {
+        if forwards_unchanged(h.kind, h.connection_listed, route.forwarded_headers)
+            && !dropped(&buf[h.name.clone()])
+        {
+            lines.keep(out, buf, h);
+        }
+    }
+    lines.flush(out, buf);
 }
 
 /// Headers copied as they are: everything end-to-end that the proxy does not set itself.

@@ -90,6 +90,7 @@ mod tests {
             forwarded_headers: true,
             upgrades: vec![],
             upstream: 0,
+            filters: Default::default(),
         }
     }
 

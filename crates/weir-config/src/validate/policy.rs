@@ -1,0 +1,293 @@
+//! Validation of the traffic-policy keys (issue 16): a route's header rules and the
+//! other per-route filters, and the listener's client settings. Each filter left out of
+//! the file stays `None` in the model, so routes without it pay nothing per request.
+
+use std::collections::BTreeMap;
+
+use super::is_tchar;
+use crate::error::{FieldPath, Issue};
+use crate::model::{HeaderRule, HeaderRules, RouteFilters, Template, TemplatePart, Variable};
+use crate::raw::{RawHeaderRules, RawRoute};
+
+/// Most rules in one `set`, `add` or `remove` list.
+const MAX_RULES: usize = 64;
+
+/// The filters of a route; takes the policy keys out of `raw`.
+pub(super) fn route_filters(raw: &mut RawRoute, path: &FieldPath) -> Result<RouteFilters, Issue> {
+    let forwarded = raw.forwarded_headers.unwrap_or(true);
+    let request_headers = raw
+        .request_headers
+        .take()
+        .map(|r| header_rules(r, &path.key("request_headers"), Side::Request { forwarded }))
+        .transpose()?;
+    let response_headers = raw
+        .response_headers
+        .take()
+        .map(|r| header_rules(r, &path.key("response_headers"), Side::Response))
+        .transpose()?;
+    Ok(RouteFilters {
+        request_headers,
+        response_headers,
+    })
+}
+
+/// Which head a set of rules edits.
+#[derive(Clone, Copy)]
+enum Side {
+    /// `forwarded`: the route sets the forwarded headers itself.
+    Request {
+        forwarded: bool,
+    },
+    Response,
+}
+
+/// What a rule does to its header, for messages.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Op {
+    Set,
+    Add,
+    Remove,
+}
+
+fn header_rules(raw: RawHeaderRules, path: &FieldPath, side: Side) -> Result<HeaderRules, Issue> {
+    let mut rules = HeaderRules::default();
+    let set = raw.set.unwrap_or_default();
+    let add = raw.add.unwrap_or_default();
+    let remove = raw.remove.unwrap_or_default();
+    rules.set = value_rules(set, &path.key("set"), side, Op::Set)?;
+    rules.add = value_rules(add, &path.key("add"), side, Op::Add)?;
+    let remove_path = path.key("remove");
+    check_count(remove.len(), &remove_path)?;
+    let mut removed: Vec<String> = Vec::new();
+    for (i, name) in remove.iter().enumerate() {
+        let at = remove_path.index(i);
+        check_name(name, &at, side, Op::Remove)?;
+        let lower = name.to_ascii_lowercase();
+        if removed.contains(&lower) {
+            return Err(Issue::new(
+                &at,
+                format!("header \"{name}\" is listed twice in remove"),
+                "list each header once",
+            ));
+        }
+        removed.push(lower);
+    }
+    check_overlaps(&rules, &removed, path)?;
+    rules.sets_host = rules
+        .set
+        .iter()
+        .any(|r| r.name.eq_ignore_ascii_case("host"));
+    rules.drop = rules
+        .set
+        .iter()
+        .map(|r| r.name.to_ascii_lowercase())
+        .chain(removed)
+        .collect();
+    Ok(rules)
+}
+
+/// A header named in two lists would be edited twice in one head: say which one to keep.
+fn check_overlaps(rules: &HeaderRules, removed: &[String], path: &FieldPath) -> Result<(), Issue> {
+    for r in &rules.add {
+        let lower = r.name.to_ascii_lowercase();
+        let clash = if rules
+            .set
+            .iter()
+            .any(|s| s.name.eq_ignore_ascii_case(&lower))
+        {
+            Some("set")
+        } else if removed.contains(&lower) {
+            Some("remove")
+        } else {
+            None
+        };
+        if let Some(other) = clash {
+            return Err(Issue::new(
+                &path.key("add").key(&r.name),
+                format!("header \"{}\" is in both add and {other}", r.name),
+                "name each header in one list: set replaces, add appends, remove drops",
+            ));
+        }
+    }
+    if let Some(r) = rules.set.iter().find(|r| {
+        let lower = r.name.to_ascii_lowercase();
+        removed.contains(&lower)
+    }) {
+        return Err(Issue::new(
+            &path.key("set").key(&r.name),
+            format!("header \"{}\" is in both set and remove", r.name),
+            "set already drops the incoming header; remove it from one of the lists",
+        ));
+    }
+    Ok(())
+}
+
+fn check_count(n: usize, path: &FieldPath) -> Result<(), Issue> {
+    if n > MAX_RULES {
+        return Err(Issue::new(
+            path,
+            format!("more than {MAX_RULES} header rules"),
+            "keep the list short; rules run on every request of the route",
+        ));
+    }
+    Ok(())
+}
+
+fn value_rules(
+    raw: BTreeMap<String, String>,
+    path: &FieldPath,
+    side: Side,
+    op: Op,
+) -> Result<Vec<HeaderRule>, Issue> {
+    check_count(raw.len(), path)?;
+    let mut out: Vec<HeaderRule> = Vec::with_capacity(raw.len());
+    for (name, value) in raw {
+        let at = path.key(&name);
+        check_name(&name, &at, side, op)?;
+        if out.iter().any(|r| r.name.eq_ignore_ascii_case(&name)) {
+            return Err(Issue::new(
+                &at,
+                format!("header \"{name}\" is named twice (names ignore case)"),
+                "keep one spelling of the name",
+            ));
+        }
+        out.push(HeaderRule {
+            value: template(&value, &at)?,
+            name,
+        });
+    }
+    Ok(out)
+}
+
+/// A header name a rule may edit: a token, not hop-by-hop or framing, `Host` only by a
+/// request `set`, the forwarded headers only when the route does not set them itself.
+fn check_name(name: &str, path: &FieldPath, side: Side, op: Op) -> Result<(), Issue> {
+    if name.is_empty() || !name.bytes().all(is_tchar) {
+        return Err(Issue::new(
+            path,
+            format!("\"{name}\" is not a header name"),
+            "use letters, digits and '-' (a token of RFC 9110), such as \"X-Env\"",
+        ));
+    }
+    let lower = name.to_ascii_lowercase();
+    const FRAMING: [&str; 8] = [
+        "connection",
+        "transfer-encoding",
+        "content-length",
+        "upgrade",
+        "te",
+        "keep-alive",
+        "trailer",
+        "http2-settings",
+    ];
+    if FRAMING.contains(&lower.as_str()) || lower.starts_with("proxy-") {
+        return Err(Issue::new(
+            path,
+            format!(
+                "header \"{name}\" is hop-by-hop or framing: Weir writes it itself for each \
+                 connection, and editing it could desynchronise client, Weir and server"
+            ),
+            format!("remove the \"{name}\" rule (timeouts and keep-alive are listener keys)"),
+        ));
+    }
+    if lower == "host" {
+        return match (side, op) {
+            (Side::Request { .. }, Op::Set) => Ok(()),
+            (Side::Request { .. }, _) => Err(Issue::new(
+                path,
+                "the Host header can only be replaced, not added or removed",
+                "use set = { \"Host\" = \"...\" }, or preserve_host = false to send the server's address",
+            )),
+            (Side::Response, _) => Err(Issue::new(
+                path,
+                "Host is a request header",
+                "move the rule to request_headers",
+            )),
+        };
+    }
+    let forwarded = [
+        "x-forwarded-for",
+        "x-real-ip",
+        "x-forwarded-proto",
+        "x-forwarded-host",
+    ];
+    if matches!(side, Side::Request { forwarded: true }) && forwarded.contains(&lower.as_str()) {
+        return Err(Issue::new(
+            path,
+            format!("header \"{name}\" is set by the route's forwarded headers"),
+            "set forwarded_headers = false on the route to manage the forwarded headers with rules",
+        ));
+    }
+    Ok(())
+}
+
+/// Splits a value into text and `{variable}`s (`{{` and `}}` are literal braces); the text
+/// must be visible ASCII, spaces and tabs, without leading or trailing whitespace.
+pub(super) fn template(text: &str, path: &FieldPath) -> Result<Template, Issue> {
+    let bad_char = text
+        .bytes()
+        .any(|b| !(b == b' ' || b == b'\t' || b.is_ascii_graphic()));
+    if bad_char || text.starts_with([' ', '\t']) || text.ends_with([' ', '\t']) {
+        return Err(Issue::new(
+            path,
+            format!("header value {text:?} has a control character, non-ASCII text or surrounding whitespace"),
+            "use visible ASCII (percent-encode anything else) and no leading or trailing spaces",
+        ));
+    }
+    let names = || {
+        Variable::ALL
+            .iter()
+            .map(|(n, _)| format!("{{{n}}}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let mut parts = Vec::new();
+    let mut literal = String::new();
+    let mut rest = text;
+    while let Some(c) = rest.chars().next() {
+        if let Some(after) = rest.strip_prefix("{{").or(rest.strip_prefix("}}")) {
+            literal.push(c);
+            rest = after;
+        } else if c == '{' {
+            let end = rest.find('}').ok_or_else(|| {
+                Issue::new(
+                    path,
+                    format!("unclosed '{{' in {text:?}"),
+                    "write {{ for a literal brace",
+                )
+            })?;
+            let name = &rest[1..end];
+            let var = Variable::ALL
+                .iter()
+                .find(|(n, _)| *n == name)
+                .ok_or_else(|| {
+                    Issue::new(
+                        path,
+                        format!("unknown variable {{{name}}} in {text:?}"),
+                        format!("use one of {}, or {{{{ for a literal brace", names()),
+                    )
+                })?;
+            if !literal.is_empty() {
+                parts.push(TemplatePart::Text(std::mem::take(&mut literal)));
+            }
+            parts.push(TemplatePart::Var(var.1));
+            rest = &rest[end + 1..];
+        } else if c == '}' {
+            return Err(Issue::new(
+                path,
+                format!("stray '}}' in {text:?}"),
+                "write }} for a literal brace",
+            ));
+        } else {
+            literal.push(c);
+            rest = &rest[c.len_utf8()..];
+        }
+    }
+    if !literal.is_empty() {
+        parts.push(TemplatePart::Text(literal));
+    }
+    Ok(Template(parts))
+}
+
+#[cfg(test)]
+mod tests;

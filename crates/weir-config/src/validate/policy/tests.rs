@@ -1,0 +1,229 @@
+//! Traffic-policy validation: what is accepted, and every rejection with its key and fix.
+
+use crate::validate::tests::check;
+use crate::{parse_str, TemplatePart, Variable};
+
+/// A listener (lines 1-3) with one route `r` (lines 4-6, then `route_lines` from line 7).
+fn with_route(route_lines: &str) -> String {
+    format!(
+        "[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:8080\"\n\
+         [[listeners.routes]]\nname = \"r\"\nupstream = \"u\"\n{route_lines}\
+         [upstreams.u]\nservers = [{{ addr = \"127.0.0.1:8081\" }}]\n"
+    )
+}
+
+const RH: &str = "listeners[0].routes[0].request_headers";
+const SH: &str = "listeners[0].routes[0].response_headers";
+
+#[test]
+fn header_rules_parse_into_templates() {
+    let c = parse_str(
+        &with_route(
+            "request_headers = { set = { \"X-Env\" = \"prod {{x}}\", Host = \"{host}\" }, add = { \"X-Trace\" = \"{request_id}-{path}?{query}\" }, remove = [\"X-Debug\"] }\n\
+             response_headers = { remove = [\"Server\"] }\n",
+        ),
+        "t.toml",
+    )
+    .unwrap();
+    let f = &c.listeners[0].routes[0].filters;
+    let rh = f.request_headers.as_ref().unwrap();
+    assert!(rh.sets_host);
+    assert_eq!(rh.drop, vec!["host", "x-env", "x-debug"]);
+    assert!(rh.drops(b"X-DEBUG") && !rh.drops(b"X-Trace"));
+    assert_eq!(
+        rh.set[1].value.0,
+        vec![TemplatePart::Text("prod {x}".into())]
+    );
+    assert_eq!(
+        rh.add[0].value.0,
+        vec![
+            TemplatePart::Var(Variable::RequestId),
+            TemplatePart::Text("-".into()),
+            TemplatePart::Var(Variable::Path),
+            TemplatePart::Text("?".into()),
+            TemplatePart::Var(Variable::Query),
+        ]
+    );
+    assert_eq!(f.response_headers.as_ref().unwrap().drop, vec!["server"]);
+    let plain = parse_str(&with_route(""), "t.toml").unwrap();
+    assert_eq!(plain.listeners[0].routes[0].filters, Default::default());
+}
+
+#[test]
+fn header_rules_reject_hop_by_hop_and_framing_headers() {
+    for name in [
+        "Connection",
+        "transfer-encoding",
+        "Content-Length",
+        "Upgrade",
+        "TE",
+        "Keep-Alive",
+        "Proxy-Authorization",
+        "Trailer",
+    ] {
+        check(
+            &with_route(&format!(
+                "request_headers = {{ set = {{ \"{name}\" = \"x\" }} }}\n"
+            )),
+            &format!("{RH}.set.{name}"),
+            7,
+            "hop-by-hop or framing",
+            "remove the",
+        );
+        check(
+            &with_route(&format!("response_headers = {{ remove = [\"{name}\"] }}\n")),
+            &format!("{SH}.remove[0]"),
+            7,
+            "hop-by-hop or framing",
+            "remove the",
+        );
+    }
+}
+
+#[test]
+fn header_rules_host_only_by_request_set() {
+    check(
+        &with_route("request_headers = { remove = [\"host\"] }\n"),
+        &format!("{RH}.remove[0]"),
+        7,
+        "only be replaced",
+        "preserve_host",
+    );
+    check(
+        &with_route("request_headers = { add = { Host = \"a\" } }\n"),
+        &format!("{RH}.add.Host"),
+        7,
+        "only be replaced",
+        "set =",
+    );
+    check(
+        &with_route("response_headers = { set = { Host = \"a\" } }\n"),
+        &format!("{SH}.set.Host"),
+        7,
+        "request header",
+        "request_headers",
+    );
+}
+
+#[test]
+fn header_rules_leave_forwarded_headers_to_the_route() {
+    check(
+        &with_route("request_headers = { set = { \"X-Forwarded-For\" = \"{client_ip}\" } }\n"),
+        &format!("{RH}.set.X-Forwarded-For"),
+        7,
+        "forwarded headers",
+        "forwarded_headers = false",
+    );
+    let ok = with_route("forwarded_headers = false\nrequest_headers = { set = { \"X-Real-IP\" = \"{client_ip}\" } }\n");
+    assert!(parse_str(&ok, "t.toml").is_ok());
+}
+
+#[test]
+fn header_rules_reject_bad_names_and_values() {
+    check(
+        &with_route("request_headers = { set = { \"X Env\" = \"a\" } }\n"),
+        &format!("{RH}.set.\"X Env\""),
+        7,
+        "not a header name",
+        "token",
+    );
+    check(
+        &with_route("request_headers = { set = { \"X-A\" = \"a\\r\\nX-B: b\" } }\n"),
+        &format!("{RH}.set.X-A"),
+        7,
+        "control character",
+        "visible ASCII",
+    );
+    check(
+        &with_route("request_headers = { set = { \"X-A\" = \" a\" } }\n"),
+        &format!("{RH}.set.X-A"),
+        7,
+        "whitespace",
+        "no leading",
+    );
+    check(
+        &with_route("request_headers = { set = { \"X-A\" = \"caf\u{e9}\" } }\n"),
+        &format!("{RH}.set.X-A"),
+        7,
+        "non-ASCII",
+        "percent-encode",
+    );
+    check(
+        &with_route("request_headers = { set = { \"X-A\" = \"{hots}\" } }\n"),
+        &format!("{RH}.set.X-A"),
+        7,
+        "unknown variable {hots}",
+        "{host}",
+    );
+    check(
+        &with_route("request_headers = { set = { \"X-A\" = \"{host\" } }\n"),
+        &format!("{RH}.set.X-A"),
+        7,
+        "unclosed",
+        "{{",
+    );
+    check(
+        &with_route("request_headers = { set = { \"X-A\" = \"a}\" } }\n"),
+        &format!("{RH}.set.X-A"),
+        7,
+        "stray",
+        "}}",
+    );
+}
+
+#[test]
+fn header_rules_reject_contradictions() {
+    check(
+        &with_route("request_headers = { set = { \"X-A\" = \"1\", \"x-a\" = \"2\" } }\n"),
+        &format!("{RH}.set.x-a"),
+        7,
+        "named twice",
+        "one spelling",
+    );
+    check(
+        &with_route("request_headers = { set = { \"X-A\" = \"1\" }, add = { \"x-a\" = \"2\" } }\n"),
+        &format!("{RH}.add.x-a"),
+        7,
+        "both add and set",
+        "one list",
+    );
+    check(
+        &with_route("request_headers = { add = { \"X-A\" = \"1\" }, remove = [\"X-A\"] }\n"),
+        &format!("{RH}.add.X-A"),
+        7,
+        "both add and remove",
+        "one list",
+    );
+    check(
+        &with_route("request_headers = { set = { \"X-A\" = \"1\" }, remove = [\"x-a\"] }\n"),
+        &format!("{RH}.set.X-A"),
+        7,
+        "both set and remove",
+        "one of the lists",
+    );
+    check(
+        &with_route("response_headers = { remove = [\"A\", \"a\"] }\n"),
+        &format!("{SH}.remove[1]"),
+        7,
+        "listed twice",
+        "once",
+    );
+    let many: Vec<String> = (0..65).map(|i| format!("\"X-{i}\"")).collect();
+    check(
+        &with_route(&format!(
+            "response_headers = {{ remove = [{}] }}\n",
+            many.join(",")
+        )),
+        &format!("{SH}.remove"),
+        7,
+        "more than 64",
+        "short",
+    );
+    check(
+        &with_route("response_headers = { delete = [\"A\"] }\n"),
+        &format!("{SH}.delete"),
+        7,
+        "unknown field `delete`",
+        "spelling",
+    );
+}
