@@ -126,6 +126,7 @@ max_idle = 256
             },
             access_log: None,
             routes,
+            policy: ListenerPolicy::default(),
         }
     }
 

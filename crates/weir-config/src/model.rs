@@ -170,6 +170,8 @@ pub struct Listener {
     /// `None` when access logging is off.
     pub access_log: Option<AccessLog>,
     pub routes: Vec<Route>,
+    /// Traffic-policy settings of the listener (issue 16): request ids, ...
+    pub policy: ListenerPolicy,
 }
 
 /// Where and how a listener logs each request (`[listeners.access_log]`).
@@ -507,4 +509,38 @@ impl Variable {
         ("client_ip", Variable::ClientIp),
         ("request_id", Variable::RequestId),
     ];
+}
+
+/// The listener's traffic-policy settings (`request_id`, ...).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListenerPolicy {
+    /// `None`: `request_id = false`, requests get no id.
+    pub request_id: Option<RequestIdSettings>,
+}
+
+impl Default for ListenerPolicy {
+    fn default() -> ListenerPolicy {
+        ListenerPolicy {
+            request_id: Some(RequestIdSettings::default()),
+        }
+    }
+}
+
+/// `request_id = { header, trust_client }`: every request gets an id, sent upstream in
+/// `header` and logged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestIdSettings {
+    /// The header name as written (default `X-Request-Id`).
+    pub header: String,
+    /// Keep a well-formed id the client sent (one line, 1..=128 of `[A-Za-z0-9._-]`).
+    pub trust_client: bool,
+}
+
+impl Default for RequestIdSettings {
+    fn default() -> RequestIdSettings {
+        RequestIdSettings {
+            header: "X-Request-Id".to_owned(),
+            trust_client: true,
+        }
+    }
 }

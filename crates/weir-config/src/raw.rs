@@ -61,6 +61,8 @@ pub(crate) struct RawListener {
     pub access_log: Option<RawAccessLog>,
     pub routes: Option<Vec<RawRoute>>,
     pub proxy_protocol: Option<RawProxyProtocol>,
+    // Traffic policy (issue 16; validate/policy.rs).
+    pub request_id: Option<RawRequestId>,
     // TCP listeners only.
     pub upstream: Option<String>,
     pub idle_timeout: Option<String>,
@@ -110,6 +112,45 @@ pub(crate) struct RawRoute {
     // Traffic policy (issue 16; validate/policy.rs).
     pub request_headers: Option<RawHeaderRules>,
     pub response_headers: Option<RawHeaderRules>,
+}
+
+/// `request_id = false | true | { header, trust_client }` of a listener.
+#[derive(Debug)]
+pub(crate) enum RawRequestId {
+    Switch(bool),
+    Table(RawRequestIdTable),
+}
+
+impl<'de> Deserialize<'de> for RawRequestId {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(RequestIdVisitor)
+    }
+}
+
+struct RequestIdVisitor;
+
+impl<'de> Visitor<'de> for RequestIdVisitor {
+    type Value = RawRequestId;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("true, false or a table { header = \"X-Request-Id\", trust_client = true }")
+    }
+
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<RawRequestId, E> {
+        Ok(RawRequestId::Switch(v))
+    }
+
+    fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<RawRequestId, A::Error> {
+        RawRequestIdTable::deserialize(de::value::MapAccessDeserializer::new(map))
+            .map(RawRequestId::Table)
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawRequestIdTable {
+    pub header: Option<String>,
+    pub trust_client: Option<bool>,
 }
 
 /// `request_headers` / `response_headers = { set, add, remove }` of a route.

@@ -210,6 +210,7 @@ fn listener(
     let name = name(raw.name.take(), &key("name"), "listener")?;
     let bind = listener_bind(raw.bind.take(), &key("bind"))?;
     let protocol = tcp::protocol(&mut raw, path, upstreams)?;
+    let policy = policy::listener_policy(&mut raw, path)?;
     // A TCP listener may carry a protocol where the server speaks first (SMTP, MySQL):
     // deferring its accept would stall it, so there it is opt-in.
     let defer_accept = raw
@@ -247,8 +248,10 @@ fn listener(
         max_headers: int_in(raw.max_headers, 100, 1..=1000, &key("max_headers"))?,
         default_response: default_response(raw.default_response, &key("default_response"))?,
         access_log: access_log(raw.access_log, &key("access_log"))?,
+        policy,
         routes: routes(raw.routes, &key("routes"), upstreams)?,
     })
+    .and_then(|l| policy::check_listener(l, path))
 }
 
 fn listener_bind(raw: Option<String>, path: &FieldPath) -> Result<SocketAddr, Issue> {

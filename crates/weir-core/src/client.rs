@@ -19,6 +19,7 @@ use crate::codec::http1::write::{push_simple_response, Persistence};
 use crate::codec::http1::{parse_request, HeadLimits, RequestHead};
 use crate::error::{reason_phrase, ProxyError};
 use crate::filters::forwarded::ClientIp;
+use crate::filters::request_id::RequestId;
 use crate::time::{with_timeout, LazyTimer};
 use crate::worker::Worker;
 
@@ -39,6 +40,8 @@ pub struct ClientConn {
     pub host: Vec<u8>,
     /// The current route's `response_headers` lines, rendered from the request.
     pub resp_lines: Vec<u8>,
+    /// The current request's id (empty when the listener has `request_id = false`).
+    pub request_id: RequestId,
     /// Requests read on this connection so far.
     pub served: u64,
     /// Bytes written to the client so far.
@@ -99,6 +102,7 @@ impl ClientConn {
             ip: ClientIp::new(peer.ip()),
             host: Vec::new(),
             resp_lines: Vec::new(),
+            request_id: RequestId::default(),
             served: 0,
             sent: 0,
             log_fields: RequestFields::default(),

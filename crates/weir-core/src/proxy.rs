@@ -25,6 +25,7 @@ use crate::codec::http1::write::Persistence;
 use crate::codec::http1::{BodyFraming, RequestHead, ResponseHead};
 use crate::error::ProxyError;
 use crate::filters::forwarded::ClientIp;
+use crate::filters::request_id;
 use crate::forward::body::BodyState;
 use crate::forward::{forward, Failure};
 use crate::listener::proxy_protocol::accept_step;
@@ -166,6 +167,16 @@ async fn serve(
     match next {
         Ok(NextRequest::Ready) => {
             conn.served += 1;
+            match &serving.listener().policy.request_id {
+                Some(id) => request_id::assign(
+                    &mut conn.request_id,
+                    &worker.request_ids,
+                    id,
+                    conn.buf.filled(),
+                    req,
+                ),
+                None => conn.request_id.clear(),
+            }
             if worker.log(slot).is_some() {
                 conn.capture_log_fields(req);
             }
@@ -352,6 +363,7 @@ fn record(worker: &Worker, snapshot: &Snapshot, conn: &ClientConn, handled: &Han
             route: route_name,
             upstream,
             upstream_time: conn.upstream_time,
+            request_id: conn.request_id.as_bytes(),
         };
         log.log(&conn.log_fields, &outcome);
     }

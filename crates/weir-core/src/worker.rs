@@ -73,6 +73,8 @@ pub struct Worker {
     pub metrics: Arc<WorkerMetrics>,
     /// Access-log buffers, per listener slot (`None`: logging off).
     pub logs: Vec<Option<LogBuffer>>,
+    /// This worker's request-id source.
+    pub request_ids: crate::filters::request_id::RequestIds,
 }
 
 impl Worker {
@@ -103,6 +105,7 @@ impl Worker {
             connection_closed: Notify::new(),
             metrics,
             logs,
+            request_ids: Default::default(),
         }
     }
 

@@ -6,8 +6,11 @@ use std::collections::BTreeMap;
 
 use super::is_tchar;
 use crate::error::{FieldPath, Issue};
-use crate::model::{HeaderRule, HeaderRules, RouteFilters, Template, TemplatePart, Variable};
-use crate::raw::{RawHeaderRules, RawRoute};
+use crate::model::{
+    HeaderRule, HeaderRules, Listener, ListenerPolicy, RequestIdSettings, RouteFilters, Template,
+    TemplatePart, Variable,
+};
+use crate::raw::{RawHeaderRules, RawListener, RawRequestId, RawRoute};
 
 /// Most rules in one `set`, `add` or `remove` list.
 const MAX_RULES: usize = 64;
@@ -29,6 +32,58 @@ pub(super) fn route_filters(raw: &mut RawRoute, path: &FieldPath) -> Result<Rout
         request_headers,
         response_headers,
     })
+}
+
+/// The listener's policy settings; takes them out of `raw`.
+pub(super) fn listener_policy(
+    raw: &mut RawListener,
+    path: &FieldPath,
+) -> Result<ListenerPolicy, Issue> {
+    let request_id = match raw.request_id.take() {
+        None | Some(RawRequestId::Switch(true)) => Some(RequestIdSettings::default()),
+        Some(RawRequestId::Switch(false)) => None,
+        Some(RawRequestId::Table(t)) => {
+            let header = t.header.unwrap_or_else(|| "X-Request-Id".to_owned());
+            let at = path.key("request_id").key("header");
+            check_name(&header, &at, Side::Request { forwarded: true }, Op::Set)?;
+            if header.eq_ignore_ascii_case("host") {
+                return Err(Issue::new(
+                    &at,
+                    "the request id cannot travel in Host",
+                    "name another header, such as \"X-Request-Id\" (the default)",
+                ));
+            }
+            Some(RequestIdSettings {
+                header,
+                trust_client: t.trust_client.unwrap_or(true),
+            })
+        }
+    };
+    Ok(ListenerPolicy { request_id })
+}
+
+/// Checks between a listener's settings and its routes' filters.
+pub(super) fn check_listener(listener: Listener, path: &FieldPath) -> Result<Listener, Issue> {
+    let Some(id) = &listener.policy.request_id else {
+        return Ok(listener);
+    };
+    for (i, route) in listener.routes.iter().enumerate() {
+        let Some(rules) = &route.filters.request_headers else {
+            continue;
+        };
+        let named = rules.set.iter().chain(&rules.add).map(|r| r.name.as_str());
+        if let Some(name) = named
+            .chain(rules.drop.iter().map(String::as_str))
+            .find(|n| n.eq_ignore_ascii_case(&id.header))
+        {
+            return Err(Issue::new(
+                &path.key("routes").index(i).key("request_headers"),
+                format!("header \"{name}\" carries the listener's request id"),
+                "remove the rule (the id is set for every request), or set the listener's request_id = false",
+            ));
+        }
+    }
+    Ok(listener)
 }
 
 /// Which head a set of rules edits.

@@ -99,6 +99,7 @@ fn http_only_keys(raw: &RawListener) -> Vec<&'static str> {
         ("default_response", raw.default_response.is_some()),
         ("access_log", raw.access_log.is_some()),
         ("routes", raw.routes.is_some()),
+        ("request_id", raw.request_id.is_some()),
     ];
     present.iter().filter(|p| p.1).map(|p| p.0).collect()
 }

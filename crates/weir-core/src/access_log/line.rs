@@ -27,6 +27,8 @@ pub struct Outcome<'a> {
     pub route: &'a str,
     pub upstream: Option<&'a str>,
     pub upstream_time: Option<Duration>,
+    /// The request's id (JSON only; empty: the listener has `request_id = false`).
+    pub request_id: &'a [u8],
 }
 
 pub fn push_line(
@@ -124,6 +126,13 @@ fn push_json(out: &mut Vec<u8>, req: &RequestFields, o: &Outcome<'_>, time: &mut
             push_seconds(out, t);
         }
         None => out.extend_from_slice(b",\"upstream_time\":null"),
+    }
+    if o.request_id.is_empty() {
+        out.extend_from_slice(b",\"request_id\":null");
+    } else {
+        out.extend_from_slice(b",\"request_id\":\"");
+        push_escaped(out, o.request_id, true);
+        out.push(b'"');
     }
     out.extend_from_slice(b",\"referer\":\"");
     push_escaped(out, &req.referer, true);
@@ -244,6 +253,7 @@ mod tests {
             route: "all",
             upstream: Some("127.0.0.1:9000"),
             upstream_time: Some(Duration::from_micros(1000)),
+            request_id: b"abc-1",
         };
         (req, o)
     }
@@ -290,6 +300,7 @@ mod tests {
             "\"route\":\"all\"",
             "\"upstream\":\"127.0.0.1:9000\"",
             "\"duration\":0.001500",
+            "\"request_id\":\"abc-1\"",
             "\"user_agent\":\"curl/8\\u000a\"",
         ] {
             assert!(line.contains(field), "{field} in {line}");

@@ -6,5 +6,6 @@
 pub mod forwarded;
 pub mod headers;
 pub mod location;
+pub mod request_id;
 pub mod rewrite;
 pub mod upgrade;

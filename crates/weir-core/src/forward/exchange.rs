@@ -87,7 +87,7 @@ pub async fn forward(
         .ok_or(ProxyError::NoServer)?;
     let server = &target.upstream.servers[pick.server];
     conn.out.clear();
-    let upgrade = write_head_with_policy(conn, req, target.route, server);
+    let upgrade = write_head_with_policy(conn, req, &target, server);
     let meta = RequestMeta {
         is_head: req.is_head,
         http10: req.minor_version == 0,
@@ -123,12 +123,16 @@ pub async fn forward(
 fn write_head_with_policy(
     conn: &mut ClientConn,
     req: &RequestHead,
-    route: &Route,
+    target: &Target<'_>,
     server: &UpstreamServer,
 ) -> Offered {
-    let filters = &route.filters;
+    let (route, filters) = (target.route, &target.route.filters);
+    let id_header = target.listener.policy.request_id.as_ref();
     let buf = conn.buf.filled();
-    if filters.request_headers.is_none() && filters.response_headers.is_none() {
+    if id_header.is_none()
+        && filters.request_headers.is_none()
+        && filters.response_headers.is_none()
+    {
         return write_request_head(&mut conn.out, buf, req, route, server, &conn.ip, None);
     }
     let vars = Vars {
@@ -136,14 +140,15 @@ fn write_head_with_policy(
         host: req.host.as_ref().map_or(&[][..], |r| &buf[r.clone()]),
         target: req.path(buf),
         client_ip: conn.ip.as_bytes(),
-        request_id: b"",
+        request_id: conn.request_id.as_bytes(),
     };
-    conn.resp_lines.clear();
     if let Some(rules) = &filters.response_headers {
+        conn.resp_lines.clear();
         push_rules(&mut conn.resp_lines, rules, &vars);
     }
     let edits = RequestEdits {
         rules: filters.request_headers.as_ref(),
+        request_id: id_header.map(|id| id.header.as_bytes()),
         vars,
     };
     write_request_head(

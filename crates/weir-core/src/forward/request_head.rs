@@ -15,7 +15,28 @@ use crate::filters::upgrade::{push_offer, Offered};
 pub struct RequestEdits<'a> {
     /// The route's `request_headers`.
     pub rules: Option<&'a HeaderRules>,
+    /// The listener's request-id header name, when ids are on (the id is in `vars`).
+    pub request_id: Option<&'a [u8]>,
     pub vars: Vars<'a>,
+}
+
+impl RequestEdits<'_> {
+    /// Whether an incoming header named `name` is left out (Weir writes its own).
+    #[inline]
+    fn drops(&self, name: &[u8]) -> bool {
+        self.request_id
+            .is_some_and(|id| id.len() == name.len() && id.eq_ignore_ascii_case(name))
+            || self.rules.is_some_and(|r| r.drops(name))
+    }
+
+    fn push(&self, out: &mut Vec<u8>) {
+        if let Some(name) = self.request_id {
+            push_header(out, name, self.vars.request_id);
+        }
+        if let Some(rules) = self.rules {
+            push_rules(out, rules, &self.vars);
+        }
+    }
 }
 
 /// Appends the upstream request head for `req` (parsed from `buf`) to `out`. Returns the
@@ -46,13 +67,13 @@ pub fn write_request_head(
         Some(host) => push_header(out, b"Host", host),
         None => push_header(out, b"Host", server.name.as_bytes()),
     }
-    match (edits, rules) {
-        // Two loops so that a route without rules runs exactly the copy it always ran.
-        (Some(e), Some(rules)) => {
-            copy_headers(out, buf, &req.headers, route, |name| rules.drops(name));
-            push_rules(out, rules, &e.vars);
+    match edits {
+        // Two loops so that a request without edits runs exactly the copy it always ran.
+        Some(e) => {
+            copy_headers(out, buf, &req.headers, route, |name| e.drops(name));
+            e.push(out);
         }
-        _ => copy_headers(out, buf, &req.headers, route, |_| false),
+        None => copy_headers(out, buf, &req.headers, route, |_| false),
     }
     if req.framing == BodyFraming::Chunked {
         out.extend_from_slice(b"Transfer-Encoding: chunked\r\n");

@@ -227,3 +227,96 @@ fn header_rules_reject_contradictions() {
         "spelling",
     );
 }
+
+/// A listener (lines 1-3) with `listener_lines` (from line 4), then route `r` and upstream `u`.
+fn with_listener(listener_lines: &str, route_lines: &str) -> String {
+    format!(
+        "[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:8080\"\n{listener_lines}\
+         [[listeners.routes]]\nname = \"r\"\nupstream = \"u\"\n{route_lines}\
+         [upstreams.u]\nservers = [{{ addr = \"127.0.0.1:8081\" }}]\n"
+    )
+}
+
+#[test]
+fn request_id_settings() {
+    let id = |lines: &str| {
+        parse_str(&with_listener(lines, ""), "t.toml")
+            .unwrap()
+            .listeners[0]
+            .policy
+            .request_id
+            .clone()
+    };
+    let default = id("").unwrap();
+    assert_eq!(
+        (default.header.as_str(), default.trust_client),
+        ("X-Request-Id", true)
+    );
+    assert_eq!(id("request_id = true\n"), Some(default));
+    assert_eq!(id("request_id = false\n"), None);
+    let custom = id("request_id = { header = \"X-Trace\", trust_client = false }\n").unwrap();
+    assert_eq!(
+        (custom.header.as_str(), custom.trust_client),
+        ("X-Trace", false)
+    );
+}
+
+#[test]
+fn request_id_rejections() {
+    let l = "listeners[0].request_id";
+    check(
+        &with_listener("request_id = { header = \"Connection\" }\n", ""),
+        &format!("{l}.header"),
+        4,
+        "hop-by-hop",
+        "remove",
+    );
+    check(
+        &with_listener("request_id = { header = \"Host\" }\n", ""),
+        &format!("{l}.header"),
+        4,
+        "Host",
+        "X-Request-Id",
+    );
+    check(
+        &with_listener("request_id = { header = \"X Id\" }\n", ""),
+        &format!("{l}.header"),
+        4,
+        "not a header name",
+        "token",
+    );
+    check(
+        &with_listener("request_id = \"yes\"\n", ""),
+        l,
+        4,
+        "true, false or a table",
+        "",
+    );
+    check(
+        &with_listener("request_id = { heder = \"X\" }\n", ""),
+        &format!("{l}.heder"),
+        4,
+        "unknown field",
+        "",
+    );
+    check(
+        &with_listener("", "request_headers = { remove = [\"x-request-id\"] }\n"),
+        "listeners[0].routes[0].request_headers",
+        7,
+        "carries the listener's request id",
+        "request_id = false",
+    );
+    let ok = with_listener(
+        "request_id = false\n",
+        "request_headers = { set = { \"X-Request-Id\" = \"{uri}\" } }\n",
+    );
+    assert!(parse_str(&ok, "t.toml").is_ok());
+    check(
+        "[[listeners]]\nname = \"t\"\nbind = \"127.0.0.1:1\"\nprotocol = \"tcp\"\nupstream = \"u\"\nrequest_id = false\n\
+         [upstreams.u]\nservers = [{ addr = \"127.0.0.1:8081\" }]\n",
+        "listeners[0].request_id",
+        6,
+        "",
+        "",
+    );
+}
