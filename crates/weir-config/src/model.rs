@@ -437,6 +437,25 @@ pub struct RouteFilters {
     pub request_headers: Option<HeaderRules>,
     /// Rules applied to the response head sent to the client.
     pub response_headers: Option<HeaderRules>,
+    /// `allow` / `deny` address lists on the client address.
+    pub access: Option<AccessList>,
+}
+
+/// `allow = [CIDR...]`, `deny = [CIDR...]` of a route: deny wins; when `allow` is given,
+/// addresses outside it are refused too (403).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct AccessList {
+    /// Empty: every address not denied.
+    pub allow: Vec<Cidr>,
+    pub deny: Vec<Cidr>,
+}
+
+impl AccessList {
+    /// Whether a client at `ip` may use the route.
+    pub fn permits(&self, ip: IpAddr) -> bool {
+        !self.deny.iter().any(|c| c.contains(ip))
+            && (self.allow.is_empty() || self.allow.iter().any(|c| c.contains(ip)))
+    }
 }
 
 /// `request_headers` / `response_headers = { set, add, remove }`.
@@ -516,12 +535,16 @@ impl Variable {
 pub struct ListenerPolicy {
     /// `None`: `request_id = false`, requests get no id.
     pub request_id: Option<RequestIdSettings>,
+    /// Peers whose `X-Forwarded-For` is believed: the client address is then the rightmost
+    /// entry not in this list. Empty: the peer (after PROXY protocol) is the client.
+    pub trusted_proxies: Vec<Cidr>,
 }
 
 impl Default for ListenerPolicy {
     fn default() -> ListenerPolicy {
         ListenerPolicy {
             request_id: Some(RequestIdSettings::default()),
+            trusted_proxies: Vec::new(),
         }
     }
 }

@@ -63,6 +63,7 @@ pub(crate) struct RawListener {
     pub proxy_protocol: Option<RawProxyProtocol>,
     // Traffic policy (issue 16; validate/policy.rs).
     pub request_id: Option<RawRequestId>,
+    pub trusted_proxies: Option<Vec<String>>,
     // TCP listeners only.
     pub upstream: Option<String>,
     pub idle_timeout: Option<String>,
@@ -112,6 +113,8 @@ pub(crate) struct RawRoute {
     // Traffic policy (issue 16; validate/policy.rs).
     pub request_headers: Option<RawHeaderRules>,
     pub response_headers: Option<RawHeaderRules>,
+    pub allow: Option<Vec<String>>,
+    pub deny: Option<Vec<String>>,
 }
 
 /// `request_id = false | true | { header, trust_client }` of a listener.

@@ -25,8 +25,6 @@ use crate::codec::http1::write::Persistence;
 use crate::codec::http1::{BodyFraming, RequestHead, ResponseHead};
 use crate::error::ProxyError;
 use crate::filters::forwarded::ClientIp;
-use crate::filters::request_id;
-use crate::forward::body::BodyState;
 use crate::forward::{forward, Failure};
 use crate::listener::proxy_protocol::accept_step;
 use crate::metrics::shard::{method_index, METHODS};
@@ -145,6 +143,7 @@ async fn open(
         // The carried client address is the one X-Forwarded-For and logs show.
         if let Some(addresses) = step.await.ok()? {
             conn.ip = ClientIp::new(addresses.source.ip());
+            conn.peer_ip = addresses.source.ip();
         }
         // The first request gets its whole header_timeout after the PROXY header.
         conn.idle_since = Instant::now();
@@ -167,16 +166,7 @@ async fn serve(
     match next {
         Ok(NextRequest::Ready) => {
             conn.served += 1;
-            match &serving.listener().policy.request_id {
-                Some(id) => request_id::assign(
-                    &mut conn.request_id,
-                    &worker.request_ids,
-                    id,
-                    conn.buf.filled(),
-                    req,
-                ),
-                None => conn.request_id.clear(),
-            }
+            crate::policy::identify(worker, serving.listener(), conn, req);
             if worker.log(slot).is_some() {
                 conn.capture_log_fields(req);
             }
@@ -250,6 +240,10 @@ async fn handle(
         return Handled { route, result };
     };
     let route_config = &listener.routes[index];
+    let admitted = crate::policy::admit(listener, route_config, conn, req, resp, keep_alive);
+    if let Some(result) = admitted.await {
+        return Handled { route, result };
+    }
     let upstream = &snapshot.config.upstreams[route_config.upstream];
     let pool = &snapshot.upstreams[route_config.upstream];
     let target = crate::forward::exchange_target(listener, route_config, upstream, pool);
@@ -279,13 +273,7 @@ async fn default_response(
     req: &RequestHead,
     keep_alive: bool,
 ) -> Result<bool, Failure> {
-    conn.buf.consume(req.head_len);
-    let mut body = BodyState::new(req.framing, false, listener.max_body_size);
-    let (_, consumed) = body
-        .take(conn.buf.filled_mut())
-        .map_err(|_| ProxyError::BadRequest("malformed body"))?;
-    conn.buf.consume(consumed);
-    let keep_alive = keep_alive && body.is_done();
+    let keep_alive = conn.skip_body(req, listener)? && keep_alive;
     // An HTTP/1.0 client needs to be told the connection stays open.
     let persistence = Persistence::of(keep_alive, req.minor_version == 0);
     let bytes = plan.default_response(persistence, req.is_head);
@@ -355,7 +343,7 @@ fn record(worker: &Worker, snapshot: &Snapshot, conn: &ClientConn, handled: &Han
             .and_then(|(u, s)| config.upstreams.get(u)?.servers.get(s))
             .map(|s| s.name.as_str());
         let outcome = Outcome {
-            client: conn.ip.as_bytes(),
+            client: conn.client_text().as_bytes(),
             status: done.status,
             bytes_in,
             bytes_out,

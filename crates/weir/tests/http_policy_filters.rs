@@ -245,3 +245,187 @@ async fn request_id_settings_header_untrusted_and_off() {
     assert_eq!(head_values(&r.body_str(), "x-id"), vec!["[]"]);
     assert!(log.lines(1)[0].contains("\"request_id\":null"));
 }
+
+// ---------------------------------------------------------------- access lists
+
+/// Waits until the metric line `name_and_labels` has `want` (requests are counted just
+/// after their answer is written).
+fn wait_for_series(weir: &common::Weir, name_and_labels: &str, want: f64) {
+    let value = |text: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name_and_labels)?.trim().parse::<f64>().ok())
+    };
+    let ok = weir_testkit::wait_until(common::WAIT, || value(&weir.metrics_text()) == Some(want));
+    let text = weir.metrics_text();
+    assert!(
+        ok,
+        "{name_and_labels}: want {want}, have {:?}\n{text}",
+        value(&text)
+    );
+}
+
+#[tokio::test]
+async fn deny_wins_and_refusals_keep_the_connection() {
+    let b = Backend::fixed(200, &[], "ok");
+    let weir = Conf::new()
+        .route(
+            "closed",
+            "up",
+            &[r#"path_prefix = "/closed/""#, r#"deny = ["127.0.0.0/8"]"#],
+        )
+        .route(
+            "both",
+            "up",
+            &[
+                r#"path_prefix = "/both/""#,
+                r#"allow = ["127.0.0.0/8", "::1"]"#,
+                r#"deny = ["127.0.0.1"]"#,
+            ],
+        )
+        .route(
+            "open",
+            "up",
+            &[
+                r#"path_prefix = "/open/""#,
+                r#"deny = ["10.0.0.0/8", "2001:db8::/32"]"#,
+            ],
+        )
+        .upstream("up", &[b.addr()], &[])
+        .start();
+    let mut c = weir.client().await;
+    for path in ["/closed/x", "/both/x"] {
+        let r = c
+            .request(
+                "POST",
+                path,
+                &[("Host", "h"), ("Content-Length", "3")],
+                b"abc",
+            )
+            .await
+            .unwrap();
+        assert_eq!(r.status, 403, "{path}");
+        assert_eq!(r.body_str(), "Forbidden\n");
+        assert_eq!(r.header("Connection"), None, "kept open");
+    }
+    // Same connection: the refused requests' bodies were skipped, the next one is served.
+    let r = c.get("/open/x", "h").await.unwrap();
+    assert_eq!((r.status, r.body_str().as_ref()), (200, "ok"));
+    assert_eq!(b.requests_served(), 1);
+    // An HTTP/1.0 keep-alive client is told the connection stays open.
+    c.send_raw(b"GET /closed/ HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+        .await
+        .unwrap();
+    let r = c.read_response(false).await.unwrap();
+    assert_eq!(r.status, 403);
+    assert_eq!(r.header("Connection"), Some("keep-alive"));
+    let r = c.request("HEAD", "/closed/", &[("Host", "h")], b"").await;
+    assert_eq!(r.unwrap().status, 403);
+    wait_for_series(
+        &weir,
+        "weir_requests_total{listener=\"web\",route=\"closed\",method=\"POST\",code=\"403\"}",
+        1.0,
+    );
+    wait_for_series(
+        &weir,
+        "weir_requests_total{listener=\"web\",route=\"closed\",method=\"GET\",code=\"403\"}",
+        1.0,
+    );
+    wait_for_series(
+        &weir,
+        "weir_requests_total{listener=\"web\",route=\"both\",method=\"POST\",code=\"403\"}",
+        1.0,
+    );
+}
+
+#[tokio::test]
+async fn allow_list_refuses_everyone_else() {
+    let b = Backend::fixed(200, &[], "ok");
+    let weir = Conf::new()
+        .route(
+            "private",
+            "up",
+            &[r#"path_prefix = "/private/""#, r#"allow = ["10.0.0.0/8"]"#],
+        )
+        .route(
+            "local",
+            "up",
+            &[
+                r#"path_prefix = "/local/""#,
+                r#"allow = ["10.0.0.0/8", "127.0.0.1/32"]"#,
+            ],
+        )
+        .upstream("up", &[b.addr()], &[])
+        .start();
+    let mut c = weir.client().await;
+    assert_eq!(c.get("/private/", "h").await.unwrap().status, 403);
+    assert_eq!(c.get("/local/", "h").await.unwrap().status, 200);
+}
+
+#[tokio::test]
+async fn trusted_proxies_take_the_client_from_x_forwarded_for() {
+    let b = Backend::echo("up");
+    let log = JsonLog::new("xff");
+    let weir = Conf::new()
+        .listener(r#"trusted_proxies = ["127.0.0.1", "10.0.0.0/8"]"#)
+        .listener(&log.listener_line())
+        .route(
+            "api",
+            "up",
+            &[
+                r#"allow = ["203.0.113.0/24"]"#,
+                r#"request_headers = { set = { "X-Client" = "{client_ip}" } }"#,
+            ],
+        )
+        .upstream("up", &[b.addr()], &[])
+        .start();
+    let mut c = weir.client().await;
+    // The peer (127.0.0.1) itself is not allowed.
+    assert_eq!(c.get("/", "h").await.unwrap().status, 403);
+    // A forged entry left of the one the trusted hops added is not believed.
+    let xff = [
+        ("Host", "h"),
+        ("X-Forwarded-For", "198.51.100.1, 203.0.113.9, 10.1.2.3"),
+    ];
+    let r = c.request("GET", "/", &xff, b"").await.unwrap();
+    assert_eq!(r.status, 200);
+    let body = r.body_str();
+    assert_eq!(head_values(&body, "x-client"), vec!["203.0.113.9"]);
+    assert_eq!(head_values(&body, "x-real-ip"), vec!["203.0.113.9"]);
+    assert_eq!(
+        head_values(&body, "x-forwarded-for"),
+        vec!["198.51.100.1, 203.0.113.9, 10.1.2.3, 127.0.0.1"]
+    );
+    let forged = [
+        ("Host", "h"),
+        ("X-Forwarded-For", "203.0.113.9, 198.51.100.1"),
+    ];
+    assert_eq!(
+        c.request("GET", "/", &forged, b"").await.unwrap().status,
+        403
+    );
+    let lines = log.lines(3);
+    assert!(
+        lines[0].contains("\"client\":\"127.0.0.1\""),
+        "{}",
+        lines[0]
+    );
+    assert!(
+        lines[1].contains("\"client\":\"203.0.113.9\""),
+        "{}",
+        lines[1]
+    );
+    assert!(
+        lines[2].contains("\"client\":\"198.51.100.1\""),
+        "{}",
+        lines[2]
+    );
+}
+
+#[tokio::test]
+async fn x_forwarded_for_is_ignored_without_trusted_proxies() {
+    let b = Backend::fixed(200, &[], "ok");
+    let weir = route_with(b.addr(), &[r#"allow = ["203.0.113.0/24"]"#]).start();
+    let mut c = weir.client().await;
+    let xff = [("Host", "h"), ("X-Forwarded-For", "203.0.113.9")];
+    assert_eq!(c.request("GET", "/", &xff, b"").await.unwrap().status, 403);
+}

@@ -5,10 +5,11 @@
 use std::collections::BTreeMap;
 
 use super::is_tchar;
+use super::tcp::cidr;
 use crate::error::{FieldPath, Issue};
 use crate::model::{
-    HeaderRule, HeaderRules, Listener, ListenerPolicy, RequestIdSettings, RouteFilters, Template,
-    TemplatePart, Variable,
+    AccessList, Cidr, HeaderRule, HeaderRules, Listener, ListenerPolicy, RequestIdSettings,
+    RouteFilters, Template, TemplatePart, Variable,
 };
 use crate::raw::{RawHeaderRules, RawListener, RawRequestId, RawRoute};
 
@@ -31,6 +32,7 @@ pub(super) fn route_filters(raw: &mut RawRoute, path: &FieldPath) -> Result<Rout
     Ok(RouteFilters {
         request_headers,
         response_headers,
+        access: access_list(raw, path)?,
     })
 }
 
@@ -59,7 +61,58 @@ pub(super) fn listener_policy(
             })
         }
     };
-    Ok(ListenerPolicy { request_id })
+    let trusted_proxies = cidrs(raw.trusted_proxies.take(), &path.key("trusted_proxies"))?;
+    if trusted_proxies.as_ref().is_some_and(Vec::is_empty) {
+        return Err(Issue::new(
+            &path.key("trusted_proxies"),
+            "trusted_proxies is empty",
+            "list the addresses of your proxies (such as [\"10.0.0.0/8\"]), or remove the key",
+        ));
+    }
+    Ok(ListenerPolicy {
+        request_id,
+        trusted_proxies: trusted_proxies.unwrap_or_default(),
+    })
+}
+
+/// Most entries in one address list (checked per request, in order).
+const MAX_CIDRS: usize = 1024;
+
+fn cidrs(raw: Option<Vec<String>>, path: &FieldPath) -> Result<Option<Vec<Cidr>>, Issue> {
+    let Some(raw) = raw else { return Ok(None) };
+    if raw.len() > MAX_CIDRS {
+        return Err(Issue::new(
+            path,
+            format!("more than {MAX_CIDRS} address ranges"),
+            "merge ranges into wider prefixes",
+        ));
+    }
+    let list = raw
+        .iter()
+        .enumerate()
+        .map(|(i, text)| cidr(text, &path.index(i)))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Some(list))
+}
+
+/// `allow` / `deny` of a route.
+fn access_list(raw: &mut RawRoute, path: &FieldPath) -> Result<Option<AccessList>, Issue> {
+    let allow = cidrs(raw.allow.take(), &path.key("allow"))?;
+    let deny = cidrs(raw.deny.take(), &path.key("deny"))?;
+    if allow.as_ref().is_some_and(Vec::is_empty) {
+        return Err(Issue::new(
+            &path.key("allow"),
+            "allow is empty, so every client would get 403",
+            "list the allowed ranges, or remove allow (deny = [\"0.0.0.0/0\", \"::/0\"] refuses everyone on purpose)",
+        ));
+    }
+    if allow.is_none() && deny.is_none() {
+        return Ok(None);
+    }
+    Ok(Some(AccessList {
+        allow: allow.unwrap_or_default(),
+        deny: deny.unwrap_or_default(),
+    }))
 }
 
 /// Checks between a listener's settings and its routes' filters.

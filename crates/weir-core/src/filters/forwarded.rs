@@ -29,10 +29,12 @@ impl ClientIp {
 }
 
 /// Appends the four forwarded headers. `prior_xff` are the values of the client's own
-/// `X-Forwarded-For` headers, in order; the client address is appended to them.
+/// `X-Forwarded-For` headers, in order; the peer address is appended to them. `client` is
+/// the client (`X-Real-IP`): the peer, or the address behind trusted proxies.
 pub fn push_forwarded<'a>(
     out: &mut Vec<u8>,
     client: &ClientIp,
+    peer: &ClientIp,
     host: Option<&[u8]>,
     prior_xff: impl Iterator<Item = &'a [u8]>,
 ) {
@@ -42,7 +44,7 @@ pub fn push_forwarded<'a>(
         out.extend_from_slice(value);
         out.extend_from_slice(b", ");
     }
-    out.extend_from_slice(client.as_bytes());
+    out.extend_from_slice(peer.as_bytes());
     out.extend_from_slice(b"\r\n");
     push_header(out, b"X-Forwarded-Proto", b"http");
     if let Some(host) = host {
@@ -60,6 +62,7 @@ mod tests {
         let mut out = Vec::new();
         push_forwarded(
             &mut out,
+            &ip,
             &ip,
             Some(b"example.com"),
             [&b"1.1.1.1"[..], b"2.2.2.2"].into_iter(),

@@ -129,17 +129,20 @@ fn write_head_with_policy(
     let (route, filters) = (target.route, &target.route.filters);
     let id_header = target.listener.policy.request_id.as_ref();
     let buf = conn.buf.filled();
-    if id_header.is_none()
-        && filters.request_headers.is_none()
-        && filters.response_headers.is_none()
-    {
+    let no_rules = filters.request_headers.is_none() && filters.response_headers.is_none();
+    if id_header.is_none() && no_rules && conn.real_client.is_none() {
         return write_request_head(&mut conn.out, buf, req, route, server, &conn.ip, None);
     }
     let vars = Vars {
         scheme: b"http",
         host: req.host.as_ref().map_or(&[][..], |r| &buf[r.clone()]),
         target: req.path(buf),
-        client_ip: conn.ip.as_bytes(),
+        // Field by field (not `client_text()`): `conn.out` is written below.
+        client_ip: conn
+            .real_client
+            .as_ref()
+            .map_or(&conn.ip, |(_, text)| text)
+            .as_bytes(),
         request_id: conn.request_id.as_bytes(),
     };
     if let Some(rules) = &filters.response_headers {
@@ -149,6 +152,7 @@ fn write_head_with_policy(
     let edits = RequestEdits {
         rules: filters.request_headers.as_ref(),
         request_id: id_header.map(|id| id.header.as_bytes()),
+        real_client: conn.real_client.as_ref().map(|(_, text)| text),
         vars,
     };
     write_request_head(

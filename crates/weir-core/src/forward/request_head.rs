@@ -17,6 +17,8 @@ pub struct RequestEdits<'a> {
     pub rules: Option<&'a HeaderRules>,
     /// The listener's request-id header name, when ids are on (the id is in `vars`).
     pub request_id: Option<&'a [u8]>,
+    /// The client behind trusted proxies (`X-Real-IP`), when it is not the peer.
+    pub real_client: Option<&'a ClientIp>,
     pub vars: Vars<'a>,
 }
 
@@ -85,7 +87,8 @@ pub fn write_request_head(
             .iter()
             .filter(|h| h.kind == HeaderKind::XForwardedFor)
             .map(|h| &buf[h.value.clone()]);
-        push_forwarded(out, client, client_host, prior);
+        let real = edits.and_then(|e| e.real_client).unwrap_or(client);
+        push_forwarded(out, real, client, client_host, prior);
     }
     out.extend_from_slice(b"\r\n");
     offered

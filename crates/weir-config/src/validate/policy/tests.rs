@@ -320,3 +320,77 @@ fn request_id_rejections() {
         "",
     );
 }
+
+#[test]
+fn access_lists_and_trusted_proxies() {
+    let c = parse_str(
+        &with_listener(
+            "trusted_proxies = [\"10.0.0.0/8\", \"fd00::1\"]\n",
+            "allow = [\"192.168.0.0/16\", \"::1\"]\ndeny = [\"192.168.9.0/24\"]\n",
+        ),
+        "t.toml",
+    )
+    .unwrap();
+    let l = &c.listeners[0];
+    assert_eq!(l.policy.trusted_proxies.len(), 2);
+    let access = l.routes[0].filters.access.as_ref().unwrap();
+    let ok = |ip: &str| access.permits(ip.parse().unwrap());
+    assert!(ok("192.168.1.1") && ok("::1") && ok("::ffff:192.168.1.1"));
+    assert!(!ok("192.168.9.1") && !ok("10.0.0.1") && !ok("::2"));
+    let deny_only = parse_str(&with_route("deny = [\"10.0.0.0/8\"]\n"), "t.toml").unwrap();
+    let access = deny_only.listeners[0].routes[0]
+        .filters
+        .access
+        .clone()
+        .unwrap();
+    assert!(access.permits("127.0.0.1".parse().unwrap()));
+    assert!(!access.permits("10.1.1.1".parse().unwrap()));
+}
+
+#[test]
+fn access_list_rejections() {
+    let r = "listeners[0].routes[0]";
+    check(
+        &with_route("allow = [\"10.0.0.0/33\"]\n"),
+        &format!("{r}.allow[0]"),
+        7,
+        "invalid address range",
+        "10.0.0.0/8",
+    );
+    check(
+        &with_route("deny = [\"10.0.0.1\", \"nope\"]\n"),
+        &format!("{r}.deny[1]"),
+        7,
+        "\"nope\"",
+        "",
+    );
+    check(
+        &with_route("allow = []\n"),
+        &format!("{r}.allow"),
+        7,
+        "every client would get 403",
+        "deny = [",
+    );
+    check(
+        &with_listener("trusted_proxies = []\n", ""),
+        "listeners[0].trusted_proxies",
+        4,
+        "empty",
+        "remove the key",
+    );
+    check(
+        &with_listener("trusted_proxies = [\"::1/129\"]\n", ""),
+        "listeners[0].trusted_proxies[0]",
+        4,
+        "invalid address range",
+        "",
+    );
+    check(
+        "[[listeners]]\nname = \"t\"\nbind = \"127.0.0.1:1\"\nprotocol = \"tcp\"\nupstream = \"u\"\ntrusted_proxies = [\"10.0.0.0/8\"]\n\
+         [upstreams.u]\nservers = [{ addr = \"127.0.0.1:8081\" }]\n",
+        "listeners[0].trusted_proxies",
+        6,
+        "",
+        "",
+    );
+}
