@@ -439,6 +439,32 @@ pub struct RouteFilters {
     pub response_headers: Option<HeaderRules>,
     /// `allow` / `deny` address lists on the client address.
     pub access: Option<AccessList>,
+    /// `rate_limit = { rate, burst, key, max_keys }`.
+    pub rate_limit: Option<RateLimit>,
+}
+
+/// A route's request rate limit (GCRA, shared by all workers).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RateLimit {
+    /// Time between two requests at the sustained rate (`1s / 100` for `"100/s"`).
+    pub interval: Duration,
+    /// Requests that may come at once (at least 1).
+    pub burst: u32,
+    pub key: RateKey,
+    /// Keys tracked at once: the table's fixed size.
+    pub max_keys: usize,
+}
+
+/// What a rate limit counts separately.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RateKey {
+    /// Each client address (after PROXY protocol and `trusted_proxies`).
+    ClientIp,
+    /// Each value of this request header (its name as written); requests without it
+    /// share one count.
+    Header(String),
+    /// The whole route.
+    Route,
 }
 
 /// `allow = [CIDR...]`, `deny = [CIDR...]` of a route: deny wins; when `allow` is given,

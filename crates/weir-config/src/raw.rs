@@ -115,6 +115,17 @@ pub(crate) struct RawRoute {
     pub response_headers: Option<RawHeaderRules>,
     pub allow: Option<Vec<String>>,
     pub deny: Option<Vec<String>>,
+    pub rate_limit: Option<RawRateLimit>,
+}
+
+/// `rate_limit = { rate, burst, key, max_keys }` of a route.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawRateLimit {
+    pub rate: Option<String>,
+    pub burst: Option<i64>,
+    pub key: Option<String>,
+    pub max_keys: Option<i64>,
 }
 
 /// `request_id = false | true | { header, trust_client }` of a listener.

@@ -1,19 +1,21 @@
 //! The traffic-policy steps of a request (issue 16) between routing and forwarding.
 //!
 //! `identify` runs once a head is read: the request id and, behind `trusted_proxies`, the
-//! client address. `admit` runs once a route is chosen: access lists, then (when
-//! configured) the route's other admission filters; a refused request is answered here
+//! client address. `Routed::admit` runs once a route is chosen: access lists, then the
+//! rate limit; a refused request is answered here
 //! with Weir's own response, which keeps the connection like any other answer. Each step
 //! is skipped by one `Option` / emptiness check when its filter is not configured.
 
-use weir_config::{Listener, Route};
+use weir_config::{Listener, RateKey, RateLimit};
 
 use crate::client::ClientConn;
 use crate::codec::http1::write::{push_simple_response_with, Persistence};
 use crate::codec::http1::{RequestHead, ResponseHead};
 use crate::filters::forwarded::ClientIp;
+use crate::filters::rate_limit::retry_after_secs;
 use crate::filters::{real_ip, request_id};
 use crate::forward::Failure;
+use crate::snapshot::Snapshot;
 use crate::worker::Worker;
 
 /// Sets the request's id and its client address (after trusted proxies).
@@ -32,27 +34,119 @@ pub fn identify(worker: &Worker, listener: &Listener, conn: &mut ClientConn, req
     };
 }
 
-/// Runs the route's admission filters. `Some`: the request was refused and answered (its
-/// status is in `resp.status`); `None`: forward it.
-pub async fn admit(
-    listener: &Listener,
-    route: &Route,
-    conn: &mut ClientConn,
-    req: &RequestHead,
-    resp: &mut ResponseHead,
-    keep_alive: bool,
-) -> Option<Result<bool, Failure>> {
-    let filters = &route.filters;
-    if let Some(access) = &filters.access {
-        if !access.permits(conn.client_ip()) {
-            let answer = Answer {
-                status: 403,
-                headers: b"",
-            };
-            return Some(answer.send(listener, conn, req, resp, keep_alive).await);
+/// Where a request stands once routed: what admission needs beyond the connection.
+pub struct Routed<'a> {
+    pub worker: &'a Worker,
+    pub snapshot: &'a Snapshot,
+    /// Config positions of the listener and the route in `snapshot`.
+    pub listener: usize,
+    pub route: usize,
+}
+
+impl Routed<'_> {
+    /// Runs the route's admission filters: access lists, then the rate limit. `Some`: the
+    /// request was refused and answered (its status is in `resp.status`); `None`: forward.
+    pub async fn admit(
+        &self,
+        conn: &mut ClientConn,
+        req: &RequestHead,
+        resp: &mut ResponseHead,
+        keep_alive: bool,
+    ) -> Option<Result<bool, Failure>> {
+        let listener = &self.snapshot.config.listeners[self.listener];
+        let filters = &listener.routes[self.route].filters;
+        if let Some(access) = &filters.access {
+            if !access.permits(conn.client_ip()) {
+                let answer = Answer {
+                    status: 403,
+                    headers: b"",
+                };
+                return Some(answer.send(listener, conn, req, resp, keep_alive).await);
+            }
+        }
+        if let Some(limit) = &filters.rate_limit {
+            if let Err(wait) = self.rate_check(limit, conn, req) {
+                let mut line = RetryAfter::default();
+                let answer = Answer {
+                    status: 429,
+                    headers: line.render(retry_after_secs(wait)),
+                };
+                return Some(answer.send(listener, conn, req, resp, keep_alive).await);
+            }
+        }
+        None
+    }
+
+    /// Counts the request against the route's limiter; `Err`: refused, with the wait.
+    fn rate_check(
+        &self,
+        limit: &RateLimit,
+        conn: &ClientConn,
+        req: &RequestHead,
+    ) -> Result<(), std::time::Duration> {
+        let plan = &self.snapshot.listeners[self.listener];
+        let Some(Some(limiter)) = plan.limiters.get(self.route) else {
+            return Ok(());
+        };
+        let now = conn.request_started;
+        let checked = match &limit.key {
+            RateKey::ClientIp => limiter.check(conn.client_ip(), now),
+            RateKey::Route => limiter.check((), now),
+            RateKey::Header(name) => {
+                let buf = conn.buf.filled();
+                let value = req
+                    .headers
+                    .iter()
+                    .find(|h| {
+                        h.name.len() == name.len()
+                            && buf[h.name.clone()].eq_ignore_ascii_case(name.as_bytes())
+                    })
+                    .map_or(&[][..], |h| &buf[h.value.clone()]);
+                limiter.check(value, now)
+            }
+        };
+        if checked.is_err() {
+            self.count_rate_limited();
+        }
+        checked
+    }
+
+    fn count_rate_limited(&self) {
+        let Some(slots) = self.snapshot.slots.listeners.get(self.listener) else {
+            return;
+        };
+        let metrics = self.worker.metrics.listener(slots.slot);
+        if let Some(route) = metrics.and_then(|m| m.route(slots.route(Some(self.route)))) {
+            route.rate_limited.inc();
         }
     }
-    None
+}
+
+/// A `Retry-After: N` header line, rendered on the stack.
+struct RetryAfter {
+    bytes: [u8; 40],
+}
+
+impl Default for RetryAfter {
+    fn default() -> RetryAfter {
+        RetryAfter { bytes: [0; 40] }
+    }
+}
+
+impl RetryAfter {
+    fn render(&mut self, secs: u64) -> &[u8] {
+        const NAME: &[u8] = b"Retry-After: ";
+        self.bytes[..NAME.len()].copy_from_slice(NAME);
+        let len = crate::codec::http1::write::decimal_len(secs);
+        let mut n = secs;
+        for i in (0..len).rev() {
+            self.bytes[NAME.len() + i] = b'0' + (n % 10) as u8;
+            n /= 10;
+        }
+        let end = NAME.len() + len;
+        self.bytes[end..end + 2].copy_from_slice(b"\r\n");
+        &self.bytes[..end + 2]
+    }
 }
 
 /// A response Weir generates for a refused request.

@@ -240,8 +240,13 @@ async fn handle(
         return Handled { route, result };
     };
     let route_config = &listener.routes[index];
-    let admitted = crate::policy::admit(listener, route_config, conn, req, resp, keep_alive);
-    if let Some(result) = admitted.await {
+    let routed = crate::policy::Routed {
+        worker,
+        snapshot,
+        listener: listener_index,
+        route: index,
+    };
+    if let Some(result) = routed.admit(conn, req, resp, keep_alive).await {
         return Handled { route, result };
     }
     let upstream = &snapshot.config.upstreams[route_config.upstream];

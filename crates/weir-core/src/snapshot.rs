@@ -10,6 +10,7 @@ use std::sync::Arc;
 use weir_config::{Config, Listener, UpstreamServer};
 
 use crate::codec::http1::write::{push_simple_response, Persistence};
+use crate::filters::rate_limit::RateLimiter;
 use crate::metrics::layout::SlotMap;
 use crate::router::Router;
 use crate::upstream::state::ServerState;
@@ -34,6 +35,8 @@ pub struct ListenerPlan {
     default_responses: [Box<[u8]>; Persistence::COUNT],
     /// Length of the body at the end of each (left out for HEAD requests).
     default_body_len: usize,
+    /// Per route (indexed like `routes`): its rate limiter, shared by all workers.
+    pub limiters: Vec<Option<Arc<RateLimiter>>>,
 }
 
 impl Snapshot {
@@ -49,7 +52,15 @@ impl Snapshot {
     }
 
     fn build(config: Arc<Config>, slots: SlotMap, previous: Option<&Snapshot>) -> Snapshot {
-        let listeners = config.listeners.iter().map(ListenerPlan::new).collect();
+        let listeners = config
+            .listeners
+            .iter()
+            .map(|l| {
+                let mut plan = ListenerPlan::new(l);
+                plan.limiters = limiters(l, previous);
+                plan
+            })
+            .collect();
         let upstreams = config
             .upstreams
             .iter()
@@ -91,6 +102,33 @@ impl Snapshot {
     }
 }
 
+/// The rate limiters of `listener`'s routes: the one `previous` had for the route of the
+/// same listener and route name when its `rate_limit` is unchanged (a reload keeps the
+/// counts), else a new one.
+fn limiters(listener: &Listener, previous: Option<&Snapshot>) -> Vec<Option<Arc<RateLimiter>>> {
+    let old = previous.and_then(|p| {
+        let i = p
+            .config
+            .listeners
+            .iter()
+            .position(|o| o.name == listener.name)?;
+        Some((&p.config.listeners[i], &p.listeners[i]))
+    });
+    listener
+        .routes
+        .iter()
+        .map(|route| {
+            let limit = route.filters.rate_limit.as_ref()?;
+            let kept = old.and_then(|(config, plan)| {
+                let r = config.routes.iter().position(|o| o.name == route.name)?;
+                let limiter = plan.limiters.get(r)?.as_ref()?;
+                (limiter.config == *limit).then(|| limiter.clone())
+            });
+            Some(kept.unwrap_or_else(|| Arc::new(RateLimiter::new(limit))))
+        })
+        .collect()
+}
+
 impl ListenerPlan {
     fn new(listener: &Listener) -> ListenerPlan {
         let d = &listener.default_response;
@@ -115,6 +153,7 @@ impl ListenerPlan {
             ]
             .map(render),
             default_body_len: d.body.len(),
+            limiters: Vec::new(),
         }
     }
 

@@ -429,3 +429,140 @@ async fn x_forwarded_for_is_ignored_without_trusted_proxies() {
     let xff = [("Host", "h"), ("X-Forwarded-For", "203.0.113.9")];
     assert_eq!(c.request("GET", "/", &xff, b"").await.unwrap().status, 403);
 }
+
+// ---------------------------------------------------------------- rate limits
+
+#[tokio::test]
+async fn rate_limit_burst_then_429_with_retry_after_on_a_kept_connection() {
+    let b = Backend::fixed(200, &[], "ok");
+    let weir = Conf::new()
+        .route(
+            "api",
+            "up",
+            &[r#"rate_limit = { rate = "1/h", burst = 3 }"#],
+        )
+        .route("free", "up", &[r#"path_prefix = "/free/""#])
+        .upstream("up", &[b.addr()], &[])
+        .start();
+    wait_for_series(
+        &weir,
+        "weir_rate_limited_total{listener=\"web\",route=\"api\"}",
+        0.0,
+    );
+    let mut c = weir.client().await;
+    for i in 0..3 {
+        assert_eq!(c.get("/", "h").await.unwrap().status, 200, "request {i}");
+    }
+    let r = c.get("/", "h").await.unwrap();
+    assert_eq!(r.status, 429);
+    assert_eq!(r.body_str(), "Too Many Requests\n");
+    assert_eq!(r.header("Connection"), None);
+    let retry: u64 = r
+        .header("Retry-After")
+        .expect("Retry-After")
+        .parse()
+        .unwrap();
+    assert!((3500..=3600).contains(&retry), "Retry-After {retry}");
+    // Other routes and other clients' keys are not affected; the connection is kept.
+    assert_eq!(c.get("/free/", "h").await.unwrap().status, 200);
+    assert_eq!(b.requests_served(), 4);
+    wait_for_series(
+        &weir,
+        "weir_rate_limited_total{listener=\"web\",route=\"api\"}",
+        1.0,
+    );
+    wait_for_series(
+        &weir,
+        "weir_requests_total{listener=\"web\",route=\"api\",method=\"GET\",code=\"429\"}",
+        1.0,
+    );
+}
+
+/// The status of `GET /` with `X-Api-Key: key`.
+async fn keyed(c: &mut weir_testkit::Client, key: &str) -> u16 {
+    let headers = [("Host", "h"), ("X-Api-Key", key)];
+    c.request("GET", "/", &headers, b"").await.unwrap().status
+}
+
+#[tokio::test]
+async fn rate_limit_keys_by_header_and_survives_a_reload() {
+    let b = Backend::fixed(200, &[], "ok");
+    let conf = |extra: &str| {
+        Conf::new()
+            .route(
+                "api",
+                "up",
+                &[
+                    r#"rate_limit = { rate = "1/h", burst = 2, key = "header:X-Api-Key" }"#,
+                    extra,
+                ],
+            )
+            .upstream("up", &[b.addr()], &[])
+    };
+    let weir = conf("").start();
+    let mut c = weir.client().await;
+    for _ in 0..2 {
+        assert_eq!(keyed(&mut c, "a").await, 200);
+    }
+    assert_eq!(keyed(&mut c, "a").await, 429);
+    assert_eq!(keyed(&mut c, "b").await, 200);
+    // A reload that leaves the limit as it is keeps the counts.
+    weir.apply_text(&conf(r#"response_headers = { set = { "X-Reloaded" = "1" } }"#).toml())
+        .unwrap();
+    let r = c
+        .request("GET", "/", &[("Host", "h"), ("X-Api-Key", "b")], b"")
+        .await
+        .unwrap();
+    assert_eq!((r.status, r.header("X-Reloaded")), (200, Some("1")));
+    let r = c
+        .request("GET", "/", &[("Host", "h"), ("X-Api-Key", "b")], b"")
+        .await
+        .unwrap();
+    assert_eq!((r.status, r.header("X-Reloaded")), (429, None));
+    // A changed limit starts afresh.
+    let changed = conf("").toml().replace("burst = 2", "burst = 1");
+    weir.apply_text(&changed).unwrap();
+    assert_eq!(keyed(&mut c, "a").await, 200);
+    assert_eq!(keyed(&mut c, "a").await, 429);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rate_limit_is_exact_across_two_workers() {
+    let b = Backend::fixed(200, &[], "ok");
+    let toml = Conf::new()
+        .with_request_ids()
+        .route(
+            "limited",
+            "up",
+            &[r#"rate_limit = { rate = "1/h", burst = 10, key = "route" }"#],
+        )
+        .route(
+            "who",
+            "up",
+            &[
+                r#"path_prefix = "/who""#,
+                r#"response_headers = { set = { "X-Id" = "{request_id}" } }"#,
+            ],
+        )
+        .upstream("up", &[b.addr()], &[])
+        .toml();
+    let config = weir_config::parse_str(&toml, "test.toml").unwrap();
+    let proxy = weir_core::Proxy::start(config, 2).expect("start weir");
+    let addr = proxy.listener_addr(common::LISTENER).unwrap();
+    let mut workers = std::collections::HashSet::new();
+    let (mut passed, mut limited) = (0, 0);
+    for _ in 0..40 {
+        let mut c = weir_testkit::Client::connect(addr).await.unwrap();
+        // The id's prefix names the worker serving this connection.
+        let who = c.get("/who", "h").await.unwrap();
+        workers.insert(who.header("X-Id").unwrap()[..16].to_string());
+        match c.get("/", "h").await.unwrap().status {
+            200 => passed += 1,
+            429 => limited += 1,
+            s => panic!("status {s}"),
+        }
+    }
+    assert_eq!(workers.len(), 2, "connections reached both workers");
+    assert_eq!((passed, limited), (10, 30));
+    proxy.shutdown();
+}

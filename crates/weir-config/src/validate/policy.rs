@@ -8,10 +8,10 @@ use super::is_tchar;
 use super::tcp::cidr;
 use crate::error::{FieldPath, Issue};
 use crate::model::{
-    AccessList, Cidr, HeaderRule, HeaderRules, Listener, ListenerPolicy, RequestIdSettings,
-    RouteFilters, Template, TemplatePart, Variable,
+    AccessList, Cidr, HeaderRule, HeaderRules, Listener, ListenerPolicy, RateKey, RateLimit,
+    RequestIdSettings, RouteFilters, Template, TemplatePart, Variable,
 };
-use crate::raw::{RawHeaderRules, RawListener, RawRequestId, RawRoute};
+use crate::raw::{RawHeaderRules, RawListener, RawRateLimit, RawRequestId, RawRoute};
 
 /// Most rules in one `set`, `add` or `remove` list.
 const MAX_RULES: usize = 64;
@@ -33,6 +33,11 @@ pub(super) fn route_filters(raw: &mut RawRoute, path: &FieldPath) -> Result<Rout
         request_headers,
         response_headers,
         access: access_list(raw, path)?,
+        rate_limit: raw
+            .rate_limit
+            .take()
+            .map(|r| rate_limit(r, &path.key("rate_limit")))
+            .transpose()?,
     })
 }
 
@@ -113,6 +118,72 @@ fn access_list(raw: &mut RawRoute, path: &FieldPath) -> Result<Option<AccessList
         allow: allow.unwrap_or_default(),
         deny: deny.unwrap_or_default(),
     }))
+}
+
+/// `rate_limit = { rate, burst, key, max_keys }`.
+fn rate_limit(raw: RawRateLimit, path: &FieldPath) -> Result<RateLimit, Issue> {
+    let rate_path = path.key("rate");
+    let text = raw.rate.ok_or_else(|| {
+        Issue::new(
+            &rate_path,
+            "rate_limit has no rate",
+            "add rate = \"100/s\" (requests per s, m, h or d)",
+        )
+    })?;
+    let (count, interval) = parse_rate(&text).ok_or_else(|| {
+        Issue::new(
+            &rate_path,
+            format!("invalid rate \"{text}\""),
+            "write requests per unit: \"100/s\", \"30/m\", \"1000/h\" or \"5000/d\" (1 to 1000000 per unit)",
+        )
+    })?;
+    let burst = super::int_in(
+        raw.burst,
+        i64::from(count).min(1_000_000),
+        1..=1_000_000,
+        &path.key("burst"),
+    )?;
+    let key = match raw.key.as_deref() {
+        None | Some("client_ip") => RateKey::ClientIp,
+        Some("route") => RateKey::Route,
+        Some(other) => match other.strip_prefix("header:") {
+            Some(name) if !name.is_empty() && name.bytes().all(is_tchar) => {
+                RateKey::Header(name.to_owned())
+            }
+            _ => {
+                return Err(Issue::new(
+                    &path.key("key"),
+                    format!("unknown rate-limit key \"{other}\""),
+                    "use \"client_ip\" (the default), \"route\" or \"header:NAME\" (such as \"header:X-Api-Key\")",
+                ))
+            }
+        },
+    };
+    let max_keys = super::int_in(raw.max_keys, 16_384, 16..=16_777_216, &path.key("max_keys"))?;
+    Ok(RateLimit {
+        interval,
+        burst,
+        key,
+        max_keys,
+    })
+}
+
+/// `"N/unit"` with unit `s`, `m`, `h` or `d`: the count and the interval between requests.
+fn parse_rate(text: &str) -> Option<(u32, std::time::Duration)> {
+    let (count, unit) = text.trim().split_once('/')?;
+    let count: u32 = count
+        .trim()
+        .parse()
+        .ok()
+        .filter(|n| (1..=1_000_000).contains(n))?;
+    let seconds: u64 = match unit.trim() {
+        "s" | "sec" | "second" => 1,
+        "m" | "min" | "minute" => 60,
+        "h" | "hour" => 3600,
+        "d" | "day" => 86_400,
+        _ => return None,
+    };
+    Some((count, std::time::Duration::from_secs(seconds) / count))
 }
 
 /// Checks between a listener's settings and its routes' filters.

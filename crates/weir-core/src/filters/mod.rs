@@ -6,6 +6,7 @@
 pub mod forwarded;
 pub mod headers;
 pub mod location;
+pub mod rate_limit;
 pub mod real_ip;
 pub mod request_id;
 pub mod rewrite;

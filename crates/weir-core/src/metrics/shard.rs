@@ -146,6 +146,8 @@ pub fn accept_error_index(e: &std::io::Error) -> usize {
 pub struct RouteMetrics {
     requests: Box<[Counter]>,
     pub duration: Histogram,
+    /// Requests refused by the route's `rate_limit` (429).
+    pub rate_limited: Counter,
 }
 
 impl RouteMetrics {
@@ -156,6 +158,7 @@ impl RouteMetrics {
         RouteMetrics {
             requests,
             duration: Histogram::default(),
+            rate_limited: Counter::default(),
         }
     }
 

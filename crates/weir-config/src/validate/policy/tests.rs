@@ -394,3 +394,93 @@ fn access_list_rejections() {
         "",
     );
 }
+
+#[test]
+fn rate_limit_settings() {
+    use crate::RateKey;
+    use std::time::Duration;
+    let limit = |line: &str| {
+        parse_str(&with_route(line), "t.toml").unwrap().listeners[0].routes[0]
+            .filters
+            .rate_limit
+            .clone()
+            .unwrap()
+    };
+    let l = limit("rate_limit = { rate = \"100/s\" }\n");
+    assert_eq!(
+        (l.interval, l.burst, l.key, l.max_keys),
+        (Duration::from_millis(10), 100, RateKey::ClientIp, 16_384)
+    );
+    let l = limit(
+        "rate_limit = { rate = \"1/h\", burst = 3, key = \"header:X-Api-Key\", max_keys = 64 }\n",
+    );
+    assert_eq!(
+        (l.interval, l.burst, l.key, l.max_keys),
+        (
+            Duration::from_secs(3600),
+            3,
+            RateKey::Header("X-Api-Key".into()),
+            64
+        )
+    );
+    assert_eq!(
+        limit("rate_limit = { rate = \"30/m\", key = \"route\" }\n").key,
+        RateKey::Route
+    );
+}
+
+#[test]
+fn rate_limit_rejections() {
+    let r = "listeners[0].routes[0].rate_limit";
+    check(
+        &with_route("rate_limit = { burst = 3 }\n"),
+        &format!("{r}.rate"),
+        7,
+        "no rate",
+        "100/s",
+    );
+    for bad in ["100", "0/s", "10/w", "x/s", "2000000/s", "-1/s"] {
+        check(
+            &with_route(&format!("rate_limit = {{ rate = \"{bad}\" }}\n")),
+            &format!("{r}.rate"),
+            7,
+            "invalid rate",
+            "30/m",
+        );
+    }
+    check(
+        &with_route("rate_limit = { rate = \"1/s\", burst = 0 }\n"),
+        &format!("{r}.burst"),
+        7,
+        "between 1 and 1000000",
+        "",
+    );
+    check(
+        &with_route("rate_limit = { rate = \"1/s\", key = \"ip\" }\n"),
+        &format!("{r}.key"),
+        7,
+        "unknown rate-limit key",
+        "header:NAME",
+    );
+    check(
+        &with_route("rate_limit = { rate = \"1/s\", key = \"header:\" }\n"),
+        &format!("{r}.key"),
+        7,
+        "unknown rate-limit key",
+        "",
+    );
+    check(
+        &with_route("rate_limit = { rate = \"1/s\", max_keys = 1 }\n"),
+        &format!("{r}.max_keys"),
+        7,
+        "between 16 and",
+        "",
+    );
+    check(
+        &with_route("rate_limit = { rate = \"1/s\", zone = \"a\" }\n"),
+        &format!("{r}.zone"),
+        7,
+        "unknown field",
+        "",
+    );
+}
