@@ -441,6 +441,36 @@ pub struct RouteFilters {
     pub access: Option<AccessList>,
     /// `rate_limit = { rate, burst, key, max_keys }`.
     pub rate_limit: Option<RateLimit>,
+    /// `basic_auth = { users_file, realm }`.
+    pub basic_auth: Option<BasicAuth>,
+}
+
+/// HTTP Basic authentication against an htpasswd file, read when the config is loaded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BasicAuth {
+    /// Printable ASCII without `"` or `\`.
+    pub realm: String,
+    pub users_file: std::path::PathBuf,
+    /// The file's entries, sorted by name (names are unique).
+    pub users: Vec<HtUser>,
+}
+
+/// One `name:hash` line of an htpasswd file (bcrypt `$2a$`/`$2b$`/`$2y$`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HtUser {
+    pub name: String,
+    pub hash: String,
+}
+
+impl BasicAuth {
+    /// The entry of user `name`.
+    pub fn user(&self, name: &[u8]) -> Option<&HtUser> {
+        let i = self
+            .users
+            .binary_search_by(|u| u.name.as_bytes().cmp(name))
+            .ok()?;
+        self.users.get(i)
+    }
 }
 
 /// A route's request rate limit (GCRA, shared by all workers).

@@ -116,6 +116,15 @@ pub(crate) struct RawRoute {
     pub allow: Option<Vec<String>>,
     pub deny: Option<Vec<String>>,
     pub rate_limit: Option<RawRateLimit>,
+    pub basic_auth: Option<RawBasicAuth>,
+}
+
+/// `basic_auth = { users_file, realm }` of a route.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawBasicAuth {
+    pub users_file: Option<String>,
+    pub realm: Option<String>,
 }
 
 /// `rate_limit = { rate, burst, key, max_keys }` of a route.

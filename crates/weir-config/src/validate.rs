@@ -818,6 +818,7 @@ fn size(raw: Option<StrOrInt>, default: u64, path: &FieldPath) -> Result<u64, Is
     }
 }
 
+mod htpasswd;
 mod policy;
 mod pool;
 mod tcp;

@@ -1,8 +1,8 @@
 //! The traffic-policy steps of a request (issue 16) between routing and forwarding.
 //!
 //! `identify` runs once a head is read: the request id and, behind `trusted_proxies`, the
-//! client address. `Routed::admit` runs once a route is chosen: access lists, then the
-//! rate limit; a refused request is answered here
+//! client address. `Routed::admit` runs once a route is chosen: access lists, the rate
+//! limit, then basic auth; a refused request is answered here
 //! with Weir's own response, which keeps the connection like any other answer. Each step
 //! is skipped by one `Option` / emptiness check when its filter is not configured.
 
@@ -13,7 +13,7 @@ use crate::codec::http1::write::{push_simple_response_with, Persistence};
 use crate::codec::http1::{RequestHead, ResponseHead};
 use crate::filters::forwarded::ClientIp;
 use crate::filters::rate_limit::retry_after_secs;
-use crate::filters::{real_ip, request_id};
+use crate::filters::{basic_auth, real_ip, request_id};
 use crate::forward::Failure;
 use crate::snapshot::Snapshot;
 use crate::worker::Worker;
@@ -44,7 +44,8 @@ pub struct Routed<'a> {
 }
 
 impl Routed<'_> {
-    /// Runs the route's admission filters: access lists, then the rate limit. `Some`: the
+    /// Runs the route's admission filters: access lists, the rate limit (before the costly
+    /// password check, as nginx's limit_req runs before auth_basic), then basic auth. `Some`: the
     /// request was refused and answered (its status is in `resp.status`); `None`: forward.
     pub async fn admit(
         &self,
@@ -72,6 +73,24 @@ impl Routed<'_> {
                     headers: line.render(retry_after_secs(wait)),
                 };
                 return Some(answer.send(listener, conn, req, resp, keep_alive).await);
+            }
+        }
+        if let Some(auth) = &filters.basic_auth {
+            let buf = conn.buf.filled();
+            if !basic_auth::authorized(auth, &self.worker.auth_cache, buf, req) {
+                // The challenge goes in the response-rules scratch (unused: no forwarding).
+                let mut challenge = std::mem::take(&mut conn.resp_lines);
+                challenge.clear();
+                challenge.extend_from_slice(b"WWW-Authenticate: Basic realm=\"");
+                challenge.extend_from_slice(auth.realm.as_bytes());
+                challenge.extend_from_slice(b"\", charset=\"UTF-8\"\r\n");
+                let answer = Answer {
+                    status: 401,
+                    headers: &challenge,
+                };
+                let sent = answer.send(listener, conn, req, resp, keep_alive).await;
+                conn.resp_lines = challenge;
+                return Some(sent);
             }
         }
         None

@@ -75,6 +75,8 @@ pub struct Worker {
     pub logs: Vec<Option<LogBuffer>>,
     /// This worker's request-id source.
     pub request_ids: crate::filters::request_id::RequestIds,
+    /// Recent successful basic-auth checks (bcrypt is slow on purpose).
+    pub auth_cache: crate::filters::basic_auth::AuthCache,
 }
 
 impl Worker {
@@ -106,6 +108,7 @@ impl Worker {
             metrics,
             logs,
             request_ids: Default::default(),
+            auth_cache: Default::default(),
         }
     }
 

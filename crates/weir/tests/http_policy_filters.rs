@@ -566,3 +566,127 @@ async fn rate_limit_is_exact_across_two_workers() {
     assert_eq!((passed, limited), (10, 30));
     proxy.shutdown();
 }
+
+// ---------------------------------------------------------------- basic auth
+
+/// An htpasswd file in a fresh directory (removed on drop) with bcrypt entries.
+struct Htpasswd {
+    dir: std::path::PathBuf,
+}
+
+impl Htpasswd {
+    fn new(test: &str, users: &[(&str, &str)]) -> Htpasswd {
+        let dir = std::env::temp_dir().join(format!("weir-auth-{test}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let h = Htpasswd { dir };
+        h.write(users);
+        h
+    }
+
+    fn write(&self, users: &[(&str, &str)]) {
+        let lines: String = users
+            .iter()
+            .map(|(user, password)| {
+                let hash = bcrypt::hash_with_salt(password, 4, [3u8; 16])
+                    .unwrap()
+                    .format_for_version(bcrypt::Version::TwoY);
+                format!("{user}:{hash}\n")
+            })
+            .collect();
+        std::fs::write(self.path(), format!("# test users\n{lines}")).unwrap();
+    }
+
+    fn path(&self) -> std::path::PathBuf {
+        self.dir.join("htpasswd")
+    }
+}
+
+impl Drop for Htpasswd {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// `GET /` with `Authorization: Basic base64(credentials)` (none when empty).
+async fn get_as(c: &mut weir_testkit::Client, base64: &str) -> weir_testkit::Response {
+    let auth = format!("Basic {base64}");
+    let mut headers = vec![("Host", "h")];
+    if !base64.is_empty() {
+        headers.push(("Authorization", &auth));
+    }
+    c.request("GET", "/", &headers, b"").await.unwrap()
+}
+
+const ALICE_SECRET: &str = "YWxpY2U6c2VjcmV0"; // alice:secret
+const ALICE_WRONG: &str = "YWxpY2U6d3Jvbmc="; // alice:wrong
+const ALICE_NEW: &str = "YWxpY2U6bmV3"; // alice:new
+
+#[tokio::test]
+async fn basic_auth_challenges_refuses_and_admits() {
+    let b = Backend::fixed(200, &[], "ok");
+    let users = Htpasswd::new("admit", &[("alice", "secret"), ("bob", "hunter2")]);
+    let conf = route_with(
+        b.addr(),
+        &[&format!(
+            "basic_auth = {{ users_file = \"{}\", realm = \"Staff only\" }}",
+            users.path().display()
+        )],
+    );
+    let weir = conf.start();
+    let mut c = weir.client().await;
+    for credentials in ["", ALICE_WRONG, "Ym9iOnNlY3JldA==", "!!!"] {
+        let r = get_as(&mut c, credentials).await;
+        assert_eq!(r.status, 401, "{credentials}");
+        assert_eq!(
+            r.header("WWW-Authenticate"),
+            Some("Basic realm=\"Staff only\", charset=\"UTF-8\"")
+        );
+        assert_eq!(r.header("Connection"), None, "kept open");
+    }
+    assert_eq!(b.requests_served(), 0);
+    // Right: admitted, and again (from the worker's cache of successful checks).
+    for _ in 0..3 {
+        assert_eq!(get_as(&mut c, ALICE_SECRET).await.status, 200);
+    }
+    assert_eq!(
+        get_as(&mut c, "Ym9iOmh1bnRlcjI=").await.status,
+        200,
+        "bob:hunter2"
+    );
+    wait_for_series(
+        &weir,
+        "weir_requests_total{listener=\"web\",route=\"api\",method=\"GET\",code=\"401\"}",
+        4.0,
+    );
+}
+
+#[tokio::test]
+async fn basic_auth_reload_rereads_the_file_and_the_cache_follows() {
+    let b = Backend::fixed(200, &[], "ok");
+    let users = Htpasswd::new("reload", &[("alice", "secret")]);
+    let conf = route_with(
+        b.addr(),
+        &[&format!(
+            "basic_auth = {{ users_file = \"{}\" }}",
+            users.path().display()
+        )],
+    );
+    let weir = conf.start();
+    let mut c = weir.client().await;
+    assert_eq!(get_as(&mut c, ALICE_SECRET).await.status, 200);
+    let r = get_as(&mut c, "").await;
+    assert_eq!(
+        r.header("WWW-Authenticate"),
+        Some("Basic realm=\"Restricted\", charset=\"UTF-8\"")
+    );
+    // A new password: the cached success of the old one no longer admits.
+    users.write(&[("alice", "new")]);
+    weir.apply_text(&conf.toml()).unwrap();
+    assert_eq!(get_as(&mut c, ALICE_SECRET).await.status, 401);
+    assert_eq!(get_as(&mut c, ALICE_NEW).await.status, 200);
+    // A removed user: refused, cache or not.
+    users.write(&[("carol", "x")]);
+    weir.apply_text(&conf.toml()).unwrap();
+    assert_eq!(get_as(&mut c, ALICE_NEW).await.status, 401);
+}

@@ -38,6 +38,11 @@ pub(super) fn route_filters(raw: &mut RawRoute, path: &FieldPath) -> Result<Rout
             .take()
             .map(|r| rate_limit(r, &path.key("rate_limit")))
             .transpose()?,
+        basic_auth: raw
+            .basic_auth
+            .take()
+            .map(|r| super::htpasswd::basic_auth(r, &path.key("basic_auth")))
+            .transpose()?,
     })
 }
 

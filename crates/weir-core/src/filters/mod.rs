@@ -3,6 +3,7 @@
 //! Filters are pure functions over bytes; the forwarding code calls them while it writes the
 //! upstream request head and the client response head.
 
+pub mod basic_auth;
 pub mod forwarded;
 pub mod headers;
 pub mod location;

@@ -484,3 +484,54 @@ fn rate_limit_rejections() {
         "",
     );
 }
+
+#[test]
+fn basic_auth_settings_and_rejections() {
+    let dir = std::env::temp_dir().join(format!("weir-config-auth-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("htpasswd");
+    let hash = "$2y$04$abcdefghijklmnopqrstuOabcdefghijklmnopqrstuvwxyz01234";
+    std::fs::write(&file, format!("zed:{hash}\nann:{hash}\n")).unwrap();
+    let route = |extra: &str| {
+        format!(
+            "basic_auth = {{ users_file = \"{}\"{extra} }}\n",
+            file.display()
+        )
+    };
+    let c = parse_str(&with_route(&route("")), "t.toml").unwrap();
+    let auth = c.listeners[0].routes[0].filters.basic_auth.clone().unwrap();
+    assert_eq!(auth.realm, "Restricted");
+    assert_eq!(auth.user(b"ann").unwrap().hash, hash);
+    assert!(auth.user(b"bob").is_none());
+    let r = "listeners[0].routes[0].basic_auth";
+    check(
+        &with_route(&route(", realm = \"a\\\"b\"")),
+        &format!("{r}.realm"),
+        7,
+        "printable ASCII",
+        "Restricted",
+    );
+    check(
+        &with_route("basic_auth = { realm = \"x\" }\n"),
+        &format!("{r}.users_file"),
+        7,
+        "no users_file",
+        "htpasswd",
+    );
+    check(
+        &with_route("basic_auth = { users_file = \"/nonexistent/weir-htpasswd\" }\n"),
+        &format!("{r}.users_file"),
+        7,
+        "cannot read",
+        "path",
+    );
+    std::fs::write(&file, format!("ann:{hash}\nbob:$apr1$xyz$abc\n")).unwrap();
+    check(
+        &with_route(&route("")),
+        &format!("{r}.users_file"),
+        7,
+        "line 2: user \"bob\" does not have a bcrypt hash",
+        "htpasswd -B",
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
