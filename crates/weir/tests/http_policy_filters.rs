@@ -690,3 +690,48 @@ async fn basic_auth_reload_rereads_the_file_and_the_cache_follows() {
     weir.apply_text(&conf.toml()).unwrap();
     assert_eq!(get_as(&mut c, ALICE_NEW).await.status, 401);
 }
+
+// ---------------------------------------------------------------- all on one route
+
+#[tokio::test]
+async fn every_filter_on_one_route() {
+    let b = Backend::echo("up");
+    let users = Htpasswd::new("combined", &[("alice", "secret")]);
+    let weir = route_with(
+        b.addr(),
+        &[
+            r#"allow = ["127.0.0.0/8"]"#,
+            r#"deny = ["127.0.0.2"]"#,
+            r#"rate_limit = { rate = "1/h", burst = 3 }"#,
+            &format!(
+                "basic_auth = {{ users_file = \"{}\" }}",
+                users.path().display()
+            ),
+            r#"request_headers = { set = { "X-Env" = "prod" }, remove = ["X-Debug"] }"#,
+            r#"response_headers = { set = { "X-Request-Id" = "{request_id}" } }"#,
+        ],
+    )
+    .with_request_ids()
+    .start();
+    let mut c = weir.client().await;
+    // Unauthenticated: 401, and it counts against the rate limit (which runs first).
+    assert_eq!(get_as(&mut c, "").await.status, 401);
+    let headers = [
+        ("Host", "h"),
+        ("Authorization", "Basic YWxpY2U6c2VjcmV0"),
+        ("X-Debug", "1"),
+        ("X-Request-Id", "client-7"),
+    ];
+    let r = c.request("GET", "/", &headers, b"").await.unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("X-Request-Id"), Some("client-7"));
+    let body = r.body_str();
+    assert_eq!(head_values(&body, "x-env"), vec!["prod"]);
+    assert!(head_values(&body, "x-debug").is_empty());
+    assert_eq!(head_values(&body, "x-request-id"), vec!["client-7"]);
+    assert_eq!(get_as(&mut c, ALICE_SECRET).await.status, 200);
+    let r = get_as(&mut c, ALICE_SECRET).await;
+    assert_eq!(r.status, 429);
+    assert!(r.header("Retry-After").is_some());
+    assert_eq!(b.requests_served(), 2);
+}
