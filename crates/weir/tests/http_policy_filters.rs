@@ -735,3 +735,26 @@ async fn every_filter_on_one_route() {
     assert!(r.header("Retry-After").is_some());
     assert_eq!(b.requests_served(), 2);
 }
+
+#[tokio::test]
+async fn basic_auth_accepts_argon2_entries() {
+    use argon2::password_hash::{PasswordHasher, SaltString};
+    let b = Backend::fixed(200, &[], "ok");
+    let users = Htpasswd::new("argon2", &[]);
+    let salt = SaltString::encode_b64(&[9u8; 16]).unwrap();
+    let params = argon2::Params::new(256, 1, 1, None).unwrap();
+    let hasher = argon2::Argon2::new(argon2::Algorithm::Argon2id, argon2::Version::V0x13, params);
+    let hash = hasher.hash_password(b"secret", &salt).unwrap();
+    std::fs::write(users.path(), format!("alice:{hash}\n")).unwrap();
+    let weir = route_with(
+        b.addr(),
+        &[&format!(
+            "basic_auth = {{ users_file = \"{}\" }}",
+            users.path().display()
+        )],
+    )
+    .start();
+    let mut c = weir.client().await;
+    assert_eq!(get_as(&mut c, ALICE_WRONG).await.status, 401);
+    assert_eq!(get_as(&mut c, ALICE_SECRET).await.status, 200);
+}

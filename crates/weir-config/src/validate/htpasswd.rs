@@ -1,7 +1,7 @@
 //! `basic_auth = { users_file, realm }` of a route: the htpasswd file is read and checked
 //! when the config is loaded (so `weir check` reports a bad entry with its line, and a
-//! reload re-reads it). Only bcrypt entries are accepted: the old htpasswd formats (MD5
-//! `$apr1$`, SHA-1 `{SHA}`, crypt, plain text) are fast to brute-force.
+//! reload re-reads it). Only bcrypt and argon2 (PHC string) entries are accepted: the old
+//! htpasswd formats (MD5 `$apr1$`, SHA-1 `{SHA}`, crypt, plain text) are fast to brute-force.
 
 use std::path::PathBuf;
 
@@ -87,10 +87,13 @@ fn parse(text: &str) -> Result<Vec<HtUser>, (usize, String)> {
         if name.is_empty() || name.bytes().any(|b| b.is_ascii_control()) {
             return Err((i + 1, "empty user name or control characters".to_owned()));
         }
-        if !is_bcrypt(hash) {
+        if !is_bcrypt(hash) && !is_argon2(hash) {
             return Err((
                 i + 1,
-                format!("user \"{name}\" does not have a bcrypt hash ($2y$...)"),
+                format!(
+                    "user \"{name}\" does not have a bcrypt ($2y$...) or argon2 \
+                     ($argon2id$...) hash with at most 256 MiB of memory"
+                ),
             ));
         }
         users.push(HtUser {
@@ -124,6 +127,27 @@ fn is_bcrypt(hash: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || *c == b'.' || *c == b'/')
 }
 
+/// An argon2 PHC string, `$argon2id$v=19$m=19456,t=2,p=1$SALT$HASH` (or `argon2i`,
+/// `argon2d`), whose memory cost `m` (KiB) is at most 256 MiB: every check allocates it.
+fn is_argon2(hash: &str) -> bool {
+    let mut fields = hash.split('$');
+    let (Some(""), Some(alg)) = (fields.next(), fields.next()) else {
+        return false;
+    };
+    let rest: Vec<&str> = fields.collect();
+    let params = rest.iter().find(|f| f.starts_with("m="));
+    let memory = params.and_then(|p| {
+        p.split(',')
+            .find_map(|kv| kv.strip_prefix("m="))?
+            .parse::<u32>()
+            .ok()
+    });
+    matches!(alg, "argon2id" | "argon2i" | "argon2d")
+        && (rest.len() == 3 || rest.len() == 4)
+        && memory.is_some_and(|m| m <= 256 * 1024)
+        && hash.bytes().all(|b| b.is_ascii_graphic())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -154,5 +178,14 @@ mod tests {
         assert!(message.contains("twice") && line == 1, "{line} {message}");
         assert!(!is_bcrypt(&ALICE.replace("$04$", "$03$")));
         assert!(!is_bcrypt(&ALICE[..59]));
+        let argon = "$argon2id$v=19$m=19456,t=2,p=1$c29tZXNhbHQ$ZXhhbXBsZWhhc2g";
+        assert!(is_argon2(argon));
+        assert!(parse(&format!("dora:{argon}")).is_ok());
+        assert!(
+            !is_argon2(&argon.replace("m=19456", "m=4194304")),
+            "4 GiB per check"
+        );
+        assert!(!is_argon2("$argon2x$v=19$m=8,t=1,p=1$a$b"));
+        assert!(!is_argon2("$argon2id$m=8"));
     }
 }

@@ -1,8 +1,8 @@
 //! HTTP Basic authentication (`basic_auth = { users_file, realm }` of a route).
 //!
 //! The credentials of `Authorization: Basic ...` are decoded on the stack and checked
-//! against the route's htpasswd entries (bcrypt). bcrypt is slow on purpose (milliseconds
-//! per check), so each worker remembers the last successful checks in a small fixed cache,
+//! against the route's htpasswd entries (bcrypt or argon2). Both are slow on purpose
+//! (milliseconds per check), so each worker remembers the last successful checks in a small fixed cache,
 //! keyed by a 128-bit keyed hash of (user, password, stored hash): a client sending the
 //! same credentials again costs two SipHash runs, not a bcrypt. A changed or removed entry
 //! (after a reload) no longer matches its cache line. Failed checks are not cached: put a
@@ -75,11 +75,26 @@ pub fn authorized(auth: &BasicAuth, cache: &AuthCache, buf: &[u8], req: &Request
     if cache.contains(fp) {
         return true;
     }
-    let ok = bcrypt::verify(password, &entry.hash).unwrap_or(false);
+    let ok = verify(password, &entry.hash);
     if ok {
         cache.insert(fp);
     }
     ok
+}
+
+/// Checks a password against a bcrypt or argon2 (PHC string) hash.
+fn verify(password: &[u8], hash: &str) -> bool {
+    use argon2::PasswordVerifier;
+    if hash.starts_with("$argon2") {
+        let Ok(parsed) = argon2::PasswordHash::new(hash) else {
+            return false;
+        };
+        // The algorithm, version and costs come from the hash.
+        return argon2::Argon2::default()
+            .verify_password(password, &parsed)
+            .is_ok();
+    }
+    bcrypt::verify(password, hash).unwrap_or(false)
 }
 
 /// The decoded credentials of the one `Authorization: Basic` header, in `out`.
@@ -212,6 +227,20 @@ mod tests {
         // A cache hit does not depend on bcrypt: the same fingerprint under another hash
         // string (a changed entry) is a different line.
         assert!(!cache.contains(cache.fingerprint(b"alice", b"secret", "other")));
+    }
+
+    #[test]
+    fn argon2_entries_verify() {
+        use argon2::password_hash::{PasswordHasher, SaltString};
+        let salt = SaltString::encode_b64(&[5u8; 16]).unwrap();
+        let params = argon2::Params::new(64, 1, 1, None).unwrap();
+        let hasher =
+            argon2::Argon2::new(argon2::Algorithm::Argon2id, argon2::Version::V0x13, params);
+        let hash = hasher.hash_password(b"secret", &salt).unwrap().to_string();
+        assert!(hash.starts_with("$argon2id$v=19$m=64,t=1,p=1$"), "{hash}");
+        assert!(verify(b"secret", &hash));
+        assert!(!verify(b"Secret", &hash));
+        assert!(!verify(b"secret", "$argon2id$broken"));
     }
 
     #[test]

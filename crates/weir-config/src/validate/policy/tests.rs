@@ -530,7 +530,7 @@ fn basic_auth_settings_and_rejections() {
         &with_route(&route("")),
         &format!("{r}.users_file"),
         7,
-        "line 2: user \"bob\" does not have a bcrypt hash",
+        "line 2: user \"bob\" does not have a bcrypt ($2y$...) or argon2",
         "htpasswd -B",
     );
     let _ = std::fs::remove_dir_all(&dir);
