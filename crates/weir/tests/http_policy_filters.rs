@@ -758,3 +758,33 @@ async fn basic_auth_accepts_argon2_entries() {
     assert_eq!(get_as(&mut c, ALICE_WRONG).await.status, 401);
     assert_eq!(get_as(&mut c, ALICE_SECRET).await.status, 200);
 }
+
+#[tokio::test]
+async fn a_host_rule_does_not_stop_retries_on_another_server() {
+    let dead = common::dead_port();
+    let b = Backend::echo("up");
+    let weir = Conf::new()
+        .route(
+            "api",
+            "up",
+            &[
+                "preserve_host = false",
+                r#"request_headers = { set = { Host = "api.internal" } }"#,
+            ],
+        )
+        .upstream(
+            "up",
+            &[dead.addr, b.addr()],
+            &[
+                "lb = \"round_robin\"",
+                "retry = { attempts = 1, on = [\"connect_error\"] }",
+            ],
+        )
+        .start();
+    let mut c = weir.client().await;
+    for _ in 0..2 {
+        let r = c.get("/", "public.example").await.unwrap();
+        assert_eq!(r.status, 200, "retried on the live server");
+        assert_eq!(head_values(&r.body_str(), "host"), vec!["api.internal"]);
+    }
+}

@@ -19,13 +19,13 @@ pub struct Vars<'a> {
 
 impl Vars<'_> {
     fn value(&self, var: Variable) -> &[u8] {
-        let split = self.target.iter().position(|b| *b == b'?');
+        let split = || self.target.iter().position(|b| *b == b'?');
         match var {
             Variable::Scheme => self.scheme,
             Variable::Host => self.host,
             Variable::Uri => self.target,
-            Variable::Path => split.map_or(self.target, |q| &self.target[..q]),
-            Variable::Query => split.map_or(&[][..], |q| &self.target[q + 1..]),
+            Variable::Path => split().map_or(self.target, |q| &self.target[..q]),
+            Variable::Query => split().map_or(&[][..], |q| &self.target[q + 1..]),
             Variable::ClientIp => self.client_ip,
             Variable::RequestId => self.request_id,
         }

@@ -266,7 +266,10 @@ impl<'a> Forwarding<'a> {
             self.worker
                 .upstreams
                 .retry(target.route.upstream, target.pool, u, self.key, tried)?;
-        let host_is_server = !target.route.preserve_host || conn.host.is_empty();
+        // A `request_headers` rule that sets Host names no server: nothing to replace.
+        let rule_host =
+            (target.route.filters.request_headers.as_ref()).is_some_and(|r| r.sets_host);
+        let host_is_server = (!target.route.preserve_host || conn.host.is_empty()) && !rule_host;
         let new_name = u.servers[next.server].name.as_bytes();
         if host_is_server && !replace_host(&mut conn.out, failed.name.as_bytes(), new_name) {
             return None;
