@@ -130,6 +130,7 @@ max_idle = 256
             path_normalization: PathNormalization::default(),
             routes,
             redirect_https: false,
+            policy: ListenerPolicy::default(),
         }
     }
 
@@ -157,6 +158,7 @@ max_idle = 256
             upgrades: vec!["websocket".into()],
             matching: RouteMatch::default(),
             target: RouteTarget::Upstream(0),
+            filters: Default::default(),
         };
         let expected = Config {
             server: ServerSettings {

@@ -195,6 +195,8 @@ pub struct Listener {
     pub http2: Http2,
     /// Every request is answered with a 308 redirect to `https://{host}{uri}` (routes unused).
     pub redirect_https: bool,
+    /// Traffic-policy settings of the listener (issue 16): request ids, ...
+    pub policy: ListenerPolicy,
 }
 
 /// HTTP/2 settings of an HTTP listener (`[listeners.http2]`, docs/http2.md).
@@ -378,6 +380,8 @@ pub struct Route {
     pub matching: RouteMatch,
     /// Where a matched request goes: an upstream pool, a weighted split, or a local answer.
     pub target: RouteTarget,
+    /// Traffic-policy filters (issue 16): header rules, access lists, rate limit, auth.
+    pub filters: RouteFilters,
 }
 
 // ---------------------------------------------------------------- route matching and targets
@@ -462,47 +466,6 @@ pub struct Redirect {
     /// 301, 302, 303, 307 or 308.
     pub status: u16,
     pub to: Template,
-}
-
-/// A string with `{variable}` parts, split once at load so rendering only appends.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Template {
-    pub parts: Vec<TemplatePart>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum TemplatePart {
-    Literal(String),
-    Var(TemplateVar),
-}
-
-/// A variable of a template.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TemplateVar {
-    /// `http` or `https`, as the client connected.
-    Scheme,
-    /// The request's host name, without the port.
-    Host,
-    /// The request target as received: path and query.
-    Uri,
-    /// The path without the query.
-    Path,
-    /// The query without its `?` (empty when there is none).
-    Query,
-    /// The client address.
-    ClientIp,
-}
-
-impl TemplateVar {
-    /// Every variable with its name as written between braces.
-    pub const ALL: [(&'static str, TemplateVar); 6] = [
-        ("scheme", TemplateVar::Scheme),
-        ("host", TemplateVar::Host),
-        ("uri", TemplateVar::Uri),
-        ("path", TemplateVar::Path),
-        ("query", TemplateVar::Query),
-        ("client_ip", TemplateVar::ClientIp),
-    ];
 }
 
 // ---------------------------------------------------------------- end of route matching
@@ -761,5 +724,203 @@ impl Config {
             self.upstreams.len(),
             servers
         )
+    }
+}
+
+// ---------------------------------------------------------------- traffic policy (issue 16)
+// The per-route filters and per-listener client settings of docs/configuration.md
+// "Traffic policy". Each filter is an `Option`: `None` costs a route nothing per request.
+
+/// The policy filters of one route (`request_headers`, `response_headers`, ...).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct RouteFilters {
+    /// Rules applied to the request head sent upstream.
+    pub request_headers: Option<HeaderRules>,
+    /// Rules applied to the response head sent to the client.
+    pub response_headers: Option<HeaderRules>,
+    /// `allow` / `deny` address lists on the client address.
+    pub access: Option<AccessList>,
+    /// `rate_limit = { rate, burst, key, max_keys }`.
+    pub rate_limit: Option<RateLimit>,
+    /// `basic_auth = { users_file, realm }`.
+    pub basic_auth: Option<BasicAuth>,
+}
+
+/// HTTP Basic authentication against an htpasswd file, read when the config is loaded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BasicAuth {
+    /// Printable ASCII without `"` or `\`.
+    pub realm: String,
+    pub users_file: std::path::PathBuf,
+    /// The file's entries, sorted by name (names are unique).
+    pub users: Vec<HtUser>,
+}
+
+/// One `name:hash` line of an htpasswd file (bcrypt `$2a$`/`$2b$`/`$2y$`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HtUser {
+    pub name: String,
+    pub hash: String,
+}
+
+impl BasicAuth {
+    /// The entry of user `name`.
+    pub fn user(&self, name: &[u8]) -> Option<&HtUser> {
+        let i = self
+            .users
+            .binary_search_by(|u| u.name.as_bytes().cmp(name))
+            .ok()?;
+        self.users.get(i)
+    }
+}
+
+/// A route's request rate limit (GCRA, shared by all workers).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RateLimit {
+    /// Time between two requests at the sustained rate (`1s / 100` for `"100/s"`).
+    pub interval: Duration,
+    /// Requests that may come at once (at least 1).
+    pub burst: u32,
+    pub key: RateKey,
+    /// Keys tracked at once: the table's fixed size.
+    pub max_keys: usize,
+}
+
+/// What a rate limit counts separately.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RateKey {
+    /// Each client address (after PROXY protocol and `trusted_proxies`).
+    ClientIp,
+    /// Each value of this request header (its name as written); requests without it
+    /// share one count.
+    Header(String),
+    /// The whole route.
+    Route,
+}
+
+/// `allow = [CIDR...]`, `deny = [CIDR...]` of a route: deny wins; when `allow` is given,
+/// addresses outside it are refused too (403).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct AccessList {
+    /// Empty: every address not denied.
+    pub allow: Vec<Cidr>,
+    pub deny: Vec<Cidr>,
+}
+
+impl AccessList {
+    /// Whether a client at `ip` may use the route.
+    pub fn permits(&self, ip: IpAddr) -> bool {
+        !self.deny.iter().any(|c| c.contains(ip))
+            && (self.allow.is_empty() || self.allow.iter().any(|c| c.contains(ip)))
+    }
+}
+
+/// `request_headers` / `response_headers = { set, add, remove }`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct HeaderRules {
+    /// Replace every header of the name with one line (in name order).
+    pub set: Vec<HeaderRule>,
+    /// Append one line, keeping the headers already there (in name order).
+    pub add: Vec<HeaderRule>,
+    /// The lower-cased names whose incoming lines are dropped: every `set` and `remove` name.
+    pub drop: Vec<String>,
+    /// `set` has a `Host` rule (request headers only): it replaces the Host Weir would send.
+    pub sets_host: bool,
+}
+
+impl HeaderRules {
+    /// Whether an incoming header named `name` is dropped (`set` or `remove`).
+    #[inline]
+    pub fn drops(&self, name: &[u8]) -> bool {
+        self.drop
+            .iter()
+            .any(|d| d.len() == name.len() && d.as_bytes().eq_ignore_ascii_case(name))
+    }
+}
+
+/// One `"Name" = "value template"` rule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeaderRule {
+    /// The name as written.
+    pub name: String,
+    pub value: Template,
+}
+
+/// A header value with `{variable}`s, split once at load into literal text and variables.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Template(pub Vec<TemplatePart>);
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TemplatePart {
+    Text(String),
+    Var(Variable),
+}
+
+/// The variables a header value may use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Variable {
+    /// `http` (or `https` on a TLS listener).
+    Scheme,
+    /// The request's Host (or absolute-form authority), as sent.
+    Host,
+    /// The request target: path and query, as the client sent it.
+    Uri,
+    /// The target's path, without the query.
+    Path,
+    /// The target's query, without the `?` (empty when there is none).
+    Query,
+    /// The client address (after PROXY protocol and `trusted_proxies`).
+    ClientIp,
+    /// The request's id (empty when the listener has `request_id = false`).
+    RequestId,
+}
+
+impl Variable {
+    pub const ALL: [(&'static str, Variable); 7] = [
+        ("scheme", Variable::Scheme),
+        ("host", Variable::Host),
+        ("uri", Variable::Uri),
+        ("path", Variable::Path),
+        ("query", Variable::Query),
+        ("client_ip", Variable::ClientIp),
+        ("request_id", Variable::RequestId),
+    ];
+}
+
+/// The listener's traffic-policy settings (`request_id`, ...).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListenerPolicy {
+    /// `None`: `request_id = false`, requests get no id.
+    pub request_id: Option<RequestIdSettings>,
+    /// Peers whose `X-Forwarded-For` is believed: the client address is then the rightmost
+    /// entry not in this list. Empty: the peer (after PROXY protocol) is the client.
+    pub trusted_proxies: Vec<Cidr>,
+}
+
+impl Default for ListenerPolicy {
+    fn default() -> ListenerPolicy {
+        ListenerPolicy {
+            request_id: Some(RequestIdSettings::default()),
+            trusted_proxies: Vec::new(),
+        }
+    }
+}
+
+/// `request_id = { header, trust_client }`: every request gets an id, sent upstream in
+/// `header` and logged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestIdSettings {
+    /// The header name as written (default `X-Request-Id`).
+    pub header: String,
+    /// Keep a well-formed id the client sent (one line, 1..=128 of `[A-Za-z0-9._-]`).
+    pub trust_client: bool,
+}
+
+impl Default for RequestIdSettings {
+    fn default() -> RequestIdSettings {
+        RequestIdSettings {
+            header: "X-Request-Id".to_owned(),
+            trust_client: true,
+        }
     }
 }

@@ -66,6 +66,9 @@ pub(crate) struct RawListener {
     pub http2: Option<RawHttp2>,
     pub tls: Option<RawTls>,
     pub redirect_https: Option<bool>,
+    // Traffic policy (issue 16; validate/policy.rs).
+    pub request_id: Option<RawRequestId>,
+    pub trusted_proxies: Option<Vec<String>>,
     // TCP listeners only.
     pub upstream: Option<String>,
     pub idle_timeout: Option<String>,
@@ -186,6 +189,13 @@ pub(crate) struct RawRoute {
     pub upstreams: Option<Vec<RawWeightedUpstream>>,
     pub respond: Option<RawRespond>,
     pub redirect: Option<RawRedirect>,
+    // Traffic policy (issue 16; validate/policy.rs).
+    pub request_headers: Option<RawHeaderRules>,
+    pub response_headers: Option<RawHeaderRules>,
+    pub allow: Option<Vec<String>>,
+    pub deny: Option<Vec<String>>,
+    pub rate_limit: Option<RawRateLimit>,
+    pub basic_auth: Option<RawBasicAuth>,
 }
 
 /// One entry of a route's `upstreams = [{ name = "v1", weight = 95 }]`.
@@ -211,6 +221,72 @@ pub(crate) struct RawRespond {
 pub(crate) struct RawRedirect {
     pub to: Option<String>,
     pub status: Option<i64>,
+}
+
+/// `basic_auth = { users_file, realm }` of a route.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawBasicAuth {
+    pub users_file: Option<String>,
+    pub realm: Option<String>,
+}
+
+/// `rate_limit = { rate, burst, key, max_keys }` of a route.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawRateLimit {
+    pub rate: Option<String>,
+    pub burst: Option<i64>,
+    pub key: Option<String>,
+    pub max_keys: Option<i64>,
+}
+
+/// `request_id = false | true | { header, trust_client }` of a listener.
+#[derive(Debug)]
+pub(crate) enum RawRequestId {
+    Switch(bool),
+    Table(RawRequestIdTable),
+}
+
+impl<'de> Deserialize<'de> for RawRequestId {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(RequestIdVisitor)
+    }
+}
+
+struct RequestIdVisitor;
+
+impl<'de> Visitor<'de> for RequestIdVisitor {
+    type Value = RawRequestId;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("true, false or a table { header = \"X-Request-Id\", trust_client = true }")
+    }
+
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<RawRequestId, E> {
+        Ok(RawRequestId::Switch(v))
+    }
+
+    fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<RawRequestId, A::Error> {
+        RawRequestIdTable::deserialize(de::value::MapAccessDeserializer::new(map))
+            .map(RawRequestId::Table)
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawRequestIdTable {
+    pub header: Option<String>,
+    pub trust_client: Option<bool>,
+}
+
+/// `request_headers` / `response_headers = { set, add, remove }` of a route.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawHeaderRules {
+    pub set: Option<BTreeMap<String, String>>,
+    pub add: Option<BTreeMap<String, String>>,
+    pub remove: Option<Vec<String>>,
 }
 
 /// `[upstreams.NAME]`.

@@ -218,6 +218,7 @@ fn listener(
     let name = name(raw.name.take(), &key("name"), "listener")?;
     let bind = listener_bind(raw.bind.take(), &key("bind"))?;
     let protocol = tcp::protocol(&mut raw, path, upstreams)?;
+    let policy = policy::listener_policy(&mut raw, path)?;
     // A TCP listener may carry a protocol where the server speaks first (SMTP, MySQL):
     // deferring its accept would stall it, so there it is opt-in.
     let defer_accept = raw
@@ -266,7 +267,9 @@ fn listener(
         routes: routes(raw.routes, &key("routes"), upstreams, &normalization)?,
         path_normalization: normalization,
         http2: http2::http2(raw.http2, &key("http2"))?,
+        policy,
     })
+    .and_then(|l| policy::check_listener(l, path))
 }
 
 fn listener_bind(raw: Option<String>, path: &FieldPath) -> Result<SocketAddr, Issue> {
@@ -410,6 +413,7 @@ fn same_hosts(a: &[HostPattern], b: &[HostPattern]) -> bool {
 }
 
 fn route(mut raw: RawRoute, path: &FieldPath, upstreams: &[String]) -> Result<Route, Issue> {
+    let filters = policy::route_filters(&mut raw, path)?;
     let name = raw
         .name
         .take()
@@ -450,6 +454,7 @@ fn route(mut raw: RawRoute, path: &FieldPath, upstreams: &[String]) -> Result<Ro
         preserve_host: raw.preserve_host.unwrap_or(true),
         forwarded_headers: raw.forwarded_headers.unwrap_or(true),
         upgrades: upgrades(raw.upgrades, &path.key("upgrades"))?,
+        filters,
     })
 }
 
@@ -852,8 +857,10 @@ fn size(raw: Option<StrOrInt>, default: u64, path: &FieldPath) -> Result<u64, Is
     }
 }
 
+mod htpasswd;
 mod http2;
 mod path;
+mod policy;
 mod pool;
 mod route_match;
 mod tcp;

@@ -5,7 +5,7 @@
 //! complete within `header_timeout`. Pipelined requests already in the buffer are parsed
 //! without touching the socket.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::rc::Rc;
 
 use tokio::io::AsyncWriteExt;
@@ -19,6 +19,8 @@ use crate::codec::http1::write::{push_simple_response, Persistence};
 use crate::codec::http1::{parse_request, HeadLimits, RequestHead};
 use crate::error::{reason_phrase, ProxyError};
 use crate::filters::forwarded::ClientIp;
+use crate::filters::request_id::RequestId;
+use crate::forward::body::BodyState;
 use crate::router::RoutedPath;
 use crate::time::{with_timeout, LazyTimer};
 use crate::worker::Worker;
@@ -36,10 +38,18 @@ pub struct ClientConn {
     /// Scratch space for serialising heads; reused across requests.
     pub out: Vec<u8>,
     pub ip: ClientIp,
+    /// The peer's address (after a PROXY header): `ip` as an address.
+    pub peer_ip: IpAddr,
+    /// The current request's client behind trusted proxies (`None`: the peer).
+    pub real_client: Option<(IpAddr, ClientIp)>,
     /// The current request's host, kept after its head is consumed (for ProxyPassReverse).
     pub host: Vec<u8>,
     /// The current request's normalised path (routed and forwarded); its buffer is reused.
     pub path: RoutedPath,
+    /// The current route's `response_headers` lines, rendered from the request.
+    pub resp_lines: Vec<u8>,
+    /// The current request's id (empty when the listener has `request_id = false`).
+    pub request_id: RequestId,
     /// Requests read on this connection so far.
     pub served: u64,
     /// Bytes written to the client so far.
@@ -103,8 +113,12 @@ impl ClientConn {
             buf,
             out: Vec::with_capacity(1024),
             ip: ClientIp::new(peer.ip()),
+            peer_ip: peer.ip(),
+            real_client: None,
             host: Vec::new(),
             path: RoutedPath::default(),
+            resp_lines: Vec::new(),
+            request_id: RequestId::default(),
             served: 0,
             sent: 0,
             log_fields: RequestFields::default(),
@@ -225,6 +239,35 @@ impl ClientConn {
         // a new connection's first one, cannot know about the drain. It gets a short grace
         // and an answer with `Connection: close`; a connection that stays quiet closes.
         matches!(timeout(DRAIN_GRACE, &mut read).await, Ok(Some(Ok(n))) if n > 0)
+    }
+
+    /// The current request's client address (after PROXY protocol and trusted proxies).
+    #[inline]
+    pub fn client_ip(&self) -> IpAddr {
+        self.real_client.map_or(self.peer_ip, |(ip, _)| ip)
+    }
+
+    /// [`Self::client_ip`] as text.
+    #[inline]
+    pub fn client_text(&self) -> &ClientIp {
+        self.real_client.as_ref().map_or(&self.ip, |(_, text)| text)
+    }
+
+    /// Consumes the request head and the body bytes already buffered, for a request Weir
+    /// answers itself. Returns whether the whole body was there (else the connection
+    /// must close after the answer).
+    pub fn skip_body(
+        &mut self,
+        req: &RequestHead,
+        listener: &Listener,
+    ) -> Result<bool, ProxyError> {
+        self.buf.consume(req.head_len);
+        let mut body = BodyState::new(req.framing, false, listener.max_body_size);
+        let (_, consumed) = body
+            .take(self.buf.filled_mut())
+            .map_err(|_| ProxyError::BadRequest("malformed body"))?;
+        self.buf.consume(consumed);
+        Ok(body.is_done())
     }
 
     /// Writes bytes to the client within `client_timeout`.

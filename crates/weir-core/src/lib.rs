@@ -6,7 +6,8 @@
 //! 2. `client`     — the client connection: buffer, request-head reading, timeouts
 //! 3. `codec/`     — HTTP/1.1 parsing (strict framing), chunked decoding, head writing
 //! 4. `router/`    — host + longest path prefix -> route
-//! 5. `filters/`   — prefix rewrite, forwarded headers, location reverse-mapping
+//! 5. `filters/`   — prefix rewrite, forwarded headers, location reverse-mapping, and the
+//!    traffic-policy filters `policy` runs (header rules, request ids, access lists, ...)
 //! 6. `upstream/`  — choosing a server (policies, health checks, ejection), retry decisions
 //! 7. `connector/` — connecting, the per-worker keep-alive pool
 //! 8. `forward/`   — the exchange with the upstream: heads, bodies, 1xx, upgrade tunnels
@@ -42,6 +43,7 @@ pub mod forward;
 pub mod http2;
 pub mod listener;
 pub mod metrics;
+pub mod policy;
 pub mod proxy;
 pub mod reload;
 pub mod router;

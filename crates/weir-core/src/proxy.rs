@@ -25,7 +25,8 @@ use crate::codec::http1::write::Persistence;
 use crate::codec::http1::{BodyFraming, RequestHead, ResponseHead};
 use crate::error::ProxyError;
 use crate::filters::forwarded::ClientIp;
-use crate::filters::redirect::{push_redirect, Vars};
+use crate::filters::headers::Vars;
+use crate::filters::redirect::push_redirect;
 use crate::filters::respond::Canned;
 use crate::filters::rewrite::check_join;
 use crate::forward::body::BodyState;
@@ -157,6 +158,7 @@ async fn open(
         // The carried client address is the one X-Forwarded-For and logs show.
         if let Some(addresses) = step.await.ok()? {
             conn.ip = ClientIp::new(addresses.source.ip());
+            conn.peer_ip = addresses.source.ip();
         }
         // The first request gets its whole header_timeout after the PROXY header.
         conn.idle_since = Instant::now();
@@ -187,6 +189,7 @@ async fn serve(
     match next {
         Ok(NextRequest::Ready) => {
             conn.served += 1;
+            crate::policy::identify(worker, serving.listener(), conn, req);
             if worker.log(slot).is_some() {
                 conn.capture_log_fields(req);
             }
@@ -308,6 +311,15 @@ async fn handle(
     if let Err(error) = check_join(path, &route_config.path_prefix, rewrite) {
         return Handled::failed(route, error);
     }
+    let routed = crate::policy::Routed {
+        worker,
+        snapshot,
+        listener: listener_index,
+        route: index,
+    };
+    if let Some(result) = routed.admit(conn, req, resp, keep_alive).await {
+        return Handled::local(route, result);
+    }
     let upstream = match &plan.routes[index] {
         RoutePlan::Upstream(upstream) => *upstream,
         RoutePlan::Split(split) => {
@@ -388,8 +400,9 @@ async fn local_response(
                     b"http"
                 },
                 host: req.host_name(buf),
-                uri: req.path(buf),
-                client_ip: conn.ip.as_bytes(),
+                target: req.path(buf),
+                client_ip: conn.client_text().as_bytes(),
+                request_id: conn.request_id.as_bytes(),
             };
             push_redirect(&mut out, redirect, &vars, persistence);
             &out[..]
@@ -439,18 +452,22 @@ pub(crate) struct ClientSide<'a> {
     pub bytes_out: u64,
     /// The connection's TLS session, on TLS listeners.
     pub tls: Option<&'a crate::tls::session::TlsSession>,
+    /// The request's id (empty: none).
+    pub request_id: &'a [u8],
 }
 
 impl ClientSide<'_> {
     fn of(conn: &ClientConn) -> ClientSide<'_> {
         ClientSide {
-            ip: &conn.ip,
+            // The client behind trusted proxies when there is one (the log shows it).
+            ip: conn.client_text(),
             fields: &conn.log_fields,
             upstream_pick: conn.upstream_pick,
             upstream_time: conn.upstream_time,
             bytes_in: conn.buf.consumed_total(),
             bytes_out: conn.sent,
             tls: conn.tls.as_deref(),
+            request_id: conn.request_id.as_bytes(),
         }
     }
 }
@@ -512,6 +529,7 @@ pub(crate) fn record(
             upstream_time: conn.upstream_time,
             aborted,
             tls: conn.tls,
+            request_id: conn.request_id,
         };
         log.log(conn.fields, &outcome);
     }

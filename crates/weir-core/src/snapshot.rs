@@ -12,6 +12,7 @@ use weir_config::{Config, Listener, UpstreamServer};
 use weir_config::{Redirect, RouteTarget};
 
 use crate::connector::TlsUpstream;
+use crate::filters::rate_limit::RateLimiter;
 use crate::filters::redirect::https_redirect;
 use crate::filters::respond::Canned;
 use crate::metrics::layout::SlotMap;
@@ -42,6 +43,8 @@ pub struct ListenerPlan {
     pub redirect_https: Option<Redirect>,
     /// TLS termination: certificates and the rustls config all workers share.
     pub tls: Option<Arc<ListenerTls>>,
+    /// Per route (indexed like `routes`): its rate limiter, shared by all workers.
+    pub limiters: Vec<Option<Arc<RateLimiter>>>,
 }
 
 /// A route's target, prepared: a pool index, a split's schedule, a rendered response.
@@ -110,7 +113,11 @@ impl Snapshot {
             .listeners
             .iter()
             .zip(tls.0)
-            .map(|(l, tls)| ListenerPlan::new(l, tls))
+            .map(|(l, tls)| {
+                let mut plan = ListenerPlan::new(l, tls);
+                plan.limiters = limiters(l, previous);
+                plan
+            })
             .collect();
         let upstreams = config
             .upstreams
@@ -199,6 +206,33 @@ impl TlsPlans {
     }
 }
 
+/// The rate limiters of `listener`'s routes: the one `previous` had for the route of the
+/// same listener and route name when its `rate_limit` is unchanged (a reload keeps the
+/// counts), else a new one.
+fn limiters(listener: &Listener, previous: Option<&Snapshot>) -> Vec<Option<Arc<RateLimiter>>> {
+    let old = previous.and_then(|p| {
+        let i = p
+            .config
+            .listeners
+            .iter()
+            .position(|o| o.name == listener.name)?;
+        Some((&p.config.listeners[i], &p.listeners[i]))
+    });
+    listener
+        .routes
+        .iter()
+        .map(|route| {
+            let limit = route.filters.rate_limit.as_ref()?;
+            let kept = old.and_then(|(config, plan)| {
+                let r = config.routes.iter().position(|o| o.name == route.name)?;
+                let limiter = plan.limiters.get(r)?.as_ref()?;
+                (limiter.config == *limit).then(|| limiter.clone())
+            });
+            Some(kept.unwrap_or_else(|| Arc::new(RateLimiter::new(limit))))
+        })
+        .collect()
+}
+
 impl ListenerPlan {
     fn new(listener: &Listener, tls: Option<Arc<ListenerTls>>) -> ListenerPlan {
         ListenerPlan {
@@ -211,6 +245,7 @@ impl ListenerPlan {
                 .collect(),
             redirect_https: listener.redirect_https.then(https_redirect),
             tls,
+            limiters: Vec::new(),
         }
     }
 

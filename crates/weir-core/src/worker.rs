@@ -78,6 +78,10 @@ pub struct Worker {
     /// TLS handshakes in progress on this worker (bounded by each listener's
     /// `max_handshakes`).
     pub tls_handshakes: Cell<usize>,
+    /// This worker's request-id source.
+    pub request_ids: crate::filters::request_id::RequestIds,
+    /// Recent successful basic-auth checks (bcrypt is slow on purpose).
+    pub auth_cache: crate::filters::basic_auth::AuthCache,
 }
 
 impl Worker {
@@ -110,6 +114,8 @@ impl Worker {
             metrics,
             logs,
             tls_handshakes: Cell::new(0),
+            request_ids: Default::default(),
+            auth_cache: Default::default(),
         }
     }
 

@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 use super::{int_in, is_tchar, upstream_index};
 use crate::error::{FieldPath, Issue};
 use crate::model::{
-    LocalResponse, MatchValue, Redirect, RouteMatch, RouteTarget, Template, TemplatePart,
-    TemplateVar, WeightedUpstream,
+    LocalResponse, MatchValue, Redirect, RouteMatch, RouteTarget, Template, TemplatePart, Variable,
+    WeightedUpstream,
 };
 use crate::raw::{RawRedirect, RawRespond, RawRoute, RawWeightedUpstream};
 
@@ -323,46 +323,18 @@ fn redirect_target(raw: RawRedirect, path: &FieldPath) -> Result<Redirect, Issue
     })
 }
 
-/// Splits `text` into literal and `{variable}` parts.
+/// Splits a redirect's `to` into text and `{variable}` parts (the header-rule syntax, see
+/// `policy::template`); `{request_id}` is not available to a redirect.
 pub(super) fn template(text: &str, path: &FieldPath) -> Result<Template, Issue> {
-    let names: Vec<String> = TemplateVar::ALL
-        .iter()
-        .map(|(n, _)| format!("{{{n}}}"))
-        .collect();
-    let fix = format!(
-        "use one of {} (a literal brace is written %7B or %7D)",
-        names.join(" ")
-    );
-    let mut parts = Vec::new();
-    let mut rest = text;
-    while let Some(open) = rest.find(['{', '}']) {
-        if open > 0 {
-            parts.push(TemplatePart::Literal(rest[..open].to_owned()));
-        }
-        let after = &rest[open..];
-        let close = after.find('}').filter(|_| after.starts_with('{'));
-        let Some(close) = close else {
-            return Err(Issue::new(
-                path,
-                format!("unbalanced brace in {text:?}"),
-                fix,
-            ));
-        };
-        let name = &after[1..close];
-        let Some((_, var)) = TemplateVar::ALL.iter().find(|(n, _)| *n == name) else {
-            return Err(Issue::new(
-                path,
-                format!("unknown variable {{{name}}} in {text:?}"),
-                fix,
-            ));
-        };
-        parts.push(TemplatePart::Var(*var));
-        rest = &after[close + 1..];
+    let template = super::policy::template(text, path)?;
+    if template.0.contains(&TemplatePart::Var(Variable::RequestId)) {
+        return Err(Issue::new(
+            path,
+            format!("{{request_id}} is not available in a redirect ({text:?})"),
+            "use {scheme} {host} {uri} {path} {query} or {client_ip}",
+        ));
     }
-    if !rest.is_empty() {
-        parts.push(TemplatePart::Literal(rest.to_owned()));
-    }
-    Ok(Template { parts })
+    Ok(template)
 }
 
 /// `rewrite_prefix` changes the path sent upstream: a route answered locally has none.

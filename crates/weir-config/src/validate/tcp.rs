@@ -206,6 +206,8 @@ fn http_only_keys(raw: &RawListener) -> Vec<&'static str> {
         // TLS offload on TCP listeners is not built yet.
         ("tls", raw.tls.is_some()),
         ("redirect_https", raw.redirect_https.is_some()),
+        ("request_id", raw.request_id.is_some()),
+        ("trusted_proxies", raw.trusted_proxies.is_some()),
     ];
     present.iter().filter(|p| p.1).map(|p| p.0).collect()
 }
@@ -297,7 +299,7 @@ pub(super) fn proxy_protocol(
 }
 
 /// `"10.0.0.0/8"`, `"::1/128"` or a single address.
-fn cidr(text: &str, path: &FieldPath) -> Result<Cidr, Issue> {
+pub(super) fn cidr(text: &str, path: &FieldPath) -> Result<Cidr, Issue> {
     let fix = r#"write an address range such as "10.0.0.0/8", "192.168.1.7" or "fd00::/8""#;
     let bad = || Issue::new(path, format!("invalid address range \"{text}\""), fix);
     let (ip, prefix) = match text.trim().split_once('/') {

@@ -21,7 +21,7 @@ fn with_upstream(lines: &str) -> String {
 
 /// Asserts the error's field and line, and that message and fix say something useful.
 #[track_caller]
-fn check(source: &str, field: &str, line: usize, message: &str, fix: &str) {
+pub(crate) fn check(source: &str, field: &str, line: usize, message: &str, fix: &str) {
     let e = fail(source);
     assert_eq!((e.field.as_str(), e.line), (field, line), "{e}");
     assert!(e.message.contains(message), "message of: {e}");

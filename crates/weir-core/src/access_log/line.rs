@@ -61,6 +61,8 @@ pub struct Outcome<'a> {
     pub aborted: Option<AbortReason>,
     /// The connection's TLS session (JSON lines of TLS listeners gain its fields).
     pub tls: Option<&'a crate::tls::session::TlsSession>,
+    /// The request's id (JSON only; empty: the listener has `request_id = false`).
+    pub request_id: &'a [u8],
 }
 
 pub fn push_line(
@@ -168,6 +170,13 @@ fn push_json(out: &mut Vec<u8>, req: &RequestFields, o: &Outcome<'_>, time: &mut
             push_seconds(out, t);
         }
         None => out.extend_from_slice(b",\"upstream_time\":null"),
+    }
+    if o.request_id.is_empty() {
+        out.extend_from_slice(b",\"request_id\":null");
+    } else {
+        out.extend_from_slice(b",\"request_id\":\"");
+        push_escaped(out, o.request_id, true);
+        out.push(b'"');
     }
     out.extend_from_slice(b",\"referer\":\"");
     push_escaped(out, &req.referer, true);
@@ -321,6 +330,7 @@ mod tests {
             upstream_time: Some(Duration::from_micros(1000)),
             aborted: None,
             tls: None,
+            request_id: b"abc-1",
         };
         (req, o)
     }
@@ -389,6 +399,7 @@ mod tests {
             "\"route\":\"all\"",
             "\"upstream\":\"127.0.0.1:9000\"",
             "\"duration\":0.001500",
+            "\"request_id\":\"abc-1\"",
             "\"user_agent\":\"curl/8\\u000a\"",
         ] {
             assert!(line.contains(field), "{field} in {line}");

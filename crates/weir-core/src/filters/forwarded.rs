@@ -29,11 +29,13 @@ impl ClientIp {
 }
 
 /// Appends the four forwarded headers. `prior_xff` are the values of the client's own
-/// `X-Forwarded-For` headers, in order; the client address is appended to them. `https`:
-/// the request came over TLS (`X-Forwarded-Proto: https`).
+/// `X-Forwarded-For` headers, in order; the peer address is appended to them. `client` is
+/// the client (`X-Real-IP`): the peer, or the address behind trusted proxies. `https`: the
+/// request came over TLS (`X-Forwarded-Proto: https`).
 pub fn push_forwarded<'a>(
     out: &mut Vec<u8>,
     client: &ClientIp,
+    peer: &ClientIp,
     host: Option<&[u8]>,
     prior_xff: impl Iterator<Item = &'a [u8]>,
     https: bool,
@@ -44,7 +46,7 @@ pub fn push_forwarded<'a>(
         out.extend_from_slice(value);
         out.extend_from_slice(b", ");
     }
-    out.extend_from_slice(client.as_bytes());
+    out.extend_from_slice(peer.as_bytes());
     out.extend_from_slice(b"\r\n");
     let proto: &[u8] = if https { b"https" } else { b"http" };
     push_header(out, b"X-Forwarded-Proto", proto);
@@ -64,6 +66,7 @@ mod tests {
         push_forwarded(
             &mut out,
             &ip,
+            &ip,
             Some(b"example.com"),
             [&b"1.1.1.1"[..], b"2.2.2.2"].into_iter(),
             false,
@@ -80,7 +83,7 @@ mod tests {
     fn proto_is_https_over_tls() {
         let ip = ClientIp::new("10.0.0.7".parse().unwrap());
         let mut out = Vec::new();
-        push_forwarded(&mut out, &ip, None, std::iter::empty(), true);
+        push_forwarded(&mut out, &ip, &ip, None, std::iter::empty(), true);
         let text = String::from_utf8(out).unwrap();
         assert!(text.ends_with("X-Forwarded-Proto: https\r\n"), "{text}");
     }

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use weir_config::{Listener, Route, Upstream, UpstreamServer};
 
 use super::body::{self, pump, BodyState, PumpError};
-use super::request_head::{write_request_head, ClientFacts};
+use super::request_head::{write_request_head, ClientFacts, RequestEdits};
 use super::response_head::{write_response_head, ClientFraming};
 use super::{tunnel, Failure, Reached};
 use crate::buffer::Buffer;
@@ -22,6 +22,7 @@ use crate::codec::http1::{parse_response, BodyFraming, RequestHead, ResponseHead
 // `connect_server` and pooled under a key that includes the upstream's TLS client.
 use crate::connector::{connect_server, PoolKey, TlsUpstream, UpstreamStream};
 use crate::error::ProxyError;
+use crate::filters::headers::{push_rules, Vars};
 use crate::filters::location::ReverseMap;
 use crate::filters::upgrade::{switch_allowed, Offered};
 use crate::metrics::shard::ServerMetrics;
@@ -93,18 +94,7 @@ pub async fn forward(
         .ok_or(ProxyError::NoServer)?;
     let server = &target.upstream.servers[pick.server];
     conn.out.clear();
-    let upgrade = write_request_head(
-        &mut conn.out,
-        conn.buf.filled(),
-        req,
-        &conn.path,
-        target.route,
-        server,
-        ClientFacts {
-            ip: &conn.ip,
-            tls: conn.tls.as_deref(),
-        },
-    );
+    let upgrade = write_head_with_policy(conn, req, &target, server);
     let meta = RequestMeta {
         is_head: req.is_head,
         http10: req.minor_version == 0,
@@ -133,6 +123,57 @@ pub async fn forward(
     let result = fwd.exchange(pick, conn, body, &mut up_buf, resp).await;
     worker.give_buffer(up_buf);
     result
+}
+
+/// Writes the upstream request head into `conn.out` with the route's header rules, and
+/// renders its response-header lines into `conn.resp_lines` while the request is at hand.
+fn write_head_with_policy(
+    conn: &mut ClientConn,
+    req: &RequestHead,
+    target: &Target<'_>,
+    server: &UpstreamServer,
+) -> Offered {
+    let (route, filters) = (target.route, &target.route.filters);
+    let id_header = target.listener.policy.request_id.as_ref();
+    let buf = conn.buf.filled();
+    let no_rules = filters.request_headers.is_none() && filters.response_headers.is_none();
+    let tls = conn.tls.as_deref();
+    if id_header.is_none() && no_rules && conn.real_client.is_none() {
+        let facts = ClientFacts {
+            ip: &conn.ip,
+            tls,
+            edits: None,
+        };
+        return write_request_head(&mut conn.out, buf, req, &conn.path, route, server, facts);
+    }
+    let vars = Vars {
+        scheme: if tls.is_some() { b"https" } else { b"http" },
+        host: req.host.as_ref().map_or(&[][..], |r| &buf[r.clone()]),
+        target: req.path(buf),
+        // Field by field (not `client_text()`): `conn.out` is written below.
+        client_ip: conn
+            .real_client
+            .as_ref()
+            .map_or(&conn.ip, |(_, text)| text)
+            .as_bytes(),
+        request_id: conn.request_id.as_bytes(),
+    };
+    if let Some(rules) = &filters.response_headers {
+        conn.resp_lines.clear();
+        push_rules(&mut conn.resp_lines, rules, &vars);
+    }
+    let edits = RequestEdits {
+        rules: filters.request_headers.as_ref(),
+        request_id: id_header.map(|id| id.header.as_bytes()),
+        real_client: conn.real_client.as_ref().map(|(_, text)| text),
+        vars,
+    };
+    let facts = ClientFacts {
+        ip: &conn.ip,
+        tls,
+        edits: Some(&edits),
+    };
+    write_request_head(&mut conn.out, buf, req, &conn.path, route, server, facts)
 }
 
 impl<'a> Forwarding<'a> {
@@ -248,7 +289,10 @@ impl<'a> Forwarding<'a> {
             self.worker
                 .upstreams
                 .retry(target.upstream_index, target.pool, u, self.key, tried)?;
-        let host_is_server = !target.route.preserve_host || conn.host.is_empty();
+        // A `request_headers` rule that sets Host names no server: nothing to replace.
+        let rule_host =
+            (target.route.filters.request_headers.as_ref()).is_some_and(|r| r.sets_host);
+        let host_is_server = (!target.route.preserve_host || conn.host.is_empty()) && !rule_host;
         let new_name = u.servers[next.server].name.as_bytes();
         if host_is_server && !replace_host(&mut conn.out, failed.name.as_bytes(), new_name) {
             return None;
@@ -657,6 +701,12 @@ impl Exchange<'_> {
             resp,
             reverse.as_ref(),
             &framing,
+            self.target
+                .route
+                .filters
+                .response_headers
+                .as_ref()
+                .map(|rules| (rules, &conn.resp_lines[..])),
         );
         if let Some(line) = self.set_cookie {
             // Before the head's final empty line.
@@ -766,7 +816,7 @@ impl Exchange<'_> {
             http10: false,
         };
         conn.out.clear();
-        write_response_head(&mut conn.out, up_buf.filled(), resp, None, &framing);
+        write_response_head(&mut conn.out, up_buf.filled(), resp, None, &framing, None);
         up_buf.consume(resp.head_len);
         body::write_all(
             &mut conn.stream,

@@ -2,24 +2,59 @@
 //! routed on, with the route's prefix rewrite), end-to-end headers byte for byte, `Host`,
 //! framing, and the forwarded headers.
 
-use weir_config::{Route, UpstreamServer};
+use weir_config::{HeaderRules, Route, UpstreamServer};
 
 use crate::codec::http1::write::{push_header, HeaderLines};
+use crate::codec::http1::HeaderSpan;
 use crate::codec::http1::{BodyFraming, HeaderKind, RequestHead};
 use crate::filters::forwarded::{push_forwarded, ClientIp};
+use crate::filters::headers::{push_rules, Vars};
 use crate::filters::rewrite::upstream_path;
 use crate::filters::upgrade::{push_offer, Offered};
 use crate::router::RoutedPath;
 use crate::tls::session::TlsSession;
 
-/// What the upstream request head says about the client.
+/// What the upstream head says about the downstream side of the request.
 #[derive(Clone, Copy)]
 pub struct ClientFacts<'a> {
-    /// The client address (`X-Forwarded-For`, `X-Real-IP`).
+    /// The peer address (`X-Forwarded-For`; `X-Real-IP` unless `edits` names the client
+    /// behind trusted proxies).
     pub ip: &'a ClientIp,
     /// The connection's TLS session (`X-Forwarded-Proto: https`, the client-certificate
     /// header).
     pub tls: Option<&'a TlsSession>,
+    /// What the route's traffic policy changes; `None` when nothing.
+    pub edits: Option<&'a RequestEdits<'a>>,
+}
+
+/// What the route's traffic policy changes in the upstream head; `None` when nothing.
+pub struct RequestEdits<'a> {
+    /// The route's `request_headers`.
+    pub rules: Option<&'a HeaderRules>,
+    /// The listener's request-id header name, when ids are on (the id is in `vars`).
+    pub request_id: Option<&'a [u8]>,
+    /// The client behind trusted proxies (`X-Real-IP`), when it is not the peer.
+    pub real_client: Option<&'a ClientIp>,
+    pub vars: Vars<'a>,
+}
+
+impl RequestEdits<'_> {
+    /// Whether an incoming header named `name` is left out (Weir writes its own).
+    #[inline]
+    fn drops(&self, name: &[u8]) -> bool {
+        self.request_id
+            .is_some_and(|id| id.len() == name.len() && id.eq_ignore_ascii_case(name))
+            || self.rules.is_some_and(|r| r.drops(name))
+    }
+
+    fn push(&self, out: &mut Vec<u8>) {
+        if let Some(name) = self.request_id {
+            push_header(out, name, self.vars.request_id);
+        }
+        if let Some(rules) = self.rules {
+            push_rules(out, rules, &self.vars);
+        }
+    }
 }
 
 /// Appends the upstream request head for `req` (parsed from `buf`, its path normalised
@@ -34,7 +69,7 @@ pub fn write_request_head(
     server: &UpstreamServer,
     client: ClientFacts<'_>,
 ) -> Offered {
-    let tls = client.tls;
+    let (tls, edits) = (client.tls, client.edits);
     let (prefix, rest) = upstream_path(
         path.get(req.path(buf)),
         &route.path_prefix,
@@ -46,21 +81,25 @@ pub fn write_request_head(
     out.extend_from_slice(rest);
     out.extend_from_slice(b" HTTP/1.1\r\n");
     let client_host = req.host.as_ref().map(|r| &buf[r.clone()]);
+    let rules = edits.and_then(|e| e.rules);
     match client_host.filter(|_| route.preserve_host) {
+        _ if rules.is_some_and(|r| r.sets_host) => {}
         Some(host) => push_header(out, b"Host", host),
         None => push_header(out, b"Host", server.name.as_bytes()),
     }
-    let mut lines = HeaderLines::default();
     // The client-certificate header is Weir's to set: a client's copy never passes.
     let strip = tls.and_then(|t| t.strip_header.as_deref());
-    for h in &req.headers {
-        if forwards_unchanged(h.kind, h.connection_listed, route.forwarded_headers)
-            && !strip.is_some_and(|name| buf[h.name.clone()].eq_ignore_ascii_case(name))
-        {
-            lines.keep(out, buf, h);
+    let stripped = |name: &[u8]| strip.is_some_and(|s| name.eq_ignore_ascii_case(s));
+    match edits {
+        // Two loops so that a request without edits runs exactly the copy it always ran.
+        Some(e) => {
+            copy_headers(out, buf, &req.headers, route, |name| {
+                stripped(name) || e.drops(name)
+            });
+            e.push(out);
         }
+        None => copy_headers(out, buf, &req.headers, route, stripped),
     }
-    lines.flush(out, buf);
     if let Some(line) = tls.and_then(|t| t.cert_header_line.as_deref()) {
         out.extend_from_slice(line);
     }
@@ -74,10 +113,31 @@ pub fn write_request_head(
             .iter()
             .filter(|h| h.kind == HeaderKind::XForwardedFor)
             .map(|h| &buf[h.value.clone()]);
-        push_forwarded(out, client.ip, client_host, prior, tls.is_some());
+        let real = edits.and_then(|e| e.real_client).unwrap_or(client.ip);
+        push_forwarded(out, real, client.ip, client_host, prior, tls.is_some());
     }
     out.extend_from_slice(b"\r\n");
     offered
+}
+
+/// Copies the lines of the headers forwarded as they are, except those `dropped` names.
+#[inline]
+fn copy_headers(
+    out: &mut Vec<u8>,
+    buf: &[u8],
+    headers: &[HeaderSpan],
+    route: &Route,
+    dropped: impl Fn(&[u8]) -> bool,
+) {
+    let mut lines = HeaderLines::default();
+    for h in headers {
+        if forwards_unchanged(h.kind, h.connection_listed, route.forwarded_headers)
+            && !dropped(&buf[h.name.clone()])
+        {
+            lines.keep(out, buf, h);
+        }
+    }
+    lines.flush(out, buf);
 }
 
 /// Headers copied as they are: everything end-to-end that the proxy does not set itself.

@@ -4,6 +4,7 @@
 use crate::codec::http1::write::{push_header, push_status_line, HeaderLines, Persistence};
 use crate::codec::http1::{BodyFraming, HeaderKind, ResponseHead};
 use crate::filters::location::ReverseMap;
+use weir_config::HeaderRules;
 
 /// How the head should present the client connection.
 pub struct ClientFraming {
@@ -15,6 +16,10 @@ pub struct ClientFraming {
     pub http10: bool,
 }
 
+/// The route's `response_headers` and their lines, rendered when the request was read
+/// (the variables come from the request, whose head is gone by now).
+pub type ResponseEdits<'a> = (&'a HeaderRules, &'a [u8]);
+
 /// Appends the client response head for `resp` (parsed from `buf`) to `out`.
 pub fn write_response_head(
     out: &mut Vec<u8>,
@@ -22,27 +27,17 @@ pub fn write_response_head(
     resp: &ResponseHead,
     reverse: Option<&ReverseMap<'_>>,
     framing: &ClientFraming,
+    edits: Option<ResponseEdits<'_>>,
 ) {
     push_status_line(out, resp.status, &buf[resp.reason.clone()]);
-    let mut lines = HeaderLines::default();
-    for h in &resp.headers {
-        if h.connection_listed || h.kind.is_hop_by_hop() {
-            continue;
-        }
-        let Some(map) = reverse.filter(|_| is_location(h.kind)) else {
-            lines.keep(out, buf, h);
-            continue;
-        };
-        lines.flush(out, buf);
-        let value = &buf[h.value.clone()];
-        out.extend_from_slice(&buf[h.name.clone()]);
-        out.extend_from_slice(b": ");
-        if !map.map_into(value, out) {
-            out.extend_from_slice(value);
-        }
-        out.extend_from_slice(b"\r\n");
+    match edits {
+        // Two loops so that a route without rules runs exactly the copy it always ran.
+        Some((rules, _)) => copy_headers(out, buf, resp, reverse, |name| rules.drops(name)),
+        None => copy_headers(out, buf, resp, reverse, |_| false),
     }
-    lines.flush(out, buf);
+    if let Some((_, rendered)) = edits {
+        out.extend_from_slice(rendered);
+    }
     if resp.framing == BodyFraming::Chunked && !framing.dechunk {
         out.extend_from_slice(b"Transfer-Encoding: chunked\r\n");
     }
@@ -59,6 +54,37 @@ pub fn write_response_head(
         Persistence::of(!framing.close, framing.http10).push_header(out);
     }
     out.extend_from_slice(b"\r\n");
+}
+
+/// Copies the end-to-end header lines (mapping location headers back through `reverse`),
+/// except those whose names are `dropped`.
+#[inline]
+fn copy_headers(
+    out: &mut Vec<u8>,
+    buf: &[u8],
+    resp: &ResponseHead,
+    reverse: Option<&ReverseMap<'_>>,
+    dropped: impl Fn(&[u8]) -> bool,
+) {
+    let mut lines = HeaderLines::default();
+    for h in &resp.headers {
+        if h.connection_listed || h.kind.is_hop_by_hop() || dropped(&buf[h.name.clone()]) {
+            continue;
+        }
+        let Some(map) = reverse.filter(|_| is_location(h.kind)) else {
+            lines.keep(out, buf, h);
+            continue;
+        };
+        lines.flush(out, buf);
+        let value = &buf[h.value.clone()];
+        out.extend_from_slice(&buf[h.name.clone()]);
+        out.extend_from_slice(b": ");
+        if !map.map_into(value, out) {
+            out.extend_from_slice(value);
+        }
+        out.extend_from_slice(b"\r\n");
+    }
+    lines.flush(out, buf);
 }
 
 fn is_location(kind: HeaderKind) -> bool {

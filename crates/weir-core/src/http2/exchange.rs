@@ -172,6 +172,7 @@ impl StreamRequest<'_> {
             let client = ClientFacts {
                 ip: self.ip,
                 tls: None,
+                edits: None,
             };
             write_request_head(
                 &mut out, self.buf, self.req, self.path, route, server, client,

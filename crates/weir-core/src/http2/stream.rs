@@ -19,7 +19,8 @@ use crate::access_log::RequestFields;
 use crate::codec::http1::write::Persistence;
 use crate::codec::http1::{parse_request, BodyFraming, HeadLimits, RequestHead};
 use crate::error::{reason_phrase, ProxyError};
-use crate::filters::redirect::{push_redirect, Vars};
+use crate::filters::headers::Vars;
+use crate::filters::redirect::push_redirect;
 use crate::filters::rewrite::check_join;
 use crate::forward::{exchange_target, Failure, Reached};
 use crate::metrics::shard::{method_index, METHODS};
@@ -117,6 +118,7 @@ pub async fn serve(
         bytes_in: trace.body_in,
         bytes_out: trace.body_out,
         tls: None,
+        request_id: b"",
     };
     record(worker, &snapshot, &side, &handled, &done);
 }
@@ -240,7 +242,8 @@ impl Stream<'_> {
         let vars = Vars {
             scheme: b"http",
             host: self.req.host_name(self.buf),
-            uri: self.req.path(self.buf),
+            target: self.req.path(self.buf),
+            request_id: b"",
             client_ip: self.shared.ip.as_bytes(),
         };
         let mut rendered = Vec::with_capacity(256);

@@ -82,6 +82,7 @@ impl Collector for Scrape {
         self.requests(&mut enc)?;
         self.aborted(&mut enc)?;
         self.durations(&mut enc)?;
+        self.rate_limited(&mut enc)?;
         self.listener_counters(&mut enc)?;
         self.http2_counters(&mut enc)?;
         self.tls(&mut enc)?;
@@ -246,6 +247,27 @@ impl Scrape {
             enc,
             "weir_request_duration_seconds",
             "Time from a complete request head to the end of the response.",
+            &rows,
+        )
+    }
+
+    /// Routes with a `rate_limit` only (zero until the first refusal).
+    fn rate_limited(&self, enc: &mut DescriptorEncoder) -> Result {
+        let mut rows = Vec::new();
+        for (li, l) in self.config.listeners.iter().enumerate() {
+            for (r, route) in l.routes.iter().enumerate() {
+                if route.filters.rate_limit.is_none() {
+                    continue;
+                }
+                let v = self.sum(|s| Some(self.route(s, li, r + 1)?.rate_limited.get()));
+                let labels = vec![("listener", l.name.clone()), ("route", route.name.clone())];
+                rows.push((labels, v));
+            }
+        }
+        counter(
+            enc,
+            "weir_rate_limited",
+            "Requests refused with 429 by a route's rate_limit, by listener and route.",
             &rows,
         )
     }

@@ -202,6 +202,8 @@ pub struct RouteMetrics {
     pub duration: Histogram,
     /// Responses cut short after their head, by `AbortReason`.
     aborted: [Counter; AbortReason::ALL.len()],
+    /// Requests refused by the route's `rate_limit` (429).
+    pub rate_limited: Counter,
 }
 
 impl RouteMetrics {
@@ -213,6 +215,7 @@ impl RouteMetrics {
             requests,
             duration: Histogram::default(),
             aborted: Default::default(),
+            rate_limited: Counter::default(),
         }
     }
 

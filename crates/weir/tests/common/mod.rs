@@ -18,9 +18,12 @@ pub const LISTENER: &str = "web";
 pub const WAIT: Duration = Duration::from_secs(5);
 
 /// Builds a configuration text: one listener `web` on `127.0.0.1:0`, `workers = 1`, the
-/// admin listener off, `drain_timeout = "0s"` (so dropping a harness never waits).
+/// admin listener off, `drain_timeout = "0s"` (so dropping a harness never waits), and
+/// `request_id = false` on an HTTP listener (tests compare whole upstream heads; ids are
+/// random) unless `with_request_ids` is called.
 #[derive(Debug, Default, Clone)]
 pub struct Conf {
+    request_ids: bool,
     listener: Vec<String>,
     routes: Vec<String>,
     upstreams: Vec<String>,
@@ -29,6 +32,12 @@ pub struct Conf {
 impl Conf {
     pub fn new() -> Conf {
         Conf::default()
+    }
+
+    /// Leaves the listener's `request_id` at its default (on), or to a `listener` line.
+    pub fn with_request_ids(mut self) -> Conf {
+        self.request_ids = true;
+        self
     }
 
     /// Adds a `key = value` line to the listener table.
@@ -83,6 +92,10 @@ impl Conf {
         out.push_str(&format!(
             "[[listeners]]\nname = \"{LISTENER}\"\nbind = \"127.0.0.1:0\"\n"
         ));
+        let tcp = self.listener.iter().any(|l| l.contains("\"tcp\""));
+        if !self.request_ids && !tcp {
+            out.push_str("request_id = false\n");
+        }
         for l in &self.listener {
             out.push_str(l);
             out.push('\n');

@@ -2,7 +2,7 @@
 //! key, line and fix.
 
 use crate::model::{
-    LocalResponse, MatchValue, Redirect, RouteTarget, TemplatePart, TemplateVar, WeightedUpstream,
+    LocalResponse, MatchValue, Redirect, RouteTarget, TemplatePart, Variable, WeightedUpstream,
 };
 use crate::tests::fail;
 use crate::{parse_str, Config};
@@ -106,14 +106,14 @@ fn targets_parse_into_the_model() {
     assert_eq!(*status, 302);
     use TemplatePart::*;
     assert_eq!(
-        to.parts,
+        to.0,
         [
-            Literal("https://".into()),
-            Var(TemplateVar::Host),
-            Literal(":8443".into()),
-            Var(TemplateVar::Uri),
-            Literal("?from=".into()),
-            Var(TemplateVar::ClientIp),
+            Text("https://".into()),
+            Var(Variable::Host),
+            Text(":8443".into()),
+            Var(Variable::Uri),
+            Text("?from=".into()),
+            Var(Variable::ClientIp),
         ]
     );
 }
@@ -247,8 +247,15 @@ fn redirect_rejections() {
         "redirect = { to = \"https://{host\" }",
         &format!("{r}.to"),
         6,
-        "unbalanced brace",
-        "%7B",
+        "unclosed '{'",
+        "{{",
+    );
+    check(
+        "redirect = { to = \"https://{host}{request_id}\" }",
+        &format!("{r}.to"),
+        6,
+        "{request_id} is not available in a redirect",
+        "{client_ip}",
     );
     check(
         "redirect = { status = 301 }",
