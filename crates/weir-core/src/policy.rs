@@ -43,10 +43,21 @@ pub struct Routed<'a> {
     pub route: usize,
 }
 
+/// What admission looks at in a request: who sent it and its head.
+pub struct Asker<'a> {
+    /// The client (behind trusted proxies when there are some).
+    pub client: std::net::IpAddr,
+    /// The head `req` was parsed from.
+    pub buf: &'a [u8],
+    pub req: &'a RequestHead,
+    /// When the head was complete (the rate limiter's clock).
+    pub now: std::time::Instant,
+}
+
 impl Routed<'_> {
-    /// Runs the route's admission filters: access lists, the rate limit (before the costly
-    /// password check, as nginx's limit_req runs before auth_basic), then basic auth. `Some`: the
-    /// request was refused and answered (its status is in `resp.status`); `None`: forward.
+    /// Runs the route's admission filters for an HTTP/1 request and answers a refusal on
+    /// `conn`. `Some`: the request was refused and answered (its status is in
+    /// `resp.status`); `None`: forward.
     pub async fn admit(
         &self,
         conn: &mut ClientConn,
@@ -55,65 +66,74 @@ impl Routed<'_> {
         keep_alive: bool,
     ) -> Option<Result<bool, Failure>> {
         let listener = &self.snapshot.config.listeners[self.listener];
+        // Extra header lines go in the response-rules scratch (unused: no forwarding).
+        let mut extra = std::mem::take(&mut conn.resp_lines);
+        extra.clear();
+        let asker = Asker {
+            client: conn.client_ip(),
+            buf: conn.buf.filled(),
+            req,
+            now: conn.request_started,
+        };
+        let refused = self.refusal(&asker, &mut extra);
+        let sent = match refused {
+            Some(status) => {
+                let answer = Answer {
+                    status,
+                    headers: &extra,
+                };
+                Some(answer.send(listener, conn, req, resp, keep_alive).await)
+            }
+            None => None,
+        };
+        conn.resp_lines = extra;
+        sent
+    }
+
+    /// The route's admission filters, in order: access lists, the rate limit (before the
+    /// costly password check, as nginx's limit_req runs before auth_basic), then basic
+    /// auth. `Some(status)`: refused, with extra header lines of the answer appended to
+    /// `extra`; `None`: admitted. Shared by HTTP/1 and HTTP/2.
+    pub fn refusal(&self, asker: &Asker<'_>, extra: &mut Vec<u8>) -> Option<u16> {
+        let listener = &self.snapshot.config.listeners[self.listener];
         let filters = &listener.routes[self.route].filters;
         if let Some(access) = &filters.access {
-            if !access.permits(conn.client_ip()) {
-                let answer = Answer {
-                    status: 403,
-                    headers: b"",
-                };
-                return Some(answer.send(listener, conn, req, resp, keep_alive).await);
+            if !access.permits(asker.client) {
+                return Some(403);
             }
         }
         if let Some(limit) = &filters.rate_limit {
-            if let Err(wait) = self.rate_check(limit, conn, req) {
+            if let Err(wait) = self.rate_check(limit, asker) {
                 let mut line = RetryAfter::default();
-                let answer = Answer {
-                    status: 429,
-                    headers: line.render(retry_after_secs(wait)),
-                };
-                return Some(answer.send(listener, conn, req, resp, keep_alive).await);
+                extra.extend_from_slice(line.render(retry_after_secs(wait)));
+                return Some(429);
             }
         }
         if let Some(auth) = &filters.basic_auth {
-            let buf = conn.buf.filled();
-            if !basic_auth::authorized(auth, &self.worker.auth_cache, buf, req) {
-                // The challenge goes in the response-rules scratch (unused: no forwarding).
-                let mut challenge = std::mem::take(&mut conn.resp_lines);
-                challenge.clear();
-                challenge.extend_from_slice(b"WWW-Authenticate: Basic realm=\"");
-                challenge.extend_from_slice(auth.realm.as_bytes());
-                challenge.extend_from_slice(b"\", charset=\"UTF-8\"\r\n");
-                let answer = Answer {
-                    status: 401,
-                    headers: &challenge,
-                };
-                let sent = answer.send(listener, conn, req, resp, keep_alive).await;
-                conn.resp_lines = challenge;
-                return Some(sent);
+            if !basic_auth::authorized(auth, &self.worker.auth_cache, asker.buf, asker.req) {
+                extra.extend_from_slice(b"WWW-Authenticate: Basic realm=\"");
+                extra.extend_from_slice(auth.realm.as_bytes());
+                extra.extend_from_slice(b"\", charset=\"UTF-8\"\r\n");
+                return Some(401);
             }
         }
         None
     }
 
     /// Counts the request against the route's limiter; `Err`: refused, with the wait.
-    fn rate_check(
-        &self,
-        limit: &RateLimit,
-        conn: &ClientConn,
-        req: &RequestHead,
-    ) -> Result<(), std::time::Duration> {
+    fn rate_check(&self, limit: &RateLimit, asker: &Asker<'_>) -> Result<(), std::time::Duration> {
         let plan = &self.snapshot.listeners[self.listener];
         let Some(Some(limiter)) = plan.limiters.get(self.route) else {
             return Ok(());
         };
-        let now = conn.request_started;
+        let now = asker.now;
         let checked = match &limit.key {
-            RateKey::ClientIp => limiter.check(conn.client_ip(), now),
+            RateKey::ClientIp => limiter.check(asker.client, now),
             RateKey::Route => limiter.check((), now),
             RateKey::Header(name) => {
-                let buf = conn.buf.filled();
-                let value = req
+                let buf = asker.buf;
+                let value = asker
+                    .req
                     .headers
                     .iter()
                     .find(|h| {
@@ -169,13 +189,33 @@ impl RetryAfter {
 }
 
 /// A response Weir generates for a refused request.
-struct Answer<'a> {
-    status: u16,
+pub struct Answer<'a> {
+    pub status: u16,
     /// Extra header lines, each ending in CRLF.
-    headers: &'a [u8],
+    pub headers: &'a [u8],
 }
 
 impl Answer<'_> {
+    /// Appends the whole answer (its body: the reason phrase) to `out`; returns the body's
+    /// length.
+    pub fn render(&self, out: &mut Vec<u8>, persistence: Persistence) -> usize {
+        let reason = crate::error::reason_phrase(self.status);
+        let mut body = [0u8; 64];
+        let len = reason.len().min(63);
+        body[..len].copy_from_slice(&reason.as_bytes()[..len]);
+        body[len] = b'\n';
+        let body = &body[..=len];
+        push_simple_response_with(
+            out,
+            self.status,
+            self.headers,
+            "text/plain",
+            body,
+            persistence,
+        );
+        body.len()
+    }
+
     /// Skips the request body (a body still arriving closes the connection afterwards),
     /// then writes the answer with the connection's persistence.
     async fn send(
@@ -191,22 +231,9 @@ impl Answer<'_> {
         let persistence = Persistence::of(keep_alive, req.minor_version == 0);
         let mut out = std::mem::take(&mut conn.out);
         out.clear();
-        let reason = crate::error::reason_phrase(self.status);
-        let mut body = [0u8; 64];
-        let len = reason.len().min(63);
-        body[..len].copy_from_slice(&reason.as_bytes()[..len]);
-        body[len] = b'\n';
-        let body = &body[..=len];
-        push_simple_response_with(
-            &mut out,
-            self.status,
-            self.headers,
-            "text/plain",
-            body,
-            persistence,
-        );
+        let body_len = self.render(&mut out, persistence);
         if req.is_head {
-            out.truncate(out.len() - body.len());
+            out.truncate(out.len() - body_len);
         }
         let written = conn.write_all(&out, listener).await;
         conn.out = out;

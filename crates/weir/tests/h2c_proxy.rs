@@ -599,3 +599,50 @@ async fn local_answers_and_splits_over_http2() {
     }
     assert_eq!((a.requests_served(), b.requests_served()), (2, 2));
 }
+
+/// A route's access lists and rate limit (and basic auth, the same check) hold for HTTP/2
+/// clients too: h2c with
+/// prior knowledge is no way around them.
+#[tokio::test]
+async fn access_lists_and_rate_limits_hold_over_http2() {
+    let backend = Backend::echo("e");
+    let weir = Conf::new()
+        .route_keys(
+            "denied",
+            &[
+                "path_prefix = \"/denied/\"",
+                "upstream = \"up\"",
+                "deny = [\"127.0.0.0/8\"]",
+            ],
+        )
+        .route_keys(
+            "limited",
+            &[
+                "path_prefix = \"/limited/\"",
+                "upstream = \"up\"",
+                "rate_limit = { rate = \"1/h\", burst = 2, key = \"client_ip\" }",
+            ],
+        )
+        .route_keys("open", &["path_prefix = \"/\"", "upstream = \"up\""])
+        .upstream("up", &[backend.addr()], &[])
+        .start();
+    let (mut client, _conn) = connect(weir.addr).await;
+    let (status, _) = get(&mut client, Method::GET, "/denied/x").await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    assert_eq!(backend.requests_served(), 0);
+    let mut statuses = Vec::new();
+    for _ in 0..3 {
+        let (response, _) = client
+            .send_request(request(Method::GET, "/limited/x"), true)
+            .expect("send");
+        let response = response.await.expect("response");
+        if response.status() == StatusCode::TOO_MANY_REQUESTS {
+            assert!(response.headers().contains_key("retry-after"));
+        }
+        statuses.push(response.status().as_u16());
+    }
+    assert_eq!(statuses, [200, 200, 429]);
+    assert_eq!(backend.requests_served(), 2);
+    let (status, _) = get(&mut client, Method::GET, "/open").await;
+    assert_eq!(status, StatusCode::OK);
+}

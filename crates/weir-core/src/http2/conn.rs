@@ -29,6 +29,8 @@ pub struct Shared {
     pub worker: Rc<Worker>,
     pub slot: usize,
     pub ip: ClientIp,
+    /// The peer's address (access lists and rate-limit keys).
+    pub peer_ip: std::net::IpAddr,
     budget: ResetBudget,
     /// Stream tasks running.
     active: Cell<usize>,
@@ -89,6 +91,7 @@ pub async fn serve(worker: Rc<Worker>, slot: usize, conn: ClientConn) {
         worker: worker.clone(),
         slot,
         ip: conn.ip,
+        peer_ip: conn.peer_ip,
         budget: ResetBudget::new(listener.http2.reset_budget, listener.http2.reset_window),
         active: Cell::new(0),
         idle_since: Cell::new(Instant::now()),

@@ -24,6 +24,7 @@ use crate::filters::redirect::push_redirect;
 use crate::filters::rewrite::check_join;
 use crate::forward::{exchange_target, Failure, Reached};
 use crate::metrics::shard::{method_index, METHODS};
+use crate::policy::{Answer, Asker, Routed};
 use crate::proxy::{record, ClientSide, Counters, Done, Handled};
 use crate::router::{RequestView, RoutedPath};
 use crate::snapshot::{RoutePlan, Snapshot};
@@ -180,6 +181,29 @@ impl Stream<'_> {
         let rewrite = route_config.rewrite_prefix.as_deref();
         if let Err(error) = check_join(routed, &route_config.path_prefix, rewrite) {
             return (route, Err(error.into()));
+        }
+        // The route's access lists, rate limit and basic auth, as for HTTP/1 requests.
+        let routed = Routed {
+            worker: &self.shared.worker,
+            snapshot: self.snapshot,
+            listener: self.index,
+            route: index,
+        };
+        let asker = Asker {
+            client: self.shared.peer_ip,
+            buf: self.buf,
+            req: self.req,
+            now: self.started,
+        };
+        let mut extra = Vec::new();
+        if let Some(status) = routed.refusal(&asker, &mut extra) {
+            let mut rendered = Vec::with_capacity(256);
+            let answer = Answer {
+                status,
+                headers: &extra,
+            };
+            answer.render(&mut rendered, Persistence::KeepAlive);
+            return (route, self.local(&rendered, respond, trace).await);
         }
         let upstream = match &plan.routes[index] {
             RoutePlan::Upstream(upstream) => *upstream,
