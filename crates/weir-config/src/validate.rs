@@ -219,6 +219,14 @@ fn listener(
     let bind = listener_bind(raw.bind.take(), &key("bind"))?;
     let protocol = tcp::protocol(&mut raw, path, upstreams)?;
     let policy = policy::listener_policy(&mut raw, path)?;
+    if raw.redirect_https == Some(true) && raw.tls.is_some() {
+        // Every request, HTTPS ones included, would be sent to https: a redirect loop.
+        return Err(Issue::new(
+            &key("redirect_https"),
+            "redirect_https on a listener with tls redirects HTTPS requests to themselves",
+            "put redirect_https = true on the plain-HTTP listener (port 80), not on the TLS one",
+        ));
+    }
     // A TCP listener may carry a protocol where the server speaks first (SMTP, MySQL):
     // deferring its accept would stall it, so there it is opt-in.
     let defer_accept = raw

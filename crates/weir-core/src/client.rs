@@ -166,7 +166,9 @@ impl ClientConn {
         if self.buf.is_empty() && !self.wait_first_byte(listener, worker).await {
             return Ok(NextRequest::Close);
         }
-        if self.served == 0 {
+        // HTTP/2 with prior knowledge on cleartext connections only: over TLS, HTTP/2 is
+        // chosen by ALPN (and the stream path must carry the TLS facts).
+        if self.served == 0 && self.tls.is_none() {
             if let Some(next) = self.sniff_http2(listener).await {
                 return next;
             }

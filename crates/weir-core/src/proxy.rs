@@ -200,6 +200,9 @@ async fn serve(
         Ok(NextRequest::Close | NextRequest::Http2) => None,
         Err(error) => {
             conn.log_fields = RequestFields::default();
+            // Not the previous request's id or client behind trusted proxies.
+            conn.request_id.clear();
+            conn.real_client = None;
             let handled = Handled {
                 route: None,
                 local: false,

@@ -646,3 +646,37 @@ async fn access_lists_and_rate_limits_hold_over_http2() {
     let (status, _) = get(&mut client, Method::GET, "/open").await;
     assert_eq!(status, StatusCode::OK);
 }
+
+/// Behind `trusted_proxies`, an HTTP/2 stream's client is the address the proxy names in
+/// X-Forwarded-For, as for HTTP/1: a deny list cannot be passed by going through the proxy.
+#[tokio::test]
+async fn trusted_proxies_name_the_client_of_an_http2_stream() {
+    let backend = Backend::echo("e");
+    let weir = Conf::new()
+        .listener("trusted_proxies = [\"127.0.0.0/8\"]")
+        .route_keys(
+            "guarded",
+            &[
+                "path_prefix = \"/\"",
+                "upstream = \"up\"",
+                "deny = [\"10.9.0.0/16\"]",
+            ],
+        )
+        .upstream("up", &[backend.addr()], &[])
+        .start();
+    let (mut client, _conn) = connect(weir.addr).await;
+    let ask = |xff: &'static str| {
+        let mut req = request(Method::GET, "/x");
+        req.headers_mut()
+            .insert("x-forwarded-for", http::HeaderValue::from_static(xff));
+        req
+    };
+    let (response, _) = client.send_request(ask("10.9.1.1"), true).expect("send");
+    assert_eq!(
+        response.await.expect("response").status(),
+        StatusCode::FORBIDDEN
+    );
+    let (response, _) = client.send_request(ask("10.1.1.1"), true).expect("send");
+    assert_eq!(response.await.expect("response").status(), StatusCode::OK);
+    assert_eq!(backend.requests_served(), 1);
+}

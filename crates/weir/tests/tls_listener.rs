@@ -371,9 +371,9 @@ async fn optional_client_certificates() {
     let mut s = connect(weir.addr, client_config(&ca, TLS13, None), "m.example.com")
         .await
         .expect("no certificate is fine");
-    let response = get(&mut s, "X-Client-Cert: Hash=00;Subject=\"CN=admin\"\r\n")
-        .await
-        .unwrap();
+    // Also spelled with underscores, which CGI-style servers read as the same header.
+    let forged = "X-Client-Cert: Hash=00;Subject=\"CN=admin\"\r\nX_Client_Cert: CN=admin\r\n";
+    let response = get(&mut s, forged).await.unwrap();
     assert!(response.starts_with("HTTP/1.1 200"), "{response}");
     assert!(
         !response.to_ascii_lowercase().contains("x-client-cert"),
@@ -882,4 +882,27 @@ async fn without_session_resumption_every_handshake_is_full() {
             assert!(get(&mut s, "").await.unwrap().starts_with("HTTP/1.1 200"));
         }
     }
+}
+
+/// The HTTP/2 preface inside TLS (no ALPN h2) is not served as HTTP/2 with prior knowledge:
+/// that path would skip the TLS facts (client-certificate header, X-Forwarded-Proto).
+#[tokio::test]
+async fn the_http2_preface_inside_tls_is_not_prior_knowledge() {
+    let ca = TestCa::new("preface CA");
+    let leaf = ca.leaf(&["p.example.com"]);
+    let b = Backend::echo("app");
+    let weir = single(b.addr()).listener(&tls_table(&[&leaf], "")).start();
+    let mut s = connect(weir.addr, client_config(&ca, TLS13, None), "p.example.com")
+        .await
+        .expect("handshake");
+    s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+        .await
+        .expect("write the preface");
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out).await;
+    assert!(
+        out.is_empty() || out.starts_with(b"HTTP/1.1 "),
+        "answered as HTTP/2: {out:?}"
+    );
+    assert_eq!(b.requests_served(), 0);
 }

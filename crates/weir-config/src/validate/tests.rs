@@ -1205,3 +1205,14 @@ fn upstream_tls_errors() {
         "client_cert = {",
     );
 }
+
+#[test]
+fn redirect_https_is_refused_on_a_tls_listener() {
+    check(
+        &format!("{LISTENER}redirect_https = true\n[listeners.tls]\n{CERTS}"),
+        "listeners[0].redirect_https",
+        4,
+        "redirects HTTPS requests to themselves",
+        "plain-HTTP listener",
+    );
+}

@@ -89,7 +89,7 @@ pub fn write_request_head(
     }
     // The client-certificate header is Weir's to set: a client's copy never passes.
     let strip = tls.and_then(|t| t.strip_header.as_deref());
-    let stripped = |name: &[u8]| strip.is_some_and(|s| name.eq_ignore_ascii_case(s));
+    let stripped = |name: &[u8]| strip.is_some_and(|s| same_header_name(name, s));
     match edits {
         // Two loops so that a request without edits runs exactly the copy it always ran.
         Some(e) => {
@@ -138,6 +138,17 @@ fn copy_headers(
         }
     }
     lines.flush(out, buf);
+}
+
+/// Whether `name` is `header` in any case, with `_` taken for `-`: CGI-style servers (PHP,
+/// WSGI) read `X_Client_Cert` as `X-Client-Cert`, so a header Weir owns is refused in
+/// either spelling (nginx drops underscore names for the same reason).
+fn same_header_name(name: &[u8], header: &[u8]) -> bool {
+    let fold = |b: &u8| match b.to_ascii_lowercase() {
+        b'_' => b'-',
+        other => other,
+    };
+    name.len() == header.len() && name.iter().map(fold).eq(header.iter().map(fold))
 }
 
 /// Headers copied as they are: everything end-to-end that the proxy does not set itself.

@@ -19,7 +19,9 @@ use crate::access_log::RequestFields;
 use crate::codec::http1::write::Persistence;
 use crate::codec::http1::{parse_request, BodyFraming, HeadLimits, RequestHead};
 use crate::error::{reason_phrase, ProxyError};
+use crate::filters::forwarded::ClientIp;
 use crate::filters::headers::Vars;
+use crate::filters::real_ip::client_behind;
 use crate::filters::redirect::push_redirect;
 use crate::filters::rewrite::check_join;
 use crate::forward::{exchange_target, Failure, Reached};
@@ -62,8 +64,16 @@ pub async fn serve(
     };
     let mut fields = RequestFields::default();
     let mut trace = Trace::default();
+    // The client: the peer, or the address behind `trusted_proxies` (as for HTTP/1).
+    let mut client = (shared.peer_ip, shared.ip);
     let (route, result, method) = match parse_request(&buf, limits, &mut req) {
         Ok(true) => {
+            let trusted = &listener.policy.trusted_proxies;
+            if !trusted.is_empty() {
+                if let Some(ip) = client_behind(shared.peer_ip, trusted, &buf, &req.headers) {
+                    client = (ip, ClientIp::new(ip));
+                }
+            }
             if worker.log(shared.slot).is_some() {
                 fields.capture(&buf, &req);
                 fields.http2 = true;
@@ -76,6 +86,7 @@ pub async fn serve(
                 index,
                 buf: &buf,
                 req: &req,
+                client: (client.0, &client.1),
                 started,
             };
             let (route, result) = s.handle(body, &mut respond, &mut trace).await;
@@ -112,7 +123,7 @@ pub async fn serve(
         },
     };
     let side = ClientSide {
-        ip: &shared.ip,
+        ip: &client.1,
         fields: &fields,
         upstream_pick: trace.upstream_pick,
         upstream_time: trace.upstream_time,
@@ -131,6 +142,8 @@ struct Stream<'a> {
     index: usize,
     buf: &'a [u8],
     req: &'a RequestHead,
+    /// The client's address, and as text (behind trusted proxies when there are some).
+    client: (std::net::IpAddr, &'a ClientIp),
     started: Instant,
 }
 
@@ -190,7 +203,7 @@ impl Stream<'_> {
             route: index,
         };
         let asker = Asker {
-            client: self.shared.peer_ip,
+            client: self.client.0,
             buf: self.buf,
             req: self.req,
             now: self.started,
@@ -268,7 +281,7 @@ impl Stream<'_> {
             host: self.req.host_name(self.buf),
             target: self.req.path(self.buf),
             request_id: b"",
-            client_ip: self.shared.ip.as_bytes(),
+            client_ip: self.client.1.as_bytes(),
         };
         let mut rendered = Vec::with_capacity(256);
         push_redirect(&mut rendered, redirect, &vars, Persistence::KeepAlive);
