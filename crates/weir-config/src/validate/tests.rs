@@ -896,7 +896,7 @@ fn tls_defaults_and_values() {
     assert_eq!(tls.certs[1].key, std::path::PathBuf::from("b.key"));
     assert_eq!(tls.default_cert, 0);
     assert_eq!(tls.min_version, crate::TlsVersion::V1_2);
-    assert_eq!(tls.alpn, vec!["http/1.1".to_string()]);
+    assert_eq!(tls.alpn, vec!["h2".to_string(), "http/1.1".to_string()]);
     assert!(tls.session_resumption);
     assert_eq!(tls.client_auth, None);
     assert_eq!(tls.client_cert_header, None);
@@ -974,11 +974,18 @@ fn tls_rules() {
         "\"1.3\"",
     );
     check(
-        &with_tls(&format!("{CERTS}alpn = [\"http/1.1\", \"h2\"]\n")),
+        &with_tls(&format!("{CERTS}alpn = [\"http/1.1\", \"h3\"]\n")),
         &format!("{t}.alpn[1]"),
         6,
-        "does not speak \"h2\"",
-        "[\"http/1.1\"]",
+        "does not speak \"h3\"",
+        "[\"h2\", \"http/1.1\"]",
+    );
+    check(
+        &with_tls(&format!("{CERTS}alpn = [\"h2\", \"h2\"]\n")),
+        &format!("{t}.alpn[1]"),
+        6,
+        "listed twice",
+        "once",
     );
     check(
         &with_tls(&format!("{CERTS}client_auth = {{ required = true }}\n")),

@@ -11,8 +11,9 @@ use crate::error::{FieldPath, Issue};
 use crate::model::{CertKey, ClientAuth, Tls, TlsVersion};
 use crate::raw::{RawCertKey, RawClientAuth, RawTls};
 
-/// The protocols an HTTP listener speaks and may offer through ALPN.
-const ALPN_SPOKEN: &[&str] = &["http/1.1"];
+/// The protocols an HTTP listener speaks and may offer through ALPN, in the default order
+/// of preference.
+const ALPN_SPOKEN: &[&str] = &["h2", "http/1.1"];
 
 /// Headers the proxy owns or that frame the message: never a client-cert header.
 const RESERVED_HEADERS: &[&str] = &[
@@ -151,14 +152,14 @@ fn min_version(raw: Option<&str>, path: &FieldPath) -> Result<TlsVersion, Issue>
 
 fn alpn(raw: Option<Vec<String>>, path: &FieldPath) -> Result<Vec<String>, Issue> {
     let Some(list) = raw else {
-        return Ok(vec!["http/1.1".to_owned()]);
+        return Ok(ALPN_SPOKEN.iter().map(|p| (*p).to_owned()).collect());
     };
     for (i, name) in list.iter().enumerate() {
         if !ALPN_SPOKEN.contains(&name.as_str()) {
             return Err(Issue::new(
                 &path.index(i),
                 format!("this listener does not speak \"{name}\""),
-                r#"offer only what the listener speaks: alpn = ["http/1.1"] (the default), or [] for no ALPN"#,
+                r#"offer only what the listener speaks: alpn = ["h2", "http/1.1"] (the default), ["http/1.1"], or [] for no ALPN"#,
             ));
         }
         if list[..i].contains(name) {

@@ -116,7 +116,7 @@ pub async fn serve(
         upstream_time: trace.upstream_time,
         bytes_in: trace.body_in,
         bytes_out: trace.body_out,
-        tls: None,
+        tls: shared.tls.as_deref(),
     };
     record(worker, &snapshot, &side, &handled, &done);
 }
@@ -205,6 +205,7 @@ impl Stream<'_> {
             worker: &self.shared.worker,
             target: exchange_target(listener, route_config, self.snapshot, upstream),
             ip: &self.shared.ip,
+            tls: self.shared.tls.as_deref(),
             buf: self.buf,
             req: self.req,
             path: &path,
@@ -238,7 +239,11 @@ impl Stream<'_> {
         trace: &mut Trace,
     ) -> Result<(), Failure> {
         let vars = Vars {
-            scheme: b"http",
+            scheme: if self.shared.tls.is_some() {
+                b"https"
+            } else {
+                b"http"
+            },
             host: self.req.host_name(self.buf),
             uri: self.req.path(self.buf),
             client_ip: self.shared.ip.as_bytes(),
