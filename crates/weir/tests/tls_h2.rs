@@ -19,7 +19,7 @@ use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
 
-use common::{single, Conf};
+use common::{single, tls_table, Conf};
 use weir_testkit::certs::{Leaf, TestCa};
 use weir_testkit::{wait_until, Backend};
 
@@ -27,15 +27,6 @@ const NAME: &str = "h2.example.com";
 
 fn der(pem: &str) -> CertificateDer<'static> {
     CertificateDer::from_pem_slice(pem.as_bytes()).expect("PEM certificate")
-}
-
-/// `[listeners.tls]` with `leaf` and `extra` lines (ALPN left at its default).
-fn tls_table(leaf: &Leaf, extra: &str) -> String {
-    format!(
-        "[listeners.tls]\ncerts = [{{ cert = \"{}\", key = \"{}\" }}]\n{extra}",
-        leaf.cert_path.display(),
-        leaf.key_path.display()
-    )
 }
 
 /// A client trusting `ca`, offering `alpn`, with an optional client certificate.
@@ -100,7 +91,7 @@ async fn a_client_offering_h2_gets_multiplexed_http2_to_an_http1_upstream() {
     let leaf = ca.leaf(&[NAME]);
     let backend = Backend::echo("e");
     let weir = single(backend.addr())
-        .listener(&tls_table(&leaf, ""))
+        .listener(&tls_table(&[&leaf], ""))
         .start();
     let config = client_config(&ca, &[b"h2", b"http/1.1"], None);
     let client = h2_connect(weir.addr, config).await;
@@ -137,7 +128,7 @@ async fn a_client_offering_only_http1_gets_http1_on_the_same_listener() {
     let leaf = ca.leaf(&[NAME]);
     let backend = Backend::echo("e");
     let weir = single(backend.addr())
-        .listener(&tls_table(&leaf, ""))
+        .listener(&tls_table(&[&leaf], ""))
         .start();
     let mut tls = tls_connect(weir.addr, client_config(&ca, &[b"http/1.1"], None)).await;
     assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"http/1.1"[..]));
@@ -159,7 +150,7 @@ async fn alpn_http1_only_never_settles_on_h2() {
     let leaf = ca.leaf(&[NAME]);
     let backend = Backend::echo("e");
     let weir = single(backend.addr())
-        .listener(&tls_table(&leaf, "alpn = [\"http/1.1\"]\n"))
+        .listener(&tls_table(&[&leaf], "alpn = [\"http/1.1\"]\n"))
         .start();
     let tls = tls_connect(weir.addr, client_config(&ca, &[b"h2", b"http/1.1"], None)).await;
     assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"http/1.1"[..]));
@@ -182,7 +173,7 @@ async fn an_h2_stream_behind_tls_carries_https_the_client_cert_and_the_tls_log_f
             "access_log = {{ format = \"json\", path = \"{}\" }}",
             log.display()
         ))
-        .listener(&tls_table(&leaf, &extra))
+        .listener(&tls_table(&[&leaf], &extra))
         .route_keys(
             "moved",
             &[
