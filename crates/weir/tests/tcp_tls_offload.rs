@@ -169,3 +169,34 @@ async fn sni_routes_pick_the_upstream_by_the_terminated_handshakes_name() {
         assert!(metrics.contains(&line), "{line}\n{metrics}");
     }
 }
+
+#[tokio::test]
+async fn a_client_half_closing_without_close_notify_still_gets_the_answer() {
+    let ca = TestCa::new("offload eof CA");
+    let leaf = ca.leaf(&["t.example.com"]);
+    // Answers only once it has the client's whole stream (its FIN), then closes.
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let backend = listener.local_addr().expect("backend address");
+    tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.expect("accept");
+        let mut all = Vec::new();
+        if s.read_to_end(&mut all).await.is_ok() {
+            all.extend_from_slice(b" (answered)");
+            let _ = s.write_all(&all).await;
+        }
+    });
+    let weir = start(&[&leaf], backend, &[], &[]);
+    let mut s = connect(weir.addr, &ca, "t.example.com").await;
+    s.write_all(b"last words").await.expect("write");
+    s.flush().await.expect("flush");
+    // FIN under the TLS session, without close_notify; the reading side stays open.
+    s.get_mut().0.shutdown().await.expect("TCP half-close");
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(WAIT, s.read_to_end(&mut answer)).await;
+    assert!(read.is_ok(), "no end of the answer");
+    assert_eq!(
+        String::from_utf8_lossy(&answer),
+        "last words (answered)",
+        "{read:?}"
+    );
+}

@@ -131,7 +131,14 @@ where
             buf.clear();
             to.flush().await?;
         }
-        let n = buf.read_from(from).await?;
+        let n = match buf.read_from(from).await {
+            Ok(n) => n,
+            // A TLS client that closed its socket without close_notify: passed on as the
+            // end of its stream (a FIN to the server), as for a plain TCP client. The
+            // plaintext protocol inside, not TLS, says whether the data was complete.
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => 0,
+            Err(e) => return Err(e),
+        };
         if n == 0 {
             return to.shutdown().await;
         }
