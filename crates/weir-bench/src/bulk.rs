@@ -116,6 +116,7 @@ fn transfer(
         max_conns: 64,
         weir,
         admin: false,
+        tls: None,
     };
     let started = peers::start(peer, &setup, PROXY_CPU)?;
     let pgid = started.child.pgid;

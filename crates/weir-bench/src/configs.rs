@@ -7,7 +7,7 @@ use std::path::Path;
 
 use anyhow::{bail, Result};
 
-use crate::peers::{Route, Setup, CGI_PREFIX, NO_ROUTE};
+use crate::peers::{Route, Setup, TlsFiles, CGI_PREFIX, NO_ROUTE};
 
 const NGINX_T: &str = include_str!("../../../bench/templates/nginx.conf");
 const HAPROXY_T: &str = include_str!("../../../bench/templates/haproxy.cfg");
@@ -32,19 +32,33 @@ fn addr_list(backends: &[SocketAddr], f: impl Fn(&SocketAddr) -> String) -> Stri
     backends.iter().map(f).collect::<Vec<_>>().join("")
 }
 
+/// nginx's configuration; with `tls`, its server listens with `ssl http2`.
 pub fn nginx_conf(
     name: &str,
-    dir: &Path,
-    port: u16,
+    (dir, port): (&Path, u16),
     upstream: &str,
     locations: &str,
+    tls: Option<&TlsFiles>,
 ) -> Result<String> {
+    let (listen, server) = match tls {
+        None => (String::new(), String::new()),
+        Some(t) => (
+            " ssl http2".to_string(),
+            format!(
+                "        ssl_certificate {};\n        ssl_certificate_key {};\n        ssl_session_cache shared:SSL:10m;\n",
+                t.cert.display(),
+                t.key.display()
+            ),
+        ),
+    };
     render(
         NGINX_T,
         &[
             ("NAME", name),
             ("DIR", &dir.to_string_lossy()),
             ("PORT", &port.to_string()),
+            ("LISTEN_TLS", &listen),
+            ("SERVER_TLS", &server),
             ("UPSTREAM", upstream),
             ("LOCATIONS", locations),
         ],
@@ -67,7 +81,7 @@ pub fn nginx_proxy(s: &Setup, port: u16) -> Result<String> {
         ),
         Route::Default => (String::new(), no_route),
     };
-    nginx_conf("nginx", s.dir, port, &upstream, &locations)
+    nginx_conf("nginx", (s.dir, port), &upstream, &locations, s.tls)
 }
 
 pub fn haproxy_cfg(s: &Setup, port: u16, tcp: bool) -> Result<String> {
@@ -187,12 +201,21 @@ pub fn weir_toml(
         (false, Route::Default) => (String::new(), String::new()),
     };
     let admin = admin.map_or("off".to_string(), |p| format!("127.0.0.1:{p}"));
-    let access_log = access_log.filter(|_| !tcp).map_or(String::new(), |path| {
+    let mut access_log = access_log.filter(|_| !tcp).map_or(String::new(), |path| {
         format!(
             "access_log = {{ format = \"json\", path = \"{}\" }}",
             path.display()
         )
     });
+    if let Some(t) = s.tls {
+        // The listener's last keys: a table header ends them.
+        let _ = write!(
+            access_log,
+            "\n[listeners.tls]\ncerts = [{{ cert = \"{}\", key = \"{}\" }}]",
+            t.cert.display(),
+            t.key.display()
+        );
+    }
     render(
         WEIR_T,
         &[
@@ -225,6 +248,7 @@ mod tests {
             max_conns: 512,
             weir: Path::new("/nonexistent/weir"),
             admin: false,
+            tls: None,
         }
     }
 
@@ -291,6 +315,43 @@ mod tests {
         assert!(config.listeners[0].tcp().is_some(), "{tcp}");
         let http = weir_toml(&s, 8080, None, false, None).unwrap();
         weir_config::parse_str(&http, "bench.toml").expect("valid http config");
+    }
+
+    #[test]
+    fn tls_configs_terminate_with_the_same_certificate() {
+        let b = addrs();
+        let files = TlsFiles {
+            cert: "/c/cert.pem".into(),
+            key: "/c/key.pem".into(),
+            ca: "/c/ca.pem".into(),
+        };
+        let s = Setup {
+            tls: Some(&files),
+            ..setup(Path::new("/tmp"), &b, Route::Proxy)
+        };
+        let n = nginx_proxy(&s, 8443).unwrap();
+        assert!(
+            n.contains("listen 127.0.0.1:8443 ssl http2 backlog=4096;"),
+            "{n}"
+        );
+        assert!(
+            n.contains("ssl_certificate /c/cert.pem;")
+                && n.contains("ssl_certificate_key /c/key.pem;")
+        );
+        let plain = nginx_proxy(&setup(Path::new("/tmp"), &b, Route::Proxy), 8080).unwrap();
+        assert!(
+            plain.contains("listen 127.0.0.1:8080 backlog=4096;")
+                && !plain.contains("ssl_certificate")
+        );
+        let t = weir_toml(&s, 8443, None, false, None).unwrap();
+        let config = weir_config::parse_str(&t, "bench.toml").expect("valid tls config");
+        let tls = config.listeners[0].tls.as_ref().expect("a TLS listener");
+        assert_eq!(tls.certs[0].cert, Path::new("/c/cert.pem"));
+        assert_eq!(tls.alpn, ["h2", "http/1.1"]);
+        assert_eq!(config.listeners[0].routes.len(), 1, "{t}");
+        let observed = weir_toml(&s, 8443, Some(9901), false, Some(Path::new("/l/a.log"))).unwrap();
+        let config = weir_config::parse_str(&observed, "bench.toml").expect("valid");
+        assert!(config.listeners[0].access_log.is_some(), "{observed}");
     }
 
     #[test]

@@ -8,7 +8,7 @@ use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
 use crate::process::{self, Spec};
-use crate::{ab, wrk, LOAD_CPU};
+use crate::{ab, h2load, wrk, LOAD_CPU};
 
 /// What a load generator measured. Latencies in microseconds.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -39,6 +39,9 @@ pub enum Load {
     Ab { conns: u32, post: bool },
     /// The open-loop generator at a fixed rate over `conns` keep-alive connections.
     Rate { rate: u32, conns: u32 },
+    /// `h2load -t1 -cN -mM`: HTTP/2 (over https: ALPN h2), `streams` in flight per
+    /// connection.
+    H2load { conns: u32, streams: u32 },
 }
 
 impl Load {
@@ -49,12 +52,16 @@ impl Load {
                 format!("{} c={conns}", if *post { "POST" } else { "GET" })
             }
             Load::Rate { rate, .. } => format!("{rate} rps"),
+            Load::H2load { conns, streams } => format!("h2 c={conns} m={streams}"),
         }
     }
 
     pub fn conns(&self) -> u32 {
         match *self {
-            Load::Wrk { conns } | Load::Ab { conns, .. } | Load::Rate { conns, .. } => conns,
+            Load::Wrk { conns }
+            | Load::Ab { conns, .. }
+            | Load::Rate { conns, .. }
+            | Load::H2load { conns, .. } => conns,
         }
     }
 }
@@ -63,6 +70,7 @@ impl Load {
 pub struct Tools {
     pub wrk: Option<PathBuf>,
     pub ab: Option<PathBuf>,
+    pub h2load: Option<PathBuf>,
     pub self_exe: PathBuf,
     pub dir: PathBuf,
 }
@@ -75,6 +83,7 @@ impl Tools {
         Ok(Tools {
             wrk: process::find_program("wrk"),
             ab: process::find_program("ab"),
+            h2load: process::find_program("h2load"),
             self_exe: std::env::current_exe().context("locate weir-bench itself")?,
             dir,
         })
@@ -87,21 +96,25 @@ impl Tools {
             Load::Ab { .. } if self.ab.is_none() => {
                 Some("ab is not installed (apache2-utils, bench/setup.sh)")
             }
+            Load::H2load { .. } if self.h2load.is_none() => {
+                Some("h2load is not installed (nghttp2-client, bench/setup.sh)")
+            }
             _ => None,
         }
     }
 }
 
-/// Runs `load` against `http://addr{path}` for `secs` seconds on the load CPU. Returns what
-/// it measured and its own CPU time in seconds.
+/// Runs `load` against `http://addr{path}` (`https://` with `tls`) for `secs` seconds on
+/// the load CPU. Returns what it measured and its own CPU time in seconds.
 pub fn run(
     load: &Load,
     tools: &Tools,
-    addr: SocketAddr,
+    (addr, tls): (SocketAddr, bool),
     path: &str,
     secs: u64,
 ) -> Result<(LoadOutput, f64)> {
-    let url = format!("http://{addr}{path}");
+    let scheme = if tls { "https" } else { "http" };
+    let url = format!("{scheme}://{addr}{path}");
     let log = tools.dir.join("load.log");
     let csv = tools.dir.join("ab.csv");
     let spec = match *load {
@@ -133,6 +146,13 @@ pub fn run(
                 &url,
             ))
         }
+        Load::H2load { conns, streams } => Spec::new(
+            "h2load",
+            tools.h2load.clone().unwrap_or_default(),
+            Some(LOAD_CPU),
+            log,
+        )
+        .args(h2load::args(conns, streams, secs, &url)),
         Load::Rate { rate, conns } => Spec::new("loadgen", &tools.self_exe, Some(LOAD_CPU), log)
             .args([
                 "loadgen".to_string(),
@@ -155,6 +175,7 @@ pub fn run(
             o
         }),
         Load::Rate { .. } => serde_json::from_str(done.stdout.trim()).context("loadgen report"),
+        Load::H2load { .. } => h2load::parse(&done.stdout),
     };
     match parsed {
         Ok(o) => Ok((o, done.cpu_secs)),

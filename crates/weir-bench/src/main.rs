@@ -17,6 +17,7 @@ mod bulk;
 mod chart;
 mod configs;
 mod envinfo;
+mod h2load;
 mod load;
 mod loadgen;
 mod peers;

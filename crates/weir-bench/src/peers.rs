@@ -79,6 +79,17 @@ pub struct Setup<'a> {
     pub weir: &'a Path,
     /// Give Weir an admin listener (for `/metrics`).
     pub admin: bool,
+    /// Terminate TLS with this certificate (`tls-proxy`): every peer uses the same one.
+    pub tls: Option<&'a TlsFiles>,
+}
+
+/// A certificate and its key, as PEM files.
+#[derive(Debug, Clone)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    /// The CA that signed `cert`: what the check request trusts.
+    pub ca: PathBuf,
 }
 
 /// A started peer.
@@ -145,7 +156,7 @@ pub fn start_nginx_backend(nginx: &Path, cpu: usize, dir: &Path, tag: &str) -> R
         "        location / {{\n            return 200 \"{}\";\n        }}",
         body_615()
     );
-    let conf = nginx_conf(&name, dir, port, "", &locations)?;
+    let conf = nginx_conf(&name, (dir, port), "", &locations, None)?;
     let mut child = start_nginx(nginx, &name, cpu, dir, &conf)?;
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     process::wait_listening(addr, &mut child, Duration::from_secs(10))?;

@@ -18,7 +18,7 @@ use serde::Serialize;
 
 use crate::backend::{self, BackendKind};
 use crate::load::{self, Load, LoadOutput, Tools};
-use crate::peers::{self, Peer, Route};
+use crate::peers::{self, Peer, Route, TlsFiles};
 use crate::process::{self, Child};
 use crate::procfs;
 use crate::scenario::Scenario;
@@ -114,11 +114,15 @@ pub fn run(sc: &Scenario, opts: &Opts, tools: &Tools, dir: &Path) -> ScenarioRes
         .map_or("none (the proxy answers)".into(), |b| {
             format!("{}, pinned to CPU {LOAD_CPU}", b.about)
         });
+    // One certificate for every peer of a TLS scenario; its files live as long as `cert`.
+    let cert = sc.tls.then(Certificate::new);
+    let tls = cert.as_ref().map(|c| &c.files);
     let mut samples: Vec<Vec<Vec<Sample>>> = vec![vec![Vec::new(); loads.len()]; peers.len()];
     let mut targets: Vec<Option<Target>> = Vec::new();
     for &peer in &peers {
         eprintln!("[{}] starting {}", sc.name, peer.name());
-        let started = start_target(sc, peer, &loads, opts, tools, dir, backend.as_ref());
+        let env = (dir, tls);
+        let started = start_target(sc, peer, &loads, opts, tools, env, backend.as_ref());
         targets.push(match started {
             Ok((t, note)) => {
                 result.notes.extend(note);
@@ -189,6 +193,40 @@ pub fn run(sc: &Scenario, opts: &Opts, tools: &Tools, dir: &Path) -> ScenarioRes
     result
 }
 
+/// The self-signed ECDSA P-256 certificate (rcgen's default key type) of a TLS scenario,
+/// for `localhost`, signed by a throwaway CA whose PEM file the check request trusts.
+struct Certificate {
+    /// Owns the directory the files are in (removed on drop).
+    _dir: weir_testkit::certs::TestCa,
+    files: TlsFiles,
+}
+
+impl Certificate {
+    fn new() -> Certificate {
+        let ca = weir_testkit::certs::TestCa::new("weir-bench CA");
+        let leaf = ca.leaf(&["localhost"]);
+        Certificate {
+            files: TlsFiles {
+                cert: leaf.cert_path,
+                key: leaf.key_path,
+                ca: ca.cert_path.clone(),
+            },
+            _dir: ca,
+        }
+    }
+}
+
+/// The status of `GET path` over TLS (trusting the bench CA), for the check request.
+fn tls_status(addr: SocketAddr, path: &str, ca: &Path) -> Result<u16> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let mut client = weir_testkit::Client::connect_tls(addr, "localhost", ca).await?;
+        Ok(client.get(path, "localhost").await?.status)
+    })
+}
+
 /// The system under test of one peer run: what to send load to, and whose CPU to count.
 struct Target {
     addr: SocketAddr,
@@ -204,7 +242,7 @@ fn start_target(
     loads: &[Load],
     opts: &Opts,
     tools: &Tools,
-    dir: &Path,
+    (dir, tls): (&Path, Option<&TlsFiles>),
     backend: Option<&backend::Running>,
 ) -> Result<(Target, Option<String>)> {
     let backends: Vec<SocketAddr> = backend.map(|b| b.addrs.clone()).unwrap_or_default();
@@ -231,6 +269,7 @@ fn start_target(
             max_conns,
             weir: &opts.weir,
             admin: sc.check_metrics,
+            tls,
         };
         let s = peers::start(peer, &setup, PROXY_CPU)?;
         Target {
@@ -239,10 +278,19 @@ fn start_target(
             child: s.child,
         }
     };
-    let note = verify(sc, peer, &t, backends.len())?;
+    let note = match tls {
+        None => verify(sc, peer, &t, backends.len())?,
+        Some(files) => {
+            let status = tls_status(t.addr, sc.path, &files.ca)?;
+            if status != sc.expect_status {
+                bail!("answered {status} over TLS instead of {}", sc.expect_status);
+            }
+            None
+        }
+    };
     let heaviest = loads.iter().max_by_key(|l| l.conns()).copied();
     if let (Some(w), true) = (heaviest, opts.warmup > 0) {
-        load::run(&w, tools, t.addr, sc.path, opts.warmup)?;
+        load::run(&w, tools, (t.addr, sc.tls), sc.path, opts.warmup)?;
     }
     Ok((t, note))
 }
@@ -331,7 +379,7 @@ fn measure(
     let sut_a = procfs::group_cpu_secs(pgid);
     let be_a = backend_pgid.map(procfs::group_cpu_secs);
     let t0 = Instant::now();
-    let (out, gen_cpu) = load::run(l, tools, t.addr, sc.path, opts.secs)?;
+    let (out, gen_cpu) = load::run(l, tools, (t.addr, sc.tls), sc.path, opts.secs)?;
     let wall = t0.elapsed().as_secs_f64().max(1e-9);
     let sut_cpu = procfs::group_cpu_secs(pgid) - sut_a;
     let be_cpu = backend_pgid

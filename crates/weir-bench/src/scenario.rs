@@ -25,18 +25,23 @@ pub enum Name {
     /// Fixed-rate latency percentiles, corrected for coordinated omission.
     #[value(name = "latency")]
     Latency,
+    /// Keep-alive TLS clients (wrk over https; h2load -c 32 -m 16 over ALPN h2) in front
+    /// of the 615-byte nginx backend, Weir vs nginx with the same ECDSA P-256 certificate.
+    #[value(name = "tls-proxy")]
+    TlsProxy,
     /// All of the above, in this order.
     #[value(name = "all")]
     All,
 }
 
 impl Name {
-    pub const EVERY: [Name; 5] = [
+    pub const EVERY: [Name; 6] = [
         Name::Proxy1Core,
         Name::CgiPrefix,
         Name::DefaultBackend,
         Name::RoundRobin,
         Name::Latency,
+        Name::TlsProxy,
     ];
 }
 
@@ -58,6 +63,9 @@ pub struct Scenario {
     pub expect_status: u16,
     /// Compare Weir's `/metrics` request count with what the load tool sent.
     pub check_metrics: bool,
+    /// The peers terminate TLS (one self-signed ECDSA P-256 certificate for all) and the
+    /// load goes over https.
+    pub tls: bool,
 }
 
 /// The scenario `name`; `quick` trims the loads to a smoke test.
@@ -90,6 +98,7 @@ pub fn build(name: Name, quick: bool) -> Scenario {
             loads: pick(wrk(&[6, 16, 32, 256, 512]), wrk(&[32, 256])),
             expect_status: 200,
             check_metrics: false,
+            tls: false,
         },
         Name::CgiPrefix => Scenario {
             name: "cgi-prefix",
@@ -105,6 +114,7 @@ pub fn build(name: Name, quick: bool) -> Scenario {
             loads: pick(wrk(&[400, 96]), wrk(&[400])),
             expect_status: 200,
             check_metrics: false,
+            tls: false,
         },
         Name::DefaultBackend => {
             let ab = |cs: &[u32]| {
@@ -130,6 +140,7 @@ pub fn build(name: Name, quick: bool) -> Scenario {
                 loads: pick(ab(&[100, 1000]), ab(&[100])),
                 expect_status: 404,
                 check_metrics: true,
+                tls: false,
             }
         }
         Name::RoundRobin => Scenario {
@@ -146,6 +157,7 @@ pub fn build(name: Name, quick: bool) -> Scenario {
             }],
             expect_status: 200,
             check_metrics: false,
+            tls: false,
         },
         Name::Latency => {
             let rates = |rs: &[u32]| {
@@ -173,8 +185,40 @@ pub fn build(name: Name, quick: bool) -> Scenario {
                 loads: pick(rates(&[2_000, 10_000, 25_000]), rates(&[10_000])),
                 expect_status: 200,
                 check_metrics: false,
+                tls: false,
             }
         }
+        Name::TlsProxy => Scenario {
+            name: "tls-proxy",
+            seeds: "issue 13 (keep-alive TLS), issue 14 (h2-proxy)",
+            about: "TLS termination in front of nginx returning 615 bytes: wrk -t1 over https \
+                    (keep-alive, TLS 1.3), and h2load -c 32 -m 16 over h2 (ALPN); the same \
+                    self-signed ECDSA P-256 certificate for every peer.",
+            backend: BackendKind::Nginx615,
+            route: Route::Proxy,
+            path: "/",
+            peers: vec![Peer::Weir, Peer::Nginx],
+            loads: pick(
+                vec![
+                    Load::Wrk { conns: 32 },
+                    Load::Wrk { conns: 256 },
+                    Load::H2load {
+                        conns: 32,
+                        streams: 16,
+                    },
+                ],
+                vec![
+                    Load::Wrk { conns: 32 },
+                    Load::H2load {
+                        conns: 32,
+                        streams: 16,
+                    },
+                ],
+            ),
+            expect_status: 200,
+            check_metrics: false,
+            tls: true,
+        },
     }
 }
 
@@ -201,5 +245,19 @@ mod tests {
         assert_eq!(full.loads.len(), 5);
         assert!(quick.loads.len() < full.loads.len());
         assert_eq!(build(Name::DefaultBackend, false).loads.len(), 4);
+    }
+
+    #[test]
+    fn only_tls_proxy_runs_over_tls_and_has_an_h2_row() {
+        for n in Name::EVERY {
+            let s = build(n, true);
+            assert_eq!(s.tls, n == Name::TlsProxy, "{}", s.name);
+        }
+        let s = build(Name::TlsProxy, true);
+        assert!(s.peers.contains(&Peer::Nginx));
+        assert!(s.loads.contains(&Load::H2load {
+            conns: 32,
+            streams: 16
+        }));
     }
 }

@@ -227,6 +227,7 @@ fn listener(
             "put redirect_https = true on the plain-HTTP listener (port 80), not on the TLS one",
         ));
     }
+    let tcp = matches!(protocol, Protocol::Tcp(_));
     // A TCP listener may carry a protocol where the server speaks first (SMTP, MySQL):
     // deferring its accept would stall it, so there it is opt-in.
     let defer_accept = raw
@@ -239,7 +240,7 @@ fn listener(
         bind,
         protocol,
         proxy_protocol: tcp::proxy_protocol(raw.proxy_protocol, &key("proxy_protocol"))?,
-        tls: tls::tls(raw.tls, &key("tls"))?,
+        tls: tls::tls(raw.tls, &key("tls"), tcp)?,
         backlog: int_in(raw.backlog, 4096, 1..=65535, &key("backlog"))?,
         defer_accept,
         max_connections: int_in(

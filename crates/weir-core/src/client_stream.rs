@@ -67,6 +67,14 @@ impl ClientStream {
         }
     }
 
+    /// Wraps a socket already registered with the reactor (a TCP listener's connection,
+    /// before its TLS handshake).
+    pub fn from_registered(stream: TcpStream) -> ClientStream {
+        ClientStream {
+            state: State::Registered(stream),
+        }
+    }
+
     /// The socket as a registered tokio stream, registering it now if it is not yet.
     /// Registration fails only when epoll cannot take the socket (ENOMEM, or ENOSPC at
     /// `max_user_watches`); the connection then closes with that error.

@@ -47,6 +47,10 @@ pub async fn serve_client(worker: Rc<Worker>, slot: usize, stream: ClientStream,
     let Some((mut conn, mut kept)) = open(&worker, slot, stream, peer).await else {
         return;
     };
+    if conn.tls.as_ref().is_some_and(|t| t.h2) {
+        // ALPN settled on h2: the client's first bytes are the preface.
+        return crate::http2::serve(worker, slot, conn).await;
+    }
     let mut req = RequestHead::default();
     let mut resp = ResponseHead::default();
     loop {

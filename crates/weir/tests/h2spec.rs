@@ -1,4 +1,5 @@
-//! h2spec (strict) against an h2c listener whose route goes to an HTTP/1.1 upstream.
+//! h2spec (strict) against an h2c listener and a TLS listener (ALPN h2) whose route goes
+//! to an HTTP/1.1 upstream.
 //!
 //! Runs when the h2spec binary is found: `WEIR_H2SPEC`, else `$HOME/go/bin/h2spec`
 //! (`GOBIN=$HOME/go/bin go install github.com/summerwind/h2spec/cmd/h2spec@latest`).
@@ -10,6 +11,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use common::single;
+use weir_testkit::certs::TestCa;
 use weir_testkit::Backend;
 
 fn h2spec_binary() -> Option<PathBuf> {
@@ -34,29 +36,61 @@ fn summary(output: &str) -> Option<(u32, u32, u32, u32)> {
     }
 }
 
-#[test]
-fn h2spec_strict_passes_on_an_h2c_listener() {
-    let Some(binary) = h2spec_binary() else {
-        eprintln!(
-            "SKIPPED h2spec_strict_passes_on_an_h2c_listener: no h2spec binary (set WEIR_H2SPEC \
-             or install it to $HOME/go/bin)"
-        );
-        return;
-    };
-    let backend = Backend::echo("e");
-    let weir = single(backend.addr()).start();
-    let output = Command::new(&binary)
-        .args(["-S", "-h", "127.0.0.1", "-p", &weir.addr.port().to_string()])
+/// Runs h2spec strict against `weir` (over TLS with `-t -k` when `tls`) and asserts that
+/// every case passed and that requests reached `backend`.
+fn run_strict(binary: &PathBuf, weir: &common::Weir, backend: &Backend, tls: bool) {
+    let port = weir.addr.port().to_string();
+    let mut args = vec!["-S", "-h", "127.0.0.1", "-p", &port];
+    if tls {
+        args.extend(["-t", "-k"]);
+    }
+    let output = Command::new(binary)
+        .args(&args)
         .output()
         .unwrap_or_else(|e| panic!("running {}: {e}", binary.display()));
     let text = String::from_utf8_lossy(&output.stdout);
     let (tests, passed, skipped, failed) =
         summary(&text).unwrap_or_else(|| panic!("no h2spec summary in:\n{text}"));
-    eprintln!("h2spec -S: {tests} tests, {passed} passed, {skipped} skipped, {failed} failed");
+    eprintln!(
+        "h2spec {}: {tests} tests, {passed} passed, {skipped} skipped, {failed} failed",
+        args.join(" ")
+    );
     assert!(tests > 100, "{text}");
     assert_eq!(failed, 0, "{text}");
     assert!(
         backend.requests_served() > 0,
         "h2spec's requests reached the upstream"
     );
+}
+
+fn skipped(test: &str) {
+    eprintln!("SKIPPED {test}: no h2spec binary (set WEIR_H2SPEC or install it to $HOME/go/bin)");
+}
+
+#[test]
+fn h2spec_strict_passes_on_an_h2c_listener() {
+    let Some(binary) = h2spec_binary() else {
+        return skipped("h2spec_strict_passes_on_an_h2c_listener");
+    };
+    let backend = Backend::echo("e");
+    let weir = single(backend.addr()).start();
+    run_strict(&binary, &weir, &backend, false);
+}
+
+#[test]
+fn h2spec_strict_passes_on_a_tls_listener_through_alpn_h2() {
+    let Some(binary) = h2spec_binary() else {
+        return skipped("h2spec_strict_passes_on_a_tls_listener_through_alpn_h2");
+    };
+    let ca = TestCa::new("h2spec CA");
+    let leaf = ca.leaf(&["localhost"]);
+    let backend = Backend::echo("e");
+    let weir = single(backend.addr())
+        .listener(&format!(
+            "[listeners.tls]\ncerts = [{{ cert = \"{}\", key = \"{}\" }}]",
+            leaf.cert_path.display(),
+            leaf.key_path.display()
+        ))
+        .start();
+    run_strict(&binary, &weir, &backend, true);
 }

@@ -169,3 +169,81 @@ fn errors_are_clear_and_exit_non_zero() {
     assert!(!nobody.status.success());
     assert!(String::from_utf8_lossy(&nobody.stderr).contains("cannot reach the admin API"));
 }
+
+/// The SHA-256 fingerprint of a PEM certificate as the openssl CLI computes it, in the
+/// API's form (lower-case hex, no colons).
+fn openssl_sha256(cert: &std::path::Path) -> String {
+    let out = Command::new("openssl")
+        .args(["x509", "-noout", "-fingerprint", "-sha256", "-in"])
+        .arg(cert)
+        .output()
+        .expect("run openssl");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let hex = text.trim().rsplit('=').next().unwrap_or_default();
+    hex.replace(':', "").to_ascii_lowercase()
+}
+
+#[test]
+fn get_certs_lists_every_certificate_in_use() {
+    use weir_testkit::certs::{LeafOptions, TestCa};
+    let a = Backend::echo("a");
+    let ca = TestCa::new("Ctl Test CA");
+    let site = ca.leaf(&["site.example.com", "www.example.com"]);
+    let options = LeafOptions {
+        not_after_days: 30,
+        ..LeafOptions::default()
+    };
+    let soon = ca.leaf_with(&["*.soon.example.net"], &options);
+    let tls = format!(
+        "[listeners.tls]\ncerts = [{{ cert = \"{}\", key = \"{}\" }}, {{ cert = \"{}\", key = \"{}\" }}]\n\n",
+        site.cert_path.display(),
+        site.key_path.display(),
+        soon.cert_path.display(),
+        soon.key_path.display()
+    );
+    let config = file(&a, "").replacen(
+        "\n\n[[listeners.routes]]",
+        &format!("\n{tls}[[listeners.routes]]"),
+        1,
+    );
+    let weir = Weir::start(&config);
+    let out = ok(&ctl(&weir, &["get", "certs"], ""));
+    let header = out.lines().next().unwrap_or_default();
+    for column in [
+        "LISTENER",
+        "NAMES",
+        "ISSUER",
+        "NOT AFTER",
+        "DAYS LEFT",
+        "SHA-256",
+    ] {
+        assert!(header.contains(column), "{out}");
+    }
+    let site_sha = openssl_sha256(&site.cert_path);
+    assert_eq!(site_sha.len(), 64, "openssl fingerprint: {site_sha}");
+    let row = out
+        .lines()
+        .find(|l| l.contains(&site_sha))
+        .expect("site row");
+    assert!(row.starts_with("web"), "{row}");
+    assert!(row.contains("site.example.com, www.example.com"), "{row}");
+    assert!(row.contains("CN=Ctl Test CA"), "{row}");
+    let json: serde_json::Value =
+        serde_json::from_str(&ok(&ctl(&weir, &["-o", "json", "get", "certs"], ""))).expect("json");
+    let certs = json.as_array().expect("a list");
+    assert_eq!(certs.len(), 2, "{json}");
+    assert_eq!(certs[0]["sha256"], site_sha.as_str());
+    assert_eq!(certs[0]["default"], true);
+    let second = &certs[1];
+    assert_eq!(second["listener"], "web");
+    assert_eq!(second["names"], serde_json::json!(["*.soon.example.net"]));
+    assert_eq!(second["sha256"], openssl_sha256(&soon.cert_path).as_str());
+    let days = second["days_left"].as_i64().expect("days_left");
+    assert!((29..=30).contains(&days), "{second}");
+    assert!(
+        second["not_after"]
+            .as_str()
+            .is_some_and(|t| t.ends_with('Z')),
+        "{second}"
+    );
+}

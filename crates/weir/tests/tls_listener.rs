@@ -8,7 +8,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use common::{single, Conf, Weir, WAIT};
+use common::{single, tls_table, Conf, Weir, WAIT};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::{ClientConfig, HandshakeKind, RootCertStore, SupportedProtocolVersion};
@@ -21,21 +21,6 @@ use weir_testkit::Backend;
 
 const TLS12: &[&SupportedProtocolVersion] = &[&rustls::version::TLS12];
 const TLS13: &[&SupportedProtocolVersion] = &[&rustls::version::TLS13];
-
-/// The `[listeners.tls]` table for `certs` plus `extra` lines.
-fn tls_table(certs: &[&Leaf], extra: &str) -> String {
-    let list: Vec<String> = certs
-        .iter()
-        .map(|l| {
-            format!(
-                "{{ cert = \"{}\", key = \"{}\" }}",
-                l.cert_path.display(),
-                l.key_path.display()
-            )
-        })
-        .collect();
-    format!("[listeners.tls]\ncerts = [{}]\n{extra}", list.join(", "))
-}
 
 /// A client config trusting `ca`, speaking `versions`, offering `http/1.1`, with an
 /// optional client certificate.

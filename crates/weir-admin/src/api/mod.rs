@@ -132,6 +132,7 @@ fn route(call: Call, store: &Store) -> Result<Response<Full<Bytes>>, ApiError> {
             call.mode,
         ),
         (&Method::GET, ["listeners"]) => read(views::listeners(store.proxy())),
+        (&Method::GET, ["certs"]) => read(views::certs(store.proxy())),
         (&Method::GET, ["listeners", name]) => read(views::listener(&text, name)?),
         (&Method::PUT, ["listeners", name]) => {
             let body = convert::body_table(&call.body, call.format)?;

@@ -41,6 +41,35 @@ pub fn listeners(proxy: &Proxy) -> Json {
     json!(list)
 }
 
+/// Every certificate in use, listener by listener, as the running snapshot loaded it
+/// (after any reload or file change): names, subject, issuer, expiry, days left and the
+/// SHA-256 fingerprint of the leaf.
+pub fn certs(proxy: &Proxy) -> Json {
+    let snapshot = proxy.snapshot();
+    let now = weir_core::tls::facts::unix_now();
+    let mut list = Vec::new();
+    for (listener, plan) in snapshot.config.listeners.iter().zip(&snapshot.listeners) {
+        let Some(tls) = &plan.tls else { continue };
+        let default = tls.store.choose(None);
+        for (i, cert) in tls.store.certs().iter().enumerate() {
+            let f = &cert.facts;
+            list.push(json!({
+                "listener": listener.name,
+                "file": cert.file.display().to_string(),
+                "names": f.names,
+                "subject": f.subject,
+                "issuer": f.issuer,
+                "not_after": weir_core::tls::facts::format_utc(f.not_after),
+                "not_after_unix": f.not_after,
+                "days_left": (f.not_after - now).div_euclid(86_400),
+                "sha256": f.sha256,
+                "default": i == default,
+            }));
+        }
+    }
+    json!(list)
+}
+
 /// `upstreams.NAME` as written in the config text.
 pub fn upstream(text: &str, name: &str) -> Result<Json, ApiError> {
     config_json(text)["upstreams"]

@@ -120,8 +120,9 @@ fn sni_routes(
     Ok(out)
 }
 
-/// SNI routing passes the client's TLS through, so the pools it routes to (fallback
-/// included) must not originate TLS themselves: that would wrap it in a second layer.
+/// SNI routing without `[listeners.tls]` passes the client's TLS through, so the pools it
+/// routes to (fallback included) must not originate TLS themselves: that would wrap it in
+/// a second layer.
 pub(super) fn check_passthrough(
     listeners: &[Listener],
     upstreams: &[Upstream],
@@ -131,6 +132,10 @@ pub(super) fn check_passthrough(
         let Some(tcp) = listener.tcp().filter(|t| !t.sni_routes.is_empty()) else {
             continue;
         };
+        if listener.tls.is_some() {
+            // Terminated here: what goes upstream is plaintext, TLS to it is a single layer.
+            continue;
+        }
         let at = path.index(i);
         let routes = tcp.sni_routes.iter().enumerate();
         let targets = routes
@@ -203,8 +208,6 @@ fn http_only_keys(raw: &RawListener) -> Vec<&'static str> {
         ("path_normalization", raw.path_normalization.is_some()),
         ("routes", raw.routes.is_some()),
         ("http2", raw.http2.is_some()),
-        // TLS offload on TCP listeners is not built yet.
-        ("tls", raw.tls.is_some()),
         ("redirect_https", raw.redirect_https.is_some()),
         ("request_id", raw.request_id.is_some()),
         ("trusted_proxies", raw.trusted_proxies.is_some()),

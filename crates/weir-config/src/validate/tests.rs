@@ -896,7 +896,7 @@ fn tls_defaults_and_values() {
     assert_eq!(tls.certs[1].key, std::path::PathBuf::from("b.key"));
     assert_eq!(tls.default_cert, 0);
     assert_eq!(tls.min_version, crate::TlsVersion::V1_2);
-    assert_eq!(tls.alpn, vec!["http/1.1".to_string()]);
+    assert_eq!(tls.alpn, vec!["h2".to_string(), "http/1.1".to_string()]);
     assert!(tls.session_resumption);
     assert_eq!(tls.client_auth, None);
     assert_eq!(tls.client_cert_header, None);
@@ -974,11 +974,18 @@ fn tls_rules() {
         "\"1.3\"",
     );
     check(
-        &with_tls(&format!("{CERTS}alpn = [\"http/1.1\", \"h2\"]\n")),
+        &with_tls(&format!("{CERTS}alpn = [\"http/1.1\", \"h3\"]\n")),
         &format!("{t}.alpn[1]"),
         6,
-        "does not speak \"h2\"",
-        "[\"http/1.1\"]",
+        "does not speak \"h3\"",
+        "[\"h2\", \"http/1.1\"]",
+    );
+    check(
+        &with_tls(&format!("{CERTS}alpn = [\"h2\", \"h2\"]\n")),
+        &format!("{t}.alpn[1]"),
+        6,
+        "listed twice",
+        "once",
     );
     check(
         &with_tls(&format!("{CERTS}client_auth = {{ required = true }}\n")),
@@ -1024,10 +1031,57 @@ fn tls_rules() {
         "unknown",
         "",
     );
+}
+
+/// A TCP listener (lines 1-5) with a `[listeners.tls]` table (line 6), `extra` on line 8.
+fn tcp_tls(extra: &str) -> String {
+    format!(
+        "[[listeners]]\nname = \"t\"\nbind = \"127.0.0.1:1\"\nprotocol = \"tcp\"\nupstream = \"u\"\n\
+         [listeners.tls]\n{CERTS}{extra}\n[upstreams.u]\nservers = [{{ addr = \"127.0.0.1:2\" }}]\n"
+    )
+}
+
+#[test]
+fn tls_on_a_tcp_listener_offers_no_alpn_unless_told_and_adds_no_headers() {
+    let ok = parse_str(&tcp_tls(""), "t").expect("valid");
+    let tls = ok.listeners[0].tls.as_ref().expect("tls");
+    assert!(tls.alpn.is_empty());
+    let ok = parse_str(&tcp_tls("alpn = [\"imap\", \"h2\"]"), "t").expect("valid");
+    let tls = ok.listeners[0].tls.as_ref().expect("tls");
+    assert_eq!(tls.alpn, vec!["imap".to_string(), "h2".to_string()]);
+    let t = "listeners[0].tls";
     check(
-        &format!("[[listeners]]\nname = \"t\"\nbind = \"127.0.0.1:1\"\nprotocol = \"tcp\"\nupstream = \"u\"\n[listeners.tls]\n{CERTS}[upstreams.u]\nservers = [{{ addr = \"127.0.0.1:2\" }}]\n"),
-        "listeners[0].tls", 6, "only to protocol = \"http\"", "remove tls",
+        &tcp_tls("client_cert_header = \"X-Cert\""),
+        &format!("{t}.client_cert_header"),
+        8,
+        "adds no headers",
+        "remove client_cert_header",
     );
+    check(
+        &tcp_tls("alpn = [\"\"]"),
+        &format!("{t}.alpn[0]"),
+        8,
+        "not a valid ALPN",
+        "1 to 255 bytes",
+    );
+    check(
+        &tcp_tls("alpn = [\"imap\", \"imap\"]"),
+        &format!("{t}.alpn[1]"),
+        8,
+        "listed twice",
+        "once",
+    );
+}
+
+#[test]
+fn sni_routes_behind_tls_offload_may_reach_tls_upstreams() {
+    let source = format!(
+        "[[listeners]]\nname = \"t\"\nbind = \"127.0.0.1:1\"\nprotocol = \"tcp\"\nupstream = \"u\"\n\
+         sni_routes = [{{ hosts = [\"a.example.com\"], upstream = \"u\" }}]\n\
+         [listeners.tls]\n{CERTS}\n[upstreams.u]\nservers = [{{ addr = \"127.0.0.1:2\" }}]\n\
+         tls = {{ server_name = \"u.internal\" }}\n"
+    );
+    parse_str(&source, "t").expect("terminated here: one TLS layer to the upstream");
 }
 
 #[test]

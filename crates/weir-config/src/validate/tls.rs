@@ -11,8 +11,9 @@ use crate::error::{FieldPath, Issue};
 use crate::model::{CertKey, ClientAuth, Tls, TlsVersion};
 use crate::raw::{RawCertKey, RawClientAuth, RawTls};
 
-/// The protocols an HTTP listener speaks and may offer through ALPN.
-const ALPN_SPOKEN: &[&str] = &["http/1.1"];
+/// The protocols an HTTP listener speaks and may offer through ALPN, in the default order
+/// of preference.
+const ALPN_SPOKEN: &[&str] = &["h2", "http/1.1"];
 
 /// Headers the proxy owns or that frame the message: never a client-cert header.
 const RESERVED_HEADERS: &[&str] = &[
@@ -31,15 +32,27 @@ const RESERVED_HEADERS: &[&str] = &[
     "x-real-ip",
 ];
 
-/// `[listeners.tls]`, or `None` without one.
-pub(super) fn tls(raw: Option<RawTls>, path: &FieldPath) -> Result<Option<Tls>, Issue> {
+/// `[listeners.tls]`, or `None` without one. `tcp`: the listener relays the plaintext
+/// (TLS offload), so it offers no ALPN unless told and has no headers to add.
+pub(super) fn tls(raw: Option<RawTls>, path: &FieldPath, tcp: bool) -> Result<Option<Tls>, Issue> {
     let Some(raw) = raw else { return Ok(None) };
+    if tcp && raw.client_cert_header.is_some() {
+        return Err(Issue::new(
+            &path.key("client_cert_header"),
+            "a tcp listener relays bytes and adds no headers",
+            "remove client_cert_header (it is for protocol = \"http\" listeners)",
+        ));
+    }
     let certs = certs(raw.certs, &path.key("certs"))?;
     Ok(Some(Tls {
         default_cert: default_cert(raw.default_cert, &certs, &path.key("default_cert"))?,
         certs,
         min_version: min_version(raw.min_version.as_deref(), &path.key("min_version"))?,
-        alpn: alpn(raw.alpn, &path.key("alpn"))?,
+        alpn: if tcp {
+            tcp_alpn(raw.alpn, &path.key("alpn"))?
+        } else {
+            alpn(raw.alpn, &path.key("alpn"))?
+        },
         session_resumption: raw.session_resumption.unwrap_or(true),
         client_auth: client_auth(raw.client_auth, &path.key("client_auth"))?,
         client_cert_header: client_cert_header(
@@ -149,17 +162,44 @@ fn min_version(raw: Option<&str>, path: &FieldPath) -> Result<TlsVersion, Issue>
     }
 }
 
+/// An HTTP listener's ALPN list: only what it speaks, default all of it.
 fn alpn(raw: Option<Vec<String>>, path: &FieldPath) -> Result<Vec<String>, Issue> {
     let Some(list) = raw else {
-        return Ok(vec!["http/1.1".to_owned()]);
+        return Ok(ALPN_SPOKEN.iter().map(|p| (*p).to_owned()).collect());
     };
-    for (i, name) in list.iter().enumerate() {
-        if !ALPN_SPOKEN.contains(&name.as_str()) {
-            return Err(Issue::new(
-                &path.index(i),
+    each_once(list, path, |name| {
+        (!ALPN_SPOKEN.contains(&name)).then(|| {
+            (
                 format!("this listener does not speak \"{name}\""),
-                r#"offer only what the listener speaks: alpn = ["http/1.1"] (the default), or [] for no ALPN"#,
-            ));
+                r#"offer only what the listener speaks: alpn = ["h2", "http/1.1"] (the default), ["http/1.1"], or [] for no ALPN"#,
+            )
+        })
+    })
+}
+
+/// A TCP listener's ALPN list: default none; any protocol names (what the upstream speaks
+/// is not Weir's to know), each 1 to 255 bytes.
+fn tcp_alpn(raw: Option<Vec<String>>, path: &FieldPath) -> Result<Vec<String>, Issue> {
+    each_once(raw.unwrap_or_default(), path, |name| {
+        (name.is_empty() || name.len() > 255).then(|| {
+            (
+                format!("\"{name}\" is not a valid ALPN protocol name"),
+                "use a name of 1 to 255 bytes, such as \"imap\" or \"http/1.1\"",
+            )
+        })
+    })
+}
+
+/// `list` if `refuse` finds nothing wrong with any name (else its message and fix) and no
+/// name is listed twice.
+fn each_once(
+    list: Vec<String>,
+    path: &FieldPath,
+    refuse: impl Fn(&str) -> Option<(String, &'static str)>,
+) -> Result<Vec<String>, Issue> {
+    for (i, name) in list.iter().enumerate() {
+        if let Some((message, fix)) = refuse(name) {
+            return Err(Issue::new(&path.index(i), message, fix));
         }
         if list[..i].contains(name) {
             return Err(Issue::new(

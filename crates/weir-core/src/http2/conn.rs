@@ -22,6 +22,7 @@ use super::budget::ResetBudget;
 use super::io::Prefixed;
 use crate::client::ClientConn;
 use crate::filters::forwarded::ClientIp;
+use crate::tls::session::TlsSession;
 use crate::worker::Worker;
 
 /// What a connection's stream tasks share with it.
@@ -31,6 +32,9 @@ pub struct Shared {
     pub ip: ClientIp,
     /// The peer's address (access lists and rate-limit keys).
     pub peer_ip: std::net::IpAddr,
+    /// The connection's TLS session (`None`: h2c), for forwarded headers, `{scheme}` and
+    /// the access log.
+    pub tls: Option<Box<TlsSession>>,
     budget: ResetBudget,
     /// Stream tasks running.
     active: Cell<usize>,
@@ -79,9 +83,10 @@ fn builder(h2: &Http2) -> Builder {
     b
 }
 
-/// Serves an HTTP/2 connection whose preface is at the start of `conn.buf`, until it
-/// closes. Returns once every stream task has ended.
-pub async fn serve(worker: Rc<Worker>, slot: usize, conn: ClientConn) {
+/// Serves an HTTP/2 connection whose preface is at the start of `conn.buf` or still to be
+/// read from `conn.stream` (plain, or TLS after ALPN h2), until it closes. Returns once
+/// every stream task has ended.
+pub async fn serve(worker: Rc<Worker>, slot: usize, mut conn: ClientConn) {
     let snapshot = worker.snapshot();
     let Some(index) = snapshot.listener_index(slot) else {
         return;
@@ -92,6 +97,7 @@ pub async fn serve(worker: Rc<Worker>, slot: usize, conn: ClientConn) {
         slot,
         ip: conn.ip,
         peer_ip: conn.peer_ip,
+        tls: conn.tls.take(),
         budget: ResetBudget::new(listener.http2.reset_budget, listener.http2.reset_window),
         active: Cell::new(0),
         idle_since: Cell::new(Instant::now()),

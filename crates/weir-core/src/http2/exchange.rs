@@ -35,6 +35,7 @@ use crate::forward::{Failure, Reached, Target};
 use crate::metrics::shard::ServerMetrics;
 use crate::router::RoutedPath;
 use crate::time::{with_timeout, LazyTimer};
+use crate::tls::session::TlsSession;
 use crate::upstream::retry::{may_retry, Replay, Tried};
 use crate::upstream::{Pick, RequestKey};
 use crate::worker::Worker;
@@ -44,6 +45,8 @@ pub struct StreamRequest<'a> {
     pub worker: &'a Worker,
     pub target: Target<'a>,
     pub ip: &'a ClientIp,
+    /// The client connection's TLS session (`None`: h2c).
+    pub tls: Option<&'a TlsSession>,
     /// The HTTP/1.1 head `req` was parsed from.
     pub buf: &'a [u8],
     pub req: &'a RequestHead,
@@ -171,7 +174,7 @@ impl StreamRequest<'_> {
             out.clear();
             let client = ClientFacts {
                 ip: self.ip,
-                tls: None,
+                tls: self.tls,
                 edits: None,
             };
             write_request_head(

@@ -129,7 +129,7 @@ pub async fn serve(
         upstream_time: trace.upstream_time,
         bytes_in: trace.body_in,
         bytes_out: trace.body_out,
-        tls: None,
+        tls: shared.tls.as_deref(),
         request_id: b"",
     };
     record(worker, &snapshot, &side, &handled, &done);
@@ -244,6 +244,7 @@ impl Stream<'_> {
             worker: &self.shared.worker,
             target: exchange_target(listener, route_config, self.snapshot, upstream),
             ip: &self.shared.ip,
+            tls: self.shared.tls.as_deref(),
             buf: self.buf,
             req: self.req,
             path: &path,
@@ -277,7 +278,11 @@ impl Stream<'_> {
         trace: &mut Trace,
     ) -> Result<(), Failure> {
         let vars = Vars {
-            scheme: b"http",
+            scheme: if self.shared.tls.is_some() {
+                b"https"
+            } else {
+                b"http"
+            },
             host: self.req.host_name(self.buf),
             target: self.req.path(self.buf),
             request_id: b"",

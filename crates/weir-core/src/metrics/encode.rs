@@ -371,7 +371,7 @@ impl Scrape {
     fn http2_counters(&self, enc: &mut DescriptorEncoder) -> Result {
         type Pick = fn(&super::shard::Http2Metrics) -> &super::shard::Counter;
         let families: [(&str, &str, Pick); 4] = [
-            ("weir_http2_connections", "Client connections that spoke HTTP/2 (h2c).", |m| &m.connections),
+            ("weir_http2_connections", "Client connections that spoke HTTP/2 (h2c, or h2 through ALPN on TLS).", |m| &m.connections),
             ("weir_http2_streams", "HTTP/2 streams (requests) served.", |m| &m.streams),
             ("weir_http2_client_resets", "HTTP/2 streams the client reset while in flight; each cancelled its upstream request.", |m| &m.client_resets),
             ("weir_http2_calm_goaways", "HTTP/2 connections closed with GOAWAY ENHANCE_YOUR_CALM (a reset budget exceeded).", |m| &m.calm_goaways),

@@ -11,8 +11,10 @@
 //! - `relay`: the two directions, buffered copy or splice(2), half-close, idle timeout
 //! - `sni`: with `sni_routes`, the upstream is chosen by the ClientHello's server name
 //! - `tls_relay`: the relay when the upstream has `tls` (TLS origination)
+//! - `offload`: with `[listeners.tls]`, the client's TLS is terminated and plaintext relayed
 
 pub mod io;
+mod offload;
 mod relay;
 pub mod sni;
 mod tls_relay;
@@ -29,7 +31,7 @@ use weir_config::{Listener, TcpSettings};
 
 use crate::buffer::Buffer;
 use crate::codec::proxy_protocol::{self, Addresses};
-use crate::connector::{connect, handshake};
+use crate::connector::{connect, handshake, UpstreamStream};
 use crate::filters::forwarded::ClientIp;
 use crate::listener::proxy_protocol::accept_step;
 use crate::snapshot::Snapshot;
@@ -60,6 +62,11 @@ pub async fn serve_tcp(worker: Rc<Worker>, slot: usize, client: TcpStream, peer:
         return;
     };
     let source = carried.map_or(peer, |a| a.source);
+    if let Some(tls) = &snapshot.listeners[listener_index].tls {
+        let at = (slot, listener);
+        let client = (client, peer, carried);
+        return serve_offloaded(&worker, &snapshot, at, tls, client, to_server).await;
+    }
     let Some(upstream) = choose_upstream(&worker, slot, tcp, &client, &mut to_server).await else {
         worker.give_buffer(to_server);
         return;
@@ -68,7 +75,8 @@ pub async fn serve_tcp(worker: Rc<Worker>, slot: usize, client: TcpStream, peer:
         worker.give_buffer(to_server);
         return;
     };
-    if !send_proxy_header(&server, listener, &client, peer, carried).await {
+    let local = || client.local_addr().unwrap_or(listener.bind);
+    if !send_proxy_header(&server, listener, local, peer, carried).await {
         worker.give_buffer(to_server);
         return;
     }
@@ -91,31 +99,98 @@ pub async fn serve_tcp(worker: Rc<Worker>, slot: usize, client: TcpStream, peer:
     // `pick` lives until here: the connection counts as in flight to its server.
 }
 
+/// A TLS listener's connection: the handshake (after any PROXY header), the upstream (by
+/// the settled SNI name with `sni_routes`), then the plaintext relay (see `offload`).
+async fn serve_offloaded(
+    worker: &Worker,
+    snapshot: &Snapshot,
+    (slot, listener): (usize, &Listener),
+    tls: &crate::tls::ListenerTls,
+    (client, peer, carried): (TcpStream, SocketAddr, Option<Addresses>),
+    mut to_server: Buffer,
+) {
+    let Some(tcp) = listener.tcp() else { return };
+    let send = listener.proxy_protocol.send != weir_config::ProxyVersion::Off;
+    let local = send.then(|| offload::local_addr(&client, listener));
+    let terminated = offload::terminate(worker, (slot, listener), tls, client, &mut to_server);
+    let Some((mut client, session)) = terminated.await else {
+        worker.give_buffer(to_server);
+        return;
+    };
+    let upstream = offload::choose_upstream(worker, slot, tcp, &session);
+    let source = carried.map_or(peer, |a| a.source);
+    let Some((server, pick)) = connect_upstream(worker, snapshot, upstream, source).await else {
+        worker.give_buffer(to_server);
+        return;
+    };
+    let local = || local.unwrap_or(listener.bind);
+    let sent = send_proxy_header(&server, listener, local, peer, carried).await;
+    let target = (snapshot, upstream, pick.server);
+    let server = match (sent, worker.metrics.listener(slot)) {
+        (true, Some(m)) => originate(worker, target, server).await.map(|s| (s, m)),
+        _ => None,
+    };
+    let Some((mut server, m)) = server else {
+        worker.give_buffer(to_server);
+        return;
+    };
+    let config = RelayConfig {
+        idle_timeout: tcp.idle_timeout,
+        splice: weir_config::SpliceMode::Never,
+        splice_available: false,
+        bytes_in: &m.bytes_in,
+        bytes_out: &m.bytes_out,
+    };
+    let end = offload::relay(worker, &mut client, &mut server, to_server, &config).await;
+    let sni = session.sni.as_deref();
+    tracing::trace!(listener = %listener.name, %source, ?sni, ?end, "tls tcp connection ended");
+    drop(pick);
+}
+
 /// Relays between the client and the server: plain, or over TLS when upstream `upstream`
 /// has `tls` (the handshake comes after any PROXY header; a failed one counts as a connect
 /// error and closes the client, `None`).
 async fn relay_to(
     worker: &Worker,
-    (snapshot, upstream, server_index): (&Snapshot, usize, usize),
+    target: (&Snapshot, usize, usize),
     client: &TcpStream,
     server: TcpStream,
     to_server: Buffer,
     config: &RelayConfig<'_>,
 ) -> Option<End> {
+    let (snapshot, upstream, _) = target;
+    if snapshot.upstreams[upstream].tls.is_none() {
+        return Some(relay(worker, client, &server, to_server, config).await);
+    }
+    match originate(worker, target, server).await {
+        Some(mut tls) => Some(relay_tls(worker, client, &mut tls, to_server, config).await),
+        None => {
+            worker.give_buffer(to_server);
+            None
+        }
+    }
+}
+
+/// The server connection as the upstream speaks it: plain, or after the TLS handshake when
+/// the upstream has `tls` (a failed handshake counts as a connect error: `None`).
+async fn originate(
+    worker: &Worker,
+    (snapshot, upstream, server_index): (&Snapshot, usize, usize),
+    server: TcpStream,
+) -> Option<UpstreamStream> {
     let plan = &snapshot.upstreams[upstream];
     let Some(tls) = &plan.tls else {
-        return Some(relay(worker, client, &server, to_server, config).await);
+        return Some(UpstreamStream::from(server));
     };
     let u = &snapshot.config.upstreams[upstream];
     let deadline = tokio::time::Instant::now() + u.connect_timeout;
     match handshake(u, &u.servers[server_index], tls, server, deadline).await {
-        Ok(mut tls) => Some(relay_tls(worker, client, &mut tls, to_server, config).await),
+        Ok(tls) => Some(tls),
         Err(_) => {
             let slot = plan.server_slots[server_index];
             if let Some(m) = worker.metrics.server(plan.slot, slot) {
                 m.connect_errors.inc();
             }
-            worker.give_buffer(to_server);
             None
         }
     }
@@ -198,7 +273,7 @@ async fn connect_upstream(
 async fn send_proxy_header(
     server: &TcpStream,
     listener: &Listener,
-    client: &TcpStream,
+    local: impl FnOnce() -> SocketAddr,
     peer: SocketAddr,
     carried: Option<Addresses>,
 ) -> bool {
@@ -210,7 +285,7 @@ async fn send_proxy_header(
         Some(a) => a,
         None => Addresses {
             source: peer,
-            destination: client.local_addr().unwrap_or(listener.bind),
+            destination: local(),
         },
     };
     let Some(header) = proxy_protocol::encode(version, addresses) else {

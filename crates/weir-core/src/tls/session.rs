@@ -18,6 +18,8 @@ pub struct TlsSession {
     pub sni: Option<Box<str>>,
     /// An abbreviated handshake: the client resumed an earlier session.
     pub resumed: bool,
+    /// ALPN settled on `h2`: the connection speaks HTTP/2 from its first byte.
+    pub h2: bool,
     /// The verified client certificate's subject.
     pub client_cert_subject: Option<Box<str>>,
     /// `Name: Hash=...;Subject="..."\r\n` for upstream requests (with a verified client
@@ -55,6 +57,7 @@ impl TlsSession {
             cipher,
             sni: conn.server_name().map(Box::from),
             resumed: conn.handshake_kind() == Some(rustls::HandshakeKind::Resumed),
+            h2: conn.alpn_protocol() == Some(b"h2"),
             client_cert_subject: client.map(|f| f.subject.into_boxed_str()),
             cert_header_line,
             strip_header: strip,

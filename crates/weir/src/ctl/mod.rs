@@ -35,7 +35,7 @@ enum Output {
 
 #[derive(Subcommand)]
 enum CtlCommand {
-    /// Show the running config, upstreams, listeners or server health.
+    /// Show the running config, upstreams, listeners, server health or certificates.
     Get {
         #[arg(value_enum)]
         what: What,
@@ -75,6 +75,8 @@ enum What {
     Upstreams,
     Listeners,
     Health,
+    /// The TLS certificates in use, per listener.
+    Certs,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -232,6 +234,28 @@ fn get(client: &Client, what: What, name: Option<&str>, output: Output) -> anyho
             );
         }
         What::Health => health(client, name, output)?,
+        What::Certs => {
+            let reply = client.call("GET", "/certs", None, b"")?;
+            let header = [
+                "LISTENER",
+                "NAMES",
+                "ISSUER",
+                "NOT AFTER",
+                "DAYS LEFT",
+                "SHA-256",
+            ];
+            print_or_table(&reply, output, &header, |c| {
+                let names: Vec<String> = list(&c["names"]).iter().map(text).collect();
+                vec![
+                    text(&c["listener"]),
+                    names.join(", "),
+                    text(&c["issuer"]),
+                    text(&c["not_after"]),
+                    text(&c["days_left"]),
+                    text(&c["sha256"]),
+                ]
+            });
+        }
     }
     Ok(())
 }

@@ -228,3 +228,18 @@ pub fn dead_port() -> DeadPort {
         addr,
     }
 }
+
+/// The `[listeners.tls]` table for `certs` (`{ cert, key }` each) plus `extra` lines.
+pub fn tls_table(certs: &[&weir_testkit::certs::Leaf], extra: &str) -> String {
+    let list: Vec<String> = certs
+        .iter()
+        .map(|l| {
+            format!(
+                "{{ cert = \"{}\", key = \"{}\" }}",
+                l.cert_path.display(),
+                l.key_path.display()
+            )
+        })
+        .collect();
+    format!("[listeners.tls]\ncerts = [{}]\n{extra}", list.join(", "))
+}

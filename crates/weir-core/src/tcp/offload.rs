@@ -1,0 +1,148 @@
+//! TLS offload on a TCP listener with `[listeners.tls]`: the client's TLS is terminated
+//! (the same certificate store, handshake limits and metrics as HTTP listeners,
+//! `tls::handshake`), the upstream is chosen (with `sni_routes`, by the SNI name the
+//! handshake settled), and the plaintext is relayed to the server, or re-encrypted when
+//! the upstream has `tls`. Both sides go through buffers: there is no splice, since the
+//! client's bytes are decrypted in user space.
+
+use std::cell::Cell;
+use std::io;
+use std::net::SocketAddr;
+
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::time::Instant;
+use weir_config::{Listener, TcpSettings};
+
+use super::relay::{idle, End, RelayConfig};
+use crate::buffer::Buffer;
+use crate::client_stream::ClientStream;
+use crate::connector::UpstreamStream;
+use crate::metrics::shard::Counter;
+use crate::tcp::sni::{self, SniResult};
+use crate::tls::session::TlsSession;
+use crate::tls::ListenerTls;
+use crate::worker::Worker;
+
+/// Runs the handshake on `client` (a connection of `listener`, metric slot `slot`);
+/// `buf` holds bytes read already (after a PROXY header). `None`: the connection closes
+/// (counted by `tls::handshake`).
+pub async fn terminate(
+    worker: &Worker,
+    (slot, listener): (usize, &Listener),
+    tls: &ListenerTls,
+    client: tokio::net::TcpStream,
+    buf: &mut Buffer,
+) -> Option<(ClientStream, TlsSession)> {
+    let mut stream = ClientStream::from_registered(client);
+    let session = crate::tls::handshake::accept(worker, (slot, listener), tls, &mut stream, buf);
+    let session = session.await?;
+    Some((stream, session))
+}
+
+/// The upstream for a terminated connection: the listener's, or with `sni_routes` the one
+/// the handshake's SNI name picks (counted in `weir_tcp_sni_total` like a preread).
+pub fn choose_upstream(
+    worker: &Worker,
+    slot: usize,
+    tcp: &TcpSettings,
+    session: &TlsSession,
+) -> usize {
+    if tcp.sni_routes.is_empty() {
+        return tcp.upstream;
+    }
+    let (upstream, result) = match session.sni.as_deref() {
+        None => (tcp.upstream, SniResult::NoSni),
+        Some(name) => match sni::route(&tcp.sni_routes, name.as_bytes()) {
+            Some(upstream) => (upstream, SniResult::Matched),
+            None => (tcp.upstream, SniResult::UnknownSni),
+        },
+    };
+    if let Some(m) = worker.metrics.listener(slot) {
+        m.sni[result as usize].inc();
+    }
+    upstream
+}
+
+/// The client's local address (for a PROXY header sent on), read before the socket moves
+/// into the TLS stream.
+pub fn local_addr(client: &tokio::net::TcpStream, listener: &Listener) -> SocketAddr {
+    client.local_addr().unwrap_or(listener.bind)
+}
+
+/// Relays between the terminated client and `server` until both directions end, one
+/// fails, or nothing moves for `idle_timeout`. Half-close is passed on both ways (a
+/// client's close_notify or FIN shuts the server's write side, and the other way round).
+pub async fn relay(
+    worker: &Worker,
+    client: &mut ClientStream,
+    server: &mut UpstreamStream,
+    mut to_server: Buffer,
+    config: &RelayConfig<'_>,
+) -> End {
+    let last = Cell::new(Instant::now());
+    let mut to_client = worker.take_buffer_sized(to_server.capacity());
+    let end = match client.split() {
+        Ok((mut client_read, mut client_write)) => {
+            let (mut server_read, mut server_write) = server.split();
+            let up = pump(
+                &mut client_read,
+                &mut server_write,
+                &mut to_server,
+                config.bytes_in,
+                &last,
+            );
+            let down = pump(
+                &mut server_read,
+                &mut client_write,
+                &mut to_client,
+                config.bytes_out,
+                &last,
+            );
+            let both = async { tokio::try_join!(up, down).map(|_| ()) };
+            tokio::select! {
+                biased;
+                r = both => if r.is_ok() { End::Closed } else { End::Error },
+                _ = idle(&last, config.idle_timeout) => End::Idle,
+            }
+        }
+        Err(_) => End::Error,
+    };
+    worker.give_buffer(to_server);
+    worker.give_buffer(to_client);
+    end
+}
+
+/// Copies `from` to `to` through `buf` (whose bytes go first) until `from` ends, then
+/// shuts `to`'s write side. Every write is flushed: TLS records go out whole.
+async fn pump<R, W>(
+    from: &mut R,
+    to: &mut W,
+    buf: &mut Buffer,
+    counter: &Counter,
+    last: &Cell<Instant>,
+) -> io::Result<()>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    loop {
+        if !buf.is_empty() {
+            to.write_all(buf.filled()).await?;
+            buf.clear();
+            to.flush().await?;
+        }
+        let n = match buf.read_from(from).await {
+            Ok(n) => n,
+            // A TLS client that closed its socket without close_notify: passed on as the
+            // end of its stream (a FIN to the server), as for a plain TCP client. The
+            // plaintext protocol inside, not TLS, says whether the data was complete.
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => 0,
+            Err(e) => return Err(e),
+        };
+        if n == 0 {
+            return to.shutdown().await;
+        }
+        counter.add(n as u64);
+        last.set(Instant::now());
+    }
+}

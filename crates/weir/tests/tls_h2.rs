@@ -1,0 +1,221 @@
+//! HTTP/2 through ALPN on a TLS listener: a client offering `h2` gets HTTP/2 (multiplexed
+//! streams to an HTTP/1.1 upstream), one offering only `http/1.1` still gets HTTP/1.1, and
+//! an h2 stream behind TLS looks upstream (X-Forwarded-Proto, the client-certificate
+//! header, `{scheme}` in redirects) and in the access log exactly like HTTP/1.1 over TLS.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use h2::client::SendRequest;
+use http::{Method, Request, StatusCode};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::{ClientConfig, RootCertStore};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
+use tokio_rustls::TlsConnector;
+
+use common::{single, tls_table, Conf};
+use weir_testkit::certs::{Leaf, TestCa};
+use weir_testkit::{wait_until, Backend};
+
+const NAME: &str = "h2.example.com";
+
+fn der(pem: &str) -> CertificateDer<'static> {
+    CertificateDer::from_pem_slice(pem.as_bytes()).expect("PEM certificate")
+}
+
+/// A client trusting `ca`, offering `alpn`, with an optional client certificate.
+fn client_config(ca: &TestCa, alpn: &[&[u8]], client_cert: Option<&Leaf>) -> Arc<ClientConfig> {
+    let mut roots = RootCertStore::empty();
+    roots.add(der(&ca.cert_pem)).expect("CA certificate");
+    let builder = ClientConfig::builder().with_root_certificates(roots);
+    let mut config = match client_cert {
+        None => builder.with_no_client_auth(),
+        Some(leaf) => {
+            let key = PrivateKeyDer::from_pem_slice(leaf.key_pem.as_bytes()).expect("key");
+            builder
+                .with_client_auth_cert(vec![der(&leaf.cert_pem)], key)
+                .expect("client cert")
+        }
+    };
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    Arc::new(config)
+}
+
+async fn tls_connect(addr: SocketAddr, config: Arc<ClientConfig>) -> TlsStream<TcpStream> {
+    let tcp = TcpStream::connect(addr).await.expect("connect to weir");
+    let name = ServerName::try_from(NAME).expect("server name");
+    TlsConnector::from(config)
+        .connect(name, tcp)
+        .await
+        .expect("TLS handshake")
+}
+
+/// An h2 connection over TLS whose ALPN settled on h2.
+async fn h2_connect(addr: SocketAddr, config: Arc<ClientConfig>) -> SendRequest<Bytes> {
+    let tls = tls_connect(addr, config).await;
+    assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    let (client, conn) = h2::client::handshake(tls).await.expect("h2 handshake");
+    tokio::spawn(conn);
+    client
+}
+
+/// A body-less GET over h2: (status, body).
+async fn get(client: &mut SendRequest<Bytes>, path: &str) -> (StatusCode, String) {
+    let request = Request::builder()
+        .method(Method::GET)
+        .uri(format!("https://{NAME}{path}"))
+        .body(())
+        .expect("request");
+    let (response, _) = client.send_request(request, true).expect("send request");
+    let response = response.await.expect("response");
+    let status = response.status();
+    let mut body = response.into_body();
+    let mut out = Vec::new();
+    while let Some(chunk) = body.data().await {
+        let chunk = chunk.expect("body chunk");
+        let _ = body.flow_control().release_capacity(chunk.len());
+        out.extend_from_slice(&chunk);
+    }
+    (status, String::from_utf8_lossy(&out).into_owned())
+}
+
+#[tokio::test]
+async fn a_client_offering_h2_gets_multiplexed_http2_to_an_http1_upstream() {
+    let ca = TestCa::new("h2 CA");
+    let leaf = ca.leaf(&[NAME]);
+    let backend = Backend::echo("e");
+    let weir = single(backend.addr())
+        .listener(&tls_table(&[&leaf], ""))
+        .start();
+    let config = client_config(&ca, &[b"h2", b"http/1.1"], None);
+    let client = h2_connect(weir.addr, config).await;
+    let mut tasks = Vec::new();
+    for i in 0..16 {
+        let mut client = client.clone();
+        tasks.push(tokio::spawn(async move {
+            (i, get(&mut client, &format!("/item/{i}")).await)
+        }));
+    }
+    for task in tasks {
+        let (i, (status, body)) = task.await.expect("stream task");
+        assert_eq!(status, StatusCode::OK);
+        assert!(
+            body.starts_with(&format!("GET /item/{i} HTTP/1.1\r\n")),
+            "{body}"
+        );
+        assert!(body.contains("X-Forwarded-Proto: https\r\n"), "{body}");
+    }
+    // All sixteen streams shared the one client connection.
+    assert_eq!(
+        weir.metrics_text()
+            .lines()
+            .find(|l| l.starts_with("weir_http2_connections_total"))
+            .and_then(|l| l.rsplit(' ').next())
+            .map(str::to_owned),
+        Some("1".to_owned())
+    );
+}
+
+#[tokio::test]
+async fn a_client_offering_only_http1_gets_http1_on_the_same_listener() {
+    let ca = TestCa::new("h1 CA");
+    let leaf = ca.leaf(&[NAME]);
+    let backend = Backend::echo("e");
+    let weir = single(backend.addr())
+        .listener(&tls_table(&[&leaf], ""))
+        .start();
+    let mut tls = tls_connect(weir.addr, client_config(&ca, &[b"http/1.1"], None)).await;
+    assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"http/1.1"[..]));
+    let head = format!("GET /one HTTP/1.1\r\nHost: {NAME}\r\nConnection: close\r\n\r\n");
+    tls.write_all(head.as_bytes()).await.expect("write");
+    let mut response = Vec::new();
+    let _ = tls.read_to_end(&mut response).await;
+    let response = String::from_utf8_lossy(&response);
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    assert!(
+        response.contains("X-Forwarded-Proto: https\r\n"),
+        "{response}"
+    );
+}
+
+#[tokio::test]
+async fn alpn_http1_only_never_settles_on_h2() {
+    let ca = TestCa::new("h1-only CA");
+    let leaf = ca.leaf(&[NAME]);
+    let backend = Backend::echo("e");
+    let weir = single(backend.addr())
+        .listener(&tls_table(&[&leaf], "alpn = [\"http/1.1\"]\n"))
+        .start();
+    let tls = tls_connect(weir.addr, client_config(&ca, &[b"h2", b"http/1.1"], None)).await;
+    assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"http/1.1"[..]));
+}
+
+#[tokio::test]
+async fn an_h2_stream_behind_tls_carries_https_the_client_cert_and_the_tls_log_fields() {
+    let ca = TestCa::new("h2 facts CA");
+    let clients = TestCa::new("h2 clients");
+    let leaf = ca.leaf(&[NAME]);
+    let alice = clients.client("alice");
+    let log = ca.dir.path().join("access.log");
+    let backend = Backend::echo("e");
+    let extra = format!(
+        "client_auth = {{ ca = \"{}\", required = true }}\nclient_cert_header = \"X-Client-Cert\"\n",
+        clients.cert_path.display()
+    );
+    let weir = Conf::new()
+        .listener(&format!(
+            "access_log = {{ format = \"json\", path = \"{}\" }}",
+            log.display()
+        ))
+        .listener(&tls_table(&[&leaf], &extra))
+        .route_keys(
+            "moved",
+            &[
+                "path_prefix = \"/old\"",
+                "redirect = { to = \"{scheme}://{host}/new\", status = 301 }",
+            ],
+        )
+        .route("all", "up", &[])
+        .upstream("up", &[backend.addr()], &[])
+        .start();
+    let config = client_config(&ca, &[b"h2"], Some(&alice));
+    let mut client = h2_connect(weir.addr, config).await;
+    let (status, body) = get(&mut client, "/").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(body.contains("X-Forwarded-Proto: https\r\n"), "{body}");
+    assert!(body.contains("X-Client-Cert: Hash="), "{body}");
+    assert!(body.contains(";Subject=\"CN=alice\"\r\n"), "{body}");
+    let request = Request::get(format!("https://{NAME}/old"))
+        .body(())
+        .expect("request");
+    let (response, _) = client.send_request(request, true).expect("send request");
+    let response = response.await.expect("response");
+    assert_eq!(response.status(), StatusCode::MOVED_PERMANENTLY);
+    let location = response.headers().get(http::header::LOCATION);
+    assert_eq!(
+        location.and_then(|v| v.to_str().ok()),
+        Some(&*format!("https://{NAME}/new"))
+    );
+    let mut line = String::new();
+    assert!(
+        wait_until(common::WAIT, || {
+            line = std::fs::read_to_string(&log).unwrap_or_default();
+            line.lines().count() >= 2
+        }),
+        "access log: {line:?}"
+    );
+    let first = line.lines().next().unwrap_or_default();
+    for field in [
+        "\"tls_version\":\"TLSv1.3\"",
+        &format!("\"sni\":\"{NAME}\""),
+        "\"client_cert_subject\":\"CN=alice\"",
+    ] {
+        assert!(first.contains(field), "{field} in {first}");
+    }
+}
