@@ -541,6 +541,26 @@ pub struct Upstream {
     pub retry: RetryPolicy,
     /// TLS to the servers (`tls = { ... }`); `None`: plain TCP.
     pub tls: Option<UpstreamTls>,
+    /// The HTTP version spoken to the servers by HTTP/2 clients' requests (`protocol`).
+    pub protocol: UpstreamProtocol,
+    /// Most streams Weir opens at once on one HTTP/2 connection to a server (also bounded
+    /// by the server's SETTINGS_MAX_CONCURRENT_STREAMS).
+    pub max_concurrent_streams: u32,
+}
+
+/// `protocol` of an upstream.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum UpstreamProtocol {
+    /// HTTP/1.1 (over TLS when the upstream has `tls`).
+    #[default]
+    Http1,
+    /// HTTP/2 over TLS, ALPN `h2` offered (the upstream must have `tls`).
+    H2,
+    /// HTTP/2 over cleartext TCP with prior knowledge.
+    H2c,
+    /// Over TLS: ALPN offers `h2` and `http/1.1` and the server chooses; without TLS:
+    /// HTTP/1.1.
+    Auto,
 }
 
 /// TLS to an upstream's servers (`[upstreams.NAME] tls = { ... }`).
