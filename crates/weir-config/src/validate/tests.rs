@@ -694,7 +694,10 @@ fn upstream_protocol_and_stream_limit() {
     assert_eq!(parsed(""), (crate::UpstreamProtocol::Http1, 100));
     let h2c = parsed("protocol = \"h2c\"\nmax_concurrent_streams = 7\n");
     assert_eq!(h2c, (crate::UpstreamProtocol::H2c, 7));
-    assert_eq!(parsed("protocol = \"auto\"\n").0, crate::UpstreamProtocol::Auto);
+    assert_eq!(
+        parsed("protocol = \"auto\"\n").0,
+        crate::UpstreamProtocol::Auto
+    );
     let tls = "tls = { insecure_skip_verify = true }\n";
     let h2 = parsed(&format!("protocol = \"h2\"\n{tls}"));
     assert_eq!(h2.0, crate::UpstreamProtocol::H2);

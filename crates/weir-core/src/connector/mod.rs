@@ -1,10 +1,12 @@
 //! Upstream connections: connecting with a timeout, TLS to upstreams (`tls`), the
 //! connection type (plain or TLS, `stream`), and the per-worker keep-alive pool.
 
+pub mod h2;
 mod pool;
 mod stream;
 pub mod tls;
 
+pub use self::h2::H2Pool;
 pub use pool::{IdlePool, PoolKey};
 pub use stream::UpstreamStream;
 pub use tls::TlsUpstream;
