@@ -6,7 +6,8 @@
 //! is echoed as it arrives; then trailers: `x-body-len`, `x-client-trailer` (the request
 //! trailer of that name, when sent), `grpc-status: 0`. A path starting with `/hang` is
 //! never answered. With [`H2Backend::goaway_after`] each connection sends GOAWAY once it
-//! has accepted that many streams (and finishes them).
+//! has accepted that many streams (and finishes them), and refuses any stream that still
+//! arrives with REFUSED_STREAM (as a server that never processed it).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -141,7 +142,11 @@ where
         return;
     };
     let mut accepted = 0;
-    while let Some(Ok((request, respond))) = conn.accept().await {
+    while let Some(Ok((request, mut respond))) = conn.accept().await {
+        if goaway.is_some_and(|n| accepted >= n) {
+            respond.send_reset(h2::Reason::REFUSED_STREAM);
+            continue;
+        }
         stats.streams.fetch_add(1, Ordering::SeqCst);
         accepted += 1;
         tokio::spawn(echo(request, respond, number));

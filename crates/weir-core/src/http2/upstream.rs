@@ -38,7 +38,7 @@ use crate::upstream::retry::{may_retry, Replay, Tried};
 use crate::upstream::RequestKey;
 
 /// Most tries on new connections when streams are refused (GOAWAY) before one is taken.
-const MAX_REFUSED: usize = 3;
+const MAX_REFUSED: usize = 5;
 
 /// What the h2 path needs from the client's fields, read before they are dropped.
 #[derive(Debug, Clone, Copy, Default)]
