@@ -756,7 +756,8 @@ impl Listener {
 impl Config {
     /// Settings that are valid but dangerous, one line each, for `weir check` and the log.
     pub fn warnings(&self) -> Vec<String> {
-        self.upstreams
+        let insecure = self
+            .upstreams
             .iter()
             .filter(|u| u.tls.as_ref().is_some_and(|t| t.insecure_skip_verify))
             .map(|u| {
@@ -766,8 +767,27 @@ impl Config {
                      set ca (and server_name) instead",
                     u.name
                 )
-            })
-            .collect()
+            });
+        // HTTP/1.1 clients' requests are not translated to HTTP/2 (yet): say so where a
+        // server may speak only HTTP/2 (gRPC servers do).
+        let h2_only = self
+            .upstreams
+            .iter()
+            .filter(|u| matches!(u.protocol, UpstreamProtocol::H2 | UpstreamProtocol::H2c))
+            .map(|u| {
+                format!(
+                    "upstreams.{}.protocol = \"{}\": only HTTP/2 clients' requests reach \
+                     the servers over HTTP/2; HTTP/1.1 clients' requests reach them over \
+                     HTTP/1.1, which a server that speaks only HTTP/2 (gRPC) refuses",
+                    u.name,
+                    if u.protocol == UpstreamProtocol::H2 {
+                        "h2"
+                    } else {
+                        "h2c"
+                    }
+                )
+            });
+        insecure.chain(h2_only).collect()
     }
 
     /// One line for `weir check`: counts of listeners, routes, upstreams and servers.

@@ -126,6 +126,7 @@ impl StreamRequest<'_> {
             let server = &u.servers[pick.server];
             trace.upstream_pick = Some((target.upstream_index, pick.server));
             let started = Instant::now();
+            trace.upstream_time = None;
             let cookie = pool
                 .set_cookie(pick.server)
                 .filter(|_| pick.set_cookie)
@@ -138,7 +139,9 @@ impl StreamRequest<'_> {
                 }
                 Try::Over(result, consumed) => (result, consumed),
             };
-            let elapsed = started.elapsed();
+            // Until the response head (set by `Exchange::run`), as for HTTP/1.1 upstreams:
+            // a long stream must not count as a slow server.
+            let elapsed = trace.upstream_time.unwrap_or_else(|| started.elapsed());
             let metrics = worker
                 .metrics
                 .server(pool.slot, pool.server_slots[pick.server]);
@@ -190,6 +193,7 @@ impl StreamRequest<'_> {
         };
         let tls = self.target.pool.tls.as_deref();
         let mut last = ProxyError::UpstreamClosed;
+        let started = Instant::now();
         for _ in 0..MAX_REFUSED {
             let pool = &self.worker.h2_pool;
             let lease = match checkout(pool, self.target.upstream, (server, tls)).await {
@@ -215,6 +219,7 @@ impl StreamRequest<'_> {
                 lease: &lease,
                 consumed: &consumed,
                 cookie: cookie.as_ref(),
+                started,
             };
             match exchange
                 .run(body.as_mut(), response, up_send, respond, trace)
@@ -323,6 +328,8 @@ struct Exchange<'a, 'r> {
     consumed: &'a Cell<u64>,
     /// The sticky-session cookie to add to the response.
     cookie: Option<&'a HeaderValue>,
+    /// When the try on this server began.
+    started: Instant,
 }
 
 impl Exchange<'_, '_> {
@@ -390,6 +397,7 @@ impl Exchange<'_, '_> {
         };
         let (parts, mut up_body) = head.into_parts();
         trace.status = parts.status.as_u16();
+        trace.upstream_time = Some(self.started.elapsed());
         let mut head = http::Response::from_parts(parts, ());
         if let Some(cookie) = self.cookie {
             head.headers_mut()
