@@ -52,8 +52,6 @@ pub struct H2Conn {
     in_flight: Cell<usize>,
     /// When the last stream ended (for `idle_timeout`).
     idle_since: Cell<Instant>,
-    /// Serial number, for tests and logs: which connection a stream used.
-    pub id: u64,
 }
 
 impl H2Conn {
@@ -72,14 +70,12 @@ impl H2Conn {
 /// when dropped.
 pub struct Lease {
     conn: Rc<H2Conn>,
-    /// Whether the connection was opened for this request.
-    pub fresh: bool,
 }
 
 impl Lease {
-    fn new(conn: Rc<H2Conn>, fresh: bool) -> Lease {
+    fn new(conn: Rc<H2Conn>) -> Lease {
         conn.in_flight.set(conn.in_flight.get() + 1);
-        Lease { conn, fresh }
+        Lease { conn }
     }
 
     /// Opens a stream for `request` (ending it at once when `end`). An error means the
@@ -105,10 +101,6 @@ impl Lease {
     pub fn drain(&self) {
         self.conn.going_away.set(true);
     }
-
-    pub fn conn_id(&self) -> u64 {
-        self.conn.id
-    }
 }
 
 impl Drop for Lease {
@@ -130,7 +122,6 @@ pub struct H2Pool {
     /// Connections being opened: requests that find no room wait for them rather than
     /// each opening its own (a burst at start would otherwise open one per request).
     connecting: HashMap<PoolKey, Rc<Notify>>,
-    next_id: u64,
 }
 
 impl H2Pool {
@@ -154,24 +145,15 @@ impl H2Pool {
         send: SendRequest<Bytes>,
         closed: Rc<Cell<bool>>,
     ) -> Rc<H2Conn> {
-        self.next_id += 1;
         let conn = Rc::new(H2Conn {
             send,
             closed,
             going_away: Cell::new(false),
             in_flight: Cell::new(0),
             idle_since: Cell::new(Instant::now()),
-            id: self.next_id,
         });
         self.conns.entry(key).or_default().push(conn.clone());
         conn
-    }
-
-    /// How many open connections the pool holds for `key` (for tests and metrics).
-    pub fn open(&self, key: PoolKey) -> usize {
-        self.conns
-            .get(&key)
-            .map_or(0, |l| l.iter().filter(|c| !c.closed.get()).count())
     }
 }
 
@@ -209,7 +191,7 @@ pub async fn checkout(
                 return Ok(Checkout::Http1);
             }
             if let Some(conn) = p.find(key, limit, upstream.idle_timeout) {
-                return Ok(Checkout::Lease(Lease::new(conn, false)));
+                return Ok(Checkout::Lease(Lease::new(conn)));
             }
             match p.connecting.get(&key) {
                 Some(n) => n.clone(),
@@ -251,7 +233,7 @@ pub async fn checkout(
         flag.set(true);
     });
     let conn = pool.borrow_mut().add(key, send, closed);
-    Ok(Checkout::Lease(Lease::new(conn, true)))
+    Ok(Checkout::Lease(Lease::new(conn)))
 }
 
 /// The transport of a new connection; `None` when `auto` over TLS got HTTP/1.1.

@@ -145,8 +145,10 @@ impl StreamRequest<'_> {
             let metrics = worker
                 .metrics
                 .server(pool.slot, pool.server_slots[pick.server]);
-            let mut head = ResponseHead::default();
-            head.status = trace.status;
+            let head = ResponseHead {
+                status: trace.status,
+                ..ResponseHead::default()
+            };
             let outcome = record_attempt(target, &pick, metrics, &result, &head, elapsed);
             let replay = Replay {
                 idempotent: self.req.idempotent,
