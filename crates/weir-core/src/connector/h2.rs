@@ -25,7 +25,7 @@ use h2::SendStream;
 use tokio::sync::Notify;
 use weir_config::{Upstream, UpstreamProtocol, UpstreamServer};
 
-use super::{connect, PoolKey, TlsUpstream, UpstreamStream};
+use super::{connect, handshake_failed, PoolKey, TlsUpstream, UpstreamStream};
 use crate::error::ProxyError;
 
 /// The stream window Weir offers each upstream stream, and the connection's window:
@@ -249,7 +249,7 @@ async fn open(
     };
     let (stream, h2) = match tls.handshake_h2(server, tcp, deadline).await {
         Ok(pair) => pair,
-        Err(e) => return Err(log_handshake(upstream, server, tls, e)),
+        Err(e) => return Err(handshake_failed(upstream, server, tls, e)),
     };
     match (h2, upstream.protocol) {
         (true, _) => Ok(Some(stream)),
@@ -261,23 +261,6 @@ async fn open(
             ))
         }
     }
-}
-
-fn log_handshake(
-    upstream: &Upstream,
-    server: &UpstreamServer,
-    tls: &TlsUpstream,
-    e: super::tls::HandshakeError,
-) -> ProxyError {
-    if let super::tls::HandshakeError::Failed(reason) = e {
-        tracing::warn!(
-            upstream = %upstream.name,
-            server = %server.name,
-            server_name = %tls.server_name_shown(server),
-            "upstream TLS handshake failed: {reason}"
-        );
-    }
-    ProxyError::from(e)
 }
 
 /// The proxy error for an h2 failure talking to an upstream.

@@ -223,10 +223,11 @@ impl StreamRequest<'_> {
                 cookie: cookie.as_ref(),
                 started,
             };
-            match exchange
+            let ran = exchange
                 .run(body.as_mut(), response, up_send, respond, trace)
-                .await
-            {
+                .await;
+            trace.body_in = consumed.get();
+            match ran {
                 Err(Refused) if consumed.get() == 0 => {
                     last = ProxyError::UpstreamClosed;
                     continue;
@@ -584,4 +585,52 @@ pub fn grpc_answer(
     let _ = respond.send_response(head, true);
     trace.status = 200;
     200
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_grpc_timeouts() {
+        let ms = Duration::from_millis;
+        assert_eq!(grpc_timeout(b"150m"), Some(ms(150)));
+        assert_eq!(grpc_timeout(b"2S"), Some(Duration::from_secs(2)));
+        assert_eq!(grpc_timeout(b"1H"), Some(Duration::from_secs(3600)));
+        assert_eq!(grpc_timeout(b"3M"), Some(Duration::from_secs(180)));
+        assert_eq!(grpc_timeout(b"7u"), Some(Duration::from_micros(7)));
+        assert_eq!(grpc_timeout(b"9n"), Some(Duration::from_nanos(9)));
+        for bad in [
+            &b""[..],
+            b"m",
+            b"10",
+            b"10x",
+            b"123456789m",
+            b"-1m",
+            b"1.5S",
+        ] {
+            assert_eq!(
+                grpc_timeout(bad),
+                None,
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
+
+    #[test]
+    fn h1_head_becomes_h2_fields_without_connection_specific_ones() {
+        let head = b"POST /a/b?c=d HTTP/1.1\r\nHost: up.test:8080\r\nConnection: keep-alive\r\n\
+            Keep-Alive: timeout=5\r\nTransfer-Encoding: chunked\r\nUpgrade: x\r\nTE: trailers\r\n\
+            Content-Type: application/grpc\r\nX-Forwarded-For: 10.0.0.1\r\n\r\n";
+        let request = h1_head_to_h2(head, "http", true).expect("translated");
+        assert_eq!(request.method(), http::Method::POST);
+        assert_eq!(request.uri().to_string(), "http://up.test:8080/a/b?c=d");
+        let names: Vec<&str> = request.headers().keys().map(|n| n.as_str()).collect();
+        assert_eq!(names, ["content-type", "x-forwarded-for", "te"]);
+        assert_eq!(request.headers()["te"], "trailers");
+        let without_te = h1_head_to_h2(head, "https", false).expect("translated");
+        assert!(without_te.headers().get("te").is_none());
+        assert_eq!(without_te.uri().scheme_str(), Some("https"));
+    }
 }
