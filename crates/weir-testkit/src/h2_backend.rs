@@ -5,7 +5,7 @@
 //! `x-conn` (the connection's number, from 1) and the request's `content-type`; its DATA
 //! is echoed as it arrives; then trailers: `x-body-len`, `x-client-trailer` (the request
 //! trailer of that name, when sent), `grpc-status: 0`. A path starting with `/hang` is
-//! never answered. With [`H2Backend::goaway_after`] each connection sends GOAWAY once it
+//! never answered; one starting with `/reset` is reset (INTERNAL_ERROR) before any head. With [`H2Backend::goaway_after`] each connection sends GOAWAY once it
 //! has accepted that many streams (and finishes them), and refuses any stream that still
 //! arrives with REFUSED_STREAM (as a server that never processed it).
 
@@ -161,6 +161,10 @@ async fn echo(request: Request<RecvStream>, mut respond: SendResponse<Bytes>, nu
     let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
     if path.starts_with("/hang") {
         std::future::pending::<()>().await;
+    }
+    if path.starts_with("/reset") {
+        respond.send_reset(h2::Reason::INTERNAL_ERROR);
+        return;
     }
     let mut response = Response::new(());
     let headers = response.headers_mut();

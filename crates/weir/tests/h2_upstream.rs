@@ -13,7 +13,7 @@ use tokio::net::TcpStream;
 
 use common::{dead_port, Conf, Weir, WAIT};
 use weir_testkit::certs::TestCa;
-use weir_testkit::{pattern_vec, wait_until_async, H2Backend, TlsServer};
+use weir_testkit::{pattern_vec, wait_until_async, Backend, H2Backend, TlsServer};
 
 async fn connect(weir: &Weir) -> SendRequest<Bytes> {
     let tcp = TcpStream::connect(weir.addr)
@@ -221,6 +221,29 @@ async fn grpc_request_to_a_down_upstream_gets_unavailable_not_502() {
 }
 
 #[tokio::test]
+async fn grpc_request_reset_by_the_upstream_gets_unavailable() {
+    let backend = H2Backend::h2c();
+    let weir = h2c(backend.addr());
+    let client = connect(&weir).await;
+    let full = exchange(
+        &client,
+        grpc_request("/reset", &[]),
+        &grpc_frame(b"x"),
+        None,
+    )
+    .await;
+    assert_eq!(full.head.status(), StatusCode::OK);
+    assert_eq!(full.header("grpc-status"), "14", "UNAVAILABLE");
+    assert_eq!(
+        get(&client, "/reset").await.head.status(),
+        StatusCode::BAD_GATEWAY
+    );
+    // The connection survives a stream reset: everything went over one.
+    assert_eq!(get(&client, "/ok").await.head.status(), StatusCode::OK);
+    assert_eq!(backend.connections(), 1);
+}
+
+#[tokio::test]
 async fn grpc_timeout_caps_the_response_timeout() {
     let backend = H2Backend::h2c();
     let weir = h2c(backend.addr());
@@ -300,4 +323,33 @@ async fn h2_over_tls_upstream_with_alpn() {
         assert_eq!(full.trailer("grpc-status"), "0");
     }
     assert_eq!(backend.connections(), 1);
+}
+
+#[tokio::test]
+async fn auto_speaks_h2_when_the_server_chooses_it_and_http1_otherwise() {
+    let ca = TestCa::new("upstream CA");
+    let leaf = ca.leaf(&["127.0.0.1"]);
+    let tls = format!("tls = {{ ca = \"{}\" }}", ca.cert_path.display());
+    let keys = ["protocol = \"auto\"", tls.as_str()];
+    // ALPN: the server offers only h2.
+    let h2_backend = H2Backend::tls(&TlsServer::h2(&leaf));
+    let weir = proxy(h2_backend.addr(), &keys);
+    let full = get(&connect(&weir).await, "/auto").await;
+    assert_eq!(full.head.status(), StatusCode::OK);
+    assert_eq!(
+        full.header("x-path"),
+        "/auto",
+        "answered by the HTTP/2 backend"
+    );
+    assert_eq!(h2_backend.streams(), 1);
+    // ALPN: the server offers only http/1.1: the same request goes over HTTP/1.1.
+    let h1_backend = Backend::echo_tls("h1", &TlsServer::new(&leaf));
+    let weir = proxy(h1_backend.addr(), &keys);
+    let client = connect(&weir).await;
+    for _ in 0..2 {
+        let full = get(&client, "/auto").await;
+        assert_eq!(full.head.status(), StatusCode::OK);
+        assert_eq!(full.header("x-backend"), "h1");
+    }
+    assert_eq!(h1_backend.requests_served(), 2);
 }
