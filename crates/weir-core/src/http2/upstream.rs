@@ -26,7 +26,7 @@ use http::header::{HeaderMap, HeaderName, HeaderValue};
 use weir_config::{UpstreamProtocol, UpstreamServer};
 
 use super::exchange::{cookie_value, StreamRequest, Trace};
-use super::send::{send_data, unless_reset, Stop};
+use super::send::{send_bytes, send_data, unless_reset, Stop};
 use crate::codec::http1::ResponseHead;
 use crate::connector::h2::{checkout, h2_error, never_processed, Checkout, Lease};
 use crate::error::ProxyError;
@@ -515,7 +515,7 @@ async fn relay(
             Ok(Some(data)) => data.map_err(read_error)?,
         };
         let len = data.len();
-        send_data(send, &data, false, client_timeout).await?;
+        send_bytes(send, data, client_timeout).await?;
         trace.body_out += len as u64;
         let _ = up.flow_control().release_capacity(len);
     }
