@@ -5,7 +5,7 @@
 //! `x-conn` (the connection's number, from 1) and the request's `content-type`; its DATA
 //! is echoed as it arrives; then trailers: `x-body-len`, `x-client-trailer` (the request
 //! trailer of that name, when sent), `grpc-status: 0`. A path starting with `/hang` is
-//! never answered; one starting with `/reset` is reset (INTERNAL_ERROR) before any head. With [`H2Backend::goaway_after`] each connection sends GOAWAY once it
+//! never answered (a reset of it is counted, [`H2Backend::resets`]); one starting with `/reset` is reset (INTERNAL_ERROR) before any head. With [`H2Backend::goaway_after`] each connection sends GOAWAY once it
 //! has accepted that many streams (and finishes them), and refuses any stream that still
 //! arrives with REFUSED_STREAM (as a server that never processed it).
 
@@ -28,6 +28,7 @@ use crate::TlsServer;
 struct Stats {
     connections: AtomicUsize,
     streams: AtomicUsize,
+    resets: AtomicUsize,
 }
 
 /// A running HTTP/2 echo backend.
@@ -61,6 +62,11 @@ impl H2Backend {
     /// Connections accepted so far.
     pub fn connections(&self) -> usize {
         self.stats.connections.load(Ordering::SeqCst)
+    }
+
+    /// `/hang` streams the client reset so far.
+    pub fn resets(&self) -> usize {
+        self.stats.resets.load(Ordering::SeqCst)
     }
 
     /// Streams (requests) accepted so far.
@@ -149,18 +155,29 @@ where
         }
         stats.streams.fetch_add(1, Ordering::SeqCst);
         accepted += 1;
-        tokio::spawn(echo(request, respond, number));
+        tokio::spawn(echo(request, respond, number, stats.clone()));
         if goaway == Some(accepted) {
             conn.graceful_shutdown();
         }
     }
 }
 
-async fn echo(request: Request<RecvStream>, mut respond: SendResponse<Bytes>, number: usize) {
+async fn echo(
+    request: Request<RecvStream>,
+    mut respond: SendResponse<Bytes>,
+    number: usize,
+    stats: Arc<Stats>,
+) {
     let (parts, mut body) = request.into_parts();
     let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
     if path.starts_with("/hang") {
-        std::future::pending::<()>().await;
+        if std::future::poll_fn(|cx| respond.poll_reset(cx))
+            .await
+            .is_ok()
+        {
+            stats.resets.fetch_add(1, Ordering::SeqCst);
+        }
+        return;
     }
     if path.starts_with("/reset") {
         respond.send_reset(h2::Reason::INTERNAL_ERROR);

@@ -310,6 +310,30 @@ async fn streams_refused_after_goaway_are_sent_again_on_a_new_connection() {
 }
 
 #[tokio::test]
+async fn a_client_reset_cancels_the_upstream_stream() {
+    let backend = H2Backend::h2c();
+    let weir = h2c(backend.addr());
+    let client = connect(&weir).await;
+    let mut ready = client.clone().ready().await.expect("ready");
+    let (response, mut send) = ready
+        .send_request(request(Method::GET, "/hang", &[]), true)
+        .expect("send");
+    assert!(
+        wait_until_async(WAIT, || backend.streams() == 1).await,
+        "the request reached the backend"
+    );
+    send.send_reset(h2::Reason::CANCEL);
+    drop(response);
+    assert!(
+        wait_until_async(WAIT, || backend.resets() == 1).await,
+        "the upstream stream was reset too"
+    );
+    // The upstream connection stays for the next request.
+    assert_eq!(get(&client, "/next").await.head.status(), StatusCode::OK);
+    assert_eq!(backend.connections(), 1);
+}
+
+#[tokio::test]
 async fn h2_over_tls_upstream_with_alpn() {
     let ca = TestCa::new("upstream CA");
     let backend = H2Backend::tls(&TlsServer::h2(&ca.leaf(&["127.0.0.1"])));
