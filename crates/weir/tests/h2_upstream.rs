@@ -195,6 +195,38 @@ async fn grpc_unary_request_relays_message_and_status_trailer() {
 }
 
 #[tokio::test]
+async fn grpc_bidirectional_stream_echoes_each_message_before_the_next_is_sent() {
+    let backend = H2Backend::h2c();
+    let weir = h2c(backend.addr());
+    let mut client = connect(&weir).await.ready().await.expect("ready");
+    let (response, mut send) = client
+        .send_request(grpc_request("/echo.Echo/Chat", &[]), false)
+        .expect("send");
+    let response = response
+        .await
+        .expect("response head before the request ends");
+    assert_eq!(response.status(), StatusCode::OK);
+    let mut body = response.into_body();
+    for i in 0..3u8 {
+        let message = grpc_frame(&[i; 10]);
+        send.send_data(Bytes::from(message.clone()), false)
+            .expect("send message");
+        // The echo must come back while the request stream is still open.
+        let mut got = Vec::new();
+        while got.len() < message.len() {
+            let chunk = body.data().await.expect("more data").expect("data");
+            let _ = body.flow_control().release_capacity(chunk.len());
+            got.extend_from_slice(&chunk);
+        }
+        assert_eq!(got, message, "message {i}");
+    }
+    send.send_data(Bytes::new(), true).expect("end");
+    assert!(body.data().await.is_none());
+    let trailers = body.trailers().await.expect("trailers").expect("some");
+    assert_eq!(trailers["grpc-status"], "0");
+}
+
+#[tokio::test]
 async fn grpc_request_to_a_down_upstream_gets_unavailable_not_502() {
     let dead = dead_port();
     let weir = h2c(dead.addr);

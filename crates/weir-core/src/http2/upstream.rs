@@ -414,21 +414,11 @@ impl Exchange<'_, '_> {
         if empty {
             return Ok(Ok(()));
         }
-        let stop = {
-            let relay = relay(&mut up_body, &mut send, trace, (client_timeout, timeout));
-            tokio::pin!(relay);
-            loop {
-                tokio::select! {
-                    done = &mut upload, if uploading => match done {
-                        Ok(()) => uploading = false,
-                        Err(e) => break Stop::Error(e),
-                    },
-                    done = &mut relay => match done {
-                        Ok(()) => return Ok(Ok(())),
-                        Err(stop) => break stop,
-                    },
-                }
-            }
+        let timeouts = (client_timeout, timeout);
+        let upload = uploading.then_some(upload);
+        let relayed = relay_while_uploading(upload, &mut up_body, &mut send, trace, timeouts);
+        let Err(stop) = relayed.await else {
+            return Ok(Ok(()));
         };
         // Cut short: the client learns it from the reset (the upstream stream is reset
         // when its handles drop).
@@ -436,6 +426,38 @@ impl Exchange<'_, '_> {
         let mut failure = stopped(stop, trace);
         failure.reached = Reached::Head;
         Ok(Err(failure))
+    }
+}
+
+/// Relays the response body and trailers while the rest of the request body (`upload`,
+/// if still going) goes up; an upload failure stops both.
+async fn relay_while_uploading(
+    mut upload: Option<
+        std::pin::Pin<&mut impl std::future::Future<Output = Result<(), ProxyError>>>,
+    >,
+    up_body: &mut RecvStream,
+    send: &mut SendStream<Bytes>,
+    trace: &mut Trace,
+    timeouts: (Duration, Duration),
+) -> Result<(), Stop> {
+    let relay = relay(up_body, send, trace, timeouts);
+    tokio::pin!(relay);
+    loop {
+        let uploading = upload.is_some();
+        tokio::select! {
+            done = async {
+                match upload.as_mut() {
+                    Some(u) => u.as_mut().await,
+                    None => std::future::pending().await,
+                }
+            }, if uploading => {
+                match done {
+                    Ok(()) => upload = None,
+                    Err(e) => return Err(Stop::Error(e)),
+                }
+            }
+            done = &mut relay => return done,
+        }
     }
 }
 
