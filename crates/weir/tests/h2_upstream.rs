@@ -145,6 +145,35 @@ async fn multiplexed_requests_share_one_upstream_connection() {
 }
 
 #[tokio::test]
+async fn idle_timeout_closes_idle_upstream_connections() {
+    let backend = H2Backend::h2c();
+    // idle_timeout = 0: a connection with no stream in flight is not reused.
+    let weir = proxy(
+        backend.addr(),
+        &["protocol = \"h2c\"", "idle_timeout = \"0s\""],
+    );
+    let client = connect(&weir).await;
+    for i in 0..3 {
+        assert_eq!(
+            get(&client, &format!("/{i}")).await.head.status(),
+            StatusCode::OK
+        );
+    }
+    assert_eq!(backend.connections(), 3);
+    // And with the default, one connection serves them all.
+    let backend = H2Backend::h2c();
+    let weir = h2c(backend.addr());
+    let client = connect(&weir).await;
+    for i in 0..3 {
+        assert_eq!(
+            get(&client, &format!("/{i}")).await.head.status(),
+            StatusCode::OK
+        );
+    }
+    assert_eq!(backend.connections(), 1);
+}
+
+#[tokio::test]
 async fn request_and_response_bodies_and_trailers_go_both_ways() {
     let backend = H2Backend::h2c();
     let weir = h2c(backend.addr());

@@ -52,11 +52,20 @@ pub struct H2Conn {
     in_flight: Cell<usize>,
     /// When the last stream ended (for `idle_timeout`).
     idle_since: Cell<Instant>,
+    /// The upstream's `idle_timeout` when the connection was opened.
+    idle_timeout: Duration,
 }
 
 impl H2Conn {
     fn usable(&self) -> bool {
         !self.closed.get() && !self.going_away.get()
+    }
+
+    /// Worth keeping in the pool at `now`: usable, and not idle for its `idle_timeout`.
+    fn keep(&self, now: Instant) -> bool {
+        let idle = self.in_flight.get() == 0;
+        let since = now.saturating_duration_since(self.idle_since.get());
+        self.usable() && !(idle && since >= self.idle_timeout)
     }
 
     fn has_room(&self, limit: usize) -> bool {
@@ -127,34 +136,41 @@ pub struct H2Pool {
 impl H2Pool {
     /// A connection of `key` with a free stream, after dropping closed, going-away and
     /// expired idle ones. `None`: every connection is full (or there is none).
-    fn find(&mut self, key: PoolKey, limit: usize, idle_timeout: Duration) -> Option<Rc<H2Conn>> {
+    fn find(&mut self, key: PoolKey, limit: usize) -> Option<Rc<H2Conn>> {
         let list = self.conns.get_mut(&key)?;
         let now = Instant::now();
         // Leases keep a dropped connection alive until their streams end.
-        list.retain(|c| {
-            let idle = c.in_flight.get() == 0;
-            let since = now.saturating_duration_since(c.idle_since.get());
-            c.usable() && !(idle && since >= idle_timeout)
-        });
+        list.retain(|c| c.keep(now));
         list.iter().find(|c| c.has_room(limit)).cloned()
     }
 
-    fn add(
-        &mut self,
-        key: PoolKey,
-        send: SendRequest<Bytes>,
-        closed: Rc<Cell<bool>>,
-    ) -> Rc<H2Conn> {
+    /// Adds a new connection. Also sweeps every server's list (a rare event, so cheap
+    /// enough): connections of servers or TLS clients a reload removed are found by no
+    /// `find` and would otherwise stay open.
+    fn add(&mut self, key: PoolKey, send: SendRequest<Bytes>, opened: Opened) -> Rc<H2Conn> {
+        let now = Instant::now();
+        self.conns.retain(|_, list| {
+            list.retain(|c| c.keep(now));
+            !list.is_empty()
+        });
         let conn = Rc::new(H2Conn {
             send,
-            closed,
+            closed: opened.closed,
             going_away: Cell::new(false),
             in_flight: Cell::new(0),
-            idle_since: Cell::new(Instant::now()),
+            idle_since: Cell::new(now),
+            idle_timeout: opened.idle_timeout,
         });
         self.conns.entry(key).or_default().push(conn.clone());
         conn
     }
+}
+
+/// What a new connection's entry starts from.
+struct Opened {
+    /// Set by the driver task when the connection ends.
+    closed: Rc<Cell<bool>>,
+    idle_timeout: Duration,
 }
 
 /// Ends a pool's `connecting` mark for a key and wakes who waited on it, however the
@@ -190,7 +206,7 @@ pub async fn checkout(
             if p.http1.contains_key(&key) {
                 return Ok(Checkout::Http1);
             }
-            if let Some(conn) = p.find(key, limit, upstream.idle_timeout) {
+            if let Some(conn) = p.find(key, limit) {
                 return Ok(Checkout::Lease(Lease::new(conn)));
             }
             match p.connecting.get(&key) {
@@ -232,7 +248,11 @@ pub async fn checkout(
         }
         flag.set(true);
     });
-    let conn = pool.borrow_mut().add(key, send, closed);
+    let opened = Opened {
+        closed,
+        idle_timeout: upstream.idle_timeout,
+    };
+    let conn = pool.borrow_mut().add(key, send, opened);
     Ok(Checkout::Lease(Lease::new(conn)))
 }
 
