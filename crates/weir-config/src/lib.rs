@@ -206,6 +206,8 @@ max_idle = 256
                     budget_percent: 20,
                 },
                 tls: None,
+                protocol: UpstreamProtocol::Http1,
+                max_concurrent_streams: 100,
             }],
         };
         assert_eq!(parse(FULL), expected);

@@ -504,6 +504,26 @@ pub struct Upstream {
     pub retry: RetryPolicy,
     /// TLS to the servers (`tls = { ... }`); `None`: plain TCP.
     pub tls: Option<UpstreamTls>,
+    /// The HTTP version spoken to the servers by HTTP/2 clients' requests (`protocol`).
+    pub protocol: UpstreamProtocol,
+    /// Most streams Weir opens at once on one HTTP/2 connection to a server (also bounded
+    /// by the server's SETTINGS_MAX_CONCURRENT_STREAMS).
+    pub max_concurrent_streams: u32,
+}
+
+/// `protocol` of an upstream.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum UpstreamProtocol {
+    /// HTTP/1.1 (over TLS when the upstream has `tls`).
+    #[default]
+    Http1,
+    /// HTTP/2 over TLS, ALPN `h2` offered (the upstream must have `tls`).
+    H2,
+    /// HTTP/2 over cleartext TCP with prior knowledge.
+    H2c,
+    /// Over TLS: ALPN offers `h2` and `http/1.1` and the server chooses; without TLS:
+    /// HTTP/1.1.
+    Auto,
 }
 
 /// TLS to an upstream's servers (`[upstreams.NAME] tls = { ... }`).
@@ -699,7 +719,8 @@ impl Listener {
 impl Config {
     /// Settings that are valid but dangerous, one line each, for `weir check` and the log.
     pub fn warnings(&self) -> Vec<String> {
-        self.upstreams
+        let insecure = self
+            .upstreams
             .iter()
             .filter(|u| u.tls.as_ref().is_some_and(|t| t.insecure_skip_verify))
             .map(|u| {
@@ -709,8 +730,27 @@ impl Config {
                      set ca (and server_name) instead",
                     u.name
                 )
-            })
-            .collect()
+            });
+        // HTTP/1.1 clients' requests are not translated to HTTP/2 (yet): say so where a
+        // server may speak only HTTP/2 (gRPC servers do).
+        let h2_only = self
+            .upstreams
+            .iter()
+            .filter(|u| matches!(u.protocol, UpstreamProtocol::H2 | UpstreamProtocol::H2c))
+            .map(|u| {
+                format!(
+                    "upstreams.{}.protocol = \"{}\": only HTTP/2 clients' requests reach \
+                     the servers over HTTP/2; HTTP/1.1 clients' requests reach them over \
+                     HTTP/1.1, which a server that speaks only HTTP/2 (gRPC) refuses",
+                    u.name,
+                    if u.protocol == UpstreamProtocol::H2 {
+                        "h2"
+                    } else {
+                        "h2c"
+                    }
+                )
+            });
+        insecure.chain(h2_only).collect()
     }
 
     /// One line for `weir check`: counts of listeners, routes, upstreams and servers.

@@ -305,6 +305,8 @@ pub(crate) struct RawUpstream {
     pub passive: Option<RawPassive>,
     pub retry: Option<RawRetry>,
     pub tls: Option<RawUpstreamTls>,
+    pub protocol: Option<String>,
+    pub max_concurrent_streams: Option<i64>,
 }
 
 /// `tls = { ... }` of an upstream.

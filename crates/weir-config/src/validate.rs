@@ -641,6 +641,7 @@ fn host_name(text: &str, name: &str) -> Result<(), (String, String)> {
 fn upstream(name: String, mut raw: RawUpstream, path: &FieldPath) -> Result<Upstream, Issue> {
     check_name(&name, path, "upstream")?;
     let raw_policy = pool::RawPolicy::take(&mut raw);
+    let protocol = upstream_protocol::protocol(&raw, path)?;
     let servers_path = path.key("servers");
     let raw_servers = raw.servers.filter(|s| !s.is_empty()).ok_or_else(|| {
         Issue::new(
@@ -677,6 +678,13 @@ fn upstream(name: String, mut raw: RawUpstream, path: &FieldPath) -> Result<Upst
         passive: policy.passive,
         retry: policy.retry,
         tls: upstream_tls::upstream_tls(raw.tls, &path.key("tls"))?,
+        protocol,
+        max_concurrent_streams: int_in(
+            raw.max_concurrent_streams,
+            100,
+            1..=65_535,
+            &path.key("max_concurrent_streams"),
+        )?,
     })
 }
 
@@ -874,6 +882,7 @@ mod pool;
 mod route_match;
 mod tcp;
 mod tls;
+mod upstream_protocol;
 mod upstream_tls;
 
 #[cfg(test)]

@@ -57,6 +57,8 @@ pub struct Worker {
     #[allow(clippy::redundant_allocation)]
     cached: RefCell<(u64, Rc<Arc<Snapshot>>)>,
     pub pool: RefCell<IdlePool>,
+    /// HTTP/2 connections to upstream servers (`connector::h2`).
+    pub h2_pool: RefCell<crate::connector::H2Pool>,
     /// Load-balancing state, in-flight counts and retry budgets, per upstream.
     pub upstreams: WorkerUpstreams,
     /// This worker's position in each weighted split's schedule.
@@ -103,6 +105,7 @@ impl Worker {
             shared,
             cached: RefCell::new((generation, snapshot)),
             pool: RefCell::new(IdlePool::default()),
+            h2_pool: RefCell::default(),
             upstreams,
             splits: Default::default(),
             spare: RefCell::new(Vec::new()),

@@ -23,6 +23,9 @@
 //! * [`Backend::echo_tls`] with a [`TlsServer`] (optionally requiring a client
 //!   certificate; [`Backend::sni_seen`] lists the SNI of each handshake), and
 //!   [`Client::connect_tls`].
+//! * [`H2Backend`]: an HTTP/2 (h2c, or h2 over TLS) echo server on the `h2` crate:
+//!   echoes each request's body as it arrives, reports its head in `x-*` fields and
+//!   ends with trailers; can send GOAWAY after a number of streams per connection.
 //! * [`wait_until`] / [`wait_until_async`]: poll a condition instead of
 //!   sleeping a fixed time.
 
@@ -31,6 +34,7 @@ mod behaviours;
 pub mod certs;
 pub mod chunked;
 mod client;
+mod h2_backend;
 mod pattern;
 mod tls_backend;
 mod wire;
@@ -42,6 +46,7 @@ pub use client::{
     send_raw_once, send_raw_once_blocking, status_of, BlockingClient, Client, Response, CLOSE_WAIT,
     DEFAULT_TIMEOUT,
 };
+pub use h2_backend::H2Backend;
 pub use pattern::{
     fill_pattern, hash_bytes, pattern, pattern_byte, pattern_hash, pattern_vec, sink_summary,
     Hasher,

@@ -54,6 +54,19 @@ impl TlsServer {
         TlsServer::build(leaf, Some(client_ca))
     }
 
+    /// Presents `leaf` and offers only ALPN `h2` (for [`crate::H2Backend`]).
+    pub fn h2(leaf: &Leaf) -> TlsServer {
+        let mut config = (*TlsServer::new(leaf).config).clone();
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        TlsServer {
+            config: Arc::new(config),
+        }
+    }
+
+    pub(crate) fn acceptor(&self) -> TlsAcceptor {
+        TlsAcceptor::from(self.config.clone())
+    }
+
     fn build(leaf: &Leaf, client_ca: Option<&Path>) -> TlsServer {
         let chain = certs(&leaf.cert_path);
         let key = PrivateKeyDer::from_pem_file(&leaf.key_path).expect("testkit: read a key");

@@ -643,6 +643,24 @@ fn upstream_settings() {
             "\"60s\"",
         ),
         ("max_idle = -1", "max_idle", "at least 0", "default 256"),
+        (
+            "protocol = \"http2\"",
+            "protocol",
+            "unknown protocol \"http2\" (did you mean \"h2\"",
+            "\"h2c\" or \"auto\"",
+        ),
+        (
+            "protocol = \"h2\"",
+            "protocol",
+            "but the upstream has no tls",
+            "protocol = \"h2c\"",
+        ),
+        (
+            "max_concurrent_streams = 0",
+            "max_concurrent_streams",
+            "between 1 and 65535",
+            "default 100",
+        ),
     ];
     for (line, key, message, fix) in cases {
         check(
@@ -663,6 +681,33 @@ fn upstream_settings() {
     );
     let unused = with_upstream(servers);
     assert_eq!(parse_str(&unused, "f").map(|c| c.upstreams.len()), Ok(1));
+}
+
+#[test]
+fn upstream_protocol_and_stream_limit() {
+    let servers = "servers = [{ addr = \"10.0.0.1:80\" }]\n";
+    let parsed = |extra: &str| {
+        let config = parse_str(&with_upstream(&format!("{servers}{extra}")), "f").unwrap();
+        let u = &config.upstreams[0];
+        (u.protocol, u.max_concurrent_streams)
+    };
+    assert_eq!(parsed(""), (crate::UpstreamProtocol::Http1, 100));
+    let h2c = parsed("protocol = \"h2c\"\nmax_concurrent_streams = 7\n");
+    assert_eq!(h2c, (crate::UpstreamProtocol::H2c, 7));
+    assert_eq!(
+        parsed("protocol = \"auto\"\n").0,
+        crate::UpstreamProtocol::Auto
+    );
+    let tls = "tls = { insecure_skip_verify = true }\n";
+    let h2 = parsed(&format!("protocol = \"h2\"\n{tls}"));
+    assert_eq!(h2.0, crate::UpstreamProtocol::H2);
+    check(
+        &with_upstream(&format!("{servers}protocol = \"h2c\"\n{tls}")),
+        "upstreams.u.protocol",
+        6,
+        "cleartext HTTP/2, but the upstream has tls",
+        "protocol = \"h2\"",
+    );
 }
 
 #[test]

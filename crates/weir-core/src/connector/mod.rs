@@ -1,10 +1,12 @@
 //! Upstream connections: connecting with a timeout, TLS to upstreams (`tls`), the
 //! connection type (plain or TLS, `stream`), and the per-worker keep-alive pool.
 
+pub mod h2;
 mod pool;
 mod stream;
 pub mod tls;
 
+pub use self::h2::H2Pool;
 pub use pool::{IdlePool, PoolKey};
 pub use stream::UpstreamStream;
 pub use tls::TlsUpstream;
@@ -58,15 +60,25 @@ pub async fn handshake(
     tcp: TcpStream,
     deadline: tokio::time::Instant,
 ) -> Result<UpstreamStream, ProxyError> {
-    tls.handshake(server, tcp, deadline).await.map_err(|e| {
-        if let tls::HandshakeError::Failed(reason) = e {
-            tracing::warn!(
-                upstream = %upstream.name,
-                server = %server.name,
-                server_name = %tls.server_name_shown(server),
-                "upstream TLS handshake failed: {reason}"
-            );
-        }
-        ProxyError::from(e)
-    })
+    tls.handshake(server, tcp, deadline)
+        .await
+        .map_err(|e| handshake_failed(upstream, server, tls, e))
+}
+
+/// The error for a failed handshake, logged once (upstream, server, name, reason).
+pub(crate) fn handshake_failed(
+    upstream: &Upstream,
+    server: &UpstreamServer,
+    tls: &TlsUpstream,
+    e: tls::HandshakeError,
+) -> ProxyError {
+    if let tls::HandshakeError::Failed(reason) = e {
+        tracing::warn!(
+            upstream = %upstream.name,
+            server = %server.name,
+            server_name = %tls.server_name_shown(server),
+            "upstream TLS handshake failed: {reason}"
+        );
+    }
+    ProxyError::from(e)
 }

@@ -21,7 +21,7 @@ use rustls::{Error as TlsError, RootCertStore, SignatureScheme};
 use tokio::net::TcpStream;
 use tokio::time::{timeout_at, Instant};
 use tokio_rustls::TlsConnector;
-use weir_config::{Config, Upstream, UpstreamServer, UpstreamTls};
+use weir_config::{Config, Upstream, UpstreamProtocol, UpstreamServer, UpstreamTls};
 
 use super::stream::UpstreamStream;
 use crate::error::ProxyError;
@@ -44,6 +44,10 @@ pub struct TlsUpstream {
     server_name: Option<ServerName<'static>>,
     /// The settings this was built from (an unchanged upstream keeps its client on reload).
     settings: UpstreamTls,
+    /// For HTTP/2 (`protocol = "h2"` or `"auto"`): the same client offering ALPN `h2`
+    /// (and `http/1.1` for `auto`), used by `connector::h2`.
+    h2: Option<TlsConnector>,
+    protocol: UpstreamProtocol,
 }
 
 fn provider() -> Arc<CryptoProvider> {
@@ -104,6 +108,16 @@ impl TlsUpstream {
         };
         // HTTP/1.1 is what the exchange speaks; a server that does ALPN then agrees.
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let h2 = match upstream.protocol {
+            UpstreamProtocol::H2 => Some(vec![b"h2".to_vec()]),
+            UpstreamProtocol::Auto => Some(vec![b"h2".to_vec(), b"http/1.1".to_vec()]),
+            UpstreamProtocol::Http1 | UpstreamProtocol::H2c => None,
+        }
+        .map(|alpn| {
+            let mut h2_config = config.clone();
+            h2_config.alpn_protocols = alpn;
+            TlsConnector::from(Arc::new(h2_config))
+        });
         let server_name = match &tls.server_name {
             None => None,
             Some(name) => Some(
@@ -116,12 +130,14 @@ impl TlsUpstream {
             connector: TlsConnector::from(Arc::new(config)),
             server_name,
             settings: tls.clone(),
+            h2,
+            protocol: upstream.protocol,
         })
     }
 
-    /// Whether this client was built from exactly `tls`.
-    pub fn is_for(&self, tls: &UpstreamTls) -> bool {
-        self.settings == *tls
+    /// Whether this client was built from exactly `tls` for `protocol`.
+    pub fn is_for(&self, tls: &UpstreamTls, protocol: UpstreamProtocol) -> bool {
+        self.settings == *tls && self.protocol == protocol
     }
 
     /// The name to send and verify for `server`.
@@ -143,8 +159,38 @@ impl TlsUpstream {
         tcp: TcpStream,
         deadline: Instant,
     ) -> Result<UpstreamStream, HandshakeError> {
+        self.handshake_with(&self.connector, server, tcp, deadline)
+            .await
+    }
+
+    /// As `handshake`, offering ALPN `h2` (the client for `protocol = "h2"` / `"auto"`).
+    /// Returns the connection and whether the server chose `h2`.
+    pub async fn handshake_h2(
+        &self,
+        server: &UpstreamServer,
+        tcp: TcpStream,
+        deadline: Instant,
+    ) -> Result<(UpstreamStream, bool), HandshakeError> {
+        let connector = self.h2.as_ref().unwrap_or(&self.connector);
+        let stream = self
+            .handshake_with(connector, server, tcp, deadline)
+            .await?;
+        let h2 = match &stream {
+            UpstreamStream::Tls(s) => s.get_ref().1.alpn_protocol() == Some(b"h2"),
+            UpstreamStream::Plain(_) => false,
+        };
+        Ok((stream, h2))
+    }
+
+    async fn handshake_with(
+        &self,
+        connector: &TlsConnector,
+        server: &UpstreamServer,
+        tcp: TcpStream,
+        deadline: Instant,
+    ) -> Result<UpstreamStream, HandshakeError> {
         let name = self.name_for(server)?;
-        match timeout_at(deadline, self.connector.connect(name, tcp)).await {
+        match timeout_at(deadline, connector.connect(name, tcp)).await {
             Ok(Ok(stream)) => Ok(UpstreamStream::Tls(Box::new(stream))),
             Ok(Err(e)) => Err(HandshakeError::Failed(reason(&e))),
             Err(_) => Err(HandshakeError::Timeout),
@@ -192,7 +238,7 @@ pub fn build_all(
             let Some(tls) = &u.tls else { return Ok(None) };
             let kept = previous
                 .iter()
-                .find(|(name, t)| *name == u.name && t.is_for(tls));
+                .find(|(name, t)| *name == u.name && t.is_for(tls, u.protocol));
             match kept {
                 Some((_, t)) => Ok(Some(t.clone())),
                 None => TlsUpstream::build(u, tls).map(|t| Some(Arc::new(t))),

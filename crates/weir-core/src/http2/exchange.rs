@@ -335,7 +335,7 @@ fn is_location(kind: crate::codec::http1::HeaderKind) -> bool {
 }
 
 /// The value of a pool's `Set-Cookie: ...\r\n` line.
-fn cookie_value(line: &[u8]) -> Option<http::HeaderValue> {
+pub(super) fn cookie_value(line: &[u8]) -> Option<http::HeaderValue> {
     let value = line.splitn(2, |b| *b == b':').nth(1)?;
     let value = value.trim_ascii();
     http::HeaderValue::from_bytes(value).ok()

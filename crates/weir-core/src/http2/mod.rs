@@ -19,6 +19,7 @@ mod local;
 mod request;
 mod send;
 mod stream;
+mod upstream;
 
 pub use conn::serve;
 

@@ -80,21 +80,7 @@ pub async fn send_data(
         };
     }
     while !data.is_empty() {
-        send.reserve_capacity(data.len());
-        let window = poll_fn(|cx| {
-            if let Poll::Ready(r) = send.poll_reset(cx) {
-                return Poll::Ready(Err(stop_of(r)));
-            }
-            match send.poll_capacity(cx) {
-                Poll::Ready(Some(Ok(n))) => Poll::Ready(Ok(n)),
-                Poll::Ready(_) => Poll::Ready(Err(Stop::Error(ProxyError::ClientClosed))),
-                Poll::Pending => Poll::Pending,
-            }
-        });
-        let n = with_timeout(timeout, window)
-            .await
-            .map_err(|_| Stop::Error(ProxyError::ClientTimeout))??;
-        let n = n.min(data.len());
+        let n = window(send, data.len(), timeout).await?;
         if n == 0 {
             continue;
         }
@@ -107,6 +93,48 @@ pub async fn send_data(
             .map_err(|_| Stop::Error(ProxyError::ClientClosed))?;
     }
     Ok(())
+}
+
+/// As [`send_data`] for data already in `Bytes` (from an HTTP/2 upstream): sent in
+/// slices of it, without a copy.
+pub async fn send_bytes(
+    send: &mut SendStream<Bytes>,
+    mut data: Bytes,
+    timeout: Duration,
+) -> Result<(), Stop> {
+    while !data.is_empty() {
+        let n = window(send, data.len(), timeout).await?;
+        if n == 0 {
+            continue;
+        }
+        send.send_data(data.split_to(n), false)
+            .map_err(|_| Stop::Error(ProxyError::ClientClosed))?;
+    }
+    Ok(())
+}
+
+/// Waits (at most `timeout`, or until the client resets the stream) for window to send
+/// up to `want` bytes; returns how many may go now.
+async fn window(
+    send: &mut SendStream<Bytes>,
+    want: usize,
+    timeout: Duration,
+) -> Result<usize, Stop> {
+    send.reserve_capacity(want);
+    let window = poll_fn(|cx| {
+        if let Poll::Ready(r) = send.poll_reset(cx) {
+            return Poll::Ready(Err(stop_of(r)));
+        }
+        match send.poll_capacity(cx) {
+            Poll::Ready(Some(Ok(n))) => Poll::Ready(Ok(n)),
+            Poll::Ready(_) => Poll::Ready(Err(Stop::Error(ProxyError::ClientClosed))),
+            Poll::Pending => Poll::Pending,
+        }
+    });
+    let n = with_timeout(timeout, window)
+        .await
+        .map_err(|_| Stop::Error(ProxyError::ClientTimeout))??;
+    Ok(n.min(want))
 }
 
 fn finish(send: &mut SendStream<Bytes>, last: Bytes) -> Result<(), Stop> {

@@ -15,6 +15,7 @@ use super::exchange::{StreamRequest, Trace};
 use super::local::send_rendered;
 use super::request::write_head;
 use super::send::send_data;
+use super::upstream::{grpc_answer, speaks_h2, H2Facts};
 use crate::access_log::RequestFields;
 use crate::codec::http1::write::Persistence;
 use crate::codec::http1::{parse_request, BodyFraming, HeadLimits, RequestHead};
@@ -56,6 +57,7 @@ pub async fn serve(
         shared.reset_by_client_error();
         return;
     }
+    let facts = H2Facts::of(&parts.headers);
     drop(parts);
     let mut req = RequestHead::default();
     let limits = HeadLimits {
@@ -88,6 +90,7 @@ pub async fn serve(
                 req: &req,
                 client: (client.0, &client.1),
                 started,
+                facts: &facts,
             };
             let (route, result) = s.handle(body, &mut respond, &mut trace).await;
             (route, result, method)
@@ -99,7 +102,10 @@ pub async fn serve(
         ),
         Err(e) => (None, Err(e.into()), METHODS.len() - 1),
     };
-    let status = answer(&mut respond, &result, listener, &mut trace).await;
+    let status = match facts.grpc {
+        true => grpc_answer(&mut respond, &result, &mut trace),
+        false => answer(&mut respond, &result, listener, &mut trace).await,
+    };
     if trace.reset {
         shared.reset_by_client();
     }
@@ -145,6 +151,7 @@ struct Stream<'a> {
     /// The client's address, and as text (behind trusted proxies when there are some).
     client: (std::net::IpAddr, &'a ClientIp),
     started: Instant,
+    facts: &'a H2Facts,
 }
 
 impl Stream<'_> {
@@ -250,7 +257,11 @@ impl Stream<'_> {
             path: &path,
             started: self.started,
         };
-        (route, r.forward(body, respond, trace).await)
+        let result = match speaks_h2(r.target.upstream) {
+            true => r.forward_h2(self.facts, body, respond, trace).await,
+            false => r.forward(body, respond, trace).await,
+        };
+        (route, result)
     }
 
     /// Sends `rendered`, an answer Weir made itself (`respond`, `redirect`).

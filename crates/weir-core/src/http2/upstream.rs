@@ -1,0 +1,659 @@
+//! One h2 stream's exchange with an HTTP/2 upstream (`protocol = "h2"`, `"h2c"`, `"auto"`):
+//! h2 end to end, trailers both ways, as gRPC needs.
+//!
+//! The upstream request is the HTTP/1.1 head `forward::request_head` writes for any
+//! request (rewrites, forwarding headers, host), turned into HTTP/2 fields: request line to
+//! pseudo-headers, `Host` to `:authority`, connection-specific fields dropped, `te:
+//! trailers` kept when the client sent it. Request DATA goes upstream within the
+//! upstream's window and is released to the client's window only once sent, so the client
+//! is paced by the upstream; the response streams back the same way, then its trailers.
+//! Upload and response run at once (bidirectional streaming).
+//!
+//! Connections come from the worker's `connector::h2` pool. A stream the server never
+//! processed (a GOAWAY below it, REFUSED_STREAM, or a connection that stopped taking
+//! streams) is sent again on another connection if none of the request body was consumed
+//! yet; other failures before the response head are the caller's to answer (502/504, or
+//! a gRPC status). `grpc-timeout` caps the response timeout.
+
+use std::cell::Cell;
+use std::future::poll_fn;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use h2::server::SendResponse;
+use h2::{Reason, RecvStream, SendStream};
+use http::header::{HeaderMap, HeaderName, HeaderValue};
+use weir_config::{UpstreamProtocol, UpstreamServer};
+
+use super::exchange::{cookie_value, StreamRequest, Trace};
+use super::send::{send_bytes, send_data, unless_reset, Stop};
+use crate::codec::http1::ResponseHead;
+use crate::connector::h2::{checkout, h2_error, never_processed, Checkout, Lease};
+use crate::error::ProxyError;
+use crate::forward::exchange::record_attempt;
+use crate::forward::request_head::{write_request_head, ClientFacts};
+use crate::forward::{Failure, Reached};
+use crate::time::with_timeout;
+use crate::upstream::retry::{may_retry, Replay, Tried};
+use crate::upstream::RequestKey;
+
+/// Most tries on new connections when streams are refused (GOAWAY) before one is taken.
+const MAX_REFUSED: usize = 5;
+
+/// What the h2 path needs from the client's fields, read before they are dropped.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct H2Facts {
+    /// The client sent `te: trailers`.
+    pub te_trailers: bool,
+    /// `content-type: application/grpc*`: failures are answered with a gRPC status.
+    pub grpc: bool,
+    /// The client's `grpc-timeout`.
+    pub grpc_timeout: Option<Duration>,
+}
+
+impl H2Facts {
+    pub fn of(headers: &HeaderMap) -> H2Facts {
+        let grpc = headers
+            .get(http::header::CONTENT_TYPE)
+            .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
+        H2Facts {
+            te_trailers: headers
+                .get(http::header::TE)
+                .is_some_and(|v| v.as_bytes() == b"trailers"),
+            grpc,
+            grpc_timeout: headers
+                .get("grpc-timeout")
+                .and_then(|v| grpc_timeout(v.as_bytes())),
+        }
+    }
+}
+
+/// Parses a `grpc-timeout` value: up to 8 digits and a unit (H, M, S, m, u, n).
+pub fn grpc_timeout(value: &[u8]) -> Option<Duration> {
+    let (&unit, digits) = value.split_last()?;
+    if digits.is_empty() || digits.len() > 8 || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let n: u64 = std::str::from_utf8(digits).ok()?.parse().ok()?;
+    Some(match unit {
+        b'H' => Duration::from_secs(n * 3600),
+        b'M' => Duration::from_secs(n * 60),
+        b'S' => Duration::from_secs(n),
+        b'm' => Duration::from_millis(n),
+        b'u' => Duration::from_micros(n),
+        b'n' => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+/// Whether requests of HTTP/2 clients to this upstream go over HTTP/2.
+pub fn speaks_h2(upstream: &weir_config::Upstream) -> bool {
+    match upstream.protocol {
+        UpstreamProtocol::Http1 => false,
+        UpstreamProtocol::H2 | UpstreamProtocol::H2c => true,
+        UpstreamProtocol::Auto => upstream.tls.is_some(),
+    }
+}
+
+/// How one try on one server ended.
+enum Try {
+    /// `auto` and the server chose HTTP/1.1.
+    Http1,
+    /// Over, one way or the other; `consumed`: request body was taken from the client.
+    Over(Result<(), Failure>, bool),
+}
+
+impl StreamRequest<'_> {
+    /// Forwards the request to an HTTP/2 upstream and relays the response and trailers.
+    /// On `Err` with `Reached::Nothing` nothing was sent: the caller answers.
+    pub async fn forward_h2(
+        &self,
+        facts: &H2Facts,
+        mut body: Option<RecvStream>,
+        respond: &mut SendResponse<Bytes>,
+        trace: &mut Trace,
+    ) -> Result<(), Failure> {
+        let (worker, target) = (self.worker, self.target);
+        let (u, pool) = (target.upstream, target.pool);
+        let path = self.path.get(self.req.path(self.buf));
+        let key = RequestKey::new(&u.lb, self.buf, self.req, path, self.ip);
+        let mut pick = worker
+            .upstreams
+            .pick(target.upstream_index, pool, u, key)
+            .ok_or(ProxyError::NoServer)?;
+        let mut tried = Tried::new(pick.server);
+        loop {
+            let server = &u.servers[pick.server];
+            trace.upstream_pick = Some((target.upstream_index, pick.server));
+            let started = Instant::now();
+            trace.upstream_time = None;
+            let cookie = pool
+                .set_cookie(pick.server)
+                .filter(|_| pick.set_cookie)
+                .and_then(cookie_value);
+            let tried_server = self.try_server(facts, server, cookie, &mut body, respond, trace);
+            let (result, consumed) = match tried_server.await {
+                Try::Http1 => {
+                    drop(pick);
+                    return self.forward(body, respond, trace).await;
+                }
+                Try::Over(result, consumed) => (result, consumed),
+            };
+            // Until the response head (set by `Exchange::run`), as for HTTP/1.1 upstreams:
+            // a long stream must not count as a slow server.
+            let elapsed = trace.upstream_time.unwrap_or_else(|| started.elapsed());
+            let metrics = worker
+                .metrics
+                .server(pool.slot, pool.server_slots[pick.server]);
+            let head = ResponseHead {
+                status: trace.status,
+                ..ResponseHead::default()
+            };
+            let outcome = record_attempt(target, &pick, metrics, &result, &head, elapsed);
+            let replay = Replay {
+                idempotent: self.req.idempotent,
+                buffered: !consumed,
+                responded: result
+                    .as_ref()
+                    .err()
+                    .is_some_and(|f| f.reached != Reached::Nothing),
+            };
+            if result.is_err() && may_retry(&u.retry.on, outcome, replay) {
+                if let Some(next) =
+                    worker
+                        .upstreams
+                        .retry(target.upstream_index, pool, u, key, &tried)
+                {
+                    tried.push(next.server);
+                    if let Some(m) = worker.metrics.upstream(pool.slot) {
+                        m.retries.inc();
+                    }
+                    pick = next;
+                    continue;
+                }
+            }
+            trace.upstream_time = Some(elapsed);
+            drop(pick);
+            return result;
+        }
+    }
+
+    /// Sends the request to `server` on a pooled (or new) connection, again on another
+    /// connection while the server refuses the stream unprocessed.
+    async fn try_server(
+        &self,
+        facts: &H2Facts,
+        server: &UpstreamServer,
+        cookie: Option<HeaderValue>,
+        body: &mut Option<RecvStream>,
+        respond: &mut SendResponse<Bytes>,
+        trace: &mut Trace,
+    ) -> Try {
+        let request = match self.upstream_request(facts, server) {
+            Ok(r) => r,
+            Err(e) => return Try::Over(Err(e.into()), false),
+        };
+        let tls = self.target.pool.tls.as_deref();
+        let mut last = ProxyError::UpstreamClosed;
+        let started = Instant::now();
+        for _ in 0..MAX_REFUSED {
+            let pool = &self.worker.h2_pool;
+            let lease = match checkout(pool, self.target.upstream, (server, tls)).await {
+                Ok(Checkout::Lease(lease)) => lease,
+                Ok(Checkout::Http1) => return Try::Http1,
+                Err(e) => return Try::Over(Err(e.into()), false),
+            };
+            let end = body.is_none();
+            let sent = unless_reset(respond, lease.send_request(request.clone(), end)).await;
+            let (response, up_send) = match sent {
+                Err(stop) => return Try::Over(Err(stopped(stop, trace)), false),
+                // The connection takes no new streams (GOAWAY, closed): another one.
+                Ok(Err(e)) => {
+                    last = h2_error(&e);
+                    continue;
+                }
+                Ok(Ok(pair)) => pair,
+            };
+            let consumed = Cell::new(0u64);
+            let exchange = Exchange {
+                r: self,
+                facts,
+                lease: &lease,
+                consumed: &consumed,
+                cookie: cookie.as_ref(),
+                started,
+            };
+            let ran = exchange
+                .run(body.as_mut(), response, up_send, respond, trace)
+                .await;
+            trace.body_in = consumed.get();
+            match ran {
+                Err(Refused) if consumed.get() == 0 => {
+                    last = ProxyError::UpstreamClosed;
+                    continue;
+                }
+                Err(Refused) => {
+                    return Try::Over(Err(ProxyError::UpstreamClosed.into()), true);
+                }
+                Ok(result) => return Try::Over(result, consumed.get() > 0),
+            }
+        }
+        Try::Over(Err(last.into()), false)
+    }
+
+    /// The upstream request: the HTTP/1.1 head every request gets, as HTTP/2 fields.
+    fn upstream_request(
+        &self,
+        facts: &H2Facts,
+        server: &UpstreamServer,
+    ) -> Result<http::Request<()>, ProxyError> {
+        let mut out = Vec::with_capacity(self.buf.len() + 256);
+        let client = ClientFacts {
+            ip: self.ip,
+            tls: self.tls,
+            edits: None,
+        };
+        let route = self.target.route;
+        write_request_head(
+            &mut out, self.buf, self.req, self.path, route, server, client,
+        );
+        let scheme = if self.target.upstream.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        h1_head_to_h2(&out, scheme, facts.te_trailers)
+    }
+}
+
+/// An HTTP/1.1 request head (as Weir wrote it) as an HTTP/2 request.
+fn h1_head_to_h2(
+    head: &[u8],
+    scheme: &str,
+    te_trailers: bool,
+) -> Result<http::Request<()>, ProxyError> {
+    const BAD: ProxyError = ProxyError::BadRequest("request not expressible in HTTP/2");
+    let count = head.split(|b| *b == b'\n').count();
+    let mut fields = vec![httparse::EMPTY_HEADER; count];
+    let mut parsed = httparse::Request::new(&mut fields);
+    if !matches!(parsed.parse(head), Ok(httparse::Status::Complete(_))) {
+        return Err(BAD);
+    }
+    let (Some(method), Some(path)) = (parsed.method, parsed.path) else {
+        return Err(BAD);
+    };
+    let mut request = http::Request::new(());
+    *request.method_mut() = http::Method::from_bytes(method.as_bytes()).map_err(|_| BAD)?;
+    let mut authority = None;
+    let headers = request.headers_mut();
+    for f in parsed.headers.iter() {
+        let name = HeaderName::from_bytes(f.name.as_bytes()).map_err(|_| BAD)?;
+        if name == http::header::HOST {
+            authority = Some(f.value);
+            continue;
+        }
+        if is_connection_specific(&name) {
+            continue;
+        }
+        headers.append(name, HeaderValue::from_bytes(f.value).map_err(|_| BAD)?);
+    }
+    if te_trailers {
+        headers.insert(http::header::TE, HeaderValue::from_static("trailers"));
+    }
+    let mut uri = http::Uri::builder().scheme(scheme).path_and_query(path);
+    if let Some(a) = authority {
+        uri = uri.authority(a);
+    }
+    *request.uri_mut() = uri.build().map_err(|_| BAD)?;
+    *request.version_mut() = http::Version::HTTP_2;
+    Ok(request)
+}
+
+/// Fields HTTP/2 forbids (RFC 9113 8.2.2); `te` is put back when it was `trailers`.
+fn is_connection_specific(name: &HeaderName) -> bool {
+    use http::header::{CONNECTION, TE, TRANSFER_ENCODING, UPGRADE};
+    name == CONNECTION
+        || name == TE
+        || name == TRANSFER_ENCODING
+        || name == UPGRADE
+        || name.as_str() == "keep-alive"
+        || name.as_str() == "proxy-connection"
+}
+
+/// The server never processed the stream (it may be sent again).
+struct Refused;
+
+/// One stream on one upstream connection.
+struct Exchange<'a, 'r> {
+    r: &'a StreamRequest<'r>,
+    facts: &'a H2Facts,
+    lease: &'a Lease,
+    /// Request body bytes taken from the client so far.
+    consumed: &'a Cell<u64>,
+    /// The sticky-session cookie to add to the response.
+    cookie: Option<&'a HeaderValue>,
+    /// When the try on this server began.
+    started: Instant,
+}
+
+impl Exchange<'_, '_> {
+    /// Uploads the body while waiting for the response head, then relays the response
+    /// (and its trailers) while the upload goes on.
+    async fn run(
+        &self,
+        body: Option<&mut RecvStream>,
+        response: h2::client::ResponseFuture,
+        mut up_send: SendStream<Bytes>,
+        respond: &mut SendResponse<Bytes>,
+        trace: &mut Trace,
+    ) -> Result<Result<(), Failure>, Refused> {
+        let r = self.r;
+        let upstream = r.target.upstream;
+        let timeout = match self.facts.grpc_timeout {
+            Some(t) => t.min(upstream.response_timeout),
+            None => upstream.response_timeout,
+        };
+        let client_timeout = r.target.listener.client_timeout;
+        let limit = r.target.listener.max_body_size;
+        let has_body = body.is_some();
+        let upload = async {
+            match body {
+                Some(b) => {
+                    upload(
+                        b,
+                        &mut up_send,
+                        self.consumed,
+                        limit,
+                        (client_timeout, timeout),
+                    )
+                    .await
+                }
+                None => Ok(()),
+            }
+        };
+        tokio::pin!(upload);
+        let mut uploading = has_body;
+        let head = with_timeout(timeout, response);
+        tokio::pin!(head);
+        let head = loop {
+            let waited = unless_reset(respond, async {
+                tokio::select! {
+                    done = &mut upload, if uploading => Err(done),
+                    head = &mut head => Ok(head),
+                }
+            });
+            match waited.await {
+                Err(stop) => return Ok(Err(stopped(stop, trace))),
+                Ok(Err(Ok(()))) => uploading = false,
+                Ok(Err(Err(e))) => return Ok(Err(e.into())),
+                Ok(Ok(Err(_))) => return Ok(Err(ProxyError::UpstreamTimeout.into())),
+                Ok(Ok(Ok(Err(e)))) => {
+                    if never_processed(&e) {
+                        if e.is_go_away() {
+                            self.lease.drain();
+                        }
+                        return Err(Refused);
+                    }
+                    return Ok(Err(h2_error(&e).into()));
+                }
+                Ok(Ok(Ok(Ok(head)))) => break head,
+            }
+        };
+        let (parts, mut up_body) = head.into_parts();
+        trace.status = parts.status.as_u16();
+        trace.upstream_time = Some(self.started.elapsed());
+        let mut head = http::Response::from_parts(parts, ());
+        if let Some(cookie) = self.cookie {
+            head.headers_mut()
+                .append(http::header::SET_COOKIE, cookie.clone());
+        }
+        let empty = up_body.is_end_stream();
+        let mut send = match respond.send_response(head, empty) {
+            Ok(send) => send,
+            Err(_) => return Ok(Err(Failure::after_head(ProxyError::ClientClosed))),
+        };
+        if empty {
+            return Ok(Ok(()));
+        }
+        let timeouts = (client_timeout, timeout);
+        let upload = uploading.then_some(upload);
+        let relayed = relay_while_uploading(upload, &mut up_body, &mut send, trace, timeouts);
+        let Err(stop) = relayed.await else {
+            return Ok(Ok(()));
+        };
+        // Cut short: the client learns it from the reset (the upstream stream is reset
+        // when its handles drop).
+        send.send_reset(Reason::CANCEL);
+        let mut failure = stopped(stop, trace);
+        failure.reached = Reached::Head;
+        Ok(Err(failure))
+    }
+}
+
+/// Relays the response body and trailers while the rest of the request body (`upload`,
+/// if still going) goes up; an upload failure stops both.
+async fn relay_while_uploading(
+    mut upload: Option<
+        std::pin::Pin<&mut impl std::future::Future<Output = Result<(), ProxyError>>>,
+    >,
+    up_body: &mut RecvStream,
+    send: &mut SendStream<Bytes>,
+    trace: &mut Trace,
+    timeouts: (Duration, Duration),
+) -> Result<(), Stop> {
+    let relay = relay(up_body, send, trace, timeouts);
+    tokio::pin!(relay);
+    loop {
+        let uploading = upload.is_some();
+        tokio::select! {
+            done = async {
+                match upload.as_mut() {
+                    Some(u) => u.as_mut().await,
+                    None => std::future::pending().await,
+                }
+            }, if uploading => {
+                match done {
+                    Ok(()) => upload = None,
+                    Err(e) => return Err(Stop::Error(e)),
+                }
+            }
+            done = &mut relay => return done,
+        }
+    }
+}
+
+fn stop_error(stop: Stop) -> ProxyError {
+    match stop {
+        Stop::Reset => ProxyError::ClientClosed,
+        Stop::Error(e) => e,
+    }
+}
+
+/// A failure from a client reset (marked in `trace`) or a failed wait.
+fn stopped(stop: Stop, trace: &mut Trace) -> Failure {
+    if stop == Stop::Reset {
+        trace.reset = true;
+    }
+    stop_error(stop).into()
+}
+
+/// Sends the request's DATA upstream within the upstream's window, releasing each piece
+/// to the client's window once sent; then the client's trailers, or the end of stream.
+async fn upload(
+    body: &mut RecvStream,
+    up: &mut SendStream<Bytes>,
+    consumed: &Cell<u64>,
+    limit: Option<u64>,
+    (client_timeout, upstream_timeout): (Duration, Duration),
+) -> Result<(), ProxyError> {
+    let up_error = |_: h2::Error| ProxyError::UpstreamClosed;
+    loop {
+        let data = match with_timeout(client_timeout, body.data()).await {
+            Err(_) => return Err(ProxyError::ClientTimeout),
+            Ok(None) => break,
+            Ok(Some(Err(_))) => return Err(ProxyError::ClientClosed),
+            Ok(Some(Ok(data))) => data,
+        };
+        let len = data.len();
+        consumed.set(consumed.get() + len as u64);
+        if limit.is_some_and(|max| consumed.get() > max) {
+            return Err(ProxyError::BodyTooLarge);
+        }
+        let mut rest = data;
+        while !rest.is_empty() {
+            up.reserve_capacity(rest.len());
+            let window = with_timeout(upstream_timeout, poll_fn(|cx| up.poll_capacity(cx)));
+            let n = match window.await {
+                Err(_) => return Err(ProxyError::UpstreamTimeout),
+                Ok(None) => return Err(ProxyError::UpstreamClosed),
+                Ok(Some(r)) => r.map_err(up_error)?,
+            };
+            let piece = rest.split_to(n.min(rest.len()));
+            up.send_data(piece, false).map_err(up_error)?;
+        }
+        // Only now may the client send more: its pace is the upstream's.
+        let _ = body.flow_control().release_capacity(len);
+    }
+    match with_timeout(client_timeout, body.trailers()).await {
+        Err(_) => Err(ProxyError::ClientTimeout),
+        Ok(Err(_)) => Err(ProxyError::ClientClosed),
+        Ok(Ok(Some(trailers))) => up.send_trailers(trailers).map_err(up_error),
+        Ok(Ok(None)) => up.send_data(Bytes::new(), true).map_err(up_error),
+    }
+}
+
+/// Streams the upstream's response DATA to the client, then its trailers.
+async fn relay(
+    up: &mut RecvStream,
+    send: &mut SendStream<Bytes>,
+    trace: &mut Trace,
+    (client_timeout, upstream_timeout): (Duration, Duration),
+) -> Result<(), Stop> {
+    let read_error = |e: h2::Error| Stop::Error(h2_error(&e));
+    loop {
+        let next = unless_reset(send, with_timeout(upstream_timeout, up.data())).await?;
+        let data = match next {
+            Err(_) => return Err(Stop::Error(ProxyError::UpstreamTimeout)),
+            Ok(None) => break,
+            Ok(Some(data)) => data.map_err(read_error)?,
+        };
+        let len = data.len();
+        send_bytes(send, data, client_timeout).await?;
+        trace.body_out += len as u64;
+        let _ = up.flow_control().release_capacity(len);
+    }
+    let trailers = unless_reset(send, with_timeout(upstream_timeout, up.trailers())).await?;
+    match trailers {
+        Err(_) => Err(Stop::Error(ProxyError::UpstreamTimeout)),
+        Ok(Err(e)) => Err(read_error(e)),
+        Ok(Ok(Some(t))) => send
+            .send_trailers(t)
+            .map_err(|_| Stop::Error(ProxyError::ClientClosed)),
+        Ok(Ok(None)) => send_data(send, &[], true, client_timeout).await,
+    }
+}
+
+/// gRPC status codes Weir answers with (grpc/doc/statuscodes.md).
+const GRPC_DEADLINE_EXCEEDED: u8 = 4;
+const GRPC_UNAVAILABLE: u8 = 14;
+const GRPC_INTERNAL: u8 = 13;
+
+/// The gRPC status for a failure Weir itself answers: a timeout waiting for the server is
+/// DEADLINE_EXCEEDED, an unreachable, missing or failing server UNAVAILABLE, anything
+/// else (a bad request) INTERNAL.
+fn grpc_status(error: ProxyError) -> u8 {
+    use ProxyError::*;
+    match error {
+        UpstreamTimeout => GRPC_DEADLINE_EXCEEDED,
+        NoServer
+        | UpstreamConnect(_)
+        | UpstreamConnectTimeout
+        | UpstreamTls(_)
+        | UpstreamClosed
+        | UpstreamIo(_)
+        | UpstreamMalformed(_) => GRPC_UNAVAILABLE,
+        _ => GRPC_INTERNAL,
+    }
+}
+
+/// Answers a gRPC request's failure nothing was sent for yet with a trailers-only
+/// response (HTTP 200, `grpc-status`, `grpc-message`), not an HTML error; resets the
+/// stream when the client is gone. Returns the status the request counts with.
+pub fn grpc_answer(
+    respond: &mut SendResponse<Bytes>,
+    result: &Result<(), Failure>,
+    trace: &mut Trace,
+) -> u16 {
+    let failure = match result {
+        Ok(()) => return trace.status,
+        Err(f) if f.reached == Reached::Head => return trace.status,
+        Err(f) => f,
+    };
+    if trace.reset || failure.error.status().is_none() {
+        respond.send_reset(Reason::CANCEL);
+        return 499;
+    }
+    let mut head = http::Response::new(());
+    let headers = head.headers_mut();
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/grpc"),
+    );
+    headers.insert("grpc-status", u16::from(grpc_status(failure.error)).into());
+    // grpc-message is percent-encoded text; Weir's messages are plain ASCII.
+    let message = failure.error.to_string().replace('%', "%25");
+    if let Ok(v) = HeaderValue::from_str(&message) {
+        headers.insert("grpc-message", v);
+    }
+    let _ = respond.send_response(head, true);
+    trace.status = 200;
+    200
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_grpc_timeouts() {
+        let ms = Duration::from_millis;
+        assert_eq!(grpc_timeout(b"150m"), Some(ms(150)));
+        assert_eq!(grpc_timeout(b"2S"), Some(Duration::from_secs(2)));
+        assert_eq!(grpc_timeout(b"1H"), Some(Duration::from_secs(3600)));
+        assert_eq!(grpc_timeout(b"3M"), Some(Duration::from_secs(180)));
+        assert_eq!(grpc_timeout(b"7u"), Some(Duration::from_micros(7)));
+        assert_eq!(grpc_timeout(b"9n"), Some(Duration::from_nanos(9)));
+        for bad in [
+            &b""[..],
+            b"m",
+            b"10",
+            b"10x",
+            b"123456789m",
+            b"-1m",
+            b"1.5S",
+        ] {
+            assert_eq!(
+                grpc_timeout(bad),
+                None,
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
+
+    #[test]
+    fn h1_head_becomes_h2_fields_without_connection_specific_ones() {
+        let head = b"POST /a/b?c=d HTTP/1.1\r\nHost: up.test:8080\r\nConnection: keep-alive\r\n\
+            Keep-Alive: timeout=5\r\nTransfer-Encoding: chunked\r\nUpgrade: x\r\nTE: trailers\r\n\
+            Content-Type: application/grpc\r\nX-Forwarded-For: 10.0.0.1\r\n\r\n";
+        let request = h1_head_to_h2(head, "http", true).expect("translated");
+        assert_eq!(request.method(), http::Method::POST);
+        assert_eq!(request.uri().to_string(), "http://up.test:8080/a/b?c=d");
+        let names: Vec<&str> = request.headers().keys().map(|n| n.as_str()).collect();
+        assert_eq!(names, ["content-type", "x-forwarded-for", "te"]);
+        assert_eq!(request.headers()["te"], "trailers");
+        let without_te = h1_head_to_h2(head, "https", false).expect("translated");
+        assert!(without_te.headers().get("te").is_none());
+        assert_eq!(without_te.uri().scheme_str(), Some("https"));
+    }
+}

@@ -1,0 +1,227 @@
+//! An HTTP/2 echo backend on the `h2` crate's server, h2c (prior knowledge) or h2 over
+//! TLS, on its own thread and runtime, stopped when dropped.
+//!
+//! Each request gets 200 with `x-method`, `x-path`, `x-authority`, `x-te` (when sent),
+//! `x-conn` (the connection's number, from 1) and the request's `content-type`; its DATA
+//! is echoed as it arrives; then trailers: `x-body-len`, `x-client-trailer` (the request
+//! trailer of that name, when sent), `grpc-status: 0`. A path starting with `/hang` is
+//! never answered (a reset of it is counted, [`H2Backend::resets`]); one starting with `/reset` is reset (INTERNAL_ERROR) before any head. With [`H2Backend::goaway_after`] each connection sends GOAWAY once it
+//! has accepted that many streams (and finishes them), and refuses any stream that still
+//! arrives with REFUSED_STREAM (as a server that never processed it).
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use h2::server::SendResponse;
+use h2::RecvStream;
+use http::{HeaderMap, HeaderValue, Request, Response};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio_rustls::TlsAcceptor;
+
+use crate::TlsServer;
+
+#[derive(Default)]
+struct Stats {
+    connections: AtomicUsize,
+    streams: AtomicUsize,
+    resets: AtomicUsize,
+}
+
+/// A running HTTP/2 echo backend.
+pub struct H2Backend {
+    addr: SocketAddr,
+    stats: Arc<Stats>,
+    shutdown: Option<oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl H2Backend {
+    /// Cleartext HTTP/2 with prior knowledge.
+    pub fn h2c() -> H2Backend {
+        H2Backend::spawn(None, None)
+    }
+
+    /// h2c, each connection sending GOAWAY after accepting `streams` streams.
+    pub fn goaway_after(streams: usize) -> H2Backend {
+        H2Backend::spawn(None, Some(streams))
+    }
+
+    /// HTTP/2 over TLS (`tls` from [`TlsServer::h2`]).
+    pub fn tls(tls: &TlsServer) -> H2Backend {
+        H2Backend::spawn(Some(tls.acceptor()), None)
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Connections accepted so far.
+    pub fn connections(&self) -> usize {
+        self.stats.connections.load(Ordering::SeqCst)
+    }
+
+    /// `/hang` streams the client reset so far.
+    pub fn resets(&self) -> usize {
+        self.stats.resets.load(Ordering::SeqCst)
+    }
+
+    /// Streams (requests) accepted so far.
+    pub fn streams(&self) -> usize {
+        self.stats.streams.load(Ordering::SeqCst)
+    }
+
+    fn spawn(tls: Option<TlsAcceptor>, goaway: Option<usize>) -> H2Backend {
+        let std_listener = std::net::TcpListener::bind("127.0.0.1:0").expect("testkit: bind");
+        std_listener
+            .set_nonblocking(true)
+            .expect("testkit: nonblocking");
+        let addr = std_listener.local_addr().expect("testkit: addr");
+        let stats = Arc::new(Stats::default());
+        let (tx, rx) = oneshot::channel();
+        let thread_stats = stats.clone();
+        let thread = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("testkit: runtime");
+            runtime.block_on(async move {
+                let listener = TcpListener::from_std(std_listener).expect("testkit: listener");
+                tokio::select! {
+                    _ = rx => {}
+                    _ = accept_loop(listener, tls, goaway, thread_stats) => {}
+                }
+            });
+        });
+        H2Backend {
+            addr,
+            stats,
+            shutdown: Some(tx),
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for H2Backend {
+    fn drop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    tls: Option<TlsAcceptor>,
+    goaway: Option<usize>,
+    stats: Arc<Stats>,
+) {
+    while let Ok((tcp, _)) = listener.accept().await {
+        let number = stats.connections.fetch_add(1, Ordering::SeqCst) + 1;
+        let stats = stats.clone();
+        let tls = tls.clone();
+        tokio::spawn(async move {
+            match tls {
+                None => serve(tcp, number, goaway, stats).await,
+                Some(acceptor) => {
+                    if let Ok(stream) = acceptor.accept(tcp).await {
+                        serve(stream, number, goaway, stats).await;
+                    }
+                }
+            }
+        });
+    }
+}
+
+/// Serves one connection's streams.
+async fn serve<T>(io: T, number: usize, goaway: Option<usize>, stats: Arc<Stats>)
+where
+    T: AsyncRead + AsyncWrite + Unpin,
+{
+    let Ok(mut conn) = h2::server::handshake(io).await else {
+        return;
+    };
+    let mut accepted = 0;
+    while let Some(Ok((request, mut respond))) = conn.accept().await {
+        if goaway.is_some_and(|n| accepted >= n) {
+            respond.send_reset(h2::Reason::REFUSED_STREAM);
+            continue;
+        }
+        stats.streams.fetch_add(1, Ordering::SeqCst);
+        accepted += 1;
+        tokio::spawn(echo(request, respond, number, stats.clone()));
+        if goaway == Some(accepted) {
+            conn.graceful_shutdown();
+        }
+    }
+}
+
+async fn echo(
+    request: Request<RecvStream>,
+    mut respond: SendResponse<Bytes>,
+    number: usize,
+    stats: Arc<Stats>,
+) {
+    let (parts, mut body) = request.into_parts();
+    let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    if path.starts_with("/hang") {
+        if std::future::poll_fn(|cx| respond.poll_reset(cx))
+            .await
+            .is_ok()
+        {
+            stats.resets.fetch_add(1, Ordering::SeqCst);
+        }
+        return;
+    }
+    if path.starts_with("/reset") {
+        respond.send_reset(h2::Reason::INTERNAL_ERROR);
+        return;
+    }
+    let mut response = Response::new(());
+    let headers = response.headers_mut();
+    let mut put = |name: &'static str, value: &str| {
+        if let Ok(v) = HeaderValue::from_str(value) {
+            headers.insert(name, v);
+        }
+    };
+    put("x-method", parts.method.as_str());
+    put("x-path", path);
+    put(
+        "x-authority",
+        parts.uri.authority().map_or("", |a| a.as_str()),
+    );
+    put("x-conn", &number.to_string());
+    if let Some(te) = parts.headers.get("te").and_then(|v| v.to_str().ok()) {
+        put("x-te", te);
+    }
+    if let Some(ct) = parts.headers.get("content-type") {
+        headers.insert("content-type", ct.clone());
+    }
+    let Ok(mut send) = respond.send_response(response, false) else {
+        return;
+    };
+    let mut len = 0usize;
+    while let Some(Ok(chunk)) = body.data().await {
+        len += chunk.len();
+        let _ = body.flow_control().release_capacity(chunk.len());
+        send.reserve_capacity(chunk.len());
+        if send.send_data(chunk, false).is_err() {
+            return;
+        }
+    }
+    let mut trailers = HeaderMap::new();
+    trailers.insert("x-body-len", len.into());
+    trailers.insert("grpc-status", HeaderValue::from_static("0"));
+    if let Ok(Some(t)) = body.trailers().await {
+        if let Some(v) = t.get("x-client-trailer") {
+            trailers.insert("x-client-trailer", v.clone());
+        }
+    }
+    let _ = send.send_trailers(trailers);
+}

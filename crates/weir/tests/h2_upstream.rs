@@ -1,0 +1,440 @@
+//! HTTP/2 to upstreams (`protocol = "h2c"` / `"h2"`): h2c clients through Weir to an
+//! HTTP/2 echo backend (weir-testkit's `H2Backend`) over real sockets: multiplexing on one
+//! upstream connection, bodies and trailers both ways, gRPC-shaped requests and the gRPC
+//! status Weir answers with when it fails one, GOAWAY from the upstream, and h2 over TLS.
+
+mod common;
+
+use bytes::Bytes;
+use h2::client::SendRequest;
+use h2::RecvStream;
+use http::{HeaderMap, Method, Request, Response, StatusCode};
+use tokio::net::TcpStream;
+
+use common::{dead_port, Conf, Weir, WAIT};
+use weir_testkit::certs::TestCa;
+use weir_testkit::{pattern_vec, wait_until_async, Backend, H2Backend, TlsServer};
+
+async fn connect(weir: &Weir) -> SendRequest<Bytes> {
+    let tcp = TcpStream::connect(weir.addr)
+        .await
+        .expect("connect to weir");
+    let (client, conn) = h2::client::handshake(tcp).await.expect("h2 handshake");
+    tokio::spawn(conn);
+    client
+}
+
+/// Weir proxying everything to `addr` with the upstream keys `keys`.
+fn proxy(addr: std::net::SocketAddr, keys: &[&str]) -> Weir {
+    Conf::new()
+        .route("all", "up", &[])
+        .upstream("up", &[addr], keys)
+        .start()
+}
+
+fn h2c(addr: std::net::SocketAddr) -> Weir {
+    proxy(addr, &["protocol = \"h2c\""])
+}
+
+fn request(method: Method, path: &str, headers: &[(&str, &str)]) -> Request<()> {
+    let mut builder = Request::builder()
+        .method(method)
+        .uri(format!("http://example.test{path}"));
+    for (name, value) in headers {
+        builder = builder.header(*name, *value);
+    }
+    builder.body(()).expect("request")
+}
+
+/// A whole response: head, body, trailers.
+struct Full {
+    head: Response<()>,
+    body: Vec<u8>,
+    trailers: Option<HeaderMap>,
+}
+
+impl Full {
+    fn header(&self, name: &str) -> &str {
+        self.head
+            .headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_else(|| panic!("no {name} in {:?}", self.head.headers()))
+    }
+
+    fn trailer(&self, name: &str) -> &str {
+        let trailers = self.trailers.as_ref().expect("trailers");
+        trailers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_else(|| panic!("no trailer {name} in {trailers:?}"))
+    }
+}
+
+async fn read(response: h2::client::ResponseFuture) -> Full {
+    let response = response.await.expect("response");
+    let (parts, mut body) = response.into_parts();
+    let mut out = Vec::new();
+    while let Some(chunk) = body.data().await {
+        let chunk = chunk.expect("body chunk");
+        let _ = body.flow_control().release_capacity(chunk.len());
+        out.extend_from_slice(&chunk);
+    }
+    let trailers = body_trailers(&mut body).await;
+    Full {
+        head: Response::from_parts(parts, ()),
+        body: out,
+        trailers,
+    }
+}
+
+async fn body_trailers(body: &mut RecvStream) -> Option<HeaderMap> {
+    body.trailers().await.expect("trailers")
+}
+
+/// Sends `request` with `body` (and `trailers`, if any) and reads the whole response.
+async fn exchange(
+    client: &SendRequest<Bytes>,
+    request: Request<()>,
+    body: &[u8],
+    trailers: Option<HeaderMap>,
+) -> Full {
+    let mut client = client.clone().ready().await.expect("ready");
+    let end = body.is_empty() && trailers.is_none();
+    let (response, mut send) = client.send_request(request, end).expect("send request");
+    if !end {
+        send.send_data(Bytes::copy_from_slice(body), trailers.is_none())
+            .expect("send body");
+        if let Some(t) = trailers {
+            send.send_trailers(t).expect("send trailers");
+        }
+    }
+    read(response).await
+}
+
+async fn get(client: &SendRequest<Bytes>, path: &str) -> Full {
+    exchange(client, request(Method::GET, path, &[]), b"", None).await
+}
+
+#[tokio::test]
+async fn multiplexed_requests_share_one_upstream_connection() {
+    let backend = H2Backend::h2c();
+    let weir = h2c(backend.addr());
+    let client = connect(&weir).await;
+    let mut tasks = Vec::new();
+    for i in 0..24 {
+        let client = client.clone();
+        tasks.push(tokio::spawn(async move {
+            let full = get(&client, &format!("/item/{i}?q={i}")).await;
+            (i, full)
+        }));
+    }
+    for task in tasks {
+        let (i, full) = task.await.expect("task");
+        assert_eq!(full.head.status(), StatusCode::OK);
+        assert_eq!(full.header("x-path"), format!("/item/{i}?q={i}"));
+        assert_eq!(full.header("x-authority"), "example.test");
+        assert_eq!(full.trailer("grpc-status"), "0");
+    }
+    assert_eq!(backend.streams(), 24);
+    assert_eq!(
+        backend.connections(),
+        1,
+        "one multiplexed upstream connection"
+    );
+}
+
+#[tokio::test]
+async fn idle_timeout_closes_idle_upstream_connections() {
+    let backend = H2Backend::h2c();
+    // idle_timeout = 0: a connection with no stream in flight is not reused.
+    let weir = proxy(
+        backend.addr(),
+        &["protocol = \"h2c\"", "idle_timeout = \"0s\""],
+    );
+    let client = connect(&weir).await;
+    for i in 0..3 {
+        assert_eq!(
+            get(&client, &format!("/{i}")).await.head.status(),
+            StatusCode::OK
+        );
+    }
+    assert_eq!(backend.connections(), 3);
+    // And with the default, one connection serves them all.
+    let backend = H2Backend::h2c();
+    let weir = h2c(backend.addr());
+    let client = connect(&weir).await;
+    for i in 0..3 {
+        assert_eq!(
+            get(&client, &format!("/{i}")).await.head.status(),
+            StatusCode::OK
+        );
+    }
+    assert_eq!(backend.connections(), 1);
+}
+
+#[tokio::test]
+async fn request_and_response_bodies_and_trailers_go_both_ways() {
+    let backend = H2Backend::h2c();
+    let weir = h2c(backend.addr());
+    let client = connect(&weir).await;
+    // Larger than the default 64 KiB windows: flow control on both legs.
+    let body = pattern_vec(300_000);
+    let mut trailers = HeaderMap::new();
+    trailers.insert("x-client-trailer", "from-client".parse().expect("value"));
+    let req = request(Method::POST, "/upload", &[("te", "trailers")]);
+    let full = exchange(&client, req, &body, Some(trailers)).await;
+    assert_eq!(full.head.status(), StatusCode::OK);
+    assert_eq!(full.header("x-method"), "POST");
+    assert_eq!(full.header("x-te"), "trailers", "te: trailers kept");
+    assert!(
+        full.body == body,
+        "body echoed intact ({} bytes)",
+        full.body.len()
+    );
+    assert_eq!(full.trailer("x-body-len"), "300000");
+    assert_eq!(full.trailer("x-client-trailer"), "from-client");
+}
+
+/// A gRPC message: compression flag, big-endian length, payload.
+fn grpc_frame(payload: &[u8]) -> Vec<u8> {
+    let mut out = vec![0];
+    out.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+    out.extend_from_slice(payload);
+    out
+}
+
+fn grpc_request(path: &str, extra: &[(&str, &str)]) -> Request<()> {
+    let mut headers = vec![("content-type", "application/grpc"), ("te", "trailers")];
+    headers.extend_from_slice(extra);
+    request(Method::POST, path, &headers)
+}
+
+#[tokio::test]
+async fn grpc_unary_request_relays_message_and_status_trailer() {
+    let backend = H2Backend::h2c();
+    let weir = h2c(backend.addr());
+    let client = connect(&weir).await;
+    let message = grpc_frame(b"\x0a\x05hello");
+    let full = exchange(&client, grpc_request("/echo.Echo/Say", &[]), &message, None).await;
+    assert_eq!(full.head.status(), StatusCode::OK);
+    assert_eq!(full.header("content-type"), "application/grpc");
+    assert_eq!(full.body, message);
+    assert_eq!(full.trailer("grpc-status"), "0");
+}
+
+#[tokio::test]
+async fn grpc_bidirectional_stream_echoes_each_message_before_the_next_is_sent() {
+    let backend = H2Backend::h2c();
+    let weir = h2c(backend.addr());
+    let mut client = connect(&weir).await.ready().await.expect("ready");
+    let (response, mut send) = client
+        .send_request(grpc_request("/echo.Echo/Chat", &[]), false)
+        .expect("send");
+    let response = response
+        .await
+        .expect("response head before the request ends");
+    assert_eq!(response.status(), StatusCode::OK);
+    let mut body = response.into_body();
+    for i in 0..3u8 {
+        let message = grpc_frame(&[i; 10]);
+        send.send_data(Bytes::from(message.clone()), false)
+            .expect("send message");
+        // The echo must come back while the request stream is still open.
+        let mut got = Vec::new();
+        while got.len() < message.len() {
+            let chunk = body.data().await.expect("more data").expect("data");
+            let _ = body.flow_control().release_capacity(chunk.len());
+            got.extend_from_slice(&chunk);
+        }
+        assert_eq!(got, message, "message {i}");
+    }
+    send.send_data(Bytes::new(), true).expect("end");
+    assert!(body.data().await.is_none());
+    let trailers = body.trailers().await.expect("trailers").expect("some");
+    assert_eq!(trailers["grpc-status"], "0");
+}
+
+#[tokio::test]
+async fn grpc_request_to_a_down_upstream_gets_unavailable_not_502() {
+    let dead = dead_port();
+    let weir = h2c(dead.addr);
+    let client = connect(&weir).await;
+    let full = exchange(
+        &client,
+        grpc_request("/echo.Echo/Say", &[]),
+        &grpc_frame(b"x"),
+        None,
+    )
+    .await;
+    assert_eq!(full.head.status(), StatusCode::OK);
+    assert_eq!(full.header("grpc-status"), "14", "UNAVAILABLE");
+    assert!(full.header("grpc-message").contains("connect"));
+    assert!(
+        full.body.is_empty() && full.trailers.is_none(),
+        "trailers-only"
+    );
+    // Not gRPC: the plain HTTP answer.
+    assert_eq!(
+        get(&client, "/").await.head.status(),
+        StatusCode::BAD_GATEWAY
+    );
+}
+
+#[tokio::test]
+async fn grpc_request_reset_by_the_upstream_gets_unavailable() {
+    let backend = H2Backend::h2c();
+    let weir = h2c(backend.addr());
+    let client = connect(&weir).await;
+    let full = exchange(
+        &client,
+        grpc_request("/reset", &[]),
+        &grpc_frame(b"x"),
+        None,
+    )
+    .await;
+    assert_eq!(full.head.status(), StatusCode::OK);
+    assert_eq!(full.header("grpc-status"), "14", "UNAVAILABLE");
+    assert_eq!(
+        get(&client, "/reset").await.head.status(),
+        StatusCode::BAD_GATEWAY
+    );
+    // The connection survives a stream reset: everything went over one.
+    assert_eq!(get(&client, "/ok").await.head.status(), StatusCode::OK);
+    assert_eq!(backend.connections(), 1);
+}
+
+#[tokio::test]
+async fn grpc_timeout_caps_the_response_timeout() {
+    let backend = H2Backend::h2c();
+    let weir = h2c(backend.addr());
+    let client = connect(&weir).await;
+    let req = grpc_request("/hang", &[("grpc-timeout", "150m")]);
+    let full = exchange(&client, req, &grpc_frame(b"x"), None).await;
+    assert_eq!(full.head.status(), StatusCode::OK);
+    assert_eq!(full.header("grpc-status"), "4", "DEADLINE_EXCEEDED");
+}
+
+#[tokio::test]
+async fn goaway_from_the_upstream_moves_later_requests_to_a_new_connection() {
+    let backend = H2Backend::goaway_after(3);
+    let weir = h2c(backend.addr());
+    let client = connect(&weir).await;
+    for i in 0..10 {
+        let full = get(&client, &format!("/seq/{i}")).await;
+        assert_eq!(full.head.status(), StatusCode::OK, "request {i}");
+        assert_eq!(full.header("x-path"), format!("/seq/{i}"));
+    }
+    // Concurrent ones too: none fails while connections go away under them (fewer than
+    // Weir's 5 tries need, when every connection takes 3 streams).
+    let mut tasks = Vec::new();
+    for i in 0..8 {
+        let client = client.clone();
+        tasks.push(tokio::spawn(async move {
+            get(&client, &format!("/par/{i}")).await
+        }));
+    }
+    for task in tasks {
+        assert_eq!(task.await.expect("task").head.status(), StatusCode::OK);
+    }
+    assert!(
+        backend.connections() >= 4,
+        "a new connection after each GOAWAY, got {}",
+        backend.connections()
+    );
+}
+
+#[tokio::test]
+async fn streams_refused_after_goaway_are_sent_again_on_a_new_connection() {
+    // Each connection serves one stream, then says GOAWAY and refuses any other.
+    let backend = H2Backend::goaway_after(1);
+    let weir = h2c(backend.addr());
+    let client = connect(&weir).await;
+    // A stream that stays open keeps the first connection (and its GOAWAY) alive.
+    let hanging = client.clone();
+    let _hang = tokio::spawn(async move { get(&hanging, "/hang").await });
+    assert!(
+        wait_until_async(WAIT, || backend.streams() == 1).await,
+        "the hanging stream reached the backend"
+    );
+    for i in 0..5 {
+        let full = get(&client, &format!("/after/{i}")).await;
+        assert_eq!(full.head.status(), StatusCode::OK, "request {i}");
+        assert_eq!(full.header("x-path"), format!("/after/{i}"));
+        assert_ne!(
+            full.header("x-conn"),
+            "1",
+            "not on the connection going away"
+        );
+    }
+    assert_eq!(backend.streams(), 6, "each request processed once");
+}
+
+#[tokio::test]
+async fn a_client_reset_cancels_the_upstream_stream() {
+    let backend = H2Backend::h2c();
+    let weir = h2c(backend.addr());
+    let client = connect(&weir).await;
+    let mut ready = client.clone().ready().await.expect("ready");
+    let (response, mut send) = ready
+        .send_request(request(Method::GET, "/hang", &[]), true)
+        .expect("send");
+    assert!(
+        wait_until_async(WAIT, || backend.streams() == 1).await,
+        "the request reached the backend"
+    );
+    send.send_reset(h2::Reason::CANCEL);
+    drop(response);
+    assert!(
+        wait_until_async(WAIT, || backend.resets() == 1).await,
+        "the upstream stream was reset too"
+    );
+    // The upstream connection stays for the next request.
+    assert_eq!(get(&client, "/next").await.head.status(), StatusCode::OK);
+    assert_eq!(backend.connections(), 1);
+}
+
+#[tokio::test]
+async fn h2_over_tls_upstream_with_alpn() {
+    let ca = TestCa::new("upstream CA");
+    let backend = H2Backend::tls(&TlsServer::h2(&ca.leaf(&["127.0.0.1"])));
+    let tls = format!("tls = {{ ca = \"{}\" }}", ca.cert_path.display());
+    let weir = proxy(backend.addr(), &["protocol = \"h2\"", &tls]);
+    let client = connect(&weir).await;
+    for i in 0..3 {
+        let full = get(&client, &format!("/tls/{i}")).await;
+        assert_eq!(full.head.status(), StatusCode::OK);
+        assert_eq!(full.header("x-path"), format!("/tls/{i}"));
+        assert_eq!(full.trailer("grpc-status"), "0");
+    }
+    assert_eq!(backend.connections(), 1);
+}
+
+#[tokio::test]
+async fn auto_speaks_h2_when_the_server_chooses_it_and_http1_otherwise() {
+    let ca = TestCa::new("upstream CA");
+    let leaf = ca.leaf(&["127.0.0.1"]);
+    let tls = format!("tls = {{ ca = \"{}\" }}", ca.cert_path.display());
+    let keys = ["protocol = \"auto\"", tls.as_str()];
+    // ALPN: the server offers only h2.
+    let h2_backend = H2Backend::tls(&TlsServer::h2(&leaf));
+    let weir = proxy(h2_backend.addr(), &keys);
+    let full = get(&connect(&weir).await, "/auto").await;
+    assert_eq!(full.head.status(), StatusCode::OK);
+    assert_eq!(
+        full.header("x-path"),
+        "/auto",
+        "answered by the HTTP/2 backend"
+    );
+    assert_eq!(h2_backend.streams(), 1);
+    // ALPN: the server offers only http/1.1: the same request goes over HTTP/1.1.
+    let h1_backend = Backend::echo_tls("h1", &TlsServer::new(&leaf));
+    let weir = proxy(h1_backend.addr(), &keys);
+    let client = connect(&weir).await;
+    for _ in 0..2 {
+        let full = get(&client, "/auto").await;
+        assert_eq!(full.head.status(), StatusCode::OK);
+        assert_eq!(full.header("x-backend"), "h1");
+    }
+    assert_eq!(h1_backend.requests_served(), 2);
+}
