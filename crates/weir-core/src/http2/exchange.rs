@@ -131,7 +131,7 @@ impl StreamRequest<'_> {
         let reusable = resp.keeps_alive() && sent.request_done && up_buf.is_empty();
         if reusable && !(self.req.is_head && resp.framing == BodyFraming::UntilClose) {
             let upstream = self.target.upstream;
-            let key = PoolKey::new(sent.server.addr, self.target.pool.tls.as_deref());
+            let key = PoolKey::new(sent.server, self.target.pool.tls.as_deref());
             let idle =
                 self.worker
                     .pool
