@@ -87,7 +87,7 @@ pub async fn forward(
 ) -> Result<bool, Failure> {
     let buf = conn.buf.filled();
     let path = conn.path.get(req.path(buf));
-    let key = RequestKey::new(&target.upstream.lb, buf, req, path, &conn.ip);
+    let key = RequestKey::new(&target.upstream.lb, buf, req, path, conn.client_text());
     let pick = worker
         .upstreams
         .pick(target.upstream_index, target.pool, target.upstream, key)
