@@ -680,3 +680,46 @@ async fn trusted_proxies_name_the_client_of_an_http2_stream() {
     assert_eq!(response.await.expect("response").status(), StatusCode::OK);
     assert_eq!(backend.requests_served(), 1);
 }
+
+/// Behind `trusted_proxies`, `hash_key = "client_ip"` hashes an HTTP/2 stream's client as
+/// named in X-Forwarded-For, not the front proxy every stream comes from.
+#[tokio::test]
+async fn consistent_hash_on_client_ip_uses_the_client_behind_trusted_proxies() {
+    let backends = [
+        Backend::echo("a"),
+        Backend::echo("b"),
+        Backend::echo("c"),
+        Backend::echo("d"),
+    ];
+    let addrs: Vec<_> = backends.iter().map(|b| b.addr()).collect();
+    let weir = Conf::new()
+        .listener("trusted_proxies = [\"127.0.0.0/8\"]")
+        .route("all", "up", &[])
+        .upstream(
+            "up",
+            &addrs,
+            &["lb = \"consistent_hash\"", "hash_key = \"client_ip\""],
+        )
+        .start();
+    let (mut client, _conn) = connect(weir.addr).await;
+    let mut backend_for = |xff: String| {
+        let mut req = request(Method::GET, "/x");
+        req.headers_mut()
+            .insert("x-forwarded-for", xff.parse().expect("value"));
+        let (response, _) = client.send_request(req, true).expect("send");
+        async move {
+            let response = response.await.expect("response");
+            assert_eq!(response.status(), StatusCode::OK);
+            let name = response.headers().get("x-backend").expect("x-backend");
+            name.to_str().expect("ascii").to_string()
+        }
+    };
+    let mut used = std::collections::HashSet::new();
+    for n in 0..16 {
+        let first = backend_for(format!("10.0.{n}.7")).await;
+        let again = backend_for(format!("10.0.{n}.7")).await;
+        assert_eq!(again, first);
+        used.insert(first);
+    }
+    assert!(used.len() >= 2, "clients spread over servers: {used:?}");
+}

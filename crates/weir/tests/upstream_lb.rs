@@ -100,12 +100,7 @@ fn p2c_ewma_sends_most_requests_to_the_faster_server() {
 
 #[test]
 fn consistent_hash_on_a_header_pins_each_key() {
-    let backends = [Backend::echo("a"), Backend::echo("b"), Backend::echo("c")];
-    let list: Vec<_> = backends.iter().map(|b| (b.addr(), "")).collect();
-    let weir = Weir::start(&format!(
-        "[upstreams.app]\nlb = \"consistent_hash\"\nhash_key = \"header:X-User\"\n{}",
-        servers(&list)
-    ));
+    let (_backends, weir) = hashing(3, "", "header:X-User");
     let mut client = weir.client();
     let mut used = std::collections::HashSet::new();
     for user in 0..30 {
@@ -219,17 +214,7 @@ fn max_connections_overflow_goes_to_another_server() {
 /// spellings of one path that the server sees as the same go to the same server.
 #[test]
 fn consistent_hash_on_the_path_uses_the_normalised_path() {
-    let backends = [
-        Backend::echo("a"),
-        Backend::echo("b"),
-        Backend::echo("c"),
-        Backend::echo("d"),
-    ];
-    let list: Vec<_> = backends.iter().map(|b| (b.addr(), "")).collect();
-    let weir = Weir::start(&format!(
-        "[upstreams.app]\nlb = \"consistent_hash\"\nhash_key = \"path\"\n{}",
-        servers(&list)
-    ));
+    let (_backends, weir) = hashing(4, "", "path");
     let mut client = weir.client();
     let mut used = std::collections::HashSet::new();
     for n in 0..12 {
@@ -245,4 +230,42 @@ fn consistent_hash_on_the_path_uses_the_normalised_path() {
         used.insert(backend_of(&plain));
     }
     assert!(used.len() >= 2, "paths spread over servers: {used:?}");
+}
+
+/// Behind `trusted_proxies`, `hash_key = "client_ip"` hashes the client the proxy names in
+/// X-Forwarded-For, not the proxy: a front proxy's clients spread over the servers.
+#[test]
+fn consistent_hash_on_client_ip_uses_the_client_behind_trusted_proxies() {
+    let (_backends, weir) = hashing(4, "trusted_proxies = [\"127.0.0.0/8\"]", "client_ip");
+    let mut client = weir.client();
+    let mut used = std::collections::HashSet::new();
+    for n in 0..16 {
+        let ip = format!("10.0.{n}.7");
+        let first = client
+            .request("GET", "/", &[("X-Forwarded-For", &ip)], b"")
+            .expect("response");
+        let again = client
+            .request("GET", "/y", &[("X-Forwarded-For", &ip)], b"")
+            .expect("response");
+        assert_eq!(backend_of(&again), backend_of(&first), "{ip}");
+        used.insert(backend_of(&first));
+    }
+    assert!(used.len() >= 2, "clients spread over servers: {used:?}");
+}
+
+/// `count` echo backends (`a`, `b`, ...) behind Weir hashing `hash_key`, with `listener`
+/// keys on its listener.
+fn hashing(count: u8, listener: &str, hash_key: &str) -> (Vec<Backend>, Weir) {
+    let backends: Vec<_> = (b'a'..b'a' + count)
+        .map(|c| Backend::echo(&char::from(c).to_string()))
+        .collect();
+    let list: Vec<_> = backends.iter().map(|b| (b.addr(), "")).collect();
+    let weir = Weir::start_with(
+        listener,
+        &format!(
+            "[upstreams.app]\nlb = \"consistent_hash\"\nhash_key = \"{hash_key}\"\n{}",
+            servers(&list)
+        ),
+    );
+    (backends, weir)
 }

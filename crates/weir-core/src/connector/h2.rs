@@ -198,7 +198,7 @@ pub async fn checkout(
     upstream: &Upstream,
     (server, tls): (&UpstreamServer, Option<&TlsUpstream>),
 ) -> Result<Checkout, ProxyError> {
-    let key = PoolKey::new(server.addr, tls);
+    let key = PoolKey::new(server, tls);
     let limit = upstream.max_concurrent_streams as usize;
     loop {
         let wait = {

@@ -17,31 +17,45 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use weir_config::UpstreamServer;
+
 use super::stream::UpstreamStream;
 
 /// What a pooled connection can be reused for: the server's address and, for TLS, which
-/// TLS client made it (0: plain TCP), so a plain and a TLS upstream on one address (or
-/// two TLS upstreams verifying different names) never share connections.
+/// TLS client made it (0: plain TCP) and which name it verified, so a plain and a TLS
+/// upstream on one address (or two TLS upstreams verifying different names, or two servers
+/// `a.example:443` and `b.example:443` of one upstream resolving to one address) never
+/// share connections.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct PoolKey {
     pub addr: SocketAddr,
     pub tls: u64,
+    /// `TlsUpstream::name_id` of the server (0 for plain TCP).
+    pub name: u32,
 }
 
 impl PoolKey {
-    /// The key of connections to `addr` made with `tls` (or plain).
+    /// The key of connections to `server` made with `tls` (or plain).
     #[inline]
-    pub fn new(addr: SocketAddr, tls: Option<&super::TlsUpstream>) -> PoolKey {
-        PoolKey {
-            addr,
-            tls: tls.map_or(0, |t| t.pool_id),
+    pub fn new(server: &UpstreamServer, tls: Option<&super::TlsUpstream>) -> PoolKey {
+        match tls {
+            None => PoolKey::from(server.addr),
+            Some(t) => PoolKey {
+                addr: server.addr,
+                tls: t.pool_id,
+                name: t.name_id(server),
+            },
         }
     }
 }
 
 impl From<SocketAddr> for PoolKey {
     fn from(addr: SocketAddr) -> Self {
-        PoolKey { addr, tls: 0 }
+        PoolKey {
+            addr,
+            tls: 0,
+            name: 0,
+        }
     }
 }
 

@@ -42,6 +42,9 @@ pub struct TlsUpstream {
     connector: TlsConnector,
     /// `server_name` when configured; otherwise each server's host.
     server_name: Option<ServerName<'static>>,
+    /// Without `server_name`: the distinct hosts of the upstream's servers, each verified
+    /// by name, so a connection verified for one is never pooled for another (`name_id`).
+    hosts: Box<[Box<str>]>,
     /// The settings this was built from (an unchanged upstream keeps its client on reload).
     settings: UpstreamTls,
     /// For HTTP/2 (`protocol = "h2"` or `"auto"`): the same client offering ALPN `h2`
@@ -125,19 +128,53 @@ impl TlsUpstream {
                     .map_err(|e| fail(format!("server_name: {e}")))?,
             ),
         };
+        let mut hosts: Vec<Box<str>> = Vec::new();
+        if server_name.is_none() {
+            for s in &upstream.servers {
+                let host = host_of(&s.name);
+                if !hosts.iter().any(|h| **h == *host) {
+                    hosts.push(host.into());
+                }
+            }
+        }
         Ok(TlsUpstream {
             pool_id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             connector: TlsConnector::from(Arc::new(config)),
             server_name,
+            hosts: hosts.into(),
             settings: tls.clone(),
             h2,
             protocol: upstream.protocol,
         })
     }
 
-    /// Whether this client was built from exactly `tls` for `protocol`.
-    pub fn is_for(&self, tls: &UpstreamTls, protocol: UpstreamProtocol) -> bool {
-        self.settings == *tls && self.protocol == protocol
+    /// Whether this client was built from exactly `tls` for `protocol` and knows the
+    /// host of every server of `upstream` (see `name_id`).
+    pub fn is_for(&self, tls: &UpstreamTls, upstream: &Upstream) -> bool {
+        self.settings == *tls
+            && self.protocol == upstream.protocol
+            && (self.server_name.is_some()
+                || upstream
+                    .servers
+                    .iter()
+                    .all(|s| self.hosts.iter().any(|h| **h == *host_of(&s.name))))
+    }
+
+    /// Which name a connection to `server` is verified for, as a pool key part: 0 when
+    /// every server is verified as `server_name`, else 1 + the index of the server's host.
+    /// Two servers on one address with different hosts thus never share connections.
+    #[inline]
+    pub(crate) fn name_id(&self, server: &UpstreamServer) -> u32 {
+        if self.hosts.len() <= 1 {
+            return self.hosts.len() as u32;
+        }
+        let host = host_of(&server.name);
+        // `is_for` keeps a client only for upstreams whose hosts it knows, so the search
+        // finds it; u32::MAX is never shared with a known host.
+        self.hosts
+            .iter()
+            .position(|h| **h == *host)
+            .map_or(u32::MAX, |i| i as u32 + 1)
     }
 
     /// The name to send and verify for `server`.
@@ -238,7 +275,7 @@ pub fn build_all(
             let Some(tls) = &u.tls else { return Ok(None) };
             let kept = previous
                 .iter()
-                .find(|(name, t)| *name == u.name && t.is_for(tls, u.protocol));
+                .find(|(name, t)| *name == u.name && t.is_for(tls, u));
             match kept {
                 Some((_, t)) => Ok(Some(t.clone())),
                 None => TlsUpstream::build(u, tls).map(|t| Some(Arc::new(t))),
@@ -385,5 +422,57 @@ mod tests {
         assert_eq!(host_of("api.internal:8443"), "api.internal");
         assert_eq!(host_of("10.0.0.5:8443"), "10.0.0.5");
         assert_eq!(host_of("[::1]:8443"), "::1");
+    }
+
+    /// An upstream with TLS (`tls` as written) whose servers are all on 127.0.0.1:8443
+    /// but written as `names` (as two DNS names resolving to one address would be).
+    fn upstream(tls: &str, names: &[&str]) -> Upstream {
+        let mut up = crate::upstream::test_upstream(&format!(
+            "servers = [{{ addr = \"127.0.0.1:8443\" }}]\ntls = {tls}\n"
+        ));
+        let server = up.servers.remove(0);
+        up.servers = names
+            .iter()
+            .map(|n| UpstreamServer {
+                name: n.to_string(),
+                ..server.clone()
+            })
+            .collect();
+        up
+    }
+
+    fn keys(up: &Upstream) -> (Vec<crate::connector::PoolKey>, TlsUpstream) {
+        let tls = TlsUpstream::build(up, up.tls.as_ref().unwrap()).unwrap();
+        let keys = up
+            .servers
+            .iter()
+            .map(|s| crate::connector::PoolKey::new(s, Some(&tls)))
+            .collect();
+        (keys, tls)
+    }
+
+    #[test]
+    fn servers_verified_as_different_names_never_share_pooled_connections() {
+        let tls = "{ insecure_skip_verify = true }";
+        let up = upstream(tls, &["a.example:8443", "b.example:8443", "a.example:8443"]);
+        let (k, client) = keys(&up);
+        assert_eq!(k[0].addr, k[1].addr);
+        assert_ne!(k[0], k[1], "a.example and b.example share one address");
+        assert_eq!(k[0], k[2], "the same name shares");
+        assert_ne!(k[0], crate::connector::PoolKey::from(k[0].addr));
+        // A reload keeps the client (and its pool) only when it knows every server's name.
+        assert!(client.is_for(up.tls.as_ref().unwrap(), &up));
+        let more = upstream(tls, &["a.example:8443", "c.example:8443"]);
+        assert!(!client.is_for(more.tls.as_ref().unwrap(), &more));
+    }
+
+    #[test]
+    fn servers_verified_as_one_server_name_share_pooled_connections() {
+        let tls = "{ insecure_skip_verify = true, server_name = \"api.example\" }";
+        let up = upstream(tls, &["a.example:8443", "b.example:8443"]);
+        let (k, client) = keys(&up);
+        assert_eq!(k[0], k[1]);
+        let more = upstream(tls, &["c.example:8443"]);
+        assert!(client.is_for(more.tls.as_ref().unwrap(), &more));
     }
 }

@@ -87,7 +87,7 @@ pub async fn forward(
 ) -> Result<bool, Failure> {
     let buf = conn.buf.filled();
     let path = conn.path.get(req.path(buf));
-    let key = RequestKey::new(&target.upstream.lb, buf, req, path, &conn.ip);
+    let key = RequestKey::new(&target.upstream.lb, buf, req, path, conn.client_text());
     let pick = worker
         .upstreams
         .pick(target.upstream_index, target.pool, target.upstream, key)
@@ -515,11 +515,11 @@ pub(crate) async fn obtain(
     fresh: bool,
 ) -> Result<(UpstreamStream, bool), ProxyError> {
     if !fresh {
-        let (reused, idle) = worker.pool.borrow_mut().take(
-            PoolKey::new(server.addr, tls),
-            upstream.idle_timeout,
-            now,
-        );
+        let (reused, idle) =
+            worker
+                .pool
+                .borrow_mut()
+                .take(PoolKey::new(server, tls), upstream.idle_timeout, now);
         if let Some(m) = metrics {
             m.pool_idle.set(idle as u64);
         }
@@ -748,7 +748,7 @@ impl Exchange<'_> {
             } else {
                 std::time::Instant::now()
             };
-            let key = PoolKey::new(self.server.addr, self.target.pool.tls.as_deref());
+            let key = PoolKey::new(self.server, self.target.pool.tls.as_deref());
             let idle = self
                 .worker
                 .pool

@@ -44,7 +44,10 @@ use crate::worker::Worker;
 pub struct StreamRequest<'a> {
     pub worker: &'a Worker,
     pub target: Target<'a>,
+    /// The peer (what `X-Forwarded-For` gets appended).
     pub ip: &'a ClientIp,
+    /// The client behind `trusted_proxies` (else the peer): the `client_ip` hash key.
+    pub client: &'a ClientIp,
     /// The client connection's TLS session (`None`: h2c).
     pub tls: Option<&'a TlsSession>,
     /// The HTTP/1.1 head `req` was parsed from.
@@ -131,7 +134,7 @@ impl StreamRequest<'_> {
         let reusable = resp.keeps_alive() && sent.request_done && up_buf.is_empty();
         if reusable && !(self.req.is_head && resp.framing == BodyFraming::UntilClose) {
             let upstream = self.target.upstream;
-            let key = PoolKey::new(sent.server.addr, self.target.pool.tls.as_deref());
+            let key = PoolKey::new(sent.server, self.target.pool.tls.as_deref());
             let idle =
                 self.worker
                     .pool
@@ -157,7 +160,7 @@ impl StreamRequest<'_> {
         let (worker, target) = (self.worker, self.target);
         let (route, u, pool) = (target.route, target.upstream, target.pool);
         let path = self.path.get(self.req.path(self.buf));
-        let key = RequestKey::new(&u.lb, self.buf, self.req, path, self.ip);
+        let key = RequestKey::new(&u.lb, self.buf, self.req, path, self.client);
         let mut pick = worker
             .upstreams
             .pick(target.upstream_index, pool, u, key)

@@ -251,6 +251,7 @@ impl Stream<'_> {
             worker: &self.shared.worker,
             target: exchange_target(listener, route_config, self.snapshot, upstream),
             ip: &self.shared.ip,
+            client: self.client.1,
             tls: self.shared.tls.as_deref(),
             buf: self.buf,
             req: self.req,

@@ -116,7 +116,7 @@ impl StreamRequest<'_> {
         let (worker, target) = (self.worker, self.target);
         let (u, pool) = (target.upstream, target.pool);
         let path = self.path.get(self.req.path(self.buf));
-        let key = RequestKey::new(&u.lb, self.buf, self.req, path, self.ip);
+        let key = RequestKey::new(&u.lb, self.buf, self.req, path, self.client);
         let mut pick = worker
             .upstreams
             .pick(target.upstream_index, pool, u, key)

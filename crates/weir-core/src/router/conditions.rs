@@ -1,8 +1,12 @@
 //! A route's method, header and query conditions, and the request facts they are checked
 //! against. Pure: the request is read in place from its buffer, nothing is allocated.
+//!
+//! Query keys and values are compared form-decoded (`%XX` -> byte, `+` -> space), as
+//! backends read them: a condition guarding `?admin=1` must also catch `?%61dmin=1`.
 
 use weir_config::{MatchValue, RouteMatch};
 
+use super::normalize::hex;
 use crate::codec::http1::RequestHead;
 
 /// What the conditions read of a request: its head and the buffer it was parsed from.
@@ -38,17 +42,71 @@ impl<'a> RequestView<'a> {
         })
     }
 
-    /// Whether the query has parameter `key` with `value` (`None`: any value), compared as
-    /// raw bytes: `a` and `a=` both have the empty value.
+    /// Whether the query has parameter `key` with `value` (`None`: any value), compared
+    /// form-decoded (`form_eq`): `a` and `a=` both have the empty value.
     fn has_param(&self, key: &[u8], value: Option<&[u8]>) -> bool {
         self.query().split(|b| *b == b'&').any(|pair| {
             let (k, v) = match pair.iter().position(|b| *b == b'=') {
                 Some(eq) => (&pair[..eq], &pair[eq + 1..]),
                 None => (pair, &b""[..]),
             };
-            k == key && value.is_none_or(|want| v == want)
+            form_eq(k, key) && value.is_none_or(|want| form_eq(v, want))
         })
     }
+}
+
+/// Whether `raw` (a query key or value as sent) decodes to `want`: `%XX` is the byte XX,
+/// `+` a space. A malformed escape never matches. Decodes as it compares, allocating
+/// nothing; without `%` or `+` it is a plain comparison.
+#[inline]
+fn form_eq(raw: &[u8], want: &[u8]) -> bool {
+    if !raw.iter().any(|b| matches!(b, b'%' | b'+')) {
+        return raw == want;
+    }
+    let mut want = want.iter();
+    let mut i = 0;
+    while i < raw.len() {
+        let b = match raw[i] {
+            b'%' => match (hex(raw.get(i + 1)), hex(raw.get(i + 2))) {
+                (Some(hi), Some(lo)) => {
+                    i += 2;
+                    hi << 4 | lo
+                }
+                _ => return false,
+            },
+            b'+' => b' ',
+            b => b,
+        };
+        i += 1;
+        if want.next() != Some(&b) {
+            return false;
+        }
+    }
+    want.next().is_none()
+}
+
+/// A configured query key or value as the decoded bytes `form_eq` compares with: written
+/// decoded (`a b`) or encoded as in a URL (`a+b`, `a%20b`); a `%` not starting a valid
+/// escape is taken literally.
+fn form_decoded(text: &str) -> Box<[u8]> {
+    let raw = text.as_bytes();
+    let mut out = Vec::with_capacity(raw.len());
+    let mut i = 0;
+    while i < raw.len() {
+        match raw[i] {
+            b'%' => match (hex(raw.get(i + 1)), hex(raw.get(i + 2))) {
+                (Some(hi), Some(lo)) => {
+                    out.push(hi << 4 | lo);
+                    i += 2;
+                }
+                _ => out.push(b'%'),
+            },
+            b'+' => out.push(b' '),
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    out.into()
 }
 
 /// A header or query condition: the name, and the value it must have (`None`: present).
@@ -64,15 +122,16 @@ pub struct Conditions {
     query: Vec<Pair>,
 }
 
-fn bytes(pairs: &[(String, MatchValue)]) -> Vec<Pair> {
+/// `pairs` as bytes, each name and value passed through `convert`.
+fn bytes(pairs: &[(String, MatchValue)], convert: fn(&str) -> Box<[u8]>) -> Vec<Pair> {
     pairs
         .iter()
         .map(|(name, value)| {
             let value = match value {
                 MatchValue::Present => None,
-                MatchValue::Exact(v) => Some(v.as_bytes().into()),
+                MatchValue::Exact(v) => Some(convert(v)),
             };
-            (name.as_bytes().into(), value)
+            (convert(name), value)
         })
         .collect()
 }
@@ -84,8 +143,8 @@ impl Conditions {
         m.has_conditions().then(|| {
             Box::new(Conditions {
                 methods: m.methods.iter().map(|s| s.as_bytes().into()).collect(),
-                headers: bytes(&m.headers),
-                query: bytes(&m.query),
+                headers: bytes(&m.headers, |s| s.as_bytes().into()),
+                query: bytes(&m.query, form_decoded),
             })
         })
     }

@@ -221,7 +221,8 @@ fn is_unreserved(b: u8) -> bool {
     b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~')
 }
 
-fn hex(b: Option<&u8>) -> Option<u8> {
+/// The value of hex digit `b` (`None`: absent or not a hex digit).
+pub(super) fn hex(b: Option<&u8>) -> Option<u8> {
     match b? {
         b @ b'0'..=b'9' => Some(b - b'0'),
         b @ b'a'..=b'f' => Some(b - b'a' + 10),

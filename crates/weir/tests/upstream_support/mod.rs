@@ -26,10 +26,15 @@ pub struct Weir {
 impl Weir {
     /// Starts Weir with `upstream`: the `[upstreams.app]` table and its sub-tables.
     pub fn start(upstream: &str) -> Weir {
+        Weir::start_with("", upstream)
+    }
+
+    /// As `start`, with more keys (`listener`, lines) on the listener.
+    pub fn start_with(listener: &str, upstream: &str) -> Weir {
         let toml = format!(
             "[server]\nworkers = 1\ndrain_timeout = \"0s\"\n[admin]\nbind = \"off\"\n\
              [[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\nkeepalive_requests = 0\n\
-             [[listeners.routes]]\nname = \"all\"\nupstream = \"app\"\n\n{upstream}"
+             {listener}\n[[listeners.routes]]\nname = \"all\"\nupstream = \"app\"\n\n{upstream}"
         );
         let config = weir_config::parse_str(&toml, "test.toml")
             .unwrap_or_else(|e| panic!("test config rejected: {e}\n---\n{toml}"));
