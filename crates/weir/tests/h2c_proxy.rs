@@ -723,3 +723,40 @@ async fn consistent_hash_on_client_ip_uses_the_client_behind_trusted_proxies() {
     }
     assert!(used.len() >= 2, "clients spread over servers: {used:?}");
 }
+
+/// A route's request-header rules, the request id and the client behind trusted proxies
+/// reach the upstream from HTTP/2 streams as from HTTP/1 requests: a `remove` of an internal
+/// header is no weaker over h2c.
+#[tokio::test]
+async fn request_header_rules_and_ids_apply_to_http2_streams() {
+    let backend = Backend::echo("e");
+    let weir = Conf::new()
+        .with_request_ids()
+        .listener("trusted_proxies = [\"127.0.0.0/8\"]")
+        .route_keys(
+            "app",
+            &[
+                "path_prefix = \"/\"",
+                "upstream = \"up\"",
+                "request_headers = { set = { \"X-Env\" = \"{scheme}-prod\" }, remove = [\"X-Internal-User\"] }",
+            ],
+        )
+        .upstream("up", &[backend.addr()], &[])
+        .start();
+    let (mut client, _conn) = connect(weir.addr).await;
+    let mut req = request(Method::GET, "/x");
+    let headers = req.headers_mut();
+    headers.insert("x-internal-user", http::HeaderValue::from_static("admin"));
+    headers.insert(
+        "x-forwarded-for",
+        http::HeaderValue::from_static("192.0.2.9"),
+    );
+    let (response, _) = client.send_request(req, true).expect("send");
+    let response = response.await.expect("response");
+    assert_eq!(response.status(), StatusCode::OK);
+    let seen = String::from_utf8_lossy(&read_body(response.into_body()).await).to_lowercase();
+    assert!(!seen.contains("x-internal-user"), "{seen}");
+    assert!(seen.contains("x-env: http-prod\r\n"), "{seen}");
+    assert!(seen.contains("x-request-id: "), "{seen}");
+    assert!(seen.contains("x-real-ip: 192.0.2.9\r\n"), "{seen}");
+}

@@ -23,6 +23,7 @@ use crate::codec::http1::{BodyFraming, RequestHead, ResponseHead};
 use crate::connector::{PoolKey, UpstreamStream};
 use crate::error::ProxyError;
 use crate::filters::forwarded::ClientIp;
+use crate::filters::headers::Vars;
 use crate::filters::location::ReverseMap;
 use crate::filters::upgrade::Offered;
 use crate::forward::body::{self, BodyState, PumpError};
@@ -30,7 +31,7 @@ use crate::forward::exchange::{
     obtain, read_final_head, record_attempt, upload_while_waiting, upstream_pump_error,
     upstream_write_error, RequestMeta,
 };
-use crate::forward::request_head::{write_request_head, ClientFacts};
+use crate::forward::request_head::{write_request_head, ClientFacts, RequestEdits};
 use crate::forward::{Failure, Reached, Target};
 use crate::metrics::shard::ServerMetrics;
 use crate::router::RoutedPath;
@@ -46,8 +47,11 @@ pub struct StreamRequest<'a> {
     pub target: Target<'a>,
     /// The peer (what `X-Forwarded-For` gets appended).
     pub ip: &'a ClientIp,
-    /// The client behind `trusted_proxies` (else the peer): the `client_ip` hash key.
+    /// The client behind `trusted_proxies` (else the peer): the `client_ip` hash key,
+    /// `X-Real-IP` and `{client_ip}`.
     pub client: &'a ClientIp,
+    /// The request's id (empty: none).
+    pub request_id: &'a [u8],
     /// The client connection's TLS session (`None`: h2c).
     pub tls: Option<&'a TlsSession>,
     /// The HTTP/1.1 head `req` was parsed from.
@@ -83,6 +87,45 @@ struct Sent<'a> {
 }
 
 impl StreamRequest<'_> {
+    /// Appends the upstream HTTP/1.1 head with the route's `request_headers` rules, the
+    /// request id and the client behind trusted proxies, as for an HTTP/1 request
+    /// (`forward::exchange::write_head_with_policy`). Response-header rules are not applied
+    /// to HTTP/2 streams yet.
+    pub(super) fn write_head(&self, out: &mut Vec<u8>, server: &UpstreamServer) {
+        let route = self.target.route;
+        let rules = route.filters.request_headers.as_ref();
+        let id_header = self.target.listener.policy.request_id.as_ref();
+        let real_client = (self.client.as_bytes() != self.ip.as_bytes()).then_some(self.client);
+        let vars = Vars {
+            scheme: if self.tls.is_some() {
+                b"https"
+            } else {
+                b"http"
+            },
+            host: self
+                .req
+                .host
+                .as_ref()
+                .map_or(&[][..], |r| &self.buf[r.clone()]),
+            target: self.req.path(self.buf),
+            client_ip: self.client.as_bytes(),
+            request_id: self.request_id,
+        };
+        let edits = RequestEdits {
+            rules,
+            request_id: id_header.map(|id| id.header.as_bytes()),
+            real_client,
+            vars,
+        };
+        let any = rules.is_some() || id_header.is_some() || real_client.is_some();
+        let client = ClientFacts {
+            ip: self.ip,
+            tls: self.tls,
+            edits: any.then_some(&edits),
+        };
+        write_request_head(out, self.buf, self.req, self.path, route, server, client);
+    }
+
     /// Forwards the request and relays the response. On `Err` nothing final was sent
     /// (`Reached::Nothing`: the caller answers) or the stream was reset.
     pub async fn forward(
@@ -158,7 +201,7 @@ impl StreamRequest<'_> {
         trace: &mut Trace,
     ) -> Result<Sent<'_>, Failure> {
         let (worker, target) = (self.worker, self.target);
-        let (route, u, pool) = (target.route, target.upstream, target.pool);
+        let (u, pool) = (target.upstream, target.pool);
         let path = self.path.get(self.req.path(self.buf));
         let key = RequestKey::new(&u.lb, self.buf, self.req, path, self.client);
         let mut pick = worker
@@ -175,14 +218,7 @@ impl StreamRequest<'_> {
                 .server(pool.slot, pool.server_slots[pick.server]);
             trace.upstream_pick = Some((target.upstream_index, pick.server));
             out.clear();
-            let client = ClientFacts {
-                ip: self.ip,
-                tls: self.tls,
-                edits: None,
-            };
-            write_request_head(
-                &mut out, self.buf, self.req, self.path, route, server, client,
-            );
+            self.write_head(&mut out, server);
             let attempt = Attempt {
                 server,
                 metrics,

@@ -24,6 +24,7 @@ use crate::filters::forwarded::ClientIp;
 use crate::filters::headers::Vars;
 use crate::filters::real_ip::client_behind;
 use crate::filters::redirect::push_redirect;
+use crate::filters::request_id::{self, RequestId};
 use crate::filters::rewrite::check_join;
 use crate::forward::{exchange_target, Failure, Reached};
 use crate::metrics::shard::{method_index, METHODS};
@@ -68,8 +69,12 @@ pub async fn serve(
     let mut trace = Trace::default();
     // The client: the peer, or the address behind `trusted_proxies` (as for HTTP/1).
     let mut client = (shared.peer_ip, shared.ip);
+    let mut request_id = RequestId::default();
     let (route, result, method) = match parse_request(&buf, limits, &mut req) {
         Ok(true) => {
+            if let Some(id) = &listener.policy.request_id {
+                request_id::assign(&mut request_id, &worker.request_ids, id, &buf, &req);
+            }
             let trusted = &listener.policy.trusted_proxies;
             if !trusted.is_empty() {
                 if let Some(ip) = client_behind(shared.peer_ip, trusted, &buf, &req.headers) {
@@ -89,6 +94,7 @@ pub async fn serve(
                 buf: &buf,
                 req: &req,
                 client: (client.0, &client.1),
+                request_id: request_id.as_bytes(),
                 started,
                 facts: &facts,
             };
@@ -136,7 +142,7 @@ pub async fn serve(
         bytes_in: trace.body_in,
         bytes_out: trace.body_out,
         tls: shared.tls.as_deref(),
-        request_id: b"",
+        request_id: request_id.as_bytes(),
     };
     record(worker, &snapshot, &side, &handled, &done);
 }
@@ -150,6 +156,8 @@ struct Stream<'a> {
     req: &'a RequestHead,
     /// The client's address, and as text (behind trusted proxies when there are some).
     client: (std::net::IpAddr, &'a ClientIp),
+    /// The request's id (empty: the listener has `request_id = false`).
+    request_id: &'a [u8],
     started: Instant,
     facts: &'a H2Facts,
 }
@@ -252,6 +260,7 @@ impl Stream<'_> {
             target: exchange_target(listener, route_config, self.snapshot, upstream),
             ip: &self.shared.ip,
             client: self.client.1,
+            request_id: self.request_id,
             tls: self.shared.tls.as_deref(),
             buf: self.buf,
             req: self.req,
@@ -297,7 +306,7 @@ impl Stream<'_> {
             },
             host: self.req.host_name(self.buf),
             target: self.req.path(self.buf),
-            request_id: b"",
+            request_id: self.request_id,
             client_ip: self.client.1.as_bytes(),
         };
         let mut rendered = Vec::with_capacity(256);

@@ -31,7 +31,6 @@ use crate::codec::http1::ResponseHead;
 use crate::connector::h2::{checkout, h2_error, never_processed, Checkout, Lease};
 use crate::error::ProxyError;
 use crate::forward::exchange::record_attempt;
-use crate::forward::request_head::{write_request_head, ClientFacts};
 use crate::forward::{Failure, Reached};
 use crate::time::with_timeout;
 use crate::upstream::retry::{may_retry, Replay, Tried};
@@ -248,15 +247,7 @@ impl StreamRequest<'_> {
         server: &UpstreamServer,
     ) -> Result<http::Request<()>, ProxyError> {
         let mut out = Vec::with_capacity(self.buf.len() + 256);
-        let client = ClientFacts {
-            ip: self.ip,
-            tls: self.tls,
-            edits: None,
-        };
-        let route = self.target.route;
-        write_request_head(
-            &mut out, self.buf, self.req, self.path, route, server, client,
-        );
+        self.write_head(&mut out, server);
         let scheme = if self.target.upstream.tls.is_some() {
             "https"
         } else {
