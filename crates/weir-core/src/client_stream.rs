@@ -311,60 +311,8 @@ pub enum ClientWriteHalf<'a> {
     Tls(tokio::io::WriteHalf<&'a mut ClientStream>),
 }
 
-impl AsyncRead for ClientReadHalf<'_> {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            ClientReadHalf::Plain(r) => Pin::new(r).poll_read(cx, buf),
-            ClientReadHalf::Tls(r) => Pin::new(r).poll_read(cx, buf),
-        }
-    }
-}
-
-impl AsyncWrite for ClientWriteHalf<'_> {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        data: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            ClientWriteHalf::Plain(w) => Pin::new(w).poll_write(cx, data),
-            ClientWriteHalf::Tls(w) => Pin::new(w).poll_write(cx, data),
-        }
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            ClientWriteHalf::Plain(w) => Pin::new(w).poll_write_vectored(cx, bufs),
-            ClientWriteHalf::Tls(w) => Pin::new(w).poll_write_vectored(cx, bufs),
-        }
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        true
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            ClientWriteHalf::Plain(w) => Pin::new(w).poll_flush(cx),
-            ClientWriteHalf::Tls(w) => Pin::new(w).poll_flush(cx),
-        }
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            ClientWriteHalf::Plain(w) => Pin::new(w).poll_shutdown(cx),
-            ClientWriteHalf::Tls(w) => Pin::new(w).poll_shutdown(cx),
-        }
-    }
-}
+forward_read!(ClientReadHalf<'_>, Plain, Tls);
+forward_write!(ClientWriteHalf<'_>, Plain, Tls);
 
 #[cfg(test)]
 mod tests {

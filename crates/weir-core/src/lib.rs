@@ -31,6 +31,9 @@
 // Unsafe code is denied everywhere but `sys` (pipes and splice), which allows it explicitly.
 #![deny(unsafe_code)]
 
+#[macro_use]
+mod io_enum;
+
 pub mod access_log;
 pub mod buffer;
 pub mod client;

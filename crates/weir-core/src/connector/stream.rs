@@ -5,11 +5,6 @@
 //! (one predictable branch per I/O call, no allocation, no virtual call), and the TLS
 //! state, which is large, is boxed so the enum stays as small as a `TcpStream`.
 
-use std::io::{self, IoSlice};
-use std::pin::Pin;
-use std::task::{Context, Poll};
-
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{tcp, TcpStream};
 use tokio_rustls::client::TlsStream;
 
@@ -59,72 +54,6 @@ pub enum ReadHalf<'a> {
 pub enum WriteHalf<'a> {
     Plain(tcp::WriteHalf<'a>),
     Tls(tokio::io::WriteHalf<&'a mut TlsStream<TcpStream>>),
-}
-
-/// `AsyncRead` for an enum whose variants all implement it.
-macro_rules! forward_read {
-    ($ty:ty, $($variant:ident),+) => {
-        impl AsyncRead for $ty {
-            #[inline]
-            fn poll_read(
-                self: Pin<&mut Self>,
-                cx: &mut Context<'_>,
-                buf: &mut ReadBuf<'_>,
-            ) -> Poll<io::Result<()>> {
-                match self.get_mut() {
-                    $(Self::$variant(s) => Pin::new(s).poll_read(cx, buf),)+
-                }
-            }
-        }
-    };
-}
-
-/// `AsyncWrite` (vectored writes included) for an enum whose variants all implement it.
-macro_rules! forward_write {
-    ($ty:ty, $($variant:ident),+) => {
-        impl AsyncWrite for $ty {
-            #[inline]
-            fn poll_write(
-                self: Pin<&mut Self>,
-                cx: &mut Context<'_>,
-                buf: &[u8],
-            ) -> Poll<io::Result<usize>> {
-                match self.get_mut() {
-                    $(Self::$variant(s) => Pin::new(s).poll_write(cx, buf),)+
-                }
-            }
-
-            #[inline]
-            fn poll_write_vectored(
-                self: Pin<&mut Self>,
-                cx: &mut Context<'_>,
-                bufs: &[IoSlice<'_>],
-            ) -> Poll<io::Result<usize>> {
-                match self.get_mut() {
-                    $(Self::$variant(s) => Pin::new(s).poll_write_vectored(cx, bufs),)+
-                }
-            }
-
-            #[inline]
-            fn is_write_vectored(&self) -> bool {
-                match self {
-                    $(Self::$variant(s) => s.is_write_vectored(),)+
-                }
-            }
-
-            fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-                match self.get_mut() {
-                    $(Self::$variant(s) => Pin::new(s).poll_flush(cx),)+
-                }
-            }
-
-            fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-                match self.get_mut() {
-                    $(Self::$variant(s) => Pin::new(s).poll_shutdown(cx),)+
-                }
-            }
-        }
-    };
 }
 
 forward_read!(UpstreamStream, Plain, Tls);

@@ -87,6 +87,20 @@ struct Sent<'a> {
 }
 
 impl StreamRequest<'_> {
+    /// The request's hash key and the first server it goes to (503 when there is none).
+    pub(super) fn first_pick(&self) -> Result<(RequestKey, Pick), ProxyError> {
+        let target = self.target;
+        let u = target.upstream;
+        let path = self.path.get(self.req.path(self.buf));
+        let key = RequestKey::new(&u.lb, self.buf, self.req, path, self.client);
+        let pick = self
+            .worker
+            .upstreams
+            .pick(target.upstream_index, target.pool, u, key)
+            .ok_or(ProxyError::NoServer)?;
+        Ok((key, pick))
+    }
+
     /// Appends the upstream HTTP/1.1 head with the route's `request_headers` rules, the
     /// request id and the client behind trusted proxies, as for an HTTP/1 request
     /// (`forward::exchange::write_head_with_policy`). Response-header rules are not applied
@@ -202,12 +216,7 @@ impl StreamRequest<'_> {
     ) -> Result<Sent<'_>, Failure> {
         let (worker, target) = (self.worker, self.target);
         let (u, pool) = (target.upstream, target.pool);
-        let path = self.path.get(self.req.path(self.buf));
-        let key = RequestKey::new(&u.lb, self.buf, self.req, path, self.client);
-        let mut pick = worker
-            .upstreams
-            .pick(target.upstream_index, pool, u, key)
-            .ok_or(ProxyError::NoServer)?;
+        let (key, mut pick) = self.first_pick()?;
         let mut tried = Tried::new(pick.server);
         let mut started = self.started;
         let mut out = Vec::with_capacity(self.buf.len() + 256);

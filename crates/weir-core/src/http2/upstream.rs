@@ -34,7 +34,6 @@ use crate::forward::exchange::record_attempt;
 use crate::forward::{Failure, Reached};
 use crate::time::with_timeout;
 use crate::upstream::retry::{may_retry, Replay, Tried};
-use crate::upstream::RequestKey;
 
 /// Most tries on new connections when streams are refused (GOAWAY) before one is taken.
 const MAX_REFUSED: usize = 5;
@@ -114,12 +113,7 @@ impl StreamRequest<'_> {
     ) -> Result<(), Failure> {
         let (worker, target) = (self.worker, self.target);
         let (u, pool) = (target.upstream, target.pool);
-        let path = self.path.get(self.req.path(self.buf));
-        let key = RequestKey::new(&u.lb, self.buf, self.req, path, self.client);
-        let mut pick = worker
-            .upstreams
-            .pick(target.upstream_index, pool, u, key)
-            .ok_or(ProxyError::NoServer)?;
+        let (key, mut pick) = self.first_pick()?;
         let mut tried = Tried::new(pick.server);
         loop {
             let server = &u.servers[pick.server];
