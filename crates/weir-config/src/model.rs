@@ -221,6 +221,15 @@ pub struct Http2 {
     /// Resets Weir sends because of client errors before GOAWAY (MadeYouReset,
     /// CVE-2025-8671).
     pub max_local_error_resets: u32,
+    /// Frames that cost Weir work but carry no request (SETTINGS, PING, empty DATA,
+    /// small WINDOW_UPDATE, PRIORITY, unknown types) allowed per `glitch_window` before
+    /// GOAWAY ENHANCE_YOUR_CALM (CVE-2019-9512, -9515, -9518).
+    pub glitch_budget: u32,
+    pub glitch_window: Duration,
+    /// How long a stream may wait for flow-control window, and a connection for its
+    /// writes to make progress, before the stream is reset or the connection closed
+    /// (CVE-2019-9517, zero-window and never-reading clients).
+    pub stall_timeout: Duration,
 }
 
 impl Default for Http2 {
@@ -235,6 +244,9 @@ impl Default for Http2 {
             reset_window: Duration::from_secs(10),
             max_pending_accept_resets: 20,
             max_local_error_resets: 200,
+            glitch_budget: 1000,
+            glitch_window: Duration::from_secs(10),
+            stall_timeout: Duration::from_secs(30),
         }
     }
 }

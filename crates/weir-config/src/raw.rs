@@ -117,6 +117,9 @@ pub(crate) struct RawHttp2 {
     pub reset_window: Option<String>,
     pub max_pending_accept_resets: Option<i64>,
     pub max_local_error_resets: Option<i64>,
+    pub glitch_budget: Option<i64>,
+    pub glitch_window: Option<String>,
+    pub stall_timeout: Option<String>,
 }
 
 /// `[listeners.tls]`: TLS termination.

@@ -26,6 +26,8 @@
 //! * [`H2Backend`]: an HTTP/2 (h2c, or h2 over TLS) echo server on the `h2` crate:
 //!   echoes each request's body as it arrives, reports its head in `x-*` fields and
 //!   ends with trailers; can send GOAWAY after a number of streams per connection.
+//! * [`h2_raw`]: a raw HTTP/2 client that writes hand-made frames (floods, protocol
+//!   abuse) and reads the server's frames undecoded, for the attack tests.
 //! * [`wait_until`] / [`wait_until_async`]: poll a condition instead of
 //!   sleeping a fixed time.
 
@@ -35,6 +37,7 @@ pub mod certs;
 pub mod chunked;
 mod client;
 mod h2_backend;
+pub mod h2_raw;
 mod pattern;
 mod tls_backend;
 mod wire;

@@ -21,6 +21,8 @@ pub(super) fn http2(raw: Option<RawHttp2>, path: &FieldPath) -> Result<Http2, Is
         int_in::<u32>(v, i64::from(default), range, &key(k))
     };
     let reset_window = duration(raw.reset_window, "10s", &key("reset_window"), true)?;
+    let glitch_window = duration(raw.glitch_window, "10s", &key("glitch_window"), true)?;
+    let stall_timeout = duration(raw.stall_timeout, "30s", &key("stall_timeout"), true)?;
     Ok(Http2 {
         max_concurrent_streams: count(
             raw.max_concurrent_streams,
@@ -71,6 +73,14 @@ pub(super) fn http2(raw: Option<RawHttp2>, path: &FieldPath) -> Result<Http2, Is
             1..=1_000_000,
             "max_local_error_resets",
         )?,
+        glitch_budget: count(
+            raw.glitch_budget,
+            d.glitch_budget,
+            1..=1_000_000,
+            "glitch_budget",
+        )?,
+        glitch_window,
+        stall_timeout,
     })
 }
 

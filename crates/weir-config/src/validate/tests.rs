@@ -917,6 +917,20 @@ fn http2_settings() {
         "10s",
     );
     check(
+        &format!("{base}glitch_budget = 0\n"),
+        "listeners[0].http2.glitch_budget",
+        5,
+        "between 1 and 1000000",
+        "default 1000",
+    );
+    check(
+        &format!("{base}stall_timeout = \"0s\"\n"),
+        "listeners[0].http2.stall_timeout",
+        5,
+        "greater than 0",
+        "30s",
+    );
+    check(
         &format!("{base}max_streams = 5\n"),
         "listeners[0].http2.max_streams",
         5,

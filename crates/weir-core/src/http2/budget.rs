@@ -1,5 +1,6 @@
-//! The rapid-reset budget (CVE-2023-44487): client resets of streams Weir had accepted,
-//! per connection, in a sliding window.
+//! The per-connection budgets of misbehaviour, in a sliding window: resets (rapid reset,
+//! CVE-2023-44487, and the resets a client's errors force, MadeYouReset, CVE-2025-8671)
+//! and glitches (frames that cost work but carry no request, `frames::glitch`).
 //!
 //! The `h2` crate's own guard (`max_pending_accept_reset_streams`) counts only streams
 //! reset before they were accepted; a client that lets each stream be accepted and sent
@@ -13,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
-pub struct ResetBudget {
+pub struct Budget {
     /// The debt one reset adds.
     cost: Duration,
     window: Duration,
@@ -24,9 +25,9 @@ pub struct ResetBudget {
     pub notify: Notify,
 }
 
-impl ResetBudget {
-    pub fn new(budget: u32, window: Duration) -> ResetBudget {
-        ResetBudget {
+impl Budget {
+    pub fn new(budget: u32, window: Duration) -> Budget {
+        Budget {
             cost: window / budget.max(1),
             window,
             clear_at: Cell::new(None),
@@ -35,7 +36,7 @@ impl ResetBudget {
         }
     }
 
-    /// Counts one client reset at `now`; true once the budget is exceeded.
+    /// Counts one event at `now`; true once the budget is exceeded.
     pub fn record(&self, now: Instant) -> bool {
         let from = self.clear_at.get().filter(|t| *t > now).unwrap_or(now);
         let clear_at = from + self.cost;
@@ -58,7 +59,7 @@ mod tests {
 
     #[test]
     fn budget_resets_fit_in_a_window_and_one_more_does_not() {
-        let b = ResetBudget::new(10, Duration::from_secs(10));
+        let b = Budget::new(10, Duration::from_secs(10));
         let t = Instant::now();
         for _ in 0..10 {
             assert!(!b.record(t));
@@ -68,7 +69,7 @@ mod tests {
 
     #[test]
     fn the_window_slides() {
-        let b = ResetBudget::new(10, Duration::from_secs(10));
+        let b = Budget::new(10, Duration::from_secs(10));
         let t = Instant::now();
         // One reset a second, forever, stays within 10 per 10 s.
         for s in 0..100 {

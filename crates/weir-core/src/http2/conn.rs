@@ -6,7 +6,10 @@
 //! SETTINGS_MAX_HEADER_LIST_SIZE (header blocks and CONTINUATION floods are bounded by it),
 //! initial windows, the per-stream send buffer, `max_pending_accept_reset_streams` (streams
 //! reset before they were accepted) and `max_local_error_reset_streams` (resets forced by a
-//! client's errors, MadeYouReset). Weir adds the budget for resets of accepted streams.
+//! client's errors, MadeYouReset). Weir adds, per connection: the reset budget (resets of
+//! accepted streams, and every reset a client's error forces), the glitch budget (frames
+//! that carry no request), both watched in `io`, and the stall reaper (writes that make no
+//! progress for `stall_timeout`: the connection is dropped, GOAWAY or not).
 
 use std::cell::Cell;
 use std::rc::Rc;
@@ -18,7 +21,7 @@ use h2::Reason;
 use tokio::sync::Notify;
 use weir_config::{Http2, Listener};
 
-use super::budget::ResetBudget;
+use super::budget::Budget;
 use super::io::Prefixed;
 use crate::client::ClientConn;
 use crate::filters::forwarded::ClientIp;
@@ -35,7 +38,12 @@ pub struct Shared {
     /// The connection's TLS session (`None`: h2c), for forwarded headers, `{scheme}` and
     /// the access log.
     pub tls: Option<Box<TlsSession>>,
-    budget: ResetBudget,
+    budget: Budget,
+    glitches: Budget,
+    /// Since when a write to the client waits (`None`: the last write went through).
+    pub stalled_since: Cell<Option<Instant>>,
+    /// Signalled when a write starts to wait.
+    pub stalled: Notify,
     /// Stream tasks running.
     active: Cell<usize>,
     /// When the last stream task ended (the idle timeout counts from there).
@@ -53,9 +61,24 @@ impl Shared {
         self.budget.record(Instant::now());
     }
 
-    /// Weir reset a stream because the client sent a malformed request.
+    /// Weir (or the `h2` crate) reset a stream because of the client's error on it.
     pub fn reset_by_client_error(&self) {
+        if let Some(m) = self.worker.metrics.listener(self.slot) {
+            m.http2.forced_resets.inc();
+        }
         self.budget.record(Instant::now());
+    }
+
+    /// The client sent a frame that carries no request (`frames::glitch`).
+    pub fn glitch(&self) {
+        if let Some(m) = self.worker.metrics.listener(self.slot) {
+            m.http2.glitches.inc();
+        }
+        self.glitches.record(Instant::now());
+    }
+
+    fn over_budget(&self) -> bool {
+        self.budget.is_exceeded() || self.glitches.is_exceeded()
     }
 }
 
@@ -92,13 +115,17 @@ pub async fn serve(worker: Rc<Worker>, slot: usize, mut conn: ClientConn) {
         return;
     };
     let listener = &snapshot.config.listeners[index];
+    let h2 = &listener.http2;
     let shared = Rc::new(Shared {
         worker: worker.clone(),
         slot,
         ip: conn.ip,
         peer_ip: conn.peer_ip,
         tls: conn.tls.take(),
-        budget: ResetBudget::new(listener.http2.reset_budget, listener.http2.reset_window),
+        budget: Budget::new(h2.reset_budget, h2.reset_window),
+        glitches: Budget::new(h2.glitch_budget, h2.glitch_window),
+        stalled_since: Cell::new(None),
+        stalled: Notify::new(),
         active: Cell::new(0),
         idle_since: Cell::new(Instant::now()),
         ended: Notify::new(),
@@ -106,7 +133,8 @@ pub async fn serve(worker: Rc<Worker>, slot: usize, mut conn: ClientConn) {
     if let Some(m) = worker.metrics.listener(slot) {
         m.http2.connections.inc();
     }
-    let handshake = builder(&listener.http2).handshake::<_, Bytes>(Prefixed { conn });
+    let io = Prefixed::new(conn, shared.clone());
+    let handshake = builder(h2).handshake::<_, Bytes>(io);
     let h2 = match tokio::time::timeout(listener.header_timeout, handshake).await {
         Ok(Ok(h2)) => h2,
         Ok(Err(e)) => {
@@ -130,9 +158,14 @@ async fn accept_streams(
 ) {
     let worker = &shared.worker;
     let idle = listener.keepalive_timeout;
+    let stall = listener.http2.stall_timeout;
     let mut closing = false;
     let timer = tokio::time::sleep(idle);
     tokio::pin!(timer);
+    // Armed while a write waits: the connection is dropped once it waited `stall`.
+    let stall_timer = tokio::time::sleep(stall);
+    tokio::pin!(stall_timer);
+    let mut stall_armed = false;
     loop {
         tokio::select! {
             accepted = h2.accept() => match accepted {
@@ -142,19 +175,13 @@ async fn accept_streams(
                         h2.graceful_shutdown();
                         closing = true;
                     }
-                    shared.active.set(shared.active.get() + 1);
-                    let running = Running(shared.clone());
-                    tokio::task::spawn_local(async move {
-                        let shared = running.0.clone();
-                        super::stream::serve(shared, request, respond).await;
-                        drop(running);
-                    });
+                    spawn_stream(shared, request, respond);
                 }
                 Some(Err(e)) => {
                     tracing::debug!(listener = %listener.name, error = %e, "HTTP/2 connection error");
                     // h2's own guards (resets before accept, resets forced by client errors).
                     let calm = e.reason() == Some(Reason::ENHANCE_YOUR_CALM) && !e.is_remote();
-                    if calm && !shared.budget.is_exceeded() {
+                    if calm && !shared.over_budget() {
                         count_calm(shared);
                     }
                     return;
@@ -162,31 +189,31 @@ async fn accept_streams(
                 None => return,
             },
             () = shared.budget.notify.notified(), if !closing => {
-                if shared.budget.is_exceeded() {
-                    tracing::debug!(listener = %listener.name, "HTTP/2 client over its reset budget");
-                    count_calm(shared);
-                    h2.abrupt_shutdown(Reason::ENHANCE_YOUR_CALM);
-                    closing = true;
+                closing = calm_down(shared, &mut h2, listener, "reset");
+            }
+            () = shared.glitches.notify.notified(), if !closing => {
+                closing = calm_down(shared, &mut h2, listener, "glitch");
+            }
+            () = shared.stalled.notified() => {
+                if let Some(since) = shared.stalled_since.get() {
+                    stall_timer.as_mut().reset((since + stall).into());
+                    stall_armed = true;
                 }
             }
-            () = &mut timer, if !closing => {
-                let since = shared.idle_since.get();
-                let idle_out = shared.active.get() == 0 && since.elapsed() >= idle;
-                // Also a busy connection notices a reload that removed its listener here,
-                // within keepalive_timeout.
-                let removed = worker.snapshot().listener_index(shared.slot).is_none();
-                if idle_out || removed {
-                    h2.graceful_shutdown();
-                    closing = true;
-                } else {
-                    // While streams run, look again in a while (at least a second, so a
-                    // keepalive_timeout of 0 does not spin).
-                    let next = match shared.active.get() {
-                        0 => since + idle,
-                        _ => Instant::now() + idle.max(Duration::from_secs(1)),
-                    };
-                    timer.as_mut().reset(next.into());
+            () = &mut stall_timer, if stall_armed => match shared.stalled_since.get() {
+                Some(since) if since.elapsed() >= stall => {
+                    // The client reads nothing, not even a GOAWAY: drop the connection.
+                    tracing::debug!(listener = %listener.name, "HTTP/2 client stalled: closed");
+                    if let Some(m) = worker.metrics.listener(shared.slot) {
+                        m.http2.stalled.inc();
+                    }
+                    return;
                 }
+                Some(since) => stall_timer.as_mut().reset((since + stall).into()),
+                None => stall_armed = false,
+            },
+            () = &mut timer, if !closing => {
+                closing = idle_check(shared, &mut h2, idle, timer.as_mut());
             }
             () = worker.drained(), if !closing => {
                 // Drain: GOAWAY, in-flight streams finish, no new ones start.
@@ -195,6 +222,69 @@ async fn accept_streams(
             }
         }
     }
+}
+
+/// Starts the task that serves one accepted stream.
+fn spawn_stream(
+    shared: &Rc<Shared>,
+    request: http::Request<h2::RecvStream>,
+    respond: h2::server::SendResponse<Bytes>,
+) {
+    shared.active.set(shared.active.get() + 1);
+    let running = Running(shared.clone());
+    tokio::task::spawn_local(async move {
+        let shared = running.0.clone();
+        super::stream::serve(shared, request, respond).await;
+        drop(running);
+    });
+}
+
+/// A budget said it was exceeded: GOAWAY ENHANCE_YOUR_CALM. Returns whether the
+/// connection is now closing.
+fn calm_down(
+    shared: &Shared,
+    h2: &mut Connection<Prefixed, Bytes>,
+    listener: &Listener,
+    what: &str,
+) -> bool {
+    if !shared.over_budget() {
+        return false;
+    }
+    tracing::debug!(listener = %listener.name, budget = what, "HTTP/2 client over its budget");
+    count_calm(shared);
+    h2.abrupt_shutdown(Reason::ENHANCE_YOUR_CALM);
+    true
+}
+
+/// The idle timer fired: GOAWAY when the connection has been idle for `idle` (or its
+/// listener was removed), else the timer is set again. Returns whether it is closing.
+fn idle_check(
+    shared: &Shared,
+    h2: &mut Connection<Prefixed, Bytes>,
+    idle: Duration,
+    timer: std::pin::Pin<&mut tokio::time::Sleep>,
+) -> bool {
+    let since = shared.idle_since.get();
+    let idle_out = shared.active.get() == 0 && since.elapsed() >= idle;
+    // Also a busy connection notices a reload that removed its listener here,
+    // within keepalive_timeout.
+    let removed = shared
+        .worker
+        .snapshot()
+        .listener_index(shared.slot)
+        .is_none();
+    if idle_out || removed {
+        h2.graceful_shutdown();
+        return true;
+    }
+    // While streams run, look again in a while (at least a second, so a
+    // keepalive_timeout of 0 does not spin).
+    let next = match shared.active.get() {
+        0 => since + idle,
+        _ => Instant::now() + idle.max(Duration::from_secs(1)),
+    };
+    timer.reset(next.into());
+    false
 }
 
 fn count_calm(shared: &Shared) {

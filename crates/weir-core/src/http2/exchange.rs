@@ -292,13 +292,14 @@ impl StreamRequest<'_> {
         state: &mut BodyState,
         trace: &mut Trace,
     ) -> Result<(), Stop> {
-        let client_timeout = self.target.listener.client_timeout;
+        // A client that gives no window for `stall_timeout` gets the stream reset.
+        let stall_timeout = self.target.listener.http2.stall_timeout;
         let upstream_timeout = self.target.upstream.response_timeout;
         let pump_error = |e| Stop::Error(upstream_pump_error(e));
         loop {
             let (forward, consumed) = state.take(up_buf.filled_mut()).map_err(pump_error)?;
             let done = state.is_done();
-            send_data(send, &up_buf.filled()[..forward], done, client_timeout).await?;
+            send_data(send, &up_buf.filled()[..forward], done, stall_timeout).await?;
             trace.body_out += forward as u64;
             up_buf.consume(consumed);
             if done {
@@ -312,7 +313,7 @@ impl StreamRequest<'_> {
                     return Err(pump_error(PumpError::Framing("chunk line too long")))
                 }
                 Ok(Ok(0)) if state.on_eof() => {
-                    return send_data(send, &[], true, client_timeout).await;
+                    return send_data(send, &[], true, stall_timeout).await;
                 }
                 Ok(Ok(0)) => return Err(pump_error(PumpError::Truncated)),
                 Ok(Ok(_)) => {}

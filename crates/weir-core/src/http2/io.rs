@@ -1,17 +1,78 @@
 //! The client connection as the `h2` crate's I/O: the bytes `client` already read (the
 //! preface, often the first frames too) are read first, then the socket.
+//!
+//! Every byte of the connection passes here, so this is also where Weir watches what the
+//! `h2` crate does not report (`frames`): glitch frames from the client and the resets
+//! its errors force go to the connection's budgets, and a write that makes no progress
+//! marks the connection stalled (a client that never reads; `conn` closes it after
+//! `stall_timeout`).
 
 use std::io;
 use std::pin::Pin;
+use std::rc::Rc;
 use std::task::{Context, Poll};
+use std::time::Instant;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
+use super::conn::Shared;
+use super::frames::{forced_reset, glitch, Scanner};
+use super::PREFACE;
 use crate::client::ClientConn;
 
 /// A client connection whose read buffer is drained before its socket is read again.
 pub struct Prefixed {
-    pub conn: ClientConn,
+    conn: ClientConn,
+    shared: Rc<Shared>,
+    inbound: Scanner,
+    outbound: Scanner,
+    /// No client frame seen yet: the first is the SETTINGS every client must send, which
+    /// is no glitch.
+    first_frame: bool,
+}
+
+impl Prefixed {
+    pub fn new(conn: ClientConn, shared: Rc<Shared>) -> Prefixed {
+        Prefixed {
+            conn,
+            shared,
+            inbound: Scanner::new(PREFACE.len()),
+            outbound: Scanner::new(0),
+            first_frame: true,
+        }
+    }
+
+    /// Notes `n` bytes (or none) written from `bufs`, or a write that must wait.
+    fn wrote<'b>(
+        &mut self,
+        written: &Poll<io::Result<usize>>,
+        bufs: impl IntoIterator<Item = &'b [u8]>,
+    ) {
+        match written {
+            Poll::Ready(Ok(n)) => {
+                self.conn.sent += *n as u64;
+                self.shared.stalled_since.set(None);
+                let (mut left, shared) = (*n, &self.shared);
+                for buf in bufs {
+                    if left == 0 {
+                        break;
+                    }
+                    let part = &buf[..left.min(buf.len())];
+                    left -= part.len();
+                    self.outbound.feed(part, |f| {
+                        if forced_reset(&f) {
+                            shared.reset_by_client_error();
+                        }
+                    });
+                }
+            }
+            Poll::Pending if self.shared.stalled_since.get().is_none() => {
+                self.shared.stalled_since.set(Some(Instant::now()));
+                self.shared.stalled.notify_one();
+            }
+            _ => {}
+        }
+    }
 }
 
 impl AsyncRead for Prefixed {
@@ -20,14 +81,25 @@ impl AsyncRead for Prefixed {
         cx: &mut Context<'_>,
         out: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        let conn = &mut self.get_mut().conn;
-        if conn.buf.is_empty() {
-            return Pin::new(&mut conn.stream).poll_read(cx, out);
-        }
-        let n = conn.buf.len().min(out.remaining());
-        out.put_slice(&conn.buf.filled()[..n]);
-        conn.buf.consume(n);
-        Poll::Ready(Ok(()))
+        let this = self.get_mut();
+        let before = out.filled().len();
+        let conn = &mut this.conn;
+        let read = if conn.buf.is_empty() {
+            Pin::new(&mut conn.stream).poll_read(cx, out)
+        } else {
+            let n = conn.buf.len().min(out.remaining());
+            out.put_slice(&conn.buf.filled()[..n]);
+            conn.buf.consume(n);
+            Poll::Ready(Ok(()))
+        };
+        let (shared, first) = (&this.shared, &mut this.first_frame);
+        this.inbound.feed(&out.filled()[before..], |f| {
+            if glitch(&f) && !std::mem::take(first) {
+                shared.glitch();
+            }
+            *first = false;
+        });
+        read
     }
 }
 
@@ -37,11 +109,9 @@ impl AsyncWrite for Prefixed {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        let conn = &mut self.get_mut().conn;
-        let written = Pin::new(&mut conn.stream).poll_write(cx, buf);
-        if let Poll::Ready(Ok(n)) = written {
-            conn.sent += n as u64;
-        }
+        let this = self.get_mut();
+        let written = Pin::new(&mut this.conn.stream).poll_write(cx, buf);
+        this.wrote(&written, [buf]);
         written
     }
 
@@ -50,11 +120,9 @@ impl AsyncWrite for Prefixed {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        let conn = &mut self.get_mut().conn;
-        let written = Pin::new(&mut conn.stream).poll_write_vectored(cx, bufs);
-        if let Poll::Ready(Ok(n)) = written {
-            conn.sent += n as u64;
-        }
+        let this = self.get_mut();
+        let written = Pin::new(&mut this.conn.stream).poll_write_vectored(cx, bufs);
+        this.wrote(&written, bufs.iter().map(|b| &**b));
         written
     }
 
@@ -63,7 +131,12 @@ impl AsyncWrite for Prefixed {
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().conn.stream).poll_flush(cx)
+        let this = self.get_mut();
+        let flushed = Pin::new(&mut this.conn.stream).poll_flush(cx);
+        if flushed.is_pending() {
+            this.wrote(&Poll::Pending, []);
+        }
+        flushed
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {

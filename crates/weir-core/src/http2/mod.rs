@@ -7,13 +7,15 @@
 //! fields become an HTTP/1.1 head (`request`) that goes through the same router, upstream
 //! pick, retries, connector pool and response-head parsing as an HTTP/1.1 request
 //! (`exchange`), and the response streams back within the client's flow-control window
-//! (`send`). `budget` holds the rapid-reset accounting.
+//! (`send`). `budget` holds the reset and glitch accounting, fed by `io`, which watches
+//! the frames passing through (`frames`).
 //!
 //! Module names: `http2`, not `h2`, so that paths to the `h2` crate stay unambiguous.
 
 mod budget;
 mod conn;
 mod exchange;
+mod frames;
 mod io;
 mod local;
 mod request;

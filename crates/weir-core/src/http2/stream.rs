@@ -52,10 +52,9 @@ pub async fn serve(
     let (parts, body) = request.into_parts();
     let mut buf = Vec::with_capacity(512);
     if write_head(&mut buf, &parts, body.is_end_stream()).is_err() {
-        // Malformed (RFC 9113 8.1.1): a stream error, budgeted like a client reset
-        // (MadeYouReset makes the server reset streams on purpose).
+        // Malformed (RFC 9113 8.1.1): a stream error. The reset is budgeted like a
+        // client reset (MadeYouReset) where it is written out (`io`).
         respond.send_reset(Reason::PROTOCOL_ERROR);
-        shared.reset_by_client_error();
         return;
     }
     let facts = H2Facts::of(&parts.headers);
@@ -199,7 +198,7 @@ impl Stream<'_> {
                 &d.content_type,
                 d.body.as_bytes(),
                 self.req.is_head,
-                listener.client_timeout,
+                listener.http2.stall_timeout,
             )
             .await;
             trace.body_out = sent.as_ref().map_or(0, |n| *n);
@@ -281,7 +280,9 @@ impl Stream<'_> {
         respond: &mut SendResponse<Bytes>,
         trace: &mut Trace,
     ) -> Result<(), Failure> {
-        let timeout = self.snapshot.config.listeners[self.index].client_timeout;
+        let timeout = self.snapshot.config.listeners[self.index]
+            .http2
+            .stall_timeout;
         trace.local = true;
         let (status, sent) = send_rendered(respond, rendered, self.req.is_head, timeout)
             .await
@@ -345,7 +346,7 @@ async fn answer(
         "text/plain",
         &body,
         false,
-        listener.client_timeout,
+        listener.http2.stall_timeout,
     )
     .await
     {

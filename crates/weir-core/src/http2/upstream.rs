@@ -400,7 +400,8 @@ impl Exchange<'_, '_> {
         if empty {
             return Ok(Ok(()));
         }
-        let timeouts = (client_timeout, timeout);
+        // The relay waits for the client's window at most `stall_timeout`.
+        let timeouts = (r.target.listener.http2.stall_timeout, timeout);
         let upload = uploading.then_some(upload);
         let relayed = relay_while_uploading(upload, &mut up_body, &mut send, trace, timeouts);
         let Err(stop) = relayed.await else {
@@ -512,7 +513,7 @@ async fn relay(
     up: &mut RecvStream,
     send: &mut SendStream<Bytes>,
     trace: &mut Trace,
-    (client_timeout, upstream_timeout): (Duration, Duration),
+    (stall_timeout, upstream_timeout): (Duration, Duration),
 ) -> Result<(), Stop> {
     let read_error = |e: h2::Error| Stop::Error(h2_error(&e));
     loop {
@@ -523,7 +524,7 @@ async fn relay(
             Ok(Some(data)) => data.map_err(read_error)?,
         };
         let len = data.len();
-        send_bytes(send, data, client_timeout).await?;
+        send_bytes(send, data, stall_timeout).await?;
         trace.body_out += len as u64;
         let _ = up.flow_control().release_capacity(len);
     }
@@ -534,7 +535,7 @@ async fn relay(
         Ok(Ok(Some(t))) => send
             .send_trailers(t)
             .map_err(|_| Stop::Error(ProxyError::ClientClosed)),
-        Ok(Ok(None)) => send_data(send, &[], true, client_timeout).await,
+        Ok(Ok(None)) => send_data(send, &[], true, stall_timeout).await,
     }
 }
 

@@ -370,11 +370,14 @@ impl Scrape {
     /// listener. Separate series, so the request series keep their labels.
     fn http2_counters(&self, enc: &mut DescriptorEncoder) -> Result {
         type Pick = fn(&super::shard::Http2Metrics) -> &super::shard::Counter;
-        let families: [(&str, &str, Pick); 4] = [
+        let families: [(&str, &str, Pick); 7] = [
             ("weir_http2_connections", "Client connections that spoke HTTP/2 (h2c, or h2 through ALPN on TLS).", |m| &m.connections),
             ("weir_http2_streams", "HTTP/2 streams (requests) served.", |m| &m.streams),
             ("weir_http2_client_resets", "HTTP/2 streams the client reset while in flight; each cancelled its upstream request.", |m| &m.client_resets),
-            ("weir_http2_calm_goaways", "HTTP/2 connections closed with GOAWAY ENHANCE_YOUR_CALM (a reset budget exceeded).", |m| &m.calm_goaways),
+            ("weir_http2_calm_goaways", "HTTP/2 connections closed with GOAWAY ENHANCE_YOUR_CALM (a reset or glitch budget exceeded).", |m| &m.calm_goaways),
+            ("weir_http2_forced_resets", "HTTP/2 streams Weir reset because of the client's error on them (MadeYouReset).", |m| &m.forced_resets),
+            ("weir_http2_glitches", "HTTP/2 client frames that carried no request (SETTINGS, PING, empty DATA, small WINDOW_UPDATE, PRIORITY, unknown).", |m| &m.glitches),
+            ("weir_http2_stalled", "HTTP/2 connections closed because their writes made no progress for stall_timeout.", |m| &m.stalled),
         ];
         for (name, help, pick) in families {
             let rows: Vec<_> = self

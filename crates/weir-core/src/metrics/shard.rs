@@ -270,6 +270,12 @@ pub struct Http2Metrics {
     pub client_resets: Counter,
     /// Connections closed with GOAWAY ENHANCE_YOUR_CALM (a reset budget exceeded).
     pub calm_goaways: Counter,
+    /// Resets Weir sent because of a client's error on the stream (MadeYouReset).
+    pub forced_resets: Counter,
+    /// Client frames that carried no request (glitches: SETTINGS, PING, empty DATA, ...).
+    pub glitches: Counter,
+    /// Connections closed because their writes made no progress for `stall_timeout`.
+    pub stalled: Counter,
 }
 
 /// TLS versions counted apart.

@@ -1,0 +1,221 @@
+//! Frame boundaries in the bytes of an HTTP/2 connection, seen as they pass through the
+//! connection's I/O (`io::Prefixed`), for the defences the `h2` crate has no hook for.
+//!
+//! The `h2` crate answers PINGs and SETTINGS, ignores PRIORITY and unknown frames and
+//! accepts empty DATA and tiny WINDOW_UPDATEs without telling its user, and it sends the
+//! resets a client's errors force (MadeYouReset) on its own. Weir does not decode frames a
+//! second time: a [`Scanner`] walks frame headers only (9 bytes, plus the 4 first payload
+//! bytes of WINDOW_UPDATE and RST_STREAM), skipping payloads by length, with no copy and
+//! no allocation, and says what each frame is. [`glitch`] judges client frames,
+//! [`forced_reset`] the resets Weir sends.
+
+/// A frame header, with the first 32-bit word of the payload when it was asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Frame {
+    pub kind: u8,
+    pub flags: u8,
+    pub len: usize,
+    /// WINDOW_UPDATE's increment or RST_STREAM's error code (`None`: a shorter payload,
+    /// which the `h2` crate refuses as a FRAME_SIZE_ERROR anyway).
+    pub word: Option<u32>,
+}
+
+const DATA: u8 = 0;
+const PRIORITY: u8 = 2;
+const RST_STREAM: u8 = 3;
+const SETTINGS: u8 = 4;
+const PING: u8 = 6;
+const WINDOW_UPDATE: u8 = 8;
+const CONTINUATION: u8 = 9;
+const END_STREAM: u8 = 0x1;
+const ACK: u8 = 0x1;
+const HEADER_LEN: usize = 9;
+
+/// Error codes of resets that are no client's fault (RFC 9113 section 7).
+const NO_ERROR: u32 = 0;
+const CANCEL: u32 = 8;
+
+/// A WINDOW_UPDATE smaller than this is a glitch: real clients release window in large
+/// steps (typically half a window), a trickle makes the server send tiny DATA frames.
+const SMALL_WINDOW_UPDATE: u32 = 1024;
+
+/// Walks the frames of one direction of a connection, fed its bytes in order.
+#[derive(Debug)]
+pub struct Scanner {
+    /// Bytes still to skip: the client preface at the start, then each frame's payload.
+    skip: usize,
+    /// The frame header being assembled, plus the payload word for some kinds.
+    head: [u8; HEADER_LEN + 4],
+    have: usize,
+    want: usize,
+}
+
+impl Scanner {
+    /// A scanner whose first frame starts after `skip` bytes (the 24-byte client preface
+    /// on the inbound side, 0 outbound).
+    pub fn new(skip: usize) -> Scanner {
+        Scanner {
+            skip,
+            head: [0; HEADER_LEN + 4],
+            have: 0,
+            want: HEADER_LEN,
+        }
+    }
+
+    /// Feeds the next bytes of the direction; calls `on_frame` for each frame header
+    /// completed in them.
+    #[inline]
+    pub fn feed(&mut self, mut bytes: &[u8], mut on_frame: impl FnMut(Frame)) {
+        loop {
+            if self.skip > 0 {
+                let n = self.skip.min(bytes.len());
+                self.skip -= n;
+                bytes = &bytes[n..];
+            }
+            if bytes.is_empty() {
+                return;
+            }
+            let n = (self.want - self.have).min(bytes.len());
+            self.head[self.have..self.have + n].copy_from_slice(&bytes[..n]);
+            self.have += n;
+            bytes = &bytes[n..];
+            if self.have < self.want {
+                return;
+            }
+            let h = &self.head;
+            let len = usize::from(h[0]) << 16 | usize::from(h[1]) << 8 | usize::from(h[2]);
+            let kind = h[3];
+            let wants_word = matches!(kind, WINDOW_UPDATE | RST_STREAM) && len >= 4;
+            if self.want == HEADER_LEN && wants_word {
+                self.want = HEADER_LEN + 4;
+                continue;
+            }
+            let word =
+                (self.want > HEADER_LEN).then(|| u32::from_be_bytes([h[9], h[10], h[11], h[12]]));
+            on_frame(Frame {
+                kind,
+                flags: h[4],
+                len,
+                word,
+            });
+            self.skip = len - (self.want - HEADER_LEN);
+            self.have = 0;
+            self.want = HEADER_LEN;
+        }
+    }
+}
+
+/// Whether a client frame is a glitch: work for Weir that carries no request (floods of
+/// CVE-2019-9512 PING, -9515 SETTINGS, -9518 empty DATA, tiny WINDOW_UPDATEs, PRIORITY
+/// (-9513) and unknown frame types, which the `h2` crate must read and ignore).
+#[inline]
+pub fn glitch(f: &Frame) -> bool {
+    match f.kind {
+        DATA => f.len == 0 && f.flags & END_STREAM == 0,
+        SETTINGS | PING => f.flags & ACK == 0,
+        PRIORITY => true,
+        // An increment of 0 is a protocol error the `h2` crate answers (and counts, below).
+        WINDOW_UPDATE => f
+            .word
+            .is_some_and(|w| w & 0x7fff_ffff < SMALL_WINDOW_UPDATE),
+        kind => kind > CONTINUATION,
+    }
+}
+
+/// Whether an outbound frame is a reset forced by the client: RST_STREAM with an error
+/// code (PROTOCOL_ERROR, FLOW_CONTROL_ERROR, STREAM_CLOSED, REFUSED_STREAM, ...), which the
+/// `h2` crate or Weir sends because of something the client did on that stream
+/// (MadeYouReset, CVE-2025-8671). NO_ERROR and CANCEL are Weir's own choices.
+#[inline]
+pub fn forced_reset(f: &Frame) -> bool {
+    f.kind == RST_STREAM && !matches!(f.word, Some(NO_ERROR | CANCEL))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+        let len = payload.len() as u32;
+        let mut out = len.to_be_bytes()[1..].to_vec();
+        out.extend_from_slice(&[kind, flags]);
+        out.extend_from_slice(&stream.to_be_bytes());
+        out.extend_from_slice(payload);
+        out
+    }
+
+    fn sample() -> (Vec<u8>, Vec<Frame>) {
+        let mut bytes = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+        let mut want = Vec::new();
+        let mut push = |kind, flags, payload: &[u8], word| {
+            bytes.extend(frame(kind, flags, 1, payload));
+            want.push(Frame {
+                kind,
+                flags,
+                len: payload.len(),
+                word,
+            });
+        };
+        push(SETTINGS, 0, &[0, 3, 0, 0, 0, 100], None);
+        push(PING, 0, &[7; 8], None);
+        push(WINDOW_UPDATE, 0, &[0, 0, 0, 10], Some(10));
+        push(DATA, 0, &[], None);
+        push(DATA, END_STREAM, &[1; 300], None);
+        push(RST_STREAM, 0, &[0, 0, 0, 1], Some(1));
+        push(0xee, 0, &[], None);
+        push(WINDOW_UPDATE, 0, &[0, 1], None);
+        (bytes, want)
+    }
+
+    #[test]
+    fn finds_every_frame_split_at_every_byte() {
+        let (bytes, want) = sample();
+        for cut in 0..=bytes.len() {
+            let mut s = Scanner::new(24);
+            let mut got = Vec::new();
+            s.feed(&bytes[..cut], |f| got.push(f));
+            s.feed(&bytes[cut..], |f| got.push(f));
+            assert_eq!(got, want, "cut {cut}");
+        }
+        // And byte by byte.
+        let mut s = Scanner::new(24);
+        let mut got = Vec::new();
+        for b in &bytes {
+            s.feed(std::slice::from_ref(b), |f| got.push(f));
+        }
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn judges_glitches_and_forced_resets() {
+        let (_, frames) = sample();
+        let glitches: Vec<bool> = frames.iter().map(glitch).collect();
+        assert_eq!(
+            glitches,
+            [true, true, true, true, false, false, true, false]
+        );
+        let big_update = Frame {
+            kind: WINDOW_UPDATE,
+            flags: 0,
+            len: 4,
+            word: Some(65_535),
+        };
+        assert!(!glitch(&big_update));
+        let ack = Frame {
+            kind: PING,
+            flags: ACK,
+            len: 8,
+            word: None,
+        };
+        assert!(!glitch(&ack));
+        let resets: Vec<bool> = frames.iter().map(forced_reset).collect();
+        assert_eq!(resets.iter().filter(|r| **r).count(), 1);
+        let cancel = Frame {
+            kind: RST_STREAM,
+            flags: 0,
+            len: 4,
+            word: Some(CANCEL),
+        };
+        assert!(!forced_reset(&cancel));
+    }
+}

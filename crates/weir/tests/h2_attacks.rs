@@ -1,0 +1,409 @@
+//! The HTTP/2 attacks of 2016-2025, each mounted over a real socket with hand-made frames
+//! (`weir_testkit::h2_raw`), against an h2c listener: MadeYouReset, CONTINUATION floods,
+//! HPACK bombs, SETTINGS / PING / empty-DATA / WINDOW_UPDATE / PRIORITY floods, clients
+//! that never read or give no window. Each test asserts the outcome: the GOAWAY and its
+//! code or the close, what the upstream saw, and that other connections are still served.
+//! (Rapid reset and reset cancellation: `h2c_proxy.rs`. Memory under attack:
+//! `process_h2_memory.rs`.)
+
+mod common;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Method, Request, StatusCode};
+use tokio::net::TcpStream;
+
+use common::{single, WAIT};
+use weir_testkit::h2_raw::{flag, frame, kind, Block, Ending, RawH2};
+use weir_testkit::{wait_until_async, Backend};
+
+const ENHANCE_YOUR_CALM: u32 = 0xb;
+const CANCEL: u32 = 0x8;
+/// SETTINGS_INITIAL_WINDOW_SIZE.
+const INITIAL_WINDOW: u16 = 0x4;
+
+fn metric(weir: &common::Weir, name: &str) -> u64 {
+    let text = weir.metrics_text();
+    text.lines()
+        .find(|l| l.starts_with(name))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+fn web(name: &str) -> String {
+    format!("weir_http2_{name}_total{{listener=\"web\"}}")
+}
+
+/// A well-behaved h2 client (the `h2` crate's) gets `path` answered with 200: the
+/// listener still serves other connections.
+async fn still_served(addr: std::net::SocketAddr, path: &str) {
+    let tcp = TcpStream::connect(addr).await.expect("connect");
+    let (mut client, conn) = h2::client::handshake(tcp).await.expect("handshake");
+    tokio::spawn(conn);
+    let req = Request::builder()
+        .method(Method::GET)
+        .uri(format!("http://example.test{path}"))
+        .body(())
+        .expect("request");
+    let (response, _) = client.send_request(req, true).expect("send");
+    let response = tokio::time::timeout(WAIT, response)
+        .await
+        .expect("in time")
+        .expect("response");
+    assert_eq!(response.status(), StatusCode::OK);
+}
+
+/// Resets Weir must send because of the client's errors on its streams (a WINDOW_UPDATE
+/// that overflows the stream's window, DATA beyond content-length, a connection-specific
+/// field) count in the reset budget:
+/// past it, GOAWAY ENHANCE_YOUR_CALM, although the `h2` crate's own (lifetime) limit of
+/// such resets is far away.
+#[tokio::test]
+async fn made_you_reset_past_the_budget_gets_goaway_enhance_your_calm() {
+    let backend = Backend::hang();
+    let weir = single(backend.addr())
+        .listener("http2 = { reset_budget = 5, reset_window = \"60s\" }")
+        .start();
+    let mut raw = RawH2::connect(weir.addr, &[]).await.expect("connect");
+    let mut out = Vec::new();
+    for i in 0..10u32 {
+        let id = 2 * i + 1;
+        match i % 3 {
+            0 => {
+                let block = Block::post("/a");
+                frame(&mut out, kind::HEADERS, flag::END_HEADERS, id, &block.0);
+                // 65535 + 2^31-1 overflows the window: FLOW_CONTROL_ERROR on the stream.
+                let overflow = 0x7fff_ffffu32.to_be_bytes();
+                frame(&mut out, kind::WINDOW_UPDATE, 0, id, &overflow);
+            }
+            1 => {
+                let block = Block::post("/b").literal("content-length", b"2");
+                frame(&mut out, kind::HEADERS, flag::END_HEADERS, id, &block.0);
+                frame(&mut out, kind::DATA, flag::END_STREAM, id, b"too long");
+            }
+            _ => {
+                let block = Block::get("/c").literal("connection", b"close");
+                let flags = flag::END_HEADERS | flag::END_STREAM;
+                frame(&mut out, kind::HEADERS, flags, id, &block.0);
+            }
+        }
+    }
+    raw.send(&out).await.expect("send");
+    let mut resets = 0;
+    let goaway = raw
+        .until(WAIT, |f| {
+            let forced = !matches!(f.error_code(), Some(0 | CANCEL));
+            if f.kind == kind::RST_STREAM && forced {
+                resets += 1;
+            }
+            (f.kind == kind::GOAWAY).then(|| f.error_code())
+        })
+        .await;
+    assert_eq!(goaway, Some(Some(ENHANCE_YOUR_CALM)));
+    assert!(resets >= 6, "{resets} resets before the GOAWAY");
+    assert!(metric(&weir, &web("forced_resets")) >= 6);
+    assert_eq!(metric(&weir, &web("calm_goaways")), 1);
+    // Requests that reached the upstream were cancelled with their streams.
+    assert!(wait_until_async(WAIT, || backend.in_flight() == 0).await);
+    assert!(backend.requests_served() <= 10);
+}
+
+/// CONTINUATION frames without END_HEADERS, on and on (CVE-2024-27316): the `h2` crate
+/// counts them against SETTINGS_MAX_HEADER_LIST_SIZE / max frame size and sends GOAWAY;
+/// nothing reaches the upstream, other connections are served.
+#[tokio::test]
+async fn continuation_flood_gets_goaway_and_nothing_reaches_the_upstream() {
+    let backend = Backend::echo("up");
+    let weir = single(backend.addr()).start();
+    let mut raw = RawH2::connect(weir.addr, &[]).await.expect("connect");
+    let mut out = Vec::new();
+    frame(&mut out, kind::HEADERS, 0, 1, &Block::get("/").0);
+    // The `h2` crate allows max_header_list_size / max_frame_size + 25% (at least 5)
+    // CONTINUATION frames: 8 is past it. Few bytes, so Weir reads them all before it
+    // closes (unread bytes would turn its close into a TCP reset that eats the GOAWAY).
+    let filler = Block::default().literal("x-filler", &[b'a'; 100]);
+    for _ in 0..8 {
+        frame(&mut out, kind::CONTINUATION, 0, 1, &filler.0);
+    }
+    raw.send(&out).await.expect("send");
+    assert_eq!(
+        raw.until_goaway(WAIT).await,
+        Ending::GoAway(ENHANCE_YOUR_CALM)
+    );
+    assert!(raw.until_closed(WAIT).await);
+    still_served(weir.addr, "/").await;
+    assert_eq!(
+        backend.requests_served(),
+        1,
+        "only the well-behaved request"
+    );
+}
+
+/// The endless kind: a writer that never stops finds the connection closed after a
+/// bounded number of bytes (Weir stopped reading and closed it).
+#[tokio::test]
+async fn endless_continuation_frames_end_with_a_closed_connection() {
+    let backend = Backend::echo("up");
+    let weir = single(backend.addr()).start();
+    let mut raw = RawH2::connect(weir.addr, &[]).await.expect("connect");
+    raw.send_frame(kind::HEADERS, 0, 1, &Block::get("/").0)
+        .await
+        .expect("headers");
+    let mut chunk = Vec::new();
+    for _ in 0..16 {
+        frame(&mut chunk, kind::CONTINUATION, 0, 1, &[]);
+    }
+    let mut sent = 0usize;
+    let flood = async {
+        while raw.send(&chunk).await.is_ok() {
+            sent += chunk.len();
+            if sent > 64 << 20 {
+                break;
+            }
+        }
+    };
+    tokio::time::timeout(WAIT, flood)
+        .await
+        .expect("closed in time");
+    assert!(
+        sent < 64 << 20,
+        "Weir kept reading {sent} bytes of CONTINUATION"
+    );
+    assert_eq!(backend.requests_served(), 0);
+    assert_eq!(metric(&weir, &web("calm_goaways")), 1);
+    still_served(weir.addr, "/").await;
+}
+
+/// An HPACK bomb: one large field in the dynamic table, then a block of one-byte
+/// references to it. Up to 4x SETTINGS_MAX_HEADER_LIST_SIZE decoded, the `h2` crate
+/// stops keeping fields and answers 431 on the stream (the connection goes on); beyond,
+/// GOAWAY ENHANCE_YOUR_CALM. Nothing reaches the upstream.
+#[tokio::test]
+async fn hpack_bomb_is_refused_without_reaching_the_upstream() {
+    let backend = Backend::echo("up");
+    let weir = single(backend.addr()).start();
+    // 20 references to a 4 KB field: 80 KB decoded from 4 KB on the wire, over 64 KiB.
+    let mut raw = RawH2::connect(weir.addr, &[]).await.expect("connect");
+    let mut block = Block::get("/").literal_add("x-bomb", &[b'b'; 4000]);
+    for _ in 0..20 {
+        block = block.indexed(62);
+    }
+    let flags = flag::END_HEADERS | flag::END_STREAM;
+    raw.send_frame(kind::HEADERS, flags, 1, &block.0)
+        .await
+        .expect("send");
+    let refused = raw
+        .until(WAIT, |f| {
+            let ends = f.kind == kind::HEADERS && f.flags & flag::END_STREAM != 0;
+            (f.stream == 1 && (ends || f.kind == kind::RST_STREAM)).then_some(f.kind)
+        })
+        .await;
+    assert_eq!(refused, Some(kind::HEADERS), "431 on the stream");
+    // The connection goes on: a plain request on it gets 200 (indexed :status 200).
+    let flags = flag::END_HEADERS | flag::END_STREAM;
+    raw.send_frame(kind::HEADERS, flags, 3, &Block::get("/ok").0)
+        .await
+        .expect("send");
+    let status = raw
+        .until(WAIT, |f| {
+            (f.stream == 3 && f.kind == kind::HEADERS).then(|| f.payload.first().copied())
+        })
+        .await;
+    assert_eq!(status, Some(Some(0x88)), ":status 200");
+    assert_eq!(backend.requests_served(), 1, "only /ok");
+
+    // 100 references: 400 KB decoded, past 4x the limit.
+    let mut raw = RawH2::connect(weir.addr, &[]).await.expect("connect");
+    let mut block = Block::get("/").literal_add("x-bomb", &[b'b'; 4000]);
+    for _ in 0..100 {
+        block = block.indexed(62);
+    }
+    raw.send_frame(kind::HEADERS, flags, 1, &block.0)
+        .await
+        .expect("send");
+    assert_eq!(
+        raw.until_goaway(WAIT).await,
+        Ending::GoAway(ENHANCE_YOUR_CALM)
+    );
+    assert_eq!(backend.requests_served(), 1);
+}
+
+/// Many small fields in a small block (one dynamic entry referenced 300 times, 10 KB
+/// decoded: within max_header_list_size) meet the listener's `max_headers`: 431.
+#[tokio::test]
+async fn many_fields_are_capped_by_max_headers() {
+    let backend = Backend::echo("up");
+    let weir = single(backend.addr()).listener("max_headers = 50").start();
+    let tcp = TcpStream::connect(weir.addr).await.expect("connect");
+    let (mut client, conn) = h2::client::handshake(tcp).await.expect("handshake");
+    tokio::spawn(conn);
+    let mut req = Request::builder().uri("http://example.test/");
+    for _ in 0..300 {
+        req = req.header("a", "b");
+    }
+    let (response, _) = client
+        .send_request(req.body(()).expect("request"), true)
+        .expect("send");
+    let response = response.await.expect("response");
+    assert_eq!(
+        response.status(),
+        StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE
+    );
+    assert_eq!(backend.requests_served(), 0);
+    // The same connection goes on.
+    let req = Request::get("http://example.test/").body(()).expect("req");
+    let (response, _) = client.send_request(req, true).expect("send");
+    assert_eq!(response.await.expect("response").status(), StatusCode::OK);
+}
+
+/// One flood of `n` glitch frames of a kind, as bytes. `id` 1 is a POST left open.
+fn flood(what: &str, n: usize) -> Vec<u8> {
+    let mut out = Vec::new();
+    for i in 0..n {
+        match what {
+            "ping" => frame(&mut out, kind::PING, 0, 0, &(i as u64).to_be_bytes()),
+            "settings" => frame(&mut out, kind::SETTINGS, 0, 0, &[]),
+            "empty-data" => frame(&mut out, kind::DATA, 0, 1, &[]),
+            "window-update" => frame(&mut out, kind::WINDOW_UPDATE, 0, 0, &1u32.to_be_bytes()),
+            "priority" => frame(&mut out, kind::PRIORITY, 0, 5, &[0, 0, 0, 0, 16]),
+            _ => frame(&mut out, 0xfa, 0, 0, b"unknown"),
+        }
+    }
+    out
+}
+
+/// SETTINGS, PING, empty DATA, tiny WINDOW_UPDATE, PRIORITY and unknown-frame floods
+/// (CVE-2019-9512, -9515, -9518 and kin): each frame is a glitch; past `glitch_budget`,
+/// GOAWAY ENHANCE_YOUR_CALM. A few of each stay within the budget.
+#[tokio::test]
+async fn control_frame_floods_past_the_glitch_budget_get_goaway() {
+    let backend = Backend::hang();
+    let weir = single(backend.addr())
+        .listener("http2 = { glitch_budget = 50, glitch_window = \"60s\" }")
+        .start();
+    let kinds = [
+        "ping",
+        "settings",
+        "empty-data",
+        "window-update",
+        "priority",
+        "unknown",
+    ];
+    for (i, what) in kinds.into_iter().enumerate() {
+        let mut raw = RawH2::connect(weir.addr, &[]).await.expect("connect");
+        raw.send_frame(kind::HEADERS, flag::END_HEADERS, 1, &Block::post("/").0)
+            .await
+            .expect("headers");
+        // Within the budget: the connection answers a PING after them.
+        raw.send(&flood(what, 20)).await.expect("send");
+        raw.send_frame(kind::PING, 0, 0, b"still-ok")
+            .await
+            .expect("ping");
+        let pong = raw
+            .until(WAIT, |f| {
+                let ack = f.kind == kind::PING && f.flags & flag::ACK != 0;
+                (ack && f.payload == b"still-ok").then_some(())
+            })
+            .await;
+        assert_eq!(pong, Some(()), "{what}: answered within the budget");
+        raw.send(&flood(what, 40)).await.expect("send");
+        assert_eq!(
+            raw.until_goaway(WAIT).await,
+            Ending::GoAway(ENHANCE_YOUR_CALM),
+            "{what}"
+        );
+        assert_eq!(metric(&weir, &web("calm_goaways")), i as u64 + 1, "{what}");
+    }
+    assert!(metric(&weir, &web("glitches")) >= 6 * 51);
+    // The hanging upstream requests of the flooding connections were cancelled.
+    assert!(wait_until_async(WAIT, || backend.in_flight() == 0).await);
+}
+
+/// A client that asks for a large response and never reads its socket (CVE-2019-9517):
+/// Weir's writes stop making progress, and after `stall_timeout` the connection is
+/// dropped (no GOAWAY can reach such a client) and its upstream request cancelled.
+#[tokio::test]
+async fn a_client_that_never_reads_is_closed_after_stall_timeout() {
+    let backend = Backend::huge(1 << 30);
+    let weir = single(backend.addr())
+        .listener("http2 = { stall_timeout = \"1s\" }")
+        .start();
+    let mut raw = RawH2::connect(weir.addr, &[(INITIAL_WINDOW, (1 << 31) - 1)])
+        .await
+        .expect("connect");
+    let window = ((1u32 << 31) - 1 - 65_535).to_be_bytes();
+    raw.send_frame(kind::WINDOW_UPDATE, 0, 0, &window)
+        .await
+        .expect("window");
+    let flags = flag::END_HEADERS | flag::END_STREAM;
+    raw.send_frame(kind::HEADERS, flags, 1, &Block::get("/huge").0)
+        .await
+        .expect("request");
+    // Never read: Weir fills the socket buffers, then waits.
+    assert!(
+        wait_until_async(WAIT, || metric(&weir, &web("stalled")) == 1).await,
+        "stalled connections closed: {}",
+        metric(&weir, &web("stalled"))
+    );
+    assert!(wait_until_async(WAIT, || backend.in_flight() == 0).await);
+    still_served(weir.addr, "/").await;
+}
+
+/// A stream with no window (SETTINGS_INITIAL_WINDOW_SIZE 0, never raised) is reset
+/// (CANCEL) after `stall_timeout` and its upstream request cancelled; the connection,
+/// which reads, goes on.
+#[tokio::test]
+async fn a_stream_without_window_is_reset_after_stall_timeout() {
+    let backend = Backend::huge(1 << 20);
+    let weir = single(backend.addr())
+        .listener("http2 = { stall_timeout = \"1s\" }")
+        .start();
+    let mut raw = RawH2::connect(weir.addr, &[(INITIAL_WINDOW, 0)])
+        .await
+        .expect("connect");
+    let flags = flag::END_HEADERS | flag::END_STREAM;
+    raw.send_frame(kind::HEADERS, flags, 1, &Block::get("/huge").0)
+        .await
+        .expect("request");
+    let reset = raw
+        .until(WAIT, |f| {
+            (f.stream == 1 && f.kind == kind::RST_STREAM).then(|| f.error_code())
+        })
+        .await;
+    assert_eq!(reset, Some(Some(CANCEL)));
+    assert!(wait_until_async(WAIT, || backend.in_flight() == 0).await);
+    raw.send_frame(kind::PING, 0, 0, b"after-it")
+        .await
+        .expect("ping");
+    let pong = raw
+        .until(WAIT, |f| {
+            (f.kind == kind::PING && f.payload == b"after-it").then_some(())
+        })
+        .await;
+    assert_eq!(pong, Some(()));
+    assert_eq!(metric(&weir, &web("stalled")), 0);
+}
+
+/// Well-behaved traffic has no glitches: a large download by the `h2` crate's client
+/// (which sends WINDOW_UPDATEs as it reads) counts none.
+#[tokio::test]
+async fn a_large_download_is_no_glitch() {
+    let backend = Backend::huge(8 << 20);
+    let weir = single(backend.addr()).start();
+    let tcp = TcpStream::connect(weir.addr).await.expect("connect");
+    let (mut client, conn) = h2::client::handshake(tcp).await.expect("handshake");
+    tokio::spawn(conn);
+    let req = Request::get("http://example.test/").body(()).expect("req");
+    let (response, _) = client.send_request(req, true).expect("send");
+    let mut body = response.await.expect("response").into_body();
+    let mut n = 0;
+    while let Some(chunk) = body.data().await {
+        let chunk: Bytes = chunk.expect("chunk");
+        n += chunk.len();
+        let _ = body.flow_control().release_capacity(chunk.len());
+    }
+    assert_eq!(n, 8 << 20);
+    assert_eq!(metric(&weir, &web("glitches")), 0);
+}
