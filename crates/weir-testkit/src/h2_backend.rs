@@ -19,9 +19,9 @@ use h2::RecvStream;
 use http::{HeaderMap, HeaderValue, Request, Response};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
-use tokio::sync::oneshot;
 use tokio_rustls::TlsAcceptor;
 
+use crate::server_thread::ServerThread;
 use crate::TlsServer;
 
 #[derive(Default)]
@@ -33,10 +33,8 @@ struct Stats {
 
 /// A running HTTP/2 echo backend.
 pub struct H2Backend {
-    addr: SocketAddr,
+    server: ServerThread,
     stats: Arc<Stats>,
-    shutdown: Option<oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl H2Backend {
@@ -56,7 +54,7 @@ impl H2Backend {
     }
 
     pub fn addr(&self) -> SocketAddr {
-        self.addr
+        self.server.addr
     }
 
     /// Connections accepted so far.
@@ -75,44 +73,11 @@ impl H2Backend {
     }
 
     fn spawn(tls: Option<TlsAcceptor>, goaway: Option<usize>) -> H2Backend {
-        let std_listener = std::net::TcpListener::bind("127.0.0.1:0").expect("testkit: bind");
-        std_listener
-            .set_nonblocking(true)
-            .expect("testkit: nonblocking");
-        let addr = std_listener.local_addr().expect("testkit: addr");
         let stats = Arc::new(Stats::default());
-        let (tx, rx) = oneshot::channel();
         let thread_stats = stats.clone();
-        let thread = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("testkit: runtime");
-            runtime.block_on(async move {
-                let listener = TcpListener::from_std(std_listener).expect("testkit: listener");
-                tokio::select! {
-                    _ = rx => {}
-                    _ = accept_loop(listener, tls, goaway, thread_stats) => {}
-                }
-            });
-        });
-        H2Backend {
-            addr,
-            stats,
-            shutdown: Some(tx),
-            thread: Some(thread),
-        }
-    }
-}
-
-impl Drop for H2Backend {
-    fn drop(&mut self) {
-        if let Some(tx) = self.shutdown.take() {
-            let _ = tx.send(());
-        }
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
+        let server =
+            ServerThread::spawn(move |listener| accept_loop(listener, tls, goaway, thread_stats));
+        H2Backend { server, stats }
     }
 }
 

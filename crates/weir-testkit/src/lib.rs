@@ -28,6 +28,8 @@
 //!   ends with trailers; can send GOAWAY after a number of streams per connection.
 //! * [`h2_raw`]: a raw HTTP/2 client that writes hand-made frames (floods, protocol
 //!   abuse) and reads the server's frames undecoded, for the attack tests.
+//! * [`WsBackend`]: a WebSocket echo server (HTTP/1.1 Upgrade), with the frame helpers
+//!   [`ws_backend::ws_frame`] and [`ws_backend::parse_frame`] for the client side.
 //! * [`wait_until`] / [`wait_until_async`]: poll a condition instead of
 //!   sleeping a fixed time.
 
@@ -39,8 +41,10 @@ mod client;
 mod h2_backend;
 pub mod h2_raw;
 mod pattern;
+mod server_thread;
 mod tls_backend;
 mod wire;
+pub mod ws_backend;
 
 use std::time::{Duration, Instant};
 
@@ -55,6 +59,7 @@ pub use pattern::{
     Hasher,
 };
 pub use tls_backend::TlsServer;
+pub use ws_backend::WsBackend;
 
 /// How often [`wait_until`] and [`wait_until_async`] re-check their condition.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(5);

@@ -102,7 +102,9 @@ fn builder(h2: &Http2) -> Builder {
         .initial_connection_window_size(h2.initial_connection_window)
         .max_send_buffer_size(h2.max_send_buffer as usize)
         .max_pending_accept_reset_streams(h2.max_pending_accept_resets as usize)
-        .max_local_error_reset_streams(Some(h2.max_local_error_resets as usize));
+        .max_local_error_reset_streams(Some(h2.max_local_error_resets as usize))
+        // SETTINGS_ENABLE_CONNECT_PROTOCOL: WebSocket over HTTP/2 (RFC 8441, `websocket`).
+        .enable_connect_protocol();
     b
 }
 

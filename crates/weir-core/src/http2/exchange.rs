@@ -105,7 +105,7 @@ impl StreamRequest<'_> {
     /// request id and the client behind trusted proxies, as for an HTTP/1 request
     /// (`forward::exchange::write_head_with_policy`). Response-header rules are not applied
     /// to HTTP/2 streams yet.
-    pub(super) fn write_head(&self, out: &mut Vec<u8>, server: &UpstreamServer) {
+    pub(super) fn write_head(&self, out: &mut Vec<u8>, server: &UpstreamServer) -> Offered {
         let route = self.target.route;
         let rules = route.filters.request_headers.as_ref();
         let id_header = self.target.listener.policy.request_id.as_ref();
@@ -137,7 +137,7 @@ impl StreamRequest<'_> {
             tls: self.tls,
             edits: any.then_some(&edits),
         };
-        write_request_head(out, self.buf, self.req, self.path, route, server, client);
+        write_request_head(out, self.buf, self.req, self.path, route, server, client)
     }
 
     /// Forwards the request and relays the response. On `Err` nothing final was sent

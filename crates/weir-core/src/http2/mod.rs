@@ -8,7 +8,8 @@
 //! pick, retries, connector pool and response-head parsing as an HTTP/1.1 request
 //! (`exchange`), and the response streams back within the client's flow-control window
 //! (`send`). `budget` holds the reset and glitch accounting, fed by `io`, which watches
-//! the frames passing through (`frames`).
+//! the frames passing through (`frames`). `websocket` bridges RFC 8441 extended CONNECTs
+//! to HTTP/1.1 WebSocket upgrades.
 //!
 //! Module names: `http2`, not `h2`, so that paths to the `h2` crate stay unambiguous.
 
@@ -22,6 +23,7 @@ mod request;
 mod send;
 mod stream;
 mod upstream;
+mod websocket;
 
 pub use conn::serve;
 

@@ -26,13 +26,46 @@ fn connection_specific(name: &HeaderName) -> bool {
 /// Appends the HTTP/1.1 head of the request to `out`. `end_of_stream`: the request has
 /// no body (its HEADERS frame ended the stream).
 pub fn write_head(out: &mut Vec<u8>, parts: &Parts, end_of_stream: bool) -> Result<(), Malformed> {
+    let content_length = request_line_and_fields(out, parts.method.as_str(), parts)?;
+    framing(out, &parts.method, content_length, end_of_stream)?;
+    out.extend_from_slice(b"\r\n");
+    Ok(())
+}
+
+/// Appends the HTTP/1.1 Upgrade request an extended CONNECT (RFC 8441) stands for: `GET`
+/// with the CONNECT's `:path` and fields, `Connection: upgrade`, `Upgrade` with the
+/// `:protocol`, and `key` as `Sec-WebSocket-Key` (a client's own is dropped: HTTP/2
+/// WebSocket has none). A CONNECT must carry no `content-length`.
+pub fn write_upgrade_head(
+    out: &mut Vec<u8>,
+    parts: &Parts,
+    protocol: &[u8],
+    key: &[u8],
+) -> Result<(), Malformed> {
+    if request_line_and_fields(out, "GET", parts)?.is_some() {
+        return Err(Malformed("content-length on an extended CONNECT"));
+    }
+    out.extend_from_slice(b"connection: upgrade\r\n");
+    push(out, b"upgrade", protocol);
+    push(out, b"sec-websocket-key", key);
+    out.extend_from_slice(b"\r\n");
+    Ok(())
+}
+
+/// The request line (`method`, `:path`), `host` and the fields; returns the value of
+/// `content-length`, if any.
+fn request_line_and_fields<'p>(
+    out: &mut Vec<u8>,
+    method: &str,
+    parts: &'p Parts,
+) -> Result<Option<&'p [u8]>, Malformed> {
     let path = parts
         .uri
         .path_and_query()
         .map(|p| p.as_str())
         .filter(|p| !p.is_empty())
         .ok_or(Malformed(":path missing"))?;
-    out.extend_from_slice(parts.method.as_str().as_bytes());
+    out.extend_from_slice(method.as_bytes());
     out.push(b' ');
     out.extend_from_slice(path.as_bytes());
     out.extend_from_slice(b" HTTP/1.1\r\n");
@@ -59,6 +92,9 @@ pub fn write_head(out: &mut Vec<u8>, parts: &Parts, end_of_stream: bool) -> Resu
             cookies += 1;
             continue;
         }
+        if name == header::SEC_WEBSOCKET_KEY {
+            continue;
+        }
         if name == header::CONTENT_LENGTH {
             content_length = Some(value.as_bytes());
         }
@@ -67,9 +103,7 @@ pub fn write_head(out: &mut Vec<u8>, parts: &Parts, end_of_stream: bool) -> Resu
     if cookies > 0 {
         push_cookies(out, parts);
     }
-    framing(out, &parts.method, content_length, end_of_stream)?;
-    out.extend_from_slice(b"\r\n");
-    Ok(())
+    Ok(content_length)
 }
 
 /// Body framing for the HTTP/1.1 upstream.
@@ -150,6 +184,26 @@ mod tests {
         assert_eq!(
             head(req, true),
             Err(Malformed("content-length without DATA"))
+        );
+    }
+
+    #[test]
+    fn extended_connect_becomes_an_upgrade_get() {
+        let req = http::Request::connect("http://example.com/chat?x=1")
+            .header("sec-websocket-version", "13")
+            .header("sec-websocket-key", "client-sent")
+            .body(())
+            .unwrap_or_default();
+        let (parts, ()) = req.into_parts();
+        let mut out = Vec::new();
+        assert_eq!(
+            write_upgrade_head(&mut out, &parts, b"websocket", b"a2V5"),
+            Ok(())
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&out),
+            "GET /chat?x=1 HTTP/1.1\r\nhost: example.com\r\nsec-websocket-version: 13\r\n\
+             connection: upgrade\r\nupgrade: websocket\r\nsec-websocket-key: a2V5\r\n\r\n"
         );
     }
 

@@ -13,9 +13,10 @@ use http::Request;
 use super::conn::Shared;
 use super::exchange::{StreamRequest, Trace};
 use super::local::send_rendered;
-use super::request::write_head;
+use super::request::{write_head, write_upgrade_head};
 use super::send::send_data;
 use super::upstream::{grpc_answer, speaks_h2, H2Facts};
+use super::websocket::new_key;
 use crate::access_log::RequestFields;
 use crate::codec::http1::write::Persistence;
 use crate::codec::http1::{parse_request, BodyFraming, HeadLimits, RequestHead};
@@ -51,7 +52,14 @@ pub async fn serve(
     let listener = &snapshot.config.listeners[index];
     let (parts, body) = request.into_parts();
     let mut buf = Vec::with_capacity(512);
-    if write_head(&mut buf, &parts, body.is_end_stream()).is_err() {
+    // An extended CONNECT (RFC 8441) stands for an HTTP/1.1 Upgrade request.
+    let protocol = parts.extensions.get::<h2::ext::Protocol>().cloned();
+    let key = protocol.as_ref().map(|_| new_key());
+    let written = match (&protocol, &key) {
+        (Some(p), Some(key)) => write_upgrade_head(&mut buf, &parts, p.as_str().as_bytes(), key),
+        _ => write_head(&mut buf, &parts, body.is_end_stream()),
+    };
+    if written.is_err() {
         // Malformed (RFC 9113 8.1.1): a stream error. The reset is budgeted like a
         // client reset (MadeYouReset) where it is written out (`io`).
         respond.send_reset(Reason::PROTOCOL_ERROR);
@@ -96,6 +104,10 @@ pub async fn serve(
                 request_id: request_id.as_bytes(),
                 started,
                 facts: &facts,
+                tunnel: protocol
+                    .as_ref()
+                    .zip(key.as_ref())
+                    .map(|(p, k)| (p.as_str().as_bytes(), &k[..])),
             };
             let (route, result) = s.handle(body, &mut respond, &mut trace).await;
             (route, result, method)
@@ -159,6 +171,8 @@ struct Stream<'a> {
     request_id: &'a [u8],
     started: Instant,
     facts: &'a H2Facts,
+    /// An extended CONNECT: its `:protocol` and the `Sec-WebSocket-Key` in the head.
+    tunnel: Option<(&'a [u8], &'a [u8])>,
 }
 
 impl Stream<'_> {
@@ -247,13 +261,6 @@ impl Stream<'_> {
                 return (route, self.redirect(redirect, respond, trace).await);
             }
         };
-        if self.req.expect_continue && body.is_some() {
-            // The client may wait for 100 before sending DATA; Weir reads the body at once
-            // (an upstream's 1xx is not relayed to h2 clients), so it says so itself.
-            let mut go_on = http::Response::new(());
-            *go_on.status_mut() = http::StatusCode::CONTINUE;
-            let _ = respond.send_informational(go_on);
-        }
         let r = StreamRequest {
             worker: &self.shared.worker,
             target: exchange_target(listener, route_config, self.snapshot, upstream),
@@ -266,6 +273,16 @@ impl Stream<'_> {
             path: &path,
             started: self.started,
         };
+        if let Some((protocol, key)) = self.tunnel {
+            return (route, tunnel(&r, protocol, key, body, respond, trace).await);
+        }
+        if self.req.expect_continue && body.is_some() {
+            // The client may wait for 100 before sending DATA; Weir reads the body at once
+            // (an upstream's 1xx is not relayed to h2 clients), so it says so itself.
+            let mut go_on = http::Response::new(());
+            *go_on.status_mut() = http::StatusCode::CONTINUE;
+            let _ = respond.send_informational(go_on);
+        }
         let result = match speaks_h2(r.target.upstream) {
             true => r.forward_h2(self.facts, body, respond, trace).await,
             false => r.forward(body, respond, trace).await,
@@ -314,6 +331,32 @@ impl Stream<'_> {
         push_redirect(&mut rendered, redirect, &vars, Persistence::KeepAlive);
         self.local(&rendered, respond, trace).await
     }
+}
+
+/// An extended CONNECT: a WebSocket to an HTTP/1.1 upstream when the route lists
+/// `websocket` among its `upgrades`, else 501.
+async fn tunnel(
+    r: &StreamRequest<'_>,
+    protocol: &[u8],
+    key: &[u8],
+    body: Option<RecvStream>,
+    respond: &mut SendResponse<Bytes>,
+    trace: &mut Trace,
+) -> Result<(), Failure> {
+    let refuse = |why| Err(ProxyError::NotImplemented(why).into());
+    if !protocol.eq_ignore_ascii_case(b"websocket") {
+        return refuse("extended CONNECT for a protocol other than websocket");
+    }
+    if !r.target.route.upgrades.iter().any(|u| u == "websocket") {
+        return refuse("websocket is not among the route's upgrades");
+    }
+    if speaks_h2(r.target.upstream) {
+        return refuse("WebSocket to an HTTP/2 upstream");
+    }
+    let Some(body) = body else {
+        return Err(ProxyError::BadRequest("extended CONNECT that ends the stream").into());
+    };
+    r.forward_websocket(body, respond, key, trace).await
 }
 
 /// Answers a failure nothing was sent for yet with its status (or resets the stream when

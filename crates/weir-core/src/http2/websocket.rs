@@ -1,0 +1,361 @@
+//! WebSocket over HTTP/2 (RFC 8441): an extended CONNECT with `:protocol = websocket`
+//! bridged to an HTTP/1.1 Upgrade request upstream, then a tunnel.
+//!
+//! `request::write_upgrade_head` turned the CONNECT into `GET` + `Upgrade: websocket` with
+//! a `Sec-WebSocket-Key` made here, so routing, filters and `forward::request_head` treat
+//! it as an HTTP/1.1 upgrade (the route's `upgrades` must list `websocket`). The upstream
+//! must answer 101 switching to `websocket` with the `Sec-WebSocket-Accept` of that key
+//! (RFC 6455 4.2.2), else 502; a non-101 answer's status goes back to the client. After
+//! it the client gets 200 and bytes flow both ways: client DATA is released to its window
+//! only once written upstream, upstream bytes go out as DATA within the client's window
+//! (one buffer, bounded by `max_send_buffer` in `h2`), END_STREAM and the upstream's EOF
+//! close each direction, and a reset on either side ends both.
+
+use std::time::{Duration, Instant};
+
+use aws_lc_rs::digest;
+use bytes::Bytes;
+use h2::server::SendResponse;
+use h2::{Reason, RecvStream, SendStream};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+
+use super::exchange::{StreamRequest, Trace};
+use super::send::{send_data, unless_reset, Stop};
+use crate::buffer::Buffer;
+use crate::codec::http1::{HeaderSpan, ResponseHead};
+use crate::connector::UpstreamStream;
+use crate::error::ProxyError;
+use crate::filters::upgrade::{switch_allowed, Offered};
+use crate::forward::body;
+use crate::forward::exchange::{
+    obtain, read_final_head, record_attempt, upstream_write_error, RequestMeta,
+};
+use crate::forward::Failure;
+use crate::time::LazyTimer;
+
+/// RFC 6455 section 1.3.
+const GUID: &[u8] = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
+
+/// A fresh `Sec-WebSocket-Key`: 16 random bytes in base64.
+pub fn new_key() -> [u8; 24] {
+    let mut raw = [0u8; 16];
+    // The key is a nonce against caches that do not know WebSocket, not a secret: should
+    // the system's random source fail, the time still makes it unique enough.
+    if aws_lc_rs::rand::fill(&mut raw).is_err() {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        raw = t.to_le_bytes();
+    }
+    let mut out = [0u8; 24];
+    base64(&raw, &mut out);
+    out
+}
+
+/// The `Sec-WebSocket-Accept` a server must answer `key` with.
+pub fn accept_of(key: &[u8]) -> [u8; 28] {
+    let mut ctx = digest::Context::new(&digest::SHA1_FOR_LEGACY_USE_ONLY);
+    ctx.update(key);
+    ctx.update(GUID);
+    let mut out = [0u8; 28];
+    base64(ctx.finish().as_ref(), &mut out);
+    out
+}
+
+/// Standard base64 with padding of `src` into `out` (4 bytes for each 3, rounded up).
+fn base64(src: &[u8], out: &mut [u8]) {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    for (chunk, o) in src.chunks(3).zip(out.chunks_mut(4)) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = u32::from(b[0]) << 16 | u32::from(b[1]) << 8 | u32::from(b[2]);
+        for (i, slot) in o.iter_mut().enumerate() {
+            *slot = match i <= chunk.len() {
+                true => ALPHABET[(n >> (18 - 6 * i) & 63) as usize],
+                false => b'=',
+            };
+        }
+    }
+}
+
+/// The value of the first field `name` among `headers` of `buf`.
+fn field<'a>(headers: &[HeaderSpan], buf: &'a [u8], name: &str) -> Option<&'a [u8]> {
+    headers
+        .iter()
+        .find(|h| buf[h.name.clone()].eq_ignore_ascii_case(name.as_bytes()))
+        .map(|h| &buf[h.value.clone()])
+}
+
+impl StreamRequest<'_> {
+    /// Opens the WebSocket upstream for an extended CONNECT whose head (with `key`) is
+    /// `self.req`, answers 200 and tunnels until both sides are done.
+    pub async fn forward_websocket(
+        &self,
+        body: RecvStream,
+        respond: &mut SendResponse<Bytes>,
+        key: &[u8],
+        trace: &mut Trace,
+    ) -> Result<(), Failure> {
+        let mut up_buf = self.worker.take_buffer();
+        let result = self.websocket(body, respond, key, &mut up_buf, trace).await;
+        self.worker.give_buffer(up_buf);
+        result
+    }
+
+    async fn websocket(
+        &self,
+        body: RecvStream,
+        respond: &mut SendResponse<Bytes>,
+        key: &[u8],
+        up_buf: &mut Buffer,
+        trace: &mut Trace,
+    ) -> Result<(), Failure> {
+        let mut resp = ResponseHead::default();
+        let opened = unless_reset(respond, self.open(key, up_buf, &mut resp, trace)).await;
+        let stream = match opened {
+            Ok(opened) => opened?,
+            Err(Stop::Reset) => {
+                trace.reset = true;
+                return Err(ProxyError::ClientClosed.into());
+            }
+            Err(Stop::Error(e)) => return Err(e.into()),
+        };
+        let Some(stream) = stream else {
+            // The upstream refused the upgrade: its status, without a body.
+            trace.status = resp.status;
+            let mut head = http::Response::new(());
+            *head.status_mut() =
+                http::StatusCode::from_u16(resp.status).unwrap_or(http::StatusCode::BAD_GATEWAY);
+            respond
+                .send_response(head, true)
+                .map_err(|_| Failure::after_head(ProxyError::ClientClosed))?;
+            return Ok(());
+        };
+        let head = self.accepted_head(&resp, up_buf.filled());
+        up_buf.consume(resp.head_len);
+        trace.status = 200;
+        let mut send = respond
+            .send_response(head, false)
+            .map_err(|_| Failure::after_head(ProxyError::ClientClosed))?;
+        let stall = self.target.listener.http2.stall_timeout;
+        match tunnel(&mut send, body, stream, up_buf, stall, trace).await {
+            Ok(()) => Ok(()),
+            Err(Stop::Reset) => {
+                trace.reset = true;
+                Err(Failure::after_head(ProxyError::ClientClosed))
+            }
+            Err(Stop::Error(e)) => {
+                send.send_reset(Reason::CANCEL);
+                Err(Failure::after_head(e))
+            }
+        }
+    }
+
+    /// Sends the Upgrade request and reads the answer: the upstream connection after a
+    /// valid 101, `None` after another final status (in `resp`).
+    async fn open(
+        &self,
+        key: &[u8],
+        up_buf: &mut Buffer,
+        resp: &mut ResponseHead,
+        trace: &mut Trace,
+    ) -> Result<Option<UpstreamStream>, Failure> {
+        let target = self.target;
+        let (_, pick) = self.first_pick()?;
+        let server = &target.upstream.servers[pick.server];
+        let metrics = self
+            .worker
+            .metrics
+            .server(target.pool.slot, target.pool.server_slots[pick.server]);
+        trace.upstream_pick = Some((target.upstream_index, pick.server));
+        let mut out = Vec::with_capacity(self.buf.len() + 256);
+        let offered = self.write_head(&mut out, server);
+        let started = Instant::now();
+        let opened = self
+            .handshake(server, metrics, &out, offered, key, up_buf, resp)
+            .await;
+        let elapsed = started.elapsed();
+        record_attempt(target, &pick, metrics, &opened, resp, elapsed);
+        trace.upstream_time = Some(elapsed);
+        opened
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn handshake(
+        &self,
+        server: &weir_config::UpstreamServer,
+        metrics: Option<&crate::metrics::shard::ServerMetrics>,
+        head: &[u8],
+        offered: Offered,
+        key: &[u8],
+        up_buf: &mut Buffer,
+        resp: &mut ResponseHead,
+    ) -> Result<Option<UpstreamStream>, Failure> {
+        let upstream = self.target.upstream;
+        let tls = self.target.pool.tls.as_deref();
+        let now = Instant::now();
+        // A fresh connection: it becomes the tunnel, never pooled again.
+        let (mut stream, _) = obtain(self.worker, (server, tls), upstream, metrics, now, true)
+            .await
+            .map_err(Failure::from)?;
+        let timeout = upstream.response_timeout;
+        body::write_all(&mut stream, head, &[], timeout)
+            .await
+            .map_err(|e| Failure::from(upstream_write_error(e)))?;
+        let meta = RequestMeta {
+            is_head: false,
+            http10: true,
+            upgrade: offered,
+            idempotent: false,
+        };
+        let start = tokio::time::Instant::now();
+        let mut timer = LazyTimer::new(start);
+        timer.set(start + timeout);
+        let mut sink = tokio::io::sink();
+        let client_timeout = self.target.listener.client_timeout;
+        read_final_head(
+            &mut stream,
+            up_buf,
+            resp,
+            meta,
+            &mut sink,
+            client_timeout,
+            Some(&mut timer),
+        )
+        .await
+        .map_err(|e| Failure::from(e.error))?;
+        if resp.status != 101 {
+            return Ok(None);
+        }
+        let buf = up_buf.filled();
+        let allowed = &self.target.route.upgrades;
+        let accept = field(&resp.headers, buf, "sec-websocket-accept");
+        if !switch_allowed(&resp.headers, buf, allowed, offered)
+            || accept != Some(&accept_of(key)[..])
+        {
+            return Err(ProxyError::UpstreamMalformed("WebSocket handshake not accepted").into());
+        }
+        Ok(Some(stream))
+    }
+
+    /// The 200 to the client, with the subprotocol and extensions the server chose.
+    fn accepted_head(&self, resp: &ResponseHead, buf: &[u8]) -> http::Response<()> {
+        let mut head = http::Response::new(());
+        for name in ["sec-websocket-protocol", "sec-websocket-extensions"] {
+            let value = field(&resp.headers, buf, name).map(http::HeaderValue::from_bytes);
+            if let Some(Ok(value)) = value {
+                head.headers_mut()
+                    .insert(http::HeaderName::from_static(name), value);
+            }
+        }
+        head
+    }
+}
+
+/// Relays both ways until each side has ended its direction (client END_STREAM, upstream
+/// EOF); after the upstream ended, the client gets `stall` to end its own.
+async fn tunnel(
+    send: &mut SendStream<Bytes>,
+    mut body: RecvStream,
+    stream: UpstreamStream,
+    up_buf: &mut Buffer,
+    stall: Duration,
+    trace: &mut Trace,
+) -> Result<(), Stop> {
+    let (mut ur, mut uw) = tokio::io::split(stream);
+    let mut sent = 0u64;
+    let mut received = 0u64;
+    let result = {
+        let down = downstream(send, &mut ur, up_buf, stall, &mut sent);
+        let up = upstream(&mut body, &mut uw, &mut received);
+        tokio::pin!(down, up);
+        tokio::select! {
+            r = &mut up => match r {
+                Ok(()) => down.await,
+                Err(e) => Err(e),
+            },
+            r = &mut down => match r {
+                Ok(()) => match tokio::time::timeout(stall, up).await {
+                    Ok(r) => r,
+                    Err(_) => Err(Stop::Error(ProxyError::ClientTimeout)),
+                },
+                Err(e) => Err(e),
+            },
+        }
+    };
+    trace.body_in = received;
+    trace.body_out = sent;
+    result
+}
+
+/// Upstream bytes to the client as DATA, within its window; END_STREAM at the upstream's
+/// EOF.
+async fn downstream<R: AsyncRead + Unpin>(
+    send: &mut SendStream<Bytes>,
+    ur: &mut R,
+    up_buf: &mut Buffer,
+    stall: Duration,
+    sent: &mut u64,
+) -> Result<(), Stop> {
+    loop {
+        if !up_buf.is_empty() {
+            send_data(send, up_buf.filled(), false, stall).await?;
+            *sent += up_buf.len() as u64;
+            up_buf.clear();
+        }
+        match unless_reset(send, up_buf.read_from(ur)).await? {
+            Ok(0) => return send_data(send, &[], true, stall).await,
+            Ok(_) => {}
+            Err(e) => return Err(Stop::Error(ProxyError::upstream_io(e))),
+        }
+    }
+}
+
+/// Client DATA to the upstream, released to the client's window once written; the
+/// upstream's write half is shut at the client's END_STREAM.
+async fn upstream<W: AsyncWrite + Unpin>(
+    body: &mut RecvStream,
+    uw: &mut W,
+    received: &mut u64,
+) -> Result<(), Stop> {
+    while let Some(data) = body.data().await {
+        // An error here is the client's reset (or the connection's end).
+        let data = data.map_err(|_| Stop::Reset)?;
+        uw.write_all(&data)
+            .await
+            .map_err(|e| Stop::Error(ProxyError::upstream_io(e)))?;
+        *received += data.len() as u64;
+        let _ = body.flow_control().release_capacity(data.len());
+    }
+    let _ = uw.shutdown().await;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accept_matches_rfc_6455() {
+        // The example of RFC 6455 section 1.3.
+        assert_eq!(
+            &accept_of(b"dGhlIHNhbXBsZSBub25jZQ=="),
+            b"s3pPLMBiTxaQ9kYGzzhZRbK+xOo="
+        );
+        let key = new_key();
+        assert_eq!(key[22..], *b"==");
+        assert_ne!(key, new_key());
+    }
+
+    #[test]
+    fn base64_pads() {
+        let mut out = [0u8; 8];
+        base64(b"ab", &mut out[..4]);
+        assert_eq!(&out[..4], b"YWI=");
+        base64(b"abcd", &mut out);
+        assert_eq!(&out, b"YWJjZA==");
+    }
+}

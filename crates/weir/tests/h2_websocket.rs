@@ -1,0 +1,202 @@
+//! WebSocket over HTTP/2 (RFC 8441): an h2 client (the `h2` crate's, which sends extended
+//! CONNECT once the server allowed it with SETTINGS_ENABLE_CONNECT_PROTOCOL) talks to a
+//! WebSocket echo backend on HTTP/1.1 (`weir_testkit::WsBackend`) through Weir.
+
+mod common;
+
+use bytes::Bytes;
+use h2::client::SendRequest;
+use h2::ext::Protocol;
+use h2::{Reason, RecvStream, SendStream};
+use http::{Method, Request, StatusCode};
+use tokio::net::TcpStream;
+
+use common::{single, WAIT};
+use weir_testkit::ws_backend::{parse_frame, ws_frame, OP_CLOSE, OP_PING, OP_PONG, OP_TEXT};
+use weir_testkit::{wait_until_async, Backend, WsBackend};
+
+/// An h2c connection whose server has enabled extended CONNECT.
+async fn connect(addr: std::net::SocketAddr) -> SendRequest<Bytes> {
+    let tcp = TcpStream::connect(addr).await.expect("connect");
+    let (client, conn) = h2::client::handshake(tcp).await.expect("handshake");
+    tokio::spawn(conn);
+    // The flag arrives with the server's SETTINGS; the client must have seen them.
+    let mut client = client.ready().await.expect("ready");
+    assert!(
+        wait_until_async(WAIT, || client.is_extended_connect_protocol_enabled()).await,
+        "SETTINGS_ENABLE_CONNECT_PROTOCOL"
+    );
+    client = client.ready().await.expect("ready");
+    client
+}
+
+fn extended_connect(path: &str, protocol: &'static str) -> Request<()> {
+    let mut req = Request::builder()
+        .method(Method::CONNECT)
+        .uri(format!("http://example.test{path}"))
+        .header("sec-websocket-version", "13")
+        .header("sec-websocket-protocol", "chat, superchat")
+        .body(())
+        .expect("request");
+    req.extensions_mut().insert(Protocol::from_static(protocol));
+    req
+}
+
+/// Reads DATA until one whole WebSocket frame is there.
+async fn next_frame(body: &mut RecvStream, buf: &mut Vec<u8>) -> Option<(u8, Vec<u8>)> {
+    loop {
+        if let Some((op, payload, used)) = parse_frame(buf) {
+            buf.drain(..used);
+            return Some((op, payload));
+        }
+        let chunk = tokio::time::timeout(WAIT, body.data()).await.ok()??.ok()?;
+        let _ = body.flow_control().release_capacity(chunk.len());
+        buf.extend_from_slice(&chunk);
+    }
+}
+
+/// The status an extended CONNECT for `path` and `protocol` gets.
+async fn status_of(
+    client: &mut SendRequest<Bytes>,
+    path: &str,
+    protocol: &'static str,
+) -> StatusCode {
+    let (response, _up) = client
+        .send_request(extended_connect(path, protocol), false)
+        .expect("send");
+    response.await.expect("response").status()
+}
+
+async fn send(stream: &mut SendStream<Bytes>, frame: Vec<u8>, end: bool) {
+    stream.send_data(Bytes::from(frame), end).expect("send");
+}
+
+#[tokio::test]
+async fn websocket_echo_over_http2_extended_connect() {
+    let backend = WsBackend::echo();
+    let weir = single(backend.addr()).start();
+    let mut client = connect(weir.addr).await;
+    let (response, mut up) = client
+        .send_request(extended_connect("/chat?room=1", "websocket"), false)
+        .expect("extended CONNECT");
+    let response = tokio::time::timeout(WAIT, response)
+        .await
+        .expect("in time")
+        .expect("response");
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(response.headers()["sec-websocket-protocol"], "chat");
+    // The upstream got an HTTP/1.1 Upgrade with a key Weir made.
+    let heads = backend.heads();
+    assert_eq!(heads.len(), 1);
+    let head = heads[0].to_ascii_lowercase();
+    assert!(head.starts_with("get /chat?room=1 http/1.1\r\n"), "{head}");
+    assert!(head.contains("upgrade: websocket\r\n"), "{head}");
+    assert!(head.contains("sec-websocket-version: 13\r\n"), "{head}");
+    let key = head
+        .lines()
+        .find_map(|l| l.strip_prefix("sec-websocket-key: "))
+        .expect("a key");
+    assert_eq!(key.len(), 24, "{key}");
+
+    let mut body = response.into_body();
+    let mut buf = Vec::new();
+    // Text both ways, a large one under flow control, a ping.
+    let big = vec![b'x'; 300_000];
+    for (op, payload) in [
+        (OP_TEXT, &b"hello"[..]),
+        (OP_TEXT, &big[..]),
+        (OP_PING, b"p"),
+    ] {
+        up.reserve_capacity(payload.len() + 14);
+        send(&mut up, ws_frame(op, payload, Some([9, 8, 7, 6])), false).await;
+        let want = if op == OP_PING { OP_PONG } else { op };
+        let got = next_frame(&mut body, &mut buf).await.expect("echo");
+        assert_eq!((got.0, got.1.len()), (want, payload.len()));
+        assert_eq!(got.1, payload);
+    }
+    // Close: the server echoes CLOSE and ends; Weir ends the stream.
+    send(
+        &mut up,
+        ws_frame(OP_CLOSE, b"\x03\xe8", Some([1, 1, 1, 1])),
+        true,
+    )
+    .await;
+    let got = next_frame(&mut body, &mut buf).await.expect("close");
+    assert_eq!(got, (OP_CLOSE, b"\x03\xe8".to_vec()));
+    // Then END_STREAM (an empty DATA frame carries it), nothing more.
+    let mut rest = Vec::new();
+    while let Some(chunk) = tokio::time::timeout(WAIT, body.data()).await.expect("end") {
+        rest.extend_from_slice(&chunk.expect("data"));
+    }
+    assert!(rest.is_empty(), "{rest:?}");
+    assert!(wait_until_async(WAIT, || backend.ended() == 1).await);
+    let log = weir.metrics_text();
+    assert!(log.contains("code=\"200\"} 1"), "{log}");
+}
+
+#[tokio::test]
+async fn a_client_reset_closes_the_upstream_websocket() {
+    let backend = WsBackend::echo();
+    let weir = single(backend.addr()).start();
+    let mut client = connect(weir.addr).await;
+    let (response, mut up) = client
+        .send_request(extended_connect("/chat", "websocket"), false)
+        .expect("extended CONNECT");
+    let response = response.await.expect("response");
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(backend.upgraded(), 1);
+    up.send_reset(Reason::CANCEL);
+    assert!(
+        wait_until_async(WAIT, || backend.ended() == 1).await,
+        "the upstream connection was closed"
+    );
+}
+
+#[tokio::test]
+async fn refused_upgrades_keep_their_status_and_reach_no_tunnel() {
+    let backend = WsBackend::echo();
+    let weir = single(backend.addr()).start();
+    let mut client = connect(weir.addr).await;
+    // The upstream's refusal comes back with its status.
+    assert_eq!(
+        status_of(&mut client, "/refuse", "websocket").await,
+        StatusCode::FORBIDDEN
+    );
+    // A protocol other than websocket: 501, nothing upstream.
+    assert_eq!(
+        status_of(&mut client, "/x", "chat-over-h2").await,
+        StatusCode::NOT_IMPLEMENTED
+    );
+    assert_eq!(backend.heads().len(), 1, "only /refuse went upstream");
+    assert_eq!(backend.upgraded(), 0);
+}
+
+#[tokio::test]
+async fn a_route_without_websocket_in_upgrades_refuses_it() {
+    let backend = Backend::echo("up");
+    let weir = common::Conf::new()
+        .route("all", "up", &["upgrades = []"])
+        .upstream("up", &[backend.addr()], &[])
+        .start();
+    let mut client = connect(weir.addr).await;
+    assert_eq!(
+        status_of(&mut client, "/chat", "websocket").await,
+        StatusCode::NOT_IMPLEMENTED
+    );
+    assert_eq!(backend.requests_served(), 0);
+}
+
+/// A server that answers 101 with a wrong Sec-WebSocket-Accept is no WebSocket: 502.
+#[tokio::test]
+async fn a_bad_accept_is_a_502() {
+    let backend = Backend::raw_response(
+        b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: upgrade\r\n\
+          sec-websocket-accept: d3Jvbmc=\r\n\r\n",
+    );
+    let weir = single(backend.addr()).start();
+    let mut client = connect(weir.addr).await;
+    assert_eq!(
+        status_of(&mut client, "/chat", "websocket").await,
+        StatusCode::BAD_GATEWAY
+    );
+}
