@@ -8,8 +8,6 @@
 
 mod common;
 
-use std::time::Duration;
-
 use bytes::Bytes;
 use http::{Method, Request, StatusCode};
 use tokio::net::TcpStream;
