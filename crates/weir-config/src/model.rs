@@ -222,7 +222,7 @@ pub struct Http2 {
     /// CVE-2025-8671).
     pub max_local_error_resets: u32,
     /// Frames that cost Weir work but carry no request (SETTINGS, PING, empty DATA,
-    /// small WINDOW_UPDATE, PRIORITY, unknown types) allowed per `glitch_window` before
+    /// WINDOW_UPDATEs no DATA explains, PRIORITY, unknown types) allowed per `glitch_window` before
     /// GOAWAY ENHANCE_YOUR_CALM (CVE-2019-9512, -9515, -9518).
     pub glitch_budget: u32,
     pub glitch_window: Duration,

@@ -161,7 +161,22 @@ impl RawH2 {
     /// Connects, sends the preface and a SETTINGS frame with `settings` ((id, value)
     /// pairs), and acknowledges nothing yet.
     pub async fn connect(addr: SocketAddr, settings: &[(u16, u32)]) -> std::io::Result<RawH2> {
-        let mut tcp = TcpStream::connect(addr).await?;
+        RawH2::start(TcpStream::connect(addr).await?, settings).await
+    }
+
+    /// As [`RawH2::connect`], with a small receive buffer (4 KiB asked; the kernel may
+    /// round up): for clients that never read, so the server's writes stall soon instead
+    /// of filling megabytes of socket buffers first.
+    pub async fn connect_not_reading(
+        addr: SocketAddr,
+        settings: &[(u16, u32)],
+    ) -> std::io::Result<RawH2> {
+        let socket = tokio::net::TcpSocket::new_v4()?;
+        socket.set_recv_buffer_size(4096)?;
+        RawH2::start(socket.connect(addr).await?, settings).await
+    }
+
+    async fn start(mut tcp: TcpStream, settings: &[(u16, u32)]) -> std::io::Result<RawH2> {
         let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
         let mut payload = Vec::new();
         for (id, value) in settings {

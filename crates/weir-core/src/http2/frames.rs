@@ -6,7 +6,7 @@
 //! resets a client's errors force (MadeYouReset) on its own. Weir does not decode frames a
 //! second time: a [`Scanner`] walks frame headers only (9 bytes, plus the 4 first payload
 //! bytes of WINDOW_UPDATE and RST_STREAM), skipping payloads by length, with no copy and
-//! no allocation, and says what each frame is. [`glitch`] judges client frames,
+//! no allocation, and says what each frame is. [`Glitches`] judges client frames,
 //! [`forced_reset`] the resets Weir sends.
 
 /// A frame header, with the first 32-bit word of the payload when it was asked for.
@@ -35,9 +35,11 @@ const HEADER_LEN: usize = 9;
 const NO_ERROR: u32 = 0;
 const CANCEL: u32 = 8;
 
-/// A WINDOW_UPDATE smaller than this is a glitch: real clients release window in large
-/// steps (typically half a window), a trickle makes the server send tiny DATA frames.
-const SMALL_WINDOW_UPDATE: u32 = 1024;
+const HEADERS: u8 = 1;
+
+/// WINDOW_UPDATEs a client may send before any DATA: one for the connection and one for
+/// a stream, to open windows larger than the default.
+const START_UPDATES: u32 = 2;
 
 /// Walks the frames of one direction of a connection, fed its bytes in order.
 #[derive(Debug)]
@@ -105,20 +107,64 @@ impl Scanner {
     }
 }
 
-/// Whether a client frame is a glitch: work for Weir that carries no request (floods of
-/// CVE-2019-9512 PING, -9515 SETTINGS, -9518 empty DATA, tiny WINDOW_UPDATEs, PRIORITY
-/// (-9513) and unknown frame types, which the `h2` crate must read and ignore).
-#[inline]
-pub fn glitch(f: &Frame) -> bool {
-    match f.kind {
-        DATA => f.len == 0 && f.flags & END_STREAM == 0,
-        SETTINGS | PING => f.flags & ACK == 0,
-        PRIORITY => true,
-        // An increment of 0 is a protocol error the `h2` crate answers (and counts, below).
-        WINDOW_UPDATE => f
-            .word
-            .is_some_and(|w| w & 0x7fff_ffff < SMALL_WINDOW_UPDATE),
-        kind => kind > CONTINUATION,
+/// Tells glitches among a client's frames: work for Weir that carries no request (floods
+/// of CVE-2019-9512 PING, -9515 SETTINGS, -9518 empty DATA, PRIORITY (-9513), unknown
+/// frame types, which the `h2` crate reads and ignores, and WINDOW_UPDATEs that no DATA
+/// explains).
+///
+/// A client releases window for DATA it received: at most one stream and one connection
+/// WINDOW_UPDATE for each DATA frame Weir sent (plus one per stream it opens and two at
+/// the start, to open windows wider than the default). Their sizes vary with timing (the
+/// `h2` crate's client sends small ones when the window is nearly spent), so the count is
+/// what is judged, not the size.
+#[derive(Debug)]
+pub struct Glitches {
+    /// The first client frame is the SETTINGS every client must send: no glitch.
+    first: bool,
+    /// WINDOW_UPDATEs the DATA sent so far explains.
+    update_credit: u32,
+}
+
+impl Default for Glitches {
+    fn default() -> Glitches {
+        Glitches {
+            first: true,
+            update_credit: START_UPDATES,
+        }
+    }
+}
+
+impl Glitches {
+    /// Whether the client frame `f` is a glitch.
+    #[inline]
+    pub fn inbound(&mut self, f: &Frame) -> bool {
+        let first = std::mem::take(&mut self.first);
+        match f.kind {
+            DATA => f.len == 0 && f.flags & END_STREAM == 0,
+            HEADERS => {
+                self.update_credit = self.update_credit.saturating_add(1);
+                false
+            }
+            SETTINGS => f.flags & ACK == 0 && !first,
+            PING => f.flags & ACK == 0,
+            PRIORITY => true,
+            WINDOW_UPDATE => match self.update_credit.checked_sub(1) {
+                Some(left) => {
+                    self.update_credit = left;
+                    false
+                }
+                None => true,
+            },
+            kind => kind > CONTINUATION,
+        }
+    }
+
+    /// Notes a frame Weir sent: DATA explains two WINDOW_UPDATEs.
+    #[inline]
+    pub fn outbound(&mut self, f: &Frame) {
+        if f.kind == DATA && f.len > 0 {
+            self.update_credit = self.update_credit.saturating_add(2);
+        }
     }
 }
 
@@ -186,28 +232,42 @@ mod tests {
         assert_eq!(got, want);
     }
 
+    fn of(kind: u8, flags: u8, len: usize) -> Frame {
+        Frame {
+            kind,
+            flags,
+            len,
+            word: None,
+        }
+    }
+
     #[test]
     fn judges_glitches_and_forced_resets() {
         let (_, frames) = sample();
-        let glitches: Vec<bool> = frames.iter().map(glitch).collect();
+        let mut g = Glitches::default();
+        let glitches: Vec<bool> = frames.iter().map(|f| g.inbound(f)).collect();
+        // The first SETTINGS is no glitch, nor are the first two WINDOW_UPDATEs.
         assert_eq!(
             glitches,
-            [true, true, true, true, false, false, true, false]
+            [false, true, false, true, false, false, true, false]
         );
-        let big_update = Frame {
-            kind: WINDOW_UPDATE,
-            flags: 0,
-            len: 4,
-            word: Some(65_535),
-        };
-        assert!(!glitch(&big_update));
-        let ack = Frame {
-            kind: PING,
-            flags: ACK,
-            len: 8,
-            word: None,
-        };
-        assert!(!glitch(&ack));
+        let mut g = Glitches::default();
+        assert!(!g.inbound(&of(SETTINGS, 0, 6)));
+        assert!(g.inbound(&of(SETTINGS, 0, 6)), "a second SETTINGS");
+        assert!(!g.inbound(&of(SETTINGS, ACK, 0)));
+        assert!(!g.inbound(&of(PING, ACK, 8)));
+        let update = of(WINDOW_UPDATE, 0, 4);
+        // Two at the start, one per stream opened, two per DATA frame sent.
+        assert!(!g.inbound(&of(HEADERS, 0, 20)));
+        for _ in 0..3 {
+            assert!(!g.inbound(&update));
+        }
+        assert!(g.inbound(&update), "no DATA explains it");
+        g.outbound(&of(DATA, 0, 100));
+        g.outbound(&of(DATA, END_STREAM, 0));
+        assert!(!g.inbound(&update));
+        assert!(!g.inbound(&update));
+        assert!(g.inbound(&update));
         let resets: Vec<bool> = frames.iter().map(forced_reset).collect();
         assert_eq!(resets.iter().filter(|r| **r).count(), 1);
         let cancel = Frame {

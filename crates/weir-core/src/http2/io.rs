@@ -16,7 +16,7 @@ use std::time::Instant;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::conn::Shared;
-use super::frames::{forced_reset, glitch, Scanner};
+use super::frames::{forced_reset, Glitches, Scanner};
 use super::PREFACE;
 use crate::client::ClientConn;
 
@@ -26,9 +26,7 @@ pub struct Prefixed {
     shared: Rc<Shared>,
     inbound: Scanner,
     outbound: Scanner,
-    /// No client frame seen yet: the first is the SETTINGS every client must send, which
-    /// is no glitch.
-    first_frame: bool,
+    glitches: Glitches,
 }
 
 impl Prefixed {
@@ -38,7 +36,7 @@ impl Prefixed {
             shared,
             inbound: Scanner::new(PREFACE.len()),
             outbound: Scanner::new(0),
-            first_frame: true,
+            glitches: Glitches::default(),
         }
     }
 
@@ -52,7 +50,7 @@ impl Prefixed {
             Poll::Ready(Ok(n)) => {
                 self.conn.sent += *n as u64;
                 self.shared.stalled_since.set(None);
-                let (mut left, shared) = (*n, &self.shared);
+                let (mut left, shared, glitches) = (*n, &self.shared, &mut self.glitches);
                 for buf in bufs {
                     if left == 0 {
                         break;
@@ -60,6 +58,7 @@ impl Prefixed {
                     let part = &buf[..left.min(buf.len())];
                     left -= part.len();
                     self.outbound.feed(part, |f| {
+                        glitches.outbound(&f);
                         if forced_reset(&f) {
                             shared.reset_by_client_error();
                         }
@@ -92,12 +91,11 @@ impl AsyncRead for Prefixed {
             conn.buf.consume(n);
             Poll::Ready(Ok(()))
         };
-        let (shared, first) = (&this.shared, &mut this.first_frame);
+        let (shared, glitches) = (&this.shared, &mut this.glitches);
         this.inbound.feed(&out.filled()[before..], |f| {
-            if glitch(&f) && !std::mem::take(first) {
+            if glitches.inbound(&f) {
                 shared.glitch();
             }
-            *first = false;
         });
         read
     }

@@ -376,7 +376,7 @@ impl Scrape {
             ("weir_http2_client_resets", "HTTP/2 streams the client reset while in flight; each cancelled its upstream request.", |m| &m.client_resets),
             ("weir_http2_calm_goaways", "HTTP/2 connections closed with GOAWAY ENHANCE_YOUR_CALM (a reset or glitch budget exceeded).", |m| &m.calm_goaways),
             ("weir_http2_forced_resets", "HTTP/2 streams Weir reset because of the client's error on them (MadeYouReset).", |m| &m.forced_resets),
-            ("weir_http2_glitches", "HTTP/2 client frames that carried no request (SETTINGS, PING, empty DATA, small WINDOW_UPDATE, PRIORITY, unknown).", |m| &m.glitches),
+            ("weir_http2_glitches", "HTTP/2 client frames that carried no request (SETTINGS, PING, empty DATA, unexplained WINDOW_UPDATE, PRIORITY, unknown).", |m| &m.glitches),
             ("weir_http2_stalled", "HTTP/2 connections closed because their writes made no progress for stall_timeout.", |m| &m.stalled),
         ];
         for (name, help, pick) in families {
