@@ -41,6 +41,10 @@ const HEADERS: u8 = 1;
 /// a stream, to open windows larger than the default.
 const START_UPDATES: u32 = 2;
 
+/// At most this many WINDOW_UPDATEs are explained ahead (a client's updates lag its DATA
+/// by a few batches at most), so a long download does not buy a later flood.
+const MAX_UPDATE_CREDIT: u32 = 4096;
+
 /// Walks the frames of one direction of a connection, fed its bytes in order.
 #[derive(Debug)]
 pub struct Scanner {
@@ -142,7 +146,7 @@ impl Glitches {
         match f.kind {
             DATA => f.len == 0 && f.flags & END_STREAM == 0,
             HEADERS => {
-                self.update_credit = self.update_credit.saturating_add(1);
+                self.update_credit = (self.update_credit + 1).min(MAX_UPDATE_CREDIT);
                 false
             }
             SETTINGS => f.flags & ACK == 0 && !first,
@@ -163,7 +167,7 @@ impl Glitches {
     #[inline]
     pub fn outbound(&mut self, f: &Frame) {
         if f.kind == DATA && f.len > 0 {
-            self.update_credit = self.update_credit.saturating_add(2);
+            self.update_credit = (self.update_credit + 2).min(MAX_UPDATE_CREDIT);
         }
     }
 }
@@ -267,6 +271,14 @@ mod tests {
         g.outbound(&of(DATA, END_STREAM, 0));
         assert!(!g.inbound(&update));
         assert!(!g.inbound(&update));
+        assert!(g.inbound(&update));
+        // A long download buys at most MAX_UPDATE_CREDIT updates ahead.
+        for _ in 0..100_000 {
+            g.outbound(&of(DATA, 0, 1));
+        }
+        for _ in 0..MAX_UPDATE_CREDIT {
+            assert!(!g.inbound(&update));
+        }
         assert!(g.inbound(&update));
         let resets: Vec<bool> = frames.iter().map(forced_reset).collect();
         assert_eq!(resets.iter().filter(|r| **r).count(), 1);
