@@ -1,0 +1,116 @@
+//! Automatic certificates from the internal CA, over real sockets: a client trusting only
+//! the stored `ca.pem` completes the handshake, the key files are private, a restart
+//! reuses the CA and the certificate, a short-lived certificate is renewed and swapped in
+//! live, and `/api/v1/certs`'s source says where each certificate comes from.
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{single, Weir};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use weir_testkit::certs::CertDir;
+use weir_testkit::Backend;
+
+fn start(backend: &Backend, storage: &Path, lifetime: &str) -> Weir {
+    single(backend.addr())
+        .listener(&format!(
+            "[listeners.tls]\ninternal_ca = {{ storage = {:?}, lifetime = \"{lifetime}\" }}",
+            storage.display().to_string()
+        ))
+        .start()
+}
+
+/// A handshake as `localhost` trusting only `storage/ca.pem`, a `GET /`; the leaf's DER
+/// and the response.
+async fn fetch(weir: &Weir, storage: &Path) -> (Vec<u8>, String) {
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_file(storage.join("ca.pem")).expect("ca.pem"))
+        .unwrap();
+    let config = rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let tcp = tokio::net::TcpStream::connect(weir.addr).await.unwrap();
+    let name = ServerName::try_from("localhost").unwrap();
+    let mut tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .expect("handshake verified against the stored CA");
+    let leaf = tls.get_ref().1.peer_certificates().unwrap()[0].to_vec();
+    tls.write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    tls.read_to_end(&mut out).await.unwrap();
+    (leaf, String::from_utf8_lossy(&out).into_owned())
+}
+
+fn mode(path: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+}
+
+#[tokio::test]
+async fn internal_ca_serves_verified_https_and_a_restart_reuses_it() {
+    let backend = Backend::echo("b");
+    let dir = CertDir::new();
+    let storage = dir.path().join("ca");
+    let weir = start(&backend, &storage, "168h");
+    let (leaf, response) = fetch(&weir, &storage).await;
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    assert_eq!(mode(&storage.join("ca.key")), 0o600);
+    assert_eq!(mode(&storage.join("localhost.key")), 0o600);
+    let snapshot = weir.proxy().snapshot();
+    let auto = snapshot
+        .listener_tls("web")
+        .unwrap()
+        .store
+        .auto()
+        .cloned()
+        .unwrap();
+    assert_eq!(auto.source.label(), "internal");
+    assert_eq!(auto.names, vec!["localhost", "127.0.0.1"]);
+    let ca = std::fs::read(storage.join("ca.pem")).unwrap();
+    drop((snapshot, auto, weir));
+
+    let again = start(&backend, &storage, "168h");
+    let (leaf_again, _) = fetch(&again, &storage).await;
+    assert_eq!(
+        std::fs::read(storage.join("ca.pem")).unwrap(),
+        ca,
+        "CA re-made"
+    );
+    assert_eq!(
+        leaf_again, leaf,
+        "a valid stored certificate is reused, not re-issued"
+    );
+}
+
+#[tokio::test]
+async fn internal_certificate_is_renewed_and_swapped_in_live() {
+    let backend = Backend::echo("b");
+    let dir = CertDir::new();
+    let storage = dir.path().join("ca");
+    let weir = start(&backend, &storage, "6s");
+    let (first, _) = fetch(&weir, &storage).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let (now, response) = fetch(&weir, &storage).await;
+        assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+        if now != first {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never renewed");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let metrics = weir.metrics_text();
+    assert!(
+        metrics.contains("weir_certificate_next_renewal_timestamp_seconds{listener=\"web\""),
+        "{metrics}"
+    );
+}
