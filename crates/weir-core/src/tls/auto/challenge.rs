@@ -72,12 +72,13 @@ pub fn add_tls_alpn01(name: &str, digest: &[u8]) -> Result<(), String> {
     let cert = params.self_signed(&key).map_err(|e| e.to_string())?;
     let der = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
     let provider = rustls::crypto::aws_lc_rs::default_provider();
-    let certified = CertifiedKey::from_der(
-        vec![CertificateDer::from(cert.der().to_vec())],
-        der,
-        &provider,
-    )
-    .map_err(|e| e.to_string())?;
+    // Not `CertifiedKey::from_der`: its key check parses the certificate with webpki,
+    // which refuses the critical acmeIdentifier extension.
+    let signing = provider
+        .key_provider
+        .load_private_key(der)
+        .map_err(|e| e.to_string())?;
+    let certified = CertifiedKey::new(vec![CertificateDer::from(cert.der().to_vec())], signing);
     let certified = Arc::new(certified);
     edit(tls_alpn01(), |m| {
         m.insert(name.into(), certified.clone());

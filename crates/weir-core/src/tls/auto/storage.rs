@@ -69,3 +69,33 @@ impl Lock {
         Ok(taken.then_some(Lock(file)))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_second_holder_of_the_storage_lock_is_refused_until_the_first_lets_go() {
+        let dir = std::env::temp_dir().join(format!("weir-lock-{}", std::process::id()));
+        let first = Lock::try_take(&dir).unwrap();
+        assert!(first.is_some());
+        // flock locks belong to the open file: a second open conflicts even in-process,
+        // as a second Weir process would.
+        assert!(Lock::try_take(&dir).unwrap().is_none());
+        drop(first);
+        assert!(Lock::try_take(&dir).unwrap().is_some());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn private_files_are_0600() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("weir-store-{}", std::process::id()));
+        let path = dir.join("k.key");
+        write(&path, b"secret", true).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        assert_eq!(std::fs::read(&path).unwrap(), b"secret");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
