@@ -341,9 +341,15 @@ fn renews_short_lived_certificates_live() {
         renew_at > weir_core::tls::facts::unix_now(),
         "renewal is ahead"
     );
+    let expiry = auto(&proxy).current().unwrap().facts.not_after;
     wait_for("a renewed certificate to be served", || {
         presented(https, NAME).is_some_and(|now| now != first)
     });
+    let now = weir_core::tls::facts::unix_now();
+    assert!(
+        now < expiry,
+        "renewed before the old certificate expired ({now} >= {expiry})"
+    );
     proxy.shutdown();
 }
 

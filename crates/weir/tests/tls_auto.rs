@@ -114,3 +114,61 @@ async fn internal_certificate_is_renewed_and_swapped_in_live() {
         "{metrics}"
     );
 }
+
+/// The leaf presented for `name`, verified against the PEM CA at `ca` (`None`: the
+/// handshake failed).
+async fn leaf_for(addr: std::net::SocketAddr, ca: &Path, name: &str) -> Option<Vec<u8>> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(CertificateDer::from_pem_file(ca).ok()?).ok()?;
+    let config = rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let tcp = tokio::net::TcpStream::connect(addr).await.ok()?;
+    let server = ServerName::try_from(name.to_string()).ok()?;
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(server, tcp)
+        .await
+        .ok()?;
+    Some(tls.get_ref().1.peer_certificates()?[0].to_vec())
+}
+
+#[tokio::test]
+async fn explicit_certificates_win_for_their_names_and_serve_the_rest() {
+    let backend = Backend::echo("b");
+    let dir = CertDir::new();
+    let storage = dir.path().join("ca");
+    let files = weir_testkit::certs::TestCa::new("explicit CA");
+    let explicit = files.leaf(&["both.test", "only-file.test"]);
+    let weir = single(backend.addr())
+        .route("hosts", "up", &["hosts = [\"app.test\", \"both.test\"]"])
+        .listener(&format!(
+            "[listeners.tls]\ncerts = [{{ cert = {:?}, key = {:?} }}]\ninternal_ca = {{ storage = {:?} }}",
+            explicit.cert_path.display().to_string(),
+            explicit.key_path.display().to_string(),
+            storage.display().to_string()
+        ))
+        .start();
+    let internal_ca = storage.join("ca.pem");
+    let app = leaf_for(weir.addr, &internal_ca, "app.test").await;
+    assert!(
+        app.is_some(),
+        "the internal certificate serves its own name"
+    );
+    assert!(
+        leaf_for(weir.addr, &files.cert_path, "both.test")
+            .await
+            .is_some(),
+        "the explicit certificate wins for its exact name"
+    );
+    assert!(leaf_for(weir.addr, &internal_ca, "both.test")
+        .await
+        .is_none());
+    assert!(
+        leaf_for(weir.addr, &files.cert_path, "unknown.test")
+            .await
+            .is_none(),
+        "an unknown name gets the default (explicit) certificate, not valid for it"
+    );
+    let default = leaf_for(weir.addr, &files.cert_path, "only-file.test").await;
+    assert!(default.is_some());
+}

@@ -69,7 +69,7 @@ pub async fn order(auto: &AutoCerts, acme: &Acme) -> Result<Outcome, OrderError>
         return Ok(Outcome::NotNeeded);
     };
     // A process that held the lock before us may have written a fresh certificate.
-    if auto.load_stored().is_ok() && !auto.due(super::unix_now()) {
+    if auto.load_stored().is_ok() && !auto.needs_renewal(super::unix_now()) {
         return Ok(Outcome::NotNeeded);
     }
     let account = account(acme).await?;

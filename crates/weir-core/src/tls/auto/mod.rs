@@ -117,12 +117,16 @@ impl AutoCerts {
         Ok(())
     }
 
-    /// Whether a new certificate should be obtained now.
+    /// Whether an attempt to obtain a new certificate should start now: none is running,
+    /// no back-off is being waited out, and there is no certificate or it is due.
     pub fn due(&self, now: i64) -> bool {
         let s = self.status();
-        !s.running
-            && s.retry_at.is_none_or(|t| now >= t)
-            && (self.current.load().is_none() || s.renew_at.is_none_or(|t| now >= t))
+        !s.running && s.retry_at.is_none_or(|t| now >= t) && self.needs_renewal(now)
+    }
+
+    /// There is no certificate, or it is two thirds into its lifetime.
+    pub fn needs_renewal(&self, now: i64) -> bool {
+        self.current.load().is_none() || self.status().renew_at.is_none_or(|t| now >= t)
     }
 
     /// Records a new certificate written to the storage files: loads it into use.
