@@ -172,3 +172,21 @@ async fn explicit_certificates_win_for_their_names_and_serve_the_rest() {
     let default = leaf_for(weir.addr, &files.cert_path, "only-file.test").await;
     assert!(default.is_some());
 }
+
+#[test]
+fn an_unusable_storage_directory_is_refused_with_its_path() {
+    let dir = CertDir::new();
+    let blocker = dir.write("not-a-dir", "a file");
+    let toml = format!(
+        "[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\n[listeners.tls]\n\
+         acme = {{ domains = [\"a.test\"], storage = {:?} }}\n",
+        blocker.join("acme").display().to_string()
+    );
+    let config = weir_config::parse_str(&toml, "t.toml").expect("valid shape");
+    let error = weir_core::Proxy::start(config, 1).err().expect("refused");
+    let text = error.to_string();
+    assert!(
+        text.contains("not-a-dir/acme") && text.contains("storage directory"),
+        "{text}"
+    );
+}

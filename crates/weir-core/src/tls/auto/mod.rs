@@ -211,6 +211,9 @@ pub fn obtain(tls: &Tls) -> Result<Option<Arc<AutoCerts>>, TlsError> {
         ),
         (None, None) => return Ok(None),
     };
+    // An unusable storage directory is a config error now, not a failed order later.
+    storage::create_dir(storage)
+        .map_err(|e| TlsError::new(storage, format!("cannot create the storage directory: {e}")))?;
     let key = (storage.clone(), names.clone(), source);
     let mut map = registry()
         .lock()
