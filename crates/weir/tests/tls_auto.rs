@@ -190,3 +190,47 @@ fn an_unusable_storage_directory_is_refused_with_its_path() {
         "{text}"
     );
 }
+
+#[tokio::test]
+async fn http01_tokens_are_answered_before_routing_and_redirect_https() {
+    use weir_core::tls::auto::challenge;
+    challenge::add_http01("weir-test-token-1", "weir-test-token-1.thumbprint");
+    let backend = Backend::echo("b");
+    let routed = single(backend.addr()).start();
+    let redirecting = common::Conf::new()
+        .listener("redirect_https = true")
+        .start();
+    for weir in [&routed, &redirecting] {
+        let mut c = weir.client().await;
+        let r = c
+            .get("/.well-known/acme-challenge/weir-test-token-1", "a.test")
+            .await
+            .unwrap();
+        assert_eq!(r.status, 200);
+        assert_eq!(r.body_str(), "weir-test-token-1.thumbprint");
+    }
+    // A token Weir did not put up is an ordinary request: routed, or redirected.
+    let mut c = routed.client().await;
+    let r = c
+        .get("/.well-known/acme-challenge/other", "a.test")
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        backend.requests_served(),
+        1,
+        "only the unknown token reached the backend"
+    );
+    let mut c = redirecting.client().await;
+    let r = c
+        .get("/.well-known/acme-challenge/other", "a.test")
+        .await
+        .unwrap();
+    assert_eq!(r.status, 308);
+    challenge::remove_http01("weir-test-token-1");
+    let r = c
+        .get("/.well-known/acme-challenge/weir-test-token-1", "a.test")
+        .await
+        .unwrap();
+    assert_eq!(r.status, 308, "a removed token is no longer answered");
+}
