@@ -296,8 +296,12 @@ pub enum EncodedSlash {
 /// applied (weir-core), not by validation.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Tls {
-    /// Certificate chains with their keys; never empty.
+    /// Certificate chains with their keys; empty only with `acme` or `internal_ca`.
     pub certs: Vec<CertKey>,
+    /// Certificates ordered from an ACME server (`acme = { ... }`, docs/tls.md).
+    pub acme: Option<Acme>,
+    /// Certificates issued by a local CA made once (`internal_ca = { ... }`).
+    pub internal_ca: Option<InternalCa>,
     /// Index into `certs` of the certificate for clients without SNI or with an unknown name.
     pub default_cert: usize,
     pub min_version: TlsVersion,
@@ -314,6 +318,44 @@ pub struct Tls {
     pub handshake_timeout: Duration,
     /// Handshakes in progress at once, per worker; connections beyond it are closed.
     pub max_handshakes: usize,
+}
+
+/// Automatic certificates from an ACME server (RFC 8555) for `domains`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Acme {
+    /// The names of the certificate (one order for all of them), lower-cased.
+    pub domains: Vec<String>,
+    /// Account contact URLs (`mailto:...`); may be empty.
+    pub contact: Vec<String>,
+    /// The ACME directory URL.
+    pub directory: String,
+    pub challenge: AcmeChallenge,
+    /// Directory of the account key and certificates (files 0600).
+    pub storage: std::path::PathBuf,
+    /// PEM root the ACME server's own HTTPS certificate chains to (private/test servers).
+    pub directory_ca: Option<std::path::PathBuf>,
+    /// First wait after a failed order; doubled (with jitter) up to an hour.
+    pub retry_initial: Duration,
+}
+
+/// How the ACME server validates that Weir answers for a name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AcmeChallenge {
+    /// A self-signed certificate through the `acme-tls/1` ALPN on this listener (port 443).
+    TlsAlpn01,
+    /// `/.well-known/acme-challenge/TOKEN` answered on every HTTP listener (port 80).
+    Http01,
+}
+
+/// A local CA for development (`internal_ca = { storage = "..." }`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InternalCa {
+    /// Directory of the CA (`ca.pem`, `ca.key`) and the leaf certificates.
+    pub storage: std::path::PathBuf,
+    /// The leaf's names: the listener's route hosts, or `localhost` and `127.0.0.1`.
+    pub names: Vec<String>,
+    /// Validity of each leaf certificate; renewed at two thirds of it.
+    pub lifetime: Duration,
 }
 
 /// One certificate chain (leaf first) and its private key, as paths.

@@ -127,6 +127,8 @@ pub(crate) struct RawHttp2 {
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawTls {
     pub certs: Option<Vec<RawCertKey>>,
+    pub acme: Option<RawAcme>,
+    pub internal_ca: Option<RawInternalCa>,
     pub default_cert: Option<String>,
     pub min_version: Option<String>,
     pub alpn: Option<Vec<String>>,
@@ -135,6 +137,35 @@ pub(crate) struct RawTls {
     pub client_cert_header: Option<String>,
     pub handshake_timeout: Option<String>,
     pub max_handshakes: Option<i64>,
+}
+
+/// `acme = { domains = [...], ... }`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawAcme {
+    pub domains: Option<Vec<String>>,
+    pub contact: Option<StrOrList>,
+    pub directory: Option<String>,
+    pub challenge: Option<String>,
+    pub storage: Option<String>,
+    pub directory_ca: Option<String>,
+    pub retry_initial: Option<String>,
+}
+
+/// `"one"` or `["one", "two"]`.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub(crate) enum StrOrList {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// `internal_ca = { storage = "...", lifetime = "7d" }`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawInternalCa {
+    pub storage: Option<String>,
+    pub lifetime: Option<String>,
 }
 
 /// `{ cert = "chain.pem", key = "key.pem" }`: an entry of a listener's `certs`, or an

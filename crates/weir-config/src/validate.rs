@@ -279,6 +279,10 @@ fn listener(
         policy,
     })
     .and_then(|l| policy::check_listener(l, path))
+    .map(|mut l| {
+        tls::fill_internal_names(&mut l);
+        l
+    })
 }
 
 fn listener_bind(raw: Option<String>, path: &FieldPath) -> Result<SocketAddr, Issue> {

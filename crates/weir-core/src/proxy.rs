@@ -289,6 +289,21 @@ async fn handle(
     }
     let closing = worker.is_draining() || conn.last_request;
     let keep_alive = wants_keep_alive(req, listener, conn.served, closing);
+    // ACME HTTP-01 before routing and before redirect_https (validation comes on port
+    // 80): a prefix comparison for every other path, a lock-free table lookup for these.
+    let raw_path = req.path(conn.buf.filled());
+    if raw_path.starts_with(crate::tls::auto::challenge::HTTP01_PREFIX) {
+        if let Some(key_authorization) = crate::tls::auto::challenge::http01_answer(raw_path) {
+            let canned = crate::filters::respond::Canned::respond(&weir_config::LocalResponse {
+                status: 200,
+                body: key_authorization,
+                headers: Vec::new(),
+            });
+            let answer = Local::Canned(&canned);
+            let result = local_response(listener, conn, req, keep_alive, answer, resp).await;
+            return Handled::local(None, result);
+        }
+    }
     if let Some(redirect) = &plan.redirect_https {
         let answer = Local::Redirect(redirect);
         let result = local_response(listener, conn, req, keep_alive, answer, resp).await;

@@ -99,6 +99,7 @@ impl Proxy {
         // Active health checks: one thread for the process, following the snapshot.
         threads.push(crate::upstream::health::spawn(shared.clone()).map_err(StartError::Thread)?);
         threads.push(crate::tls::watch::spawn(shared.clone()).map_err(StartError::Thread)?);
+        threads.push(crate::tls::auto::manager::spawn(shared.clone()).map_err(StartError::Thread)?);
         for (index, commands) in receivers.into_iter().enumerate() {
             let shard = Arc::new(WorkerMetrics::new(&snapshot.slots));
             metrics.add_shard(shard.clone());

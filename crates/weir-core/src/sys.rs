@@ -206,3 +206,21 @@ mod tests {
         assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
     }
 }
+
+/// Takes an exclusive `flock(2)` on `file` without waiting: `Ok(false)` when another
+/// process holds it. Released when the descriptor closes (the lock of automatic
+/// certificates' storage).
+pub fn try_lock_exclusive(file: BorrowedFd<'_>) -> io::Result<bool> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: flock on a borrowed, open descriptor; no memory is passed.
+    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if rc == 0 {
+        return Ok(true);
+    }
+    let error = io::Error::last_os_error();
+    if error.kind() == io::ErrorKind::WouldBlock {
+        Ok(false)
+    } else {
+        Err(error)
+    }
+}

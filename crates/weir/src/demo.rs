@@ -1,13 +1,19 @@
 //! `weir demo`: three echo backends on loopback and Weir in front of them, round robin,
-//! over HTTP and HTTPS (a certificate for `localhost` signed by a CA made at start, rcgen).
-//! The config is generated as TOML and goes through the same parser as a user's file.
+//! over HTTP and HTTPS (a certificate for `localhost` and 127.0.0.1 from the internal CA,
+//! `internal_ca`, made once in `ca_storage` and reused by later demos, so a client told to
+//! trust it keeps trusting). The config is generated as TOML and goes through the same
+//! parser as a user's file.
 
-use weir_testkit::certs::TestCa;
+use std::path::PathBuf;
+
 use weir_testkit::Backend;
 
 use crate::run::Running;
 
-pub fn run(port: u16, tls_port: u16, admin_port: u16) -> anyhow::Result<()> {
+pub fn run(
+    (port, tls_port, admin_port): (u16, u16, u16),
+    ca_storage: PathBuf,
+) -> anyhow::Result<()> {
     let signals = crate::run::Signals::install()?;
     let backends: Vec<Backend> = (1..=3)
         .map(|i| Backend::echo(&format!("echo-{i}")))
@@ -16,13 +22,9 @@ pub fn run(port: u16, tls_port: u16, admin_port: u16) -> anyhow::Result<()> {
         .iter()
         .map(|b| format!("{{ addr = \"{}\" }}", b.addr()))
         .collect();
-    // Removed (with its directory) when the demo ends.
-    let ca = TestCa::new("Weir demo CA");
-    let leaf = ca.leaf(&["localhost"]);
     let tls = format!(
-        "[listeners.tls]\ncerts = [{{ cert = \"{}\", key = \"{}\" }}]\n",
-        leaf.cert_path.display(),
-        leaf.key_path.display()
+        "[listeners.tls]\ninternal_ca = {{ storage = {:?} }}\n",
+        ca_storage.display().to_string()
     );
     let toml = demo_config((port, tls_port, admin_port), &tls, &servers.join(", "));
     let config = weir_config::parse_str(&toml, "demo.toml")?;
@@ -42,7 +44,11 @@ pub fn run(port: u16, tls_port: u16, admin_port: u16) -> anyhow::Result<()> {
         let port = https.port();
         println!(
             "  https    https://localhost:{port}/   try: curl -i --cacert {} --resolve localhost:{port}:127.0.0.1 https://localhost:{port}/hello",
-            ca.cert_path.display()
+            ca_storage.join("ca.pem").display()
+        );
+        println!(
+            "           (the demo's own CA, kept in {} for later demos)",
+            ca_storage.display()
         );
     }
     println!("  admin    http://{admin}/live  http://{admin}/ready");
@@ -51,7 +57,6 @@ pub fn run(port: u16, tls_port: u16, admin_port: u16) -> anyhow::Result<()> {
     println!("Ctrl-C stops it.");
     let result = running.wait_for_signal_and_stop(signals);
     drop(backends);
-    drop(ca);
     result
 }
 

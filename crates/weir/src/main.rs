@@ -53,6 +53,10 @@ enum Command {
         /// Port of the admin listener on 127.0.0.1.
         #[arg(long, default_value_t = 9901)]
         admin_port: u16,
+        /// Directory of the demo's internal CA (made once, reused by later demos);
+        /// default: weir-demo-ca in the system's temporary directory.
+        #[arg(long)]
+        ca_storage: Option<PathBuf>,
     },
 }
 
@@ -71,7 +75,11 @@ fn main() -> std::process::ExitCode {
             port,
             tls_port,
             admin_port,
-        } => demo::run(port, tls_port, admin_port),
+            ca_storage,
+        } => demo::run(
+            (port, tls_port, admin_port),
+            ca_storage.unwrap_or_else(|| std::env::temp_dir().join("weir-demo-ca")),
+        ),
         Command::Ctl(args) => ctl::run(args),
     };
     match result {

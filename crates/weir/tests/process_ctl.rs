@@ -183,6 +183,18 @@ fn openssl_sha256(cert: &std::path::Path) -> String {
     hex.replace(':', "").to_ascii_lowercase()
 }
 
+/// Weir with `tls` (a `[listeners.tls]` table) on the listener, and `weir ctl get certs`.
+fn start_with_tls(backend: &Backend, tls: &str) -> (Weir, String) {
+    let config = file(backend, "").replacen(
+        "\n\n[[listeners.routes]]",
+        &format!("\n{tls}[[listeners.routes]]"),
+        1,
+    );
+    let weir = Weir::start(&config);
+    let out = ok(&ctl(&weir, &["get", "certs"], ""));
+    (weir, out)
+}
+
 #[test]
 fn get_certs_lists_every_certificate_in_use() {
     use weir_testkit::certs::{LeafOptions, TestCa};
@@ -201,13 +213,7 @@ fn get_certs_lists_every_certificate_in_use() {
         soon.cert_path.display(),
         soon.key_path.display()
     );
-    let config = file(&a, "").replacen(
-        "\n\n[[listeners.routes]]",
-        &format!("\n{tls}[[listeners.routes]]"),
-        1,
-    );
-    let weir = Weir::start(&config);
-    let out = ok(&ctl(&weir, &["get", "certs"], ""));
+    let (weir, out) = start_with_tls(&a, &tls);
     let header = out.lines().next().unwrap_or_default();
     for column in [
         "LISTENER",
@@ -246,4 +252,55 @@ fn get_certs_lists_every_certificate_in_use() {
             .is_some_and(|t| t.ends_with('Z')),
         "{second}"
     );
+}
+
+#[test]
+fn get_certs_shows_the_source_of_each_certificate() {
+    use weir_testkit::certs::{CertDir, TestCa};
+    let a = Backend::echo("a");
+    let ca = TestCa::new("Ctl Test CA");
+    let site = ca.leaf(&["site.example.com"]);
+    let dir = CertDir::new();
+    let tls = format!(
+        "[listeners.tls]\ncerts = [{{ cert = \"{}\", key = \"{}\" }}]\ninternal_ca = {{ storage = {:?} }}\n\n",
+        site.cert_path.display(),
+        site.key_path.display(),
+        dir.path().join("ca").display().to_string()
+    );
+    let (weir, out) = start_with_tls(&a, &tls);
+    let header = out.lines().next().unwrap_or_default();
+    for column in ["SOURCE", "RENEW AT", "LAST ERROR"] {
+        assert!(header.contains(column), "{out}");
+    }
+    assert!(
+        out.lines()
+            .any(|l| l.contains(" file ") && l.contains("site.example.com")),
+        "{out}"
+    );
+    assert!(
+        out.lines()
+            .any(|l| l.contains(" internal ") && l.contains("localhost")),
+        "{out}"
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&ok(&ctl(&weir, &["-o", "json", "get", "certs"], ""))).expect("json");
+    let certs = json.as_array().expect("a list");
+    assert_eq!(certs.len(), 2, "{json}");
+    assert_eq!(certs[0]["source"], "file");
+    let internal = &certs[1];
+    assert_eq!(internal["source"], "internal");
+    assert_eq!(internal["names"], serde_json::json!(["localhost"]));
+    assert!(
+        internal["issuer"]
+            .as_str()
+            .is_some_and(|i| i.contains("Weir internal CA")),
+        "{internal}"
+    );
+    assert!(
+        internal["renew_at"]
+            .as_str()
+            .is_some_and(|t| t.ends_with('Z')),
+        "{internal}"
+    );
+    assert_eq!(internal["last_error"], serde_json::Value::Null);
 }

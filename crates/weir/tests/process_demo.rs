@@ -1,5 +1,5 @@
-//! `weir demo` serves HTTPS with the certificate it makes at start, and the curl command it
-//! prints (CA file, port) works.
+//! `weir demo` serves HTTPS from its internal CA, the curl command it prints (CA file,
+//! port) works, and a second demo on the same CA storage reuses the CA.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -18,7 +18,29 @@ fn printed_https(line: &str) -> Option<(String, u16)> {
 }
 
 #[tokio::test]
-async fn demo_serves_https_with_its_own_certificate() {
+async fn demo_serves_https_from_its_internal_ca_and_reuses_it() {
+    let dir = weir_testkit::certs::CertDir::new();
+    let storage = dir.path().join("ca");
+    let ca = demo_https(&storage).await;
+    assert_eq!(std::path::Path::new(&ca), storage.join("ca.pem"));
+    let first = std::fs::read(&ca).expect("the CA file");
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(storage.join("ca.key"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600, "the CA key is private");
+    demo_https(&storage).await;
+    assert_eq!(
+        std::fs::read(&ca).unwrap(),
+        first,
+        "the restart reused the CA"
+    );
+}
+
+/// Runs a demo on `storage`, checks its HTTPS URL against the printed CA, stops it; the
+/// printed CA file.
+async fn demo_https(storage: &std::path::Path) -> String {
     let mut child = Command::new(env!("CARGO_BIN_EXE_weir"))
         .args([
             "demo",
@@ -28,7 +50,9 @@ async fn demo_serves_https_with_its_own_certificate() {
             "0",
             "--admin-port",
             "0",
+            "--ca-storage",
         ])
+        .arg(storage)
         .env("WEIR_LOG", "warn")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -71,9 +95,10 @@ async fn demo_serves_https_with_its_own_certificate() {
     assert!(response.starts_with("HTTP/1.1 200"), "{response}");
     assert!(response.contains("X-Forwarded-Proto: https"), "{response}");
     terminate(&mut child);
+    ca
 }
 
-/// SIGTERM (the demo then removes its certificate directory), then reap.
+/// SIGTERM, then reap.
 fn terminate(child: &mut std::process::Child) {
     let _ = Command::new("kill").arg(child.id().to_string()).status();
     let _ = child.wait();

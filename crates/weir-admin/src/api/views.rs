@@ -64,10 +64,40 @@ pub fn certs(proxy: &Proxy) -> Json {
                 "days_left": (f.not_after - now).div_euclid(86_400),
                 "sha256": f.sha256,
                 "default": i == default,
+                "source": "file",
             }));
+        }
+        if let Some(auto) = tls.store.auto() {
+            list.push(auto_cert(&listener.name, auto, now));
         }
     }
     json!(list)
+}
+
+/// An automatic certificate (ACME or internal CA): the one in use, if any yet, with its
+/// renewal time, the next retry and the last error.
+fn auto_cert(listener: &str, auto: &weir_core::tls::auto::AutoCerts, now: i64) -> Json {
+    use weir_core::tls::facts::format_utc;
+    let status = auto.status();
+    let current = auto.current();
+    let f = current.as_ref().map(|c| &c.facts);
+    json!({
+        "listener": listener,
+        "source": auto.source.label(),
+        "file": current.as_ref().map(|c| c.file.display().to_string()),
+        "names": f.map_or_else(|| auto.names.clone(), |f| f.names.clone()),
+        "subject": f.map(|f| f.subject.clone()),
+        "issuer": f.map(|f| f.issuer.clone()),
+        "not_after": f.map(|f| format_utc(f.not_after)),
+        "not_after_unix": f.map(|f| f.not_after),
+        "days_left": f.map(|f| (f.not_after - now).div_euclid(86_400)),
+        "sha256": f.map(|f| f.sha256.clone()),
+        "renew_at": status.renew_at.map(format_utc),
+        "retry_at": status.retry_at.map(format_utc),
+        "last_error": status.last_error,
+        "storage": auto.storage.display().to_string(),
+        "default": false,
+    })
 }
 
 /// `upstreams.NAME` as written in the config text.

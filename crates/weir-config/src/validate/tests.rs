@@ -1329,3 +1329,99 @@ fn redirect_https_is_refused_on_a_tls_listener() {
         "plain-HTTP listener",
     );
 }
+
+#[test]
+fn tls_automatic_certificates() {
+    let ok = parse_str(&with_tls("internal_ca = { storage = \"ca\" }\n"), "t").expect("valid");
+    let tls = ok.listeners[0].tls.as_ref().expect("tls");
+    assert!(tls.certs.is_empty());
+    let ca = tls.internal_ca.as_ref().expect("internal_ca");
+    assert_eq!(
+        ca.names,
+        vec!["localhost", "127.0.0.1"],
+        "no route host: loopback"
+    );
+    assert_eq!(ca.lifetime, std::time::Duration::from_secs(168 * 3600));
+    let acme =
+        "acme = { domains = [\"Example.com\"], storage = \"s\", contact = \"mailto:a@b.c\" }\n";
+    let ok = parse_str(&with_tls(acme), "t").expect("valid");
+    let a = ok.listeners[0]
+        .tls
+        .as_ref()
+        .unwrap()
+        .acme
+        .clone()
+        .expect("acme");
+    assert_eq!(a.domains, vec!["example.com"]);
+    assert_eq!(
+        a.directory,
+        "https://acme-v02.api.letsencrypt.org/directory"
+    );
+    assert_eq!(a.challenge, crate::AcmeChallenge::TlsAlpn01);
+    assert_eq!(a.retry_initial, std::time::Duration::from_secs(10));
+    let t = "listeners[0].tls.acme";
+    let cases = [
+        (
+            "acme = { domains = [\"*.a.com\"], storage = \"s\" }",
+            "domains[0]",
+            "DNS-01",
+        ),
+        (
+            "acme = { domains = [\"10.0.0.1\"], storage = \"s\" }",
+            "domains[0]",
+            "not a DNS name",
+        ),
+        (
+            "acme = { domains = [], storage = \"s\" }",
+            "domains",
+            "names to order",
+        ),
+        (
+            "acme = { domains = [\"a.com\"] }",
+            "storage",
+            "storage directory",
+        ),
+        (
+            "acme = { domains = [\"a.com\"], storage = \"s\", challenge = \"dns-01\" }",
+            "challenge",
+            "unknown challenge",
+        ),
+        (
+            "acme = { domains = [\"a.com\"], storage = \"s\", directory = \"http://x/\" }",
+            "directory",
+            "https://",
+        ),
+        (
+            "acme = { domains = [\"a.com\"], storage = \"s\", contact = \"ops@x\" }",
+            "contact",
+            "mailto:",
+        ),
+    ];
+    for (line, field, message) in cases {
+        let e = parse_str(&with_tls(&format!("{line}\n")), "t").expect_err(line);
+        assert_eq!(e.field, format!("{t}.{field}"), "{e}");
+        assert_eq!(e.line, 5, "{e}");
+        assert!(e.to_string().contains(message), "{e}");
+    }
+    let both =
+        "acme = { domains = [\"a.com\"], storage = \"s\" }\ninternal_ca = { storage = \"c\" }\n";
+    let e = parse_str(&with_tls(both), "t").expect_err("both");
+    assert!(e.to_string().contains("not both"), "{e}");
+}
+
+#[test]
+fn internal_ca_names_come_from_route_hosts() {
+    let text = format!(
+        "{LISTENER}[listeners.tls]\ninternal_ca = {{ storage = \"ca\" }}\n\
+         [[listeners.routes]]\nname = \"a\"\nhosts = [\"App.test\", \"*.api.test\"]\nrespond = {{ status = 200 }}\n"
+    );
+    let ok = parse_str(&text, "t").expect("valid");
+    let ca = ok.listeners[0]
+        .tls
+        .as_ref()
+        .unwrap()
+        .internal_ca
+        .clone()
+        .unwrap();
+    assert_eq!(ca.names, vec!["app.test", "*.api.test"]);
+}

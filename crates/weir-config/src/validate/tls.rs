@@ -11,6 +11,9 @@ use crate::error::{FieldPath, Issue};
 use crate::model::{CertKey, ClientAuth, Tls, TlsVersion};
 use crate::raw::{RawCertKey, RawClientAuth, RawTls};
 
+mod auto;
+pub(super) use auto::fill_internal_names;
+
 /// The protocols an HTTP listener speaks and may offer through ALPN, in the default order
 /// of preference.
 const ALPN_SPOKEN: &[&str] = &["h2", "http/1.1"];
@@ -43,8 +46,34 @@ pub(super) fn tls(raw: Option<RawTls>, path: &FieldPath, tcp: bool) -> Result<Op
             "remove client_cert_header (it is for protocol = \"http\" listeners)",
         ));
     }
-    let certs = certs(raw.certs, &path.key("certs"))?;
+    let acme = auto::acme(raw.acme, &path.key("acme"))?;
+    let internal_ca = auto::internal_ca(raw.internal_ca, &path.key("internal_ca"))?;
+    let automatic = acme.is_some() || internal_ca.is_some();
+    if automatic && tcp {
+        return Err(Issue::new(
+            &path.key(if acme.is_some() {
+                "acme"
+            } else {
+                "internal_ca"
+            }),
+            "automatic certificates are for protocol = \"http\" listeners",
+            "list the certificate files in certs = [...] on a tcp listener",
+        ));
+    }
+    if acme.is_some() && internal_ca.is_some() {
+        return Err(Issue::new(
+            &path.key("internal_ca"),
+            "a listener takes its automatic certificates from acme or from internal_ca, not both",
+            "keep acme for public names, or internal_ca for development",
+        ));
+    }
+    let certs = match raw.certs {
+        None if automatic => Vec::new(),
+        raw_certs => certs(raw_certs, &path.key("certs"))?,
+    };
     Ok(Some(Tls {
+        acme,
+        internal_ca,
         default_cert: default_cert(raw.default_cert, &certs, &path.key("default_cert"))?,
         certs,
         min_version: min_version(raw.min_version.as_deref(), &path.key("min_version"))?,
@@ -75,7 +104,7 @@ pub(super) fn tls(raw: Option<RawTls>, path: &FieldPath, tcp: bool) -> Result<Op
 }
 
 /// A non-empty path; `what` names it in the message.
-fn file(
+pub(super) fn file(
     raw: Option<String>,
     path: &FieldPath,
     what: &str,
@@ -101,7 +130,7 @@ fn certs(raw: Option<Vec<RawCertKey>>, path: &FieldPath) -> Result<Vec<CertKey>,
         Issue::new(
             path,
             "a TLS listener needs at least one certificate",
-            r#"add certs = [{ cert = "certs/example.com.pem", key = "certs/example.com.key" }]"#,
+            r#"add certs = [{ cert = "certs/example.com.pem", key = "certs/example.com.key" }], or acme = { ... } or internal_ca = { storage = "..." } for automatic ones"#,
         )
     })?;
     let mut out: Vec<CertKey> = Vec::with_capacity(raw.len());

@@ -31,6 +31,7 @@ pub fn encode_text(metrics: &Metrics, snapshot: &Snapshot) -> String {
         dropped: metrics.dropped_log_lines(),
         up: up_table(snapshot),
         certs: cert_table(snapshot),
+        renewals: renewal_table(snapshot),
     };
     let mut registry = Registry::default();
     registry.register_collector(Box::new(collector));
@@ -57,6 +58,24 @@ fn cert_table(snapshot: &Snapshot) -> Vec<(usize, String, i64)> {
         for cert in plan.tls.iter().flat_map(|t| t.store.certs()) {
             rows.push((li, cert.facts.names.join(","), cert.facts.not_after));
         }
+        let auto = plan.tls.as_ref().and_then(|t| t.store.auto());
+        if let Some(cert) = auto.and_then(|a| a.current()) {
+            rows.push((li, cert.facts.names.join(","), cert.facts.not_after));
+        }
+    }
+    rows
+}
+
+/// `(listener index, names, renewal time)` of every automatic certificate in use.
+fn renewal_table(snapshot: &Snapshot) -> Vec<(usize, String, i64)> {
+    let mut rows = Vec::new();
+    for (li, plan) in snapshot.listeners.iter().enumerate() {
+        let Some(auto) = plan.tls.as_ref().and_then(|t| t.store.auto()) else {
+            continue;
+        };
+        if let Some(at) = auto.status().renew_at {
+            rows.push((li, auto.names.join(","), at));
+        }
     }
     rows
 }
@@ -70,12 +89,48 @@ struct Scrape {
     dropped: u64,
     up: Vec<Vec<bool>>,
     certs: Vec<(usize, String, i64)>,
+    renewals: Vec<(usize, String, i64)>,
 }
 
 type Result = std::result::Result<(), std::fmt::Error>;
 
 /// Label pairs of one series.
 type Labels = Vec<(&'static str, String)>;
+
+impl Scrape {
+    /// Automatic certificates: ACME orders by result, failed attempts, renewal times.
+    fn acme(&self, enc: &mut DescriptorEncoder) -> Result {
+        use crate::tls::auto::{ORDERS_FAILED, ORDERS_VALID, RENEWAL_FAILURES};
+        let orders = [("valid", &ORDERS_VALID), ("failed", &ORDERS_FAILED)]
+            .map(|(result, n)| (vec![("result", result.to_owned())], n.load(Relaxed)));
+        counter(
+            enc,
+            "weir_acme_orders",
+            "ACME orders completed, by result.",
+            &orders,
+        )?;
+        counter(
+            enc,
+            "weir_acme_renewal_failures",
+            "Failed attempts to obtain or renew an automatic certificate.",
+            &[(Vec::new(), RENEWAL_FAILURES.load(Relaxed))],
+        )?;
+        let renewals: Vec<(Labels, i64)> = self
+            .renewals
+            .iter()
+            .map(|(li, names, at)| {
+                let listener = ("listener", self.config.listeners[*li].name.clone());
+                (vec![listener, ("names", names.clone())], *at)
+            })
+            .collect();
+        gauge(
+            enc,
+            "weir_certificate_next_renewal_timestamp_seconds",
+            "When each automatic certificate is due for renewal (Unix time).",
+            &renewals,
+        )
+    }
+}
 
 impl Collector for Scrape {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result {
@@ -86,6 +141,7 @@ impl Collector for Scrape {
         self.listener_counters(&mut enc)?;
         self.http2_counters(&mut enc)?;
         self.tls(&mut enc)?;
+        self.acme(&mut enc)?;
         self.upstream_counters(&mut enc)?;
         self.upstream_histograms(&mut enc)?;
         self.process(&mut enc)

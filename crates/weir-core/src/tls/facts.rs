@@ -13,6 +13,8 @@ pub struct CertFacts {
     /// The subject distinguished name, such as `CN=alice, O=Example`.
     pub subject: String,
     pub issuer: String,
+    /// The start of the validity period, in seconds since the Unix epoch.
+    pub not_before: i64,
     /// The end of the validity period, in seconds since the Unix epoch.
     pub not_after: i64,
     /// SHA-256 of the DER certificate, 64 lower-case hex digits.
@@ -41,6 +43,7 @@ impl CertFacts {
             names,
             subject: cert.subject().to_string(),
             issuer: cert.issuer().to_string(),
+            not_before: cert.validity().not_before.timestamp(),
             not_after: cert.validity().not_after.timestamp(),
             sha256: sha256_hex(der),
         })

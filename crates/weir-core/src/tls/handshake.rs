@@ -44,6 +44,13 @@ pub async fn accept(
         let _in_progress = InProgress::enter(&worker.tls_handshakes);
         let handshake = handshake(&tls.server_config, stream, buf);
         match tokio::time::timeout(tls.handshake_timeout, handshake).await {
+            Ok(Ok(Some(tls_stream)))
+                if tls_stream.get_ref().1.alpn_protocol()
+                    == Some(super::auto::challenge::ACME_TLS_ALPN) =>
+            {
+                // A TLS-ALPN-01 validation: the handshake was the answer (RFC 8737).
+                Ok(None)
+            }
             Ok(Ok(Some(tls_stream))) => {
                 let session = TlsSession::new(tls_stream.get_ref().1, tls);
                 stream.set_tls(tls_stream, listener.client_timeout);

@@ -14,10 +14,13 @@
 //! - `session`: what the handshake settled, per connection (version, cipher, SNI, client
 //!   certificate), for forwarded headers and the access log;
 //! - `watch`: reloading certificates whose files changed on disk;
-//! - `check`: the certificate report of `weir check`.
+//! - `check`: the certificate report of `weir check`;
+//! - `auto`: automatic certificates, from ACME or the internal CA, renewed in the
+//!   background and swapped in live.
 //!
 //! A listener without `[listeners.tls]` never touches this module after accept.
 
+pub mod auto;
 pub mod check;
 pub mod facts;
 pub mod handshake;

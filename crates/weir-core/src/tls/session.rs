@@ -108,6 +108,7 @@ mod tests {
             names: Vec::new(),
             subject: "CN=a\"b\\c\r\nX: y, O=é".into(),
             issuer: String::new(),
+            not_before: 0,
             not_after: 0,
             sha256: "ab".repeat(32),
         };

@@ -9,7 +9,7 @@ use std::time::Duration;
 use rustls::crypto::CryptoProvider;
 use rustls::server::{NoServerSessionStorage, ServerSessionMemoryCache, WebPkiClientVerifier};
 use rustls::{RootCertStore, ServerConfig, SupportedProtocolVersion};
-use weir_config::{ClientAuth, Tls, TlsVersion};
+use weir_config::{AcmeChallenge, ClientAuth, Tls, TlsVersion};
 
 use super::facts::unix_now;
 use super::pem::load_chain;
@@ -44,7 +44,15 @@ impl ListenerTls {
             .iter()
             .map(|files| load(files, &provider, now))
             .collect::<Result<Vec<_>, _>>()?;
-        let store = Arc::new(CertStore::new(certs, tls.default_cert));
+        let mut store = CertStore::new(certs, tls.default_cert);
+        if let Some(auto) = super::auto::obtain(tls)? {
+            let alpn = tls
+                .acme
+                .as_ref()
+                .is_some_and(|a| a.challenge == AcmeChallenge::TlsAlpn01);
+            store = store.with_auto(auto, alpn);
+        }
+        let store = Arc::new(store);
         let mut server_config = server_config(tls, provider, store.clone())?;
         if let Some(before) = previous.filter(|_| tls.session_resumption) {
             let kept = &before.server_config;
@@ -76,7 +84,12 @@ fn server_config(
         TlsVersion::V1_2 => &[&rustls::version::TLS13, &rustls::version::TLS12],
         TlsVersion::V1_3 => &[&rustls::version::TLS13],
     };
-    let first_file = &tls.certs[tls.default_cert].cert;
+    let first_file = match (tls.certs.get(tls.default_cert), &tls.acme, &tls.internal_ca) {
+        (Some(files), _, _) => files.cert.as_path(),
+        (None, Some(acme), _) => acme.storage.as_path(),
+        (None, None, Some(ca)) => ca.storage.as_path(),
+        (None, None, None) => std::path::Path::new("-"),
+    };
     let builder = ServerConfig::builder_with_provider(provider.clone())
         .with_protocol_versions(versions)
         .map_err(|e| TlsError::new(first_file, format!("cannot set up TLS: {e}")))?;
@@ -84,8 +97,18 @@ fn server_config(
         None => builder.with_no_client_auth(),
         Some(auth) => builder.with_client_cert_verifier(client_verifier(auth, provider)?),
     };
+    let store_answers_alpn_challenge = tls
+        .acme
+        .as_ref()
+        .is_some_and(|a| a.challenge == AcmeChallenge::TlsAlpn01);
     let mut config = builder.with_cert_resolver(store);
     config.alpn_protocols = tls.alpn.iter().map(|p| p.as_bytes().to_vec()).collect();
+    if store_answers_alpn_challenge {
+        // Last: chosen only by a client offering nothing else (the ACME validator).
+        config
+            .alpn_protocols
+            .push(super::auto::challenge::ACME_TLS_ALPN.to_vec());
+    }
     if tls.session_resumption {
         config.ticketer = rustls::crypto::aws_lc_rs::Ticketer::new()
             .map_err(|e| TlsError::new(first_file, format!("cannot make ticket keys: {e}")))?;

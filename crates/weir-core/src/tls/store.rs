@@ -14,6 +14,7 @@ use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use weir_config::CertKey;
 
+use super::auto::{challenge, AutoCerts};
 use super::facts::CertFacts;
 use super::pem::{load_chain, load_key};
 use super::TlsError;
@@ -74,6 +75,20 @@ pub struct CertStore {
     /// `*.example.com` stored as `example.com` -> index.
     wildcard: HashMap<Box<str>, usize>,
     default: usize,
+    /// The automatic certificate (ACME or internal CA), served for its names unless an
+    /// explicit certificate has the exact name.
+    auto: Option<Auto>,
+}
+
+/// The automatic part of a store.
+#[derive(Debug)]
+struct Auto {
+    certs: Arc<AutoCerts>,
+    /// Its names (`*.example.com` stored as `example.com` in `wildcard`).
+    exact: HashMap<Box<str>, ()>,
+    wildcard: HashMap<Box<str>, ()>,
+    /// TLS-ALPN-01 challenges are answered on this listener.
+    alpn_challenge: bool,
 }
 
 impl CertStore {
@@ -94,7 +109,31 @@ impl CertStore {
             certs,
             exact,
             wildcard,
+            auto: None,
         }
+    }
+
+    /// Adds the automatic certificate `certs`; `alpn_challenge`: answer TLS-ALPN-01.
+    pub fn with_auto(mut self, certs: Arc<AutoCerts>, alpn_challenge: bool) -> CertStore {
+        let (mut exact, mut wildcard) = (HashMap::new(), HashMap::new());
+        for name in &certs.names {
+            match name.strip_prefix("*.") {
+                Some(parent) => wildcard.insert(parent.into(), ()),
+                None => exact.insert(name.as_str().into(), ()),
+            };
+        }
+        self.auto = Some(Auto {
+            certs,
+            exact,
+            wildcard,
+            alpn_challenge,
+        });
+        self
+    }
+
+    /// The automatic certificate source of this store, if it has one.
+    pub fn auto(&self) -> Option<&Arc<AutoCerts>> {
+        self.auto.as_ref().map(|a| &a.certs)
     }
 
     pub fn certs(&self) -> &[LoadedCert] {
@@ -106,14 +145,11 @@ impl CertStore {
         let Some(name) = sni else {
             return self.default;
         };
-        let lower;
-        let name = if name.bytes().any(|b| b.is_ascii_uppercase()) {
-            lower = name.to_ascii_lowercase();
-            lower.as_str()
-        } else {
-            name
-        };
-        let name = name.strip_suffix('.').unwrap_or(name);
+        let name = normalize(name);
+        self.choose_normalized(&name)
+    }
+
+    fn choose_normalized(&self, name: &str) -> usize {
         if let Some(&i) = self.exact.get(name) {
             return i;
         }
@@ -124,10 +160,54 @@ impl CertStore {
     }
 }
 
+/// `name` lower-cased, without a trailing dot (allocating only when upper case is sent).
+fn normalize(name: &str) -> std::borrow::Cow<'_, str> {
+    let name = name.strip_suffix('.').unwrap_or(name);
+    if name.bytes().any(|b| b.is_ascii_uppercase()) {
+        std::borrow::Cow::Owned(name.to_ascii_lowercase())
+    } else {
+        std::borrow::Cow::Borrowed(name)
+    }
+}
+
+impl Auto {
+    fn covers(&self, name: &str) -> bool {
+        self.exact.contains_key(name)
+            || name
+                .split_once('.')
+                .is_some_and(|(_, parent)| self.wildcard.contains_key(parent))
+    }
+}
+
 impl ResolvesServerCert for CertStore {
     fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        let chosen = self.certs.get(self.choose(hello.server_name()))?;
-        Some(chosen.key.clone())
+        let Some(auto) = &self.auto else {
+            let chosen = self.certs.get(self.choose(hello.server_name()))?;
+            return Some(chosen.key.clone());
+        };
+        let sni = hello.server_name().map(normalize);
+        if auto.alpn_challenge && hello.alpn().is_some_and(challenge::is_challenge_hello) {
+            return challenge::tls_alpn01_cert(sni.as_deref()?);
+        }
+        // An explicit certificate with the exact name wins; then the automatic one for its
+        // names (none yet: the handshake fails, other names are not affected); then the
+        // explicit wildcard or default; with no explicit certificate, the automatic one.
+        let explicit = match sni.as_deref() {
+            Some(name) if self.exact.contains_key(name) => return self.pick(name),
+            Some(name) if auto.covers(name) => None,
+            Some(name) => Some(self.choose_normalized(name)),
+            None => Some(self.default),
+        };
+        match explicit.and_then(|i| self.certs.get(i)) {
+            Some(chosen) => Some(chosen.key.clone()),
+            None => auto.certs.current().map(|c| c.key.clone()),
+        }
+    }
+}
+
+impl CertStore {
+    fn pick(&self, name: &str) -> Option<Arc<CertifiedKey>> {
+        Some(self.certs.get(self.choose_normalized(name))?.key.clone())
     }
 }
 

@@ -238,20 +238,26 @@ fn get(client: &Client, what: What, name: Option<&str>, output: Output) -> anyho
             let reply = client.call("GET", "/certs", None, b"")?;
             let header = [
                 "LISTENER",
+                "SOURCE",
                 "NAMES",
                 "ISSUER",
                 "NOT AFTER",
                 "DAYS LEFT",
+                "RENEW AT",
+                "LAST ERROR",
                 "SHA-256",
             ];
             print_or_table(&reply, output, &header, |c| {
                 let names: Vec<String> = list(&c["names"]).iter().map(text).collect();
                 vec![
                     text(&c["listener"]),
+                    text(&c["source"]),
                     names.join(", "),
                     text(&c["issuer"]),
                     text(&c["not_after"]),
                     text(&c["days_left"]),
+                    text(&c["renew_at"]),
+                    text(&c["last_error"]),
                     text(&c["sha256"]),
                 ]
             });

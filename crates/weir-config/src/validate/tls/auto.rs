@@ -1,0 +1,167 @@
+//! Validation of a TLS listener's automatic certificates: `acme = { ... }` (names, contact,
+//! directory, challenge, storage) and `internal_ca = { ... }`, whose names come from the
+//! listener's routes once those are validated.
+
+use std::path::PathBuf;
+
+use super::super::duration;
+use super::file;
+use crate::error::{FieldPath, Issue};
+use crate::model::{Acme, AcmeChallenge, HostPattern, InternalCa, Listener};
+use crate::raw::{RawAcme, RawInternalCa, StrOrList};
+
+/// Let's Encrypt's production directory: the default `acme.directory`.
+pub const LETS_ENCRYPT: &str = "https://acme-v02.api.letsencrypt.org/directory";
+
+pub(crate) fn acme(raw: Option<RawAcme>, path: &FieldPath) -> Result<Option<Acme>, Issue> {
+    let Some(raw) = raw else { return Ok(None) };
+    let domains = domains(raw.domains, &path.key("domains"))?;
+    let contact = match raw.contact {
+        None => Vec::new(),
+        Some(StrOrList::One(one)) => vec![one],
+        Some(StrOrList::Many(many)) => many,
+    };
+    if let Some(bad) = contact.iter().find(|c| !c.starts_with("mailto:")) {
+        return Err(Issue::new(
+            &path.key("contact"),
+            format!("contact \"{bad}\" is not a mailto: URL"),
+            r#"write contact = "mailto:ops@example.com""#,
+        ));
+    }
+    let directory = raw.directory.unwrap_or_else(|| LETS_ENCRYPT.to_owned());
+    if !directory.starts_with("https://") {
+        return Err(Issue::new(
+            &path.key("directory"),
+            format!("directory \"{directory}\" is not an https:// URL (RFC 8555 requires HTTPS)"),
+            format!("write the ACME server's directory URL, such as \"{LETS_ENCRYPT}\""),
+        ));
+    }
+    let challenge = match raw.challenge.as_deref().map(str::trim) {
+        None | Some("tls-alpn-01") => AcmeChallenge::TlsAlpn01,
+        Some("http-01") => AcmeChallenge::Http01,
+        Some(other) => {
+            return Err(Issue::new(
+                &path.key("challenge"),
+                format!("unknown challenge \"{other}\""),
+                r#"use challenge = "tls-alpn-01" (the default, on this listener) or "http-01" (on the HTTP listeners)"#,
+            ))
+        }
+    };
+    let storage = storage(raw.storage, &path.key("storage"), "/var/lib/weir/acme")?;
+    let directory_ca = match raw.directory_ca {
+        None => None,
+        some => Some(file(
+            some,
+            &path.key("directory_ca"),
+            "directory CA",
+            "certs/acme-server-ca.pem",
+        )?),
+    };
+    let retry_initial = duration(raw.retry_initial, "10s", &path.key("retry_initial"), true)?;
+    Ok(Some(Acme {
+        domains,
+        contact,
+        directory,
+        challenge,
+        storage,
+        directory_ca,
+        retry_initial,
+    }))
+}
+
+/// The names of an order: at least one, each a DNS name (no wildcard: it needs DNS-01,
+/// which Weir does not do; no IP address), each once.
+fn domains(raw: Option<Vec<String>>, path: &FieldPath) -> Result<Vec<String>, Issue> {
+    let list = raw.filter(|d| !d.is_empty()).ok_or_else(|| {
+        Issue::new(
+            path,
+            "acme needs the names to order a certificate for",
+            r#"add domains = ["example.com", "www.example.com"]"#,
+        )
+    })?;
+    let mut out: Vec<String> = Vec::with_capacity(list.len());
+    for (i, name) in list.iter().enumerate() {
+        let at = path.index(i);
+        let name = name.trim().trim_end_matches('.').to_ascii_lowercase();
+        if name.starts_with("*.") {
+            return Err(Issue::new(
+                &at,
+                format!("\"{name}\" is a wildcard: it can only be validated by DNS-01"),
+                "list each name (www.example.com, api.example.com), or use certs = [...] with a wildcard certificate",
+            ));
+        }
+        if !valid_dns_name(&name) {
+            return Err(Issue::new(
+                &at,
+                format!("\"{name}\" is not a DNS name"),
+                "write a host name such as \"example.com\" (no scheme, port or IP address)",
+            ));
+        }
+        if out.contains(&name) {
+            return Err(Issue::new(
+                &at,
+                format!("\"{name}\" is listed twice"),
+                "list each name once",
+            ));
+        }
+        out.push(name);
+    }
+    Ok(out)
+}
+
+/// Letters, digits, `-` and `.`, labels of 1 to 63 bytes, not all digits (an IP address).
+fn valid_dns_name(name: &str) -> bool {
+    let labels_ok = name.split('.').all(|l| {
+        !l.is_empty()
+            && l.len() <= 63
+            && !l.starts_with('-')
+            && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+    });
+    labels_ok && name.len() <= 253 && !name.bytes().all(|b| b.is_ascii_digit() || b == b'.')
+}
+
+fn storage(raw: Option<String>, path: &FieldPath, example: &str) -> Result<PathBuf, Issue> {
+    match raw.as_deref().map(str::trim) {
+        Some(p) if !p.is_empty() => Ok(PathBuf::from(p)),
+        _ => Err(Issue::new(
+            path,
+            "the storage directory is missing or empty",
+            format!("add storage = \"{example}\" (a directory Weir may write; keys are 0600)"),
+        )),
+    }
+}
+
+pub(crate) fn internal_ca(
+    raw: Option<RawInternalCa>,
+    path: &FieldPath,
+) -> Result<Option<InternalCa>, Issue> {
+    let Some(raw) = raw else { return Ok(None) };
+    Ok(Some(InternalCa {
+        storage: storage(raw.storage, &path.key("storage"), "/var/lib/weir/ca")?,
+        names: Vec::new(),
+        lifetime: duration(raw.lifetime, "168h", &path.key("lifetime"), true)?,
+    }))
+}
+
+/// Gives an `internal_ca` listener its names: the exact and wildcard hosts of its routes,
+/// or `localhost` and `127.0.0.1` when no route names a host.
+pub(crate) fn fill_internal_names(listener: &mut Listener) {
+    let Some(ca) = listener.tls.as_mut().and_then(|t| t.internal_ca.as_mut()) else {
+        return;
+    };
+    let mut names: Vec<String> = Vec::new();
+    for host in listener.routes.iter().flat_map(|r| &r.hosts) {
+        let name = match host {
+            HostPattern::Any => continue,
+            HostPattern::Exact(h) => h.clone(),
+            HostPattern::Suffix(parent) => format!("*{parent}"),
+        };
+        if !names.contains(&name) {
+            names.push(name);
+        }
+    }
+    if names.is_empty() {
+        names = vec!["localhost".to_owned(), "127.0.0.1".to_owned()];
+    }
+    ca.names = names;
+}

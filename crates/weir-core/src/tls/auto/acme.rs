@@ -1,0 +1,200 @@
+//! One ACME order (RFC 8555, through instant-acme) for the names of an [`AutoCerts`]:
+//! the account (made once, stored 0600 beside the certificates), the order, a challenge
+//! per name answered by Weir itself, the CSR (a new ECDSA P-256 key each time) and the
+//! certificate, written to storage and swapped in live.
+//!
+//! The storage lock is held for the whole order: a second Weir process on the same
+//! storage finds it taken and waits, then picks up the certificate the first one wrote.
+//! badNonce answers are retried by instant-acme at once (RFC 8555 section 6.5); other
+//! failures, rate limits included, go back to the manager's back-off.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use instant_acme::{
+    Account, AccountCredentials, AuthorizationStatus, ChallengeType, Identifier, NewAccount,
+    NewOrder, OrderStatus, RetryPolicy,
+};
+use weir_config::{Acme, AcmeChallenge};
+
+use super::storage::{self, Lock};
+use super::{challenge, AutoCerts};
+
+/// How long the server may take to validate and then to issue, each.
+const POLL_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// Why an order failed.
+#[derive(Debug)]
+pub struct OrderError {
+    pub message: String,
+    /// The server said `rateLimited`: wait long before trying again.
+    pub rate_limited: bool,
+}
+
+impl From<instant_acme::Error> for OrderError {
+    fn from(e: instant_acme::Error) -> OrderError {
+        let rate_limited = matches!(&e, instant_acme::Error::Api(p)
+            if p.r#type.as_deref() == Some("urn:ietf:params:acme:error:rateLimited"));
+        OrderError {
+            message: e.to_string(),
+            rate_limited,
+        }
+    }
+}
+
+impl From<String> for OrderError {
+    fn from(message: String) -> OrderError {
+        OrderError {
+            message,
+            rate_limited: false,
+        }
+    }
+}
+
+/// What an attempt came to.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// A new certificate is in use.
+    Ordered,
+    /// Another process holds the storage lock, or wrote a valid certificate meanwhile.
+    NotNeeded,
+}
+
+/// Orders a certificate for `auto`'s names as `acme` says.
+pub async fn order(auto: &AutoCerts, acme: &Acme) -> Result<Outcome, OrderError> {
+    let io = |what: &str, e: std::io::Error| format!("{what}: {e}");
+    let Some(_lock) = Lock::try_take(&acme.storage).map_err(|e| io("storage lock", e))? else {
+        // Another process is ordering: it writes the certificate we load next time.
+        let _ = auto.load_stored();
+        return Ok(Outcome::NotNeeded);
+    };
+    // A process that held the lock before us may have written a fresh certificate.
+    if auto.load_stored().is_ok() && !auto.needs_renewal(super::unix_now()) {
+        return Ok(Outcome::NotNeeded);
+    }
+    let account = account(acme).await?;
+    let identifiers: Vec<Identifier> = acme.domains.iter().cloned().map(Identifier::Dns).collect();
+    let mut order = account.new_order(&NewOrder::new(&identifiers)).await?;
+    let mut pending = Pending::default();
+    let result = async {
+        authorize(&mut order, acme.challenge, &mut pending).await?;
+        let status = order.poll_ready(&polling()).await?;
+        if status != OrderStatus::Ready {
+            return Err(order_problem(&mut order, status));
+        }
+        let key = rcgen::KeyPair::generate().map_err(|e| e.to_string())?;
+        let params =
+            rcgen::CertificateParams::new(acme.domains.clone()).map_err(|e| e.to_string())?;
+        let csr = params.serialize_request(&key).map_err(|e| e.to_string())?;
+        order.finalize_csr(csr.der()).await?;
+        let chain = order.poll_certificate(&polling()).await?;
+        let files = auto.files();
+        storage::write(&files.key, key.serialize_pem().as_bytes(), true)
+            .map_err(|e| io("key", e))?;
+        storage::write(&files.cert, chain.as_bytes(), false).map_err(|e| io("certificate", e))?;
+        auto.installed().map_err(|e| e.to_string())?;
+        Ok(Outcome::Ordered)
+    }
+    .await;
+    pending.clear();
+    result
+}
+
+fn polling() -> RetryPolicy {
+    RetryPolicy::new().timeout(POLL_TIMEOUT)
+}
+
+/// The order's error as the server put it, or its status.
+fn order_problem(order: &mut instant_acme::Order, status: OrderStatus) -> OrderError {
+    match &order.state().error {
+        Some(problem) => OrderError::from(instant_acme::Error::Api(problem.clone())),
+        None => format!("the order ended {status:?}").into(),
+    }
+}
+
+/// Sets up the challenge of each pending authorization and tells the server to check it.
+async fn authorize(
+    order: &mut instant_acme::Order,
+    kind: AcmeChallenge,
+    pending: &mut Pending,
+) -> Result<(), OrderError> {
+    let wanted = match kind {
+        AcmeChallenge::Http01 => ChallengeType::Http01,
+        AcmeChallenge::TlsAlpn01 => ChallengeType::TlsAlpn01,
+    };
+    let mut authorizations = order.authorizations();
+    while let Some(authz) = authorizations.next().await {
+        let mut authz = authz?;
+        if authz.status == AuthorizationStatus::Valid {
+            continue;
+        }
+        let name = authz.identifier().to_string();
+        let mut handle = authz
+            .challenge(wanted.clone())
+            .ok_or_else(|| format!("the ACME server offers no {wanted:?} challenge for {name}"))?;
+        let key_authorization = handle.key_authorization();
+        match kind {
+            AcmeChallenge::Http01 => {
+                challenge::add_http01(&handle.token, key_authorization.as_str());
+                pending.tokens.push(handle.token.clone());
+            }
+            AcmeChallenge::TlsAlpn01 => {
+                challenge::add_tls_alpn01(&name, key_authorization.digest().as_ref())?;
+                pending.names.push(name);
+            }
+        }
+        handle.set_ready().await?;
+    }
+    Ok(())
+}
+
+/// The challenges this order put up, taken down when it ends however it ends.
+#[derive(Default)]
+struct Pending {
+    tokens: Vec<String>,
+    names: Vec<String>,
+}
+
+impl Pending {
+    fn clear(&mut self) {
+        self.tokens
+            .drain(..)
+            .for_each(|t| challenge::remove_http01(&t));
+        self.names
+            .drain(..)
+            .for_each(|n| challenge::remove_tls_alpn01(&n));
+    }
+}
+
+/// The stored account for `acme.directory`, or a new one (then stored, 0600).
+async fn account(acme: &Acme) -> Result<Account, OrderError> {
+    let builder = || match &acme.directory_ca {
+        Some(ca) => Account::builder_with_root(ca),
+        None => Account::builder(),
+    };
+    let path = account_file(&acme.storage, &acme.directory);
+    if let Ok(text) = std::fs::read(&path) {
+        let credentials: AccountCredentials = serde_json::from_slice(&text)
+            .map_err(|e| format!("{}: unreadable account: {e}", path.display()))?;
+        return Ok(builder()?.from_credentials(credentials).await?);
+    }
+    let contact: Vec<&str> = acme.contact.iter().map(String::as_str).collect();
+    let new = NewAccount {
+        contact: &contact,
+        terms_of_service_agreed: true,
+        only_return_existing: false,
+    };
+    let (account, credentials) = builder()?
+        .create(&new, acme.directory.clone(), None)
+        .await?;
+    let json = serde_json::to_vec(&credentials).map_err(|e| e.to_string())?;
+    storage::write(&path, &json, true).map_err(|e| format!("{}: {e}", path.display()))?;
+    tracing::info!(directory = %acme.directory, account = %account.id(), "ACME account created");
+    Ok(account)
+}
+
+/// One account per directory: its file name carries a digest of the directory URL.
+fn account_file(storage: &Path, directory: &str) -> PathBuf {
+    let digest = crate::tls::facts::sha256_hex(directory.as_bytes());
+    storage.join(format!("account-{}.json", &digest[..16]))
+}

@@ -1,0 +1,85 @@
+//! The internal CA (Caddy's `tls internal`): an ECDSA P-256 CA made once in `storage`
+//! (`ca.pem`, `ca.key` 0600) and leaf certificates it issues for a listener's names.
+//! A restart finds the CA and reuses it: clients told to trust `ca.pem` keep trusting.
+
+use std::path::Path;
+use std::time::Duration;
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    Issuer, KeyPair, KeyUsagePurpose,
+};
+
+use super::storage;
+use crate::tls::TlsError;
+
+/// How long the CA itself is valid: ten years.
+const CA_DAYS: i64 = 3650;
+
+/// The CA of `dir`, made (and written) when `ca.pem` is not there yet.
+fn ca(dir: &Path) -> Result<Issuer<'static, KeyPair>, TlsError> {
+    let (cert_path, key_path) = (dir.join("ca.pem"), dir.join("ca.key"));
+    if cert_path.exists() {
+        let read = |p: &Path| {
+            std::fs::read_to_string(p).map_err(|e| TlsError::new(p, format!("cannot read it: {e}")))
+        };
+        let key = KeyPair::from_pem(&read(&key_path)?)
+            .map_err(|e| TlsError::new(&key_path, format!("not a usable CA key: {e}")))?;
+        return Issuer::from_ca_cert_pem(&read(&cert_path)?, key)
+            .map_err(|e| TlsError::new(&cert_path, format!("not a usable CA certificate: {e}")));
+    }
+    let key = KeyPair::generate().map_err(|e| TlsError::new(&key_path, e.to_string()))?;
+    let mut params = CertificateParams::new(Vec::<String>::new())
+        .map_err(|e| TlsError::new(dir, e.to_string()))?;
+    let mut dn = DistinguishedName::new();
+    // A serial-like suffix: two machines' CAs are told apart in a trust store.
+    let suffix = &crate::tls::facts::sha256_hex(key.public_key_raw())[..8];
+    dn.push(DnType::CommonName, format!("Weir internal CA {suffix}"));
+    params.distinguished_name = dn;
+    params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    let now = time::OffsetDateTime::now_utc();
+    params.not_before = now - time::Duration::hours(1);
+    params.not_after = now + time::Duration::days(CA_DAYS);
+    let cert = params
+        .self_signed(&key)
+        .map_err(|e| TlsError::new(&cert_path, e.to_string()))?;
+    write(&key_path, &key.serialize_pem(), true)?;
+    write(&cert_path, &cert.pem(), false)?;
+    tracing::info!(ca = %cert_path.display(), "internal CA made; clients trust it with this file");
+    Ok(Issuer::new(params, key))
+}
+
+/// Issues a certificate for `names` valid for `lifetime` from the CA in `dir` (made if
+/// missing) and writes it (chain: leaf then CA) with its key (0600) under `dir`.
+pub fn issue(dir: &Path, names: &[String], lifetime: Duration) -> Result<(), TlsError> {
+    let issuer = ca(dir)?;
+    let (cert_path, key_path) = storage::cert_files(dir, names);
+    let err = |e: rcgen::Error| TlsError::new(&cert_path, format!("cannot issue: {e}"));
+    let key = KeyPair::generate().map_err(err)?;
+    let mut params = CertificateParams::new(names.to_vec()).map_err(err)?;
+    let mut dn = DistinguishedName::new();
+    dn.push(
+        DnType::CommonName,
+        names.first().cloned().unwrap_or_default(),
+    );
+    params.distinguished_name = dn;
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    let now = time::OffsetDateTime::now_utc();
+    // A little back-dated (a minute, a quarter of a short lifetime): clients with a clock
+    // slightly behind accept it, and renewal still comes after more than half of it.
+    let lifetime = time::Duration::try_from(lifetime).unwrap_or(time::Duration::days(7));
+    let quarter: time::Duration = lifetime / 4;
+    params.not_before = now - quarter.min(time::Duration::minutes(1));
+    params.not_after = now + lifetime;
+    let cert = params.signed_by(&key, &issuer).map_err(err)?;
+    let ca_pem = std::fs::read_to_string(dir.join("ca.pem")).unwrap_or_default();
+    let chain = format!("{}{ca_pem}", cert.pem());
+    write(&key_path, &key.serialize_pem(), true)?;
+    write(&cert_path, &chain, false)
+}
+
+fn write(path: &Path, text: &str, private: bool) -> Result<(), TlsError> {
+    storage::write(path, text.as_bytes(), private)
+        .map_err(|e| TlsError::new(path, format!("cannot write it: {e}")))
+}

@@ -1,0 +1,124 @@
+//! The background thread of automatic certificates: once a second it looks at every
+//! automatic certificate of the running snapshot, and for one that is missing or due
+//! (two thirds into its lifetime) and not waiting out a back-off, it issues (internal CA)
+//! or starts an ACME order as a task. One task per name set for the whole process, never
+//! one per worker; a failure waits `retry_initial` doubled per failure in a row, jittered
+//! by up to a quarter, at most an hour (a rate limit: at least an hour).
+
+use std::collections::HashSet;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use super::acme::{self, Outcome};
+use super::{AutoCerts, Spec, ORDERS_FAILED, ORDERS_VALID};
+use crate::tls::facts::unix_now;
+use crate::worker::Shared;
+
+/// How often the due dates are looked at.
+const TICK: Duration = Duration::from_secs(1);
+/// The longest back-off.
+const MAX_BACKOFF: Duration = Duration::from_secs(3600);
+
+/// Starts the thread; it ends at shutdown (an order in flight is abandoned).
+pub fn spawn(shared: Arc<Shared>) -> std::io::Result<JoinHandle<()>> {
+    crate::server::spawn_with_runtime("weir-certs", move || run(shared))
+}
+
+async fn run(shared: Arc<Shared>) {
+    let mut shutdown = shared.shutdown.clone();
+    loop {
+        if *shutdown.borrow() {
+            return;
+        }
+        for auto in in_use(&shared) {
+            let now = unix_now();
+            if auto.due(now) {
+                start(auto);
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(TICK) => {}
+            changed = shutdown.changed() => if changed.is_err() { return },
+        }
+    }
+}
+
+/// The automatic certificates of the running snapshot, each once.
+fn in_use(shared: &Shared) -> Vec<Arc<AutoCerts>> {
+    let snapshot = shared.snapshot.load();
+    let mut seen = HashSet::new();
+    snapshot
+        .listeners
+        .iter()
+        .filter_map(|plan| plan.tls.as_ref()?.store.auto().cloned())
+        .filter(|auto| seen.insert(Arc::as_ptr(auto)))
+        .collect()
+}
+
+/// Obtains a certificate for `auto`: the internal CA at once, ACME as a task.
+fn start(auto: Arc<AutoCerts>) {
+    let acme = match &auto.spec {
+        Spec::Internal { .. } => {
+            if let Err(e) = super::renew_internal(&auto) {
+                auto.failed(e.to_string(), MAX_BACKOFF / 60);
+            }
+            return;
+        }
+        Spec::Acme(acme) => acme.clone(),
+    };
+    auto.set_running(true);
+    tokio::spawn(async move {
+        tracing::info!(names = %auto.names.join(","), directory = %acme.directory, "ACME order started");
+        match acme::order(&auto, &acme).await {
+            Ok(Outcome::Ordered) => {
+                ORDERS_VALID.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(Outcome::NotNeeded) => {
+                // Another process orders: look again after a short wait, no failure counted.
+                auto.wait(acme.retry_initial);
+            }
+            Err(e) => {
+                ORDERS_FAILED.fetch_add(1, Ordering::Relaxed);
+                let failures = auto.status().failures;
+                let mut wait = backoff(acme.retry_initial, failures);
+                if e.rate_limited {
+                    wait = wait.max(MAX_BACKOFF);
+                }
+                auto.failed(e.message, wait);
+            }
+        }
+        auto.set_running(false);
+    });
+}
+
+/// `initial` doubled `failures` times, at most [`MAX_BACKOFF`], plus up to a quarter more
+/// at random (so processes that failed together do not retry together).
+pub fn backoff(initial: Duration, failures: u32) -> Duration {
+    let base = initial
+        .saturating_mul(1u32.checked_shl(failures.min(20)).unwrap_or(u32::MAX))
+        .min(MAX_BACKOFF);
+    let mut byte = [0u8; 1];
+    let _ = aws_lc_rs::rand::fill(&mut byte);
+    base + base / 4 * u32::from(byte[0]) / 255
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_with_jitter_and_stops_at_an_hour() {
+        let s = Duration::from_secs;
+        for (failures, low) in [(0, 10), (1, 20), (3, 80)] {
+            let got = backoff(s(10), failures);
+            assert!(
+                got >= s(low) && got <= s(low) + s(low) / 4,
+                "{failures}: {got:?}"
+            );
+        }
+        let capped = backoff(s(10), 30);
+        assert!(capped >= MAX_BACKOFF && capped <= MAX_BACKOFF + MAX_BACKOFF / 4);
+    }
+}

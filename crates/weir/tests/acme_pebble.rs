@@ -1,0 +1,390 @@
+//! ACME against a real pebble (the test ACME server Let's Encrypt maintains), with its
+//! random rejection of good nonces left on: issuance by HTTP-01 and by TLS-ALPN-01,
+//! renewal of short-lived certificates swapped in live, pebble down at start (Weir serves
+//! its other names, counts the failure, retries, then gets the certificate), and a restart
+//! that reuses the stored certificate without pebble.
+//!
+//! Runs when /usr/bin/pebble and /usr/bin/pebble-challtestsrv are there (Debian package
+//! `pebble`; `WEIR_PEBBLE_DIR` names another directory holding both). Without them each
+//! test prints that it was skipped and passes. Pebble gets a JSON config and its own TLS
+//! certificate made here in a temporary directory, free ports on 127.0.0.1, and
+//! pebble-challtestsrv as its DNS server answering 127.0.0.1 for every name; its
+//! validation ports (`httpPort`, `tlsPort`) are Weir's listeners.
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::{DigitallySignedStruct, SignatureScheme};
+use weir_core::tls::auto::AutoCerts;
+use weir_core::Proxy;
+use weir_testkit::certs::{CertDir, TestCa};
+
+/// How long a condition is polled (an order takes a few seconds with pebble).
+const WAIT: Duration = Duration::from_secs(90);
+const NAME: &str = "a.weir.test";
+const OTHER: &str = "other.weir.test";
+
+fn pebble_dir() -> Option<PathBuf> {
+    let dir = std::env::var_os("WEIR_PEBBLE_DIR")
+        .map_or_else(|| PathBuf::from("/usr/bin"), PathBuf::from);
+    let found = dir.join("pebble").is_file() && dir.join("pebble-challtestsrv").is_file();
+    if !found {
+        eprintln!(
+            "SKIPPED: pebble or pebble-challtestsrv not found in {} (apt-get install pebble)",
+            dir.display()
+        );
+    }
+    found.then_some(dir)
+}
+
+fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    listener.local_addr().unwrap().port()
+}
+
+fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + WAIT;
+    while !cond() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Pebble and its DNS server, stopped when dropped.
+struct Pebble {
+    children: Vec<Child>,
+}
+
+impl Drop for Pebble {
+    fn drop(&mut self) {
+        for child in &mut self.children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Everything a test needs to know about its pebble before it runs.
+struct PebbleSetup {
+    bin: PathBuf,
+    dir: CertDir,
+    ca: TestCa,
+    port: u16,
+}
+
+impl PebbleSetup {
+    fn new(bin: PathBuf) -> PebbleSetup {
+        PebbleSetup {
+            bin,
+            dir: CertDir::new(),
+            ca: TestCa::new("pebble server CA"),
+            port: free_port(),
+        }
+    }
+
+    fn directory(&self) -> String {
+        format!("https://127.0.0.1:{}/dir", self.port)
+    }
+
+    /// Starts pebble validating on `http_port` / `tls_port`, certificates valid for
+    /// `validity` seconds; waits until it accepts connections.
+    fn start(&self, http_port: u16, tls_port: u16, validity: u64) -> Pebble {
+        let leaf = self.ca.leaf(&["127.0.0.1", "localhost"]);
+        let config = format!(
+            r#"{{"pebble": {{"listenAddress": "127.0.0.1:{}", "managementListenAddress": "127.0.0.1:{}",
+            "certificate": "{}", "privateKey": "{}", "httpPort": {http_port}, "tlsPort": {tls_port},
+            "ocspResponderURL": "", "externalAccountBindingRequired": false,
+            "certificateValidityPeriod": {validity}}}}}"#,
+            self.port,
+            free_port(),
+            leaf.cert_path.display(),
+            leaf.key_path.display()
+        );
+        let config_path = self.dir.write("pebble.json", &config);
+        let dns = free_port();
+        let quiet = |c: &mut Command| {
+            c.stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null());
+        };
+        let mut challtest = Command::new(self.bin.join("pebble-challtestsrv"));
+        challtest.args([
+            "-dns01",
+            &format!("127.0.0.1:{dns}"),
+            "-defaultIPv4",
+            "127.0.0.1",
+        ]);
+        challtest.args([
+            "-defaultIPv6",
+            "",
+            "-http01",
+            "",
+            "-https01",
+            "",
+            "-tlsalpn01",
+            "",
+        ]);
+        challtest.args(["-management", &format!("127.0.0.1:{}", free_port())]);
+        quiet(&mut challtest);
+        let mut pebble = Command::new(self.bin.join("pebble"));
+        pebble.arg("-config").arg(&config_path);
+        pebble.args(["-dnsserver", &format!("127.0.0.1:{dns}")]);
+        // Validation at once (no random wait); nonce rejection stays at its default.
+        pebble.env("PEBBLE_VA_NOSLEEP", "1");
+        quiet(&mut pebble);
+        let children = vec![
+            challtest.spawn().expect("start pebble-challtestsrv"),
+            pebble.spawn().expect("start pebble"),
+        ];
+        let running = Pebble { children };
+        let addr: SocketAddr = ([127, 0, 0, 1], self.port).into();
+        wait_for("pebble to listen", || TcpStream::connect(addr).is_ok());
+        running
+    }
+}
+
+/// Weir with a plain HTTP listener `http` and a TLS listener `https` whose ACME
+/// certificate is for [`NAME`] and whose file certificate is for [`OTHER`].
+fn weir(
+    setup: &PebbleSetup,
+    storage: &Path,
+    challenge: &str,
+    other: &weir_testkit::certs::Leaf,
+) -> Proxy {
+    let toml = format!(
+        r#"[server]
+workers = 1
+drain_timeout = "0s"
+[admin]
+bind = "off"
+[[listeners]]
+name = "http"
+bind = "127.0.0.1:0"
+[[listeners.routes]]
+name = "all"
+respond = {{ status = 200, body = "plain\n" }}
+[[listeners]]
+name = "https"
+bind = "127.0.0.1:0"
+[listeners.tls]
+certs = [{{ cert = {:?}, key = {:?} }}]
+acme = {{ domains = ["{NAME}"], contact = "mailto:ops@weir.test", directory = "{}", challenge = "{challenge}", storage = {:?}, directory_ca = {:?}, retry_initial = "1s" }}
+[[listeners.routes]]
+name = "all"
+respond = {{ status = 200, body = "secure\n" }}
+"#,
+        other.cert_path.display().to_string(),
+        other.key_path.display().to_string(),
+        setup.directory(),
+        storage.display().to_string(),
+        setup.ca.cert_path.display().to_string(),
+    );
+    let config =
+        weir_config::parse_str(&toml, "acme.toml").unwrap_or_else(|e| panic!("{e}\n{toml}"));
+    Proxy::start(config, 1).expect("start weir")
+}
+
+fn ports(proxy: &Proxy) -> (u16, u16) {
+    let port = |n| proxy.listener_addr(n).expect("listener").port();
+    (port("http"), port("https"))
+}
+
+fn auto(proxy: &Proxy) -> Arc<AutoCerts> {
+    proxy
+        .snapshot()
+        .listener_tls("https")
+        .unwrap()
+        .store
+        .auto()
+        .cloned()
+        .unwrap()
+}
+
+/// Accepts any server certificate: the tests compare what was presented with what Weir
+/// says it installed (pebble's root changes every run).
+#[derive(Debug)]
+struct AnyCert;
+
+impl ServerCertVerifier for AnyCert {
+    fn verify_server_cert(
+        &self,
+        _: &CertificateDer<'_>,
+        _: &[CertificateDer<'_>],
+        _: &ServerName<'_>,
+        _: &[u8],
+        _: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+    fn verify_tls12_signature(
+        &self,
+        _: &[u8],
+        _: &CertificateDer<'_>,
+        _: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        Ok(HandshakeSignatureValid::assertion())
+    }
+    fn verify_tls13_signature(
+        &self,
+        _: &[u8],
+        _: &CertificateDer<'_>,
+        _: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        Ok(HandshakeSignatureValid::assertion())
+    }
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        rustls::crypto::aws_lc_rs::default_provider()
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+/// The SHA-256 of the leaf presented for `name` on `port`, or `None` if the handshake
+/// failed.
+fn presented(port: u16, name: &str) -> Option<String> {
+    let config = rustls::ClientConfig::builder()
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AnyCert))
+        .with_no_client_auth();
+    let server = ServerName::try_from(name.to_owned()).ok()?;
+    let mut conn = rustls::ClientConnection::new(Arc::new(config), server).ok()?;
+    let mut tcp = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    tcp.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    while conn.is_handshaking() {
+        conn.complete_io(&mut tcp).ok()?;
+    }
+    let leaf = conn.peer_certificates()?.first()?;
+    Some(weir_core::tls::facts::sha256_hex(leaf))
+}
+
+/// Waits for the ACME certificate, checks it is pebble's for [`NAME`] and that a
+/// handshake for the name gets it; its fingerprint.
+fn issued(proxy: &Proxy) -> String {
+    let auto = auto(proxy);
+    let deadline = std::time::Instant::now() + WAIT;
+    while auto.current().is_none() {
+        let status = auto.status();
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no ACME certificate: {status:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let cert = auto.current().unwrap();
+    assert_eq!(cert.facts.names, vec![NAME]);
+    assert!(
+        cert.facts.issuer.contains("Pebble"),
+        "{}",
+        cert.facts.issuer
+    );
+    let (_, https) = ports(proxy);
+    assert_eq!(
+        presented(https, NAME).as_deref(),
+        Some(cert.facts.sha256.as_str())
+    );
+    cert.facts.sha256.clone()
+}
+
+fn issuance(challenge: &str) {
+    let Some(bin) = pebble_dir() else { return };
+    let setup = PebbleSetup::new(bin);
+    let storage = setup.dir.path().join("acme");
+    let other = setup.ca.leaf(&[OTHER]);
+    let proxy = weir(&setup, &storage, challenge, &other);
+    let (http, https) = ports(&proxy);
+    let _pebble = setup.start(http, https, 3600);
+    issued(&proxy);
+    use std::os::unix::fs::PermissionsExt;
+    let key = storage.join(format!("{NAME}.key"));
+    assert_eq!(
+        std::fs::metadata(key).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    let metrics = proxy.metrics_renderer()();
+    assert!(
+        metrics.contains("weir_acme_orders_total{result=\"valid\"}"),
+        "{metrics}"
+    );
+    proxy.shutdown();
+}
+
+#[test]
+fn issues_by_http01() {
+    issuance("http-01");
+}
+
+#[test]
+fn issues_by_tls_alpn01() {
+    issuance("tls-alpn-01");
+}
+
+#[test]
+fn renews_short_lived_certificates_live() {
+    let Some(bin) = pebble_dir() else { return };
+    let setup = PebbleSetup::new(bin);
+    let storage = setup.dir.path().join("acme");
+    let other = setup.ca.leaf(&[OTHER]);
+    let proxy = weir(&setup, &storage, "tls-alpn-01", &other);
+    let (http, https) = ports(&proxy);
+    let _pebble = setup.start(http, https, 12);
+    let first = issued(&proxy);
+    let renew_at = auto(&proxy).status().renew_at.expect("renewal time");
+    assert!(
+        renew_at > weir_core::tls::facts::unix_now(),
+        "renewal is ahead"
+    );
+    let expiry = auto(&proxy).current().unwrap().facts.not_after;
+    wait_for("a renewed certificate to be served", || {
+        presented(https, NAME).is_some_and(|now| now != first)
+    });
+    let now = weir_core::tls::facts::unix_now();
+    assert!(
+        now < expiry,
+        "renewed before the old certificate expired ({now} >= {expiry})"
+    );
+    proxy.shutdown();
+}
+
+#[test]
+fn pebble_down_at_start_then_up_and_restart_reuses_the_certificate() {
+    let Some(bin) = pebble_dir() else { return };
+    let setup = PebbleSetup::new(bin);
+    let storage = setup.dir.path().join("acme");
+    let other = setup.ca.leaf(&[OTHER]);
+    let proxy = weir(&setup, &storage, "http-01", &other);
+    let (http, https) = ports(&proxy);
+    let auto = auto(&proxy);
+    wait_for("a failed attempt", || auto.status().failures >= 1);
+    assert!(auto.status().last_error.is_some());
+    // Meanwhile: the other name is served, the ACME name fails cleanly.
+    let other_sha = weir_core::tls::facts::sha256_hex(&rustls::pki_types::CertificateDer::from(
+        rustls::pki_types::pem::PemObject::from_pem_slice(other.cert_pem.as_bytes())
+            .map(|c: CertificateDer<'static>| c.to_vec())
+            .unwrap(),
+    ));
+    assert_eq!(presented(https, OTHER), Some(other_sha));
+    assert_eq!(
+        presented(https, NAME),
+        None,
+        "no certificate yet: the handshake fails"
+    );
+    let pebble = setup.start(http, https, 3600);
+    let sha = issued(&proxy);
+    assert_eq!(auto.status().last_error, None);
+    proxy.shutdown();
+    drop((auto, proxy, pebble));
+
+    // Pebble is gone: the restarted Weir serves the stored certificate at once.
+    let again = weir(&setup, &storage, "http-01", &other);
+    let (_, https) = ports(&again);
+    assert_eq!(presented(https, NAME), Some(sha));
+    again.shutdown();
+}

@@ -1,0 +1,236 @@
+//! Automatic certificates from the internal CA, over real sockets: a client trusting only
+//! the stored `ca.pem` completes the handshake, the key files are private, a restart
+//! reuses the CA and the certificate, a short-lived certificate is renewed and swapped in
+//! live, and `/api/v1/certs`'s source says where each certificate comes from.
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{single, Weir};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use weir_testkit::certs::CertDir;
+use weir_testkit::Backend;
+
+fn start(backend: &Backend, storage: &Path, lifetime: &str) -> Weir {
+    single(backend.addr())
+        .listener(&format!(
+            "[listeners.tls]\ninternal_ca = {{ storage = {:?}, lifetime = \"{lifetime}\" }}",
+            storage.display().to_string()
+        ))
+        .start()
+}
+
+/// A handshake as `localhost` trusting only `storage/ca.pem`, a `GET /`; the leaf's DER
+/// and the response.
+async fn fetch(weir: &Weir, storage: &Path) -> (Vec<u8>, String) {
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_file(storage.join("ca.pem")).expect("ca.pem"))
+        .unwrap();
+    let config = rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let tcp = tokio::net::TcpStream::connect(weir.addr).await.unwrap();
+    let name = ServerName::try_from("localhost").unwrap();
+    let mut tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .expect("handshake verified against the stored CA");
+    let leaf = tls.get_ref().1.peer_certificates().unwrap()[0].to_vec();
+    tls.write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    tls.read_to_end(&mut out).await.unwrap();
+    (leaf, String::from_utf8_lossy(&out).into_owned())
+}
+
+fn mode(path: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+}
+
+#[tokio::test]
+async fn internal_ca_serves_verified_https_and_a_restart_reuses_it() {
+    let backend = Backend::echo("b");
+    let dir = CertDir::new();
+    let storage = dir.path().join("ca");
+    let weir = start(&backend, &storage, "168h");
+    let (leaf, response) = fetch(&weir, &storage).await;
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    assert_eq!(mode(&storage.join("ca.key")), 0o600);
+    assert_eq!(mode(&storage.join("localhost.key")), 0o600);
+    let snapshot = weir.proxy().snapshot();
+    let auto = snapshot
+        .listener_tls("web")
+        .unwrap()
+        .store
+        .auto()
+        .cloned()
+        .unwrap();
+    assert_eq!(auto.source.label(), "internal");
+    assert_eq!(auto.names, vec!["localhost", "127.0.0.1"]);
+    let ca = std::fs::read(storage.join("ca.pem")).unwrap();
+    drop((snapshot, auto, weir));
+
+    let again = start(&backend, &storage, "168h");
+    let (leaf_again, _) = fetch(&again, &storage).await;
+    assert_eq!(
+        std::fs::read(storage.join("ca.pem")).unwrap(),
+        ca,
+        "CA re-made"
+    );
+    assert_eq!(
+        leaf_again, leaf,
+        "a valid stored certificate is reused, not re-issued"
+    );
+}
+
+#[tokio::test]
+async fn internal_certificate_is_renewed_and_swapped_in_live() {
+    let backend = Backend::echo("b");
+    let dir = CertDir::new();
+    let storage = dir.path().join("ca");
+    let weir = start(&backend, &storage, "6s");
+    let (first, _) = fetch(&weir, &storage).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let (now, response) = fetch(&weir, &storage).await;
+        assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+        if now != first {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never renewed");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let metrics = weir.metrics_text();
+    assert!(
+        metrics.contains("weir_certificate_next_renewal_timestamp_seconds{listener=\"web\""),
+        "{metrics}"
+    );
+}
+
+/// The leaf presented for `name`, verified against the PEM CA at `ca` (`None`: the
+/// handshake failed).
+async fn leaf_for(addr: std::net::SocketAddr, ca: &Path, name: &str) -> Option<Vec<u8>> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(CertificateDer::from_pem_file(ca).ok()?).ok()?;
+    let config = rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let tcp = tokio::net::TcpStream::connect(addr).await.ok()?;
+    let server = ServerName::try_from(name.to_string()).ok()?;
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(server, tcp)
+        .await
+        .ok()?;
+    Some(tls.get_ref().1.peer_certificates()?[0].to_vec())
+}
+
+#[tokio::test]
+async fn explicit_certificates_win_for_their_names_and_serve_the_rest() {
+    let backend = Backend::echo("b");
+    let dir = CertDir::new();
+    let storage = dir.path().join("ca");
+    let files = weir_testkit::certs::TestCa::new("explicit CA");
+    let explicit = files.leaf(&["both.test", "only-file.test"]);
+    let weir = single(backend.addr())
+        .route("hosts", "up", &["hosts = [\"app.test\", \"both.test\"]"])
+        .listener(&format!(
+            "[listeners.tls]\ncerts = [{{ cert = {:?}, key = {:?} }}]\ninternal_ca = {{ storage = {:?} }}",
+            explicit.cert_path.display().to_string(),
+            explicit.key_path.display().to_string(),
+            storage.display().to_string()
+        ))
+        .start();
+    let internal_ca = storage.join("ca.pem");
+    let app = leaf_for(weir.addr, &internal_ca, "app.test").await;
+    assert!(
+        app.is_some(),
+        "the internal certificate serves its own name"
+    );
+    assert!(
+        leaf_for(weir.addr, &files.cert_path, "both.test")
+            .await
+            .is_some(),
+        "the explicit certificate wins for its exact name"
+    );
+    assert!(leaf_for(weir.addr, &internal_ca, "both.test")
+        .await
+        .is_none());
+    assert!(
+        leaf_for(weir.addr, &files.cert_path, "unknown.test")
+            .await
+            .is_none(),
+        "an unknown name gets the default (explicit) certificate, not valid for it"
+    );
+    let default = leaf_for(weir.addr, &files.cert_path, "only-file.test").await;
+    assert!(default.is_some());
+}
+
+#[test]
+fn an_unusable_storage_directory_is_refused_with_its_path() {
+    let dir = CertDir::new();
+    let blocker = dir.write("not-a-dir", "a file");
+    let toml = format!(
+        "[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\n[listeners.tls]\n\
+         acme = {{ domains = [\"a.test\"], storage = {:?} }}\n",
+        blocker.join("acme").display().to_string()
+    );
+    let config = weir_config::parse_str(&toml, "t.toml").expect("valid shape");
+    let error = weir_core::Proxy::start(config, 1).err().expect("refused");
+    let text = error.to_string();
+    assert!(
+        text.contains("not-a-dir/acme") && text.contains("storage directory"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn http01_tokens_are_answered_before_routing_and_redirect_https() {
+    use weir_core::tls::auto::challenge;
+    challenge::add_http01("weir-test-token-1", "weir-test-token-1.thumbprint");
+    let backend = Backend::echo("b");
+    let routed = single(backend.addr()).start();
+    let redirecting = common::Conf::new()
+        .listener("redirect_https = true")
+        .start();
+    for weir in [&routed, &redirecting] {
+        let mut c = weir.client().await;
+        let r = c
+            .get("/.well-known/acme-challenge/weir-test-token-1", "a.test")
+            .await
+            .unwrap();
+        assert_eq!(r.status, 200);
+        assert_eq!(r.body_str(), "weir-test-token-1.thumbprint");
+    }
+    // A token Weir did not put up is an ordinary request: routed, or redirected.
+    let mut c = routed.client().await;
+    let r = c
+        .get("/.well-known/acme-challenge/other", "a.test")
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        backend.requests_served(),
+        1,
+        "only the unknown token reached the backend"
+    );
+    let mut c = redirecting.client().await;
+    let r = c
+        .get("/.well-known/acme-challenge/other", "a.test")
+        .await
+        .unwrap();
+    assert_eq!(r.status, 308);
+    challenge::remove_http01("weir-test-token-1");
+    let r = c
+        .get("/.well-known/acme-challenge/weir-test-token-1", "a.test")
+        .await
+        .unwrap();
+    assert_eq!(r.status, 308, "a removed token is no longer answered");
+}
