@@ -176,9 +176,8 @@ pub struct Response<'a> {
 /// known to be shorter than `min_size`, `Cache-Control: no-transform`.
 pub fn plan(cfg: &Compression, r: &Response<'_>) -> Plan {
     let f = Facts::of(r.buf, r.headers);
-    let compressible = !f.encoded
-        && !f.no_transform
-        && f.content_type.is_some_and(|t| cfg.compresses_type(t));
+    let compressible =
+        !f.encoded && !f.no_transform && f.content_type.is_some_and(|t| cfg.compresses_type(t));
     if !compressible {
         return Plan::default();
     }
@@ -241,6 +240,15 @@ pub fn push_weak(out: &mut Vec<u8>, etag: &[u8]) {
         out.extend_from_slice(b"W/");
     }
     out.extend_from_slice(etag);
+}
+
+/// What one compressed response moved: its coding, body bytes in and compressed bytes
+/// out (the route's `weir_compression_bytes_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Compressed {
+    pub encoding: Encoding,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
 }
 
 /// A streaming encoder writing into its own buffer, drained after each `feed`.

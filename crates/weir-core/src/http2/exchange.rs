@@ -74,6 +74,8 @@ pub struct Trace {
     pub reset: bool,
     /// Answered by Weir itself (`respond`, `redirect`), not by an upstream.
     pub local: bool,
+    /// What the route's compression did to the response, if it compressed it.
+    pub compressed: Option<crate::filters::compression::Compressed>,
 }
 
 /// The request sent and the final response head read.
@@ -280,6 +282,7 @@ impl StreamRequest<'_> {
             http10: true,
             upgrade: Offered::default(),
             idempotent: self.req.idempotent,
+            accepted: None,
         }
     }
 

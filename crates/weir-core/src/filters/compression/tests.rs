@@ -93,7 +93,8 @@ fn plan_of(head: &str, is_head: bool, accepted: Option<Encoding>) -> Plan {
 
 #[test]
 fn plan_rules() {
-    let ok = "HTTP/1.1 200 OK\r\nContent-Type: text/html; charset=utf-8\r\nContent-Length: 5000\r\n\r\n";
+    let ok =
+        "HTTP/1.1 200 OK\r\nContent-Type: text/html; charset=utf-8\r\nContent-Length: 5000\r\n\r\n";
     let yes = Plan {
         vary: true,
         encoding: Some(Gzip),
@@ -105,7 +106,8 @@ fn plan_rules() {
     assert_eq!(plan_of(ok, false, Some(Gzip)), yes);
     assert_eq!(plan_of(ok, false, None), vary_only);
     assert_eq!(plan_of(ok, true, Some(Gzip)), vary_only);
-    let chunked = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n";
+    let chunked =
+        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n";
     assert_eq!(plan_of(chunked, false, Some(Gzip)), yes);
     let short = "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 1023\r\n\r\n";
     assert_eq!(plan_of(short, false, Some(Gzip)), vary_only);
@@ -187,7 +189,10 @@ fn encoders_round_trip_in_pieces() {
         for piece in [1usize, 7, 4096, 16384, body.len()] {
             let mut enc = Encoder::new(encoding, &CompressionLevels::default()).unwrap();
             let mut wire = Vec::new();
-            for chunk in body.chunks(piece.max(1)).take(if piece == 1 { 300 } else { usize::MAX }) {
+            for chunk in body
+                .chunks(piece.max(1))
+                .take(if piece == 1 { 300 } else { usize::MAX })
+            {
                 enc.feed(chunk).unwrap();
                 wire.extend_from_slice(enc.output());
                 enc.output().clear();
@@ -195,7 +200,11 @@ fn encoders_round_trip_in_pieces() {
             enc.finish().unwrap();
             wire.extend_from_slice(enc.output());
             let sent = if piece == 1 { &body[..300] } else { &body[..] };
-            assert_eq!(decode(encoding, &wire), sent, "{encoding:?} in {piece}-byte pieces");
+            assert_eq!(
+                decode(encoding, &wire),
+                sent,
+                "{encoding:?} in {piece}-byte pieces"
+            );
             if piece == body.len() {
                 assert!(wire.len() < body.len() / 4, "{encoding:?} compresses");
             }
@@ -213,8 +222,12 @@ fn every_flush_makes_what_came_so_far_decodable() {
         // A streaming decoder gets the whole first event out of the first flush.
         let mut got = vec![0u8; 64];
         let n = match encoding {
-            Gzip => flate2::read::GzDecoder::new(&first[..]).read(&mut got).unwrap(),
-            Br => brotli::Decompressor::new(&first[..], 4096).read(&mut got).unwrap(),
+            Gzip => flate2::read::GzDecoder::new(&first[..])
+                .read(&mut got)
+                .unwrap(),
+            Br => brotli::Decompressor::new(&first[..], 4096)
+                .read(&mut got)
+                .unwrap(),
             Zstd => zstd::stream::read::Decoder::new(&first[..])
                 .unwrap()
                 .read(&mut got)
