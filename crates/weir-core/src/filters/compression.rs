@@ -183,7 +183,8 @@ pub fn plan(cfg: &Compression, r: &Response<'_>) -> Plan {
     }
     let bodiless = r.is_head || r.status < 200 || matches!(r.status, 204 | 304);
     let short = match r.framing {
-        BodyFraming::Length(n) => n < cfg.min_size,
+        // An empty body stays empty (an HTTP/2 stream would end before any coded byte).
+        BodyFraming::Length(n) => n == 0 || n < cfg.min_size,
         BodyFraming::None => true,
         _ => false,
     };
