@@ -39,6 +39,10 @@ pub struct Args {
     /// The Weir binary (default: build target/release/weir with cargo first).
     #[arg(long)]
     pub weir: Option<PathBuf>,
+    /// policy-cost: also compare the plain route with this Weir binary's (an older commit):
+    /// what the new code costs a route that does not use it.
+    #[arg(long)]
+    pub weir_base: Option<PathBuf>,
 }
 
 /// A proxy being measured.
@@ -66,7 +70,7 @@ fn json_body() -> String {
             "{{\"id\":{i},\"user\":\"user{:x}\",\"score\":{},\"active\":{},\"tags\":[\"t{}\",\"t{}\"],\"note\":\"record {i} of the benchmark body\"}},\n",
             h >> 40,
             h % 10_000,
-            h % 3 == 0,
+            h.is_multiple_of(3),
             h % 17,
             h % 29
         ));
@@ -231,7 +235,7 @@ fn alternate(
     }
     let (mut ra, mut rb) = (Vec::new(), Vec::new());
     for i in 0..args.repeat {
-        let order = if i % 2 == 0 { [a, b] } else { [b, a] };
+        let order = if i.is_multiple_of(2) { [a, b] } else { [b, a] };
         for p in order {
             let run = measure(p, dir, args.duration, args.conns, headers, path)?;
             if std::ptr::eq(p, a) {
@@ -248,7 +252,7 @@ fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     match v.len() {
         0 => f64::NAN,
-        n if n % 2 == 1 => v[n / 2],
+        n if !n.is_multiple_of(2) => v[n / 2],
         n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
     }
 }
@@ -334,26 +338,39 @@ pub fn policy_main(a: Args, dir: &Path) -> Result<()> {
     let backend = peers::start_nginx_backend(&nginx, LOAD_CPU, dir, "policy")?;
     let plain = start_weir(&weir, dir, "plain", backend.addrs[0], "")?;
     let policy = start_weir(&weir, dir, "policy", backend.addrs[0], POLICY_KEYS)?;
-    let (rp, rq) = alternate((&plain, &policy), &a, dir, (&[], "/"))?;
-    let per_req = |r: &Run| r.cpu_s / r.requests as f64 * 1e6;
-    let (pp, qq): (Vec<f64>, Vec<f64>) = (
-        rp.iter().map(per_req).collect(),
-        rq.iter().map(per_req).collect(),
-    );
-    let (ratio, lo, hi) = paired(&qq, &pp);
     println!(
-        "## policy-cost: Weir plain route vs request_headers + response_headers + rate_limit + allow, 615 B nginx backend, wrk -c{} ({} s x {} pairs)\n\n\
-         | route | CPU us per request | req/s |\n|---|---|---|",
+        "## policy-cost: Weir CPU per request, 615 B nginx backend, wrk -c{} ({} s x {} pairs)\n",
         a.conns, a.duration, a.repeat
     );
-    for (label, runs, m) in [("plain", &rp, &pp), ("policy", &rq, &qq)] {
+    let pair = alternate((&plain, &policy), &a, dir, (&[], "/"))?;
+    print_pair(("plain", "policy"), &pair, a.duration);
+    drop(policy);
+    if let Some(base) = &a.weir_base {
+        let old = start_weir(base, dir, "base", backend.addrs[0], "")?;
+        let pair = alternate((&old, &plain), &a, dir, (&[], "/"))?;
+        print_pair(
+            ("plain, --weir-base", "plain, this build"),
+            &pair,
+            a.duration,
+        );
+    }
+    Ok(())
+}
+
+/// A table of two variants' CPU per request and the paired ratio second / first.
+fn print_pair((first, second): (&str, &str), (ra, rb): &(Vec<Run>, Vec<Run>), secs: u64) {
+    let per_req = |r: &Run| r.cpu_s / r.requests as f64 * 1e6;
+    let a: Vec<f64> = ra.iter().map(per_req).collect();
+    let b: Vec<f64> = rb.iter().map(per_req).collect();
+    println!("| route | CPU us per request | req/s |\n|---|---|---|");
+    for (label, runs, m) in [(first, ra, &a), (second, rb, &b)] {
         let rps = median(
             runs.iter()
-                .map(|r| r.requests as f64 / a.duration as f64)
+                .map(|r| r.requests as f64 / secs as f64)
                 .collect(),
         );
         println!("| {label} | {:.2} | {rps:.0} |", median(m.clone()));
     }
-    println!("\npolicy / plain CPU per request, paired: {ratio:.4} ({lo:.4}-{hi:.4})");
-    Ok(())
+    let (ratio, lo, hi) = paired(&b, &a);
+    println!("\n{second} / {first}, CPU per request, paired: {ratio:.4} ({lo:.4}-{hi:.4})\n");
 }
