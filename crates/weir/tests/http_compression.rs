@@ -333,3 +333,29 @@ async fn compression_bytes_are_counted_per_route_and_algorithm() {
     assert_eq!(value(&text, &series("out", "gzip")), Some(2 * sent));
     assert_eq!(value(&text, &series("in", "br")), Some(0));
 }
+
+#[tokio::test]
+async fn a_reload_turns_compression_on_and_off() {
+    let b = PieceBackend::start();
+    let big = TEXT.repeat(40);
+    b.set(Reply::ok("text/plain", &big, "length", 0));
+    let plain = Conf::new()
+        .route("c", "up", &[])
+        .upstream("up", &[b.addr], &[]);
+    let weir = plain.start();
+    let mut c = weir.client().await;
+    let r = get(&mut c, "/", "gzip").await;
+    assert_eq!(r.header("Content-Encoding"), None);
+    assert_eq!(r.header("Vary"), None);
+    let on = compressing(b.addr, r#"algorithms = ["gzip"]"#).toml();
+    weir.apply_text(&on).expect("apply");
+    let mut c = weir.client().await;
+    let r = get(&mut c, "/", "gzip").await;
+    assert_eq!(r.header("Content-Encoding"), Some("gzip"));
+    assert_eq!(decode("gzip", &r.body), big.as_bytes());
+    weir.apply_text(&plain.toml()).expect("apply");
+    let mut c = weir.client().await;
+    let r = get(&mut c, "/", "gzip").await;
+    assert_eq!(r.header("Content-Encoding"), None);
+    assert_eq!(r.body, big.as_bytes());
+}
