@@ -21,6 +21,7 @@ mod h2load;
 mod load;
 mod loadgen;
 mod peers;
+mod policy_cost;
 mod process;
 mod procfs;
 mod report;
@@ -87,6 +88,10 @@ enum Helper {
     /// Internal: the source of the tcp-bulk stream (started on the load CPU).
     #[command(hide = true)]
     BulkSource(bulk::SourceArgs),
+    /// Weir gzip vs nginx gzip at the same level: CPU per MiB of compressed output.
+    CompressionCpu(policy_cost::Args),
+    /// Weir's CPU per request on a plain route vs a route with traffic policy.
+    PolicyCost(policy_cost::Args),
 }
 
 fn main() -> ExitCode {
@@ -96,6 +101,8 @@ fn main() -> ExitCode {
         Some(Helper::Loadgen(a)) => loadgen::main(a),
         Some(Helper::TcpBulk(a)) => tcp_bulk(a),
         Some(Helper::BulkSource(a)) => bulk::source_main(a),
+        Some(Helper::CompressionCpu(a)) => cost(a, policy_cost::compression_main),
+        Some(Helper::PolicyCost(a)) => cost(a, policy_cost::policy_main),
         None => bench(cli),
     };
     match result {
@@ -156,6 +163,15 @@ fn raise_fd_limit() {
 }
 
 /// `tcp-bulk`: set up like a scenario run, then the bulk transfers.
+/// Runs one of `policy_cost`'s subcommands in a scratch directory.
+fn cost(a: policy_cost::Args, run: fn(policy_cost::Args, &Path) -> Result<()>) -> Result<()> {
+    process::install_cleanup();
+    raise_fd_limit();
+    process::pin_self(LOAD_CPU);
+    let tmp = process::TempDir::new("weir-bench-cost")?;
+    run(a, &tmp.0)
+}
+
 fn tcp_bulk(a: bulk::Args) -> Result<()> {
     process::install_cleanup();
     raise_fd_limit();

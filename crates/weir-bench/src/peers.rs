@@ -133,7 +133,13 @@ pub fn program(peer: Peer, weir: &Path) -> std::result::Result<PathBuf, String> 
     found.ok_or_else(|| format!("{} is not installed (run bench/setup.sh)", peer.name()))
 }
 
-fn start_nginx(nginx: &Path, name: &str, cpu: usize, dir: &Path, conf: &str) -> Result<Child> {
+pub(crate) fn start_nginx(
+    nginx: &Path,
+    name: &str,
+    cpu: usize,
+    dir: &Path,
+    conf: &str,
+) -> Result<Child> {
     let path = dir.join(format!("{name}.conf"));
     std::fs::write(&path, conf)?;
     let err = dir.join(format!("{name}.error.log"));

@@ -838,6 +838,89 @@ pub struct RouteFilters {
     pub rate_limit: Option<RateLimit>,
     /// `basic_auth = { users_file, realm }`.
     pub basic_auth: Option<BasicAuth>,
+    /// `compression = { algorithms, min_size, types, level }`.
+    pub compression: Option<Compression>,
+}
+
+/// A route's response compression.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Compression {
+    /// The server's preference order (used when the client's q-values tie); not empty,
+    /// no repeats.
+    pub algorithms: Vec<Encoding>,
+    /// Bodies whose Content-Length is below this are sent as they are.
+    pub min_size: u64,
+    /// Media types compressed (lower case): `type/subtype`, `type/*` or `*/*`.
+    pub types: Vec<String>,
+    pub levels: CompressionLevels,
+}
+
+impl Compression {
+    /// Whether a response whose `Content-Type` is `content_type` is compressed: its media
+    /// type (before any `;` parameter) matches one of `types`, ignoring case.
+    pub fn compresses_type(&self, content_type: &[u8]) -> bool {
+        let media = content_type
+            .split(|b| *b == b';')
+            .next()
+            .unwrap_or_default()
+            .trim_ascii();
+        self.types.iter().any(|t| {
+            let t = t.as_bytes();
+            match t.strip_suffix(b"*") {
+                Some(prefix) => {
+                    media.len() > prefix.len() && media[..prefix.len()].eq_ignore_ascii_case(prefix)
+                }
+                None => media.eq_ignore_ascii_case(t),
+            }
+        })
+    }
+}
+
+/// A content coding Weir can produce.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Encoding {
+    Zstd,
+    Br,
+    Gzip,
+}
+
+impl Encoding {
+    pub const ALL: [Encoding; 3] = [Encoding::Zstd, Encoding::Br, Encoding::Gzip];
+
+    /// The coding's token (Content-Encoding, Accept-Encoding and the config).
+    pub fn token(self) -> &'static str {
+        match self {
+            Encoding::Zstd => "zstd",
+            Encoding::Br => "br",
+            Encoding::Gzip => "gzip",
+        }
+    }
+
+    /// A dense index (metrics).
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// Compression level per algorithm (`level = { gzip, br, zstd }`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CompressionLevels {
+    /// 1..=9; default 1 (nginx's `gzip_comp_level` default).
+    pub gzip: u32,
+    /// Brotli quality 0..=11; default 3.
+    pub br: u32,
+    /// 1..=19; default 3 (zstd's own default).
+    pub zstd: i32,
+}
+
+impl Default for CompressionLevels {
+    fn default() -> CompressionLevels {
+        CompressionLevels {
+            gzip: 1,
+            br: 3,
+            zstd: 3,
+        }
+    }
 }
 
 /// HTTP Basic authentication against an htpasswd file, read when the config is loaded.

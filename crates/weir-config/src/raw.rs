@@ -230,6 +230,26 @@ pub(crate) struct RawRoute {
     pub deny: Option<Vec<String>>,
     pub rate_limit: Option<RawRateLimit>,
     pub basic_auth: Option<RawBasicAuth>,
+    pub compression: Option<RawCompression>,
+}
+
+/// `compression = { algorithms, min_size, types, level }` of a route.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawCompression {
+    pub algorithms: Option<Vec<String>>,
+    pub min_size: Option<StrOrInt>,
+    pub types: Option<Vec<String>>,
+    pub level: Option<RawCompressionLevels>,
+}
+
+/// `level = { gzip, br, zstd }` of a route's `compression`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawCompressionLevels {
+    pub gzip: Option<i64>,
+    pub br: Option<i64>,
+    pub zstd: Option<i64>,
 }
 
 /// One entry of a route's `upstreams = [{ name = "v1", weight = 95 }]`.

@@ -878,6 +878,7 @@ fn size(raw: Option<StrOrInt>, default: u64, path: &FieldPath) -> Result<u64, Is
     }
 }
 
+mod compression;
 mod htpasswd;
 mod http2;
 mod path;

@@ -48,6 +48,8 @@ pub struct ClientConn {
     pub path: RoutedPath,
     /// The current route's `response_headers` lines, rendered from the request.
     pub resp_lines: Vec<u8>,
+    /// What the route's compression did to the current response (metrics).
+    pub compressed: Option<crate::filters::compression::Compressed>,
     /// The current request's id (empty when the listener has `request_id = false`).
     pub request_id: RequestId,
     /// Requests read on this connection so far.
@@ -118,6 +120,7 @@ impl ClientConn {
             host: Vec::new(),
             path: RoutedPath::default(),
             resp_lines: Vec::new(),
+            compressed: None,
             request_id: RequestId::default(),
             served: 0,
             sent: 0,

@@ -62,6 +62,7 @@ pub async fn serve_client(worker: Rc<Worker>, slot: usize, stream: ClientStream,
         };
         conn.upstream_pick = None;
         conn.upstream_time = None;
+        conn.compressed = None;
         let next = conn
             .next_request(waiting.listener(), &mut req, &worker)
             .await;
@@ -476,6 +477,8 @@ pub(crate) struct ClientSide<'a> {
     pub tls: Option<&'a crate::tls::session::TlsSession>,
     /// The request's id (empty: none).
     pub request_id: &'a [u8],
+    /// What the route's compression did to the response, if it compressed it.
+    pub compressed: Option<crate::filters::compression::Compressed>,
 }
 
 impl ClientSide<'_> {
@@ -490,6 +493,7 @@ impl ClientSide<'_> {
             bytes_out: conn.sent,
             tls: conn.tls.as_deref(),
             request_id: conn.request_id.as_bytes(),
+            compressed: conn.compressed,
         }
     }
 }
@@ -517,6 +521,10 @@ pub(crate) fn record(
             route.duration.observe(duration);
             if let Some(reason) = aborted {
                 route.aborted(reason).inc();
+            }
+            if let Some(c) = conn.compressed {
+                route.compressed_in[c.encoding.index()].add(c.bytes_in);
+                route.compressed_out[c.encoding.index()].add(c.bytes_out);
             }
         }
         m.bytes_in.add(bytes_in);

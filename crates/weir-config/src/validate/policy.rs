@@ -43,6 +43,11 @@ pub(super) fn route_filters(raw: &mut RawRoute, path: &FieldPath) -> Result<Rout
             .take()
             .map(|r| super::htpasswd::basic_auth(r, &path.key("basic_auth")))
             .transpose()?,
+        compression: raw
+            .compression
+            .take()
+            .map(|r| super::compression::compression(r, &path.key("compression")))
+            .transpose()?,
     })
 }
 

@@ -42,6 +42,39 @@ pub fn push_rules(out: &mut Vec<u8>, rules: &HeaderRules, vars: &Vars<'_>) {
     }
 }
 
+/// Applies `rules` to an HTTP/2 head already in a `HeaderMap`: drops the `set` and
+/// `remove` names, then appends the `set` and `add` lines (`scratch` renders values).
+pub fn apply_to_map(
+    headers: &mut http::HeaderMap,
+    rules: &HeaderRules,
+    vars: &Vars<'_>,
+    scratch: &mut Vec<u8>,
+) {
+    for name in &rules.drop {
+        headers.remove(name.as_str());
+    }
+    append_to_map(headers, rules, vars, scratch);
+}
+
+/// Appends the `set` lines, then the `add` lines, of `rules` to an HTTP/2 head. Names
+/// and values were checked at load (tokens; visible ASCII), and variables come from a
+/// parsed head, so a conversion cannot fail in practice; a value that would is skipped.
+pub fn append_to_map(
+    headers: &mut http::HeaderMap,
+    rules: &HeaderRules,
+    vars: &Vars<'_>,
+    scratch: &mut Vec<u8>,
+) {
+    for rule in rules.set.iter().chain(&rules.add) {
+        scratch.clear();
+        render(scratch, &rule.value, vars);
+        let name = http::HeaderName::from_bytes(rule.name.as_bytes());
+        if let (Ok(name), Ok(value)) = (name, http::HeaderValue::from_bytes(scratch)) {
+            headers.append(name, value);
+        }
+    }
+}
+
 /// Appends a template's value. Variables come from a parsed head (no CR or LF) or Weir's
 /// own values, so a rendered line cannot split.
 pub fn render(out: &mut Vec<u8>, template: &Template, vars: &Vars<'_>) {

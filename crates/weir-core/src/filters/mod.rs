@@ -4,6 +4,7 @@
 //! upstream request head and the client response head.
 
 pub mod basic_auth;
+pub mod compression;
 pub mod forwarded;
 pub mod headers;
 pub mod location;

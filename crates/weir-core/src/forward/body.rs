@@ -14,6 +14,7 @@ use crate::time::with_timeout;
 
 use crate::buffer::Buffer;
 use crate::codec::http1::{BodyFraming, ChunkedDecoder};
+use crate::filters::compression::Encoder;
 
 pub enum BodyState {
     Length(u64),
@@ -165,6 +166,84 @@ where
     }
 }
 
+/// A body being compressed: the encoder, the upstream framing it is read with (chunked
+/// bodies de-chunked) and the byte counts.
+pub struct Compressing {
+    pub encoder: Encoder,
+    pub state: BodyState,
+    /// Body bytes fed to the encoder.
+    pub bytes_in: u64,
+    /// Compressed bytes sent (without the chunk framing).
+    pub bytes_out: u64,
+}
+
+/// As [`pump`], compressing: each read from `src` is encoded and flushed, and goes out as
+/// one HTTP/1.1 chunk (nothing waits for more input, so streamed responses keep their
+/// pace); the last chunk follows the end of the body. `head` (the response head, not yet
+/// sent) goes out with the first chunk; it is left holding scratch bytes. Memory stays
+/// bounded: the encoder's output is at most about one read of `buf` before it is written.
+pub async fn pump_encoded<R, W>(
+    src: &mut R,
+    buf: &mut Buffer,
+    (dst, written): (&mut W, &mut u64),
+    (job, head): (&mut Compressing, &mut Vec<u8>),
+    (read_timeout, write_timeout): (Duration, Duration),
+) -> Result<(), PumpError>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let failed = |_| PumpError::Framing("compression failed");
+    loop {
+        if !buf.is_empty() {
+            let (forward, consumed) = job.state.take(buf.filled_mut())?;
+            if forward > 0 {
+                job.encoder.feed(&buf.filled()[..forward]).map_err(failed)?;
+                job.bytes_in += forward as u64;
+            }
+            buf.consume(consumed);
+        }
+        let done = job.state.is_done();
+        if done {
+            job.encoder.finish().map_err(failed)?;
+        }
+        let out = job.encoder.output();
+        job.bytes_out += out.len() as u64;
+        if !out.is_empty() {
+            push_chunk_size(head, out.len());
+            out.extend_from_slice(b"\r\n");
+        }
+        if done {
+            out.extend_from_slice(b"0\r\n\r\n");
+        }
+        if !head.is_empty() || !out.is_empty() {
+            write_all(dst, head, out, write_timeout).await?;
+            *written += (head.len() + out.len()) as u64;
+            head.clear();
+            out.clear();
+        }
+        if done {
+            return Ok(());
+        }
+        match with_timeout(read_timeout, buf.read_from(src)).await {
+            Err(_) => return Err(PumpError::ReadTimeout),
+            Ok(Err(e)) => return Err(PumpError::Read(e.kind())),
+            Ok(Ok(0)) if job.state.on_eof() => {}
+            Ok(Ok(0)) => return Err(PumpError::Truncated),
+            Ok(Ok(_)) => {}
+        }
+    }
+}
+
+/// Appends a chunk-size line (`{len:x}\r\n`) without `fmt`.
+fn push_chunk_size(out: &mut Vec<u8>, len: usize) {
+    let digits = (usize::BITS - len.leading_zeros()).div_ceil(4).max(1);
+    for i in (0..digits).rev() {
+        out.push(b"0123456789abcdef"[(len >> (i * 4)) & 0xf]);
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
 /// Writes `a` then `b` with as few syscalls as possible (one `writev` when both fit).
 pub async fn write_all<W: AsyncWrite + Unpin>(
     dst: &mut W,
@@ -235,6 +314,15 @@ mod tests {
         let mut state = BodyState::new(BodyFraming::Chunked, false, Some(2));
         let mut data = b"3\r\nabc\r\n".to_vec();
         assert_eq!(state.take(&mut data), Err(PumpError::TooLarge));
+    }
+
+    #[test]
+    fn chunk_sizes_are_hex() {
+        for (len, text) in [(0, "0"), (1, "1"), (15, "f"), (16, "10"), (4096, "1000")] {
+            let mut out = Vec::new();
+            push_chunk_size(&mut out, len);
+            assert_eq!(out, format!("{text}\r\n").as_bytes());
+        }
     }
 
     #[tokio::test]

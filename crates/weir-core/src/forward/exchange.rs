@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::Instant;
-use weir_config::{Listener, Route, Upstream, UpstreamServer};
+use weir_config::{Encoding, Listener, Route, Upstream, UpstreamServer};
 
 use super::body::{self, pump, BodyState, PumpError};
 use super::request_head::{write_request_head, ClientFacts, RequestEdits};
@@ -22,6 +22,7 @@ use crate::codec::http1::{parse_response, BodyFraming, RequestHead, ResponseHead
 // `connect_server` and pooled under a key that includes the upstream's TLS client.
 use crate::connector::{connect_server, PoolKey, TlsUpstream, UpstreamStream};
 use crate::error::ProxyError;
+use crate::filters::compression::{self, Plan};
 use crate::filters::headers::{push_rules, Vars};
 use crate::filters::location::ReverseMap;
 use crate::filters::upgrade::{switch_allowed, Offered};
@@ -40,6 +41,9 @@ pub(crate) struct RequestMeta {
     /// The upgrade protocols offered upstream (empty: not an upgrade).
     pub upgrade: Offered,
     pub idempotent: bool,
+    /// The coding the route's `compression` negotiated with the client (`None`: identity,
+    /// or no compression on the route).
+    pub accepted: Option<Encoding>,
 }
 
 /// Where the request goes and under which limits.
@@ -95,11 +99,17 @@ pub async fn forward(
     let server = &target.upstream.servers[pick.server];
     conn.out.clear();
     let upgrade = write_head_with_policy(conn, req, &target, server);
+    let http10 = req.minor_version == 0;
     let meta = RequestMeta {
         is_head: req.is_head,
-        http10: req.minor_version == 0,
+        http10,
         upgrade,
         idempotent: req.idempotent,
+        // HTTP/1.0 clients get identity: a compressed body has no length to announce,
+        // and ending it by closing costs the connection.
+        accepted: (target.route.filters.compression.as_ref())
+            .filter(|_| !http10)
+            .and_then(|c| compression::negotiate(c, conn.buf.filled(), &req.headers)),
     };
     conn.host.clear();
     if let Some(host) = &req.host {
@@ -683,15 +693,21 @@ impl Exchange<'_> {
         if resp.status == 101 {
             return self.upgrade(conn, stream, up_buf, resp).await;
         }
-        let dechunk = resp.framing == BodyFraming::Chunked && self.meta.http10;
+        let coding = self.plan(up_buf.filled(), resp);
+        let encoding = coding.encoding;
+        // A compressed body is re-framed as chunks: it needs the raw bytes, and its end
+        // no longer depends on the upstream's close.
+        let dechunk =
+            resp.framing == BodyFraming::Chunked && (self.meta.http10 || encoding.is_some());
         let close = !self.keep_alive
             || !self.request_done
-            || dechunk
-            || resp.framing == BodyFraming::UntilClose;
+            || (dechunk && encoding.is_none())
+            || (resp.framing == BodyFraming::UntilClose && encoding.is_none());
         let framing = ClientFraming {
             dechunk,
             close,
             http10: self.meta.http10,
+            coding,
         };
         conn.out.clear();
         let reverse = self.reverse_map(&conn.host);
@@ -712,6 +728,12 @@ impl Exchange<'_> {
             // Before the head's final empty line.
             let at = conn.out.len() - 2;
             conn.out.splice(at..at, line.iter().copied());
+        }
+        if let Some(encoding) = encoding {
+            self.relay_encoded(conn, &mut stream, up_buf, resp, (encoding, dechunk))
+                .await?;
+            self.reuse(stream, up_buf, resp, false);
+            return Ok(!close);
         }
         up_buf.consume(resp.head_len);
         let mut state = BodyState::new(resp.framing, dechunk, None);
@@ -741,6 +763,19 @@ impl Exchange<'_> {
         )
         .await
         .map_err(|e| Failure::after_head(upstream_pump_error(e)))?;
+        self.reuse(stream, up_buf, resp, body_was_buffered);
+        Ok(!close)
+    }
+
+    /// Pools the upstream connection when the exchange left it clean. `body_was_buffered`:
+    /// the whole body came with the head, so the connection is idle from the head's arrival.
+    fn reuse(
+        &self,
+        stream: UpstreamStream,
+        up_buf: &Buffer,
+        resp: &ResponseHead,
+        body_was_buffered: bool,
+    ) {
         if resp.keeps_alive() && self.request_done && up_buf.is_empty() {
             let max_idle = self.target.upstream.max_idle;
             let idle_from = if body_was_buffered {
@@ -758,7 +793,75 @@ impl Exchange<'_> {
                 m.pool_idle.set(idle as u64);
             }
         }
-        Ok(!close)
+    }
+
+    /// What the route's compression does to `resp` (nothing without `compression`).
+    fn plan(&self, buf: &[u8], resp: &ResponseHead) -> Plan {
+        let Some(cfg) = &self.target.route.filters.compression else {
+            return Plan::default();
+        };
+        compression::plan(
+            cfg,
+            &compression::Response {
+                status: resp.status,
+                buf,
+                headers: &resp.headers,
+                framing: resp.framing,
+                is_head: self.meta.is_head,
+                accepted: self.meta.accepted,
+            },
+        )
+    }
+
+    /// Relays the body compressed with `encoding`, as chunks, the head (in `conn.out`)
+    /// going out with the first one; counts the bytes in `conn.compressed`.
+    async fn relay_encoded(
+        &self,
+        conn: &mut ClientConn,
+        stream: &mut UpstreamStream,
+        up_buf: &mut Buffer,
+        resp: &ResponseHead,
+        (encoding, dechunk): (Encoding, bool),
+    ) -> Result<(), Failure> {
+        let levels = self
+            .target
+            .route
+            .filters
+            .compression
+            .as_ref()
+            .map(|c| c.levels);
+        let encoder = compression::Encoder::new(encoding, &levels.unwrap_or_default());
+        let encoder = encoder
+            .map(|e| (resp.status, e))
+            .map_err(|_| ProxyError::UpstreamMalformed("compressor failed"));
+        let encoder = self.count(encoder)?;
+        up_buf.consume(resp.head_len);
+        let mut job = body::Compressing {
+            encoder,
+            state: BodyState::new(resp.framing, dechunk, None),
+            bytes_in: 0,
+            bytes_out: 0,
+        };
+        let timeouts = (
+            self.target.upstream.response_timeout,
+            self.target.listener.client_timeout,
+        );
+        let mut head = std::mem::take(&mut conn.out);
+        let sent = body::pump_encoded(
+            stream,
+            up_buf,
+            (&mut conn.stream, &mut conn.sent),
+            (&mut job, &mut head),
+            timeouts,
+        )
+        .await;
+        conn.out = head;
+        conn.compressed = Some(compression::Compressed {
+            encoding,
+            bytes_in: job.bytes_in,
+            bytes_out: job.bytes_out,
+        });
+        sent.map_err(|e| Failure::after_head(upstream_pump_error(e)))
     }
 
     /// Counts the accepted attempt, once, as the client will see it: `Ok((status, t))` when
@@ -814,6 +917,7 @@ impl Exchange<'_> {
             dechunk: false,
             close: false,
             http10: false,
+            coding: Plan::default(),
         };
         conn.out.clear();
         write_response_head(&mut conn.out, up_buf.filled(), resp, None, &framing, None);

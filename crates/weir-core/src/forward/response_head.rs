@@ -3,6 +3,7 @@
 
 use crate::codec::http1::write::{push_header, push_status_line, HeaderLines, Persistence};
 use crate::codec::http1::{BodyFraming, HeaderKind, ResponseHead};
+use crate::filters::compression::Plan;
 use crate::filters::location::ReverseMap;
 use weir_config::HeaderRules;
 
@@ -14,6 +15,9 @@ pub struct ClientFraming {
     pub close: bool,
     /// The client speaks HTTP/1.0 (needs an explicit keep-alive).
     pub http10: bool,
+    /// What the route's compression does to this response (default: nothing). A
+    /// compressed body goes out chunked, without the upstream's length and validators.
+    pub coding: Plan,
 }
 
 /// The route's `response_headers` and their lines, rendered when the request was read
@@ -30,15 +34,25 @@ pub fn write_response_head(
     edits: Option<ResponseEdits<'_>>,
 ) {
     push_status_line(out, resp.status, &buf[resp.reason.clone()]);
-    match edits {
-        // Two loops so that a route without rules runs exactly the copy it always ran.
-        Some((rules, _)) => copy_headers(out, buf, resp, reverse, |name| rules.drops(name)),
-        None => copy_headers(out, buf, resp, reverse, |_| false),
+    let coding = &framing.coding;
+    match (edits, coding.encoding.is_some()) {
+        // Separate loops so that a route without rules runs exactly the copy it always ran.
+        (None, false) => copy_headers(out, buf, resp, reverse, |_| false),
+        (Some((rules, _)), false) => {
+            copy_headers(out, buf, resp, reverse, |name| rules.drops(name))
+        }
+        (edits, true) => copy_headers(out, buf, resp, reverse, |name| {
+            coding.drops(name) || edits.is_some_and(|(rules, _)| rules.drops(name))
+        }),
     }
     if let Some((_, rendered)) = edits {
         out.extend_from_slice(rendered);
     }
-    if resp.framing == BodyFraming::Chunked && !framing.dechunk {
+    if *coding != Plan::default() {
+        coding.push_lines(out, buf, &resp.headers);
+    }
+    let chunked = resp.framing == BodyFraming::Chunked && !framing.dechunk;
+    if chunked || coding.encoding.is_some() {
         out.extend_from_slice(b"Transfer-Encoding: chunked\r\n");
     }
     if resp.status == 101 {

@@ -22,8 +22,9 @@ use crate::buffer::Buffer;
 use crate::codec::http1::{BodyFraming, RequestHead, ResponseHead};
 use crate::connector::{PoolKey, UpstreamStream};
 use crate::error::ProxyError;
+use crate::filters::compression::{self, Compressed, Encoder, Plan};
 use crate::filters::forwarded::ClientIp;
-use crate::filters::headers::Vars;
+use crate::filters::headers::{append_to_map, apply_to_map, Vars};
 use crate::filters::location::ReverseMap;
 use crate::filters::upgrade::Offered;
 use crate::forward::body::{self, BodyState, PumpError};
@@ -74,6 +75,8 @@ pub struct Trace {
     pub reset: bool,
     /// Answered by Weir itself (`respond`, `redirect`), not by an upstream.
     pub local: bool,
+    /// What the route's compression did to the response, if it compressed it.
+    pub compressed: Option<crate::filters::compression::Compressed>,
 }
 
 /// The request sent and the final response head read.
@@ -103,28 +106,13 @@ impl StreamRequest<'_> {
 
     /// Appends the upstream HTTP/1.1 head with the route's `request_headers` rules, the
     /// request id and the client behind trusted proxies, as for an HTTP/1 request
-    /// (`forward::exchange::write_head_with_policy`). Response-header rules are not applied
-    /// to HTTP/2 streams yet.
+    /// (`forward::exchange::write_head_with_policy`).
     pub(super) fn write_head(&self, out: &mut Vec<u8>, server: &UpstreamServer) -> Offered {
         let route = self.target.route;
         let rules = route.filters.request_headers.as_ref();
         let id_header = self.target.listener.policy.request_id.as_ref();
         let real_client = (self.client.as_bytes() != self.ip.as_bytes()).then_some(self.client);
-        let vars = Vars {
-            scheme: if self.tls.is_some() {
-                b"https"
-            } else {
-                b"http"
-            },
-            host: self
-                .req
-                .host
-                .as_ref()
-                .map_or(&[][..], |r| &self.buf[r.clone()]),
-            target: self.req.path(self.buf),
-            client_ip: self.client.as_bytes(),
-            request_id: self.request_id,
-        };
+        let vars = self.vars();
         let edits = RequestEdits {
             rules,
             request_id: id_header.map(|id| id.header.as_bytes()),
@@ -138,6 +126,29 @@ impl StreamRequest<'_> {
             edits: any.then_some(&edits),
         };
         write_request_head(out, self.buf, self.req, self.path, route, server, client)
+    }
+
+    /// What `{variable}`s in the route's header rules expand to for this request.
+    pub(super) fn vars(&self) -> Vars<'_> {
+        Vars {
+            scheme: if self.tls.is_some() {
+                b"https"
+            } else {
+                b"http"
+            },
+            host: (self.req.host.as_ref()).map_or(&[][..], |r| &self.buf[r.clone()]),
+            target: self.req.path(self.buf),
+            client_ip: self.client.as_bytes(),
+            request_id: self.request_id,
+        }
+    }
+
+    /// Applies the route's `response_headers` to an HTTP/2 upstream's head (`http2/
+    /// upstream.rs`), as `response_head` does for an HTTP/1.1 upstream's.
+    pub(super) fn edit_response(&self, headers: &mut http::HeaderMap) {
+        if let Some(rules) = &self.target.route.filters.response_headers {
+            apply_to_map(headers, rules, &self.vars(), &mut Vec::new());
+        }
     }
 
     /// Forwards the request and relays the response. On `Err` nothing final was sent
@@ -171,17 +182,23 @@ impl StreamRequest<'_> {
             Err(stop) => return Err(stopped(stop, Reached::Nothing, trace)),
         };
         trace.status = resp.status;
-        let head = self.response_head(resp, up_buf.filled(), &sent);
+        let plan = self.plan(up_buf.filled(), resp);
+        let head = self.response_head(resp, up_buf.filled(), &sent, &plan);
         up_buf.consume(resp.head_len);
         let mut state = BodyState::new(resp.framing, true, None);
         let empty = self.req.is_head || state.is_done();
+        let mut encoder = match (plan.encoding, &self.target.route.filters.compression) {
+            (Some(e), Some(cfg)) if !empty => Some(self.encoder(e, cfg, trace)?),
+            _ => None,
+        };
         let mut send = respond
             .send_response(head, empty)
             .map_err(|_| Failure::after_head(ProxyError::ClientClosed))?;
         let mut stream = sent.stream;
         if !empty {
+            let body = (&mut state, encoder.as_mut());
             let relayed = self
-                .relay(&mut send, &mut stream, up_buf, &mut state, trace)
+                .relay(&mut send, &mut stream, up_buf, body, trace)
                 .await;
             if let Err(stop) = relayed {
                 send.send_reset(Reason::CANCEL);
@@ -280,16 +297,50 @@ impl StreamRequest<'_> {
             http10: true,
             upgrade: Offered::default(),
             idempotent: self.req.idempotent,
+            accepted: None,
         }
     }
 
-    /// Streams the response body from the upstream to the client.
+    /// What the route's compression does to `resp` (nothing without `compression`).
+    fn plan(&self, buf: &[u8], resp: &ResponseHead) -> Plan {
+        let Some(cfg) = &self.target.route.filters.compression else {
+            return Plan::default();
+        };
+        let response = compression::Response {
+            status: resp.status,
+            buf,
+            headers: &resp.headers,
+            framing: resp.framing,
+            is_head: self.req.is_head,
+            accepted: compression::negotiate(cfg, self.buf, &self.req.headers),
+        };
+        compression::plan(cfg, &response)
+    }
+
+    /// The encoder of a compressed response; its counts start in `trace`.
+    fn encoder(
+        &self,
+        encoding: weir_config::Encoding,
+        cfg: &weir_config::Compression,
+        trace: &mut Trace,
+    ) -> Result<Encoder, Failure> {
+        trace.compressed = Some(Compressed {
+            encoding,
+            bytes_in: 0,
+            bytes_out: 0,
+        });
+        Encoder::new(encoding, &cfg.levels)
+            .map_err(|_| Failure::from(ProxyError::UpstreamMalformed("compressor failed")))
+    }
+
+    /// Streams the response body from the upstream to the client, through `encoder`
+    /// when the body is compressed (each upstream read flushed into DATA).
     async fn relay(
         &self,
         send: &mut SendStream<Bytes>,
         stream: &mut UpstreamStream,
         up_buf: &mut Buffer,
-        state: &mut BodyState,
+        (state, mut encoder): (&mut BodyState, Option<&mut Encoder>),
         trace: &mut Trace,
     ) -> Result<(), Stop> {
         // A client that gives no window for `stall_timeout` gets the stream reset.
@@ -299,8 +350,14 @@ impl StreamRequest<'_> {
         loop {
             let (forward, consumed) = state.take(up_buf.filled_mut()).map_err(pump_error)?;
             let done = state.is_done();
-            send_data(send, &up_buf.filled()[..forward], done, stall_timeout).await?;
-            trace.body_out += forward as u64;
+            let data = &up_buf.filled()[..forward];
+            let sent = match encoder.as_deref_mut() {
+                None => send_data(send, data, done, stall_timeout)
+                    .await
+                    .map(|()| forward)?,
+                Some(e) => send_encoded(send, e, data, done, stall_timeout, trace).await?,
+            };
+            trace.body_out += sent as u64;
             up_buf.consume(consumed);
             if done {
                 return Ok(());
@@ -312,9 +369,8 @@ impl StreamRequest<'_> {
                 Ok(Ok(0)) if up_buf.is_full() => {
                     return Err(pump_error(PumpError::Framing("chunk line too long")))
                 }
-                Ok(Ok(0)) if state.on_eof() => {
-                    return send_data(send, &[], true, stall_timeout).await;
-                }
+                // The body ends here: the next turn sends the end of the stream.
+                Ok(Ok(0)) if state.on_eof() => {}
                 Ok(Ok(0)) => return Err(pump_error(PumpError::Truncated)),
                 Ok(Ok(_)) => {}
             }
@@ -329,6 +385,7 @@ impl StreamRequest<'_> {
         resp: &ResponseHead,
         buf: &[u8],
         sent: &Sent<'_>,
+        plan: &Plan,
     ) -> http::Response<()> {
         let mut response = http::Response::new(());
         *response.status_mut() =
@@ -336,8 +393,13 @@ impl StreamRequest<'_> {
         let headers = response.headers_mut();
         let reverse = self.reverse_map(sent.server);
         let mut mapped = Vec::new();
+        let rules = self.target.route.filters.response_headers.as_ref();
         for h in &resp.headers {
             if h.connection_listed || h.kind.is_hop_by_hop() {
+                continue;
+            }
+            let name = &buf[h.name.clone()];
+            if plan.drops(name) || rules.is_some_and(|r| r.drops(name)) {
                 continue;
             }
             let mut value = &buf[h.value.clone()];
@@ -352,6 +414,12 @@ impl StreamRequest<'_> {
             if let (Ok(name), Ok(value)) = (name, value) {
                 headers.append(name, value);
             }
+        }
+        if let Some(rules) = rules {
+            append_to_map(headers, rules, &self.vars(), &mut mapped);
+        }
+        if *plan != Plan::default() {
+            push_plan(headers, plan, buf, resp, &mut mapped);
         }
         let cookie = self.target.pool.set_cookie(sent.pick.server);
         if let Some(value) = cookie
@@ -381,6 +449,63 @@ impl StreamRequest<'_> {
 fn is_location(kind: crate::codec::http1::HeaderKind) -> bool {
     use crate::codec::http1::HeaderKind::*;
     matches!(kind, Location | ContentLocation | Uri)
+}
+
+/// Adds a compression plan's fields (`content-encoding`, the weakened `etag`, `vary`).
+fn push_plan(
+    headers: &mut http::HeaderMap,
+    plan: &Plan,
+    buf: &[u8],
+    resp: &ResponseHead,
+    scratch: &mut Vec<u8>,
+) {
+    if let Some(e) = plan.encoding {
+        headers.append(
+            http::header::CONTENT_ENCODING,
+            http::HeaderValue::from_static(e.token()),
+        );
+        if let Some(etag) = compression::etag(buf, &resp.headers) {
+            scratch.clear();
+            compression::push_weak(scratch, etag);
+            if let Ok(v) = http::HeaderValue::from_bytes(scratch) {
+                headers.append(http::header::ETAG, v);
+            }
+        }
+    }
+    if plan.vary {
+        headers.append(
+            http::header::VARY,
+            http::HeaderValue::from_static("Accept-Encoding"),
+        );
+    }
+}
+
+/// Compresses `data` (flushed) and sends what came out as DATA; `done`: the body ended,
+/// the encoder's tail goes out with the end of the stream. Returns the bytes sent.
+async fn send_encoded(
+    send: &mut SendStream<Bytes>,
+    encoder: &mut Encoder,
+    data: &[u8],
+    done: bool,
+    timeout: Duration,
+    trace: &mut Trace,
+) -> Result<usize, Stop> {
+    let failed = |_| Stop::Error(ProxyError::UpstreamMalformed("compressor failed"));
+    if !data.is_empty() {
+        encoder.feed(data).map_err(failed)?;
+    }
+    if done {
+        encoder.finish().map_err(failed)?;
+    }
+    let out = encoder.output();
+    if let Some(c) = trace.compressed.as_mut() {
+        c.bytes_in += data.len() as u64;
+        c.bytes_out += out.len() as u64;
+    }
+    let len = out.len();
+    let sent = send_data(send, out, done, timeout).await;
+    out.clear();
+    sent.map(|()| len)
 }
 
 /// The value of a pool's `Set-Cookie: ...\r\n` line.

@@ -154,6 +154,7 @@ pub async fn serve(
         bytes_out: trace.body_out,
         tls: shared.tls.as_deref(),
         request_id: request_id.as_bytes(),
+        compressed: trace.compressed,
     };
     record(worker, &snapshot, &side, &handled, &done);
 }

@@ -388,6 +388,7 @@ impl Exchange<'_, '_> {
         trace.status = parts.status.as_u16();
         trace.upstream_time = Some(self.started.elapsed());
         let mut head = http::Response::from_parts(parts, ());
+        r.edit_response(head.headers_mut());
         if let Some(cookie) = self.cookie {
             head.headers_mut()
                 .append(http::header::SET_COOKIE, cookie.clone());

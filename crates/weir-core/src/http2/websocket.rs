@@ -210,6 +210,8 @@ impl StreamRequest<'_> {
             http10: true,
             upgrade: offered,
             idempotent: false,
+            // A tunnel is never compressed.
+            accepted: None,
         };
         let start = tokio::time::Instant::now();
         let mut timer = LazyTimer::new(start);

@@ -138,6 +138,7 @@ impl Collector for Scrape {
         self.aborted(&mut enc)?;
         self.durations(&mut enc)?;
         self.rate_limited(&mut enc)?;
+        self.compressed(&mut enc)?;
         self.listener_counters(&mut enc)?;
         self.http2_counters(&mut enc)?;
         self.tls(&mut enc)?;
@@ -324,6 +325,40 @@ impl Scrape {
             enc,
             "weir_rate_limited",
             "Requests refused with 429 by a route's rate_limit, by listener and route.",
+            &rows,
+        )
+    }
+
+    /// Routes with `compression` only: body bytes in and out per algorithm.
+    fn compressed(&self, enc: &mut DescriptorEncoder) -> Result {
+        let mut rows = Vec::new();
+        for (li, l) in self.config.listeners.iter().enumerate() {
+            for (r, route) in l.routes.iter().enumerate() {
+                let Some(c) = &route.filters.compression else {
+                    continue;
+                };
+                for e in &c.algorithms {
+                    let i = e.index();
+                    for (dir, pick) in [("in", 0), ("out", 1)] {
+                        let v = self.sum(|s| {
+                            let m = self.route(s, li, r + 1)?;
+                            Some([&m.compressed_in, &m.compressed_out][pick][i].get())
+                        });
+                        let labels = vec![
+                            ("listener", l.name.clone()),
+                            ("route", route.name.clone()),
+                            ("algorithm", e.token().to_string()),
+                            ("direction", dir.to_string()),
+                        ];
+                        rows.push((labels, v));
+                    }
+                }
+            }
+        }
+        counter(
+            enc,
+            "weir_compression_bytes",
+            "Response body bytes a route's compression read (in) and sent (out), by listener, route and algorithm.",
             &rows,
         )
     }

@@ -204,6 +204,9 @@ pub struct RouteMetrics {
     aborted: [Counter; AbortReason::ALL.len()],
     /// Requests refused by the route's `rate_limit` (429).
     pub rate_limited: Counter,
+    /// Body bytes a route's `compression` took in and sent out, by `Encoding::index`.
+    pub compressed_in: [Counter; 3],
+    pub compressed_out: [Counter; 3],
 }
 
 impl RouteMetrics {
@@ -216,6 +219,8 @@ impl RouteMetrics {
             duration: Histogram::default(),
             aborted: Default::default(),
             rate_limited: Counter::default(),
+            compressed_in: Default::default(),
+            compressed_out: Default::default(),
         }
     }
 

@@ -535,3 +535,130 @@ fn basic_auth_settings_and_rejections() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn compression_defaults_and_settings() {
+    use crate::{CompressionLevels, Encoding};
+    let comp = |line: &str| {
+        parse_str(&with_route(line), "t.toml").unwrap().listeners[0].routes[0]
+            .filters
+            .compression
+            .clone()
+    };
+    assert_eq!(comp(""), None);
+    let c = comp("compression = {}\n").unwrap();
+    assert_eq!(c.algorithms, [Encoding::Zstd, Encoding::Br, Encoding::Gzip]);
+    assert_eq!(c.min_size, 1024);
+    assert!(c.types.contains(&"text/*".to_string()));
+    assert_eq!(
+        c.levels,
+        CompressionLevels {
+            gzip: 1,
+            br: 3,
+            zstd: 3
+        }
+    );
+    let c = comp(
+        "compression = { algorithms = [\"GZIP\", \"br\"], min_size = \"2KiB\", types = [\"Application/JSON\", \"*/*\"], level = { gzip = 6, br = 5 } }\n",
+    )
+    .unwrap();
+    assert_eq!(c.algorithms, [Encoding::Gzip, Encoding::Br]);
+    assert_eq!(c.min_size, 2048);
+    assert_eq!(c.types, ["application/json", "*/*"]);
+    assert_eq!(
+        c.levels,
+        CompressionLevels {
+            gzip: 6,
+            br: 5,
+            zstd: 3
+        }
+    );
+}
+
+#[test]
+fn compression_rejections_name_key_and_fix() {
+    let c = "listeners[0].routes[0].compression";
+    let cases = [
+        (
+            "compression = { algorithms = [] }",
+            format!("{c}.algorithms"),
+            "is empty",
+            "at least one",
+        ),
+        (
+            "compression = { algorithms = [\"deflate\"] }",
+            format!("{c}.algorithms[0]"),
+            "unknown compression algorithm \"deflate\"",
+            "\"zstd\", \"br\" or \"gzip\"",
+        ),
+        (
+            "compression = { algorithms = [\"gzip\", \"gzip\"] }",
+            format!("{c}.algorithms[1]"),
+            "listed twice",
+            "once",
+        ),
+        (
+            "compression = { min_size = \"1 parsec\" }",
+            format!("{c}.min_size"),
+            "size",
+            "16KiB",
+        ),
+        (
+            "compression = { types = [] }",
+            format!("{c}.types"),
+            "1 to 64 media types",
+            "text/*",
+        ),
+        (
+            "compression = { types = [\"text\"] }",
+            format!("{c}.types[0]"),
+            "not a media type",
+            "type/subtype",
+        ),
+        (
+            "compression = { types = [\"text/html; charset=utf-8\"] }",
+            format!("{c}.types[0]"),
+            "not a media type",
+            "without parameters",
+        ),
+        (
+            "compression = { types = [\"*/json\"] }",
+            format!("{c}.types[0]"),
+            "not a media type",
+            "type/*",
+        ),
+        (
+            "compression = { level = { gzip = 10 } }",
+            format!("{c}.level.gzip"),
+            "between 1 and 9, not 10",
+            "default 1",
+        ),
+        (
+            "compression = { level = { br = 12 } }",
+            format!("{c}.level.br"),
+            "between 0 and 11",
+            "default 3",
+        ),
+        (
+            "compression = { level = { zstd = 22 } }",
+            format!("{c}.level.zstd"),
+            "between 1 and 19",
+            "default 3",
+        ),
+        (
+            "compression = { level = { lz4 = 1 } }",
+            format!("{c}.level.lz4"),
+            "unknown field `lz4`",
+            "correct its spelling",
+        ),
+        (
+            "compression = { algorithm = [\"gzip\"] }",
+            format!("{c}.algorithm"),
+            "unknown field",
+            "correct its spelling",
+        ),
+    ];
+    for (line, field, message, fix) in cases {
+        check(&with_route(&format!("{line}\n")), &field, 7, message, fix);
+    }
+}

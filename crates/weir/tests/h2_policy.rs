@@ -1,0 +1,229 @@
+//! Response policy on HTTP/2 client streams (h2c and TLS with ALPN h2): a route's
+//! `response_headers` rules (with variables) and `compression` (negotiation, head edits,
+//! bodies that decode to the original for every algorithm and upstream framing), as for
+//! HTTP/1.1 clients; `response_headers` also on an HTTP/2 upstream's responses.
+
+mod common;
+mod compression_support;
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use h2::client::SendRequest;
+use http::{Method, Request, Response};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName};
+use tokio::net::TcpStream;
+
+use common::{tls_table, Conf};
+use compression_support::{decode, PieceBackend, Reply, TEXT};
+use weir_testkit::certs::TestCa;
+use weir_testkit::{Backend, H2Backend};
+
+const NAME: &str = "h2.example.com";
+const RULES: &str = r#"response_headers = { set = { "Strict-Transport-Security" = "max-age=63072000" }, add = { "X-Served" = "{scheme} {path} {query}" }, remove = ["server"] }"#;
+
+async fn h2c(addr: std::net::SocketAddr) -> SendRequest<Bytes> {
+    let tcp = TcpStream::connect(addr).await.expect("connect to weir");
+    let (client, conn) = h2::client::handshake(tcp).await.expect("h2 handshake");
+    tokio::spawn(conn);
+    client
+}
+
+async fn h2_tls(addr: std::net::SocketAddr, ca: &TestCa) -> SendRequest<Bytes> {
+    let mut roots = rustls::RootCertStore::empty();
+    let ca_der = CertificateDer::from_pem_slice(ca.cert_pem.as_bytes()).expect("CA");
+    roots.add(ca_der).expect("CA certificate");
+    let mut config = rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let tcp = TcpStream::connect(addr).await.expect("connect to weir");
+    let name = ServerName::try_from(NAME).expect("server name");
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .expect("TLS handshake");
+    let (client, conn) = h2::client::handshake(tls).await.expect("h2 handshake");
+    tokio::spawn(conn);
+    client
+}
+
+/// Sends `method path` with `accept` as Accept-Encoding (none when empty): head and body.
+async fn fetch(
+    client: &mut SendRequest<Bytes>,
+    method: Method,
+    path: &str,
+    accept: &str,
+) -> (Response<()>, Vec<u8>) {
+    let mut request = Request::builder()
+        .method(method)
+        .uri(format!("https://{NAME}{path}"));
+    if !accept.is_empty() {
+        request = request.header("accept-encoding", accept);
+    }
+    let request = request.body(()).expect("request");
+    let (response, _) = client.send_request(request, true).expect("send request");
+    let (head, mut body) = response.await.expect("response").into_parts();
+    let mut out = Vec::new();
+    while let Some(chunk) = body.data().await {
+        let chunk = chunk.expect("body chunk");
+        let _ = body.flow_control().release_capacity(chunk.len());
+        out.extend_from_slice(&chunk);
+    }
+    (Response::from_parts(head, ()), out)
+}
+
+fn all(head: &Response<()>, name: &str) -> Vec<String> {
+    head.headers()
+        .get_all(name)
+        .iter()
+        .map(|v| v.to_str().unwrap().to_string())
+        .collect()
+}
+
+/// Checks the rules of `RULES` on a response to `/p?q=1` over `scheme`.
+fn assert_rules(head: &Response<()>, scheme: &str) {
+    assert_eq!(all(head, "server"), Vec::<String>::new());
+    assert_eq!(all(head, "strict-transport-security"), ["max-age=63072000"]);
+    assert_eq!(
+        all(head, "x-served"),
+        ["a".to_string(), format!("{scheme} /p q=1")]
+    );
+    assert_eq!(all(head, "x-keep"), ["1"]);
+}
+
+fn fixed_backend() -> Backend {
+    Backend::fixed(
+        200,
+        &[
+            ("Server", "backend/1.0"),
+            ("X-Keep", "1"),
+            ("Strict-Transport-Security", "max-age=1"),
+            ("X-Served", "a"),
+        ],
+        "ok",
+    )
+}
+
+#[tokio::test]
+async fn response_header_rules_apply_to_h2c_streams() {
+    let b = fixed_backend();
+    let weir = Conf::new()
+        .route("api", "up", &[RULES])
+        .upstream("up", &[b.addr()], &[])
+        .start();
+    let mut client = h2c(weir.addr).await;
+    let (head, body) = fetch(&mut client, Method::GET, "/p?q=1", "").await;
+    assert_eq!(body, b"ok");
+    assert_rules(&head, "http");
+}
+
+#[tokio::test]
+async fn response_header_rules_apply_to_tls_h2_streams() {
+    let ca = TestCa::new("h2 policy CA");
+    let leaf = ca.leaf(&[NAME]);
+    let b = fixed_backend();
+    let weir = Conf::new()
+        .listener(&tls_table(&[&leaf], ""))
+        .route("api", "up", &[RULES])
+        .upstream("up", &[b.addr()], &[])
+        .start();
+    let mut client = h2_tls(weir.addr, &ca).await;
+    let (head, body) = fetch(&mut client, Method::GET, "/p?q=1", "").await;
+    assert_eq!(body, b"ok");
+    assert_rules(&head, "https");
+}
+
+#[tokio::test]
+async fn response_header_rules_apply_to_an_h2_upstreams_responses() {
+    let b = H2Backend::h2c();
+    let weir = Conf::new()
+        .route("api", "up", &[r#"response_headers = { set = { "X-Env" = "prod" }, add = { "X-Rule-Path" = "{path}" }, remove = ["content-type"] }"#])
+        .upstream("up", &[b.addr()], &["protocol = \"h2c\""])
+        .start();
+    let mut client = h2c(weir.addr).await;
+    let (head, _) = fetch(&mut client, Method::GET, "/p?q=1", "").await;
+    assert_eq!(all(&head, "x-env"), ["prod"]);
+    assert_eq!(all(&head, "x-rule-path"), ["/p"]);
+    assert_eq!(all(&head, "content-type"), Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn h2c_streams_get_compressed_bodies_that_decode_for_every_algorithm_and_framing() {
+    let b = PieceBackend::start();
+    let weir = Conf::new()
+        .route("c", "up", &[r#"compression = { min_size = "100" }"#])
+        .upstream("up", &[b.addr], &[])
+        .start();
+    let mut client = h2c(weir.addr).await;
+    let body = TEXT.repeat(40);
+    for algorithm in ["gzip", "br", "zstd"] {
+        for framing in ["length", "chunked", "close"] {
+            for piece in [1, 7, 1000, 0] {
+                b.set(Reply::ok("application/json", &body, framing, piece));
+                let (head, got) = fetch(&mut client, Method::GET, "/", algorithm).await;
+                let what = format!("{algorithm} {framing} in {piece}-byte pieces");
+                assert_eq!(all(&head, "content-encoding"), [algorithm], "{what}");
+                assert_eq!(all(&head, "content-length"), Vec::<String>::new(), "{what}");
+                assert_eq!(all(&head, "vary"), ["Accept-Encoding"], "{what}");
+                assert_eq!(decode(algorithm, &got), body.as_bytes(), "{what}");
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn h2_compression_rules_match_http1() {
+    let ca = TestCa::new("h2 compression CA");
+    let leaf = ca.leaf(&[NAME]);
+    let b = PieceBackend::start();
+    let weir = Conf::new()
+        .listener(&tls_table(&[&leaf], ""))
+        .route(
+            "c",
+            "up",
+            &[r#"compression = { algorithms = ["br", "gzip"] }"#],
+        )
+        .upstream("up", &[b.addr], &[])
+        .start();
+    let mut client = h2_tls(weir.addr, &ca).await;
+    let big = TEXT.repeat(40);
+    b.set(Reply::raw(
+        "200 OK",
+        "Content-Type: text/html\r\nETag: \"v1\"\r\n",
+        &big,
+    ));
+    for (accept, want) in [
+        ("gzip, br", Some("br")),
+        ("br;q=0.5, gzip", Some("gzip")),
+        ("gzip;q=0", None),
+    ] {
+        let (head, got) = fetch(&mut client, Method::GET, "/", accept).await;
+        assert_eq!(all(&head, "vary"), ["Accept-Encoding"], "{accept}");
+        match want {
+            Some(a) => {
+                assert_eq!(all(&head, "content-encoding"), [a], "{accept}");
+                assert_eq!(all(&head, "etag"), ["W/\"v1\""], "{accept}");
+                assert_eq!(decode(a, &got), big.as_bytes(), "{accept}");
+            }
+            None => {
+                assert_eq!(all(&head, "content-encoding"), Vec::<String>::new());
+                assert_eq!(all(&head, "etag"), ["\"v1\""]);
+                assert_eq!(got, big.as_bytes());
+            }
+        }
+    }
+    let (head, got) = fetch(&mut client, Method::HEAD, "/", "gzip").await;
+    assert_eq!(all(&head, "content-encoding"), Vec::<String>::new(), "HEAD");
+    assert!(got.is_empty());
+    b.set(Reply::raw(
+        "200 OK",
+        "Content-Type: text/html\r\nContent-Encoding: gzip\r\n",
+        &big,
+    ));
+    let (head, got) = fetch(&mut client, Method::GET, "/", "br").await;
+    assert_eq!(all(&head, "content-encoding"), ["gzip"], "already encoded");
+    assert_eq!(all(&head, "vary"), Vec::<String>::new());
+    assert_eq!(got, big.as_bytes());
+}

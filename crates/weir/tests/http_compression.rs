@@ -1,0 +1,361 @@
+//! Response compression (`compression` on a route) over real sockets, HTTP/1.1 clients:
+//! negotiation, the responses never compressed, the head edits (Vary, weak ETag, no
+//! Content-Length), bodies that decode to the original for every algorithm at every
+//! piece size an upstream writes with every framing, streaming flushes, and metrics.
+
+mod common;
+mod compression_support;
+
+use common::Conf;
+use compression_support::{decode, PieceBackend, Reply, TEXT};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use weir_testkit::Client;
+
+/// Route `c` on `/` with `compression = { keys }`, to `backend`.
+fn compressing(backend: std::net::SocketAddr, keys: &str) -> Conf {
+    Conf::new()
+        .route("c", "up", &[&format!("compression = {{ {keys} }}")])
+        .upstream("up", &[backend], &[])
+}
+
+async fn get(c: &mut Client, path: &str, accept: &str) -> weir_testkit::Response {
+    let mut headers = vec![("Host", "h")];
+    if !accept.is_empty() {
+        headers.push(("Accept-Encoding", accept));
+    }
+    c.request("GET", path, &headers, b"")
+        .await
+        .expect("response")
+}
+
+#[tokio::test]
+async fn every_algorithm_decodes_to_the_original_at_every_piece_size_and_framing() {
+    let b = PieceBackend::start();
+    let weir = compressing(b.addr, r#"min_size = "100""#).start();
+    let body = TEXT.repeat(40);
+    for algorithm in ["gzip", "br", "zstd"] {
+        for framing in ["length", "chunked", "close"] {
+            for piece in [1, 2, 3, 7, 64, 1000, 0] {
+                b.set(Reply::ok("text/plain", &body, framing, piece));
+                let mut c = weir.client().await;
+                let r = get(&mut c, "/", algorithm).await;
+                let what = format!("{algorithm} {framing} in {piece}-byte pieces");
+                assert_eq!(r.status, 200, "{what}");
+                assert_eq!(r.header("Content-Encoding"), Some(algorithm), "{what}");
+                assert_eq!(r.header("Transfer-Encoding"), Some("chunked"), "{what}");
+                assert_eq!(r.header("Content-Length"), None, "{what}");
+                assert_eq!(r.headers_all("Vary"), vec!["Accept-Encoding"], "{what}");
+                assert_eq!(decode(algorithm, &r.body), body.as_bytes(), "{what}");
+                assert!(r.body.len() < body.len() / 4, "{what}: compressed");
+                // The client connection stays usable after a close-delimited upstream.
+                let again = get(&mut c, "/", "").await;
+                assert_eq!(again.body, body.as_bytes(), "{what}: identity next");
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn gzip_decodes_with_the_upstream_response_split_at_every_byte() {
+    let b = PieceBackend::start();
+    let weir = compressing(b.addr, r#"min_size = "10", algorithms = ["gzip"]"#).start();
+    let body = &TEXT[..400];
+    for framing in ["length", "chunked", "close"] {
+        let whole = Reply::ok("application/json", body, framing, 0);
+        for at in 1..whole.bytes.len() {
+            b.set(Reply {
+                split_at: Some(at),
+                ..whole.clone()
+            });
+            let mut c = weir.client().await;
+            let r = get(&mut c, "/", "gzip").await;
+            assert_eq!(
+                r.header("Content-Encoding"),
+                Some("gzip"),
+                "{framing} at {at}"
+            );
+            assert_eq!(
+                decode("gzip", &r.body),
+                body.as_bytes(),
+                "{framing} at {at}"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn negotiation_honours_q_values_star_identity_and_route_order() {
+    let b = PieceBackend::start();
+    b.set(Reply::ok("text/html", &TEXT.repeat(40), "length", 0));
+    let weir = compressing(b.addr, r#"algorithms = ["br", "gzip"]"#).start();
+    let mut c = weir.client().await;
+    for (accept, want) in [
+        ("gzip, br", Some("br")),
+        ("gzip, br;q=0.9", Some("gzip")),
+        ("gzip;q=0, br;q=0", None),
+        ("zstd", None),
+        ("*", Some("br")),
+        ("br;q=0, *", Some("gzip")),
+        ("*;q=0", None),
+        ("gzip;q=0.5, identity", None),
+        ("", None),
+    ] {
+        let r = get(&mut c, "/", accept).await;
+        assert_eq!(r.header("Content-Encoding"), want, "{accept:?}");
+        // Vary whether or not this client got a compressed body.
+        assert_eq!(r.headers_all("Vary"), vec!["Accept-Encoding"], "{accept:?}");
+        let plain = match want {
+            Some(algorithm) => decode(algorithm, &r.body),
+            None => r.body.clone(),
+        };
+        assert_eq!(plain, TEXT.repeat(40).as_bytes(), "{accept:?}");
+    }
+}
+
+#[tokio::test]
+async fn responses_that_are_never_compressed() {
+    let b = PieceBackend::start();
+    let weir = compressing(b.addr, r#"types = ["text/*"]"#).start();
+    let big = TEXT.repeat(40);
+    let with = |status: &str, headers: &str, body: &str| Reply::raw(status, headers, body);
+    let cases = [
+        (
+            "encoded",
+            with(
+                "200 OK",
+                "Content-Type: text/plain\r\nContent-Encoding: br\r\n",
+                &big,
+            ),
+            false,
+        ),
+        (
+            "range 206",
+            with(
+                "206 Partial Content",
+                "Content-Type: text/plain\r\nContent-Range: bytes 0-1999/9000\r\n",
+                &big,
+            ),
+            true,
+        ),
+        (
+            "content-range",
+            with(
+                "200 OK",
+                "Content-Type: text/plain\r\nContent-Range: bytes 0-1999/9000\r\n",
+                &big,
+            ),
+            true,
+        ),
+        (
+            "no-transform",
+            with(
+                "200 OK",
+                "Content-Type: text/plain\r\nCache-Control: max-age=5, no-transform\r\n",
+                &big,
+            ),
+            false,
+        ),
+        (
+            "type",
+            with("200 OK", "Content-Type: application/json\r\n", &big),
+            false,
+        ),
+        ("no type", with("200 OK", "", &big), false),
+        (
+            "short",
+            with("200 OK", "Content-Type: text/plain\r\n", &TEXT[..1000]),
+            true,
+        ),
+    ];
+    let mut c = weir.client().await;
+    for (what, reply, vary) in cases {
+        let body = reply.body.clone();
+        b.set(reply);
+        let r = get(&mut c, "/", "gzip, br, zstd").await;
+        assert_eq!(
+            r.headers_all("Content-Encoding").len(),
+            usize::from(what == "encoded"),
+            "{what}"
+        );
+        assert_eq!(
+            r.header("Content-Length"),
+            Some(&*body.len().to_string()),
+            "{what}"
+        );
+        assert_eq!(r.body, body.as_bytes(), "{what}");
+        let want: Vec<&str> = if vary {
+            vec!["Accept-Encoding"]
+        } else {
+            vec![]
+        };
+        assert_eq!(r.headers_all("Vary"), want, "{what}");
+    }
+    for (status, bodiless) in [("204 No Content", true), ("304 Not Modified", true)] {
+        b.set(with(status, "Content-Type: text/plain\r\n", ""));
+        let r = get(&mut c, "/", "gzip").await;
+        assert_eq!(r.header("Content-Encoding"), None, "{status}");
+        assert!(bodiless && r.body.is_empty());
+    }
+    b.set(Reply::ok("text/plain", &big, "length", 0));
+    let r = c
+        .request(
+            "HEAD",
+            "/",
+            &[("Host", "h"), ("Accept-Encoding", "gzip")],
+            b"",
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.header("Content-Encoding"), None, "HEAD");
+    assert_eq!(
+        r.header("Content-Length"),
+        Some(&*big.len().to_string()),
+        "HEAD"
+    );
+}
+
+#[tokio::test]
+async fn compressed_head_weakens_etag_drops_ranges_and_merges_vary() {
+    let b = PieceBackend::start();
+    let big = TEXT.repeat(40);
+    b.set(Reply::raw(
+        "200 OK",
+        "Content-Type: text/css\r\nETag: \"v1\"\r\nAccept-Ranges: bytes\r\nVary: Origin\r\n",
+        &big,
+    ));
+    let weir = compressing(b.addr, "").start();
+    let mut c = weir.client().await;
+    let r = get(&mut c, "/", "zstd").await;
+    assert_eq!(r.header("Content-Encoding"), Some("zstd"));
+    assert_eq!(r.headers_all("ETag"), vec!["W/\"v1\""]);
+    assert_eq!(r.header("Accept-Ranges"), None);
+    assert_eq!(r.headers_all("Vary"), vec!["Origin", "Accept-Encoding"]);
+    assert_eq!(decode("zstd", &r.body), big.as_bytes());
+    // Identity keeps the strong validator and range support.
+    let r = get(&mut c, "/", "identity").await;
+    assert_eq!(r.headers_all("ETag"), vec!["\"v1\""]);
+    assert_eq!(r.header("Accept-Ranges"), Some("bytes"));
+    // The upstream already varies on Accept-Encoding: no second Vary.
+    b.set(Reply::raw(
+        "200 OK",
+        "Content-Type: text/css\r\nVary: accept-encoding\r\n",
+        &big,
+    ));
+    let r = get(&mut c, "/", "gzip").await;
+    assert_eq!(r.headers_all("Vary"), vec!["accept-encoding"]);
+}
+
+#[tokio::test]
+async fn http10_clients_get_identity_with_vary() {
+    let b = PieceBackend::start();
+    let big = TEXT.repeat(40);
+    b.set(Reply::ok("text/plain", &big, "chunked", 100));
+    let weir = compressing(b.addr, "").start();
+    let raw = weir_testkit::send_raw_once(
+        weir.addr,
+        b"GET / HTTP/1.0\r\nHost: h\r\nAccept-Encoding: gzip\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let (head, body) = common::split_head(&raw);
+    assert!(
+        !head.to_ascii_lowercase().contains("content-encoding"),
+        "{head}"
+    );
+    assert!(head.contains("Vary: Accept-Encoding"), "{head}");
+    assert_eq!(body, big.as_bytes());
+}
+
+#[tokio::test]
+async fn each_upstream_read_is_flushed_to_the_client() {
+    let b = PieceBackend::start();
+    let weir = compressing(b.addr, r#"min_size = "0", algorithms = ["gzip"]"#).start();
+    for framing in ["chunked", "close"] {
+        let (first, rest) = ("data: first event\n\n", "data: second event\n\n");
+        let gate = b.set_gated(
+            Reply::ok("text/event-stream", &format!("{first}{rest}"), framing, 0),
+            first.len(),
+        );
+        let mut c = tokio::net::TcpStream::connect(weir.addr).await.unwrap();
+        c.write_all(b"GET /events HTTP/1.1\r\nHost: h\r\nAccept-Encoding: gzip\r\n\r\n")
+            .await
+            .unwrap();
+        let mut buf = vec![0u8; 4096];
+        let mut read_some = async || {
+            let read = tokio::time::timeout(common::WAIT, c.read(&mut buf)).await;
+            let n = read.expect("the event arrives (flushed)").expect("read");
+            buf[..n].to_vec()
+        };
+        // The upstream holds the rest back until the client has decoded the first event.
+        let mut stream = compression_support::ChunkedGzip::default();
+        while !stream.decoded().ends_with(first.as_bytes()) {
+            stream.feed(&read_some().await);
+        }
+        assert_eq!(stream.decoded(), first.as_bytes(), "{framing}");
+        gate.send(()).unwrap();
+        while !stream.ended() {
+            stream.feed(&read_some().await);
+        }
+        assert_eq!(
+            stream.decoded(),
+            format!("{first}{rest}").as_bytes(),
+            "{framing}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn compression_bytes_are_counted_per_route_and_algorithm() {
+    let b = PieceBackend::start();
+    let big = TEXT.repeat(40);
+    b.set(Reply::ok("text/plain", &big, "length", 0));
+    let weir = compressing(b.addr, r#"algorithms = ["gzip", "br"]"#).start();
+    let mut c = weir.client().await;
+    let r = get(&mut c, "/", "gzip").await;
+    let sent = r.body.len();
+    let r = get(&mut c, "/", "gzip").await;
+    assert_eq!(r.body.len(), sent);
+    let series = |dir: &str, alg: &str| {
+        format!(
+            "weir_compression_bytes_total{{listener=\"web\",route=\"c\",algorithm=\"{alg}\",direction=\"{dir}\"}} "
+        )
+    };
+    let value = |text: &str, prefix: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(prefix)?.trim().parse::<usize>().ok())
+    };
+    // Requests are counted just after their answer is written.
+    let counted = weir_testkit::wait_until(common::WAIT, || {
+        value(&weir.metrics_text(), &series("in", "gzip")) == Some(2 * big.len())
+    });
+    let text = weir.metrics_text();
+    assert!(counted, "{text}");
+    assert_eq!(value(&text, &series("out", "gzip")), Some(2 * sent));
+    assert_eq!(value(&text, &series("in", "br")), Some(0));
+}
+
+#[tokio::test]
+async fn a_reload_turns_compression_on_and_off() {
+    let b = PieceBackend::start();
+    let big = TEXT.repeat(40);
+    b.set(Reply::ok("text/plain", &big, "length", 0));
+    let plain = Conf::new()
+        .route("c", "up", &[])
+        .upstream("up", &[b.addr], &[]);
+    let weir = plain.start();
+    let mut c = weir.client().await;
+    let r = get(&mut c, "/", "gzip").await;
+    assert_eq!(r.header("Content-Encoding"), None);
+    assert_eq!(r.header("Vary"), None);
+    let on = compressing(b.addr, r#"algorithms = ["gzip"]"#).toml();
+    weir.apply_text(&on).expect("apply");
+    let mut c = weir.client().await;
+    let r = get(&mut c, "/", "gzip").await;
+    assert_eq!(r.header("Content-Encoding"), Some("gzip"));
+    assert_eq!(decode("gzip", &r.body), big.as_bytes());
+    weir.apply_text(&plain.toml()).expect("apply");
+    let mut c = weir.client().await;
+    let r = get(&mut c, "/", "gzip").await;
+    assert_eq!(r.header("Content-Encoding"), None);
+    assert_eq!(r.body, big.as_bytes());
+}
