@@ -2,12 +2,18 @@
 //! TLS, on its own thread and runtime, stopped when dropped.
 //!
 //! Each request gets 200 with `x-method`, `x-path`, `x-authority`, `x-te` (when sent),
-//! `x-conn` (the connection's number, from 1) and the request's `content-type`; its DATA
+//! `x-conn` (the connection's number, from 1), `x-fields` (the request's field names, comma
+//! separated) and the request's `content-type`; its DATA
 //! is echoed as it arrives; then trailers: `x-body-len`, `x-client-trailer` (the request
 //! trailer of that name, when sent), `grpc-status: 0`. A path starting with `/hang` is
 //! never answered (a reset of it is counted, [`H2Backend::resets`]); one starting with `/reset` is reset (INTERNAL_ERROR) before any head. With [`H2Backend::goaway_after`] each connection sends GOAWAY once it
 //! has accepted that many streams (and finishes them), and refuses any stream that still
 //! arrives with REFUSED_STREAM (as a server that never processed it).
+//!
+//! For HTTP/1.1 clients translated to HTTP/2: `/fixed` answers `content-length: 5` and
+//! `hello` (no trailers); `/badlen` says `content-length: 10` and sends 5 bytes; `/hints`
+//! sends a 103 (`link: </a.css>`) before the echo; a HEAD request gets its head only, with
+//! `content-length: 42`.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -183,6 +189,30 @@ async fn echo(
         respond.send_reset(h2::Reason::INTERNAL_ERROR);
         return;
     }
+    if path.starts_with("/fixed") || path.starts_with("/badlen") {
+        let (len, body) = if path.starts_with("/fixed") {
+            ("5", "hello")
+        } else {
+            ("10", "short")
+        };
+        let response = Response::builder().header("content-length", len).body(());
+        if let Ok(mut send) = respond.send_response(response.expect("testkit: head"), false) {
+            let _ = send.send_data(Bytes::from_static(body.as_bytes()), true);
+        }
+        return;
+    }
+    if parts.method == http::Method::HEAD {
+        let response = Response::builder().header("content-length", "42").body(());
+        let _ = respond.send_response(response.expect("testkit: head"), true);
+        return;
+    }
+    if path.starts_with("/hints") {
+        let hints = Response::builder()
+            .status(103)
+            .header("link", "</a.css>")
+            .body(());
+        let _ = respond.send_informational(hints.expect("testkit: 103"));
+    }
     let mut response = Response::new(());
     let headers = response.headers_mut();
     let mut put = |name: &'static str, value: &str| {
@@ -200,6 +230,8 @@ async fn echo(
     if let Some(te) = parts.headers.get("te").and_then(|v| v.to_str().ok()) {
         put("x-te", te);
     }
+    let names: Vec<&str> = parts.headers.keys().map(|n| n.as_str()).collect();
+    put("x-fields", &names.join(","));
     if let Some(ct) = parts.headers.get("content-type") {
         headers.insert("content-type", ct.clone());
     }
