@@ -642,6 +642,9 @@ pub enum HealthCheckKind {
         path: String,
         expect_status: Vec<StatusRange>,
     },
+    /// gRPC `grpc.health.v1.Health/Check` for `service` (empty: the whole server) over
+    /// HTTP/2 (h2c, or h2 on TLS upstreams); `SERVING` is a success.
+    Grpc { service: String },
 }
 
 /// An inclusive range of status codes (`"200-399"`, or one code).

@@ -13,10 +13,11 @@
 //! For HTTP/1.1 clients translated to HTTP/2: `/fixed` answers `content-length: 5` and
 //! `hello` (no trailers); `/badlen` says `content-length: 10` and sends 5 bytes; `/hints`
 //! sends a 103 (`link: </a.css>`) before the echo; a HEAD request gets its head only, with
-//! `content-length: 42`.
+//! `content-length: 42`. `/grpc.health.v1.Health/Check` is a gRPC health service
+//! ([`H2Backend::set_serving`]).
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -35,6 +36,8 @@ struct Stats {
     connections: AtomicUsize,
     streams: AtomicUsize,
     resets: AtomicUsize,
+    health_checks: AtomicUsize,
+    not_serving: AtomicBool,
 }
 
 /// A running HTTP/2 echo backend.
@@ -78,6 +81,16 @@ impl H2Backend {
     /// Streams (requests) accepted so far.
     pub fn streams(&self) -> usize {
         self.stats.streams.load(Ordering::SeqCst)
+    }
+
+    /// `grpc.health.v1.Health/Check` calls answered so far.
+    pub fn health_checks(&self) -> usize {
+        self.stats.health_checks.load(Ordering::SeqCst)
+    }
+
+    /// What the gRPC health service answers from now on: SERVING or NOT_SERVING.
+    pub fn set_serving(&self, serving: bool) {
+        self.stats.not_serving.store(!serving, Ordering::SeqCst);
     }
 
     fn spawn(tls: Option<TlsAcceptor>, goaway: Option<usize>) -> H2Backend {
@@ -189,6 +202,11 @@ async fn echo(
         respond.send_reset(h2::Reason::INTERNAL_ERROR);
         return;
     }
+    if path == "/grpc.health.v1.Health/Check" {
+        stats.health_checks.fetch_add(1, Ordering::SeqCst);
+        let serving = !stats.not_serving.load(Ordering::SeqCst);
+        return grpc_health(body, respond, serving).await;
+    }
     if path.starts_with("/fixed") || path.starts_with("/badlen") {
         let (len, body) = if path.starts_with("/fixed") {
             ("5", "hello")
@@ -255,5 +273,37 @@ async fn echo(
             trailers.insert("x-client-trailer", v.clone());
         }
     }
+    let _ = send.send_trailers(trailers);
+}
+
+/// The gRPC health service (grpc.health.v1), messages written by hand: the service named
+/// `""` or `"known"` answers SERVING (1) or NOT_SERVING (2); any other is NOT_FOUND (5), a
+/// trailers-only response.
+async fn grpc_health(mut body: RecvStream, mut respond: SendResponse<Bytes>, serving: bool) {
+    let mut request = Vec::new();
+    while let Some(Ok(chunk)) = body.data().await {
+        let _ = body.flow_control().release_capacity(chunk.len());
+        request.extend_from_slice(&chunk);
+    }
+    // Frame header (5 bytes), then field 1 (0x0a, one-byte length) if there is a service.
+    let service = match request.get(5..7) {
+        Some([0x0a, len]) => request.get(7..7 + *len as usize).unwrap_or_default(),
+        _ => &[][..],
+    };
+    let mut head = Response::builder().header("content-type", "application/grpc");
+    if service != b"" && service != b"known" {
+        head = head
+            .header("grpc-status", "5")
+            .header("grpc-message", "unknown service");
+        let _ = respond.send_response(head.body(()).expect("testkit: head"), true);
+        return;
+    }
+    let Ok(mut send) = respond.send_response(head.body(()).expect("testkit: head"), false) else {
+        return;
+    };
+    let status = if serving { 1 } else { 2 };
+    let _ = send.send_data(Bytes::from(vec![0, 0, 0, 0, 2, 0x08, status]), false);
+    let mut trailers = HeaderMap::new();
+    trailers.insert("grpc-status", HeaderValue::from_static("0"));
     let _ = send.send_trailers(trailers);
 }
