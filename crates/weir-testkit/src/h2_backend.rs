@@ -38,6 +38,7 @@ struct Stats {
     resets: AtomicUsize,
     health_checks: AtomicUsize,
     not_serving: AtomicBool,
+    empty_data: AtomicUsize,
 }
 
 /// A running HTTP/2 echo backend.
@@ -81,6 +82,12 @@ impl H2Backend {
     /// Streams (requests) accepted so far.
     pub fn streams(&self) -> usize {
         self.stats.streams.load(Ordering::SeqCst)
+    }
+
+    /// Empty DATA frames received (a bare END_STREAM): a proxy that ends a body this way
+    /// costs the server one frame per request.
+    pub fn empty_data_frames(&self) -> usize {
+        self.stats.empty_data.load(Ordering::SeqCst)
     }
 
     /// `grpc.health.v1.Health/Check` calls answered so far.
@@ -258,6 +265,12 @@ async fn echo(
     };
     let mut len = 0usize;
     while let Some(Ok(chunk)) = body.data().await {
+        // An empty DATA (a client's bare END_STREAM) is not echoed: the h2 crate counts
+        // empty frames as a flood.
+        if chunk.is_empty() {
+            stats.empty_data.fetch_add(1, Ordering::SeqCst);
+            continue;
+        }
         len += chunk.len();
         let _ = body.flow_control().release_capacity(chunk.len());
         send.reserve_capacity(chunk.len());

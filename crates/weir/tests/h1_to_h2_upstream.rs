@@ -102,6 +102,8 @@ async fn trailers_reach_a_client_that_sent_te_trailers_as_chunked_trailer_fields
         .expect("response");
     assert_eq!(resp.body, b"abc");
     assert!(resp.trailers.is_empty(), "{:?}", resp.trailers);
+    // END_STREAM on the body's DATA, no extra empty frame.
+    assert_eq!(backend.empty_data_frames(), 0);
 }
 
 /// A body of `len` bytes with a recognisable pattern.

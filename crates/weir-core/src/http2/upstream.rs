@@ -484,9 +484,15 @@ async fn upload(
         if limit.is_some_and(|max| consumed.get() > max) {
             return Err(ProxyError::BodyTooLarge);
         }
-        send_windowed(up, data, upstream_timeout).await?;
+        // The client's last DATA (END_STREAM, no trailers): END_STREAM goes on ours too,
+        // not on an extra empty frame.
+        let last = body.is_end_stream();
+        send_windowed(up, data, upstream_timeout, last).await?;
         // Only now may the client send more: its pace is the upstream's.
         let _ = body.flow_control().release_capacity(len);
+        if last {
+            return Ok(());
+        }
     }
     match with_timeout(client_timeout, body.trailers()).await {
         Err(_) => Err(ProxyError::ClientTimeout),
@@ -497,13 +503,18 @@ async fn upload(
 }
 
 /// Sends `data` upstream as DATA, never more than the stream's window allows: h2 would
-/// buffer the rest, so waiting for the window is what bounds memory per stream.
+/// buffer the rest, so waiting for the window is what bounds memory per stream. `end`
+/// puts END_STREAM on the last frame.
 pub(crate) async fn send_windowed(
     up: &mut SendStream<Bytes>,
     mut rest: Bytes,
     upstream_timeout: Duration,
+    end: bool,
 ) -> Result<(), ProxyError> {
     let up_error = |_: h2::Error| ProxyError::UpstreamClosed;
+    if rest.is_empty() && end {
+        return up.send_data(rest, true).map_err(up_error);
+    }
     while !rest.is_empty() {
         up.reserve_capacity(rest.len());
         let window = with_timeout(upstream_timeout, poll_fn(|cx| up.poll_capacity(cx)));
@@ -513,7 +524,8 @@ pub(crate) async fn send_windowed(
             Ok(Some(r)) => r.map_err(up_error)?,
         };
         let piece = rest.split_to(n.min(rest.len()));
-        up.send_data(piece, false).map_err(up_error)?;
+        up.send_data(piece, end && rest.is_empty())
+            .map_err(up_error)?;
     }
     Ok(())
 }

@@ -151,27 +151,34 @@ impl RequestBody {
         consumed: &Cell<u64>,
         (client_timeout, upstream_timeout): (Duration, Duration),
     ) -> Result<(), UploadError> {
+        let upstream = |_| UploadError::Upstream;
         if let Some(whole) = &self.whole {
             let piece = whole.clone();
-            send_counted(up, piece, consumed, upstream_timeout)
+            return send_counted(up, piece, consumed, upstream_timeout, true)
                 .await
-                .map_err(|_| UploadError::Upstream)?;
-            return end(up);
+                .map_err(upstream);
         }
         let first = std::mem::take(&mut self.first);
-        send_counted(up, first, consumed, upstream_timeout)
+        send_counted(up, first, consumed, upstream_timeout, false)
             .await
-            .map_err(|_| UploadError::Upstream)?;
+            .map_err(upstream)?;
         let client = |e: PumpError| UploadError::Client(client_pump_error(e));
-        while !self.framed.is_done() {
+        loop {
             if !buf.is_empty() {
                 let (piece, used) = self.framed.next(buf.filled()).map_err(client)?;
                 let piece = piece.map(|r| Bytes::copy_from_slice(&buf.filled()[r]));
                 buf.consume(used);
-                if let Some(piece) = piece {
-                    send_counted(up, piece, consumed, upstream_timeout)
+                // END_STREAM rides on the body's last DATA (an empty one after a last
+                // chunk that came alone).
+                let last = self.framed.is_done();
+                if piece.is_some() || last {
+                    let piece = piece.unwrap_or_default();
+                    send_counted(up, piece, consumed, upstream_timeout, last)
                         .await
-                        .map_err(|_| UploadError::Upstream)?;
+                        .map_err(upstream)?;
+                }
+                if last {
+                    return Ok(());
                 }
                 if used > 0 {
                     continue;
@@ -184,24 +191,20 @@ impl RequestBody {
                 Ok(Ok(_)) => {}
             }
         }
-        end(up)
     }
 }
 
-/// Sends `piece` within the window, counting it as taken from the client.
+/// Sends `piece` within the window (END_STREAM on its last frame when `end`), counting it
+/// as taken from the client.
 async fn send_counted(
     up: &mut SendStream<Bytes>,
     piece: Bytes,
     consumed: &Cell<u64>,
     upstream_timeout: Duration,
+    end: bool,
 ) -> Result<(), ProxyError> {
     consumed.set(consumed.get() + piece.len() as u64);
-    send_windowed(up, piece, upstream_timeout).await
-}
-
-fn end(up: &mut SendStream<Bytes>) -> Result<(), UploadError> {
-    up.send_data(Bytes::new(), true)
-        .map_err(|_| UploadError::Upstream)
+    send_windowed(up, piece, upstream_timeout, end).await
 }
 
 #[cfg(test)]
