@@ -33,6 +33,10 @@ pub enum BackendKind {
     Slow { delay_ms: u64 },
     /// No backend: the proxy answers itself.
     None,
+    /// A gRPC-ish h2c server: weir-testkit's `H2Backend` (the `h2` crate's server), which
+    /// answers 200, echoes the request's DATA (the gRPC message) and ends with
+    /// `grpc-status: 0` trailers.
+    GrpcH2c,
 }
 
 /// Arguments of the hidden `backend` subcommand.
@@ -50,6 +54,15 @@ pub struct Args {
 /// Runs the `backend` subcommand: starts the servers, announces them, then sleeps until
 /// killed (the harness kills its process group).
 pub fn main(a: Args) -> Result<()> {
+    if a.kind == "grpc" {
+        let server = weir_testkit::H2Backend::h2c();
+        println!("ADDR {}", server.addr());
+        use std::io::Write;
+        std::io::stdout().flush()?;
+        loop {
+            std::thread::park();
+        }
+    }
     let servers: Vec<weir_testkit::Backend> = (0..a.count.max(1))
         .map(|i| match a.kind.as_str() {
             "slow" => weir_testkit::Backend::slow(Duration::from_millis(a.delay_ms)),
@@ -97,6 +110,12 @@ pub fn start(kind: BackendKind, cpu: usize, dir: &Path, tag: &str) -> Result<Opt
                 format!("--count={count}"),
             ]),
             format!("{count} weir-testkit echo server(s)"),
+        ),
+        BackendKind::GrpcH2c => (
+            Spec::new("backend", self_exe, Some(cpu), log).args(["backend", "--kind=grpc"]),
+            "weir-testkit H2Backend (h2 crate server, h2c): echoes the gRPC message, \
+             grpc-status 0 trailers"
+                .to_string(),
         ),
         BackendKind::Slow { delay_ms } => (
             Spec::new("backend", self_exe, Some(cpu), log).args([

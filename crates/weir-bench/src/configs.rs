@@ -41,6 +41,7 @@ pub fn nginx_conf(
     tls: Option<&TlsFiles>,
 ) -> Result<String> {
     let (listen, server) = match tls {
+        None if upstream.contains(H2C_MARK) => (" http2".to_string(), String::new()),
         None => (String::new(), String::new()),
         Some(t) => (
             " ssl http2".to_string(),
@@ -65,6 +66,9 @@ pub fn nginx_conf(
     )
 }
 
+/// A comment in the `upstream` text that asks `nginx_conf` for an h2c listener.
+const H2C_MARK: &str = "# h2c listener\n";
+
 pub fn nginx_proxy(s: &Setup, port: u16) -> Result<String> {
     let no_route =
         format!("        location / {{\n            return 404 \"{NO_ROUTE}\";\n        }}\n");
@@ -80,6 +84,14 @@ pub fn nginx_proxy(s: &Setup, port: u16) -> Result<String> {
             format!("        location {CGI_PREFIX} {{\n            proxy_pass http://backend/;\n        }}\n{no_route}"),
         ),
         Route::Default => (String::new(), no_route),
+        Route::H2c => (
+            format!("{H2C_MARK}{upstream}"),
+            "        location / {\n            proxy_pass http://backend;\n        }\n".to_string(),
+        ),
+        Route::Grpc => (
+            format!("{H2C_MARK}{upstream}"),
+            "        location / {\n            grpc_pass grpc://backend;\n        }\n".to_string(),
+        ),
     };
     nginx_conf("nginx", (s.dir, port), &upstream, &locations, s.tls)
 }
@@ -93,13 +105,19 @@ pub fn haproxy_cfg(s: &Setup, port: u16, tcp: bool) -> Result<String> {
                 "    http-request return status 404 content-type text/plain string \"{NO_ROUTE}\""
             );
         }
-        Route::Proxy | Route::Prefix => {
+        Route::Proxy | Route::Prefix | Route::H2c | Route::Grpc => {
             body.push_str("    balance roundrobin\n");
+            let proto = if s.route == Route::Grpc {
+                " proto h2"
+            } else {
+                ""
+            };
             for (i, a) in s.backends.iter().enumerate() {
-                let _ = writeln!(body, "    server s{i} {a}");
+                let _ = writeln!(body, "    server s{i} {a}{proto}");
             }
         }
     }
+    let bind_opts = if s.route.h2c_front() { " proto h2" } else { "" };
     let http_defaults = if tcp {
         ""
     } else {
@@ -112,6 +130,7 @@ pub fn haproxy_cfg(s: &Setup, port: u16, tcp: bool) -> Result<String> {
             ("MODE", if tcp { "tcp" } else { "http" }),
             ("HTTP_DEFAULTS", http_defaults),
             ("PORT", &port.to_string()),
+            ("BIND_OPTS", bind_opts),
             ("BODY", &body),
         ],
     )
@@ -120,7 +139,7 @@ pub fn haproxy_cfg(s: &Setup, port: u16, tcp: bool) -> Result<String> {
 pub fn caddyfile(s: &Setup, port: u16) -> Result<String> {
     let routes = match s.route {
         Route::Default => format!("\trespond \"{NO_ROUTE}\" 404"),
-        Route::Proxy | Route::Prefix => {
+        Route::Proxy | Route::Prefix | Route::H2c | Route::Grpc => {
             let idle = s.max_conns.max(64) * 2;
             format!(
                 "\treverse_proxy {} {{\n\t\tlb_policy round_robin\n\t\ttransport http {{\n\t\t\tkeepalive 300s\n\t\t\tkeepalive_idle_conns {idle}\n\t\t\tkeepalive_idle_conns_per_host {idle}\n\t\t}}\n\t}}",
@@ -138,7 +157,7 @@ pub fn apache_conf(s: &Setup, port: u16, moddir: &Path) -> Result<String> {
         .map(|a| a.to_string())
         .unwrap_or_default();
     let routes = match s.route {
-        Route::Proxy => format!("ProxyPass \"/\" \"http://{b}/\"\n"),
+        Route::Proxy | Route::H2c | Route::Grpc => format!("ProxyPass \"/\" \"http://{b}/\"\n"),
         Route::Prefix => format!(
             "ProxyPass \"{CGI_PREFIX}\" \"http://{b}/\"\nProxyPassReverse \"{CGI_PREFIX}\" \"http://{b}/\"\n"
         ),
@@ -188,9 +207,14 @@ pub fn weir_toml(
         "[upstreams.backend]\nservers = [{servers}]\nmax_idle = {}\nidle_timeout = \"300s\"\n",
         s.max_conns.max(64) * 2
     );
+    let pool = if s.route == Route::Grpc {
+        format!("{pool}protocol = \"h2c\"\n")
+    } else {
+        pool
+    };
     let (routes, upstreams) = match (tcp, s.route) {
         (true, _) => (String::new(), pool),
-        (false, Route::Proxy) => (
+        (false, Route::Proxy | Route::H2c | Route::Grpc) => (
             "\n[[listeners.routes]]\nname = \"all\"\npath_prefix = \"/\"\nforwarded_headers = false\nupstream = \"backend\"\n".to_string(),
             pool,
         ),
@@ -362,5 +386,56 @@ mod tests {
         assert!(tcp.contains("mode tcp") && !tcp.contains("option http-keep-alive"));
         let http = haproxy_cfg(&s, 1, false).unwrap();
         assert!(http.contains("nbthread 1") && http.contains("server s1 127.0.0.1:9002"));
+    }
+}
+
+#[cfg(test)]
+mod h2c_tests {
+    use super::*;
+
+    #[test]
+    fn h2c_and_grpc_routes_make_h2c_listeners_and_grpc_upstreams() {
+        let dir = Path::new("/tmp/wb");
+        let backends: Vec<SocketAddr> = vec!["127.0.0.1:9001".parse().unwrap()];
+        let setup = |route| Setup {
+            dir,
+            backends: &backends,
+            route,
+            max_conns: 32,
+            weir: Path::new("/nonexistent/weir"),
+            admin: false,
+            tls: None,
+        };
+        let nginx = nginx_proxy(&setup(Route::H2c), 8080).unwrap();
+        assert!(nginx.contains("listen 127.0.0.1:8080 http2 "), "{nginx}");
+        assert!(nginx.contains("proxy_pass http://backend;"));
+        let nginx = nginx_proxy(&setup(Route::Grpc), 8080).unwrap();
+        assert!(nginx.contains("grpc_pass grpc://backend;"), "{nginx}");
+        assert!(nginx_proxy(&setup(Route::Proxy), 8080)
+            .unwrap()
+            .contains("listen 127.0.0.1:8080 backlog"));
+        let haproxy = haproxy_cfg(&setup(Route::Grpc), 8080, false).unwrap();
+        assert!(
+            haproxy.contains("bind 127.0.0.1:8080 proto h2\n"),
+            "{haproxy}"
+        );
+        assert!(
+            haproxy.contains("server s0 127.0.0.1:9001 proto h2\n"),
+            "{haproxy}"
+        );
+        let haproxy = haproxy_cfg(&setup(Route::H2c), 8080, false).unwrap();
+        assert!(haproxy.contains("server s0 127.0.0.1:9001\n"), "{haproxy}");
+        let weir = weir_toml(&setup(Route::Grpc), 8080, None, false, None).unwrap();
+        let config = weir_config::parse_str(&weir, "bench.toml").expect("valid grpc config");
+        assert_eq!(
+            config.upstreams[0].protocol,
+            weir_config::UpstreamProtocol::H2c
+        );
+        let weir = weir_toml(&setup(Route::H2c), 8080, None, false, None).unwrap();
+        let config = weir_config::parse_str(&weir, "bench.toml").expect("valid h2c config");
+        assert_eq!(
+            config.upstreams[0].protocol,
+            weir_config::UpstreamProtocol::Http1
+        );
     }
 }

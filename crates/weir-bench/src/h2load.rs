@@ -19,6 +19,31 @@ pub fn args(conns: u32, streams: u32, secs: u64, url: &str) -> Vec<String> {
     ]
 }
 
+/// The gRPC scenario's request: one length-prefixed message (flag 0, 4-byte length) of a
+/// 16-byte payload, as a small unary call carries.
+pub const GRPC_REQUEST: &[u8] = b"\x00\x00\x00\x00\x10\x0a\x0eweir-bench-rpc";
+/// Its file in the run's directory (h2load's `-d`).
+pub const GRPC_FILE: &str = "grpc-request.bin";
+/// The method path the gRPC scenario calls.
+pub const GRPC_PATH: &str = "/bench.Echo/Unary";
+
+/// What makes h2load's POSTs gRPC calls: the message as the body, and the gRPC fields.
+pub fn grpc_args(dir: &std::path::Path) -> Vec<String> {
+    vec![
+        "-d".into(),
+        dir.join(GRPC_FILE).to_string_lossy().into_owned(),
+        "-H".into(),
+        "content-type: application/grpc".into(),
+        "-H".into(),
+        "te: trailers".into(),
+    ]
+}
+
+/// A few requests (`-n`) on one connection, to check a peer answers before measuring.
+pub fn check_args(requests: u32, url: &str) -> Vec<String> {
+    vec!["-c1".into(), format!("-n{requests}"), url.into()]
+}
+
 /// The figures of h2load's summary (`finished in`, `requests:`, `status codes:`).
 pub fn parse(out: &str) -> Result<LoadOutput> {
     let line = |prefix: &str| {
@@ -99,5 +124,7 @@ time for request:      291us     31.40ms     12.38ms      2.10ms    70.21%
     fn a_truncated_report_is_an_error() {
         assert!(parse("starting benchmark...\n").is_err());
         assert!(args(32, 16, 5, "https://x/").contains(&"-m16".to_string()));
+        assert_eq!(GRPC_REQUEST.len(), 5 + 16);
+        assert_eq!(GRPC_REQUEST[4] as usize, GRPC_REQUEST.len() - 5);
     }
 }

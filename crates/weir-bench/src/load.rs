@@ -42,6 +42,9 @@ pub enum Load {
     /// `h2load -t1 -cN -mM`: HTTP/2 (over https: ALPN h2), `streams` in flight per
     /// connection.
     H2load { conns: u32, streams: u32 },
+    /// `h2load -t1 -cN -mM` posting one small gRPC message (`h2load::GRPC_REQUEST`) with
+    /// `content-type: application/grpc` and `te: trailers`: unary gRPC calls over h2c.
+    GrpcUnary { conns: u32, streams: u32 },
 }
 
 impl Load {
@@ -53,6 +56,7 @@ impl Load {
             }
             Load::Rate { rate, .. } => format!("{rate} rps"),
             Load::H2load { conns, streams } => format!("h2 c={conns} m={streams}"),
+            Load::GrpcUnary { conns, streams } => format!("grpc c={conns} m={streams}"),
         }
     }
 
@@ -61,7 +65,8 @@ impl Load {
             Load::Wrk { conns }
             | Load::Ab { conns, .. }
             | Load::Rate { conns, .. }
-            | Load::H2load { conns, .. } => conns,
+            | Load::H2load { conns, .. }
+            | Load::GrpcUnary { conns, .. } => conns,
         }
     }
 }
@@ -80,6 +85,7 @@ impl Tools {
     pub fn new(dir: PathBuf) -> Result<Tools> {
         std::fs::write(dir.join("report.lua"), wrk::REPORT_LUA)?;
         std::fs::write(dir.join("post-body.txt"), "hola")?;
+        std::fs::write(dir.join(h2load::GRPC_FILE), h2load::GRPC_REQUEST)?;
         Ok(Tools {
             wrk: process::find_program("wrk"),
             ab: process::find_program("ab"),
@@ -96,7 +102,7 @@ impl Tools {
             Load::Ab { .. } if self.ab.is_none() => {
                 Some("ab is not installed (apache2-utils, bench/setup.sh)")
             }
-            Load::H2load { .. } if self.h2load.is_none() => {
+            Load::H2load { .. } | Load::GrpcUnary { .. } if self.h2load.is_none() => {
                 Some("h2load is not installed (nghttp2-client, bench/setup.sh)")
             }
             _ => None,
@@ -153,6 +159,14 @@ pub fn run(
             log,
         )
         .args(h2load::args(conns, streams, secs, &url)),
+        Load::GrpcUnary { conns, streams } => Spec::new(
+            "h2load",
+            tools.h2load.clone().unwrap_or_default(),
+            Some(LOAD_CPU),
+            log,
+        )
+        .args(h2load::args(conns, streams, secs, &url))
+        .args(h2load::grpc_args(&tools.dir)),
         Load::Rate { rate, conns } => Spec::new("loadgen", &tools.self_exe, Some(LOAD_CPU), log)
             .args([
                 "loadgen".to_string(),
@@ -175,7 +189,7 @@ pub fn run(
             o
         }),
         Load::Rate { .. } => serde_json::from_str(done.stdout.trim()).context("loadgen report"),
-        Load::H2load { .. } => h2load::parse(&done.stdout),
+        Load::H2load { .. } | Load::GrpcUnary { .. } => h2load::parse(&done.stdout),
     };
     match parsed {
         Ok(o) => Ok((o, done.cpu_secs)),

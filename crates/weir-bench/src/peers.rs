@@ -67,6 +67,19 @@ pub enum Route {
     Prefix,
     /// No route: the proxy's own 404 "no route".
     Default,
+    /// Everything to the HTTP/1.1 backend, clients speak h2c with prior knowledge (nginx
+    /// `listen ... http2` without TLS, HAProxy `bind ... proto h2`; Weir detects it).
+    H2c,
+    /// h2c clients' gRPC calls to an h2c gRPC backend (nginx `grpc_pass`, HAProxy
+    /// `server ... proto h2`, Weir `protocol = "h2c"`).
+    Grpc,
+}
+
+impl Route {
+    /// The clients speak h2c with prior knowledge (HTTP/1.1 checks cannot reach the peer).
+    pub fn h2c_front(self) -> bool {
+        matches!(self, Route::H2c | Route::Grpc)
+    }
 }
 
 /// Inputs shared by every peer's configuration.

@@ -279,6 +279,7 @@ fn start_target(
         }
     };
     let note = match tls {
+        None if sc.route.h2c_front() => verify_h2c(sc, tools, &t)?,
         None => verify(sc, peer, &t, backends.len())?,
         Some(files) => {
             let status = tls_status(t.addr, sc.path, &files.ca)?;
@@ -293,6 +294,25 @@ fn start_target(
         load::run(&w, tools, (t.addr, sc.tls), sc.path, opts.warmup)?;
     }
     Ok((t, note))
+}
+
+/// h2c peers (no HTTP/1.1 on their port): a few requests with h2load, every one a 2xx.
+fn verify_h2c(sc: &Scenario, tools: &Tools, t: &Target) -> Result<Option<String>> {
+    let h2load = tools
+        .h2load
+        .clone()
+        .ok_or_else(|| anyhow::anyhow!("h2load is not installed"))?;
+    let url = format!("http://{}{}", t.addr, sc.path);
+    let mut args = crate::h2load::check_args(4, &url);
+    if sc.route == Route::Grpc {
+        args.extend(crate::h2load::grpc_args(&tools.dir));
+    }
+    let out = std::process::Command::new(h2load).args(&args).output()?;
+    let parsed = crate::h2load::parse(&String::from_utf8_lossy(&out.stdout))?;
+    if parsed.requests != 4 || parsed.non2xx > 0 || parsed.errors > 0 {
+        bail!("h2c check: {parsed:?}");
+    }
+    Ok(None)
 }
 
 /// One request through the peer before measuring: right status, prefix rewritten, and (with

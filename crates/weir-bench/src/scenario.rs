@@ -29,19 +29,29 @@ pub enum Name {
     /// of the 615-byte nginx backend, Weir vs nginx with the same ECDSA P-256 certificate.
     #[value(name = "tls-proxy")]
     TlsProxy,
+    /// h2load -c 32 -m 16 over h2c (prior knowledge) in front of the 615-byte nginx
+    /// backend: Weir vs nginx `listen ... http2` and HAProxy `bind ... proto h2`.
+    #[value(name = "h2c")]
+    H2c,
+    /// Unary gRPC calls (h2load posting one small message) over h2c to an h2c gRPC-ish
+    /// backend: Weir `protocol = "h2c"` vs nginx `grpc_pass` and HAProxy `proto h2`.
+    #[value(name = "grpc")]
+    Grpc,
     /// All of the above, in this order.
     #[value(name = "all")]
     All,
 }
 
 impl Name {
-    pub const EVERY: [Name; 6] = [
+    pub const EVERY: [Name; 8] = [
         Name::Proxy1Core,
         Name::CgiPrefix,
         Name::DefaultBackend,
         Name::RoundRobin,
         Name::Latency,
         Name::TlsProxy,
+        Name::H2c,
+        Name::Grpc,
     ];
 }
 
@@ -219,6 +229,45 @@ pub fn build(name: Name, quick: bool) -> Scenario {
             check_metrics: false,
             tls: true,
         },
+        Name::H2c | Name::Grpc => h2c_scenario(name),
+    }
+}
+
+/// The issue 14 h2c rows: h2load -c 32 -m 16 with prior knowledge, Weir against nginx and
+/// HAProxy, each speaking h2c to the client; `Grpc` calls a gRPC backend over h2c too.
+fn h2c_scenario(name: Name) -> Scenario {
+    let (conns, streams) = (32, 16);
+    let peers = vec![Peer::Weir, Peer::Nginx, Peer::HaproxyHttp];
+    if name == Name::Grpc {
+        return Scenario {
+            name: "grpc",
+            seeds: "issue 14 (gRPC unary)",
+            about: "Unary gRPC calls over h2c: h2load -c 32 -m 16 posting one 21-byte gRPC \
+                    message (content-type: application/grpc, te: trailers) through the proxy \
+                    to an h2c gRPC-ish backend that echoes it with grpc-status 0 trailers.",
+            backend: BackendKind::GrpcH2c,
+            route: Route::Grpc,
+            path: crate::h2load::GRPC_PATH,
+            peers,
+            loads: vec![Load::GrpcUnary { conns, streams }],
+            expect_status: 200,
+            check_metrics: false,
+            tls: false,
+        };
+    }
+    Scenario {
+        name: "h2c",
+        seeds: "issue 14 (h2c)",
+        about: "h2load -c 32 -m 16 over cleartext HTTP/2 with prior knowledge to one proxy \
+                worker, 615 B from the nginx backend over HTTP/1.1 keep-alive.",
+        backend: BackendKind::Nginx615,
+        route: Route::H2c,
+        path: "/",
+        peers,
+        loads: vec![Load::H2load { conns, streams }],
+        expect_status: 200,
+        check_metrics: false,
+        tls: false,
     }
 }
 

@@ -696,6 +696,9 @@ pub enum HealthCheckKind {
         path: String,
         expect_status: Vec<StatusRange>,
     },
+    /// gRPC `grpc.health.v1.Health/Check` for `service` (empty: the whole server) over
+    /// HTTP/2 (h2c, or h2 on TLS upstreams); `SERVING` is a success.
+    Grpc { service: String },
 }
 
 /// An inclusive range of status codes (`"200-399"`, or one code).
@@ -785,26 +788,7 @@ impl Config {
                     u.name
                 )
             });
-        // HTTP/1.1 clients' requests are not translated to HTTP/2 (yet): say so where a
-        // server may speak only HTTP/2 (gRPC servers do).
-        let h2_only = self
-            .upstreams
-            .iter()
-            .filter(|u| matches!(u.protocol, UpstreamProtocol::H2 | UpstreamProtocol::H2c))
-            .map(|u| {
-                format!(
-                    "upstreams.{}.protocol = \"{}\": only HTTP/2 clients' requests reach \
-                     the servers over HTTP/2; HTTP/1.1 clients' requests reach them over \
-                     HTTP/1.1, which a server that speaks only HTTP/2 (gRPC) refuses",
-                    u.name,
-                    if u.protocol == UpstreamProtocol::H2 {
-                        "h2"
-                    } else {
-                        "h2c"
-                    }
-                )
-            });
-        insecure.chain(h2_only).collect()
+        insecure.collect()
     }
 
     /// One line for `weir check`: counts of listeners, routes, upstreams and servers.

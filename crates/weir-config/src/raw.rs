@@ -391,6 +391,7 @@ pub(crate) struct RawHealthCheck {
     pub kind: Option<String>,
     pub path: Option<String>,
     pub expect_status: Option<StrOrInt>,
+    pub service: Option<String>,
     pub interval: Option<String>,
     pub timeout: Option<String>,
     pub rise: Option<i64>,

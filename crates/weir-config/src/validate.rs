@@ -660,6 +660,7 @@ fn upstream(name: String, mut raw: RawUpstream, path: &FieldPath) -> Result<Upst
         .map(|(i, s)| upstream_server(s, &servers_path.index(i)))
         .collect::<Result<Vec<_>, _>>()?;
     let policy = pool::policy(raw_policy, &servers, path)?;
+    grpc_check_needs_h2(policy.health_check.as_ref(), protocol, path)?;
     Ok(Upstream {
         connect_timeout: duration(
             raw.connect_timeout,
@@ -690,6 +691,24 @@ fn upstream(name: String, mut raw: RawUpstream, path: &FieldPath) -> Result<Upst
             &path.key("max_concurrent_streams"),
         )?,
     })
+}
+
+/// A `kind = "grpc"` health check speaks HTTP/2: the upstream must say so.
+fn grpc_check_needs_h2(
+    check: Option<&crate::model::HealthCheck>,
+    protocol: crate::model::UpstreamProtocol,
+    path: &FieldPath,
+) -> Result<(), Issue> {
+    use crate::model::UpstreamProtocol;
+    let grpc = check.is_some_and(|c| matches!(c.kind, crate::model::HealthCheckKind::Grpc { .. }));
+    if grpc && !matches!(protocol, UpstreamProtocol::H2 | UpstreamProtocol::H2c) {
+        return Err(Issue::new(
+            &path.key("health_check").key("kind"),
+            "kind = \"grpc\" health checks speak HTTP/2 (gRPC servers speak nothing else), but the upstream's protocol is not \"h2\" or \"h2c\"",
+            r#"set protocol = "h2c" on the upstream (or "h2" with tls), or use kind = "tcp""#,
+        ));
+    }
+    Ok(())
 }
 
 /// Resolves `addr` (`ip:port` or `host:port`) to its first socket address; `path` is the

@@ -2,15 +2,22 @@
 //! TLS, on its own thread and runtime, stopped when dropped.
 //!
 //! Each request gets 200 with `x-method`, `x-path`, `x-authority`, `x-te` (when sent),
-//! `x-conn` (the connection's number, from 1) and the request's `content-type`; its DATA
+//! `x-conn` (the connection's number, from 1), `x-fields` (the request's field names, comma
+//! separated) and the request's `content-type`; its DATA
 //! is echoed as it arrives; then trailers: `x-body-len`, `x-client-trailer` (the request
 //! trailer of that name, when sent), `grpc-status: 0`. A path starting with `/hang` is
 //! never answered (a reset of it is counted, [`H2Backend::resets`]); one starting with `/reset` is reset (INTERNAL_ERROR) before any head. With [`H2Backend::goaway_after`] each connection sends GOAWAY once it
 //! has accepted that many streams (and finishes them), and refuses any stream that still
 //! arrives with REFUSED_STREAM (as a server that never processed it).
+//!
+//! For HTTP/1.1 clients translated to HTTP/2: `/fixed` answers `content-length: 5` and
+//! `hello` (no trailers); `/badlen` says `content-length: 10` and sends 5 bytes; `/hints`
+//! sends a 103 (`link: </a.css>`) before the echo; a HEAD request gets its head only, with
+//! `content-length: 42`. `/grpc.health.v1.Health/Check` is a gRPC health service
+//! ([`H2Backend::set_serving`]).
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -29,6 +36,9 @@ struct Stats {
     connections: AtomicUsize,
     streams: AtomicUsize,
     resets: AtomicUsize,
+    health_checks: AtomicUsize,
+    not_serving: AtomicBool,
+    empty_data: AtomicUsize,
 }
 
 /// A running HTTP/2 echo backend.
@@ -70,6 +80,22 @@ impl H2Backend {
     /// Streams (requests) accepted so far.
     pub fn streams(&self) -> usize {
         self.stats.streams.load(Ordering::SeqCst)
+    }
+
+    /// Empty DATA frames received (a bare END_STREAM): a proxy that ends a body this way
+    /// costs the server one frame per request.
+    pub fn empty_data_frames(&self) -> usize {
+        self.stats.empty_data.load(Ordering::SeqCst)
+    }
+
+    /// `grpc.health.v1.Health/Check` calls answered so far.
+    pub fn health_checks(&self) -> usize {
+        self.stats.health_checks.load(Ordering::SeqCst)
+    }
+
+    /// What the gRPC health service answers from now on: SERVING or NOT_SERVING.
+    pub fn set_serving(&self, serving: bool) {
+        self.stats.not_serving.store(!serving, Ordering::SeqCst);
     }
 
     fn spawn(tls: Option<TlsAcceptor>, goaway: Option<usize>) -> H2Backend {
@@ -148,6 +174,35 @@ async fn echo(
         respond.send_reset(h2::Reason::INTERNAL_ERROR);
         return;
     }
+    if path == "/grpc.health.v1.Health/Check" {
+        stats.health_checks.fetch_add(1, Ordering::SeqCst);
+        let serving = !stats.not_serving.load(Ordering::SeqCst);
+        return grpc_health(body, respond, serving).await;
+    }
+    if path.starts_with("/fixed") || path.starts_with("/badlen") {
+        let (len, body) = if path.starts_with("/fixed") {
+            ("5", "hello")
+        } else {
+            ("10", "short")
+        };
+        let response = Response::builder().header("content-length", len).body(());
+        if let Ok(mut send) = respond.send_response(response.expect("testkit: head"), false) {
+            let _ = send.send_data(Bytes::from_static(body.as_bytes()), true);
+        }
+        return;
+    }
+    if parts.method == http::Method::HEAD {
+        let response = Response::builder().header("content-length", "42").body(());
+        let _ = respond.send_response(response.expect("testkit: head"), true);
+        return;
+    }
+    if path.starts_with("/hints") {
+        let hints = Response::builder()
+            .status(103)
+            .header("link", "</a.css>")
+            .body(());
+        let _ = respond.send_informational(hints.expect("testkit: 103"));
+    }
     let mut response = Response::new(());
     let headers = response.headers_mut();
     let mut put = |name: &'static str, value: &str| {
@@ -165,6 +220,8 @@ async fn echo(
     if let Some(te) = parts.headers.get("te").and_then(|v| v.to_str().ok()) {
         put("x-te", te);
     }
+    let names: Vec<&str> = parts.headers.keys().map(|n| n.as_str()).collect();
+    put("x-fields", &names.join(","));
     if let Some(ct) = parts.headers.get("content-type") {
         headers.insert("content-type", ct.clone());
     }
@@ -173,6 +230,12 @@ async fn echo(
     };
     let mut len = 0usize;
     while let Some(Ok(chunk)) = body.data().await {
+        // An empty DATA (a client's bare END_STREAM) is not echoed: the h2 crate counts
+        // empty frames as a flood.
+        if chunk.is_empty() {
+            stats.empty_data.fetch_add(1, Ordering::SeqCst);
+            continue;
+        }
         len += chunk.len();
         let _ = body.flow_control().release_capacity(chunk.len());
         send.reserve_capacity(chunk.len());
@@ -188,5 +251,37 @@ async fn echo(
             trailers.insert("x-client-trailer", v.clone());
         }
     }
+    let _ = send.send_trailers(trailers);
+}
+
+/// The gRPC health service (grpc.health.v1), messages written by hand: the service named
+/// `""` or `"known"` answers SERVING (1) or NOT_SERVING (2); any other is NOT_FOUND (5), a
+/// trailers-only response.
+async fn grpc_health(mut body: RecvStream, mut respond: SendResponse<Bytes>, serving: bool) {
+    let mut request = Vec::new();
+    while let Some(Ok(chunk)) = body.data().await {
+        let _ = body.flow_control().release_capacity(chunk.len());
+        request.extend_from_slice(&chunk);
+    }
+    // Frame header (5 bytes), then field 1 (0x0a, one-byte length) if there is a service.
+    let service = match request.get(5..7) {
+        Some([0x0a, len]) => request.get(7..7 + *len as usize).unwrap_or_default(),
+        _ => &[][..],
+    };
+    let mut head = Response::builder().header("content-type", "application/grpc");
+    if service != b"" && service != b"known" {
+        head = head
+            .header("grpc-status", "5")
+            .header("grpc-message", "unknown service");
+        let _ = respond.send_response(head.body(()).expect("testkit: head"), true);
+        return;
+    }
+    let Ok(mut send) = respond.send_response(head.body(()).expect("testkit: head"), false) else {
+        return;
+    };
+    let status = if serving { 1 } else { 2 };
+    let _ = send.send_data(Bytes::from(vec![0, 0, 0, 0, 2, 0x08, status]), false);
+    let mut trailers = HeaderMap::new();
+    trailers.insert("grpc-status", HeaderValue::from_static("0"));
     let _ = send.send_trailers(trailers);
 }

@@ -11,10 +11,11 @@ use weir_testkit::{wait_until, Backend};
 /// `[upstreams.app.health_check]` at 50 ms, and no slow start (so a returning server gets
 /// its share at once).
 fn checks(kind: &str, rise: u32, fall: u32) -> String {
-    let path = if kind == "http" {
-        "path = \"/healthz\"\n"
-    } else {
-        ""
+    let path = match kind {
+        "http" => "path = \"/healthz\"\n",
+        // The testkit's gRPC health service knows "known".
+        "grpc" => "service = \"known\"\n",
+        _ => "",
     };
     format!(
         "[upstreams.app.health_check]\nkind = \"{kind}\"\n{path}interval = \"50ms\"\n\
@@ -136,4 +137,37 @@ fn backup_takes_over_while_every_primary_is_down() {
     assert!(wait_until(WAIT, || !weir.server_up(2)));
     let r = weir.client().get("/", "app.test").expect("response");
     assert_eq!(r.status, 503, "no primary and no backup up");
+}
+
+/// `kind = "grpc"` checks on an h2c upstream: weir-testkit's `H2Backend` serves
+/// grpc.health.v1 (hand-written messages); NOT_SERVING marks the server down, SERVING up.
+#[test]
+fn grpc_check_follows_the_serving_status() {
+    let grpc = weir_testkit::H2Backend::h2c();
+    let steady = weir_testkit::H2Backend::h2c();
+    let weir = Weir::start(&format!(
+        "[upstreams.app]\nprotocol = \"h2c\"\n{}{}",
+        servers(&[(grpc.addr(), ""), (steady.addr(), "")]),
+        checks("grpc", 1, 2)
+    ));
+    assert!(wait_until(WAIT, || grpc.health_checks() >= 2), "checks run");
+    assert!(weir.server_up(0));
+    grpc.set_serving(false);
+    assert!(wait_until(WAIT, || !weir.server_up(0)), "NOT_SERVING: down");
+    assert!(weir.server_up(1), "the other server stays up");
+    grpc.set_serving(true);
+    assert!(wait_until(WAIT, || weir.server_up(0)), "SERVING: up again");
+}
+
+#[test]
+fn grpc_check_of_an_unknown_service_marks_the_server_down() {
+    let grpc = weir_testkit::H2Backend::h2c();
+    let steady = weir_testkit::H2Backend::h2c();
+    let weir = Weir::start(&format!(
+        "[upstreams.app]\nprotocol = \"h2c\"\n{}{}",
+        servers(&[(grpc.addr(), ""), (steady.addr(), "")]),
+        checks("grpc", 1, 1).replace("\"known\"", "\"other.Service\"")
+    ));
+    assert!(wait_until(WAIT, || !weir.server_up(0)), "NOT_FOUND: down");
+    assert!(grpc.health_checks() >= 1);
 }

@@ -220,29 +220,29 @@ fn check_servers(lb: &LbPolicy, servers: &[UpstreamServer], path: &FieldPath) ->
 
 fn health_check(raw: RawHealthCheck, path: &FieldPath) -> Result<HealthCheck, Issue> {
     let kind = match raw.kind.as_deref() {
-        None | Some("http") => HealthCheckKind::Http {
-            path: check_path(raw.path, &path.key("path"))?,
-            expect_status: expect_status(raw.expect_status, &path.key("expect_status"))?,
-        },
-        Some("tcp") => {
-            let http_only = [
-                ("path", raw.path.is_some()),
-                ("expect_status", raw.expect_status.is_some()),
-            ];
-            if let Some((key, _)) = http_only.iter().find(|(_, set)| *set) {
-                return Err(Issue::new(
-                    &path.key(key),
-                    format!("{key} only applies to kind = \"http\" health checks"),
-                    format!("set kind = \"http\", or remove {key}"),
-                ));
+        None | Some("http") => {
+            grpc_keys_absent(&raw, path, "http")?;
+            HealthCheckKind::Http {
+                path: check_path(raw.path, &path.key("path"))?,
+                expect_status: expect_status(raw.expect_status, &path.key("expect_status"))?,
             }
+        }
+        Some("tcp") => {
+            http_keys_absent(&raw, path)?;
+            grpc_keys_absent(&raw, path, "tcp")?;
             HealthCheckKind::Tcp
+        }
+        Some("grpc") => {
+            http_keys_absent(&raw, path)?;
+            HealthCheckKind::Grpc {
+                service: grpc_service(raw.service.as_deref(), &path.key("service"))?,
+            }
         }
         Some(other) => {
             return Err(Issue::new(
                 &path.key("kind"),
                 format!("unknown health check kind \"{other}\""),
-                r#"use kind = "http" (GET path, check the status) or "tcp" (connect only)"#,
+                r#"use kind = "http" (GET path, check the status), "tcp" (connect only) or "grpc" (grpc.health.v1)"#,
             ))
         }
     };
@@ -253,6 +253,48 @@ fn health_check(raw: RawHealthCheck, path: &FieldPath) -> Result<HealthCheck, Is
         rise: int_in(raw.rise, 2, 1..=100, &path.key("rise"))?,
         fall: int_in(raw.fall, 3, 1..=100, &path.key("fall"))?,
     })
+}
+
+/// `path` and `expect_status` belong to HTTP checks only.
+fn http_keys_absent(raw: &RawHealthCheck, path: &FieldPath) -> Result<(), Issue> {
+    let http_only = [
+        ("path", raw.path.is_some()),
+        ("expect_status", raw.expect_status.is_some()),
+    ];
+    match http_only.iter().find(|(_, set)| *set) {
+        Some((key, _)) => Err(Issue::new(
+            &path.key(key),
+            format!("{key} only applies to kind = \"http\" health checks"),
+            format!("set kind = \"http\", or remove {key}"),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// `service` belongs to gRPC checks only.
+fn grpc_keys_absent(raw: &RawHealthCheck, path: &FieldPath, kind: &str) -> Result<(), Issue> {
+    match raw.service {
+        Some(_) => Err(Issue::new(
+            &path.key("service"),
+            format!("service only applies to kind = \"grpc\" health checks, not \"{kind}\""),
+            "set kind = \"grpc\", or remove service",
+        )),
+        None => Ok(()),
+    }
+}
+
+/// A gRPC service name: printable ASCII without spaces, at most 256 bytes; absent: `""`
+/// (the server as a whole, by the grpc.health.v1 convention).
+fn grpc_service(raw: Option<&str>, path: &FieldPath) -> Result<String, Issue> {
+    let text = raw.unwrap_or("");
+    if text.len() > 256 || !text.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(Issue::new(
+            path,
+            format!("service {text:?} is not a gRPC service name (printable ASCII, no spaces, at most 256 bytes)"),
+            r#"use the fully qualified name, e.g. service = "my.package.MyService", or remove it to check the whole server"#,
+        ));
+    }
+    Ok(text.to_owned())
 }
 
 fn check_path(raw: Option<String>, path: &FieldPath) -> Result<String, Issue> {

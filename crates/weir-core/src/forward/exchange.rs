@@ -89,16 +89,10 @@ pub async fn forward(
     resp: &mut ResponseHead,
     keep_alive: bool,
 ) -> Result<bool, Failure> {
-    let buf = conn.buf.filled();
-    let path = conn.path.get(req.path(buf));
-    let key = RequestKey::new(&target.upstream.lb, buf, req, path, conn.client_text());
-    let pick = worker
-        .upstreams
-        .pick(target.upstream_index, target.pool, target.upstream, key)
-        .ok_or(ProxyError::NoServer)?;
-    let server = &target.upstream.servers[pick.server];
-    conn.out.clear();
-    let upgrade = write_head_with_policy(conn, req, &target, server);
+    if super::to_h2::translates(target.upstream) {
+        return super::to_h2::forward(worker, target, conn, req, resp, keep_alive).await;
+    }
+    let (key, pick, upgrade) = pick_and_write_head(worker, target, conn, req)?;
     let http10 = req.minor_version == 0;
     let meta = RequestMeta {
         is_head: req.is_head,
@@ -133,6 +127,27 @@ pub async fn forward(
     let result = fwd.exchange(pick, conn, body, &mut up_buf, resp).await;
     worker.give_buffer(up_buf);
     result
+}
+
+/// Picks the request's server (503 when there is none) and writes the upstream head for
+/// it into `conn.out`; returns the hash key, the pick and the upgrades offered.
+pub(super) fn pick_and_write_head(
+    worker: &Worker,
+    target: Target<'_>,
+    conn: &mut ClientConn,
+    req: &RequestHead,
+) -> Result<(RequestKey, Pick, Offered), ProxyError> {
+    let buf = conn.buf.filled();
+    let path = conn.path.get(req.path(buf));
+    let key = RequestKey::new(&target.upstream.lb, buf, req, path, conn.client_text());
+    let pick = worker
+        .upstreams
+        .pick(target.upstream_index, target.pool, target.upstream, key)
+        .ok_or(ProxyError::NoServer)?;
+    let server = &target.upstream.servers[pick.server];
+    conn.out.clear();
+    let upgrade = write_head_with_policy(conn, req, &target, server);
+    Ok((key, pick, upgrade))
 }
 
 /// Writes the upstream request head into `conn.out` with the route's header rules, and
@@ -299,10 +314,7 @@ impl<'a> Forwarding<'a> {
             self.worker
                 .upstreams
                 .retry(target.upstream_index, target.pool, u, self.key, tried)?;
-        // A `request_headers` rule that sets Host names no server: nothing to replace.
-        let rule_host =
-            (target.route.filters.request_headers.as_ref()).is_some_and(|r| r.sets_host);
-        let host_is_server = (!target.route.preserve_host || conn.host.is_empty()) && !rule_host;
+        let host_is_server = host_names_server(target.route, conn.host.is_empty());
         let new_name = u.servers[next.server].name.as_bytes();
         if host_is_server && !replace_host(&mut conn.out, failed.name.as_bytes(), new_name) {
             return None;
@@ -310,6 +322,14 @@ impl<'a> Forwarding<'a> {
         tried.push(next.server);
         Some(next)
     }
+}
+
+/// Whether the upstream request's `Host` is the server's name (so a retry on another
+/// server must change it): not when the client's host is preserved, nor when a
+/// `request_headers` rule sets it.
+pub(crate) fn host_names_server(route: &Route, client_host_empty: bool) -> bool {
+    let rule_host = (route.filters.request_headers.as_ref()).is_some_and(|r| r.sets_host);
+    (!route.preserve_host || client_host_empty) && !rule_host
 }
 
 impl Attempt<'_> {

@@ -10,6 +10,7 @@ pub mod body;
 pub(crate) mod exchange;
 pub mod request_head;
 pub mod response_head;
+mod to_h2;
 mod tunnel;
 
 pub use exchange::{forward, Target};

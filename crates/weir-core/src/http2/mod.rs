@@ -26,6 +26,7 @@ mod upstream;
 mod websocket;
 
 pub use conn::serve;
+pub(crate) use upstream::{h1_head_to_h2, is_connection_specific, send_windowed};
 
 /// The client connection preface (RFC 9113 section 3.4).
 pub const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";

@@ -252,7 +252,7 @@ impl StreamRequest<'_> {
 }
 
 /// An HTTP/1.1 request head (as Weir wrote it) as an HTTP/2 request.
-fn h1_head_to_h2(
+pub(crate) fn h1_head_to_h2(
     head: &[u8],
     scheme: &str,
     te_trailers: bool,
@@ -295,7 +295,7 @@ fn h1_head_to_h2(
 }
 
 /// Fields HTTP/2 forbids (RFC 9113 8.2.2); `te` is put back when it was `trailers`.
-fn is_connection_specific(name: &HeaderName) -> bool {
+pub(crate) fn is_connection_specific(name: &HeaderName) -> bool {
     use http::header::{CONNECTION, TE, TRANSFER_ENCODING, UPGRADE};
     name == CONNECTION
         || name == TE
@@ -486,20 +486,15 @@ async fn upload(
         if limit.is_some_and(|max| consumed.get() > max) {
             return Err(ProxyError::BodyTooLarge);
         }
-        let mut rest = data;
-        while !rest.is_empty() {
-            up.reserve_capacity(rest.len());
-            let window = with_timeout(upstream_timeout, poll_fn(|cx| up.poll_capacity(cx)));
-            let n = match window.await {
-                Err(_) => return Err(ProxyError::UpstreamTimeout),
-                Ok(None) => return Err(ProxyError::UpstreamClosed),
-                Ok(Some(r)) => r.map_err(up_error)?,
-            };
-            let piece = rest.split_to(n.min(rest.len()));
-            up.send_data(piece, false).map_err(up_error)?;
-        }
+        // The client's last DATA (END_STREAM, no trailers): END_STREAM goes on ours too,
+        // not on an extra empty frame.
+        let last = body.is_end_stream();
+        send_windowed(up, data, upstream_timeout, last).await?;
         // Only now may the client send more: its pace is the upstream's.
         let _ = body.flow_control().release_capacity(len);
+        if last {
+            return Ok(());
+        }
     }
     match with_timeout(client_timeout, body.trailers()).await {
         Err(_) => Err(ProxyError::ClientTimeout),
@@ -507,6 +502,34 @@ async fn upload(
         Ok(Ok(Some(trailers))) => up.send_trailers(trailers).map_err(up_error),
         Ok(Ok(None)) => up.send_data(Bytes::new(), true).map_err(up_error),
     }
+}
+
+/// Sends `data` upstream as DATA, never more than the stream's window allows: h2 would
+/// buffer the rest, so waiting for the window is what bounds memory per stream. `end`
+/// puts END_STREAM on the last frame.
+pub(crate) async fn send_windowed(
+    up: &mut SendStream<Bytes>,
+    mut rest: Bytes,
+    upstream_timeout: Duration,
+    end: bool,
+) -> Result<(), ProxyError> {
+    let up_error = |_: h2::Error| ProxyError::UpstreamClosed;
+    if rest.is_empty() && end {
+        return up.send_data(rest, true).map_err(up_error);
+    }
+    while !rest.is_empty() {
+        up.reserve_capacity(rest.len());
+        let window = with_timeout(upstream_timeout, poll_fn(|cx| up.poll_capacity(cx)));
+        let n = match window.await {
+            Err(_) => return Err(ProxyError::UpstreamTimeout),
+            Ok(None) => return Err(ProxyError::UpstreamClosed),
+            Ok(Some(r)) => r.map_err(up_error)?,
+        };
+        let piece = rest.split_to(n.min(rest.len()));
+        up.send_data(piece, end && rest.is_empty())
+            .map_err(up_error)?;
+    }
+    Ok(())
 }
 
 /// Streams the upstream's response DATA to the client, then its trailers.

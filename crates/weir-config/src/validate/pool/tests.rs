@@ -426,3 +426,53 @@ fn load_balancing_doc_examples_are_valid() {
         }
     }
 }
+
+#[test]
+fn grpc_health_checks() {
+    let grpc =
+        |lines: &str| format!("protocol = \"h2c\"\n{TWO}[upstreams.u.health_check]\n{lines}\n");
+    let u = parse(&grpc("kind = \"grpc\""));
+    let kind = u.health_check.map(|h| h.kind);
+    assert_eq!(
+        kind,
+        Some(HealthCheckKind::Grpc {
+            service: String::new()
+        })
+    );
+    let u = parse(&grpc("kind = \"grpc\"\nservice = \"app.v1.Orders\""));
+    let kind = u.health_check.map(|h| h.kind);
+    let service = "app.v1.Orders".to_owned();
+    assert_eq!(kind, Some(HealthCheckKind::Grpc { service }));
+    let f = |k: &str| format!("upstreams.u.health_check.{k}");
+    check(
+        &grpc("kind = \"grpc\"\nservice = \"a b\""),
+        &f("service"),
+        9,
+        "not a gRPC service name",
+        "my.package.MyService",
+    );
+    check(
+        &grpc("kind = \"grpc\"\npath = \"/\""),
+        &f("path"),
+        9,
+        "only applies to kind = \"http\"",
+        "remove path",
+    );
+    check(
+        &grpc("service = \"x\""),
+        &f("service"),
+        8,
+        "only applies to kind = \"grpc\"",
+        "remove service",
+    );
+    check(
+        &grpc("kind = \"tcp\"\nservice = \"x\""),
+        &f("service"),
+        9,
+        "not \"tcp\"",
+        "kind = \"grpc\"",
+    );
+    // gRPC needs an HTTP/2 upstream.
+    let http1 = format!("{TWO}[upstreams.u.health_check]\nkind = \"grpc\"\n");
+    check(&http1, &f("kind"), 7, "speak HTTP/2", "protocol = \"h2c\"");
+}

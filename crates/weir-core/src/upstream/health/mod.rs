@@ -12,6 +12,7 @@
 //! whose server states carry over the verdicts of servers that stayed.
 
 pub mod counter;
+mod grpc;
 pub mod probe;
 
 use std::sync::atomic::Ordering;

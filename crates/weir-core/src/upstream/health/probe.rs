@@ -1,5 +1,5 @@
-//! One health check of one server: a TCP connect, or an HTTP `GET` whose status line is
-//! checked. The whole check, connect included, must finish within `timeout`. An error is
+//! One health check of one server: a TCP connect, an HTTP `GET` whose status line is
+//! checked, or a gRPC health call (`grpc`). The whole check, connect included, must finish within `timeout`. An error is
 //! the reason, for the transition log line.
 
 use std::net::SocketAddr;
@@ -30,19 +30,38 @@ pub async fn probe(
         Ok(Err(e)) => return Err(format!("connect: {e}")),
         Ok(Ok(s)) => s,
     };
+    let grpc = matches!(check.kind, HealthCheckKind::Grpc { .. });
     let mut stream = match tls {
         None => UpstreamStream::Plain(tcp),
+        // gRPC over TLS: HTTP/2 through ALPN h2, which the server must choose.
+        Some((client, server)) if grpc => {
+            let (stream, h2) = client
+                .handshake_h2(server, tcp, deadline)
+                .await
+                .map_err(|e| format!("TLS: {e}"))?;
+            if !h2 {
+                return Err("TLS: the server did not agree to ALPN h2".into());
+            }
+            stream
+        }
         Some((client, server)) => client
             .handshake(server, tcp, deadline)
             .await
             .map_err(|e| format!("TLS: {e}"))?,
     };
-    let HealthCheckKind::Http {
-        path,
-        expect_status,
-    } = &check.kind
-    else {
-        return Ok(());
+    let (path, expect_status) = match &check.kind {
+        HealthCheckKind::Tcp => return Ok(()),
+        HealthCheckKind::Grpc { service } => {
+            let scheme = if tls.is_some() { "https" } else { "http" };
+            let call = super::grpc::check(stream, scheme, host, service);
+            return timeout_at(deadline, call)
+                .await
+                .unwrap_or_else(|_| Err(timed_out()));
+        }
+        HealthCheckKind::Http {
+            path,
+            expect_status,
+        } => (path, expect_status),
     };
     let request = format!(
         "GET {path} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: weir-health-check\r\n\

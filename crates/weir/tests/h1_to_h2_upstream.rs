@@ -1,0 +1,328 @@
+//! HTTP/1.x clients to HTTP/2 upstreams (`protocol = "h2c"` / `"h2"`): the request is
+//! translated to HTTP/2 and the response back, over real sockets, against weir-testkit's
+//! `H2Backend` (an h2 echo server): connection-specific fields, `TE: trailers` and
+//! trailers, chunked and Content-Length bodies under flow control, a response whose DATA
+//! does not match its length, HEAD, 1xx, keep-alive, upgrades, GOAWAY / REFUSED_STREAM,
+//! retries and metrics.
+
+mod common;
+
+use common::{dead_port, Conf, Weir, WAIT};
+use weir_testkit::certs::TestCa;
+use weir_testkit::{wait_until_async, Client, H2Backend, TlsServer};
+
+fn h2c(addr: std::net::SocketAddr) -> Weir {
+    Conf::new()
+        .route("all", "up", &[])
+        .upstream("up", &[addr], &["protocol = \"h2c\""])
+        .start()
+}
+
+fn header<'a>(resp: &'a weir_testkit::Response, name: &str) -> &'a str {
+    resp.header(name)
+        .unwrap_or_else(|| panic!("no {name} in {:?}", resp.headers))
+}
+
+#[tokio::test]
+async fn get_is_translated_and_the_connection_kept_alive() {
+    let backend = H2Backend::h2c();
+    let weir = h2c(backend.addr());
+    let mut client = weir.client().await;
+    for i in 0..3 {
+        let resp = client
+            .get(&format!("/a/{i}?q=1"), "example.test")
+            .await
+            .expect("response");
+        assert_eq!(resp.status, 200);
+        assert_eq!(resp.version, 1);
+        assert_eq!(header(&resp, "x-method"), "GET");
+        assert_eq!(header(&resp, "x-path"), format!("/a/{i}?q=1"));
+        // Host became :authority (the client's, `preserve_host` being on by default).
+        assert_eq!(header(&resp, "x-authority"), "example.test");
+        // No content-length from the server: chunked, and no trailers unasked.
+        assert_eq!(header(&resp, "transfer-encoding"), "chunked");
+        assert!(resp.trailers.is_empty(), "{:?}", resp.trailers);
+        assert!(resp.header("connection").is_none());
+    }
+    assert_eq!(backend.connections(), 1);
+    assert_eq!(backend.streams(), 3);
+}
+
+#[tokio::test]
+async fn connection_specific_fields_are_removed_and_te_trailers_kept() {
+    let backend = H2Backend::h2c();
+    let weir = h2c(backend.addr());
+    let mut client = weir.client().await;
+    let fields = [
+        ("Connection", "x-hop, keep-alive"),
+        ("X-Hop", "1"),
+        ("Keep-Alive", "timeout=5"),
+        ("Proxy-Connection", "keep-alive"),
+        ("TE", "trailers"),
+        ("X-End", "2"),
+    ];
+    let resp = client
+        .request("GET", "/fields", &fields, b"")
+        .await
+        .expect("response");
+    // An h2 server refuses connection-specific fields (PROTOCOL_ERROR): a 200 says they
+    // were gone, and the echo lists what arrived.
+    assert_eq!(resp.status, 200);
+    let names = header(&resp, "x-fields");
+    for gone in [
+        "connection",
+        "x-hop",
+        "keep-alive",
+        "proxy-connection",
+        "transfer-encoding",
+    ] {
+        assert!(!names.split(',').any(|n| n == gone), "{gone} in {names}");
+    }
+    assert!(names.split(',').any(|n| n == "x-end"), "{names}");
+    assert_eq!(header(&resp, "x-te"), "trailers");
+}
+
+#[tokio::test]
+async fn trailers_reach_a_client_that_sent_te_trailers_as_chunked_trailer_fields() {
+    let backend = H2Backend::h2c();
+    let weir = h2c(backend.addr());
+    let mut client = weir.client().await;
+    let resp = client
+        .request("POST", "/t", &[("TE", "trailers")], b"abc")
+        .await
+        .expect("response");
+    assert_eq!(resp.status, 200);
+    assert_eq!(resp.body, b"abc");
+    assert_eq!(resp.trailer("x-body-len"), Some("3"));
+    assert_eq!(resp.trailer("grpc-status"), Some("0"));
+    // Without TE: trailers the same response has none.
+    let resp = client
+        .request("POST", "/t", &[], b"abc")
+        .await
+        .expect("response");
+    assert_eq!(resp.body, b"abc");
+    assert!(resp.trailers.is_empty(), "{:?}", resp.trailers);
+    // END_STREAM on the body's DATA, no extra empty frame.
+    assert_eq!(backend.empty_data_frames(), 0);
+}
+
+/// A body of `len` bytes with a recognisable pattern.
+fn pattern(len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i % 251) as u8).collect()
+}
+
+#[tokio::test]
+async fn large_chunked_and_content_length_bodies_stream_under_flow_control() {
+    let backend = H2Backend::h2c();
+    let weir = h2c(backend.addr());
+    let mut client = weir.client().await;
+    // 3 MiB: far more than the h2 server's 64 KiB window and Weir's client buffer.
+    let body = pattern(3 << 20);
+    let resp = client
+        .request("PUT", "/len", &[("TE", "trailers")], &body)
+        .await
+        .expect("response");
+    assert_eq!(resp.status, 200);
+    assert_eq!(resp.trailer("x-body-len"), Some("3145728"));
+    assert!(resp.body == body, "echoed body differs");
+    // Chunked, in uneven chunks, on the same connection.
+    let mut chunked = Vec::new();
+    for piece in body.chunks(70_001) {
+        chunked.extend_from_slice(format!("{:x};ext=1\r\n", piece.len()).as_bytes());
+        chunked.extend_from_slice(piece);
+        chunked.extend_from_slice(b"\r\n");
+    }
+    chunked.extend_from_slice(b"0\r\nx-request-trailer: dropped\r\n\r\n");
+    let fields = [("Transfer-Encoding", "chunked"), ("TE", "trailers")];
+    let resp = client
+        .request("POST", "/chunked", &fields, &chunked)
+        .await
+        .expect("response");
+    assert_eq!(resp.status, 200);
+    assert_eq!(resp.trailer("x-body-len"), Some("3145728"));
+    assert!(resp.body == body, "echoed body differs");
+    assert_eq!(backend.connections(), 1);
+}
+
+#[tokio::test]
+async fn a_content_length_response_keeps_its_length_and_a_short_one_is_cut_off() {
+    let backend = H2Backend::h2c();
+    let weir = h2c(backend.addr());
+    let mut client = weir.client().await;
+    let resp = client.get("/fixed", "t").await.expect("response");
+    assert_eq!(resp.status, 200);
+    assert_eq!(header(&resp, "content-length"), "5");
+    assert!(resp.header("transfer-encoding").is_none());
+    assert_eq!(resp.body, b"hello");
+    // DATA shorter than content-length: the h2 client refuses it, and the HTTP/1.1
+    // client sees its connection closed before the promised length.
+    let mut client = weir.client().await;
+    let result = client.get("/badlen", "t").await;
+    assert!(result.is_err(), "a short body passed as whole: {result:?}");
+}
+
+#[tokio::test]
+async fn head_has_no_body_and_the_connection_goes_on() {
+    let backend = H2Backend::h2c();
+    let weir = h2c(backend.addr());
+    let mut client = weir.client().await;
+    let resp = client
+        .request("HEAD", "/h", &[], b"")
+        .await
+        .expect("response");
+    assert_eq!(resp.status, 200);
+    assert_eq!(header(&resp, "content-length"), "42");
+    assert!(resp.body.is_empty());
+    let resp = client.get("/after-head", "t").await.expect("next response");
+    assert_eq!(header(&resp, "x-path"), "/after-head");
+}
+
+#[tokio::test]
+async fn interim_responses_reach_http11_clients() {
+    let backend = H2Backend::h2c();
+    let weir = h2c(backend.addr());
+    let mut client = weir.client().await;
+    client
+        .send_raw(b"GET /hints HTTP/1.1\r\nHost: t\r\n\r\n")
+        .await
+        .expect("send");
+    let hints = client.read_response(false).await.expect("103");
+    assert_eq!(hints.status, 103);
+    assert_eq!(header(&hints, "link"), "</a.css>");
+    let resp = client.read_response(false).await.expect("final");
+    assert_eq!(resp.status, 200);
+    assert_eq!(header(&resp, "x-path"), "/hints");
+}
+
+#[tokio::test]
+async fn http10_client_gets_a_body_delimited_by_close() {
+    let backend = H2Backend::h2c();
+    let weir = h2c(backend.addr());
+    let raw = weir_testkit::send_raw_once(
+        weir.addr,
+        b"POST /old HTTP/1.0\r\nContent-Length: 2\r\n\r\nhi",
+    )
+    .await
+    .expect("response");
+    let text = String::from_utf8_lossy(&raw);
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(text.contains("Connection: close\r\n"), "{text}");
+    assert!(!text.contains("chunked"), "{text}");
+    assert!(text.ends_with("\r\n\r\nhi"), "{text}");
+}
+
+#[tokio::test]
+async fn expect_100_continue_is_answered_before_the_body() {
+    let backend = H2Backend::h2c();
+    let weir = h2c(backend.addr());
+    let mut client = weir.client().await;
+    let head = b"PUT /e HTTP/1.1\r\nHost: t\r\nExpect: 100-continue\r\nContent-Length: 4\r\n\r\n";
+    client.send_raw(head).await.expect("send head");
+    let go_on = client.read_response(false).await.expect("100");
+    assert_eq!(go_on.status, 100);
+    client.send_raw(b"body").await.expect("send body");
+    let resp = client.read_response(false).await.expect("final");
+    assert_eq!(resp.status, 200);
+    assert_eq!(resp.body, b"body");
+}
+
+#[tokio::test]
+async fn websocket_upgrade_to_an_h2_only_upstream_is_refused_with_501() {
+    let backend = H2Backend::h2c();
+    let weir = h2c(backend.addr());
+    let mut client = weir.client().await;
+    let fields = [
+        ("Connection", "Upgrade"),
+        ("Upgrade", "websocket"),
+        ("Sec-WebSocket-Version", "13"),
+        ("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ=="),
+    ];
+    let resp = client
+        .request("GET", "/ws", &fields, b"")
+        .await
+        .expect("response");
+    assert_eq!(resp.status, 501);
+    assert_eq!(backend.streams(), 0, "nothing reached the server");
+}
+
+#[tokio::test]
+async fn refused_streams_after_goaway_are_sent_again_with_their_body() {
+    // Each connection serves one stream, then says GOAWAY and refuses any other.
+    let backend = H2Backend::goaway_after(1);
+    let weir = h2c(backend.addr());
+    // A request that stays open keeps the first connection (and its GOAWAY) alive.
+    let mut hanging = weir.client().await;
+    hanging
+        .send_raw(b"GET /hang HTTP/1.1\r\nHost: t\r\n\r\n")
+        .await
+        .expect("send");
+    assert!(
+        wait_until_async(WAIT, || backend.streams() == 1).await,
+        "the hanging request reached the backend"
+    );
+    let mut client = weir.client().await;
+    for i in 0..4 {
+        let resp = client
+            .request(
+                "POST",
+                &format!("/after/{i}"),
+                &[("TE", "trailers")],
+                b"again",
+            )
+            .await
+            .expect("response");
+        assert_eq!(resp.status, 200, "request {i}");
+        assert_eq!(resp.body, b"again");
+        assert_ne!(
+            header(&resp, "x-conn"),
+            "1",
+            "not on the connection going away"
+        );
+    }
+    assert_eq!(backend.streams(), 5, "each request processed once");
+}
+
+#[tokio::test]
+async fn a_dead_server_is_retried_on_another_and_counted() {
+    let backend = H2Backend::h2c();
+    let dead = dead_port();
+    let weir = Conf::new()
+        .route("all", "up", &[])
+        .upstream(
+            "up",
+            &[dead.addr, backend.addr()],
+            &["protocol = \"h2c\"", "lb = \"round_robin\""],
+        )
+        .start();
+    let mut client = weir.client().await;
+    for i in 0..4 {
+        let resp = client.get(&format!("/r/{i}"), "t").await.expect("response");
+        assert_eq!(resp.status, 200, "request {i}");
+    }
+    // Counted once the response is written: poll.
+    let served = "weir_upstream_requests_total{upstream=\"up\",server=\"{B}\",code=\"200\"} 4"
+        .replace("{B}", &backend.addr().to_string());
+    let counted = wait_until_async(WAIT, || weir.metrics_text().contains(&served)).await;
+    let metrics = weir.metrics_text();
+    assert!(counted, "{served} not in {metrics}");
+    assert!(
+        metrics.contains("weir_upstream_retries_total{upstream=\"up\"} "),
+        "{metrics}"
+    );
+    assert!(!metrics.contains("weir_upstream_retries_total{upstream=\"up\"} 0"));
+}
+
+#[tokio::test]
+async fn h2_over_tls_upstream_serves_http11_clients() {
+    let ca = TestCa::new("upstream CA");
+    let backend = H2Backend::tls(&TlsServer::h2(&ca.leaf(&["127.0.0.1"])));
+    let tls = format!("tls = {{ ca = \"{}\" }}", ca.cert_path.display());
+    let weir = Conf::new()
+        .route("all", "up", &[])
+        .upstream("up", &[backend.addr()], &["protocol = \"h2\"", &tls])
+        .start();
+    let mut client: Client = weir.client().await;
+    let resp = client.get("/secure", "t").await.expect("response");
+    assert_eq!(resp.status, 200);
+    assert_eq!(header(&resp, "x-path"), "/secure");
+}
