@@ -18,6 +18,7 @@ mod chart;
 mod configs;
 mod envinfo;
 mod h2load;
+mod handshakes;
 mod load;
 mod loadgen;
 mod peers;
@@ -87,6 +88,9 @@ enum Helper {
     /// Internal: the source of the tcp-bulk stream (started on the load CPU).
     #[command(hide = true)]
     BulkSource(bulk::SourceArgs),
+    /// Internal: new TLS connections, full or resumed (`tls-handshake`, on the load CPU).
+    #[command(hide = true)]
+    Handshakes(handshakes::Args),
 }
 
 fn main() -> ExitCode {
@@ -96,6 +100,7 @@ fn main() -> ExitCode {
         Some(Helper::Loadgen(a)) => loadgen::main(a),
         Some(Helper::TcpBulk(a)) => tcp_bulk(a),
         Some(Helper::BulkSource(a)) => bulk::source_main(a),
+        Some(Helper::Handshakes(a)) => handshakes::main(a),
         None => bench(cli),
     };
     match result {
