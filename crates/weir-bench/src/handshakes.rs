@@ -3,8 +3,8 @@
 //! peers pick the ECDSA or the RSA certificate by name), ab cannot resume, and h2load and
 //! wrk keep connections open.
 //!
-//! Each of `conns` tasks loops: connect, handshake (rustls, one TLS version, X25519 only
-//! so every peer does the same key exchange), `GET path` with `Connection: close`, read the
+//! Each of `conns` tasks loops: connect, handshake (rustls, one TLS version, X25519 first
+//! P-256 also listed; every peer does the same key exchange), `GET path` with `Connection: close`, read the
 //! answer to its end, close. `--resume` shares one client session store, so after the
 //! first connection every handshake resumes (a TLS 1.3 ticket, or TLS 1.2 ticket or session
 //! ID); without it resumption is off and every handshake is full. A handshake of the other
@@ -179,7 +179,11 @@ async fn one(
 
 fn client_config(tls: u8, resume: bool) -> Result<ClientConfig> {
     let mut provider = rustls::crypto::aws_lc_rs::default_provider();
-    provider.kx_groups = vec![rustls::crypto::aws_lc_rs::kx_group::X25519];
+    // X25519 first (its key share is the only one sent, and every peer picks it); P-256
+    // is listed because OpenSSL serves an ECDSA P-256 certificate over TLS 1.2 only to
+    // clients that list that curve.
+    use rustls::crypto::aws_lc_rs::kx_group::{SECP256R1, X25519};
+    provider.kx_groups = vec![X25519, SECP256R1];
     let version = match tls {
         12 => &rustls::version::TLS12,
         _ => &rustls::version::TLS13,
