@@ -139,7 +139,7 @@ async fn client_loop(
             Ok((kind, status)) => {
                 // The first handshake of a resuming client is necessarily full.
                 let wanted = (kind == HandshakeKind::Resumed) == resume;
-                if !wanted && !(resume && c.done == 0) {
+                if !(wanted || resume && c.done == 0) {
                     c.errors += 1;
                 } else if !(200..300).contains(&status) {
                     c.non2xx += 1;

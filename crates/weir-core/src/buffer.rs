@@ -95,7 +95,7 @@ impl Buffer {
     /// nothing is buffered.
     pub fn lend(&mut self) -> Buffer {
         debug_assert!(self.is_empty());
-        let storage = std::mem::replace(&mut self.data, Box::default());
+        let storage = std::mem::take(&mut self.data);
         Buffer {
             data: storage,
             start: 0,
