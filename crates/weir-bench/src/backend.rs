@@ -37,6 +37,8 @@ pub enum BackendKind {
     /// answers 200, echoes the request's DATA (the gRPC message) and ends with
     /// `grpc-status: 0` trailers.
     GrpcH2c,
+    /// nginx, one worker, serving a static file of `bytes` bytes at every path (`tls-bulk`).
+    NginxFile { bytes: u64 },
 }
 
 /// Arguments of the hidden `backend` subcommand.
@@ -96,6 +98,10 @@ pub fn start(kind: BackendKind, cpu: usize, dir: &Path, tag: &str) -> Result<Opt
     let log = dir.join(format!("backend-{tag}.log"));
     let (spec, about) = match kind {
         BackendKind::None => return Ok(None),
+        BackendKind::NginxFile { bytes } => {
+            let nginx = process::find_program("nginx").context("nginx is not installed")?;
+            return peers::start_nginx_file_backend(&nginx, cpu, dir, (tag, bytes)).map(Some);
+        }
         BackendKind::Nginx615 => match process::find_program("nginx") {
             Some(nginx) => return peers::start_nginx_backend(&nginx, cpu, dir, tag).map(Some),
             None => (

@@ -43,13 +43,17 @@ pub fn nginx_conf(
     let (listen, server) = match tls {
         None if upstream.contains(H2C_MARK) => (" http2".to_string(), String::new()),
         None => (String::new(), String::new()),
+        // With a second (RSA) server on the port, this one stays the default.
         Some(t) => (
-            " ssl http2".to_string(),
             format!(
-                "        ssl_certificate {};\n        ssl_certificate_key {};\n        ssl_session_cache shared:SSL:10m;\n",
-                t.cert.display(),
-                t.key.display()
+                " ssl http2{}",
+                if t.rsa.is_some() {
+                    " default_server"
+                } else {
+                    ""
+                }
             ),
+            nginx_tls_keys(&t.cert, &t.key),
         ),
     };
     render(
@@ -68,6 +72,29 @@ pub fn nginx_conf(
 
 /// A comment in the `upstream` text that asks `nginx_conf` for an h2c listener.
 const H2C_MARK: &str = "# h2c listener\n";
+/// The `ssl_*` lines of an nginx server. nginx 1.22's default `ssl_protocols` lacks
+/// TLSv1.3 (added to the default in 1.23.4): without this line it answers TLS 1.3 clients
+/// with TLS 1.2, or refuses those that offer only 1.3.
+fn nginx_tls_keys(cert: &Path, key: &Path) -> String {
+    format!(
+        "        ssl_certificate {};\n        ssl_certificate_key {};\n        ssl_protocols TLSv1.2 TLSv1.3;\n        ssl_session_cache shared:SSL:10m;\n",
+        cert.display(),
+        key.display()
+    )
+}
+
+/// With an RSA certificate (`tls-handshake`), a second nginx server on the same port for
+/// its name, answering like the first.
+fn nginx_rsa_server(s: &Setup, port: u16, locations: &str) -> String {
+    let Some((cert, key)) = s.tls.and_then(|t| t.rsa.as_ref()) else {
+        return String::new();
+    };
+    format!(
+        "    server {{\n        listen 127.0.0.1:{port} ssl http2;\n        server_name {};\n{}{locations}    }}\n",
+        crate::handshakes::RSA_NAME,
+        nginx_tls_keys(cert, key)
+    )
+}
 
 pub fn nginx_proxy(s: &Setup, port: u16) -> Result<String> {
     let no_route =
@@ -92,7 +119,13 @@ pub fn nginx_proxy(s: &Setup, port: u16) -> Result<String> {
             format!("{H2C_MARK}{upstream}"),
             "        location / {\n            grpc_pass grpc://backend;\n        }\n".to_string(),
         ),
+        Route::Respond => (
+            String::new(),
+            "        location / {\n            return 200 \"ok\";\n        }\n".to_string(),
+        ),
     };
+    // The http-level part before the main server: the upstream, and the RSA server if any.
+    let upstream = upstream + &nginx_rsa_server(s, port, &locations);
     nginx_conf("nginx", (s.dir, port), &upstream, &locations, s.tls)
 }
 
@@ -103,6 +136,11 @@ pub fn haproxy_cfg(s: &Setup, port: u16, tcp: bool) -> Result<String> {
             let _ = writeln!(
                 body,
                 "    http-request return status 404 content-type text/plain string \"{NO_ROUTE}\""
+            );
+        }
+        Route::Respond => {
+            body.push_str(
+                "    http-request return status 200 content-type text/plain string \"ok\"\n",
             );
         }
         Route::Proxy | Route::Prefix | Route::H2c | Route::Grpc => {
@@ -129,16 +167,33 @@ pub fn haproxy_cfg(s: &Setup, port: u16, tcp: bool) -> Result<String> {
             ("MAXCONN", &(s.max_conns * 2 + 1000).to_string()),
             ("MODE", if tcp { "tcp" } else { "http" }),
             ("HTTP_DEFAULTS", http_defaults),
-            ("PORT", &port.to_string()),
+            ("PORT", &haproxy_bind_tls(s, port)),
             ("BIND_OPTS", bind_opts),
             ("BODY", &body),
         ],
     )
 }
 
+/// The port of HAProxy's `bind` line, followed with TLS by `ssl crt ...` (the default ECDSA
+/// certificate first, then the RSA one, picked by SNI) and ALPN h2 and http/1.1.
+fn haproxy_bind_tls(s: &Setup, port: u16) -> String {
+    let Some(t) = s.tls else {
+        return port.to_string();
+    };
+    let mut line = format!(
+        "{port} ssl crt {}",
+        crate::peers::haproxy_pem(&t.cert).display()
+    );
+    if let Some((cert, _)) = &t.rsa {
+        let _ = write!(line, " crt {}", crate::peers::haproxy_pem(cert).display());
+    }
+    line + " alpn h2,http/1.1"
+}
+
 pub fn caddyfile(s: &Setup, port: u16) -> Result<String> {
     let routes = match s.route {
         Route::Default => format!("\trespond \"{NO_ROUTE}\" 404"),
+        Route::Respond => "\trespond \"ok\" 200".to_string(),
         Route::Proxy | Route::Prefix | Route::H2c | Route::Grpc => {
             let idle = s.max_conns.max(64) * 2;
             format!(
@@ -161,7 +216,7 @@ pub fn apache_conf(s: &Setup, port: u16, moddir: &Path) -> Result<String> {
         Route::Prefix => format!(
             "ProxyPass \"{CGI_PREFIX}\" \"http://{b}/\"\nProxyPassReverse \"{CGI_PREFIX}\" \"http://{b}/\"\n"
         ),
-        Route::Default => String::new(),
+        Route::Default | Route::Respond => String::new(),
     };
     let unixd = if moddir.join("mod_unixd.so").exists() {
         format!("LoadModule unixd_module {}/mod_unixd.so", moddir.display())
@@ -223,6 +278,10 @@ pub fn weir_toml(
             pool,
         ),
         (false, Route::Default) => (String::new(), String::new()),
+        (false, Route::Respond) => (
+            "\n[[listeners.routes]]\nname = \"ok\"\npath_prefix = \"/\"\nrespond = { status = 200, body = \"ok\" }\n".to_string(),
+            String::new(),
+        ),
     };
     let admin = admin.map_or("off".to_string(), |p| format!("127.0.0.1:{p}"));
     let mut access_log = access_log.filter(|_| !tcp).map_or(String::new(), |path| {
@@ -235,10 +294,19 @@ pub fn weir_toml(
         // The listener's last keys: a table header ends them.
         let _ = write!(
             access_log,
-            "\n[listeners.tls]\ncerts = [{{ cert = \"{}\", key = \"{}\" }}]",
+            "\n[listeners.tls]\ncerts = [{{ cert = \"{}\", key = \"{}\" }}",
             t.cert.display(),
             t.key.display()
         );
+        if let Some((cert, key)) = &t.rsa {
+            let _ = write!(
+                access_log,
+                ", {{ cert = \"{}\", key = \"{}\" }}",
+                cert.display(),
+                key.display()
+            );
+        }
+        access_log.push(']');
     }
     render(
         WEIR_T,
@@ -348,6 +416,7 @@ mod tests {
             cert: "/c/cert.pem".into(),
             key: "/c/key.pem".into(),
             ca: "/c/ca.pem".into(),
+            rsa: Some(("/c/rsa.pem".into(), "/c/rsa.key".into())),
         };
         let s = Setup {
             tls: Some(&files),
@@ -355,9 +424,39 @@ mod tests {
         };
         let n = nginx_proxy(&s, 8443).unwrap();
         assert!(
-            n.contains("listen 127.0.0.1:8443 ssl http2 backlog=4096;"),
+            n.contains("listen 127.0.0.1:8443 ssl http2 default_server backlog=4096;"),
             "{n}"
         );
+        // The RSA certificate: its own server for its name; TLS 1.3 on (not 1.22's default).
+        assert!(
+            n.contains("server_name rsa.localhost;") && n.contains("ssl_certificate /c/rsa.pem;")
+        );
+        assert!(n.contains("ssl_protocols TLSv1.2 TLSv1.3;"));
+        let h = haproxy_cfg(&s, 8443, false).unwrap();
+        assert!(
+            h.contains("bind 127.0.0.1:8443 ssl crt /c/cert.haproxy.pem crt /c/rsa.haproxy.pem alpn h2,http/1.1"),
+            "{h}"
+        );
+        let t = weir_toml(&s, 8443, None, false, None).unwrap();
+        let config = weir_config::parse_str(&t, "bench.toml").expect("valid tls config");
+        assert_eq!(
+            config.listeners[0].tls.as_ref().unwrap().certs.len(),
+            2,
+            "{t}"
+        );
+        let local = Setup {
+            route: Route::Respond,
+            ..setup(Path::new("/tmp"), &b, Route::Respond)
+        };
+        let r = weir_toml(&local, 1, None, false, None).unwrap();
+        let config = weir_config::parse_str(&r, "bench.toml").expect("valid respond config");
+        assert_eq!(config.listeners[0].routes.len(), 1, "{r}");
+        assert!(nginx_proxy(&local, 1)
+            .unwrap()
+            .contains("return 200 \"ok\";"));
+        assert!(haproxy_cfg(&local, 1, false)
+            .unwrap()
+            .contains("http-request return status 200"));
         assert!(
             n.contains("ssl_certificate /c/cert.pem;")
                 && n.contains("ssl_certificate_key /c/key.pem;")

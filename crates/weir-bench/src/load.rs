@@ -45,6 +45,14 @@ pub enum Load {
     /// `h2load -t1 -cN -mM` posting one small gRPC message (`h2load::GRPC_REQUEST`) with
     /// `content-type: application/grpc` and `te: trailers`: unary gRPC calls over h2c.
     GrpcUnary { conns: u32, streams: u32 },
+    /// `weir-bench handshakes`: a new TLS connection per request over `conns` connections,
+    /// TLS 1.3 or 1.2, the ECDSA or the RSA certificate (by SNI), full or resumed.
+    Handshake {
+        conns: u32,
+        tls13: bool,
+        rsa: bool,
+        resume: bool,
+    },
 }
 
 impl Load {
@@ -57,6 +65,17 @@ impl Load {
             Load::Rate { rate, .. } => format!("{rate} rps"),
             Load::H2load { conns, streams } => format!("h2 c={conns} m={streams}"),
             Load::GrpcUnary { conns, streams } => format!("grpc c={conns} m={streams}"),
+            Load::Handshake {
+                conns,
+                tls13,
+                rsa,
+                resume,
+            } => format!(
+                "TLS {} {} {} c={conns}",
+                if *tls13 { "1.3" } else { "1.2" },
+                if *rsa { "RSA-2048" } else { "ECDSA P-256" },
+                if *resume { "resumed" } else { "full" },
+            ),
         }
     }
 
@@ -66,7 +85,8 @@ impl Load {
             | Load::Ab { conns, .. }
             | Load::Rate { conns, .. }
             | Load::H2load { conns, .. }
-            | Load::GrpcUnary { conns, .. } => conns,
+            | Load::GrpcUnary { conns, .. }
+            | Load::Handshake { conns, .. } => conns,
         }
     }
 }
@@ -167,6 +187,14 @@ pub fn run(
         )
         .args(h2load::args(conns, streams, secs, &url))
         .args(h2load::grpc_args(&tools.dir)),
+        Load::Handshake {
+            conns,
+            tls13,
+            rsa,
+            resume,
+        } => Spec::new("handshakes", &tools.self_exe, Some(LOAD_CPU), log).args(
+            crate::handshakes::args(addr, path, (conns, tls13, rsa, resume), secs),
+        ),
         Load::Rate { rate, conns } => Spec::new("loadgen", &tools.self_exe, Some(LOAD_CPU), log)
             .args([
                 "loadgen".to_string(),
@@ -188,7 +216,9 @@ pub fn run(
             }
             o
         }),
-        Load::Rate { .. } => serde_json::from_str(done.stdout.trim()).context("loadgen report"),
+        Load::Rate { .. } | Load::Handshake { .. } => {
+            serde_json::from_str(done.stdout.trim()).context("generator report")
+        }
         Load::H2load { .. } | Load::GrpcUnary { .. } => h2load::parse(&done.stdout),
     };
     match parsed {

@@ -18,6 +18,7 @@ mod chart;
 mod configs;
 mod envinfo;
 mod h2load;
+mod handshakes;
 mod load;
 mod loadgen;
 mod peers;
@@ -92,6 +93,9 @@ enum Helper {
     CompressionCpu(policy_cost::Args),
     /// Weir's CPU per request on a plain route vs a route with traffic policy.
     PolicyCost(policy_cost::Args),
+    /// Internal: new TLS connections, full or resumed (`tls-handshake`, on the load CPU).
+    #[command(hide = true)]
+    Handshakes(handshakes::Args),
 }
 
 fn main() -> ExitCode {
@@ -103,6 +107,7 @@ fn main() -> ExitCode {
         Some(Helper::BulkSource(a)) => bulk::source_main(a),
         Some(Helper::CompressionCpu(a)) => cost(a, policy_cost::compression_main),
         Some(Helper::PolicyCost(a)) => cost(a, policy_cost::policy_main),
+        Some(Helper::Handshakes(a)) => handshakes::main(a),
         None => bench(cli),
     };
     match result {

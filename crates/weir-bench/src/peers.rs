@@ -67,6 +67,9 @@ pub enum Route {
     Prefix,
     /// No route: the proxy's own 404 "no route".
     Default,
+    /// Everything answered by the proxy itself: 200 "ok" (Weir `respond`, nginx `return
+    /// 200`, HAProxy `http-request return`).
+    Respond,
     /// Everything to the HTTP/1.1 backend, clients speak h2c with prior knowledge (nginx
     /// `listen ... http2` without TLS, HAProxy `bind ... proto h2`; Weir detects it).
     H2c,
@@ -103,6 +106,15 @@ pub struct TlsFiles {
     pub key: PathBuf,
     /// The CA that signed `cert`: what the check request trusts.
     pub ca: PathBuf,
+    /// An RSA-2048 certificate and key served for the name `handshakes::RSA_NAME`
+    /// (`tls-handshake`), next to the default ECDSA one.
+    pub rsa: Option<(PathBuf, PathBuf)>,
+}
+
+/// The PEM file HAProxy loads for a certificate: its chain then its key (written by the
+/// harness next to the certificate).
+pub fn haproxy_pem(cert: &Path) -> PathBuf {
+    cert.with_extension("haproxy.pem")
 }
 
 /// A started peer.
@@ -183,6 +195,37 @@ pub fn start_nginx_backend(nginx: &Path, cpu: usize, dir: &Path, tag: &str) -> R
         child,
         addrs: vec![addr],
         about: "nginx, 1 worker, return 200 with 615 B".into(),
+    })
+}
+
+/// nginx serving one file of `bytes` bytes for every path (the `tls-bulk` backend).
+pub fn start_nginx_file_backend(
+    nginx: &Path,
+    cpu: usize,
+    dir: &Path,
+    (tag, bytes): (&str, u64),
+) -> Result<Running> {
+    let port = process::free_port()?;
+    let name = format!("backend-file-{tag}");
+    let root = dir.join(&name);
+    std::fs::create_dir_all(&root)?;
+    let mut body = vec![b'x'; bytes as usize];
+    body.iter_mut()
+        .enumerate()
+        .for_each(|(i, b)| *b = b'a' + (i % 26) as u8);
+    std::fs::write(root.join("file.bin"), body)?;
+    let locations = format!(
+        "        location / {{\n            root {};\n            try_files /file.bin =404;\n        }}",
+        root.display()
+    );
+    let conf = nginx_conf(&name, (dir, port), "", &locations, None)?;
+    let mut child = start_nginx(nginx, &name, cpu, dir, &conf)?;
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    process::wait_listening(addr, &mut child, Duration::from_secs(10))?;
+    Ok(Running {
+        child,
+        addrs: vec![addr],
+        about: format!("nginx, 1 worker, a static file of {bytes} B"),
     })
 }
 

@@ -115,7 +115,11 @@ pub fn run(sc: &Scenario, opts: &Opts, tools: &Tools, dir: &Path) -> ScenarioRes
             format!("{}, pinned to CPU {LOAD_CPU}", b.about)
         });
     // One certificate for every peer of a TLS scenario; its files live as long as `cert`.
-    let cert = sc.tls.then(Certificate::new);
+    let rsa = sc
+        .loads
+        .iter()
+        .any(|l| matches!(l, Load::Handshake { rsa: true, .. }));
+    let cert = sc.tls.then(|| Certificate::new(rsa));
     let tls = cert.as_ref().map(|c| &c.files);
     let mut samples: Vec<Vec<Vec<Sample>>> = vec![vec![Vec::new(); loads.len()]; peers.len()];
     let mut targets: Vec<Option<Target>> = Vec::new();
@@ -193,8 +197,10 @@ pub fn run(sc: &Scenario, opts: &Opts, tools: &Tools, dir: &Path) -> ScenarioRes
     result
 }
 
-/// The self-signed ECDSA P-256 certificate (rcgen's default key type) of a TLS scenario,
-/// for `localhost`, signed by a throwaway CA whose PEM file the check request trusts.
+/// The ECDSA P-256 certificate (rcgen's default key type) of a TLS scenario, for
+/// `localhost`, signed by a throwaway CA whose PEM file the check request trusts; with
+/// `rsa`, also an RSA-2048 one for `handshakes::RSA_NAME`. Each also as the one file
+/// (chain, then key) HAProxy loads.
 struct Certificate {
     /// Owns the directory the files are in (removed on drop).
     _dir: weir_testkit::certs::TestCa,
@@ -202,14 +208,22 @@ struct Certificate {
 }
 
 impl Certificate {
-    fn new() -> Certificate {
+    fn new(rsa: bool) -> Certificate {
         let ca = weir_testkit::certs::TestCa::new("weir-bench CA");
         let leaf = ca.leaf(&["localhost"]);
+        let rsa = rsa.then(|| ca.leaf_rsa(&[crate::handshakes::RSA_NAME]));
+        for l in std::iter::once(&leaf).chain(rsa.as_ref()) {
+            let combined = format!("{}{}", l.chain_pem, l.key_pem);
+            if let Err(e) = std::fs::write(peers::haproxy_pem(&l.cert_path), combined) {
+                eprintln!("weir-bench: cannot write HAProxy's certificate file: {e}");
+            }
+        }
         Certificate {
             files: TlsFiles {
                 cert: leaf.cert_path,
                 key: leaf.key_path,
                 ca: ca.cert_path.clone(),
+                rsa: rsa.map(|l| (l.cert_path, l.key_path)),
             },
             _dir: ca,
         }

@@ -37,13 +37,22 @@ pub enum Name {
     /// backend: Weir `protocol = "h2c"` vs nginx `grpc_pass` and HAProxy `proto h2`.
     #[value(name = "grpc")]
     Grpc,
+    /// A new TLS connection per request, answered by the proxy itself: TLS 1.3 and 1.2,
+    /// ECDSA P-256 and RSA-2048, full and resumed; CPU per handshake, Weir vs nginx vs
+    /// HAProxy.
+    #[value(name = "tls-handshake")]
+    TlsHandshake,
+    /// 1 MiB responses over keep-alive TLS (wrk -c 8) from an nginx file backend: bytes
+    /// per proxy CPU-second, Weir vs nginx vs HAProxy.
+    #[value(name = "tls-bulk")]
+    TlsBulk,
     /// All of the above, in this order.
     #[value(name = "all")]
     All,
 }
 
 impl Name {
-    pub const EVERY: [Name; 8] = [
+    pub const EVERY: [Name; 10] = [
         Name::Proxy1Core,
         Name::CgiPrefix,
         Name::DefaultBackend,
@@ -52,6 +61,8 @@ impl Name {
         Name::TlsProxy,
         Name::H2c,
         Name::Grpc,
+        Name::TlsHandshake,
+        Name::TlsBulk,
     ];
 }
 
@@ -207,7 +218,7 @@ pub fn build(name: Name, quick: bool) -> Scenario {
             backend: BackendKind::Nginx615,
             route: Route::Proxy,
             path: "/",
-            peers: vec![Peer::Weir, Peer::Nginx],
+            peers: vec![Peer::Weir, Peer::Nginx, Peer::HaproxyHttp],
             loads: pick(
                 vec![
                     Load::Wrk { conns: 32 },
@@ -230,6 +241,57 @@ pub fn build(name: Name, quick: bool) -> Scenario {
             tls: true,
         },
         Name::H2c | Name::Grpc => h2c_scenario(name),
+        Name::TlsHandshake => tls_handshake(),
+        Name::TlsBulk => Scenario {
+            name: "tls-bulk",
+            seeds: "issue 13 (bulk TLS)",
+            about: "1 MiB responses over keep-alive TLS 1.3 (wrk -t1 -c8) from an nginx file \
+                    backend; bytes per proxy CPU-second = 1 MiB / CPU per request.",
+            backend: BackendKind::NginxFile { bytes: BULK_BYTES },
+            route: Route::Proxy,
+            path: "/file.bin",
+            peers: vec![Peer::Weir, Peer::Nginx, Peer::HaproxyHttp],
+            loads: vec![Load::Wrk { conns: 8 }],
+            expect_status: 200,
+            check_metrics: false,
+            tls: true,
+        },
+    }
+}
+
+/// The size of a `tls-bulk` response.
+pub const BULK_BYTES: u64 = 1 << 20;
+
+/// `tls-handshake`: every combination of version, key and resumption, 8 connections at a
+/// time, each one request long.
+fn tls_handshake() -> Scenario {
+    let mut loads = Vec::new();
+    for tls13 in [true, false] {
+        for rsa in [false, true] {
+            for resume in [false, true] {
+                loads.push(Load::Handshake {
+                    conns: 8,
+                    tls13,
+                    rsa,
+                    resume,
+                });
+            }
+        }
+    }
+    Scenario {
+        name: "tls-handshake",
+        seeds: "issue 13 (handshakes)",
+        about: "A new TLS connection per request (weir-bench handshakes: rustls client, \
+                X25519, SNI picks the ECDSA P-256 or the RSA-2048 certificate), answered \
+                200 by the proxy itself; CPU/req is the proxy's CPU per handshake.",
+        backend: BackendKind::None,
+        route: Route::Respond,
+        path: "/",
+        peers: vec![Peer::Weir, Peer::Nginx, Peer::HaproxyHttp],
+        loads,
+        expect_status: 200,
+        check_metrics: false,
+        tls: true,
     }
 }
 
@@ -300,7 +362,8 @@ mod tests {
     fn only_tls_proxy_runs_over_tls_and_has_an_h2_row() {
         for n in Name::EVERY {
             let s = build(n, true);
-            assert_eq!(s.tls, n == Name::TlsProxy, "{}", s.name);
+            let tls = [Name::TlsProxy, Name::TlsHandshake, Name::TlsBulk].contains(&n);
+            assert_eq!(s.tls, tls, "{}", s.name);
         }
         let s = build(Name::TlsProxy, true);
         assert!(s.peers.contains(&Peer::Nginx));

@@ -90,6 +90,28 @@ impl Buffer {
         self.total_read += n as u64;
     }
 
+    /// Takes the storage out (for an idle connection to hand back to its worker), leaving
+    /// an empty buffer without storage that keeps the byte count. Only call it when
+    /// nothing is buffered.
+    pub fn lend(&mut self) -> Buffer {
+        debug_assert!(self.is_empty());
+        let storage = std::mem::take(&mut self.data);
+        Buffer {
+            data: storage,
+            start: 0,
+            end: 0,
+            total_read: 0,
+        }
+    }
+
+    /// Puts storage back into a buffer emptied by [`Buffer::lend`].
+    pub fn restore(&mut self, storage: Buffer) {
+        debug_assert!(self.data.is_empty());
+        self.data = storage.data;
+        self.start = 0;
+        self.end = 0;
+    }
+
     /// Reads once from `src` into the free space (moving unread bytes to the front first
     /// when the tail is full). Returns 0 at EOF, or when the buffer is full.
     pub async fn read_from<R: AsyncRead + Unpin>(&mut self, src: &mut R) -> io::Result<usize> {
@@ -121,5 +143,24 @@ mod tests {
         buf.consume(10);
         assert!(buf.is_empty());
         assert_eq!(buf.read_from(&mut src).await.unwrap(), 0);
+    }
+
+    #[tokio::test]
+    async fn lending_keeps_the_byte_count() {
+        let mut buf = Buffer::new(8);
+        let mut src: &[u8] = b"abcdef";
+        buf.read_from(&mut src).await.unwrap();
+        buf.consume(6);
+        let storage = buf.lend();
+        assert_eq!((buf.capacity(), storage.capacity()), (0, 8));
+        assert_eq!(
+            buf.read_from(&mut src).await.unwrap(),
+            0,
+            "no storage: nothing read"
+        );
+        buf.restore(storage);
+        let mut src: &[u8] = b"gh";
+        assert_eq!(buf.read_from(&mut src).await.unwrap(), 2);
+        assert_eq!((buf.filled(), buf.consumed_total()), (&b"gh"[..], 6));
     }
 }

@@ -8,7 +8,9 @@
 use std::net::{IpAddr, SocketAddr};
 use std::rc::Rc;
 
-use tokio::io::AsyncWriteExt;
+use std::task::Poll;
+
+use tokio::io::{AsyncRead, AsyncWriteExt, ReadBuf};
 use tokio::time::{timeout, timeout_at, Instant};
 use weir_config::Listener;
 
@@ -96,6 +98,38 @@ fn head_end_seen(buf: &[u8], scanned: &mut usize) -> bool {
         .windows(2)
         .enumerate()
         .any(|(i, w)| w == b"\n\n" || (w == b"\n\r" && buf.get(from + i + 2) == Some(&b'\n')))
+}
+
+/// Reads once from `stream` into `buf`. With a `pool` (take, give), `buf` holds storage
+/// only while a read completes: storage is taken for each attempt and given back whenever
+/// the read has to wait with nothing buffered. No byte is lost that way: a pending read
+/// wrote nothing.
+async fn read_lazily<S: AsyncRead + Unpin, T: FnMut() -> Buffer, G: FnMut(Buffer)>(
+    buf: &mut Buffer,
+    stream: &mut S,
+    mut pool: Option<(T, G)>,
+) -> std::io::Result<usize> {
+    std::future::poll_fn(|cx| {
+        if let Some((take, _)) = pool.as_mut().filter(|_| buf.capacity() == 0) {
+            buf.restore(take());
+        }
+        let mut read = ReadBuf::new(buf.spare_mut());
+        match std::pin::Pin::new(&mut *stream).poll_read(cx, &mut read) {
+            Poll::Pending => {
+                if let Some((_, give)) = pool.as_mut().filter(|_| buf.is_empty()) {
+                    give(buf.lend());
+                }
+                Poll::Pending
+            }
+            Poll::Ready(Ok(())) => {
+                let n = read.filled().len();
+                buf.commit(n);
+                Poll::Ready(Ok(n))
+            }
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+        }
+    })
+    .await
 }
 
 impl ClientConn {
@@ -232,7 +266,14 @@ impl ClientConn {
         }
         self.idle_timer
             .set(Instant::from_std(self.idle_since) + idle);
-        let read = self.idle_timer.within(self.buf.read_from(&mut self.stream));
+        // An idle connection holds no read buffer: the pooled one goes back to the worker
+        // while the wait is pending and is taken again when bytes arrive (10,000 idle
+        // keep-alive connections would otherwise pin 160 MiB). A buffer of another size
+        // (a large `max_header_size`) is not pooled, so it stays.
+        let lend = self.buf.capacity() == crate::worker::UPSTREAM_BUFFER;
+        let pool = (|| worker.take_buffer(), |b| worker.give_buffer(b));
+        let read = read_lazily(&mut self.buf, &mut self.stream, lend.then_some(pool));
+        let read = self.idle_timer.within(read);
         tokio::pin!(read);
         if !worker.is_draining() {
             tokio::select! {
@@ -322,7 +363,54 @@ impl Drop for ClientConn {
 
 #[cfg(test)]
 mod tests {
-    use super::head_end_seen;
+    use std::cell::RefCell;
+
+    use tokio::io::AsyncWriteExt;
+
+    use super::{head_end_seen, read_lazily, Buffer};
+
+    /// An idle connection gives its read buffer back while it waits, and takes one again
+    /// when its next request arrives, with every byte (and the byte count) intact.
+    #[tokio::test]
+    async fn an_idle_read_holds_no_buffer() {
+        let spare = RefCell::new(vec![Buffer::new(64)]);
+        let pool = || {
+            let take = || spare.borrow_mut().pop().unwrap_or_else(|| Buffer::new(64));
+            (take, |b| spare.borrow_mut().push(b))
+        };
+        let (mut client, mut server) = tokio::io::duplex(1024);
+        let mut buf = spare.borrow_mut().pop().unwrap();
+        let mut read = Box::pin(read_lazily(&mut buf, &mut server, Some(pool())));
+        assert!(
+            futures_poll_once(read.as_mut()).is_none(),
+            "nothing sent yet"
+        );
+        drop(read);
+        assert_eq!(buf.capacity(), 0, "the waiting connection kept its buffer");
+        assert_eq!(spare.borrow().len(), 1);
+        client.write_all(b"GET / HTTP/1.1\r\n").await.unwrap();
+        let n = read_lazily(&mut buf, &mut server, Some(pool()))
+            .await
+            .unwrap();
+        assert_eq!((n, buf.filled()), (16, &b"GET / HTTP/1.1\r\n"[..]));
+        assert_eq!(spare.borrow().len(), 0);
+        // Bytes already buffered: a pending read keeps them and the storage.
+        let mut read = Box::pin(read_lazily(&mut buf, &mut server, Some(pool())));
+        assert!(futures_poll_once(read.as_mut()).is_none());
+        drop(read);
+        assert_eq!(buf.len(), 16);
+        buf.consume(16);
+        assert_eq!(buf.consumed_total(), 16);
+    }
+
+    /// Polls `f` once with a no-op waker.
+    fn futures_poll_once<F: std::future::Future>(f: std::pin::Pin<&mut F>) -> Option<F::Output> {
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        match f.poll(&mut cx) {
+            std::task::Poll::Ready(v) => Some(v),
+            std::task::Poll::Pending => None,
+        }
+    }
 
     #[test]
     fn finds_the_end_of_a_head_across_reads() {

@@ -149,9 +149,19 @@ impl TestCa {
         self.leaf_with(&[name], &options)
     }
 
+    /// A server certificate for `names` with an RSA-2048 key (the others are ECDSA P-256).
+    pub fn leaf_rsa(&self, names: &[&str]) -> Leaf {
+        let key = KeyPair::generate_for(&rcgen::PKCS_RSA_SHA256).expect("generate an RSA key");
+        self.leaf_with_key(names, &LeafOptions::default(), key)
+    }
+
     /// A leaf certificate made as `options` say.
     pub fn leaf_with(&self, names: &[&str], options: &LeafOptions) -> Leaf {
         let key = KeyPair::generate().expect("generate a leaf key");
+        self.leaf_with_key(names, options, key)
+    }
+
+    fn leaf_with_key(&self, names: &[&str], options: &LeafOptions, key: KeyPair) -> Leaf {
         let owned: Vec<String> = names.iter().map(|n| n.to_string()).collect();
         let mut params = CertificateParams::new(owned).expect("leaf names");
         let cn = options

@@ -1,0 +1,244 @@
+//! `weir-bench handshakes`: a new TLS connection per request, full or resumed, for the
+//! `tls-handshake` scenario. No packaged tool fits: `openssl s_time` cannot send SNI (the
+//! peers pick the ECDSA or the RSA certificate by name), ab cannot resume, and h2load and
+//! wrk keep connections open.
+//!
+//! Each of `conns` tasks loops: connect, handshake (rustls, one TLS version, X25519 first
+//! P-256 also listed; every peer does the same key exchange), `GET path` with `Connection: close`, read the
+//! answer to its end, close. `--resume` shares one client session store, so after the
+//! first connection every handshake resumes (a TLS 1.3 ticket, or TLS 1.2 ticket or session
+//! ID); without it resumption is off and every handshake is full. A handshake of the other
+//! kind than asked counts as an error, so a peer that stops resuming shows up. The server's
+//! certificate is not verified: the figure is the proxy's CPU, and the client's own CPU
+//! only has to keep up. One current-thread runtime (it runs pinned to the load CPU); one
+//! JSON [`LoadOutput`] line on stdout.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::client::Resumption;
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::{ClientConfig, DigitallySignedStruct, HandshakeKind, SignatureScheme};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
+
+use crate::load::LoadOutput;
+
+/// Arguments of the hidden `handshakes` subcommand.
+#[derive(clap::Args, Debug, Clone)]
+pub struct Args {
+    #[arg(long)]
+    pub addr: SocketAddr,
+    /// The server name sent (SNI): it picks the peer's certificate.
+    #[arg(long, default_value = "localhost")]
+    pub sni: String,
+    #[arg(long, default_value = "/")]
+    pub path: String,
+    /// 12 or 13.
+    #[arg(long, default_value_t = 13)]
+    pub tls: u8,
+    /// Resume sessions (else every handshake is full).
+    #[arg(long)]
+    pub resume: bool,
+    #[arg(long, default_value_t = 8)]
+    pub conns: u32,
+    /// Seconds of load.
+    #[arg(long)]
+    pub duration: f64,
+}
+
+/// The SNI that picks the RSA certificate (the ECDSA one is the default, for `localhost`).
+pub const RSA_NAME: &str = "rsa.localhost";
+
+/// The command line of one run: `(conns, tls13, rsa, resume)`.
+pub fn args(addr: SocketAddr, path: &str, load: (u32, bool, bool, bool), secs: u64) -> Vec<String> {
+    let (conns, tls13, rsa, resume) = load;
+    let mut v = vec![
+        "handshakes".to_string(),
+        format!("--addr={addr}"),
+        format!("--path={path}"),
+        format!("--sni={}", if rsa { RSA_NAME } else { "localhost" }),
+        format!("--tls={}", if tls13 { 13 } else { 12 }),
+        format!("--conns={conns}"),
+        format!("--duration={secs}"),
+    ];
+    if resume {
+        v.push("--resume".into());
+    }
+    v
+}
+
+#[derive(Default)]
+struct Counts {
+    done: u64,
+    errors: u64,
+    non2xx: u64,
+}
+
+pub fn main(a: Args) -> Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let out = runtime.block_on(run(a))?;
+    println!("{}", serde_json::to_string(&out)?);
+    Ok(())
+}
+
+async fn run(a: Args) -> Result<LoadOutput> {
+    let connector = TlsConnector::from(Arc::new(client_config(a.tls, a.resume)?));
+    let name = ServerName::try_from(a.sni.clone()).context("--sni")?;
+    let request = format!(
+        "GET {} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+        a.path, a.sni
+    );
+    let start = Instant::now();
+    let until = start + Duration::from_secs_f64(a.duration);
+    let local = tokio::task::LocalSet::new();
+    let totals = local
+        .run_until(async {
+            let tasks: Vec<_> = (0..a.conns)
+                .map(|_| {
+                    let job = (connector.clone(), name.clone(), request.clone());
+                    tokio::task::spawn_local(client_loop(a.addr, job, a.resume, until))
+                })
+                .collect();
+            let mut sum = Counts::default();
+            for t in tasks {
+                let c = t.await.unwrap_or_default();
+                sum.done += c.done;
+                sum.errors += c.errors;
+                sum.non2xx += c.non2xx;
+            }
+            sum
+        })
+        .await;
+    let secs = start.elapsed().as_secs_f64();
+    Ok(LoadOutput {
+        requests: totals.done,
+        duration_s: secs,
+        rps: totals.done as f64 / secs,
+        errors: totals.errors,
+        non2xx: totals.non2xx,
+        ..LoadOutput::default()
+    })
+}
+
+async fn client_loop(
+    addr: SocketAddr,
+    (connector, name, request): (TlsConnector, ServerName<'static>, String),
+    resume: bool,
+    until: Instant,
+) -> Counts {
+    let mut c = Counts::default();
+    while Instant::now() < until {
+        match one(addr, &connector, &name, request.as_bytes()).await {
+            Ok((kind, status)) => {
+                // The first handshake of a resuming client is necessarily full.
+                let wanted = (kind == HandshakeKind::Resumed) == resume;
+                if !(wanted || resume && c.done == 0) {
+                    c.errors += 1;
+                } else if !(200..300).contains(&status) {
+                    c.non2xx += 1;
+                } else {
+                    c.done += 1;
+                }
+            }
+            Err(_) => c.errors += 1,
+        }
+    }
+    c
+}
+
+/// One connection: handshake, request, the whole answer. Returns how the handshake went
+/// and the status.
+async fn one(
+    addr: SocketAddr,
+    connector: &TlsConnector,
+    name: &ServerName<'static>,
+    request: &[u8],
+) -> Result<(HandshakeKind, u16)> {
+    let tcp = TcpStream::connect(addr).await?;
+    tcp.set_nodelay(true)?;
+    let mut tls = connector.connect(name.clone(), tcp).await?;
+    let kind = tls.get_ref().1.handshake_kind().context("handshake kind")?;
+    tls.write_all(request).await?;
+    let mut answer = Vec::with_capacity(512);
+    // A peer may close without close_notify after `Connection: close`: what was read counts.
+    let _ = tls.read_to_end(&mut answer).await;
+    let status = answer
+        .get(9..12)
+        .and_then(|s| std::str::from_utf8(s).ok())
+        .and_then(|s| s.parse().ok())
+        .context("no status line")?;
+    Ok((kind, status))
+}
+
+fn client_config(tls: u8, resume: bool) -> Result<ClientConfig> {
+    let mut provider = rustls::crypto::aws_lc_rs::default_provider();
+    // X25519 first (its key share is the only one sent, and every peer picks it); P-256
+    // is listed because OpenSSL serves an ECDSA P-256 certificate over TLS 1.2 only to
+    // clients that list that curve.
+    use rustls::crypto::aws_lc_rs::kx_group::{SECP256R1, X25519};
+    provider.kx_groups = vec![X25519, SECP256R1];
+    let version = match tls {
+        12 => &rustls::version::TLS12,
+        _ => &rustls::version::TLS13,
+    };
+    let mut config = ClientConfig::builder_with_provider(Arc::new(provider))
+        .with_protocol_versions(&[version])?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AnyCertificate))
+        .with_no_client_auth();
+    config.resumption = if resume {
+        Resumption::in_memory_sessions(1024)
+    } else {
+        Resumption::disabled()
+    };
+    Ok(config)
+}
+
+/// Accepts any server certificate and signature (see the module comment: only the proxy's
+/// CPU is measured).
+#[derive(Debug)]
+struct AnyCertificate;
+
+impl ServerCertVerifier for AnyCertificate {
+    fn verify_server_cert(
+        &self,
+        _: &CertificateDer<'_>,
+        _: &[CertificateDer<'_>],
+        _: &ServerName<'_>,
+        _: &[u8],
+        _: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        _: &[u8],
+        _: &CertificateDer<'_>,
+        _: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        Ok(HandshakeSignatureValid::assertion())
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        _: &[u8],
+        _: &CertificateDer<'_>,
+        _: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        Ok(HandshakeSignatureValid::assertion())
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        rustls::crypto::aws_lc_rs::default_provider()
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
