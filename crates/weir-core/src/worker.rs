@@ -45,8 +45,11 @@ impl Shared {
 /// Size of the buffers used for upstream responses.
 pub const UPSTREAM_BUFFER: usize = 16 * 1024;
 /// Most spare buffers a worker keeps for reuse (client and upstream buffers alike): enough
-/// for connection churn, at most 4 MiB per worker held after a burst.
-const SPARE_BUFFERS: usize = 256;
+/// for connection churn and for the streams of a few busy HTTP/2 connections (each stream
+/// in an exchange holds one: 32 connections x 16 streams missed a 256-buffer pool on a third
+/// of their requests, each miss a zeroed 16 KiB allocation). At most 16 MiB per worker,
+/// held only after a burst that used as many at once.
+const SPARE_BUFFERS: usize = 1024;
 /// Most spare pipes a worker keeps (two descriptors each).
 const SPARE_PIPES: usize = 256;
 

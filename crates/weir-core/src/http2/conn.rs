@@ -234,9 +234,11 @@ fn spawn_stream(
 ) {
     shared.active.set(shared.active.get() + 1);
     let running = Running(shared.clone());
+    // The stream's future is large (every await of an exchange is in it): boxed once here,
+    // the task that is spawned (and copied into place) is small.
+    let serve = Box::pin(super::stream::serve(running.0.clone(), request, respond));
     tokio::task::spawn_local(async move {
-        let shared = running.0.clone();
-        super::stream::serve(shared, request, respond).await;
+        serve.await;
         drop(running);
     });
 }

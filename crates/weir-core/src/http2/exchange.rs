@@ -17,7 +17,7 @@ use h2::{Reason, RecvStream, SendStream};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use weir_config::UpstreamServer;
 
-use super::send::{send_data, unless_reset, Stop};
+use super::send::{send_bytes, send_data, unless_reset, Stop};
 use crate::buffer::Buffer;
 use crate::codec::http1::{BodyFraming, RequestHead, ResponseHead};
 use crate::connector::{PoolKey, UpstreamStream};
@@ -182,10 +182,15 @@ impl StreamRequest<'_> {
             Err(stop) => return Err(stopped(stop, Reached::Nothing, trace)),
         };
         trace.status = resp.status;
+        // One copy of what arrived (the head, often the whole body too): the head's values
+        // and the first DATA are slices of it, not an allocation each.
+        let arrived = Bytes::copy_from_slice(up_buf.filled());
         let plan = self.plan(up_buf.filled(), resp);
-        let head = self.response_head(resp, up_buf.filled(), &sent, &plan);
+        let head = self.response_head(resp, &arrived, &sent, &plan);
         up_buf.consume(resp.head_len);
         let mut state = BodyState::new(resp.framing, true, None);
+        // A chunked body is decoded in place in `up_buf`: its bytes differ from `arrived`.
+        let first = (resp.framing != BodyFraming::Chunked).then(|| arrived.slice(resp.head_len..));
         let empty = self.req.is_head || state.is_done();
         let mut encoder = match (plan.encoding, &self.target.route.filters.compression) {
             (Some(e), Some(cfg)) if !empty => Some(self.encoder(e, cfg, trace)?),
@@ -198,7 +203,7 @@ impl StreamRequest<'_> {
         if !empty {
             let body = (&mut state, encoder.as_mut());
             let relayed = self
-                .relay(&mut send, &mut stream, up_buf, body, trace)
+                .relay(&mut send, &mut stream, up_buf, body, first, trace)
                 .await;
             if let Err(stop) = relayed {
                 send.send_reset(Reason::CANCEL);
@@ -341,6 +346,7 @@ impl StreamRequest<'_> {
         stream: &mut UpstreamStream,
         up_buf: &mut Buffer,
         (state, mut encoder): (&mut BodyState, Option<&mut Encoder>),
+        mut first: Option<Bytes>,
         trace: &mut Trace,
     ) -> Result<(), Stop> {
         // A client that gives no window for `stall_timeout` gets the stream reset.
@@ -350,12 +356,20 @@ impl StreamRequest<'_> {
         loop {
             let (forward, consumed) = state.take(up_buf.filled_mut()).map_err(pump_error)?;
             let done = state.is_done();
-            let data = &up_buf.filled()[..forward];
             let sent = match encoder.as_deref_mut() {
-                None => send_data(send, data, done, stall_timeout)
-                    .await
-                    .map(|()| forward)?,
-                Some(e) => send_encoded(send, e, data, done, stall_timeout, trace).await?,
+                None => {
+                    // `first` holds the same bytes as `up_buf` on the first round (not chunked).
+                    let data = match first.take() {
+                        Some(first) => first.slice(..forward),
+                        None => Bytes::copy_from_slice(&up_buf.filled()[..forward]),
+                    };
+                    send_bytes(send, data, done, stall_timeout).await?;
+                    forward
+                }
+                Some(e) => {
+                    let data = &up_buf.filled()[..forward];
+                    send_encoded(send, e, data, done, stall_timeout, trace).await?
+                }
             };
             trace.body_out += sent as u64;
             up_buf.consume(consumed);
@@ -383,7 +397,7 @@ impl StreamRequest<'_> {
     fn response_head(
         &self,
         resp: &ResponseHead,
-        buf: &[u8],
+        buf: &Bytes,
         sent: &Sent<'_>,
         plan: &Plan,
     ) -> http::Response<()> {
@@ -402,15 +416,16 @@ impl StreamRequest<'_> {
             if plan.drops(name) || rules.is_some_and(|r| r.drops(name)) {
                 continue;
             }
-            let mut value = &buf[h.value.clone()];
-            if let Some(map) = reverse.as_ref().filter(|_| is_location(h.kind)) {
-                mapped.clear();
-                if map.map_into(value, &mut mapped) {
-                    value = &mapped;
+            let raw = &buf[h.value.clone()];
+            mapped.clear();
+            let map = reverse.as_ref().filter(|_| is_location(h.kind));
+            let value = match map {
+                Some(map) if map.map_into(raw, &mut mapped) => {
+                    http::HeaderValue::from_bytes(&mapped)
                 }
-            }
+                _ => http::HeaderValue::from_maybe_shared(buf.slice(h.value.clone())),
+            };
             let name = http::HeaderName::from_bytes(&buf[h.name.clone()]);
-            let value = http::HeaderValue::from_bytes(value);
             if let (Ok(name), Ok(value)) = (name, value) {
                 headers.append(name, value);
             }

@@ -65,49 +65,38 @@ pub async fn unless_reset<F: Future>(
 
 /// Sends `data` (ending the stream after it when `end`), in pieces as the client's window
 /// and the send buffer (`max_send_buffer`) allow. Waits at most `timeout` for each piece
-/// of window: a client that stops reading gets its stream reset.
+/// of window: a client that stops reading gets its stream reset. `data` is copied once
+/// into one `Bytes`, whose slices are the pieces.
 pub async fn send_data(
     send: &mut SendStream<Bytes>,
-    mut data: &[u8],
+    data: &[u8],
+    end: bool,
+    timeout: Duration,
+) -> Result<(), Stop> {
+    send_bytes(send, Bytes::copy_from_slice(data), end, timeout).await
+}
+
+/// As [`send_data`] for data already in `Bytes` (from an HTTP/2 upstream, or the copy of
+/// a response's first bytes): sent in slices of it, without a copy.
+pub async fn send_bytes(
+    send: &mut SendStream<Bytes>,
+    mut data: Bytes,
     end: bool,
     timeout: Duration,
 ) -> Result<(), Stop> {
     if data.is_empty() {
-        return if end {
-            finish(send, Bytes::new())
-        } else {
-            Ok(())
-        };
+        return if end { finish(send, data) } else { Ok(()) };
     }
     while !data.is_empty() {
         let n = window(send, data.len(), timeout).await?;
         if n == 0 {
             continue;
         }
-        let piece = Bytes::copy_from_slice(&data[..n]);
-        data = &data[n..];
+        let piece = data.split_to(n);
         if end && data.is_empty() {
             return finish(send, piece);
         }
         send.send_data(piece, false)
-            .map_err(|_| Stop::Error(ProxyError::ClientClosed))?;
-    }
-    Ok(())
-}
-
-/// As [`send_data`] for data already in `Bytes` (from an HTTP/2 upstream): sent in
-/// slices of it, without a copy.
-pub async fn send_bytes(
-    send: &mut SendStream<Bytes>,
-    mut data: Bytes,
-    timeout: Duration,
-) -> Result<(), Stop> {
-    while !data.is_empty() {
-        let n = window(send, data.len(), timeout).await?;
-        if n == 0 {
-            continue;
-        }
-        send.send_data(data.split_to(n), false)
             .map_err(|_| Stop::Error(ProxyError::ClientClosed))?;
     }
     Ok(())

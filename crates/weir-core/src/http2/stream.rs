@@ -275,7 +275,10 @@ impl Stream<'_> {
             started: self.started,
         };
         if let Some((protocol, key)) = self.tunnel {
-            return (route, tunnel(&r, protocol, key, body, respond, trace).await);
+            // Boxed, as the HTTP/2 upstream path below: the stream task's future is as large
+            // as its largest path, and it is copied when the task is spawned.
+            let tunnel = Box::pin(tunnel(&r, protocol, key, body, respond, trace));
+            return (route, tunnel.await);
         }
         if self.req.expect_continue && body.is_some() {
             // The client may wait for 100 before sending DATA; Weir reads the body at once
@@ -285,7 +288,7 @@ impl Stream<'_> {
             let _ = respond.send_informational(go_on);
         }
         let result = match speaks_h2(r.target.upstream) {
-            true => r.forward_h2(self.facts, body, respond, trace).await,
+            true => Box::pin(r.forward_h2(self.facts, body, respond, trace)).await,
             false => r.forward(body, respond, trace).await,
         };
         (route, result)

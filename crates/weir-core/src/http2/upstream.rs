@@ -548,7 +548,7 @@ async fn relay(
             Ok(Some(data)) => data.map_err(read_error)?,
         };
         let len = data.len();
-        send_bytes(send, data, stall_timeout).await?;
+        send_bytes(send, data, false, stall_timeout).await?;
         trace.body_out += len as u64;
         let _ = up.flow_control().release_capacity(len);
     }
