@@ -200,3 +200,33 @@ async fn a_bad_accept_is_a_502() {
         StatusCode::BAD_GATEWAY
     );
 }
+
+/// Resetting an established tunnel is how a client closes it (RFC 8441): no cancelled
+/// request, so it is not charged to the reset budget. Past `reset_budget` such closes, the
+/// connection still opens tunnels.
+#[tokio::test]
+async fn closing_tunnels_with_resets_is_not_charged_to_the_reset_budget() {
+    let backend = WsBackend::echo();
+    let weir = single(backend.addr())
+        .listener("http2 = { reset_budget = 2, reset_window = \"60s\" }")
+        .start();
+    let mut client = connect(weir.addr).await;
+    for i in 1..=5 {
+        let (response, mut up) = client
+            .send_request(extended_connect("/chat", "websocket"), false)
+            .expect("extended CONNECT");
+        let response = tokio::time::timeout(WAIT, response)
+            .await
+            .expect("in time")
+            .expect("response");
+        assert_eq!(response.status(), StatusCode::OK, "tunnel {i}");
+        up.send_reset(Reason::CANCEL);
+        assert!(wait_until_async(WAIT, || backend.ended() == i).await);
+        client = client.ready().await.expect("ready");
+    }
+    let text = weir.metrics_text();
+    for name in ["client_resets", "calm_goaways"] {
+        let line = format!("weir_http2_{name}_total{{listener=\"web\"}} 0");
+        assert!(text.contains(&line), "{name}: {text}");
+    }
+}

@@ -60,7 +60,7 @@ impl Prefixed {
                     self.outbound.feed(part, |f| {
                         glitches.outbound(&f);
                         if forced_reset(&f) {
-                            shared.reset_by_client_error();
+                            shared.reset_written(f.word);
                         }
                     });
                 }

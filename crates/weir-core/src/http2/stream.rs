@@ -46,7 +46,7 @@ pub async fn serve(
     let snapshot = worker.snapshot();
     let Some(index) = snapshot.listener_index(shared.slot) else {
         // A reload removed the listener: the connection is going away.
-        respond.send_reset(Reason::REFUSED_STREAM);
+        shared.refuse(&mut respond);
         return;
     };
     let listener = &snapshot.config.listeners[index];

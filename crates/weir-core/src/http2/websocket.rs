@@ -143,10 +143,9 @@ impl StreamRequest<'_> {
         let stall = self.target.listener.http2.stall_timeout;
         match tunnel(&mut send, body, stream, up_buf, stall, trace).await {
             Ok(()) => Ok(()),
-            Err(Stop::Reset) => {
-                trace.reset = true;
-                Err(Failure::after_head(ProxyError::ClientClosed))
-            }
+            // A reset is how a client closes an established tunnel (RFC 8441 section 5):
+            // no cancelled request, so nothing for the reset budget (`trace.reset`).
+            Err(Stop::Reset) => Err(Failure::after_head(ProxyError::ClientClosed)),
             Err(Stop::Error(e)) => {
                 send.send_reset(Reason::CANCEL);
                 Err(Failure::after_head(e))
