@@ -85,6 +85,11 @@ async fn websocket_echo_over_http2_extended_connect() {
         .expect("response");
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(response.headers()["sec-websocket-protocol"], "chat");
+    // The 101's end-to-end fields pass; its accept (for Weir's key) and hop-by-hop do not.
+    assert_eq!(response.headers()["set-cookie"], "ws=1");
+    for name in ["sec-websocket-accept", "upgrade", "connection"] {
+        assert!(!response.headers().contains_key(name), "{name}");
+    }
     // The upstream got an HTTP/1.1 Upgrade with a key Weir made.
     let heads = backend.heads();
     assert_eq!(heads.len(), 1);
@@ -229,4 +234,48 @@ async fn closing_tunnels_with_resets_is_not_charged_to_the_reset_budget() {
         let line = format!("weir_http2_{name}_total{{listener=\"web\"}} 0");
         assert!(text.contains(&line), "{name}: {text}");
     }
+}
+
+/// A refusal is relayed as any response: a 401 with its WWW-Authenticate and body, a
+/// redirect with its Location; a 2xx that is not a 101 is no WebSocket server: 502.
+#[tokio::test]
+async fn refusals_keep_their_fields_and_body_and_a_2xx_is_a_502() {
+    let backend = WsBackend::echo();
+    let weir = single(backend.addr()).start();
+    let mut client = connect(weir.addr).await;
+    let (response, _up) = client
+        .send_request(extended_connect("/refuse-auth", "websocket"), false)
+        .expect("send");
+    let response = response.await.expect("response");
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        response.headers()["www-authenticate"],
+        "Bearer realm=\"ws\""
+    );
+    let mut body = response.into_body();
+    let mut got = Vec::new();
+    while let Some(chunk) = tokio::time::timeout(WAIT, body.data()).await.expect("body") {
+        got.extend_from_slice(&chunk.expect("data"));
+    }
+    assert_eq!(got, b"login first");
+
+    let redirect = Backend::raw_response(
+        b"HTTP/1.1 302 Found\r\nlocation: /elsewhere\r\ncontent-length: 0\r\n\r\n",
+    );
+    let weir = single(redirect.addr()).start();
+    let mut client = connect(weir.addr).await;
+    let (response, _up) = client
+        .send_request(extended_connect("/chat", "websocket"), false)
+        .expect("send");
+    let response = response.await.expect("response");
+    assert_eq!(response.status(), StatusCode::FOUND);
+    assert_eq!(response.headers()["location"], "/elsewhere");
+
+    let ok = Backend::raw_response(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nhi");
+    let weir = single(ok.addr()).start();
+    let mut client = connect(weir.addr).await;
+    assert_eq!(
+        status_of(&mut client, "/chat", "websocket").await,
+        StatusCode::BAD_GATEWAY
+    );
 }

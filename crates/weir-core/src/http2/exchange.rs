@@ -173,21 +173,9 @@ impl StreamRequest<'_> {
         trace.status = resp.status;
         let head = self.response_head(resp, up_buf.filled(), &sent);
         up_buf.consume(resp.head_len);
-        let mut state = BodyState::new(resp.framing, true, None);
-        let empty = self.req.is_head || state.is_done();
-        let mut send = respond
-            .send_response(head, empty)
-            .map_err(|_| Failure::after_head(ProxyError::ClientClosed))?;
         let mut stream = sent.stream;
-        if !empty {
-            let relayed = self
-                .relay(&mut send, &mut stream, up_buf, &mut state, trace)
-                .await;
-            if let Err(stop) = relayed {
-                send.send_reset(Reason::CANCEL);
-                return Err(stopped(stop, Reached::Head, trace));
-            }
-        }
+        self.respond_with(respond, head, resp, &mut stream, up_buf, trace)
+            .await?;
         let reusable = resp.keeps_alive() && sent.request_done && up_buf.is_empty();
         if reusable && !(self.req.is_head && resp.framing == BodyFraming::UntilClose) {
             let upstream = self.target.upstream;
@@ -283,6 +271,34 @@ impl StreamRequest<'_> {
         }
     }
 
+    /// Sends `head`, then relays the body `resp` announces from `stream` (the stream is
+    /// reset when that fails).
+    pub(super) async fn respond_with(
+        &self,
+        respond: &mut SendResponse<Bytes>,
+        head: http::Response<()>,
+        resp: &ResponseHead,
+        stream: &mut UpstreamStream,
+        up_buf: &mut Buffer,
+        trace: &mut Trace,
+    ) -> Result<(), Failure> {
+        let mut state = BodyState::new(resp.framing, true, None);
+        let empty = self.req.is_head || state.is_done();
+        let mut send = respond
+            .send_response(head, empty)
+            .map_err(|_| Failure::after_head(ProxyError::ClientClosed))?;
+        if !empty {
+            let relayed = self
+                .relay(&mut send, stream, up_buf, &mut state, trace)
+                .await;
+            if let Err(stop) = relayed {
+                send.send_reset(Reason::CANCEL);
+                return Err(stopped(stop, Reached::Head, trace));
+            }
+        }
+        Ok(())
+    }
+
     /// Streams the response body from the upstream to the client.
     async fn relay(
         &self,
@@ -330,11 +346,32 @@ impl StreamRequest<'_> {
         buf: &[u8],
         sent: &Sent<'_>,
     ) -> http::Response<()> {
+        let mut response = self.end_to_end_head(resp, buf, sent.server);
+        let headers = response.headers_mut();
+        let cookie = self.target.pool.set_cookie(sent.pick.server);
+        if let Some(value) = cookie
+            .filter(|_| sent.pick.set_cookie)
+            .and_then(cookie_value)
+        {
+            headers.append(http::header::SET_COOKIE, value);
+        }
+        response
+    }
+
+    /// The h2 response head with the end-to-end fields of `resp` (parsed from `buf`, from
+    /// `server`): hop-by-hop and `Connection`-listed fields dropped, names lower-cased,
+    /// locations reverse-mapped.
+    pub(super) fn end_to_end_head(
+        &self,
+        resp: &ResponseHead,
+        buf: &[u8],
+        server: &UpstreamServer,
+    ) -> http::Response<()> {
         let mut response = http::Response::new(());
         *response.status_mut() =
             http::StatusCode::from_u16(resp.status).unwrap_or(http::StatusCode::BAD_GATEWAY);
         let headers = response.headers_mut();
-        let reverse = self.reverse_map(sent.server);
+        let reverse = self.reverse_map(server);
         let mut mapped = Vec::new();
         for h in &resp.headers {
             if h.connection_listed || h.kind.is_hop_by_hop() {
@@ -352,13 +389,6 @@ impl StreamRequest<'_> {
             if let (Ok(name), Ok(value)) = (name, value) {
                 headers.append(name, value);
             }
-        }
-        let cookie = self.target.pool.set_cookie(sent.pick.server);
-        if let Some(value) = cookie
-            .filter(|_| sent.pick.set_cookie)
-            .and_then(cookie_value)
-        {
-            headers.append(http::header::SET_COOKIE, value);
         }
         response
     }
