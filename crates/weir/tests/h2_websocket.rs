@@ -279,3 +279,44 @@ async fn refusals_keep_their_fields_and_body_and_a_2xx_is_a_502() {
         StatusCode::BAD_GATEWAY
     );
 }
+
+/// An upstream that may speak HTTP/2 (`auto` or `h2` over TLS) still gets the WebSocket
+/// as an HTTP/1.1 Upgrade (on a connection made with ALPN `http/1.1`); only an `h2c`
+/// upstream, which speaks nothing else, refuses it with 501. (The test server is an
+/// HTTP/1.1 echo: its 200 is no switch, so the client gets 502, after the request went
+/// upstream.)
+#[tokio::test]
+async fn websockets_to_upstreams_that_may_speak_h2_go_over_http1() {
+    use weir_testkit::certs::TestCa;
+    use weir_testkit::TlsServer;
+    let ca = TestCa::new("ws upstream CA");
+    let leaf = ca.leaf(&["127.0.0.1"]);
+    let tls = format!("tls = {{ ca = \"{}\" }}", ca.cert_path.display());
+    for protocol in ["auto", "h2"] {
+        let backend = Backend::echo_tls("h1", &TlsServer::new(&leaf));
+        let keys = [format!("protocol = \"{protocol}\""), tls.clone()];
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let weir = common::Conf::new()
+            .route("all", "up", &[])
+            .upstream("up", &[backend.addr()], &keys)
+            .start();
+        let mut client = connect(weir.addr).await;
+        assert_eq!(
+            status_of(&mut client, "/chat", "websocket").await,
+            StatusCode::BAD_GATEWAY,
+            "{protocol}"
+        );
+        assert_eq!(backend.requests_served(), 1, "{protocol}");
+    }
+    let backend = Backend::echo("h2c");
+    let weir = common::Conf::new()
+        .route("all", "up", &[])
+        .upstream("up", &[backend.addr()], &["protocol = \"h2c\""])
+        .start();
+    let mut client = connect(weir.addr).await;
+    assert_eq!(
+        status_of(&mut client, "/chat", "websocket").await,
+        StatusCode::NOT_IMPLEMENTED
+    );
+    assert_eq!(backend.requests_served(), 0);
+}
