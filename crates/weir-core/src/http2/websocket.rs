@@ -274,7 +274,7 @@ impl StreamRequest<'_> {
 }
 
 /// Relays both ways until each side has ended its direction (client END_STREAM, upstream
-/// EOF); after the upstream ended, the client gets `stall` to end its own.
+/// EOF); after either side ended, the other gets `stall` to end its own.
 async fn tunnel(
     send: &mut SendStream<Bytes>,
     mut body: RecvStream,
@@ -292,7 +292,12 @@ async fn tunnel(
         tokio::pin!(down, up);
         tokio::select! {
             r = &mut up => match r {
-                Ok(()) => down.await,
+                // The client ended its half: the upstream gets `stall` to end its own
+                // (a server that never closes would hold the tunnel forever).
+                Ok(()) => match tokio::time::timeout(stall, down).await {
+                    Ok(r) => r,
+                    Err(_) => Err(Stop::Error(ProxyError::UpstreamTimeout)),
+                },
                 Err(e) => Err(e),
             },
             r = &mut down => match r {
