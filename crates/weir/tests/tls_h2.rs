@@ -19,9 +19,9 @@ use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
 
-use common::{single, tls_table, Conf, WAIT};
+use common::{single, tls_table, Conf};
 use weir_testkit::certs::{Leaf, TestCa};
-use weir_testkit::{wait_until, wait_until_async, Backend};
+use weir_testkit::{wait_until, Backend};
 
 const NAME: &str = "h2.example.com";
 
