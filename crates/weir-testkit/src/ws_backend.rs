@@ -3,7 +3,8 @@
 //!
 //! The handshake checks `Upgrade: websocket`, `Sec-WebSocket-Version: 13` and a key, and
 //! answers 101 with its `Sec-WebSocket-Accept` (and the first `Sec-WebSocket-Protocol`
-//! offered); a path starting with `/refuse` gets 403, a bad handshake 400. Then each
+//! offered, and `Set-Cookie: ws=1`); a path starting with `/refuse-auth` gets 401 with
+//! `WWW-Authenticate` and a body, `/refuse` 403, a bad handshake 400. Then each
 //! (masked) client frame comes back unmasked: text and binary as they were, PING as
 //! PONG, CLOSE as CLOSE followed by the end of the connection. Frames by hand, no
 //! fragmentation.
@@ -134,12 +135,12 @@ async fn handshake(mut tcp: TcpStream, stats: &Stats) -> Option<(TcpStream, Vec<
     };
     let upgrade = field("upgrade").is_some_and(|u| u.eq_ignore_ascii_case("websocket"));
     let version = field("sec-websocket-version").as_deref() == Some("13");
+    let path = head.split(' ').nth(1).unwrap_or("");
     let answer = match (field("sec-websocket-key"), upgrade && version) {
-        _ if head
-            .split(' ')
-            .nth(1)
-            .is_some_and(|p| p.starts_with("/refuse")) =>
-        {
+        _ if path.starts_with("/refuse-auth") => "HTTP/1.1 401 Unauthorized\r\n\
+            www-authenticate: Bearer realm=\"ws\"\r\ncontent-length: 11\r\n\r\nlogin first"
+            .to_string(),
+        _ if path.starts_with("/refuse") => {
             "HTTP/1.1 403 Forbidden\r\ncontent-length: 0\r\n\r\n".to_string()
         }
         (Some(key), true) => {
@@ -149,7 +150,7 @@ async fn handshake(mut tcp: TcpStream, stats: &Stats) -> Option<(TcpStream, Vec<
                 .unwrap_or_default();
             format!(
                 "HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: upgrade\r\n\
-                 sec-websocket-accept: {}\r\n{protocol}\r\n",
+                 sec-websocket-accept: {}\r\nset-cookie: ws=1\r\n{protocol}\r\n",
                 accept_for(&key)
             )
         }

@@ -260,6 +260,16 @@ async fn many_fields_are_capped_by_max_headers() {
     assert_eq!(response.await.expect("response").status(), StatusCode::OK);
 }
 
+/// A raw connection with `settings` that has sent `GET /huge` on stream 1.
+async fn get_huge(addr: std::net::SocketAddr, settings: &[(u16, u32)]) -> RawH2 {
+    let mut raw = RawH2::connect(addr, settings).await.expect("connect");
+    let flags = flag::END_HEADERS | flag::END_STREAM;
+    raw.send_frame(kind::HEADERS, flags, 1, &Block::get("/huge").0)
+        .await
+        .expect("request");
+    raw
+}
+
 /// One flood of `n` glitch frames of a kind, as bytes. `id` 1 is a POST left open.
 fn flood(what: &str, n: usize) -> Vec<u8> {
     let mut out = Vec::new();
@@ -404,13 +414,7 @@ async fn a_stream_without_window_is_reset_after_stall_timeout() {
     let weir = single(backend.addr())
         .listener("http2 = { stall_timeout = \"1s\" }")
         .start();
-    let mut raw = RawH2::connect(weir.addr, &[(INITIAL_WINDOW, 0)])
-        .await
-        .expect("connect");
-    let flags = flag::END_HEADERS | flag::END_STREAM;
-    raw.send_frame(kind::HEADERS, flags, 1, &Block::get("/huge").0)
-        .await
-        .expect("request");
+    let mut raw = get_huge(weir.addr, &[(INITIAL_WINDOW, 0)]).await;
     let reset = raw
         .until(WAIT, |f| {
             (f.stream == 1 && f.kind == kind::RST_STREAM).then(|| f.error_code())
@@ -450,4 +454,105 @@ async fn a_large_download_is_no_glitch() {
     }
     assert_eq!(n, 8 << 20);
     assert_eq!(metric(&weir, &web("glitches")), 0);
+}
+
+/// A gRPC-style client pings once per round trip while a long download arrives (BDP
+/// pings: each PING after the ACK of the previous one and a DATA frame since): no glitch,
+/// no GOAWAY, far past the glitch budget in PINGs. (A PING flood is still one:
+/// `control_frame_floods_past_the_glitch_budget_get_goaway`.)
+#[tokio::test]
+async fn bdp_pings_during_a_download_are_no_glitches() {
+    let size = 4usize << 20;
+    let backend = Backend::huge(size as u64);
+    let weir = single(backend.addr())
+        .listener("http2 = { glitch_budget = 10, glitch_window = \"60s\" }")
+        .start();
+    let mut raw = get_huge(weir.addr, &[]).await;
+    let (mut received, mut pings, mut waiting_ack, mut data_since_ack) = (0, 0u64, false, false);
+    // Window is released in batches of half the default window, as real clients do.
+    let mut unacked = 0u32;
+    let download = async {
+        while let Some(f) = raw.read_frame().await {
+            assert_ne!(f.kind, kind::GOAWAY, "GOAWAY after {pings} pings");
+            if f.kind == kind::PING && f.flags & flag::ACK != 0 {
+                waiting_ack = false;
+                data_since_ack = false;
+            }
+            if f.kind == kind::DATA && f.stream == 1 {
+                received += f.payload.len();
+                data_since_ack = true;
+                unacked += f.payload.len() as u32;
+                if unacked >= 32 << 10 {
+                    let n = std::mem::take(&mut unacked).to_be_bytes();
+                    raw.send_frame(kind::WINDOW_UPDATE, 0, 0, &n)
+                        .await
+                        .expect("wu");
+                    raw.send_frame(kind::WINDOW_UPDATE, 0, 1, &n)
+                        .await
+                        .expect("wu");
+                }
+                if f.flags & flag::END_STREAM != 0 {
+                    return;
+                }
+            }
+            if !waiting_ack && data_since_ack {
+                pings += 1;
+                raw.send_frame(kind::PING, 0, 0, &pings.to_be_bytes())
+                    .await
+                    .expect("ping");
+                waiting_ack = true;
+            }
+        }
+    };
+    tokio::time::timeout(LONG_WAIT, download)
+        .await
+        .expect("downloaded in time");
+    assert_eq!(received, size);
+    assert!(pings > 20, "only {pings} pings");
+    assert_eq!(metric(&weir, &web("glitches")), 0);
+    assert_eq!(metric(&weir, &web("calm_goaways")), 0);
+}
+
+/// The data dribble (CVE-2019-9511): a client that grants 1-byte windows gets 1-byte DATA
+/// frames; each such tiny WINDOW_UPDATE is a glitch, and past the budget the client gets
+/// GOAWAY ENHANCE_YOUR_CALM instead of a dribble forever.
+#[tokio::test]
+async fn a_one_byte_window_dribble_gets_goaway() {
+    let backend = Backend::huge(1 << 20);
+    let weir = single(backend.addr())
+        .listener("http2 = { glitch_budget = 50, glitch_window = \"60s\" }")
+        .start();
+    let mut raw = get_huge(weir.addr, &[(INITIAL_WINDOW, 1)]).await;
+    // Grant one byte for every byte received, as a dribbling client does.
+    let mut tiny_frames = 0;
+    let mut goaway = None;
+    let dribble = async {
+        while let Some(f) = raw.read_frame().await {
+            if f.kind == kind::GOAWAY {
+                goaway = f.error_code();
+                return;
+            }
+            if f.kind == kind::DATA && f.stream == 1 && !f.payload.is_empty() {
+                tiny_frames += 1;
+                let one = 1u32.to_be_bytes();
+                if raw
+                    .send_frame(kind::WINDOW_UPDATE, 0, 1, &one)
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+            }
+        }
+    };
+    tokio::time::timeout(LONG_WAIT, dribble)
+        .await
+        .expect("ended in time");
+    assert_eq!(
+        goaway,
+        Some(ENHANCE_YOUR_CALM),
+        "after {tiny_frames} frames"
+    );
+    assert!(tiny_frames <= 60, "{tiny_frames} one-byte frames");
+    assert_eq!(metric(&weir, &web("calm_goaways")), 1);
 }

@@ -85,6 +85,11 @@ async fn websocket_echo_over_http2_extended_connect() {
         .expect("response");
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(response.headers()["sec-websocket-protocol"], "chat");
+    // The 101's end-to-end fields pass; its accept (for Weir's key) and hop-by-hop do not.
+    assert_eq!(response.headers()["set-cookie"], "ws=1");
+    for name in ["sec-websocket-accept", "upgrade", "connection"] {
+        assert!(!response.headers().contains_key(name), "{name}");
+    }
     // The upstream got an HTTP/1.1 Upgrade with a key Weir made.
     let heads = backend.heads();
     assert_eq!(heads.len(), 1);
@@ -199,4 +204,119 @@ async fn a_bad_accept_is_a_502() {
         status_of(&mut client, "/chat", "websocket").await,
         StatusCode::BAD_GATEWAY
     );
+}
+
+/// Resetting an established tunnel is how a client closes it (RFC 8441): no cancelled
+/// request, so it is not charged to the reset budget. Past `reset_budget` such closes, the
+/// connection still opens tunnels.
+#[tokio::test]
+async fn closing_tunnels_with_resets_is_not_charged_to_the_reset_budget() {
+    let backend = WsBackend::echo();
+    let weir = single(backend.addr())
+        .listener("http2 = { reset_budget = 2, reset_window = \"60s\" }")
+        .start();
+    let mut client = connect(weir.addr).await;
+    for i in 1..=5 {
+        let (response, mut up) = client
+            .send_request(extended_connect("/chat", "websocket"), false)
+            .expect("extended CONNECT");
+        let response = tokio::time::timeout(WAIT, response)
+            .await
+            .expect("in time")
+            .expect("response");
+        assert_eq!(response.status(), StatusCode::OK, "tunnel {i}");
+        up.send_reset(Reason::CANCEL);
+        assert!(wait_until_async(WAIT, || backend.ended() == i).await);
+        client = client.ready().await.expect("ready");
+    }
+    let text = weir.metrics_text();
+    for name in ["client_resets", "calm_goaways"] {
+        let line = format!("weir_http2_{name}_total{{listener=\"web\"}} 0");
+        assert!(text.contains(&line), "{name}: {text}");
+    }
+}
+
+/// A refusal is relayed as any response: a 401 with its WWW-Authenticate and body, a
+/// redirect with its Location; a 2xx that is not a 101 is no WebSocket server: 502.
+#[tokio::test]
+async fn refusals_keep_their_fields_and_body_and_a_2xx_is_a_502() {
+    let backend = WsBackend::echo();
+    let weir = single(backend.addr()).start();
+    let mut client = connect(weir.addr).await;
+    let (response, _up) = client
+        .send_request(extended_connect("/refuse-auth", "websocket"), false)
+        .expect("send");
+    let response = response.await.expect("response");
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        response.headers()["www-authenticate"],
+        "Bearer realm=\"ws\""
+    );
+    let mut body = response.into_body();
+    let mut got = Vec::new();
+    while let Some(chunk) = tokio::time::timeout(WAIT, body.data()).await.expect("body") {
+        got.extend_from_slice(&chunk.expect("data"));
+    }
+    assert_eq!(got, b"login first");
+
+    let redirect = Backend::raw_response(
+        b"HTTP/1.1 302 Found\r\nlocation: /elsewhere\r\ncontent-length: 0\r\n\r\n",
+    );
+    let weir = single(redirect.addr()).start();
+    let mut client = connect(weir.addr).await;
+    let (response, _up) = client
+        .send_request(extended_connect("/chat", "websocket"), false)
+        .expect("send");
+    let response = response.await.expect("response");
+    assert_eq!(response.status(), StatusCode::FOUND);
+    assert_eq!(response.headers()["location"], "/elsewhere");
+
+    let ok = Backend::raw_response(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nhi");
+    let weir = single(ok.addr()).start();
+    let mut client = connect(weir.addr).await;
+    assert_eq!(
+        status_of(&mut client, "/chat", "websocket").await,
+        StatusCode::BAD_GATEWAY
+    );
+}
+
+/// An upstream that may speak HTTP/2 (`auto` or `h2` over TLS) still gets the WebSocket
+/// as an HTTP/1.1 Upgrade (on a connection made with ALPN `http/1.1`); only an `h2c`
+/// upstream, which speaks nothing else, refuses it with 501. (The test server is an
+/// HTTP/1.1 echo: its 200 is no switch, so the client gets 502, after the request went
+/// upstream.)
+#[tokio::test]
+async fn websockets_to_upstreams_that_may_speak_h2_go_over_http1() {
+    use weir_testkit::certs::TestCa;
+    use weir_testkit::TlsServer;
+    let ca = TestCa::new("ws upstream CA");
+    let leaf = ca.leaf(&["127.0.0.1"]);
+    let tls = format!("tls = {{ ca = \"{}\" }}", ca.cert_path.display());
+    for protocol in ["auto", "h2"] {
+        let backend = Backend::echo_tls("h1", &TlsServer::new(&leaf));
+        let keys = [format!("protocol = \"{protocol}\""), tls.clone()];
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let weir = common::Conf::new()
+            .route("all", "up", &[])
+            .upstream("up", &[backend.addr()], &keys)
+            .start();
+        let mut client = connect(weir.addr).await;
+        assert_eq!(
+            status_of(&mut client, "/chat", "websocket").await,
+            StatusCode::BAD_GATEWAY,
+            "{protocol}"
+        );
+        assert_eq!(backend.requests_served(), 1, "{protocol}");
+    }
+    let backend = Backend::echo("h2c");
+    let weir = common::Conf::new()
+        .route("all", "up", &[])
+        .upstream("up", &[backend.addr()], &["protocol = \"h2c\""])
+        .start();
+    let mut client = connect(weir.addr).await;
+    assert_eq!(
+        status_of(&mut client, "/chat", "websocket").await,
+        StatusCode::NOT_IMPLEMENTED
+    );
+    assert_eq!(backend.requests_served(), 0);
 }

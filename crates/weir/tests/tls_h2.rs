@@ -224,3 +224,135 @@ async fn an_h2_stream_behind_tls_carries_https_the_client_cert_and_the_tls_log_f
         assert!(first.contains(field), "{field} in {first}");
     }
 }
+
+/// A socket whose reads wait while its gate is closed, and are slow when it is open (at
+/// most 1 KiB, and every other read yields first): a client that stops reading for a
+/// while, then reads slower than Weir writes, so Weir's writes keep waiting to the end.
+struct Gated {
+    tcp: TcpStream,
+    yielded: bool,
+    open: Arc<std::sync::atomic::AtomicBool>,
+    waker: Arc<std::sync::Mutex<Option<std::task::Waker>>>,
+}
+
+impl tokio::io::AsyncRead for Gated {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        use std::sync::atomic::Ordering;
+        if !self.open.load(Ordering::SeqCst) {
+            *self.waker.lock().expect("waker") = Some(cx.waker().clone());
+            if !self.open.load(Ordering::SeqCst) {
+                return std::task::Poll::Pending;
+            }
+        }
+        self.yielded = !self.yielded;
+        if self.yielded {
+            cx.waker().wake_by_ref();
+            return std::task::Poll::Pending;
+        }
+        let mut chunk = [0u8; 1024];
+        let mut small = tokio::io::ReadBuf::new(&mut chunk[..buf.remaining().min(1024)]);
+        std::task::ready!(std::pin::Pin::new(&mut self.tcp).poll_read(cx, &mut small))?;
+        buf.put_slice(small.filled());
+        std::task::Poll::Ready(Ok(()))
+    }
+}
+
+impl tokio::io::AsyncWrite for Gated {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.tcp).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.tcp).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.tcp).poll_shutdown(cx)
+    }
+}
+
+/// Over TLS a write is Ready once rustls buffered the data, and only the flush waits. A
+/// response to a client that stops reading for a moment ends with a flush that waited,
+/// then went through once the client read again: the connection must not stay marked
+/// stalled. Idle for longer than `stall_timeout` afterwards, it still serves the next
+/// request (before the fix it was dropped as stalled, without GOAWAY).
+#[tokio::test]
+async fn an_idle_tls_connection_after_a_slow_read_is_not_taken_for_stalled() {
+    use std::sync::atomic::Ordering;
+    let ca = TestCa::new("h2 stall CA");
+    let leaf = ca.leaf(&[NAME]);
+    let size = 4usize << 20;
+    let backend = Backend::huge(size as u64);
+    let weir = Conf::new()
+        .listener("http2 = { stall_timeout = \"1s\" }")
+        .listener(&tls_table(&[&leaf], ""))
+        .route("all", "up", &[])
+        .upstream("up", &[backend.addr()], &[])
+        .start();
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket.set_recv_buffer_size(4096).expect("rcvbuf");
+    let open = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let waker = Arc::new(std::sync::Mutex::new(None::<std::task::Waker>));
+    let gated = Gated {
+        tcp: socket.connect(weir.addr).await.expect("connect"),
+        yielded: false,
+        open: open.clone(),
+        waker: waker.clone(),
+    };
+    let name = ServerName::try_from(NAME).expect("server name");
+    let config = client_config(&ca, &[b"h2"], None);
+    let tls = TlsConnector::from(config)
+        .connect(name, gated)
+        .await
+        .expect("TLS handshake");
+    assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    let (mut client, conn) = h2::client::handshake(tls).await.expect("h2 handshake");
+    let conn = tokio::spawn(conn);
+    // Stop reading, ask, and let Weir write what it can of the answer.
+    open.store(false, Ordering::SeqCst);
+    let request = Request::get(format!("https://{NAME}/large"))
+        .body(())
+        .expect("request");
+    let (response, _) = client.send_request(request, true).expect("send request");
+    // Not a wait for a condition: the test passes however long this is.
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    open.store(true, Ordering::SeqCst);
+    if let Some(w) = waker.lock().expect("waker").take() {
+        w.wake();
+    }
+    let response = response.await.expect("response");
+    assert_eq!(response.status(), StatusCode::OK);
+    let mut body = response.into_body();
+    let mut n = 0;
+    while let Some(chunk) = body.data().await {
+        let chunk = chunk.expect("body chunk");
+        n += chunk.len();
+        let _ = body.flow_control().release_capacity(chunk.len());
+    }
+    assert_eq!(n, size);
+    // Idle past stall_timeout: this is the time under test, not a wait for a condition.
+    tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
+    assert!(!conn.is_finished(), "the connection was closed while idle");
+    let (status, body) = get(&mut client, "/again").await;
+    assert_eq!((status, body.len()), (StatusCode::OK, size));
+    let stalled = weir
+        .metrics_text()
+        .lines()
+        .find(|l| l.starts_with("weir_http2_stalled_total"))
+        .and_then(|l| l.rsplit(' ').next().map(str::to_owned));
+    assert_eq!(stalled.as_deref(), Some("0"));
+}

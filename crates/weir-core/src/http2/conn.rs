@@ -50,6 +50,9 @@ pub struct Shared {
     idle_since: Cell<Instant>,
     /// Signalled when a stream task ends.
     ended: Notify,
+    /// REFUSED_STREAM resets Weir chose to send (a reload removed the listener) and not
+    /// yet seen written: no client error, so not for the reset budget.
+    own_refusals: Cell<u32>,
 }
 
 impl Shared {
@@ -67,6 +70,24 @@ impl Shared {
             m.http2.forced_resets.inc();
         }
         self.budget.record(Instant::now());
+    }
+
+    /// Weir refuses a stream of its own accord: the REFUSED_STREAM it writes next is no
+    /// client's error.
+    pub fn refuse(&self, respond: &mut h2::server::SendResponse<Bytes>) {
+        self.own_refusals.set(self.own_refusals.get() + 1);
+        respond.send_reset(Reason::REFUSED_STREAM);
+    }
+
+    /// An RST_STREAM with error `code` was written: counts as forced by the client unless
+    /// it is one of Weir's own refusals.
+    pub fn reset_written(&self, code: Option<u32>) {
+        let refused = u32::from(Reason::REFUSED_STREAM);
+        if code == Some(refused) && self.own_refusals.get() > 0 {
+            self.own_refusals.set(self.own_refusals.get() - 1);
+            return;
+        }
+        self.reset_by_client_error();
     }
 
     /// The client sent a frame that carries no request (`frames::glitch`).
@@ -131,6 +152,7 @@ pub async fn serve(worker: Rc<Worker>, slot: usize, mut conn: ClientConn) {
         active: Cell::new(0),
         idle_since: Cell::new(Instant::now()),
         ended: Notify::new(),
+        own_refusals: Cell::new(0),
     });
     if let Some(m) = worker.metrics.listener(slot) {
         m.http2.connections.inc();

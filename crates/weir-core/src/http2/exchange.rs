@@ -188,28 +188,12 @@ impl StreamRequest<'_> {
         let plan = self.plan(up_buf.filled(), resp);
         let head = self.response_head(resp, &arrived, &sent, &plan);
         up_buf.consume(resp.head_len);
-        let mut state = BodyState::new(resp.framing, true, None);
         // A chunked body is decoded in place in `up_buf`: its bytes differ from `arrived`.
         let first = (resp.framing != BodyFraming::Chunked).then(|| arrived.slice(resp.head_len..));
-        let empty = self.req.is_head || state.is_done();
-        let mut encoder = match (plan.encoding, &self.target.route.filters.compression) {
-            (Some(e), Some(cfg)) if !empty => Some(self.encoder(e, cfg, trace)?),
-            _ => None,
-        };
-        let mut send = respond
-            .send_response(head, empty)
-            .map_err(|_| Failure::after_head(ProxyError::ClientClosed))?;
         let mut stream = sent.stream;
-        if !empty {
-            let body = (&mut state, encoder.as_mut());
-            let relayed = self
-                .relay(&mut send, &mut stream, up_buf, body, first, trace)
-                .await;
-            if let Err(stop) = relayed {
-                send.send_reset(Reason::CANCEL);
-                return Err(stopped(stop, Reached::Head, trace));
-            }
-        }
+        let body = ResponseBody { plan: &plan, first };
+        self.respond_with(respond, head, resp, (&mut stream, up_buf), body, trace)
+            .await?;
         let reusable = resp.keeps_alive() && sent.request_done && up_buf.is_empty();
         if reusable && !(self.req.is_head && resp.framing == BodyFraming::UntilClose) {
             let upstream = self.target.upstream;
@@ -338,6 +322,39 @@ impl StreamRequest<'_> {
             .map_err(|_| Failure::from(ProxyError::UpstreamMalformed("compressor failed")))
     }
 
+    /// Sends `head`, then relays the body `resp` announces from the upstream stream,
+    /// compressed when `body.plan` says so (the stream is reset when that fails).
+    pub(super) async fn respond_with(
+        &self,
+        respond: &mut SendResponse<Bytes>,
+        head: http::Response<()>,
+        resp: &ResponseHead,
+        (stream, up_buf): (&mut UpstreamStream, &mut Buffer),
+        body: ResponseBody<'_>,
+        trace: &mut Trace,
+    ) -> Result<(), Failure> {
+        let mut state = BodyState::new(resp.framing, true, None);
+        let empty = self.req.is_head || state.is_done();
+        let mut encoder = match (body.plan.encoding, &self.target.route.filters.compression) {
+            (Some(e), Some(cfg)) if !empty => Some(self.encoder(e, cfg, trace)?),
+            _ => None,
+        };
+        let mut send = respond
+            .send_response(head, empty)
+            .map_err(|_| Failure::after_head(ProxyError::ClientClosed))?;
+        if !empty {
+            let pump = (&mut state, encoder.as_mut());
+            let relayed = self
+                .relay(&mut send, stream, up_buf, pump, body.first, trace)
+                .await;
+            if let Err(stop) = relayed {
+                send.send_reset(Reason::CANCEL);
+                return Err(stopped(stop, Reached::Head, trace));
+            }
+        }
+        Ok(())
+    }
+
     /// Streams the response body from the upstream to the client, through `encoder`
     /// when the body is compressed (each upstream read flushed into DATA).
     async fn relay(
@@ -401,11 +418,34 @@ impl StreamRequest<'_> {
         sent: &Sent<'_>,
         plan: &Plan,
     ) -> http::Response<()> {
+        let mut response = self.end_to_end_head(resp, buf, sent.server, plan);
+        let headers = response.headers_mut();
+        let cookie = self.target.pool.set_cookie(sent.pick.server);
+        if let Some(value) = cookie
+            .filter(|_| sent.pick.set_cookie)
+            .and_then(cookie_value)
+        {
+            headers.append(http::header::SET_COOKIE, value);
+        }
+        response
+    }
+
+    /// The h2 response head with the end-to-end fields of `resp` (parsed from `buf`, from
+    /// `server`): hop-by-hop and `Connection`-listed fields dropped, names lower-cased,
+    /// locations reverse-mapped, the route's `response_headers` rules and the compression
+    /// `plan`'s edits applied.
+    pub(super) fn end_to_end_head(
+        &self,
+        resp: &ResponseHead,
+        buf: &Bytes,
+        server: &UpstreamServer,
+        plan: &Plan,
+    ) -> http::Response<()> {
         let mut response = http::Response::new(());
         *response.status_mut() =
             http::StatusCode::from_u16(resp.status).unwrap_or(http::StatusCode::BAD_GATEWAY);
         let headers = response.headers_mut();
-        let reverse = self.reverse_map(sent.server);
+        let reverse = self.reverse_map(server);
         let mut mapped = Vec::new();
         let rules = self.target.route.filters.response_headers.as_ref();
         for h in &resp.headers {
@@ -435,13 +475,6 @@ impl StreamRequest<'_> {
         }
         if *plan != Plan::default() {
             push_plan(headers, plan, buf, resp, &mut mapped);
-        }
-        let cookie = self.target.pool.set_cookie(sent.pick.server);
-        if let Some(value) = cookie
-            .filter(|_| sent.pick.set_cookie)
-            .and_then(cookie_value)
-        {
-            headers.append(http::header::SET_COOKIE, value);
         }
         response
     }
@@ -701,4 +734,11 @@ async fn upload<W: AsyncWrite + Unpin>(
         }
     }
     Ok(())
+}
+
+/// What `respond_with` relays besides the head: the compression plan (`Plan::default()`:
+/// as is) and the body bytes that arrived with the head, when they can be sent as they are.
+pub(super) struct ResponseBody<'p> {
+    pub plan: &'p Plan,
+    pub first: Option<Bytes>,
 }

@@ -15,8 +15,9 @@ pub struct Frame {
     pub kind: u8,
     pub flags: u8,
     pub len: usize,
-    /// WINDOW_UPDATE's increment or RST_STREAM's error code (`None`: a shorter payload,
-    /// which the `h2` crate refuses as a FRAME_SIZE_ERROR anyway).
+    /// WINDOW_UPDATE's increment or RST_STREAM's error code, or the pad length of a
+    /// PADDED DATA frame (`None`: a shorter payload, which the `h2` crate refuses as a
+    /// FRAME_SIZE_ERROR anyway, or another kind).
     pub word: Option<u32>,
 }
 
@@ -28,6 +29,7 @@ const PING: u8 = 6;
 const WINDOW_UPDATE: u8 = 8;
 const CONTINUATION: u8 = 9;
 const END_STREAM: u8 = 0x1;
+const PADDED: u8 = 0x8;
 const ACK: u8 = 0x1;
 const HEADER_LEN: usize = 9;
 
@@ -44,6 +46,11 @@ const START_UPDATES: u32 = 2;
 /// At most this many WINDOW_UPDATEs are explained ahead (a client's updates lag its DATA
 /// by a few batches at most), so a long download does not buy a later flood.
 const MAX_UPDATE_CREDIT: u32 = 4096;
+
+/// A WINDOW_UPDATE increment below this is tiny: granted while Weir has DATA waiting for
+/// window, such increments make Weir cut its data into tiny frames (the data dribble of
+/// CVE-2019-9511). Real clients release window in halves or quarters of it.
+const TINY_UPDATE: u32 = 1024;
 
 /// Walks the frames of one direction of a connection, fed its bytes in order.
 #[derive(Debug)]
@@ -90,17 +97,25 @@ impl Scanner {
             }
             let h = &self.head;
             let len = usize::from(h[0]) << 16 | usize::from(h[1]) << 8 | usize::from(h[2]);
-            let kind = h[3];
-            let wants_word = matches!(kind, WINDOW_UPDATE | RST_STREAM) && len >= 4;
-            if self.want == HEADER_LEN && wants_word {
-                self.want = HEADER_LEN + 4;
+            let (kind, flags) = (h[3], h[4]);
+            // The payload bytes wanted: a 32-bit word, or a PADDED DATA frame's pad length.
+            let word_len = match kind {
+                WINDOW_UPDATE | RST_STREAM if len >= 4 => 4,
+                DATA if flags & PADDED != 0 && len >= 1 => 1,
+                _ => 0,
+            };
+            if self.want == HEADER_LEN && word_len > 0 {
+                self.want = HEADER_LEN + word_len;
                 continue;
             }
-            let word =
-                (self.want > HEADER_LEN).then(|| u32::from_be_bytes([h[9], h[10], h[11], h[12]]));
+            let word = match self.want - HEADER_LEN {
+                4 => Some(u32::from_be_bytes([h[9], h[10], h[11], h[12]])),
+                1 => Some(u32::from(h[9])),
+                _ => None,
+            };
             on_frame(Frame {
                 kind,
-                flags: h[4],
+                flags,
                 len,
                 word,
             });
@@ -112,9 +127,14 @@ impl Scanner {
 }
 
 /// Tells glitches among a client's frames: work for Weir that carries no request (floods
-/// of CVE-2019-9512 PING, -9515 SETTINGS, -9518 empty DATA, PRIORITY (-9513), unknown
-/// frame types, which the `h2` crate reads and ignores, and WINDOW_UPDATEs that no DATA
-/// explains).
+/// of CVE-2019-9512 PING, -9515 SETTINGS, -9518 empty DATA (padded or not), PRIORITY
+/// (-9513), unknown frame types, which the `h2` crate reads and ignores, PING ACKs for
+/// PINGs Weir never sent, WINDOW_UPDATEs that no DATA explains, and tiny WINDOW_UPDATEs
+/// while Weir's last DATA was cut short by the window, CVE-2019-9511).
+///
+/// A PING is explained when Weir sent HEADERS or DATA since the client's previous PING:
+/// gRPC clients measure the bandwidth-delay product with a PING per round trip while
+/// data arrives (BDP pings), so only PINGs on a connection where nothing happens count.
 ///
 /// A client releases window for DATA it received: at most one stream and one connection
 /// WINDOW_UPDATE for each DATA frame Weir sent (plus one per stream it opens and two at
@@ -127,6 +147,13 @@ pub struct Glitches {
     first: bool,
     /// WINDOW_UPDATEs the DATA sent so far explains.
     update_credit: u32,
+    /// Weir sent HEADERS or DATA since the client's last PING: the next PING is explained.
+    sent_since_ping: bool,
+    /// PINGs Weir sent whose ACK is still to come.
+    pings_out: u32,
+    /// Weir's last DATA frame was tiny and left the stream open: it was cut to a tiny
+    /// window (or the upstream sends tiny pieces), so a tiny WINDOW_UPDATE feeds a dribble.
+    tiny_data: bool,
 }
 
 impl Default for Glitches {
@@ -134,6 +161,9 @@ impl Default for Glitches {
         Glitches {
             first: true,
             update_credit: START_UPDATES,
+            sent_since_ping: false,
+            pings_out: 0,
+            tiny_data: false,
         }
     }
 }
@@ -144,31 +174,62 @@ impl Glitches {
     pub fn inbound(&mut self, f: &Frame) -> bool {
         let first = std::mem::take(&mut self.first);
         match f.kind {
-            DATA => f.len == 0 && f.flags & END_STREAM == 0,
+            DATA => is_empty_data(f) && f.flags & END_STREAM == 0,
             HEADERS => {
                 self.update_credit = (self.update_credit + 1).min(MAX_UPDATE_CREDIT);
                 false
             }
             SETTINGS => f.flags & ACK == 0 && !first,
-            PING => f.flags & ACK == 0,
-            PRIORITY => true,
-            WINDOW_UPDATE => match self.update_credit.checked_sub(1) {
+            PING if f.flags & ACK != 0 => match self.pings_out.checked_sub(1) {
                 Some(left) => {
-                    self.update_credit = left;
+                    self.pings_out = left;
                     false
                 }
                 None => true,
             },
+            PING => !std::mem::take(&mut self.sent_since_ping),
+            PRIORITY => true,
+            WINDOW_UPDATE => self.window_update(f),
             kind => kind > CONTINUATION,
         }
     }
 
-    /// Notes a frame Weir sent: DATA explains two WINDOW_UPDATEs.
+    fn window_update(&mut self, f: &Frame) -> bool {
+        let tiny = self.tiny_data && f.word.is_some_and(|n| n < TINY_UPDATE);
+        match self.update_credit.checked_sub(1) {
+            Some(left) => {
+                self.update_credit = left;
+                tiny
+            }
+            None => true,
+        }
+    }
+
+    /// Notes a frame Weir sent: DATA explains two WINDOW_UPDATEs, HEADERS or DATA the
+    /// client's next PING.
     #[inline]
     pub fn outbound(&mut self, f: &Frame) {
-        if f.kind == DATA && f.len > 0 {
-            self.update_credit = (self.update_credit + 2).min(MAX_UPDATE_CREDIT);
+        match f.kind {
+            DATA => {
+                if f.len > 0 {
+                    self.update_credit = (self.update_credit + 2).min(MAX_UPDATE_CREDIT);
+                }
+                self.tiny_data = f.len < TINY_UPDATE as usize && f.flags & END_STREAM == 0;
+                self.sent_since_ping = true;
+            }
+            HEADERS => self.sent_since_ping = true,
+            PING if f.flags & ACK == 0 => self.pings_out = self.pings_out.saturating_add(1),
+            _ => {}
         }
+    }
+}
+
+/// DATA with no data: no payload, or only padding (PADDED, payload = pad length + pad).
+#[inline]
+fn is_empty_data(f: &Frame) -> bool {
+    match f.word {
+        Some(pad) if f.flags & PADDED != 0 => f.len == 1 + pad as usize,
+        _ => f.len == 0,
     }
 }
 
@@ -214,6 +275,10 @@ mod tests {
         push(RST_STREAM, 0, &[0, 0, 0, 1], Some(1));
         push(0xee, 0, &[], None);
         push(WINDOW_UPDATE, 0, &[0, 1], None);
+        // Only padding, then one byte of data and padding, then a short PADDED frame.
+        push(DATA, PADDED, &[3, 0, 0, 0], Some(3));
+        push(DATA, PADDED, &[1, b'x', 0], Some(1));
+        push(DATA, PADDED | END_STREAM, &[0], Some(0));
         (bytes, want)
     }
 
@@ -250,16 +315,16 @@ mod tests {
         let (_, frames) = sample();
         let mut g = Glitches::default();
         let glitches: Vec<bool> = frames.iter().map(|f| g.inbound(f)).collect();
-        // The first SETTINGS is no glitch, nor are the first two WINDOW_UPDATEs.
+        // The first SETTINGS is no glitch, nor are the first two WINDOW_UPDATEs; padding
+        // alone is empty DATA.
         assert_eq!(
             glitches,
-            [false, true, false, true, false, false, true, false]
+            [false, true, false, true, false, false, true, false, true, false, false]
         );
         let mut g = Glitches::default();
         assert!(!g.inbound(&of(SETTINGS, 0, 6)));
         assert!(g.inbound(&of(SETTINGS, 0, 6)), "a second SETTINGS");
         assert!(!g.inbound(&of(SETTINGS, ACK, 0)));
-        assert!(!g.inbound(&of(PING, ACK, 8)));
         let update = of(WINDOW_UPDATE, 0, 4);
         // Two at the start, one per stream opened, two per DATA frame sent.
         assert!(!g.inbound(&of(HEADERS, 0, 20)));
@@ -281,6 +346,7 @@ mod tests {
         }
         assert!(g.inbound(&update));
         let resets: Vec<bool> = frames.iter().map(forced_reset).collect();
+        assert_eq!(resets.len(), frames.len());
         assert_eq!(resets.iter().filter(|r| **r).count(), 1);
         let cancel = Frame {
             kind: RST_STREAM,
@@ -289,5 +355,84 @@ mod tests {
             word: Some(CANCEL),
         };
         assert!(!forced_reset(&cancel));
+    }
+
+    fn padded(len: usize, pad: u32) -> Frame {
+        Frame {
+            kind: DATA,
+            flags: PADDED,
+            len,
+            word: Some(pad),
+        }
+    }
+
+    #[test]
+    fn padding_alone_is_empty_data() {
+        let mut g = Glitches::default();
+        assert!(g.inbound(&padded(1, 0)));
+        assert!(g.inbound(&padded(6, 5)));
+        assert!(!g.inbound(&padded(6, 4)), "one byte of data");
+        let mut end = padded(6, 5);
+        end.flags |= END_STREAM;
+        assert!(!g.inbound(&end), "it ends the stream");
+    }
+
+    #[test]
+    fn a_ping_is_explained_by_headers_or_data_sent_since_the_last() {
+        let mut g = Glitches::default();
+        let ping = of(PING, 0, 8);
+        assert!(!g.inbound(&of(SETTINGS, 0, 0)));
+        assert!(g.inbound(&ping), "nothing sent yet");
+        g.outbound(&of(HEADERS, 0, 10));
+        assert!(!g.inbound(&ping), "after the response head");
+        assert!(g.inbound(&ping), "a second PING, nothing sent since");
+        // A BDP ping per round trip of a long download is never a glitch.
+        for _ in 0..10_000 {
+            g.outbound(&of(DATA, 0, 16_384));
+            g.outbound(&of(DATA, 0, 16_384));
+            assert!(!g.inbound(&ping));
+        }
+        // Control frames Weir sends explain nothing.
+        g.outbound(&of(SETTINGS, ACK, 0));
+        g.outbound(&of(PING, ACK, 8));
+        assert!(g.inbound(&ping));
+    }
+
+    #[test]
+    fn a_ping_ack_is_a_glitch_unless_weir_pinged() {
+        let mut g = Glitches::default();
+        let ack = of(PING, ACK, 8);
+        assert!(!g.inbound(&of(SETTINGS, 0, 0)));
+        assert!(g.inbound(&ack), "Weir sent no PING");
+        g.outbound(&of(PING, 0, 8));
+        assert!(!g.inbound(&ack));
+        assert!(g.inbound(&ack), "one ACK per PING");
+    }
+
+    #[test]
+    fn tiny_window_updates_are_glitches_while_data_is_cut_to_them() {
+        let update = |n: u32| Frame {
+            kind: WINDOW_UPDATE,
+            flags: 0,
+            len: 4,
+            word: Some(n),
+        };
+        let mut g = Glitches::default();
+        assert!(!g.inbound(&of(SETTINGS, 0, 0)));
+        assert!(!g.inbound(&of(HEADERS, 0, 20)));
+        // After full frames, small updates are fine (credit allowing).
+        g.outbound(&of(DATA, 0, 16_384));
+        assert!(!g.inbound(&update(1)));
+        assert!(!g.inbound(&update(32_768)));
+        // A 1-byte DATA frame answered with a 1-byte window: a dribble.
+        for _ in 0..100 {
+            g.outbound(&of(DATA, 0, 1));
+            assert!(g.inbound(&update(1)));
+        }
+        // A generous update after a small frame is fine, and so is any after the end.
+        g.outbound(&of(DATA, 0, 1));
+        assert!(!g.inbound(&update(65_535)));
+        g.outbound(&of(DATA, END_STREAM, 1));
+        assert!(!g.inbound(&update(1)));
     }
 }

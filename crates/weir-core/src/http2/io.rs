@@ -60,7 +60,7 @@ impl Prefixed {
                     self.outbound.feed(part, |f| {
                         glitches.outbound(&f);
                         if forced_reset(&f) {
-                            shared.reset_by_client_error();
+                            shared.reset_written(f.word);
                         }
                     });
                 }
@@ -131,8 +131,12 @@ impl AsyncWrite for Prefixed {
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         let flushed = Pin::new(&mut this.conn.stream).poll_flush(cx);
-        if flushed.is_pending() {
-            this.wrote(&Poll::Pending, []);
+        match &flushed {
+            Poll::Pending => this.wrote(&Poll::Pending, []),
+            // Over TLS a write is Ready once the ciphertext is buffered: the stall it left
+            // pending ends only when a flush goes through.
+            Poll::Ready(Ok(())) => this.shared.stalled_since.set(None),
+            Poll::Ready(Err(_)) => {}
         }
         flushed
     }

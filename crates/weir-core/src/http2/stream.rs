@@ -46,7 +46,7 @@ pub async fn serve(
     let snapshot = worker.snapshot();
     let Some(index) = snapshot.listener_index(shared.slot) else {
         // A reload removed the listener: the connection is going away.
-        respond.send_reset(Reason::REFUSED_STREAM);
+        shared.refuse(&mut respond);
         return;
     };
     let listener = &snapshot.config.listeners[index];
@@ -354,8 +354,11 @@ async fn tunnel(
     if !r.target.route.upgrades.iter().any(|u| u == "websocket") {
         return refuse("websocket is not among the route's upgrades");
     }
-    if speaks_h2(r.target.upstream) {
-        return refuse("WebSocket to an HTTP/2 upstream");
+    // The tunnel is an HTTP/1.1 Upgrade on a connection of its own, made with ALPN
+    // `http/1.1` over TLS (as for HTTP/1 clients), so `auto` and TLS `h2` upstreams take
+    // it; only an `h2c` upstream, which speaks nothing but HTTP/2, cannot.
+    if r.target.upstream.protocol == weir_config::UpstreamProtocol::H2c {
+        return refuse("WebSocket to an h2c-only upstream");
     }
     let Some(body) = body else {
         return Err(ProxyError::BadRequest("extended CONNECT that ends the stream").into());

@@ -5,8 +5,9 @@
 //! a `Sec-WebSocket-Key` made here, so routing, filters and `forward::request_head` treat
 //! it as an HTTP/1.1 upgrade (the route's `upgrades` must list `websocket`). The upstream
 //! must answer 101 switching to `websocket` with the `Sec-WebSocket-Accept` of that key
-//! (RFC 6455 4.2.2), else 502; a non-101 answer's status goes back to the client. After
-//! it the client gets 200 and bytes flow both ways: client DATA is released to its window
+//! (RFC 6455 4.2.2), else 502; another 2xx is a 502 too, any other answer goes back to the
+//! client with its fields and body. After it the client gets 200 (with the 101's
+//! end-to-end fields) and bytes flow both ways: client DATA is released to its window
 //! only once written upstream, upstream bytes go out as DATA within the client's window
 //! (one buffer, bounded by `max_send_buffer` in `h2`), END_STREAM and the upstream's EOF
 //! close each direction, and a reset on either side ends both.
@@ -19,12 +20,13 @@ use h2::server::SendResponse;
 use h2::{Reason, RecvStream, SendStream};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
-use super::exchange::{StreamRequest, Trace};
+use super::exchange::{ResponseBody, StreamRequest, Trace};
 use super::send::{send_data, unless_reset, Stop};
 use crate::buffer::Buffer;
 use crate::codec::http1::{HeaderSpan, ResponseHead};
 use crate::connector::UpstreamStream;
 use crate::error::ProxyError;
+use crate::filters::compression::Plan;
 use crate::filters::upgrade::{switch_allowed, Offered};
 use crate::forward::body;
 use crate::forward::exchange::{
@@ -123,18 +125,11 @@ impl StreamRequest<'_> {
             }
             Err(Stop::Error(e)) => return Err(e.into()),
         };
-        let Some(stream) = stream else {
-            // The upstream refused the upgrade: its status, without a body.
-            trace.status = resp.status;
-            let mut head = http::Response::new(());
-            *head.status_mut() =
-                http::StatusCode::from_u16(resp.status).unwrap_or(http::StatusCode::BAD_GATEWAY);
-            respond
-                .send_response(head, true)
-                .map_err(|_| Failure::after_head(ProxyError::ClientClosed))?;
-            return Ok(());
-        };
-        let head = self.accepted_head(&resp, up_buf.filled());
+        let (stream, switched) = stream;
+        if !switched {
+            return self.refused(stream, &resp, up_buf, respond, trace).await;
+        }
+        let head = self.accepted_head(&resp, up_buf.filled(), trace);
         up_buf.consume(resp.head_len);
         trace.status = 200;
         let mut send = respond
@@ -143,10 +138,9 @@ impl StreamRequest<'_> {
         let stall = self.target.listener.http2.stall_timeout;
         match tunnel(&mut send, body, stream, up_buf, stall, trace).await {
             Ok(()) => Ok(()),
-            Err(Stop::Reset) => {
-                trace.reset = true;
-                Err(Failure::after_head(ProxyError::ClientClosed))
-            }
+            // A reset is how a client closes an established tunnel (RFC 8441 section 5):
+            // no cancelled request, so nothing for the reset budget (`trace.reset`).
+            Err(Stop::Reset) => Err(Failure::after_head(ProxyError::ClientClosed)),
             Err(Stop::Error(e)) => {
                 send.send_reset(Reason::CANCEL);
                 Err(Failure::after_head(e))
@@ -154,15 +148,45 @@ impl StreamRequest<'_> {
         }
     }
 
-    /// Sends the Upgrade request and reads the answer: the upstream connection after a
-    /// valid 101, `None` after another final status (in `resp`).
+    /// The upstream refused the upgrade (a final status other than 101 and 2xx, in `resp`):
+    /// the refusal goes to the client as any response would, with its fields and body
+    /// (`WWW-Authenticate` of a 401, `Location` of a redirect).
+    async fn refused(
+        &self,
+        mut stream: UpstreamStream,
+        resp: &ResponseHead,
+        up_buf: &mut Buffer,
+        respond: &mut SendResponse<Bytes>,
+        trace: &mut Trace,
+    ) -> Result<(), Failure> {
+        trace.status = resp.status;
+        let arrived = Bytes::copy_from_slice(up_buf.filled());
+        let plan = Plan::default();
+        let head = self.end_to_end_head(resp, &arrived, self.server_of(trace), &plan);
+        up_buf.consume(resp.head_len);
+        let body = ResponseBody {
+            plan: &plan,
+            first: None,
+        };
+        self.respond_with(respond, head, resp, (&mut stream, up_buf), body, trace)
+            .await
+    }
+
+    /// The server `open` picked.
+    fn server_of(&self, trace: &Trace) -> &weir_config::UpstreamServer {
+        let servers = &self.target.upstream.servers;
+        &servers[trace.upstream_pick.map_or(0, |(_, server)| server)]
+    }
+
+    /// Sends the Upgrade request and reads the answer: the upstream connection, and
+    /// whether it switched (a valid 101) or refused (another final status, in `resp`).
     async fn open(
         &self,
         key: &[u8],
         up_buf: &mut Buffer,
         resp: &mut ResponseHead,
         trace: &mut Trace,
-    ) -> Result<Option<UpstreamStream>, Failure> {
+    ) -> Result<(UpstreamStream, bool), Failure> {
         let target = self.target;
         let (_, pick) = self.first_pick()?;
         let server = &target.upstream.servers[pick.server];
@@ -193,7 +217,7 @@ impl StreamRequest<'_> {
         key: &[u8],
         up_buf: &mut Buffer,
         resp: &mut ResponseHead,
-    ) -> Result<Option<UpstreamStream>, Failure> {
+    ) -> Result<(UpstreamStream, bool), Failure> {
         let upstream = self.target.upstream;
         let tls = self.target.pool.tls.as_deref();
         let now = Instant::now();
@@ -229,8 +253,12 @@ impl StreamRequest<'_> {
         )
         .await
         .map_err(|e| Failure::from(e.error))?;
+        if (200..300).contains(&resp.status) {
+            // Not a refusal, and no switch: the upstream is no WebSocket server.
+            return Err(ProxyError::UpstreamMalformed("2xx answer to a WebSocket upgrade").into());
+        }
         if resp.status != 101 {
-            return Ok(None);
+            return Ok((stream, false));
         }
         let buf = up_buf.filled();
         let allowed = &self.target.route.upgrades;
@@ -240,25 +268,24 @@ impl StreamRequest<'_> {
         {
             return Err(ProxyError::UpstreamMalformed("WebSocket handshake not accepted").into());
         }
-        Ok(Some(stream))
+        Ok((stream, true))
     }
 
-    /// The 200 to the client, with the subprotocol and extensions the server chose.
-    fn accepted_head(&self, resp: &ResponseHead, buf: &[u8]) -> http::Response<()> {
-        let mut head = http::Response::new(());
-        for name in ["sec-websocket-protocol", "sec-websocket-extensions"] {
-            let value = field(&resp.headers, buf, name).map(http::HeaderValue::from_bytes);
-            if let Some(Ok(value)) = value {
-                head.headers_mut()
-                    .insert(http::HeaderName::from_static(name), value);
-            }
-        }
+    /// The 200 to the client, with the end-to-end fields of the 101 (the subprotocol and
+    /// extensions the server chose, cookies, ...) but `Sec-WebSocket-Accept`, which
+    /// answered Weir's key.
+    fn accepted_head(&self, resp: &ResponseHead, buf: &[u8], trace: &Trace) -> http::Response<()> {
+        let arrived = Bytes::copy_from_slice(buf);
+        let server = self.server_of(trace);
+        let mut head = self.end_to_end_head(resp, &arrived, server, &Plan::default());
+        *head.status_mut() = http::StatusCode::OK;
+        head.headers_mut().remove("sec-websocket-accept");
         head
     }
 }
 
 /// Relays both ways until each side has ended its direction (client END_STREAM, upstream
-/// EOF); after the upstream ended, the client gets `stall` to end its own.
+/// EOF); after either side ended, the other gets `stall` to end its own.
 async fn tunnel(
     send: &mut SendStream<Bytes>,
     mut body: RecvStream,
@@ -276,7 +303,12 @@ async fn tunnel(
         tokio::pin!(down, up);
         tokio::select! {
             r = &mut up => match r {
-                Ok(()) => down.await,
+                // The client ended its half: the upstream gets `stall` to end its own
+                // (a server that never closes would hold the tunnel forever).
+                Ok(()) => match tokio::time::timeout(stall, down).await {
+                    Ok(r) => r,
+                    Err(_) => Err(Stop::Error(ProxyError::UpstreamTimeout)),
+                },
                 Err(e) => Err(e),
             },
             r = &mut down => match r {
