@@ -303,7 +303,7 @@ fn issuance(challenge: &str) {
     let _pebble = setup.start(http, https, 3600);
     issued(&proxy);
     use std::os::unix::fs::PermissionsExt;
-    let key = storage.join(format!("{NAME}.key"));
+    let (_, key) = weir_core::tls::auto::storage::cert_files(&storage, &[NAME.to_owned()], "acme");
     assert_eq!(
         std::fs::metadata(key).unwrap().permissions().mode() & 0o777,
         0o600
