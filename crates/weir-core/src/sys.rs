@@ -210,6 +210,12 @@ mod tests {
 /// Takes an exclusive `flock(2)` on `file` without waiting: `Ok(false)` when another
 /// process holds it. Released when the descriptor closes (the lock of automatic
 /// certificates' storage).
+/// The effective user ID of this process.
+pub fn effective_uid() -> u32 {
+    // SAFETY: geteuid takes nothing and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
 /// Whether this process may create files in directory `dir` (`access(W_OK | X_OK)`).
 pub fn check_writable(dir: &std::path::Path) -> io::Result<()> {
     use std::os::unix::ffi::OsStrExt;
