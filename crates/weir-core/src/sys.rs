@@ -210,6 +210,40 @@ mod tests {
 /// Takes an exclusive `flock(2)` on `file` without waiting: `Ok(false)` when another
 /// process holds it. Released when the descriptor closes (the lock of automatic
 /// certificates' storage).
+/// The effective user ID of this process.
+pub fn effective_uid() -> u32 {
+    // SAFETY: geteuid takes nothing and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// Whether this process may create files in directory `dir` (`access(W_OK | X_OK)`).
+pub fn check_writable(dir: &std::path::Path) -> io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c_path = std::ffi::CString::new(dir.as_os_str().as_bytes())
+        .map_err(|_| io::Error::other("a NUL byte in the path"))?;
+    // SAFETY: a valid NUL-terminated path; access only reads it.
+    if unsafe { libc::access(c_path.as_ptr(), libc::W_OK | libc::X_OK) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Waits for an exclusive `flock` on `file` (held until the file is closed).
+pub fn lock_exclusive(file: BorrowedFd<'_>) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    loop {
+        // SAFETY: flock on a borrowed, open descriptor; no memory is passed.
+        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) };
+        if rc == 0 {
+            return Ok(());
+        }
+        let error = io::Error::last_os_error();
+        if error.kind() != io::ErrorKind::Interrupted {
+            return Err(error);
+        }
+    }
+}
+
 pub fn try_lock_exclusive(file: BorrowedFd<'_>) -> io::Result<bool> {
     use std::os::fd::AsRawFd;
     // SAFETY: flock on a borrowed, open descriptor; no memory is passed.

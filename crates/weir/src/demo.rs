@@ -10,6 +10,34 @@ use weir_testkit::Backend;
 
 use crate::run::Running;
 
+/// The demo CA's default directory: per user (`$XDG_DATA_HOME/weir/demo-ca`, else
+/// `$HOME/.local/share/weir/demo-ca`), never a fixed path in the shared temporary
+/// directory, where another user could plant a CA key the demo would then trust.
+/// An existing one must be this user's with mode 0700.
+pub fn default_ca_storage() -> anyhow::Result<PathBuf> {
+    let base = match std::env::var_os("XDG_DATA_HOME").map(PathBuf::from) {
+        Some(dir) if dir.is_absolute() => dir,
+        _ => std::env::var_os("HOME")
+            .map(|home| PathBuf::from(home).join(".local/share"))
+            .ok_or_else(|| {
+                anyhow::anyhow!("neither XDG_DATA_HOME nor HOME is set: pass --ca-storage DIR")
+            })?,
+    };
+    let dir = base.join("weir/demo-ca");
+    if let Ok(meta) = std::fs::symlink_metadata(&dir) {
+        use std::os::unix::fs::MetadataExt;
+        let euid = weir_core::sys::effective_uid();
+        if !meta.is_dir() || meta.uid() != euid || meta.mode() & 0o077 != 0 {
+            anyhow::bail!(
+                "{}: the demo CA directory must be a directory owned by this user with mode \
+                 0700 (chmod 700 it, remove it, or pass --ca-storage DIR)",
+                dir.display()
+            );
+        }
+    }
+    Ok(dir)
+}
+
 pub fn run(
     (port, tls_port, admin_port): (u16, u16, u16),
     ca_storage: PathBuf,

@@ -54,7 +54,8 @@ enum Command {
         #[arg(long, default_value_t = 9901)]
         admin_port: u16,
         /// Directory of the demo's internal CA (made once, reused by later demos);
-        /// default: weir-demo-ca in the system's temporary directory.
+        /// default: $XDG_DATA_HOME/weir/demo-ca, else $HOME/.local/share/weir/demo-ca
+        /// (refused unless owned by this user with mode 0700).
         #[arg(long)]
         ca_storage: Option<PathBuf>,
     },
@@ -76,10 +77,10 @@ fn main() -> std::process::ExitCode {
             tls_port,
             admin_port,
             ca_storage,
-        } => demo::run(
-            (port, tls_port, admin_port),
-            ca_storage.unwrap_or_else(|| std::env::temp_dir().join("weir-demo-ca")),
-        ),
+        } => match ca_storage.map_or_else(demo::default_ca_storage, Ok) {
+            Ok(ca_storage) => demo::run((port, tls_port, admin_port), ca_storage),
+            Err(e) => Err(e),
+        },
         Command::Ctl(args) => ctl::run(args),
     };
     match result {

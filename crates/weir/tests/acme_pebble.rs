@@ -6,7 +6,8 @@
 //!
 //! Runs when /usr/bin/pebble and /usr/bin/pebble-challtestsrv are there (Debian package
 //! `pebble`; `WEIR_PEBBLE_DIR` names another directory holding both). Without them each
-//! test prints that it was skipped and passes. Pebble gets a JSON config and its own TLS
+//! test prints that it was skipped and passes, unless `WEIR_REQUIRE_PEBBLE` is set (`.ci/run`
+//! sets it once pebble is installed): then it fails. Pebble gets a JSON config and its own TLS
 //! certificate made here in a temporary directory, free ports on 127.0.0.1, and
 //! pebble-challtestsrv as its DNS server answering 127.0.0.1 for every name; its
 //! validation ports (`httpPort`, `tlsPort`) are Weir's listeners.
@@ -33,6 +34,12 @@ fn pebble_dir() -> Option<PathBuf> {
     let dir = std::env::var_os("WEIR_PEBBLE_DIR")
         .map_or_else(|| PathBuf::from("/usr/bin"), PathBuf::from);
     let found = dir.join("pebble").is_file() && dir.join("pebble-challtestsrv").is_file();
+    if !found && std::env::var_os("WEIR_REQUIRE_PEBBLE").is_some() {
+        panic!(
+            "WEIR_REQUIRE_PEBBLE is set but pebble or pebble-challtestsrv is not in {}",
+            dir.display()
+        );
+    }
     if !found {
         eprintln!(
             "SKIPPED: pebble or pebble-challtestsrv not found in {} (apt-get install pebble)",
@@ -303,7 +310,7 @@ fn issuance(challenge: &str) {
     let _pebble = setup.start(http, https, 3600);
     issued(&proxy);
     use std::os::unix::fs::PermissionsExt;
-    let key = storage.join(format!("{NAME}.key"));
+    let (_, key) = weir_core::tls::auto::storage::cert_files(&storage, &[NAME.to_owned()], "acme");
     assert_eq!(
         std::fs::metadata(key).unwrap().permissions().mode() & 0o777,
         0o600

@@ -64,6 +64,11 @@ fn run_strict(binary: &PathBuf, weir: &common::Weir, backend: &Backend, tls: boo
 }
 
 fn skipped(test: &str) {
+    // `.ci/run` sets it when go is there to install h2spec: a missing binary is then a bug.
+    assert!(
+        std::env::var_os("WEIR_REQUIRE_H2SPEC").is_none(),
+        "{test}: WEIR_REQUIRE_H2SPEC is set but there is no h2spec binary"
+    );
     eprintln!("SKIPPED {test}: no h2spec binary (set WEIR_H2SPEC or install it to $HOME/go/bin)");
 }
 

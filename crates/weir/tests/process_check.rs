@@ -271,3 +271,32 @@ fn certificates_are_reported_with_names_expiry_and_warnings() {
         "{stdout}"
     );
 }
+
+/// `weir check` writes nothing: on an `internal_ca` listener it neither makes the storage
+/// directory nor a CA, and a storage path under a file is refused with its path.
+#[test]
+fn check_on_an_internal_ca_config_leaves_the_storage_directory_absent() {
+    let dir = TempDir::new("check-ca");
+    let storage = dir.path().join("ca");
+    let config = format!(
+        "[[listeners]]\nname = \"tls\"\nbind = \"127.0.0.1:0\"\n[listeners.tls]\n\
+         internal_ca = {{ storage = {:?} }}\n[[listeners.routes]]\nname = \"r\"\n\
+         respond = {{ status = 200 }}\n",
+        storage.display().to_string()
+    );
+    let path = dir.write("ca.toml", &config);
+    let out = weir_check(&path);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?}\n{stderr}", out.status);
+    assert!(!storage.exists(), "check made {}", storage.display());
+
+    let blocker = dir.write("not-a-dir", "a file");
+    let config = config.replace(
+        &format!("{:?}", storage.display().to_string()),
+        &format!("{:?}", blocker.join("ca").display().to_string()),
+    );
+    let out = weir_check(&dir.write("bad.toml", &config));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("not-a-dir"), "{stderr}");
+}

@@ -64,7 +64,9 @@ async fn internal_ca_serves_verified_https_and_a_restart_reuses_it() {
     let (leaf, response) = fetch(&weir, &storage).await;
     assert!(response.starts_with("HTTP/1.1 200"), "{response}");
     assert_eq!(mode(&storage.join("ca.key")), 0o600);
-    assert_eq!(mode(&storage.join("localhost.key")), 0o600);
+    let names = ["localhost".to_owned(), "127.0.0.1".to_owned()];
+    let (_, key) = weir_core::tls::auto::storage::cert_files(&storage, &names, "internal");
+    assert_eq!(mode(&key), 0o600);
     let snapshot = weir.proxy().snapshot();
     let auto = snapshot
         .listener_tls("web")
@@ -233,4 +235,49 @@ async fn http01_tokens_are_answered_before_routing_and_redirect_https() {
         .await
         .unwrap();
     assert_eq!(r.status, 308, "a removed token is no longer answered");
+}
+
+/// With `alpn = []` and TLS-ALPN-01, a normal client offering h2 and http/1.1 still
+/// completes the handshake (no ALPN chosen): `acme-tls/1` is only in the config chosen
+/// for a ClientHello offering nothing else, never the listener's own (empty) list.
+#[tokio::test]
+async fn tls_alpn01_with_empty_alpn_still_serves_clients_offering_alpn() {
+    let backend = Backend::echo("b");
+    let dir = CertDir::new();
+    let files = weir_testkit::certs::TestCa::new("explicit CA");
+    let explicit = files.leaf(&["app.test"]);
+    let weir = single(backend.addr())
+        .listener(&format!(
+            "[listeners.tls]\nalpn = []\ncerts = [{{ cert = {:?}, key = {:?} }}]\n\
+             acme = {{ domains = [\"acme.test\"], storage = {:?}, \
+             directory = \"https://127.0.0.1:1/directory\", challenge = \"tls-alpn-01\" }}",
+            explicit.cert_path.display().to_string(),
+            explicit.key_path.display().to_string(),
+            dir.path().join("acme").display().to_string()
+        ))
+        .start();
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_file(&files.cert_path).unwrap())
+        .unwrap();
+    let mut config = rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    let tcp = tokio::net::TcpStream::connect(weir.addr).await.unwrap();
+    let mut tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(ServerName::try_from("app.test").unwrap(), tcp)
+        .await
+        .expect("a client offering ALPN handshakes with alpn = []");
+    assert_eq!(tls.get_ref().1.alpn_protocol(), None);
+    tls.write_all(b"GET / HTTP/1.1\r\nHost: app.test\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    tls.read_to_end(&mut out).await.unwrap();
+    assert!(
+        out.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&out)
+    );
 }

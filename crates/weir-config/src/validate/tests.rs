@@ -1396,6 +1396,11 @@ fn tls_automatic_certificates() {
             "contact",
             "mailto:",
         ),
+        (
+            "acme = { domains = [\"a.com\"], storage = \"s\", retry_initial = \"100ms\" }",
+            "retry_initial",
+            "at least 1s",
+        ),
     ];
     for (line, field, message) in cases {
         let e = parse_str(&with_tls(&format!("{line}\n")), "t").expect_err(line);
@@ -1407,6 +1412,10 @@ fn tls_automatic_certificates() {
         "acme = { domains = [\"a.com\"], storage = \"s\" }\ninternal_ca = { storage = \"c\" }\n";
     let e = parse_str(&with_tls(both), "t").expect_err("both");
     assert!(e.to_string().contains("not both"), "{e}");
+    let short = "internal_ca = { storage = \"c\", lifetime = \"2s\" }\n";
+    let e = parse_str(&with_tls(short), "t").expect_err("short lifetime");
+    assert_eq!(e.field, "listeners[0].tls.internal_ca.lifetime", "{e}");
+    assert!(e.to_string().contains("at least 5s"), "{e}");
 }
 
 #[test]

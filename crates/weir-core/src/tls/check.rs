@@ -1,7 +1,8 @@
 //! `weir check` for certificates: every TLS listener's files are loaded as a start would
 //! (readable, key matches, a DNS name, not expired), then reported with their names,
 //! issuer, expiry and fingerprint, with warnings for a chain out of order and for a
-//! certificate expiring within [`EXPIRY_WARNING_DAYS`].
+//! certificate expiring within [`EXPIRY_WARNING_DAYS`]. Automatic certificates are only
+//! looked at: their storage must be usable, and a stored one is reported.
 
 use std::path::PathBuf;
 
@@ -49,11 +50,18 @@ pub fn check(config: &Config) -> Result<Vec<CertReport>, ListenerTlsError> {
     let mut reports = Vec::new();
     for listener in &config.listeners {
         let Some(tls) = &listener.tls else { continue };
-        let built = ListenerTls::build(tls, None).map_err(|error| ListenerTlsError {
+        let error = |error| ListenerTlsError {
             listener: listener.name.clone(),
             error,
-        })?;
-        for cert in built.store.certs() {
+        };
+        // The files and settings as a start would load them, but without the automatic
+        // certificate: obtaining it writes (storage, CA, leaf), and a check writes nothing.
+        let mut manual = tls.clone();
+        manual.acme = None;
+        manual.internal_ca = None;
+        let built = ListenerTls::build(&manual, None).map_err(error)?;
+        let stored = super::auto::check(tls).map_err(error)?;
+        for cert in built.store.certs().iter().chain(stored.as_ref()) {
             let days_left = (cert.facts.not_after - now).div_euclid(86_400);
             let mut warnings: Vec<String> = chain_order(&cert.key.cert).into_iter().collect();
             if days_left < EXPIRY_WARNING_DAYS {

@@ -10,7 +10,6 @@
 
 use std::cell::Cell;
 use std::io;
-use std::sync::Arc;
 
 use rustls::server::Acceptor;
 use rustls::{Error, PeerIncompatible};
@@ -42,7 +41,7 @@ pub async fn accept(
         Err(TlsFailure::Busy)
     } else {
         let _in_progress = InProgress::enter(&worker.tls_handshakes);
-        let handshake = handshake(&tls.server_config, stream, buf);
+        let handshake = handshake(tls, stream, buf);
         match tokio::time::timeout(tls.handshake_timeout, handshake).await {
             Ok(Ok(Some(tls_stream)))
                 if tls_stream.get_ref().1.alpn_protocol()
@@ -99,7 +98,7 @@ impl Drop for InProgress<'_> {
 /// The handshake itself. `Ok(None)`: the client closed before sending anything (a port
 /// check, not a failed handshake).
 async fn handshake(
-    config: &Arc<rustls::ServerConfig>,
+    tls: &ListenerTls,
     stream: &mut ClientStream,
     buf: &mut Buffer,
 ) -> Result<Option<TlsStream<TcpStream>>, TlsFailure> {
@@ -127,6 +126,18 @@ async fn handshake(
             .await
             .map_err(|e| classify(&e))?,
         Err((error, _alert)) => return Err(classify_rustls(&error)),
+    };
+    // The ACME validator's ClientHello (only `acme-tls/1`) gets the challenge config.
+    let config = match &tls.challenge_config {
+        Some(challenge)
+            if start
+                .client_hello()
+                .alpn()
+                .is_some_and(super::auto::challenge::is_challenge_hello) =>
+        {
+            challenge
+        }
+        _ => &tls.server_config,
     };
     let tls = start
         .into_stream(config.clone())

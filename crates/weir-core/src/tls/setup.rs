@@ -24,6 +24,11 @@ const SESSION_CACHE_SIZE: usize = 16 * 1024;
 #[derive(Debug)]
 pub struct ListenerTls {
     pub server_config: Arc<ServerConfig>,
+    /// With TLS-ALPN-01: the config for a ClientHello offering only `acme-tls/1` (the ACME
+    /// validator), chosen before the handshake. Kept apart so the normal ALPN list never
+    /// holds `acme-tls/1`: with `alpn = []` it would be the only protocol, and rustls
+    /// would refuse every client offering h2 or http/1.1.
+    pub challenge_config: Option<Arc<ServerConfig>>,
     pub store: Arc<CertStore>,
     pub handshake_timeout: Duration,
     pub max_handshakes: usize,
@@ -45,12 +50,12 @@ impl ListenerTls {
             .map(|files| load(files, &provider, now))
             .collect::<Result<Vec<_>, _>>()?;
         let mut store = CertStore::new(certs, tls.default_cert);
+        let alpn_challenge = tls
+            .acme
+            .as_ref()
+            .is_some_and(|a| a.challenge == AcmeChallenge::TlsAlpn01);
         if let Some(auto) = super::auto::obtain(tls)? {
-            let alpn = tls
-                .acme
-                .as_ref()
-                .is_some_and(|a| a.challenge == AcmeChallenge::TlsAlpn01);
-            store = store.with_auto(auto, alpn);
+            store = store.with_auto(auto, alpn_challenge);
         }
         let store = Arc::new(store);
         let mut server_config = server_config(tls, provider, store.clone())?;
@@ -61,12 +66,18 @@ impl ListenerTls {
                 server_config.session_storage = kept.session_storage.clone();
             }
         }
+        let challenge_config = alpn_challenge.then(|| {
+            let mut config = server_config.clone();
+            config.alpn_protocols = vec![super::auto::challenge::ACME_TLS_ALPN.to_vec()];
+            Arc::new(config)
+        });
         let client_cert_header = tls.client_cert_header.as_deref().map(|name| {
             let lower = name.to_ascii_lowercase().into_bytes().into_boxed_slice();
             (Box::from(name), lower)
         });
         Ok(ListenerTls {
             server_config: Arc::new(server_config),
+            challenge_config,
             store,
             handshake_timeout: tls.handshake_timeout,
             max_handshakes: tls.max_handshakes,
@@ -97,18 +108,8 @@ fn server_config(
         None => builder.with_no_client_auth(),
         Some(auth) => builder.with_client_cert_verifier(client_verifier(auth, provider)?),
     };
-    let store_answers_alpn_challenge = tls
-        .acme
-        .as_ref()
-        .is_some_and(|a| a.challenge == AcmeChallenge::TlsAlpn01);
     let mut config = builder.with_cert_resolver(store);
     config.alpn_protocols = tls.alpn.iter().map(|p| p.as_bytes().to_vec()).collect();
-    if store_answers_alpn_challenge {
-        // Last: chosen only by a client offering nothing else (the ACME validator).
-        config
-            .alpn_protocols
-            .push(super::auto::challenge::ACME_TLS_ALPN.to_vec());
-    }
     if tls.session_resumption {
         config.ticketer = rustls::crypto::aws_lc_rs::Ticketer::new()
             .map_err(|e| TlsError::new(first_file, format!("cannot make ticket keys: {e}")))?;

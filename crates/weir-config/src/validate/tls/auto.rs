@@ -57,7 +57,7 @@ pub(crate) fn acme(raw: Option<RawAcme>, path: &FieldPath) -> Result<Option<Acme
             "certs/acme-server-ca.pem",
         )?),
     };
-    let retry_initial = duration(raw.retry_initial, "10s", &path.key("retry_initial"), true)?;
+    let retry_initial = at_least(raw.retry_initial, "10s", &path.key("retry_initial"), 1)?;
     Ok(Some(Acme {
         domains,
         contact,
@@ -139,8 +139,36 @@ pub(crate) fn internal_ca(
     Ok(Some(InternalCa {
         storage: storage(raw.storage, &path.key("storage"), "/var/lib/weir/ca")?,
         names: Vec::new(),
-        lifetime: duration(raw.lifetime, "168h", &path.key("lifetime"), true)?,
+        lifetime: at_least(
+            raw.lifetime,
+            "168h",
+            &path.key("lifetime"),
+            MIN_LIFETIME_SECS,
+        )?,
     }))
+}
+
+/// The shortest internal certificate lifetime: renewal comes at two thirds of it, so a
+/// shorter one would have the renewal thread issue almost every second.
+const MIN_LIFETIME_SECS: u64 = 5;
+
+/// A duration of at least `min_secs` seconds (a floor against renewal or retry loops).
+fn at_least(
+    raw: Option<String>,
+    default: &str,
+    path: &FieldPath,
+    min_secs: u64,
+) -> Result<std::time::Duration, Issue> {
+    let value = duration(raw, default, path, true)?;
+    if value.as_secs() < min_secs {
+        let key = path.last_key();
+        return Err(Issue::new(
+            path,
+            format!("{key} must be at least {min_secs}s"),
+            format!("set {key} to \"{min_secs}s\" or more (the default is \"{default}\")"),
+        ));
+    }
+    Ok(value)
 }
 
 /// Gives an `internal_ca` listener its names: the exact and wildcard hosts of its routes,

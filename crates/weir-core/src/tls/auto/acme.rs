@@ -89,9 +89,14 @@ pub async fn order(auto: &AutoCerts, acme: &Acme) -> Result<Outcome, OrderError>
         order.finalize_csr(csr.der()).await?;
         let chain = order.poll_certificate(&polling()).await?;
         let files = auto.files();
-        storage::write(&files.key, key.serialize_pem().as_bytes(), true)
-            .map_err(|e| io("key", e))?;
-        storage::write(&files.cert, chain.as_bytes(), false).map_err(|e| io("certificate", e))?;
+        let key_pem = key.serialize_pem();
+        storage::write_pair(
+            &files.cert,
+            chain.as_bytes(),
+            &files.key,
+            key_pem.as_bytes(),
+        )
+        .map_err(|e| io("certificate and key", e))?;
         auto.installed().map_err(|e| e.to_string())?;
         Ok(Outcome::Ordered)
     }

@@ -25,7 +25,9 @@ fn ca(dir: &Path) -> Result<Issuer<'static, KeyPair>, TlsError> {
         };
         let key = KeyPair::from_pem(&read(&key_path)?)
             .map_err(|e| TlsError::new(&key_path, format!("not a usable CA key: {e}")))?;
-        return Issuer::from_ca_cert_pem(&read(&cert_path)?, key)
+        let pem = read(&cert_path)?;
+        check_key_matches(&cert_path, &pem, &key)?;
+        return Issuer::from_ca_cert_pem(&pem, key)
             .map_err(|e| TlsError::new(&cert_path, format!("not a usable CA certificate: {e}")));
     }
     let key = KeyPair::generate().map_err(|e| TlsError::new(&key_path, e.to_string()))?;
@@ -44,17 +46,37 @@ fn ca(dir: &Path) -> Result<Issuer<'static, KeyPair>, TlsError> {
     let cert = params
         .self_signed(&key)
         .map_err(|e| TlsError::new(&cert_path, e.to_string()))?;
-    write(&key_path, &key.serialize_pem(), true)?;
-    write(&cert_path, &cert.pem(), false)?;
+    write_pair(&cert_path, &cert.pem(), &key_path, &key.serialize_pem())?;
     tracing::info!(ca = %cert_path.display(), "internal CA made; clients trust it with this file");
     Ok(Issuer::new(params, key))
+}
+
+/// Refuses a `ca.key` that is not the key of `ca.pem` (leaves it issues would not verify).
+fn check_key_matches(cert_path: &Path, pem: &str, key: &KeyPair) -> Result<(), TlsError> {
+    use rustls::pki_types::{pem::PemObject, CertificateDer};
+    use x509_parser::prelude::{FromDer, X509Certificate};
+    let der = CertificateDer::from_pem_slice(pem.as_bytes())
+        .map_err(|e| TlsError::new(cert_path, format!("not a usable CA certificate: {e}")))?;
+    let (_, cert) = X509Certificate::from_der(&der)
+        .map_err(|e| TlsError::new(cert_path, format!("not a usable CA certificate: {e}")))?;
+    if cert.public_key().subject_public_key.data.as_ref() != key.public_key_raw() {
+        return Err(TlsError::new(
+            cert_path,
+            "ca.key is not the key of ca.pem: restore the matching ca.key, or remove both \
+             to make a new CA (clients must then trust the new ca.pem)",
+        ));
+    }
+    Ok(())
 }
 
 /// Issues a certificate for `names` valid for `lifetime` from the CA in `dir` (made if
 /// missing) and writes it (chain: leaf then CA) with its key (0600) under `dir`.
 pub fn issue(dir: &Path, names: &[String], lifetime: Duration) -> Result<(), TlsError> {
+    // Two threads or processes sharing `dir` must not both make a CA, or interleave writes.
+    let _lock = storage::Lock::take_ca(dir)
+        .map_err(|e| TlsError::new(dir, format!("cannot lock the storage directory: {e}")))?;
     let issuer = ca(dir)?;
-    let (cert_path, key_path) = storage::cert_files(dir, names);
+    let (cert_path, key_path) = storage::cert_files(dir, names, super::Source::Internal.label());
     let err = |e: rcgen::Error| TlsError::new(&cert_path, format!("cannot issue: {e}"));
     let key = KeyPair::generate().map_err(err)?;
     let mut params = CertificateParams::new(names.to_vec()).map_err(err)?;
@@ -75,11 +97,29 @@ pub fn issue(dir: &Path, names: &[String], lifetime: Duration) -> Result<(), Tls
     let cert = params.signed_by(&key, &issuer).map_err(err)?;
     let ca_pem = std::fs::read_to_string(dir.join("ca.pem")).unwrap_or_default();
     let chain = format!("{}{ca_pem}", cert.pem());
-    write(&key_path, &key.serialize_pem(), true)?;
-    write(&cert_path, &chain, false)
+    write_pair(&cert_path, &chain, &key_path, &key.serialize_pem())
 }
 
-fn write(path: &Path, text: &str, private: bool) -> Result<(), TlsError> {
-    storage::write(path, text.as_bytes(), private)
-        .map_err(|e| TlsError::new(path, format!("cannot write it: {e}")))
+fn write_pair(cert: &Path, chain: &str, key: &Path, key_pem: &str) -> Result<(), TlsError> {
+    storage::write_pair(cert, chain.as_bytes(), key, key_pem.as_bytes())
+        .map_err(|e| TlsError::new(cert, format!("cannot write it and its key: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_ca_key_that_is_not_the_key_of_ca_pem_is_refused_by_name() {
+        let dir = std::env::temp_dir().join(format!("weir-ca-mismatch-{}", std::process::id()));
+        let names = vec!["a.test".to_owned()];
+        issue(&dir, &names, Duration::from_secs(3600)).unwrap();
+        let other = KeyPair::generate().unwrap();
+        storage::write(&dir.join("ca.key"), other.serialize_pem().as_bytes(), true).unwrap();
+        let error = issue(&dir, &names, Duration::from_secs(3600))
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("ca.key is not the key of ca.pem"), "{error}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

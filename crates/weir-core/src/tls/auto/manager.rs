@@ -61,15 +61,22 @@ fn in_use(shared: &Shared) -> Vec<Arc<AutoCerts>> {
 fn start(auto: Arc<AutoCerts>) {
     let acme = match &auto.spec {
         Spec::Internal { .. } => {
-            if let Err(e) = super::renew_internal(&auto) {
-                auto.failed(e.to_string(), MAX_BACKOFF / 60);
+            // A panic must not end this thread: every certificate's renewal runs on it.
+            let renewed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                super::renew_internal(&auto)
+            }));
+            match renewed {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => auto.failed(e.to_string(), MAX_BACKOFF / 60),
+                Err(_) => auto.failed("issuing panicked".to_owned(), MAX_BACKOFF / 60),
             }
             return;
         }
         Spec::Acme(acme) => acme.clone(),
     };
-    auto.set_running(true);
+    let running = Running::start(auto.clone(), acme.retry_initial);
     tokio::spawn(async move {
+        let _running = running;
         tracing::info!(names = %auto.names.join(","), directory = %acme.directory, "ACME order started");
         match acme::order(&auto, &acme).await {
             Ok(Outcome::Ordered) => {
@@ -89,8 +96,35 @@ fn start(auto: Arc<AutoCerts>) {
                 auto.failed(e.message, wait);
             }
         }
-        auto.set_running(false);
     });
+}
+
+/// Marks an order running while it lives; dropped however the task ends (a panic too:
+/// then it records the failure and backs off, so the name set is ordered again later).
+struct Running {
+    auto: Arc<AutoCerts>,
+    retry_initial: Duration,
+}
+
+impl Running {
+    fn start(auto: Arc<AutoCerts>, retry_initial: Duration) -> Running {
+        auto.set_running(true);
+        Running {
+            auto,
+            retry_initial,
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            ORDERS_FAILED.fetch_add(1, Ordering::Relaxed);
+            let wait = backoff(self.retry_initial, self.auto.status().failures);
+            self.auto.failed("the order task panicked".to_owned(), wait);
+        }
+        self.auto.set_running(false);
+    }
 }
 
 /// `initial` doubled `failures` times, at most [`MAX_BACKOFF`], plus up to a quarter more
@@ -120,5 +154,23 @@ mod tests {
         }
         let capped = backoff(s(10), 30);
         assert!(capped >= MAX_BACKOFF && capped <= MAX_BACKOFF + MAX_BACKOFF / 4);
+    }
+
+    #[tokio::test]
+    async fn a_panicking_order_task_is_no_longer_running_and_backs_off() {
+        let dir = std::env::temp_dir().join(format!("weir-running-{}", std::process::id()));
+        let auto = Arc::new(super::super::tests::auto(&dir, &["a.test"]));
+        let running = Running::start(auto.clone(), Duration::from_secs(1));
+        assert!(auto.status().running);
+        let task = tokio::spawn(async move {
+            let _running = running;
+            panic!("a bug in an order");
+        });
+        assert!(task.await.is_err(), "the task panicked");
+        let status = auto.status();
+        assert!(!status.running, "not left running forever");
+        assert_eq!(status.failures, 1);
+        assert!(status.retry_at.is_some());
+        assert!(status.last_error.unwrap().contains("panicked"));
     }
 }

@@ -97,24 +97,58 @@ impl AutoCerts {
 
     /// The stored certificate and key files.
     pub fn files(&self) -> CertKey {
-        let (cert, key) = storage::cert_files(&self.storage, &self.names);
+        let (cert, key) = storage::cert_files(&self.storage, &self.names, self.source.label());
         CertKey { cert, key }
     }
 
-    /// Loads the stored certificate into use; `Err` when it is missing or unusable.
-    fn load_stored(&self) -> Result<(), TlsError> {
+    /// Loads the stored certificate into use; `Ok(false)`: what was installed covers only
+    /// some of the names (it is due now, so a certificate for all of them is obtained
+    /// while it keeps serving the names it has); `Err` when none is usable.
+    fn load_stored(&self) -> Result<bool, TlsError> {
         let provider = rustls::crypto::aws_lc_rs::default_provider();
-        let loaded = load(&self.files(), &provider, unix_now())?;
-        let renew_at = renew_at(loaded.facts.not_before, loaded.facts.not_after);
-        if !covers(&loaded.facts.names, &self.names) {
-            return Err(TlsError::new(
-                &loaded.file,
-                "the stored certificate does not cover every configured name",
-            ));
-        }
+        let now = unix_now();
+        let files = self.files();
+        // A crash between the two renames of a pair write leaves a mismatched pair: the
+        // pair kept from before it is then the one to serve.
+        let own = load(&files, &provider, now).or_else(|e| {
+            let prev = CertKey {
+                cert: storage::prev_path(&files.cert),
+                key: storage::prev_path(&files.key),
+            };
+            if prev.cert.exists() {
+                load(&prev, &provider, now).map_err(|_| e)
+            } else {
+                Err(e)
+            }
+        });
+        let loaded = match own {
+            Ok(loaded) if covers(&loaded.facts.names, &self.names) => {
+                let renew_at = renew_at(loaded.facts.not_before, loaded.facts.not_after);
+                self.current.store(Some(Arc::new(loaded)));
+                self.update(|s| s.renew_at = Some(renew_at));
+                return Ok(true);
+            }
+            Ok(loaded) => loaded,
+            Err(e) => self.stored_partial(&provider, now).ok_or(e)?,
+        };
         self.current.store(Some(Arc::new(loaded)));
-        self.update(|s| s.renew_at = Some(renew_at));
-        Ok(())
+        self.update(|s| s.renew_at = Some(now));
+        Ok(false)
+    }
+
+    /// A stored, still valid certificate of this source serving some of the names (one
+    /// issued for the name set before a reload changed it, or under the old file name).
+    fn stored_partial(
+        &self,
+        provider: &rustls::crypto::CryptoProvider,
+        now: i64,
+    ) -> Option<LoadedCert> {
+        let source = self.source.label();
+        storage::other_cert_files(&self.storage, &self.names, source)
+            .into_iter()
+            .filter(|(cert, _)| cert.exists())
+            .filter_map(|(cert, key)| load(&CertKey { cert, key }, provider, now).ok())
+            .find(|loaded| serves_some(&loaded.facts.names, &self.names))
     }
 
     /// Whether an attempt to obtain a new certificate should start now: none is running,
@@ -131,7 +165,12 @@ impl AutoCerts {
 
     /// Records a new certificate written to the storage files: loads it into use.
     pub fn installed(&self) -> Result<(), TlsError> {
-        self.load_stored()?;
+        if !self.load_stored()? {
+            return Err(TlsError::new(
+                &self.files().cert,
+                "the new certificate does not cover every configured name",
+            ));
+        }
         self.update(|s| {
             s.last_error = None;
             s.failures = 0;
@@ -178,6 +217,13 @@ fn covers(have: &[String], want: &[String]) -> bool {
     want.iter()
         .filter(|w| w.parse::<std::net::IpAddr>().is_err())
         .all(|w| have.contains(w))
+}
+
+/// Whether a certificate with `have` names serves at least one DNS name of `want`.
+fn serves_some(have: &[String], want: &[String]) -> bool {
+    want.iter()
+        .filter(|w| w.parse::<std::net::IpAddr>().is_err())
+        .any(|w| have.contains(w))
 }
 
 /// ACME orders completed, by result (`weir_acme_orders_total{result}`): valid, failed.
@@ -231,7 +277,13 @@ pub fn obtain(tls: &Tls) -> Result<Option<Arc<AutoCerts>>, TlsError> {
         current: ArcSwapOption::empty(),
         status: Mutex::new(Status::default()),
     });
-    if let Err(e) = auto.load_stored() {
+    let stored = auto.load_stored();
+    if source == Source::Internal && stored.as_ref().is_ok_and(|all| !all) {
+        // Issuing is local and cheap: a certificate for every name at once.
+        internal::issue(&auto.storage, &auto.names, internal_lifetime(&auto))?;
+        auto.load_stored()?;
+    }
+    if let Err(e) = stored {
         if source == Source::Internal {
             internal::issue(&auto.storage, &auto.names, internal_lifetime(&auto))?;
             auto.load_stored()?;
@@ -242,6 +294,24 @@ pub fn obtain(tls: &Tls) -> Result<Option<Arc<AutoCerts>>, TlsError> {
     map.retain(|_, w| w.strong_count() > 0);
     map.insert(key, Arc::downgrade(&auto));
     Ok(Some(auto))
+}
+
+/// `weir check`'s look at the automatic certificate of `tls`, writing nothing (no
+/// directory made, no CA or certificate issued): the storage directory must be writable,
+/// or the nearest existing directory above it (it would be created there). Returns the
+/// stored certificate for the report when one is there and usable.
+pub fn check(tls: &Tls) -> Result<Option<LoadedCert>, TlsError> {
+    let (source, storage, names) = match (&tls.acme, &tls.internal_ca) {
+        (Some(a), _) => (Source::Acme, &a.storage, &a.domains),
+        (None, Some(ca)) => (Source::Internal, &ca.storage, &ca.names),
+        (None, None) => return Ok(None),
+    };
+    storage::check_writable(storage)
+        .map_err(|e| TlsError::new(storage, format!("unusable storage directory: {e}")))?;
+    let (cert, key) = storage::cert_files(storage, names, source.label());
+    let provider = rustls::crypto::aws_lc_rs::default_provider();
+    // An unusable stored certificate is no config error: a start obtains a new one.
+    Ok(load(&CertKey { cert, key }, &provider, unix_now()).ok())
 }
 
 fn internal_lifetime(auto: &AutoCerts) -> std::time::Duration {
@@ -255,4 +325,78 @@ fn internal_lifetime(auto: &AutoCerts) -> std::time::Duration {
 pub fn renew_internal(auto: &AutoCerts) -> Result<(), TlsError> {
     internal::issue(&auto.storage, &auto.names, internal_lifetime(auto))?;
     auto.installed()
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    pub(crate) fn auto(storage: &std::path::Path, names: &[&str]) -> AutoCerts {
+        AutoCerts {
+            source: Source::Internal,
+            names: names.iter().map(|n| n.to_string()).collect(),
+            storage: storage.to_owned(),
+            spec: Spec::Internal {
+                lifetime: std::time::Duration::from_secs(86_400),
+            },
+            current: ArcSwapOption::empty(),
+            status: Mutex::new(Status::default()),
+        }
+    }
+
+    #[test]
+    fn a_stored_certificate_for_some_of_the_names_serves_them_and_is_due_now() {
+        let dir = std::env::temp_dir().join(format!("weir-partial-{}", std::process::id()));
+        let before = auto(&dir, &["a.test"]);
+        internal::issue(&dir, &before.names, std::time::Duration::from_secs(86_400)).unwrap();
+        assert!(
+            before.load_stored().unwrap(),
+            "its own certificate covers it"
+        );
+        let now = unix_now();
+        assert!(!before.needs_renewal(now));
+        // A reload adds a name: the old certificate keeps serving a.test until renewal.
+        let after = auto(&dir, &["a.test", "b.test"]);
+        assert!(
+            !after.load_stored().unwrap(),
+            "installed, not covering b.test"
+        );
+        let current = after.current().expect("the old certificate is in use");
+        assert!(current.facts.names.contains(&"a.test".to_owned()));
+        assert!(
+            after.needs_renewal(now),
+            "due now, so a new one is obtained"
+        );
+        assert!(
+            after.installed().is_err(),
+            "a partial certificate is no new one"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_mismatched_pair_left_by_a_crash_falls_back_to_the_previous_pair() {
+        let dir = std::env::temp_dir().join(format!("weir-prev-{}", std::process::id()));
+        let certs = auto(&dir, &["a.test"]);
+        let lifetime = std::time::Duration::from_secs(86_400);
+        internal::issue(&dir, &certs.names, lifetime).unwrap();
+        let old_cert = std::fs::read(certs.files().cert).unwrap();
+        internal::issue(&dir, &certs.names, lifetime).unwrap();
+        // A crash after the key's rename, before the certificate's: new key, old chain.
+        storage::write(&certs.files().cert, &old_cert, false).unwrap();
+        assert!(certs.load_stored().unwrap(), "the .prev pair serves");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn file_names_differ_per_name_set_and_source() {
+        let names = |n: &[&str]| n.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let a = storage::stem(&names(&["a.test", "b.test"]), "acme");
+        assert_eq!(
+            a,
+            storage::stem(&names(&["a.test", "b.test", "a.test"]), "acme")
+        );
+        assert_ne!(a, storage::stem(&names(&["a.test", "c.test"]), "acme"));
+        assert_ne!(a, storage::stem(&names(&["a.test", "b.test"]), "internal"));
+    }
 }
