@@ -850,7 +850,8 @@ impl Exchange<'_> {
             .compression
             .as_ref()
             .map(|c| c.levels);
-        let encoder = compression::Encoder::new(encoding, &levels.unwrap_or_default());
+        let encoder =
+            compression::Encoder::new(encoding, &levels.unwrap_or_default(), resp.framing.length());
         let encoder = encoder
             .map(|e| (resp.status, e))
             .map_err(|_| ProxyError::UpstreamMalformed("compressor failed"));

@@ -188,7 +188,9 @@ impl StreamRequest<'_> {
         let mut state = BodyState::new(resp.framing, true, None);
         let empty = self.req.is_head || state.is_done();
         let mut encoder = match (plan.encoding, &self.target.route.filters.compression) {
-            (Some(e), Some(cfg)) if !empty => Some(self.encoder(e, cfg, trace)?),
+            (Some(e), Some(cfg)) if !empty => {
+                Some(self.encoder(e, cfg, resp.framing.length(), trace)?)
+            }
             _ => None,
         };
         let mut send = respond
@@ -322,6 +324,7 @@ impl StreamRequest<'_> {
         &self,
         encoding: weir_config::Encoding,
         cfg: &weir_config::Compression,
+        length: Option<u64>,
         trace: &mut Trace,
     ) -> Result<Encoder, Failure> {
         trace.compressed = Some(Compressed {
@@ -329,7 +332,7 @@ impl StreamRequest<'_> {
             bytes_in: 0,
             bytes_out: 0,
         });
-        Encoder::new(encoding, &cfg.levels)
+        Encoder::new(encoding, &cfg.levels, length)
             .map_err(|_| Failure::from(ProxyError::UpstreamMalformed("compressor failed")))
     }
 
