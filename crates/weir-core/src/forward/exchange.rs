@@ -829,6 +829,7 @@ impl Exchange<'_> {
                 framing: resp.framing,
                 is_head: self.meta.is_head,
                 accepted: self.meta.accepted,
+                rules: self.target.route.filters.response_headers.as_ref(),
             },
         )
     }

@@ -315,6 +315,7 @@ impl StreamRequest<'_> {
             framing: resp.framing,
             is_head: self.req.is_head,
             accepted: compression::negotiate(cfg, self.buf, &self.req.headers),
+            rules: self.target.route.filters.response_headers.as_ref(),
         };
         compression::plan(cfg, &response)
     }
@@ -467,12 +468,12 @@ fn push_plan(
             http::header::CONTENT_ENCODING,
             http::HeaderValue::from_static(e.token()),
         );
-        if let Some(etag) = compression::etag(buf, &resp.headers) {
-            scratch.clear();
-            compression::push_weak(scratch, etag);
-            if let Ok(v) = http::HeaderValue::from_bytes(scratch) {
-                headers.append(http::header::ETAG, v);
-            }
+    }
+    if let Some(etag) = compression::etag(buf, &resp.headers).filter(|_| plan.weak_etag) {
+        scratch.clear();
+        compression::push_weak(scratch, etag);
+        if let Ok(v) = http::HeaderValue::from_bytes(scratch) {
+            headers.append(http::header::ETAG, v);
         }
     }
     if plan.vary {
