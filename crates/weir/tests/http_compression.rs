@@ -373,7 +373,11 @@ async fn header_rules_that_drop_vary_or_etag_are_honoured() {
         r#"response_headers = { remove = ["etag", "vary"] }"#,
     ];
     for (rule, etags, varies) in [
-        (rules[0], vec!["\"mine\""], vec!["Origin", "Accept-Encoding"]),
+        (
+            rules[0],
+            vec!["\"mine\""],
+            vec!["Origin", "Accept-Encoding"],
+        ),
         (rules[1], vec![], vec!["Accept-Encoding"]),
     ] {
         let weir = Conf::new()

@@ -161,7 +161,12 @@ fn head_edits_weaken_the_etag() {
     assert!(plan.drops(b"ETag") && plan.drops(b"content-length") && plan.drops(b"Accept-Ranges"));
     assert!(!plan.drops(b"Content-Type"));
     assert!(!Plan::default().drops(b"ETag"));
-    for name in ["Content-Encoding", "content-digest", "Content-MD5", "Repr-Digest"] {
+    for name in [
+        "Content-Encoding",
+        "content-digest",
+        "Content-MD5",
+        "Repr-Digest",
+    ] {
         assert!(plan.drops(name.as_bytes()), "{name}");
     }
     let mut weak = Vec::new();
@@ -328,7 +333,10 @@ fn a_304_weakens_the_etag_when_the_200_would_be_compressed() {
         "HTTP/1.1 304 Not Modified\r\nContent-Type: text/html\r\nETag: \"e\"\r\n\r\n",
     ] {
         let p = plan_of(head, false, Some(Gzip));
-        assert!(p.weak_etag && p.encoding.is_none() && p.drops(b"ETag"), "{head}");
+        assert!(
+            p.weak_etag && p.encoding.is_none() && p.drops(b"ETag"),
+            "{head}"
+        );
         assert!(!plan_of(head, false, None).weak_etag, "{head}");
     }
     let image = "HTTP/1.1 304 Not Modified\r\nContent-Type: image/png\r\nETag: \"e\"\r\n\r\n";
