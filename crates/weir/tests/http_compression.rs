@@ -46,7 +46,11 @@ async fn every_algorithm_decodes_to_the_original_at_every_piece_size_and_framing
                 assert_eq!(r.header("Content-Length"), None, "{what}");
                 assert_eq!(r.headers_all("Vary"), vec!["Accept-Encoding"], "{what}");
                 assert_eq!(decode(algorithm, &r.body), body.as_bytes(), "{what}");
-                assert!(r.body.len() < body.len() / 4, "{what}: compressed");
+                // Each upstream read is flushed: tiny pieces read one by one (timing) cost a
+                // flush block each, so the ratio is only checked for whole-ish reads.
+                if piece == 0 || piece >= 64 {
+                    assert!(r.body.len() < body.len() / 4, "{what}: compressed");
+                }
                 // The client connection stays usable after a close-delimited upstream.
                 let again = get(&mut c, "/", "").await;
                 assert_eq!(again.body, body.as_bytes(), "{what}: identity next");
