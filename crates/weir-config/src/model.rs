@@ -850,6 +850,9 @@ impl Compression {
             .trim_ascii();
         self.types.iter().any(|t| {
             let t = t.as_bytes();
+            if t == b"*/*" {
+                return !media.is_empty();
+            }
             match t.strip_suffix(b"*") {
                 Some(prefix) => {
                     media.len() > prefix.len() && media[..prefix.len()].eq_ignore_ascii_case(prefix)

@@ -5,7 +5,8 @@
 //! `x-conn` (the connection's number, from 1), `x-fields` (the request's field names, comma
 //! separated) and the request's `content-type`; its DATA
 //! is echoed as it arrives; then trailers: `x-body-len`, `x-client-trailer` (the request
-//! trailer of that name, when sent), `grpc-status: 0`. A path starting with `/hang` is
+//! trailer of that name, when sent), `grpc-status: 0` (and, on `/bad-trailers`, the
+//! fields of [`FORBIDDEN_TRAILERS`]). A path starting with `/hang` is
 //! never answered (a reset of it is counted, [`H2Backend::resets`]); one starting with `/reset` is reset (INTERNAL_ERROR) before any head. With [`H2Backend::goaway_after`] each connection sends GOAWAY once it
 //! has accepted that many streams (and finishes them), and refuses any stream that still
 //! arrives with REFUSED_STREAM (as a server that never processed it).
@@ -161,6 +162,7 @@ async fn echo(
 ) {
     let (parts, mut body) = request.into_parts();
     let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    let bad_trailers = path.starts_with("/bad-trailers");
     if path.starts_with("/hang") {
         if std::future::poll_fn(|cx| respond.poll_reset(cx))
             .await
@@ -251,8 +253,24 @@ async fn echo(
             trailers.insert("x-client-trailer", v.clone());
         }
     }
+    if bad_trailers {
+        for (name, value) in FORBIDDEN_TRAILERS {
+            trailers.append(name, HeaderValue::from_static(value));
+        }
+    }
     let _ = send.send_trailers(trailers);
 }
+
+/// Fields RFC 9110 6.5.1 forbids in trailers, sent by `/bad-trailers`.
+pub const FORBIDDEN_TRAILERS: [(&str, &str); 7] = [
+    ("content-length", "99"),
+    ("host", "evil.example"),
+    ("authorization", "Basic eDp5"),
+    ("set-cookie", "session=evil"),
+    ("trailer", "x-body-len"),
+    ("content-type", "text/evil"),
+    ("cache-control", "no-store"),
+];
 
 /// The gRPC health service (grpc.health.v1), messages written by hand: the service named
 /// `""` or `"known"` answers SERVING (1) or NOT_SERVING (2); any other is NOT_FOUND (5), a

@@ -106,6 +106,24 @@ async fn trailers_reach_a_client_that_sent_te_trailers_as_chunked_trailer_fields
     assert_eq!(backend.empty_data_frames(), 0);
 }
 
+/// Upstream trailer fields RFC 9110 6.5.1 forbids (framing, Host, credentials, cookies,
+/// content metadata) are not relayed; the others are.
+#[tokio::test]
+async fn forbidden_trailer_fields_are_dropped() {
+    let backend = H2Backend::h2c();
+    let weir = h2c(backend.addr());
+    let mut client = weir.client().await;
+    let resp = client
+        .request("POST", "/bad-trailers", &[("TE", "trailers")], b"abc")
+        .await
+        .expect("response");
+    assert_eq!(resp.body, b"abc");
+    assert_eq!(resp.trailer("x-body-len"), Some("3"));
+    for (name, _) in weir_testkit::FORBIDDEN_TRAILERS {
+        assert_eq!(resp.trailer(name), None, "{name}: {:?}", resp.trailers);
+    }
+}
+
 /// A body of `len` bytes with a recognisable pattern.
 fn pattern(len: usize) -> Vec<u8> {
     (0..len).map(|i| (i % 251) as u8).collect()

@@ -227,3 +227,40 @@ async fn h2_compression_rules_match_http1() {
     assert_eq!(all(&head, "vary"), Vec::<String>::new());
     assert_eq!(got, big.as_bytes());
 }
+
+/// On h2c as on HTTP/1: fields the route's rules set or remove count as absent (Vary
+/// gets Accept-Encoding added, a dropped ETag is not put back weakened), and a 304 to a
+/// client that negotiated a coding carries the weak ETag.
+#[tokio::test]
+async fn h2c_compression_honours_header_rules_and_weakens_304_etags() {
+    let b = PieceBackend::start();
+    let weir = Conf::new()
+        .route(
+            "c",
+            "up",
+            &[
+                "compression = { }",
+                r#"response_headers = { set = { "Vary" = "Origin" }, remove = ["etag"] }"#,
+            ],
+        )
+        .upstream("up", &[b.addr], &[])
+        .start();
+    let mut client = h2c(weir.addr).await;
+    let big = TEXT.repeat(40);
+    let upstream = "Content-Type: text/css\r\nETag: \"v1\"\r\nVary: Accept-Encoding\r\n";
+    b.set(Reply::raw("200 OK", upstream, &big));
+    let (head, got) = fetch(&mut client, Method::GET, "/", "gzip").await;
+    assert_eq!(all(&head, "content-encoding"), ["gzip"]);
+    assert_eq!(all(&head, "etag"), Vec::<String>::new());
+    assert_eq!(all(&head, "vary"), ["Origin", "Accept-Encoding"]);
+    assert_eq!(decode("gzip", &got), big.as_bytes());
+    let weir = Conf::new()
+        .route("c", "up", &["compression = { }"])
+        .upstream("up", &[b.addr], &[])
+        .start();
+    let mut client = h2c(weir.addr).await;
+    b.set(Reply::raw("304 Not Modified", "ETag: \"v1\"\r\n", ""));
+    let (head, _) = fetch(&mut client, Method::GET, "/", "gzip").await;
+    assert_eq!(head.status(), 304);
+    assert_eq!(all(&head, "etag"), ["W/\"v1\""]);
+}

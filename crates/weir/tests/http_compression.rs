@@ -46,7 +46,11 @@ async fn every_algorithm_decodes_to_the_original_at_every_piece_size_and_framing
                 assert_eq!(r.header("Content-Length"), None, "{what}");
                 assert_eq!(r.headers_all("Vary"), vec!["Accept-Encoding"], "{what}");
                 assert_eq!(decode(algorithm, &r.body), body.as_bytes(), "{what}");
-                assert!(r.body.len() < body.len() / 4, "{what}: compressed");
+                // Each upstream read is flushed: tiny pieces read one by one (timing) cost a
+                // flush block each, so the ratio is only checked for whole-ish reads.
+                if piece == 0 || piece >= 64 {
+                    assert!(r.body.len() < body.len() / 4, "{what}: compressed");
+                }
                 // The client connection stays usable after a close-delimited upstream.
                 let again = get(&mut c, "/", "").await;
                 assert_eq!(again.body, body.as_bytes(), "{what}: identity next");
@@ -358,4 +362,75 @@ async fn a_reload_turns_compression_on_and_off() {
     let r = get(&mut c, "/", "gzip").await;
     assert_eq!(r.header("Content-Encoding"), None);
     assert_eq!(r.body, big.as_bytes());
+}
+
+/// A route whose `response_headers` set or remove Vary and ETag: the upstream's fields
+/// are gone, so Weir adds its own `Vary: Accept-Encoding` and weakens no dropped ETag.
+#[tokio::test]
+async fn header_rules_that_drop_vary_or_etag_are_honoured() {
+    let b = PieceBackend::start();
+    let big = TEXT.repeat(40);
+    let upstream = "Content-Type: text/css\r\nETag: \"v1\"\r\nVary: Accept-Encoding\r\n";
+    b.set(Reply::raw("200 OK", upstream, &big));
+    let rules = [
+        r#"response_headers = { set = { "Vary" = "Origin", "ETag" = "\"mine\"" } }"#,
+        r#"response_headers = { remove = ["etag", "vary"] }"#,
+    ];
+    for (rule, etags, varies) in [
+        (
+            rules[0],
+            vec!["\"mine\""],
+            vec!["Origin", "Accept-Encoding"],
+        ),
+        (rules[1], vec![], vec!["Accept-Encoding"]),
+    ] {
+        let weir = Conf::new()
+            .route("c", "up", &["compression = { }", rule])
+            .upstream("up", &[b.addr], &[])
+            .start();
+        let mut c = weir.client().await;
+        let r = get(&mut c, "/", "gzip").await;
+        assert_eq!(r.header("Content-Encoding"), Some("gzip"), "{rule}");
+        assert_eq!(r.headers_all("ETag"), etags, "{rule}");
+        assert_eq!(r.headers_all("Vary"), varies, "{rule}");
+        assert_eq!(decode("gzip", &r.body), big.as_bytes(), "{rule}");
+    }
+}
+
+/// `Content-Encoding: identity` and the digests of the uncompressed bytes are not sent
+/// with a compressed body.
+#[tokio::test]
+async fn identity_coding_and_digests_of_the_uncompressed_body_are_dropped() {
+    let b = PieceBackend::start();
+    let big = TEXT.repeat(40);
+    b.set(Reply::raw(
+        "200 OK",
+        "Content-Type: text/css\r\nContent-Encoding: identity\r\nContent-Digest: sha-256=:AAAA:\r\nRepr-Digest: sha-256=:AAAA:\r\nContent-MD5: Q2hlY2sgSW50ZWdyaXR5IQ==\r\n",
+        &big,
+    ));
+    let weir = compressing(b.addr, "").start();
+    let mut c = weir.client().await;
+    let r = get(&mut c, "/", "br").await;
+    assert_eq!(r.headers_all("Content-Encoding"), vec!["br"]);
+    for name in ["Content-Digest", "Repr-Digest", "Content-MD5"] {
+        assert_eq!(r.header(name), None, "{name}");
+    }
+    assert_eq!(decode("br", &r.body), big.as_bytes());
+    // Identity passes them through.
+    let r = get(&mut c, "/", "identity").await;
+    assert_eq!(r.header("Content-Digest"), Some("sha-256=:AAAA:"));
+}
+
+/// A 304 to a client that negotiated a coding carries the ETag weakened, as the 200 did.
+#[tokio::test]
+async fn a_304_carries_the_etag_the_compressed_200_had() {
+    let b = PieceBackend::start();
+    b.set(Reply::raw("304 Not Modified", "ETag: \"v1\"\r\n", ""));
+    let weir = compressing(b.addr, "").start();
+    let mut c = weir.client().await;
+    let r = get(&mut c, "/", "gzip").await;
+    assert_eq!(r.status, 304);
+    assert_eq!(r.headers_all("ETag"), vec!["W/\"v1\""]);
+    let r = get(&mut c, "/", "").await;
+    assert_eq!(r.headers_all("ETag"), vec!["\"v1\""]);
 }

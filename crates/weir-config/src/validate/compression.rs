@@ -93,7 +93,9 @@ fn types(raw: Option<Vec<String>>, path: &FieldPath) -> Result<Vec<String>, Issu
 fn media_pattern(text: &str, path: &FieldPath) -> Result<String, Issue> {
     let valid = text.split_once('/').is_some_and(|(ty, sub)| {
         let token = |s: &str| !s.is_empty() && s.bytes().all(is_tchar);
-        (ty == "*" && sub == "*") || (token(ty) && ty != "*" && (sub == "*" || token(sub)))
+        // `*` is a tchar: a wildcard is only the whole subtype, or `*/*`.
+        let name = |s: &str| token(s) && !s.contains('*');
+        (ty == "*" && sub == "*") || (name(ty) && (sub == "*" || name(sub)))
     });
     if !valid || text.contains('*') && !text.ends_with("/*") {
         return Err(Issue::new(

@@ -8,13 +8,28 @@
 
 use std::io::{self, Write};
 
-use weir_config::{Compression, CompressionLevels, Encoding};
+use weir_config::{Compression, CompressionLevels, Encoding, HeaderRules};
 
 use crate::codec::http1::{BodyFraming, HeaderSpan};
 
-/// Window of the brotli and zstd encoders (2^18 = 256 KiB): bounds a stream's memory
-/// whatever the level (zstd shrinks its tables to the window).
+/// Window of the brotli and zstd encoders (2^18 = 256 KiB).
 const WINDOW_LOG: u32 = 18;
+
+/// Largest zstd hash and chain tables (2^19 entries of 4 bytes): zstd sizes them from the
+/// level alone when the body's length is unknown (2^25 at level 19, about 80 MiB a
+/// stream); capped, a stream's encoder stays near 6 MiB at level 19 (measured).
+const ZSTD_TABLE_LOG: u32 = WINDOW_LOG + 1;
+
+/// The zstd parameters of a stream at `level`: the window and the capped tables.
+fn zstd_params(level: i32) -> [zstd::zstd_safe::CParameter; 4] {
+    use zstd::zstd_safe::CParameter::{ChainLog, CompressionLevel, HashLog, WindowLog};
+    [
+        CompressionLevel(level),
+        WindowLog(WINDOW_LOG),
+        HashLog(ZSTD_TABLE_LOG),
+        ChainLog(ZSTD_TABLE_LOG),
+    ]
+}
 
 /// The coding the client prefers among the route's `algorithms`, from every
 /// `Accept-Encoding` line of a request head (`buf`, `headers`). `None`: send identity
@@ -119,6 +134,9 @@ pub struct Plan {
     pub vary: bool,
     /// Compress the body with this coding.
     pub encoding: Option<Encoding>,
+    /// Send the upstream's ETag weakened (a compressed body, or a 304 answering a request
+    /// whose 200 would be compressed).
+    pub weak_etag: bool,
 }
 
 /// The response facts `plan` looks at, read from its head.
@@ -129,13 +147,17 @@ struct Facts<'a> {
     ranged: bool,
     no_transform: bool,
     varies: bool,
+    etag: bool,
 }
 
 impl<'a> Facts<'a> {
-    fn of(buf: &'a [u8], headers: &[HeaderSpan]) -> Facts<'a> {
+    /// The facts of an upstream head; a field the route's `rules` drop (`set` or `remove`)
+    /// does not reach the client, so its Vary and ETag count as absent.
+    fn of(buf: &'a [u8], headers: &[HeaderSpan], rules: Option<&HeaderRules>) -> Facts<'a> {
         let mut f = Facts::default();
         for h in headers {
             let (name, value) = (&buf[h.name.clone()], &buf[h.value.clone()]);
+            let dropped = || rules.is_some_and(|r| r.drops(name));
             if name.eq_ignore_ascii_case(b"content-type") {
                 f.content_type = Some(value);
             } else if name.eq_ignore_ascii_case(b"content-encoding") {
@@ -144,8 +166,10 @@ impl<'a> Facts<'a> {
                 f.ranged = true;
             } else if name.eq_ignore_ascii_case(b"cache-control") {
                 f.no_transform |= list_has(value, b"no-transform");
-            } else if name.eq_ignore_ascii_case(b"vary") {
+            } else if name.eq_ignore_ascii_case(b"vary") && !dropped() {
                 f.varies |= list_has(value, b"accept-encoding") || list_has(value, b"*");
+            } else if name.eq_ignore_ascii_case(b"etag") && !dropped() {
+                f.etag = true;
             }
         }
         f
@@ -169,13 +193,24 @@ pub struct Response<'a> {
     pub is_head: bool,
     /// The coding `negotiate` chose for the request (`None`: identity).
     pub accepted: Option<Encoding>,
+    /// The route's `response_headers`, applied to the same head.
+    pub rules: Option<&'a HeaderRules>,
 }
 
 /// What the route's `cfg` does to `r`. Never compressed: a response already encoded,
 /// a range (206 or Content-Range), 1xx/204/304, a HEAD answer, a type not listed, a body
 /// known to be shorter than `min_size`, `Cache-Control: no-transform`.
 pub fn plan(cfg: &Compression, r: &Response<'_>) -> Plan {
-    let f = Facts::of(r.buf, r.headers);
+    let f = Facts::of(r.buf, r.headers, r.rules);
+    // A 304 often has no Content-Type: its ETag is weakened as the 200's would be
+    // (weakening one the 200 kept strong costs only strong comparison).
+    if r.status == 304 && f.content_type.is_none() {
+        let weak_etag = f.etag && !f.encoded && !f.no_transform && r.accepted.is_some();
+        return Plan {
+            weak_etag,
+            ..Plan::default()
+        };
+    }
     let compressible =
         !f.encoded && !f.no_transform && f.content_type.is_some_and(|t| cfg.compresses_type(t));
     if !compressible {
@@ -191,20 +226,34 @@ pub fn plan(cfg: &Compression, r: &Response<'_>) -> Plan {
     let encoding = r
         .accepted
         .filter(|_| !bodiless && !short && !f.ranged && r.status != 206);
+    let revalidated = r.status == 304 && r.accepted.is_some();
     Plan {
         vary: !f.varies,
         encoding,
+        weak_etag: f.etag && (encoding.is_some() || revalidated),
     }
 }
 
 impl Plan {
+    /// Whether the plan leaves any upstream header line out.
+    pub fn drops_any(&self) -> bool {
+        self.encoding.is_some() || self.weak_etag
+    }
+
     /// Whether an upstream header line is left out of the client's head because of this
-    /// plan: the length, the validators and range support of the uncompressed body.
+    /// plan: the length, digests, range support and `Content-Encoding: identity` of the
+    /// uncompressed body, and the ETag sent weakened.
     pub fn drops(&self, name: &[u8]) -> bool {
-        self.encoding.is_some()
-            && (name.eq_ignore_ascii_case(b"content-length")
-                || name.eq_ignore_ascii_case(b"etag")
-                || name.eq_ignore_ascii_case(b"accept-ranges"))
+        const UNCODED: [&[u8]; 6] = [
+            b"content-length",
+            b"accept-ranges",
+            b"content-encoding",
+            b"content-digest",
+            b"content-md5",
+            b"repr-digest",
+        ];
+        (self.weak_etag && name.eq_ignore_ascii_case(b"etag"))
+            || (self.encoding.is_some() && UNCODED.iter().any(|n| name.eq_ignore_ascii_case(n)))
     }
 
     /// Appends the plan's header lines: `Content-Encoding`, `Vary`, and the upstream's
@@ -215,11 +264,11 @@ impl Plan {
             out.extend_from_slice(b"Content-Encoding: ");
             out.extend_from_slice(e.token().as_bytes());
             out.extend_from_slice(b"\r\n");
-            if let Some(etag) = etag(buf, headers) {
-                out.extend_from_slice(b"ETag: ");
-                push_weak(out, etag);
-                out.extend_from_slice(b"\r\n");
-            }
+        }
+        if let Some(etag) = etag(buf, headers).filter(|_| self.weak_etag) {
+            out.extend_from_slice(b"ETag: ");
+            push_weak(out, etag);
+            out.extend_from_slice(b"\r\n");
         }
         if self.vary {
             out.extend_from_slice(b"Vary: Accept-Encoding\r\n");
@@ -264,7 +313,13 @@ pub enum Encoder {
 }
 
 impl Encoder {
-    pub fn new(encoding: Encoding, levels: &CompressionLevels) -> io::Result<Encoder> {
+    /// `length`: the body's Content-Length when known (pledged to zstd, which then sizes
+    /// its tables to the body).
+    pub fn new(
+        encoding: Encoding,
+        levels: &CompressionLevels,
+        length: Option<u64>,
+    ) -> io::Result<Encoder> {
         let out = Vec::new();
         Ok(match encoding {
             Encoding::Gzip => Encoder::Gzip(flate2::write::GzEncoder::new(
@@ -279,7 +334,10 @@ impl Encoder {
             },
             Encoding::Zstd => {
                 let mut z = zstd::stream::write::Encoder::new(out, levels.zstd)?;
-                z.window_log(WINDOW_LOG)?;
+                for p in zstd_params(levels.zstd) {
+                    z.set_parameter(p)?;
+                }
+                z.set_pledged_src_size(length)?;
                 Encoder::Zstd(z)
             }
         })

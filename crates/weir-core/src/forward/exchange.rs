@@ -829,6 +829,7 @@ impl Exchange<'_> {
                 framing: resp.framing,
                 is_head: self.meta.is_head,
                 accepted: self.meta.accepted,
+                rules: self.target.route.filters.response_headers.as_ref(),
             },
         )
     }
@@ -850,7 +851,8 @@ impl Exchange<'_> {
             .compression
             .as_ref()
             .map(|c| c.levels);
-        let encoder = compression::Encoder::new(encoding, &levels.unwrap_or_default());
+        let encoder =
+            compression::Encoder::new(encoding, &levels.unwrap_or_default(), resp.framing.length());
         let encoder = encoder
             .map(|e| (resp.status, e))
             .map_err(|_| ProxyError::UpstreamMalformed("compressor failed"));

@@ -35,7 +35,7 @@ pub fn write_response_head(
 ) {
     push_status_line(out, resp.status, &buf[resp.reason.clone()]);
     let coding = &framing.coding;
-    match (edits, coding.encoding.is_some()) {
+    match (edits, coding.drops_any()) {
         // Separate loops so that a route without rules runs exactly the copy it always ran.
         (None, false) => copy_headers(out, buf, resp, reverse, |_| false),
         (Some((rules, _)), false) => {

@@ -302,6 +302,7 @@ impl StreamRequest<'_> {
             framing: resp.framing,
             is_head: self.req.is_head,
             accepted: compression::negotiate(cfg, self.buf, &self.req.headers),
+            rules: self.target.route.filters.response_headers.as_ref(),
         };
         compression::plan(cfg, &response)
     }
@@ -311,6 +312,7 @@ impl StreamRequest<'_> {
         &self,
         encoding: weir_config::Encoding,
         cfg: &weir_config::Compression,
+        length: Option<u64>,
         trace: &mut Trace,
     ) -> Result<Encoder, Failure> {
         trace.compressed = Some(Compressed {
@@ -318,7 +320,7 @@ impl StreamRequest<'_> {
             bytes_in: 0,
             bytes_out: 0,
         });
-        Encoder::new(encoding, &cfg.levels)
+        Encoder::new(encoding, &cfg.levels, length)
             .map_err(|_| Failure::from(ProxyError::UpstreamMalformed("compressor failed")))
     }
 
@@ -336,7 +338,9 @@ impl StreamRequest<'_> {
         let mut state = BodyState::new(resp.framing, true, None);
         let empty = self.req.is_head || state.is_done();
         let mut encoder = match (body.plan.encoding, &self.target.route.filters.compression) {
-            (Some(e), Some(cfg)) if !empty => Some(self.encoder(e, cfg, trace)?),
+            (Some(e), Some(cfg)) if !empty => {
+                Some(self.encoder(e, cfg, resp.framing.length(), trace)?)
+            }
             _ => None,
         };
         let mut send = respond
@@ -512,12 +516,12 @@ fn push_plan(
             http::header::CONTENT_ENCODING,
             http::HeaderValue::from_static(e.token()),
         );
-        if let Some(etag) = compression::etag(buf, &resp.headers) {
-            scratch.clear();
-            compression::push_weak(scratch, etag);
-            if let Ok(v) = http::HeaderValue::from_bytes(scratch) {
-                headers.append(http::header::ETAG, v);
-            }
+    }
+    if let Some(etag) = compression::etag(buf, &resp.headers).filter(|_| plan.weak_etag) {
+        scratch.clear();
+        compression::push_weak(scratch, etag);
+        if let Ok(v) = http::HeaderValue::from_bytes(scratch) {
+            headers.append(http::header::ETAG, v);
         }
     }
     if plan.vary {

@@ -628,6 +628,18 @@ fn compression_rejections_name_key_and_fix() {
             "type/*",
         ),
         (
+            "compression = { types = [\"tex*/*\"] }",
+            format!("{c}.types[0]"),
+            "not a media type",
+            "type/*",
+        ),
+        (
+            "compression = { types = [\"text/ht*ml\"] }",
+            format!("{c}.types[0]"),
+            "not a media type",
+            "type/*",
+        ),
+        (
             "compression = { level = { gzip = 10 } }",
             format!("{c}.level.gzip"),
             "between 1 and 9, not 10",

@@ -25,6 +25,16 @@ pub enum BodyFraming {
     UntilClose,
 }
 
+impl BodyFraming {
+    /// The body's length when the head states it.
+    pub fn length(self) -> Option<u64> {
+        match self {
+            BodyFraming::Length(n) => Some(n),
+            _ => None,
+        }
+    }
+}
+
 /// Limits applied while parsing a request head.
 #[derive(Debug, Clone, Copy)]
 pub struct HeadLimits {
