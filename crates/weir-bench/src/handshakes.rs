@@ -18,10 +18,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::client::Resumption;
-use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
-use rustls::{ClientConfig, DigitallySignedStruct, HandshakeKind, SignatureScheme};
+use rustls::pki_types::ServerName;
+use rustls::{ClientConfig, HandshakeKind};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
@@ -191,7 +190,7 @@ fn client_config(tls: u8, resume: bool) -> Result<ClientConfig> {
     let mut config = ClientConfig::builder_with_provider(Arc::new(provider))
         .with_protocol_versions(&[version])?
         .dangerous()
-        .with_custom_certificate_verifier(Arc::new(AnyCertificate))
+        .with_custom_certificate_verifier(Arc::new(weir_testkit::certs::AcceptAnyServerCert))
         .with_no_client_auth();
     config.resumption = if resume {
         Resumption::in_memory_sessions(1024)
@@ -199,46 +198,4 @@ fn client_config(tls: u8, resume: bool) -> Result<ClientConfig> {
         Resumption::disabled()
     };
     Ok(config)
-}
-
-/// Accepts any server certificate and signature (see the module comment: only the proxy's
-/// CPU is measured).
-#[derive(Debug)]
-struct AnyCertificate;
-
-impl ServerCertVerifier for AnyCertificate {
-    fn verify_server_cert(
-        &self,
-        _: &CertificateDer<'_>,
-        _: &[CertificateDer<'_>],
-        _: &ServerName<'_>,
-        _: &[u8],
-        _: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        _: &[u8],
-        _: &CertificateDer<'_>,
-        _: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        Ok(HandshakeSignatureValid::assertion())
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        _: &[u8],
-        _: &CertificateDer<'_>,
-        _: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        Ok(HandshakeSignatureValid::assertion())
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        rustls::crypto::aws_lc_rs::default_provider()
-            .signature_verification_algorithms
-            .supported_schemes()
-    }
 }

@@ -18,9 +18,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
-use rustls::{DigitallySignedStruct, SignatureScheme};
+use rustls::pki_types::{CertificateDer, ServerName};
 use weir_core::tls::auto::AutoCerts;
 use weir_core::Proxy;
 use weir_testkit::certs::{CertDir, TestCa};
@@ -215,51 +213,12 @@ fn auto(proxy: &Proxy) -> Arc<AutoCerts> {
         .unwrap()
 }
 
-/// Accepts any server certificate: the tests compare what was presented with what Weir
-/// says it installed (pebble's root changes every run).
-#[derive(Debug)]
-struct AnyCert;
-
-impl ServerCertVerifier for AnyCert {
-    fn verify_server_cert(
-        &self,
-        _: &CertificateDer<'_>,
-        _: &[CertificateDer<'_>],
-        _: &ServerName<'_>,
-        _: &[u8],
-        _: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-    fn verify_tls12_signature(
-        &self,
-        _: &[u8],
-        _: &CertificateDer<'_>,
-        _: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        Ok(HandshakeSignatureValid::assertion())
-    }
-    fn verify_tls13_signature(
-        &self,
-        _: &[u8],
-        _: &CertificateDer<'_>,
-        _: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        Ok(HandshakeSignatureValid::assertion())
-    }
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        rustls::crypto::aws_lc_rs::default_provider()
-            .signature_verification_algorithms
-            .supported_schemes()
-    }
-}
-
 /// The SHA-256 of the leaf presented for `name` on `port`, or `None` if the handshake
 /// failed.
 fn presented(port: u16, name: &str) -> Option<String> {
     let config = rustls::ClientConfig::builder()
         .dangerous()
-        .with_custom_certificate_verifier(Arc::new(AnyCert))
+        .with_custom_certificate_verifier(Arc::new(weir_testkit::certs::AcceptAnyServerCert))
         .with_no_client_auth();
     let server = ServerName::try_from(name.to_owned()).ok()?;
     let mut conn = rustls::ClientConnection::new(Arc::new(config), server).ok()?;
