@@ -5,19 +5,15 @@
 //! the upstream has `tls`. Both sides go through buffers: there is no splice, since the
 //! client's bytes are decrypted in user space.
 
-use std::cell::Cell;
-use std::io;
 use std::net::SocketAddr;
 
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
-use tokio::time::Instant;
 use weir_config::{Listener, TcpSettings};
 
-use super::relay::{idle, End, RelayConfig};
+use super::relay::{End, RelayConfig};
 use crate::buffer::Buffer;
 use crate::client_stream::ClientStream;
 use crate::connector::UpstreamStream;
-use crate::metrics::shard::Counter;
+use crate::idle::{self, pump, Activity};
 use crate::tcp::sni::{self, SniResult};
 use crate::tls::session::TlsSession;
 use crate::tls::ListenerTls;
@@ -70,7 +66,7 @@ pub fn local_addr(client: &tokio::net::TcpStream, listener: &Listener) -> Socket
 }
 
 /// Relays between the terminated client and `server` until both directions end, one
-/// fails, or nothing moves for `idle_timeout`. Half-close is passed on both ways (a
+/// fails, or nothing moves for too long (`idle_timeout`, `fin_timeout`). Half-close is passed on both ways (a
 /// client's close_notify or FIN shuts the server's write side, and the other way round).
 pub async fn relay(
     worker: &Worker,
@@ -79,7 +75,7 @@ pub async fn relay(
     mut to_server: Buffer,
     config: &RelayConfig<'_>,
 ) -> End {
-    let last = Cell::new(Instant::now());
+    let activity = Activity::new();
     let mut to_client = worker.take_buffer_sized(to_server.capacity());
     let end = match client.split() {
         Ok((mut client_read, mut client_write)) => {
@@ -88,61 +84,21 @@ pub async fn relay(
                 &mut client_read,
                 &mut server_write,
                 &mut to_server,
-                config.bytes_in,
-                &last,
+                Some(config.bytes_in),
+                &activity,
             );
             let down = pump(
                 &mut server_read,
                 &mut client_write,
                 &mut to_client,
-                config.bytes_out,
-                &last,
+                Some(config.bytes_out),
+                &activity,
             );
-            let both = async { tokio::try_join!(up, down).map(|_| ()) };
-            tokio::select! {
-                biased;
-                r = both => if r.is_ok() { End::Closed } else { End::Error },
-                _ = idle(&last, config.idle_timeout) => End::Idle,
-            }
+            End::from(idle::both(up, down, &activity, config.limits).await)
         }
         Err(_) => End::Error,
     };
     worker.give_buffer(to_server);
     worker.give_buffer(to_client);
     end
-}
-
-/// Copies `from` to `to` through `buf` (whose bytes go first) until `from` ends, then
-/// shuts `to`'s write side. Every write is flushed: TLS records go out whole.
-async fn pump<R, W>(
-    from: &mut R,
-    to: &mut W,
-    buf: &mut Buffer,
-    counter: &Counter,
-    last: &Cell<Instant>,
-) -> io::Result<()>
-where
-    R: AsyncRead + Unpin,
-    W: AsyncWrite + Unpin,
-{
-    loop {
-        if !buf.is_empty() {
-            to.write_all(buf.filled()).await?;
-            buf.clear();
-            to.flush().await?;
-        }
-        let n = match buf.read_from(from).await {
-            Ok(n) => n,
-            // A TLS client that closed its socket without close_notify: passed on as the
-            // end of its stream (a FIN to the server), as for a plain TCP client. The
-            // plaintext protocol inside, not TLS, says whether the data was complete.
-            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => 0,
-            Err(e) => return Err(e),
-        };
-        if n == 0 {
-            return to.shutdown().await;
-        }
-        counter.add(n as u64);
-        last.set(Instant::now());
-    }
 }

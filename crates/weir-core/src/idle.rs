@@ -1,0 +1,249 @@
+//! Idle and half-close bounds of two-way relays: TCP listeners, HTTP/1.1 Upgrade tunnels
+//! (WebSocket) and RFC 8441 bridges all move bytes in two directions at once, and each
+//! must end when nothing has moved for a while (HAProxy's `timeout tunnel`) and when one
+//! side half-closed and the other goes quiet (`timeout client-fin` / `server-fin`).
+//!
+//! The directions note each transfer in an [`Activity`] (a clock read and a store); one
+//! [`LazyTimer`] per relay watches it and is moved only when it fires or when a direction
+//! ends (the tighter half-close bound starts then), not on every transfer. [`pump`] is one
+//! buffered direction, for the relays whose streams are not plain sockets (TLS).
+
+use std::cell::Cell;
+use std::future::{poll_fn, Future};
+use std::io;
+use std::pin::pin;
+use std::task::Poll;
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::time::Instant;
+
+use crate::buffer::Buffer;
+use crate::metrics::shard::Counter;
+use crate::time::LazyTimer;
+use crate::worker::Worker;
+
+/// The time of the latest transfer in either direction of one relay.
+pub struct Activity {
+    last: Cell<Instant>,
+}
+
+impl Activity {
+    pub fn new() -> Activity {
+        Activity {
+            last: Cell::new(Instant::now()),
+        }
+    }
+
+    /// Notes a transfer (or a direction's end) now.
+    pub fn touch(&self) {
+        self.last.set(Instant::now());
+    }
+}
+
+impl Default for Activity {
+    fn default() -> Activity {
+        Activity::new()
+    }
+}
+
+/// How long a relay may stay silent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Nothing moved either way while both directions are open.
+    pub idle: Duration,
+    /// Nothing moved after one direction ended (a FIN, END_STREAM); at most `idle`.
+    pub fin: Duration,
+}
+
+/// Why a relay ended before both directions finished.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cut<E> {
+    /// A direction failed with this error.
+    Failed(E),
+    /// Both directions open, nothing moved for `idle`.
+    Idle,
+    /// One direction ended, nothing moved for `fin` since.
+    Fin,
+}
+
+/// How a relay ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum End {
+    /// Both sides closed their sending side.
+    Closed,
+    /// A socket error (usually a reset) on either side.
+    Error,
+    /// Nothing moved either way for the idle bound.
+    Idle,
+    /// One side half-closed and nothing moved for the fin bound since.
+    Fin,
+}
+
+impl<E> From<Result<(), Cut<E>>> for End {
+    fn from(r: Result<(), Cut<E>>) -> End {
+        match r {
+            Ok(()) => End::Closed,
+            Err(Cut::Failed(_)) => End::Error,
+            Err(Cut::Idle) => End::Idle,
+            Err(Cut::Fin) => End::Fin,
+        }
+    }
+}
+
+/// Counts a relay of the listener with metric slot `slot` that a still-time bound ended
+/// (`weir_tunnel_timeouts_total`).
+pub fn count(worker: &Worker, slot: usize, end: End) {
+    let reason = match end {
+        End::Idle => 0,
+        End::Fin => 1,
+        End::Closed | End::Error => return,
+    };
+    if let Some(m) = worker.metrics.listener(slot) {
+        m.tunnel_timeouts[reason].inc();
+    }
+}
+
+/// Runs both directions `a` and `b` until both complete, one fails, or `activity` has
+/// been still for too long (see [`Limits`]). The directions must `touch` `activity` on
+/// every transfer.
+pub async fn both<E, A, B>(a: A, b: B, activity: &Activity, limits: Limits) -> Result<(), Cut<E>>
+where
+    A: Future<Output = Result<(), E>>,
+    B: Future<Output = Result<(), E>>,
+{
+    let (mut a, mut b) = (pin!(a), pin!(b));
+    let (mut a_done, mut b_done) = (false, false);
+    let fin = limits.fin.min(limits.idle);
+    let mut timer = LazyTimer::new(activity.last.get());
+    poll_fn(|cx| {
+        if !a_done {
+            if let Poll::Ready(r) = a.as_mut().poll(cx) {
+                r.map_err(Cut::Failed)?;
+                a_done = true;
+                activity.touch();
+            }
+        }
+        if !b_done {
+            if let Poll::Ready(r) = b.as_mut().poll(cx) {
+                r.map_err(Cut::Failed)?;
+                b_done = true;
+                activity.touch();
+            }
+        }
+        if a_done && b_done {
+            return Poll::Ready(Ok(()));
+        }
+        let half_closed = a_done || b_done;
+        let limit = if half_closed { fin } else { limits.idle };
+        timer.set(activity.last.get() + limit);
+        timer.poll_expired(cx).map(|()| {
+            Err(match half_closed {
+                true => Cut::Fin,
+                false => Cut::Idle,
+            })
+        })
+    })
+    .await
+}
+
+/// Copies `from` to `to` through `buf` (whose bytes go first) until `from` ends, then
+/// shuts `to`'s write side. Every write is flushed: TLS records go out whole. Each read is
+/// noted in `activity` and added to `counter`.
+pub async fn pump<R, W>(
+    from: &mut R,
+    to: &mut W,
+    buf: &mut Buffer,
+    counter: Option<&Counter>,
+    activity: &Activity,
+) -> io::Result<()>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    loop {
+        if !buf.is_empty() {
+            to.write_all(buf.filled()).await?;
+            buf.clear();
+            to.flush().await?;
+        }
+        let n = match buf.read_from(from).await {
+            Ok(n) => n,
+            // A TLS peer that closed its socket without close_notify: passed on as the
+            // end of its stream (a FIN to the other side), as for a plain TCP peer. The
+            // protocol inside, not TLS, says whether the data was complete.
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => 0,
+            Err(e) => return Err(e),
+        };
+        if n == 0 {
+            return to.shutdown().await;
+        }
+        if let Some(counter) = counter {
+            counter.add(n as u64);
+        }
+        activity.touch();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::future::pending;
+
+    const LIMITS: Limits = Limits {
+        idle: Duration::from_secs(10),
+        fin: Duration::from_secs(3),
+    };
+
+    #[tokio::test(start_paused = true)]
+    async fn silent_relay_ends_after_idle() {
+        let start = Instant::now();
+        let activity = Activity::new();
+        let a = pending::<Result<(), ()>>();
+        let b = pending::<Result<(), ()>>();
+        assert_eq!(both(a, b, &activity, LIMITS).await, Err(Cut::Idle));
+        assert_eq!(Instant::now() - start, LIMITS.idle);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn transfers_keep_it_open() {
+        let start = Instant::now();
+        let activity = Activity::new();
+        let talk = async {
+            for _ in 0..5 {
+                tokio::time::sleep(Duration::from_secs(8)).await;
+                activity.touch();
+            }
+            Ok(())
+        };
+        let quiet = async {
+            tokio::time::sleep(Duration::from_secs(40)).await;
+            Ok::<(), ()>(())
+        };
+        assert_eq!(both(talk, quiet, &activity, LIMITS).await, Ok(()));
+        assert_eq!(Instant::now() - start, Duration::from_secs(40));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn half_closed_tail_ends_after_fin() {
+        let start = Instant::now();
+        let activity = Activity::new();
+        let ends = async {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            Ok(())
+        };
+        let b = pending::<Result<(), ()>>();
+        assert_eq!(both(ends, b, &activity, LIMITS).await, Err(Cut::Fin));
+        assert_eq!(Instant::now() - start, Duration::from_secs(5) + LIMITS.fin);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failure_ends_both() {
+        let activity = Activity::new();
+        let fails = async { Err::<(), _>(7) };
+        assert_eq!(
+            both(fails, pending(), &activity, LIMITS).await,
+            Err(Cut::Failed(7))
+        );
+    }
+}
