@@ -3,10 +3,10 @@
 
 use weir_config::Listener;
 
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+
 use crate::buffer::Buffer;
-use crate::client_stream::ClientStream;
-use crate::connector::UpstreamStream;
-use crate::idle::{self, pump, Activity, End, Limits};
+use crate::idle::{self, Activity, End, Limits, Noted};
 
 /// The still-time bounds of `listener`'s tunnels.
 pub fn limits(listener: &Listener) -> Limits {
@@ -19,32 +19,38 @@ pub fn limits(listener: &Listener) -> Limits {
 /// Relays bytes both ways until both sides closed, one failed, or the tunnel was still
 /// too long. Bytes that arrived early (after the request head from the client, after the
 /// 101 head from the upstream) are sent first. An end of stream on one side is passed on
-/// as a half-close to the other.
-pub async fn run(
-    client: &mut ClientStream,
+/// as a half-close to the other (`copy_bidirectional`).
+pub async fn run<C, U>(
+    client: &mut C,
     client_early: &mut Buffer,
-    upstream: &mut UpstreamStream,
+    upstream: &mut U,
     upstream_early: &mut Buffer,
     limits: Limits,
-) -> End {
-    let Ok((mut client_read, mut client_write)) = client.split() else {
-        return End::Error;
-    };
-    let (mut up_read, mut up_write) = upstream.split();
+) -> End
+where
+    C: AsyncRead + AsyncWrite + Unpin,
+    U: AsyncRead + AsyncWrite + Unpin,
+{
     let activity = Activity::new();
-    let to_up = pump(
-        &mut client_read,
-        &mut up_write,
-        client_early,
-        None,
-        &activity,
-    );
-    let to_client = pump(
-        &mut up_read,
-        &mut client_write,
-        upstream_early,
-        None,
-        &activity,
-    );
-    End::from(idle::both(to_up, to_client, &activity, limits).await)
+    let relay = async {
+        if !upstream_early.is_empty() {
+            client.write_all(upstream_early.filled()).await?;
+        }
+        upstream_early.clear();
+        if !client_early.is_empty() {
+            upstream.write_all(client_early.filled()).await?;
+        }
+        client_early.clear();
+        let mut client = Noted {
+            stream: client,
+            activity: &activity,
+        };
+        let mut upstream = Noted {
+            stream: upstream,
+            activity: &activity,
+        };
+        tokio::io::copy_bidirectional(&mut client, &mut upstream).await?;
+        Ok::<_, std::io::Error>(())
+    };
+    End::from(idle::one(relay, &activity, limits).await)
 }
