@@ -4,10 +4,15 @@
 //! clients that never read, never-reading downloads and zero-window streams. The growth
 //! of VmRSS per attacking connection is printed (recorded in docs/benchmarks.md) and
 //! bounded generously (1 MiB per connection), so the test guards against unbounded
-//! buffering, not against small changes.
+//! buffering, not against small changes. VmRSS is read only once Weir has read every
+//! attack byte: the kernel's socket queues (`/proc/net/tcp`) show nothing left unread on
+//! Weir's side of each attacking connection and nothing unacknowledged on the client's
+//! (or Weir closed the connection), plus the attack's own outcome where it has one (the
+//! 431 of each HPACK bomb, each download in flight upstream).
 
 mod support_process;
 
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use support_process::{config, route_to, Weir};
@@ -74,6 +79,55 @@ async fn mount(addr: std::net::SocketAddr, what: &str) -> RawH2 {
     raw
 }
 
+/// `/proc/net/tcp` (IPv4 TCP sockets of this network namespace): by local and remote
+/// address, the queued bytes (tx_queue: sent, not yet acknowledged; rx_queue: received,
+/// not yet read by the owner).
+fn tcp_queues() -> Vec<(SocketAddr, SocketAddr, u64, u64)> {
+    let text = std::fs::read_to_string("/proc/net/tcp").expect("/proc/net/tcp");
+    text.lines().skip(1).filter_map(queue_line).collect()
+}
+
+/// One `/proc/net/tcp` line: `sl local rem st tx:rx ...`, addresses as little-endian hex
+/// `AABBCCDD:PORT`.
+fn queue_line(line: &str) -> Option<(SocketAddr, SocketAddr, u64, u64)> {
+    let mut fields = line.split_whitespace().skip(1);
+    let addr = |f: &str| -> Option<SocketAddr> {
+        let (ip, port) = f.split_once(':')?;
+        let ip = u32::from_str_radix(ip, 16).ok()?;
+        let ip = std::net::Ipv4Addr::from(ip.swap_bytes());
+        Some(SocketAddr::from((ip, u16::from_str_radix(port, 16).ok()?)))
+    };
+    let local = addr(fields.next()?)?;
+    let remote = addr(fields.next()?)?;
+    let (tx, rx) = fields.nth(1)?.split_once(':')?;
+    let hex = |v: &str| u64::from_str_radix(v, 16).ok();
+    Some((local, remote, hex(tx)?, hex(rx)?))
+}
+
+/// True once Weir has read everything each client in `clients` sent: the client's socket
+/// has no unacknowledged byte and Weir's side none unread (a side that is gone was closed,
+/// after reading or instead of reading: either way nothing more will be processed).
+fn attack_read(weir: SocketAddr, clients: &[SocketAddr]) -> bool {
+    let queues = tcp_queues();
+    clients.iter().all(|&client| {
+        let sent = queues.iter().find(|q| q.0 == client && q.1 == weir);
+        let unread = queues.iter().find(|q| q.0 == weir && q.1 == client);
+        sent.is_none_or(|q| q.2 == 0) && unread.is_none_or(|q| q.3 == 0)
+    })
+}
+
+/// The probe is no formality: while Weir is stopped, an attack sits unread in its socket.
+async fn probe_sees_unread_bytes(weir: &Weir) {
+    weir.signal(libc::SIGSTOP);
+    let conn = mount(weir.addr, "continuation").await;
+    let client = [conn.tcp.local_addr().expect("client address")];
+    let unread = attack_read(weir.addr, &client);
+    weir.signal(libc::SIGCONT);
+    assert!(!unread, "a stopped Weir cannot have read the attack");
+    let read = || attack_read(weir.addr, &client);
+    assert!(wait_until_async(WAIT, read).await, "read once resumed");
+}
+
 #[tokio::test]
 async fn memory_per_connection_stays_bounded_under_http2_attacks() {
     let huge = Backend::huge(1 << 30);
@@ -82,6 +136,7 @@ async fn memory_per_connection_stays_bounded_under_http2_attacks() {
         "",
         &route_to("huge", "/", huge.addr()),
     ));
+    probe_sees_unread_bytes(&weir).await;
     let mut report = Vec::new();
     for what in [
         "continuation",
@@ -95,6 +150,12 @@ async fn memory_per_connection_stays_bounded_under_http2_attacks() {
         for _ in 0..N {
             conns.push(mount(weir.addr, what).await);
         }
+        let clients: Vec<SocketAddr> = conns
+            .iter()
+            .map(|c| c.tcp.local_addr().expect("client address"))
+            .collect();
+        let read = || attack_read(weir.addr, &clients);
+        assert!(wait_until_async(WAIT, read).await, "{what}: bytes unread");
         if matches!(what, "never-reads" | "zero-window") {
             // Every download reached the upstream, so Weir is buffering what it may.
             let served = huge.requests_served();
