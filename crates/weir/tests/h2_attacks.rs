@@ -556,3 +556,33 @@ async fn a_one_byte_window_dribble_gets_goaway() {
     assert!(tiny_frames <= 60, "{tiny_frames} one-byte frames");
     assert_eq!(metric(&weir, &web("calm_goaways")), 1);
 }
+
+/// A client's GOAWAY (RFC 9113 section 6.8) is not an attack but the other side of
+/// "GOAWAY both sides": the stream it already opened is still answered in full, and
+/// Weir then closes the connection instead of keeping it for requests that cannot come.
+#[tokio::test]
+async fn a_client_goaway_lets_its_open_stream_finish_then_the_connection_closes() {
+    let backend = Backend::slow(std::time::Duration::from_millis(100));
+    let weir = single(backend.addr()).start();
+    let mut raw = RawH2::connect(weir.addr, &[]).await.expect("connect");
+    let flags = flag::END_HEADERS | flag::END_STREAM;
+    let mut out = Vec::new();
+    frame(&mut out, kind::HEADERS, flags, 1, &Block::get("/slow").0);
+    // Last stream 0: the client processed no stream of Weir's (it never opens one).
+    frame(&mut out, kind::GOAWAY, 0, 0, &[0, 0, 0, 0, 0, 0, 0, 0]);
+    raw.send(&out).await.expect("request and GOAWAY");
+    let mut status_200 = false;
+    let ended = raw
+        .until(WAIT, |f| {
+            if f.stream == 1 && f.kind == kind::HEADERS {
+                // HPACK static index 8 is ":status: 200".
+                status_200 = f.payload.first() == Some(&0x88);
+            }
+            (f.stream == 1 && f.flags & flag::END_STREAM != 0).then_some(())
+        })
+        .await;
+    assert_eq!(ended, Some(()), "the open stream was answered to its end");
+    assert!(status_200, "with the upstream's 200");
+    assert_eq!(backend.requests_served(), 1);
+    assert!(raw.until_closed(WAIT).await, "then the connection closed");
+}

@@ -144,6 +144,31 @@ async fn multiplexed_requests_share_one_upstream_connection() {
     );
 }
 
+/// `max_concurrent_streams` bounds the streams in flight on one upstream connection: five
+/// requests the server holds open, with a bound of 2, take three connections (one, with
+/// the default bound of 100: `multiplexed_requests_share_one_upstream_connection`).
+#[tokio::test]
+async fn max_concurrent_streams_opens_another_connection_when_one_is_full() {
+    let backend = H2Backend::h2c();
+    let weir = proxy(
+        backend.addr(),
+        &["protocol = \"h2c\"", "max_concurrent_streams = 2"],
+    );
+    let client = connect(&weir).await;
+    let mut held = Vec::new();
+    for i in 0..5 {
+        let mut ready = client.clone().ready().await.expect("ready");
+        let path = format!("/hang/{i}");
+        held.push(ready.send_request(request(Method::GET, &path, &[]), true));
+    }
+    assert!(
+        wait_until_async(WAIT, || backend.streams() == 5).await,
+        "every request reached the server: {}",
+        backend.streams()
+    );
+    assert_eq!(backend.connections(), 3, "2 + 2 + 1 streams");
+}
+
 #[tokio::test]
 async fn idle_timeout_closes_idle_upstream_connections() {
     let backend = H2Backend::h2c();
