@@ -1,7 +1,8 @@
 //! Memory of the real `weir` process under the HTTP/2 attacks of `h2_attacks.rs`, each
 //! mounted on `N` connections held open at once: a header block kept just under its
-//! limits (CONTINUATION), HPACK bombs at 4x the header list size, PING floods from
-//! clients that never read, never-reading downloads and zero-window streams. The growth
+//! limits (CONTINUATION), HPACK bombs at 4x the header list size, PING, SETTINGS,
+//! WINDOW_UPDATE and empty-DATA floods from clients that never read, rapid resets,
+//! never-reading downloads and zero-window streams. The growth
 //! of VmRSS per attacking connection is printed (recorded in docs/benchmarks.md) and
 //! bounded generously (1 MiB per connection), so the test guards against unbounded
 //! buffering, not against small changes. VmRSS is read only once Weir has read every
@@ -23,6 +24,7 @@ const N: usize = 64;
 const WAIT: Duration = Duration::from_secs(10);
 const BOUND_KIB_PER_CONN: u64 = 1024;
 const INITIAL_WINDOW: u16 = 0x4;
+const CANCEL: u32 = 0x8;
 
 /// The bytes of one attack on a fresh connection (stream 1).
 fn attack(what: &str) -> Vec<u8> {
@@ -51,6 +53,37 @@ fn attack(what: &str) -> Vec<u8> {
         "ping-flood" => {
             for i in 0..5_000u64 {
                 frame(&mut out, kind::PING, 0, 0, &i.to_be_bytes());
+            }
+        }
+        "settings-flood" => {
+            for _ in 0..5_000 {
+                frame(&mut out, kind::SETTINGS, 0, 0, &[]);
+            }
+        }
+        "window-update-flood" => {
+            for _ in 0..5_000 {
+                frame(&mut out, kind::WINDOW_UPDATE, 0, 0, &1u32.to_be_bytes());
+            }
+        }
+        "empty-data-flood" => {
+            frame(
+                &mut out,
+                kind::HEADERS,
+                flag::END_HEADERS,
+                1,
+                &Block::post("/").0,
+            );
+            for _ in 0..5_000 {
+                frame(&mut out, kind::DATA, 0, 1, &[]);
+            }
+        }
+        "rapid-reset" => {
+            // Open and cancel streams back to back (CVE-2023-44487).
+            let flags = flag::END_HEADERS | flag::END_STREAM;
+            for i in 0..500u32 {
+                let id = 2 * i + 1;
+                frame(&mut out, kind::HEADERS, flags, id, &Block::get("/").0);
+                frame(&mut out, kind::RST_STREAM, 0, id, &CANCEL.to_be_bytes());
             }
         }
         _ => {
@@ -142,6 +175,10 @@ async fn memory_per_connection_stays_bounded_under_http2_attacks() {
         "continuation",
         "hpack-bomb",
         "ping-flood",
+        "settings-flood",
+        "window-update-flood",
+        "empty-data-flood",
+        "rapid-reset",
         "never-reads",
         "zero-window",
     ] {
