@@ -1,7 +1,8 @@
 //! Still tunnels end (HTTP/1.1 Upgrade to a WebSocket backend): a tunnel where nothing
 //! moves for `tunnel_idle_timeout` is closed on both sides, an active one outlives that
 //! bound, and once one side half-closed, a tail where the other stays silent is closed
-//! after `tunnel_fin_timeout`. Each close counts in `weir_tunnel_timeouts_total`. (RFC 8441
+//! after `tunnel_fin_timeout`; a reloaded bound applies to new tunnels. Each close counts
+//! in `weir_tunnel_timeouts_total`. (RFC 8441
 //! tunnels: h2_websocket.rs; TCP listeners' `fin_timeout`: tcp_listener.rs.)
 
 mod common;
@@ -112,4 +113,18 @@ async fn a_half_closed_tunnel_whose_other_side_is_silent_is_closed_after_tunnel_
     );
     closed_by_weir(&mut s).await;
     assert_eq!(weir.tunnel_timeouts(), (0, 1));
+}
+
+/// The bounds reload like the other timeouts: a tunnel opened after the reload gets the
+/// new `tunnel_idle_timeout`.
+#[tokio::test]
+async fn a_reloaded_tunnel_idle_timeout_applies_to_new_tunnels() {
+    let backend = WsBackend::echo();
+    let weir = single(backend.addr()).start();
+    let shorter = single(backend.addr()).listener("tunnel_idle_timeout = \"300ms\"");
+    weir.apply_text(&shorter.toml()).expect("reload");
+    let mut s = open_tunnel(&weir).await;
+    echo_once(&mut s, b"after the reload").await;
+    closed_by_weir(&mut s).await;
+    assert_eq!(weir.tunnel_timeouts(), (1, 0));
 }
