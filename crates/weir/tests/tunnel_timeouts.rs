@@ -2,8 +2,8 @@
 //! moves for `tunnel_idle_timeout` is closed on both sides, an active one outlives that
 //! bound, and once one side half-closed, a tail where the other stays silent is closed
 //! after `tunnel_fin_timeout`; a reloaded bound applies to new tunnels. Each close counts
-//! in `weir_tunnel_timeouts_total`. (RFC 8441
-//! tunnels: h2_websocket.rs; TCP listeners' `fin_timeout`: tcp_listener.rs.)
+//! in `weir_tunnel_timeouts_total`. (RFC 8441 tunnels: h2_websocket.rs; TCP listeners'
+//! `fin_timeout`: tcp_listener.rs.)
 
 mod common;
 
