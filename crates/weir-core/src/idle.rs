@@ -6,9 +6,8 @@
 //! The directions note each transfer in an [`Activity`] (a clock read and a store); one
 //! [`LazyTimer`] per relay watches it and is moved only when it fires or when a direction
 //! ends (the tighter half-close bound starts then), not on every transfer. [`both`] runs
-//! two direction futures, [`one`] a single future moving both ways over [`Noted`] streams
-//! (HTTP tunnels: `copy_bidirectional`, no split); [`pump`] is one buffered direction,
-//! for the TCP relays whose streams are TLS.
+//! two direction futures (TCP relays), [`one`] a single future moving both ways over
+//! [`Noted`] streams (HTTP tunnels: `copy_bidirectional`, no split).
 
 use std::cell::Cell;
 use std::future::{poll_fn, Future};
@@ -17,11 +16,9 @@ use std::pin::{pin, Pin};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Instant;
 
-use crate::buffer::Buffer;
-use crate::metrics::shard::Counter;
 use crate::time::LazyTimer;
 use crate::worker::Worker;
 
@@ -237,44 +234,6 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Noted<'_, S> {
 
     fn is_write_vectored(&self) -> bool {
         self.stream.is_write_vectored()
-    }
-}
-
-/// Copies `from` to `to` through `buf` (whose bytes go first) until `from` ends, then
-/// shuts `to`'s write side. Every write is flushed: TLS records go out whole. Each read is
-/// noted in `activity` and added to `counter`.
-pub async fn pump<R, W>(
-    from: &mut R,
-    to: &mut W,
-    buf: &mut Buffer,
-    counter: Option<&Counter>,
-    activity: &Activity,
-) -> io::Result<()>
-where
-    R: AsyncRead + Unpin,
-    W: AsyncWrite + Unpin,
-{
-    loop {
-        if !buf.is_empty() {
-            to.write_all(buf.filled()).await?;
-            buf.clear();
-            to.flush().await?;
-        }
-        let n = match buf.read_from(from).await {
-            Ok(n) => n,
-            // A TLS peer that closed its socket without close_notify: passed on as the
-            // end of its stream (a FIN to the other side), as for a plain TCP peer. The
-            // protocol inside, not TLS, says whether the data was complete.
-            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => 0,
-            Err(e) => return Err(e),
-        };
-        if n == 0 {
-            return to.shutdown().await;
-        }
-        if let Some(counter) = counter {
-            counter.add(n as u64);
-        }
-        activity.touch();
     }
 }
 

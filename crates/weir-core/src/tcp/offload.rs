@@ -5,15 +5,18 @@
 //! the upstream has `tls`. Both sides go through buffers: there is no splice, since the
 //! client's bytes are decrypted in user space.
 
+use std::io;
 use std::net::SocketAddr;
 
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use weir_config::{Listener, TcpSettings};
 
 use super::relay::{End, RelayConfig};
 use crate::buffer::Buffer;
 use crate::client_stream::ClientStream;
 use crate::connector::UpstreamStream;
-use crate::idle::{self, pump, Activity};
+use crate::idle::{self, Activity};
+use crate::metrics::shard::Counter;
 use crate::tcp::sni::{self, SniResult};
 use crate::tls::session::TlsSession;
 use crate::tls::ListenerTls;
@@ -84,14 +87,14 @@ pub async fn relay(
                 &mut client_read,
                 &mut server_write,
                 &mut to_server,
-                Some(config.bytes_in),
+                config.bytes_in,
                 &activity,
             );
             let down = pump(
                 &mut server_read,
                 &mut client_write,
                 &mut to_client,
-                Some(config.bytes_out),
+                config.bytes_out,
                 &activity,
             );
             End::from(idle::both(up, down, &activity, config.limits).await)
@@ -101,4 +104,39 @@ pub async fn relay(
     worker.give_buffer(to_server);
     worker.give_buffer(to_client);
     end
+}
+
+/// Copies `from` to `to` through `buf` (whose bytes go first) until `from` ends, then
+/// shuts `to`'s write side. Every write is flushed: TLS records go out whole.
+async fn pump<R, W>(
+    from: &mut R,
+    to: &mut W,
+    buf: &mut Buffer,
+    counter: &Counter,
+    activity: &Activity,
+) -> io::Result<()>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    loop {
+        if !buf.is_empty() {
+            to.write_all(buf.filled()).await?;
+            buf.clear();
+            to.flush().await?;
+        }
+        let n = match buf.read_from(from).await {
+            Ok(n) => n,
+            // A TLS client that closed its socket without close_notify: passed on as the
+            // end of its stream (a FIN to the server), as for a plain TCP client. The
+            // plaintext protocol inside, not TLS, says whether the data was complete.
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => 0,
+            Err(e) => return Err(e),
+        };
+        if n == 0 {
+            return to.shutdown().await;
+        }
+        counter.add(n as u64);
+        activity.touch();
+    }
 }
