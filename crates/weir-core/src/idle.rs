@@ -49,7 +49,7 @@ impl Activity {
         self.touch();
     }
 
-    /// Ready with the bound that ran out once `activity` has been still for too long.
+    /// Ready with the bound that ran out once the relay has been still for too long.
     fn poll_still<E>(
         &self,
         timer: &mut LazyTimer,
@@ -195,12 +195,14 @@ impl<S: AsyncRead + Unpin> AsyncRead for Noted<'_, S> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        let before = buf.filled().len();
+        let (before, room) = (buf.filled().len(), buf.remaining() > 0);
         let r = Pin::new(&mut *this.stream).poll_read(cx, buf);
         if let Poll::Ready(Ok(())) = r {
             match buf.filled().len() > before {
                 true => this.activity.touch(),
-                false => this.activity.end_one(),
+                // Nothing read into room for it: the end of the stream.
+                false if room => this.activity.end_one(),
+                false => {}
             }
         }
         r
