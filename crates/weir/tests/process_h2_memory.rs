@@ -139,24 +139,48 @@ fn queue_line(line: &str) -> Option<(SocketAddr, SocketAddr, u64, u64)> {
 
 /// True once Weir has read everything each client in `clients` sent: the client's socket
 /// has no unacknowledged byte and Weir's side none unread (a side that is gone was closed,
-/// after reading or instead of reading: either way nothing more will be processed).
+/// after reading or instead of reading: either way nothing more will be processed). Every
+/// entry of a connection counts (a handshake's request socket may be listed next to it).
 fn attack_read(weir: SocketAddr, clients: &[SocketAddr]) -> bool {
     let queues = tcp_queues();
     clients.iter().all(|&client| {
-        let sent = queues.iter().find(|q| q.0 == client && q.1 == weir);
-        let unread = queues.iter().find(|q| q.0 == weir && q.1 == client);
-        sent.is_none_or(|q| q.2 == 0) && unread.is_none_or(|q| q.3 == 0)
+        let mut entries = queues.iter();
+        entries.all(|q| match (q.0, q.1) {
+            (from, to) if (from, to) == (client, weir) => q.2 == 0,
+            (from, to) if (from, to) == (weir, client) => q.3 == 0,
+            _ => true,
+        })
     })
+}
+
+/// Bytes from `client` waiting unread in Weir's socket.
+fn unread(weir: SocketAddr, client: SocketAddr) -> u64 {
+    let queues = tcp_queues();
+    let mine = queues.iter().filter(|q| (q.0, q.1) == (weir, client));
+    mine.map(|q| q.3).sum()
 }
 
 /// The probe is no formality: while Weir is stopped, an attack sits unread in its socket.
 async fn probe_sees_unread_bytes(weir: &Weir) {
     weir.signal(libc::SIGSTOP);
+    // The signal is delivered asynchronously: wait until the process is stopped.
+    let stat = format!("/proc/{}/stat", weir.pid());
+    let stopped = || {
+        let text = std::fs::read_to_string(&stat).unwrap_or_default();
+        text.rsplit_once(") ")
+            .is_some_and(|(_, rest)| rest.starts_with('T'))
+    };
+    assert!(wait_until_async(WAIT, stopped).await, "weir stopped");
     let conn = mount(weir.addr, "continuation").await;
     let client = [conn.tcp.local_addr().expect("client address")];
-    let unread = attack_read(weir.addr, &client);
+    let seen = wait_until_async(WAIT, || unread(weir.addr, client[0]) > 0).await;
+    let read_while_stopped = attack_read(weir.addr, &client);
     weir.signal(libc::SIGCONT);
-    assert!(!unread, "a stopped Weir cannot have read the attack");
+    assert!(
+        seen,
+        "the attack's bytes arrived, unread, at a stopped Weir"
+    );
+    assert!(!read_while_stopped, "and the probe says so");
     let read = || attack_read(weir.addr, &client);
     assert!(wait_until_async(WAIT, read).await, "read once resumed");
 }
