@@ -67,6 +67,21 @@ async fn status_of(
     response.await.expect("response").status()
 }
 
+/// Sends an extended CONNECT for `path` (`websocket`) and waits for its response.
+async fn tunnel_response(
+    client: &mut SendRequest<Bytes>,
+    path: &str,
+) -> (http::Response<RecvStream>, SendStream<Bytes>) {
+    let (response, up) = client
+        .send_request(extended_connect(path, "websocket"), false)
+        .expect("extended CONNECT");
+    let response = tokio::time::timeout(WAIT, response)
+        .await
+        .expect("in time")
+        .expect("response");
+    (response, up)
+}
+
 async fn send(stream: &mut SendStream<Bytes>, frame: Vec<u8>, end: bool) {
     stream.send_data(Bytes::from(frame), end).expect("send");
 }
@@ -76,13 +91,7 @@ async fn websocket_echo_over_http2_extended_connect() {
     let backend = WsBackend::echo();
     let weir = single(backend.addr()).start();
     let mut client = connect(weir.addr).await;
-    let (response, mut up) = client
-        .send_request(extended_connect("/chat?room=1", "websocket"), false)
-        .expect("extended CONNECT");
-    let response = tokio::time::timeout(WAIT, response)
-        .await
-        .expect("in time")
-        .expect("response");
+    let (response, mut up) = tunnel_response(&mut client, "/chat?room=1").await;
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(response.headers()["sec-websocket-protocol"], "chat");
     // The 101's end-to-end fields pass; its accept (for Weir's key) and hop-by-hop do not.
@@ -217,13 +226,7 @@ async fn closing_tunnels_with_resets_is_not_charged_to_the_reset_budget() {
         .start();
     let mut client = connect(weir.addr).await;
     for i in 1..=5 {
-        let (response, mut up) = client
-            .send_request(extended_connect("/chat", "websocket"), false)
-            .expect("extended CONNECT");
-        let response = tokio::time::timeout(WAIT, response)
-            .await
-            .expect("in time")
-            .expect("response");
+        let (response, mut up) = tunnel_response(&mut client, "/chat").await;
         assert_eq!(response.status(), StatusCode::OK, "tunnel {i}");
         up.send_reset(Reason::CANCEL);
         assert!(wait_until_async(WAIT, || backend.ended() == i).await);
@@ -325,13 +328,7 @@ async fn websockets_to_upstreams_that_may_speak_h2_go_over_http1() {
 /// stays), and the tunnel's two halves.
 async fn open_tunnel(weir: &common::Weir) -> (SendRequest<Bytes>, SendStream<Bytes>, RecvStream) {
     let mut client = connect(weir.addr).await;
-    let (response, up) = client
-        .send_request(extended_connect("/chat", "websocket"), false)
-        .expect("extended CONNECT");
-    let response = tokio::time::timeout(WAIT, response)
-        .await
-        .expect("in time")
-        .expect("response");
+    let (response, up) = tunnel_response(&mut client, "/chat").await;
     assert_eq!(response.status(), StatusCode::OK);
     (client, up, response.into_body())
 }
