@@ -69,6 +69,9 @@ pub struct TcpSettings {
     pub upstream: usize,
     /// A connection with no byte moving either way for this long is closed (both sides).
     pub idle_timeout: Duration,
+    /// After one side half-closed (FIN), the connection is closed once nothing has moved
+    /// for this long (at most `idle_timeout`; HAProxy's `timeout client-fin`/`server-fin`).
+    pub fin_timeout: Duration,
     /// Bytes buffered per direction when copying (not splicing).
     pub buffer_size: usize,
     pub splice: SpliceMode,
@@ -179,6 +182,12 @@ pub struct Listener {
     pub header_timeout: Duration,
     /// Longest wait for the client to send or accept data while a request is in flight.
     pub client_timeout: Duration,
+    /// An upgraded connection (WebSocket over HTTP/1.1 or RFC 8441) with no byte moving
+    /// either way for this long is closed (HAProxy's `timeout tunnel`).
+    pub tunnel_idle_timeout: Duration,
+    /// After one side of a tunnel ended its direction, the tunnel is closed once nothing
+    /// has moved for this long (at most `tunnel_idle_timeout`).
+    pub tunnel_fin_timeout: Duration,
     /// Largest request body accepted; `None` = unlimited.
     pub max_body_size: Option<u64>,
     /// Largest request head (request line + headers) accepted; beyond it: 431.

@@ -55,6 +55,8 @@ pub(crate) struct RawListener {
     pub keepalive_requests: Option<i64>,
     pub header_timeout: Option<String>,
     pub client_timeout: Option<String>,
+    pub tunnel_idle_timeout: Option<String>,
+    pub tunnel_fin_timeout: Option<String>,
     pub max_body_size: Option<StrOrInt>,
     pub max_header_size: Option<StrOrInt>,
     pub max_headers: Option<i64>,
@@ -72,6 +74,7 @@ pub(crate) struct RawListener {
     // TCP listeners only.
     pub upstream: Option<String>,
     pub idle_timeout: Option<String>,
+    pub fin_timeout: Option<String>,
     pub buffer_size: Option<StrOrInt>,
     pub splice: Option<String>,
     pub sni_routes: Option<Vec<RawSniRoute>>,

@@ -263,6 +263,18 @@ fn listener(
         )?,
         header_timeout: duration(raw.header_timeout, "10s", &key("header_timeout"), true)?,
         client_timeout: duration(raw.client_timeout, "60s", &key("client_timeout"), true)?,
+        tunnel_idle_timeout: duration(
+            raw.tunnel_idle_timeout,
+            "1h",
+            &key("tunnel_idle_timeout"),
+            true,
+        )?,
+        tunnel_fin_timeout: duration(
+            raw.tunnel_fin_timeout,
+            "30s",
+            &key("tunnel_fin_timeout"),
+            true,
+        )?,
         max_body_size: Some(size(raw.max_body_size, 0, &key("max_body_size"))?).filter(|n| *n > 0),
         max_header_size: max_header_size(raw.max_header_size, &key("max_header_size"))?,
         max_headers: int_in(raw.max_headers, 100, 1..=1000, &key("max_headers"))?,

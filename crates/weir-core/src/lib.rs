@@ -44,6 +44,7 @@ pub mod error;
 pub mod filters;
 pub mod forward;
 pub mod http2;
+pub mod idle;
 pub mod listener;
 pub mod metrics;
 pub mod policy;

@@ -366,7 +366,12 @@ async fn handle(
             return Handled::local(route, result);
         }
     };
-    let target = crate::forward::exchange_target(listener, route_config, snapshot, upstream);
+    let target = crate::forward::exchange_target(
+        (listener, listener_index),
+        route_config,
+        snapshot,
+        upstream,
+    );
     Handled {
         route,
         local: false,

@@ -7,7 +7,9 @@
 //! `WWW-Authenticate` and a body, `/refuse` 403, a bad handshake 400. Then each
 //! (masked) client frame comes back unmasked: text and binary as they were, PING as
 //! PONG, CLOSE as CLOSE followed by the end of the connection. Frames by hand, no
-//! fragmentation.
+//! fragmentation. A `holding` backend never closes a connection itself: after the client's
+//! end of stream it keeps the socket open, silent, until the proxy closes it (a
+//! half-closed tail for timeout tests).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -31,6 +33,10 @@ struct Stats {
     upgraded: AtomicUsize,
     /// Upgraded connections that ended (close, EOF or error).
     ended: AtomicUsize,
+    /// Upgraded connections whose client ended its stream (EOF read).
+    client_ends: AtomicUsize,
+    /// Keep the connection open after the client's EOF (until the proxy closes it).
+    hold: bool,
 }
 
 /// A running WebSocket echo backend.
@@ -41,7 +47,19 @@ pub struct WsBackend {
 
 impl WsBackend {
     pub fn echo() -> WsBackend {
-        let stats = Arc::new(Stats::default());
+        WsBackend::spawn(false)
+    }
+
+    /// An echo backend that never closes a connection itself (see the module doc).
+    pub fn holding() -> WsBackend {
+        WsBackend::spawn(true)
+    }
+
+    fn spawn(hold: bool) -> WsBackend {
+        let stats = Arc::new(Stats {
+            hold,
+            ..Stats::default()
+        });
         let thread_stats = stats.clone();
         let server = ServerThread::spawn(move |listener| accept_loop(listener, thread_stats));
         WsBackend { server, stats }
@@ -69,6 +87,11 @@ impl WsBackend {
     pub fn ended(&self) -> usize {
         self.stats.ended.load(Ordering::SeqCst)
     }
+
+    /// Upgraded connections on which the client's end of stream arrived.
+    pub fn client_ends(&self) -> usize {
+        self.stats.client_ends.load(Ordering::SeqCst)
+    }
 }
 
 async fn accept_loop(listener: TcpListener, stats: Arc<Stats>) {
@@ -77,7 +100,7 @@ async fn accept_loop(listener: TcpListener, stats: Arc<Stats>) {
         tokio::spawn(async move {
             if let Some((tcp, rest)) = handshake(tcp, &stats).await {
                 stats.upgraded.fetch_add(1, Ordering::SeqCst);
-                echo(tcp, rest).await;
+                echo(tcp, rest, &stats).await;
                 stats.ended.fetch_add(1, Ordering::SeqCst);
             }
         });
@@ -163,7 +186,7 @@ async fn handshake(mut tcp: TcpStream, stats: &Stats) -> Option<(TcpStream, Vec<
 }
 
 /// Echoes frames until CLOSE or the end of the connection.
-async fn echo(mut tcp: TcpStream, mut buf: Vec<u8>) {
+async fn echo(mut tcp: TcpStream, mut buf: Vec<u8>, stats: &Stats) {
     loop {
         while let Some((opcode, payload, used)) = parse_frame(&buf) {
             buf.drain(..used);
@@ -185,10 +208,21 @@ async fn echo(mut tcp: TcpStream, mut buf: Vec<u8>) {
         }
         let mut chunk = [0u8; 16 * 1024];
         match tcp.read(&mut chunk).await {
-            Ok(0) | Err(_) => return,
+            Ok(0) => return client_ended(tcp, stats).await,
+            Err(_) => return,
             Ok(n) => buf.extend_from_slice(&chunk[..n]),
         }
     }
+}
+
+/// Counts the client's end of stream; a holding backend then keeps `tcp` open, silent,
+/// for as long as the backend runs.
+async fn client_ended(tcp: TcpStream, stats: &Stats) {
+    stats.client_ends.fetch_add(1, Ordering::SeqCst);
+    if stats.hold {
+        std::future::pending::<()>().await;
+    }
+    drop(tcp);
 }
 
 /// One final (FIN) frame; masked with `mask` when given (client frames must be).

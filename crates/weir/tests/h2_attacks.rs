@@ -23,15 +23,6 @@ const LONG_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 /// SETTINGS_INITIAL_WINDOW_SIZE.
 const INITIAL_WINDOW: u16 = 0x4;
 
-fn metric(weir: &common::Weir, name: &str) -> u64 {
-    let text = weir.metrics_text();
-    text.lines()
-        .find(|l| l.starts_with(name))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
-}
-
 fn web(name: &str) -> String {
     format!("weir_http2_{name}_total{{listener=\"web\"}}")
 }
@@ -104,9 +95,9 @@ async fn made_you_reset_past_the_budget_gets_goaway_enhance_your_calm() {
     assert_eq!(goaway, Some(Some(ENHANCE_YOUR_CALM)));
     assert!(resets >= 6, "{resets} resets before the GOAWAY");
     // Counted once written: poll, the client may have read them first.
-    let forced = || metric(&weir, &web("forced_resets")) >= 6;
+    let forced = || weir.metric(&web("forced_resets")) >= 6;
     assert!(wait_until_async(WAIT, forced).await);
-    assert_eq!(metric(&weir, &web("calm_goaways")), 1);
+    assert_eq!(weir.metric(&web("calm_goaways")), 1);
     // Requests that reached the upstream were cancelled with their streams.
     assert!(wait_until_async(WAIT, || backend.in_flight() == 0).await);
     assert!(backend.requests_served() <= 10);
@@ -174,7 +165,7 @@ async fn endless_continuation_frames_end_with_a_closed_connection() {
         "Weir kept reading {sent} bytes of CONTINUATION"
     );
     assert_eq!(backend.requests_served(), 0);
-    assert_eq!(metric(&weir, &web("calm_goaways")), 1);
+    assert_eq!(weir.metric(&web("calm_goaways")), 1);
     still_served(weir.addr, "/").await;
 }
 
@@ -327,9 +318,9 @@ async fn control_frame_floods_past_the_glitch_budget_get_goaway() {
             Ending::GoAway(ENHANCE_YOUR_CALM),
             "{what}"
         );
-        assert_eq!(metric(&weir, &web("calm_goaways")), i as u64 + 1, "{what}");
+        assert_eq!(weir.metric(&web("calm_goaways")), i as u64 + 1, "{what}");
     }
-    assert!(metric(&weir, &web("glitches")) >= 6 * 51);
+    assert!(weir.metric(&web("glitches")) >= 6 * 51);
     // The hanging upstream requests of the flooding connections were cancelled.
     assert!(wait_until_async(WAIT, || backend.in_flight() == 0).await);
 }
@@ -356,9 +347,9 @@ async fn a_client_that_never_reads_is_closed_after_stall_timeout() {
         .expect("request");
     // Never read: Weir fills the socket buffers, then waits.
     assert!(
-        wait_until_async(LONG_WAIT, || metric(&weir, &web("stalled")) == 1).await,
+        wait_until_async(LONG_WAIT, || weir.metric(&web("stalled")) == 1).await,
         "stalled connections closed: {}",
-        metric(&weir, &web("stalled"))
+        weir.metric(&web("stalled"))
     );
     assert!(wait_until_async(WAIT, || backend.in_flight() == 0).await);
     still_served(weir.addr, "/").await;
@@ -390,9 +381,9 @@ async fn a_ping_flood_that_never_reads_is_bounded_and_closed() {
     });
     // Generous: Weir answers PINGs one by one until the socket buffers are full.
     assert!(
-        wait_until_async(LONG_WAIT, || metric(&weir, &web("stalled")) == 1).await,
+        wait_until_async(LONG_WAIT, || weir.metric(&web("stalled")) == 1).await,
         "stalled: {}",
-        metric(&weir, &web("stalled"))
+        weir.metric(&web("stalled"))
     );
     let sent = tokio::time::timeout(WAIT, writer)
         .await
@@ -431,7 +422,7 @@ async fn a_stream_without_window_is_reset_after_stall_timeout() {
         })
         .await;
     assert_eq!(pong, Some(()));
-    assert_eq!(metric(&weir, &web("stalled")), 0);
+    assert_eq!(weir.metric(&web("stalled")), 0);
 }
 
 /// Well-behaved traffic has no glitches: a large download by the `h2` crate's client
@@ -453,7 +444,7 @@ async fn a_large_download_is_no_glitch() {
         let _ = body.flow_control().release_capacity(chunk.len());
     }
     assert_eq!(n, 8 << 20);
-    assert_eq!(metric(&weir, &web("glitches")), 0);
+    assert_eq!(weir.metric(&web("glitches")), 0);
 }
 
 /// A gRPC-style client pings once per round trip while a long download arrives (BDP
@@ -509,8 +500,8 @@ async fn bdp_pings_during_a_download_are_no_glitches() {
         .expect("downloaded in time");
     assert_eq!(received, size);
     assert!(pings > 20, "only {pings} pings");
-    assert_eq!(metric(&weir, &web("glitches")), 0);
-    assert_eq!(metric(&weir, &web("calm_goaways")), 0);
+    assert_eq!(weir.metric(&web("glitches")), 0);
+    assert_eq!(weir.metric(&web("calm_goaways")), 0);
 }
 
 /// The data dribble (CVE-2019-9511): a client that grants 1-byte windows gets 1-byte DATA
@@ -554,5 +545,35 @@ async fn a_one_byte_window_dribble_gets_goaway() {
         "after {tiny_frames} frames"
     );
     assert!(tiny_frames <= 60, "{tiny_frames} one-byte frames");
-    assert_eq!(metric(&weir, &web("calm_goaways")), 1);
+    assert_eq!(weir.metric(&web("calm_goaways")), 1);
+}
+
+/// A client's GOAWAY (RFC 9113 section 6.8) is not an attack but the other side of
+/// "GOAWAY both sides": the stream it already opened is still answered in full, and
+/// Weir then closes the connection instead of keeping it for requests that cannot come.
+#[tokio::test]
+async fn a_client_goaway_lets_its_open_stream_finish_then_the_connection_closes() {
+    let backend = Backend::slow(std::time::Duration::from_millis(100));
+    let weir = single(backend.addr()).start();
+    let mut raw = RawH2::connect(weir.addr, &[]).await.expect("connect");
+    let flags = flag::END_HEADERS | flag::END_STREAM;
+    let mut out = Vec::new();
+    frame(&mut out, kind::HEADERS, flags, 1, &Block::get("/slow").0);
+    // Last stream 0: the client processed no stream of Weir's (it never opens one).
+    frame(&mut out, kind::GOAWAY, 0, 0, &[0, 0, 0, 0, 0, 0, 0, 0]);
+    raw.send(&out).await.expect("request and GOAWAY");
+    let mut status_200 = false;
+    let ended = raw
+        .until(WAIT, |f| {
+            if f.stream == 1 && f.kind == kind::HEADERS {
+                // HPACK static index 8 is ":status: 200".
+                status_200 = f.payload.first() == Some(&0x88);
+            }
+            (f.stream == 1 && f.flags & flag::END_STREAM != 0).then_some(())
+        })
+        .await;
+    assert_eq!(ended, Some(()), "the open stream was answered to its end");
+    assert!(status_200, "with the upstream's 200");
+    assert_eq!(backend.requests_served(), 1);
+    assert!(raw.until_closed(WAIT).await, "then the connection closed");
 }

@@ -144,6 +144,62 @@ async fn multiplexed_requests_share_one_upstream_connection() {
     );
 }
 
+/// h2 on both sides, Content-Length checked against DATA: a response whose DATA matches
+/// its length passes with it; one whose DATA falls short of it never reaches the client
+/// as a whole body (the stream is reset), and the connection serves the next request.
+#[tokio::test]
+async fn an_h2_response_shorter_than_its_content_length_is_reset_not_passed_whole() {
+    let backend = H2Backend::h2c();
+    let weir = h2c(backend.addr());
+    let client = connect(&weir).await;
+    let fixed = get(&client, "/fixed").await;
+    assert_eq!(fixed.header("content-length"), "5");
+    assert_eq!(fixed.body, b"hello");
+    let mut ready = client.clone().ready().await.expect("ready");
+    let (response, _) = ready
+        .send_request(request(Method::GET, "/badlen", &[]), true)
+        .expect("send");
+    let outcome = async {
+        let mut body = response.await?.into_body();
+        let mut got = Vec::new();
+        while let Some(chunk) = body.data().await {
+            got.extend_from_slice(&chunk?);
+        }
+        Ok::<_, h2::Error>(got)
+    };
+    let outcome = tokio::time::timeout(WAIT, outcome).await.expect("in time");
+    assert!(
+        outcome.is_err(),
+        "a short body passed as whole: {outcome:?}"
+    );
+    assert_eq!(get(&client, "/fixed").await.body, b"hello");
+}
+
+/// `max_concurrent_streams` bounds the streams in flight on one upstream connection: five
+/// requests the server holds open, with a bound of 2, take three connections (one, with
+/// the default bound of 100: `multiplexed_requests_share_one_upstream_connection`).
+#[tokio::test]
+async fn max_concurrent_streams_opens_another_connection_when_one_is_full() {
+    let backend = H2Backend::h2c();
+    let weir = proxy(
+        backend.addr(),
+        &["protocol = \"h2c\"", "max_concurrent_streams = 2"],
+    );
+    let client = connect(&weir).await;
+    let mut held = Vec::new();
+    for i in 0..5 {
+        let mut ready = client.clone().ready().await.expect("ready");
+        let path = format!("/hang/{i}");
+        held.push(ready.send_request(request(Method::GET, &path, &[]), true));
+    }
+    assert!(
+        wait_until_async(WAIT, || backend.streams() == 5).await,
+        "every request reached the server: {}",
+        backend.streams()
+    );
+    assert_eq!(backend.connections(), 3, "2 + 2 + 1 streams");
+}
+
 #[tokio::test]
 async fn idle_timeout_closes_idle_upstream_connections() {
     let backend = H2Backend::h2c();

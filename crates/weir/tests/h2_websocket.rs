@@ -67,6 +67,21 @@ async fn status_of(
     response.await.expect("response").status()
 }
 
+/// Sends an extended CONNECT for `path` (`websocket`) and waits for its response.
+async fn tunnel_response(
+    client: &mut SendRequest<Bytes>,
+    path: &str,
+) -> (http::Response<RecvStream>, SendStream<Bytes>) {
+    let (response, up) = client
+        .send_request(extended_connect(path, "websocket"), false)
+        .expect("extended CONNECT");
+    let response = tokio::time::timeout(WAIT, response)
+        .await
+        .expect("in time")
+        .expect("response");
+    (response, up)
+}
+
 async fn send(stream: &mut SendStream<Bytes>, frame: Vec<u8>, end: bool) {
     stream.send_data(Bytes::from(frame), end).expect("send");
 }
@@ -76,13 +91,7 @@ async fn websocket_echo_over_http2_extended_connect() {
     let backend = WsBackend::echo();
     let weir = single(backend.addr()).start();
     let mut client = connect(weir.addr).await;
-    let (response, mut up) = client
-        .send_request(extended_connect("/chat?room=1", "websocket"), false)
-        .expect("extended CONNECT");
-    let response = tokio::time::timeout(WAIT, response)
-        .await
-        .expect("in time")
-        .expect("response");
+    let (response, mut up) = tunnel_response(&mut client, "/chat?room=1").await;
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(response.headers()["sec-websocket-protocol"], "chat");
     // The 101's end-to-end fields pass; its accept (for Weir's key) and hop-by-hop do not.
@@ -217,13 +226,7 @@ async fn closing_tunnels_with_resets_is_not_charged_to_the_reset_budget() {
         .start();
     let mut client = connect(weir.addr).await;
     for i in 1..=5 {
-        let (response, mut up) = client
-            .send_request(extended_connect("/chat", "websocket"), false)
-            .expect("extended CONNECT");
-        let response = tokio::time::timeout(WAIT, response)
-            .await
-            .expect("in time")
-            .expect("response");
+        let (response, mut up) = tunnel_response(&mut client, "/chat").await;
         assert_eq!(response.status(), StatusCode::OK, "tunnel {i}");
         up.send_reset(Reason::CANCEL);
         assert!(wait_until_async(WAIT, || backend.ended() == i).await);
@@ -319,4 +322,56 @@ async fn websockets_to_upstreams_that_may_speak_h2_go_over_http1() {
         StatusCode::NOT_IMPLEMENTED
     );
     assert_eq!(backend.requests_served(), 0);
+}
+
+/// Opens a tunnel on `weir`: the connection's handle (kept by the caller so the connection
+/// stays), and the tunnel's two halves.
+async fn open_tunnel(weir: &common::Weir) -> (SendRequest<Bytes>, SendStream<Bytes>, RecvStream) {
+    let mut client = connect(weir.addr).await;
+    let (response, up) = tunnel_response(&mut client, "/chat").await;
+    assert_eq!(response.status(), StatusCode::OK);
+    (client, up, response.into_body())
+}
+
+/// Waits for the tunnel's stream to end (a reset or END_STREAM), with no data first.
+async fn ended_by_weir(body: &mut RecvStream) {
+    let next = tokio::time::timeout(WAIT, body.data()).await;
+    match next.expect("weir ended the still tunnel") {
+        None | Some(Err(_)) => {}
+        Some(Ok(data)) => panic!("unexpected data {data:?}"),
+    }
+}
+
+/// A text frame through the tunnel (with END_STREAM if `end`) and its echo back.
+async fn echo_once(up: &mut SendStream<Bytes>, body: &mut RecvStream, text: &[u8], end: bool) {
+    send(up, ws_frame(OP_TEXT, text, Some([1, 2, 3, 4])), end).await;
+    let got = next_frame(body, &mut Vec::new()).await.expect("echo");
+    assert_eq!(got, (OP_TEXT, text.to_vec()));
+}
+
+/// A tunnel where nothing moves for `tunnel_idle_timeout` is ended both ways.
+#[tokio::test]
+async fn an_idle_rfc_8441_tunnel_is_ended_after_tunnel_idle_timeout() {
+    let backend = WsBackend::echo();
+    let conf = single(backend.addr()).listener("tunnel_idle_timeout = \"300ms\"");
+    let weir = conf.start();
+    let (_client, mut up, mut body) = open_tunnel(&weir).await;
+    echo_once(&mut up, &mut body, b"hi", false).await;
+    ended_by_weir(&mut body).await;
+    assert!(wait_until_async(WAIT, || backend.ended() == 1).await);
+    assert_eq!(weir.tunnel_timeouts(), (1, 0));
+}
+
+/// After the client's END_STREAM, an upstream that stays silent (and open) is cut after
+/// `tunnel_fin_timeout`, well before the idle bound.
+#[tokio::test]
+async fn a_half_closed_rfc_8441_tunnel_is_ended_after_tunnel_fin_timeout() {
+    let backend = WsBackend::holding();
+    let conf = single(backend.addr()).listener("tunnel_fin_timeout = \"300ms\"");
+    let weir = conf.start();
+    let (_client, mut up, mut body) = open_tunnel(&weir).await;
+    echo_once(&mut up, &mut body, b"bye", true).await;
+    assert!(wait_until_async(WAIT, || backend.client_ends() == 1).await);
+    ended_by_weir(&mut body).await;
+    assert_eq!(weir.tunnel_timeouts(), (0, 1));
 }

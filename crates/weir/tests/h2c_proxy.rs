@@ -55,18 +55,6 @@ async fn get(client: &mut SendRequest<Bytes>, method: Method, path: &str) -> (St
     (status, read_body(response.into_body()).await)
 }
 
-fn metric(weir: &common::Weir, name: &str) -> u64 {
-    let text = weir.metrics_text();
-    let line = text
-        .lines()
-        .find(|l| l.starts_with(name))
-        .unwrap_or_else(|| panic!("no {name} in\n{text}"));
-    line.rsplit(' ')
-        .next()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
-}
-
 #[tokio::test]
 async fn multiplexed_requests_each_get_their_own_response() {
     let backend = Backend::echo("e");
@@ -96,11 +84,11 @@ async fn multiplexed_requests_each_get_their_own_response() {
         assert!(body.contains("X-Forwarded-For: 127.0.0.1\r\n"), "{body}");
     }
     assert_eq!(
-        metric(&weir, "weir_http2_connections_total{listener=\"web\"}"),
+        weir.metric("weir_http2_connections_total{listener=\"web\"}"),
         1
     );
     assert_eq!(
-        metric(&weir, "weir_http2_streams_total{listener=\"web\"}"),
+        weir.metric("weir_http2_streams_total{listener=\"web\"}"),
         32
     );
     let text = weir.metrics_text();
@@ -260,7 +248,7 @@ async fn client_resets_cancel_their_upstream_requests() {
         backend.in_flight()
     );
     assert_eq!(
-        metric(&weir, "weir_http2_client_resets_total{listener=\"web\"}"),
+        weir.metric("weir_http2_client_resets_total{listener=\"web\"}"),
         5
     );
     assert_eq!(backend.requests_served(), 5);
@@ -295,7 +283,7 @@ async fn rapid_reset_past_the_budget_gets_goaway_enhance_your_calm() {
         }
         // Wait until Weir has seen this reset (or closed the connection).
         let seen =
-            || metric(&weir, "weir_http2_client_resets_total{listener=\"web\"}") == resets as u64;
+            || weir.metric("weir_http2_client_resets_total{listener=\"web\"}") == resets as u64;
         assert!(wait_until_async(WAIT, || seen() || conn.is_finished()).await);
         if conn.is_finished() {
             break;
@@ -313,11 +301,11 @@ async fn rapid_reset_past_the_budget_gets_goaway_enhance_your_calm() {
     assert!(wait_until_async(WAIT, || backend.in_flight() == 0).await);
     assert_eq!(backend.requests_served(), resets);
     assert_eq!(
-        metric(&weir, "weir_http2_client_resets_total{listener=\"web\"}"),
+        weir.metric("weir_http2_client_resets_total{listener=\"web\"}"),
         resets as u64
     );
     assert_eq!(
-        metric(&weir, "weir_http2_calm_goaways_total{listener=\"web\"}"),
+        weir.metric("weir_http2_calm_goaways_total{listener=\"web\"}"),
         1
     );
 }
@@ -459,7 +447,7 @@ async fn a_closed_connection_cancels_its_upstream_requests() {
         "in flight {}",
         backend.in_flight()
     );
-    let open = || metric(&weir, "weir_connections_active{listener=\"web\"}");
+    let open = || weir.metric("weir_connections_active{listener=\"web\"}");
     assert!(
         wait_until_async(WAIT, || open() == 0).await,
         "connections open: {}",

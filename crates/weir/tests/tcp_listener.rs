@@ -206,6 +206,37 @@ fn idle_timeout_closes_both_sides() {
     assert_eq!(rx.recv_timeout(WAIT).expect("backend closed too"), b"x");
 }
 
+/// After the client's FIN, a server that reads it but neither answers nor closes is cut
+/// after `fin_timeout` (long before `idle_timeout`), counted as a `fin` tunnel timeout.
+#[test]
+fn a_half_closed_tail_is_cut_after_fin_timeout() {
+    let (eof_tx, eof_rx) = mpsc::channel();
+    let (hold_tx, hold_rx) = mpsc::channel::<()>();
+    let hold = std::sync::Mutex::new(hold_rx);
+    let backend = RawBackend::spawn(move |mut s| {
+        let mut got = Vec::new();
+        let _ = s.read_to_end(&mut got);
+        let _ = eof_tx.send(got);
+        // Silent and open until the test ends (its sender dropped).
+        let _ = hold.lock().map(|rx| rx.recv());
+    });
+    let extra = ["fin_timeout = \"300ms\"", "idle_timeout = \"1h\""];
+    let weir = tcp_conf(&[backend.addr], &extra).start();
+    let mut client = connect(weir.addr);
+    client.write_all(b"request").expect("write");
+    client.shutdown(Shutdown::Write).expect("half-close");
+    assert_eq!(
+        eof_rx.recv_timeout(WAIT).expect("FIN passed on"),
+        b"request"
+    );
+    client.set_read_timeout(Some(WAIT)).expect("timeout");
+    let mut rest = Vec::new();
+    client.read_to_end(&mut rest).expect("closed by weir");
+    assert!(rest.is_empty());
+    assert_eq!(weir.tunnel_timeouts(), (0, 1));
+    drop(hold_tx);
+}
+
 /// The `weir_upstream_connect_errors_total` value of `server` in upstream `up`.
 fn connect_errors(weir: &common::Weir, server: SocketAddr) -> Option<u64> {
     let prefix =

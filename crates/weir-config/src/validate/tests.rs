@@ -225,6 +225,67 @@ fn tcp_listener_settings() {
     assert_eq!(tcp.buffer_size, 16 * 1024);
 }
 
+/// `tunnel_idle_timeout` / `tunnel_fin_timeout` (HTTP) and `fin_timeout` (TCP): defaults,
+/// values, zero refused, each only on its kind of listener.
+#[test]
+fn tunnel_and_fin_timeouts() {
+    use std::time::Duration;
+    let http = parse_str(LISTENER, "t").expect("valid");
+    let l = &http.listeners[0];
+    assert_eq!(l.tunnel_idle_timeout, Duration::from_secs(3600));
+    assert_eq!(l.tunnel_fin_timeout, Duration::from_secs(30));
+    let set = "tunnel_idle_timeout = \"10m\"\ntunnel_fin_timeout = \"5s\"\n";
+    let http = parse_str(&format!("{LISTENER}{set}"), "t").expect("valid");
+    let l = &http.listeners[0];
+    assert_eq!(l.tunnel_idle_timeout, Duration::from_secs(600));
+    assert_eq!(l.tunnel_fin_timeout, Duration::from_secs(5));
+    let tcp = parse_str(&tcp_listener(""), "t").expect("valid");
+    assert_eq!(
+        tcp.listeners[0].tcp().expect("tcp").fin_timeout,
+        Duration::from_secs(30)
+    );
+    let tcp = parse_str(&tcp_listener("fin_timeout = \"2s\"\n"), "t").expect("valid");
+    assert_eq!(
+        tcp.listeners[0].tcp().expect("tcp").fin_timeout,
+        Duration::from_secs(2)
+    );
+    check(
+        &format!("{LISTENER}tunnel_idle_timeout = \"0s\"\n"),
+        "listeners[0].tunnel_idle_timeout",
+        4,
+        "greater than 0",
+        "\"1h\"",
+    );
+    check(
+        &format!("{LISTENER}tunnel_fin_timeout = \"soon\"\n"),
+        "listeners[0].tunnel_fin_timeout",
+        4,
+        "expected a duration",
+        "\"30s\"",
+    );
+    check(
+        &tcp_listener("fin_timeout = \"0s\"\n"),
+        "listeners[0].fin_timeout",
+        6,
+        "greater than 0",
+        "\"30s\"",
+    );
+    check(
+        &tcp_listener("tunnel_idle_timeout = \"1s\"\n"),
+        "listeners[0].tunnel_idle_timeout",
+        6,
+        "only to protocol = \"http\"",
+        "set protocol = \"http\"",
+    );
+    check(
+        &format!("{LISTENER}fin_timeout = \"1s\"\n"),
+        "listeners[0].fin_timeout",
+        4,
+        "only to protocol = \"tcp\"",
+        "protocol = \"tcp\"",
+    );
+}
+
 #[test]
 fn defer_accept_defaults_to_on_for_http_and_off_for_tcp() {
     let http = parse_str(&format!("{LISTENER}backlog = 16\n"), "t").expect("valid");

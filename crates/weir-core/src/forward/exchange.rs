@@ -50,6 +50,8 @@ pub(crate) struct RequestMeta {
 #[derive(Clone, Copy)]
 pub struct Target<'a> {
     pub listener: &'a Listener,
+    /// The listener's metric slot.
+    pub listener_slot: usize,
     pub route: &'a Route,
     pub upstream: &'a Upstream,
     /// The upstream's index in the config (the route may split over several).
@@ -952,7 +954,10 @@ impl Exchange<'_> {
         )
         .await
         .map_err(|e| Failure::after_head(client_write_error(e)))?;
-        tunnel::run(&mut conn.stream, &mut conn.buf, &mut stream, up_buf).await;
+        let limits = tunnel::limits(self.target.listener);
+        let end = tunnel::run(&mut conn.stream, &mut conn.buf, &mut stream, up_buf, limits);
+        let end = end.await;
+        crate::idle::count(self.worker, self.target.listener_slot, end);
         Ok(false)
     }
 }

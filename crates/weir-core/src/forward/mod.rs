@@ -11,20 +11,22 @@ pub(crate) mod exchange;
 pub mod request_head;
 pub mod response_head;
 mod to_h2;
-mod tunnel;
+pub(crate) mod tunnel;
 
 pub use exchange::{forward, Target};
 
 /// The route, the upstream it chose (index, config and pool plan, all from `snapshot`) and
-/// the listener limits an exchange runs under.
+/// the listener limits an exchange runs under (`listener_index`: its index in `snapshot`).
 pub fn exchange_target<'a>(
-    listener: &'a weir_config::Listener,
+    (listener, listener_index): (&'a weir_config::Listener, usize),
     route: &'a weir_config::Route,
     snapshot: &'a crate::snapshot::Snapshot,
     upstream_index: usize,
 ) -> Target<'a> {
+    let slots = snapshot.slots.listeners.get(listener_index);
     Target {
         listener,
+        listener_slot: slots.map_or(usize::MAX, |s| s.slot),
         route,
         upstream: &snapshot.config.upstreams[upstream_index],
         upstream_index,

@@ -1,24 +1,56 @@
-//! The two-way tunnel after `101 Switching Protocols` (WebSocket and friends).
+//! The two-way tunnel after `101 Switching Protocols` (WebSocket and friends), bounded by
+//! the listener's `tunnel_idle_timeout` and `tunnel_fin_timeout` (see `crate::idle`).
+
+use weir_config::Listener;
 
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
 use crate::buffer::Buffer;
+use crate::idle::{self, Activity, End, Limits, Noted};
 
-/// Relays bytes both ways until either side closes. Bytes that arrived early (after the
-/// request head from the client, after the 101 head from the upstream) are sent first.
-pub async fn run<C: AsyncRead + AsyncWrite + Unpin, U: AsyncRead + AsyncWrite + Unpin>(
+/// The still-time bounds of `listener`'s tunnels.
+pub fn limits(listener: &Listener) -> Limits {
+    Limits {
+        idle: listener.tunnel_idle_timeout,
+        fin: listener.tunnel_fin_timeout,
+    }
+}
+
+/// Relays bytes both ways until both sides closed, one failed, or the tunnel was still
+/// too long. Bytes that arrived early (after the request head from the client, after the
+/// 101 head from the upstream) are sent first. An end of stream on one side is passed on
+/// as a half-close to the other (`copy_bidirectional`).
+pub async fn run<C, U>(
     client: &mut C,
     client_early: &mut Buffer,
     upstream: &mut U,
     upstream_early: &mut Buffer,
-) {
-    if !upstream_early.is_empty() && client.write_all(upstream_early.filled()).await.is_err() {
-        return;
-    }
-    upstream_early.clear();
-    if !client_early.is_empty() && upstream.write_all(client_early.filled()).await.is_err() {
-        return;
-    }
-    client_early.clear();
-    let _ = tokio::io::copy_bidirectional(client, upstream).await;
+    limits: Limits,
+) -> End
+where
+    C: AsyncRead + AsyncWrite + Unpin,
+    U: AsyncRead + AsyncWrite + Unpin,
+{
+    let activity = Activity::new();
+    let relay = async {
+        if !upstream_early.is_empty() {
+            client.write_all(upstream_early.filled()).await?;
+        }
+        upstream_early.clear();
+        if !client_early.is_empty() {
+            upstream.write_all(client_early.filled()).await?;
+        }
+        client_early.clear();
+        let mut client = Noted {
+            stream: client,
+            activity: &activity,
+        };
+        let mut upstream = Noted {
+            stream: upstream,
+            activity: &activity,
+        };
+        tokio::io::copy_bidirectional(&mut client, &mut upstream).await?;
+        Ok::<_, std::io::Error>(())
+    };
+    End::from(idle::one(relay, &activity, limits).await)
 }

@@ -264,7 +264,12 @@ impl Stream<'_> {
         };
         let r = StreamRequest {
             worker: &self.shared.worker,
-            target: exchange_target(listener, route_config, self.snapshot, upstream),
+            target: exchange_target(
+                (listener, self.index),
+                route_config,
+                self.snapshot,
+                upstream,
+            ),
             ip: &self.shared.ip,
             client: self.client.1,
             request_id: self.request_id,

@@ -10,7 +10,8 @@
 //! end-to-end fields) and bytes flow both ways: client DATA is released to its window
 //! only once written upstream, upstream bytes go out as DATA within the client's window
 //! (one buffer, bounded by `max_send_buffer` in `h2`), END_STREAM and the upstream's EOF
-//! close each direction, and a reset on either side ends both.
+//! close each direction, and a reset on either side ends both. The listener's
+//! `tunnel_idle_timeout` and `tunnel_fin_timeout` bound a still tunnel (`crate::idle`).
 
 use std::time::{Duration, Instant};
 
@@ -32,7 +33,9 @@ use crate::forward::body;
 use crate::forward::exchange::{
     obtain, read_final_head, record_attempt, upstream_write_error, RequestMeta,
 };
+use crate::forward::tunnel::limits;
 use crate::forward::Failure;
+use crate::idle::{Activity, Cut, End, Limits};
 use crate::time::LazyTimer;
 
 /// RFC 6455 section 1.3.
@@ -135,17 +138,25 @@ impl StreamRequest<'_> {
         let mut send = respond
             .send_response(head, false)
             .map_err(|_| Failure::after_head(ProxyError::ClientClosed))?;
-        let stall = self.target.listener.http2.stall_timeout;
-        match tunnel(&mut send, body, stream, up_buf, stall, trace).await {
-            Ok(()) => Ok(()),
+        let bounds = (
+            self.target.listener.http2.stall_timeout,
+            limits(self.target.listener),
+        );
+        let result = tunnel(&mut send, body, stream, up_buf, bounds, trace).await;
+        crate::idle::count(self.worker, self.target.listener_slot, End::from(result));
+        let error = match result {
+            Ok(()) => return Ok(()),
             // A reset is how a client closes an established tunnel (RFC 8441 section 5):
             // no cancelled request, so nothing for the reset budget (`trace.reset`).
-            Err(Stop::Reset) => Err(Failure::after_head(ProxyError::ClientClosed)),
-            Err(Stop::Error(e)) => {
-                send.send_reset(Reason::CANCEL);
-                Err(Failure::after_head(e))
+            Err(Cut::Failed(Stop::Reset)) => {
+                return Err(Failure::after_head(ProxyError::ClientClosed))
             }
-        }
+            Err(Cut::Failed(Stop::Error(e))) => e,
+            // Still too long: neither side is at fault, the tunnel just ends.
+            Err(Cut::Idle | Cut::Fin) => ProxyError::ClientTimeout,
+        };
+        send.send_reset(Reason::CANCEL);
+        Err(Failure::after_head(error))
     }
 
     /// The upstream refused the upgrade (a final status other than 101 and 2xx, in `resp`):
@@ -285,40 +296,24 @@ impl StreamRequest<'_> {
 }
 
 /// Relays both ways until each side has ended its direction (client END_STREAM, upstream
-/// EOF); after either side ended, the other gets `stall` to end its own.
+/// EOF), one fails, or the tunnel is still for longer than `limits` allow (`stall`: how
+/// long the client's window may stay closed).
 async fn tunnel(
     send: &mut SendStream<Bytes>,
     mut body: RecvStream,
     stream: UpstreamStream,
     up_buf: &mut Buffer,
-    stall: Duration,
+    (stall, limits): (Duration, Limits),
     trace: &mut Trace,
-) -> Result<(), Stop> {
+) -> Result<(), Cut<Stop>> {
     let (mut ur, mut uw) = tokio::io::split(stream);
     let mut sent = 0u64;
     let mut received = 0u64;
+    let activity = Activity::new();
     let result = {
-        let down = downstream(send, &mut ur, up_buf, stall, &mut sent);
-        let up = upstream(&mut body, &mut uw, &mut received);
-        tokio::pin!(down, up);
-        tokio::select! {
-            r = &mut up => match r {
-                // The client ended its half: the upstream gets `stall` to end its own
-                // (a server that never closes would hold the tunnel forever).
-                Ok(()) => match tokio::time::timeout(stall, down).await {
-                    Ok(r) => r,
-                    Err(_) => Err(Stop::Error(ProxyError::UpstreamTimeout)),
-                },
-                Err(e) => Err(e),
-            },
-            r = &mut down => match r {
-                Ok(()) => match tokio::time::timeout(stall, up).await {
-                    Ok(r) => r,
-                    Err(_) => Err(Stop::Error(ProxyError::ClientTimeout)),
-                },
-                Err(e) => Err(e),
-            },
-        }
+        let down = downstream(send, &mut ur, up_buf, stall, &mut sent, &activity);
+        let up = upstream(&mut body, &mut uw, &mut received, &activity);
+        crate::idle::both(down, up, &activity, limits).await
     };
     trace.body_in = received;
     trace.body_out = sent;
@@ -333,6 +328,7 @@ async fn downstream<R: AsyncRead + Unpin>(
     up_buf: &mut Buffer,
     stall: Duration,
     sent: &mut u64,
+    activity: &Activity,
 ) -> Result<(), Stop> {
     loop {
         if !up_buf.is_empty() {
@@ -342,7 +338,7 @@ async fn downstream<R: AsyncRead + Unpin>(
         }
         match unless_reset(send, up_buf.read_from(ur)).await? {
             Ok(0) => return send_data(send, &[], true, stall).await,
-            Ok(_) => {}
+            Ok(_) => activity.touch(),
             Err(e) => return Err(Stop::Error(ProxyError::upstream_io(e))),
         }
     }
@@ -354,6 +350,7 @@ async fn upstream<W: AsyncWrite + Unpin>(
     body: &mut RecvStream,
     uw: &mut W,
     received: &mut u64,
+    activity: &Activity,
 ) -> Result<(), Stop> {
     while let Some(data) = body.data().await {
         // An error here is the client's reset (or the connection's end).
@@ -362,6 +359,7 @@ async fn upstream<W: AsyncWrite + Unpin>(
             .await
             .map_err(|e| Stop::Error(ProxyError::upstream_io(e)))?;
         *received += data.len() as u64;
+        activity.touch();
         let _ = body.flow_control().release_capacity(data.len());
     }
     let _ = uw.shutdown().await;

@@ -140,6 +140,7 @@ impl Collector for Scrape {
         self.rate_limited(&mut enc)?;
         self.compressed(&mut enc)?;
         self.listener_counters(&mut enc)?;
+        self.tunnel_timeouts(&mut enc)?;
         self.http2_counters(&mut enc)?;
         self.tls(&mut enc)?;
         self.acme(&mut enc)?;
@@ -359,6 +360,24 @@ impl Scrape {
             enc,
             "weir_compression_bytes",
             "Response body bytes a route's compression read (in) and sent (out), by listener, route and algorithm.",
+            &rows,
+        )
+    }
+
+    /// `weir_tunnel_timeouts_total`: tunnels and TCP relays a still-time bound closed.
+    fn tunnel_timeouts(&self, enc: &mut DescriptorEncoder) -> Result {
+        let mut rows = vec![];
+        for (li, l) in self.config.listeners.iter().enumerate() {
+            for (i, reason) in ["idle", "fin"].into_iter().enumerate() {
+                let v = self.sum(|s| Some(self.listener(s, li)?.tunnel_timeouts[i].get()));
+                let labels = vec![("listener", l.name.clone()), ("reason", reason.to_string())];
+                rows.push((labels, v));
+            }
+        }
+        counter(
+            enc,
+            "weir_tunnel_timeouts",
+            "Tunnels (Upgrade, RFC 8441) and TCP connections closed because nothing moved for the idle bound, or for the fin bound after one side half-closed.",
             &rows,
         )
     }

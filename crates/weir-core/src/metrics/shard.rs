@@ -260,6 +260,9 @@ pub struct ListenerMetrics {
     /// TCP listeners with `sni_routes`: connections by how their SNI step ended
     /// (indexed by `tcp::sni::SniResult as usize`).
     pub sni: [Counter; 8],
+    /// Tunnels (Upgrade, RFC 8441) and TCP relays closed by a still-time bound: index 0
+    /// idle, 1 fin (a half-closed tail) (`crate::idle::count`).
+    pub tunnel_timeouts: [Counter; 2],
 }
 
 /// HTTP/2 client connections of a listener (their requests also count in the route

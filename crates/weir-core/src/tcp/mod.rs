@@ -4,11 +4,11 @@
 //! ```text
 //! accept (listener/) -> [PROXY header in, if accept = true (listener/proxy_protocol)]
 //!   -> pick a server (upstream/) -> connect, next server on failure (retry policy)
-//!   -> [PROXY header out, if send = v1|v2] -> relay both ways until closed or idle (relay)
+//!   -> [PROXY header out, if send = v1|v2] -> relay both ways until closed, idle or a half-closed tail is still (relay)
 //! ```
 //!
 //! - `io`: reads and writes on a shared `&TcpStream` driven by readiness
-//! - `relay`: the two directions, buffered copy or splice(2), half-close, idle timeout
+//! - `relay`: the two directions, buffered copy or splice(2), half-close, idle and fin timeouts (`crate::idle`)
 //! - `sni`: with `sni_routes`, the upstream is chosen by the ClientHello's server name
 //! - `tls_relay`: the relay when the upstream has `tls` (TLS origination)
 //! - `offload`: with `[listeners.tls]`, the client's TLS is terminated and plaintext relayed
@@ -85,7 +85,7 @@ pub async fn serve_tcp(worker: Rc<Worker>, slot: usize, client: TcpStream, peer:
         return;
     };
     let config = RelayConfig {
-        idle_timeout: tcp.idle_timeout,
+        limits: relay_limits(tcp),
         splice: tcp.splice,
         splice_available: worker.shared.splice_available,
         bytes_in: &m.bytes_in,
@@ -95,8 +95,19 @@ pub async fn serve_tcp(worker: Rc<Worker>, slot: usize, client: TcpStream, peer:
     m.bytes_in.add(to_server.len() as u64);
     let target: (&Snapshot, _, _) = (&snapshot, upstream, pick.server);
     let end = relay_to(&worker, target, &client, server, to_server, &config).await;
+    if let Some(end) = end {
+        crate::idle::count(&worker, slot, end);
+    }
     tracing::trace!(listener = %listener.name, %source, ?end, "tcp connection ended");
     // `pick` lives until here: the connection counts as in flight to its server.
+}
+
+/// The still-time bounds of a TCP listener's relays.
+fn relay_limits(tcp: &TcpSettings) -> crate::idle::Limits {
+    crate::idle::Limits {
+        idle: tcp.idle_timeout,
+        fin: tcp.fin_timeout,
+    }
 }
 
 /// A TLS listener's connection: the handshake (after any PROXY header), the upstream (by
@@ -135,13 +146,14 @@ async fn serve_offloaded(
         return;
     };
     let config = RelayConfig {
-        idle_timeout: tcp.idle_timeout,
+        limits: relay_limits(tcp),
         splice: weir_config::SpliceMode::Never,
         splice_available: false,
         bytes_in: &m.bytes_in,
         bytes_out: &m.bytes_out,
     };
     let end = offload::relay(worker, &mut client, &mut server, to_server, &config).await;
+    crate::idle::count(worker, slot, end);
     let sni = session.sni.as_deref();
     tracing::trace!(listener = %listener.name, %source, ?sni, ?end, "tls tcp connection ended");
     drop(pick);

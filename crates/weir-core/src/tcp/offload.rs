@@ -5,18 +5,17 @@
 //! the upstream has `tls`. Both sides go through buffers: there is no splice, since the
 //! client's bytes are decrypted in user space.
 
-use std::cell::Cell;
 use std::io;
 use std::net::SocketAddr;
 
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
-use tokio::time::Instant;
 use weir_config::{Listener, TcpSettings};
 
-use super::relay::{idle, End, RelayConfig};
+use super::relay::{End, RelayConfig};
 use crate::buffer::Buffer;
 use crate::client_stream::ClientStream;
 use crate::connector::UpstreamStream;
+use crate::idle::{self, Activity};
 use crate::metrics::shard::Counter;
 use crate::tcp::sni::{self, SniResult};
 use crate::tls::session::TlsSession;
@@ -70,7 +69,7 @@ pub fn local_addr(client: &tokio::net::TcpStream, listener: &Listener) -> Socket
 }
 
 /// Relays between the terminated client and `server` until both directions end, one
-/// fails, or nothing moves for `idle_timeout`. Half-close is passed on both ways (a
+/// fails, or nothing moves for too long (`idle_timeout`, `fin_timeout`). Half-close is passed on both ways (a
 /// client's close_notify or FIN shuts the server's write side, and the other way round).
 pub async fn relay(
     worker: &Worker,
@@ -79,7 +78,7 @@ pub async fn relay(
     mut to_server: Buffer,
     config: &RelayConfig<'_>,
 ) -> End {
-    let last = Cell::new(Instant::now());
+    let activity = Activity::new();
     let mut to_client = worker.take_buffer_sized(to_server.capacity());
     let end = match client.split() {
         Ok((mut client_read, mut client_write)) => {
@@ -89,21 +88,16 @@ pub async fn relay(
                 &mut server_write,
                 &mut to_server,
                 config.bytes_in,
-                &last,
+                &activity,
             );
             let down = pump(
                 &mut server_read,
                 &mut client_write,
                 &mut to_client,
                 config.bytes_out,
-                &last,
+                &activity,
             );
-            let both = async { tokio::try_join!(up, down).map(|_| ()) };
-            tokio::select! {
-                biased;
-                r = both => if r.is_ok() { End::Closed } else { End::Error },
-                _ = idle(&last, config.idle_timeout) => End::Idle,
-            }
+            End::from(idle::both(up, down, &activity, config.limits).await)
         }
         Err(_) => End::Error,
     };
@@ -119,7 +113,7 @@ async fn pump<R, W>(
     to: &mut W,
     buf: &mut Buffer,
     counter: &Counter,
-    last: &Cell<Instant>,
+    activity: &Activity,
 ) -> io::Result<()>
 where
     R: AsyncRead + Unpin,
@@ -143,6 +137,6 @@ where
             return to.shutdown().await;
         }
         counter.add(n as u64);
-        last.set(Instant::now());
+        activity.touch();
     }
 }

@@ -11,20 +11,19 @@
 //!
 //! End of stream on one side shuts down writing on the other (half-close) and the other
 //! direction goes on; an error on either side ends both. No byte moving either way for
-//! `idle_timeout` closes both sides.
+//! `idle_timeout` (`fin_timeout` once one side half-closed) closes both sides (`idle`).
 
-use std::cell::Cell;
 use std::io;
 use std::os::fd::AsFd;
-use std::time::Duration;
 
 use tokio::io::Interest;
 use tokio::net::TcpStream;
-use tokio::time::{sleep_until, Instant};
 use weir_config::SpliceMode;
 
 use super::io::{read_some, retry_eintr, shutdown_write, write_all};
 use crate::buffer::Buffer;
+pub use crate::idle::End;
+use crate::idle::{self, Activity, Limits};
 use crate::metrics::shard::Counter;
 use crate::sys::{splice_unsupported, Pipe};
 use crate::worker::Worker;
@@ -34,20 +33,10 @@ const FULL_READS_TO_SPLICE: u8 = 4;
 /// Most bytes asked of one splice into the pipe (the default pipe holds 64 KiB).
 const SPLICE_CHUNK: usize = 1 << 20;
 
-/// How a relay ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum End {
-    /// Both sides closed their sending side.
-    Closed,
-    /// A socket error (usually a reset) on either side.
-    Error,
-    /// Nothing moved for `idle_timeout`.
-    Idle,
-}
-
 /// What the relay needs besides the two sockets.
 pub struct RelayConfig<'a> {
-    pub idle_timeout: Duration,
+    /// `idle_timeout` and `fin_timeout`.
+    pub limits: Limits,
     pub splice: SpliceMode,
     /// False when the kernel cannot splice at all (probed once at start).
     pub splice_available: bool,
@@ -55,7 +44,7 @@ pub struct RelayConfig<'a> {
     pub bytes_out: &'a Counter,
 }
 
-/// Relays until both directions end, one fails, or the connection is idle too long.
+/// Relays until both directions end, one fails, or the connection is still too long.
 /// `to_server` already holds client bytes to send first (after a PROXY header).
 pub async fn relay(
     worker: &Worker,
@@ -64,7 +53,7 @@ pub async fn relay(
     to_server: Buffer,
     config: &RelayConfig<'_>,
 ) -> End {
-    let last = Cell::new(Instant::now());
+    let activity = Activity::new();
     let size = to_server.capacity();
     let mode = match config.splice {
         SpliceMode::Never => Mode::Copy,
@@ -79,33 +68,24 @@ pub async fn relay(
         to_server,
         mode,
         auto,
-        &last,
+        &activity,
         config.bytes_in,
     );
     let back = worker.take_buffer_sized(size);
-    let mut down = Direction::new(server, client, back, mode, auto, &last, config.bytes_out);
-    let both = async { tokio::try_join!(up.run(worker), down.run(worker)).map(|_| ()) };
-    let end = tokio::select! {
-        // Transfers first; no random branch order to pay for.
-        biased;
-        r = both => if r.is_ok() { End::Closed } else { End::Error },
-        _ = idle(&last, config.idle_timeout) => End::Idle,
-    };
+    let mut down = Direction::new(
+        server,
+        client,
+        back,
+        mode,
+        auto,
+        &activity,
+        config.bytes_out,
+    );
+    let both = idle::both(up.run(worker), down.run(worker), &activity, config.limits);
+    let end = End::from(both.await);
     up.finish(worker);
     down.finish(worker);
     end
-}
-
-/// Resolves once `last` (the time of the latest transfer) is `timeout` in the past. The
-/// timer is re-armed only when it fires, not on every transfer.
-pub(super) async fn idle(last: &Cell<Instant>, timeout: Duration) {
-    loop {
-        let deadline = last.get() + timeout;
-        if deadline <= Instant::now() {
-            return;
-        }
-        sleep_until(deadline).await;
-    }
 }
 
 /// Splices what `from` has into the empty `pipe`; 0 at end of stream.
@@ -152,7 +132,7 @@ struct Direction<'a> {
     mode: Mode,
     auto: bool,
     full_reads: u8,
-    last: &'a Cell<Instant>,
+    activity: &'a Activity,
     moved: &'a Counter,
 }
 
@@ -163,7 +143,7 @@ impl<'a> Direction<'a> {
         buf: Buffer,
         mode: Mode,
         auto: bool,
-        last: &'a Cell<Instant>,
+        activity: &'a Activity,
         moved: &'a Counter,
     ) -> Direction<'a> {
         Direction {
@@ -175,7 +155,7 @@ impl<'a> Direction<'a> {
             mode,
             auto,
             full_reads: 0,
-            last,
+            activity,
             moved,
         }
     }
@@ -265,7 +245,7 @@ impl<'a> Direction<'a> {
 
     fn transferred(&self, n: usize) {
         self.moved.add(n as u64);
-        self.last.set(Instant::now());
+        self.activity.touch();
     }
 
     /// Returns the buffer and an empty pipe to the worker for reuse.

@@ -2,22 +2,21 @@
 //! is plain TCP, read and written as in `relay`; the server side is a TLS stream, moved
 //! through buffers (no splice: the bytes must be encrypted in user space). Half-close is
 //! passed on (client FIN -> TLS close_notify and FIN; server close -> FIN to the client),
-//! and `idle_timeout` applies as for plain relays.
+//! and `idle_timeout` and `fin_timeout` apply as for plain relays.
 
-use std::cell::Cell;
 use std::io;
 
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::time::Instant;
 
 use super::io::{read_some, shutdown_write, write_all};
-use super::relay::{idle, End, RelayConfig};
+use super::relay::{End, RelayConfig};
 use crate::buffer::Buffer;
 use crate::connector::UpstreamStream;
+use crate::idle::{self, Activity};
 use crate::worker::Worker;
 
-/// Relays until both directions end, one fails, or nothing moves for `idle_timeout`.
+/// Relays until both directions end, one fails, or nothing moves for too long.
 /// `to_server` holds client bytes to send first.
 pub async fn relay_tls(
     worker: &Worker,
@@ -26,7 +25,7 @@ pub async fn relay_tls(
     mut to_server: Buffer,
     config: &RelayConfig<'_>,
 ) -> End {
-    let last = Cell::new(Instant::now());
+    let activity = Activity::new();
     let mut back = worker.take_buffer_sized(to_server.capacity());
     let (mut server_read, mut server_write) = server.split();
     let up = async {
@@ -39,7 +38,7 @@ pub async fn relay_tls(
                 return server_write.shutdown().await;
             }
             config.bytes_in.add(n as u64);
-            last.set(Instant::now());
+            activity.touch();
         }
     };
     let down = async {
@@ -50,16 +49,11 @@ pub async fn relay_tls(
                 return Ok::<_, io::Error>(());
             }
             config.bytes_out.add(n as u64);
-            last.set(Instant::now());
+            activity.touch();
             write_all(client, &mut back).await?;
         }
     };
-    let both = async { tokio::try_join!(up, down).map(|_| ()) };
-    let end = tokio::select! {
-        biased;
-        r = both => if r.is_ok() { End::Closed } else { End::Error },
-        _ = idle(&last, config.idle_timeout) => End::Idle,
-    };
+    let end = End::from(idle::both(up, down, &activity, config.limits).await);
     worker.give_buffer(to_server);
     worker.give_buffer(back);
     end

@@ -150,6 +150,24 @@ impl Weir {
             .unwrap_or_default()
     }
 
+    /// The value of the series `series` (name and labels, as rendered); panics when absent.
+    pub fn metric(&self, series: &str) -> u64 {
+        let text = self.metrics_text();
+        let prefix = format!("{series} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {series} in\n{text}"))
+    }
+
+    /// `weir_tunnel_timeouts_total` of the listener: (idle, fin).
+    pub fn tunnel_timeouts(&self) -> (u64, u64) {
+        let series = |r: &str| {
+            format!("weir_tunnel_timeouts_total{{listener=\"{LISTENER}\",reason=\"{r}\"}}")
+        };
+        (self.metric(&series("idle")), self.metric(&series("fin")))
+    }
+
     /// A new client connection to the listener.
     pub async fn client(&self) -> Client {
         Client::connect(self.addr).await.expect("connect to weir")
