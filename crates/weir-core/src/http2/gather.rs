@@ -30,6 +30,11 @@ pub struct Gather {
 }
 
 impl Gather {
+    /// Nothing is held back: every byte taken is on its way to the socket.
+    pub fn is_empty(&self) -> bool {
+        self.held.is_empty()
+    }
+
     /// Takes `data`: held back when it is short, else written to `io` after (and in the
     /// same call as) what is held. Returns how many bytes of `data` were taken.
     pub fn poll_write<W: AsyncWrite + Unpin>(

@@ -50,7 +50,11 @@ impl Prefixed {
         match written {
             Poll::Ready(Ok(n)) => {
                 self.conn.sent += *n as u64;
-                self.shared.stalled_since.set(None);
+                // Bytes only held back prove nothing: a client that reads nothing must not
+                // restart its stall clock with every small frame Weir has for it.
+                if self.gather.is_empty() {
+                    self.shared.stalled_since.set(None);
+                }
                 let (shared, glitches) = (&self.shared, &mut self.glitches);
                 self.outbound.feed(&buf[..*n], |f| {
                     glitches.outbound(&f);
