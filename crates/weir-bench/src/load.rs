@@ -89,6 +89,15 @@ impl Load {
             | Load::Handshake { conns, .. } => conns,
         }
     }
+
+    /// The most requests the load has in flight at once: one per connection, `streams`
+    /// per connection for HTTP/2. Each needs an upstream connection of an HTTP/1.1 pool.
+    pub fn in_flight(&self) -> u32 {
+        match *self {
+            Load::H2load { conns, streams } | Load::GrpcUnary { conns, streams } => conns * streams,
+            _ => self.conns(),
+        }
+    }
 }
 
 /// The load tools found on this machine, and the run's scratch directory.
@@ -261,6 +270,16 @@ mod tests {
             .conns(),
             64
         );
+    }
+
+    #[test]
+    fn h2_loads_count_their_streams_in_flight() {
+        let h2 = Load::H2load {
+            conns: 32,
+            streams: 16,
+        };
+        assert_eq!((h2.conns(), h2.in_flight()), (32, 512));
+        assert_eq!(Load::Wrk { conns: 256 }.in_flight(), 256);
     }
 
     #[test]

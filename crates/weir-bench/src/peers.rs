@@ -90,7 +90,8 @@ pub struct Setup<'a> {
     pub dir: &'a Path,
     pub backends: &'a [SocketAddr],
     pub route: Route,
-    /// The most connections any load of the scenario opens (sizes pools and thread counts).
+    /// The most requests any load of the scenario has in flight (connections, times streams
+    /// for HTTP/2): sizes pools and thread counts.
     pub max_conns: u32,
     pub weir: &'a Path,
     /// Give Weir an admin listener (for `/metrics`).

@@ -260,7 +260,9 @@ fn start_target(
     backend: Option<&backend::Running>,
 ) -> Result<(Target, Option<String>)> {
     let backends: Vec<SocketAddr> = backend.map(|b| b.addrs.clone()).unwrap_or_default();
-    let max_conns = loads.iter().map(Load::conns).max().unwrap_or(64);
+    // Pools are sized by requests in flight: h2 c=32 m=16 keeps 512 upstream requests
+    // going, which an idle pool sized for 32 connections (128) closes and reopens.
+    let max_conns = loads.iter().map(Load::in_flight).max().unwrap_or(64);
     let t = if peer == Peer::Direct {
         // The backend alone on the proxy CPU: the cost floor a proxy is compared with.
         let kind = match sc.backend {

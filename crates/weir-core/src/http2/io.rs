@@ -5,7 +5,8 @@
 //! `h2` crate does not report (`frames`): glitch frames from the client and the resets
 //! its errors force go to the connection's budgets, and a write that makes no progress
 //! marks the connection stalled (a client that never reads; `conn` closes it after
-//! `stall_timeout`).
+//! `stall_timeout`). Writes go through a [`Gather`], so that the frames of many streams
+//! leave in one system call (`gather`).
 
 use std::io;
 use std::pin::Pin;
@@ -17,6 +18,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::conn::Shared;
 use super::frames::{forced_reset, Glitches, Scanner};
+use super::gather::Gather;
 use super::PREFACE;
 use crate::client::ClientConn;
 
@@ -27,6 +29,7 @@ pub struct Prefixed {
     inbound: Scanner,
     outbound: Scanner,
     glitches: Glitches,
+    gather: Gather,
 }
 
 impl Prefixed {
@@ -37,39 +40,38 @@ impl Prefixed {
             inbound: Scanner::new(PREFACE.len()),
             outbound: Scanner::new(0),
             glitches: Glitches::default(),
+            gather: Gather::default(),
         }
     }
 
-    /// Notes `n` bytes (or none) written from `bufs`, or a write that must wait.
-    fn wrote<'b>(
-        &mut self,
-        written: &Poll<io::Result<usize>>,
-        bufs: impl IntoIterator<Item = &'b [u8]>,
-    ) {
+    /// Notes a write of `buf`: `n` bytes of it taken (the `h2` crate counts them as
+    /// written, so their frames are watched), or a wait, which marks the connection stalled.
+    fn wrote(&mut self, written: &Poll<io::Result<usize>>, buf: &[u8]) {
         match written {
             Poll::Ready(Ok(n)) => {
                 self.conn.sent += *n as u64;
-                self.shared.stalled_since.set(None);
-                let (mut left, shared, glitches) = (*n, &self.shared, &mut self.glitches);
-                for buf in bufs {
-                    if left == 0 {
-                        break;
-                    }
-                    let part = &buf[..left.min(buf.len())];
-                    left -= part.len();
-                    self.outbound.feed(part, |f| {
-                        glitches.outbound(&f);
-                        if forced_reset(&f) {
-                            shared.reset_written(f.word);
-                        }
-                    });
+                // Bytes only held back prove nothing: a client that reads nothing must not
+                // restart its stall clock with every small frame Weir has for it.
+                if self.gather.is_empty() {
+                    self.shared.stalled_since.set(None);
                 }
+                let (shared, glitches) = (&self.shared, &mut self.glitches);
+                self.outbound.feed(&buf[..*n], |f| {
+                    glitches.outbound(&f);
+                    if forced_reset(&f) {
+                        shared.reset_written(f.word);
+                    }
+                });
             }
-            Poll::Pending if self.shared.stalled_since.get().is_none() => {
-                self.shared.stalled_since.set(Some(Instant::now()));
-                self.shared.stalled.notify_one();
-            }
-            _ => {}
+            Poll::Pending => self.waits(),
+            Poll::Ready(Err(_)) => {}
+        }
+    }
+
+    fn waits(&self) {
+        if self.shared.stalled_since.get().is_none() {
+            self.shared.stalled_since.set(Some(Instant::now()));
+            self.shared.stalled.notify_one();
         }
     }
 }
@@ -108,31 +110,19 @@ impl AsyncWrite for Prefixed {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        let written = Pin::new(&mut this.conn.stream).poll_write(cx, buf);
-        this.wrote(&written, [buf]);
+        let written = this.gather.poll_write(&mut this.conn.stream, cx, buf);
+        this.wrote(&written, buf);
         written
     }
 
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        let this = self.get_mut();
-        let written = Pin::new(&mut this.conn.stream).poll_write_vectored(cx, bufs);
-        this.wrote(&written, bufs.iter().map(|b| &**b));
-        written
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.conn.stream.is_write_vectored()
-    }
+    // Not vectored (the default `poll_write_vectored` writes the first buffer), so that
+    // the `h2` crate copies small payloads and writes once per batch: see `gather`.
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        let flushed = Pin::new(&mut this.conn.stream).poll_flush(cx);
+        let flushed = this.gather.poll_flush(&mut this.conn.stream, cx);
         match &flushed {
-            Poll::Pending => this.wrote(&Poll::Pending, []),
+            Poll::Pending => this.waits(),
             // Over TLS a write is Ready once the ciphertext is buffered: the stall it left
             // pending ends only when a flush goes through.
             Poll::Ready(Ok(())) => this.shared.stalled_since.set(None),
@@ -142,6 +132,7 @@ impl AsyncWrite for Prefixed {
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().conn.stream).poll_shutdown(cx)
+        let this = self.get_mut();
+        this.gather.poll_shutdown(&mut this.conn.stream, cx)
     }
 }

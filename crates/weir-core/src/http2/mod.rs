@@ -8,8 +8,9 @@
 //! pick, retries, connector pool and response-head parsing as an HTTP/1.1 request
 //! (`exchange`), and the response streams back within the client's flow-control window
 //! (`send`). `budget` holds the reset and glitch accounting, fed by `io`, which watches
-//! the frames passing through (`frames`). `websocket` bridges RFC 8441 extended CONNECTs
-//! to HTTP/1.1 WebSocket upgrades.
+//! the frames passing through (`frames`) and writes them through `gather` (the frames of
+//! many streams in one system call). `websocket` bridges RFC 8441 extended CONNECTs to
+//! HTTP/1.1 WebSocket upgrades.
 //!
 //! Module names: `http2`, not `h2`, so that paths to the `h2` crate stay unambiguous.
 
@@ -17,6 +18,7 @@ mod budget;
 mod conn;
 mod exchange;
 mod frames;
+mod gather;
 mod io;
 mod local;
 mod request;
