@@ -9,7 +9,8 @@
 //! (`exchange`), and the response streams back within the client's flow-control window
 //! (`send`). `budget` holds the reset and glitch accounting, fed by `io`, which watches
 //! the frames passing through (`frames`). `websocket` bridges RFC 8441 extended CONNECTs
-//! to HTTP/1.1 WebSocket upgrades.
+//! to HTTP/1.1 WebSocket upgrades. `grpc` turns the answers Weir makes itself to gRPC
+//! requests into gRPC statuses.
 //!
 //! Module names: `http2`, not `h2`, so that paths to the `h2` crate stay unambiguous.
 
@@ -17,6 +18,7 @@ mod budget;
 mod conn;
 mod exchange;
 mod frames;
+mod grpc;
 mod io;
 mod local;
 mod request;
