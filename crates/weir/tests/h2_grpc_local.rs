@@ -2,7 +2,8 @@
 //! lists (403), rate limit (429), basic auth (401), body too large (413), a route's
 //! `respond` and `redirect` each reach the client as a trailers-only gRPC status (HTTP 200,
 //! `content-type: application/grpc`, `grpc-status`, percent-encoded `grpc-message`), while
-//! metrics count the HTTP status Weir meant and plain HTTP/2 requests keep plain answers.
+//! metrics and the access log count the HTTP status Weir meant and plain HTTP/2 requests
+//! keep plain answers.
 
 mod common;
 
@@ -10,8 +11,8 @@ use bytes::Bytes;
 use h2::client::SendRequest;
 use http::{HeaderMap, Method, Request, StatusCode};
 
-use common::{h2c_client, Conf, Weir};
-use weir_testkit::Backend;
+use common::{h2c_client, Conf, Weir, WAIT};
+use weir_testkit::{wait_until_async, Backend};
 
 /// The request body every call sends: one gRPC message of 5 payload bytes.
 const MESSAGE: &[u8] = b"\x00\x00\x00\x00\x05hello";
@@ -165,10 +166,17 @@ async fn grpc_requests_weir_refuses_get_a_grpc_status_and_count_the_http_one() {
 }
 
 #[tokio::test]
-async fn a_grpc_request_over_max_body_size_gets_resource_exhausted() {
+async fn a_grpc_request_over_max_body_size_gets_resource_exhausted_and_logs_413() {
+    let dir = std::env::temp_dir().join(format!("weir-grpc-log-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let log = dir.join("access.log");
     let backend = Backend::fixed(200, &[], "ok");
     let weir = Conf::new()
         .listener("max_body_size = \"8\"")
+        .listener(&format!(
+            "access_log = {{ format = \"json\", path = \"{}\" }}",
+            log.display()
+        ))
         .route("all", "up", &[])
         .upstream("up", &[backend.addr()], &[])
         .start();
@@ -178,6 +186,12 @@ async fn a_grpc_request_over_max_body_size_gets_resource_exhausted() {
     // Refused before routing: counted with the requests no route took.
     assert_eq!(requests(&weir, "default", 413), 1);
     assert_eq!(backend.requests_served(), 0);
+    let read = || std::fs::read_to_string(&log).unwrap_or_default();
+    let logged = wait_until_async(WAIT, || read().ends_with('\n')).await;
+    let line = read();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(logged, "no log line");
+    assert!(line.contains("\"status\":413"), "{line}");
 }
 
 #[tokio::test]
