@@ -9,19 +9,13 @@ use bytes::Bytes;
 use h2::client::SendRequest;
 use h2::RecvStream;
 use http::{HeaderMap, Method, Request, Response, StatusCode};
-use tokio::net::TcpStream;
 
 use common::{dead_port, Conf, Weir, WAIT};
 use weir_testkit::certs::TestCa;
 use weir_testkit::{pattern_vec, wait_until_async, Backend, H2Backend, TlsServer};
 
 async fn connect(weir: &Weir) -> SendRequest<Bytes> {
-    let tcp = TcpStream::connect(weir.addr)
-        .await
-        .expect("connect to weir");
-    let (client, conn) = h2::client::handshake(tcp).await.expect("h2 handshake");
-    tokio::spawn(conn);
-    client
+    common::h2c_client(weir.addr).await
 }
 
 /// Weir proxying everything to `addr` with the upstream keys `keys`.
@@ -333,6 +327,9 @@ async fn grpc_request_to_a_down_upstream_gets_unavailable_not_502() {
         full.body.is_empty() && full.trailers.is_none(),
         "trailers-only"
     );
+    // Counted as the 502 Weir meant, not the 200 on the wire.
+    let series = "weir_requests_total{listener=\"web\",route=\"all\",method=\"POST\",code=\"502\"}";
+    assert_eq!(weir.metric(series), 1);
     // Not gRPC: the plain HTTP answer.
     assert_eq!(
         get(&client, "/").await.head.status(),

@@ -1,21 +1,24 @@
 //! Answers Weir writes itself on HTTP/2 streams: a route's `respond` or `redirect` and the
 //! listener's `redirect_https`. They are rendered as HTTP/1.1 bytes, as for HTTP/1 clients
 //! (`filters::respond`, `filters::redirect`), and sent from those bytes, so both protocols
-//! carry the same status, headers and body.
+//! carry the same status, headers and body. A gRPC request gets any of them but a 2xx as
+//! a gRPC status instead (`grpc`).
 
 use bytes::Bytes;
 use h2::server::SendResponse;
 
+use super::grpc;
 use super::send::send_data;
 use crate::codec::http1::{parse_response, ResponseHead};
 use crate::error::ProxyError;
 
 /// Sends the HTTP/1.1 response `rendered` (head and body, complete) on `respond`, without
-/// its hop-by-hop fields. Returns its status and the body bytes sent.
+/// its hop-by-hop fields; to a gRPC request (`grpc`), a status other than 2xx goes as a
+/// gRPC status (its body as `grpc-message`). Returns its status and the body bytes sent.
 pub async fn send_rendered(
     respond: &mut SendResponse<Bytes>,
     rendered: &[u8],
-    is_head: bool,
+    (is_head, grpc): (bool, bool),
     timeout: std::time::Duration,
 ) -> Result<(u16, u64), ProxyError> {
     let mut head = ResponseHead::default();
@@ -23,6 +26,12 @@ pub async fn send_rendered(
     if !parse_response(rendered, rendered.len(), is_head, &mut head)? {
         return Err(ProxyError::UpstreamMalformed("incomplete local response"));
     }
+    let body = if is_head {
+        &[][..]
+    } else {
+        &rendered[head.head_len..]
+    };
+    let grpc = grpc && grpc::translates(head.status);
     let mut response = http::Response::new(());
     *response.status_mut() =
         http::StatusCode::from_u16(head.status).unwrap_or(http::StatusCode::BAD_GATEWAY);
@@ -34,11 +43,19 @@ pub async fn send_rendered(
             headers.append(name, value);
         }
     }
-    let body = if is_head {
-        &[][..]
-    } else {
-        &rendered[head.head_len..]
-    };
+    if grpc {
+        // The fields that say more than the status stay (WWW-Authenticate, Retry-After,
+        // Location); the ones about the body do not, there is none.
+        let mut extra = std::mem::take(headers);
+        extra.remove(http::header::CONTENT_TYPE);
+        extra.remove(http::header::CONTENT_LENGTH);
+        let (code, message) = (
+            grpc::code_for_status(head.status),
+            grpc::message(head.status, body),
+        );
+        grpc::send_status(respond, code, message, extra)?;
+        return Ok((head.status, 0));
+    }
     let mut send = respond
         .send_response(response, body.is_empty())
         .map_err(|_| ProxyError::ClientClosed)?;

@@ -10,7 +10,8 @@
 //! (`send`). `budget` holds the reset and glitch accounting, fed by `io`, which watches
 //! the frames passing through (`frames`) and writes them through `gather` (the frames of
 //! many streams in one system call). `websocket` bridges RFC 8441 extended CONNECTs to
-//! HTTP/1.1 WebSocket upgrades.
+//! HTTP/1.1 WebSocket upgrades. `grpc` turns the answers Weir makes itself to gRPC
+//! requests into gRPC statuses.
 //!
 //! Module names: `http2`, not `h2`, so that paths to the `h2` crate stay unambiguous.
 
@@ -19,6 +20,7 @@ mod conn;
 mod exchange;
 mod frames;
 mod gather;
+mod grpc;
 mod io;
 mod local;
 mod request;

@@ -12,10 +12,11 @@ use http::Request;
 
 use super::conn::Shared;
 use super::exchange::{StreamRequest, Trace};
+use super::grpc;
 use super::local::send_rendered;
 use super::request::{write_head, write_upgrade_head};
 use super::send::send_data;
-use super::upstream::{grpc_answer, speaks_h2, H2Facts};
+use super::upstream::{speaks_h2, H2Facts};
 use super::websocket::new_key;
 use crate::access_log::RequestFields;
 use crate::codec::http1::write::Persistence;
@@ -119,10 +120,7 @@ pub async fn serve(
         ),
         Err(e) => (None, Err(e.into()), METHODS.len() - 1),
     };
-    let status = match facts.grpc {
-        true => grpc_answer(&mut respond, &result, &mut trace),
-        false => answer(&mut respond, &result, listener, &mut trace).await,
-    };
+    let status = answer(&mut respond, &result, (listener, facts.grpc), &mut trace).await;
     if trace.reset {
         shared.reset_by_client();
     }
@@ -207,6 +205,13 @@ impl Stream<'_> {
         let Some(index) = route else {
             let d = &listener.default_response;
             trace.status = d.status;
+            if self.facts.grpc && grpc::translates(d.status) {
+                // Its body is for browsers (maybe a page): the reason phrase says it.
+                let code = grpc::code_for_status(d.status);
+                let message = grpc::message(d.status, b"");
+                let sent = grpc::send_status(respond, code, message, http::HeaderMap::new());
+                return (None, sent.map_err(Failure::after_head));
+            }
             let sent = local(
                 respond,
                 d.status,
@@ -310,7 +315,8 @@ impl Stream<'_> {
             .http2
             .stall_timeout;
         trace.local = true;
-        let (status, sent) = send_rendered(respond, rendered, self.req.is_head, timeout)
+        let how = (self.req.is_head, self.facts.grpc);
+        let (status, sent) = send_rendered(respond, rendered, how, timeout)
             .await
             .map_err(Failure::after_head)?;
         trace.status = status;
@@ -372,11 +378,12 @@ async fn tunnel(
 }
 
 /// Answers a failure nothing was sent for yet with its status (or resets the stream when
-/// there is none to give). Returns the status the request counts with.
+/// there is none to give), as a gRPC status to a gRPC request. Returns the status the
+/// request counts with.
 async fn answer(
     respond: &mut SendResponse<Bytes>,
     result: &Result<(), Failure>,
-    listener: &weir_config::Listener,
+    (listener, grpc): (&weir_config::Listener, bool),
     trace: &mut Trace,
 ) -> u16 {
     let failure = match result {
@@ -388,6 +395,10 @@ async fn answer(
         respond.send_reset(Reason::CANCEL);
         return 499;
     };
+    if grpc {
+        grpc::answer_failure(respond, failure.error, status);
+        return status;
+    }
     let mut body = failure
         .error
         .body_text()

@@ -563,63 +563,6 @@ async fn relay(
     }
 }
 
-/// gRPC status codes Weir answers with (grpc/doc/statuscodes.md).
-const GRPC_DEADLINE_EXCEEDED: u8 = 4;
-const GRPC_UNAVAILABLE: u8 = 14;
-const GRPC_INTERNAL: u8 = 13;
-
-/// The gRPC status for a failure Weir itself answers: a timeout waiting for the server is
-/// DEADLINE_EXCEEDED, an unreachable, missing or failing server UNAVAILABLE, anything
-/// else (a bad request) INTERNAL.
-fn grpc_status(error: ProxyError) -> u8 {
-    use ProxyError::*;
-    match error {
-        UpstreamTimeout => GRPC_DEADLINE_EXCEEDED,
-        NoServer
-        | UpstreamConnect(_)
-        | UpstreamConnectTimeout
-        | UpstreamTls(_)
-        | UpstreamClosed
-        | UpstreamIo(_)
-        | UpstreamMalformed(_) => GRPC_UNAVAILABLE,
-        _ => GRPC_INTERNAL,
-    }
-}
-
-/// Answers a gRPC request's failure nothing was sent for yet with a trailers-only
-/// response (HTTP 200, `grpc-status`, `grpc-message`), not an HTML error; resets the
-/// stream when the client is gone. Returns the status the request counts with.
-pub fn grpc_answer(
-    respond: &mut SendResponse<Bytes>,
-    result: &Result<(), Failure>,
-    trace: &mut Trace,
-) -> u16 {
-    let failure = match result {
-        Ok(()) => return trace.status,
-        Err(f) if f.reached == Reached::Head => return trace.status,
-        Err(f) => f,
-    };
-    if trace.reset || failure.error.status().is_none() {
-        respond.send_reset(Reason::CANCEL);
-        return 499;
-    }
-    let mut head = http::Response::new(());
-    let headers = head.headers_mut();
-    headers.insert(
-        http::header::CONTENT_TYPE,
-        HeaderValue::from_static("application/grpc"),
-    );
-    headers.insert("grpc-status", u16::from(grpc_status(failure.error)).into());
-    // grpc-message is percent-encoded text; Weir's messages are plain ASCII.
-    let message = failure.error.to_string().replace('%', "%25");
-    if let Ok(v) = HeaderValue::from_str(&message) {
-        headers.insert("grpc-message", v);
-    }
-    let _ = respond.send_response(head, true);
-    trace.status = 200;
-    200
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

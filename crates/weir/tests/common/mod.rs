@@ -261,3 +261,14 @@ pub fn tls_table(certs: &[&weir_testkit::certs::Leaf], extra: &str) -> String {
         .collect();
     format!("[listeners.tls]\ncerts = [{}]\n{extra}", list.join(", "))
 }
+
+/// An HTTP/2 client connection (h2c, prior knowledge) to `addr`; its connection task runs
+/// on the test's runtime.
+pub async fn h2c_client(addr: SocketAddr) -> h2::client::SendRequest<bytes::Bytes> {
+    let tcp = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("connect to weir");
+    let (client, conn) = h2::client::handshake(tcp).await.expect("h2 handshake");
+    tokio::spawn(conn);
+    client
+}
