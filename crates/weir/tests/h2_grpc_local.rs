@@ -221,3 +221,36 @@ async fn respond_and_redirect_rules_translate_unless_their_status_is_2xx() {
     assert_eq!(requests(&weir, "busy", 503), 1);
     assert_eq!(requests(&weir, "moved", 302), 1);
 }
+
+/// Only the answers Weir makes itself are translated: an upstream's own error answer to a
+/// gRPC request reaches the client as the upstream sent it, and a gRPC-Web request (whose
+/// clients take HTTP statuses) keeps Weir's plain answer.
+#[tokio::test]
+async fn an_upstreams_own_answer_and_grpc_web_requests_are_not_translated() {
+    let backend = Backend::fixed(503, &[("content-type", "application/grpc")], "down");
+    let conf = Conf::new().upstream("up", &[backend.addr()], &[]);
+    let weir = with_prefix(conf, "svc", "/svc/", &["upstream = \"up\""]).start();
+    let client = h2c_client(weir.addr).await;
+
+    let answer = call(&client, "/svc/Call", true, MESSAGE).await;
+    assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(
+        answer.headers.get("grpc-status").is_none(),
+        "{:?}",
+        answer.headers
+    );
+    assert_eq!(answer.body, b"down");
+    assert_eq!(backend.requests_served(), 1);
+
+    let mut client = client.clone().ready().await.expect("ready");
+    let request = Request::builder()
+        .method(Method::POST)
+        .uri("http://example.test/nowhere")
+        .header("content-type", "application/grpc-web+proto")
+        .body(())
+        .expect("request");
+    let (response, _) = client.send_request(request, true).expect("send request");
+    let head = response.await.expect("response");
+    assert_eq!(head.status(), StatusCode::NOT_FOUND);
+    assert!(head.headers().get("grpc-status").is_none());
+}

@@ -94,8 +94,12 @@ pub fn send_status(
     headers.insert("grpc-status", u16::from(code).into());
     let mut encoded = Vec::with_capacity(message.len());
     percent_encode(message, &mut encoded);
-    if let Ok(v) = HeaderValue::from_bytes(&encoded) {
-        headers.insert("grpc-message", v);
+    // An empty message (a status without a reason phrase, and no body) is left out.
+    match HeaderValue::from_bytes(&encoded) {
+        Ok(v) if !v.is_empty() => {
+            headers.insert("grpc-message", v);
+        }
+        _ => {}
     }
     respond
         .send_response(head, true)

@@ -43,7 +43,8 @@ const MAX_REFUSED: usize = 5;
 pub struct H2Facts {
     /// The client sent `te: trailers`.
     pub te_trailers: bool,
-    /// `content-type: application/grpc*`: failures are answered with a gRPC status.
+    /// `content-type: application/grpc` (or `+proto`, `;...`): failures are answered with a
+    /// gRPC status.
     pub grpc: bool,
     /// The client's `grpc-timeout`.
     pub grpc_timeout: Option<Duration>,
@@ -53,7 +54,7 @@ impl H2Facts {
     pub fn of(headers: &HeaderMap) -> H2Facts {
         let grpc = headers
             .get(http::header::CONTENT_TYPE)
-            .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
+            .is_some_and(|v| is_grpc_content_type(v.as_bytes()));
         H2Facts {
             te_trailers: headers
                 .get(http::header::TE)
@@ -64,6 +65,17 @@ impl H2Facts {
                 .and_then(|v| grpc_timeout(v.as_bytes())),
         }
     }
+}
+
+/// Whether a `content-type` is gRPC's: `application/grpc`, alone or followed by `+` (a
+/// message format such as `+proto`) or `;` (parameters), in any case. gRPC-Web
+/// (`application/grpc-web*`) is not: its clients read trailers from the body and take
+/// an HTTP status as it is.
+pub fn is_grpc_content_type(value: &[u8]) -> bool {
+    const GRPC: &[u8] = b"application/grpc";
+    value.len() >= GRPC.len()
+        && value[..GRPC.len()].eq_ignore_ascii_case(GRPC)
+        && matches!(value.get(GRPC.len()), None | Some(b'+' | b';'))
 }
 
 /// Parses a `grpc-timeout` value: up to 8 digits and a unit (H, M, S, m, u, n).
@@ -566,6 +578,28 @@ async fn relay(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn grpc_content_types_are_grpc_and_its_lookalikes_are_not() {
+        for yes in [
+            "application/grpc",
+            "application/grpc+proto",
+            "Application/GRPC+json",
+            "application/grpc;charset=utf-8",
+        ] {
+            assert!(is_grpc_content_type(yes.as_bytes()), "{yes}");
+        }
+        for no in [
+            "application/grpc-web",
+            "application/grpc-web-text+proto",
+            "application/grpcfoo",
+            "application/json",
+            "application/grp",
+            "",
+        ] {
+            assert!(!is_grpc_content_type(no.as_bytes()), "{no}");
+        }
+    }
 
     #[test]
     fn parses_grpc_timeouts() {
