@@ -47,14 +47,10 @@ impl Prefixed {
     /// Notes a write of `buf`: `n` bytes of it taken (the `h2` crate counts them as
     /// written, so their frames are watched), or a wait, which marks the connection stalled.
     fn wrote(&mut self, written: &Poll<io::Result<usize>>, buf: &[u8]) {
+        self.progress();
         match written {
             Poll::Ready(Ok(n)) => {
                 self.conn.sent += *n as u64;
-                // Bytes only held back prove nothing: a client that reads nothing must not
-                // restart its stall clock with every small frame Weir has for it.
-                if self.gather.is_empty() {
-                    self.shared.stalled_since.set(None);
-                }
                 let (shared, glitches) = (&self.shared, &mut self.glitches);
                 self.outbound.feed(&buf[..*n], |f| {
                     glitches.outbound(&f);
@@ -65,6 +61,15 @@ impl Prefixed {
             }
             Poll::Pending => self.waits(),
             Poll::Ready(Err(_)) => {}
+        }
+    }
+
+    /// Ends the stall clock when the socket took bytes (a wait after that starts it
+    /// again). Bytes only held back prove nothing: a client that reads nothing must not
+    /// restart its stall clock with every small frame Weir has for it.
+    fn progress(&mut self) {
+        if self.gather.take_moved() {
+            self.shared.stalled_since.set(None);
         }
     }
 
@@ -115,12 +120,17 @@ impl AsyncWrite for Prefixed {
         written
     }
 
-    // Not vectored (the default `poll_write_vectored` writes the first buffer), so that
-    // the `h2` crate copies small payloads and writes once per batch: see `gather`.
+    /// Not vectored (the default `poll_write_vectored` writes the first buffer), so that
+    /// the `h2` crate copies small payloads and writes once per batch: see `gather`.
+    /// Said explicitly: forwarding the socket's answer here would undo the batching.
+    fn is_write_vectored(&self) -> bool {
+        false
+    }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         let flushed = this.gather.poll_flush(&mut this.conn.stream, cx);
+        this.progress();
         match &flushed {
             Poll::Pending => this.waits(),
             // Over TLS a write is Ready once the ciphertext is buffered: the stall it left
