@@ -118,22 +118,23 @@ fn scenario_md(m: &mut String, s: &ScenarioResult) {
         let _ = writeln!(m, "\n{note}");
     }
     if !s.ratios.is_empty() {
-        m.push_str("\nWeir ÷ peer (medians): CPU/req below 1 and req/s above 1 favour Weir. `weir-tcp` is compared with `haproxy-tcp` (both L4), and `weir-observed` with `weir` (the cost of the access log and admin listener). \"Paired\" divides the two runs of each repetition (seconds apart) and gives the median (min–max) of those ratios: the figure least exposed to the machine's drift.\n\n");
+        m.push_str("\nWeir ÷ peer (medians): CPU/req below 1 and req/s above 1 favour Weir. `weir-tcp` is compared with `haproxy-tcp` (both L4), and `weir-observed` with `weir` (the cost of the access log and admin listener). \"Paired\" (CPU/req, p99) divides the two runs of each repetition (seconds apart) and gives the median (min–max) of those ratios: the figure least exposed to the machine's drift.\n\n");
         m.push_str(
-            "| weir | peer | load | CPU/req ratio | CPU/req, paired | req/s ratio | p99 ratio |\n|---|---|---|---:|---:|---:|---:|\n",
+            "| weir | peer | load | CPU/req ratio | CPU/req, paired | req/s ratio | p99 ratio | p99, paired |\n|---|---|---|---:|---:|---:|---:|---:|\n",
         );
         let r2 = |v: Option<f64>| v.map_or("n/a".into(), |v| format!("{v:.2}x"));
         for r in &s.ratios {
             let _ = writeln!(
                 m,
-                "| {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} |",
                 r.weir,
                 r.peer,
                 r.load,
                 r2(r.cpu_per_req),
                 fmt_spread(r.cpu_per_req_paired, |v| format!("{v:.2}x")),
                 r2(r.rps),
-                r2(r.p99)
+                r2(r.p99),
+                fmt_spread(r.p99_paired, |v| format!("{v:.2}x")),
             );
         }
     }
