@@ -1,11 +1,17 @@
-//! `h2load` (nghttp2's HTTP/2 load generator): its command line and the parser of its
-//! summary. Over https it negotiates h2 through ALPN; `-m` streams per connection are kept
-//! in flight. It prints no percentiles, only min / max / mean per request, so the latency
-//! columns stay empty for its rows.
+//! `h2load` (nghttp2's HTTP/2 load generator): its command line, the parser of its
+//! summary and of its per-request log. Over https it negotiates h2 through ALPN; `-m`
+//! streams per connection are kept in flight. Its summary has no percentiles (only min /
+//! max / mean per request), so they come from the `--log-file` it writes: one line per
+//! request with its duration. h2load is closed-loop: these latencies are not corrected for
+//! coordinated omission (the `latency` scenario's open-loop generator is).
+
+use std::io::BufRead;
+use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 
 use crate::load::LoadOutput;
+use crate::stats::percentile_sorted;
 
 /// The arguments for one h2load run: one thread, `conns` connections, `streams` concurrent
 /// streams each, for `secs` seconds.
@@ -37,6 +43,61 @@ pub fn grpc_args(dir: &std::path::Path) -> Vec<String> {
         "-H".into(),
         "te: trailers".into(),
     ]
+}
+
+/// h2load's per-request log, in the run's directory (rewritten by every run).
+pub const LOG_FILE: &str = "h2load-requests.tsv";
+
+/// Makes h2load write its per-request log to `path`.
+pub fn log_args(path: &Path) -> Vec<String> {
+    vec![format!("--log-file={}", path.display())]
+}
+
+/// The durations (microseconds) of the requests h2load's `--log-file` lists as answered.
+/// Its lines are tab-separated: start time (us since the epoch), status (-1 for a failed
+/// stream), duration until the end of the response (us), maybe more columns later. Read
+/// line by line into one reused buffer (a 4 s run logs a few hundred thousand lines); failed
+/// streams are left out and so are lines that do not parse. A last line without its newline
+/// was cut short (its duration may have lost digits) and is left out too.
+pub fn log_durations(mut log: impl BufRead) -> std::io::Result<Vec<u32>> {
+    let mut durations = Vec::new();
+    let mut line = String::new();
+    while log.read_line(&mut line)? != 0 {
+        if !line.ends_with('\n') {
+            break;
+        }
+        let mut cols = line.trim_end().split('\t').skip(1);
+        let status = cols.next().and_then(|s| s.parse::<i32>().ok());
+        let us = cols.next().and_then(|s| s.parse::<u32>().ok());
+        if let (Some(status), Some(us)) = (status, us) {
+            if status >= 0 {
+                durations.push(us);
+            }
+        }
+        line.clear();
+    }
+    Ok(durations)
+}
+
+/// Fills the percentiles of `o` from the durations of its requests (nearest rank, like the
+/// open-loop generator's); leaves them empty when no request was answered.
+pub fn apply_durations(o: &mut LoadOutput, mut durations: Vec<u32>) {
+    durations.sort_unstable();
+    let at = |p: f64| percentile_sorted(&durations, p).map(f64::from);
+    o.p50_us = at(50.0);
+    o.p90_us = at(90.0);
+    o.p99_us = at(99.0);
+    o.p999_us = at(99.9);
+}
+
+/// Reads the log h2load wrote to `path` into the percentiles of `o`.
+pub fn apply_log(o: &mut LoadOutput, path: &Path) -> Result<()> {
+    let file = std::fs::File::open(path)
+        .with_context(|| format!("h2load's request log {}", path.display()))?;
+    let durations = log_durations(std::io::BufReader::new(file))
+        .with_context(|| format!("read h2load's request log {}", path.display()))?;
+    apply_durations(o, durations);
+    Ok(())
 }
 
 /// A few requests (`-n`) on one connection, to check a peer answers before measuring.
@@ -126,5 +187,47 @@ time for request:      291us     31.40ms     12.38ms      2.10ms    70.21%
         assert!(args(32, 16, 5, "https://x/").contains(&"-m16".to_string()));
         assert_eq!(GRPC_REQUEST.len(), 5 + 16);
         assert_eq!(GRPC_REQUEST[4] as usize, GRPC_REQUEST.len() - 5);
+    }
+
+    /// As h2load 1.52 writes it (`-D` ends with the streams in flight failed: status -1),
+    /// plus a column more, a line that is no request and a last line cut short.
+    const LOG: &str = "1795500311743033\t200\t303
+1795500311743034\t200\t339
+1795500311742999\t503\t385
+1795500311743000\t-1\t9000000
+1795500311743403\t200\t72\textra
+not a request line
+1795500311743500\t200\t12";
+
+    #[test]
+    fn the_log_gives_the_durations_of_answered_requests() {
+        let d = log_durations(LOG.as_bytes()).unwrap();
+        assert_eq!(d, vec![303, 339, 385, 72]);
+        // The same durations whatever the reader's buffer size (a line split across reads).
+        for cap in 1..LOG.len() {
+            let r = std::io::BufReader::with_capacity(cap, LOG.as_bytes());
+            assert_eq!(log_durations(r).unwrap(), d, "buffer of {cap} bytes");
+        }
+        assert!(log_durations("".as_bytes()).unwrap().is_empty());
+    }
+
+    #[test]
+    fn durations_fill_the_percentiles() {
+        let mut o = parse(SAMPLE).unwrap();
+        apply_durations(&mut o, (1..=1000).rev().collect());
+        assert_eq!(
+            (o.p50_us, o.p90_us, o.p99_us, o.p999_us),
+            (Some(500.0), Some(900.0), Some(990.0), Some(999.0))
+        );
+        let mut none = LoadOutput::default();
+        apply_durations(&mut none, Vec::new());
+        assert_eq!(none.p99_us, None);
+    }
+
+    #[test]
+    fn a_missing_log_is_an_error() {
+        let mut o = LoadOutput::default();
+        let err = apply_log(&mut o, Path::new("/nonexistent/h2load.tsv")).unwrap_err();
+        assert!(format!("{err:#}").contains("request log"));
     }
 }

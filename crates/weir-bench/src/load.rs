@@ -2,7 +2,7 @@
 //! the load CPU, and the figures it reports.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
@@ -152,6 +152,9 @@ pub fn run(
     let url = format!("{scheme}://{addr}{path}");
     let log = tools.dir.join("load.log");
     let csv = tools.dir.join("ab.csv");
+    let h2log = tools.dir.join(h2load::LOG_FILE);
+    // A log left by the previous run (the warm-up) must not stand in for this one's.
+    let _ = std::fs::remove_file(&h2log);
     let spec = match *load {
         Load::Wrk { conns } => {
             let script = tools.dir.join("report.lua");
@@ -187,7 +190,8 @@ pub fn run(
             Some(LOAD_CPU),
             log,
         )
-        .args(h2load::args(conns, streams, secs, &url)),
+        .args(h2load::args(conns, streams, secs, &url))
+        .args(h2load::log_args(&h2log)),
         Load::GrpcUnary { conns, streams } => Spec::new(
             "h2load",
             tools.h2load.clone().unwrap_or_default(),
@@ -195,6 +199,7 @@ pub fn run(
             log,
         )
         .args(h2load::args(conns, streams, secs, &url))
+        .args(h2load::log_args(&h2log))
         .args(h2load::grpc_args(&tools.dir)),
         Load::Handshake {
             conns,
@@ -217,25 +222,33 @@ pub fn run(
     let child = process::spawn(&spec.piped())?;
     let log_path = child.log.clone();
     let done = child.finish()?;
-    let parsed = match load {
-        Load::Wrk { .. } => wrk::parse(&done.stdout),
-        Load::Ab { .. } => ab::parse(&done.stdout).map(|mut o| {
-            if let Ok(text) = std::fs::read_to_string(&csv) {
-                ab::apply_csv(&mut o, &text);
-            }
-            o
-        }),
-        Load::Rate { .. } | Load::Handshake { .. } => {
-            serde_json::from_str(done.stdout.trim()).context("generator report")
-        }
-        Load::H2load { .. } | Load::GrpcUnary { .. } => h2load::parse(&done.stdout),
-    };
-    match parsed {
+    match parse_output(load, &done.stdout, &csv, &h2log) {
         Ok(o) => Ok((o, done.cpu_secs)),
         Err(e) => {
             let err = std::fs::read_to_string(log_path).unwrap_or_default();
             bail!("{e:#} ({}; stderr: {})", done.status, err.trim())
         }
+    }
+}
+
+/// What the generator of `load` reported: its output, and for ab and h2load the files they
+/// write the percentiles to (`csv`, `h2log`).
+fn parse_output(load: &Load, stdout: &str, csv: &Path, h2log: &Path) -> Result<LoadOutput> {
+    match load {
+        Load::Wrk { .. } => wrk::parse(stdout),
+        Load::Ab { .. } => ab::parse(stdout).map(|mut o| {
+            if let Ok(text) = std::fs::read_to_string(csv) {
+                ab::apply_csv(&mut o, &text);
+            }
+            o
+        }),
+        Load::Rate { .. } | Load::Handshake { .. } => {
+            serde_json::from_str(stdout.trim()).context("generator report")
+        }
+        Load::H2load { .. } | Load::GrpcUnary { .. } => h2load::parse(stdout).and_then(|mut o| {
+            h2load::apply_log(&mut o, h2log)?;
+            Ok(o)
+        }),
     }
 }
 

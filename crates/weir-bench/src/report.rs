@@ -8,6 +8,7 @@ use anyhow::{Context, Result};
 use serde::Serialize;
 
 use crate::envinfo::Env;
+use crate::load::Load;
 use crate::runner::{Opts, ScenarioResult};
 use crate::stats::Spread;
 use crate::{chart, LOAD_CPU, PROXY_CPU};
@@ -113,23 +114,27 @@ fn scenario_md(m: &mut String, s: &ScenarioResult) {
             c.flags.join("; "),
         );
     }
+    if let Some(note) = h2load_latency_note(&sc.loads) {
+        let _ = writeln!(m, "\n{note}");
+    }
     if !s.ratios.is_empty() {
-        m.push_str("\nWeir ÷ peer (medians): CPU/req below 1 and req/s above 1 favour Weir. `weir-tcp` is compared with `haproxy-tcp` (both L4), and `weir-observed` with `weir` (the cost of the access log and admin listener). \"Paired\" divides the two runs of each repetition (seconds apart) and gives the median (min–max) of those ratios: the figure least exposed to the machine's drift.\n\n");
+        m.push_str("\nWeir ÷ peer (medians): CPU/req below 1 and req/s above 1 favour Weir. `weir-tcp` is compared with `haproxy-tcp` (both L4), and `weir-observed` with `weir` (the cost of the access log and admin listener). \"Paired\" (CPU/req, p99) divides the two runs of each repetition (seconds apart) and gives the median (min–max) of those ratios: the figure least exposed to the machine's drift.\n\n");
         m.push_str(
-            "| weir | peer | load | CPU/req ratio | CPU/req, paired | req/s ratio | p99 ratio |\n|---|---|---|---:|---:|---:|---:|\n",
+            "| weir | peer | load | CPU/req ratio | CPU/req, paired | req/s ratio | p99 ratio | p99, paired |\n|---|---|---|---:|---:|---:|---:|---:|\n",
         );
         let r2 = |v: Option<f64>| v.map_or("n/a".into(), |v| format!("{v:.2}x"));
         for r in &s.ratios {
             let _ = writeln!(
                 m,
-                "| {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} |",
                 r.weir,
                 r.peer,
                 r.load,
                 r2(r.cpu_per_req),
                 fmt_spread(r.cpu_per_req_paired, |v| format!("{v:.2}x")),
                 r2(r.rps),
-                r2(r.p99)
+                r2(r.p99),
+                fmt_spread(r.p99_paired, |v| format!("{v:.2}x")),
             );
         }
     }
@@ -154,6 +159,20 @@ fn scenario_md(m: &mut String, s: &ScenarioResult) {
 }
 
 /// Writes `results.md`, `results.json` and `<scenario>.svg` into `dir`.
+/// What the latencies of h2load rows are, when the scenario has some: they are easily read
+/// as the open-loop figures of the `latency` scenario, which they are not.
+fn h2load_latency_note(loads: &[Load]) -> Option<&'static str> {
+    loads
+        .iter()
+        .any(|l| matches!(l, Load::H2load { .. } | Load::GrpcUnary { .. }))
+        .then_some(
+            "h2 rows: p50–p99.9 come from h2load's `--log-file` (each request from its start to \
+             the end of its response). h2load is closed-loop (a new request only when one \
+             ends), so these latencies are not corrected for coordinated omission, unlike the \
+             open-loop figures of the `latency` scenario.",
+        )
+}
+
 pub fn write_all(dir: &Path, r: &Report, md: &str) -> Result<Vec<String>> {
     std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
     let mut written = Vec::new();
@@ -175,6 +194,17 @@ pub fn write_all(dir: &Path, r: &Report, md: &str) -> Result<Vec<String>> {
 mod tests {
     use super::*;
     use crate::stats::spread;
+
+    #[test]
+    fn h2load_rows_say_their_latencies_are_closed_loop() {
+        let h2 = Load::H2load {
+            conns: 32,
+            streams: 16,
+        };
+        let note = h2load_latency_note(&[Load::Wrk { conns: 32 }, h2]).unwrap();
+        assert!(note.contains("coordinated omission"));
+        assert!(h2load_latency_note(&[Load::Wrk { conns: 32 }]).is_none());
+    }
 
     #[test]
     fn formats_latencies() {

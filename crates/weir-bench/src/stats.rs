@@ -54,7 +54,7 @@ pub fn spread_opt(xs: &[Option<f64>]) -> Option<Spread> {
 
 /// Nearest-rank percentile (`p` in 0..=100) of an ascending slice: the smallest value with at
 /// least `p` % of the samples at or below it. `None` for an empty slice.
-pub fn percentile_sorted(sorted: &[u64], p: f64) -> Option<u64> {
+pub fn percentile_sorted<T: Copy>(sorted: &[T], p: f64) -> Option<T> {
     if sorted.is_empty() {
         return None;
     }
@@ -105,6 +105,6 @@ mod tests {
         assert_eq!(percentile_sorted(&v, 100.0), Some(1000));
         assert_eq!(percentile_sorted(&v, 0.0), Some(1));
         assert_eq!(percentile_sorted(&[42], 99.9), Some(42));
-        assert_eq!(percentile_sorted(&[], 50.0), None);
+        assert_eq!(percentile_sorted::<u64>(&[], 50.0), None);
     }
 }

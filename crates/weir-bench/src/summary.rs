@@ -55,6 +55,9 @@ pub struct Ratio {
     pub cpu_per_req_paired: Option<Spread>,
     pub rps: Option<f64>,
     pub p99: Option<f64>,
+    /// The p99 ratio of each repetition: a closed-loop p99 follows the machine's load from
+    /// second to second, so the ratio of medians of runs minutes apart says little.
+    pub p99_paired: Option<Spread>,
 }
 
 /// Compares the requests Weir's `/metrics` counted during a run with those the load tool
@@ -170,19 +173,20 @@ fn ratio(w: &Case, c: &Case) -> Ratio {
         peer: c.peer_name,
         load: c.label.clone(),
         cpu_per_req: div(w.summary.cpu_per_req_us, c.summary.cpu_per_req_us),
-        cpu_per_req_paired: paired_cpu_ratio(&w.samples, &c.samples),
+        cpu_per_req_paired: paired_ratio(&w.samples, &c.samples, |s| s.cpu_per_req_us),
         rps: div(w.summary.rps, c.summary.rps),
         p99: div(w.summary.p99_us, c.summary.p99_us),
+        p99_paired: paired_ratio(&w.samples, &c.samples, |s| s.load.p99_us),
     }
 }
 
-/// The spread of `w`'s CPU/req over `c`'s, repetition by repetition.
-fn paired_cpu_ratio(w: &[Sample], c: &[Sample]) -> Option<Spread> {
+/// The spread of `w`'s figure `f` (CPU/req, p99) over `c`'s, repetition by repetition.
+fn paired_ratio(w: &[Sample], c: &[Sample], f: impl Fn(&Sample) -> Option<f64>) -> Option<Spread> {
     let per_rep: Vec<f64> = w
         .iter()
         .filter_map(|a| {
             let b = c.iter().find(|b| b.repetition == a.repetition)?;
-            Some(a.cpu_per_req_us? / b.cpu_per_req_us.filter(|v| *v > 0.0)?)
+            Some(f(a)? / f(b).filter(|v| *v > 0.0)?)
         })
         .collect();
     spread(&per_rep)
@@ -292,6 +296,34 @@ mod tests {
         let paired = r[0].cpu_per_req_paired.unwrap();
         assert_eq!((paired.min, paired.max, paired.n), (0.5, 1.2, 2));
         assert!((paired.median - 0.85).abs() < 1e-9);
+    }
+
+    #[test]
+    fn p99_ratios_pair_repetitions_too() {
+        let rep = |r: u32, p99: Option<f64>| {
+            let mut s = Sample {
+                repetition: r,
+                ..sample(100.0, 10.0, 1.0, 1.0)
+            };
+            s.load.p99_us = p99;
+            s
+        };
+        // Medians 100 / 100 would say 1.00x; repetition by repetition Weir is at 0.5x-2x.
+        let w = case(
+            Peer::Weir,
+            vec![rep(0, Some(50.0)), rep(1, Some(100.0)), rep(2, Some(400.0))],
+        );
+        let c = case(
+            Peer::Nginx,
+            vec![rep(0, Some(100.0)), rep(1, Some(200.0)), rep(2, None)],
+        );
+        let r = ratios(&[w, c]);
+        let paired = r[0].p99_paired.unwrap();
+        assert_eq!(
+            (paired.median, paired.min, paired.max, paired.n),
+            (0.5, 0.5, 0.5, 2)
+        );
+        assert_eq!(r[0].p99, Some(100.0 / 150.0));
     }
 
     #[test]
