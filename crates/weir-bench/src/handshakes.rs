@@ -176,7 +176,7 @@ async fn one(
     Ok((kind, status))
 }
 
-fn client_config(tls: u8, resume: bool) -> Result<ClientConfig> {
+pub(crate) fn client_config(tls: u8, resume: bool) -> Result<ClientConfig> {
     let mut provider = rustls::crypto::aws_lc_rs::default_provider();
     // X25519 first (its key share is the only one sent, and every peer picks it); P-256
     // is listed because OpenSSL serves an ECDSA P-256 certificate over TLS 1.2 only to

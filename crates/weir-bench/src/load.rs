@@ -217,7 +217,8 @@ pub fn run(
                 format!("--rate={rate}"),
                 format!("--conns={conns}"),
                 format!("--duration={secs}"),
-            ]),
+            ])
+            .args(tls.then_some("--tls")),
     };
     let child = process::spawn(&spec.piped())?;
     let log_path = child.log.clone();

@@ -8,16 +8,27 @@
 //! the percentiles instead of silently lowering the rate. Send times are kept with a timerfd
 //! per connection (tokio's own timer has 1 ms granularity). One current-thread runtime: it
 //! runs pinned to the load CPU. It prints one JSON [`LoadOutput`] line on stdout.
+//!
+//! With `--tls` every connection is a TLS 1.3 session of its own (rustls, the client setup of
+//! [`crate::handshakes`], ALPN `http/1.1`), opened before the clock starts and kept alive:
+//! the rows measure record encryption and the HTTP work at a fixed rate, not handshakes. The
+//! connection loop is generic over the stream ([`Dial`]), so the plain path is the same
+//! code it was, with no TLS branch per request.
 
+use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use rustls::pki_types::ServerName;
 use tokio::io::unix::AsyncFd;
-use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, Interest};
 use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
+use tokio_rustls::TlsConnector;
 
 use crate::load::LoadOutput;
 use crate::stats::percentile_sorted;
@@ -37,6 +48,13 @@ pub struct Args {
     /// Seconds of sending.
     #[arg(long)]
     pub duration: f64,
+    /// Speak TLS 1.3 (one session per connection, kept alive); the certificate is not
+    /// verified.
+    #[arg(long)]
+    pub tls: bool,
+    /// The server name sent with `--tls` (SNI), also the `Host` header.
+    #[arg(long, default_value = "localhost")]
+    pub sni: String,
 }
 
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -141,13 +159,27 @@ pub fn main(args: Args) -> Result<()> {
 }
 
 async fn generate(a: Args) -> Result<LoadOutput> {
+    if a.tls {
+        let dial = Tls::new(a.addr, &a.sni)?;
+        let request = request(&a.path, &a.sni);
+        return generate_with(&a, dial, request).await;
+    }
+    let request = request(&a.path, &a.addr.to_string());
+    generate_with(&a, Plain(a.addr), request).await
+}
+
+fn request(path: &str, host: &str) -> Vec<u8> {
+    format!("GET {path} HTTP/1.1\r\nHost: {host}\r\n\r\n").into_bytes()
+}
+
+/// Opens every connection, then runs the schedule over them.
+async fn generate_with<D: Dial>(a: &Args, dial: D, request: Vec<u8>) -> Result<LoadOutput> {
     let conns = a.conns.max(1) as u64;
     let rate = a.rate.max(1) as u64;
-    let request = format!("GET {} HTTP/1.1\r\nHost: {}\r\n\r\n", a.path, a.addr).into_bytes();
     let mut streams = Vec::new();
     for _ in 0..conns {
         streams.push(
-            connect(a.addr)
+            dial.dial()
                 .await
                 .with_context(|| format!("connect {}", a.addr))?,
         );
@@ -159,7 +191,7 @@ async fn generate(a: Args) -> Result<LoadOutput> {
         let req = request.clone();
         let first = start + i as u64 * 1_000_000_000 / rate;
         let interval = conns * 1_000_000_000 / rate;
-        tasks.spawn(conn_loop(a.addr, stream, req, first, interval, end));
+        tasks.spawn(conn_loop(dial.clone(), stream, req, first, interval, end));
     }
     let mut all = ConnStats::default();
     while let Some(r) = tasks.join_next().await {
@@ -189,15 +221,60 @@ async fn generate(a: Args) -> Result<LoadOutput> {
     })
 }
 
+/// How a connection is opened: plain TCP ([`Plain`]) or TLS over it ([`Tls`]).
+trait Dial: Clone + Send + 'static {
+    type Stream: AsyncRead + AsyncWrite + Unpin + Send + 'static;
+    fn dial(&self) -> impl Future<Output = io::Result<Self::Stream>> + Send;
+}
+
+#[derive(Clone)]
+struct Plain(SocketAddr);
+
+impl Dial for Plain {
+    type Stream = TcpStream;
+    async fn dial(&self) -> io::Result<TcpStream> {
+        connect(self.0).await
+    }
+}
+
+/// A TLS 1.3 session per connection: X25519 (the key exchange every peer then does),
+/// AES-256-GCM first as wrk's OpenSSL offers it, ALPN `http/1.1`, no resumption.
+#[derive(Clone)]
+struct Tls {
+    addr: SocketAddr,
+    connector: TlsConnector,
+    name: ServerName<'static>,
+}
+
+impl Tls {
+    fn new(addr: SocketAddr, sni: &str) -> Result<Tls> {
+        let mut config = crate::handshakes::client_config(13, false)?;
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(Tls {
+            addr,
+            connector: TlsConnector::from(Arc::new(config)),
+            name: ServerName::try_from(sni.to_string()).context("--sni")?,
+        })
+    }
+}
+
+impl Dial for Tls {
+    type Stream = TlsStream<TcpStream>;
+    async fn dial(&self) -> io::Result<TlsStream<TcpStream>> {
+        let tcp = connect(self.addr).await?;
+        self.connector.connect(self.name.clone(), tcp).await
+    }
+}
+
 async fn connect(addr: SocketAddr) -> io::Result<TcpStream> {
     let s = TcpStream::connect(addr).await?;
     s.set_nodelay(true)?;
     Ok(s)
 }
 
-async fn conn_loop(
-    addr: SocketAddr,
-    stream: TcpStream,
+async fn conn_loop<D: Dial>(
+    dial: D,
+    stream: D::Stream,
     req: Vec<u8>,
     first: u64,
     interval: u64,
@@ -231,7 +308,7 @@ async fn conn_loop(
             st.late += 1;
         }
         if stream.is_none() {
-            stream = connect(addr).await.ok();
+            stream = dial.dial().await.ok();
         }
         let Some(s) = stream.as_mut() else {
             st.errors += 1;
@@ -258,8 +335,14 @@ async fn conn_loop(
 
 /// Sends one request and reads one Content-Length framed response. Returns the status and
 /// whether the connection may be reused.
-async fn exchange(s: &mut TcpStream, req: &[u8], buf: &mut Vec<u8>) -> io::Result<(u16, bool)> {
+async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
+    s: &mut S,
+    req: &[u8],
+    buf: &mut Vec<u8>,
+) -> io::Result<(u16, bool)> {
     s.write_all(req).await?;
+    // A no-op for TCP; tokio-rustls has already sent the record in `write_all`.
+    s.flush().await?;
     buf.clear();
     loop {
         let mut chunk = [0u8; 8192];
@@ -369,24 +452,72 @@ mod tests {
         });
     }
 
-    #[test]
-    fn generates_against_a_local_backend() {
-        let b = weir_testkit::Backend::fixed(200, &[], "ok");
-        let rt = tokio::runtime::Builder::new_current_thread()
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
-            .unwrap();
-        let args = Args {
-            addr: b.addr(),
-            path: "/".into(),
+            .unwrap()
+    }
+
+    /// 100 requests: 400 req/s for 0.25 s over 4 connections.
+    fn hundred(addr: SocketAddr, path: &str, tls: bool) -> Args {
+        Args {
+            addr,
+            path: path.into(),
             rate: 400,
             conns: 4,
             duration: 0.25,
-        };
-        let o = rt.block_on(generate(args)).unwrap();
+            tls,
+            sni: "localhost".into(),
+        }
+    }
+
+    /// An HTTPS echo backend for `localhost`; the CA keeps the certificate files alive.
+    fn tls_backend() -> (weir_testkit::certs::TestCa, weir_testkit::Backend) {
+        let ca = weir_testkit::certs::TestCa::new("loadgen CA");
+        let tls = weir_testkit::TlsServer::new(&ca.leaf(&["localhost"]));
+        let b = weir_testkit::Backend::echo_tls("a", &tls);
+        (ca, b)
+    }
+
+    #[test]
+    fn generates_against_a_local_backend() {
+        let b = weir_testkit::Backend::fixed(200, &[], "ok");
+        let o = runtime()
+            .block_on(generate(hundred(b.addr(), "/", false)))
+            .unwrap();
         assert_eq!(o.errors, 0);
         assert_eq!(o.requests, 100);
         assert!(o.p50_us.unwrap() > 0.0);
         assert!(o.p999_us.unwrap() >= o.p50_us.unwrap());
+    }
+
+    #[test]
+    fn generates_over_tls_keeping_one_session_per_connection() {
+        let (_ca, b) = tls_backend();
+        let o = runtime()
+            .block_on(generate(hundred(b.addr(), "/tls", true)))
+            .unwrap();
+        assert_eq!((o.errors, o.non2xx, o.requests), (0, 0, 100));
+        // Keep-alive: four handshakes for the hundred requests, each naming the server.
+        assert_eq!(b.connections_accepted(), 4);
+        assert_eq!(b.requests_served(), 100);
+        assert_eq!(b.sni_seen(), vec!["localhost"; 4]);
+        assert_eq!(b.tls_resumed(), 0);
+    }
+
+    #[test]
+    fn tls_dial_opens_a_tls13_session_like_wrks() {
+        let (_ca, b) = tls_backend();
+        let t = Tls::new(b.addr(), "localhost").unwrap();
+        let alpn = &t.connector.config().alpn_protocols;
+        assert_eq!(alpn, &vec![b"http/1.1".to_vec()]);
+        let s = runtime().block_on(t.dial()).unwrap();
+        let conn = s.get_ref().1;
+        let version = conn.protocol_version();
+        assert_eq!(version, Some(rustls::ProtocolVersion::TLSv1_3));
+        let suite = conn.negotiated_cipher_suite().unwrap().suite();
+        assert_eq!(suite, rustls::CipherSuite::TLS13_AES_256_GCM_SHA384);
+        assert!(Tls::new(b.addr(), "not a name!").is_err());
     }
 }

@@ -95,6 +95,34 @@ pub fn group_peak_rss_kib(pgid: i32) -> Option<u64> {
     }
 }
 
+/// `voluntary_ctxt_switches` from a `/proc/PID/task/TID/status` text: how often the thread
+/// blocked (for a proxy worker: `epoll_wait` calls that slept).
+pub fn parse_voluntary_switches(status: &str) -> Option<u64> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// Voluntary context switches of every thread of every process of group `pgid` (each
+/// thread's own count is in its `task/TID/status`; a process's `status` has only its
+/// main thread's).
+pub fn group_sleeps(pgid: i32) -> u64 {
+    let task_status = |pid: i32| -> Vec<String> {
+        let Ok(dir) = fs::read_dir(format!("/proc/{pid}/task")) else {
+            return Vec::new();
+        };
+        dir.flatten()
+            .filter_map(|t| fs::read_to_string(t.path().join("status")).ok())
+            .collect()
+    };
+    group_members(pgid)
+        .iter()
+        .flat_map(|p| task_status(p.pid))
+        .filter_map(|s| parse_voluntary_switches(&s))
+        .sum()
+}
+
 /// Resets the peak RSS of the group's processes (`echo 5 > /proc/PID/clear_refs`, Linux 4.0+),
 /// so each case reports its own peak. Best effort: without permission the peak since start
 /// is reported instead.
@@ -186,6 +214,19 @@ mod tests {
     fn rejects_truncated_stat() {
         assert!(parse_pid_stat("12 (x) S 1 2").is_none());
         assert!(parse_pid_stat("garbage").is_none());
+    }
+
+    #[test]
+    fn parses_voluntary_switches_and_counts_this_process() {
+        let status =
+            "Name:\tweir\nvoluntary_ctxt_switches:\t1234\nnonvoluntary_ctxt_switches:\t7\n";
+        assert_eq!(parse_voluntary_switches(status), Some(1234));
+        assert_eq!(parse_voluntary_switches("Name:\tweir\n"), None);
+        // SAFETY: getpgrp has no preconditions.
+        let me = unsafe { libc::getpgrp() };
+        let before = group_sleeps(me);
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        assert!(group_sleeps(me) > before);
     }
 
     #[test]

@@ -117,6 +117,7 @@ fn scenario_md(m: &mut String, s: &ScenarioResult) {
     if let Some(note) = h2load_latency_note(&sc.loads) {
         let _ = writeln!(m, "\n{note}");
     }
+    sleeps_md(m, s);
     if !s.ratios.is_empty() {
         m.push_str("\nWeir ÷ peer (medians): CPU/req below 1 and req/s above 1 favour Weir. `weir-tcp` is compared with `haproxy-tcp` (both L4), and `weir-observed` with `weir` (the cost of the access log and admin listener). \"Paired\" (CPU/req, p99) divides the two runs of each repetition (seconds apart) and gives the median (min–max) of those ratios: the figure least exposed to the machine's drift.\n\n");
         m.push_str(
@@ -158,7 +159,31 @@ fn scenario_md(m: &mut String, s: &ScenarioResult) {
     m.push('\n');
 }
 
-/// Writes `results.md`, `results.json` and `<scenario>.svg` into `dir`.
+/// For open-loop (fixed-rate) rows, where every proxy serves the same load: how often each
+/// proxy blocked per request. A proxy that is not saturated sleeps between requests, and
+/// each sleep and wake-up costs CPU that a saturated one does not pay.
+fn sleeps_md(m: &mut String, s: &ScenarioResult) {
+    let rows: Vec<_> = s
+        .cases
+        .iter()
+        .filter(|c| matches!(c.load, crate::load::Load::Rate { .. }))
+        .filter_map(|c| Some((c, c.summary.sleeps_per_req?)))
+        .collect();
+    if rows.is_empty() {
+        return;
+    }
+    m.push_str("\nProxy sleeps per request (voluntary context switches of all its threads):\n\n| proxy | load | sleeps/req |\n|---|---|---:|\n");
+    for (c, v) in rows {
+        let _ = writeln!(
+            m,
+            "| {} | {} | {} |",
+            c.peer_name,
+            c.label,
+            fmt_spread(Some(v), |v| format!("{v:.3}"))
+        );
+    }
+}
+
 /// What the latencies of h2load rows are, when the scenario has some: they are easily read
 /// as the open-loop figures of the `latency` scenario, which they are not.
 fn h2load_latency_note(loads: &[Load]) -> Option<&'static str> {
@@ -173,6 +198,7 @@ fn h2load_latency_note(loads: &[Load]) -> Option<&'static str> {
         )
 }
 
+/// Writes `results.md`, `results.json` and `<scenario>.svg` into `dir`.
 pub fn write_all(dir: &Path, r: &Report, md: &str) -> Result<Vec<String>> {
     std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
     let mut written = Vec::new();

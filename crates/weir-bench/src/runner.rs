@@ -22,7 +22,7 @@ use crate::peers::{self, Peer, Route, TlsFiles};
 use crate::process::{self, Child};
 use crate::procfs;
 use crate::scenario::Scenario;
-use crate::summary::{flags, metrics_verdict, ratios, summarise, Case, Ratio};
+use crate::summary::{flags, metrics_verdict, rate_flag, ratios, summarise, Case, Ratio};
 use crate::{LOAD_CPU, PROXY_CPU};
 
 /// Harness options.
@@ -55,6 +55,8 @@ pub struct Sample {
     /// Task time on the proxy CPU not accounted for by the proxy (other processes).
     pub cpu0_other_pct: Option<f64>,
     pub metrics: Option<String>,
+    /// The proxy's voluntary context switches (blocking waits) per request.
+    pub sleeps_per_req: Option<f64>,
 }
 
 /// Everything one scenario produced.
@@ -180,7 +182,8 @@ pub fn run(sc: &Scenario, opts: &Opts, tools: &Tools, dir: &Path) -> ScenarioRes
                 continue;
             }
             let summary = summarise(&s);
-            let flags = flags(peer, &summary, sc.expect_status);
+            let mut flags = flags(peer, &summary, sc.expect_status);
+            flags.extend(rate_flag(load, &summary));
             result.cases.push(Case {
                 peer,
                 peer_name: peer.name(),
@@ -413,11 +416,13 @@ fn measure(
     let metrics_before = t.admin.and_then(scrape_requests);
     let cpu0_a = procfs::cpu_times(PROXY_CPU);
     let sut_a = procfs::group_cpu_secs(pgid);
+    let sleeps_a = procfs::group_sleeps(pgid);
     let be_a = backend_pgid.map(procfs::group_cpu_secs);
     let t0 = Instant::now();
     let (out, gen_cpu) = load::run(l, tools, (t.addr, sc.tls), sc.path, opts.secs)?;
     let wall = t0.elapsed().as_secs_f64().max(1e-9);
     let sut_cpu = procfs::group_cpu_secs(pgid) - sut_a;
+    let sleeps = procfs::group_sleeps(pgid).saturating_sub(sleeps_a);
     let be_cpu = backend_pgid
         .map(procfs::group_cpu_secs)
         .zip(be_a)
@@ -440,6 +445,7 @@ fn measure(
         backend_cpu_pct: be_cpu.map(|c| c / wall * 100.0),
         cpu0_other_pct: cpu0_other,
         metrics,
+        sleeps_per_req: (out.requests > 0).then(|| sleeps as f64 / out.requests as f64),
         load: out,
     })
 }

@@ -46,13 +46,18 @@ pub enum Name {
     /// per proxy CPU-second, Weir vs nginx vs HAProxy.
     #[value(name = "tls-bulk")]
     TlsBulk,
+    /// Keep-alive TLS at fixed request rates (the open-loop generator over TLS 1.3, 32
+    /// connections): CPU per request of each proxy at the same load, Weir vs nginx vs
+    /// HAProxy.
+    #[value(name = "tls-rate")]
+    TlsRate,
     /// All of the above, in this order.
     #[value(name = "all")]
     All,
 }
 
 impl Name {
-    pub const EVERY: [Name; 10] = [
+    pub const EVERY: [Name; 11] = [
         Name::Proxy1Core,
         Name::CgiPrefix,
         Name::DefaultBackend,
@@ -63,6 +68,7 @@ impl Name {
         Name::Grpc,
         Name::TlsHandshake,
         Name::TlsBulk,
+        Name::TlsRate,
     ];
 }
 
@@ -242,6 +248,7 @@ pub fn build(name: Name, quick: bool) -> Scenario {
         },
         Name::H2c | Name::Grpc => h2c_scenario(name),
         Name::TlsHandshake => tls_handshake(),
+        Name::TlsRate => tls_rate(quick),
         Name::TlsBulk => Scenario {
             name: "tls-bulk",
             seeds: "issue 13 (bulk TLS)",
@@ -289,6 +296,41 @@ fn tls_handshake() -> Scenario {
         path: "/",
         peers: vec![Peer::Weir, Peer::Nginx, Peer::HaproxyHttp],
         loads,
+        expect_status: 200,
+        check_metrics: false,
+        tls: true,
+    }
+}
+
+/// The connections of a `tls-rate` load: `tls-proxy`'s wrk c=32 row, at a fixed rate.
+pub const TLS_RATE_CONNS: u32 = 32;
+
+/// `tls-rate`: `tls-proxy`'s keep-alive TLS row at fixed request rates, so that every
+/// proxy serves the same load and CPU per request compares like for like (under wrk's
+/// closed loop the proxy that finishes sooner sleeps more, and pays for each wake-up).
+fn tls_rate(quick: bool) -> Scenario {
+    let rates: &[u32] = if quick {
+        &[10_000]
+    } else {
+        &[10_000, 20_000, 30_000]
+    };
+    Scenario {
+        name: "tls-rate",
+        seeds: "issue 13 (keep-alive TLS at equal load)",
+        about: "The open-loop generator over keep-alive TLS 1.3 (rustls, a session per \
+                connection, 32 connections) at fixed rates, in front of nginx returning 615 \
+                bytes; latency from each request's intended send time.",
+        backend: BackendKind::Nginx615,
+        route: Route::Proxy,
+        path: "/",
+        peers: vec![Peer::Weir, Peer::Nginx, Peer::HaproxyHttp],
+        loads: rates
+            .iter()
+            .map(|&rate| Load::Rate {
+                rate,
+                conns: TLS_RATE_CONNS,
+            })
+            .collect(),
         expect_status: 200,
         check_metrics: false,
         tls: true,
@@ -362,7 +404,13 @@ mod tests {
     fn only_tls_proxy_runs_over_tls_and_has_an_h2_row() {
         for n in Name::EVERY {
             let s = build(n, true);
-            let tls = [Name::TlsProxy, Name::TlsHandshake, Name::TlsBulk].contains(&n);
+            let tls = [
+                Name::TlsProxy,
+                Name::TlsHandshake,
+                Name::TlsBulk,
+                Name::TlsRate,
+            ]
+            .contains(&n);
             assert_eq!(s.tls, tls, "{}", s.name);
         }
         let s = build(Name::TlsProxy, true);
@@ -371,5 +419,25 @@ mod tests {
             conns: 32,
             streams: 16
         }));
+    }
+
+    #[test]
+    fn tls_rate_holds_tls_proxys_connections_at_fixed_rates() {
+        let s = build(Name::TlsRate, false);
+        assert!(s.tls);
+        assert_eq!(s.peers, vec![Peer::Weir, Peer::Nginx, Peer::HaproxyHttp]);
+        let rates: Vec<u32> = s
+            .loads
+            .iter()
+            .map(|l| match *l {
+                Load::Rate { rate, conns } => {
+                    assert_eq!(conns, 32);
+                    rate
+                }
+                other => panic!("not a fixed rate: {other:?}"),
+            })
+            .collect();
+        assert_eq!(rates, vec![10_000, 20_000, 30_000]);
+        assert_eq!(build(Name::TlsRate, true).loads.len(), 1);
     }
 }

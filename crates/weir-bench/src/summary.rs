@@ -25,6 +25,7 @@ pub struct Summary {
     pub gen_cpu_pct: Option<Spread>,
     pub backend_cpu_pct: Option<Spread>,
     pub cpu0_other_pct: Option<Spread>,
+    pub sleeps_per_req: Option<Spread>,
     /// The most requests and late sends (open loop) of any repetition.
     pub requests: u64,
     pub late: u64,
@@ -92,6 +93,7 @@ pub fn summarise(s: &[Sample]) -> Summary {
         gen_cpu_pct: f(|x| Some(x.gen_cpu_pct)),
         backend_cpu_pct: f(|x| x.backend_cpu_pct),
         cpu0_other_pct: f(|x| x.cpu0_other_pct),
+        sleeps_per_req: f(|x| x.sleeps_per_req),
         requests: s.iter().map(|x| x.load.requests).max().unwrap_or(0),
         late: s.iter().filter_map(|x| x.load.late).max().unwrap_or(0),
     }
@@ -134,6 +136,16 @@ pub fn flags(peer: Peer, s: &Summary, expect: u16) -> Vec<String> {
         f.push(format!("behind schedule ({} late sends)", s.late));
     }
     f
+}
+
+/// An open-loop row whose median req/s fell short of its target rate by over 2 %: the
+/// peer (or the generator) did not hold the rate, and its CPU/req is not at the same load.
+pub fn rate_flag(load: &Load, s: &Summary) -> Option<String> {
+    let Load::Rate { rate, .. } = *load else {
+        return None;
+    };
+    let got = s.rps?.median;
+    (got < f64::from(rate) * 0.98).then(|| format!("rate not held ({got:.0} of {rate} req/s)"))
 }
 
 /// Weir's medians over each other peer's, load by load: `weir` against every non-Weir
@@ -213,6 +225,7 @@ mod tests {
             backend_cpu_pct: Some(be),
             cpu0_other_pct: Some(1.0),
             metrics: None,
+            sleeps_per_req: None,
         }
     }
 
@@ -261,6 +274,23 @@ mod tests {
         // For `direct` the backend is not on the load CPU.
         let f = flags(Peer::Direct, &s, 200);
         assert!(!f.iter().any(|x| x.contains("bound")), "{f:?}");
+    }
+
+    #[test]
+    fn a_fixed_rate_row_below_its_target_is_flagged() {
+        let rate = Load::Rate {
+            rate: 10_000,
+            conns: 32,
+        };
+        let held = summarise(&[sample(9_990.0, 10.0, 1.0, 1.0)]);
+        assert_eq!(rate_flag(&rate, &held), None);
+        let short = summarise(&[sample(9_000.0, 10.0, 1.0, 1.0)]);
+        assert_eq!(
+            rate_flag(&rate, &short).as_deref(),
+            Some("rate not held (9000 of 10000 req/s)")
+        );
+        // Closed-loop rows have no target.
+        assert_eq!(rate_flag(&Load::Wrk { conns: 32 }, &short), None);
     }
 
     #[test]
