@@ -61,6 +61,28 @@ pub fn register_listener(
     unsafe { AsyncFd::register_with_interest(listener, Interest::READABLE) }.map_err(Into::into)
 }
 
+/// Bytes written to a TCP socket that the peer has not acknowledged yet (SIOCOUTQ). The
+/// relays' still-time watch compares it between ticks: a queue that shrank is a slow
+/// reader taking bytes while Weir's own write waits for room. 0 when unknown.
+#[cfg(target_os = "linux")]
+pub fn unsent(socket: BorrowedFd<'_>) -> u32 {
+    use std::os::fd::AsRawFd;
+    let mut value: libc::c_int = 0;
+    // SAFETY: the descriptor is borrowed from a live socket; `value` is valid for writes
+    // for the duration of the call (SIOCOUTQ stores one int).
+    let rc = unsafe { libc::ioctl(socket.as_raw_fd(), libc::TIOCOUTQ, &mut value) };
+    match rc {
+        0 => u32::try_from(value).unwrap_or(0),
+        _ => 0,
+    }
+}
+
+/// See the Linux version; elsewhere the watch relies on Weir's own transfers.
+#[cfg(not(target_os = "linux"))]
+pub fn unsent(_socket: BorrowedFd<'_>) -> u32 {
+    0
+}
+
 /// TCP_DEFER_ACCEPT on a listening socket: accept(2) returns a connection only once its
 /// first bytes have arrived, or after about `seconds` (the kernel then hands it over anyway).
 /// The first read of an accepted connection then finds its request instead of waiting.

@@ -35,7 +35,7 @@ use crate::forward::exchange::{
 };
 use crate::forward::tunnel::limits;
 use crate::forward::Failure;
-use crate::idle::{Activity, Cut, End, Limits};
+use crate::idle::{Activity, Cut, End, Limits, Noted};
 use crate::time::LazyTimer;
 
 /// RFC 6455 section 1.3.
@@ -335,6 +335,8 @@ async fn downstream<R: AsyncRead + Unpin>(
             send_data(send, up_buf.filled(), false, stall).await?;
             *sent += up_buf.len() as u64;
             up_buf.clear();
+            // Sent within the client's window: progress even if the client reads slowly.
+            activity.touch();
         }
         match unless_reset(send, up_buf.read_from(ur)).await? {
             Ok(0) => return send_data(send, &[], true, stall).await,
@@ -352,14 +354,19 @@ async fn upstream<W: AsyncWrite + Unpin>(
     received: &mut u64,
     activity: &Activity,
 ) -> Result<(), Stop> {
+    // Each write that moves bytes counts: an upstream reading slowly is not still.
+    let mut uw = Noted {
+        stream: uw,
+        activity,
+    };
     while let Some(data) = body.data().await {
         // An error here is the client's reset (or the connection's end).
         let data = data.map_err(|_| Stop::Reset)?;
+        activity.touch();
         uw.write_all(&data)
             .await
             .map_err(|e| Stop::Error(ProxyError::upstream_io(e)))?;
         *received += data.len() as u64;
-        activity.touch();
         let _ = body.flow_control().release_capacity(data.len());
     }
     let _ = uw.shutdown().await;
