@@ -152,8 +152,12 @@ impl StreamRequest<'_> {
                 return Err(Failure::after_head(ProxyError::ClientClosed))
             }
             Err(Cut::Failed(Stop::Error(e))) => e,
-            // Still too long: neither side is at fault, the tunnel just ends.
-            Err(Cut::Idle | Cut::Fin) => ProxyError::ClientTimeout,
+            // Still too long: neither side is at fault, the tunnel just ends (as over
+            // HTTP/1.1), counted in `weir_tunnel_timeouts_total`, not as an aborted response.
+            Err(Cut::Idle | Cut::Fin) => {
+                send.send_reset(Reason::CANCEL);
+                return Ok(());
+            }
         };
         send.send_reset(Reason::CANCEL);
         Err(Failure::after_head(error))
