@@ -254,13 +254,27 @@ pub async fn one<E, F>(relay: F, activity: &Activity, limits: Limits) -> Result<
 where
     F: Future<Output = Result<(), E>>,
 {
+    one_probed(relay, activity, limits, || 0).await
+}
+
+/// [`one`] with a `probe` as in [`both_probed`].
+pub async fn one_probed<E, F, P>(
+    relay: F,
+    activity: &Activity,
+    limits: Limits,
+    mut probe: P,
+) -> Result<(), Cut<E>>
+where
+    F: Future<Output = Result<(), E>>,
+    P: FnMut() -> u64,
+{
     let mut relay = pin!(relay);
     let mut watch = Watch::new(activity, limits);
     poll_fn(|cx| {
         if let Poll::Ready(r) = relay.as_mut().poll(cx) {
             return Poll::Ready(r.map_err(Cut::Failed));
         }
-        watch.poll_still(activity, limits, &mut || 0, cx)
+        watch.poll_still(activity, limits, &mut probe, cx)
     })
     .await
 }

@@ -310,6 +310,9 @@ async fn tunnel(
     (stall, limits): (Duration, Limits),
     trace: &mut Trace,
 ) -> Result<(), Cut<Stop>> {
+    // The upstream's unsent bytes: a slow upstream reader drains them while a write
+    // waits for room (see `idle::both_probed`; the client side is paced by its window).
+    let fd = std::os::fd::AsRawFd::as_raw_fd(stream.tcp());
     let (mut ur, mut uw) = tokio::io::split(stream);
     let mut sent = 0u64;
     let mut received = 0u64;
@@ -317,7 +320,8 @@ async fn tunnel(
     let result = {
         let down = downstream(send, &mut ur, up_buf, stall, &mut sent, &activity);
         let up = upstream(&mut body, &mut uw, &mut received, &activity);
-        crate::idle::both(down, up, &activity, limits).await
+        let probe = || u64::from(crate::sys::unsent_raw(fd));
+        crate::idle::both_probed(down, up, &activity, limits, probe).await
     };
     trace.body_in = received;
     trace.body_out = sent;
