@@ -70,7 +70,8 @@ pub struct TcpSettings {
     /// A connection with no byte moving either way for this long is closed (both sides).
     pub idle_timeout: Duration,
     /// After one side half-closed (FIN), the connection is closed once nothing has moved
-    /// for this long (at most `idle_timeout`; HAProxy's `timeout client-fin`/`server-fin`).
+    /// for this long (HAProxy's `timeout client-fin`/`server-fin`). Default and maximum:
+    /// `idle_timeout`.
     pub fin_timeout: Duration,
     /// Bytes buffered per direction when copying (not splicing).
     pub buffer_size: usize,
@@ -186,7 +187,7 @@ pub struct Listener {
     /// either way for this long is closed (HAProxy's `timeout tunnel`).
     pub tunnel_idle_timeout: Duration,
     /// After one side of a tunnel ended its direction, the tunnel is closed once nothing
-    /// has moved for this long (at most `tunnel_idle_timeout`).
+    /// has moved for this long. Default and maximum: `tunnel_idle_timeout`.
     pub tunnel_fin_timeout: Duration,
     /// Largest request body accepted; `None` = unlimited.
     pub max_body_size: Option<u64>,

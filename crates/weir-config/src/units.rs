@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 /// What a duration may look like; ends every duration error.
-const DURATION_HINT: &str = r#"expected a duration such as "250ms", "5s", "2m" or "1h""#;
+const DURATION_HINT: &str = r#"expected a duration such as "250ms", "5s", "2m", "1h" or "7d""#;
 
 /// What a size may look like; ends every size error.
 const SIZE_HINT: &str =
@@ -17,7 +17,7 @@ const SIZE_HINT: &str =
 /// on the request path, and a sum past what the clock can hold would abort the process.
 pub const MAX_DURATION: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 
-/// Parses a duration: an integer and a unit out of `ms`, `s`, `m`, `h`, at most
+/// Parses a duration: an integer and a unit out of `ms`, `s`, `m`, `h`, `d`, at most
 /// [`MAX_DURATION`].
 ///
 /// The unit may be left out only for zero (`"0"`).
@@ -41,6 +41,7 @@ fn parse_unbounded_duration(text: &str) -> Result<Option<Duration>, String> {
         "s" => secs(1),
         "m" => secs(60),
         "h" => secs(3600),
+        "d" => secs(24 * 3600),
         "" if value == 0 => Ok(Some(Duration::ZERO)),
         "" => Err(format!("duration \"{text}\" has no unit: {DURATION_HINT}")),
         _ => Err(format!(
@@ -96,6 +97,8 @@ mod tests {
         assert_eq!(parse_duration("5s"), Ok(Duration::from_secs(5)));
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
         assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+        assert_eq!(parse_duration("7d"), Ok(Duration::from_secs(7 * 24 * 3600)));
+        assert_eq!(parse_duration("3650d"), Ok(MAX_DURATION));
         assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
         assert_eq!(parse_duration("0s"), Ok(Duration::ZERO));
         assert_eq!(parse_duration("0ms"), Ok(Duration::ZERO));
@@ -106,7 +109,7 @@ mod tests {
     #[test]
     fn bad_durations() {
         for text in [
-            "", "s", "5", "5x", "5 sec", "-5s", "1.5s", "5S", "+5s", "5s5",
+            "", "s", "5", "5x", "5 sec", "-5s", "1.5s", "5S", "+5s", "5s5", "1D", "1day",
         ] {
             let err = parse_duration(text).expect_err(text);
             assert!(err.contains(DURATION_HINT), "{text}: {err}");
@@ -126,6 +129,8 @@ mod tests {
             format!("{max}ms"),
             format!("{max}m"),
             format!("{max}h"),
+            format!("{max}d"),
+            "3651d".to_owned(),
             "99999999999999999999999s".to_owned(),
         ] {
             assert!(

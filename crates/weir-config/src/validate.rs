@@ -235,6 +235,12 @@ fn listener(
         .unwrap_or(matches!(protocol, Protocol::Http));
     let normalization =
         path::path_normalization(raw.path_normalization.take(), &key("path_normalization"))?;
+    let tunnel_idle_timeout = duration(
+        raw.tunnel_idle_timeout.take(),
+        "1h",
+        &key("tunnel_idle_timeout"),
+        true,
+    )?;
     Ok(Listener {
         name,
         bind,
@@ -263,17 +269,11 @@ fn listener(
         )?,
         header_timeout: duration(raw.header_timeout, "10s", &key("header_timeout"), true)?,
         client_timeout: duration(raw.client_timeout, "60s", &key("client_timeout"), true)?,
-        tunnel_idle_timeout: duration(
-            raw.tunnel_idle_timeout,
-            "1h",
-            &key("tunnel_idle_timeout"),
-            true,
-        )?,
-        tunnel_fin_timeout: duration(
+        tunnel_idle_timeout,
+        tunnel_fin_timeout: fin_bound(
             raw.tunnel_fin_timeout,
-            "30s",
+            (tunnel_idle_timeout, "tunnel_idle_timeout"),
             &key("tunnel_fin_timeout"),
-            true,
         )?,
         max_body_size: Some(size(raw.max_body_size, 0, &key("max_body_size"))?).filter(|n| *n > 0),
         max_header_size: max_header_size(raw.max_header_size, &key("max_header_size"))?,
@@ -872,6 +872,34 @@ fn int_in<T: TryFrom<i64>>(
 }
 
 /// A duration (default `default`); with `positive`, zero is rejected.
+/// A half-close bound (`tunnel_fin_timeout`, TCP `fin_timeout`): left out, it is the
+/// idle bound `idle` (named `idle_key`), as HAProxy's `timeout client-fin` falls back to
+/// the idle timeout, so a half-closed tail lives as long as a quiet open tunnel; set, it
+/// must be positive and at most `idle` (a longer one would outlive the tunnel's own
+/// bound, which is surely a mistake, so it is refused rather than clamped).
+fn fin_bound(
+    raw: Option<String>,
+    (idle, idle_key): (Duration, &str),
+    path: &FieldPath,
+) -> Result<Duration, Issue> {
+    let Some(text) = raw else {
+        return Ok(idle);
+    };
+    let key = path.last_key();
+    let fin = duration(Some(text.clone()), "30s", path, true)?;
+    if fin > idle {
+        return Err(Issue::new(
+            path,
+            format!(
+                "{key} = \"{text}\" is longer than {idle_key} ({}s)",
+                idle.as_secs()
+            ),
+            format!("set {key} at most {idle_key}, or leave it out (it then equals {idle_key})"),
+        ));
+    }
+    Ok(fin)
+}
+
 fn duration(
     raw: Option<String>,
     default: &str,

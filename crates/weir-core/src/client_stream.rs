@@ -100,6 +100,17 @@ impl ClientStream {
         }
     }
 
+    /// The socket's descriptor number (for `sys::unsent_raw`); -1 once gone.
+    pub fn raw_fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsRawFd;
+        match &self.state {
+            State::Unregistered(s) => s.as_raw_fd(),
+            State::Registered(s) => s.as_raw_fd(),
+            State::Tls(s, _) => s.get_ref().0.as_raw_fd(),
+            State::Gone => -1,
+        }
+    }
+
     /// Whether the socket has been registered with the reactor (for tests).
     pub fn is_registered(&self) -> bool {
         matches!(self.state, State::Registered(_))

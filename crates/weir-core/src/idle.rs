@@ -3,11 +3,15 @@
 //! must end when nothing has moved for a while (HAProxy's `timeout tunnel`) and when one
 //! side half-closed and the other goes quiet (`timeout client-fin` / `server-fin`).
 //!
-//! The directions note each transfer in an [`Activity`] (a clock read and a store); one
-//! [`LazyTimer`] per relay watches it and is moved only when it fires or when a direction
-//! ends (the tighter half-close bound starts then), not on every transfer. [`both`] runs
-//! two direction futures (TCP relays), [`one`] a single future moving both ways over
-//! [`Noted`] streams (HTTP tunnels: `copy_bidirectional`, no split).
+//! The directions count each transfer, read or write, in an [`Activity`] (one counter
+//! bump, no clock read): a slow reader that takes bytes a few at a time keeps the relay
+//! open as surely as a chatty one, as with HAProxy, which restarts a side's timer on any
+//! progress. One [`Watch`] per relay ticks a quarter of the bound and cuts the relay
+//! once the counter stood still for four ticks in a row, so a still relay ends between
+//! the bound and 1.25 times it, and a busy one costs a timer reset per tick, not per
+//! transfer. When a direction ends, the tighter half-close bound starts from then (one
+//! clock read). [`both`] runs two direction futures (TCP relays), [`one`] a single future
+//! moving both ways over [`Noted`] streams (HTTP tunnels: `copy_bidirectional`, no split).
 
 use std::cell::Cell;
 use std::future::{poll_fn, Future};
@@ -17,29 +21,32 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::time::Instant;
+use tokio::time::{Instant, Sleep};
 
-use crate::time::LazyTimer;
 use crate::worker::Worker;
 
-/// The time of the latest transfer in either direction of one relay, and whether one
-/// direction has ended.
+/// Ticks per bound: more ticks cut a still relay closer to its bound, at one timer reset
+/// each per bound on every relay.
+const TICKS: u32 = 4;
+
+/// How many transfers either direction of one relay made, and whether one direction has
+/// ended.
 pub struct Activity {
-    last: Cell<Instant>,
+    moves: Cell<u64>,
     half_closed: Cell<bool>,
 }
 
 impl Activity {
     pub fn new() -> Activity {
         Activity {
-            last: Cell::new(Instant::now()),
+            moves: Cell::new(0),
             half_closed: Cell::new(false),
         }
     }
 
-    /// Notes a transfer now.
+    /// Notes a transfer (a read or a write that moved bytes).
     pub fn touch(&self) {
-        self.last.set(Instant::now());
+        self.moves.set(self.moves.get().wrapping_add(1));
     }
 
     /// Notes that a direction ended (its end of stream counts as a transfer): from now on
@@ -47,21 +54,6 @@ impl Activity {
     pub fn end_one(&self) {
         self.half_closed.set(true);
         self.touch();
-    }
-
-    /// Ready with the bound that ran out once the relay has been still for too long.
-    fn poll_still<E>(
-        &self,
-        timer: &mut LazyTimer,
-        limits: Limits,
-        cx: &mut Context<'_>,
-    ) -> Poll<Result<(), Cut<E>>> {
-        let (limit, cut) = match self.half_closed.get() {
-            true => (limits.fin.min(limits.idle), Cut::Fin),
-            false => (limits.idle, Cut::Idle),
-        };
-        timer.set(self.last.get() + limit);
-        timer.poll_expired(cx).map(|()| Err(cut))
     }
 }
 
@@ -71,12 +63,86 @@ impl Default for Activity {
     }
 }
 
+/// The timer of one relay: compares the [`Activity`] counter at each tick with the
+/// previous one.
+struct Watch {
+    sleep: Pin<Box<Sleep>>,
+    /// The counter at the last tick that saw it move.
+    seen: u64,
+    /// Ticks in a row without a transfer.
+    still: u32,
+    /// The ticks follow the `fin` bound.
+    fin: bool,
+    /// The probe's value at the last tick (see [`both_probed`]).
+    probed: u64,
+}
+
+impl Watch {
+    fn new(activity: &Activity, limits: Limits) -> Watch {
+        Watch {
+            sleep: Box::pin(tokio::time::sleep(tick(limits.idle))),
+            seen: activity.moves.get(),
+            still: 0,
+            fin: false,
+            probed: 0,
+        }
+    }
+
+    /// Ready with the bound that ran out once the relay has been still for too long.
+    fn poll_still<E>(
+        &mut self,
+        activity: &Activity,
+        limits: Limits,
+        probe: &mut impl FnMut() -> u64,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<(), Cut<E>>> {
+        let (limit, cut) = match activity.half_closed.get() {
+            true => (limits.fin, Cut::Fin),
+            false => (limits.idle, Cut::Idle),
+        };
+        if activity.half_closed.get() && !self.fin {
+            // The half-close bound counts from the end of the direction, not from the
+            // last tick: restart the ticks now.
+            self.fin = true;
+            self.still = 0;
+            self.seen = activity.moves.get();
+            self.sleep.as_mut().reset(Instant::now() + tick(limit));
+        }
+        loop {
+            if self.sleep.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            let moves = activity.moves.get();
+            match moves == self.seen {
+                // Nothing Weir saw: ask the probe (the kernel's queues) on this tick only.
+                true => match probe() {
+                    probed if probed == self.probed => self.still += 1,
+                    probed => (self.probed, self.still) = (probed, 0),
+                },
+                false => (self.seen, self.still) = (moves, 0),
+            }
+            if self.still >= TICKS {
+                return Poll::Ready(Err(cut));
+            }
+            // From the tick's own deadline: no clock read.
+            let next = self.sleep.deadline() + tick(limit);
+            self.sleep.as_mut().reset(next);
+        }
+    }
+}
+
+/// A quarter of `limit` (see [`TICKS`]).
+fn tick(limit: Duration) -> Duration {
+    limit / TICKS
+}
+
 /// How long a relay may stay silent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     /// Nothing moved either way while both directions are open.
     pub idle: Duration,
-    /// Nothing moved after one direction ended (a FIN, END_STREAM); at most `idle`.
+    /// Nothing moved after one direction ended (a FIN, END_STREAM); the configuration
+    /// keeps it at most `idle`.
     pub fin: Duration,
 }
 
@@ -130,15 +196,34 @@ pub fn count(worker: &Worker, slot: usize, end: End) {
 
 /// Runs both directions `a` and `b` until both complete, one fails, or `activity` has
 /// been still for too long (see [`Limits`]). The directions must `touch` `activity` on
-/// every transfer.
+/// every transfer, read or write.
 pub async fn both<E, A, B>(a: A, b: B, activity: &Activity, limits: Limits) -> Result<(), Cut<E>>
 where
     A: Future<Output = Result<(), E>>,
     B: Future<Output = Result<(), E>>,
 {
+    both_probed(a, b, activity, limits, || 0).await
+}
+
+/// [`both`], where a tick that saw no transfer also asks `probe` for a number that
+/// changes when bytes move out of Weir's sight (the unsent bytes of the sockets written
+/// to, `crate::sys::unsent`): a write waiting for room in a full socket buffer sees no
+/// progress until half of it drained, which takes long with a slow reader.
+pub async fn both_probed<E, A, B, P>(
+    a: A,
+    b: B,
+    activity: &Activity,
+    limits: Limits,
+    mut probe: P,
+) -> Result<(), Cut<E>>
+where
+    A: Future<Output = Result<(), E>>,
+    B: Future<Output = Result<(), E>>,
+    P: FnMut() -> u64,
+{
     let (mut a, mut b) = (pin!(a), pin!(b));
     let (mut a_done, mut b_done) = (false, false);
-    let mut timer = LazyTimer::new(activity.last.get());
+    let mut watch = Watch::new(activity, limits);
     poll_fn(|cx| {
         if !a_done {
             if let Poll::Ready(r) = a.as_mut().poll(cx) {
@@ -157,7 +242,7 @@ where
         if a_done && b_done {
             return Poll::Ready(Ok(()));
         }
-        activity.poll_still(&mut timer, limits, cx)
+        watch.poll_still(activity, limits, &mut probe, cx)
     })
     .await
 }
@@ -169,20 +254,36 @@ pub async fn one<E, F>(relay: F, activity: &Activity, limits: Limits) -> Result<
 where
     F: Future<Output = Result<(), E>>,
 {
+    one_probed(relay, activity, limits, || 0).await
+}
+
+/// [`one`] with a `probe` as in [`both_probed`].
+pub async fn one_probed<E, F, P>(
+    relay: F,
+    activity: &Activity,
+    limits: Limits,
+    mut probe: P,
+) -> Result<(), Cut<E>>
+where
+    F: Future<Output = Result<(), E>>,
+    P: FnMut() -> u64,
+{
     let mut relay = pin!(relay);
-    let mut timer = LazyTimer::new(activity.last.get());
+    let mut watch = Watch::new(activity, limits);
     poll_fn(|cx| {
         if let Poll::Ready(r) = relay.as_mut().poll(cx) {
             return Poll::Ready(r.map_err(Cut::Failed));
         }
-        activity.poll_still(&mut timer, limits, cx)
+        watch.poll_still(activity, limits, &mut probe, cx)
     })
     .await
 }
 
-/// A stream whose reads are noted in an [`Activity`]: a read that moved bytes touches it,
-/// an end of stream ends one direction. Writes pass through untouched (the bytes were
-/// noted when read). No lock, no allocation: the relay keeps both streams in one task.
+/// A stream whose transfers are noted in an [`Activity`]: a read or a write that moved
+/// bytes (or a completed flush, which may have moved buffered TLS records) touches it,
+/// an end of stream ends one direction. Writes count too: a relay blocked on a slow
+/// reader is moving bytes, not still. No lock, no allocation: the relay keeps both
+/// streams in one task.
 pub struct Noted<'a, S> {
     pub stream: &'a mut S,
     pub activity: &'a Activity,
@@ -209,17 +310,36 @@ impl<S: AsyncRead + Unpin> AsyncRead for Noted<'_, S> {
     }
 }
 
+impl<S> Noted<'_, S> {
+    /// Touches the activity when a write moved bytes.
+    fn note(&self, r: &Poll<io::Result<usize>>) {
+        if let Poll::Ready(Ok(n)) = r {
+            if *n > 0 {
+                self.activity.touch();
+            }
+        }
+    }
+}
+
 impl<S: AsyncWrite + Unpin> AsyncWrite for Noted<'_, S> {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut *self.get_mut().stream).poll_write(cx, buf)
+        let this = self.get_mut();
+        let r = Pin::new(&mut *this.stream).poll_write(cx, buf);
+        this.note(&r);
+        r
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut *self.get_mut().stream).poll_flush(cx)
+        let this = self.get_mut();
+        let r = Pin::new(&mut *this.stream).poll_flush(cx);
+        if let Poll::Ready(Ok(())) = r {
+            this.activity.touch();
+        }
+        r
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -231,7 +351,10 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Noted<'_, S> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut *self.get_mut().stream).poll_write_vectored(cx, bufs)
+        let this = self.get_mut();
+        let r = Pin::new(&mut *this.stream).poll_write_vectored(cx, bufs);
+        this.note(&r);
+        r
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -322,6 +445,61 @@ mod tests {
         };
         assert!(matches!(r, Err(Cut::Fin)), "{r:?}");
         assert_eq!(Instant::now() - start, Duration::from_secs(24) + LIMITS.fin);
+    }
+
+    /// A relay that only writes, to a peer that reads a little every 8 s (less than the
+    /// idle bound): the writes keep it open, though nothing is read for 150 s.
+    #[tokio::test(start_paused = true)]
+    async fn noted_writes_to_a_slow_reader_keep_it_open() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let activity = Activity::new();
+        let (near, mut far) = tokio::io::duplex(64);
+        let start = Instant::now();
+        let relay = async {
+            // Owned, so that a cut relay closes it and the peer sees the end.
+            let mut near = near;
+            let mut noted = Noted {
+                stream: &mut near,
+                activity: &activity,
+            };
+            noted.write_all(&[7u8; 64 * 20]).await?;
+            noted.shutdown().await
+        };
+        let peer = async {
+            let mut got = Vec::new();
+            let mut buf = [0u8; 64];
+            loop {
+                tokio::time::sleep(Duration::from_secs(8)).await;
+                match far.read(&mut buf).await.expect("read") {
+                    0 => return got,
+                    n => got.extend_from_slice(&buf[..n]),
+                }
+            }
+        };
+        let (r, got) = tokio::join!(one(relay, &activity, LIMITS), peer);
+        assert!(r.is_ok(), "{r:?}");
+        assert_eq!(got.len(), 64 * 20);
+        assert!(Instant::now() - start >= Duration::from_secs(150));
+    }
+
+    /// One transfer, then silence: the relay ends at least `idle` after it and at most a
+    /// tick later.
+    #[tokio::test(start_paused = true)]
+    async fn still_time_counts_from_the_last_transfer() {
+        let start = Instant::now();
+        let activity = Activity::new();
+        let talk = async {
+            tokio::time::sleep(Duration::from_secs(8)).await;
+            activity.touch();
+            pending::<Result<(), ()>>().await
+        };
+        assert_eq!(
+            both(talk, pending(), &activity, LIMITS).await,
+            Err(Cut::Idle)
+        );
+        let still = Instant::now() - start - Duration::from_secs(8);
+        assert!(still >= LIMITS.idle, "{still:?}");
+        assert!(still <= LIMITS.idle + LIMITS.idle / TICKS, "{still:?}");
     }
 
     #[tokio::test(start_paused = true)]

@@ -61,6 +61,35 @@ pub fn register_listener(
     unsafe { AsyncFd::register_with_interest(listener, Interest::READABLE) }.map_err(Into::into)
 }
 
+/// Bytes written to a TCP socket that the peer has not acknowledged yet (SIOCOUTQ). The
+/// relays' still-time watch compares it between ticks: a queue that shrank is a slow
+/// reader taking bytes while Weir's own write waits for room. 0 when unknown.
+pub fn unsent(socket: BorrowedFd<'_>) -> u32 {
+    use std::os::fd::AsRawFd;
+    unsent_raw(socket.as_raw_fd())
+}
+
+/// [`unsent`] by descriptor number, for a relay that holds its streams mutably while the
+/// watch asks (HTTP tunnels). Memory-safe for any number: at worst the call fails (0); the
+/// caller keeps the socket open while it asks, so the number names that socket.
+#[cfg(target_os = "linux")]
+pub fn unsent_raw(fd: std::os::fd::RawFd) -> u32 {
+    let mut value: libc::c_int = 0;
+    // SAFETY: `value` is valid for writes for the duration of the call (SIOCOUTQ stores
+    // one int); the descriptor is a plain integer to the kernel.
+    let rc = unsafe { libc::ioctl(fd, libc::TIOCOUTQ, &mut value) };
+    match rc {
+        0 => u32::try_from(value).unwrap_or(0),
+        _ => 0,
+    }
+}
+
+/// See the Linux version; elsewhere the watch relies on Weir's own transfers.
+#[cfg(not(target_os = "linux"))]
+pub fn unsent_raw(_fd: std::os::fd::RawFd) -> u32 {
+    0
+}
+
 /// TCP_DEFER_ACCEPT on a listening socket: accept(2) returns a connection only once its
 /// first bytes have arrived, or after about `seconds` (the kernel then hands it over anyway).
 /// The first read of an accepted connection then finds its request instead of waiting.

@@ -11,7 +11,7 @@ use h2::{Reason, RecvStream, SendStream};
 use http::{Method, Request, StatusCode};
 use tokio::net::TcpStream;
 
-use common::{single, WAIT};
+use common::{single, Weir, WAIT};
 use weir_testkit::ws_backend::{parse_frame, ws_frame, OP_CLOSE, OP_PING, OP_PONG, OP_TEXT};
 use weir_testkit::{wait_until_async, Backend, WsBackend};
 
@@ -349,17 +349,34 @@ async fn echo_once(up: &mut SendStream<Bytes>, body: &mut RecvStream, text: &[u8
     assert_eq!(got, (OP_TEXT, text.to_vec()));
 }
 
-/// A tunnel where nothing moves for `tunnel_idle_timeout` is ended both ways.
+/// The tunnel's request was recorded with its 200 and not as an aborted response: a still
+/// tunnel just ends, neither side is to blame (no `client_timeout`).
+async fn recorded_without_abort(weir: &Weir) {
+    let recorded = || {
+        let text = weir.metrics_text();
+        let mut lines = text.lines();
+        lines.any(|l| l.starts_with("weir_requests_total{") && l.contains("code=\"200\""))
+    };
+    assert!(
+        wait_until_async(WAIT, recorded).await,
+        "the tunnel was recorded"
+    );
+    let text = weir.metrics_text();
+    assert!(!text.contains("weir_responses_aborted_total{"), "{text}");
+}
+
+/// A tunnel where nothing moves for `tunnel_idle_timeout` is ended both ways. (No echo
+/// first: its round trip would race the short bound; the 200 proves the tunnel.)
 #[tokio::test]
 async fn an_idle_rfc_8441_tunnel_is_ended_after_tunnel_idle_timeout() {
     let backend = WsBackend::echo();
     let conf = single(backend.addr()).listener("tunnel_idle_timeout = \"300ms\"");
     let weir = conf.start();
-    let (_client, mut up, mut body) = open_tunnel(&weir).await;
-    echo_once(&mut up, &mut body, b"hi", false).await;
+    let (_client, _up, mut body) = open_tunnel(&weir).await;
     ended_by_weir(&mut body).await;
     assert!(wait_until_async(WAIT, || backend.ended() == 1).await);
     assert_eq!(weir.tunnel_timeouts(), (1, 0));
+    recorded_without_abort(&weir).await;
 }
 
 /// After the client's END_STREAM, an upstream that stays silent (and open) is cut after
@@ -370,8 +387,11 @@ async fn a_half_closed_rfc_8441_tunnel_is_ended_after_tunnel_fin_timeout() {
     let conf = single(backend.addr()).listener("tunnel_fin_timeout = \"300ms\"");
     let weir = conf.start();
     let (_client, mut up, mut body) = open_tunnel(&weir).await;
-    echo_once(&mut up, &mut body, b"bye", true).await;
+    // The echo first, then END_STREAM: the fin bound starts only once the echo is back.
+    echo_once(&mut up, &mut body, b"bye", false).await;
+    send(&mut up, Vec::new(), true).await;
     assert!(wait_until_async(WAIT, || backend.client_ends() == 1).await);
     ended_by_weir(&mut body).await;
     assert_eq!(weir.tunnel_timeouts(), (0, 1));
+    recorded_without_abort(&weir).await;
 }

@@ -120,14 +120,15 @@ fn tcp_queues() -> Vec<(SocketAddr, SocketAddr, u64, u64)> {
     text.lines().skip(1).filter_map(queue_line).collect()
 }
 
-/// One `/proc/net/tcp` line: `sl local rem st tx:rx ...`, addresses as little-endian hex
-/// `AABBCCDD:PORT`.
+/// One `/proc/net/tcp` line: `sl local rem st tx:rx ...`, addresses as `AABBCCDD:PORT`:
+/// the address is the hex of its network-order bytes read as a native-endian `u32` (so
+/// the bytes in memory order are the address), the port plain hex.
 fn queue_line(line: &str) -> Option<(SocketAddr, SocketAddr, u64, u64)> {
     let mut fields = line.split_whitespace().skip(1);
     let addr = |f: &str| -> Option<SocketAddr> {
         let (ip, port) = f.split_once(':')?;
         let ip = u32::from_str_radix(ip, 16).ok()?;
-        let ip = std::net::Ipv4Addr::from(ip.swap_bytes());
+        let ip = std::net::Ipv4Addr::from(ip.to_ne_bytes());
         Some(SocketAddr::from((ip, u16::from_str_radix(port, 16).ok()?)))
     };
     let local = addr(fields.next()?)?;
@@ -160,9 +161,21 @@ fn unread(weir: SocketAddr, client: SocketAddr) -> u64 {
     mine.map(|q| q.3).sum()
 }
 
+/// Resumes a stopped Weir when dropped: a failed assertion (or a timeout) while it is
+/// stopped must not leave it stopped and hang the rest of the suite.
+struct ContinueOnDrop<'a>(&'a Weir);
+
+impl Drop for ContinueOnDrop<'_> {
+    fn drop(&mut self) {
+        // No assertion here: a panic while unwinding would abort the test binary.
+        support_process::signal_pid(self.0.pid(), libc::SIGCONT);
+    }
+}
+
 /// The probe is no formality: while Weir is stopped, an attack sits unread in its socket.
 async fn probe_sees_unread_bytes(weir: &Weir) {
     weir.signal(libc::SIGSTOP);
+    let resume = ContinueOnDrop(weir);
     // The signal is delivered asynchronously: wait until the process is stopped.
     let stat = format!("/proc/{}/stat", weir.pid());
     let stopped = || {
@@ -171,11 +184,12 @@ async fn probe_sees_unread_bytes(weir: &Weir) {
             .is_some_and(|(_, rest)| rest.starts_with('T'))
     };
     assert!(wait_until_async(WAIT, stopped).await, "weir stopped");
-    let conn = mount(weir.addr, "continuation").await;
+    let conn = tokio::time::timeout(WAIT, mount(weir.addr, "continuation")).await;
+    let conn = conn.expect("the attack was sent to a stopped Weir in time");
     let client = [conn.tcp.local_addr().expect("client address")];
     let seen = wait_until_async(WAIT, || unread(weir.addr, client[0]) > 0).await;
     let read_while_stopped = attack_read(weir.addr, &client);
-    weir.signal(libc::SIGCONT);
+    drop(resume);
     assert!(
         seen,
         "the attack's bytes arrived, unread, at a stopped Weir"

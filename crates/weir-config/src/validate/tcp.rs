@@ -6,7 +6,7 @@
 
 use std::net::IpAddr;
 
-use super::{duration, host_pattern, size, upstream_index};
+use super::{duration, fin_bound, host_pattern, size, upstream_index};
 use crate::error::{FieldPath, Issue};
 use crate::model::{
     Cidr, HostPattern, Listener, Protocol, ProxyProtocol, ProxyVersion, SniRoute, SpliceMode,
@@ -63,19 +63,19 @@ fn tcp_settings(
             r#"set buffer_size to a size such as "16KiB" (the default)"#,
         ));
     }
+    let idle_timeout = duration(
+        raw.idle_timeout.take(),
+        "300s",
+        &path.key("idle_timeout"),
+        true,
+    )?;
     Ok(TcpSettings {
         upstream: upstream_index(raw.upstream.take(), &upstream_path, upstreams)?,
-        idle_timeout: duration(
-            raw.idle_timeout.take(),
-            "300s",
-            &path.key("idle_timeout"),
-            true,
-        )?,
-        fin_timeout: duration(
+        idle_timeout,
+        fin_timeout: fin_bound(
             raw.fin_timeout.take(),
-            "30s",
+            (idle_timeout, "idle_timeout"),
             &path.key("fin_timeout"),
-            true,
         )?,
         buffer_size: usize::try_from(buffer).unwrap_or(16 * 1024),
         splice: splice(raw.splice.as_deref(), &path.key("splice"))?,

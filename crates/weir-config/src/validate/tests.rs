@@ -69,10 +69,10 @@ fn server_settings() {
         "\"30s\"",
     );
     check(
-        &format!("[server]\ndrain_timeout = \"1d\"\n{LISTENER}"),
+        &format!("[server]\ndrain_timeout = \"1w\"\n{LISTENER}"),
         d,
         2,
-        "unit \"d\"",
+        "unit \"w\"",
         "duration",
     );
 }
@@ -225,15 +225,19 @@ fn tcp_listener_settings() {
     assert_eq!(tcp.buffer_size, 16 * 1024);
 }
 
-/// `tunnel_idle_timeout` / `tunnel_fin_timeout` (HTTP) and `fin_timeout` (TCP): defaults,
-/// values, zero refused, each only on its kind of listener.
+/// `tunnel_idle_timeout` / `tunnel_fin_timeout` (HTTP) and `fin_timeout` (TCP): defaults
+/// (a fin bound left out is the idle bound), values, zero and a fin bound longer than the
+/// idle one refused, each only on its kind of listener.
 #[test]
 fn tunnel_and_fin_timeouts() {
     use std::time::Duration;
     let http = parse_str(LISTENER, "t").expect("valid");
     let l = &http.listeners[0];
     assert_eq!(l.tunnel_idle_timeout, Duration::from_secs(3600));
-    assert_eq!(l.tunnel_fin_timeout, Duration::from_secs(30));
+    assert_eq!(l.tunnel_fin_timeout, Duration::from_secs(3600));
+    let idle_only = format!("{LISTENER}tunnel_idle_timeout = \"2m\"\n");
+    let l = &parse_str(&idle_only, "t").expect("valid").listeners[0];
+    assert_eq!(l.tunnel_fin_timeout, Duration::from_secs(120));
     let set = "tunnel_idle_timeout = \"10m\"\ntunnel_fin_timeout = \"5s\"\n";
     let http = parse_str(&format!("{LISTENER}{set}"), "t").expect("valid");
     let l = &http.listeners[0];
@@ -242,7 +246,12 @@ fn tunnel_and_fin_timeouts() {
     let tcp = parse_str(&tcp_listener(""), "t").expect("valid");
     assert_eq!(
         tcp.listeners[0].tcp().expect("tcp").fin_timeout,
-        Duration::from_secs(30)
+        Duration::from_secs(300)
+    );
+    let tcp = parse_str(&tcp_listener("idle_timeout = \"7d\"\n"), "t").expect("valid");
+    assert_eq!(
+        tcp.listeners[0].tcp().expect("tcp").fin_timeout,
+        Duration::from_secs(7 * 24 * 3600)
     );
     let tcp = parse_str(&tcp_listener("fin_timeout = \"2s\"\n"), "t").expect("valid");
     assert_eq!(
@@ -262,6 +271,20 @@ fn tunnel_and_fin_timeouts() {
         4,
         "expected a duration",
         "\"30s\"",
+    );
+    check(
+        &format!("{LISTENER}tunnel_fin_timeout = \"2h\"\n"),
+        "listeners[0].tunnel_fin_timeout",
+        4,
+        "longer than tunnel_idle_timeout (3600s)",
+        "at most tunnel_idle_timeout, or leave it out",
+    );
+    check(
+        &tcp_listener("idle_timeout = \"1m\"\nfin_timeout = \"90s\"\n"),
+        "listeners[0].fin_timeout",
+        7,
+        "longer than idle_timeout (60s)",
+        "at most idle_timeout",
     );
     check(
         &tcp_listener("fin_timeout = \"0s\"\n"),

@@ -5,6 +5,7 @@
 //! accepted attempt becomes an `Exchange`, which relays the response.
 
 use std::future::Future;
+use std::os::fd::AsRawFd;
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -955,7 +956,9 @@ impl Exchange<'_> {
         .await
         .map_err(|e| Failure::after_head(client_write_error(e)))?;
         let limits = tunnel::limits(self.target.listener);
-        let end = tunnel::run(&mut conn.stream, &mut conn.buf, &mut stream, up_buf, limits);
+        let sockets = [conn.stream.raw_fd(), stream.tcp().as_raw_fd()];
+        let bounds = (limits, sockets);
+        let end = tunnel::run(&mut conn.stream, &mut conn.buf, &mut stream, up_buf, bounds);
         let end = end.await;
         crate::idle::count(self.worker, self.target.listener_slot, end);
         Ok(false)

@@ -5,8 +5,11 @@ use weir_config::Listener;
 
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
+use std::os::fd::RawFd;
+
 use crate::buffer::Buffer;
 use crate::idle::{self, Activity, End, Limits, Noted};
+use crate::sys::unsent_raw;
 
 /// The still-time bounds of `listener`'s tunnels.
 pub fn limits(listener: &Listener) -> Limits {
@@ -19,13 +22,14 @@ pub fn limits(listener: &Listener) -> Limits {
 /// Relays bytes both ways until both sides closed, one failed, or the tunnel was still
 /// too long. Bytes that arrived early (after the request head from the client, after the
 /// 101 head from the upstream) are sent first. An end of stream on one side is passed on
-/// as a half-close to the other (`copy_bidirectional`).
+/// as a half-close to the other (`copy_bidirectional`). `sockets`: the descriptors of
+/// both, whose unsent bytes the still-time watch compares (see `idle::both_probed`).
 pub async fn run<C, U>(
     client: &mut C,
     client_early: &mut Buffer,
     upstream: &mut U,
     upstream_early: &mut Buffer,
-    limits: Limits,
+    (limits, sockets): (Limits, [RawFd; 2]),
 ) -> End
 where
     C: AsyncRead + AsyncWrite + Unpin,
@@ -52,5 +56,6 @@ where
         tokio::io::copy_bidirectional(&mut client, &mut upstream).await?;
         Ok::<_, std::io::Error>(())
     };
-    End::from(idle::one(relay, &activity, limits).await)
+    let probe = || u64::from(unsent_raw(sockets[0])) << 32 | u64::from(unsent_raw(sockets[1]));
+    End::from(idle::one_probed(relay, &activity, limits, probe).await)
 }

@@ -35,7 +35,7 @@ use crate::forward::exchange::{
 };
 use crate::forward::tunnel::limits;
 use crate::forward::Failure;
-use crate::idle::{Activity, Cut, End, Limits};
+use crate::idle::{Activity, Cut, End, Limits, Noted};
 use crate::time::LazyTimer;
 
 /// RFC 6455 section 1.3.
@@ -152,8 +152,12 @@ impl StreamRequest<'_> {
                 return Err(Failure::after_head(ProxyError::ClientClosed))
             }
             Err(Cut::Failed(Stop::Error(e))) => e,
-            // Still too long: neither side is at fault, the tunnel just ends.
-            Err(Cut::Idle | Cut::Fin) => ProxyError::ClientTimeout,
+            // Still too long: neither side is at fault, the tunnel just ends (as over
+            // HTTP/1.1), counted in `weir_tunnel_timeouts_total`, not as an aborted response.
+            Err(Cut::Idle | Cut::Fin) => {
+                send.send_reset(Reason::CANCEL);
+                return Ok(());
+            }
         };
         send.send_reset(Reason::CANCEL);
         Err(Failure::after_head(error))
@@ -306,6 +310,9 @@ async fn tunnel(
     (stall, limits): (Duration, Limits),
     trace: &mut Trace,
 ) -> Result<(), Cut<Stop>> {
+    // The upstream's unsent bytes: a slow upstream reader drains them while a write
+    // waits for room (see `idle::both_probed`; the client side is paced by its window).
+    let fd = std::os::fd::AsRawFd::as_raw_fd(stream.tcp());
     let (mut ur, mut uw) = tokio::io::split(stream);
     let mut sent = 0u64;
     let mut received = 0u64;
@@ -313,7 +320,8 @@ async fn tunnel(
     let result = {
         let down = downstream(send, &mut ur, up_buf, stall, &mut sent, &activity);
         let up = upstream(&mut body, &mut uw, &mut received, &activity);
-        crate::idle::both(down, up, &activity, limits).await
+        let probe = || u64::from(crate::sys::unsent_raw(fd));
+        crate::idle::both_probed(down, up, &activity, limits, probe).await
     };
     trace.body_in = received;
     trace.body_out = sent;
@@ -335,6 +343,8 @@ async fn downstream<R: AsyncRead + Unpin>(
             send_data(send, up_buf.filled(), false, stall).await?;
             *sent += up_buf.len() as u64;
             up_buf.clear();
+            // Sent within the client's window: progress even if the client reads slowly.
+            activity.touch();
         }
         match unless_reset(send, up_buf.read_from(ur)).await? {
             Ok(0) => return send_data(send, &[], true, stall).await,
@@ -352,14 +362,19 @@ async fn upstream<W: AsyncWrite + Unpin>(
     received: &mut u64,
     activity: &Activity,
 ) -> Result<(), Stop> {
+    // Each write that moves bytes counts: an upstream reading slowly is not still.
+    let mut uw = Noted {
+        stream: uw,
+        activity,
+    };
     while let Some(data) = body.data().await {
         // An error here is the client's reset (or the connection's end).
         let data = data.map_err(|_| Stop::Reset)?;
+        activity.touch();
         uw.write_all(&data)
             .await
             .map_err(|e| Stop::Error(ProxyError::upstream_io(e)))?;
         *received += data.len() as u64;
-        activity.touch();
         let _ = body.flow_control().release_capacity(data.len());
     }
     let _ = uw.shutdown().await;

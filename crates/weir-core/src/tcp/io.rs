@@ -13,6 +13,7 @@ use tokio::io::Interest;
 use tokio::net::TcpStream;
 
 use crate::buffer::Buffer;
+use crate::idle::Activity;
 
 /// Reads once into `buf`'s free space, waiting for readiness. `Ok(0)`: end of stream (or
 /// a full buffer).
@@ -51,10 +52,16 @@ pub async fn read_some(stream: &TcpStream, buf: &mut Buffer) -> io::Result<usize
 }
 
 /// Writes all of `buf`'s filled bytes, consuming them, waiting for readiness as needed.
-pub async fn write_all(stream: &TcpStream, buf: &mut Buffer) -> io::Result<()> {
+/// Each write that moved bytes is noted in `activity` (a slow reader is progress).
+pub async fn write_all(
+    stream: &TcpStream,
+    buf: &mut Buffer,
+    activity: &Activity,
+) -> io::Result<()> {
     while !buf.is_empty() {
         let n = write_some(stream, buf.filled()).await?;
         buf.consume(n);
+        activity.touch();
     }
     Ok(())
 }

@@ -15,7 +15,7 @@ use super::relay::{End, RelayConfig};
 use crate::buffer::Buffer;
 use crate::client_stream::ClientStream;
 use crate::connector::UpstreamStream;
-use crate::idle::{self, Activity};
+use crate::idle::{self, Activity, Noted};
 use crate::metrics::shard::Counter;
 use crate::tcp::sni::{self, SniResult};
 use crate::tls::session::TlsSession;
@@ -83,6 +83,15 @@ pub async fn relay(
     let end = match client.split() {
         Ok((mut client_read, mut client_write)) => {
             let (mut server_read, mut server_write) = server.split();
+            // Writes and flushes count as progress: a slow reader keeps the relay open.
+            let mut server_write = Noted {
+                stream: &mut server_write,
+                activity: &activity,
+            };
+            let mut client_write = Noted {
+                stream: &mut client_write,
+                activity: &activity,
+            };
             let up = pump(
                 &mut client_read,
                 &mut server_write,

@@ -11,7 +11,8 @@
 //!
 //! End of stream on one side shuts down writing on the other (half-close) and the other
 //! direction goes on; an error on either side ends both. No byte moving either way for
-//! `idle_timeout` (`fin_timeout` once one side half-closed) closes both sides (`idle`).
+//! `idle_timeout` (`fin_timeout` once one side half-closed) closes both sides (`idle`);
+//! reads, writes and splice drains all count as moving.
 
 use std::io;
 use std::os::fd::AsFd;
@@ -25,7 +26,7 @@ use crate::buffer::Buffer;
 pub use crate::idle::End;
 use crate::idle::{self, Activity, Limits};
 use crate::metrics::shard::Counter;
-use crate::sys::{splice_unsupported, Pipe};
+use crate::sys::{splice_unsupported, unsent, Pipe};
 use crate::worker::Worker;
 
 /// Consecutive full-buffer reads after which an `auto` direction switches to splice.
@@ -81,11 +82,24 @@ pub async fn relay(
         &activity,
         config.bytes_out,
     );
-    let both = idle::both(up.run(worker), down.run(worker), &activity, config.limits);
+    let probe = || unsent_both(client, server);
+    let both = idle::both_probed(
+        up.run(worker),
+        down.run(worker),
+        &activity,
+        config.limits,
+        probe,
+    );
     let end = End::from(both.await);
     up.finish(worker);
     down.finish(worker);
     end
+}
+
+/// The unsent bytes of both sockets in one number that changes when either queue does:
+/// the still-time probe of TCP relays (`idle::both_probed`).
+fn unsent_both(a: &TcpStream, b: &TcpStream) -> u64 {
+    u64::from(unsent(a.as_fd())) << 32 | u64::from(unsent(b.as_fd()))
 }
 
 /// Splices what `from` has into the empty `pipe`; 0 at end of stream.
@@ -178,7 +192,7 @@ impl<'a> Direction<'a> {
         let Some(buf) = self.buf.as_mut() else {
             return Err(io::ErrorKind::Other.into());
         };
-        write_all(self.to, buf).await?;
+        write_all(self.to, buf, self.activity).await?;
         if self.full_reads >= FULL_READS_TO_SPLICE {
             self.mode = Mode::Splice;
             return Ok(true);
@@ -202,7 +216,7 @@ impl<'a> Direction<'a> {
     async fn splice_once(&mut self, worker: &Worker) -> io::Result<bool> {
         // Bytes already buffered (after a PROXY header) go first.
         if let Some(buf) = self.buf.as_mut().filter(|b| !b.is_empty()) {
-            write_all(self.to, buf).await?;
+            write_all(self.to, buf, self.activity).await?;
         }
         if self.pipe.is_none() {
             match worker.take_pipe() {
@@ -230,6 +244,8 @@ impl<'a> Direction<'a> {
         while self.in_pipe > 0 {
             let n = drain(self.to, pipe, self.in_pipe).await?;
             self.in_pipe -= n.min(self.in_pipe);
+            // A drain to a slow reader is progress too.
+            self.activity.touch();
         }
         Ok(true)
     }

@@ -5,6 +5,7 @@
 //! and `idle_timeout` and `fin_timeout` apply as for plain relays.
 
 use std::io;
+use std::os::fd::AsFd;
 
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -13,7 +14,8 @@ use super::io::{read_some, shutdown_write, write_all};
 use super::relay::{End, RelayConfig};
 use crate::buffer::Buffer;
 use crate::connector::UpstreamStream;
-use crate::idle::{self, Activity};
+use crate::idle::{self, Activity, Noted};
+use crate::sys::unsent;
 use crate::worker::Worker;
 
 /// Relays until both directions end, one fails, or nothing moves for too long.
@@ -28,6 +30,11 @@ pub async fn relay_tls(
     let activity = Activity::new();
     let mut back = worker.take_buffer_sized(to_server.capacity());
     let (mut server_read, mut server_write) = server.split();
+    // Writes into the TLS stream and its flushes count as progress (see `idle::Noted`).
+    let mut server_write = Noted {
+        stream: &mut server_write,
+        activity: &activity,
+    };
     let up = async {
         loop {
             if !to_server.is_empty() {
@@ -50,10 +57,13 @@ pub async fn relay_tls(
             }
             config.bytes_out.add(n as u64);
             activity.touch();
-            write_all(client, &mut back).await?;
+            write_all(client, &mut back, &activity).await?;
         }
     };
-    let end = End::from(idle::both(up, down, &activity, config.limits).await);
+    // The client's unsent bytes: a slow client drains them while `write_all` waits.
+    let probe = || u64::from(unsent(client.as_fd()));
+    let both = idle::both_probed(up, down, &activity, config.limits, probe);
+    let end = End::from(both.await);
     worker.give_buffer(to_server);
     worker.give_buffer(back);
     end
