@@ -17,6 +17,7 @@ use h2::{Reason, RecvStream, SendStream};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use weir_config::UpstreamServer;
 
+use super::scratch::ExchangeScratch;
 use super::send::{send_bytes, send_data, unless_reset, Stop};
 use crate::buffer::Buffer;
 use crate::codec::http1::{BodyFraming, RequestHead, ResponseHead};
@@ -160,10 +161,11 @@ impl StreamRequest<'_> {
         trace: &mut Trace,
     ) -> Result<(), Failure> {
         let mut up_buf = self.worker.take_buffer();
-        let mut resp = ResponseHead::default();
+        let mut scratch = self.worker.h2_scratch.take_exchange();
         let result = self
-            .exchange(body, respond, &mut up_buf, &mut resp, trace)
+            .exchange(body, respond, &mut up_buf, &mut scratch, trace)
             .await;
+        self.worker.h2_scratch.give_exchange(scratch);
         self.worker.give_buffer(up_buf);
         result
     }
@@ -173,10 +175,11 @@ impl StreamRequest<'_> {
         body: Option<RecvStream>,
         respond: &mut SendResponse<Bytes>,
         up_buf: &mut Buffer,
-        resp: &mut ResponseHead,
+        scratch: &mut ExchangeScratch,
         trace: &mut Trace,
     ) -> Result<(), Failure> {
-        let sent = unless_reset(respond, self.send(body, up_buf, resp, trace)).await;
+        let ExchangeScratch { out, resp } = scratch;
+        let sent = unless_reset(respond, self.send(body, up_buf, (out, resp), trace)).await;
         let sent = match sent {
             Ok(sent) => sent?,
             Err(stop) => return Err(stopped(stop, Reached::Nothing, trace)),
@@ -211,13 +214,14 @@ impl StreamRequest<'_> {
         Ok(())
     }
 
-    /// Picks a server and sends the request, retrying on other servers when
-    /// `upstream::retry` allows, until a final response head is in `resp`.
+    /// Picks a server and sends the request (its head written in `out`), retrying on
+    /// other servers when `upstream::retry` allows, until a final response head is in
+    /// `resp`.
     async fn send(
         &self,
         mut body: Option<RecvStream>,
         up_buf: &mut Buffer,
-        resp: &mut ResponseHead,
+        (out, resp): (&mut Vec<u8>, &mut ResponseHead),
         trace: &mut Trace,
     ) -> Result<Sent<'_>, Failure> {
         let (worker, target) = (self.worker, self.target);
@@ -225,7 +229,7 @@ impl StreamRequest<'_> {
         let (key, mut pick) = self.first_pick()?;
         let mut tried = Tried::new(pick.server);
         let mut started = self.started;
-        let mut out = Vec::with_capacity(self.buf.len() + 256);
+        out.reserve(self.buf.len() + 256);
         loop {
             let server = &u.servers[pick.server];
             let metrics = worker
@@ -233,12 +237,12 @@ impl StreamRequest<'_> {
                 .server(pool.slot, pool.server_slots[pick.server]);
             trace.upstream_pick = Some((target.upstream_index, pick.server));
             out.clear();
-            self.write_head(&mut out, server);
+            self.write_head(out, server);
             let attempt = Attempt {
                 server,
                 metrics,
                 started,
-                head: &out,
+                head: out,
             };
             let sent = match body.as_mut() {
                 None => attempt.whole(self, up_buf, resp).await.map(|s| (s, true)),

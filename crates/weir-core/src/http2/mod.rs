@@ -24,6 +24,7 @@ mod grpc;
 mod io;
 mod local;
 mod request;
+pub(crate) mod scratch;
 mod send;
 mod stream;
 mod upstream;

@@ -15,6 +15,7 @@ use super::exchange::{StreamRequest, Trace};
 use super::grpc;
 use super::local::send_rendered;
 use super::request::{write_head, write_upgrade_head};
+use super::scratch::RequestScratch;
 use super::send::send_data;
 use super::upstream::{speaks_h2, H2Facts};
 use super::websocket::new_key;
@@ -52,8 +53,12 @@ pub async fn serve(
     };
     let listener = &snapshot.config.listeners[index];
     let (parts, body) = request.into_parts();
-    let mut buf = Vec::with_capacity(512);
-    let mut req = RequestHead::default();
+    // The head and its spans come from the worker's spares and go back after the log.
+    let RequestScratch {
+        head: mut buf,
+        mut req,
+    } = worker.h2_scratch.take_request();
+    buf.reserve(512);
     // An extended CONNECT (RFC 8441) stands for an HTTP/1.1 Upgrade request.
     let protocol = parts.extensions.get::<h2::ext::Protocol>().cloned();
     let key = protocol.as_ref().map(|_| new_key());
@@ -156,6 +161,9 @@ pub async fn serve(
         compressed: trace.compressed,
     };
     record(worker, &snapshot, &side, &handled, &done);
+    worker
+        .h2_scratch
+        .give_request(RequestScratch { head: buf, req });
 }
 
 /// A parsed request on the snapshot it runs on.
