@@ -187,7 +187,7 @@ impl StreamRequest<'_> {
         trace.status = resp.status;
         // One copy of what arrived (the head, often the whole body too): the head's values
         // and the first DATA are slices of it, not an allocation each.
-        let arrived = Bytes::copy_from_slice(up_buf.filled());
+        let arrived = self.worker.h2_scratch.copy(up_buf.filled());
         let plan = self.plan(up_buf.filled(), resp);
         let head = self.response_head(resp, &arrived, &sent, &plan);
         up_buf.consume(resp.head_len);

@@ -3,6 +3,12 @@
 //! upstream response's spans. Each stream used to allocate (and free) these four; with
 //! hundreds of streams a second that was a third of an h2 stream's `malloc` calls.
 //!
+//! The upstream response's first bytes (its head, often its whole body) are copied into
+//! one `Bytes` per stream, which the h2 response's header values and first DATA slice.
+//! They are cut from a shared block (`ARENA_BLOCK`) rather than allocated each: a block is
+//! freed when the last response cut from it has been written, and reused in place when it
+//! is the last one left.
+//!
 //! The worker is one thread, so the spares sit in a `RefCell` (no lock). Each taken
 //! scratch is emptied, so nothing of one stream reaches the next; a scratch that grew
 //! past the usual size (a large head) is dropped rather than kept, and the worker keeps
@@ -10,6 +16,8 @@
 
 use std::cell::RefCell;
 use std::mem;
+
+use bytes::{Bytes, BytesMut};
 
 use crate::codec::http1::{HeaderSpan, RequestHead, ResponseHead};
 
@@ -20,6 +28,10 @@ const SPARES: usize = 1024;
 const KEPT_BYTES: usize = 2048;
 /// Nor are span lists longer than this (a usual head has a dozen fields).
 const KEPT_SPANS: usize = 32;
+
+/// Size of the blocks responses are copied into (one upstream buffer: a response's first
+/// read is at most that).
+const ARENA_BLOCK: usize = crate::worker::UPSTREAM_BUFFER;
 
 /// Space for a stream's request: the HTTP/1.1 head and its parsed spans.
 #[derive(Default)]
@@ -73,13 +85,34 @@ fn fresh(spans: &mut Vec<HeaderSpan>) -> Vec<HeaderSpan> {
 }
 
 /// The worker's spare scratches.
-#[derive(Default)]
 pub struct Scratches {
     requests: RefCell<Vec<RequestScratch>>,
     exchanges: RefCell<Vec<ExchangeScratch>>,
+    /// The block responses are being copied into (empty: the next copy starts there).
+    arena: RefCell<BytesMut>,
+}
+
+impl Default for Scratches {
+    fn default() -> Self {
+        Scratches {
+            requests: RefCell::default(),
+            exchanges: RefCell::default(),
+            // With this capacity as its first, the arena's next blocks are as large.
+            arena: RefCell::new(BytesMut::with_capacity(ARENA_BLOCK)),
+        }
+    }
 }
 
 impl Scratches {
+    /// `data` as `Bytes`, copied into the current block (a new one when it is full and
+    /// still referenced).
+    pub fn copy(&self, data: &[u8]) -> Bytes {
+        let mut arena = self.arena.borrow_mut();
+        arena.reserve(data.len());
+        arena.extend_from_slice(data);
+        arena.split().freeze()
+    }
+
     pub fn take_request(&self) -> RequestScratch {
         take(&self.requests)
     }
@@ -139,6 +172,24 @@ mod tests {
         spares.give_exchange(e);
         let e = spares.take_exchange();
         assert_eq!((e.resp.status, e.resp.head_len), (0, 0));
+    }
+
+    #[test]
+    fn copies_share_a_block_until_it_is_full() {
+        let spares = Scratches::default();
+        let a = spares.copy(b"first response");
+        let b = spares.copy(b"second");
+        assert_eq!((&a[..], &b[..]), (&b"first response"[..], &b"second"[..]));
+        // Cut from one block, one after the other.
+        assert_eq!(a.as_ptr().wrapping_add(a.len()), b.as_ptr());
+        let big = spares.copy(&[7; ARENA_BLOCK]);
+        assert_eq!(big.len(), ARENA_BLOCK);
+        assert!(big.iter().all(|&x| x == 7));
+        assert_eq!(&a[..], b"first response");
+        // Once every copy is dropped, the block is reused in place.
+        let at = big.as_ptr();
+        drop(big);
+        assert_eq!(spares.copy(b"again").as_ptr(), at);
     }
 
     #[test]
