@@ -17,6 +17,7 @@ use h2::{Reason, RecvStream, SendStream};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use weir_config::UpstreamServer;
 
+use super::names::response_name;
 use super::scratch::ExchangeScratch;
 use super::send::{send_bytes, send_data, unless_reset, Stop};
 use crate::buffer::Buffer;
@@ -473,7 +474,7 @@ impl StreamRequest<'_> {
                 }
                 _ => http::HeaderValue::from_maybe_shared(buf.slice(h.value.clone())),
             };
-            let name = http::HeaderName::from_bytes(&buf[h.name.clone()]);
+            let name = response_name(&buf[h.name.clone()]);
             if let (Ok(name), Ok(value)) = (name, value) {
                 headers.append(name, value);
             }

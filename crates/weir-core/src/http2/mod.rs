@@ -23,6 +23,7 @@ mod gather;
 mod grpc;
 mod io;
 mod local;
+mod names;
 mod request;
 pub(crate) mod scratch;
 mod send;

@@ -52,6 +52,8 @@ pub struct H2Facts {
 
 impl H2Facts {
     pub fn of(headers: &HeaderMap) -> H2Facts {
+        // A constant name: looking up a `&str` parses it into a name on every call.
+        static GRPC_TIMEOUT: http::HeaderName = http::HeaderName::from_static("grpc-timeout");
         let grpc = headers
             .get(http::header::CONTENT_TYPE)
             .is_some_and(|v| is_grpc_content_type(v.as_bytes()));
@@ -61,7 +63,7 @@ impl H2Facts {
                 .is_some_and(|v| v.as_bytes() == b"trailers"),
             grpc,
             grpc_timeout: headers
-                .get("grpc-timeout")
+                .get(&GRPC_TIMEOUT)
                 .and_then(|v| grpc_timeout(v.as_bytes())),
         }
     }
