@@ -67,6 +67,8 @@ pub struct Worker {
     /// This worker's position in each weighted split's schedule.
     pub splits: crate::upstream::split::SplitCursors,
     spare: RefCell<Vec<Buffer>>,
+    /// Spare per-stream heads and span lists for HTTP/2 streams (`http2::scratch`).
+    pub(crate) h2_scratch: crate::http2::scratch::Scratches,
     /// Empty pipes kept for the next spliced TCP connection (saves pipe2 + 2 close).
     pipes: RefCell<Vec<Pipe>>,
     draining: Cell<bool>,
@@ -112,6 +114,7 @@ impl Worker {
             upstreams,
             splits: Default::default(),
             spare: RefCell::new(Vec::new()),
+            h2_scratch: Default::default(),
             pipes: RefCell::new(Vec::new()),
             draining: Cell::new(false),
             drain_waiters: DrainWaiters::default(),

@@ -17,6 +17,8 @@ use h2::{Reason, RecvStream, SendStream};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use weir_config::UpstreamServer;
 
+use super::names::response_name;
+use super::scratch::ExchangeScratch;
 use super::send::{send_bytes, send_data, unless_reset, Stop};
 use crate::buffer::Buffer;
 use crate::codec::http1::{BodyFraming, RequestHead, ResponseHead};
@@ -160,10 +162,11 @@ impl StreamRequest<'_> {
         trace: &mut Trace,
     ) -> Result<(), Failure> {
         let mut up_buf = self.worker.take_buffer();
-        let mut resp = ResponseHead::default();
+        let mut scratch = self.worker.h2_scratch.take_exchange();
         let result = self
-            .exchange(body, respond, &mut up_buf, &mut resp, trace)
+            .exchange(body, respond, &mut up_buf, &mut scratch, trace)
             .await;
+        self.worker.h2_scratch.give_exchange(scratch);
         self.worker.give_buffer(up_buf);
         result
     }
@@ -173,10 +176,11 @@ impl StreamRequest<'_> {
         body: Option<RecvStream>,
         respond: &mut SendResponse<Bytes>,
         up_buf: &mut Buffer,
-        resp: &mut ResponseHead,
+        scratch: &mut ExchangeScratch,
         trace: &mut Trace,
     ) -> Result<(), Failure> {
-        let sent = unless_reset(respond, self.send(body, up_buf, resp, trace)).await;
+        let ExchangeScratch { out, resp } = scratch;
+        let sent = unless_reset(respond, self.send(body, up_buf, (out, resp), trace)).await;
         let sent = match sent {
             Ok(sent) => sent?,
             Err(stop) => return Err(stopped(stop, Reached::Nothing, trace)),
@@ -184,7 +188,7 @@ impl StreamRequest<'_> {
         trace.status = resp.status;
         // One copy of what arrived (the head, often the whole body too): the head's values
         // and the first DATA are slices of it, not an allocation each.
-        let arrived = Bytes::copy_from_slice(up_buf.filled());
+        let arrived = self.worker.h2_scratch.copy(up_buf.filled());
         let plan = self.plan(up_buf.filled(), resp);
         let head = self.response_head(resp, &arrived, &sent, &plan);
         up_buf.consume(resp.head_len);
@@ -211,13 +215,14 @@ impl StreamRequest<'_> {
         Ok(())
     }
 
-    /// Picks a server and sends the request, retrying on other servers when
-    /// `upstream::retry` allows, until a final response head is in `resp`.
+    /// Picks a server and sends the request (its head written in `out`), retrying on
+    /// other servers when `upstream::retry` allows, until a final response head is in
+    /// `resp`.
     async fn send(
         &self,
         mut body: Option<RecvStream>,
         up_buf: &mut Buffer,
-        resp: &mut ResponseHead,
+        (out, resp): (&mut Vec<u8>, &mut ResponseHead),
         trace: &mut Trace,
     ) -> Result<Sent<'_>, Failure> {
         let (worker, target) = (self.worker, self.target);
@@ -225,7 +230,7 @@ impl StreamRequest<'_> {
         let (key, mut pick) = self.first_pick()?;
         let mut tried = Tried::new(pick.server);
         let mut started = self.started;
-        let mut out = Vec::with_capacity(self.buf.len() + 256);
+        out.reserve(self.buf.len() + 256);
         loop {
             let server = &u.servers[pick.server];
             let metrics = worker
@@ -233,12 +238,12 @@ impl StreamRequest<'_> {
                 .server(pool.slot, pool.server_slots[pick.server]);
             trace.upstream_pick = Some((target.upstream_index, pick.server));
             out.clear();
-            self.write_head(&mut out, server);
+            self.write_head(out, server);
             let attempt = Attempt {
                 server,
                 metrics,
                 started,
-                head: &out,
+                head: out,
             };
             let sent = match body.as_mut() {
                 None => attempt.whole(self, up_buf, resp).await.map(|s| (s, true)),
@@ -469,7 +474,7 @@ impl StreamRequest<'_> {
                 }
                 _ => http::HeaderValue::from_maybe_shared(buf.slice(h.value.clone())),
             };
-            let name = http::HeaderName::from_bytes(&buf[h.name.clone()]);
+            let name = response_name(&buf[h.name.clone()]);
             if let (Ok(name), Ok(value)) = (name, value) {
                 headers.append(name, value);
             }

@@ -1,14 +1,24 @@
 //! An HTTP/2 request as an HTTP/1.1 head (RFC 9113 section 8.2, RFC 9110 section 7.6.1).
 //!
-//! The head is written once and then parsed by the HTTP/1.1 codec, so an h2 request meets
-//! the same checks, router, filters and `forward::request_head` as an HTTP/1.1 one. Names
+//! The head is written once, recording each field line's spans as it goes, and
+//! `codec::http1::fill_written` runs the HTTP/1.1 codec's checks on it without parsing it
+//! again, so an h2 request meets the same checks, router, filters and
+//! `forward::request_head` as an HTTP/1.1 one. What httparse checked of the bytes the `h2`
+//! crate has checked already (field names are lower-case tokens, values have no control
+//! characters, `:path` is a valid path, the method a token); the target's characters are
+//! checked again in `fill_written`. Names
 //! stay lower-case (fine for HTTP/1.1). `Host` comes from `:authority`; `TE` is dropped
 //! (only `trailers` is allowed in h2, which an HTTP/1.1 upstream cannot use); split
 //! `cookie` fields are joined with "; " (RFC 9113 section 8.2.3); a body without
 //! `content-length` is sent chunked.
 
+use std::ops::Range;
+
 use http::request::Parts;
 use http::{header, HeaderName, Method};
+
+use crate::codec::http1::header::trim;
+use crate::codec::http1::{HeaderKind, HeaderSpan};
 
 /// Why a request is malformed (answered with RST_STREAM PROTOCOL_ERROR).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,139 +33,305 @@ fn connection_specific(name: &HeaderName) -> bool {
         || name.as_str() == "proxy-connection"
 }
 
-/// Appends the HTTP/1.1 head of the request to `out`. `end_of_stream`: the request has
-/// no body (its HEADERS frame ended the stream).
-pub fn write_head(out: &mut Vec<u8>, parts: &Parts, end_of_stream: bool) -> Result<(), Malformed> {
-    let content_length = request_line_and_fields(out, parts.method.as_str(), parts)?;
-    framing(out, &parts.method, content_length, end_of_stream)?;
-    out.extend_from_slice(b"\r\n");
-    Ok(())
+/// Where the request line's method and target were written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Line {
+    pub method: Range<usize>,
+    pub target: Range<usize>,
+}
+
+/// Appends the HTTP/1.1 head of the request to `out` and records each field line it
+/// writes in `fields` (cleared first), for `codec::http1::fill_written`. `end_of_stream`:
+/// the request has no body (its HEADERS frame ended the stream).
+pub fn write_head(
+    out: &mut Vec<u8>,
+    fields: &mut Vec<HeaderSpan>,
+    parts: &Parts,
+    end_of_stream: bool,
+) -> Result<Line, Malformed> {
+    let mut w = Writer { out, fields };
+    let (line, content_length) = w.request_line_and_fields(parts.method.as_str(), parts)?;
+    w.framing(&parts.method, content_length, end_of_stream)?;
+    w.out.extend_from_slice(b"\r\n");
+    Ok(line)
 }
 
 /// Appends the HTTP/1.1 Upgrade request an extended CONNECT (RFC 8441) stands for: `GET`
 /// with the CONNECT's `:path` and fields, `Connection: upgrade`, `Upgrade` with the
 /// `:protocol`, and `key` as `Sec-WebSocket-Key` (a client's own is dropped: HTTP/2
-/// WebSocket has none). A CONNECT must carry no `content-length`.
+/// WebSocket has none). A CONNECT must carry no `content-length`. Records the field
+/// lines in `fields` as `write_head` does.
 pub fn write_upgrade_head(
     out: &mut Vec<u8>,
+    fields: &mut Vec<HeaderSpan>,
     parts: &Parts,
     protocol: &[u8],
     key: &[u8],
-) -> Result<(), Malformed> {
-    if request_line_and_fields(out, "GET", parts)?.is_some() {
+) -> Result<Line, Malformed> {
+    let mut w = Writer { out, fields };
+    let (line, content_length) = w.request_line_and_fields("GET", parts)?;
+    if content_length.is_some() {
         return Err(Malformed("content-length on an extended CONNECT"));
     }
-    out.extend_from_slice(b"connection: upgrade\r\n");
-    push(out, b"upgrade", protocol);
-    push(out, b"sec-websocket-key", key);
-    out.extend_from_slice(b"\r\n");
-    Ok(())
+    w.push(b"connection", b"upgrade");
+    w.push(b"upgrade", protocol);
+    w.push(b"sec-websocket-key", key);
+    w.out.extend_from_slice(b"\r\n");
+    Ok(line)
 }
 
-/// The request line (`method`, `:path`), `host` and the fields; returns the value of
-/// `content-length`, if any.
-fn request_line_and_fields<'p>(
-    out: &mut Vec<u8>,
-    method: &str,
-    parts: &'p Parts,
-) -> Result<Option<&'p [u8]>, Malformed> {
-    let path = parts
-        .uri
-        .path_and_query()
-        .map(|p| p.as_str())
-        .filter(|p| !p.is_empty())
-        .ok_or(Malformed(":path missing"))?;
-    out.extend_from_slice(method.as_bytes());
-    out.push(b' ');
-    out.extend_from_slice(path.as_bytes());
-    out.extend_from_slice(b" HTTP/1.1\r\n");
-    let authority = parts.uri.authority().map(|a| a.as_str().as_bytes());
-    if let Some(a) = authority {
-        push(out, b"host", a);
-    }
-    let mut content_length = None;
-    let mut cookies = 0;
-    for (name, value) in &parts.headers {
-        if connection_specific(name) {
-            return Err(Malformed("connection-specific header field"));
+/// Writes the head and records, per field line, the spans the HTTP/1.1 parser would
+/// have found: the head is never parsed again.
+struct Writer<'a> {
+    out: &'a mut Vec<u8>,
+    fields: &'a mut Vec<HeaderSpan>,
+}
+
+impl Writer<'_> {
+    /// The request line (`method`, `:path`), `host` and the fields; returns where the
+    /// line's parts are and the value of `content-length`, if any.
+    fn request_line_and_fields<'p>(
+        &mut self,
+        method: &str,
+        parts: &'p Parts,
+    ) -> Result<(Line, Option<&'p [u8]>), Malformed> {
+        let path = parts
+            .uri
+            .path_and_query()
+            .map(|p| p.as_str())
+            .filter(|p| !p.is_empty())
+            .ok_or(Malformed(":path missing"))?;
+        self.fields.clear();
+        // One allocation for the spans: the fields, `host`, and a framing field.
+        self.fields.reserve(parts.headers.len() + 2);
+        let line = Line {
+            method: self.append(method.as_bytes()),
+            target: {
+                self.out.push(b' ');
+                self.append(path.as_bytes())
+            },
+        };
+        self.out.extend_from_slice(b" HTTP/1.1\r\n");
+        let authority = parts.uri.authority().map(|a| a.as_str().as_bytes());
+        if let Some(a) = authority {
+            self.push(b"host", a);
         }
-        if name == header::TE {
-            if value.as_bytes() != b"trailers" {
-                return Err(Malformed("te other than trailers"));
+        let mut content_length = None;
+        let mut cookies = 0;
+        for (name, value) in &parts.headers {
+            if connection_specific(name) {
+                return Err(Malformed("connection-specific header field"));
             }
-            continue;
+            if name == header::TE {
+                if value.as_bytes() != b"trailers" {
+                    return Err(Malformed("te other than trailers"));
+                }
+                continue;
+            }
+            if name == header::HOST && authority.is_some() {
+                continue;
+            }
+            if name == header::COOKIE {
+                cookies += 1;
+                continue;
+            }
+            if name == header::SEC_WEBSOCKET_KEY {
+                continue;
+            }
+            if name == header::CONTENT_LENGTH {
+                content_length = Some(value.as_bytes());
+            }
+            self.push(name.as_str().as_bytes(), value.as_bytes());
         }
-        if name == header::HOST && authority.is_some() {
-            continue;
+        if cookies > 0 {
+            self.push_cookies(parts);
         }
-        if name == header::COOKIE {
-            cookies += 1;
-            continue;
-        }
-        if name == header::SEC_WEBSOCKET_KEY {
-            continue;
-        }
-        if name == header::CONTENT_LENGTH {
-            content_length = Some(value.as_bytes());
-        }
-        push(out, name.as_str().as_bytes(), value.as_bytes());
+        Ok((line, content_length))
     }
-    if cookies > 0 {
-        push_cookies(out, parts);
-    }
-    Ok(content_length)
-}
 
-/// Body framing for the HTTP/1.1 upstream.
-fn framing(
-    out: &mut Vec<u8>,
-    method: &Method,
-    content_length: Option<&[u8]>,
-    end_of_stream: bool,
-) -> Result<(), Malformed> {
-    match (content_length, end_of_stream) {
-        (Some(v), true) if v != b"0" => Err(Malformed("content-length without DATA")),
-        (Some(_), _) => Ok(()),
-        (None, false) => {
-            out.extend_from_slice(b"transfer-encoding: chunked\r\n");
-            Ok(())
+    /// Body framing for the HTTP/1.1 upstream.
+    fn framing(
+        &mut self,
+        method: &Method,
+        content_length: Option<&[u8]>,
+        end_of_stream: bool,
+    ) -> Result<(), Malformed> {
+        match (content_length, end_of_stream) {
+            (Some(v), true) if v != b"0" => Err(Malformed("content-length without DATA")),
+            (Some(_), _) => Ok(()),
+            (None, false) => {
+                self.push(b"transfer-encoding", b"chunked");
+                Ok(())
+            }
+            // An HTTP/1.1 server may want a length for these (411 otherwise).
+            (None, true) if [Method::POST, Method::PUT, Method::PATCH].contains(method) => {
+                self.push(b"content-length", b"0");
+                Ok(())
+            }
+            (None, true) => Ok(()),
         }
-        // An HTTP/1.1 server may want a length for these (411 otherwise).
-        (None, true) if [Method::POST, Method::PUT, Method::PATCH].contains(method) => {
-            out.extend_from_slice(b"content-length: 0\r\n");
-            Ok(())
-        }
-        (None, true) => Ok(()),
     }
-}
 
-/// One `cookie` line from every cookie field, joined with "; ".
-fn push_cookies(out: &mut Vec<u8>, parts: &Parts) {
-    out.extend_from_slice(b"cookie: ");
-    for (i, v) in parts.headers.get_all(header::COOKIE).iter().enumerate() {
-        if i > 0 {
-            out.extend_from_slice(b"; ");
+    /// One `cookie` line from every cookie field, joined with "; ".
+    fn push_cookies(&mut self, parts: &Parts) {
+        let start = self.start_field(b"cookie");
+        let value = self.out.len();
+        for (i, v) in parts.headers.get_all(header::COOKIE).iter().enumerate() {
+            if i > 0 {
+                self.out.extend_from_slice(b"; ");
+            }
+            self.out.extend_from_slice(v.as_bytes());
         }
-        out.extend_from_slice(v.as_bytes());
+        self.end_field(start, value, b"cookie");
     }
-    out.extend_from_slice(b"\r\n");
-}
 
-fn push(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
-    out.extend_from_slice(name);
-    out.extend_from_slice(b": ");
-    out.extend_from_slice(value);
-    out.extend_from_slice(b"\r\n");
+    fn push(&mut self, name: &[u8], value: &[u8]) {
+        let start = self.start_field(name);
+        let at = self.out.len();
+        self.out.extend_from_slice(value);
+        self.end_field(start, at, name);
+    }
+
+    fn append(&mut self, bytes: &[u8]) -> Range<usize> {
+        let start = self.out.len();
+        self.out.extend_from_slice(bytes);
+        start..self.out.len()
+    }
+
+    /// Writes `name: `; returns where the line starts.
+    fn start_field(&mut self, name: &[u8]) -> usize {
+        let start = self.out.len();
+        self.out.extend_from_slice(name);
+        self.out.extend_from_slice(b": ");
+        start
+    }
+
+    /// Ends the field line that starts at `start` (its value from `value` on) and
+    /// records it, the value trimmed of SP / HTAB as httparse trims it (an empty value
+    /// is an empty range at 0, as `header::offset_in` gives it).
+    fn end_field(&mut self, start: usize, value: usize, name: &[u8]) {
+        let written = &self.out[value..];
+        let trimmed = trim(written);
+        let lead = written
+            .iter()
+            .take_while(|b| matches!(b, b' ' | b'\t'))
+            .count();
+        let value = match trimmed.len() {
+            0 => 0..0,
+            n => value + lead..value + lead + n,
+        };
+        self.out.extend_from_slice(b"\r\n");
+        self.fields.push(HeaderSpan {
+            name: start..start + name.len(),
+            value,
+            line_end: self.out.len(),
+            kind: HeaderKind::of(name),
+            connection_listed: false,
+        });
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::codec::http1::{fill_written, parse_request, HeadLimits, RequestHead};
+    use crate::error::ProxyError;
 
     fn head(req: http::Request<()>, eos: bool) -> Result<String, Malformed> {
         let (parts, ()) = req.into_parts();
         let mut out = Vec::new();
-        write_head(&mut out, &parts, eos).map(|()| String::from_utf8(out).unwrap_or_default())
+        let written = write_head(&mut out, &mut Vec::new(), &parts, eos);
+        written.map(|_| String::from_utf8(out).unwrap_or_default())
+    }
+
+    /// The head `fill_written` makes of the written bytes, and the one `parse_request`
+    /// makes of the same bytes: they must agree in every field and span.
+    fn both(req: http::Request<()>, max_headers: usize) -> [Result<String, ProxyError>; 2] {
+        let (parts, ()) = req.into_parts();
+        let (mut out, mut filled) = (Vec::new(), RequestHead::default());
+        let line = write_head(&mut out, &mut filled.headers, &parts, false);
+        assert!(line.is_ok(), "{parts:?}");
+        let line = line.unwrap_or(Line {
+            method: 0..0,
+            target: 0..0,
+        });
+        let filled = fill_written(&out, line.method, line.target, max_headers, &mut filled)
+            .map(|()| format!("{filled:?}"));
+        let mut parsed = RequestHead::default();
+        let limits = HeadLimits {
+            max_header_size: out.len(),
+            max_headers,
+        };
+        let parsed = match parse_request(&out, limits, &mut parsed) {
+            Ok(true) => Ok(format!("{parsed:?}")),
+            Ok(false) => Err(ProxyError::BadRequest("incomplete")),
+            Err(e) => Err(e),
+        };
+        [filled, parsed]
+    }
+
+    #[test]
+    fn filled_head_is_the_parsed_head() {
+        let requests = [
+            http::Request::get("http://example.com:8080/a?b=1")
+                .header("cookie", "a=1")
+                .header("x-y", " padded\t ")
+                .header("x-empty", "")
+                .header("cookie", "b=2")
+                .header("expect", "100-continue")
+                .header("content-length", "0"),
+            http::Request::post("http://[::1]:80/p").header("x-forwarded-for", "1.2.3.4"),
+            http::Request::options("http://e/x").header("x-real-ip", "10.0.0.1"),
+            http::Request::head("http://e./").header("te", "trailers"),
+            // Refused by the checks after tokenising, the same way by both.
+            http::Request::get("http://e/").header("content-length", "0, 0"),
+            http::Request::get("http://e/").header("expect", "other"),
+            http::Request::get("http://a@e/"),
+            http::Request::get("/no-authority"),
+            http::Request::get("/two-hosts")
+                .header("host", "a")
+                .header("host", "b"),
+            // host, x-a, x-b, transfer-encoding: one more than `max_headers`.
+            http::Request::get("http://e/")
+                .header("x-a", "1")
+                .header("x-b", "2"),
+        ];
+        let last = requests.len() - 1;
+        for (i, req) in requests.into_iter().enumerate() {
+            let req = req.body(()).unwrap_or_default();
+            let described = format!("{req:?}");
+            let max_headers = if i == last { 3 } else { 8 };
+            let [filled, parsed] = both(req, max_headers);
+            assert_eq!(filled, parsed, "{described}");
+        }
+    }
+
+    #[test]
+    fn target_bytes_httparse_refuses_are_refused() {
+        // `http` refuses DEL in a `:path` already; `fill_written` refuses it on its own
+        // too, as httparse does, should a writer ever let one through.
+        let buf = b"GET /a\x7fb HTTP/1.1\r\nhost: e\r\n\r\n";
+        let mut head = RequestHead::default();
+        head.headers.push(HeaderSpan {
+            name: 19..23,
+            value: 25..26,
+            line_end: 28,
+            kind: HeaderKind::Host,
+            connection_listed: false,
+        });
+        let filled = fill_written(buf, 0..3, 4..8, 8, &mut head);
+        assert_eq!(
+            filled,
+            Err(ProxyError::BadRequest("malformed request line"))
+        );
+        let limits = HeadLimits {
+            max_header_size: buf.len(),
+            max_headers: 8,
+        };
+        assert!(parse_request(buf, limits, &mut RequestHead::default()).is_err());
+        head.headers.truncate(1);
+        let fine = b"GET /a_b HTTP/1.1\r\nhost: e\r\n\r\n";
+        assert_eq!(fill_written(fine, 0..3, 4..8, 8, &mut head), Ok(()));
     }
 
     #[test]
@@ -196,10 +372,10 @@ mod tests {
             .unwrap_or_default();
         let (parts, ()) = req.into_parts();
         let mut out = Vec::new();
-        assert_eq!(
-            write_upgrade_head(&mut out, &parts, b"websocket", b"a2V5"),
-            Ok(())
-        );
+        let mut fields = Vec::new();
+        let line = write_upgrade_head(&mut out, &mut fields, &parts, b"websocket", b"a2V5");
+        assert_eq!(line.map(|l| l.target), Ok(4..13));
+        assert_eq!(fields.len(), 5);
         assert_eq!(
             String::from_utf8_lossy(&out),
             "GET /chat?x=1 HTTP/1.1\r\nhost: example.com\r\nsec-websocket-version: 13\r\n\

@@ -15,12 +15,13 @@ use super::exchange::{StreamRequest, Trace};
 use super::grpc;
 use super::local::send_rendered;
 use super::request::{write_head, write_upgrade_head};
+use super::scratch::RequestScratch;
 use super::send::send_data;
 use super::upstream::{speaks_h2, H2Facts};
 use super::websocket::new_key;
 use crate::access_log::RequestFields;
 use crate::codec::http1::write::Persistence;
-use crate::codec::http1::{parse_request, BodyFraming, HeadLimits, RequestHead};
+use crate::codec::http1::{fill_written, BodyFraming, RequestHead};
 use crate::error::{reason_phrase, ProxyError};
 use crate::filters::forwarded::ClientIp;
 use crate::filters::headers::Vars;
@@ -52,34 +53,44 @@ pub async fn serve(
     };
     let listener = &snapshot.config.listeners[index];
     let (parts, body) = request.into_parts();
-    let mut buf = Vec::with_capacity(512);
+    // The head and its spans come from the worker's spares and go back after the log.
+    let RequestScratch {
+        head: mut buf,
+        mut req,
+    } = worker.h2_scratch.take_request();
+    buf.reserve(512);
     // An extended CONNECT (RFC 8441) stands for an HTTP/1.1 Upgrade request.
     let protocol = parts.extensions.get::<h2::ext::Protocol>().cloned();
     let key = protocol.as_ref().map(|_| new_key());
+    let spans = &mut req.headers;
     let written = match (&protocol, &key) {
-        (Some(p), Some(key)) => write_upgrade_head(&mut buf, &parts, p.as_str().as_bytes(), key),
-        _ => write_head(&mut buf, &parts, body.is_end_stream()),
+        (Some(p), Some(key)) => {
+            write_upgrade_head(&mut buf, spans, &parts, p.as_str().as_bytes(), key)
+        }
+        _ => write_head(&mut buf, spans, &parts, body.is_end_stream()),
     };
-    if written.is_err() {
+    let Ok(line) = written else {
         // Malformed (RFC 9113 8.1.1): a stream error. The reset is budgeted like a
         // client reset (MadeYouReset) where it is written out (`io`).
         respond.send_reset(Reason::PROTOCOL_ERROR);
         return;
-    }
+    };
     let facts = H2Facts::of(&parts.headers);
     drop(parts);
-    let mut req = RequestHead::default();
-    let limits = HeadLimits {
-        max_header_size: buf.len(),
-        max_headers: listener.max_headers,
-    };
     let mut fields = RequestFields::default();
     let mut trace = Trace::default();
     // The client: the peer, or the address behind `trusted_proxies` (as for HTTP/1).
     let mut client = (shared.peer_ip, shared.ip);
     let mut request_id = RequestId::default();
-    let (route, result, method) = match parse_request(&buf, limits, &mut req) {
-        Ok(true) => {
+    let filled = fill_written(
+        &buf,
+        line.method,
+        line.target,
+        listener.max_headers,
+        &mut req,
+    );
+    let (route, result, method) = match filled {
+        Ok(()) => {
             if let Some(id) = &listener.policy.request_id {
                 request_id::assign(&mut request_id, &worker.request_ids, id, &buf, &req);
             }
@@ -113,11 +124,6 @@ pub async fn serve(
             let (route, result) = s.handle(body, &mut respond, &mut trace).await;
             (route, result, method)
         }
-        Ok(false) => (
-            None,
-            Err(ProxyError::BadRequest("incomplete head").into()),
-            METHODS.len() - 1,
-        ),
         Err(e) => (None, Err(e.into()), METHODS.len() - 1),
     };
     let status = answer(&mut respond, &result, (listener, facts.grpc), &mut trace).await;
@@ -155,6 +161,9 @@ pub async fn serve(
         compressed: trace.compressed,
     };
     record(worker, &snapshot, &side, &handled, &done);
+    worker
+        .h2_scratch
+        .give_request(RequestScratch { head: buf, req });
 }
 
 /// A parsed request on the snapshot it runs on.

@@ -51,18 +51,26 @@ pub struct H2Facts {
 }
 
 impl H2Facts {
+    /// One pass over the request's few fields rather than three hashed lookups; the
+    /// first value of a name counts, as `HeaderMap::get` gives it.
     pub fn of(headers: &HeaderMap) -> H2Facts {
-        let grpc = headers
-            .get(http::header::CONTENT_TYPE)
-            .is_some_and(|v| is_grpc_content_type(v.as_bytes()));
+        let (mut content_type, mut te, mut timeout) = (None, None, None);
+        for (name, value) in headers {
+            let slot = if name == http::header::CONTENT_TYPE {
+                &mut content_type
+            } else if name == http::header::TE {
+                &mut te
+            } else if name.as_str() == "grpc-timeout" {
+                &mut timeout
+            } else {
+                continue;
+            };
+            slot.get_or_insert(value.as_bytes());
+        }
         H2Facts {
-            te_trailers: headers
-                .get(http::header::TE)
-                .is_some_and(|v| v.as_bytes() == b"trailers"),
-            grpc,
-            grpc_timeout: headers
-                .get("grpc-timeout")
-                .and_then(|v| grpc_timeout(v.as_bytes())),
+            te_trailers: te == Some(&b"trailers"[..]),
+            grpc: content_type.is_some_and(is_grpc_content_type),
+            grpc_timeout: timeout.and_then(grpc_timeout),
         }
     }
 }
@@ -599,6 +607,30 @@ mod tests {
         ] {
             assert!(!is_grpc_content_type(no.as_bytes()), "{no}");
         }
+    }
+
+    #[test]
+    fn facts_take_the_first_value_of_each_field() {
+        let req = http::Request::post("http://e/")
+            .header("grpc-timeout", "150m")
+            .header("content-type", "application/grpc+proto")
+            .header("te", "trailers")
+            .header("x-other", "1")
+            .header("te", "gzip")
+            .header("grpc-timeout", "1H")
+            .header("content-type", "text/plain")
+            .body(())
+            .unwrap_or_default();
+        let facts = H2Facts::of(req.headers());
+        assert!(facts.te_trailers && facts.grpc);
+        assert_eq!(facts.grpc_timeout, Some(Duration::from_millis(150)));
+        let req = http::Request::get("http://e/")
+            .header("content-type", "application/grpc-web")
+            .header("te", "gzip")
+            .body(())
+            .unwrap_or_default();
+        let facts = H2Facts::of(req.headers());
+        assert!(!facts.te_trailers && !facts.grpc && facts.grpc_timeout.is_none());
     }
 
     #[test]

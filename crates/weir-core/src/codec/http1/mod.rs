@@ -8,5 +8,5 @@ pub mod write;
 
 pub use chunked::{ChunkError, ChunkedDecoder};
 pub use header::{ConnectionOptions, HeaderKind, HeaderSpan};
-pub use request::{parse_request, BodyFraming, HeadLimits, RequestHead};
+pub use request::{fill_written, parse_request, BodyFraming, HeadLimits, RequestHead};
 pub use response::{parse_response, ResponseHead};

@@ -149,18 +149,8 @@ fn fill_head(
     let (Some(method), Some(target), Some(version)) = (req.method, req.path, req.version) else {
         return Err(ProxyError::BadRequest("malformed request line"));
     };
-    head.method = offset_in(buf, method.as_bytes());
     head.minor_version = version;
     head.head_len = head_len;
-    head.is_head = method == "HEAD";
-    head.idempotent = matches!(
-        method,
-        "GET" | "HEAD" | "OPTIONS" | "TRACE" | "PUT" | "DELETE"
-    );
-    if method == "CONNECT" {
-        return Err(ProxyError::MethodNotAllowed);
-    }
-    parse_target(buf, method, target.as_bytes(), head)?;
     head.headers.clear();
     head.headers.extend(req.headers.iter().map(|h| HeaderSpan {
         name: offset_in(buf, h.name.as_bytes()),
@@ -170,6 +160,59 @@ fn fill_head(
         connection_listed: false,
     }));
     set_line_ends(buf, head_len, &mut head.headers);
+    let method = offset_in(buf, method.as_bytes());
+    check_head(buf, method, offset_in(buf, target.as_bytes()), head)
+}
+
+/// Fills `head` from an HTTP/1.1 head Weir wrote itself (an HTTP/2 request's), without
+/// tokenising it again: `buf` holds exactly the head, `method` and `target` index its
+/// request line, and `head.headers` already lists every field line as the writer
+/// recorded it (values trimmed as httparse trims them, `line_end` after each CRLF). The
+/// writer owns what httparse would have checked of the bytes (token characters, field
+/// values, CRLFs); every check after that is the one `parse_request` runs: the field
+/// count against `max_headers`, the method, the target form, framing, Host, Expect and
+/// Connection.
+pub fn fill_written(
+    buf: &[u8],
+    method: Range<usize>,
+    target: Range<usize>,
+    max_headers: usize,
+    head: &mut RequestHead,
+) -> Result<(), ProxyError> {
+    if head.headers.len() > max_headers {
+        return Err(ProxyError::HeadTooLarge);
+    }
+    if !buf[target.clone()].iter().all(|&b| uri_byte(b)) {
+        return Err(ProxyError::BadRequest("malformed request line"));
+    }
+    head.minor_version = 1;
+    head.head_len = buf.len();
+    check_head(buf, method, target, head)
+}
+
+/// What httparse accepts in a request-target: visible ASCII and obs-text.
+fn uri_byte(b: u8) -> bool {
+    matches!(b, b'!'..=0x7e | 0x80..=0xff)
+}
+
+/// The checks after tokenising: method, target form, connection options, framing, Host.
+fn check_head(
+    buf: &[u8],
+    method: Range<usize>,
+    target: Range<usize>,
+    head: &mut RequestHead,
+) -> Result<(), ProxyError> {
+    let name = &buf[method.clone()];
+    head.method = method;
+    head.is_head = name == b"HEAD";
+    head.idempotent = matches!(
+        name,
+        b"GET" | b"HEAD" | b"OPTIONS" | b"TRACE" | b"PUT" | b"DELETE"
+    );
+    if name == b"CONNECT" {
+        return Err(ProxyError::MethodNotAllowed);
+    }
+    parse_target(buf, name, &buf[target], head)?;
     head.connection = apply_connection_tokens(buf, &mut head.headers);
     scan_headers(buf, head)
 }
@@ -177,7 +220,7 @@ fn fill_head(
 /// Accepts origin-form (`/p`), absolute-form (`http://h/p`) and `*` for OPTIONS.
 fn parse_target(
     buf: &[u8],
-    method: &str,
+    method: &[u8],
     target: &[u8],
     head: &mut RequestHead,
 ) -> Result<(), ProxyError> {
@@ -192,7 +235,7 @@ fn parse_target(
         head.path = offset_in(buf, target);
         return Ok(());
     }
-    if target == b"*" && method == "OPTIONS" {
+    if target == b"*" && method == b"OPTIONS" {
         head.path = offset_in(buf, target);
         return Ok(());
     }

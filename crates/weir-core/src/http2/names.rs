@@ -1,0 +1,59 @@
+//! Header names for the h2 response head, without `HeaderName::from_bytes` for the
+//! common ones. `from_bytes` lower-cases the name into a scratch array, then searches the
+//! standard names: about a hundred instructions per field, every field of every
+//! response. The names most responses carry are matched here (any case, as HTTP/1.1
+//! sends them) to the same standard `HeaderName`s; any other name takes `from_bytes`.
+
+use http::header::{self, HeaderName, InvalidHeaderName};
+
+/// The `HeaderName` for a name as the upstream wrote it.
+pub fn response_name(raw: &[u8]) -> Result<HeaderName, InvalidHeaderName> {
+    // Arms, not a table: a table of `HeaderName`s would be built and dropped per call.
+    let is = |name: &[u8]| raw.eq_ignore_ascii_case(name);
+    Ok(match raw.len() {
+        4 if is(b"date") => header::DATE,
+        4 if is(b"etag") => header::ETAG,
+        4 if is(b"vary") => header::VARY,
+        6 if is(b"server") => header::SERVER,
+        7 if is(b"expires") => header::EXPIRES,
+        10 if is(b"set-cookie") => header::SET_COOKIE,
+        12 if is(b"content-type") => header::CONTENT_TYPE,
+        13 if is(b"cache-control") => header::CACHE_CONTROL,
+        13 if is(b"last-modified") => header::LAST_MODIFIED,
+        13 if is(b"accept-ranges") => header::ACCEPT_RANGES,
+        14 if is(b"content-length") => header::CONTENT_LENGTH,
+        16 if is(b"content-encoding") => header::CONTENT_ENCODING,
+        _ => return HeaderName::from_bytes(raw),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn common_names_are_the_names_from_bytes_gives() {
+        for raw in [
+            &b"Date"[..],
+            b"ETAG",
+            b"vary",
+            b"Server",
+            b"Expires",
+            b"Set-Cookie",
+            b"Content-Type",
+            b"Cache-Control",
+            b"Last-Modified",
+            b"Accept-Ranges",
+            b"Content-Length",
+            b"Content-Encoding",
+            b"X-Custom",
+            b"content-typf",
+        ] {
+            let ours = response_name(raw).ok();
+            assert!(ours.is_some(), "{raw:?}");
+            assert_eq!(ours, HeaderName::from_bytes(raw).ok(), "{raw:?}");
+        }
+        assert!(response_name(b"bad name").is_err());
+        assert!(response_name(b"").is_err());
+    }
+}

@@ -1,0 +1,207 @@
+//! Per-stream scratch space kept by the worker for the next stream: the HTTP/1.1 head a
+//! stream's request becomes, its parsed spans, the upstream request head and the
+//! upstream response's spans. Each stream used to allocate (and free) these four; with
+//! hundreds of streams a second that was a third of an h2 stream's `malloc` calls.
+//!
+//! The upstream response's first bytes (its head, often its whole body) are copied into
+//! one `Bytes` per stream, which the h2 response's header values and first DATA slice.
+//! They are cut from a shared block (`ARENA_BLOCK`) rather than allocated each: a block is
+//! freed when the last response cut from it has been written, and reused in place when it
+//! is the last one left.
+//!
+//! The worker is one thread, so the spares sit in a `RefCell` (no lock). Each taken
+//! scratch is emptied, so nothing of one stream reaches the next; a scratch that grew
+//! past the usual size (a large head) is dropped rather than kept, and the worker keeps
+//! at most `SPARES` of them: the memory held is bounded however large a burst was.
+
+use std::cell::RefCell;
+use std::mem;
+
+use bytes::{Bytes, BytesMut};
+
+use crate::codec::http1::{HeaderSpan, RequestHead, ResponseHead};
+
+/// Most spare scratches of each kind a worker keeps: one per stream in flight on a few
+/// busy connections (32 x 16 = 512), as for the spare upstream buffers.
+const SPARES: usize = 1024;
+/// Larger byte buffers are not kept (a usual request head is a few hundred bytes).
+const KEPT_BYTES: usize = 2048;
+/// Nor are span lists longer than this (a usual head has a dozen fields).
+const KEPT_SPANS: usize = 32;
+
+/// Size of the blocks responses are copied into (one upstream buffer: a response's first
+/// read is at most that).
+const ARENA_BLOCK: usize = crate::worker::UPSTREAM_BUFFER;
+
+/// Space for a stream's request: the HTTP/1.1 head and its parsed spans.
+#[derive(Default)]
+pub struct RequestScratch {
+    pub head: Vec<u8>,
+    pub req: RequestHead,
+}
+
+/// Space for one upstream exchange: the request head sent and the response's spans.
+#[derive(Default)]
+pub struct ExchangeScratch {
+    pub out: Vec<u8>,
+    pub resp: ResponseHead,
+}
+
+/// What a scratch needs to be reused.
+trait Reuse: Default {
+    /// Empties it for the next stream; `false`: too large to keep.
+    fn reset(&mut self) -> bool;
+}
+
+impl Reuse for RequestScratch {
+    fn reset(&mut self) -> bool {
+        self.head.clear();
+        let spans = fresh(&mut self.req.headers);
+        self.req = RequestHead {
+            headers: spans,
+            ..RequestHead::default()
+        };
+        self.head.capacity() <= KEPT_BYTES && self.req.headers.capacity() <= KEPT_SPANS
+    }
+}
+
+impl Reuse for ExchangeScratch {
+    fn reset(&mut self) -> bool {
+        self.out.clear();
+        let spans = fresh(&mut self.resp.headers);
+        self.resp = ResponseHead {
+            headers: spans,
+            ..ResponseHead::default()
+        };
+        self.out.capacity() <= KEPT_BYTES && self.resp.headers.capacity() <= KEPT_SPANS
+    }
+}
+
+/// The span list, emptied, keeping its allocation.
+fn fresh(spans: &mut Vec<HeaderSpan>) -> Vec<HeaderSpan> {
+    let mut spans = mem::take(spans);
+    spans.clear();
+    spans
+}
+
+/// The worker's spare scratches.
+pub struct Scratches {
+    requests: RefCell<Vec<RequestScratch>>,
+    exchanges: RefCell<Vec<ExchangeScratch>>,
+    /// The block responses are being copied into (empty: the next copy starts there).
+    arena: RefCell<BytesMut>,
+}
+
+impl Default for Scratches {
+    fn default() -> Self {
+        Scratches {
+            requests: RefCell::default(),
+            exchanges: RefCell::default(),
+            // With this capacity as its first, the arena's next blocks are as large.
+            arena: RefCell::new(BytesMut::with_capacity(ARENA_BLOCK)),
+        }
+    }
+}
+
+impl Scratches {
+    /// `data` as `Bytes`, copied into the current block (a new one when it is full and
+    /// still referenced).
+    pub fn copy(&self, data: &[u8]) -> Bytes {
+        let mut arena = self.arena.borrow_mut();
+        arena.reserve(data.len());
+        arena.extend_from_slice(data);
+        arena.split().freeze()
+    }
+
+    pub fn take_request(&self) -> RequestScratch {
+        take(&self.requests)
+    }
+
+    pub fn give_request(&self, scratch: RequestScratch) {
+        give(&self.requests, scratch);
+    }
+
+    pub fn take_exchange(&self) -> ExchangeScratch {
+        take(&self.exchanges)
+    }
+
+    pub fn give_exchange(&self, scratch: ExchangeScratch) {
+        give(&self.exchanges, scratch);
+    }
+}
+
+fn take<T: Reuse>(spares: &RefCell<Vec<T>>) -> T {
+    spares.borrow_mut().pop().unwrap_or_default()
+}
+
+fn give<T: Reuse>(spares: &RefCell<Vec<T>>, mut scratch: T) {
+    let mut spares = spares.borrow_mut();
+    if spares.len() < SPARES && scratch.reset() {
+        spares.push(scratch);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codec::http1::BodyFraming;
+
+    #[test]
+    fn a_given_scratch_comes_back_empty_with_its_allocations() {
+        let spares = Scratches::default();
+        let mut r = spares.take_request();
+        r.head.extend_from_slice(b"GET / HTTP/1.1\r\n\r\n");
+        r.req.headers.push(HeaderSpan {
+            name: 0..3,
+            value: 4..5,
+            line_end: 7,
+            kind: crate::codec::http1::HeaderKind::Other,
+            connection_listed: false,
+        });
+        r.req.framing = BodyFraming::Chunked;
+        r.req.host = Some(1..2);
+        let at = r.head.as_ptr();
+        spares.give_request(r);
+        let r = spares.take_request();
+        assert_eq!((r.head.len(), r.head.as_ptr()), (0, at));
+        assert!(r.req.headers.is_empty() && r.req.headers.capacity() >= 1);
+        assert_eq!((r.req.framing, r.req.host), (BodyFraming::None, None));
+        let mut e = spares.take_exchange();
+        e.resp.status = 502;
+        e.resp.head_len = 9;
+        spares.give_exchange(e);
+        let e = spares.take_exchange();
+        assert_eq!((e.resp.status, e.resp.head_len), (0, 0));
+    }
+
+    #[test]
+    fn copies_share_a_block_until_it_is_full() {
+        let spares = Scratches::default();
+        let a = spares.copy(b"first response");
+        let b = spares.copy(b"second");
+        assert_eq!((&a[..], &b[..]), (&b"first response"[..], &b"second"[..]));
+        // Cut from one block, one after the other.
+        assert_eq!(a.as_ptr().wrapping_add(a.len()), b.as_ptr());
+        let big = spares.copy(&[7; ARENA_BLOCK]);
+        assert_eq!(big.len(), ARENA_BLOCK);
+        assert!(big.iter().all(|&x| x == 7));
+        assert_eq!(&a[..], b"first response");
+        // Once every copy is dropped, the block is reused in place.
+        let at = big.as_ptr();
+        drop(big);
+        assert_eq!(spares.copy(b"again").as_ptr(), at);
+    }
+
+    #[test]
+    fn large_scratches_and_spares_past_the_cap_are_dropped() {
+        let spares = Scratches::default();
+        let mut big = spares.take_request();
+        big.head.reserve(KEPT_BYTES + 1);
+        spares.give_request(big);
+        assert!(spares.requests.borrow().is_empty());
+        for _ in 0..SPARES + 5 {
+            spares.give_exchange(ExchangeScratch::default());
+        }
+        assert_eq!(spares.exchanges.borrow().len(), SPARES);
+    }
+}
