@@ -5,8 +5,12 @@
 //!
 //! The directions count each transfer, read or write, in an [`Activity`] (one counter
 //! bump, no clock read): a slow reader that takes bytes a few at a time keeps the relay
-//! open as surely as a chatty one, as with HAProxy, which restarts a side's timer on any
-//! progress. One [`Watch`] per relay ticks a quarter of the bound and cuts the relay
+//! open as surely as a chatty one. Bytes that leave Weir's sight (a slow reader draining
+//! a full socket buffer while Weir's write waits for room) are seen through a probe of
+//! the sockets' unsent bytes, and count only in steps of [`MIN_DRAIN`]: a reader that
+//! acknowledges a byte now and then is cut (HAProxy, which restarts a side's timer on a
+//! successful send, is open to that slow read; Weir bounds it). One [`Watch`] per relay
+//! ticks a quarter of the bound and cuts the relay
 //! once the counter stood still for four ticks in a row, so a still relay ends between
 //! the bound and 1.25 times it, and a busy one costs a timer reset per tick, not per
 //! transfer. When a direction ends, the tighter half-close bound starts from then (one
@@ -28,6 +32,16 @@ use crate::worker::Worker;
 /// Ticks per bound: more ticks cut a still relay closer to its bound, at one timer reset
 /// each per bound on every relay.
 const TICKS: u32 = 4;
+
+/// How far the probe (the unsent bytes of a relay's sockets) must have shrunk since the
+/// last tick that saw progress to count as progress itself. A reader that acknowledges a
+/// byte now and then (a slow-read attack) must not hold a relay open forever. A reader is
+/// cut when, for a whole bound, Weir could not write to it (the kernel wakes a waiting
+/// write once about a third of the send buffer is free) and it took less than this: an
+/// honest slow reader takes more in seconds. 16 KiB is a dozen full segments, a fixed
+/// amount rather than a share of the send buffer, whose autotuned size would need a
+/// system call per tick to read and would make the bar vary per connection.
+pub const MIN_DRAIN: u64 = 16 * 1024;
 
 /// How many transfers either direction of one relay made, and whether one direction has
 /// ended.
@@ -73,7 +87,7 @@ struct Watch {
     still: u32,
     /// The ticks follow the `fin` bound.
     fin: bool,
-    /// The probe's value at the last tick (see [`both_probed`]).
+    /// The probe's value at the last tick that saw the relay move (see [`both_probed`]).
     probed: u64,
 }
 
@@ -108,25 +122,36 @@ impl Watch {
             self.seen = activity.moves.get();
             self.sleep.as_mut().reset(Instant::now() + tick(limit));
         }
-        loop {
-            if self.sleep.as_mut().poll(cx).is_pending() {
-                return Poll::Pending;
-            }
-            let moves = activity.moves.get();
-            match moves == self.seen {
-                // Nothing Weir saw: ask the probe (the kernel's queues) on this tick only.
-                true => match probe() {
-                    probed if probed == self.probed => self.still += 1,
-                    probed => (self.probed, self.still) = (probed, 0),
-                },
-                false => (self.seen, self.still) = (moves, 0),
-            }
-            if self.still >= TICKS {
-                return Poll::Ready(Err(cut));
-            }
-            // From the tick's own deadline: no clock read.
-            let next = self.sleep.deadline() + tick(limit);
-            self.sleep.as_mut().reset(next);
+        if self.sleep.as_mut().poll(cx).is_pending() {
+            return Poll::Pending;
+        }
+        self.tick(activity.moves.get(), probe());
+        if self.still >= TICKS {
+            return Poll::Ready(Err(cut));
+        }
+        // From now, not from the tick's deadline: after a stall of the worker, ticks that
+        // fell behind must not all be counted at once as still (the relay may have
+        // moved meanwhile, its transfers not polled yet).
+        self.sleep.as_mut().reset(Instant::now() + tick(limit));
+        if self.sleep.as_mut().poll(cx).is_ready() {
+            // A zero tick: come back at once rather than never.
+            cx.waker().wake_by_ref();
+        }
+        Poll::Pending
+    }
+
+    /// One tick: the relay moved if Weir saw a transfer, or if the probe (the unsent
+    /// bytes of its sockets, sampled on every tick so the next compares against a fresh
+    /// value) shrank by [`MIN_DRAIN`] since the last tick that saw it move.
+    fn tick(&mut self, moves: u64, probed: u64) {
+        let drained = self.probed.saturating_sub(probed);
+        if moves != self.seen || drained >= MIN_DRAIN {
+            (self.seen, self.probed, self.still) = (moves, probed, 0);
+        } else {
+            // A queue that grew without a transfer Weir saw is no progress either; the
+            // drain counts from its highest point.
+            self.probed = self.probed.max(probed);
+            self.still += 1;
         }
     }
 }
@@ -482,10 +507,9 @@ mod tests {
         assert!(Instant::now() - start >= Duration::from_secs(150));
     }
 
-    /// One transfer, then silence: the relay ends at least `idle` after it and at most a
-    /// tick later.
-    #[tokio::test(start_paused = true)]
-    async fn still_time_counts_from_the_last_transfer() {
+    /// One transfer at 8 s, then silence (with `probe`, which may look at the activity):
+    /// the relay ends at least `idle` after the transfer and at most a tick later.
+    async fn cut_after_one_transfer(probe: impl Fn(&Activity) -> u64) {
         let start = Instant::now();
         let activity = Activity::new();
         let talk = async {
@@ -493,13 +517,90 @@ mod tests {
             activity.touch();
             pending::<Result<(), ()>>().await
         };
-        assert_eq!(
-            both(talk, pending(), &activity, LIMITS).await,
-            Err(Cut::Idle)
-        );
+        let r = both_probed(talk, pending(), &activity, LIMITS, || probe(&activity)).await;
+        assert_eq!(r, Err(Cut::Idle));
         let still = Instant::now() - start - Duration::from_secs(8);
         assert!(still >= LIMITS.idle, "{still:?}");
         assert!(still <= LIMITS.idle + LIMITS.idle / TICKS, "{still:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn still_time_counts_from_the_last_transfer() {
+        cut_after_one_transfer(|_| 0).await;
+    }
+
+    /// A transfer that changed the probe, which then stays at a non-zero value (a full
+    /// queue nobody drains): the cut lands at most a tick after the bound, not a tick
+    /// later still (a probe sampled only on still ticks first compared against a value
+    /// from before the transfer).
+    #[tokio::test(start_paused = true)]
+    async fn a_constant_probe_after_a_transfer_is_still() {
+        cut_after_one_transfer(|activity| 100_000 + activity.moves.get()).await;
+    }
+
+    /// A queue drained a byte per tick (a reader acknowledging a byte now and then) is
+    /// no progress: the relay ends after the bound. Draining `MIN_DRAIN` per bound, a
+    /// reader keeps it open.
+    #[tokio::test(start_paused = true)]
+    async fn a_queue_must_drain_a_minimum_to_count() {
+        let start = Instant::now();
+        let activity = Activity::new();
+        let queue = Cell::new(1u64 << 20);
+        let trickle = || {
+            queue.set(queue.get() - 1);
+            queue.get()
+        };
+        let r = both_probed(
+            pending::<Result<(), ()>>(),
+            pending(),
+            &activity,
+            LIMITS,
+            trickle,
+        );
+        assert_eq!(r.await, Err(Cut::Idle));
+        assert_eq!(Instant::now() - start, LIMITS.idle);
+
+        let start = Instant::now();
+        let drain = || {
+            if Instant::now() - start < Duration::from_secs(40) {
+                queue.set(queue.get() - MIN_DRAIN / 2);
+            }
+            queue.get()
+        };
+        let quiet = async {
+            tokio::time::sleep(Duration::from_secs(40)).await;
+            Ok::<(), ()>(())
+        };
+        let r = both_probed(pending(), quiet, &activity, LIMITS, drain).await;
+        // Drained until `quiet` ended at 40 s, then still for the fin bound.
+        assert_eq!(r, Err(Cut::Fin));
+        assert!(Instant::now() - start >= Duration::from_secs(40) + LIMITS.fin);
+    }
+
+    /// A worker that stalls for longer than the bound (all ticks overdue at once) while
+    /// the relay keeps moving: one tick is checked, not every overdue one, so the
+    /// transfers made after the stall keep the relay open.
+    #[tokio::test(start_paused = true)]
+    async fn overdue_ticks_are_not_all_counted_after_a_stall() {
+        let activity = Activity::new();
+        let talk = async {
+            activity.touch();
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            // The worker stalls for twice the bound: every tick is overdue at once, and
+            // the transfers it owes come after.
+            tokio::time::advance(LIMITS.idle * 2).await;
+            for _ in 0..9 {
+                activity.touch();
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Ok::<(), ()>(())
+        };
+        let quiet = async {
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            Ok(())
+        };
+        let r = both(talk, quiet, &activity, LIMITS).await;
+        assert_eq!(r, Ok(()));
     }
 
     #[tokio::test(start_paused = true)]
