@@ -871,7 +871,6 @@ fn int_in<T: TryFrom<i64>>(
     })
 }
 
-/// A duration (default `default`); with `positive`, zero is rejected.
 /// A half-close bound (`tunnel_fin_timeout`, TCP `fin_timeout`): left out, it is the
 /// idle bound `idle` (named `idle_key`), as HAProxy's `timeout client-fin` falls back to
 /// the idle timeout, so a half-closed tail lives as long as a quiet open tunnel; set, it
@@ -890,16 +889,15 @@ fn fin_bound(
     if fin > idle {
         return Err(Issue::new(
             path,
-            format!(
-                "{key} = \"{text}\" is longer than {idle_key} ({}s)",
-                idle.as_secs()
-            ),
+            // Debug prints "300ms" or "2s": sub-second bounds do not show as "0s".
+            format!("{key} = \"{text}\" is longer than {idle_key} ({idle:?})"),
             format!("set {key} at most {idle_key}, or leave it out (it then equals {idle_key})"),
         ));
     }
     Ok(fin)
 }
 
+/// A duration (default `default`); with `positive`, zero is rejected.
 fn duration(
     raw: Option<String>,
     default: &str,

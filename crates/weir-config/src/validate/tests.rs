@@ -286,6 +286,14 @@ fn tunnel_and_fin_timeouts() {
         "longer than idle_timeout (60s)",
         "at most idle_timeout",
     );
+    // A sub-second bound is printed as such, not rounded down to "0s".
+    check(
+        &tcp_listener("idle_timeout = \"500ms\"\nfin_timeout = \"1s\"\n"),
+        "listeners[0].fin_timeout",
+        7,
+        "longer than idle_timeout (500ms)",
+        "at most idle_timeout",
+    );
     check(
         &tcp_listener("fin_timeout = \"0s\"\n"),
         "listeners[0].fin_timeout",
