@@ -275,6 +275,7 @@ fn listener(
             (tunnel_idle_timeout, "tunnel_idle_timeout"),
             &key("tunnel_fin_timeout"),
         )?,
+        tunnel_min_progress: min_progress(raw.tunnel_min_progress, &key("tunnel_min_progress"))?,
         max_body_size: Some(size(raw.max_body_size, 0, &key("max_body_size"))?).filter(|n| *n > 0),
         max_header_size: max_header_size(raw.max_header_size, &key("max_header_size"))?,
         max_headers: int_in(raw.max_headers, 100, 1..=1000, &key("max_headers"))?,
@@ -869,6 +870,23 @@ fn int_in<T: TryFrom<i64>>(
             format!("use a smaller {key}"),
         )
     })
+}
+
+/// The least a relay's unsent queues must drain to count as progress (`min_progress`,
+/// `tunnel_min_progress`): 16 KiB by default, between 1 byte (any drain counts, as
+/// HAProxy does) and 16 MiB (more than any socket buffer: only Weir's own transfers
+/// count).
+fn min_progress(raw: Option<StrOrInt>, path: &FieldPath) -> Result<u64, Issue> {
+    let value = size(raw, 16 * 1024, path)?;
+    if !(1..=16 * 1024 * 1024).contains(&value) {
+        let key = path.last_key();
+        return Err(Issue::new(
+            path,
+            format!("{key} must be between 1 byte and 16MiB, not {value} bytes"),
+            format!("set {key} to a size such as \"16KiB\" (the default)"),
+        ));
+    }
+    Ok(value)
 }
 
 /// A half-close bound (`tunnel_fin_timeout`, TCP `fin_timeout`): left out, it is the

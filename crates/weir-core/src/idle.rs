@@ -7,14 +7,14 @@
 //! bump, no clock read): a slow reader that takes bytes a few at a time keeps the relay
 //! open as surely as a chatty one. Bytes that leave Weir's sight (a slow reader draining
 //! a full socket buffer while Weir's write waits for room) are seen through a probe of
-//! the sockets' unsent bytes, and count only in steps of [`MIN_DRAIN`]: a reader that
-//! acknowledges a byte now and then is cut (HAProxy, which restarts a side's timer on a
-//! successful send, is open to that slow read; Weir bounds it). One [`Watch`] per relay
-//! ticks a quarter of the bound and cuts the relay
-//! once the counter stood still for four ticks in a row, so a still relay ends between
-//! the bound and 1.25 times it, and a busy one costs a timer reset per tick, not per
-//! transfer. When a direction ends, the tighter half-close bound starts from then (one
-//! clock read). [`both`] runs two direction futures (TCP relays), [`one`] a single future
+//! the sockets' unsent bytes, and count only in steps of `min_progress` ([`Limits`]): a
+//! reader that acknowledges a byte now and then is cut (HAProxy, which restarts a side's
+//! timer on a successful send, is open to that slow read; Weir bounds it). One [`Watch`]
+//! per relay ticks a quarter of the bound and cuts the relay once nothing moved for four
+//! ticks in a row, so a still relay ends between the bound and 1.25 times it, and a busy
+//! one costs a timer reset per tick, not per transfer. When a direction ends, the tighter
+//! half-close bound starts from then (one clock read). [`both`] runs two direction
+//! futures (TCP relays), [`one`] a single future
 //! moving both ways over [`Noted`] streams (HTTP tunnels: `copy_bidirectional`, no split).
 
 use std::cell::Cell;
@@ -32,16 +32,6 @@ use crate::worker::Worker;
 /// Ticks per bound: more ticks cut a still relay closer to its bound, at one timer reset
 /// each per bound on every relay.
 const TICKS: u32 = 4;
-
-/// How far the probe (the unsent bytes of a relay's sockets) must have shrunk since the
-/// last tick that saw progress to count as progress itself. A reader that acknowledges a
-/// byte now and then (a slow-read attack) must not hold a relay open forever. A reader is
-/// cut when, for a whole bound, Weir could not write to it (the kernel wakes a waiting
-/// write once about a third of the send buffer is free) and it took less than this: an
-/// honest slow reader takes more in seconds. 16 KiB is a dozen full segments, a fixed
-/// amount rather than a share of the send buffer, whose autotuned size would need a
-/// system call per tick to read and would make the bar vary per connection.
-pub const MIN_DRAIN: u64 = 16 * 1024;
 
 /// How many transfers either direction of one relay made, and whether one direction has
 /// ended.
@@ -125,7 +115,7 @@ impl Watch {
         if self.sleep.as_mut().poll(cx).is_pending() {
             return Poll::Pending;
         }
-        self.tick(activity.moves.get(), probe());
+        self.tick(activity.moves.get(), probe(), limits.min_progress);
         if self.still >= TICKS {
             return Poll::Ready(Err(cut));
         }
@@ -142,10 +132,10 @@ impl Watch {
 
     /// One tick: the relay moved if Weir saw a transfer, or if the probe (the unsent
     /// bytes of its sockets, sampled on every tick so the next compares against a fresh
-    /// value) shrank by [`MIN_DRAIN`] since the last tick that saw it move.
-    fn tick(&mut self, moves: u64, probed: u64) {
+    /// value) shrank by `min_progress` since the last tick that saw it move.
+    fn tick(&mut self, moves: u64, probed: u64, min_progress: u64) {
         let drained = self.probed.saturating_sub(probed);
-        if moves != self.seen || drained >= MIN_DRAIN {
+        if moves != self.seen || drained >= min_progress.max(1) {
             (self.seen, self.probed, self.still) = (moves, probed, 0);
         } else {
             // A queue that grew without a transfer Weir saw is no progress either; the
@@ -169,6 +159,13 @@ pub struct Limits {
     /// Nothing moved after one direction ended (a FIN, END_STREAM); the configuration
     /// keeps it at most `idle`.
     pub fin: Duration,
+    /// How far the probe (the unsent bytes of a relay's sockets) must have shrunk since
+    /// the last tick that saw progress to count as progress itself (`min_progress`,
+    /// `tunnel_min_progress`; see [`Watch::tick`]). A reader that acknowledges a byte now
+    /// and then (a slow-read attack) must not hold a relay open forever. A reader is cut
+    /// when, for a whole bound, Weir could not write to it (the kernel wakes a waiting
+    /// write once about a third of the send buffer is free) and it took less than this.
+    pub min_progress: u64,
 }
 
 /// Why a relay ended before both directions finished.
@@ -395,7 +392,9 @@ mod tests {
     const LIMITS: Limits = Limits {
         idle: Duration::from_secs(10),
         fin: Duration::from_secs(3),
+        min_progress: MIN_PROGRESS,
     };
+    const MIN_PROGRESS: u64 = 16 * 1024;
 
     #[tokio::test(start_paused = true)]
     async fn silent_relay_ends_after_idle() {
@@ -539,7 +538,7 @@ mod tests {
     }
 
     /// A queue drained a byte per tick (a reader acknowledging a byte now and then) is
-    /// no progress: the relay ends after the bound. Draining `MIN_DRAIN` per bound, a
+    /// no progress: the relay ends after the bound. Draining `min_progress` per bound, a
     /// reader keeps it open.
     #[tokio::test(start_paused = true)]
     async fn a_queue_must_drain_a_minimum_to_count() {
@@ -563,7 +562,7 @@ mod tests {
         let start = Instant::now();
         let drain = || {
             if Instant::now() - start < Duration::from_secs(40) {
-                queue.set(queue.get() - MIN_DRAIN / 2);
+                queue.set(queue.get() - MIN_PROGRESS / 2);
             }
             queue.get()
         };

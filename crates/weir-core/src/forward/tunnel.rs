@@ -16,6 +16,7 @@ pub fn limits(listener: &Listener) -> Limits {
     Limits {
         idle: listener.tunnel_idle_timeout,
         fin: listener.tunnel_fin_timeout,
+        min_progress: listener.tunnel_min_progress,
     }
 }
 
