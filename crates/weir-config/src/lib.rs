@@ -119,6 +119,7 @@ max_idle = 256
             client_timeout: Duration::from_secs(60),
             tunnel_idle_timeout: Duration::from_secs(3600),
             tunnel_fin_timeout: Duration::from_secs(3600),
+            tunnel_min_progress: 16 * 1024,
             max_body_size: None,
             max_header_size: 16 * 1024,
             max_headers: 100,

@@ -73,6 +73,10 @@ pub struct TcpSettings {
     /// for this long (HAProxy's `timeout client-fin`/`server-fin`). Default and maximum:
     /// `idle_timeout`.
     pub fin_timeout: Duration,
+    /// How far the sockets' unsent queues must shrink, with no transfer Weir saw, to count
+    /// as progress against the bounds (a slow reader draining a full buffer); less is a
+    /// slow-read attack, and the connection is closed after the bound.
+    pub min_progress: u64,
     /// Bytes buffered per direction when copying (not splicing).
     pub buffer_size: usize,
     pub splice: SpliceMode,
@@ -189,6 +193,8 @@ pub struct Listener {
     /// After one side of a tunnel ended its direction, the tunnel is closed once nothing
     /// has moved for this long. Default and maximum: `tunnel_idle_timeout`.
     pub tunnel_fin_timeout: Duration,
+    /// [`TcpSettings::min_progress`] for tunnels.
+    pub tunnel_min_progress: u64,
     /// Largest request body accepted; `None` = unlimited.
     pub max_body_size: Option<u64>,
     /// Largest request head (request line + headers) accepted; beyond it: 431.

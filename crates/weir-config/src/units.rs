@@ -22,7 +22,8 @@ pub const MAX_DURATION: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 ///
 /// The unit may be left out only for zero (`"0"`).
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let too_large = || format!("duration \"{text}\" is too large (at most 87600h, ten years)");
+    let too_large =
+        || format!("duration \"{text}\" is too large (at most 87600h or 3650d, ten years)");
     parse_unbounded_duration(text)?
         .filter(|d| *d <= MAX_DURATION)
         .ok_or_else(too_large)

@@ -275,6 +275,7 @@ fn listener(
             (tunnel_idle_timeout, "tunnel_idle_timeout"),
             &key("tunnel_fin_timeout"),
         )?,
+        tunnel_min_progress: min_progress(raw.tunnel_min_progress, &key("tunnel_min_progress"))?,
         max_body_size: Some(size(raw.max_body_size, 0, &key("max_body_size"))?).filter(|n| *n > 0),
         max_header_size: max_header_size(raw.max_header_size, &key("max_header_size"))?,
         max_headers: int_in(raw.max_headers, 100, 1..=1000, &key("max_headers"))?,
@@ -871,7 +872,23 @@ fn int_in<T: TryFrom<i64>>(
     })
 }
 
-/// A duration (default `default`); with `positive`, zero is rejected.
+/// The least a relay's unsent queues must drain to count as progress (`min_progress`,
+/// `tunnel_min_progress`): 16 KiB by default, between 1 byte (any drain counts, as
+/// HAProxy does) and 16 MiB (more than any socket buffer: only Weir's own transfers
+/// count).
+fn min_progress(raw: Option<StrOrInt>, path: &FieldPath) -> Result<u64, Issue> {
+    let value = size(raw, 16 * 1024, path)?;
+    if !(1..=16 * 1024 * 1024).contains(&value) {
+        let key = path.last_key();
+        return Err(Issue::new(
+            path,
+            format!("{key} must be between 1 byte and 16MiB, not {value} bytes"),
+            format!("set {key} to a size such as \"16KiB\" (the default)"),
+        ));
+    }
+    Ok(value)
+}
+
 /// A half-close bound (`tunnel_fin_timeout`, TCP `fin_timeout`): left out, it is the
 /// idle bound `idle` (named `idle_key`), as HAProxy's `timeout client-fin` falls back to
 /// the idle timeout, so a half-closed tail lives as long as a quiet open tunnel; set, it
@@ -890,16 +907,15 @@ fn fin_bound(
     if fin > idle {
         return Err(Issue::new(
             path,
-            format!(
-                "{key} = \"{text}\" is longer than {idle_key} ({}s)",
-                idle.as_secs()
-            ),
+            // Debug prints "300ms" or "2s": sub-second bounds do not show as "0s".
+            format!("{key} = \"{text}\" is longer than {idle_key} ({idle:?})"),
             format!("set {key} at most {idle_key}, or leave it out (it then equals {idle_key})"),
         ));
     }
     Ok(fin)
 }
 
+/// A duration (default `default`); with `positive`, zero is rejected.
 fn duration(
     raw: Option<String>,
     default: &str,

@@ -100,7 +100,7 @@ impl ClientStream {
         }
     }
 
-    /// The socket's descriptor number (for `sys::unsent_raw`); -1 once gone.
+    /// The socket's descriptor number (for `sys::borrow_socket`); -1 once gone.
     pub fn raw_fd(&self) -> std::os::fd::RawFd {
         use std::os::fd::AsRawFd;
         match &self.state {

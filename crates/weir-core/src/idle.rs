@@ -5,12 +5,16 @@
 //!
 //! The directions count each transfer, read or write, in an [`Activity`] (one counter
 //! bump, no clock read): a slow reader that takes bytes a few at a time keeps the relay
-//! open as surely as a chatty one, as with HAProxy, which restarts a side's timer on any
-//! progress. One [`Watch`] per relay ticks a quarter of the bound and cuts the relay
-//! once the counter stood still for four ticks in a row, so a still relay ends between
-//! the bound and 1.25 times it, and a busy one costs a timer reset per tick, not per
-//! transfer. When a direction ends, the tighter half-close bound starts from then (one
-//! clock read). [`both`] runs two direction futures (TCP relays), [`one`] a single future
+//! open as surely as a chatty one. Bytes that leave Weir's sight (a slow reader draining
+//! a full socket buffer while Weir's write waits for room) are seen through a probe of
+//! the sockets' unsent bytes, and count only in steps of `min_progress` ([`Limits`]): a
+//! reader that acknowledges a byte now and then is cut (HAProxy, which restarts a side's
+//! timer on a successful send, is open to that slow read; Weir bounds it). One [`Watch`]
+//! per relay ticks a quarter of the bound and cuts the relay once nothing moved for four
+//! ticks in a row, so a still relay ends between the bound and 1.25 times it, and a busy
+//! one costs a timer reset per tick, not per transfer. When a direction ends, the tighter
+//! half-close bound starts from then (one clock read). [`both`] runs two direction
+//! futures (TCP relays), [`one`] a single future
 //! moving both ways over [`Noted`] streams (HTTP tunnels: `copy_bidirectional`, no split).
 
 use std::cell::Cell;
@@ -73,7 +77,7 @@ struct Watch {
     still: u32,
     /// The ticks follow the `fin` bound.
     fin: bool,
-    /// The probe's value at the last tick (see [`both_probed`]).
+    /// The probe's value at the last tick that saw the relay move (see [`both_probed`]).
     probed: u64,
 }
 
@@ -108,25 +112,36 @@ impl Watch {
             self.seen = activity.moves.get();
             self.sleep.as_mut().reset(Instant::now() + tick(limit));
         }
-        loop {
-            if self.sleep.as_mut().poll(cx).is_pending() {
-                return Poll::Pending;
-            }
-            let moves = activity.moves.get();
-            match moves == self.seen {
-                // Nothing Weir saw: ask the probe (the kernel's queues) on this tick only.
-                true => match probe() {
-                    probed if probed == self.probed => self.still += 1,
-                    probed => (self.probed, self.still) = (probed, 0),
-                },
-                false => (self.seen, self.still) = (moves, 0),
-            }
-            if self.still >= TICKS {
-                return Poll::Ready(Err(cut));
-            }
-            // From the tick's own deadline: no clock read.
-            let next = self.sleep.deadline() + tick(limit);
-            self.sleep.as_mut().reset(next);
+        if self.sleep.as_mut().poll(cx).is_pending() {
+            return Poll::Pending;
+        }
+        self.tick(activity.moves.get(), probe(), limits.min_progress);
+        if self.still >= TICKS {
+            return Poll::Ready(Err(cut));
+        }
+        // From now, not from the tick's deadline: after a stall of the worker, ticks that
+        // fell behind must not all be counted at once as still (the relay may have
+        // moved meanwhile, its transfers not polled yet).
+        self.sleep.as_mut().reset(Instant::now() + tick(limit));
+        if self.sleep.as_mut().poll(cx).is_ready() {
+            // A zero tick: come back at once rather than never.
+            cx.waker().wake_by_ref();
+        }
+        Poll::Pending
+    }
+
+    /// One tick: the relay moved if Weir saw a transfer, or if the probe (the unsent
+    /// bytes of its sockets, sampled on every tick so the next compares against a fresh
+    /// value) shrank by `min_progress` since the last tick that saw it move.
+    fn tick(&mut self, moves: u64, probed: u64, min_progress: u64) {
+        let drained = self.probed.saturating_sub(probed);
+        if moves != self.seen || drained >= min_progress.max(1) {
+            (self.seen, self.probed, self.still) = (moves, probed, 0);
+        } else {
+            // A queue that grew without a transfer Weir saw is no progress either; the
+            // drain counts from its highest point.
+            self.probed = self.probed.max(probed);
+            self.still += 1;
         }
     }
 }
@@ -144,6 +159,13 @@ pub struct Limits {
     /// Nothing moved after one direction ended (a FIN, END_STREAM); the configuration
     /// keeps it at most `idle`.
     pub fin: Duration,
+    /// How far the probe (the unsent bytes of a relay's sockets) must have shrunk since
+    /// the last tick that saw progress to count as progress itself (`min_progress`,
+    /// `tunnel_min_progress`; see [`Watch::tick`]). A reader that acknowledges a byte now
+    /// and then (a slow-read attack) must not hold a relay open forever. A reader is cut
+    /// when, for a whole bound, Weir could not write to it (the kernel wakes a waiting
+    /// write once about a third of the send buffer is free) and it took less than this.
+    pub min_progress: u64,
 }
 
 /// Why a relay ended before both directions finished.
@@ -370,7 +392,9 @@ mod tests {
     const LIMITS: Limits = Limits {
         idle: Duration::from_secs(10),
         fin: Duration::from_secs(3),
+        min_progress: MIN_PROGRESS,
     };
+    const MIN_PROGRESS: u64 = 16 * 1024;
 
     #[tokio::test(start_paused = true)]
     async fn silent_relay_ends_after_idle() {
@@ -482,10 +506,9 @@ mod tests {
         assert!(Instant::now() - start >= Duration::from_secs(150));
     }
 
-    /// One transfer, then silence: the relay ends at least `idle` after it and at most a
-    /// tick later.
-    #[tokio::test(start_paused = true)]
-    async fn still_time_counts_from_the_last_transfer() {
+    /// One transfer at 8 s, then silence (with `probe`, which may look at the activity):
+    /// the relay ends at least `idle` after the transfer and at most a tick later.
+    async fn cut_after_one_transfer(probe: impl Fn(&Activity) -> u64) {
         let start = Instant::now();
         let activity = Activity::new();
         let talk = async {
@@ -493,13 +516,90 @@ mod tests {
             activity.touch();
             pending::<Result<(), ()>>().await
         };
-        assert_eq!(
-            both(talk, pending(), &activity, LIMITS).await,
-            Err(Cut::Idle)
-        );
+        let r = both_probed(talk, pending(), &activity, LIMITS, || probe(&activity)).await;
+        assert_eq!(r, Err(Cut::Idle));
         let still = Instant::now() - start - Duration::from_secs(8);
         assert!(still >= LIMITS.idle, "{still:?}");
         assert!(still <= LIMITS.idle + LIMITS.idle / TICKS, "{still:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn still_time_counts_from_the_last_transfer() {
+        cut_after_one_transfer(|_| 0).await;
+    }
+
+    /// A transfer that changed the probe, which then stays at a non-zero value (a full
+    /// queue nobody drains): the cut lands at most a tick after the bound, not a tick
+    /// later still (a probe sampled only on still ticks first compared against a value
+    /// from before the transfer).
+    #[tokio::test(start_paused = true)]
+    async fn a_constant_probe_after_a_transfer_is_still() {
+        cut_after_one_transfer(|activity| 100_000 + activity.moves.get()).await;
+    }
+
+    /// A queue drained a byte per tick (a reader acknowledging a byte now and then) is
+    /// no progress: the relay ends after the bound. Draining `min_progress` per bound, a
+    /// reader keeps it open.
+    #[tokio::test(start_paused = true)]
+    async fn a_queue_must_drain_a_minimum_to_count() {
+        let start = Instant::now();
+        let activity = Activity::new();
+        let queue = Cell::new(1u64 << 20);
+        let trickle = || {
+            queue.set(queue.get() - 1);
+            queue.get()
+        };
+        let r = both_probed(
+            pending::<Result<(), ()>>(),
+            pending(),
+            &activity,
+            LIMITS,
+            trickle,
+        );
+        assert_eq!(r.await, Err(Cut::Idle));
+        assert_eq!(Instant::now() - start, LIMITS.idle);
+
+        let start = Instant::now();
+        let drain = || {
+            if Instant::now() - start < Duration::from_secs(40) {
+                queue.set(queue.get() - MIN_PROGRESS / 2);
+            }
+            queue.get()
+        };
+        let quiet = async {
+            tokio::time::sleep(Duration::from_secs(40)).await;
+            Ok::<(), ()>(())
+        };
+        let r = both_probed(pending(), quiet, &activity, LIMITS, drain).await;
+        // Drained until `quiet` ended at 40 s, then still for the fin bound.
+        assert_eq!(r, Err(Cut::Fin));
+        assert!(Instant::now() - start >= Duration::from_secs(40) + LIMITS.fin);
+    }
+
+    /// A worker that stalls for longer than the bound (all ticks overdue at once) while
+    /// the relay keeps moving: one tick is checked, not every overdue one, so the
+    /// transfers made after the stall keep the relay open.
+    #[tokio::test(start_paused = true)]
+    async fn overdue_ticks_are_not_all_counted_after_a_stall() {
+        let activity = Activity::new();
+        let talk = async {
+            activity.touch();
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            // The worker stalls for twice the bound: every tick is overdue at once, and
+            // the transfers it owes come after.
+            tokio::time::advance(LIMITS.idle * 2).await;
+            for _ in 0..9 {
+                activity.touch();
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Ok::<(), ()>(())
+        };
+        let quiet = async {
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            Ok(())
+        };
+        let r = both(talk, quiet, &activity, LIMITS).await;
+        assert_eq!(r, Ok(()));
     }
 
     #[tokio::test(start_paused = true)]

@@ -1,9 +1,12 @@
 //! The data plane's only unsafe code: pipes and splice(2) for the L4 relay (Linux), the
-//! registration of listening sockets with the reactor, and sysconf(3) for the `process_*`
-//! metrics.
+//! registration of listening sockets with the reactor, the SIOCOUTQ ioctl(2) (a socket's
+//! unacknowledged bytes, for the relays' still-time watch), TCP_DEFER_ACCEPT, flock(2)
+//! and sysconf(3) for the `process_*` metrics.
 //!
 //! Each function wraps one system call; the file descriptors involved are borrowed from
-//! owned sockets and pipes (`BorrowedFd`), so none can be closed while in use. On other
+//! owned sockets and pipes (`BorrowedFd`), so none can be closed while in use. The one
+//! exception, [`borrow_socket`], is an `unsafe fn`: its callers state why the socket
+//! outlives the borrow. On other
 //! systems `Pipe::new` fails with `Unsupported` and the relay copies through a buffer.
 
 #![allow(unsafe_code)]
@@ -61,23 +64,17 @@ pub fn register_listener(
     unsafe { AsyncFd::register_with_interest(listener, Interest::READABLE) }.map_err(Into::into)
 }
 
-/// Bytes written to a TCP socket that the peer has not acknowledged yet (SIOCOUTQ). The
-/// relays' still-time watch compares it between ticks: a queue that shrank is a slow
-/// reader taking bytes while Weir's own write waits for room. 0 when unknown.
+/// Bytes written to a TCP socket that the peer has not acknowledged yet (the SIOCOUTQ
+/// ioctl, which libc names TIOCOUTQ: the same request number on Linux). The relays'
+/// still-time watch compares it between ticks: a queue that shrank is a slow reader
+/// taking bytes while Weir's own write waits for room. 0 when unknown.
+#[cfg(target_os = "linux")]
 pub fn unsent(socket: BorrowedFd<'_>) -> u32 {
     use std::os::fd::AsRawFd;
-    unsent_raw(socket.as_raw_fd())
-}
-
-/// [`unsent`] by descriptor number, for a relay that holds its streams mutably while the
-/// watch asks (HTTP tunnels). Memory-safe for any number: at worst the call fails (0); the
-/// caller keeps the socket open while it asks, so the number names that socket.
-#[cfg(target_os = "linux")]
-pub fn unsent_raw(fd: std::os::fd::RawFd) -> u32 {
     let mut value: libc::c_int = 0;
-    // SAFETY: `value` is valid for writes for the duration of the call (SIOCOUTQ stores
-    // one int); the descriptor is a plain integer to the kernel.
-    let rc = unsafe { libc::ioctl(fd, libc::TIOCOUTQ, &mut value) };
+    // SAFETY: the descriptor is borrowed from a live socket; `value` is valid for writes
+    // for the duration of the call (SIOCOUTQ stores one int).
+    let rc = unsafe { libc::ioctl(socket.as_raw_fd(), libc::TIOCOUTQ, &mut value) };
     match rc {
         0 => u32::try_from(value).unwrap_or(0),
         _ => 0,
@@ -86,8 +83,32 @@ pub fn unsent_raw(fd: std::os::fd::RawFd) -> u32 {
 
 /// See the Linux version; elsewhere the watch relies on Weir's own transfers.
 #[cfg(not(target_os = "linux"))]
-pub fn unsent_raw(_fd: std::os::fd::RawFd) -> u32 {
+pub fn unsent(_socket: BorrowedFd<'_>) -> u32 {
     0
+}
+
+/// The unsent bytes of all `sockets` together (see [`unsent`]): the still-time probe of a
+/// relay. Only the peers' acknowledgements shrink the sum; Weir's writes grow it.
+pub fn unsent_total(sockets: &[Option<BorrowedFd<'_>>]) -> u64 {
+    sockets
+        .iter()
+        .flatten()
+        .map(|s| u64::from(unsent(*s)))
+        .sum()
+}
+
+/// Borrows a socket by its descriptor number, for a relay that holds the stream owning
+/// it mutably (split into halves, or moved into a TLS stream) while its watch asks
+/// [`unsent`]. `None` for -1 (`ClientStream::raw_fd` of a socket that is gone).
+///
+/// # Safety
+///
+/// The descriptor must stay open for as long as the returned `BorrowedFd` is used: the
+/// stream that owns it must outlive the relay, and the relay be its only user.
+pub unsafe fn borrow_socket<'a>(fd: std::os::fd::RawFd) -> Option<BorrowedFd<'a>> {
+    // SAFETY: the caller keeps the descriptor open (see above); -1 is filtered out, as
+    // `borrow_raw` requires.
+    (fd != -1).then(|| unsafe { BorrowedFd::borrow_raw(fd) })
 }
 
 /// TCP_DEFER_ACCEPT on a listening socket: accept(2) returns a connection only once its

@@ -237,41 +237,35 @@ fn a_half_closed_tail_is_cut_after_fin_timeout() {
     drop(hold_tx);
 }
 
-/// A client reading slowly (a block every 200 ms) from a server that sends as fast as it
-/// can, for 4 s with a 1 s bound: Weir's reads wait on its writes to the client, which
-/// move a little at a time (a 1 MiB buffer takes seconds to drain), and that progress
-/// keeps the relay open. `half_close`: the client sends its FIN first, so the `fin`
-/// bound is the one that applies.
-fn slow_reader_is_not_cut(bound: &str, half_close: bool) {
+/// A client reading slowly (see `common::read_slowly`) from a server that sends as fast
+/// as it can, with a 2 s bound: Weir's reads wait on its writes to the client, which move
+/// a little at a time (a 1 MiB buffer takes seconds to drain), and that progress keeps
+/// the relay open. `half_close`: the client sends its FIN first, so the `fin` bound is
+/// the one that applies.
+async fn slow_reader_is_not_cut(bound: &str, half_close: bool) {
     let backend = RawBackend::spawn(|mut s| {
         let block = vec![7u8; BLOCK];
         while s.write_all(&block).is_ok() {}
     });
     let extra = ["buffer_size = \"1MiB\"", "splice = \"off\"", bound];
     let weir = tcp_conf(&[backend.addr], &extra).start();
-    let mut client = connect(weir.addr);
+    let mut client = common::small_window(weir.addr).await;
     if half_close {
-        client.shutdown(Shutdown::Write).expect("half-close");
+        use tokio::io::AsyncWriteExt;
+        client.shutdown().await.expect("half-close");
     }
-    let mut buf = vec![0u8; BLOCK];
-    let (start, mut got) = (std::time::Instant::now(), 0usize);
-    while start.elapsed() < Duration::from_secs(4) {
-        std::thread::sleep(Duration::from_millis(200));
-        let n = client.read(&mut buf).expect("read");
-        assert!(n > 0, "cut after {got} bytes");
-        got += n;
-    }
+    let got = common::read_slowly(&mut client).await;
     assert_eq!(weir.tunnel_timeouts(), (0, 0), "after {got} bytes");
 }
 
-#[test]
-fn a_slow_reader_is_not_cut_by_idle_timeout() {
-    slow_reader_is_not_cut("idle_timeout = \"1s\"", false);
+#[tokio::test]
+async fn a_slow_reader_is_not_cut_by_idle_timeout() {
+    slow_reader_is_not_cut("idle_timeout = \"2s\"", false).await;
 }
 
-#[test]
-fn a_slow_reader_after_its_fin_is_not_cut_by_fin_timeout() {
-    slow_reader_is_not_cut("fin_timeout = \"1s\"", true);
+#[tokio::test]
+async fn a_slow_reader_after_its_fin_is_not_cut_by_fin_timeout() {
+    slow_reader_is_not_cut("fin_timeout = \"2s\"", true).await;
 }
 
 /// The `weir_upstream_connect_errors_total` value of `server` in upstream `up`.

@@ -43,12 +43,17 @@ fn start(certs: &[&Leaf], up: SocketAddr, extra: &[&str], others: &[(&str, Socke
 }
 
 async fn connect(addr: SocketAddr, ca: &TestCa, name: &str) -> TlsStream<TcpStream> {
+    let tcp = TcpStream::connect(addr).await.expect("connect to weir");
+    connect_over(tcp, ca, name).await
+}
+
+/// The TLS handshake as `name` over the connected socket `tcp`.
+async fn connect_over(tcp: TcpStream, ca: &TestCa, name: &str) -> TlsStream<TcpStream> {
     let mut roots = RootCertStore::empty();
     roots.add(der(&ca.cert_pem)).expect("CA certificate");
     let config = ClientConfig::builder()
         .with_root_certificates(roots)
         .with_no_client_auth();
-    let tcp = TcpStream::connect(addr).await.expect("connect to weir");
     let server_name = ServerName::try_from(name.to_string()).expect("server name");
     TlsConnector::from(Arc::new(config))
         .connect(server_name, tcp)
@@ -75,6 +80,21 @@ async fn echo_server() -> SocketAddr {
                 let (mut r, mut w) = s.split();
                 let _ = tokio::io::copy(&mut r, &mut w).await;
                 let _ = w.shutdown().await;
+            });
+        }
+    });
+    addr
+}
+
+/// A plain TCP server that sends to each connection as fast as it can until it breaks.
+async fn flood_server() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind flood");
+    let addr = listener.local_addr().expect("flood address");
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let block = vec![7u8; 64 * 1024];
+                while s.write_all(&block).await.is_ok() {}
             });
         }
     });
@@ -199,4 +219,20 @@ async fn a_client_half_closing_without_close_notify_still_gets_the_answer() {
         "last words (answered)",
         "{read:?}"
     );
+}
+
+/// A TLS client reading slowly (see `common::read_slowly`) from a backend that sends as
+/// fast as it can, with a 2 s bound: Weir's writes into the client's TLS stream wait for
+/// room in the socket, which a slow reader frees a little at a time; the draining queue
+/// under the TLS stream is progress, so the relay stays open.
+#[tokio::test]
+async fn a_slow_tls_reader_is_not_cut_by_idle_timeout() {
+    let ca = TestCa::new("offload CA");
+    let leaf = ca.leaf(&["t.example.com"]);
+    let flood = flood_server().await;
+    let weir = start(&[&leaf], flood, &["idle_timeout = \"2s\""], &[]);
+    let tcp = common::small_window(weir.addr).await;
+    let mut s = connect_over(tcp, &ca, "t.example.com").await;
+    let got = common::read_slowly(&mut s).await;
+    assert_eq!(weir.tunnel_timeouts(), (0, 0), "after {got} bytes");
 }

@@ -23,7 +23,11 @@ const UPGRADE_REQUEST: &[u8] = b"GET /chat HTTP/1.1\r\nHost: h\r\n\
 /// A tunnel through `weir`: the upgrade request sent and its 101 read (byte by byte, so no
 /// tunnel byte is taken with it).
 async fn open_tunnel(weir: &Weir) -> TcpStream {
-    let mut s = TcpStream::connect(weir.addr).await.expect("connect");
+    open_tunnel_over(TcpStream::connect(weir.addr).await.expect("connect")).await
+}
+
+/// [`open_tunnel`] over the connected socket `s`.
+async fn open_tunnel_over(mut s: TcpStream) -> TcpStream {
     s.write_all(UPGRADE_REQUEST).await.expect("write");
     let mut head = Vec::new();
     while !head.ends_with(b"\r\n\r\n") {
@@ -144,25 +148,17 @@ fn streaming_upgrade_backend() -> std::net::SocketAddr {
     addr
 }
 
-/// A client that reads slowly (a 64 KiB block every 200 ms) from an upstream sending as
-/// fast as it can, for 4 s with a 1 s bound: Weir's writes to the client wait for room
-/// and its reads wait on them, but the bytes the client takes are progress, so the tunnel
-/// stays open.
+/// A client that reads slowly (see `common::read_slowly`) from an upstream sending as
+/// fast as it can, with a 2 s bound: Weir's writes to the client wait for room and its
+/// reads wait on them, but the bytes the client takes are progress, so the tunnel stays
+/// open.
 #[tokio::test]
 async fn a_slow_reader_keeps_its_tunnel_open() {
     let upstream = streaming_upgrade_backend();
-    let conf = single(upstream).listener("tunnel_idle_timeout = \"1s\"");
+    let conf = single(upstream).listener("tunnel_idle_timeout = \"2s\"");
     let weir = conf.start();
-    let mut s = open_tunnel(&weir).await;
-    let mut buf = vec![0u8; 64 * 1024];
-    let (start, mut got) = (Instant::now(), 0usize);
-    while start.elapsed() < Duration::from_secs(4) {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        let n = tokio::time::timeout(WAIT, s.read(&mut buf)).await;
-        let n = n.expect("data in time").expect("read");
-        assert!(n > 0, "cut after {got} bytes");
-        got += n;
-    }
+    let mut s = open_tunnel_over(common::small_window(weir.addr).await).await;
+    let got = common::read_slowly(&mut s).await;
     assert_eq!(weir.tunnel_timeouts(), (0, 0), "after {got} bytes");
 }
 

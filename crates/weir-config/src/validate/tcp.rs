@@ -6,7 +6,7 @@
 
 use std::net::IpAddr;
 
-use super::{duration, fin_bound, host_pattern, size, upstream_index};
+use super::{duration, fin_bound, host_pattern, min_progress, size, upstream_index};
 use crate::error::{FieldPath, Issue};
 use crate::model::{
     Cidr, HostPattern, Listener, Protocol, ProxyProtocol, ProxyVersion, SniRoute, SpliceMode,
@@ -77,6 +77,7 @@ fn tcp_settings(
             (idle_timeout, "idle_timeout"),
             &path.key("fin_timeout"),
         )?,
+        min_progress: min_progress(raw.min_progress.take(), &path.key("min_progress"))?,
         buffer_size: usize::try_from(buffer).unwrap_or(16 * 1024),
         splice: splice(raw.splice.as_deref(), &path.key("splice"))?,
         sni_routes: sni_routes(raw.sni_routes.take(), &path.key("sni_routes"), upstreams)?,
@@ -208,6 +209,7 @@ fn http_only_keys(raw: &RawListener) -> Vec<&'static str> {
         ("client_timeout", raw.client_timeout.is_some()),
         ("tunnel_idle_timeout", raw.tunnel_idle_timeout.is_some()),
         ("tunnel_fin_timeout", raw.tunnel_fin_timeout.is_some()),
+        ("tunnel_min_progress", raw.tunnel_min_progress.is_some()),
         ("max_body_size", raw.max_body_size.is_some()),
         ("max_header_size", raw.max_header_size.is_some()),
         ("max_headers", raw.max_headers.is_some()),
@@ -230,6 +232,7 @@ fn tcp_only_keys(raw: &RawListener) -> Vec<&'static str> {
         ("upstream", raw.upstream.is_some()),
         ("idle_timeout", raw.idle_timeout.is_some()),
         ("fin_timeout", raw.fin_timeout.is_some()),
+        ("min_progress", raw.min_progress.is_some()),
         ("buffer_size", raw.buffer_size.is_some()),
         ("splice", raw.splice.is_some()),
         ("sni_routes", raw.sni_routes.is_some()),

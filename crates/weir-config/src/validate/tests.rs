@@ -286,6 +286,14 @@ fn tunnel_and_fin_timeouts() {
         "longer than idle_timeout (60s)",
         "at most idle_timeout",
     );
+    // A sub-second bound is printed as such, not rounded down to "0s".
+    check(
+        &tcp_listener("idle_timeout = \"500ms\"\nfin_timeout = \"1s\"\n"),
+        "listeners[0].fin_timeout",
+        7,
+        "longer than idle_timeout (500ms)",
+        "at most idle_timeout",
+    );
     check(
         &tcp_listener("fin_timeout = \"0s\"\n"),
         "listeners[0].fin_timeout",
@@ -303,6 +311,51 @@ fn tunnel_and_fin_timeouts() {
     check(
         &format!("{LISTENER}fin_timeout = \"1s\"\n"),
         "listeners[0].fin_timeout",
+        4,
+        "only to protocol = \"tcp\"",
+        "protocol = \"tcp\"",
+    );
+}
+
+/// `tunnel_min_progress` (HTTP) and `min_progress` (TCP): 16 KiB by default, a size from
+/// 1 byte to 16 MiB, each only on its kind of listener.
+#[test]
+fn min_progress_keys() {
+    let http = parse_str(LISTENER, "t").expect("valid");
+    assert_eq!(http.listeners[0].tunnel_min_progress, 16 * 1024);
+    let set = format!("{LISTENER}tunnel_min_progress = \"4KiB\"\n");
+    let l = &parse_str(&set, "t").expect("valid").listeners[0];
+    assert_eq!(l.tunnel_min_progress, 4096);
+    let tcp = |extra: &str| {
+        let config = parse_str(&tcp_listener(extra), "t").expect("valid");
+        config.listeners[0].tcp().expect("tcp").min_progress
+    };
+    assert_eq!(tcp(""), 16 * 1024);
+    assert_eq!(tcp("min_progress = 1\n"), 1);
+    check(
+        &tcp_listener("min_progress = 0\n"),
+        "listeners[0].min_progress",
+        6,
+        "between 1 byte and 16MiB, not 0 bytes",
+        "\"16KiB\" (the default)",
+    );
+    check(
+        &format!("{LISTENER}tunnel_min_progress = \"1GiB\"\n"),
+        "listeners[0].tunnel_min_progress",
+        4,
+        "between 1 byte and 16MiB",
+        "\"16KiB\"",
+    );
+    check(
+        &tcp_listener("tunnel_min_progress = \"1KiB\"\n"),
+        "listeners[0].tunnel_min_progress",
+        6,
+        "only to protocol = \"http\"",
+        "set protocol = \"http\"",
+    );
+    check(
+        &format!("{LISTENER}min_progress = \"1KiB\"\n"),
+        "listeners[0].min_progress",
         4,
         "only to protocol = \"tcp\"",
         "protocol = \"tcp\"",

@@ -9,13 +9,14 @@ use std::os::fd::RawFd;
 
 use crate::buffer::Buffer;
 use crate::idle::{self, Activity, End, Limits, Noted};
-use crate::sys::unsent_raw;
+use crate::sys::{borrow_socket, unsent_total};
 
 /// The still-time bounds of `listener`'s tunnels.
 pub fn limits(listener: &Listener) -> Limits {
     Limits {
         idle: listener.tunnel_idle_timeout,
         fin: listener.tunnel_fin_timeout,
+        min_progress: listener.tunnel_min_progress,
     }
 }
 
@@ -56,6 +57,10 @@ where
         tokio::io::copy_bidirectional(&mut client, &mut upstream).await?;
         Ok::<_, std::io::Error>(())
     };
-    let probe = || u64::from(unsent_raw(sockets[0])) << 32 | u64::from(unsent_raw(sockets[1]));
+    // SAFETY: `client` and `upstream` own these sockets and are borrowed for this whole
+    // function, which outlives the relay and its probe: the descriptors stay open.
+    #[allow(unsafe_code)]
+    let sockets = unsafe { sockets.map(|fd| borrow_socket(fd)) };
+    let probe = || unsent_total(&sockets);
     End::from(idle::one_probed(relay, &activity, limits, probe).await)
 }

@@ -313,6 +313,10 @@ async fn tunnel(
     // The upstream's unsent bytes: a slow upstream reader drains them while a write
     // waits for room (see `idle::both_probed`; the client side is paced by its window).
     let fd = std::os::fd::AsRawFd::as_raw_fd(stream.tcp());
+    // SAFETY: the split halves below own `stream` and live until the end of this
+    // function, after the relay and its probe: the descriptor stays open.
+    #[allow(unsafe_code)]
+    let socket = unsafe { crate::sys::borrow_socket(fd) };
     let (mut ur, mut uw) = tokio::io::split(stream);
     let mut sent = 0u64;
     let mut received = 0u64;
@@ -320,7 +324,7 @@ async fn tunnel(
     let result = {
         let down = downstream(send, &mut ur, up_buf, stall, &mut sent, &activity);
         let up = upstream(&mut body, &mut uw, &mut received, &activity);
-        let probe = || u64::from(crate::sys::unsent_raw(fd));
+        let probe = || crate::sys::unsent_total(&[socket]);
         crate::idle::both_probed(down, up, &activity, limits, probe).await
     };
     trace.body_in = received;

@@ -107,6 +107,7 @@ fn relay_limits(tcp: &TcpSettings) -> crate::idle::Limits {
     crate::idle::Limits {
         idle: tcp.idle_timeout,
         fin: tcp.fin_timeout,
+        min_progress: tcp.min_progress,
     }
 }
 

@@ -7,6 +7,7 @@
 
 use std::io;
 use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
 
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use weir_config::{Listener, TcpSettings};
@@ -17,6 +18,7 @@ use crate::client_stream::ClientStream;
 use crate::connector::UpstreamStream;
 use crate::idle::{self, Activity, Noted};
 use crate::metrics::shard::Counter;
+use crate::sys::{borrow_socket, unsent_total};
 use crate::tcp::sni::{self, SniResult};
 use crate::tls::session::TlsSession;
 use crate::tls::ListenerTls;
@@ -80,6 +82,15 @@ pub async fn relay(
 ) -> End {
     let activity = Activity::new();
     let mut to_client = worker.take_buffer_sized(to_server.capacity());
+    let fds = [client.raw_fd(), server.tcp().as_raw_fd()];
+    // SAFETY: `client` and `server` own these sockets (under their TLS streams) and are
+    // borrowed for this whole function, which outlives the relay and its probe.
+    #[allow(unsafe_code)]
+    let sockets = unsafe { fds.map(|fd| borrow_socket(fd)) };
+    // The unsent bytes of both sockets under the TLS streams: a blocked TLS write shows
+    // no progress until the kernel frees half the send buffer, a slow reader's queue
+    // shrinks meanwhile (see `idle::both_probed`).
+    let probe = || unsent_total(&sockets);
     let end = match client.split() {
         Ok((mut client_read, mut client_write)) => {
             let (mut server_read, mut server_write) = server.split();
@@ -106,7 +117,7 @@ pub async fn relay(
                 config.bytes_out,
                 &activity,
             );
-            End::from(idle::both(up, down, &activity, config.limits).await)
+            End::from(idle::both_probed(up, down, &activity, config.limits, probe).await)
         }
         Err(_) => End::Error,
     };

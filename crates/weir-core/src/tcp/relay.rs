@@ -26,7 +26,7 @@ use crate::buffer::Buffer;
 pub use crate::idle::End;
 use crate::idle::{self, Activity, Limits};
 use crate::metrics::shard::Counter;
-use crate::sys::{splice_unsupported, unsent, Pipe};
+use crate::sys::{splice_unsupported, unsent_total, Pipe};
 use crate::worker::Worker;
 
 /// Consecutive full-buffer reads after which an `auto` direction switches to splice.
@@ -82,7 +82,8 @@ pub async fn relay(
         &activity,
         config.bytes_out,
     );
-    let probe = || unsent_both(client, server);
+    let sockets = [Some(client.as_fd()), Some(server.as_fd())];
+    let probe = || unsent_total(&sockets);
     let both = idle::both_probed(
         up.run(worker),
         down.run(worker),
@@ -94,12 +95,6 @@ pub async fn relay(
     up.finish(worker);
     down.finish(worker);
     end
-}
-
-/// The unsent bytes of both sockets in one number that changes when either queue does:
-/// the still-time probe of TCP relays (`idle::both_probed`).
-fn unsent_both(a: &TcpStream, b: &TcpStream) -> u64 {
-    u64::from(unsent(a.as_fd())) << 32 | u64::from(unsent(b.as_fd()))
 }
 
 /// Splices what `from` has into the empty `pipe`; 0 at end of stream.

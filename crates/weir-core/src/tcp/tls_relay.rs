@@ -5,7 +5,7 @@
 //! and `idle_timeout` and `fin_timeout` apply as for plain relays.
 
 use std::io;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd};
 
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -15,7 +15,7 @@ use super::relay::{End, RelayConfig};
 use crate::buffer::Buffer;
 use crate::connector::UpstreamStream;
 use crate::idle::{self, Activity, Noted};
-use crate::sys::unsent;
+use crate::sys::{borrow_socket, unsent_total};
 use crate::worker::Worker;
 
 /// Relays until both directions end, one fails, or nothing moves for too long.
@@ -29,6 +29,11 @@ pub async fn relay_tls(
 ) -> End {
     let activity = Activity::new();
     let mut back = worker.take_buffer_sized(to_server.capacity());
+    let server_fd = server.tcp().as_raw_fd();
+    // SAFETY: `server` owns the socket and is borrowed for this whole function, which
+    // outlives the relay and its probe: the descriptor stays open.
+    #[allow(unsafe_code)]
+    let server_socket = unsafe { borrow_socket(server_fd) };
     let (mut server_read, mut server_write) = server.split();
     // Writes into the TLS stream and its flushes count as progress (see `idle::Noted`).
     let mut server_write = Noted {
@@ -60,8 +65,11 @@ pub async fn relay_tls(
             write_all(client, &mut back, &activity).await?;
         }
     };
-    // The client's unsent bytes: a slow client drains them while `write_all` waits.
-    let probe = || u64::from(unsent(client.as_fd()));
+    // The unsent bytes of both sockets: a slow client drains its queue while `write_all`
+    // waits, a slow TLS server its own while a write into the TLS stream waits for room
+    // (which shows no progress until the kernel frees half the send buffer).
+    let sockets = [Some(client.as_fd()), server_socket];
+    let probe = || unsent_total(&sockets);
     let both = idle::both_probed(up, down, &activity, config.limits, probe);
     let end = End::from(both.await);
     worker.give_buffer(to_server);

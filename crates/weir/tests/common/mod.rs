@@ -272,3 +272,30 @@ pub async fn h2c_client(addr: SocketAddr) -> h2::client::SendRequest<bytes::Byte
     tokio::spawn(conn);
     client
 }
+
+/// A client socket to `addr` with a 64 KiB receive buffer (SO_RCVBUF set before the
+/// connect, so the window it advertises stays that small): with [`read_slowly`], a slow
+/// reader whose pace does not depend on how the kernel batches window updates.
+pub async fn small_window(addr: SocketAddr) -> tokio::net::TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket.set_recv_buffer_size(64 * 1024).expect("SO_RCVBUF");
+    socket.connect(addr).await.expect("connect to weir")
+}
+
+/// Reads 4 KiB every 50 ms (80 KiB/s) from `s` for 6 s, from a sender that sends as fast
+/// as it can: each read must find bytes (within [`WAIT`]). Returns the bytes read. With a
+/// 2 s bound, the sender's side waits for room most of the time, so only its socket's
+/// draining queue shows the relay is moving.
+pub async fn read_slowly<R: tokio::io::AsyncRead + Unpin>(s: &mut R) -> usize {
+    use tokio::io::AsyncReadExt;
+    let mut buf = vec![0u8; 4096];
+    let (start, mut got) = (std::time::Instant::now(), 0usize);
+    while start.elapsed() < Duration::from_secs(6) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let n = tokio::time::timeout(WAIT, s.read(&mut buf)).await;
+        let n = n.expect("data in time").expect("read");
+        assert!(n > 0, "cut after {got} bytes");
+        got += n;
+    }
+    got
+}
