@@ -68,6 +68,11 @@ pub fn write_upgrade_head(
     protocol: &[u8],
     key: &[u8],
 ) -> Result<Line, Malformed> {
+    // The h2 crate checks only that `:protocol` is UTF-8, and the head is not parsed
+    // again: anything but a token (CR, LF, spaces) must not reach the written head.
+    if !is_token(protocol) {
+        return Err(Malformed("bad :protocol"));
+    }
     let mut w = Writer { out, fields };
     let (line, content_length) = w.request_line_and_fields("GET", parts)?;
     if content_length.is_some() {
@@ -78,6 +83,14 @@ pub fn write_upgrade_head(
     w.push(b"sec-websocket-key", key);
     w.out.extend_from_slice(b"\r\n");
     Ok(line)
+}
+
+/// Whether `value` is an HTTP token (RFC 9110 5.6.2): one or more tchars.
+fn is_token(value: &[u8]) -> bool {
+    !value.is_empty()
+        && value
+            .iter()
+            .all(|&b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
 }
 
 /// Writes the head and records, per field line, the spans the HTTP/1.1 parser would
@@ -237,6 +250,22 @@ mod tests {
     use crate::codec::http1::{fill_written, parse_request, HeadLimits, RequestHead};
     use crate::error::ProxyError;
 
+    /// `:protocol` goes into the written head as the `Upgrade` value: only a token may.
+    #[test]
+    fn an_extended_connect_protocol_must_be_a_token() {
+        let req = http::Request::connect("http://a.test/chat").body(());
+        let (parts, ()) = req.unwrap_or_default().into_parts();
+        let upgrade = |protocol: &[u8]| {
+            let mut out = Vec::new();
+            write_upgrade_head(&mut out, &mut Vec::new(), &parts, protocol, b"k").map(|_| out)
+        };
+        let written = upgrade(b"websocket").unwrap_or_default();
+        assert!(written.windows(18).any(|w| w == b"upgrade: websocket"));
+        for bad in [&b"websocket\r\nx: 1"[..], b"web socket", b"", b"ws\0"] {
+            assert!(upgrade(bad).is_err(), "{:?}", String::from_utf8_lossy(bad));
+        }
+    }
+
     fn head(req: http::Request<()>, eos: bool) -> Result<String, Malformed> {
         let (parts, ()) = req.into_parts();
         let mut out = Vec::new();
@@ -304,6 +333,38 @@ mod tests {
             let [filled, parsed] = both(req, max_headers);
             assert_eq!(filled, parsed, "{described}");
         }
+    }
+
+    /// The edges: exactly `max_headers` fields, a value of only whitespace, bytes above
+    /// ASCII in a value (obs-text), a `:path` that is only a query.
+    #[test]
+    fn filled_head_is_the_parsed_head_at_the_edges() {
+        let obs_text = http::HeaderValue::from_bytes(b"caf\xc3\xa9")
+            .unwrap_or(http::HeaderValue::from_static("x"));
+        let requests = [
+            // host, x-a, x-b, transfer-encoding: exactly `max_headers`.
+            (
+                http::Request::get("http://e/")
+                    .header("x-a", "1")
+                    .header("x-b", "2"),
+                4,
+            ),
+            (http::Request::get("http://e/").header("x-ws", " \t"), 8),
+            (http::Request::get("http://e/").header("x-o", obs_text), 8),
+        ];
+        for (req, max_headers) in requests {
+            let req = req.body(()).unwrap_or_default();
+            let described = format!("{req:?}");
+            let [filled, parsed] = both(req, max_headers);
+            assert!(filled.is_ok(), "{described}: {filled:?}");
+            assert_eq!(filled, parsed, "{described}");
+        }
+        // Accepted or refused, the same way by both.
+        let req = http::Request::get("http://e?q=1")
+            .body(())
+            .unwrap_or_default();
+        let [filled, parsed] = both(req, 8);
+        assert_eq!(filled, parsed);
     }
 
     #[test]

@@ -22,7 +22,8 @@ use bytes::{Bytes, BytesMut};
 use crate::codec::http1::{HeaderSpan, RequestHead, ResponseHead};
 
 /// Most spare scratches of each kind a worker keeps: one per stream in flight on a few
-/// busy connections (32 x 16 = 512), as for the spare upstream buffers.
+/// busy connections (twice 32 x 16), as for the spare upstream buffers. Kept for good
+/// after a burst: at most about 3.5 MiB of each kind per worker.
 const SPARES: usize = 1024;
 /// Larger byte buffers are not kept (a usual request head is a few hundred bytes).
 const KEPT_BYTES: usize = 2048;
@@ -107,6 +108,10 @@ impl Scratches {
     /// `data` as `Bytes`, copied into the current block (a new one when it is full and
     /// still referenced).
     pub fn copy(&self, data: &[u8]) -> Bytes {
+        if data.len() > ARENA_BLOCK {
+            // The block would grow to fit it and stay that large for good.
+            return Bytes::copy_from_slice(data);
+        }
         let mut arena = self.arena.borrow_mut();
         arena.reserve(data.len());
         arena.extend_from_slice(data);

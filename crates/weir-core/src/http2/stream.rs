@@ -73,6 +73,9 @@ pub async fn serve(
         // Malformed (RFC 9113 8.1.1): a stream error. The reset is budgeted like a
         // client reset (MadeYouReset) where it is written out (`io`).
         respond.send_reset(Reason::PROTOCOL_ERROR);
+        worker
+            .h2_scratch
+            .give_request(RequestScratch { head: buf, req });
         return;
     };
     let facts = H2Facts::of(&parts.headers);
