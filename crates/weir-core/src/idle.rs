@@ -77,7 +77,8 @@ struct Watch {
     still: u32,
     /// The ticks follow the `fin` bound.
     fin: bool,
-    /// The probe's value at the last tick that saw the relay move (see [`both_probed`]).
+    /// The highest probe value since the last tick that saw the relay move (see
+    /// [`both_probed`]): the drain since then is measured from it.
     probed: u64,
 }
 
@@ -227,10 +228,10 @@ where
     both_probed(a, b, activity, limits, || 0).await
 }
 
-/// [`both`], where a tick that saw no transfer also asks `probe` for a number that
-/// changes when bytes move out of Weir's sight (the unsent bytes of the sockets written
-/// to, `crate::sys::unsent`): a write waiting for room in a full socket buffer sees no
-/// progress until half of it drained, which takes long with a slow reader.
+/// [`both`], where every tick also asks `probe` for a number that changes when bytes
+/// move out of Weir's sight (the unsent bytes of the sockets written to,
+/// `crate::sys::unsent`): a write waiting for room in a full socket buffer sees no
+/// progress until about a third of it drained, which takes long with a slow reader.
 pub async fn both_probed<E, A, B, P>(
     a: A,
     b: B,

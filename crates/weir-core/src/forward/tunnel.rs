@@ -57,8 +57,10 @@ where
         tokio::io::copy_bidirectional(&mut client, &mut upstream).await?;
         Ok::<_, std::io::Error>(())
     };
-    // SAFETY: `client` and `upstream` own these sockets and are borrowed for this whole
-    // function, which outlives the relay and its probe: the descriptors stay open.
+    // SAFETY: `client` and `upstream` own these sockets (the one caller,
+    // `forward::exchange`, takes them from these streams after registering the client, so
+    // no state change can close it) and are borrowed for this whole function, which
+    // outlives the relay and its probe: the descriptors stay open.
     #[allow(unsafe_code)]
     let sockets = unsafe { sockets.map(|fd| borrow_socket(fd)) };
     let probe = || unsent_total(&sockets);

@@ -88,7 +88,7 @@ pub async fn relay(
     #[allow(unsafe_code)]
     let sockets = unsafe { fds.map(|fd| borrow_socket(fd)) };
     // The unsent bytes of both sockets under the TLS streams: a blocked TLS write shows
-    // no progress until the kernel frees half the send buffer, a slow reader's queue
+    // no progress until the kernel frees about a third of the send buffer, a slow reader's queue
     // shrinks meanwhile (see `idle::both_probed`).
     let probe = || unsent_total(&sockets);
     let end = match client.split() {

@@ -67,7 +67,7 @@ pub async fn relay_tls(
     };
     // The unsent bytes of both sockets: a slow client drains its queue while `write_all`
     // waits, a slow TLS server its own while a write into the TLS stream waits for room
-    // (which shows no progress until the kernel frees half the send buffer).
+    // (which shows no progress until the kernel frees about a third of the send buffer).
     let sockets = [Some(client.as_fd()), server_socket];
     let probe = || unsent_total(&sockets);
     let both = idle::both_probed(up, down, &activity, config.limits, probe);

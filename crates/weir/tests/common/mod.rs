@@ -282,13 +282,13 @@ pub async fn small_window(addr: SocketAddr) -> tokio::net::TcpStream {
     socket.connect(addr).await.expect("connect to weir")
 }
 
-/// Reads 4 KiB every 50 ms (80 KiB/s) from `s` for 6 s, from a sender that sends as fast
+/// Reads 8 KiB every 50 ms (160 KiB/s) from `s` for 6 s, from a sender that sends as fast
 /// as it can: each read must find bytes (within [`WAIT`]). Returns the bytes read. With a
 /// 2 s bound, the sender's side waits for room most of the time, so only its socket's
 /// draining queue shows the relay is moving.
 pub async fn read_slowly<R: tokio::io::AsyncRead + Unpin>(s: &mut R) -> usize {
     use tokio::io::AsyncReadExt;
-    let mut buf = vec![0u8; 4096];
+    let mut buf = vec![0u8; 8192];
     let (start, mut got) = (std::time::Instant::now(), 0usize);
     while start.elapsed() < Duration::from_secs(6) {
         tokio::time::sleep(Duration::from_millis(50)).await;
