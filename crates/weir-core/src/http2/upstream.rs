@@ -202,8 +202,10 @@ impl StreamRequest<'_> {
         respond: &mut SendResponse<Bytes>,
         trace: &mut Trace,
     ) -> Try {
-        let request = match self.upstream_request(facts, server) {
-            Ok(r) => r,
+        // The request goes to the first connection as it is, without a copy: h2 takes it
+        // by value, and a refused stream (rare) has it built again from the head.
+        let mut first = match self.upstream_request(facts, server) {
+            Ok(r) => Some(r),
             Err(e) => return Try::Over(Err(e.into()), false),
         };
         let tls = self.target.pool.tls.as_deref();
@@ -216,8 +218,15 @@ impl StreamRequest<'_> {
                 Ok(Checkout::Http1) => return Try::Http1,
                 Err(e) => return Try::Over(Err(e.into()), false),
             };
+            let request = match first
+                .take()
+                .map_or_else(|| self.upstream_request(facts, server), Ok)
+            {
+                Ok(r) => r,
+                Err(e) => return Try::Over(Err(e.into()), false),
+            };
             let end = body.is_none();
-            let sent = unless_reset(respond, lease.send_request(request.clone(), end)).await;
+            let sent = unless_reset(respond, lease.send_request(request, end)).await;
             let (response, up_send) = match sent {
                 Err(stop) => return Try::Over(Err(stopped(stop, trace)), false),
                 // The connection takes no new streams (GOAWAY, closed): another one.
