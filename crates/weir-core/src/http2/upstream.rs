@@ -202,8 +202,10 @@ impl StreamRequest<'_> {
         respond: &mut SendResponse<Bytes>,
         trace: &mut Trace,
     ) -> Try {
-        let request = match self.upstream_request(facts, server) {
-            Ok(r) => r,
+        // The request goes to the first connection as it is, without a copy: h2 takes it
+        // by value, and a refused stream (rare) has it built again from the head.
+        let mut first = match self.upstream_request(facts, server) {
+            Ok(r) => Some(r),
             Err(e) => return Try::Over(Err(e.into()), false),
         };
         let tls = self.target.pool.tls.as_deref();
@@ -216,8 +218,15 @@ impl StreamRequest<'_> {
                 Ok(Checkout::Http1) => return Try::Http1,
                 Err(e) => return Try::Over(Err(e.into()), false),
             };
+            let request = match first
+                .take()
+                .map_or_else(|| self.upstream_request(facts, server), Ok)
+            {
+                Ok(r) => r,
+                Err(e) => return Try::Over(Err(e.into()), false),
+            };
             let end = body.is_none();
-            let sent = unless_reset(respond, lease.send_request(request.clone(), end)).await;
+            let sent = unless_reset(respond, lease.send_request(request, end)).await;
             let (response, up_send) = match sent {
                 Err(stop) => return Try::Over(Err(stopped(stop, trace)), false),
                 // The connection takes no new streams (GOAWAY, closed): another one.
@@ -267,15 +276,26 @@ impl StreamRequest<'_> {
         } else {
             "http"
         };
-        h1_head_to_h2(&out, scheme, facts.te_trailers)
+        let id = self.target.listener.policy.request_id.as_ref();
+        h1_head_to_h2(
+            &out,
+            scheme,
+            facts.te_trailers,
+            id.map(|i| i.header.as_str()),
+        )
     }
 }
 
-/// An HTTP/1.1 request head (as Weir wrote it) as an HTTP/2 request.
+/// An HTTP/1.1 request head (as Weir wrote it) as an HTTP/2 request. The field named
+/// `unindexed` (the request id header: a new value on every request) is marked sensitive so
+/// that the `h2` crate's HPACK encoder sends it as a literal never indexed: indexed, each
+/// id was inserted into the connection's 4 KiB dynamic table and evicted the entries that
+/// repeat (gRPC calls spent about 4.7k instructions per call in that table's upkeep).
 pub(crate) fn h1_head_to_h2(
     head: &[u8],
     scheme: &str,
     te_trailers: bool,
+    unindexed: Option<&str>,
 ) -> Result<http::Request<()>, ProxyError> {
     const BAD: ProxyError = ProxyError::BadRequest("request not expressible in HTTP/2");
     let count = head.split(|b| *b == b'\n').count();
@@ -300,7 +320,11 @@ pub(crate) fn h1_head_to_h2(
         if is_connection_specific(&name) {
             continue;
         }
-        headers.append(name, HeaderValue::from_bytes(f.value).map_err(|_| BAD)?);
+        let mut value = HeaderValue::from_bytes(f.value).map_err(|_| BAD)?;
+        if unindexed.is_some_and(|u| u.eq_ignore_ascii_case(f.name)) {
+            value.set_sensitive(true);
+        }
+        headers.append(name, value);
     }
     if te_trailers {
         headers.insert(http::header::TE, HeaderValue::from_static("trailers"));
@@ -665,14 +689,26 @@ mod tests {
         let head = b"POST /a/b?c=d HTTP/1.1\r\nHost: up.test:8080\r\nConnection: keep-alive\r\n\
             Keep-Alive: timeout=5\r\nTransfer-Encoding: chunked\r\nUpgrade: x\r\nTE: trailers\r\n\
             Content-Type: application/grpc\r\nX-Forwarded-For: 10.0.0.1\r\n\r\n";
-        let request = h1_head_to_h2(head, "http", true).expect("translated");
+        let request = h1_head_to_h2(head, "http", true, None).expect("translated");
         assert_eq!(request.method(), http::Method::POST);
         assert_eq!(request.uri().to_string(), "http://up.test:8080/a/b?c=d");
         let names: Vec<&str> = request.headers().keys().map(|n| n.as_str()).collect();
         assert_eq!(names, ["content-type", "x-forwarded-for", "te"]);
         assert_eq!(request.headers()["te"], "trailers");
-        let without_te = h1_head_to_h2(head, "https", false).expect("translated");
+        let without_te = h1_head_to_h2(head, "https", false, None).expect("translated");
         assert!(without_te.headers().get("te").is_none());
         assert_eq!(without_te.uri().scheme_str(), Some("https"));
+    }
+
+    #[test]
+    fn request_id_is_marked_never_indexed_and_nothing_else() {
+        let head = b"GET / HTTP/1.1\r\nHost: up.test\r\nX-Request-Id: 4f1c-0001\r\n\
+            X-Trace: a\r\n\r\n";
+        let request = h1_head_to_h2(head, "http", false, Some("x-request-ID")).expect("h2");
+        assert!(request.headers()["x-request-id"].is_sensitive());
+        assert_eq!(request.headers()["x-request-id"], "4f1c-0001");
+        assert!(!request.headers()["x-trace"].is_sensitive());
+        let off = h1_head_to_h2(head, "http", false, None).expect("h2");
+        assert!(!off.headers()["x-request-id"].is_sensitive());
     }
 }

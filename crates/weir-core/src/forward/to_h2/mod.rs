@@ -95,7 +95,8 @@ pub async fn forward(
     } else {
         "http"
     };
-    let mut request = h1_head_to_h2(&conn.out, scheme, te)?;
+    let id = target.listener.policy.request_id.as_ref();
+    let mut request = h1_head_to_h2(&conn.out, scheme, te, id.map(|i| i.header.as_str()))?;
     conn.buf.consume(req.head_len);
     let limit = target.listener.max_body_size;
     let body = RequestBody::new(req.framing, limit, &mut conn.buf)?;
