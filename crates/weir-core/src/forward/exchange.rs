@@ -956,10 +956,13 @@ impl Exchange<'_> {
         .await
         .map_err(|e| Failure::after_head(client_write_error(e)))?;
         let limits = tunnel::limits(self.target.listener);
-        // Registered now (a tunnel waits anyway), so the client socket cannot be dropped
-        // by a failed registration while the relay's probe borrows its descriptor.
-        if let Err(e) = conn.stream.registered() {
-            return Err(Failure::after_head(ProxyError::client_io(e)));
+        // A plain client socket is registered now (a tunnel waits anyway), so a failed
+        // registration cannot drop it while the relay's probe borrows its descriptor (a
+        // TLS client's socket was registered for its handshake).
+        if conn.stream.tls().is_none() {
+            if let Err(e) = conn.stream.registered() {
+                return Err(Failure::after_head(ProxyError::client_io(e)));
+            }
         }
         let sockets = [conn.stream.raw_fd(), stream.tcp().as_raw_fd()];
         let bounds = (limits, sockets);
