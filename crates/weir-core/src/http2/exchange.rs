@@ -32,7 +32,7 @@ use crate::filters::upgrade::Offered;
 use crate::forward::body::{self, BodyState, PumpError};
 use crate::forward::exchange::{
     obtain, read_final_head, record_attempt, upload_while_waiting, upstream_pump_error,
-    upstream_write_error, RequestMeta,
+    upstream_write_error, HeadError, RequestMeta,
 };
 use crate::forward::request_head::{write_request_head, ClientFacts, RequestEdits};
 use crate::forward::{Failure, Reached, Target};
@@ -63,6 +63,32 @@ pub struct StreamRequest<'a> {
     /// The request's path, normalised as it was routed (what goes upstream).
     pub path: &'a RoutedPath,
     pub started: Instant,
+}
+
+/// Reads the upstream's final response head within `timeout` (from now); 1xx heads are
+/// read and dropped: they are not relayed to HTTP/2 clients.
+pub(super) async fn final_head_within(
+    stream: &mut UpstreamStream,
+    up_buf: &mut Buffer,
+    resp: &mut ResponseHead,
+    meta: RequestMeta,
+    client_timeout: Duration,
+    timeout: Duration,
+) -> Result<(), HeadError> {
+    let now = tokio::time::Instant::now();
+    let mut timer = LazyTimer::new(now);
+    timer.set(now + timeout);
+    let mut sink = tokio::io::sink();
+    read_final_head(
+        stream,
+        up_buf,
+        resp,
+        meta,
+        &mut sink,
+        client_timeout,
+        Some(&mut timer),
+    )
+    .await
 }
 
 /// What the access log and metrics learn from the exchange.
@@ -623,20 +649,8 @@ impl Attempt<'_> {
                 }
                 return Err(upstream_write_error(e).into());
             }
-            let now = tokio::time::Instant::now();
-            let mut timer = LazyTimer::new(now);
-            timer.set(now + timeout);
             let client_timeout = r.target.listener.client_timeout;
-            let mut sink = tokio::io::sink();
-            let head = read_final_head(
-                &mut stream,
-                up_buf,
-                resp,
-                meta,
-                &mut sink,
-                client_timeout,
-                Some(&mut timer),
-            );
+            let head = final_head_within(&mut stream, up_buf, resp, meta, client_timeout, timeout);
             match head.await {
                 Ok(()) => return Ok(stream),
                 Err(e) if reused && meta.idempotent && e.retryable() && !fresh => {

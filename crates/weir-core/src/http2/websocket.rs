@@ -21,7 +21,7 @@ use h2::server::SendResponse;
 use h2::{Reason, RecvStream, SendStream};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
-use super::exchange::{ResponseBody, StreamRequest, Trace};
+use super::exchange::{final_head_within, ResponseBody, StreamRequest, Trace};
 use super::send::{send_data, unless_reset, Stop};
 use crate::buffer::Buffer;
 use crate::codec::http1::{HeaderSpan, ResponseHead};
@@ -30,13 +30,10 @@ use crate::error::ProxyError;
 use crate::filters::compression::Plan;
 use crate::filters::upgrade::{switch_allowed, Offered};
 use crate::forward::body;
-use crate::forward::exchange::{
-    obtain, read_final_head, record_attempt, upstream_write_error, RequestMeta,
-};
+use crate::forward::exchange::{obtain, record_attempt, upstream_write_error, RequestMeta};
 use crate::forward::tunnel::limits;
 use crate::forward::Failure;
 use crate::idle::{Activity, Cut, End, Limits, Noted};
-use crate::time::LazyTimer;
 
 /// RFC 6455 section 1.3.
 const GUID: &[u8] = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
@@ -252,22 +249,10 @@ impl StreamRequest<'_> {
             // A tunnel is never compressed.
             accepted: None,
         };
-        let start = tokio::time::Instant::now();
-        let mut timer = LazyTimer::new(start);
-        timer.set(start + timeout);
-        let mut sink = tokio::io::sink();
         let client_timeout = self.target.listener.client_timeout;
-        read_final_head(
-            &mut stream,
-            up_buf,
-            resp,
-            meta,
-            &mut sink,
-            client_timeout,
-            Some(&mut timer),
-        )
-        .await
-        .map_err(|e| Failure::from(e.error))?;
+        final_head_within(&mut stream, up_buf, resp, meta, client_timeout, timeout)
+            .await
+            .map_err(|e| Failure::from(e.error))?;
         if (200..300).contains(&resp.status) {
             // Not a refusal, and no switch: the upstream is no WebSocket server.
             return Err(ProxyError::UpstreamMalformed("2xx answer to a WebSocket upgrade").into());
