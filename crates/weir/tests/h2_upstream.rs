@@ -328,7 +328,7 @@ async fn grpc_request_to_a_down_upstream_gets_unavailable_not_502() {
         "trailers-only"
     );
     // Counted as the 502 Weir meant, not the 200 on the wire.
-    let series = "weir_requests_total{listener=\"web\",route=\"all\",method=\"POST\",code=\"502\"}";
+    let series = "weir_requests_total{listener=\"web\",route=\"all\",method=\"POST\",code=\"502\",protocol=\"HTTP/2.0\"}";
     assert_eq!(weir.metric(series), 1);
     // Not gRPC: the plain HTTP answer.
     assert_eq!(

@@ -94,7 +94,7 @@ async fn multiplexed_requests_each_get_their_own_response() {
     let text = weir.metrics_text();
     assert!(
         text.contains(
-            "weir_requests_total{listener=\"web\",route=\"all\",method=\"GET\",code=\"200\"} 32"
+            "weir_requests_total{listener=\"web\",route=\"all\",method=\"GET\",code=\"200\",protocol=\"HTTP/2.0\"} 32"
         ),
         "{text}"
     );
@@ -255,7 +255,10 @@ async fn client_resets_cancel_their_upstream_requests() {
     // Within budget: the connection still works.
     assert!(!conn.is_finished());
     let text = weir.metrics_text();
-    assert!(text.contains("code=\"499\"} 5"), "{text}");
+    assert!(
+        text.contains("code=\"499\",protocol=\"HTTP/2.0\"} 5"),
+        "{text}"
+    );
 }
 
 #[tokio::test]
@@ -332,6 +335,51 @@ async fn http1_clients_share_the_listener() {
     assert_eq!(status, StatusCode::OK);
     let r = h1.get("/three", "h").await.expect("h1 response");
     assert_eq!(r.status, 200);
+}
+
+/// The per-request series carry the client's protocol, spelled as in the access log;
+/// HTTP/1.0 counts with HTTP/1.1.
+#[tokio::test]
+async fn http1_and_h2c_requests_count_under_their_protocol() {
+    let backend = Backend::echo("e");
+    let weir = single(backend.addr()).start();
+    let raw = weir_testkit::send_raw_once(
+        weir.addr,
+        b"GET /one HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n",
+    )
+    .await
+    .expect("HTTP/1.1");
+    assert_eq!(weir_testkit::status_of(&raw), Some(200));
+    let raw = weir_testkit::send_raw_once(weir.addr, b"GET /old HTTP/1.0\r\nHost: h\r\n\r\n")
+        .await
+        .expect("HTTP/1.0");
+    assert_eq!(weir_testkit::status_of(&raw), Some(200));
+    let (mut client, _conn) = connect(weir.addr).await;
+    let (status, _) = get(&mut client, Method::GET, "/two").await;
+    assert_eq!(status, StatusCode::OK);
+    let series = |p: &str| {
+        format!("weir_requests_total{{listener=\"web\",route=\"all\",method=\"GET\",code=\"200\",protocol=\"{p}\"}}")
+    };
+    let counted = || weir.metric(&series("HTTP/1.1")) == 2 && weir.metric(&series("HTTP/2.0")) == 1;
+    assert!(
+        wait_until_async(WAIT, counted).await,
+        "{}",
+        weir.metrics_text()
+    );
+    let text = weir.metrics_text();
+    let requests: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("weir_requests_total{"))
+        .collect();
+    assert_eq!(requests.len(), 2, "{text}");
+    assert!(!text.contains("HTTP/1.0"), "{text}");
+    for p in ["HTTP/1.1", "HTTP/2.0"] {
+        let count = format!(
+            "weir_request_duration_seconds_count{{listener=\"web\",route=\"all\",protocol=\"{p}\"}}"
+        );
+        let want = if p == "HTTP/1.1" { 2 } else { 1 };
+        assert_eq!(weir.metric(&count), want, "{text}");
+    }
 }
 
 #[tokio::test]

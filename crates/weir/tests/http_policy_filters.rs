@@ -322,17 +322,17 @@ async fn deny_wins_and_refusals_keep_the_connection() {
     assert_eq!(r.unwrap().status, 403);
     wait_for_series(
         &weir,
-        "weir_requests_total{listener=\"web\",route=\"closed\",method=\"POST\",code=\"403\"}",
+        "weir_requests_total{listener=\"web\",route=\"closed\",method=\"POST\",code=\"403\",protocol=\"HTTP/1.1\"}",
         1.0,
     );
     wait_for_series(
         &weir,
-        "weir_requests_total{listener=\"web\",route=\"closed\",method=\"GET\",code=\"403\"}",
+        "weir_requests_total{listener=\"web\",route=\"closed\",method=\"GET\",code=\"403\",protocol=\"HTTP/1.1\"}",
         1.0,
     );
     wait_for_series(
         &weir,
-        "weir_requests_total{listener=\"web\",route=\"both\",method=\"POST\",code=\"403\"}",
+        "weir_requests_total{listener=\"web\",route=\"both\",method=\"POST\",code=\"403\",protocol=\"HTTP/1.1\"}",
         1.0,
     );
 }
@@ -473,7 +473,7 @@ async fn rate_limit_burst_then_429_with_retry_after_on_a_kept_connection() {
     );
     wait_for_series(
         &weir,
-        "weir_requests_total{listener=\"web\",route=\"api\",method=\"GET\",code=\"429\"}",
+        "weir_requests_total{listener=\"web\",route=\"api\",method=\"GET\",code=\"429\",protocol=\"HTTP/1.1\"}",
         1.0,
     );
 }
@@ -656,7 +656,7 @@ async fn basic_auth_challenges_refuses_and_admits() {
     );
     wait_for_series(
         &weir,
-        "weir_requests_total{listener=\"web\",route=\"api\",method=\"GET\",code=\"401\"}",
+        "weir_requests_total{listener=\"web\",route=\"api\",method=\"GET\",code=\"401\",protocol=\"HTTP/1.1\"}",
         4.0,
     );
 }

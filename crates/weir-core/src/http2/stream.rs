@@ -30,7 +30,7 @@ use crate::filters::redirect::push_redirect;
 use crate::filters::request_id::{self, RequestId};
 use crate::filters::rewrite::check_join;
 use crate::forward::{exchange_target, Failure, Reached};
-use crate::metrics::shard::{method_index, METHODS};
+use crate::metrics::shard::{method_index, Protocol, METHODS};
 use crate::policy::{Answer, Asker, Routed};
 use crate::proxy::{record, ClientSide, Counters, Done, Handled};
 use crate::router::{RequestView, RoutedPath};
@@ -145,6 +145,7 @@ pub async fn serve(
         listener: index,
         slot: shared.slot,
         method,
+        protocol: Protocol::Http2,
         status,
         duration: started.elapsed(),
         counters: Counters {
