@@ -493,6 +493,8 @@ pub(crate) struct ClientSide<'a> {
     pub request_id: &'a [u8],
     /// What the route's compression did to the response, if it compressed it.
     pub compressed: Option<crate::filters::compression::Compressed>,
+    /// The `grpc-status` the client got (gRPC requests on HTTP/2 streams only).
+    pub grpc_status: Option<u32>,
 }
 
 impl ClientSide<'_> {
@@ -508,6 +510,7 @@ impl ClientSide<'_> {
             tls: conn.tls.as_deref(),
             request_id: conn.request_id.as_bytes(),
             compressed: conn.compressed,
+            grpc_status: None,
         }
     }
 }
@@ -574,6 +577,7 @@ pub(crate) fn record(
             aborted,
             tls: conn.tls,
             request_id: conn.request_id,
+            grpc_status: conn.grpc_status,
         };
         log.log(conn.fields, &outcome);
     }

@@ -276,6 +276,58 @@ async fn grpc_unary_request_relays_message_and_status_trailer() {
     assert_eq!(backend.empty_data_frames(), 0);
 }
 
+/// The access log's `grpc_status` is what the client got: from the upstream's trailers (0
+/// and 7), from its trailers-only head (5), from Weir's own answer (no route: 12), and
+/// null for a request that is not gRPC.
+#[tokio::test]
+async fn access_log_has_the_grpc_status_the_client_got() {
+    let backend = H2Backend::h2c();
+    let log = common::JsonLog::new("grpc-status");
+    let weir = Conf::new()
+        .listener(&log.listener_line())
+        .route("echo", "up", &["path_prefix = \"/echo.\""])
+        .route("health", "up", &["path_prefix = \"/grpc.health.v1.\""])
+        .upstream("up", &[backend.addr()], &["protocol = \"h2c\""])
+        .start();
+    let client = connect(&weir).await;
+    let calls: [(&str, &[(&str, &str)], &[u8], &str); 4] = [
+        ("/echo.Echo/Say", &[], b"\x0a\x02hi", "0"),
+        ("/echo.Echo/Deny", &[("x-grpc-status", "7")], b"", "7"),
+        ("/grpc.health.v1.Health/Check", &[], b"\x0a\x03zzz", "5"),
+        ("/nowhere.Svc/Call", &[], b"", "12"),
+    ];
+    for (path, extra, payload, code) in calls {
+        let full = exchange(
+            &client,
+            grpc_request(path, extra),
+            &grpc_frame(payload),
+            None,
+        )
+        .await;
+        let sent = match &full.trailers {
+            Some(_) => full.trailer("grpc-status"),
+            None => full.header("grpc-status"),
+        };
+        assert_eq!(sent, code, "{path}");
+    }
+    let full = get(&client, "/echo.plain").await;
+    assert_eq!(full.head.status(), StatusCode::OK);
+    let lines = log.lines(5);
+    let line = |target: &str| {
+        let field = format!("\"target\":\"{target}\"");
+        lines
+            .iter()
+            .find(|l| l.contains(&field))
+            .unwrap_or_else(|| panic!("no line for {target}: {lines:?}"))
+            .clone()
+    };
+    for (path, _, _, code) in calls {
+        let want = format!("\"grpc_status\":{code},");
+        assert!(line(path).contains(&want), "{want} in {}", line(path));
+    }
+    assert!(line("/echo.plain").contains("\"grpc_status\":null,"));
+}
+
 #[tokio::test]
 async fn grpc_bidirectional_stream_echoes_each_message_before_the_next_is_sent() {
     let backend = H2Backend::h2c();

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{forwarded, Conf};
+use common::{forwarded, Conf, JsonLog};
 use weir_testkit::Backend;
 
 /// A route `api` on `/` with `keys`, to one upstream `up` on `backend`.
@@ -121,44 +121,6 @@ fn head_values(echoed: &str, name: &str) -> Vec<String> {
         .filter(|(n, _)| n.eq_ignore_ascii_case(name))
         .map(|(_, v)| v.to_string())
         .collect()
-}
-
-/// A JSON access log in a fresh file, removed on drop.
-struct JsonLog {
-    dir: std::path::PathBuf,
-}
-
-impl JsonLog {
-    fn new(test: &str) -> JsonLog {
-        let dir = std::env::temp_dir().join(format!("weir-policy-{test}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        JsonLog { dir }
-    }
-
-    fn listener_line(&self) -> String {
-        format!(
-            "access_log = {{ format = \"json\", path = \"{}\" }}",
-            self.dir.join("access.log").display()
-        )
-    }
-
-    /// The log's lines once there are `n` (polls; the writer thread batches).
-    fn lines(&self, n: usize) -> Vec<String> {
-        let read = || std::fs::read_to_string(self.dir.join("access.log")).unwrap_or_default();
-        assert!(
-            weir_testkit::wait_until(common::WAIT, || read().lines().count() >= n),
-            "fewer than {n} access-log lines: {}",
-            read()
-        );
-        read().lines().map(str::to_string).collect()
-    }
-}
-
-impl Drop for JsonLog {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
 }
 
 #[tokio::test]

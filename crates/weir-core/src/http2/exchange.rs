@@ -105,6 +105,26 @@ pub struct Trace {
     pub local: bool,
     /// What the route's compression did to the response, if it compressed it.
     pub compressed: Option<crate::filters::compression::Compressed>,
+    /// The request is gRPC's (`H2Facts::grpc`): the `grpc-status` sent is noted.
+    pub grpc: bool,
+    /// The `grpc-status` the client got (a gRPC request only; `None`: none, or not a
+    /// number), from the upstream's head or trailers or from Weir's own answer.
+    pub grpc_status: Option<u32>,
+}
+
+impl Trace {
+    /// Notes the `grpc-status` among `fields` (a response head or trailers going to the
+    /// client) if the request is gRPC. Nothing is looked up for other requests.
+    pub fn see_grpc_status(&mut self, fields: &http::HeaderMap) {
+        if !self.grpc {
+            return;
+        }
+        if let Some(v) = fields.get("grpc-status") {
+            self.grpc_status = std::str::from_utf8(v.as_bytes())
+                .ok()
+                .and_then(|t| t.parse().ok());
+        }
+    }
 }
 
 /// The request sent and the final response head read.
@@ -217,6 +237,7 @@ impl StreamRequest<'_> {
         let arrived = self.worker.h2_scratch.copy(up_buf.filled());
         let plan = self.plan(up_buf.filled(), resp);
         let head = self.response_head(resp, &arrived, &sent, &plan);
+        trace.see_grpc_status(head.headers());
         up_buf.consume(resp.head_len);
         // A chunked body is decoded in place in `up_buf`: its bytes differ from `arrived`.
         let first = (resp.framing != BodyFraming::Chunked).then(|| arrived.slice(resp.head_len..));

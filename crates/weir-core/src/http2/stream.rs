@@ -81,7 +81,10 @@ pub async fn serve(
     let facts = H2Facts::of(&parts.headers);
     drop(parts);
     let mut fields = RequestFields::default();
-    let mut trace = Trace::default();
+    let mut trace = Trace {
+        grpc: facts.grpc,
+        ..Trace::default()
+    };
     // The client: the peer, or the address behind `trusted_proxies` (as for HTTP/1).
     let mut client = (shared.peer_ip, shared.ip);
     let mut request_id = RequestId::default();
@@ -163,6 +166,7 @@ pub async fn serve(
         tls: shared.tls.as_deref(),
         request_id: request_id.as_bytes(),
         compressed: trace.compressed,
+        grpc_status: trace.grpc_status,
     };
     record(worker, &snapshot, &side, &handled, &done);
     worker
@@ -223,6 +227,9 @@ impl Stream<'_> {
                 let code = grpc::code_for_status(d.status);
                 let message = grpc::message(d.status, b"");
                 let sent = grpc::send_status(respond, code, message, http::HeaderMap::new());
+                if sent.is_ok() {
+                    trace.grpc_status = Some(u32::from(code));
+                }
                 return (None, sent.map_err(Failure::after_head));
             }
             let sent = local(
@@ -329,12 +336,9 @@ impl Stream<'_> {
             .stall_timeout;
         trace.local = true;
         let how = (self.req.is_head, self.facts.grpc);
-        let (status, sent) = send_rendered(respond, rendered, how, timeout)
+        send_rendered(respond, rendered, how, timeout, trace)
             .await
-            .map_err(Failure::after_head)?;
-        trace.status = status;
-        trace.body_out = sent;
-        Ok(())
+            .map_err(Failure::after_head)
     }
 
     /// Answers with `redirect`, its template filled from this request.
@@ -409,7 +413,7 @@ async fn answer(
         return 499;
     };
     if grpc {
-        grpc::answer_failure(respond, failure.error, status);
+        trace.grpc_status = grpc::answer_failure(respond, failure.error, status).map(u32::from);
         return status;
     }
     let mut body = failure

@@ -437,6 +437,7 @@ impl Exchange<'_, '_> {
             head.headers_mut()
                 .append(http::header::SET_COOKIE, cookie.clone());
         }
+        trace.see_grpc_status(head.headers());
         let empty = up_body.is_end_stream();
         let mut send = match respond.send_response(head, empty) {
             Ok(send) => send,
@@ -600,9 +601,11 @@ async fn relay(
     match trailers {
         Err(_) => Err(Stop::Error(ProxyError::UpstreamTimeout)),
         Ok(Err(e)) => Err(read_error(e)),
-        Ok(Ok(Some(t))) => send
-            .send_trailers(t)
-            .map_err(|_| Stop::Error(ProxyError::ClientClosed)),
+        Ok(Ok(Some(t))) => {
+            trace.see_grpc_status(&t);
+            send.send_trailers(t)
+                .map_err(|_| Stop::Error(ProxyError::ClientClosed))
+        }
         Ok(Ok(None)) => send_data(send, &[], true, stall_timeout).await,
     }
 }

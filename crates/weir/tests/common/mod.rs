@@ -299,3 +299,41 @@ pub async fn read_slowly<R: tokio::io::AsyncRead + Unpin>(s: &mut R) -> usize {
     }
     got
 }
+
+/// A JSON access log in a fresh file, removed on drop.
+pub struct JsonLog {
+    dir: std::path::PathBuf,
+}
+
+impl JsonLog {
+    pub fn new(test: &str) -> JsonLog {
+        let dir = std::env::temp_dir().join(format!("weir-log-{test}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        JsonLog { dir }
+    }
+
+    pub fn listener_line(&self) -> String {
+        format!(
+            "access_log = {{ format = \"json\", path = \"{}\" }}",
+            self.dir.join("access.log").display()
+        )
+    }
+
+    /// The log's lines once there are `n` (polls; the writer thread batches).
+    pub fn lines(&self, n: usize) -> Vec<String> {
+        let read = || std::fs::read_to_string(self.dir.join("access.log")).unwrap_or_default();
+        assert!(
+            weir_testkit::wait_until(WAIT, || read().lines().count() >= n),
+            "fewer than {n} access-log lines: {}",
+            read()
+        );
+        read().lines().map(str::to_string).collect()
+    }
+}
+
+impl Drop for JsonLog {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
