@@ -276,6 +276,24 @@ async fn grpc_unary_request_relays_message_and_status_trailer() {
     assert_eq!(backend.empty_data_frames(), 0);
 }
 
+/// An h2c upstream's 103 (the testkit's `/hints`) reaches the h2 client before the final
+/// response, with its Link.
+#[tokio::test]
+async fn early_hints_from_an_h2c_upstream_reach_the_h2_client() {
+    let backend = H2Backend::h2c();
+    let weir = h2c(backend.addr());
+    let mut client = connect(&weir).await.ready().await.expect("ready");
+    let (response, _) = client
+        .send_request(request(Method::GET, "/hints", &[]), true)
+        .expect("send request");
+    let answer = common::read_with_interims(response).await;
+    assert_eq!(answer.interims.len(), 1, "{:?}", answer.interims);
+    assert_eq!(answer.interims[0].status(), StatusCode::EARLY_HINTS);
+    assert_eq!(answer.interims[0].headers()["link"], "</a.css>");
+    assert_eq!(answer.head.status(), StatusCode::OK);
+    assert_eq!(answer.head.headers()["x-path"], "/hints");
+}
+
 /// The access log's `grpc_status` is what the client got: from the upstream's trailers (0
 /// and 7), from its trailers-only head (5), from Weir's own answer (no route: 12), and
 /// null for a request that is not gRPC.
@@ -290,7 +308,9 @@ async fn access_log_has_the_grpc_status_the_client_got() {
         .upstream("up", &[backend.addr()], &["protocol = \"h2c\""])
         .start();
     let client = connect(&weir).await;
-    let calls: [(&str, &[(&str, &str)], &[u8], &str); 4] = [
+    // (path, extra request fields, message payload, the grpc-status the client gets)
+    type Call<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a [u8], &'a str);
+    let calls: [Call; 4] = [
         ("/echo.Echo/Say", &[], b"\x0a\x02hi", "0"),
         ("/echo.Echo/Deny", &[("x-grpc-status", "7")], b"", "7"),
         ("/grpc.health.v1.Health/Check", &[], b"\x0a\x03zzz", "5"),

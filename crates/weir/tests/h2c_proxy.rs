@@ -433,13 +433,73 @@ async fn expect_100_continue_is_answered_before_the_body() {
     assert_eq!(interim.status(), StatusCode::CONTINUE);
     send.send_data(Bytes::from_static(b"hello"), true)
         .expect("body");
-    let response = response.await.expect("response");
-    assert_eq!(response.status(), StatusCode::OK);
+    // The backend answers `expect` with its own 100 too: the client gets only Weir's.
+    let answer = common::read_with_interims(response).await;
+    assert!(answer.interims.is_empty(), "{:?}", answer.interims);
+    assert_eq!(answer.head.status(), StatusCode::OK);
     let mut h = Hasher::new();
     h.update(b"hello");
+    assert_eq!(answer.body, sink_summary(5, h.finish()).into_bytes());
+}
+
+/// An HTTP/1.1 upstream's 103 Early Hints reaches an h2 client as an informational HEADERS
+/// frame, with its Link, before the final response; hop-by-hop fields stay behind.
+#[tokio::test]
+async fn early_hints_from_an_http1_upstream_reach_the_h2_client() {
+    let backend = Backend::raw_response(
+        b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\nConnection: x-hop\r\nX-Hop: 1\r\nKeep-Alive: timeout=5\r\n\r\n\
+          HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
+    );
+    let weir = single(backend.addr()).start();
+    let (mut client, _conn) = connect(weir.addr).await;
+    let (response, _) = client
+        .send_request(request(Method::GET, "/page"), true)
+        .expect("send");
+    let answer = common::read_with_interims(response).await;
+    assert_eq!(answer.interims.len(), 1, "{:?}", answer.interims);
+    let hints = &answer.interims[0];
+    assert_eq!(hints.status(), StatusCode::EARLY_HINTS);
+    assert_eq!(hints.headers()["link"], "</style.css>; rel=preload");
+    for hop in ["connection", "x-hop", "keep-alive"] {
+        assert!(
+            !hints.headers().contains_key(hop),
+            "{hop}: {:?}",
+            hints.headers()
+        );
+    }
+    assert_eq!(answer.head.status(), StatusCode::OK);
+    assert_eq!(answer.body, b"ok");
+}
+
+/// An upstream sending 1xx heads in a loop gets `max_informational` of them relayed; the
+/// final response still comes through.
+#[tokio::test]
+async fn informational_heads_past_max_informational_are_dropped() {
+    let mut raw = Vec::new();
+    for i in 0..5 {
+        raw.extend_from_slice(
+            format!("HTTP/1.1 103 Early Hints\r\nLink: </{i}>\r\n\r\n").as_bytes(),
+        );
+    }
+    raw.extend_from_slice(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");
+    let backend = Backend::raw_response(&raw);
+    let weir = single(backend.addr())
+        .listener("http2 = { max_informational = 2 }")
+        .start();
+    let (mut client, _conn) = connect(weir.addr).await;
+    let (response, _) = client
+        .send_request(request(Method::GET, "/"), true)
+        .expect("send");
+    let answer = common::read_with_interims(response).await;
+    let links: Vec<_> = answer
+        .interims
+        .iter()
+        .map(|h| h.headers()["link"].clone())
+        .collect();
+    assert_eq!(links, ["</0>", "</1>"]);
     assert_eq!(
-        read_body(response.into_body()).await,
-        sink_summary(5, h.finish()).into_bytes()
+        (answer.head.status(), &answer.body[..]),
+        (StatusCode::OK, &b"ok"[..])
     );
 }
 

@@ -310,9 +310,9 @@ impl Stream<'_> {
             let tunnel = Box::pin(tunnel(&r, protocol, key, body, respond, trace));
             return (route, tunnel.await);
         }
-        if self.req.expect_continue && body.is_some() {
-            // The client may wait for 100 before sending DATA; Weir reads the body at once
-            // (an upstream's 1xx is not relayed to h2 clients), so it says so itself.
+        if r.answers_continue(body.is_some()) {
+            // The client may wait for 100 before sending DATA; Weir reads the body at once,
+            // so it says so itself (and relays no upstream 100 after it: `interim`).
             let mut go_on = http::Response::new(());
             *go_on.status_mut() = http::StatusCode::CONTINUE;
             let _ = respond.send_informational(go_on);

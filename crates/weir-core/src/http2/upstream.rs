@@ -26,6 +26,7 @@ use http::header::{HeaderMap, HeaderName, HeaderValue};
 use weir_config::{UpstreamProtocol, UpstreamServer};
 
 use super::exchange::{cookie_value, StreamRequest, Trace};
+use super::interim::final_h2_head;
 use super::send::{send_bytes, send_data, unless_reset, Stop};
 use crate::codec::http1::ResponseHead;
 use crate::connector::h2::{checkout, h2_error, never_processed, Checkout, Lease};
@@ -402,30 +403,35 @@ impl Exchange<'_, '_> {
         };
         tokio::pin!(upload);
         let mut uploading = has_body;
-        let head = with_timeout(timeout, response);
-        tokio::pin!(head);
-        let head = loop {
-            let waited = unless_reset(respond, async {
-                tokio::select! {
-                    done = &mut upload, if uploading => Err(done),
-                    head = &mut head => Ok(head),
-                }
-            });
-            match waited.await {
-                Err(stop) => return Ok(Err(stopped(stop, trace))),
-                Ok(Err(Ok(()))) => uploading = false,
-                Ok(Err(Err(e))) => return Ok(Err(e.into())),
-                Ok(Ok(Err(_))) => return Ok(Err(ProxyError::UpstreamTimeout.into())),
-                Ok(Ok(Ok(Err(e)))) => {
-                    if never_processed(&e) {
-                        if e.is_go_away() {
-                            self.lease.drain();
-                        }
-                        return Err(Refused);
+        // The 1xx heads are relayed while waiting; the timeout covers them and the final.
+        let head = {
+            let client = r.client_stream(respond, has_body);
+            let mut reset = &client;
+            let head = with_timeout(timeout, final_h2_head(response, &client));
+            tokio::pin!(head);
+            loop {
+                let waited = unless_reset(&mut reset, async {
+                    tokio::select! {
+                        done = &mut upload, if uploading => Err(done),
+                        head = &mut head => Ok(head),
                     }
-                    return Ok(Err(h2_error(&e).into()));
+                });
+                match waited.await {
+                    Err(stop) => return Ok(Err(stopped(stop, trace))),
+                    Ok(Err(Ok(()))) => uploading = false,
+                    Ok(Err(Err(e))) => return Ok(Err(e.into())),
+                    Ok(Ok(Err(_))) => return Ok(Err(ProxyError::UpstreamTimeout.into())),
+                    Ok(Ok(Ok(Err(e)))) => {
+                        if never_processed(&e) {
+                            if e.is_go_away() {
+                                self.lease.drain();
+                            }
+                            return Err(Refused);
+                        }
+                        return Ok(Err(h2_error(&e).into()));
+                    }
+                    Ok(Ok(Ok(Ok(head)))) => break head,
                 }
-                Ok(Ok(Ok(Ok(head)))) => break head,
             }
         };
         let (parts, mut up_body) = head.into_parts();

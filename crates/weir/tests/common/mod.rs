@@ -337,3 +337,39 @@ impl Drop for JsonLog {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+/// A whole HTTP/2 answer with the informational (1xx) heads that came before it.
+pub struct WithInterims {
+    pub interims: Vec<http::Response<()>>,
+    pub head: http::Response<()>,
+    pub body: Vec<u8>,
+}
+
+/// Reads `response`: every informational head (in order), then the final head and its body.
+pub async fn read_with_interims(mut response: h2::client::ResponseFuture) -> WithInterims {
+    use std::future::Future;
+    use std::task::Poll;
+    let mut interims = Vec::new();
+    let head = std::future::poll_fn(|cx| {
+        while let Poll::Ready(Some(interim)) = response.poll_informational(cx) {
+            interims.push(interim.expect("informational head"));
+        }
+        std::pin::Pin::new(&mut response).poll(cx)
+    });
+    let (head, mut recv) = tokio::time::timeout(WAIT, head)
+        .await
+        .expect("a final head in time")
+        .expect("final head")
+        .into_parts();
+    let mut body = Vec::new();
+    while let Some(chunk) = recv.data().await {
+        let chunk = chunk.expect("body chunk");
+        let _ = recv.flow_control().release_capacity(chunk.len());
+        body.extend_from_slice(&chunk);
+    }
+    WithInterims {
+        interims,
+        head: http::Response::from_parts(head, ()),
+        body,
+    }
+}
