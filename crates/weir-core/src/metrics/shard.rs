@@ -221,9 +221,12 @@ pub fn accept_error_index(e: &std::io::Error) -> usize {
 /// durations.
 #[derive(Debug)]
 pub struct RouteMetrics {
-    /// By `Protocol`: a method x status table, allocated by the first request of that
-    /// protocol (most routes never see one of them; each table is 40 KiB per worker).
-    requests: [OnceLock<Box<[Counter]>>; PROTOCOLS.len()],
+    /// HTTP/1.x requests, by method x status (allocated with the route, as before the
+    /// `protocol` label: the HTTP/1 path looks up no `OnceLock`).
+    http1: Box<[Counter]>,
+    /// HTTP/2 requests, the same table, allocated by the route's first HTTP/2 request
+    /// (most routes never see one; a table is 40 KiB per worker).
+    http2: OnceLock<Box<[Counter]>>,
     /// By `Protocol`.
     duration: [Histogram; PROTOCOLS.len()],
     /// Responses cut short after their head, by `Protocol`, then `AbortReason`.
@@ -238,7 +241,8 @@ pub struct RouteMetrics {
 impl RouteMetrics {
     fn new() -> RouteMetrics {
         RouteMetrics {
-            requests: Default::default(),
+            http1: new_request_table(),
+            http2: OnceLock::new(),
             duration: Default::default(),
             aborted: Default::default(),
             rate_limited: Counter::default(),
@@ -257,25 +261,35 @@ impl RouteMetrics {
         &self.duration[protocol as usize]
     }
 
-    /// The counter of one request. Only the owning worker calls this: the first request of
-    /// a protocol allocates its table (once per route, protocol and worker).
+    /// The counter of one request. Only the owning worker calls this: the route's first
+    /// HTTP/2 request allocates the HTTP/2 table (once per route and worker).
     #[inline]
     pub fn request(&self, protocol: Protocol, method: usize, status: u16) -> &Counter {
-        let table = self.requests[protocol as usize].get_or_init(new_request_table);
+        let table = match protocol {
+            Protocol::Http1 => &self.http1,
+            Protocol::Http2 => self.http2.get_or_init(new_request_table),
+        };
         &table[method * STATUS_SLOTS + status_index(status)]
     }
 
-    /// Requests of protocol index `protocol` (`PROTOCOLS`), method and status slot (0 while
-    /// the protocol had none).
+    /// The table of protocol index `protocol` (`PROTOCOLS`), if it has one yet.
+    fn table(&self, protocol: usize) -> Option<&[Counter]> {
+        match protocol {
+            0 => Some(&self.http1),
+            _ => self.http2.get().map(|t| &t[..]),
+        }
+    }
+
+    /// Requests of protocol index `protocol`, method and status slot.
     pub fn requests(&self, protocol: usize, method: usize, slot: usize) -> u64 {
-        self.requests[protocol]
-            .get()
+        self.table(protocol)
             .map_or(0, |t| t[method * STATUS_SLOTS + slot].get())
     }
 
-    /// Whether a request of protocol index `protocol` was ever counted here.
+    /// Whether requests of protocol index `protocol` may have been counted here (HTTP/1
+    /// always may; HTTP/2 once its table exists).
     pub fn saw(&self, protocol: usize) -> bool {
-        self.requests[protocol].get().is_some()
+        self.table(protocol).is_some()
     }
 }
 
@@ -503,12 +517,12 @@ mod tests {
         assert_eq!(Protocol::Http1.label(), "HTTP/1.1");
         assert_eq!(Protocol::Http2.label(), "HTTP/2.0");
         let route = RouteMetrics::new();
-        assert!(!route.saw(0) && !route.saw(1));
+        assert!(route.saw(0) && !route.saw(1));
         route.request(Protocol::Http2, 0, 200).inc();
         route
             .aborted(Protocol::Http2, AbortReason::ClientClosed)
             .inc();
-        assert!(!route.saw(0) && route.saw(1));
+        assert!(route.saw(1));
         assert_eq!(route.requests(1, 0, status_index(200)), 1);
         assert_eq!(route.requests(0, 0, status_index(200)), 0);
         assert_eq!(
