@@ -246,6 +246,9 @@ pub struct Http2 {
     /// writes to make progress, before the stream is reset or the connection closed
     /// (CVE-2019-9517, zero-window and never-reading clients).
     pub stall_timeout: Duration,
+    /// 1xx heads (103 Early Hints, ...) relayed to the client per response; more are
+    /// dropped (each is a HEADERS frame h2 queues without flow control). 0: none.
+    pub max_informational: u32,
 }
 
 impl Default for Http2 {
@@ -263,6 +266,7 @@ impl Default for Http2 {
             glitch_budget: 1000,
             glitch_window: Duration::from_secs(10),
             stall_timeout: Duration::from_secs(30),
+            max_informational: 8,
         }
     }
 }

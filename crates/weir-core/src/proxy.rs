@@ -32,7 +32,7 @@ use crate::filters::rewrite::check_join;
 use crate::forward::body::BodyState;
 use crate::forward::{forward, Failure, Reached};
 use crate::listener::proxy_protocol::accept_step;
-use crate::metrics::shard::{method_index, METHODS};
+use crate::metrics::shard::{method_index, Protocol, METHODS};
 use crate::metrics::{AbortReason, DefaultReason};
 use crate::router::RequestView;
 use crate::snapshot::{RoutePlan, Snapshot};
@@ -94,6 +94,7 @@ pub async fn serve_client(worker: Rc<Worker>, slot: usize, stream: ClientStream,
             listener: serving.index,
             slot,
             method,
+            protocol: Protocol::Http1,
             status,
             duration: finished.saturating_duration_since(started),
             counters,
@@ -470,6 +471,8 @@ pub(crate) struct Done {
     pub listener: usize,
     pub slot: usize,
     pub method: usize,
+    /// Set by the serving loop (HTTP/1 connection or HTTP/2 stream), never per request.
+    pub protocol: Protocol,
     pub status: u16,
     pub duration: std::time::Duration,
     pub counters: Counters,
@@ -490,6 +493,8 @@ pub(crate) struct ClientSide<'a> {
     pub request_id: &'a [u8],
     /// What the route's compression did to the response, if it compressed it.
     pub compressed: Option<crate::filters::compression::Compressed>,
+    /// The `grpc-status` the client got (gRPC requests on HTTP/2 streams only).
+    pub grpc_status: Option<u32>,
 }
 
 impl ClientSide<'_> {
@@ -505,6 +510,7 @@ impl ClientSide<'_> {
             tls: conn.tls.as_deref(),
             request_id: conn.request_id.as_bytes(),
             compressed: conn.compressed,
+            grpc_status: None,
         }
     }
 }
@@ -528,10 +534,10 @@ pub(crate) fn record(
     if let Some(m) = worker.metrics.listener(done.slot) {
         let route_slot = snapshot.slots.listeners[done.listener].route(handled.route);
         if let Some(route) = m.route(route_slot) {
-            route.request(done.method, done.status).inc();
-            route.duration.observe(duration);
+            route.request(done.protocol, done.method, done.status).inc();
+            route.duration(done.protocol).observe(duration);
             if let Some(reason) = aborted {
-                route.aborted(reason).inc();
+                route.aborted(done.protocol, reason).inc();
             }
             if let Some(c) = conn.compressed {
                 route.compressed_in[c.encoding.index()].add(c.bytes_in);
@@ -571,6 +577,7 @@ pub(crate) fn record(
             aborted,
             tls: conn.tls,
             request_id: conn.request_id,
+            grpc_status: conn.grpc_status,
         };
         log.log(conn.fields, &outcome);
     }

@@ -5,7 +5,8 @@
 //! `x-conn` (the connection's number, from 1), `x-fields` (the request's field names, comma
 //! separated) and the request's `content-type`; its DATA
 //! is echoed as it arrives; then trailers: `x-body-len`, `x-client-trailer` (the request
-//! trailer of that name, when sent), `grpc-status: 0` (and, on `/bad-trailers`, the
+//! trailer of that name, when sent), `grpc-status: 0` (the request's `x-grpc-status`
+//! instead, when it has one) (and, on `/bad-trailers`, the
 //! fields of [`FORBIDDEN_TRAILERS`]). A path starting with `/hang` is
 //! never answered (a reset of it is counted, [`H2Backend::resets`]); one starting with `/reset` is reset (INTERNAL_ERROR) before any head. With [`H2Backend::goaway_after`] each connection sends GOAWAY once it
 //! has accepted that many streams (and finishes them), and refuses any stream that still
@@ -163,6 +164,11 @@ async fn echo(
     let (parts, mut body) = request.into_parts();
     let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
     let bad_trailers = path.starts_with("/bad-trailers");
+    let grpc_status = parts
+        .headers
+        .get("x-grpc-status")
+        .cloned()
+        .unwrap_or(HeaderValue::from_static("0"));
     if path.starts_with("/hang") {
         if std::future::poll_fn(|cx| respond.poll_reset(cx))
             .await
@@ -247,7 +253,7 @@ async fn echo(
     }
     let mut trailers = HeaderMap::new();
     trailers.insert("x-body-len", len.into());
-    trailers.insert("grpc-status", HeaderValue::from_static("0"));
+    trailers.insert("grpc-status", grpc_status);
     if let Ok(Some(t)) = body.trailers().await {
         if let Some(v) = t.get("x-client-trailer") {
             trailers.insert("x-client-trailer", v.clone());

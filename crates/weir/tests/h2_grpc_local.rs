@@ -88,7 +88,7 @@ fn with_prefix(conf: Conf, name: &str, prefix: &str, keys: &[&str]) -> Conf {
 
 fn requests(weir: &Weir, route: &str, code: u16) -> u64 {
     weir.metric(&format!(
-        "weir_requests_total{{listener=\"web\",route=\"{route}\",method=\"POST\",code=\"{code}\"}}"
+        "weir_requests_total{{listener=\"web\",route=\"{route}\",method=\"POST\",code=\"{code}\",protocol=\"HTTP/2.0\"}}"
     ))
 }
 

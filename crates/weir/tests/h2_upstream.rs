@@ -276,6 +276,78 @@ async fn grpc_unary_request_relays_message_and_status_trailer() {
     assert_eq!(backend.empty_data_frames(), 0);
 }
 
+/// An h2c upstream's 103 (the testkit's `/hints`) reaches the h2 client before the final
+/// response, with its Link.
+#[tokio::test]
+async fn early_hints_from_an_h2c_upstream_reach_the_h2_client() {
+    let backend = H2Backend::h2c();
+    let weir = h2c(backend.addr());
+    let mut client = connect(&weir).await.ready().await.expect("ready");
+    let (response, _) = client
+        .send_request(request(Method::GET, "/hints", &[]), true)
+        .expect("send request");
+    let answer = common::read_with_interims(response).await;
+    assert_eq!(answer.interims.len(), 1, "{:?}", answer.interims);
+    assert_eq!(answer.interims[0].status(), StatusCode::EARLY_HINTS);
+    assert_eq!(answer.interims[0].headers()["link"], "</a.css>");
+    assert_eq!(answer.head.status(), StatusCode::OK);
+    assert_eq!(answer.head.headers()["x-path"], "/hints");
+}
+
+/// The access log's `grpc_status` is what the client got: from the upstream's trailers (0
+/// and 7), from its trailers-only head (5), from Weir's own answer (no route: 12), and
+/// null for a request that is not gRPC.
+#[tokio::test]
+async fn access_log_has_the_grpc_status_the_client_got() {
+    let backend = H2Backend::h2c();
+    let log = common::JsonLog::new("grpc-status");
+    let weir = Conf::new()
+        .listener(&log.listener_line())
+        .route("echo", "up", &["path_prefix = \"/echo.\""])
+        .route("health", "up", &["path_prefix = \"/grpc.health.v1.\""])
+        .upstream("up", &[backend.addr()], &["protocol = \"h2c\""])
+        .start();
+    let client = connect(&weir).await;
+    // (path, extra request fields, message payload, the grpc-status the client gets)
+    type Call<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a [u8], &'a str);
+    let calls: [Call; 4] = [
+        ("/echo.Echo/Say", &[], b"\x0a\x02hi", "0"),
+        ("/echo.Echo/Deny", &[("x-grpc-status", "7")], b"", "7"),
+        ("/grpc.health.v1.Health/Check", &[], b"\x0a\x03zzz", "5"),
+        ("/nowhere.Svc/Call", &[], b"", "12"),
+    ];
+    for (path, extra, payload, code) in calls {
+        let full = exchange(
+            &client,
+            grpc_request(path, extra),
+            &grpc_frame(payload),
+            None,
+        )
+        .await;
+        let sent = match &full.trailers {
+            Some(_) => full.trailer("grpc-status"),
+            None => full.header("grpc-status"),
+        };
+        assert_eq!(sent, code, "{path}");
+    }
+    let full = get(&client, "/echo.plain").await;
+    assert_eq!(full.head.status(), StatusCode::OK);
+    let lines = log.lines(5);
+    let line = |target: &str| {
+        let field = format!("\"target\":\"{target}\"");
+        lines
+            .iter()
+            .find(|l| l.contains(&field))
+            .unwrap_or_else(|| panic!("no line for {target}: {lines:?}"))
+            .clone()
+    };
+    for (path, _, _, code) in calls {
+        let want = format!("\"grpc_status\":{code},");
+        assert!(line(path).contains(&want), "{want} in {}", line(path));
+    }
+    assert!(line("/echo.plain").contains("\"grpc_status\":null,"));
+}
+
 #[tokio::test]
 async fn grpc_bidirectional_stream_echoes_each_message_before_the_next_is_sent() {
     let backend = H2Backend::h2c();
@@ -328,7 +400,7 @@ async fn grpc_request_to_a_down_upstream_gets_unavailable_not_502() {
         "trailers-only"
     );
     // Counted as the 502 Weir meant, not the 200 on the wire.
-    let series = "weir_requests_total{listener=\"web\",route=\"all\",method=\"POST\",code=\"502\"}";
+    let series = "weir_requests_total{listener=\"web\",route=\"all\",method=\"POST\",code=\"502\",protocol=\"HTTP/2.0\"}";
     assert_eq!(weir.metric(series), 1);
     // Not gRPC: the plain HTTP answer.
     assert_eq!(

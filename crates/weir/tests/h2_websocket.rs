@@ -145,7 +145,10 @@ async fn websocket_echo_over_http2_extended_connect() {
     assert!(rest.is_empty(), "{rest:?}");
     assert!(wait_until_async(WAIT, || backend.ended() == 1).await);
     let log = weir.metrics_text();
-    assert!(log.contains("code=\"200\"} 1"), "{log}");
+    assert!(
+        log.contains("code=\"200\",protocol=\"HTTP/2.0\"} 1"),
+        "{log}"
+    );
 }
 
 #[tokio::test]

@@ -94,7 +94,7 @@ async fn multiplexed_requests_each_get_their_own_response() {
     let text = weir.metrics_text();
     assert!(
         text.contains(
-            "weir_requests_total{listener=\"web\",route=\"all\",method=\"GET\",code=\"200\"} 32"
+            "weir_requests_total{listener=\"web\",route=\"all\",method=\"GET\",code=\"200\",protocol=\"HTTP/2.0\"} 32"
         ),
         "{text}"
     );
@@ -255,7 +255,10 @@ async fn client_resets_cancel_their_upstream_requests() {
     // Within budget: the connection still works.
     assert!(!conn.is_finished());
     let text = weir.metrics_text();
-    assert!(text.contains("code=\"499\"} 5"), "{text}");
+    assert!(
+        text.contains("code=\"499\",protocol=\"HTTP/2.0\"} 5"),
+        "{text}"
+    );
 }
 
 #[tokio::test]
@@ -334,6 +337,51 @@ async fn http1_clients_share_the_listener() {
     assert_eq!(r.status, 200);
 }
 
+/// The per-request series carry the client's protocol, spelled as in the access log;
+/// HTTP/1.0 counts with HTTP/1.1.
+#[tokio::test]
+async fn http1_and_h2c_requests_count_under_their_protocol() {
+    let backend = Backend::echo("e");
+    let weir = single(backend.addr()).start();
+    let raw = weir_testkit::send_raw_once(
+        weir.addr,
+        b"GET /one HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n",
+    )
+    .await
+    .expect("HTTP/1.1");
+    assert_eq!(weir_testkit::status_of(&raw), Some(200));
+    let raw = weir_testkit::send_raw_once(weir.addr, b"GET /old HTTP/1.0\r\nHost: h\r\n\r\n")
+        .await
+        .expect("HTTP/1.0");
+    assert_eq!(weir_testkit::status_of(&raw), Some(200));
+    let (mut client, _conn) = connect(weir.addr).await;
+    let (status, _) = get(&mut client, Method::GET, "/two").await;
+    assert_eq!(status, StatusCode::OK);
+    let series = |p: &str| {
+        format!("weir_requests_total{{listener=\"web\",route=\"all\",method=\"GET\",code=\"200\",protocol=\"{p}\"}}")
+    };
+    let counted = || weir.metric(&series("HTTP/1.1")) == 2 && weir.metric(&series("HTTP/2.0")) == 1;
+    assert!(
+        wait_until_async(WAIT, counted).await,
+        "{}",
+        weir.metrics_text()
+    );
+    let text = weir.metrics_text();
+    let requests: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("weir_requests_total{"))
+        .collect();
+    assert_eq!(requests.len(), 2, "{text}");
+    assert!(!text.contains("HTTP/1.0"), "{text}");
+    for p in ["HTTP/1.1", "HTTP/2.0"] {
+        let count = format!(
+            "weir_request_duration_seconds_count{{listener=\"web\",route=\"all\",protocol=\"{p}\"}}"
+        );
+        let want = if p == "HTTP/1.1" { 2 } else { 1 };
+        assert_eq!(weir.metric(&count), want, "{text}");
+    }
+}
+
 #[tokio::test]
 async fn drain_sends_goaway_and_lets_streams_finish() {
     let backend = Backend::slow(Duration::from_millis(300));
@@ -385,13 +433,73 @@ async fn expect_100_continue_is_answered_before_the_body() {
     assert_eq!(interim.status(), StatusCode::CONTINUE);
     send.send_data(Bytes::from_static(b"hello"), true)
         .expect("body");
-    let response = response.await.expect("response");
-    assert_eq!(response.status(), StatusCode::OK);
+    // The backend answers `expect` with its own 100 too: the client gets only Weir's.
+    let answer = common::read_with_interims(response).await;
+    assert!(answer.interims.is_empty(), "{:?}", answer.interims);
+    assert_eq!(answer.head.status(), StatusCode::OK);
     let mut h = Hasher::new();
     h.update(b"hello");
+    assert_eq!(answer.body, sink_summary(5, h.finish()).into_bytes());
+}
+
+/// An HTTP/1.1 upstream's 103 Early Hints reaches an h2 client as an informational HEADERS
+/// frame, with its Link, before the final response; hop-by-hop fields stay behind.
+#[tokio::test]
+async fn early_hints_from_an_http1_upstream_reach_the_h2_client() {
+    let backend = Backend::raw_response(
+        b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\nConnection: x-hop\r\nX-Hop: 1\r\nKeep-Alive: timeout=5\r\n\r\n\
+          HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
+    );
+    let weir = single(backend.addr()).start();
+    let (mut client, _conn) = connect(weir.addr).await;
+    let (response, _) = client
+        .send_request(request(Method::GET, "/page"), true)
+        .expect("send");
+    let answer = common::read_with_interims(response).await;
+    assert_eq!(answer.interims.len(), 1, "{:?}", answer.interims);
+    let hints = &answer.interims[0];
+    assert_eq!(hints.status(), StatusCode::EARLY_HINTS);
+    assert_eq!(hints.headers()["link"], "</style.css>; rel=preload");
+    for hop in ["connection", "x-hop", "keep-alive"] {
+        assert!(
+            !hints.headers().contains_key(hop),
+            "{hop}: {:?}",
+            hints.headers()
+        );
+    }
+    assert_eq!(answer.head.status(), StatusCode::OK);
+    assert_eq!(answer.body, b"ok");
+}
+
+/// An upstream sending 1xx heads in a loop gets `max_informational` of them relayed; the
+/// final response still comes through.
+#[tokio::test]
+async fn informational_heads_past_max_informational_are_dropped() {
+    let mut raw = Vec::new();
+    for i in 0..5 {
+        raw.extend_from_slice(
+            format!("HTTP/1.1 103 Early Hints\r\nLink: </{i}>\r\n\r\n").as_bytes(),
+        );
+    }
+    raw.extend_from_slice(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");
+    let backend = Backend::raw_response(&raw);
+    let weir = single(backend.addr())
+        .listener("http2 = { max_informational = 2 }")
+        .start();
+    let (mut client, _conn) = connect(weir.addr).await;
+    let (response, _) = client
+        .send_request(request(Method::GET, "/"), true)
+        .expect("send");
+    let answer = common::read_with_interims(response).await;
+    let links: Vec<_> = answer
+        .interims
+        .iter()
+        .map(|h| h.headers()["link"].clone())
+        .collect();
+    assert_eq!(links, ["</0>", "</1>"]);
     assert_eq!(
-        read_body(response.into_body()).await,
-        sink_summary(5, h.finish()).into_bytes()
+        (answer.head.status(), &answer.body[..]),
+        (StatusCode::OK, &b"ok"[..])
     );
 }
 

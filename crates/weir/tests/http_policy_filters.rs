@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{forwarded, Conf};
+use common::{forwarded, Conf, JsonLog};
 use weir_testkit::Backend;
 
 /// A route `api` on `/` with `keys`, to one upstream `up` on `backend`.
@@ -121,44 +121,6 @@ fn head_values(echoed: &str, name: &str) -> Vec<String> {
         .filter(|(n, _)| n.eq_ignore_ascii_case(name))
         .map(|(_, v)| v.to_string())
         .collect()
-}
-
-/// A JSON access log in a fresh file, removed on drop.
-struct JsonLog {
-    dir: std::path::PathBuf,
-}
-
-impl JsonLog {
-    fn new(test: &str) -> JsonLog {
-        let dir = std::env::temp_dir().join(format!("weir-policy-{test}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        JsonLog { dir }
-    }
-
-    fn listener_line(&self) -> String {
-        format!(
-            "access_log = {{ format = \"json\", path = \"{}\" }}",
-            self.dir.join("access.log").display()
-        )
-    }
-
-    /// The log's lines once there are `n` (polls; the writer thread batches).
-    fn lines(&self, n: usize) -> Vec<String> {
-        let read = || std::fs::read_to_string(self.dir.join("access.log")).unwrap_or_default();
-        assert!(
-            weir_testkit::wait_until(common::WAIT, || read().lines().count() >= n),
-            "fewer than {n} access-log lines: {}",
-            read()
-        );
-        read().lines().map(str::to_string).collect()
-    }
-}
-
-impl Drop for JsonLog {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
 }
 
 #[tokio::test]
@@ -322,17 +284,17 @@ async fn deny_wins_and_refusals_keep_the_connection() {
     assert_eq!(r.unwrap().status, 403);
     wait_for_series(
         &weir,
-        "weir_requests_total{listener=\"web\",route=\"closed\",method=\"POST\",code=\"403\"}",
+        "weir_requests_total{listener=\"web\",route=\"closed\",method=\"POST\",code=\"403\",protocol=\"HTTP/1.1\"}",
         1.0,
     );
     wait_for_series(
         &weir,
-        "weir_requests_total{listener=\"web\",route=\"closed\",method=\"GET\",code=\"403\"}",
+        "weir_requests_total{listener=\"web\",route=\"closed\",method=\"GET\",code=\"403\",protocol=\"HTTP/1.1\"}",
         1.0,
     );
     wait_for_series(
         &weir,
-        "weir_requests_total{listener=\"web\",route=\"both\",method=\"POST\",code=\"403\"}",
+        "weir_requests_total{listener=\"web\",route=\"both\",method=\"POST\",code=\"403\",protocol=\"HTTP/1.1\"}",
         1.0,
     );
 }
@@ -473,7 +435,7 @@ async fn rate_limit_burst_then_429_with_retry_after_on_a_kept_connection() {
     );
     wait_for_series(
         &weir,
-        "weir_requests_total{listener=\"web\",route=\"api\",method=\"GET\",code=\"429\"}",
+        "weir_requests_total{listener=\"web\",route=\"api\",method=\"GET\",code=\"429\",protocol=\"HTTP/1.1\"}",
         1.0,
     );
 }
@@ -656,7 +618,7 @@ async fn basic_auth_challenges_refuses_and_admits() {
     );
     wait_for_series(
         &weir,
-        "weir_requests_total{listener=\"web\",route=\"api\",method=\"GET\",code=\"401\"}",
+        "weir_requests_total{listener=\"web\",route=\"api\",method=\"GET\",code=\"401\",protocol=\"HTTP/1.1\"}",
         4.0,
     );
 }

@@ -192,7 +192,7 @@ async fn respond_status_body_headers_and_head() {
         wait_for_line(
             &weir,
             &format!(
-                "weir_requests_total{{listener=\"web\",route=\"maint\",method=\"{method}\",code=\"503\"}} {n}"
+                "weir_requests_total{{listener=\"web\",route=\"maint\",method=\"{method}\",code=\"503\",protocol=\"HTTP/1.1\"}} {n}"
             ),
         );
     }
@@ -269,7 +269,7 @@ async fn redirect_variables_and_every_status() {
     assert_eq!(head.status, 302);
     wait_for_line(
         &weir,
-        "weir_requests_total{listener=\"web\",route=\"r308\",method=\"GET\",code=\"308\"} 1",
+        "weir_requests_total{listener=\"web\",route=\"r308\",method=\"GET\",code=\"308\",protocol=\"HTTP/1.1\"} 1",
     );
 }
 
@@ -299,7 +299,7 @@ async fn redirect_https_answers_every_request() {
     assert_eq!(r.header("location"), Some("https://old.test/ten"));
     wait_for_line(
         &weir,
-        "weir_requests_total{listener=\"web\",route=\"default\",method=\"GET\",code=\"308\"} 2",
+        "weir_requests_total{listener=\"web\",route=\"default\",method=\"GET\",code=\"308\",protocol=\"HTTP/1.1\"} 2",
     );
     assert_no_default_responses(&weir);
 }
@@ -330,7 +330,7 @@ async fn weighted_split_is_exact_per_period() {
     assert!(v2_at.windows(2).all(|w| w[1] - w[0] == 20), "{v2_at:?}");
     wait_for_line(
         &weir,
-        "weir_requests_total{listener=\"web\",route=\"api\",method=\"GET\",code=\"200\"} 1000",
+        "weir_requests_total{listener=\"web\",route=\"api\",method=\"GET\",code=\"200\",protocol=\"HTTP/1.1\"} 1000",
     );
 }
 

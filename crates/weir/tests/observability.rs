@@ -55,12 +55,12 @@ async fn requests_and_bytes_are_counted_exactly() {
     }
     wait_for_series(
         &weir,
-        "weir_requests_total{listener=\"web\",route=\"all\",method=\"GET\",code=\"200\"}",
+        "weir_requests_total{listener=\"web\",route=\"all\",method=\"GET\",code=\"200\",protocol=\"HTTP/1.1\"}",
         7.0,
     );
     wait_for_series(
         &weir,
-        "weir_requests_total{listener=\"web\",route=\"only\",method=\"POST\",code=\"200\"}",
+        "weir_requests_total{listener=\"web\",route=\"only\",method=\"POST\",code=\"200\",protocol=\"HTTP/1.1\"}",
         3.0,
     );
     wait_for_series(
@@ -78,7 +78,7 @@ async fn requests_and_bytes_are_counted_exactly() {
     assert_eq!(
         series(
             &text,
-            "weir_request_duration_seconds_count{listener=\"web\",route=\"all\"}"
+            "weir_request_duration_seconds_count{listener=\"web\",route=\"all\",protocol=\"HTTP/1.1\"}"
         ),
         Some(7.0)
     );
@@ -129,7 +129,7 @@ async fn default_responses_are_counted_by_reason() {
     wait_for_series(&weir, &reason("too_large"), 1.0);
     wait_for_series(
         &weir,
-        "weir_requests_total{listener=\"web\",route=\"default\",method=\"GET\",code=\"404\"}",
+        "weir_requests_total{listener=\"web\",route=\"default\",method=\"GET\",code=\"404\",protocol=\"HTTP/1.1\"}",
         4.0,
     );
 }
@@ -279,12 +279,12 @@ async fn a_response_cut_short_counts_with_the_status_sent_and_its_abort() {
     );
     let requests = |code: &str| {
         format!(
-            "weir_requests_total{{listener=\"web\",route=\"all\",method=\"GET\",code=\"{code}\"}}"
+            "weir_requests_total{{listener=\"web\",route=\"all\",method=\"GET\",code=\"{code}\",protocol=\"HTTP/1.1\"}}"
         )
     };
     wait_for_series(&weir, &requests("200"), 1.0);
     let aborted =
-        "weir_responses_aborted_total{listener=\"web\",route=\"all\",reason=\"upstream_closed\"}";
+        "weir_responses_aborted_total{listener=\"web\",route=\"all\",reason=\"upstream_closed\",protocol=\"HTTP/1.1\"}";
     wait_for_series(&weir, aborted, 1.0);
     let text = weir.metrics_text();
     assert_eq!(series(&text, &requests("502")), None, "{text}");
@@ -330,7 +330,7 @@ async fn a_response_refused_before_its_head_counts_as_502_for_the_server_too() {
         );
         wait_for_series(
             &weir,
-            "weir_requests_total{listener=\"web\",route=\"all\",method=\"GET\",code=\"502\"}",
+            "weir_requests_total{listener=\"web\",route=\"all\",method=\"GET\",code=\"502\",protocol=\"HTTP/1.1\"}",
             1.0,
         );
         let server = |code: &str| {

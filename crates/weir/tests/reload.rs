@@ -108,8 +108,8 @@ fn metrics_keep_counting_by_name_across_reloads() {
         conf
     };
     let weir = routes(&["a", "b"]).start();
-    let series = "weir_requests_total{listener=\"web\",route=\"b\",method=\"GET\",code=\"200\"}";
-    let c = "weir_requests_total{listener=\"web\",route=\"c\",method=\"GET\",code=\"200\"}";
+    let series = "weir_requests_total{listener=\"web\",route=\"b\",method=\"GET\",code=\"200\",protocol=\"HTTP/1.1\"}";
+    let c = "weir_requests_total{listener=\"web\",route=\"c\",method=\"GET\",code=\"200\",protocol=\"HTTP/1.1\"}";
     // A request is counted just after its response is sent: poll for the count.
     let counts = |name: &str, n: u64| wait_until(WAIT, || metric(&weir.metrics_text(), name) == n);
     get(weir.addr, "/b");

@@ -356,3 +356,34 @@ async fn an_idle_tls_connection_after_a_slow_read_is_not_taken_for_stalled() {
         .and_then(|l| l.rsplit(' ').next().map(str::to_owned));
     assert_eq!(stalled.as_deref(), Some("0"));
 }
+
+/// A 103 Early Hints from an HTTP/1.1 upstream reaches an h2 client over TLS (ALPN h2)
+/// before the final response.
+#[tokio::test]
+async fn early_hints_reach_an_h2_client_over_tls() {
+    let ca = TestCa::new("h2 CA");
+    let leaf = ca.leaf(&[NAME]);
+    let backend = Backend::raw_response(
+        b"HTTP/1.1 103 Early Hints\r\nLink: </app.js>; rel=preload\r\n\r\n\
+          HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello",
+    );
+    let weir = single(backend.addr())
+        .listener(&tls_table(&[&leaf], ""))
+        .start();
+    let config = client_config(&ca, &[b"h2"], None);
+    let mut client = h2_connect(weir.addr, config).await;
+    let request = Request::builder()
+        .uri(format!("https://{NAME}/"))
+        .body(())
+        .expect("request");
+    let (response, _) = client.send_request(request, true).expect("send request");
+    let answer = common::read_with_interims(response).await;
+    assert_eq!(answer.interims.len(), 1, "{:?}", answer.interims);
+    assert_eq!(answer.interims[0].status(), StatusCode::EARLY_HINTS);
+    assert_eq!(
+        answer.interims[0].headers()["link"],
+        "</app.js>; rel=preload"
+    );
+    assert_eq!(answer.head.status(), StatusCode::OK);
+    assert_eq!(answer.body, b"hello");
+}

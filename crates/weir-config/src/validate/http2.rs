@@ -81,6 +81,12 @@ pub(super) fn http2(raw: Option<RawHttp2>, path: &FieldPath) -> Result<Http2, Is
         )?,
         glitch_window,
         stall_timeout,
+        max_informational: count(
+            raw.max_informational,
+            d.max_informational,
+            0..=100,
+            "max_informational",
+        )?,
     })
 }
 

@@ -1068,6 +1068,13 @@ fn http2_settings() {
         "30s",
     );
     check(
+        &format!("{base}max_informational = 101\n"),
+        "listeners[0].http2.max_informational",
+        5,
+        "between 0 and 100",
+        "default 8",
+    );
+    check(
         &format!("{base}max_streams = 5\n"),
         "listeners[0].http2.max_streams",
         5,

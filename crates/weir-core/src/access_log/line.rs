@@ -63,6 +63,9 @@ pub struct Outcome<'a> {
     pub tls: Option<&'a crate::tls::session::TlsSession>,
     /// The request's id (JSON only; empty: the listener has `request_id = false`).
     pub request_id: &'a [u8],
+    /// The `grpc-status` the client got (JSON only; `None`: not a gRPC request, or it got
+    /// none, such as a stream reset).
+    pub grpc_status: Option<u32>,
 }
 
 pub fn push_line(
@@ -147,6 +150,13 @@ fn push_json(out: &mut Vec<u8>, req: &RequestFields, o: &Outcome<'_>, time: &mut
             out.push(b'"');
         }
         None => out.extend_from_slice(b",\"aborted\":null"),
+    }
+    match o.grpc_status {
+        Some(code) => {
+            out.extend_from_slice(b",\"grpc_status\":");
+            push_decimal(out, u64::from(code));
+        }
+        None => out.extend_from_slice(b",\"grpc_status\":null"),
     }
     out.extend_from_slice(b",\"bytes_in\":");
     push_decimal(out, o.bytes_in);
@@ -331,6 +341,7 @@ mod tests {
             aborted: None,
             tls: None,
             request_id: b"abc-1",
+            grpc_status: None,
         };
         (req, o)
     }
@@ -404,6 +415,14 @@ mod tests {
         ] {
             assert!(line.contains(field), "{field} in {line}");
         }
+    }
+
+    #[test]
+    fn json_grpc_status_is_a_number_or_null() {
+        let (req, mut o) = sample();
+        assert!(json_line(&req, &o).contains(",\"aborted\":null,\"grpc_status\":null,"));
+        o.grpc_status = Some(14);
+        assert!(json_line(&req, &o).contains(",\"grpc_status\":14,\"bytes_in\":"));
     }
 
     fn json_line(req: &RequestFields, o: &Outcome<'_>) -> String {

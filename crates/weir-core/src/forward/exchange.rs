@@ -37,7 +37,8 @@ use crate::worker::Worker;
 #[derive(Clone, Copy)]
 pub(crate) struct RequestMeta {
     pub is_head: bool,
-    /// Also set for HTTP/2 clients: 1xx responses are not relayed to them.
+    /// 1xx responses are not relayed (also set for an RFC 8441 tunnel, whose client
+    /// waits for the 101 only).
     pub http10: bool,
     /// The upgrade protocols offered upstream (empty: not an upgrade).
     pub upgrade: Offered,
@@ -621,9 +622,37 @@ impl HeadError {
     }
 }
 
+/// Where the 1xx heads read before the final one go: an HTTP/1.1 client's socket (any
+/// writer: the head's bytes as they came), or an HTTP/2 client's stream (`http2::interim`).
+pub(crate) trait Interim {
+    /// Relays the 1xx head `resp`, whose bytes are `head`, within `timeout`. Returns
+    /// whether the client got it (an HTTP/2 stream may skip one); `Err`: the client is gone.
+    fn relay(
+        &mut self,
+        head: &[u8],
+        resp: &ResponseHead,
+        timeout: Duration,
+    ) -> impl std::future::Future<Output = Result<bool, ()>>;
+}
+
+impl<W: AsyncWrite + Unpin> Interim for W {
+    async fn relay(
+        &mut self,
+        head: &[u8],
+        _: &ResponseHead,
+        timeout: Duration,
+    ) -> Result<bool, ()> {
+        body::write_all(self, head, &[], timeout)
+            .await
+            .map(|()| true)
+            .map_err(|_| ())
+    }
+}
+
 /// Reads until a final (non-1xx) response head is parsed into `resp`, relaying 1xx heads
-/// to HTTP/1.1 clients. The whole head must arrive by the deadline set on `timer` (when there
-/// is one; the streaming path times the wait itself, from the end of the upload).
+/// to `client` (not to HTTP/1.0 clients: `meta.http10`). The whole head must arrive by the
+/// deadline set on `timer` (when there is one; the streaming path times the wait itself,
+/// from the end of the upload).
 pub(crate) async fn read_final_head<R, W>(
     up: &mut R,
     up_buf: &mut Buffer,
@@ -635,7 +664,7 @@ pub(crate) async fn read_final_head<R, W>(
 ) -> Result<(), HeadError>
 where
     R: AsyncRead + Unpin,
-    W: AsyncWrite + Unpin,
+    W: Interim,
 {
     let mut received = !up_buf.is_empty();
     let mut interim_sent = false;
@@ -677,10 +706,9 @@ where
         }
         if !meta.http10 {
             let head = &up_buf.filled()[..resp.head_len];
-            body::write_all(client, head, &[], client_timeout)
-                .await
-                .map_err(|_| fail(ProxyError::ClientClosed, true, true))?;
-            interim_sent = true;
+            let relayed = client.relay(head, resp, client_timeout).await;
+            // Err: the HTTP/1.1 client may have part of the head (so, `interim_sent`).
+            interim_sent |= relayed.map_err(|_| fail(ProxyError::ClientClosed, true, true))?;
         }
         up_buf.consume(resp.head_len);
     }

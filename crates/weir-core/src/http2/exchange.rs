@@ -2,8 +2,8 @@
 //!
 //! The request half reuses `forward`'s pieces: the upstream pick and retry decisions
 //! (`upstream/`), `forward::request_head` for the head, `forward::exchange::obtain` for a
-//! pooled or new connection, `read_final_head` for the response head (1xx are not relayed)
-//! and `record_attempt` for health and metrics. What differs is the body: request DATA is
+//! pooled or new connection, `read_final_head` for the response head (1xx relayed by
+//! `interim`) and `record_attempt` for health and metrics. What differs is the body: request DATA is
 //! written upstream and only then released to the client's window (flow control follows
 //! the upstream's pace), and the response body goes out as DATA within the client's window.
 //! A client reset during any wait drops the upstream connection: the server sees the
@@ -17,6 +17,7 @@ use h2::{Reason, RecvStream, SendStream};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use weir_config::UpstreamServer;
 
+use super::interim::{ClientStream, FromHttp1};
 use super::names::response_name;
 use super::scratch::ExchangeScratch;
 use super::send::{send_bytes, send_data, unless_reset, Stop};
@@ -32,7 +33,7 @@ use crate::filters::upgrade::Offered;
 use crate::forward::body::{self, BodyState, PumpError};
 use crate::forward::exchange::{
     obtain, read_final_head, record_attempt, upload_while_waiting, upstream_pump_error,
-    upstream_write_error, HeadError, RequestMeta,
+    upstream_write_error, HeadError, Interim, RequestMeta,
 };
 use crate::forward::request_head::{write_request_head, ClientFacts, RequestEdits};
 use crate::forward::{Failure, Reached, Target};
@@ -65,26 +66,25 @@ pub struct StreamRequest<'a> {
     pub started: Instant,
 }
 
-/// Reads the upstream's final response head within `timeout` (from now); 1xx heads are
-/// read and dropped: they are not relayed to HTTP/2 clients.
+/// Reads the upstream's final response head within `timeout` (from now), 1xx heads
+/// relayed to `interim` (unless `meta.http10`).
 pub(super) async fn final_head_within(
     stream: &mut UpstreamStream,
     up_buf: &mut Buffer,
     resp: &mut ResponseHead,
-    meta: RequestMeta,
+    (meta, interim): (RequestMeta, &mut impl Interim),
     client_timeout: Duration,
     timeout: Duration,
 ) -> Result<(), HeadError> {
     let now = tokio::time::Instant::now();
     let mut timer = LazyTimer::new(now);
     timer.set(now + timeout);
-    let mut sink = tokio::io::sink();
     read_final_head(
         stream,
         up_buf,
         resp,
         meta,
-        &mut sink,
+        interim,
         client_timeout,
         Some(&mut timer),
     )
@@ -105,6 +105,26 @@ pub struct Trace {
     pub local: bool,
     /// What the route's compression did to the response, if it compressed it.
     pub compressed: Option<crate::filters::compression::Compressed>,
+    /// The request is gRPC's (`H2Facts::grpc`): the `grpc-status` sent is noted.
+    pub grpc: bool,
+    /// The `grpc-status` the client got (a gRPC request only; `None`: none, or not a
+    /// number), from the upstream's head or trailers or from Weir's own answer.
+    pub grpc_status: Option<u32>,
+}
+
+impl Trace {
+    /// Notes the `grpc-status` among `fields` (a response head or trailers going to the
+    /// client) if the request is gRPC. Nothing is looked up for other requests.
+    pub fn see_grpc_status(&mut self, fields: &http::HeaderMap) {
+        if !self.grpc {
+            return;
+        }
+        if let Some(v) = fields.get("grpc-status") {
+            self.grpc_status = std::str::from_utf8(v.as_bytes())
+                .ok()
+                .and_then(|t| t.parse().ok());
+        }
+    }
 }
 
 /// The request sent and the final response head read.
@@ -206,7 +226,11 @@ impl StreamRequest<'_> {
         trace: &mut Trace,
     ) -> Result<(), Failure> {
         let ExchangeScratch { out, resp } = scratch;
-        let sent = unless_reset(respond, self.send(body, up_buf, (out, resp), trace)).await;
+        let sent = {
+            let client = self.client_stream(respond, body.is_some());
+            let sending = self.send(body, up_buf, (out, resp), trace, &client);
+            unless_reset(&mut &client, sending).await
+        };
         let sent = match sent {
             Ok(sent) => sent?,
             Err(stop) => return Err(stopped(stop, Reached::Nothing, trace)),
@@ -217,6 +241,7 @@ impl StreamRequest<'_> {
         let arrived = self.worker.h2_scratch.copy(up_buf.filled());
         let plan = self.plan(up_buf.filled(), resp);
         let head = self.response_head(resp, &arrived, &sent, &plan);
+        trace.see_grpc_status(head.headers());
         up_buf.consume(resp.head_len);
         // A chunked body is decoded in place in `up_buf`: its bytes differ from `arrived`.
         let first = (resp.framing != BodyFraming::Chunked).then(|| arrived.slice(resp.head_len..));
@@ -250,6 +275,7 @@ impl StreamRequest<'_> {
         up_buf: &mut Buffer,
         (out, resp): (&mut Vec<u8>, &mut ResponseHead),
         trace: &mut Trace,
+        client: &ClientStream<'_>,
     ) -> Result<Sent<'_>, Failure> {
         let (worker, target) = (self.worker, self.target);
         let (u, pool) = (target.upstream, target.pool);
@@ -271,9 +297,18 @@ impl StreamRequest<'_> {
                 started,
                 head: out,
             };
+            let mut interim = FromHttp1(client);
             let sent = match body.as_mut() {
-                None => attempt.whole(self, up_buf, resp).await.map(|s| (s, true)),
-                Some(b) => attempt.streaming(self, b, up_buf, resp, trace).await,
+                None => attempt
+                    .whole(self, up_buf, resp, &mut interim)
+                    .await
+                    .map(|s| (s, true)),
+                Some(b) => {
+                    let client_side = (b, &mut interim);
+                    attempt
+                        .streaming(self, client_side, up_buf, resp, trace)
+                        .await
+                }
             };
             let elapsed = started.elapsed();
             let outcome = record_attempt(target, &pick, metrics, &sent, resp, elapsed);
@@ -310,11 +345,28 @@ impl StreamRequest<'_> {
         }
     }
 
+    /// Whether Weir answers the client's `expect: 100-continue` itself (for a request with
+    /// a body, `body`): it reads the body at once, so the client need not wait.
+    pub(super) fn answers_continue(&self, body: bool) -> bool {
+        self.req.expect_continue && body
+    }
+
+    /// The client's stream while the final head is awaited: up to the listener's
+    /// `max_informational` 1xx heads relayed, a 100 only if Weir sent none.
+    pub(super) fn client_stream<'s>(
+        &self,
+        respond: &'s mut SendResponse<Bytes>,
+        body: bool,
+    ) -> ClientStream<'s> {
+        let max = self.target.listener.http2.max_informational;
+        ClientStream::new(respond, max, self.answers_continue(body))
+    }
+
     fn meta(&self) -> RequestMeta {
         RequestMeta {
             is_head: self.req.is_head,
-            // Interim responses are not relayed to h2 clients.
-            http10: true,
+            // 1xx heads go to the client's stream (`interim`).
+            http10: false,
             upgrade: Offered::default(),
             idempotent: self.req.idempotent,
             accepted: None,
@@ -627,6 +679,7 @@ impl Attempt<'_> {
         r: &StreamRequest<'_>,
         up_buf: &mut Buffer,
         resp: &mut ResponseHead,
+        interim: &mut impl Interim,
     ) -> Result<UpstreamStream, Failure> {
         let upstream = r.target.upstream;
         let meta = r.meta();
@@ -650,7 +703,14 @@ impl Attempt<'_> {
                 return Err(upstream_write_error(e).into());
             }
             let client_timeout = r.target.listener.client_timeout;
-            let head = final_head_within(&mut stream, up_buf, resp, meta, client_timeout, timeout);
+            let head = final_head_within(
+                &mut stream,
+                up_buf,
+                resp,
+                (meta, &mut *interim),
+                client_timeout,
+                timeout,
+            );
             match head.await {
                 Ok(()) => return Ok(stream),
                 Err(e) if reused && meta.idempotent && e.retryable() && !fresh => {
@@ -667,7 +727,7 @@ impl Attempt<'_> {
     async fn streaming(
         &self,
         r: &StreamRequest<'_>,
-        body: &mut RecvStream,
+        (body, interim): (&mut RecvStream, &mut impl Interim),
         up_buf: &mut Buffer,
         resp: &mut ResponseHead,
         trace: &mut Trace,
@@ -693,10 +753,8 @@ impl Attempt<'_> {
             let (mut ur, mut uw) = stream.split();
             let timeouts = (client_timeout, response_timeout);
             let upload = upload(body, &mut uw, chunked, limit, timeouts, &mut trace.body_in);
-            let mut sink = tokio::io::sink();
             let meta = r.meta();
-            let head =
-                read_final_head(&mut ur, up_buf, resp, meta, &mut sink, client_timeout, None);
+            let head = read_final_head(&mut ur, up_buf, resp, meta, interim, client_timeout, None);
             upload_while_waiting(upload, head, response_timeout).await?
         };
         Ok((stream, upload_done))

@@ -108,12 +108,18 @@ pub fn send_status(
 }
 
 /// Answers a gRPC request's failure `error` (nothing sent yet, the client still there)
-/// with a trailers-only response; `status` is the HTTP status it stands for.
-pub fn answer_failure(respond: &mut SendResponse<Bytes>, error: ProxyError, status: u16) {
+/// with a trailers-only response; `status` is the HTTP status it stands for. Returns the
+/// gRPC code sent (`None`: the client was gone).
+pub fn answer_failure(
+    respond: &mut SendResponse<Bytes>,
+    error: ProxyError,
+    status: u16,
+) -> Option<u8> {
     let code = code_for_error(error, status);
     // Weir's messages are ASCII text; `send_status` still encodes any `%` in them.
     let message = error.to_string();
-    let _ = send_status(respond, code, message.as_bytes(), HeaderMap::new());
+    send_status(respond, code, message.as_bytes(), HeaderMap::new()).ok()?;
+    Some(code)
 }
 
 /// Appends `message` to `out` percent-encoded as gRPC's `grpc-message` wants: printable

@@ -7,6 +7,7 @@
 use bytes::Bytes;
 use h2::server::SendResponse;
 
+use super::exchange::Trace;
 use super::grpc;
 use super::send::send_data;
 use crate::codec::http1::{parse_response, ResponseHead};
@@ -14,13 +15,15 @@ use crate::error::ProxyError;
 
 /// Sends the HTTP/1.1 response `rendered` (head and body, complete) on `respond`, without
 /// its hop-by-hop fields; to a gRPC request (`grpc`), a status other than 2xx goes as a
-/// gRPC status (its body as `grpc-message`). Returns its status and the body bytes sent.
+/// gRPC status (its body as `grpc-message`). Notes its status, the body bytes sent and
+/// the gRPC status in `trace`.
 pub async fn send_rendered(
     respond: &mut SendResponse<Bytes>,
     rendered: &[u8],
     (is_head, grpc): (bool, bool),
     timeout: std::time::Duration,
-) -> Result<(u16, u64), ProxyError> {
+    trace: &mut Trace,
+) -> Result<(), ProxyError> {
     let mut head = ResponseHead::default();
     // Weir rendered these bytes itself: they always parse.
     if !parse_response(rendered, rendered.len(), is_head, &mut head)? {
@@ -31,6 +34,7 @@ pub async fn send_rendered(
     } else {
         &rendered[head.head_len..]
     };
+    trace.status = head.status;
     let grpc = grpc && grpc::translates(head.status);
     let mut response = http::Response::new(());
     *response.status_mut() =
@@ -54,8 +58,11 @@ pub async fn send_rendered(
             grpc::message(head.status, body),
         );
         grpc::send_status(respond, code, message, extra)?;
-        return Ok((head.status, 0));
+        trace.grpc_status = Some(u32::from(code));
+        return Ok(());
     }
+    // A 2xx as the user wrote it: any `grpc-status` in it is what the client gets.
+    trace.see_grpc_status(response.headers());
     let mut send = respond
         .send_response(response, body.is_empty())
         .map_err(|_| ProxyError::ClientClosed)?;
@@ -64,5 +71,6 @@ pub async fn send_rendered(
             .await
             .map_err(|_| ProxyError::ClientClosed)?;
     }
-    Ok((head.status, body.len() as u64))
+    trace.body_out = body.len() as u64;
+    Ok(())
 }

@@ -11,7 +11,7 @@
 //! the frames passing through (`frames`) and writes them through `gather` (the frames of
 //! many streams in one system call). `websocket` bridges RFC 8441 extended CONNECTs to
 //! HTTP/1.1 WebSocket upgrades. `grpc` turns the answers Weir makes itself to gRPC
-//! requests into gRPC statuses.
+//! requests into gRPC statuses. `interim` relays the upstream's 1xx heads.
 //!
 //! Module names: `http2`, not `h2`, so that paths to the `h2` crate stay unambiguous.
 
@@ -21,6 +21,7 @@ mod exchange;
 mod frames;
 mod gather;
 mod grpc;
+mod interim;
 mod io;
 mod local;
 mod names;

@@ -30,7 +30,7 @@ use crate::filters::redirect::push_redirect;
 use crate::filters::request_id::{self, RequestId};
 use crate::filters::rewrite::check_join;
 use crate::forward::{exchange_target, Failure, Reached};
-use crate::metrics::shard::{method_index, METHODS};
+use crate::metrics::shard::{method_index, Protocol, METHODS};
 use crate::policy::{Answer, Asker, Routed};
 use crate::proxy::{record, ClientSide, Counters, Done, Handled};
 use crate::router::{RequestView, RoutedPath};
@@ -81,7 +81,10 @@ pub async fn serve(
     let facts = H2Facts::of(&parts.headers);
     drop(parts);
     let mut fields = RequestFields::default();
-    let mut trace = Trace::default();
+    let mut trace = Trace {
+        grpc: facts.grpc,
+        ..Trace::default()
+    };
     // The client: the peer, or the address behind `trusted_proxies` (as for HTTP/1).
     let mut client = (shared.peer_ip, shared.ip);
     let mut request_id = RequestId::default();
@@ -145,6 +148,7 @@ pub async fn serve(
         listener: index,
         slot: shared.slot,
         method,
+        protocol: Protocol::Http2,
         status,
         duration: started.elapsed(),
         counters: Counters {
@@ -162,6 +166,7 @@ pub async fn serve(
         tls: shared.tls.as_deref(),
         request_id: request_id.as_bytes(),
         compressed: trace.compressed,
+        grpc_status: trace.grpc_status,
     };
     record(worker, &snapshot, &side, &handled, &done);
     worker
@@ -222,6 +227,9 @@ impl Stream<'_> {
                 let code = grpc::code_for_status(d.status);
                 let message = grpc::message(d.status, b"");
                 let sent = grpc::send_status(respond, code, message, http::HeaderMap::new());
+                if sent.is_ok() {
+                    trace.grpc_status = Some(u32::from(code));
+                }
                 return (None, sent.map_err(Failure::after_head));
             }
             let sent = local(
@@ -302,9 +310,9 @@ impl Stream<'_> {
             let tunnel = Box::pin(tunnel(&r, protocol, key, body, respond, trace));
             return (route, tunnel.await);
         }
-        if self.req.expect_continue && body.is_some() {
-            // The client may wait for 100 before sending DATA; Weir reads the body at once
-            // (an upstream's 1xx is not relayed to h2 clients), so it says so itself.
+        if r.answers_continue(body.is_some()) {
+            // The client may wait for 100 before sending DATA; Weir reads the body at once,
+            // so it says so itself (and relays no upstream 100 after it: `interim`).
             let mut go_on = http::Response::new(());
             *go_on.status_mut() = http::StatusCode::CONTINUE;
             let _ = respond.send_informational(go_on);
@@ -328,12 +336,9 @@ impl Stream<'_> {
             .stall_timeout;
         trace.local = true;
         let how = (self.req.is_head, self.facts.grpc);
-        let (status, sent) = send_rendered(respond, rendered, how, timeout)
+        send_rendered(respond, rendered, how, timeout, trace)
             .await
-            .map_err(Failure::after_head)?;
-        trace.status = status;
-        trace.body_out = sent;
-        Ok(())
+            .map_err(Failure::after_head)
     }
 
     /// Answers with `redirect`, its template filled from this request.
@@ -408,7 +413,7 @@ async fn answer(
         return 499;
     };
     if grpc {
-        grpc::answer_failure(respond, failure.error, status);
+        trace.grpc_status = grpc::answer_failure(respond, failure.error, status).map(u32::from);
         return status;
     }
     let mut body = failure

@@ -26,6 +26,7 @@ use http::header::{HeaderMap, HeaderName, HeaderValue};
 use weir_config::{UpstreamProtocol, UpstreamServer};
 
 use super::exchange::{cookie_value, StreamRequest, Trace};
+use super::interim::final_h2_head;
 use super::send::{send_bytes, send_data, unless_reset, Stop};
 use crate::codec::http1::ResponseHead;
 use crate::connector::h2::{checkout, h2_error, never_processed, Checkout, Lease};
@@ -402,30 +403,35 @@ impl Exchange<'_, '_> {
         };
         tokio::pin!(upload);
         let mut uploading = has_body;
-        let head = with_timeout(timeout, response);
-        tokio::pin!(head);
-        let head = loop {
-            let waited = unless_reset(respond, async {
-                tokio::select! {
-                    done = &mut upload, if uploading => Err(done),
-                    head = &mut head => Ok(head),
-                }
-            });
-            match waited.await {
-                Err(stop) => return Ok(Err(stopped(stop, trace))),
-                Ok(Err(Ok(()))) => uploading = false,
-                Ok(Err(Err(e))) => return Ok(Err(e.into())),
-                Ok(Ok(Err(_))) => return Ok(Err(ProxyError::UpstreamTimeout.into())),
-                Ok(Ok(Ok(Err(e)))) => {
-                    if never_processed(&e) {
-                        if e.is_go_away() {
-                            self.lease.drain();
-                        }
-                        return Err(Refused);
+        // The 1xx heads are relayed while waiting; the timeout covers them and the final.
+        let head = {
+            let client = r.client_stream(respond, has_body);
+            let mut reset = &client;
+            let head = with_timeout(timeout, final_h2_head(response, &client));
+            tokio::pin!(head);
+            loop {
+                let waited = unless_reset(&mut reset, async {
+                    tokio::select! {
+                        done = &mut upload, if uploading => Err(done),
+                        head = &mut head => Ok(head),
                     }
-                    return Ok(Err(h2_error(&e).into()));
+                });
+                match waited.await {
+                    Err(stop) => return Ok(Err(stopped(stop, trace))),
+                    Ok(Err(Ok(()))) => uploading = false,
+                    Ok(Err(Err(e))) => return Ok(Err(e.into())),
+                    Ok(Ok(Err(_))) => return Ok(Err(ProxyError::UpstreamTimeout.into())),
+                    Ok(Ok(Ok(Err(e)))) => {
+                        if never_processed(&e) {
+                            if e.is_go_away() {
+                                self.lease.drain();
+                            }
+                            return Err(Refused);
+                        }
+                        return Ok(Err(h2_error(&e).into()));
+                    }
+                    Ok(Ok(Ok(Ok(head)))) => break head,
                 }
-                Ok(Ok(Ok(Ok(head)))) => break head,
             }
         };
         let (parts, mut up_body) = head.into_parts();
@@ -437,6 +443,7 @@ impl Exchange<'_, '_> {
             head.headers_mut()
                 .append(http::header::SET_COOKIE, cookie.clone());
         }
+        trace.see_grpc_status(head.headers());
         let empty = up_body.is_end_stream();
         let mut send = match respond.send_response(head, empty) {
             Ok(send) => send,
@@ -600,9 +607,11 @@ async fn relay(
     match trailers {
         Err(_) => Err(Stop::Error(ProxyError::UpstreamTimeout)),
         Ok(Err(e)) => Err(read_error(e)),
-        Ok(Ok(Some(t))) => send
-            .send_trailers(t)
-            .map_err(|_| Stop::Error(ProxyError::ClientClosed)),
+        Ok(Ok(Some(t))) => {
+            trace.see_grpc_status(&t);
+            send.send_trailers(t)
+                .map_err(|_| Stop::Error(ProxyError::ClientClosed))
+        }
         Ok(Ok(None)) => send_data(send, &[], true, stall_timeout).await,
     }
 }

@@ -250,9 +250,18 @@ impl StreamRequest<'_> {
             accepted: None,
         };
         let client_timeout = self.target.listener.client_timeout;
-        final_head_within(&mut stream, up_buf, resp, meta, client_timeout, timeout)
-            .await
-            .map_err(|e| Failure::from(e.error))?;
+        // The client waits for the 101 (as 200) only: 1xx before it are dropped (`http10`).
+        let none = &mut tokio::io::sink();
+        final_head_within(
+            &mut stream,
+            up_buf,
+            resp,
+            (meta, none),
+            client_timeout,
+            timeout,
+        )
+        .await
+        .map_err(|e| Failure::from(e.error))?;
         if (200..300).contains(&resp.status) {
             // Not a refusal, and no switch: the upstream is no WebSocket server.
             return Err(ProxyError::UpstreamMalformed("2xx answer to a WebSocket upgrade").into());

@@ -14,8 +14,8 @@ use weir_config::Config;
 use super::layout::SlotMap;
 use super::process::ProcessStats;
 use super::shard::{
-    AbortReason, DefaultReason, Histogram, ListenerMetrics, RouteMetrics, ServerMetrics,
-    TlsFailure, UpstreamMetrics, WorkerMetrics, ACCEPT_ERRORS, LATENCY_BUCKETS, METHODS,
+    AbortReason, DefaultReason, Histogram, ListenerMetrics, Protocol, RouteMetrics, ServerMetrics,
+    TlsFailure, UpstreamMetrics, WorkerMetrics, ACCEPT_ERRORS, LATENCY_BUCKETS, METHODS, PROTOCOLS,
     STATUS_SLOTS, TLS_VERSIONS,
 };
 use super::Metrics;
@@ -229,19 +229,62 @@ impl Scrape {
         s.server(u.slot, *u.children.get(si)?)
     }
 
+    /// Whether any worker counted a request of protocol index `pi` on route `ri` of `li`.
+    fn saw(&self, li: usize, ri: usize, pi: usize) -> bool {
+        self.shards
+            .iter()
+            .any(|s| self.route(s, li, ri).is_some_and(|r| r.saw(pi)))
+    }
+
     fn requests(&self, enc: &mut DescriptorEncoder) -> Result {
         let mut rows = Vec::new();
         for (li, l) in self.config.listeners.iter().enumerate() {
             for ri in 0..=l.routes.len() {
-                for (mi, method) in METHODS.iter().enumerate() {
-                    for slot in 0..STATUS_SLOTS {
-                        let v = self.sum(|s| Some(self.route(s, li, ri)?.requests(mi, slot)));
+                for (pi, protocol) in PROTOCOLS.iter().enumerate() {
+                    if !self.saw(li, ri, pi) {
+                        continue;
+                    }
+                    for (mi, method) in METHODS.iter().enumerate() {
+                        for slot in 0..STATUS_SLOTS {
+                            let v =
+                                self.sum(|s| Some(self.route(s, li, ri)?.requests(pi, mi, slot)));
+                            if v > 0 {
+                                let labels = vec![
+                                    ("listener", l.name.clone()),
+                                    ("route", route_label(&self.config, li, ri)),
+                                    ("method", method.to_string()),
+                                    ("code", status_label(slot)),
+                                    ("protocol", protocol.to_string()),
+                                ];
+                                rows.push((labels, v));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        counter(
+            enc,
+            "weir_requests",
+            "Requests answered, by listener, route, method, status code and client protocol.",
+            &rows,
+        )
+    }
+
+    fn aborted(&self, enc: &mut DescriptorEncoder) -> Result {
+        let mut rows = Vec::new();
+        for (li, l) in self.config.listeners.iter().enumerate() {
+            for ri in 0..=l.routes.len() {
+                for protocol in Protocol::ALL {
+                    for reason in AbortReason::ALL {
+                        let v = self
+                            .sum(|s| Some(self.route(s, li, ri)?.aborted(protocol, reason).get()));
                         if v > 0 {
                             let labels = vec![
                                 ("listener", l.name.clone()),
                                 ("route", route_label(&self.config, li, ri)),
-                                ("method", method.to_string()),
-                                ("code", status_label(slot)),
+                                ("reason", reason.label().to_string()),
+                                ("protocol", protocol.label().to_string()),
                             ];
                             rows.push((labels, v));
                         }
@@ -251,60 +294,40 @@ impl Scrape {
         }
         counter(
             enc,
-            "weir_requests",
-            "Requests answered, by listener, route, method and status code.",
-            &rows,
-        )
-    }
-
-    fn aborted(&self, enc: &mut DescriptorEncoder) -> Result {
-        let mut rows = Vec::new();
-        for (li, l) in self.config.listeners.iter().enumerate() {
-            for ri in 0..=l.routes.len() {
-                for reason in AbortReason::ALL {
-                    let v = self.sum(|s| Some(self.route(s, li, ri)?.aborted(reason).get()));
-                    if v > 0 {
-                        let labels = vec![
-                            ("listener", l.name.clone()),
-                            ("route", route_label(&self.config, li, ri)),
-                            ("reason", reason.label().to_string()),
-                        ];
-                        rows.push((labels, v));
-                    }
-                }
-            }
-        }
-        counter(
-            enc,
             "weir_responses_aborted",
-            "Responses cut short after their head was sent, by reason (also counted in \
-             weir_requests_total with the status sent).",
+            "Responses cut short after their head was sent, by reason and client protocol (also \
+             counted in weir_requests_total with the status sent).",
             &rows,
         )
     }
 
+    /// Every route has a row per protocol, zero until its first request (as before the
+    /// `protocol` label: a histogram row per route).
     fn durations(&self, enc: &mut DescriptorEncoder) -> Result {
         let mut rows = Vec::new();
         for (li, l) in self.config.listeners.iter().enumerate() {
             for ri in 0..=l.routes.len() {
-                let parts = self
-                    .shards
-                    .iter()
-                    .filter_map(|s| Some(&self.route(s, li, ri)?.duration))
-                    .collect();
-                rows.push((
-                    vec![
-                        ("listener", l.name.clone()),
-                        ("route", route_label(&self.config, li, ri)),
-                    ],
-                    parts,
-                ));
+                for protocol in Protocol::ALL {
+                    let parts = self
+                        .shards
+                        .iter()
+                        .filter_map(|s| Some(self.route(s, li, ri)?.duration(protocol)))
+                        .collect();
+                    rows.push((
+                        vec![
+                            ("listener", l.name.clone()),
+                            ("route", route_label(&self.config, li, ri)),
+                            ("protocol", protocol.label().to_string()),
+                        ],
+                        parts,
+                    ));
+                }
             }
         }
         histogram(
             enc,
             "weir_request_duration_seconds",
-            "Time from a complete request head to the end of the response.",
+            "Time from a complete request head to the end of the response, by client protocol.",
             &rows,
         )
     }

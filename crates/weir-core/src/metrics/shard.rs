@@ -5,6 +5,7 @@
 //! the request path. The admin thread reads every shard at scrape time and adds them up.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use super::layout::{SlotMap, NO_ROUTE_SLOT};
@@ -87,6 +88,27 @@ pub fn method_index(method: &[u8]) -> usize {
         .iter()
         .position(|m| m.as_bytes() == method)
         .unwrap_or(METHODS.len() - 1)
+}
+
+/// The client's protocol, the `protocol` label of the per-request series. Chosen once per
+/// connection (HTTP/1) or stream (HTTP/2), so counting by it is an array index. HTTP/1.0
+/// requests count as `HTTP/1.1`: one HTTP/1 family, set per connection, not per request
+/// (the access log still tells them apart).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    Http1 = 0,
+    Http2 = 1,
+}
+
+/// Label values of [`Protocol`], spelled as the access log's `protocol` field.
+pub const PROTOCOLS: [&str; 2] = ["HTTP/1.1", "HTTP/2.0"];
+
+impl Protocol {
+    pub const ALL: [Protocol; 2] = [Protocol::Http1, Protocol::Http2];
+
+    pub fn label(self) -> &'static str {
+        PROTOCOLS[self as usize]
+    }
 }
 
 /// Status codes 100..=599 each have a slot; anything else shares the last one (label "other").
@@ -195,13 +217,20 @@ pub fn accept_error_index(e: &std::io::Error) -> usize {
     }
 }
 
-/// Requests of one route (or of "no route"), by method and status, and their durations.
+/// Requests of one route (or of "no route"), by protocol, method and status, and their
+/// durations.
 #[derive(Debug)]
 pub struct RouteMetrics {
-    requests: Box<[Counter]>,
-    pub duration: Histogram,
-    /// Responses cut short after their head, by `AbortReason`.
-    aborted: [Counter; AbortReason::ALL.len()],
+    /// HTTP/1.x requests, by method x status (allocated with the route, as before the
+    /// `protocol` label: the HTTP/1 path looks up no `OnceLock`).
+    http1: Box<[Counter]>,
+    /// HTTP/2 requests, the same table, allocated by the route's first HTTP/2 request
+    /// (most routes never see one; a table is 40 KiB per worker).
+    http2: OnceLock<Box<[Counter]>>,
+    /// By `Protocol`.
+    duration: [Histogram; PROTOCOLS.len()],
+    /// Responses cut short after their head, by `Protocol`, then `AbortReason`.
+    aborted: [[Counter; AbortReason::ALL.len()]; PROTOCOLS.len()],
     /// Requests refused by the route's `rate_limit` (429).
     pub rate_limited: Counter,
     /// Body bytes a route's `compression` took in and sent out, by `Encoding::index`.
@@ -211,12 +240,10 @@ pub struct RouteMetrics {
 
 impl RouteMetrics {
     fn new() -> RouteMetrics {
-        let requests = (0..METHODS.len() * STATUS_SLOTS)
-            .map(|_| Counter::default())
-            .collect();
         RouteMetrics {
-            requests,
-            duration: Histogram::default(),
+            http1: new_request_table(),
+            http2: OnceLock::new(),
+            duration: Default::default(),
             aborted: Default::default(),
             rate_limited: Counter::default(),
             compressed_in: Default::default(),
@@ -225,18 +252,52 @@ impl RouteMetrics {
     }
 
     #[inline]
-    pub fn aborted(&self, reason: AbortReason) -> &Counter {
-        &self.aborted[reason as usize]
+    pub fn aborted(&self, protocol: Protocol, reason: AbortReason) -> &Counter {
+        &self.aborted[protocol as usize][reason as usize]
     }
 
     #[inline]
-    pub fn request(&self, method: usize, status: u16) -> &Counter {
-        &self.requests[method * STATUS_SLOTS + status_index(status)]
+    pub fn duration(&self, protocol: Protocol) -> &Histogram {
+        &self.duration[protocol as usize]
     }
 
-    pub fn requests(&self, method: usize, slot: usize) -> u64 {
-        self.requests[method * STATUS_SLOTS + slot].get()
+    /// The counter of one request. Only the owning worker calls this: the route's first
+    /// HTTP/2 request allocates the HTTP/2 table (once per route and worker).
+    #[inline]
+    pub fn request(&self, protocol: Protocol, method: usize, status: u16) -> &Counter {
+        let table = match protocol {
+            Protocol::Http1 => &self.http1,
+            Protocol::Http2 => self.http2.get_or_init(new_request_table),
+        };
+        &table[method * STATUS_SLOTS + status_index(status)]
     }
+
+    /// The table of protocol index `protocol` (`PROTOCOLS`), if it has one yet.
+    fn table(&self, protocol: usize) -> Option<&[Counter]> {
+        match protocol {
+            0 => Some(&self.http1),
+            _ => self.http2.get().map(|t| &t[..]),
+        }
+    }
+
+    /// Requests of protocol index `protocol`, method and status slot.
+    pub fn requests(&self, protocol: usize, method: usize, slot: usize) -> u64 {
+        self.table(protocol)
+            .map_or(0, |t| t[method * STATUS_SLOTS + slot].get())
+    }
+
+    /// Whether requests of protocol index `protocol` may have been counted here (HTTP/1
+    /// always may; HTTP/2 once its table exists).
+    pub fn saw(&self, protocol: usize) -> bool {
+        self.table(protocol).is_some()
+    }
+}
+
+#[cold]
+fn new_request_table() -> Box<[Counter]> {
+    (0..METHODS.len() * STATUS_SLOTS)
+        .map(|_| Counter::default())
+        .collect()
 }
 
 #[derive(Debug, Default)]
@@ -446,6 +507,30 @@ mod tests {
         assert_eq!(status_index(100), 0);
         assert_eq!(status_index(599), 499);
         assert_eq!(status_index(999), STATUS_SLOTS - 1);
+    }
+
+    #[test]
+    fn requests_count_by_protocol_and_allocate_on_first_use() {
+        for (i, p) in Protocol::ALL.into_iter().enumerate() {
+            assert_eq!(p as usize, i, "ALL is in declaration order");
+        }
+        assert_eq!(Protocol::Http1.label(), "HTTP/1.1");
+        assert_eq!(Protocol::Http2.label(), "HTTP/2.0");
+        let route = RouteMetrics::new();
+        assert!(route.saw(0) && !route.saw(1));
+        route.request(Protocol::Http2, 0, 200).inc();
+        route
+            .aborted(Protocol::Http2, AbortReason::ClientClosed)
+            .inc();
+        assert!(route.saw(1));
+        assert_eq!(route.requests(1, 0, status_index(200)), 1);
+        assert_eq!(route.requests(0, 0, status_index(200)), 0);
+        assert_eq!(
+            route
+                .aborted(Protocol::Http1, AbortReason::ClientClosed)
+                .get(),
+            0
+        );
     }
 
     #[test]

@@ -299,3 +299,77 @@ pub async fn read_slowly<R: tokio::io::AsyncRead + Unpin>(s: &mut R) -> usize {
     }
     got
 }
+
+/// A JSON access log in a fresh file, removed on drop.
+pub struct JsonLog {
+    dir: std::path::PathBuf,
+}
+
+impl JsonLog {
+    pub fn new(test: &str) -> JsonLog {
+        let dir = std::env::temp_dir().join(format!("weir-log-{test}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        JsonLog { dir }
+    }
+
+    pub fn listener_line(&self) -> String {
+        format!(
+            "access_log = {{ format = \"json\", path = \"{}\" }}",
+            self.dir.join("access.log").display()
+        )
+    }
+
+    /// The log's lines once there are `n` (polls; the writer thread batches).
+    pub fn lines(&self, n: usize) -> Vec<String> {
+        let read = || std::fs::read_to_string(self.dir.join("access.log")).unwrap_or_default();
+        assert!(
+            weir_testkit::wait_until(WAIT, || read().lines().count() >= n),
+            "fewer than {n} access-log lines: {}",
+            read()
+        );
+        read().lines().map(str::to_string).collect()
+    }
+}
+
+impl Drop for JsonLog {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A whole HTTP/2 answer with the informational (1xx) heads that came before it.
+pub struct WithInterims {
+    pub interims: Vec<http::Response<()>>,
+    pub head: http::Response<()>,
+    pub body: Vec<u8>,
+}
+
+/// Reads `response`: every informational head (in order), then the final head and its body.
+pub async fn read_with_interims(mut response: h2::client::ResponseFuture) -> WithInterims {
+    use std::future::Future;
+    use std::task::Poll;
+    let mut interims = Vec::new();
+    let head = std::future::poll_fn(|cx| {
+        while let Poll::Ready(Some(interim)) = response.poll_informational(cx) {
+            interims.push(interim.expect("informational head"));
+        }
+        std::pin::Pin::new(&mut response).poll(cx)
+    });
+    let (head, mut recv) = tokio::time::timeout(WAIT, head)
+        .await
+        .expect("a final head in time")
+        .expect("final head")
+        .into_parts();
+    let mut body = Vec::new();
+    while let Some(chunk) = recv.data().await {
+        let chunk = chunk.expect("body chunk");
+        let _ = recv.flow_control().release_capacity(chunk.len());
+        body.extend_from_slice(&chunk);
+    }
+    WithInterims {
+        interims,
+        head: http::Response::from_parts(head, ()),
+        body,
+    }
+}

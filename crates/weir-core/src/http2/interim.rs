@@ -1,0 +1,112 @@
+//! 1xx responses (103 Early Hints, 102, 100, ...) relayed to an HTTP/2 client while its
+//! stream waits for the upstream's final head, as informational HEADERS frames (RFC 9113
+//! 8.1).
+//!
+//! The stream's `SendResponse` is shared between the wait, which polls it for the client's
+//! reset (`send::unless_reset`), and the relay of the 1xx heads that arrive meanwhile: both
+//! run in the stream's task and neither holds it across an await, so a `RefCell` is enough.
+//!
+//! Bounds: at most `max_informational` heads per response (h2 queues HEADERS frames
+//! without flow control, so an upstream sending 1xx in a loop must not grow that queue);
+//! a `100` is dropped when Weir already sent its own for `expect: 100-continue` (the
+//! client gets one); 101 is never relayed (HTTP/2 has no such upgrade). The final head's
+//! wait stays bounded by the response timeout: the relay does not restart it.
+
+use std::cell::{Cell, RefCell};
+use std::future::Future;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use h2::server::SendResponse;
+use h2::Reason;
+use http::{Response, StatusCode};
+
+use super::names::response_name;
+use super::send::Resettable;
+use crate::codec::http1::ResponseHead;
+use crate::forward::exchange::Interim;
+
+/// The client's stream while the upstream's final head is awaited.
+pub(super) struct ClientStream<'a> {
+    respond: RefCell<&'a mut SendResponse<Bytes>>,
+    /// Informational heads that may still be relayed.
+    left: Cell<u32>,
+    /// Weir answered `expect: 100-continue` itself: an upstream's 100 is not relayed.
+    sent_continue: bool,
+}
+
+impl<'a> ClientStream<'a> {
+    pub fn new(respond: &'a mut SendResponse<Bytes>, max: u32, sent_continue: bool) -> Self {
+        ClientStream {
+            respond: RefCell::new(respond),
+            left: Cell::new(max),
+            sent_continue,
+        }
+    }
+
+    /// Sends the informational `head` unless the bounds above skip it. Returns whether it
+    /// was sent; `Err`: the stream is gone.
+    pub fn send(&self, head: Response<()>) -> Result<bool, ()> {
+        let status = head.status();
+        let skip = !status.is_informational()
+            || status == StatusCode::SWITCHING_PROTOCOLS
+            || (status == StatusCode::CONTINUE && self.sent_continue)
+            || self.left.get() == 0;
+        if skip {
+            return Ok(false);
+        }
+        self.left.set(self.left.get() - 1);
+        let mut respond = self.respond.borrow_mut();
+        respond.send_informational(head).map_err(|_| ())?;
+        Ok(true)
+    }
+}
+
+impl Resettable for &ClientStream<'_> {
+    fn poll_reset(&mut self, cx: &mut Context<'_>) -> Poll<Result<Reason, h2::Error>> {
+        self.respond.borrow_mut().poll_reset(cx)
+    }
+}
+
+/// The 1xx heads of an HTTP/1.1 upstream: sent with their end-to-end fields, names
+/// lower-cased, as the final head (hop-by-hop and `Connection`-listed fields dropped; the
+/// route's `response_headers` rules are for the final head only).
+pub(super) struct FromHttp1<'s, 'a>(pub &'s ClientStream<'a>);
+
+impl Interim for FromHttp1<'_, '_> {
+    async fn relay(&mut self, head: &[u8], resp: &ResponseHead, _: Duration) -> Result<bool, ()> {
+        let mut response = Response::new(());
+        let Ok(status) = StatusCode::from_u16(resp.status) else {
+            return Ok(false);
+        };
+        *response.status_mut() = status;
+        let fields = response.headers_mut();
+        for h in &resp.headers {
+            if h.connection_listed || h.kind.is_hop_by_hop() {
+                continue;
+            }
+            let name = response_name(&head[h.name.clone()]);
+            let value = http::HeaderValue::from_bytes(&head[h.value.clone()]);
+            if let (Ok(name), Ok(value)) = (name, value) {
+                fields.append(name, value);
+            }
+        }
+        self.0.send(response)
+    }
+}
+
+/// Waits for an HTTP/2 upstream's final head, relaying its 1xx heads to `client`.
+pub(super) async fn final_h2_head(
+    mut response: h2::client::ResponseFuture,
+    client: &ClientStream<'_>,
+) -> Result<Response<h2::RecvStream>, h2::Error> {
+    std::future::poll_fn(|cx| {
+        while let Poll::Ready(Some(interim)) = response.poll_informational(cx) {
+            // A client gone ends the wait through its reset (`unless_reset`), not here.
+            let _ = client.send(interim?);
+        }
+        std::pin::Pin::new(&mut response).poll(cx)
+    })
+    .await
+}
