@@ -61,6 +61,11 @@ enum Command {
     },
 }
 
+/// mimalloc instead of glibc malloc: an h2c stream runs 7 % fewer instructions (34.3k vs
+/// 36.8k, callgrind) and takes a fifth of the page faults; see docs/benchmarks.md.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> std::process::ExitCode {
     run::init_logging();
     let cli = Cli::parse();
