@@ -79,7 +79,6 @@ pub async fn serve(
         return;
     };
     let facts = H2Facts::of(&parts.headers);
-    drop(parts);
     let mut fields = RequestFields::default();
     let mut trace = Trace::default();
     // The client: the peer, or the address behind `trusted_proxies` (as for HTTP/1).
@@ -124,7 +123,7 @@ pub async fn serve(
                     .zip(key.as_ref())
                     .map(|(p, k)| (p.as_str().as_bytes(), &k[..])),
             };
-            let (route, result) = s.handle(body, &mut respond, &mut trace).await;
+            let (route, result) = s.handle(parts, body, &mut respond, &mut trace).await;
             (route, result, method)
         }
         Err(e) => (None, Err(e.into()), METHODS.len() - 1),
@@ -188,8 +187,10 @@ struct Stream<'a> {
 
 impl Stream<'_> {
     /// Routes the request, then forwards it or sends the default response.
+    /// `parts`: the client's request, for an HTTP/2 upstream's request.
     async fn handle(
         &self,
+        parts: http::request::Parts,
         body: Option<RecvStream>,
         respond: &mut SendResponse<Bytes>,
         trace: &mut Trace,
@@ -310,7 +311,7 @@ impl Stream<'_> {
             let _ = respond.send_informational(go_on);
         }
         let result = match speaks_h2(r.target.upstream) {
-            true => Box::pin(r.forward_h2(self.facts, body, respond, trace)).await,
+            true => Box::pin(r.forward_h2(self.facts, parts, body, respond, trace)).await,
             false => r.forward(body, respond, trace).await,
         };
         (route, result)

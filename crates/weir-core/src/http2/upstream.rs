@@ -23,10 +23,13 @@ use bytes::Bytes;
 use h2::server::SendResponse;
 use h2::{Reason, RecvStream, SendStream};
 use http::header::{HeaderMap, HeaderName, HeaderValue};
+use http::request::Parts;
+use http::uri::Scheme;
 use weir_config::{UpstreamProtocol, UpstreamServer};
 
 use super::exchange::{cookie_value, StreamRequest, Trace};
 use super::send::{send_bytes, send_data, unless_reset, Stop};
+use super::upstream_request::{upstream_request, Upstream};
 use crate::codec::http1::ResponseHead;
 use crate::connector::h2::{checkout, h2_error, never_processed, Checkout, Lease};
 use crate::error::ProxyError;
@@ -127,10 +130,13 @@ impl StreamRequest<'_> {
     pub async fn forward_h2(
         &self,
         facts: &H2Facts,
+        parts: Parts,
         mut body: Option<RecvStream>,
         respond: &mut SendResponse<Bytes>,
         trace: &mut Trace,
     ) -> Result<(), Failure> {
+        // The client's request, for the first request sent upstream.
+        let mut client = Some(parts);
         let (worker, target) = (self.worker, self.target);
         let (u, pool) = (target.upstream, target.pool);
         let (key, mut pick) = self.first_pick()?;
@@ -144,7 +150,8 @@ impl StreamRequest<'_> {
                 .set_cookie(pick.server)
                 .filter(|_| pick.set_cookie)
                 .and_then(cookie_value);
-            let tried_server = self.try_server(facts, server, cookie, &mut body, respond, trace);
+            let sending = (&mut client, &mut body);
+            let tried_server = self.try_server(facts, server, cookie, sending, respond, trace);
             let (result, consumed) = match tried_server.await {
                 Try::Http1 => {
                     drop(pick);
@@ -198,13 +205,13 @@ impl StreamRequest<'_> {
         facts: &H2Facts,
         server: &UpstreamServer,
         cookie: Option<HeaderValue>,
-        body: &mut Option<RecvStream>,
+        (client, body): (&mut Option<Parts>, &mut Option<RecvStream>),
         respond: &mut SendResponse<Bytes>,
         trace: &mut Trace,
     ) -> Try {
         // The request goes to the first connection as it is, without a copy: h2 takes it
         // by value, and a refused stream (rare) has it built again from the head.
-        let mut first = match self.upstream_request(facts, server) {
+        let mut first = match self.upstream_request(facts, server, client.take()) {
             Ok(r) => Some(r),
             Err(e) => return Try::Over(Err(e.into()), false),
         };
@@ -220,7 +227,7 @@ impl StreamRequest<'_> {
             };
             let request = match first
                 .take()
-                .map_or_else(|| self.upstream_request(facts, server), Ok)
+                .map_or_else(|| self.upstream_request(facts, server, None), Ok)
             {
                 Ok(r) => r,
                 Err(e) => return Try::Over(Err(e.into()), false),
@@ -263,26 +270,38 @@ impl StreamRequest<'_> {
         Try::Over(Err(last.into()), false)
     }
 
-    /// The upstream request: the HTTP/1.1 head every request gets, as HTTP/2 fields.
+    /// The upstream request: made from the client's request `client` when given (it is
+    /// for the first one sent), else from the HTTP/1.1 head every request gets, as
+    /// HTTP/2 fields.
     fn upstream_request(
         &self,
         facts: &H2Facts,
         server: &UpstreamServer,
+        client: Option<Parts>,
     ) -> Result<http::Request<()>, ProxyError> {
-        let mut out = Vec::with_capacity(self.buf.len() + 256);
-        self.write_head(&mut out, server);
-        let scheme = if self.target.upstream.tls.is_some() {
-            "https"
-        } else {
-            "http"
-        };
+        let tls = self.target.upstream.tls.is_some();
         let id = self.target.listener.policy.request_id.as_ref();
-        h1_head_to_h2(
-            &out,
-            scheme,
-            facts.te_trailers,
-            id.map(|i| i.header.as_str()),
-        )
+        let unindexed = id.map(|i| i.header.as_str());
+        let Some(parts) = client else {
+            let mut out = Vec::with_capacity(self.buf.len() + 256);
+            self.write_head(&mut out, server);
+            let scheme = if tls { "https" } else { "http" };
+            return h1_head_to_h2(&out, scheme, facts.te_trailers, unindexed);
+        };
+        self.with_client_facts(|client| {
+            let u = Upstream {
+                buf: self.buf,
+                req: self.req,
+                path: self.path,
+                route: self.target.route,
+                server,
+                client,
+                scheme: if tls { Scheme::HTTPS } else { Scheme::HTTP },
+                te_trailers: facts.te_trailers,
+                unindexed,
+            };
+            upstream_request(parts, &u, &self.worker.h2_scratch)
+        })
     }
 }
 
