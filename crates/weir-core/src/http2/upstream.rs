@@ -545,6 +545,7 @@ async fn upload(
             Ok(Some(Ok(data))) => data,
         };
         let len = data.len();
+        let first = consumed.get() == 0;
         consumed.set(consumed.get() + len as u64);
         if limit.is_some_and(|max| consumed.get() > max) {
             return Err(ProxyError::BodyTooLarge);
@@ -552,7 +553,8 @@ async fn upload(
         // The client's last DATA (END_STREAM, no trailers): END_STREAM goes on ours too,
         // not on an extra empty frame.
         let last = body.is_end_stream();
-        send_windowed(up, data, upstream_timeout, last).await?;
+        let eager = first.then_some(EAGER_FIRST_PIECE);
+        send_windowed(up, data, (upstream_timeout, eager), last).await?;
         // Only now may the client send more: its pace is the upstream's.
         let _ = body.flow_control().release_capacity(len);
         if last {
@@ -567,18 +569,28 @@ async fn upload(
     }
 }
 
+/// The first DATA of a request up to this size goes upstream without waiting for the
+/// stream's window (see `send_windowed`).
+const EAGER_FIRST_PIECE: usize = 16 * 1024;
+
 /// Sends `data` upstream as DATA, never more than the stream's window allows: h2 would
 /// buffer the rest, so waiting for the window is what bounds memory per stream. `end`
-/// puts END_STREAM on the last frame.
+/// puts END_STREAM on the last frame. `eager`: `data`, if no larger, is the stream's
+/// first piece and is handed to h2 at once. A new stream has no window before the
+/// connection task has sent its HEADERS, so waiting for it cost every small request (a
+/// gRPC call) a timer and a second poll of its task; h2 holds that one piece until the
+/// window opens, and the next piece waits for window as usual (h2 counts what it holds),
+/// so a stream still holds at most this much more than its window.
 pub(crate) async fn send_windowed(
     up: &mut SendStream<Bytes>,
     mut rest: Bytes,
-    upstream_timeout: Duration,
+    (upstream_timeout, eager): (Duration, Option<usize>),
     end: bool,
 ) -> Result<(), ProxyError> {
     let up_error = |_: h2::Error| ProxyError::UpstreamClosed;
-    if rest.is_empty() && end {
-        return up.send_data(rest, true).map_err(up_error);
+    let eager = eager.is_some_and(|max| !rest.is_empty() && rest.len() <= max);
+    if eager || (rest.is_empty() && end) {
+        return up.send_data(rest, end).map_err(up_error);
     }
     while !rest.is_empty() {
         up.reserve_capacity(rest.len());
