@@ -151,7 +151,8 @@ impl StreamRequest<'_> {
                 .filter(|_| pick.set_cookie)
                 .and_then(cookie_value);
             let sending = (&mut client, &mut body);
-            let tried_server = self.try_server(facts, server, cookie, sending, respond, trace);
+            let at = (server, started);
+            let tried_server = self.try_server(facts, at, cookie, sending, respond, trace);
             let (result, consumed) = match tried_server.await {
                 Try::Http1 => {
                     drop(pick);
@@ -199,11 +200,12 @@ impl StreamRequest<'_> {
     }
 
     /// Sends the request to `server` on a pooled (or new) connection, again on another
-    /// connection while the server refuses the stream unprocessed.
+    /// connection while the server refuses the stream unprocessed. `started`: when the
+    /// try on this server began.
     async fn try_server(
         &self,
         facts: &H2Facts,
-        server: &UpstreamServer,
+        (server, started): (&UpstreamServer, Instant),
         cookie: Option<HeaderValue>,
         (client, body): (&mut Option<Parts>, &mut Option<RecvStream>),
         respond: &mut SendResponse<Bytes>,
@@ -217,10 +219,10 @@ impl StreamRequest<'_> {
         };
         let tls = self.target.pool.tls.as_deref();
         let mut last = ProxyError::UpstreamClosed;
-        let started = Instant::now();
         for _ in 0..MAX_REFUSED {
             let pool = &self.worker.h2_pool;
-            let lease = match checkout(pool, self.target.upstream, (server, tls)).await {
+            let to = (server, tls);
+            let lease = match checkout(pool, self.target.upstream, to, started).await {
                 Ok(Checkout::Lease(lease)) => lease,
                 Ok(Checkout::Http1) => return Try::Http1,
                 Err(e) => return Try::Over(Err(e.into()), false),
