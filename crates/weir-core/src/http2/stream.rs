@@ -53,6 +53,8 @@ pub async fn serve(
     };
     let listener = &snapshot.config.listeners[index];
     let (parts, body) = request.into_parts();
+    // The HEADERS frame ended the stream: no body (asked once: each asking takes h2's lock).
+    let ended = body.is_end_stream();
     // The head and its spans come from the worker's spares and go back after the log.
     let RequestScratch {
         head: mut buf,
@@ -67,7 +69,7 @@ pub async fn serve(
         (Some(p), Some(key)) => {
             write_upgrade_head(&mut buf, spans, &parts, p.as_str().as_bytes(), key)
         }
-        _ => write_head(&mut buf, spans, &parts, body.is_end_stream()),
+        _ => write_head(&mut buf, spans, &parts, ended),
     };
     let Ok(line) = written else {
         // Malformed (RFC 9113 8.1.1): a stream error. The reset is budgeted like a
@@ -107,7 +109,7 @@ pub async fn serve(
                 fields.http2 = true;
             }
             let method = method_index(&buf[req.method.clone()]);
-            let body = (!body.is_end_stream()).then_some(body);
+            let body = (!ended).then_some(body);
             let s = Stream {
                 shared: &shared,
                 snapshot: &snapshot,
