@@ -1,12 +1,15 @@
 //! One h2 stream's exchange with an HTTP/2 upstream (`protocol = "h2"`, `"h2c"`, `"auto"`):
 //! h2 end to end, trailers both ways, as gRPC needs.
 //!
-//! The upstream request is the HTTP/1.1 head `forward::request_head` writes for any
-//! request (rewrites, forwarding headers, host), turned into HTTP/2 fields: request line to
+//! The upstream request says what the HTTP/1.1 head `forward::request_head` writes for any
+//! request says (rewrites, forwarding headers, host), as HTTP/2 fields: request line to
 //! pseudo-headers, `Host` to `:authority`, connection-specific fields dropped, `te:
-//! trailers` kept when the client sent it. Request DATA goes upstream within the
-//! upstream's window and is released to the client's window only once sent, so the client
-//! is paced by the upstream; the response streams back the same way, then its trailers.
+//! trailers` kept when the client sent it. The first one is made from the client's own
+//! request (`upstream_request`); one sent again after a refusal from that head
+//! (`h1_head_to_h2`). Request DATA goes upstream within the upstream's window (the
+//! first piece, up to `EAGER_FIRST_PIECE`, at once) and is released to the client's window
+//! only once sent, so the client is paced by the upstream; the response streams back the
+//! same way, then its trailers.
 //! Upload and response run at once (bidirectional streaming).
 //!
 //! Connections come from the worker's `connector::h2` pool. A stream the server never
