@@ -13,7 +13,8 @@
 //! arrives with REFUSED_STREAM (as a server that never processed it).
 //!
 //! For HTTP/1.1 clients translated to HTTP/2: `/fixed` answers `content-length: 5` and
-//! `hello` (no trailers); `/badlen` says `content-length: 10` and sends 5 bytes; `/hints`
+//! `hello` (no trailers); `/show-fields` answers the request's fields as its body (sorted
+//! `name: value` lines, split cookies joined), without trailers; `/badlen` says `content-length: 10` and sends 5 bytes; `/hints`
 //! sends a 103 (`link: </a.css>`) before the echo; a HEAD request gets its head only, with
 //! `content-length: 42`. `/grpc.health.v1.Health/Check` is a gRPC health service
 //! ([`H2Backend::set_serving`]).
@@ -236,6 +237,12 @@ async fn echo(
     let Ok(mut send) = respond.send_response(response, false) else {
         return;
     };
+    if path.starts_with("/show-fields") {
+        let shown = show_fields(&parts.headers);
+        send.reserve_capacity(shown.len());
+        let _ = send.send_data(shown.into(), true);
+        return;
+    }
     let mut len = 0usize;
     while let Some(Ok(chunk)) = body.data().await {
         // An empty DATA (a client's bare END_STREAM) is not echoed: the h2 crate counts
@@ -265,6 +272,23 @@ async fn echo(
         }
     }
     let _ = send.send_trailers(trailers);
+}
+
+/// A request's fields as sorted `name: value` lines, split `cookie` fields joined with
+/// "; " (RFC 9113 8.2.3) so that a request from HTTP/1.1 compares equal.
+fn show_fields(headers: &HeaderMap) -> String {
+    let text = |v: &HeaderValue| String::from_utf8_lossy(v.as_bytes()).into_owned();
+    let mut lines: Vec<String> = headers
+        .iter()
+        .filter(|(name, _)| *name != "cookie")
+        .map(|(name, value)| format!("{name}: {}\n", text(value)))
+        .collect();
+    let cookies: Vec<String> = headers.get_all("cookie").iter().map(text).collect();
+    if !cookies.is_empty() {
+        lines.push(format!("cookie: {}\n", cookies.join("; ")));
+    }
+    lines.sort();
+    lines.concat()
 }
 
 /// Fields RFC 9110 6.5.1 forbids in trailers, sent by `/bad-trailers`.

@@ -110,6 +110,82 @@ async fn get(client: &SendRequest<Bytes>, path: &str) -> Full {
     exchange(client, request(Method::GET, path, &[]), b"", None).await
 }
 
+/// An h2 client's request is made into the upstream's from its own fields, not from an
+/// HTTP/1.1 head: the upstream must get what an HTTP/1.1 client's request gives it, field
+/// for field (hop-by-hop and Weir's own fields dropped, the request id and forwarded
+/// headers added, the path rewritten, `te: trailers` kept), on routes with and without
+/// edits.
+#[tokio::test]
+async fn an_h2_clients_fields_reach_the_upstream_as_an_http1_clients_do() {
+    let backend = H2Backend::h2c();
+    let rules = "request_headers = { set = { \"Host\" = \"in.{host}\", \"X-Env\" = \"prod\" }, \
+                 add = { \"X-Via\" = \"weir {request_id}\" }, remove = [\"X-Debug\"] }";
+    let routes: [&[&str]; 3] = [
+        &[],
+        &[
+            "rewrite_prefix = \"/show-fields/in/\"",
+            "preserve_host = false",
+        ],
+        &["forwarded_headers = false", rules],
+    ];
+    let fields = [
+        ("x-forwarded-for", "1.1.1.1"),
+        ("x-real-ip", "6.6.6.6"),
+        ("x-forwarded-host", "spoofed.test"),
+        ("trailer", "x-t"),
+        ("x-request-id", "client-id"),
+        ("x-debug", "1"),
+        ("x-env", "test"),
+        ("cookie", "a=1"),
+        ("cookie", "b=2"),
+        ("te", "trailers"),
+        ("x-end", " padded "),
+    ];
+    // The request id is new on every request: both clients send the same one, which Weir
+    // trusts (`trust_client`) and sends on in a field of its own.
+    let id = ("x-request-id", "same-id");
+    for keys in routes {
+        let weir = Conf::new()
+            .with_request_ids()
+            .route("all", "up", keys)
+            .upstream("up", &[backend.addr()], &["protocol = \"h2c\""])
+            .start();
+        let client = connect(&weir).await;
+        let mut sent: Vec<(&str, &str)> = fields.iter().copied().filter(|f| f.0 != id.0).collect();
+        sent.push(id);
+        let h2 = exchange(
+            &client,
+            request(Method::GET, "/show-fields/a?q=1", &sent),
+            b"",
+            None,
+        );
+        let h2 = h2.await;
+        sent.push(("host", "example.test"));
+        let mut h1 = weir.client().await;
+        let h1 = h1.request("GET", "/show-fields/a?q=1", &sent, b"").await;
+        let h1 = h1.expect("HTTP/1.1 response");
+        assert_eq!(
+            (h2.head.status(), h1.status),
+            (StatusCode::OK, 200),
+            "{keys:?}"
+        );
+        let shown = String::from_utf8_lossy(&h2.body);
+        assert_eq!(shown, String::from_utf8_lossy(&h1.body), "{keys:?}");
+        for name in ["x-path", "x-authority", "x-method", "x-te"] {
+            let h1_value = h1.header(name).unwrap_or_default();
+            assert_eq!(h2.header(name), h1_value, "{name} on {keys:?}");
+        }
+        assert!(shown.contains("x-request-id: same-id\n"), "{shown}");
+        assert!(!shown.contains("trailer:"), "{shown}");
+        let via = shown.contains("x-via: weir same-id\n");
+        assert_eq!(via, keys.contains(&rules), "{shown}");
+        assert_eq!(shown.contains("x-debug"), !keys.contains(&rules), "{shown}");
+        // The client's forwarded headers are replaced where the route sets them.
+        let forwarded = !keys.contains(&"forwarded_headers = false");
+        assert_eq!(shown.contains("spoofed"), !forwarded, "{shown}");
+    }
+}
+
 #[tokio::test]
 async fn multiplexed_requests_share_one_upstream_connection() {
     let backend = H2Backend::h2c();

@@ -63,9 +63,11 @@ impl H2Conn {
 
     /// Worth keeping in the pool at `now`: usable, and not idle for its `idle_timeout`.
     fn keep(&self, now: Instant) -> bool {
-        let idle = self.in_flight.get() == 0;
-        let since = now.saturating_duration_since(self.idle_since.get());
-        self.usable() && !(idle && since >= self.idle_timeout)
+        // Every checkout asks this of each of the server's connections: the idle time
+        // only of an idle one.
+        let idle = || self.in_flight.get() == 0;
+        let expired = || now.saturating_duration_since(self.idle_since.get()) >= self.idle_timeout;
+        self.usable() && !(idle() && expired())
     }
 
     fn has_room(&self, limit: usize) -> bool {
@@ -136,9 +138,8 @@ pub struct H2Pool {
 impl H2Pool {
     /// A connection of `key` with a free stream, after dropping closed, going-away and
     /// expired idle ones. `None`: every connection is full (or there is none).
-    fn find(&mut self, key: PoolKey, limit: usize) -> Option<Rc<H2Conn>> {
+    fn find(&mut self, key: PoolKey, limit: usize, now: Instant) -> Option<Rc<H2Conn>> {
         let list = self.conns.get_mut(&key)?;
-        let now = Instant::now();
         // Leases keep a dropped connection alive until their streams end.
         list.retain(|c| c.keep(now));
         list.iter().find(|c| c.has_room(limit)).cloned()
@@ -192,21 +193,24 @@ impl Drop for Connecting<'_> {
 
 /// A stream on a connection to `server`: a pooled connection with room, else a new one
 /// (TCP, TLS with ALPN for `h2`/`auto`, then the HTTP/2 handshake, all within
-/// `connect_timeout`).
+/// `connect_timeout`). `now`: a time the request path already read (pooled connections
+/// idle past their `idle_timeout` are dropped as of it).
 pub async fn checkout(
     pool: &RefCell<H2Pool>,
     upstream: &Upstream,
     (server, tls): (&UpstreamServer, Option<&TlsUpstream>),
+    now: Instant,
 ) -> Result<Checkout, ProxyError> {
     let key = PoolKey::new(server, tls);
     let limit = upstream.max_concurrent_streams as usize;
     loop {
         let wait = {
             let mut p = pool.borrow_mut();
-            if p.http1.contains_key(&key) {
+            // Usually empty (only `auto` servers that chose HTTP/1.1): no lookup then.
+            if !p.http1.is_empty() && p.http1.contains_key(&key) {
                 return Ok(Checkout::Http1);
             }
-            if let Some(conn) = p.find(key, limit) {
+            if let Some(conn) = p.find(key, limit, now) {
                 return Ok(Checkout::Lease(Lease::new(conn)));
             }
             match p.connecting.get(&key) {

@@ -108,16 +108,72 @@ pub fn write_request_head(
     }
     let offered = push_offer(out, buf, req, &route.upgrades);
     if route.forwarded_headers {
-        let prior = req
-            .headers
-            .iter()
-            .filter(|h| h.kind == HeaderKind::XForwardedFor)
-            .map(|h| &buf[h.value.clone()]);
-        let real = edits.and_then(|e| e.real_client).unwrap_or(client.ip);
-        push_forwarded(out, real, client.ip, client_host, prior, tls.is_some());
+        push_client_forwarded(out, buf, req, client_host, client);
     }
     out.extend_from_slice(b"\r\n");
     offered
+}
+
+/// The forwarded headers for `req` (its own `X-Forwarded-For` values continued).
+fn push_client_forwarded(
+    out: &mut Vec<u8>,
+    buf: &[u8],
+    req: &RequestHead,
+    client_host: Option<&[u8]>,
+    client: ClientFacts<'_>,
+) {
+    let prior = req
+        .headers
+        .iter()
+        .filter(|h| h.kind == HeaderKind::XForwardedFor)
+        .map(|h| &buf[h.value.clone()]);
+    let real = client
+        .edits
+        .and_then(|e| e.real_client)
+        .unwrap_or(client.ip);
+    push_forwarded(
+        out,
+        real,
+        client.ip,
+        client_host,
+        prior,
+        client.tls.is_some(),
+    );
+}
+
+/// Appends, as `write_request_head` writes them, the lines Weir adds to a request (the
+/// route's `request_headers`, the client-certificate header, the forwarded headers; the
+/// request id aside) and nothing else: the fields an HTTP/2 upstream's request gets on top
+/// of the client's own and the id (`http2::upstream_request`). A `Host` line among them
+/// comes from a `set` rule.
+pub fn write_added_fields(
+    out: &mut Vec<u8>,
+    buf: &[u8],
+    req: &RequestHead,
+    route: &Route,
+    client: ClientFacts<'_>,
+) {
+    if let Some((rules, e)) = client.edits.and_then(|e| e.rules.zip(Some(e))) {
+        push_rules(out, rules, &e.vars);
+    }
+    if let Some(line) = client.tls.and_then(|t| t.cert_header_line.as_deref()) {
+        out.extend_from_slice(line);
+    }
+    if route.forwarded_headers {
+        let client_host = req.host.as_ref().map(|r| &buf[r.clone()]);
+        push_client_forwarded(out, buf, req, client_host, client);
+    }
+}
+
+/// Whether a client field named `name` (lower-case, as HTTP/2 has it) is one
+/// `write_request_head` copies upstream as it is: end to end, not set by Weir (`Host`, the
+/// forwarded headers on a route that sets them, the request id, `set` and `remove`
+/// rules, the client-certificate header).
+pub fn forwards_field(name: &[u8], route: &Route, client: &ClientFacts<'_>) -> bool {
+    let strip = client.tls.and_then(|t| t.strip_header.as_deref());
+    forwards_unchanged(HeaderKind::of(name), false, route.forwarded_headers)
+        && !strip.is_some_and(|s| same_header_name(name, s))
+        && !client.edits.is_some_and(|e| e.drops(name))
 }
 
 /// Copies the lines of the headers forwarded as they are, except those `dropped` names.

@@ -157,7 +157,15 @@ impl StreamRequest<'_> {
     /// (`forward::exchange::write_head_with_policy`).
     pub(super) fn write_head(&self, out: &mut Vec<u8>, server: &UpstreamServer) -> Offered {
         let route = self.target.route;
-        let rules = route.filters.request_headers.as_ref();
+        self.with_client_facts(|client| {
+            write_request_head(out, self.buf, self.req, self.path, route, server, client)
+        })
+    }
+
+    /// Runs `f` with what the upstream request says about the client and the route's
+    /// edits (`forward::request_head`'s `ClientFacts`).
+    pub(super) fn with_client_facts<R>(&self, f: impl FnOnce(ClientFacts<'_>) -> R) -> R {
+        let rules = self.target.route.filters.request_headers.as_ref();
         let id_header = self.target.listener.policy.request_id.as_ref();
         let real_client = (self.client.as_bytes() != self.ip.as_bytes()).then_some(self.client);
         let vars = self.vars();
@@ -168,12 +176,11 @@ impl StreamRequest<'_> {
             vars,
         };
         let any = rules.is_some() || id_header.is_some() || real_client.is_some();
-        let client = ClientFacts {
+        f(ClientFacts {
             ip: self.ip,
             tls: self.tls,
             edits: any.then_some(&edits),
-        };
-        write_request_head(out, self.buf, self.req, self.path, route, server, client)
+        })
     }
 
     /// What `{variable}`s in the route's header rules expand to for this request.

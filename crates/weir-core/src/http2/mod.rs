@@ -30,6 +30,7 @@ pub(crate) mod scratch;
 mod send;
 mod stream;
 mod upstream;
+mod upstream_request;
 mod websocket;
 
 pub use conn::serve;

@@ -1,10 +1,12 @@
-//! Header names for the h2 response head, without `HeaderName::from_bytes` for the
-//! common ones. `from_bytes` lower-cases the name into a scratch array, then searches the
+//! Header names for the h2 response head, and for the fields Weir adds to an h2
+//! upstream request, without `HeaderName::from_bytes` for the common ones. `from_bytes` lower-cases the name into a scratch array, then searches the
 //! standard names: about a hundred instructions per field, every field of every
 //! response. The names most responses carry are matched here (any case, as HTTP/1.1
 //! sends them) to the same standard `HeaderName`s; any other name takes `from_bytes`.
 
 use http::header::{self, HeaderName, InvalidHeaderName};
+
+use crate::codec::http1::header::token_eq_lower;
 
 /// The `HeaderName` for a name as the upstream wrote it.
 pub fn response_name(raw: &[u8]) -> Result<HeaderName, InvalidHeaderName> {
@@ -25,6 +27,36 @@ pub fn response_name(raw: &[u8]) -> Result<HeaderName, InvalidHeaderName> {
         16 if is(b"content-encoding") => header::CONTENT_ENCODING,
         _ => return HeaderName::from_bytes(raw),
     })
+}
+
+/// The `HeaderName` for a field Weir adds to an upstream request (`upstream_request`):
+/// the request id and the forwarded headers by default, as static names (`from_bytes`
+/// allocates a name that is not a standard one); any other name takes `from_bytes`.
+pub fn added_name(raw: &[u8]) -> Result<HeaderName, InvalidHeaderName> {
+    // Built at compile time: `from_static` checks its name each time it runs.
+    const ADDED: [(&str, HeaderName); 5] = [
+        ("x-request-id", HeaderName::from_static("x-request-id")),
+        ("x-real-ip", HeaderName::from_static("x-real-ip")),
+        (
+            "x-forwarded-for",
+            HeaderName::from_static("x-forwarded-for"),
+        ),
+        (
+            "x-forwarded-proto",
+            HeaderName::from_static("x-forwarded-proto"),
+        ),
+        (
+            "x-forwarded-host",
+            HeaderName::from_static("x-forwarded-host"),
+        ),
+    ];
+    match ADDED
+        .iter()
+        .find(|(n, _)| token_eq_lower(raw, n.as_bytes()))
+    {
+        Some((_, name)) => Ok(name.clone()),
+        None => HeaderName::from_bytes(raw),
+    }
 }
 
 #[cfg(test)]
@@ -53,6 +85,17 @@ mod tests {
             assert!(ours.is_some(), "{raw:?}");
             assert_eq!(ours, HeaderName::from_bytes(raw).ok(), "{raw:?}");
         }
+        for raw in [
+            &b"X-Request-Id"[..],
+            b"X-Real-IP",
+            b"X-Forwarded-For",
+            b"x-forwarded-proto",
+            b"X-Forwarded-Host",
+            b"X-Client-Cert",
+        ] {
+            assert_eq!(added_name(raw).ok(), HeaderName::from_bytes(raw).ok());
+        }
+        assert!(added_name(b"bad name").is_err());
         assert!(response_name(b"bad name").is_err());
         assert!(response_name(b"").is_err());
     }

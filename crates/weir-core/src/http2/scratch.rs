@@ -91,6 +91,8 @@ pub struct Scratches {
     exchanges: RefCell<Vec<ExchangeScratch>>,
     /// The block responses are being copied into (empty: the next copy starts there).
     arena: RefCell<BytesMut>,
+    /// Where `render` writes before the copy into the arena.
+    spare: RefCell<Vec<u8>>,
 }
 
 impl Default for Scratches {
@@ -100,11 +102,27 @@ impl Default for Scratches {
             exchanges: RefCell::default(),
             // With this capacity as its first, the arena's next blocks are as large.
             arena: RefCell::new(BytesMut::with_capacity(ARENA_BLOCK)),
+            spare: RefCell::default(),
         }
     }
 }
 
 impl Scratches {
+    /// What `write` writes (into a spare buffer, emptied first) as `Bytes` cut from the
+    /// arena, and `write`'s result: values Weir makes for a request, written once and
+    /// sliced by the fields that hold them instead of an allocation each. `write` must
+    /// not call `render` itself.
+    pub fn render<R>(&self, write: impl FnOnce(&mut Vec<u8>) -> R) -> (Bytes, R) {
+        let mut spare = self.spare.borrow_mut();
+        spare.clear();
+        let result = write(&mut spare);
+        let bytes = self.copy(&spare);
+        if spare.capacity() > KEPT_BYTES {
+            *spare = Vec::new();
+        }
+        (bytes, result)
+    }
+
     /// `data` as `Bytes`, copied into the current block (a new one when it is full and
     /// still referenced).
     pub fn copy(&self, data: &[u8]) -> Bytes {

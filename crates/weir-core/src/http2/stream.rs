@@ -53,6 +53,8 @@ pub async fn serve(
     };
     let listener = &snapshot.config.listeners[index];
     let (parts, body) = request.into_parts();
+    // The HEADERS frame ended the stream: no body (asked once: each asking takes h2's lock).
+    let ended = body.is_end_stream();
     // The head and its spans come from the worker's spares and go back after the log.
     let RequestScratch {
         head: mut buf,
@@ -67,7 +69,7 @@ pub async fn serve(
         (Some(p), Some(key)) => {
             write_upgrade_head(&mut buf, spans, &parts, p.as_str().as_bytes(), key)
         }
-        _ => write_head(&mut buf, spans, &parts, body.is_end_stream()),
+        _ => write_head(&mut buf, spans, &parts, ended),
     };
     let Ok(line) = written else {
         // Malformed (RFC 9113 8.1.1): a stream error. The reset is budgeted like a
@@ -79,7 +81,6 @@ pub async fn serve(
         return;
     };
     let facts = H2Facts::of(&parts.headers);
-    drop(parts);
     let mut fields = RequestFields::default();
     let mut trace = Trace {
         grpc: facts.grpc,
@@ -111,7 +112,7 @@ pub async fn serve(
                 fields.http2 = true;
             }
             let method = method_index(&buf[req.method.clone()]);
-            let body = (!body.is_end_stream()).then_some(body);
+            let body = (!ended).then_some(body);
             let s = Stream {
                 shared: &shared,
                 snapshot: &snapshot,
@@ -127,7 +128,7 @@ pub async fn serve(
                     .zip(key.as_ref())
                     .map(|(p, k)| (p.as_str().as_bytes(), &k[..])),
             };
-            let (route, result) = s.handle(body, &mut respond, &mut trace).await;
+            let (route, result) = s.handle(parts, body, &mut respond, &mut trace).await;
             (route, result, method)
         }
         Err(e) => (None, Err(e.into()), METHODS.len() - 1),
@@ -193,8 +194,10 @@ struct Stream<'a> {
 
 impl Stream<'_> {
     /// Routes the request, then forwards it or sends the default response.
+    /// `parts`: the client's request, for an HTTP/2 upstream's request.
     async fn handle(
         &self,
+        parts: http::request::Parts,
         body: Option<RecvStream>,
         respond: &mut SendResponse<Bytes>,
         trace: &mut Trace,
@@ -318,7 +321,7 @@ impl Stream<'_> {
             let _ = respond.send_informational(go_on);
         }
         let result = match speaks_h2(r.target.upstream) {
-            true => Box::pin(r.forward_h2(self.facts, body, respond, trace)).await,
+            true => Box::pin(r.forward_h2(self.facts, parts, body, respond, trace)).await,
             false => r.forward(body, respond, trace).await,
         };
         (route, result)

@@ -1,12 +1,15 @@
 //! One h2 stream's exchange with an HTTP/2 upstream (`protocol = "h2"`, `"h2c"`, `"auto"`):
 //! h2 end to end, trailers both ways, as gRPC needs.
 //!
-//! The upstream request is the HTTP/1.1 head `forward::request_head` writes for any
-//! request (rewrites, forwarding headers, host), turned into HTTP/2 fields: request line to
+//! The upstream request says what the HTTP/1.1 head `forward::request_head` writes for any
+//! request says (rewrites, forwarding headers, host), as HTTP/2 fields: request line to
 //! pseudo-headers, `Host` to `:authority`, connection-specific fields dropped, `te:
-//! trailers` kept when the client sent it. Request DATA goes upstream within the
-//! upstream's window and is released to the client's window only once sent, so the client
-//! is paced by the upstream; the response streams back the same way, then its trailers.
+//! trailers` kept when the client sent it. The first one is made from the client's own
+//! request (`upstream_request`); one sent again after a refusal from that head
+//! (`h1_head_to_h2`). Request DATA goes upstream within the upstream's window (the
+//! first piece, up to `EAGER_FIRST_PIECE`, at once) and is released to the client's window
+//! only once sent, so the client is paced by the upstream; the response streams back the
+//! same way, then its trailers.
 //! Upload and response run at once (bidirectional streaming).
 //!
 //! Connections come from the worker's `connector::h2` pool. A stream the server never
@@ -23,11 +26,14 @@ use bytes::Bytes;
 use h2::server::SendResponse;
 use h2::{Reason, RecvStream, SendStream};
 use http::header::{HeaderMap, HeaderName, HeaderValue};
+use http::request::Parts;
+use http::uri::Scheme;
 use weir_config::{UpstreamProtocol, UpstreamServer};
 
 use super::exchange::{cookie_value, StreamRequest, Trace};
 use super::interim::final_h2_head;
 use super::send::{send_bytes, send_data, unless_reset, Stop};
+use super::upstream_request::{upstream_request, Upstream};
 use crate::codec::http1::ResponseHead;
 use crate::connector::h2::{checkout, h2_error, never_processed, Checkout, Lease};
 use crate::error::ProxyError;
@@ -128,10 +134,13 @@ impl StreamRequest<'_> {
     pub async fn forward_h2(
         &self,
         facts: &H2Facts,
+        parts: Parts,
         mut body: Option<RecvStream>,
         respond: &mut SendResponse<Bytes>,
         trace: &mut Trace,
     ) -> Result<(), Failure> {
+        // The client's request, for the first request sent upstream.
+        let mut client = Some(parts);
         let (worker, target) = (self.worker, self.target);
         let (u, pool) = (target.upstream, target.pool);
         let (key, mut pick) = self.first_pick()?;
@@ -145,7 +154,9 @@ impl StreamRequest<'_> {
                 .set_cookie(pick.server)
                 .filter(|_| pick.set_cookie)
                 .and_then(cookie_value);
-            let tried_server = self.try_server(facts, server, cookie, &mut body, respond, trace);
+            let sending = (&mut client, &mut body);
+            let at = (server, started);
+            let tried_server = self.try_server(facts, at, cookie, sending, respond, trace);
             let (result, consumed) = match tried_server.await {
                 Try::Http1 => {
                     drop(pick);
@@ -193,35 +204,36 @@ impl StreamRequest<'_> {
     }
 
     /// Sends the request to `server` on a pooled (or new) connection, again on another
-    /// connection while the server refuses the stream unprocessed.
+    /// connection while the server refuses the stream unprocessed. `started`: when the
+    /// try on this server began.
     async fn try_server(
         &self,
         facts: &H2Facts,
-        server: &UpstreamServer,
+        (server, started): (&UpstreamServer, Instant),
         cookie: Option<HeaderValue>,
-        body: &mut Option<RecvStream>,
+        (client, body): (&mut Option<Parts>, &mut Option<RecvStream>),
         respond: &mut SendResponse<Bytes>,
         trace: &mut Trace,
     ) -> Try {
         // The request goes to the first connection as it is, without a copy: h2 takes it
         // by value, and a refused stream (rare) has it built again from the head.
-        let mut first = match self.upstream_request(facts, server) {
+        let mut first = match self.upstream_request(facts, server, client.take()) {
             Ok(r) => Some(r),
             Err(e) => return Try::Over(Err(e.into()), false),
         };
         let tls = self.target.pool.tls.as_deref();
         let mut last = ProxyError::UpstreamClosed;
-        let started = Instant::now();
         for _ in 0..MAX_REFUSED {
             let pool = &self.worker.h2_pool;
-            let lease = match checkout(pool, self.target.upstream, (server, tls)).await {
+            let to = (server, tls);
+            let lease = match checkout(pool, self.target.upstream, to, started).await {
                 Ok(Checkout::Lease(lease)) => lease,
                 Ok(Checkout::Http1) => return Try::Http1,
                 Err(e) => return Try::Over(Err(e.into()), false),
             };
             let request = match first
                 .take()
-                .map_or_else(|| self.upstream_request(facts, server), Ok)
+                .map_or_else(|| self.upstream_request(facts, server, None), Ok)
             {
                 Ok(r) => r,
                 Err(e) => return Try::Over(Err(e.into()), false),
@@ -264,26 +276,38 @@ impl StreamRequest<'_> {
         Try::Over(Err(last.into()), false)
     }
 
-    /// The upstream request: the HTTP/1.1 head every request gets, as HTTP/2 fields.
+    /// The upstream request: made from the client's request `client` when given (it is
+    /// for the first one sent), else from the HTTP/1.1 head every request gets, as
+    /// HTTP/2 fields.
     fn upstream_request(
         &self,
         facts: &H2Facts,
         server: &UpstreamServer,
+        client: Option<Parts>,
     ) -> Result<http::Request<()>, ProxyError> {
-        let mut out = Vec::with_capacity(self.buf.len() + 256);
-        self.write_head(&mut out, server);
-        let scheme = if self.target.upstream.tls.is_some() {
-            "https"
-        } else {
-            "http"
-        };
+        let tls = self.target.upstream.tls.is_some();
         let id = self.target.listener.policy.request_id.as_ref();
-        h1_head_to_h2(
-            &out,
-            scheme,
-            facts.te_trailers,
-            id.map(|i| i.header.as_str()),
-        )
+        let unindexed = id.map(|i| i.header.as_str());
+        let Some(parts) = client else {
+            let mut out = Vec::with_capacity(self.buf.len() + 256);
+            self.write_head(&mut out, server);
+            let scheme = if tls { "https" } else { "http" };
+            return h1_head_to_h2(&out, scheme, facts.te_trailers, unindexed);
+        };
+        self.with_client_facts(|client| {
+            let u = Upstream {
+                buf: self.buf,
+                req: self.req,
+                path: self.path,
+                route: self.target.route,
+                server,
+                client,
+                scheme: if tls { Scheme::HTTPS } else { Scheme::HTTP },
+                te_trailers: facts.te_trailers,
+                unindexed,
+            };
+            upstream_request(parts, &u, &self.worker.h2_scratch)
+        })
     }
 }
 
@@ -533,6 +557,7 @@ async fn upload(
             Ok(Some(Ok(data))) => data,
         };
         let len = data.len();
+        let first = consumed.get() == 0;
         consumed.set(consumed.get() + len as u64);
         if limit.is_some_and(|max| consumed.get() > max) {
             return Err(ProxyError::BodyTooLarge);
@@ -540,7 +565,8 @@ async fn upload(
         // The client's last DATA (END_STREAM, no trailers): END_STREAM goes on ours too,
         // not on an extra empty frame.
         let last = body.is_end_stream();
-        send_windowed(up, data, upstream_timeout, last).await?;
+        let eager = first.then_some(EAGER_FIRST_PIECE);
+        send_windowed(up, data, (upstream_timeout, eager), last).await?;
         // Only now may the client send more: its pace is the upstream's.
         let _ = body.flow_control().release_capacity(len);
         if last {
@@ -555,18 +581,28 @@ async fn upload(
     }
 }
 
+/// The first DATA of a request up to this size goes upstream without waiting for the
+/// stream's window (see `send_windowed`).
+const EAGER_FIRST_PIECE: usize = 16 * 1024;
+
 /// Sends `data` upstream as DATA, never more than the stream's window allows: h2 would
 /// buffer the rest, so waiting for the window is what bounds memory per stream. `end`
-/// puts END_STREAM on the last frame.
+/// puts END_STREAM on the last frame. `eager`: `data`, if no larger, is the stream's
+/// first piece and is handed to h2 at once. A new stream has no window before the
+/// connection task has sent its HEADERS, so waiting for it cost every small request (a
+/// gRPC call) a timer and a second poll of its task; h2 holds that one piece until the
+/// window opens, and the next piece waits for window as usual (h2 counts what it holds),
+/// so a stream still holds at most this much more than its window.
 pub(crate) async fn send_windowed(
     up: &mut SendStream<Bytes>,
     mut rest: Bytes,
-    upstream_timeout: Duration,
+    (upstream_timeout, eager): (Duration, Option<usize>),
     end: bool,
 ) -> Result<(), ProxyError> {
     let up_error = |_: h2::Error| ProxyError::UpstreamClosed;
-    if rest.is_empty() && end {
-        return up.send_data(rest, true).map_err(up_error);
+    let eager = eager.is_some_and(|max| !rest.is_empty() && rest.len() <= max);
+    if eager || (rest.is_empty() && end) {
+        return up.send_data(rest, end).map_err(up_error);
     }
     while !rest.is_empty() {
         up.reserve_capacity(rest.len());

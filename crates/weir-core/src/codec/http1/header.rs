@@ -91,7 +91,7 @@ impl HeaderKind {
 /// per-byte case fold. The words are fixed-size loads that overlap to
 /// cover any length, so there is neither a byte loop nor a variable-length copy.
 #[inline]
-fn token_eq_lower(token: &[u8], lower: &[u8]) -> bool {
+pub(crate) fn token_eq_lower(token: &[u8], lower: &[u8]) -> bool {
     let n = token.len();
     if n != lower.len() {
         return false;

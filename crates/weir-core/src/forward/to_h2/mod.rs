@@ -240,7 +240,8 @@ impl Attempt<'_> {
         let mut last = ProxyError::UpstreamClosed;
         for _ in 0..MAX_REFUSED {
             let pool = &p.worker.h2_pool;
-            let lease = match checkout(pool, p.target.upstream, (self.server, tls)).await? {
+            let to = (self.server, tls);
+            let lease = match checkout(pool, p.target.upstream, to, self.started).await? {
                 Checkout::Lease(lease) => lease,
                 // Only `auto` upstreams fall back, and they are not translated.
                 Checkout::Http1 => {

@@ -204,7 +204,7 @@ async fn send_counted(
     end: bool,
 ) -> Result<(), ProxyError> {
     consumed.set(consumed.get() + piece.len() as u64);
-    send_windowed(up, piece, upstream_timeout, end).await
+    send_windowed(up, piece, (upstream_timeout, None), end).await
 }
 
 #[cfg(test)]
