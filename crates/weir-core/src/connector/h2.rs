@@ -199,7 +199,7 @@ pub async fn checkout(
     pool: &RefCell<H2Pool>,
     upstream: &Upstream,
     (server, tls): (&UpstreamServer, Option<&TlsUpstream>),
-    now: Instant,
+    mut now: Instant,
 ) -> Result<Checkout, ProxyError> {
     let key = PoolKey::new(server, tls);
     let limit = upstream.max_concurrent_streams as usize;
@@ -222,6 +222,8 @@ pub async fn checkout(
             }
         };
         wait.notified().await;
+        // The wait may have lasted up to `connect_timeout`: idle times as of now.
+        now = Instant::now();
     }
     let _connecting = Connecting { pool, key };
     let io = match open(upstream, server, tls).await? {

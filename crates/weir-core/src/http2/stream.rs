@@ -308,6 +308,9 @@ impl Stream<'_> {
             started: self.started,
         };
         if let Some((protocol, key)) = self.tunnel {
+            // The client's fields are only for an HTTP/2 upstream's request: not kept for
+            // the tunnel's lifetime.
+            drop(parts);
             // Boxed, as the HTTP/2 upstream path below: the stream task's future is as large
             // as its largest path, and it is copied when the task is spawned.
             let tunnel = Box::pin(tunnel(&r, protocol, key, body, respond, trace));
@@ -322,7 +325,11 @@ impl Stream<'_> {
         }
         let result = match speaks_h2(r.target.upstream) {
             true => Box::pin(r.forward_h2(self.facts, parts, body, respond, trace)).await,
-            false => r.forward(body, respond, trace).await,
+            false => {
+                // Not kept while an HTTP/1.1 response streams (a download, SSE).
+                drop(parts);
+                r.forward(body, respond, trace).await
+            }
         };
         (route, result)
     }

@@ -582,8 +582,11 @@ async fn upload(
 }
 
 /// The first DATA of a request up to this size goes upstream without waiting for the
-/// stream's window (see `send_windowed`).
-const EAGER_FIRST_PIECE: usize = 16 * 1024;
+/// stream's window (see `send_windowed`). Small (a gRPC call's message usually fits), as it
+/// is released to the client's window before h2 sent it: at most this much per stream
+/// (128 KiB per connection at the default `max_concurrent_streams`) waits in Weir beyond
+/// the client's windows.
+const EAGER_FIRST_PIECE: usize = 1024;
 
 /// Sends `data` upstream as DATA, never more than the stream's window allows: h2 would
 /// buffer the rest, so waiting for the window is what bounds memory per stream. `end`

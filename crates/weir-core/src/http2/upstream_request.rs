@@ -337,7 +337,7 @@ mod tests {
             .header("user-agent", "h2load")
             .header("content-length", "21")
             .body(())
-            .unwrap_or_default();
+            .expect("a valid test request");
         let [direct, via_head] = both("path_prefix = \"/\"", call, false);
         assert_eq!(direct, via_head);
         assert!(direct.contains("te: \"trailers\" false"), "{direct}");
@@ -369,12 +369,12 @@ mod tests {
              remove = [\"X-Debug\"] }",
         ];
         for keys in routes {
-            let request = client().body(()).unwrap_or_default();
+            let request = client().body(()).expect("a valid test request");
             let [direct, via_head] = both(keys, request, true);
             assert_eq!(direct, via_head, "{keys}");
             assert!(!direct.contains("trailer"), "{direct}");
         }
-        let request = client().body(()).unwrap_or_default();
+        let request = client().body(()).expect("a valid test request");
         let [direct, _] = both(routes[0], request, true);
         assert!(
             direct.contains("http://127.0.0.1:9/internal/items?q=1"),
@@ -390,7 +390,7 @@ mod tests {
                 .method(method)
                 .uri("http://e.test/")
                 .body(())
-                .unwrap_or_default();
+                .expect("a valid test request");
             let [direct, via_head] = both("path_prefix = \"/\"", request, true);
             assert_eq!(direct, via_head);
             assert_eq!(direct.contains("content-length: \"0\""), length, "{direct}");
