@@ -160,6 +160,16 @@ impl Weir {
             .unwrap_or_else(|| panic!("no {series} in\n{text}"))
     }
 
+    /// The value of the series `series`, or `None` while it is absent (for polling a
+    /// series that appears with its first count).
+    pub fn metric_now(&self, series: &str) -> Option<u64> {
+        let prefix = format!("{series} ");
+        self.metrics_text()
+            .lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .and_then(|v| v.parse().ok())
+    }
+
     /// `weir_tunnel_timeouts_total` of the listener: (idle, fin).
     pub fn tunnel_timeouts(&self) -> (u64, u64) {
         let series = |r: &str| {
