@@ -113,16 +113,24 @@ pub struct Trace {
 }
 
 impl Trace {
-    /// Notes the `grpc-status` among `fields` (a response head or trailers going to the
-    /// client) if the request is gRPC. Nothing is looked up for other requests.
-    pub fn see_grpc_status(&mut self, fields: &http::HeaderMap) {
+    /// The `grpc-status` among `fields` (a response head or trailers about to go to the
+    /// client) if the request is gRPC: digits only (`+5` is no status). Nothing is looked
+    /// up for other requests. Noted by [`Trace::sent_grpc_status`] once `fields` were sent.
+    pub fn grpc_status_in(&self, fields: &http::HeaderMap) -> Option<u32> {
         if !self.grpc {
-            return;
+            return None;
         }
-        if let Some(v) = fields.get("grpc-status") {
-            self.grpc_status = std::str::from_utf8(v.as_bytes())
-                .ok()
-                .and_then(|t| t.parse().ok());
+        let v = fields.get("grpc-status")?.as_bytes();
+        if v.is_empty() || !v.iter().all(u8::is_ascii_digit) {
+            return None;
+        }
+        std::str::from_utf8(v).ok()?.parse().ok()
+    }
+
+    /// Notes `status` (from [`Trace::grpc_status_in`]) once its fields reached the client.
+    pub fn sent_grpc_status(&mut self, status: Option<u32>) {
+        if status.is_some() {
+            self.grpc_status = status;
         }
     }
 }
@@ -241,7 +249,6 @@ impl StreamRequest<'_> {
         let arrived = self.worker.h2_scratch.copy(up_buf.filled());
         let plan = self.plan(up_buf.filled(), resp);
         let head = self.response_head(resp, &arrived, &sent, &plan);
-        trace.see_grpc_status(head.headers());
         up_buf.consume(resp.head_len);
         // A chunked body is decoded in place in `up_buf`: its bytes differ from `arrived`.
         let first = (resp.framing != BodyFraming::Chunked).then(|| arrived.slice(resp.head_len..));
@@ -426,9 +433,11 @@ impl StreamRequest<'_> {
             }
             _ => None,
         };
+        let grpc_status = trace.grpc_status_in(head.headers());
         let mut send = respond
             .send_response(head, empty)
             .map_err(|_| Failure::after_head(ProxyError::ClientClosed))?;
+        trace.sent_grpc_status(grpc_status);
         if !empty {
             let pump = (&mut state, encoder.as_mut());
             let relayed = self
@@ -822,4 +831,33 @@ async fn upload<W: AsyncWrite + Unpin>(
 pub(super) struct ResponseBody<'p> {
     pub plan: &'p Plan,
     pub first: Option<Bytes>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Trace;
+
+    #[test]
+    fn grpc_status_is_digits_only_and_noted_once_sent() {
+        let status = |grpc: bool, value: &str| {
+            let mut fields = http::HeaderMap::new();
+            let value = http::HeaderValue::from_str(value).ok()?;
+            fields.insert("grpc-status", value);
+            Trace {
+                grpc,
+                ..Trace::default()
+            }
+            .grpc_status_in(&fields)
+        };
+        assert_eq!(status(true, "0"), Some(0));
+        assert_eq!(status(true, "14"), Some(14));
+        for bad in ["+5", "-1", " 5", "5 ", "", "x", "99999999999"] {
+            assert_eq!(status(true, bad), None, "{bad:?}");
+        }
+        assert_eq!(status(false, "5"), None);
+        let mut trace = Trace::default();
+        trace.sent_grpc_status(Some(3));
+        trace.sent_grpc_status(None);
+        assert_eq!(trace.grpc_status, Some(3));
+    }
 }

@@ -443,12 +443,13 @@ impl Exchange<'_, '_> {
             head.headers_mut()
                 .append(http::header::SET_COOKIE, cookie.clone());
         }
-        trace.see_grpc_status(head.headers());
+        let grpc_status = trace.grpc_status_in(head.headers());
         let empty = up_body.is_end_stream();
         let mut send = match respond.send_response(head, empty) {
             Ok(send) => send,
             Err(_) => return Ok(Err(Failure::after_head(ProxyError::ClientClosed))),
         };
+        trace.sent_grpc_status(grpc_status);
         if empty {
             return Ok(Ok(()));
         }
@@ -608,9 +609,11 @@ async fn relay(
         Err(_) => Err(Stop::Error(ProxyError::UpstreamTimeout)),
         Ok(Err(e)) => Err(read_error(e)),
         Ok(Ok(Some(t))) => {
-            trace.see_grpc_status(&t);
+            let grpc_status = trace.grpc_status_in(&t);
             send.send_trailers(t)
-                .map_err(|_| Stop::Error(ProxyError::ClientClosed))
+                .map_err(|_| Stop::Error(ProxyError::ClientClosed))?;
+            trace.sent_grpc_status(grpc_status);
+            Ok(())
         }
         Ok(Ok(None)) => send_data(send, &[], true, stall_timeout).await,
     }
