@@ -17,7 +17,7 @@ use h2::{Reason, RecvStream, SendStream};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use weir_config::UpstreamServer;
 
-use super::interim::{ClientStream, FromHttp1};
+use super::interim::{Bounds, ClientStream, FromHttp1, Relayed};
 use super::names::response_name;
 use super::scratch::ExchangeScratch;
 use super::send::{send_bytes, send_data, unless_reset, Stop};
@@ -64,6 +64,8 @@ pub struct StreamRequest<'a> {
     /// The request's path, normalised as it was routed (what goes upstream).
     pub path: &'a RoutedPath,
     pub started: Instant,
+    /// The upstream's 1xx heads relayed so far: bounded per response, over every try.
+    pub relayed: Relayed,
 }
 
 /// Reads the upstream's final response head within `timeout` (from now), 1xx heads
@@ -322,7 +324,7 @@ impl StreamRequest<'_> {
             let replay = Replay {
                 idempotent: self.req.idempotent,
                 buffered: body.is_none(),
-                responded: false,
+                responded: self.relayed.any(),
             };
             if may_retry(&u.retry.on, outcome, replay) {
                 if let Some(next) =
@@ -359,14 +361,20 @@ impl StreamRequest<'_> {
     }
 
     /// The client's stream while the final head is awaited: up to the listener's
-    /// `max_informational` 1xx heads relayed, a 100 only if Weir sent none.
+    /// `max_informational` 1xx heads relayed (of `max_header_list_size` in all) per
+    /// response, a 100 only if Weir sent none.
     pub(super) fn client_stream<'s>(
-        &self,
+        &'s self,
         respond: &'s mut SendResponse<Bytes>,
         body: bool,
     ) -> ClientStream<'s> {
-        let max = self.target.listener.http2.max_informational;
-        ClientStream::new(respond, max, self.answers_continue(body))
+        let h2 = &self.target.listener.http2;
+        let bounds = Bounds {
+            heads: h2.max_informational,
+            bytes: h2.max_header_list_size,
+            sent_continue: self.answers_continue(body),
+        };
+        ClientStream::new(respond, &self.relayed, bounds)
     }
 
     fn meta(&self) -> RequestMeta {

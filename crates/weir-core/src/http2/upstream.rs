@@ -167,10 +167,13 @@ impl StreamRequest<'_> {
             let replay = Replay {
                 idempotent: self.req.idempotent,
                 buffered: !consumed,
-                responded: result
-                    .as_ref()
-                    .err()
-                    .is_some_and(|f| f.reached != Reached::Nothing),
+                // A failure after relayed 1xx heads comes back as `Reached::Nothing` (the
+                // caller still answers): the count of relayed heads tells.
+                responded: self.relayed.any()
+                    || result
+                        .as_ref()
+                        .err()
+                        .is_some_and(|f| f.reached != Reached::Nothing),
             };
             if result.is_err() && may_retry(&u.retry.on, outcome, replay) {
                 if let Some(next) =

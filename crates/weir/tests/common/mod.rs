@@ -355,6 +355,18 @@ pub struct WithInterims {
     pub body: Vec<u8>,
 }
 
+/// The first informational head of `response` (a client waiting for 100 before its body).
+pub async fn first_interim(response: &mut h2::client::ResponseFuture) -> http::Response<()> {
+    tokio::time::timeout(
+        WAIT,
+        std::future::poll_fn(|cx| response.poll_informational(cx)),
+    )
+    .await
+    .expect("an informational head in time")
+    .expect("an informational head")
+    .expect("no error")
+}
+
 /// Reads `response`: every informational head (in order), then the final head and its body.
 pub async fn read_with_interims(mut response: h2::client::ResponseFuture) -> WithInterims {
     use std::future::Future;
