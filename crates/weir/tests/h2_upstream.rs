@@ -323,6 +323,26 @@ async fn a_timeout_after_relayed_hints_is_not_retried() {
     assert_eq!(a.streams() + b.streams(), 1, "retried");
 }
 
+/// An upstream head larger than the upstream's `max_header_list_size` (its `x-path` echoes a
+/// 2 KiB path) is not taken: 502; a smaller one still passes.
+#[tokio::test]
+async fn an_upstream_head_past_max_header_list_size_is_502() {
+    let backend = H2Backend::h2c();
+    let weir = proxy(
+        backend.addr(),
+        &["protocol = \"h2c\"\nmax_header_list_size = \"1KiB\""],
+    );
+    let client = connect(&weir).await;
+    let long = format!("/{}", "a".repeat(2048));
+    assert_eq!(
+        get(&client, &long).await.head.status(),
+        StatusCode::BAD_GATEWAY
+    );
+    let short = get(&client, "/short").await;
+    assert_eq!(short.head.status(), StatusCode::OK);
+    assert_eq!(short.head.headers()["x-path"], "/short");
+}
+
 /// From an h2c upstream too, at most `max_informational` 1xx heads per response reach the
 /// client, and the upstream's 100 is dropped when Weir sent its own for
 /// `expect: 100-continue`.
