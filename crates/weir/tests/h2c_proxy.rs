@@ -491,6 +491,27 @@ async fn a_failure_after_relayed_hints_is_not_retried() {
     assert_eq!(a.requests_served() + b.requests_served(), 1, "retried");
 }
 
+/// An HTTP/1.1 upstream answering 101 to a request that offered no upgrade: HTTP/2 has
+/// no such final status, so the client gets 502 (the upstream's error), and its
+/// connection stays usable.
+#[tokio::test]
+async fn an_unsolicited_101_is_502() {
+    let backend = Backend::raw_response(
+        b"HTTP/1.1 101 Switching Protocols\r\nConnection: upgrade\r\nUpgrade: websocket\r\n\r\n",
+    );
+    let weir = single(backend.addr()).start();
+    let (mut client, _conn) = connect(weir.addr).await;
+    for path in ["/one", "/two"] {
+        let (status, _) = get(&mut client, Method::GET, path).await;
+        assert_eq!(status, StatusCode::BAD_GATEWAY, "{path}");
+    }
+    let upstream = format!(
+        "weir_upstream_requests_total{{upstream=\"up\",server=\"{}\",code=\"502\"}}",
+        backend.addr()
+    );
+    assert_eq!(weir.metric(&upstream), 2);
+}
+
 /// A GET of `path` on a new h2c connection: its 1xx heads, final head and body.
 async fn get_with_interims(weir: &common::Weir, path: &str) -> common::WithInterims {
     let (mut client, _conn) = connect(weir.addr).await;

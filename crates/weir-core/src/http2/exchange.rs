@@ -319,6 +319,14 @@ impl StreamRequest<'_> {
                         .await
                 }
             };
+            // No upgrade was offered (the RFC 8441 bridge has its own exchange): a final
+            // 101 is the server's error, and h2 could not send it.
+            let sent = match sent {
+                Ok(_) if resp.status == 101 => Err(Failure::from(ProxyError::UpstreamMalformed(
+                    "101 without an upgrade request",
+                ))),
+                sent => sent,
+            };
             let elapsed = started.elapsed();
             let outcome = record_attempt(target, &pick, metrics, &sent, resp, elapsed);
             let replay = Replay {
