@@ -84,7 +84,7 @@ for kind in get post; do
   check "$(ab_field 'Non-2xx responses' "$log")" "$N" "$kind all 404"
 done
 check $((after - before)) $((2 * N)) "weir_requests_total grew by"
-check "$(metric 'weir_requests_total{listener="default",route="default",method="POST",code="404"}')" "$N" "POST 404 series"
+check "$(metric 'weir_requests_total{listener="default",route="default",method="POST",code="404",')" "$N" "POST 404 series"
 ticks=$(getconf CLK_TCK)
 awk -v n=$((2 * N)) -v c=$((cpu1 - cpu0)) -v t="$ticks" -v s="$t0" -v e="$t1" \
   'BEGIN { printf "  combined %.0f req/s over %.1f s; Weir CPU %.2f us/request\n", n / (e - s), e - s, c / t / n * 1e6 }'

@@ -211,6 +211,7 @@ max_idle = 256
                 tls: None,
                 protocol: UpstreamProtocol::Http1,
                 max_concurrent_streams: 100,
+                max_header_list_size: 64 * 1024,
             }],
         };
         assert_eq!(parse(FULL), expected);

@@ -583,6 +583,9 @@ pub struct Upstream {
     /// Most streams Weir opens at once on one HTTP/2 connection to a server (also bounded
     /// by the server's SETTINGS_MAX_CONCURRENT_STREAMS).
     pub max_concurrent_streams: u32,
+    /// SETTINGS_MAX_HEADER_LIST_SIZE Weir sends an HTTP/2 server: the largest header block
+    /// (a head, a 1xx, trailers) it takes from it, decoded.
+    pub max_header_list_size: u32,
 }
 
 /// `protocol` of an upstream.

@@ -367,6 +367,7 @@ pub(crate) struct RawUpstream {
     pub tls: Option<RawUpstreamTls>,
     pub protocol: Option<String>,
     pub max_concurrent_streams: Option<i64>,
+    pub max_header_list_size: Option<StrOrInt>,
 }
 
 /// `tls = { ... }` of an upstream.

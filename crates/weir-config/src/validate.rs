@@ -703,6 +703,10 @@ fn upstream(name: String, mut raw: RawUpstream, path: &FieldPath) -> Result<Upst
             1..=65_535,
             &path.key("max_concurrent_streams"),
         )?,
+        max_header_list_size: http2::header_list_size(
+            raw.max_header_list_size,
+            &path.key("max_header_list_size"),
+        )?,
     })
 }
 

@@ -14,8 +14,11 @@
 //!
 //! For HTTP/1.1 clients translated to HTTP/2: `/fixed` answers `content-length: 5` and
 //! `hello` (no trailers); `/show-fields` answers the request's fields as its body (sorted
-//! `name: value` lines, split cookies joined), without trailers; `/badlen` says `content-length: 10` and sends 5 bytes; `/hints`
-//! sends a 103 (`link: </a.css>`) before the echo; a HEAD request gets its head only, with
+//! `name: value` lines, split cookies joined), without trailers; `/badlen` says
+//! `content-length: 10` and sends 5 bytes; `/hints` sends a 103 (`link: </a.css>`) before
+//! the echo (`n` of them with `?n=N`, the i-th with `x-hint: i`; a `100` first on
+//! `/hints-100`; on `/hints-hang` no final head follows them, as on `/hang`); a HEAD request
+//! gets its head only, with
 //! `content-length: 42`. `/grpc.health.v1.Health/Check` is a gRPC health service
 //! ([`H2Backend::set_serving`]).
 
@@ -156,6 +159,26 @@ where
     }
 }
 
+/// The 1xx heads of a `/hints` path (see the module doc).
+fn send_hints(respond: &mut SendResponse<Bytes>, path: &str) {
+    if path.starts_with("/hints-100") {
+        let go_on = Response::builder().status(100).body(());
+        let _ = respond.send_informational(go_on.expect("testkit: 100"));
+    }
+    let n = path
+        .split_once("n=")
+        .and_then(|(_, n)| n.split('&').next()?.parse().ok())
+        .unwrap_or(1);
+    for i in 0..n {
+        let hints = Response::builder()
+            .status(103)
+            .header("link", "</a.css>")
+            .header("x-hint", i.to_string())
+            .body(());
+        let _ = respond.send_informational(hints.expect("testkit: 103"));
+    }
+}
+
 async fn echo(
     request: Request<RecvStream>,
     mut respond: SendResponse<Bytes>,
@@ -170,7 +193,10 @@ async fn echo(
         .get("x-grpc-status")
         .cloned()
         .unwrap_or(HeaderValue::from_static("0"));
-    if path.starts_with("/hang") {
+    if path.starts_with("/hints") {
+        send_hints(&mut respond, path);
+    }
+    if path.starts_with("/hang") || path.starts_with("/hints-hang") {
         if std::future::poll_fn(|cx| respond.poll_reset(cx))
             .await
             .is_ok()
@@ -204,13 +230,6 @@ async fn echo(
         let response = Response::builder().header("content-length", "42").body(());
         let _ = respond.send_response(response.expect("testkit: head"), true);
         return;
-    }
-    if path.starts_with("/hints") {
-        let hints = Response::builder()
-            .status(103)
-            .header("link", "</a.css>")
-            .body(());
-        let _ = respond.send_informational(hints.expect("testkit: 103"));
     }
     let mut response = Response::new(());
     let headers = response.headers_mut();

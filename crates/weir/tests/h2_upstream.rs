@@ -370,6 +370,86 @@ async fn early_hints_from_an_h2c_upstream_reach_the_h2_client() {
     assert_eq!(answer.head.headers()["x-path"], "/hints");
 }
 
+/// An h2c upstream that sends a 103 and then no final head within the response timeout:
+/// the client has part of the response, so the request is not tried on the other server;
+/// the client gets the 103, then 504.
+#[tokio::test]
+async fn a_timeout_after_relayed_hints_is_not_retried() {
+    let (a, b) = (H2Backend::h2c(), H2Backend::h2c());
+    let weir = Conf::new()
+        .route("all", "up", &[])
+        .upstream(
+            "up",
+            &[a.addr(), b.addr()],
+            &[
+                "protocol = \"h2c\"\nresponse_timeout = \"200ms\"",
+                "[upstreams.up.passive]\nmax_fails = 0",
+                "[upstreams.up.retry]\nattempts = 1\non = [\"timeout\"]",
+            ],
+        )
+        .start();
+    let mut client = connect(&weir).await.ready().await.expect("ready");
+    let (response, _) = client
+        .send_request(request(Method::GET, "/hints-hang", &[]), true)
+        .expect("send request");
+    let answer = common::read_with_interims(response).await;
+    assert_eq!(answer.interims.len(), 1, "{:?}", answer.interims);
+    assert_eq!(answer.head.status(), StatusCode::GATEWAY_TIMEOUT);
+    // A stream is counted when accepted: final once the client has its answer.
+    assert_eq!(a.streams() + b.streams(), 1, "retried");
+}
+
+/// An upstream head larger than the upstream's `max_header_list_size` (its `x-path` echoes a
+/// 2 KiB path) is not taken: 502; a smaller one still passes.
+#[tokio::test]
+async fn an_upstream_head_past_max_header_list_size_is_502() {
+    let backend = H2Backend::h2c();
+    let weir = proxy(
+        backend.addr(),
+        &["protocol = \"h2c\"\nmax_header_list_size = \"1KiB\""],
+    );
+    let client = connect(&weir).await;
+    let long = format!("/{}", "a".repeat(2048));
+    assert_eq!(
+        get(&client, &long).await.head.status(),
+        StatusCode::BAD_GATEWAY
+    );
+    let short = get(&client, "/short").await;
+    assert_eq!(short.head.status(), StatusCode::OK);
+    assert_eq!(short.head.headers()["x-path"], "/short");
+}
+
+/// From an h2c upstream too, at most `max_informational` 1xx heads per response reach the
+/// client, and the upstream's 100 is dropped when Weir sent its own for
+/// `expect: 100-continue`.
+#[tokio::test]
+async fn an_h2c_upstreams_hints_are_capped_and_its_100_dropped() {
+    let backend = H2Backend::h2c();
+    let weir = Conf::new()
+        .route("all", "up", &[])
+        .upstream("up", &[backend.addr()], &["protocol = \"h2c\""])
+        .listener("http2 = { max_informational = 2 }")
+        .start();
+    let mut client = connect(&weir).await.ready().await.expect("ready");
+    let headers = [("expect", "100-continue"), ("content-length", "2")];
+    let req = request(Method::POST, "/hints-100?n=5", &headers);
+    let (mut response, mut send) = client.send_request(req, false).expect("send request");
+    let interim = common::first_interim(&mut response).await;
+    assert_eq!(interim.status(), StatusCode::CONTINUE);
+    send.send_data(Bytes::from_static(b"hi"), true)
+        .expect("body");
+    let answer = common::read_with_interims(response).await;
+    let hints: Vec<_> = answer
+        .interims
+        .iter()
+        .map(|h| (h.status(), h.headers()["x-hint"].clone()))
+        .collect();
+    let hint = |i: &'static str| (StatusCode::EARLY_HINTS, http::HeaderValue::from_static(i));
+    assert_eq!(hints, [hint("0"), hint("1")]);
+    assert_eq!(answer.head.status(), StatusCode::OK);
+    assert_eq!(answer.body, b"hi");
+}
+
 /// The access log's `grpc_status` is what the client got: from the upstream's trailers (0
 /// and 7), from its trailers-only head (5), from Weir's own answer (no route: 12), and
 /// null for a request that is not gRPC.

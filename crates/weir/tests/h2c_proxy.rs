@@ -360,7 +360,16 @@ async fn http1_and_h2c_requests_count_under_their_protocol() {
     let series = |p: &str| {
         format!("weir_requests_total{{listener=\"web\",route=\"all\",method=\"GET\",code=\"200\",protocol=\"{p}\"}}")
     };
-    let counted = || weir.metric(&series("HTTP/1.1")) == 2 && weir.metric(&series("HTTP/2.0")) == 1;
+    let duration = |p: &str| {
+        format!("weir_request_duration_seconds_count{{listener=\"web\",route=\"all\",protocol=\"{p}\"}}")
+    };
+    // The duration is observed apart from the request counter: both are polled.
+    let counted = || {
+        weir.metric_now(&series("HTTP/1.1")) == Some(2)
+            && weir.metric_now(&series("HTTP/2.0")) == Some(1)
+            && weir.metric_now(&duration("HTTP/1.1")) == Some(2)
+            && weir.metric_now(&duration("HTTP/2.0")) == Some(1)
+    };
     assert!(
         wait_until_async(WAIT, counted).await,
         "{}",
@@ -373,13 +382,6 @@ async fn http1_and_h2c_requests_count_under_their_protocol() {
         .collect();
     assert_eq!(requests.len(), 2, "{text}");
     assert!(!text.contains("HTTP/1.0"), "{text}");
-    for p in ["HTTP/1.1", "HTTP/2.0"] {
-        let count = format!(
-            "weir_request_duration_seconds_count{{listener=\"web\",route=\"all\",protocol=\"{p}\"}}"
-        );
-        let want = if p == "HTTP/1.1" { 2 } else { 1 };
-        assert_eq!(weir.metric(&count), want, "{text}");
-    }
 }
 
 #[tokio::test]
@@ -422,14 +424,7 @@ async fn expect_100_continue_is_answered_before_the_body() {
     req.headers_mut().insert("content-length", 5.into());
     let (mut response, mut send) = client.send_request(req, false).expect("send");
     // Like curl, the client holds the body until it has the 100.
-    let interim = tokio::time::timeout(
-        WAIT,
-        std::future::poll_fn(|cx| response.poll_informational(cx)),
-    )
-    .await
-    .expect("a 100 before the body")
-    .expect("an informational response")
-    .expect("no error");
+    let interim = common::first_interim(&mut response).await;
     assert_eq!(interim.status(), StatusCode::CONTINUE);
     send.send_data(Bytes::from_static(b"hello"), true)
         .expect("body");
@@ -471,12 +466,67 @@ async fn early_hints_from_an_http1_upstream_reach_the_h2_client() {
     assert_eq!(answer.body, b"ok");
 }
 
-/// An upstream sending 1xx heads in a loop gets `max_informational` of them relayed; the
-/// final response still comes through.
+/// An upstream that sends a 103 and then closes: the client has part of the response, so
+/// the request is not tried on another server (as for HTTP/1.1 clients); the client gets
+/// the 103, then 502.
 #[tokio::test]
-async fn informational_heads_past_max_informational_are_dropped() {
+async fn a_failure_after_relayed_hints_is_not_retried() {
+    let hints = b"HTTP/1.1 103 Early Hints\r\nLink: </a.css>\r\n\r\n";
+    let (a, b) = (Backend::raw_response(hints), Backend::raw_response(hints));
+    let weir = Conf::new()
+        .route("all", "up", &[])
+        .upstream(
+            "up",
+            &[a.addr(), b.addr()],
+            &[
+                "[upstreams.up.passive]\nmax_fails = 0",
+                "[upstreams.up.retry]\nattempts = 1\non = [\"reset_before_response\"]",
+            ],
+        )
+        .start();
+    let answer = get_with_interims(&weir, "/page").await;
+    assert_eq!(answer.interims.len(), 1, "{:?}", answer.interims);
+    assert_eq!(answer.head.status(), StatusCode::BAD_GATEWAY);
+    // Counted when the request head is read: final once the client has its answer.
+    assert_eq!(a.requests_served() + b.requests_served(), 1, "retried");
+}
+
+/// An HTTP/1.1 upstream answering 101 to a request that offered no upgrade: HTTP/2 has
+/// no such final status, so the client gets 502 (the upstream's error), and its
+/// connection stays usable.
+#[tokio::test]
+async fn an_unsolicited_101_is_502() {
+    let backend = Backend::raw_response(
+        b"HTTP/1.1 101 Switching Protocols\r\nConnection: upgrade\r\nUpgrade: websocket\r\n\r\n",
+    );
+    let weir = single(backend.addr()).start();
+    let (mut client, _conn) = connect(weir.addr).await;
+    for path in ["/one", "/two"] {
+        let (status, _) = get(&mut client, Method::GET, path).await;
+        assert_eq!(status, StatusCode::BAD_GATEWAY, "{path}");
+    }
+    let upstream = format!(
+        "weir_upstream_requests_total{{upstream=\"up\",server=\"{}\",code=\"502\"}}",
+        backend.addr()
+    );
+    assert_eq!(weir.metric(&upstream), 2);
+}
+
+/// A GET of `path` on a new h2c connection: its 1xx heads, final head and body.
+async fn get_with_interims(weir: &common::Weir, path: &str) -> common::WithInterims {
+    let (mut client, _conn) = connect(weir.addr).await;
+    let (response, _) = client
+        .send_request(request(Method::GET, path), true)
+        .expect("send");
+    common::read_with_interims(response).await
+}
+
+/// The `Link`s of the 1xx heads an h2 client gets when the upstream sends `hints` 103s
+/// (`Link: </i>`) before a 200, under the listener's `http2` settings `h2`; the final
+/// response must come through whole.
+async fn links_relayed(hints: usize, h2: &str) -> Vec<http::HeaderValue> {
     let mut raw = Vec::new();
-    for i in 0..5 {
+    for i in 0..hints {
         raw.extend_from_slice(
             format!("HTTP/1.1 103 Early Hints\r\nLink: </{i}>\r\n\r\n").as_bytes(),
         );
@@ -484,23 +534,40 @@ async fn informational_heads_past_max_informational_are_dropped() {
     raw.extend_from_slice(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");
     let backend = Backend::raw_response(&raw);
     let weir = single(backend.addr())
-        .listener("http2 = { max_informational = 2 }")
+        .listener(&format!("http2 = {{ {h2} }}"))
         .start();
-    let (mut client, _conn) = connect(weir.addr).await;
-    let (response, _) = client
-        .send_request(request(Method::GET, "/"), true)
-        .expect("send");
-    let answer = common::read_with_interims(response).await;
-    let links: Vec<_> = answer
-        .interims
-        .iter()
-        .map(|h| h.headers()["link"].clone())
-        .collect();
-    assert_eq!(links, ["</0>", "</1>"]);
+    let answer = get_with_interims(&weir, "/").await;
     assert_eq!(
         (answer.head.status(), &answer.body[..]),
         (StatusCode::OK, &b"ok"[..])
     );
+    answer
+        .interims
+        .iter()
+        .map(|h| h.headers()["link"].clone())
+        .collect()
+}
+
+/// The 1xx heads of a response may take `max_header_list_size` in all: past it, they are
+/// dropped (each 103 here is `:status` 42 + `link` 40 or 41 bytes as HTTP/2 counts them:
+/// 12 fit in 1 KiB).
+#[tokio::test]
+async fn informational_heads_past_max_header_list_size_are_dropped() {
+    let links = links_relayed(
+        20,
+        "max_informational = 100, max_header_list_size = \"1KiB\"",
+    )
+    .await;
+    assert_eq!(links.len(), 12, "{links:?}");
+    assert_eq!(links[11], "</11>");
+}
+
+/// An upstream sending 1xx heads in a loop gets `max_informational` of them relayed; the
+/// final response still comes through.
+#[tokio::test]
+async fn informational_heads_past_max_informational_are_dropped() {
+    let links = links_relayed(5, "max_informational = 2").await;
+    assert_eq!(links, ["</0>", "</1>"]);
 }
 
 #[tokio::test]

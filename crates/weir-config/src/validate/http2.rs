@@ -30,10 +30,8 @@ pub(super) fn http2(raw: Option<RawHttp2>, path: &FieldPath) -> Result<Http2, Is
             1..=65_535,
             "max_concurrent_streams",
         )?,
-        max_header_list_size: bytes(
+        max_header_list_size: header_list_size(
             raw.max_header_list_size,
-            d.max_header_list_size,
-            1024..=16 * 1024 * 1024,
             &key("max_header_list_size"),
         )?,
         initial_stream_window: bytes(
@@ -91,6 +89,12 @@ pub(super) fn http2(raw: Option<RawHttp2>, path: &FieldPath) -> Result<Http2, Is
 }
 
 /// A size within `range` bytes.
+/// A `max_header_list_size` (a listener's `http2`, an upstream's): 1KiB..=16MiB, 64KiB
+/// by default.
+pub(super) fn header_list_size(raw: Option<StrOrInt>, path: &FieldPath) -> Result<u32, Issue> {
+    bytes(raw, 64 * 1024, 1024..=16 * 1024 * 1024, path)
+}
+
 fn bytes(
     raw: Option<StrOrInt>,
     default: u32,

@@ -798,6 +798,12 @@ fn upstream_settings() {
             "between 1 and 65535",
             "default 100",
         ),
+        (
+            "max_header_list_size = \"512\"",
+            "max_header_list_size",
+            "between 1024 and 16777216 bytes, not 512",
+            "\"64KiB\" (the default)",
+        ),
     ];
     for (line, key, message, fix) in cases {
         check(
@@ -829,6 +835,12 @@ fn upstream_protocol_and_stream_limit() {
         (u.protocol, u.max_concurrent_streams)
     };
     assert_eq!(parsed(""), (crate::UpstreamProtocol::Http1, 100));
+    let list_size = |extra: &str| {
+        let text = with_upstream(&format!("{servers}{extra}"));
+        parse_str(&text, "f").map(|c| c.upstreams[0].max_header_list_size)
+    };
+    assert_eq!(list_size(""), Ok(64 * 1024));
+    assert_eq!(list_size("max_header_list_size = \"8KiB\"\n"), Ok(8 * 1024));
     let h2c = parsed("protocol = \"h2c\"\nmax_concurrent_streams = 7\n");
     assert_eq!(h2c, (crate::UpstreamProtocol::H2c, 7));
     assert_eq!(

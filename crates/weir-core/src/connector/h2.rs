@@ -238,6 +238,8 @@ pub async fn checkout(
         .initial_window_size(STREAM_WINDOW)
         .initial_connection_window_size(CONNECTION_WINDOW)
         .initial_max_send_streams(limit)
+        // h2's own default is 16 MiB: a server's head, 1xx or trailers would be held whole.
+        .max_header_list_size(upstream.max_header_list_size)
         .enable_push(false)
         .handshake::<_, Bytes>(io);
     let (send, connection) = match tokio::time::timeout_at(deadline, handshake).await {

@@ -17,7 +17,7 @@ use h2::{Reason, RecvStream, SendStream};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use weir_config::UpstreamServer;
 
-use super::interim::{ClientStream, FromHttp1};
+use super::interim::{Bounds, ClientStream, FromHttp1, Relayed};
 use super::names::response_name;
 use super::scratch::ExchangeScratch;
 use super::send::{send_bytes, send_data, unless_reset, Stop};
@@ -64,6 +64,8 @@ pub struct StreamRequest<'a> {
     /// The request's path, normalised as it was routed (what goes upstream).
     pub path: &'a RoutedPath,
     pub started: Instant,
+    /// The upstream's 1xx heads relayed so far: bounded per response, over every try.
+    pub relayed: Relayed,
 }
 
 /// Reads the upstream's final response head within `timeout` (from now), 1xx heads
@@ -113,16 +115,24 @@ pub struct Trace {
 }
 
 impl Trace {
-    /// Notes the `grpc-status` among `fields` (a response head or trailers going to the
-    /// client) if the request is gRPC. Nothing is looked up for other requests.
-    pub fn see_grpc_status(&mut self, fields: &http::HeaderMap) {
+    /// The `grpc-status` among `fields` (a response head or trailers about to go to the
+    /// client) if the request is gRPC: digits only (`+5` is no status). Nothing is looked
+    /// up for other requests. Noted by [`Trace::sent_grpc_status`] once `fields` were sent.
+    pub fn grpc_status_in(&self, fields: &http::HeaderMap) -> Option<u32> {
         if !self.grpc {
-            return;
+            return None;
         }
-        if let Some(v) = fields.get("grpc-status") {
-            self.grpc_status = std::str::from_utf8(v.as_bytes())
-                .ok()
-                .and_then(|t| t.parse().ok());
+        let v = fields.get("grpc-status")?.as_bytes();
+        if v.is_empty() || !v.iter().all(u8::is_ascii_digit) {
+            return None;
+        }
+        std::str::from_utf8(v).ok()?.parse().ok()
+    }
+
+    /// Notes `status` (from [`Trace::grpc_status_in`]) once its fields reached the client.
+    pub fn sent_grpc_status(&mut self, status: Option<u32>) {
+        if status.is_some() {
+            self.grpc_status = status;
         }
     }
 }
@@ -248,7 +258,6 @@ impl StreamRequest<'_> {
         let arrived = self.worker.h2_scratch.copy(up_buf.filled());
         let plan = self.plan(up_buf.filled(), resp);
         let head = self.response_head(resp, &arrived, &sent, &plan);
-        trace.see_grpc_status(head.headers());
         up_buf.consume(resp.head_len);
         // A chunked body is decoded in place in `up_buf`: its bytes differ from `arrived`.
         let first = (resp.framing != BodyFraming::Chunked).then(|| arrived.slice(resp.head_len..));
@@ -317,12 +326,20 @@ impl StreamRequest<'_> {
                         .await
                 }
             };
+            // No upgrade was offered (the RFC 8441 bridge has its own exchange): a final
+            // 101 is the server's error, and h2 could not send it.
+            let sent = match sent {
+                Ok(_) if resp.status == 101 => Err(Failure::from(ProxyError::UpstreamMalformed(
+                    "101 without an upgrade request",
+                ))),
+                sent => sent,
+            };
             let elapsed = started.elapsed();
             let outcome = record_attempt(target, &pick, metrics, &sent, resp, elapsed);
             let replay = Replay {
                 idempotent: self.req.idempotent,
                 buffered: body.is_none(),
-                responded: false,
+                responded: self.relayed.any(),
             };
             if may_retry(&u.retry.on, outcome, replay) {
                 if let Some(next) =
@@ -359,14 +376,20 @@ impl StreamRequest<'_> {
     }
 
     /// The client's stream while the final head is awaited: up to the listener's
-    /// `max_informational` 1xx heads relayed, a 100 only if Weir sent none.
+    /// `max_informational` 1xx heads relayed (of `max_header_list_size` in all) per
+    /// response, a 100 only if Weir sent none.
     pub(super) fn client_stream<'s>(
-        &self,
+        &'s self,
         respond: &'s mut SendResponse<Bytes>,
         body: bool,
     ) -> ClientStream<'s> {
-        let max = self.target.listener.http2.max_informational;
-        ClientStream::new(respond, max, self.answers_continue(body))
+        let h2 = &self.target.listener.http2;
+        let bounds = Bounds {
+            heads: h2.max_informational,
+            bytes: h2.max_header_list_size,
+            sent_continue: self.answers_continue(body),
+        };
+        ClientStream::new(respond, &self.relayed, bounds)
     }
 
     fn meta(&self) -> RequestMeta {
@@ -433,9 +456,11 @@ impl StreamRequest<'_> {
             }
             _ => None,
         };
+        let grpc_status = trace.grpc_status_in(head.headers());
         let mut send = respond
             .send_response(head, empty)
             .map_err(|_| Failure::after_head(ProxyError::ClientClosed))?;
+        trace.sent_grpc_status(grpc_status);
         if !empty {
             let pump = (&mut state, encoder.as_mut());
             let relayed = self
@@ -829,4 +854,33 @@ async fn upload<W: AsyncWrite + Unpin>(
 pub(super) struct ResponseBody<'p> {
     pub plan: &'p Plan,
     pub first: Option<Bytes>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Trace;
+
+    #[test]
+    fn grpc_status_is_digits_only_and_noted_once_sent() {
+        let status = |grpc: bool, value: &str| {
+            let mut fields = http::HeaderMap::new();
+            let value = http::HeaderValue::from_str(value).ok()?;
+            fields.insert("grpc-status", value);
+            Trace {
+                grpc,
+                ..Trace::default()
+            }
+            .grpc_status_in(&fields)
+        };
+        assert_eq!(status(true, "0"), Some(0));
+        assert_eq!(status(true, "14"), Some(14));
+        for bad in ["+5", "-1", " 5", "5 ", "", "x", "99999999999"] {
+            assert_eq!(status(true, bad), None, "{bad:?}");
+        }
+        assert_eq!(status(false, "5"), None);
+        let mut trace = Trace::default();
+        trace.sent_grpc_status(Some(3));
+        trace.sent_grpc_status(None);
+        assert_eq!(trace.grpc_status, Some(3));
+    }
 }

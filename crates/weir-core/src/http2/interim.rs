@@ -6,11 +6,14 @@
 //! reset (`send::unless_reset`), and the relay of the 1xx heads that arrive meanwhile: both
 //! run in the stream's task and neither holds it across an await, so a `RefCell` is enough.
 //!
-//! Bounds: at most `max_informational` heads per response (h2 queues HEADERS frames
-//! without flow control, so an upstream sending 1xx in a loop must not grow that queue);
-//! a `100` is dropped when Weir already sent its own for `expect: 100-continue` (the
-//! client gets one); 101 is never relayed (HTTP/2 has no such upgrade). The final head's
-//! wait stays bounded by the response timeout: the relay does not restart it.
+//! Bounds: at most `max_informational` heads per response, and at most the listener's
+//! `max_header_list_size` of their fields together (counted as HTTP/2 does: name, value
+//! and 32 per field); h2 queues HEADERS frames without flow control, so an upstream sending
+//! 1xx in a loop must not grow that queue. Both are per response, not per try: the
+//! [`Relayed`] count lives with the request, across the servers a retry goes to. A `100`
+//! is dropped when Weir already sent its own for `expect: 100-continue` (the client gets
+//! one); 101 is never relayed (HTTP/2 has no such upgrade). The final head's wait stays
+//! bounded by the response timeout: the relay does not restart it.
 
 use std::cell::{Cell, RefCell};
 use std::future::Future;
@@ -27,21 +30,46 @@ use super::send::Resettable;
 use crate::codec::http1::ResponseHead;
 use crate::forward::exchange::Interim;
 
+/// The 1xx heads relayed for one response so far, whichever servers they came from.
+#[derive(Debug, Default)]
+pub struct Relayed {
+    heads: Cell<u32>,
+    /// Their fields' size as HTTP/2 counts it (name + value + 32 per field).
+    bytes: Cell<u32>,
+}
+
+impl Relayed {
+    /// Whether the client has a 1xx of this response: the request is not tried again on
+    /// another server (`Replay::responded`).
+    pub fn any(&self) -> bool {
+        self.heads.get() > 0
+    }
+}
+
+/// The bounds of one response's 1xx heads (the listener's).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Bounds {
+    /// `max_informational`.
+    pub heads: u32,
+    /// `max_header_list_size`: of all the heads together.
+    pub bytes: u32,
+    /// Weir answered `expect: 100-continue` itself: an upstream's 100 is not relayed.
+    pub sent_continue: bool,
+}
+
 /// The client's stream while the upstream's final head is awaited.
 pub(super) struct ClientStream<'a> {
     respond: RefCell<&'a mut SendResponse<Bytes>>,
-    /// Informational heads that may still be relayed.
-    left: Cell<u32>,
-    /// Weir answered `expect: 100-continue` itself: an upstream's 100 is not relayed.
-    sent_continue: bool,
+    relayed: &'a Relayed,
+    bounds: Bounds,
 }
 
 impl<'a> ClientStream<'a> {
-    pub fn new(respond: &'a mut SendResponse<Bytes>, max: u32, sent_continue: bool) -> Self {
+    pub fn new(respond: &'a mut SendResponse<Bytes>, relayed: &'a Relayed, bounds: Bounds) -> Self {
         ClientStream {
             respond: RefCell::new(respond),
-            left: Cell::new(max),
-            sent_continue,
+            relayed,
+            bounds,
         }
     }
 
@@ -49,18 +77,34 @@ impl<'a> ClientStream<'a> {
     /// was sent; `Err`: the stream is gone.
     pub fn send(&self, head: Response<()>) -> Result<bool, ()> {
         let status = head.status();
+        let (relayed, bounds) = (self.relayed, self.bounds);
         let skip = !status.is_informational()
             || status == StatusCode::SWITCHING_PROTOCOLS
-            || (status == StatusCode::CONTINUE && self.sent_continue)
-            || self.left.get() == 0;
+            || (status == StatusCode::CONTINUE && bounds.sent_continue)
+            || relayed.heads.get() >= bounds.heads;
         if skip {
             return Ok(false);
         }
-        self.left.set(self.left.get() - 1);
+        let bytes = relayed.bytes.get().saturating_add(list_size(&head));
+        if bytes > bounds.bytes {
+            return Ok(false);
+        }
+        relayed.heads.set(relayed.heads.get() + 1);
+        relayed.bytes.set(bytes);
         let mut respond = self.respond.borrow_mut();
         respond.send_informational(head).map_err(|_| ())?;
         Ok(true)
     }
+}
+
+/// The size of `head`'s header list as HTTP/2 counts it (RFC 9113 6.5.2), `:status`
+/// included.
+fn list_size(head: &Response<()>) -> u32 {
+    let fields = head.headers().iter();
+    let size = fields.fold(":status".len() + 3 + 32, |n, (name, value)| {
+        n + name.as_str().len() + value.len() + 32
+    });
+    u32::try_from(size).unwrap_or(u32::MAX)
 }
 
 impl Resettable for &ClientStream<'_> {

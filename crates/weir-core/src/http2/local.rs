@@ -62,10 +62,11 @@ pub async fn send_rendered(
         return Ok(());
     }
     // A 2xx as the user wrote it: any `grpc-status` in it is what the client gets.
-    trace.see_grpc_status(response.headers());
+    let grpc_status = trace.grpc_status_in(response.headers());
     let mut send = respond
         .send_response(response, body.is_empty())
         .map_err(|_| ProxyError::ClientClosed)?;
+    trace.sent_grpc_status(grpc_status);
     if !body.is_empty() {
         send_data(&mut send, body, true, timeout)
             .await

@@ -13,6 +13,7 @@ use http::Request;
 use super::conn::Shared;
 use super::exchange::{StreamRequest, Trace};
 use super::grpc;
+use super::interim::Relayed;
 use super::local::send_rendered;
 use super::request::{write_head, write_upgrade_head};
 use super::scratch::RequestScratch;
@@ -306,6 +307,7 @@ impl Stream<'_> {
             req: self.req,
             path: &path,
             started: self.started,
+            relayed: Relayed::default(),
         };
         if let Some((protocol, key)) = self.tunnel {
             // The client's fields are only for an HTTP/2 upstream's request: not kept for

@@ -178,10 +178,13 @@ impl StreamRequest<'_> {
             let replay = Replay {
                 idempotent: self.req.idempotent,
                 buffered: !consumed,
-                responded: result
-                    .as_ref()
-                    .err()
-                    .is_some_and(|f| f.reached != Reached::Nothing),
+                // A failure after relayed 1xx heads comes back as `Reached::Nothing` (the
+                // caller still answers): the count of relayed heads tells.
+                responded: self.relayed.any()
+                    || result
+                        .as_ref()
+                        .err()
+                        .is_some_and(|f| f.reached != Reached::Nothing),
             };
             if result.is_err() && may_retry(&u.retry.on, outcome, replay) {
                 if let Some(next) =
@@ -467,12 +470,13 @@ impl Exchange<'_, '_> {
             head.headers_mut()
                 .append(http::header::SET_COOKIE, cookie.clone());
         }
-        trace.see_grpc_status(head.headers());
+        let grpc_status = trace.grpc_status_in(head.headers());
         let empty = up_body.is_end_stream();
         let mut send = match respond.send_response(head, empty) {
             Ok(send) => send,
             Err(_) => return Ok(Err(Failure::after_head(ProxyError::ClientClosed))),
         };
+        trace.sent_grpc_status(grpc_status);
         if empty {
             return Ok(Ok(()));
         }
@@ -647,9 +651,11 @@ async fn relay(
         Err(_) => Err(Stop::Error(ProxyError::UpstreamTimeout)),
         Ok(Err(e)) => Err(read_error(e)),
         Ok(Ok(Some(t))) => {
-            trace.see_grpc_status(&t);
+            let grpc_status = trace.grpc_status_in(&t);
             send.send_trailers(t)
-                .map_err(|_| Stop::Error(ProxyError::ClientClosed))
+                .map_err(|_| Stop::Error(ProxyError::ClientClosed))?;
+            trace.sent_grpc_status(grpc_status);
+            Ok(())
         }
         Ok(Ok(None)) => send_data(send, &[], true, stall_timeout).await,
     }

@@ -301,13 +301,17 @@ impl Scrape {
         )
     }
 
-    /// Every route has a row per protocol, zero until its first request (as before the
-    /// `protocol` label: a histogram row per route).
+    /// Every route has an HTTP/1.1 row, zero until its first request (as before the
+    /// `protocol` label: a histogram row per route); its HTTP/2.0 row appears as its
+    /// `weir_requests_total` series do, once an HTTP/2 request came.
     fn durations(&self, enc: &mut DescriptorEncoder) -> Result {
         let mut rows = Vec::new();
         for (li, l) in self.config.listeners.iter().enumerate() {
             for ri in 0..=l.routes.len() {
                 for protocol in Protocol::ALL {
+                    if !self.saw(li, ri, protocol as usize) {
+                        continue;
+                    }
                     let parts = self
                         .shards
                         .iter()

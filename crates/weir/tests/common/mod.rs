@@ -160,6 +160,16 @@ impl Weir {
             .unwrap_or_else(|| panic!("no {series} in\n{text}"))
     }
 
+    /// The value of the series `series`, or `None` while it is absent (for polling a
+    /// series that appears with its first count).
+    pub fn metric_now(&self, series: &str) -> Option<u64> {
+        let prefix = format!("{series} ");
+        self.metrics_text()
+            .lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .and_then(|v| v.parse().ok())
+    }
+
     /// `weir_tunnel_timeouts_total` of the listener: (idle, fin).
     pub fn tunnel_timeouts(&self) -> (u64, u64) {
         let series = |r: &str| {
@@ -343,6 +353,18 @@ pub struct WithInterims {
     pub interims: Vec<http::Response<()>>,
     pub head: http::Response<()>,
     pub body: Vec<u8>,
+}
+
+/// The first informational head of `response` (a client waiting for 100 before its body).
+pub async fn first_interim(response: &mut h2::client::ResponseFuture) -> http::Response<()> {
+    tokio::time::timeout(
+        WAIT,
+        std::future::poll_fn(|cx| response.poll_informational(cx)),
+    )
+    .await
+    .expect("an informational head in time")
+    .expect("an informational head")
+    .expect("no error")
 }
 
 /// Reads `response`: every informational head (in order), then the final head and its body.
