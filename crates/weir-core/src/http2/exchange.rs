@@ -38,7 +38,7 @@ use crate::forward::request_head::{write_request_head, ClientFacts, RequestEdits
 use crate::forward::{Failure, Reached, Target};
 use crate::metrics::shard::ServerMetrics;
 use crate::router::RoutedPath;
-use crate::time::{with_timeout, LazyTimer};
+use crate::time::with_timeout;
 use crate::tls::session::TlsSession;
 use crate::upstream::retry::{may_retry, Replay, Tried};
 use crate::upstream::{Pick, RequestKey};
@@ -63,6 +63,9 @@ pub struct StreamRequest<'a> {
     /// The request's path, normalised as it was routed (what goes upstream).
     pub path: &'a RoutedPath,
     pub started: Instant,
+    /// A field map to fill with the response's (the request's, its allocations kept):
+    /// taken by the first response head built, an empty map after that.
+    pub spare: &'a std::cell::Cell<http::HeaderMap>,
 }
 
 /// Reads the upstream's final response head within `timeout` (from now); 1xx heads are
@@ -75,20 +78,19 @@ pub(super) async fn final_head_within(
     client_timeout: Duration,
     timeout: Duration,
 ) -> Result<(), HeadError> {
-    let now = tokio::time::Instant::now();
-    let mut timer = LazyTimer::new(now);
-    timer.set(now + timeout);
+    // A plain `Timeout`, its timer inside the stream's future: a `LazyTimer` pays off
+    // across the requests of a connection, but one per stream is only its boxed timer
+    // (a `malloc` and a `free` per stream).
     let mut sink = tokio::io::sink();
-    read_final_head(
-        stream,
-        up_buf,
-        resp,
-        meta,
-        &mut sink,
-        client_timeout,
-        Some(&mut timer),
-    )
-    .await
+    let read = read_final_head(stream, up_buf, resp, meta, &mut sink, client_timeout, None);
+    match tokio::time::timeout(timeout, read).await {
+        Ok(read) => read,
+        Err(_) => Err(HeadError {
+            error: ProxyError::UpstreamTimeout,
+            received: !up_buf.is_empty(),
+            interim_sent: false,
+        }),
+    }
 }
 
 /// What the access log and metrics learn from the exchange.
@@ -206,7 +208,13 @@ impl StreamRequest<'_> {
         trace: &mut Trace,
     ) -> Result<(), Failure> {
         let ExchangeScratch { out, resp } = scratch;
-        let sent = unless_reset(respond, self.send(body, up_buf, (out, resp), trace)).await;
+        // Pinned where it is built: the send future holds every await of the upstream
+        // exchange (about 2 KiB), and `unless_reset` would otherwise move it into its own
+        // state once more (callgrind: -0.3k instructions of `memcpy` per stream).
+        let sent = {
+            let send = std::pin::pin!(self.send(body, up_buf, (out, resp), trace));
+            unless_reset(respond, send).await
+        };
         let sent = match sent {
             Ok(sent) => sent?,
             Err(stop) => return Err(stopped(stop, Reached::Nothing, trace)),
@@ -228,11 +236,14 @@ impl StreamRequest<'_> {
         if reusable && !(self.req.is_head && resp.framing == BodyFraming::UntilClose) {
             let upstream = self.target.upstream;
             let key = PoolKey::new(sent.server, self.target.pool.tls.as_deref());
-            let idle =
-                self.worker
-                    .pool
-                    .borrow_mut()
-                    .put(key, stream, upstream.max_idle, Instant::now());
+            // Idle since the head arrived, a time already read (no clock read per stream):
+            // a little early, so an idle connection expires a little sooner, never later.
+            let since = self.started + trace.upstream_time.unwrap_or_default();
+            let idle = self
+                .worker
+                .pool
+                .borrow_mut()
+                .put(key, stream, upstream.max_idle, since);
             if let Some(m) = sent.metrics {
                 m.pool_idle.set(idle as u64);
             }
@@ -480,6 +491,8 @@ impl StreamRequest<'_> {
         *response.status_mut() =
             http::StatusCode::from_u16(resp.status).unwrap_or(http::StatusCode::BAD_GATEWAY);
         let headers = response.headers_mut();
+        *headers = self.spare.take();
+        headers.clear();
         let reverse = self.reverse_map(server);
         let mut mapped = Vec::new();
         let rules = self.target.route.filters.response_headers.as_ref();

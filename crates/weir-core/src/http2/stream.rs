@@ -2,6 +2,7 @@
 //! or a local answer (the default response, or an error status), then metrics and the
 //! access log through `proxy::record`, as for an HTTP/1.1 request.
 
+use std::cell::Cell;
 use std::rc::Rc;
 use std::time::Instant;
 
@@ -37,22 +38,23 @@ use crate::router::{RequestView, RoutedPath};
 use crate::snapshot::{RoutePlan, Snapshot};
 use weir_config::Redirect;
 
-/// Serves one accepted stream of the connection `shared`.
+/// Serves one accepted stream of the connection `shared`. Returns when it ended (read
+/// once for its duration; the connection's idle time starts there too).
 pub async fn serve(
     shared: Rc<Shared>,
     request: Request<RecvStream>,
     mut respond: SendResponse<Bytes>,
-) {
+) -> Instant {
     let started = Instant::now();
     let worker = &*shared.worker;
     let snapshot = worker.snapshot();
     let Some(index) = snapshot.listener_index(shared.slot) else {
         // A reload removed the listener: the connection is going away.
         shared.refuse(&mut respond);
-        return;
+        return Instant::now();
     };
     let listener = &snapshot.config.listeners[index];
-    let (parts, body) = request.into_parts();
+    let (mut parts, body) = request.into_parts();
     // The head and its spans come from the worker's spares and go back after the log.
     let RequestScratch {
         head: mut buf,
@@ -76,9 +78,12 @@ pub async fn serve(
         worker
             .h2_scratch
             .give_request(RequestScratch { head: buf, req });
-        return;
+        return Instant::now();
     };
     let facts = H2Facts::of(&parts.headers);
+    // The request's field map, emptied, holds the response's fields (`spare`): its two
+    // allocations serve both heads.
+    let spare = Cell::new(std::mem::take(&mut parts.headers));
     drop(parts);
     let mut fields = RequestFields::default();
     let mut trace = Trace::default();
@@ -119,6 +124,7 @@ pub async fn serve(
                 request_id: request_id.as_bytes(),
                 started,
                 facts: &facts,
+                spare: &spare,
                 tunnel: protocol
                     .as_ref()
                     .zip(key.as_ref())
@@ -141,12 +147,13 @@ pub async fn serve(
         local: trace.local,
         result: result.map(|()| true),
     };
+    let finished = Instant::now();
     let done = Done {
         listener: index,
         slot: shared.slot,
         method,
         status,
-        duration: started.elapsed(),
+        duration: finished - started,
         counters: Counters {
             bytes_in: 0,
             bytes_out: 0,
@@ -167,6 +174,7 @@ pub async fn serve(
     worker
         .h2_scratch
         .give_request(RequestScratch { head: buf, req });
+    finished
 }
 
 /// A parsed request on the snapshot it runs on.
@@ -182,6 +190,8 @@ struct Stream<'a> {
     request_id: &'a [u8],
     started: Instant,
     facts: &'a H2Facts,
+    /// The request's field map, for the response's fields (`StreamRequest::spare`).
+    spare: &'a Cell<http::HeaderMap>,
     /// An extended CONNECT: its `:protocol` and the `Sec-WebSocket-Key` in the head.
     tunnel: Option<(&'a [u8], &'a [u8])>,
 }
@@ -294,6 +304,7 @@ impl Stream<'_> {
             buf: self.buf,
             req: self.req,
             path: &path,
+            spare: self.spare,
             started: self.started,
         };
         if let Some((protocol, key)) = self.tunnel {
