@@ -221,6 +221,38 @@ async fn upstream_down_is_502_and_the_connection_stays_usable() {
 }
 
 #[tokio::test]
+async fn an_upstream_that_never_answers_is_504_within_response_timeout() {
+    let backend = Backend::hang();
+    let weir = Conf::new()
+        .route("all", "up", &[])
+        .upstream("up", &[backend.addr()], &["response_timeout = \"200ms\""])
+        .start();
+    let (mut client, conn) = connect(weir.addr).await;
+    // Two streams at once: each has its own deadline (a timer per stream).
+    let mut other = client.clone();
+    let both = async {
+        tokio::join!(
+            get(&mut other, Method::GET, "/a"),
+            get(&mut client, Method::GET, "/b")
+        )
+    };
+    let (first, second) = tokio::time::timeout(WAIT, both)
+        .await
+        .expect("answered within the response timeout");
+    for (status, body) in [first, second] {
+        assert_eq!(status, StatusCode::GATEWAY_TIMEOUT);
+        assert_eq!(body, b"Gateway Timeout\n");
+    }
+    // Both requests reached the backend (it may count the second a moment after the 504s).
+    assert!(
+        wait_until_async(WAIT, || backend.requests_served() == 2).await,
+        "served {}",
+        backend.requests_served()
+    );
+    assert!(!conn.is_finished());
+}
+
+#[tokio::test]
 async fn client_resets_cancel_their_upstream_requests() {
     let backend = Backend::hang();
     let weir = single(backend.addr()).start();

@@ -103,14 +103,18 @@ impl Shared {
     }
 }
 
-/// Counts a running stream task; on drop, records the end.
-struct Running(Rc<Shared>);
+/// Counts a running stream task; on drop, records the end (at `ended`, the time the
+/// stream read last, when it finished; now when its task was dropped unfinished).
+struct Running {
+    shared: Rc<Shared>,
+    ended: Option<Instant>,
+}
 
 impl Drop for Running {
     fn drop(&mut self) {
-        let s = &self.0;
+        let s = &self.shared;
         s.active.set(s.active.get() - 1);
-        s.idle_since.set(Instant::now());
+        s.idle_since.set(self.ended.unwrap_or_else(Instant::now));
         s.ended.notify_one();
     }
 }
@@ -255,12 +259,15 @@ fn spawn_stream(
     respond: h2::server::SendResponse<Bytes>,
 ) {
     shared.active.set(shared.active.get() + 1);
-    let running = Running(shared.clone());
+    let mut running = Running {
+        shared: shared.clone(),
+        ended: None,
+    };
     // The stream's future is large (every await of an exchange is in it): boxed once here,
     // the task that is spawned (and copied into place) is small.
-    let serve = Box::pin(super::stream::serve(running.0.clone(), request, respond));
+    let serve = Box::pin(super::stream::serve(shared.clone(), request, respond));
     tokio::task::spawn_local(async move {
-        serve.await;
+        running.ended = Some(serve.await);
         drop(running);
     });
 }
