@@ -170,6 +170,43 @@ async fn large_response_streams_under_flow_control() {
     assert_eq!(hasher.finish(), pattern_hash(len));
 }
 
+/// A response body that streams for longer than the upstream's `idle_timeout` (the client
+/// holds it back) leaves a connection idle from the relay's end, not from the head's
+/// arrival: the next request reuses it.
+#[tokio::test]
+async fn a_connection_busy_streaming_past_idle_timeout_is_reused() {
+    let len = 1 << 20;
+    let backend = Backend::huge(len);
+    let weir = Conf::new()
+        .route("all", "up", &[])
+        .upstream("up", &[backend.addr()], &["idle_timeout = \"300ms\""])
+        .start();
+    let (mut client, _conn) = connect(weir.addr).await;
+    let (response, _) = client
+        .send_request(request(Method::GET, "/big"), true)
+        .expect("send");
+    let response = response.await.expect("response");
+    assert_eq!(response.status(), StatusCode::OK);
+    // The body waits on the client's window while more than idle_timeout passes: the time
+    // passing is the condition, so a sleep.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let mut hasher = Hasher::new();
+    let mut body = response.into_body();
+    while let Some(chunk) = body.data().await {
+        let chunk = chunk.expect("chunk");
+        hasher.update(&chunk);
+        let _ = body.flow_control().release_capacity(chunk.len());
+    }
+    assert_eq!(hasher.finish(), pattern_hash(len));
+    let (status, body) = get(&mut client, Method::GET, "/big").await;
+    assert_eq!((status, body.len() as u64), (StatusCode::OK, len));
+    assert_eq!(
+        backend.connections_accepted(),
+        1,
+        "the pooled connection is reused"
+    );
+}
+
 #[tokio::test]
 async fn head_has_no_body_but_its_length() {
     let backend = Backend::fixed(200, &[("X-A", "1")], "hello world");

@@ -265,6 +265,13 @@ impl StreamRequest<'_> {
         let plan = self.plan(up_buf.filled(), resp);
         let head = self.response_head(resp, &arrived, &sent, &plan);
         up_buf.consume(resp.head_len);
+        // The whole body came with the head (the usual small response): the connection is
+        // idle from the head's arrival; else from the end of the relay (as for HTTP/1.1).
+        let body_with_head = match resp.framing {
+            BodyFraming::None => true,
+            BodyFraming::Length(n) => up_buf.filled().len() as u64 >= n,
+            BodyFraming::Chunked | BodyFraming::UntilClose => false,
+        };
         // A chunked body is decoded in place in `up_buf`: its bytes differ from `arrived`.
         let first = (resp.framing != BodyFraming::Chunked).then(|| arrived.slice(resp.head_len..));
         let mut stream = sent.stream;
@@ -275,9 +282,13 @@ impl StreamRequest<'_> {
         if reusable && !(self.req.is_head && resp.framing == BodyFraming::UntilClose) {
             let upstream = self.target.upstream;
             let key = PoolKey::new(sent.server, self.target.pool.tls.as_deref());
-            // Idle since the head arrived, a time already read (no clock read per stream):
-            // a little early, so an idle connection expires a little sooner, never later.
-            let since = self.started + trace.upstream_time.unwrap_or_default();
+            // Idle since the head arrived when the body came with it, a time already read
+            // (no clock read for the usual small response; a little early, so it expires a
+            // little sooner, never later); after a streamed body, from now.
+            let since = match body_with_head {
+                true => self.started + trace.upstream_time.unwrap_or_default(),
+                false => Instant::now(),
+            };
             let idle = self
                 .worker
                 .pool
@@ -574,7 +585,10 @@ impl StreamRequest<'_> {
             http::StatusCode::from_u16(resp.status).unwrap_or(http::StatusCode::BAD_GATEWAY);
         let headers = response.headers_mut();
         *headers = self.spare.take();
-        headers.clear();
+        debug_assert!(
+            headers.is_empty(),
+            "the spare map is cleared where it is set"
+        );
         let reverse = self.reverse_map(server);
         let mut mapped = Vec::new();
         let rules = self.target.route.filters.response_headers.as_ref();
