@@ -94,9 +94,16 @@ impl Admin {
         let handover = listener.try_clone()?;
         let addr = listener.local_addr()?;
         let (stop, stopped) = watch::channel(false);
+        // Built here, not on the thread: returning means the admin API can serve (a
+        // process that runs out of descriptors right after start-up cannot leave it
+        // without a runtime, logged as listening).
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .max_blocking_threads(BLOCKING_THREADS)
+            .build()?;
         let thread = std::thread::Builder::new()
             .name("weir-admin".into())
-            .spawn(move || serve(listener, state, stopped))?;
+            .spawn(move || serve(runtime, listener, state, stopped))?;
         Ok(Admin {
             addr,
             stop,
@@ -123,18 +130,11 @@ impl Admin {
 }
 
 fn serve(
+    runtime: tokio::runtime::Runtime,
     listener: std::net::TcpListener,
     state: Arc<AdminState>,
     mut stopped: watch::Receiver<bool>,
 ) {
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .max_blocking_threads(BLOCKING_THREADS)
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => return tracing::error!(error = %e, "admin runtime failed"),
-    };
     runtime.block_on(async move {
         let listener = match tokio::net::TcpListener::from_std(listener) {
             Ok(l) => l,
