@@ -45,6 +45,14 @@ async fn read_body(mut body: RecvStream) -> Vec<u8> {
     out
 }
 
+/// Sends a body-less GET and waits for the response head.
+async fn send_get(client: &mut SendRequest<Bytes>, path: &str) -> http::Response<RecvStream> {
+    let (response, _) = client
+        .send_request(request(Method::GET, path), true)
+        .expect("send request");
+    response.await.expect("response")
+}
+
 /// Sends a body-less request and returns (status, body).
 async fn get(client: &mut SendRequest<Bytes>, method: Method, path: &str) -> (StatusCode, Vec<u8>) {
     let (response, _) = client
@@ -150,10 +158,7 @@ async fn large_response_streams_under_flow_control() {
     let backend = Backend::huge(len);
     let weir = single(backend.addr()).start();
     let (mut client, _conn) = connect(weir.addr).await;
-    let (response, _) = client
-        .send_request(request(Method::GET, "/big"), true)
-        .expect("send");
-    let response = response.await.expect("response");
+    let response = send_get(&mut client, "/big").await;
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(
         response.headers()["content-length"],
@@ -182,10 +187,7 @@ async fn a_connection_busy_streaming_past_idle_timeout_is_reused() {
         .upstream("up", &[backend.addr()], &["idle_timeout = \"300ms\""])
         .start();
     let (mut client, _conn) = connect(weir.addr).await;
-    let (response, _) = client
-        .send_request(request(Method::GET, "/big"), true)
-        .expect("send");
-    let response = response.await.expect("response");
+    let response = send_get(&mut client, "/big").await;
     assert_eq!(response.status(), StatusCode::OK);
     // The body waits on the client's window while more than idle_timeout passes: the time
     // passing is the condition, so a sleep.
@@ -809,17 +811,11 @@ async fn local_answers_and_splits_over_http2() {
         .upstream("b", &[b.addr()], &[])
         .start();
     let (mut client, _conn) = connect(weir.addr).await;
-    let (response, _) = client
-        .send_request(request(Method::GET, "/ping"), true)
-        .expect("send");
-    let response = response.await.expect("response");
+    let response = send_get(&mut client, "/ping").await;
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(response.headers()["x-local"], "yes");
     assert_eq!(read_body(response.into_body()).await, b"pong\n");
-    let (response, _) = client
-        .send_request(request(Method::GET, "/old/x?q=1"), true)
-        .expect("send");
-    let response = response.await.expect("response");
+    let response = send_get(&mut client, "/old/x?q=1").await;
     assert_eq!(response.status(), StatusCode::MOVED_PERMANENTLY);
     assert_eq!(
         response.headers()["location"],
@@ -864,10 +860,7 @@ async fn access_lists_and_rate_limits_hold_over_http2() {
     assert_eq!(backend.requests_served(), 0);
     let mut statuses = Vec::new();
     for _ in 0..3 {
-        let (response, _) = client
-            .send_request(request(Method::GET, "/limited/x"), true)
-            .expect("send");
-        let response = response.await.expect("response");
+        let response = send_get(&mut client, "/limited/x").await;
         if response.status() == StatusCode::TOO_MANY_REQUESTS {
             assert!(response.headers().contains_key("retry-after"));
         }

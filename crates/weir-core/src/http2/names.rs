@@ -1,5 +1,6 @@
 //! Header names for the h2 response head, and for the fields Weir adds to an h2
-//! upstream request, without `HeaderName::from_bytes` for the common ones. `from_bytes` lower-cases the name into a scratch array, then searches the
+//! upstream request, without `HeaderName::from_bytes` for the common ones.
+//! `from_bytes` lower-cases the name into a scratch array, then searches the
 //! standard names: about a hundred instructions per field, every field of every
 //! response. The names most responses carry are matched here (any case, as HTTP/1.1
 //! sends them) to the same standard `HeaderName`s; any other name takes `from_bytes`.
