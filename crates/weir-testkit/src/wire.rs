@@ -119,9 +119,11 @@ impl Conn {
         self.stream.read_buf(&mut self.buf).await
     }
 
-    /// Writes all of `data`.
+    /// Writes all of `data` and flushes it: over TLS, `write_all` alone may leave the tail
+    /// in rustls when the socket was full, and nothing else would send it.
     pub(crate) async fn write_all(&mut self, data: &[u8]) -> io::Result<()> {
-        self.stream.write_all(data).await
+        self.stream.write_all(data).await?;
+        self.stream.flush().await
     }
 
     /// Reads a body framed by `framing`, streaming the decoded data to

@@ -569,6 +569,9 @@ async fn large_bodies_stream_both_ways_over_tls_on_a_kept_alive_connection() {
         let send = async {
             w.write_all(head.as_bytes()).await.unwrap();
             w.write_all(&body).await.unwrap();
+            // tokio-rustls takes the tail into its buffer when the socket is full: only a
+            // flush sends it (without this the upload stalled on a loaded CI machine).
+            w.flush().await.unwrap();
         };
         let receive = async {
             let mut got = Vec::new();
@@ -792,7 +795,10 @@ async fn an_upgraded_connection_tunnels_over_tls() {
         String::from_utf8_lossy(&head)
     );
     let big = weir_testkit::pattern_vec(300_000);
-    let write = async { w.write_all(&big).await.unwrap() };
+    let write = async {
+        w.write_all(&big).await.unwrap();
+        w.flush().await.unwrap();
+    };
     let read = async {
         let mut got = vec![0u8; big.len()];
         r.read_exact(&mut got).await.unwrap();
