@@ -23,8 +23,10 @@ use crate::wire::{self, Conn, Framing, MAX_HEADERS, MAX_RESPONSE_HEAD};
 /// Default bound on connecting and on reading one response.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// How long [`Client::is_closed_by_peer`] waits for the peer to close.
-pub const CLOSE_WAIT: Duration = Duration::from_secs(2);
+/// How long [`Client::is_closed_by_peer`] waits for the peer to close. Only a bound on a
+/// hang (a close or data ends the wait at once), so generous: 2 s could pass on a loaded
+/// two-core machine before a close that was on its way.
+pub const CLOSE_WAIT: Duration = Duration::from_secs(10);
 
 /// A response read by the client.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -164,7 +166,7 @@ impl Client {
         self.read_final(method.eq_ignore_ascii_case("HEAD")).await
     }
 
-    /// Waits up to [`CLOSE_WAIT`] (2 s) for the peer to close the connection:
+    /// Waits up to [`CLOSE_WAIT`] (10 s) for the peer to close the connection:
     /// true on EOF or a reset, false if it is still open after the wait or
     /// sends data instead (the data is kept for the next read). Returns
     /// false at once if unread response bytes are already buffered. Checking

@@ -89,6 +89,7 @@ async fn demo_https(storage: &std::path::Path) -> String {
     tls.write_all(b"GET /hello HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
         .await
         .unwrap();
+    tls.flush().await.unwrap();
     let mut out = Vec::new();
     tls.read_to_end(&mut out).await.unwrap();
     let response = String::from_utf8_lossy(&out);

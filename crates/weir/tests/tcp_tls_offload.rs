@@ -105,6 +105,7 @@ async fn flood_server() -> SocketAddr {
 async fn get(s: &mut TlsStream<TcpStream>, host: &str) -> String {
     let request = format!("GET / HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
     s.write_all(request.as_bytes()).await.expect("write");
+    s.flush().await.expect("flush");
     let mut out = Vec::new();
     let _ = s.read_to_end(&mut out).await;
     String::from_utf8_lossy(&out).into_owned()

@@ -45,6 +45,7 @@ async fn fetch(weir: &Weir, storage: &Path) -> (Vec<u8>, String) {
     tls.write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
         .await
         .unwrap();
+    tls.flush().await.unwrap();
     let mut out = Vec::new();
     tls.read_to_end(&mut out).await.unwrap();
     (leaf, String::from_utf8_lossy(&out).into_owned())
@@ -273,6 +274,7 @@ async fn tls_alpn01_with_empty_alpn_still_serves_clients_offering_alpn() {
     tls.write_all(b"GET / HTTP/1.1\r\nHost: app.test\r\nConnection: close\r\n\r\n")
         .await
         .unwrap();
+    tls.flush().await.unwrap();
     let mut out = Vec::new();
     tls.read_to_end(&mut out).await.unwrap();
     assert!(

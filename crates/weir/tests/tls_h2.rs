@@ -139,6 +139,7 @@ async fn a_client_offering_only_http1_gets_http1_on_the_same_listener() {
     assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"http/1.1"[..]));
     let head = format!("GET /one HTTP/1.1\r\nHost: {NAME}\r\nConnection: close\r\n\r\n");
     tls.write_all(head.as_bytes()).await.expect("write");
+    tls.flush().await.expect("flush");
     let mut response = Vec::new();
     let _ = tls.read_to_end(&mut response).await;
     let response = String::from_utf8_lossy(&response);

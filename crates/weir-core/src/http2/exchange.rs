@@ -850,10 +850,14 @@ async fn upload<W: AsyncWrite + Unpin>(
                 up.write_all(format!("{:x}\r\n", data.len()).as_bytes())
                     .await?;
                 up.write_all(&data).await?;
-                up.write_all(b"\r\n").await
+                up.write_all(b"\r\n").await?;
             } else {
-                up.write_all(&data).await
+                up.write_all(&data).await?;
             }
+            // A TLS upstream may hold the last records back when its socket was full, and
+            // nothing else would send them (the upstream would wait for them, the client
+            // for the answer); plain TCP returns at once (no system call).
+            up.flush().await
         };
         match with_timeout(upstream_timeout, written).await {
             Err(_) => return Err(PumpError::WriteTimeout),
@@ -865,7 +869,11 @@ async fn upload<W: AsyncWrite + Unpin>(
     }
     if chunked {
         // Trailers (if any) are dropped: an HTTP/1.1 upstream gets none from h2 clients.
-        match with_timeout(upstream_timeout, up.write_all(b"0\r\n\r\n")).await {
+        let last = async {
+            up.write_all(b"0\r\n\r\n").await?;
+            up.flush().await
+        };
+        match with_timeout(upstream_timeout, last).await {
             Err(_) => return Err(PumpError::WriteTimeout),
             Ok(Err(e)) => return Err(write(e)),
             Ok(Ok(())) => {}
@@ -883,7 +891,32 @@ pub(super) struct ResponseBody<'p> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::test_io::{request_body, Holding};
     use super::Trace;
+    use std::time::Duration;
+
+    /// Uploads a request body of two DATA frames to a [`Holding`] writer; returns
+    /// (held, sent) once the upload returned.
+    async fn upload_to_holding(chunked: bool) -> (usize, usize) {
+        let mut body = request_body(&[b"hello", b"world"], true).await;
+        let mut up = Holding::default();
+        let timeouts = (Duration::from_secs(10), Duration::from_secs(10));
+        let mut total = 0;
+        super::upload(&mut body, &mut up, chunked, None, timeouts, &mut total)
+            .await
+            .expect("uploaded");
+        assert_eq!(total, 10);
+        (up.0.held.get(), up.0.sent.get())
+    }
+
+    /// Nothing of an upload stays unflushed once it returns: over TLS, an unflushed tail
+    /// stayed in rustls when the upstream's socket was full, with the upstream waiting.
+    #[tokio::test]
+    async fn an_upload_leaves_nothing_unflushed() {
+        assert_eq!(upload_to_holding(false).await, (0, 10));
+        let framed = "5\r\nhello\r\n5\r\nworld\r\n0\r\n\r\n".len();
+        assert_eq!(upload_to_holding(true).await, (0, framed));
+    }
 
     #[test]
     fn grpc_status_is_digits_only_and_noted_once_sent() {

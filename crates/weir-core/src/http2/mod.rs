@@ -29,6 +29,8 @@ mod request;
 pub(crate) mod scratch;
 mod send;
 mod stream;
+#[cfg(test)]
+mod test_io;
 mod upstream;
 mod upstream_request;
 mod websocket;

@@ -369,7 +369,13 @@ async fn upstream<W: AsyncWrite + Unpin>(
         // An error here is the client's reset (or the connection's end).
         let data = data.map_err(|_| Stop::Reset)?;
         activity.touch();
-        uw.write_all(&data)
+        // Flushed: a TLS upstream may hold the tail back when its socket was full, and the
+        // next write may be long in coming (the peer may be waiting for this message).
+        let written = async {
+            uw.write_all(&data).await?;
+            uw.flush().await
+        };
+        written
             .await
             .map_err(|e| Stop::Error(ProxyError::upstream_io(e)))?;
         *received += data.len() as u64;
@@ -382,6 +388,32 @@ async fn upstream<W: AsyncWrite + Unpin>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each tunnel message is flushed upstream as it is written, before the next comes:
+    /// over TLS an unflushed message stayed in rustls when the upstream's socket was full,
+    /// while the upstream (waiting for it) and the client (waiting for the answer) stalled.
+    #[tokio::test]
+    async fn a_tunnel_message_is_flushed_before_the_next_one_comes() {
+        use super::super::test_io::{request_body, Holding};
+        let mut body = request_body(&[b"hello"], false).await;
+        let mut up = Holding::default();
+        let counts = up.0.clone();
+        let (mut received, activity) = (0, Activity::new());
+        let relay = upstream(&mut body, &mut up, &mut received, &activity);
+        let flushed = async {
+            while counts.sent.get() < 5 {
+                tokio::task::yield_now().await;
+            }
+        };
+        let waited = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+            tokio::select! {
+                _ = relay => panic!("the tunnel ended"),
+                () = flushed => {}
+            }
+        });
+        assert!(waited.await.is_ok(), "held back: {}", counts.held.get());
+        assert_eq!(counts.held.get(), 0);
+    }
 
     #[test]
     fn accept_matches_rfc_6455() {

@@ -14,8 +14,11 @@ use weir_testkit::Client;
 /// The name of the one listener every test config has.
 pub const LISTENER: &str = "web";
 
-/// How long tests poll a condition (backend counters) before giving up.
-pub const WAIT: Duration = Duration::from_secs(5);
+/// How long tests poll a condition (backend counters) before giving up. Every use bounds
+/// a wait for something expected (a count, a close, a read), never a wait that must run
+/// out, so it is generous: only a hang costs it, and a loaded two-core CI machine must
+/// never hit it first.
+pub const WAIT: Duration = Duration::from_secs(30);
 
 /// Builds a configuration text: one listener `web` on `127.0.0.1:0`, `workers = 1`, the
 /// admin listener off, `drain_timeout = "0s"` (so dropping a harness never waits), and
