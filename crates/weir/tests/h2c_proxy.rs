@@ -36,6 +36,11 @@ fn request(method: Method, path: &str) -> Request<()> {
 
 /// Reads a whole response body, releasing flow-control capacity as it goes.
 async fn read_body(mut body: RecvStream) -> Vec<u8> {
+    read_data(&mut body).await
+}
+
+/// Reads a body's DATA to its end (its trailers, if any, are next).
+async fn read_data(body: &mut RecvStream) -> Vec<u8> {
     let mut out = Vec::new();
     while let Some(chunk) = body.data().await {
         let chunk = chunk.expect("body chunk");
@@ -581,6 +586,69 @@ async fn an_unsolicited_101_is_502() {
         backend.addr()
     );
     assert_eq!(weir.metric(&upstream), 2);
+}
+
+/// Sends a body-less GET of `path` and returns (status, body, trailers).
+async fn get_with_trailers(
+    client: &mut SendRequest<Bytes>,
+    path: &str,
+) -> (StatusCode, Vec<u8>, Option<http::HeaderMap>) {
+    let response = send_get(client, path).await;
+    let status = response.status();
+    let mut body = response.into_body();
+    let out = read_data(&mut body).await;
+    let trailers = body.trailers().await.expect("trailers");
+    (status, out, trailers)
+}
+
+/// A chunked HTTP/1.1 response's trailer reaches an h2 client as trailing HEADERS, on
+/// every response of a reused upstream connection.
+#[tokio::test]
+async fn chunked_trailers_from_an_http1_upstream_reach_the_h2_client() {
+    let backend = Backend::chunked(&["hello", " ", "world"]);
+    let weir = single(backend.addr()).start();
+    let (mut client, _conn) = connect(weir.addr).await;
+    for path in ["/one", "/two"] {
+        let (status, body, trailers) = get_with_trailers(&mut client, path).await;
+        assert_eq!((status, &body[..]), (StatusCode::OK, &b"hello world"[..]));
+        let trailers = trailers.expect("trailers");
+        assert_eq!(trailers.len(), 1, "{trailers:?}");
+        assert_eq!(trailers["x-trailer"], "done");
+    }
+}
+
+/// Trailer fields that may not be trailers (framing, routing, hop-by-hop) and those past
+/// `max_header_list_size` are dropped; the rest, the body and the stream's end come
+/// through. Only forbidden fields: the stream ends without trailers.
+#[tokio::test]
+async fn forbidden_and_oversized_trailers_are_dropped_not_fatal() {
+    let big = "v".repeat(2000);
+    let raw = format!(
+        "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\
+         X-Big: {big}\r\nContent-Length: 99\r\nHost: evil.test\r\nConnection: close\r\n\
+         X-Keep: 1\r\n\r\n"
+    );
+    let backend = Backend::raw_response(raw.as_bytes());
+    let only_forbidden = Backend::raw_response(
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\
+          Transfer-Encoding: chunked\r\nContent-Length: 2\r\n\r\n",
+    );
+    let weir = Conf::new()
+        .listener("http2 = { max_header_list_size = \"1KiB\" }")
+        .route("mixed", "mixed", &["path_prefix = \"/mixed\""])
+        .route("rest", "forbidden", &[])
+        .upstream("mixed", &[backend.addr()], &[])
+        .upstream("forbidden", &[only_forbidden.addr()], &[])
+        .start();
+    let (mut client, _conn) = connect(weir.addr).await;
+    let (status, body, trailers) = get_with_trailers(&mut client, "/mixed").await;
+    assert_eq!((status, &body[..]), (StatusCode::OK, &b"ok"[..]));
+    let trailers = trailers.expect("trailers");
+    let names: Vec<_> = trailers.keys().map(|n| n.as_str()).collect();
+    assert_eq!(names, ["x-keep"]);
+    let (status, body, trailers) = get_with_trailers(&mut client, "/other").await;
+    assert_eq!((status, &body[..]), (StatusCode::OK, &b"ok"[..]));
+    assert_eq!(trailers, None);
 }
 
 /// A GET of `path` on a new h2c connection: its 1xx heads, final head and body.

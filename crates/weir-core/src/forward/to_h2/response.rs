@@ -18,7 +18,7 @@ use crate::connector::h2::h2_error;
 use crate::error::ProxyError;
 use crate::forward::body::write_all;
 use crate::forward::exchange::client_write_error;
-use crate::http2::is_connection_specific;
+use crate::http2::{forbidden_in_trailer, is_connection_specific};
 use crate::time::with_timeout;
 use weir_config::HeaderRules;
 
@@ -208,38 +208,6 @@ pub(super) async fn relay<W: AsyncWrite + Unpin>(
         .map_err(client_write_error)?;
     *sent += tail.len() as u64;
     Ok(())
-}
-
-/// Fields a trailer must not carry (RFC 9110 6.5.1): framing, routing, authentication,
-/// cookies, and fields that change how the body already sent is read or cached. A
-/// client that merged them into the head would be misled; they are dropped.
-fn forbidden_in_trailer(name: &str) -> bool {
-    const FORBIDDEN: [&str; 22] = [
-        "content-length",
-        "transfer-encoding",
-        "trailer",
-        "te",
-        "host",
-        "authorization",
-        "proxy-authorization",
-        "www-authenticate",
-        "proxy-authenticate",
-        "set-cookie",
-        "cookie",
-        "content-type",
-        "content-encoding",
-        "content-range",
-        "cache-control",
-        "expires",
-        "age",
-        "date",
-        "location",
-        "retry-after",
-        "vary",
-        "max-forwards",
-    ];
-    // h2 gives lower-case names.
-    FORBIDDEN.contains(&name)
 }
 
 /// Chunk-size lines, with the CRLF that ends the previous chunk's data in front, so each
