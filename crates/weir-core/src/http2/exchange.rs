@@ -421,6 +421,8 @@ impl StreamRequest<'_> {
             upgrade: Offered::default(),
             idempotent: self.req.idempotent,
             accepted: None,
+            // The stream drops the 1xx past `http2.max_informational` (`interim`).
+            max_informational: u32::MAX,
         }
     }
 
