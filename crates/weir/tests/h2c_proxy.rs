@@ -938,6 +938,16 @@ async fn access_lists_and_rate_limits_hold_over_http2() {
     assert_eq!(backend.requests_served(), 2);
     let (status, _) = get(&mut client, Method::GET, "/open").await;
     assert_eq!(status, StatusCode::OK);
+    // An HTTP/1.1 request refused on the same route: one series per client protocol.
+    let mut http1 = weir.client().await;
+    assert_eq!(http1.get("/limited/x", "h").await.expect("429").status, 429);
+    let limited = |protocol: &str| {
+        let series = format!(
+            "weir_rate_limited_total{{listener=\"web\",route=\"limited\",protocol=\"{protocol}\"}}"
+        );
+        weir.metric(&series)
+    };
+    assert_eq!((limited("HTTP/1.1"), limited("HTTP/2.0")), (1, 1));
 }
 
 /// Behind `trusted_proxies`, an HTTP/2 stream's client is the address the proxy names in
