@@ -1063,3 +1063,51 @@ async fn request_header_rules_and_ids_apply_to_http2_streams() {
     assert!(seen.contains("x-request-id: "), "{seen}");
     assert!(seen.contains("x-real-ip: 192.0.2.9\r\n"), "{seen}");
 }
+
+/// The DATA frames an h2 client gets for a GET of `/`, and the body bytes they carried.
+async fn data_frames_of_one_get(weir: &common::Weir) -> (usize, usize) {
+    use weir_testkit::h2_raw::{flag, frame, kind, Block, RawH2};
+    let mut raw = RawH2::connect(weir.addr, &[]).await.expect("connect");
+    let mut out = Vec::new();
+    frame(&mut out, kind::SETTINGS, flag::ACK, 0, &[]);
+    let block = Block::get("/");
+    frame(
+        &mut out,
+        kind::HEADERS,
+        flag::END_HEADERS | flag::END_STREAM,
+        1,
+        &block.0,
+    );
+    raw.send(&out).await.expect("request");
+    let (mut frames, mut bytes) = (0, 0);
+    let ended = raw
+        .until(WAIT, |f| {
+            if f.kind == kind::DATA && f.stream == 1 {
+                frames += 1;
+                bytes += f.payload.len();
+            }
+            let end = matches!(f.kind, kind::DATA | kind::HEADERS) && f.stream == 1;
+            (end && f.flags & flag::END_STREAM != 0).then_some(())
+        })
+        .await;
+    assert!(ended.is_some(), "the stream did not end");
+    (frames, bytes)
+}
+
+/// 1,000 one-byte chunks that arrive together are de-chunked into one piece and relayed
+/// as one DATA frame (and the end of the stream), not a frame per chunk: each upstream
+/// read is one send, whatever its framing.
+#[tokio::test]
+async fn a_burst_of_one_byte_chunks_is_relayed_in_one_data_frame() {
+    let mut raw = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+    for _ in 0..1000 {
+        raw.extend_from_slice(b"1\r\nx\r\n");
+    }
+    raw.extend_from_slice(b"0\r\n\r\n");
+    // One write: the head and the whole body reach Weir's socket at once.
+    let backend = Backend::raw_response(&raw);
+    let weir = single(backend.addr()).start();
+    let (frames, bytes) = data_frames_of_one_get(&weir).await;
+    assert_eq!(bytes, 1000);
+    assert!(frames <= 2, "{frames} DATA frames");
+}
