@@ -48,6 +48,10 @@ pub(crate) fn forbidden_in_trailer(name: &str) -> bool {
 /// The fields of `lines` (trailer field lines, each ending in CRLF) that may go to an
 /// HTTP/2 client, at most `max_list_size` of them as HTTP/2 counts; `None` when none may.
 pub fn to_h2(lines: &[u8], max_list_size: u32) -> Option<HeaderMap> {
+    // The usual chunked body has no trailers: no map is built.
+    if lines.is_empty() {
+        return None;
+    }
     let mut fields = HeaderMap::new();
     let mut size = 0usize;
     let mut dropped = 0usize;
