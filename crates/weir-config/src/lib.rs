@@ -123,6 +123,7 @@ max_idle = 256
             max_body_size: None,
             max_header_size: 16 * 1024,
             max_headers: 100,
+            max_informational: 8,
             http2: Http2::default(),
             default_response: DefaultResponse {
                 status: 404,

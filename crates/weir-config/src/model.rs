@@ -201,6 +201,10 @@ pub struct Listener {
     pub max_header_size: usize,
     /// Most header fields accepted in one request head; beyond it: 431.
     pub max_headers: usize,
+    /// 1xx heads (100, 103 Early Hints, ...) an upstream may send an HTTP/1.1 client before
+    /// its final response; one more fails the response (502), so an upstream sending 1xx
+    /// in a loop cannot keep a client busy. HTTP/2 clients: `http2.max_informational`.
+    pub max_informational: u32,
     pub default_response: DefaultResponse,
     /// `None` when access logging is off.
     pub access_log: Option<AccessLog>,

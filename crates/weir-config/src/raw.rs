@@ -61,6 +61,7 @@ pub(crate) struct RawListener {
     pub max_body_size: Option<StrOrInt>,
     pub max_header_size: Option<StrOrInt>,
     pub max_headers: Option<i64>,
+    pub max_informational: Option<i64>,
     pub default_response: Option<RawDefaultResponse>,
     pub access_log: Option<RawAccessLog>,
     pub routes: Option<Vec<RawRoute>>,

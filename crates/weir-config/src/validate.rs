@@ -279,6 +279,7 @@ fn listener(
         max_body_size: Some(size(raw.max_body_size, 0, &key("max_body_size"))?).filter(|n| *n > 0),
         max_header_size: max_header_size(raw.max_header_size, &key("max_header_size"))?,
         max_headers: int_in(raw.max_headers, 100, 1..=1000, &key("max_headers"))?,
+        max_informational: int_in(raw.max_informational, 8, 1..=100, &key("max_informational"))?,
         default_response: default_response(raw.default_response, &key("default_response"))?,
         access_log: access_log(raw.access_log, &key("access_log"))?,
         redirect_https: route_match::redirect_https(

@@ -15,6 +15,7 @@ use crate::filters::forwarded::ClientIp;
 use crate::filters::rate_limit::retry_after_secs;
 use crate::filters::{basic_auth, real_ip, request_id};
 use crate::forward::Failure;
+use crate::metrics::shard::Protocol;
 use crate::snapshot::Snapshot;
 use crate::worker::Worker;
 
@@ -52,6 +53,8 @@ pub struct Asker<'a> {
     pub req: &'a RequestHead,
     /// When the head was complete (the rate limiter's clock).
     pub now: std::time::Instant,
+    /// The client's protocol (the `protocol` label of a refusal's count).
+    pub protocol: Protocol,
 }
 
 impl Routed<'_> {
@@ -74,6 +77,7 @@ impl Routed<'_> {
             buf: conn.buf.filled(),
             req,
             now: conn.request_started,
+            protocol: Protocol::Http1,
         };
         let refused = self.refusal(&asker, &mut extra);
         let sent = match refused {
@@ -145,18 +149,18 @@ impl Routed<'_> {
             }
         };
         if checked.is_err() {
-            self.count_rate_limited();
+            self.count_rate_limited(asker.protocol);
         }
         checked
     }
 
-    fn count_rate_limited(&self) {
+    fn count_rate_limited(&self, protocol: Protocol) {
         let Some(slots) = self.snapshot.slots.listeners.get(self.listener) else {
             return;
         };
         let metrics = self.worker.metrics.listener(slots.slot);
         if let Some(route) = metrics.and_then(|m| m.route(slots.route(Some(self.route)))) {
-            route.rate_limited.inc();
+            route.rate_limited(protocol).inc();
         }
     }
 }

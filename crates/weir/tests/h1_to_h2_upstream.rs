@@ -212,6 +212,29 @@ async fn interim_responses_reach_http11_clients() {
     assert_eq!(header(&resp, "x-path"), "/hints");
 }
 
+/// An HTTP/2 server's 1xx heads past the listener's `max_informational` fail the response
+/// with 502 after the ones relayed; up to it, the final response comes through.
+#[tokio::test]
+async fn interim_responses_past_max_informational_are_502() {
+    let backend = H2Backend::h2c();
+    let weir = Conf::new()
+        .listener("max_informational = 2")
+        .route("all", "up", &[])
+        .upstream("up", &[backend.addr()], &["protocol = \"h2c\""])
+        .start();
+    for (n, last) in [(2, 200), (3, 502)] {
+        let mut client = weir.client().await;
+        let request = format!("GET /hints?n={n} HTTP/1.1\r\nHost: t\r\n\r\n");
+        client.send_raw(request.as_bytes()).await.expect("send");
+        for i in 0..2 {
+            let hints = client.read_response(false).await.expect("103");
+            assert_eq!(hints.status, 103, "n={n}, hint {i}");
+        }
+        let resp = client.read_response(false).await.expect("final");
+        assert_eq!(resp.status, last, "n={n}");
+    }
+}
+
 #[tokio::test]
 async fn http10_client_gets_a_body_delimited_by_close() {
     let backend = H2Backend::h2c();

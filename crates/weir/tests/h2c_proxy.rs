@@ -36,6 +36,11 @@ fn request(method: Method, path: &str) -> Request<()> {
 
 /// Reads a whole response body, releasing flow-control capacity as it goes.
 async fn read_body(mut body: RecvStream) -> Vec<u8> {
+    read_data(&mut body).await
+}
+
+/// Reads a body's DATA to its end (its trailers, if any, are next).
+async fn read_data(body: &mut RecvStream) -> Vec<u8> {
     let mut out = Vec::new();
     while let Some(chunk) = body.data().await {
         let chunk = chunk.expect("body chunk");
@@ -585,6 +590,69 @@ async fn an_unsolicited_101_is_502() {
     assert_eq!(weir.metric(&upstream), 2);
 }
 
+/// Sends a body-less GET of `path` and returns (status, body, trailers).
+async fn get_with_trailers(
+    client: &mut SendRequest<Bytes>,
+    path: &str,
+) -> (StatusCode, Vec<u8>, Option<http::HeaderMap>) {
+    let response = send_get(client, path).await;
+    let status = response.status();
+    let mut body = response.into_body();
+    let out = read_data(&mut body).await;
+    let trailers = body.trailers().await.expect("trailers");
+    (status, out, trailers)
+}
+
+/// A chunked HTTP/1.1 response's trailer reaches an h2 client as trailing HEADERS, on
+/// every response of a reused upstream connection.
+#[tokio::test]
+async fn chunked_trailers_from_an_http1_upstream_reach_the_h2_client() {
+    let backend = Backend::chunked(&["hello", " ", "world"]);
+    let weir = single(backend.addr()).start();
+    let (mut client, _conn) = connect(weir.addr).await;
+    for path in ["/one", "/two"] {
+        let (status, body, trailers) = get_with_trailers(&mut client, path).await;
+        assert_eq!((status, &body[..]), (StatusCode::OK, &b"hello world"[..]));
+        let trailers = trailers.expect("trailers");
+        assert_eq!(trailers.len(), 1, "{trailers:?}");
+        assert_eq!(trailers["x-trailer"], "done");
+    }
+}
+
+/// Trailer fields that may not be trailers (framing, routing, hop-by-hop) and those past
+/// `max_header_list_size` are dropped; the rest, the body and the stream's end come
+/// through. Only forbidden fields: the stream ends without trailers.
+#[tokio::test]
+async fn forbidden_and_oversized_trailers_are_dropped_not_fatal() {
+    let big = "v".repeat(2000);
+    let raw = format!(
+        "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\
+         X-Big: {big}\r\nContent-Length: 99\r\nHost: evil.test\r\nConnection: close\r\n\
+         X-Keep: 1\r\n\r\n"
+    );
+    let backend = Backend::raw_response(raw.as_bytes());
+    let only_forbidden = Backend::raw_response(
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\
+          Transfer-Encoding: chunked\r\nContent-Length: 2\r\n\r\n",
+    );
+    let weir = Conf::new()
+        .listener("http2 = { max_header_list_size = \"1KiB\" }")
+        .route("mixed", "mixed", &["path_prefix = \"/mixed\""])
+        .route("rest", "forbidden", &[])
+        .upstream("mixed", &[backend.addr()], &[])
+        .upstream("forbidden", &[only_forbidden.addr()], &[])
+        .start();
+    let (mut client, _conn) = connect(weir.addr).await;
+    let (status, body, trailers) = get_with_trailers(&mut client, "/mixed").await;
+    assert_eq!((status, &body[..]), (StatusCode::OK, &b"ok"[..]));
+    let trailers = trailers.expect("trailers");
+    let names: Vec<_> = trailers.keys().map(|n| n.as_str()).collect();
+    assert_eq!(names, ["x-keep"]);
+    let (status, body, trailers) = get_with_trailers(&mut client, "/other").await;
+    assert_eq!((status, &body[..]), (StatusCode::OK, &b"ok"[..]));
+    assert_eq!(trailers, None);
+}
+
 /// A GET of `path` on a new h2c connection: its 1xx heads, final head and body.
 async fn get_with_interims(weir: &common::Weir, path: &str) -> common::WithInterims {
     let (mut client, _conn) = connect(weir.addr).await;
@@ -872,6 +940,16 @@ async fn access_lists_and_rate_limits_hold_over_http2() {
     assert_eq!(backend.requests_served(), 2);
     let (status, _) = get(&mut client, Method::GET, "/open").await;
     assert_eq!(status, StatusCode::OK);
+    // An HTTP/1.1 request refused on the same route: one series per client protocol.
+    let mut http1 = weir.client().await;
+    assert_eq!(http1.get("/limited/x", "h").await.expect("429").status, 429);
+    let limited = |protocol: &str| {
+        let series = format!(
+            "weir_rate_limited_total{{listener=\"web\",route=\"limited\",protocol=\"{protocol}\"}}"
+        );
+        weir.metric(&series)
+    };
+    assert_eq!((limited("HTTP/1.1"), limited("HTTP/2.0")), (1, 1));
 }
 
 /// Behind `trusted_proxies`, an HTTP/2 stream's client is the address the proxy names in
@@ -986,4 +1064,52 @@ async fn request_header_rules_and_ids_apply_to_http2_streams() {
     assert!(seen.contains("x-env: http-prod\r\n"), "{seen}");
     assert!(seen.contains("x-request-id: "), "{seen}");
     assert!(seen.contains("x-real-ip: 192.0.2.9\r\n"), "{seen}");
+}
+
+/// The DATA frames an h2 client gets for a GET of `/`, and the body bytes they carried.
+async fn data_frames_of_one_get(weir: &common::Weir) -> (usize, usize) {
+    use weir_testkit::h2_raw::{flag, frame, kind, Block, RawH2};
+    let mut raw = RawH2::connect(weir.addr, &[]).await.expect("connect");
+    let mut out = Vec::new();
+    frame(&mut out, kind::SETTINGS, flag::ACK, 0, &[]);
+    let block = Block::get("/");
+    frame(
+        &mut out,
+        kind::HEADERS,
+        flag::END_HEADERS | flag::END_STREAM,
+        1,
+        &block.0,
+    );
+    raw.send(&out).await.expect("request");
+    let (mut frames, mut bytes) = (0, 0);
+    let ended = raw
+        .until(WAIT, |f| {
+            if f.kind == kind::DATA && f.stream == 1 {
+                frames += 1;
+                bytes += f.payload.len();
+            }
+            let end = matches!(f.kind, kind::DATA | kind::HEADERS) && f.stream == 1;
+            (end && f.flags & flag::END_STREAM != 0).then_some(())
+        })
+        .await;
+    assert!(ended.is_some(), "the stream did not end");
+    (frames, bytes)
+}
+
+/// 1,000 one-byte chunks that arrive together are de-chunked into one piece and relayed
+/// as one DATA frame (and the end of the stream), not a frame per chunk: each upstream
+/// read is one send, whatever its framing.
+#[tokio::test]
+async fn a_burst_of_one_byte_chunks_is_relayed_in_one_data_frame() {
+    let mut raw = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+    for _ in 0..1000 {
+        raw.extend_from_slice(b"1\r\nx\r\n");
+    }
+    raw.extend_from_slice(b"0\r\n\r\n");
+    // One write: the head and the whole body reach Weir's socket at once.
+    let backend = Backend::raw_response(&raw);
+    let weir = single(backend.addr()).start();
+    let (frames, bytes) = data_frames_of_one_get(&weir).await;
+    assert_eq!(bytes, 1000);
+    assert!(frames <= 2, "{frames} DATA frames");
 }

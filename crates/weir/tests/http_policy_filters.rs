@@ -408,7 +408,7 @@ async fn rate_limit_burst_then_429_with_retry_after_on_a_kept_connection() {
         .start();
     wait_for_series(
         &weir,
-        "weir_rate_limited_total{listener=\"web\",route=\"api\"}",
+        "weir_rate_limited_total{listener=\"web\",route=\"api\",protocol=\"HTTP/1.1\"}",
         0.0,
     );
     let mut c = weir.client().await;
@@ -430,9 +430,12 @@ async fn rate_limit_burst_then_429_with_retry_after_on_a_kept_connection() {
     assert_eq!(b.requests_served(), 4);
     wait_for_series(
         &weir,
-        "weir_rate_limited_total{listener=\"web\",route=\"api\"}",
+        "weir_rate_limited_total{listener=\"web\",route=\"api\",protocol=\"HTTP/1.1\"}",
         1.0,
     );
+    // No HTTP/2 request came: no HTTP/2.0 row.
+    let h2 = "weir_rate_limited_total{listener=\"web\",route=\"api\",protocol=\"HTTP/2.0\"}";
+    assert_eq!(weir.metric_now(h2), None);
     wait_for_series(
         &weir,
         "weir_requests_total{listener=\"web\",route=\"api\",method=\"GET\",code=\"429\",protocol=\"HTTP/1.1\"}",

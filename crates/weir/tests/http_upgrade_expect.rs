@@ -78,6 +78,50 @@ async fn informational_responses_are_relayed_before_the_final_one() {
     assert_eq!((r.status, &*r.body_str()), (200, "ok"));
 }
 
+/// `hints` 103s (`Link: </i>`) then a 200, from an upstream behind a listener with
+/// `extra` lines: the status of each response an HTTP/1.1 client reads, in order.
+async fn statuses_after_hints(hints: usize, extra: &[&str]) -> Vec<u16> {
+    let mut raw = Vec::new();
+    for i in 0..hints {
+        raw.extend_from_slice(
+            format!("HTTP/1.1 103 Early Hints\r\nLink: </{i}>\r\n\r\n").as_bytes(),
+        );
+    }
+    raw.extend_from_slice(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");
+    let b = Backend::raw_response(&raw);
+    let mut conf = single(b.addr());
+    for line in extra {
+        conf = conf.listener(line);
+    }
+    let weir = conf.start();
+    let mut c = weir.client().await;
+    c.send_raw(b"GET / HTTP/1.1\r\nHost: h\r\n\r\n")
+        .await
+        .unwrap();
+    let mut statuses = Vec::new();
+    loop {
+        let r = c.read_response(false).await.unwrap();
+        statuses.push(r.status);
+        if r.status >= 200 {
+            assert_eq!(b.requests_served(), 1, "retried");
+            return statuses;
+        }
+    }
+}
+
+/// An upstream may send `max_informational` 1xx heads (default 8) before its final
+/// response; one more and the client, which has the ones relayed, gets 502 (1xx commit no
+/// status), without a retry.
+#[tokio::test]
+async fn informational_responses_past_max_informational_are_502() {
+    let eight = statuses_after_hints(8, &[]).await;
+    assert_eq!(eight, [[103; 8].as_slice(), &[200]].concat());
+    let nine = statuses_after_hints(9, &[]).await;
+    assert_eq!(nine, [[103; 8].as_slice(), &[502]].concat());
+    let three = statuses_after_hints(3, &["max_informational = 2"]).await;
+    assert_eq!(three, [103, 103, 502]);
+}
+
 #[tokio::test]
 async fn informational_responses_are_not_sent_to_http10_clients() {
     let b = Backend::raw_response(

@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use h2::client::SendRequest;
+use h2::client::{ResponseFuture, SendRequest};
 use http::{Method, Request, StatusCode};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
@@ -83,6 +83,17 @@ async fn get(client: &mut SendRequest<Bytes>, path: &str) -> (StatusCode, String
         out.extend_from_slice(&chunk);
     }
     (status, String::from_utf8_lossy(&out).into_owned())
+}
+
+/// A GET of `/` on a new h2 connection to `addr` (trusting `ca`): the response future.
+async fn send_get(ca: &TestCa, addr: SocketAddr) -> (ResponseFuture, SendRequest<Bytes>) {
+    let mut client = h2_connect(addr, client_config(ca, &[b"h2"], None)).await;
+    let request = Request::builder()
+        .uri(format!("https://{NAME}/"))
+        .body(())
+        .expect("request");
+    let (response, _) = client.send_request(request, true).expect("send request");
+    (response, client)
 }
 
 #[tokio::test]
@@ -371,13 +382,7 @@ async fn early_hints_reach_an_h2_client_over_tls() {
     let weir = single(backend.addr())
         .listener(&tls_table(&[&leaf], ""))
         .start();
-    let config = client_config(&ca, &[b"h2"], None);
-    let mut client = h2_connect(weir.addr, config).await;
-    let request = Request::builder()
-        .uri(format!("https://{NAME}/"))
-        .body(())
-        .expect("request");
-    let (response, _) = client.send_request(request, true).expect("send request");
+    let (response, _client) = send_get(&ca, weir.addr).await;
     let answer = common::read_with_interims(response).await;
     assert_eq!(answer.interims.len(), 1, "{:?}", answer.interims);
     assert_eq!(answer.interims[0].status(), StatusCode::EARLY_HINTS);
@@ -387,4 +392,27 @@ async fn early_hints_reach_an_h2_client_over_tls() {
     );
     assert_eq!(answer.head.status(), StatusCode::OK);
     assert_eq!(answer.body, b"hello");
+}
+
+/// A chunked HTTP/1.1 response's trailer reaches an h2 client over TLS (ALPN h2) as
+/// trailing HEADERS after the body.
+#[tokio::test]
+async fn chunked_trailers_reach_an_h2_client_over_tls() {
+    let ca = TestCa::new("h2 CA");
+    let leaf = ca.leaf(&[NAME]);
+    let backend = Backend::chunked(&["abc", "def"]);
+    let weir = single(backend.addr())
+        .listener(&tls_table(&[&leaf], ""))
+        .start();
+    let (response, _client) = send_get(&ca, weir.addr).await;
+    let response = response.await.expect("response");
+    assert_eq!(response.status(), StatusCode::OK);
+    let mut body = response.into_body();
+    let mut out = Vec::new();
+    while let Some(chunk) = body.data().await {
+        out.extend_from_slice(&chunk.expect("body chunk"));
+    }
+    assert_eq!(out, b"abcdef");
+    let trailers = body.trailers().await.expect("trailers").expect("a trailer");
+    assert_eq!(trailers["x-trailer"], "done");
 }

@@ -497,6 +497,12 @@ fn listener_integer_limits() {
     check_listener_line("keepalive_requests = -1", "at least 0", "default 500");
     check_listener_line("max_headers = 0", "between 1 and 1000", "default 100");
     check_listener_line("max_headers = 1001", "not 1001", "default 100");
+    check_listener_line(
+        "max_informational = 0",
+        "between 1 and 100, not 0",
+        "default 8",
+    );
+    check_listener_line("max_informational = 101", "not 101", "default 8");
 }
 
 #[test]

@@ -22,6 +22,10 @@ pub enum BodyState {
         decoder: ChunkedDecoder,
         dechunk: bool,
         limit: Option<u64>,
+        /// The trailer section's field lines, when kept ([`BodyState::keeping_trailers`]):
+        /// an HTTP/2 client gets them as a HEADERS frame. Allocated only when a response
+        /// has trailers; at most the decoder's trailer limit.
+        trailers: Option<Vec<u8>>,
     },
     UntilClose {
         done: bool,
@@ -51,8 +55,28 @@ impl BodyState {
                 decoder: ChunkedDecoder::new(),
                 dechunk,
                 limit,
+                trailers: None,
             },
             BodyFraming::UntilClose => BodyState::UntilClose { done: false },
+        }
+    }
+
+    /// The same state, keeping a chunked body's trailer fields for [`BodyState::trailers`]
+    /// (by default they pass through with the chunks, or are dropped when de-chunking).
+    pub fn keeping_trailers(mut self) -> BodyState {
+        if let BodyState::Chunked { trailers, .. } = &mut self {
+            *trailers = Some(Vec::new());
+        }
+        self
+    }
+
+    /// The trailer field lines kept so far (each ending in CRLF; empty: none).
+    pub fn trailers(&self) -> &[u8] {
+        match self {
+            BodyState::Chunked {
+                trailers: Some(t), ..
+            } => t,
+            _ => &[],
         }
     }
 
@@ -83,8 +107,9 @@ impl BodyState {
                 decoder,
                 dechunk,
                 limit,
+                trailers,
             } => {
-                let r = take_chunked(decoder, *dechunk, data)?;
+                let r = take_chunked(decoder, (*dechunk, trailers.as_mut()), data)?;
                 if limit.is_some_and(|max| decoder.body_len() > max) {
                     return Err(PumpError::TooLarge);
                 }
@@ -106,9 +131,10 @@ impl BodyState {
     }
 }
 
+/// `trailers`: where the trailer field lines go, if they are kept.
 fn take_chunked(
     decoder: &mut ChunkedDecoder,
-    dechunk: bool,
+    (dechunk, mut trailers): (bool, Option<&mut Vec<u8>>),
     data: &mut [u8],
 ) -> Result<(usize, usize), PumpError> {
     let mut pos = 0;
@@ -121,6 +147,9 @@ fn take_chunked(
             let len = r.len();
             data.copy_within(pos + r.start..pos + r.end, out);
             out += len;
+        }
+        if let Some(t) = trailers.as_deref_mut().filter(|_| !d.trailers.is_empty()) {
+            t.extend_from_slice(&data[pos + d.trailers.start..pos + d.trailers.end]);
         }
         pos += d.consumed;
         if d.consumed == 0 {
@@ -299,6 +328,28 @@ mod tests {
         assert_eq!(&data[..forward], b"abcde");
         assert_eq!(consumed, data.len() - 4);
         assert!(state.is_done());
+    }
+
+    #[test]
+    fn keeps_trailers_while_dechunking_at_every_split() {
+        let msg = b"3\r\nabc\r\n0\r\nX-A: 1\r\nX-B: 2\r\n\r\n";
+        for cut in 0..=msg.len() {
+            let mut state = BodyState::new(BodyFraming::Chunked, true, None).keeping_trailers();
+            let mut body = Vec::new();
+            for part in [&msg[..cut], &msg[cut..]] {
+                let mut data = part.to_vec();
+                let (forward, consumed) = state.take(&mut data).unwrap();
+                assert_eq!(consumed, part.len(), "cut {cut}");
+                body.extend_from_slice(&data[..forward]);
+            }
+            assert!(state.is_done(), "cut {cut}");
+            assert_eq!(body, b"abc", "cut {cut}");
+            assert_eq!(state.trailers(), b"X-A: 1\r\nX-B: 2\r\n", "cut {cut}");
+        }
+        // Not kept unless asked for.
+        let mut state = BodyState::new(BodyFraming::Chunked, true, None);
+        state.take(&mut msg.to_vec()).unwrap();
+        assert!(state.is_done() && state.trailers().is_empty());
     }
 
     #[test]

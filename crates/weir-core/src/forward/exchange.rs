@@ -46,6 +46,10 @@ pub(crate) struct RequestMeta {
     /// The coding the route's `compression` negotiated with the client (`None`: identity,
     /// or no compression on the route).
     pub accepted: Option<Encoding>,
+    /// 1xx heads read before the final one, at most (the listener's `max_informational`
+    /// for HTTP/1.1 clients); one more fails the response. `u32::MAX` for HTTP/2 clients,
+    /// whose stream drops the 1xx past its own bounds (`http2::interim`).
+    pub max_informational: u32,
 }
 
 /// Where the request goes and under which limits.
@@ -108,6 +112,7 @@ pub async fn forward(
         accepted: (target.route.filters.compression.as_ref())
             .filter(|_| !http10)
             .and_then(|c| compression::negotiate(c, conn.buf.filled(), &req.headers)),
+        max_informational: target.listener.max_informational,
     };
     conn.host.clear();
     if let Some(host) = &req.host {
@@ -622,6 +627,10 @@ impl HeadError {
     }
 }
 
+/// An upstream sent more 1xx heads than the listener's `max_informational`.
+pub(crate) const TOO_MANY_INFORMATIONAL: ProxyError =
+    ProxyError::UpstreamMalformed("too many informational responses");
+
 /// Where the 1xx heads read before the final one go: an HTTP/1.1 client's socket (any
 /// writer: the head's bytes as they came), or an HTTP/2 client's stream (`http2::interim`).
 pub(crate) trait Interim {
@@ -650,7 +659,8 @@ impl<W: AsyncWrite + Unpin> Interim for W {
 }
 
 /// Reads until a final (non-1xx) response head is parsed into `resp`, relaying 1xx heads
-/// to `client` (not to HTTP/1.0 clients: `meta.http10`). The whole head must arrive by the
+/// to `client` (not to HTTP/1.0 clients: `meta.http10`); a 1xx past
+/// `meta.max_informational` fails the response (502). The whole head must arrive by the
 /// deadline set on `timer` (when there is one; the streaming path times the wait itself,
 /// from the end of the upload).
 pub(crate) async fn read_final_head<R, W>(
@@ -668,6 +678,7 @@ where
 {
     let mut received = !up_buf.is_empty();
     let mut interim_sent = false;
+    let mut informational = 0u32;
     let fail = |error, received, interim_sent| HeadError {
         error,
         received,
@@ -703,6 +714,12 @@ where
         }
         if !resp.is_interim() {
             return Ok(());
+        }
+        // An upstream sending 1xx in a loop would keep the client waiting (and reading)
+        // until the response timeout; the heads the client already has commit no status.
+        informational += 1;
+        if informational > meta.max_informational {
+            return Err(fail(TOO_MANY_INFORMATIONAL, true, interim_sent));
         }
         if !meta.http10 {
             let head = &up_buf.filled()[..resp.head_len];

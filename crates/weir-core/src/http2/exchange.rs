@@ -21,6 +21,7 @@ use super::interim::{Bounds, ClientStream, FromHttp1, Relayed};
 use super::names::response_name;
 use super::scratch::ExchangeScratch;
 use super::send::{send_bytes, send_data, unless_reset, Stop};
+use super::trailers;
 use crate::buffer::Buffer;
 use crate::codec::http1::{BodyFraming, RequestHead, ResponseHead};
 use crate::connector::{PoolKey, UpstreamStream};
@@ -420,6 +421,8 @@ impl StreamRequest<'_> {
             upgrade: Offered::default(),
             idempotent: self.req.idempotent,
             accepted: None,
+            // The stream drops the 1xx past `http2.max_informational` (`interim`).
+            max_informational: u32::MAX,
         }
     }
 
@@ -468,7 +471,8 @@ impl StreamRequest<'_> {
         body: ResponseBody<'_>,
         trace: &mut Trace,
     ) -> Result<(), Failure> {
-        let mut state = BodyState::new(resp.framing, true, None);
+        // A chunked body's trailers go to the client as trailing HEADERS (`relay`).
+        let mut state = BodyState::new(resp.framing, true, None).keeping_trailers();
         let empty = self.req.is_head || state.is_done();
         let mut encoder = match (body.plan.encoding, &self.target.route.filters.compression) {
             (Some(e), Some(cfg)) if !empty => {
@@ -509,9 +513,14 @@ impl StreamRequest<'_> {
         let stall_timeout = self.target.listener.http2.stall_timeout;
         let upstream_timeout = self.target.upstream.response_timeout;
         let pump_error = |e| Stop::Error(upstream_pump_error(e));
+        let max_trailers = self.target.listener.http2.max_header_list_size;
         loop {
             let (forward, consumed) = state.take(up_buf.filled_mut()).map_err(pump_error)?;
             let done = state.is_done();
+            // Trailers (chunked only) end the stream in their own HEADERS frame.
+            let trailers = done.then(|| trailers::to_h2(state.trailers(), max_trailers));
+            let trailers = trailers.flatten();
+            let end = done && trailers.is_none();
             let sent = match encoder.as_deref_mut() {
                 None => {
                     // `first` holds the same bytes as `up_buf` on the first round (not chunked).
@@ -519,16 +528,22 @@ impl StreamRequest<'_> {
                         Some(first) => first.slice(..forward),
                         None => Bytes::copy_from_slice(&up_buf.filled()[..forward]),
                     };
-                    send_bytes(send, data, done, stall_timeout).await?;
+                    send_bytes(send, data, end, stall_timeout).await?;
                     forward
                 }
                 Some(e) => {
                     let data = &up_buf.filled()[..forward];
-                    send_encoded(send, e, data, done, stall_timeout, trace).await?
+                    send_encoded(send, e, data, (done, end), stall_timeout, trace).await?
                 }
             };
             trace.body_out += sent as u64;
             up_buf.consume(consumed);
+            if let Some(fields) = trailers {
+                let grpc_status = trace.grpc_status_in(&fields);
+                send.send_trailers(fields)
+                    .map_err(|_| Stop::Error(ProxyError::ClientClosed))?;
+                trace.sent_grpc_status(grpc_status);
+            }
             if done {
                 return Ok(());
             }
@@ -673,12 +688,13 @@ fn push_plan(
 }
 
 /// Compresses `data` (flushed) and sends what came out as DATA; `done`: the body ended,
-/// the encoder's tail goes out with the end of the stream. Returns the bytes sent.
+/// the encoder's tail goes out, with the end of the stream when `end` (no trailers
+/// follow). Returns the bytes sent.
 async fn send_encoded(
     send: &mut SendStream<Bytes>,
     encoder: &mut Encoder,
     data: &[u8],
-    done: bool,
+    (done, end): (bool, bool),
     timeout: Duration,
     trace: &mut Trace,
 ) -> Result<usize, Stop> {
@@ -695,7 +711,7 @@ async fn send_encoded(
         c.bytes_out += out.len() as u64;
     }
     let len = out.len();
-    let sent = send_data(send, out, done, timeout).await;
+    let sent = send_data(send, out, end, timeout).await;
     out.clear();
     sent.map(|()| len)
 }

@@ -11,7 +11,8 @@
 //! the frames passing through (`frames`) and writes them through `gather` (the frames of
 //! many streams in one system call). `websocket` bridges RFC 8441 extended CONNECTs to
 //! HTTP/1.1 WebSocket upgrades. `grpc` turns the answers Weir makes itself to gRPC
-//! requests into gRPC statuses. `interim` relays the upstream's 1xx heads.
+//! requests into gRPC statuses. `interim` relays the upstream's 1xx heads, `trailers` an
+//! HTTP/1.1 upstream's chunked trailers.
 //!
 //! Module names: `http2`, not `h2`, so that paths to the `h2` crate stay unambiguous.
 
@@ -31,11 +32,13 @@ mod send;
 mod stream;
 #[cfg(test)]
 mod test_io;
+mod trailers;
 mod upstream;
 mod upstream_request;
 mod websocket;
 
 pub use conn::serve;
+pub(crate) use trailers::forbidden_in_trailer;
 pub(crate) use upstream::{h1_head_to_h2, is_connection_specific, send_windowed};
 
 /// The client connection preface (RFC 9113 section 3.4).

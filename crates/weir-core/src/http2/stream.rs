@@ -275,6 +275,7 @@ impl Stream<'_> {
             buf: self.buf,
             req: self.req,
             now: self.started,
+            protocol: Protocol::Http2,
         };
         let mut extra = Vec::new();
         if let Some(status) = routed.refusal(&asker, &mut extra) {

@@ -336,7 +336,8 @@ impl Scrape {
         )
     }
 
-    /// Routes with a `rate_limit` only (zero until the first refusal).
+    /// Routes with a `rate_limit` only: an HTTP/1.1 row (zero until the first refusal), and
+    /// an HTTP/2.0 one once the route saw an HTTP/2 request (as `weir_requests_total`).
     fn rate_limited(&self, enc: &mut DescriptorEncoder) -> Result {
         let mut rows = Vec::new();
         for (li, l) in self.config.listeners.iter().enumerate() {
@@ -344,15 +345,26 @@ impl Scrape {
                 if route.filters.rate_limit.is_none() {
                     continue;
                 }
-                let v = self.sum(|s| Some(self.route(s, li, r + 1)?.rate_limited.get()));
-                let labels = vec![("listener", l.name.clone()), ("route", route.name.clone())];
-                rows.push((labels, v));
+                for protocol in Protocol::ALL {
+                    if !self.saw(li, r + 1, protocol as usize) {
+                        continue;
+                    }
+                    let v =
+                        self.sum(|s| Some(self.route(s, li, r + 1)?.rate_limited(protocol).get()));
+                    let labels = vec![
+                        ("listener", l.name.clone()),
+                        ("route", route.name.clone()),
+                        ("protocol", protocol.label().to_string()),
+                    ];
+                    rows.push((labels, v));
+                }
             }
         }
         counter(
             enc,
             "weir_rate_limited",
-            "Requests refused with 429 by a route's rate_limit, by listener and route.",
+            "Requests refused with 429 by a route's rate_limit, by listener, route and client \
+             protocol.",
             &rows,
         )
     }

@@ -231,8 +231,8 @@ pub struct RouteMetrics {
     duration: [Histogram; PROTOCOLS.len()],
     /// Responses cut short after their head, by `Protocol`, then `AbortReason`.
     aborted: [[Counter; AbortReason::ALL.len()]; PROTOCOLS.len()],
-    /// Requests refused by the route's `rate_limit` (429).
-    pub rate_limited: Counter,
+    /// Requests refused by the route's `rate_limit` (429), by `Protocol`.
+    rate_limited: [Counter; PROTOCOLS.len()],
     /// Body bytes a route's `compression` took in and sent out, by `Encoding::index`.
     pub compressed_in: [Counter; 3],
     pub compressed_out: [Counter; 3],
@@ -245,7 +245,7 @@ impl RouteMetrics {
             http2: OnceLock::new(),
             duration: Default::default(),
             aborted: Default::default(),
-            rate_limited: Counter::default(),
+            rate_limited: Default::default(),
             compressed_in: Default::default(),
             compressed_out: Default::default(),
         }
@@ -254,6 +254,12 @@ impl RouteMetrics {
     #[inline]
     pub fn aborted(&self, protocol: Protocol, reason: AbortReason) -> &Counter {
         &self.aborted[protocol as usize][reason as usize]
+    }
+
+    /// Requests of `protocol` the route's `rate_limit` refused.
+    #[inline]
+    pub fn rate_limited(&self, protocol: Protocol) -> &Counter {
+        &self.rate_limited[protocol as usize]
     }
 
     #[inline]

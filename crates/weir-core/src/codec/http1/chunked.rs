@@ -41,6 +41,10 @@ pub struct Decoded {
     pub consumed: usize,
     /// Chunk data found in the consumed bytes (at most one span per call).
     pub data: Option<Range<usize>>,
+    /// Trailer-section bytes found in the consumed bytes: whole field lines, each with its
+    /// CRLF, not the empty line that ends the message (empty: none). A trailer section
+    /// split across reads comes in pieces, one per call.
+    pub trailers: Range<usize>,
 }
 
 /// Decoder state carried across reads.
@@ -85,6 +89,7 @@ impl ChunkedDecoder {
     /// Consumes framing bytes until a data span is found, the input ends, or the message ends.
     pub fn decode(&mut self, input: &[u8]) -> Result<Decoded, ChunkError> {
         let mut i = 0;
+        let mut trailers = 0..0;
         while i < input.len() {
             match self.state {
                 State::Done => break,
@@ -97,9 +102,18 @@ impl ChunkedDecoder {
                     return Ok(Decoded {
                         consumed: i + n,
                         data: Some(i..i + n),
+                        trailers,
                     });
                 }
                 _ => {
+                    // Trailer field bytes are contiguous: from the first one to the CR of
+                    // the empty line.
+                    if self.in_trailer_field(input[i]) {
+                        if trailers.is_empty() {
+                            trailers.start = i;
+                        }
+                        trailers.end = i + 1;
+                    }
                     self.step(input[i])?;
                     i += 1;
                 }
@@ -108,7 +122,17 @@ impl ChunkedDecoder {
         Ok(Decoded {
             consumed: i,
             data: None,
+            trailers,
         })
+    }
+
+    /// Whether `b`, the next byte, belongs to a trailer field line (its CRLF included).
+    fn in_trailer_field(&self, b: u8) -> bool {
+        match self.state {
+            State::TrailerLine | State::TrailerLf => true,
+            State::TrailerStart => b != b'\r',
+            _ => false,
+        }
     }
 
     fn step(&mut self, b: u8) -> Result<(), ChunkError> {
@@ -213,10 +237,14 @@ fn expect(b: u8, want: u8, next: State) -> Result<State, ChunkError> {
 mod tests {
     use super::*;
 
-    /// Decodes `input` fed in pieces of `piece` bytes; returns (data, consumed, done).
-    fn decode_in_pieces(input: &[u8], piece: usize) -> Result<(Vec<u8>, usize, bool), ChunkError> {
+    /// What [`decode_in_pieces`] found: (data, consumed, done, trailer bytes).
+    type Pieces = (Vec<u8>, usize, bool, Vec<u8>);
+
+    /// Decodes `input` fed in pieces of `piece` bytes.
+    fn decode_in_pieces(input: &[u8], piece: usize) -> Result<Pieces, ChunkError> {
         let mut dec = ChunkedDecoder::new();
         let mut data = Vec::new();
+        let mut trailers = Vec::new();
         let mut pos = 0;
         while pos < input.len() && !dec.is_done() {
             let end = (pos + piece).min(input.len());
@@ -226,6 +254,7 @@ mod tests {
                 if let Some(r) = d.data {
                     data.extend_from_slice(&part[r]);
                 }
+                trailers.extend_from_slice(&part[d.trailers]);
                 pos += d.consumed;
                 part = &part[d.consumed..];
                 if d.consumed == 0 {
@@ -233,7 +262,7 @@ mod tests {
                 }
             }
         }
-        Ok((data, pos, dec.is_done()))
+        Ok((data, pos, dec.is_done(), trailers))
     }
 
     #[test]
@@ -241,11 +270,24 @@ mod tests {
         let msg = b"5;ext=1\r\nhello\r\nA \r\n0123456789\r\n0\r\nX-T: y\r\n\r\nGET /next";
         let end = msg.len() - b"GET /next".len();
         for piece in 1..=msg.len() {
-            let (data, consumed, done) = decode_in_pieces(msg, piece).unwrap();
+            let (data, consumed, done, trailers) = decode_in_pieces(msg, piece).unwrap();
             assert_eq!(data, b"hello0123456789", "piece {piece}");
             assert_eq!(consumed, end, "piece {piece}");
             assert!(done);
+            assert_eq!(trailers, b"X-T: y\r\n", "piece {piece}");
         }
+    }
+
+    #[test]
+    fn reports_every_trailer_line_at_every_split() {
+        let msg = b"2\r\nab\r\n0\r\nA: 1\r\nBb: two words\r\n\r\nnext";
+        for piece in 1..=msg.len() {
+            let (data, _, done, trailers) = decode_in_pieces(msg, piece).unwrap();
+            assert_eq!((data.as_slice(), done), (&b"ab"[..], true), "piece {piece}");
+            assert_eq!(trailers, b"A: 1\r\nBb: two words\r\n", "piece {piece}");
+        }
+        let (_, _, _, none) = decode_in_pieces(b"2\r\nab\r\n0\r\n\r\n", 1).unwrap();
+        assert!(none.is_empty());
     }
 
     #[test]

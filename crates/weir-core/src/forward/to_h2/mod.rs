@@ -28,7 +28,9 @@ use weir_config::{Upstream, UpstreamProtocol, UpstreamServer};
 
 use self::request_body::{RequestBody, UploadError};
 use self::response::{final_head, relay, write_head, Ask, Head, HeadError};
-use super::exchange::{host_names_server, pick_and_write_head, record_attempt};
+use super::exchange::{
+    host_names_server, pick_and_write_head, record_attempt, TOO_MANY_INFORMATIONAL,
+};
 use super::{Failure, Reached, Target};
 use crate::client::ClientConn;
 use crate::codec::http1::{HeaderKind, RequestHead, ResponseHead};
@@ -121,6 +123,7 @@ pub async fn forward(
             is_head: req.is_head,
             http10: req.minor_version == 0,
             te_trailers: te,
+            max_informational: target.listener.max_informational,
         },
         keep_alive,
         idempotent: req.idempotent,
@@ -446,6 +449,7 @@ where
             h = &mut head => return h.map_err(|e| match e {
                 HeadError::H2(e) => Waited::H2(e),
                 HeadError::Client => Waited::Failed(ProxyError::ClientClosed),
+                HeadError::TooManyInformational => Waited::Failed(TOO_MANY_INFORMATIONAL),
             }),
             () = &mut timer, if !running => return Err(Waited::Failed(ProxyError::UpstreamTimeout)),
         }

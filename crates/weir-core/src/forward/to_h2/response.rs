@@ -18,7 +18,7 @@ use crate::connector::h2::h2_error;
 use crate::error::ProxyError;
 use crate::forward::body::write_all;
 use crate::forward::exchange::client_write_error;
-use crate::http2::is_connection_specific;
+use crate::http2::{forbidden_in_trailer, is_connection_specific};
 use crate::time::with_timeout;
 use weir_config::HeaderRules;
 
@@ -29,6 +29,8 @@ pub(super) struct Ask {
     pub http10: bool,
     /// `TE: trailers`: the client takes trailer fields in a chunked body.
     pub te_trailers: bool,
+    /// The listener's `max_informational`: one 1xx more fails the response.
+    pub max_informational: u32,
 }
 
 /// How the response body goes to the client.
@@ -44,7 +46,7 @@ pub(super) enum Framing {
 }
 
 /// The final response head, after relaying any 1xx heads to an HTTP/1.1 client
-/// (`interim` is set once one was written).
+/// (`interim` is set once one was written); a 1xx past `ask.max_informational` is an error.
 pub(super) async fn final_head<W: AsyncWrite + Unpin>(
     response: &mut ResponseFuture,
     client: &mut W,
@@ -52,6 +54,7 @@ pub(super) async fn final_head<W: AsyncWrite + Unpin>(
     client_timeout: Duration,
     interim: &mut bool,
 ) -> Result<http::Response<RecvStream>, HeadError> {
+    let mut informational = 0u32;
     loop {
         let next = poll_fn(|cx| {
             if let Poll::Ready(Some(r)) = response.poll_informational(cx) {
@@ -64,6 +67,10 @@ pub(super) async fn final_head<W: AsyncWrite + Unpin>(
             Ok(Ok(head)) => return Ok(head),
             Ok(Err(head)) => head,
         };
+        informational += 1;
+        if informational > ask.max_informational {
+            return Err(HeadError::TooManyInformational);
+        }
         // HTTP/1.0 clients get no 1xx (RFC 9110 15.2).
         if ask.http10 {
             continue;
@@ -84,6 +91,8 @@ pub(super) enum HeadError {
     H2(h2::Error),
     /// Writing a 1xx to the client failed.
     Client,
+    /// More 1xx heads than `max_informational` (the server's error: 502).
+    TooManyInformational,
 }
 
 /// Everything the final head is written from.
@@ -210,38 +219,6 @@ pub(super) async fn relay<W: AsyncWrite + Unpin>(
     Ok(())
 }
 
-/// Fields a trailer must not carry (RFC 9110 6.5.1): framing, routing, authentication,
-/// cookies, and fields that change how the body already sent is read or cached. A
-/// client that merged them into the head would be misled; they are dropped.
-fn forbidden_in_trailer(name: &str) -> bool {
-    const FORBIDDEN: [&str; 22] = [
-        "content-length",
-        "transfer-encoding",
-        "trailer",
-        "te",
-        "host",
-        "authorization",
-        "proxy-authorization",
-        "www-authenticate",
-        "proxy-authenticate",
-        "set-cookie",
-        "cookie",
-        "content-type",
-        "content-encoding",
-        "content-range",
-        "cache-control",
-        "expires",
-        "age",
-        "date",
-        "location",
-        "retry-after",
-        "vary",
-        "max-forwards",
-    ];
-    // h2 gives lower-case names.
-    FORBIDDEN.contains(&name)
-}
-
 /// Chunk-size lines, with the CRLF that ends the previous chunk's data in front, so each
 /// DATA frame is one write of two slices.
 #[derive(Default)]
@@ -315,6 +292,7 @@ mod tests {
         is_head: false,
         http10: false,
         te_trailers: false,
+        max_informational: 8,
     };
 
     #[test]

@@ -1,0 +1,117 @@
+//! The trailer section of an HTTP/1.1 upstream's chunked response, made into the field
+//! map of the trailing HEADERS frame an HTTP/2 client gets (RFC 9113 8.1).
+//!
+//! What the chunked decoder kept (field lines, validated byte by byte) is split here into
+//! fields. A field that may not be a trailer is dropped: the connection-specific ones
+//! HTTP/2 forbids, and those RFC 9110 6.5.1 says a sender must not put in trailers
+//! ([`forbidden_in_trailer`], which HTTP/2 upstreams' trailers to HTTP/1.1 clients go
+//! through too). Fields past the listener's `max_header_list_size` (counted as
+//! HTTP/2 does: name + value + 32 each) are dropped too; none of this fails the response.
+
+use http::{HeaderMap, HeaderValue};
+
+use super::names::response_name;
+use super::upstream::is_connection_specific;
+
+/// Fields a trailer must not carry (RFC 9110 6.5.1): framing, routing, authentication,
+/// cookies, and fields that change how the body already sent is read or cached. A
+/// client that merged them into the head would be misled; they are dropped.
+pub(crate) fn forbidden_in_trailer(name: &str) -> bool {
+    const FORBIDDEN: [&str; 22] = [
+        "content-length",
+        "transfer-encoding",
+        "trailer",
+        "te",
+        "host",
+        "authorization",
+        "proxy-authorization",
+        "www-authenticate",
+        "proxy-authenticate",
+        "set-cookie",
+        "cookie",
+        "content-type",
+        "content-encoding",
+        "content-range",
+        "cache-control",
+        "expires",
+        "age",
+        "date",
+        "location",
+        "retry-after",
+        "vary",
+        "max-forwards",
+    ];
+    // `HeaderName`s are lower case.
+    FORBIDDEN.contains(&name)
+}
+
+/// The fields of `lines` (trailer field lines, each ending in CRLF) that may go to an
+/// HTTP/2 client, at most `max_list_size` of them as HTTP/2 counts; `None` when none may.
+pub fn to_h2(lines: &[u8], max_list_size: u32) -> Option<HeaderMap> {
+    // The usual chunked body has no trailers: no map is built.
+    if lines.is_empty() {
+        return None;
+    }
+    let mut fields = HeaderMap::new();
+    let mut size = 0usize;
+    let mut dropped = 0usize;
+    for line in lines.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        let Some(colon) = line.iter().position(|b| *b == b':') else {
+            dropped += 1;
+            continue;
+        };
+        let value = line[colon + 1..].trim_ascii();
+        let name = response_name(&line[..colon]);
+        let (Ok(name), Ok(value)) = (name, HeaderValue::from_bytes(value)) else {
+            dropped += 1;
+            continue;
+        };
+        let cost = name.as_str().len() + value.len() + 32;
+        let forbidden = is_connection_specific(&name) || forbidden_in_trailer(name.as_str());
+        if forbidden || size + cost > max_list_size as usize {
+            dropped += 1;
+            continue;
+        }
+        size += cost;
+        fields.append(name, value);
+    }
+    if dropped > 0 {
+        tracing::debug!(
+            dropped,
+            "upstream trailer fields not relayed to an h2 client"
+        );
+    }
+    (!fields.is_empty()).then_some(fields)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::to_h2;
+
+    #[test]
+    fn end_to_end_fields_pass_and_forbidden_ones_do_not() {
+        let lines = b"X-Checksum: abc\r\nContent-Length: 5\r\nHost: evil\r\nConnection: close\r\n\
+            Transfer-Encoding: chunked\r\nGrpc-Status:  0 \r\nx-checksum: def\r\nbad name: 1\r\n";
+        let fields = to_h2(lines, 64 * 1024).expect("fields");
+        let names: Vec<_> = fields.keys().map(|n| n.as_str()).collect();
+        assert_eq!(names, ["x-checksum", "grpc-status"]);
+        let sums: Vec<_> = fields.get_all("x-checksum").iter().collect();
+        assert_eq!(sums, ["abc", "def"]);
+        assert_eq!(fields["grpc-status"], "0");
+        assert!(to_h2(b"Content-Length: 5\r\n", 1024).is_none());
+        assert!(to_h2(b"", 1024).is_none());
+    }
+
+    #[test]
+    fn fields_past_the_list_size_are_dropped_not_the_rest() {
+        // `x-big` costs 5 + 200 + 32; `x-small` 7 + 1 + 32 = 40.
+        let big = "v".repeat(200);
+        let lines = format!("X-Big: {big}\r\nX-Small: 1\r\n");
+        let fields = to_h2(lines.as_bytes(), 100).expect("fields");
+        assert!(!fields.contains_key("x-big"));
+        assert_eq!(fields["x-small"], "1");
+        assert_eq!(to_h2(b"X-Small: 1\r\n", 39), None);
+        assert!(to_h2(b"X-Small: 1\r\n", 40).is_some());
+    }
+}
