@@ -38,6 +38,13 @@ pub struct LazyTimer {
     deadline: Instant,
 }
 
+/// A timer whose deadline is now (reads the clock): `set` its deadline before a wait.
+impl Default for LazyTimer {
+    fn default() -> Self {
+        LazyTimer::new(Instant::now())
+    }
+}
+
 impl LazyTimer {
     /// A timer whose deadline is `now` until `set` moves it (taking a time the caller
     /// already read saves a clock read per connection).

@@ -298,6 +298,35 @@ async fn an_upstream_that_never_answers_is_504_within_response_timeout() {
     assert!(!conn.is_finished());
 }
 
+/// The wait for the response head uses a timer kept from stream to stream (the worker's
+/// exchange scratch): each stream's own deadline counts, whether it is earlier or later
+/// than the last stream's.
+#[tokio::test]
+async fn response_timeouts_hold_for_streams_that_reuse_a_timer() {
+    let slow = Backend::slow(Duration::from_millis(300));
+    let hang = Backend::hang();
+    let weir = Conf::new()
+        .route("slow", "slow", &["path_prefix = \"/slow/\""])
+        .route("hang", "hang", &["path_prefix = \"/hang/\""])
+        .upstream("slow", &[slow.addr()], &["response_timeout = \"60s\""])
+        .upstream("hang", &[hang.addr()], &["response_timeout = \"200ms\""])
+        .start();
+    let (mut client, conn) = connect(weir.addr).await;
+    // A deadline 60 s away, then one 200 ms away: the timer is moved earlier.
+    assert_eq!(
+        get(&mut client, Method::GET, "/slow/1").await.0,
+        StatusCode::OK
+    );
+    let hung = tokio::time::timeout(WAIT, get(&mut client, Method::GET, "/hang/1")).await;
+    let (status, _) = hung.expect("504 within the hang upstream's response timeout");
+    assert_eq!(status, StatusCode::GATEWAY_TIMEOUT);
+    // After a deadline that passed, one 60 s away: an answer that takes longer than the
+    // last stream's 200 ms is not cut short.
+    let (status, body) = get(&mut client, Method::GET, "/slow/2").await;
+    assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
+    assert!(!conn.is_finished());
+}
+
 #[tokio::test]
 async fn client_resets_cancel_their_upstream_requests() {
     let backend = Backend::hang();

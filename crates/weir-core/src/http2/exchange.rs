@@ -73,18 +73,17 @@ pub struct StreamRequest<'a> {
 }
 
 /// Reads the upstream's final response head within `timeout` (from now), 1xx heads
-/// relayed to `interim` (unless `meta.http10`).
+/// relayed to `interim` (unless `meta.http10`). `timer`: the stream's scratch timer
+/// (`ExchangeScratch::timer`), its deadline set here.
 pub(super) async fn final_head_within(
     stream: &mut UpstreamStream,
     up_buf: &mut Buffer,
     resp: &mut ResponseHead,
     (meta, interim): (RequestMeta, &mut impl Interim),
-    client_timeout: Duration,
-    timeout: Duration,
+    (client_timeout, timeout): (Duration, Duration),
+    timer: &mut LazyTimer,
 ) -> Result<(), HeadError> {
-    let now = tokio::time::Instant::now();
-    let mut timer = LazyTimer::new(now);
-    timer.set(now + timeout);
+    timer.set(tokio::time::Instant::now() + timeout);
     read_final_head(
         stream,
         up_buf,
@@ -92,7 +91,7 @@ pub(super) async fn final_head_within(
         meta,
         interim,
         client_timeout,
-        Some(&mut timer),
+        Some(timer),
     )
     .await
 }
@@ -246,13 +245,14 @@ impl StreamRequest<'_> {
         scratch: &mut ExchangeScratch,
         trace: &mut Trace,
     ) -> Result<(), Failure> {
-        let ExchangeScratch { out, resp } = scratch;
+        let ExchangeScratch { out, resp, timer } = scratch;
         let sent = {
             let client = self.client_stream(respond, body.is_some());
             // Pinned where it is built: the send future holds every await of the upstream
             // exchange (large), and `unless_reset` would otherwise move it into its own state
             // once more (callgrind: about -0.4k instructions of `memcpy` per stream).
-            let sending = std::pin::pin!(self.send(body, up_buf, (out, resp), trace, &client));
+            let sending =
+                std::pin::pin!(self.send(body, up_buf, (out, resp, timer), trace, &client));
             unless_reset(&mut &client, sending).await
         };
         let sent = match sent {
@@ -310,7 +310,7 @@ impl StreamRequest<'_> {
         &self,
         mut body: Option<RecvStream>,
         up_buf: &mut Buffer,
-        (out, resp): (&mut Vec<u8>, &mut ResponseHead),
+        (out, resp, timer): (&mut Vec<u8>, &mut ResponseHead, &mut LazyTimer),
         trace: &mut Trace,
         client: &ClientStream<'_>,
     ) -> Result<Sent<'_>, Failure> {
@@ -337,7 +337,7 @@ impl StreamRequest<'_> {
             let mut interim = FromHttp1(client);
             let sent = match body.as_mut() {
                 None => attempt
-                    .whole(self, up_buf, resp, &mut interim)
+                    .whole(self, (up_buf, resp), &mut interim, timer)
                     .await
                     .map(|s| (s, true)),
                 Some(b) => {
@@ -750,9 +750,9 @@ impl Attempt<'_> {
     async fn whole(
         &self,
         r: &StreamRequest<'_>,
-        up_buf: &mut Buffer,
-        resp: &mut ResponseHead,
+        (up_buf, resp): (&mut Buffer, &mut ResponseHead),
         interim: &mut impl Interim,
+        timer: &mut LazyTimer,
     ) -> Result<UpstreamStream, Failure> {
         let upstream = r.target.upstream;
         let meta = r.meta();
@@ -781,8 +781,8 @@ impl Attempt<'_> {
                 up_buf,
                 resp,
                 (meta, &mut *interim),
-                client_timeout,
-                timeout,
+                (client_timeout, timeout),
+                &mut *timer,
             );
             match head.await {
                 Ok(()) => return Ok(stream),

@@ -34,6 +34,7 @@ use crate::forward::exchange::{obtain, record_attempt, upstream_write_error, Req
 use crate::forward::tunnel::limits;
 use crate::forward::Failure;
 use crate::idle::{Activity, Cut, End, Limits, Noted};
+use crate::time::LazyTimer;
 
 /// RFC 6455 section 1.3.
 const GUID: &[u8] = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
@@ -259,8 +260,9 @@ impl StreamRequest<'_> {
             up_buf,
             resp,
             (meta, none),
-            client_timeout,
-            timeout,
+            (client_timeout, timeout),
+            // A tunnel is rare: a timer of its own.
+            &mut LazyTimer::new(tokio::time::Instant::from_std(now)),
         )
         .await
         .map_err(|e| Failure::from(e.error))?;
