@@ -99,7 +99,6 @@ async fn accept_loop(listener: TcpListener, stats: Arc<Stats>) {
         let stats = stats.clone();
         tokio::spawn(async move {
             if let Some((tcp, rest)) = handshake(tcp, &stats).await {
-                stats.upgraded.fetch_add(1, Ordering::SeqCst);
                 echo(tcp, rest, &stats).await;
                 stats.ended.fetch_add(1, Ordering::SeqCst);
             }
@@ -179,10 +178,13 @@ async fn handshake(mut tcp: TcpStream, stats: &Stats) -> Option<(TcpStream, Vec<
         }
         _ => "HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n".to_string(),
     };
+    let upgraded = answer.starts_with("HTTP/1.1 101");
+    // Counted before the 101 leaves: a client that has seen the upgrade sees the count.
+    if upgraded {
+        stats.upgraded.fetch_add(1, Ordering::SeqCst);
+    }
     tcp.write_all(answer.as_bytes()).await.ok()?;
-    answer
-        .starts_with("HTTP/1.1 101")
-        .then(|| (tcp, buf[end..].to_vec()))
+    upgraded.then(|| (tcp, buf[end..].to_vec()))
 }
 
 /// Echoes frames until CLOSE or the end of the connection.
