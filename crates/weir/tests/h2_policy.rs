@@ -272,3 +272,58 @@ async fn h2c_compression_honours_header_rules_and_weakens_304_etags() {
     assert_eq!(head.status(), 304);
     assert_eq!(all(&head, "etag"), ["W/\"v1\""]);
 }
+
+/// A chunked response's trailers lose what its head lost: the digests of the uncompressed
+/// body when the route compresses it, and the names of the route's `response_headers`
+/// `set` and `remove`. Without compression the digest is the body's own and is kept.
+#[tokio::test]
+async fn trailers_lose_what_compression_and_header_rules_take_from_the_head() {
+    let body = TEXT.repeat(40);
+    let raw = format!(
+        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n\
+         {:x}\r\n{body}\r\n0\r\nContent-Digest: sha-256=:AAAA=:\r\nX-Secret: 1\r\nX-Env: up\r\n\
+         X-Kept: 2\r\n\r\n",
+        body.len()
+    );
+    let b = Backend::raw_response(raw.as_bytes());
+    let rules = r#"response_headers = { set = { "X-Env" = "prod" }, remove = ["x-secret"] }"#;
+    let weir = Conf::new()
+        .route("c", "up", &[r#"compression = { min_size = "100" }"#, rules])
+        .upstream("up", &[b.addr()], &[])
+        .start();
+    let mut client = h2c(weir.addr).await;
+    let names = |t: &http::HeaderMap| t.keys().map(|n| n.to_string()).collect::<Vec<_>>();
+    let (head, got, trailers) = fetch_with_trailers(&mut client, "gzip").await;
+    assert_eq!(all(&head, "content-encoding"), ["gzip"]);
+    assert_eq!(decode("gzip", &got), body.as_bytes());
+    assert_eq!(names(&trailers.expect("trailers")), ["x-kept"]);
+    let (head, got, trailers) = fetch_with_trailers(&mut client, "").await;
+    assert_eq!(all(&head, "content-encoding"), Vec::<String>::new());
+    assert_eq!(got, body.as_bytes());
+    assert_eq!(
+        names(&trailers.expect("trailers")),
+        ["content-digest", "x-kept"]
+    );
+}
+
+/// A GET of `/` with `accept` as Accept-Encoding: head, body and trailers.
+async fn fetch_with_trailers(
+    client: &mut SendRequest<Bytes>,
+    accept: &str,
+) -> (Response<()>, Vec<u8>, Option<http::HeaderMap>) {
+    let mut request = Request::builder().uri(format!("http://{NAME}/"));
+    if !accept.is_empty() {
+        request = request.header("accept-encoding", accept);
+    }
+    let request = request.body(()).expect("request");
+    let (response, _) = client.send_request(request, true).expect("send request");
+    let (head, mut body) = response.await.expect("response").into_parts();
+    let mut out = Vec::new();
+    while let Some(chunk) = body.data().await {
+        let chunk = chunk.expect("body chunk");
+        let _ = body.flow_control().release_capacity(chunk.len());
+        out.extend_from_slice(&chunk);
+    }
+    let trailers = body.trailers().await.expect("trailers");
+    (Response::from_parts(head, ()), out, trailers)
+}

@@ -740,6 +740,49 @@ async fn informational_heads_past_max_informational_are_dropped() {
     assert_eq!(links, ["</0>", "</1>"]);
 }
 
+/// An upstream looping on 103 cannot hold an h2 stream until `response_timeout`: past the
+/// larger of the listener's `max_informational` and `http2.max_informational`, the
+/// client gets 502 after the 1xx already relayed (and up to that bound, the final head).
+#[tokio::test]
+async fn an_upstream_looping_on_103_gets_the_h2_client_a_502() {
+    let mut raw = Vec::new();
+    for i in 0..10 {
+        raw.extend_from_slice(
+            format!("HTTP/1.1 103 Early Hints\r\nLink: </{i}>\r\n\r\n").as_bytes(),
+        );
+    }
+    raw.extend_from_slice(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");
+    let backend = Backend::raw_response(&raw);
+    let cases = [
+        (
+            "max_informational = 9",
+            "max_informational = 2",
+            StatusCode::BAD_GATEWAY,
+            2,
+        ),
+        (
+            "max_informational = 3",
+            "max_informational = 9",
+            StatusCode::BAD_GATEWAY,
+            9,
+        ),
+        (
+            "max_informational = 10",
+            "max_informational = 2",
+            StatusCode::OK,
+            2,
+        ),
+    ];
+    for (listener, h2, status, relayed) in cases {
+        let weir = single(backend.addr())
+            .listener(&format!("{listener}\nhttp2 = {{ {h2} }}"))
+            .start();
+        let answer = get_with_interims(&weir, "/").await;
+        assert_eq!(answer.head.status(), status, "{listener}, {h2}");
+        assert_eq!(answer.interims.len(), relayed, "{listener}, {h2}");
+    }
+}
+
 #[tokio::test]
 async fn access_log_shows_http_2_0() {
     let dir = std::env::temp_dir().join(format!("weir-h2c-log-{}", std::process::id()));

@@ -717,7 +717,7 @@ where
         }
         // An upstream sending 1xx in a loop would keep the client waiting (and reading)
         // until the response timeout; the heads the client already has commit no status.
-        informational += 1;
+        informational = informational.saturating_add(1);
         if informational > meta.max_informational {
             return Err(fail(TOO_MANY_INFORMATIONAL, true, interim_sent));
         }

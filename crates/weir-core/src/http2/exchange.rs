@@ -421,9 +421,19 @@ impl StreamRequest<'_> {
             upgrade: Offered::default(),
             idempotent: self.req.idempotent,
             accepted: None,
-            // The stream drops the 1xx past `http2.max_informational` (`interim`).
-            max_informational: u32::MAX,
+            max_informational: self.informational_bound(),
         }
+    }
+
+    /// The most 1xx heads an upstream may send before its final head: the listener's
+    /// `max_informational`, or `http2.max_informational` when that relays more (the stream
+    /// drops those past it, `interim`). One more fails the response (502), so an upstream
+    /// looping on 103 cannot hold the stream until `response_timeout`.
+    pub(super) fn informational_bound(&self) -> u32 {
+        let listener = &self.target.listener;
+        listener
+            .max_informational
+            .max(listener.http2.max_informational)
     }
 
     /// What the route's compression does to `resp` (nothing without `compression`).
@@ -488,7 +498,7 @@ impl StreamRequest<'_> {
         if !empty {
             let pump = (&mut state, encoder.as_mut());
             let relayed = self
-                .relay(&mut send, stream, up_buf, pump, body.first, trace)
+                .relay(&mut send, stream, up_buf, pump, body, trace)
                 .await;
             if let Err(stop) = relayed {
                 send.send_reset(Reason::CANCEL);
@@ -506,7 +516,7 @@ impl StreamRequest<'_> {
         stream: &mut UpstreamStream,
         up_buf: &mut Buffer,
         (state, mut encoder): (&mut BodyState, Option<&mut Encoder>),
-        mut first: Option<Bytes>,
+        ResponseBody { plan, mut first }: ResponseBody<'_>,
         trace: &mut Trace,
     ) -> Result<(), Stop> {
         // A client that gives no window for `stall_timeout` gets the stream reset.
@@ -514,11 +524,15 @@ impl StreamRequest<'_> {
         let upstream_timeout = self.target.upstream.response_timeout;
         let pump_error = |e| Stop::Error(upstream_pump_error(e));
         let max_trailers = self.target.listener.http2.max_header_list_size;
+        // Trailers lose what the head lost: the route's `response_headers` set and remove
+        // names, and what compression drops (digests of the uncompressed body).
+        let rules = self.target.route.filters.response_headers.as_ref();
+        let dropped = |name: &[u8]| plan.drops(name) || rules.is_some_and(|r| r.drops(name));
         loop {
             let (forward, consumed) = state.take(up_buf.filled_mut()).map_err(pump_error)?;
             let done = state.is_done();
             // Trailers (chunked only) end the stream in their own HEADERS frame.
-            let trailers = done.then(|| trailers::to_h2(state.trailers(), max_trailers));
+            let trailers = done.then(|| trailers::to_h2(state.trailers(), max_trailers, dropped));
             let trailers = trailers.flatten();
             let end = done && trailers.is_none();
             let sent = match encoder.as_deref_mut() {

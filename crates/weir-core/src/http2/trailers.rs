@@ -5,7 +5,8 @@
 //! fields. A field that may not be a trailer is dropped: the connection-specific ones
 //! HTTP/2 forbids, and those RFC 9110 6.5.1 says a sender must not put in trailers
 //! ([`forbidden_in_trailer`], which HTTP/2 upstreams' trailers to HTTP/1.1 clients go
-//! through too). Fields past the listener's `max_header_list_size` (counted as
+//! through too), and so is what the route's `response_headers` rules and compression
+//! took out of the head (the caller's `edited_out`). Fields past the listener's `max_header_list_size` (counted as
 //! HTTP/2 does: name + value + 32 each) are dropped too; none of this fails the response.
 
 use http::{HeaderMap, HeaderValue};
@@ -46,8 +47,13 @@ pub(crate) fn forbidden_in_trailer(name: &str) -> bool {
 }
 
 /// The fields of `lines` (trailer field lines, each ending in CRLF) that may go to an
-/// HTTP/2 client, at most `max_list_size` of them as HTTP/2 counts; `None` when none may.
-pub fn to_h2(lines: &[u8], max_list_size: u32) -> Option<HeaderMap> {
+/// HTTP/2 client, at most `max_list_size` of them as HTTP/2 counts, less the names
+/// `edited_out` says the head lost (lower case); `None` when none may.
+pub fn to_h2(
+    lines: &[u8],
+    max_list_size: u32,
+    edited_out: impl Fn(&[u8]) -> bool,
+) -> Option<HeaderMap> {
     // The usual chunked body has no trailers: no map is built.
     if lines.is_empty() {
         return None;
@@ -68,7 +74,9 @@ pub fn to_h2(lines: &[u8], max_list_size: u32) -> Option<HeaderMap> {
             continue;
         };
         let cost = name.as_str().len() + value.len() + 32;
-        let forbidden = is_connection_specific(&name) || forbidden_in_trailer(name.as_str());
+        let forbidden = is_connection_specific(&name)
+            || forbidden_in_trailer(name.as_str())
+            || edited_out(name.as_str().as_bytes());
         if forbidden || size + cost > max_list_size as usize {
             dropped += 1;
             continue;
@@ -89,18 +97,22 @@ pub fn to_h2(lines: &[u8], max_list_size: u32) -> Option<HeaderMap> {
 mod tests {
     use super::to_h2;
 
+    fn keep(_: &[u8]) -> bool {
+        false
+    }
+
     #[test]
     fn end_to_end_fields_pass_and_forbidden_ones_do_not() {
         let lines = b"X-Checksum: abc\r\nContent-Length: 5\r\nHost: evil\r\nConnection: close\r\n\
             Transfer-Encoding: chunked\r\nGrpc-Status:  0 \r\nx-checksum: def\r\nbad name: 1\r\n";
-        let fields = to_h2(lines, 64 * 1024).expect("fields");
+        let fields = to_h2(lines, 64 * 1024, keep).expect("fields");
         let names: Vec<_> = fields.keys().map(|n| n.as_str()).collect();
         assert_eq!(names, ["x-checksum", "grpc-status"]);
         let sums: Vec<_> = fields.get_all("x-checksum").iter().collect();
         assert_eq!(sums, ["abc", "def"]);
         assert_eq!(fields["grpc-status"], "0");
-        assert!(to_h2(b"Content-Length: 5\r\n", 1024).is_none());
-        assert!(to_h2(b"", 1024).is_none());
+        assert!(to_h2(b"Content-Length: 5\r\n", 1024, keep).is_none());
+        assert!(to_h2(b"", 1024, keep).is_none());
     }
 
     #[test]
@@ -108,10 +120,19 @@ mod tests {
         // `x-big` costs 5 + 200 + 32; `x-small` 7 + 1 + 32 = 40.
         let big = "v".repeat(200);
         let lines = format!("X-Big: {big}\r\nX-Small: 1\r\n");
-        let fields = to_h2(lines.as_bytes(), 100).expect("fields");
+        let fields = to_h2(lines.as_bytes(), 100, keep).expect("fields");
         assert!(!fields.contains_key("x-big"));
         assert_eq!(fields["x-small"], "1");
-        assert_eq!(to_h2(b"X-Small: 1\r\n", 39), None);
-        assert!(to_h2(b"X-Small: 1\r\n", 40).is_some());
+        assert_eq!(to_h2(b"X-Small: 1\r\n", 39, keep), None);
+        assert!(to_h2(b"X-Small: 1\r\n", 40, keep).is_some());
+    }
+
+    #[test]
+    fn names_the_caller_drops_are_dropped() {
+        let lines = b"Content-Digest: sha-256=:AAAA=:\r\nX-Secret: 1\r\nX-Kept: 2\r\n";
+        let dropped = |n: &[u8]| n == b"content-digest" || n == b"x-secret";
+        let fields = to_h2(lines, 1024, dropped).expect("fields");
+        let names: Vec<_> = fields.keys().map(|n| n.as_str()).collect();
+        assert_eq!(names, ["x-kept"]);
     }
 }

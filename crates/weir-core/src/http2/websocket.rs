@@ -249,8 +249,8 @@ impl StreamRequest<'_> {
             idempotent: false,
             // A tunnel is never compressed.
             accepted: None,
-            // 1xx heads are dropped here (`http10`), as on other HTTP/2 streams.
-            max_informational: u32::MAX,
+            // 1xx heads are dropped here (`http10`), as many as on other HTTP/2 streams.
+            max_informational: self.informational_bound(),
         };
         let client_timeout = self.target.listener.client_timeout;
         // The client waits for the 101 (as 200) only: 1xx before it are dropped (`http10`).

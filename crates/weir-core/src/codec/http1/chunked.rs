@@ -106,8 +106,8 @@ impl ChunkedDecoder {
                     });
                 }
                 _ => {
-                    // Trailer field bytes are contiguous: from the first one to the CR of
-                    // the empty line.
+                    // Trailer field bytes are contiguous: from the first one to the LF
+                    // that ends the last field line.
                     if self.in_trailer_field(input[i]) {
                         if trailers.is_empty() {
                             trailers.start = i;
