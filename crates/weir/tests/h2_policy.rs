@@ -64,6 +64,17 @@ async fn fetch(
     path: &str,
     accept: &str,
 ) -> (Response<()>, Vec<u8>) {
+    let (head, body, _) = fetch_with_trailers(client, method, path, accept).await;
+    (head, body)
+}
+
+/// As [`fetch`], with the trailers that end the response.
+async fn fetch_with_trailers(
+    client: &mut SendRequest<Bytes>,
+    method: Method,
+    path: &str,
+    accept: &str,
+) -> (Response<()>, Vec<u8>, Option<http::HeaderMap>) {
     let mut request = Request::builder()
         .method(method)
         .uri(format!("https://{NAME}{path}"));
@@ -79,7 +90,8 @@ async fn fetch(
         let _ = body.flow_control().release_capacity(chunk.len());
         out.extend_from_slice(&chunk);
     }
-    (Response::from_parts(head, ()), out)
+    let trailers = body.trailers().await.expect("trailers");
+    (Response::from_parts(head, ()), out, trailers)
 }
 
 fn all(head: &Response<()>, name: &str) -> Vec<String> {
@@ -293,37 +305,15 @@ async fn trailers_lose_what_compression_and_header_rules_take_from_the_head() {
         .start();
     let mut client = h2c(weir.addr).await;
     let names = |t: &http::HeaderMap| t.keys().map(|n| n.to_string()).collect::<Vec<_>>();
-    let (head, got, trailers) = fetch_with_trailers(&mut client, "gzip").await;
+    let (head, got, trailers) = fetch_with_trailers(&mut client, Method::GET, "/", "gzip").await;
     assert_eq!(all(&head, "content-encoding"), ["gzip"]);
     assert_eq!(decode("gzip", &got), body.as_bytes());
     assert_eq!(names(&trailers.expect("trailers")), ["x-kept"]);
-    let (head, got, trailers) = fetch_with_trailers(&mut client, "").await;
+    let (head, got, trailers) = fetch_with_trailers(&mut client, Method::GET, "/", "").await;
     assert_eq!(all(&head, "content-encoding"), Vec::<String>::new());
     assert_eq!(got, body.as_bytes());
     assert_eq!(
         names(&trailers.expect("trailers")),
         ["content-digest", "x-kept"]
     );
-}
-
-/// A GET of `/` with `accept` as Accept-Encoding: head, body and trailers.
-async fn fetch_with_trailers(
-    client: &mut SendRequest<Bytes>,
-    accept: &str,
-) -> (Response<()>, Vec<u8>, Option<http::HeaderMap>) {
-    let mut request = Request::builder().uri(format!("http://{NAME}/"));
-    if !accept.is_empty() {
-        request = request.header("accept-encoding", accept);
-    }
-    let request = request.body(()).expect("request");
-    let (response, _) = client.send_request(request, true).expect("send request");
-    let (head, mut body) = response.await.expect("response").into_parts();
-    let mut out = Vec::new();
-    while let Some(chunk) = body.data().await {
-        let chunk = chunk.expect("body chunk");
-        let _ = body.flow_control().release_capacity(chunk.len());
-        out.extend_from_slice(&chunk);
-    }
-    let trailers = body.trailers().await.expect("trailers");
-    (Response::from_parts(head, ()), out, trailers)
 }
