@@ -265,7 +265,7 @@ where
 }
 
 /// Appends a chunk-size line (`{len:x}\r\n`) without `fmt`.
-fn push_chunk_size(out: &mut Vec<u8>, len: usize) {
+pub(crate) fn push_chunk_size(out: &mut Vec<u8>, len: usize) {
     let digits = (usize::BITS - len.leading_zeros()).div_ceil(4).max(1);
     for i in (0..digits).rev() {
         out.push(b"0123456789abcdef"[(len >> (i * 4)) & 0xf]);
@@ -299,6 +299,37 @@ pub async fn write_all<W: AsyncWrite + Unpin>(
         }
         // A TLS stream may hold the last records back when the socket was full; plain
         // TCP returns at once (no system call).
+        dst.flush().await
+    };
+    match with_timeout(write_timeout, write).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(PumpError::Write(e.kind())),
+        Err(_) => Err(PumpError::WriteTimeout),
+    }
+}
+
+/// Writes `data` as one chunk of a chunked body (after `size_line`, from
+/// [`push_chunk_size`]), with its closing CRLF: one `writev` when the socket takes it all.
+pub async fn write_chunk<W: AsyncWrite + Unpin>(
+    dst: &mut W,
+    size_line: &[u8],
+    data: &[u8],
+    write_timeout: Duration,
+) -> Result<(), PumpError> {
+    let write = async {
+        let mut slices = [
+            IoSlice::new(size_line),
+            IoSlice::new(data),
+            IoSlice::new(b"\r\n"),
+        ];
+        let mut rest = &mut slices[..];
+        while !rest.is_empty() {
+            let n = dst.write_vectored(rest).await?;
+            if n == 0 {
+                return Err(io::Error::from(io::ErrorKind::WriteZero));
+            }
+            IoSlice::advance_slices(&mut rest, n);
+        }
         dst.flush().await
     };
     match with_timeout(write_timeout, write).await {
@@ -374,6 +405,25 @@ mod tests {
             push_chunk_size(&mut out, len);
             assert_eq!(out, format!("{text}\r\n").as_bytes());
         }
+    }
+
+    /// A writer that takes one byte per write still gets size line, data and CRLF in order.
+    #[tokio::test]
+    async fn write_chunk_survives_short_writes() {
+        use tokio::io::AsyncReadExt;
+        let (mut w, mut r) = tokio::io::duplex(1);
+        let read = tokio::spawn(async move {
+            let mut got = Vec::new();
+            r.read_to_end(&mut got).await.map(|_| got)
+        });
+        let timeout = Duration::from_secs(30);
+        write_chunk(&mut w, b"5\r\n", b"hello", timeout)
+            .await
+            .unwrap();
+        write_chunk(&mut w, b"1\r\n", b"!", timeout).await.unwrap();
+        drop(w);
+        let got = read.await.unwrap().unwrap();
+        assert_eq!(got, b"5\r\nhello\r\n1\r\n!\r\n");
     }
 
     #[tokio::test]

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use h2::server::SendResponse;
 use h2::{Reason, RecvStream, SendStream};
-use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio::io::AsyncWrite;
 use weir_config::UpstreamServer;
 
 use super::interim::{Bounds, ClientStream, FromHttp1, Relayed};
@@ -860,7 +860,8 @@ async fn upload<W: AsyncWrite + Unpin>(
     total: &mut u64,
 ) -> Result<(), PumpError> {
     let (client_timeout, upstream_timeout) = timeouts;
-    let write = |e: std::io::Error| PumpError::Write(e.kind());
+    // Up to 16 hex digits + CRLF: one allocation per chunked upload, not per DATA frame.
+    let mut size_line = Vec::with_capacity(18);
     loop {
         let data = match with_timeout(client_timeout, body.data()).await {
             Err(_) => return Err(PumpError::ReadTimeout),
@@ -875,39 +876,22 @@ async fn upload<W: AsyncWrite + Unpin>(
         if data.is_empty() {
             continue;
         }
-        let written = async {
-            if chunked {
-                up.write_all(format!("{:x}\r\n", data.len()).as_bytes())
-                    .await?;
-                up.write_all(&data).await?;
-                up.write_all(b"\r\n").await?;
-            } else {
-                up.write_all(&data).await?;
-            }
-            // A TLS upstream may hold the last records back when its socket was full, and
-            // nothing else would send them (the upstream would wait for them, the client
-            // for the answer); plain TCP returns at once (no system call).
-            up.flush().await
-        };
-        match with_timeout(upstream_timeout, written).await {
-            Err(_) => return Err(PumpError::WriteTimeout),
-            Ok(Err(e)) => return Err(write(e)),
-            Ok(Ok(())) => {}
+        // Each write is flushed: a TLS upstream may hold the last records back when its
+        // socket was full, and nothing else would send them (the upstream would wait for
+        // them, the client for the answer); plain TCP returns at once (no system call).
+        if chunked {
+            size_line.clear();
+            body::push_chunk_size(&mut size_line, data.len());
+            body::write_chunk(up, &size_line, &data, upstream_timeout).await?;
+        } else {
+            body::write_all(up, &data, &[], upstream_timeout).await?;
         }
         // Only now may the client send more: its pace is the upstream's.
         let _ = body.flow_control().release_capacity(data.len());
     }
     if chunked {
         // Trailers (if any) are dropped: an HTTP/1.1 upstream gets none from h2 clients.
-        let last = async {
-            up.write_all(b"0\r\n\r\n").await?;
-            up.flush().await
-        };
-        match with_timeout(upstream_timeout, last).await {
-            Err(_) => return Err(PumpError::WriteTimeout),
-            Ok(Err(e)) => return Err(write(e)),
-            Ok(Ok(())) => {}
-        }
+        body::write_all(up, b"0\r\n\r\n", &[], upstream_timeout).await?;
     }
     Ok(())
 }
