@@ -344,6 +344,8 @@ async fn hang_never_answers_and_drop_does_not_hang() {
     assert!(wait_until_async(WAIT, || b.in_flight() == 1).await);
     let start = Instant::now();
     drop(b);
-    assert!(start.elapsed() < Duration::from_secs(1));
+    // The request never ends: any bound shows the drop does not wait for it. Generous,
+    // so that a loaded machine (the drop joins the backend's thread) stays well inside.
+    assert!(start.elapsed() < Duration::from_secs(10));
     assert!(c.is_closed_by_peer().await);
 }
