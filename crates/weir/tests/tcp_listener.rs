@@ -356,7 +356,9 @@ fn health_down_server_is_not_chosen() {
     let (dead, backend) = (dead_port(), alive());
     let pool = [
         "[upstreams.up.passive]\nmax_fails = 0",
-        "[upstreams.up.health_check]\nkind = \"tcp\"\ninterval = \"50ms\"\nfall = 1",
+        // The dead port refuses at once; a long check timeout keeps a slow turn of a loaded
+        // machine from marking the live server down (`fall = 1`).
+        "[upstreams.up.health_check]\nkind = \"tcp\"\ninterval = \"50ms\"\ntimeout = \"5s\"\nfall = 1",
     ];
     let weir = tcp_pool(&[dead.addr, backend.addr], &[], &pool).start();
     let down = format!(
