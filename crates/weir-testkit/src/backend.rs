@@ -137,7 +137,9 @@ impl Backend {
     }
 
     /// Requests whose head has been read but whose handling (reading the
-    /// body, waiting, writing the response) has not finished yet.
+    /// body, waiting, writing the response) has not finished yet. A request
+    /// leaves it just after its response was written: poll for 0 with
+    /// [`wait_until`](crate::wait_until) once a client has its response.
     pub fn in_flight(&self) -> usize {
         self.stats.in_flight.load(Ordering::SeqCst)
     }
@@ -238,9 +240,11 @@ async fn serve_connection(mut conn: Conn, behaviour: Arc<Behaviour>, stats: Arc<
             // Clean EOF between requests, or a bad/aborted request: drop.
             Ok(None) | Err(_) => return,
         };
-        stats.requests.fetch_add(1, Ordering::SeqCst);
         let after = {
+            // In flight before counted: a test that saw `requests_served() == n` of
+            // hanging requests then sees them all in `in_flight()`.
             let _guard = InFlight::enter(&stats);
+            stats.requests.fetch_add(1, Ordering::SeqCst);
             behaviours::handle(&mut conn, &req, &behaviour, served).await
         };
         match after {

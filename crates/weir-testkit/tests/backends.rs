@@ -7,7 +7,9 @@ use weir_testkit::{
     wait_until_async, Backend, Client, Hasher,
 };
 
-const WAIT: Duration = Duration::from_secs(3);
+/// How long a poll waits for something expected: generous, only a hang costs it, and a
+/// loaded two-core CI machine must never run out of it first.
+const WAIT: Duration = Duration::from_secs(30);
 
 #[tokio::test]
 async fn echo_returns_head_and_body_with_keep_alive() {
@@ -35,7 +37,8 @@ async fn echo_returns_head_and_body_with_keep_alive() {
     assert_eq!(b.connections_accepted(), 1);
     assert_eq!(b.requests_served(), 2);
     assert!(!c.is_closed_by_peer_within(Duration::from_millis(50)).await);
-    assert_eq!(b.in_flight(), 0);
+    // A request leaves `in_flight` just after its response was written.
+    assert!(wait_until_async(WAIT, || b.in_flight() == 0).await);
 }
 
 #[tokio::test]
@@ -341,6 +344,8 @@ async fn hang_never_answers_and_drop_does_not_hang() {
     assert!(wait_until_async(WAIT, || b.in_flight() == 1).await);
     let start = Instant::now();
     drop(b);
-    assert!(start.elapsed() < Duration::from_secs(1));
+    // The request never ends: any bound shows the drop does not wait for it. Generous,
+    // so that a loaded machine (the drop joins the backend's thread) stays well inside.
+    assert!(start.elapsed() < Duration::from_secs(10));
     assert!(c.is_closed_by_peer().await);
 }

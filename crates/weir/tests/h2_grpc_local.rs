@@ -86,10 +86,13 @@ fn with_prefix(conf: Conf, name: &str, prefix: &str, keys: &[&str]) -> Conf {
     conf.route_keys(name, &all)
 }
 
-fn requests(weir: &Weir, route: &str, code: u16) -> u64 {
-    weir.metric(&format!(
+/// Waits until `want` POSTs on `route` were counted with `code` (a stream is counted after
+/// its answer was sent, so the client may have it first).
+async fn counted(weir: &Weir, route: &str, code: u16, want: u64) {
+    let series = format!(
         "weir_requests_total{{listener=\"web\",route=\"{route}\",method=\"POST\",code=\"{code}\",protocol=\"HTTP/2.0\"}}"
-    ))
+    );
+    weir.wait_metric(&series, want).await;
 }
 
 /// A bcrypt htpasswd file (removed on drop).
@@ -152,11 +155,11 @@ async fn grpc_requests_weir_refuses_get_a_grpc_status_and_count_the_http_one() {
     assert_eq!(backend.requests_served(), 1, "only the first limited call");
 
     // Metrics count what Weir meant, not the 200 on the wire.
-    assert_eq!(requests(&weir, "default", 404), 1);
-    assert_eq!(requests(&weir, "denied", 403), 1);
-    assert_eq!(requests(&weir, "auth", 401), 1);
-    assert_eq!(requests(&weir, "limited", 429), 1);
-    assert_eq!(requests(&weir, "limited", 200), 1);
+    counted(&weir, "default", 404, 1).await;
+    counted(&weir, "denied", 403, 1).await;
+    counted(&weir, "auth", 401, 1).await;
+    counted(&weir, "limited", 429, 1).await;
+    counted(&weir, "limited", 200, 1).await;
 
     // A plain HTTP/2 request keeps its plain answer.
     let plain = call(&client, "/denied/x", false, b"x").await;
@@ -184,7 +187,7 @@ async fn a_grpc_request_over_max_body_size_gets_resource_exhausted_and_logs_413(
     let answer = call(&client, "/svc/Call", true, MESSAGE).await;
     answer.assert_grpc("8", "request body too large");
     // Refused before routing: counted with the requests no route took.
-    assert_eq!(requests(&weir, "default", 413), 1);
+    counted(&weir, "default", 413, 1).await;
     assert_eq!(backend.requests_served(), 0);
     let read = || std::fs::read_to_string(&log).unwrap_or_default();
     let logged = wait_until_async(WAIT, || read().ends_with('\n')).await;
@@ -218,8 +221,8 @@ async fn respond_and_redirect_rules_translate_unless_their_status_is_2xx() {
     assert_eq!(ok.field("content-type"), "text/plain");
     assert!(ok.headers.get("grpc-status").is_none());
 
-    assert_eq!(requests(&weir, "busy", 503), 1);
-    assert_eq!(requests(&weir, "moved", 302), 1);
+    counted(&weir, "busy", 503, 1).await;
+    counted(&weir, "moved", 302, 1).await;
 }
 
 /// Only the answers Weir makes itself are translated: an upstream's own error answer to a

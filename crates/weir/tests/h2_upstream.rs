@@ -555,9 +555,9 @@ async fn grpc_request_to_a_down_upstream_gets_unavailable_not_502() {
         full.body.is_empty() && full.trailers.is_none(),
         "trailers-only"
     );
-    // Counted as the 502 Weir meant, not the 200 on the wire.
+    // Counted as the 502 Weir meant, not the 200 on the wire (once the answer was sent).
     let series = "weir_requests_total{listener=\"web\",route=\"all\",method=\"POST\",code=\"502\",protocol=\"HTTP/2.0\"}";
-    assert_eq!(weir.metric(series), 1);
+    weir.wait_metric(series, 1).await;
     // Not gRPC: the plain HTTP answer.
     assert_eq!(
         get(&client, "/").await.head.status(),

@@ -144,10 +144,15 @@ async fn websocket_echo_over_http2_extended_connect() {
     }
     assert!(rest.is_empty(), "{rest:?}");
     assert!(wait_until_async(WAIT, || backend.ended() == 1).await);
-    let log = weir.metrics_text();
+    // The stream is counted once its task ends, after the END_STREAM was sent: poll.
+    let counted = || {
+        let text = weir.metrics_text();
+        text.contains("code=\"200\",protocol=\"HTTP/2.0\"} 1")
+    };
     assert!(
-        log.contains("code=\"200\",protocol=\"HTTP/2.0\"} 1"),
-        "{log}"
+        wait_until_async(WAIT, counted).await,
+        "{}",
+        weir.metrics_text()
     );
 }
 

@@ -40,7 +40,9 @@ fn summary(output: &str) -> Option<(u32, u32, u32, u32)> {
 /// every case passed and that requests reached `backend`.
 fn run_strict(binary: &PathBuf, weir: &common::Weir, backend: &Backend, tls: bool) {
     let port = weir.addr.port().to_string();
-    let mut args = vec!["-S", "-h", "127.0.0.1", "-p", &port];
+    // `-o 10`: each case waits for Weir's answer (2 s by default, which a starved CI
+    // runner can overrun); no case passes by timing out, so a passing run is not slower.
+    let mut args = vec!["-S", "-o", "10", "-h", "127.0.0.1", "-p", &port];
     if tls {
         args.extend(["-t", "-k"]);
     }

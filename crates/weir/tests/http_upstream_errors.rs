@@ -389,7 +389,8 @@ async fn slow_upload_longer_than_response_timeout_is_answered() {
     let backend = Backend::echo("b");
     let weir = common::Conf::new()
         .route("all", "up", &[])
-        .upstream("up", &[backend.addr()], &["response_timeout = \"200ms\""])
+        // 1 s: the echo's answer after the last piece has that long on a loaded machine.
+        .upstream("up", &[backend.addr()], &["response_timeout = \"1s\""])
         .start();
     let mut client = weir.client().await;
     let pieces = 6;
@@ -399,9 +400,9 @@ async fn slow_upload_longer_than_response_timeout_is_answered() {
         )
         .await
         .unwrap();
-    // The upload takes at least 6 x 100 ms, three times the response timeout.
+    // The upload takes at least 6 x 400 ms, well over the response timeout.
     for _ in 0..pieces {
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        tokio::time::sleep(std::time::Duration::from_millis(400)).await;
         client.send_raw(b"x").await.unwrap();
     }
     let resp = client.read_response(false).await.unwrap();

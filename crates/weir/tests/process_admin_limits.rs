@@ -10,7 +10,7 @@ use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use support_process::{config, connect, get, get_on, read_response, route_to, Weir};
+use support_process::{config, connect, get, get_on, read_response, route_to, Weir, START_WAIT};
 use weir_testkit::{wait_until, Backend};
 
 const FD_LIMIT: u32 = 64;
@@ -152,7 +152,9 @@ fn idle_admin_connections_do_not_starve_the_data_plane() {
         idle.len(),
         weir.log.text()
     );
-    assert!(weir.log.contains("max_connections reached"));
+    // Weir logs before it closes, but stderr reaches the log through a reader thread.
+    let logged = weir.log.wait_for("max_connections reached", START_WAIT);
+    assert!(logged, "{}", weir.log.text());
 
     // The data plane has the descriptors it needs while they are held.
     for i in 0..20 {
@@ -221,7 +223,10 @@ fn admin_accept_backs_off_when_out_of_descriptors() {
         used < window.mul_f64(0.3),
         "{used:?} of CPU in {window:?} while out of descriptors"
     );
-    assert!(weir.log.contains("admin accept failed: out of resources"));
+    let logged = weir
+        .log
+        .wait_for("admin accept failed: out of resources", START_WAIT);
+    assert!(logged, "{}", weir.log.text());
     assert!(!weir.exited(), "alive; stderr:\n{}", weir.log.text());
 
     // Descriptors back: the waiting admin connections and new ones are served.

@@ -356,7 +356,9 @@ fn health_down_server_is_not_chosen() {
     let (dead, backend) = (dead_port(), alive());
     let pool = [
         "[upstreams.up.passive]\nmax_fails = 0",
-        "[upstreams.up.health_check]\nkind = \"tcp\"\ninterval = \"50ms\"\nfall = 1",
+        // The dead port refuses at once; a long check timeout keeps a slow turn of a loaded
+        // machine from marking the live server down (`fall = 1`).
+        "[upstreams.up.health_check]\nkind = \"tcp\"\ninterval = \"50ms\"\ntimeout = \"5s\"\nfall = 1",
     ];
     let weir = tcp_pool(&[dead.addr, backend.addr], &[], &pool).start();
     let down = format!(
@@ -518,13 +520,15 @@ async fn proxy_v2_on_an_http_listener_sets_x_forwarded_for_and_the_logged_client
 
 /// The first request's `header_timeout` starts after the PROXY header, not at accept (a
 /// regression of the lazy keep-alive timers: both once shared one `header_timeout`). The
-/// delays are the scenario itself: the header comes late, the request 1.2 s after it.
+/// delays are the scenario itself: the header comes late, the request 3 s after it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
 async fn a_request_after_a_late_proxy_header_gets_a_whole_header_timeout() {
     let echo = Backend::echo("e");
     let weir = Conf::new()
         .listener("proxy_protocol = { accept = true, trusted = [\"127.0.0.0/8\"] }")
-        .listener("header_timeout = \"2s\"")
+        // Each wait below is 3/5 of it, both together 6/5: a loaded machine that overruns
+        // a sleep by up to 2 s still stays inside the bound on each side of the header.
+        .listener("header_timeout = \"5s\"")
         // Accepted at connect time, as without TCP_DEFER_ACCEPT (or after the kernel's
         // defer timeout), so the wait for the PROXY header is Weir's.
         .listener("defer_accept = false")
@@ -532,12 +536,12 @@ async fn a_request_after_a_late_proxy_header_gets_a_whole_header_timeout() {
         .upstream("up", &[echo.addr()], &[])
         .start();
     let mut client = weir.client().await;
-    tokio::time::sleep(std::time::Duration::from_millis(1200)).await;
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
     client
         .send_raw(b"PROXY TCP4 203.0.113.7 192.0.2.1 5555 80\r\n")
         .await
         .expect("header");
-    tokio::time::sleep(std::time::Duration::from_millis(1200)).await;
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
     let resp = client.get("/", "example.com").await.expect("response");
     assert_eq!(resp.status, 200);
 }

@@ -310,7 +310,8 @@ async fn an_idle_tls_connection_after_a_slow_read_is_not_taken_for_stalled() {
     let size = 4usize << 20;
     let backend = Backend::huge(size as u64);
     let weir = Conf::new()
-        .listener("http2 = { stall_timeout = \"1s\" }")
+        // 2 s: the client's 300 ms pause below stays under it on a loaded machine.
+        .listener("http2 = { stall_timeout = \"2s\" }")
         .listener(&tls_table(&[&leaf], ""))
         .route("all", "up", &[])
         .upstream("up", &[backend.addr()], &[])
@@ -357,7 +358,7 @@ async fn an_idle_tls_connection_after_a_slow_read_is_not_taken_for_stalled() {
     }
     assert_eq!(n, size);
     // Idle past stall_timeout: this is the time under test, not a wait for a condition.
-    tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
+    tokio::time::sleep(std::time::Duration::from_millis(3000)).await;
     assert!(!conn.is_finished(), "the connection was closed while idle");
     let (status, body) = get(&mut client, "/again").await;
     assert_eq!((status, body.len()), (StatusCode::OK, size));

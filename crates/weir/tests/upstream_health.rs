@@ -9,7 +9,10 @@ use upstream_support::{get_backend, servers, Switchable, Weir, WAIT};
 use weir_testkit::{wait_until, Backend};
 
 /// `[upstreams.app.health_check]` at 50 ms, and no slow start (so a returning server gets
-/// its share at once).
+/// its share at once). Every failure these tests cause is an answer (503, a refused
+/// connection, NOT_SERVING), never a timeout: the check timeout is long so that a slow
+/// answer on a loaded machine cannot mark a healthy server down (with `fall = 1`, one
+/// check over 500 ms would).
 fn checks(kind: &str, rise: u32, fall: u32) -> String {
     let path = match kind {
         "http" => "path = \"/healthz\"\n",
@@ -19,7 +22,7 @@ fn checks(kind: &str, rise: u32, fall: u32) -> String {
     };
     format!(
         "[upstreams.app.health_check]\nkind = \"{kind}\"\n{path}interval = \"50ms\"\n\
-         timeout = \"500ms\"\nrise = {rise}\nfall = {fall}\n\
+         timeout = \"5s\"\nrise = {rise}\nfall = {fall}\n\
          [upstreams.app.passive]\nslow_start = \"0s\"\n"
     )
 }

@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use weir_core::Proxy;
-use weir_testkit::Client;
+use weir_testkit::{wait_until_async, Client};
 
 /// The name of the one listener every test config has.
 pub const LISTENER: &str = "web";
@@ -171,6 +171,20 @@ impl Weir {
             .lines()
             .find_map(|l| l.strip_prefix(&prefix))
             .and_then(|v| v.parse().ok())
+    }
+
+    /// Waits until the series `series` reads `want`; panics with the metrics after [`WAIT`].
+    /// A request is counted just after its answer was written (an HTTP/2 stream when its
+    /// task ends, after its last frame was queued): a client holding the answer can read
+    /// the metrics before the count. Only a count that never comes costs the wait.
+    pub async fn wait_metric(&self, series: &str, want: u64) {
+        let reached = wait_until_async(WAIT, || self.metric_now(series) == Some(want)).await;
+        let now = self.metric_now(series);
+        assert!(
+            reached,
+            "{series} is {now:?}, not {want}, in\n{}",
+            self.metrics_text()
+        );
     }
 
     /// `weir_tunnel_timeouts_total` of the listener: (idle, fin).
