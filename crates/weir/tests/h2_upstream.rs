@@ -450,6 +450,38 @@ async fn an_h2c_upstreams_hints_are_capped_and_its_100_dropped() {
     assert_eq!(answer.body, b"hi");
 }
 
+/// An h2c upstream looping on 1xx cannot hold an h2 client's stream until
+/// `response_timeout`: past the larger of the listener's `max_informational` and
+/// `http2.max_informational` (here 3), the client gets 502 after the relayed ones, counted
+/// as the server's 502; up to the bound, the final head comes.
+#[tokio::test]
+async fn an_h2c_upstream_looping_on_1xx_gets_the_h2_client_a_502() {
+    let backend = H2Backend::h2c();
+    let weir = Conf::new()
+        .route("all", "up", &[])
+        .upstream("up", &[backend.addr()], &["protocol = \"h2c\""])
+        .listener("max_informational = 3\nhttp2 = { max_informational = 2 }")
+        .start();
+    let mut client = connect(&weir).await.ready().await.expect("ready");
+    let (status, interims) = get_interims(&mut client, "/hints?n=4").await;
+    assert_eq!((status, interims), (StatusCode::BAD_GATEWAY, 2));
+    let (status, interims) = get_interims(&mut client, "/hints?n=3").await;
+    assert_eq!((status, interims), (StatusCode::OK, 2));
+    let upstream_502 = format!(
+        "weir_upstream_requests_total{{upstream=\"up\",server=\"{}\",code=\"502\"}}",
+        backend.addr()
+    );
+    weir.wait_metric(&upstream_502, 1).await;
+}
+
+/// A GET of `path`: the final status and how many 1xx heads came before it.
+async fn get_interims(client: &mut SendRequest<Bytes>, path: &str) -> (StatusCode, usize) {
+    let req = request(Method::GET, path, &[]);
+    let (response, _) = client.send_request(req, true).expect("send request");
+    let answer = common::read_with_interims(response).await;
+    (answer.head.status(), answer.interims.len())
+}
+
 /// The access log's `grpc_status` is what the client got: from the upstream's trailers (0
 /// and 7), from its trailers-only head (5), from Weir's own answer (no route: 12), and
 /// null for a request that is not gRPC.

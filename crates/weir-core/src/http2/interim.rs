@@ -140,17 +140,34 @@ impl Interim for FromHttp1<'_, '_> {
     }
 }
 
-/// Waits for an HTTP/2 upstream's final head, relaying its 1xx heads to `client`.
+/// Why an HTTP/2 upstream's final head did not come.
+pub(super) enum NoFinalHead {
+    H2(h2::Error),
+    /// More 1xx heads than the bound: the server's error (502), never retried.
+    TooManyInformational,
+}
+
+/// Waits for an HTTP/2 upstream's final head, relaying its 1xx heads to `client` (which
+/// drops those past its own bounds); more than `max_informational` of them fail the wait,
+/// so an upstream looping on 103 cannot hold the stream until the response timeout.
 pub(super) async fn final_h2_head(
     mut response: h2::client::ResponseFuture,
     client: &ClientStream<'_>,
-) -> Result<Response<h2::RecvStream>, h2::Error> {
+    max_informational: u32,
+) -> Result<Response<h2::RecvStream>, NoFinalHead> {
+    let mut heads = 0u32;
     std::future::poll_fn(|cx| {
         while let Poll::Ready(Some(interim)) = response.poll_informational(cx) {
+            heads = heads.saturating_add(1);
+            if heads > max_informational {
+                return Poll::Ready(Err(NoFinalHead::TooManyInformational));
+            }
             // A client gone ends the wait through its reset (`unless_reset`), not here.
-            let _ = client.send(interim?);
+            let _ = client.send(interim.map_err(NoFinalHead::H2)?);
         }
-        std::pin::Pin::new(&mut response).poll(cx)
+        std::pin::Pin::new(&mut response)
+            .poll(cx)
+            .map_err(NoFinalHead::H2)
     })
     .await
 }

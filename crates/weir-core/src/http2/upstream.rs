@@ -31,13 +31,13 @@ use http::uri::Scheme;
 use weir_config::{UpstreamProtocol, UpstreamServer};
 
 use super::exchange::{cookie_value, StreamRequest, Trace};
-use super::interim::final_h2_head;
+use super::interim::{final_h2_head, NoFinalHead};
 use super::send::{send_bytes, send_data, unless_reset, Stop};
 use super::upstream_request::{upstream_request, Upstream};
 use crate::codec::http1::ResponseHead;
 use crate::connector::h2::{checkout, h2_error, never_processed, Checkout, Lease};
 use crate::error::ProxyError;
-use crate::forward::exchange::record_attempt;
+use crate::forward::exchange::{record_attempt, TOO_MANY_INFORMATIONAL};
 use crate::forward::{Failure, Reached};
 use crate::time::with_timeout;
 use crate::upstream::retry::{may_retry, Replay, Tried};
@@ -434,7 +434,8 @@ impl Exchange<'_, '_> {
         let head = {
             let client = r.client_stream(respond, has_body);
             let mut reset = &client;
-            let head = with_timeout(timeout, final_h2_head(response, &client));
+            let bound = r.informational_bound();
+            let head = with_timeout(timeout, final_h2_head(response, &client, bound));
             tokio::pin!(head);
             loop {
                 let waited = unless_reset(&mut reset, async {
@@ -448,7 +449,10 @@ impl Exchange<'_, '_> {
                     Ok(Err(Ok(()))) => uploading = false,
                     Ok(Err(Err(e))) => return Ok(Err(e.into())),
                     Ok(Ok(Err(_))) => return Ok(Err(ProxyError::UpstreamTimeout.into())),
-                    Ok(Ok(Ok(Err(e)))) => {
+                    Ok(Ok(Ok(Err(NoFinalHead::TooManyInformational)))) => {
+                        return Ok(Err(TOO_MANY_INFORMATIONAL.into()))
+                    }
+                    Ok(Ok(Ok(Err(NoFinalHead::H2(e))))) => {
                         if never_processed(&e) {
                             if e.is_go_away() {
                                 self.lease.drain();
