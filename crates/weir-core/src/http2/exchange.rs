@@ -860,8 +860,9 @@ async fn upload<W: AsyncWrite + Unpin>(
     total: &mut u64,
 ) -> Result<(), PumpError> {
     let (client_timeout, upstream_timeout) = timeouts;
-    // Up to 16 hex digits + CRLF: one allocation per chunked upload, not per DATA frame.
-    let mut size_line = Vec::with_capacity(18);
+    // Up to 16 hex digits + CRLF, allocated at the first chunk (uploads with a
+    // Content-Length never do): once per chunked upload, not per DATA frame.
+    let mut size_line = Vec::new();
     loop {
         let data = match with_timeout(client_timeout, body.data()).await {
             Err(_) => return Err(PumpError::ReadTimeout),
