@@ -265,12 +265,8 @@ where
 }
 
 /// Appends a chunk-size line (`{len:x}\r\n`) without `fmt`.
-pub(crate) fn push_chunk_size(out: &mut Vec<u8>, len: usize) {
-    let digits = (usize::BITS - len.leading_zeros()).div_ceil(4).max(1);
-    for i in (0..digits).rev() {
-        out.push(b"0123456789abcdef"[(len >> (i * 4)) & 0xf]);
-    }
-    out.extend_from_slice(b"\r\n");
+fn push_chunk_size(out: &mut Vec<u8>, len: usize) {
+    out.extend_from_slice(Chunks::default().prefix(len));
 }
 
 /// Writes `a` then `b` with as few syscalls as possible (one `writev` when both fit).
@@ -308,34 +304,40 @@ pub async fn write_all<W: AsyncWrite + Unpin>(
     }
 }
 
-/// Writes `data` as one chunk of a chunked body (after `size_line`, from
-/// [`push_chunk_size`]), with its closing CRLF: one `writev` when the socket takes it all.
-pub async fn write_chunk<W: AsyncWrite + Unpin>(
-    dst: &mut W,
-    size_line: &[u8],
-    data: &[u8],
-    write_timeout: Duration,
-) -> Result<(), PumpError> {
-    let write = async {
-        let mut slices = [
-            IoSlice::new(size_line),
-            IoSlice::new(data),
-            IoSlice::new(b"\r\n"),
-        ];
-        let mut rest = &mut slices[..];
-        while !rest.is_empty() {
-            let n = dst.write_vectored(rest).await?;
-            if n == 0 {
-                return Err(io::Error::from(io::ErrorKind::WriteZero));
-            }
-            IoSlice::advance_slices(&mut rest, n);
+/// Chunk-size lines, with the CRLF that ends the previous chunk's data in front, so each
+/// DATA frame is one write of two slices.
+#[derive(Default)]
+pub(crate) struct Chunks {
+    line: [u8; 24],
+    /// A chunk's data was written: its CRLF is still owed.
+    open: bool,
+}
+
+impl Chunks {
+    pub(crate) fn prefix(&mut self, len: usize) -> &[u8] {
+        let mut n = 0;
+        if self.open {
+            self.line[..2].copy_from_slice(b"\r\n");
+            n = 2;
         }
-        dst.flush().await
-    };
-    match with_timeout(write_timeout, write).await {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => Err(PumpError::Write(e.kind())),
-        Err(_) => Err(PumpError::WriteTimeout),
+        let digits = (usize::BITS - len.leading_zeros()).div_ceil(4).max(1) as usize;
+        for i in (0..digits).rev() {
+            let nibble = (len >> (i * 4)) & 0xf;
+            self.line[n] = b"0123456789abcdef"[nibble];
+            n += 1;
+        }
+        self.line[n..n + 2].copy_from_slice(b"\r\n");
+        self.open = true;
+        &self.line[..n + 2]
+    }
+
+    /// The last chunk (trailer fields and the final CRLF follow).
+    pub(crate) fn last(&self) -> &'static [u8] {
+        if self.open {
+            b"\r\n0\r\n"
+        } else {
+            b"0\r\n"
+        }
     }
 }
 
@@ -407,23 +409,14 @@ mod tests {
         }
     }
 
-    /// A writer that takes one byte per write still gets size line, data and CRLF in order.
-    #[tokio::test]
-    async fn write_chunk_survives_short_writes() {
-        use tokio::io::AsyncReadExt;
-        let (mut w, mut r) = tokio::io::duplex(1);
-        let read = tokio::spawn(async move {
-            let mut got = Vec::new();
-            r.read_to_end(&mut got).await.map(|_| got)
-        });
-        let timeout = Duration::from_secs(30);
-        write_chunk(&mut w, b"5\r\n", b"hello", timeout)
-            .await
-            .unwrap();
-        write_chunk(&mut w, b"1\r\n", b"!", timeout).await.unwrap();
-        drop(w);
-        let got = read.await.unwrap().unwrap();
-        assert_eq!(got, b"5\r\nhello\r\n1\r\n!\r\n");
+    #[test]
+    fn chunk_lines_carry_the_previous_crlf() {
+        let mut c = Chunks::default();
+        assert_eq!(c.prefix(0x1a), b"1a\r\n");
+        assert_eq!(c.prefix(1), b"\r\n1\r\n");
+        assert_eq!(c.prefix(0x10000), b"\r\n10000\r\n");
+        assert_eq!(c.last(), b"\r\n0\r\n");
+        assert_eq!(Chunks::default().last(), b"0\r\n");
     }
 
     #[tokio::test]

@@ -47,8 +47,9 @@ pub(crate) struct RequestMeta {
     /// or no compression on the route).
     pub accepted: Option<Encoding>,
     /// 1xx heads read before the final one, at most (the listener's `max_informational`
-    /// for HTTP/1.1 clients); one more fails the response. `u32::MAX` for HTTP/2 clients,
-    /// whose stream drops the 1xx past its own bounds (`http2::interim`).
+    /// for HTTP/1.1 clients; for HTTP/2 clients the larger of it and
+    /// `http2.max_informational`, their stream dropping those past its own bounds in
+    /// `http2::interim`); one more fails the response.
     pub max_informational: u32,
 }
 

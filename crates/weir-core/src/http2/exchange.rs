@@ -860,9 +860,7 @@ async fn upload<W: AsyncWrite + Unpin>(
     total: &mut u64,
 ) -> Result<(), PumpError> {
     let (client_timeout, upstream_timeout) = timeouts;
-    // Up to 16 hex digits + CRLF, allocated at the first chunk (uploads with a
-    // Content-Length never do): once per chunked upload, not per DATA frame.
-    let mut size_line = Vec::new();
+    let mut chunks = body::Chunks::default();
     loop {
         let data = match with_timeout(client_timeout, body.data()).await {
             Err(_) => return Err(PumpError::ReadTimeout),
@@ -880,19 +878,20 @@ async fn upload<W: AsyncWrite + Unpin>(
         // Each write is flushed: a TLS upstream may hold the last records back when its
         // socket was full, and nothing else would send them (the upstream would wait for
         // them, the client for the answer); plain TCP returns at once (no system call).
-        if chunked {
-            size_line.clear();
-            body::push_chunk_size(&mut size_line, data.len());
-            body::write_chunk(up, &size_line, &data, upstream_timeout).await?;
+        // Chunked: the size line (with the CRLF owed to the previous chunk) and the data
+        // in one `writev`.
+        let prefix: &[u8] = if chunked {
+            chunks.prefix(data.len())
         } else {
-            body::write_all(up, &data, &[], upstream_timeout).await?;
-        }
+            &[]
+        };
+        body::write_all(up, prefix, &data, upstream_timeout).await?;
         // Only now may the client send more: its pace is the upstream's.
         let _ = body.flow_control().release_capacity(data.len());
     }
     if chunked {
         // Trailers (if any) are dropped: an HTTP/1.1 upstream gets none from h2 clients.
-        body::write_all(up, b"0\r\n\r\n", &[], upstream_timeout).await?;
+        body::write_all(up, chunks.last(), b"\r\n", upstream_timeout).await?;
     }
     Ok(())
 }

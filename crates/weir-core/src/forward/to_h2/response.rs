@@ -16,7 +16,7 @@ use tokio::io::AsyncWrite;
 use crate::codec::http1::write::{push_header, push_status_line, Persistence};
 use crate::connector::h2::h2_error;
 use crate::error::ProxyError;
-use crate::forward::body::write_all;
+use crate::forward::body::{write_all, Chunks};
 use crate::forward::exchange::client_write_error;
 use crate::http2::{forbidden_in_trailer, is_connection_specific};
 use crate::time::with_timeout;
@@ -219,56 +219,9 @@ pub(super) async fn relay<W: AsyncWrite + Unpin>(
     Ok(())
 }
 
-/// Chunk-size lines, with the CRLF that ends the previous chunk's data in front, so each
-/// DATA frame is one write of two slices.
-#[derive(Default)]
-struct Chunks {
-    line: [u8; 24],
-    /// A chunk's data was written: its CRLF is still owed.
-    open: bool,
-}
-
-impl Chunks {
-    fn prefix(&mut self, len: usize) -> &[u8] {
-        let mut n = 0;
-        if self.open {
-            self.line[..2].copy_from_slice(b"\r\n");
-            n = 2;
-        }
-        let digits = (usize::BITS - len.leading_zeros()).div_ceil(4).max(1) as usize;
-        for i in (0..digits).rev() {
-            let nibble = (len >> (i * 4)) & 0xf;
-            self.line[n] = b"0123456789abcdef"[nibble];
-            n += 1;
-        }
-        self.line[n..n + 2].copy_from_slice(b"\r\n");
-        self.open = true;
-        &self.line[..n + 2]
-    }
-
-    /// The last chunk (trailer fields and the final CRLF follow).
-    fn last(&self) -> &'static [u8] {
-        if self.open {
-            b"\r\n0\r\n"
-        } else {
-            b"0\r\n"
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn chunk_lines_carry_the_previous_crlf() {
-        let mut c = Chunks::default();
-        assert_eq!(c.prefix(0x1a), b"1a\r\n");
-        assert_eq!(c.prefix(1), b"\r\n1\r\n");
-        assert_eq!(c.prefix(0x10000), b"\r\n10000\r\n");
-        assert_eq!(c.last(), b"\r\n0\r\n");
-        assert_eq!(Chunks::default().last(), b"0\r\n");
-    }
 
     fn parts(status: u16, fields: &[(&str, &str)]) -> http::response::Parts {
         let mut builder = http::Response::builder().status(status);
