@@ -19,7 +19,8 @@
 //! the echo (`n` of them with `?n=N`, the i-th with `x-hint: i`; a `100` first on
 //! `/hints-100`; on `/hints-hang` no final head follows them, as on `/hang`); a HEAD request
 //! gets its head only, with
-//! `content-length: 42`. `/grpc.health.v1.Health/Check` is a gRPC health service
+//! `content-length: 42`. `/quote-name-head` adds a field named `x"y` to the echo's head,
+//! `/quote-name-trailer` to its trailers (a name HTTP/2 carries but HTTP/1.1 does not). `/grpc.health.v1.Health/Check` is a gRPC health service
 //! ([`H2Backend::set_serving`]).
 
 use std::net::SocketAddr;
@@ -253,6 +254,9 @@ async fn echo(
     if let Some(ct) = parts.headers.get("content-type") {
         headers.insert("content-type", ct.clone());
     }
+    if path.starts_with("/quote-name-head") {
+        headers.insert(quote_name(), HeaderValue::from_static("1"));
+    }
     let Ok(mut send) = respond.send_response(response, false) else {
         return;
     };
@@ -285,12 +289,21 @@ async fn echo(
             trailers.insert("x-client-trailer", v.clone());
         }
     }
+    if path.starts_with("/quote-name-trailer") {
+        trailers.insert(quote_name(), HeaderValue::from_static("1"));
+    }
     if bad_trailers {
         for (name, value) in FORBIDDEN_TRAILERS {
             trailers.append(name, HeaderValue::from_static(value));
         }
     }
     let _ = send.send_trailers(trailers);
+}
+
+/// `x"y`: HTTP/2 allows the name (the `http` crate takes it as an HTTP/2 name), HTTP/1.1
+/// does not (not a token).
+pub fn quote_name() -> http::HeaderName {
+    http::HeaderName::from_lowercase(b"x\"y").expect("testkit: an HTTP/2 field name")
 }
 
 /// A request's fields as sorted `name: value` lines, split `cookie` fields joined with

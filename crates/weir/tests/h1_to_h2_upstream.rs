@@ -9,7 +9,7 @@ mod common;
 
 use common::{dead_port, Conf, Weir, WAIT};
 use weir_testkit::certs::TestCa;
-use weir_testkit::{wait_until_async, Client, H2Backend, TlsServer};
+use weir_testkit::{send_raw_once, wait_until_async, Client, H2Backend, TlsServer};
 
 fn h2c(addr: std::net::SocketAddr) -> Weir {
     Conf::new()
@@ -122,6 +122,41 @@ async fn forbidden_trailer_fields_are_dropped() {
     for (name, _) in weir_testkit::FORBIDDEN_TRAILERS {
         assert_eq!(resp.trailer(name), None, "{name}: {:?}", resp.trailers);
     }
+}
+
+/// The raw answer to a request with a body and `TE: trailers` to `path` (on a connection
+/// that closes after it) through Weir to an `H2Backend`, which got it.
+async fn posted_to_h2_backend(path: &str) -> String {
+    let backend = H2Backend::h2c();
+    let weir = h2c(backend.addr());
+    let ask = format!(
+        "POST {path} HTTP/1.1\r\nHost: e\r\nTE: trailers\r\nContent-Length: 3\r\n\
+         Connection: close\r\n\r\nabc"
+    );
+    let raw = send_raw_once(weir.addr, ask.as_bytes()).await;
+    assert_eq!(backend.streams(), 1);
+    String::from_utf8_lossy(&raw.expect("response")).into_owned()
+}
+
+/// A field name HTTP/2 carries but HTTP/1.1 does not (`x"y`: `"` is no token character)
+/// in an HTTP/2 upstream's head makes the response malformed: 502, as a bad name from an
+/// HTTP/1.1 upstream does, and the name never reaches the HTTP/1.1 client.
+#[tokio::test]
+async fn a_response_field_name_that_is_not_a_token_is_502() {
+    let raw = posted_to_h2_backend("/quote-name-head").await;
+    assert!(raw.starts_with("HTTP/1.1 502 "), "{raw}");
+    assert!(!raw.contains("x\"y"), "{raw}");
+}
+
+/// The same name in the trailers (the head already sent): the field is dropped, as a
+/// trailer field that may not be relayed is, and the others arrive.
+#[tokio::test]
+async fn a_trailer_field_name_that_is_not_a_token_is_dropped() {
+    let raw = posted_to_h2_backend("/quote-name-trailer").await;
+    assert!(raw.starts_with("HTTP/1.1 200 "), "{raw}");
+    assert!(raw.contains("\r\nabc\r\n0\r\n"), "{raw}");
+    assert!(raw.contains("\r\nx-body-len: 3\r\n"), "{raw}");
+    assert!(!raw.contains("x\"y"), "{raw}");
 }
 
 /// A body of `len` bytes with a recognisable pattern.

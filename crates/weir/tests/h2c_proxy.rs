@@ -109,6 +109,30 @@ async fn multiplexed_requests_each_get_their_own_response() {
     );
 }
 
+/// A field name with `"` (the `h2` crate takes it; it is not an HTTP/1.1 token) makes the
+/// request malformed: its stream is reset with PROTOCOL_ERROR (RFC 9113 8.1.1) before
+/// anything reaches the HTTP/1.1 upstream, and the connection serves on.
+#[tokio::test]
+async fn a_field_name_that_is_not_a_token_resets_the_stream() {
+    let backend = Backend::echo("e");
+    let weir = single(backend.addr()).start();
+    let (mut client, _conn) = connect(weir.addr).await;
+    for name in [&b"x\"y"[..], b"\""] {
+        let mut req = request(Method::GET, "/quoted");
+        let name = http::HeaderName::from_lowercase(name).expect("an HTTP/2 field name");
+        req.headers_mut()
+            .insert(name, http::HeaderValue::from_static("1"));
+        let (response, _) = client.send_request(req, true).expect("send request");
+        let reset = response.await.expect_err("a reset stream");
+        assert_eq!(reset.reason(), Some(Reason::PROTOCOL_ERROR), "{reset}");
+    }
+    assert_eq!(backend.connections_accepted(), 0);
+    let (status, body) = get(&mut client, Method::GET, "/after").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(body.starts_with(b"GET /after HTTP/1.1\r\n"));
+    assert_eq!(backend.requests_served(), 1);
+}
+
 #[tokio::test]
 async fn request_bodies_with_and_without_content_length() {
     let backend = Backend::sink();

@@ -3,11 +3,11 @@
 //! The head is written once, recording each field line's spans as it goes, and
 //! `codec::http1::fill_written` runs the HTTP/1.1 codec's checks on it without parsing it
 //! again, so an h2 request meets the same checks, router, filters and
-//! `forward::request_head` as an HTTP/1.1 one. What httparse checked of the bytes the `h2`
-//! crate has checked already (field names are lower-case tokens, values have no control
-//! characters, `:path` is a valid path, the method a token); the target's characters are
-//! checked again in `fill_written`. Names
-//! stay lower-case (fine for HTTP/1.1). `Host` comes from `:authority`; `TE` is dropped
+//! `forward::request_head` as an HTTP/1.1 one. What httparse checks of the bytes the `h2`
+//! crate has checked already (field names are lower case, values have no control
+//! characters, `:path` is a valid path, the method a token), but for two: a field name must
+//! be a token here (the crate also takes `"`), and the target's characters are checked again
+//! in `fill_written`. Names stay lower-case (fine for HTTP/1.1). `Host` comes from `:authority`; `TE` is dropped
 //! (only `trailers` is allowed in h2, which an HTTP/1.1 upstream cannot use); split
 //! `cookie` fields are joined with "; " (RFC 9113 section 8.2.3); a body without
 //! `content-length` is sent chunked.
@@ -17,7 +17,7 @@ use std::ops::Range;
 use http::request::Parts;
 use http::{header, HeaderName, Method};
 
-use crate::codec::http1::header::trim;
+use crate::codec::http1::header::{is_token, trim};
 use crate::codec::http1::{HeaderKind, HeaderSpan};
 
 /// Why a request is malformed (answered with RST_STREAM PROTOCOL_ERROR).
@@ -85,14 +85,6 @@ pub fn write_upgrade_head(
     Ok(line)
 }
 
-/// Whether `value` is an HTTP token (RFC 9110 5.6.2): one or more tchars.
-fn is_token(value: &[u8]) -> bool {
-    !value.is_empty()
-        && value
-            .iter()
-            .all(|&b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
-}
-
 /// Writes the head and records, per field line, the spans the HTTP/1.1 parser would
 /// have found: the head is never parsed again.
 struct Writer<'a> {
@@ -132,6 +124,12 @@ impl Writer<'_> {
         let mut content_length = None;
         let mut cookies = 0;
         for (name, value) in &parts.headers {
+            // The `h2` crate decodes any name `HeaderName::from_lowercase` takes, `"`
+            // included; every name goes into an HTTP/1.1 head (a token there, RFC 9110
+            // 5.1), so anything else is malformed here (RFC 9113 8.2.1).
+            if !is_token(name.as_str().as_bytes()) {
+                return Err(Malformed("field name is not a token"));
+            }
             if connection_specific(name) {
                 return Err(Malformed("connection-specific header field"));
             }
@@ -442,6 +440,23 @@ mod tests {
             "GET /chat?x=1 HTTP/1.1\r\nhost: example.com\r\nsec-websocket-version: 13\r\n\
              connection: upgrade\r\nupgrade: websocket\r\nsec-websocket-key: a2V5\r\n\r\n"
         );
+    }
+
+    /// The `http` crate's HTTP/2 names take `"`; the written head must not.
+    #[test]
+    fn refuses_field_names_that_are_not_tokens() {
+        for bad in [&b"x\"y"[..], b"\"", b"\"x", b"y\""] {
+            let name = http::HeaderName::from_lowercase(bad);
+            assert!(name.is_ok(), "{bad:?} is an http crate HTTP/2 name");
+            let Ok(name) = name else { continue };
+            let req = http::Request::get("http://e/").header(name, "1").body(());
+            assert_eq!(
+                head(req.unwrap_or_default(), true),
+                Err(Malformed("field name is not a token"))
+            );
+        }
+        let req = http::Request::get("http://e/").header("x-y!#$%&'*+.^_`|~09", "1");
+        assert!(head(req.body(()).unwrap_or_default(), true).is_ok());
     }
 
     #[test]

@@ -84,6 +84,45 @@ impl HeaderKind {
     }
 }
 
+/// `tchar` (RFC 9110 5.6.2), per byte value: the token rule, in one table for every check
+/// Weir makes itself. httparse applies exactly this rule to HTTP/1.1 field names and
+/// methods; the HTTP/2 fields Weir writes into HTTP/1.1 heads (an HTTP/2 client's request,
+/// an HTTP/2 upstream's response) must meet it too, and the `http` crate's HTTP/2 name
+/// check (`HeaderName::from_lowercase`, which the `h2` crate decodes with) also takes `"`.
+const TCHAR: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut b = 0;
+    while b < 256 {
+        let c = b as u8;
+        table[b] = c.is_ascii_alphanumeric()
+            || matches!(
+                c,
+                b'!' | b'#'
+                    | b'$'
+                    | b'%'
+                    | b'&'
+                    | b'\''
+                    | b'*'
+                    | b'+'
+                    | b'-'
+                    | b'.'
+                    | b'^'
+                    | b'_'
+                    | b'`'
+                    | b'|'
+                    | b'~'
+            );
+        b += 1;
+    }
+    table
+};
+
+/// Whether `bytes` is a token (RFC 9110 5.6.2): one or more `tchar`s.
+#[inline]
+pub fn is_token(bytes: &[u8]) -> bool {
+    !bytes.is_empty() && bytes.iter().all(|&b| TCHAR[usize::from(b)])
+}
+
 /// Whether `token` (a header name or a piece of a header value, as httparse has checked
 /// them) equals `lower` (lower-case letters and `-`) ignoring ASCII case. Setting bit 5
 /// lower-cases a letter and maps no other byte allowed there (`tchar`, VCHAR, SP, HTAB,
@@ -292,6 +331,35 @@ mod tests {
         assert_eq!(HeaderKind::of(b"^e"), HeaderKind::Other);
         assert_eq!(HeaderKind::of(b"keep.alive"), HeaderKind::Other);
         assert_eq!(HeaderKind::of(b""), HeaderKind::Other);
+    }
+
+    /// Every byte value, alone and inside a name: `is_token` is RFC 9110's `tchar` (spelled
+    /// out here apart from the table), the rule httparse applies to an HTTP/1.1 field name,
+    /// and stricter than the `http` crate's HTTP/2 names only in `"`.
+    #[test]
+    fn is_token_is_the_tchar_rule_for_every_byte() {
+        const SPECIALS: &[u8] = b"!#$%&'*+-.^_`|~";
+        for b in 0..=255u8 {
+            let tchar = b.is_ascii_digit() || b.is_ascii_alphabetic() || SPECIALS.contains(&b);
+            assert_eq!(is_token(&[b]), tchar, "byte {b:#04x}");
+            let name = [b'x', b, b'y'];
+            assert_eq!(is_token(&name), tchar, "byte {b:#04x} inside a name");
+            let mut head = b"GET / HTTP/1.1\r\n".to_vec();
+            head.extend_from_slice(&name);
+            head.extend_from_slice(b": 1\r\n\r\n");
+            let mut fields = [httparse::EMPTY_HEADER; 2];
+            let mut req = httparse::Request::new(&mut fields);
+            let parsed = matches!(req.parse(&head), Ok(httparse::Status::Complete(_)))
+                && req.headers.first().map(|h| h.name.as_bytes()) == Some(&name[..]);
+            assert_eq!(parsed, tchar, "httparse, byte {b:#04x}");
+            let lower = [b'x', b.to_ascii_lowercase(), b'y'];
+            let h2 = http::HeaderName::from_lowercase(&lower).is_ok();
+            assert_eq!(h2, tchar || b == b'"', "from_lowercase, byte {b:#04x}");
+        }
+        assert!(!is_token(b""));
+        assert!(!is_token(b"\""));
+        assert!(!is_token(b"x\"y"));
+        assert!(is_token(b"X-Forwarded-For"));
     }
 
     #[test]

@@ -450,6 +450,9 @@ where
                 HeadError::H2(e) => Waited::H2(e),
                 HeadError::Client => Waited::Failed(ProxyError::ClientClosed),
                 HeadError::TooManyInformational => Waited::Failed(TOO_MANY_INFORMATIONAL),
+                HeadError::NameNotToken => Waited::Failed(ProxyError::UpstreamMalformed(
+                    "field name is not a token",
+                )),
             }),
             () = &mut timer, if !running => return Err(Waited::Failed(ProxyError::UpstreamTimeout)),
         }

@@ -13,6 +13,7 @@ use h2::RecvStream;
 use http::{HeaderMap, StatusCode};
 use tokio::io::AsyncWrite;
 
+use crate::codec::http1::header::is_token;
 use crate::codec::http1::write::{push_header, push_status_line, Persistence};
 use crate::connector::h2::h2_error;
 use crate::error::ProxyError;
@@ -64,8 +65,9 @@ pub(super) async fn final_head<W: AsyncWrite + Unpin>(
         });
         let head = match next.await {
             Err(e) => return Err(HeadError::H2(e)),
-            Ok(Ok(head)) => return Ok(head),
-            Ok(Err(head)) => head,
+            Ok(Ok(head)) if names_are_tokens(head.headers()) => return Ok(head),
+            Ok(Err(head)) if names_are_tokens(head.headers()) => head,
+            Ok(_) => return Err(HeadError::NameNotToken),
         };
         informational += 1;
         if informational > ask.max_informational {
@@ -93,6 +95,15 @@ pub(super) enum HeadError {
     Client,
     /// More 1xx heads than `max_informational` (the server's error: 502).
     TooManyInformational,
+    /// A field name that is not a token (the server's error: 502).
+    NameNotToken,
+}
+
+/// Whether every field name may go into an HTTP/1.1 head: the `h2` crate takes names with
+/// `"`, which are not tokens (RFC 9110 5.1), and a malformed response must not be
+/// forwarded (RFC 9113 8.1.1).
+fn names_are_tokens(fields: &HeaderMap) -> bool {
+    fields.keys().all(|name| is_token(name.as_str().as_bytes()))
 }
 
 /// Everything the final head is written from.
@@ -207,7 +218,11 @@ pub(super) async fn relay<W: AsyncWrite + Unpin>(
         match with_timeout(upstream_timeout, up.trailers()).await {
             Err(_) => return Err(ProxyError::UpstreamTimeout),
             Ok(Err(e)) => return Err(h2_error(&e)),
-            Ok(Ok(Some(fields))) => push_fields(&mut tail, &fields, forbidden_in_trailer),
+            // The head is out: a trailer field that may not be relayed is dropped, as
+            // from an HTTP/1.1 upstream (`http2::trailers`).
+            Ok(Ok(Some(fields))) => push_fields(&mut tail, &fields, |name| {
+                forbidden_in_trailer(name) || !is_token(name.as_bytes())
+            }),
             Ok(Ok(None)) => {}
         }
     }
