@@ -940,6 +940,40 @@ async fn dot_segments_do_not_escape_a_prefix_route() {
     assert_eq!((public.requests_served(), admin.requests_served()), (0, 2));
 }
 
+/// Issue 24 item 3 over HTTP/2: an escaped control character in `:path` is refused with
+/// 400 by the same normaliser as over HTTP/1.1; a raw one is no valid `:path` (the stream
+/// is reset); nothing reaches the upstream, and the connection serves on.
+#[tokio::test]
+async fn control_characters_in_the_path_never_reach_the_upstream() {
+    use weir_testkit::h2_raw::{flag, kind, Block, RawH2};
+    let backend = Backend::echo("e");
+    let weir = single(backend.addr()).start();
+    let (mut client, _conn) = connect(weir.addr).await;
+    for path in ["/a/..%00/etc/passwd", "/a%0A", "/a%7f"] {
+        let (status, _) = get(&mut client, Method::GET, path).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{path}");
+    }
+    // The `h2` crate's client sends no raw control character in a path: hand-made frames.
+    for path in ["/a\x00b", "/a\x01b", "/a\x7fb"] {
+        let mut raw = RawH2::connect(weir.addr, &[]).await.expect("connect");
+        let flags = flag::END_HEADERS | flag::END_STREAM;
+        let request = Block::get(path).0;
+        raw.send_frame(kind::HEADERS, flags, 1, &request)
+            .await
+            .expect("request");
+        let answer = raw
+            .until(WAIT, |f| {
+                let answer = f.stream == 1 && [kind::HEADERS, kind::RST_STREAM].contains(&f.kind);
+                answer.then(|| (f.kind, f.error_code()))
+            })
+            .await;
+        assert_eq!(answer, Some((kind::RST_STREAM, Some(1))), "{path:?}");
+    }
+    assert_eq!(backend.connections_accepted(), 0);
+    let (status, _) = get(&mut client, Method::GET, "/a?q=%00").await;
+    assert_eq!(status, StatusCode::OK);
+}
+
 /// A route's `respond` and `redirect`, and a weighted split, serve HTTP/2 clients as they
 /// serve HTTP/1 ones.
 #[tokio::test]

@@ -143,6 +143,36 @@ async fn paths_climbing_above_the_root_and_encoded_slashes_are_refused() {
     assert_eq!(public.requests_served(), 1);
 }
 
+/// Issue 24 item 3: an escaped control character in the path (`%00` above all: a server
+/// that decodes the path may cut it there, `/public/..%00/etc/passwd`) is refused with 400
+/// before any upstream, with normalisation on or all off; a raw one never passes the
+/// parser; the query may carry them.
+#[tokio::test]
+async fn control_characters_in_the_path_are_refused() {
+    let public = Backend::echo("public");
+    let admin = Backend::echo("admin");
+    let off = r#"path_normalization = { dot_segments = false, encoded_slash = "keep" }"#;
+    for settings in [&[][..], &[off][..]] {
+        let weir = public_and_admin(&public, &admin, settings);
+        for target in [
+            "/public/..%00/etc/passwd",
+            "/public/a%00",
+            "/public/%0d%0aX-Injected:%201",
+            "/public/%09",
+            "/public/%1f",
+            "/public/%7F",
+            "/public/\x00",
+            "/public/\x01",
+            "/public/\x7f",
+        ] {
+            expect_status(&weir, target, 400).await;
+        }
+        expect_routed(&weir, "/public/x?q=%00", "public", "/public/x?q=%00").await;
+    }
+    assert_eq!(admin.requests_served(), 0);
+    assert_eq!(public.requests_served(), 2);
+}
+
 /// No request-target form has a fragment (RFC 9112 3.2). The normaliser ends the path only at
 /// `?`, so `/public/..#/admin` would match `/public/` as is, and a backend that drops the
 /// fragment and then resolves `..` would serve `/`: refused with 400 before routing.

@@ -11,9 +11,16 @@
 //! is refused, `%2F` / `%5C` (and a raw `\`) follow `encoded_slash`, `//` may be merged,
 //! and a dot segment with parameters (`..;`, which servlet containers resolve) is refused.
 //!
+//! An escaped control character (`%00`-`%1F`, `%7F`) is refused whatever the settings: a
+//! server that decodes the path may cut it at a NUL (`/a/..%00/etc/passwd`) or write a CR
+//! or LF into a log line or a header. The raw bytes never get this far: the HTTP/1.1
+//! parser (and `codec::http1::fill_written` for HTTP/2's `:path`) refuses them.
+//!
 //! Cost: a path with no `%`, no `\`, no `.` or `..` segment (and no `//` when merging) is
 //! already normal; one scan over its bytes finds that, and it is used in place. Only a path
-//! that may change is written, once, into the connection's reusable scratch buffer.
+//! that may change is written, once, into the connection's reusable scratch buffer. (Every
+//! escape sends a path down that pass, which is where escaped controls are caught; with all
+//! normalisation off, one scan for `%` looks for them instead.)
 
 use weir_config::{EncodedSlash, PathNormalization};
 
@@ -28,6 +35,8 @@ pub enum PathError {
     EncodedSlash,
     /// `%` not followed by two hex digits.
     BadEscape,
+    /// An escaped control character: `%00`-`%1F` or `%7F`.
+    EncodedControl,
     /// A `.` or `..` segment with parameters (`/public/..;/admin`): Tomcat and Jetty drop
     /// the parameters and resolve the `..`, so it must neither pass as a name nor be
     /// guessed at.
@@ -40,6 +49,7 @@ impl From<PathError> for ProxyError {
             PathError::ClimbsAboveRoot => "path climbs above the root",
             PathError::EncodedSlash => "encoded slash or backslash in path",
             PathError::BadEscape => "malformed percent-encoding in path",
+            PathError::EncodedControl => "percent-encoded control character in path",
             PathError::DotSegmentParameters => "dot segment with parameters (..;) in path",
         })
     }
@@ -55,7 +65,13 @@ pub fn normalize_into(
     settings: &PathNormalization,
     out: &mut Vec<u8>,
 ) -> Result<bool, PathError> {
-    if settings.is_off() || target.first() != Some(&b'/') || is_normal(target, settings) {
+    if target.first() != Some(&b'/') {
+        return Ok(false);
+    }
+    if settings.is_off() {
+        return refuse_escaped_controls(target).map(|()| false);
+    }
+    if is_normal(target, settings) {
         return Ok(false);
     }
     let end = target
@@ -70,6 +86,22 @@ pub fn normalize_into(
     }
     out.extend_from_slice(query);
     Ok(true)
+}
+
+/// The path as sent, when nothing is normalised: only an escaped control character in it
+/// (before the query) is refused.
+fn refuse_escaped_controls(target: &[u8]) -> Result<(), PathError> {
+    let mut rest = target;
+    while let Some(at) = rest.iter().position(|b| matches!(b, b'%' | b'?')) {
+        if rest[at] == b'?' {
+            break;
+        }
+        if unescape(&rest[at..]).is_some_and(is_control) {
+            return Err(PathError::EncodedControl);
+        }
+        rest = &rest[at + 1..];
+    }
+    Ok(())
 }
 
 /// The fast path: one scan of the path (up to the query) for anything normalisation could
@@ -154,11 +186,10 @@ fn read_unit(rest: &[u8], s: &PathNormalization) -> Result<(Unit, usize), PathEr
         b'/' => Ok((Unit::Separator, 1)),
         b'\\' => slash(s, Unit::Bytes([b'\\', 0, 0], 1), 1),
         b'%' => {
-            let (Some(high), Some(low)) = (hex(rest.get(1)), hex(rest.get(2))) else {
-                return Err(PathError::BadEscape);
-            };
+            let value = unescape(rest).ok_or(PathError::BadEscape)?;
             let escape = Unit::Bytes([b'%', upper(rest[1]), upper(rest[2])], 3);
-            match high << 4 | low {
+            match value {
+                v if is_control(v) => Err(PathError::EncodedControl),
                 b'/' | b'\\' => slash(s, escape, 3),
                 v if is_unreserved(v) => Ok((Unit::Bytes([v, 0, 0], 1), 3)),
                 _ => Ok((escape, 3)),
@@ -214,6 +245,16 @@ fn is_dot_with_parameters(segment: &[u8]) -> bool {
         Some(semicolon) => matches!(&segment[..semicolon], b"." | b".."),
         None => false,
     }
+}
+
+/// The byte the escape at the start of `escape` (`%` and two hex digits) stands for.
+fn unescape(escape: &[u8]) -> Option<u8> {
+    Some(hex(escape.get(1))? << 4 | hex(escape.get(2))?)
+}
+
+/// A C0 control character or DEL: never meant in a path, refused when escaped.
+fn is_control(b: u8) -> bool {
+    b < 0x20 || b == 0x7f
 }
 
 /// RFC 3986 unreserved: decoding these never changes what a path means.
