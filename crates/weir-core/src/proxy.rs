@@ -23,7 +23,7 @@ use crate::client::{ClientConn, NextRequest};
 use crate::client_stream::ClientStream;
 use crate::codec::http1::write::Persistence;
 use crate::codec::http1::{BodyFraming, RequestHead, ResponseHead};
-use crate::error::ProxyError;
+use crate::error::{ProxyError, Side};
 use crate::filters::forwarded::ClientIp;
 use crate::filters::headers::Vars;
 use crate::filters::redirect::push_redirect;
@@ -65,12 +65,15 @@ pub async fn serve_client(worker: Rc<Worker>, slot: usize, stream: ClientStream,
         conn.upstream_pick = None;
         conn.upstream_time = None;
         conn.compressed = None;
+        conn.request_read = false;
         let next = conn
             .next_request(waiting.listener(), &mut req, &worker)
             .await;
         if matches!(next, Ok(NextRequest::Http2)) {
             return Box::pin(crate::http2::serve(worker, slot, conn)).await;
         }
+        // `req` describes this request (else it is the previous one's head).
+        let parsed = matches!(next, Ok(NextRequest::Ready));
         // The request runs on the snapshot current when its head arrived, not the one from
         // before an idle wait: a reload in between applies to it.
         let serving = Serving::current(&worker, slot, waiting, &mut conn);
@@ -86,7 +89,8 @@ pub async fn serve_client(worker: Rc<Worker>, slot: usize, stream: ClientStream,
             return;
         };
         let listener = serving.listener();
-        let status = answer(&mut conn, &handled, listener, &resp).await;
+        let request = (listener, parsed.then_some(&req));
+        let (status, keep_alive) = answer(&worker, &mut conn, &handled, request, &resp).await;
         let finished = Instant::now();
         // The keep-alive wait for the next request counts from here.
         conn.idle_since = finished;
@@ -106,7 +110,7 @@ pub async fn serve_client(worker: Rc<Worker>, slot: usize, stream: ClientStream,
             &handled,
             &done,
         );
-        if handled.result != Ok(true) {
+        if !keep_alive {
             return;
         }
         kept = serving;
@@ -226,26 +230,52 @@ async fn serve(
 }
 
 /// Answers a failure the client has not had a response for yet (the one place errors
-/// become responses). Returns the status the request counts with: the one sent to the
-/// client, also when the response was cut short after its head; 499 when the client left
-/// before it could be answered.
+/// become responses). `req`: the request's head, if one was read. Returns the status the
+/// request counts with (the one sent to the client, also when the response was cut short
+/// after its head; 499 when the client left before it could be answered) and whether the
+/// connection stays open.
 async fn answer(
+    worker: &Worker,
     conn: &mut ClientConn,
     handled: &Handled,
-    listener: &Listener,
+    (listener, req): (&Listener, Option<&RequestHead>),
     resp: &ResponseHead,
-) -> u16 {
+) -> (u16, bool) {
     match &handled.result {
-        Ok(_) => handled_status(handled, listener, resp),
+        Ok(keep_alive) => (handled_status(handled, listener, resp), *keep_alive),
         Err(failure) => {
             log_failure(&failure.error, listener, conn);
             if failure.reached == Reached::Head {
-                return handled_status(handled, listener, resp);
+                return (handled_status(handled, listener, resp), false);
             }
-            conn.answer_error(failure.error, listener).await;
-            failure.error.status().unwrap_or(499)
+            let keep_alive =
+                req.is_some_and(|req| keeps_after(worker, conn, failure, listener, req));
+            let http10 = req.is_some_and(|r| r.minor_version == 0);
+            let persistence = Persistence::of(keep_alive, http10);
+            let head = req.is_some_and(|r| r.is_head);
+            conn.answer_error(failure.error, listener, (persistence, head))
+                .await;
+            (failure.error.status().unwrap_or(499), keep_alive)
         }
     }
+}
+
+/// Whether the connection carries on after Weir answers `failure` to `req`, as nginx's
+/// does: only after an upstream failure or no server (502, 503, 504; a client's error
+/// closes), when the whole request had been read (a body still arriving, or one an
+/// upload left half-read, is not read to its end to save the connection), and when the
+/// request's own keep-alive rules allow it.
+fn keeps_after(
+    worker: &Worker,
+    conn: &ClientConn,
+    failure: &Failure,
+    listener: &Listener,
+    req: &RequestHead,
+) -> bool {
+    let closing = worker.is_draining() || conn.last_request;
+    failure.error.side() != Side::Client
+        && conn.request_read
+        && wants_keep_alive(req, listener, conn.served, closing)
 }
 
 /// The outcome of one request: the route it took and whether the connection stays open.

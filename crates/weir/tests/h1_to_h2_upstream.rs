@@ -124,6 +124,31 @@ async fn forbidden_trailer_fields_are_dropped() {
     }
 }
 
+/// An HTTP/2 upstream's failure keeps the HTTP/1.1 client's connection when the request
+/// was read whole, as an HTTP/1.1 upstream's does (issue 24 item 6).
+#[tokio::test]
+async fn a_failure_keeps_the_client_connection_when_the_request_was_read() {
+    let dead = dead_port();
+    let backend = H2Backend::h2c();
+    let weir = Conf::new()
+        .route("dead", "dead", &[r#"path_prefix = "/dead/""#])
+        .route("all", "up", &[])
+        .upstream("dead", &[dead.addr], &["protocol = \"h2c\""])
+        .upstream("up", &[backend.addr()], &["protocol = \"h2c\""])
+        .start();
+    let mut client = weir.client().await;
+    for (method, body) in [("GET", &b""[..]), ("POST", b"abc")] {
+        let r = client.request(method, "/dead/x", &[], body).await;
+        let r = r.expect("answer");
+        assert_eq!((r.status, r.header("connection")), (502, None), "{method}");
+        let r = client
+            .get("/after", "e")
+            .await
+            .expect("the same connection");
+        assert_eq!((r.status, header(&r, "x-path")), (200, "/after"));
+    }
+}
+
 /// The raw answer to a request with a body and `TE: trailers` to `path` (on a connection
 /// that closes after it) through Weir to an `H2Backend`, which got it.
 async fn posted_to_h2_backend(path: &str) -> String {

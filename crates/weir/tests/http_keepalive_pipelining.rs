@@ -365,9 +365,17 @@ fn persistence_cases() -> Vec<Persistence> {
             Some("close"),
             false,
         ),
+        // An upstream failure, the request read whole: kept, as nginx does.
         case(
             "502 from Weir, HTTP/1.0 keep-alive",
             "GET /down/ HTTP/1.0\r\nConnection: keep-alive\r\n\r\n",
+            502,
+            Some("keep-alive"),
+            true,
+        ),
+        case(
+            "502 from Weir, HTTP/1.0",
+            "GET /down/ HTTP/1.0\r\n\r\n",
             502,
             Some("close"),
             false,

@@ -440,10 +440,16 @@ async fn a_101_to_a_protocol_not_offered_is_never_tunnelled() {
         response.extend_from_slice(b"\x00\x00\x00\x04\x00\x00\x00\x00\x00");
         let b = Backend::raw_response(&response);
         let weir = single(b.addr()).start();
-        let raw = send_raw_once(weir.addr, request.as_bytes()).await.unwrap();
-        let (head, body) = split_head(&raw);
-        assert!(head.starts_with("HTTP/1.1 502 "), "{name}: {head}");
-        assert!(head.contains("\r\nConnection: close\r\n"), "{name}: {head}");
-        assert_eq!(body, b"Bad Gateway\n", "{name}");
+        let mut c = weir.client().await;
+        c.send_raw(request.as_bytes()).await.expect("request");
+        let r = c.read_response(false).await.expect("answer");
+        assert_eq!(r.status, 502, "{name}");
+        assert_eq!(r.body, b"Bad Gateway\n", "{name}");
+        // Nothing was tunnelled: the connection (the request was read whole, so it is
+        // kept after the 502) still carries HTTP/1.1 requests.
+        assert_eq!(r.header("connection"), None, "{name}");
+        c.send_raw(plain.as_bytes()).await.expect("request");
+        let r = c.read_response(false).await.expect("answer");
+        assert_eq!(r.status, 502, "{name}: the next request");
     }
 }

@@ -13,14 +13,18 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
-use common::{dead_port, single, split_head, WAIT};
+use common::{dead_port, single, split_head, Conf, DeadPort, Weir, WAIT};
 use weir_testkit::{pattern_vec, send_raw_once, status_of, wait_until_async, Backend};
 
-/// Sends one GET on a fresh connection and returns (status, whole raw response).
+/// Sends one GET (`Connection: close`) on a fresh connection and returns (status, whole
+/// raw response).
 async fn get_once(addr: std::net::SocketAddr) -> (Option<u16>, String) {
-    let raw = send_raw_once(addr, b"GET /x HTTP/1.1\r\nHost: h\r\n\r\n")
-        .await
-        .expect("weir answers and closes");
+    let raw = send_raw_once(
+        addr,
+        b"GET /x HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n",
+    )
+    .await
+    .expect("weir answers and closes");
     (status_of(&raw), String::from_utf8_lossy(&raw).into_owned())
 }
 
@@ -51,7 +55,7 @@ async fn post_to_a_resetting_upstream_is_tried_exactly_once() {
     let weir = single(b.addr()).start();
     let raw = send_raw_once(
         weir.addr,
-        b"POST /pay HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\n\r\nmoney",
+        b"POST /pay HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\nConnection: close\r\n\r\nmoney",
     )
     .await
     .unwrap();
@@ -109,9 +113,9 @@ async fn bad_chunked_response_body_after_the_head_closes_the_connection() {
         b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\nzz\r\n",
     );
     let weir = single(b.addr()).start();
-    let raw = send_raw_once(weir.addr, b"GET / HTTP/1.1\r\nHost: h\r\n\r\n")
-        .await
-        .unwrap();
+    // `Connection: close`: after a 502 the connection would stay open (the request was read).
+    let req = b"GET / HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n";
+    let raw = send_raw_once(weir.addr, req).await.unwrap();
     let (head, body) = split_head(&raw);
     let body = String::from_utf8_lossy(&body);
     match status_of(&raw) {
@@ -263,23 +267,128 @@ async fn slow_upstream_within_response_timeout_is_fine() {
     assert_eq!(r.header("x-backend"), Some("slow"));
 }
 
-#[tokio::test]
-async fn errors_on_one_route_do_not_affect_the_next_request() {
-    let ok = Backend::echo("ok");
-    let dead = dead_port();
-    let weir = common::Conf::new()
+/// Weir with routes `/dead/` (a refused port, 502), `/down/` (a server the active check
+/// marks down: no server, 503), `/slow/` (a server that never answers, 504 after 200 ms)
+/// and the rest to `ok`; returned once `/down/`'s server is down.
+async fn failing_routes(ok: &Backend, dead: &DeadPort, down: &DeadPort, hang: &Backend) -> Weir {
+    let checked = r#"health_check = { kind = "tcp", interval = "50ms", fall = 1 }"#;
+    let weir = Conf::new()
         .route("dead", "dead", &[r#"path_prefix = "/dead/""#])
+        .route("down", "down", &[r#"path_prefix = "/down/""#])
+        .route("slow", "slow", &[r#"path_prefix = "/slow/""#])
         .route("ok", "ok", &[])
         .upstream("dead", &[dead.addr], &[])
+        .upstream("down", &[down.addr], &[checked])
+        .upstream("slow", &[hang.addr()], &[r#"response_timeout = "200ms""#])
         .upstream("ok", &[ok.addr()], &[])
         .start();
+    let up = "weir_upstream_server_up{upstream=\"down\",server=\"";
+    let is_down = || {
+        weir.metrics_text()
+            .lines()
+            .any(|l| l.starts_with(up) && l.ends_with(" 0"))
+    };
+    assert!(wait_until_async(WAIT, is_down).await);
+    weir
+}
+
+/// Issue 24 item 6: Weir's answer to an upstream failure keeps the client's keep-alive
+/// connection when the whole request had been read, as nginx's does: after a refused
+/// connect's 502, no server's 503 and a response timeout's 504, to a GET, a HEAD (no
+/// body in the answer) and a POST whose body came with its head, the next request on the
+/// same connection is served. Pipelined behind the failed one, it is served too.
+#[tokio::test]
+async fn upstream_failures_keep_a_connection_whose_request_was_read() {
+    let (ok, hang) = (Backend::echo("ok"), Backend::hang());
+    let (dead, down) = (dead_port(), dead_port());
+    let weir = failing_routes(&ok, &dead, &down, &hang).await;
     let mut c = weir.client().await;
-    let r = c.get("/dead/x", "h").await.unwrap();
-    assert_eq!(r.status, 502);
-    // Weir closes a connection after an error it generated.
-    assert!(c.is_closed_by_peer().await);
+    for (path, status) in [("/dead/x", 502), ("/down/x", 503), ("/slow/x", 504)] {
+        for (method, body) in [("GET", &b""[..]), ("HEAD", b""), ("POST", b"payload")] {
+            let r = c.request(method, path, &[], body).await.expect("answer");
+            assert_eq!(r.status, status, "{method} {path}");
+            assert_eq!(r.header("connection"), None, "{method} {path}: kept");
+            assert_eq!(r.body.is_empty(), method == "HEAD", "{method} {path}");
+            let r = c.get("/after", "h").await.expect("the same connection");
+            assert_eq!((r.status, r.header("x-backend")), (200, Some("ok")));
+        }
+        let pipelined = format!(
+            "POST {path} HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\n\r\nhello\
+             GET /next HTTP/1.1\r\nHost: h\r\n\r\n"
+        );
+        c.send_raw(pipelined.as_bytes()).await.expect("send");
+        assert_eq!(c.read_response(false).await.expect("answer").status, status);
+        let r = c.read_response(false).await.expect("the pipelined request");
+        assert_eq!((r.status, r.header("x-backend")), (200, Some("ok")));
+    }
+    // An HTTP/1.0 keep-alive client is told the connection stays open.
+    c.send_raw(b"GET /dead/x HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+        .await
+        .expect("send");
+    let r = c.read_response(false).await.expect("answer");
+    assert_eq!(
+        (r.status, r.header("connection")),
+        (502, Some("keep-alive"))
+    );
+    assert_eq!(c.get("/after", "h").await.expect("kept").status, 200);
+}
+
+/// A body the upload read to its end counts as read too: streamed to a server that then
+/// never answers (504 once `response_timeout` passes after the upload), with a length and
+/// chunked, the connection goes on.
+#[tokio::test]
+async fn a_timeout_after_a_streamed_body_keeps_the_connection() {
+    let (ok, hang) = (Backend::echo("ok"), Backend::hang());
+    let (dead, down) = (dead_port(), dead_port());
+    let weir = failing_routes(&ok, &dead, &down, &hang).await;
     let mut c = weir.client().await;
-    assert_eq!(c.get("/fine", "h").await.unwrap().status, 200);
+    let framings = [
+        ("Content-Length: 10", &b"0123456789"[..]),
+        (
+            "Transfer-Encoding: chunked",
+            b"5\r\n01234\r\n5\r\n56789\r\n0\r\n\r\n",
+        ),
+    ];
+    for (i, (framing, body)) in framings.into_iter().enumerate() {
+        let head = format!("POST /slow/up HTTP/1.1\r\nHost: h\r\n{framing}\r\n\r\n");
+        c.send_raw(head.as_bytes()).await.expect("head");
+        // The body leaves the client only once the request is upstream: it is streamed.
+        assert!(wait_until_async(WAIT, || hang.requests_served() > i).await);
+        c.send_raw(body).await.expect("body");
+        let r = c.read_response(false).await.expect("answer");
+        assert_eq!((r.status, r.header("connection")), (504, None), "{framing}");
+        let r = c.get("/after", "h").await.expect("the same connection");
+        assert_eq!((r.status, r.header("x-backend")), (200, Some("ok")));
+    }
+}
+
+/// The connection closes when it cannot go on in step, or was not to: the client said
+/// `Connection: close`, or the body had not all arrived when the request failed (it is not
+/// read to its end to save the connection).
+#[tokio::test]
+async fn upstream_failures_close_when_the_request_was_not_read_whole() {
+    let (ok, hang) = (Backend::echo("ok"), Backend::hang());
+    let (dead, down) = (dead_port(), dead_port());
+    let weir = failing_routes(&ok, &dead, &down, &hang).await;
+    for (path, status) in [("/dead/x", 502), ("/down/x", 503), ("/slow/x", 504)] {
+        let mut c = weir.client().await;
+        let r = c
+            .request("GET", path, &[("Connection", "close")], b"")
+            .await;
+        let r = r.expect("answer");
+        assert_eq!((r.status, r.header("connection")), (status, Some("close")));
+        assert!(c.is_closed_by_peer().await, "{path}");
+        if path == "/slow/x" {
+            // A server that never answers waits for the whole body: no failure before it.
+            continue;
+        }
+        let mut c = weir.client().await;
+        let head = format!("POST {path} HTTP/1.1\r\nHost: h\r\nContent-Length: 100\r\n\r\nabc");
+        c.send_raw(head.as_bytes()).await.expect("send");
+        let r = c.read_response(false).await.expect("answer");
+        assert_eq!((r.status, r.header("connection")), (status, Some("close")));
+        assert!(c.is_closed_by_peer().await, "{path}");
+    }
 }
 
 #[tokio::test]
@@ -500,24 +609,21 @@ async fn response_timeout_does_not_count_the_connect() {
 }
 
 /// A final response may follow 1xx responses: an upstream that fails after a relayed
-/// `100 Continue` gets its 502 to the client, not a bare close.
+/// `100 Continue` gets its 502 to the client, not a bare close; the request was read whole,
+/// so the connection goes on (the next request gets the same).
 #[tokio::test]
 async fn upstream_failing_after_a_relayed_100_is_answered_502() {
     let b = Backend::raw_response(b"HTTP/1.1 100 Continue\r\n\r\n");
     let weir = single(b.addr()).start();
-    let raw = send_raw_once(
-        weir.addr,
-        b"POST /up HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\n\r\nhello",
-    )
-    .await
-    .unwrap();
-    let (interim, rest) = split_head(&raw);
-    assert!(
-        interim.starts_with("HTTP/1.1 100 Continue\r\n"),
-        "{interim}"
-    );
-    let (head, body) = split_head(&rest);
-    assert!(head.starts_with("HTTP/1.1 502 Bad Gateway\r\n"), "{head}");
-    assert!(head.contains("\r\nConnection: close\r\n"), "{head}");
-    assert_eq!(body, b"Bad Gateway\n");
+    let mut c = weir.client().await;
+    for _ in 0..2 {
+        c.send_raw(b"POST /up HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\n\r\nhello")
+            .await
+            .expect("send");
+        let interim = c.read_response(false).await.expect("100");
+        assert_eq!(interim.status, 100);
+        let r = c.read_response(false).await.expect("502");
+        assert_eq!((r.status, r.header("connection")), (502, None));
+        assert_eq!(r.body, b"Bad Gateway\n");
+    }
 }

@@ -321,9 +321,9 @@ async fn a_response_refused_before_its_head_counts_as_502_for_the_server_too() {
     for (raw, upstream_status) in refused {
         let backend = Backend::raw_response(raw);
         let weir = single(backend.addr()).start();
-        let resp = send_raw_once(weir.addr, b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
-            .await
-            .unwrap();
+        // `Connection: close`: the request was read whole, so a 502 would keep it open.
+        let req = b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n";
+        let resp = send_raw_once(weir.addr, req).await.unwrap();
         assert!(
             resp.starts_with(b"HTTP/1.1 502"),
             "{}",

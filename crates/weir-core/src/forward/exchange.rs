@@ -150,10 +150,14 @@ pub(super) fn pick_and_write_head(
     let buf = conn.buf.filled();
     let path = conn.path.get(req.path(buf));
     let key = RequestKey::new(&target.upstream.lb, buf, req, path, conn.client_text());
-    let pick = worker
-        .upstreams
-        .pick(target.upstream_index, target.pool, target.upstream, key)
-        .ok_or(ProxyError::NoServer)?;
+    let Some(pick) =
+        (worker.upstreams).pick(target.upstream_index, target.pool, target.upstream, key)
+    else {
+        // Nothing was taken from the client yet: skipped like a request Weir answers
+        // itself, the connection can go on if the body was all there.
+        conn.request_read = conn.skip_body(req, target.listener).unwrap_or(false);
+        return Err(ProxyError::NoServer);
+    };
     let server = &target.upstream.servers[pick.server];
     conn.out.clear();
     let upgrade = write_head_with_policy(conn, req, &target, server);
@@ -271,11 +275,14 @@ impl<'a> Forwarding<'a> {
                     continue;
                 }
             }
+            if whole {
+                // Kept for replays until now. Consumed also when the exchange failed:
+                // the request was read whole, the connection may go on after the answer.
+                conn.buf.consume(self.buffered);
+                conn.request_read = true;
+            }
             let (stream, request_done) = sent?;
             conn.upstream_time = Some(elapsed);
-            if whole {
-                conn.buf.consume(self.buffered);
-            }
             let exchange = Exchange {
                 worker: self.worker,
                 target,
@@ -430,24 +437,33 @@ impl Attempt<'_> {
         .await
         .map_err(|e| Failure::from(upstream_write_error(e)))?;
         conn.buf.consume(buffered);
+        // The pump consumed the whole body from the client buffer (whether the exchange
+        // then fails or not).
+        let mut body_read = false;
         let upload_done = {
             let (mut ur, mut uw) = stream.split();
             // A streamed upload waits on the client and the upstream at once: register.
             let (mut cr, mut cw) = conn.stream.split().map_err(ProxyError::client_io)?;
             let mut uploaded = 0;
             let client_timeout = target.listener.client_timeout;
-            let upload = pump(
-                &mut cr,
-                &mut conn.buf,
-                (&mut uw, &mut uploaded),
-                body,
-                (client_timeout, response_timeout),
-            );
+            let upload = async {
+                let pumped = pump(
+                    &mut cr,
+                    &mut conn.buf,
+                    (&mut uw, &mut uploaded),
+                    body,
+                    (client_timeout, response_timeout),
+                );
+                let pumped = pumped.await;
+                body_read = pumped.is_ok();
+                pumped
+            };
             let meta = self.fwd.meta;
             let head = read_final_head(&mut ur, up_buf, resp, meta, &mut cw, client_timeout, None);
-            upload_while_waiting(upload, head, response_timeout).await?
+            upload_while_waiting(upload, head, response_timeout).await
         };
-        Ok((stream, upload_done))
+        conn.request_read = body_read;
+        Ok((stream, upload_done?))
     }
 
     /// A connection to the server: a pooled idle one unless `fresh`, else a new one.

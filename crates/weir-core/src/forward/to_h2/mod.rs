@@ -190,6 +190,7 @@ impl Prepared<'_> {
                 }
             }
             conn.upstream_time = Some(elapsed);
+            conn.request_read = body.is_read();
             drop(pick);
             return result;
         }

@@ -140,6 +140,12 @@ impl RequestBody {
         self.whole.is_some()
     }
 
+    /// The whole body was taken from the client buffer (each piece is consumed as it is
+    /// decoded): the buffer starts at the client's next request.
+    pub(super) fn is_read(&self) -> bool {
+        self.framed.is_done()
+    }
+
     /// Sends the body as DATA within the upstream's window, then the end of the stream.
     /// `consumed` counts the bytes taken from the client (a streamed body cannot be sent
     /// again once it is above zero).
