@@ -46,6 +46,7 @@ pub mod forward;
 pub mod http2;
 pub mod idle;
 pub mod listener;
+pub mod memory;
 pub mod metrics;
 pub mod policy;
 pub mod proxy;

@@ -288,6 +288,7 @@ fn run_worker(setup: WorkerSetup) {
             .collect();
         let worker = Rc::new(Worker::new(shared.clone(), metrics, logs));
         tokio::task::spawn_local(flush_logs_periodically(worker.clone()));
+        tokio::task::spawn_local(trim_periodically(worker.clone()));
         tokio::task::spawn_local(control_loop(worker.clone(), commands));
         let mut shutdown = shared.shutdown.clone();
         while !*shutdown.borrow_and_update() {
@@ -327,6 +328,17 @@ async fn flush_logs_periodically(worker: Rc<Worker>) {
     loop {
         tick.tick().await;
         worker.flush_logs();
+    }
+}
+
+/// Frees what a burst left behind: spares unused for a `TRIM_INTERVAL`, and the memory
+/// the allocator holds for this thread (`memory`).
+async fn trim_periodically(worker: Rc<Worker>) {
+    let mut tick = tokio::time::interval(crate::memory::TRIM_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        worker.trim_spares();
     }
 }
 

@@ -18,6 +18,7 @@ use tokio::sync::{watch, Notify};
 use crate::access_log::LogBuffer;
 use crate::buffer::Buffer;
 use crate::connector::IdlePool;
+use crate::memory::Spares;
 use crate::metrics::WorkerMetrics;
 use crate::snapshot::Snapshot;
 use crate::sys::Pipe;
@@ -48,7 +49,7 @@ pub const UPSTREAM_BUFFER: usize = 16 * 1024;
 /// for connection churn and for the streams of a few busy HTTP/2 connections (each stream
 /// in an exchange holds one: 32 connections x 16 streams missed a 256-buffer pool on a third
 /// of their requests, each miss a zeroed 16 KiB allocation). At most 16 MiB per worker,
-/// held only after a burst that used as many at once.
+/// and only while they are used: spares left unused for a `memory::TRIM_INTERVAL` go.
 const SPARE_BUFFERS: usize = 1024;
 /// Most spare pipes a worker keeps (two descriptors each).
 const SPARE_PIPES: usize = 256;
@@ -66,11 +67,11 @@ pub struct Worker {
     pub upstreams: WorkerUpstreams,
     /// This worker's position in each weighted split's schedule.
     pub splits: crate::upstream::split::SplitCursors,
-    spare: RefCell<Vec<Buffer>>,
+    spare: Spares<Buffer>,
     /// Spare per-stream heads and span lists for HTTP/2 streams (`http2::scratch`).
     pub(crate) h2_scratch: crate::http2::scratch::Scratches,
     /// Empty pipes kept for the next spliced TCP connection (saves pipe2 + 2 close).
-    pipes: RefCell<Vec<Pipe>>,
+    pipes: Spares<Pipe>,
     draining: Cell<bool>,
     /// Tasks waiting in `drained()` (idle connections, accept loops).
     drain_waiters: DrainWaiters,
@@ -113,9 +114,9 @@ impl Worker {
             h2_pool: RefCell::default(),
             upstreams,
             splits: Default::default(),
-            spare: RefCell::new(Vec::new()),
+            spare: Spares::new(SPARE_BUFFERS),
             h2_scratch: Default::default(),
-            pipes: RefCell::new(Vec::new()),
+            pipes: Spares::new(SPARE_PIPES),
             draining: Cell::new(false),
             drain_waiters: DrainWaiters::default(),
             connections: RefCell::new(Vec::new()),
@@ -141,8 +142,7 @@ impl Worker {
 
     pub fn take_buffer(&self) -> Buffer {
         self.spare
-            .borrow_mut()
-            .pop()
+            .take()
             .unwrap_or_else(|| Buffer::new(UPSTREAM_BUFFER))
     }
 
@@ -156,16 +156,15 @@ impl Worker {
     }
 
     pub fn give_buffer(&self, mut buf: Buffer) {
-        let mut spare = self.spare.borrow_mut();
-        if spare.len() < SPARE_BUFFERS && buf.capacity() == UPSTREAM_BUFFER {
+        if buf.capacity() == UPSTREAM_BUFFER {
             buf.clear();
-            spare.push(buf);
+            self.spare.give(buf);
         }
     }
 
     /// An empty pipe for splicing, reused when possible.
     pub fn take_pipe(&self) -> std::io::Result<Pipe> {
-        match self.pipes.borrow_mut().pop() {
+        match self.pipes.take() {
             Some(pipe) => Ok(pipe),
             None => Pipe::new(),
         }
@@ -173,10 +172,16 @@ impl Worker {
 
     /// Keeps an empty pipe for reuse (a pipe with bytes left in it is closed instead).
     pub fn give_pipe(&self, pipe: Pipe) {
-        let mut pipes = self.pipes.borrow_mut();
-        if pipes.len() < SPARE_PIPES {
-            pipes.push(pipe);
-        }
+        self.pipes.give(pipe);
+    }
+
+    /// Frees the spares (buffers, pipes, HTTP/2 scratch) that sat unused since the last
+    /// trim, then lets the allocator release this thread's freed memory (`memory`).
+    pub fn trim_spares(&self) {
+        self.spare.trim();
+        self.pipes.trim();
+        self.h2_scratch.trim();
+        crate::memory::release();
     }
 
     pub fn is_draining(&self) -> bool {

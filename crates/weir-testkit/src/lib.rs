@@ -30,6 +30,8 @@
 //!   abuse) and reads the server's frames undecoded, for the attack tests.
 //! * [`WsBackend`]: a WebSocket echo server (HTTP/1.1 Upgrade), with the frame helpers
 //!   [`ws_backend::ws_frame`] and [`ws_backend::parse_frame`] for the client side.
+//! * [`tls_hello::client_hello_with_sni`]: a ClientHello with any server name, even an
+//!   illegal one.
 //! * [`wait_until`] / [`wait_until_async`]: poll a condition instead of
 //!   sleeping a fixed time.
 
@@ -43,6 +45,7 @@ pub mod h2_raw;
 mod pattern;
 mod server_thread;
 mod tls_backend;
+pub mod tls_hello;
 mod wire;
 pub mod ws_backend;
 

@@ -66,8 +66,26 @@ enum Command {
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+extern "C" {
+    /// mimalloc's collection of the calling thread's heap (in the static mimalloc the
+    /// `mimalloc` crate links; its `-sys` crate declares it only behind a feature that
+    /// would pull in another crate for this one line).
+    fn mi_collect(force: bool);
+}
+
+/// Called by each worker every `weir_core::memory::TRIM_INTERVAL`: mimalloc keeps freed
+/// pages for reuse and purges them only when the thread that freed them allocates again,
+/// so a worker idle after a burst would sit on them for good (issue 24: ~80 MiB after a
+/// zero-window attack). Not forced: it frees the thread's empty pages and returns those
+/// freed over a second ago to the system; pages in use stay.
+fn release_freed_memory() {
+    // SAFETY: mi_collect takes no pointer and may be called from any thread at any time.
+    unsafe { mi_collect(false) }
+}
+
 fn main() -> std::process::ExitCode {
     run::init_logging();
+    weir_core::memory::set_release(release_freed_memory);
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run {

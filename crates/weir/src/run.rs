@@ -14,8 +14,11 @@ use weir_core::Proxy;
 use crate::upgrade::{self, Handover, Sockets};
 
 pub fn init_logging() {
+    // rustls warns about what peers send (an illegal server name, a warning alert): one
+    // line per connection that anyone can cause. Handshake failures are counted by reason
+    // and logged at debug by Weir instead; `WEIR_LOG=rustls=warn` brings them back.
     let filter = tracing_subscriber::EnvFilter::try_from_env("WEIR_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rustls=error"));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

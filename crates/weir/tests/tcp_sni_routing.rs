@@ -158,3 +158,21 @@ async fn garbage_after_a_record_header_falls_back_without_hurting_others() {
     assert_eq!(backend_for(&s, "a.example.com").await, "a");
     assert_sni_count(&s, "malformed", 1);
 }
+
+#[tokio::test]
+async fn a_server_name_that_is_not_a_host_name_goes_to_the_fallback_as_bad_sni() {
+    let s = setup(&[]);
+    let names = ["a.example.com:443", "[::1]", "::1"];
+    for (i, name) in names.iter().enumerate() {
+        let hello = weir_testkit::tls_hello::client_hello_with_sni(name);
+        let mut client = s.weir.client().await;
+        client.send_raw(&hello).await.expect("send");
+        assert!(
+            wait_until(WAIT, || s.fallback.connections_accepted() == i + 1),
+            "{name} reached the fallback"
+        );
+    }
+    assert!(s.a.sni_seen().is_empty());
+    assert_sni_count(&s, "bad_sni", names.len() as u64);
+    assert_sni_count(&s, "malformed", 0);
+}

@@ -49,6 +49,9 @@ pub enum HelloError {
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ClientHello {
     sni: Option<Name>,
+    /// The server_name extension held something that is not a host name (a port, an IPv6
+    /// literal, brackets, a space...): well-formed TLS, but no name to route by.
+    bad_sni: bool,
     alpn: [Option<Name>; MAX_ALPN],
 }
 
@@ -79,6 +82,12 @@ impl ClientHello {
     /// The host name the client asked for (as sent: any case, no trailing dot removed).
     pub fn sni(&self) -> Option<&[u8]> {
         self.sni.as_ref().map(Name::as_bytes)
+    }
+
+    /// The client sent a server name that is not a host name (`example.com:443`, `[::1]`):
+    /// [`sni`](Self::sni) is `None`, as if it had sent none.
+    pub fn bad_sni(&self) -> bool {
+        self.bad_sni
     }
 
     /// The first [`MAX_ALPN`] protocols the client offered, in its order of preference.
@@ -215,7 +224,7 @@ fn client_hello(body: &[u8]) -> Result<ClientHello, HelloError> {
         let kind = extensions.u16()?;
         let data = extensions.vec16()?;
         match u16::try_from(kind) {
-            Ok(EXT_SERVER_NAME) => hello.sni = server_name(data)?,
+            Ok(EXT_SERVER_NAME) => (hello.sni, hello.bad_sni) = server_name(data)?,
             Ok(EXT_ALPN) => hello.alpn = alpn(data)?,
             _ => {}
         }
@@ -223,26 +232,34 @@ fn client_hello(body: &[u8]) -> Result<ClientHello, HelloError> {
     Ok(hello)
 }
 
-/// The `host_name` entry of a server_name extension (RFC 6066 3).
-fn server_name(data: &[u8]) -> Result<Option<Name>, HelloError> {
+/// The `host_name` entry of a server_name extension (RFC 6066 3), and whether the entry
+/// was not a host name: longer than a DNS name, or with a character none has (a port's
+/// `:`, an IPv6 literal, brackets). Broken clients and scanners send such names; they are
+/// ignored rather than failing the ClientHello, as nginx and HAProxy do.
+fn server_name(data: &[u8]) -> Result<(Option<Name>, bool), HelloError> {
     let mut r = Reader(data);
     let mut list = Reader(r.vec16()?);
     let mut found = None;
     while !list.is_empty() {
         let kind = list.u8()?;
         let name = list.vec16()?;
-        if kind == 0 && found.is_none() {
-            let valid = !name.is_empty()
-                && name
-                    .iter()
-                    .all(|&c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'.' | b'_'));
-            if !valid {
-                return Err(HelloError::Malformed);
-            }
-            found = Some(Name::new(name).ok_or(HelloError::Malformed)?);
+        if kind != 0 || found.is_some() {
+            continue;
         }
+        // RFC 6066: `opaque HostName<1..2^16-1>`; an empty one is not well-formed TLS.
+        if name.is_empty() {
+            return Err(HelloError::Malformed);
+        }
+        let host = name
+            .iter()
+            .all(|&c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'.' | b'_'));
+        found = Some(host.then(|| Name::new(name)).flatten());
     }
-    Ok(found)
+    Ok(match found {
+        Some(Some(name)) => (Some(name), false),
+        Some(None) => (None, true),
+        None => (None, false),
+    })
 }
 
 /// The protocol ids of an ALPN extension (RFC 7301 3.1), the first [`MAX_ALPN`] kept.

@@ -15,7 +15,8 @@
 //! The worker is one thread, so the spares sit in a `RefCell` (no lock). Each taken
 //! scratch is emptied, so nothing of one stream reaches the next; a scratch that grew
 //! past the usual size (a large head) is dropped rather than kept, and the worker keeps
-//! at most `SPARES` of them: the memory held is bounded however large a burst was.
+//! at most `SPARES` of them: the memory held is bounded however large a burst was, and
+//! what a burst left is freed once unused for a while (`memory::Spares`).
 
 use std::cell::RefCell;
 use std::mem;
@@ -23,11 +24,12 @@ use std::mem;
 use bytes::{Bytes, BytesMut};
 
 use crate::codec::http1::{HeaderSpan, RequestHead, ResponseHead};
+use crate::memory::Spares;
 use crate::time::LazyTimer;
 
 /// Most spare scratches of each kind a worker keeps: one per stream in flight on a few
-/// busy connections (twice 32 x 16), as for the spare upstream buffers. Kept for good
-/// after a burst: at most about 3.5 MiB of each kind per worker.
+/// busy connections (twice 32 x 16), as for the spare upstream buffers: at most about
+/// 3.5 MiB of each kind per worker, while they are used.
 const SPARES: usize = 1024;
 /// Larger byte buffers are not kept (a usual request head is a few hundred bytes).
 const KEPT_BYTES: usize = 2048;
@@ -98,8 +100,8 @@ fn fresh(spans: &mut Vec<HeaderSpan>) -> Vec<HeaderSpan> {
 
 /// The worker's spare scratches.
 pub struct Scratches {
-    requests: RefCell<Vec<RequestScratch>>,
-    exchanges: RefCell<Vec<ExchangeScratch>>,
+    requests: Spares<RequestScratch>,
+    exchanges: Spares<ExchangeScratch>,
     /// The block responses are being copied into (empty: the next copy starts there).
     arena: RefCell<BytesMut>,
     /// Where `render` writes before the copy into the arena.
@@ -109,8 +111,8 @@ pub struct Scratches {
 impl Default for Scratches {
     fn default() -> Self {
         Scratches {
-            requests: RefCell::default(),
-            exchanges: RefCell::default(),
+            requests: Spares::new(SPARES),
+            exchanges: Spares::new(SPARES),
             // With this capacity as its first, the arena's next blocks are as large.
             arena: RefCell::new(BytesMut::with_capacity(ARENA_BLOCK)),
             spare: RefCell::default(),
@@ -162,16 +164,21 @@ impl Scratches {
     pub fn give_exchange(&self, scratch: ExchangeScratch) {
         give(&self.exchanges, scratch);
     }
+
+    /// Frees the spare scratches no stream took since the last trim.
+    pub fn trim(&self) {
+        self.requests.trim();
+        self.exchanges.trim();
+    }
 }
 
-fn take<T: Reuse>(spares: &RefCell<Vec<T>>) -> T {
-    spares.borrow_mut().pop().unwrap_or_default()
+fn take<T: Reuse>(spares: &Spares<T>) -> T {
+    spares.take().unwrap_or_default()
 }
 
-fn give<T: Reuse>(spares: &RefCell<Vec<T>>, mut scratch: T) {
-    let mut spares = spares.borrow_mut();
-    if spares.len() < SPARES && scratch.reset() {
-        spares.push(scratch);
+fn give<T: Reuse>(spares: &Spares<T>, mut scratch: T) {
+    if scratch.reset() {
+        spares.give(scratch);
     }
 }
 
@@ -232,10 +239,10 @@ mod tests {
         let mut big = spares.take_request();
         big.head.reserve(KEPT_BYTES + 1);
         spares.give_request(big);
-        assert!(spares.requests.borrow().is_empty());
+        assert!(spares.requests.is_empty());
         for _ in 0..SPARES + 5 {
             spares.give_exchange(ExchangeScratch::default());
         }
-        assert_eq!(spares.exchanges.borrow().len(), SPARES);
+        assert_eq!(spares.exchanges.len(), SPARES);
     }
 }

@@ -326,7 +326,7 @@ pub struct ListenerMetrics {
     pub tls_failures: [Counter; TlsFailure::ALL.len()],
     /// TCP listeners with `sni_routes`: connections by how their SNI step ended
     /// (indexed by `tcp::sni::SniResult as usize`).
-    pub sni: [Counter; 8],
+    pub sni: [Counter; crate::tcp::sni::SniResult::ALL.len()],
     /// Tunnels (Upgrade, RFC 8441) and TCP relays closed by a still-time bound: index 0
     /// idle, 1 fin (a half-closed tail) (`crate::idle::count`).
     pub tunnel_timeouts: [Counter; 2],
@@ -371,17 +371,21 @@ pub enum TlsFailure {
     PlainHttp,
     /// `max_handshakes` were already in progress on the worker.
     Busy,
+    /// The client's server name is not a host name (`example.com:443`, `[::1]`): rustls
+    /// refuses it (an IP address, though not allowed either, is taken as no SNI).
+    BadSni,
     Other,
 }
 
 impl TlsFailure {
-    pub const ALL: [TlsFailure; 7] = [
+    pub const ALL: [TlsFailure; 8] = [
         TlsFailure::NoSharedCipher,
         TlsFailure::NoSharedVersion,
         TlsFailure::BadClientCert,
         TlsFailure::Timeout,
         TlsFailure::PlainHttp,
         TlsFailure::Busy,
+        TlsFailure::BadSni,
         TlsFailure::Other,
     ];
 
@@ -393,6 +397,7 @@ impl TlsFailure {
             TlsFailure::Timeout => "timeout",
             TlsFailure::PlainHttp => "plain_http",
             TlsFailure::Busy => "busy",
+            TlsFailure::BadSni => "bad_sni",
             TlsFailure::Other => "other",
         }
     }

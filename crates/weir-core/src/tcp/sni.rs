@@ -3,8 +3,9 @@
 //! name picks the upstream, and the bytes read are sent to that upstream first.
 //!
 //! Bounded: at most the connection's buffer (`buffer_size`) is read, for at most
-//! `preread_timeout`. A client with no SNI, an unknown name, a ClientHello larger than the
-//! buffer, or bytes that are not TLS at all goes to the listener's `upstream` (the
+//! `preread_timeout`. A client with no SNI, an unknown name, a server name that is not a
+//! host name (`example.com:443`: ignored, as nginx and HAProxy do), a ClientHello larger
+//! than the buffer, or bytes that are not TLS at all goes to the listener's `upstream` (the
 //! fallback, like HAProxy's `default_backend`); a client that sends no complete ClientHello
 //! in time, or closes, is closed. Every outcome is counted in `weir_tcp_sni_total`.
 
@@ -28,6 +29,9 @@ pub enum SniResult {
     NoSni,
     /// A server name no route has (fallback).
     UnknownSni,
+    /// A server name that is not a host name, such as `example.com:443` or `[::1]`
+    /// (fallback, as without SNI).
+    BadSni,
     /// The first bytes were not a TLS handshake (fallback).
     NotTls,
     /// A TLS record that is not a well-formed ClientHello (fallback).
@@ -41,10 +45,11 @@ pub enum SniResult {
 }
 
 impl SniResult {
-    pub const ALL: [SniResult; 8] = [
+    pub const ALL: [SniResult; 9] = [
         SniResult::Matched,
         SniResult::NoSni,
         SniResult::UnknownSni,
+        SniResult::BadSni,
         SniResult::NotTls,
         SniResult::Malformed,
         SniResult::TooLarge,
@@ -57,6 +62,7 @@ impl SniResult {
             SniResult::Matched => "matched",
             SniResult::NoSni => "no_sni",
             SniResult::UnknownSni => "unknown_sni",
+            SniResult::BadSni => "bad_sni",
             SniResult::NotTls => "not_tls",
             SniResult::Malformed => "malformed",
             SniResult::TooLarge => "too_large",
@@ -76,14 +82,15 @@ pub async fn choose_upstream(
     let result = read_hello(stream, buf, tcp.preread_timeout).await;
     let name = result
         .as_ref()
-        .map(|h| h.sni().map(HostName::new))
+        .map(|h| (h.sni().map(HostName::new), h.bad_sni()))
         .map_err(|r| *r);
     match name {
-        Ok(Some(name)) => match route(&tcp.sni_routes, name.as_bytes()) {
+        Ok((Some(name), _)) => match route(&tcp.sni_routes, name.as_bytes()) {
             Some(upstream) => (Some(upstream), SniResult::Matched),
             None => (Some(tcp.upstream), SniResult::UnknownSni),
         },
-        Ok(None) => (Some(tcp.upstream), SniResult::NoSni),
+        Ok((None, true)) => (Some(tcp.upstream), SniResult::BadSni),
+        Ok((None, false)) => (Some(tcp.upstream), SniResult::NoSni),
         Err(r @ (SniResult::Timeout | SniResult::Closed)) => (None, r),
         Err(r) => (Some(tcp.upstream), r),
     }

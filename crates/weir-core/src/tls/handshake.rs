@@ -13,6 +13,7 @@ use std::io;
 
 use rustls::server::Acceptor;
 use rustls::{Error, PeerIncompatible};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio_rustls::server::{LazyConfigAcceptor, StartHandshake, TlsStream};
 use weir_config::Listener;
@@ -110,7 +111,7 @@ async fn handshake(
         b if b.is_ascii_alphabetic() => return Err(TlsFailure::PlainHttp),
         _ => return Err(TlsFailure::Other),
     }
-    let tcp = stream.take_registered().map_err(|_| TlsFailure::Other)?;
+    let mut tcp = stream.take_registered().map_err(|_| TlsFailure::Other)?;
     let mut acceptor = Acceptor::default();
     let mut early = buf.filled();
     while !early.is_empty() {
@@ -125,7 +126,10 @@ async fn handshake(
         Ok(None) => LazyConfigAcceptor::new(acceptor, tcp)
             .await
             .map_err(|e| classify(&e))?,
-        Err((error, _alert)) => return Err(classify_rustls(&error)),
+        Err((error, alert)) => {
+            send_alert(&mut tcp, alert).await;
+            return Err(classify_rustls(&error));
+        }
     };
     // The ACME validator's ClientHello (only `acme-tls/1`) gets the challenge config.
     let config = match &tls.challenge_config {
@@ -144,6 +148,15 @@ async fn handshake(
         .await
         .map_err(|e| classify(&e))?;
     Ok(Some(tls))
+}
+
+/// Tells the client why its ClientHello was refused (`illegal_parameter` for a bad server
+/// name...), as tokio-rustls does when it reads the hello itself. A few bytes into an empty
+/// socket buffer, within the handshake's time bound.
+async fn send_alert(tcp: &mut TcpStream, mut alert: rustls::server::AcceptedAlert) {
+    let mut bytes = Vec::new();
+    while matches!(alert.write(&mut bytes), Ok(n) if n > 0) {}
+    let _ = tcp.write_all(&bytes).await;
 }
 
 /// The failure reason of a handshake error from tokio-rustls.
@@ -169,6 +182,8 @@ fn classify_rustls(e: &Error) -> TlsFailure {
             | ServerDoesNotSupportTls12Or13,
         ) => TlsFailure::NoSharedVersion,
         Error::NoCertificatesPresented | Error::InvalidCertificate(_) => TlsFailure::BadClientCert,
+        Error::PeerMisbehaved(rustls::PeerMisbehaved::ServerNameMustContainOneHostName)
+        | Error::InvalidMessage(rustls::InvalidMessage::InvalidServerName) => TlsFailure::BadSni,
         _ => TlsFailure::Other,
     }
 }

@@ -144,8 +144,8 @@ fn malformed_hellos() {
         parse(&records(&bad, MAX_RECORD)),
         Err(HelloError::Malformed)
     );
-    // A server name with a character no DNS name has.
-    let wire = records(&body(&[sni_ext(b"a/b")]), MAX_RECORD);
+    // An empty server name.
+    let wire = records(&body(&[sni_ext(b"")]), MAX_RECORD);
     assert_eq!(parse(&wire), Err(HelloError::Malformed));
     // An empty ALPN id.
     let wire = records(&body(&[alpn_ext(&[b""])]), MAX_RECORD);
@@ -180,4 +180,28 @@ fn a_real_rustls_client_hello_at_every_split_point() {
 fn an_ip_address_sends_no_sni() {
     let hello = parse_at_every_split(&rustls_hello("127.0.0.1"));
     assert_eq!(hello.sni(), None);
+}
+
+#[test]
+fn a_server_name_that_is_not_a_host_name_is_no_name_but_the_hello_parses() {
+    let long = "a".repeat(MAX_NAME + 1);
+    for name in [
+        "a.example.com:443",
+        "127.0.0.1:8443",
+        "[::1]",
+        "::1",
+        "a/b",
+        "a b",
+        long.as_str(),
+    ] {
+        let wire = records(&body(&[sni_ext(name.as_bytes()), alpn_ext(&[b"h2"])]), 7);
+        let hello = parse_at_every_split(&wire);
+        assert_eq!(hello.sni(), None, "{name}");
+        assert!(hello.bad_sni(), "{name}");
+        assert_eq!(hello.alpn().next(), Some(&b"h2"[..]), "{name}");
+    }
+    let good = parse_at_every_split(&records(&example(), MAX_RECORD));
+    assert!(!good.bad_sni());
+    let none = parse_at_every_split(&records(&body(&[]), MAX_RECORD));
+    assert!(!none.bad_sni());
 }
