@@ -18,6 +18,7 @@ use tokio::sync::{watch, Notify};
 use crate::access_log::LogBuffer;
 use crate::buffer::Buffer;
 use crate::connector::IdlePool;
+use crate::listener::cap::Permit;
 use crate::metrics::WorkerMetrics;
 use crate::snapshot::Snapshot;
 use crate::sys::Pipe;
@@ -29,7 +30,8 @@ pub struct Shared {
     /// Bumped on every publish, so workers notice a new snapshot with a plain load.
     pub generation: AtomicU64,
     pub shutdown: watch::Receiver<bool>,
-    /// Number of workers (each enforces its share of a server's `max_connections`).
+    /// Number of workers (each enforces its share of an upstream server's
+    /// `max_connections`).
     pub workers: usize,
     /// Whether the kernel can splice (probed once at start; TCP listeners copy otherwise).
     pub splice_available: bool,
@@ -207,11 +209,6 @@ impl Worker {
         self.connections.borrow().iter().sum()
     }
 
-    /// Open connections of the listener with metric slot `slot`.
-    pub fn open_on(&self, slot: usize) -> usize {
-        self.connections.borrow().get(slot).copied().unwrap_or(0)
-    }
-
     /// Counts a listener's connection opening or closing; returns its open connections.
     fn count_connection(&self, slot: usize, opened: bool) -> usize {
         let mut connections = self.connections.borrow_mut();
@@ -297,20 +294,27 @@ impl Drop for Drained<'_> {
     }
 }
 
-/// Counts one open client connection of a listener (by metric slot) for as long as it lives.
+/// Counts one open client connection of a listener (by metric slot) for as long as it
+/// lives: on its worker (drain, `weir_connections_active`) and, through its `permit`,
+/// against the listener's `max_connections`.
 pub struct ConnectionGuard {
     worker: Rc<Worker>,
     slot: usize,
+    _permit: Permit,
 }
 
 impl ConnectionGuard {
-    pub fn new(worker: Rc<Worker>, slot: usize) -> ConnectionGuard {
+    pub fn new(worker: Rc<Worker>, slot: usize, permit: Permit) -> ConnectionGuard {
         let open = worker.count_connection(slot, true);
         if let Some(m) = worker.metrics.listener(slot) {
             m.connections_total.inc();
             m.connections_active.set(open as u64);
         }
-        ConnectionGuard { worker, slot }
+        ConnectionGuard {
+            worker,
+            slot,
+            _permit: permit,
+        }
     }
 }
 

@@ -314,6 +314,8 @@ pub struct ListenerMetrics {
     pub connections_active: Counter,
     pub connections_total: Counter,
     pub accept_errors: [Counter; 3],
+    /// Times an accept loop paused because the listener had `max_connections` open.
+    pub accept_paused: Counter,
     pub bytes_in: Counter,
     pub bytes_out: Counter,
     /// Connections closed for a missing, malformed or untrusted PROXY header.
