@@ -84,9 +84,9 @@ pub struct Worker {
     pub metrics: Arc<WorkerMetrics>,
     /// Access-log buffers, per listener slot (`None`: logging off).
     pub logs: Vec<Option<LogBuffer>>,
-    /// TLS handshakes in progress on this worker (bounded by each listener's
-    /// `max_handshakes`).
-    pub tls_handshakes: Cell<usize>,
+    /// TLS handshakes in progress on this worker, per listener (bounded by its
+    /// `max_handshakes`; the idlest evicted for a newcomer).
+    pub handshakes: crate::tls::pending::Handshakes,
     /// This worker's request-id source.
     pub request_ids: crate::filters::request_id::RequestIds,
     /// Recent successful basic-auth checks (bcrypt is slow on purpose).
@@ -124,7 +124,7 @@ impl Worker {
             connection_closed: Notify::new(),
             metrics,
             logs,
-            tls_handshakes: Cell::new(0),
+            handshakes: Default::default(),
             request_ids: Default::default(),
             auth_cache: Default::default(),
         }

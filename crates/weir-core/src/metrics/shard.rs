@@ -371,8 +371,9 @@ pub enum TlsFailure {
     Timeout,
     /// The first byte was not a TLS handshake record but text: plain HTTP to a TLS port.
     PlainHttp,
-    /// `max_handshakes` were already in progress on the worker.
-    Busy,
+    /// At `max_handshakes`, a newcomer took its place: it had gone longest without a
+    /// step forward (`tls::pending`).
+    Evicted,
     Other,
 }
 
@@ -383,7 +384,7 @@ impl TlsFailure {
         TlsFailure::BadClientCert,
         TlsFailure::Timeout,
         TlsFailure::PlainHttp,
-        TlsFailure::Busy,
+        TlsFailure::Evicted,
         TlsFailure::Other,
     ];
 
@@ -394,7 +395,7 @@ impl TlsFailure {
             TlsFailure::BadClientCert => "bad_client_cert",
             TlsFailure::Timeout => "timeout",
             TlsFailure::PlainHttp => "plain_http",
-            TlsFailure::Busy => "busy",
+            TlsFailure::Evicted => "evicted",
             TlsFailure::Other => "other",
         }
     }

@@ -422,3 +422,25 @@ pub async fn read_with_interims(mut response: h2::client::ResponseFuture) -> Wit
         body,
     }
 }
+
+/// Raises this process's soft open-file limit to `want` (at most the hard limit), for tests
+/// holding many sockets on both ends at once; returns the limit now in force.
+pub fn raise_fd_limit(want: u64) -> u64 {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit with a valid, initialized struct.
+    #[allow(unsafe_code)]
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+            return 0;
+        }
+        if limit.rlim_cur < want {
+            limit.rlim_cur = want.min(limit.rlim_max);
+            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+            libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit);
+        }
+    }
+    limit.rlim_cur
+}
