@@ -43,44 +43,51 @@ fn answered(s: &mut TcpStream, within: Duration) -> bool {
     got.starts_with(b"HTTP/1.1 404")
 }
 
+/// `CAP` new connections, each proven accepted by an answered request.
+fn open_served(weir: &Weir, round: usize) -> Vec<TcpStream> {
+    let active = "weir_connections_active{listener=\"web\"}";
+    // The previous round's connections are closed: wait until Weir saw every close.
+    assert!(
+        wait_until(WAIT, || weir.metric(active) == 0),
+        "round {round}"
+    );
+    let mut held: Vec<TcpStream> = (0..CAP)
+        .map(|_| TcpStream::connect(weir.addr).unwrap())
+        .collect();
+    for (i, s) in held.iter_mut().enumerate() {
+        // Only a connection left in a backlog waits this long (a hang, not a timing).
+        assert!(
+            answered(s, WAIT),
+            "round {round}: connection {i} of {CAP} was not served under the cap"
+        );
+    }
+    held
+}
+
 #[test]
 fn the_cap_is_reached_whatever_the_spread_over_workers_and_resumes_across_them() {
     let weir = start();
-    let paused = "weir_accept_paused_total{listener=\"web\"}";
     for round in 0..ROUNDS {
-        // The previous round's connections are closed: wait until Weir saw every close.
-        let active = "weir_connections_active{listener=\"web\"}";
-        assert!(
-            wait_until(WAIT, || weir.metric(active) == 0),
-            "round {round}"
-        );
-        let mut held: Vec<TcpStream> = (0..CAP)
-            .map(|_| TcpStream::connect(weir.addr).unwrap())
-            .collect();
-        for (i, s) in held.iter_mut().enumerate() {
-            // Only a connection left in a backlog waits this long (a hang, not a timing).
-            assert!(
-                answered(s, WAIT),
-                "round {round}: connection {i} of {CAP} was not served under the cap"
-            );
-        }
-        // At the cap: the workers pause, and a further connection waits in the backlog.
-        assert!(wait_until(WAIT, || weir.metric(paused) > 0));
-        let mut over = TcpStream::connect(weir.addr).unwrap();
-        assert!(
-            !answered(&mut over, Duration::from_millis(300)),
-            "round {round}: served over the cap"
-        );
-        // A close on whichever worker lets it in (its request is answered once accepted).
-        drop(held.pop());
-        let mut rest = Vec::new();
-        over.set_read_timeout(Some(WAIT)).unwrap();
-        let mut buf = [0u8; 512];
-        while !rest.ends_with(b"none\n") {
-            let n = over.read(&mut buf).expect("served after a close");
-            assert!(n > 0, "round {round}: closed instead of served");
-            rest.extend_from_slice(&buf[..n]);
-        }
-        assert!(rest.starts_with(b"HTTP/1.1 404"), "round {round}");
+        drop(open_served(&weir, round));
     }
+    // At the cap: the workers pause, and a further connection waits in the backlog.
+    let mut held = open_served(&weir, ROUNDS);
+    let paused = "weir_accept_paused_total{listener=\"web\"}";
+    assert!(wait_until(WAIT, || weir.metric(paused) > 0));
+    let mut over = TcpStream::connect(weir.addr).unwrap();
+    assert!(
+        !answered(&mut over, Duration::from_millis(300)),
+        "served over the cap"
+    );
+    // A close on whichever worker lets it in (its request is answered once accepted).
+    drop(held.pop());
+    let mut rest = Vec::new();
+    over.set_read_timeout(Some(WAIT)).unwrap();
+    let mut buf = [0u8; 512];
+    while !rest.ends_with(b"none\n") {
+        let n = over.read(&mut buf).expect("served after a close");
+        assert!(n > 0, "closed instead of served");
+        rest.extend_from_slice(&buf[..n]);
+    }
+    assert!(rest.starts_with(b"HTTP/1.1 404"));
 }
