@@ -141,6 +141,10 @@ async fn wait_below_limit(
     if worker.is_draining() || stop.is_stopped() {
         return false;
     }
+    // The usual case, below the cap: no wait futures to set up.
+    if cap.open() < *limit {
+        return true;
+    }
     let paused = || {
         if let Some(m) = worker.metrics.listener(slot) {
             m.accept_paused.inc();
