@@ -57,6 +57,8 @@ pub mod server;
 pub mod snapshot;
 pub mod sys;
 pub mod tcp;
+#[cfg(test)]
+mod test_util;
 pub mod time;
 pub mod tls;
 pub mod upstream;

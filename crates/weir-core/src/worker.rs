@@ -331,25 +331,12 @@ impl Drop for ConnectionGuard {
 #[cfg(test)]
 mod tests {
     use super::DrainWaiters;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Arc;
-    use std::task::{Wake, Waker};
-
-    struct Count(AtomicUsize);
-
-    impl Wake for Count {
-        fn wake(self: Arc<Self>) {
-            self.0.fetch_add(1, Ordering::SeqCst);
-        }
-    }
+    use crate::test_util::CountingWaker;
 
     #[test]
     fn drain_wakes_every_registered_waiter_once_and_slots_are_reused() {
         let waiters = DrainWaiters::default();
-        let counts: Vec<Arc<Count>> = (0..3)
-            .map(|_| Arc::new(Count(AtomicUsize::new(0))))
-            .collect();
-        let wakers: Vec<Waker> = counts.iter().map(|c| Waker::from(c.clone())).collect();
+        let (counts, wakers): (Vec<_>, Vec<_>) = (0..3).map(|_| CountingWaker::new()).unzip();
         let a = waiters.register(None, &wakers[0]);
         let b = waiters.register(None, &wakers[1]);
         // Re-registering keeps the slot; a released slot is handed out again.
@@ -359,7 +346,7 @@ mod tests {
         assert_eq!(c, b);
         waiters.wake_all();
         waiters.wake_all();
-        let woken: Vec<usize> = counts.iter().map(|c| c.0.load(Ordering::SeqCst)).collect();
+        let woken: Vec<usize> = counts.iter().map(|c| c.woken()).collect();
         assert_eq!(
             woken,
             vec![1, 0, 1],

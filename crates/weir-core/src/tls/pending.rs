@@ -93,24 +93,14 @@ impl Drop for Pending<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_util::CountingWaker;
     use std::pin::pin;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Arc;
-    use std::task::{Context, Wake};
-
-    struct Count(AtomicUsize);
-
-    impl Wake for Count {
-        fn wake(self: Arc<Self>) {
-            self.0.fetch_add(1, Ordering::SeqCst);
-        }
-    }
+    use std::task::Context;
 
     #[test]
     fn a_newcomer_at_the_cap_evicts_the_idlest_and_wakes_it() {
         let handshakes = Handshakes::default();
-        let count = Arc::new(Count(AtomicUsize::new(0)));
-        let waker = Waker::from(count.clone());
+        let (count, waker) = CountingWaker::new();
         let mut cx = Context::from_waker(&waker);
         let first = handshakes.enter(0, 2);
         let second = handshakes.enter(0, 2);
@@ -122,11 +112,7 @@ mod tests {
             let mut second_evicted = pin!(second.evicted());
             assert!(second_evicted.as_mut().poll(&mut cx).is_pending());
             let _third = handshakes.enter(0, 2);
-            assert_eq!(
-                count.0.load(Ordering::SeqCst),
-                1,
-                "the evicted task is woken"
-            );
+            assert_eq!(count.woken(), 1, "the evicted task is woken");
             assert!(second_evicted.as_mut().poll(&mut cx).is_ready());
             assert!(first_evicted.as_mut().poll(&mut cx).is_pending());
             assert_eq!(handshakes.in_progress(0), 2);
