@@ -2,9 +2,10 @@
 //!
 //! At the listener's connection limit (`cap`: counted once for the listener, whichever
 //! worker holds the connections) it stops accepting until a connection of the listener
-//! closes (the kernel backlog holds the rest; counted in `weir_accept_paused_total`). When the process runs out of file descriptors (EMFILE / ENFILE, seed
-//! 002's crash) it logs, backs off briefly and keeps serving the connections it has:
-//! running out of descriptors never ends the process.
+//! closes (the kernel backlog holds the rest; counted in `weir_accept_paused_total`).
+//! When the process runs out of file descriptors (EMFILE / ENFILE, seed 002's crash) it
+//! logs, backs off briefly and keeps serving the connections it has: running out of
+//! descriptors never ends the process.
 
 use std::io;
 use std::net::SocketAddr;

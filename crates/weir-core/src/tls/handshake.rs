@@ -100,8 +100,8 @@ fn count(
 }
 
 /// The handshake itself. `Ok(None)`: the client closed before sending anything (a port
-/// check, not a failed handshake).
-/// The whole ClientHello counts as a step for `pending` (see `tls::pending`).
+/// check, not a failed handshake). The whole ClientHello counts as a step forward for
+/// `pending` (see `tls::pending`).
 async fn handshake(
     tls: &ListenerTls,
     stream: &mut ClientStream,
