@@ -63,16 +63,6 @@ pub struct Clock {
     evicted: AtomicBool,
 }
 
-/// Whether a connection may give its slot to a newcomer at the cap, and how readily.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Standing {
-    /// No request completed yet: silent, or trickling its first head.
-    Unserved,
-    /// Between requests: an idle keep-alive wait, a later head arriving, or a response the
-    /// client is slow to take.
-    Between,
-}
-
 impl Clock {
     pub fn new() -> Arc<Clock> {
         Arc::new(Clock {
@@ -83,17 +73,6 @@ impl Clock {
             changed: Notify::new(),
             evicted: AtomicBool::new(false),
         })
-    }
-
-    /// Where the connection stands for eviction; `None` while it handles a request.
-    pub fn standing(&self) -> Option<Standing> {
-        match *self.lock() {
-            Phase::Waiting { first: true, .. } | Phase::Head { first: true, .. } => {
-                Some(Standing::Unserved)
-            }
-            Phase::Waiting { .. } | Phase::Head { .. } => Some(Standing::Between),
-            Phase::Busy => None,
-        }
     }
 
     /// Closes the connection: its slot was given to a newcomer.
@@ -325,17 +304,8 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn standing_follows_the_phase_and_eviction_ends_the_wait() {
+    async fn eviction_ends_the_wait() {
         let clock = Clock::new();
-        assert_eq!(clock.standing(), Some(Standing::Unserved));
-        clock.read();
-        assert_eq!(clock.standing(), Some(Standing::Unserved), "first head");
-        let busy = clock.busy();
-        assert_eq!(clock.standing(), None);
-        drop(busy);
-        assert_eq!(clock.standing(), Some(Standing::Between));
-        clock.read();
-        assert_eq!(clock.standing(), Some(Standing::Between), "a later head");
         let start = Instant::now();
         let waiter = {
             let clock = clock.clone();

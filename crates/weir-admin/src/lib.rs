@@ -6,8 +6,8 @@
 //! quick work: API requests validate, resolve, apply and persist on tokio's blocking pool
 //! (`api`), so `/live`, `/ready` and `/metrics` answer while a change is being applied.
 //! Connections are capped (`[admin] max_connections`, so idle clients cannot take the
-//! process's descriptors; at the cap a newcomer takes the place of an idle or silent
-//! connection, see `slots`) and timed out (`conn`), and running out of descriptors pauses
+//! process's descriptors; at the cap a newcomer takes the place of the connection idle
+//! longest, see `slots`) and timed out (`conn`), and running out of descriptors pauses
 //! accepting as on the data plane.
 
 #![forbid(unsafe_code)]
@@ -35,7 +35,7 @@ pub mod store;
 mod tests;
 
 use conn::{Clock, Limits};
-use slots::{Admission, Slots};
+use slots::{Admission, Slot, Slots};
 pub use store::Store;
 
 /// The limits when no config is attached (`AdminState::store` is `None`): the `[admin]`
@@ -202,27 +202,28 @@ async fn accept_loop(
             }
         };
         let state = state.clone();
-        tokio::spawn(async move {
-            serve_connection(stream, clock, state, limits).await;
-            drop(slot);
-        });
+        tokio::spawn(serve_connection(
+            stream,
+            (clock, Arc::new(slot)),
+            state,
+            limits,
+        ));
     }
 }
 
 /// Serves one connection until the client closes it, keeps it waiting too long, or its
-/// slot goes to a newcomer.
+/// slot goes to a newcomer; the slot is given back when it ends.
 async fn serve_connection(
     stream: tokio::net::TcpStream,
-    clock: Arc<Clock>,
+    (clock, slot): (Arc<Clock>, Arc<Slot>),
     state: Arc<AdminState>,
     limits: Limits,
 ) {
     let io = TokioIo::new(conn::Watched::new(stream, clock.clone()));
-    let service_clock = clock.clone();
     let service = hyper::service::service_fn(move |req| {
-        let (state, clock) = (state.clone(), service_clock.clone());
+        let (state, slot) = (state.clone(), slot.clone());
         async move {
-            let _busy = clock.busy();
+            let _busy = slot.busy();
             handle(req, state, limits.idle_timeout).await
         }
     });

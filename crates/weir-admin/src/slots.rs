@@ -2,26 +2,25 @@
 //!
 //! A plain cap that refuses newcomers lets any client holding `max_connections` silent or
 //! idle connections keep out Kubernetes' `/live` and `/ready` probes (the pod is then
-//! restarted). So at the cap the newcomer takes the slot of the oldest connection that has
-//! not completed a request yet, else of the oldest one between requests, which is closed
-//! ([`Clock::evict`]); the newcomer is refused only when every connection is handling a
-//! request. Oldest first: an attacker's fresh connections push out its own older ones
-//! before a probe that connected after them.
+//! restarted). So at the cap the newcomer takes the place of the connection idle longest,
+//! the one whose last step forward (its accept, or the end of its last request) is the
+//! oldest, which is closed ([`Clock::evict`]). A connection handling a request is held out
+//! of the line until its response is ready; the newcomer is refused only when every
+//! connection is handling one. This is the data plane's order for TLS handshakes
+//! (`weir_core::evict`, which says why): a probe is the freshest connection from its first
+//! byte, so an attacker must open `max_connections` new connections within the probe's
+//! round trip to push it out, not merely hold them.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::conn::{Clock, Standing};
+use weir_core::evict::{Admitted, EvictionTable, Key};
 
-/// The open connections, oldest first.
+use crate::conn::{BusyGuard, Clock};
+
+/// The open connections, idlest first.
 #[derive(Default)]
 pub struct Slots {
-    open: Mutex<Open>,
-}
-
-#[derive(Default)]
-struct Open {
-    conns: Vec<(u64, Arc<Clock>)>,
-    next_id: u64,
+    open: Mutex<EvictionTable<Arc<Clock>>>,
 }
 
 /// How a new connection was let in.
@@ -35,63 +34,63 @@ pub enum Admission {
 }
 
 impl Slots {
-    /// Admits a new connection whose phases `clock` follows, under a cap of `max`.
+    /// Admits a new connection whose phases `clock` follows, under a cap of `max` (more
+    /// than one connection goes when a reload lowered the cap).
     pub fn admit(self: &Arc<Slots>, clock: &Arc<Clock>, max: usize) -> Admission {
-        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
-        let mut evicted = false;
-        // More than one may go when a reload lowered the cap.
-        while open.conns.len() >= max {
-            if !evict_one(&mut open.conns) {
-                return Admission::Full;
-            }
-            evicted = true;
-        }
-        let id = open.next_id;
-        open.next_id += 1;
-        open.conns.push((id, clock.clone()));
-        let slot = Slot {
+        let admitted = self
+            .lock()
+            .admit(max, clock.clone(), |victim| victim.evict());
+        let slot = |key| Slot {
             slots: self.clone(),
-            id,
+            key,
+            clock: clock.clone(),
         };
-        if evicted {
-            Admission::Evicted(slot)
-        } else {
-            Admission::Free(slot)
+        match admitted {
+            Admitted::Free(key) => Admission::Free(slot(key)),
+            Admitted::Evicted(key) => Admission::Evicted(slot(key)),
+            Admitted::Full => Admission::Full,
         }
     }
-}
 
-/// Closes the oldest connection with the most expendable standing; false if all are busy.
-fn evict_one(conns: &mut Vec<(u64, Arc<Clock>)>) -> bool {
-    let mut victim: Option<(usize, Standing)> = None;
-    for (i, (_, clock)) in conns.iter().enumerate() {
-        match (clock.standing(), victim) {
-            (Some(Standing::Unserved), _) => {
-                victim = Some((i, Standing::Unserved));
-                break;
-            }
-            (Some(Standing::Between), None) => victim = Some((i, Standing::Between)),
-            _ => {}
-        }
+    fn lock(&self) -> MutexGuard<'_, EvictionTable<Arc<Clock>>> {
+        self.open.lock().unwrap_or_else(|e| e.into_inner())
     }
-    let Some((i, _)) = victim else { return false };
-    let (_, clock) = conns.remove(i);
-    clock.evict();
-    true
 }
 
 /// One open admin connection, counted against the cap until dropped (or evicted).
 pub struct Slot {
     slots: Arc<Slots>,
-    id: u64,
+    key: Key,
+    clock: Arc<Clock>,
+}
+
+impl Slot {
+    /// Marks a request as being handled until the guard drops (the response is ready): the
+    /// connection cannot be evicted meanwhile, and is the freshest one afterwards.
+    pub fn busy(self: &Arc<Slot>) -> Handling {
+        self.slots.lock().hold(self.key);
+        Handling {
+            slot: self.clone(),
+            _phase: self.clock.busy(),
+        }
+    }
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        let mut open = self.slots.open.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(i) = open.conns.iter().position(|(id, _)| *id == self.id) {
-            open.conns.remove(i);
-        }
+        self.slots.lock().remove(self.key);
+    }
+}
+
+/// A request being handled on a connection (see [`Slot::busy`]).
+pub struct Handling {
+    slot: Arc<Slot>,
+    _phase: BusyGuard,
+}
+
+impl Drop for Handling {
+    fn drop(&mut self) {
+        self.slot.slots.lock().progressed(self.slot.key);
     }
 }
 
@@ -99,16 +98,16 @@ impl Drop for Slot {
 mod tests {
     use super::*;
 
-    fn admitted(a: Admission) -> Option<(Slot, bool)> {
+    fn admitted(a: Admission) -> Option<(Arc<Slot>, bool)> {
         match a {
-            Admission::Free(s) => Some((s, false)),
-            Admission::Evicted(s) => Some((s, true)),
+            Admission::Free(s) => Some((Arc::new(s), false)),
+            Admission::Evicted(s) => Some((Arc::new(s), true)),
             Admission::Full => None,
         }
     }
 
     #[tokio::test]
-    async fn the_oldest_unserved_then_the_oldest_idle_connection_makes_room() {
+    async fn the_idlest_connection_makes_room_and_a_served_request_is_a_step() {
         let slots = Arc::new(Slots::default());
         let clocks: Vec<_> = (0..3).map(|_| Clock::new()).collect();
         let mut held: Vec<_> = clocks
@@ -116,29 +115,30 @@ mod tests {
             .map(|c| admitted(slots.admit(c, 3)).unwrap())
             .collect();
         assert!(held.iter().all(|(_, evicted)| !evicted));
-        // 0 served a request and waits; 1 is handling one; 2 never sent a byte.
-        drop(clocks[0].busy());
-        let _busy = clocks[1].busy();
+        // 0 has just been served (a step: now the freshest); 1 is handling a request
+        // (held); 2 never sent a byte: it is the idlest.
+        drop(held[0].0.busy());
+        let _busy = held[1].0.busy();
         let newcomer = Clock::new();
-        let (_newcomer, evicted) = admitted(slots.admit(&newcomer, 3)).unwrap();
+        let (newcomer_slot, evicted) = admitted(slots.admit(&newcomer, 3)).unwrap();
         assert!(evicted);
-        assert!(clocks[2].is_evicted(), "the unserved one goes first");
+        assert!(clocks[2].is_evicted(), "the silent one goes first");
         assert!(!clocks[0].is_evicted());
-        // Next: the idle keep-alive one, older than the newcomer (unserved, but newer).
-        drop(newcomer.busy());
+        // Next: 0, idle since its request, before the newcomer, which arrived after it.
         let (_third, evicted) = admitted(slots.admit(&Clock::new(), 3)).unwrap();
         assert!(evicted && clocks[0].is_evicted() && !newcomer.is_evicted());
         // A dropped slot frees its place.
-        drop(held.remove(1));
+        drop(newcomer_slot);
         assert!(matches!(slots.admit(&Clock::new(), 3), Admission::Free(_)));
+        held.clear();
     }
 
     #[tokio::test]
     async fn full_when_every_connection_is_busy() {
         let slots = Arc::new(Slots::default());
         let clock = Clock::new();
-        let _slot = admitted(slots.admit(&clock, 1)).unwrap();
-        let busy = clock.busy();
+        let (slot, _) = admitted(slots.admit(&clock, 1)).unwrap();
+        let busy = slot.busy();
         assert!(matches!(slots.admit(&Clock::new(), 1), Admission::Full));
         drop(busy);
         assert!(matches!(

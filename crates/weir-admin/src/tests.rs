@@ -98,6 +98,18 @@ fn closed_by_server(s: &mut TcpStream) -> bool {
     }
 }
 
+/// A keep-alive connection that was served `GET /live` and is now idle.
+fn served_and_kept(addr: SocketAddr) -> TcpStream {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(b"GET /live HTTP/1.1\r\nHost: admin\r\n\r\n")
+        .unwrap();
+    let mut buf = [0u8; 512];
+    let n = s.read(&mut buf).unwrap();
+    assert!(buf[..n].starts_with(b"HTTP/1.1 200"), "{:?}", &buf[..n]);
+    s
+}
+
 /// An admin listener on a real proxy whose `[admin]` section gets `admin_keys` through
 /// the API (so the new limits apply to the next connections).
 fn capped_admin(admin_keys: &str) -> (Admin, Arc<Store>, Arc<Proxy>) {
@@ -123,16 +135,7 @@ fn a_new_connection_cap_applies_to_the_next_connections() {
     let (admin, store, proxy) = capped_admin("max_connections = 1");
     let addr = admin.addr();
     // One connection, served and kept open...
-    let mut first = TcpStream::connect(addr).unwrap();
-    first
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .unwrap();
-    first
-        .write_all(b"GET /live HTTP/1.1\r\nHost: admin\r\n\r\n")
-        .unwrap();
-    let mut buf = [0u8; 512];
-    let n = first.read(&mut buf).unwrap();
-    assert!(buf[..n].starts_with(b"HTTP/1.1 200"), "{:?}", &buf[..n]);
+    let mut first = served_and_kept(addr);
     // ...gives its place to the next one.
     let (status, _) = request(addr, "GET", "/live", "").unwrap();
     assert_eq!(status, 200);
@@ -185,6 +188,46 @@ fn probes_get_through_a_cap_full_of_silent_connections() {
     let (status, _) = request(addr, "GET", "/live", "").unwrap();
     assert_eq!(status, 200);
     assert!(closed_by_server(&mut silent[1]), "then the next oldest");
+    admin.stop();
+    proxy.shutdown();
+}
+
+/// Clients holding every slot with connections that were served once and then idle cannot
+/// keep a probe out either: a probe that connected last is the freshest connection, so a
+/// further newcomer takes the place of an idle one, not the probe's (when silent
+/// connections went first, the probe, until its request was in, was the only one, and
+/// any newcomer evicted it).
+#[test]
+fn a_probe_outlasts_idle_connections_older_than_it() {
+    const CAP: usize = 2;
+    let (admin, _store, proxy) =
+        capped_admin(&format!("max_connections = {CAP}\nidle_timeout = \"60s\""));
+    let addr = admin.addr();
+    let mut idle: Vec<TcpStream> = (0..CAP).map(|_| served_and_kept(addr)).collect();
+    // The probe connects (its request not sent yet): the oldest idle one makes room.
+    let mut probe = TcpStream::connect(addr).unwrap();
+    assert!(
+        closed_by_server(&mut idle[0]),
+        "the oldest idle one made room"
+    );
+    // Another newcomer before the probe's request: the other idle one goes, not the probe.
+    let _newcomer = TcpStream::connect(addr).unwrap();
+    assert!(
+        closed_by_server(&mut idle[1]),
+        "the next idle one made room"
+    );
+    probe
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    probe
+        .write_all(b"GET /live HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut answer = String::new();
+    let _ = probe.read_to_string(&mut answer);
+    assert!(
+        answer.starts_with("HTTP/1.1 200"),
+        "the probe was served: {answer:?}"
+    );
     admin.stop();
     proxy.shutdown();
 }

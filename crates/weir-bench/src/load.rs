@@ -134,9 +134,19 @@ impl Tools {
             Load::H2load { .. } | Load::GrpcUnary { .. } if self.h2load.is_none() => {
                 Some("h2load is not installed (nghttp2-client, bench/setup.sh)")
             }
+            _ if process::fd_limit() < fds_needed(load) => Some(
+                "the open-file limit is below 2 per connection + 1024 (raise the hard limit: ulimit -Hn)",
+            ),
             _ => None,
         }
     }
+}
+
+/// Descriptors each process of a run needs for `load` (the load tool and the proxy inherit
+/// the harness's limit): a socket per connection, another for its upstream connection when
+/// the proxy forwards, and room for the rest. Seed 002's 10,000 connections need 21,024.
+fn fds_needed(load: &Load) -> u64 {
+    2 * u64::from(load.in_flight()) + 1024
 }
 
 /// Runs `load` against `http://addr{path}` (`https://` with `tls`) for `secs` seconds on

@@ -141,37 +141,11 @@ fn build_weir(root: &Path) -> Result<PathBuf> {
     Ok(target.join("release/weir"))
 }
 
-/// Raises the open-file limit the children inherit: to 262144 where allowed (root), else
-/// the soft limit to the hard one.
-fn raise_fd_limit() {
-    // SAFETY: getrlimit/setrlimit with a valid struct.
-    unsafe {
-        let mut r: libc::rlimit = std::mem::zeroed();
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) != 0 {
-            return;
-        }
-        let want = 262_144;
-        if r.rlim_max < want {
-            let big = libc::rlimit {
-                rlim_cur: want,
-                rlim_max: want,
-            };
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &big) == 0 {
-                return;
-            }
-        }
-        if r.rlim_cur < r.rlim_max {
-            r.rlim_cur = r.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &r);
-        }
-    }
-}
-
 /// `tcp-bulk`: set up like a scenario run, then the bulk transfers.
 /// Runs one of `policy_cost`'s subcommands in a scratch directory.
 fn cost(a: policy_cost::Args, run: fn(policy_cost::Args, &Path) -> Result<()>) -> Result<()> {
     process::install_cleanup();
-    raise_fd_limit();
+    process::raise_fd_limit();
     process::pin_self(LOAD_CPU);
     let tmp = process::TempDir::new("weir-bench-cost")?;
     run(a, &tmp.0)
@@ -179,7 +153,7 @@ fn cost(a: policy_cost::Args, run: fn(policy_cost::Args, &Path) -> Result<()>) -
 
 fn tcp_bulk(a: bulk::Args) -> Result<()> {
     process::install_cleanup();
-    raise_fd_limit();
+    process::raise_fd_limit();
     let weir = match a.weir.clone() {
         Some(p) => p,
         None => build_weir(&repo_root())?,
@@ -214,7 +188,7 @@ fn bench(cli: Cli) -> Result<()> {
         eprintln!("weir-bench: warning: a debug build; run with --release (the open-loop generator is this binary)");
     }
     process::install_cleanup();
-    raise_fd_limit();
+    process::raise_fd_limit();
     let root = repo_root();
     let weir = match cli.weir {
         Some(p) => p,

@@ -263,6 +263,44 @@ impl Drop for Child {
     }
 }
 
+/// Raises the open-file limit the children inherit: to 262144 where allowed (root), else
+/// the soft limit to the hard one.
+pub fn raise_fd_limit() {
+    // SAFETY: getrlimit/setrlimit with a valid struct.
+    unsafe {
+        let mut r: libc::rlimit = std::mem::zeroed();
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) != 0 {
+            return;
+        }
+        let want = 262_144;
+        if r.rlim_max < want {
+            let big = libc::rlimit {
+                rlim_cur: want,
+                rlim_max: want,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &big) == 0 {
+                return;
+            }
+        }
+        if r.rlim_cur < r.rlim_max {
+            r.rlim_cur = r.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &r);
+        }
+    }
+}
+
+/// The open-file limit (soft) this process, and so each child, has.
+pub fn fd_limit() -> u64 {
+    // SAFETY: getrlimit with a valid struct.
+    unsafe {
+        let mut r: libc::rlimit = std::mem::zeroed();
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) != 0 {
+            return 0;
+        }
+        r.rlim_cur
+    }
+}
+
 /// A free loopback port: bind `127.0.0.1:0`, note the port, release it.
 pub fn free_port() -> Result<u16> {
     let l = TcpListener::bind(("127.0.0.1", 0)).context("bind 127.0.0.1:0")?;

@@ -16,7 +16,8 @@ pub enum Name {
     /// Seed 000: /cgi/ prefix routing to a slow backend at 400 and 96 connections.
     #[value(name = "cgi-prefix")]
     CgiPrefix,
-    /// Seed 002: ab GET and POST at 100 and 1000 connections against the default backend.
+    /// Seed 002: ab GET and POST at 100, 1000 and 10,000 connections against the default
+    /// backend.
     #[value(name = "default-backend")]
     DefaultBackend,
     /// Seed 003: three echo backends, ab -c 300, direct vs nginx vs Weir.
@@ -164,7 +165,9 @@ pub fn build(name: Name, quick: bool) -> Scenario {
                     Peer::Caddy,
                     Peer::Apache,
                 ],
-                loads: pick(ab(&[100, 1000]), ab(&[100])),
+                // 10,000: the seed's own top load (the descriptors it needs are checked
+                // before the run, `load::Tools::missing`).
+                loads: pick(ab(&[100, 1000, 10_000]), ab(&[100])),
                 expect_status: 404,
                 check_metrics: true,
                 tls: false,
@@ -397,7 +400,10 @@ mod tests {
         let quick = build(Name::Proxy1Core, true);
         assert_eq!(full.loads.len(), 5);
         assert!(quick.loads.len() < full.loads.len());
-        assert_eq!(build(Name::DefaultBackend, false).loads.len(), 4);
+        // GET and POST at the seed's 100, 1,000 and 10,000 connections.
+        let seed_002 = build(Name::DefaultBackend, false);
+        assert_eq!(seed_002.loads.len(), 6);
+        assert_eq!(seed_002.loads.iter().map(Load::conns).max(), Some(10_000));
     }
 
     #[test]

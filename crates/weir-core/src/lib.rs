@@ -26,7 +26,8 @@
 //! Around it: `server` (start, workers, drain), `reload` (applying a new config while
 //! running), `worker` (per-thread state), `snapshot`
 //! (the published, pre-computed config), `error` (the one error -> status mapping),
-//! `buffer` (bounded I/O buffers).
+//! `buffer` (bounded I/O buffers), `evict` (places under a cap that go to a newcomer,
+//! idlest first: TLS handshakes, admin connections).
 
 // Unsafe code is denied everywhere but `sys` (pipes and splice), which allows it explicitly.
 #![deny(unsafe_code)]
@@ -41,6 +42,7 @@ pub mod client_stream;
 pub mod codec;
 pub mod connector;
 pub mod error;
+pub mod evict;
 pub mod filters;
 pub mod forward;
 pub mod http2;
@@ -56,6 +58,8 @@ pub mod server;
 pub mod snapshot;
 pub mod sys;
 pub mod tcp;
+#[cfg(test)]
+mod test_util;
 pub mod time;
 pub mod tls;
 pub mod upstream;

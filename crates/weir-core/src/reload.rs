@@ -9,6 +9,7 @@
 //! they started with; the next request on a connection uses the new one, and a connection
 //! whose listener is gone closes instead of taking another request.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -16,6 +17,7 @@ use tokio::sync::mpsc;
 use weir_config::diff::{diff, Change};
 use weir_config::{Config, Listener};
 
+use crate::listener::cap::ConnectionCap;
 use crate::listener::Command;
 use crate::metrics::layout::Layout;
 use crate::server::{bind_per_worker, Proxy, StartError};
@@ -68,7 +70,7 @@ impl ApplyError {
 }
 
 /// The sockets of one listener (at least one per worker; socket `i` goes to worker
-/// `i % workers`) and each worker's share of its limit.
+/// `i % workers`) and its `max_connections`.
 pub(crate) struct Bound {
     pub addr: SocketAddr,
     pub sockets: Vec<std::net::TcpListener>,
@@ -107,6 +109,9 @@ pub(crate) struct Control {
     workers: Vec<mpsc::UnboundedSender<Command>>,
     active: Vec<Active>,
     next_id: u64,
+    /// The open connections of each listener (by metric slot), kept across rebinds: the
+    /// connections of the old sockets still count against the new ones' limit.
+    caps: HashMap<usize, Arc<ConnectionCap>>,
 }
 
 impl Control {
@@ -118,6 +123,7 @@ impl Control {
             workers: senders,
             active: Vec::new(),
             next_id: 0,
+            caps: HashMap::new(),
         };
         (control, receivers)
     }
@@ -131,18 +137,18 @@ impl Control {
         let id = self.next_id;
         self.next_id += 1;
         let mut kept = Vec::new();
+        let cap = self.caps.entry(slot).or_default().clone();
         for (i, socket) in bound.sockets.into_iter().enumerate() {
             match socket.try_clone() {
                 Ok(dup) => kept.push(dup),
                 Err(e) => tracing::warn!(error = %e, "cannot keep a socket for upgrades"),
             }
-            let limit = bound.limit;
             // A worker that is gone is shutting down; its socket closes with the message.
             let _ = self.workers[i % self.workers.len()].send(Command::Listen {
                 id,
                 slot,
                 socket,
-                limit,
+                cap: (cap.clone(), bound.limit),
             });
         }
         self.active.push(Active {

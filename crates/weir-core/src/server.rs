@@ -232,7 +232,7 @@ pub(crate) fn bind_per_worker(
     Ok(Bound {
         addr,
         sockets,
-        limit: listener.max_connections.div_ceil(workers).max(1),
+        limit: listener.max_connections,
     })
 }
 

@@ -18,6 +18,7 @@ use tokio::sync::{watch, Notify};
 use crate::access_log::LogBuffer;
 use crate::buffer::Buffer;
 use crate::connector::IdlePool;
+use crate::listener::cap::Permit;
 use crate::memory::Spares;
 use crate::metrics::WorkerMetrics;
 use crate::snapshot::Snapshot;
@@ -30,7 +31,8 @@ pub struct Shared {
     /// Bumped on every publish, so workers notice a new snapshot with a plain load.
     pub generation: AtomicU64,
     pub shutdown: watch::Receiver<bool>,
-    /// Number of workers (each enforces its share of a server's `max_connections`).
+    /// Number of workers (each enforces its share of an upstream server's
+    /// `max_connections`).
     pub workers: usize,
     /// Whether the kernel can splice (probed once at start; TCP listeners copy otherwise).
     pub splice_available: bool,
@@ -83,9 +85,9 @@ pub struct Worker {
     pub metrics: Arc<WorkerMetrics>,
     /// Access-log buffers, per listener slot (`None`: logging off).
     pub logs: Vec<Option<LogBuffer>>,
-    /// TLS handshakes in progress on this worker (bounded by each listener's
-    /// `max_handshakes`).
-    pub tls_handshakes: Cell<usize>,
+    /// TLS handshakes in progress on this worker, per listener (bounded by its
+    /// `max_handshakes`; the idlest evicted for a newcomer).
+    pub handshakes: crate::tls::pending::Handshakes,
     /// This worker's request-id source.
     pub request_ids: crate::filters::request_id::RequestIds,
     /// Recent successful basic-auth checks (bcrypt is slow on purpose).
@@ -123,7 +125,7 @@ impl Worker {
             connection_closed: Notify::new(),
             metrics,
             logs,
-            tls_handshakes: Cell::new(0),
+            handshakes: Default::default(),
             request_ids: Default::default(),
             auth_cache: Default::default(),
         }
@@ -212,11 +214,6 @@ impl Worker {
         self.connections.borrow().iter().sum()
     }
 
-    /// Open connections of the listener with metric slot `slot`.
-    pub fn open_on(&self, slot: usize) -> usize {
-        self.connections.borrow().get(slot).copied().unwrap_or(0)
-    }
-
     /// Counts a listener's connection opening or closing; returns its open connections.
     fn count_connection(&self, slot: usize, opened: bool) -> usize {
         let mut connections = self.connections.borrow_mut();
@@ -302,20 +299,27 @@ impl Drop for Drained<'_> {
     }
 }
 
-/// Counts one open client connection of a listener (by metric slot) for as long as it lives.
+/// Counts one open client connection of a listener (by metric slot) for as long as it
+/// lives: on its worker (drain, `weir_connections_active`) and, through its `permit`,
+/// against the listener's `max_connections`.
 pub struct ConnectionGuard {
     worker: Rc<Worker>,
     slot: usize,
+    _permit: Permit,
 }
 
 impl ConnectionGuard {
-    pub fn new(worker: Rc<Worker>, slot: usize) -> ConnectionGuard {
+    pub fn new(worker: Rc<Worker>, slot: usize, permit: Permit) -> ConnectionGuard {
         let open = worker.count_connection(slot, true);
         if let Some(m) = worker.metrics.listener(slot) {
             m.connections_total.inc();
             m.connections_active.set(open as u64);
         }
-        ConnectionGuard { worker, slot }
+        ConnectionGuard {
+            worker,
+            slot,
+            _permit: permit,
+        }
     }
 }
 
@@ -332,25 +336,12 @@ impl Drop for ConnectionGuard {
 #[cfg(test)]
 mod tests {
     use super::DrainWaiters;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Arc;
-    use std::task::{Wake, Waker};
-
-    struct Count(AtomicUsize);
-
-    impl Wake for Count {
-        fn wake(self: Arc<Self>) {
-            self.0.fetch_add(1, Ordering::SeqCst);
-        }
-    }
+    use crate::test_util::CountingWaker;
 
     #[test]
     fn drain_wakes_every_registered_waiter_once_and_slots_are_reused() {
         let waiters = DrainWaiters::default();
-        let counts: Vec<Arc<Count>> = (0..3)
-            .map(|_| Arc::new(Count(AtomicUsize::new(0))))
-            .collect();
-        let wakers: Vec<Waker> = counts.iter().map(|c| Waker::from(c.clone())).collect();
+        let (counts, wakers): (Vec<_>, Vec<_>) = (0..3).map(|_| CountingWaker::new()).unzip();
         let a = waiters.register(None, &wakers[0]);
         let b = waiters.register(None, &wakers[1]);
         // Re-registering keeps the slot; a released slot is handed out again.
@@ -360,7 +351,7 @@ mod tests {
         assert_eq!(c, b);
         waiters.wake_all();
         waiters.wake_all();
-        let woken: Vec<usize> = counts.iter().map(|c| c.0.load(Ordering::SeqCst)).collect();
+        let woken: Vec<usize> = counts.iter().map(|c| c.woken()).collect();
         assert_eq!(
             woken,
             vec![1, 0, 1],

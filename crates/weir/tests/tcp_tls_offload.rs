@@ -237,3 +237,34 @@ async fn a_slow_tls_reader_is_not_cut_by_idle_timeout() {
     let got = common::read_slowly(&mut s).await;
     assert_eq!(weir.tunnel_timeouts(), (0, 0), "after {got} bytes");
 }
+
+/// Issue 24 on TCP listeners too: the offload shares the HTTP listeners' handshake places,
+/// so at `max_handshakes` a ready client takes the place of a silent connection.
+#[tokio::test]
+async fn a_silent_connection_gives_its_handshake_place_to_a_ready_client() {
+    let ca = TestCa::new("offload evict CA");
+    let leaf = ca.leaf(&["t.example.com"]);
+    let echo = echo_server().await;
+    let weir = Conf::new()
+        .listener("protocol = \"tcp\"")
+        .listener("upstream = \"up\"")
+        .listener(&tls_table(&[&leaf], "max_handshakes = 1\n"))
+        .upstream("up", &[echo], &[])
+        .start();
+    let mut silent = TcpStream::connect(weir.addr).await.expect("connect");
+    let accepted = || weir.metric_now("weir_connections_active{listener=\"web\"}") == Some(1);
+    assert!(
+        wait_until(WAIT, accepted),
+        "the silent connection holds the place"
+    );
+    let mut s = connect(weir.addr, &ca, "t.example.com").await;
+    s.write_all(b"ping").await.expect("write");
+    let mut back = [0u8; 4];
+    s.read_exact(&mut back).await.expect("echoed");
+    assert_eq!(&back, b"ping");
+    let mut rest = Vec::new();
+    let _ = silent.read_to_end(&mut rest).await;
+    assert!(rest.is_empty(), "the silent connection was closed");
+    let evicted = "weir_tls_handshake_failures_total{listener=\"web\",reason=\"evicted\"}";
+    assert!(wait_until(WAIT, || weir.metric_now(evicted) == Some(1)));
+}

@@ -1,33 +1,37 @@
 //! The accept loop of one listener on one worker.
 //!
-//! At the connection limit it stops accepting until a connection closes (the kernel backlog
-//! holds the rest). When the process runs out of file descriptors (EMFILE / ENFILE, seed
-//! 002's crash) it logs, backs off briefly and keeps serving the connections it has:
-//! running out of descriptors never ends the process.
+//! At the listener's connection limit (`cap`: counted once for the listener, whichever
+//! worker holds the connections) it stops accepting until a connection of the listener
+//! closes (the kernel backlog holds the rest; counted in `weir_accept_paused_total`).
+//! When the process runs out of file descriptors (EMFILE / ENFILE, seed 002's crash) it
+//! logs, backs off briefly and keeps serving the connections it has: running out of
+//! descriptors never ends the process.
 
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::OwnedFd;
 use std::rc::Rc;
+use std::sync::Arc;
 
 use tokio::io::unix::AsyncFd;
 
 use super::backoff::{is_resource_exhaustion, ResourceLog, RESOURCE_BACKOFF};
+use super::cap::{ConnectionCap, Permit};
 use super::StopSignal;
 use crate::client_stream::ClientStream;
 use crate::metrics::shard::accept_error_index;
 use crate::worker::{ConnectionGuard, Worker};
 
 /// Accepts on `listener` (metric slot `slot`) until the worker drains or `stop` fires;
-/// returning closes the socket.
+/// returning closes the socket. `cap`: the listener's open connections and its limit.
 pub async fn accept_loop(
     worker: Rc<Worker>,
     slot: usize,
     listener: AsyncFd<mio::net::TcpListener>,
-    limit: usize,
+    cap: (Arc<ConnectionCap>, usize),
     stop: Rc<StopSignal>,
 ) {
-    let mut resource_log = ResourceLog::default();
+    let (mut resource_log, mut cap_log) = (ResourceLog::default(), ResourceLog::default());
     // A listener's protocol is part of its socket settings: changing it rebinds (reload).
     let tcp = {
         let snapshot = worker.snapshot();
@@ -36,18 +40,20 @@ pub async fn accept_loop(
             .is_some_and(|i| snapshot.config.listeners[i].tcp().is_some())
     };
     loop {
-        if !wait_below_limit(&worker, slot, limit, &stop).await {
+        if !wait_below_limit(&worker, slot, &cap, &mut cap_log, &stop).await {
             return;
         }
         let accepted = tokio::select! {
-            r = accept(&listener) => r,
+            r = accept(&listener, &cap) => r,
             _ = worker.drained() => return,
             _ = stop.stopped() => return,
         };
         match accepted {
-            Ok((stream, peer)) => {
+            // Another worker took the last place: wait for a close.
+            Ok(None) => {}
+            Ok(Some((stream, peer, permit))) => {
                 // TCP_NODELAY is inherited from the listening socket (see `bind`).
-                let guard = ConnectionGuard::new(worker.clone(), slot);
+                let guard = ConnectionGuard::new(worker.clone(), slot, permit);
                 let w = worker.clone();
                 if tcp {
                     // The L4 relay waits on both sides at once: register straight away.
@@ -87,20 +93,32 @@ pub async fn accept_loop(
     }
 }
 
+/// An accepted connection and its place under the listener's cap.
+type Accepted = (std::net::TcpStream, SocketAddr, Permit);
+
 /// Accepts one connection as a non-blocking socket that is not registered with the reactor
-/// (see `client_stream`).
+/// (see `client_stream`). `None`: the socket was readable but the listener reached its cap
+/// meanwhile (another worker took the last place).
 async fn accept(
     listener: &AsyncFd<mio::net::TcpListener>,
-) -> io::Result<(std::net::TcpStream, SocketAddr)> {
+    (cap, limit): &(Arc<ConnectionCap>, usize),
+) -> io::Result<Option<Accepted>> {
     loop {
         // Like tokio's own accept: spend task budget, so a flood of connections cannot keep
         // this loop from yielding to the connections it has accepted. Before the accept, not
         // after: a yield there could let `select!` drop an accepted connection.
         tokio::task::coop::consume_budget().await;
         let mut ready = listener.readable().await?;
+        // The place is taken only once there is something to accept, and given back (the
+        // permit dropped) when accept finds nothing or fails: no worker holds a place while
+        // it waits. Dropping `ready` uncleared keeps the readiness for the next attempt.
+        let Some(permit) = cap.try_acquire(*limit) else {
+            return Ok(None);
+        };
         if let Ok(accepted) = ready.try_io(|l| l.get_ref().accept()) {
             let (stream, peer) = accepted?;
-            return Ok((std::net::TcpStream::from(OwnedFd::from(stream)), peer));
+            let stream = std::net::TcpStream::from(OwnedFd::from(stream));
+            return Ok(Some((stream, peer, permit)));
         }
     }
 }
@@ -111,21 +129,43 @@ fn count_accept_error(worker: &Worker, slot: usize, e: &io::Error) {
     }
 }
 
-/// Waits until this worker's share of the listener's connections is below `limit`.
-/// Returns false when the worker starts draining or the listener stops instead.
-async fn wait_below_limit(worker: &Worker, slot: usize, limit: usize, stop: &StopSignal) -> bool {
-    loop {
-        if worker.is_draining() || stop.is_stopped() {
-            return false;
+/// Waits until the listener (all workers) has fewer open connections than its limit;
+/// a pause is counted and logged (at most once a second). Returns false when the worker
+/// starts draining or the listener stops instead.
+async fn wait_below_limit(
+    worker: &Worker,
+    slot: usize,
+    (cap, limit): &(Arc<ConnectionCap>, usize),
+    log: &mut ResourceLog,
+    stop: &StopSignal,
+) -> bool {
+    if worker.is_draining() || stop.is_stopped() {
+        return false;
+    }
+    // The usual case, below the cap: no wait futures to set up.
+    if cap.open() < *limit {
+        return true;
+    }
+    let paused = || {
+        if let Some(m) = worker.metrics.listener(slot) {
+            m.accept_paused.inc();
         }
-        let closed = worker.connection_closed.notified();
-        if worker.open_on(slot) < limit {
-            return true;
+        if let Some(suppressed) = log.should_log() {
+            let snapshot = worker.snapshot();
+            let listener = snapshot
+                .listener_index(slot)
+                .map(|i| &snapshot.config.listeners[i].name);
+            tracing::warn!(
+                ?listener,
+                max_connections = limit,
+                suppressed,
+                "listener at max_connections: pausing accepts until a connection closes"
+            );
         }
-        tokio::select! {
-            _ = closed => {}
-            _ = worker.drained() => return false,
-            _ = stop.stopped() => return false,
-        }
+    };
+    tokio::select! {
+        _ = cap.wait_below(*limit, paused) => true,
+        _ = worker.drained() => false,
+        _ = stop.stopped() => false,
     }
 }

@@ -5,9 +5,11 @@
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
+use std::sync::Arc;
 
 use tokio::sync::{mpsc, Notify};
 
+use super::cap::ConnectionCap;
 use crate::worker::Worker;
 
 /// What the control plane asks of a worker.
@@ -19,8 +21,9 @@ pub enum Command {
         id: u64,
         slot: usize,
         socket: std::net::TcpListener,
-        /// This worker's share of the listener's `max_connections`.
-        limit: usize,
+        /// The listener's open connections, shared by every worker, and its
+        /// `max_connections`.
+        cap: (Arc<ConnectionCap>, usize),
     },
     /// Stop accepting on the sockets of `id` and close them; open connections finish.
     Stop { id: u64 },
@@ -62,12 +65,12 @@ pub async fn control_loop(worker: Rc<Worker>, mut commands: mpsc::UnboundedRecei
                 id,
                 slot,
                 socket,
-                limit,
+                cap,
             } => match crate::sys::register_listener(mio::net::TcpListener::from_std(socket)) {
                 Ok(listener) => {
                     let stop = Rc::new(StopSignal::default());
                     running.borrow_mut().insert(id, stop.clone());
-                    let accept = super::accept_loop(worker.clone(), slot, listener, limit, stop);
+                    let accept = super::accept_loop(worker.clone(), slot, listener, cap, stop);
                     tokio::task::spawn_local(accept);
                 }
                 Err(e) => tracing::error!(error = %e, "cannot register listener"),

@@ -1,11 +1,13 @@
 //! Listening sockets: binding with SO_REUSEPORT (one socket per worker per listener) and
-//! the accept loop with its connection limit and file-descriptor back-off (`backoff`,
-//! shared with the admin listener), the PROXY protocol check of accepted connections, and
-//! the per-worker task that starts and stops accept loops when the config changes.
+//! the accept loop with its connection limit (`cap`, counted once per listener across the
+//! workers) and file-descriptor back-off (`backoff`, shared with the admin listener), the
+//! PROXY protocol check of accepted connections, and the per-worker task that starts and
+//! stops accept loops when the config changes.
 
 mod accept;
 pub mod backoff;
 mod bind;
+pub mod cap;
 pub mod control;
 pub mod proxy_protocol;
 

@@ -424,7 +424,7 @@ impl Scrape {
     fn listener_counters(&self, enc: &mut DescriptorEncoder) -> Result {
         let (mut defaults, mut active, mut total, mut accept, mut bytes) =
             (vec![], vec![], vec![], vec![], vec![]);
-        let (mut proxy_rejected, mut sni) = (vec![], vec![]);
+        let (mut proxy_rejected, mut sni, mut paused) = (vec![], vec![], vec![]);
         for (li, l) in self.config.listeners.iter().enumerate() {
             let name = || ("listener", l.name.clone());
             for reason in DefaultReason::ALL {
@@ -443,6 +443,10 @@ impl Scrape {
                 let v = self.sum(|s| Some(self.listener(s, li)?.accept_errors[ki].get()));
                 accept.push((vec![name(), ("kind", kind.to_string())], v));
             }
+            paused.push((
+                vec![name()],
+                self.sum(|s| Some(self.listener(s, li)?.accept_paused.get())),
+            ));
             bytes.push((
                 vec![name(), ("direction", "in".to_string())],
                 self.sum(|s| Some(self.listener(s, li)?.bytes_in.get())),
@@ -487,6 +491,12 @@ impl Scrape {
             "weir_accept_errors",
             "Failed accepts, by kind (EMFILE: out of file descriptors).",
             &accept,
+        )?;
+        counter(
+            enc,
+            "weir_accept_paused",
+            "Times a worker stopped accepting because the listener had max_connections open.",
+            &paused,
         )?;
         counter(
             enc,

@@ -314,6 +314,8 @@ pub struct ListenerMetrics {
     pub connections_active: Counter,
     pub connections_total: Counter,
     pub accept_errors: [Counter; 3],
+    /// Times an accept loop paused because the listener had `max_connections` open.
+    pub accept_paused: Counter,
     pub bytes_in: Counter,
     pub bytes_out: Counter,
     /// Connections closed for a missing, malformed or untrusted PROXY header.
@@ -369,8 +371,9 @@ pub enum TlsFailure {
     Timeout,
     /// The first byte was not a TLS handshake record but text: plain HTTP to a TLS port.
     PlainHttp,
-    /// `max_handshakes` were already in progress on the worker.
-    Busy,
+    /// At `max_handshakes`, a newcomer took its place: it had gone longest without a
+    /// step forward (`tls::pending`).
+    Evicted,
     /// The client's server name is not a host name (`example.com:443`, `[::1]`): rustls
     /// refuses it (an IP address, though not allowed either, is taken as no SNI).
     BadSni,
@@ -384,7 +387,7 @@ impl TlsFailure {
         TlsFailure::BadClientCert,
         TlsFailure::Timeout,
         TlsFailure::PlainHttp,
-        TlsFailure::Busy,
+        TlsFailure::Evicted,
         TlsFailure::BadSni,
         TlsFailure::Other,
     ];
@@ -396,7 +399,7 @@ impl TlsFailure {
             TlsFailure::BadClientCert => "bad_client_cert",
             TlsFailure::Timeout => "timeout",
             TlsFailure::PlainHttp => "plain_http",
-            TlsFailure::Busy => "busy",
+            TlsFailure::Evicted => "evicted",
             TlsFailure::BadSni => "bad_sni",
             TlsFailure::Other => "other",
         }

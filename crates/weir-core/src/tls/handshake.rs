@@ -2,13 +2,15 @@
 //!
 //! Bounded twice, so a slow or garbage ClientHello never holds a worker: the whole
 //! handshake must finish within `handshake_timeout`, and each worker runs at most
-//! `max_handshakes` at once (a connection beyond that is closed at once). Bytes already
-//! read (the first read, or what came with a PROXY header) are the start of the
-//! ClientHello and are fed to rustls first. A first byte that is not a TLS handshake
-//! record ends the connection; text there is plain HTTP sent to a TLS port.
-//! Every outcome is counted: by version when it succeeds, by reason when it fails.
+//! `max_handshakes` of a listener at once. At that cap a new connection is not turned
+//! away: the handshake idle longest (no whole ClientHello since its accept, or nothing
+//! since its ClientHello) gives up its place (`tls::pending`), so silent or stalled
+//! connections cannot lock ready clients out. Bytes already read (the first read, or what
+//! came with a PROXY header) are the start of the ClientHello and are fed to rustls first.
+//! A first byte that is not a TLS handshake record ends the connection; text there is
+//! plain HTTP sent to a TLS port. Every outcome is counted: by version when it succeeds,
+//! by reason when it fails.
 
-use std::cell::Cell;
 use std::io;
 
 use rustls::server::Acceptor;
@@ -18,6 +20,7 @@ use tokio::net::TcpStream;
 use tokio_rustls::server::{LazyConfigAcceptor, StartHandshake, TlsStream};
 use weir_config::Listener;
 
+use super::pending::Pending;
 use super::session::TlsSession;
 use super::ListenerTls;
 use crate::buffer::Buffer;
@@ -27,6 +30,10 @@ use crate::worker::Worker;
 
 /// The TLS record type of a handshake message: every ClientHello starts with it.
 const HANDSHAKE_RECORD: u8 = 0x16;
+
+/// How a handshake ended: a TLS stream, nothing (the client sent nothing, or it was an
+/// ACME validation), or a failure.
+type Outcome = Result<Option<TlsStream<TcpStream>>, TlsFailure>;
 
 /// Runs the handshake on `stream` (a connection of `listener`, metric slot `slot`),
 /// counts it, and on success makes `stream` a TLS stream. `None`: the connection must
@@ -38,29 +45,42 @@ pub async fn accept(
     stream: &mut ClientStream,
     buf: &mut Buffer,
 ) -> Option<TlsSession> {
-    let result = if worker.tls_handshakes.get() >= tls.max_handshakes {
-        Err(TlsFailure::Busy)
-    } else {
-        let _in_progress = InProgress::enter(&worker.tls_handshakes);
-        let handshake = handshake(tls, stream, buf);
-        match tokio::time::timeout(tls.handshake_timeout, handshake).await {
-            Ok(Ok(Some(tls_stream)))
-                if tls_stream.get_ref().1.alpn_protocol()
-                    == Some(super::auto::challenge::ACME_TLS_ALPN) =>
-            {
-                // A TLS-ALPN-01 validation: the handshake was the answer (RFC 8737).
-                Ok(None)
-            }
-            Ok(Ok(Some(tls_stream))) => {
-                let session = TlsSession::new(tls_stream.get_ref().1, tls);
-                stream.set_tls(tls_stream, listener.client_timeout);
-                Ok(Some(session))
-            }
-            Ok(Ok(None)) => Ok(None),
-            Ok(Err(failure)) => Err(failure),
-            Err(_) => Err(TlsFailure::Timeout),
+    let outcome = {
+        let pending = worker.handshakes.enter(slot, tls.max_handshakes);
+        let handshake =
+            tokio::time::timeout(tls.handshake_timeout, handshake(tls, stream, buf, &pending));
+        tokio::select! {
+            // A handshake that finished in the same turn as its eviction keeps its result.
+            biased;
+            done = handshake => done.unwrap_or(Err(TlsFailure::Timeout)),
+            () = pending.evicted() => Err(TlsFailure::Evicted),
         }
     };
+    let result = match outcome {
+        Ok(Some(tls_stream))
+            if tls_stream.get_ref().1.alpn_protocol()
+                == Some(super::auto::challenge::ACME_TLS_ALPN) =>
+        {
+            // A TLS-ALPN-01 validation: the handshake was the answer (RFC 8737).
+            Ok(None)
+        }
+        Ok(Some(tls_stream)) => {
+            let session = TlsSession::new(tls_stream.get_ref().1, tls);
+            stream.set_tls(tls_stream, listener.client_timeout);
+            Ok(Some(session))
+        }
+        Ok(None) => Ok(None),
+        Err(failure) => Err(failure),
+    };
+    count(worker, (slot, listener), result)
+}
+
+/// Counts a handshake's result on the listener's metrics; the session if there is one.
+fn count(
+    worker: &Worker,
+    (slot, listener): (usize, &Listener),
+    result: Result<Option<TlsSession>, TlsFailure>,
+) -> Option<TlsSession> {
     let metrics = worker.metrics.listener(slot);
     match result {
         Ok(Some(session)) => {
@@ -80,29 +100,15 @@ pub async fn accept(
     }
 }
 
-/// Counts a handshake in progress for as long as it lives.
-struct InProgress<'a>(&'a Cell<usize>);
-
-impl<'a> InProgress<'a> {
-    fn enter(count: &'a Cell<usize>) -> InProgress<'a> {
-        count.set(count.get() + 1);
-        InProgress(count)
-    }
-}
-
-impl Drop for InProgress<'_> {
-    fn drop(&mut self) {
-        self.0.set(self.0.get().saturating_sub(1));
-    }
-}
-
 /// The handshake itself. `Ok(None)`: the client closed before sending anything (a port
-/// check, not a failed handshake).
+/// check, not a failed handshake). The whole ClientHello counts as a step forward for
+/// `pending` (see `tls::pending`).
 async fn handshake(
     tls: &ListenerTls,
     stream: &mut ClientStream,
     buf: &mut Buffer,
-) -> Result<Option<TlsStream<TcpStream>>, TlsFailure> {
+    pending: &Pending<'_>,
+) -> Outcome {
     if buf.is_empty() && !matches!(buf.read_from(stream).await, Ok(n) if n > 0) {
         return Ok(None);
     }
@@ -131,6 +137,7 @@ async fn handshake(
             return Err(classify_rustls(&error));
         }
     };
+    pending.progressed();
     // The ACME validator's ClientHello (only `acme-tls/1`) gets the challenge config.
     let config = match &tls.challenge_config {
         Some(challenge)

@@ -26,6 +26,8 @@ pub const WAIT: Duration = Duration::from_secs(30);
 /// random) unless `with_request_ids` is called.
 #[derive(Debug, Default, Clone)]
 pub struct Conf {
+    /// Worker threads; 0 means 1.
+    workers: usize,
     request_ids: bool,
     listener: Vec<String>,
     routes: Vec<String>,
@@ -35,6 +37,12 @@ pub struct Conf {
 impl Conf {
     pub fn new() -> Conf {
         Conf::default()
+    }
+
+    /// Runs `n` workers instead of one (each with its own SO_REUSEPORT socket).
+    pub fn workers(mut self, n: usize) -> Conf {
+        self.workers = n;
+        self
     }
 
     /// Leaves the listener's `request_id` at its default (on), or to a `listener` line.
@@ -89,8 +97,9 @@ impl Conf {
 
     /// The whole TOML text.
     pub fn toml(&self) -> String {
-        let mut out = String::from(
-            "[server]\nworkers = 1\ndrain_timeout = \"0s\"\n\n[admin]\nbind = \"off\"\n\n",
+        let mut out = format!(
+            "[server]\nworkers = {}\ndrain_timeout = \"0s\"\n\n[admin]\nbind = \"off\"\n\n",
+            self.workers.max(1)
         );
         out.push_str(&format!(
             "[[listeners]]\nname = \"{LISTENER}\"\nbind = \"127.0.0.1:0\"\n"
@@ -115,12 +124,13 @@ impl Conf {
         out
     }
 
-    /// Parses the text with the real config parser and starts Weir with one worker.
+    /// Parses the text with the real config parser and starts Weir (one worker unless
+    /// [`Conf::workers`] said otherwise).
     pub fn start(&self) -> Weir {
         let toml = self.toml();
         let config = weir_config::parse_str(&toml, "test.toml")
             .unwrap_or_else(|e| panic!("test config rejected: {e}\n---\n{toml}"));
-        let proxy = Proxy::start(config, 1).expect("start weir");
+        let proxy = Proxy::start(config, self.workers.max(1)).expect("start weir");
         let addr = proxy
             .listener_addr(LISTENER)
             .expect("the listener has an address");
@@ -411,4 +421,26 @@ pub async fn read_with_interims(mut response: h2::client::ResponseFuture) -> Wit
         head: http::Response::from_parts(head, ()),
         body,
     }
+}
+
+/// Raises this process's soft open-file limit to `want` (at most the hard limit), for tests
+/// holding many sockets on both ends at once; returns the limit now in force.
+pub fn raise_fd_limit(want: u64) -> u64 {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit with a valid, initialized struct.
+    #[allow(unsafe_code)]
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+            return 0;
+        }
+        if limit.rlim_cur < want {
+            limit.rlim_cur = want.min(limit.rlim_max);
+            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+            libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit);
+        }
+    }
+    limit.rlim_cur
 }

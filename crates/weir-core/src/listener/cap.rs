@@ -1,0 +1,141 @@
+//! A listener's `max_connections`, counted once for the listener across all workers.
+//!
+//! Each worker accepts on its own SO_REUSEPORT socket, and the kernel spreads connections
+//! over those sockets by a hash of their addresses, not evenly: at 10,000 connections one
+//! worker may get several hundred more than another. A cap shared out as a fixed share per
+//! worker (`max_connections / workers`) therefore stopped one worker at its share while the
+//! listener was well under its cap, and the connections queued on that worker's socket
+//! waited seconds for a close (seed 002 at `ab -c 10000`). So the cap is one count per
+//! listener: an atomic that a worker increments right before each `accept` (an accept is
+//! rare next to the requests and bytes of a connection) and that a connection decrements
+//! when it closes.
+//!
+//! A place is taken *after* the socket is readable and given back if `accept` finds
+//! nothing, so no worker holds a place while it waits: the cap is exact, and a worker with
+//! a connection waiting always gets the last free place. At the cap the accept loops pause
+//! (the kernel backlog holds new connections, counted in `weir_accept_paused_total`) until
+//! a connection of the listener closes on any worker.
+
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::Arc;
+
+use tokio::sync::Notify;
+
+/// The open connections of one listener (all workers, all socket generations).
+#[derive(Debug, Default)]
+pub struct ConnectionCap {
+    open: AtomicUsize,
+    /// Accept loops paused at the cap: only then does a close need to wake anyone (a
+    /// `Notify` takes a lock; most closes happen below the cap and skip it).
+    waiting: AtomicUsize,
+    closed: Notify,
+}
+
+impl ConnectionCap {
+    /// Takes a place for one connection if fewer than `limit` are open.
+    pub fn try_acquire(self: &Arc<ConnectionCap>, limit: usize) -> Option<Permit> {
+        self.open
+            .fetch_update(SeqCst, SeqCst, |n| (n < limit).then_some(n + 1))
+            .ok()?;
+        Some(Permit(self.clone()))
+    }
+
+    /// Open connections (accepts in progress included).
+    pub fn open(&self) -> usize {
+        self.open.load(SeqCst)
+    }
+
+    /// Waits until fewer than `limit` connections are open. Returns at once if they are;
+    /// `paused` is called once if it has to wait.
+    pub async fn wait_below(&self, limit: usize, paused: impl FnOnce()) {
+        if self.open() < limit {
+            return;
+        }
+        paused();
+        let _waiting = Waiting::enter(&self.waiting);
+        loop {
+            // Registered before the check, so a close between the check and the wait is
+            // not missed; and `waiting` was raised before the check, so that close notifies
+            // (both sides use SeqCst: the closer's decrement and its read of `waiting` cannot
+            // both miss the raise and the check).
+            let closed = self.closed.notified();
+            if self.open() < limit {
+                return;
+            }
+            closed.await;
+        }
+    }
+
+    fn release(&self) {
+        self.open.fetch_sub(1, SeqCst);
+        if self.waiting.load(SeqCst) > 0 {
+            self.closed.notify_waiters();
+        }
+    }
+}
+
+/// One place under a listener's cap, held by an accepted connection until it closes.
+#[derive(Debug)]
+pub struct Permit(Arc<ConnectionCap>);
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        self.0.release();
+    }
+}
+
+/// Counts a paused accept loop for as long as it waits.
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl<'a> Waiting<'a> {
+    fn enter(count: &'a AtomicUsize) -> Waiting<'a> {
+        count.fetch_add(1, SeqCst);
+        Waiting(count)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, SeqCst);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn places_are_counted_once_for_the_listener() {
+        let cap = Arc::new(ConnectionCap::default());
+        let a = cap.try_acquire(2).unwrap();
+        let _b = cap.try_acquire(2).unwrap();
+        assert!(cap.try_acquire(2).is_none(), "at the cap");
+        drop(a);
+        assert_eq!(cap.open(), 1);
+        assert!(cap.try_acquire(2).is_some(), "a close frees a place");
+    }
+
+    #[tokio::test]
+    async fn a_paused_waiter_wakes_when_a_connection_closes_on_another_thread() {
+        let cap = Arc::new(ConnectionCap::default());
+        let held = cap.try_acquire(1).unwrap();
+        let mut paused = false;
+        let watched = cap.clone();
+        // Closes once the waiter has paused (polls for it).
+        let closer = std::thread::spawn(move || {
+            while watched.waiting.load(SeqCst) == 0 {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            drop(held);
+        });
+        let wait = cap.wait_below(1, || paused = true);
+        // Bounded only to turn a lost wake-up into a failure instead of a hang.
+        tokio::time::timeout(Duration::from_secs(30), wait)
+            .await
+            .expect("woken by the close");
+        assert!(paused);
+        closer.join().unwrap();
+        assert_eq!(cap.waiting.load(SeqCst), 0);
+    }
+}
