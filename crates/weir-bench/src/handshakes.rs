@@ -21,7 +21,7 @@ use anyhow::{Context, Result};
 use rustls::client::Resumption;
 use rustls::pki_types::ServerName;
 use rustls::{ClientConfig, HandshakeKind};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 
@@ -164,16 +164,23 @@ async fn one(
     tcp.set_nodelay(true)?;
     let mut tls = connector.connect(name.clone(), tcp).await?;
     let kind = tls.get_ref().1.handshake_kind().context("handshake kind")?;
-    tls.write_all(request).await?;
+    Ok((kind, request_to_close(&mut tls, request).await?))
+}
+
+/// Writes `request` and reads the answer until the server closes; returns its status.
+pub(crate) async fn request_to_close<S: AsyncRead + AsyncWrite + Unpin>(
+    s: &mut S,
+    request: &[u8],
+) -> Result<u16> {
+    s.write_all(request).await?;
     let mut answer = Vec::with_capacity(512);
     // A peer may close without close_notify after `Connection: close`: what was read counts.
-    let _ = tls.read_to_end(&mut answer).await;
-    let status = answer
+    let _ = s.read_to_end(&mut answer).await;
+    answer
         .get(9..12)
         .and_then(|s| std::str::from_utf8(s).ok())
         .and_then(|s| s.parse().ok())
-        .context("no status line")?;
-    Ok((kind, status))
+        .context("no status line")
 }
 
 pub(crate) fn client_config(tls: u8, resume: bool) -> Result<ClientConfig> {

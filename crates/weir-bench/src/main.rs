@@ -7,9 +7,10 @@
 //!
 //! Modules: [`scenario`] (what each seed needs), [`runner`] (repetitions and measurement),
 //! [`summary`] (medians, spreads, flags, ratios), [`bulk`] (`tcp-bulk`: one long L4 stream),
-//! [`peers`], [`configs`] and [`backend`] (what runs), [`load`], [`wrk`], [`ab`] and [`loadgen`] (the
-//! load side), [`procfs`] and [`stats`] (the figures), [`report`], [`chart`] and [`envinfo`]
-//! (the output), [`process`] (children and their cleanup).
+//! [`peers`], [`configs`] and [`backend`] (what runs), [`load`], [`wrk`], [`ab`], [`loadgen`]
+//! and [`http1_client`] (the load side), [`procfs`] and [`stats`] (the figures), [`report`],
+//! [`chart`] and [`envinfo`] (the output), [`process`] (children and their cleanup),
+//! [`instructions`] (the instruction budgets CI checks).
 
 mod ab;
 mod backend;
@@ -19,6 +20,8 @@ mod configs;
 mod envinfo;
 mod h2load;
 mod handshakes;
+mod http1_client;
+mod instructions;
 mod load;
 mod loadgen;
 mod peers;
@@ -96,6 +99,9 @@ enum Helper {
     /// Internal: new TLS connections, full or resumed (`tls-handshake`, on the load CPU).
     #[command(hide = true)]
     Handshakes(handshakes::Args),
+    /// User-space instructions per request under callgrind, checked against the budgets
+    /// (bench/instructions.sh).
+    Instructions(instructions::Args),
 }
 
 fn main() -> ExitCode {
@@ -108,6 +114,7 @@ fn main() -> ExitCode {
         Some(Helper::CompressionCpu(a)) => cost(a, policy_cost::compression_main),
         Some(Helper::PolicyCost(a)) => cost(a, policy_cost::policy_main),
         Some(Helper::Handshakes(a)) => handshakes::main(a),
+        Some(Helper::Instructions(a)) => instructions::main(a),
         None => bench(cli),
     };
     match result {
