@@ -14,7 +14,9 @@ use tokio::time::{timeout_at, Instant};
 use weir_config::{Config, Listener};
 
 use crate::access_log::{ListenerSinks, LogBuffer, WriterThread, FLUSH_INTERVAL};
-use crate::listener::{bind_reuseport, control_loop, set_defer_accept, Command};
+use crate::listener::{
+    bind_reuseport, control_loop, refuse_foreign_listener, set_defer_accept, Command,
+};
 use crate::metrics::layout::Layout;
 use crate::metrics::{Metrics, WorkerMetrics};
 use crate::reload::{Bound, Control};
@@ -24,11 +26,13 @@ use crate::worker::{Shared, Worker};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
-    #[error("listener {listener:?}: cannot bind {addr}: {source}")]
+    /// `error` is shown in the message and is not a `source`, so that a chain printer
+    /// (`{:#}` of anyhow) does not say it twice.
+    #[error("listener {listener:?}: cannot bind {addr}: {error}")]
     Bind {
         listener: String,
         addr: SocketAddr,
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error("cannot start worker thread: {0}")]
     Thread(std::io::Error),
@@ -207,10 +211,10 @@ pub(crate) fn bind_per_worker(
     workers: usize,
     inherited: Vec<std::net::TcpListener>,
 ) -> Result<Bound, StartError> {
-    let err = |addr, source| StartError::Bind {
+    let err = |addr, error| StartError::Bind {
         listener: listener.name.clone(),
         addr,
-        source,
+        error,
     };
     let mut sockets = inherited;
     for s in &sockets {
@@ -218,6 +222,8 @@ pub(crate) fn bind_per_worker(
         set_defer_accept(s, listener.defer_accept).map_err(|e| err(listener.bind, e))?;
     }
     if sockets.is_empty() {
+        // Only the first socket: the workers' others join it on purpose (SO_REUSEPORT).
+        refuse_foreign_listener(listener.bind).map_err(|e| err(listener.bind, e))?;
         let first = bind_reuseport(listener.bind, listener.backlog, listener.defer_accept)
             .map_err(|e| err(listener.bind, e))?;
         sockets.push(first);
@@ -240,16 +246,26 @@ pub(crate) fn bind_per_worker(
 pub type Inherited = Vec<(String, Vec<std::net::TcpListener>)>;
 
 /// Takes the inherited sockets of `listener`: same name, and the configured address unless
-/// it asks for any port (`:0`), in which case the port the old process got is kept.
+/// it asks for any port (`:0`), in which case the port the old process got is kept. A
+/// listener renamed in the new config takes the sockets bound to its exact address: the
+/// old process keeps listening there while it drains, so a fresh bind would be refused
+/// as another process's address (`refuse_foreign_listener`).
 fn take_inherited(inherited: &mut Inherited, listener: &Listener) -> Vec<std::net::TcpListener> {
-    let matches = |(name, sockets): &(String, Vec<std::net::TcpListener>)| {
-        let addr = sockets.first().and_then(|s| s.local_addr().ok());
+    let addr_of = |sockets: &Vec<std::net::TcpListener>| sockets.first()?.local_addr().ok();
+    let by_name = |(name, sockets): &(String, Vec<std::net::TcpListener>)| {
         name == &listener.name
-            && addr.is_some_and(|a| {
+            && addr_of(sockets).is_some_and(|a| {
                 a == listener.bind || (listener.bind.port() == 0 && a.ip() == listener.bind.ip())
             })
     };
-    match inherited.iter().position(matches) {
+    let by_addr = |(_, sockets): &(String, Vec<std::net::TcpListener>)| {
+        listener.bind.port() != 0 && addr_of(sockets) == Some(listener.bind)
+    };
+    let found = inherited
+        .iter()
+        .position(by_name)
+        .or_else(|| inherited.iter().position(by_addr));
+    match found {
         Some(i) => inherited.swap_remove(i).1,
         None => Vec::new(),
     }

@@ -1,0 +1,64 @@
+//! The operator's day with the real binary: a second Weir on the same ports, logs for a
+//! service manager, relative paths. (`weir ctl` has its own file, process_ctl.rs.)
+
+mod support_process;
+
+use std::process::Command;
+use std::time::Duration;
+
+use support_process::{config, get, route_to, Weir, START_WAIT, WEIR};
+use weir_testkit::Backend;
+
+/// A config with listener `web` on `bind` (an address or `127.0.0.1:0`).
+fn on(bind: &str, listener_keys: &str, backend: &Backend) -> String {
+    config("drain_timeout = \"0s\"", listener_keys, &route_to("app", "/", backend.addr()))
+        .replace("bind = \"127.0.0.1:0\"", &format!("bind = \"{bind}\""))
+}
+
+/// Was: listeners bind with SO_REUSEPORT, so a second `weir run` on a copy of the config
+/// bound the same port without an error and took half of the new connections.
+#[test]
+fn a_second_weir_on_the_same_port_is_refused_naming_the_holder() {
+    let backend = Backend::echo("app");
+    let first = Weir::start(&on("127.0.0.1:0", "", &backend));
+    let addr = first.addr.to_string();
+
+    let dir = support_process::TempDir::new("second");
+    let path = dir.write("copy.toml", &on(&addr, "", &backend));
+    let mut cmd = Command::new(WEIR);
+    cmd.arg("run").arg("-c").arg(&path);
+    let mut second = Weir::spawn_no_wait(cmd);
+    let status = second.wait_exit(START_WAIT);
+    // The log is read by another thread: it may lag the exit.
+    second.log.wait_for("cannot bind", START_WAIT);
+    let log = second.log.text();
+    assert!(
+        status.is_some_and(|s| !s.success()),
+        "the second weir must exit with an error, got {status:?}:\n{log}"
+    );
+    assert!(log.contains(&addr), "names the address: {log}");
+    assert!(
+        log.contains(&format!("process {} (weir)", first.pid())),
+        "names the holder: {log}"
+    );
+    assert_eq!(get(first.addr, "/x").expect("first still serves").0.status, 200);
+}
+
+/// A reload that rebinds the address a listener already has (a new backlog needs new
+/// sockets) is this process's own business: the check must not refuse it.
+#[test]
+fn a_reload_rebinding_its_own_address_still_works() {
+    let backend = Backend::echo("app");
+    let weir = Weir::start(&on("127.0.0.1:0", "", &backend));
+    let path = weir.config_path.clone().expect("config path");
+    let addr = weir.addr.to_string();
+    std::fs::write(&path, on(&addr, "backlog = 64", &backend)).expect("rewrite");
+    weir.signal(libc::SIGHUP);
+    assert!(
+        weir.log.wait_for("config reloaded", Duration::from_secs(20)),
+        "{}",
+        weir.log.text()
+    );
+    assert!(!weir.log.contains("rejected"), "{}", weir.log.text());
+    assert_eq!(get(weir.addr, "/x").expect("serves").0.status, 200);
+}
