@@ -133,7 +133,7 @@ max_idle = 256
             access_log: None,
             path_normalization: PathNormalization::default(),
             routes,
-            redirect_https: false,
+            redirect_https: None,
             policy: ListenerPolicy::default(),
         }
     }

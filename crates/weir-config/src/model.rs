@@ -213,8 +213,9 @@ pub struct Listener {
     pub routes: Vec<Route>,
     /// HTTP/2 (h2c with prior knowledge) settings and flood defences.
     pub http2: Http2,
-    /// Every request is answered with a 308 redirect to `https://{host}{uri}` (routes unused).
-    pub redirect_https: bool,
+    /// `Some(port)`: every request is answered with a 308 redirect to
+    /// `https://{host}:{port}{uri}` (routes unused); the port is left out when it is 443.
+    pub redirect_https: Option<u16>,
     /// Traffic-policy settings of the listener (issue 16): request ids, ...
     pub policy: ListenerPolicy,
 }

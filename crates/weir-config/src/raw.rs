@@ -70,6 +70,7 @@ pub(crate) struct RawListener {
     pub http2: Option<RawHttp2>,
     pub tls: Option<RawTls>,
     pub redirect_https: Option<bool>,
+    pub redirect_https_port: Option<i64>,
     // Traffic policy (issue 16; validate/policy.rs).
     pub request_id: Option<RawRequestId>,
     pub trusted_proxies: Option<Vec<String>>,

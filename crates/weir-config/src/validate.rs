@@ -170,9 +170,10 @@ fn listeners(
              name = \"web\" and bind = \"127.0.0.1:8080\"",
         )
     })?;
+    let https_port = route_match::default_https_port(&raw);
     let mut out: Vec<Listener> = Vec::with_capacity(raw.len());
     for (i, raw_listener) in raw.into_iter().enumerate() {
-        let listener = listener(raw_listener, &path.index(i), upstreams)?;
+        let listener = listener(raw_listener, &path.index(i), upstreams, https_port)?;
         check_unique_listener(&out, &listener, &path.index(i))?;
         out.push(listener);
     }
@@ -209,10 +210,13 @@ fn check_unique_listener(
     }
 }
 
+/// One listener; `https_port` is where `redirect_https` sends to unless the listener
+/// sets `redirect_https_port`.
 fn listener(
     mut raw: RawListener,
     path: &FieldPath,
     upstreams: &[String],
+    https_port: u16,
 ) -> Result<Listener, Issue> {
     let key = |k: &str| path.key(k);
     let name = name(raw.name.take(), &key("name"), "listener")?;
@@ -227,6 +231,7 @@ fn listener(
             "put redirect_https = true on the plain-HTTP listener (port 80), not on the TLS one",
         ));
     }
+    let redirect_https = route_match::redirect_https(&raw, path, https_port)?;
     let tcp = matches!(protocol, Protocol::Tcp(_));
     // A TCP listener may carry a protocol where the server speaks first (SMTP, MySQL):
     // deferring its accept would stall it, so there it is opt-in.
@@ -282,11 +287,7 @@ fn listener(
         max_informational: int_in(raw.max_informational, 8, 1..=100, &key("max_informational"))?,
         default_response: default_response(raw.default_response, &key("default_response"))?,
         access_log: access_log(raw.access_log, &key("access_log"))?,
-        redirect_https: route_match::redirect_https(
-            raw.redirect_https,
-            raw.routes.as_ref().map_or(0, Vec::len),
-            &key("redirect_https"),
-        )?,
+        redirect_https,
         routes: routes(raw.routes, &key("routes"), upstreams, &normalization)?,
         path_normalization: normalization,
         http2: http2::http2(raw.http2, &key("http2"))?,

@@ -243,7 +243,7 @@ impl ListenerPlan {
                 .iter()
                 .map(|r| RoutePlan::new(&r.target))
                 .collect(),
-            redirect_https: listener.redirect_https.then(https_redirect),
+            redirect_https: listener.redirect_https.map(https_redirect),
             tls,
             limiters: Vec::new(),
         }

@@ -304,6 +304,22 @@ async fn redirect_https_answers_every_request() {
     assert_no_default_responses(&weir);
 }
 
+/// Was: the port was dropped (`http://host:8080/x` -> `https://host/x`).
+#[tokio::test]
+async fn redirect_https_sends_to_the_https_port() {
+    let weir = Conf::new()
+        .listener("redirect_https = true\nredirect_https_port = 8443")
+        .start();
+    let mut c = weir.client().await;
+    let r = c.get("/a?b", "www.example.com:8080").await.unwrap();
+    assert_eq!(
+        (r.status, r.header("location")),
+        (308, Some("https://www.example.com:8443/a?b"))
+    );
+    let r = c.get("/v6", "[::1]:8080").await.unwrap();
+    assert_eq!(r.header("location"), Some("https://[::1]:8443/v6"));
+}
+
 #[tokio::test]
 async fn weighted_split_is_exact_per_period() {
     let v1 = Backend::echo("v1");

@@ -219,6 +219,7 @@ fn http_only_keys(raw: &RawListener) -> Vec<&'static str> {
         ("routes", raw.routes.is_some()),
         ("http2", raw.http2.is_some()),
         ("redirect_https", raw.redirect_https.is_some()),
+        ("redirect_https_port", raw.redirect_https_port.is_some()),
         ("request_id", raw.request_id.is_some()),
         ("trusted_proxies", raw.trusted_proxies.is_some()),
     ];

@@ -20,15 +20,21 @@ pub fn push_redirect(out: &mut Vec<u8>, r: &Redirect, vars: &Vars<'_>, persisten
     out.extend_from_slice(b"\r\n");
 }
 
-/// `redirect_https = true`: every request to `https://{host}{uri}` with 308.
-pub fn https_redirect() -> Redirect {
+/// `redirect_https = true`: every request to `https://{host}:{port}{uri}` with 308, the
+/// port left out when it is 443. `{host}` is the request's host without its port: the
+/// client's port is the plain-HTTP one.
+pub fn https_redirect(port: u16) -> Redirect {
+    let mut to = vec![
+        TemplatePart::Text("https://".to_owned()),
+        TemplatePart::Var(Variable::Host),
+    ];
+    if port != 443 {
+        to.push(TemplatePart::Text(format!(":{port}")));
+    }
+    to.push(TemplatePart::Var(Variable::Uri));
     Redirect {
         status: 308,
-        to: Template(vec![
-            TemplatePart::Text("https://".to_owned()),
-            TemplatePart::Var(Variable::Host),
-            TemplatePart::Var(Variable::Uri),
-        ]),
+        to: Template(to),
     }
 }
 
@@ -46,12 +52,16 @@ mod tests {
             request_id: b"",
         };
         let mut out = Vec::new();
-        push_redirect(&mut out, &https_redirect(), &vars, Persistence::KeepAlive10);
+        push_redirect(&mut out, &https_redirect(443), &vars, Persistence::KeepAlive10);
         assert_eq!(
             out,
             b"HTTP/1.1 308 Permanent Redirect\r\nServer: weir\r\nLocation: https://example.com/x?y\r\n\
               Content-Length: 0\r\nConnection: keep-alive\r\n\r\n"
                 .as_slice()
         );
+        out.clear();
+        push_redirect(&mut out, &https_redirect(8443), &vars, Persistence::Close);
+        let text = String::from_utf8_lossy(&out);
+        assert!(text.contains("\r\nLocation: https://example.com:8443/x?y\r\n"), "{text}");
     }
 }

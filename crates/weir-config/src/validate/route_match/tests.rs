@@ -339,11 +339,28 @@ fn redirect_https_listener() {
         "w",
     )
     .expect("valid");
-    assert!(c.listeners[0].redirect_https);
+    assert_eq!(c.listeners[0].redirect_https, Some(443));
     let e = fail(&source("upstream = \"a\"").replace(
         "bind = \"127.0.0.1:8080\"\n",
         "bind = \"127.0.0.1:8080\"\nredirect_https = true\n",
     ));
     assert_eq!(e.field, "listeners[0].redirect_https", "{e}");
     assert!(e.fix.contains("redirect = {"), "{e}");
+}
+
+/// Was: the redirect dropped the port (`http://host:8080/x` -> `https://host/x`).
+#[test]
+fn redirect_https_port_defaults_to_the_tls_listener() {
+    let plain = "[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:8080\"\nredirect_https = true\n";
+    let tls = "[[listeners]]\nname = \"tls\"\nbind = \"127.0.0.1:8443\"\n\
+               tls = { certs = [{ cert = \"/nonexistent/c.pem\", key = \"/nonexistent/k.pem\" }] }\n";
+    let c = parse_str(&format!("{plain}{tls}"), "w").expect("valid");
+    assert_eq!(c.listeners[0].redirect_https, Some(8443));
+    let c = parse_str(&format!("{plain}redirect_https_port = 9443\n{tls}"), "w").expect("valid");
+    assert_eq!(c.listeners[0].redirect_https, Some(9443));
+    let e = fail(&format!("{plain}redirect_https_port = 0\n"));
+    assert_eq!(e.field, "listeners[0].redirect_https_port", "{e}");
+    let e = fail(&plain.replace("redirect_https = true", "redirect_https_port = 8443"));
+    assert_eq!(e.field, "listeners[0].redirect_https_port", "{e}");
+    assert!(e.fix.contains("redirect_https = true"), "{e}");
 }
