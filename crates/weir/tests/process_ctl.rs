@@ -90,6 +90,33 @@ fn server_commands_change_the_pool() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("not found"));
 }
 
+/// Was: `server drain` of a mistyped address added a (draining) server, wrote it to the
+/// file and exited 0.
+#[test]
+fn drain_undrain_and_weight_of_an_unknown_server_fail_and_change_nothing() {
+    let a = Backend::echo("a");
+    let weir = Weir::start(&file(&a, ""));
+    let path = weir.config_path.clone().expect("path");
+    let before = std::fs::read_to_string(&path).expect("read");
+    for args in [
+        &["server", "drain", "app", "127.0.0.1:1"][..],
+        &["server", "undrain", "app", "127.0.0.1:1"],
+        &["server", "weight", "app", "127.0.0.1:1", "3"],
+    ] {
+        let out = ctl(&weir, args, "");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(
+            err.contains("server 127.0.0.1:1 of upstream app not found (HTTP 404)")
+                && err.contains("weir ctl server add app 127.0.0.1:1"),
+            "{args:?}: {err}"
+        );
+    }
+    assert_eq!(std::fs::read_to_string(&path).expect("read"), before);
+    let out = ok(&ctl(&weir, &["get", "upstreams"], ""));
+    assert!(!out.contains("127.0.0.1:1 ") && !out.contains("127.0.0.1:1\n"), "{out}");
+}
+
 #[test]
 fn apply_and_diff_take_toml_and_json_from_files_and_stdin() {
     let (a, b) = (Backend::echo("a"), Backend::echo("b"));

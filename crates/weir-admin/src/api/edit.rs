@@ -31,13 +31,25 @@ pub fn delete_upstream(doc: &mut DocumentMut, name: &str) -> Result<(), ApiError
         .ok_or_else(|| no_upstream(name))
 }
 
-/// `PUT /upstreams/{name}/servers/{addr}`: adds the server, or merges `settings` (weight,
-/// drain, backup, max_connections) into it. `drain = false` removes the key.
+/// Whether a server edit may add the server.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum ServerEdit {
+    /// `PUT`: adds the server, or changes it.
+    AddOrChange,
+    /// `PATCH` (`weir ctl server drain|undrain|weight`): changes an existing server; an
+    /// address that is not in the pool is a 404, so a typo does not add a server.
+    ChangeOnly,
+}
+
+/// `PUT|PATCH /upstreams/{name}/servers/{addr}`: adds the server (PUT only), or merges
+/// `settings` (weight, drain, backup, max_connections) into it. `drain = false` removes
+/// the key.
 pub fn put_server(
     doc: &mut DocumentMut,
     upstream: &str,
     addr: &str,
     settings: &Table,
+    how: ServerEdit,
 ) -> Result<(), ApiError> {
     let servers = servers_mut(doc, upstream)?;
     let index = servers.iter().position(|s| server_addr(s) == Some(addr));
@@ -47,6 +59,7 @@ pub fn put_server(
             .and_then(Value::as_inline_table)
             .cloned()
             .unwrap_or_default(),
+        None if how == ServerEdit::ChangeOnly => return Err(no_server(upstream, addr)),
         None => {
             let mut t = InlineTable::new();
             t.insert("addr", Value::from(addr));
@@ -88,14 +101,19 @@ pub fn delete_server(doc: &mut DocumentMut, upstream: &str, addr: &str) -> Resul
     let index = servers
         .iter()
         .position(|s| server_addr(s) == Some(addr))
-        .ok_or_else(|| {
-            ApiError::not_found(
-                &format!("server {addr} of upstream {upstream}"),
-                "GET /api/v1/upstreams/{name} lists its servers",
-            )
-        })?;
+        .ok_or_else(|| no_server(upstream, addr))?;
     servers.remove(index);
     Ok(())
+}
+
+fn no_server(upstream: &str, addr: &str) -> ApiError {
+    ApiError::not_found(
+        &format!("server {addr} of upstream {upstream}"),
+        &format!(
+            "`weir ctl get upstreams` (GET /api/v1/upstreams/{upstream}) lists its servers; \
+             `weir ctl server add {upstream} {addr}` adds one"
+        ),
+    )
 }
 
 /// `PUT /listeners/{name}`: replaces the listener's settings; its routes stay unless the
@@ -269,8 +287,13 @@ servers = [{ addr = "127.0.0.1:9001" }] # two soon
         let mut d = doc();
         let mut weight = Table::new();
         weight.insert("drain", toml_edit::value(true));
-        put_server(&mut d, "app", "127.0.0.1:9002", &Table::new()).unwrap();
-        put_server(&mut d, "app", "127.0.0.1:9001", &weight).unwrap();
+        let add = ServerEdit::AddOrChange;
+        // A typo in drain must not add a server (issue 30 item 2).
+        let e = put_server(&mut d, "app", "127.0.0.1:9999", &weight, ServerEdit::ChangeOnly)
+            .unwrap_err();
+        assert_eq!(e.status, hyper::StatusCode::NOT_FOUND, "{e:?}");
+        put_server(&mut d, "app", "127.0.0.1:9002", &Table::new(), add).unwrap();
+        put_server(&mut d, "app", "127.0.0.1:9001", &weight, ServerEdit::ChangeOnly).unwrap();
         let text = d.to_string();
         assert!(
             text.contains("# the edge") && text.contains("# app servers"),
@@ -282,7 +305,7 @@ servers = [{ addr = "127.0.0.1:9001" }] # two soon
         assert!(servers[0].drain && !servers[1].drain);
         delete_server(&mut d, "app", "127.0.0.1:9001").unwrap();
         assert!(delete_server(&mut d, "app", "127.0.0.1:9001").is_err());
-        assert!(put_server(&mut d, "nope", "127.0.0.1:1", &Table::new()).is_err());
+        assert!(put_server(&mut d, "nope", "127.0.0.1:1", &Table::new(), add).is_err());
     }
 
     #[test]

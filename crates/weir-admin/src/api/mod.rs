@@ -120,10 +120,15 @@ fn route(call: Call, store: &Store) -> Result<Response<Full<Bytes>>, ApiError> {
             store.edit(call.mode, |doc| edit::delete_upstream(doc, name)),
             call.mode,
         ),
-        (&Method::PUT, ["upstreams", name, "servers", addr]) => {
+        (method @ (&Method::PUT | &Method::PATCH), ["upstreams", name, "servers", addr]) => {
             let body = optional_table(&call)?;
+            let how = if method == Method::PUT {
+                edit::ServerEdit::AddOrChange
+            } else {
+                edit::ServerEdit::ChangeOnly
+            };
             written(
-                store.edit(call.mode, |doc| edit::put_server(doc, name, addr, &body)),
+                store.edit(call.mode, |doc| edit::put_server(doc, name, addr, &body, how)),
                 call.mode,
             )
         }

@@ -351,8 +351,15 @@ fn server(
         (_, Some(w)) => json!({"weight": w}),
         (ServerAction::Add, None) => json!({}),
     };
+    // Only `add` may add a server: drain, undrain and weight of an address that is not in
+    // the pool are a 404 (PATCH), so a typo cannot add one.
+    let method = if action == ServerAction::Add {
+        "PUT"
+    } else {
+        "PATCH"
+    };
     let reply = client.call(
-        "PUT",
+        method,
         &path,
         Some("application/json"),
         body.to_string().as_bytes(),
