@@ -157,8 +157,8 @@ async fn accept_loop(
             r = listener.accept() => r,
             _ = stopped.changed() => return,
         };
-        let stream = match accepted {
-            Ok((stream, _)) => stream,
+        let (stream, peer) = match accepted {
+            Ok(accepted) => accepted,
             Err(e) if is_resource_exhaustion(&e) => {
                 if let Some(suppressed) = resource_log.should_log() {
                     tracing::warn!(error = %e, suppressed, "admin accept failed: out of resources; pausing accepts");
@@ -204,6 +204,7 @@ async fn accept_loop(
         let state = state.clone();
         tokio::spawn(serve_connection(
             stream,
+            peer,
             (clock, Arc::new(slot)),
             state,
             limits,
@@ -215,6 +216,7 @@ async fn accept_loop(
 /// slot goes to a newcomer; the slot is given back when it ends.
 async fn serve_connection(
     stream: tokio::net::TcpStream,
+    peer: SocketAddr,
     (clock, slot): (Arc<Clock>, Arc<Slot>),
     state: Arc<AdminState>,
     limits: Limits,
@@ -224,7 +226,7 @@ async fn serve_connection(
         let (state, slot) = (state.clone(), slot.clone());
         async move {
             let _busy = slot.busy();
-            handle(req, state, limits.idle_timeout).await
+            handle(req, state, limits.idle_timeout, peer).await
         }
     });
     let connection = hyper::server::conn::http1::Builder::new()
@@ -238,10 +240,11 @@ async fn handle(
     req: Request<Incoming>,
     state: Arc<AdminState>,
     body_timeout: Duration,
+    peer: SocketAddr,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     if req.uri().path().starts_with("/api/") {
         return Ok(match &state.store {
-            Some(store) => api::handle(req, store.clone(), body_timeout).await,
+            Some(store) => api::handle(req, store.clone(), body_timeout, peer).await,
             None => plain(StatusCode::NOT_FOUND, Bytes::from_static(NOT_FOUND), TEXT),
         });
     }

@@ -5,8 +5,11 @@
 //! is validated exactly like the file (`weir_config::parse_str`), and is applied through
 //! `Proxy::apply`. API changes are then written to the config file atomically (a temp file
 //! in the same directory, then rename), so a restart keeps them. A lock serializes changes;
-//! each success bumps the version that `If-Match` is checked against.
+//! each success bumps the version that `If-Match` is checked against, is logged (`config
+//! changed`, with who asked) and is kept in a short history (`GET /api/v1/history`,
+//! `weir ctl history`).
 
+use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -33,9 +36,57 @@ pub struct Store {
 struct State {
     version: u64,
     text: String,
+    /// The last [`HISTORY`] versions, oldest first.
+    history: VecDeque<Version>,
     /// Set while a binary upgrade hands over: the new process reads the file, so a write
     /// now could be lost.
     frozen: bool,
+}
+
+/// How many versions [`Store::history`] remembers.
+pub const HISTORY: usize = 50;
+
+/// One version of the running config, as the history lists it.
+#[derive(Debug, Clone)]
+pub struct Version {
+    pub version: u64,
+    /// When it became the running config, in Unix seconds.
+    pub at: u64,
+    /// Who made it: `start`, `SIGHUP`, or `api 127.0.0.1:PORT` (`with token` when the
+    /// admin API has a token file).
+    pub by: String,
+    /// What changed from the version before, as `Change` displays it.
+    pub changes: Vec<String>,
+}
+
+impl Version {
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "version": self.version,
+            "at": self.at,
+            "at_utc": weir_core::tls::facts::format_utc(i64::try_from(self.at).unwrap_or(0)),
+            "by": self.by,
+            "changes": self.changes,
+        })
+    }
+}
+
+/// Who asks for a change, and the name its text goes by in error positions.
+#[derive(Debug, Clone)]
+pub struct Origin {
+    pub by: String,
+    /// For a whole config sent to the API (`weir ctl apply -f FILE` sends FILE): errors
+    /// then point into it, not into the running config's file. `None`: the config file.
+    pub source: Option<String>,
+}
+
+impl Origin {
+    pub fn new(by: impl Into<String>) -> Origin {
+        Origin {
+            by: by.into(),
+            source: None,
+        }
+    }
 }
 
 /// The outcome of a change (or of a dry run, which changes nothing).
@@ -63,6 +114,12 @@ impl Store {
             state: Mutex::new(State {
                 version: 1,
                 text,
+                history: VecDeque::from([Version {
+                    version: 1,
+                    at: unix_now(),
+                    by: "start".to_string(),
+                    changes: Vec::new(),
+                }]),
                 frozen: false,
             }),
             token: Default::default(),
@@ -86,6 +143,11 @@ impl Store {
         (state.version, state.text.clone())
     }
 
+    /// The versions remembered, oldest first.
+    pub fn history(&self) -> Vec<Version> {
+        self.lock().history.iter().cloned().collect()
+    }
+
     /// SIGHUP: re-reads the config file and applies it (nothing to persist).
     pub fn reload_file(&self) -> Result<Applied, ApiError> {
         let Some(path) = &self.path else {
@@ -103,20 +165,27 @@ impl Store {
             )
         })?;
         let mut state = self.lock();
-        self.commit(&mut state, text, WriteMode::default(), false)
+        let origin = Origin::new("SIGHUP");
+        self.commit(&mut state, text, WriteMode::default(), &origin, false)
     }
 
     /// Replaces the whole config with `text`.
-    pub fn replace(&self, text: String, mode: WriteMode) -> Result<Applied, ApiError> {
+    pub fn replace(
+        &self,
+        text: String,
+        mode: WriteMode,
+        origin: &Origin,
+    ) -> Result<Applied, ApiError> {
         let mut state = self.lock();
         check_version(&state, mode)?;
-        self.commit(&mut state, text, mode, true)
+        self.commit(&mut state, text, mode, origin, true)
     }
 
     /// Changes the config document with `edit` (one object), then applies it.
     pub fn edit(
         &self,
         mode: WriteMode,
+        origin: &Origin,
         edit: impl FnOnce(&mut toml_edit::DocumentMut) -> Result<(), ApiError>,
     ) -> Result<Applied, ApiError> {
         let mut state = self.lock();
@@ -129,7 +198,7 @@ impl Store {
             )
         })?;
         edit(&mut doc)?;
-        self.commit(&mut state, doc.to_string(), mode, true)
+        self.commit(&mut state, doc.to_string(), mode, origin, true)
     }
 
     fn commit(
@@ -137,12 +206,14 @@ impl Store {
         state: &mut State,
         text: String,
         mode: WriteMode,
+        origin: &Origin,
         persist: bool,
     ) -> Result<Applied, ApiError> {
-        let name = self
-            .path
-            .as_deref()
-            .map_or_else(|| "api".to_string(), |p| p.display().to_string());
+        let name = origin.source.clone().unwrap_or_else(|| {
+            self.path
+                .as_deref()
+                .map_or_else(|| "api".to_string(), |p| p.display().to_string())
+        });
         let config = weir_config::parse_str(&text, &name)?;
         #[cfg(test)]
         if let Some(hook) = self.before_apply.lock().unwrap().as_mut() {
@@ -173,6 +244,7 @@ impl Store {
         };
         state.version += 1;
         state.text = text;
+        record(state, origin, &changes);
         if let (Some(tmp), Some(path)) = (staged, &self.path) {
             std::fs::rename(&tmp, path).map_err(|e| write_error(path, &e))?;
         }
@@ -190,6 +262,33 @@ impl Store {
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
+}
+
+/// Logs the change that made `state.version` and remembers it.
+fn record(state: &mut State, origin: &Origin, changes: &[Change]) {
+    let changes: Vec<String> = changes.iter().map(ToString::to_string).collect();
+    tracing::info!(
+        by = %origin.by,
+        from = state.version - 1,
+        version = state.version,
+        changes = ?changes,
+        "config changed"
+    );
+    if state.history.len() == HISTORY {
+        state.history.pop_front();
+    }
+    state.history.push_back(Version {
+        version: state.version,
+        at: unix_now(),
+        by: origin.by.clone(),
+        changes,
+    });
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 fn check_version(state: &State, mode: WriteMode) -> Result<(), ApiError> {

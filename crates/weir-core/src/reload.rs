@@ -237,6 +237,9 @@ impl Proxy {
         ));
         control.stop_stale(&config);
         for (i, bound) in binds {
+            // Only the listeners bound now: one whose routes or timeouts changed keeps
+            // its sockets and is not `listening` anew.
+            tracing::info!(listener = %config.listeners[i].name, addr = %bound.addr, "listening");
             control.listen(&config.listeners[i], listener_slots[i], bound);
         }
         Ok(changes)

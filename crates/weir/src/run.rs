@@ -212,19 +212,13 @@ fn log_listening(proxy: &Proxy, name: &str) {
     }
 }
 
-/// SIGHUP: re-reads the config file through the same path as the admin API. A rejected
-/// file is logged with its `file:line:col` and the running config stays.
+/// SIGHUP: re-reads the config file through the same path as the admin API. The store
+/// logs the change (`config changed by=SIGHUP`) and the data plane each socket it bound
+/// (`listening`); a rejected file is logged with its `file:line:col` and the running
+/// config stays.
 fn reload(store: &Store) {
     match store.reload_file() {
-        Ok(applied) => {
-            let changes: Vec<String> = applied.changes.iter().map(ToString::to_string).collect();
-            tracing::info!(version = applied.version, changes = ?changes, "SIGHUP: config reloaded");
-            for c in &applied.changes {
-                if c.object == "listener" && c.kind != weir_config::diff::ChangeKind::Removed {
-                    log_listening(store.proxy(), &c.name[0]);
-                }
-            }
-        }
+        Ok(_) => {}
         Err(e) => tracing::error!(
             at = e.at.as_deref().unwrap_or(""),
             field = %e.field,

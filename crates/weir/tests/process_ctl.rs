@@ -5,6 +5,7 @@ mod support_process;
 
 use std::io::Write;
 use std::process::{Command, Output, Stdio};
+use std::time::Duration;
 
 use support_process::{backend_of, TempDir, Weir, WEIR};
 use weir_testkit::Backend;
@@ -115,6 +116,73 @@ fn drain_undrain_and_weight_of_an_unknown_server_fail_and_change_nothing() {
     assert_eq!(std::fs::read_to_string(&path).expect("read"), before);
     let out = ok(&ctl(&weir, &["get", "upstreams"], ""));
     assert!(!out.contains("127.0.0.1:1 ") && !out.contains("127.0.0.1:1\n"), "{out}");
+}
+
+/// Was: `apply -f broken.toml` reported the position as `weir.toml:39:1` (the server's file).
+#[test]
+fn apply_errors_name_the_file_sent() {
+    let a = Backend::echo("a");
+    let weir = Weir::start(&file(&a, ""));
+    let dir = TempDir::new("ctl-broken");
+    let text = std::fs::read_to_string(weir.config_path.as_ref().expect("path")).expect("read");
+    let broken = dir.write("broken.toml", &text.replace("upstream = \"app\"", "upstream = \"nope\""));
+    let line = text
+        .lines()
+        .position(|l| l == "upstream = \"app\"")
+        .expect("route line")
+        + 1;
+    for command in ["apply", "diff"] {
+        let out = ctl(&weir, &[command, "-f", broken.to_str().expect("utf-8")], "");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.starts_with(&format!("error: {}:{line}:", broken.display())),
+            "{command}: {err}"
+        );
+    }
+    let out = ctl(&weir, &["apply", "-f", "-"], "not = [valid");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.starts_with("error: stdin:1:"), "{err}");
+}
+
+/// Was: API changes were not logged, and there was no way to see what changed when.
+#[test]
+fn every_change_is_logged_with_who_and_listed_by_history() {
+    let (a, b) = (Backend::echo("a"), Backend::echo("b"));
+    let weir = Weir::start(&file(&a, ""));
+    let b_addr = b.addr().to_string();
+    ok(&ctl(&weir, &["server", "add", "app", &b_addr], ""));
+    ok(&ctl(&weir, &["server", "drain", "app", &b_addr], ""));
+    weir.signal(libc::SIGHUP);
+    assert!(
+        weir.log.wait_for("by=SIGHUP", Duration::from_secs(20)),
+        "{}",
+        weir.log.text()
+    );
+    let logged: Vec<String> = weir
+        .log
+        .lines()
+        .into_iter()
+        .filter(|l| l.contains("config changed"))
+        .collect();
+    assert_eq!(logged.len(), 3, "{logged:?}");
+    assert!(
+        logged[0].contains("by=api 127.0.0.1:")
+            && logged[0].contains("from=1 version=2")
+            && logged[0].contains(&format!("added server app/{b_addr}")),
+        "{logged:?}"
+    );
+    let out = ok(&ctl(&weir, &["history"], ""));
+    let rows: Vec<&str> = out.lines().collect();
+    assert!(rows[0].starts_with("VERSION"), "{out}");
+    assert_eq!(rows.len(), 5, "start + 3 changes: {out}");
+    assert!(rows[1].starts_with("1 ") && rows[1].contains("start"), "{out}");
+    assert!(rows[2].contains("api 127.0.0.1:") && rows[2].contains("added server"), "{out}");
+    assert!(rows[3].contains("changed server"), "{out}");
+    assert!(rows[4].starts_with("4 ") && rows[4].contains("SIGHUP"), "{out}");
+    let json: serde_json::Value =
+        serde_json::from_str(&ok(&ctl(&weir, &["-o", "json", "history"], ""))).expect("json");
+    assert_eq!(json[1]["version"], 2);
+    assert!(json[1]["at"].as_u64().is_some_and(|t| t > 1_700_000_000), "{json}");
 }
 
 #[test]

@@ -55,10 +55,22 @@ fn a_reload_rebinding_its_own_address_still_works() {
     std::fs::write(&path, on(&addr, "backlog = 64", &backend)).expect("rewrite");
     weir.signal(libc::SIGHUP);
     assert!(
-        weir.log.wait_for("config reloaded", Duration::from_secs(20)),
+        weir.log.wait_for("config changed by=SIGHUP", Duration::from_secs(20)),
         "{}",
         weir.log.text()
     );
     assert!(!weir.log.contains("rejected"), "{}", weir.log.text());
     assert_eq!(get(weir.addr, "/x").expect("serves").0.status, 200);
+    let listening = || {
+        let lines = weir.log.lines();
+        lines.iter().filter(|l| l.contains("listening listener=web")).count()
+    };
+    assert_eq!(listening(), 2, "bound at start and rebound: {}", weir.log.text());
+    // Was: a change that keeps the sockets logged `listening` as if it had bound anew.
+    let keepalive = "backlog = 64\nkeepalive_timeout = \"7s\"";
+    std::fs::write(&path, on(&addr, keepalive, &backend)).expect("rewrite");
+    weir.signal(libc::SIGHUP);
+    let changed = || weir.log.lines().iter().filter(|l| l.contains("config changed")).count();
+    assert!(weir_testkit::wait_until(Duration::from_secs(20), || changed() == 2));
+    assert_eq!(listening(), 2, "{}", weir.log.text());
 }

@@ -16,6 +16,7 @@ mod edit;
 pub(crate) mod error;
 mod views;
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,20 +26,21 @@ use hyper::header::{HeaderValue, ACCEPT, CONTENT_TYPE, ETAG, IF_MATCH};
 use hyper::{Method, Request, Response, StatusCode};
 use serde_json::{json, Value as Json};
 
-use crate::store::{Applied, Store, WriteMode};
+use crate::store::{Applied, Origin, Store, WriteMode};
 use convert::Format;
 use error::ApiError;
 
 /// The largest request body accepted (a whole config fits many times over).
 pub const MAX_BODY: usize = 1 << 20;
 
-/// Serves one `/api/v1/...` request; its body must arrive within `body_timeout`.
+/// Serves one `/api/v1/...` request from `peer`; its body must arrive within `body_timeout`.
 pub async fn handle(
     req: Request<Incoming>,
     store: Arc<Store>,
     body_timeout: Duration,
+    peer: SocketAddr,
 ) -> Response<Full<Bytes>> {
-    match serve(req, store, body_timeout).await {
+    match serve(req, store, body_timeout, peer).await {
         Ok(response) => response,
         Err(e) => json_response(e.status, &e.to_json(), None),
     }
@@ -48,16 +50,16 @@ async fn serve(
     req: Request<Incoming>,
     store: Arc<Store>,
     body_timeout: Duration,
+    peer: SocketAddr,
 ) -> Result<Response<Full<Bytes>>, ApiError> {
     let write = req.method() != Method::GET && req.method() != Method::HEAD;
-    auth::check(
-        &store.proxy().config().admin,
-        &store.token,
-        req.headers(),
-        write,
-    )
-    .await?;
-    let call = tokio::time::timeout(body_timeout, read_call(req))
+    let admin = &store.proxy().config().admin;
+    auth::check(admin, &store.token, req.headers(), write).await?;
+    let by = match admin.token_file {
+        Some(_) => format!("api {peer} with token"),
+        None => format!("api {peer}"),
+    };
+    let call = tokio::time::timeout(body_timeout, read_call(req, by))
         .await
         .map_err(|_| {
             ApiError::new(
@@ -83,6 +85,7 @@ struct Call {
     method: Method,
     segments: Vec<String>,
     mode: WriteMode,
+    origin: Origin,
     format: Format,
     wants_toml: bool,
     body: Bytes,
@@ -104,20 +107,23 @@ fn route(call: Call, store: &Store) -> Result<Response<Full<Bytes>>, ApiError> {
         (&Method::GET, ["config"]) => read(convert::config_json(&text)),
         (&Method::PUT, ["config"]) => {
             let text = convert::body_config_text(&call.body, call.format)?;
-            written(store.replace(text, call.mode), call.mode)
+            written(store.replace(text, call.mode, &call.origin), call.mode)
         }
+        (&Method::GET, ["history"]) => read(Json::Array(
+            store.history().iter().map(|v| v.to_json()).collect(),
+        )),
         (&Method::GET, ["upstreams"]) => read(views::upstreams(store.proxy())),
         (&Method::GET, ["upstreams", name]) => read(views::upstream(&text, name)?),
         (&Method::GET, ["upstreams", name, "health"]) => read(views::health(store.proxy(), name)?),
         (&Method::PUT, ["upstreams", name]) => {
             let body = convert::body_table(&call.body, call.format)?;
             written(
-                store.edit(call.mode, |doc| edit::put_upstream(doc, name, body)),
+                store.edit(call.mode, &call.origin, |doc| edit::put_upstream(doc, name, body)),
                 call.mode,
             )
         }
         (&Method::DELETE, ["upstreams", name]) => written(
-            store.edit(call.mode, |doc| edit::delete_upstream(doc, name)),
+            store.edit(call.mode, &call.origin, |doc| edit::delete_upstream(doc, name)),
             call.mode,
         ),
         (method @ (&Method::PUT | &Method::PATCH), ["upstreams", name, "servers", addr]) => {
@@ -128,12 +134,12 @@ fn route(call: Call, store: &Store) -> Result<Response<Full<Bytes>>, ApiError> {
                 edit::ServerEdit::ChangeOnly
             };
             written(
-                store.edit(call.mode, |doc| edit::put_server(doc, name, addr, &body, how)),
+                store.edit(call.mode, &call.origin, |doc| edit::put_server(doc, name, addr, &body, how)),
                 call.mode,
             )
         }
         (&Method::DELETE, ["upstreams", name, "servers", addr]) => written(
-            store.edit(call.mode, |doc| edit::delete_server(doc, name, addr)),
+            store.edit(call.mode, &call.origin, |doc| edit::delete_server(doc, name, addr)),
             call.mode,
         ),
         (&Method::GET, ["listeners"]) => read(views::listeners(store.proxy())),
@@ -142,24 +148,24 @@ fn route(call: Call, store: &Store) -> Result<Response<Full<Bytes>>, ApiError> {
         (&Method::PUT, ["listeners", name]) => {
             let body = convert::body_table(&call.body, call.format)?;
             written(
-                store.edit(call.mode, |doc| edit::put_listener(doc, name, body)),
+                store.edit(call.mode, &call.origin, |doc| edit::put_listener(doc, name, body)),
                 call.mode,
             )
         }
         (&Method::DELETE, ["listeners", name]) => written(
-            store.edit(call.mode, |doc| edit::delete_listener(doc, name)),
+            store.edit(call.mode, &call.origin, |doc| edit::delete_listener(doc, name)),
             call.mode,
         ),
         (&Method::GET, ["listeners", l, "routes", r]) => read(views::route(&text, l, r)?),
         (&Method::PUT, ["listeners", l, "routes", r]) => {
             let body = convert::body_table(&call.body, call.format)?;
             written(
-                store.edit(call.mode, |doc| edit::put_route(doc, l, r, body)),
+                store.edit(call.mode, &call.origin, |doc| edit::put_route(doc, l, r, body)),
                 call.mode,
             )
         }
         (&Method::DELETE, ["listeners", l, "routes", r]) => written(
-            store.edit(call.mode, |doc| edit::delete_route(doc, l, r)),
+            store.edit(call.mode, &call.origin, |doc| edit::delete_route(doc, l, r)),
             call.mode,
         ),
         _ => Err(ApiError::new(
@@ -179,7 +185,8 @@ pub async fn check_read(store: &Store, headers: &hyper::HeaderMap) -> Result<(),
     auth::check(&store.proxy().config().admin, &store.token, headers, false).await
 }
 
-async fn read_call(req: Request<Incoming>) -> Result<Call, ApiError> {
+/// `by` says who sends the request, for the change log.
+async fn read_call(req: Request<Incoming>, by: String) -> Result<Call, ApiError> {
     let (parts, body) = req.into_parts();
     let path = parts.uri.path().strip_prefix("/api/v1").unwrap_or("");
     let segments = path
@@ -191,6 +198,12 @@ async fn read_call(req: Request<Incoming>) -> Result<Call, ApiError> {
     let dry_run = query
         .split('&')
         .any(|p| p == "dry_run=true" || p == "dry_run=1");
+    // `PUT /config?source=NAME`: errors in the body are reported as in NAME.
+    let source = query
+        .split('&')
+        .find_map(|p| p.strip_prefix("source="))
+        .map(percent_decode)
+        .filter(|s| !s.is_empty());
     let header = |name| {
         parts
             .headers
@@ -220,6 +233,7 @@ async fn read_call(req: Request<Incoming>) -> Result<Call, ApiError> {
         method: parts.method,
         segments,
         mode: WriteMode { expect, dry_run },
+        origin: Origin { by, source },
         format,
         wants_toml,
         body: body.to_bytes(),

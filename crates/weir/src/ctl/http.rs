@@ -29,6 +29,20 @@ pub fn authority(url: &str) -> anyhow::Result<String> {
     Ok(host.to_string())
 }
 
+/// `text` as a URL query value: unreserved characters and `/` as they are, the rest as
+/// `%XX` bytes.
+pub fn query_escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for b in text.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~/".contains(&b) {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
 pub struct Request<'a> {
     pub method: &'a str,
     pub path: &'a str,
@@ -105,6 +119,7 @@ mod tests {
             "127.0.0.1:9901"
         );
         assert!(authority("https://x").is_err());
+        assert_eq!(query_escape("a b/c&d.toml"), "a%20b/c%26d.toml");
         assert!(authority("http://").is_err());
     }
 }

@@ -58,6 +58,8 @@ enum CtlCommand {
         kind: Kind,
         name: String,
     },
+    /// The recent versions of the running config: when, by whom, what changed.
+    History,
     /// Change one server of an upstream.
     Server {
         #[arg(value_enum)]
@@ -114,8 +116,29 @@ pub fn run(ctl: Ctl) -> anyhow::Result<()> {
             addr,
             weight,
         } => server(&client, *action, upstream, addr, *weight, ctl.output),
+        CtlCommand::History => history(&client, ctl.output),
     }
 }
+
+fn history(client: &Client, output: Output) -> anyhow::Result<()> {
+    let reply = client.call("GET", "/history", None, b"")?;
+    let header = ["VERSION", "AT", "BY", "CHANGES"];
+    print_or_table(&reply, output, &header, |v| {
+        let changes: Vec<String> = list(&v["changes"]).iter().map(text).collect();
+        vec![
+            text(&v["version"]),
+            text(&v["at_utc"]),
+            text(&v["by"]),
+            if changes.is_empty() {
+                "-".to_string()
+            } else {
+                changes.join(", ")
+            },
+        ]
+    });
+    Ok(())
+}
+
 
 struct Client {
     authority: String,
@@ -323,12 +346,19 @@ fn write_config(client: &Client, file: &str, dry_run: bool, output: Output) -> a
     } else {
         "application/toml"
     };
-    let path = if dry_run {
-        "/config?dry_run=true"
-    } else {
-        "/config"
+    // Errors point into the file sent, not into the server's own config file; a JSON body
+    // is checked as the TOML it converts to.
+    let name = match (file, is_json) {
+        ("-", false) => "stdin".to_string(),
+        ("-", true) => "stdin (as TOML)".to_string(),
+        (_, false) => file.to_string(),
+        (_, true) => format!("{file} (as TOML)"),
     };
-    let reply = client.call("PUT", path, Some(content_type), &body)?;
+    let path = format!(
+        "/config?dry_run={dry_run}&source={}",
+        http::query_escape(&name)
+    );
+    let reply = client.call("PUT", &path, Some(content_type), &body)?;
     print_written(&reply, output)
 }
 
