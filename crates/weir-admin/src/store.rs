@@ -214,7 +214,8 @@ impl Store {
                 .as_deref()
                 .map_or_else(|| "api".to_string(), |p| p.display().to_string())
         });
-        let config = weir_config::parse_str(&text, &name)?;
+        let base = self.path.as_deref().map(weir_config::config_dir);
+        let config = weir_config::parse_in(&text, &name, base.as_deref())?;
         #[cfg(test)]
         if let Some(hook) = self.before_apply.lock().unwrap().as_mut() {
             hook();
@@ -239,7 +240,7 @@ impl Store {
                 if let Some(tmp) = staged {
                     let _ = std::fs::remove_file(tmp);
                 }
-                return Err(e.into());
+                return Err(located(e, &name, &text));
             }
         };
         state.version += 1;
@@ -262,6 +263,18 @@ impl Store {
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
+}
+
+/// An apply error, with the position of its field in `text` (a certificate file that
+/// cannot be read is reported at the key that names it).
+fn located(e: weir_core::ApplyError, name: &str, text: &str) -> ApiError {
+    let field = e.field();
+    let mut error = ApiError::from(e);
+    if !field.is_empty() {
+        let at = weir_config::ConfigError::at_field(name, text, &field, "", "");
+        error.at = Some(format!("{}:{}:{}", at.file, at.line, at.column));
+    }
+    error
 }
 
 /// Logs the change that made `state.version` and remembers it.

@@ -48,6 +48,31 @@ fn prefix(file: &str, line: &usize, column: &usize, field: &str) -> String {
 }
 
 impl ConfigError {
+    /// An error found after validation (a certificate that cannot be loaded) about the
+    /// key `field` (as errors print it: `listeners[0].tls.certs[1].cert`) of `text`,
+    /// located like a validation error.
+    pub fn at_field(
+        file: &str,
+        text: &str,
+        field: &str,
+        message: impl Into<String>,
+        fix: impl Into<String>,
+    ) -> ConfigError {
+        let offset = ImDocument::parse(text)
+            .ok()
+            .and_then(|doc| locate(&doc, &FieldPath::parse(field)))
+            .unwrap_or(0);
+        let (line, column) = line_column(text, offset);
+        ConfigError {
+            file: file.to_owned(),
+            line,
+            column,
+            field: field.to_owned(),
+            message: message.into(),
+            fix: fix.into(),
+        }
+    }
+
     /// The configuration file could not be read.
     pub(crate) fn io(file: &str, err: &std::io::Error) -> Self {
         let fix = match err.kind() {
@@ -90,6 +115,29 @@ impl FieldPath {
     pub(crate) fn index(&self, index: usize) -> FieldPath {
         let mut segs = self.0.clone();
         segs.push(Seg::Index(index));
+        FieldPath(segs)
+    }
+
+    /// A path as `Display` writes it (`upstreams."a.b".servers[0].addr`).
+    pub(crate) fn parse(text: &str) -> FieldPath {
+        let mut segs = Vec::new();
+        let mut rest = text;
+        while !rest.is_empty() {
+            rest = rest.strip_prefix('.').unwrap_or(rest);
+            if let Some(after) = rest.strip_prefix('[') {
+                let end = after.find(']').unwrap_or(after.len());
+                segs.extend(after[..end].parse().ok().map(Seg::Index));
+                rest = after.get(end + 1..).unwrap_or("");
+            } else if let Some(after) = rest.strip_prefix('"') {
+                let end = after.find('"').unwrap_or(after.len());
+                segs.push(Seg::Key(after[..end].to_owned()));
+                rest = after.get(end + 1..).unwrap_or("");
+            } else {
+                let end = rest.find(['.', '[']).unwrap_or(rest.len());
+                segs.push(Seg::Key(rest[..end].to_owned()));
+                rest = &rest[end..];
+            }
+        }
         FieldPath(segs)
     }
 
@@ -475,6 +523,9 @@ mod tests {
             FieldPath::default().key("upstreams").key("a.b").to_string(),
             "upstreams.\"a.b\""
         );
+        for text in ["upstreams.\"a.b\".servers[0].addr", "listeners[1].tls.certs[0].cert", "x"] {
+            assert_eq!(FieldPath::parse(text).to_string(), text);
+        }
     }
 
     #[test]

@@ -15,6 +15,7 @@ pub mod model;
 
 pub mod diff;
 mod error;
+mod paths;
 mod raw;
 mod units;
 mod validate;
@@ -23,6 +24,7 @@ use std::path::Path;
 
 pub use error::ConfigError;
 pub use model::*;
+pub use paths::RelativePath;
 pub use units::{parse_duration, parse_size};
 
 use error::Source;
@@ -36,21 +38,42 @@ pub fn load_file(path: &Path) -> Result<Config, ConfigError> {
 }
 
 /// Like [`load_file`], also returning the text (the admin API edits and persists it).
+/// Relative paths in it resolve against the file's directory.
 pub fn load_file_with_text(path: &Path) -> Result<(Config, String), ConfigError> {
     let file = path.display().to_string();
     let text = std::fs::read_to_string(path).map_err(|e| ConfigError::io(&file, &e))?;
-    Ok((parse_str(&text, &file)?, text))
+    Ok((parse_in(&text, &file, Some(&config_dir(path)))?, text))
+}
+
+/// The directory relative paths in the config file at `path` resolve against.
+pub fn config_dir(path: &Path) -> std::path::PathBuf {
+    paths::base_of(path)
 }
 
 /// Parses and validates configuration text; `file_name` is used in error messages.
+/// Relative paths stay relative to the working directory (see [`parse_in`]).
 pub fn parse_str(source: &str, file_name: &str) -> Result<Config, ConfigError> {
+    parse_in(source, file_name, None)
+}
+
+/// Like [`parse_str`], relative paths resolved against `base` (the directory of the
+/// config file the text is, or will be written to) when given.
+pub fn parse_in(
+    source: &str,
+    file_name: &str,
+    base: Option<&Path>,
+) -> Result<Config, ConfigError> {
     let src = Source {
         file: file_name,
         text: source,
     };
     let doc = toml_edit::ImDocument::parse(source).map_err(|e| src.syntax_error(&e))?;
-    let raw: raw::RawConfig = toml::from_str(source).map_err(|e| src.shape_error(&doc, &e))?;
-    validate::config(raw).map_err(|issue| src.issue_error(&doc, issue))
+    let mut raw: raw::RawConfig =
+        toml::from_str(source).map_err(|e| src.shape_error(&doc, &e))?;
+    let relative_paths = base.map_or_else(Vec::new, |b| paths::resolve(&mut raw, b));
+    let mut config = validate::config(raw).map_err(|issue| src.issue_error(&doc, issue))?;
+    config.relative_paths = relative_paths;
+    Ok(config)
 }
 
 #[cfg(test)]
@@ -214,6 +237,7 @@ max_idle = 256
                 max_concurrent_streams: 100,
                 max_header_list_size: 64 * 1024,
             }],
+            relative_paths: Vec::new(),
         };
         assert_eq!(parse(FULL), expected);
         assert_eq!(
@@ -240,6 +264,7 @@ max_idle = 256
             },
             listeners: vec![listener("web", "127.0.0.1:8080", Vec::new())],
             upstreams: Vec::new(),
+            relative_paths: Vec::new(),
         };
         assert_eq!(config, expected);
     }

@@ -15,6 +15,9 @@ pub struct Config {
     pub listeners: Vec<Listener>,
     /// Upstream pools; a route refers to one by its index in this vector.
     pub upstreams: Vec<Upstream>,
+    /// The paths written relative to the config file's directory, as resolved (the
+    /// settings above hold the resolved ones); empty for text parsed without a file.
+    pub relative_paths: Vec<crate::RelativePath>,
 }
 
 /// Process-wide settings (`[server]`).
@@ -635,7 +638,8 @@ pub struct PemCertKey {
 /// needs). Comparing contents makes a reload notice a changed file.
 #[derive(Clone, PartialEq, Eq)]
 pub struct PemFile {
-    /// As written in the configuration (relative paths from Weir's working directory).
+    /// As written in the configuration, a relative path joined to the config file's
+    /// directory.
     pub path: std::path::PathBuf,
     pub contents: Vec<u8>,
 }

@@ -51,6 +51,7 @@ pub(crate) fn config(raw: RawConfig) -> Result<Config, Issue> {
         admin,
         listeners,
         upstreams,
+        relative_paths: Vec::new(),
     })
 }
 

@@ -52,19 +52,21 @@ impl ApplyError {
                 format!("listeners[{listener}].bind")
             }
             ApplyError::Bind(_) => String::new(),
-            ApplyError::Tls(e) => format!("listeners[{}].tls", e.listener),
+            ApplyError::Tls(e) => e.field.clone(),
             ApplyError::UpstreamTls(e) => format!("upstreams.{}.tls", e.upstream),
         }
     }
 
-    pub fn fix(&self) -> &'static str {
+    pub fn fix(&self) -> String {
         match self {
-            ApplyError::NotReloadable { fix, .. } => fix,
-            ApplyError::Bind(_) => "use an address that is free on this host",
-            ApplyError::Tls(_) => {
-                "fix or replace the file (the running certificates stay in use meanwhile)"
+            ApplyError::NotReloadable { fix, .. } => fix.to_string(),
+            ApplyError::Bind(_) => "use an address that is free on this host".to_string(),
+            ApplyError::Tls(e) => {
+                format!("{} (the running certificates stay in use meanwhile)", e.fix())
             }
-            ApplyError::UpstreamTls(_) => "give a certificate and key that belong together, in PEM",
+            ApplyError::UpstreamTls(_) => {
+                "give a certificate and key that belong together, in PEM".to_string()
+            }
         }
     }
 }

@@ -44,6 +44,21 @@ pub enum StartError {
     UpstreamTls(#[from] crate::connector::tls::TlsSetupError),
 }
 
+impl StartError {
+    /// The config key at fault and how to fix it, for the errors about a file the config
+    /// names (a certificate, key or CA): shown at the key's position like a config error.
+    pub fn located(&self) -> Option<(String, String)> {
+        match self {
+            StartError::Tls(e) => Some((e.field.clone(), e.fix())),
+            StartError::UpstreamTls(e) => Some((
+                format!("upstreams.{}.tls", e.upstream),
+                "give a certificate and key that belong together, in PEM".to_string(),
+            )),
+            _ => None,
+        }
+    }
+}
+
 /// A running data plane. Dropping it without `shutdown` leaves the workers running until
 /// the process exits.
 pub struct Proxy {

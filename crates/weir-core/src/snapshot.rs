@@ -72,7 +72,30 @@ impl RoutePlan {
 #[error("listener {listener:?}: {error}")]
 pub struct ListenerTlsError {
     pub listener: String,
+    /// The config key naming the file, such as `listeners[1].tls.certs[0].cert`.
+    pub field: String,
     pub error: TlsError,
+}
+
+impl ListenerTlsError {
+    /// `error` of listener `index` of `config` (which has `tls`).
+    pub fn new(config: &Config, index: usize, error: TlsError) -> ListenerTlsError {
+        let listener = &config.listeners[index];
+        let at = format!("listeners[{index}].tls");
+        let field = match &listener.tls {
+            Some(tls) => error.field_in(tls, &at),
+            None => at,
+        };
+        ListenerTlsError {
+            listener: listener.name.clone(),
+            field,
+            error,
+        }
+    }
+
+    pub fn fix(&self) -> String {
+        self.error.fix()
+    }
 }
 
 impl Snapshot {
@@ -190,16 +213,14 @@ impl TlsPlans {
         previous: Option<&Snapshot>,
     ) -> Result<TlsPlans, ListenerTlsError> {
         let mut plans = Vec::with_capacity(config.listeners.len());
-        for listener in &config.listeners {
+        for (i, listener) in config.listeners.iter().enumerate() {
             let Some(tls) = &listener.tls else {
                 plans.push(None);
                 continue;
             };
             let before = previous.and_then(|p| p.listener_tls(&listener.name));
-            let built = ListenerTls::build(tls, before).map_err(|error| ListenerTlsError {
-                listener: listener.name.clone(),
-                error,
-            })?;
+            let built = ListenerTls::build(tls, before)
+                .map_err(|error| ListenerTlsError::new(config, i, error))?;
             plans.push(Some(Arc::new(built)));
         }
         Ok(TlsPlans(plans))

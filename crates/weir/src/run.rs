@@ -26,16 +26,21 @@ pub fn init_logging() {
 }
 
 pub fn check_file(path: &Path) -> anyhow::Result<()> {
-    let config = weir_config::load_file(path)?;
-    let certs = weir_core::tls::check::check(&config)?;
+    let (config, text) = weir_config::load_file_with_text(path)?;
+    let located = |e: weir_core::StartError| start_error(path, &text, e);
+    let certs = weir_core::tls::check::check(&config)
+        .map_err(|e| located(weir_core::StartError::Tls(e)))?;
     // Builds the upstreams' TLS clients as a start would (a key that does not match its
     // certificate is found here, not at start).
     weir_core::connector::tls::build_all(&config, &[])
-        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        .map_err(|e| located(weir_core::StartError::UpstreamTls(e)))?;
     for warning in config.warnings() {
         println!("{}: WARNING: {warning}", path.display());
     }
     println!("{}: OK: {}", path.display(), config.summary());
+    for p in &config.relative_paths {
+        println!("  {} = {:?} -> {}", p.field, p.written, p.resolved.display());
+    }
     for cert in &certs {
         println!("  {cert}");
         for warning in &cert.warnings {
@@ -47,6 +52,18 @@ pub fn check_file(path: &Path) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// A start error; one about a file the config names (a certificate) becomes a config
+/// error at the key naming it: `file:line:col: field: message (fix: ...)`.
+fn start_error(path: &Path, text: &str, e: weir_core::StartError) -> anyhow::Error {
+    match e.located() {
+        Some((field, fix)) => {
+            let file = path.display().to_string();
+            weir_config::ConfigError::at_field(&file, text, &field, e.to_string(), fix).into()
+        }
+        None => e.into(),
+    }
 }
 
 /// `weir run`; with `upgrade_from`, the new process of a binary upgrade, which starts on
@@ -111,7 +128,11 @@ impl Running {
             Workers::Auto => std::thread::available_parallelism().map_or(1, |n| n.get()),
         };
         let admin_bind = config.admin.bind;
-        let proxy = Arc::new(Proxy::start_inherited(config, workers, listeners)?);
+        let proxy = Proxy::start_inherited(config, workers, listeners).map_err(|e| match &path {
+            Some(p) => start_error(p, &text, e),
+            None => e.into(),
+        })?;
+        let proxy = Arc::new(proxy);
         let store = Arc::new(Store::new(proxy.clone(), path, text));
         let state = Arc::new(AdminState {
             metrics: Some(Box::new(proxy.metrics_renderer())),

@@ -300,3 +300,68 @@ fn check_on_an_internal_ca_config_leaves_the_storage_directory_absent() {
     assert!(!out.status.success(), "{stderr}");
     assert!(stderr.contains("not-a-dir"), "{stderr}");
 }
+
+/// `weir check -c FILE` run from `cwd`.
+fn check_from(cwd: &Path, path: &Path) -> std::process::Output {
+    std::process::Command::new(support_process::WEIR)
+        .args(["check", "-c"])
+        .arg(path)
+        .current_dir(cwd)
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("run weir check")
+}
+
+/// A TLS listener whose files are written relative: `certs/site.pem`, `certs/site.key`.
+fn relative_tls(cert: &str) -> String {
+    format!(
+        "[admin]\nbind = \"off\"\n\n[[listeners]]\nname = \"https\"\nbind = \"127.0.0.1:0\"\n\
+         [listeners.tls]\ncerts = [{{ cert = \"{cert}\", key = \"certs/site.key\" }}]\n"
+    )
+}
+
+/// Was: relative paths resolved against the working directory, so a config that checked
+/// from its own directory failed from another one (a systemd unit runs in `/`).
+#[test]
+fn relative_paths_resolve_against_the_config_file_and_check_says_where() {
+    let ca = weir_testkit::certs::TestCa::new("Paths CA");
+    let leaf = ca.leaf(&["site.example"]);
+    let dir = TempDir::new("check-paths");
+    std::fs::create_dir_all(dir.path().join("certs")).expect("mkdir");
+    dir.write("certs/site.pem", &leaf.chain_pem);
+    dir.write("certs/site.key", &leaf.key_pem);
+    let path = dir.write("weir.toml", &relative_tls("certs/site.pem"));
+    let out = check_from(Path::new("/"), &path);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    let resolved = dir.path().join("certs/site.pem");
+    assert!(
+        stdout.contains(&format!(
+            "listeners[0].tls.certs[0].cert = \"certs/site.pem\" -> {}",
+            resolved.display()
+        )),
+        "says where a relative path pointed: {stdout}"
+    );
+}
+
+/// Was: `listener "https": certs/sitee.pem: cannot read it`: no position, no fix, and the
+/// path as written rather than the one tried.
+#[test]
+fn an_unreadable_certificate_is_located_with_the_path_tried_and_a_fix() {
+    let dir = TempDir::new("check-cert-missing");
+    let text = relative_tls("certs/sitee.pem");
+    let path = dir.write("weir.toml", &text);
+    let out = check_from(Path::new("/"), &path);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "{stderr}");
+    let line = text.lines().position(|l| l.starts_with("certs =")).expect("certs line") + 1;
+    let (_, message) = assert_located(
+        &path.display().to_string(),
+        &stderr,
+        line,
+        "listeners[0].tls.certs[0].cert",
+    );
+    let tried = dir.path().join("certs/sitee.pem").display().to_string();
+    assert!(message.contains(&format!("{tried}: cannot read it")), "{stderr}");
+    assert!(message.contains(&format!("(fix: {tried} does not exist")), "{stderr}");
+}

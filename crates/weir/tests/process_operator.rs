@@ -44,6 +44,35 @@ fn a_second_weir_on_the_same_port_is_refused_naming_the_holder() {
     assert_eq!(get(first.addr, "/x").expect("first still serves").0.status, 200);
 }
 
+/// Was: relative paths resolved against the working directory, so `weir run` from another
+/// directory (a systemd unit runs in `/`) could not find the certificates.
+#[test]
+fn weir_run_from_another_directory_finds_relative_files() {
+    let ca = weir_testkit::certs::TestCa::new("Run CA");
+    let leaf = ca.leaf(&["localhost"]);
+    let dir = support_process::TempDir::new("relative");
+    std::fs::create_dir_all(dir.path().join("certs")).expect("mkdir");
+    dir.write("certs/site.pem", &leaf.chain_pem);
+    dir.write("certs/site.key", &leaf.key_pem);
+    let backend = Backend::echo("app");
+    let text = on("127.0.0.1:0", "", &backend).replace(
+        "bind = \"127.0.0.1:0\"\n",
+        "bind = \"127.0.0.1:0\"\ntls = { certs = [{ cert = \"certs/site.pem\", key = \"certs/site.key\" }] }\n",
+    );
+    let path = dir.write("weir.toml", &text);
+    let mut cmd = Command::new(WEIR);
+    cmd.arg("run").arg("-c").arg(&path).current_dir("/");
+    let weir = Weir::spawn(cmd);
+    // A reload through the file resolves them the same way.
+    weir.signal(libc::SIGHUP);
+    assert!(
+        weir.log.wait_for("config changed by=SIGHUP", Duration::from_secs(20)),
+        "{}",
+        weir.log.text()
+    );
+    assert!(!weir.log.contains("rejected"), "{}", weir.log.text());
+}
+
 /// A reload that rebinds the address a listener already has (a new backlog needs new
 /// sockets) is this process's own business: the check must not refuse it.
 #[test]

@@ -101,7 +101,7 @@ fn read(file: String, path: &FieldPath) -> Result<PemFile, Issue> {
         Err(e) => Err(Issue::new(
             path,
             format!("cannot read {}: {e}", file.display()),
-            "check the path (relative paths start from Weir's working directory) and its permissions",
+            "check the path (relative paths start from the config file's directory) and its permissions",
         )),
     }
 }

@@ -48,12 +48,9 @@ impl std::fmt::Display for CertReport {
 pub fn check(config: &Config) -> Result<Vec<CertReport>, ListenerTlsError> {
     let now = unix_now();
     let mut reports = Vec::new();
-    for listener in &config.listeners {
+    for (i, listener) in config.listeners.iter().enumerate() {
         let Some(tls) = &listener.tls else { continue };
-        let error = |error| ListenerTlsError {
-            listener: listener.name.clone(),
-            error,
-        };
+        let error = |error| ListenerTlsError::new(config, i, error);
         // The files and settings as a start would load them, but without the automatic
         // certificate: obtaining it writes (storage, CA, leaf), and a check writes nothing.
         let mut manual = tls.clone();

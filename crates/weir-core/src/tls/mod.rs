@@ -46,10 +46,67 @@ pub struct TlsError {
 }
 
 impl TlsError {
+    /// `file` is shown absolute: the path that was tried.
     pub(crate) fn new(file: &std::path::Path, reason: impl Into<String>) -> TlsError {
         TlsError {
-            file: file.to_path_buf(),
+            file: std::path::absolute(file).unwrap_or_else(|_| file.to_path_buf()),
             reason: reason.into(),
         }
+    }
+
+    /// How to fix it, by what went wrong (the reasons are this module's own words).
+    pub fn fix(&self) -> String {
+        let file = self.file.display();
+        let reason = self.reason.as_str();
+        if reason.contains("No such file") {
+            format!(
+                "{file} does not exist: correct the path (a relative path starts from the \
+                 config file's directory) or put the file there"
+            )
+        } else if reason.contains("ermission denied") {
+            format!("make {file} readable (and its directory searchable) by the user weir runs as")
+        } else if reason.contains("PEM") || reason.starts_with("no ") {
+            format!("give a PEM file: {file} must hold what its key names, between -----BEGIN and -----END lines")
+        } else if reason.contains("does not match") || reason.contains("private key") {
+            "give the private key that belongs to this certificate".to_string()
+        } else if reason.contains("storage") {
+            format!("make {file} a directory weir's user can create and write")
+        } else {
+            format!("fix or replace {file}")
+        }
+    }
+
+    /// The key of `tls` (at `at`, such as `listeners[0].tls`) that names this file.
+    pub fn field_in(&self, tls: &weir_config::Tls, at: &str) -> String {
+        // `self.file` is absolute; the config's paths may not be (text without a file).
+        let abs = |p: &std::path::Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+        let file = self.file.as_path();
+        for (i, c) in tls.certs.iter().enumerate() {
+            if abs(&c.cert) == file {
+                return format!("{at}.certs[{i}].cert");
+            }
+            if abs(&c.key) == file {
+                return format!("{at}.certs[{i}].key");
+            }
+        }
+        if tls.client_auth.as_ref().is_some_and(|a| abs(&a.ca) == file) {
+            return format!("{at}.client_auth.ca");
+        }
+        if let Some(acme) = &tls.acme {
+            if acme.directory_ca.as_deref().map(abs).as_deref() == Some(file) {
+                return format!("{at}.acme.directory_ca");
+            }
+            if file.starts_with(abs(&acme.storage)) {
+                return format!("{at}.acme.storage");
+            }
+        }
+        if tls
+            .internal_ca
+            .as_ref()
+            .is_some_and(|ca| file.starts_with(abs(&ca.storage)))
+        {
+            return format!("{at}.internal_ca.storage");
+        }
+        at.to_string()
     }
 }
