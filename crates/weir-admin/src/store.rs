@@ -94,6 +94,8 @@ impl Origin {
 pub struct Applied {
     pub version: u64,
     pub changes: Vec<Change>,
+    /// The keys edited, old and new value as written (dry runs only).
+    pub fields: Vec<weir_config::field_diff::FieldChange>,
 }
 
 /// How a write is made.
@@ -226,6 +228,7 @@ impl Store {
             return Ok(Applied {
                 version: state.version,
                 changes: diff(&running, &config),
+                fields: weir_config::field_diff::field_changes(&state.text, &text),
             });
         }
         // Written first, renamed after the apply: a failed apply leaves the file alone, and
@@ -252,6 +255,7 @@ impl Store {
         Ok(Applied {
             version: state.version,
             changes,
+            fields: Vec::new(),
         })
     }
 

@@ -34,13 +34,11 @@ pub struct Change {
 
 impl std::fmt::Display for Change {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{} {} {}",
-            self.kind.as_str(),
-            self.object,
-            self.name.join("/")
-        )
+        write!(f, "{} {}", self.kind.as_str(), self.object)?;
+        if !self.name.is_empty() {
+            write!(f, " {}", self.name.join("/"))?;
+        }
+        Ok(())
     }
 }
 

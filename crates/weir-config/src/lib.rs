@@ -15,6 +15,7 @@ pub mod model;
 
 pub mod diff;
 mod error;
+pub mod field_diff;
 mod paths;
 mod raw;
 mod units;
@@ -43,6 +44,32 @@ pub fn load_file_with_text(path: &Path) -> Result<(Config, String), ConfigError>
     let file = path.display().to_string();
     let text = std::fs::read_to_string(path).map_err(|e| ConfigError::io(&file, &e))?;
     Ok((parse_in(&text, &file, Some(&config_dir(path)))?, text))
+}
+
+/// Only the `[admin]` section of the config file at `path` (what `weir ctl -c FILE` needs
+/// to reach the admin API), validated as a load would; the rest of the file is not looked
+/// at, so a file being edited still names its admin listener.
+pub fn load_admin(path: &Path) -> Result<AdminSettings, ConfigError> {
+    /// The file, every section but `[admin]` ignored.
+    #[derive(serde::Deserialize)]
+    struct AdminOnly {
+        admin: Option<raw::RawAdmin>,
+    }
+    let file = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| ConfigError::io(&file, &e))?;
+    let src = Source {
+        file: &file,
+        text: &text,
+    };
+    let doc = toml_edit::ImDocument::parse(text.as_str()).map_err(|e| src.syntax_error(&e))?;
+    let only: AdminOnly = toml::from_str(&text).map_err(|e| src.shape_error(&doc, &e))?;
+    let mut raw = raw::RawConfig {
+        admin: only.admin,
+        ..Default::default()
+    };
+    paths::resolve(&mut raw, &config_dir(path));
+    let at = error::FieldPath::default().key("admin");
+    validate::admin(raw.admin.unwrap_or_default(), &at).map_err(|i| src.issue_error(&doc, i))
 }
 
 /// The directory relative paths in the config file at `path` resolve against.

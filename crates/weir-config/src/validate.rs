@@ -99,7 +99,7 @@ fn workers(raw: Option<StrOrInt>, path: &FieldPath) -> Result<Workers, Issue> {
     }
 }
 
-fn admin(raw: RawAdmin, path: &FieldPath) -> Result<AdminSettings, Issue> {
+pub(crate) fn admin(raw: RawAdmin, path: &FieldPath) -> Result<AdminSettings, Issue> {
     let bind = match raw.bind.as_deref() {
         None => Some(DEFAULT_ADMIN_BIND),
         Some("off") => None,

@@ -118,6 +118,76 @@ fn drain_undrain_and_weight_of_an_unknown_server_fail_and_change_nothing() {
     assert!(!out.contains("127.0.0.1:1 ") && !out.contains("127.0.0.1:1\n"), "{out}");
 }
 
+/// Was: `diff` named only the objects and exited 0 either way.
+#[test]
+fn diff_shows_fields_old_and_new_and_exits_like_diff() {
+    let a = Backend::echo("a");
+    let weir = Weir::start(&file(&a, ""));
+    let dir = TempDir::new("ctl-diff");
+    let text = std::fs::read_to_string(weir.config_path.as_ref().expect("path")).expect("read");
+    let same = dir.write("same.toml", &text);
+    let out = ctl(&weir, &["diff", "-f", same.to_str().expect("utf-8")], "");
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let edited = text.replace("drain_timeout = \"1s\"", "drain_timeout = \"2s\"").replace(
+        "name = \"web\"\n",
+        "name = \"web\"\nkeepalive_timeout = \"9s\"\n",
+    );
+    let edited = dir.write("edited.toml", &edited);
+    let out = ctl(&weir, &["diff", "-f", edited.to_str().expect("utf-8")], "");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    assert!(stdout.contains("  server.drain_timeout: \"1s\" -> \"2s\""), "{stdout}");
+    assert!(
+        stdout.contains("  listeners[web].keepalive_timeout: (unset) -> \"9s\""),
+        "{stdout}"
+    );
+    let json: serde_json::Value = serde_json::from_slice(
+        &ctl(&weir, &["-o", "json", "diff", "-f", edited.to_str().expect("utf-8")], "").stdout,
+    )
+    .expect("json");
+    let fields = json["fields"].as_array().expect("fields");
+    assert!(
+        fields.iter().any(|f| f["path"] == "server.drain_timeout" && f["old"] == "\"1s\""),
+        "{json}"
+    );
+    assert!(stdout.contains("  changed server\n"), "{stdout}");
+    let broken = dir.write("broken.toml", "not = [valid");
+    let out = ctl(&weir, &["diff", "-f", broken.to_str().expect("utf-8")], "");
+    assert_eq!(out.status.code(), Some(2), "trouble: exit 2");
+}
+
+/// Was: `weir ctl` always went to 127.0.0.1:9901 unless told `--admin` on every call.
+#[test]
+fn ctl_finds_the_admin_api_from_the_environment_or_a_config_file() {
+    let a = Backend::echo("a");
+    let dir = TempDir::new("ctl-env");
+    let token = dir.write("token", "sesame\n");
+    let weir = Weir::start(&file(&a, &format!("token_file = \"{}\"", token.display())));
+    let admin = weir.admin_addr();
+    let run = |args: &[&str], env: &[(&str, &str)]| {
+        let mut cmd = Command::new(WEIR);
+        cmd.arg("ctl").args(args).env_remove("WEIR_ADMIN").env_remove("WEIR_ADMIN_TOKEN_FILE");
+        cmd.envs(env.iter().copied()).current_dir("/");
+        cmd.output().expect("run weir ctl")
+    };
+    let url = format!("http://{admin}");
+    let token_path = token.to_str().expect("utf-8");
+    let env = [("WEIR_ADMIN", url.as_str()), ("WEIR_ADMIN_TOKEN_FILE", token_path)];
+    let out = ok(&run(&["get", "upstreams"], &env));
+    assert!(out.contains(&a.addr().to_string()), "{out}");
+    // A config file naming the admin listener and a token file relative to itself.
+    let copy = dir.write(
+        "copy.toml",
+        &format!("[admin]\nbind = \"0.0.0.0:{}\"\ntoken_file = \"token\"\n", admin.port()),
+    );
+    let out = ok(&run(&["-c", copy.to_str().expect("utf-8"), "get", "upstreams"], &[]));
+    assert!(out.contains(&a.addr().to_string()), "{out}");
+    let off = dir.write("off.toml", "[admin]\nbind = \"off\"\n");
+    let out = run(&["-c", off.to_str().expect("utf-8"), "get", "upstreams"], &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("no admin API"), "{err}");
+}
+
 /// Was: `apply -f broken.toml` reported the position as `weir.toml:39:1` (the server's file).
 #[test]
 fn apply_errors_name_the_file_sent() {
@@ -198,11 +268,9 @@ fn apply_and_diff_take_toml_and_json_from_files_and_stdin() {
         .expect("read");
     let next = next.replace(&a.addr().to_string(), &b.addr().to_string());
     let path = dir.write("next.toml", &next);
-    let out = ok(&ctl(
-        &weir,
-        &["diff", "-f", path.to_str().expect("utf-8")],
-        "",
-    ));
+    let out = ctl(&weir, &["diff", "-f", path.to_str().expect("utf-8")], "");
+    assert_eq!(out.status.code(), Some(1), "differences: exit 1");
+    let out = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.starts_with("would change") && out.contains("added server"),
         "{out}"

@@ -254,7 +254,15 @@ fn written(
 ) -> Result<Response<Full<Bytes>>, ApiError> {
     let applied = result?;
     let changes: Vec<String> = applied.changes.iter().map(ToString::to_string).collect();
-    let body = json!({"version": applied.version, "dry_run": mode.dry_run, "changes": changes});
+    let mut body = json!({"version": applied.version, "dry_run": mode.dry_run, "changes": changes});
+    if mode.dry_run {
+        let fields: Vec<Json> = applied
+            .fields
+            .iter()
+            .map(|f| json!({"path": f.path, "old": f.old, "new": f.new}))
+            .collect();
+        body["fields"] = Json::Array(fields);
+    }
     Ok(json_response(StatusCode::OK, &body, Some(applied.version)))
 }
 

@@ -14,12 +14,17 @@ use serde_json::{json, Value};
 
 #[derive(Args)]
 pub struct Ctl {
-    /// The admin API's URL.
-    #[arg(long, global = true, default_value = "http://127.0.0.1:9901")]
-    admin: String,
-    /// File holding the bearer token ([admin] token_file on the server).
+    /// The admin API's URL [default: $WEIR_ADMIN, else [admin] bind of --config, else
+    /// http://127.0.0.1:9901].
+    #[arg(long, global = true)]
+    admin: Option<String>,
+    /// File holding the bearer token ([admin] token_file on the server) [default:
+    /// $WEIR_ADMIN_TOKEN_FILE, else [admin] token_file of --config].
     #[arg(long, global = true)]
     token_file: Option<PathBuf>,
+    /// A config file to take the admin address and token file from (its [admin] section).
+    #[arg(short, long, global = true)]
+    config: Option<PathBuf>,
     /// Output format.
     #[arg(short, long, global = true, value_enum, default_value_t = Output::Table)]
     output: Output,
@@ -100,8 +105,8 @@ pub fn run(ctl: Ctl) -> anyhow::Result<()> {
     let client = Client::new(&ctl)?;
     match &ctl.command {
         CtlCommand::Get { what, name } => get(&client, *what, name.as_deref(), ctl.output),
-        CtlCommand::Apply { file } => write_config(&client, file, false, ctl.output),
-        CtlCommand::Diff { file } => write_config(&client, file, true, ctl.output),
+        CtlCommand::Apply { file } => write_config(&client, file, false, ctl.output).map(drop),
+        CtlCommand::Diff { file } => diff(&client, file, ctl.output),
         CtlCommand::Delete { kind, name } => {
             let path = match kind {
                 Kind::Upstream => format!("/upstreams/{name}"),
@@ -140,24 +145,63 @@ fn history(client: &Client, output: Output) -> anyhow::Result<()> {
 }
 
 
+/// `weir ctl diff`: exits 0 when applying the file would change nothing, 1 when it
+/// would, 2 on trouble (as diff(1) does).
+fn diff(client: &Client, file: &str, output: Output) -> anyhow::Result<()> {
+    use std::io::Write;
+    let code = match write_config(client, file, true, output) {
+        Ok(reply) => {
+            let same = list(&reply["changes"]).is_empty() && list(&reply["fields"]).is_empty();
+            i32::from(!same)
+        }
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            2
+        }
+    };
+    let _ = std::io::stdout().flush();
+    std::process::exit(code)
+}
+
 struct Client {
     authority: String,
     token: Option<String>,
 }
 
+/// The default admin API URL.
+const DEFAULT_ADMIN: &str = "http://127.0.0.1:9901";
+
 impl Client {
+    /// Where the admin API is and its token: the options, else `WEIR_ADMIN` and
+    /// `WEIR_ADMIN_TOKEN_FILE`, else `[admin]` of `--config`, else the default.
     fn new(ctl: &Ctl) -> anyhow::Result<Client> {
-        let token = match &ctl.token_file {
+        let env = |name| std::env::var_os(name).filter(|v| !v.is_empty());
+        let admin_of_file = match &ctl.config {
+            Some(path) => Some(weir_config::load_admin(path)?),
+            None => None,
+        };
+        let url = match (&ctl.admin, env("WEIR_ADMIN"), &admin_of_file) {
+            (Some(url), _, _) => url.clone(),
+            (None, Some(url), _) => url.to_string_lossy().into_owned(),
+            (None, None, Some(admin)) => url_of(admin, ctl.config.as_deref())?,
+            (None, None, None) => DEFAULT_ADMIN.to_string(),
+        };
+        let token_file = ctl
+            .token_file
+            .clone()
+            .or_else(|| env("WEIR_ADMIN_TOKEN_FILE").map(PathBuf::from))
+            .or_else(|| admin_of_file.and_then(|a| a.token_file));
+        let token = match token_file {
             Some(path) => Some(
-                std::fs::read_to_string(path)
-                    .with_context(|| format!("cannot read --token-file {}", path.display()))?
+                std::fs::read_to_string(&path)
+                    .with_context(|| format!("cannot read the token file {}", path.display()))?
                     .trim()
                     .to_string(),
             ),
             None => None,
         };
         Ok(Client {
-            authority: http::authority(&ctl.admin)?,
+            authority: http::authority(&url)?,
             token,
         })
     }
@@ -207,6 +251,23 @@ impl Client {
         }
         Ok(value)
     }
+}
+
+/// The URL to reach an admin listener bound to `admin.bind` (a wildcard bind is reached
+/// on the loopback address of its family).
+fn url_of(admin: &weir_config::AdminSettings, file: Option<&std::path::Path>) -> anyhow::Result<String> {
+    let shown = file.map_or_else(String::new, |f| f.display().to_string());
+    let Some(mut addr) = admin.bind else {
+        bail!("{shown}: [admin] bind = \"off\": this config has no admin API to talk to");
+    };
+    if addr.ip().is_unspecified() {
+        let loopback: std::net::IpAddr = match addr {
+            std::net::SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+            std::net::SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+        };
+        addr.set_ip(loopback);
+    }
+    Ok(format!("http://{addr}"))
 }
 
 fn api_error(status: u16, body: &Value) -> String {
@@ -329,7 +390,13 @@ fn health(client: &Client, name: Option<&str>, output: Output) -> anyhow::Result
     Ok(())
 }
 
-fn write_config(client: &Client, file: &str, dry_run: bool, output: Output) -> anyhow::Result<()> {
+/// `apply` or `diff` (a dry run): prints what changes; returns the API's reply.
+fn write_config(
+    client: &Client,
+    file: &str,
+    dry_run: bool,
+    output: Output,
+) -> anyhow::Result<Value> {
     let body = if file == "-" {
         let mut b = Vec::new();
         std::io::stdin()
@@ -359,7 +426,8 @@ fn write_config(client: &Client, file: &str, dry_run: bool, output: Output) -> a
         http::query_escape(&name)
     );
     let reply = client.call("PUT", &path, Some(content_type), &body)?;
-    print_written(&reply, output)
+    print_written(&reply, output)?;
+    Ok(reply)
 }
 
 fn server(
@@ -414,6 +482,15 @@ fn print_written(reply: &Value, output: Output) -> anyhow::Result<()> {
         println!("{verb} (version {}):", reply["version"]);
         for c in changes {
             println!("  {}", text(&c));
+        }
+    }
+    // A dry run also lists each key edited, old -> new as written.
+    let fields = list(&reply["fields"]);
+    if !fields.is_empty() {
+        println!("fields:");
+        for f in fields {
+            let value = |v: &Value| v.as_str().unwrap_or("(unset)").to_string();
+            println!("  {}: {} -> {}", text(&f["path"]), value(&f["old"]), value(&f["new"]));
         }
     }
     Ok(())
