@@ -72,6 +72,15 @@ pub fn load_admin(path: &Path) -> Result<AdminSettings, ConfigError> {
     validate::admin(raw.admin.unwrap_or_default(), &at).map_err(|i| src.issue_error(&doc, i))
 }
 
+/// `[server] log_format` of the config file at `path`, read before the file is loaded
+/// (the log is set up first); `None` when absent or unreadable. A bad value is reported
+/// by the load itself.
+pub fn peek_log_format(path: &Path) -> Option<LogFormat> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let table: toml::Table = text.parse().ok()?;
+    LogFormat::parse(table.get("server")?.get("log_format")?.as_str()?)
+}
+
 /// The directory relative paths in the config file at `path` resolve against.
 pub fn config_dir(path: &Path) -> std::path::PathBuf {
     paths::base_of(path)
@@ -219,6 +228,7 @@ max_idle = 256
                 workers: Workers::Auto,
                 drain_timeout: Duration::from_secs(30),
                 cert_check_interval: Duration::from_secs(5),
+                log_format: LogFormat::Text,
             },
             admin: AdminSettings {
                 bind: Some(addr("127.0.0.1:9901")),
@@ -281,6 +291,7 @@ max_idle = 256
                 workers: Workers::Auto,
                 drain_timeout: Duration::from_secs(30),
                 cert_check_interval: Duration::from_secs(5),
+                log_format: LogFormat::Text,
             },
             admin: AdminSettings {
                 bind: Some(addr("127.0.0.1:9901")),

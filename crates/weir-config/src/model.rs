@@ -28,6 +28,30 @@ pub struct ServerSettings {
     /// How often the TLS certificate, key and CA files are checked for changes on disk
     /// (changed files are reloaded); zero: never.
     pub cert_check_interval: Duration,
+    /// How the process log (stderr) is written; `WEIR_LOG_FORMAT` overrides it. Fixed at
+    /// start.
+    pub log_format: LogFormat,
+}
+
+/// The process log's format (`[server] log_format`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LogFormat {
+    /// One line per event, for people (colour only on a terminal, never with `NO_COLOR`).
+    #[default]
+    Text,
+    /// One JSON object per line, for log collectors.
+    Json,
+}
+
+impl LogFormat {
+    /// `"text"` or `"json"`.
+    pub fn parse(text: &str) -> Option<LogFormat> {
+        match text.trim() {
+            "text" => Some(LogFormat::Text),
+            "json" => Some(LogFormat::Json),
+            _ => None,
+        }
+    }
 }
 
 /// How many worker threads to run.

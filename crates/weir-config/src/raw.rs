@@ -28,6 +28,7 @@ pub(crate) struct RawServer {
     pub workers: Option<StrOrInt>,
     pub drain_timeout: Option<String>,
     pub cert_check_interval: Option<String>,
+    pub log_format: Option<String>,
 }
 
 /// `[admin]`.

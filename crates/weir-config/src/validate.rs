@@ -12,7 +12,7 @@ use std::time::Duration;
 use crate::error::{FieldPath, Issue};
 use crate::model::{
     AccessLog, AccessLogFormat, AdminSettings, Config, DefaultResponse, HostPattern, Listener,
-    LogTarget, PathNormalization, Protocol, Route, ServerSettings, Upstream, UpstreamServer,
+    LogFormat, LogTarget, PathNormalization, Protocol, Route, ServerSettings, Upstream, UpstreamServer,
     Workers,
 };
 use crate::raw::{
@@ -67,6 +67,16 @@ fn server(raw: RawServer, path: &FieldPath) -> Result<ServerSettings, Issue> {
             &path.key("cert_check_interval"),
             false,
         )?,
+        log_format: match raw.log_format.as_deref() {
+            None => LogFormat::Text,
+            Some(text) => LogFormat::parse(text).ok_or_else(|| {
+                Issue::new(
+                    &path.key("log_format"),
+                    format!("unknown log_format \"{text}\""),
+                    "write log_format = \"text\" (the default) or \"json\"",
+                )
+            })?,
+        },
     })
 }
 

@@ -251,6 +251,13 @@ impl Proxy {
 /// Settings fixed for the life of the process: the worker count and the access logs (their
 /// writers and per-worker buffers are set up at start).
 fn check_reloadable(old: &Config, new: &Config) -> Result<(), ApplyError> {
+    if old.server.log_format != new.server.log_format {
+        return Err(ApplyError::NotReloadable {
+            field: "server.log_format".into(),
+            message: "the log format is set at start and cannot change while running".into(),
+            fix: "keep the running value, or restart (or `weir upgrade`) to change it",
+        });
+    }
     if old.server.workers != new.server.workers {
         return Err(ApplyError::NotReloadable {
             field: "server.workers".into(),

@@ -84,9 +84,12 @@ fn release_freed_memory() {
 }
 
 fn main() -> std::process::ExitCode {
-    run::init_logging();
     weir_core::memory::set_release(release_freed_memory);
     let cli = Cli::parse();
+    run::init_logging(match &cli.command {
+        Command::Run { config, .. } => Some(config.as_path()),
+        _ => None,
+    });
     let result = match cli.command {
         Command::Run {
             config,

@@ -13,16 +13,38 @@ use weir_core::Proxy;
 
 use crate::upgrade::{self, Handover, Sockets};
 
-pub fn init_logging() {
+/// The process log on stderr: `WEIR_LOG_FORMAT` (`text` or `json`), else `[server]
+/// log_format` of `config` (`weir run`), else text. Text is coloured only when stderr is a
+/// terminal and `NO_COLOR` is unset or empty: journald and files get plain lines.
+pub fn init_logging(config: Option<&Path>) {
+    use std::io::IsTerminal;
+    use weir_config::LogFormat;
     // rustls warns about what peers send (an illegal server name, a warning alert): one
     // line per connection that anyone can cause. Handshake failures are counted by reason
     // and logged at debug by Weir instead; `WEIR_LOG=rustls=warn` brings them back.
     let filter = tracing_subscriber::EnvFilter::try_from_env("WEIR_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rustls=error"));
-    tracing_subscriber::fmt()
+    let env = std::env::var("WEIR_LOG_FORMAT").ok().filter(|v| !v.is_empty());
+    let format = env
+        .as_deref()
+        .and_then(LogFormat::parse)
+        .or_else(|| config.and_then(weir_config::peek_log_format))
+        .unwrap_or_default();
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => {
+            let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
+            builder
+                .with_ansi(std::io::stderr().is_terminal() && !no_color)
+                .init();
+        }
+    }
+    if let Some(bad) = env.filter(|v| LogFormat::parse(v).is_none()) {
+        tracing::warn!(value = %bad, "WEIR_LOG_FORMAT is not \"text\" or \"json\": ignored");
+    }
 }
 
 pub fn check_file(path: &Path) -> anyhow::Result<()> {

@@ -103,3 +103,69 @@ fn a_reload_rebinding_its_own_address_still_works() {
     assert!(weir_testkit::wait_until(Duration::from_secs(20), || changed() == 2));
     assert_eq!(listening(), 2, "{}", weir.log.text());
 }
+
+/// `weir run` with `env`, its raw stderr (not ANSI-stripped) up to the first line that
+/// contains `listening`.
+fn raw_log_until_listening(config: &str, env: &[(&str, &str)]) -> Vec<String> {
+    use std::io::{BufRead, BufReader};
+    let dir = support_process::TempDir::new("log");
+    let path = dir.write("weir.toml", config);
+    let mut child = Command::new(WEIR)
+        .arg("run")
+        .arg("-c")
+        .arg(&path)
+        .env_remove("NO_COLOR")
+        .env_remove("WEIR_LOG_FORMAT")
+        .env("WEIR_LOG", "info")
+        .envs(env.iter().copied())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn weir");
+    let stderr = child.stderr.take().expect("stderr");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut lines = Vec::new();
+    while let Ok(line) = rx.recv_timeout(START_WAIT) {
+        let done = line.contains("listening");
+        lines.push(line);
+        if done {
+            break;
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(lines.iter().any(|l| l.contains("listening")), "{lines:?}");
+    lines
+}
+
+/// Was: ANSI colour codes in the log when stderr is not a terminal (journald showed them
+/// raw), and no format a log collector could parse.
+#[test]
+fn logs_are_plain_off_a_terminal_and_json_on_request() {
+    let backend = Backend::echo("app");
+    let text = on("127.0.0.1:0", "", &backend);
+    let plain = raw_log_until_listening(&text, &[]);
+    assert!(
+        plain.iter().all(|l| !l.contains('\u{1b}')),
+        "no escape codes: {plain:?}"
+    );
+    let from_config = text.replace("[server]\n", "[server]\nlog_format = \"json\"\n");
+    for (config, env) in [(&text, &[("WEIR_LOG_FORMAT", "json")][..]), (&from_config, &[])] {
+        let lines = raw_log_until_listening(config, env);
+        for line in &lines {
+            let v: serde_json::Value = serde_json::from_str(line)
+                .unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+            assert!(v["level"].is_string() && v["timestamp"].is_string(), "{line}");
+        }
+        let last: serde_json::Value = serde_json::from_str(lines.last().expect("a line")).unwrap();
+        assert_eq!(last["fields"]["message"], "listening", "{last}");
+        assert_eq!(last["fields"]["listener"], "web", "{last}");
+    }
+}
