@@ -283,3 +283,37 @@ async fn tls_alpn01_with_empty_alpn_still_serves_clients_offering_alpn() {
         String::from_utf8_lossy(&out)
     );
 }
+
+/// Was: the certificate status showed `client error (Connect)`; the reason (the ACME
+/// server's certificate is not trusted: set `directory_ca`) was only in another log line.
+#[tokio::test]
+async fn an_untrusted_acme_server_is_reported_with_the_cause_and_the_fix() {
+    let backend = Backend::echo("b");
+    let ca = weir_testkit::certs::TestCa::new("Untrusted ACME CA");
+    let server = weir_testkit::TlsServer::new(&ca.leaf(&["127.0.0.1"]));
+    let directory = Backend::echo_tls("acme", &server);
+    let dir = CertDir::new();
+    let weir = single(backend.addr())
+        .listener(&format!(
+            "[listeners.tls]\nacme = {{ domains = [\"acme.test\"], storage = {:?}, \
+             directory = \"https://{}/directory\", challenge = \"tls-alpn-01\", \
+             retry_initial = \"1h\" }}",
+            dir.path().join("acme").display().to_string(),
+            directory.addr()
+        ))
+        .start();
+    let auto = weir
+        .proxy()
+        .snapshot()
+        .listener_tls("web")
+        .and_then(|t| t.store.auto().cloned())
+        .expect("an automatic certificate");
+    // Generous: only a hang waits this long (the failure comes within a handshake).
+    let failed = weir_testkit::wait_until(Duration::from_secs(30), || {
+        auto.status().last_error.is_some()
+    });
+    assert!(failed, "no failure recorded");
+    let error = auto.status().last_error.unwrap_or_default();
+    assert!(error.contains("UnknownIssuer"), "the cause: {error}");
+    assert!(error.contains("(fix: ") && error.contains("directory_ca"), "the fix: {error}");
+}

@@ -36,10 +36,82 @@ impl From<instant_acme::Error> for OrderError {
         let rate_limited = matches!(&e, instant_acme::Error::Api(p)
             if p.r#type.as_deref() == Some("urn:ietf:params:acme:error:rateLimited"));
         OrderError {
-            message: e.to_string(),
+            message: with_causes(&e),
             rate_limited,
         }
     }
+}
+
+/// `e` and each of its sources, `: `-separated (hyper says `client error (Connect)`; the
+/// reason, such as rustls' `UnknownIssuer`, is three sources down). A source already
+/// quoted by the one before is left out.
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut next = e.source();
+    while let Some(cause) = next {
+        let text = cause.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        next = cause.source();
+    }
+    out
+}
+
+impl OrderError {
+    /// The message with how to fix it, for the log, the API and `weir ctl get certs`.
+    pub fn explained(&self, acme: &Acme) -> String {
+        format!("{} (fix: {})", self.message, fix(&self.message, acme))
+    }
+}
+
+/// How to fix an order that failed with `message`.
+fn fix(message: &str, acme: &Acme) -> String {
+    let m = message.to_ascii_lowercase();
+    let has = |needles: &[&str]| needles.iter().any(|n| m.contains(n));
+    if has(&["unknownissuer", "invalid peer certificate", "unknown ca"]) {
+        return match &acme.directory_ca {
+            Some(ca) => format!(
+                "the ACME server's HTTPS certificate does not chain to directory_ca ({}): give the root that issued it",
+                ca.display()
+            ),
+            None => "the ACME server's HTTPS certificate is not trusted by this host's roots: set \
+                     directory_ca = \"/path/to/its-root.pem\" in the listener's acme table (pebble: \
+                     its minica root), or use a directory with a publicly trusted certificate"
+                .to_string(),
+        };
+    }
+    if has(&["ratelimited", "rate limit"]) {
+        return "the ACME server rate-limits this account or these names: Weir waits at least an \
+                hour before the next attempt; see the server's published limits"
+            .to_string();
+    }
+    if has(&["acme:error:connection", "acme:error:unauthorized", "acme:error:dns", "acme:error:incorrectresponse", "acme:error:tls"]) {
+        let (port, how) = match acme.challenge {
+            AcmeChallenge::Http01 => (80, "a Weir HTTP listener (HTTP-01)"),
+            AcmeChallenge::TlsAlpn01 => (443, "this TLS listener (TLS-ALPN-01)"),
+        };
+        return format!(
+            "the ACME server could not validate: make {} resolve to this host, reachable from \
+             the internet on port {port}, served by {how}",
+            acme.domains.join(", ")
+        );
+    }
+    if has(&["connect", "dns error", "lookup", "timed out", "refused", "unreachable"]) {
+        return format!(
+            "Weir cannot reach the ACME directory {}: check the URL, DNS, firewalls and any \
+             outbound proxy from this host",
+            acme.directory
+        );
+    }
+    if has(&["storage", "permission denied", "read-only"]) {
+        return format!(
+            "make acme.storage ({}) a directory weir's user can write",
+            acme.storage.display()
+        );
+    }
+    "see the cause; Weir tries again with back-off (weir ctl get certs shows when)".to_string()
 }
 
 impl From<String> for OrderError {
@@ -202,4 +274,53 @@ async fn account(acme: &Acme) -> Result<Account, OrderError> {
 fn account_file(storage: &Path, directory: &str) -> PathBuf {
     let digest = crate::tls::facts::sha256_hex(directory.as_bytes());
     storage.join(format!("account-{}.json", &digest[..16]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn acme(directory_ca: Option<&str>) -> Acme {
+        Acme {
+            domains: vec!["example.com".into()],
+            contact: Vec::new(),
+            directory: "https://acme.test/dir".into(),
+            challenge: AcmeChallenge::Http01,
+            storage: PathBuf::from("/var/lib/weir/acme"),
+            directory_ca: directory_ca.map(PathBuf::from),
+            retry_initial: Duration::from_secs(10),
+        }
+    }
+
+    #[derive(Debug)]
+    struct Layer(&'static str, Option<Box<Layer>>);
+    impl std::fmt::Display for Layer {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(self.0)
+        }
+    }
+    impl std::error::Error for Layer {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            self.1.as_deref().map(|l| l as _)
+        }
+    }
+
+    /// Was: `client error (Connect)`, the reason left in another log line.
+    #[test]
+    fn the_cause_is_spelled_out_with_a_fix() {
+        let tls = Layer("invalid peer certificate: UnknownIssuer", None);
+        let io = Layer("invalid peer certificate: UnknownIssuer", Some(Box::new(tls)));
+        let e = Layer("client error (Connect)", Some(Box::new(io)));
+        let message = with_causes(&e);
+        assert_eq!(message, "client error (Connect): invalid peer certificate: UnknownIssuer");
+        let error = OrderError::from(message);
+        let shown = error.explained(&acme(None));
+        assert!(shown.contains("UnknownIssuer") && shown.contains("set directory_ca"), "{shown}");
+        let shown = error.explained(&acme(Some("/etc/pebble.pem")));
+        assert!(shown.contains("does not chain to directory_ca (/etc/pebble.pem)"), "{shown}");
+        let refused = OrderError::from("client error (Connect): tcp connect error: Connection refused (os error 111)".to_string());
+        assert!(refused.explained(&acme(None)).contains("cannot reach the ACME directory https://acme.test/dir"));
+        let problem = OrderError::from("API error: urn:ietf:params:acme:error:connection: no route".to_string());
+        assert!(problem.explained(&acme(None)).contains("make example.com resolve to this host"));
+    }
 }

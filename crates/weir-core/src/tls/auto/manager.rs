@@ -67,7 +67,7 @@ fn start(auto: Arc<AutoCerts>) {
             }));
             match renewed {
                 Ok(Ok(())) => {}
-                Ok(Err(e)) => auto.failed(e.to_string(), MAX_BACKOFF / 60),
+                Ok(Err(e)) => auto.failed(format!("{e} (fix: {})", e.fix()), MAX_BACKOFF / 60),
                 Err(_) => auto.failed("issuing panicked".to_owned(), MAX_BACKOFF / 60),
             }
             return;
@@ -93,7 +93,7 @@ fn start(auto: Arc<AutoCerts>) {
                 if e.rate_limited {
                     wait = wait.max(MAX_BACKOFF);
                 }
-                auto.failed(e.message, wait);
+                auto.failed(e.explained(&acme), wait);
             }
         }
     });
