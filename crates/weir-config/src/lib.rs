@@ -221,6 +221,7 @@ max_idle = 256
             upgrades: vec!["websocket".into()],
             matching: RouteMatch::default(),
             target: RouteTarget::Upstream(0),
+            split_fallback: true,
             filters: Default::default(),
         };
         let expected = Config {

@@ -486,6 +486,9 @@ pub struct Route {
     pub matching: RouteMatch,
     /// Where a matched request goes: an upstream pool, a weighted split, or a local answer.
     pub target: RouteTarget,
+    /// A split (`upstreams = [...]`) sends a pool's share to the other pools while it has
+    /// no usable server (`split_fallback`, default true; meaningless for other targets).
+    pub split_fallback: bool,
     /// Traffic-policy filters (issue 16): header rules, access lists, rate limit, auth.
     pub filters: RouteFilters,
 }

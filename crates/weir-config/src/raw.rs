@@ -230,6 +230,7 @@ pub(crate) struct RawRoute {
     pub match_headers: Option<BTreeMap<String, String>>,
     pub match_query: Option<BTreeMap<String, String>>,
     pub upstreams: Option<Vec<RawWeightedUpstream>>,
+    pub split_fallback: Option<bool>,
     pub respond: Option<RawRespond>,
     pub redirect: Option<RawRedirect>,
     // Traffic policy (issue 16; validate/policy.rs).

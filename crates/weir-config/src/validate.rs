@@ -465,6 +465,7 @@ fn route(mut raw: RawRoute, path: &FieldPath, upstreams: &[String]) -> Result<Ro
             )
         })?;
     let matching = route_match::matching(&mut raw, path)?;
+    let split_fallback = route_match::split_fallback(&raw, path)?;
     let target = route_match::target(&mut raw, path, upstreams)?;
     let rewrite_prefix = match raw.rewrite_prefix {
         None => None,
@@ -487,6 +488,7 @@ fn route(mut raw: RawRoute, path: &FieldPath, upstreams: &[String]) -> Result<Ro
         )?,
         matching,
         target,
+        split_fallback,
         name,
         rewrite_prefix,
         reverse_rewrite,

@@ -384,7 +384,8 @@ async fn handle(
         RoutePlan::Upstream(upstream) => *upstream,
         RoutePlan::Split(split) => {
             let slots = &snapshot.slots.listeners[listener_index];
-            split.pick(worker.splits.next(slots.slot, slots.route(route)))
+            let cursor = worker.splits.next(slots.slot, slots.route(route));
+            split.pick(cursor, &snapshot.upstreams)
         }
         RoutePlan::Respond(canned) => {
             let answer = Local::Canned(canned);

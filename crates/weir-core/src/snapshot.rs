@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use weir_config::{Config, Listener, UpstreamServer};
 
-use weir_config::{Redirect, RouteTarget};
+use weir_config::{Redirect, Route, RouteTarget};
 
 use crate::connector::TlsUpstream;
 use crate::filters::rate_limit::RateLimiter;
@@ -57,10 +57,10 @@ pub enum RoutePlan {
 }
 
 impl RoutePlan {
-    fn new(target: &RouteTarget) -> RoutePlan {
-        match target {
+    fn new(route: &Route) -> RoutePlan {
+        match &route.target {
             RouteTarget::Upstream(u) => RoutePlan::Upstream(*u),
-            RouteTarget::Split(pools) => RoutePlan::Split(Split::new(pools)),
+            RouteTarget::Split(pools) => RoutePlan::Split(Split::new(pools, route.split_fallback)),
             RouteTarget::Respond(r) => RoutePlan::Respond(Canned::respond(r)),
             RouteTarget::Redirect(r) => RoutePlan::Redirect(r.clone()),
         }
@@ -262,7 +262,7 @@ impl ListenerPlan {
             routes: listener
                 .routes
                 .iter()
-                .map(|r| RoutePlan::new(&r.target))
+                .map(RoutePlan::new)
                 .collect(),
             redirect_https: listener.redirect_https.map(https_redirect),
             tls,

@@ -350,6 +350,49 @@ async fn weighted_split_is_exact_per_period() {
     );
 }
 
+/// Was: a canary pool with no usable server kept its share of a split, as 502s: after one
+/// failure ejects the canary's only server, its share goes to the stable pool.
+#[tokio::test]
+async fn a_split_falls_back_while_a_pool_has_no_usable_server() {
+    let stable = Backend::echo("stable");
+    let dead = common::dead_port();
+    let conf = |fallback: &str| {
+        Conf::new()
+            .listener("keepalive_requests = 0")
+            .route_keys(
+                "api",
+                &[
+                    r#"upstreams = [{ name = "stable", weight = 9 }, { name = "canary", weight = 1 }]"#,
+                    fallback,
+                ],
+            )
+            .upstream("stable", &[stable.addr()], &[])
+            .upstream(
+                "canary",
+                &[dead.addr],
+                &["passive = { max_fails = 1, fail_timeout = \"60s\" }"],
+            )
+            .start()
+    };
+    // The statuses of 40 requests (four periods of the 9:1 schedule).
+    async fn statuses(weir: &Weir) -> Vec<u16> {
+        let mut c = weir.client().await;
+        c.set_timeout(Duration::from_secs(10));
+        let mut out = Vec::new();
+        for _ in 0..40 {
+            out.push(c.get("/x", "a.test").await.expect("response").status);
+        }
+        out
+    }
+    let weir = conf("");
+    let seen = statuses(&weir).await;
+    // The first canary pick fails and ejects its server; every later request is served.
+    assert_eq!(seen.iter().filter(|s| **s != 200).count(), 1, "{seen:?}");
+    let weir = conf("split_fallback = false");
+    let seen = statuses(&weir).await;
+    assert_eq!(seen.iter().filter(|s| **s != 200).count(), 4, "off: {seen:?}");
+}
+
 /// `weir check` on a route with `lines` (from line 6), expecting a failure at `line` whose
 /// stderr has each of `words`.
 fn check_rejects(lines: &str, line: usize, words: &[&str]) {

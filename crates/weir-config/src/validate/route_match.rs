@@ -207,6 +207,18 @@ pub(super) fn target(
         })
 }
 
+/// `split_fallback`: only beside `upstreams` (default true).
+pub(super) fn split_fallback(raw: &RawRoute, path: &FieldPath) -> Result<bool, Issue> {
+    match raw.split_fallback {
+        Some(_) if raw.upstreams.is_none() => Err(Issue::new(
+            &path.key("split_fallback"),
+            "split_fallback applies to a split (upstreams = [...]) and this route has none",
+            "remove split_fallback, or give the route upstreams = [{ name, weight }, ...]",
+        )),
+        on => Ok(on.unwrap_or(true)),
+    }
+}
+
 fn weighted(
     raw: Vec<RawWeightedUpstream>,
     path: &FieldPath,

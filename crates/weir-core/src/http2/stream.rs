@@ -292,7 +292,8 @@ impl Stream<'_> {
             RoutePlan::Split(split) => {
                 let slots = &self.snapshot.slots.listeners[self.index];
                 let worker = &self.shared.worker;
-                split.pick(worker.splits.next(slots.slot, slots.route(route)))
+                let cursor = worker.splits.next(slots.slot, slots.route(route));
+                split.pick(cursor, &self.snapshot.upstreams)
             }
             RoutePlan::Respond(canned) => {
                 let rendered = canned.bytes(Persistence::KeepAlive, false);

@@ -17,6 +17,7 @@ fn route(name: &str, hosts: Vec<HostPattern>, prefix: &str) -> Route {
         upgrades: vec![],
         matching: RouteMatch::default(),
         target: RouteTarget::Upstream(0),
+        split_fallback: true,
         filters: Default::default(),
     }
 }

@@ -115,6 +115,16 @@ impl UpstreamPlan {
         }
     }
 
+    /// Whether some server may take a request: up by the active check and not passively
+    /// ejected. A few atomic loads; the clock is read only for a server out of the normal
+    /// state. (Used by split routes to leave a pool that has none; `choose` itself would
+    /// still try an ejected server rather than none.)
+    pub fn has_usable_server(&self) -> bool {
+        self.servers
+            .iter()
+            .any(|s| s.is_up() && (s.is_normal() || s.ejected_for(super::state::now_ms()).is_none()))
+    }
+
     /// The `Set-Cookie` line to add to a response from `server`, for sticky pools.
     pub fn set_cookie(&self, server: usize) -> Option<&[u8]> {
         Some(&self.sticky.as_ref()?.set_cookie[server])

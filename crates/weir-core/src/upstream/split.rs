@@ -6,6 +6,11 @@
 //! one request in twenty to the second pool, not five in a row). Each worker walks the
 //! schedule with its own cursor per route: no lock, no shared counter, and a split that is
 //! exact per worker after every whole period.
+//!
+//! With `split_fallback` (the default), a pick that lands on a pool with no usable server
+//! (all down by the active check or passively ejected) goes on along the schedule to the
+//! next pool that has one, so a dead canary's share goes to the other pools in their
+//! proportions instead of failing with 502/503. Healthy pools cost one check per request.
 
 use std::cell::RefCell;
 
@@ -13,12 +18,15 @@ use weir_config::WeightedUpstream;
 
 use super::lb::weighted_round_robin::SmoothWeighted;
 use super::lb::Fixed;
+use super::pool::UpstreamPlan;
 
 /// The schedule of one split route.
 #[derive(Debug, Clone)]
 pub struct Split {
     /// Upstream indices (into the config's upstreams), one per pick of a period.
     schedule: Box<[usize]>,
+    /// `split_fallback`: skip pools without a usable server.
+    fallback: bool,
 }
 
 fn gcd(a: u32, b: u32) -> u32 {
@@ -30,7 +38,7 @@ fn gcd(a: u32, b: u32) -> u32 {
 }
 
 impl Split {
-    pub fn new(pools: &[WeightedUpstream]) -> Split {
+    pub fn new(pools: &[WeightedUpstream], fallback: bool) -> Split {
         let divisor = pools.iter().fold(0, |g, p| gcd(g, p.weight)).max(1);
         let weights: Vec<u32> = pools.iter().map(|p| p.weight / divisor).collect();
         let period: u32 = weights.iter().sum();
@@ -42,18 +50,32 @@ impl Split {
                     .map_or(pools[0].upstream, |i| pools[i].upstream)
             })
             .collect();
-        Split { schedule }
+        Split { schedule, fallback }
     }
 
-    /// The upstream for the request with this worker's `cursor` for the route.
+    /// The upstream for the request with this worker's `cursor` for the route; `plans`:
+    /// the snapshot's upstream plans, whose health decides a fallback.
     #[inline]
-    pub fn pick(&self, cursor: u64) -> usize {
+    pub fn pick(&self, cursor: u64, plans: &[UpstreamPlan]) -> usize {
+        self.pick_where(cursor, |u| plans.get(u).is_none_or(UpstreamPlan::has_usable_server))
+    }
+
+    fn pick_where(&self, cursor: u64, usable: impl Fn(usize) -> bool) -> usize {
         // The schedule has at least one entry: validation keeps weights >= 1.
-        let len = self.schedule.len().max(1) as u64;
-        self.schedule
-            .get((cursor % len) as usize)
-            .copied()
-            .unwrap_or(0)
+        let len = self.schedule.len().max(1);
+        let at = |step: usize| {
+            let i = (cursor % len as u64) as usize;
+            self.schedule.get((i + step) % len).copied().unwrap_or(0)
+        };
+        let first = at(0);
+        if !self.fallback || usable(first) {
+            return first;
+        }
+        // On along the schedule: the remaining pools keep their proportions.
+        (1..len)
+            .map(at)
+            .find(|&u| u != first && usable(u))
+            .unwrap_or(first)
     }
 }
 
@@ -91,13 +113,13 @@ mod tests {
             .iter()
             .map(|&(upstream, weight)| WeightedUpstream { upstream, weight })
             .collect();
-        Split::new(&pools)
+        Split::new(&pools, true)
     }
 
     #[test]
     fn exact_shares_over_whole_periods() {
         let s = split(&[(7, 95), (3, 5)]);
-        let picks: Vec<usize> = (0..1000).map(|c| s.pick(c)).collect();
+        let picks: Vec<usize> = (0..1000).map(|c| s.pick_where(c, |_| true)).collect();
         assert_eq!(picks.iter().filter(|u| **u == 7).count(), 950);
         assert_eq!(picks.iter().filter(|u| **u == 3).count(), 50);
         // Spread out: never two picks of the small pool within 19 requests.
@@ -109,10 +131,25 @@ mod tests {
     fn weights_reduce_by_their_gcd() {
         let s = split(&[(0, 300), (1, 200), (2, 100)]);
         assert_eq!(s.schedule.len(), 6);
-        let picks: Vec<usize> = (0..6).map(|c| s.pick(c)).collect();
+        let picks: Vec<usize> = (0..6).map(|c| s.pick_where(c, |_| true)).collect();
         assert_eq!(picks.iter().filter(|u| **u == 0).count(), 3);
         assert_eq!(picks.iter().filter(|u| **u == 2).count(), 1);
-        assert_eq!(split(&[(4, 1)]).pick(123), 4);
+        assert_eq!(split(&[(4, 1)]).pick_where(123, |_| true), 4);
+    }
+
+    /// Was: a canary pool with no healthy server kept its share, as 502s.
+    #[test]
+    fn a_pool_without_usable_servers_hands_its_share_on() {
+        let s = split(&[(0, 90), (1, 5), (2, 5)]);
+        let picks: Vec<usize> = (0..200).map(|c| s.pick_where(c, |u| u != 2)).collect();
+        assert!(!picks.contains(&2));
+        assert_eq!(picks.iter().filter(|u| **u == 1).count(), 10, "pool 1 keeps its share");
+        let mut off = split(&[(0, 95), (1, 5)]);
+        off.fallback = false;
+        let picks: Vec<usize> = (0..20).map(|c| off.pick_where(c, |u| u != 1)).collect();
+        assert_eq!(picks.iter().filter(|u| **u == 1).count(), 1, "off: the share stays");
+        let all_down: Vec<usize> = (0..20).map(|c| s.pick_where(c, |_| false)).collect();
+        assert_eq!(all_down, (0..20).map(|c| s.pick_where(c, |_| true)).collect::<Vec<_>>());
     }
 
     #[test]
