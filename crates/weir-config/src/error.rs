@@ -236,8 +236,11 @@ impl Source<'_> {
         let offset = err.span().map_or(0, |s| s.start);
         let mut path = FieldPath::default();
         find_path(Node::Item(doc.as_item()), offset, &mut path);
-        let message = readable_serde_message(&one_line(err.message()));
-        let fix = shape_fix(&path.to_string(), &message);
+        let mut message = readable_serde_message(&one_line(err.message()));
+        let mut fix = shape_fix(&path.to_string(), &message);
+        if let Some((m, f)) = unknown_key(&message, &path, doc) {
+            (message, fix) = (m, f);
+        }
         self.error(offset, path.to_string(), message, fix)
     }
 
@@ -282,6 +285,73 @@ fn readable_serde_message(message: &str) -> String {
     }
     out.replace("expected a map", "expected a table")
         .replace("expected i64", "expected a whole number")
+}
+
+/// serde's `unknown field `X`, expected one of `a`, `b`` for the key at `path`, retold:
+/// only the keys that fit there (a TCP listener is not offered HTTP keys, nor the
+/// reverse), and the closest one as a "did you mean".
+fn unknown_key(message: &str, path: &FieldPath, doc: &ImDocument<&str>) -> Option<(String, String)> {
+    let rest = message.strip_prefix("unknown field `")?;
+    let (key, expected) = rest.split_once('`')?;
+    let mut accepted: Vec<&str> = expected.split('`').skip(1).step_by(2).collect();
+    if let [Seg::Key(top), Seg::Index(i), Seg::Key(_)] = path.0.as_slice() {
+        if top == "listeners" {
+            let tcp = doc
+                .get("listeners")
+                .and_then(|l| Node::Item(l).elements().get(*i).copied())
+                .and_then(|l| l.table()?.get("protocol")?.as_str())
+                == Some("tcp");
+            let other: &[&str] = if tcp {
+                &crate::validate::tcp::HTTP_ONLY
+            } else {
+                &crate::validate::tcp::TCP_ONLY
+            };
+            accepted.retain(|k| !other.contains(k));
+        }
+    }
+    if accepted.is_empty() {
+        return None;
+    }
+    let list: Vec<String> = accepted.iter().map(|k| format!("`{k}`")).collect();
+    let message = format!("unknown field `{key}`, expected one of {}", list.join(", "));
+    let fix = match closest(key, &accepted) {
+        Some(near) => format!("did you mean `{near}`? Rename the key, or remove it"),
+        None => "remove the key or correct its spelling".to_owned(),
+    };
+    Some((message, fix))
+}
+
+/// The key of `keys` within two edits of `key` (one for short keys), the nearest first.
+fn closest<'a>(key: &str, keys: &[&'a str]) -> Option<&'a str> {
+    let limit = if key.len() < 5 { 1 } else { 2 };
+    keys.iter()
+        .map(|k| (edit_distance(key, k), *k))
+        .filter(|(d, _)| *d <= limit)
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, k)| k)
+}
+
+/// Levenshtein distance, counting a swap of two neighbours as one edit.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
+    let mut d = vec![vec![0usize; b.len() + 1]; a.len() + 1];
+    for (i, row) in d.iter_mut().enumerate() {
+        row[0] = i;
+    }
+    for j in 0..=b.len() {
+        d[0][j] = j;
+    }
+    for i in 1..=a.len() {
+        for j in 1..=b.len() {
+            let cost = usize::from(a[i - 1] != b[j - 1]);
+            let mut best = (d[i - 1][j] + 1).min(d[i][j - 1] + 1).min(d[i - 1][j - 1] + cost);
+            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                best = best.min(d[i - 2][j - 2] + 1);
+            }
+            d[i][j] = best;
+        }
+    }
+    d[a.len()][b.len()]
 }
 
 /// Fixes for TOML syntax errors, by a phrase of the message.
@@ -544,6 +614,16 @@ mod tests {
             readable_serde_message("invalid type: string \"x\", expected struct RawUpstreamServer"),
             "invalid type: string \"x\", expected a table"
         );
+    }
+
+    #[test]
+    fn near_keys_are_suggested() {
+        let keys = ["backlog", "bind", "name", "weight"];
+        assert_eq!(closest("bakclog", &keys), Some("backlog"));
+        assert_eq!(closest("wieght", &keys), Some("weight"));
+        assert_eq!(closest("bnd", &keys), Some("bind"));
+        assert_eq!(closest("path", &keys), None);
+        assert_eq!(edit_distance("kitten", "sitting"), 3);
     }
 
     #[test]

@@ -442,8 +442,31 @@ servers = [{ addr = "10.0.0.1:80" }]
                 e.message.contains("expected"),
                 "lists the accepted keys: {e}"
             );
-            assert_eq!(e.fix, "remove the key or correct its spelling");
+            assert!(
+                e.fix == "remove the key or correct its spelling" || e.fix.starts_with("did you mean"),
+                "{e}"
+            );
         }
+    }
+
+    /// Was: an unknown key listed every listener key, TCP ones for an HTTP listener too,
+    /// and no suggestion.
+    #[test]
+    fn unknown_keys_suggest_the_near_one_among_the_keys_that_fit() {
+        let http = "[[listeners]]\nname = \"a\"\nbind = \"127.0.0.1:1\"\nbakclog = 5\n";
+        let e = fail(http);
+        assert_eq!(e.fix, "did you mean `backlog`? Rename the key, or remove it", "{e}");
+        assert!(e.message.contains("`keepalive_timeout`"), "{e}");
+        assert!(!e.message.contains("`splice`") && !e.message.contains("`sni_routes`"), "{e}");
+        let tcp = "[[listeners]]\nname = \"a\"\nbind = \"127.0.0.1:1\"\nprotocol = \"tcp\"\n\
+                   upstream = \"u\"\nsplise = \"on\"\n";
+        let e = fail(tcp);
+        assert_eq!(e.fix, "did you mean `splice`? Rename the key, or remove it", "{e}");
+        assert!(!e.message.contains("`keepalive_timeout`") && !e.message.contains("`routes`"), "{e}");
+        let e = fail("[upstreams.u]\nservers = [{ addr = \"127.0.0.1:2\", wieght = 2 }]\n");
+        assert!(e.fix.contains("`weight`"), "{e}");
+        let e = fail("lisener = 1\n");
+        assert!(e.fix.contains("`listeners`"), "{e}");
     }
 
     #[test]

@@ -979,7 +979,7 @@ mod path;
 mod policy;
 mod pool;
 mod route_match;
-mod tcp;
+pub(crate) mod tcp;
 mod tls;
 mod upstream_protocol;
 mod upstream_tls;

@@ -200,47 +200,86 @@ fn splice(raw: Option<&str>, path: &FieldPath) -> Result<SpliceMode, Issue> {
     }
 }
 
+/// Listener keys only HTTP listeners have (also used to leave them out of the keys an
+/// unknown key's error lists for a TCP listener).
+pub(crate) const HTTP_ONLY: [&str; 19] = [
+    "keepalive_timeout",
+    "keepalive_requests",
+    "header_timeout",
+    "client_timeout",
+    "tunnel_idle_timeout",
+    "tunnel_fin_timeout",
+    "tunnel_min_progress",
+    "max_body_size",
+    "max_header_size",
+    "max_headers",
+    "default_response",
+    "access_log",
+    "path_normalization",
+    "routes",
+    "http2",
+    "redirect_https",
+    "redirect_https_port",
+    "request_id",
+    "trusted_proxies",
+];
+
+/// Listener keys only TCP listeners have (`proxy_protocol.send` is checked on its own).
+pub(crate) const TCP_ONLY: [&str; 8] = [
+    "upstream",
+    "idle_timeout",
+    "fin_timeout",
+    "min_progress",
+    "buffer_size",
+    "splice",
+    "sni_routes",
+    "preread_timeout",
+];
+
 /// The HTTP-only keys present in `raw`.
 fn http_only_keys(raw: &RawListener) -> Vec<&'static str> {
     let present = [
-        ("keepalive_timeout", raw.keepalive_timeout.is_some()),
-        ("keepalive_requests", raw.keepalive_requests.is_some()),
-        ("header_timeout", raw.header_timeout.is_some()),
-        ("client_timeout", raw.client_timeout.is_some()),
-        ("tunnel_idle_timeout", raw.tunnel_idle_timeout.is_some()),
-        ("tunnel_fin_timeout", raw.tunnel_fin_timeout.is_some()),
-        ("tunnel_min_progress", raw.tunnel_min_progress.is_some()),
-        ("max_body_size", raw.max_body_size.is_some()),
-        ("max_header_size", raw.max_header_size.is_some()),
-        ("max_headers", raw.max_headers.is_some()),
-        ("default_response", raw.default_response.is_some()),
-        ("access_log", raw.access_log.is_some()),
-        ("path_normalization", raw.path_normalization.is_some()),
-        ("routes", raw.routes.is_some()),
-        ("http2", raw.http2.is_some()),
-        ("redirect_https", raw.redirect_https.is_some()),
-        ("redirect_https_port", raw.redirect_https_port.is_some()),
-        ("request_id", raw.request_id.is_some()),
-        ("trusted_proxies", raw.trusted_proxies.is_some()),
+        raw.keepalive_timeout.is_some(),
+        raw.keepalive_requests.is_some(),
+        raw.header_timeout.is_some(),
+        raw.client_timeout.is_some(),
+        raw.tunnel_idle_timeout.is_some(),
+        raw.tunnel_fin_timeout.is_some(),
+        raw.tunnel_min_progress.is_some(),
+        raw.max_body_size.is_some(),
+        raw.max_header_size.is_some(),
+        raw.max_headers.is_some(),
+        raw.default_response.is_some(),
+        raw.access_log.is_some(),
+        raw.path_normalization.is_some(),
+        raw.routes.is_some(),
+        raw.http2.is_some(),
+        raw.redirect_https.is_some(),
+        raw.redirect_https_port.is_some(),
+        raw.request_id.is_some(),
+        raw.trusted_proxies.is_some(),
     ];
-    present.iter().filter(|p| p.1).map(|p| p.0).collect()
+    HTTP_ONLY.into_iter().zip(present).filter(|p| p.1).map(|p| p.0).collect()
 }
 
 /// The TCP-only keys present in `raw`.
 fn tcp_only_keys(raw: &RawListener) -> Vec<&'static str> {
     let send = raw.proxy_protocol.as_ref().and_then(|p| p.send.as_deref());
     let present = [
-        ("upstream", raw.upstream.is_some()),
-        ("idle_timeout", raw.idle_timeout.is_some()),
-        ("fin_timeout", raw.fin_timeout.is_some()),
-        ("min_progress", raw.min_progress.is_some()),
-        ("buffer_size", raw.buffer_size.is_some()),
-        ("splice", raw.splice.is_some()),
-        ("sni_routes", raw.sni_routes.is_some()),
-        ("preread_timeout", raw.preread_timeout.is_some()),
-        ("proxy_protocol.send", send.is_some_and(|s| s != "off")),
+        raw.upstream.is_some(),
+        raw.idle_timeout.is_some(),
+        raw.fin_timeout.is_some(),
+        raw.min_progress.is_some(),
+        raw.buffer_size.is_some(),
+        raw.splice.is_some(),
+        raw.sni_routes.is_some(),
+        raw.preread_timeout.is_some(),
     ];
-    present.iter().filter(|p| p.1).map(|p| p.0).collect()
+    let mut keys: Vec<&str> = TCP_ONLY.into_iter().zip(present).filter(|p| p.1).map(|p| p.0).collect();
+    if send.is_some_and(|s| s != "off") {
+        keys.push("proxy_protocol.send");
+    }
+    keys
 }
 
 /// An error at the first of `keys`, which a `protocol` listener does not have.

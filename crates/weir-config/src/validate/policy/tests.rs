@@ -667,7 +667,7 @@ fn compression_rejections_name_key_and_fix() {
             "compression = { algorithm = [\"gzip\"] }",
             format!("{c}.algorithm"),
             "unknown field",
-            "correct its spelling",
+            "did you mean `algorithms`?",
         ),
     ];
     for (line, field, message, fix) in cases {
