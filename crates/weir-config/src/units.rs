@@ -37,6 +37,9 @@ fn parse_unbounded_duration(text: &str) -> Result<Option<Duration>, String> {
         return Ok(None);
     };
     let secs = |factor: u64| Ok(value.checked_mul(factor).map(Duration::from_secs));
+    if let Some(fraction) = unit.strip_prefix('.') {
+        return Err(fraction_error(text, value, fraction));
+    }
     match unit {
         "ms" => Ok(Some(Duration::from_millis(value))),
         "s" => secs(1),
@@ -49,6 +52,31 @@ fn parse_unbounded_duration(text: &str) -> Result<Option<Duration>, String> {
             "unknown duration unit \"{unit}\" in \"{text}\": {DURATION_HINT}"
         )),
     }
+}
+
+/// `"1.5s"`: fractions are not accepted; say so, with the whole number of the next
+/// smaller unit when there is one (`"1500ms"`).
+fn fraction_error(text: &str, whole: u64, fraction: &str) -> String {
+    let digits: String = fraction.chars().take_while(char::is_ascii_digit).collect();
+    let unit = fraction[digits.len()..].trim();
+    let smaller = match unit {
+        "s" => Some(("ms", 1000)),
+        "m" => Some(("s", 60)),
+        "h" => Some(("m", 60)),
+        "d" => Some(("h", 24)),
+        _ => None,
+    };
+    let exact = smaller.and_then(|(name, factor): (&str, u64)| {
+        let scale = 10u64.checked_pow(u32::try_from(digits.len()).ok()?)?;
+        let frac: u64 = if digits.is_empty() { 0 } else { digits.parse().ok()? };
+        let total = whole.checked_mul(scale)?.checked_add(frac)?.checked_mul(factor)?;
+        (total % scale == 0).then(|| format!("\"{}{name}\"", total / scale))
+    });
+    let instead = exact.map_or_else(
+        || "a whole number of a smaller unit".to_owned(),
+        |v| format!("{v} instead"),
+    );
+    format!("duration \"{text}\" has a fraction, which is not accepted: write {instead}; {DURATION_HINT}")
 }
 
 /// Parses a size in bytes: an integer and an optional unit.
@@ -117,6 +145,12 @@ mod tests {
         }
         assert!(parse_duration("5").unwrap_err().contains("no unit"));
         assert!(parse_duration("5x").unwrap_err().contains("unit \"x\""));
+        // Was: `unknown duration unit ".5s"`.
+        let e = parse_duration("1.5s").unwrap_err();
+        assert!(e.contains("has a fraction") && e.contains("\"1500ms\" instead"), "{e}");
+        assert!(parse_duration("2.5m").unwrap_err().contains("\"150s\" instead"));
+        assert!(parse_duration("0.3333s").unwrap_err().contains("\"333.3ms\"") == false);
+        assert!(parse_duration("1.5ms").unwrap_err().contains("a smaller unit"));
     }
 
     #[test]

@@ -37,6 +37,7 @@ enum Command {
     },
     /// Validate a config file: exit 0 with a summary, or print where and what is wrong.
     Check {
+        /// Path to the TOML config file.
         #[arg(short, long, default_value = "weir.toml")]
         config: PathBuf,
     },

@@ -86,6 +86,9 @@ pub fn put_server(
             }
         }
     }
+    // The space before the closing brace of `{ addr = "..." }` belongs to the last value:
+    // a key added after it would be written `"..." , drain = true`. Normal spacing.
+    entry.fmt();
     match index {
         Some(i) => servers.replace(i, entry),
         None => {
@@ -297,6 +300,11 @@ servers = [{ addr = "127.0.0.1:9001" }] # two soon
         let text = d.to_string();
         assert!(
             text.contains("# the edge") && text.contains("# app servers"),
+            "{text}"
+        );
+        // Was: `{ addr = "127.0.0.1:9001" , drain = true }`.
+        assert!(
+            text.contains(r#"{ addr = "127.0.0.1:9001", drain = true }"#),
             "{text}"
         );
         let config = weir_config::parse_str(&text, "t").unwrap();

@@ -138,15 +138,22 @@ pub(super) fn header_value(value: &str, path: &FieldPath) -> Result<(), Issue> {
 }
 
 /// A query parameter name or value as it appears in a URL: no '&', '=', '#', spaces.
+/// A `match_query` name or value: compared form-decoded, so written decoded (`"a b"`,
+/// `"x&y"`, `"é"`) or encoded (`"a+b"`, `"x%26y"`) alike; only control characters, which
+/// no decoded parameter holds as typed, are refused, and an empty name.
 fn query_part(text: &str, path: &FieldPath, what: &str) -> Result<(), Issue> {
-    let valid = text
-        .bytes()
-        .all(|b| (b'!'..=b'~').contains(&b) && !b"&=#".contains(&b));
-    if (what != "value" && text.is_empty()) || !valid {
+    if what != "value" && text.is_empty() {
         return Err(Issue::new(
             path,
-            format!("query {what} {text:?} cannot appear in a query string as written"),
-            "write it as it appears in the URL, percent-encoded (no spaces, '&', '=' or '#')",
+            "an empty query parameter name",
+            "write the parameter's name, such as debug = \"1\"",
+        ));
+    }
+    if text.chars().any(char::is_control) {
+        return Err(Issue::new(
+            path,
+            format!("query {what} {text:?} holds a control character"),
+            "write the value as the backend reads it (decoded, such as \"a b\"), or percent-encoded",
         ));
     }
     Ok(())

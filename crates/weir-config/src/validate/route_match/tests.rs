@@ -305,12 +305,21 @@ fn condition_rejections() {
         "no spaces or ':'",
     );
     check(
-        "upstream = \"a\"\nmatch_query = { \"a\" = \"x&y\" }",
+        "upstream = \"a\"\nmatch_query = { \"a\" = \"x\\ty\" }",
         &format!("{r}.match_query.a"),
         7,
-        "cannot appear in a query string",
-        "percent-encoded",
+        "control character",
+        "decoded",
     );
+}
+
+/// Was: the docs said to write values decoded (`"a b"`), but a space, `&`, `=` or `#`
+/// was refused as "cannot appear in a query string".
+#[test]
+fn match_query_takes_decoded_values() {
+    let text = source("upstream = \"a\"\nmatch_query = { q = \"a b\", \"x y\" = \"é&=#\" }");
+    let c = parse_str(&text, "w").expect("decoded values are accepted");
+    assert_eq!(c.listeners[0].routes[0].matching.query.len(), 2);
 }
 
 #[test]
