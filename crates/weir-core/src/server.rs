@@ -36,8 +36,8 @@ pub enum StartError {
     },
     #[error("cannot start worker thread: {0}")]
     Thread(std::io::Error),
-    #[error("cannot open access log: {0}")]
-    AccessLog(std::io::Error),
+    #[error(transparent)]
+    AccessLog(crate::access_log::OpenError),
     #[error(transparent)]
     Tls(#[from] crate::snapshot::ListenerTlsError),
     #[error(transparent)]
@@ -54,6 +54,9 @@ impl StartError {
                 format!("upstreams.{}.tls", e.upstream),
                 "give a certificate and key that belong together, in PEM".to_string(),
             )),
+            StartError::AccessLog(e) => {
+                Some((format!("listeners[{}].access_log.path", e.index), e.fix()))
+            }
             _ => None,
         }
     }

@@ -169,3 +169,28 @@ fn logs_are_plain_off_a_terminal_and_json_on_request() {
         assert_eq!(last["fields"]["listener"], "web", "{last}");
     }
 }
+
+/// Was: `cannot open access log: No such file or directory`: no file, no position, no fix.
+#[test]
+fn an_access_log_that_cannot_be_opened_is_located_with_a_fix() {
+    let backend = Backend::echo("app");
+    let dir = support_process::TempDir::new("access-log");
+    let text = on("127.0.0.1:0", "access_log = { path = \"logs/access.log\" }", &backend);
+    let path = dir.write("weir.toml", &text);
+    let mut cmd = Command::new(WEIR);
+    cmd.arg("run").arg("-c").arg(&path).current_dir("/");
+    let mut weir = Weir::spawn_no_wait(cmd);
+    let status = weir.wait_exit(START_WAIT);
+    weir.log.wait_for("access log", START_WAIT);
+    let log = weir.log.text();
+    assert!(status.is_some_and(|s| !s.success()), "{log}");
+    let line = text.lines().position(|l| l.starts_with("access_log")).expect("line") + 1;
+    let logs = dir.path().join("logs");
+    assert!(
+        log.contains(&format!("{}:{line}:", path.display()))
+            && log.contains("listeners[0].access_log.path")
+            && log.contains(&format!("{}: No such file", logs.join("access.log").display()))
+            && log.contains(&format!("(fix: create the directory {})", logs.display())),
+        "{log}"
+    );
+}

@@ -73,15 +73,39 @@ impl LogBuffer {
 /// Each listener's log format and sink (`None`: logging off), sharing one writer per target.
 pub type ListenerSinks = Vec<Option<(AccessLogFormat, Arc<Sink>)>>;
 
+/// An access log that cannot be opened: listener `index`'s `access_log.path`.
+#[derive(Debug, thiserror::Error)]
+#[error("listener {listener:?}: cannot open the access log {}: {error}", path.display())]
+pub struct OpenError {
+    pub index: usize,
+    pub listener: String,
+    pub path: std::path::PathBuf,
+    pub error: std::io::Error,
+}
+
+impl OpenError {
+    pub fn fix(&self) -> String {
+        let dir = self.path.parent().unwrap_or(std::path::Path::new("/"));
+        match self.error.kind() {
+            std::io::ErrorKind::NotFound => format!("create the directory {}", dir.display()),
+            std::io::ErrorKind::PermissionDenied => format!(
+                "make {} writable by the user weir runs as (or the file, if it exists)",
+                dir.display()
+            ),
+            _ => "give a path where weir can create and append to a file, or \"stdout\"".into(),
+        }
+    }
+}
+
 /// Starts one writer per distinct log target of `config`.
 pub fn start_all(
     config: &weir_config::Config,
     dropped: &Arc<std::sync::atomic::AtomicU64>,
-) -> std::io::Result<(ListenerSinks, Vec<WriterThread>)> {
+) -> Result<(ListenerSinks, Vec<WriterThread>), OpenError> {
     let mut started: Vec<(weir_config::LogTarget, Arc<Sink>)> = Vec::new();
     let mut threads = Vec::new();
     let mut sinks = Vec::new();
-    for listener in &config.listeners {
+    for (index, listener) in config.listeners.iter().enumerate() {
         let Some(log) = &listener.access_log else {
             sinks.push(None);
             continue;
@@ -89,7 +113,16 @@ pub fn start_all(
         let sink = match started.iter().find(|(t, _)| *t == log.target) {
             Some((_, sink)) => sink.clone(),
             None => {
-                let (sink, thread) = start(&log.target, dropped.clone())?;
+                let (sink, thread) =
+                    start(&log.target, dropped.clone()).map_err(|error| OpenError {
+                        index,
+                        listener: listener.name.clone(),
+                        path: match &log.target {
+                            weir_config::LogTarget::File(p) => p.clone(),
+                            weir_config::LogTarget::Stdout => "stdout".into(),
+                        },
+                        error,
+                    })?;
                 started.push((log.target.clone(), sink.clone()));
                 threads.push(thread);
                 sink
