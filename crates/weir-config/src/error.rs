@@ -290,7 +290,11 @@ fn readable_serde_message(message: &str) -> String {
 /// serde's `unknown field `X`, expected one of `a`, `b`` for the key at `path`, retold:
 /// only the keys that fit there (a TCP listener is not offered HTTP keys, nor the
 /// reverse), and the closest one as a "did you mean".
-fn unknown_key(message: &str, path: &FieldPath, doc: &ImDocument<&str>) -> Option<(String, String)> {
+fn unknown_key(
+    message: &str,
+    path: &FieldPath,
+    doc: &ImDocument<&str>,
+) -> Option<(String, String)> {
     let rest = message.strip_prefix("unknown field `")?;
     let (key, expected) = rest.split_once('`')?;
     let mut accepted: Vec<&str> = expected.split('`').skip(1).step_by(2).collect();
@@ -338,13 +342,13 @@ fn edit_distance(a: &str, b: &str) -> usize {
     for (i, row) in d.iter_mut().enumerate() {
         row[0] = i;
     }
-    for j in 0..=b.len() {
-        d[0][j] = j;
-    }
+    d[0] = (0..=b.len()).collect();
     for i in 1..=a.len() {
         for j in 1..=b.len() {
             let cost = usize::from(a[i - 1] != b[j - 1]);
-            let mut best = (d[i - 1][j] + 1).min(d[i][j - 1] + 1).min(d[i - 1][j - 1] + cost);
+            let mut best = (d[i - 1][j] + 1)
+                .min(d[i][j - 1] + 1)
+                .min(d[i - 1][j - 1] + cost);
             if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
                 best = best.min(d[i - 2][j - 2] + 1);
             }
@@ -593,7 +597,11 @@ mod tests {
             FieldPath::default().key("upstreams").key("a.b").to_string(),
             "upstreams.\"a.b\""
         );
-        for text in ["upstreams.\"a.b\".servers[0].addr", "listeners[1].tls.certs[0].cert", "x"] {
+        for text in [
+            "upstreams.\"a.b\".servers[0].addr",
+            "listeners[1].tls.certs[0].cert",
+            "x",
+        ] {
             assert_eq!(FieldPath::parse(text).to_string(), text);
         }
     }

@@ -19,7 +19,13 @@ pub struct FieldChange {
 impl std::fmt::Display for FieldChange {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let show = |v: &Option<String>| v.clone().unwrap_or_else(|| "(unset)".to_string());
-        write!(f, "{}: {} -> {}", self.path, show(&self.old), show(&self.new))
+        write!(
+            f,
+            "{}: {} -> {}",
+            self.path,
+            show(&self.old),
+            show(&self.new)
+        )
     }
 }
 
@@ -50,7 +56,9 @@ fn walk(path: &str, old: Option<&Value>, new: Option<&Value>, out: &mut Vec<Fiel
             }
         }
         (Some(Value::Array(a)), Some(Value::Array(b))) if keyed(a) && keyed(b) => {
-            let names = a.iter().chain(b.iter().filter(|v| find(a, key_of(v)).is_none()));
+            let names = a
+                .iter()
+                .chain(b.iter().filter(|v| find(a, key_of(v)).is_none()));
             for name in names.filter_map(key_of) {
                 let at = format!("{path}[{name}]");
                 walk(&at, find(a, Some(name)), find(b, Some(name)), out);
@@ -120,8 +128,14 @@ servers = [{ addr = "10.0.0.1:80" }, { addr = "10.0.0.2:80", weight = 2 }]
         let new = OLD
             .replace("\"/api\"", "\"/v2\"")
             .replace("weight = 2", "weight = 3")
-            .replace("bind = \"127.0.0.1:8080\"", "bind = \"127.0.0.1:8080\"\nbacklog = 64");
-        let shown: Vec<String> = field_changes(OLD, &new).iter().map(|c| c.to_string()).collect();
+            .replace(
+                "bind = \"127.0.0.1:8080\"",
+                "bind = \"127.0.0.1:8080\"\nbacklog = 64",
+            );
+        let shown: Vec<String> = field_changes(OLD, &new)
+            .iter()
+            .map(|c| c.to_string())
+            .collect();
         assert_eq!(
             shown,
             [

@@ -94,18 +94,13 @@ pub fn parse_str(source: &str, file_name: &str) -> Result<Config, ConfigError> {
 
 /// Like [`parse_str`], relative paths resolved against `base` (the directory of the
 /// config file the text is, or will be written to) when given.
-pub fn parse_in(
-    source: &str,
-    file_name: &str,
-    base: Option<&Path>,
-) -> Result<Config, ConfigError> {
+pub fn parse_in(source: &str, file_name: &str, base: Option<&Path>) -> Result<Config, ConfigError> {
     let src = Source {
         file: file_name,
         text: source,
     };
     let doc = toml_edit::ImDocument::parse(source).map_err(|e| src.syntax_error(&e))?;
-    let mut raw: raw::RawConfig =
-        toml::from_str(source).map_err(|e| src.shape_error(&doc, &e))?;
+    let mut raw: raw::RawConfig = toml::from_str(source).map_err(|e| src.shape_error(&doc, &e))?;
     let relative_paths = base.map_or_else(Vec::new, |b| paths::resolve(&mut raw, b));
     let mut config = validate::config(raw).map_err(|issue| src.issue_error(&doc, issue))?;
     config.relative_paths = relative_paths;
@@ -443,7 +438,8 @@ servers = [{ addr = "10.0.0.1:80" }]
                 "lists the accepted keys: {e}"
             );
             assert!(
-                e.fix == "remove the key or correct its spelling" || e.fix.starts_with("did you mean"),
+                e.fix == "remove the key or correct its spelling"
+                    || e.fix.starts_with("did you mean"),
                 "{e}"
             );
         }
@@ -455,14 +451,26 @@ servers = [{ addr = "10.0.0.1:80" }]
     fn unknown_keys_suggest_the_near_one_among_the_keys_that_fit() {
         let http = "[[listeners]]\nname = \"a\"\nbind = \"127.0.0.1:1\"\nbakclog = 5\n";
         let e = fail(http);
-        assert_eq!(e.fix, "did you mean `backlog`? Rename the key, or remove it", "{e}");
+        assert_eq!(
+            e.fix, "did you mean `backlog`? Rename the key, or remove it",
+            "{e}"
+        );
         assert!(e.message.contains("`keepalive_timeout`"), "{e}");
-        assert!(!e.message.contains("`splice`") && !e.message.contains("`sni_routes`"), "{e}");
+        assert!(
+            !e.message.contains("`splice`") && !e.message.contains("`sni_routes`"),
+            "{e}"
+        );
         let tcp = "[[listeners]]\nname = \"a\"\nbind = \"127.0.0.1:1\"\nprotocol = \"tcp\"\n\
                    upstream = \"u\"\nsplise = \"on\"\n";
         let e = fail(tcp);
-        assert_eq!(e.fix, "did you mean `splice`? Rename the key, or remove it", "{e}");
-        assert!(!e.message.contains("`keepalive_timeout`") && !e.message.contains("`routes`"), "{e}");
+        assert_eq!(
+            e.fix, "did you mean `splice`? Rename the key, or remove it",
+            "{e}"
+        );
+        assert!(
+            !e.message.contains("`keepalive_timeout`") && !e.message.contains("`routes`"),
+            "{e}"
+        );
         let e = fail("[upstreams.u]\nservers = [{ addr = \"127.0.0.1:2\", wieght = 2 }]\n");
         assert!(e.fix.contains("`weight`"), "{e}");
         let e = fail("lisener = 1\n");

@@ -72,7 +72,11 @@ impl Resolver<'_> {
         }
         for (i, r) in l.routes.iter_mut().flatten().enumerate() {
             if let Some(auth) = r.basic_auth.as_mut() {
-                let field = at.key("routes").index(i).key("basic_auth").key("users_file");
+                let field = at
+                    .key("routes")
+                    .index(i)
+                    .key("basic_auth")
+                    .key("users_file");
                 self.fix(&mut auth.users_file, &field);
             }
         }
@@ -136,12 +140,20 @@ mod tests {
             config.admin.token_file.as_deref(),
             Some(Path::new("/etc/weir/token"))
         );
-        assert_eq!(config.relative_paths.len(), 1, "{:?}", config.relative_paths);
+        assert_eq!(
+            config.relative_paths.len(),
+            1,
+            "{:?}",
+            config.relative_paths
+        );
         assert_eq!(config.relative_paths[0].field, "admin.token_file");
         assert_eq!(config.relative_paths[0].written, "token");
         let plain = crate::parse_str(text, "t").unwrap();
         assert_eq!(plain.admin.token_file.as_deref(), Some(Path::new("token")));
-        assert_eq!(super::base_of(Path::new("/etc/weir/weir.toml")), Path::new("/etc/weir"));
+        assert_eq!(
+            super::base_of(Path::new("/etc/weir/weir.toml")),
+            Path::new("/etc/weir")
+        );
         assert!(super::base_of(Path::new("weir.toml")).is_absolute());
     }
 }

@@ -68,8 +68,15 @@ fn fraction_error(text: &str, whole: u64, fraction: &str) -> String {
     };
     let exact = smaller.and_then(|(name, factor): (&str, u64)| {
         let scale = 10u64.checked_pow(u32::try_from(digits.len()).ok()?)?;
-        let frac: u64 = if digits.is_empty() { 0 } else { digits.parse().ok()? };
-        let total = whole.checked_mul(scale)?.checked_add(frac)?.checked_mul(factor)?;
+        let frac: u64 = if digits.is_empty() {
+            0
+        } else {
+            digits.parse().ok()?
+        };
+        let total = whole
+            .checked_mul(scale)?
+            .checked_add(frac)?
+            .checked_mul(factor)?;
         (total % scale == 0).then(|| format!("\"{}{name}\"", total / scale))
     });
     let instead = exact.map_or_else(
@@ -147,10 +154,19 @@ mod tests {
         assert!(parse_duration("5x").unwrap_err().contains("unit \"x\""));
         // Was: `unknown duration unit ".5s"`.
         let e = parse_duration("1.5s").unwrap_err();
-        assert!(e.contains("has a fraction") && e.contains("\"1500ms\" instead"), "{e}");
-        assert!(parse_duration("2.5m").unwrap_err().contains("\"150s\" instead"));
-        assert!(parse_duration("0.3333s").unwrap_err().contains("\"333.3ms\"") == false);
-        assert!(parse_duration("1.5ms").unwrap_err().contains("a smaller unit"));
+        assert!(
+            e.contains("has a fraction") && e.contains("\"1500ms\" instead"),
+            "{e}"
+        );
+        assert!(parse_duration("2.5m")
+            .unwrap_err()
+            .contains("\"150s\" instead"));
+        assert!(parse_duration("0.3333s")
+            .unwrap_err()
+            .contains("a smaller unit"));
+        assert!(parse_duration("1.5ms")
+            .unwrap_err()
+            .contains("a smaller unit"));
     }
 
     #[test]

@@ -12,8 +12,8 @@ use std::time::Duration;
 use crate::error::{FieldPath, Issue};
 use crate::model::{
     AccessLog, AccessLogFormat, AdminSettings, Config, DefaultResponse, HostPattern, Listener,
-    LogFormat, LogTarget, PathNormalization, Protocol, Route, ServerSettings, Upstream, UpstreamServer,
-    Workers,
+    LogFormat, LogTarget, PathNormalization, Protocol, Route, ServerSettings, Upstream,
+    UpstreamServer, Workers,
 };
 use crate::raw::{
     RawAccessLog, RawAdmin, RawConfig, RawDefaultResponse, RawListener, RawRoute, RawServer,

@@ -62,7 +62,10 @@ impl ApplyError {
             ApplyError::NotReloadable { fix, .. } => fix.to_string(),
             ApplyError::Bind(_) => "use an address that is free on this host".to_string(),
             ApplyError::Tls(e) => {
-                format!("{} (the running certificates stay in use meanwhile)", e.fix())
+                format!(
+                    "{} (the running certificates stay in use meanwhile)",
+                    e.fix()
+                )
             }
             ApplyError::UpstreamTls(_) => {
                 "give a certificate and key that belong together, in PEM".to_string()

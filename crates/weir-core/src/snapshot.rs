@@ -259,11 +259,7 @@ impl ListenerPlan {
         ListenerPlan {
             router: Router::new(&listener.routes),
             default: Canned::default_response(&listener.default_response),
-            routes: listener
-                .routes
-                .iter()
-                .map(RoutePlan::new)
-                .collect(),
+            routes: listener.routes.iter().map(RoutePlan::new).collect(),
             redirect_https: listener.redirect_https.map(https_redirect),
             tls,
             limiters: Vec::new(),

@@ -24,7 +24,9 @@ pub fn init_logging(config: Option<&Path>) {
     // and logged at debug by Weir instead; `WEIR_LOG=rustls=warn` brings them back.
     let filter = tracing_subscriber::EnvFilter::try_from_env("WEIR_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rustls=error"));
-    let env = std::env::var("WEIR_LOG_FORMAT").ok().filter(|v| !v.is_empty());
+    let env = std::env::var("WEIR_LOG_FORMAT")
+        .ok()
+        .filter(|v| !v.is_empty());
     let format = env
         .as_deref()
         .and_then(LogFormat::parse)
@@ -61,7 +63,12 @@ pub fn check_file(path: &Path) -> anyhow::Result<()> {
     }
     println!("{}: OK: {}", path.display(), config.summary());
     for p in &config.relative_paths {
-        println!("  {} = {:?} -> {}", p.field, p.written, p.resolved.display());
+        println!(
+            "  {} = {:?} -> {}",
+            p.field,
+            p.written,
+            p.resolved.display()
+        );
     }
     for cert in &certs {
         println!("  {cert}");
@@ -150,10 +157,11 @@ impl Running {
             Workers::Auto => std::thread::available_parallelism().map_or(1, |n| n.get()),
         };
         let admin_bind = config.admin.bind;
-        let proxy = Proxy::start_inherited(config, workers, listeners).map_err(|e| match &path {
-            Some(p) => start_error(p, &text, e),
-            None => e.into(),
-        })?;
+        let proxy =
+            Proxy::start_inherited(config, workers, listeners).map_err(|e| match &path {
+                Some(p) => start_error(p, &text, e),
+                None => e.into(),
+            })?;
         let proxy = Arc::new(proxy);
         let store = Arc::new(Store::new(proxy.clone(), path, text));
         let state = Arc::new(AdminState {

@@ -390,7 +390,11 @@ async fn a_split_falls_back_while_a_pool_has_no_usable_server() {
     assert_eq!(seen.iter().filter(|s| **s != 200).count(), 1, "{seen:?}");
     let weir = conf("split_fallback = false");
     let seen = statuses(&weir).await;
-    assert_eq!(seen.iter().filter(|s| **s != 200).count(), 4, "off: {seen:?}");
+    assert_eq!(
+        seen.iter().filter(|s| **s != 200).count(),
+        4,
+        "off: {seen:?}"
+    );
 }
 
 /// `weir check` on a route with `lines` (from line 6), expecting a failure at `line` whose

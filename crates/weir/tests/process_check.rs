@@ -333,7 +333,11 @@ fn relative_paths_resolve_against_the_config_file_and_check_says_where() {
     let path = dir.write("weir.toml", &relative_tls("certs/site.pem"));
     let out = check_from(Path::new("/"), &path);
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let resolved = dir.path().join("certs/site.pem");
     assert!(
         stdout.contains(&format!(
@@ -354,7 +358,11 @@ fn an_unreadable_certificate_is_located_with_the_path_tried_and_a_fix() {
     let out = check_from(Path::new("/"), &path);
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(!out.status.success(), "{stderr}");
-    let line = text.lines().position(|l| l.starts_with("certs =")).expect("certs line") + 1;
+    let line = text
+        .lines()
+        .position(|l| l.starts_with("certs ="))
+        .expect("certs line")
+        + 1;
     let (_, message) = assert_located(
         &path.display().to_string(),
         &stderr,
@@ -362,6 +370,12 @@ fn an_unreadable_certificate_is_located_with_the_path_tried_and_a_fix() {
         "listeners[0].tls.certs[0].cert",
     );
     let tried = dir.path().join("certs/sitee.pem").display().to_string();
-    assert!(message.contains(&format!("{tried}: cannot read it")), "{stderr}");
-    assert!(message.contains(&format!("(fix: {tried} does not exist")), "{stderr}");
+    assert!(
+        message.contains(&format!("{tried}: cannot read it")),
+        "{stderr}"
+    );
+    assert!(
+        message.contains(&format!("(fix: {tried} does not exist")),
+        "{stderr}"
+    );
 }

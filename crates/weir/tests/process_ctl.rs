@@ -115,7 +115,10 @@ fn drain_undrain_and_weight_of_an_unknown_server_fail_and_change_nothing() {
     }
     assert_eq!(std::fs::read_to_string(&path).expect("read"), before);
     let out = ok(&ctl(&weir, &["get", "upstreams"], ""));
-    assert!(!out.contains("127.0.0.1:1 ") && !out.contains("127.0.0.1:1\n"), "{out}");
+    assert!(
+        !out.contains("127.0.0.1:1 ") && !out.contains("127.0.0.1:1\n"),
+        "{out}"
+    );
 }
 
 /// Was: `diff` named only the objects and exited 0 either way.
@@ -127,27 +130,44 @@ fn diff_shows_fields_old_and_new_and_exits_like_diff() {
     let text = std::fs::read_to_string(weir.config_path.as_ref().expect("path")).expect("read");
     let same = dir.write("same.toml", &text);
     let out = ctl(&weir, &["diff", "-f", same.to_str().expect("utf-8")], "");
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
-    let edited = text.replace("drain_timeout = \"1s\"", "drain_timeout = \"2s\"").replace(
-        "name = \"web\"\n",
-        "name = \"web\"\nkeepalive_timeout = \"9s\"\n",
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
     );
+    let edited = text
+        .replace("drain_timeout = \"1s\"", "drain_timeout = \"2s\"")
+        .replace(
+            "name = \"web\"\n",
+            "name = \"web\"\nkeepalive_timeout = \"9s\"\n",
+        );
     let edited = dir.write("edited.toml", &edited);
     let out = ctl(&weir, &["diff", "-f", edited.to_str().expect("utf-8")], "");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "{stdout}");
-    assert!(stdout.contains("  server.drain_timeout: \"1s\" -> \"2s\""), "{stdout}");
+    assert!(
+        stdout.contains("  server.drain_timeout: \"1s\" -> \"2s\""),
+        "{stdout}"
+    );
     assert!(
         stdout.contains("  listeners[web].keepalive_timeout: (unset) -> \"9s\""),
         "{stdout}"
     );
     let json: serde_json::Value = serde_json::from_slice(
-        &ctl(&weir, &["-o", "json", "diff", "-f", edited.to_str().expect("utf-8")], "").stdout,
+        &ctl(
+            &weir,
+            &["-o", "json", "diff", "-f", edited.to_str().expect("utf-8")],
+            "",
+        )
+        .stdout,
     )
     .expect("json");
     let fields = json["fields"].as_array().expect("fields");
     assert!(
-        fields.iter().any(|f| f["path"] == "server.drain_timeout" && f["old"] == "\"1s\""),
+        fields
+            .iter()
+            .any(|f| f["path"] == "server.drain_timeout" && f["old"] == "\"1s\""),
         "{json}"
     );
     assert!(stdout.contains("  changed server\n"), "{stdout}");
@@ -166,26 +186,44 @@ fn ctl_finds_the_admin_api_from_the_environment_or_a_config_file() {
     let admin = weir.admin_addr();
     let run = |args: &[&str], env: &[(&str, &str)]| {
         let mut cmd = Command::new(WEIR);
-        cmd.arg("ctl").args(args).env_remove("WEIR_ADMIN").env_remove("WEIR_ADMIN_TOKEN_FILE");
+        cmd.arg("ctl")
+            .args(args)
+            .env_remove("WEIR_ADMIN")
+            .env_remove("WEIR_ADMIN_TOKEN_FILE");
         cmd.envs(env.iter().copied()).current_dir("/");
         cmd.output().expect("run weir ctl")
     };
     let url = format!("http://{admin}");
     let token_path = token.to_str().expect("utf-8");
-    let env = [("WEIR_ADMIN", url.as_str()), ("WEIR_ADMIN_TOKEN_FILE", token_path)];
+    let env = [
+        ("WEIR_ADMIN", url.as_str()),
+        ("WEIR_ADMIN_TOKEN_FILE", token_path),
+    ];
     let out = ok(&run(&["get", "upstreams"], &env));
     assert!(out.contains(&a.addr().to_string()), "{out}");
     // A config file naming the admin listener and a token file relative to itself.
     let copy = dir.write(
         "copy.toml",
-        &format!("[admin]\nbind = \"0.0.0.0:{}\"\ntoken_file = \"token\"\n", admin.port()),
+        &format!(
+            "[admin]\nbind = \"0.0.0.0:{}\"\ntoken_file = \"token\"\n",
+            admin.port()
+        ),
     );
-    let out = ok(&run(&["-c", copy.to_str().expect("utf-8"), "get", "upstreams"], &[]));
+    let out = ok(&run(
+        &["-c", copy.to_str().expect("utf-8"), "get", "upstreams"],
+        &[],
+    ));
     assert!(out.contains(&a.addr().to_string()), "{out}");
     let off = dir.write("off.toml", "[admin]\nbind = \"off\"\n");
-    let out = run(&["-c", off.to_str().expect("utf-8"), "get", "upstreams"], &[]);
+    let out = run(
+        &["-c", off.to_str().expect("utf-8"), "get", "upstreams"],
+        &[],
+    );
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && err.contains("no admin API"), "{err}");
+    assert!(
+        !out.status.success() && err.contains("no admin API"),
+        "{err}"
+    );
 }
 
 /// Was: `apply -f broken.toml` reported the position as `weir.toml:39:1` (the server's file).
@@ -195,7 +233,10 @@ fn apply_errors_name_the_file_sent() {
     let weir = Weir::start(&file(&a, ""));
     let dir = TempDir::new("ctl-broken");
     let text = std::fs::read_to_string(weir.config_path.as_ref().expect("path")).expect("read");
-    let broken = dir.write("broken.toml", &text.replace("upstream = \"app\"", "upstream = \"nope\""));
+    let broken = dir.write(
+        "broken.toml",
+        &text.replace("upstream = \"app\"", "upstream = \"nope\""),
+    );
     let line = text
         .lines()
         .position(|l| l == "upstream = \"app\"")
@@ -245,14 +286,26 @@ fn every_change_is_logged_with_who_and_listed_by_history() {
     let rows: Vec<&str> = out.lines().collect();
     assert!(rows[0].starts_with("VERSION"), "{out}");
     assert_eq!(rows.len(), 5, "start + 3 changes: {out}");
-    assert!(rows[1].starts_with("1 ") && rows[1].contains("start"), "{out}");
-    assert!(rows[2].contains("api 127.0.0.1:") && rows[2].contains("added server"), "{out}");
+    assert!(
+        rows[1].starts_with("1 ") && rows[1].contains("start"),
+        "{out}"
+    );
+    assert!(
+        rows[2].contains("api 127.0.0.1:") && rows[2].contains("added server"),
+        "{out}"
+    );
     assert!(rows[3].contains("changed server"), "{out}");
-    assert!(rows[4].starts_with("4 ") && rows[4].contains("SIGHUP"), "{out}");
+    assert!(
+        rows[4].starts_with("4 ") && rows[4].contains("SIGHUP"),
+        "{out}"
+    );
     let json: serde_json::Value =
         serde_json::from_str(&ok(&ctl(&weir, &["-o", "json", "history"], ""))).expect("json");
     assert_eq!(json[1]["version"], 2);
-    assert!(json[1]["at"].as_u64().is_some_and(|t| t > 1_700_000_000), "{json}");
+    assert!(
+        json[1]["at"].as_u64().is_some_and(|t| t > 1_700_000_000),
+        "{json}"
+    );
 }
 
 #[test]

@@ -11,8 +11,12 @@ use weir_testkit::Backend;
 
 /// A config with listener `web` on `bind` (an address or `127.0.0.1:0`).
 fn on(bind: &str, listener_keys: &str, backend: &Backend) -> String {
-    config("drain_timeout = \"0s\"", listener_keys, &route_to("app", "/", backend.addr()))
-        .replace("bind = \"127.0.0.1:0\"", &format!("bind = \"{bind}\""))
+    config(
+        "drain_timeout = \"0s\"",
+        listener_keys,
+        &route_to("app", "/", backend.addr()),
+    )
+    .replace("bind = \"127.0.0.1:0\"", &format!("bind = \"{bind}\""))
 }
 
 /// Was: listeners bind with SO_REUSEPORT, so a second `weir run` on a copy of the config
@@ -41,7 +45,19 @@ fn a_second_weir_on_the_same_port_is_refused_naming_the_holder() {
         log.contains(&format!("process {} (weir)", first.pid())),
         "names the holder: {log}"
     );
-    assert_eq!(get(first.addr, "/x").expect("first still serves").0.status, 200);
+    assert_eq!(
+        get(first.addr, "/x").expect("first still serves").0.status,
+        200
+    );
+}
+
+/// Sends SIGHUP and waits for the change to be logged, not rejected.
+fn sighup_applies(weir: &Weir) {
+    weir.signal(libc::SIGHUP);
+    let log = &weir.log;
+    let changed = log.wait_for("config changed by=SIGHUP", Duration::from_secs(20));
+    assert!(changed, "{}", log.text());
+    assert!(!log.contains("rejected"), "{}", log.text());
 }
 
 /// Was: relative paths resolved against the working directory, so `weir run` from another
@@ -64,13 +80,7 @@ fn weir_run_from_another_directory_finds_relative_files() {
     cmd.arg("run").arg("-c").arg(&path).current_dir("/");
     let weir = Weir::spawn(cmd);
     // A reload through the file resolves them the same way.
-    weir.signal(libc::SIGHUP);
-    assert!(
-        weir.log.wait_for("config changed by=SIGHUP", Duration::from_secs(20)),
-        "{}",
-        weir.log.text()
-    );
-    assert!(!weir.log.contains("rejected"), "{}", weir.log.text());
+    sighup_applies(&weir);
 }
 
 /// A reload that rebinds the address a listener already has (a new backlog needs new
@@ -82,25 +92,36 @@ fn a_reload_rebinding_its_own_address_still_works() {
     let path = weir.config_path.clone().expect("config path");
     let addr = weir.addr.to_string();
     std::fs::write(&path, on(&addr, "backlog = 64", &backend)).expect("rewrite");
-    weir.signal(libc::SIGHUP);
-    assert!(
-        weir.log.wait_for("config changed by=SIGHUP", Duration::from_secs(20)),
-        "{}",
-        weir.log.text()
-    );
-    assert!(!weir.log.contains("rejected"), "{}", weir.log.text());
+    sighup_applies(&weir);
     assert_eq!(get(weir.addr, "/x").expect("serves").0.status, 200);
     let listening = || {
         let lines = weir.log.lines();
-        lines.iter().filter(|l| l.contains("listening listener=web")).count()
+        lines
+            .iter()
+            .filter(|l| l.contains("listening listener=web"))
+            .count()
     };
-    assert_eq!(listening(), 2, "bound at start and rebound: {}", weir.log.text());
+    assert_eq!(
+        listening(),
+        2,
+        "bound at start and rebound: {}",
+        weir.log.text()
+    );
     // Was: a change that keeps the sockets logged `listening` as if it had bound anew.
     let keepalive = "backlog = 64\nkeepalive_timeout = \"7s\"";
     std::fs::write(&path, on(&addr, keepalive, &backend)).expect("rewrite");
     weir.signal(libc::SIGHUP);
-    let changed = || weir.log.lines().iter().filter(|l| l.contains("config changed")).count();
-    assert!(weir_testkit::wait_until(Duration::from_secs(20), || changed() == 2));
+    let changed = || {
+        weir.log
+            .lines()
+            .iter()
+            .filter(|l| l.contains("config changed"))
+            .count()
+    };
+    assert!(weir_testkit::wait_until(
+        Duration::from_secs(20),
+        || changed() == 2
+    ));
     assert_eq!(listening(), 2, "{}", weir.log.text());
 }
 
@@ -157,12 +178,18 @@ fn logs_are_plain_off_a_terminal_and_json_on_request() {
         "no escape codes: {plain:?}"
     );
     let from_config = text.replace("[server]\n", "[server]\nlog_format = \"json\"\n");
-    for (config, env) in [(&text, &[("WEIR_LOG_FORMAT", "json")][..]), (&from_config, &[])] {
+    for (config, env) in [
+        (&text, &[("WEIR_LOG_FORMAT", "json")][..]),
+        (&from_config, &[]),
+    ] {
         let lines = raw_log_until_listening(config, env);
         for line in &lines {
-            let v: serde_json::Value = serde_json::from_str(line)
-                .unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
-            assert!(v["level"].is_string() && v["timestamp"].is_string(), "{line}");
+            let v: serde_json::Value =
+                serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+            assert!(
+                v["level"].is_string() && v["timestamp"].is_string(),
+                "{line}"
+            );
         }
         let last: serde_json::Value = serde_json::from_str(lines.last().expect("a line")).unwrap();
         assert_eq!(last["fields"]["message"], "listening", "{last}");
@@ -175,7 +202,11 @@ fn logs_are_plain_off_a_terminal_and_json_on_request() {
 fn an_access_log_that_cannot_be_opened_is_located_with_a_fix() {
     let backend = Backend::echo("app");
     let dir = support_process::TempDir::new("access-log");
-    let text = on("127.0.0.1:0", "access_log = { path = \"logs/access.log\" }", &backend);
+    let text = on(
+        "127.0.0.1:0",
+        "access_log = { path = \"logs/access.log\" }",
+        &backend,
+    );
     let path = dir.write("weir.toml", &text);
     let mut cmd = Command::new(WEIR);
     cmd.arg("run").arg("-c").arg(&path).current_dir("/");
@@ -184,12 +215,19 @@ fn an_access_log_that_cannot_be_opened_is_located_with_a_fix() {
     weir.log.wait_for("access log", START_WAIT);
     let log = weir.log.text();
     assert!(status.is_some_and(|s| !s.success()), "{log}");
-    let line = text.lines().position(|l| l.starts_with("access_log")).expect("line") + 1;
+    let line = text
+        .lines()
+        .position(|l| l.starts_with("access_log"))
+        .expect("line")
+        + 1;
     let logs = dir.path().join("logs");
     assert!(
         log.contains(&format!("{}:{line}:", path.display()))
             && log.contains("listeners[0].access_log.path")
-            && log.contains(&format!("{}: No such file", logs.join("access.log").display()))
+            && log.contains(&format!(
+                "{}: No such file",
+                logs.join("access.log").display()
+            ))
             && log.contains(&format!("(fix: create the directory {})", logs.display())),
         "{log}"
     );

@@ -315,5 +315,8 @@ async fn an_untrusted_acme_server_is_reported_with_the_cause_and_the_fix() {
     assert!(failed, "no failure recorded");
     let error = auto.status().last_error.unwrap_or_default();
     assert!(error.contains("UnknownIssuer"), "the cause: {error}");
-    assert!(error.contains("(fix: ") && error.contains("directory_ca"), "the fix: {error}");
+    assert!(
+        error.contains("(fix: ") && error.contains("directory_ca"),
+        "the fix: {error}"
+    );
 }

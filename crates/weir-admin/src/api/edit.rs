@@ -292,11 +292,24 @@ servers = [{ addr = "127.0.0.1:9001" }] # two soon
         weight.insert("drain", toml_edit::value(true));
         let add = ServerEdit::AddOrChange;
         // A typo in drain must not add a server (issue 30 item 2).
-        let e = put_server(&mut d, "app", "127.0.0.1:9999", &weight, ServerEdit::ChangeOnly)
-            .unwrap_err();
+        let e = put_server(
+            &mut d,
+            "app",
+            "127.0.0.1:9999",
+            &weight,
+            ServerEdit::ChangeOnly,
+        )
+        .unwrap_err();
         assert_eq!(e.status, hyper::StatusCode::NOT_FOUND, "{e:?}");
         put_server(&mut d, "app", "127.0.0.1:9002", &Table::new(), add).unwrap();
-        put_server(&mut d, "app", "127.0.0.1:9001", &weight, ServerEdit::ChangeOnly).unwrap();
+        put_server(
+            &mut d,
+            "app",
+            "127.0.0.1:9001",
+            &weight,
+            ServerEdit::ChangeOnly,
+        )
+        .unwrap();
         let text = d.to_string();
         assert!(
             text.contains("# the edge") && text.contains("# app servers"),

@@ -118,12 +118,16 @@ fn route(call: Call, store: &Store) -> Result<Response<Full<Bytes>>, ApiError> {
         (&Method::PUT, ["upstreams", name]) => {
             let body = convert::body_table(&call.body, call.format)?;
             written(
-                store.edit(call.mode, &call.origin, |doc| edit::put_upstream(doc, name, body)),
+                store.edit(call.mode, &call.origin, |doc| {
+                    edit::put_upstream(doc, name, body)
+                }),
                 call.mode,
             )
         }
         (&Method::DELETE, ["upstreams", name]) => written(
-            store.edit(call.mode, &call.origin, |doc| edit::delete_upstream(doc, name)),
+            store.edit(call.mode, &call.origin, |doc| {
+                edit::delete_upstream(doc, name)
+            }),
             call.mode,
         ),
         (method @ (&Method::PUT | &Method::PATCH), ["upstreams", name, "servers", addr]) => {
@@ -134,12 +138,16 @@ fn route(call: Call, store: &Store) -> Result<Response<Full<Bytes>>, ApiError> {
                 edit::ServerEdit::ChangeOnly
             };
             written(
-                store.edit(call.mode, &call.origin, |doc| edit::put_server(doc, name, addr, &body, how)),
+                store.edit(call.mode, &call.origin, |doc| {
+                    edit::put_server(doc, name, addr, &body, how)
+                }),
                 call.mode,
             )
         }
         (&Method::DELETE, ["upstreams", name, "servers", addr]) => written(
-            store.edit(call.mode, &call.origin, |doc| edit::delete_server(doc, name, addr)),
+            store.edit(call.mode, &call.origin, |doc| {
+                edit::delete_server(doc, name, addr)
+            }),
             call.mode,
         ),
         (&Method::GET, ["listeners"]) => read(views::listeners(store.proxy())),
@@ -148,19 +156,25 @@ fn route(call: Call, store: &Store) -> Result<Response<Full<Bytes>>, ApiError> {
         (&Method::PUT, ["listeners", name]) => {
             let body = convert::body_table(&call.body, call.format)?;
             written(
-                store.edit(call.mode, &call.origin, |doc| edit::put_listener(doc, name, body)),
+                store.edit(call.mode, &call.origin, |doc| {
+                    edit::put_listener(doc, name, body)
+                }),
                 call.mode,
             )
         }
         (&Method::DELETE, ["listeners", name]) => written(
-            store.edit(call.mode, &call.origin, |doc| edit::delete_listener(doc, name)),
+            store.edit(call.mode, &call.origin, |doc| {
+                edit::delete_listener(doc, name)
+            }),
             call.mode,
         ),
         (&Method::GET, ["listeners", l, "routes", r]) => read(views::route(&text, l, r)?),
         (&Method::PUT, ["listeners", l, "routes", r]) => {
             let body = convert::body_table(&call.body, call.format)?;
             written(
-                store.edit(call.mode, &call.origin, |doc| edit::put_route(doc, l, r, body)),
+                store.edit(call.mode, &call.origin, |doc| {
+                    edit::put_route(doc, l, r, body)
+                }),
                 call.mode,
             )
         }

@@ -422,7 +422,13 @@ pub(super) fn default_https_port(listeners: &[RawListener]) -> u16 {
     listeners
         .iter()
         .filter(|l| l.tls.is_some() && l.protocol.as_deref().unwrap_or("http") == "http")
-        .find_map(|l| l.bind.as_deref()?.trim().parse::<std::net::SocketAddr>().ok())
+        .find_map(|l| {
+            l.bind
+                .as_deref()?
+                .trim()
+                .parse::<std::net::SocketAddr>()
+                .ok()
+        })
         .map(|a| a.port())
         .filter(|p| *p != 0)
         .unwrap_or(443)

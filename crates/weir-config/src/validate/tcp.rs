@@ -259,7 +259,12 @@ fn http_only_keys(raw: &RawListener) -> Vec<&'static str> {
         raw.request_id.is_some(),
         raw.trusted_proxies.is_some(),
     ];
-    HTTP_ONLY.into_iter().zip(present).filter(|p| p.1).map(|p| p.0).collect()
+    HTTP_ONLY
+        .into_iter()
+        .zip(present)
+        .filter(|p| p.1)
+        .map(|p| p.0)
+        .collect()
 }
 
 /// The TCP-only keys present in `raw`.
@@ -275,7 +280,12 @@ fn tcp_only_keys(raw: &RawListener) -> Vec<&'static str> {
         raw.sni_routes.is_some(),
         raw.preread_timeout.is_some(),
     ];
-    let mut keys: Vec<&str> = TCP_ONLY.into_iter().zip(present).filter(|p| p.1).map(|p| p.0).collect();
+    let mut keys: Vec<&str> = TCP_ONLY
+        .into_iter()
+        .zip(present)
+        .filter(|p| p.1)
+        .map(|p| p.0)
+        .collect();
     if send.is_some_and(|s| s != "off") {
         keys.push("proxy_protocol.send");
     }

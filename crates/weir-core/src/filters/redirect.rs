@@ -52,7 +52,12 @@ mod tests {
             request_id: b"",
         };
         let mut out = Vec::new();
-        push_redirect(&mut out, &https_redirect(443), &vars, Persistence::KeepAlive10);
+        push_redirect(
+            &mut out,
+            &https_redirect(443),
+            &vars,
+            Persistence::KeepAlive10,
+        );
         assert_eq!(
             out,
             b"HTTP/1.1 308 Permanent Redirect\r\nServer: weir\r\nLocation: https://example.com/x?y\r\n\
@@ -62,6 +67,9 @@ mod tests {
         out.clear();
         push_redirect(&mut out, &https_redirect(8443), &vars, Persistence::Close);
         let text = String::from_utf8_lossy(&out);
-        assert!(text.contains("\r\nLocation: https://example.com:8443/x?y\r\n"), "{text}");
+        assert!(
+            text.contains("\r\nLocation: https://example.com:8443/x?y\r\n"),
+            "{text}"
+        );
     }
 }

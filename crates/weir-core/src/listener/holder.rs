@@ -33,7 +33,10 @@ pub fn refuse_foreign_listener(addr: SocketAddr) -> io::Result<()> {
     };
     let holder = match owner_of(first.inode) {
         Some((pid, name)) => format!("process {pid} ({name})"),
-        None => format!("another process (uid {}; its PID is not visible to this user)", first.uid),
+        None => format!(
+            "another process (uid {}; its PID is not visible to this user)",
+            first.uid
+        ),
     };
     Err(io::Error::new(
         io::ErrorKind::AddrInUse,
@@ -68,12 +71,19 @@ struct Listening {
 fn listening_on(addr: SocketAddr) -> Vec<Listening> {
     let overlaps = |l: &Listening| {
         l.addr.port() == addr.port()
-            && (l.addr.ip() == addr.ip() || l.addr.ip().is_unspecified() || addr.ip().is_unspecified())
+            && (l.addr.ip() == addr.ip()
+                || l.addr.ip().is_unspecified()
+                || addr.ip().is_unspecified())
     };
     ["/proc/net/tcp", "/proc/net/tcp6"]
         .iter()
         .filter_map(|path| std::fs::read_to_string(path).ok())
-        .flat_map(|text| text.lines().skip(1).filter_map(parse_line).collect::<Vec<_>>())
+        .flat_map(|text| {
+            text.lines()
+                .skip(1)
+                .filter_map(parse_line)
+                .collect::<Vec<_>>()
+        })
         .filter(|l| l.addr.is_ipv6() == addr.is_ipv6() || l.addr.ip().is_unspecified())
         .filter(overlaps)
         .collect()

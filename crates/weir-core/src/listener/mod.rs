@@ -8,11 +8,11 @@ mod accept;
 pub mod backoff;
 mod bind;
 pub mod cap;
-mod holder;
 pub mod control;
+mod holder;
 pub mod proxy_protocol;
 
 pub use accept::accept_loop;
 pub use bind::{bind_reuseport, set_defer_accept};
-pub use holder::refuse_foreign_listener;
 pub use control::{control_loop, Command, StopSignal};
+pub use holder::refuse_foreign_listener;

@@ -120,9 +120,9 @@ impl UpstreamPlan {
     /// state. (Used by split routes to leave a pool that has none; `choose` itself would
     /// still try an ejected server rather than none.)
     pub fn has_usable_server(&self) -> bool {
-        self.servers
-            .iter()
-            .any(|s| s.is_up() && (s.is_normal() || s.ejected_for(super::state::now_ms()).is_none()))
+        self.servers.iter().any(|s| {
+            s.is_up() && (s.is_normal() || s.ejected_for(super::state::now_ms()).is_none())
+        })
     }
 
     /// The `Set-Cookie` line to add to a response from `server`, for sticky pools.

@@ -57,7 +57,9 @@ impl Split {
     /// the snapshot's upstream plans, whose health decides a fallback.
     #[inline]
     pub fn pick(&self, cursor: u64, plans: &[UpstreamPlan]) -> usize {
-        self.pick_where(cursor, |u| plans.get(u).is_none_or(UpstreamPlan::has_usable_server))
+        self.pick_where(cursor, |u| {
+            plans.get(u).is_none_or(UpstreamPlan::has_usable_server)
+        })
     }
 
     fn pick_where(&self, cursor: u64, usable: impl Fn(usize) -> bool) -> usize {
@@ -143,13 +145,26 @@ mod tests {
         let s = split(&[(0, 90), (1, 5), (2, 5)]);
         let picks: Vec<usize> = (0..200).map(|c| s.pick_where(c, |u| u != 2)).collect();
         assert!(!picks.contains(&2));
-        assert_eq!(picks.iter().filter(|u| **u == 1).count(), 10, "pool 1 keeps its share");
+        assert_eq!(
+            picks.iter().filter(|u| **u == 1).count(),
+            10,
+            "pool 1 keeps its share"
+        );
         let mut off = split(&[(0, 95), (1, 5)]);
         off.fallback = false;
         let picks: Vec<usize> = (0..20).map(|c| off.pick_where(c, |u| u != 1)).collect();
-        assert_eq!(picks.iter().filter(|u| **u == 1).count(), 1, "off: the share stays");
+        assert_eq!(
+            picks.iter().filter(|u| **u == 1).count(),
+            1,
+            "off: the share stays"
+        );
         let all_down: Vec<usize> = (0..20).map(|c| s.pick_where(c, |_| false)).collect();
-        assert_eq!(all_down, (0..20).map(|c| s.pick_where(c, |_| true)).collect::<Vec<_>>());
+        assert_eq!(
+            all_down,
+            (0..20)
+                .map(|c| s.pick_where(c, |_| true))
+                .collect::<Vec<_>>()
+        );
     }
 
     #[test]

@@ -144,7 +144,6 @@ fn history(client: &Client, output: Output) -> anyhow::Result<()> {
     Ok(())
 }
 
-
 /// `weir ctl diff`: exits 0 when applying the file would change nothing, 1 when it
 /// would, 2 on trouble (as diff(1) does).
 fn diff(client: &Client, file: &str, output: Output) -> anyhow::Result<()> {
@@ -255,7 +254,10 @@ impl Client {
 
 /// The URL to reach an admin listener bound to `admin.bind` (a wildcard bind is reached
 /// on the loopback address of its family).
-fn url_of(admin: &weir_config::AdminSettings, file: Option<&std::path::Path>) -> anyhow::Result<String> {
+fn url_of(
+    admin: &weir_config::AdminSettings,
+    file: Option<&std::path::Path>,
+) -> anyhow::Result<String> {
     let shown = file.map_or_else(String::new, |f| f.display().to_string());
     let Some(mut addr) = admin.bind else {
         bail!("{shown}: [admin] bind = \"off\": this config has no admin API to talk to");
@@ -490,7 +492,12 @@ fn print_written(reply: &Value, output: Output) -> anyhow::Result<()> {
         println!("fields:");
         for f in fields {
             let value = |v: &Value| v.as_str().unwrap_or("(unset)").to_string();
-            println!("  {}: {} -> {}", text(&f["path"]), value(&f["old"]), value(&f["new"]));
+            println!(
+                "  {}: {} -> {}",
+                text(&f["path"]),
+                value(&f["old"]),
+                value(&f["new"])
+            );
         }
     }
     Ok(())

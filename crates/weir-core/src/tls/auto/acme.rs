@@ -87,7 +87,13 @@ fn fix(message: &str, acme: &Acme) -> String {
                 hour before the next attempt; see the server's published limits"
             .to_string();
     }
-    if has(&["acme:error:connection", "acme:error:unauthorized", "acme:error:dns", "acme:error:incorrectresponse", "acme:error:tls"]) {
+    if has(&[
+        "acme:error:connection",
+        "acme:error:unauthorized",
+        "acme:error:dns",
+        "acme:error:incorrectresponse",
+        "acme:error:tls",
+    ]) {
         let (port, how) = match acme.challenge {
             AcmeChallenge::Http01 => (80, "a Weir HTTP listener (HTTP-01)"),
             AcmeChallenge::TlsAlpn01 => (443, "this TLS listener (TLS-ALPN-01)"),
@@ -98,7 +104,14 @@ fn fix(message: &str, acme: &Acme) -> String {
             acme.domains.join(", ")
         );
     }
-    if has(&["connect", "dns error", "lookup", "timed out", "refused", "unreachable"]) {
+    if has(&[
+        "connect",
+        "dns error",
+        "lookup",
+        "timed out",
+        "refused",
+        "unreachable",
+    ]) {
         return format!(
             "Weir cannot reach the ACME directory {}: check the URL, DNS, firewalls and any \
              outbound proxy from this host",
@@ -309,18 +322,39 @@ mod tests {
     #[test]
     fn the_cause_is_spelled_out_with_a_fix() {
         let tls = Layer("invalid peer certificate: UnknownIssuer", None);
-        let io = Layer("invalid peer certificate: UnknownIssuer", Some(Box::new(tls)));
+        let io = Layer(
+            "invalid peer certificate: UnknownIssuer",
+            Some(Box::new(tls)),
+        );
         let e = Layer("client error (Connect)", Some(Box::new(io)));
         let message = with_causes(&e);
-        assert_eq!(message, "client error (Connect): invalid peer certificate: UnknownIssuer");
+        assert_eq!(
+            message,
+            "client error (Connect): invalid peer certificate: UnknownIssuer"
+        );
         let error = OrderError::from(message);
         let shown = error.explained(&acme(None));
-        assert!(shown.contains("UnknownIssuer") && shown.contains("set directory_ca"), "{shown}");
+        assert!(
+            shown.contains("UnknownIssuer") && shown.contains("set directory_ca"),
+            "{shown}"
+        );
         let shown = error.explained(&acme(Some("/etc/pebble.pem")));
-        assert!(shown.contains("does not chain to directory_ca (/etc/pebble.pem)"), "{shown}");
-        let refused = OrderError::from("client error (Connect): tcp connect error: Connection refused (os error 111)".to_string());
-        assert!(refused.explained(&acme(None)).contains("cannot reach the ACME directory https://acme.test/dir"));
-        let problem = OrderError::from("API error: urn:ietf:params:acme:error:connection: no route".to_string());
-        assert!(problem.explained(&acme(None)).contains("make example.com resolve to this host"));
+        assert!(
+            shown.contains("does not chain to directory_ca (/etc/pebble.pem)"),
+            "{shown}"
+        );
+        let refused = OrderError::from(
+            "client error (Connect): tcp connect error: Connection refused (os error 111)"
+                .to_string(),
+        );
+        assert!(refused
+            .explained(&acme(None))
+            .contains("cannot reach the ACME directory https://acme.test/dir"));
+        let problem = OrderError::from(
+            "API error: urn:ietf:params:acme:error:connection: no route".to_string(),
+        );
+        assert!(problem
+            .explained(&acme(None))
+            .contains("make example.com resolve to this host"));
     }
 }
