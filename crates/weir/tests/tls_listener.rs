@@ -678,7 +678,8 @@ async fn a_reload_reads_new_certificate_files_and_a_bad_one_keeps_the_old() {
         "{message}"
     );
     assert!(message.contains("does not match"), "{message}");
-    assert_eq!(err.field(), "listeners[web].tls");
+    // The key that names the file (was the listener's `tls` as `listeners[web].tls`).
+    assert_eq!(err.field(), "listeners[0].tls.certs[0].key");
     assert_eq!(
         served(weir.addr, &ca, "re.example.com").await,
         der(&renewed.cert_pem)

@@ -20,11 +20,11 @@ pub struct Reply {
 /// `http://host:port` split into the address to connect to and the `Host` header.
 pub fn authority(url: &str) -> anyhow::Result<String> {
     let rest = url.strip_prefix("http://").ok_or_else(|| {
-        anyhow!("--admin {url:?}: expected http://HOST:PORT (https is not supported)")
+        anyhow!("admin URL {url:?}: expected http://HOST:PORT (https is not supported)")
     })?;
     let host = rest.split('/').next().unwrap_or("");
     if host.is_empty() {
-        bail!("--admin {url:?}: no host");
+        bail!("admin URL {url:?}: no host");
     }
     Ok(host.to_string())
 }
@@ -57,7 +57,10 @@ pub fn send(authority: &str, req: &Request<'_>) -> anyhow::Result<Reply> {
         .next()
         .ok_or_else(|| anyhow!("{authority} resolves to no address"))?;
     let mut stream = TcpStream::connect_timeout(&addr, TIMEOUT).with_context(|| {
-        format!("cannot reach the admin API at {authority} (is weir running? is --admin right?)")
+        format!(
+            "cannot reach the admin API at {authority} (is weir running? are --admin, \
+             $WEIR_ADMIN or -c FILE right?)"
+        )
     })?;
     stream.set_read_timeout(Some(TIMEOUT))?;
     stream.set_write_timeout(Some(TIMEOUT))?;
