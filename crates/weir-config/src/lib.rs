@@ -18,6 +18,8 @@ mod error;
 pub mod field_diff;
 mod paths;
 mod raw;
+#[cfg(feature = "schema")]
+mod schema;
 mod units;
 mod validate;
 
@@ -26,6 +28,8 @@ use std::path::Path;
 pub use error::ConfigError;
 pub use model::*;
 pub use paths::RelativePath;
+#[cfg(feature = "schema")]
+pub use schema::schema;
 pub use units::{parse_duration, parse_size};
 
 use error::Source;

@@ -12,17 +12,20 @@ use serde::Deserialize;
 
 /// The whole file.
 #[derive(Debug, Default, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawConfig {
     pub server: Option<RawServer>,
     pub admin: Option<RawAdmin>,
     pub listeners: Option<Vec<RawListener>>,
-    /// Keyed by upstream name; a `BTreeMap` keeps them sorted by name.
+    /// `[upstreams.NAME]`: the server pools routes and TCP listeners send to, by name
+    /// (a `BTreeMap`: sorted by name).
     pub upstreams: Option<BTreeMap<String, RawUpstream>>,
 }
 
 /// `[server]`.
 #[derive(Debug, Default, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawServer {
     pub workers: Option<StrOrInt>,
@@ -33,6 +36,7 @@ pub(crate) struct RawServer {
 
 /// `[admin]`.
 #[derive(Debug, Default, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawAdmin {
     pub bind: Option<String>,
@@ -44,6 +48,7 @@ pub(crate) struct RawAdmin {
 
 /// `[[listeners]]`.
 #[derive(Debug, Default, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawListener {
     pub name: Option<String>,
@@ -88,6 +93,7 @@ pub(crate) struct RawListener {
 
 /// One entry of a TCP listener's `sni_routes = [{ hosts, upstream }]`.
 #[derive(Debug, Default, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawSniRoute {
     pub hosts: Option<Vec<String>>,
@@ -96,6 +102,7 @@ pub(crate) struct RawSniRoute {
 
 /// `proxy_protocol = { ... }` of a listener.
 #[derive(Debug, Default, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawProxyProtocol {
     pub accept: Option<bool>,
@@ -105,6 +112,7 @@ pub(crate) struct RawProxyProtocol {
 
 /// `[listeners.path_normalization]`.
 #[derive(Debug, Default, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawPathNormalization {
     pub dot_segments: Option<bool>,
@@ -114,6 +122,7 @@ pub(crate) struct RawPathNormalization {
 
 /// `[listeners.http2]`: HTTP/2 (h2c) settings and flood defences of an HTTP listener.
 #[derive(Debug, Default, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawHttp2 {
     pub max_concurrent_streams: Option<i64>,
@@ -133,6 +142,7 @@ pub(crate) struct RawHttp2 {
 
 /// `[listeners.tls]`: TLS termination.
 #[derive(Debug, Default, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawTls {
     pub certs: Option<Vec<RawCertKey>>,
@@ -150,6 +160,7 @@ pub(crate) struct RawTls {
 
 /// `acme = { domains = [...], ... }`.
 #[derive(Debug, Default, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawAcme {
     pub domains: Option<Vec<String>>,
@@ -163,6 +174,7 @@ pub(crate) struct RawAcme {
 
 /// `"one"` or `["one", "two"]`.
 #[derive(Debug, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(untagged)]
 pub(crate) enum StrOrList {
     One(String),
@@ -171,6 +183,7 @@ pub(crate) enum StrOrList {
 
 /// `internal_ca = { storage = "...", lifetime = "7d" }`.
 #[derive(Debug, Default, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawInternalCa {
     pub storage: Option<String>,
@@ -180,6 +193,7 @@ pub(crate) struct RawInternalCa {
 /// `{ cert = "chain.pem", key = "key.pem" }`: an entry of a listener's `certs`, or an
 /// upstream's `client_cert`.
 #[derive(Debug, Default, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawCertKey {
     pub cert: Option<String>,
@@ -188,6 +202,7 @@ pub(crate) struct RawCertKey {
 
 /// `client_auth = { ca = "...", required = true }`.
 #[derive(Debug, Default, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawClientAuth {
     pub ca: Option<String>,
@@ -196,6 +211,7 @@ pub(crate) struct RawClientAuth {
 
 /// `[listeners.access_log]`.
 #[derive(Debug, Default, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawAccessLog {
     pub format: Option<String>,
@@ -204,6 +220,7 @@ pub(crate) struct RawAccessLog {
 
 /// `default_response = { ... }` of a listener.
 #[derive(Debug, Default, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawDefaultResponse {
     pub status: Option<i64>,
@@ -213,6 +230,7 @@ pub(crate) struct RawDefaultResponse {
 
 /// `[[listeners.routes]]`.
 #[derive(Debug, Default, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawRoute {
     pub name: Option<String>,
@@ -245,6 +263,7 @@ pub(crate) struct RawRoute {
 
 /// `compression = { algorithms, min_size, types, level }` of a route.
 #[derive(Debug, Default, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawCompression {
     pub algorithms: Option<Vec<String>>,
@@ -255,6 +274,7 @@ pub(crate) struct RawCompression {
 
 /// `level = { gzip, br, zstd }` of a route's `compression`.
 #[derive(Debug, Default, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawCompressionLevels {
     pub gzip: Option<i64>,
@@ -264,6 +284,7 @@ pub(crate) struct RawCompressionLevels {
 
 /// One entry of a route's `upstreams = [{ name = "v1", weight = 95 }]`.
 #[derive(Debug, Default, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawWeightedUpstream {
     pub name: Option<String>,
@@ -272,6 +293,7 @@ pub(crate) struct RawWeightedUpstream {
 
 /// `respond = { status, body, headers }` of a route.
 #[derive(Debug, Default, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawRespond {
     pub status: Option<i64>,
@@ -281,6 +303,7 @@ pub(crate) struct RawRespond {
 
 /// `redirect = { to, status }` of a route.
 #[derive(Debug, Default, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawRedirect {
     pub to: Option<String>,
@@ -289,6 +312,7 @@ pub(crate) struct RawRedirect {
 
 /// `basic_auth = { users_file, realm }` of a route.
 #[derive(Debug, Default, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawBasicAuth {
     pub users_file: Option<String>,
@@ -297,6 +321,7 @@ pub(crate) struct RawBasicAuth {
 
 /// `rate_limit = { rate, burst, key, max_keys }` of a route.
 #[derive(Debug, Default, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawRateLimit {
     pub rate: Option<String>,
@@ -338,6 +363,7 @@ impl<'de> Visitor<'de> for RequestIdVisitor {
 }
 
 #[derive(Debug, Default, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawRequestIdTable {
     pub header: Option<String>,
@@ -346,6 +372,7 @@ pub(crate) struct RawRequestIdTable {
 
 /// `request_headers` / `response_headers = { set, add, remove }` of a route.
 #[derive(Debug, Default, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawHeaderRules {
     pub set: Option<BTreeMap<String, String>>,
@@ -355,6 +382,7 @@ pub(crate) struct RawHeaderRules {
 
 /// `[upstreams.NAME]`.
 #[derive(Debug, Default, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawUpstream {
     pub servers: Option<Vec<RawUpstreamServer>>,
@@ -376,6 +404,7 @@ pub(crate) struct RawUpstream {
 
 /// `tls = { ... }` of an upstream.
 #[derive(Debug, Default, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawUpstreamTls {
     pub server_name: Option<String>,
@@ -386,6 +415,7 @@ pub(crate) struct RawUpstreamTls {
 
 /// One entry of `servers = [{ addr = "..." }]`.
 #[derive(Debug, Default, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawUpstreamServer {
     pub addr: Option<String>,
@@ -397,6 +427,7 @@ pub(crate) struct RawUpstreamServer {
 
 /// `[upstreams.NAME.health_check]`.
 #[derive(Debug, Default, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawHealthCheck {
     pub kind: Option<String>,
@@ -411,6 +442,7 @@ pub(crate) struct RawHealthCheck {
 
 /// `[upstreams.NAME.passive]`.
 #[derive(Debug, Default, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawPassive {
     pub max_fails: Option<i64>,
@@ -420,6 +452,7 @@ pub(crate) struct RawPassive {
 
 /// `[upstreams.NAME.retry]`.
 #[derive(Debug, Default, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawRetry {
     pub attempts: Option<i64>,
