@@ -3,6 +3,7 @@
 mod ctl;
 mod demo;
 mod generate;
+mod notify;
 mod run;
 mod upgrade;
 

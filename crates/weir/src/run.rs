@@ -111,6 +111,9 @@ pub fn run_file(path: &Path, upgrade_from: Option<&Path>) -> anyhow::Result<()> 
         None => (None, None),
     };
     let running = Running::start_with(config, Some(path.to_path_buf()), text, sockets)?;
+    // Before the old process of an upgrade is told to drain: systemd must know the new
+    // main pid by the time the old one exits.
+    crate::notify::ready();
     if let Some(ready) = handover {
         ready.ready().context("telling the old process to drain")?;
         tracing::info!(
@@ -211,6 +214,10 @@ impl Running {
             }
         }
         tracing::info!("signal received: draining");
+        if exit == Exit::Stop {
+            // Not after an upgrade: the service goes on in the new process.
+            crate::notify::stopping();
+        }
         // Tell load balancers polling /ready to stop sending new work while we drain.
         self.state.ready.store(false, Ordering::Release);
         self.proxy.shutdown();
@@ -332,15 +339,21 @@ impl Signals {
                     _ = int.recv() => return Ok(Exit::Stop),
                     _ = usr2.recv() => {
                         tracing::info!("SIGUSR2: upgrading");
+                        crate::notify::reloading("upgrading");
                         if on_usr2() {
                             return Ok(Exit::Upgraded);
                         }
+                        crate::notify::ready();
                     }
                     _ = usr1.recv() => {
                         tracing::info!("SIGUSR1: reopening access logs");
                         weir_core::access_log::reopen();
                     }
-                    _ = hup.recv() => on_hup(),
+                    _ = hup.recv() => {
+                        crate::notify::reloading("reloading");
+                        on_hup();
+                        crate::notify::ready();
+                    }
                 }
             }
         })

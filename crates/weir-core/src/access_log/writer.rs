@@ -9,7 +9,7 @@
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -19,11 +19,14 @@ use weir_config::LogTarget;
 /// Batches that may wait for the writer before new ones are dropped.
 const QUEUE_BATCHES: usize = 32;
 
-static REOPEN: AtomicBool = AtomicBool::new(false);
+/// Bumped by every `reopen()`; each writer reopens when it differs from the value it last
+/// saw. A generation, not a flag: with several log files, each writer must see the request
+/// (a flag taken by the first writer left the other files written through the old inode).
+static REOPEN: AtomicU64 = AtomicU64::new(0);
 
 /// Asks every access-log writer to reopen its file (log rotation).
 pub fn reopen() {
-    REOPEN.store(true, Ordering::Release);
+    REOPEN.fetch_add(1, Ordering::Release);
 }
 
 /// A batch of complete lines and how many lines it holds.
@@ -110,8 +113,11 @@ fn open_append(path: &Path) -> io::Result<File> {
 
 fn write_loop(mut out: Output, batches: Receiver<Batch>) {
     let mut last_error_logged = false;
+    let mut opened_at = REOPEN.load(Ordering::Acquire);
     while let Ok(batch) = batches.recv() {
-        if REOPEN.swap(false, Ordering::AcqRel) {
+        let requested = REOPEN.load(Ordering::Acquire);
+        if requested != opened_at {
+            opened_at = requested;
             out.reopen();
         }
         match out.write(&batch.bytes) {
