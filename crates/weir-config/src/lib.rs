@@ -34,6 +34,34 @@ pub use units::{parse_duration, parse_size};
 
 use error::Source;
 
+/// Weir's state directory: where automatic certificates are kept when `storage` is not
+/// written (`acme` in it for ACME, `ca` for the internal CA). `$STATE_DIRECTORY` (set by
+/// systemd's `StateDirectory=weir`: /var/lib/weir), else `$XDG_DATA_HOME/weir`, else
+/// `$HOME/.local/share/weir` (Caddy's choice too), else /var/lib/weir. Read from the
+/// environment when a config is validated: `weir check` shows the result.
+pub fn state_dir() -> std::path::PathBuf {
+    use std::path::PathBuf;
+    let absolute = |var: &str| {
+        std::env::var_os(var)
+            .map(PathBuf::from)
+            .filter(|p| p.is_absolute())
+    };
+    if let Some(dirs) = std::env::var_os("STATE_DIRECTORY") {
+        // systemd lists one directory per StateDirectory= entry, separated by colons.
+        let dirs = dirs.to_string_lossy().into_owned();
+        if let Some(first) = dirs.split(':').map(PathBuf::from).find(|p| p.is_absolute()) {
+            return first;
+        }
+    }
+    if let Some(data) = absolute("XDG_DATA_HOME") {
+        return data.join("weir");
+    }
+    match absolute("HOME") {
+        Some(home) => home.join(".local/share/weir"),
+        None => PathBuf::from("/var/lib/weir"),
+    }
+}
+
 /// Reads and validates the configuration file at `path`.
 ///
 /// A file that cannot be read (missing, unreadable, not UTF-8) is a [`ConfigError`] too,
@@ -164,7 +192,7 @@ max_idle = 256
     fn listener(name: &str, bind: &str, routes: Vec<Route>) -> Listener {
         Listener {
             name: name.into(),
-            bind: addr(bind),
+            binds: vec![Bind::new(addr(bind))],
             protocol: Protocol::Http,
             proxy_protocol: ProxyProtocol::default(),
             tls: None,
@@ -343,7 +371,7 @@ servers = [{ addr = "10.0.0.1:80" }]
         assert_eq!(config.server.drain_timeout, Duration::ZERO);
         assert_eq!(config.admin.bind, None);
         let l = &config.listeners[0];
-        assert_eq!(l.bind, addr("[::1]:0"));
+        assert_eq!(l.binds, vec![Bind::new(addr("[::1]:0"))]);
         assert_eq!(l.max_body_size, Some(10_000_000));
         assert_eq!(l.max_header_size, 2048);
         assert_eq!(l.keepalive_timeout, Duration::ZERO);

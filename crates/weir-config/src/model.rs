@@ -195,7 +195,10 @@ fn same_prefix(a: u128, b: u128, prefix: u8) -> bool {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Listener {
     pub name: String,
-    pub bind: SocketAddr,
+    /// Where the listener accepts, all with the same routes and settings: its `bind`
+    /// addresses first (TLS when `tls` is set), then its plain-HTTP ones (`http_bind`, or
+    /// the port-80 bind `acme` implies). Never empty.
+    pub binds: Vec<Bind>,
     pub protocol: Protocol,
     /// Accepting (any listener) and sending (TCP listeners) PROXY protocol headers.
     pub proxy_protocol: ProxyProtocol,
@@ -240,8 +243,10 @@ pub struct Listener {
     pub routes: Vec<Route>,
     /// HTTP/2 (h2c with prior knowledge) settings and flood defences.
     pub http2: Http2,
-    /// `Some(port)`: every request is answered with a 308 redirect to
-    /// `https://{host}:{port}{uri}` (routes unused); the port is left out when it is 443.
+    /// `Some(port)`: every request that arrives over plain HTTP is answered with a 308
+    /// redirect to `https://{host}:{port}{uri}` (the port left out when it is 443): on a
+    /// listener without `tls`, all of them (routes unused); on a TLS listener, those on its
+    /// plain-HTTP binds.
     pub redirect_https: Option<u16>,
     /// Traffic-policy settings of the listener (issue 16): request ids, ...
     pub policy: ListenerPolicy,
@@ -822,7 +827,34 @@ impl LbPolicy {
     }
 }
 
+/// One address a listener accepts on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bind {
+    pub addr: SocketAddr,
+    /// A plain-HTTP address of a TLS listener (`http_bind`): no handshake; its requests
+    /// are redirected to HTTPS when the listener has `redirect_https`.
+    pub plain_http: bool,
+    /// Not written: the port-80 bind an `acme` listener gets (`http_bind` changes it).
+    pub implied: bool,
+}
+
+impl Bind {
+    /// A written address of the listener's own protocol.
+    pub fn new(addr: SocketAddr) -> Bind {
+        Bind {
+            addr,
+            plain_http: false,
+            implied: false,
+        }
+    }
+}
+
 impl Listener {
+    /// The first address of the listener's own protocol (its first `bind`).
+    pub fn first_addr(&self) -> SocketAddr {
+        self.binds[0].addr
+    }
+
     /// The TCP settings of a `protocol = "tcp"` listener.
     pub fn tcp(&self) -> Option<&TcpSettings> {
         match &self.protocol {

@@ -52,7 +52,10 @@ pub(crate) struct RawAdmin {
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawListener {
     pub name: Option<String>,
-    pub bind: Option<String>,
+    /// One address or several (`"0.0.0.0:443"`, `["0.0.0.0:443", "[::]:443"]`).
+    pub bind: Option<StrOrList>,
+    /// Plain-HTTP addresses of a TLS listener, with the same routes; `"off"`.
+    pub http_bind: Option<StrOrList>,
     pub protocol: Option<String>,
     pub backlog: Option<i64>,
     pub defer_accept: Option<bool>,

@@ -38,8 +38,12 @@ pub(crate) fn config(raw: RawConfig) -> Result<Config, Issue> {
         .unwrap_or_default();
     let server = server(raw.server.unwrap_or_default(), &root.key("server"))?;
     let admin = admin(raw.admin.unwrap_or_default(), &root.key("admin"))?;
-    let listeners = listeners(raw.listeners, &root.key("listeners"), &upstream_names)?;
-    check_admin_conflict(&admin, &listeners, &root.key("listeners"))?;
+    let listeners = listeners(
+        raw.listeners,
+        &root.key("listeners"),
+        &upstream_names,
+        admin.bind,
+    )?;
     let mut upstreams = Vec::new();
     for (name, upstream_raw) in raw.upstreams.unwrap_or_default() {
         let path = root.key("upstreams").key(&name);
@@ -146,32 +150,13 @@ pub(crate) fn admin(raw: RawAdmin, path: &FieldPath) -> Result<AdminSettings, Is
     })
 }
 
-/// The admin listener and a data-plane listener may not bind the same address.
-fn check_admin_conflict(
-    admin: &AdminSettings,
-    listeners: &[Listener],
-    path: &FieldPath,
-) -> Result<(), Issue> {
-    let Some(admin_bind) = admin.bind.filter(|a| a.port() != 0) else {
-        return Ok(());
-    };
-    match listeners.iter().position(|l| l.bind == admin_bind) {
-        None => Ok(()),
-        Some(i) => Err(Issue::new(
-            &path.index(i).key("bind"),
-            format!("{admin_bind} is already used by the admin listener"),
-            "use another address for this listener, or move the admin listener with \
-             [admin] bind = \"...\" (or disable it with \"off\")",
-        )),
-    }
-}
-
 // ---------------------------------------------------------------- [[listeners]]
 
 fn listeners(
     raw: Option<Vec<RawListener>>,
     path: &FieldPath,
     upstreams: &[String],
+    admin: Option<SocketAddr>,
 ) -> Result<Vec<Listener>, Issue> {
     let raw = raw.filter(|l| !l.is_empty()).ok_or_else(|| {
         Issue::new(
@@ -181,69 +166,56 @@ fn listeners(
              name = \"web\" and bind = \"127.0.0.1:8080\"",
         )
     })?;
-    let https_port = route_match::default_https_port(&raw);
+    let https_port = binds::default_https_port(&raw);
     let mut out: Vec<Listener> = Vec::with_capacity(raw.len());
+    let mut wants_http_bind = Vec::with_capacity(raw.len());
     for (i, raw_listener) in raw.into_iter().enumerate() {
-        let listener = listener(raw_listener, &path.index(i), upstreams, https_port)?;
-        check_unique_listener(&out, &listener, &path.index(i))?;
+        let (listener, binds) = listener(raw_listener, &path.index(i), upstreams, https_port)?;
+        check_unique_name(&out, &listener, &path.index(i))?;
+        binds::check_free(&out, admin, &binds)?;
+        let acme = listener.tls.as_ref().is_some_and(|t| t.acme.is_some());
+        wants_http_bind.push(acme && binds.http_bind == binds::HttpBind::Absent);
         out.push(listener);
     }
+    binds::imply_http_binds(&mut out, &wants_http_bind);
     Ok(out)
 }
 
-/// Names must be unique; so must bind addresses, except port 0 (a fresh port each time).
-fn check_unique_listener(
+/// Names must be unique (addresses: `binds::check_free`).
+fn check_unique_name(
     earlier: &[Listener],
     listener: &Listener,
     path: &FieldPath,
 ) -> Result<(), Issue> {
-    if let Some(i) = earlier.iter().position(|l| l.name == listener.name) {
-        return Err(Issue::new(
+    match earlier.iter().position(|l| l.name == listener.name) {
+        Some(i) => Err(Issue::new(
             &path.key("name"),
             format!(
                 "duplicate listener name \"{}\" (also listeners[{i}])",
                 listener.name
             ),
             "give each listener a unique name",
-        ));
-    }
-    let port_zero = listener.bind.port() == 0;
-    match earlier.iter().position(|l| l.bind == listener.bind) {
-        Some(i) if !port_zero => Err(Issue::new(
-            &path.key("bind"),
-            format!(
-                "{} is already the bind address of listener \"{}\" (listeners[{i}])",
-                listener.bind, earlier[i].name
-            ),
-            "use a different address or port for one of the two listeners",
         )),
-        _ => Ok(()),
+        None => Ok(()),
     }
 }
 
-/// One listener; `https_port` is where `redirect_https` sends to unless the listener
-/// sets `redirect_https_port`.
+/// One listener, and its addresses with the keys they were written at; `https_port` is
+/// where `redirect_https` sends to unless the listener says otherwise.
 fn listener(
     mut raw: RawListener,
     path: &FieldPath,
     upstreams: &[String],
     https_port: u16,
-) -> Result<Listener, Issue> {
+) -> Result<(Listener, binds::Binds), Issue> {
     let key = |k: &str| path.key(k);
     let name = name(raw.name.take(), &key("name"), "listener")?;
-    let bind = listener_bind(raw.bind.take(), &key("bind"))?;
     let protocol = tcp::protocol(&mut raw, path, upstreams)?;
     let policy = policy::listener_policy(&mut raw, path)?;
-    if raw.redirect_https == Some(true) && raw.tls.is_some() {
-        // Every request, HTTPS ones included, would be sent to https: a redirect loop.
-        return Err(Issue::new(
-            &key("redirect_https"),
-            "redirect_https on a listener with tls redirects HTTPS requests to themselves",
-            "put redirect_https = true on the plain-HTTP listener (port 80), not on the TLS one",
-        ));
-    }
-    let redirect_https = route_match::redirect_https(&raw, path, https_port)?;
     let tcp = matches!(protocol, Protocol::Tcp(_));
+    let with_tls = (raw.tls.is_some(), tcp);
+    let binds = binds::binds(raw.bind.take(), raw.http_bind.take(), with_tls, path)?;
+    let redirect_https = binds::redirect_https(&raw, &binds, path, https_port)?;
     // A TCP listener may carry a protocol where the server speaks first (SMTP, MySQL):
     // deferring its accept would stall it, so there it is opt-in.
     let defer_accept = raw
@@ -259,7 +231,7 @@ fn listener(
     )?;
     Ok(Listener {
         name,
-        bind,
+        binds: binds.binds.iter().map(|(b, _)| *b).collect(),
         protocol,
         proxy_protocol: tcp::proxy_protocol(raw.proxy_protocol, &key("proxy_protocol"))?,
         tls: tls::tls(raw.tls, &key("tls"), tcp)?,
@@ -305,21 +277,10 @@ fn listener(
         policy,
     })
     .and_then(|l| policy::check_listener(l, path))
-    .map(|mut l| {
+    .and_then(|mut l| {
         tls::fill_internal_names(&mut l);
-        l
-    })
-}
-
-fn listener_bind(raw: Option<String>, path: &FieldPath) -> Result<SocketAddr, Issue> {
-    let fix = r#"write an IP address and a port, such as bind = "127.0.0.1:8080" or "[::]:8080""#;
-    let text = raw.ok_or_else(|| Issue::new(path, "the listener has no bind address", fix))?;
-    text.trim().parse().map_err(|_| {
-        Issue::new(
-            path,
-            format!("invalid bind address \"{text}\": expected an IP address and a port"),
-            fix,
-        )
+        tls::fill_acme_domains(&mut l, &key("routes"), &key("tls").key("acme"))?;
+        Ok((l, binds))
     })
 }
 
@@ -972,6 +933,7 @@ fn size(raw: Option<StrOrInt>, default: u64, path: &FieldPath) -> Result<u64, Is
     }
 }
 
+mod binds;
 mod compression;
 mod htpasswd;
 mod http2;

@@ -67,4 +67,4 @@ pub mod worker;
 
 pub use error::ProxyError;
 pub use reload::ApplyError;
-pub use server::{Inherited, Proxy, StartError};
+pub use server::{BoundAddr, Inherited, InheritedBind, Proxy, StartError};

@@ -38,15 +38,22 @@ use crate::router::RequestView;
 use crate::snapshot::{RoutePlan, Snapshot};
 use crate::worker::Worker;
 
-/// Serves one client connection of the listener with metric slot `slot` until it closes.
+/// Serves one client connection of the listener with metric slot `slot` until it closes;
+/// `plain_http`: it came on a plain-HTTP bind (`http_bind`) of a TLS listener.
 ///
 /// The listener's config position is looked up in each request's snapshot: a reload may
 /// move it, and once a reload removes it the connection serves the request it has and
 /// closes.
-pub async fn serve_client(worker: Rc<Worker>, slot: usize, stream: ClientStream, peer: SocketAddr) {
+pub async fn serve_client(
+    worker: Rc<Worker>,
+    (slot, plain_http): (usize, bool),
+    stream: ClientStream,
+    peer: SocketAddr,
+) {
     // Boxed, like the request handling below and the HTTP/2 takeover: the TLS handshake
     // and HTTP/2 state are large and must not stay in every idle connection's task.
-    let Some((mut conn, mut kept)) = Box::pin(open(&worker, slot, stream, peer)).await else {
+    let opening = open(&worker, (slot, plain_http), stream, peer);
+    let Some((mut conn, mut kept)) = Box::pin(opening).await else {
         return;
     };
     if conn.tls.as_ref().is_some_and(|t| t.h2) {
@@ -152,7 +159,7 @@ impl Serving {
 /// PROXY header was missing or bad).
 async fn open(
     worker: &Rc<Worker>,
-    slot: usize,
+    (slot, plain_http): (usize, bool),
     stream: ClientStream,
     peer: SocketAddr,
 ) -> Option<(ClientConn, Serving)> {
@@ -179,8 +186,13 @@ async fn open(
         // The first request gets its whole header_timeout after the PROXY header.
         conn.idle_since = Instant::now();
     }
-    // TLS listeners: the handshake, before the first request (see tls/handshake.rs).
-    if let Some(tls) = &snapshot.listeners[index].tls {
+    // TLS listeners: the handshake, before the first request (see tls/handshake.rs); not
+    // on their plain-HTTP binds.
+    let tls = snapshot.listeners[index]
+        .tls
+        .as_ref()
+        .filter(|_| !plain_http);
+    if let Some(tls) = tls {
         let at = (slot, listener);
         let hello = crate::tls::handshake::accept(worker, at, tls, &mut conn.stream, &mut conn.buf);
         conn.tls = Some(Box::new(hello.await?));
@@ -342,7 +354,8 @@ async fn handle(
             return Handled::local(None, result);
         }
     }
-    if let Some(redirect) = &plan.redirect_https {
+    // Only what came over plain HTTP: a TLS listener's `http_bind` connections.
+    if let Some(redirect) = plan.redirect_https.as_ref().filter(|_| conn.tls.is_none()) {
         let answer = Local::Redirect(redirect);
         let result = local_response(listener, conn, req, keep_alive, answer, resp).await;
         return Handled::local(None, result);

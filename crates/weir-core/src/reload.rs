@@ -15,12 +15,12 @@ use std::sync::Arc;
 
 use tokio::sync::mpsc;
 use weir_config::diff::{diff, Change};
-use weir_config::{Config, Listener};
+use weir_config::{Bind, Config, Listener};
 
 use crate::listener::cap::ConnectionCap;
 use crate::listener::Command;
 use crate::metrics::layout::Layout;
-use crate::server::{bind_per_worker, Proxy, StartError};
+use crate::server::{bind_per_worker, BoundAddr, InheritedBind, Proxy, StartError};
 use crate::snapshot::{Snapshot, TlsPlans};
 
 /// Why a config could not be applied; the running config stays.
@@ -74,15 +74,18 @@ impl ApplyError {
     }
 }
 
-/// The sockets of one listener (at least one per worker; socket `i` goes to worker
-/// `i % workers`) and its `max_connections`.
+/// The sockets of one bind of a listener (at least one per worker; socket `i` goes to
+/// worker `i % workers`) and the listener's `max_connections` (counted over all its binds).
 pub(crate) struct Bound {
+    /// The bind as configured.
+    pub bind: Bind,
+    /// The address the sockets got (its port, for port 0).
     pub addr: SocketAddr,
     pub sockets: Vec<std::net::TcpListener>,
     pub limit: usize,
 }
 
-/// A listener the workers accept on.
+/// One bind of a listener the workers accept on.
 struct Active {
     name: String,
     /// The settings that need new sockets when they change.
@@ -90,17 +93,19 @@ struct Active {
     /// The socket generation (a rebind under the same name gets a new id).
     id: u64,
     addr: SocketAddr,
+    plain_http: bool,
     /// Duplicates of the workers' sockets, kept to hand over in a binary upgrade.
     sockets: Vec<std::net::TcpListener>,
 }
 
-/// Bind address, backlog, connection limit, whether the accept loop serves TCP (L4), and
-/// TCP_DEFER_ACCEPT.
-type SocketKey = (SocketAddr, u32, usize, bool, bool);
+/// Bind address, whether it is plain HTTP on a TLS listener, backlog, connection limit,
+/// whether the accept loop serves TCP (L4), and TCP_DEFER_ACCEPT.
+type SocketKey = (SocketAddr, bool, u32, usize, bool, bool);
 
-fn socket_key(l: &Listener) -> SocketKey {
+fn socket_key(l: &Listener, bind: &Bind) -> SocketKey {
     (
-        l.bind,
+        bind.addr,
+        bind.plain_http,
         l.backlog,
         l.max_connections,
         l.tcp().is_some(),
@@ -133,11 +138,26 @@ impl Control {
         (control, receivers)
     }
 
+    /// The address of the listener's first bind of its own protocol.
     pub fn addr_of(&self, name: &str) -> Option<SocketAddr> {
-        self.active.iter().find(|a| a.name == name).map(|a| a.addr)
+        self.active
+            .iter()
+            .find(|a| a.name == name && !a.plain_http)
+            .map(|a| a.addr)
     }
 
-    /// Has every worker accept on `bound` for `listener` (metric slot `slot`).
+    pub fn addrs_of(&self, name: &str) -> Vec<BoundAddr> {
+        self.active
+            .iter()
+            .filter(|a| a.name == name)
+            .map(|a| BoundAddr {
+                addr: a.addr,
+                plain_http: a.plain_http,
+            })
+            .collect()
+    }
+
+    /// Has every worker accept on `bound`, a bind of `listener` (metric slot `slot`).
     pub fn listen(&mut self, listener: &Listener, slot: usize, bound: Bound) {
         let id = self.next_id;
         self.next_id += 1;
@@ -154,13 +174,15 @@ impl Control {
                 slot,
                 socket,
                 cap: (cap.clone(), bound.limit),
+                plain_http: bound.bind.plain_http,
             });
         }
         self.active.push(Active {
             name: listener.name.clone(),
-            key: socket_key(listener),
+            key: socket_key(listener, &bound.bind),
             id,
             addr: bound.addr,
+            plain_http: bound.bind.plain_http,
             sockets: kept,
         });
     }
@@ -172,7 +194,7 @@ impl Control {
                 config
                     .listeners
                     .iter()
-                    .any(|l| l.name == a.name && socket_key(l) == a.key)
+                    .any(|l| l.name == a.name && l.binds.iter().any(|b| socket_key(l, b) == a.key))
             });
         self.active = keep;
         for a in stale {
@@ -186,12 +208,16 @@ impl Control {
         self.active
             .iter()
             .map(|a| {
-                let dups = a
+                let sockets = a
                     .sockets
                     .iter()
                     .map(|s| s.try_clone())
                     .collect::<Result<_, _>>()?;
-                Ok((a.name.clone(), dups))
+                Ok(InheritedBind {
+                    listener: a.name.clone(),
+                    plain_http: a.plain_http,
+                    sockets,
+                })
             })
             .collect()
     }
@@ -203,10 +229,10 @@ impl Control {
         }
     }
 
-    fn is_active(&self, l: &Listener) -> bool {
+    fn is_active(&self, l: &Listener, bind: &Bind) -> bool {
         self.active
             .iter()
-            .any(|a| a.name == l.name && a.key == socket_key(l))
+            .any(|a| a.name == l.name && a.key == socket_key(l, bind))
     }
 }
 
@@ -223,8 +249,11 @@ impl Proxy {
         let changes = diff(&old.config, &config);
         let mut binds = Vec::new();
         for (i, l) in config.listeners.iter().enumerate() {
-            if !control.is_active(l) {
-                binds.push((i, bind_per_worker(l, self.shared.workers, Vec::new())?));
+            for bind in l.binds.iter().filter(|b| !control.is_active(l, b)) {
+                binds.push((
+                    i,
+                    bind_per_worker(l, bind, self.shared.workers, Vec::new())?,
+                ));
             }
         }
         let slots = control.layout.assign(&config);

@@ -11,7 +11,7 @@ use std::thread::JoinHandle;
 use arc_swap::ArcSwap;
 use tokio::sync::{mpsc, watch};
 use tokio::time::{timeout_at, Instant};
-use weir_config::{Config, Listener};
+use weir_config::{Bind, Config, Listener};
 
 use crate::access_log::{ListenerSinks, LogBuffer, WriterThread, FLUSH_INTERVAL};
 use crate::listener::{
@@ -28,10 +28,12 @@ use crate::worker::{Shared, Worker};
 pub enum StartError {
     /// `error` is shown in the message and is not a `source`, so that a chain printer
     /// (`{:#}` of anyhow) does not say it twice.
-    #[error("listener {listener:?}: cannot bind {addr}: {error}")]
+    #[error("listener {listener:?}: cannot bind {addr}: {error}{}", implied_hint(*.implied))]
     Bind {
         listener: String,
         addr: SocketAddr,
+        /// The port-80 bind `acme` implies (not written in the config).
+        implied: bool,
         error: std::io::Error,
     },
     #[error("cannot start worker thread: {0}")]
@@ -59,6 +61,16 @@ impl StartError {
             }
             _ => None,
         }
+    }
+}
+
+/// What a failed implied bind adds to its error: where it came from and how to change it.
+fn implied_hint(implied: bool) -> &'static str {
+    if implied {
+        " (the port-80 address acme implies for HTTP-01 and the redirect to HTTPS: set \
+         http_bind to another address, or http_bind = \"off\")"
+    } else {
+        ""
     }
 }
 
@@ -109,9 +121,11 @@ impl Proxy {
             .iter()
             .zip(&*snapshot.slots.listeners)
         {
-            let bound =
-                bind_per_worker(listener, workers, take_inherited(&mut inherited, listener))?;
-            control.listen(listener, slots.slot, bound);
+            for bind in &listener.binds {
+                let inherited = take_inherited(&mut inherited, listener, bind);
+                let bound = bind_per_worker(listener, bind, workers, inherited)?;
+                control.listen(listener, slots.slot, bound);
+            }
         }
         let metrics = Arc::new(Metrics::default());
         let (log_sinks, log_writers) =
@@ -147,9 +161,14 @@ impl Proxy {
         })
     }
 
-    /// The address a listener actually bound (useful with port 0).
+    /// The address a listener's first `bind` actually bound (useful with port 0).
     pub fn listener_addr(&self, name: &str) -> Option<SocketAddr> {
         self.lock_control().addr_of(name)
+    }
+
+    /// Every address a listener bound, in the order of its binds.
+    pub fn listener_addrs(&self, name: &str) -> Vec<BoundAddr> {
+        self.lock_control().addrs_of(name)
     }
 
     /// Duplicates of every listener's sockets, by listener name, to hand to a new process.
@@ -222,31 +241,41 @@ fn probe_splice(config: &Config) -> bool {
     available
 }
 
-/// Sockets for `listener`: the `inherited` ones (a binary upgrade hands them over) and
-/// fresh SO_REUSEPORT binds on the same address until every worker has one.
+/// An address a listener bound, as [`Proxy::listener_addrs`] reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BoundAddr {
+    pub addr: SocketAddr,
+    /// One of a TLS listener's plain-HTTP addresses (`http_bind`).
+    pub plain_http: bool,
+}
+
+/// Sockets for one `bind` of `listener`: the `inherited` ones (a binary upgrade hands them
+/// over) and fresh SO_REUSEPORT binds on the same address until every worker has one.
 pub(crate) fn bind_per_worker(
     listener: &Listener,
+    bind: &Bind,
     workers: usize,
     inherited: Vec<std::net::TcpListener>,
 ) -> Result<Bound, StartError> {
     let err = |addr, error| StartError::Bind {
         listener: listener.name.clone(),
         addr,
+        implied: bind.implied,
         error,
     };
     let mut sockets = inherited;
     for s in &sockets {
-        s.set_nonblocking(true).map_err(|e| err(listener.bind, e))?;
-        set_defer_accept(s, listener.defer_accept).map_err(|e| err(listener.bind, e))?;
+        s.set_nonblocking(true).map_err(|e| err(bind.addr, e))?;
+        set_defer_accept(s, listener.defer_accept).map_err(|e| err(bind.addr, e))?;
     }
     if sockets.is_empty() {
         // Only the first socket: the workers' others join it on purpose (SO_REUSEPORT).
-        refuse_foreign_listener(listener.bind).map_err(|e| err(listener.bind, e))?;
-        let first = bind_reuseport(listener.bind, listener.backlog, listener.defer_accept)
-            .map_err(|e| err(listener.bind, e))?;
+        refuse_foreign_listener(bind.addr).map_err(|e| err(bind.addr, e))?;
+        let first = bind_reuseport(bind.addr, listener.backlog, listener.defer_accept)
+            .map_err(|e| err(bind.addr, e))?;
         sockets.push(first);
     }
-    let addr = sockets[0].local_addr().map_err(|e| err(listener.bind, e))?;
+    let addr = sockets[0].local_addr().map_err(|e| err(bind.addr, e))?;
     while sockets.len() < workers {
         sockets.push(
             bind_reuseport(addr, listener.backlog, listener.defer_accept)
@@ -254,37 +283,52 @@ pub(crate) fn bind_per_worker(
         );
     }
     Ok(Bound {
+        bind: *bind,
         addr,
         sockets,
         limit: listener.max_connections,
     })
 }
 
-/// Listening sockets handed over by the process being upgraded, by listener name.
-pub type Inherited = Vec<(String, Vec<std::net::TcpListener>)>;
+/// The listening sockets of one bind of a listener, handed over by the process being
+/// upgraded.
+#[derive(Debug)]
+pub struct InheritedBind {
+    pub listener: String,
+    /// A plain-HTTP bind of a TLS listener (`http_bind`).
+    pub plain_http: bool,
+    pub sockets: Vec<std::net::TcpListener>,
+}
 
-/// Takes the inherited sockets of `listener`: same name, and the configured address unless
-/// it asks for any port (`:0`), in which case the port the old process got is kept. A
-/// listener renamed in the new config takes the sockets bound to its exact address: the
-/// old process keeps listening there while it drains, so a fresh bind would be refused
-/// as another process's address (`refuse_foreign_listener`).
-fn take_inherited(inherited: &mut Inherited, listener: &Listener) -> Vec<std::net::TcpListener> {
-    let addr_of = |sockets: &Vec<std::net::TcpListener>| sockets.first()?.local_addr().ok();
-    let by_name = |(name, sockets): &(String, Vec<std::net::TcpListener>)| {
-        name == &listener.name
-            && addr_of(sockets).is_some_and(|a| {
-                a == listener.bind || (listener.bind.port() == 0 && a.ip() == listener.bind.ip())
+/// Listening sockets handed over by the process being upgraded.
+pub type Inherited = Vec<InheritedBind>;
+
+/// Takes the inherited sockets of `bind` of `listener`: same listener name and kind of
+/// bind, and the configured address unless it asks for any port (`:0`), in which case the
+/// port the old process got is kept. A listener renamed in the new config takes the
+/// sockets bound to its exact address: the old process keeps listening there while it
+/// drains, so a fresh bind would be refused as another process's address
+/// (`refuse_foreign_listener`).
+fn take_inherited(
+    inherited: &mut Inherited,
+    listener: &Listener,
+    bind: &Bind,
+) -> Vec<std::net::TcpListener> {
+    let addr_of = |old: &InheritedBind| old.sockets.first()?.local_addr().ok();
+    let by_name = |old: &InheritedBind| {
+        old.listener == listener.name
+            && old.plain_http == bind.plain_http
+            && addr_of(old).is_some_and(|a| {
+                a == bind.addr || (bind.addr.port() == 0 && a.ip() == bind.addr.ip())
             })
     };
-    let by_addr = |(_, sockets): &(String, Vec<std::net::TcpListener>)| {
-        listener.bind.port() != 0 && addr_of(sockets) == Some(listener.bind)
-    };
+    let by_addr = |old: &InheritedBind| bind.addr.port() != 0 && addr_of(old) == Some(bind.addr);
     let found = inherited
         .iter()
         .position(by_name)
         .or_else(|| inherited.iter().position(by_addr));
     match found {
-        Some(i) => inherited.swap_remove(i).1,
+        Some(i) => inherited.swap_remove(i).sockets,
         None => Vec::new(),
     }
 }

@@ -1,5 +1,5 @@
 //! `weir demo`: three echo backends on loopback and Weir in front of them, round robin,
-//! over HTTP and HTTPS (a certificate for `localhost` and 127.0.0.1 from the internal CA,
+//! over HTTP and HTTPS from one listener (a certificate for `localhost` and 127.0.0.1 from the internal CA,
 //! `internal_ca`, made once in `ca_storage` and reused by later demos, so a client told to
 //! trust it keeps trusting). The config is generated as TOML and goes through the same
 //! parser as a user's file.
@@ -57,10 +57,9 @@ pub fn run(
     let toml = demo_config((port, tls_port, admin_port), &tls, &servers.join(", "));
     let config = weir_config::parse_str(&toml, "demo.toml")?;
     let running = Running::start(config, None, toml.clone())?;
-    let proxy = running
-        .proxy
-        .listener_addr("demo")
-        .map_or_else(String::new, |a| a.to_string());
+    let addrs = running.proxy.listener_addrs("demo");
+    let addr = |plain: bool| addrs.iter().find(|b| b.plain_http == plain).map(|b| b.addr);
+    let proxy = addr(true).map_or_else(String::new, |a| a.to_string());
     let admin = running
         .admin
         .as_ref()
@@ -68,7 +67,7 @@ pub fn run(
     println!("Weir demo: three echo backends, round robin, Weir in front.\n");
     println!("  proxy    http://{proxy}/            try: curl -i http://{proxy}/hello");
     println!("  rewrite  http://{proxy}/cgi/x       (ProxyPass: the backend sees /x)");
-    if let Some(https) = running.proxy.listener_addr("demo-tls") {
+    if let Some(https) = addr(false) {
         let port = https.port();
         println!(
             "  https    https://localhost:{port}/   try: curl -i --cacert {} --resolve localhost:{port}:127.0.0.1 https://localhost:{port}/hello",
@@ -88,10 +87,24 @@ pub fn run(
     result
 }
 
-/// The demo's config: the same routes on an HTTP and an HTTPS listener (`tls`: the
+/// The demo's config: one listener serving its routes over HTTPS and plain HTTP
+/// (`http_bind`, with `redirect_https = false` so both answer; `tls`: the
 /// `[listeners.tls]` table).
 fn demo_config((port, tls_port, admin_port): (u16, u16, u16), tls: &str, servers: &str) -> String {
-    let routes = r#"[[listeners.routes]]
+    format!(
+        r#"[server]
+workers = "auto"
+
+[admin]
+bind = "127.0.0.1:{admin_port}"
+
+[[listeners]]
+name = "demo"
+bind = "127.0.0.1:{tls_port}"        # HTTPS
+http_bind = "127.0.0.1:{port}"       # plain HTTP, the same routes
+redirect_https = false
+{tls}
+[[listeners.routes]]
 name = "cgi"
 path_prefix = "/cgi/"
 rewrite_prefix = "/"
@@ -102,24 +115,7 @@ upstream = "echo"
 name = "all"
 path_prefix = "/"
 upstream = "echo"
-"#;
-    format!(
-        r#"[server]
-workers = "auto"
 
-[admin]
-bind = "127.0.0.1:{admin_port}"
-
-[[listeners]]
-name = "demo"
-bind = "127.0.0.1:{port}"
-
-{routes}
-[[listeners]]
-name = "demo-tls"
-bind = "127.0.0.1:{tls_port}"
-{tls}
-{routes}
 [upstreams.echo]
 servers = [{servers}]
 "#

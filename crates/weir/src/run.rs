@@ -265,8 +265,12 @@ impl Running {
 }
 
 fn log_listening(proxy: &Proxy, name: &str) {
-    if let Some(addr) = proxy.listener_addr(name) {
-        tracing::info!(listener = %name, %addr, "listening");
+    for bound in proxy.listener_addrs(name) {
+        if bound.plain_http {
+            tracing::info!(listener = %name, addr = %bound.addr, "listening (http_bind)");
+        } else {
+            tracing::info!(listener = %name, addr = %bound.addr, "listening");
+        }
     }
 }
 

@@ -179,6 +179,7 @@ respond = {{ status = 200, body = "plain\n" }}
 [[listeners]]
 name = "https"
 bind = "127.0.0.1:0"
+http_bind = "off"
 [listeners.tls]
 certs = [{{ cert = {:?}, key = {:?} }}]
 acme = {{ domains = ["{NAME}"], contact = "mailto:ops@weir.test", directory = "{}", challenge = "{challenge}", storage = {:?}, directory_ca = {:?}, retry_initial = "1s" }}

@@ -181,8 +181,8 @@ fn an_unusable_storage_directory_is_refused_with_its_path() {
     let dir = CertDir::new();
     let blocker = dir.write("not-a-dir", "a file");
     let toml = format!(
-        "[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\n[listeners.tls]\n\
-         acme = {{ domains = [\"a.test\"], storage = {:?} }}\n",
+        "[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\nhttp_bind = \"off\"\n\
+         [listeners.tls]\nacme = {{ domains = [\"a.test\"], storage = {:?} }}\n",
         blocker.join("acme").display().to_string()
     );
     let config = weir_config::parse_str(&toml, "t.toml").expect("valid shape");
@@ -249,7 +249,7 @@ async fn tls_alpn01_with_empty_alpn_still_serves_clients_offering_alpn() {
     let explicit = files.leaf(&["app.test"]);
     let weir = single(backend.addr())
         .listener(&format!(
-            "[listeners.tls]\nalpn = []\ncerts = [{{ cert = {:?}, key = {:?} }}]\n\
+            "http_bind = \"off\"\n[listeners.tls]\nalpn = []\ncerts = [{{ cert = {:?}, key = {:?} }}]\n\
              acme = {{ domains = [\"acme.test\"], storage = {:?}, \
              directory = \"https://127.0.0.1:1/directory\", challenge = \"tls-alpn-01\" }}",
             explicit.cert_path.display().to_string(),

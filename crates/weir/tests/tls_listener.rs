@@ -879,3 +879,115 @@ async fn the_http2_preface_inside_tls_is_not_prior_knowledge() {
     );
     assert_eq!(b.requests_served(), 0);
 }
+
+/// The address of the plain-HTTP bind (`http_bind`) of the test listener.
+fn http_bind_addr(weir: &Weir) -> SocketAddr {
+    let binds = weir.proxy().listener_addrs(common::LISTENER);
+    binds
+        .iter()
+        .find(|b| b.plain_http)
+        .unwrap_or_else(|| panic!("no http_bind in {binds:?}"))
+        .addr
+}
+
+/// One listener, one set of routes, two binds (nginx's `listen 80; listen 443 ssl;`): the
+/// TLS bind and the plain `http_bind` reach the same route, each with its own scheme; with
+/// `redirect_https` only the plain requests are redirected, over HTTP/1 and h2c alike.
+#[tokio::test]
+async fn http_bind_serves_the_same_routes_and_redirect_https_redirects_only_it() {
+    let ca = TestCa::new("http_bind CA");
+    let leaf = ca.leaf(&["site.test"]);
+    let b = Backend::echo("app");
+    let conf = single(b.addr()).listener("http_bind = \"127.0.0.1:0\"");
+    let weir = conf.clone().listener(&tls_table(&[&leaf], "")).start();
+    let plain = http_bind_addr(&weir);
+    assert_ne!(plain, weir.addr);
+    let mut s = connect(weir.addr, client_config(&ca, TLS13, None), "site.test")
+        .await
+        .unwrap();
+    let response = get(&mut s, "").await.unwrap();
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    assert!(
+        response.contains("X-Forwarded-Proto: https\r\n"),
+        "{response}"
+    );
+    let mut c = weir_testkit::Client::connect(plain).await.unwrap();
+    let r = c.get("/x", "site.test").await.unwrap();
+    assert_eq!(r.status, 200, "the same route over plain HTTP");
+    assert!(r.body_str().contains("X-Forwarded-Proto: http\r\n"));
+    assert_eq!(b.requests_served(), 2);
+    drop(weir);
+
+    let weir = conf
+        .listener("redirect_https = true")
+        .listener(&tls_table(&[&leaf], ""))
+        .start();
+    let plain = http_bind_addr(&weir);
+    let mut c = weir_testkit::Client::connect(plain).await.unwrap();
+    let r = c.get("/x?q=1", "site.test").await.unwrap();
+    assert_eq!(r.status, 308);
+    assert_eq!(r.header("location"), Some("https://site.test/x?q=1"));
+    let mut h2 = common::h2c_client(plain).await;
+    let request = http::Request::get("http://site.test/y").body(()).unwrap();
+    let (response, _) = h2.send_request(request, true).unwrap();
+    let response = response.await.unwrap();
+    assert_eq!(
+        response.status(),
+        308,
+        "h2c on the plain bind is redirected too"
+    );
+    let mut s = connect(weir.addr, client_config(&ca, TLS13, None), "site.test")
+        .await
+        .unwrap();
+    let response = get(&mut s, "").await.unwrap();
+    assert!(
+        response.starts_with("HTTP/1.1 200"),
+        "HTTPS is served: {response}"
+    );
+    assert_eq!(b.requests_served(), 3);
+}
+
+/// A reload that adds an `http_bind` starts accepting there without touching the TLS
+/// bind; one that removes it closes it.
+#[tokio::test]
+async fn a_reload_adds_and_removes_an_http_bind() {
+    let ca = TestCa::new("reload CA");
+    let leaf = ca.leaf(&["site.test"]);
+    let b = Backend::echo("app");
+    let conf = single(b.addr()).listener(&tls_table(&[&leaf], ""));
+    let weir = conf.start();
+    assert_eq!(weir.proxy().listener_addrs(common::LISTENER).len(), 1);
+    let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = free.local_addr().unwrap().port();
+    drop(free);
+    let with_plain = single(b.addr())
+        .listener(&format!("http_bind = \"127.0.0.1:{port}\""))
+        .listener(&tls_table(&[&leaf], ""));
+    // The test config binds port 0; pin the TLS bind to the port it got so it is kept.
+    let pin = |c: &Conf| {
+        c.toml().replace(
+            "bind = \"127.0.0.1:0\"",
+            &format!("bind = \"{}\"", weir.addr),
+        )
+    };
+    weir.apply_text(&pin(&with_plain)).expect("reload");
+    let plain = http_bind_addr(&weir);
+    assert_eq!(plain.port(), port);
+    let mut c = weir_testkit::Client::connect(plain).await.unwrap();
+    assert_eq!(c.get("/", "site.test").await.unwrap().status, 200);
+    assert_eq!(
+        weir.proxy().listener_addr(common::LISTENER),
+        Some(weir.addr)
+    );
+
+    weir.apply_text(&pin(&conf)).expect("reload");
+    assert_eq!(weir.proxy().listener_addrs(common::LISTENER).len(), 1);
+    assert!(
+        weir_testkit::wait_until_async(WAIT, || std::net::TcpStream::connect(plain).is_err()).await,
+        "the removed http_bind stops accepting"
+    );
+    let mut s = connect(weir.addr, client_config(&ca, TLS13, None), "site.test")
+        .await
+        .unwrap();
+    assert!(get(&mut s, "").await.unwrap().starts_with("HTTP/1.1 200"));
+}

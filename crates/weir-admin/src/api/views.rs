@@ -35,8 +35,20 @@ pub fn listeners(proxy: &Proxy) -> Json {
         .map(|l| {
             let routes: Vec<&str> = l.routes.iter().map(|r| r.name.as_str()).collect();
             let addr = proxy.listener_addr(&l.name).map(|a| a.to_string());
-            json!({"name": l.name, "bind": l.bind.to_string(), "addr": addr, "routes": routes})
+            json!({"name": l.name, "bind": l.first_addr().to_string(), "addr": addr, "binds": binds(proxy, l), "routes": routes})
         })
+        .collect();
+    json!(list)
+}
+
+/// Every address a listener bound: `{ "addr", "tls" }` (`tls`: the handshake is done
+/// there; false on plain listeners and on a TLS listener's `http_bind` addresses).
+fn binds(proxy: &Proxy, listener: &weir_config::Listener) -> Json {
+    let tls = listener.tls.is_some();
+    let list: Vec<Json> = proxy
+        .listener_addrs(&listener.name)
+        .into_iter()
+        .map(|b| json!({"addr": b.addr.to_string(), "tls": tls && !b.plain_http}))
         .collect();
     json!(list)
 }

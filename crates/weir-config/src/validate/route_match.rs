@@ -11,7 +11,7 @@ use crate::model::{
     LocalResponse, MatchValue, Redirect, RouteMatch, RouteTarget, Template, TemplatePart, Variable,
     WeightedUpstream,
 };
-use crate::raw::{RawListener, RawRedirect, RawRespond, RawRoute, RawWeightedUpstream};
+use crate::raw::{RawRedirect, RawRespond, RawRoute, RawWeightedUpstream};
 
 /// Most pools one weighted split may name.
 const MAX_SPLIT: usize = 16;
@@ -375,63 +375,6 @@ pub(super) fn check_local_keys(
         ));
     }
     Ok(())
-}
-
-/// `redirect_https = true` answers every request itself, so routes would never be used.
-/// `redirect_https` and `redirect_https_port` of the listener at `listener`: the port
-/// redirects go to, `None` when off. `default_port` comes from [`default_https_port`].
-pub(super) fn redirect_https(
-    raw: &RawListener,
-    listener: &FieldPath,
-    default_port: u16,
-) -> Result<Option<u16>, Issue> {
-    let on = raw.redirect_https.unwrap_or(false);
-    let port_path = listener.key("redirect_https_port");
-    let port = match raw.redirect_https_port {
-        Some(_) if !on => {
-            return Err(Issue::new(
-                &port_path,
-                "redirect_https_port is set but redirect_https is not",
-                "add redirect_https = true, or remove redirect_https_port",
-            ))
-        }
-        Some(p) => u16::try_from(p).ok().filter(|p| *p > 0).ok_or_else(|| {
-            Issue::new(
-                &port_path,
-                format!("redirect_https_port must be a port from 1 to 65535, not {p}"),
-                "write the port clients reach HTTPS on, such as 443 or 8443",
-            )
-        })?,
-        None => default_port,
-    };
-    let routes = raw.routes.as_ref().map_or(0, Vec::len);
-    if on && routes > 0 {
-        return Err(Issue::new(
-            &listener.key("redirect_https"),
-            "redirect_https = true redirects every request, so this listener's routes would never be used",
-            "move the routes to the https listener, or remove redirect_https and add a route \
-             with redirect = { to = \"https://{host}{uri}\", status = 308 } where you want it",
-        ));
-    }
-    Ok(on.then_some(port))
-}
-
-/// Where `redirect_https` sends clients by default: the port of the first HTTP listener
-/// with `tls` (a port 0 bind is not known before it binds: 443 then), else 443.
-pub(super) fn default_https_port(listeners: &[RawListener]) -> u16 {
-    listeners
-        .iter()
-        .filter(|l| l.tls.is_some() && l.protocol.as_deref().unwrap_or("http") == "http")
-        .find_map(|l| {
-            l.bind
-                .as_deref()?
-                .trim()
-                .parse::<std::net::SocketAddr>()
-                .ok()
-        })
-        .map(|a| a.port())
-        .filter(|p| *p != 0)
-        .unwrap_or(443)
 }
 
 #[cfg(test)]

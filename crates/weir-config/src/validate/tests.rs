@@ -1539,7 +1539,7 @@ fn tls_automatic_certificates() {
             "names to order",
         ),
         (
-            "acme = { domains = [\"a.com\"] }",
+            "acme = { domains = [\"a.com\"], storage = \" \" }",
             "storage",
             "storage directory",
         ),

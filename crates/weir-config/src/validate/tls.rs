@@ -12,7 +12,7 @@ use crate::model::{CertKey, ClientAuth, Tls, TlsVersion};
 use crate::raw::{RawCertKey, RawClientAuth, RawTls};
 
 mod auto;
-pub(super) use auto::fill_internal_names;
+pub(super) use auto::{fill_acme_domains, fill_internal_names};
 
 /// The protocols an HTTP listener speaks and may offer through ALPN, in the default order
 /// of preference.

@@ -220,7 +220,12 @@ impl Stream<'_> {
                 return (None, Err(ProxyError::BodyTooLarge.into()));
             }
         }
-        if let Some(redirect) = &plan.redirect_https {
+        // Only what came over plain HTTP: a TLS listener's `http_bind` connections.
+        if let Some(redirect) = plan
+            .redirect_https
+            .as_ref()
+            .filter(|_| self.shared.tls.is_none())
+        {
             return (None, self.redirect(redirect, respond, trace).await);
         }
         // Routed and forwarded on the normalised path, exactly as HTTP/1 requests are.

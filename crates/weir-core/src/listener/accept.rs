@@ -22,11 +22,13 @@ use crate::client_stream::ClientStream;
 use crate::metrics::shard::accept_error_index;
 use crate::worker::{ConnectionGuard, Worker};
 
-/// Accepts on `listener` (metric slot `slot`) until the worker drains or `stop` fires;
-/// returning closes the socket. `cap`: the listener's open connections and its limit.
+/// Accepts on `listener` (metric slot `slot`; `plain_http`: a plain-HTTP bind of a TLS
+/// listener, whose connections skip the handshake) until the worker drains or `stop`
+/// fires; returning closes the socket. `cap`: the listener's open connections and its
+/// limit.
 pub async fn accept_loop(
     worker: Rc<Worker>,
-    slot: usize,
+    (slot, plain_http): (usize, bool),
     listener: AsyncFd<mio::net::TcpListener>,
     cap: (Arc<ConnectionCap>, usize),
     stop: Rc<StopSignal>,
@@ -69,7 +71,7 @@ pub async fn accept_loop(
                 } else {
                     let stream = ClientStream::new(stream);
                     tokio::task::spawn_local(async move {
-                        crate::proxy::serve_client(w, slot, stream, peer).await;
+                        crate::proxy::serve_client(w, (slot, plain_http), stream, peer).await;
                         drop(guard);
                     });
                 }

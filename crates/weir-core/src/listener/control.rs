@@ -24,6 +24,8 @@ pub enum Command {
         /// The listener's open connections, shared by every worker, and its
         /// `max_connections`.
         cap: (Arc<ConnectionCap>, usize),
+        /// A plain-HTTP bind of a TLS listener: its connections skip the handshake.
+        plain_http: bool,
     },
     /// Stop accepting on the sockets of `id` and close them; open connections finish.
     Stop { id: u64 },
@@ -66,11 +68,13 @@ pub async fn control_loop(worker: Rc<Worker>, mut commands: mpsc::UnboundedRecei
                 slot,
                 socket,
                 cap,
+                plain_http,
             } => match crate::sys::register_listener(mio::net::TcpListener::from_std(socket)) {
                 Ok(listener) => {
                     let stop = Rc::new(StopSignal::default());
                     running.borrow_mut().insert(id, stop.clone());
-                    let accept = super::accept_loop(worker.clone(), slot, listener, cap, stop);
+                    let at = (slot, plain_http);
+                    let accept = super::accept_loop(worker.clone(), at, listener, cap, stop);
                     tokio::task::spawn_local(accept);
                 }
                 Err(e) => tracing::error!(error = %e, "cannot register listener"),

@@ -75,7 +75,7 @@ pub async fn serve_tcp(worker: Rc<Worker>, slot: usize, client: TcpStream, peer:
         worker.give_buffer(to_server);
         return;
     };
-    let local = || client.local_addr().unwrap_or(listener.bind);
+    let local = || client.local_addr().unwrap_or(listener.first_addr());
     if !send_proxy_header(&server, listener, local, peer, carried).await {
         worker.give_buffer(to_server);
         return;
@@ -135,7 +135,7 @@ async fn serve_offloaded(
         worker.give_buffer(to_server);
         return;
     };
-    let local = || local.unwrap_or(listener.bind);
+    let local = || local.unwrap_or(listener.first_addr());
     let sent = send_proxy_header(&server, listener, local, peer, carried).await;
     let target = (snapshot, upstream, pick.server);
     let server = match (sent, worker.metrics.listener(slot)) {

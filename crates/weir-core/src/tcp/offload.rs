@@ -67,7 +67,7 @@ pub fn choose_upstream(
 /// The client's local address (for a PROXY header sent on), read before the socket moves
 /// into the TLS stream.
 pub fn local_addr(client: &tokio::net::TcpStream, listener: &Listener) -> SocketAddr {
-    client.local_addr().unwrap_or(listener.bind)
+    client.local_addr().unwrap_or(listener.first_addr())
 }
 
 /// Relays between the terminated client and `server` until both directions end, one

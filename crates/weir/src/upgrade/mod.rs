@@ -3,7 +3,8 @@
 //! The old process creates a unix socket, starts the binary at its own path (a new build
 //! installed there) with `run -c CONFIG --upgrade-from SOCKET`, and sends it every
 //! listening socket (each worker's, plus the admin listener's) with `SCM_RIGHTS` in one
-//! message whose data is a JSON manifest of names and counts. The new process starts on
+//! message whose data is a JSON manifest: per bind of a listener, its name, socket count
+//! and whether it is a plain-HTTP bind of a TLS listener. The new process starts on
 //! those very sockets, so connections waiting in their accept queues are never reset, and
 //! answers `ready`. Only then does the old process stop accepting and drain like on
 //! SIGTERM. If the new process fails at any point, the old one keeps serving.
@@ -20,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context};
 use serde_json::{json, Value};
-use weir_core::Inherited;
+use weir_core::{Inherited, InheritedBind};
 
 pub use sys::kill;
 
@@ -106,9 +107,13 @@ fn accept_from(
 fn send_sockets(stream: &UnixStream, sockets: &Sockets) -> anyhow::Result<()> {
     let mut fds = Vec::new();
     let mut listeners = Vec::new();
-    for (name, socks) in &sockets.listeners {
-        listeners.push(json!({"name": name, "count": socks.len()}));
-        fds.extend(socks.iter().map(AsRawFd::as_raw_fd));
+    for bind in &sockets.listeners {
+        listeners.push(json!({
+            "name": bind.listener,
+            "count": bind.sockets.len(),
+            "plain_http": bind.plain_http,
+        }));
+        fds.extend(bind.sockets.iter().map(AsRawFd::as_raw_fd));
     }
     if let Some(admin) = &sockets.admin {
         fds.push(admin.as_raw_fd());
@@ -176,7 +181,13 @@ fn unpack(manifest: &Value, fds: Vec<OwnedFd>) -> anyhow::Result<Sockets> {
                 .ok_or_else(|| anyhow!("manifest: fewer sockets than announced"))?;
             socks.push(TcpListener::from(fd));
         }
-        listeners.push((name.to_string(), socks));
+        listeners.push(InheritedBind {
+            listener: name.to_string(),
+            // Absent in the manifest of a version without `http_bind`: its listeners had
+            // one kind of bind.
+            plain_http: l["plain_http"].as_bool().unwrap_or(false),
+            sockets: socks,
+        });
     }
     let admin = match manifest["admin"].as_bool() {
         Some(true) => Some(TcpListener::from(

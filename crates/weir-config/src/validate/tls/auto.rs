@@ -15,7 +15,11 @@ pub const LETS_ENCRYPT: &str = "https://acme-v02.api.letsencrypt.org/directory";
 
 pub(crate) fn acme(raw: Option<RawAcme>, path: &FieldPath) -> Result<Option<Acme>, Issue> {
     let Some(raw) = raw else { return Ok(None) };
-    let domains = domains(raw.domains, &path.key("domains"))?;
+    // Without `domains`, the names come from the listener's routes (`fill_acme_domains`).
+    let domains = match raw.domains {
+        None => Vec::new(),
+        some => domains(some, &path.key("domains"))?,
+    };
     let contact = match raw.contact {
         None => Vec::new(),
         Some(StrOrList::One(one)) => vec![one],
@@ -47,7 +51,7 @@ pub(crate) fn acme(raw: Option<RawAcme>, path: &FieldPath) -> Result<Option<Acme
             ))
         }
     };
-    let storage = storage(raw.storage, &path.key("storage"), "/var/lib/weir/acme")?;
+    let storage = storage(raw.storage, &path.key("storage"), "acme")?;
     let directory_ca = match raw.directory_ca {
         None => None,
         some => Some(file(
@@ -82,21 +86,7 @@ fn domains(raw: Option<Vec<String>>, path: &FieldPath) -> Result<Vec<String>, Is
     let mut out: Vec<String> = Vec::with_capacity(list.len());
     for (i, name) in list.iter().enumerate() {
         let at = path.index(i);
-        let name = name.trim().trim_end_matches('.').to_ascii_lowercase();
-        if name.starts_with("*.") {
-            return Err(Issue::new(
-                &at,
-                format!("\"{name}\" is a wildcard: it can only be validated by DNS-01"),
-                "list each name (www.example.com, api.example.com), or use certs = [...] with a wildcard certificate",
-            ));
-        }
-        if !valid_dns_name(&name) {
-            return Err(Issue::new(
-                &at,
-                format!("\"{name}\" is not a DNS name"),
-                "write a host name such as \"example.com\" (no scheme, port or IP address)",
-            ));
-        }
+        let name = orderable(name, &at)?;
         if out.contains(&name) {
             return Err(Issue::new(
                 &at,
@@ -107,6 +97,27 @@ fn domains(raw: Option<Vec<String>>, path: &FieldPath) -> Result<Vec<String>, Is
         out.push(name);
     }
     Ok(out)
+}
+
+/// `name` lower-cased without a final dot, if an ACME order can have it: a DNS name, no
+/// wildcard (it needs DNS-01, which Weir does not do), no IP address.
+fn orderable(name: &str, at: &FieldPath) -> Result<String, Issue> {
+    let name = name.trim().trim_end_matches('.').to_ascii_lowercase();
+    if name.starts_with("*.") {
+        return Err(Issue::new(
+            at,
+            format!("\"{name}\" is a wildcard: it can only be validated by DNS-01"),
+            "list each name (www.example.com, api.example.com), or use certs = [...] with a wildcard certificate",
+        ));
+    }
+    if !valid_dns_name(&name) {
+        return Err(Issue::new(
+            at,
+            format!("\"{name}\" is not a DNS name"),
+            "write a host name such as \"example.com\" (no scheme, port or IP address)",
+        ));
+    }
+    Ok(name)
 }
 
 /// Letters, digits, `-` and `.`, labels of 1 to 63 bytes, not all digits (an IP address).
@@ -120,13 +131,19 @@ fn valid_dns_name(name: &str) -> bool {
     labels_ok && name.len() <= 253 && !name.bytes().all(|b| b.is_ascii_digit() || b == b'.')
 }
 
-fn storage(raw: Option<String>, path: &FieldPath, example: &str) -> Result<PathBuf, Issue> {
+/// A storage directory: as written, or `leaf` in the state directory ([`crate::state_dir`]).
+fn storage(raw: Option<String>, path: &FieldPath, leaf: &str) -> Result<PathBuf, Issue> {
     match raw.as_deref().map(str::trim) {
+        None => Ok(crate::state_dir().join(leaf)),
         Some(p) if !p.is_empty() => Ok(PathBuf::from(p)),
-        _ => Err(Issue::new(
+        Some(_) => Err(Issue::new(
             path,
-            "the storage directory is missing or empty",
-            format!("add storage = \"{example}\" (a directory Weir may write; keys are 0600)"),
+            "the storage directory is empty",
+            format!(
+                "write a directory Weir may write (keys are 0600), or remove storage for the \
+                 default, {}",
+                crate::state_dir().join(leaf).display()
+            ),
         )),
     }
 }
@@ -137,7 +154,7 @@ pub(crate) fn internal_ca(
 ) -> Result<Option<InternalCa>, Issue> {
     let Some(raw) = raw else { return Ok(None) };
     Ok(Some(InternalCa {
-        storage: storage(raw.storage, &path.key("storage"), "/var/lib/weir/ca")?,
+        storage: storage(raw.storage, &path.key("storage"), "ca")?,
         names: Vec::new(),
         lifetime: at_least(
             raw.lifetime,
@@ -192,4 +209,49 @@ pub(crate) fn fill_internal_names(listener: &mut Listener) {
         names = vec!["localhost".to_owned(), "127.0.0.1".to_owned()];
     }
     ca.names = names;
+}
+
+/// Gives an `acme` listener written without `domains` the exact hosts of its routes
+/// (`routes`, `acme`: the keys, for errors). A wildcard or an IP address among them cannot
+/// be ordered: the error names the route host and says to list `domains`.
+pub(crate) fn fill_acme_domains(
+    listener: &mut Listener,
+    routes: &FieldPath,
+    acme_path: &FieldPath,
+) -> Result<(), Issue> {
+    let Some(acme) = listener.tls.as_mut().and_then(|t| t.acme.as_mut()) else {
+        return Ok(());
+    };
+    if !acme.domains.is_empty() {
+        return Ok(());
+    }
+    for (i, route) in listener.routes.iter().enumerate() {
+        for (j, host) in route.hosts.iter().enumerate() {
+            let at = routes.index(i).key("hosts").index(j);
+            let name = match host {
+                HostPattern::Any => continue,
+                HostPattern::Exact(h) => h.clone(),
+                HostPattern::Suffix(parent) => format!("*{parent}"),
+            };
+            let name = orderable(&name, &at).map_err(|mut issue| {
+                issue.fix = format!(
+                    "acme orders the route hosts when it has no domains: list the names to \
+                     order in acme.domains = [...] ({})",
+                    issue.fix
+                );
+                issue
+            })?;
+            if !acme.domains.contains(&name) {
+                acme.domains.push(name);
+            }
+        }
+    }
+    if acme.domains.is_empty() {
+        return Err(Issue::new(
+            acme_path,
+            "acme needs the names to order a certificate for, and no route names a host",
+            r#"give the routes hosts = ["example.com"], or add domains = ["example.com"] to acme"#,
+        ));
+    }
+    Ok(())
 }
