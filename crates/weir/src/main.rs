@@ -2,6 +2,7 @@
 
 mod ctl;
 mod demo;
+mod explain;
 mod generate;
 mod notify;
 mod run;

@@ -70,6 +70,9 @@ pub fn check_file(path: &Path) -> anyhow::Result<()> {
             p.resolved.display()
         );
     }
+    for line in crate::explain::implied(&config) {
+        println!("  {line}");
+    }
     for cert in &certs {
         println!("  {cert}");
         for warning in &cert.warnings {

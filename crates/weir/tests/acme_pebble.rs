@@ -4,6 +4,11 @@
 //! its other names, counts the failure, retries, then gets the certificate), and a restart
 //! that reuses the stored certificate without pebble.
 //!
+//! And the short form a newcomer writes (issue 30): `acme` with neither names nor storage
+//! on a listener whose routes name the host, run by the real binary: the certificate is
+//! ordered for the route host into the state directory, over HTTP-01 on the port-80 bind
+//! `acme` implies, which redirects everything else to HTTPS.
+//!
 //! Runs when /usr/bin/pebble and /usr/bin/pebble-challtestsrv are there (Debian package
 //! `pebble`; `WEIR_PEBBLE_DIR` names another directory holding both). Without them each
 //! test prints that it was skipped and passes, unless `WEIR_REQUIRE_PEBBLE` is set (`.ci/run`
@@ -22,6 +27,8 @@ use rustls::pki_types::{CertificateDer, ServerName};
 use weir_core::tls::auto::AutoCerts;
 use weir_core::Proxy;
 use weir_testkit::certs::{CertDir, TestCa};
+
+mod support_process;
 
 /// How long a condition is polled (an order takes a few seconds with pebble).
 const WAIT: Duration = Duration::from_secs(90);
@@ -83,6 +90,8 @@ struct PebbleSetup {
     dir: CertDir,
     ca: TestCa,
     port: u16,
+    /// The address every name resolves to, where pebble validates.
+    ip: &'static str,
 }
 
 impl PebbleSetup {
@@ -92,6 +101,7 @@ impl PebbleSetup {
             dir: CertDir::new(),
             ca: TestCa::new("pebble server CA"),
             port: free_port(),
+            ip: "127.0.0.1",
         }
     }
 
@@ -125,7 +135,7 @@ impl PebbleSetup {
             "-dns01",
             &format!("127.0.0.1:{dns}"),
             "-defaultIPv4",
-            "127.0.0.1",
+            self.ip,
         ]);
         challtest.args([
             "-defaultIPv6",
@@ -217,13 +227,18 @@ fn auto(proxy: &Proxy) -> Arc<AutoCerts> {
 /// The SHA-256 of the leaf presented for `name` on `port`, or `None` if the handshake
 /// failed.
 fn presented(port: u16, name: &str) -> Option<String> {
+    presented_at(([127, 0, 0, 1], port).into(), name)
+}
+
+/// [`presented`] on any address.
+fn presented_at(addr: SocketAddr, name: &str) -> Option<String> {
     let config = rustls::ClientConfig::builder()
         .dangerous()
         .with_custom_certificate_verifier(Arc::new(weir_testkit::certs::AcceptAnyServerCert))
         .with_no_client_auth();
     let server = ServerName::try_from(name.to_owned()).ok()?;
     let mut conn = rustls::ClientConnection::new(Arc::new(config), server).ok()?;
-    let mut tcp = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    let mut tcp = TcpStream::connect(addr).ok()?;
     tcp.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
     while conn.is_handshaking() {
         conn.complete_io(&mut tcp).ok()?;
@@ -356,4 +371,59 @@ fn pebble_down_at_start_then_up_and_restart_reuses_the_certificate() {
     let (_, https) = ports(&again);
     assert_eq!(presented(https, NAME), Some(sha));
     again.shutdown();
+}
+
+/// A loopback address of this test process's own, so its port 80 is free of other tests.
+fn own_loopback_ip() -> &'static str {
+    let n = std::process::id() % 250 + 2;
+    Box::leak(format!("127.80.0.{n}").into_boxed_str())
+}
+
+#[test]
+fn the_short_form_orders_for_the_route_host_over_the_implied_port_80() {
+    let Some(bin) = pebble_dir() else { return };
+    let mut setup = PebbleSetup::new(bin);
+    setup.ip = own_loopback_ip();
+    if let Err(e) = TcpListener::bind((setup.ip, 80)) {
+        // Port 80 needs root or CAP_NET_BIND_SERVICE (CI runs as root).
+        eprintln!("SKIPPED: cannot bind {}:80 ({e})", setup.ip);
+        return;
+    }
+    let state = setup.dir.path().join("state");
+    let config = format!(
+        "[server]\nworkers = 1\ndrain_timeout = \"0s\"\n[admin]\nbind = \"off\"\n\
+         [[listeners]]\nname = \"web\"\nbind = \"{}:0\"\n\
+         tls = {{ acme = {{ directory = \"{}\", directory_ca = {:?}, challenge = \"http-01\", retry_initial = \"1s\" }} }}\n\
+         [[listeners.routes]]\nname = \"app\"\nhosts = [\"{NAME}\"]\nrespond = {{ status = 200, body = \"secure\\n\" }}\n",
+        setup.ip,
+        setup.directory(),
+        setup.ca.cert_path.display().to_string(),
+    );
+    let path = setup.dir.write("weir.toml", &config);
+    let mut cmd = Command::new(support_process::WEIR);
+    cmd.arg("run").arg("-c").arg(&path);
+    cmd.env("STATE_DIRECTORY", &state);
+    let weir = support_process::Weir::spawn(cmd);
+    let https = weir.addr;
+    assert!(
+        weir.log.wait_for(&format!("addr={}:80", setup.ip), WAIT),
+        "the implied port-80 bind is logged:\n{}",
+        weir.log.text()
+    );
+    let _pebble = setup.start(80, https.port(), 3600);
+
+    let storage = state.join("acme");
+    let (cert, _) = weir_core::tls::auto::storage::cert_files(&storage, &[NAME.to_owned()], "acme");
+    wait_for("the certificate in the state directory", || cert.is_file());
+    wait_for("the ACME certificate to be served", || {
+        presented_at(https, NAME).is_some()
+    });
+    let plain: SocketAddr = format!("{}:80", setup.ip).parse().unwrap();
+    let (head, _) = support_process::get(plain, "/page?x=1").expect("plain HTTP on port 80");
+    assert_eq!(head.status, 308);
+    assert_eq!(
+        head.header("location"),
+        Some("https://test/page?x=1"),
+        "everything but the challenge is redirected to HTTPS"
+    );
 }

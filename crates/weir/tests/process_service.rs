@@ -2,7 +2,8 @@
 //! (`Type=notify`, contrib/systemd/weir.service) heard on a `NOTIFY_SOCKET` of the test's
 //! own (READY and MAINPID at start, RELOADING then READY around SIGHUP, the new main pid
 //! across a `weir upgrade`, STOPPING on SIGTERM), and SIGUSR1 reopening every access log
-//! after logrotate moved them (contrib/logrotate/weir).
+//! after logrotate moved them (contrib/logrotate/weir), and a binary upgrade of a listener
+//! with a TLS bind and an `http_bind`.
 
 mod support_process;
 
@@ -191,4 +192,113 @@ fn sigusr1_reopens_every_access_log() {
         1,
         "nothing more in the moved file"
     );
+}
+
+/// Whether a TLS handshake completes on `addr` (any certificate accepted).
+fn handshakes(addr: std::net::SocketAddr) -> bool {
+    use std::sync::Arc;
+    let config = rustls::ClientConfig::builder()
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(weir_testkit::certs::AcceptAnyServerCert))
+        .with_no_client_auth();
+    let name = rustls::pki_types::ServerName::try_from("site.test").unwrap();
+    let mut conn = rustls::ClientConnection::new(Arc::new(config), name).unwrap();
+    let Ok(mut tcp) = std::net::TcpStream::connect(addr) else {
+        return false;
+    };
+    tcp.set_read_timeout(Some(START_WAIT)).unwrap();
+    while conn.is_handshaking() {
+        if conn.complete_io(&mut tcp).is_err() {
+            return false;
+        }
+    }
+    true
+}
+
+/// A binary upgrade hands over each bind of a listener with its kind: after it, the TLS
+/// bind still does TLS and the `http_bind` still answers plain HTTP, on the same ports.
+#[test]
+fn an_upgrade_keeps_a_listeners_tls_bind_and_http_bind_apart() {
+    let ca = weir_testkit::certs::TestCa::new("upgrade CA");
+    let leaf = ca.leaf(&["site.test"]);
+    let config = format!(
+        "[server]\nworkers = 1\ndrain_timeout = \"1s\"\n[admin]\nbind = \"off\"\n\
+         [[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\nhttp_bind = \"127.0.0.1:0\"\n\
+         [listeners.tls]\ncerts = [{{ cert = {:?}, key = {:?} }}]\n\
+         [[listeners.routes]]\nname = \"all\"\nrespond = {{ status = 200 }}\n",
+        leaf.cert_path.display().to_string(),
+        leaf.key_path.display().to_string()
+    );
+    let weir = Weir::start(&config);
+    let plain = weir
+        .log
+        .lines()
+        .iter()
+        .filter(|l| l.contains("listening (http_bind)"))
+        .find_map(|l| listening_addr(l, "web"))
+        .expect("the http_bind address is logged");
+    let check = || {
+        assert!(handshakes(weir.addr), "TLS on the bind");
+        assert!(!handshakes(plain), "no TLS on the http_bind");
+        assert_eq!(get(plain, "/").expect("plain HTTP").0.status, 200);
+    };
+    check();
+    weir.signal(libc::SIGUSR2);
+    assert!(weir.log.wait_for("the new process is ready", START_WAIT));
+    assert!(
+        wait_until(START_WAIT, || has_exited(weir.pid())),
+        "the old process drained and exited"
+    );
+    check();
+    let new_pid = weir
+        .log
+        .lines()
+        .iter()
+        .find_map(|l| {
+            l.split_whitespace()
+                .find_map(|w| w.strip_prefix("new_pid="))
+                .and_then(|p| p.parse::<u32>().ok())
+        })
+        .expect("new pid logged");
+    signal_pid(new_pid, libc::SIGTERM);
+    assert!(wait_until(START_WAIT, || has_exited(new_pid)));
+}
+
+/// `weir check` says what the short automatic-HTTPS form implies: the port-80 bind and
+/// what it does, the names ordered, and the storage in the state directory.
+#[test]
+fn check_shows_the_implied_port_80_bind_and_the_acme_storage() {
+    let dir = TempDir::new("check-implied");
+    let config = dir.write(
+        "weir.toml",
+        "[[listeners]]\nname = \"site\"\nbind = \"127.0.0.1:443\"\ntls = { acme = {} }\n\
+         [[listeners.routes]]\nname = \"app\"\nhosts = [\"example.com\"]\nrespond = { status = 200 }\n",
+    );
+    let out = Command::new(WEIR)
+        .args(["check", "-c"])
+        .arg(&config)
+        .env("STATE_DIRECTORY", dir.path().join("state"))
+        .output()
+        .expect("weir check");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains(
+            "127.0.0.1:80 (plain HTTP, implied by acme: answers HTTP-01, redirects to https"
+        ),
+        "{stdout}"
+    );
+    let storage = dir.path().join("state/acme");
+    assert!(
+        stdout.contains(&format!(
+            "acme orders example.com into {}",
+            storage.display()
+        )),
+        "{stdout}"
+    );
+    assert!(!storage.exists(), "check writes nothing");
 }
