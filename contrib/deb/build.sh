@@ -16,5 +16,6 @@ mkdir -p "$assets"
 "$weir" completions zsh >"$assets/_weir"
 "$weir" completions fish >"$assets/weir.fish"
 "$weir" schema >"$assets/weir.schema.json"
-cargo deb -p weir --no-build --locked >&2
+# --strip: the release profile keeps line tables (debug = 1), which cargo-deb would ship.
+cargo deb -p weir --no-build --strip --locked >&2
 ls -t "$target"/debian/weir_*.deb | head -n 1
