@@ -166,7 +166,8 @@ impl Proxy {
         self.lock_control().addr_of(name)
     }
 
-    /// Every address a listener bound, in the order of its binds.
+    /// Every address a listener bound, with its kind (its `bind` ones first at start; a
+    /// reload that adds binds appends them).
     pub fn listener_addrs(&self, name: &str) -> Vec<BoundAddr> {
         self.lock_control().addrs_of(name)
     }
