@@ -217,16 +217,30 @@ mod tests {
     }
 
     #[test]
-    fn parses_voluntary_switches_and_counts_this_process() {
+    fn parses_voluntary_switches_and_counts_a_process_group() {
         let status =
             "Name:\tweir\nvoluntary_ctxt_switches:\t1234\nnonvoluntary_ctxt_switches:\t7\n";
         assert_eq!(parse_voluntary_switches(status), Some(1234));
         assert_eq!(parse_voluntary_switches("Name:\tweir\n"), None);
-        // SAFETY: getpgrp has no preconditions.
-        let me = unsafe { libc::getpgrp() };
-        let before = group_sleeps(me);
-        std::thread::sleep(std::time::Duration::from_millis(5));
-        assert!(group_sleeps(me) > before);
+        use std::os::unix::process::CommandExt;
+        // A group of its own: this test process's threads (other tests) come and go, and a
+        // thread that exits takes its switches out of the sum. The shell waits for a child
+        // `sleep` ten times in 100 ms, each wait a voluntary switch, and stays alive.
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "while :; do sleep 0.01; done"])
+            .process_group(0)
+            .spawn()
+            .expect("sh");
+        let group = i32::try_from(child.id()).expect("pid");
+        let before = group_sleeps(group);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while group_sleeps(group) <= before + 5 && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let after = group_sleeps(group);
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(after > before + 5, "{before} -> {after}");
     }
 
     #[test]
