@@ -14,7 +14,7 @@
 
 use std::future::{poll_fn, Future};
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use tokio::time::{Instant, Sleep};
@@ -36,6 +36,10 @@ pub struct LazyTimer {
     sleep: Option<Pin<Box<Sleep>>>,
     armed: Instant,
     deadline: Instant,
+    /// The waker the armed timer was last polled with. While the timer has not fired and
+    /// this waker wakes the task polling now, polling the timer again would only register
+    /// the same waker again (about 120 instructions, twice per proxied request).
+    registered: Option<Waker>,
 }
 
 /// A timer whose deadline is now (reads the clock): `set` its deadline before a wait.
@@ -53,6 +57,7 @@ impl LazyTimer {
             sleep: None,
             armed: now,
             deadline: now,
+            registered: None,
         }
     }
 
@@ -64,6 +69,7 @@ impl LazyTimer {
             if deadline < self.armed {
                 sleep.as_mut().reset(deadline);
                 self.armed = deadline;
+                self.registered = None;
             }
         }
     }
@@ -71,7 +77,16 @@ impl LazyTimer {
     /// Ready once the deadline has passed.
     pub fn poll_expired(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         let sleep = match &mut self.sleep {
-            Some(sleep) => sleep,
+            Some(sleep) => {
+                let same_task = self
+                    .registered
+                    .as_ref()
+                    .is_some_and(|w| w.will_wake(cx.waker()));
+                if same_task && !sleep.is_elapsed() {
+                    return Poll::Pending;
+                }
+                sleep
+            }
             None => {
                 self.armed = self.deadline;
                 self.sleep
@@ -80,6 +95,13 @@ impl LazyTimer {
         };
         loop {
             if sleep.as_mut().poll(cx).is_pending() {
+                if !self
+                    .registered
+                    .as_ref()
+                    .is_some_and(|w| w.will_wake(cx.waker()))
+                {
+                    self.registered = Some(cx.waker().clone());
+                }
                 return Poll::Pending;
             }
             // The timer fired, so the time is past `armed`: past the deadline too unless
@@ -189,5 +211,23 @@ mod tests {
             "a wait shorter than the new deadline completes"
         );
         assert_eq!(expiry(&mut timer).await, start + Duration::from_millis(30));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn lazy_timer_polled_again_before_it_fires_still_expires() {
+        let start = Instant::now();
+        let mut timer = LazyTimer::new(start);
+        timer.set(start + Duration::from_millis(10));
+        // Wakes its own task a few times (each wake polls the timer again, which then skips
+        // the armed Sleep), then waits forever.
+        let restless = async {
+            for _ in 0..5 {
+                tokio::task::yield_now().await;
+            }
+            std::future::pending::<()>().await
+        };
+        assert!(timer.within(restless).await.is_none());
+        assert_eq!(Instant::now(), start + Duration::from_millis(10));
+        assert!(timer.registered.is_some());
     }
 }

@@ -43,6 +43,13 @@ pub struct Args {
     /// Write the measured figures as the budgets (and their function profiles).
     #[arg(long)]
     pub update: bool,
+    /// Extra keys for the listener, as TOML lines (`request_id = false`): what a setting
+    /// costs. Not with `--update` (budgets are counted on the default configuration).
+    #[arg(long, default_value = "")]
+    pub listener_keys: String,
+    /// Extra keys for the route, as TOML lines (`forwarded_headers = false`).
+    #[arg(long, default_value = "")]
+    pub route_keys: String,
     /// Measurements per workload (to see how stable the count is); the figure is the lowest.
     #[arg(long, default_value_t = 1)]
     pub repeat: u32,
@@ -124,6 +131,8 @@ struct Bench<'a> {
     backend: SocketAddr,
     cert: &'a weir_testkit::certs::Leaf,
     dir: &'a Path,
+    listener_keys: &'a str,
+    route_keys: &'a str,
 }
 
 pub fn main(a: Args) -> Result<()> {
@@ -131,6 +140,11 @@ pub fn main(a: Args) -> Result<()> {
         if crate::process::find_program(tool).is_none() {
             bail!("{tool} is not installed (Debian: apt-get install valgrind)");
         }
+    }
+    if a.update && !(a.listener_keys.is_empty() && a.route_keys.is_empty()) {
+        bail!(
+            "--update counts the default configuration: leave out --listener-keys and --route-keys"
+        );
     }
     crate::process::install_cleanup();
     let mut budgets = Budgets::read(&a.budgets)?;
@@ -143,6 +157,8 @@ pub fn main(a: Args) -> Result<()> {
         backend: backend.addr(),
         cert: &cert,
         dir: &tmp.0,
+        listener_keys: &a.listener_keys,
+        route_keys: &a.route_keys,
     };
     let commit = commit_here();
     let mut over = Vec::new();
@@ -285,8 +301,9 @@ fn weir_config(bench: &Bench, w: &Workload, port: u16) -> String {
     };
     format!(
         "[server]\nworkers = 1\ndrain_timeout = \"0s\"\n\n[admin]\nbind = \"off\"\n\n\
-         [[listeners]]\nname = \"budget\"\nbind = \"127.0.0.1:{port}\"\nkeepalive_requests = 0\n{tls}\n\
-         [[listeners.routes]]\nname = \"all\"\npath_prefix = \"/\"\n{target}\n\n{upstream}"
+         [[listeners]]\nname = \"budget\"\nbind = \"127.0.0.1:{port}\"\nkeepalive_requests = 0\n{}\n{tls}\n\
+         [[listeners.routes]]\nname = \"all\"\npath_prefix = \"/\"\n{target}\n{}\n\n{upstream}",
+        bench.listener_keys, bench.route_keys
     )
 }
 
@@ -410,6 +427,8 @@ mod tests {
             backend: "127.0.0.1:9".parse().unwrap(),
             cert: &cert,
             dir: Path::new("."),
+            listener_keys: "request_id = false",
+            route_keys: "forwarded_headers = false",
         };
         for w in &WORKLOADS {
             let text = weir_config(&bench, w, 8080);
