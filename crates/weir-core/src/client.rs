@@ -283,6 +283,8 @@ impl ClientConn {
         tokio::pin!(read);
         if !worker.is_draining() {
             tokio::select! {
+                // In order: a random start (select!'s default) costs a random number per poll.
+                biased;
                 r = &mut read => return matches!(r, Some(Ok(n)) if n > 0),
                 _ = worker.drained() => {}
             }

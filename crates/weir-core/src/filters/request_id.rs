@@ -9,7 +9,7 @@
 //! (`3f9a1c0e5b7d2a41-000000000000002a`). No lock, no syscall, no allocation per request;
 //! ids are unique per process run, not secret.
 
-use std::cell::Cell;
+use std::cell::RefCell;
 use std::hash::{BuildHasher, RandomState};
 
 use weir_config::RequestIdSettings;
@@ -51,10 +51,14 @@ impl RequestId {
     }
 }
 
-/// A worker's id source: a random prefix fixed at start and a counter.
+/// How long a generated id is: 16 hex digits of prefix, `-`, 16 of counter.
+const ID_LEN: usize = 33;
+
+/// A worker's id source: a random prefix fixed at start and a counter, kept as the text of
+/// the last id made, so that the next one is that text with its counter incremented in
+/// place (usually its last digit alone) instead of all 16 digits written again.
 pub struct RequestIds {
-    prefix: [u8; 16],
-    counter: Cell<u64>,
+    last: RefCell<[u8; ID_LEN]>,
 }
 
 impl Default for RequestIds {
@@ -62,11 +66,13 @@ impl Default for RequestIds {
         // RandomState is seeded from the OS once per thread: a different prefix per worker
         // and per run, read once.
         let seed = RandomState::new().hash_one(std::time::SystemTime::now());
+        let mut last = [b'0'; ID_LEN];
         let mut prefix = [0u8; 16];
         hex16(seed, &mut prefix);
+        last[..16].copy_from_slice(&prefix);
+        last[16] = b'-';
         RequestIds {
-            prefix,
-            counter: Cell::new(0),
+            last: RefCell::new(last),
         }
     }
 }
@@ -74,14 +80,28 @@ impl Default for RequestIds {
 impl RequestIds {
     /// Writes the next id into `id`.
     pub fn next(&self, id: &mut RequestId) {
-        let n = self.counter.get().wrapping_add(1);
-        self.counter.set(n);
-        id.bytes[..16].copy_from_slice(&self.prefix);
-        id.bytes[16] = b'-';
-        let mut digits = [0u8; 16];
-        hex16(n, &mut digits);
-        id.bytes[17..33].copy_from_slice(&digits);
-        id.len = 33;
+        let mut last = self.last.borrow_mut();
+        increment_hex(&mut last[17..]);
+        id.bytes[..ID_LEN].copy_from_slice(&*last);
+        id.len = ID_LEN as u8;
+    }
+}
+
+/// Adds one to the lower-case hex number `digits` (most significant first), wrapping
+/// to zero.
+fn increment_hex(digits: &mut [u8]) {
+    for d in digits.iter_mut().rev() {
+        match *d {
+            b'9' => {
+                *d = b'a';
+                return;
+            }
+            b'f' => *d = b'0',
+            _ => {
+                *d += 1;
+                return;
+            }
+        }
     }
 }
 
@@ -141,7 +161,11 @@ mod tests {
         assert_eq!(a.as_bytes()[..17], b.as_bytes()[..17]);
         assert!(b.as_bytes().ends_with(b"-0000000000000002"));
         let other = RequestIds::default();
-        assert_ne!(other.prefix, ids.prefix, "each worker has its own prefix");
+        assert_ne!(
+            other.last.borrow()[..16],
+            ids.last.borrow()[..16],
+            "each worker has its own prefix"
+        );
     }
 
     #[test]
@@ -153,6 +177,27 @@ mod tests {
         assert!(!well_formed(b""));
         for bad in [&b"a b"[..], b"a\"b", b"a,b", b"a/b", b"\xc3\xa9"] {
             assert!(!well_formed(bad), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn the_counter_counts_in_hex_and_wraps() {
+        let mut n = *b"00000000000000ff";
+        increment_hex(&mut n);
+        assert_eq!(&n, b"0000000000000100");
+        for (from, to) in [
+            (0u64, 1u64),
+            (9, 10),
+            (0xf, 0x10),
+            (0x9ff, 0xa00),
+            (u64::MAX, 0),
+        ] {
+            let mut digits = [0u8; 16];
+            hex16(from, &mut digits);
+            increment_hex(&mut digits);
+            let mut want = [0u8; 16];
+            hex16(to, &mut want);
+            assert_eq!(digits, want, "{from:x} + 1");
         }
     }
 }

@@ -33,39 +33,37 @@ pub enum HeaderKind {
 
 impl HeaderKind {
     /// Classifies a header name (a token: httparse has checked it), ASCII case-insensitively.
-    /// Every header of every head goes through here, so the candidates are picked by length
-    /// first: most names are compared with one known name or none.
+    /// Every header of every head goes through here, so the length and the first letter
+    /// pick the one known name it can be (or none), and that comparison is specialised to
+    /// the name's length.
     pub fn of(name: &[u8]) -> HeaderKind {
         use HeaderKind::*;
-        let candidates: &[(&[u8], HeaderKind)] = match name.len() {
-            2 => &[(b"te", Te)],
-            3 => &[(b"uri", Uri)],
-            4 => &[(b"host", Host)],
-            6 => &[(b"expect", Expect)],
-            7 => &[(b"trailer", Trailer), (b"upgrade", Upgrade)],
-            8 => &[(b"location", Location)],
-            9 => &[(b"x-real-ip", XRealIp)],
-            10 => &[(b"connection", Connection), (b"keep-alive", KeepAlive)],
-            14 => &[
-                (b"content-length", ContentLength),
-                (b"http2-settings", Http2Settings),
-            ],
-            15 => &[(b"x-forwarded-for", XForwardedFor)],
-            16 => &[
-                (b"proxy-connection", ProxyConnection),
-                (b"x-forwarded-host", XForwardedHost),
-                (b"content-location", ContentLocation),
-            ],
-            17 => &[
-                (b"transfer-encoding", TransferEncoding),
-                (b"x-forwarded-proto", XForwardedProto),
-            ],
-            _ => return Other,
+        let Some(&first) = name.first() else {
+            return Other;
         };
-        candidates
-            .iter()
-            .find(|(known, _)| token_eq_lower(name, known))
-            .map_or(Other, |&(_, kind)| kind)
+        // Bit 5 lower-cases a letter; a non-letter that lands on one fails the comparison.
+        let is = |known: &[u8]| token_eq_lower(name, known);
+        match (name.len(), first | 0x20) {
+            (2, b't') if is(b"te") => Te,
+            (3, b'u') if is(b"uri") => Uri,
+            (4, b'h') if is(b"host") => Host,
+            (6, b'e') if is(b"expect") => Expect,
+            (7, b't') if is(b"trailer") => Trailer,
+            (7, b'u') if is(b"upgrade") => Upgrade,
+            (8, b'l') if is(b"location") => Location,
+            (9, b'x') if is(b"x-real-ip") => XRealIp,
+            (10, b'c') if is(b"connection") => Connection,
+            (10, b'k') if is(b"keep-alive") => KeepAlive,
+            (14, b'c') if is(b"content-length") => ContentLength,
+            (14, b'h') if is(b"http2-settings") => Http2Settings,
+            (15, b'x') if is(b"x-forwarded-for") => XForwardedFor,
+            (16, b'p') if is(b"proxy-connection") => ProxyConnection,
+            (16, b'x') if is(b"x-forwarded-host") => XForwardedHost,
+            (16, b'c') if is(b"content-location") => ContentLocation,
+            (17, b't') if is(b"transfer-encoding") => TransferEncoding,
+            (17, b'x') if is(b"x-forwarded-proto") => XForwardedProto,
+            _ => Other,
+        }
     }
 
     /// Hop-by-hop headers (RFC 9110 7.6.1) never cross the proxy as they are.
@@ -229,27 +227,46 @@ pub fn trim(mut s: &[u8]) -> &[u8] {
 
 /// Reads the `Connection` tokens of all headers and marks the headers they name
 /// (any number of them: a header hidden behind many tokens must still be removed).
+#[inline]
 pub(crate) fn apply_connection_tokens(buf: &[u8], headers: &mut [HeaderSpan]) -> ConnectionOptions {
     let mut opts = ConnectionOptions::default();
     let mut names_headers = false;
     for h in headers.iter().filter(|h| h.kind == HeaderKind::Connection) {
-        for token in tokens(&buf[h.value.clone()]) {
-            let known = match token.len() {
-                5 => token_eq_lower(token, b"close").then_some(&mut opts.close),
-                7 => token_eq_lower(token, b"upgrade").then_some(&mut opts.upgrade),
-                10 => token_eq_lower(token, b"keep-alive").then_some(&mut opts.keep_alive),
-                _ => None,
-            };
-            match known {
-                Some(option) => *option = true,
-                None => names_headers = true,
-            }
+        let value = &buf[h.value.clone()];
+        // Most values are exactly one option (`keep-alive`, `close`): no list to split.
+        if !connection_option(value, &mut opts) {
+            names_headers |= connection_list(value, &mut opts);
         }
     }
     if names_headers {
         mark_connection_listed(buf, headers);
     }
     opts
+}
+
+/// Records the options of a `Connection` list in `opts`; true when it also names a
+/// header.
+#[inline(never)]
+fn connection_list(value: &[u8], opts: &mut ConnectionOptions) -> bool {
+    let mut names_headers = false;
+    for token in tokens(value) {
+        names_headers |= !connection_option(token, opts);
+    }
+    names_headers
+}
+
+/// Records `token` in `opts` when it is `close`, `upgrade` or `keep-alive`; false when it
+/// is anything else (a header name). An empty token is nothing.
+fn connection_option(token: &[u8], opts: &mut ConnectionOptions) -> bool {
+    let option = match token.len() {
+        0 => return true,
+        5 if token_eq_lower(token, b"close") => &mut opts.close,
+        7 if token_eq_lower(token, b"upgrade") => &mut opts.upgrade,
+        10 if token_eq_lower(token, b"keep-alive") => &mut opts.keep_alive,
+        _ => return false,
+    };
+    *option = true;
+    true
 }
 
 /// Marks every end-to-end header whose name a `Connection` header lists. Rare, so the
