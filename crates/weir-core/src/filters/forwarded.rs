@@ -40,16 +40,22 @@ pub fn push_forwarded<'a>(
     prior_xff: impl Iterator<Item = &'a [u8]>,
     https: bool,
 ) {
-    push_header(out, b"X-Real-IP", client.as_bytes());
-    out.extend_from_slice(b"X-Forwarded-For: ");
+    // The fixed text between the values goes out in as few pieces as it can: each piece
+    // is a bounds check and a copy.
+    out.extend_from_slice(b"X-Real-IP: ");
+    out.extend_from_slice(client.as_bytes());
+    out.extend_from_slice(b"\r\nX-Forwarded-For: ");
     for value in prior_xff {
         out.extend_from_slice(value);
         out.extend_from_slice(b", ");
     }
     out.extend_from_slice(peer.as_bytes());
-    out.extend_from_slice(b"\r\n");
-    let proto: &[u8] = if https { b"https" } else { b"http" };
-    push_header(out, b"X-Forwarded-Proto", proto);
+    let proto: &[u8] = if https {
+        b"\r\nX-Forwarded-Proto: https\r\n"
+    } else {
+        b"\r\nX-Forwarded-Proto: http\r\n"
+    };
+    out.extend_from_slice(proto);
     if let Some(host) = host {
         push_header(out, b"X-Forwarded-Host", host);
     }
