@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
+use clap::ValueEnum;
 use rustls::client::Resumption;
 use rustls::pki_types::ServerName;
 use rustls::{ClientConfig, HandshakeKind};
@@ -45,6 +46,9 @@ pub struct Args {
     pub resume: bool,
     #[arg(long, default_value_t = 8)]
     pub conns: u32,
+    /// What the client offers.
+    #[arg(long, value_enum, default_value_t = Profile::Browser)]
+    pub profile: Profile,
     /// Seconds of load.
     #[arg(long)]
     pub duration: f64,
@@ -53,19 +57,48 @@ pub struct Args {
 /// The SNI that picks the RSA certificate (the ECDSA one is the default, for `localhost`).
 pub const RSA_NAME: &str = "rsa.localhost";
 
-/// The command line of one run: `(conns, tls13, rsa, resume)`.
-pub fn args(addr: SocketAddr, path: &str, load: (u32, bool, bool, bool), secs: u64) -> Vec<String> {
-    let (conns, tls13, rsa, resume) = load;
+/// What the connections of one `tls-handshake` load do.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct Kind {
+    /// TLS 1.3, else 1.2.
+    pub tls13: bool,
+    /// The RSA-2048 certificate (by SNI), else the ECDSA P-256 one.
+    pub rsa: bool,
+    /// Resumed handshakes, else full ones.
+    pub resume: bool,
+    pub profile: Profile,
+}
+
+impl Kind {
+    /// How a report names it: `TLS 1.3 ECDSA P-256 full, browser (...)`.
+    pub fn label(&self) -> String {
+        format!(
+            "TLS {} {} {}, {}",
+            if self.tls13 { "1.3" } else { "1.2" },
+            if self.rsa { "RSA-2048" } else { "ECDSA P-256" },
+            if self.resume { "resumed" } else { "full" },
+            self.profile.label(),
+        )
+    }
+}
+
+/// The command line of one run of `conns` connections at a time.
+pub fn args(addr: SocketAddr, path: &str, conns: u32, kind: &Kind, secs: u64) -> Vec<String> {
+    let profile = kind
+        .profile
+        .to_possible_value()
+        .expect("no skipped profiles");
     let mut v = vec![
         "handshakes".to_string(),
         format!("--addr={addr}"),
         format!("--path={path}"),
-        format!("--sni={}", if rsa { RSA_NAME } else { "localhost" }),
-        format!("--tls={}", if tls13 { 13 } else { 12 }),
+        format!("--sni={}", if kind.rsa { RSA_NAME } else { "localhost" }),
+        format!("--tls={}", if kind.tls13 { 13 } else { 12 }),
         format!("--conns={conns}"),
+        format!("--profile={}", profile.get_name()),
         format!("--duration={secs}"),
     ];
-    if resume {
+    if kind.resume {
         v.push("--resume".into());
     }
     v
@@ -88,7 +121,7 @@ pub fn main(a: Args) -> Result<()> {
 }
 
 async fn run(a: Args) -> Result<LoadOutput> {
-    let connector = TlsConnector::from(Arc::new(client_config(a.tls, a.resume)?));
+    let connector = TlsConnector::from(Arc::new(client_config(a.tls, a.resume, a.profile)?));
     let name = ServerName::try_from(a.sni.clone()).context("--sni")?;
     let request = format!(
         "GET {} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
@@ -183,18 +216,77 @@ pub(crate) async fn request_to_close<S: AsyncRead + AsyncWrite + Unpin>(
         .context("no status line")
 }
 
-pub(crate) fn client_config(tls: u8, resume: bool) -> Result<ClientConfig> {
-    let mut provider = rustls::crypto::aws_lc_rs::default_provider();
-    // X25519 first (its key share is the only one sent, and every peer picks it); P-256
-    // is listed because OpenSSL serves an ECDSA P-256 certificate over TLS 1.2 only to
-    // clients that list that curve.
-    use rustls::crypto::aws_lc_rs::kx_group::{SECP256R1, X25519};
-    provider.kx_groups = vec![X25519, SECP256R1];
+/// What a client offers in its ClientHello: the cipher suites in its order and the key
+/// exchange groups, the first of which gets a key share.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum Profile {
+    /// As Chrome and Firefox: AES-128-GCM first, key shares for X25519MLKEM768 and (its
+    /// X25519 half, reused) X25519; P-256 and P-384 listed.
+    Browser,
+    /// As an OpenSSL 3.0 client (curl, wrk, ab): AES-256-GCM first, then ChaCha20 and
+    /// AES-128-GCM; a key share for X25519; P-256 and P-384 listed.
+    Openssl,
+    /// The OpenSSL suites with P-256 alone (its key share).
+    P256,
+}
+
+impl Profile {
+    /// How a report names it.
+    pub fn label(self) -> &'static str {
+        match self {
+            Profile::Browser => "browser (X25519MLKEM768 + X25519, AES-128-GCM first)",
+            Profile::Openssl => "OpenSSL client (X25519, AES-256-GCM first)",
+            Profile::P256 => "P-256 only (AES-256-GCM first)",
+        }
+    }
+
+    fn provider(self) -> rustls::crypto::CryptoProvider {
+        use rustls::crypto::aws_lc_rs::cipher_suite::*;
+        use rustls::crypto::aws_lc_rs::kx_group::{SECP256R1, SECP384R1, X25519, X25519MLKEM768};
+        let mut provider = rustls::crypto::aws_lc_rs::default_provider();
+        provider.cipher_suites = match self {
+            Profile::Browser => vec![
+                TLS13_AES_128_GCM_SHA256,
+                TLS13_AES_256_GCM_SHA384,
+                TLS13_CHACHA20_POLY1305_SHA256,
+                TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,
+                TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,
+                TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384,
+                TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384,
+                TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256,
+                TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256,
+            ],
+            Profile::Openssl | Profile::P256 => vec![
+                TLS13_AES_256_GCM_SHA384,
+                TLS13_CHACHA20_POLY1305_SHA256,
+                TLS13_AES_128_GCM_SHA256,
+                TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384,
+                TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384,
+                TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256,
+                TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256,
+                TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,
+                TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,
+            ],
+        };
+        // The first group gets the key share (the browser's hybrid share also carries an
+        // X25519 one). OpenSSL serves an ECDSA P-256 certificate over TLS 1.2 only to
+        // clients that list that curve, so every profile lists it.
+        provider.kx_groups = match self {
+            Profile::Browser => vec![X25519MLKEM768, X25519, SECP256R1, SECP384R1],
+            Profile::Openssl => vec![X25519, SECP256R1, SECP384R1],
+            Profile::P256 => vec![SECP256R1],
+        };
+        provider
+    }
+}
+
+pub(crate) fn client_config(tls: u8, resume: bool, profile: Profile) -> Result<ClientConfig> {
     let version = match tls {
         12 => &rustls::version::TLS12,
         _ => &rustls::version::TLS13,
     };
-    let mut config = ClientConfig::builder_with_provider(Arc::new(provider))
+    let mut config = ClientConfig::builder_with_provider(Arc::new(profile.provider()))
         .with_protocol_versions(&[version])?
         .dangerous()
         .with_custom_certificate_verifier(Arc::new(weir_testkit::certs::AcceptAnyServerCert))

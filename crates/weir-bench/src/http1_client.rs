@@ -35,8 +35,8 @@ impl Dial for Plain {
     }
 }
 
-/// A TLS 1.3 session per connection: X25519 (the key exchange every peer then does),
-/// AES-256-GCM first as wrk's OpenSSL offers it, ALPN `http/1.1`, no resumption.
+/// A TLS 1.3 session per connection offering what `profile` says (wrk's is
+/// [`Profile::Openssl`](crate::handshakes::Profile)), ALPN `http/1.1`, no resumption.
 #[derive(Clone)]
 pub struct Tls {
     addr: SocketAddr,
@@ -45,8 +45,8 @@ pub struct Tls {
 }
 
 impl Tls {
-    pub fn new(addr: SocketAddr, sni: &str) -> Result<Tls> {
-        let mut config = crate::handshakes::client_config(13, false)?;
+    pub fn new(addr: SocketAddr, sni: &str, profile: crate::handshakes::Profile) -> Result<Tls> {
+        let mut config = crate::handshakes::client_config(13, false, profile)?;
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
         Ok(Tls {
             addr,

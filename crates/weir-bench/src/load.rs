@@ -49,9 +49,7 @@ pub enum Load {
     /// TLS 1.3 or 1.2, the ECDSA or the RSA certificate (by SNI), full or resumed.
     Handshake {
         conns: u32,
-        tls13: bool,
-        rsa: bool,
-        resume: bool,
+        kind: crate::handshakes::Kind,
     },
 }
 
@@ -65,17 +63,7 @@ impl Load {
             Load::Rate { rate, .. } => format!("{rate} rps"),
             Load::H2load { conns, streams } => format!("h2 c={conns} m={streams}"),
             Load::GrpcUnary { conns, streams } => format!("grpc c={conns} m={streams}"),
-            Load::Handshake {
-                conns,
-                tls13,
-                rsa,
-                resume,
-            } => format!(
-                "TLS {} {} {} c={conns}",
-                if *tls13 { "1.3" } else { "1.2" },
-                if *rsa { "RSA-2048" } else { "ECDSA P-256" },
-                if *resume { "resumed" } else { "full" },
-            ),
+            Load::Handshake { conns, kind } => format!("{} c={conns}", kind.label()),
         }
     }
 
@@ -211,14 +199,10 @@ pub fn run(
         .args(h2load::args(conns, streams, secs, &url))
         .args(h2load::log_args(&h2log))
         .args(h2load::grpc_args(&tools.dir)),
-        Load::Handshake {
-            conns,
-            tls13,
-            rsa,
-            resume,
-        } => Spec::new("handshakes", &tools.self_exe, Some(LOAD_CPU), log).args(
-            crate::handshakes::args(addr, path, (conns, tls13, rsa, resume), secs),
-        ),
+        Load::Handshake { conns, kind } => {
+            Spec::new("handshakes", &tools.self_exe, Some(LOAD_CPU), log)
+                .args(crate::handshakes::args(addr, path, conns, &kind, secs))
+        }
         Load::Rate { rate, conns } => Spec::new("loadgen", &tools.self_exe, Some(LOAD_CPU), log)
             .args([
                 "loadgen".to_string(),

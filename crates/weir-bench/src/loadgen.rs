@@ -24,6 +24,7 @@ use anyhow::{Context, Result};
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
+use crate::handshakes::Profile;
 use crate::http1_client::{exchange, request, Dial, Plain, Tls};
 use crate::load::LoadOutput;
 use crate::stats::percentile_sorted;
@@ -155,7 +156,7 @@ pub fn main(args: Args) -> Result<()> {
 
 async fn generate(a: Args) -> Result<LoadOutput> {
     if a.tls {
-        let dial = Tls::new(a.addr, &a.sni)?;
+        let dial = Tls::new(a.addr, &a.sni, Profile::Openssl)?;
         let request = request(&a.path, &a.sni);
         return generate_with(&a, dial, request).await;
     }
@@ -350,7 +351,7 @@ mod tests {
     #[test]
     fn tls_dial_opens_a_tls13_session_like_wrks() {
         let (_ca, b) = tls_backend();
-        let t = Tls::new(b.addr(), "localhost").unwrap();
+        let t = Tls::new(b.addr(), "localhost", Profile::Openssl).unwrap();
         let alpn = &t.connector.config().alpn_protocols;
         assert_eq!(alpn, &vec![b"http/1.1".to_vec()]);
         let s = runtime().block_on(t.dial()).unwrap();
@@ -359,6 +360,6 @@ mod tests {
         assert_eq!(version, Some(rustls::ProtocolVersion::TLSv1_3));
         let suite = conn.negotiated_cipher_suite().unwrap().suite();
         assert_eq!(suite, rustls::CipherSuite::TLS13_AES_256_GCM_SHA384);
-        assert!(Tls::new(b.addr(), "not a name!").is_err());
+        assert!(Tls::new(b.addr(), "not a name!", Profile::Openssl).is_err());
     }
 }

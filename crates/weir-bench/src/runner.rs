@@ -120,7 +120,7 @@ pub fn run(sc: &Scenario, opts: &Opts, tools: &Tools, dir: &Path) -> ScenarioRes
     let rsa = sc
         .loads
         .iter()
-        .any(|l| matches!(l, Load::Handshake { rsa: true, .. }));
+        .any(|l| matches!(l, Load::Handshake { kind, .. } if kind.rsa));
     let cert = sc.tls.then(|| Certificate::new(rsa));
     let tls = cert.as_ref().map(|c| &c.files);
     let mut samples: Vec<Vec<Vec<Sample>>> = vec![vec![Vec::new(); loads.len()]; peers.len()];

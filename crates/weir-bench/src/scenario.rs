@@ -272,28 +272,51 @@ pub fn build(name: Name, quick: bool) -> Scenario {
 /// The size of a `tls-bulk` response.
 pub const BULK_BYTES: u64 = 1 << 20;
 
-/// `tls-handshake`: every combination of version, key and resumption, 8 connections at a
-/// time, each one request long.
+/// `tls-handshake`: every combination of version, key and resumption from a client that
+/// offers what browsers offer, then TLS 1.3 ECDSA full handshakes from an OpenSSL-like
+/// client (X25519) and a P-256-only one, and ab over https; 8 connections at a time, each
+/// one request long.
 fn tls_handshake() -> Scenario {
+    use crate::handshakes::{Kind, Profile};
     let mut loads = Vec::new();
     for tls13 in [true, false] {
         for rsa in [false, true] {
             for resume in [false, true] {
-                loads.push(Load::Handshake {
-                    conns: 8,
+                let kind = Kind {
                     tls13,
                     rsa,
                     resume,
-                });
+                    profile: Profile::Browser,
+                };
+                loads.push(Load::Handshake { conns: 8, kind });
             }
         }
     }
+    for profile in [Profile::Openssl, Profile::P256] {
+        let kind = Kind {
+            tls13: true,
+            rsa: false,
+            resume: false,
+            profile,
+        };
+        loads.push(Load::Handshake { conns: 8, kind });
+    }
+    // ab's OpenSSL client sends its request in a write of its own after the handshake, so
+    // the server reads the client's Finished alone and waits once more per connection.
+    loads.push(Load::Ab {
+        conns: 8,
+        post: false,
+    });
     Scenario {
         name: "tls-handshake",
         seeds: "issue 13 (handshakes)",
-        about: "A new TLS connection per request (weir-bench handshakes: rustls client, \
-                X25519, SNI picks the ECDSA P-256 or the RSA-2048 certificate), answered \
-                200 by the proxy itself; CPU/req is the proxy's CPU per handshake.",
+        about: "A new TLS connection per request (weir-bench handshakes: rustls client \
+                offering what browsers offer, X25519MLKEM768 + X25519 key shares and \
+                AES-128-GCM first, or an OpenSSL client's X25519 and AES-256-GCM first, or \
+                P-256 alone; SNI picks the ECDSA P-256 or the RSA-2048 certificate), \
+                then ab over https (GET c=8: OpenSSL 3.0, X25519, AES-256-GCM, the request \
+                in a write of its own after the handshake), answered 200 by the proxy \
+                itself; CPU/req is the proxy's CPU per connection.",
         backend: BackendKind::None,
         route: Route::Respond,
         path: "/",

@@ -13,6 +13,7 @@ use tokio_rustls::TlsConnector;
 use weir_testkit::h2_raw::{flag, frame, kind, Block, RawFrame, RawH2};
 
 use super::idle::Idle;
+use crate::handshakes::Profile;
 use crate::http1_client::{exchange, request, Dial, Plain, Tls};
 
 /// How the requests reach Weir.
@@ -20,12 +21,12 @@ use crate::http1_client::{exchange, request, Dial, Plain, Tls};
 pub enum Client {
     /// HTTP/1.1 keep-alive over plain TCP.
     Http1,
-    /// HTTP/1.1 keep-alive over TLS 1.3 (one session, as wrk's).
-    Tls,
+    /// HTTP/1.1 keep-alive over TLS 1.3 (one session).
+    Tls(Profile),
     /// HTTP/2 with prior knowledge, one stream after the other on one connection.
     H2c,
     /// A new TLS 1.3 connection per request (`Connection: close`), as `tls-handshake`.
-    Handshake,
+    Handshake(Profile),
 }
 
 /// Before each request: wait until the worker is idle, and after the warm-up zero the
@@ -67,12 +68,12 @@ pub fn run(client: Client, addr: SocketAddr, steps: &mut Steps, requests: u64) -
     rt.block_on(async {
         match client {
             Client::Http1 => keep_alive(Plain(addr), "127.0.0.1", steps, requests).await,
-            Client::Tls => {
-                let dial = Tls::new(addr, "localhost")?;
+            Client::Tls(profile) => {
+                let dial = Tls::new(addr, "localhost", profile)?;
                 keep_alive(dial, "localhost", steps, requests).await
             }
             Client::H2c => h2c(addr, steps, requests).await,
-            Client::Handshake => handshakes(addr, steps, requests).await,
+            Client::Handshake(profile) => handshakes(addr, profile, steps, requests).await,
         }
     })?;
     steps.idle.wait()
@@ -169,8 +170,13 @@ async fn h2_answer(h2: &mut RawH2, stream: u32) -> Result<u32> {
 
 /// A new TLS connection per request: handshake (full), then the request once Weir has
 /// handled the client's Finished, then the answer up to Weir's close.
-async fn handshakes(addr: SocketAddr, steps: &mut Steps<'_>, requests: u64) -> Result<()> {
-    let config = crate::handshakes::client_config(13, false)?;
+async fn handshakes(
+    addr: SocketAddr,
+    profile: Profile,
+    steps: &mut Steps<'_>,
+    requests: u64,
+) -> Result<()> {
+    let config = crate::handshakes::client_config(13, false, profile)?;
     let connector = TlsConnector::from(Arc::new(config));
     let name = ServerName::try_from("localhost")?;
     let req = b"GET / HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";

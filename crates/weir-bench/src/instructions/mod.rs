@@ -23,6 +23,7 @@ use std::process::Command;
 
 use anyhow::{bail, Context, Result};
 
+use crate::handshakes::Profile;
 use budgets::{Budget, Budgets};
 use callgrind::Functions;
 use drive::Client;
@@ -50,6 +51,10 @@ pub struct Args {
     /// Extra keys for the route, as TOML lines (`forwarded_headers = false`).
     #[arg(long, default_value = "")]
     pub route_keys: String,
+    /// What the TLS workloads' client offers instead of their own (`tls-keepalive`: an
+    /// OpenSSL client's, as wrk's; `tls-handshake`: a browser's). Not with `--update`.
+    #[arg(long, value_enum)]
+    pub tls_client: Option<Profile>,
     /// Measurements per workload (to see how stable the count is); the figure is the lowest.
     #[arg(long, default_value_t = 1)]
     pub repeat: u32,
@@ -105,14 +110,14 @@ const WORKLOADS: [Workload; 5] = [
         name: "tls-keepalive",
         tls: true,
         route: Route::Proxy,
-        client: Client::Tls,
+        client: Client::Tls(Profile::Openssl),
         requests: (1_000, 10_000),
     },
     Workload {
         name: "tls-handshake",
         tls: true,
         route: Route::Local,
-        client: Client::Handshake,
+        client: Client::Handshake(Profile::Browser),
         requests: (20, 200),
     },
 ];
@@ -133,6 +138,7 @@ struct Bench<'a> {
     dir: &'a Path,
     listener_keys: &'a str,
     route_keys: &'a str,
+    tls_client: Option<Profile>,
 }
 
 pub fn main(a: Args) -> Result<()> {
@@ -159,6 +165,7 @@ pub fn main(a: Args) -> Result<()> {
         dir: &tmp.0,
         listener_keys: &a.listener_keys,
         route_keys: &a.route_keys,
+        tls_client: a.tls_client,
     };
     let commit = commit_here();
     let mut over = Vec::new();
@@ -258,7 +265,12 @@ fn measure_once(bench: &Bench, w: &Workload) -> Result<(f64, Functions)> {
     let zero = || counted.zero();
     let (warmup, requests) = w.requests;
     let mut steps = drive::Steps::new(&idle, warmup, &zero);
-    drive::run(w.client, addr, &mut steps, warmup + requests)?;
+    let client = match (w.client, bench.tls_client) {
+        (Client::Tls(_), Some(p)) => Client::Tls(p),
+        (Client::Handshake(_), Some(p)) => Client::Handshake(p),
+        (client, _) => client,
+    };
+    drive::run(client, addr, &mut steps, warmup + requests)?;
     let profile = counted.dump()?;
     counted.stop()?;
     let n = requests as f64;
@@ -429,6 +441,7 @@ mod tests {
             dir: Path::new("."),
             listener_keys: "request_id = false",
             route_keys: "forwarded_headers = false",
+            tls_client: None,
         };
         for w in &WORKLOADS {
             let text = weir_config(&bench, w, 8080);
