@@ -1,7 +1,8 @@
 //! The places of connections that have not proven themselves yet, held against a cap, with
 //! the one that has gone longest without progress given up first when a newcomer needs a
-//! place: TLS handshakes in progress (`tls::pending`, `max_handshakes`) and the admin
-//! listener's connections (`weir-admin`, `[admin] max_connections`).
+//! place: TLS handshakes in progress (`places`, `max_handshakes`), connections waiting for
+//! a request when their listener is at `max_connections` (`places`, `listener::reclaim`)
+//! and the admin listener's connections (`weir-admin`, `[admin] max_connections`).
 //!
 //! A cap that refuses newcomers lets anyone holding that many silent connections lock every
 //! ready client out (issue 24: about 520 idle sockets shut a TLS listener with 2 workers
@@ -173,6 +174,19 @@ impl<T> EvictionTable<T> {
         }
     }
 
+    /// Every value, held ones included, in no particular order.
+    pub fn values_mut(&mut self) -> impl Iterator<Item = &mut T> {
+        self.entries.iter_mut().filter_map(|e| e.value.as_mut())
+    }
+
+    /// The idlest evictable entry (the next [`evict`](Self::evict) takes).
+    pub fn oldest(&self) -> Option<&T> {
+        match self.head {
+            NIL => None,
+            head => self.entries[head].value.as_ref(),
+        }
+    }
+
     /// Removes the idlest evictable entry.
     pub fn evict(&mut self) -> Option<T> {
         match self.head {
@@ -241,7 +255,9 @@ mod tests {
         t.progressed(keys[0]);
         t.progressed(keys[2]);
         assert_eq!(t.len(), 4);
+        assert_eq!(t.oldest(), Some(&1));
         assert_eq!(drain(&mut t), [1, 3, 0, 2]);
+        assert_eq!(t.oldest(), None);
         assert!(t.is_empty());
     }
 

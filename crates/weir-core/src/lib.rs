@@ -50,6 +50,7 @@ pub mod idle;
 pub mod listener;
 pub mod memory;
 pub mod metrics;
+pub mod places;
 pub mod policy;
 pub mod proxy;
 pub mod reload;

@@ -87,7 +87,7 @@ pub struct Worker {
     pub logs: Vec<Option<LogBuffer>>,
     /// TLS handshakes in progress on this worker, per listener (bounded by its
     /// `max_handshakes`; the idlest evicted for a newcomer).
-    pub handshakes: crate::tls::pending::Handshakes,
+    pub handshakes: crate::places::Places,
     /// This worker's request-id source.
     pub request_ids: crate::filters::request_id::RequestIds,
     /// Recent successful basic-auth checks (bcrypt is slow on purpose).

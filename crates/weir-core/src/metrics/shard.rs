@@ -372,7 +372,7 @@ pub enum TlsFailure {
     /// The first byte was not a TLS handshake record but text: plain HTTP to a TLS port.
     PlainHttp,
     /// At `max_handshakes`, a newcomer took its place: it had gone longest without a
-    /// step forward (`tls::pending`).
+    /// step forward (`places`).
     Evicted,
     /// The client's server name is not a host name (`example.com:443`, `[::1]`): rustls
     /// refuses it (an IP address, though not allowed either, is taken as no SNI).

@@ -4,7 +4,7 @@
 //! handshake must finish within `handshake_timeout`, and each worker runs at most
 //! `max_handshakes` of a listener at once. At that cap a new connection is not turned
 //! away: the handshake idle longest (no whole ClientHello since its accept, or nothing
-//! since its ClientHello) gives up its place (`tls::pending`), so silent or stalled
+//! since its ClientHello) gives up its place (`places`), so silent or stalled
 //! connections cannot lock ready clients out. Bytes already read (the first read, or what
 //! came with a PROXY header) are the start of the ClientHello and are fed to rustls first.
 //! A first byte that is not a TLS handshake record ends the connection; text there is
@@ -12,6 +12,7 @@
 //! by reason when it fails.
 
 use std::io;
+use std::time::Instant;
 
 use rustls::server::Acceptor;
 use rustls::{Error, PeerIncompatible};
@@ -20,12 +21,12 @@ use tokio::net::TcpStream;
 use tokio_rustls::server::{LazyConfigAcceptor, StartHandshake, TlsStream};
 use weir_config::Listener;
 
-use super::pending::Pending;
 use super::session::TlsSession;
 use super::ListenerTls;
 use crate::buffer::Buffer;
 use crate::client_stream::ClientStream;
 use crate::metrics::shard::TlsFailure;
+use crate::places::Place;
 use crate::worker::Worker;
 
 /// The TLS record type of a handshake message: every ClientHello starts with it.
@@ -46,14 +47,16 @@ pub async fn accept(
     buf: &mut Buffer,
 ) -> Option<TlsSession> {
     let outcome = {
-        let pending = worker.handshakes.enter(slot, tls.max_handshakes);
+        let pending = worker
+            .handshakes
+            .enter(slot, tls.max_handshakes, Instant::now());
         let handshake =
             tokio::time::timeout(tls.handshake_timeout, handshake(tls, stream, buf, &pending));
         tokio::select! {
             // A handshake that finished in the same turn as its eviction keeps its result.
             biased;
             done = handshake => done.unwrap_or(Err(TlsFailure::Timeout)),
-            () = pending.evicted() => Err(TlsFailure::Evicted),
+            () = pending.taken() => Err(TlsFailure::Evicted),
         }
     };
     let result = match outcome {
@@ -102,12 +105,12 @@ fn count(
 
 /// The handshake itself. `Ok(None)`: the client closed before sending anything (a port
 /// check, not a failed handshake). The whole ClientHello counts as a step forward for
-/// `pending` (see `tls::pending`).
+/// `pending` (see `places`).
 async fn handshake(
     tls: &ListenerTls,
     stream: &mut ClientStream,
     buf: &mut Buffer,
-    pending: &Pending<'_>,
+    pending: &Place<'_>,
 ) -> Outcome {
     if buf.is_empty() && !matches!(buf.read_from(stream).await, Ok(n) if n > 0) {
         return Ok(None);

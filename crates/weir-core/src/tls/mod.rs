@@ -11,8 +11,6 @@
 //!   resumes on any worker);
 //! - `handshake`: the handshake of an accepted connection, bounded in time and in number
 //!   per worker, counted by result and failure reason;
-//! - `pending`: the handshakes in progress per worker and listener, under `max_handshakes`
-//!   (at the cap the idlest gives its place to a newcomer);
 //! - `session`: what the handshake settled, per connection (version, cipher, SNI, client
 //!   certificate), for forwarded headers and the access log;
 //! - `watch`: reloading certificates whose files changed on disk;
@@ -27,7 +25,6 @@ pub mod check;
 pub mod facts;
 pub mod handshake;
 pub mod pem;
-pub mod pending;
 pub mod session;
 mod setup;
 pub mod store;
