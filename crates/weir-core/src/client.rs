@@ -1,9 +1,9 @@
 //! The client side of one connection: its socket, read buffer and request-head reading.
 //!
 //! Between requests the connection waits `keepalive_timeout` for the first byte of the next
-//! head (the first request waits `header_timeout`); once a head has started it must be
-//! complete within `header_timeout`. Pipelined requests already in the buffer are parsed
-//! without touching the socket.
+//! head, and once the head has started it must be complete within `header_timeout`; a
+//! connection's first head must be complete within `header_timeout` of its accept.
+//! Pipelined requests already in the buffer are parsed without touching the socket.
 
 use std::net::{IpAddr, SocketAddr};
 use std::rc::Rc;
@@ -222,7 +222,7 @@ impl ClientConn {
         if parse_request(self.buf.filled(), limits, head)? {
             return Ok(NextRequest::Ready);
         }
-        let deadline = Instant::now() + listener.header_timeout;
+        let deadline = self.head_deadline(listener);
         let mut scanned = 0;
         loop {
             match timeout_at(deadline, self.buf.read_from(&mut self.stream)).await {
@@ -245,7 +245,7 @@ impl ClientConn {
         &mut self,
         listener: &Listener,
     ) -> Option<Result<NextRequest, ProxyError>> {
-        let deadline = Instant::now() + listener.header_timeout;
+        let deadline = self.head_deadline(listener);
         loop {
             match crate::http2::preface(self.buf.filled()) {
                 crate::http2::Preface::Complete => return Some(Ok(NextRequest::Http2)),
@@ -257,6 +257,17 @@ impl ClientConn {
                 Ok(Ok(0)) | Ok(Err(_)) => return Some(Ok(NextRequest::Close)),
                 Ok(Ok(_)) => {}
             }
+        }
+    }
+
+    /// When the request head whose first bytes are in must be whole: `header_timeout` after
+    /// the accept (or the TLS handshake, or the PROXY header) for a connection's first
+    /// request, as nginx counts it, so a head trickled from late in the wait for its first
+    /// byte gets no second `header_timeout`; after its first byte for a later one.
+    fn head_deadline(&self, listener: &Listener) -> Instant {
+        match self.served {
+            0 => Instant::from_std(self.idle_since) + listener.header_timeout,
+            _ => Instant::now() + listener.header_timeout,
         }
     }
 

@@ -3,6 +3,10 @@
 
 mod common;
 
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
 use common::{split_head, Conf, Weir, WAIT};
 use weir_testkit::{send_raw_once, status_of, wait_until_async, Backend, Client};
 
@@ -420,6 +424,45 @@ async fn partial_second_head_gets_408_after_header_timeout() {
     assert_eq!(r.status, 408);
     assert!(c.is_closed_by_peer().await);
     assert_eq!(b.requests_served(), 1);
+}
+
+/// A slowloris head whose first byte comes late in the wait for it gets no second
+/// `header_timeout`: a connection's first head must be whole within `header_timeout` of
+/// the accept (as nginx counts it), whatever it trickles. Such connections keep their
+/// place at `max_connections` (a request is in progress), so this is their bound.
+#[tokio::test]
+async fn a_late_trickled_first_head_ends_at_header_timeout_from_the_accept() {
+    let weir = Conf::new()
+        // Accepted at the connect, not at the first byte.
+        .listener("defer_accept = false\nheader_timeout = \"2s\"")
+        .start();
+    let started = std::time::Instant::now();
+    let tcp = tokio::net::TcpStream::connect(weir.addr).await.unwrap();
+    let (mut rd, mut wr) = tcp.into_split();
+    // The client's own pace (not a wait for a condition): the first byte after 1.5 s, then
+    // a byte every 100 ms. From its first byte, a full header_timeout would end at 3.5 s.
+    let trickle = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        for b in b"GET / HTTP/1.1\r\nHost: h\r\nX-Slow: abcdefghijklmnopqrstuvwxyz" {
+            if wr.write_all(&[*b]).await.is_err() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    let mut got = Vec::new();
+    let mut buf = [0u8; 512];
+    while let Ok(Ok(n @ 1..)) = tokio::time::timeout(WAIT, rd.read(&mut buf)).await {
+        got.extend_from_slice(&buf[..n]);
+    }
+    let ended = started.elapsed();
+    trickle.abort();
+    assert_eq!(status_of(&got), Some(408), "{got:?}");
+    // 2 s from the accept, with room for a loaded machine; 3.5 s would mean it restarted.
+    assert!(
+        ended < Duration::from_millis(3200),
+        "closed after {ended:?}"
+    );
 }
 
 #[tokio::test]
