@@ -3,7 +3,10 @@
 //! Between requests the connection waits `keepalive_timeout` for the first byte of the next
 //! head, and once the head has started it must be complete within `header_timeout`; a
 //! connection's first head must be complete within `header_timeout` of its accept.
-//! Pipelined requests already in the buffer are parsed without touching the socket.
+//! Pipelined requests already in the buffer are parsed without touching the socket. While
+//! it waits for a first byte, and only then, the connection holds a place among its
+//! worker's idle connections (`places`), which a newcomer at the listener's
+//! `max_connections` may take (`listener::reclaim`).
 
 use std::net::{IpAddr, SocketAddr};
 use std::rc::Rc;
@@ -35,6 +38,8 @@ const MIN_CLIENT_BUFFER: usize = 16 * 1024;
 
 pub struct ClientConn {
     worker: Rc<Worker>,
+    /// The listener's metric slot.
+    pub slot: usize,
     pub stream: ClientStream,
     pub buf: Buffer,
     /// Scratch space for serialising heads; reused across requests.
@@ -64,7 +69,8 @@ pub struct ClientConn {
     pub upstream_pick: Option<(usize, usize)>,
     /// Time from sending the current request upstream to its response head.
     pub upstream_time: Option<std::time::Duration>,
-    /// The listener was removed by a reload: answer this request with `Connection: close`.
+    /// Answer this request with `Connection: close` and close: a reload removed the
+    /// listener, or the request came just as a newcomer took the connection's idle place.
     pub last_request: bool,
     /// The current request failed before its response, and its head and whole body had
     /// been consumed from `buf` by then (which now starts at the next request): Weir's
@@ -142,6 +148,7 @@ impl ClientConn {
     /// connection would otherwise allocate and zero 16 KiB.
     pub fn new(
         worker: Rc<Worker>,
+        slot: usize,
         stream: ClientStream,
         peer: SocketAddr,
         listener: &Listener,
@@ -150,6 +157,7 @@ impl ClientConn {
         let now = std::time::Instant::now();
         ClientConn {
             worker,
+            slot,
             stream,
             buf,
             out: Vec::with_capacity(1024),
@@ -292,12 +300,27 @@ impl ClientConn {
         let read = read_lazily(&mut self.buf, &mut self.stream, lend.then_some(pool));
         let read = self.idle_timer.within(read);
         tokio::pin!(read);
+        // Idle: at the listener's max_connections a newcomer may take this place
+        // (`listener::reclaim`). The drain wakes it too, as it wakes every idle place.
+        let place = worker.idle.enter(self.slot, usize::MAX, self.idle_since);
         if !worker.is_draining() {
+            let taken = std::future::poll_fn(|cx| {
+                if worker.is_draining() {
+                    return Poll::Ready(false);
+                }
+                place.poll_taken(cx).map(|()| true)
+            });
             tokio::select! {
                 // In order: a random start (select!'s default) costs a random number per poll.
                 biased;
-                r = &mut read => return matches!(r, Some(Ok(n)) if n > 0),
-                _ = worker.drained() => {}
+                r = &mut read => {
+                    // Its place was taken as the request came: served, then closed.
+                    self.last_request |= place.is_taken();
+                    return matches!(r, Some(Ok(n)) if n > 0);
+                }
+                taken = taken => if taken {
+                    return false;
+                },
             }
         }
         // Draining (a shutdown or a binary upgrade): a request the client already sent, or

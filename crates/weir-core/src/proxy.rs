@@ -166,7 +166,7 @@ async fn open(
     let snapshot = worker.snapshot();
     let index = snapshot.listener_index(slot)?;
     let listener = &snapshot.config.listeners[index];
-    let mut conn = ClientConn::new(worker.clone(), stream, peer, listener);
+    let mut conn = ClientConn::new(worker.clone(), slot, stream, peer, listener);
     if listener.proxy_protocol.accept {
         let stream = conn.stream.registered().ok()?;
         let timeout = listener.header_timeout;

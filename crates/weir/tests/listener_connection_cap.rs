@@ -1,7 +1,9 @@
 //! A listener's `max_connections` with several workers: it is one cap for the listener,
 //! reachable however the kernel's SO_REUSEPORT hash spreads connections over the workers'
-//! sockets; at the cap the workers pause accepting (`weir_accept_paused_total`) and resume
-//! when a connection closes on any worker.
+//! sockets; at the cap, with no idle connection to close for a newcomer (each is in the
+//! middle of a request; idle ones give way, see `listener_idle_reclaim`), the workers pause
+//! accepting (`weir_accept_paused_total`) and resume when a connection closes on any
+//! worker.
 
 mod common;
 
@@ -70,14 +72,29 @@ fn the_cap_is_reached_whatever_the_spread_over_workers_and_resumes_across_them()
     for round in 0..ROUNDS {
         drop(open_served(&weir, round));
     }
-    // At the cap: the workers pause, and a further connection waits in the backlog.
-    let mut held = open_served(&weir, ROUNDS);
-    let paused = "weir_accept_paused_total{listener=\"web\"}";
-    assert!(wait_until(WAIT, || weir.metric(paused) > 0));
+    // At the cap, each connection in the middle of a request head from its first bytes, so
+    // never idle (idle ones would give way, see `listener_idle_reclaim`): a further
+    // connection waits, and its worker pauses.
+    let active = "weir_connections_active{listener=\"web\"}";
+    assert!(wait_until(WAIT, || weir.metric(active) == 0));
+    let mut held: Vec<TcpStream> = (0..CAP)
+        .map(|_| {
+            let mut s = TcpStream::connect(weir.addr).unwrap();
+            s.write_all(b"GET / HTTP/1.1\r\n").unwrap();
+            s
+        })
+        .collect();
+    assert!(wait_until(WAIT, || weir.metric(active) == CAP as u64));
     let mut over = TcpStream::connect(weir.addr).unwrap();
     assert!(
         !answered(&mut over, Duration::from_millis(300)),
         "served over the cap"
+    );
+    let paused = "weir_accept_paused_total{listener=\"web\"}";
+    assert!(wait_until(WAIT, || weir.metric(paused) > 0));
+    assert_eq!(
+        weir.metric("weir_connections_evicted_total{listener=\"web\"}"),
+        0
     );
     // A close on whichever worker lets it in (its request is answered once accepted).
     drop(held.pop());

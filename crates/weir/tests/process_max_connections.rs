@@ -1,9 +1,11 @@
-//! `max_connections`: at the limit Weir stops accepting; a further connection waits in the
-//! kernel backlog, unanswered, until one of the open connections closes, and is then served.
+//! `max_connections`: at the limit, with every connection in the middle of a request,
+//! Weir stops accepting; a further connection waits, unanswered, until one of the open
+//! connections closes, and is then served. An idle connection gives way at once instead:
+//! the newcomer takes its place.
 
 mod support_process;
 
-use std::io::{ErrorKind, Write};
+use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
@@ -12,15 +14,24 @@ use weir_testkit::Backend;
 
 const LIMIT: usize = 4;
 
-fn open_served(weir: &Weir) -> TcpStream {
-    let mut s = connect(weir.addr, Duration::from_secs(2)).unwrap();
-    let (head, _) = get_on(&mut s, "/hold").expect("served below the limit");
-    assert_eq!(head.status, 200);
+/// Sends a request on a new connection; asserts it gets no response within half a second.
+fn waiting(weir: &Weir, path: &str) -> TcpStream {
+    let mut s = connect(weir.addr, Duration::from_secs(2)).expect("backlog accepts");
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: test\r\n\r\n").as_bytes())
+        .unwrap();
+    s.set_read_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
+    match read_response(&mut s) {
+        Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+        other => panic!("{path} must get no response yet: {other:?}"),
+    }
+    // A blocking read bounded by a generous timeout from here on: no timing is asserted.
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     s
 }
 
 #[test]
-fn fifth_connection_waits_until_one_closes() {
+fn a_connection_over_the_limit_waits_for_a_close_or_takes_an_idle_ones_place() {
     let backend = Backend::echo("e");
     let weir = Weir::start(&config(
         "drain_timeout = \"0s\"",
@@ -29,52 +40,45 @@ fn fifth_connection_waits_until_one_closes() {
         ),
         &route_to("e", "/", backend.addr()),
     ));
-    // Four connections, each proven accepted by a served request, then left idle.
-    let mut held: Vec<TcpStream> = (0..LIMIT).map(|_| open_served(&weir)).collect();
-
-    // The fifth: the kernel completes the handshake (backlog), Weir does not accept it.
-    let mut fifth = connect(weir.addr, Duration::from_secs(2)).expect("backlog accepts");
-    fifth
-        .write_all(b"GET /fifth HTTP/1.1\r\nHost: test\r\n\r\n")
-        .unwrap();
-    fifth
-        .set_read_timeout(Some(Duration::from_millis(500)))
-        .unwrap();
-    match read_response(&mut fifth) {
-        Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
-        other => panic!("the fifth connection must get no response yet: {other:?}"),
-    }
-    // The held connections are still served at the limit.
-    let (head, _) = get_on(&mut held[0], "/still").unwrap();
-    assert_eq!(head.status, 200);
+    // Four connections in the middle of a request head from their first bytes, so never
+    // idle. Accepted in the order they came (one worker, TCP_DEFER_ACCEPT: once their bytes
+    // are in), before the fifth.
+    let mut held: Vec<TcpStream> = (0..LIMIT)
+        .map(|_| {
+            let mut s = connect(weir.addr, Duration::from_secs(2)).unwrap();
+            s.write_all(b"GET /still HTTP/1.1\r\n").unwrap();
+            s
+        })
+        .collect();
+    let mut fifth = waiting(&weir, "/fifth");
 
     // One closes: the fifth is accepted and its request (already sent) answered.
     drop(held.pop());
-    // A blocking read bounded by a generous timeout: no timing is asserted.
-    fifth
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
-    let response = read_response(&mut fifth).expect("the fifth is served once one closes");
-    let (head, body) = response;
+    let (head, body) = read_response(&mut fifth).expect("the fifth is served once one closes");
     assert_eq!(head.status, 200);
     assert!(body.starts_with(b"GET /fifth HTTP/1.1\r\n"), "{body:?}");
 
-    // Now four are open again (three held + the fifth): a sixth waits in turn.
+    // The fifth is now idle: a sixth takes its place at once, and the fifth is closed.
     let mut sixth = connect(weir.addr, Duration::from_secs(2)).unwrap();
-    sixth
-        .write_all(b"GET /sixth HTTP/1.1\r\nHost: test\r\n\r\n")
-        .unwrap();
-    sixth
-        .set_read_timeout(Some(Duration::from_millis(500)))
-        .unwrap();
-    assert!(
-        read_response(&mut sixth).is_err(),
-        "the sixth waits while four are open"
-    );
-    drop(fifth);
     sixth
         .set_read_timeout(Some(Duration::from_secs(10)))
         .unwrap();
-    let (head, _) = read_response(&mut sixth).expect("served once the fifth closed");
+    let (head, _) = get_on(&mut sixth, "/sixth").expect("served in the idle one's place");
     assert_eq!(head.status, 200);
+    fifth
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    assert_eq!(
+        fifth.read(&mut [0u8; 16]).ok(),
+        Some(0),
+        "the idle fifth is closed"
+    );
+
+    // The heads in progress were never taken: they finish and are served.
+    for s in &mut held {
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(b"Host: test\r\n\r\n").unwrap();
+        let (head, _) = read_response(s).expect("a request in progress keeps its place");
+        assert_eq!(head.status, 200);
+    }
 }

@@ -10,8 +10,14 @@
 //! accepted streams, and every reset a client's error forces), the glitch budget (frames
 //! that carry no request), both watched in `io`, and the stall reaper (writes that make no
 //! progress for `stall_timeout`: the connection is dropped, GOAWAY or not).
+//!
+//! While no stream runs (before the first, and whenever the last ends) the connection
+//! holds a place among its worker's idle connections (`places`): at the listener's
+//! `max_connections` a newcomer may take it (`listener::reclaim`), and the connection
+//! closes with GOAWAY NO_ERROR. A stream starting takes it out again.
 
 use std::cell::Cell;
+use std::future::poll_fn;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
@@ -25,6 +31,7 @@ use super::budget::Budget;
 use super::io::Prefixed;
 use crate::client::ClientConn;
 use crate::filters::forwarded::ClientIp;
+use crate::places::SharedPlace;
 use crate::tls::session::TlsSession;
 use crate::worker::Worker;
 
@@ -53,6 +60,8 @@ pub struct Shared {
     /// REFUSED_STREAM resets Weir chose to send (a reload removed the listener) and not
     /// yet seen written: no client error, so not for the reset budget.
     own_refusals: Cell<u32>,
+    /// The connection's place among the worker's idle connections while no stream runs.
+    idle: SharedPlace,
 }
 
 impl Shared {
@@ -114,8 +123,18 @@ impl Drop for Running {
     fn drop(&mut self) {
         let s = &self.shared;
         s.active.set(s.active.get() - 1);
-        s.idle_since.set(self.ended.unwrap_or_else(Instant::now));
+        let ended = self.ended.unwrap_or_else(Instant::now);
+        s.idle_since.set(ended);
+        if s.active.get() == 0 {
+            s.idle.enter(&s.worker.idle, ended);
+        }
         s.ended.notify_one();
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        self.idle.close(&self.worker.idle);
     }
 }
 
@@ -157,13 +176,22 @@ pub async fn serve(worker: Rc<Worker>, slot: usize, mut conn: ClientConn) {
         idle_since: Cell::new(Instant::now()),
         ended: Notify::new(),
         own_refusals: Cell::new(0),
+        idle: SharedPlace::new(slot),
     });
+    // Idle until its first stream: a connection that never sends one can be reclaimed.
+    shared.idle.enter(&worker.idle, Instant::now());
     if let Some(m) = worker.metrics.listener(slot) {
         m.http2.connections.inc();
     }
     let io = Prefixed::new(conn, shared.clone());
     let handshake = builder(h2).handshake::<_, Bytes>(io);
-    let h2 = match tokio::time::timeout(listener.header_timeout, handshake).await {
+    let handshake = tokio::select! {
+        biased;
+        done = tokio::time::timeout(listener.header_timeout, handshake) => done,
+        // Its place was taken before the SETTINGS exchange ended: no GOAWAY to send yet.
+        () = poll_fn(|cx| shared.idle.poll_taken(&worker.idle, cx)) => return,
+    };
+    let h2 = match handshake {
         Ok(Ok(h2)) => h2,
         Ok(Err(e)) => {
             tracing::debug!(listener = %listener.name, error = %e, "HTTP/2 handshake failed");
@@ -172,6 +200,7 @@ pub async fn serve(worker: Rc<Worker>, slot: usize, mut conn: ClientConn) {
         Err(_) => return,
     };
     accept_streams(&shared, h2, listener).await;
+    shared.idle.close(&worker.idle);
     // The connection is closed; stream tasks end as their sends fail.
     while shared.active.get() > 0 {
         shared.ended.notified().await;
@@ -186,7 +215,7 @@ async fn accept_streams(
 ) {
     let worker = &shared.worker;
     let idle = listener.keepalive_timeout;
-    let stall = listener.http2.stall_timeout;
+    let mut stall = listener.http2.stall_timeout;
     let mut closing = false;
     let timer = tokio::time::sleep(idle);
     tokio::pin!(timer);
@@ -204,15 +233,14 @@ async fn accept_streams(
     let drained = worker.drained();
     tokio::pin!(budget, glitches, stalled, drained);
     loop {
+        if closing {
+            // A closing connection is no newcomer's to take (its streams are finishing).
+            shared.idle.close(&worker.idle);
+        }
         tokio::select! {
             accepted = h2.accept() => match accepted {
                 Some(Ok((request, respond))) => {
-                    if worker.snapshot().listener_index(shared.slot).is_none() && !closing {
-                        // A reload removed the listener: finish what runs, take nothing new.
-                        h2.graceful_shutdown();
-                        closing = true;
-                    }
-                    spawn_stream(shared, request, respond);
+                    closing = start_stream(shared, &mut h2, (request, respond), closing);
                 }
                 Some(Err(e)) => {
                     tracing::debug!(listener = %listener.name, error = %e, "HTTP/2 connection error");
@@ -255,6 +283,12 @@ async fn accept_streams(
             () = &mut timer, if !closing => {
                 closing = idle_check(shared, &mut h2, idle, timer.as_mut());
             }
+            () = poll_fn(|cx| shared.idle.poll_taken(&worker.idle, cx)), if !closing => {
+                if give_way(shared, &mut h2) {
+                    return;
+                }
+                (closing, stall) = (true, Duration::ZERO);
+            }
             () = &mut drained, if !closing => {
                 // Drain: GOAWAY, in-flight streams finish, no new ones start.
                 h2.graceful_shutdown();
@@ -264,12 +298,40 @@ async fn accept_streams(
     }
 }
 
-/// Starts the task that serves one accepted stream.
+/// Starts an accepted stream; returns whether the connection is closing now. It closes
+/// (GOAWAY; what runs finishes, nothing new starts) when a reload removed its listener, or
+/// when it was idle and a newcomer at max_connections had just taken its place: the
+/// stream is served, then the connection ends.
+fn start_stream(
+    shared: &Rc<Shared>,
+    h2: &mut Connection<Prefixed, Bytes>,
+    (request, respond): (
+        http::Request<h2::RecvStream>,
+        h2::server::SendResponse<Bytes>,
+    ),
+    closing: bool,
+) -> bool {
+    let removed = shared
+        .worker
+        .snapshot()
+        .listener_index(shared.slot)
+        .is_none();
+    let kept = spawn_stream(shared, request, respond);
+    if closing || (kept && !removed) {
+        return closing;
+    }
+    h2.graceful_shutdown();
+    true
+}
+
+/// Starts the task that serves one accepted stream. False if the connection was idle and
+/// a newcomer had just taken its place (it must close once the stream is served).
 fn spawn_stream(
     shared: &Rc<Shared>,
     request: http::Request<h2::RecvStream>,
     respond: h2::server::SendResponse<Bytes>,
-) {
+) -> bool {
+    let kept = shared.active.get() > 0 || shared.idle.leave(&shared.worker.idle);
     shared.active.set(shared.active.get() + 1);
     let mut running = Running {
         shared: shared.clone(),
@@ -282,6 +344,15 @@ fn spawn_stream(
         running.ended = Some(serve.await);
         drop(running);
     });
+    kept
+}
+
+/// At max_connections a newcomer took this idle connection's place: GOAWAY NO_ERROR (no
+/// stream runs). Returns whether to drop the connection at once: a write already waits,
+/// and a client that does not read is not waited for (later writes get no stall time).
+fn give_way(shared: &Shared, h2: &mut Connection<Prefixed, Bytes>) -> bool {
+    h2.abrupt_shutdown(Reason::NO_ERROR);
+    shared.stalled_since.get().is_some()
 }
 
 /// A budget said it was exceeded: GOAWAY ENHANCE_YOUR_CALM. Returns whether the

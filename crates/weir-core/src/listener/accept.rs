@@ -1,8 +1,10 @@
 //! The accept loop of one listener on one worker.
 //!
 //! At the listener's connection limit (`cap`: counted once for the listener, whichever
-//! worker holds the connections) it stops accepting until a connection of the listener
-//! closes (the kernel backlog holds the rest; counted in `weir_accept_paused_total`).
+//! worker holds the connections) an HTTP listener accepts the newcomer and closes an idle
+//! connection for it (`reclaim`); a TCP listener, and an HTTP one with nothing idle, stops
+//! accepting until a connection of the listener closes (the kernel backlog holds the rest;
+//! counted in `weir_accept_paused_total`).
 //! When the process runs out of file descriptors (EMFILE / ENFILE, seed 002's crash) it
 //! logs, backs off briefly and keeps serving the connections it has: running out of
 //! descriptors never ends the process.
@@ -17,9 +19,10 @@ use tokio::io::unix::AsyncFd;
 
 use super::backoff::{is_resource_exhaustion, ResourceLog, RESOURCE_BACKOFF};
 use super::cap::{ConnectionCap, Permit};
+use super::reclaim::Reclaimer;
 use super::StopSignal;
 use crate::client_stream::ClientStream;
-use crate::metrics::shard::accept_error_index;
+use crate::metrics::shard::{accept_error_index, Counter, ListenerMetrics};
 use crate::worker::{ConnectionGuard, Worker};
 
 /// Accepts on `listener` (metric slot `slot`; `plain_http`: a plain-HTTP bind of a TLS
@@ -41,12 +44,17 @@ pub async fn accept_loop(
             .listener_index(slot)
             .is_some_and(|i| snapshot.config.listeners[i].tcp().is_some())
     };
+    // HTTP listeners close idle connections for newcomers at the cap; TCP ones pause.
+    let mut reclaim = (!tcp).then(|| Reclaimer::start(&worker, slot, &cap, &stop));
     loop {
-        if !wait_below_limit(&worker, slot, &cap, &mut cap_log, &stop).await {
+        if worker.is_draining() || stop.is_stopped() {
+            return;
+        }
+        if reclaim.is_none() && !wait_below_limit(&worker, slot, &cap, &mut cap_log, &stop).await {
             return;
         }
         let accepted = tokio::select! {
-            r = accept(&listener, &cap) => r,
+            r = accept(&listener, &cap, reclaim.is_some()) => r,
             _ = worker.drained() => return,
             _ = stop.stopped() => return,
         };
@@ -54,27 +62,18 @@ pub async fn accept_loop(
             // Another worker took the last place: wait for a close.
             Ok(None) => {}
             Ok(Some((stream, peer, permit))) => {
-                // TCP_NODELAY is inherited from the listening socket (see `bind`).
-                let guard = ConnectionGuard::new(worker.clone(), slot, permit);
-                let w = worker.clone();
-                if tcp {
-                    // The L4 relay waits on both sides at once: register straight away.
-                    match tokio::net::TcpStream::from_std(stream) {
-                        Ok(stream) => {
-                            tokio::task::spawn_local(async move {
-                                crate::tcp::serve_tcp(w, slot, stream, peer).await;
-                                drop(guard);
-                            });
+                let permit = match (permit, reclaim.as_mut()) {
+                    (Some(permit), _) => permit,
+                    (None, Some(reclaim)) => {
+                        let place = reclaim.place_for(&worker, &cap, &mut cap_log, &stop);
+                        match place.await {
+                            Some(permit) => permit,
+                            None => return,
                         }
-                        Err(e) => tracing::warn!(error = %e, "cannot register a connection"),
                     }
-                } else {
-                    let stream = ClientStream::new(stream);
-                    tokio::task::spawn_local(async move {
-                        crate::proxy::serve_client(w, (slot, plain_http), stream, peer).await;
-                        drop(guard);
-                    });
-                }
+                    (None, None) => continue,
+                };
+                spawn_connection(&worker, (slot, plain_http), tcp, (stream, peer), permit);
             }
             Err(e) if is_resource_exhaustion(&e) => {
                 count_accept_error(&worker, slot, &e);
@@ -95,15 +94,50 @@ pub async fn accept_loop(
     }
 }
 
-/// An accepted connection and its place under the listener's cap.
-type Accepted = (std::net::TcpStream, SocketAddr, Permit);
+/// Starts the task that serves an accepted connection under its `permit` (`plain_http`: as
+/// `accept_loop`'s).
+fn spawn_connection(
+    worker: &Rc<Worker>,
+    (slot, plain_http): (usize, bool),
+    tcp: bool,
+    (stream, peer): (std::net::TcpStream, SocketAddr),
+    permit: Permit,
+) {
+    // TCP_NODELAY is inherited from the listening socket (see `bind`).
+    let guard = ConnectionGuard::new(worker.clone(), slot, permit);
+    let w = worker.clone();
+    if tcp {
+        // The L4 relay waits on both sides at once: register straight away.
+        match tokio::net::TcpStream::from_std(stream) {
+            Ok(stream) => {
+                tokio::task::spawn_local(async move {
+                    crate::tcp::serve_tcp(w, slot, stream, peer).await;
+                    drop(guard);
+                });
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot register a connection"),
+        }
+    } else {
+        let stream = ClientStream::new(stream);
+        tokio::task::spawn_local(async move {
+            crate::proxy::serve_client(w, (slot, plain_http), stream, peer).await;
+            drop(guard);
+        });
+    }
+}
+
+/// An accepted connection and its place under the listener's cap (`None`: accepted at the
+/// cap, to be found a place by `reclaim`).
+type Accepted = (std::net::TcpStream, SocketAddr, Option<Permit>);
 
 /// Accepts one connection as a non-blocking socket that is not registered with the reactor
 /// (see `client_stream`). `None`: the socket was readable but the listener reached its cap
-/// meanwhile (another worker took the last place).
+/// meanwhile (another worker took the last place), and `at_cap` is false; with `at_cap`,
+/// the connection is accepted without a place.
 async fn accept(
     listener: &AsyncFd<mio::net::TcpListener>,
     (cap, limit): &(Arc<ConnectionCap>, usize),
+    at_cap: bool,
 ) -> io::Result<Option<Accepted>> {
     loop {
         // Like tokio's own accept: spend task budget, so a flood of connections cannot keep
@@ -114,9 +148,10 @@ async fn accept(
         // The place is taken only once there is something to accept, and given back (the
         // permit dropped) when accept finds nothing or fails: no worker holds a place while
         // it waits. Dropping `ready` uncleared keeps the readiness for the next attempt.
-        let Some(permit) = cap.try_acquire(*limit) else {
+        let permit = cap.try_acquire(*limit);
+        if permit.is_none() && !at_cap {
             return Ok(None);
-        };
+        }
         if let Ok(accepted) = ready.try_io(|l| l.get_ref().accept()) {
             let (stream, peer) = accepted?;
             let stream = std::net::TcpStream::from(OwnedFd::from(stream));
@@ -149,25 +184,33 @@ async fn wait_below_limit(
         return true;
     }
     let paused = || {
-        if let Some(m) = worker.metrics.listener(slot) {
-            m.accept_paused.inc();
-        }
-        if let Some(suppressed) = log.should_log() {
-            let snapshot = worker.snapshot();
-            let listener = snapshot
-                .listener_index(slot)
-                .map(|i| &snapshot.config.listeners[i].name);
-            tracing::warn!(
-                ?listener,
-                max_connections = limit,
-                suppressed,
-                "listener at max_connections: pausing accepts until a connection closes"
-            );
-        }
+        let message = "listener at max_connections: pausing accepts until a connection closes";
+        tell_at_cap(worker, (slot, *limit), log, |m| &m.accept_paused, message);
     };
     tokio::select! {
         _ = cap.wait_below(*limit, paused) => true,
         _ = worker.drained() => false,
         _ = stop.stopped() => false,
+    }
+}
+
+/// Counts an event at the listener's cap in the counter `pick` chooses and logs `message`
+/// (at most once a second per `log`): a pause, or an idle connection closed (`reclaim`).
+pub(super) fn tell_at_cap(
+    worker: &Worker,
+    (slot, limit): (usize, usize),
+    log: &mut ResourceLog,
+    pick: fn(&ListenerMetrics) -> &Counter,
+    message: &str,
+) {
+    if let Some(m) = worker.metrics.listener(slot) {
+        pick(m).inc();
+    }
+    if let Some(suppressed) = log.should_log() {
+        let snapshot = worker.snapshot();
+        let listener = snapshot
+            .listener_index(slot)
+            .map(|i| &snapshot.config.listeners[i].name);
+        tracing::warn!(?listener, max_connections = limit, suppressed, "{message}");
     }
 }

@@ -12,12 +12,15 @@
 //!
 //! A place is taken *after* the socket is readable and given back if `accept` finds
 //! nothing, so no worker holds a place while it waits: the cap is exact, and a worker with
-//! a connection waiting always gets the last free place. At the cap the accept loops pause
-//! (the kernel backlog holds new connections, counted in `weir_accept_paused_total`) until
-//! a connection of the listener closes on any worker.
+//! a connection waiting always gets the last free place. At the cap an HTTP listener
+//! closes an idle connection for the newcomer (`reclaim`); when the newcomer's worker has
+//! none it asks the others here ([`ConnectionCap::ask`]), the only cross-worker step, taken
+//! at the cap only. Otherwise (TCP listeners, or nothing idle anywhere) the accept loops
+//! pause (the kernel backlog holds new connections, counted in `weir_accept_paused_total`)
+//! until a connection of the listener closes on any worker.
 
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use tokio::sync::Notify;
 
@@ -29,6 +32,12 @@ pub struct ConnectionCap {
     /// `Notify` takes a lock; most closes happen below the cap and skip it).
     waiting: AtomicUsize,
     closed: Notify,
+    /// The accept loops (by id) holding a newcomer at the cap with no idle connection on
+    /// their own worker, which asked the other workers to close one of theirs. At most one
+    /// entry per accept loop; locked only at the cap.
+    asks: Mutex<Vec<u64>>,
+    /// Signalled when an ask is added.
+    asked: Notify,
 }
 
 impl ConnectionCap {
@@ -64,6 +73,50 @@ impl ConnectionCap {
             }
             closed.await;
         }
+    }
+
+    /// Asks the workers to close one idle connection of the listener for the accept loop
+    /// `asker` (a no-op while its earlier ask is still open).
+    pub fn ask(&self, asker: u64) {
+        let mut asks = self.asks();
+        if !asks.contains(&asker) {
+            asks.push(asker);
+        }
+        drop(asks);
+        self.asked.notify_waiters();
+    }
+
+    /// Takes back `asker`'s open ask (it got a place another way).
+    pub fn withdraw(&self, asker: u64) {
+        self.asks().retain(|&a| a != asker);
+    }
+
+    /// Takes the oldest open ask, for a worker about to close an idle connection; false if
+    /// there is none (answered by another worker, or withdrawn).
+    pub fn take_ask(&self) -> bool {
+        let mut asks = self.asks();
+        !asks.is_empty() && {
+            asks.remove(0);
+            true
+        }
+    }
+
+    /// Resolves once an ask is open (at once if one is).
+    pub async fn asked(&self) {
+        loop {
+            // Registered before the check: an ask made in between wakes it.
+            let asked = self.asked.notified();
+            tokio::pin!(asked);
+            asked.as_mut().enable();
+            if !self.asks().is_empty() {
+                return;
+            }
+            asked.await;
+        }
+    }
+
+    fn asks(&self) -> MutexGuard<'_, Vec<u64>> {
+        self.asks.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     fn release(&self) {
@@ -114,6 +167,30 @@ mod tests {
         drop(a);
         assert_eq!(cap.open(), 1);
         assert!(cap.try_acquire(2).is_some(), "a close frees a place");
+    }
+
+    #[tokio::test]
+    async fn an_ask_is_answered_once_and_can_be_withdrawn() {
+        let cap = Arc::new(ConnectionCap::default());
+        assert!(!cap.take_ask());
+        cap.ask(1);
+        cap.ask(1);
+        cap.ask(2);
+        // Bounded only to turn a lost ask into a failure instead of a hang.
+        tokio::time::timeout(Duration::from_secs(30), cap.asked())
+            .await
+            .expect("an ask is open");
+        cap.withdraw(2);
+        assert!(cap.take_ask(), "asker 1, once");
+        assert!(!cap.take_ask());
+        let waiting = cap.clone();
+        let answered = tokio::spawn(async move { waiting.asked().await });
+        tokio::task::yield_now().await;
+        cap.ask(3);
+        tokio::time::timeout(Duration::from_secs(30), answered)
+            .await
+            .expect("woken by the ask")
+            .unwrap();
     }
 
     #[tokio::test]

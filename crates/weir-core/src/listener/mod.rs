@@ -1,6 +1,7 @@
 //! Listening sockets: binding with SO_REUSEPORT (one socket per worker per listener) and
 //! the accept loop with its connection limit (`cap`, counted once per listener across the
-//! workers) and file-descriptor back-off (`backoff`, shared with the admin listener), the
+//! workers; at the cap idle connections give way to new ones, `reclaim`) and
+//! file-descriptor back-off (`backoff`, shared with the admin listener), the
 //! PROXY protocol check of accepted connections, and the per-worker task that starts and
 //! stops accept loops when the config changes.
 
@@ -11,6 +12,7 @@ pub mod cap;
 pub mod control;
 mod holder;
 pub mod proxy_protocol;
+mod reclaim;
 
 pub use accept::accept_loop;
 pub use bind::{bind_reuseport, set_defer_accept};

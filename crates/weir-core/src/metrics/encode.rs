@@ -22,6 +22,9 @@ use super::Metrics;
 use crate::snapshot::Snapshot;
 use crate::tcp::sni::SniResult;
 
+/// One counter of a listener's metrics.
+type PickCounter = fn(&ListenerMetrics) -> &super::shard::Counter;
+
 /// Renders all metrics of the objects in `snapshot`'s config in the Prometheus text format.
 pub fn encode_text(metrics: &Metrics, snapshot: &Snapshot) -> String {
     let collector = Scrape {
@@ -422,9 +425,8 @@ impl Scrape {
     }
 
     fn listener_counters(&self, enc: &mut DescriptorEncoder) -> Result {
-        let (mut defaults, mut active, mut total, mut accept, mut bytes) =
+        let (mut defaults, mut active, mut accept, mut bytes, mut sni) =
             (vec![], vec![], vec![], vec![], vec![]);
-        let (mut proxy_rejected, mut sni, mut paused) = (vec![], vec![], vec![]);
         for (li, l) in self.config.listeners.iter().enumerate() {
             let name = || ("listener", l.name.clone());
             for reason in DefaultReason::ALL {
@@ -435,30 +437,16 @@ impl Scrape {
                 vec![name()],
                 self.sum(|s| Some(self.listener(s, li)?.connections_active.get())) as i64,
             ));
-            total.push((
-                vec![name()],
-                self.sum(|s| Some(self.listener(s, li)?.connections_total.get())),
-            ));
             for (ki, kind) in ACCEPT_ERRORS.iter().enumerate() {
                 let v = self.sum(|s| Some(self.listener(s, li)?.accept_errors[ki].get()));
                 accept.push((vec![name(), ("kind", kind.to_string())], v));
             }
-            paused.push((
-                vec![name()],
-                self.sum(|s| Some(self.listener(s, li)?.accept_paused.get())),
-            ));
-            bytes.push((
-                vec![name(), ("direction", "in".to_string())],
-                self.sum(|s| Some(self.listener(s, li)?.bytes_in.get())),
-            ));
-            bytes.push((
-                vec![name(), ("direction", "out".to_string())],
-                self.sum(|s| Some(self.listener(s, li)?.bytes_out.get())),
-            ));
-            proxy_rejected.push((
-                vec![name()],
-                self.sum(|s| Some(self.listener(s, li)?.proxy_rejected.get())),
-            ));
+            let picks: [(&str, PickCounter); 2] =
+                [("in", |m| &m.bytes_in), ("out", |m| &m.bytes_out)];
+            for (direction, pick) in picks {
+                let v = self.sum(|s| Some(pick(self.listener(s, li)?).get()));
+                bytes.push((vec![name(), ("direction", direction.to_string())], v));
+            }
             if l.tcp().is_some_and(|t| !t.sni_routes.is_empty()) {
                 for result in SniResult::ALL {
                     sni.push((
@@ -482,21 +470,9 @@ impl Scrape {
         )?;
         counter(
             enc,
-            "weir_connections",
-            "Client connections accepted.",
-            &total,
-        )?;
-        counter(
-            enc,
             "weir_accept_errors",
             "Failed accepts, by kind (EMFILE: out of file descriptors).",
             &accept,
-        )?;
-        counter(
-            enc,
-            "weir_accept_paused",
-            "Times a worker stopped accepting because the listener had max_connections open.",
-            &paused,
         )?;
         counter(
             enc,
@@ -506,16 +482,16 @@ impl Scrape {
         )?;
         counter(
             enc,
-            "weir_proxy_protocol_rejected",
-            "Connections closed for a missing, malformed or untrusted PROXY header.",
-            &proxy_rejected,
-        )?;
-        counter(
-            enc,
             "weir_tcp_sni",
             "TCP connections of listeners with sni_routes, by how the ClientHello was routed.",
             &sni,
         )?;
+        self.per_listener(enc, &[
+            ("weir_connections", "Client connections accepted.", |m| &m.connections_total),
+            ("weir_accept_paused", "Times a worker stopped accepting because the listener had max_connections open (and, on HTTP listeners, no idle connection on the worker to close for the new one).", |m| &m.accept_paused),
+            ("weir_connections_evicted", "Idle client connections (waiting for a request, or in their TLS handshake) closed at max_connections to make room for a new one.", |m| &m.connections_evicted),
+            ("weir_proxy_protocol_rejected", "Connections closed for a missing, malformed or untrusted PROXY header.", |m| &m.proxy_rejected),
+        ])?;
         let dropped = vec![(vec![], self.dropped)];
         counter(
             enc,
@@ -528,16 +504,23 @@ impl Scrape {
     /// `weir_http2_*`: HTTP/2 connections, streams, client resets and GOAWAYs for calm, per
     /// listener. Separate series, so the request series keep their labels.
     fn http2_counters(&self, enc: &mut DescriptorEncoder) -> Result {
-        type Pick = fn(&super::shard::Http2Metrics) -> &super::shard::Counter;
-        let families: [(&str, &str, Pick); 7] = [
-            ("weir_http2_connections", "Client connections that spoke HTTP/2 (h2c, or h2 through ALPN on TLS).", |m| &m.connections),
-            ("weir_http2_streams", "HTTP/2 streams (requests) served.", |m| &m.streams),
-            ("weir_http2_client_resets", "HTTP/2 streams the client reset while in flight; each cancelled its upstream request.", |m| &m.client_resets),
-            ("weir_http2_calm_goaways", "HTTP/2 connections closed with GOAWAY ENHANCE_YOUR_CALM (a reset or glitch budget exceeded).", |m| &m.calm_goaways),
-            ("weir_http2_forced_resets", "HTTP/2 streams Weir reset because of the client's error on them (MadeYouReset).", |m| &m.forced_resets),
-            ("weir_http2_glitches", "HTTP/2 client frames that carried no request (SETTINGS, PING, empty DATA, unexplained WINDOW_UPDATE, PRIORITY, unknown).", |m| &m.glitches),
-            ("weir_http2_stalled", "HTTP/2 connections closed because their writes made no progress for stall_timeout.", |m| &m.stalled),
-        ];
+        self.per_listener(enc, &[
+            ("weir_http2_connections", "Client connections that spoke HTTP/2 (h2c, or h2 through ALPN on TLS).", |m| &m.http2.connections),
+            ("weir_http2_streams", "HTTP/2 streams (requests) served.", |m| &m.http2.streams),
+            ("weir_http2_client_resets", "HTTP/2 streams the client reset while in flight; each cancelled its upstream request.", |m| &m.http2.client_resets),
+            ("weir_http2_calm_goaways", "HTTP/2 connections closed with GOAWAY ENHANCE_YOUR_CALM (a reset or glitch budget exceeded).", |m| &m.http2.calm_goaways),
+            ("weir_http2_forced_resets", "HTTP/2 streams Weir reset because of the client's error on them (MadeYouReset).", |m| &m.http2.forced_resets),
+            ("weir_http2_glitches", "HTTP/2 client frames that carried no request (SETTINGS, PING, empty DATA, unexplained WINDOW_UPDATE, PRIORITY, unknown).", |m| &m.http2.glitches),
+            ("weir_http2_stalled", "HTTP/2 connections closed because their writes made no progress for stall_timeout.", |m| &m.http2.stalled),
+        ])
+    }
+
+    /// Counter families whose only label is the listener: name, help, and the counter.
+    fn per_listener(
+        &self,
+        enc: &mut DescriptorEncoder,
+        families: &[(&str, &str, PickCounter)],
+    ) -> Result {
         for (name, help, pick) in families {
             let rows: Vec<_> = self
                 .config
@@ -545,7 +528,7 @@ impl Scrape {
                 .iter()
                 .enumerate()
                 .map(|(li, l)| {
-                    let v = self.sum(|s| Some(pick(&self.listener(s, li)?.http2).get()));
+                    let v = self.sum(|s| Some(pick(self.listener(s, li)?).get()));
                     (vec![("listener", l.name.clone())], v)
                 })
                 .collect();

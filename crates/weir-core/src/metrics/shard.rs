@@ -316,6 +316,8 @@ pub struct ListenerMetrics {
     pub accept_errors: [Counter; 3],
     /// Times an accept loop paused because the listener had `max_connections` open.
     pub accept_paused: Counter,
+    /// Idle connections closed at `max_connections` for a new one (`listener::reclaim`).
+    pub connections_evicted: Counter,
     pub bytes_in: Counter,
     pub bytes_out: Counter,
     /// Connections closed for a missing, malformed or untrusted PROXY header.

@@ -1,0 +1,178 @@
+//! At an HTTP listener's `max_connections`, a new connection takes the place of an idle
+//! one, as nginx reuses its idle connections when it runs out of `worker_connections`,
+//! instead of waiting in the backlog behind connections that do nothing (issue 24: idle
+//! sockets, however many the cap allows, must not lock ready clients out).
+//!
+//! Idle (`places`): waiting for the first byte of a first request or of the next
+//! keep-alive request, an HTTP/2 connection with no stream open, a TLS handshake in
+//! progress. Never a connection in the middle of a request or response, a tunnel, or an
+//! HTTP/2 connection with a stream open. A connection that has sent part of a request head
+//! is not idle either (nginx takes a connection out of its reusable queue at its first
+//! request byte): closing it would lose a request a slow client is still sending, and
+//! `header_timeout` already bounds it. A TLS handshake in progress, even one that sent
+//! half a ClientHello, is idle: `max_handshakes` already lets newcomers evict it (see
+//! `crate::evict` for why bytes that are not a step buy no time), and no request is lost.
+//!
+//! The connection closed is the idlest of its worker's (the oldest last step: the end of
+//! its last response, its accept, its whole ClientHello), so a ready client, whose place
+//! is the freshest from its first byte, is pushed out only if the cap's worth of
+//! connections arrive within its round trip: a flood, not idle sockets.
+//!
+//! How, with the cap counted for the listener across workers and the idle connections on
+//! each worker's own task set: the accept loop takes the newcomer even at the cap, then
+//! closes the idlest connection of the listener on its own worker (thread-local, O(1)),
+//! and waits for that close to free a place. When its worker has none, it asks the others
+//! (`ConnectionCap::ask`: a lock and a notify, at the cap only) and each worker's
+//! [`answer_asks`] task, which has an idle connection, takes the ask and closes one. The
+//! newcomer takes the place of whichever close comes first: the cap stays exact. Only the
+//! accept path at the cap crosses threads; a connection entering or leaving idle touches
+//! its own worker's `places` only. With nothing idle anywhere the accept loop pauses
+//! (`weir_accept_paused_total`), the ask open, so the first connection to go idle on any
+//! worker is closed for the newcomer.
+
+use std::future::poll_fn;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use tokio::task::JoinHandle;
+
+use super::accept::tell_at_cap;
+use super::backoff::ResourceLog;
+use super::cap::{ConnectionCap, Permit};
+use super::StopSignal;
+use crate::worker::Worker;
+
+/// Ids of accept loops, for their asks.
+static NEXT_ASKER: AtomicU64 = AtomicU64::new(0);
+
+/// One accept loop's side of reclaiming: its asks, and its worker's answers to others'.
+pub(super) struct Reclaimer {
+    /// The listener's metric slot and `max_connections`.
+    at: (usize, usize),
+    asker: u64,
+    log: ResourceLog,
+    answers: JoinHandle<()>,
+}
+
+impl Reclaimer {
+    /// Starts answering the other workers' asks for the listener with slot `slot`.
+    pub fn start(
+        worker: &Rc<Worker>,
+        slot: usize,
+        (cap, limit): &(Arc<ConnectionCap>, usize),
+        stop: &Rc<StopSignal>,
+    ) -> Reclaimer {
+        let at = (slot, *limit);
+        let answers = answer_asks(worker.clone(), at, cap.clone(), stop.clone());
+        Reclaimer {
+            at,
+            asker: NEXT_ASKER.fetch_add(1, Ordering::Relaxed),
+            log: ResourceLog::default(),
+            answers: tokio::task::spawn_local(answers),
+        }
+    }
+
+    /// A place under the cap for a connection accepted at it: an idle connection of this
+    /// worker is closed for it, or else the other workers are asked to close one; the
+    /// place is the first that a close frees. `None`: the worker drains or the listener
+    /// stops first.
+    pub async fn place_for(
+        &mut self,
+        worker: &Worker,
+        (cap, limit): &(Arc<ConnectionCap>, usize),
+        pause_log: &mut ResourceLog,
+        stop: &StopSignal,
+    ) -> Option<Permit> {
+        let mut asked = false;
+        let permit = loop {
+            if let Some(permit) = cap.try_acquire(*limit) {
+                break Some(permit);
+            }
+            if !evict_idlest(worker, self.at, &mut self.log) {
+                // Again after an answer whose place another worker's newcomer took.
+                cap.ask(self.asker);
+                if !asked {
+                    asked = true;
+                    let message = "listener at max_connections: pausing accepts until a worker has an idle connection to close or a connection closes";
+                    tell_at_cap(worker, self.at, pause_log, |m| &m.accept_paused, message);
+                }
+            }
+            tokio::select! {
+                () = cap.wait_below(*limit, || {}) => {}
+                () = worker.drained() => break None,
+                () = stop.stopped() => break None,
+            }
+        };
+        if asked {
+            cap.withdraw(self.asker);
+        }
+        permit
+    }
+}
+
+impl Drop for Reclaimer {
+    fn drop(&mut self) {
+        self.answers.abort();
+    }
+}
+
+/// Closes an idle connection of the listener with slot `slot` on this worker whenever
+/// another worker (or this one's accept loop) asks for one and this worker has one.
+async fn answer_asks(
+    worker: Rc<Worker>,
+    at: (usize, usize),
+    cap: Arc<ConnectionCap>,
+    stop: Rc<StopSignal>,
+) {
+    let mut log = ResourceLog::default();
+    let answer = async {
+        loop {
+            cap.asked().await;
+            poll_fn(|cx| poll_idle(&worker, at.0, cx)).await;
+            // Nothing runs between the look and the eviction: the idle connection is there.
+            if cap.take_ask() {
+                evict_idlest(&worker, at, &mut log);
+            }
+            // Many asks at once: let the connections closed meanwhile run.
+            tokio::task::coop::consume_budget().await;
+        }
+    };
+    tokio::select! {
+        () = answer => {}
+        () = worker.drained() => {}
+        () = stop.stopped() => {}
+    }
+}
+
+/// Ready once this worker has an idle connection of the listener (or a handshake in
+/// progress); else `cx` is woken when one enters.
+fn poll_idle(worker: &Worker, slot: usize, cx: &mut Context<'_>) -> Poll<()> {
+    // Both polled: each must know to wake `cx`.
+    let idle = worker.idle.poll_occupied(slot, cx);
+    let handshakes = worker.handshakes.poll_occupied(slot, cx);
+    if idle.is_ready() || handshakes.is_ready() {
+        Poll::Ready(())
+    } else {
+        Poll::Pending
+    }
+}
+
+/// Closes the idlest connection of the listener (metric slot and `max_connections`: `at`)
+/// on this worker, waiting for a request or in its TLS handshake, counted in
+/// `weir_connections_evicted_total` and logged (at most once a second); false if there is
+/// none.
+fn evict_idlest(worker: &Worker, at: (usize, usize), log: &mut ResourceLog) -> bool {
+    let (idle, handshakes, slot) = (&worker.idle, &worker.handshakes, at.0);
+    let from = match (idle.oldest(slot), handshakes.oldest(slot)) {
+        (Some(i), Some(h)) if h < i => handshakes,
+        (Some(_), _) => idle,
+        (None, Some(_)) => handshakes,
+        (None, None) => return false,
+    };
+    from.evict_oldest(slot);
+    let message = "listener at max_connections: closing idle connections for new ones";
+    tell_at_cap(worker, at, log, |m| &m.connections_evicted, message);
+    true
+}
