@@ -203,7 +203,7 @@ impl Drop for Place<'_> {
 
 /// A place that is entered and left again and again, from several tasks (an HTTP/2
 /// connection: it is idle whenever its last stream ends, busy when one starts), watched
-/// by one task (the connection's), which [`poll_taken`](Self::poll_taken) wakes. The
+/// by one task (the connection's), which a taking wakes ([`poll_taken`](Self::poll_taken)). The
 /// watcher's waker moves into the place and back out: entering and leaving clone no waker.
 pub struct SharedPlace {
     slot: usize,
@@ -258,11 +258,10 @@ impl SharedPlace {
         if let Some(key) = self.key.get() {
             return places.poll_taken(self.slot, key, cx);
         }
-        let waker = match self.waker.take() {
-            Some(w) if w.will_wake(cx.waker()) => w,
-            _ => cx.waker().clone(),
-        };
-        self.waker.set(Some(waker));
+        // Kept as it is once known: one task watches, and its waker stays the same (this
+        // runs each time the connection's task turns, once per frame it reads).
+        let waker = self.waker.take();
+        self.waker.set(waker.or_else(|| Some(cx.waker().clone())));
         Poll::Pending
     }
 }
