@@ -4,13 +4,14 @@
 //! head, and once the head has started it must be complete within `header_timeout`; a
 //! connection's first head must be complete within `header_timeout` of its accept.
 //! Pipelined requests already in the buffer are parsed without touching the socket. While
-//! it waits for a first byte, and only then, the connection holds a place among its
-//! worker's idle connections (`places`), which a newcomer at the listener's
-//! `max_connections` may take (`listener::reclaim`).
+//! its read for a first byte waits, and only then, the connection's seat among its worker's
+//! idle connections rests (`places`): a newcomer at the listener's `max_connections` may
+//! take its place (`listener::reclaim`).
 
 use std::net::{IpAddr, SocketAddr};
 use std::rc::Rc;
 
+use std::future::{poll_fn, Future};
 use std::task::Poll;
 
 use tokio::io::{AsyncRead, AsyncWriteExt, ReadBuf};
@@ -26,6 +27,7 @@ use crate::error::{reason_phrase, ProxyError};
 use crate::filters::forwarded::ClientIp;
 use crate::filters::request_id::RequestId;
 use crate::forward::body::BodyState;
+use crate::places::IdlePlace;
 use crate::router::RoutedPath;
 use crate::time::{with_timeout, LazyTimer};
 use crate::worker::Worker;
@@ -38,8 +40,9 @@ const MIN_CLIENT_BUFFER: usize = 16 * 1024;
 
 pub struct ClientConn {
     worker: Rc<Worker>,
-    /// The listener's metric slot.
-    pub slot: usize,
+    /// The connection's seat among its worker's idle connections (`places`): evictable
+    /// while it waits for a request. HTTP/2 takes it over (`http2::conn`).
+    pub idle: IdlePlace,
     pub stream: ClientStream,
     pub buf: Buffer,
     /// Scratch space for serialising heads; reused across requests.
@@ -156,8 +159,8 @@ impl ClientConn {
         let buf = worker.take_buffer_sized(listener.max_header_size.max(MIN_CLIENT_BUFFER));
         let now = std::time::Instant::now();
         ClientConn {
+            idle: IdlePlace::new(&worker.idle, slot, now),
             worker,
-            slot,
             stream,
             buf,
             out: Vec::with_capacity(1024),
@@ -300,28 +303,25 @@ impl ClientConn {
         let read = read_lazily(&mut self.buf, &mut self.stream, lend.then_some(pool));
         let read = self.idle_timer.within(read);
         tokio::pin!(read);
-        // Idle: at the listener's max_connections a newcomer may take this place
-        // (`listener::reclaim`). The drain wakes it too, as it wakes every idle place.
-        let place = worker.idle.enter(self.slot, usize::MAX, self.idle_since);
-        if !worker.is_draining() {
-            let taken = std::future::poll_fn(|cx| {
-                if worker.is_draining() {
-                    return Poll::Ready(false);
-                }
-                place.poll_taken(cx).map(|()| true)
-            });
-            tokio::select! {
-                // In order: a random start (select!'s default) costs a random number per poll.
-                biased;
-                r = &mut read => {
-                    // Its place was taken as the request came: served, then closed.
-                    self.last_request |= place.is_taken();
-                    return matches!(r, Some(Ok(n)) if n > 0);
-                }
-                taken = taken => if taken {
-                    return false;
-                },
+        // Idle once the read waits: at the listener's max_connections a newcomer may take
+        // this place (`listener::reclaim`). The drain wakes it too, as it wakes every idle
+        // place. A request already there never rests.
+        let (place, places, since) = (&self.idle, &worker.idle, self.idle_since);
+        let read_or_drain = poll_fn(|cx| {
+            if let Poll::Ready(r) = read.as_mut().poll(cx) {
+                return Poll::Ready(Some(matches!(r, Some(Ok(n)) if n > 0)));
             }
+            if worker.is_draining() {
+                return Poll::Ready(None);
+            }
+            // Taken: close.
+            place.poll_rest(places, since, cx).map(|()| Some(false))
+        })
+        .await;
+        // Its place was taken as the request came: served, then closed.
+        self.last_request |= !place.busy(places);
+        if let Some(read) = read_or_drain {
+            return read;
         }
         // Draining (a shutdown or a binary upgrade): a request the client already sent, or
         // a new connection's first one, cannot know about the drain. It gets a short grace
@@ -405,6 +405,7 @@ impl ClientConn {
 
 impl Drop for ClientConn {
     fn drop(&mut self) {
+        self.idle.close(&self.worker.idle);
         self.worker
             .give_buffer(std::mem::replace(&mut self.buf, Buffer::new(0)));
     }

@@ -159,24 +159,32 @@ impl<T> EvictionTable<T> {
     }
 
     /// `key`'s owner made a step: it becomes the freshest evictable entry (also after
-    /// [`hold`](Self::hold)).
-    pub fn progressed(&mut self, key: Key) {
-        if let Some(index) = self.index(key) {
-            self.unlink(index);
-            self.link_tail(index);
-        }
+    /// [`hold`](Self::hold)). Returns its value (`None`: removed or evicted).
+    pub fn progressed(&mut self, key: Key) -> Option<&mut T> {
+        let index = self.index(key)?;
+        self.unlink(index);
+        self.link_tail(index);
+        self.entries[index].value.as_mut()
     }
 
-    /// Keeps `key`'s entry from eviction until it [`progressed`](Self::progressed).
-    pub fn hold(&mut self, key: Key) {
-        if let Some(index) = self.index(key) {
+    /// Keeps `key`'s entry from eviction until it [`progressed`](Self::progressed). False
+    /// if it was removed or evicted.
+    pub fn hold(&mut self, key: Key) -> bool {
+        let index = self.index(key);
+        if let Some(index) = index {
             self.unlink(index);
         }
+        index.is_some()
     }
 
-    /// Every value, held ones included, in no particular order.
-    pub fn values_mut(&mut self) -> impl Iterator<Item = &mut T> {
-        self.entries.iter_mut().filter_map(|e| e.value.as_mut())
+    /// The evictable entries, idlest first.
+    pub fn evictable(&self) -> impl Iterator<Item = &T> {
+        let mut index = self.head;
+        std::iter::from_fn(move || {
+            let entry = self.entries.get(index)?;
+            index = entry.next;
+            entry.value.as_ref()
+        })
     }
 
     /// The idlest evictable entry (the next [`evict`](Self::evict) takes).

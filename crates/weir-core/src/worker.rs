@@ -90,9 +90,9 @@ pub struct Worker {
     /// TLS handshakes in progress on this worker, per listener (bounded by its
     /// `max_handshakes`; the idlest evicted for a newcomer).
     pub handshakes: Places,
-    /// Connections of this worker waiting for a request, per listener: at the listener's
-    /// `max_connections` the idlest (of these and the handshakes) is closed for a newcomer
-    /// (`listener::reclaim`).
+    /// This worker's HTTP connections, per listener, each evictable while it waits for a
+    /// request: at the listener's `max_connections` the idlest (of these and the
+    /// handshakes) is closed for a newcomer (`listener::reclaim`).
     pub idle: Places,
     /// This worker's request-id source.
     pub request_ids: crate::filters::request_id::RequestIds,
@@ -235,8 +235,8 @@ impl Worker {
 }
 
 /// Wakers of the tasks waiting for the worker to drain, in reusable slots. Worker-local
-/// (no lock): every idle keep-alive wait registered here, once per request (it now takes a
-/// place in `Worker::idle` instead, which the drain wakes too), so it replaces a
+/// (no lock): every idle keep-alive wait registered here, once per request (its connection's
+/// seat in `Worker::idle` now rests instead, and the drain wakes resting seats), so it replaces a
 /// `tokio::sync::Notify`, which locks a mutex to add and again to remove each waiter. (By
 /// hand at c=256: dropping the wait altogether saved about 2.5 % of the CPU per request,
 /// this registry about 1 %, both within run-to-run noise of 3 %.)

@@ -11,10 +11,11 @@
 //! that carry no request), both watched in `io`, and the stall reaper (writes that make no
 //! progress for `stall_timeout`: the connection is dropped, GOAWAY or not).
 //!
-//! While no stream runs (before the first, and whenever the last ends) the connection
-//! holds a place among its worker's idle connections (`places`): at the listener's
-//! `max_connections` a newcomer may take it (`listener::reclaim`), and the connection
-//! closes with GOAWAY NO_ERROR. A stream starting takes it out again.
+//! While no stream runs (before the first, and whenever the last ends) the connection's
+//! seat among its worker's idle connections (`places`, taken over from its `ClientConn`)
+//! rests: at the listener's `max_connections` a newcomer may take its place
+//! (`listener::reclaim`), and the connection closes with GOAWAY NO_ERROR. A stream
+//! starting makes it busy again.
 
 use std::cell::Cell;
 use std::future::poll_fn;
@@ -31,7 +32,7 @@ use super::budget::Budget;
 use super::io::Prefixed;
 use crate::client::ClientConn;
 use crate::filters::forwarded::ClientIp;
-use crate::places::SharedPlace;
+use crate::places::IdlePlace;
 use crate::tls::session::TlsSession;
 use crate::worker::Worker;
 
@@ -60,8 +61,9 @@ pub struct Shared {
     /// REFUSED_STREAM resets Weir chose to send (a reload removed the listener) and not
     /// yet seen written: no client error, so not for the reset budget.
     own_refusals: Cell<u32>,
-    /// The connection's place among the worker's idle connections while no stream runs.
-    idle: SharedPlace,
+    /// The connection's seat among the worker's idle connections (taken over from its
+    /// `ClientConn`), resting while no stream runs.
+    idle: IdlePlace,
 }
 
 impl Shared {
@@ -126,7 +128,7 @@ impl Drop for Running {
         let ended = self.ended.unwrap_or_else(Instant::now);
         s.idle_since.set(ended);
         if s.active.get() == 0 {
-            s.idle.enter(&s.worker.idle, ended);
+            s.idle.rest(&s.worker.idle, ended);
         }
         s.ended.notify_one();
     }
@@ -162,6 +164,7 @@ pub async fn serve(worker: Rc<Worker>, slot: usize, mut conn: ClientConn) {
     };
     let listener = &snapshot.config.listeners[index];
     let h2 = &listener.http2;
+    let now = Instant::now();
     let shared = Rc::new(Shared {
         worker: worker.clone(),
         slot,
@@ -173,13 +176,13 @@ pub async fn serve(worker: Rc<Worker>, slot: usize, mut conn: ClientConn) {
         stalled_since: Cell::new(None),
         stalled: Notify::new(),
         active: Cell::new(0),
-        idle_since: Cell::new(Instant::now()),
+        idle_since: Cell::new(now),
         ended: Notify::new(),
         own_refusals: Cell::new(0),
-        idle: SharedPlace::new(slot),
+        idle: std::mem::take(&mut conn.idle),
     });
     // Idle until its first stream: a connection that never sends one can be reclaimed.
-    shared.idle.enter(&worker.idle, Instant::now());
+    shared.idle.rest(&worker.idle, now);
     if let Some(m) = worker.metrics.listener(slot) {
         m.http2.connections.inc();
     }
@@ -240,7 +243,15 @@ async fn accept_streams(
         tokio::select! {
             accepted = h2.accept() => match accepted {
                 Some(Ok((request, respond))) => {
-                    closing = start_stream(shared, &mut h2, (request, respond), closing);
+                    // Its idle place was taken just as the stream came (served, then the
+                    // connection closes), or a reload removed the listener: finish what
+                    // runs, take nothing new.
+                    let taken = !shared.idle.busy(&worker.idle);
+                    if (taken || worker.snapshot().listener_index(shared.slot).is_none()) && !closing {
+                        h2.graceful_shutdown();
+                        closing = true;
+                    }
+                    spawn_stream(shared, request, respond);
                 }
                 Some(Err(e)) => {
                     tracing::debug!(listener = %listener.name, error = %e, "HTTP/2 connection error");
@@ -298,40 +309,12 @@ async fn accept_streams(
     }
 }
 
-/// Starts an accepted stream; returns whether the connection is closing now. It closes
-/// (GOAWAY; what runs finishes, nothing new starts) when a reload removed its listener, or
-/// when it was idle and a newcomer at max_connections had just taken its place: the
-/// stream is served, then the connection ends.
-fn start_stream(
-    shared: &Rc<Shared>,
-    h2: &mut Connection<Prefixed, Bytes>,
-    (request, respond): (
-        http::Request<h2::RecvStream>,
-        h2::server::SendResponse<Bytes>,
-    ),
-    closing: bool,
-) -> bool {
-    let removed = shared
-        .worker
-        .snapshot()
-        .listener_index(shared.slot)
-        .is_none();
-    let kept = spawn_stream(shared, request, respond);
-    if closing || (kept && !removed) {
-        return closing;
-    }
-    h2.graceful_shutdown();
-    true
-}
-
-/// Starts the task that serves one accepted stream. False if the connection was idle and
-/// a newcomer had just taken its place (it must close once the stream is served).
+/// Starts the task that serves one accepted stream.
 fn spawn_stream(
     shared: &Rc<Shared>,
     request: http::Request<h2::RecvStream>,
     respond: h2::server::SendResponse<Bytes>,
-) -> bool {
-    let kept = shared.active.get() > 0 || shared.idle.leave(&shared.worker.idle);
+) {
     shared.active.set(shared.active.get() + 1);
     let mut running = Running {
         shared: shared.clone(),
@@ -344,7 +327,6 @@ fn spawn_stream(
         running.ended = Some(serve.await);
         drop(running);
     });
-    kept
 }
 
 /// At max_connections a newcomer took this idle connection's place: GOAWAY NO_ERROR (no
