@@ -101,7 +101,7 @@ pub(crate) enum Seg {
 
 /// The path of a key in the document, such as `listeners[0].routes[1].upstream`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct FieldPath(Vec<Seg>);
+pub(crate) struct FieldPath(pub(crate) Vec<Seg>);
 
 impl FieldPath {
     /// This path extended by a key.

@@ -11,6 +11,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod cluster;
 pub mod model;
 
 pub mod diff;
@@ -302,6 +303,7 @@ max_idle = 256
                 max_concurrent_streams: 100,
                 max_header_list_size: 64 * 1024,
             }],
+            cluster: Default::default(),
             relative_paths: Vec::new(),
         };
         assert_eq!(parse(FULL), expected);
@@ -330,6 +332,7 @@ max_idle = 256
             },
             listeners: vec![listener("web", "127.0.0.1:8080", Vec::new())],
             upstreams: Vec::new(),
+            cluster: Default::default(),
             relative_paths: Vec::new(),
         };
         assert_eq!(config, expected);

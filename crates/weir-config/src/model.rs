@@ -15,9 +15,18 @@ pub struct Config {
     pub listeners: Vec<Listener>,
     /// Upstream pools; a route refers to one by its index in this vector.
     pub upstreams: Vec<Upstream>,
+    /// `[cluster]`: what the instances of a fleet share.
+    pub cluster: Cluster,
     /// The paths written relative to the config file's directory, as resolved (the
     /// settings above hold the resolved ones); empty for text parsed without a file.
     pub relative_paths: Vec<crate::RelativePath>,
+}
+
+/// `[cluster]`: what the instances of a fleet share.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Cluster {
+    /// `node`, `etcd` and `binds`: the shared objects live in etcd (docs/cluster.md).
+    pub etcd: Option<crate::cluster::EtcdCluster>,
 }
 
 /// Process-wide settings (`[server]`).

@@ -36,6 +36,9 @@ pub(crate) fn resolve(raw: &mut RawConfig, base: &Path) -> Vec<RelativePath> {
     for (name, u) in raw.upstreams.iter_mut().flatten() {
         out.upstream(u, &root.key("upstreams").key(name));
     }
+    if let Some(etcd) = raw.cluster.as_mut().and_then(|c| c.etcd.as_mut()) {
+        out.etcd(etcd, &root.key("cluster").key("etcd"));
+    }
     out.found
 }
 
@@ -105,6 +108,15 @@ impl Resolver<'_> {
         let at = at.key("tls");
         self.fix(&mut tls.ca, &at.key("ca"));
         if let Some(c) = tls.client_cert.as_mut() {
+            self.cert_key(c, &at.key("client_cert"));
+        }
+    }
+
+    fn etcd(&mut self, etcd: &mut crate::cluster::RawEtcd, at: &FieldPath) {
+        self.fix(&mut etcd.ca, &at.key("ca"));
+        self.fix(&mut etcd.password_file, &at.key("password_file"));
+        self.fix(&mut etcd.snapshot, &at.key("snapshot"));
+        if let Some(c) = etcd.client_cert.as_mut() {
             self.cert_key(c, &at.key("client_cert"));
         }
     }

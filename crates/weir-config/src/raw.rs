@@ -21,6 +21,7 @@ pub(crate) struct RawConfig {
     /// `[upstreams.NAME]`: the server pools routes and TCP listeners send to, by name
     /// (a `BTreeMap`: sorted by name).
     pub upstreams: Option<BTreeMap<String, RawUpstream>>,
+    pub cluster: Option<crate::cluster::RawCluster>,
 }
 
 /// `[server]`.
@@ -176,7 +177,7 @@ pub(crate) struct RawAcme {
 }
 
 /// `"one"` or `["one", "two"]`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(untagged)]
 pub(crate) enum StrOrList {

@@ -29,8 +29,12 @@ const DEFAULT_ADMIN_BIND: SocketAddr =
 const NAME_CHARS: &str = "letters, digits, '_', '.' and '-'";
 
 /// Validates a whole configuration.
-pub(crate) fn config(raw: RawConfig) -> Result<Config, Issue> {
+pub(crate) fn config(mut raw: RawConfig) -> Result<Config, Issue> {
     let root = FieldPath::default();
+    let etcd = crate::cluster::validate(raw.cluster.as_mut(), &root.key("cluster"))?;
+    if let Some(listeners) = raw.listeners.as_mut() {
+        crate::cluster::override_binds(raw.cluster.as_ref(), listeners);
+    }
     let upstream_names: Vec<String> = raw
         .upstreams
         .as_ref()
@@ -38,12 +42,16 @@ pub(crate) fn config(raw: RawConfig) -> Result<Config, Issue> {
         .unwrap_or_default();
     let server = server(raw.server.unwrap_or_default(), &root.key("server"))?;
     let admin = admin(raw.admin.unwrap_or_default(), &root.key("admin"))?;
-    let listeners = listeners(
-        raw.listeners,
-        &root.key("listeners"),
-        &upstream_names,
-        admin.bind,
-    )?;
+    // A fleet member may have no listeners yet: they arrive from etcd.
+    let listeners = match raw.listeners {
+        None if etcd.is_some() => Vec::new(),
+        listeners_raw => listeners(
+            listeners_raw,
+            &root.key("listeners"),
+            &upstream_names,
+            admin.bind,
+        )?,
+    };
     let mut upstreams = Vec::new();
     for (name, upstream_raw) in raw.upstreams.unwrap_or_default() {
         let path = root.key("upstreams").key(&name);
@@ -55,6 +63,7 @@ pub(crate) fn config(raw: RawConfig) -> Result<Config, Issue> {
         admin,
         listeners,
         upstreams,
+        cluster: crate::model::Cluster { etcd },
         relative_paths: Vec::new(),
     })
 }
@@ -896,7 +905,7 @@ fn fin_bound(
 }
 
 /// A duration (default `default`); with `positive`, zero is rejected.
-fn duration(
+pub(crate) fn duration(
     raw: Option<String>,
     default: &str,
     path: &FieldPath,
@@ -945,6 +954,7 @@ pub(crate) mod tcp;
 mod tls;
 mod upstream_protocol;
 mod upstream_tls;
+pub(crate) use upstream_tls::{cert_key, certificates};
 
 #[cfg(test)]
 mod tests;

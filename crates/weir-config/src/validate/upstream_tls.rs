@@ -50,7 +50,7 @@ fn server_name(name: String, path: &FieldPath) -> Result<String, Issue> {
     }
 }
 
-fn cert_key(raw: RawCertKey, path: &FieldPath) -> Result<PemCertKey, Issue> {
+pub(crate) fn cert_key(raw: RawCertKey, path: &FieldPath) -> Result<PemCertKey, Issue> {
     let cert_path = path.key("cert");
     let key_path = path.key("key");
     let fix = r#"write client_cert = { cert = "client.pem", key = "client.key" }"#;
@@ -73,7 +73,7 @@ fn cert_key(raw: RawCertKey, path: &FieldPath) -> Result<PemCertKey, Issue> {
 }
 
 /// A PEM file holding at least one certificate, all readable.
-fn certificates(file: String, path: &FieldPath) -> Result<PemFile, Issue> {
+pub(crate) fn certificates(file: String, path: &FieldPath) -> Result<PemFile, Issue> {
     let pem = read(file, path)?;
     let certs: Result<Vec<_>, _> = CertificateDer::pem_slice_iter(&pem.contents).collect();
     match certs {

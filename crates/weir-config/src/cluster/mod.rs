@@ -1,0 +1,270 @@
+//! `[cluster]` for a fleet whose shared objects live in etcd (docs/cluster.md): this
+//! node's name, how to reach etcd, and per-node bind addresses of shared listeners.
+//!
+//! The raw table and its validation live here rather than in `raw.rs` / `validate.rs` so
+//! that other `[cluster]` settings (shared rate limits in Redis) stay apart from these.
+//! `objects` is the other half: the key layout of the shared objects in etcd, and turning
+//! them into a config (and a config into them) with errors located at the etcd key.
+
+pub mod objects;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::error::{FieldPath, Issue};
+use crate::model::{PemCertKey, PemFile};
+use crate::raw::{RawCertKey, RawListener, StrOrList};
+
+/// `[cluster]`: the keys of a fleet in etcd (`node`, `etcd`, `binds`).
+#[derive(Debug, Default, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawCluster {
+    /// This instance's name in the fleet (unique per instance).
+    pub node: Option<String>,
+    pub etcd: Option<RawEtcd>,
+    /// Per-node addresses of shared listeners, by listener name: replace their `bind`.
+    pub binds: Option<BTreeMap<String, StrOrList>>,
+}
+
+/// `etcd = { endpoints, prefix, ... }` of `[cluster]`.
+#[derive(Debug, Default, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawEtcd {
+    pub endpoints: Option<Vec<String>>,
+    pub prefix: Option<String>,
+    pub ca: Option<String>,
+    pub client_cert: Option<RawCertKey>,
+    pub user: Option<String>,
+    pub password_file: Option<String>,
+    pub timeout: Option<String>,
+    pub lease_ttl: Option<String>,
+    pub snapshot: Option<String>,
+}
+
+/// A fleet member's settings: `[cluster]` with `etcd`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EtcdCluster {
+    /// This instance's name: its registration key and what `weir ctl cluster status` lists.
+    pub node: String,
+    /// `http://host:port` or `https://host:port` of each etcd member, tried in turn.
+    pub endpoints: Vec<String>,
+    /// The key prefix of this fleet, `/` first, no `/` last (`/weir/prod`).
+    pub prefix: String,
+    /// CA certificates for `https://` endpoints; `None`: the system's roots.
+    pub ca: Option<PemFile>,
+    /// A client certificate and key for etcd members that ask for one.
+    pub client_cert: Option<PemCertKey>,
+    /// etcd authentication: the user, with the password in `password_file`.
+    pub user: Option<String>,
+    pub password_file: Option<PathBuf>,
+    /// One request to etcd: longer counts as etcd unreachable.
+    pub timeout: Duration,
+    /// The registration lease: an instance gone this long drops out of `cluster status`.
+    pub lease_ttl: Duration,
+    /// Where the last applied shared objects are kept, so a restart while etcd is down
+    /// comes up with them.
+    pub snapshot: PathBuf,
+    /// `binds`: listener name -> this node's addresses (as written), in place of the
+    /// shared listener's `bind`.
+    pub binds: BTreeMap<String, Vec<String>>,
+}
+
+/// The default `timeout`, `lease_ttl`.
+const DEFAULT_TIMEOUT: &str = "2s";
+const DEFAULT_LEASE_TTL: &str = "10s";
+
+/// Validates `[cluster]`'s `node`, `etcd` and `binds`; `None` when `etcd` is not set.
+pub(crate) fn validate(
+    raw: Option<&mut RawCluster>,
+    path: &FieldPath,
+) -> Result<Option<EtcdCluster>, Issue> {
+    let Some(raw) = raw else { return Ok(None) };
+    let Some(etcd) = raw.etcd.take() else {
+        for (key, set) in [("node", raw.node.is_some()), ("binds", raw.binds.is_some())] {
+            if set {
+                return Err(Issue::new(
+                    &path.key(key),
+                    format!("[cluster] {key} belongs to a fleet whose objects live in etcd, and there is no etcd"),
+                    r#"add etcd = { endpoints = ["http://127.0.0.1:2379"], prefix = "/weir/NAME" }, or remove the key"#,
+                ));
+            }
+        }
+        return Ok(None);
+    };
+    let node = node(raw.node.take(), &path.key("node"))?;
+    let binds = binds(raw.binds.as_ref(), &path.key("binds"))?;
+    etcd_settings(etcd, node, binds, &path.key("etcd")).map(Some)
+}
+
+fn node(raw: Option<String>, path: &FieldPath) -> Result<String, Issue> {
+    let fix = r#"write node = "edge-1": a name of letters, digits, '_', '.' and '-', unique in the fleet"#;
+    let node = raw.ok_or_else(|| Issue::new(path, "a fleet member needs a node name", fix))?;
+    let valid = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-');
+    if node.is_empty() || !node.chars().all(valid) {
+        return Err(Issue::new(path, format!("invalid node name \"{node}\""), fix));
+    }
+    Ok(node)
+}
+
+fn binds(
+    raw: Option<&BTreeMap<String, StrOrList>>,
+    path: &FieldPath,
+) -> Result<BTreeMap<String, Vec<String>>, Issue> {
+    let mut out = BTreeMap::new();
+    for (name, addrs) in raw.into_iter().flatten() {
+        let fix = r#"write binds = { web = "0.0.0.0:80" } (a listener name and this node's address, or a list)"#;
+        let list = match addrs {
+            StrOrList::One(one) => vec![one.clone()],
+            StrOrList::Many(many) => many.clone(),
+        };
+        for (i, a) in list.iter().enumerate() {
+            if a.trim().parse::<std::net::SocketAddr>().is_err() {
+                let at = match addrs {
+                    StrOrList::One(_) => path.key(name),
+                    StrOrList::Many(_) => path.key(name).index(i),
+                };
+                return Err(Issue::new(
+                    &at,
+                    format!("invalid address \"{a}\": expected an IP address and a port"),
+                    fix,
+                ));
+            }
+        }
+        if list.is_empty() {
+            return Err(Issue::new(&path.key(name), "the list of addresses is empty", fix));
+        }
+        out.insert(name.clone(), list);
+    }
+    Ok(out)
+}
+
+fn etcd_settings(
+    raw: RawEtcd,
+    node: String,
+    binds: BTreeMap<String, Vec<String>>,
+    path: &FieldPath,
+) -> Result<EtcdCluster, Issue> {
+    let endpoints = endpoints(raw.endpoints, &path.key("endpoints"))?;
+    let prefix = prefix(raw.prefix, &path.key("prefix"))?;
+    let ca = match raw.ca {
+        None => None,
+        Some(file) => Some(crate::validate::certificates(file, &path.key("ca"))?),
+    };
+    let client_cert = match raw.client_cert {
+        None => None,
+        Some(pair) => Some(crate::validate::cert_key(pair, &path.key("client_cert"))?),
+    };
+    let password_file = match (&raw.user, raw.password_file) {
+        (Some(_), None) => {
+            return Err(Issue::new(
+                &path.key("password_file"),
+                "etcd user is set without a password_file",
+                "give password_file = \"/etc/weir/etcd.password\" (a file holding the password)",
+            ))
+        }
+        (_, p) => p.map(PathBuf::from),
+    };
+    let snapshot = raw.snapshot.map_or_else(
+        || crate::state_dir().join(format!("cluster-{node}.snapshot.json")),
+        PathBuf::from,
+    );
+    Ok(EtcdCluster {
+        timeout: crate::validate::duration(raw.timeout, DEFAULT_TIMEOUT, &path.key("timeout"), true)?,
+        lease_ttl: lease_ttl(raw.lease_ttl, &path.key("lease_ttl"))?,
+        node,
+        endpoints,
+        prefix,
+        ca,
+        client_cert,
+        user: raw.user,
+        password_file,
+        snapshot,
+        binds,
+    })
+}
+
+fn endpoints(raw: Option<Vec<String>>, path: &FieldPath) -> Result<Vec<String>, Issue> {
+    let fix = r#"write endpoints = ["http://10.0.0.5:2379", "http://10.0.0.6:2379"] (every member of the etcd cluster)"#;
+    let list = raw
+        .filter(|l| !l.is_empty())
+        .ok_or_else(|| Issue::new(path, "etcd needs at least one endpoint", fix))?;
+    let mut out = Vec::with_capacity(list.len());
+    for (i, e) in list.iter().enumerate() {
+        let e = e.trim().trim_end_matches('/');
+        let host = e
+            .strip_prefix("http://")
+            .or_else(|| e.strip_prefix("https://"));
+        if host.is_none_or(|h| h.is_empty() || h.contains('/')) {
+            return Err(Issue::new(
+                &path.index(i),
+                format!("invalid etcd endpoint \"{e}\": expected http://HOST:PORT or https://HOST:PORT"),
+                fix,
+            ));
+        }
+        out.push(e.to_owned());
+    }
+    Ok(out)
+}
+
+fn prefix(raw: Option<String>, path: &FieldPath) -> Result<String, Issue> {
+    let fix = r#"write prefix = "/weir/prod": the keys of this fleet, shared by all its instances"#;
+    let p = raw.ok_or_else(|| Issue::new(path, "etcd needs a key prefix", fix))?;
+    let p = p.trim().trim_end_matches('/');
+    if !p.starts_with('/') || p.len() < 2 || p.contains("//") {
+        return Err(Issue::new(
+            path,
+            format!("invalid prefix \"{p}\": it must start with / and name at least one level"),
+            fix,
+        ));
+    }
+    Ok(p.to_owned())
+}
+
+fn lease_ttl(raw: Option<String>, path: &FieldPath) -> Result<Duration, Issue> {
+    let ttl = crate::validate::duration(raw, DEFAULT_LEASE_TTL, path, true)?;
+    if ttl < Duration::from_secs(2) {
+        return Err(Issue::new(
+            path,
+            "lease_ttl must be at least 2s (etcd counts leases in whole seconds)",
+            "write lease_ttl = \"10s\"",
+        ));
+    }
+    Ok(ttl)
+}
+
+/// Gives each listener named in `binds` this node's addresses in place of its `bind`.
+pub(crate) fn override_binds(raw: Option<&RawCluster>, listeners: &mut [RawListener]) {
+    let Some(binds) = raw.and_then(|c| c.binds.as_ref()) else {
+        return;
+    };
+    for l in listeners.iter_mut() {
+        if let Some(addrs) = l.name.as_ref().and_then(|n| binds.get(n)) {
+            l.bind = Some(addrs.clone());
+        }
+    }
+}
+
+/// `[cluster]` with `etcd`, the local file's sections: any shared object in it is an error
+/// (they live in etcd; `weir ctl cluster push` puts them there).
+pub fn check_local_file(text: &str, file: &str) -> Result<(), crate::ConfigError> {
+    let Ok(doc) = text.parse::<toml_edit::DocumentMut>() else {
+        return Ok(()); // the load reports it
+    };
+    for key in objects::SHARED_SECTIONS {
+        if doc.contains_key(key) {
+            return Err(crate::ConfigError::at_field(
+                file,
+                text,
+                key,
+                format!("{key} are shared objects of the fleet and live in etcd, not in the local file of a [cluster] member"),
+                "move them to etcd with `weir ctl cluster push -f FILE`, and keep [server], [admin] and [cluster] here",
+            ));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,130 @@
+use super::*;
+
+const FILE: &str = r#"
+[[listeners]]
+name = "web"
+bind = "127.0.0.1:0"
+[listeners.http2]
+max_concurrent_streams = 50
+
+[[listeners.routes]]
+name = "b-all"
+upstream = "app"
+
+[[listeners.routes]]
+name = "a-api"
+path_prefix = "/api"
+upstream = "app"
+
+[upstreams.app]
+servers = [{ addr = "127.0.0.1:9001" }]
+"#;
+
+const LOCAL: &str = "[server]\nworkers = 1\n[cluster]\nnode = \"n1\"\netcd = { endpoints = [\"http://127.0.0.1:2379\"], prefix = \"/weir/t\" }\n";
+
+fn key_name(key: &str) -> String {
+    format!("/weir/t/config/{key}")
+}
+
+fn local() -> Local<'static> {
+    Local {
+        text: LOCAL,
+        file: "local.toml",
+        base: None,
+    }
+}
+
+fn build(objects: &Objects) -> Result<Config, ConfigError> {
+    let assembled = assemble(LOCAL, objects, &key_name)?;
+    parse(&local(), &assembled, objects, &key_name)
+}
+
+#[test]
+fn split_then_assemble_gives_the_same_config_routes_in_name_order() {
+    let objects = split(FILE, "f.toml").unwrap();
+    let keys: Vec<&str> = objects.keys().map(String::as_str).collect();
+    assert_eq!(
+        keys,
+        ["listeners/web", "routes/web/a-api", "routes/web/b-all", "upstreams/app"]
+    );
+    assert!(objects["listeners/web"].contains("[http2]"), "{objects:?}");
+    assert!(!objects["listeners/web"].contains("name"), "{objects:?}");
+    let config = build(&objects).unwrap();
+    let file = crate::parse_str(FILE, "f.toml").unwrap();
+    assert_eq!(config.listeners[0].http2, file.listeners[0].http2);
+    let names: Vec<&str> = config.listeners[0].routes.iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(names, ["a-api", "b-all"]);
+    assert_eq!(config.upstreams, file.upstreams);
+    assert_eq!(config.cluster.etcd.as_ref().unwrap().node, "n1");
+    // The round trip says the same: nothing would be written.
+    let again = split(&assemble(LOCAL, &objects, &key_name).unwrap().text, "x").unwrap();
+    for (k, v) in &objects {
+        assert!(same_value(v, &again[k]), "{k}: {v:?} vs {:?}", again[k]);
+    }
+    assert_eq!(route_order_notes(FILE).len(), 1);
+}
+
+#[test]
+fn an_error_in_an_object_is_told_at_its_key() {
+    let mut objects = split(FILE, "f.toml").unwrap();
+    objects.insert(
+        "routes/web/c-bad".into(),
+        "path_prefix = \"/c\"\n\nupstream = \"nope\"\n".into(),
+    );
+    let e = build(&objects).unwrap_err();
+    assert_eq!(e.file, "/weir/t/config/routes/web/c-bad", "{e}");
+    assert_eq!((e.line, e.column, e.field.as_str()), (3, 1, "upstream"), "{e}");
+    assert!(e.message.contains("nope"), "{e}");
+
+    let mut objects = split(FILE, "f.toml").unwrap();
+    objects.insert("upstreams/app".into(), "servers = [{ addr = \"127.0.0.1:1\" }]\nwieght = 2\n".into());
+    let e = build(&objects).unwrap_err();
+    assert_eq!((e.file.as_str(), e.line), ("/weir/t/config/upstreams/app", 2), "{e}");
+    assert!(e.message.starts_with("unknown field"), "{e}");
+
+    objects.insert("upstreams/app".into(), "servers = [{ addr = \"127.0.0.1:1\" }\n".into());
+    let e = build(&objects).unwrap_err();
+    assert_eq!((e.file.as_str(), e.line), ("/weir/t/config/upstreams/app", 2), "{e}");
+    assert!(e.message.contains("expected `]`"), "{e}");
+
+    objects.insert("upstreams/app".into(), "name = \"other\"\n".into());
+    let e = build(&objects).unwrap_err();
+    assert!(e.message.contains("differs"), "{e}");
+}
+
+#[test]
+fn a_route_without_its_listener_and_an_empty_fleet() {
+    let mut objects = Objects::new();
+    assert!(build(&objects).unwrap().listeners.is_empty());
+    objects.insert("routes/web/a".into(), "upstream = \"app\"\n".into());
+    let e = build(&objects).unwrap_err();
+    assert_eq!(e.file, "/weir/t/config/routes/web/a", "{e}");
+}
+
+#[test]
+fn a_node_binds_a_shared_listener_at_its_own_address() {
+    let local = format!("{LOCAL}binds = {{ web = \"127.0.0.1:0\" }}\n");
+    let mut objects = split(FILE, "f.toml").unwrap();
+    objects.insert("listeners/web".into(), "bind = \"10.0.0.1:80\"\n".into());
+    let assembled = assemble(&local, &objects, &key_name).unwrap();
+    let l = Local { text: &local, file: "local.toml", base: None };
+    let config = parse(&l, &assembled, &objects, &key_name).unwrap();
+    assert_eq!(config.listeners[0].binds[0].addr, "127.0.0.1:0".parse().unwrap());
+    // The shared value stays as it is in etcd.
+    assert!(assembled.text.contains("10.0.0.1:80"));
+}
+
+#[test]
+fn the_local_file_of_a_member_holds_no_shared_objects() {
+    let e = crate::cluster::check_local_file(&format!("{LOCAL}{FILE}"), "local.toml").unwrap_err();
+    assert_eq!(e.field, "listeners", "{e}");
+    assert!(crate::cluster::check_local_file(LOCAL, "local.toml").is_ok());
+    let e = crate::parse_str("[cluster]\nnode = \"a\"\n", "l").unwrap_err();
+    assert_eq!(e.field, "cluster.node", "{e}");
+    let e = crate::parse_str(
+        "[cluster]\netcd = { endpoints = [\"10.0.0.1:2379\"], prefix = \"/w\" }\nnode = \"a\"\n",
+        "l",
+    )
+    .unwrap_err();
+    assert_eq!(e.field, "cluster.etcd.endpoints[0]", "{e}");
+}
