@@ -29,6 +29,7 @@ use weir_core::listener::backoff::{is_resource_exhaustion, ResourceLog, RESOURCE
 
 pub mod api;
 mod conn;
+pub mod shared;
 mod slots;
 pub mod store;
 #[cfg(test)]
@@ -36,6 +37,7 @@ mod tests;
 
 use conn::{Clock, Limits};
 use slots::{Admission, Slot, Slots};
+pub use shared::{Shared, SharedError};
 pub use store::Store;
 
 /// The limits when no config is attached (`AdminState::store` is `None`): the `[admin]`
@@ -255,14 +257,10 @@ async fn handle(
     }
     let (status, body, content_type) = match req.uri().path() {
         "/live" => (StatusCode::OK, Bytes::from_static(b"live\n"), TEXT),
-        "/ready" if state.ready.load(Ordering::Acquire) => {
-            (StatusCode::OK, Bytes::from_static(b"ready\n"), TEXT)
+        "/ready" => {
+            let (status, body) = readiness(&state);
+            (status, body, TEXT)
         }
-        "/ready" => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            Bytes::from_static(b"not ready\n"),
-            TEXT,
-        ),
         "/metrics" if state.metrics.is_some() => {
             let render = state.metrics.as_ref().map(|m| m()).unwrap_or_default();
             (StatusCode::OK, Bytes::from(render), PROMETHEUS_TEXT)
@@ -270,6 +268,22 @@ async fn handle(
         _ => (StatusCode::NOT_FOUND, Bytes::from_static(NOT_FOUND), TEXT),
     };
     Ok(plain(status, body, content_type))
+}
+
+/// `/ready`: ready once the config is loaded and the listeners bound; a fleet member also
+/// needs shared objects, and says how in sync it is on a second line.
+fn readiness(state: &AdminState) -> (StatusCode, Bytes) {
+    let ready = state.ready.load(Ordering::Acquire);
+    let shared = state.store.as_ref().and_then(|s| s.shared());
+    let (ready, detail) = match shared.map(|s| s.readiness()) {
+        Some((fleet_ready, line)) => (ready && fleet_ready, format!("cluster: {line}\n")),
+        None => (ready, String::new()),
+    };
+    let (status, word) = match ready {
+        true => (StatusCode::OK, "ready"),
+        false => (StatusCode::SERVICE_UNAVAILABLE, "not ready"),
+    };
+    (status, Bytes::from(format!("{word}\n{detail}")))
 }
 
 fn plain(status: StatusCode, body: Bytes, content_type: &'static str) -> Response<Full<Bytes>> {

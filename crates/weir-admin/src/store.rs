@@ -11,7 +11,7 @@
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use hyper::StatusCode;
 use weir_config::diff::{diff, Change};
@@ -19,6 +19,7 @@ use weir_config::Config;
 use weir_core::Proxy;
 
 use crate::api::error::ApiError;
+use crate::shared::{Shared, SharedError};
 
 pub struct Store {
     proxy: Arc<Proxy>,
@@ -27,6 +28,8 @@ pub struct Store {
     state: Mutex<State>,
     /// `[admin] token_file`, as last read (see `api::auth`).
     pub(crate) token: crate::api::auth::TokenCache,
+    /// Set on a fleet member: API writes go to the fleet's shared objects.
+    shared: OnceLock<Arc<dyn Shared>>,
     /// Runs between validation and apply: tests hold a change there to see what the admin
     /// listener does meanwhile.
     #[cfg(test)]
@@ -125,9 +128,26 @@ impl Store {
                 frozen: false,
             }),
             token: Default::default(),
+            shared: OnceLock::new(),
             #[cfg(test)]
             before_apply: Mutex::new(None),
         }
+    }
+
+    /// Makes this instance's API write to the fleet's `shared` objects; `version`: that of
+    /// the running config (an etcd revision).
+    pub fn set_shared(&self, shared: Arc<dyn Shared>, version: u64) {
+        let mut state = self.lock();
+        state.version = version;
+        for v in state.history.iter_mut() {
+            v.version = version;
+        }
+        let _ = self.shared.set(shared);
+    }
+
+    /// The fleet's shared objects, on a fleet member.
+    pub fn shared(&self) -> Option<&Arc<dyn Shared>> {
+        self.shared.get()
     }
 
     /// The config file changes persist to.
@@ -166,6 +186,10 @@ impl Store {
                 "check the file exists and is readable",
             )
         })?;
+        if let Some(shared) = self.shared() {
+            shared.reload_local(text)?;
+            return Ok(self.unchanged());
+        }
         let mut state = self.lock();
         let origin = Origin::new("SIGHUP");
         self.commit(&mut state, text, WriteMode::default(), &origin, false)
@@ -178,6 +202,9 @@ impl Store {
         mode: WriteMode,
         origin: &Origin,
     ) -> Result<Applied, ApiError> {
+        if let Some(shared) = self.shared() {
+            return self.write_shared(shared, mode, origin, |_| Ok(text.clone()));
+        }
         let mut state = self.lock();
         check_version(&state, mode)?;
         self.commit(&mut state, text, mode, origin, true)
@@ -188,19 +215,105 @@ impl Store {
         &self,
         mode: WriteMode,
         origin: &Origin,
-        edit: impl FnOnce(&mut toml_edit::DocumentMut) -> Result<(), ApiError>,
+        edit: impl Fn(&mut toml_edit::DocumentMut) -> Result<(), ApiError>,
     ) -> Result<Applied, ApiError> {
+        let edited = |text: &str| {
+            let mut doc: toml_edit::DocumentMut = text.parse().map_err(|_| {
+                ApiError::new(
+                    StatusCode::CONFLICT,
+                    "the running config text cannot be edited",
+                    "replace the whole config with PUT /api/v1/config",
+                )
+            })?;
+            edit(&mut doc)?;
+            Ok(doc.to_string())
+        };
+        if let Some(shared) = self.shared() {
+            return self.write_shared(shared, mode, origin, edited);
+        }
         let mut state = self.lock();
         check_version(&state, mode)?;
-        let mut doc: toml_edit::DocumentMut = state.text.parse().map_err(|_| {
-            ApiError::new(
-                StatusCode::CONFLICT,
-                "the running config text cannot be edited",
-                "replace the whole config with PUT /api/v1/config",
-            )
-        })?;
-        edit(&mut doc)?;
-        self.commit(&mut state, doc.to_string(), mode, origin, true)
+        let text = edited(&state.text)?;
+        self.commit(&mut state, text, mode, origin, true)
+    }
+
+    /// A fleet member's write: `make` gives the new text from the running one; its objects
+    /// are written to the fleet, and this returns once this instance applied them. Edited
+    /// again on the newer text when another change came in between (no If-Match lost).
+    fn write_shared(
+        &self,
+        shared: &Arc<dyn Shared>,
+        mode: WriteMode,
+        origin: &Origin,
+        make: impl Fn(&str) -> Result<String, ApiError>,
+    ) -> Result<Applied, ApiError> {
+        for _ in 0..MOVED_RETRIES {
+            let (base_version, base) = {
+                let state = self.lock();
+                check_frozen(&state)?;
+                (state.version, state.text.clone())
+            };
+            let (config, text) = shared.parse(&make(&base)?)?;
+            let running = self.proxy.config();
+            check_admin_unchanged(&running, &config)?;
+            let changes = diff(&running, &config);
+            if mode.dry_run {
+                let fields = weir_config::field_diff::field_changes(&base, &text);
+                return Ok(Applied {
+                    version: base_version,
+                    changes,
+                    fields,
+                });
+            }
+            match shared.write(&base, base_version, &text, mode.expect) {
+                Ok(version) => {
+                    shared.wait_applied(version)?;
+                    let shown: Vec<String> = changes.iter().map(ToString::to_string).collect();
+                    tracing::info!(by = %origin.by, version, changes = ?shown, "shared config written");
+                    return Ok(Applied {
+                        version,
+                        changes,
+                        fields: Vec::new(),
+                    });
+                }
+                Err(SharedError::Moved) => continue,
+                Err(SharedError::Failed(e)) => return Err(e),
+            }
+        }
+        Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "the shared objects kept changing while this change was being written",
+            "retry the request",
+        ))
+    }
+
+    /// The running version, as the outcome of a change applied elsewhere (the fleet's).
+    fn unchanged(&self) -> Applied {
+        Applied {
+            version: self.lock().version,
+            changes: Vec::new(),
+            fields: Vec::new(),
+        }
+    }
+
+    /// Applies a config the fleet built from its shared objects (validated already) as
+    /// `version`; `by` says who changed them. Nothing is persisted here: the fleet keeps
+    /// its own snapshot of the objects.
+    pub fn apply_shared(
+        &self,
+        config: Config,
+        text: String,
+        version: u64,
+        by: &str,
+    ) -> Result<Vec<Change>, ApiError> {
+        let mut state = self.lock();
+        check_admin_unchanged(&self.proxy.config(), &config)?;
+        let changes = self.proxy.apply(config).map_err(ApiError::from)?;
+        let from = state.version;
+        state.version = version;
+        state.text = text;
+        record(&mut state, from, &Origin::new(by), &changes);
+        Ok(changes)
     }
 
     fn commit(
@@ -248,7 +361,7 @@ impl Store {
         };
         state.version += 1;
         state.text = text;
-        record(state, origin, &changes);
+        record(state, state.version - 1, origin, &changes);
         if let (Some(tmp), Some(path)) = (staged, &self.path) {
             std::fs::rename(&tmp, path).map_err(|e| write_error(path, &e))?;
         }
@@ -281,12 +394,12 @@ fn located(e: weir_core::ApplyError, name: &str, text: &str) -> ApiError {
     error
 }
 
-/// Logs the change that made `state.version` and remembers it.
-fn record(state: &mut State, origin: &Origin, changes: &[Change]) {
+/// Logs the change from version `from` that made `state.version` and remembers it.
+fn record(state: &mut State, from: u64, origin: &Origin, changes: &[Change]) {
     let changes: Vec<String> = changes.iter().map(ToString::to_string).collect();
     tracing::info!(
         by = %origin.by,
-        from = state.version - 1,
+        from,
         version = state.version,
         changes = ?changes,
         "config changed"
@@ -308,7 +421,10 @@ fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-fn check_version(state: &State, mode: WriteMode) -> Result<(), ApiError> {
+/// How often a fleet member edits again when other changes keep coming in between.
+const MOVED_RETRIES: usize = 5;
+
+fn check_frozen(state: &State) -> Result<(), ApiError> {
     if state.frozen {
         return Err(ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -316,6 +432,11 @@ fn check_version(state: &State, mode: WriteMode) -> Result<(), ApiError> {
             "retry in a moment; the new process takes the change",
         ));
     }
+    Ok(())
+}
+
+fn check_version(state: &State, mode: WriteMode) -> Result<(), ApiError> {
+    check_frozen(state)?;
     match mode.expect {
         Some(v) if v != state.version => Err(ApiError::new(
             StatusCode::CONFLICT,

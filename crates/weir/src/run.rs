@@ -51,6 +51,9 @@ pub fn init_logging(config: Option<&Path>) {
 
 pub fn check_file(path: &Path) -> anyhow::Result<()> {
     let (config, text) = weir_config::load_file_with_text(path)?;
+    if config.cluster.etcd.is_some() {
+        weir_config::cluster::check_local_file(&text, &path.display().to_string())?;
+    }
     let located = |e: weir_core::StartError| start_error(path, &text, e);
     let certs = weir_core::tls::check::check(&config)
         .map_err(|e| located(weir_core::StartError::Tls(e)))?;
@@ -113,7 +116,10 @@ pub fn run_file(path: &Path, upgrade_from: Option<&Path>) -> anyhow::Result<()> 
         }
         None => (None, None),
     };
-    let running = Running::start_with(config, Some(path.to_path_buf()), text, sockets)?;
+    let running = match config.cluster.etcd.clone() {
+        None => Running::start_with(config, Some(path.to_path_buf()), text, sockets)?,
+        Some(etcd) => Running::start_member(etcd, path, text, sockets)?,
+    };
     // Before the old process of an upgrade is told to drain: systemd must know the new
     // main pid by the time the old one exits.
     crate::notify::ready();
@@ -134,6 +140,8 @@ pub struct Running {
     pub admin: Option<Admin>,
     state: Arc<AdminState>,
     store: Arc<Store>,
+    /// A fleet member's link to etcd.
+    fleet: Option<Arc<weir_cluster::Fleet>>,
     /// This binary's path at start: `weir upgrade` runs whatever is installed there then.
     exe: Option<PathBuf>,
 }
@@ -202,8 +210,27 @@ impl Running {
             admin,
             state,
             store,
+            fleet: None,
             exe: std::env::current_exe().ok(),
         })
+    }
+
+    /// A fleet member (`[cluster] etcd` in the local file at `path`, whose `text` holds
+    /// only per-node sections): starts with the shared objects from etcd (or the snapshot
+    /// when etcd cannot be reached), then follows them.
+    fn start_member(
+        etcd: weir_config::cluster::EtcdCluster,
+        path: &Path,
+        text: String,
+        sockets: Option<Sockets>,
+    ) -> anyhow::Result<Running> {
+        weir_config::cluster::check_local_file(&text, &path.display().to_string())?;
+        let (fleet, initial) = weir_cluster::Fleet::connect(etcd, text, Some(path.to_path_buf()))?;
+        let mut running =
+            Running::start_with(initial.config, Some(path.to_path_buf()), initial.text, sockets)?;
+        fleet.run(running.store.clone());
+        running.fleet = Some(fleet);
+        Ok(running)
     }
 
     /// Blocks until SIGTERM or SIGINT (or a successful upgrade), then drains and stops.
@@ -223,6 +250,9 @@ impl Running {
         }
         // Tell load balancers polling /ready to stop sending new work while we drain.
         self.state.ready.store(false, Ordering::Release);
+        if let Some(fleet) = self.fleet.take() {
+            fleet.stop();
+        }
         self.proxy.shutdown();
         if let Some(admin) = self.admin {
             admin.stop();

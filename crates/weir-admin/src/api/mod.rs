@@ -13,7 +13,7 @@
 pub(crate) mod auth;
 pub(crate) mod convert;
 mod edit;
-pub(crate) mod error;
+pub mod error;
 mod views;
 
 use std::net::SocketAddr;
@@ -119,7 +119,7 @@ fn route(call: Call, store: &Store) -> Result<Response<Full<Bytes>>, ApiError> {
             let body = convert::body_table(&call.body, call.format)?;
             written(
                 store.edit(call.mode, &call.origin, |doc| {
-                    edit::put_upstream(doc, name, body)
+                    edit::put_upstream(doc, name, body.clone())
                 }),
                 call.mode,
             )
@@ -157,7 +157,7 @@ fn route(call: Call, store: &Store) -> Result<Response<Full<Bytes>>, ApiError> {
             let body = convert::body_table(&call.body, call.format)?;
             written(
                 store.edit(call.mode, &call.origin, |doc| {
-                    edit::put_listener(doc, name, body)
+                    edit::put_listener(doc, name, body.clone())
                 }),
                 call.mode,
             )
@@ -173,7 +173,7 @@ fn route(call: Call, store: &Store) -> Result<Response<Full<Bytes>>, ApiError> {
             let body = convert::body_table(&call.body, call.format)?;
             written(
                 store.edit(call.mode, &call.origin, |doc| {
-                    edit::put_route(doc, l, r, body)
+                    edit::put_route(doc, l, r, body.clone())
                 }),
                 call.mode,
             )

@@ -32,6 +32,7 @@ pub fn encode_text(metrics: &Metrics, snapshot: &Snapshot) -> String {
         config: (*snapshot.config).clone(),
         slots: snapshot.slots.clone(),
         dropped: metrics.dropped_log_lines(),
+        etcd: metrics.etcd.clone(),
         up: up_table(snapshot),
         certs: cert_table(snapshot),
         renewals: renewal_table(snapshot),
@@ -93,6 +94,7 @@ struct Scrape {
     up: Vec<Vec<bool>>,
     certs: Vec<(usize, String, i64)>,
     renewals: Vec<(usize, String, i64)>,
+    etcd: std::sync::Arc<super::etcd::EtcdMetrics>,
 }
 
 type Result = std::result::Result<(), std::fmt::Error>;
@@ -149,6 +151,7 @@ impl Collector for Scrape {
         self.acme(&mut enc)?;
         self.upstream_counters(&mut enc)?;
         self.upstream_histograms(&mut enc)?;
+        self.etcd(&mut enc)?;
         self.process(&mut enc)
     }
 }
@@ -708,6 +711,26 @@ impl Scrape {
             "Time from sending the request to the response head.",
             &response,
         )
+    }
+
+    /// `weir_cluster_*`: a fleet member's view of etcd (only on a member).
+    fn etcd(&self, enc: &mut DescriptorEncoder) -> Result {
+        let e = &self.etcd;
+        if !e.enabled.load(Relaxed) {
+            return Ok(());
+        }
+        let revisions = [
+            (vec![("state", "applied".to_string())], e.applied_revision.load(Relaxed)),
+            (vec![("state", "seen".to_string())], e.seen_revision.load(Relaxed)),
+        ];
+        gauge(enc, "weir_cluster_config_revision", "The etcd revision of the last shared-config change this instance applied, and the last it has seen (a rejected change is seen, not applied).", &revisions)?;
+        let age = e.contact_age().unwrap_or(-1.0);
+        let mut m = enc.encode_descriptor("weir_cluster_etcd_contact_age_seconds", "Seconds since this instance last heard from etcd (-1: never).", None, MetricType::Gauge)?;
+        ConstGauge::new(age).encode(m.encode_family(&Vec::<(&str, String)>::new())?)?;
+        let lease = 3.0 * e.lease_interval_s();
+        gauge(enc, "weir_cluster_in_sync", "1 when this instance applied every shared change it has seen and heard from etcd within three lease renewals.", &[(vec![], i64::from(e.in_sync(lease)))])?;
+        counter(enc, "weir_cluster_rejected", "Shared-config changes this instance did not apply (invalid here, or failed to apply); it keeps the last good config.", &[(vec![], e.rejected.load(Relaxed))])?;
+        counter(enc, "weir_cluster_relists", "Full reads of the shared objects from etcd (start, compacted history, lost watch).", &[(vec![], e.relists.load(Relaxed))])
     }
 
     fn process(&self, enc: &mut DescriptorEncoder) -> Result {

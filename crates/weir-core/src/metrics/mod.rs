@@ -7,6 +7,7 @@
 //! methods from a fixed set, status codes.
 
 mod encode;
+pub mod etcd;
 pub mod layout;
 pub mod process;
 pub mod shard;
@@ -23,6 +24,8 @@ pub struct Metrics {
     shards: Mutex<Vec<Arc<WorkerMetrics>>>,
     /// Access-log lines dropped because the writer fell behind.
     pub access_log_dropped: Arc<AtomicU64>,
+    /// A fleet member's view of etcd.
+    pub etcd: Arc<etcd::EtcdMetrics>,
 }
 
 impl Metrics {

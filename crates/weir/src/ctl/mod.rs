@@ -2,6 +2,7 @@
 //! writes print what changed and the new version. Any failure prints the API's message,
 //! field and fix, and exits non-zero.
 
+mod cluster;
 mod http;
 mod table;
 
@@ -74,6 +75,11 @@ enum CtlCommand {
         /// For `add` and `weight`.
         weight: Option<u32>,
     },
+    /// A fleet's shared objects in etcd, reached through [cluster] etcd of -c FILE.
+    Cluster {
+        #[command(subcommand)]
+        action: cluster::Action,
+    },
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -102,6 +108,9 @@ enum ServerAction {
 }
 
 pub fn run(ctl: Ctl) -> anyhow::Result<()> {
+    if let CtlCommand::Cluster { action } = &ctl.command {
+        return cluster::run(action, ctl.config.as_deref(), ctl.output);
+    }
     let client = Client::new(&ctl)?;
     match &ctl.command {
         CtlCommand::Get { what, name } => get(&client, *what, name.as_deref(), ctl.output),
@@ -122,6 +131,7 @@ pub fn run(ctl: Ctl) -> anyhow::Result<()> {
             weight,
         } => server(&client, *action, upstream, addr, *weight, ctl.output),
         CtlCommand::History => history(&client, ctl.output),
+        CtlCommand::Cluster { .. } => unreachable!("handled above"),
     }
 }
 
@@ -399,15 +409,7 @@ fn write_config(
     dry_run: bool,
     output: Output,
 ) -> anyhow::Result<Value> {
-    let body = if file == "-" {
-        let mut b = Vec::new();
-        std::io::stdin()
-            .read_to_end(&mut b)
-            .context("reading stdin")?;
-        b
-    } else {
-        std::fs::read(file).with_context(|| format!("cannot read {file}"))?
-    };
+    let body = read_bytes(file)?;
     let is_json =
         file.ends_with(".json") || body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{');
     let content_type = if is_json {
@@ -514,6 +516,23 @@ fn print_or_table(
     }
     let rows: Vec<Vec<String>> = list(&reply["data"]).iter().map(row).collect();
     print!("{}", table::render(header, &rows));
+}
+
+/// FILE's bytes (`-`: stdin).
+fn read_bytes(file: &str) -> anyhow::Result<Vec<u8>> {
+    if file == "-" {
+        let mut b = Vec::new();
+        std::io::stdin()
+            .read_to_end(&mut b)
+            .context("reading stdin")?;
+        return Ok(b);
+    }
+    std::fs::read(file).with_context(|| format!("cannot read {file}"))
+}
+
+/// FILE as UTF-8 text (`-`: stdin).
+fn read_file(file: &str) -> anyhow::Result<String> {
+    String::from_utf8(read_bytes(file)?).with_context(|| format!("{file} is not UTF-8"))
 }
 
 fn print_json(v: &Value) {

@@ -1,0 +1,29 @@
+//! The snapshot file: the shared objects last applied here, written whole (a temporary
+//! file renamed over the old one) after each change applied, so an instance restarted
+//! while etcd is unreachable comes up with them.
+
+use serde_json::Value as Json;
+use weir_config::cluster::EtcdCluster;
+
+use crate::view::View;
+
+pub fn save(settings: &EtcdCluster, view: &Json) -> std::io::Result<()> {
+    let text = view.to_string();
+    weir_core::tls::auto::storage::write(&settings.snapshot, text.as_bytes(), true)
+}
+
+/// The snapshot of this fleet's prefix; `None` when there is none (or it is of another).
+pub fn load(settings: &EtcdCluster) -> Result<Option<View>, String> {
+    let path = &settings.snapshot;
+    let bytes = match std::fs::read(path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("{}: {e}", path.display())),
+    };
+    let json: Json = serde_json::from_slice(&bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+    let view = View::from_json(&json, &settings.prefix);
+    if view.is_none() {
+        tracing::warn!(path = %path.display(), "the cluster snapshot is of another prefix: not used");
+    }
+    Ok(view)
+}

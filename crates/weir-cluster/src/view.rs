@@ -1,0 +1,156 @@
+//! The shared objects as this instance last saw them in etcd, with the revisions that
+//! writes are conditioned on.
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde_json::{json, Value as Json};
+use weir_config::cluster::objects::Objects;
+
+use crate::etcd::{Event, Kv};
+
+/// The key (under `PREFIX/config/`) every write through Weir also puts: its revision is
+/// that of the last change, deletions included, and its value says who made it.
+pub const VERSION_KEY: &str = ".version";
+
+#[derive(Debug, Clone, Default)]
+pub struct View {
+    /// Relative key -> value.
+    pub objects: Objects,
+    /// Relative key -> the revision it was last written at.
+    pub mod_revisions: BTreeMap<String, i64>,
+    /// Keys deleted while watching -> the revision of the deletion.
+    deleted: HashMap<String, i64>,
+    /// The etcd revision this view is complete at: a watch resumes after it.
+    pub revision: i64,
+    /// The revision of the last change to the objects: the config's version.
+    pub config_revision: i64,
+    /// Who made the last change through Weir (the version key's value), and when.
+    pub by: String,
+    by_revision: i64,
+}
+
+impl View {
+    /// The view of a full listing of `PREFIX/config/` (keys relative to it) at `revision`.
+    pub fn listed(revision: i64, kvs: Vec<(String, Kv)>) -> View {
+        let mut view = View {
+            revision,
+            ..View::default()
+        };
+        for (key, kv) in kvs {
+            view.put(key, kv);
+        }
+        view
+    }
+
+    /// Applies watched events (keys relative) up to `revision`.
+    pub fn apply(&mut self, revision: i64, events: Vec<(String, Event)>) {
+        for (key, event) in events {
+            match event {
+                Event::Put(kv) => self.put(key, kv),
+                Event::Delete { revision, .. } => {
+                    self.config_revision = self.config_revision.max(revision);
+                    self.objects.remove(&key);
+                    self.mod_revisions.remove(&key);
+                    self.deleted.insert(key, revision);
+                }
+            }
+        }
+        self.revision = self.revision.max(revision);
+    }
+
+    fn put(&mut self, key: String, kv: Kv) {
+        self.config_revision = self.config_revision.max(kv.mod_revision);
+        if key == VERSION_KEY {
+            self.by = String::from_utf8_lossy(&kv.value).into_owned();
+            self.by_revision = kv.mod_revision;
+            return;
+        }
+        self.deleted.remove(&key);
+        self.mod_revisions.insert(key.clone(), kv.mod_revision);
+        self.objects
+            .insert(key, String::from_utf8_lossy(&kv.value).into_owned());
+    }
+
+    /// Who made the last change: the writer through Weir, or `etcd` (written directly).
+    pub fn author(&self) -> String {
+        match self.by_revision == self.config_revision && !self.by.is_empty() {
+            true => self.by.clone(),
+            false => "etcd".to_owned(),
+        }
+    }
+
+    /// The revision `key` was last written or deleted at, as far as this view knows.
+    pub fn last_change(&self, key: &str) -> i64 {
+        self.mod_revisions
+            .get(key)
+            .or_else(|| self.deleted.get(key))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// The view as the snapshot file keeps it.
+    pub fn to_json(&self, prefix: &str) -> Json {
+        let objects: serde_json::Map<String, Json> = self
+            .objects
+            .iter()
+            .map(|(k, v)| (k.clone(), json!({"value": v, "mod_revision": self.mod_revisions.get(k)})))
+            .collect();
+        json!({
+            "prefix": prefix,
+            "revision": self.revision,
+            "config_revision": self.config_revision,
+            "by": self.by,
+            "by_revision": self.by_revision,
+            "objects": objects,
+        })
+    }
+
+    /// A view read back from [`View::to_json`]; `None` if it is not one of `prefix`.
+    pub fn from_json(json: &Json, prefix: &str) -> Option<View> {
+        if json["prefix"].as_str() != Some(prefix) {
+            return None;
+        }
+        let mut view = View {
+            revision: json["revision"].as_i64()?,
+            config_revision: json["config_revision"].as_i64()?,
+            by: json["by"].as_str().unwrap_or_default().to_owned(),
+            by_revision: json["by_revision"].as_i64().unwrap_or(0),
+            ..View::default()
+        };
+        for (k, o) in json["objects"].as_object()? {
+            view.objects.insert(k.clone(), o["value"].as_str()?.to_owned());
+            view.mod_revisions.insert(k.clone(), o["mod_revision"].as_i64()?);
+        }
+        Some(view)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kv(key: &str, value: &str, rev: i64) -> Kv {
+        Kv {
+            key: key.into(),
+            value: value.as_bytes().to_vec(),
+            mod_revision: rev,
+            create_revision: rev,
+        }
+    }
+
+    #[test]
+    fn events_and_deletions_move_the_config_revision_and_the_snapshot_round_trips() {
+        let mut view = View::listed(5, vec![("upstreams/a".into(), kv("k", "x = 1\n", 4))]);
+        assert_eq!((view.revision, view.config_revision), (5, 4));
+        view.apply(9, vec![("upstreams/a".into(), Event::Delete { key: "k".into(), revision: 8 })]);
+        assert_eq!((view.config_revision, view.last_change("upstreams/a")), (8, 8));
+        view.apply(10, vec![(VERSION_KEY.into(), Event::Put(kv("k", "api on n1", 10)))]);
+        assert_eq!((view.config_revision, view.by.as_str()), (10, "api on n1"));
+        assert!(view.objects.is_empty());
+        let mut again = View::listed(3, vec![("listeners/w".into(), kv("k", "bind = \"x\"\n", 2))]);
+        again.by = "push".into();
+        let back = View::from_json(&again.to_json("/p"), "/p").unwrap();
+        assert_eq!((back.objects, back.mod_revisions, back.by), (again.objects, again.mod_revisions, again.by));
+        assert!(View::from_json(&again.to_json("/p"), "/q").is_none());
+    }
+}

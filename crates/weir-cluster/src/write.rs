@@ -1,0 +1,266 @@
+//! Writes through any instance: the admin API's changes become etcd transactions, each
+//! conditioned on the `mod_revision` of every object it writes, so two operators racing
+//! on two instances cannot lose an update: one transaction wins, the other finds the
+//! object moved (and gets 412 when it said `If-Match`, or is edited again on the newer
+//! objects when it did not).
+
+use std::time::Duration;
+
+use hyper::StatusCode;
+use weir_admin::api::error::ApiError;
+use weir_admin::{Shared, SharedError};
+use weir_config::cluster::objects::{self, ObjectKey, Objects};
+use weir_config::Config;
+
+use crate::etcd::{Compare, EtcdError, Op};
+use crate::fleet::Fleet;
+use crate::view::{View, VERSION_KEY};
+
+/// Operations per transaction: under etcd's default `--max-txn-ops` (128).
+pub const TXN_OPS: usize = 100;
+
+/// How long a write waits for this instance to apply it.
+const APPLY_WAIT: Duration = Duration::from_secs(10);
+
+/// One object to write: its relative key and new value (`None`: delete).
+pub type Change = (String, Option<String>);
+
+/// The objects that differ between `old` and `new`, in an order where each step is valid
+/// when the end is: upstreams, listeners, routes written first, then routes, listeners,
+/// upstreams deleted.
+pub fn changes(old: &Objects, new: &Objects) -> Vec<Change> {
+    let rank = |key: &str, delete: bool| {
+        let kind = match ObjectKey::parse(key) {
+            Some(ObjectKey::Upstream(_)) => 0,
+            Some(ObjectKey::Listener(_)) => 1,
+            _ => 2,
+        };
+        if delete {
+            5 - kind
+        } else {
+            kind
+        }
+    };
+    let mut out: Vec<(u8, Change)> = Vec::new();
+    for (key, value) in new {
+        if !old.get(key).is_some_and(|o| objects::same_value(o, value)) {
+            out.push((rank(key, false), (key.clone(), Some(value.clone()))));
+        }
+    }
+    for key in old.keys().filter(|k| !new.contains_key(*k)) {
+        out.push((rank(key, true), (key.clone(), None)));
+    }
+    out.sort_by_key(|(r, _)| *r);
+    out.into_iter().map(|(_, c)| c).collect()
+}
+
+/// The transactions writing `changes`, each conditioned on its objects being as `view`
+/// has them, each also writing the version key (with `by`).
+pub fn transactions(
+    view: &View,
+    changes: &[Change],
+    key_name: &dyn Fn(&str) -> String,
+    by: &str,
+) -> Vec<(Vec<Compare>, Vec<Op>)> {
+    changes
+        .chunks(TXN_OPS)
+        .map(|chunk| {
+            let mut compares = Vec::new();
+            let mut ops = Vec::new();
+            for (key, value) in chunk {
+                let full = key_name(key);
+                compares.push(match view.mod_revisions.get(key) {
+                    Some(rev) => Compare::ModRevision(full.clone(), *rev),
+                    None => Compare::Absent(full.clone()),
+                });
+                ops.push(match value {
+                    Some(v) => Op::Put {
+                        key: full,
+                        value: v.clone().into_bytes(),
+                        lease: 0,
+                    },
+                    None => Op::Delete(full),
+                });
+            }
+            ops.push(Op::Put {
+                key: key_name(VERSION_KEY),
+                value: by.as_bytes().to_vec(),
+                lease: 0,
+            });
+            (compares, ops)
+        })
+        .collect()
+}
+
+impl Shared for Fleet {
+    fn parse(&self, text: &str) -> Result<(Config, String), ApiError> {
+        let (config, assembled) = self.parse_text(text)?;
+        Ok((config, assembled.text))
+    }
+
+    fn write(
+        &self,
+        base: &str,
+        base_version: u64,
+        text: &str,
+        expect: Option<u64>,
+    ) -> Result<u64, SharedError> {
+        let old = objects::split(base, "the running config").map_err(ApiError::from)?;
+        let new = objects::split(text, "the request").map_err(ApiError::from)?;
+        let changes = changes(&old, &new);
+        if changes.is_empty() {
+            return Ok(base_version);
+        }
+        let txns = {
+            let view = self.lock_view();
+            if let Err(e) = check_unchanged(&view, &changes, base_version as i64, expect) {
+                drop(view);
+                self.wait_caught_up();
+                return Err(e);
+            }
+            let by = format!("api on {}", self.settings.node);
+            transactions(&view, &changes, &|k| self.key_name(k), &by)
+        };
+        let mut revision = base_version as i64;
+        for (compares, ops) in txns {
+            let (ok, rev) = self
+                .block_on(self.etcd.txn(&compares, &ops))
+                .map_err(etcd_failed)?;
+            if !ok {
+                // Moved since this view: wait until the view has the newer objects.
+                self.wait_view(rev);
+                self.wait_caught_up();
+                return Err(SharedError::Moved);
+            }
+            revision = rev;
+        }
+        Ok(revision as u64)
+    }
+
+    fn wait_applied(&self, version: u64) -> Result<(), ApiError> {
+        let mut progress = self.progress.subscribe();
+        let reached = self.block_on(async {
+            tokio::time::timeout(APPLY_WAIT, progress.wait_for(|p| p.seen >= version as i64))
+                .await
+                .ok()
+                .and_then(Result::ok)
+                .map(|p| p.clone())
+        });
+        match reached {
+            Some(p) if p.applied >= version as i64 => Ok(()),
+            Some(p) => {
+                let why = p.rejected.map(|(_, why)| why).unwrap_or_default();
+                Err(ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    format!("written to etcd at revision {version}, but this instance did not apply it: {why}"),
+                    "fix or revert the object; the other instances may have applied it (weir ctl cluster status)",
+                ))
+            }
+            None => Err(ApiError::new(
+                StatusCode::GATEWAY_TIMEOUT,
+                format!("written to etcd at revision {version}; not applied here within {APPLY_WAIT:?}"),
+                "check /ready and weir ctl cluster status",
+            )),
+        }
+    }
+
+    fn reload_local(&self, text: String) -> Result<(), ApiError> {
+        self.set_local(text).map_err(|why| {
+            ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                why,
+                "fix the local file and send SIGHUP again; the running config stays",
+            )
+        })
+    }
+
+    fn readiness(&self) -> (bool, String) {
+        self.readiness_line()
+    }
+}
+
+impl Fleet {
+    /// Waits (briefly) until the view has seen `revision`.
+    fn wait_view(&self, revision: i64) {
+        let deadline = std::time::Instant::now() + self.settings.timeout;
+        while self.lock_view().revision < revision && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Waits (briefly) until the running config is the view's (applied or rejected).
+    fn wait_caught_up(&self) {
+        let target = self.lock_view().config_revision;
+        let mut progress = self.progress.subscribe();
+        self.block_on(async {
+            let _ = tokio::time::timeout(
+                self.settings.timeout,
+                progress.wait_for(|p| p.seen >= target),
+            )
+            .await;
+        });
+    }
+
+    /// `/ready`'s verdict and line: serving (some listener) and how in sync.
+    fn readiness_line(&self) -> (bool, String) {
+        let p = self.progress.borrow().clone();
+        let metrics = self.metrics();
+        let age = metrics.contact_age();
+        let stale = 3.0 * metrics.lease_interval_s().max(1.0);
+        let mut line = match (&p.rejected, age) {
+            (Some((rev, why)), _) => {
+                format!("revision {rev} rejected here: {why}; serving revision {}", p.applied)
+            }
+            (None, Some(age)) if age <= stale => format!("in sync at revision {}", p.applied),
+            (None, Some(age)) => {
+                format!("etcd unreachable for {age:.0}s; serving revision {}", p.applied)
+            }
+            (None, None) => format!("etcd not reached yet; serving revision {}", p.applied),
+        };
+        if !p.serving {
+            line.push_str(&format!(
+                "; no listeners under {}/config/ yet",
+                self.settings.prefix
+            ));
+        }
+        (p.serving, line)
+    }
+}
+
+/// The objects of `changes` as the edit saw them (`base`) are as etcd last told this view;
+/// with `expect`, none changed after it either.
+fn check_unchanged(
+    view: &View,
+    changes: &[Change],
+    base: i64,
+    expect: Option<u64>,
+) -> Result<(), SharedError> {
+    for (key, _) in changes {
+        let last = view.last_change(key);
+        if let Some(expect) = expect {
+            if last > expect as i64 {
+                return Err(SharedError::Failed(ApiError::new(
+                    StatusCode::PRECONDITION_FAILED,
+                    format!("{key} changed at revision {last}, after {expect} (If-Match)"),
+                    "GET it again and retry with the new ETag",
+                )));
+            }
+        }
+        if last > base {
+            return Err(SharedError::Moved);
+        }
+    }
+    Ok(())
+}
+
+fn etcd_failed(e: EtcdError) -> SharedError {
+    let status = match e {
+        EtcdError::Unreachable(_) => StatusCode::SERVICE_UNAVAILABLE,
+        EtcdError::Refused(_) => StatusCode::BAD_GATEWAY,
+    };
+    SharedError::Failed(ApiError::new(
+        status,
+        format!("the change was not written: {e}"),
+        "retry when etcd is reachable; this instance keeps serving the last applied config",
+    ))
+}
