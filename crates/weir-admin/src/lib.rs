@@ -36,8 +36,8 @@ pub mod store;
 mod tests;
 
 use conn::{Clock, Limits};
-use slots::{Admission, Slot, Slots};
 pub use shared::{Shared, SharedError};
+use slots::{Admission, Slot, Slots};
 pub use store::Store;
 
 /// The limits when no config is attached (`AdminState::store` is `None`): the `[admin]`

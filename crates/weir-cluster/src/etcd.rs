@@ -71,7 +71,11 @@ pub enum Compare {
 /// An operation of a transaction.
 #[derive(Debug, Clone)]
 pub enum Op {
-    Put { key: String, value: Vec<u8>, lease: i64 },
+    Put {
+        key: String,
+        value: Vec<u8>,
+        lease: i64,
+    },
     Delete(String),
 }
 
@@ -92,7 +96,10 @@ impl Etcd {
                 let password = std::fs::read_to_string(file).map_err(|e| {
                     EtcdError::Refused(format!("cannot read {}: {e}", file.display()))
                 })?;
-                Some((user.clone(), password.trim_end_matches(['\r', '\n']).to_owned()))
+                Some((
+                    user.clone(),
+                    password.trim_end_matches(['\r', '\n']).to_owned(),
+                ))
             }
             _ => None,
         };
@@ -110,7 +117,10 @@ impl Etcd {
     /// they were read at.
     pub async fn range(&self, key: &str, range_end: &str) -> Result<(i64, Vec<Kv>), EtcdError> {
         let reply = self
-            .call("/v3/kv/range", &json!({"key": b64(key), "range_end": b64(range_end)}))
+            .call(
+                "/v3/kv/range",
+                &json!({"key": b64(key), "range_end": b64(range_end)}),
+            )
             .await?;
         let kvs = reply["kvs"].as_array().into_iter().flatten();
         Ok((header_revision(&reply), kvs.filter_map(kv).collect()))
@@ -121,7 +131,10 @@ impl Etcd {
         let compare: Vec<Json> = compare.iter().map(Compare::to_json).collect();
         let success: Vec<Json> = ops.iter().map(Op::to_json).collect();
         let reply = self
-            .call("/v3/kv/txn", &json!({"compare": compare, "success": success}))
+            .call(
+                "/v3/kv/txn",
+                &json!({"compare": compare, "success": success}),
+            )
             .await?;
         let ok = reply["succeeded"].as_bool().unwrap_or(false);
         Ok((ok, header_revision(&reply)))
@@ -130,7 +143,10 @@ impl Etcd {
     /// A lease of `ttl`; its id.
     pub async fn lease_grant(&self, ttl: Duration) -> Result<i64, EtcdError> {
         let reply = self
-            .call("/v3/lease/grant", &json!({"TTL": ttl.as_secs().to_string()}))
+            .call(
+                "/v3/lease/grant",
+                &json!({"TTL": ttl.as_secs().to_string()}),
+            )
             .await?;
         Ok(num(&reply["ID"]))
     }
@@ -152,9 +168,12 @@ impl Etcd {
 
     /// Forgets the history before `revision` (what etcd's auto-compaction does).
     pub async fn compact(&self, revision: i64) -> Result<(), EtcdError> {
-        self.call("/v3/kv/compaction", &json!({"revision": revision.to_string()}))
-            .await
-            .map(drop)
+        self.call(
+            "/v3/kv/compaction",
+            &json!({"revision": revision.to_string()}),
+        )
+        .await
+        .map(drop)
     }
 
     /// Watches `[key, range_end)` from `start_revision` on.
@@ -176,7 +195,9 @@ impl Etcd {
                     return Ok(Watch::new(response.into_body(), self.endpoints[i].clone()));
                 }
                 Ok(Err(e)) => last = e,
-                Err(_) => last = format!("{}: no answer within {:?}", self.endpoints[i], self.timeout),
+                Err(_) => {
+                    last = format!("{}: no answer within {:?}", self.endpoints[i], self.timeout)
+                }
             }
         }
         Err(EtcdError::Unreachable(last))
@@ -204,7 +225,9 @@ impl Etcd {
                 }
                 Ok(Err(Failure::Refused(m))) => return Err(EtcdError::Refused(m)),
                 Ok(Err(Failure::TryNext(m))) => last = m,
-                Err(_) => last = format!("{}: no answer within {:?}", self.endpoints[i], self.timeout),
+                Err(_) => {
+                    last = format!("{}: no answer within {:?}", self.endpoints[i], self.timeout)
+                }
             }
         }
         Err(EtcdError::Unreachable(last))
@@ -236,9 +259,14 @@ impl Etcd {
             .unwrap_or("no message")
             .to_owned();
         // 14 Unavailable, 4 DeadlineExceeded: this member cannot serve it now.
-        let code = reply["code"].as_i64().or_else(|| reply["error"]["code"].as_i64());
+        let code = reply["code"]
+            .as_i64()
+            .or_else(|| reply["error"]["code"].as_i64());
         match code {
-            Some(14 | 4) => Err(Failure::TryNext(format!("{}: {message}", self.endpoints[i]))),
+            Some(14 | 4) => Err(Failure::TryNext(format!(
+                "{}: {message}",
+                self.endpoints[i]
+            ))),
             _ => Err(Failure::Refused(format!("{message} (HTTP {status})"))),
         }
     }
@@ -279,8 +307,17 @@ impl Etcd {
         let request = hyper::Request::post(format!("{endpoint}/v3/auth/authenticate"))
             .body(Full::new(Bytes::from(body)))
             .map_err(|e| e.to_string())?;
-        let response = self.client.request(request).await.map_err(|e| format!("{endpoint}: {}", error_chain(&e)))?;
-        let bytes = response.into_body().collect().await.map_err(|e| e.to_string())?.to_bytes();
+        let response = self
+            .client
+            .request(request)
+            .await
+            .map_err(|e| format!("{endpoint}: {}", error_chain(&e)))?;
+        let bytes = response
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| e.to_string())?
+            .to_bytes();
         let reply: Json = serde_json::from_slice(&bytes).unwrap_or(Json::Null);
         let token = reply["token"]
             .as_str()
@@ -425,7 +462,10 @@ mod tests {
     fn gateway_numbers_and_keys() {
         let v = json!({"key": "L3cvYQ==", "mod_revision": "3", "create_revision": "2", "value": "aGVsbG8="});
         let kv = kv(&v).unwrap();
-        assert_eq!((kv.key.as_str(), kv.value.as_slice(), kv.mod_revision), ("/w/a", &b"hello"[..], 3));
+        assert_eq!(
+            (kv.key.as_str(), kv.value.as_slice(), kv.mod_revision),
+            ("/w/a", &b"hello"[..], 3)
+        );
         assert_eq!(num(&json!(7)), 7);
     }
 }

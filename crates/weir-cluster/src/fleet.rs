@@ -120,7 +120,11 @@ impl Fleet {
         for (source, view) in candidates {
             match self.build(&local, &view.objects) {
                 Ok((config, assembled)) => {
-                    tracing::info!(source, revision = view.config_revision, "shared config loaded");
+                    tracing::info!(
+                        source,
+                        revision = view.config_revision,
+                        "shared config loaded"
+                    );
                     let version = view.config_revision.max(0) as u64;
                     self.progress.send_modify(|p| {
                         p.seen = view.config_revision;
@@ -160,7 +164,12 @@ impl Fleet {
                 tokio::time::timeout(self.settings.timeout, self.etcd.lease_revoke(lease)).await
             });
         }
-        if let Some(runtime) = self.runtime.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        if let Some(runtime) = self
+            .runtime
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
             runtime.shutdown_timeout(Duration::from_secs(1));
         }
     }
@@ -175,8 +184,12 @@ impl Fleet {
         let p = self.progress.borrow().clone();
         metrics.applied_revision.store(p.applied, Relaxed);
         metrics.seen_revision.store(p.seen, Relaxed);
-        metrics.last_contact_ms.store(self.metrics.last_contact_ms.load(Relaxed), Relaxed);
-        metrics.relists.store(self.metrics.relists.load(Relaxed), Relaxed);
+        metrics
+            .last_contact_ms
+            .store(self.metrics.last_contact_ms.load(Relaxed), Relaxed);
+        metrics
+            .relists
+            .store(self.metrics.relists.load(Relaxed), Relaxed);
         let interval = self.settings.lease_ttl.as_millis() as u64 / 3;
         metrics.lease_interval_ms.store(interval, Relaxed);
         metrics.enabled.store(true, Relaxed);
@@ -248,7 +261,8 @@ impl Fleet {
             Ok(serving) => {
                 metrics.applied_revision.store(revision, Relaxed);
                 self.progress.send_modify(|p| {
-                    (p.seen, p.applied, p.rejected, p.serving) = (revision, revision, None, *serving)
+                    (p.seen, p.applied, p.rejected, p.serving) =
+                        (revision, revision, None, *serving)
                 });
                 let json = self.lock_view().to_json(&self.settings.prefix);
                 if let Err(e) = crate::snapshot::save(&self.settings, &json) {
@@ -267,7 +281,13 @@ impl Fleet {
     }
 
     /// An apply error, told at the object's key when it names a field.
-    fn describe(&self, local: &LocalFile, objects: &Objects, assembled: &Assembled, e: ApiError) -> String {
+    fn describe(
+        &self,
+        local: &LocalFile,
+        objects: &Objects,
+        assembled: &Assembled,
+        e: ApiError,
+    ) -> String {
         if e.field.is_empty() {
             return format!("{} (fix: {})", e.message, e.fix);
         }

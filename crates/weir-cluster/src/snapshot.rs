@@ -20,7 +20,8 @@ pub fn load(settings: &EtcdCluster) -> Result<Option<View>, String> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(format!("{}: {e}", path.display())),
     };
-    let json: Json = serde_json::from_slice(&bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+    let json: Json =
+        serde_json::from_slice(&bytes).map_err(|e| format!("{}: {e}", path.display()))?;
     let view = View::from_json(&json, &settings.prefix);
     if view.is_none() {
         tracing::warn!(path = %path.display(), "the cluster snapshot is of another prefix: not used");

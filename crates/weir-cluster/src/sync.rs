@@ -23,7 +23,10 @@ pub(crate) async fn list(fleet: &Fleet) -> Result<View, EtcdError> {
 }
 
 /// The objects under `fleet_prefix`/config/.
-pub(crate) async fn list_view(etcd: &crate::etcd::Etcd, fleet_prefix: &str) -> Result<View, EtcdError> {
+pub(crate) async fn list_view(
+    etcd: &crate::etcd::Etcd,
+    fleet_prefix: &str,
+) -> Result<View, EtcdError> {
     let prefix = format!("{fleet_prefix}/config/");
     let (revision, kvs) = etcd.range(&prefix, &prefix_end(&prefix)).await?;
     let relative = kvs
@@ -72,7 +75,11 @@ enum Next {
 
 async fn relist(fleet: &Arc<Fleet>) -> Result<Next, EtcdError> {
     let view = list(fleet).await?;
-    tracing::info!(revision = view.revision, objects = view.objects.len(), "shared objects listed");
+    tracing::info!(
+        revision = view.revision,
+        objects = view.objects.len(),
+        "shared objects listed"
+    );
     *fleet.lock_view() = view;
     apply(fleet, false).await;
     Ok(Next::Watch)
@@ -88,7 +95,11 @@ async fn follow(fleet: &Arc<Fleet>, prefix: &str, end: &str) -> Result<Next, Etc
         let mut batch = match message {
             WatchMessage::Created { .. } => continue,
             WatchMessage::Compacted { compact_revision } => {
-                tracing::info!(from, compact_revision, "etcd history compacted past this view: listing again");
+                tracing::info!(
+                    from,
+                    compact_revision,
+                    "etcd history compacted past this view: listing again"
+                );
                 return Ok(Next::List);
             }
             WatchMessage::Events { revision, events } => vec![(revision, events)],
@@ -128,7 +139,10 @@ async fn apply(fleet: &Arc<Fleet>, force: bool) {
 /// Keeps `PREFIX/instances/NODE` (what `weir ctl cluster status` lists) under a lease
 /// renewed every third of its TTL, and its value up to date with this instance's progress.
 pub(crate) async fn register(fleet: Arc<Fleet>) {
-    let key = format!("{}/instances/{}", fleet.settings.prefix, fleet.settings.node);
+    let key = format!(
+        "{}/instances/{}",
+        fleet.settings.prefix, fleet.settings.node
+    );
     let ttl = fleet.settings.lease_ttl;
     let interval = ttl / 3;
     loop {

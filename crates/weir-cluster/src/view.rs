@@ -93,7 +93,12 @@ impl View {
         let objects: serde_json::Map<String, Json> = self
             .objects
             .iter()
-            .map(|(k, v)| (k.clone(), json!({"value": v, "mod_revision": self.mod_revisions.get(k)})))
+            .map(|(k, v)| {
+                (
+                    k.clone(),
+                    json!({"value": v, "mod_revision": self.mod_revisions.get(k)}),
+                )
+            })
             .collect();
         json!({
             "prefix": prefix,
@@ -118,8 +123,10 @@ impl View {
             ..View::default()
         };
         for (k, o) in json["objects"].as_object()? {
-            view.objects.insert(k.clone(), o["value"].as_str()?.to_owned());
-            view.mod_revisions.insert(k.clone(), o["mod_revision"].as_i64()?);
+            view.objects
+                .insert(k.clone(), o["value"].as_str()?.to_owned());
+            view.mod_revisions
+                .insert(k.clone(), o["mod_revision"].as_i64()?);
         }
         Some(view)
     }
@@ -142,15 +149,36 @@ mod tests {
     fn events_and_deletions_move_the_config_revision_and_the_snapshot_round_trips() {
         let mut view = View::listed(5, vec![("upstreams/a".into(), kv("k", "x = 1\n", 4))]);
         assert_eq!((view.revision, view.config_revision), (5, 4));
-        view.apply(9, vec![("upstreams/a".into(), Event::Delete { key: "k".into(), revision: 8 })]);
-        assert_eq!((view.config_revision, view.last_change("upstreams/a")), (8, 8));
-        view.apply(10, vec![(VERSION_KEY.into(), Event::Put(kv("k", "api on n1", 10)))]);
+        view.apply(
+            9,
+            vec![(
+                "upstreams/a".into(),
+                Event::Delete {
+                    key: "k".into(),
+                    revision: 8,
+                },
+            )],
+        );
+        assert_eq!(
+            (view.config_revision, view.last_change("upstreams/a")),
+            (8, 8)
+        );
+        view.apply(
+            10,
+            vec![(VERSION_KEY.into(), Event::Put(kv("k", "api on n1", 10)))],
+        );
         assert_eq!((view.config_revision, view.by.as_str()), (10, "api on n1"));
         assert!(view.objects.is_empty());
-        let mut again = View::listed(3, vec![("listeners/w".into(), kv("k", "bind = \"x\"\n", 2))]);
+        let mut again = View::listed(
+            3,
+            vec![("listeners/w".into(), kv("k", "bind = \"x\"\n", 2))],
+        );
         again.by = "push".into();
         let back = View::from_json(&again.to_json("/p"), "/p").unwrap();
-        assert_eq!((back.objects, back.mod_revisions, back.by), (again.objects, again.mod_revisions, again.by));
+        assert_eq!(
+            (back.objects, back.mod_revisions, back.by),
+            (again.objects, again.mod_revisions, again.by)
+        );
         assert!(View::from_json(&again.to_json("/p"), "/q").is_none());
     }
 }

@@ -158,7 +158,9 @@ impl Shared for Fleet {
             }
             None => Err(ApiError::new(
                 StatusCode::GATEWAY_TIMEOUT,
-                format!("written to etcd at revision {version}; not applied here within {APPLY_WAIT:?}"),
+                format!(
+                    "written to etcd at revision {version}; not applied here within {APPLY_WAIT:?}"
+                ),
                 "check /ready and weir ctl cluster status",
             )),
         }
@@ -209,11 +211,17 @@ impl Fleet {
         let stale = 3.0 * metrics.lease_interval_s().max(1.0);
         let mut line = match (&p.rejected, age) {
             (Some((rev, why)), _) => {
-                format!("revision {rev} rejected here: {why}; serving revision {}", p.applied)
+                format!(
+                    "revision {rev} rejected here: {why}; serving revision {}",
+                    p.applied
+                )
             }
             (None, Some(age)) if age <= stale => format!("in sync at revision {}", p.applied),
             (None, Some(age)) => {
-                format!("etcd unreachable for {age:.0}s; serving revision {}", p.applied)
+                format!(
+                    "etcd unreachable for {age:.0}s; serving revision {}",
+                    p.applied
+                )
             }
             (None, None) => format!("etcd not reached yet; serving revision {}", p.applied),
         };

@@ -226,8 +226,12 @@ impl Running {
     ) -> anyhow::Result<Running> {
         weir_config::cluster::check_local_file(&text, &path.display().to_string())?;
         let (fleet, initial) = weir_cluster::Fleet::connect(etcd, text, Some(path.to_path_buf()))?;
-        let mut running =
-            Running::start_with(initial.config, Some(path.to_path_buf()), initial.text, sockets)?;
+        let mut running = Running::start_with(
+            initial.config,
+            Some(path.to_path_buf()),
+            initial.text,
+            sockets,
+        )?;
         fleet.run(running.store.clone());
         running.fleet = Some(fleet);
         Ok(running)

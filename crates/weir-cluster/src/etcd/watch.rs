@@ -61,10 +61,16 @@ impl Watch {
                     }
                 }
                 Some(Err(e)) => {
-                    return Err(EtcdError::Unreachable(format!("{}: watch broke: {e}", self.endpoint)))
+                    return Err(EtcdError::Unreachable(format!(
+                        "{}: watch broke: {e}",
+                        self.endpoint
+                    )))
                 }
                 None => {
-                    return Err(EtcdError::Unreachable(format!("{}: watch ended", self.endpoint)))
+                    return Err(EtcdError::Unreachable(format!(
+                        "{}: watch ended",
+                        self.endpoint
+                    )))
                 }
             }
         }
@@ -99,7 +105,10 @@ impl Watch {
                 Ok(Some(value))
             }
             Some(Err(e)) if e.is_eof() => Ok(None),
-            Some(Err(e)) => Err(EtcdError::Refused(format!("{}: watch sent {e}", self.endpoint))),
+            Some(Err(e)) => Err(EtcdError::Refused(format!(
+                "{}: watch sent {e}",
+                self.endpoint
+            ))),
         }
     }
 }

@@ -106,7 +106,11 @@ fn node(raw: Option<String>, path: &FieldPath) -> Result<String, Issue> {
     let node = raw.ok_or_else(|| Issue::new(path, "a fleet member needs a node name", fix))?;
     let valid = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-');
     if node.is_empty() || !node.chars().all(valid) {
-        return Err(Issue::new(path, format!("invalid node name \"{node}\""), fix));
+        return Err(Issue::new(
+            path,
+            format!("invalid node name \"{node}\""),
+            fix,
+        ));
     }
     Ok(node)
 }
@@ -136,7 +140,11 @@ fn binds(
             }
         }
         if list.is_empty() {
-            return Err(Issue::new(&path.key(name), "the list of addresses is empty", fix));
+            return Err(Issue::new(
+                &path.key(name),
+                "the list of addresses is empty",
+                fix,
+            ));
         }
         out.insert(name.clone(), list);
     }
@@ -159,22 +167,26 @@ fn etcd_settings(
         None => None,
         Some(pair) => Some(crate::validate::cert_key(pair, &path.key("client_cert"))?),
     };
-    let password_file = match (&raw.user, raw.password_file) {
-        (Some(_), None) => {
-            return Err(Issue::new(
+    let password_file =
+        match (&raw.user, raw.password_file) {
+            (Some(_), None) => return Err(Issue::new(
                 &path.key("password_file"),
                 "etcd user is set without a password_file",
                 "give password_file = \"/etc/weir/etcd.password\" (a file holding the password)",
-            ))
-        }
-        (_, p) => p.map(PathBuf::from),
-    };
+            )),
+            (_, p) => p.map(PathBuf::from),
+        };
     let snapshot = raw.snapshot.map_or_else(
         || crate::state_dir().join(format!("cluster-{node}.snapshot.json")),
         PathBuf::from,
     );
     Ok(EtcdCluster {
-        timeout: crate::validate::duration(raw.timeout, DEFAULT_TIMEOUT, &path.key("timeout"), true)?,
+        timeout: crate::validate::duration(
+            raw.timeout,
+            DEFAULT_TIMEOUT,
+            &path.key("timeout"),
+            true,
+        )?,
         lease_ttl: lease_ttl(raw.lease_ttl, &path.key("lease_ttl"))?,
         node,
         endpoints,
@@ -202,7 +214,9 @@ fn endpoints(raw: Option<Vec<String>>, path: &FieldPath) -> Result<Vec<String>, 
         if host.is_none_or(|h| h.is_empty() || h.contains('/')) {
             return Err(Issue::new(
                 &path.index(i),
-                format!("invalid etcd endpoint \"{e}\": expected http://HOST:PORT or https://HOST:PORT"),
+                format!(
+                    "invalid etcd endpoint \"{e}\": expected http://HOST:PORT or https://HOST:PORT"
+                ),
                 fix,
             ));
         }

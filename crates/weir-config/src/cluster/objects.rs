@@ -159,12 +159,40 @@ impl Assembled {
         message: String,
         fix: String,
     ) -> ConfigError {
-        let path = FieldPath::parse(field);
+        let field = self.by_index(field);
+        let path = FieldPath::parse(&field);
+        if let Some(name) = self.overridden_bind(local.text, &path.0) {
+            let at = format!("cluster.binds.{name}");
+            return ConfigError::at_field(local.file, local.text, &at, message, fix);
+        }
         let Some((key, inner)) = self.object_of(&path.0) else {
-            return ConfigError::at_field(local.file, local.text, field, message, fix);
+            return ConfigError::at_field(local.file, local.text, &field, message, fix);
         };
         let value = objects.get(&key).map_or("", String::as_str);
         ConfigError::at_field(&key_name(&key), value, &inner.to_string(), message, fix)
+    }
+
+    /// `listeners[NAME]...` (how apply errors name a listener) as `listeners[INDEX]...`.
+    fn by_index(&self, field: &str) -> String {
+        let Some(rest) = field.strip_prefix("listeners[") else {
+            return field.to_owned();
+        };
+        let (name, after) = rest.split_once(']').unwrap_or((rest, ""));
+        match self.listeners.iter().position(|(l, _)| l == name) {
+            Some(i) => format!("listeners[{i}]{after}"),
+            None => field.to_owned(),
+        }
+    }
+
+    /// The listener whose `bind` `path` is, when this node's `binds` gives it.
+    fn overridden_bind(&self, local: &str, path: &[Seg]) -> Option<String> {
+        let [Seg::Key(top), Seg::Index(i), Seg::Key(bind), ..] = path else {
+            return None;
+        };
+        let name = &self.listeners.get(*i)?.0;
+        let doc: DocumentMut = local.parse().ok()?;
+        let binds = doc.get("cluster")?.get("binds")?;
+        (top == "listeners" && bind == "bind" && binds.get(name).is_some()).then(|| name.clone())
     }
 
     /// The relative key of the object `path` is in, and the path inside it.
@@ -209,7 +237,12 @@ pub fn split(text: &str, file: &str) -> Result<Objects, ConfigError> {
             table.remove("name");
             if let Some(routes) = table.remove("routes") {
                 let routes = routes.as_array_of_tables().ok_or_else(|| {
-                    shape(file, text, &format!("{at}.routes"), "write each route as a [[listeners.routes]] table")
+                    shape(
+                        file,
+                        text,
+                        &format!("{at}.routes"),
+                        "write each route as a [[listeners.routes]] table",
+                    )
                 })?;
                 for (j, r) in routes.iter().enumerate() {
                     let route = key_segment(r, &format!("{at}.routes[{j}]"), text, file)?;
@@ -226,7 +259,14 @@ pub fn split(text: &str, file: &str) -> Result<Objects, ConfigError> {
             let table = match u {
                 Item::Table(t) => t.clone(),
                 Item::Value(toml_edit::Value::InlineTable(t)) => t.clone().into_table(),
-                _ => return Err(shape(file, text, &format!("upstreams.{name}"), "write [upstreams.NAME] as a table")),
+                _ => {
+                    return Err(shape(
+                        file,
+                        text,
+                        &format!("upstreams.{name}"),
+                        "write [upstreams.NAME] as a table",
+                    ))
+                }
             };
             out.insert(format!("upstreams/{name}"), value_text(table));
         }
@@ -290,7 +330,13 @@ fn key_segment(table: &Table, at: &str, text: &str, file: &str) -> Result<String
 }
 
 fn shape(file: &str, text: &str, field: &str, fix: &str) -> ConfigError {
-    ConfigError::at_field(file, text, field, format!("{field} has the wrong shape"), fix)
+    ConfigError::at_field(
+        file,
+        text,
+        field,
+        format!("{field} has the wrong shape"),
+        fix,
+    )
 }
 
 /// A table as a standalone TOML document (its sub-tables as `[tls]`, `[[servers]]`...).

@@ -720,17 +720,33 @@ impl Scrape {
             return Ok(());
         }
         let revisions = [
-            (vec![("state", "applied".to_string())], e.applied_revision.load(Relaxed)),
-            (vec![("state", "seen".to_string())], e.seen_revision.load(Relaxed)),
+            (
+                vec![("state", "applied".to_string())],
+                e.applied_revision.load(Relaxed),
+            ),
+            (
+                vec![("state", "seen".to_string())],
+                e.seen_revision.load(Relaxed),
+            ),
         ];
         gauge(enc, "weir_cluster_config_revision", "The etcd revision of the last shared-config change this instance applied, and the last it has seen (a rejected change is seen, not applied).", &revisions)?;
         let age = e.contact_age().unwrap_or(-1.0);
-        let mut m = enc.encode_descriptor("weir_cluster_etcd_contact_age_seconds", "Seconds since this instance last heard from etcd (-1: never).", None, MetricType::Gauge)?;
+        let mut m = enc.encode_descriptor(
+            "weir_cluster_etcd_contact_age_seconds",
+            "Seconds since this instance last heard from etcd (-1: never).",
+            None,
+            MetricType::Gauge,
+        )?;
         ConstGauge::new(age).encode(m.encode_family(&Vec::<(&str, String)>::new())?)?;
         let lease = 3.0 * e.lease_interval_s();
         gauge(enc, "weir_cluster_in_sync", "1 when this instance applied every shared change it has seen and heard from etcd within three lease renewals.", &[(vec![], i64::from(e.in_sync(lease)))])?;
         counter(enc, "weir_cluster_rejected", "Shared-config changes this instance did not apply (invalid here, or failed to apply); it keeps the last good config.", &[(vec![], e.rejected.load(Relaxed))])?;
-        counter(enc, "weir_cluster_relists", "Full reads of the shared objects from etcd (start, compacted history, lost watch).", &[(vec![], e.relists.load(Relaxed))])
+        counter(
+            enc,
+            "weir_cluster_relists",
+            "Full reads of the shared objects from etcd (start, compacted history, lost watch).",
+            &[(vec![], e.relists.load(Relaxed))],
+        )
     }
 
     fn process(&self, enc: &mut DescriptorEncoder) -> Result {

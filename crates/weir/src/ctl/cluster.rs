@@ -34,7 +34,10 @@ pub fn run(action: &Action, config: Option<&Path>, output: Output) -> anyhow::Re
     };
     let (config, local_text) = weir_config::load_file_with_text(path)?;
     let Some(etcd) = config.cluster.etcd else {
-        bail!("{}: no [cluster] etcd: this config is not of a fleet member", path.display());
+        bail!(
+            "{}: no [cluster] etcd: this config is not of a fleet member",
+            path.display()
+        );
     };
     let admin = Admin::new(etcd)?;
     match action {
@@ -99,7 +102,7 @@ fn status(admin: &Admin, output: Output) -> anyhow::Result<()> {
         return Ok(());
     }
     println!("config revision {}", reply["revision"]);
-    let table = json!(list(&reply["instances"]));
+    let table = json!({"data": reply["instances"]});
     let header = ["NODE", "APPLIED", "SEEN", "REJECTED"];
     print_or_table(&table, output, &header, |i| {
         vec![

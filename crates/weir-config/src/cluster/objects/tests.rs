@@ -45,14 +45,23 @@ fn split_then_assemble_gives_the_same_config_routes_in_name_order() {
     let keys: Vec<&str> = objects.keys().map(String::as_str).collect();
     assert_eq!(
         keys,
-        ["listeners/web", "routes/web/a-api", "routes/web/b-all", "upstreams/app"]
+        [
+            "listeners/web",
+            "routes/web/a-api",
+            "routes/web/b-all",
+            "upstreams/app"
+        ]
     );
     assert!(objects["listeners/web"].contains("[http2]"), "{objects:?}");
     assert!(!objects["listeners/web"].contains("name"), "{objects:?}");
     let config = build(&objects).unwrap();
     let file = crate::parse_str(FILE, "f.toml").unwrap();
     assert_eq!(config.listeners[0].http2, file.listeners[0].http2);
-    let names: Vec<&str> = config.listeners[0].routes.iter().map(|r| r.name.as_str()).collect();
+    let names: Vec<&str> = config.listeners[0]
+        .routes
+        .iter()
+        .map(|r| r.name.as_str())
+        .collect();
     assert_eq!(names, ["a-api", "b-all"]);
     assert_eq!(config.upstreams, file.upstreams);
     assert_eq!(config.cluster.etcd.as_ref().unwrap().node, "n1");
@@ -73,18 +82,36 @@ fn an_error_in_an_object_is_told_at_its_key() {
     );
     let e = build(&objects).unwrap_err();
     assert_eq!(e.file, "/weir/t/config/routes/web/c-bad", "{e}");
-    assert_eq!((e.line, e.column, e.field.as_str()), (3, 1, "upstream"), "{e}");
+    assert_eq!(
+        (e.line, e.column, e.field.as_str()),
+        (3, 1, "upstream"),
+        "{e}"
+    );
     assert!(e.message.contains("nope"), "{e}");
 
     let mut objects = split(FILE, "f.toml").unwrap();
-    objects.insert("upstreams/app".into(), "servers = [{ addr = \"127.0.0.1:1\" }]\nwieght = 2\n".into());
+    objects.insert(
+        "upstreams/app".into(),
+        "servers = [{ addr = \"127.0.0.1:1\" }]\nwieght = 2\n".into(),
+    );
     let e = build(&objects).unwrap_err();
-    assert_eq!((e.file.as_str(), e.line), ("/weir/t/config/upstreams/app", 2), "{e}");
+    assert_eq!(
+        (e.file.as_str(), e.line),
+        ("/weir/t/config/upstreams/app", 2),
+        "{e}"
+    );
     assert!(e.message.starts_with("unknown field"), "{e}");
 
-    objects.insert("upstreams/app".into(), "servers = [{ addr = \"127.0.0.1:1\" }\n".into());
+    objects.insert(
+        "upstreams/app".into(),
+        "servers = [{ addr = \"127.0.0.1:1\" }\n".into(),
+    );
     let e = build(&objects).unwrap_err();
-    assert_eq!((e.file.as_str(), e.line), ("/weir/t/config/upstreams/app", 2), "{e}");
+    assert_eq!(
+        (e.file.as_str(), e.line),
+        ("/weir/t/config/upstreams/app", 2),
+        "{e}"
+    );
     assert!(e.message.contains("expected `]`"), "{e}");
 
     objects.insert("upstreams/app".into(), "name = \"other\"\n".into());
@@ -107,9 +134,16 @@ fn a_node_binds_a_shared_listener_at_its_own_address() {
     let mut objects = split(FILE, "f.toml").unwrap();
     objects.insert("listeners/web".into(), "bind = \"10.0.0.1:80\"\n".into());
     let assembled = assemble(&local, &objects, &key_name).unwrap();
-    let l = Local { text: &local, file: "local.toml", base: None };
+    let l = Local {
+        text: &local,
+        file: "local.toml",
+        base: None,
+    };
     let config = parse(&l, &assembled, &objects, &key_name).unwrap();
-    assert_eq!(config.listeners[0].binds[0].addr, "127.0.0.1:0".parse().unwrap());
+    assert_eq!(
+        config.listeners[0].binds[0].addr,
+        "127.0.0.1:0".parse().unwrap()
+    );
     // The shared value stays as it is in etcd.
     assert!(assembled.text.contains("10.0.0.1:80"));
 }
