@@ -80,7 +80,7 @@ pub fn assemble(
     key_name: &dyn Fn(&str) -> String,
 ) -> Result<Assembled, ConfigError> {
     let mut doc: DocumentMut = local.parse().unwrap_or_default();
-    let mut listeners: BTreeMap<&str, (Table, Vec<(String, Table)>)> = BTreeMap::new();
+    let mut listeners = ListenerTables::new();
     let mut upstreams = Table::new();
     upstreams.set_implicit(true);
     let mut routes = Vec::new();
@@ -103,6 +103,27 @@ pub fn assemble(
         };
         list.push((route.to_owned(), value_table(key, &objects[key], key_name)?));
     }
+    let (tables, names) = listener_tables(listeners);
+    let upstream_names = upstreams.iter().map(|(k, _)| k.to_owned()).collect();
+    if !tables.is_empty() {
+        doc.insert("listeners", Item::ArrayOfTables(tables));
+    }
+    if !upstreams.is_empty() {
+        doc.insert("upstreams", Item::Table(upstreams));
+    }
+    renumber(doc.as_table_mut(), &mut 0);
+    Ok(Assembled {
+        text: doc.to_string(),
+        listeners: names,
+        upstreams: upstream_names,
+    })
+}
+
+/// Each listener's table and its routes' tables, by listener name.
+type ListenerTables<'a> = BTreeMap<&'a str, (Table, Vec<(String, Table)>)>;
+
+/// The `[[listeners]]` tables, each with its name and routes; and the names in order.
+fn listener_tables(listeners: ListenerTables<'_>) -> (ArrayOfTables, Vec<(String, Vec<String>)>) {
     let mut names = Vec::new();
     let mut tables = ArrayOfTables::new();
     for (name, (mut table, list)) in listeners {
@@ -118,19 +139,7 @@ pub fn assemble(
         tables.push(table);
         names.push((name.to_owned(), list.into_iter().map(|(r, _)| r).collect()));
     }
-    let upstream_names = upstreams.iter().map(|(k, _)| k.to_owned()).collect();
-    if !tables.is_empty() {
-        doc.insert("listeners", Item::ArrayOfTables(tables));
-    }
-    if !upstreams.is_empty() {
-        doc.insert("upstreams", Item::Table(upstreams));
-    }
-    renumber(doc.as_table_mut(), &mut 0);
-    Ok(Assembled {
-        text: doc.to_string(),
-        listeners: names,
-        upstreams: upstream_names,
-    })
+    (tables, names)
 }
 
 /// Validates `assembled` as the file would be (relative paths against `local.base`);

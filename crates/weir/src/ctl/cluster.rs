@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 use weir_cluster::admin::Admin;
 use weir_config::cluster::objects::Local;
 
-use super::{list, print_json, print_or_table, print_written, text, Output};
+use super::{print_json, print_or_table, print_written, text, Output};
 
 #[derive(Subcommand)]
 pub enum Action {
