@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the Debian package: the release binary, then the files generated from it (man
 # page, shell completions, the config's JSON Schema), then `cargo deb --no-build`.
-# Needs cargo-deb (`cargo install cargo-deb`). Prints the path of the .deb.
+# Needs cargo-deb (`cargo install cargo-deb`) and protoc (Debian protobuf-compiler, for the
+# etcd client's generated gRPC code). Prints the path of the .deb.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 

@@ -1,31 +1,30 @@
-//! An etcd v3 client over etcd's JSON gateway (`POST /v3/kv/range`, `/v3/kv/txn`,
-//! `/v3/watch`, `/v3/lease/...`; served by every etcd member since 3.4 on its client port).
+//! The etcd v3 client a fleet member uses: the `etcd-client` crate (etcd's gRPC API), with
+//! the few things a member needs on top of it.
 //!
-//! The gateway is etcd's own mapping of its gRPC API to HTTP/JSON: the same requests and
-//! responses, keys and values in base64, 64-bit numbers as strings. Using it keeps a gRPC
-//! stack and its build-time code generator (protoc) out of the build; hyper and rustls are
-//! already in the tree. Each request goes to the member that answered last, and on to the
-//! next one when it cannot be reached (connection refused, timeout, no leader), so losing a
-//! member costs one timeout at most.
+//! - One `etcd_client::Client` per member, each request to the member that answered last
+//!   and on to the next when it cannot be reached (refused, timed out, no leader), so
+//!   losing a member costs one `timeout` at most. (The crate's own balancing spreads
+//!   requests over all members, a lost one included: its connections are lazy, and a
+//!   request given to a member that cannot be reached fails rather than moving on.)
+//! - Connections are made on first use, not at construction: an instance starts (from its
+//!   snapshot) while etcd is down, and authenticates (`user`) once it reaches a member.
+//! - Errors say whether etcd was unreachable or refused, which the admin API tells apart
+//!   (503 / 502).
 
 pub mod watch;
 
+use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
 use std::time::Duration;
 
-use base64::engine::general_purpose::STANDARD as B64;
-use base64::Engine;
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use serde_json::{json, Value as Json};
+use etcd_client::{
+    Certificate, Client, CompareOp, ConnectOptions, GetOptions, Identity, PutOptions, TlsOptions,
+    Txn, TxnOp, WatchOptions,
+};
+use tokio::sync::OnceCell;
 use weir_config::cluster::EtcdCluster;
 
 pub use watch::{Event, Watch, WatchMessage};
-
-type Connector = hyper_rustls::HttpsConnector<HttpConnector>;
 
 /// Why a request to etcd failed.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -45,18 +44,6 @@ pub struct Kv {
     pub value: Vec<u8>,
     pub mod_revision: i64,
     pub create_revision: i64,
-}
-
-/// A client of one etcd cluster.
-pub struct Etcd {
-    endpoints: Vec<String>,
-    client: Client<Connector, Full<Bytes>>,
-    /// The member that answered last.
-    preferred: AtomicUsize,
-    timeout: Duration,
-    /// `user` and the password from `password_file`.
-    auth: Option<(String, String)>,
-    token: Mutex<Option<String>>,
 }
 
 /// A condition of a transaction on one key.
@@ -79,101 +66,121 @@ pub enum Op {
     Delete(String),
 }
 
+/// A client of one etcd cluster.
+pub struct Etcd {
+    members: Vec<Member>,
+    /// The member that answered last.
+    preferred: AtomicUsize,
+    timeout: Duration,
+}
+
+/// One etcd member: its endpoint and, once reached, its client.
+struct Member {
+    endpoint: String,
+    options: ConnectOptions,
+    client: OnceCell<Client>,
+}
+
+/// etcd refuses HTTP/2 pings more often than every 5 s (`--grpc-keepalive-min-time`); a
+/// little more than that finds a connection that went silent (the watch on it is then
+/// opened again on another member).
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(6);
+
 impl Etcd {
     /// A client of the members of `settings` (nothing is sent yet).
     pub fn new(settings: &EtcdCluster) -> Result<Etcd, EtcdError> {
-        let tls = tls_config(settings).map_err(EtcdError::Refused)?;
-        let connector = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(tls)
-            .https_or_http()
-            .enable_http1()
-            .build();
-        let client = Client::builder(hyper_util::rt::TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(30))
-            .build(connector);
-        let auth = match (&settings.user, &settings.password_file) {
-            (Some(user), Some(file)) => {
-                let password = std::fs::read_to_string(file).map_err(|e| {
-                    EtcdError::Refused(format!("cannot read {}: {e}", file.display()))
-                })?;
-                Some((
-                    user.clone(),
-                    password.trim_end_matches(['\r', '\n']).to_owned(),
-                ))
-            }
-            _ => None,
-        };
+        let mut options = ConnectOptions::new()
+            .with_connect_timeout(settings.timeout)
+            .with_keep_alive(KEEPALIVE_INTERVAL, settings.timeout)
+            .with_keep_alive_while_idle(false)
+            // A member cut off from the others ends its watches ("no leader"), so the
+            // watch moves to another member instead of staying open and never firing.
+            .with_require_leader(true);
+        if let (Some(user), Some(file)) = (&settings.user, &settings.password_file) {
+            let password = std::fs::read_to_string(file)
+                .map_err(|e| EtcdError::Refused(format!("cannot read {}: {e}", file.display())))?;
+            options = options
+                .with_user(user, password.trim_end_matches(['\r', '\n']))
+                .with_auto_token_refresh(true);
+        }
+        let tls = tls_options(settings);
+        let members = settings
+            .endpoints
+            .iter()
+            .map(|endpoint| Member {
+                options: match endpoint.starts_with("https://") {
+                    true => options.clone().with_tls(tls.clone()),
+                    false => options.clone(),
+                },
+                endpoint: endpoint.clone(),
+                client: OnceCell::new(),
+            })
+            .collect();
         Ok(Etcd {
-            endpoints: settings.endpoints.clone(),
-            client,
+            members,
             preferred: AtomicUsize::new(0),
             timeout: settings.timeout,
-            auth,
-            token: Mutex::new(None),
         })
     }
 
     /// The keys in `[key, range_end)` (`range_end` from [`prefix_end`]) and the revision
     /// they were read at.
     pub async fn range(&self, key: &str, range_end: &str) -> Result<(i64, Vec<Kv>), EtcdError> {
+        let options = GetOptions::new().with_range(range_end);
         let reply = self
-            .call(
-                "/v3/kv/range",
-                &json!({"key": b64(key), "range_end": b64(range_end)}),
-            )
+            .call(|mut c| {
+                let options = options.clone();
+                async move { c.get(key, Some(options)).await }
+            })
             .await?;
-        let kvs = reply["kvs"].as_array().into_iter().flatten();
-        Ok((header_revision(&reply), kvs.filter_map(kv).collect()))
+        let revision = reply.header().map_or(0, |h| h.revision());
+        Ok((revision, reply.kvs().iter().filter_map(kv).collect()))
     }
 
     /// Runs `ops` if every `compare` holds; returns whether they did and the revision.
     pub async fn txn(&self, compare: &[Compare], ops: &[Op]) -> Result<(bool, i64), EtcdError> {
-        let compare: Vec<Json> = compare.iter().map(Compare::to_json).collect();
-        let success: Vec<Json> = ops.iter().map(Op::to_json).collect();
+        let txn = Txn::new()
+            .when(compare.iter().map(Compare::to_etcd).collect::<Vec<_>>())
+            .and_then(ops.iter().map(Op::to_etcd).collect::<Vec<_>>());
         let reply = self
-            .call(
-                "/v3/kv/txn",
-                &json!({"compare": compare, "success": success}),
-            )
+            .call(|mut c| {
+                let txn = txn.clone();
+                async move { c.txn(txn).await }
+            })
             .await?;
-        let ok = reply["succeeded"].as_bool().unwrap_or(false);
-        Ok((ok, header_revision(&reply)))
+        Ok((
+            reply.succeeded(),
+            reply.header().map_or(0, |h| h.revision()),
+        ))
     }
 
     /// A lease of `ttl`; its id.
     pub async fn lease_grant(&self, ttl: Duration) -> Result<i64, EtcdError> {
+        let ttl = ttl.as_secs() as i64;
         let reply = self
-            .call(
-                "/v3/lease/grant",
-                &json!({"TTL": ttl.as_secs().to_string()}),
-            )
+            .call(|mut c| async move { c.lease_grant(ttl, None).await })
             .await?;
-        Ok(num(&reply["ID"]))
+        Ok(reply.id())
     }
 
     /// Renews lease `id`; `false` when it has expired.
     pub async fn lease_keepalive(&self, id: i64) -> Result<bool, EtcdError> {
-        let reply = self
-            .call("/v3/lease/keepalive", &json!({"ID": id.to_string()}))
-            .await?;
-        Ok(num(&reply["result"]["TTL"]) > 0)
+        self.call(|mut c| async move {
+            match c.lease_keep_alive(id).await {
+                Ok(_) => Ok(true),
+                // What the crate answers when etcd says the lease has no time left.
+                Err(etcd_client::Error::LeaseKeepAliveError(_)) => Ok(false),
+                Err(e) => Err(e),
+            }
+        })
+        .await
     }
 
     /// Ends lease `id` and deletes its keys.
     pub async fn lease_revoke(&self, id: i64) -> Result<(), EtcdError> {
-        self.call("/v3/lease/revoke", &json!({"ID": id.to_string()}))
+        self.call(|mut c| async move { c.lease_revoke(id).await })
             .await
             .map(drop)
-    }
-
-    /// Forgets the history before `revision` (what etcd's auto-compaction does).
-    pub async fn compact(&self, revision: i64) -> Result<(), EtcdError> {
-        self.call(
-            "/v3/kv/compaction",
-            &json!({"revision": revision.to_string()}),
-        )
-        .await
-        .map(drop)
     }
 
     /// Watches `[key, range_end)` from `start_revision` on.
@@ -183,50 +190,40 @@ impl Etcd {
         range_end: &str,
         start_revision: i64,
     ) -> Result<Watch, EtcdError> {
-        let body = json!({"create_request": {
-            "key": b64(key), "range_end": b64(range_end),
-            "start_revision": start_revision.to_string(),
-        }});
-        let mut last = String::new();
-        for i in self.order() {
-            match tokio::time::timeout(self.timeout, self.open(i, "/v3/watch", &body)).await {
-                Ok(Ok(response)) => {
-                    self.preferred.store(i, Ordering::Relaxed);
-                    return Ok(Watch::new(response.into_body(), self.endpoints[i].clone()));
-                }
-                Ok(Err(e)) => last = e,
-                Err(_) => {
-                    last = format!("{}: no answer within {:?}", self.endpoints[i], self.timeout)
-                }
-            }
-        }
-        Err(EtcdError::Unreachable(last))
+        let options = WatchOptions::new()
+            .with_range(range_end)
+            .with_start_revision(start_revision);
+        let stream = self
+            .call(|mut c| {
+                let options = options.clone();
+                async move { c.watch(key, Some(options)).await }
+            })
+            .await?;
+        Ok(Watch::new(stream))
     }
 
-    /// POSTs `body` to `path` on the preferred member, then the others; the reply's JSON.
-    async fn call(&self, path: &str, body: &Json) -> Result<Json, EtcdError> {
-        match self.call_once(path, body).await {
-            Err(EtcdError::Refused(m)) if self.auth.is_some() && m.contains("auth token") => {
-                *self.token.lock().unwrap_or_else(|e| e.into_inner()) = None;
-                self.call_once(path, body).await
-            }
-            other => other,
-        }
-    }
-
-    async fn call_once(&self, path: &str, body: &Json) -> Result<Json, EtcdError> {
+    /// Runs `request` on the preferred member, then the others, each within `timeout`
+    /// (connecting included).
+    async fn call<T, F, Fut>(&self, request: F) -> Result<T, EtcdError>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
         let mut last = String::new();
         for i in self.order() {
-            let answer = tokio::time::timeout(self.timeout, self.exchange(i, path, body)).await;
-            match answer {
+            let member = &self.members[i];
+            let attempt = async { request(member.client().await?).await };
+            match tokio::time::timeout(self.timeout, attempt).await {
                 Ok(Ok(reply)) => {
                     self.preferred.store(i, Ordering::Relaxed);
                     return Ok(reply);
                 }
-                Ok(Err(Failure::Refused(m))) => return Err(EtcdError::Refused(m)),
-                Ok(Err(Failure::TryNext(m))) => last = m,
+                Ok(Err(e)) if try_next(&e) => {
+                    last = format!("{}: {}", member.endpoint, error_chain(&e))
+                }
+                Ok(Err(e)) => return Err(EtcdError::Refused(error_chain(&e))),
                 Err(_) => {
-                    last = format!("{}: no answer within {:?}", self.endpoints[i], self.timeout)
+                    last = format!("{}: no answer within {:?}", member.endpoint, self.timeout)
                 }
             }
         }
@@ -235,125 +232,57 @@ impl Etcd {
 
     /// The member indices, the preferred one first.
     fn order(&self) -> impl Iterator<Item = usize> {
-        let n = self.endpoints.len();
+        let n = self.members.len();
         let first = self.preferred.load(Ordering::Relaxed);
         (0..n).map(move |i| (first + i) % n)
     }
+}
 
-    async fn exchange(&self, i: usize, path: &str, body: &Json) -> Result<Json, Failure> {
-        let response = self.open(i, path, body).await.map_err(Failure::TryNext)?;
-        let status = response.status();
-        let bytes = response
-            .into_body()
-            .collect()
-            .await
-            .map_err(|e| Failure::TryNext(format!("{}: {e}", self.endpoints[i])))?
-            .to_bytes();
-        let reply: Json = serde_json::from_slice(&bytes).unwrap_or(Json::Null);
-        if status.is_success() && reply.get("error").is_none() {
-            return Ok(reply);
-        }
-        let message = reply["message"]
-            .as_str()
-            .or_else(|| reply["error"]["message"].as_str())
-            .unwrap_or("no message")
-            .to_owned();
-        // 14 Unavailable, 4 DeadlineExceeded: this member cannot serve it now.
-        let code = reply["code"]
-            .as_i64()
-            .or_else(|| reply["error"]["code"].as_i64());
-        match code {
-            Some(14 | 4) => Err(Failure::TryNext(format!(
-                "{}: {message}",
-                self.endpoints[i]
-            ))),
-            _ => Err(Failure::Refused(format!("{message} (HTTP {status})"))),
-        }
-    }
-
-    /// Sends one request to member `i`; the response head.
-    async fn open(
-        &self,
-        i: usize,
-        path: &str,
-        body: &Json,
-    ) -> Result<hyper::Response<hyper::body::Incoming>, String> {
-        let endpoint = &self.endpoints[i];
-        let token = self.token(i).await?;
-        let mut request = hyper::Request::post(format!("{endpoint}{path}"))
-            .header(hyper::header::CONTENT_TYPE, "application/json");
-        if let Some(token) = token {
-            request = request.header(hyper::header::AUTHORIZATION, token);
-        }
-        let request = request
-            .body(Full::new(Bytes::from(body.to_string())))
-            .map_err(|e| format!("{endpoint}: {e}"))?;
+impl Member {
+    /// Its client, connecting (and authenticating) the first time; a failed attempt is made
+    /// again on the next request.
+    async fn client(&self) -> Result<Client, etcd_client::Error> {
         self.client
-            .request(request)
+            .get_or_try_init(|| Client::connect([&self.endpoint], Some(self.options.clone())))
             .await
-            .map_err(|e| format!("{endpoint}: {}", error_chain(&e)))
-    }
-
-    /// The auth token (authenticating first when there is none yet).
-    async fn token(&self, i: usize) -> Result<Option<String>, String> {
-        let Some((user, password)) = &self.auth else {
-            return Ok(None);
-        };
-        if let Some(t) = self.token.lock().unwrap_or_else(|e| e.into_inner()).clone() {
-            return Ok(Some(t));
-        }
-        let endpoint = &self.endpoints[i];
-        let body = json!({"name": user, "password": password}).to_string();
-        let request = hyper::Request::post(format!("{endpoint}/v3/auth/authenticate"))
-            .body(Full::new(Bytes::from(body)))
-            .map_err(|e| e.to_string())?;
-        let response = self
-            .client
-            .request(request)
-            .await
-            .map_err(|e| format!("{endpoint}: {}", error_chain(&e)))?;
-        let bytes = response
-            .into_body()
-            .collect()
-            .await
-            .map_err(|e| e.to_string())?
-            .to_bytes();
-        let reply: Json = serde_json::from_slice(&bytes).unwrap_or(Json::Null);
-        let token = reply["token"]
-            .as_str()
-            .ok_or_else(|| format!("{endpoint}: authentication as {user} failed: {reply}"))?
-            .to_owned();
-        *self.token.lock().unwrap_or_else(|e| e.into_inner()) = Some(token.clone());
-        Ok(Some(token))
+            .cloned()
     }
 }
 
-/// How one member failed a request.
-enum Failure {
-    TryNext(String),
-    Refused(String),
+/// Whether `e` says this member cannot serve now (another may): the connection failed or
+/// broke, or etcd answered Unavailable (no leader, leader changed, timed out).
+fn try_next(e: &etcd_client::Error) -> bool {
+    use etcd_client::Error as E;
+    match e {
+        // gRPC codes: 1 Cancelled, 2 Unknown (a broken stream), 4 DeadlineExceeded,
+        // 13 Internal, 14 Unavailable. Others are etcd's answer to the request itself.
+        E::GRpcStatus(status) => matches!(i32::from(status.code()), 1 | 2 | 4 | 13 | 14),
+        E::TransportError(_) | E::IoError(_) | E::WatchError(_) => true,
+        _ => false,
+    }
 }
 
 impl Compare {
-    fn to_json(&self) -> Json {
+    fn to_etcd(&self) -> etcd_client::Compare {
         match self {
-            Compare::ModRevision(key, rev) => json!({
-                "key": b64(key), "target": "MOD", "result": "EQUAL", "mod_revision": rev.to_string(),
-            }),
-            Compare::Absent(key) => json!({
-                "key": b64(key), "target": "VERSION", "result": "EQUAL", "version": "0",
-            }),
+            Compare::ModRevision(key, rev) => {
+                etcd_client::Compare::mod_revision(key.as_str(), CompareOp::Equal, *rev)
+            }
+            Compare::Absent(key) => {
+                etcd_client::Compare::version(key.as_str(), CompareOp::Equal, 0)
+            }
         }
     }
 }
 
 impl Op {
-    fn to_json(&self) -> Json {
+    fn to_etcd(&self) -> TxnOp {
         match self {
-            Op::Put { key, value, lease } => json!({"request_put": {
-                "key": b64(key), "value": B64.encode(value), "lease": lease.to_string(),
-            }}),
-            Op::Delete(key) => json!({"request_delete_range": {"key": b64(key)}}),
+            Op::Put { key, value, lease } => {
+                let options = (*lease != 0).then(|| PutOptions::new().with_lease(*lease));
+                TxnOp::put(key.as_str(), value.as_slice(), options)
+            }
+            Op::Delete(key) => TxnOp::delete(key.as_str(), None),
         }
     }
 }
@@ -370,36 +299,17 @@ pub fn prefix_end(prefix: &str) -> String {
     "\0".to_owned()
 }
 
-fn b64(text: &str) -> String {
-    B64.encode(text.as_bytes())
-}
-
-/// A 64-bit number as the gateway writes it (a string), or a plain number; 0 if absent.
-pub(crate) fn num(v: &Json) -> i64 {
-    v.as_str()
-        .and_then(|s| s.parse().ok())
-        .or_else(|| v.as_i64())
-        .unwrap_or(0)
-}
-
-pub(crate) fn header_revision(reply: &Json) -> i64 {
-    num(&reply["header"]["revision"])
-}
-
-pub(crate) fn kv(v: &Json) -> Option<Kv> {
-    let key = B64.decode(v["key"].as_str()?).ok()?;
-    let value = v["value"]
-        .as_str()
-        .map_or_else(|| Ok(Vec::new()), |s| B64.decode(s))
-        .ok()?;
+/// A key and value as [`Kv`]; `None` for a key that is not UTF-8 (no object's key).
+pub(crate) fn kv(v: &etcd_client::KeyValue) -> Option<Kv> {
     Some(Kv {
-        key: String::from_utf8(key).ok()?,
-        value,
-        mod_revision: num(&v["mod_revision"]),
-        create_revision: num(&v["create_revision"]),
+        key: v.key_str().ok()?.to_owned(),
+        value: v.value().to_vec(),
+        mod_revision: v.mod_revision(),
+        create_revision: v.create_revision(),
     })
 }
 
+/// `e` and its sources, which say what failed (the transport error alone does not).
 fn error_chain(e: &dyn std::error::Error) -> String {
     let mut out = e.to_string();
     let mut source = e.source();
@@ -412,39 +322,16 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 }
 
 /// TLS for `https://` members: `ca` (else the system's roots) and the client certificate.
-fn tls_config(settings: &EtcdCluster) -> Result<rustls::ClientConfig, String> {
-    use rustls_pki_types::pem::PemObject;
-    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
-    let provider = std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-    let mut roots = rustls::RootCertStore::empty();
-    match &settings.ca {
-        Some(ca) => {
-            for cert in CertificateDer::pem_slice_iter(&ca.contents).flatten() {
-                roots.add(cert).map_err(|e| format!("etcd ca: {e}"))?;
-            }
-        }
-        None => {
-            for cert in rustls_native_certs::load_native_certs().certs {
-                let _ = roots.add(cert);
-            }
-        }
-    }
-    let builder = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
-        .with_root_certificates(roots);
+fn tls_options(settings: &EtcdCluster) -> TlsOptions {
+    // etcd serves gRPC over HTTP/2 whether or not its TLS listener offers ALPN.
+    let tls = TlsOptions::new().assume_http2(true);
+    let tls = match &settings.ca {
+        Some(ca) => tls.ca_certificate(Certificate::from_pem(&ca.contents)),
+        None => tls.with_native_roots(),
+    };
     match &settings.client_cert {
-        None => Ok(builder.with_no_client_auth()),
-        Some(pair) => {
-            let chain: Vec<_> = CertificateDer::pem_slice_iter(&pair.cert.contents)
-                .flatten()
-                .collect();
-            let key = PrivateKeyDer::from_pem_slice(&pair.key.contents)
-                .map_err(|e| format!("etcd client_cert key: {e}"))?;
-            builder
-                .with_client_auth_cert(chain, key)
-                .map_err(|e| format!("etcd client_cert: {e}"))
-        }
+        None => tls,
+        Some(pair) => tls.identity(Identity::from_pem(&pair.cert.contents, &pair.key.contents)),
     }
 }
 
@@ -459,13 +346,13 @@ mod tests {
     }
 
     #[test]
-    fn gateway_numbers_and_keys() {
-        let v = json!({"key": "L3cvYQ==", "mod_revision": "3", "create_revision": "2", "value": "aGVsbG8="});
-        let kv = kv(&v).unwrap();
-        assert_eq!(
-            (kv.key.as_str(), kv.value.as_slice(), kv.mod_revision),
-            ("/w/a", &b"hello"[..], 3)
-        );
-        assert_eq!(num(&json!(7)), 7);
+    fn unavailable_members_are_skipped_refusals_are_not() {
+        use tonic::{Code, Status};
+        let status = |code| etcd_client::Error::GRpcStatus(Status::new(code, "x"));
+        assert!(try_next(&status(Code::Unavailable)));
+        assert!(try_next(&status(Code::DeadlineExceeded)));
+        assert!(!try_next(&status(Code::OutOfRange))); // a compacted revision
+        assert!(!try_next(&status(Code::InvalidArgument))); // wrong password
+        assert!(!try_next(&etcd_client::Error::InvalidArgs("x".into())));
     }
 }

@@ -1,7 +1,7 @@
 //! A fleet of Weir instances sharing their listeners, routes and upstreams through etcd
 //! (`[cluster] etcd`, docs/cluster.md).
 //!
-//! - `etcd`: the client (etcd's v3 API through its JSON gateway);
+//! - `etcd`: the client (etcd-client, one connection per member, the next on failure);
 //! - `view`: the shared objects as this instance last saw them;
 //! - `fleet`: the member: its config built from the view and the local file, applied;
 //! - `sync`: the watch that keeps the view current, and the registration;

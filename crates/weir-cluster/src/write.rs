@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use hyper::StatusCode;
+use http::StatusCode;
 use weir_admin::api::error::ApiError;
 use weir_admin::{Shared, SharedError};
 use weir_config::cluster::objects::{self, ObjectKey, Objects};

@@ -1,11 +1,13 @@
-//! A watch: the gateway's `/v3/watch` answers one request with a stream of JSON objects,
-//! one per watch response, for as long as the connection lasts.
+//! A watch: one gRPC stream of etcd watch responses, for as long as the connection lasts,
+//! told as what the fleet acts on (created, changes, history compacted).
 
-use http_body_util::BodyExt;
-use hyper::body::Incoming;
-use serde_json::Value as Json;
+use std::future::Future;
+use std::pin::pin;
+use std::task::{Context, Poll, Waker};
 
-use super::{header_revision, kv, num, EtcdError, Kv};
+use etcd_client::{EventType, WatchResponse, WatchStream};
+
+use super::{kv, EtcdError, Kv};
 
 /// One change of a watched key.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -26,128 +28,89 @@ pub enum WatchMessage {
 }
 
 pub struct Watch {
-    body: Incoming,
-    buf: Vec<u8>,
-    endpoint: String,
+    /// Holds the request side open too: dropping it would end the watch.
+    stream: WatchStream,
+    /// A message [`Watch::buffered`] read that was not changes: [`Watch::next`] gives it.
+    held: Option<Result<WatchMessage, EtcdError>>,
 }
 
 impl Watch {
-    pub(super) fn new(body: Incoming, endpoint: String) -> Watch {
-        Watch {
-            body,
-            buf: Vec::new(),
-            endpoint,
-        }
-    }
-
-    /// The member this watch is on.
-    pub fn endpoint(&self) -> &str {
-        &self.endpoint
+    pub(super) fn new(stream: WatchStream) -> Watch {
+        Watch { stream, held: None }
     }
 
     /// The next message; an error when the stream ends or breaks (watch again).
     pub async fn next(&mut self) -> Result<WatchMessage, EtcdError> {
+        if let Some(held) = self.held.take() {
+            return held;
+        }
         loop {
-            if let Some(value) = self.take_value()? {
-                if let Some(message) = message(&value)? {
-                    return Ok(message);
-                }
-                continue;
-            }
-            match self.body.frame().await {
-                Some(Ok(frame)) => {
-                    if let Ok(data) = frame.into_data() {
-                        self.buf.extend_from_slice(&data);
-                    }
-                }
-                Some(Err(e)) => {
-                    return Err(EtcdError::Unreachable(format!(
-                        "{}: watch broke: {e}",
-                        self.endpoint
-                    )))
-                }
-                None => {
-                    return Err(EtcdError::Unreachable(format!(
-                        "{}: watch ended",
-                        self.endpoint
-                    )))
-                }
+            let response = self.stream.message().await;
+            if let Some(message) = message(response).transpose() {
+                return message;
             }
         }
     }
 
-    /// A message that has arrived already, without waiting for more.
+    /// Changes that have arrived already, without waiting for more. Anything else that
+    /// has arrived is kept for [`Watch::next`].
     pub fn buffered(&mut self) -> Option<Result<WatchMessage, EtcdError>> {
-        loop {
-            match self.take_value() {
-                Ok(Some(value)) => match message(&value) {
-                    Ok(Some(m)) => return Some(Ok(m)),
-                    Ok(None) => continue,
-                    Err(e) => return Some(Err(e)),
-                },
-                Ok(None) => return None,
-                Err(e) => return Some(Err(e)),
-            }
+        if self.held.is_some() {
+            return None;
         }
-    }
-
-    /// The first whole JSON value in the buffer, removed from it.
-    fn take_value(&mut self) -> Result<Option<Json>, EtcdError> {
-        let mut values = serde_json::Deserializer::from_slice(&self.buf).into_iter::<Json>();
-        match values.next() {
-            None => {
-                self.buf.clear();
-                Ok(None)
+        loop {
+            // Polled once with a waker that does nothing: only what is there already.
+            let mut cx = Context::from_waker(Waker::noop());
+            let Poll::Ready(response) = pin!(self.stream.message()).poll(&mut cx) else {
+                return None;
+            };
+            match message(response).transpose() {
+                None => continue,
+                Some(Ok(changes @ WatchMessage::Events { .. })) => return Some(Ok(changes)),
+                Some(other) => {
+                    self.held = Some(other);
+                    return None;
+                }
             }
-            Some(Ok(value)) => {
-                let used = values.byte_offset();
-                self.buf.drain(..used);
-                Ok(Some(value))
-            }
-            Some(Err(e)) if e.is_eof() => Ok(None),
-            Some(Err(e)) => Err(EtcdError::Refused(format!(
-                "{}: watch sent {e}",
-                self.endpoint
-            ))),
         }
     }
 }
 
-/// A gateway object as a message; `None` for one that says nothing new (progress).
-fn message(value: &Json) -> Result<Option<WatchMessage>, EtcdError> {
-    if let Some(error) = value.get("error") {
-        let text = error["message"].as_str().unwrap_or("watch failed");
-        return Err(EtcdError::Unreachable(text.to_owned()));
-    }
-    let result = &value["result"];
-    let compact_revision = num(&result["compact_revision"]);
+/// A response as a message; `None` for one that says nothing new (progress).
+fn message(
+    response: Result<Option<WatchResponse>, etcd_client::Error>,
+) -> Result<Option<WatchMessage>, EtcdError> {
+    let r = match response {
+        Ok(Some(r)) => r,
+        Ok(None) => return Err(EtcdError::Unreachable("watch ended".into())),
+        Err(e) => return Err(EtcdError::Unreachable(format!("watch broke: {e}"))),
+    };
+    let compact_revision = r.compact_revision();
     if compact_revision > 0 {
         return Ok(Some(WatchMessage::Compacted { compact_revision }));
     }
-    if result["canceled"].as_bool() == Some(true) {
-        let reason = result["cancel_reason"].as_str().unwrap_or("canceled");
-        return Err(EtcdError::Refused(format!("watch canceled: {reason}")));
+    if r.canceled() {
+        return Err(EtcdError::Refused(format!(
+            "watch canceled: {}",
+            r.cancel_reason()
+        )));
     }
-    let revision = header_revision(result);
-    if result["created"].as_bool() == Some(true) {
+    let revision = r.header().map_or(0, |h| h.revision());
+    if r.created() {
         return Ok(Some(WatchMessage::Created { revision }));
     }
-    let events: Vec<Event> = result["events"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(event)
-        .collect();
+    let events: Vec<Event> = r.events().iter().filter_map(event).collect();
     Ok((!events.is_empty()).then_some(WatchMessage::Events { revision, events }))
 }
 
-fn event(e: &Json) -> Option<Event> {
-    let kv = kv(&e["kv"])?;
-    Some(match e["type"].as_str() {
-        Some("DELETE") => Event::Delete {
+fn event(e: &etcd_client::Event) -> Option<Event> {
+    let kv = kv(e.kv()?)?;
+    // etcd's event type is PUT or DELETE, the only two its protocol has.
+    Some(match e.event_type() {
+        EventType::Delete => Event::Delete {
             key: kv.key,
             revision: kv.mod_revision,
         },
-        _ => Event::Put(kv),
+        EventType::Put => Event::Put(kv),
     })
 }

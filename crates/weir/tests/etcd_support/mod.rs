@@ -3,8 +3,8 @@
 //! each in its own data directory, with short heartbeats so that losing a member settles
 //! in a second. Without etcd each test prints that it was skipped and passes, unless
 //! `WEIR_REQUIRE_ETCD` is set (`.ci/run` sets it once etcd is installed): then it fails.
-//! Members are SIGKILLed when the cluster drops. Keys are read and written through the
-//! same JSON gateway Weir uses (`/v3/kv/...`), with plain `std::net` HTTP.
+//! Members are SIGKILLed when the cluster drops. Keys are read and written through etcd's
+//! JSON gateway (`/v3/kv/...`), with plain `std::net` HTTP, not through Weir's client.
 #![allow(dead_code)]
 
 use std::net::{SocketAddr, TcpListener};
