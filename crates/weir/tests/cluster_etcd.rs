@@ -3,7 +3,8 @@
 //! every instance; a write racing on two instances gets one winner and one 412; a change
 //! one instance cannot apply is rejected there only, and reported; losing an etcd member,
 //! a compaction while an instance was behind, and losing all of etcd (serving goes on, a
-//! restart comes up from the snapshot) are survived.
+//! restart comes up from the snapshot) are survived. And a member reaches etcd over TLS
+//! with a client certificate and a password.
 
 mod etcd_support;
 mod support_process;
@@ -12,8 +13,9 @@ use std::net::SocketAddr;
 use std::process::Command;
 use std::time::Duration;
 
-use etcd_support::{etcd_bin, Etcd, Gate};
+use etcd_support::{etcd_and_etcdctl, etcd_bin, ClientTls, Etcd, Gate};
 use support_process::{call, get, TempDir, Weir, WEIR};
+use weir_testkit::certs::TestCa;
 
 /// How long a propagation may take before the test fails (the goal is well under 1 s;
 /// this bound only catches a change that never arrives, on a loaded CI machine).
@@ -37,10 +39,28 @@ fn local(
     prefix: &str,
     extra: &str,
 ) -> std::path::PathBuf {
+    local_with(
+        dir,
+        node,
+        &format!("endpoints = {endpoints}"),
+        prefix,
+        extra,
+    )
+}
+
+/// A fleet member's local file in `dir`, with `etcd_keys` (`endpoints = [...]` and any
+/// other key of `etcd`) in its `etcd` table.
+fn local_with(
+    dir: &TempDir,
+    node: &str,
+    etcd_keys: &str,
+    prefix: &str,
+    extra: &str,
+) -> std::path::PathBuf {
     let snapshot = dir.path().join(format!("{node}.snapshot.json"));
     let text = format!(
         "[server]\nworkers = 1\n[admin]\nbind = \"127.0.0.1:0\"\n[cluster]\nnode = \"{node}\"\n\
-         etcd = {{ endpoints = {endpoints}, prefix = \"{prefix}\", snapshot = \"{}\", lease_ttl = \"3s\", timeout = \"1s\" }}\n{extra}",
+         etcd = {{ {etcd_keys}, prefix = \"{prefix}\", snapshot = \"{}\", lease_ttl = \"3s\", timeout = \"1s\" }}\n{extra}",
         snapshot.display()
     );
     dir.write(&format!("{node}.toml"), &text)
@@ -314,4 +334,71 @@ fn losing_etcd_members_then_all_of_etcd_costs_no_request() {
     etcd.put(0, &route, "respond = { status = 200, body = \"v4\" }\n");
     wait_body(&i1, "v4");
     wait_body(&i2, "v4");
+}
+
+/// etcd over TLS requiring a client certificate, with authentication on: an instance with
+/// `ca`, `client_cert`, `user` and `password_file` follows the shared objects, writes
+/// through etcd and registers (a lease); a wrong password is refused, and said so.
+#[test]
+fn a_member_reaches_etcd_over_tls_with_a_client_certificate_and_a_password() {
+    let Some(bin) = etcd_and_etcdctl() else {
+        return;
+    };
+    let ca = TestCa::new("etcd test CA");
+    let server = ca.leaf(&["127.0.0.1"]);
+    // Without a token etcd takes a client certificate's common name as the user: this one
+    // names no user, so only the password lets a request in.
+    let client = ca.client("no-such-user");
+    let tls = ClientTls {
+        cert: server.cert_path.clone(),
+        key: server.key_path.clone(),
+        ca: ca.cert_path.clone(),
+        client: (client.cert_path.clone(), client.key_path.clone()),
+    };
+    let etcd = Etcd::start_tls(bin, tls);
+    let setup: [&[&str]; 3] = [
+        &["user", "add", "root:s3cret"],
+        &["user", "grant-role", "root", "root"],
+        &["auth", "enable"],
+    ];
+    for args in setup {
+        etcd.etcdctl(0, args).expect("set up etcd authentication");
+    }
+    let dir = TempDir::new("fleet-tls");
+    let etcd_keys = |password: &str| {
+        let file = dir.write(&format!("{password}.password"), &format!("{password}\n"));
+        format!(
+            "endpoints = {}, ca = \"{}\", client_cert = {{ cert = \"{}\", key = \"{}\" }}, user = \"root\", password_file = \"{}\"",
+            etcd.endpoints(&[0]),
+            ca.cert_path.display(),
+            client.cert_path.display(),
+            client.key_path.display(),
+            file.display()
+        )
+    };
+    let file = local_with(&dir, "a", &etcd_keys("s3cret"), "/t/tls", "");
+    push(&dir, &file, SHARED);
+    let weir = Weir::start_file(&file);
+    wait_body(&weir, "v1");
+    let (status, reply) = put_route(&weir, "v2", None);
+    assert_eq!(status, 200, "{reply}");
+    wait_body(&weir, "v2");
+    let registered = weir_testkit::wait_until(WAIT, || {
+        let status = ctl(&file, &["status", "-o", "json"]);
+        let v: serde_json::Value = serde_json::from_str(&status).unwrap_or_default();
+        v["instances"][0]["node"] == "a"
+    });
+    assert!(registered, "{}", ctl(&file, &["status"]));
+
+    let wrong = local_with(&dir, "b", &etcd_keys("wrong"), "/t/tls", "");
+    let out = Command::new(WEIR)
+        .arg("ctl")
+        .arg("-c")
+        .arg(&wrong)
+        .args(["cluster", "pull"])
+        .output()
+        .expect("run weir ctl");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("authentication failed"), "{stderr}");
 }

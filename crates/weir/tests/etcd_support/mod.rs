@@ -20,19 +20,30 @@ use crate::support_process::{call, TempDir};
 
 /// The etcd binary, or `None` (the test is skipped) when it is not installed.
 pub fn etcd_bin() -> Option<PathBuf> {
+    installed("etcd", "etcd-server")
+}
+
+/// The etcd binary when `etcdctl` is beside it too (for tests that set etcd up with it).
+pub fn etcd_and_etcdctl() -> Option<PathBuf> {
+    installed("etcdctl", "etcd-client")?;
+    etcd_bin()
+}
+
+/// `name` in the etcd directory, or `None` (the test is skipped, unless etcd is required).
+fn installed(name: &str, package: &str) -> Option<PathBuf> {
     let dir =
         std::env::var_os("WEIR_ETCD_DIR").map_or_else(|| PathBuf::from("/usr/bin"), PathBuf::from);
-    let bin = dir.join("etcd");
+    let bin = dir.join(name);
     let found = bin.is_file();
     if !found && std::env::var_os("WEIR_REQUIRE_ETCD").is_some() {
         panic!(
-            "WEIR_REQUIRE_ETCD is set but there is no etcd in {}",
+            "WEIR_REQUIRE_ETCD is set but there is no {name} in {}",
             dir.display()
         );
     }
     if !found {
         eprintln!(
-            "SKIPPED: no etcd in {} (apt-get install etcd-server)",
+            "SKIPPED: no {name} in {} (apt-get install {package})",
             dir.display()
         );
     }
@@ -57,11 +68,31 @@ pub struct Etcd {
     dir: TempDir,
     members: Vec<Member>,
     token: String,
+    tls: Option<ClientTls>,
+}
+
+/// TLS on the members' client port: the server certificate and key, and the CA whose
+/// client certificates they require (`--client-cert-auth`); `client` is one of those, for
+/// `etcdctl`.
+pub struct ClientTls {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub ca: PathBuf,
+    pub client: (PathBuf, PathBuf),
 }
 
 impl Etcd {
     /// Starts `n` members and waits until the cluster has a leader.
     pub fn start(bin: PathBuf, n: usize) -> Etcd {
+        Etcd::start_with(bin, n, None)
+    }
+
+    /// One member serving clients over TLS only, with client certificates required.
+    pub fn start_tls(bin: PathBuf, tls: ClientTls) -> Etcd {
+        Etcd::start_with(bin, 1, Some(tls))
+    }
+
+    fn start_with(bin: PathBuf, n: usize, tls: Option<ClientTls>) -> Etcd {
         let dir = TempDir::new("etcd");
         let members = (0..n)
             .map(|i| Member {
@@ -82,6 +113,7 @@ impl Etcd {
             dir,
             members,
             token,
+            tls,
         };
         for i in 0..n {
             etcd.spawn(i, "new");
@@ -97,9 +129,20 @@ impl Etcd {
             .map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer))
             .collect();
         let m = &self.members[i];
-        let client = format!("http://127.0.0.1:{}", m.client);
+        let client = self.url(i);
         let peer = format!("http://127.0.0.1:{}", m.peer);
-        let child = Command::new(&self.bin)
+        let mut command = Command::new(&self.bin);
+        if let Some(tls) = &self.tls {
+            command
+                .arg("--cert-file")
+                .arg(&tls.cert)
+                .arg("--key-file")
+                .arg(&tls.key)
+                .arg("--trusted-ca-file")
+                .arg(&tls.ca)
+                .arg("--client-cert-auth");
+        }
+        let child = command
             .args(["--name", &m.name])
             .arg("--data-dir")
             .arg(self.dir.path().join(&m.name))
@@ -133,24 +176,60 @@ impl Etcd {
 
     /// Waits until member `i` serves a linearizable read (there is a leader).
     pub fn wait_healthy(&self, i: usize) {
-        let ok = weir_testkit::wait_until(Duration::from_secs(30), || {
-            self.request(
-                i,
-                "/v3/kv/range",
-                &json!({"key": B64.encode("/health-probe")}),
-            )
-            .is_some_and(|v| v.get("header").is_some())
+        let ok = weir_testkit::wait_until(Duration::from_secs(30), || match self.tls {
+            Some(_) => self.etcdctl(i, &["get", "/health-probe"]).is_ok(),
+            None => self
+                .request(
+                    i,
+                    "/v3/kv/range",
+                    &json!({"key": B64.encode("/health-probe")}),
+                )
+                .is_some_and(|v| v.get("header").is_some()),
         });
         assert!(ok, "etcd member {i} did not become healthy");
+    }
+
+    /// The client URL of member `i`: `https://` with TLS.
+    fn url(&self, i: usize) -> String {
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.members[i].client)
     }
 
     /// `["http://127.0.0.1:P", ...]` of the members `which`, as TOML.
     pub fn endpoints(&self, which: &[usize]) -> String {
         let list: Vec<String> = which
             .iter()
-            .map(|i| format!("\"http://127.0.0.1:{}\"", self.members[*i].client))
+            .map(|i| format!("\"{}\"", self.url(*i)))
             .collect();
         format!("[{}]", list.join(", "))
+    }
+
+    /// Runs `etcdctl ARGS` against member `i` (with the client certificate under TLS): its
+    /// stdout, or its stderr when it fails. `etcdctl` is beside `etcd` (Debian package
+    /// etcd-client).
+    pub fn etcdctl(&self, i: usize, args: &[&str]) -> Result<String, String> {
+        let mut command = Command::new(self.bin.with_file_name("etcdctl"));
+        command
+            .env("ETCDCTL_API", "3")
+            .arg("--endpoints")
+            .arg(self.url(i));
+        if let Some(tls) = &self.tls {
+            command
+                .arg("--cacert")
+                .arg(&tls.ca)
+                .arg("--cert")
+                .arg(&tls.client.0)
+                .arg("--key")
+                .arg(&tls.client.1);
+        }
+        let out = command
+            .args(args)
+            .output()
+            .map_err(|e| format!("etcdctl: {e}"))?;
+        match out.status.success() {
+            true => Ok(String::from_utf8_lossy(&out.stdout).into_owned()),
+            false => Err(String::from_utf8_lossy(&out.stderr).into_owned()),
+        }
     }
 
     pub fn all(&self) -> Vec<usize> {
