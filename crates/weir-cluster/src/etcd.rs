@@ -81,6 +81,11 @@ struct Member {
     client: OnceCell<Client>,
 }
 
+/// The largest reply taken (a listing, a watch response). gRPC's default, 4 MiB, would
+/// cap a listing of every object near 15,000 small routes; etcd itself sends replies of
+/// any size.
+const MAX_REPLY: usize = 256 << 20;
+
 /// etcd refuses HTTP/2 pings more often than every 5 s (`--grpc-keepalive-min-time`); a
 /// little more than that finds a connection that went silent (the watch on it is then
 /// opened again on another member).
@@ -128,9 +133,10 @@ impl Etcd {
     pub async fn range(&self, key: &str, range_end: &str) -> Result<(i64, Vec<Kv>), EtcdError> {
         let options = GetOptions::new().with_range(range_end);
         let reply = self
-            .call(|mut c| {
+            .call(|c| {
                 let options = options.clone();
-                async move { c.get(key, Some(options)).await }
+                let mut kv = c.kv_client().max_decoding_message_size(MAX_REPLY);
+                async move { kv.get(key, Some(options)).await }
             })
             .await?;
         let revision = reply.header().map_or(0, |h| h.revision());
@@ -194,9 +200,10 @@ impl Etcd {
             .with_range(range_end)
             .with_start_revision(start_revision);
         let stream = self
-            .call(|mut c| {
+            .call(|c| {
                 let options = options.clone();
-                async move { c.watch(key, Some(options)).await }
+                let mut watch = c.watch_client().max_decoding_message_size(MAX_REPLY);
+                async move { watch.watch(key, Some(options)).await }
             })
             .await?;
         Ok(Watch::new(stream))

@@ -402,3 +402,23 @@ fn a_member_reaches_etcd_over_tls_with_a_client_certificate_and_a_password() {
     assert!(!out.status.success(), "{stderr}");
     assert!(stderr.contains("authentication failed"), "{stderr}");
 }
+
+/// A listing bigger than gRPC's default message limit (4 MiB) is read whole: a fleet of
+/// many routes starts. The bulk here is keys under `config/` that are no object (ignored,
+/// as a newer instance's kinds would be), which the listing carries all the same.
+#[test]
+fn a_listing_over_four_mebibytes_is_read() {
+    let Some(bin) = etcd_bin() else { return };
+    let etcd = Etcd::start(bin, 1);
+    let dir = TempDir::new("fleet-big");
+    let prefix = "/t/big";
+    let file = local(&dir, "a", &etcd.endpoints(&[0]), prefix, "");
+    push(&dir, &file, SHARED);
+    let filler = "x".repeat(1 << 20);
+    for i in 0..5 {
+        etcd.put(0, &format!("{prefix}/config/filler/{i}"), &filler);
+    }
+    let weir = Weir::start_file(&file);
+    wait_body(&weir, "v1");
+    assert!(ctl(&file, &["pull"]).contains("name = \"all\""));
+}
