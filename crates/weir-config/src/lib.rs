@@ -265,6 +265,7 @@ max_idle = 256
                 header_timeout: Duration::from_secs(10),
                 idle_timeout: Duration::from_secs(60),
                 max_connections: 64,
+                dashboard: Some(DashboardSettings::default()),
             },
             listeners: vec![listener("web", "127.0.0.1:8080", vec![route])],
             upstreams: vec![Upstream {
@@ -329,6 +330,7 @@ max_idle = 256
                 header_timeout: Duration::from_secs(10),
                 idle_timeout: Duration::from_secs(60),
                 max_connections: 64,
+                dashboard: Some(DashboardSettings::default()),
             },
             listeners: vec![listener("web", "127.0.0.1:8080", Vec::new())],
             upstreams: Vec::new(),

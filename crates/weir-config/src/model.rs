@@ -87,6 +87,34 @@ pub struct AdminSettings {
     pub idle_timeout: Duration,
     /// Most admin connections open at once; more are closed as soon as they are accepted.
     pub max_connections: usize,
+    /// The dashboard (`/ui/`, `/api/v1/stats`); `None` when `dashboard = false`.
+    pub dashboard: Option<DashboardSettings>,
+}
+
+/// The dashboard's sampling (`[admin] dashboard_interval`, `dashboard_history`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DashboardSettings {
+    /// How often the admin thread samples the metric shards.
+    pub interval: Duration,
+    /// How far back the samples kept in memory reach.
+    pub history: Duration,
+}
+
+impl DashboardSettings {
+    /// How many samples cover `history` (at least one).
+    pub fn points(&self) -> usize {
+        let n = self.history.as_millis() / self.interval.as_millis().max(1);
+        usize::try_from(n).unwrap_or(usize::MAX).max(1)
+    }
+}
+
+impl Default for DashboardSettings {
+    fn default() -> Self {
+        DashboardSettings {
+            interval: Duration::from_secs(2),
+            history: Duration::from_secs(300),
+        }
+    }
 }
 
 /// What a listener speaks.

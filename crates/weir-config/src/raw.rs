@@ -45,6 +45,9 @@ pub(crate) struct RawAdmin {
     pub header_timeout: Option<String>,
     pub idle_timeout: Option<String>,
     pub max_connections: Option<i64>,
+    pub dashboard: Option<bool>,
+    pub dashboard_interval: Option<String>,
+    pub dashboard_history: Option<String>,
 }
 
 /// `[[listeners]]`.

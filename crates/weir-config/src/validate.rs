@@ -11,9 +11,9 @@ use std::time::Duration;
 
 use crate::error::{FieldPath, Issue};
 use crate::model::{
-    AccessLog, AccessLogFormat, AdminSettings, Config, DefaultResponse, HostPattern, Listener,
-    LogFormat, LogTarget, PathNormalization, Protocol, Route, ServerSettings, Upstream,
-    UpstreamServer, Workers,
+    AccessLog, AccessLogFormat, AdminSettings, Config, DashboardSettings, DefaultResponse,
+    HostPattern, Listener, LogFormat, LogTarget, PathNormalization, Protocol, Route,
+    ServerSettings, Upstream, UpstreamServer, Workers,
 };
 use crate::raw::{
     RawAccessLog, RawAdmin, RawConfig, RawDefaultResponse, RawListener, RawRoute, RawServer,
@@ -145,6 +145,7 @@ pub(crate) fn admin(raw: RawAdmin, path: &FieldPath) -> Result<AdminSettings, Is
         }
         Some(p) => Some(std::path::PathBuf::from(p)),
     };
+    let dashboard = dashboard(&raw, path)?;
     Ok(AdminSettings {
         bind,
         token_file,
@@ -156,7 +157,35 @@ pub(crate) fn admin(raw: RawAdmin, path: &FieldPath) -> Result<AdminSettings, Is
             1..=65_536,
             &path.key("max_connections"),
         )?,
+        dashboard,
     })
+}
+
+/// `dashboard`, `dashboard_interval` and `dashboard_history`: the interval from 1 s to
+/// 60 s, the history from one interval to an hour (so at most 3600 samples in memory).
+fn dashboard(raw: &RawAdmin, path: &FieldPath) -> Result<Option<DashboardSettings>, Issue> {
+    let interval_path = path.key("dashboard_interval");
+    let interval = duration(raw.dashboard_interval.clone(), "2s", &interval_path, true)?;
+    if !(Duration::from_secs(1)..=Duration::from_secs(60)).contains(&interval) {
+        return Err(Issue::new(
+            &interval_path,
+            format!("dashboard_interval must be from 1s to 60s, not {interval:?}"),
+            "set dashboard_interval = \"2s\" (the default) or another value from \"1s\" to \"60s\"",
+        ));
+    }
+    let history_path = path.key("dashboard_history");
+    let history = duration(raw.dashboard_history.clone(), "5m", &history_path, true)?;
+    if history < interval || history > Duration::from_secs(3600) {
+        return Err(Issue::new(
+            &history_path,
+            format!(
+                "dashboard_history must be from dashboard_interval ({interval:?}) to 1h, not {history:?}"
+            ),
+            "set dashboard_history = \"5m\" (the default) or another value up to \"1h\"",
+        ));
+    }
+    let settings = DashboardSettings { interval, history };
+    Ok(raw.dashboard.unwrap_or(true).then_some(settings))
 }
 
 // ---------------------------------------------------------------- [[listeners]]

@@ -116,6 +116,7 @@ mod tests {
             header_timeout: std::time::Duration::from_secs(10),
             idle_timeout: std::time::Duration::from_secs(60),
             max_connections: 64,
+            dashboard: None,
         }
     }
 

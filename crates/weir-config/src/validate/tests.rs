@@ -115,6 +115,47 @@ fn admin_settings() {
 }
 
 #[test]
+fn dashboard_settings() {
+    use std::time::Duration;
+    let on = parse_str(LISTENER, "weir.toml").unwrap().admin.dashboard;
+    let on = on.expect("on by default");
+    assert_eq!(
+        (on.interval, on.history),
+        (Duration::from_secs(2), Duration::from_secs(300))
+    );
+    assert_eq!(on.points(), 150);
+    let off = format!("[admin]\ndashboard = false\n{LISTENER}");
+    assert_eq!(parse_str(&off, "weir.toml").unwrap().admin.dashboard, None);
+    let set =
+        format!("[admin]\ndashboard_interval = \"1s\"\ndashboard_history = \"1h\"\n{LISTENER}");
+    let set = parse_str(&set, "weir.toml")
+        .unwrap()
+        .admin
+        .dashboard
+        .unwrap();
+    assert_eq!(set.points(), 3600);
+    let i = "admin.dashboard_interval";
+    for bad in ["500ms", "61s"] {
+        let source = format!("[admin]\ndashboard_interval = \"{bad}\"\n{LISTENER}");
+        check(&source, i, 2, "from 1s to 60s", "\"2s\"");
+    }
+    let h = "admin.dashboard_history";
+    let short =
+        format!("[admin]\ndashboard_interval = \"10s\"\ndashboard_history = \"5s\"\n{LISTENER}");
+    check(
+        &short,
+        h,
+        3,
+        "from dashboard_interval (10s) to 1h",
+        "\"5m\"",
+    );
+    let long = format!("[admin]\ndashboard_history = \"2h\"\n{LISTENER}");
+    check(&long, h, 2, "not 7200s", "up to \"1h\"");
+    let typo = format!("[admin]\ndashboard = \"yes\"\n{LISTENER}");
+    assert!(parse_str(&typo, "weir.toml").is_err());
+}
+
+#[test]
 fn listeners_are_required() {
     check("", "listeners", 1, "no listeners", "[[listeners]]");
     check(
