@@ -43,7 +43,7 @@ fn picks(c: &mut Criterion) {
         for lb in POLICIES {
             let upstream = upstream(lb, servers);
             let plan = UpstreamPlan::new(&upstream, |_| None);
-            let workers = WorkerUpstreams::new(1);
+            let workers = WorkerUpstreams::new(1, Default::default());
             let mut i = 0u64;
             group.bench_with_input(BenchmarkId::new(lb, servers), &servers, |b, _| {
                 b.iter(|| {

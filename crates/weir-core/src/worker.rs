@@ -113,7 +113,7 @@ impl Worker {
         logs: Vec<Option<LogBuffer>>,
     ) -> Worker {
         let generation = shared.generation.load(Ordering::Acquire);
-        let upstreams = WorkerUpstreams::new(shared.workers);
+        let upstreams = WorkerUpstreams::new(shared.workers, metrics.clone());
         let snapshot = Rc::new(shared.snapshot.load_full());
         Worker {
             shared,

@@ -187,6 +187,38 @@ async fn upstream_servers_have_their_own_series() {
     );
 }
 
+/// `weir_upstream_in_flight` counts a request from the server's pick to the end of its
+/// response: 1 while a slow server holds it, 0 after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_flight_requests_per_server() {
+    let slow = Backend::slow(std::time::Duration::from_secs(2));
+    let weir = single(slow.addr()).start();
+    let gauge = format!(
+        "weir_upstream_in_flight{{{}}}",
+        server_labels("up", slow.addr())
+    );
+    assert_eq!(series(&weir.metrics_text(), &gauge), Some(0.0));
+    let addr = weir.addr;
+    let request = tokio::spawn(async move {
+        send_raw_once(
+            addr,
+            b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+        )
+        .await
+    });
+    assert!(
+        wait_until(WAIT, || slow.in_flight() == 1),
+        "the request reached the server"
+    );
+    // The server holds it for 2 s: the gauge shows it meanwhile (unless this machine is so
+    // loaded that the response came first, which the assertion below would say).
+    let seen = series(&weir.metrics_text(), &gauge);
+    let response = request.await.unwrap().unwrap();
+    assert!(response.starts_with(b"HTTP/1.1 200"));
+    assert_eq!(seen, Some(1.0), "in flight while the server held it");
+    wait_for_series(&weir, &gauge, 0.0);
+}
+
 /// A json access log in a fresh temporary directory `weir-<tag>-<pid>`.
 struct JsonLog {
     dir: std::path::PathBuf,

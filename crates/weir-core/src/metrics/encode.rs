@@ -14,16 +14,16 @@ use weir_config::Config;
 use super::layout::SlotMap;
 use super::process::ProcessStats;
 use super::shard::{
-    AbortReason, DefaultReason, Histogram, ListenerMetrics, Protocol, RouteMetrics, ServerMetrics,
-    TlsFailure, UpstreamMetrics, WorkerMetrics, ACCEPT_ERRORS, LATENCY_BUCKETS, METHODS, PROTOCOLS,
-    STATUS_SLOTS, TLS_VERSIONS,
+    AbortReason, Counter, DefaultReason, Histogram, ListenerMetrics, Protocol, TlsFailure,
+    WorkerMetrics, ACCEPT_ERRORS, LATENCY_BUCKETS, METHODS, PROTOCOLS, STATUS_SLOTS, TLS_VERSIONS,
 };
+use super::view::ShardWalk;
 use super::Metrics;
 use crate::snapshot::Snapshot;
 use crate::tcp::sni::SniResult;
 
 /// One counter of a listener's metrics.
-type PickCounter = fn(&ListenerMetrics) -> &super::shard::Counter;
+pub(super) type PickCounter = fn(&ListenerMetrics) -> &Counter;
 
 /// Renders all metrics of the objects in `snapshot`'s config in the Prometheus text format.
 pub fn encode_text(metrics: &Metrics, snapshot: &Snapshot) -> String {
@@ -96,6 +96,18 @@ struct Scrape {
     renewals: Vec<(usize, String, i64)>,
     etcd: std::sync::Arc<super::etcd::EtcdMetrics>,
 }
+
+/// `weir_http2_*`: HTTP/2 connections, streams, client resets and GOAWAYs for calm, the
+/// defence counters (name, help, counter); the dashboard shows them too (`totals`).
+pub(super) const HTTP2_FAMILIES: [(&str, &str, PickCounter); 7] = [
+    ("weir_http2_connections", "Client connections that spoke HTTP/2 (h2c, or h2 through ALPN on TLS).", |m| &m.http2.connections),
+    ("weir_http2_streams", "HTTP/2 streams (requests) served.", |m| &m.http2.streams),
+    ("weir_http2_client_resets", "HTTP/2 streams the client reset while in flight; each cancelled its upstream request.", |m| &m.http2.client_resets),
+    ("weir_http2_calm_goaways", "HTTP/2 connections closed with GOAWAY ENHANCE_YOUR_CALM (a reset or glitch budget exceeded).", |m| &m.http2.calm_goaways),
+    ("weir_http2_forced_resets", "HTTP/2 streams Weir reset because of the client's error on them (MadeYouReset).", |m| &m.http2.forced_resets),
+    ("weir_http2_glitches", "HTTP/2 client frames that carried no request (SETTINGS, PING, empty DATA, unexplained WINDOW_UPDATE, PRIORITY, unknown).", |m| &m.http2.glitches),
+    ("weir_http2_stalled", "HTTP/2 connections closed because their writes made no progress for stall_timeout.", |m| &m.http2.stalled),
+];
 
 type Result = std::result::Result<(), std::fmt::Error>;
 
@@ -210,38 +222,17 @@ fn route_label(config: &Config, listener: usize, route: usize) -> String {
     }
 }
 
+impl ShardWalk for Scrape {
+    fn shards(&self) -> &[std::sync::Arc<WorkerMetrics>] {
+        &self.shards
+    }
+
+    fn slots(&self) -> &SlotMap {
+        &self.slots
+    }
+}
+
 impl Scrape {
-    fn sum(&self, f: impl Fn(&WorkerMetrics) -> Option<u64>) -> u64 {
-        self.shards.iter().filter_map(|s| f(s)).sum()
-    }
-
-    fn listener<'a>(&self, s: &'a WorkerMetrics, li: usize) -> Option<&'a ListenerMetrics> {
-        s.listener(self.slots.listeners.get(li)?.slot)
-    }
-
-    /// Route `ri` of listener `li`; 0 is the no-route slot, `r + 1` the config's route `r`.
-    fn route<'a>(&self, s: &'a WorkerMetrics, li: usize, ri: usize) -> Option<&'a RouteMetrics> {
-        let l = self.slots.listeners.get(li)?;
-        let slot = l.route(ri.checked_sub(1));
-        s.listener(l.slot)?.route(slot)
-    }
-
-    fn upstream<'a>(&self, s: &'a WorkerMetrics, ui: usize) -> Option<&'a UpstreamMetrics> {
-        s.upstream(self.slots.upstreams.get(ui)?.slot)
-    }
-
-    fn server<'a>(&self, s: &'a WorkerMetrics, ui: usize, si: usize) -> Option<&'a ServerMetrics> {
-        let u = self.slots.upstreams.get(ui)?;
-        s.server(u.slot, *u.children.get(si)?)
-    }
-
-    /// Whether any worker counted a request of protocol index `pi` on route `ri` of `li`.
-    fn saw(&self, li: usize, ri: usize, pi: usize) -> bool {
-        self.shards
-            .iter()
-            .any(|s| self.route(s, li, ri).is_some_and(|r| r.saw(pi)))
-    }
-
     fn requests(&self, enc: &mut DescriptorEncoder) -> Result {
         let mut rows = Vec::new();
         for (li, l) in self.config.listeners.iter().enumerate() {
@@ -504,18 +495,10 @@ impl Scrape {
         )
     }
 
-    /// `weir_http2_*`: HTTP/2 connections, streams, client resets and GOAWAYs for calm, per
-    /// listener. Separate series, so the request series keep their labels.
+    /// `weir_http2_*` ([`HTTP2_FAMILIES`]) per listener. Separate series, so the request
+    /// series keep their labels.
     fn http2_counters(&self, enc: &mut DescriptorEncoder) -> Result {
-        self.per_listener(enc, &[
-            ("weir_http2_connections", "Client connections that spoke HTTP/2 (h2c, or h2 through ALPN on TLS).", |m| &m.http2.connections),
-            ("weir_http2_streams", "HTTP/2 streams (requests) served.", |m| &m.http2.streams),
-            ("weir_http2_client_resets", "HTTP/2 streams the client reset while in flight; each cancelled its upstream request.", |m| &m.http2.client_resets),
-            ("weir_http2_calm_goaways", "HTTP/2 connections closed with GOAWAY ENHANCE_YOUR_CALM (a reset or glitch budget exceeded).", |m| &m.http2.calm_goaways),
-            ("weir_http2_forced_resets", "HTTP/2 streams Weir reset because of the client's error on them (MadeYouReset).", |m| &m.http2.forced_resets),
-            ("weir_http2_glitches", "HTTP/2 client frames that carried no request (SETTINGS, PING, empty DATA, unexplained WINDOW_UPDATE, PRIORITY, unknown).", |m| &m.http2.glitches),
-            ("weir_http2_stalled", "HTTP/2 connections closed because their writes made no progress for stall_timeout.", |m| &m.http2.stalled),
-        ])
+        self.per_listener(enc, &HTTP2_FAMILIES)
     }
 
     /// Counter families whose only label is the listener: name, help, and the counter.
@@ -605,7 +588,7 @@ impl Scrape {
 
     fn upstream_counters(&self, enc: &mut DescriptorEncoder) -> Result {
         let (mut requests, mut up, mut retries, mut idle) = (vec![], vec![], vec![], vec![]);
-        let mut connect_errors = vec![];
+        let (mut connect_errors, mut in_flight) = (vec![], vec![]);
         for (ui, u) in self.config.upstreams.iter().enumerate() {
             for (si, server) in u.servers.iter().enumerate() {
                 let labels = || {
@@ -636,6 +619,10 @@ impl Scrape {
                 connect_errors.push((
                     labels(),
                     self.sum(|s| Some(self.server(s, ui, si)?.connect_errors.get())),
+                ));
+                in_flight.push((
+                    labels(),
+                    self.sum(|s| Some(self.server(s, ui, si)?.in_flight.get())) as i64,
                 ));
             }
             retries.push((
@@ -672,6 +659,12 @@ impl Scrape {
             "weir_upstream_pool_idle",
             "Idle pooled connections to the server, all workers.",
             &idle,
+        )?;
+        gauge(
+            enc,
+            "weir_upstream_in_flight",
+            "Requests (TCP listeners: connections) sent to the server and not yet ended, all workers.",
+            &in_flight,
         )
     }
 

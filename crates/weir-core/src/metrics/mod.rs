@@ -12,6 +12,8 @@ pub mod layout;
 pub mod process;
 pub mod shard;
 mod slots;
+pub mod totals;
+mod view;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

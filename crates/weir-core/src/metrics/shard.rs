@@ -27,6 +27,13 @@ impl Counter {
         self.add(1);
     }
 
+    /// Takes one off a gauge, never below zero (owning worker only).
+    #[inline]
+    pub fn dec(&self) {
+        self.0
+            .store(self.0.load(Relaxed).saturating_sub(1), Relaxed);
+    }
+
     /// Sets a gauge value (owning worker only).
     #[inline]
     pub fn set(&self, v: u64) {
@@ -429,6 +436,10 @@ pub struct ServerMetrics {
     pub pool_idle: Counter,
     /// Connection attempts that failed (refused, unreachable, timed out).
     pub connect_errors: Counter,
+    /// Requests (TCP: connections) of this worker that picked the server and have not
+    /// ended, a gauge. Shared with the worker's load-balancing state
+    /// (`upstream::local`), which counts it as picks come and go.
+    pub in_flight: std::sync::Arc<Counter>,
 }
 
 impl ServerMetrics {
@@ -439,6 +450,7 @@ impl ServerMetrics {
             response: Histogram::default(),
             pool_idle: Counter::default(),
             connect_errors: Counter::default(),
+            in_flight: Default::default(),
         }
     }
 

@@ -1,9 +1,12 @@
 //! Per-worker upstream state: policy cursors and weights, in-flight counts, latency
 //! estimates, the random generator and the retry budget. Worker-local (`RefCell`, no
-//! atomics); rebuilt when a new pool plan is published.
+//! atomics); rebuilt when a new pool plan is published. The in-flight counts are also
+//! written to the worker's metric shard (`weir_upstream_in_flight`, the dashboard), whose
+//! gauges, unlike this state, carry over from plan to plan.
 
 use std::cell::RefCell;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::Duration;
 
 use weir_config::{LbPolicy, Upstream};
@@ -18,6 +21,8 @@ use super::pool::UpstreamPlan;
 use super::retry::{Outcome, RetryBudget, Tried};
 use super::select::{choose, Choice};
 use super::state::{now_ms, now_ns};
+use crate::metrics::shard::Counter;
+use crate::metrics::WorkerMetrics;
 
 /// Policy state of one group (primary or backup) on one worker.
 #[derive(Debug, Default)]
@@ -45,10 +50,27 @@ pub struct LocalState {
 pub struct LocalUpstream {
     plan_id: u64,
     state: RefCell<LocalState>,
+    /// Per server: the in-flight gauge of the worker's shard (a detached one where the
+    /// shard has no slot, as in unit tests).
+    gauges: Box<[Arc<Counter>]>,
 }
 
 impl LocalUpstream {
-    fn new(plan: &UpstreamPlan, upstream: &Upstream, workers: usize) -> LocalUpstream {
+    fn new(
+        plan: &UpstreamPlan,
+        upstream: &Upstream,
+        workers: usize,
+        metrics: &WorkerMetrics,
+    ) -> LocalUpstream {
+        let gauges = plan
+            .server_slots
+            .iter()
+            .map(|&slot| {
+                metrics
+                    .server(plan.slot, slot)
+                    .map_or_else(Default::default, |m| m.in_flight.clone())
+            })
+            .collect();
         let workers = workers.max(1) as u32;
         let groups = [0, 1].map(|g| GroupState {
             ewma: vec![PeakEwma::default(); plan.groups[g].len()],
@@ -72,6 +94,7 @@ impl LocalUpstream {
                 rng: XorShift::from_entropy(),
                 budget: RetryBudget::default(),
             }),
+            gauges,
         }
     }
 }
@@ -81,6 +104,8 @@ impl LocalUpstream {
 pub struct WorkerUpstreams {
     locals: RefCell<Vec<Option<Rc<LocalUpstream>>>>,
     workers: usize,
+    /// The worker's metric shard, where the in-flight gauges are.
+    metrics: Arc<WorkerMetrics>,
 }
 
 /// The chosen server of one attempt. Counts as in flight until dropped.
@@ -99,15 +124,20 @@ impl Drop for Pick {
         if let Some(n) = st.in_flight.get_mut(self.server) {
             *n = n.saturating_sub(1);
         }
+        if let Some(gauge) = self.local.gauges.get(self.server) {
+            gauge.dec();
+        }
     }
 }
 
 impl WorkerUpstreams {
-    /// `workers`: how many workers share each server's `max_connections`.
-    pub fn new(workers: usize) -> WorkerUpstreams {
+    /// `workers`: how many workers share each server's `max_connections`; `metrics`: the
+    /// worker's shard.
+    pub fn new(workers: usize, metrics: Arc<WorkerMetrics>) -> WorkerUpstreams {
         WorkerUpstreams {
             locals: RefCell::new(Vec::new()),
             workers,
+            metrics,
         }
     }
 
@@ -119,7 +149,12 @@ impl WorkerUpstreams {
         match &locals[index] {
             Some(local) if local.plan_id == plan.id => local.clone(),
             _ => {
-                let local = Rc::new(LocalUpstream::new(plan, upstream, self.workers));
+                let local = Rc::new(LocalUpstream::new(
+                    plan,
+                    upstream,
+                    self.workers,
+                    &self.metrics,
+                ));
                 locals[index] = Some(local.clone());
                 local
             }
@@ -176,6 +211,9 @@ impl WorkerUpstreams {
 
 impl Pick {
     fn new(choice: Choice, local: Rc<LocalUpstream>) -> Pick {
+        if let Some(gauge) = local.gauges.get(choice.server) {
+            gauge.inc();
+        }
         Pick {
             server: choice.server,
             set_cookie: choice.set_cookie,

@@ -186,7 +186,7 @@ mod tests {
     #[test]
     fn backups_only_while_no_primary_is_available() {
         let (u, plan) = three("round_robin", ", backup = true");
-        let w = WorkerUpstreams::new(1);
+        let w = WorkerUpstreams::new(1, Default::default());
         assert_eq!(picks(&w, &plan, &u, 4), [0, 1, 0, 1]);
         plan.servers[0].up.store(false, Relaxed);
         assert_eq!(picks(&w, &plan, &u, 2), [1, 1]);
@@ -199,7 +199,7 @@ mod tests {
     #[test]
     fn ejected_servers_are_skipped_unless_all_are_ejected() {
         let (u, plan) = three("round_robin", "");
-        let w = WorkerUpstreams::new(1);
+        let w = WorkerUpstreams::new(1, Default::default());
         let now = now_ms();
         assert!(
             plan.servers[0].record_failure(now, &plan.passive),
@@ -219,7 +219,7 @@ mod tests {
     #[test]
     fn max_connections_and_in_flight_guards() {
         let (u, plan) = three("round_robin", ", max_connections = 1");
-        let w = WorkerUpstreams::new(1);
+        let w = WorkerUpstreams::new(1, Default::default());
         let held: Vec<_> = (0..3)
             .map(|_| w.pick(0, &plan, &u, RequestKey::default()).expect("pick"))
             .collect();
@@ -237,7 +237,7 @@ mod tests {
              [upstreams.u.retry]\nattempts = 2\n",
         );
         let plan = UpstreamPlan::new(&u, |_| None);
-        let w = WorkerUpstreams::new(1);
+        let w = WorkerUpstreams::new(1, Default::default());
         let key = RequestKey::default();
         let first = w.pick(0, &plan, &u, key).expect("pick");
         let mut tried = Tried::new(first.server);
@@ -256,7 +256,7 @@ mod tests {
     #[test]
     fn sticky_cookie_is_honoured_while_its_server_is_up() {
         let (u, plan) = three("sticky_cookie", "");
-        let w = WorkerUpstreams::new(1);
+        let w = WorkerUpstreams::new(1, Default::default());
         let id = server_id("u", "127.0.0.1:3");
         let key = RequestKey {
             hash: None,
@@ -276,7 +276,7 @@ mod tests {
     #[test]
     fn a_new_plan_resets_the_worker_state() {
         let (u, plan) = three("round_robin", "");
-        let w = WorkerUpstreams::new(1);
+        let w = WorkerUpstreams::new(1, Default::default());
         assert_eq!(picks(&w, &plan, &u, 2), [0, 1]);
         let next = UpstreamPlan::new(&u, |i| Some(plan.servers[i].clone()));
         assert_eq!(
@@ -284,5 +284,37 @@ mod tests {
             [0, 1],
             "fresh cursor for the new plan"
         );
+    }
+
+    /// The shard's in-flight gauge follows picks from pick to drop, across a new plan.
+    #[test]
+    fn picks_count_in_the_shards_in_flight_gauge() {
+        let (u, plan) = three("round_robin", "");
+        let mut layout = crate::metrics::layout::Layout::default();
+        let config = weir_config::parse_str(
+            "[[listeners]]\nname = \"l\"\nbind = \"127.0.0.1:0\"\n[upstreams.u]\n\
+             servers = [{ addr = \"127.0.0.1:1\" }, { addr = \"127.0.0.1:2\" }, \
+             { addr = \"127.0.0.1:3\" }]\n",
+            "t",
+        )
+        .unwrap();
+        let slots = layout.assign(&config);
+        let shard = std::sync::Arc::new(crate::metrics::WorkerMetrics::new(&slots));
+        let gauge = |i| shard.server(0, i).unwrap().in_flight.get();
+        let w = WorkerUpstreams::new(1, shard.clone());
+        let first = w.pick(0, &plan, &u, RequestKey::default()).expect("pick");
+        let second = w.pick(0, &plan, &u, RequestKey::default()).expect("pick");
+        assert_eq!((gauge(0), gauge(1), gauge(2)), (1, 1, 0));
+        let next = UpstreamPlan::new(&u, |i| Some(plan.servers[i].clone()));
+        let third = w.pick(0, &next, &u, RequestKey::default()).expect("pick");
+        assert_eq!(
+            (third.server, gauge(0)),
+            (0, 2),
+            "the gauge carries over plans"
+        );
+        drop((first, second));
+        assert_eq!((gauge(0), gauge(1)), (1, 0));
+        drop(third);
+        assert_eq!(gauge(0), 0);
     }
 }
