@@ -7,7 +7,7 @@
 //! in the same directory, then rename), so a restart keeps them. A lock serializes changes;
 //! each success bumps the version that `If-Match` is checked against, is logged (`config
 //! changed`, with who asked) and is kept in a short history (`GET /api/v1/history`,
-//! `weir ctl history`).
+//! `weir ctl history`, the dashboard's diff view), with the keys it edited.
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use hyper::StatusCode;
 use weir_config::diff::{diff, Change};
+use weir_config::field_diff::{field_changes, FieldChange};
 use weir_config::Config;
 use weir_core::Proxy;
 
@@ -49,6 +50,10 @@ struct State {
 /// How many versions [`Store::history`] remembers.
 pub const HISTORY: usize = 50;
 
+/// How many edited keys a version of the history keeps (a whole new config can edit
+/// thousands); the rest are counted in `fields_omitted`.
+pub const HISTORY_FIELDS: usize = 200;
+
 /// One version of the running config, as the history lists it.
 #[derive(Debug, Clone)]
 pub struct Version {
@@ -60,6 +65,11 @@ pub struct Version {
     pub by: String,
     /// What changed from the version before, as `Change` displays it.
     pub changes: Vec<String>,
+    /// The keys edited from the version before, old and new value as written (the first
+    /// [`HISTORY_FIELDS`]).
+    pub fields: Vec<FieldChange>,
+    /// Edited keys beyond [`HISTORY_FIELDS`], not kept.
+    pub fields_omitted: usize,
 }
 
 impl Version {
@@ -70,8 +80,18 @@ impl Version {
             "at_utc": weir_core::tls::facts::format_utc(i64::try_from(self.at).unwrap_or(0)),
             "by": self.by,
             "changes": self.changes,
+            "fields": fields_json(&self.fields),
+            "fields_omitted": self.fields_omitted,
         })
     }
+}
+
+/// Edited keys as JSON: `[{"path", "old", "new"}]` (`null`: absent).
+pub fn fields_json(fields: &[FieldChange]) -> serde_json::Value {
+    fields
+        .iter()
+        .map(|f| serde_json::json!({"path": f.path, "old": f.old, "new": f.new}))
+        .collect()
 }
 
 /// Who asks for a change, and the name its text goes by in error positions.
@@ -124,6 +144,8 @@ impl Store {
                     at: unix_now(),
                     by: "start".to_string(),
                     changes: Vec::new(),
+                    fields: Vec::new(),
+                    fields_omitted: 0,
                 }]),
                 frozen: false,
             }),
@@ -311,8 +333,9 @@ impl Store {
         let changes = self.proxy.apply(config).map_err(ApiError::from)?;
         let from = state.version;
         state.version = version;
+        let fields = field_changes(&state.text, &text);
         state.text = text;
-        record(&mut state, from, &Origin::new(by), &changes);
+        record(&mut state, from, &Origin::new(by), &changes, fields);
         Ok(changes)
     }
 
@@ -341,7 +364,7 @@ impl Store {
             return Ok(Applied {
                 version: state.version,
                 changes: diff(&running, &config),
-                fields: weir_config::field_diff::field_changes(&state.text, &text),
+                fields: field_changes(&state.text, &text),
             });
         }
         // Written first, renamed after the apply: a failed apply leaves the file alone, and
@@ -360,8 +383,9 @@ impl Store {
             }
         };
         state.version += 1;
+        let fields = field_changes(&state.text, &text);
         state.text = text;
-        record(state, state.version - 1, origin, &changes);
+        record(state, state.version - 1, origin, &changes, fields);
         if let (Some(tmp), Some(path)) = (staged, &self.path) {
             std::fs::rename(&tmp, path).map_err(|e| write_error(path, &e))?;
         }
@@ -394,8 +418,15 @@ fn located(e: weir_core::ApplyError, name: &str, text: &str) -> ApiError {
     error
 }
 
-/// Logs the change from version `from` that made `state.version` and remembers it.
-fn record(state: &mut State, from: u64, origin: &Origin, changes: &[Change]) {
+/// Logs the change from version `from` that made `state.version` and remembers it, with
+/// the keys it edited.
+fn record(
+    state: &mut State,
+    from: u64,
+    origin: &Origin,
+    changes: &[Change],
+    mut fields: Vec<FieldChange>,
+) {
     let changes: Vec<String> = changes.iter().map(ToString::to_string).collect();
     tracing::info!(
         by = %origin.by,
@@ -407,11 +438,15 @@ fn record(state: &mut State, from: u64, origin: &Origin, changes: &[Change]) {
     if state.history.len() == HISTORY {
         state.history.pop_front();
     }
+    let fields_omitted = fields.len().saturating_sub(HISTORY_FIELDS);
+    fields.truncate(HISTORY_FIELDS);
     state.history.push_back(Version {
         version: state.version,
         at: unix_now(),
         by: origin.by.clone(),
         changes,
+        fields,
+        fields_omitted,
     });
 }
 
@@ -484,4 +519,32 @@ fn write_error(path: &Path, e: &std::io::Error) -> ApiError {
         format!("cannot write {}: {e}", path.display()),
         "make the config file and its directory writable by weir",
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_version_keeps_its_first_edited_keys() {
+        let mut state = State {
+            version: 2,
+            text: String::new(),
+            history: VecDeque::new(),
+            frozen: false,
+        };
+        let field = |i: usize| FieldChange {
+            path: format!("upstreams.u{i}.lb"),
+            old: None,
+            new: Some("\"random\"".into()),
+        };
+        let fields = (0..HISTORY_FIELDS + 7).map(field).collect();
+        record(&mut state, 1, &Origin::new("test"), &[], fields);
+        let v = &state.history[0];
+        assert_eq!((v.fields.len(), v.fields_omitted), (HISTORY_FIELDS, 7));
+        let json = v.to_json();
+        assert_eq!(json["fields"][0]["path"], "upstreams.u0.lb");
+        assert_eq!(json["fields"][0]["old"], serde_json::Value::Null);
+        assert_eq!(json["fields_omitted"], 7);
+    }
 }

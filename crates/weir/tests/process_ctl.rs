@@ -306,6 +306,16 @@ fn every_change_is_logged_with_who_and_listed_by_history() {
         json[1]["at"].as_u64().is_some_and(|t| t > 1_700_000_000),
         "{json}"
     );
+    // Each version keeps the keys it edited (the dashboard's diff view).
+    let drain = &json[2]["fields"];
+    assert_eq!(drain.as_array().map(Vec::len), Some(1), "{json}");
+    let path = format!("upstreams.app.servers[{b_addr}].drain");
+    assert_eq!(
+        (&drain[0]["path"], &drain[0]["old"], &drain[0]["new"]),
+        (&path.into(), &serde_json::Value::Null, &"true".into()),
+        "{json}"
+    );
+    assert_eq!(json[0]["fields"], serde_json::json!([]));
 }
 
 #[test]

@@ -270,12 +270,7 @@ fn written(
     let changes: Vec<String> = applied.changes.iter().map(ToString::to_string).collect();
     let mut body = json!({"version": applied.version, "dry_run": mode.dry_run, "changes": changes});
     if mode.dry_run {
-        let fields: Vec<Json> = applied
-            .fields
-            .iter()
-            .map(|f| json!({"path": f.path, "old": f.old, "new": f.new}))
-            .collect();
-        body["fields"] = Json::Array(fields);
+        body["fields"] = crate::store::fields_json(&applied.fields);
     }
     Ok(json_response(StatusCode::OK, &body, Some(applied.version)))
 }
