@@ -1,5 +1,6 @@
-//! The admin listener: `/live`, `/ready`, `/metrics`, and the object API under `/api/v1`
-//! (`api`), which changes the running config through the `store`.
+//! The admin listener: `/live`, `/ready`, `/metrics`, the object API under `/api/v1`
+//! (`api`), which changes the running config through the `store`, and the dashboard at
+//! `/ui/` (`ui`, with its numbers sampled by `stats`).
 //!
 //! It runs on its own thread and runtime, separate from the data-plane workers, so it never
 //! shares their limits and stays reachable when they are saturated. That thread only does
@@ -31,9 +32,11 @@ pub mod api;
 mod conn;
 pub mod shared;
 mod slots;
+mod stats;
 pub mod store;
 #[cfg(test)]
 mod tests;
+mod ui;
 
 use conn::{Clock, Limits};
 pub use shared::{Shared, SharedError};
@@ -142,6 +145,9 @@ fn serve(
             Ok(l) => l,
             Err(e) => return tracing::error!(error = %e, "admin listener failed"),
         };
+        if let Some(store) = &state.store {
+            tokio::spawn(stats::run(store.clone(), stopped.clone()));
+        }
         accept_loop(listener, state, &mut stopped).await;
     });
 }
@@ -244,6 +250,15 @@ async fn handle(
     body_timeout: Duration,
     peer: SocketAddr,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
+    let path = req.uri().path();
+    if path == "/ui" || path.starts_with("/ui/") {
+        // The page holds no data: it is served without the token (see `ui`).
+        let on = state
+            .store
+            .as_ref()
+            .is_some_and(|s| s.proxy().config().admin.dashboard.is_some());
+        return Ok(ui::serve(req.method(), path, on));
+    }
     if req.uri().path().starts_with("/api/") {
         return Ok(match &state.store {
             Some(store) => api::handle(req, store.clone(), body_timeout, peer).await,
@@ -296,7 +311,7 @@ fn plain(status: StatusCode, body: Bytes, content_type: &'static str) -> Respons
     response
 }
 
-const NOT_FOUND: &[u8] = b"not found: try /live, /ready, /metrics or /api/v1/config\n";
+const NOT_FOUND: &[u8] = b"not found: try /live, /ready, /metrics, /api/v1/config or /ui/\n";
 const JSON: &str = "application/json";
 const TEXT: &str = "text/plain; charset=utf-8";
 const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";

@@ -31,6 +31,8 @@ pub struct Store {
     pub(crate) token: crate::api::auth::TokenCache,
     /// Set on a fleet member: API writes go to the fleet's shared objects.
     shared: OnceLock<Arc<dyn Shared>>,
+    /// The dashboard's samples of the proxy's metrics (`crate::stats`).
+    pub(crate) stats: crate::stats::Stats,
     /// Runs between validation and apply: tests hold a change there to see what the admin
     /// listener does meanwhile.
     #[cfg(test)]
@@ -151,6 +153,7 @@ impl Store {
             }),
             token: Default::default(),
             shared: OnceLock::new(),
+            stats: Default::default(),
             #[cfg(test)]
             before_apply: Mutex::new(None),
         }

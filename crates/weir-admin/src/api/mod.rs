@@ -14,7 +14,7 @@ pub(crate) mod auth;
 pub(crate) mod convert;
 mod edit;
 pub mod error;
-mod views;
+pub(crate) mod views;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -84,6 +84,8 @@ async fn serve(
 struct Call {
     method: Method,
     segments: Vec<String>,
+    /// The query string, as sent.
+    query: String,
     mode: WriteMode,
     origin: Origin,
     format: Format,
@@ -112,6 +114,7 @@ fn route(call: Call, store: &Store) -> Result<Response<Full<Bytes>>, ApiError> {
         (&Method::GET, ["history"]) => read(Json::Array(
             store.history().iter().map(|v| v.to_json()).collect(),
         )),
+        (&Method::GET, ["stats"]) => read(stats(store, &call.query)?),
         (&Method::GET, ["upstreams"]) => read(views::upstreams(store.proxy())),
         (&Method::GET, ["upstreams", name]) => read(views::upstream(&text, name)?),
         (&Method::GET, ["upstreams", name, "health"]) => read(views::health(store.proxy(), name)?),
@@ -194,6 +197,27 @@ fn route(call: Call, store: &Store) -> Result<Response<Full<Bytes>>, ApiError> {
     }
 }
 
+/// `GET /stats?since=SEQ` (see `crate::stats`).
+fn stats(store: &Store, query: &str) -> Result<Json, ApiError> {
+    let since = match query.split('&').find_map(|p| p.strip_prefix("since=")) {
+        None => 0,
+        Some(v) => v.parse().map_err(|_| {
+            ApiError::bad_request(
+                format!("since={v} is not a sample number"),
+                "send the seq of the last stats response, or leave since out",
+            )
+            .field("since")
+        })?,
+    };
+    store.stats.to_json(store.proxy(), since).ok_or_else(|| {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "the dashboard is off",
+            "set [admin] dashboard = true (the default) to sample the metrics for it",
+        )
+    })
+}
+
 /// The token check for reads outside `/api` (`/metrics`).
 pub async fn check_read(store: &Store, headers: &hyper::HeaderMap) -> Result<(), ApiError> {
     auth::check(&store.proxy().config().admin, &store.token, headers, false).await
@@ -244,6 +268,7 @@ async fn read_call(req: Request<Incoming>, by: String) -> Result<Call, ApiError>
         )
     })?;
     Ok(Call {
+        query: query.to_string(),
         method: parts.method,
         segments,
         mode: WriteMode { expect, dry_run },

@@ -4,7 +4,8 @@
 use std::time::UNIX_EPOCH;
 
 use serde_json::{json, Value as Json};
-use weir_core::upstream::state::now_ms;
+use weir_config::UpstreamServer;
+use weir_core::upstream::state::{now_ms, ServerState};
 use weir_core::Proxy;
 
 use super::convert::config_json;
@@ -149,7 +150,19 @@ fn named(list: &Json, name: &str) -> Option<Json> {
     list.as_array()?.iter().find(|i| i["name"] == name).cloned()
 }
 
-/// Each server's state: up (active checks), ejected (passive), draining, the last check.
+/// A server's state: `draining` (set so), `down` (its active check fails), `ejected`
+/// (passive checks took it out for a while) or `up`.
+pub fn server_state(server: &UpstreamServer, state: &ServerState, now_ms: u64) -> &'static str {
+    match () {
+        _ if server.drain => "draining",
+        _ if !state.up.load(std::sync::atomic::Ordering::Relaxed) => "down",
+        _ if state.ejected_for(now_ms).is_some() => "ejected",
+        _ => "up",
+    }
+}
+
+/// Each server's state ([`server_state`]), up (active checks), ejected (passive), the last
+/// check.
 pub fn health(proxy: &Proxy, name: &str) -> Result<Json, ApiError> {
     let snapshot = proxy.snapshot();
     let Some(index) = snapshot
@@ -182,15 +195,9 @@ pub fn health(proxy: &Proxy, name: &str) -> Result<Json, ApiError> {
                 let at = c.at.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
                 json!({"at": at, "ok": c.failure.is_none(), "reason": c.failure})
             });
-            let state_name = match () {
-                _ if s.drain => "draining",
-                _ if !up => "down",
-                _ if ejected.is_some() => "ejected",
-                _ => "up",
-            };
             json!({
                 "addr": s.name,
-                "state": state_name,
+                "state": server_state(s, state, now),
                 "up": up,
                 "ejected_for_ms": ejected.map(|d| d.as_millis() as u64),
                 "checked": upstream.health_check.is_some(),
