@@ -46,8 +46,10 @@ impl Stats {
     /// `GET /api/v1/stats?since=SEQ`: the objects of `proxy`'s running config with their
     /// numbers, series points after `since` only. `None` when the dashboard is off.
     pub fn to_json(&self, proxy: &Proxy, since: u64) -> Option<serde_json::Value> {
-        let ring = self.lock();
-        ring.settings?;
+        let settings = proxy.config().admin.dashboard?;
+        let mut ring = self.lock();
+        // Before the sampler's first tick under these settings: no samples yet.
+        ring.configure(Some(settings));
         Some(json::stats(&ring, proxy, since))
     }
 
