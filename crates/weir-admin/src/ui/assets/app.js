@@ -66,14 +66,15 @@ async function api(path, options = {}) {
 
 // ------------------------------------------------------------------------------ polling
 
-function poll() {
-  if (!state.inflight) state.inflight = pollOnce().finally(() => { state.inflight = null; });
+/// Fetches and shows the latest numbers (`force`: even while paused, after an action).
+function poll(force) {
+  if (!state.inflight) state.inflight = pollOnce(force === true).finally(() => { state.inflight = null; });
   return state.inflight;
 }
 
-async function pollOnce() {
+async function pollOnce(force) {
   clearTimeout(state.timer);
-  if (state.paused || document.hidden) return;
+  if ((state.paused && !force) || document.hidden) return;
   try {
     const { body, version } = await api('/stats?since=' + state.seq);
     if (body.data.seq < state.seq) {
@@ -238,14 +239,33 @@ function cell(row, cls, text) {
   if (c.textContent !== text) c.textContent = text;
 }
 
-const TRAFFIC_HEAD = ['Requests', 'Req/s', '5xx', 'p50', 'p99'];
-const NUMERIC = new Set([...TRAFFIC_HEAD, 'In flight']);
+const NUMERIC = new Set(['Requests', 'Req/s', '5xx', 'p50', 'p99', 'In flight']);
+const ROUTE_HEADS = ['Route', 'Req/s', '5xx', 'p50', 'p99', 'Requests', 'Req/s trend', 'p99 trend', 'Goes to'];
+const SERVER_HEADS = ['Server', 'State', 'In flight', 'Req/s', '5xx', 'p50', 'p99', 'Requests', 'Req/s trend', 'p99 trend', 'Action'];
+let tables = 0;
 
-/// The cells of an object's traffic: totals, rates now, and two trends.
+/// A table of `heads` (in a box that scrolls sideways on narrow screens, and as one card
+/// per row on phones) named by a heading whose `.name` and `.sub` parts are set later.
+function tableBlock(heads) {
+  const id = 'table-' + ++tables;
+  const title = el('h3', { id, class: 'table-title' }, el('span', { class: 'name' }), el('span', { class: 'sub' }));
+  const head = el('tr', {}, ...heads.map((h) => el('th', { scope: 'col', class: NUMERIC.has(h) ? 'num' : null, text: h })));
+  const table = el('table', { class: 'cards', 'aria-labelledby': id }, el('thead', {}, head), el('tbody'));
+  return el('div', { class: 'block' }, title, el('div', { class: 'scroll' }, table));
+}
+
+/// A body row: its header cell, then `cells`, each labelled with its column's head (the
+/// phone layout shows the labels).
+function tableRow(attrs, heads, header, cells) {
+  cells.forEach((c, i) => c.setAttribute('data-label', heads[i + 1]));
+  return el('tr', attrs, el('th', { scope: 'row' }, ...header), ...cells);
+}
+
+/// The cells of an object's traffic: rates now, total, two trends.
 function trafficCells() {
   return [
-    el('td', { class: 'num requests' }), el('td', { class: 'num rps' }), el('td', { class: 'num err' }),
-    el('td', { class: 'num p50' }), el('td', { class: 'num p99' }),
+    el('td', { class: 'num rps' }), el('td', { class: 'num err' }), el('td', { class: 'num p50' }),
+    el('td', { class: 'num p99' }), el('td', { class: 'num requests' }),
     el('td', { class: 'trend-rps' }), el('td', { class: 'trend-p99' }),
   ];
 }
@@ -262,28 +282,18 @@ function fillTraffic(row, obj, k, what) {
   row.querySelector('.trend-p99').replaceChildren(sparkline(s.p99_ms || [], 'p99 latency of ' + what, fmtMs, 'latency'));
 }
 
-function tableBlock(captionText, heads) {
-  const caption = el('caption', {}, el('span', { class: 'name' }), el('span', { class: 'sub' }));
-  caption.firstChild.textContent = captionText;
-  const headRow = el('tr', {}, ...heads.map((h) => el('th', { scope: 'col', class: NUMERIC.has(h) ? 'num' : null, text: h })));
-  return el('div', { class: 'block scroll' }, el('table', {}, caption, el('thead', {}, headRow), el('tbody')));
-}
-
 // ------------------------------------------------------------------------------ sections
 
 function render(data) {
-  keyed($('listeners-body'), data.listeners, (l) => l.name, makeListener, updateListener);
-  keyed($('upstreams-body'), data.upstreams, (u) => u.name, makeUpstream, updateUpstream);
+  keyed($('listeners-body'), data.listeners, (l) => l.name, () => tableBlock(ROUTE_HEADS), updateListener);
+  keyed($('upstreams-body'), data.upstreams, (u) => u.name, () => tableBlock(SERVER_HEADS), updateUpstream);
   renderHttp2(data.listeners.filter((l) => l.http2));
-}
-
-function makeListener(l) {
-  return tableBlock(l.name, ['Route', 'Goes to', ...TRAFFIC_HEAD, 'Req/s trend', 'p99 trend']);
 }
 
 function updateListener(block, l) {
   const kind = (l.kind === 'tcp' ? 'TCP' : 'HTTP') + (l.tls ? ' with TLS' : '');
   const conns = l.now ? ', ' + fmtRate(l.now.cps) + ' new/s' : '';
+  cell(block, 'name', l.name);
   cell(block, 'sub', ` — ${kind} on ${l.addr || 'no address'} · ${fmtInt(l.open)} open connections${conns}`);
   const rows = [{ total: true, obj: l }, ...l.routes.map((r) => ({ obj: r }))];
   keyed(block.querySelector('tbody'), rows, (r) => (r.total ? '\u0000total' : 'r:' + r.obj.name), makeRouteRow, (row, r) => {
@@ -296,17 +306,14 @@ function updateListener(block, l) {
 
 function makeRouteRow(r) {
   const name = r.total ? 'All requests' : r.obj.name === null ? '(no route matched)' : r.obj.name;
-  const row = el('tr', { class: r.total ? 'total' : 'sub-row', 'data-route': r.total ? null : r.obj.name === null ? '' : r.obj.name },
-    el('th', { scope: 'row', text: name }), el('td', { class: 'target' }), ...trafficCells());
-  return row;
-}
-
-function makeUpstream(u) {
-  return tableBlock(u.name, ['Server', 'State', 'In flight', ...TRAFFIC_HEAD, 'Req/s trend', 'p99 trend', 'Action']);
+  const route = r.total ? null : r.obj.name === null ? '' : r.obj.name;
+  return tableRow({ class: r.total ? 'total' : 'sub-row', 'data-route': route }, ROUTE_HEADS, [name],
+    [...trafficCells(), el('td', { class: 'target' })]);
 }
 
 function updateUpstream(block, u) {
   const now = u.now || {};
+  cell(block, 'name', u.name);
   cell(block, 'sub', ` — ${u.lb} · ${fmtRate(now.rps)} req/s · ${fmtPct(now.error_rate)} 5xx · p99 ${fmtMs(now.p99_ms)}`);
   keyed(block.querySelector('tbody'), u.servers, (s) => s.addr, (s) => makeServerRow(u.name, s), (row, s) => {
     fillTraffic(row, s, key('s', u.name, s.addr), 'server ' + s.addr + ' of ' + u.name);
@@ -328,10 +335,11 @@ function updateUpstream(block, u) {
 function makeServerRow(upstream, s) {
   const button = el('button', { type: 'button' });
   button.addEventListener('click', () => toggleDrain(button));
-  return el('tr', { 'data-upstream': upstream, 'data-server': s.addr },
-    el('th', { scope: 'row' }, el('span', { text: s.addr }), el('span', { class: 'server-extra' })),
-    el('td', { class: 'state' }, el('span', { class: 'badge' })),
-    el('td', { class: 'num inflight' }), ...trafficCells(), el('td', {}, button));
+  const header = [el('span', { text: s.addr }), el('span', { class: 'server-extra' })];
+  return tableRow({ 'data-upstream': upstream, 'data-server': s.addr }, SERVER_HEADS, header, [
+    el('td', { class: 'state' }, el('span', { class: 'badge' })), el('td', { class: 'num inflight' }),
+    ...trafficCells(), el('td', { class: 'action' }, button),
+  ]);
 }
 
 const HTTP2_COLUMNS = [
@@ -339,16 +347,17 @@ const HTTP2_COLUMNS = [
   ['calm_goaways', 'Calm GOAWAYs'], ['forced_resets', 'Forced resets'], ['glitches', 'Glitches'],
   ['stalled', 'Stalled'],
 ];
+const HTTP2_HEADS = ['Listener', ...HTTP2_COLUMNS.map(([, label]) => label)];
 
 function renderHttp2(listeners) {
   const body = $('http2-body');
   if (!body.firstChild) {
-    const head = el('tr', {}, el('th', { scope: 'col', text: 'Listener' }),
-      ...HTTP2_COLUMNS.map(([, label]) => el('th', { scope: 'col', class: 'num', text: label })));
-    body.append(el('table', {}, el('caption', { text: 'HTTP/2 client connections and what Weir did about misbehaving ones' }), el('thead', {}, head), el('tbody')));
+    const block = tableBlock(HTTP2_HEADS);
+    block.querySelector('.name').textContent = 'HTTP/2 client connections, and what Weir did about misbehaving ones';
+    body.append(block);
   }
-  keyed(body.querySelector('tbody'), listeners, (l) => l.name, (l) => el('tr', { 'data-listener': l.name },
-    el('th', { scope: 'row', text: l.name }), ...HTTP2_COLUMNS.map(([name]) => el('td', { class: 'num h2-' + name }))), (row, l) => {
+  keyed(body.querySelector('tbody'), listeners, (l) => l.name, (l) => tableRow({ 'data-listener': l.name }, HTTP2_HEADS, [l.name],
+    HTTP2_COLUMNS.map(([name]) => el('td', { class: 'num h2-' + name }))), (row, l) => {
     const before = state.http2Before.get(l.name) || {};
     for (const [name] of HTTP2_COLUMNS) {
       const v = l.http2[name];
@@ -371,21 +380,29 @@ async function loadCerts() {
   }
 }
 
+const CERT_HEADS = ['Listener', 'Names', 'Source', 'Issuer', 'Expires (UTC)', 'Days left', 'Renewal'];
+
 function renderCerts(certs) {
   const body = $('certs-body');
   if (!certs.length) return body.replaceChildren(el('p', { class: 'hint', text: 'No listener terminates TLS.' }));
-  const heads = ['Listener', 'Names', 'Source', 'Issuer', 'Expires (UTC)', 'Days left', 'Renewal'];
-  const rows = certs.map((c) => {
-    const days = c.days_left;
-    const daysClass = days === null ? null : days < 0 ? 'badge st-expired' : days < 14 ? 'badge st-soon' : null;
-    const daysText = days === null ? 'not issued yet' : days < 0 ? 'expired' : String(days);
-    return el('tr', {}, el('th', { scope: 'row', text: c.listener }), el('td', { text: (c.names || []).join(', ') }),
-      el('td', { text: c.source + (c.default ? ' (default)' : '') }), el('td', { text: c.issuer || DASH }),
-      el('td', { text: c.not_after || DASH }), el('td', { class: 'num' }, el('span', { class: daysClass, text: daysText })),
-      el('td', { text: renewal(c) }));
-  });
-  const head = el('tr', {}, ...heads.map((h) => el('th', { scope: 'col', text: h })));
-  body.replaceChildren(el('table', {}, el('thead', {}, head), el('tbody', {}, ...rows)));
+  const block = tableBlock(CERT_HEADS);
+  block.querySelector('.name').textContent = 'Certificates in use';
+  block.querySelector('tbody').append(...certs.map((c) => tableRow({}, CERT_HEADS, [c.listener], [
+    el('td', { text: (c.names || []).join(', ') }), el('td', { text: c.source + (c.default ? ' (default)' : '') }),
+    el('td', { text: c.issuer || DASH }), el('td', { text: c.not_after || DASH }),
+    el('td', { class: 'num' }, daysLeft(c)), el('td', { text: renewal(c) }),
+  ])));
+  body.replaceChildren(block);
+}
+
+/// Days left, marked when it needs a person: a file certificate within 14 days of its
+/// end, an automatic one whose renewal is failing, any that expired.
+function daysLeft(c) {
+  const days = c.days_left;
+  if (days === null) return el('span', { text: 'not issued yet' });
+  if (days < 0) return el('span', { class: 'badge st-expired', text: 'expired' });
+  const soon = c.source === 'file' ? days < 14 : !!c.last_error;
+  return el('span', { class: soon ? 'badge st-soon' : null, text: String(days) });
 }
 
 function renewal(c) {
@@ -407,16 +424,20 @@ async function loadHistory() {
   }
 }
 
+const DIFF_HEADS = ['Key', 'Before', 'After'];
+
 function makeVersion(v) {
   const what = v.version === 1 ? 'the config Weir started with' : (v.changes.length ? v.changes.join('; ') : 'no change in effect');
   const summary = el('summary', { text: `Version ${v.version} · ${v.at_utc} · ${v.by} · ${what}` });
   const diff = el('div', { class: 'diff' });
   if (v.fields.length) {
-    const head = el('tr', {}, ...['Key', 'Before', 'After'].map((h) => el('th', { scope: 'col', text: h })));
-    const rows = v.fields.map((f) => el('tr', {}, el('th', { scope: 'row' }, el('code', { text: f.path })),
-      el('td', { class: 'old', text: f.old === null ? '(unset)' : f.old }),
-      el('td', { class: 'new', text: f.new === null ? '(unset)' : f.new })));
-    diff.append(el('div', { class: 'scroll' }, el('table', {}, el('caption', { text: `Keys changed in version ${v.version}` }), el('thead', {}, head), el('tbody', {}, ...rows))));
+    const block = tableBlock(DIFF_HEADS);
+    block.querySelector('.name').textContent = `Keys changed in version ${v.version}`;
+    const shown = (x) => (x === null ? '(unset)' : x);
+    block.querySelector('tbody').append(...v.fields.map((f) => tableRow({}, DIFF_HEADS, [el('code', { text: f.path })], [
+      el('td', { class: 'old', text: shown(f.old) }), el('td', { class: 'new', text: shown(f.new) }),
+    ])));
+    diff.append(block);
     if (v.fields_omitted) diff.append(el('p', { class: 'hint', text: `and ${v.fields_omitted} more keys` }));
   } else {
     diff.append(el('p', { class: 'hint', text: v.version === 1 ? 'Nothing before it in this process.' : 'No key was edited (the file was applied as it was).' }));
@@ -448,7 +469,7 @@ async function toggleDrain(button) {
     button.disabled = false;
   }
   await state.inflight;
-  await poll();
+  await poll(true);
 }
 
 function showDashboard() {
