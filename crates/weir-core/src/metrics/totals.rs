@@ -208,7 +208,7 @@ mod tests {
         let shards: Vec<Arc<WorkerMetrics>> = (0..2)
             .map(|_| Arc::new(WorkerMetrics::new(&slots)))
             .collect();
-        let get = slots.listeners[0].route(None);
+        let no_route = slots.listeners[0].route(None);
         for (i, shard) in shards.iter().enumerate() {
             let l = shard.listener(slots.listeners[0].slot).unwrap();
             let route = l.route(slots.listeners[0].route(Some(0))).unwrap();
@@ -224,8 +224,11 @@ mod tests {
             route
                 .duration(Protocol::Http2)
                 .observe(Duration::from_secs(60));
-            l.route(get).unwrap().request(Protocol::Http1, 0, 404).inc();
-            l.route(get)
+            l.route(no_route)
+                .unwrap()
+                .request(Protocol::Http1, 0, 404)
+                .inc();
+            l.route(no_route)
                 .unwrap()
                 .duration(Protocol::Http1)
                 .observe(Duration::ZERO);
