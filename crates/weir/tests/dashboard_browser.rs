@@ -283,7 +283,36 @@ fn accessible(browser: &Browser) {
         browser.script("return document.documentElement.lang;", json!([])),
         "en"
     );
+    // WCAG AA: text at least 4.5 times as light as its background (or the reverse).
+    let low = browser.script(CONTRAST_JS, json!([]));
+    assert_eq!(low, json!([]), "text with too little contrast");
 }
+
+/// The text elements whose colour has a contrast ratio under 4.5 with the background they
+/// are drawn on (the first opaque one up the tree).
+const CONTRAST_JS: &str = r#"
+    const rgb = (c) => (c.match(/[\d.]+/g) || []).map(Number);
+    const lum = ([r, g, b]) => [r, g, b]
+        .map((v) => { v /= 255; return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4; })
+        .reduce((s, v, i) => s + v * [0.2126, 0.7152, 0.0722][i], 0);
+    const background = (e) => {
+        for (; e; e = e.parentElement) {
+            const c = rgb(getComputedStyle(e).backgroundColor);
+            if (c.length === 3 || c[3] > 0) return c;
+        }
+        return [255, 255, 255];
+    };
+    const texts = [...document.querySelectorAll('body *')].filter((e) => e.getClientRects().length
+        && [...e.childNodes].some((n) => n.nodeType === 3 && n.textContent.trim()));
+    return texts
+        .map((e) => {
+            const [a, b] = [lum(rgb(getComputedStyle(e).color)), lum(background(e))];
+            const ratio = (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05);
+            return [e.tagName + '.' + e.className + ' "' + e.textContent.slice(0, 30) + '"', ratio];
+        })
+        .filter(([, ratio]) => ratio < 4.5)
+        .map(([what, ratio]) => what + ' ' + ratio.toFixed(2));
+"#;
 
 #[test]
 fn the_token_gates_every_number() {
