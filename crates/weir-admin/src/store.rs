@@ -33,6 +33,9 @@ pub struct Store {
     shared: OnceLock<Arc<dyn Shared>>,
     /// The dashboard's samples of the proxy's metrics (`crate::stats`).
     pub(crate) stats: crate::stats::Stats,
+    /// The running config's version, sent on every change: an idle dashboard sampler
+    /// waits on it instead of waking up to check the setting.
+    changed: tokio::sync::watch::Sender<u64>,
     /// Runs between validation and apply: tests hold a change there to see what the admin
     /// listener does meanwhile.
     #[cfg(test)]
@@ -154,6 +157,7 @@ impl Store {
             token: Default::default(),
             shared: OnceLock::new(),
             stats: Default::default(),
+            changed: tokio::sync::watch::Sender::new(1),
             #[cfg(test)]
             before_apply: Mutex::new(None),
         }
@@ -188,6 +192,11 @@ impl Store {
     pub fn current(&self) -> (u64, String) {
         let state = self.lock();
         (state.version, state.text.clone())
+    }
+
+    /// Sees every new version of the running config.
+    pub(crate) fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.changed.subscribe()
     }
 
     /// The versions remembered, oldest first.
@@ -339,6 +348,7 @@ impl Store {
         let fields = field_changes(&state.text, &text);
         state.text = text;
         record(&mut state, from, &Origin::new(by), &changes, fields);
+        self.changed.send_replace(state.version);
         Ok(changes)
     }
 
@@ -389,6 +399,7 @@ impl Store {
         let fields = field_changes(&state.text, &text);
         state.text = text;
         record(state, state.version - 1, origin, &changes, fields);
+        self.changed.send_replace(state.version);
         if let (Some(tmp), Some(path)) = (staged, &self.path) {
             std::fs::rename(&tmp, path).map_err(|e| write_error(path, &e))?;
         }

@@ -2,7 +2,8 @@
 //! (`dashboard_browser.rs` drives one): `GET /api/v1/stats` counts requests, 5xx answers
 //! and latency per route and server, its series follow `?since=`; the page is served
 //! without the token with its CSP while the data needs the token; `dashboard = false`
-//! turns both off, and a reload turns them on again.
+//! turns both off, and a reload turns them on again; off, the admin thread does not wake
+//! up for it.
 
 mod support_process;
 
@@ -192,4 +193,40 @@ fn the_page_needs_no_token_its_data_does_and_a_setting_turns_both_off() {
     // Sampling starts again: the first interval after the reload gives sample 1.
     let sampled = wait_until(WAIT, || stats(admin, 0, &bearer).1["data"]["seq"] == 1);
     assert!(sampled, "{}", stats(admin, 0, &bearer).1);
+}
+
+/// Voluntary context switches of the process's thread named `name` (its `comm`), from
+/// /proc: how often it went to sleep, so how often it woke up.
+fn wake_ups(pid: u32, name: &str) -> u64 {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("/proc task dir");
+    let task = tasks
+        .filter_map(Result::ok)
+        .find(|t| {
+            std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim_end() == name)
+        })
+        .unwrap_or_else(|| panic!("no thread {name}"));
+    let status = std::fs::read_to_string(task.path().join("status")).expect("status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+        .and_then(|n| n.trim().parse().ok())
+        .expect("voluntary_ctxt_switches")
+}
+
+/// `dashboard = false` costs nothing: the admin thread does not wake up to sample (it used
+/// to wake every second to check the setting, and hand each check to a blocking thread).
+#[test]
+fn an_idle_admin_listener_without_the_dashboard_sleeps() {
+    let (ok, bad) = (
+        Backend::fixed(200, &[], "fine"),
+        Backend::fixed(503, &[], "no"),
+    );
+    let weir = Weir::start(&config(&ok, &bad, "dashboard = false"));
+    let admin = weir.admin_addr();
+    assert_eq!(get(admin, "/ready").expect("ready").0.status, 200);
+    let before = wake_ups(weir.pid(), "weir-admin");
+    // Absence of work can only be watched for a while: four times what the old loop took.
+    std::thread::sleep(Duration::from_secs(4));
+    let woke = wake_ups(weir.pid(), "weir-admin") - before;
+    assert!(woke <= 1, "the admin thread woke {woke} times in 4 s");
 }

@@ -13,7 +13,7 @@ pub(crate) mod ring;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use tokio::sync::watch;
 use weir_core::metrics::totals::{totals, Totals};
@@ -58,18 +58,25 @@ impl Stats {
     }
 }
 
-/// Samples `store`'s proxy every `dashboard_interval` until `stopped` (checking the
-/// setting each time: a reload may turn the dashboard on, off, or change its interval).
+/// Samples `store`'s proxy every `dashboard_interval` until `stopped`. While the dashboard
+/// is off it does not wake up at all: it frees the samples and waits for the next config
+/// change (a reload may turn it on, off, or change its interval).
 pub async fn run(store: Arc<Store>, mut stopped: watch::Receiver<bool>) {
+    let mut changes = store.subscribe();
     loop {
-        let interval = store
-            .proxy()
-            .config()
-            .admin
-            .dashboard
-            .map_or(Duration::from_secs(1), |d| d.interval);
+        changes.mark_unchanged();
+        let wait = match store.proxy().config().admin.dashboard {
+            Some(settings) => tokio::time::sleep(settings.interval),
+            None => {
+                store.stats.sample(store.proxy());
+                tokio::select! {
+                    _ = changes.changed() => continue,
+                    _ = stopped.changed() => return,
+                }
+            }
+        };
         tokio::select! {
-            _ = tokio::time::sleep(interval) => {}
+            _ = wait => {}
             _ = stopped.changed() => return,
         }
         let store = store.clone();
