@@ -30,6 +30,14 @@ fn config(ok: &Backend, bad: &Backend, admin_extra: &str) -> String {
     )
 }
 
+/// The backends of `config`: upstream `ok` answers 200, `bad` 503.
+fn backends() -> (Backend, Backend) {
+    (
+        Backend::fixed(200, &[], "fine"),
+        Backend::fixed(503, &[], "no"),
+    )
+}
+
 /// `GET /api/v1/stats?since=N` with optional headers: status and JSON body.
 fn stats(admin: SocketAddr, since: u64, headers: &[(&str, &str)]) -> (u16, Value) {
     let path = format!("/api/v1/stats?since={since}");
@@ -47,10 +55,7 @@ fn route<'a>(data: &'a Value, name: &str) -> &'a Value {
 
 #[test]
 fn stats_count_requests_errors_and_latency_and_follow_since() {
-    let (ok, bad) = (
-        Backend::fixed(200, &[], "fine"),
-        Backend::fixed(503, &[], "no"),
-    );
+    let (ok, bad) = backends();
     let weir = Weir::start(&config(&ok, &bad, ""));
     let admin = weir.admin_addr();
     // The first sample is the baseline rates start from: send after it.
@@ -138,10 +143,7 @@ fn stats_count_requests_errors_and_latency_and_follow_since() {
 
 #[test]
 fn the_page_needs_no_token_its_data_does_and_a_setting_turns_both_off() {
-    let (ok, bad) = (
-        Backend::fixed(200, &[], "fine"),
-        Backend::fixed(503, &[], "no"),
-    );
+    let (ok, bad) = backends();
     let dir = TempDir::new("dash-token");
     let token = dir.write("token", "s3cret-t0ken\n");
     let token_line = format!("token_file = \"{}\"", token.display());
@@ -217,10 +219,7 @@ fn wake_ups(pid: u32, name: &str) -> u64 {
 /// to wake every second to check the setting, and hand each check to a blocking thread).
 #[test]
 fn an_idle_admin_listener_without_the_dashboard_sleeps() {
-    let (ok, bad) = (
-        Backend::fixed(200, &[], "fine"),
-        Backend::fixed(503, &[], "no"),
-    );
+    let (ok, bad) = backends();
     let weir = Weir::start(&config(&ok, &bad, "dashboard = false"));
     let admin = weir.admin_addr();
     assert_eq!(get(admin, "/ready").expect("ready").0.status, 200);
