@@ -43,9 +43,7 @@ fn sighup_applies_the_file_and_adds_and_removes_listeners() {
     assert_eq!(backend_of(weir.addr), "b");
     let second_addr = weir
         .log
-        .lines()
-        .iter()
-        .find_map(|l| support_process::listening_addr(l, "second"))
+        .listening("second", "listening", Duration::from_secs(5))
         .expect("second listener logged");
     assert_eq!(backend_of(second_addr), "a");
 

@@ -11,7 +11,7 @@ use std::os::unix::net::UnixDatagram;
 use std::path::Path;
 use std::process::Command;
 
-use support_process::{get, listening_addr, signal_pid, TempDir, Weir, START_WAIT, WEIR};
+use support_process::{get, signal_pid, TempDir, Weir, START_WAIT, WEIR};
 use weir_testkit::wait_until;
 
 /// A service manager's end of the notification socket.
@@ -149,9 +149,7 @@ fn sigusr1_reopens_every_access_log() {
     let weir = Weir::start(&config);
     let other = weir
         .log
-        .lines()
-        .iter()
-        .find_map(|l| listening_addr(l, "other"))
+        .listening("other", "listening", START_WAIT)
         .expect("listener other");
     let lines = |path: &Path| {
         std::fs::read_to_string(path).map_or(0, |t| t.lines().filter(|l| !l.is_empty()).count())
@@ -232,10 +230,7 @@ fn an_upgrade_keeps_a_listeners_tls_bind_and_http_bind_apart() {
     let weir = Weir::start(&config);
     let plain = weir
         .log
-        .lines()
-        .iter()
-        .filter(|l| l.contains("listening (http_bind)"))
-        .find_map(|l| listening_addr(l, "web"))
+        .listening("web", "listening (http_bind)", START_WAIT)
         .expect("the http_bind address is logged");
     let check = || {
         assert!(handshakes(weir.addr), "TLS on the bind");

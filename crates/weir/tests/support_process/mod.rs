@@ -160,6 +160,20 @@ impl Log {
     pub fn wait_for(&self, needle: &str, timeout: Duration) -> bool {
         weir_testkit::wait_until(timeout, || self.contains(needle))
     }
+
+    /// Waits for the `listening` line of listener `name` on a line that also contains
+    /// `marker` (say `listening (http_bind)`), and gives its address. Each listener logs its
+    /// own line as it binds, so the first one's line says nothing of the others yet.
+    pub fn listening(&self, name: &str, marker: &str, timeout: Duration) -> Option<SocketAddr> {
+        let find = || {
+            self.lines()
+                .iter()
+                .filter(|l| l.contains(marker))
+                .find_map(|l| listening_addr(l, name))
+        };
+        weir_testkit::wait_until(timeout, || find().is_some());
+        find()
+    }
 }
 
 /// A running `weir` child process; SIGKILLed and reaped on drop.
