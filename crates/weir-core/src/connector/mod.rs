@@ -8,7 +8,7 @@ pub mod tls;
 
 pub use self::h2::H2Pool;
 pub use pool::{IdlePool, PoolKey};
-pub use stream::UpstreamStream;
+pub use stream::{ReadHalf, UpstreamStream, WriteHalf};
 pub use tls::TlsUpstream;
 
 use weir_config::{Upstream, UpstreamServer};

@@ -6,7 +6,7 @@
 use weir_config::{HeaderRules, Template, TemplatePart, Variable};
 
 /// What `{variable}`s expand to for one request. Built only when a route has rules.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Default)]
 pub struct Vars<'a> {
     pub scheme: &'a [u8],
     /// Host header (or absolute-form authority) as sent; empty when there is none.

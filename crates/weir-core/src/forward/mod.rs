@@ -7,31 +7,68 @@
 //! one turns out dead and replaying is safe.
 
 pub mod body;
+pub(crate) mod driver;
 pub(crate) mod exchange;
+pub(crate) mod h1;
+pub(crate) mod h2;
 pub mod request_head;
 pub mod response_head;
-mod to_h2;
 pub(crate) mod tunnel;
 
-pub use exchange::{forward, Target};
+pub use exchange::forward;
 
-/// The route, the upstream it chose (index, config and pool plan, all from `snapshot`) and
-/// the listener limits an exchange runs under (`listener_index`: its index in `snapshot`).
-pub fn exchange_target<'a>(
-    (listener, listener_index): (&'a weir_config::Listener, usize),
-    route: &'a weir_config::Route,
-    snapshot: &'a crate::snapshot::Snapshot,
-    upstream_index: usize,
-) -> Target<'a> {
-    let slots = snapshot.slots.listeners.get(listener_index);
-    Target {
-        listener,
-        listener_slot: slots.map_or(usize::MAX, |s| s.slot),
-        route,
-        upstream: &snapshot.config.upstreams[upstream_index],
-        upstream_index,
-        pool: &snapshot.upstreams[upstream_index],
+use weir_config::{Listener, Route, Upstream};
+
+use crate::metrics::shard::Protocol;
+use crate::upstream::UpstreamPlan;
+
+/// What carries a request to its upstream: an HTTP/1.1 connection, or an HTTP/2 stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Carrier {
+    Http1,
+    Http2,
+}
+
+/// Which upstream side carries a request of a client speaking `client` to `upstream`,
+/// decided here for every cell:
+///
+/// | upstream `protocol` | HTTP/1.x client | HTTP/2 client |
+/// |---|---|---|
+/// | `"http1"` | HTTP/1.1 connection | HTTP/1.1 connection |
+/// | `"h2"`, `"h2c"` | HTTP/2 stream | HTTP/2 stream |
+/// | `"auto"` over TLS | HTTP/1.1 connection (ALPN `http/1.1`) | HTTP/2 stream, or an HTTP/1.1 connection when the server's ALPN chose `http/1.1` |
+/// | `"auto"` cleartext | HTTP/1.1 connection | HTTP/1.1 connection |
+///
+/// An RFC 8441 WebSocket (extended CONNECT) always takes an HTTP/1.1 connection.
+pub(crate) fn carrier(client: Protocol, upstream: &Upstream) -> Carrier {
+    use weir_config::UpstreamProtocol::*;
+    match (upstream.protocol, client) {
+        (H2 | H2c, _) => Carrier::Http2,
+        (Auto, Protocol::Http2) if upstream.tls.is_some() => Carrier::Http2,
+        (Http1 | Auto, _) => Carrier::Http1,
     }
+}
+
+/// How long a body's relay waits on each side: for the client (its next bytes, or room
+/// for Weir's), and for the upstream.
+#[derive(Debug, Clone, Copy)]
+pub struct Timeouts {
+    pub client: std::time::Duration,
+    pub upstream: std::time::Duration,
+}
+
+/// Where the request goes and under which limits.
+#[derive(Clone, Copy)]
+pub struct Target<'a> {
+    pub listener: &'a Listener,
+    /// The listener's metric slot.
+    pub listener_slot: usize,
+    pub route: &'a Route,
+    pub upstream: &'a Upstream,
+    /// The upstream's index in the config (the route may split over several).
+    pub upstream_index: usize,
+    /// The upstream's pool plan in the same snapshot.
+    pub pool: &'a UpstreamPlan,
 }
 
 use crate::error::ProxyError;

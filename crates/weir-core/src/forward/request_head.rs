@@ -4,6 +4,9 @@
 
 use weir_config::{HeaderRules, Route, UpstreamServer};
 
+use super::Target;
+use crate::proxy::route::Request;
+
 use crate::codec::http1::write::{push_header, HeaderLines};
 use crate::codec::http1::HeaderSpan;
 use crate::codec::http1::{BodyFraming, HeaderKind, RequestHead};
@@ -54,6 +57,60 @@ impl RequestEdits<'_> {
         if let Some(rules) = self.rules {
             push_rules(out, rules, &self.vars);
         }
+    }
+}
+
+/// Appends the upstream HTTP/1.1 head of `r` for `server` (`path`: its path as routed),
+/// with the route's `request_headers` rules, the request id and the client behind trusted
+/// proxies: every cell's upstream request says this (an HTTP/2 upstream's as fields).
+/// Returns the upgrade protocols it offers.
+pub fn write_upstream_head(
+    out: &mut Vec<u8>,
+    r: &Request<'_>,
+    path: &RoutedPath,
+    target: &Target<'_>,
+    server: &UpstreamServer,
+) -> Offered {
+    with_client_facts(r, target, |client| {
+        write_request_head(out, r.buf, r.req, path, target.route, server, client)
+    })
+}
+
+/// Runs `f` with what the upstream request says about `r`'s client and the route's edits.
+pub fn with_client_facts<T>(
+    r: &Request<'_>,
+    target: &Target<'_>,
+    f: impl FnOnce(ClientFacts<'_>) -> T,
+) -> T {
+    let rules = target.route.filters.request_headers.as_ref();
+    let id_header = target.listener.policy.request_id.as_ref();
+    let real_client = r.origin.behind.map(|(_, text)| text);
+    let facts = ClientFacts {
+        ip: r.origin.peer,
+        tls: r.origin.tls,
+        edits: None,
+    };
+    if rules.is_none() && id_header.is_none() && real_client.is_none() {
+        return f(facts);
+    }
+    let edits = RequestEdits {
+        rules,
+        request_id: id_header.map(|id| id.header.as_bytes()),
+        real_client,
+        vars: r.vars(),
+    };
+    f(ClientFacts {
+        edits: Some(&edits),
+        ..facts
+    })
+}
+
+/// Renders the route's `response_headers` lines for `r` into `out` (emptied first), while
+/// the request's head is at hand: its variables come from the request.
+pub fn render_response_rules(out: &mut Vec<u8>, r: &Request<'_>, route: &Route) {
+    if let Some(rules) = &route.filters.response_headers {
+        out.clear();
+        push_rules(out, rules, &r.vars());
     }
 }
 

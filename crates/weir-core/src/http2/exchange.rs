@@ -1,11 +1,10 @@
 //! One h2 stream's exchange with an HTTP/1.1 upstream server.
 //!
-//! The request half reuses `forward`'s pieces: the upstream pick and retry decisions
-//! (`upstream/`), `forward::request_head` for the head, `forward::exchange::obtain` for a
-//! pooled or new connection, `read_final_head` for the response head (1xx relayed by
-//! `interim`) and `record_attempt` for health and metrics. What differs is the body: request DATA is
-//! written upstream and only then released to the client's window (flow control follows
-//! the upstream's pace), and the response body goes out as DATA within the client's window.
+//! The tries are the driver's (`forward::driver`), over `forward::h1` (the head written for
+//! each try's server, a pooled or new connection, the final head with 1xx relayed by
+//! `interim`), as for HTTP/1.x clients. What differs is the body: request DATA is written
+//! upstream and only then released to the client's window (flow control follows the
+//! upstream's pace), and the response body goes out as DATA within the client's window.
 //! A client reset during any wait drops the upstream connection: the server sees the
 //! request cancelled, and a half-done exchange is never pooled.
 
@@ -17,83 +16,44 @@ use h2::{Reason, RecvStream, SendStream};
 use tokio::io::AsyncWrite;
 use weir_config::UpstreamServer;
 
-use super::interim::{Bounds, ClientStream, FromHttp1, Relayed};
+use super::interim::{Bounds, ClientStream, Relayed};
 use super::names::response_name;
 use super::scratch::ExchangeScratch;
 use super::send::{send_bytes, send_data, unless_reset, Stop};
 use super::trailers;
 use crate::buffer::Buffer;
-use crate::codec::http1::{BodyFraming, RequestHead, ResponseHead};
-use crate::connector::{PoolKey, UpstreamStream};
+use crate::codec::http1::{BodyFraming, ResponseHead};
+use crate::connector::{UpstreamStream, WriteHalf};
 use crate::error::ProxyError;
 use crate::filters::compression::{self, Compressed, Encoder, Plan};
-use crate::filters::forwarded::ClientIp;
-use crate::filters::headers::{append_to_map, apply_to_map, Vars};
+use crate::filters::headers::{append_to_map, apply_to_map};
 use crate::filters::location::ReverseMap;
 use crate::filters::upgrade::Offered;
 use crate::forward::body::{self, BodyState, PumpError};
-use crate::forward::exchange::{
-    obtain, read_final_head, record_attempt, upload_while_waiting, upstream_pump_error,
-    upstream_write_error, HeadError, Interim, RequestMeta,
+use crate::forward::driver::{drive, Accepted, Attempt, Exchange, LastTry, Miss, Sender, Tries};
+use crate::forward::h1::{
+    reuse, send_streaming, send_whole, upstream_pump_error, Reading, RequestMeta,
 };
-use crate::forward::request_head::{write_request_head, ClientFacts, RequestEdits};
+use crate::forward::request_head::write_upstream_head;
 use crate::forward::{Failure, Reached, Target};
-use crate::metrics::shard::ServerMetrics;
+use crate::proxy::route::Request;
 use crate::router::RoutedPath;
 use crate::time::{with_timeout, LazyTimer};
-use crate::tls::session::TlsSession;
-use crate::upstream::retry::{may_retry, Replay, Tried};
-use crate::upstream::{Pick, RequestKey};
+use crate::upstream::RequestKey;
 use crate::worker::Worker;
 
 /// One stream's request, as the HTTP/1.1 head `request` wrote and the codec parsed.
 pub struct StreamRequest<'a> {
     pub worker: &'a Worker,
     pub target: Target<'a>,
-    /// The peer (what `X-Forwarded-For` gets appended).
-    pub ip: &'a ClientIp,
-    /// The client behind `trusted_proxies` (else the peer): the `client_ip` hash key,
-    /// `X-Real-IP` and `{client_ip}`.
-    pub client: &'a ClientIp,
-    /// The request's id (empty: none).
-    pub request_id: &'a [u8],
-    /// The client connection's TLS session (`None`: h2c).
-    pub tls: Option<&'a TlsSession>,
-    /// The HTTP/1.1 head `req` was parsed from.
-    pub buf: &'a [u8],
-    pub req: &'a RequestHead,
+    pub request: Request<'a>,
     /// The request's path, normalised as it was routed (what goes upstream).
     pub path: &'a RoutedPath,
-    pub started: Instant,
     /// The upstream's 1xx heads relayed so far: bounded per response, over every try.
     pub relayed: Relayed,
     /// A field map to fill with the response's (the request's, its allocations kept):
     /// taken by the first response head built, an empty map after that.
     pub spare: &'a std::cell::Cell<http::HeaderMap>,
-}
-
-/// Reads the upstream's final response head within `timeout` (from now), 1xx heads
-/// relayed to `interim` (unless `meta.http10`). `timer`: the stream's scratch timer
-/// (`ExchangeScratch::timer`), its deadline set here.
-pub(super) async fn final_head_within(
-    stream: &mut UpstreamStream,
-    up_buf: &mut Buffer,
-    resp: &mut ResponseHead,
-    (meta, interim): (RequestMeta, &mut impl Interim),
-    (client_timeout, timeout): (Duration, Duration),
-    timer: &mut LazyTimer,
-) -> Result<(), HeadError> {
-    timer.set(tokio::time::Instant::now() + timeout);
-    read_final_head(
-        stream,
-        up_buf,
-        resp,
-        meta,
-        interim,
-        client_timeout,
-        Some(timer),
-    )
-    .await
 }
 
 /// What the access log and metrics learn from the exchange.
@@ -110,7 +70,7 @@ pub struct Trace {
     pub local: bool,
     /// What the route's compression did to the response, if it compressed it.
     pub compressed: Option<crate::filters::compression::Compressed>,
-    /// The request is gRPC's (`H2Facts::grpc`): the `grpc-status` sent is noted.
+    /// The request is gRPC's (`H2Facts::grpc`): the `grpc-status` sent is last_try.
     pub grpc: bool,
     /// The `grpc-status` the client got (a gRPC request only; `None`: none, or not a
     /// number), from the upstream's head or trailers or from Weir's own answer.
@@ -120,7 +80,7 @@ pub struct Trace {
 impl Trace {
     /// The `grpc-status` among `fields` (a response head or trailers about to go to the
     /// client) if the request is gRPC: digits only (`+5` is no status). Nothing is looked
-    /// up for other requests. Noted by [`Trace::sent_grpc_status`] once `fields` were sent.
+    /// up for other requests. LastTry by [`Trace::sent_grpc_status`] once `fields` were sent.
     pub fn grpc_status_in(&self, fields: &http::HeaderMap) -> Option<u32> {
         if !self.grpc {
             return None;
@@ -140,82 +100,30 @@ impl Trace {
     }
 }
 
-/// The request sent and the final response head read.
-struct Sent<'a> {
-    stream: UpstreamStream,
-    /// The whole request body went upstream.
-    request_done: bool,
-    pick: Pick,
-    server: &'a UpstreamServer,
-    metrics: Option<&'a ServerMetrics>,
-}
-
 impl StreamRequest<'_> {
-    /// The request's hash key and the first server it goes to (503 when there is none).
-    pub(super) fn first_pick(&self) -> Result<(RequestKey, Pick), ProxyError> {
-        let target = self.target;
-        let u = target.upstream;
-        let path = self.path.get(self.req.path(self.buf));
-        let key = RequestKey::new(&u.lb, self.buf, self.req, path, self.client);
-        let pick = self
-            .worker
-            .upstreams
-            .pick(target.upstream_index, target.pool, u, key)
-            .ok_or(ProxyError::NoServer)?;
-        Ok((key, pick))
-    }
-
-    /// Appends the upstream HTTP/1.1 head with the route's `request_headers` rules, the
-    /// request id and the client behind trusted proxies, as for an HTTP/1 request
-    /// (`forward::exchange::write_head_with_policy`).
-    pub(super) fn write_head(&self, out: &mut Vec<u8>, server: &UpstreamServer) -> Offered {
-        let route = self.target.route;
-        self.with_client_facts(|client| {
-            write_request_head(out, self.buf, self.req, self.path, route, server, client)
-        })
-    }
-
-    /// Runs `f` with what the upstream request says about the client and the route's
-    /// edits (`forward::request_head`'s `ClientFacts`).
-    pub(super) fn with_client_facts<R>(&self, f: impl FnOnce(ClientFacts<'_>) -> R) -> R {
-        let rules = self.target.route.filters.request_headers.as_ref();
-        let id_header = self.target.listener.policy.request_id.as_ref();
-        let real_client = (self.client.as_bytes() != self.ip.as_bytes()).then_some(self.client);
-        let vars = self.vars();
-        let edits = RequestEdits {
-            rules,
-            request_id: id_header.map(|id| id.header.as_bytes()),
-            real_client,
-            vars,
-        };
-        let any = rules.is_some() || id_header.is_some() || real_client.is_some();
-        f(ClientFacts {
-            ip: self.ip,
-            tls: self.tls,
-            edits: any.then_some(&edits),
-        })
-    }
-
-    /// What `{variable}`s in the route's header rules expand to for this request.
-    pub(super) fn vars(&self) -> Vars<'_> {
-        Vars {
-            scheme: if self.tls.is_some() {
-                b"https"
-            } else {
-                b"http"
-            },
-            host: (self.req.host.as_ref()).map_or(&[][..], |r| &self.buf[r.clone()]),
-            target: self.req.path(self.buf),
-            client_ip: self.client.as_bytes(),
-            request_id: self.request_id,
+    /// What every try of the request shares.
+    pub(super) fn exchange_of(&self) -> Exchange<'_> {
+        let (r, u) = (&self.request, self.target.upstream);
+        let path = self.path.get(r.req.path(r.buf));
+        let client = r.origin.client_text();
+        Exchange {
+            worker: self.worker,
+            target: self.target,
+            key: RequestKey::new(&u.lb, r.buf, r.req, path, client),
+            idempotent: r.req.idempotent,
         }
+    }
+
+    /// Appends the upstream HTTP/1.1 head for `server` (`forward::request_head`).
+    pub(super) fn write_head(&self, out: &mut Vec<u8>, server: &UpstreamServer) -> Offered {
+        write_upstream_head(out, &self.request, self.path, &self.target, server)
     }
 
     /// Applies the route's `response_headers` to an HTTP/2 upstream's head (`http2/
     /// upstream.rs`), as `response_head` does for an HTTP/1.1 upstream's.
     pub(super) fn edit_response(&self, headers: &mut http::HeaderMap) {
         if let Some(rules) = &self.target.route.filters.response_headers {
-            apply_to_map(headers, rules, &self.vars(), &mut Vec::new());
+            apply_to_map(headers, rules, &self.request.vars(), &mut Vec::new());
         }
     }
 
@@ -246,25 +154,42 @@ impl StreamRequest<'_> {
         trace: &mut Trace,
     ) -> Result<(), Failure> {
         let ExchangeScratch { out, resp, timer } = scratch;
-        let sent = {
+        let x = self.exchange_of();
+        let mut last_try = LastTry::default();
+        let accepted = {
             let client = self.client_stream(respond, body.is_some());
-            // Pinned where it is built: the send future holds every await of the upstream
-            // exchange (large), and `unless_reset` would otherwise move it into its own state
-            // once more (callgrind: about -0.4k instructions of `memcpy` per stream).
-            let sending =
-                std::pin::pin!(self.send(body, up_buf, (out, resp, timer), trace, &client));
-            unless_reset(&mut &client, sending).await
+            let mut sender = StreamSender {
+                r: self,
+                x: &x,
+                body,
+                up_buf: &mut *up_buf,
+                out,
+                resp: &mut *resp,
+                timer,
+                interim: &client,
+                body_in: &mut trace.body_in,
+            };
+            // Pinned where it is built: the future holds every await of the upstream
+            // exchange (large), and `unless_reset` would otherwise move it into its own
+            // state once more (callgrind: about -0.4k instructions of `memcpy` per stream).
+            let started = self.request.started;
+            let driving = std::pin::pin!(drive(&x, &mut sender, started, &mut last_try));
+            unless_reset(&mut &client, driving).await
         };
-        let sent = match sent {
-            Ok(sent) => sent?,
+        trace.upstream_pick = last_try.upstream_pick;
+        trace.upstream_time = last_try.upstream_time;
+        let accepted = match accepted {
+            Ok(accepted) => accepted?,
             Err(stop) => return Err(stopped(stop, Reached::Nothing, trace)),
         };
+        let ((mut stream, request_done), accepted) = accepted.take();
+        accepted.count(Ok(resp.status));
         trace.status = resp.status;
         // One copy of what arrived (the head, often the whole body too): the head's values
         // and the first DATA are slices of it, not an allocation each.
         let arrived = self.worker.h2_scratch.copy(up_buf.filled());
         let plan = self.plan(up_buf.filled(), resp);
-        let head = self.response_head(resp, &arrived, &sent, &plan);
+        let head = self.response_head(resp, &arrived, &accepted, &plan);
         up_buf.consume(resp.head_len);
         // The whole body came with the head (the usual small response): the connection is
         // idle from the head's arrival; else from the end of the relay (as for HTTP/1.1).
@@ -275,125 +200,26 @@ impl StreamRequest<'_> {
         };
         // A chunked body is decoded in place in `up_buf`: its bytes differ from `arrived`.
         let first = (resp.framing != BodyFraming::Chunked).then(|| arrived.slice(resp.head_len..));
-        let mut stream = sent.stream;
         let body = ResponseBody { plan: &plan, first };
         self.respond_with(respond, head, resp, (&mut stream, up_buf), body, trace)
             .await?;
-        let reusable = resp.keeps_alive() && sent.request_done && up_buf.is_empty();
-        if reusable && !(self.req.is_head && resp.framing == BodyFraming::UntilClose) {
-            let upstream = self.target.upstream;
-            let key = PoolKey::new(sent.server, self.target.pool.tls.as_deref());
+        let reusable = resp.keeps_alive() && request_done && up_buf.is_empty();
+        if reusable && !(self.request.req.is_head && resp.framing == BodyFraming::UntilClose) {
             // Idle since the head arrived when the body came with it, a time already read
-            // (no clock read for the usual small response; a little early, so it expires a
-            // little sooner, never later); after a streamed body, from now.
+            // (no clock read for the usual small response); after a streamed body, from now.
             let since = match body_with_head {
-                true => self.started + trace.upstream_time.unwrap_or_default(),
+                true => accepted.head_at,
                 false => Instant::now(),
             };
-            let idle = self
-                .worker
-                .pool
-                .borrow_mut()
-                .put(key, stream, upstream.max_idle, since);
-            if let Some(m) = sent.metrics {
-                m.pool_idle.set(idle as u64);
-            }
+            reuse(&x, accepted.server, accepted.metrics, stream, since);
         }
-        drop(sent.pick);
         Ok(())
-    }
-
-    /// Picks a server and sends the request (its head written in `out`), retrying on
-    /// other servers when `upstream::retry` allows, until a final response head is in
-    /// `resp`.
-    async fn send(
-        &self,
-        mut body: Option<RecvStream>,
-        up_buf: &mut Buffer,
-        (out, resp, timer): (&mut Vec<u8>, &mut ResponseHead, &mut LazyTimer),
-        trace: &mut Trace,
-        client: &ClientStream<'_>,
-    ) -> Result<Sent<'_>, Failure> {
-        let (worker, target) = (self.worker, self.target);
-        let (u, pool) = (target.upstream, target.pool);
-        let (key, mut pick) = self.first_pick()?;
-        let mut tried = Tried::new(pick.server);
-        let mut started = self.started;
-        out.reserve(self.buf.len() + 256);
-        loop {
-            let server = &u.servers[pick.server];
-            let metrics = worker
-                .metrics
-                .server(pool.slot, pool.server_slots[pick.server]);
-            trace.upstream_pick = Some((target.upstream_index, pick.server));
-            out.clear();
-            self.write_head(out, server);
-            let attempt = Attempt {
-                server,
-                metrics,
-                started,
-                head: out,
-            };
-            let mut interim = FromHttp1(client);
-            let sent = match body.as_mut() {
-                None => attempt
-                    .whole(self, (up_buf, resp), &mut interim, timer)
-                    .await
-                    .map(|s| (s, true)),
-                Some(b) => {
-                    let client_side = (b, &mut interim);
-                    attempt
-                        .streaming(self, client_side, up_buf, resp, trace)
-                        .await
-                }
-            };
-            // No upgrade was offered (the RFC 8441 bridge has its own exchange): a final
-            // 101 is the server's error, and h2 could not send it.
-            let sent = match sent {
-                Ok(_) if resp.status == 101 => Err(Failure::from(ProxyError::UpstreamMalformed(
-                    "101 without an upgrade request",
-                ))),
-                sent => sent,
-            };
-            let elapsed = started.elapsed();
-            let outcome = record_attempt(target, &pick, metrics, &sent, resp, elapsed);
-            let replay = Replay {
-                idempotent: self.req.idempotent,
-                buffered: body.is_none(),
-                responded: self.relayed.any(),
-            };
-            if may_retry(&u.retry.on, outcome, replay) {
-                if let Some(next) =
-                    worker
-                        .upstreams
-                        .retry(target.upstream_index, pool, u, key, &tried)
-                {
-                    tried.push(next.server);
-                    if let Some(m) = worker.metrics.upstream(pool.slot) {
-                        m.retries.inc();
-                    }
-                    up_buf.clear();
-                    pick = next;
-                    started = Instant::now();
-                    continue;
-                }
-            }
-            let (stream, request_done) = sent?;
-            trace.upstream_time = Some(elapsed);
-            return Ok(Sent {
-                stream,
-                request_done,
-                pick,
-                server,
-                metrics,
-            });
-        }
     }
 
     /// Whether Weir answers the client's `expect: 100-continue` itself (for a request with
     /// a body, `body`): it reads the body at once, so the client need not wait.
     pub(super) fn answers_continue(&self, body: bool) -> bool {
-        self.req.expect_continue && body
+        self.request.req.expect_continue && body
     }
 
     /// The client's stream while the final head is awaited: up to the listener's
@@ -413,13 +239,12 @@ impl StreamRequest<'_> {
         ClientStream::new(respond, &self.relayed, bounds)
     }
 
-    fn meta(&self) -> RequestMeta {
+    pub(super) fn meta(&self) -> RequestMeta {
         RequestMeta {
-            is_head: self.req.is_head,
+            is_head: self.request.req.is_head,
             // 1xx heads go to the client's stream (`interim`).
             http10: false,
             upgrade: Offered::default(),
-            idempotent: self.req.idempotent,
             accepted: None,
             max_informational: self.informational_bound(),
         }
@@ -446,8 +271,8 @@ impl StreamRequest<'_> {
             buf,
             headers: &resp.headers,
             framing: resp.framing,
-            is_head: self.req.is_head,
-            accepted: compression::negotiate(cfg, self.buf, &self.req.headers),
+            is_head: self.request.req.is_head,
+            accepted: compression::negotiate(cfg, self.request.buf, &self.request.req.headers),
             rules: self.target.route.filters.response_headers.as_ref(),
         };
         compression::plan(cfg, &response)
@@ -483,7 +308,7 @@ impl StreamRequest<'_> {
     ) -> Result<(), Failure> {
         // A chunked body's trailers go to the client as trailing HEADERS (`relay`).
         let mut state = BodyState::new(resp.framing, true, None).keeping_trailers();
-        let empty = self.req.is_head || state.is_done();
+        let empty = self.request.req.is_head || state.is_done();
         let mut encoder = match (body.plan.encoding, &self.target.route.filters.compression) {
             (Some(e), Some(cfg)) if !empty => {
                 Some(self.encoder(e, cfg, resp.framing.length(), trace)?)
@@ -583,17 +408,14 @@ impl StreamRequest<'_> {
         &self,
         resp: &ResponseHead,
         buf: &Bytes,
-        sent: &Sent<'_>,
+        accepted: &Accepted<'_, ()>,
         plan: &Plan,
     ) -> http::Response<()> {
-        let mut response = self.end_to_end_head(resp, buf, sent.server, plan);
-        let headers = response.headers_mut();
-        let cookie = self.target.pool.set_cookie(sent.pick.server);
-        if let Some(value) = cookie
-            .filter(|_| sent.pick.set_cookie)
-            .and_then(cookie_value)
-        {
-            headers.append(http::header::SET_COOKIE, value);
+        let mut response = self.end_to_end_head(resp, buf, accepted.server, plan);
+        if let Some(value) = accepted.set_cookie().and_then(cookie_value) {
+            response
+                .headers_mut()
+                .append(http::header::SET_COOKIE, value);
         }
         response
     }
@@ -644,7 +466,7 @@ impl StreamRequest<'_> {
             }
         }
         if let Some(rules) = rules {
-            append_to_map(headers, rules, &self.vars(), &mut mapped);
+            append_to_map(headers, rules, &self.request.vars(), &mut mapped);
         }
         if *plan != Plan::default() {
             push_plan(headers, plan, buf, resp, &mut mapped);
@@ -654,7 +476,8 @@ impl StreamRequest<'_> {
 
     fn reverse_map<'h>(&'h self, server: &'h UpstreamServer) -> Option<ReverseMap<'h>> {
         let route = self.target.route;
-        let host = self.req.host.as_ref().map(|r| &self.buf[r.clone()]);
+        let r = &self.request;
+        let host = r.req.host.as_ref().map(|h| &r.buf[h.clone()]);
         route.reverse_rewrite.then(|| ReverseMap {
             upstream_authority: server.name.as_bytes(),
             public_authority: host,
@@ -749,102 +572,75 @@ fn stopped(stop: Stop, reached: Reached, trace: &mut Trace) -> Failure {
     Failure { error, reached }
 }
 
-/// One try on one server.
-struct Attempt<'a> {
-    server: &'a UpstreamServer,
-    metrics: Option<&'a ServerMetrics>,
-    started: Instant,
-    /// The upstream request head.
-    head: &'a [u8],
+/// Sends a stream's request over HTTP/1.1 connections: the head written for each try's
+/// server, the body (if any) streamed from the stream's DATA.
+struct StreamSender<'s, 'c> {
+    r: &'s StreamRequest<'s>,
+    x: &'s Exchange<'s>,
+    body: Option<RecvStream>,
+    up_buf: &'s mut Buffer,
+    out: &'s mut Vec<u8>,
+    resp: &'s mut ResponseHead,
+    timer: &'s mut LazyTimer,
+    interim: &'c ClientStream<'s>,
+    /// Request body bytes taken from the client.
+    body_in: &'s mut u64,
 }
 
-impl Attempt<'_> {
-    /// A request without a body: send the head, read the response head; replayed once on
-    /// a fresh connection if a pooled one proves dead first (idempotent requests only).
-    async fn whole(
-        &self,
-        r: &StreamRequest<'_>,
-        (up_buf, resp): (&mut Buffer, &mut ResponseHead),
-        interim: &mut impl Interim,
-        timer: &mut LazyTimer,
-    ) -> Result<UpstreamStream, Failure> {
-        let upstream = r.target.upstream;
-        let meta = r.meta();
-        let mut fresh = false;
-        loop {
-            let (mut stream, reused) = obtain(
-                r.worker,
-                (self.server, r.target.pool.tls.as_deref()),
-                upstream,
-                self.metrics,
-                self.started,
-                fresh,
-            )
-            .await?;
-            let timeout = upstream.response_timeout;
-            if let Err(e) = body::write_all(&mut stream, self.head, &[], timeout).await {
-                if reused && meta.idempotent && !fresh {
-                    fresh = true;
-                    continue;
-                }
-                return Err(upstream_write_error(e).into());
+impl Sender for StreamSender<'_, '_> {
+    /// The connection, and whether the whole request body went up.
+    type Sent = (UpstreamStream, bool);
+
+    async fn send(
+        &mut self,
+        a: &Attempt<'_>,
+        tries: &mut Tries<'_>,
+    ) -> Result<(UpstreamStream, bool), Miss> {
+        let (r, x) = (self.r, self.x);
+        self.out.clear();
+        r.write_head(self.out, a.server);
+        let listener = x.target.listener;
+        let mut rd = Reading {
+            up_buf: self.up_buf,
+            resp: self.resp,
+            timer: self.timer,
+            meta: r.meta(),
+            client_timeout: listener.client_timeout,
+        };
+        let sent = match self.body.as_mut() {
+            None => (
+                send_whole(x, a, self.out, &[], &mut rd, &mut self.interim).await?,
+                true,
+            ),
+            Some(body) => {
+                let (head, total) = (&*self.out, &mut *self.body_in);
+                let chunked = r.request.req.framing == BodyFraming::Chunked;
+                let timeouts = (listener.client_timeout, x.target.upstream.response_timeout);
+                let limit = listener.max_body_size;
+                let upload = async |uw: &mut WriteHalf<'_>| {
+                    body::write_all(uw, head, &[], timeouts.1).await?;
+                    upload(body, uw, chunked, limit, timeouts, total).await
+                };
+                send_streaming(x, a, &mut rd, &mut self.interim, upload).await?
             }
-            let client_timeout = r.target.listener.client_timeout;
-            let head = final_head_within(
-                &mut stream,
-                up_buf,
-                resp,
-                (meta, &mut *interim),
-                (client_timeout, timeout),
-                &mut *timer,
-            );
-            match head.await {
-                Ok(()) => return Ok(stream),
-                Err(e) if reused && meta.idempotent && e.retryable() && !fresh => {
-                    up_buf.clear();
-                    fresh = true;
-                }
-                Err(e) => return Err(e.into()),
-            }
+        };
+        // No upgrade was offered (the RFC 8441 bridge has its own exchange): a final 101
+        // is the server's error, and h2 could not send it.
+        if self.resp.status == 101 {
+            return Err(ProxyError::UpstreamMalformed("101 without an upgrade request").into());
+        }
+        match tries.relays(self.resp.status, self.replayable(), self.responded()) {
+            true => Ok(sent),
+            false => Err(Miss::retried(self.resp.status)),
         }
     }
 
-    /// A request with a body: send the head, then the DATA as it arrives while waiting
-    /// for the response head. Returns whether the whole body was sent.
-    async fn streaming(
-        &self,
-        r: &StreamRequest<'_>,
-        (body, interim): (&mut RecvStream, &mut impl Interim),
-        up_buf: &mut Buffer,
-        resp: &mut ResponseHead,
-        trace: &mut Trace,
-    ) -> Result<(UpstreamStream, bool), Failure> {
-        let upstream = r.target.upstream;
-        let (mut stream, _) = obtain(
-            r.worker,
-            (self.server, r.target.pool.tls.as_deref()),
-            upstream,
-            self.metrics,
-            self.started,
-            false,
-        )
-        .await?;
-        let response_timeout = upstream.response_timeout;
-        body::write_all(&mut stream, self.head, &[], response_timeout)
-            .await
-            .map_err(|e| Failure::from(upstream_write_error(e)))?;
-        let chunked = r.req.framing == BodyFraming::Chunked;
-        let limit = r.target.listener.max_body_size;
-        let client_timeout = r.target.listener.client_timeout;
-        let upload_done = {
-            let (mut ur, mut uw) = stream.split();
-            let timeouts = (client_timeout, response_timeout);
-            let upload = upload(body, &mut uw, chunked, limit, timeouts, &mut trace.body_in);
-            let meta = r.meta();
-            let head = read_final_head(&mut ur, up_buf, resp, meta, interim, client_timeout, None);
-            upload_while_waiting(upload, head, response_timeout).await?
-        };
-        Ok((stream, upload_done))
+    fn replayable(&self) -> bool {
+        self.body.is_none()
+    }
+
+    fn responded(&self) -> bool {
+        self.r.relayed.any()
     }
 }
 

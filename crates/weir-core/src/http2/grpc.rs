@@ -107,21 +107,6 @@ pub fn send_status(
         .map_err(|_| ProxyError::ClientClosed)
 }
 
-/// Answers a gRPC request's failure `error` (nothing sent yet, the client still there)
-/// with a trailers-only response; `status` is the HTTP status it stands for. Returns the
-/// gRPC code sent (`None`: the client was gone).
-pub fn answer_failure(
-    respond: &mut SendResponse<Bytes>,
-    error: ProxyError,
-    status: u16,
-) -> Option<u8> {
-    let code = code_for_error(error, status);
-    // Weir's messages are ASCII text; `send_status` still encodes any `%` in them.
-    let message = error.to_string();
-    send_status(respond, code, message.as_bytes(), HeaderMap::new()).ok()?;
-    Some(code)
-}
-
 /// Appends `message` to `out` percent-encoded as gRPC's `grpc-message` wants: printable
 /// ASCII but `%` as is, every other byte (UTF-8 included) as `%XX`.
 fn percent_encode(message: &[u8], out: &mut Vec<u8>) {

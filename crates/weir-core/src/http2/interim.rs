@@ -16,7 +16,6 @@
 //! bounded by the response timeout: the relay does not restart it.
 
 use std::cell::{Cell, RefCell};
-use std::future::Future;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -28,7 +27,8 @@ use http::{Response, StatusCode};
 use super::names::response_name;
 use super::send::Resettable;
 use crate::codec::http1::ResponseHead;
-use crate::forward::exchange::Interim;
+use crate::error::ProxyError;
+use crate::forward::h1::Interim;
 
 /// The 1xx heads relayed for one response so far, whichever servers they came from.
 #[derive(Debug, Default)]
@@ -62,6 +62,8 @@ pub(super) struct ClientStream<'a> {
     respond: RefCell<&'a mut SendResponse<Bytes>>,
     relayed: &'a Relayed,
     bounds: Bounds,
+    /// The client reset the stream (seen by `gone`).
+    reset: Cell<bool>,
 }
 
 impl<'a> ClientStream<'a> {
@@ -70,7 +72,30 @@ impl<'a> ClientStream<'a> {
             respond: RefCell::new(respond),
             relayed,
             bounds,
+            reset: Cell::new(false),
         }
+    }
+
+    /// Ends when the client resets the stream (or its connection fails), with the error
+    /// the wait fails with.
+    pub async fn gone(&self) -> ProxyError {
+        let _ = std::future::poll_fn(|cx| self.respond.borrow_mut().poll_reset(cx)).await;
+        self.reset.set(true);
+        ProxyError::ClientClosed
+    }
+
+    /// Whether `gone` saw the client reset the stream.
+    pub fn was_reset(&self) -> bool {
+        self.reset.get()
+    }
+
+    /// Sends the final head (the stream ends with it when `end`).
+    pub fn send_response(
+        &self,
+        head: Response<()>,
+        end: bool,
+    ) -> Result<h2::SendStream<Bytes>, h2::Error> {
+        self.respond.borrow_mut().send_response(head, end)
     }
 
     /// Sends the informational `head` unless the bounds above skip it. Returns whether it
@@ -113,12 +138,12 @@ impl Resettable for &ClientStream<'_> {
     }
 }
 
-/// The 1xx heads of an HTTP/1.1 upstream: sent with their end-to-end fields, names
-/// lower-cased, as the final head (hop-by-hop and `Connection`-listed fields dropped; the
-/// route's `response_headers` rules are for the final head only).
-pub(super) struct FromHttp1<'s, 'a>(pub &'s ClientStream<'a>);
-
-impl Interim for FromHttp1<'_, '_> {
+/// The client's stream takes the upstream's 1xx heads: an HTTP/1.1 upstream's with their
+/// end-to-end fields, names lower-cased, as the final head (hop-by-hop and
+/// `Connection`-listed fields dropped; the route's `response_headers` rules are for the
+/// final head only); an HTTP/2 upstream's as they came. A client gone ends the wait
+/// through its reset (`gone`), not here.
+impl Interim for &ClientStream<'_> {
     async fn relay(&mut self, head: &[u8], resp: &ResponseHead, _: Duration) -> Result<bool, ()> {
         let mut response = Response::new(());
         let Ok(status) = StatusCode::from_u16(resp.status) else {
@@ -136,38 +161,10 @@ impl Interim for FromHttp1<'_, '_> {
                 fields.append(name, value);
             }
         }
-        self.0.send(response)
+        self.send(response)
     }
-}
 
-/// Why an HTTP/2 upstream's final head did not come.
-pub(super) enum NoFinalHead {
-    H2(h2::Error),
-    /// More 1xx heads than the bound: the server's error (502), never retried.
-    TooManyInformational,
-}
-
-/// Waits for an HTTP/2 upstream's final head, relaying its 1xx heads to `client` (which
-/// drops those past its own bounds); more than `max_informational` of them fail the wait,
-/// so an upstream looping on 103 cannot hold the stream until the response timeout.
-pub(super) async fn final_h2_head(
-    mut response: h2::client::ResponseFuture,
-    client: &ClientStream<'_>,
-    max_informational: u32,
-) -> Result<Response<h2::RecvStream>, NoFinalHead> {
-    let mut heads = 0u32;
-    std::future::poll_fn(|cx| {
-        while let Poll::Ready(Some(interim)) = response.poll_informational(cx) {
-            heads = heads.saturating_add(1);
-            if heads > max_informational {
-                return Poll::Ready(Err(NoFinalHead::TooManyInformational));
-            }
-            // A client gone ends the wait through its reset (`unless_reset`), not here.
-            let _ = client.send(interim.map_err(NoFinalHead::H2)?);
-        }
-        std::pin::Pin::new(&mut response)
-            .poll(cx)
-            .map_err(NoFinalHead::H2)
-    })
-    .await
+    async fn relay_h2(&mut self, head: Response<()>) -> Result<bool, ()> {
+        Ok(self.send(head).unwrap_or(false))
+    }
 }

@@ -1,8 +1,10 @@
-//! Answers Weir writes itself on HTTP/2 streams: a route's `respond` or `redirect` and the
-//! listener's `redirect_https`. They are rendered as HTTP/1.1 bytes, as for HTTP/1 clients
-//! (`filters::respond`, `filters::redirect`), and sent from those bytes, so both protocols
-//! carry the same status, headers and body. A gRPC request gets any of them but a 2xx as
-//! a gRPC status instead (`grpc`).
+//! Weir's own answers on HTTP/2 streams (`proxy::answer::Answer`: the default response,
+//! `respond`, redirects, refusals, failures): rendered as the HTTP/1.1 bytes an HTTP/1.x
+//! client gets, and sent from those bytes without their hop-by-hop fields, so both
+//! protocols carry the same status, headers and body. A gRPC request gets any of them but
+//! a 2xx as a gRPC status instead (`grpc`).
+
+use std::borrow::Cow;
 
 use bytes::Bytes;
 use h2::server::SendResponse;
@@ -10,32 +12,33 @@ use h2::server::SendResponse;
 use super::exchange::Trace;
 use super::grpc;
 use super::send::send_data;
+use crate::codec::http1::write::Persistence;
 use crate::codec::http1::{parse_response, ResponseHead};
-use crate::error::ProxyError;
+use crate::error::{reason_phrase, ProxyError};
+use crate::filters::headers::Vars;
+use crate::proxy::answer::Answer;
 
-/// Sends the HTTP/1.1 response `rendered` (head and body, complete) on `respond`, without
-/// its hop-by-hop fields; to a gRPC request (`grpc`), a status other than 2xx goes as a
-/// gRPC status (its body as `grpc-message`). Notes its status, the body bytes sent and
-/// the gRPC status in `trace`.
-pub async fn send_rendered(
+/// Sends `answer` on `respond` (its body left out for a HEAD request, `is_head`; `vars`:
+/// the request's, for a redirect); to a gRPC request (`trace.grpc`), a status other than
+/// 2xx goes as a gRPC status. Notes its status, the body bytes sent and the gRPC status in
+/// `trace`.
+pub async fn send_answer(
     respond: &mut SendResponse<Bytes>,
-    rendered: &[u8],
-    (is_head, grpc): (bool, bool),
+    answer: &Answer<'_>,
+    vars: &Vars<'_>,
+    is_head: bool,
     timeout: std::time::Duration,
     trace: &mut Trace,
 ) -> Result<(), ProxyError> {
+    let mut out = Vec::new();
+    let rendered = answer.render(&mut out, Persistence::KeepAlive, is_head, vars);
     let mut head = ResponseHead::default();
     // Weir rendered these bytes itself: they always parse.
     if !parse_response(rendered, rendered.len(), is_head, &mut head)? {
         return Err(ProxyError::UpstreamMalformed("incomplete local response"));
     }
-    let body = if is_head {
-        &[][..]
-    } else {
-        &rendered[head.head_len..]
-    };
+    let body = &rendered[head.head_len..];
     trace.status = head.status;
-    let grpc = grpc && grpc::translates(head.status);
     let mut response = http::Response::new(());
     *response.status_mut() =
         http::StatusCode::from_u16(head.status).unwrap_or(http::StatusCode::BAD_GATEWAY);
@@ -47,17 +50,18 @@ pub async fn send_rendered(
             headers.append(name, value);
         }
     }
-    if grpc {
+    if trace.grpc && grpc::translates(head.status) {
         // The fields that say more than the status stay (WWW-Authenticate, Retry-After,
         // Location); the ones about the body do not, there is none.
         let mut extra = std::mem::take(headers);
         extra.remove(http::header::CONTENT_TYPE);
         extra.remove(http::header::CONTENT_LENGTH);
-        let (code, message) = (
-            grpc::code_for_status(head.status),
-            grpc::message(head.status, body),
-        );
-        grpc::send_status(respond, code, message, extra)?;
+        let code = match answer {
+            Answer::Error(error) => grpc::code_for_error(*error, head.status),
+            _ => grpc::code_for_status(head.status),
+        };
+        let message = grpc_message(answer, head.status, body);
+        grpc::send_status(respond, code, &message, extra)?;
         trace.grpc_status = Some(u32::from(code));
         return Ok(());
     }
@@ -74,4 +78,15 @@ pub async fn send_rendered(
     }
     trace.body_out = body.len() as u64;
     Ok(())
+}
+
+/// The `grpc-message` of `answer` (sent with `status` and `body`): a failure's description
+/// (as Envoy's local replies give it), the reason phrase for the default response (its
+/// body is for browsers), else the short body.
+fn grpc_message<'a>(answer: &Answer<'_>, status: u16, body: &'a [u8]) -> Cow<'a, [u8]> {
+    match answer {
+        Answer::Error(error) => Cow::Owned(error.to_string().into_bytes()),
+        Answer::Default(_) => Cow::Borrowed(reason_phrase(status).as_bytes()),
+        _ => Cow::Borrowed(grpc::message(status, body)),
+    }
 }

@@ -38,8 +38,6 @@ mod upstream_request;
 mod websocket;
 
 pub use conn::serve;
-pub(crate) use trailers::forbidden_in_trailer;
-pub(crate) use upstream::{h1_head_to_h2, is_connection_specific, send_windowed};
 
 /// The client connection preface (RFC 9113 section 3.4).
 pub const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";

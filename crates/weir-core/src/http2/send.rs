@@ -41,6 +41,21 @@ impl Resettable for SendStream<Bytes> {
     }
 }
 
+impl From<ProxyError> for Stop {
+    fn from(error: ProxyError) -> Stop {
+        Stop::Error(error)
+    }
+}
+
+impl From<Stop> for ProxyError {
+    fn from(stop: Stop) -> ProxyError {
+        match stop {
+            Stop::Reset => ProxyError::ClientClosed,
+            Stop::Error(e) => e,
+        }
+    }
+}
+
 fn stop_of(reset: Result<Reason, h2::Error>) -> Stop {
     match reset {
         Ok(_) => Stop::Reset,

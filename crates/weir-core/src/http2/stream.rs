@@ -9,41 +9,34 @@ use std::time::Instant;
 use bytes::Bytes;
 use h2::server::SendResponse;
 use h2::{Reason, RecvStream};
-use http::Request;
 
 use super::conn::Shared;
 use super::exchange::{StreamRequest, Trace};
-use super::grpc;
 use super::interim::Relayed;
-use super::local::send_rendered;
+use super::local::send_answer;
 use super::request::{write_head, write_upgrade_head};
 use super::scratch::RequestScratch;
-use super::send::send_data;
-use super::upstream::{speaks_h2, H2Facts};
+use super::upstream::H2Facts;
 use super::websocket::new_key;
 use crate::access_log::RequestFields;
-use crate::codec::http1::write::Persistence;
-use crate::codec::http1::{fill_written, BodyFraming, RequestHead};
-use crate::error::{reason_phrase, ProxyError};
-use crate::filters::forwarded::ClientIp;
+use crate::codec::http1::fill_written;
+use crate::error::ProxyError;
 use crate::filters::headers::Vars;
-use crate::filters::real_ip::client_behind;
-use crate::filters::redirect::push_redirect;
-use crate::filters::request_id::{self, RequestId};
-use crate::filters::rewrite::check_join;
-use crate::forward::{exchange_target, Failure, Reached};
+use crate::filters::request_id::RequestId;
+use crate::forward::{carrier, Carrier, Failure, Reached};
 use crate::metrics::shard::{method_index, Protocol, METHODS};
-use crate::policy::{Answer, Asker, Routed};
+use crate::policy::identify;
+use crate::proxy::answer::Answer;
+use crate::proxy::route::{Decision, Origin, Request, Routing};
 use crate::proxy::{record, ClientSide, Counters, Done, Handled};
-use crate::router::{RequestView, RoutedPath};
-use crate::snapshot::{RoutePlan, Snapshot};
-use weir_config::Redirect;
+use crate::router::RoutedPath;
+use crate::snapshot::Snapshot;
 
 /// Serves one accepted stream of the connection `shared`. Returns when it ended (read
 /// once for its duration; the connection's idle time starts there too).
 pub async fn serve(
     shared: Rc<Shared>,
-    request: Request<RecvStream>,
+    request: http::Request<RecvStream>,
     mut respond: SendResponse<Bytes>,
 ) -> Instant {
     let started = Instant::now();
@@ -92,9 +85,8 @@ pub async fn serve(
         grpc: facts.grpc,
         ..Trace::default()
     };
-    // The client: the peer, or the address behind `trusted_proxies` (as for HTTP/1).
-    let mut client = (shared.peer_ip, shared.ip);
     let mut request_id = RequestId::default();
+    let mut behind = None;
     let filled = fill_written(
         &buf,
         line.method,
@@ -104,15 +96,9 @@ pub async fn serve(
     );
     let (route, result, method) = match filled {
         Ok(()) => {
-            if let Some(id) = &listener.policy.request_id {
-                request_id::assign(&mut request_id, &worker.request_ids, id, &buf, &req);
-            }
-            let trusted = &listener.policy.trusted_proxies;
-            if !trusted.is_empty() {
-                if let Some(ip) = client_behind(shared.peer_ip, trusted, &buf, &req.headers) {
-                    client = (ip, ClientIp::new(ip));
-                }
-            }
+            // The client: the peer, or the address behind `trusted_proxies` (as for HTTP/1).
+            let peer = shared.peer_ip;
+            behind = identify(worker, listener, &buf, &req, peer, &mut request_id);
             if worker.log(shared.slot).is_some() {
                 fields.capture(&buf, &req);
                 fields.http2 = true;
@@ -123,11 +109,19 @@ pub async fn serve(
                 shared: &shared,
                 snapshot: &snapshot,
                 index,
-                buf: &buf,
-                req: &req,
-                client: (client.0, &client.1),
-                request_id: request_id.as_bytes(),
-                started,
+                request: Request {
+                    buf: &buf,
+                    req: &req,
+                    origin: Origin {
+                        peer: &shared.ip,
+                        peer_ip: peer,
+                        behind: behind.as_ref().map(|(ip, text)| (*ip, text)),
+                        tls: shared.tls.as_deref(),
+                        request_id: request_id.as_bytes(),
+                    },
+                    started,
+                    protocol: Protocol::Http2,
+                },
                 facts: &facts,
                 spare: &spare,
                 tunnel: protocol
@@ -140,7 +134,7 @@ pub async fn serve(
         }
         Err(e) => (None, Err(e.into()), METHODS.len() - 1),
     };
-    let status = answer(&mut respond, &result, (listener, facts.grpc), &mut trace).await;
+    let status = answer(&mut respond, &result, listener, &mut trace).await;
     if trace.reset {
         shared.reset_by_client();
     }
@@ -166,10 +160,12 @@ pub async fn serve(
         },
     };
     let side = ClientSide {
-        ip: &client.1,
+        ip: behind.as_ref().map_or(&shared.ip, |(_, text)| text),
         fields: &fields,
-        upstream_pick: trace.upstream_pick,
-        upstream_time: trace.upstream_time,
+        last_try: crate::forward::driver::LastTry {
+            upstream_pick: trace.upstream_pick,
+            upstream_time: trace.upstream_time,
+        },
         bytes_in: trace.body_in,
         bytes_out: trace.body_out,
         tls: shared.tls.as_deref(),
@@ -189,13 +185,7 @@ struct Stream<'a> {
     shared: &'a Shared,
     snapshot: &'a Snapshot,
     index: usize,
-    buf: &'a [u8],
-    req: &'a RequestHead,
-    /// The client's address, and as text (behind trusted proxies when there are some).
-    client: (std::net::IpAddr, &'a ClientIp),
-    /// The request's id (empty: the listener has `request_id = false`).
-    request_id: &'a [u8],
-    started: Instant,
+    request: Request<'a>,
     facts: &'a H2Facts,
     /// The request's field map, for the response's fields (`StreamRequest::spare`).
     spare: &'a Cell<http::HeaderMap>,
@@ -204,7 +194,8 @@ struct Stream<'a> {
 }
 
 impl Stream<'_> {
-    /// Routes the request, then forwards it or sends the default response.
+    /// The routing decision, then what it says: forward the request, answer it (the
+    /// default response, `respond`, a redirect, a refusal) or refuse it.
     /// `parts`: the client's request, for an HTTP/2 upstream's request.
     async fn handle(
         &self,
@@ -213,118 +204,32 @@ impl Stream<'_> {
         respond: &mut SendResponse<Bytes>,
         trace: &mut Trace,
     ) -> (Option<usize>, Result<(), Failure>) {
-        let listener = &self.snapshot.config.listeners[self.index];
-        let plan = &self.snapshot.listeners[self.index];
-        if let (BodyFraming::Length(n), Some(max)) = (self.req.framing, listener.max_body_size) {
-            if n > max {
-                return (None, Err(ProxyError::BodyTooLarge.into()));
-            }
-        }
-        // Only what came over plain HTTP: a TLS listener's `http_bind` connections.
-        if let Some(redirect) = plan
-            .redirect_https
-            .as_ref()
-            .filter(|_| self.shared.tls.is_none())
-        {
-            return (None, self.redirect(redirect, respond, trace).await);
-        }
-        // Routed and forwarded on the normalised path, exactly as HTTP/1 requests are.
-        let mut path = RoutedPath::default();
-        let routed = match path.normalize(self.req.path(self.buf), &listener.path_normalization) {
-            Ok(routed) => routed,
-            Err(error) => return (None, Err(error.into())),
-        };
-        let view = RequestView::new(self.buf, self.req);
-        let route = plan
-            .router
-            .route(self.req.host_name(self.buf), routed, &view);
-        let Some(index) = route else {
-            let d = &listener.default_response;
-            trace.status = d.status;
-            if self.facts.grpc && grpc::translates(d.status) {
-                // Its body is for browsers (maybe a page): the reason phrase says it.
-                let code = grpc::code_for_status(d.status);
-                let message = grpc::message(d.status, b"");
-                let sent = grpc::send_status(respond, code, message, http::HeaderMap::new());
-                if sent.is_ok() {
-                    trace.grpc_status = Some(u32::from(code));
-                }
-                return (None, sent.map_err(Failure::after_head));
-            }
-            let sent = local(
-                respond,
-                d.status,
-                &d.content_type,
-                d.body.as_bytes(),
-                self.req.is_head,
-                listener.http2.stall_timeout,
-            )
-            .await;
-            trace.body_out = sent.as_ref().map_or(0, |n| *n);
-            return (None, sent.map(|_| ()).map_err(Failure::after_head));
-        };
-        let route_config = &listener.routes[index];
-        let rewrite = route_config.rewrite_prefix.as_deref();
-        if let Err(error) = check_join(routed, &route_config.path_prefix, rewrite) {
-            return (route, Err(error.into()));
-        }
-        // The route's access lists, rate limit and basic auth, as for HTTP/1 requests.
-        let routed = Routed {
+        let routing = Routing {
             worker: &self.shared.worker,
             snapshot: self.snapshot,
             listener: self.index,
-            route: index,
         };
-        let asker = Asker {
-            client: self.client.0,
-            buf: self.buf,
-            req: self.req,
-            now: self.started,
-            protocol: Protocol::Http2,
+        // Routed and forwarded on the normalised path, exactly as HTTP/1 requests are.
+        let mut path = RoutedPath::default();
+        let r = &self.request;
+        let target = match routing.decide(r, &mut path) {
+            (route, Decision::Forward(target)) => (route, target),
+            (route, Decision::Answer(answer)) => {
+                trace.local = answer.is_local();
+                let timeout = routing.listener().http2.stall_timeout;
+                let vars = r.redirect_vars();
+                let sent = send_answer(respond, &answer, &vars, r.req.is_head, timeout, trace);
+                return (route, sent.await.map_err(Failure::after_head));
+            }
+            (route, Decision::Refuse(error)) => return (route, Err(error.into())),
         };
-        let mut extra = Vec::new();
-        if let Some(status) = routed.refusal(&asker, &mut extra) {
-            let mut rendered = Vec::with_capacity(256);
-            let answer = Answer {
-                status,
-                headers: &extra,
-            };
-            answer.render(&mut rendered, Persistence::KeepAlive);
-            return (route, self.local(&rendered, respond, trace).await);
-        }
-        let upstream = match &plan.routes[index] {
-            RoutePlan::Upstream(upstream) => *upstream,
-            RoutePlan::Split(split) => {
-                let slots = &self.snapshot.slots.listeners[self.index];
-                let worker = &self.shared.worker;
-                let cursor = worker.splits.next(slots.slot, slots.route(route));
-                split.pick(cursor, &self.snapshot.upstreams)
-            }
-            RoutePlan::Respond(canned) => {
-                let rendered = canned.bytes(Persistence::KeepAlive, false);
-                return (route, self.local(rendered, respond, trace).await);
-            }
-            RoutePlan::Redirect(redirect) => {
-                return (route, self.redirect(redirect, respond, trace).await);
-            }
-        };
+        let (route, target) = target;
         let r = StreamRequest {
             worker: &self.shared.worker,
-            target: exchange_target(
-                (listener, self.index),
-                route_config,
-                self.snapshot,
-                upstream,
-            ),
-            ip: &self.shared.ip,
-            client: self.client.1,
-            request_id: self.request_id,
-            tls: self.shared.tls.as_deref(),
-            buf: self.buf,
-            req: self.req,
+            target,
+            request: *r,
             path: &path,
             spare: self.spare,
-            started: self.started,
             relayed: Relayed::default(),
         };
         if let Some((protocol, key)) = self.tunnel {
@@ -343,7 +248,7 @@ impl Stream<'_> {
             *go_on.status_mut() = http::StatusCode::CONTINUE;
             let _ = respond.send_informational(go_on);
         }
-        let result = match speaks_h2(r.target.upstream) {
+        let result = match carrier(Protocol::Http2, r.target.upstream) == Carrier::Http2 {
             true => Box::pin(r.forward_h2(self.facts, parts, body, respond, trace)).await,
             false => {
                 // The request's field map, emptied, takes the response's fields (two
@@ -356,46 +261,6 @@ impl Stream<'_> {
             }
         };
         (route, result)
-    }
-
-    /// Sends `rendered`, an answer Weir made itself (`respond`, `redirect`).
-    async fn local(
-        &self,
-        rendered: &[u8],
-        respond: &mut SendResponse<Bytes>,
-        trace: &mut Trace,
-    ) -> Result<(), Failure> {
-        let timeout = self.snapshot.config.listeners[self.index]
-            .http2
-            .stall_timeout;
-        trace.local = true;
-        let how = (self.req.is_head, self.facts.grpc);
-        send_rendered(respond, rendered, how, timeout, trace)
-            .await
-            .map_err(Failure::after_head)
-    }
-
-    /// Answers with `redirect`, its template filled from this request.
-    async fn redirect(
-        &self,
-        redirect: &Redirect,
-        respond: &mut SendResponse<Bytes>,
-        trace: &mut Trace,
-    ) -> Result<(), Failure> {
-        let vars = Vars {
-            scheme: if self.shared.tls.is_some() {
-                b"https"
-            } else {
-                b"http"
-            },
-            host: self.req.host_name(self.buf),
-            target: self.req.path(self.buf),
-            request_id: self.request_id,
-            client_ip: self.client.1.as_bytes(),
-        };
-        let mut rendered = Vec::with_capacity(256);
-        push_redirect(&mut rendered, redirect, &vars, Persistence::KeepAlive);
-        self.local(&rendered, respond, trace).await
     }
 }
 
@@ -434,7 +299,7 @@ async fn tunnel(
 async fn answer(
     respond: &mut SendResponse<Bytes>,
     result: &Result<(), Failure>,
-    (listener, grpc): (&weir_config::Listener, bool),
+    listener: &weir_config::Listener,
     trace: &mut Trace,
 ) -> u16 {
     let failure = match result {
@@ -446,58 +311,9 @@ async fn answer(
         respond.send_reset(Reason::CANCEL);
         return 499;
     };
-    if grpc {
-        trace.grpc_status = grpc::answer_failure(respond, failure.error, status).map(u32::from);
-        return status;
-    }
-    let mut body = failure
-        .error
-        .body_text()
-        .unwrap_or(reason_phrase(status))
-        .as_bytes()
-        .to_vec();
-    body.push(b'\n');
-    if let Ok(n) = local(
-        respond,
-        status,
-        "text/plain",
-        &body,
-        false,
-        listener.http2.stall_timeout,
-    )
-    .await
-    {
-        trace.body_out = n;
-    }
+    let timeout = listener.http2.stall_timeout;
+    let answer = Answer::Error(failure.error);
+    let vars = Vars::default();
+    let _ = send_answer(respond, &answer, &vars, false, timeout, trace).await;
     status
-}
-
-/// Sends a response Weir makes itself. Returns the body bytes sent.
-async fn local(
-    respond: &mut SendResponse<Bytes>,
-    status: u16,
-    content_type: &str,
-    body: &[u8],
-    is_head: bool,
-    timeout: std::time::Duration,
-) -> Result<u64, ProxyError> {
-    let mut head = http::Response::new(());
-    *head.status_mut() =
-        http::StatusCode::from_u16(status).unwrap_or(http::StatusCode::BAD_GATEWAY);
-    let headers = head.headers_mut();
-    if let Ok(v) = http::HeaderValue::from_str(content_type) {
-        headers.insert(http::header::CONTENT_TYPE, v);
-    }
-    headers.insert(http::header::CONTENT_LENGTH, body.len().into());
-    let empty = is_head || body.is_empty();
-    let mut send = respond
-        .send_response(head, empty)
-        .map_err(|_| ProxyError::ClientClosed)?;
-    if empty {
-        return Ok(0);
-    }
-    send_data(&mut send, body, true, timeout)
-        .await
-        .map_err(|_| ProxyError::ClientClosed)?;
-    Ok(body.len() as u64)
 }

@@ -12,39 +12,7 @@
 use http::{HeaderMap, HeaderValue};
 
 use super::names::response_name;
-use super::upstream::is_connection_specific;
-
-/// Fields a trailer must not carry (RFC 9110 6.5.1): framing, routing, authentication,
-/// cookies, and fields that change how the body already sent is read or cached. A
-/// client that merged them into the head would be misled; they are dropped.
-pub(crate) fn forbidden_in_trailer(name: &str) -> bool {
-    const FORBIDDEN: [&str; 22] = [
-        "content-length",
-        "transfer-encoding",
-        "trailer",
-        "te",
-        "host",
-        "authorization",
-        "proxy-authorization",
-        "www-authenticate",
-        "proxy-authenticate",
-        "set-cookie",
-        "cookie",
-        "content-type",
-        "content-encoding",
-        "content-range",
-        "cache-control",
-        "expires",
-        "age",
-        "date",
-        "location",
-        "retry-after",
-        "vary",
-        "max-forwards",
-    ];
-    // `HeaderName`s are lower case.
-    FORBIDDEN.contains(&name)
-}
+use crate::forward::h2::{forbidden_in_trailer, is_connection_specific};
 
 /// The fields of `lines` (trailer field lines, each ending in CRLF) that may go to an
 /// HTTP/2 client, at most `max_list_size` of them as HTTP/2 counts, less the names

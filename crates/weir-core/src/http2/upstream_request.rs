@@ -27,11 +27,11 @@ use weir_config::{Route, UpstreamServer};
 
 use super::names::added_name;
 use super::scratch::Scratches;
-use super::upstream::is_connection_specific;
 use crate::codec::http1::header::trim;
 use crate::codec::http1::{BodyFraming, RequestHead};
 use crate::error::ProxyError;
 use crate::filters::rewrite::upstream_path;
+use crate::forward::h2::is_connection_specific;
 use crate::forward::request_head::{forwards_field, write_added_fields, ClientFacts};
 use crate::router::RoutedPath;
 
@@ -241,9 +241,9 @@ mod tests {
     use crate::codec::http1::fill_written;
     use crate::filters::forwarded::ClientIp;
     use crate::filters::headers::Vars;
+    use crate::forward::h2::h1_head_to_h2;
     use crate::forward::request_head::{write_request_head, RequestEdits};
     use crate::http2::request::write_head;
-    use crate::http2::upstream::h1_head_to_h2;
 
     const ID: &str = "X-Request-Id";
 

@@ -13,7 +13,7 @@
 //! close each direction, and a reset on either side ends both. The listener's
 //! `tunnel_idle_timeout` and `tunnel_fin_timeout` bound a still tunnel (`crate::idle`).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use aws_lc_rs::digest;
 use bytes::Bytes;
@@ -21,16 +21,16 @@ use h2::server::SendResponse;
 use h2::{Reason, RecvStream, SendStream};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
-use super::exchange::{final_head_within, ResponseBody, StreamRequest, Trace};
+use super::exchange::{ResponseBody, StreamRequest, Trace};
 use super::send::{send_data, unless_reset, Stop};
 use crate::buffer::Buffer;
 use crate::codec::http1::{HeaderSpan, ResponseHead};
 use crate::connector::UpstreamStream;
 use crate::error::ProxyError;
 use crate::filters::compression::Plan;
-use crate::filters::upgrade::{switch_allowed, Offered};
-use crate::forward::body;
-use crate::forward::exchange::{obtain, record_attempt, upstream_write_error, RequestMeta};
+use crate::filters::upgrade::switch_allowed;
+use crate::forward::driver::{drive, Attempt, LastTry, Miss, Sender, Tries};
+use crate::forward::h1::{send_whole, NoInterim, Reading, RequestMeta};
 use crate::forward::tunnel::limits;
 use crate::forward::Failure;
 use crate::idle::{Activity, Cut, End, Limits, Noted};
@@ -191,8 +191,9 @@ impl StreamRequest<'_> {
         &servers[trace.upstream_pick.map_or(0, |(_, server)| server)]
     }
 
-    /// Sends the Upgrade request and reads the answer: the upstream connection, and
-    /// whether it switched (a valid 101) or refused (another final status, in `resp`).
+    /// Sends the Upgrade request (through the driver) and reads the answer: the upstream
+    /// connection, and whether it switched (a valid 101) or refused (another final status,
+    /// in `resp`).
     async fn open(
         &self,
         key: &[u8],
@@ -200,88 +201,25 @@ impl StreamRequest<'_> {
         resp: &mut ResponseHead,
         trace: &mut Trace,
     ) -> Result<(UpstreamStream, bool), Failure> {
-        let target = self.target;
-        let (_, pick) = self.first_pick()?;
-        let server = &target.upstream.servers[pick.server];
-        let metrics = self
-            .worker
-            .metrics
-            .server(target.pool.slot, target.pool.server_slots[pick.server]);
-        trace.upstream_pick = Some((target.upstream_index, pick.server));
-        let mut out = Vec::with_capacity(self.buf.len() + 256);
-        let offered = self.write_head(&mut out, server);
-        let started = Instant::now();
-        let opened = self
-            .handshake(server, metrics, &out, offered, key, up_buf, resp)
-            .await;
-        let elapsed = started.elapsed();
-        record_attempt(target, &pick, metrics, &opened, resp, elapsed);
-        trace.upstream_time = Some(elapsed);
-        opened
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    async fn handshake(
-        &self,
-        server: &weir_config::UpstreamServer,
-        metrics: Option<&crate::metrics::shard::ServerMetrics>,
-        head: &[u8],
-        offered: Offered,
-        key: &[u8],
-        up_buf: &mut Buffer,
-        resp: &mut ResponseHead,
-    ) -> Result<(UpstreamStream, bool), Failure> {
-        let upstream = self.target.upstream;
-        let tls = self.target.pool.tls.as_deref();
-        let now = Instant::now();
-        // A fresh connection: it becomes the tunnel, never pooled again.
-        let (mut stream, _) = obtain(self.worker, (server, tls), upstream, metrics, now, true)
-            .await
-            .map_err(Failure::from)?;
-        let timeout = upstream.response_timeout;
-        body::write_all(&mut stream, head, &[], timeout)
-            .await
-            .map_err(|e| Failure::from(upstream_write_error(e)))?;
-        let meta = RequestMeta {
-            is_head: false,
-            http10: true,
-            upgrade: offered,
-            idempotent: false,
-            // A tunnel is never compressed.
-            accepted: None,
-            // 1xx heads are dropped here (`http10`), as many as on other HTTP/2 streams.
-            max_informational: self.informational_bound(),
-        };
-        let client_timeout = self.target.listener.client_timeout;
-        // The client waits for the 101 (as 200) only: 1xx before it are dropped (`http10`).
-        let none = &mut tokio::io::sink();
-        final_head_within(
-            &mut stream,
+        let x = self.exchange_of();
+        let now = tokio::time::Instant::now();
+        let mut handshake = Handshake {
+            r: self,
+            key,
+            out: Vec::with_capacity(self.request.buf.len() + 256),
             up_buf,
             resp,
-            (meta, none),
-            (client_timeout, timeout),
             // A tunnel is rare: a timer of its own.
-            &mut LazyTimer::new(tokio::time::Instant::from_std(now)),
-        )
-        .await
-        .map_err(|e| Failure::from(e.error))?;
-        if (200..300).contains(&resp.status) {
-            // Not a refusal, and no switch: the upstream is no WebSocket server.
-            return Err(ProxyError::UpstreamMalformed("2xx answer to a WebSocket upgrade").into());
-        }
-        if resp.status != 101 {
-            return Ok((stream, false));
-        }
-        let buf = up_buf.filled();
-        let allowed = &self.target.route.upgrades;
-        let accept = field(&resp.headers, buf, "sec-websocket-accept");
-        if !switch_allowed(&resp.headers, buf, allowed, offered)
-            || accept != Some(&accept_of(key)[..])
-        {
-            return Err(ProxyError::UpstreamMalformed("WebSocket handshake not accepted").into());
-        }
-        Ok((stream, true))
+            timer: LazyTimer::new(now),
+        };
+        let mut last_try = LastTry::default();
+        let started = std::time::Instant::now();
+        let opened = drive(&x, &mut handshake, started, &mut last_try).await;
+        trace.upstream_pick = last_try.upstream_pick;
+        trace.upstream_time = last_try.upstream_time;
+        let (sent, accepted) = opened?.take();
+        accepted.count(Ok(handshake.resp.status));
+        Ok(sent)
     }
 
     /// The 200 to the client, with the end-to-end fields of the 101 (the subprotocol and
@@ -294,6 +232,79 @@ impl StreamRequest<'_> {
         *head.status_mut() = http::StatusCode::OK;
         head.headers_mut().remove("sec-websocket-accept");
         head
+    }
+}
+
+/// Sends an extended CONNECT's HTTP/1.1 Upgrade request on a new connection (it becomes
+/// the tunnel, never pooled again) and reads the answer.
+struct Handshake<'s> {
+    r: &'s StreamRequest<'s>,
+    key: &'s [u8],
+    out: Vec<u8>,
+    up_buf: &'s mut Buffer,
+    resp: &'s mut ResponseHead,
+    timer: LazyTimer,
+}
+
+impl Sender for Handshake<'_> {
+    /// The connection, and whether it switched (a valid 101).
+    type Sent = (UpstreamStream, bool);
+
+    async fn send(
+        &mut self,
+        a: &Attempt<'_>,
+        tries: &mut Tries<'_>,
+    ) -> Result<(UpstreamStream, bool), Miss> {
+        let r = self.r;
+        self.out.clear();
+        let offered = r.write_head(&mut self.out, a.server);
+        let mut rd = Reading {
+            up_buf: self.up_buf,
+            resp: self.resp,
+            timer: &mut self.timer,
+            meta: RequestMeta {
+                is_head: false,
+                // The client waits for the 101 (as 200) only: 1xx before it are dropped.
+                http10: true,
+                upgrade: offered,
+                // A tunnel is never compressed.
+                accepted: None,
+                max_informational: r.informational_bound(),
+            },
+            client_timeout: r.target.listener.client_timeout,
+        };
+        let fresh = Attempt { fresh: true, ..*a };
+        let x = tries.exchange();
+        let stream = send_whole(x, &fresh, &self.out, &[], &mut rd, &mut NoInterim).await?;
+        let status = self.resp.status;
+        if (200..300).contains(&status) {
+            // Not a refusal, and no switch: the upstream is no WebSocket server.
+            return Err(ProxyError::UpstreamMalformed("2xx answer to a WebSocket upgrade").into());
+        }
+        if status != 101 {
+            if !tries.relays(status, true, false) {
+                return Err(Miss::retried(status));
+            }
+            return Ok((stream, false));
+        }
+        let buf = self.up_buf.filled();
+        let allowed = &r.target.route.upgrades;
+        let accept = field(&self.resp.headers, buf, "sec-websocket-accept");
+        if !switch_allowed(&self.resp.headers, buf, allowed, offered)
+            || accept != Some(&accept_of(self.key)[..])
+        {
+            return Err(ProxyError::UpstreamMalformed("WebSocket handshake not accepted").into());
+        }
+        tries.relays(status, false, false);
+        Ok((stream, true))
+    }
+
+    fn replayable(&self) -> bool {
+        true
+    }
+
+    fn responded(&self) -> bool {
+        false
     }
 }
 

@@ -32,6 +32,14 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// The outcome of a try that got a head with this status, or failed with this error.
+    pub fn of(result: Result<u16, ProxyError>) -> Outcome {
+        match result {
+            Ok(status) => Outcome::Status(status),
+            Err(error) => Outcome::of_error(error),
+        }
+    }
+
     pub fn of_error(error: ProxyError) -> Outcome {
         use ProxyError::*;
         match error {

@@ -135,21 +135,22 @@ pub fn push_simple_response(
     body: &[u8],
     persistence: Persistence,
 ) {
-    push_simple_response_with(out, status, b"", content_type, body, persistence);
+    push_simple_response_with(out, status, |_| {}, content_type, body, persistence);
 }
 
-/// Like [`push_simple_response`], with extra header lines (each ending in CRLF).
+/// Like [`push_simple_response`], with extra header lines (each ending in CRLF) that
+/// `headers` appends.
 pub fn push_simple_response_with(
     out: &mut Vec<u8>,
     status: u16,
-    headers: &[u8],
+    headers: impl FnOnce(&mut Vec<u8>),
     content_type: &str,
     body: &[u8],
     persistence: Persistence,
 ) {
     push_status_line(out, status, reason_phrase(status).as_bytes());
     push_header(out, b"Server", b"weir");
-    out.extend_from_slice(headers);
+    headers(out);
     push_header(out, b"Content-Type", content_type.as_bytes());
     out.extend_from_slice(b"Content-Length: ");
     push_decimal(out, body.len() as u64);

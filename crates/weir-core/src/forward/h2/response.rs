@@ -3,23 +3,18 @@
 //! `content-length`) and, for a client that sent `TE: trailers`, the trailers as chunked
 //! trailer fields.
 
-use std::future::{poll_fn, Future};
-use std::pin::Pin;
-use std::task::Poll;
-use std::time::Duration;
-
-use h2::client::ResponseFuture;
 use h2::RecvStream;
 use http::{HeaderMap, StatusCode};
 use tokio::io::AsyncWrite;
 
+use super::{forbidden_in_trailer, is_connection_specific};
 use crate::codec::http1::header::is_token;
 use crate::codec::http1::write::{push_header, push_status_line, Persistence};
 use crate::connector::h2::h2_error;
 use crate::error::ProxyError;
 use crate::forward::body::{write_all, Chunks};
-use crate::forward::exchange::client_write_error;
-use crate::http2::{forbidden_in_trailer, is_connection_specific};
+use crate::forward::h1::client_write_error;
+use crate::forward::Timeouts;
 use crate::time::with_timeout;
 use weir_config::HeaderRules;
 
@@ -30,8 +25,6 @@ pub(super) struct Ask {
     pub http10: bool,
     /// `TE: trailers`: the client takes trailer fields in a chunked body.
     pub te_trailers: bool,
-    /// The listener's `max_informational`: one 1xx more fails the response.
-    pub max_informational: u32,
 }
 
 /// How the response body goes to the client.
@@ -46,64 +39,12 @@ pub(super) enum Framing {
     UntilClose,
 }
 
-/// The final response head, after relaying any 1xx heads to an HTTP/1.1 client
-/// (`interim` is set once one was written); a 1xx past `ask.max_informational` is an error.
-pub(super) async fn final_head<W: AsyncWrite + Unpin>(
-    response: &mut ResponseFuture,
-    client: &mut W,
-    ask: Ask,
-    client_timeout: Duration,
-    interim: &mut bool,
-) -> Result<http::Response<RecvStream>, HeadError> {
-    let mut informational = 0u32;
-    loop {
-        let next = poll_fn(|cx| {
-            if let Poll::Ready(Some(r)) = response.poll_informational(cx) {
-                return Poll::Ready(r.map(Err));
-            }
-            Pin::new(&mut *response).poll(cx).map(|r| r.map(Ok))
-        });
-        let head = match next.await {
-            Err(e) => return Err(HeadError::H2(e)),
-            Ok(Ok(head)) if names_are_tokens(head.headers()) => return Ok(head),
-            Ok(Err(head)) if names_are_tokens(head.headers()) => head,
-            Ok(_) => return Err(HeadError::NameNotToken),
-        };
-        informational += 1;
-        if informational > ask.max_informational {
-            return Err(HeadError::TooManyInformational);
-        }
-        // HTTP/1.0 clients get no 1xx (RFC 9110 15.2).
-        if ask.http10 {
-            continue;
-        }
-        let mut out = Vec::with_capacity(128);
-        push_status_line(&mut out, head.status().as_u16(), reason(head.status()));
-        push_fields(&mut out, head.headers(), |_| false);
-        out.extend_from_slice(b"\r\n");
-        write_all(client, &out, &[], client_timeout)
-            .await
-            .map_err(|_| HeadError::Client)?;
-        *interim = true;
-    }
-}
-
-/// Why no final head came.
-pub(super) enum HeadError {
-    H2(h2::Error),
-    /// Writing a 1xx to the client failed.
-    Client,
-    /// More 1xx heads than `max_informational` (the server's error: 502).
-    TooManyInformational,
-    /// A field name that is not a token (the server's error: 502).
-    NameNotToken,
-}
-
-/// Whether every field name may go into an HTTP/1.1 head: the `h2` crate takes names with
-/// `"`, which are not tokens (RFC 9110 5.1), and a malformed response must not be
-/// forwarded (RFC 9113 8.1.1).
-fn names_are_tokens(fields: &HeaderMap) -> bool {
-    fields.keys().all(|name| is_token(name.as_str().as_bytes()))
+/// Appends an HTTP/2 upstream's 1xx head as HTTP/1.1 (its connection-specific fields
+/// dropped).
+pub(crate) fn write_interim(out: &mut Vec<u8>, head: &http::Response<()>) {
+    push_status_line(out, head.status().as_u16(), reason(head.status()));
+    push_fields(out, head.headers(), |_| false);
+    out.extend_from_slice(b"\r\n");
 }
 
 /// Everything the final head is written from.
@@ -181,10 +122,12 @@ fn push_fields(out: &mut Vec<u8>, fields: &HeaderMap, dropped: impl Fn(&str) -> 
 pub(super) async fn relay<W: AsyncWrite + Unpin>(
     up: &mut RecvStream,
     client: &mut W,
-    (framing, trailers): (Framing, bool),
+    framing: Framing,
+    trailers: bool,
     sent: &mut u64,
-    (client_timeout, upstream_timeout): (Duration, Duration),
+    timeouts: Timeouts,
 ) -> Result<(), ProxyError> {
+    let (client_timeout, upstream_timeout) = (timeouts.client, timeouts.upstream);
     let mut chunks = Chunks::default();
     loop {
         let data = match with_timeout(upstream_timeout, up.data()).await {
@@ -260,7 +203,6 @@ mod tests {
         is_head: false,
         http10: false,
         te_trailers: false,
-        max_informational: 8,
     };
 
     #[test]

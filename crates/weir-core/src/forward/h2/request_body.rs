@@ -17,12 +17,13 @@ use bytes::Bytes;
 use h2::SendStream;
 use tokio::io::AsyncRead;
 
+use super::{send_windowed, UploadError};
 use crate::buffer::Buffer;
 use crate::codec::http1::{BodyFraming, ChunkedDecoder};
 use crate::error::ProxyError;
 use crate::forward::body::PumpError;
-use crate::forward::exchange::client_pump_error;
-use crate::http2::send_windowed;
+use crate::forward::h1::client_pump_error;
+use crate::forward::Timeouts;
 use crate::time::with_timeout;
 
 /// Where the client's body framing is.
@@ -78,14 +79,6 @@ impl Framed {
     }
 }
 
-/// Why an upload stopped.
-pub(super) enum UploadError {
-    /// The client's fault (bad framing, too large, gone, too slow): answered as such.
-    Client(ProxyError),
-    /// The upstream stopped taking the body; its response (if any) says why.
-    Upstream,
-}
-
 /// The request body of one request, for every attempt.
 pub(super) struct RequestBody {
     framed: Framed,
@@ -93,41 +86,56 @@ pub(super) struct RequestBody {
     whole: Option<Bytes>,
     /// The buffered start of a streamed body (sent by the first attempt).
     first: Bytes,
+    /// Bytes at the start of the client's buffer to consume (the head, and the body bytes
+    /// taken) before a streamed body reads on; their request can then not be sent again.
+    skip: usize,
 }
 
 impl RequestBody {
-    /// Takes the body bytes at the start of `buf` (the request head is consumed).
+    /// Takes the body bytes of `buf` after the head's `head_len` (consumed when the body
+    /// is streamed, else by the caller).
     pub(super) fn new(
         framing: BodyFraming,
         limit: Option<u64>,
-        buf: &mut Buffer,
+        buf: &[u8],
+        head_len: usize,
     ) -> Result<RequestBody, ProxyError> {
         let mut framed = Framed::new(framing, limit);
         let mut collected = Vec::new();
-        while !framed.is_done() && !buf.is_empty() {
-            let (piece, used) = framed.next(buf.filled()).map_err(client_pump_error)?;
+        let mut at = head_len;
+        while !framed.is_done() && at < buf.len() {
+            let (piece, used) = framed.next(&buf[at..]).map_err(client_pump_error)?;
             if let Some(r) = piece {
-                collected.extend_from_slice(&buf.filled()[r]);
+                collected.extend_from_slice(&buf[at..][r]);
             }
-            buf.consume(used);
+            at += used;
             if used == 0 {
                 break;
             }
         }
         let collected = Bytes::from(collected);
-        Ok(if framed.is_done() {
-            RequestBody {
-                framed,
-                whole: Some(collected),
-                first: Bytes::new(),
-            }
-        } else {
-            RequestBody {
-                framed,
-                whole: None,
-                first: collected,
-            }
+        let (whole, first) = match framed.is_done() {
+            true => (Some(collected), Bytes::new()),
+            false => (None, collected),
+        };
+        Ok(RequestBody {
+            framed,
+            whole,
+            first,
+            skip: at,
         })
+    }
+
+    /// The bytes of the client's buffer the request still takes (its head, and the body
+    /// bytes taken): none once a streamed body consumed them.
+    pub(super) fn skip(&self) -> usize {
+        self.skip
+    }
+
+    /// The whole body was taken from the client (whole in its buffer, or streamed to its
+    /// end): the buffer starts at the client's next request once `skip` is consumed.
+    pub(super) fn is_read(&self) -> bool {
+        self.framed.is_done()
     }
 
     /// No DATA at all: the HEADERS frame ends the stream.
@@ -140,12 +148,6 @@ impl RequestBody {
         self.whole.is_some()
     }
 
-    /// The whole body was taken from the client buffer (each piece is consumed as it is
-    /// decoded): the buffer starts at the client's next request.
-    pub(super) fn is_read(&self) -> bool {
-        self.framed.is_done()
-    }
-
     /// Sends the body as DATA within the upstream's window, then the end of the stream.
     /// `consumed` counts the bytes taken from the client (a streamed body cannot be sent
     /// again once it is above zero).
@@ -155,8 +157,9 @@ impl RequestBody {
         buf: &mut Buffer,
         up: &mut SendStream<Bytes>,
         consumed: &Cell<u64>,
-        (client_timeout, upstream_timeout): (Duration, Duration),
+        timeouts: Timeouts,
     ) -> Result<(), UploadError> {
+        let (client_timeout, upstream_timeout) = (timeouts.client, timeouts.upstream);
         let upstream = |_| UploadError::Upstream;
         if let Some(whole) = &self.whole {
             let piece = whole.clone();
@@ -164,6 +167,7 @@ impl RequestBody {
                 .await
                 .map_err(upstream);
         }
+        buf.consume(std::mem::take(&mut self.skip));
         let first = std::mem::take(&mut self.first);
         send_counted(up, first, consumed, upstream_timeout, false)
             .await
@@ -210,7 +214,7 @@ async fn send_counted(
     end: bool,
 ) -> Result<(), ProxyError> {
     consumed.set(consumed.get() + piece.len() as u64);
-    send_windowed(up, piece, (upstream_timeout, None), end).await
+    send_windowed(up, piece, upstream_timeout, None, end).await
 }
 
 #[cfg(test)]

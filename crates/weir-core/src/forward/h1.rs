@@ -1,0 +1,429 @@
+//! The upstream side over an HTTP/1.1 connection, for every client protocol: a pooled or
+//! new connection (`obtain`), the request head and the body at hand in one write
+//! (`send_whole`) or the body streamed while the response head is awaited
+//! (`send_streaming`), the final head read with 1xx heads relayed to the client
+//! (`read_final_head`, through an [`Interim`] sink), and the connection pooled again once
+//! the exchange left it clean (`reuse`).
+//!
+//! A pooled connection found closed before any response byte ([`HeadError::retryable`]:
+//! closed, or an I/O error such as a reset; never a timeout, after which the server may be
+//! working on the request) did not process an idempotent request: the try is
+//! [`Miss::unprocessed`] and the driver sends it again on a new connection.
+
+use std::future::Future;
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::time::Instant;
+use weir_config::{Encoding, Upstream, UpstreamServer};
+
+use super::body::{self, PumpError};
+use super::driver::{Attempt, Exchange, Miss};
+use super::{Failure, Reached};
+use crate::buffer::Buffer;
+use crate::codec::http1::{parse_response, ResponseHead};
+use crate::connector::{connect_server, PoolKey, TlsUpstream, UpstreamStream, WriteHalf};
+use crate::error::ProxyError;
+use crate::filters::upgrade::Offered;
+use crate::metrics::shard::ServerMetrics;
+use crate::time::LazyTimer;
+use crate::worker::Worker;
+
+/// What the exchange needs to remember about the request once its head is consumed.
+#[derive(Clone, Copy)]
+pub(crate) struct RequestMeta {
+    pub is_head: bool,
+    /// 1xx responses are not relayed (also set for an RFC 8441 tunnel, whose client
+    /// waits for the 101 only).
+    pub http10: bool,
+    /// The upgrade protocols offered upstream (empty: not an upgrade).
+    pub upgrade: Offered,
+    /// The coding the route's `compression` negotiated with the client (`None`: identity,
+    /// or no compression on the route).
+    pub accepted: Option<Encoding>,
+    /// 1xx heads read before the final one, at most (the listener's `max_informational`
+    /// for HTTP/1.1 clients; for HTTP/2 clients the larger of it and
+    /// `http2.max_informational`, their stream dropping those past its own bounds in
+    /// `http2::interim`); one more fails the response.
+    pub max_informational: u32,
+}
+
+/// Where a try reads its response head into, and its bounds.
+pub(crate) struct Reading<'b> {
+    pub up_buf: &'b mut Buffer,
+    pub resp: &'b mut ResponseHead,
+    /// The wait for the final head (`response_timeout`).
+    pub timer: &'b mut LazyTimer,
+    pub meta: RequestMeta,
+    /// For each 1xx head written to the client.
+    pub client_timeout: Duration,
+}
+
+/// A request whose body is all at hand (none, or all of it buffered): `head` and `body`
+/// in one write, then the final head. Its connection is returned with the head in
+/// `rd.resp` (parsed from `rd.up_buf`).
+pub(crate) async fn send_whole<I: Interim>(
+    x: &Exchange<'_>,
+    a: &Attempt<'_>,
+    head: &[u8],
+    body: &[u8],
+    rd: &mut Reading<'_>,
+    interim: &mut I,
+) -> Result<UpstreamStream, Miss> {
+    rd.up_buf.clear();
+    let upstream = x.target.upstream;
+    let (mut stream, reused) = obtain_for(x, a).await?;
+    let timeout = upstream.response_timeout;
+    let head = match body::write_all(&mut stream, head, body, timeout).await {
+        Ok(()) => {
+            // response_timeout counts from the end of the request. On a pooled connection
+            // the send completes at once, so that is when the try started (no clock read);
+            // after a connect it is now.
+            let sent_at = if reused {
+                a.started
+            } else {
+                std::time::Instant::now()
+            };
+            rd.timer.set(Instant::from_std(sent_at) + timeout);
+            read_final_head(&mut stream, rd, interim, true).await
+        }
+        Err(e) => Err(HeadError::before_response(upstream_write_error(e))),
+    };
+    head.map(|()| stream).map_err(|e| Miss {
+        unprocessed: reused && x.idempotent && e.retryable(),
+        ..Miss::from(e)
+    })
+}
+
+/// A request whose body is still arriving: `upload` writes the head and the body to the
+/// connection's write half while the final head is read (it may come early, or be a
+/// `100 Continue` the client waits for). Returns the connection and whether the whole
+/// body went up.
+pub(crate) async fn send_streaming<I: Interim>(
+    x: &Exchange<'_>,
+    a: &Attempt<'_>,
+    rd: &mut Reading<'_>,
+    interim: &mut I,
+    upload: impl AsyncFnOnce(&mut WriteHalf<'_>) -> Result<(), PumpError>,
+) -> Result<(UpstreamStream, bool), Miss> {
+    rd.up_buf.clear();
+    let (mut stream, _) = obtain_for(x, a).await?;
+    let done = {
+        let (mut ur, mut uw) = stream.split();
+        let upload = upload(&mut uw);
+        let head = read_final_head(&mut ur, rd, interim, false);
+        upload_while_waiting(upload, head, x.target.upstream.response_timeout).await?
+    };
+    Ok((stream, done))
+}
+
+/// A connection for try `a`: a pooled one unless `a.fresh`. Returns whether it was reused.
+async fn obtain_for(
+    x: &Exchange<'_>,
+    a: &Attempt<'_>,
+) -> Result<(UpstreamStream, bool), ProxyError> {
+    let tls = x.target.pool.tls.as_deref();
+    let upstream = x.target.upstream;
+    obtain(
+        x.worker, a.server, tls, upstream, a.metrics, a.started, a.fresh,
+    )
+    .await
+}
+
+/// A connection to `server`: a pooled idle one (checked against `now`) unless `fresh`,
+/// else a new one. Returns whether it was reused.
+pub(crate) async fn obtain(
+    worker: &Worker,
+    server: &UpstreamServer,
+    tls: Option<&TlsUpstream>,
+    upstream: &Upstream,
+    metrics: Option<&ServerMetrics>,
+    now: std::time::Instant,
+    fresh: bool,
+) -> Result<(UpstreamStream, bool), ProxyError> {
+    if !fresh {
+        let key = PoolKey::new(server, tls);
+        let (reused, idle) = worker
+            .pool
+            .borrow_mut()
+            .take(key, upstream.idle_timeout, now);
+        if let Some(m) = metrics {
+            m.pool_idle.set(idle as u64);
+        }
+        if let Some(stream) = reused {
+            return Ok((stream, true));
+        }
+    }
+    let started = std::time::Instant::now();
+    let stream = connect_server(upstream, server, tls).await?;
+    if let Some(m) = metrics {
+        m.connect.observe(started.elapsed());
+    }
+    Ok((stream, false))
+}
+
+/// Pools `stream` (to `server`) idle since `idle_from`, when the exchange left it clean:
+/// the response complete and keeping the connection, the whole request sent, nothing
+/// after the response.
+pub(crate) fn reuse(
+    x: &Exchange<'_>,
+    server: &UpstreamServer,
+    metrics: Option<&ServerMetrics>,
+    stream: UpstreamStream,
+    idle_from: std::time::Instant,
+) {
+    let key = PoolKey::new(server, x.target.pool.tls.as_deref());
+    let max_idle = x.target.upstream.max_idle;
+    let idle = x
+        .worker
+        .pool
+        .borrow_mut()
+        .put(key, stream, max_idle, idle_from);
+    if let Some(m) = metrics {
+        m.pool_idle.set(idle as u64);
+    }
+}
+
+/// Runs a request body's `upload` and the wait for the response `head` together. Returns
+/// whether the whole body went up. `response_timeout` counts from the end of the upload,
+/// however long the body takes to arrive (nginx's proxy_read_timeout does the same);
+/// while it uploads, a stalled upstream is caught by the upload's write timeout.
+pub(crate) async fn upload_while_waiting(
+    upload: impl Future<Output = Result<(), PumpError>>,
+    head: impl Future<Output = Result<(), HeadError>>,
+    response_timeout: Duration,
+) -> Result<bool, Failure> {
+    let head_timer = tokio::time::sleep(Duration::MAX);
+    tokio::pin!(upload, head, head_timer);
+    let mut uploading = true;
+    let mut upload_done = false;
+    loop {
+        tokio::select! {
+            r = &mut upload, if uploading => {
+                uploading = false;
+                head_timer.as_mut().reset(Instant::now() + response_timeout);
+                match r {
+                    Ok(()) => upload_done = true,
+                    // The upstream stopped reading; its response (if any) says why.
+                    Err(PumpError::Write(_) | PumpError::WriteTimeout) => {}
+                    Err(e) => return Err(Failure::from(client_pump_error(e))),
+                }
+            }
+            h = &mut head => return h.map(|()| upload_done).map_err(Failure::from),
+            () = &mut head_timer, if !uploading => return Err(Failure::from(ProxyError::UpstreamTimeout)),
+        }
+    }
+}
+
+/// Why no final head was read.
+pub(crate) struct HeadError {
+    pub error: ProxyError,
+    /// Some response byte arrived: the upstream processed the request.
+    pub received: bool,
+    /// A 1xx was relayed: the client has response bytes.
+    pub interim_sent: bool,
+}
+
+impl From<HeadError> for Failure {
+    fn from(e: HeadError) -> Failure {
+        let reached = if e.interim_sent {
+            Reached::Interim
+        } else {
+            Reached::Nothing
+        };
+        Failure {
+            error: e.error,
+            reached,
+        }
+    }
+}
+
+impl HeadError {
+    fn before_response(error: ProxyError) -> HeadError {
+        HeadError {
+            error,
+            received: false,
+            interim_sent: false,
+        }
+    }
+
+    /// A closed connection or an I/O error before any response byte: on a pooled
+    /// connection, the server closed it before it read the request.
+    pub(crate) fn retryable(&self) -> bool {
+        !self.received
+            && matches!(
+                self.error,
+                ProxyError::UpstreamClosed | ProxyError::UpstreamIo(_)
+            )
+    }
+}
+
+/// An upstream sent more 1xx heads than the listener's `max_informational`.
+pub(crate) const TOO_MANY_INFORMATIONAL: ProxyError =
+    ProxyError::UpstreamMalformed("too many informational responses");
+
+/// Where the 1xx heads read before the final one go: an HTTP/1.1 client's socket (any
+/// writer), or an HTTP/2 client's stream (`http2::interim`). Each relay returns whether
+/// the client got the head (an HTTP/2 stream may skip one); `Err`: the client is gone.
+pub(crate) trait Interim {
+    /// Relays an HTTP/1.1 upstream's 1xx head `resp`, whose bytes are `head`, within
+    /// `timeout`.
+    fn relay(
+        &mut self,
+        head: &[u8],
+        resp: &ResponseHead,
+        timeout: Duration,
+    ) -> impl std::future::Future<Output = Result<bool, ()>>;
+
+    /// Relays an HTTP/2 upstream's 1xx head.
+    fn relay_h2(
+        &mut self,
+        head: http::Response<()>,
+    ) -> impl std::future::Future<Output = Result<bool, ()>>;
+}
+
+/// An HTTP/1.1 client's socket: an HTTP/1.1 upstream's 1xx head as it came, an HTTP/2
+/// upstream's written as HTTP/1.1 (`client_timeout`, carried by the writer, bounds it).
+pub(crate) struct Http1Interim<'w, W> {
+    pub writer: &'w mut W,
+    pub timeout: Duration,
+}
+
+impl<W: AsyncWrite + Unpin> Interim for Http1Interim<'_, W> {
+    async fn relay(&mut self, head: &[u8], _: &ResponseHead, _: Duration) -> Result<bool, ()> {
+        body::write_all(self.writer, head, &[], self.timeout)
+            .await
+            .map(|()| true)
+            .map_err(|_| ())
+    }
+
+    async fn relay_h2(&mut self, head: http::Response<()>) -> Result<bool, ()> {
+        let mut out = Vec::with_capacity(128);
+        super::h2::write_interim(&mut out, &head);
+        self.relay(&out, &ResponseHead::default(), self.timeout)
+            .await
+    }
+}
+
+/// No client waits for 1xx heads (an RFC 8441 tunnel waits for its 101 only).
+pub(crate) struct NoInterim;
+
+impl Interim for NoInterim {
+    async fn relay(&mut self, _: &[u8], _: &ResponseHead, _: Duration) -> Result<bool, ()> {
+        Ok(false)
+    }
+
+    async fn relay_h2(&mut self, _: http::Response<()>) -> Result<bool, ()> {
+        Ok(false)
+    }
+}
+
+/// Reads until a final (non-1xx) response head is parsed into `rd.resp`, relaying 1xx
+/// heads to `client` (not to HTTP/1.0 clients: `meta.http10`); a 1xx past
+/// `meta.max_informational` fails the response (502). With `timed`, the whole head must
+/// arrive by the deadline set on `rd.timer` (the streaming path times the wait itself,
+/// from the end of the upload).
+pub(crate) async fn read_final_head<R, W>(
+    up: &mut R,
+    rd: &mut Reading<'_>,
+    client: &mut W,
+    timed: bool,
+) -> Result<(), HeadError>
+where
+    R: AsyncRead + Unpin,
+    W: Interim,
+{
+    let meta = rd.meta;
+    let mut received = !rd.up_buf.is_empty();
+    let mut interim_sent = false;
+    let mut informational = 0u32;
+    let fail = |error, received, interim_sent| HeadError {
+        error,
+        received,
+        interim_sent,
+    };
+    loop {
+        // Nothing read yet (the usual case right after sending): nothing to parse.
+        let complete = !rd.up_buf.is_empty()
+            && parse_response(
+                rd.up_buf.filled(),
+                crate::worker::UPSTREAM_BUFFER,
+                meta.is_head,
+                rd.resp,
+            )
+            .map_err(|e| fail(e, true, interim_sent))?;
+        if !complete {
+            let read = rd.up_buf.read_from(up);
+            let read = match timed {
+                true => rd.timer.within(read).await,
+                false => Some(read.await),
+            };
+            let error = match read {
+                Some(Ok(n)) if n > 0 => {
+                    received = true;
+                    continue;
+                }
+                None => ProxyError::UpstreamTimeout,
+                Some(Err(e)) => ProxyError::upstream_io(e),
+                Some(Ok(_)) => ProxyError::UpstreamClosed,
+            };
+            return Err(fail(error, received, interim_sent));
+        }
+        if !rd.resp.is_interim() {
+            return Ok(());
+        }
+        // An upstream sending 1xx in a loop would keep the client waiting (and reading)
+        // until the response timeout; the heads the client already has commit no status.
+        informational = informational.saturating_add(1);
+        if informational > meta.max_informational {
+            return Err(fail(TOO_MANY_INFORMATIONAL, true, interim_sent));
+        }
+        if !meta.http10 {
+            let head = &rd.up_buf.filled()[..rd.resp.head_len];
+            let relayed = client.relay(head, rd.resp, rd.client_timeout).await;
+            // Err: the HTTP/1.1 client may have part of the head (so, `interim_sent`).
+            interim_sent |= relayed.map_err(|_| fail(ProxyError::ClientClosed, true, true))?;
+        }
+        rd.up_buf.consume(rd.resp.head_len);
+    }
+}
+
+pub(crate) fn upstream_write_error(e: PumpError) -> ProxyError {
+    match e {
+        PumpError::WriteTimeout => ProxyError::UpstreamTimeout,
+        PumpError::Write(kind) => ProxyError::upstream_io(kind.into()),
+        _ => ProxyError::UpstreamClosed,
+    }
+}
+
+/// Errors while moving the request body, seen from the client side.
+pub(crate) fn client_pump_error(e: PumpError) -> ProxyError {
+    match e {
+        PumpError::ReadTimeout => ProxyError::ClientTimeout,
+        PumpError::Framing(reason) => ProxyError::BadRequest(reason),
+        PumpError::TooLarge => ProxyError::BodyTooLarge,
+        PumpError::Read(kind) => ProxyError::ClientIo(kind),
+        PumpError::Truncated => ProxyError::ClientClosed,
+        PumpError::Write(_) | PumpError::WriteTimeout => ProxyError::UpstreamClosed,
+    }
+}
+
+/// Errors while moving the response body.
+pub(crate) fn upstream_pump_error(e: PumpError) -> ProxyError {
+    match e {
+        PumpError::ReadTimeout => ProxyError::UpstreamTimeout,
+        PumpError::Framing(reason) => ProxyError::UpstreamMalformed(reason),
+        PumpError::Read(kind) => ProxyError::UpstreamIo(kind),
+        PumpError::Truncated => ProxyError::UpstreamClosed,
+        PumpError::TooLarge => ProxyError::UpstreamMalformed("body too large"),
+        PumpError::Write(_) | PumpError::WriteTimeout => client_write_error(e),
+    }
+}
+
+/// Errors while writing the response to the client.
+pub(crate) fn client_write_error(e: PumpError) -> ProxyError {
+    match e {
+        PumpError::WriteTimeout => ProxyError::ClientTimeout,
+        _ => ProxyError::ClientClosed,
+    }
+}

@@ -1,0 +1,430 @@
+//! The upstream side over an HTTP/2 stream (`protocol = "h2"`, `"h2c"`, `"auto"`), for
+//! every client protocol: a stream on the worker's multiplexed `connector::h2` pool
+//! ([`open`]), the final head awaited while the request body goes up, 1xx heads relayed
+//! ([`final_head`]), and the response relayed while the rest of the body goes up
+//! ([`relay_while_uploading`]: gRPC streams both ways at once).
+//!
+//! The request is the HTTP/1.1 head every upstream gets (`forward::request_head`) as
+//! HTTP/2 fields ([`h1_head_to_h2`]: connection-specific fields dropped, `Host` to
+//! `:authority`, `te: trailers` kept when the client sent it); an HTTP/2 client's first
+//! try is made from its own fields instead (`http2::upstream_request`). A stream the
+//! server never processed (REFUSED_STREAM, above a GOAWAY's last stream id, or a
+//! connection that stopped taking streams) is [`Miss::unprocessed`]: the driver sends it
+//! again on another connection when its body can be sent again.
+
+pub(crate) mod from_h1;
+mod request_body;
+mod response;
+
+use std::future::{poll_fn, Future};
+use std::pin::Pin;
+use std::task::Poll;
+use std::time::Duration;
+
+use bytes::Bytes;
+use h2::client::ResponseFuture;
+use h2::{RecvStream, SendStream};
+use http::header::{HeaderName, HeaderValue};
+
+use super::driver::{Attempt, Exchange, Miss};
+use super::h1::{Interim, TOO_MANY_INFORMATIONAL};
+use super::{Failure, Reached};
+use crate::codec::http1::header::is_token;
+use crate::connector::h2::{checkout, h2_error, never_processed, Checkout, Lease};
+use crate::error::ProxyError;
+use crate::time::with_timeout;
+
+pub(crate) use from_h1::forward_h2;
+pub(crate) use response::write_interim;
+
+/// A stream sent to a server: its connection's lease and the response to come.
+pub(crate) struct Pending {
+    pub lease: Lease,
+    pub response: ResponseFuture,
+}
+
+/// A stream for `request` to try `a`'s server (ended at once when `end`), on a pooled
+/// connection with room, else a new one; with the request body's sending half. `None`:
+/// an `auto` upstream whose server chose HTTP/1.1 (ALPN).
+pub(crate) async fn open(
+    x: &Exchange<'_>,
+    a: &Attempt<'_>,
+    request: http::Request<()>,
+    end: bool,
+) -> Result<Option<(Pending, SendStream<Bytes>)>, Miss> {
+    let (pool, upstream) = (&x.worker.h2_pool, x.target.upstream);
+    let to = (a.server, x.target.pool.tls.as_deref());
+    let lease = match checkout(pool, upstream, to, a.started).await? {
+        Checkout::Lease(lease) => lease,
+        Checkout::Http1 => return Ok(None),
+    };
+    match lease.send_request(request, end).await {
+        Ok((response, send)) => Ok(Some((Pending { lease, response }, send))),
+        // The connection takes no new streams (GOAWAY, closed): another one.
+        Err(e) => Err(Miss {
+            unprocessed: true,
+            ..Miss::from(h2_error(&e))
+        }),
+    }
+}
+
+/// Why an upload stopped.
+pub(crate) enum UploadError {
+    /// The client's fault (bad framing, too large, gone, too slow): answered as such.
+    Client(ProxyError),
+    /// The upstream stopped taking the body; its response (if any) says why.
+    Upstream,
+}
+
+/// Where an upload is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Upload {
+    Running,
+    /// The whole body went up.
+    Done,
+    /// The server stopped taking it.
+    Stopped,
+}
+
+/// How long the final head may take, and how many 1xx heads may come before it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct HeadBounds {
+    /// From the end of the upload.
+    pub timeout: Duration,
+    pub max_informational: u32,
+    /// 1xx heads go to the client (not to an HTTP/1.0 client).
+    pub relay: bool,
+    /// The heads go into HTTP/1.1 ones: their field names must be tokens (the `h2` crate
+    /// takes names with `"`, which are not, RFC 9110 5.1; a malformed response must not
+    /// be forwarded, RFC 9113 8.1.1).
+    pub tokens: bool,
+}
+
+/// Waits for the final head of `pending` while `upload` runs (`state` says where it is),
+/// its 1xx heads relayed to `interim`, unless the client goes away first (`gone`, with
+/// the error to fail with). A stream the server never processed is [`Miss::unprocessed`]
+/// (its connection marked going away on a GOAWAY).
+pub(crate) async fn final_head<U, I, G>(
+    pending: Pending,
+    upload: Pin<&mut U>,
+    state: &mut Upload,
+    interim: &mut I,
+    bounds: HeadBounds,
+    gone: G,
+) -> Result<(http::Response<RecvStream>, Lease), Miss>
+where
+    U: Future<Output = Result<(), UploadError>>,
+    I: Interim,
+    G: Future<Output = ProxyError>,
+{
+    let Pending { lease, response } = pending;
+    let mut relayed = false;
+    let head = next_final(response, interim, bounds, &mut relayed);
+    let failed = |error, relayed| Miss {
+        failure: Failure {
+            error,
+            reached: if relayed {
+                Reached::Interim
+            } else {
+                Reached::Nothing
+            },
+        },
+        unprocessed: false,
+        retried: None,
+    };
+    let error = match waiting(upload, state, head, bounds.timeout, gone).await {
+        Ok(head) => return Ok((head, lease)),
+        Err(NoFinal::Failed(error)) => error,
+        Err(NoFinal::H2(e)) if never_processed(&e) && !relayed => {
+            if e.is_go_away() {
+                lease.drain();
+            }
+            let mut miss = failed(ProxyError::UpstreamClosed, false);
+            miss.unprocessed = true;
+            return Err(miss);
+        }
+        Err(NoFinal::H2(e)) => h2_error(&e),
+    };
+    Err(failed(error, relayed))
+}
+
+/// Why no final head came.
+enum NoFinal {
+    Failed(ProxyError),
+    H2(h2::Error),
+}
+
+/// Runs `upload` and the wait for `head` together, unless the client is `gone`;
+/// `timeout` counts from the end of the upload, as for HTTP/1.1 upstreams.
+async fn waiting<U, H, G>(
+    mut upload: Pin<&mut U>,
+    state: &mut Upload,
+    head: H,
+    timeout: Duration,
+    gone: G,
+) -> Result<http::Response<RecvStream>, NoFinal>
+where
+    U: Future<Output = Result<(), UploadError>>,
+    H: Future<Output = Result<http::Response<RecvStream>, NoFinal>>,
+    G: Future<Output = ProxyError>,
+{
+    let running = *state == Upload::Running;
+    let timer = tokio::time::sleep(if running { Duration::MAX } else { timeout });
+    tokio::pin!(head, timer, gone);
+    loop {
+        let running = *state == Upload::Running;
+        tokio::select! {
+            r = upload.as_mut(), if running => {
+                timer.as_mut().reset(tokio::time::Instant::now() + timeout);
+                *state = match r {
+                    Ok(()) => Upload::Done,
+                    Err(UploadError::Upstream) => Upload::Stopped,
+                    Err(UploadError::Client(e)) => return Err(NoFinal::Failed(e)),
+                };
+            }
+            h = &mut head => return h,
+            () = &mut timer, if !running => return Err(NoFinal::Failed(ProxyError::UpstreamTimeout)),
+            e = &mut gone => return Err(NoFinal::Failed(e)),
+        }
+    }
+}
+
+/// The final head of `response`, its 1xx heads relayed to `interim` (`relayed` set once
+/// one went out); more than `bounds.max_informational` of them fail it.
+async fn next_final<I: Interim>(
+    mut response: ResponseFuture,
+    interim: &mut I,
+    bounds: HeadBounds,
+    relayed: &mut bool,
+) -> Result<http::Response<RecvStream>, NoFinal> {
+    let mut informational = 0u32;
+    loop {
+        let next = poll_fn(|cx| {
+            if let Poll::Ready(Some(r)) = response.poll_informational(cx) {
+                return Poll::Ready(r.map(Err));
+            }
+            Pin::new(&mut response).poll(cx).map(|r| r.map(Ok))
+        });
+        let head = match next.await {
+            Err(e) => return Err(NoFinal::H2(e)),
+            Ok(Ok(head)) if !bounds.tokens || names_are_tokens(head.headers()) => return Ok(head),
+            Ok(Err(head)) if !bounds.tokens || names_are_tokens(head.headers()) => head,
+            Ok(_) => return Err(NoFinal::Failed(NAME_NOT_TOKEN)),
+        };
+        informational = informational.saturating_add(1);
+        if informational > bounds.max_informational {
+            return Err(NoFinal::Failed(TOO_MANY_INFORMATIONAL));
+        }
+        if bounds.relay {
+            let sent = interim.relay_h2(head).await;
+            *relayed |= sent.map_err(|()| NoFinal::Failed(ProxyError::ClientClosed))?;
+        }
+    }
+}
+
+/// A field name that is not a token, for an HTTP/1.1 client (the server's error: 502).
+const NAME_NOT_TOKEN: ProxyError = ProxyError::UpstreamMalformed("field name is not a token");
+
+/// Whether every field name may go into an HTTP/1.1 head.
+fn names_are_tokens(fields: &http::HeaderMap) -> bool {
+    fields.keys().all(|name| is_token(name.as_str().as_bytes()))
+}
+
+/// Runs `relay` while the rest of the request body (`upload`, unless it is over) goes up.
+/// Returns whether the whole body went up.
+pub(crate) async fn relay_while_uploading<U, R, E>(
+    upload: Option<Pin<&mut U>>,
+    relay: R,
+) -> Result<bool, E>
+where
+    U: Future<Output = Result<(), UploadError>>,
+    R: Future<Output = Result<(), E>>,
+    E: From<ProxyError>,
+{
+    let Some(mut upload) = upload else {
+        return relay.await.map(|()| true);
+    };
+    tokio::pin!(relay);
+    let mut uploading = true;
+    loop {
+        tokio::select! {
+            r = upload.as_mut(), if uploading => match r {
+                Ok(()) => uploading = false,
+                Err(UploadError::Client(e)) => return Err(e.into()),
+                // The server took no more (it may have answered already): the relay goes on.
+                Err(UploadError::Upstream) => return relay.await.map(|()| false),
+            },
+            r = &mut relay => return r.map(|()| !uploading),
+        }
+    }
+}
+
+/// An HTTP/1.1 request head (as Weir wrote it) as an HTTP/2 request. The field named
+/// `unindexed` (the request id header: a new value on every request) is marked sensitive so
+/// that the `h2` crate's HPACK encoder sends it as a literal never indexed: indexed, each
+/// id was inserted into the connection's 4 KiB dynamic table and evicted the entries that
+/// repeat (gRPC calls spent about 4.7k instructions per call in that table's upkeep).
+pub(crate) fn h1_head_to_h2(
+    head: &[u8],
+    scheme: &str,
+    te_trailers: bool,
+    unindexed: Option<&str>,
+) -> Result<http::Request<()>, ProxyError> {
+    const BAD: ProxyError = ProxyError::BadRequest("request not expressible in HTTP/2");
+    let count = head.split(|b| *b == b'\n').count();
+    let mut fields = vec![httparse::EMPTY_HEADER; count];
+    let mut parsed = httparse::Request::new(&mut fields);
+    if !matches!(parsed.parse(head), Ok(httparse::Status::Complete(_))) {
+        return Err(BAD);
+    }
+    let (Some(method), Some(path)) = (parsed.method, parsed.path) else {
+        return Err(BAD);
+    };
+    let mut request = http::Request::new(());
+    *request.method_mut() = http::Method::from_bytes(method.as_bytes()).map_err(|_| BAD)?;
+    let mut authority = None;
+    let headers = request.headers_mut();
+    for f in parsed.headers.iter() {
+        let name = HeaderName::from_bytes(f.name.as_bytes()).map_err(|_| BAD)?;
+        if name == http::header::HOST {
+            authority = Some(f.value);
+            continue;
+        }
+        if is_connection_specific(&name) {
+            continue;
+        }
+        let mut value = HeaderValue::from_bytes(f.value).map_err(|_| BAD)?;
+        if unindexed.is_some_and(|u| u.eq_ignore_ascii_case(f.name)) {
+            value.set_sensitive(true);
+        }
+        headers.append(name, value);
+    }
+    if te_trailers {
+        headers.insert(http::header::TE, HeaderValue::from_static("trailers"));
+    }
+    let mut uri = http::Uri::builder().scheme(scheme).path_and_query(path);
+    if let Some(a) = authority {
+        uri = uri.authority(a);
+    }
+    *request.uri_mut() = uri.build().map_err(|_| BAD)?;
+    *request.version_mut() = http::Version::HTTP_2;
+    Ok(request)
+}
+
+/// Fields HTTP/2 forbids (RFC 9113 8.2.2); `te` is put back when it was `trailers`.
+pub(crate) fn is_connection_specific(name: &HeaderName) -> bool {
+    use http::header::{CONNECTION, TE, TRANSFER_ENCODING, UPGRADE};
+    name == CONNECTION
+        || name == TE
+        || name == TRANSFER_ENCODING
+        || name == UPGRADE
+        || name.as_str() == "keep-alive"
+        || name.as_str() == "proxy-connection"
+}
+
+/// Fields a trailer must not carry (RFC 9110 6.5.1): framing, routing, authentication,
+/// cookies, and fields that change how the body already sent is read or cached. A
+/// client that merged them into the head would be misled; they are dropped.
+pub(crate) fn forbidden_in_trailer(name: &str) -> bool {
+    const FORBIDDEN: [&str; 22] = [
+        "content-length",
+        "transfer-encoding",
+        "trailer",
+        "te",
+        "host",
+        "authorization",
+        "proxy-authorization",
+        "www-authenticate",
+        "proxy-authenticate",
+        "set-cookie",
+        "cookie",
+        "content-type",
+        "content-encoding",
+        "content-range",
+        "cache-control",
+        "expires",
+        "age",
+        "date",
+        "location",
+        "retry-after",
+        "vary",
+        "max-forwards",
+    ];
+    // `HeaderName`s are lower case.
+    FORBIDDEN.contains(&name)
+}
+
+/// The first DATA of a request up to this size goes upstream without waiting for the
+/// stream's window (see `send_windowed`). Small (a gRPC call's message usually fits), as it
+/// is released to the client's window before h2 sent it: at most this much per stream
+/// (128 KiB per connection at the default `max_concurrent_streams`) waits in Weir beyond
+/// the client's windows.
+pub(crate) const EAGER_FIRST_PIECE: usize = 1024;
+
+/// Sends `data` upstream as DATA, never more than the stream's window allows: h2 would
+/// buffer the rest, so waiting for the window is what bounds memory per stream. `end`
+/// puts END_STREAM on the last frame. `eager`: `data`, if no larger, is the stream's
+/// first piece and is handed to h2 at once. A new stream has no window before the
+/// connection task has sent its HEADERS, so waiting for it cost every small request (a
+/// gRPC call) a timer and a second poll of its task; h2 holds that one piece until the
+/// window opens, and the next piece waits for window as usual (h2 counts what it holds),
+/// so a stream still holds at most this much more than its window.
+pub(crate) async fn send_windowed(
+    up: &mut SendStream<Bytes>,
+    mut rest: Bytes,
+    upstream_timeout: Duration,
+    eager: Option<usize>,
+    end: bool,
+) -> Result<(), ProxyError> {
+    let up_error = |_: h2::Error| ProxyError::UpstreamClosed;
+    let eager = eager.is_some_and(|max| !rest.is_empty() && rest.len() <= max);
+    if eager || (rest.is_empty() && end) {
+        return up.send_data(rest, end).map_err(up_error);
+    }
+    while !rest.is_empty() {
+        up.reserve_capacity(rest.len());
+        let window = with_timeout(upstream_timeout, poll_fn(|cx| up.poll_capacity(cx)));
+        let n = match window.await {
+            Err(_) => return Err(ProxyError::UpstreamTimeout),
+            Ok(None) => return Err(ProxyError::UpstreamClosed),
+            Ok(Some(r)) => r.map_err(up_error)?,
+        };
+        let piece = rest.split_to(n.min(rest.len()));
+        up.send_data(piece, end && rest.is_empty())
+            .map_err(up_error)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn h1_head_becomes_h2_fields_without_connection_specific_ones() {
+        let head = b"POST /a/b?c=d HTTP/1.1\r\nHost: up.test:8080\r\nConnection: keep-alive\r\n\
+            Keep-Alive: timeout=5\r\nTransfer-Encoding: chunked\r\nUpgrade: x\r\nTE: trailers\r\n\
+            Content-Type: application/grpc\r\nX-Forwarded-For: 10.0.0.1\r\n\r\n";
+        let request = h1_head_to_h2(head, "http", true, None).expect("translated");
+        assert_eq!(request.method(), http::Method::POST);
+        assert_eq!(request.uri().to_string(), "http://up.test:8080/a/b?c=d");
+        let names: Vec<&str> = request.headers().keys().map(|n| n.as_str()).collect();
+        assert_eq!(names, ["content-type", "x-forwarded-for", "te"]);
+        assert_eq!(request.headers()["te"], "trailers");
+        let without_te = h1_head_to_h2(head, "https", false, None).expect("translated");
+        assert!(without_te.headers().get("te").is_none());
+        assert_eq!(without_te.uri().scheme_str(), Some("https"));
+    }
+
+    #[test]
+    fn request_id_is_marked_never_indexed_and_nothing_else() {
+        let head = b"GET / HTTP/1.1\r\nHost: up.test\r\nX-Request-Id: 4f1c-0001\r\n\
+            X-Trace: a\r\n\r\n";
+        let request = h1_head_to_h2(head, "http", false, Some("x-request-ID")).expect("h2");
+        assert!(request.headers()["x-request-id"].is_sensitive());
+        assert_eq!(request.headers()["x-request-id"], "4f1c-0001");
+        assert!(!request.headers()["x-trace"].is_sensitive());
+        let off = h1_head_to_h2(head, "http", false, None).expect("h2");
+        assert!(!off.headers()["x-request-id"].is_sensitive());
+    }
+}

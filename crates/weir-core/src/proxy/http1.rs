@@ -1,0 +1,379 @@
+//! The HTTP/1.x client adapter: one client connection, request after request.
+//!
+//! `serve_client` runs the phases of docs/request-lifecycle.md in order: `open` (the
+//! connection, its PROXY header, its TLS handshake), `Serving::current` (which snapshot a
+//! request runs on), `ClientConn::next_request` (read), `serve` (identify, then `handle`:
+//! the routing decision and what it says), `answer` (a failure nothing was sent for yet
+//! becomes Weir's answer) and `record` (metrics and the access log).
+
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Instant;
+
+use weir_config::Listener;
+
+use super::answer::Answer;
+use super::route::{Decision, Routing};
+use super::{record, ClientSide, Counters, Done, Handled};
+use crate::access_log::RequestFields;
+use crate::client::{ClientConn, NextRequest};
+use crate::client_stream::ClientStream;
+use crate::codec::http1::write::Persistence;
+use crate::codec::http1::{RequestHead, ResponseHead};
+use crate::error::{ProxyError, Side};
+use crate::filters::forwarded::ClientIp;
+use crate::forward::body::BodyState;
+use crate::forward::{forward, Failure, Reached};
+use crate::listener::proxy_protocol::accept_step;
+use crate::metrics::shard::{method_index, Protocol, METHODS};
+use crate::snapshot::Snapshot;
+use crate::worker::Worker;
+
+/// Serves one client connection of the listener with metric slot `slot` until it closes;
+/// `plain_http`: it came on a plain-HTTP bind (`http_bind`) of a TLS listener.
+///
+/// The listener's config position is looked up in each request's snapshot: a reload may
+/// move it, and once a reload removes it the connection serves the request it has and
+/// closes.
+pub async fn serve_client(
+    worker: Rc<Worker>,
+    (slot, plain_http): (usize, bool),
+    stream: ClientStream,
+    peer: SocketAddr,
+) {
+    // Boxed, like the request handling below and the HTTP/2 takeover: the TLS handshake
+    // and HTTP/2 state are large and must not stay in every idle connection's task.
+    let opening = open(&worker, (slot, plain_http), stream, peer);
+    let Some((mut conn, mut kept)) = Box::pin(opening).await else {
+        return;
+    };
+    if conn.tls.as_ref().is_some_and(|t| t.h2) {
+        // ALPN settled on h2: the client's first bytes are the preface.
+        return Box::pin(crate::http2::serve(worker, slot, conn)).await;
+    }
+    let mut req = RequestHead::default();
+    let mut resp = ResponseHead::default();
+    loop {
+        // The wait for the next request runs under the current config's timeouts.
+        let waiting = Serving::current(&worker, slot, kept, &mut conn);
+        let counters = Counters {
+            bytes_in: conn.buf.consumed_total(),
+            bytes_out: conn.sent,
+        };
+        conn.last_try = Default::default();
+        conn.compressed = None;
+        conn.request_read = false;
+        let next = conn
+            .next_request(waiting.listener(), &mut req, &worker)
+            .await;
+        if matches!(next, Ok(NextRequest::Http2)) {
+            return Box::pin(crate::http2::serve(worker, slot, conn)).await;
+        }
+        // `req` describes this request (else it is the previous one's head).
+        let parsed = matches!(next, Ok(NextRequest::Ready));
+        // The request runs on the snapshot current when its head arrived, not the one from
+        // before an idle wait: a reload in between applies to it.
+        let serving = Serving::current(&worker, slot, waiting, &mut conn);
+        let started = Instant::now();
+        conn.request_started = started;
+        // Boxed: handling a request (routing, forwarding, filters) is most of this task's
+        // state. Inline, every connection would carry it while idle too (about 6 KiB of a
+        // 7 KiB task); boxed, an idle connection holds only what waiting needs.
+        let handling = Box::pin(serve(
+            &worker, slot, &serving, &mut conn, next, &req, &mut resp,
+        ));
+        let Some((handled, method)) = handling.await else {
+            return;
+        };
+        let listener = serving.listener();
+        let req = parsed.then_some(&req);
+        let answered = answer(&worker, &mut conn, &handled, listener, req, &resp);
+        let (status, keep_alive) = answered.await;
+        let finished = Instant::now();
+        // The keep-alive wait for the next request counts from here.
+        conn.idle_since = finished;
+        let done = Done {
+            listener: serving.index,
+            slot,
+            method,
+            protocol: Protocol::Http1,
+            status,
+            duration: finished.saturating_duration_since(started),
+            counters,
+        };
+        record(
+            &worker,
+            &serving.snapshot,
+            &ClientSide::of(&conn),
+            &handled,
+            &done,
+        );
+        if !keep_alive {
+            return;
+        }
+        kept = serving;
+    }
+}
+
+/// The snapshot a request is served with, and its listener's config position in it.
+struct Serving {
+    #[allow(clippy::redundant_allocation)]
+    snapshot: Rc<Arc<Snapshot>>,
+    index: usize,
+}
+
+impl Serving {
+    /// The worker's current snapshot if it still has the listener of `slot`. If a reload
+    /// removed the listener, the connection still gets its next request answered, on the
+    /// snapshot it was served with (`previous`), with `Connection: close`.
+    fn current(worker: &Worker, slot: usize, previous: Serving, conn: &mut ClientConn) -> Serving {
+        let fresh = worker.snapshot();
+        match fresh.listener_index(slot) {
+            Some(index) => Serving {
+                snapshot: fresh,
+                index,
+            },
+            None => {
+                conn.last_request = true;
+                previous
+            }
+        }
+    }
+
+    fn listener(&self) -> &Listener {
+        &self.snapshot.config.listeners[self.index]
+    }
+}
+
+/// Connection setup: the client connection of the listener with slot `slot`, after its
+/// PROXY header when the listener expects one. `None`: close (the listener is gone, or the
+/// PROXY header was missing or bad).
+async fn open(
+    worker: &Rc<Worker>,
+    (slot, plain_http): (usize, bool),
+    stream: ClientStream,
+    peer: SocketAddr,
+) -> Option<(ClientConn, Serving)> {
+    let snapshot = worker.snapshot();
+    let index = snapshot.listener_index(slot)?;
+    let listener = &snapshot.config.listeners[index];
+    let mut conn = ClientConn::new(worker.clone(), slot, stream, peer, listener);
+    if listener.proxy_protocol.accept {
+        let stream = conn.stream.registered().ok()?;
+        let timeout = listener.header_timeout;
+        let step = accept_step(
+            worker,
+            slot,
+            listener,
+            (stream, peer),
+            &mut conn.buf,
+            timeout,
+        );
+        // The carried client address is the one X-Forwarded-For and logs show.
+        if let Some(addresses) = step.await.ok()? {
+            conn.ip = ClientIp::new(addresses.source.ip());
+            conn.peer_ip = addresses.source.ip();
+        }
+        // The first request gets its whole header_timeout after the PROXY header.
+        conn.idle_since = Instant::now();
+    }
+    // TLS listeners: the handshake, before the first request (see tls/handshake.rs); not
+    // on their plain-HTTP binds.
+    let tls = snapshot.listeners[index]
+        .tls
+        .as_ref()
+        .filter(|_| !plain_http);
+    if let Some(tls) = tls {
+        let at = (slot, listener);
+        let hello = crate::tls::handshake::accept(worker, at, tls, &mut conn.stream, &mut conn.buf);
+        conn.tls = Some(Box::new(hello.await?));
+        // The first request gets its whole header_timeout after the handshake.
+        conn.idle_since = Instant::now();
+    }
+    Some((conn, Serving { snapshot, index }))
+}
+
+/// What reading produced, handled: the request routed and forwarded (or answered), or the
+/// read error as a failure to answer. `None`: the connection closes quietly. Also returns
+/// the request's method slot for the metrics.
+async fn serve(
+    worker: &Worker,
+    slot: usize,
+    serving: &Serving,
+    conn: &mut ClientConn,
+    next: Result<NextRequest, ProxyError>,
+    req: &RequestHead,
+    resp: &mut ResponseHead,
+) -> Option<(Handled, usize)> {
+    match next {
+        Ok(NextRequest::Ready) => {
+            conn.served += 1;
+            let (buf, listener) = (conn.buf.filled(), serving.listener());
+            let id = &mut conn.request_id;
+            conn.real_client =
+                crate::policy::identify(worker, listener, buf, req, conn.peer_ip, id);
+            if worker.log(slot).is_some() {
+                conn.capture_log_fields(req);
+            }
+            let method = method_index(&conn.buf.filled()[req.method.clone()]);
+            let handled = handle(worker, &serving.snapshot, serving.index, conn, req, resp).await;
+            Some((handled, method))
+        }
+        Ok(NextRequest::Close | NextRequest::Http2) => None,
+        Err(error) => {
+            conn.log_fields = RequestFields::default();
+            // Not the previous request's id or client behind trusted proxies.
+            conn.request_id.clear();
+            conn.real_client = None;
+            Some((Handled::failed(None, error), METHODS.len() - 1))
+        }
+    }
+}
+
+/// Answers a failure the client has not had a response for yet (`Answer::Error`). `req`:
+/// the request's head, if one was read. Returns the status the request counts with (the
+/// one sent to the client, also when the response was cut short after its head; 499 when
+/// the client left before it could be answered) and whether the connection stays open.
+async fn answer(
+    worker: &Worker,
+    conn: &mut ClientConn,
+    handled: &Handled,
+    listener: &Listener,
+    req: Option<&RequestHead>,
+    resp: &ResponseHead,
+) -> (u16, bool) {
+    let failure = match &handled.result {
+        Ok(keep_alive) => return (handled_status(handled, listener, resp), *keep_alive),
+        Err(failure) => failure,
+    };
+    super::log_failure(&failure.error, listener, conn.ip.as_bytes());
+    if failure.reached == Reached::Head {
+        return (handled_status(handled, listener, resp), false);
+    }
+    let keep_alive = req.is_some_and(|req| keeps_after(worker, conn, failure, listener, req));
+    let http10 = req.is_some_and(|r| r.minor_version == 0);
+    let persistence = Persistence::of(keep_alive, http10);
+    let is_head = req.is_some_and(|r| r.is_head);
+    conn.answer_error(failure.error, listener, persistence, is_head)
+        .await;
+    (failure.error.status().unwrap_or(499), keep_alive)
+}
+
+/// Whether the connection carries on after Weir answers `failure` to `req`, as nginx's
+/// does: only after an upstream failure or no server (502, 503, 504; a client's error
+/// closes), when the whole request had been read (a body still arriving, or one an
+/// upload left half-read, is not read to its end to save the connection), and when the
+/// request's own keep-alive rules allow it.
+fn keeps_after(
+    worker: &Worker,
+    conn: &ClientConn,
+    failure: &Failure,
+    listener: &Listener,
+    req: &RequestHead,
+) -> bool {
+    let closing = worker.is_draining() || conn.last_request;
+    failure.error.side() != Side::Client
+        && conn.request_read
+        && wants_keep_alive(req, listener, conn.served, closing)
+}
+
+/// One request: the routing decision, then what it says (forward, answer, refuse).
+async fn handle(
+    worker: &Worker,
+    snapshot: &Snapshot,
+    listener_index: usize,
+    conn: &mut ClientConn,
+    req: &RequestHead,
+    resp: &mut ResponseHead,
+) -> Handled {
+    let routing = Routing {
+        worker,
+        snapshot,
+        listener: listener_index,
+    };
+    let listener = routing.listener();
+    let closing = worker.is_draining() || conn.last_request;
+    let keep_alive = wants_keep_alive(req, listener, conn.served, closing);
+    let mut path = std::mem::take(&mut conn.path);
+    let (route, decision) = routing.decide(&conn.request(req), &mut path);
+    conn.path = path;
+    match decision {
+        Decision::Forward(target) => Handled {
+            route,
+            local: false,
+            result: forward(worker, target, conn, req, resp, keep_alive).await,
+        },
+        Decision::Answer(answer) => Handled {
+            route,
+            local: answer.is_local(),
+            result: local_response(listener, conn, req, keep_alive, &answer, resp).await,
+        },
+        Decision::Refuse(error) => Handled::failed(route, error),
+    }
+}
+
+/// Whether the client connection may carry another request after this one.
+fn wants_keep_alive(req: &RequestHead, listener: &Listener, served: u64, draining: bool) -> bool {
+    let asked = if req.minor_version == 0 {
+        req.connection.keep_alive && !req.connection.close
+    } else {
+        !req.connection.close
+    };
+    let under_limit = listener.keepalive_requests == 0 || served < listener.keepalive_requests;
+    asked && under_limit && !draining && !listener.keepalive_timeout.is_zero()
+}
+
+/// Answers the request with `answer`, keeping the connection exactly as a forwarded request
+/// would: a request body already in the buffer is skipped, one still arriving closes the
+/// connection; an HTTP/1.0 keep-alive client is told the connection stays open; a HEAD
+/// request gets no body. `resp.status` is set to the status sent.
+async fn local_response(
+    listener: &Listener,
+    conn: &mut ClientConn,
+    req: &RequestHead,
+    keep_alive: bool,
+    answer: &Answer<'_>,
+    resp: &mut ResponseHead,
+) -> Result<bool, Failure> {
+    let mut body = BodyState::new(req.framing, false, listener.max_body_size);
+    let (_, consumed) = body
+        .take(&mut conn.buf.filled_mut()[req.head_len..])
+        .map_err(|_| ProxyError::BadRequest("malformed body"))?;
+    let keep_alive = keep_alive && body.is_done();
+    let persistence = Persistence::of(keep_alive, req.minor_version == 0);
+    let mut out = std::mem::take(&mut conn.out);
+    resp.status = answer.status();
+    let request = conn.request(req);
+    let bytes = answer.render(&mut out, persistence, req.is_head, &request.redirect_vars());
+    conn.buf.consume(req.head_len + consumed);
+    let written = conn.write_all(bytes, listener).await;
+    conn.out = out;
+    written.map_err(Failure::after_head)?;
+    Ok(keep_alive)
+}
+
+/// The status a successfully handled request was answered with.
+fn handled_status(handled: &Handled, listener: &Listener, resp: &ResponseHead) -> u16 {
+    match handled.route {
+        Some(_) => resp.status,
+        None if handled.local => resp.status,
+        None => listener.default_response.status,
+    }
+}
+
+#[cfg(test)]
+mod task_size {
+    fn future_size<A, B, C, D, F: std::future::Future>(_: impl Fn(A, B, C, D) -> F) -> usize {
+        std::mem::size_of::<F>()
+    }
+
+    /// Every open connection's task is allocated at this size for its whole life, idle or
+    /// not: handling a request is boxed so that 10,000 idle keep-alive connections do not
+    /// each carry the state of a request in flight (it was 6,968 bytes inline).
+    #[test]
+    fn an_idle_connection_task_stays_small() {
+        let size = future_size(super::serve_client);
+        assert!(size <= 2048, "serve_client's future is {size} bytes");
+    }
+}

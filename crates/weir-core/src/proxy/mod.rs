@@ -1,0 +1,202 @@
+//! THE pipeline, as one picture (docs/request-lifecycle.md draws it with the same names):
+//!
+//! ```text
+//! client adapter (one per protocol: `http1` here, `http2::stream`)
+//!   -> request context (`route::Request`: the HTTP/1.1 head every protocol presents, and
+//!      who sent it: peer, client behind trusted proxies, TLS, request id)
+//!   -> routing decision (`route::Routing::decide`): forward to an upstream (a split
+//!      resolved) | answer locally (`answer::Answer`) | refuse with a status
+//!   -> response source: the upstream exchange (`forward/`), or Weir's own answer,
+//!      rendered by the client adapter from one description (`answer`)
+//!   -> `record`: metrics and the access log -> keep-alive or close
+//! ```
+//! A failure nothing was sent for becomes `Answer::Error`, rendered by the adapter like
+//! any other answer.
+
+pub mod answer;
+mod http1;
+pub mod route;
+
+use weir_config::Listener;
+
+use crate::access_log::{Outcome, RequestFields};
+use crate::client::ClientConn;
+use crate::error::ProxyError;
+use crate::filters::forwarded::ClientIp;
+use crate::forward::driver::LastTry;
+use crate::forward::{Failure, Reached};
+use crate::metrics::shard::Protocol;
+use crate::metrics::{AbortReason, DefaultReason};
+use crate::snapshot::Snapshot;
+use crate::worker::Worker;
+
+pub use http1::serve_client;
+
+/// The outcome of one request: the route it took and whether the connection stays open.
+pub(crate) struct Handled {
+    pub route: Option<usize>,
+    /// Answered by Weir itself (`respond`, `redirect`, `redirect_https`, a refusal).
+    pub local: bool,
+    pub result: Result<bool, Failure>,
+}
+
+impl Handled {
+    /// Refused before an answer was written: `error` becomes the response.
+    pub fn failed(route: Option<usize>, error: ProxyError) -> Handled {
+        Handled {
+            route,
+            local: false,
+            result: Err(error.into()),
+        }
+    }
+}
+
+/// Byte counters of the client connection when a request started.
+pub(crate) struct Counters {
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+}
+
+/// What is known about a request once it is finished.
+pub(crate) struct Done {
+    /// The listener's config position in the request's snapshot, and its metric slot.
+    pub listener: usize,
+    pub slot: usize,
+    pub method: usize,
+    /// Set by the serving loop (HTTP/1 connection or HTTP/2 stream), never per request.
+    pub protocol: Protocol,
+    pub status: u16,
+    pub duration: std::time::Duration,
+    pub counters: Counters,
+}
+
+/// What `record` needs of the client side: an HTTP/1 connection, or an HTTP/2 stream
+/// (`http2/`). Byte counters are totals, from which `Done::counters` is subtracted.
+pub(crate) struct ClientSide<'a> {
+    pub ip: &'a ClientIp,
+    pub fields: &'a RequestFields,
+    /// The server the request went to, and how long it took to answer.
+    pub last_try: LastTry,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+    /// The connection's TLS session, on TLS listeners.
+    pub tls: Option<&'a crate::tls::session::TlsSession>,
+    /// The request's id (empty: none).
+    pub request_id: &'a [u8],
+    /// What the route's compression did to the response, if it compressed it.
+    pub compressed: Option<crate::filters::compression::Compressed>,
+    /// The `grpc-status` the client got (gRPC requests on HTTP/2 streams only).
+    pub grpc_status: Option<u32>,
+}
+
+impl ClientSide<'_> {
+    fn of(conn: &ClientConn) -> ClientSide<'_> {
+        ClientSide {
+            // The client behind trusted proxies when there is one (the log shows it).
+            ip: conn.client_text(),
+            fields: &conn.log_fields,
+            last_try: conn.last_try,
+            bytes_in: conn.buf.consumed_total(),
+            bytes_out: conn.sent,
+            tls: conn.tls.as_deref(),
+            request_id: conn.request_id.as_bytes(),
+            compressed: conn.compressed,
+            grpc_status: None,
+        }
+    }
+}
+
+/// Counts one request in this worker's metric shard and writes its access-log line.
+pub(crate) fn record(
+    worker: &Worker,
+    snapshot: &Snapshot,
+    conn: &ClientSide<'_>,
+    handled: &Handled,
+    done: &Done,
+) {
+    let duration = done.duration;
+    let bytes_in = conn.bytes_in - done.counters.bytes_in;
+    let bytes_out = conn.bytes_out - done.counters.bytes_out;
+    // A response cut short after its head counts with the head's status, plus why.
+    let aborted = match &handled.result {
+        Err(f) if f.reached == Reached::Head => Some(AbortReason::of(f.error)),
+        _ => None,
+    };
+    if let Some(m) = worker.metrics.listener(done.slot) {
+        let route_slot = snapshot.slots.listeners[done.listener].route(handled.route);
+        if let Some(route) = m.route(route_slot) {
+            route.request(done.protocol, done.method, done.status).inc();
+            route.duration(done.protocol).observe(duration);
+            if let Some(reason) = aborted {
+                route.aborted(done.protocol, reason).inc();
+            }
+            if let Some(c) = conn.compressed {
+                route.compressed_in[c.encoding.index()].add(c.bytes_in);
+                route.compressed_out[c.encoding.index()].add(c.bytes_out);
+            }
+        }
+        m.bytes_in.add(bytes_in);
+        m.bytes_out.add(bytes_out);
+        let reason = match &handled.result {
+            Err(failure) if aborted.is_none() => default_reason(failure.error),
+            // Answered (if `aborted`, in part) by the default response or the upstream;
+            // `respond` and `redirect` answers are not default responses.
+            _ => (handled.route.is_none() && !handled.local).then_some(DefaultReason::NoRoute),
+        };
+        if let Some(reason) = reason {
+            m.default_response(reason).inc();
+        }
+    }
+    if let Some(log) = worker.log(done.slot) {
+        let config = &snapshot.config;
+        let route_name = handled.route.map_or("default", |r| {
+            config.listeners[done.listener].routes[r].name.as_str()
+        });
+        let upstream = conn
+            .last_try
+            .upstream_pick
+            .and_then(|(u, s)| config.upstreams.get(u)?.servers.get(s))
+            .map(|s| s.name.as_str());
+        let outcome = Outcome {
+            client: conn.ip.as_bytes(),
+            status: done.status,
+            bytes_in,
+            bytes_out,
+            duration,
+            route: route_name,
+            upstream,
+            upstream_time: conn.last_try.upstream_time,
+            aborted,
+            tls: conn.tls,
+            request_id: conn.request_id,
+            grpc_status: conn.grpc_status,
+        };
+        log.log(conn.fields, &outcome);
+    }
+}
+
+/// Which default-response reason an error counts as (upstream failures are not one).
+pub(crate) fn default_reason(error: ProxyError) -> Option<DefaultReason> {
+    use ProxyError::*;
+    match error {
+        NoServer => Some(DefaultReason::NoHealthyServer),
+        BadRequest(_) | NotImplemented(_) | MethodNotAllowed | ExpectationFailed
+        | VersionNotSupported => Some(DefaultReason::BadRequest),
+        BodyTooLarge | HeadTooLarge => Some(DefaultReason::TooLarge),
+        HeaderTimeout | ClientTimeout => Some(DefaultReason::Timeout),
+        _ => None,
+    }
+}
+
+/// Logs a failure of a request from `client` (its address as text).
+pub(crate) fn log_failure(error: &ProxyError, listener: &Listener, client: &[u8]) {
+    match error.side() {
+        crate::error::Side::Client => {
+            let client = String::from_utf8_lossy(client);
+            tracing::debug!(listener = %listener.name, %client, %error, "client error")
+        }
+        // Upstream TLS: already logged where the handshake failed, naming the server.
+        _ if matches!(error, ProxyError::UpstreamTls(_)) => {}
+        _ => tracing::warn!(listener = %listener.name, %error, "request failed"),
+    }
+}
