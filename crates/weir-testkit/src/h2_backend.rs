@@ -38,8 +38,16 @@ use tokio_rustls::TlsAcceptor;
 use crate::server_thread::ServerThread;
 use crate::TlsServer;
 
+/// The answer of a [`H2Backend::fixed`] backend.
+struct Fixed {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: Bytes,
+}
+
 #[derive(Default)]
 struct Stats {
+    fixed: std::sync::Mutex<Option<Arc<Fixed>>>,
     connections: AtomicUsize,
     streams: AtomicUsize,
     resets: AtomicUsize,
@@ -58,6 +66,21 @@ impl H2Backend {
     /// Cleartext HTTP/2 with prior knowledge.
     pub fn h2c() -> H2Backend {
         H2Backend::spawn(None, None)
+    }
+
+    /// h2c; every request gets `status`, `headers` and `body` (with its `content-length`),
+    /// as [`crate::Backend::fixed`] answers over HTTP/1.1 (its request body read first).
+    pub fn fixed(status: u16, headers: &[(&str, &str)], body: &str) -> H2Backend {
+        let backend = H2Backend::spawn(None, None);
+        let headers = headers
+            .iter()
+            .map(|(n, v)| (n.to_lowercase(), v.to_string()));
+        *backend.stats.fixed.lock().unwrap() = Some(Arc::new(Fixed {
+            status,
+            headers: headers.collect(),
+            body: Bytes::copy_from_slice(body.as_bytes()),
+        }));
+        backend
     }
 
     /// h2c, each connection sending GOAWAY after accepting `streams` streams.
@@ -180,12 +203,41 @@ fn send_hints(respond: &mut SendResponse<Bytes>, path: &str) {
     }
 }
 
+/// Reads the request's body, then sends the fixed answer.
+async fn answer_fixed(
+    request: Request<RecvStream>,
+    mut respond: SendResponse<Bytes>,
+    fixed: &Fixed,
+) {
+    let mut body = request.into_body();
+    while let Some(Ok(data)) = body.data().await {
+        let _ = body.flow_control().release_capacity(data.len());
+    }
+    let mut head = Response::builder().status(fixed.status);
+    for (name, value) in &fixed.headers {
+        head = head.header(name, value);
+    }
+    let head = head.header("content-length", fixed.body.len());
+    let Ok(head) = head.body(()) else { return };
+    let empty = fixed.body.is_empty();
+    let Ok(mut send) = respond.send_response(head, empty) else {
+        return;
+    };
+    if !empty {
+        let _ = send.send_data(fixed.body.clone(), true);
+    }
+}
+
 async fn echo(
     request: Request<RecvStream>,
     mut respond: SendResponse<Bytes>,
     number: usize,
     stats: Arc<Stats>,
 ) {
+    let fixed = stats.fixed.lock().unwrap().clone();
+    if let Some(fixed) = fixed {
+        return answer_fixed(request, respond, &fixed).await;
+    }
     let (parts, mut body) = request.into_parts();
     let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
     let bad_trailers = path.starts_with("/bad-trailers");

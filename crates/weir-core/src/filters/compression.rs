@@ -11,6 +11,7 @@ use std::io::{self, Write};
 use weir_config::{Compression, CompressionLevels, Encoding, HeaderRules};
 
 use crate::codec::http1::{BodyFraming, HeaderSpan};
+use crate::codec::Fields;
 
 /// Window of the brotli and zstd encoders (2^18 = 256 KiB).
 const WINDOW_LOG: u32 = 18;
@@ -153,10 +154,9 @@ struct Facts<'a> {
 impl<'a> Facts<'a> {
     /// The facts of an upstream head; a field the route's `rules` drop (`set` or `remove`)
     /// does not reach the client, so its Vary and ETag count as absent.
-    fn of(buf: &'a [u8], headers: &[HeaderSpan], rules: Option<&HeaderRules>) -> Facts<'a> {
+    fn of(fields: Fields<'a>, rules: Option<&HeaderRules>) -> Facts<'a> {
         let mut f = Facts::default();
-        for h in headers {
-            let (name, value) = (&buf[h.name.clone()], &buf[h.value.clone()]);
+        fields.each(|name, value| {
             let dropped = || rules.is_some_and(|r| r.drops(name));
             if name.eq_ignore_ascii_case(b"content-type") {
                 f.content_type = Some(value);
@@ -171,7 +171,7 @@ impl<'a> Facts<'a> {
             } else if name.eq_ignore_ascii_case(b"etag") && !dropped() {
                 f.etag = true;
             }
-        }
+        });
         f
     }
 }
@@ -187,8 +187,9 @@ fn list_has(value: &[u8], item: &[u8]) -> bool {
 /// The response being planned: its status, head and framing, and the request it answers.
 pub struct Response<'a> {
     pub status: u16,
-    pub buf: &'a [u8],
-    pub headers: &'a [HeaderSpan],
+    pub fields: Fields<'a>,
+    /// How its body is framed (an HTTP/2 body: `Length` with a `content-length`, `None`
+    /// when its HEADERS ended the stream, else `Chunked`).
     pub framing: BodyFraming,
     pub is_head: bool,
     /// The coding `negotiate` chose for the request (`None`: identity).
@@ -201,7 +202,7 @@ pub struct Response<'a> {
 /// a range (206 or Content-Range), 1xx/204/304, a HEAD answer, a type not listed, a body
 /// known to be shorter than `min_size`, `Cache-Control: no-transform`.
 pub fn plan(cfg: &Compression, r: &Response<'_>) -> Plan {
-    let f = Facts::of(r.buf, r.headers, r.rules);
+    let f = Facts::of(r.fields, r.rules);
     // A 304 often has no Content-Type: its ETag is weakened as the 200's would be
     // (weakening one the 200 kept strong costs only strong comparison).
     if r.status == 304 && f.content_type.is_none() {
@@ -259,13 +260,13 @@ impl Plan {
     /// Appends the plan's header lines: `Content-Encoding`, `Vary`, and the upstream's
     /// ETag made weak (the compressed bytes differ, the representation does not), as
     /// nginx does.
-    pub fn push_lines(&self, out: &mut Vec<u8>, buf: &[u8], headers: &[HeaderSpan]) {
+    pub fn push_lines(&self, out: &mut Vec<u8>, fields: Fields<'_>) {
         if let Some(e) = self.encoding {
             out.extend_from_slice(b"Content-Encoding: ");
             out.extend_from_slice(e.token().as_bytes());
             out.extend_from_slice(b"\r\n");
         }
-        if let Some(etag) = etag(buf, headers).filter(|_| self.weak_etag) {
+        if let Some(etag) = fields.get(b"etag").filter(|_| self.weak_etag) {
             out.extend_from_slice(b"ETag: ");
             push_weak(out, etag);
             out.extend_from_slice(b"\r\n");
@@ -274,14 +275,6 @@ impl Plan {
             out.extend_from_slice(b"Vary: Accept-Encoding\r\n");
         }
     }
-}
-
-/// The upstream's ETag value, if any.
-pub fn etag<'a>(buf: &'a [u8], headers: &[HeaderSpan]) -> Option<&'a [u8]> {
-    headers
-        .iter()
-        .find(|h| buf[h.name.clone()].eq_ignore_ascii_case(b"etag"))
-        .map(|h| &buf[h.value.clone()])
 }
 
 /// Appends `etag` as a weak validator (`W/` prefixed unless it is weak already).

@@ -8,13 +8,11 @@
 use std::io::{self, IoSlice};
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncWrite, AsyncWriteExt};
 
 use crate::time::with_timeout;
 
-use crate::buffer::Buffer;
 use crate::codec::http1::{BodyFraming, ChunkedDecoder};
-use crate::filters::compression::Encoder;
 
 pub enum BodyState {
     Length(u64),
@@ -159,139 +157,45 @@ fn take_chunked(
     Ok((if dechunk { out } else { pos }, pos))
 }
 
-/// Moves a body from `src` to `dst` through `buf` (which may already hold body bytes)
-/// until `state` is done, adding the bytes written to `written`. Bytes after the body
-/// stay in `buf`.
-pub async fn pump<R, W>(
-    src: &mut R,
-    buf: &mut Buffer,
-    (dst, written): (&mut W, &mut u64),
-    state: &mut BodyState,
-    (read_timeout, write_timeout): (Duration, Duration),
-) -> Result<(), PumpError>
-where
-    R: AsyncRead + Unpin,
-    W: AsyncWrite + Unpin,
-{
-    loop {
-        if !buf.is_empty() {
-            let (forward, consumed) = state.take(buf.filled_mut())?;
-            if forward > 0 {
-                write_all(dst, &buf.filled()[..forward], &[], write_timeout).await?;
-                *written += forward as u64;
-            }
-            buf.consume(consumed);
-        }
-        if state.is_done() {
-            return Ok(());
-        }
-        match with_timeout(read_timeout, buf.read_from(src)).await {
-            Err(_) => return Err(PumpError::ReadTimeout),
-            Ok(Err(e)) => return Err(PumpError::Read(e.kind())),
-            Ok(Ok(0)) if state.on_eof() => return Ok(()),
-            Ok(Ok(0)) => return Err(PumpError::Truncated),
-            Ok(Ok(_)) => {}
-        }
-    }
-}
-
-/// A body being compressed: the encoder, the upstream framing it is read with (chunked
-/// bodies de-chunked) and the byte counts.
-pub struct Compressing {
-    pub encoder: Encoder,
-    pub state: BodyState,
-    /// Body bytes fed to the encoder.
-    pub bytes_in: u64,
-    /// Compressed bytes sent (without the chunk framing).
-    pub bytes_out: u64,
-}
-
-/// As [`pump`], compressing: each read from `src` is encoded and flushed, and goes out as
-/// one HTTP/1.1 chunk (nothing waits for more input, so streamed responses keep their
-/// pace); the last chunk follows the end of the body. `head` (the response head, not yet
-/// sent) goes out with the first chunk; it is left holding scratch bytes. Memory stays
-/// bounded: the encoder's output is at most about one read of `buf` before it is written.
-pub async fn pump_encoded<R, W>(
-    src: &mut R,
-    buf: &mut Buffer,
-    (dst, written): (&mut W, &mut u64),
-    (job, head): (&mut Compressing, &mut Vec<u8>),
-    (read_timeout, write_timeout): (Duration, Duration),
-) -> Result<(), PumpError>
-where
-    R: AsyncRead + Unpin,
-    W: AsyncWrite + Unpin,
-{
-    let failed = |_| PumpError::Framing("compression failed");
-    loop {
-        if !buf.is_empty() {
-            let (forward, consumed) = job.state.take(buf.filled_mut())?;
-            if forward > 0 {
-                job.encoder.feed(&buf.filled()[..forward]).map_err(failed)?;
-                job.bytes_in += forward as u64;
-            }
-            buf.consume(consumed);
-        }
-        let done = job.state.is_done();
-        if done {
-            job.encoder.finish().map_err(failed)?;
-        }
-        let out = job.encoder.output();
-        job.bytes_out += out.len() as u64;
-        if !out.is_empty() {
-            push_chunk_size(head, out.len());
-            out.extend_from_slice(b"\r\n");
-        }
-        if done {
-            out.extend_from_slice(b"0\r\n\r\n");
-        }
-        if !head.is_empty() || !out.is_empty() {
-            write_all(dst, head, out, write_timeout).await?;
-            *written += (head.len() + out.len()) as u64;
-            head.clear();
-            out.clear();
-        }
-        if done {
-            return Ok(());
-        }
-        match with_timeout(read_timeout, buf.read_from(src)).await {
-            Err(_) => return Err(PumpError::ReadTimeout),
-            Ok(Err(e)) => return Err(PumpError::Read(e.kind())),
-            Ok(Ok(0)) if job.state.on_eof() => {}
-            Ok(Ok(0)) => return Err(PumpError::Truncated),
-            Ok(Ok(_)) => {}
-        }
-    }
-}
-
-/// Appends a chunk-size line (`{len:x}\r\n`) without `fmt`.
-fn push_chunk_size(out: &mut Vec<u8>, len: usize) {
-    out.extend_from_slice(Chunks::default().prefix(len));
-}
-
 /// Writes `a` then `b` with as few syscalls as possible (one `writev` when both fit).
 pub async fn write_all<W: AsyncWrite + Unpin>(
     dst: &mut W,
-    mut a: &[u8],
-    mut b: &[u8],
+    a: &[u8],
+    b: &[u8],
+    write_timeout: Duration,
+) -> Result<(), PumpError> {
+    write_parts(dst, [a, b], write_timeout).await
+}
+
+/// Writes `parts` in order with as few syscalls as possible (one `writev` when they fit;
+/// a single non-empty part is a plain `write`).
+pub async fn write_parts<W: AsyncWrite + Unpin, const N: usize>(
+    dst: &mut W,
+    mut parts: [&[u8]; N],
     write_timeout: Duration,
 ) -> Result<(), PumpError> {
     let write = async {
-        while !a.is_empty() || !b.is_empty() {
-            let n = if b.is_empty() {
-                dst.write(a).await?
-            } else if a.is_empty() {
-                dst.write(b).await?
-            } else {
-                dst.write_vectored(&[IoSlice::new(a), IoSlice::new(b)])
-                    .await?
+        loop {
+            let mut slices = [IoSlice::new(&[]); N];
+            let mut count = 0;
+            for p in parts.iter().filter(|p| !p.is_empty()) {
+                slices[count] = IoSlice::new(p);
+                count += 1;
+            }
+            let n = match count {
+                0 => break,
+                1 => dst.write(&slices[0]).await?,
+                _ => dst.write_vectored(&slices[..count]).await?,
             };
             if n == 0 {
                 return Err(io::Error::from(io::ErrorKind::WriteZero));
             }
-            let from_a = n.min(a.len());
-            a = &a[from_a..];
-            b = &b[n - from_a..];
+            let mut left = n;
+            for p in parts.iter_mut() {
+                let k = left.min(p.len());
+                *p = &p[k..];
+                left -= k;
+            }
         }
         // A TLS stream may hold the last records back when the socket was full; plain
         // TCP returns at once (no system call).
@@ -304,40 +208,29 @@ pub async fn write_all<W: AsyncWrite + Unpin>(
     }
 }
 
-/// Chunk-size lines, with the CRLF that ends the previous chunk's data in front, so each
-/// DATA frame is one write of two slices.
-#[derive(Default)]
-pub(crate) struct Chunks {
-    line: [u8; 24],
-    /// A chunk's data was written: its CRLF is still owed.
-    open: bool,
+/// A chunk's size line (`{len:x}\r\n`), written without `fmt` on the stack.
+pub(crate) struct ChunkLine {
+    line: [u8; 18],
+    len: usize,
 }
 
-impl Chunks {
-    pub(crate) fn prefix(&mut self, len: usize) -> &[u8] {
-        let mut n = 0;
-        if self.open {
-            self.line[..2].copy_from_slice(b"\r\n");
-            n = 2;
-        }
+impl ChunkLine {
+    pub(crate) fn new(len: usize) -> ChunkLine {
+        let mut line = [0u8; 18];
         let digits = (usize::BITS - len.leading_zeros()).div_ceil(4).max(1) as usize;
-        for i in (0..digits).rev() {
-            let nibble = (len >> (i * 4)) & 0xf;
-            self.line[n] = b"0123456789abcdef"[nibble];
-            n += 1;
+        for (i, slot) in line[..digits].iter_mut().enumerate() {
+            let nibble = (len >> ((digits - 1 - i) * 4)) & 0xf;
+            *slot = b"0123456789abcdef"[nibble];
         }
-        self.line[n..n + 2].copy_from_slice(b"\r\n");
-        self.open = true;
-        &self.line[..n + 2]
+        line[digits..digits + 2].copy_from_slice(b"\r\n");
+        ChunkLine {
+            line,
+            len: digits + 2,
+        }
     }
 
-    /// The last chunk (trailer fields and the final CRLF follow).
-    pub(crate) fn last(&self) -> &'static [u8] {
-        if self.open {
-            b"\r\n0\r\n"
-        } else {
-            b"0\r\n"
-        }
+    pub(crate) fn get(&self) -> &[u8] {
+        &self.line[..self.len]
     }
 }
 
@@ -403,47 +296,10 @@ mod tests {
     #[test]
     fn chunk_sizes_are_hex() {
         for (len, text) in [(0, "0"), (1, "1"), (15, "f"), (16, "10"), (4096, "1000")] {
-            let mut out = Vec::new();
-            push_chunk_size(&mut out, len);
+            let out = ChunkLine::new(len).get().to_vec();
             assert_eq!(out, format!("{text}\r\n").as_bytes());
         }
-    }
-
-    #[test]
-    fn chunk_lines_carry_the_previous_crlf() {
-        let mut c = Chunks::default();
-        assert_eq!(c.prefix(0x1a), b"1a\r\n");
-        assert_eq!(c.prefix(1), b"\r\n1\r\n");
-        assert_eq!(c.prefix(0x10000), b"\r\n10000\r\n");
-        assert_eq!(c.last(), b"\r\n0\r\n");
-        assert_eq!(Chunks::default().last(), b"0\r\n");
-    }
-
-    #[tokio::test]
-    async fn pump_stops_at_body_end() {
-        let mut src: &[u8] = b"llo world";
-        let mut buf = Buffer::new(4);
-        let mut dst = Vec::new();
-        let mut state = BodyState::new(BodyFraming::Length(5), false, None);
-        let t = (Duration::from_secs(1), Duration::from_secs(1));
-        let mut written = 0;
-        pump(&mut src, &mut buf, (&mut dst, &mut written), &mut state, t)
-            .await
-            .unwrap();
-        assert_eq!(dst, b"llo w");
-        assert_eq!(written, 5);
-        let mut state = BodyState::new(BodyFraming::Length(50), false, None);
-        let mut src: &[u8] = b"short";
-        assert_eq!(
-            pump(
-                &mut src,
-                &mut Buffer::new(4),
-                (&mut dst, &mut written),
-                &mut state,
-                t
-            )
-            .await,
-            Err(PumpError::Truncated)
-        );
+        assert_eq!(ChunkLine::new(0x10000).get(), b"10000\r\n");
+        assert_eq!(ChunkLine::new(usize::MAX).get(), b"ffffffffffffffff\r\n");
     }
 }

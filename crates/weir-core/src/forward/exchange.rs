@@ -10,31 +10,30 @@
 use std::mem::take;
 use std::os::fd::AsRawFd;
 
-use weir_config::Encoding;
-
-use super::body::{self, pump, BodyState};
+use super::body::{self, BodyState};
 use super::driver::{drive, Accepted, Attempt, Exchange, Miss, Sender, Tries};
 use super::h1::{
-    client_pump_error, client_write_error, reuse, send_streaming, send_whole, upstream_pump_error,
-    Http1Interim, Reading, RequestMeta,
+    client_pump_error, client_write_error, reuse, send_streaming, send_whole, Http1Interim,
+    Reading, RequestMeta,
 };
+use super::head::{coding, plan_http1, write_from_http1, ClientFraming, Edits};
+use super::relay::{relay, Broke, Coding, Http1Sink, Http1Source, Peer, Piece, Sink, Source};
 use super::request_head::{render_response_rules, write_upstream_head};
-use super::response_head::{write_response_head, ClientFraming};
 use super::{carrier, tunnel, Carrier, Failure, Target};
 use crate::buffer::Buffer;
 use crate::client::ClientConn;
 use crate::codec::http1::{BodyFraming, RequestHead, ResponseHead};
 use crate::connector::{UpstreamStream, WriteHalf};
 use crate::error::ProxyError;
-use crate::filters::compression::{self, Plan};
-use crate::filters::location::ReverseMap;
+use crate::filters::compression;
 use crate::filters::upgrade::switch_allowed;
 use crate::metrics::shard::Protocol;
 use crate::upstream::RequestKey;
 use crate::worker::Worker;
 
-/// Forwards the request whose head is at the start of `conn.buf`. `keep_alive`: the client
-/// connection may stay open afterwards. Returns whether it does.
+/// Forwards the request whose head is at the start of `conn.buf`, over the upstream side
+/// `forward::carrier` says. `keep_alive`: the client connection may stay open afterwards.
+/// Returns whether it does.
 pub async fn forward(
     worker: &Worker,
     target: Target<'_>,
@@ -43,12 +42,20 @@ pub async fn forward(
     resp: &mut ResponseHead,
     keep_alive: bool,
 ) -> Result<bool, Failure> {
-    if carrier(Protocol::Http1, target.upstream) == Carrier::Http2 {
-        return super::h2::forward_h2(worker, target, conn, req, resp, keep_alive).await;
-    }
     let buf = conn.buf.filled();
+    // Kept for the response's locations (`reverse_rewrite`): the head is consumed by then.
+    conn.host.clear();
+    if let Some(host) = &req.host {
+        conn.host.extend_from_slice(&buf[host.clone()]);
+    }
     let path = conn.path.get(req.path(buf));
     let key = RequestKey::new(&target.upstream.lb, buf, req, path, conn.client_text());
+    let x = Exchange {
+        worker,
+        target,
+        key,
+        idempotent: req.idempotent,
+    };
     let http10 = req.minor_version == 0;
     let meta = RequestMeta {
         is_head: req.is_head,
@@ -61,23 +68,46 @@ pub async fn forward(
             .and_then(|c| compression::negotiate(c, buf, &req.headers)),
         max_informational: target.listener.max_informational,
     };
-    conn.host.clear();
-    if let Some(host) = &req.host {
-        conn.host.extend_from_slice(&buf[host.clone()]);
+    let client = Http1Request {
+        conn,
+        req,
+        resp,
+        meta,
+        keep_alive,
+    };
+    match carrier(Protocol::Http1, target.upstream) {
+        Carrier::Http2 => super::h2::forward_h2(&x, client).await,
+        Carrier::Http1 => forward_h1(&x, client).await,
     }
-    let mut body = BodyState::new(req.framing, false, target.listener.max_body_size);
+}
+
+/// An HTTP/1.x client's request on its way: its connection (the head at the start of
+/// `conn.buf`), what the exchange remembers of it, and where the response head is read.
+pub(crate) struct Http1Request<'c> {
+    pub conn: &'c mut ClientConn,
+    pub req: &'c RequestHead,
+    pub resp: &'c mut ResponseHead,
+    pub meta: RequestMeta,
+    /// The client connection may stay open after the response.
+    pub keep_alive: bool,
+}
+
+/// Forwards the request over HTTP/1.1 connections and relays the response.
+async fn forward_h1(x: &Exchange<'_>, client: Http1Request<'_>) -> Result<bool, Failure> {
+    let Http1Request {
+        conn,
+        req,
+        resp,
+        meta,
+        keep_alive,
+    } = client;
+    let mut body = BodyState::new(req.framing, false, x.target.listener.max_body_size);
     let (buffered, _) = body
         .take(&mut conn.buf.filled_mut()[req.head_len..])
         .map_err(client_pump_error)?;
-    let x = Exchange {
-        worker,
-        target,
-        key,
-        idempotent: req.idempotent,
-    };
     let whole = body.is_done();
     let mut sender = Http1Sender {
-        x: &x,
+        x,
         conn,
         req,
         body,
@@ -85,13 +115,13 @@ pub async fn forward(
         whole,
         consumed: false,
         body_read: false,
-        up_buf: worker.take_buffer(),
+        up_buf: x.worker.take_buffer(),
         resp,
         meta,
     };
     let mut last_try = sender.conn.last_try;
     let started = sender.conn.request_started;
-    let accepted = drive(&x, &mut sender, started, &mut last_try).await;
+    let accepted = drive(x, &mut sender, started, &mut last_try).await;
     let Http1Sender {
         conn,
         consumed,
@@ -113,7 +143,7 @@ pub async fn forward(
         Ok(accepted) => {
             let ((stream, request_done), accepted) = accepted.take();
             let response = Response {
-                x: &x,
+                x,
                 accepted: &accepted,
                 meta,
                 request_done,
@@ -123,7 +153,7 @@ pub async fn forward(
         }
         Err(failure) => Err(failure),
     };
-    worker.give_buffer(up_buf);
+    x.worker.give_buffer(up_buf);
     result
 }
 
@@ -184,19 +214,30 @@ impl Sender for Http1Sender<'_, '_> {
         } else {
             // A streamed upload waits on the client and the upstream at once: register.
             let (mut cr, mut cw) = conn.stream.split().map_err(ProxyError::client_io)?;
-            let (head, buf, state) = (&conn.out, &mut conn.buf, &mut self.body);
-            let (consumed, skip) = (&mut self.consumed, req.head_len + self.buffered);
-            let body_read = &mut self.body_read;
+            let (head, buf) = (&conn.out, &mut conn.buf);
+            let state = std::mem::replace(&mut self.body, BodyState::Done);
+            let (consumed, body_read) = (&mut self.consumed, &mut self.body_read);
+            let (head_len, buffered) = (req.head_len, self.buffered);
             let timeouts = (listener.client_timeout, x.target.upstream.response_timeout);
             let upload = async |uw: &mut WriteHalf<'_>| {
-                let first = &buf.filled()[req.head_len..skip];
-                body::write_all(uw, head, first, timeouts.1).await?;
-                buf.consume(skip);
-                *consumed = true;
+                // The head, then the body as it came: its bytes already at hand with it.
                 let mut uploaded = 0;
-                let pumped = pump(&mut cr, buf, (uw, &mut uploaded), state, timeouts).await;
-                *body_read = pumped.is_ok();
-                pumped
+                let mut sink = Http1Sink {
+                    writer: uw,
+                    timeout: timeouts.1,
+                    sent: &mut uploaded,
+                    head,
+                    chunked: false,
+                    trailers: None,
+                };
+                let first = Piece::Slice(&buf.filled()[head_len..head_len + buffered]);
+                sink.data(first, false).await.map_err(Broke::Sink)?;
+                buf.consume(head_len + buffered);
+                *consumed = true;
+                let mut source = Http1Source::new(&mut cr, buf, state, timeouts.0, Peer::Client);
+                let relayed = relay(&mut source, &mut sink, None).await;
+                *body_read = relayed.is_ok();
+                relayed
             };
             let mut interim = Http1Interim {
                 writer: &mut cw,
@@ -219,6 +260,8 @@ impl Sender for Http1Sender<'_, '_> {
     }
 }
 
+const COMPRESSOR_FAILED: ProxyError = ProxyError::UpstreamMalformed("compressor failed");
+
 /// The response half of an exchange: the accepted try's response relayed to the client.
 struct Response<'a> {
     x: &'a Exchange<'a>,
@@ -230,6 +273,8 @@ struct Response<'a> {
 }
 
 impl Response<'_> {
+    /// Writes the response head (with the route's edits) and relays the body, compressed
+    /// when the route's plan says so; pools the upstream connection when it is left clean.
     async fn respond(
         &self,
         conn: &mut ClientConn,
@@ -240,12 +285,14 @@ impl Response<'_> {
         if resp.status == 101 {
             return self.upgrade(conn, stream, up_buf, resp).await;
         }
-        let coding = self.plan(up_buf.filled(), resp);
-        let encoding = coding.encoding;
+        let (route, meta) = (self.x.target.route, self.meta);
+        let mut edits = Edits::of(route, &conn.resp_lines, self.accepted.server, &conn.host);
+        edits.cookie = self.accepted.set_cookie();
+        edits.plan = plan_http1(route, up_buf.filled(), resp, meta.is_head, meta.accepted);
+        let encoding = edits.plan.encoding;
         // A compressed body is re-framed as chunks: it needs the raw bytes, and its end
         // no longer depends on the upstream's close.
-        let dechunk =
-            resp.framing == BodyFraming::Chunked && (self.meta.http10 || encoding.is_some());
+        let dechunk = resp.framing == BodyFraming::Chunked && (meta.http10 || encoding.is_some());
         let close = !self.keep_alive
             || !self.request_done
             || (dechunk && encoding.is_none())
@@ -253,167 +300,49 @@ impl Response<'_> {
         let framing = ClientFraming {
             dechunk,
             close,
-            http10: self.meta.http10,
-            coding,
+            http10: meta.http10,
         };
         conn.out.clear();
-        let reverse = self.reverse_map(&conn.host);
-        write_response_head(
-            &mut conn.out,
-            up_buf.filled(),
-            resp,
-            reverse.as_ref(),
-            &framing,
-            self.x
-                .target
-                .route
-                .filters
-                .response_headers
-                .as_ref()
-                .map(|rules| (rules, &conn.resp_lines[..])),
-        );
-        if let Some(line) = self.accepted.set_cookie() {
-            // Before the head's final empty line.
-            let at = conn.out.len() - 2;
-            conn.out.splice(at..at, line.iter().copied());
-        }
-        if let Some(encoding) = encoding {
-            self.relay_encoded(conn, &mut stream, up_buf, resp, (encoding, dechunk))
-                .await?;
-            self.reuse(stream, up_buf, resp, false);
-            return Ok(!close);
-        }
+        write_from_http1(&mut conn.out, up_buf.filled(), resp, &edits, &framing);
         up_buf.consume(resp.head_len);
-        let mut state = BodyState::new(resp.framing, dechunk, None);
-        let taken = state.take(up_buf.filled_mut()).map_err(upstream_pump_error);
-        let (forward, consumed) = self.count(taken.map(|t| (resp.status, t)))?;
-        let client_timeout = self.x.target.listener.client_timeout;
-        body::write_all(
-            &mut conn.stream,
-            &conn.out,
-            &up_buf.filled()[..forward],
-            client_timeout,
-        )
-        .await
-        .map_err(|e| Failure::after_head(client_write_error(e)))?;
-        conn.sent += (conn.out.len() + forward) as u64;
-        up_buf.consume(consumed);
-        // The whole body came with the head (the usual small response): the connection is
-        // idle from the head's arrival. Otherwise it is idle from the end of the pump.
-        let body_was_buffered = state.is_done();
-        let upstream_timeout = self.x.target.upstream.response_timeout;
-        pump(
-            &mut stream,
-            up_buf,
-            (&mut conn.stream, &mut conn.sent),
-            &mut state,
-            (upstream_timeout, client_timeout),
-        )
-        .await
-        .map_err(|e| Failure::after_head(upstream_pump_error(e)))?;
-        self.reuse(stream, up_buf, resp, body_was_buffered);
-        Ok(!close)
-    }
-
-    /// Pools the upstream connection when the exchange left it clean. `body_was_buffered`:
-    /// the whole body came with the head, so the connection is idle from the head's arrival.
-    fn reuse(
-        &self,
-        stream: UpstreamStream,
-        up_buf: &Buffer,
-        resp: &ResponseHead,
-        body_was_buffered: bool,
-    ) {
+        let (listener, upstream) = (self.x.target.listener, self.x.target.upstream);
+        let state = BodyState::new(resp.framing, dechunk, None);
+        let timeout = upstream.response_timeout;
+        let mut source = Http1Source::new(&mut stream, up_buf, state, timeout, Peer::Upstream);
+        // Refused before any byte of it went out (a bad chunk with the head, a compressor
+        // that did not start): the client gets Weir's 502, the try counts as one.
+        let length = resp.framing.length();
+        let ready = coding(route, &edits.plan, length).map_err(|_| COMPRESSOR_FAILED);
+        let (mut coding, body_with_head) = match ready.and_then(|c| Ok((c, source.prime()?))) {
+            Ok(ready) => ready,
+            Err(e) => {
+                self.accepted.count(Err(e));
+                return Err(e.into());
+            }
+        };
+        self.accepted.count(Ok(resp.status));
+        let mut sink = Http1Sink {
+            writer: &mut conn.stream,
+            timeout: listener.client_timeout,
+            sent: &mut conn.sent,
+            head: &conn.out,
+            chunked: encoding.is_some(),
+            trailers: None,
+        };
+        let relayed = relay(&mut source, &mut sink, coding.as_mut()).await;
+        conn.compressed = coding.as_ref().map(Coding::compressed);
+        relayed.map_err(|(Broke::Source(e) | Broke::Sink(e))| Failure::after_head(e))?;
         if resp.keeps_alive() && self.request_done && up_buf.is_empty() {
-            let idle_from = if body_was_buffered {
-                self.accepted.head_at
-            } else {
-                std::time::Instant::now()
+            // The whole body came with the head (the usual small response): the connection
+            // is idle from the head's arrival. Otherwise it is idle from the end of the relay.
+            let idle_from = match body_with_head && encoding.is_none() {
+                true => self.accepted.head_at,
+                false => std::time::Instant::now(),
             };
             let accepted = self.accepted;
             reuse(self.x, accepted.server, accepted.metrics, stream, idle_from);
         }
-    }
-
-    /// What the route's compression does to `resp` (nothing without `compression`).
-    fn plan(&self, buf: &[u8], resp: &ResponseHead) -> Plan {
-        let Some(cfg) = &self.x.target.route.filters.compression else {
-            return Plan::default();
-        };
-        compression::plan(
-            cfg,
-            &compression::Response {
-                status: resp.status,
-                buf,
-                headers: &resp.headers,
-                framing: resp.framing,
-                is_head: self.meta.is_head,
-                accepted: self.meta.accepted,
-                rules: self.x.target.route.filters.response_headers.as_ref(),
-            },
-        )
-    }
-
-    /// Relays the body compressed with `encoding`, as chunks, the head (in `conn.out`)
-    /// going out with the first one; counts the bytes in `conn.compressed`.
-    async fn relay_encoded(
-        &self,
-        conn: &mut ClientConn,
-        stream: &mut UpstreamStream,
-        up_buf: &mut Buffer,
-        resp: &ResponseHead,
-        (encoding, dechunk): (Encoding, bool),
-    ) -> Result<(), Failure> {
-        let levels = self
-            .x
-            .target
-            .route
-            .filters
-            .compression
-            .as_ref()
-            .map(|c| c.levels);
-        let encoder =
-            compression::Encoder::new(encoding, &levels.unwrap_or_default(), resp.framing.length());
-        let encoder = encoder
-            .map(|e| (resp.status, e))
-            .map_err(|_| ProxyError::UpstreamMalformed("compressor failed"));
-        let encoder = self.count(encoder)?;
-        up_buf.consume(resp.head_len);
-        let mut job = body::Compressing {
-            encoder,
-            state: BodyState::new(resp.framing, dechunk, None),
-            bytes_in: 0,
-            bytes_out: 0,
-        };
-        let timeouts = (
-            self.x.target.upstream.response_timeout,
-            self.x.target.listener.client_timeout,
-        );
-        let mut head = std::mem::take(&mut conn.out);
-        let sent = body::pump_encoded(
-            stream,
-            up_buf,
-            (&mut conn.stream, &mut conn.sent),
-            (&mut job, &mut head),
-            timeouts,
-        )
-        .await;
-        conn.out = head;
-        conn.compressed = Some(compression::Compressed {
-            encoding,
-            bytes_in: job.bytes_in,
-            bytes_out: job.bytes_out,
-        });
-        sent.map_err(|e| Failure::after_head(upstream_pump_error(e)))
-    }
-
-    /// Counts the accepted attempt, once, as the client will see it: `Ok((status, t))` when
-    /// the response is relayed, the error (the client's 502) when it is refused before any
-    /// byte of it is sent. Gives back `t` or the failure.
-    fn count<T>(&self, result: Result<(u16, T), ProxyError>) -> Result<T, Failure> {
-        self.accepted
-            .count(result.as_ref().map(|(s, _)| *s).map_err(|e| *e));
-        result.map(|(_, t)| t).map_err(Failure::from)
+        Ok(!close)
     }
 
     /// Whether the 101 may be tunnelled: only an upgrade the request offered and the route
@@ -435,19 +364,6 @@ impl Response<'_> {
         Ok(())
     }
 
-    fn reverse_map<'h>(&'h self, host: &'h [u8]) -> Option<ReverseMap<'h>> {
-        let route = self.x.target.route;
-        route.reverse_rewrite.then(|| ReverseMap {
-            upstream_authority: self.accepted.server.name.as_bytes(),
-            public_authority: (!host.is_empty()).then_some(host),
-            upstream_prefix: route
-                .rewrite_prefix
-                .as_deref()
-                .unwrap_or(&route.path_prefix),
-            public_prefix: &route.path_prefix,
-        })
-    }
-
     async fn upgrade(
         &self,
         conn: &mut ClientConn,
@@ -455,15 +371,22 @@ impl Response<'_> {
         up_buf: &mut Buffer,
         resp: &ResponseHead,
     ) -> Result<bool, Failure> {
-        self.count(self.may_switch(up_buf, resp).map(|()| (101, ())))?;
+        let switch = self.may_switch(up_buf, resp);
+        self.accepted.count(switch.map(|()| 101));
+        switch?;
         let framing = ClientFraming {
             dechunk: false,
             close: false,
             http10: false,
-            coding: Plan::default(),
         };
         conn.out.clear();
-        write_response_head(&mut conn.out, up_buf.filled(), resp, None, &framing, None);
+        write_from_http1(
+            &mut conn.out,
+            up_buf.filled(),
+            resp,
+            &Edits::default(),
+            &framing,
+        );
         up_buf.consume(resp.head_len);
         body::write_all(
             &mut conn.stream,

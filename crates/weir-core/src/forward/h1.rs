@@ -19,6 +19,7 @@ use weir_config::{Encoding, Upstream, UpstreamServer};
 
 use super::body::{self, PumpError};
 use super::driver::{Attempt, Exchange, Miss};
+use super::relay::Broke;
 use super::{Failure, Reached};
 use crate::buffer::Buffer;
 use crate::codec::http1::{parse_response, ResponseHead};
@@ -104,7 +105,7 @@ pub(crate) async fn send_streaming<I: Interim>(
     a: &Attempt<'_>,
     rd: &mut Reading<'_>,
     interim: &mut I,
-    upload: impl AsyncFnOnce(&mut WriteHalf<'_>) -> Result<(), PumpError>,
+    upload: impl AsyncFnOnce(&mut WriteHalf<'_>) -> Result<(), Broke>,
 ) -> Result<(UpstreamStream, bool), Miss> {
     rd.up_buf.clear();
     let (mut stream, _) = obtain_for(x, a).await?;
@@ -189,7 +190,7 @@ pub(crate) fn reuse(
 /// however long the body takes to arrive (nginx's proxy_read_timeout does the same);
 /// while it uploads, a stalled upstream is caught by the upload's write timeout.
 pub(crate) async fn upload_while_waiting(
-    upload: impl Future<Output = Result<(), PumpError>>,
+    upload: impl Future<Output = Result<(), Broke>>,
     head: impl Future<Output = Result<(), HeadError>>,
     response_timeout: Duration,
 ) -> Result<bool, Failure> {
@@ -205,8 +206,8 @@ pub(crate) async fn upload_while_waiting(
                 match r {
                     Ok(()) => upload_done = true,
                     // The upstream stopped reading; its response (if any) says why.
-                    Err(PumpError::Write(_) | PumpError::WriteTimeout) => {}
-                    Err(e) => return Err(Failure::from(client_pump_error(e))),
+                    Err(Broke::Sink(_)) => {}
+                    Err(Broke::Source(e)) => return Err(Failure::from(e)),
                 }
             }
             h = &mut head => return h.map(|()| upload_done).map_err(Failure::from),

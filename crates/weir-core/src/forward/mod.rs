@@ -11,8 +11,9 @@ pub(crate) mod driver;
 pub(crate) mod exchange;
 pub(crate) mod h1;
 pub(crate) mod h2;
+pub(crate) mod head;
+pub(crate) mod relay;
 pub mod request_head;
-pub mod response_head;
 pub(crate) mod tunnel;
 
 pub use exchange::forward;

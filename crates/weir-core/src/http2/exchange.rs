@@ -8,37 +8,37 @@
 //! A client reset during any wait drops the upstream connection: the server sees the
 //! request cancelled, and a half-done exchange is never pooled.
 
+use std::cell::Cell;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use h2::server::SendResponse;
-use h2::{Reason, RecvStream, SendStream};
+use h2::RecvStream;
 use tokio::io::AsyncWrite;
 use weir_config::UpstreamServer;
 
 use super::interim::{Bounds, ClientStream, Relayed};
-use super::names::response_name;
+use super::respond::{head_from_http1, relay_body, Sinking};
 use super::scratch::ExchangeScratch;
-use super::send::{send_bytes, send_data, unless_reset, Stop};
-use super::trailers;
+use super::send::{unless_reset, Stop};
 use crate::buffer::Buffer;
 use crate::codec::http1::{BodyFraming, ResponseHead};
 use crate::connector::{UpstreamStream, WriteHalf};
 use crate::error::ProxyError;
-use crate::filters::compression::{self, Compressed, Encoder, Plan};
-use crate::filters::headers::{append_to_map, apply_to_map};
-use crate::filters::location::ReverseMap;
+use crate::filters::compression;
 use crate::filters::upgrade::Offered;
-use crate::forward::body::{self, BodyState, PumpError};
-use crate::forward::driver::{drive, Accepted, Attempt, Exchange, LastTry, Miss, Sender, Tries};
-use crate::forward::h1::{
-    reuse, send_streaming, send_whole, upstream_pump_error, Reading, RequestMeta,
+use crate::forward::body::BodyState;
+use crate::forward::driver::{drive, Attempt, Exchange, LastTry, Miss, Sender, Tries};
+use crate::forward::h1::{reuse, send_streaming, send_whole, Reading, RequestMeta};
+use crate::forward::head::{coding, plan_http1, Edits};
+use crate::forward::relay::{
+    relay, Broke, Coding, H2Source, Http1Sink, Http1Source, Peer, Piece, Sink, Source,
 };
-use crate::forward::request_head::write_upstream_head;
-use crate::forward::{Failure, Reached, Target};
+use crate::forward::request_head::{render_response_rules, write_upstream_head};
+use crate::forward::{Failure, Reached, Target, Timeouts};
 use crate::proxy::route::Request;
 use crate::router::RoutedPath;
-use crate::time::{with_timeout, LazyTimer};
+use crate::time::LazyTimer;
 use crate::upstream::RequestKey;
 use crate::worker::Worker;
 
@@ -119,14 +119,6 @@ impl StreamRequest<'_> {
         write_upstream_head(out, &self.request, self.path, &self.target, server)
     }
 
-    /// Applies the route's `response_headers` to an HTTP/2 upstream's head (`http2/
-    /// upstream.rs`), as `response_head` does for an HTTP/1.1 upstream's.
-    pub(super) fn edit_response(&self, headers: &mut http::HeaderMap) {
-        if let Some(rules) = &self.target.route.filters.response_headers {
-            apply_to_map(headers, rules, &self.request.vars(), &mut Vec::new());
-        }
-    }
-
     /// Forwards the request and relays the response. On `Err` nothing final was sent
     /// (`Reached::Nothing`: the caller answers) or the stream was reset.
     pub async fn forward(
@@ -156,6 +148,7 @@ impl StreamRequest<'_> {
         let ExchangeScratch { out, resp, timer } = scratch;
         let x = self.exchange_of();
         let mut last_try = LastTry::default();
+        let body_in = Cell::new(0);
         let accepted = {
             let client = self.client_stream(respond, body.is_some());
             let mut sender = StreamSender {
@@ -167,7 +160,7 @@ impl StreamRequest<'_> {
                 resp: &mut *resp,
                 timer,
                 interim: &client,
-                body_in: &mut trace.body_in,
+                body_in: &body_in,
             };
             // Pinned where it is built: the future holds every await of the upstream
             // exchange (large), and `unless_reset` would otherwise move it into its own
@@ -178,31 +171,22 @@ impl StreamRequest<'_> {
         };
         trace.upstream_pick = last_try.upstream_pick;
         trace.upstream_time = last_try.upstream_time;
+        trace.body_in = body_in.get();
         let accepted = match accepted {
             Ok(accepted) => accepted?,
             Err(stop) => return Err(stopped(stop, Reached::Nothing, trace)),
         };
         let ((mut stream, request_done), accepted) = accepted.take();
-        accepted.count(Ok(resp.status));
-        trace.status = resp.status;
-        // One copy of what arrived (the head, often the whole body too): the head's values
-        // and the first DATA are slices of it, not an allocation each.
-        let arrived = self.worker.h2_scratch.copy(up_buf.filled());
-        let plan = self.plan(up_buf.filled(), resp);
-        let head = self.response_head(resp, &arrived, &accepted, &plan);
-        up_buf.consume(resp.head_len);
-        // The whole body came with the head (the usual small response): the connection is
-        // idle from the head's arrival; else from the end of the relay (as for HTTP/1.1).
-        let body_with_head = match resp.framing {
-            BodyFraming::None => true,
-            BodyFraming::Length(n) => up_buf.filled().len() as u64 >= n,
-            BodyFraming::Chunked | BodyFraming::UntilClose => false,
+        let mut lines = Vec::new();
+        let mut edits = self.edits(&mut lines, accepted.server);
+        edits.cookie = accepted.set_cookie();
+        let up = Http1Response {
+            stream: &mut stream,
+            buf: up_buf,
+            head: resp,
         };
-        // A chunked body is decoded in place in `up_buf`: its bytes differ from `arrived`.
-        let first = (resp.framing != BodyFraming::Chunked).then(|| arrived.slice(resp.head_len..));
-        let body = ResponseBody { plan: &plan, first };
-        self.respond_with(respond, head, resp, (&mut stream, up_buf), body, trace)
-            .await?;
+        let count = |result| accepted.count(result);
+        let body_with_head = self.respond_http1(respond, up, edits, count, trace).await?;
         let reusable = resp.keeps_alive() && request_done && up_buf.is_empty();
         if reusable && !(self.request.req.is_head && resp.framing == BodyFraming::UntilClose) {
             // Idle since the head arrived when the body came with it, a time already read
@@ -214,6 +198,86 @@ impl StreamRequest<'_> {
             reuse(&x, accepted.server, accepted.metrics, stream, since);
         }
         Ok(())
+    }
+
+    /// The route's edits for a response from `server`, the `response_headers` lines
+    /// rendered into `lines` (nothing without rules).
+    pub(super) fn edits<'e>(
+        &'e self,
+        lines: &'e mut Vec<u8>,
+        server: &'e UpstreamServer,
+    ) -> Edits<'e> {
+        let r = &self.request;
+        render_response_rules(lines, r, self.target.route);
+        let host = r.req.host.as_ref().map_or(&[][..], |h| &r.buf[h.clone()]);
+        Edits::of(self.target.route, lines, server, host)
+    }
+
+    /// The coding the route's `compression` negotiated with the client (`None`: identity).
+    pub(super) fn accepted(&self) -> Option<weir_config::Encoding> {
+        let cfg = self.target.route.filters.compression.as_ref()?;
+        compression::negotiate(cfg, self.request.buf, &self.request.req.headers)
+    }
+
+    /// Sends an HTTP/1.1 upstream's response `up` to the client's stream: the head with
+    /// `edits` (the compression plan made here), then the body, its trailers as a trailing
+    /// HEADERS frame. The try is counted once with `count`: with its status, or with the
+    /// error the client gets when the response is refused before any of it went out (a
+    /// bad chunk with the head, a compressor that did not start). Returns whether the whole
+    /// body came with the head.
+    pub(super) async fn respond_http1(
+        &self,
+        respond: &mut SendResponse<Bytes>,
+        up: Http1Response<'_>,
+        mut edits: Edits<'_>,
+        count: impl FnOnce(Result<u16, ProxyError>),
+        trace: &mut Trace,
+    ) -> Result<bool, Failure> {
+        let (resp, route, listener) = (up.head, self.target.route, self.target.listener);
+        // One copy of what arrived (the head, often the whole body too): the head's values
+        // and the first DATA are slices of it, not an allocation each.
+        let arrived = self.worker.h2_scratch.copy(up.buf.filled());
+        let is_head = self.request.req.is_head;
+        edits.plan = plan_http1(route, up.buf.filled(), resp, is_head, self.accepted());
+        let head = head_from_http1(resp, &arrived, &edits, self.spare.take());
+        up.buf.consume(resp.head_len);
+        // A chunked body's trailers go to the client as trailing HEADERS.
+        let state = BodyState::new(resp.framing, true, None).keeping_trailers();
+        let empty = self.request.req.is_head || state.is_done();
+        let timeout = self.target.upstream.response_timeout;
+        let mut source = Http1Source::new(up.stream, up.buf, state, timeout, Peer::Upstream);
+        // A chunked body is decoded in place: its bytes differ from `arrived`.
+        source.first =
+            (resp.framing != BodyFraming::Chunked).then(|| arrived.slice(resp.head_len..));
+        let length = resp.framing.length();
+        let ready = coding(route, &edits.plan, length).map_err(|_| COMPRESSOR_FAILED);
+        let ready = ready.and_then(|c| Ok((c, empty || source.prime()?)));
+        let (mut coding, body_with_head) = match ready {
+            Ok(ready) => ready,
+            Err(e) => {
+                count(Err(e));
+                return Err(e.into());
+            }
+        };
+        count(Ok(resp.status));
+        trace.status = resp.status;
+        let grpc_status = trace.grpc_status_in(head.headers());
+        let send = respond
+            .send_response(head, empty)
+            .map_err(|_| Failure::after_head(ProxyError::ClientClosed))?;
+        trace.sent_grpc_status(grpc_status);
+        if !empty {
+            let sink = Sinking {
+                edits: &edits,
+                trace: &mut *trace,
+                stall: listener.http2.stall_timeout,
+                max_trailers: listener.http2.max_header_list_size,
+            };
+            let relayed = relay_body(send, &mut source, sink, coding.as_mut()).await;
+            trace.compressed = coding.as_ref().map(Coding::compressed);
+            relayed?;
+        }
+        Ok(body_with_head)
     }
 
     /// Whether Weir answers the client's `expect: 100-continue` itself (for a request with
@@ -260,305 +324,16 @@ impl StreamRequest<'_> {
             .max_informational
             .max(listener.http2.max_informational)
     }
-
-    /// What the route's compression does to `resp` (nothing without `compression`).
-    fn plan(&self, buf: &[u8], resp: &ResponseHead) -> Plan {
-        let Some(cfg) = &self.target.route.filters.compression else {
-            return Plan::default();
-        };
-        let response = compression::Response {
-            status: resp.status,
-            buf,
-            headers: &resp.headers,
-            framing: resp.framing,
-            is_head: self.request.req.is_head,
-            accepted: compression::negotiate(cfg, self.request.buf, &self.request.req.headers),
-            rules: self.target.route.filters.response_headers.as_ref(),
-        };
-        compression::plan(cfg, &response)
-    }
-
-    /// The encoder of a compressed response; its counts start in `trace`.
-    fn encoder(
-        &self,
-        encoding: weir_config::Encoding,
-        cfg: &weir_config::Compression,
-        length: Option<u64>,
-        trace: &mut Trace,
-    ) -> Result<Encoder, Failure> {
-        trace.compressed = Some(Compressed {
-            encoding,
-            bytes_in: 0,
-            bytes_out: 0,
-        });
-        Encoder::new(encoding, &cfg.levels, length)
-            .map_err(|_| Failure::from(ProxyError::UpstreamMalformed("compressor failed")))
-    }
-
-    /// Sends `head`, then relays the body `resp` announces from the upstream stream,
-    /// compressed when `body.plan` says so (the stream is reset when that fails).
-    pub(super) async fn respond_with(
-        &self,
-        respond: &mut SendResponse<Bytes>,
-        head: http::Response<()>,
-        resp: &ResponseHead,
-        (stream, up_buf): (&mut UpstreamStream, &mut Buffer),
-        body: ResponseBody<'_>,
-        trace: &mut Trace,
-    ) -> Result<(), Failure> {
-        // A chunked body's trailers go to the client as trailing HEADERS (`relay`).
-        let mut state = BodyState::new(resp.framing, true, None).keeping_trailers();
-        let empty = self.request.req.is_head || state.is_done();
-        let mut encoder = match (body.plan.encoding, &self.target.route.filters.compression) {
-            (Some(e), Some(cfg)) if !empty => {
-                Some(self.encoder(e, cfg, resp.framing.length(), trace)?)
-            }
-            _ => None,
-        };
-        let grpc_status = trace.grpc_status_in(head.headers());
-        let mut send = respond
-            .send_response(head, empty)
-            .map_err(|_| Failure::after_head(ProxyError::ClientClosed))?;
-        trace.sent_grpc_status(grpc_status);
-        if !empty {
-            let pump = (&mut state, encoder.as_mut());
-            let relayed = self
-                .relay(&mut send, stream, up_buf, pump, body, trace)
-                .await;
-            if let Err(stop) = relayed {
-                send.send_reset(Reason::CANCEL);
-                return Err(stopped(stop, Reached::Head, trace));
-            }
-        }
-        Ok(())
-    }
-
-    /// Streams the response body from the upstream to the client, through `encoder`
-    /// when the body is compressed (each upstream read flushed into DATA).
-    async fn relay(
-        &self,
-        send: &mut SendStream<Bytes>,
-        stream: &mut UpstreamStream,
-        up_buf: &mut Buffer,
-        (state, mut encoder): (&mut BodyState, Option<&mut Encoder>),
-        ResponseBody { plan, mut first }: ResponseBody<'_>,
-        trace: &mut Trace,
-    ) -> Result<(), Stop> {
-        // A client that gives no window for `stall_timeout` gets the stream reset.
-        let stall_timeout = self.target.listener.http2.stall_timeout;
-        let upstream_timeout = self.target.upstream.response_timeout;
-        let pump_error = |e| Stop::Error(upstream_pump_error(e));
-        let max_trailers = self.target.listener.http2.max_header_list_size;
-        // Trailers lose what the head lost: the route's `response_headers` set and remove
-        // names, and what compression drops (digests of the uncompressed body).
-        let rules = self.target.route.filters.response_headers.as_ref();
-        let dropped = |name: &[u8]| plan.drops(name) || rules.is_some_and(|r| r.drops(name));
-        loop {
-            let (forward, consumed) = state.take(up_buf.filled_mut()).map_err(pump_error)?;
-            let done = state.is_done();
-            // Trailers (chunked only) end the stream in their own HEADERS frame.
-            let trailers = done.then(|| trailers::to_h2(state.trailers(), max_trailers, dropped));
-            let trailers = trailers.flatten();
-            let end = done && trailers.is_none();
-            let sent = match encoder.as_deref_mut() {
-                None => {
-                    // `first` holds the same bytes as `up_buf` on the first round (not chunked).
-                    let data = match first.take() {
-                        Some(first) => first.slice(..forward),
-                        None => Bytes::copy_from_slice(&up_buf.filled()[..forward]),
-                    };
-                    send_bytes(send, data, end, stall_timeout).await?;
-                    forward
-                }
-                Some(e) => {
-                    let data = &up_buf.filled()[..forward];
-                    send_encoded(send, e, data, (done, end), stall_timeout, trace).await?
-                }
-            };
-            trace.body_out += sent as u64;
-            up_buf.consume(consumed);
-            if let Some(fields) = trailers {
-                let grpc_status = trace.grpc_status_in(&fields);
-                send.send_trailers(fields)
-                    .map_err(|_| Stop::Error(ProxyError::ClientClosed))?;
-                trace.sent_grpc_status(grpc_status);
-            }
-            if done {
-                return Ok(());
-            }
-            let read = with_timeout(upstream_timeout, up_buf.read_from(stream));
-            match unless_reset(send, read).await? {
-                Err(_) => return Err(pump_error(PumpError::ReadTimeout)),
-                Ok(Err(e)) => return Err(pump_error(PumpError::Read(e.kind()))),
-                Ok(Ok(0)) if up_buf.is_full() => {
-                    return Err(pump_error(PumpError::Framing("chunk line too long")))
-                }
-                // The body ends here: the next turn sends the end of the stream.
-                Ok(Ok(0)) if state.on_eof() => {}
-                Ok(Ok(0)) => return Err(pump_error(PumpError::Truncated)),
-                Ok(Ok(_)) => {}
-            }
-        }
-    }
-
-    /// The h2 response head for the upstream's `resp` (parsed from `buf`): hop-by-hop and
-    /// `Connection`-listed fields dropped, names lower-cased, locations reverse-mapped,
-    /// the sticky-session cookie added.
-    fn response_head(
-        &self,
-        resp: &ResponseHead,
-        buf: &Bytes,
-        accepted: &Accepted<'_, ()>,
-        plan: &Plan,
-    ) -> http::Response<()> {
-        let mut response = self.end_to_end_head(resp, buf, accepted.server, plan);
-        if let Some(value) = accepted.set_cookie().and_then(cookie_value) {
-            response
-                .headers_mut()
-                .append(http::header::SET_COOKIE, value);
-        }
-        response
-    }
-
-    /// The h2 response head with the end-to-end fields of `resp` (parsed from `buf`, from
-    /// `server`): hop-by-hop and `Connection`-listed fields dropped, names lower-cased,
-    /// locations reverse-mapped, the route's `response_headers` rules and the compression
-    /// `plan`'s edits applied.
-    pub(super) fn end_to_end_head(
-        &self,
-        resp: &ResponseHead,
-        buf: &Bytes,
-        server: &UpstreamServer,
-        plan: &Plan,
-    ) -> http::Response<()> {
-        let mut response = http::Response::new(());
-        *response.status_mut() =
-            http::StatusCode::from_u16(resp.status).unwrap_or(http::StatusCode::BAD_GATEWAY);
-        let headers = response.headers_mut();
-        *headers = self.spare.take();
-        debug_assert!(
-            headers.is_empty(),
-            "the spare map is cleared where it is set"
-        );
-        let reverse = self.reverse_map(server);
-        let mut mapped = Vec::new();
-        let rules = self.target.route.filters.response_headers.as_ref();
-        for h in &resp.headers {
-            if h.connection_listed || h.kind.is_hop_by_hop() {
-                continue;
-            }
-            let name = &buf[h.name.clone()];
-            if plan.drops(name) || rules.is_some_and(|r| r.drops(name)) {
-                continue;
-            }
-            let raw = &buf[h.value.clone()];
-            mapped.clear();
-            let map = reverse.as_ref().filter(|_| is_location(h.kind));
-            let value = match map {
-                Some(map) if map.map_into(raw, &mut mapped) => {
-                    http::HeaderValue::from_bytes(&mapped)
-                }
-                _ => http::HeaderValue::from_maybe_shared(buf.slice(h.value.clone())),
-            };
-            let name = response_name(&buf[h.name.clone()]);
-            if let (Ok(name), Ok(value)) = (name, value) {
-                headers.append(name, value);
-            }
-        }
-        if let Some(rules) = rules {
-            append_to_map(headers, rules, &self.request.vars(), &mut mapped);
-        }
-        if *plan != Plan::default() {
-            push_plan(headers, plan, buf, resp, &mut mapped);
-        }
-        response
-    }
-
-    fn reverse_map<'h>(&'h self, server: &'h UpstreamServer) -> Option<ReverseMap<'h>> {
-        let route = self.target.route;
-        let r = &self.request;
-        let host = r.req.host.as_ref().map(|h| &r.buf[h.clone()]);
-        route.reverse_rewrite.then(|| ReverseMap {
-            upstream_authority: server.name.as_bytes(),
-            public_authority: host,
-            upstream_prefix: route
-                .rewrite_prefix
-                .as_deref()
-                .unwrap_or(&route.path_prefix),
-            public_prefix: &route.path_prefix,
-        })
-    }
 }
 
-fn is_location(kind: crate::codec::http1::HeaderKind) -> bool {
-    use crate::codec::http1::HeaderKind::*;
-    matches!(kind, Location | ContentLocation | Uri)
+/// An HTTP/1.1 upstream's response: its head (parsed from `buf`) and its connection.
+pub(super) struct Http1Response<'u> {
+    pub stream: &'u mut UpstreamStream,
+    pub buf: &'u mut Buffer,
+    pub head: &'u ResponseHead,
 }
 
-/// Adds a compression plan's fields (`content-encoding`, the weakened `etag`, `vary`).
-fn push_plan(
-    headers: &mut http::HeaderMap,
-    plan: &Plan,
-    buf: &[u8],
-    resp: &ResponseHead,
-    scratch: &mut Vec<u8>,
-) {
-    if let Some(e) = plan.encoding {
-        headers.append(
-            http::header::CONTENT_ENCODING,
-            http::HeaderValue::from_static(e.token()),
-        );
-    }
-    if let Some(etag) = compression::etag(buf, &resp.headers).filter(|_| plan.weak_etag) {
-        scratch.clear();
-        compression::push_weak(scratch, etag);
-        if let Ok(v) = http::HeaderValue::from_bytes(scratch) {
-            headers.append(http::header::ETAG, v);
-        }
-    }
-    if plan.vary {
-        headers.append(
-            http::header::VARY,
-            http::HeaderValue::from_static("Accept-Encoding"),
-        );
-    }
-}
-
-/// Compresses `data` (flushed) and sends what came out as DATA; `done`: the body ended,
-/// the encoder's tail goes out, with the end of the stream when `end` (no trailers
-/// follow). Returns the bytes sent.
-async fn send_encoded(
-    send: &mut SendStream<Bytes>,
-    encoder: &mut Encoder,
-    data: &[u8],
-    (done, end): (bool, bool),
-    timeout: Duration,
-    trace: &mut Trace,
-) -> Result<usize, Stop> {
-    let failed = |_| Stop::Error(ProxyError::UpstreamMalformed("compressor failed"));
-    if !data.is_empty() {
-        encoder.feed(data).map_err(failed)?;
-    }
-    if done {
-        encoder.finish().map_err(failed)?;
-    }
-    let out = encoder.output();
-    if let Some(c) = trace.compressed.as_mut() {
-        c.bytes_in += data.len() as u64;
-        c.bytes_out += out.len() as u64;
-    }
-    let len = out.len();
-    let sent = send_data(send, out, end, timeout).await;
-    out.clear();
-    sent.map(|()| len)
-}
-
-/// The value of a pool's `Set-Cookie: ...\r\n` line.
-pub(super) fn cookie_value(line: &[u8]) -> Option<http::HeaderValue> {
-    let value = line.splitn(2, |b| *b == b':').nth(1)?;
-    let value = value.trim_ascii();
-    http::HeaderValue::from_bytes(value).ok()
-}
+const COMPRESSOR_FAILED: ProxyError = ProxyError::UpstreamMalformed("compressor failed");
 
 /// A failure from a stream's early end; a client reset is marked in `trace`.
 fn stopped(stop: Stop, reached: Reached, trace: &mut Trace) -> Failure {
@@ -584,7 +359,7 @@ struct StreamSender<'s, 'c> {
     timer: &'s mut LazyTimer,
     interim: &'c ClientStream<'s>,
     /// Request body bytes taken from the client.
-    body_in: &'s mut u64,
+    body_in: &'s Cell<u64>,
 }
 
 impl Sender for StreamSender<'_, '_> {
@@ -613,13 +388,15 @@ impl Sender for StreamSender<'_, '_> {
                 true,
             ),
             Some(body) => {
-                let (head, total) = (&*self.out, &mut *self.body_in);
+                let (head, total) = (&*self.out, self.body_in);
                 let chunked = r.request.req.framing == BodyFraming::Chunked;
-                let timeouts = (listener.client_timeout, x.target.upstream.response_timeout);
+                let timeouts = Timeouts {
+                    client: listener.client_timeout,
+                    upstream: x.target.upstream.response_timeout,
+                };
                 let limit = listener.max_body_size;
                 let upload = async |uw: &mut WriteHalf<'_>| {
-                    body::write_all(uw, head, &[], timeouts.1).await?;
-                    upload(body, uw, chunked, limit, timeouts, total).await
+                    upload(body, uw, head, chunked, limit, timeouts, total).await
                 };
                 send_streaming(x, a, &mut rd, &mut self.interim, upload).await?
             }
@@ -644,59 +421,34 @@ impl Sender for StreamSender<'_, '_> {
     }
 }
 
-/// Writes the request's DATA upstream (chunk-framed when `chunked`), releasing each
-/// piece's flow-control capacity only once the upstream took it. `timeouts`: for the
-/// client's next DATA, and for each write upstream.
+/// Uploads the client's DATA to an HTTP/1.1 upstream's writer `up` after `head`:
+/// chunk-framed when `chunked`, each piece released to the client's window once written
+/// (`forward::relay`); at most `limit` bytes in all (`max_body_size`), counted in `total`.
 async fn upload<W: AsyncWrite + Unpin>(
     body: &mut RecvStream,
     up: &mut W,
+    head: &[u8],
     chunked: bool,
     limit: Option<u64>,
-    timeouts: (Duration, Duration),
-    total: &mut u64,
-) -> Result<(), PumpError> {
-    let (client_timeout, upstream_timeout) = timeouts;
-    let mut chunks = body::Chunks::default();
-    loop {
-        let data = match with_timeout(client_timeout, body.data()).await {
-            Err(_) => return Err(PumpError::ReadTimeout),
-            Ok(None) => break,
-            Ok(Some(Err(_))) => return Err(PumpError::Read(std::io::ErrorKind::ConnectionReset)),
-            Ok(Some(Ok(data))) => data,
-        };
-        *total += data.len() as u64;
-        if limit.is_some_and(|max| *total > max) {
-            return Err(PumpError::TooLarge);
-        }
-        if data.is_empty() {
-            continue;
-        }
-        // Each write is flushed: a TLS upstream may hold the last records back when its
-        // socket was full, and nothing else would send them (the upstream would wait for
-        // them, the client for the answer); plain TCP returns at once (no system call).
-        // Chunked: the size line (with the CRLF owed to the previous chunk) and the data
-        // in one `writev`.
-        let prefix: &[u8] = if chunked {
-            chunks.prefix(data.len())
-        } else {
-            &[]
-        };
-        body::write_all(up, prefix, &data, upstream_timeout).await?;
-        // Only now may the client send more: its pace is the upstream's.
-        let _ = body.flow_control().release_capacity(data.len());
-    }
-    if chunked {
-        // Trailers (if any) are dropped: an HTTP/1.1 upstream gets none from h2 clients.
-        body::write_all(up, chunks.last(), b"\r\n", upstream_timeout).await?;
-    }
-    Ok(())
-}
-
-/// What `respond_with` relays besides the head: the compression plan (`Plan::default()`:
-/// as is) and the body bytes that arrived with the head, when they can be sent as they are.
-pub(super) struct ResponseBody<'p> {
-    pub plan: &'p Plan,
-    pub first: Option<Bytes>,
+    timeouts: Timeouts,
+    total: &Cell<u64>,
+) -> Result<(), Broke> {
+    let mut written = 0;
+    let mut sink = Http1Sink {
+        writer: up,
+        timeout: timeouts.upstream,
+        sent: &mut written,
+        head,
+        chunked,
+        trailers: None,
+    };
+    // The head goes at once, not with the first DATA.
+    sink.data(Piece::Slice(&[]), false)
+        .await
+        .map_err(Broke::Sink)?;
+    let mut source = H2Source::new(body, timeouts.client, Peer::Client, total);
+    source.limit = limit;
+    relay(&mut source, &mut sink, None).await
 }
 
 #[cfg(test)]
@@ -710,12 +462,15 @@ mod tests {
     async fn upload_to_holding(chunked: bool) -> (usize, usize) {
         let mut body = request_body(&[b"hello", b"world"], true).await;
         let mut up = Holding::default();
-        let timeouts = (Duration::from_secs(10), Duration::from_secs(10));
-        let mut total = 0;
-        super::upload(&mut body, &mut up, chunked, None, timeouts, &mut total)
+        let timeouts = crate::forward::Timeouts {
+            client: Duration::from_secs(10),
+            upstream: Duration::from_secs(10),
+        };
+        let total = std::cell::Cell::new(0);
+        super::upload(&mut body, &mut up, &[], chunked, None, timeouts, &total)
             .await
             .expect("uploaded");
-        assert_eq!(total, 10);
+        assert_eq!(total.get(), 10);
         (up.0.held.get(), up.0.sent.get())
     }
 

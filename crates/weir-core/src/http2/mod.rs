@@ -27,6 +27,7 @@ mod io;
 mod local;
 mod names;
 mod request;
+mod respond;
 pub(crate) mod scratch;
 mod send;
 mod stream;

@@ -12,7 +12,10 @@ use bytes::Bytes;
 use h2::server::SendResponse;
 use h2::{Reason, SendStream};
 
+use super::exchange::Trace;
 use crate::error::ProxyError;
+use crate::forward::head::Edits;
+use crate::forward::relay::{Piece, Sink, Trailers};
 use crate::time::with_timeout;
 
 /// Why a stream's wait ended early.
@@ -144,4 +147,63 @@ async fn window(
 fn finish(send: &mut SendStream<Bytes>, last: Bytes) -> Result<(), Stop> {
     send.send_data(last, true)
         .map_err(|_| Stop::Error(ProxyError::ClientClosed))
+}
+
+/// A client's stream as the sink of a response body: DATA within the client's window
+/// (`stall` for each wait), then the trailers as a trailing HEADERS frame, less what may
+/// not be a trailer (`trailers`: what RFC 9110 6.5.1 forbids, connection-specific fields,
+/// past `max_trailers`, and the names the route took out of the head). A reset of the
+/// stream ends every wait of the relay (`trace.reset`).
+pub(crate) struct StreamSink<'s> {
+    pub send: &'s mut SendStream<Bytes>,
+    pub stall: Duration,
+    pub max_trailers: u32,
+    /// What the route does to the head (the names it drops leave the trailers too).
+    pub edits: &'s Edits<'s>,
+    /// Body bytes sent, the `grpc-status` sent, the client's reset.
+    pub trace: &'s mut Trace,
+}
+
+impl StreamSink<'_> {
+    fn stopped(&mut self, stop: Stop) -> ProxyError {
+        self.trace.reset |= stop == Stop::Reset;
+        stop.into()
+    }
+}
+
+impl Sink for StreamSink<'_> {
+    async fn data(&mut self, piece: Piece<'_>, last: bool) -> Result<(), ProxyError> {
+        let data = piece.into_bytes();
+        let len = data.len() as u64;
+        let sent = send_bytes(self.send, data, last, self.stall).await;
+        sent.map_err(|stop| self.stopped(stop))?;
+        self.trace.body_out += len;
+        Ok(())
+    }
+
+    async fn end(&mut self, trailers: Trailers<'_>) -> Result<(), ProxyError> {
+        let dropped = |name: &[u8]| self.edits.drops(name);
+        let fields = match trailers {
+            Trailers::None => None,
+            Trailers::Lines(lines) => super::trailers::to_h2(lines, self.max_trailers, dropped),
+            Trailers::Fields(fields) => super::trailers::keep(fields, self.max_trailers, dropped),
+        };
+        let Some(fields) = fields else {
+            let ended = send_data(self.send, &[], true, self.stall).await;
+            return ended.map_err(|stop| self.stopped(stop));
+        };
+        let status = self.trace.grpc_status_in(&fields);
+        self.send
+            .send_trailers(fields)
+            .map_err(|_| ProxyError::ClientClosed)?;
+        self.trace.sent_grpc_status(status);
+        Ok(())
+    }
+
+    fn poll_gone(&mut self, cx: &mut Context<'_>) -> Poll<ProxyError> {
+        match self.send.poll_reset(cx) {
+            Poll::Ready(r) => Poll::Ready(self.stopped(stop_of(r))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
 }

@@ -14,13 +14,15 @@ use super::conn::Shared;
 use super::exchange::{StreamRequest, Trace};
 use super::interim::Relayed;
 use super::local::send_answer;
-use super::request::{write_head, write_upgrade_head};
+use super::request::{write_head, write_upgrade_head, Line};
 use super::scratch::RequestScratch;
 use super::upstream::H2Facts;
 use super::websocket::new_key;
 use crate::access_log::RequestFields;
 use crate::codec::http1::fill_written;
+use crate::codec::http1::RequestHead;
 use crate::error::ProxyError;
+use crate::filters::forwarded::ClientIp;
 use crate::filters::headers::Vars;
 use crate::filters::request_id::RequestId;
 use crate::forward::{carrier, Carrier, Failure, Reached};
@@ -57,36 +59,22 @@ pub async fn serve(
         mut req,
     } = worker.h2_scratch.take_request();
     buf.reserve(512);
-    // An extended CONNECT (RFC 8441) stands for an HTTP/1.1 Upgrade request.
-    let protocol = parts.extensions.get::<h2::ext::Protocol>().cloned();
-    let key = protocol.as_ref().map(|_| new_key());
-    let spans = &mut req.headers;
-    let written = match (&protocol, &key) {
-        (Some(p), Some(key)) => {
-            write_upgrade_head(&mut buf, spans, &parts, p.as_str().as_bytes(), key)
-        }
-        _ => write_head(&mut buf, spans, &parts, ended),
-    };
-    let Ok(line) = written else {
+    let Some((line, upgrade)) = write_request(&parts, ended, &mut buf, &mut req) else {
         // Malformed (RFC 9113 8.1.1): a stream error. The reset is budgeted like a
         // client reset (MadeYouReset) where it is written out (`io`).
         respond.send_reset(Reason::PROTOCOL_ERROR);
-        worker
-            .h2_scratch
-            .give_request(RequestScratch { head: buf, req });
+        let scratch = RequestScratch { head: buf, req };
+        worker.h2_scratch.give_request(scratch);
         return Instant::now();
     };
     let facts = H2Facts::of(&parts.headers);
-    // A field map for the response's fields (`spare`): the request's, emptied, when the
-    // upstream speaks HTTP/1.1 (`handle`), its two allocations serving both heads.
-    let spare = Cell::new(http::HeaderMap::new());
-    let mut fields = RequestFields::default();
-    let mut trace = Trace {
-        grpc: facts.grpc,
-        ..Trace::default()
+    let mut log = StreamLog {
+        trace: Trace {
+            grpc: facts.grpc,
+            ..Trace::default()
+        },
+        ..StreamLog::default()
     };
-    let mut request_id = RequestId::default();
-    let mut behind = None;
     let filled = fill_written(
         &buf,
         line.method,
@@ -94,90 +82,202 @@ pub async fn serve(
         listener.max_headers,
         &mut req,
     );
-    let (route, result, method) = match filled {
+    let result = match filled {
         Ok(()) => {
-            // The client: the peer, or the address behind `trusted_proxies` (as for HTTP/1).
-            let peer = shared.peer_ip;
-            behind = identify(worker, listener, &buf, &req, peer, &mut request_id);
-            if worker.log(shared.slot).is_some() {
-                fields.capture(&buf, &req);
-                fields.http2 = true;
-            }
-            let method = method_index(&buf[req.method.clone()]);
-            let body = (!ended).then_some(body);
-            let s = Stream {
+            let parsed = Parsed {
+                buf: &buf,
+                req: &req,
+                facts: &facts,
+                body: (!ended).then_some(body),
+                tunnel: (upgrade.as_ref()).map(|(p, k)| (p.as_str().as_bytes(), &k[..])),
+                started,
+            };
+            let at = At {
                 shared: &shared,
                 snapshot: &snapshot,
                 index,
-                request: Request {
-                    buf: &buf,
-                    req: &req,
-                    origin: Origin {
-                        peer: &shared.ip,
-                        peer_ip: peer,
-                        behind: behind.as_ref().map(|(ip, text)| (*ip, text)),
-                        tls: shared.tls.as_deref(),
-                        request_id: request_id.as_bytes(),
-                    },
-                    started,
-                    protocol: Protocol::Http2,
-                },
-                facts: &facts,
-                spare: &spare,
-                tunnel: protocol
-                    .as_ref()
-                    .zip(key.as_ref())
-                    .map(|(p, k)| (p.as_str().as_bytes(), &k[..])),
             };
-            let (route, result) = s.handle(parts, body, &mut respond, &mut trace).await;
-            (route, result, method)
+            run(&at, parsed, parts, &mut respond, &mut log).await
         }
-        Err(e) => (None, Err(e.into()), METHODS.len() - 1),
+        Err(e) => Err(e.into()),
     };
-    let status = answer(&mut respond, &result, listener, &mut trace).await;
-    if trace.reset {
-        shared.reset_by_client();
-    }
-    if let Some(m) = worker.metrics.listener(shared.slot) {
-        m.http2.streams.inc();
-    }
-    let handled = Handled {
-        route,
-        local: trace.local,
-        result: result.map(|()| true),
-    };
+    let status = answer(&mut respond, &result, listener, &mut log.trace).await;
     let finished = Instant::now();
-    let done = Done {
-        listener: index,
-        slot: shared.slot,
-        method,
-        protocol: Protocol::Http2,
-        status,
-        duration: finished - started,
-        counters: Counters {
-            bytes_in: 0,
-            bytes_out: 0,
-        },
+    let at = At {
+        shared: &shared,
+        snapshot: &snapshot,
+        index,
     };
-    let side = ClientSide {
-        ip: behind.as_ref().map_or(&shared.ip, |(_, text)| text),
-        fields: &fields,
-        last_try: crate::forward::driver::LastTry {
-            upstream_pick: trace.upstream_pick,
-            upstream_time: trace.upstream_time,
-        },
-        bytes_in: trace.body_in,
-        bytes_out: trace.body_out,
-        tls: shared.tls.as_deref(),
-        request_id: request_id.as_bytes(),
-        compressed: trace.compressed,
-        grpc_status: trace.grpc_status,
-    };
-    record(worker, &snapshot, &side, &handled, &done);
-    worker
-        .h2_scratch
-        .give_request(RequestScratch { head: buf, req });
+    log.record(&at, result, status, finished - started);
+    let scratch = RequestScratch { head: buf, req };
+    worker.h2_scratch.give_request(scratch);
     finished
+}
+
+/// An extended CONNECT's `:protocol` and the `Sec-WebSocket-Key` Weir made for it.
+type Upgrade = (h2::ext::Protocol, [u8; 24]);
+
+/// Writes the stream's request as an HTTP/1.1 head into `buf` (its field lines recorded in
+/// `req`); an extended CONNECT (RFC 8441) as the Upgrade request it stands for, with a
+/// fresh `Sec-WebSocket-Key`, returned with its `:protocol`. `None`: malformed.
+fn write_request(
+    parts: &http::request::Parts,
+    ended: bool,
+    buf: &mut Vec<u8>,
+    req: &mut RequestHead,
+) -> Option<(Line, Option<Upgrade>)> {
+    let spans = &mut req.headers;
+    let Some(protocol) = parts.extensions.get::<h2::ext::Protocol>() else {
+        return write_head(buf, spans, parts, ended).ok().map(|l| (l, None));
+    };
+    let key = new_key();
+    let line = write_upgrade_head(buf, spans, parts, protocol.as_str().as_bytes(), &key);
+    Some((line.ok()?, Some((protocol.clone(), key))))
+}
+
+/// What a stream's access-log line and metrics are made of, filled as it runs.
+struct StreamLog {
+    fields: RequestFields,
+    trace: Trace,
+    request_id: RequestId,
+    /// The client behind `trusted_proxies`, when it is not the peer.
+    behind: Option<(std::net::IpAddr, ClientIp)>,
+    route: Option<usize>,
+    /// The method's metric slot.
+    method: usize,
+}
+
+impl Default for StreamLog {
+    fn default() -> Self {
+        StreamLog {
+            fields: RequestFields::default(),
+            trace: Trace::default(),
+            request_id: RequestId::default(),
+            behind: None,
+            route: None,
+            // A stream that never made a request counts with the last slot ("other").
+            method: METHODS.len() - 1,
+        }
+    }
+}
+
+/// Where a stream runs: its connection, the snapshot, its listener's position in it.
+struct At<'a> {
+    shared: &'a Rc<Shared>,
+    snapshot: &'a Snapshot,
+    index: usize,
+}
+
+/// A stream's request, its HTTP/1.1 head written and checked.
+struct Parsed<'a> {
+    buf: &'a [u8],
+    req: &'a RequestHead,
+    facts: &'a H2Facts,
+    body: Option<RecvStream>,
+    /// An extended CONNECT: its `:protocol` and the `Sec-WebSocket-Key` in the head.
+    tunnel: Option<(&'a [u8], &'a [u8])>,
+    started: Instant,
+}
+
+/// Identifies the request (its id, the client behind trusted proxies), notes what the log
+/// needs, and handles it (`Stream::handle`).
+async fn run(
+    at: &At<'_>,
+    parsed: Parsed<'_>,
+    parts: http::request::Parts,
+    respond: &mut SendResponse<Bytes>,
+    log: &mut StreamLog,
+) -> Result<(), Failure> {
+    let (shared, snapshot, index) = (at.shared, at.snapshot, at.index);
+    let (worker, listener) = (&*shared.worker, &snapshot.config.listeners[index]);
+    let (buf, req) = (parsed.buf, parsed.req);
+    let peer = shared.peer_ip;
+    log.behind = identify(worker, listener, buf, req, peer, &mut log.request_id);
+    if worker.log(shared.slot).is_some() {
+        log.fields.capture(buf, req);
+        log.fields.http2 = true;
+    }
+    log.method = method_index(&buf[req.method.clone()]);
+    // A field map for the response's fields (`spare`): the request's, emptied, when the
+    // upstream speaks HTTP/1.1 (`handle`), its two allocations serving both heads.
+    let spare = Cell::new(http::HeaderMap::new());
+    let s = Stream {
+        shared,
+        snapshot,
+        index,
+        request: Request {
+            buf,
+            req,
+            origin: Origin {
+                peer: &shared.ip,
+                peer_ip: peer,
+                behind: log.behind.as_ref().map(|(ip, text)| (*ip, text)),
+                tls: shared.tls.as_deref(),
+                request_id: log.request_id.as_bytes(),
+            },
+            started: parsed.started,
+            protocol: Protocol::Http2,
+        },
+        facts: parsed.facts,
+        spare: &spare,
+        tunnel: parsed.tunnel,
+    };
+    let (route, result) = s.handle(parts, parsed.body, respond, &mut log.trace).await;
+    log.route = route;
+    result
+}
+
+impl StreamLog {
+    /// Counts the stream (its request answered with `status` after `duration`) in the
+    /// worker's metrics and writes its access-log line.
+    fn record(
+        &self,
+        at: &At<'_>,
+        result: Result<(), Failure>,
+        status: u16,
+        duration: std::time::Duration,
+    ) {
+        let (shared, snapshot) = (at.shared, at.snapshot);
+        let (worker, trace) = (&*shared.worker, &self.trace);
+        if trace.reset {
+            shared.reset_by_client();
+        }
+        if let Some(m) = worker.metrics.listener(shared.slot) {
+            m.http2.streams.inc();
+        }
+        let handled = Handled {
+            route: self.route,
+            local: trace.local,
+            result: result.map(|()| true),
+        };
+        let done = Done {
+            listener: at.index,
+            slot: shared.slot,
+            method: self.method,
+            protocol: Protocol::Http2,
+            status,
+            duration,
+            counters: Counters {
+                bytes_in: 0,
+                bytes_out: 0,
+            },
+        };
+        let side = ClientSide {
+            ip: self.behind.as_ref().map_or(&shared.ip, |(_, text)| text),
+            fields: &self.fields,
+            last_try: crate::forward::driver::LastTry {
+                upstream_pick: trace.upstream_pick,
+                upstream_time: trace.upstream_time,
+            },
+            bytes_in: trace.body_in,
+            bytes_out: trace.body_out,
+            tls: shared.tls.as_deref(),
+            request_id: self.request_id.as_bytes(),
+            compressed: trace.compressed,
+            grpc_status: trace.grpc_status,
+        };
+        record(worker, snapshot, &side, &handled, &done);
+    }
 }
 
 /// A parsed request on the snapshot it runs on.

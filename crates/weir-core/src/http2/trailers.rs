@@ -61,6 +61,42 @@ pub fn to_h2(
     (!fields.is_empty()).then_some(fields)
 }
 
+/// An HTTP/2 upstream's trailers `fields`, less those that may not go to the client (the
+/// same rules as [`to_h2`]); `None` when none may.
+pub fn keep(
+    fields: HeaderMap,
+    max_list_size: u32,
+    edited_out: impl Fn(&[u8]) -> bool,
+) -> Option<HeaderMap> {
+    let mut size = 0usize;
+    let mut kept = |name: &http::HeaderName, value: &HeaderValue| {
+        let cost = name.as_str().len() + value.len() + 32;
+        size += cost;
+        !(is_connection_specific(name)
+            || forbidden_in_trailer(name.as_str())
+            || edited_out(name.as_str().as_bytes())
+            || size > max_list_size as usize)
+    };
+    // The usual gRPC trailers (`grpc-status`, `grpc-message`) all pass: no new map.
+    if fields.iter().all(|(n, v)| kept(n, v)) {
+        return (!fields.is_empty()).then_some(fields);
+    }
+    let mut size = 0usize;
+    let mut out = HeaderMap::new();
+    for (name, value) in &fields {
+        let cost = name.as_str().len() + value.len() + 32;
+        let dropped = is_connection_specific(name)
+            || forbidden_in_trailer(name.as_str())
+            || edited_out(name.as_str().as_bytes())
+            || size + cost > max_list_size as usize;
+        if !dropped {
+            size += cost;
+            out.append(name.clone(), value.clone());
+        }
+    }
+    (!out.is_empty()).then_some(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::to_h2;

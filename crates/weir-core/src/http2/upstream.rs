@@ -17,26 +17,26 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use h2::server::SendResponse;
-use h2::{Reason, RecvStream, SendStream};
+use h2::{RecvStream, SendStream};
 use http::header::HeaderMap;
 use http::request::Parts;
 use http::uri::Scheme;
 use weir_config::UpstreamServer;
 
-use super::exchange::{cookie_value, StreamRequest, Trace};
+use super::exchange::{StreamRequest, Trace};
 use super::interim::ClientStream;
-use super::send::{send_bytes, send_data, unless_reset, Stop};
+use super::respond::{head_from_h2, relay_body, Sinking};
 use super::upstream_request::{upstream_request, Upstream};
-use crate::connector::h2::h2_error;
 use crate::error::ProxyError;
 use crate::forward::driver::{drive, Attempt, LastTry, Miss, Sender, Tries};
 use crate::forward::h2::{
-    final_head, h1_head_to_h2, open, relay_while_uploading, send_windowed, HeadBounds, Upload,
-    UploadError, EAGER_FIRST_PIECE,
+    content_length, final_head, h1_head_to_h2, h2_response, open, relay_while_uploading,
+    HeadBounds, Upload,
 };
+use crate::forward::head::{coding, plan, Edits, ForClient};
+use crate::forward::relay::{relay, Broke, Coding, H2Source, H2Upload, Peer};
 use crate::forward::request_head::with_client_facts;
 use crate::forward::{Failure, Timeouts};
-use crate::time::with_timeout;
 
 /// What the h2 path needs from the client's fields, read before they are dropped.
 #[derive(Debug, Clone, Copy, Default)]
@@ -142,6 +142,30 @@ impl StreamRequest<'_> {
         }
     }
 
+    /// The client's head for an HTTP/2 upstream's `parts` with the route's `edits` (the
+    /// compression plan made here), and the compression; `Err`: the compressor did not
+    /// start (refused before any of the response went out).
+    fn h2_head(
+        &self,
+        parts: http::response::Parts,
+        edits: &mut Edits<'_>,
+        end_stream: bool,
+    ) -> Result<(http::Response<()>, Option<Coding>), ProxyError> {
+        let client = ForClient {
+            is_head: self.request.req.is_head,
+            http10: false,
+            te_trailers: true,
+            accepted: self.accepted(),
+            end_stream,
+            keep_alive: true,
+        };
+        let route = self.target.route;
+        edits.plan = plan(route, &h2_response(&parts, &client, route));
+        let length = content_length(&parts);
+        let coding = coding(route, &edits.plan, length).map_err(|_| COMPRESSOR_FAILED)?;
+        Ok((head_from_h2(parts, edits), coding))
+    }
+
     /// The upstream request: made from the client's request `client` when given (it is
     /// for the first one sent), else from the HTTP/1.1 head every request gets, as
     /// HTTP/2 fields.
@@ -201,7 +225,7 @@ impl Sender for H2Sender<'_, '_> {
     type Sent = Relayed;
 
     async fn send(&mut self, a: &Attempt<'_>, tries: &mut Tries<'_>) -> Result<Relayed, Miss> {
-        let (r, client) = (self.r, self.client);
+        let (r, client_stream) = (self.r, self.client);
         let request = r.upstream_request(self.facts, a.server, self.parts.take())?;
         let end = self.body.is_none();
         let Some((pending, mut up_send)) = open(tries.exchange(), a, request, end).await? else {
@@ -233,17 +257,18 @@ impl Sender for H2Sender<'_, '_> {
             relay: true,
             tokens: false,
         };
-        let mut interim = client;
+        let mut interim = client_stream;
+        let gone = client_stream.gone();
         let waited = final_head(
             pending,
             upload.as_mut(),
             &mut state,
             &mut interim,
             bounds,
-            client.gone(),
+            gone,
         );
         let waited = waited.await;
-        self.trace.reset |= client.was_reset();
+        self.trace.reset |= client_stream.was_reset();
         let (head, _lease) = waited?;
         let (parts, up_body) = head.into_parts();
         let status = parts.status.as_u16();
@@ -251,19 +276,26 @@ impl Sender for H2Sender<'_, '_> {
         if !tries.relays(status, replayable, r.relayed.any()) {
             return Err(Miss::retried(status));
         }
-        tries.count(a, Ok(status));
-        self.trace.status = status;
-        let mut head = http::Response::from_parts(parts, ());
-        r.edit_response(head.headers_mut());
-        if let Some(cookie) = tries.set_cookie().and_then(cookie_value) {
-            head.headers_mut().append(http::header::SET_COOKIE, cookie);
-        }
-        let upload = (state == Upload::Running).then_some(upload);
-        let timeouts = Timeouts {
-            client: r.target.listener.http2.stall_timeout,
-            upstream: timeout,
+        let mut lines = Vec::new();
+        let mut edits = r.edits(&mut lines, a.server);
+        edits.cookie = tries.set_cookie();
+        let head = r.h2_head(parts, &mut edits, up_body.is_end_stream());
+        tries.count(a, head.as_ref().map(|_| status).map_err(|e| *e));
+        let (head, mut coding) = match head {
+            Ok(head) => head,
+            Err(e) => return Ok(Relayed::Over(Err(e.into()))),
         };
-        let relayed = respond(client, head, up_body, upload, timeouts, self.trace).await;
+        self.trace.status = status;
+        let upload = (state == Upload::Running).then_some(upload);
+        let answer = Answer {
+            head,
+            body: up_body,
+            edits: &edits,
+            timeout,
+            http2: &r.target.listener.http2,
+        };
+        let relayed = respond(client_stream, answer, upload, coding.as_mut(), self.trace).await;
+        self.trace.compressed = coding.as_ref().map(Coding::compressed);
         Ok(Relayed::Over(relayed))
     }
 
@@ -276,123 +308,73 @@ impl Sender for H2Sender<'_, '_> {
     }
 }
 
-/// Sends `head` on `client`'s stream and relays the body and trailers while the rest of
+/// An HTTP/2 upstream's response on its way to the client: its head (edited), its body.
+struct Answer<'e> {
+    head: http::Response<()>,
+    body: RecvStream,
+    edits: &'e Edits<'e>,
+    /// For each DATA frame of the upstream's.
+    timeout: Duration,
+    /// The listener's HTTP/2 settings (the client's window, the trailers' size).
+    http2: &'e weir_config::Http2,
+}
+
+/// Sends the answer's head on `client`'s stream and relays the body and trailers
+/// (`forward::relay`), compressed through `coding` when there is one, while the rest of
 /// the request body (`upload`, if still going) goes up.
 async fn respond<U>(
     client: &ClientStream<'_>,
-    head: http::Response<()>,
-    mut up_body: RecvStream,
+    mut answer: Answer<'_>,
     upload: Option<std::pin::Pin<&mut U>>,
-    timeouts: Timeouts,
+    coding: Option<&mut Coding>,
     trace: &mut Trace,
 ) -> Result<(), Failure>
 where
-    U: std::future::Future<Output = Result<(), UploadError>>,
+    U: std::future::Future<Output = Result<(), Broke>>,
 {
-    let grpc_status = trace.grpc_status_in(head.headers());
-    let empty = up_body.is_end_stream();
-    let Ok(mut send) = client.send_response(head, empty) else {
+    let grpc_status = trace.grpc_status_in(answer.head.headers());
+    let empty = answer.body.is_end_stream();
+    let Ok(send) = client.send_response(answer.head, empty) else {
         return Err(Failure::after_head(ProxyError::ClientClosed));
     };
     trace.sent_grpc_status(grpc_status);
     if empty {
         return Ok(());
     }
-    let relay = relay(&mut up_body, &mut send, trace, timeouts);
-    let Err(stop) = relay_while_uploading(upload, relay).await else {
-        return Ok(());
+    let listener = answer.http2;
+    let received = Cell::new(0);
+    let mut source = H2Source::new(&mut answer.body, answer.timeout, Peer::Upstream, &received);
+    let sink = Sinking {
+        edits: answer.edits,
+        trace,
+        stall: listener.stall_timeout,
+        max_trailers: listener.max_header_list_size,
     };
-    // Cut short: the client learns it from the reset (the upstream stream is reset when
-    // its handles drop).
-    send.send_reset(Reason::CANCEL);
-    if stop == Stop::Reset {
-        trace.reset = true;
-    }
-    Err(Failure::after_head(stop.into()))
+    let relay = relay_body(send, &mut source, sink, coding);
+    relay_while_uploading(upload, relay).await.map(|_| ())
 }
 
-/// Sends the request's DATA upstream within the upstream's window, releasing each piece
-/// to the client's window once sent; then the client's trailers, or the end of stream.
+/// Sends the client's DATA (and trailers) upstream within the upstream's window, the
+/// first piece at once (`send_windowed`), each released to the client's window once sent
+/// (`forward::relay`); at most `limit` bytes in all, counted in `consumed`.
 async fn upload(
     body: &mut RecvStream,
     up: &mut SendStream<Bytes>,
     consumed: &Cell<u64>,
     limit: Option<u64>,
     timeouts: Timeouts,
-) -> Result<(), UploadError> {
-    let (client_timeout, upstream_timeout) = (timeouts.client, timeouts.upstream);
-    let client = UploadError::Client;
-    let up_error = |_: h2::Error| UploadError::Upstream;
-    loop {
-        let data = match with_timeout(client_timeout, body.data()).await {
-            Err(_) => return Err(client(ProxyError::ClientTimeout)),
-            Ok(None) => break,
-            Ok(Some(Err(_))) => return Err(client(ProxyError::ClientClosed)),
-            Ok(Some(Ok(data))) => data,
-        };
-        let len = data.len();
-        let first = consumed.get() == 0;
-        consumed.set(consumed.get() + len as u64);
-        if limit.is_some_and(|max| consumed.get() > max) {
-            return Err(client(ProxyError::BodyTooLarge));
-        }
-        // The client's last DATA (END_STREAM, no trailers): END_STREAM goes on ours too,
-        // not on an extra empty frame.
-        let last = body.is_end_stream();
-        let eager = first.then_some(EAGER_FIRST_PIECE);
-        send_windowed(up, data, upstream_timeout, eager, last)
-            .await
-            .map_err(|_| UploadError::Upstream)?;
-        // Only now may the client send more: its pace is the upstream's.
-        let _ = body.flow_control().release_capacity(len);
-        if last {
-            return Ok(());
-        }
-    }
-    match with_timeout(client_timeout, body.trailers()).await {
-        Err(_) => Err(client(ProxyError::ClientTimeout)),
-        Ok(Err(_)) => Err(client(ProxyError::ClientClosed)),
-        Ok(Ok(Some(trailers))) => up.send_trailers(trailers).map_err(up_error),
-        Ok(Ok(None)) => up.send_data(Bytes::new(), true).map_err(up_error),
-    }
+) -> Result<(), Broke> {
+    let mut source = H2Source::new(body, timeouts.client, Peer::Client, consumed);
+    source.limit = limit;
+    let mut sink = H2Upload {
+        send: up,
+        timeout: timeouts.upstream,
+        first: true,
+    };
+    relay(&mut source, &mut sink, None).await
 }
 
-/// Streams the upstream's response DATA to the client, then its trailers.
-async fn relay(
-    up: &mut RecvStream,
-    send: &mut SendStream<Bytes>,
-    trace: &mut Trace,
-    timeouts: Timeouts,
-) -> Result<(), Stop> {
-    // The relay waits for the client's window at most `stall_timeout` (`timeouts.client`).
-    let (stall_timeout, upstream_timeout) = (timeouts.client, timeouts.upstream);
-    let read_error = |e: h2::Error| Stop::Error(h2_error(&e));
-    loop {
-        let next = unless_reset(send, with_timeout(upstream_timeout, up.data())).await?;
-        let data = match next {
-            Err(_) => return Err(Stop::Error(ProxyError::UpstreamTimeout)),
-            Ok(None) => break,
-            Ok(Some(data)) => data.map_err(read_error)?,
-        };
-        let len = data.len();
-        send_bytes(send, data, false, stall_timeout).await?;
-        trace.body_out += len as u64;
-        let _ = up.flow_control().release_capacity(len);
-    }
-    let trailers = unless_reset(send, with_timeout(upstream_timeout, up.trailers())).await?;
-    match trailers {
-        Err(_) => Err(Stop::Error(ProxyError::UpstreamTimeout)),
-        Ok(Err(e)) => Err(read_error(e)),
-        Ok(Ok(Some(t))) => {
-            let grpc_status = trace.grpc_status_in(&t);
-            send.send_trailers(t)
-                .map_err(|_| Stop::Error(ProxyError::ClientClosed))?;
-            trace.sent_grpc_status(grpc_status);
-            Ok(())
-        }
-        Ok(Ok(None)) => send_data(send, &[], true, stall_timeout).await,
-    }
-}
+const COMPRESSOR_FAILED: ProxyError = ProxyError::UpstreamMalformed("compressor failed");
 
 #[cfg(test)]
 mod tests {

@@ -21,13 +21,13 @@ use h2::server::SendResponse;
 use h2::{Reason, RecvStream, SendStream};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
-use super::exchange::{ResponseBody, StreamRequest, Trace};
+use super::exchange::{Http1Response, StreamRequest, Trace};
+use super::respond::head_from_http1;
 use super::send::{send_data, unless_reset, Stop};
 use crate::buffer::Buffer;
 use crate::codec::http1::{HeaderSpan, ResponseHead};
 use crate::connector::UpstreamStream;
 use crate::error::ProxyError;
-use crate::filters::compression::Plan;
 use crate::filters::upgrade::switch_allowed;
 use crate::forward::driver::{drive, Attempt, LastTry, Miss, Sender, Tries};
 use crate::forward::h1::{send_whole, NoInterim, Reading, RequestMeta};
@@ -172,17 +172,16 @@ impl StreamRequest<'_> {
         respond: &mut SendResponse<Bytes>,
         trace: &mut Trace,
     ) -> Result<(), Failure> {
-        trace.status = resp.status;
-        let arrived = Bytes::copy_from_slice(up_buf.filled());
-        let plan = Plan::default();
-        let head = self.end_to_end_head(resp, &arrived, self.server_of(trace), &plan);
-        up_buf.consume(resp.head_len);
-        let body = ResponseBody {
-            plan: &plan,
-            first: None,
+        let mut lines = Vec::new();
+        let edits = self.edits(&mut lines, self.server_of(trace));
+        let up = Http1Response {
+            stream: &mut stream,
+            buf: up_buf,
+            head: resp,
         };
-        self.respond_with(respond, head, resp, (&mut stream, up_buf), body, trace)
-            .await
+        // The try was counted when its head came (`open`).
+        let relayed = self.respond_http1(respond, up, edits, |_| {}, trace);
+        relayed.await.map(|_| ())
     }
 
     /// The server `open` picked.
@@ -227,8 +226,9 @@ impl StreamRequest<'_> {
     /// answered Weir's key.
     fn accepted_head(&self, resp: &ResponseHead, buf: &[u8], trace: &Trace) -> http::Response<()> {
         let arrived = Bytes::copy_from_slice(buf);
-        let server = self.server_of(trace);
-        let mut head = self.end_to_end_head(resp, &arrived, server, &Plan::default());
+        let mut lines = Vec::new();
+        let edits = self.edits(&mut lines, self.server_of(trace));
+        let mut head = head_from_http1(resp, &arrived, &edits, http::HeaderMap::new());
         *head.status_mut() = http::StatusCode::OK;
         head.headers_mut().remove("sec-websocket-accept");
         head

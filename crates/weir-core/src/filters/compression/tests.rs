@@ -82,8 +82,10 @@ fn plan_of(head: &str, is_head: bool, accepted: Option<Encoding>) -> Plan {
     assert!(matches!(parsed, Ok(true)), "{head}");
     let r = Response {
         status: resp.status,
-        buf: head.as_bytes(),
-        headers: &resp.headers,
+        fields: Fields::Http1 {
+            buf: head.as_bytes(),
+            headers: &resp.headers,
+        },
         framing: resp.framing,
         is_head,
         accepted,
@@ -153,7 +155,11 @@ fn head_edits_weaken_the_etag() {
         weak_etag: true,
     };
     let mut out = Vec::new();
-    plan.push_lines(&mut out, head.as_bytes(), &resp.headers);
+    let fields = Fields::Http1 {
+        buf: head.as_bytes(),
+        headers: &resp.headers,
+    };
+    plan.push_lines(&mut out, fields);
     assert_eq!(
         out,
         b"Content-Encoding: zstd\r\nETag: W/\"abc\"\r\nVary: Accept-Encoding\r\n"
@@ -306,8 +312,10 @@ fn plan_with_rules(head: &str, dropped: &[&str]) -> Plan {
     };
     let r = Response {
         status: resp.status,
-        buf: head.as_bytes(),
-        headers: &resp.headers,
+        fields: Fields::Http1 {
+            buf: head.as_bytes(),
+            headers: &resp.headers,
+        },
         framing: resp.framing,
         is_head: false,
         accepted: Some(Gzip),

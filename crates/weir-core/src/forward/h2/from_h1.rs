@@ -10,17 +10,23 @@ use std::cell::Cell;
 use std::mem::take;
 
 use super::request_body::RequestBody;
-use super::response::{relay, write_head, Ask, Framing, Head};
-use super::{final_head, h1_head_to_h2, open, relay_while_uploading, HeadBounds, Upload};
+use super::response::Ask;
+use super::{
+    content_length, final_head, forbidden_in_trailer, h1_head_to_h2, h2_response, open,
+    relay_while_uploading, HeadBounds, Upload,
+};
 use crate::client::ClientConn;
+use crate::codec::http1::header::is_token;
 use crate::codec::http1::{HeaderKind, RequestHead, ResponseHead};
 use crate::error::ProxyError;
+use crate::forward::body;
 use crate::forward::driver::{drive, Attempt, Exchange, Miss, Sender, Tries};
+use crate::forward::exchange::Http1Request;
 use crate::forward::h1::Http1Interim;
+use crate::forward::head::{coding, plan, write_from_h2, Edits, ForClient, Framing};
+use crate::forward::relay::{relay, Broke, Coding, H2Source, Http1Sink, Peer, Sink, Trailers};
 use crate::forward::request_head::{render_response_rules, write_upstream_head};
-use crate::forward::{body, Failure, Target, Timeouts};
-use crate::upstream::RequestKey;
-use crate::worker::Worker;
+use crate::forward::{Failure, Timeouts};
 
 /// Whether the client sent `TE` with the `trailers` token.
 fn te_trailers(buf: &[u8], req: &RequestHead) -> bool {
@@ -37,53 +43,48 @@ fn te_trailers(buf: &[u8], req: &RequestHead) -> bool {
 /// Forwards the request whose head is at the start of `conn.buf` to an HTTP/2 upstream.
 /// Returns whether the client connection stays open.
 pub(crate) async fn forward_h2(
-    worker: &Worker,
-    target: Target<'_>,
-    conn: &mut ClientConn,
-    req: &RequestHead,
-    resp: &mut ResponseHead,
-    keep_alive: bool,
+    x: &Exchange<'_>,
+    client: Http1Request<'_>,
 ) -> Result<bool, Failure> {
+    let Http1Request {
+        conn,
+        req,
+        resp,
+        meta,
+        keep_alive,
+    } = client;
     let buf = conn.buf.filled();
-    let path = conn.path.get(req.path(buf));
-    let key = RequestKey::new(&target.upstream.lb, buf, req, path, conn.client_text());
-    let limit = target.listener.max_body_size;
-    let body = RequestBody::new(req.framing, limit, buf, req.head_len)?;
+    let listener = x.target.listener;
+    let body = RequestBody::new(req.framing, listener.max_body_size, buf, req.head_len)?;
     let te = te_trailers(buf, req);
     let expect = req.expect_continue && !body.is_whole();
     if expect {
         // The client waits for 100 before sending its body: Weir reads it at once, so it
         // says so itself (an HTTP/2 server need not answer `expect`).
         let go_on = b"HTTP/1.1 100 Continue\r\n\r\n";
-        let timeout = target.listener.client_timeout;
-        body::write_all(&mut conn.stream, go_on, &[], timeout)
+        body::write_all(&mut conn.stream, go_on, &[], listener.client_timeout)
             .await
             .map_err(|_| ProxyError::ClientClosed)?;
     }
-    let x = Exchange {
-        worker,
-        target,
-        key,
-        idempotent: req.idempotent,
-    };
     let mut last_try = conn.last_try;
     let started = conn.request_started;
     let mut sender = FromHttp1 {
-        x: &x,
+        x,
         conn,
         req,
         body,
         consumed: Cell::new(0),
         ask: Ask {
-            is_head: req.is_head,
-            http10: req.minor_version == 0,
+            is_head: meta.is_head,
+            http10: meta.http10,
             te_trailers: te,
         },
+        accepted: meta.accepted,
         expect,
         keep_alive,
         resp,
     };
-    let relayed = drive(&x, &mut sender, started, &mut last_try).await;
+    let relayed = drive(x, &mut sender, started, &mut last_try).await;
     let FromHttp1 { conn, body, .. } = sender;
     conn.last_try = last_try;
     // The request is consumed once answered (a streamed body consumed it as it went).
@@ -101,6 +102,8 @@ struct FromHttp1<'x, 'c> {
     /// Request body bytes taken from the client.
     consumed: Cell<u64>,
     ask: Ask,
+    /// The coding the route's `compression` negotiated with the client.
+    accepted: Option<weir_config::Encoding>,
     /// Weir answered `expect: 100-continue` itself: the field is not sent on.
     expect: bool,
     keep_alive: bool,
@@ -122,36 +125,24 @@ impl Sender for FromHttp1<'_, '_> {
             // Only `auto` upstreams fall back, and HTTP/1.x clients do not take them to h2.
             return Err(ProxyError::UpstreamTls("the server chose HTTP/1.1").into());
         };
+        let (bounds, timeouts, mut client) = (self.bounds(), self.timeouts(), self.client());
         let conn = &mut *self.conn;
-        let (listener, upstream) = (x.target.listener, x.target.upstream);
-        let timeouts = Timeouts {
-            client: listener.client_timeout,
-            upstream: upstream.response_timeout,
-        };
         let (mut cr, mut cw) = conn.stream.split().map_err(ProxyError::client_io)?;
         let mut state = match self.body.is_empty() {
             true => Upload::Done,
             false => Upload::Running,
         };
-        let (buf, consumed) = (&mut conn.buf, &self.consumed);
-        let whole = self.body.is_whole();
-        let upload = self
-            .body
-            .upload(&mut cr, buf, &mut send, consumed, timeouts);
+        let (buf, consumed, body) = (&mut conn.buf, &self.consumed, &mut self.body);
+        let whole = body.is_whole();
+        let upload = body.upload(&mut cr, buf, &mut send, consumed, timeouts);
         tokio::pin!(upload);
-        let bounds = HeadBounds {
-            timeout: upstream.response_timeout,
-            max_informational: listener.max_informational,
-            relay: !self.ask.http10,
-            tokens: true,
-        };
         let mut interim = Http1Interim {
             writer: &mut cw,
-            timeout: listener.client_timeout,
+            timeout: timeouts.client,
         };
         // An HTTP/1.x client is not watched while it waits (it cannot cancel a request).
         let gone = std::future::pending();
-        let waited = final_head(
+        let head = final_head(
             pending,
             upload.as_mut(),
             &mut state,
@@ -159,40 +150,44 @@ impl Sender for FromHttp1<'_, '_> {
             bounds,
             gone,
         );
-        let (head, _lease) = waited.await?;
+        let (head, _lease) = head.await?;
         let (parts, mut up_body) = head.into_parts();
         let status = parts.status.as_u16();
         self.resp.status = status;
         if !tries.relays(status, whole || self.consumed.get() == 0, false) {
             return Err(Miss::retried(status));
         }
-        tries.count(a, Ok(status));
-        let edits = x.target.route.filters.response_headers.as_ref();
-        let head = Head {
-            ask: self.ask,
-            end_stream: up_body.is_end_stream(),
-            keep_alive: self.keep_alive,
-            edits: edits.map(|r| (r, &conn.resp_lines[..])),
-            set_cookie: tries.set_cookie(),
+        let route = x.target.route;
+        let mut edits = Edits::of(route, &conn.resp_lines, a.server, &conn.host);
+        edits.cookie = tries.set_cookie();
+        client.end_stream = up_body.is_end_stream();
+        let head = client_head(&mut conn.out, route, &mut edits, &parts, &client);
+        tries.count(a, head.as_ref().map(|_| status).map_err(|e| *e));
+        let (framing, keep_alive, mut coding) = match head {
+            Ok(head) => head,
+            Err(e) => return Ok(Err(e.into())),
         };
-        conn.out.clear();
-        let (framing, keep_alive) = write_head(&mut conn.out, &parts, &head);
-        let written = body::write_all(&mut cw, &conn.out, &[], timeouts.client).await;
-        if written.is_err() {
-            return Ok(Err(Failure::after_head(ProxyError::ClientClosed)));
-        }
-        conn.sent += conn.out.len() as u64;
-        let sent = &mut conn.sent;
-        let trailers = self.ask.te_trailers;
+        let received = Cell::new(0);
+        let mut source = H2Source::new(&mut up_body, timeouts.upstream, Peer::Upstream, &received);
+        let mut sink = Http1Sink {
+            writer: &mut cw,
+            timeout: timeouts.client,
+            sent: &mut conn.sent,
+            head: &conn.out,
+            chunked: framing == Framing::Chunked,
+            trailers: client.te_trailers.then_some(relayed_in_trailers),
+        };
         let relayed = async {
             match framing {
-                Framing::Empty => Ok(()),
-                _ => relay(&mut up_body, &mut cw, framing, trailers, sent, timeouts).await,
+                Framing::Empty => sink.end(Trailers::None).await.map_err(Broke::Sink),
+                _ => relay(&mut source, &mut sink, coding.as_mut()).await,
             }
         };
         let upload = (state == Upload::Running).then_some(upload);
-        Ok(match relay_while_uploading(upload, relayed).await {
-            Err(error) => Err(Failure::after_head(error)),
+        let relayed = relay_while_uploading(upload, relayed).await;
+        conn.compressed = coding.as_ref().map(Coding::compressed);
+        Ok(match relayed {
+            Err(Broke::Source(e) | Broke::Sink(e)) => Err(Failure::after_head(e)),
             // A request body the client is still sending cannot be skipped: close.
             Ok(request_done) => Ok(keep_alive && request_done && state != Upload::Stopped),
         })
@@ -208,6 +203,36 @@ impl Sender for FromHttp1<'_, '_> {
 }
 
 impl FromHttp1<'_, '_> {
+    /// The wait for the final head: `response_timeout` from the end of the upload; 1xx
+    /// heads relayed but to HTTP/1.0 clients, at most the listener's `max_informational`.
+    fn bounds(&self) -> HeadBounds {
+        HeadBounds {
+            timeout: self.x.target.upstream.response_timeout,
+            max_informational: self.x.target.listener.max_informational,
+            relay: !self.ask.http10,
+            tokens: true,
+        }
+    }
+
+    /// What the client asked that shapes the response.
+    fn client(&self) -> ForClient {
+        ForClient {
+            is_head: self.ask.is_head,
+            http10: self.ask.http10,
+            te_trailers: self.ask.te_trailers,
+            accepted: self.accepted,
+            end_stream: false,
+            keep_alive: self.keep_alive,
+        }
+    }
+
+    fn timeouts(&self) -> Timeouts {
+        Timeouts {
+            client: self.x.target.listener.client_timeout,
+            upstream: self.x.target.upstream.response_timeout,
+        }
+    }
+
     /// The request for try `a`: the head written for its server, as HTTP/2 fields.
     fn request(&mut self, a: &Attempt<'_>) -> Result<http::Request<()>, Miss> {
         let (target, conn) = (&self.x.target, &mut *self.conn);
@@ -232,4 +257,32 @@ impl FromHttp1<'_, '_> {
         }
         Ok(request)
     }
+}
+
+/// Writes the client's head for an HTTP/2 upstream's `parts` into `out` with the route's
+/// `edits` (the compression plan made here, from the coding the client accepts). Returns the
+/// body's framing, whether the client connection stays open, and the compression; `Err`:
+/// the compressor did not start, refused before any of the response went out.
+fn client_head(
+    out: &mut Vec<u8>,
+    route: &weir_config::Route,
+    edits: &mut Edits<'_>,
+    parts: &http::response::Parts,
+    client: &ForClient,
+) -> Result<(Framing, bool, Option<Coding>), ProxyError> {
+    edits.plan = plan(route, &h2_response(parts, client, route));
+    let coding =
+        coding(route, &edits.plan, content_length(parts)).map_err(|_| COMPRESSOR_FAILED)?;
+    out.clear();
+    let (framing, keep_alive) = write_from_h2(out, parts, edits, client);
+    Ok((framing, keep_alive, coding))
+}
+
+const COMPRESSOR_FAILED: ProxyError = ProxyError::UpstreamMalformed("compressor failed");
+
+/// Whether an HTTP/2 upstream's trailer field goes into an HTTP/1.1 client's chunked
+/// trailer section: not one a trailer must not carry, and a token (`h2` takes names with
+/// `"`), as from an HTTP/1.1 upstream (`http2::trailers`).
+fn relayed_in_trailers(name: &str) -> bool {
+    !forbidden_in_trailer(name) && is_token(name.as_bytes())
 }

@@ -28,6 +28,7 @@ use http::header::{HeaderName, HeaderValue};
 
 use super::driver::{Attempt, Exchange, Miss};
 use super::h1::{Interim, TOO_MANY_INFORMATIONAL};
+use super::relay::Broke;
 use super::{Failure, Reached};
 use crate::codec::http1::header::is_token;
 use crate::connector::h2::{checkout, h2_error, never_processed, Checkout, Lease};
@@ -35,7 +36,7 @@ use crate::error::ProxyError;
 use crate::time::with_timeout;
 
 pub(crate) use from_h1::forward_h2;
-pub(crate) use response::write_interim;
+pub(crate) use response::{push_fields, write_interim};
 
 /// A stream sent to a server: its connection's lease and the response to come.
 pub(crate) struct Pending {
@@ -66,14 +67,6 @@ pub(crate) async fn open(
             ..Miss::from(h2_error(&e))
         }),
     }
-}
-
-/// Why an upload stopped.
-pub(crate) enum UploadError {
-    /// The client's fault (bad framing, too large, gone, too slow): answered as such.
-    Client(ProxyError),
-    /// The upstream stopped taking the body; its response (if any) says why.
-    Upstream,
 }
 
 /// Where an upload is.
@@ -113,7 +106,7 @@ pub(crate) async fn final_head<U, I, G>(
     gone: G,
 ) -> Result<(http::Response<RecvStream>, Lease), Miss>
 where
-    U: Future<Output = Result<(), UploadError>>,
+    U: Future<Output = Result<(), Broke>>,
     I: Interim,
     G: Future<Output = ProxyError>,
 {
@@ -164,7 +157,7 @@ async fn waiting<U, H, G>(
     gone: G,
 ) -> Result<http::Response<RecvStream>, NoFinal>
 where
-    U: Future<Output = Result<(), UploadError>>,
+    U: Future<Output = Result<(), Broke>>,
     H: Future<Output = Result<http::Response<RecvStream>, NoFinal>>,
     G: Future<Output = ProxyError>,
 {
@@ -178,8 +171,9 @@ where
                 timer.as_mut().reset(tokio::time::Instant::now() + timeout);
                 *state = match r {
                     Ok(()) => Upload::Done,
-                    Err(UploadError::Upstream) => Upload::Stopped,
-                    Err(UploadError::Client(e)) => return Err(NoFinal::Failed(e)),
+                    // The upstream stopped taking the body; its response (if any) says why.
+                    Err(Broke::Sink(_)) => Upload::Stopped,
+                    Err(Broke::Source(e)) => return Err(NoFinal::Failed(e)),
                 };
             }
             h = &mut head => return h,
@@ -237,7 +231,7 @@ pub(crate) async fn relay_while_uploading<U, R, E>(
     relay: R,
 ) -> Result<bool, E>
 where
-    U: Future<Output = Result<(), UploadError>>,
+    U: Future<Output = Result<(), Broke>>,
     R: Future<Output = Result<(), E>>,
     E: From<ProxyError>,
 {
@@ -250,9 +244,9 @@ where
         tokio::select! {
             r = upload.as_mut(), if uploading => match r {
                 Ok(()) => uploading = false,
-                Err(UploadError::Client(e)) => return Err(e.into()),
+                Err(Broke::Source(e)) => return Err(e.into()),
                 // The server took no more (it may have answered already): the relay goes on.
-                Err(UploadError::Upstream) => return relay.await.map(|()| false),
+                Err(Broke::Sink(_)) => return relay.await.map(|()| false),
             },
             r = &mut relay => return r.map(|()| !uploading),
         }
@@ -394,6 +388,33 @@ pub(crate) async fn send_windowed(
             .map_err(up_error)?;
     }
     Ok(())
+}
+
+/// The server's `content-length`, if it sent one.
+pub(crate) fn content_length(parts: &http::response::Parts) -> Option<u64> {
+    let value = parts.headers.get(http::header::CONTENT_LENGTH)?;
+    value.to_str().ok()?.parse().ok()
+}
+
+/// An HTTP/2 upstream's response as the compression plan sees it.
+pub(crate) fn h2_response<'p>(
+    parts: &'p http::response::Parts,
+    client: &crate::forward::head::ForClient,
+    route: &'p weir_config::Route,
+) -> crate::filters::compression::Response<'p> {
+    let framing = match (content_length(parts), client.end_stream) {
+        (Some(n), _) => crate::codec::http1::BodyFraming::Length(n),
+        (None, true) => crate::codec::http1::BodyFraming::None,
+        (None, false) => crate::codec::http1::BodyFraming::Chunked,
+    };
+    crate::filters::compression::Response {
+        status: parts.status.as_u16(),
+        fields: crate::codec::Fields::Http2(&parts.headers),
+        framing,
+        is_head: client.is_head,
+        accepted: client.accepted,
+        rules: route.filters.response_headers.as_ref(),
+    }
 }
 
 #[cfg(test)]

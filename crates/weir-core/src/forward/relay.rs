@@ -1,0 +1,557 @@
+//! One relay loop for every body, each way: a request's from the client to the upstream, a
+//! response's back. A body comes from an HTTP/1.1 message over a socket and its buffer
+//! ([`Http1Source`]: its framing kept, or decoded) or from HTTP/2 DATA ([`H2Source`]), and
+//! goes to an HTTP/1.1 writer ([`Http1Sink`]: as it came, or chunked) or out as HTTP/2 DATA
+//! (`http2::send` for a client's stream, [`H2Upload`] for an upstream's). A response may be
+//! compressed on the way ([`relay`] with an `Encoder`).
+//!
+//! A source hands out one piece at a time and releases it only once the sink took it (an
+//! HTTP/1.1 buffer is consumed, an HTTP/2 window given back), so a slow sink slows the
+//! source and nothing else waits in Weir. Trailer fields follow the body where both sides
+//! carry them ([`Trailers`]).
+
+use std::future::{poll_fn, Future};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use h2::{RecvStream, SendStream};
+use http::HeaderMap;
+use tokio::io::{AsyncRead, AsyncWrite};
+
+use super::body::{self, BodyState, ChunkLine, PumpError};
+use super::h1::{client_pump_error, upstream_pump_error};
+use super::h2::send_windowed;
+use crate::buffer::Buffer;
+use crate::connector::h2::h2_error;
+use crate::error::ProxyError;
+use crate::filters::compression::Encoder;
+use crate::time::with_timeout;
+
+/// A piece of a body: bytes in a buffer, or an HTTP/2 DATA payload (sent on without a copy).
+pub(crate) enum Piece<'a> {
+    Slice(&'a [u8]),
+    Bytes(Bytes),
+}
+
+impl Piece<'_> {
+    pub fn as_slice(&self) -> &[u8] {
+        match self {
+            Piece::Slice(s) => s,
+            Piece::Bytes(b) => b,
+        }
+    }
+
+    /// The piece as `Bytes`: a DATA payload as it is, buffer bytes copied.
+    pub fn into_bytes(self) -> Bytes {
+        match self {
+            Piece::Slice(s) => Bytes::copy_from_slice(s),
+            Piece::Bytes(b) => b,
+        }
+    }
+}
+
+/// What follows a body.
+pub(crate) enum Trailers<'a> {
+    None,
+    /// An HTTP/1.1 chunked body's trailer field lines (each ending in CRLF).
+    Lines(&'a [u8]),
+    /// An HTTP/2 trailing HEADERS frame.
+    Fields(HeaderMap),
+}
+
+/// Which side a body comes from: says what its failures are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Peer {
+    Client,
+    Upstream,
+}
+
+impl Peer {
+    fn error(self, e: PumpError) -> ProxyError {
+        match self {
+            Peer::Client => client_pump_error(e),
+            Peer::Upstream => upstream_pump_error(e),
+        }
+    }
+}
+
+/// Where a body comes from.
+pub(crate) trait Source {
+    /// The next piece, and whether the body ends with it with no trailers after it;
+    /// `None`: the body is over.
+    fn next(&mut self) -> impl Future<Output = Result<Option<(Piece<'_>, bool)>, ProxyError>>;
+
+    /// The sink took the last piece: its bytes are released.
+    fn taken(&mut self);
+
+    /// The trailer fields after the body.
+    fn trailers(&mut self) -> impl Future<Output = Result<Trailers<'_>, ProxyError>>;
+
+    /// Frames the body bytes already at hand (a response's that came with its head), so
+    /// that a framing error there is found before any of the response is sent. Returns
+    /// whether the whole body is at hand.
+    fn prime(&mut self) -> Result<bool, ProxyError> {
+        Ok(false)
+    }
+}
+
+/// Where a body goes.
+pub(crate) trait Sink {
+    /// Sends `piece`; `last`: the body ends with it, no trailers follow.
+    fn data(
+        &mut self,
+        piece: Piece<'_>,
+        last: bool,
+    ) -> impl Future<Output = Result<(), ProxyError>>;
+
+    /// Ends the body, with its trailers where the sink carries them.
+    fn end(&mut self, trailers: Trailers<'_>) -> impl Future<Output = Result<(), ProxyError>>;
+
+    /// Ready when the sink's peer went away while the source is awaited (an HTTP/2
+    /// client's reset); the others are not watched.
+    fn poll_gone(&mut self, _: &mut Context<'_>) -> Poll<ProxyError> {
+        Poll::Pending
+    }
+}
+
+/// Why a relay stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Broke {
+    /// Reading the body failed (or the compressor did).
+    Source(ProxyError),
+    /// Sending it on failed.
+    Sink(ProxyError),
+}
+
+impl From<ProxyError> for Broke {
+    /// A failure of the body's other half (an upload's, while a response is relayed).
+    fn from(error: ProxyError) -> Broke {
+        Broke::Source(error)
+    }
+}
+
+/// A response's compression on the way: the encoder and its byte counts.
+pub(crate) struct Coding {
+    pub encoder: Encoder,
+    pub encoding: weir_config::Encoding,
+    /// Body bytes fed to the encoder, and compressed bytes sent.
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+}
+
+const COMPRESSOR_FAILED: ProxyError = ProxyError::UpstreamMalformed("compressor failed");
+
+/// Moves the body from `source` to `sink` until its end (and trailers), each piece through
+/// `coding` when the response is compressed: encoded and flushed, so nothing waits for
+/// more input.
+pub(crate) async fn relay<S: Source, K: Sink>(
+    source: &mut S,
+    sink: &mut K,
+    mut coding: Option<&mut Coding>,
+) -> Result<(), Broke> {
+    loop {
+        let next = {
+            let mut next = std::pin::pin!(source.next());
+            poll_fn(|cx| match sink.poll_gone(cx) {
+                Poll::Ready(e) => Poll::Ready(Err(Broke::Sink(e))),
+                Poll::Pending => next.as_mut().poll(cx).map(|r| r.map_err(Broke::Source)),
+            })
+            .await?
+        };
+        let Some((piece, last)) = next else {
+            break;
+        };
+        match coding.as_deref_mut() {
+            None => sink.data(piece, last).await.map_err(Broke::Sink)?,
+            Some(c) => c.send(piece.as_slice(), last, sink).await?,
+        }
+        source.taken();
+        if last {
+            return Ok(());
+        }
+    }
+    if let Some(c) = coding {
+        c.send(&[], false, sink).await?;
+    }
+    let trailers = source.trailers().await.map_err(Broke::Source)?;
+    sink.end(trailers).await.map_err(Broke::Sink)
+}
+
+impl Coding {
+    /// What the compression did, for the metrics.
+    pub fn compressed(&self) -> crate::filters::compression::Compressed {
+        crate::filters::compression::Compressed {
+            encoding: self.encoding,
+            bytes_in: self.bytes_in,
+            bytes_out: self.bytes_out,
+        }
+    }
+
+    /// Encodes `data` (the encoder's end too when `data` is the last or empty), and sends
+    /// what came out.
+    async fn send<K: Sink>(&mut self, data: &[u8], last: bool, sink: &mut K) -> Result<(), Broke> {
+        let failed = |_| Broke::Source(COMPRESSOR_FAILED);
+        if !data.is_empty() {
+            self.encoder.feed(data).map_err(failed)?;
+            self.bytes_in += data.len() as u64;
+        }
+        if last || data.is_empty() {
+            self.encoder.finish().map_err(failed)?;
+        }
+        let out = self.encoder.output();
+        self.bytes_out += out.len() as u64;
+        let sent = match out.is_empty() && !last {
+            true => Ok(()),
+            false => sink.data(Piece::Slice(out), last).await,
+        };
+        self.encoder.output().clear();
+        sent.map_err(Broke::Sink)
+    }
+}
+
+/// An HTTP/1.1 message body over a socket (`stream`), read through `buf` (which may hold
+/// body bytes already) as `state` frames it.
+pub(crate) struct Http1Source<'b, R> {
+    pub stream: &'b mut R,
+    pub buf: &'b mut Buffer,
+    pub state: BodyState,
+    /// For each read.
+    pub timeout: Duration,
+    pub from: Peer,
+    /// Bytes of `buf` the last piece used, and sends on.
+    used: usize,
+    used_forward: usize,
+    /// The last piece was handed out.
+    ended: bool,
+    /// A piece framed by `prime`, not handed out yet: its length.
+    primed: Option<usize>,
+    /// The first piece's bytes as `Bytes` (the copy of what arrived with the head), for a
+    /// sink that takes `Bytes`; only for a body whose bytes are not decoded in place.
+    pub first: Option<Bytes>,
+}
+
+impl<'b, R> Http1Source<'b, R> {
+    pub fn new(
+        stream: &'b mut R,
+        buf: &'b mut Buffer,
+        state: BodyState,
+        timeout: Duration,
+        from: Peer,
+    ) -> Self {
+        Http1Source {
+            stream,
+            buf,
+            state,
+            timeout,
+            from,
+            used: 0,
+            used_forward: 0,
+            ended: false,
+            primed: None,
+            first: None,
+        }
+    }
+}
+
+impl<R: AsyncRead + Unpin> Source for Http1Source<'_, R> {
+    async fn next(&mut self) -> Result<Option<(Piece<'_>, bool)>, ProxyError> {
+        if let Some(forward) = self.primed.take() {
+            return Ok(Some(self.piece(forward)));
+        }
+        loop {
+            if self.ended {
+                return Ok(None);
+            }
+            if !self.buf.is_empty() && self.frame()? {
+                return Ok(Some(self.piece(self.used_forward)));
+            }
+            if self.state.is_done() {
+                return Ok(None);
+            }
+            // The bytes read next are not those `first` holds.
+            self.first = None;
+            let read = with_timeout(self.timeout, self.buf.read_from(self.stream)).await;
+            let error = match read {
+                Ok(Ok(n)) if n > 0 => continue,
+                Err(_) => PumpError::ReadTimeout,
+                Ok(Err(e)) => PumpError::Read(e.kind()),
+                Ok(Ok(_)) if self.buf.is_full() => PumpError::Framing("chunk line too long"),
+                // The body ends here (`UntilClose`): the next turn ends it.
+                Ok(Ok(_)) if self.state.on_eof() => return Ok(None),
+                Ok(Ok(_)) => PumpError::Truncated,
+            };
+            return Err(self.from.error(error));
+        }
+    }
+
+    fn taken(&mut self) {
+        self.buf.consume(std::mem::take(&mut self.used));
+    }
+
+    async fn trailers(&mut self) -> Result<Trailers<'_>, ProxyError> {
+        Ok(match self.state.trailers() {
+            [] => Trailers::None,
+            lines => Trailers::Lines(lines),
+        })
+    }
+
+    fn prime(&mut self) -> Result<bool, ProxyError> {
+        if !self.buf.is_empty() && self.frame()? {
+            self.primed = Some(self.used_forward);
+        }
+        Ok(self.state.is_done())
+    }
+}
+
+impl<R> Http1Source<'_, R> {
+    /// Frames the bytes at the start of `buf`. True: a piece is ready (`used_forward` of
+    /// them to send, `used` to consume once taken); false: they were all framing, consumed.
+    fn frame(&mut self) -> Result<bool, ProxyError> {
+        let taken = self.state.take(self.buf.filled_mut());
+        let (forward, used) = taken.map_err(|e| self.from.error(e))?;
+        let done = self.state.is_done();
+        if forward > 0 || done {
+            (self.used, self.used_forward) = (used, forward);
+            self.ended = done;
+            return Ok(true);
+        }
+        self.buf.consume(used);
+        Ok(false)
+    }
+
+    /// The framed piece of `forward` bytes, and whether it ends the body.
+    fn piece(&mut self, forward: usize) -> (Piece<'_>, bool) {
+        let last = self.ended && self.state.trailers().is_empty();
+        let piece = match self.first.take() {
+            Some(first) => Piece::Bytes(first.slice(..forward)),
+            None => Piece::Slice(&self.buf.filled()[..forward]),
+        };
+        (piece, last)
+    }
+}
+
+/// HTTP/2 DATA of a stream, each payload's window given back once the sink took it.
+pub(crate) struct H2Source<'b> {
+    pub body: &'b mut RecvStream,
+    /// For each DATA frame.
+    pub timeout: Duration,
+    pub from: Peer,
+    /// Bytes taken so far (a client's body: at most `limit`).
+    pub total: &'b std::cell::Cell<u64>,
+    pub limit: Option<u64>,
+    /// The last payload's length, released once taken.
+    held: usize,
+}
+
+impl<'b> H2Source<'b> {
+    pub fn new(
+        body: &'b mut RecvStream,
+        timeout: Duration,
+        from: Peer,
+        total: &'b std::cell::Cell<u64>,
+    ) -> Self {
+        H2Source {
+            body,
+            timeout,
+            from,
+            total,
+            limit: None,
+            held: 0,
+        }
+    }
+
+    fn error(&self, e: h2::Error) -> ProxyError {
+        match self.from {
+            Peer::Client => ProxyError::ClientClosed,
+            Peer::Upstream => h2_error(&e),
+        }
+    }
+
+    fn timed_out(&self) -> ProxyError {
+        match self.from {
+            Peer::Client => ProxyError::ClientTimeout,
+            Peer::Upstream => ProxyError::UpstreamTimeout,
+        }
+    }
+}
+
+impl Source for H2Source<'_> {
+    async fn next(&mut self) -> Result<Option<(Piece<'_>, bool)>, ProxyError> {
+        loop {
+            let data = match with_timeout(self.timeout, self.body.data()).await {
+                Err(_) => return Err(self.timed_out()),
+                Ok(None) => return Ok(None),
+                Ok(Some(Err(e))) => return Err(self.error(e)),
+                Ok(Some(Ok(data))) => data,
+            };
+            self.total.set(self.total.get() + data.len() as u64);
+            if self.limit.is_some_and(|max| self.total.get() > max) {
+                return Err(ProxyError::BodyTooLarge);
+            }
+            let last = self.body.is_end_stream();
+            // Never an empty piece but the last: it would end an HTTP/1.1 chunked body.
+            if data.is_empty() && !last {
+                continue;
+            }
+            self.held = data.len();
+            return Ok(Some((Piece::Bytes(data), last)));
+        }
+    }
+
+    fn taken(&mut self) {
+        // Only now may the peer send more: its pace is the sink's.
+        let _ = self.body.flow_control().release_capacity(self.held);
+    }
+
+    async fn trailers(&mut self) -> Result<Trailers<'_>, ProxyError> {
+        match with_timeout(self.timeout, self.body.trailers()).await {
+            Err(_) => Err(self.timed_out()),
+            Ok(Err(e)) => Err(self.error(e)),
+            Ok(Ok(Some(fields))) => Ok(Trailers::Fields(fields)),
+            Ok(Ok(None)) => Ok(Trailers::None),
+        }
+    }
+}
+
+/// An HTTP/1.1 writer: the body as it came (its framing is already in its bytes, or it
+/// ends with the connection), or chunked. `head` goes out with the first bytes.
+pub(crate) struct Http1Sink<'w, W> {
+    pub writer: &'w mut W,
+    /// For each write.
+    pub timeout: Duration,
+    /// Bytes written, the head's included.
+    pub sent: &'w mut u64,
+    /// Written before the body (with its first bytes); emptied once written.
+    pub head: &'w [u8],
+    /// The body is chunked here (each piece one chunk, whole: nothing waits for more).
+    pub chunked: bool,
+    /// Which HTTP/2 trailer fields go into the chunked body's trailer section (`None`:
+    /// none do; an HTTP/1.1 chunked body carries its own).
+    pub trailers: Option<fn(&str) -> bool>,
+}
+
+impl<W: AsyncWrite + Unpin> Http1Sink<'_, W> {
+    /// Writes `parts` after the head if it is still due.
+    async fn write(&mut self, parts: [&[u8]; 3]) -> Result<(), ProxyError> {
+        let head = std::mem::take(&mut self.head);
+        let all = [head, parts[0], parts[1], parts[2]];
+        let written = body::write_parts(self.writer, all, self.timeout);
+        written.await.map_err(super::h1::client_write_error)?;
+        *self.sent += all.iter().map(|p| p.len() as u64).sum::<u64>();
+        Ok(())
+    }
+}
+
+impl<W: AsyncWrite + Unpin> Sink for Http1Sink<'_, W> {
+    async fn data(&mut self, piece: Piece<'_>, last: bool) -> Result<(), ProxyError> {
+        let data = piece.as_slice();
+        if data.is_empty() {
+            return match (last, self.head.is_empty()) {
+                (true, _) => self.end(Trailers::None).await,
+                (false, true) => Ok(()),
+                // Nothing to send yet but the head: it goes now.
+                (false, false) => self.write([&[], &[], &[]]).await,
+            };
+        }
+        if !self.chunked {
+            return self.write([data, &[], &[]]).await;
+        }
+        self.write([ChunkLine::new(data.len()).get(), data, b"\r\n"])
+            .await?;
+        match last {
+            true => self.end(Trailers::None).await,
+            false => Ok(()),
+        }
+    }
+
+    async fn end(&mut self, trailers: Trailers<'_>) -> Result<(), ProxyError> {
+        if !std::mem::take(&mut self.chunked) {
+            return match self.head.is_empty() {
+                true => Ok(()),
+                false => self.write([&[], &[], &[]]).await,
+            };
+        }
+        let fields = match (&trailers, self.trailers) {
+            (Trailers::Fields(fields), Some(keeps)) => {
+                let mut lines = Vec::with_capacity(64);
+                super::h2::push_fields(&mut lines, fields, |name| !keeps(name));
+                lines
+            }
+            _ => Vec::new(),
+        };
+        self.write([b"0\r\n", &fields, b"\r\n"]).await
+    }
+}
+
+/// An HTTP/2 upstream stream's request DATA, each piece sent within the stream's window
+/// (the first, when small, at once: `send_windowed`).
+pub(crate) struct H2Upload<'s> {
+    pub send: &'s mut SendStream<Bytes>,
+    /// For each wait for window.
+    pub timeout: Duration,
+    /// Nothing sent yet.
+    pub first: bool,
+}
+
+impl Sink for H2Upload<'_> {
+    async fn data(&mut self, piece: Piece<'_>, last: bool) -> Result<(), ProxyError> {
+        let eager = std::mem::take(&mut self.first).then_some(super::h2::EAGER_FIRST_PIECE);
+        send_windowed(self.send, piece.into_bytes(), self.timeout, eager, last).await
+    }
+
+    async fn end(&mut self, trailers: Trailers<'_>) -> Result<(), ProxyError> {
+        let sent = match trailers {
+            Trailers::Fields(fields) => self.send.send_trailers(fields),
+            // An HTTP/1.1 client's chunked trailers are dropped: rare, and it cannot know
+            // the upstream speaks HTTP/2.
+            _ => self.send.send_data(Bytes::new(), true),
+        };
+        sent.map_err(|_| ProxyError::UpstreamClosed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codec::http1::BodyFraming;
+
+    #[tokio::test]
+    async fn a_relay_stops_at_the_body_end() {
+        let mut src: &[u8] = b"llo world";
+        let mut buf = Buffer::new(4);
+        let mut dst = Vec::new();
+        let state = BodyState::new(BodyFraming::Length(5), false, None);
+        let t = Duration::from_secs(1);
+        let mut written = 0;
+        let mut source = Http1Source::new(&mut src, &mut buf, state, t, Peer::Upstream);
+        let mut sink = Http1Sink {
+            writer: &mut dst,
+            timeout: t,
+            sent: &mut written,
+            head: &[],
+            chunked: false,
+            trailers: None,
+        };
+        relay(&mut source, &mut sink, None).await.unwrap();
+        assert_eq!(dst, b"llo w");
+        assert_eq!(written, 5);
+        let state = BodyState::new(BodyFraming::Length(50), false, None);
+        let mut src: &[u8] = b"short";
+        let mut buf = Buffer::new(4);
+        let mut source = Http1Source::new(&mut src, &mut buf, state, t, Peer::Upstream);
+        let mut sink = Http1Sink {
+            writer: &mut dst,
+            timeout: t,
+            sent: &mut written,
+            head: &[],
+            chunked: false,
+            trailers: None,
+        };
+        // Truncated: the upstream closed before the body's end.
+        assert_eq!(
+            relay(&mut source, &mut sink, None).await,
+            Err(Broke::Source(ProxyError::UpstreamClosed))
+        );
+    }
+}

@@ -1,0 +1,151 @@
+//! The response an HTTP/2 client's stream gets from an upstream of either protocol: the
+//! head built with the route's edits (`forward::head::Edits`: hop-by-hop fields dropped,
+//! locations mapped back, `response_headers`, the compression plan, the sticky cookie),
+//! then the body through the one relay (`forward::relay`) into the stream
+//! (`send::StreamSink`), compressed when the plan says so, its trailers after it.
+
+use bytes::Bytes;
+use h2::{Reason, SendStream};
+use http::{HeaderMap, HeaderValue};
+
+use super::exchange::Trace;
+use super::names::response_name;
+use super::send::StreamSink;
+use crate::codec::http1::ResponseHead;
+use crate::forward::head::Edits;
+use crate::forward::relay::{relay, Broke, Coding, Source};
+use crate::forward::{Failure, Reached};
+
+/// The h2 head for an HTTP/1.1 upstream's `resp`, whose bytes are `buf` (one copy of what
+/// arrived: the values are slices of it): hop-by-hop and `Connection`-listed fields
+/// dropped, names lower-cased, `edits` applied. `headers`: an empty field map to fill
+/// (the request's, its allocations kept).
+pub(super) fn head_from_http1(
+    resp: &ResponseHead,
+    buf: &Bytes,
+    edits: &Edits<'_>,
+    mut headers: HeaderMap,
+) -> http::Response<()> {
+    let mut mapped = Vec::new();
+    for h in &resp.headers {
+        let name = &buf[h.name.clone()];
+        if h.connection_listed || h.kind.is_hop_by_hop() || edits.drops(name) {
+            continue;
+        }
+        mapped.clear();
+        let value = match edits.map_location(h.kind, &buf[h.value.clone()], &mut mapped) {
+            true => HeaderValue::from_bytes(&mapped),
+            false => HeaderValue::from_maybe_shared(buf.slice(h.value.clone())),
+        };
+        if let (Ok(name), Ok(value)) = (response_name(name), value) {
+            headers.append(name, value);
+        }
+    }
+    let fields = crate::codec::Fields::Http1 {
+        buf,
+        headers: &resp.headers,
+    };
+    append_lines(&mut headers, edits, fields, &mut mapped);
+    let mut response = http::Response::new(());
+    *response.status_mut() =
+        http::StatusCode::from_u16(resp.status).unwrap_or(http::StatusCode::BAD_GATEWAY);
+    *response.headers_mut() = headers;
+    response
+}
+
+/// An HTTP/2 upstream's head `parts` with `edits` applied in place (a route without edits
+/// leaves the map as it came).
+pub(super) fn head_from_h2(parts: http::response::Parts, edits: &Edits<'_>) -> http::Response<()> {
+    let mut response = http::Response::from_parts(parts, ());
+    if edits.keeps_fields() && edits.cookie.is_none() && edits.plan == Default::default() {
+        return response;
+    }
+    let headers = response.headers_mut();
+    let mut kept = HeaderMap::with_capacity(headers.len());
+    let mut scratch = Vec::new();
+    for (name, value) in headers.iter() {
+        if edits.drops(name.as_str().as_bytes()) {
+            continue;
+        }
+        let kind = crate::codec::http1::HeaderKind::of(name.as_str().as_bytes());
+        scratch.clear();
+        let value = match edits.map_location(kind, value.as_bytes(), &mut scratch) {
+            true => HeaderValue::from_bytes(&scratch).unwrap_or_else(|_| value.clone()),
+            false => value.clone(),
+        };
+        kept.append(name.clone(), value);
+    }
+    append_lines(
+        &mut kept,
+        edits,
+        crate::codec::Fields::Http2(headers),
+        &mut scratch,
+    );
+    *headers = kept;
+    response
+}
+
+/// Appends the lines `edits` add (`Name: value` each, as `forward::head` writes them) as
+/// fields. Names and values were checked where they were made (config, a parsed head), so
+/// a conversion cannot fail in practice; a line that would is skipped.
+fn append_lines(
+    headers: &mut HeaderMap,
+    edits: &Edits<'_>,
+    fields: crate::codec::Fields<'_>,
+    scratch: &mut Vec<u8>,
+) {
+    scratch.clear();
+    edits.push_lines(scratch, fields);
+    for line in scratch.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        let Some(colon) = line.iter().position(|b| *b == b':') else {
+            continue;
+        };
+        let name = response_name(&line[..colon]);
+        let value = HeaderValue::from_bytes(line[colon + 1..].trim_ascii());
+        if let (Ok(name), Ok(value)) = (name, value) {
+            headers.append(name, value);
+        }
+    }
+}
+
+/// Relays the body from `source` into the stream `send` (its head sent), compressed
+/// through `coding` when there is one; on a failure the stream is reset (CANCEL).
+pub(super) async fn relay_body<S: Source>(
+    mut send: SendStream<Bytes>,
+    source: &mut S,
+    sink: Sinking<'_>,
+    coding: Option<&mut Coding>,
+) -> Result<(), Failure> {
+    let Sinking {
+        edits,
+        trace,
+        stall,
+        max_trailers,
+    } = sink;
+    let mut sink = StreamSink {
+        send: &mut send,
+        stall,
+        max_trailers,
+        edits,
+        trace,
+    };
+    let error = match relay(source, &mut sink, coding).await {
+        Ok(()) => return Ok(()),
+        Err(Broke::Source(e) | Broke::Sink(e)) => e,
+    };
+    send.send_reset(Reason::CANCEL);
+    Err(Failure {
+        error,
+        reached: Reached::Head,
+    })
+}
+
+/// Where and how a body is relayed into a client's stream.
+pub(super) struct Sinking<'s> {
+    pub edits: &'s Edits<'s>,
+    pub trace: &'s mut Trace,
+    /// How long the client's window may stay shut.
+    pub stall: std::time::Duration,
+    pub max_trailers: u32,
+}
