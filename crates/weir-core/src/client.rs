@@ -42,6 +42,8 @@ const DRAIN_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
 /// The smallest client read buffer; larger when `max_header_size` needs it.
 const MIN_CLIENT_BUFFER: usize = 16 * 1024;
 
+/// One client connection: its socket, buffers and timers, and (`current`) what its request
+/// in progress leaves for its answer and its log line.
 pub struct ClientConn {
     worker: Rc<Worker>,
     /// The connection's seat among its worker's idle connections (`places`): evictable
@@ -54,36 +56,20 @@ pub struct ClientConn {
     pub ip: ClientIp,
     /// The peer's address (after a PROXY header): `ip` as an address.
     pub peer_ip: IpAddr,
-    /// The current request's client behind trusted proxies (`None`: the peer).
-    pub real_client: Option<(IpAddr, ClientIp)>,
-    /// The current request's host, kept after its head is consumed (for ProxyPassReverse).
+    /// The current request's host, kept after its head is consumed (for ProxyPassReverse);
+    /// its buffer is reused.
     pub host: Vec<u8>,
     /// The current request's normalised path (routed and forwarded); its buffer is reused.
     pub path: RoutedPath,
-    /// The current route's `response_headers` lines, rendered from the request.
+    /// The current route's `response_headers` lines, rendered from the request; reused.
     pub resp_lines: Vec<u8>,
-    /// What the route's compression did to the current response (metrics).
-    pub compressed: Option<crate::filters::compression::Compressed>,
-    /// The current request's id (empty when the listener has `request_id = false`).
-    pub request_id: RequestId,
     /// Requests read on this connection so far.
     pub served: u64,
     /// Bytes written to the client so far.
     pub sent: u64,
-    /// The current request's access-log fields (filled only when the listener logs).
-    pub log_fields: RequestFields,
-    /// The server the current request went to, if any, and how long it took to answer.
-    pub last_try: LastTry,
     /// Answer this request with `Connection: close` and close: a reload removed the
     /// listener, or the request came just as a newcomer took the connection's idle place.
     pub last_request: bool,
-    /// The current request failed before its response, and its head and whole body had
-    /// been consumed from `buf` by then (which now starts at the next request): Weir's
-    /// answer need not close the connection (`proxy::http1::answer`). Set where a forward
-    /// fails, cleared for each request.
-    pub request_read: bool,
-    /// When the current request's head was complete.
-    pub request_started: std::time::Instant,
     /// When the connection last became idle: accepted, or its last response finished.
     pub idle_since: std::time::Instant,
     /// The wait for the next request (`header_timeout`, then `keepalive_timeout`).
@@ -92,6 +78,53 @@ pub struct ClientConn {
     pub upstream_timer: LazyTimer,
     /// What the TLS handshake settled (`None`: a plain connection).
     pub tls: Option<Box<crate::tls::session::TlsSession>>,
+    /// The request in progress.
+    pub current: Current,
+}
+
+/// What a connection's request in progress leaves for its answer and its log line. Each
+/// request begins it anew (`Current::begin`): nothing of the last one is left.
+pub struct Current {
+    /// When the request's head was complete.
+    pub started: std::time::Instant,
+    /// Its client behind trusted proxies (`None`: the peer).
+    pub real_client: Option<(IpAddr, ClientIp)>,
+    /// Its id (empty when the listener has `request_id = false`).
+    pub request_id: RequestId,
+    /// Its access-log fields (filled only when the listener logs; the buffers are kept).
+    pub log_fields: RequestFields,
+    /// The server it went to, if any, and how long it took to answer.
+    pub last_try: LastTry,
+    /// What the route's compression did to the response (metrics).
+    pub compressed: Option<crate::filters::compression::Compressed>,
+    /// It failed before its response, and its head and whole body had been consumed from
+    /// the buffer by then (which now starts at the next request): Weir's answer need not
+    /// close the connection (`proxy::http1::answer`).
+    pub read: bool,
+}
+
+impl Current {
+    fn new(started: std::time::Instant) -> Current {
+        Current {
+            started,
+            real_client: None,
+            request_id: RequestId::default(),
+            log_fields: RequestFields::default(),
+            last_try: LastTry::default(),
+            compressed: None,
+            read: false,
+        }
+    }
+
+    /// Begins the next request, whose head was complete at `started`.
+    pub fn begin(&mut self, started: std::time::Instant) {
+        let mut log_fields = std::mem::take(&mut self.log_fields);
+        log_fields.clear();
+        *self = Current {
+            log_fields,
+            ..Current::new(started)
+        };
+    }
 }
 
 /// What waiting for the next request produced.
@@ -168,23 +201,17 @@ impl ClientConn {
             out: Vec::with_capacity(1024),
             ip: ClientIp::new(peer.ip()),
             peer_ip: peer.ip(),
-            real_client: None,
             host: Vec::new(),
             path: RoutedPath::default(),
             resp_lines: Vec::new(),
-            compressed: None,
-            request_id: RequestId::default(),
             served: 0,
             sent: 0,
-            log_fields: RequestFields::default(),
-            last_try: LastTry::default(),
             last_request: false,
-            request_read: false,
-            request_started: now,
             idle_since: now,
             idle_timer: LazyTimer::new(Instant::from_std(now)),
             upstream_timer: LazyTimer::new(Instant::from_std(now)),
             tls: None,
+            current: Current::new(now),
         }
     }
 
@@ -333,13 +360,13 @@ impl ClientConn {
     /// The current request's client address (after PROXY protocol and trusted proxies).
     #[inline]
     pub fn client_ip(&self) -> IpAddr {
-        self.real_client.map_or(self.peer_ip, |(ip, _)| ip)
+        self.current.real_client.map_or(self.peer_ip, |(ip, _)| ip)
     }
 
     /// [`Self::client_ip`] as text.
     #[inline]
     pub fn client_text(&self) -> &ClientIp {
-        self.real_client.as_ref().map_or(&self.ip, |(_, text)| text)
+        (self.current.real_client.as_ref()).map_or(&self.ip, |(_, text)| text)
     }
 
     /// The request whose head is `req` (at the start of `buf`), as the routing decision
@@ -351,11 +378,11 @@ impl ClientConn {
             origin: Origin {
                 peer: &self.ip,
                 peer_ip: self.peer_ip,
-                behind: self.real_client.as_ref().map(|(ip, text)| (*ip, text)),
+                behind: (self.current.real_client.as_ref()).map(|(ip, text)| (*ip, text)),
                 tls: self.tls.as_deref(),
-                request_id: self.request_id.as_bytes(),
+                request_id: self.current.request_id.as_bytes(),
             },
-            started: self.request_started,
+            started: self.current.started,
             protocol: Protocol::Http1,
         }
     }
@@ -374,7 +401,7 @@ impl ClientConn {
 
     /// Copies what the access log needs from the request head before the head is consumed.
     pub fn capture_log_fields(&mut self, head: &RequestHead) {
-        self.log_fields.capture(self.buf.filled(), head);
+        self.current.log_fields.capture(self.buf.filled(), head);
     }
 
     /// Answers an error generated by Weir (best effort: the client may be gone), saying

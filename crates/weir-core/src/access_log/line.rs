@@ -22,6 +22,16 @@ pub struct RequestFields {
 }
 
 impl RequestFields {
+    /// Empties the fields, keeping their buffers.
+    pub fn clear(&mut self) {
+        self.method.clear();
+        self.target.clear();
+        self.http10 = false;
+        self.http2 = false;
+        self.referer.clear();
+        self.user_agent.clear();
+    }
+
     /// Copies what the access log needs from a request head parsed from `buf`, before the
     /// head is consumed. `http2` is left for the caller to set.
     pub fn capture(&mut self, buf: &[u8], head: &RequestHead) {

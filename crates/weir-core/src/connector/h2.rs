@@ -198,7 +198,8 @@ impl Drop for Connecting<'_> {
 pub async fn checkout(
     pool: &RefCell<H2Pool>,
     upstream: &Upstream,
-    (server, tls): (&UpstreamServer, Option<&TlsUpstream>),
+    server: &UpstreamServer,
+    tls: Option<&TlsUpstream>,
     mut now: Instant,
 ) -> Result<Checkout, ProxyError> {
     let key = PoolKey::new(server, tls);

@@ -107,7 +107,7 @@ impl BodyState {
                 limit,
                 trailers,
             } => {
-                let r = take_chunked(decoder, (*dechunk, trailers.as_mut()), data)?;
+                let r = take_chunked(decoder, *dechunk, trailers.as_mut(), data)?;
                 if limit.is_some_and(|max| decoder.body_len() > max) {
                     return Err(PumpError::TooLarge);
                 }
@@ -129,10 +129,12 @@ impl BodyState {
     }
 }
 
-/// `trailers`: where the trailer field lines go, if they are kept.
+/// `dechunk`: the data is moved to the front of `data` without its framing; `trailers`:
+/// where the trailer field lines go, if they are kept.
 fn take_chunked(
     decoder: &mut ChunkedDecoder,
-    (dechunk, mut trailers): (bool, Option<&mut Vec<u8>>),
+    dechunk: bool,
+    mut trailers: Option<&mut Vec<u8>>,
     data: &mut [u8],
 ) -> Result<(usize, usize), PumpError> {
     let mut pos = 0;

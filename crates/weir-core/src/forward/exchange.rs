@@ -119,8 +119,8 @@ async fn forward_h1(x: &Exchange<'_>, client: Http1Request<'_>) -> Result<bool, 
         resp,
         meta,
     };
-    let mut last_try = sender.conn.last_try;
-    let started = sender.conn.request_started;
+    let mut last_try = sender.conn.current.last_try;
+    let started = sender.conn.current.started;
     let accepted = drive(x, &mut sender, started, &mut last_try).await;
     let Http1Sender {
         conn,
@@ -131,14 +131,14 @@ async fn forward_h1(x: &Exchange<'_>, client: Http1Request<'_>) -> Result<bool, 
         mut up_buf,
         ..
     } = sender;
-    conn.last_try = last_try;
+    conn.current.last_try = last_try;
     // The request (the body too, when it was whole) is consumed once it is answered, or
     // failed: read whole, the connection may go on after Weir's answer.
     if !consumed {
         conn.buf
             .consume(req.head_len + if whole { buffered } else { 0 });
     }
-    conn.request_read = whole || body_read;
+    conn.current.read = whole || body_read;
     let result = match accepted {
         Ok(accepted) => {
             let ((stream, request_done), accepted) = accepted.take();
@@ -330,7 +330,7 @@ impl Response<'_> {
             trailers: None,
         };
         let relayed = relay(&mut source, &mut sink, coding.as_mut()).await;
-        conn.compressed = coding.as_ref().map(Coding::compressed);
+        conn.current.compressed = coding.as_ref().map(Coding::compressed);
         relayed.map_err(|(Broke::Source(e) | Broke::Sink(e))| Failure::after_head(e))?;
         if resp.keeps_alive() && self.request_done && up_buf.is_empty() {
             // The whole body came with the head (the usual small response): the connection
@@ -406,8 +406,8 @@ impl Response<'_> {
             }
         }
         let sockets = [conn.stream.raw_fd(), stream.tcp().as_raw_fd()];
-        let bounds = (limits, sockets);
-        let end = tunnel::run(&mut conn.stream, &mut conn.buf, &mut stream, up_buf, bounds);
+        let (client, early) = (&mut conn.stream, &mut conn.buf);
+        let end = tunnel::run(client, early, &mut stream, up_buf, limits, sockets);
         let end = end.await;
         crate::idle::count(self.x.worker, self.x.target.listener_slot, end);
         Ok(false)

@@ -30,7 +30,8 @@ pub async fn run<C, U>(
     client_early: &mut Buffer,
     upstream: &mut U,
     upstream_early: &mut Buffer,
-    (limits, sockets): (Limits, [RawFd; 2]),
+    limits: Limits,
+    sockets: [RawFd; 2],
 ) -> End
 where
     C: AsyncRead + AsyncWrite + Unpin,

@@ -253,15 +253,7 @@ async fn accept_streams(
                     }
                     spawn_stream(shared, request, respond);
                 }
-                Some(Err(e)) => {
-                    tracing::debug!(listener = %listener.name, error = %e, "HTTP/2 connection error");
-                    // h2's own guards (resets before accept, resets forced by client errors).
-                    let calm = e.reason() == Some(Reason::ENHANCE_YOUR_CALM) && !e.is_remote();
-                    if calm && !shared.over_budget() {
-                        count_calm(shared);
-                    }
-                    return;
-                }
+                Some(Err(e)) => return connection_failed(shared, listener, &e),
                 None => return,
             },
             () = &mut budget, if !closing => {
@@ -280,14 +272,7 @@ async fn accept_streams(
                 }
             }
             () = &mut stall_timer, if stall_armed => match shared.stalled_since.get() {
-                Some(since) if since.elapsed() >= stall => {
-                    // The client reads nothing, not even a GOAWAY: drop the connection.
-                    tracing::debug!(listener = %listener.name, "HTTP/2 client stalled: closed");
-                    if let Some(m) = worker.metrics.listener(shared.slot) {
-                        m.http2.stalled.inc();
-                    }
-                    return;
-                }
+                Some(since) if since.elapsed() >= stall => return stalled_out(shared, listener),
                 Some(since) => stall_timer.as_mut().reset((since + stall).into()),
                 None => stall_armed = false,
             },
@@ -306,6 +291,25 @@ async fn accept_streams(
                 closing = true;
             }
         }
+    }
+}
+
+/// The connection failed (`e`); counted when it was one of h2's own guards (resets before
+/// accept, resets forced by client errors) that closed it.
+fn connection_failed(shared: &Shared, listener: &Listener, e: &h2::Error) {
+    tracing::debug!(listener = %listener.name, error = %e, "HTTP/2 connection error");
+    let calm = e.reason() == Some(Reason::ENHANCE_YOUR_CALM) && !e.is_remote();
+    if calm && !shared.over_budget() {
+        count_calm(shared);
+    }
+}
+
+/// The client reads nothing, not even a GOAWAY, for `stall_timeout`: the connection is
+/// dropped (counted).
+fn stalled_out(shared: &Shared, listener: &Listener) {
+    tracing::debug!(listener = %listener.name, "HTTP/2 client stalled: closed");
+    if let Some(m) = shared.worker.metrics.listener(shared.slot) {
+        m.http2.stalled.inc();
     }
 }
 

@@ -136,10 +136,10 @@ impl StreamRequest<'_> {
         let mut send = respond
             .send_response(head, false)
             .map_err(|_| Failure::after_head(ProxyError::ClientClosed))?;
-        let bounds = (
-            self.target.listener.http2.stall_timeout,
-            limits(self.target.listener),
-        );
+        let bounds = TunnelBounds {
+            stall: self.target.listener.http2.stall_timeout,
+            limits: limits(self.target.listener),
+        };
         let result = tunnel(&mut send, body, stream, up_buf, bounds, trace).await;
         crate::idle::count(self.worker, self.target.listener_slot, End::from(result));
         let error = match result {
@@ -308,17 +308,23 @@ impl Sender for Handshake<'_> {
     }
 }
 
+/// How long a tunnel may stay still (`limits`), and the client's window closed (`stall`).
+struct TunnelBounds {
+    stall: Duration,
+    limits: Limits,
+}
+
 /// Relays both ways until each side has ended its direction (client END_STREAM, upstream
-/// EOF), one fails, or the tunnel is still for longer than `limits` allow (`stall`: how
-/// long the client's window may stay closed).
+/// EOF), one fails, or the tunnel is still for longer than `bounds` allow.
 async fn tunnel(
     send: &mut SendStream<Bytes>,
     mut body: RecvStream,
     stream: UpstreamStream,
     up_buf: &mut Buffer,
-    (stall, limits): (Duration, Limits),
+    bounds: TunnelBounds,
     trace: &mut Trace,
 ) -> Result<(), Cut<Stop>> {
+    let TunnelBounds { stall, limits } = bounds;
     // The upstream's unsent bytes: a slow upstream reader drains them while a write
     // waits for room (see `idle::both_probed`; the client side is paced by its window).
     let fd = std::os::fd::AsRawFd::as_raw_fd(stream.tcp());

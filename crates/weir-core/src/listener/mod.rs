@@ -18,3 +18,11 @@ pub use accept::accept_loop;
 pub use bind::{bind_reuseport, set_defer_accept};
 pub use control::{control_loop, Command, StopSignal};
 pub use holder::refuse_foreign_listener;
+
+/// A listener as a connection's code sees it: its configuration and its metric slot.
+#[derive(Clone, Copy)]
+pub struct Slot<'a> {
+    /// The listener's metric slot (`Metrics::listener`).
+    pub slot: usize,
+    pub listener: &'a weir_config::Listener,
+}

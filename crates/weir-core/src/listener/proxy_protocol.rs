@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use tokio::net::TcpStream;
 use tokio::time::{timeout_at, Instant};
-use weir_config::{Listener, ProxyProtocol};
+use weir_config::ProxyProtocol;
 
 use crate::buffer::Buffer;
 use crate::codec::proxy_protocol::{parse, Addresses, Parsed, ProxyHeaderError};
@@ -61,18 +61,18 @@ pub async fn read_header(
     }
 }
 
-/// The PROXY header step of a new connection of listener `index`: nothing unless the
+/// The PROXY header step of a new connection (`stream`, from `peer`) of listener `at`: nothing unless the
 /// listener accepts PROXY headers; else the header's addresses (`None` if it carried none)
 /// or, when the connection must close, why (already counted and logged).
 pub async fn accept_step(
     worker: &Worker,
-    slot: usize,
-    listener: &Listener,
-    conn: (&TcpStream, SocketAddr),
+    at: crate::listener::Slot<'_>,
+    stream: &TcpStream,
+    peer: SocketAddr,
     buf: &mut Buffer,
     timeout: Duration,
 ) -> Result<Option<Addresses>, Rejected> {
-    let (stream, peer) = conn;
+    let crate::listener::Slot { slot, listener } = at;
     if !listener.proxy_protocol.accept {
         return Ok(None);
     }

@@ -16,7 +16,6 @@ use weir_config::Listener;
 use super::answer::Answer;
 use super::route::{Decision, Routing};
 use super::{record, ClientSide, Counters, Done, Handled};
-use crate::access_log::RequestFields;
 use crate::client::{ClientConn, NextRequest};
 use crate::client_stream::ClientStream;
 use crate::codec::http1::write::Persistence;
@@ -61,9 +60,6 @@ pub async fn serve_client(
             bytes_in: conn.buf.consumed_total(),
             bytes_out: conn.sent,
         };
-        conn.last_try = Default::default();
-        conn.compressed = None;
-        conn.request_read = false;
         let next = conn
             .next_request(waiting.listener(), &mut req, &worker)
             .await;
@@ -76,7 +72,7 @@ pub async fn serve_client(
         // before an idle wait: a reload in between applies to it.
         let serving = Serving::current(&worker, slot, waiting, &mut conn);
         let started = Instant::now();
-        conn.request_started = started;
+        conn.current.begin(started);
         // Boxed: handling a request (routing, forwarding, filters) is most of this task's
         // state. Inline, every connection would carry it while idle too (about 6 KiB of a
         // 7 KiB task); boxed, an idle connection holds only what waiting needs.
@@ -162,14 +158,8 @@ async fn open(
     if listener.proxy_protocol.accept {
         let stream = conn.stream.registered().ok()?;
         let timeout = listener.header_timeout;
-        let step = accept_step(
-            worker,
-            slot,
-            listener,
-            (stream, peer),
-            &mut conn.buf,
-            timeout,
-        );
+        let at = crate::listener::Slot { slot, listener };
+        let step = accept_step(worker, at, stream, peer, &mut conn.buf, timeout);
         // The carried client address is the one X-Forwarded-For and logs show.
         if let Some(addresses) = step.await.ok()? {
             conn.ip = ClientIp::new(addresses.source.ip());
@@ -185,7 +175,7 @@ async fn open(
         .as_ref()
         .filter(|_| !plain_http);
     if let Some(tls) = tls {
-        let at = (slot, listener);
+        let at = crate::listener::Slot { slot, listener };
         let hello = crate::tls::handshake::accept(worker, at, tls, &mut conn.stream, &mut conn.buf);
         conn.tls = Some(Box::new(hello.await?));
         // The first request gets its whole header_timeout after the handshake.
@@ -210,8 +200,8 @@ async fn serve(
         Ok(NextRequest::Ready) => {
             conn.served += 1;
             let (buf, listener) = (conn.buf.filled(), serving.listener());
-            let id = &mut conn.request_id;
-            conn.real_client =
+            let id = &mut conn.current.request_id;
+            conn.current.real_client =
                 crate::policy::identify(worker, listener, buf, req, conn.peer_ip, id);
             if worker.log(slot).is_some() {
                 conn.capture_log_fields(req);
@@ -222,10 +212,8 @@ async fn serve(
         }
         Ok(NextRequest::Close | NextRequest::Http2) => None,
         Err(error) => {
-            conn.log_fields = RequestFields::default();
-            // Not the previous request's id or client behind trusted proxies.
-            conn.request_id.clear();
-            conn.real_client = None;
+            // Nothing of the previous request's (id, client behind trusted proxies) is
+            // left: `Current::begin` emptied it.
             Some((Handled::failed(None, error), METHODS.len() - 1))
         }
     }
@@ -274,7 +262,7 @@ fn keeps_after(
 ) -> bool {
     let closing = worker.is_draining() || conn.last_request;
     failure.error.side() != Side::Client
-        && conn.request_read
+        && conn.current.read
         && wants_keep_alive(req, listener, conn.served, closing)
 }
 

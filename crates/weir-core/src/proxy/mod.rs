@@ -94,13 +94,13 @@ impl ClientSide<'_> {
         ClientSide {
             // The client behind trusted proxies when there is one (the log shows it).
             ip: conn.client_text(),
-            fields: &conn.log_fields,
-            last_try: conn.last_try,
+            fields: &conn.current.log_fields,
+            last_try: conn.current.last_try,
             bytes_in: conn.buf.consumed_total(),
             bytes_out: conn.sent,
             tls: conn.tls.as_deref(),
-            request_id: conn.request_id.as_bytes(),
-            compressed: conn.compressed,
+            request_id: conn.current.request_id.as_bytes(),
+            compressed: conn.current.compressed,
             grpc_status: None,
         }
     }

@@ -48,24 +48,21 @@ pub async fn serve_tcp(worker: Rc<Worker>, slot: usize, client: TcpStream, peer:
     let listener = &snapshot.config.listeners[listener_index];
     let Some(tcp) = listener.tcp() else { return };
     let mut to_server = worker.take_buffer_sized(tcp.buffer_size);
-    let conn = (&client, peer);
-    let step = accept_step(
-        &worker,
-        slot,
-        listener,
-        conn,
-        &mut to_server,
-        tcp.idle_timeout,
-    );
+    let at = crate::listener::Slot { slot, listener };
+    let step = accept_step(&worker, at, &client, peer, &mut to_server, tcp.idle_timeout);
     let Ok(carried) = step.await else {
         worker.give_buffer(to_server);
         return;
     };
     let source = carried.map_or(peer, |a| a.source);
     if let Some(tls) = &snapshot.listeners[listener_index].tls {
-        let at = (slot, listener);
-        let client = (client, peer, carried);
-        return serve_offloaded(&worker, &snapshot, at, tls, client, to_server).await;
+        let client = Accepted {
+            client,
+            peer,
+            carried,
+            to_server,
+        };
+        return serve_offloaded(&worker, &snapshot, at, tls, client).await;
     }
     let Some(upstream) = choose_upstream(&worker, slot, tcp, &client, &mut to_server).await else {
         worker.give_buffer(to_server);
@@ -93,7 +90,11 @@ pub async fn serve_tcp(worker: Rc<Worker>, slot: usize, client: TcpStream, peer:
     };
     // Client bytes that came with the PROXY header were not counted by the relay.
     m.bytes_in.add(to_server.len() as u64);
-    let target: (&Snapshot, _, _) = (&snapshot, upstream, pick.server);
+    let target = Target {
+        snapshot: &snapshot,
+        upstream,
+        server: pick.server,
+    };
     let end = relay_to(&worker, target, &client, server, to_server, &config).await;
     if let Some(end) = end {
         crate::idle::count(&worker, slot, end);
@@ -111,20 +112,43 @@ fn relay_limits(tcp: &TcpSettings) -> crate::idle::Limits {
     }
 }
 
+/// An accepted connection of a TLS listener, before its handshake: `to_server` holds the
+/// bytes read after any PROXY header (`carried`).
+struct Accepted {
+    client: TcpStream,
+    peer: SocketAddr,
+    carried: Option<Addresses>,
+    to_server: Buffer,
+}
+
+/// Server `server` of upstream `upstream` in `snapshot`.
+#[derive(Clone, Copy)]
+struct Target<'a> {
+    snapshot: &'a Snapshot,
+    upstream: usize,
+    server: usize,
+}
+
 /// A TLS listener's connection: the handshake (after any PROXY header), the upstream (by
 /// the settled SNI name with `sni_routes`), then the plaintext relay (see `offload`).
 async fn serve_offloaded(
     worker: &Worker,
     snapshot: &Snapshot,
-    (slot, listener): (usize, &Listener),
+    at: crate::listener::Slot<'_>,
     tls: &crate::tls::ListenerTls,
-    (client, peer, carried): (TcpStream, SocketAddr, Option<Addresses>),
-    mut to_server: Buffer,
+    accepted: Accepted,
 ) {
+    let crate::listener::Slot { slot, listener } = at;
+    let Accepted {
+        client,
+        peer,
+        carried,
+        mut to_server,
+    } = accepted;
     let Some(tcp) = listener.tcp() else { return };
     let send = listener.proxy_protocol.send != weir_config::ProxyVersion::Off;
     let local = send.then(|| offload::local_addr(&client, listener));
-    let terminated = offload::terminate(worker, (slot, listener), tls, client, &mut to_server);
+    let terminated = offload::terminate(worker, at, tls, client, &mut to_server);
     let Some((mut client, session)) = terminated.await else {
         worker.give_buffer(to_server);
         return;
@@ -137,7 +161,11 @@ async fn serve_offloaded(
     };
     let local = || local.unwrap_or(listener.first_addr());
     let sent = send_proxy_header(&server, listener, local, peer, carried).await;
-    let target = (snapshot, upstream, pick.server);
+    let target = Target {
+        snapshot,
+        upstream,
+        server: pick.server,
+    };
     let server = match (sent, worker.metrics.listener(slot)) {
         (true, Some(m)) => originate(worker, target, server).await.map(|s| (s, m)),
         _ => None,
@@ -165,14 +193,13 @@ async fn serve_offloaded(
 /// error and closes the client, `None`).
 async fn relay_to(
     worker: &Worker,
-    target: (&Snapshot, usize, usize),
+    target: Target<'_>,
     client: &TcpStream,
     server: TcpStream,
     to_server: Buffer,
     config: &RelayConfig<'_>,
 ) -> Option<End> {
-    let (snapshot, upstream, _) = target;
-    if snapshot.upstreams[upstream].tls.is_none() {
+    if target.snapshot.upstreams[target.upstream].tls.is_none() {
         return Some(relay(worker, client, &server, to_server, config).await);
     }
     match originate(worker, target, server).await {
@@ -188,9 +215,14 @@ async fn relay_to(
 /// the upstream has `tls` (a failed handshake counts as a connect error: `None`).
 async fn originate(
     worker: &Worker,
-    (snapshot, upstream, server_index): (&Snapshot, usize, usize),
+    target: Target<'_>,
     server: TcpStream,
 ) -> Option<UpstreamStream> {
+    let Target {
+        snapshot,
+        upstream,
+        server: server_index,
+    } = target;
     let plan = &snapshot.upstreams[upstream];
     let Some(tls) = &plan.tls else {
         return Some(UpstreamStream::from(server));

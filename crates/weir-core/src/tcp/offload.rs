@@ -24,18 +24,18 @@ use crate::tls::session::TlsSession;
 use crate::tls::ListenerTls;
 use crate::worker::Worker;
 
-/// Runs the handshake on `client` (a connection of `listener`, metric slot `slot`);
+/// Runs the handshake on `client` (a connection of listener `at`);
 /// `buf` holds bytes read already (after a PROXY header). `None`: the connection closes
 /// (counted by `tls::handshake`).
 pub async fn terminate(
     worker: &Worker,
-    (slot, listener): (usize, &Listener),
+    at: crate::listener::Slot<'_>,
     tls: &ListenerTls,
     client: tokio::net::TcpStream,
     buf: &mut Buffer,
 ) -> Option<(ClientStream, TlsSession)> {
     let mut stream = ClientStream::from_registered(client);
-    let session = crate::tls::handshake::accept(worker, (slot, listener), tls, &mut stream, buf);
+    let session = crate::tls::handshake::accept(worker, at, tls, &mut stream, buf);
     let session = session.await?;
     Some((stream, session))
 }

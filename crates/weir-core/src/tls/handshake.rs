@@ -19,7 +19,6 @@ use rustls::{Error, PeerIncompatible};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio_rustls::server::{LazyConfigAcceptor, StartHandshake, TlsStream};
-use weir_config::Listener;
 
 use super::session::TlsSession;
 use super::ListenerTls;
@@ -36,16 +35,17 @@ const HANDSHAKE_RECORD: u8 = 0x16;
 /// ACME validation), or a failure.
 type Outcome = Result<Option<TlsStream<TcpStream>>, TlsFailure>;
 
-/// Runs the handshake on `stream` (a connection of `listener`, metric slot `slot`),
+/// Runs the handshake on `stream` (a connection of listener `at`),
 /// counts it, and on success makes `stream` a TLS stream. `None`: the connection must
 /// close (the client left, or the handshake failed; counted and logged at debug).
 pub async fn accept(
     worker: &Worker,
-    (slot, listener): (usize, &Listener),
+    at: crate::listener::Slot<'_>,
     tls: &ListenerTls,
     stream: &mut ClientStream,
     buf: &mut Buffer,
 ) -> Option<TlsSession> {
+    let crate::listener::Slot { slot, listener } = at;
     let outcome = {
         let pending = worker
             .handshakes
@@ -75,15 +75,16 @@ pub async fn accept(
         Ok(None) => Ok(None),
         Err(failure) => Err(failure),
     };
-    count(worker, (slot, listener), result)
+    count(worker, at, result)
 }
 
 /// Counts a handshake's result on the listener's metrics; the session if there is one.
 fn count(
     worker: &Worker,
-    (slot, listener): (usize, &Listener),
+    at: crate::listener::Slot<'_>,
     result: Result<Option<TlsSession>, TlsFailure>,
 ) -> Option<TlsSession> {
+    let crate::listener::Slot { slot, listener } = at;
     let metrics = worker.metrics.listener(slot);
     match result {
         Ok(Some(session)) => {

@@ -66,8 +66,8 @@ pub(crate) async fn forward_h2(
             .await
             .map_err(|_| ProxyError::ClientClosed)?;
     }
-    let mut last_try = conn.last_try;
-    let started = conn.request_started;
+    let mut last_try = conn.current.last_try;
+    let started = conn.current.started;
     let mut sender = FromHttp1 {
         x,
         conn,
@@ -86,10 +86,10 @@ pub(crate) async fn forward_h2(
     };
     let relayed = drive(x, &mut sender, started, &mut last_try).await;
     let FromHttp1 { conn, body, .. } = sender;
-    conn.last_try = last_try;
+    conn.current.last_try = last_try;
     // The request is consumed once answered (a streamed body consumed it as it went).
     conn.buf.consume(body.skip());
-    conn.request_read = body.is_read();
+    conn.current.read = body.is_read();
     relayed.and_then(|accepted| accepted.take().0)
 }
 
@@ -185,7 +185,7 @@ impl Sender for FromHttp1<'_, '_> {
         };
         let upload = (state == Upload::Running).then_some(upload);
         let relayed = relay_while_uploading(upload, relayed).await;
-        conn.compressed = coding.as_ref().map(Coding::compressed);
+        conn.current.compressed = coding.as_ref().map(Coding::compressed);
         Ok(match relayed {
             Err(Broke::Source(e) | Broke::Sink(e)) => Err(Failure::after_head(e)),
             // A request body the client is still sending cannot be skipped: close.

@@ -54,8 +54,8 @@ pub(crate) async fn open(
     end: bool,
 ) -> Result<Option<(Pending, SendStream<Bytes>)>, Miss> {
     let (pool, upstream) = (&x.worker.h2_pool, x.target.upstream);
-    let to = (a.server, x.target.pool.tls.as_deref());
-    let lease = match checkout(pool, upstream, to, a.started).await? {
+    let tls = x.target.pool.tls.as_deref();
+    let lease = match checkout(pool, upstream, a.server, tls, a.started).await? {
         Checkout::Lease(lease) => lease,
         Checkout::Http1 => return Ok(None),
     };
