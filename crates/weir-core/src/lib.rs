@@ -10,11 +10,14 @@
 //!    traffic-policy filters `policy` runs (header rules, request ids, access lists, ...)
 //! 6. `upstream/`  — choosing a server (policies, health checks, ejection), retry decisions
 //! 7. `connector/` — connecting, the per-worker keep-alive pool
-//! 8. `forward/`   — the exchange with the upstream: heads, bodies, 1xx, upgrade tunnels
-//! 9. `proxy`      — the pipeline tying 1-8 together, one loop per client connection
+//! 8. `forward/`   — the response source: one attempt-and-retry driver over an HTTP/1.1
+//!    connection or an HTTP/2 stream, the response's edits, one body relay, tunnels
+//! 9. `proxy/`     — the pipeline tying 1-8 together: the protocol-neutral request and
+//!    routing decision, Weir's own answers, the record; the HTTP/1.x client adapter
 //!
 //! A cleartext connection that opens with the HTTP/2 preface leaves `proxy` for `http2/`,
-//! which turns each stream into a request for 4-8 (docs/http2.md).
+//! the HTTP/2 client adapter, which turns each stream into the same request for 4-8
+//! (docs/http2.md, docs/request-lifecycle.md "Adding a protocol or a response source").
 //!
 //! TCP (L4) listeners take a shorter path: `listener/` -> `tcp` (pick and connect through
 //! `upstream/` and `connector/`, then relay bytes both ways, spliced on Linux via `sys`).

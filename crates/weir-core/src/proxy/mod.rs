@@ -6,12 +6,15 @@
 //!      who sent it: peer, client behind trusted proxies, TLS, request id)
 //!   -> routing decision (`route::Routing::decide`): forward to an upstream (a split
 //!      resolved) | answer locally (`answer::Answer`) | refuse with a status
-//!   -> response source: the upstream exchange (`forward/`), or Weir's own answer,
-//!      rendered by the client adapter from one description (`answer`)
+//!   -> response source: the upstream (`forward::forward`; `forward::carrier` says which
+//!      side carries it, `forward::driver` tries the servers, `forward::head::Edits` edits
+//!      the head, `forward::relay` moves the body), or Weir's own answer, rendered by the
+//!      client adapter from one description (`answer`)
 //!   -> `record`: metrics and the access log -> keep-alive or close
 //! ```
 //! A failure nothing was sent for becomes `Answer::Error`, rendered by the adapter like
-//! any other answer.
+//! any other answer (`http1::answer`, `http2::stream`'s). Each box exists once; a client
+//! protocol adds an adapter, a response source a `Decision` and a body `Source`.
 
 pub mod answer;
 mod http1;
