@@ -22,9 +22,13 @@
 //! `content-length: 42`. `/quote-name-head` adds a field named `x"y` to the echo's head,
 //! `/quote-name-trailer` to its trailers (a name HTTP/2 carries but HTTP/1.1 does not). `/grpc.health.v1.Health/Check` is a gRPC health service
 //! ([`H2Backend::set_serving`]).
+//!
+//! [`H2Backend::early_once`]: the backend's first stream is refused (REFUSED_STREAM) or
+//! answered with a status at its HEADERS, before any of its body is read; later streams
+//! as above.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -54,7 +58,12 @@ struct Stats {
     health_checks: AtomicUsize,
     not_serving: AtomicBool,
     empty_data: AtomicUsize,
+    /// How the next stream is answered at its HEADERS (0: echoed; [`REFUSE`]: refused).
+    early: AtomicU16,
 }
+
+/// [`H2Backend::early_once`]'s answer that refuses the stream (REFUSED_STREAM).
+pub const REFUSE: u16 = 1;
 
 /// A running HTTP/2 echo backend.
 pub struct H2Backend {
@@ -80,6 +89,14 @@ impl H2Backend {
             headers: headers.collect(),
             body: Bytes::copy_from_slice(body.as_bytes()),
         }));
+        backend
+    }
+
+    /// h2c whose first stream gets `early` at its HEADERS, its body unread: a status
+    /// (`503`), or [`REFUSE`] (REFUSED_STREAM); every later stream the echo.
+    pub fn early_once(early: u16) -> H2Backend {
+        let backend = H2Backend::spawn(None, None);
+        backend.stats.early.store(early, Ordering::SeqCst);
         backend
     }
 
@@ -234,6 +251,15 @@ async fn echo(
     number: usize,
     stats: Arc<Stats>,
 ) {
+    match stats.early.swap(0, Ordering::SeqCst) {
+        0 => {}
+        REFUSE => return respond.send_reset(h2::Reason::REFUSED_STREAM),
+        status => {
+            let head = Response::builder().status(status).body(());
+            let _ = respond.send_response(head.expect("testkit: early head"), true);
+            return;
+        }
+    }
     let fixed = stats.fixed.lock().unwrap().clone();
     if let Some(fixed) = fixed {
         return answer_fixed(request, respond, &fixed).await;

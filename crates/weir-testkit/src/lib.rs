@@ -56,7 +56,7 @@ pub use client::{
     send_raw_once, send_raw_once_blocking, status_of, BlockingClient, Client, Response, CLOSE_WAIT,
     DEFAULT_TIMEOUT,
 };
-pub use h2_backend::{quote_name, H2Backend, FORBIDDEN_TRAILERS};
+pub use h2_backend::{quote_name, H2Backend, FORBIDDEN_TRAILERS, REFUSE};
 pub use pattern::{
     fill_pattern, hash_bytes, pattern, pattern_byte, pattern_hash, pattern_vec, sink_summary,
     Hasher,

@@ -9,7 +9,7 @@ mod common;
 
 use common::{dead_port, Conf, Weir, WAIT};
 use weir_testkit::certs::TestCa;
-use weir_testkit::{send_raw_once, wait_until_async, Client, H2Backend, TlsServer};
+use weir_testkit::{send_raw_once, wait_until_async, Client, H2Backend, TlsServer, REFUSE};
 
 fn h2c(addr: std::net::SocketAddr) -> Weir {
     Conf::new()
@@ -344,6 +344,22 @@ async fn websocket_upgrade_to_an_h2_only_upstream_is_refused_with_501() {
         .expect("response");
     assert_eq!(resp.status, 501);
     assert_eq!(backend.streams(), 0, "nothing reached the server");
+    // Not the server's answer: no try counted for it.
+    let metrics = weir.metrics_text();
+    assert!(!metrics.contains("weir_upstream_requests_total{"), "{metrics}");
+}
+
+/// Weir answers `Expect: 100-continue` itself once a server took the stream: a request no
+/// server takes gets its error alone.
+#[tokio::test]
+async fn expect_100_continue_to_a_dead_server_gets_no_100() {
+    let dead = dead_port();
+    let weir = h2c(dead.addr);
+    let mut client = weir.client().await;
+    let head = b"PUT /e HTTP/1.1\r\nHost: t\r\nExpect: 100-continue\r\nContent-Length: 4\r\n\r\n";
+    client.send_raw(head).await.expect("send head");
+    let resp = client.read_response(false).await.expect("response");
+    assert_eq!(resp.status, 502);
 }
 
 #[tokio::test]
@@ -381,6 +397,75 @@ async fn refused_streams_after_goaway_are_sent_again_with_their_body() {
         );
     }
     assert_eq!(backend.streams(), 5, "each request processed once");
+}
+
+/// A `PUT` of 4 bytes whose body comes late: the head alone (reading Weir's own 100
+/// Continue when `expect`), then the body once `backends` have accepted `streams` streams
+/// (the try that is answered has begun), or after [`WAIT`] when they never do.
+async fn late_body_put(
+    weir: &Weir,
+    expect: bool,
+    backends: &[&H2Backend],
+    streams: usize,
+) -> weir_testkit::Response {
+    let mut client = weir.client().await;
+    let expect_field = if expect { "Expect: 100-continue\r\n" } else { "" };
+    let head = format!("PUT /late HTTP/1.1\r\nHost: t\r\n{expect_field}Content-Length: 4\r\n\r\n");
+    client.send_raw(head.as_bytes()).await.expect("send head");
+    if expect {
+        let go_on = client.read_response(false).await.expect("100");
+        assert_eq!(go_on.status, 100);
+    }
+    let accepted = || backends.iter().map(|b| b.streams()).sum::<usize>();
+    wait_until_async(WAIT, || accepted() >= streams).await;
+    client.send_raw(b"body").await.expect("send body");
+    client.read_response(false).await.expect("final response")
+}
+
+/// Regression: a streamed upload's first try took the head out of the client buffer; a
+/// refused stream then rebuilt the request from the emptied buffer and panicked (the
+/// whole process aborts). Refused before any body byte, it goes again with its body.
+#[tokio::test]
+async fn a_refused_stream_of_an_upload_whose_body_is_late_is_sent_again() {
+    for expect in [false, true] {
+        let backend = H2Backend::early_once(REFUSE);
+        let weir = h2c(backend.addr());
+        let resp = late_body_put(&weir, expect, &[&backend], 2).await;
+        assert_eq!(resp.status, 200, "expect {expect}");
+        assert_eq!(resp.body, b"body", "expect {expect}");
+        assert_eq!(backend.streams(), 2, "expect {expect}");
+    }
+}
+
+/// As above, for a listed status answered before any body byte: the request goes to the
+/// other server with its body. After Weir's own 100 Continue the client has a response
+/// byte: the 503 is relayed.
+#[tokio::test]
+async fn a_retried_status_before_a_late_body_sends_the_upload_to_another_server() {
+    for expect in [false, true] {
+        let busy = H2Backend::early_once(503);
+        let echo = H2Backend::h2c();
+        let weir = Conf::new()
+            .route("all", "up", &[])
+            .upstream(
+                "up",
+                &[busy.addr(), echo.addr()],
+                &["protocol = \"h2c\"", "retry = { on = [\"503\"] }"],
+            )
+            .start();
+        // Round robin: to the busy server first.
+        let streams = if expect { 1 } else { 2 };
+        let resp = late_body_put(&weir, expect, &[&busy, &echo], streams).await;
+        assert_eq!(busy.streams(), 1, "expect {expect}");
+        if expect {
+            assert_eq!(resp.status, 503);
+            assert_eq!(echo.streams(), 0, "not retried after a 100 Continue");
+        } else {
+            assert_eq!(resp.status, 200);
+            assert_eq!(resp.body, b"body");
+            assert_eq!(echo.streams(), 1);
+        }
+    }
 }
 
 #[tokio::test]

@@ -631,6 +631,26 @@ async fn grpc_timeout_caps_the_response_timeout() {
     assert_eq!(full.header("grpc-status"), "4", "DEADLINE_EXCEEDED");
 }
 
+/// The deadline runs while the client still sends: a client-streaming call to a silent
+/// upstream ends with DEADLINE_EXCEEDED, not when the client stops sending.
+#[tokio::test]
+async fn grpc_timeout_runs_while_the_client_is_still_sending() {
+    let backend = H2Backend::h2c();
+    let weir = h2c(backend.addr());
+    let client = connect(&weir).await;
+    let mut client = client.ready().await.expect("ready");
+    let req = grpc_request("/hang", &[("grpc-timeout", "150m")]);
+    let (response, mut send) = client.send_request(req, false).expect("send request");
+    send.send_data(Bytes::from(grpc_frame(b"x")), false)
+        .expect("send a message");
+    // The stream stays open (`send` lives on): only the deadline can end the wait.
+    let full = tokio::time::timeout(WAIT, read(response)).await;
+    let full = full.expect("answered before the client ended its stream");
+    assert_eq!(full.head.status(), StatusCode::OK);
+    assert_eq!(full.header("grpc-status"), "4", "DEADLINE_EXCEEDED");
+    drop(send);
+}
+
 #[tokio::test]
 async fn goaway_from_the_upstream_moves_later_requests_to_a_new_connection() {
     let backend = H2Backend::goaway_after(3);

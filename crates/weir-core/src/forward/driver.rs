@@ -60,6 +60,9 @@ pub(crate) struct Miss {
     pub unprocessed: bool,
     /// A final head came, and [`Tries::relays`] sent the request on to another server.
     pub retried: Option<u16>,
+    /// Refused before anything went to the server (the request cannot be sent there): not
+    /// the server's try, so not counted, and no server in the access log.
+    pub unsent: bool,
 }
 
 impl<F: Into<Failure>> From<F> for Miss {
@@ -68,6 +71,7 @@ impl<F: Into<Failure>> From<F> for Miss {
             failure: failure.into(),
             unprocessed: false,
             retried: None,
+            unsent: false,
         }
     }
 }
@@ -78,6 +82,14 @@ impl Miss {
         Miss {
             retried: Some(status),
             ..Miss::from(ProxyError::UpstreamClosed)
+        }
+    }
+
+    /// The request cannot go to the server as it is: `error` is the client's answer.
+    pub fn unsent(error: ProxyError) -> Miss {
+        Miss {
+            unsent: true,
+            ..Miss::from(error)
         }
     }
 }
@@ -219,7 +231,8 @@ impl<'a, S> Accepted<'a, S> {
 
 /// Sends the request through `sender` to the server the load balancer picks, and to
 /// others as the rules above allow, until a try is relayed. `started`: the request's
-/// start (the first try's). Notes each try's server and time in `last_try`.
+/// start (the first try's). Notes each try's server in `last_try`, and its time when a
+/// final head came.
 pub(crate) async fn drive<'a, S: Sender>(
     x: &'a Exchange<'a>,
     sender: &mut S,
@@ -245,6 +258,7 @@ pub(crate) async fn drive<'a, S: Sender>(
         let server = &u.servers[tries.pick.server];
         let slot = pool.server_slots[tries.pick.server];
         let metrics = x.worker.metrics.server(pool.slot, slot);
+        let previous = *last_try;
         last_try.upstream_pick = Some((target.upstream_index, tries.pick.server));
         tries.head_at = None;
         let sent = on_server(sender, server, metrics, started, &mut tries).await;
@@ -252,7 +266,7 @@ pub(crate) async fn drive<'a, S: Sender>(
             || started.elapsed(),
             |at| at.saturating_duration_since(started),
         );
-        last_try.upstream_time = Some(elapsed);
+        last_try.upstream_time = tries.head_at.map(|_| elapsed);
         let miss = match sent {
             Ok(sent) => {
                 return Ok(Accepted {
@@ -264,6 +278,10 @@ pub(crate) async fn drive<'a, S: Sender>(
                     head_at: started + elapsed,
                     target,
                 })
+            }
+            Err(miss) if miss.unsent => {
+                *last_try = previous;
+                return Err(miss.failure);
             }
             Err(miss) => miss,
         };

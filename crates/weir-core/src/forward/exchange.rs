@@ -115,6 +115,7 @@ async fn forward_h1(x: &Exchange<'_>, client: Http1Request<'_>) -> Result<bool, 
         whole,
         consumed: false,
         body_read: false,
+        informed: false,
         up_buf: x.worker.take_buffer(),
         resp,
         meta,
@@ -172,6 +173,8 @@ struct Http1Sender<'x, 'c> {
     consumed: bool,
     /// A streamed upload took the whole body from the client.
     body_read: bool,
+    /// The client has a relayed 1xx head: no other server then.
+    informed: bool,
     up_buf: Buffer,
     resp: &'c mut ResponseHead,
     meta: RequestMeta,
@@ -208,6 +211,7 @@ impl Sender for Http1Sender<'_, '_> {
             let mut interim = Http1Interim {
                 writer: &mut conn.stream,
                 timeout: listener.client_timeout,
+                informed: &mut self.informed,
             };
             let stream = send_whole(x, a, &conn.out, body, &mut rd, &mut interim).await?;
             (stream, true)
@@ -242,10 +246,11 @@ impl Sender for Http1Sender<'_, '_> {
             let mut interim = Http1Interim {
                 writer: &mut cw,
                 timeout: listener.client_timeout,
+                informed: &mut self.informed,
             };
             send_streaming(x, a, &mut rd, &mut interim, upload).await?
         };
-        match tries.relays(self.resp.status, self.whole, false) {
+        match tries.relays(self.resp.status, self.whole, self.informed) {
             true => Ok(sent),
             false => Err(Miss::retried(self.resp.status)),
         }
@@ -256,7 +261,7 @@ impl Sender for Http1Sender<'_, '_> {
     }
 
     fn responded(&self) -> bool {
-        false
+        self.informed
     }
 }
 

@@ -288,10 +288,13 @@ pub(crate) trait Interim {
 pub(crate) struct Http1Interim<'w, W> {
     pub writer: &'w mut W,
     pub timeout: Duration,
+    /// Set once a 1xx head goes out (part of one included): no other server then.
+    pub informed: &'w mut bool,
 }
 
 impl<W: AsyncWrite + Unpin> Interim for Http1Interim<'_, W> {
     async fn relay(&mut self, head: &[u8], _: &ResponseHead, _: Duration) -> Result<bool, ()> {
+        *self.informed = true;
         body::write_all(self.writer, head, &[], self.timeout)
             .await
             .map(|()| true)

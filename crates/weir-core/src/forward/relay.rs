@@ -271,17 +271,9 @@ impl<R: AsyncRead + Unpin> Source for Http1Source<'_, R> {
             }
             // The bytes read next are not those `first` holds.
             self.first = None;
-            let read = with_timeout(self.timeout, self.buf.read_from(self.stream)).await;
-            let error = match read {
-                Ok(Ok(n)) if n > 0 => continue,
-                Err(_) => PumpError::ReadTimeout,
-                Ok(Err(e)) => PumpError::Read(e.kind()),
-                Ok(Ok(_)) if self.buf.is_full() => PumpError::Framing("chunk line too long"),
-                // The body ends here (`UntilClose`): the next turn ends it.
-                Ok(Ok(_)) if self.state.on_eof() => return Ok(None),
-                Ok(Ok(_)) => PumpError::Truncated,
-            };
-            return Err(self.from.error(error));
+            if !self.read_more().await? {
+                return Ok(None);
+            }
         }
     }
 
@@ -301,6 +293,32 @@ impl<R: AsyncRead + Unpin> Source for Http1Source<'_, R> {
             self.primed = Some(self.used_forward);
         }
         Ok(self.state.is_done())
+    }
+}
+
+impl<R: AsyncRead + Unpin> Http1Source<'_, R> {
+    /// Waits until body bytes are at hand, reading once if the buffer has none: until
+    /// then nothing of the body is framed or consumed (its request can still go again).
+    pub async fn arrival(&mut self) -> Result<(), ProxyError> {
+        if self.buf.is_empty() && !self.state.is_done() {
+            self.read_more().await?;
+        }
+        Ok(())
+    }
+
+    /// Reads more of the body into `buf`. False: the body ended with the stream
+    /// (`UntilClose`).
+    async fn read_more(&mut self) -> Result<bool, ProxyError> {
+        let read = with_timeout(self.timeout, self.buf.read_from(self.stream)).await;
+        let error = match read {
+            Ok(Ok(n)) if n > 0 => return Ok(true),
+            Err(_) => PumpError::ReadTimeout,
+            Ok(Err(e)) => PumpError::Read(e.kind()),
+            Ok(Ok(_)) if self.buf.is_full() => PumpError::Framing("chunk line too long"),
+            Ok(Ok(_)) if self.state.on_eof() => return Ok(false),
+            Ok(Ok(_)) => PumpError::Truncated,
+        };
+        Err(self.from.error(error))
     }
 }
 

@@ -253,6 +253,7 @@ impl Sender for H2Sender<'_, '_> {
         tokio::pin!(upload);
         let bounds = HeadBounds {
             timeout,
+            deadline: self.facts.grpc_timeout,
             max_informational: r.informational_bound(),
             relay: true,
             tokens: false,

@@ -58,20 +58,19 @@ pub(crate) async fn forward_h2(
     let body = RequestBody::new(req.framing, listener.max_body_size, buf, req.head_len)?;
     let te = te_trailers(buf, req);
     let expect = req.expect_continue && !body.is_whole();
-    if expect {
-        // The client waits for 100 before sending its body: Weir reads it at once, so it
-        // says so itself (an HTTP/2 server need not answer `expect`).
-        let go_on = b"HTTP/1.1 100 Continue\r\n\r\n";
-        body::write_all(&mut conn.stream, go_on, &[], listener.client_timeout)
-            .await
-            .map_err(|_| ProxyError::ClientClosed)?;
-    }
     let mut last_try = conn.current.last_try;
     let started = conn.current.started;
+    // A streamed upload consumes the head from the buffer: another try writes its request
+    // from this copy (one per streamed upload, none for a body at hand).
+    let head = match body.is_whole() {
+        true => Vec::new(),
+        false => conn.buf.filled()[..req.head_len].to_vec(),
+    };
     let mut sender = FromHttp1 {
         x,
         conn,
         req,
+        head,
         body,
         consumed: Cell::new(0),
         ask: Ask {
@@ -81,6 +80,7 @@ pub(crate) async fn forward_h2(
         },
         accepted: meta.accepted,
         expect,
+        informed: false,
         keep_alive,
         resp,
     };
@@ -98,14 +98,18 @@ struct FromHttp1<'x, 'c> {
     x: &'x Exchange<'x>,
     conn: &'c mut ClientConn,
     req: &'c RequestHead,
+    /// The client's head, for a streamed body (empty: it stays in `conn.buf`).
+    head: Vec<u8>,
     body: RequestBody,
-    /// Request body bytes taken from the client.
+    /// Above zero once request body bytes are taken from the client.
     consumed: Cell<u64>,
     ask: Ask,
     /// The coding the route's `compression` negotiated with the client.
     accepted: Option<weir_config::Encoding>,
     /// Weir answered `expect: 100-continue` itself: the field is not sent on.
     expect: bool,
+    /// The client has a 1xx head (Weir's 100 Continue, or one relayed).
+    informed: bool,
     keep_alive: bool,
     resp: &'c mut ResponseHead,
 }
@@ -125,6 +129,17 @@ impl Sender for FromHttp1<'_, '_> {
             // Only `auto` upstreams fall back, and HTTP/1.x clients do not take them to h2.
             return Err(ProxyError::UpstreamTls("the server chose HTTP/1.1").into());
         };
+        if self.expect && !self.informed {
+            // The client waits for 100 before sending its body: Weir reads it at once, so
+            // it says so itself once a server takes the stream (an HTTP/2 server need not
+            // answer `expect`).
+            self.informed = true;
+            let go_on = b"HTTP/1.1 100 Continue\r\n\r\n";
+            let timeout = x.target.listener.client_timeout;
+            body::write_all(&mut self.conn.stream, go_on, &[], timeout)
+                .await
+                .map_err(|_| ProxyError::ClientClosed)?;
+        }
         let (bounds, timeouts, mut client) = (self.bounds(), self.timeouts(), self.client());
         let conn = &mut *self.conn;
         let (mut cr, mut cw) = conn.stream.split().map_err(ProxyError::client_io)?;
@@ -139,6 +154,7 @@ impl Sender for FromHttp1<'_, '_> {
         let mut interim = Http1Interim {
             writer: &mut cw,
             timeout: timeouts.client,
+            informed: &mut self.informed,
         };
         // An HTTP/1.x client is not watched while it waits (it cannot cancel a request).
         let gone = std::future::pending();
@@ -154,7 +170,7 @@ impl Sender for FromHttp1<'_, '_> {
         let (parts, mut up_body) = head.into_parts();
         let status = parts.status.as_u16();
         self.resp.status = status;
-        if !tries.relays(status, whole || self.consumed.get() == 0, false) {
+        if !tries.relays(status, whole || self.consumed.get() == 0, self.informed) {
             return Err(Miss::retried(status));
         }
         let route = x.target.route;
@@ -198,7 +214,7 @@ impl Sender for FromHttp1<'_, '_> {
     }
 
     fn responded(&self) -> bool {
-        false
+        self.informed
     }
 }
 
@@ -208,6 +224,7 @@ impl FromHttp1<'_, '_> {
     fn bounds(&self) -> HeadBounds {
         HeadBounds {
             timeout: self.x.target.upstream.response_timeout,
+            deadline: None,
             max_informational: self.x.target.listener.max_informational,
             relay: !self.ask.http10,
             tokens: true,
@@ -238,12 +255,16 @@ impl FromHttp1<'_, '_> {
         let (target, conn) = (&self.x.target, &mut *self.conn);
         let (mut out, mut lines) = (take(&mut conn.out), take(&mut conn.resp_lines));
         out.clear();
-        let r = conn.request(self.req);
+        let mut r = conn.request(self.req);
+        if !self.head.is_empty() {
+            r.buf = &self.head;
+        }
         let offered = write_upstream_head(&mut out, &r, &conn.path, target, a.server);
         render_response_rules(&mut lines, &r, target.route);
         (conn.out, conn.resp_lines) = (out, lines);
         if !offered.is_empty() {
-            return Err(ProxyError::NotImplemented("upgrade to an HTTP/2-only upstream").into());
+            let refused = ProxyError::NotImplemented("upgrade to an HTTP/2-only upstream");
+            return Err(Miss::unsent(refused));
         }
         let scheme = match target.upstream.tls {
             Some(_) => "https",
@@ -251,7 +272,8 @@ impl FromHttp1<'_, '_> {
         };
         let id = target.listener.policy.request_id.as_ref();
         let te = self.ask.te_trailers;
-        let mut request = h1_head_to_h2(&conn.out, scheme, te, id.map(|i| i.header.as_str()))?;
+        let request = h1_head_to_h2(&conn.out, scheme, te, id.map(|i| i.header.as_str()));
+        let mut request = request.map_err(Miss::unsent)?;
         if self.expect {
             request.headers_mut().remove(http::header::EXPECT);
         }

@@ -84,6 +84,9 @@ pub(crate) enum Upload {
 pub(crate) struct HeadBounds {
     /// From the end of the upload.
     pub timeout: Duration,
+    /// From the start of the wait, upload or not: a gRPC client's `grpc-timeout`, the
+    /// call's deadline.
+    pub deadline: Option<Duration>,
     pub max_informational: u32,
     /// 1xx heads go to the client (not to an HTTP/1.0 client).
     pub relay: bool,
@@ -122,10 +125,9 @@ where
                 Reached::Nothing
             },
         },
-        unprocessed: false,
-        retried: None,
+        ..Miss::from(error)
     };
-    let error = match waiting(upload, state, head, bounds.timeout, gone).await {
+    let error = match waiting(upload, state, head, bounds, gone).await {
         Ok(head) => return Ok((head, lease)),
         Err(NoFinal::Failed(error)) => error,
         Err(NoFinal::H2(e)) if never_processed(&e) && !relayed => {
@@ -148,12 +150,13 @@ enum NoFinal {
 }
 
 /// Runs `upload` and the wait for `head` together, unless the client is `gone`;
-/// `timeout` counts from the end of the upload, as for HTTP/1.1 upstreams.
+/// `bounds.timeout` counts from the end of the upload, as for HTTP/1.1 upstreams, the
+/// `deadline` from now.
 async fn waiting<U, H, G>(
     mut upload: Pin<&mut U>,
     state: &mut Upload,
     head: H,
-    timeout: Duration,
+    bounds: HeadBounds,
     gone: G,
 ) -> Result<http::Response<RecvStream>, NoFinal>
 where
@@ -161,9 +164,16 @@ where
     H: Future<Output = Result<http::Response<RecvStream>, NoFinal>>,
     G: Future<Output = ProxyError>,
 {
+    let timeout = bounds.timeout;
     let running = *state == Upload::Running;
     let timer = tokio::time::sleep(if running { Duration::MAX } else { timeout });
-    tokio::pin!(head, timer, gone);
+    let deadline = async {
+        match bounds.deadline {
+            Some(deadline) => tokio::time::sleep(deadline).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(head, timer, gone, deadline);
     loop {
         let running = *state == Upload::Running;
         tokio::select! {
@@ -178,6 +188,7 @@ where
             }
             h = &mut head => return h,
             () = &mut timer, if !running => return Err(NoFinal::Failed(ProxyError::UpstreamTimeout)),
+            () = &mut deadline => return Err(NoFinal::Failed(ProxyError::UpstreamTimeout)),
             e = &mut gone => return Err(NoFinal::Failed(e)),
         }
     }

@@ -93,8 +93,8 @@ impl RequestBody {
     }
 
     /// Sends the body as DATA within the upstream's window, then the end of the stream.
-    /// `consumed` counts the bytes taken from the client (a streamed body cannot be sent
-    /// again once it is above zero).
+    /// `consumed` is above zero once body bytes are taken from the client (a streamed
+    /// body cannot be sent again then): set before the first of them is framed.
     pub(super) async fn upload<R: AsyncRead + Unpin>(
         &mut self,
         src: &mut R,
@@ -108,10 +108,14 @@ impl RequestBody {
             let sent = send_windowed(up, whole.clone(), timeouts.upstream, None, true).await;
             return sent.map_err(Broke::Sink);
         }
+        // The head goes (the caller keeps a copy for another try); the body's bytes stay
+        // as they came until the first of them is framed: until then a refused stream
+        // or a retried status sends the request again as it was.
         buf.consume(std::mem::take(&mut self.skip));
-        consumed.set(1);
         let state = BodyState::new(self.framing, true, self.limit);
         let mut source = Http1Source::new(src, buf, state, timeouts.client, Peer::Client);
+        source.arrival().await.map_err(Broke::Source)?;
+        consumed.set(1);
         let mut sink = H2Upload {
             send: up,
             timeout: timeouts.upstream,
