@@ -39,6 +39,7 @@
 mod io_enum;
 
 pub mod access_log;
+pub mod answer;
 pub mod buffer;
 pub mod client;
 pub mod client_stream;
@@ -57,6 +58,7 @@ pub mod places;
 pub mod policy;
 pub mod proxy;
 pub mod reload;
+pub mod request;
 pub mod router;
 pub mod server;
 pub mod snapshot;

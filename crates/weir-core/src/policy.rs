@@ -3,21 +3,21 @@
 //! `identify` runs once a head is read: the request id and, behind `trusted_proxies`, the
 //! client address. `Admission::refusal` runs once a route is chosen (`proxy::route`):
 //! access lists, the rate limit, then basic auth; a refused request gets Weir's own answer
-//! (`proxy::answer`), which keeps the connection like any other answer. Each step is
+//! (`answer`), which keeps the connection like any other answer. Each step is
 //! skipped by one `Option` / emptiness check when its filter is not configured.
 
 use std::net::IpAddr;
 
 use weir_config::{Listener, RateKey, RateLimit};
 
+use crate::answer::Refusal;
 use crate::codec::http1::RequestHead;
 use crate::filters::forwarded::ClientIp;
 use crate::filters::rate_limit::retry_after_secs;
 use crate::filters::request_id::RequestId;
 use crate::filters::{basic_auth, real_ip, request_id};
 use crate::metrics::shard::Protocol;
-use crate::proxy::answer::Refusal;
-use crate::proxy::route::Request;
+use crate::request::Request;
 use crate::snapshot::Snapshot;
 use crate::worker::Worker;
 

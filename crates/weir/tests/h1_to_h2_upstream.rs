@@ -346,7 +346,10 @@ async fn websocket_upgrade_to_an_h2_only_upstream_is_refused_with_501() {
     assert_eq!(backend.streams(), 0, "nothing reached the server");
     // Not the server's answer: no try counted for it.
     let metrics = weir.metrics_text();
-    assert!(!metrics.contains("weir_upstream_requests_total{"), "{metrics}");
+    assert!(
+        !metrics.contains("weir_upstream_requests_total{"),
+        "{metrics}"
+    );
 }
 
 /// Weir answers `Expect: 100-continue` itself once a server took the stream: a request no
@@ -409,7 +412,11 @@ async fn late_body_put(
     streams: usize,
 ) -> weir_testkit::Response {
     let mut client = weir.client().await;
-    let expect_field = if expect { "Expect: 100-continue\r\n" } else { "" };
+    let expect_field = if expect {
+        "Expect: 100-continue\r\n"
+    } else {
+        ""
+    };
     let head = format!("PUT /late HTTP/1.1\r\nHost: t\r\n{expect_field}Content-Length: 4\r\n\r\n");
     client.send_raw(head.as_bytes()).await.expect("send head");
     if expect {

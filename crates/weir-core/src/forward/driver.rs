@@ -7,8 +7,9 @@
 //!
 //! - **Same server again**: a try the server did not process ([`Miss::unprocessed`]: a
 //!   refused HTTP/2 stream, a pooled HTTP/1.1 connection found closed before any response
-//!   byte for an idempotent request) goes again on another connection of that server, at
-//!   most [`MAX_UNPROCESSED`] times, if the request can still be sent as it was.
+//!   byte for an idempotent request) goes again to that server (a new HTTP/1.1
+//!   connection; an HTTP/2 stream on a connection not going away), at most
+//!   [`MAX_UNPROCESSED`] times, if the request can still be sent as it was.
 //! - **Another server**: `upstream::retry::may_retry` on the try's outcome (connect
 //!   errors always; resets, timeouts and the listed statuses only for an idempotent
 //!   request that can be sent again as it was, and never once the client has a 1xx),
@@ -25,6 +26,7 @@ use weir_config::UpstreamServer;
 use super::{Failure, Reached, Target};
 use crate::error::ProxyError;
 use crate::metrics::shard::ServerMetrics;
+use crate::request::LastTry;
 use crate::upstream::retry::{may_retry, Outcome, Replay, Tried};
 use crate::upstream::{Pick, RequestKey};
 use crate::worker::Worker;
@@ -49,14 +51,15 @@ pub(crate) struct Attempt<'a> {
     /// When the try on this server began (the request's start for the first: no clock
     /// read).
     pub started: Instant,
-    /// The last try on this server was not processed: a new connection, not a pooled one.
+    /// The last try on this server was not processed: an HTTP/1.1 try takes a new
+    /// connection, not a pooled one (an HTTP/2 stream any that is not going away).
     pub fresh: bool,
 }
 
 /// How a try ended short of a relayed response.
 pub(crate) struct Miss {
     pub failure: Failure,
-    /// The server did not process the request: it may go again on another connection.
+    /// The server did not process the request: it may go again to that server.
     pub unprocessed: bool,
     /// A final head came, and [`Tries::relays`] sent the request on to another server.
     pub retried: Option<u16>,
@@ -113,15 +116,6 @@ pub(crate) trait Sender {
 
     /// Whether the client already has a 1xx of this response (no other server then).
     fn responded(&self) -> bool;
-}
-
-/// The server and time of the request's last try, for the access log.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct LastTry {
-    /// The upstream and server indexes.
-    pub upstream_pick: Option<(usize, usize)>,
-    /// From the last try's start to its final head (or its failure).
-    pub upstream_time: Option<Duration>,
 }
 
 /// Where a request stands among its tries.
@@ -331,7 +325,7 @@ async fn on_server<S: Sender>(
         left -= 1;
         match sender.send(&attempt, tries).await {
             Err(miss) if miss.unprocessed && sender.replayable() && left > 0 => {
-                tracing::debug!(server = %server.addr, error = %miss.failure.error, "not processed; again on another connection");
+                tracing::debug!(server = %server.addr, error = %miss.failure.error, "not processed; again on that server");
                 attempt.fresh = true;
             }
             sent => return sent,

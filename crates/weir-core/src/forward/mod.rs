@@ -1,10 +1,12 @@
 //! Forwarding one request to an upstream server and its response back to the client.
 //!
-//! `forward` is the exchange: pick a server, write the request head (and whatever body is
-//! already buffered), stream the rest of the body while waiting for the response head,
-//! relay 1xx, then write the response head and stream the body back. It decides whether
-//! each side's connection can be kept, and retries once on a fresh connection when a pooled
-//! one turns out dead and replaying is safe.
+//! `forward` is the exchange: the driver (`driver`) picks a server and tries it through
+//! the upstream side `carrier` says (`h1`: an HTTP/1.1 connection, `h2`: an HTTP/2
+//! stream), writing the request head (and whatever body is already buffered), streaming the
+//! rest of the body while waiting for the response head, relaying 1xx; then the response
+//! head is written and its body streamed back. It decides whether each side's connection
+//! can be kept; the retry rules (a try the server did not process again on that server,
+//! another server as `retry.on` allows) are the driver's.
 
 pub mod body;
 pub(crate) mod driver;

@@ -5,7 +5,7 @@
 use weir_config::{HeaderRules, Route, UpstreamServer};
 
 use super::Target;
-use crate::proxy::route::Request;
+use crate::request::Request;
 
 use crate::codec::http1::write::{push_header, HeaderLines};
 use crate::codec::http1::HeaderSpan;

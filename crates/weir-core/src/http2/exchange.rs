@@ -28,7 +28,7 @@ use crate::error::ProxyError;
 use crate::filters::compression;
 use crate::filters::upgrade::Offered;
 use crate::forward::body::BodyState;
-use crate::forward::driver::{drive, Attempt, Exchange, LastTry, Miss, Sender, Tries};
+use crate::forward::driver::{drive, Attempt, Exchange, Miss, Sender, Tries};
 use crate::forward::h1::{reuse, send_streaming, send_whole, Reading, RequestMeta};
 use crate::forward::head::{coding, plan_http1, Edits};
 use crate::forward::relay::{
@@ -36,7 +36,8 @@ use crate::forward::relay::{
 };
 use crate::forward::request_head::{render_response_rules, write_upstream_head};
 use crate::forward::{Failure, Reached, Target, Timeouts};
-use crate::proxy::route::Request;
+use crate::request::LastTry;
+use crate::request::Request;
 use crate::router::RoutedPath;
 use crate::time::LazyTimer;
 use crate::upstream::RequestKey;
@@ -70,7 +71,7 @@ pub struct Trace {
     pub local: bool,
     /// What the route's compression did to the response, if it compressed it.
     pub compressed: Option<crate::filters::compression::Compressed>,
-    /// The request is gRPC's (`H2Facts::grpc`): the `grpc-status` sent is last_try.
+    /// The request is gRPC's (`H2Facts::grpc`): the `grpc-status` sent is recorded.
     pub grpc: bool,
     /// The `grpc-status` the client got (a gRPC request only; `None`: none, or not a
     /// number), from the upstream's head or trailers or from Weir's own answer.
@@ -80,7 +81,7 @@ pub struct Trace {
 impl Trace {
     /// The `grpc-status` among `fields` (a response head or trailers about to go to the
     /// client) if the request is gRPC: digits only (`+5` is no status). Nothing is looked
-    /// up for other requests. LastTry by [`Trace::sent_grpc_status`] once `fields` were sent.
+    /// up for other requests. Recorded by [`Trace::sent_grpc_status`] once `fields` were sent.
     pub fn grpc_status_in(&self, fields: &http::HeaderMap) -> Option<u32> {
         if !self.grpc {
             return None;

@@ -1,4 +1,4 @@
-//! Weir's own answers on HTTP/2 streams (`proxy::answer::Answer`: the default response,
+//! Weir's own answers on HTTP/2 streams (`answer::Answer`: the default response,
 //! `respond`, redirects, refusals, failures): rendered as the HTTP/1.1 bytes an HTTP/1.x
 //! client gets, and sent from those bytes without their hop-by-hop fields, so both
 //! protocols carry the same status, headers and body. A gRPC request gets any of them but
@@ -12,11 +12,11 @@ use h2::server::SendResponse;
 use super::exchange::Trace;
 use super::grpc;
 use super::send::send_data;
+use crate::answer::Answer;
 use crate::codec::http1::write::Persistence;
 use crate::codec::http1::{parse_response, ResponseHead};
 use crate::error::{reason_phrase, ProxyError};
 use crate::filters::headers::Vars;
-use crate::proxy::answer::Answer;
 
 /// Sends `answer` on `respond` (its body left out for a HEAD request, `is_head`; `vars`:
 /// the request's, for a redirect); to a gRPC request (`trace.grpc`), a status other than

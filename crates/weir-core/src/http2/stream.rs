@@ -19,6 +19,7 @@ use super::scratch::RequestScratch;
 use super::upstream::H2Facts;
 use super::websocket::new_key;
 use crate::access_log::RequestFields;
+use crate::answer::Answer;
 use crate::codec::http1::fill_written;
 use crate::codec::http1::RequestHead;
 use crate::error::ProxyError;
@@ -28,9 +29,9 @@ use crate::filters::request_id::RequestId;
 use crate::forward::{carrier, Carrier, Failure, Reached};
 use crate::metrics::shard::{method_index, Protocol, METHODS};
 use crate::policy::identify;
-use crate::proxy::answer::Answer;
-use crate::proxy::route::{Decision, Origin, Request, Routing};
+use crate::proxy::route::{Decision, Routing};
 use crate::proxy::{record, ClientSide, Counters, Done, Handled};
+use crate::request::{Origin, Request};
 use crate::router::RoutedPath;
 use crate::snapshot::Snapshot;
 
@@ -265,7 +266,7 @@ impl StreamLog {
         let side = ClientSide {
             ip: self.behind.as_ref().map_or(&shared.ip, |(_, text)| text),
             fields: &self.fields,
-            last_try: crate::forward::driver::LastTry {
+            last_try: crate::request::LastTry {
                 upstream_pick: trace.upstream_pick,
                 upstream_time: trace.upstream_time,
             },

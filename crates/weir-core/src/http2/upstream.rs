@@ -28,7 +28,7 @@ use super::interim::ClientStream;
 use super::respond::{head_from_h2, relay_body, Sinking};
 use super::upstream_request::{upstream_request, Upstream};
 use crate::error::ProxyError;
-use crate::forward::driver::{drive, Attempt, LastTry, Miss, Sender, Tries};
+use crate::forward::driver::{drive, Attempt, Miss, Sender, Tries};
 use crate::forward::h2::{
     content_length, final_head, h1_head_to_h2, h2_response, open, relay_while_uploading,
     HeadBounds, Upload,
@@ -37,6 +37,7 @@ use crate::forward::head::{coding, plan, Edits, ForClient};
 use crate::forward::relay::{relay, Broke, Coding, H2Source, H2Upload, Peer};
 use crate::forward::request_head::with_client_facts;
 use crate::forward::{Failure, Timeouts};
+use crate::request::LastTry;
 
 /// What the h2 path needs from the client's fields, read before they are dropped.
 #[derive(Debug, Clone, Copy, Default)]

@@ -29,11 +29,12 @@ use crate::codec::http1::{HeaderSpan, ResponseHead};
 use crate::connector::UpstreamStream;
 use crate::error::ProxyError;
 use crate::filters::upgrade::switch_allowed;
-use crate::forward::driver::{drive, Attempt, LastTry, Miss, Sender, Tries};
+use crate::forward::driver::{drive, Attempt, Miss, Sender, Tries};
 use crate::forward::h1::{send_whole, NoInterim, Reading, RequestMeta};
 use crate::forward::tunnel::limits;
 use crate::forward::Failure;
 use crate::idle::{Activity, Cut, End, Limits, Noted};
+use crate::request::LastTry;
 use crate::time::LazyTimer;
 
 /// RFC 6455 section 1.3.

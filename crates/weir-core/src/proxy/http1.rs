@@ -13,9 +13,9 @@ use std::time::Instant;
 
 use weir_config::Listener;
 
-use super::answer::Answer;
 use super::route::{Decision, Routing};
 use super::{record, ClientSide, Counters, Done, Handled};
+use crate::answer::Answer;
 use crate::client::{ClientConn, NextRequest};
 use crate::client_stream::ClientStream;
 use crate::codec::http1::write::Persistence;

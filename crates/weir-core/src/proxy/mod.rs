@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! client adapter (one per protocol: `http1` here, `http2::stream`)
-//!   -> request context (`route::Request`: the HTTP/1.1 head every protocol presents, and
+//!   -> request context (`request::Request`: the HTTP/1.1 head every protocol presents, and
 //!      who sent it: peer, client behind trusted proxies, TLS, request id)
 //!   -> routing decision (`route::Routing::decide`): forward to an upstream (a split
 //!      resolved) | answer locally (`answer::Answer`) | refuse with a status
@@ -16,7 +16,6 @@
 //! any other answer (`http1::answer`, `http2::stream`'s). Each box exists once; a client
 //! protocol adds an adapter, a response source a `Decision` and a body `Source`.
 
-pub mod answer;
 mod http1;
 pub mod route;
 
@@ -26,10 +25,10 @@ use crate::access_log::{Outcome, RequestFields};
 use crate::client::ClientConn;
 use crate::error::ProxyError;
 use crate::filters::forwarded::ClientIp;
-use crate::forward::driver::LastTry;
 use crate::forward::{Failure, Reached};
 use crate::metrics::shard::Protocol;
 use crate::metrics::{AbortReason, DefaultReason};
+use crate::request::LastTry;
 use crate::snapshot::Snapshot;
 use crate::worker::Worker;
 

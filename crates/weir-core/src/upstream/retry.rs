@@ -175,24 +175,6 @@ impl Tried {
     }
 }
 
-/// Replaces the value of the `Host` header that `write_request_head` put right after the
-/// request line, if it is `old`. False (and `out` unchanged) if the head is not laid out
-/// that way; the caller then does not retry.
-pub fn replace_host(out: &mut Vec<u8>, old: &[u8], new: &[u8]) -> bool {
-    let Some(line_end) = out.windows(2).position(|w| w == b"\r\n") else {
-        return false;
-    };
-    let start = line_end + 2 + b"Host: ".len();
-    let end = start + old.len();
-    let matches = out[line_end + 2..].starts_with(b"Host: ")
-        && out.get(start..end) == Some(old)
-        && out.get(end..end + 2) == Some(b"\r\n");
-    if matches {
-        out.splice(start..end, new.iter().copied());
-    }
-    matches
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -301,19 +283,5 @@ mod tests {
         t.push(0);
         assert_eq!(t.as_slice(), &[2, 0]);
         assert_eq!(t.retries(), 1);
-    }
-
-    #[test]
-    fn host_is_replaced_only_where_expected() {
-        let mut out = b"GET / HTTP/1.1\r\nHost: 10.0.0.1:80\r\nX: y\r\n\r\n".to_vec();
-        assert!(replace_host(&mut out, b"10.0.0.1:80", b"backend-b:8080"));
-        assert_eq!(
-            out,
-            b"GET / HTTP/1.1\r\nHost: backend-b:8080\r\nX: y\r\n\r\n"
-        );
-        let before = out.clone();
-        assert!(!replace_host(&mut out, b"10.0.0.1:80", b"c"));
-        assert_eq!(out, before);
-        assert!(!replace_host(&mut Vec::new(), b"a", b"b"));
     }
 }

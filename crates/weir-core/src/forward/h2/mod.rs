@@ -10,7 +10,7 @@
 //! try is made from its own fields instead (`http2::upstream_request`). A stream the
 //! server never processed (REFUSED_STREAM, above a GOAWAY's last stream id, or a
 //! connection that stopped taking streams) is [`Miss::unprocessed`]: the driver sends it
-//! again on another connection when its body can be sent again.
+//! again (not on a connection going away) when its body can be sent again.
 
 pub(crate) mod from_h1;
 mod request_body;
