@@ -33,10 +33,11 @@ const CELLS: [(Client, Server); 4] = [
     (Client::H2c, Server::H2c),
 ];
 
-/// A backend of either protocol.
+/// A backend of either protocol (or a dead port).
 enum Upstream {
     Http1(Backend),
     H2c(H2Backend),
+    Dead(SocketAddr),
 }
 
 impl Upstream {
@@ -61,6 +62,7 @@ impl Upstream {
         match self {
             Upstream::Http1(b) => b.addr(),
             Upstream::H2c(b) => b.addr(),
+            Upstream::Dead(addr) => *addr,
         }
     }
 }
@@ -163,6 +165,16 @@ async fn send(client: Client, addr: SocketAddr, req: &Req) -> Answer {
     }
 }
 
+/// The server an upstream has before the feature's backend.
+#[derive(Clone, Copy, PartialEq)]
+enum First {
+    None,
+    /// It refuses connections (a dead port).
+    Dead,
+    /// It answers 503, which the upstream retries (`retry.on`).
+    Unavailable,
+}
+
 /// A route feature, its setup and the outcome every cell must give.
 struct Feature {
     name: &'static str,
@@ -170,8 +182,8 @@ struct Feature {
     route: fn() -> Vec<String>,
     listener: &'static [&'static str],
     backend: fn(Server) -> Upstream,
-    /// The upstream's first server refuses connections (a dead port).
-    dead_first: bool,
+    /// A server before the backend, tried first (round robin).
+    first: First,
     request: Req,
     /// The request goes this many times; the check sees the last answer.
     times: usize,
@@ -198,7 +210,7 @@ const FEATURES: &[Feature] = &[
         route: || vec![r#"compression = { min_size = "0", algorithms = ["gzip"] }"#.into()],
         listener: &[],
         backend: |s| Upstream::fixed(s, 200, &[("Content-Type", "text/plain")], &text()),
-        dead_first: false,
+        first: First::None,
         request: Req {
             headers: &[("accept-encoding", "gzip")],
             ..GET
@@ -227,7 +239,7 @@ const FEATURES: &[Feature] = &[
         },
         listener: &[],
         backend: |s| Upstream::fixed(s, 302, &[("Location", "/login?next=1")], ""),
-        dead_first: false,
+        first: First::None,
         request: Req {
             path: "/app/page",
             ..GET
@@ -248,7 +260,7 @@ const FEATURES: &[Feature] = &[
         },
         listener: &[],
         backend: Upstream::echo,
-        dead_first: false,
+        first: First::None,
         request: Req {
             headers: &[("x-gone", "1"), ("x-kept", "2")],
             ..GET
@@ -269,7 +281,7 @@ const FEATURES: &[Feature] = &[
         },
         listener: &[],
         backend: |s| Upstream::fixed(s, 200, &[("X-Drop", "1"), ("X-Keep", "k")], "ok"),
-        dead_first: false,
+        first: First::None,
         request: GET,
         times: 1,
         check: |a| {
@@ -285,7 +297,7 @@ const FEATURES: &[Feature] = &[
         route: || vec![r#"deny = ["127.0.0.0/8"]"#.into()],
         listener: &[],
         backend: |s| Upstream::fixed(s, 200, &[], "ok"),
-        dead_first: false,
+        first: First::None,
         request: GET,
         times: 1,
         check: |a| assert_eq!(a.status, 403),
@@ -295,7 +307,7 @@ const FEATURES: &[Feature] = &[
         route: || vec![r#"rate_limit = { rate = "1/h", burst = 1, key = "client_ip" }"#.into()],
         listener: &[],
         backend: |s| Upstream::fixed(s, 200, &[], "ok"),
-        dead_first: false,
+        first: First::None,
         request: GET,
         times: 2,
         check: |a| {
@@ -314,7 +326,7 @@ const FEATURES: &[Feature] = &[
         },
         listener: &[],
         backend: |s| Upstream::fixed(s, 200, &[], "ok"),
-        dead_first: false,
+        first: First::None,
         request: GET,
         times: 1,
         check: |a| {
@@ -328,7 +340,7 @@ const FEATURES: &[Feature] = &[
         route: none,
         listener: &["request_id = true"],
         backend: Upstream::echo,
-        dead_first: false,
+        first: First::None,
         request: GET,
         times: 1,
         check: |a| {
@@ -341,11 +353,24 @@ const FEATURES: &[Feature] = &[
         route: none,
         listener: &[],
         backend: |s| Upstream::fixed(s, 200, &[], "second"),
-        dead_first: true,
+        first: First::Dead,
         request: GET,
         times: 1,
         check: |a| {
             assert_eq!(a.status, 200);
+            assert_eq!(a.body, b"second");
+        },
+    },
+    Feature {
+        name: "status retries",
+        route: none,
+        listener: &[],
+        backend: |s| Upstream::fixed(s, 200, &[], "second"),
+        first: First::Unavailable,
+        request: GET,
+        times: 1,
+        check: |a| {
+            assert_eq!(a.status, 200, "{a:?}");
             assert_eq!(a.body, b"second");
         },
     },
@@ -364,7 +389,7 @@ const FEATURES: &[Feature] = &[
             }
             Server::H2c => Upstream::H2c(H2Backend::h2c()),
         },
-        dead_first: false,
+        first: First::None,
         // h2c: 20 hints (`/hints?n=20`) before the answer; both are past the larger of
         // `max_informational` and `http2.max_informational` (8).
         request: Req {
@@ -376,9 +401,14 @@ const FEATURES: &[Feature] = &[
     },
 ];
 
-/// Weir with one route `all` (the feature's lines) to upstream `up` (the backend, after a
-/// dead first server when asked).
-fn start(feature: &Feature, server: Server, backend: &Upstream, dead: SocketAddr) -> Weir {
+/// Weir with one route `all` (the feature's lines) to upstream `up` (the backend, after
+/// `first`: `dead`, or a server answering 503, when the feature asks).
+fn start(
+    feature: &Feature,
+    server: Server,
+    backend: &Upstream,
+    first: Option<&Upstream>,
+) -> Weir {
     let mut conf = Conf::new();
     if feature.listener.contains(&"request_id = true") {
         conf = conf.with_request_ids();
@@ -392,11 +422,12 @@ fn start(feature: &Feature, server: Server, backend: &Upstream, dead: SocketAddr
     }
     let route = (feature.route)();
     let route: Vec<&str> = route.iter().map(String::as_str).collect();
-    let servers = match feature.dead_first {
-        true => vec![dead, backend.addr()],
-        false => vec![backend.addr()],
-    };
+    let mut servers: Vec<SocketAddr> = first.iter().map(|f| f.addr()).collect();
+    servers.push(backend.addr());
     let mut keys = vec![r#"lb = "round_robin""#];
+    if feature.first == First::Unavailable {
+        keys.push(r#"retry = { on = ["503"] }"#);
+    }
     if server == Server::H2c {
         keys.push(r#"protocol = "h2c""#);
     }
@@ -414,7 +445,12 @@ async fn every_feature_works_in_every_cell() {
     for feature in FEATURES {
         for (client, server) in CELLS {
             let backend = (feature.backend)(server);
-            let weir = start(feature, server, &backend, dead.addr);
+            let first = match feature.first {
+                First::None => None,
+                First::Dead => Some(Upstream::Dead(dead.addr)),
+                First::Unavailable => Some(Upstream::fixed(server, 503, &[], "busy")),
+            };
+            let weir = start(feature, server, &backend, first.as_ref());
             let mut answer = None;
             for _ in 0..feature.times {
                 answer = Some(send(client, weir.addr, &feature.request).await);
@@ -426,6 +462,34 @@ async fn every_feature_works_in_every_cell() {
         }
     }
     let _ = std::fs::remove_file(users_file());
+}
+
+/// Each try writes the request for its own server: with `preserve_host = false`, the
+/// server a retry reaches gets its own address as `Host` (`:authority`), not the first's.
+#[tokio::test]
+async fn each_try_names_its_own_server_in_every_cell() {
+    let dead = dead_port();
+    for (client, server) in CELLS {
+        let backend = Upstream::echo(server);
+        let mut keys = vec![r#"lb = "round_robin""#];
+        if server == Server::H2c {
+            keys.push(r#"protocol = "h2c""#);
+        }
+        let weir = Conf::new()
+            .route("all", "up", &["preserve_host = false"])
+            .upstream("up", &[dead.addr, backend.addr()], &keys)
+            .start();
+        let answer = send(client, weir.addr, &Req { path: "/host", ..GET }).await;
+        assert_eq!(answer.status, 200, "{client:?} / {server:?}");
+        let addr = backend.addr().to_string();
+        match server {
+            Server::Http1 => {
+                let host = format!("host: {addr}\r\n");
+                assert!(answer.text().contains(&host), "{client:?}: {answer:?}");
+            }
+            Server::H2c => assert_eq!(answer.header("x-authority"), Some(addr.as_str())),
+        }
+    }
 }
 
 #[tokio::test]

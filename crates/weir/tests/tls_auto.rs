@@ -194,6 +194,29 @@ fn an_unusable_storage_directory_is_refused_with_its_path() {
     );
 }
 
+/// The one routing decision answers HTTP/2 clients' token requests too (h2c here: a
+/// validation request comes over plain HTTP).
+#[tokio::test]
+async fn http01_tokens_are_answered_to_http2_clients() {
+    use weir_core::tls::auto::challenge;
+    challenge::add_http01("weir-test-token-2", "weir-test-token-2.thumbprint");
+    let backend = Backend::echo("b");
+    let weir = single(backend.addr()).start();
+    let mut client = common::h2c_client(weir.addr).await.ready().await.expect("ready");
+    let uri = "http://a.test/.well-known/acme-challenge/weir-test-token-2";
+    let head = http::Request::get(uri).body(()).expect("request");
+    let (response, _) = client.send_request(head, true).expect("send");
+    let (parts, mut body) = response.await.expect("response").into_parts();
+    let mut text = Vec::new();
+    while let Some(chunk) = body.data().await {
+        text.extend_from_slice(&chunk.expect("body"));
+    }
+    challenge::remove_http01("weir-test-token-2");
+    assert_eq!(parts.status, 200);
+    assert_eq!(text, b"weir-test-token-2.thumbprint");
+    assert_eq!(backend.requests_served(), 0, "answered by Weir");
+}
+
 #[tokio::test]
 async fn http01_tokens_are_answered_before_routing_and_redirect_https() {
     use weir_core::tls::auto::challenge;

@@ -136,6 +136,10 @@ impl Tries<'_> {
     /// client has a 1xx (`responded`).
     pub fn relays(&mut self, status: u16, replayable: bool, responded: bool) -> bool {
         self.head_at = Some(Instant::now());
+        // Only 5xx statuses are retried (the config takes no others).
+        if status < 500 {
+            return true;
+        }
         let replay = Replay {
             idempotent: self.x.idempotent,
             buffered: replayable,

@@ -326,17 +326,27 @@ impl Response<'_> {
             }
         };
         self.accepted.count(Ok(resp.status));
-        let mut sink = Http1Sink {
-            writer: &mut conn.stream,
-            timeout: listener.client_timeout,
-            sent: &mut conn.sent,
-            head: &conn.out,
-            chunked: encoding.is_some(),
-            trailers: None,
-        };
-        let relayed = relay(&mut source, &mut sink, coding.as_mut()).await;
-        conn.current.compressed = coding.as_ref().map(Coding::compressed);
-        relayed.map_err(|(Broke::Source(e) | Broke::Sink(e))| Failure::after_head(e))?;
+        if let (None, Some(whole)) = (&coding, source.whole()) {
+            // The usual small response, its whole body with its head: both in one write,
+            // as the relay below would send them, without its rounds.
+            let timeout = listener.client_timeout;
+            let written = body::write_all(&mut conn.stream, &conn.out, whole, timeout).await;
+            written.map_err(|e| Failure::after_head(client_write_error(e)))?;
+            conn.sent += (conn.out.len() + whole.len()) as u64;
+            source.taken();
+        } else {
+            let mut sink = Http1Sink {
+                writer: &mut conn.stream,
+                timeout: listener.client_timeout,
+                sent: &mut conn.sent,
+                head: &conn.out,
+                chunked: encoding.is_some(),
+                trailers: None,
+            };
+            let relayed = relay(&mut source, &mut sink, coding.as_mut()).await;
+            conn.current.compressed = coding.as_ref().map(Coding::compressed);
+            relayed.map_err(|(Broke::Source(e) | Broke::Sink(e))| Failure::after_head(e))?;
+        }
         if resp.keeps_alive() && self.request_done && up_buf.is_empty() {
             // The whole body came with the head (the usual small response): the connection
             // is idle from the head's arrival. Otherwise it is idle from the end of the relay.

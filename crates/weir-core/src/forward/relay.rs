@@ -323,6 +323,14 @@ impl<R: AsyncRead + Unpin> Http1Source<'_, R> {
 }
 
 impl<R> Http1Source<'_, R> {
+    /// The whole body, when [`Source::prime`] found all of it at hand and it ends with no
+    /// trailers to send: its bytes as they go on ([`Source::taken`] once sent).
+    pub fn whole(&self) -> Option<&[u8]> {
+        let forward = self.primed.filter(|_| self.ended && self.first.is_none())?;
+        let last = self.state.trailers().is_empty();
+        last.then(|| &self.buf.filled()[..forward])
+    }
+
     /// Frames the bytes at the start of `buf`. True: a piece is ready (`used_forward` of
     /// them to send, `used` to consume once taken); false: they were all framing, consumed.
     fn frame(&mut self) -> Result<bool, ProxyError> {

@@ -129,17 +129,7 @@ impl Sender for FromHttp1<'_, '_> {
             // Only `auto` upstreams fall back, and HTTP/1.x clients do not take them to h2.
             return Err(ProxyError::UpstreamTls("the server chose HTTP/1.1").into());
         };
-        if self.expect && !self.informed {
-            // The client waits for 100 before sending its body: Weir reads it at once, so
-            // it says so itself once a server takes the stream (an HTTP/2 server need not
-            // answer `expect`).
-            self.informed = true;
-            let go_on = b"HTTP/1.1 100 Continue\r\n\r\n";
-            let timeout = x.target.listener.client_timeout;
-            body::write_all(&mut self.conn.stream, go_on, &[], timeout)
-                .await
-                .map_err(|_| ProxyError::ClientClosed)?;
-        }
+        self.go_on().await?;
         let (bounds, timeouts, mut client) = (self.bounds(), self.timeouts(), self.client());
         let conn = &mut *self.conn;
         let (mut cr, mut cw) = conn.stream.split().map_err(ProxyError::client_io)?;
@@ -219,6 +209,21 @@ impl Sender for FromHttp1<'_, '_> {
 }
 
 impl FromHttp1<'_, '_> {
+    /// The client waits for 100 before sending its body (`expect`): Weir reads it at
+    /// once, so it says so itself, once a server took the stream (an HTTP/2 server need
+    /// not answer `expect`).
+    async fn go_on(&mut self) -> Result<(), ProxyError> {
+        if !self.expect || self.informed {
+            return Ok(());
+        }
+        self.informed = true;
+        let go_on = b"HTTP/1.1 100 Continue\r\n\r\n";
+        let timeout = self.x.target.listener.client_timeout;
+        body::write_all(&mut self.conn.stream, go_on, &[], timeout)
+            .await
+            .map_err(|_| ProxyError::ClientClosed)
+    }
+
     /// The wait for the final head: `response_timeout` from the end of the upload; 1xx
     /// heads relayed but to HTTP/1.0 clients, at most the listener's `max_informational`.
     fn bounds(&self) -> HeadBounds {
