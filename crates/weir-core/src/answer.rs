@@ -10,6 +10,7 @@ use crate::error::{reason_phrase, ProxyError};
 use crate::filters::headers::Vars;
 use crate::filters::redirect::push_redirect;
 use crate::filters::respond::Canned;
+use crate::request::Request;
 use weir_config::Redirect;
 
 /// A response Weir makes itself.
@@ -84,9 +85,18 @@ impl Answer<'_> {
         !matches!(self, Answer::Default(_) | Answer::Error(_))
     }
 
+    /// What the answer's `{variable}`s expand to: a redirect's come from `r`; no other
+    /// answer has any (nothing is computed for them).
+    pub fn vars<'v>(&self, r: &'v Request<'_>) -> Vars<'v> {
+        match self {
+            Answer::Redirect(_) => r.redirect_vars(),
+            _ => Vars::default(),
+        }
+    }
+
     /// The whole HTTP/1.1 response, without its body for a HEAD request (`is_head`): the
     /// pre-rendered bytes of a `Canned` answer, else written into `out` (emptied first).
-    /// `vars`: the request's, for a redirect's template.
+    /// `vars`: [`Answer::vars`], for a redirect's template.
     pub fn render<'s>(
         &'s self,
         out: &'s mut Vec<u8>,

@@ -149,6 +149,7 @@ impl Worker {
         cached.1.clone()
     }
 
+    #[inline]
     pub fn take_buffer(&self) -> Buffer {
         self.spare
             .take()
@@ -164,6 +165,7 @@ impl Worker {
         }
     }
 
+    #[inline]
     pub fn give_buffer(&self, mut buf: Buffer) {
         if buf.capacity() == UPSTREAM_BUFFER {
             buf.clear();

@@ -326,10 +326,11 @@ impl Response<'_> {
             }
         };
         self.accepted.count(Ok(resp.status));
-        if let (None, Some(whole)) = (&coding, source.whole()) {
+        let whole = coding.is_none().then(|| source.whole()).flatten();
+        if let Some(whole) = whole {
             // The usual small response, its whole body with its head: both in one write,
             // as the relay below would send them, without its rounds.
-            let timeout = listener.client_timeout;
+            let (whole, timeout) = (whole.as_slice(), listener.client_timeout);
             let written = body::write_all(&mut conn.stream, &conn.out, whole, timeout).await;
             written.map_err(|e| Failure::after_head(client_write_error(e)))?;
             conn.sent += (conn.out.len() + whole.len()) as u64;

@@ -94,6 +94,12 @@ pub(crate) trait Source {
     fn prime(&mut self) -> Result<bool, ProxyError> {
         Ok(false)
     }
+
+    /// The whole body as one last piece, when [`Source::prime`] found all of it at hand
+    /// and no trailers follow ([`Source::taken`] once sent); `None` otherwise.
+    fn whole(&mut self) -> Option<Piece<'_>> {
+        None
+    }
 }
 
 /// Where a body goes.
@@ -150,6 +156,14 @@ pub(crate) async fn relay<S: Source, K: Sink>(
     sink: &mut K,
     mut coding: Option<&mut Coding>,
 ) -> Result<(), Broke> {
+    if coding.is_none() {
+        // The usual small response, all of it at hand: one piece, without the rounds.
+        if let Some(piece) = source.whole() {
+            sink.data(piece, true).await.map_err(Broke::Sink)?;
+            source.taken();
+            return Ok(());
+        }
+    }
     loop {
         let next = {
             let mut next = std::pin::pin!(source.next());
@@ -294,6 +308,14 @@ impl<R: AsyncRead + Unpin> Source for Http1Source<'_, R> {
         }
         Ok(self.state.is_done())
     }
+
+    fn whole(&mut self) -> Option<Piece<'_>> {
+        if !self.ended || !self.state.trailers().is_empty() {
+            return None;
+        }
+        let forward = self.primed.take()?;
+        Some(self.piece(forward).0)
+    }
 }
 
 impl<R: AsyncRead + Unpin> Http1Source<'_, R> {
@@ -323,14 +345,6 @@ impl<R: AsyncRead + Unpin> Http1Source<'_, R> {
 }
 
 impl<R> Http1Source<'_, R> {
-    /// The whole body, when [`Source::prime`] found all of it at hand and it ends with no
-    /// trailers to send: its bytes as they go on ([`Source::taken`] once sent).
-    pub fn whole(&self) -> Option<&[u8]> {
-        let forward = self.primed.filter(|_| self.ended && self.first.is_none())?;
-        let last = self.state.trailers().is_empty();
-        last.then(|| &self.buf.filled()[..forward])
-    }
-
     /// Frames the bytes at the start of `buf`. True: a piece is ready (`used_forward` of
     /// them to send, `used` to consume once taken); false: they were all framing, consumed.
     fn frame(&mut self) -> Result<bool, ProxyError> {

@@ -93,11 +93,19 @@ pub fn with_client_facts<T>(
     if rules.is_none() && id_header.is_none() && real_client.is_none() {
         return f(facts);
     }
+    // The rules' `{variable}`s need the whole set; the request id alone, only itself.
+    let vars = match rules {
+        Some(_) => r.vars(),
+        None => Vars {
+            request_id: r.origin.request_id,
+            ..Vars::default()
+        },
+    };
     let edits = RequestEdits {
         rules,
         request_id: id_header.map(|id| id.header.as_bytes()),
         real_client,
-        vars: r.vars(),
+        vars,
     };
     f(ClientFacts {
         edits: Some(&edits),

@@ -318,7 +318,7 @@ impl Stream<'_> {
             (route, Decision::Answer(answer)) => {
                 trace.local = answer.is_local();
                 let timeout = routing.listener().http2.stall_timeout;
-                let vars = r.redirect_vars();
+                let vars = answer.vars(r);
                 let sent = send_answer(respond, &answer, &vars, r.req.is_head, timeout, trace);
                 return (route, sent.await.map_err(Failure::after_head));
             }

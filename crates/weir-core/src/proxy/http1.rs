@@ -333,7 +333,7 @@ async fn local_response(
     let mut out = std::mem::take(&mut conn.out);
     resp.status = answer.status();
     let request = conn.request(req);
-    let bytes = answer.render(&mut out, persistence, req.is_head, &request.redirect_vars());
+    let bytes = answer.render(&mut out, persistence, req.is_head, &answer.vars(&request));
     conn.buf.consume(req.head_len + consumed);
     let written = conn.write_all(bytes, listener).await;
     conn.out = out;
