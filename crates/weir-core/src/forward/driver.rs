@@ -134,6 +134,7 @@ impl Tries<'_> {
     /// retry rules send the request to another server instead (picked here). The sender
     /// says whether the request can go again as it was (`replayable`) and whether the
     /// client has a 1xx (`responded`).
+    #[inline]
     pub fn relays(&mut self, status: u16, replayable: bool, responded: bool) -> bool {
         self.head_at = Some(Instant::now());
         // Only 5xx statuses are retried (the config takes no others).
@@ -256,7 +257,6 @@ pub(crate) async fn drive<'a, S: Sender>(
         let server = &u.servers[tries.pick.server];
         let slot = pool.server_slots[tries.pick.server];
         let metrics = x.worker.metrics.server(pool.slot, slot);
-        let previous = *last_try;
         last_try.upstream_pick = Some((target.upstream_index, tries.pick.server));
         tries.head_at = None;
         let sent = on_server(sender, server, metrics, started, &mut tries).await;
@@ -278,7 +278,8 @@ pub(crate) async fn drive<'a, S: Sender>(
                 })
             }
             Err(miss) if miss.unsent => {
-                *last_try = previous;
+                // A request that cannot be sent fails on its first try: no server tried.
+                *last_try = LastTry::default();
                 return Err(miss.failure);
             }
             Err(miss) => miss,

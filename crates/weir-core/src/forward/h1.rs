@@ -119,16 +119,16 @@ pub(crate) async fn send_streaming<I: Interim>(
 }
 
 /// A connection for try `a`: a pooled one unless `a.fresh`. Returns whether it was reused.
-async fn obtain_for(
-    x: &Exchange<'_>,
-    a: &Attempt<'_>,
-) -> Result<(UpstreamStream, bool), ProxyError> {
+/// (Not an `async fn`: `obtain`'s future itself, no state machine around it.)
+fn obtain_for<'a>(
+    x: &'a Exchange<'_>,
+    a: &Attempt<'a>,
+) -> impl Future<Output = Result<(UpstreamStream, bool), ProxyError>> + 'a {
     let tls = x.target.pool.tls.as_deref();
     let upstream = x.target.upstream;
     obtain(
         x.worker, a.server, tls, upstream, a.metrics, a.started, a.fresh,
     )
-    .await
 }
 
 /// A connection to `server`: a pooled idle one (checked against `now`) unless `fresh`,

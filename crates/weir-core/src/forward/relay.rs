@@ -361,6 +361,7 @@ impl<R> Http1Source<'_, R> {
     }
 
     /// The framed piece of `forward` bytes, and whether it ends the body.
+    #[inline]
     fn piece(&mut self, forward: usize) -> (Piece<'_>, bool) {
         let last = self.ended && self.state.trailers().is_empty();
         let piece = match self.first.take() {
