@@ -403,12 +403,7 @@ const FEATURES: &[Feature] = &[
 
 /// Weir with one route `all` (the feature's lines) to upstream `up` (the backend, after
 /// `first`: `dead`, or a server answering 503, when the feature asks).
-fn start(
-    feature: &Feature,
-    server: Server,
-    backend: &Upstream,
-    first: Option<&Upstream>,
-) -> Weir {
+fn start(feature: &Feature, server: Server, backend: &Upstream, first: Option<&Upstream>) -> Weir {
     let mut conf = Conf::new();
     if feature.listener.contains(&"request_id = true") {
         conf = conf.with_request_ids();
@@ -479,7 +474,15 @@ async fn each_try_names_its_own_server_in_every_cell() {
             .route("all", "up", &["preserve_host = false"])
             .upstream("up", &[dead.addr, backend.addr()], &keys)
             .start();
-        let answer = send(client, weir.addr, &Req { path: "/host", ..GET }).await;
+        let answer = send(
+            client,
+            weir.addr,
+            &Req {
+                path: "/host",
+                ..GET
+            },
+        )
+        .await;
         assert_eq!(answer.status, 200, "{client:?} / {server:?}");
         let addr = backend.addr().to_string();
         match server {

@@ -202,7 +202,11 @@ async fn http01_tokens_are_answered_to_http2_clients() {
     challenge::add_http01("weir-test-token-2", "weir-test-token-2.thumbprint");
     let backend = Backend::echo("b");
     let weir = single(backend.addr()).start();
-    let mut client = common::h2c_client(weir.addr).await.ready().await.expect("ready");
+    let mut client = common::h2c_client(weir.addr)
+        .await
+        .ready()
+        .await
+        .expect("ready");
     let uri = "http://a.test/.well-known/acme-challenge/weir-test-token-2";
     let head = http::Request::get(uri).body(()).expect("request");
     let (response, _) = client.send_request(head, true).expect("send");
