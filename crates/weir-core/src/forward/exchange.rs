@@ -25,7 +25,7 @@ use crate::client::ClientConn;
 use crate::codec::http1::{BodyFraming, RequestHead, ResponseHead};
 use crate::connector::{UpstreamStream, WriteHalf};
 use crate::error::ProxyError;
-use crate::filters::compression;
+use crate::filters::compression::{self, Plan};
 use crate::filters::upgrade::switch_allowed;
 use crate::metrics::shard::Protocol;
 use crate::upstream::RequestKey;
@@ -265,6 +265,19 @@ impl Sender for Http1Sender<'_, '_> {
     }
 }
 
+/// The length of an uncompressed Content-Length body that is all in `up_buf` (after its
+/// head), if it is one: nothing to frame, so nothing to check before it goes out.
+fn at_hand(
+    encoding: Option<weir_config::Encoding>,
+    resp: &ResponseHead,
+    up_buf: &Buffer,
+) -> Option<usize> {
+    match (encoding, resp.framing) {
+        (None, BodyFraming::Length(n)) if n <= up_buf.len() as u64 => Some(n as usize),
+        _ => None,
+    }
+}
+
 const COMPRESSOR_FAILED: ProxyError = ProxyError::UpstreamMalformed("compressor failed");
 
 /// The response half of an exchange: the accepted try's response relayed to the client.
@@ -310,14 +323,59 @@ impl Response<'_> {
         conn.out.clear();
         write_from_http1(&mut conn.out, up_buf.filled(), resp, &edits, &framing);
         up_buf.consume(resp.head_len);
+        let body_with_head = match at_hand(encoding, resp, up_buf) {
+            // The usual small response: a Content-Length body all at hand goes out with its
+            // head in one write, as the relay would send it, without its rounds.
+            Some(n) => {
+                self.accepted.count(Ok(resp.status));
+                let (whole, timeout) =
+                    (&up_buf.filled()[..n], self.x.target.listener.client_timeout);
+                let written = body::write_all(&mut conn.stream, &conn.out, whole, timeout).await;
+                written.map_err(|e| Failure::after_head(client_write_error(e)))?;
+                conn.sent += (conn.out.len() + n) as u64;
+                up_buf.consume(n);
+                true
+            }
+            None => {
+                let relayed =
+                    self.relay_body(conn, &mut stream, up_buf, resp, &edits.plan, dechunk);
+                relayed.await?
+            }
+        };
+        if resp.keeps_alive() && self.request_done && up_buf.is_empty() {
+            // The whole body came with the head (the usual small response): the connection
+            // is idle from the head's arrival. Otherwise it is idle from the end of the relay.
+            let idle_from = match body_with_head {
+                true => self.accepted.head_at,
+                false => std::time::Instant::now(),
+            };
+            let accepted = self.accepted;
+            reuse(self.x, accepted.server, accepted.metrics, stream, idle_from);
+        }
+        Ok(!close)
+    }
+
+    /// Relays the body after the head in `conn.out` (compressed when `plan` says so;
+    /// `dechunk`: a chunked body is decoded), counting the try. Returns whether all of it
+    /// came with the head (uncompressed: the connection is idle from the head's arrival).
+    async fn relay_body(
+        &self,
+        conn: &mut ClientConn,
+        stream: &mut UpstreamStream,
+        up_buf: &mut Buffer,
+        resp: &ResponseHead,
+        plan: &Plan,
+        dechunk: bool,
+    ) -> Result<bool, Failure> {
         let (listener, upstream) = (self.x.target.listener, self.x.target.upstream);
         let state = BodyState::new(resp.framing, dechunk, None);
         let timeout = upstream.response_timeout;
-        let mut source = Http1Source::new(&mut stream, up_buf, state, timeout, Peer::Upstream);
+        let mut source = Http1Source::new(stream, up_buf, state, timeout, Peer::Upstream);
         // Refused before any byte of it went out (a bad chunk with the head, a compressor
         // that did not start): the client gets Weir's 502, the try counts as one.
         let length = resp.framing.length();
-        let ready = coding(route, &edits.plan, length).map_err(|_| COMPRESSOR_FAILED);
+        let route = self.x.target.route;
+        let ready = coding(route, plan, length).map_err(|_| COMPRESSOR_FAILED);
         let (mut coding, body_with_head) = match ready.and_then(|c| Ok((c, source.prime()?))) {
             Ok(ready) => ready,
             Err(e) => {
@@ -326,39 +384,18 @@ impl Response<'_> {
             }
         };
         self.accepted.count(Ok(resp.status));
-        let whole = coding.is_none().then(|| source.whole()).flatten();
-        if let Some(whole) = whole {
-            // The usual small response, its whole body with its head: both in one write,
-            // as the relay below would send them, without its rounds.
-            let (whole, timeout) = (whole.as_slice(), listener.client_timeout);
-            let written = body::write_all(&mut conn.stream, &conn.out, whole, timeout).await;
-            written.map_err(|e| Failure::after_head(client_write_error(e)))?;
-            conn.sent += (conn.out.len() + whole.len()) as u64;
-            source.taken();
-        } else {
-            let mut sink = Http1Sink {
-                writer: &mut conn.stream,
-                timeout: listener.client_timeout,
-                sent: &mut conn.sent,
-                head: &conn.out,
-                chunked: encoding.is_some(),
-                trailers: None,
-            };
-            let relayed = relay(&mut source, &mut sink, coding.as_mut()).await;
-            conn.current.compressed = coding.as_ref().map(Coding::compressed);
-            relayed.map_err(|(Broke::Source(e) | Broke::Sink(e))| Failure::after_head(e))?;
-        }
-        if resp.keeps_alive() && self.request_done && up_buf.is_empty() {
-            // The whole body came with the head (the usual small response): the connection
-            // is idle from the head's arrival. Otherwise it is idle from the end of the relay.
-            let idle_from = match body_with_head && encoding.is_none() {
-                true => self.accepted.head_at,
-                false => std::time::Instant::now(),
-            };
-            let accepted = self.accepted;
-            reuse(self.x, accepted.server, accepted.metrics, stream, idle_from);
-        }
-        Ok(!close)
+        let mut sink = Http1Sink {
+            writer: &mut conn.stream,
+            timeout: listener.client_timeout,
+            sent: &mut conn.sent,
+            head: &conn.out,
+            chunked: plan.encoding.is_some(),
+            trailers: None,
+        };
+        let relayed = relay(&mut source, &mut sink, coding.as_mut()).await;
+        conn.current.compressed = coding.as_ref().map(Coding::compressed);
+        relayed.map_err(|(Broke::Source(e) | Broke::Sink(e))| Failure::after_head(e))?;
+        Ok(body_with_head && coding.is_none())
     }
 
     /// Whether the 101 may be tunnelled: only an upgrade the request offered and the route
