@@ -17,7 +17,9 @@ use super::h1::{
     Reading, RequestMeta,
 };
 use super::head::{coding, plan_http1, write_from_http1, ClientFraming, Edits};
-use super::relay::{relay, Broke, Coding, Http1Sink, Http1Source, Peer, Piece, Sink, Source};
+use super::relay::{
+    at_hand, relay, Broke, Coding, Http1Sink, Http1Source, Peer, Piece, Sink, Source,
+};
 use super::request_head::{render_response_rules, write_upstream_head};
 use super::{carrier, tunnel, Carrier, Failure, Target};
 use crate::buffer::Buffer;
@@ -262,19 +264,6 @@ impl Sender for Http1Sender<'_, '_> {
 
     fn responded(&self) -> bool {
         self.informed
-    }
-}
-
-/// The length of an uncompressed Content-Length body that is all in `up_buf` (after its
-/// head), if it is one: nothing to frame, so nothing to check before it goes out.
-fn at_hand(
-    encoding: Option<weir_config::Encoding>,
-    resp: &ResponseHead,
-    up_buf: &Buffer,
-) -> Option<usize> {
-    match (encoding, resp.framing) {
-        (None, BodyFraming::Length(n)) if n <= up_buf.len() as u64 => Some(n as usize),
-        _ => None,
     }
 }
 

@@ -23,6 +23,7 @@ use super::body::{self, BodyState, ChunkLine, PumpError};
 use super::h1::{client_pump_error, upstream_pump_error};
 use super::h2::send_windowed;
 use crate::buffer::Buffer;
+use crate::codec::http1::{BodyFraming, ResponseHead};
 use crate::connector::h2::h2_error;
 use crate::error::ProxyError;
 use crate::filters::compression::Encoder;
@@ -221,6 +222,19 @@ impl Coding {
         };
         self.encoder.output().clear();
         sent.map_err(Broke::Sink)
+    }
+}
+
+/// The length of an uncompressed Content-Length body that is all in `up_buf` (after its
+/// head), if it is one: nothing to frame, so nothing to check before it goes out.
+pub(crate) fn at_hand(
+    encoding: Option<weir_config::Encoding>,
+    resp: &ResponseHead,
+    up_buf: &Buffer,
+) -> Option<usize> {
+    match (encoding, resp.framing) {
+        (None, BodyFraming::Length(n)) if n <= up_buf.len() as u64 => Some(n as usize),
+        _ => None,
     }
 }
 

@@ -32,7 +32,7 @@ use crate::forward::driver::{drive, Attempt, Exchange, Miss, Sender, Tries};
 use crate::forward::h1::{reuse, send_streaming, send_whole, Reading, RequestMeta};
 use crate::forward::head::{coding, plan_http1, Edits};
 use crate::forward::relay::{
-    relay, Broke, Coding, H2Source, Http1Sink, Http1Source, Peer, Piece, Sink, Source,
+    at_hand, relay, Broke, Coding, H2Source, Http1Sink, Http1Source, Peer, Piece, Sink, Source,
 };
 use crate::forward::request_head::{render_response_rules, write_upstream_head};
 use crate::forward::{Failure, Reached, Target, Timeouts};
@@ -242,6 +242,8 @@ impl StreamRequest<'_> {
         edits.plan = plan_http1(route, up.buf.filled(), resp, is_head, self.accepted());
         let head = head_from_http1(resp, &arrived, &edits, self.spare.take());
         up.buf.consume(resp.head_len);
+        // The usual small response: its body all at hand, nothing to frame or check.
+        let at_hand = at_hand(edits.plan.encoding, resp, up.buf);
         // A chunked body's trailers go to the client as trailing HEADERS.
         let state = BodyState::new(resp.framing, true, None).keeping_trailers();
         let empty = self.request.req.is_head || state.is_done();
@@ -252,7 +254,7 @@ impl StreamRequest<'_> {
             (resp.framing != BodyFraming::Chunked).then(|| arrived.slice(resp.head_len..));
         let length = resp.framing.length();
         let ready = coding(route, &edits.plan, length).map_err(|_| COMPRESSOR_FAILED);
-        let ready = ready.and_then(|c| Ok((c, empty || source.prime()?)));
+        let ready = ready.and_then(|c| Ok((c, empty || at_hand.is_some() || source.prime()?)));
         let (mut coding, body_with_head) = match ready {
             Ok(ready) => ready,
             Err(e) => {
@@ -274,9 +276,14 @@ impl StreamRequest<'_> {
                 stall: listener.http2.stall_timeout,
                 max_trailers: listener.http2.max_header_list_size,
             };
-            let relayed = relay_body(send, &mut source, sink, coding.as_mut()).await;
+            let at = resp.head_len;
+            let whole = at_hand.map(|n| arrived.slice(at..at + n));
+            let relayed = relay_body(send, &mut source, sink, coding.as_mut(), whole).await;
             trace.compressed = coding.as_ref().map(Coding::compressed);
             relayed?;
+            if let Some(n) = at_hand {
+                source.buf.consume(n);
+            }
         }
         Ok(body_with_head)
     }

@@ -13,7 +13,7 @@ use super::names::response_name;
 use super::send::StreamSink;
 use crate::codec::http1::ResponseHead;
 use crate::forward::head::Edits;
-use crate::forward::relay::{relay, Broke, Coding, Source};
+use crate::forward::relay::{relay, Broke, Coding, Piece, Sink, Source};
 use crate::forward::{Failure, Reached};
 
 /// The h2 head for an HTTP/1.1 upstream's `resp`, whose bytes are `buf` (one copy of what
@@ -110,12 +110,14 @@ fn append_lines(
 }
 
 /// Relays the body from `source` into the stream `send` (its head sent), compressed
-/// through `coding` when there is one; on a failure the stream is reset (CANCEL).
+/// through `coding` when there is one, or sends `whole` (the body, all at hand: no rounds)
+/// as its one last DATA; on a failure the stream is reset (CANCEL).
 pub(super) async fn relay_body<S: Source>(
     mut send: SendStream<Bytes>,
     source: &mut S,
     sink: Sinking<'_>,
     coding: Option<&mut Coding>,
+    whole: Option<Bytes>,
 ) -> Result<(), Failure> {
     let Sinking {
         edits,
@@ -130,7 +132,14 @@ pub(super) async fn relay_body<S: Source>(
         edits,
         trace,
     };
-    let error = match relay(source, &mut sink, coding).await {
+    let relayed = match whole {
+        Some(whole) => sink
+            .data(Piece::Bytes(whole), true)
+            .await
+            .map_err(Broke::Sink),
+        None => relay(source, &mut sink, coding).await,
+    };
+    let error = match relayed {
         Ok(()) => return Ok(()),
         Err(Broke::Source(e) | Broke::Sink(e)) => e,
     };

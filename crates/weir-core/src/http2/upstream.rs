@@ -352,7 +352,7 @@ where
         stall: listener.stall_timeout,
         max_trailers: listener.max_header_list_size,
     };
-    let relay = relay_body(send, &mut source, sink, coding);
+    let relay = relay_body(send, &mut source, sink, coding, None);
     relay_while_uploading(upload, relay).await.map(|_| ())
 }
 
