@@ -146,6 +146,40 @@ fn a_connect_error_is_retried_even_for_a_post() {
     assert!(r.body_str().ends_with("payload"));
 }
 
+/// A POST whose body comes after its head is streamed; when its first server refuses the
+/// connection, the retry on the next server must send the whole body, and the rest of the
+/// body must never be read as the client's next request (a desync).
+#[test]
+fn a_streamed_post_retried_after_a_connect_error_sends_its_whole_body() {
+    let (_socket, dead) = refusing_port();
+    let echo = Backend::echo("echo");
+    let weir = Weir::start(&format!(
+        "[upstreams.app]\nresponse_timeout = \"5s\"\n{}",
+        servers(&[(dead, ""), (echo.addr(), "")])
+    ));
+    let mut client = weir.client();
+    // A body that is itself a request: lost from the upload, it would be served as one.
+    let body = "GET /smuggled HTTP/1.1\r\nHost: app.test\r\n\r\n";
+    let head = format!(
+        "POST /upload HTTP/1.1\r\nHost: app.test\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    client.send_raw(head.as_bytes()).expect("head");
+    // Round robin: the dead server first; the body goes once Weir has moved on to echo.
+    assert!(
+        wait_until(WAIT, || weir.retries() == 1),
+        "the connect error was retried"
+    );
+    client.send_raw(body.as_bytes()).expect("body");
+    let r = client.read_response(false).expect("response");
+    assert_eq!(r.status, 200, "{}", r.body_str());
+    assert!(
+        r.body_str().ends_with(body),
+        "echo got the whole body: {}",
+        r.body_str()
+    );
+}
+
 /// One server always answers 503; with `budget_percent = 20`, at most the burst (10) plus
 /// 20% of the requests are retried, the rest get the 503.
 #[test]

@@ -221,7 +221,7 @@ impl Sender for Http1Sender<'_, '_> {
             // A streamed upload waits on the client and the upstream at once: register.
             let (mut cr, mut cw) = conn.stream.split().map_err(ProxyError::client_io)?;
             let (head, buf) = (&conn.out, &mut conn.buf);
-            let state = std::mem::replace(&mut self.body, BodyState::Done);
+            let state = &mut self.body;
             let (consumed, body_read) = (&mut self.consumed, &mut self.body_read);
             let (head_len, buffered) = (req.head_len, self.buffered);
             let timeouts = (listener.client_timeout, x.target.upstream.response_timeout);
@@ -240,6 +240,9 @@ impl Sender for Http1Sender<'_, '_> {
                 sink.data(first, false).await.map_err(Broke::Sink)?;
                 buf.consume(head_len + buffered);
                 *consumed = true;
+                // Taken only now: a try that got no connection (a connect error, retried
+                // on another server) leaves the body's state to the next try.
+                let state = std::mem::replace(state, BodyState::Done);
                 let mut source = Http1Source::new(&mut cr, buf, state, timeouts.0, Peer::Client);
                 let relayed = relay(&mut source, &mut sink, None).await;
                 *body_read = relayed.is_ok();
