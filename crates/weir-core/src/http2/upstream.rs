@@ -227,7 +227,10 @@ impl Sender for H2Sender<'_, '_> {
 
     async fn send(&mut self, a: &Attempt<'_>, tries: &mut Tries<'_>) -> Result<Relayed, Miss> {
         let (r, client_stream) = (self.r, self.client);
-        let request = r.upstream_request(self.facts, a.server, self.parts.take())?;
+        // Refused before anything went out (not expressible in HTTP/2): not the server's try.
+        let request = r
+            .upstream_request(self.facts, a.server, self.parts.take())
+            .map_err(Miss::unsent)?;
         let end = self.body.is_none();
         let Some((pending, mut up_send)) = open(tries.exchange(), a, request, end).await? else {
             return Ok(Relayed::Http1);
