@@ -774,3 +774,48 @@ async fn auto_speaks_h2_when_the_server_chooses_it_and_http1_otherwise() {
     }
     assert_eq!(h1_backend.requests_served(), 2);
 }
+
+/// The upstream's response head reached the client while the client's body was still
+/// coming; the body then outgrows `max_body_size`: the response is cut short and counted
+/// with the 200 the client got, as aborted, not as a 413 Weir never sent.
+#[tokio::test]
+async fn a_body_over_the_limit_after_the_response_began_is_an_aborted_200() {
+    let backend = H2Backend::h2c();
+    let weir = Conf::new()
+        .listener("max_body_size = \"16\"")
+        .route("all", "up", &[])
+        .upstream("up", &[backend.addr()], &["protocol = \"h2c\""])
+        .start();
+    let client = connect(&weir).await;
+    let mut client = client.ready().await.expect("ready");
+    let (response, mut up) = client
+        .send_request(request(Method::POST, "/upload", &[]), false)
+        .expect("request");
+    // The echo answers at once, before any body byte.
+    let head = tokio::time::timeout(WAIT, response)
+        .await
+        .expect("head in time")
+        .expect("head");
+    assert_eq!(head.status(), StatusCode::OK);
+    up.send_data(Bytes::from(vec![b'x'; 64]), false)
+        .expect("data");
+    let mut body = head.into_body();
+    loop {
+        match tokio::time::timeout(WAIT, body.data()).await {
+            Ok(Some(Ok(_))) => {}
+            Ok(None | Some(Err(_))) => break,
+            Err(_) => panic!("the response was not cut short"),
+        }
+    }
+    let aborted = || {
+        weir.metrics_text()
+            .contains("weir_responses_aborted_total{")
+    };
+    assert!(wait_until_async(WAIT, aborted).await, "counted as aborted");
+    let text = weir.metrics_text();
+    let code = |c: &str| {
+        text.lines()
+            .any(|l| l.starts_with("weir_requests_total{") && l.contains(&format!("code=\"{c}\"")))
+    };
+    assert!(code("200") && !code("413"), "{text}");
+}

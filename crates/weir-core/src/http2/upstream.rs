@@ -356,7 +356,12 @@ where
         max_trailers: listener.max_header_list_size,
     };
     let relay = relay_body(send, &mut source, sink, coding, None);
-    relay_while_uploading(upload, relay).await.map(|_| ())
+    // The head went out: whatever fails now (the upload included: a body over
+    // `max_body_size`, a silent client) cuts that response short.
+    relay_while_uploading(upload, relay)
+        .await
+        .map(|_| ())
+        .map_err(|f: Failure| Failure::after_head(f.error))
 }
 
 /// Sends the client's DATA (and trailers) upstream within the upstream's window, the
