@@ -1,0 +1,143 @@
+//! Shared rate limits (`rate_limit = { ..., shared = "main" }` with `[cluster.redis.main]`)
+//! against a real Redis (`redis-server` started on a free port by the test kit): two Weir
+//! instances count one limit, and a Redis outage gives `on_error`'s behaviour, a metric,
+//! and local limiting meanwhile. Skipped with a message where `redis-server` is missing,
+//! unless `WEIR_REQUIRE_REDIS` is set (`.ci/run` sets it once Redis is installed).
+
+mod common;
+
+use common::{Conf, Weir, WAIT};
+use weir_testkit::redis::RedisServer;
+use weir_testkit::wait_until_async;
+
+/// A Weir with two workers and the routes `limits` (`(name, rate_limit)`), each answering
+/// 200 itself, counting in `redis` with a 50 ms sync.
+fn weir(redis: &RedisServer, limits: &[(&str, &str)]) -> Weir {
+    let mut conf = Conf::new().workers(2).table(&format!(
+        "[cluster.redis.main]\nurl = \"{}\"\nsync_interval = \"50ms\"\ntimeout = \"300ms\"\n",
+        redis.url()
+    ));
+    for (name, limit) in limits {
+        conf = conf.route_keys(
+            name,
+            &[
+                &format!("path_prefix = \"/{name}\""),
+                "respond = { status = 200, body = \"ok\" }",
+                &format!("rate_limit = {limit}"),
+            ],
+        );
+    }
+    conf.start()
+}
+
+async fn status(weir: &Weir, path: &str) -> u16 {
+    let mut client = weir.client().await;
+    client.get(path, "test").await.expect("response").status
+}
+
+const SYNCS_OK: &str = "weir_redis_syncs_total{redis=\"main\",result=\"ok\"}";
+const SYNCS_FAILED: &str = "weir_redis_syncs_total{redis=\"main\",result=\"error\"}";
+const UP: &str = "weir_redis_up{redis=\"main\"}";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_count_one_limit() {
+    let Some(redis) = RedisServer::start() else {
+        return;
+    };
+    let limit = r#"{ rate = "1/h", burst = 10, key = "route", shared = "main" }"#;
+    let a = weir(&redis, &[("limited", limit)]);
+    let b = weir(&redis, &[("limited", limit)]);
+    for _ in 0..10 {
+        assert_eq!(status(&a, "/limited").await, 200, "within the burst");
+    }
+    // Redis holds A's ten: the TAT is ten hours ahead (the key expires with it).
+    let recorded = wait_until_async(WAIT, || {
+        let ms: i64 = redis
+            .command("PTTL weir:rl:web/limited:")
+            .trim_start_matches(':')
+            .parse()
+            .unwrap_or(0);
+        ms > 9 * 3_600_000 + 1_800_000
+    })
+    .await;
+    assert!(
+        recorded,
+        "A's count reached Redis: {}",
+        redis.command("PTTL weir:rl:web/limited:")
+    );
+    // B has not counted this key yet: its first request is decided on its own view
+    // (the documented overshoot); its sync then brings the fleet's count.
+    assert_eq!(status(&b, "/limited").await, 200);
+    let synced = wait_until_async(WAIT, || b.metric_now(SYNCS_OK).unwrap_or(0) >= 1).await;
+    assert!(synced, "B synced:\n{}", b.metrics_text());
+    for _ in 0..5 {
+        assert_eq!(
+            status(&b, "/limited").await,
+            429,
+            "the fleet used the burst"
+        );
+    }
+    assert_eq!(status(&a, "/limited").await, 429);
+    // Alone, B would have admitted ten: the fleet admitted eleven, not twenty.
+    assert_eq!(
+        b.metric(
+            "weir_rate_limited_total{listener=\"web\",route=\"limited\",protocol=\"HTTP/1.1\"}"
+        ),
+        5
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_down_allows_or_denies_and_limits_locally_meanwhile() {
+    let Some(mut redis) = RedisServer::start() else {
+        return;
+    };
+    let weir = weir(
+        &redis,
+        &[
+            (
+                "open",
+                r#"{ rate = "1/h", burst = 3, key = "route", shared = "main" }"#,
+            ),
+            (
+                "closed",
+                r#"{ rate = "1/h", burst = 100, key = "route", shared = "main", on_error = "deny" }"#,
+            ),
+        ],
+    );
+    assert_eq!(status(&weir, "/closed").await, 200);
+    weir.wait_metric(UP, 1).await;
+
+    redis.stop();
+    // Decided before any sync failed: admitted; its sync fails and marks Redis down.
+    assert_eq!(status(&weir, "/closed").await, 200);
+    weir.wait_metric(UP, 0).await;
+    assert!(weir.metric(SYNCS_FAILED) >= 1);
+    assert_eq!(
+        status(&weir, "/closed").await,
+        503,
+        "deny: refused while Redis is down"
+    );
+    // allow: limited by this instance's own count, burst 3 then 429.
+    for _ in 0..3 {
+        assert_eq!(status(&weir, "/open").await, 200);
+    }
+    assert_eq!(
+        status(&weir, "/open").await,
+        429,
+        "local limiting continues"
+    );
+
+    redis.resume();
+    // The refused requests keep syncing (reads): once one succeeds, deny lets requests in.
+    let deadline = std::time::Instant::now() + WAIT;
+    while status(&weir, "/closed").await != 200 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "deny lifts once Redis answers:\n{}",
+            weir.metrics_text()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(weir.metric(UP), 1);
+}
