@@ -1,6 +1,7 @@
 //! [`RedisServer`]: a `redis-server` process (Debian package `redis-server`) on a free
 //! port of 127.0.0.1, without persistence, killed when dropped; it can be stopped and
-//! started again on the same port (a Redis outage).
+//! started again on the same port (a Redis outage). [`RedisServer::start_tls`] also
+//! listens with TLS (`rediss://`) on a second port.
 //!
 //! Where the binary is missing, [`RedisServer::start`] says the test was skipped and
 //! returns `None`, unless `WEIR_REQUIRE_REDIS` is set (`.ci/run` sets it once Redis is
@@ -8,12 +9,16 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 pub struct RedisServer {
+    /// The plain port (the test kit's own commands use it, also with TLS).
     pub addr: SocketAddr,
+    /// With [`RedisServer::start_tls`]: the TLS port and its certificate and key, and the
+    /// CA clients' certificates must chain to.
+    tls: Option<(SocketAddr, Tls)>,
     binary: PathBuf,
     child: Option<Child>,
 }
@@ -21,6 +26,21 @@ pub struct RedisServer {
 impl RedisServer {
     /// A running server, or `None` (the test is skipped) where `redis-server` is missing.
     pub fn start() -> Option<RedisServer> {
+        RedisServer::launch(None)
+    }
+
+    /// A running server that also takes TLS connections on a second port, with the
+    /// certificate `leaf`, from clients with a certificate of `client_ca`; or `None` as
+    /// [`RedisServer::start`].
+    pub fn start_tls(leaf: &crate::certs::Leaf, client_ca: &Path) -> Option<RedisServer> {
+        RedisServer::launch(Some(Tls {
+            cert: leaf.cert_path.clone(),
+            key: leaf.key_path.clone(),
+            client_ca: client_ca.to_owned(),
+        }))
+    }
+
+    fn launch(tls: Option<Tls>) -> Option<RedisServer> {
         let binary = std::env::var_os("WEIR_REDIS_SERVER")
             .map_or_else(|| PathBuf::from("/usr/bin/redis-server"), PathBuf::from);
         if !binary.is_file() {
@@ -36,12 +56,9 @@ impl RedisServer {
             );
             return None;
         }
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("testkit: free port")
-            .port();
         let mut server = RedisServer {
-            addr: SocketAddr::from(([127, 0, 0, 1], port)),
+            addr: free_addr(),
+            tls: tls.map(|tls| (free_addr(), tls)),
             binary,
             child: None,
         };
@@ -54,6 +71,12 @@ impl RedisServer {
         format!("redis://{}", self.addr)
     }
 
+    /// The `rediss://` URL of the TLS port, by the name `localhost` (the certificate's).
+    pub fn tls_url(&self) -> Option<String> {
+        let (addr, _) = self.tls.as_ref()?;
+        Some(format!("rediss://localhost:{}", addr.port()))
+    }
+
     /// Kills the server (its data is gone: it keeps none on disk).
     pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
@@ -64,14 +87,27 @@ impl RedisServer {
 
     /// Starts the server again on the same port; returns once it answers PING.
     pub fn resume(&mut self) {
-        let child = Command::new(&self.binary)
+        let mut command = Command::new(&self.binary);
+        command
             .args([
                 "--bind",
                 "127.0.0.1",
                 "--port",
                 &self.addr.port().to_string(),
             ])
-            .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
+            .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"]);
+        if let Some((addr, tls)) = &self.tls {
+            command
+                .args(["--tls-port", &addr.port().to_string()])
+                .arg("--tls-cert-file")
+                .arg(&tls.cert)
+                .arg("--tls-key-file")
+                .arg(&tls.key)
+                .arg("--tls-ca-cert-file")
+                .arg(&tls.client_ca)
+                .args(["--tls-auth-clients", "yes"]);
+        }
+        let child = command
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -95,6 +131,19 @@ impl RedisServer {
         let text = String::from_utf8_lossy(&reply[..n]);
         text.lines().next().unwrap_or("").to_owned()
     }
+}
+
+/// The files of a TLS port (the test's, which outlive the server).
+struct Tls {
+    cert: PathBuf,
+    key: PathBuf,
+    client_ca: PathBuf,
+}
+
+fn free_addr() -> SocketAddr {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("testkit: free port")
 }
 
 impl Drop for RedisServer {

@@ -1,21 +1,26 @@
 //! Shared rate limits (`rate_limit = { ..., shared = "main" }` with `[cluster.redis.main]`)
 //! against a real Redis (`redis-server` started on a free port by the test kit): two Weir
 //! instances count one limit, and a Redis outage gives `on_error`'s behaviour, a metric,
-//! and local limiting meanwhile. Skipped with a message where `redis-server` is missing,
+//! and local limiting meanwhile; `rediss://` with a CA and a client certificate. Skipped with a message where `redis-server` is missing,
 //! unless `WEIR_REQUIRE_REDIS` is set (`.ci/run` sets it once Redis is installed).
 
 mod common;
 
 use common::{Conf, Weir, WAIT};
+use weir_testkit::certs::TestCa;
 use weir_testkit::redis::RedisServer;
 use weir_testkit::wait_until_async;
 
 /// A Weir with two workers and the routes `limits` (`(name, rate_limit)`), each answering
 /// 200 itself, counting in `redis` with a 50 ms sync.
 fn weir(redis: &RedisServer, limits: &[(&str, &str)]) -> Weir {
+    weir_with(&format!("url = \"{}\"", redis.url()), limits)
+}
+
+/// [`weir`] with `redis_keys` (`url` and any others) for `[cluster.redis.main]`.
+fn weir_with(redis_keys: &str, limits: &[(&str, &str)]) -> Weir {
     let mut conf = Conf::new().workers(2).table(&format!(
-        "[cluster.redis.main]\nurl = \"{}\"\nsync_interval = \"50ms\"\ntimeout = \"300ms\"\n",
-        redis.url()
+        "[cluster.redis.main]\n{redis_keys}\nsync_interval = \"50ms\"\ntimeout = \"300ms\"\n"
     ));
     for (name, limit) in limits {
         conf = conf.route_keys(
@@ -140,4 +145,44 @@ async fn redis_down_allows_or_denies_and_limits_locally_meanwhile() {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
     assert_eq!(weir.metric(UP), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counts_over_tls_with_a_client_certificate() {
+    let server_ca = TestCa::new("redis");
+    let client_ca = TestCa::new("redis clients");
+    let client = client_ca.client("edge-1");
+    let Some(redis) = RedisServer::start_tls(&server_ca.leaf(&["localhost"]), &client_ca.cert_path)
+    else {
+        return;
+    };
+    let url = redis.tls_url().expect("a TLS port");
+    let ca = server_ca.cert_path.display();
+    let limit = r#"{ rate = "1/h", burst = 5, key = "route", shared = "main" }"#;
+    let with_cert = weir_with(
+        &format!(
+            "url = \"{url}\"\nca = \"{ca}\"\nclient_cert = {{ cert = \"{}\", key = \"{}\" }}",
+            client.cert_path.display(),
+            client.key_path.display()
+        ),
+        &[("limited", limit)],
+    );
+    assert_eq!(status(&with_cert, "/limited").await, 200);
+    with_cert.wait_metric(UP, 1).await;
+    // The count went through the TLS port: the plain port sees it.
+    let ttl: i64 = redis
+        .command("PTTL weir:rl:web/limited:")
+        .trim_start_matches(':')
+        .parse()
+        .unwrap_or(0);
+    assert!(ttl > 3_000_000, "one hour ahead, as PTTL: {ttl}");
+
+    // The server asks for a client certificate: without one, Redis counts as down.
+    let without = weir_with(
+        &format!("url = \"{url}\"\nca = \"{ca}\""),
+        &[("limited", limit)],
+    );
+    assert_eq!(status(&without, "/limited").await, 200, "on_error = allow");
+    without.wait_metric(UP, 0).await;
+    assert!(without.metric(SYNCS_FAILED) >= 1);
 }
