@@ -104,14 +104,15 @@ impl<'a> Admission<'a> {
                 LimitKey::Bytes(value)
             }
         };
-        let checked = match key {
-            LimitKey::Ip(ip) => limiter.check(ip, now),
-            LimitKey::Route => limiter.check((), now),
-            LimitKey::Bytes(value) => limiter.check(value, now),
+        let hash = match key {
+            LimitKey::Ip(ip) => limiter.hash(ip),
+            LimitKey::Route => limiter.hash(()),
+            LimitKey::Bytes(value) => limiter.hash(value),
         };
+        let checked = limiter.check_hash(hash, now);
         let refused = match &limiter.shared {
             None => checked.err().map(limited),
-            Some(shared) => self.shared_outcome(limiter, shared, key, checked),
+            Some(shared) => self.shared_outcome(limiter, shared, (hash, key), checked),
         };
         if let Some(Refusal::RateLimited(_)) = refused {
             self.count_rate_limited(r.protocol);
@@ -129,7 +130,7 @@ impl<'a> Admission<'a> {
         &self,
         limiter: &std::sync::Arc<RateLimiter>,
         shared: &SharedCount,
-        key: LimitKey<'_>,
+        (hash, key): (u64, LimitKey<'_>),
         checked: Result<(), std::time::Duration>,
     ) -> Option<Refusal<'a>> {
         let mut octets = [0u8; 16];
@@ -143,7 +144,7 @@ impl<'a> Admission<'a> {
         };
         let denied = shared.denies();
         let admitted = checked.is_ok() && !denied;
-        self.worker.shared_counts.note(limiter, key, admitted);
+        self.worker.shared_counts.note(limiter, hash, key, admitted);
         if denied {
             return Some(Refusal::RateLimitUnavailable);
         }

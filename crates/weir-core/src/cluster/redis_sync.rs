@@ -21,7 +21,7 @@ use redis::{AsyncConnectionConfig, Client, Script};
 use tokio::sync::mpsc;
 use weir_config::{RateKey, RedisSettings};
 
-use super::shared_limit::Batch;
+use super::shared_limit::{Batch, KeyCount};
 use super::ClusterMetrics;
 use crate::filters::rate_limit::ip_of;
 
@@ -115,16 +115,16 @@ impl Link {
 
     /// Sends `group`'s counts and merges the answers into the limiters.
     async fn sync(&mut self, script: &Script, group: &[Batch]) -> redis::RedisResult<()> {
-        let entries: Vec<(&Batch, &[u8], u32)> = group
+        let entries: Vec<(&Batch, &KeyCount)> = group
             .iter()
-            .flat_map(|b| b.counts.iter().map(move |(k, n)| (b, &k[..], *n)))
+            .flat_map(|b| b.counts.iter().map(move |c| (b, c)))
             .collect();
         let prefix = self.settings.prefix.clone();
         let timeout = self.settings.timeout;
         let connection = self.connect().await?;
         for chunk in entries.chunks(CHUNK) {
             let mut call = script.prepare_invoke();
-            for (batch, key, count) in chunk {
+            for (batch, count) in chunk {
                 let Some(shared) = &batch.limiter.shared else {
                     continue;
                 };
@@ -132,17 +132,17 @@ impl Link {
                     &prefix,
                     &shared.name,
                     &batch.limiter.config.key,
-                    key,
+                    &count.key,
                 ));
-                call.arg(*count).arg(batch.limiter.interval_us());
+                call.arg(count.admitted).arg(batch.limiter.interval_us());
             }
             let ahead: Vec<i64> = tokio::time::timeout(timeout, call.invoke_async(connection))
                 .await
                 .map_err(|_| timed_out())??;
             let now = Instant::now();
-            for ((batch, key, _), ahead) in chunk.iter().zip(ahead) {
+            for ((batch, count), ahead) in chunk.iter().zip(ahead) {
                 let ahead = Duration::from_micros(u64::try_from(ahead).unwrap_or(0));
-                batch.limiter.merge(key, now, ahead);
+                batch.limiter.merge(count.hash, now, ahead);
             }
         }
         Ok(())

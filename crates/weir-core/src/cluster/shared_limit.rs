@@ -13,6 +13,7 @@
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::future::Future;
+use std::hash::BuildHasherDefault;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -22,6 +23,7 @@ use std::time::Duration;
 
 use weir_config::{OnRedisError, RedisSettings};
 
+use crate::connector::AddrHasher;
 use crate::filters::rate_limit::RateLimiter;
 use crate::worker::Worker;
 
@@ -62,9 +64,19 @@ impl SharedCount {
 /// What one worker sends of one limiter at a sync: each key's admissions since the last.
 pub struct Batch {
     pub limiter: Arc<RateLimiter>,
-    /// Key (as noted) and count; a count of 0 reads the fleet's count without adding (a
-    /// refused request, so that a limiter refusing everything still learns when to stop).
-    pub counts: Vec<(Box<[u8]>, u32)>,
+    pub counts: Vec<KeyCount>,
+}
+
+/// One key's admissions in a [`Batch`].
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct KeyCount {
+    /// The limiter's [`RateLimiter::hash`] of the key: where the fleet's count goes back.
+    pub hash: u64,
+    /// The key as noted (a client address as its octets), for its Redis key.
+    pub key: Box<[u8]>,
+    /// Admitted requests; 0 reads the fleet's count without adding (a refused request,
+    /// so that a limiter refusing everything still learns when to stop).
+    pub admitted: u32,
 }
 
 /// One worker's counts since its last sync, per shared limiter.
@@ -77,21 +89,22 @@ pub struct PendingCounts {
 
 struct Pending {
     limiter: Arc<RateLimiter>,
-    counts: HashMap<Box<[u8]>, Count>,
+    /// By the limiter's hash of the key (already made for its check: no second SipHash).
+    counts: HashMap<u64, Count, BuildHasherDefault<AddrHasher>>,
 }
 
-#[derive(Default, Clone, Copy)]
 struct Count {
+    key: Box<[u8]>,
     admitted: u32,
     /// Seen since the last sync (an entry not seen for a whole interval is dropped).
     seen: bool,
 }
 
 impl PendingCounts {
-    /// Notes a request of `limiter` (which is shared) for `key`; `admitted`: it passed.
-    /// Keys beyond the limiter's `max_keys` in one interval are not sent (they are still
-    /// limited locally).
-    pub fn note(&self, limiter: &Arc<RateLimiter>, key: &[u8], admitted: bool) {
+    /// Notes a request of `limiter` (which is shared) for `key`, whose hash by the limiter
+    /// is `hash`; `admitted`: it passed. Keys beyond the limiter's `max_keys` in one
+    /// interval are not sent (they are still limited locally).
+    pub fn note(&self, limiter: &Arc<RateLimiter>, hash: u64, key: &[u8], admitted: bool) {
         let mut limiters = self.limiters.borrow_mut();
         let i = match limiters
             .iter()
@@ -101,7 +114,7 @@ impl PendingCounts {
             None => {
                 limiters.push(Pending {
                     limiter: limiter.clone(),
-                    counts: HashMap::new(),
+                    counts: HashMap::default(),
                 });
                 if let Some(waker) = self.waiting.take() {
                     waker.wake();
@@ -111,15 +124,16 @@ impl PendingCounts {
         };
         let counts = &mut limiters[i].counts;
         let admitted = u32::from(admitted);
-        if let Some(count) = counts.get_mut(key) {
+        if let Some(count) = counts.get_mut(&hash) {
             count.admitted = count.admitted.saturating_add(admitted);
             count.seen = true;
         } else if counts.len() < limiter.config.max_keys {
             let count = Count {
+                key: key.into(),
                 admitted,
                 seen: true,
             };
-            counts.insert(key.into(), count);
+            counts.insert(hash, count);
         }
     }
 
@@ -131,12 +145,18 @@ impl PendingCounts {
         let mut batches = Vec::with_capacity(limiters.len());
         for p in limiters.iter_mut() {
             let mut counts = Vec::new();
-            p.counts.retain(|key, count| {
-                let seen = std::mem::take(count);
-                if seen.seen {
-                    counts.push((key.clone(), seen.admitted));
+            p.counts.retain(|&hash, count| {
+                let seen = std::mem::take(&mut count.seen);
+                if seen {
+                    let admitted = std::mem::take(&mut count.admitted);
+                    let key = count.key.clone();
+                    counts.push(KeyCount {
+                        hash,
+                        key,
+                        admitted,
+                    });
                 }
-                seen.seen
+                seen
             });
             if !counts.is_empty() {
                 batches.push(Batch {
@@ -228,22 +248,35 @@ mod tests {
         let (a, b) = (shared_limiter(16), shared_limiter(16));
         let counts = PendingCounts::default();
         assert_eq!(counts.interval(), None);
-        counts.note(&a, b"x", true);
-        counts.note(&a, b"x", true);
-        counts.note(&a, b"y", false);
-        counts.note(&b, b"x", true);
+        let note =
+            |l: &Arc<RateLimiter>, key: &[u8], admitted| counts.note(l, l.hash(key), key, admitted);
+        note(&a, b"x", true);
+        note(&a, b"x", true);
+        note(&a, b"y", false);
+        note(&b, b"x", true);
         assert_eq!(counts.interval(), Some(Duration::from_millis(50)));
         let batches = counts.take();
         assert_eq!(batches.len(), 2);
-        let mut first = batches[0].counts.clone();
+        let mut first: Vec<_> = batches[0]
+            .counts
+            .iter()
+            .map(|c| (c.hash, &c.key[..], c.admitted))
+            .collect();
         first.sort();
-        assert_eq!(first, vec![(b"x"[..].into(), 2), (b"y"[..].into(), 0)]);
+        let mut want = vec![(a.hash(b"x"), &b"x"[..], 2), (a.hash(b"y"), &b"y"[..], 0)];
+        want.sort();
+        assert_eq!(first, want);
         assert!(Arc::ptr_eq(&batches[1].limiter, &b));
         // Seen again: counted from zero; not seen: gone, and a limiter with no key too.
-        counts.note(&a, b"x", true);
+        note(&a, b"x", true);
         let batches = counts.take();
         assert_eq!(batches.len(), 1);
-        assert_eq!(batches[0].counts, vec![(b"x"[..].into(), 1)]);
+        let x = KeyCount {
+            hash: a.hash(b"x"),
+            key: b"x"[..].into(),
+            admitted: 1,
+        };
+        assert_eq!(batches[0].counts, vec![x]);
         assert!(counts.take().is_empty());
         assert!(counts.limiters.borrow().is_empty());
     }
@@ -253,7 +286,7 @@ mod tests {
         let a = shared_limiter(16);
         let counts = PendingCounts::default();
         for k in 0..20u8 {
-            counts.note(&a, &[k], true);
+            counts.note(&a, a.hash([k]), &[k], true);
         }
         assert_eq!(counts.take()[0].counts.len(), 16);
     }

@@ -25,7 +25,7 @@ use std::hash::{BuildHasher, Hash, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use weir_config::{RateKey, RateLimit};
+use weir_config::RateLimit;
 
 use crate::cluster::shared_limit::SharedCount;
 
@@ -75,9 +75,15 @@ impl RateLimiter {
         self.interval_us
     }
 
-    /// The tag and the bucket's slots of `key`. Tag 0 marks an empty slot.
-    fn locate(&self, key: impl Hash) -> (u64, &[AtomicU64]) {
-        let hash = self.hasher.hash_one(key);
+    /// The hash of `key` (per limiter, keyed at random) that [`RateLimiter::check_hash`]
+    /// takes: computed once per request, also for a shared limit's pending counts.
+    #[inline]
+    pub fn hash(&self, key: impl Hash) -> u64 {
+        self.hasher.hash_one(key)
+    }
+
+    /// The tag and the bucket's slots of the key `hash`. Tag 0 marks an empty slot.
+    fn locate(&self, hash: u64) -> (u64, &[AtomicU64]) {
         let bucket = (hash as usize) & (self.slots.len() / WAYS - 1);
         (
             (hash >> TAT_BITS).max(1),
@@ -92,7 +98,12 @@ impl RateLimiter {
 
     /// Counts a request for `key` arriving at `now`. `Err`: refused, retry after that long.
     pub fn check(&self, key: impl Hash, now: Instant) -> Result<(), Duration> {
-        let (tag, ways) = self.locate(key);
+        self.check_hash(self.hash(key), now)
+    }
+
+    /// [`RateLimiter::check`] of the key whose [`RateLimiter::hash`] is `hash`.
+    pub fn check_hash(&self, hash: u64, now: Instant) -> Result<(), Duration> {
+        let (tag, ways) = self.locate(hash);
         let now_us = self.now_us(now);
         loop {
             let words: [u64; WAYS] = std::array::from_fn(|i| ways[i].load(Ordering::Acquire));
@@ -117,19 +128,11 @@ impl RateLimiter {
 }
 
 impl RateLimiter {
-    /// Takes in the fleet's TAT of a key (as the sync read it: `ahead` of `now`): the key's
-    /// TAT becomes the later of its own and the fleet's. `key` is as the request path
-    /// noted it (`cluster::shared_limit`). Off the request path (the sync task).
-    pub fn merge(&self, key: &[u8], now: Instant, ahead: Duration) {
-        match &self.config.key {
-            RateKey::ClientIp => self.merge_hashed(ip_of(key), now, ahead),
-            RateKey::Route => self.merge_hashed((), now, ahead),
-            RateKey::Header(_) => self.merge_hashed(key, now, ahead),
-        }
-    }
-
-    fn merge_hashed(&self, key: impl Hash, now: Instant, ahead: Duration) {
-        let (tag, ways) = self.locate(key);
+    /// Takes in the fleet's TAT of the key whose [`RateLimiter::hash`] is `hash` (as the
+    /// sync read it: `ahead` of `now`): the key's TAT becomes the later of its own and the
+    /// fleet's. Off the request path (the cluster thread).
+    pub fn merge(&self, hash: u64, now: Instant, ahead: Duration) {
+        let (tag, ways) = self.locate(hash);
         let tat = self
             .now_us(now)
             .saturating_add(ahead.as_micros() as u64)
