@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
-use crate::process::{self, Child, Spec, TempDir};
+use crate::process::{self, Child, TempDir};
 
 /// Arguments of `shared-limit`.
 #[derive(clap::Args, Debug, Clone)]
@@ -163,22 +163,6 @@ fn start(
         a.burst,
         interval.as_millis()
     );
-    let path = dir.join(format!("weir-{i}.toml"));
-    std::fs::write(&path, toml)?;
-    let spec = Spec::new(
-        &format!("weir-{i}"),
-        weir,
-        None,
-        dir.join(format!("weir-{i}.log")),
-    )
-    .args([
-        "run".to_string(),
-        "-c".into(),
-        path.to_string_lossy().into_owned(),
-    ])
-    .env("WEIR_LOG", "warn");
-    let mut child = process::spawn(&spec)?;
-    let addr = SocketAddr::from(([127, 0, 0, 1], port));
-    process::wait_listening(addr, &mut child, Duration::from_secs(10))?;
-    Ok((addr, child))
+    std::fs::write(dir.join(format!("weir-{i}.toml")), toml)?;
+    process::spawn_weir(weir, dir, &i.to_string(), None, port)
 }

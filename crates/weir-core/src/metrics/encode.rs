@@ -155,6 +155,25 @@ impl Scrape {
     }
 }
 
+/// The `result="ok"` and `result="error"` series of each named item (`(ok, error)`
+/// counts), labelled `key="NAME"`.
+fn by_result<S>(
+    items: &[(&String, &S)],
+    key: &'static str,
+    counts: fn(&S) -> (u64, u64),
+) -> Vec<(Labels, u64)> {
+    items
+        .iter()
+        .flat_map(|(name, s)| {
+            let (ok, error) = counts(s);
+            [("ok", ok), ("error", error)].map(|(result, n)| {
+                let labels = vec![(key, (*name).clone()), ("result", result.to_owned())];
+                (labels, n)
+            })
+        })
+        .collect()
+}
+
 impl Scrape {
     /// Redis syncs and DNS discovery, for the names in the running config.
     fn cluster(&self, enc: &mut DescriptorEncoder) -> Result {
@@ -164,16 +183,7 @@ impl Scrape {
             .filter(|(name, _)| self.config.cluster.redis(name).is_some())
             .collect();
         let label = |name: &String| vec![("redis", name.clone())];
-        let syncs: Vec<(Labels, u64)> = redis
-            .iter()
-            .flat_map(|(name, s)| {
-                [("ok", s.syncs_ok), ("error", s.syncs_failed)].map(|(result, n)| {
-                    let mut labels = label(name);
-                    labels.push(("result", result.to_owned()));
-                    (labels, n)
-                })
-            })
-            .collect();
+        let syncs = by_result(&redis, "redis", |s| (s.syncs_ok, s.syncs_failed));
         counter(
             enc,
             "weir_redis_syncs",
@@ -203,16 +213,7 @@ impl Scrape {
             })
             .collect();
         let label = |name: &String| vec![("upstream", name.clone())];
-        let lookups: Vec<(Labels, u64)> = pools
-            .iter()
-            .flat_map(|(name, s)| {
-                [("ok", s.lookups_ok), ("error", s.lookups_failed)].map(|(result, n)| {
-                    let mut labels = label(name);
-                    labels.push(("result", result.to_owned()));
-                    (labels, n)
-                })
-            })
-            .collect();
+        let lookups = by_result(&pools, "upstream", |s| (s.lookups_ok, s.lookups_failed));
         counter(
             enc,
             "weir_discovery_lookups",
