@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{Conf, Weir, WAIT};
+use common::{h2c_client, Conf, Weir, WAIT};
 use weir_testkit::certs::TestCa;
 use weir_testkit::redis::RedisServer;
 use weir_testkit::wait_until_async;
@@ -38,6 +38,15 @@ fn weir_with(redis_keys: &str, limits: &[(&str, &str)]) -> Weir {
 async fn status(weir: &Weir, path: &str) -> u16 {
     let mut client = weir.client().await;
     client.get(path, "test").await.expect("response").status
+}
+
+/// The status of a GET of `path` from an HTTP/2 (h2c) client.
+async fn h2_status(weir: &Weir, path: &str) -> u16 {
+    let mut client = h2c_client(weir.addr).await.ready().await.expect("h2 ready");
+    let uri = format!("http://test{path}");
+    let head = http::Request::get(uri).body(()).expect("request");
+    let (response, _) = client.send_request(head, true).expect("send");
+    response.await.expect("h2 response").status().as_u16()
 }
 
 const SYNCS_OK: &str = "weir_redis_syncs_total{redis=\"main\",result=\"ok\"}";
@@ -122,6 +131,11 @@ async fn redis_down_allows_or_denies_and_limits_locally_meanwhile() {
         status(&weir, "/closed").await,
         503,
         "deny: refused while Redis is down"
+    );
+    assert_eq!(
+        h2_status(&weir, "/closed").await,
+        503,
+        "deny: an HTTP/2 request is refused alike"
     );
     // allow: limited by this instance's own count, burst 3 then 429.
     for _ in 0..3 {
