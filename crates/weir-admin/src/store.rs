@@ -374,6 +374,8 @@ impl Store {
         let running = self.proxy.config();
         check_admin_unchanged(&running, &config)?;
         if mode.dry_run {
+            // Compared as it would run: discovered pools with the servers DNS gave them.
+            let config = self.proxy.with_discovered(config);
             return Ok(Applied {
                 version: state.version,
                 changes: diff(&running, &config),

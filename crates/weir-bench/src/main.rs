@@ -31,6 +31,7 @@ mod procfs;
 mod report;
 mod runner;
 mod scenario;
+mod shared_limit;
 mod stats;
 mod summary;
 mod wrk;
@@ -102,6 +103,9 @@ enum Helper {
     /// User-space instructions per request under callgrind, checked against the budgets
     /// (bench/instructions.sh).
     Instructions(instructions::Args),
+    /// How far a fleet of instances goes past a shared rate limit (Redis), per sync
+    /// interval.
+    SharedLimit(shared_limit::Args),
 }
 
 fn main() -> ExitCode {
@@ -115,6 +119,7 @@ fn main() -> ExitCode {
         Some(Helper::PolicyCost(a)) => cost(a, policy_cost::policy_main),
         Some(Helper::Handshakes(a)) => handshakes::main(a),
         Some(Helper::Instructions(a)) => instructions::main(a),
+        Some(Helper::SharedLimit(a)) => shared_limit::main(a),
         None => bench(cli),
     };
     match result {

@@ -126,17 +126,7 @@ fn start_weir(
             String::from_utf8_lossy(&check.stderr)
         );
     }
-    let log = dir.join(format!("weir-{tag}.log"));
-    let spec = Spec::new(&format!("weir-{tag}"), weir, Some(PROXY_CPU), log)
-        .args([
-            "run".to_string(),
-            "-c".into(),
-            path.to_string_lossy().into_owned(),
-        ])
-        .env("WEIR_LOG", "warn");
-    let mut child = process::spawn(&spec)?;
-    let addr = SocketAddr::from(([127, 0, 0, 1], port));
-    process::wait_listening(addr, &mut child, Duration::from_secs(10))?;
+    let (addr, child) = process::spawn_weir(weir, dir, tag, Some(PROXY_CPU), port)?;
     Ok(Proxy {
         label: format!("weir {tag}"),
         child,

@@ -307,6 +307,34 @@ pub fn free_port() -> Result<u16> {
     Ok(l.local_addr()?.port())
 }
 
+/// Starts `weir run -c DIR/weir-TAG.toml` (written beforehand; log `DIR/weir-TAG.log`,
+/// `WEIR_LOG=warn`, pinned to `cpu`) and waits until it listens on `port` of 127.0.0.1.
+pub fn spawn_weir(
+    weir: &Path,
+    dir: &Path,
+    tag: &str,
+    cpu: Option<usize>,
+    port: u16,
+) -> Result<(SocketAddr, Child)> {
+    let config = dir.join(format!("weir-{tag}.toml"));
+    let spec = Spec::new(
+        &format!("weir-{tag}"),
+        weir,
+        cpu,
+        dir.join(format!("weir-{tag}.log")),
+    )
+    .args([
+        "run".to_string(),
+        "-c".into(),
+        config.to_string_lossy().into_owned(),
+    ])
+    .env("WEIR_LOG", "warn");
+    let mut child = spawn(&spec)?;
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    wait_listening(addr, &mut child, Duration::from_secs(10))?;
+    Ok((addr, child))
+}
+
 /// Waits until `addr` accepts connections, failing early if `child` exits.
 pub fn wait_listening(addr: SocketAddr, child: &mut Child, timeout: Duration) -> Result<()> {
     let deadline = Instant::now() + timeout;

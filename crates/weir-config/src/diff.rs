@@ -51,6 +51,9 @@ pub fn diff(old: &Config, new: &Config) -> Vec<Change> {
     if old.admin != new.admin {
         out.push(change(ChangeKind::Changed, "admin", &[]));
     }
+    if old.cluster != new.cluster {
+        out.push(change(ChangeKind::Changed, "cluster", &[]));
+    }
     by_name(
         &old.listeners,
         &new.listeners,

@@ -303,6 +303,7 @@ max_idle = 256
                 protocol: UpstreamProtocol::Http1,
                 max_concurrent_streams: 100,
                 max_header_list_size: 64 * 1024,
+                discover: None,
             }],
             cluster: Default::default(),
             relative_paths: Vec::new(),

@@ -27,6 +27,8 @@ pub struct Config {
 pub struct Cluster {
     /// `node`, `etcd` and `binds`: the shared objects live in etcd (docs/cluster.md).
     pub etcd: Option<crate::cluster::EtcdCluster>,
+    /// `[cluster.redis.NAME]`, sorted by name: where shared rate limits count.
+    pub redis: Vec<RedisSettings>,
 }
 
 /// Process-wide settings (`[server]`).
@@ -663,9 +665,62 @@ pub struct Upstream {
     /// SETTINGS_MAX_HEADER_LIST_SIZE Weir sends an HTTP/2 server: the largest header block
     /// (a head, a 1xx, trailers) it takes from it, decoded.
     pub max_header_list_size: u32,
+    /// `discover = { dns, ... }`: the servers come from DNS, re-resolved while running
+    /// (`servers` is then empty in the config as loaded).
+    pub discover: Option<Discover>,
 }
 
-/// `protocol` of an upstream.
+/// DNS service discovery of a pool's servers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Discover {
+    /// The name looked up: a host name (`kind = "A/AAAA"`) or an SRV name such as
+    /// `_http._tcp.example.com`.
+    pub name: String,
+    pub kind: DiscoverKind,
+    /// How often the name is looked up again (with `respect_ttl`: at most this long).
+    pub interval: Duration,
+    /// Look up again when the answer's TTL runs out, if that is sooner than `interval`.
+    pub respect_ttl: bool,
+    /// The DNS server asked; `None`: those of the system (`/etc/resolv.conf`).
+    pub nameserver: Option<SocketAddr>,
+    /// How long one lookup may take before it counts as failed.
+    pub timeout: Duration,
+}
+
+/// What a discovery looks up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DiscoverKind {
+    /// A and AAAA records of a host; every address is a server on `port`.
+    Ip { port: u16 },
+    /// SRV records: each target's addresses on the record's port, weighted by the record's
+    /// weight; the lowest priority is the primary group, the others are backups.
+    Srv,
+}
+
+impl Cluster {
+    pub fn redis(&self, name: &str) -> Option<&RedisSettings> {
+        self.redis.iter().find(|r| r.name == name)
+    }
+}
+
+/// `[cluster.redis.NAME]`: a Redis server that shared rate limits count in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedisSettings {
+    pub name: String,
+    /// `redis://[user:password@]host:port[/db]`, or `rediss://` for TLS.
+    pub url: String,
+    /// The CA certificates trusted for `rediss://`; `None`: the system's roots.
+    pub ca: Option<PemFile>,
+    /// A client certificate (chain) and key for `rediss://` servers that ask.
+    pub client_cert: Option<PemCertKey>,
+    /// Connecting and each exchange with Redis: longer counts as Redis being down.
+    pub timeout: Duration,
+    /// How often an instance sends its counts and reads back the fleet's.
+    pub sync_interval: Duration,
+    /// Prefix of every key Weir writes.
+    pub prefix: String,
+}
+
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum UpstreamProtocol {
     /// HTTP/1.1 (over TLS when the upstream has `tls`).
@@ -1076,6 +1131,27 @@ pub struct RateLimit {
     pub key: RateKey,
     /// Keys tracked at once: the table's fixed size.
     pub max_keys: usize,
+    /// `shared = "NAME"`: the limit holds across every instance that counts in
+    /// `[cluster.redis.NAME]`; `None`: this instance alone.
+    pub shared: Option<SharedLimit>,
+}
+
+/// Where a fleet-wide rate limit counts, and what it does when it cannot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SharedLimit {
+    /// The `[cluster.redis.NAME]` holding the counts.
+    pub redis: String,
+    pub on_error: OnRedisError,
+}
+
+/// `on_error` of a shared rate limit: what requests get while Redis cannot be reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnRedisError {
+    /// Limited by this instance's own count only (fail open).
+    #[default]
+    Allow,
+    /// Refused with 503 until Redis answers again (fail closed).
+    Deny,
 }
 
 /// What a rate limit counts separately.

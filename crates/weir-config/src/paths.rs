@@ -39,6 +39,17 @@ pub(crate) fn resolve(raw: &mut RawConfig, base: &Path) -> Vec<RelativePath> {
     if let Some(etcd) = raw.cluster.as_mut().and_then(|c| c.etcd.as_mut()) {
         out.etcd(etcd, &root.key("cluster").key("etcd"));
     }
+    let redis = raw
+        .cluster
+        .iter_mut()
+        .flat_map(|c| c.redis.iter_mut().flatten());
+    for (name, r) in redis {
+        let at = root.key("cluster").key("redis").key(name);
+        out.fix(&mut r.ca, &at.key("ca"));
+        if let Some(c) = r.client_cert.as_mut() {
+            out.cert_key(c, &at.key("client_cert"));
+        }
+    }
     out.found
 }
 

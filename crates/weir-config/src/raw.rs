@@ -24,6 +24,19 @@ pub(crate) struct RawConfig {
     pub cluster: Option<crate::cluster::RawCluster>,
 }
 
+/// `[cluster.redis.NAME]`: a Redis server holding shared rate-limit counts.
+#[derive(Debug, Default, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawRedis {
+    pub url: Option<String>,
+    pub ca: Option<String>,
+    pub client_cert: Option<RawCertKey>,
+    pub timeout: Option<String>,
+    pub sync_interval: Option<String>,
+    pub prefix: Option<String>,
+}
+
 /// `[server]`.
 #[derive(Debug, Default, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
@@ -326,7 +339,7 @@ pub(crate) struct RawBasicAuth {
     pub realm: Option<String>,
 }
 
-/// `rate_limit = { rate, burst, key, max_keys }` of a route.
+/// `rate_limit = { rate, burst, key, max_keys, shared, on_error }` of a route.
 #[derive(Debug, Default, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
@@ -335,6 +348,8 @@ pub(crate) struct RawRateLimit {
     pub burst: Option<i64>,
     pub key: Option<String>,
     pub max_keys: Option<i64>,
+    pub shared: Option<String>,
+    pub on_error: Option<String>,
 }
 
 /// `request_id = false | true | { header, trust_client }` of a listener.
@@ -407,6 +422,20 @@ pub(crate) struct RawUpstream {
     pub protocol: Option<String>,
     pub max_concurrent_streams: Option<i64>,
     pub max_header_list_size: Option<StrOrInt>,
+    pub discover: Option<RawDiscover>,
+}
+
+/// `discover = { dns, kind, interval, respect_ttl, nameserver, timeout }` of an upstream.
+#[derive(Debug, Default, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawDiscover {
+    pub dns: Option<String>,
+    pub kind: Option<String>,
+    pub interval: Option<String>,
+    pub respect_ttl: Option<bool>,
+    pub nameserver: Option<String>,
+    pub timeout: Option<String>,
 }
 
 /// `tls = { ... }` of an upstream.

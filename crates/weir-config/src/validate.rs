@@ -52,6 +52,8 @@ pub(crate) fn config(mut raw: RawConfig) -> Result<Config, Issue> {
             admin.bind,
         )?,
     };
+    let redis = cluster::redis(raw.cluster.as_mut(), &root.key("cluster"))?;
+    cluster::check_shared_refs(&listeners, &redis, &root.key("listeners"))?;
     let mut upstreams = Vec::new();
     for (name, upstream_raw) in raw.upstreams.unwrap_or_default() {
         let path = root.key("upstreams").key(&name);
@@ -63,7 +65,7 @@ pub(crate) fn config(mut raw: RawConfig) -> Result<Config, Issue> {
         admin,
         listeners,
         upstreams,
-        cluster: crate::model::Cluster { etcd },
+        cluster: crate::model::Cluster { etcd, redis },
         relative_paths: Vec::new(),
     })
 }
@@ -673,19 +675,11 @@ fn upstream(name: String, mut raw: RawUpstream, path: &FieldPath) -> Result<Upst
     check_name(&name, path, "upstream")?;
     let raw_policy = pool::RawPolicy::take(&mut raw);
     let protocol = upstream_protocol::protocol(&raw, path)?;
-    let servers_path = path.key("servers");
-    let raw_servers = raw.servers.filter(|s| !s.is_empty()).ok_or_else(|| {
-        Issue::new(
-            &servers_path,
-            format!("upstream \"{name}\" has no servers"),
-            r#"add servers = [{ addr = "127.0.0.1:8081" }]"#,
-        )
-    })?;
-    let servers = raw_servers
-        .into_iter()
-        .enumerate()
-        .map(|(i, s)| upstream_server(s, &servers_path.index(i)))
-        .collect::<Result<Vec<_>, _>>()?;
+    let discover = discover::discover(raw.discover.take(), raw.servers.is_some(), path)?;
+    let servers = match discover {
+        Some(_) => Vec::new(),
+        None => servers(&name, raw.servers.take(), &path.key("servers"))?,
+    };
     let policy = pool::policy(raw_policy, &servers, path)?;
     grpc_check_needs_h2(policy.health_check.as_ref(), protocol, path)?;
     Ok(Upstream {
@@ -721,7 +715,27 @@ fn upstream(name: String, mut raw: RawUpstream, path: &FieldPath) -> Result<Upst
             raw.max_header_list_size,
             &path.key("max_header_list_size"),
         )?,
+        discover,
     })
+}
+
+/// The `servers` of a pool without `discover`: at least one.
+fn servers(
+    name: &str,
+    raw: Option<Vec<RawUpstreamServer>>,
+    path: &FieldPath,
+) -> Result<Vec<UpstreamServer>, Issue> {
+    let raw = raw.filter(|s| !s.is_empty()).ok_or_else(|| {
+        Issue::new(
+            path,
+            format!("upstream \"{name}\" has no servers"),
+            r#"add servers = [{ addr = "127.0.0.1:8081" }], or discover = { dns = "NAME:PORT" }"#,
+        )
+    })?;
+    raw.into_iter()
+        .enumerate()
+        .map(|(i, s)| upstream_server(s, &path.index(i)))
+        .collect()
 }
 
 /// A `kind = "grpc"` health check speaks HTTP/2: the upstream must say so.
@@ -972,7 +986,9 @@ fn size(raw: Option<StrOrInt>, default: u64, path: &FieldPath) -> Result<u64, Is
 }
 
 mod binds;
+mod cluster;
 mod compression;
+mod discover;
 mod htpasswd;
 mod http2;
 mod path;
@@ -986,4 +1002,4 @@ mod upstream_tls;
 pub(crate) use upstream_tls::{cert_key, certificates};
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -38,6 +38,9 @@ pub enum Refusal<'a> {
     RateLimited(u64),
     /// `basic_auth` (401), with the realm of the challenge.
     Unauthorized(&'a str),
+    /// A shared `rate_limit` with `on_error = "deny"` while its Redis is down (503): the
+    /// fleet's count cannot be known.
+    RateLimitUnavailable,
 }
 
 impl Refusal<'_> {
@@ -46,13 +49,14 @@ impl Refusal<'_> {
             Refusal::Forbidden => 403,
             Refusal::RateLimited(_) => 429,
             Refusal::Unauthorized(_) => 401,
+            Refusal::RateLimitUnavailable => 503,
         }
     }
 
     /// The header lines the refusal adds (each ending in CRLF).
     fn push_lines(self, out: &mut Vec<u8>) {
         match self {
-            Refusal::Forbidden => {}
+            Refusal::Forbidden | Refusal::RateLimitUnavailable => {}
             Refusal::RateLimited(secs) => {
                 out.extend_from_slice(b"Retry-After: ");
                 crate::codec::http1::write::push_decimal(out, secs);

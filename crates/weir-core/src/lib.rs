@@ -30,7 +30,8 @@
 //! running), `worker` (per-thread state), `snapshot`
 //! (the published, pre-computed config), `error` (the one error -> status mapping),
 //! `buffer` (bounded I/O buffers), `evict` (places under a cap that go to a newcomer,
-//! idlest first: TLS handshakes, admin connections).
+//! idlest first: TLS handshakes, admin connections), `cluster` (what a fleet shares:
+//! rate limits counted in Redis, pools following DNS).
 
 // Unsafe code is denied everywhere but `sys` (pipes and splice), which allows it explicitly.
 #![deny(unsafe_code)]
@@ -43,6 +44,7 @@ pub mod answer;
 pub mod buffer;
 pub mod client;
 pub mod client_stream;
+pub mod cluster;
 pub mod codec;
 pub mod connector;
 pub mod error;

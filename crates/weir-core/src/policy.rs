@@ -4,16 +4,19 @@
 //! client address. `Admission::refusal` runs once a route is chosen (`proxy::route`):
 //! access lists, the rate limit, then basic auth; a refused request gets Weir's own answer
 //! (`answer`), which keeps the connection like any other answer. Each step is
-//! skipped by one `Option` / emptiness check when its filter is not configured.
+//! skipped by one `Option` / emptiness check when its filter is not configured. A
+//! shared rate limit (`cluster::shared_limit`) decides like a local one and notes what it
+//! admitted in the worker's own counts for the next sync.
 
 use std::net::IpAddr;
 
 use weir_config::{Listener, RateKey, RateLimit};
 
 use crate::answer::Refusal;
+use crate::cluster::shared_limit::SharedCount;
 use crate::codec::http1::RequestHead;
 use crate::filters::forwarded::ClientIp;
-use crate::filters::rate_limit::retry_after_secs;
+use crate::filters::rate_limit::{ip_key, retry_after_secs, RateLimiter};
 use crate::filters::request_id::RequestId;
 use crate::filters::{basic_auth, real_ip, request_id};
 use crate::metrics::shard::Protocol;
@@ -64,8 +67,8 @@ impl<'a> Admission<'a> {
             }
         }
         if let Some(limit) = &filters.rate_limit {
-            if let Err(wait) = self.rate_check(limit, r) {
-                return Some(Refusal::RateLimited(retry_after_secs(wait)));
+            if let Some(refusal) = self.rate_check(limit, r) {
+                return Some(refusal);
             }
         }
         if let Some(auth) = &filters.basic_auth {
@@ -76,16 +79,17 @@ impl<'a> Admission<'a> {
         None
     }
 
-    /// Counts the request against the route's limiter; `Err`: refused, with the wait.
-    fn rate_check(&self, limit: &RateLimit, r: &Request<'_>) -> Result<(), std::time::Duration> {
+    /// Counts the request against the route's limiter; `Some`: refused (429 over the
+    /// limit, 503 for a shared limit that denies while Redis is down).
+    fn rate_check(&self, limit: &RateLimit, r: &Request<'_>) -> Option<Refusal<'a>> {
         let plan = &self.snapshot.listeners[self.listener];
         let Some(Some(limiter)) = plan.limiters.get(self.route) else {
-            return Ok(());
+            return None;
         };
         let now = r.started;
-        let checked = match &limit.key {
-            RateKey::ClientIp => limiter.check(r.origin.client_ip(), now),
-            RateKey::Route => limiter.check((), now),
+        let key = match &limit.key {
+            RateKey::ClientIp => LimitKey::Ip(r.origin.client_ip()),
+            RateKey::Route => LimitKey::Route,
             RateKey::Header(name) => {
                 let buf = r.buf;
                 let value = r
@@ -97,13 +101,54 @@ impl<'a> Admission<'a> {
                             && buf[h.name.clone()].eq_ignore_ascii_case(name.as_bytes())
                     })
                     .map_or(&[][..], |h| &buf[h.value.clone()]);
-                limiter.check(value, now)
+                LimitKey::Bytes(value)
             }
         };
-        if checked.is_err() {
+        let hash = match key {
+            LimitKey::Ip(ip) => limiter.hash(ip),
+            LimitKey::Route => limiter.hash(()),
+            LimitKey::Bytes(value) => limiter.hash(value),
+        };
+        let checked = limiter.check_hash(hash, now);
+        let refused = match &limiter.shared {
+            None => checked.err().map(limited),
+            Some(shared) => self.shared_outcome(limiter, shared, (hash, key), checked),
+        };
+        if let Some(Refusal::RateLimited(_)) = refused {
             self.count_rate_limited(r.protocol);
         }
-        checked
+        refused
+    }
+
+    /// A shared limit's verdict: refused while Redis is down with `on_error = "deny"`,
+    /// else the local one; the request is noted for the next sync either way (a refused
+    /// one as seen with nothing admitted, so that the sync reads the fleet's count and
+    /// finds Redis back).
+    #[cold]
+    #[inline(never)]
+    fn shared_outcome(
+        &self,
+        limiter: &std::sync::Arc<RateLimiter>,
+        shared: &SharedCount,
+        (hash, key): (u64, LimitKey<'_>),
+        checked: Result<(), std::time::Duration>,
+    ) -> Option<Refusal<'a>> {
+        let mut octets = [0u8; 16];
+        let key = match key {
+            LimitKey::Ip(ip) => {
+                let len = ip_key(&ip, &mut octets);
+                &octets[..len]
+            }
+            LimitKey::Route => &[][..],
+            LimitKey::Bytes(value) => value,
+        };
+        let denied = shared.denies();
+        let admitted = checked.is_ok() && !denied;
+        self.worker.shared_counts.note(limiter, hash, key, admitted);
+        if denied {
+            return Some(Refusal::RateLimitUnavailable);
+        }
+        checked.err().map(limited)
     }
 
     fn count_rate_limited(&self, protocol: Protocol) {
@@ -115,4 +160,17 @@ impl<'a> Admission<'a> {
             route.rate_limited(protocol).inc();
         }
     }
+}
+
+/// What a rate limit counts a request by.
+#[derive(Clone, Copy)]
+enum LimitKey<'a> {
+    Ip(IpAddr),
+    Route,
+    Bytes(&'a [u8]),
+}
+
+/// The refusal of a request over the limit: 429, `Retry-After` the wait in seconds.
+fn limited<'a>(wait: std::time::Duration) -> Refusal<'a> {
+    Refusal::RateLimited(retry_after_secs(wait))
 }

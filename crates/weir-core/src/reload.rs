@@ -8,20 +8,27 @@
 //! the sockets of removed or rebound listeners. Requests in flight finish on the snapshot
 //! they started with; the next request on a connection uses the new one, and a connection
 //! whose listener is gone closes instead of taking another request.
+//!
+//! DNS discovery (`cluster::discovery`) changes pools through the same path: an answer is
+//! kept here (the servers of a pool with `discover` are the last answer for it), and the
+//! running config is applied again with it. Any config applied (a reload, the admin API)
+//! gets those servers too, so an edit elsewhere never drops what DNS found.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::mpsc;
 use weir_config::diff::{diff, Change};
-use weir_config::{Bind, Config, Listener};
+use weir_config::{Bind, Config, Discover, Listener, UpstreamServer};
 
 use crate::listener::cap::ConnectionCap;
 use crate::listener::Command;
 use crate::metrics::layout::Layout;
+use crate::metrics::Metrics;
 use crate::server::{bind_per_worker, BoundAddr, InheritedBind, Proxy, StartError};
 use crate::snapshot::{Snapshot, TlsPlans};
+use crate::worker::Shared;
 
 /// Why a config could not be applied; the running config stays.
 #[derive(Debug, thiserror::Error)]
@@ -122,6 +129,8 @@ pub(crate) struct Control {
     /// The open connections of each listener (by metric slot), kept across rebinds: the
     /// connections of the old sockets still count against the new ones' limit.
     caps: HashMap<usize, Arc<ConnectionCap>>,
+    /// The last DNS answer of each pool with `discover`, with the `discover` it answered.
+    discovered: BTreeMap<String, (Discover, Vec<UpstreamServer>)>,
 }
 
 impl Control {
@@ -134,6 +143,7 @@ impl Control {
             active: Vec::new(),
             next_id: 0,
             caps: HashMap::new(),
+            discovered: BTreeMap::new(),
         };
         (control, receivers)
     }
@@ -234,12 +244,98 @@ impl Control {
             .iter()
             .any(|a| a.name == l.name && a.key == socket_key(l, bind))
     }
+
+    /// Gives each pool with `discover` the servers of its last answer (none yet: no
+    /// servers, which answers 503 until one comes); forgets answers no pool uses.
+    fn fill_discovered(&mut self, config: &mut Config) {
+        self.discovered.retain(|name, (spec, _)| {
+            let pool = config.upstreams.iter().find(|u| &u.name == name);
+            pool.is_some_and(|u| u.discover.as_ref() == Some(spec))
+        });
+        for u in config.upstreams.iter_mut().filter(|u| u.discover.is_some()) {
+            u.servers = self
+                .discovered
+                .get(&u.name)
+                .map_or_else(Vec::new, |(_, servers)| servers.clone());
+        }
+    }
+}
+
+/// What applying a config needs, shareable with the threads that change pools (DNS
+/// discovery), so that every change takes [`Applier::apply`].
+#[derive(Clone)]
+pub(crate) struct Applier {
+    pub shared: Arc<Shared>,
+    pub metrics: Arc<Metrics>,
+    /// The control state; its lock serializes changes.
+    pub control: Arc<Mutex<Control>>,
+}
+
+impl Applier {
+    pub fn lock_control(&self) -> MutexGuard<'_, Control> {
+        self.control.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Makes `config` the running config; returns what changed. On error nothing changed.
+    pub fn apply(&self, config: Config) -> Result<Vec<Change>, ApplyError> {
+        let mut control = self.lock_control();
+        self.apply_locked(&mut control, config)
+    }
+
+    /// A DNS answer for pool `upstream` (as `discover` describes it): the pool gets
+    /// `servers`. `None`: the running config has no such pool any more (or it discovers
+    /// something else now), and nothing changed.
+    pub fn discovered(
+        &self,
+        upstream: &str,
+        discover: &Discover,
+        servers: Vec<UpstreamServer>,
+    ) -> Result<Option<Vec<Change>>, ApplyError> {
+        let mut control = self.lock_control();
+        let config = (*self.shared.snapshot.load().config).clone();
+        let current = config.upstreams.iter().find(|u| u.name == upstream);
+        if current.and_then(|u| u.discover.as_ref()) != Some(discover) {
+            return Ok(None);
+        }
+        let answer = (discover.clone(), servers);
+        control.discovered.insert(upstream.to_owned(), answer);
+        self.apply_locked(&mut control, config).map(Some)
+    }
+
+    /// `config` with the discovered pools' servers, as it would run.
+    pub fn with_discovered(&self, mut config: Config) -> Config {
+        let control = self.lock_control();
+        for u in config.upstreams.iter_mut().filter(|u| u.discover.is_some()) {
+            if let Some((spec, servers)) = control.discovered.get(&u.name) {
+                if u.discover.as_ref() == Some(spec) {
+                    u.servers = servers.clone();
+                }
+            }
+        }
+        config
+    }
 }
 
 impl Proxy {
     /// Makes `config` the running config; returns what changed. On error nothing changed.
     pub fn apply(&self, config: Config) -> Result<Vec<Change>, ApplyError> {
-        let mut control = self.lock_control();
+        self.applier().apply(config)
+    }
+
+    /// `config` with the servers DNS discovery found for its pools with `discover`, as
+    /// applying it would run it (what a dry run compares with the running config).
+    pub fn with_discovered(&self, config: Config) -> Config {
+        self.applier().with_discovered(config)
+    }
+}
+
+impl Applier {
+    fn apply_locked(
+        &self,
+        control: &mut Control,
+        mut config: Config,
+    ) -> Result<Vec<Change>, ApplyError> {
+        control.fill_discovered(&mut config);
         let old = self.shared.snapshot.load_full();
         check_reloadable(&old.config, &config)?;
         // Certificate files are read before anything changes: a bad one leaves all as it was.

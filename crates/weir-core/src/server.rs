@@ -23,7 +23,7 @@ use crate::listener::{
 };
 use crate::metrics::layout::Layout;
 use crate::metrics::{Metrics, WorkerMetrics};
-use crate::reload::{Bound, Control};
+use crate::reload::{Applier, Bound, Control};
 
 use crate::snapshot::Snapshot;
 use crate::worker::{Shared, Worker};
@@ -88,7 +88,7 @@ pub struct Proxy {
     pub(crate) metrics: Arc<Metrics>,
     log_writers: Mutex<Vec<WriterThread>>,
     /// Listener sockets and metric slots; the lock serializes config changes.
-    pub(crate) control: Mutex<Control>,
+    pub(crate) control: Arc<Mutex<Control>>,
 }
 
 impl Proxy {
@@ -110,12 +110,14 @@ impl Proxy {
         let slots = layout.assign(&config);
         let splice_available = probe_splice(&config);
         let (tx, rx) = watch::channel(false);
+        let (cluster, batches) = mpsc::unbounded_channel();
         let shared = Arc::new(Shared {
             snapshot: ArcSwap::from_pointee(Snapshot::new(Arc::new(config), slots, upstream_tls)?),
             generation: AtomicU64::new(0),
             shutdown: rx,
             workers,
             splice_available,
+            cluster,
         });
         let snapshot = shared.snapshot.load_full();
         let (mut control, receivers) = Control::new(layout, workers);
@@ -155,14 +157,40 @@ impl Proxy {
                 .map_err(StartError::Thread)?;
             threads.push(thread);
         }
+        let applier = Applier {
+            shared: shared.clone(),
+            metrics: metrics.clone(),
+            control: Arc::new(Mutex::new(control)),
+        };
+        let (thread, first_round) =
+            crate::cluster::spawn(applier.clone(), batches).map_err(StartError::Thread)?;
+        threads.push(thread);
+        let discovered = snapshot
+            .config
+            .upstreams
+            .iter()
+            .filter_map(|u| u.discover.as_ref());
+        let limit = discovered.clone().map(|d| d.timeout).max();
+        if let Some(limit) = limit {
+            crate::cluster::wait_first_round(&first_round, discovered.count(), limit * 2);
+        }
         Ok(Proxy {
             shutdown: tx,
             threads: Mutex::new(threads),
             shared,
             metrics,
             log_writers: Mutex::new(log_writers),
-            control: Mutex::new(control),
+            control: applier.control,
         })
+    }
+
+    /// What applying a config needs, for the threads that change the config too.
+    pub(crate) fn applier(&self) -> Applier {
+        Applier {
+            shared: self.shared.clone(),
+            metrics: self.metrics.clone(),
+            control: self.control.clone(),
+        }
     }
 
     /// The address a listener's first `bind` actually bound (useful with port 0).
@@ -380,6 +408,7 @@ fn run_worker(setup: WorkerSetup) {
         tokio::task::spawn_local(flush_logs_periodically(worker.clone()));
         tokio::task::spawn_local(trim_periodically(worker.clone()));
         tokio::task::spawn_local(control_loop(worker.clone(), commands));
+        tokio::task::spawn_local(crate::cluster::shared_limit::sync_task(worker.clone()));
         let mut shutdown = shared.shutdown.clone();
         while !*shutdown.borrow_and_update() {
             if shutdown.changed().await.is_err() {

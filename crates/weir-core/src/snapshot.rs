@@ -7,10 +7,11 @@
 
 use std::sync::Arc;
 
-use weir_config::{Config, Listener, UpstreamServer};
+use weir_config::{Cluster, Config, Listener, UpstreamServer};
 
 use weir_config::{Redirect, Route, RouteTarget};
 
+use crate::cluster::shared_limit::SharedCount;
 use crate::connector::TlsUpstream;
 use crate::filters::rate_limit::RateLimiter;
 use crate::filters::redirect::https_redirect;
@@ -138,7 +139,7 @@ impl Snapshot {
             .zip(tls.0)
             .map(|(l, tls)| {
                 let mut plan = ListenerPlan::new(l, tls);
-                plan.limiters = limiters(l, previous);
+                plan.limiters = limiters(l, &config.cluster, previous);
                 plan
             })
             .collect();
@@ -228,9 +229,13 @@ impl TlsPlans {
 }
 
 /// The rate limiters of `listener`'s routes: the one `previous` had for the route of the
-/// same listener and route name when its `rate_limit` is unchanged (a reload keeps the
-/// counts), else a new one.
-fn limiters(listener: &Listener, previous: Option<&Snapshot>) -> Vec<Option<Arc<RateLimiter>>> {
+/// same listener and route name when its `rate_limit` (and, when shared, its Redis
+/// settings) is unchanged (a reload keeps the counts), else a new one.
+fn limiters(
+    listener: &Listener,
+    cluster: &Cluster,
+    previous: Option<&Snapshot>,
+) -> Vec<Option<Arc<RateLimiter>>> {
     let old = previous.and_then(|p| {
         let i = p
             .config
@@ -244,12 +249,23 @@ fn limiters(listener: &Listener, previous: Option<&Snapshot>) -> Vec<Option<Arc<
         .iter()
         .map(|route| {
             let limit = route.filters.rate_limit.as_ref()?;
+            let redis = limit.shared.as_ref().and_then(|s| cluster.redis(&s.redis));
             let kept = old.and_then(|(config, plan)| {
                 let r = config.routes.iter().position(|o| o.name == route.name)?;
                 let limiter = plan.limiters.get(r)?.as_ref()?;
-                (limiter.config == *limit).then(|| limiter.clone())
+                let same_redis = limiter.shared.as_ref().map(|s| &s.redis) == redis;
+                (limiter.config == *limit && same_redis).then(|| limiter.clone())
             });
-            Some(kept.unwrap_or_else(|| Arc::new(RateLimiter::new(limit))))
+            Some(kept.unwrap_or_else(|| {
+                let limiter = RateLimiter::new(limit);
+                Arc::new(match (&limit.shared, redis) {
+                    (Some(shared), Some(redis)) => {
+                        let name = format!("{}/{}", listener.name, route.name);
+                        limiter.sharing(SharedCount::new(redis.clone(), name, shared.on_error))
+                    }
+                    _ => limiter,
+                })
+            }))
         })
         .collect()
 }

@@ -37,6 +37,8 @@ pub struct Shared {
     pub workers: usize,
     /// Whether the kernel can splice (probed once at start; TCP listeners copy otherwise).
     pub splice_available: bool,
+    /// Where the workers' sync tasks send the counts of shared rate limits.
+    pub cluster: tokio::sync::mpsc::UnboundedSender<Vec<crate::cluster::shared_limit::Batch>>,
 }
 
 impl Shared {
@@ -98,6 +100,8 @@ pub struct Worker {
     pub request_ids: crate::filters::request_id::RequestIds,
     /// Recent successful basic-auth checks (bcrypt is slow on purpose).
     pub auth_cache: crate::filters::basic_auth::AuthCache,
+    /// What this worker admitted under shared rate limits since their last sync.
+    pub shared_counts: crate::cluster::shared_limit::PendingCounts,
 }
 
 impl Worker {
@@ -135,6 +139,7 @@ impl Worker {
             idle: Default::default(),
             request_ids: Default::default(),
             auth_cache: Default::default(),
+            shared_counts: Default::default(),
         }
     }
 

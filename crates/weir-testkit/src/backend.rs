@@ -78,6 +78,28 @@ impl Backend {
     pub(crate) fn spawn_with(behaviour: Behaviour, tls: Option<TlsAcceptor>) -> Backend {
         let listener =
             std::net::TcpListener::bind(("127.0.0.1", 0)).expect("testkit: bind 127.0.0.1:0");
+        Backend::spawn_on(listener, behaviour, tls)
+    }
+
+    /// An [`echo`](Backend::echo) backend named `name` answering after `delay`, bound to
+    /// `addr` (another loopback address such as `127.0.0.2`, with a chosen port, as DNS
+    /// answers name several hosts on one port). Fails where the address is taken.
+    pub fn echo_at(name: &str, addr: SocketAddr, delay: Duration) -> io::Result<Backend> {
+        let listener = std::net::TcpListener::bind(addr)?;
+        let behaviour = Behaviour::Echo {
+            name: name.to_string(),
+            delay,
+            close_each: false,
+            close_after: None,
+        };
+        Ok(Backend::spawn_on(listener, behaviour, None))
+    }
+
+    fn spawn_on(
+        listener: std::net::TcpListener,
+        behaviour: Behaviour,
+        tls: Option<TlsAcceptor>,
+    ) -> Backend {
         listener
             .set_nonblocking(true)
             .expect("testkit: set listener non-blocking");

@@ -32,6 +32,10 @@
 //!   [`ws_backend::ws_frame`] and [`ws_backend::parse_frame`] for the client side.
 //! * [`tls_hello::client_hello_with_sni`]: a ClientHello with any server name, even an
 //!   illegal one.
+//! * [`dns::DnsServer`]: a small authoritative DNS server (A, AAAA, SRV records set and
+//!   changed while it runs, a TTL, an outage switch) for the discovery tests.
+//! * [`redis::RedisServer`]: a `redis-server` process on a free port, for the shared rate
+//!   limit tests (skipped with a message where the Debian package is not installed).
 //! * [`wait_until`] / [`wait_until_async`]: poll a condition instead of
 //!   sleeping a fixed time.
 
@@ -40,9 +44,11 @@ mod behaviours;
 pub mod certs;
 pub mod chunked;
 mod client;
+pub mod dns;
 mod h2_backend;
 pub mod h2_raw;
 mod pattern;
+pub mod redis;
 mod server_thread;
 mod tls_backend;
 pub mod tls_hello;

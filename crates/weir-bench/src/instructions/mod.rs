@@ -51,6 +51,10 @@ pub struct Args {
     /// Extra keys for the route, as TOML lines (`forwarded_headers = false`).
     #[arg(long, default_value = "")]
     pub route_keys: String,
+    /// Extra tables after the config, as TOML (`[cluster.redis.r]` for a route's
+    /// `rate_limit = { ..., shared = "r" }`).
+    #[arg(long, default_value = "")]
+    pub tables: String,
     /// What the TLS workloads' client offers instead of their own (`tls-keepalive`: an
     /// OpenSSL client's, as wrk's; `tls-handshake`: a browser's). Not with `--update`.
     #[arg(long, value_enum)]
@@ -138,6 +142,7 @@ struct Bench<'a> {
     dir: &'a Path,
     listener_keys: &'a str,
     route_keys: &'a str,
+    tables: &'a str,
     tls_client: Option<Profile>,
 }
 
@@ -147,9 +152,9 @@ pub fn main(a: Args) -> Result<()> {
             bail!("{tool} is not installed (Debian: apt-get install valgrind)");
         }
     }
-    if a.update && !(a.listener_keys.is_empty() && a.route_keys.is_empty()) {
+    if a.update && !(a.listener_keys.is_empty() && a.route_keys.is_empty() && a.tables.is_empty()) {
         bail!(
-            "--update counts the default configuration: leave out --listener-keys and --route-keys"
+            "--update counts the default configuration: leave out --listener-keys, --route-keys and --tables"
         );
     }
     crate::process::install_cleanup();
@@ -165,6 +170,7 @@ pub fn main(a: Args) -> Result<()> {
         dir: &tmp.0,
         listener_keys: &a.listener_keys,
         route_keys: &a.route_keys,
+        tables: &a.tables,
         tls_client: a.tls_client,
     };
     let commit = commit_here();
@@ -314,8 +320,8 @@ fn weir_config(bench: &Bench, w: &Workload, port: u16) -> String {
     format!(
         "[server]\nworkers = 1\ndrain_timeout = \"0s\"\n\n[admin]\nbind = \"off\"\n\n\
          [[listeners]]\nname = \"budget\"\nbind = \"127.0.0.1:{port}\"\nkeepalive_requests = 0\n{}\n{tls}\n\
-         [[listeners.routes]]\nname = \"all\"\npath_prefix = \"/\"\n{target}\n{}\n\n{upstream}",
-        bench.listener_keys, bench.route_keys
+         [[listeners.routes]]\nname = \"all\"\npath_prefix = \"/\"\n{target}\n{}\n\n{upstream}\n{}\n",
+        bench.listener_keys, bench.route_keys, bench.tables
     )
 }
 
@@ -441,6 +447,7 @@ mod tests {
             dir: Path::new("."),
             listener_keys: "request_id = false",
             route_keys: "forwarded_headers = false",
+            tables: "",
             tls_client: None,
         };
         for w in &WORKLOADS {
@@ -449,5 +456,18 @@ mod tests {
             assert!(parsed.is_ok(), "{}: {:?}\n{text}", w.name, parsed.err());
             assert_eq!(text.contains("[listeners.tls]"), w.tls);
         }
+        let limited = Bench {
+            route_keys: "rate_limit = { rate = \"1/s\", shared = \"r\" }",
+            tables: "[cluster.redis.r]\nurl = \"redis://127.0.0.1:1\"",
+            ..bench
+        };
+        let text = weir_config(&limited, &WORKLOADS[1], 8080);
+        let parsed = weir_config::parse_str(&text, "budget.toml").expect("tables");
+        let route = &parsed.listeners[0].routes[0];
+        assert!(route
+            .filters
+            .rate_limit
+            .as_ref()
+            .is_some_and(|l| l.shared.is_some()));
     }
 }

@@ -18,7 +18,7 @@ use crate::error::{FieldPath, Issue};
 use crate::model::{PemCertKey, PemFile};
 use crate::raw::{RawCertKey, RawListener, StrOrList};
 
-/// `[cluster]`: the keys of a fleet in etcd (`node`, `etcd`, `binds`).
+/// `[cluster]`: the keys of a fleet in etcd (`node`, `etcd`, `binds`), and `redis`.
 #[derive(Debug, Default, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
@@ -28,6 +28,8 @@ pub(crate) struct RawCluster {
     pub etcd: Option<RawEtcd>,
     /// Per-node addresses of shared listeners, by listener name: replace their `bind`.
     pub binds: Option<BTreeMap<String, StrOrList>>,
+    /// `[cluster.redis.NAME]`: where shared rate limits count (validate/cluster.rs).
+    pub redis: Option<BTreeMap<String, crate::raw::RawRedis>>,
 }
 
 /// `etcd = { endpoints, prefix, ... }` of `[cluster]`.

@@ -130,7 +130,7 @@ fn access_list(raw: &mut RawRoute, path: &FieldPath) -> Result<Option<AccessList
     }))
 }
 
-/// `rate_limit = { rate, burst, key, max_keys }`.
+/// `rate_limit = { rate, burst, key, max_keys, shared, on_error }`.
 fn rate_limit(raw: RawRateLimit, path: &FieldPath) -> Result<RateLimit, Issue> {
     let rate_path = path.key("rate");
     let text = raw.rate.ok_or_else(|| {
@@ -175,6 +175,7 @@ fn rate_limit(raw: RawRateLimit, path: &FieldPath) -> Result<RateLimit, Issue> {
         burst,
         key,
         max_keys,
+        shared: super::cluster::shared_limit(raw.shared, raw.on_error, path)?,
     })
 }
 

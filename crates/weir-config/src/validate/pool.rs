@@ -197,7 +197,7 @@ pub(super) fn server_options(
 
 /// A pool needs a primary server, and plain round robin ignores weights.
 fn check_servers(lb: &LbPolicy, servers: &[UpstreamServer], path: &FieldPath) -> Result<(), Issue> {
-    if servers.iter().all(|s| s.backup) {
+    if !servers.is_empty() && servers.iter().all(|s| s.backup) {
         return Err(Issue::new(
             path,
             "every server is a backup; backups are used only while no primary server is up",

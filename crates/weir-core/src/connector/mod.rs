@@ -7,6 +7,7 @@ mod stream;
 pub mod tls;
 
 pub use self::h2::H2Pool;
+pub(crate) use pool::AddrHasher;
 pub use pool::{IdlePool, PoolKey};
 pub use stream::{ReadHalf, UpstreamStream, WriteHalf};
 pub use tls::TlsUpstream;

@@ -65,9 +65,10 @@ struct Idle {
 }
 
 /// Hashes server addresses (FxHash's multiply-rotate step): a few instructions per word
-/// where SipHash takes a few hundred per lookup.
+/// where SipHash takes a few hundred per lookup. Also the pending counts of shared rate
+/// limits, keyed by the limiter's own (SipHash) hash of a key.
 #[derive(Default)]
-struct AddrHasher(u64);
+pub(crate) struct AddrHasher(u64);
 
 impl AddrHasher {
     #[inline]

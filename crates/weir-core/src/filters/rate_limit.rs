@@ -16,12 +16,18 @@
 //! Memory is fixed at 8 bytes a slot: address churn cannot grow it. Two keys with the same
 //! bucket and tag (about 1 in 65536 per pair sharing a bucket) share a limit. Keys are
 //! hashed with a per-limiter random SipHash key, so clients cannot aim at one bucket.
+//!
+//! A limit with `shared = "NAME"` keeps this table as its local view and counts across the
+//! fleet through Redis (`cluster::shared_limit`): each worker notes what it admitted, a sync
+//! sends the counts and [`RateLimiter::merge`]s back the fleet's TAT of each key.
 
 use std::hash::{BuildHasher, Hash, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use weir_config::RateLimit;
+
+use crate::cluster::shared_limit::SharedCount;
 
 /// Slots per bucket.
 const WAYS: usize = 4;
@@ -36,9 +42,12 @@ pub struct RateLimiter {
     epoch: Instant,
     hasher: RandomState,
     slots: Box<[AtomicU64]>,
+    /// `shared`: the fleet-wide count this limiter takes part in.
+    pub shared: Option<SharedCount>,
 }
 
 impl RateLimiter {
+    /// A limiter of `config` (its `shared` settings left to [`RateLimiter::sharing`]).
     pub fn new(config: &RateLimit) -> RateLimiter {
         let interval_us = (config.interval.as_micros() as u64).clamp(1, TAT_MASK / 4);
         let buckets = (config.max_keys / WAYS).next_power_of_two().max(1);
@@ -51,18 +60,51 @@ impl RateLimiter {
             epoch: Instant::now(),
             hasher: RandomState::new(),
             slots: (0..buckets * WAYS).map(|_| AtomicU64::new(0)).collect(),
+            shared: None,
         }
+    }
+
+    /// This limiter, counting across the fleet through `shared`.
+    pub fn sharing(mut self, shared: SharedCount) -> RateLimiter {
+        self.shared = Some(shared);
+        self
+    }
+
+    /// Time between two requests at the sustained rate, in microseconds.
+    pub fn interval_us(&self) -> u64 {
+        self.interval_us
+    }
+
+    /// The hash of `key` (per limiter, keyed at random) that [`RateLimiter::check_hash`]
+    /// takes: computed once per request, also for a shared limit's pending counts.
+    #[inline]
+    pub fn hash(&self, key: impl Hash) -> u64 {
+        self.hasher.hash_one(key)
+    }
+
+    /// The tag and the bucket's slots of the key `hash`. Tag 0 marks an empty slot.
+    fn locate(&self, hash: u64) -> (u64, &[AtomicU64]) {
+        let bucket = (hash as usize) & (self.slots.len() / WAYS - 1);
+        (
+            (hash >> TAT_BITS).max(1),
+            &self.slots[bucket * WAYS..][..WAYS],
+        )
+    }
+
+    fn now_us(&self, now: Instant) -> u64 {
+        (now.saturating_duration_since(self.epoch).as_micros() as u64)
+            .min(TAT_MASK - self.tolerance_us - self.interval_us)
     }
 
     /// Counts a request for `key` arriving at `now`. `Err`: refused, retry after that long.
     pub fn check(&self, key: impl Hash, now: Instant) -> Result<(), Duration> {
-        let hash = self.hasher.hash_one(key);
-        // Tag 0 marks an empty slot.
-        let tag = (hash >> TAT_BITS).max(1);
-        let bucket = (hash as usize) & (self.slots.len() / WAYS - 1);
-        let ways = &self.slots[bucket * WAYS..][..WAYS];
-        let now_us = (now.saturating_duration_since(self.epoch).as_micros() as u64)
-            .min(TAT_MASK - self.tolerance_us - self.interval_us);
+        self.check_hash(self.hash(key), now)
+    }
+
+    /// [`RateLimiter::check`] of the key whose [`RateLimiter::hash`] is `hash`.
+    pub fn check_hash(&self, hash: u64, now: Instant) -> Result<(), Duration> {
+        let (tag, ways) = self.locate(hash);
+        let now_us = self.now_us(now);
         loop {
             let words: [u64; WAYS] = std::array::from_fn(|i| ways[i].load(Ordering::Acquire));
             let (way, tat) = match words.iter().position(|w| w >> TAT_BITS == tag) {
@@ -82,6 +124,59 @@ impl RateLimiter {
                 return Ok(());
             }
         }
+    }
+}
+
+impl RateLimiter {
+    /// Takes in the fleet's TAT of the key whose [`RateLimiter::hash`] is `hash` (as the
+    /// sync read it: `ahead` of `now`): the key's TAT becomes the later of its own and the
+    /// fleet's. Off the request path (the cluster thread).
+    pub fn merge(&self, hash: u64, now: Instant, ahead: Duration) {
+        let (tag, ways) = self.locate(hash);
+        let tat = self
+            .now_us(now)
+            .saturating_add(ahead.as_micros() as u64)
+            .min(TAT_MASK);
+        loop {
+            let words: [u64; WAYS] = std::array::from_fn(|i| ways[i].load(Ordering::Acquire));
+            let way = words
+                .iter()
+                .position(|w| w >> TAT_BITS == tag)
+                .unwrap_or_else(|| victim(&words));
+            // The key's own TAT is as late already, or (not held here) the slot it would
+            // take holds a key more limited than this one: nothing to take in.
+            if words[way] & TAT_MASK >= tat {
+                return;
+            }
+            let new = tag << TAT_BITS | tat;
+            let swap =
+                ways[way].compare_exchange(words[way], new, Ordering::AcqRel, Ordering::Acquire);
+            if swap.is_ok() {
+                return;
+            }
+        }
+    }
+}
+
+/// The bytes a shared limit notes a client address as (its 4 or 16 octets).
+pub fn ip_key(ip: &std::net::IpAddr, out: &mut [u8; 16]) -> usize {
+    match ip {
+        std::net::IpAddr::V4(a) => {
+            out[..4].copy_from_slice(&a.octets());
+            4
+        }
+        std::net::IpAddr::V6(a) => {
+            *out = a.octets();
+            16
+        }
+    }
+}
+
+/// The address [`ip_key`] wrote (anything else: the unspecified address).
+pub fn ip_of(key: &[u8]) -> std::net::IpAddr {
+    match key.len() {
+        4 => std::net::IpAddr::from(<[u8; 4]>::try_from(key).unwrap_or_default()),
+        _ => std::net::IpAddr::from(<[u8; 16]>::try_from(key).unwrap_or_default()),
     }
 }
 
@@ -112,6 +207,7 @@ mod tests {
             burst,
             key: RateKey::ClientIp,
             max_keys,
+            shared: None,
         })
     }
 

@@ -1,5 +1,6 @@
 //! The scrape: merging shards and writing Prometheus text with `prometheus-client`.
 
+use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -11,6 +12,7 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 use weir_config::Config;
 
+use super::cluster::{DiscoveryStats, RedisStats};
 use super::layout::SlotMap;
 use super::process::ProcessStats;
 use super::shard::{
@@ -36,6 +38,8 @@ pub fn encode_text(metrics: &Metrics, snapshot: &Snapshot) -> String {
         up: up_table(snapshot),
         certs: cert_table(snapshot),
         renewals: renewal_table(snapshot),
+        redis: metrics.cluster.redis(),
+        discovery: metrics.cluster.discovery(),
     };
     let mut registry = Registry::default();
     registry.register_collector(Box::new(collector));
@@ -95,6 +99,8 @@ struct Scrape {
     certs: Vec<(usize, String, i64)>,
     renewals: Vec<(usize, String, i64)>,
     etcd: std::sync::Arc<super::etcd::EtcdMetrics>,
+    redis: BTreeMap<String, RedisStats>,
+    discovery: BTreeMap<String, DiscoveryStats>,
 }
 
 /// `weir_http2_*`: HTTP/2 connections, streams, client resets and GOAWAYs for calm, the
@@ -149,6 +155,103 @@ impl Scrape {
     }
 }
 
+/// The `result="ok"` and `result="error"` series of each named item (`(ok, error)`
+/// counts), labelled `key="NAME"`.
+fn by_result<S>(
+    items: &[(&String, &S)],
+    key: &'static str,
+    counts: fn(&S) -> (u64, u64),
+) -> Vec<(Labels, u64)> {
+    items
+        .iter()
+        .flat_map(|(name, s)| {
+            let (ok, error) = counts(s);
+            [("ok", ok), ("error", error)].map(|(result, n)| {
+                let labels = vec![(key, (*name).clone()), ("result", result.to_owned())];
+                (labels, n)
+            })
+        })
+        .collect()
+}
+
+impl Scrape {
+    /// Redis syncs and DNS discovery, for the names in the running config.
+    fn cluster(&self, enc: &mut DescriptorEncoder) -> Result {
+        let redis: Vec<(&String, &RedisStats)> = self
+            .redis
+            .iter()
+            .filter(|(name, _)| self.config.cluster.redis(name).is_some())
+            .collect();
+        let label = |name: &String| vec![("redis", name.clone())];
+        let syncs = by_result(&redis, "redis", |s| (s.syncs_ok, s.syncs_failed));
+        counter(
+            enc,
+            "weir_redis_syncs",
+            "Syncs of shared rate-limit counts with each [cluster.redis.NAME], by result.",
+            &syncs,
+        )?;
+        let up: Vec<(Labels, i64)> = redis
+            .iter()
+            .map(|(name, s)| (label(name), i64::from(s.up)))
+            .collect();
+        gauge(
+            enc,
+            "weir_redis_up",
+            "Whether the last sync with each [cluster.redis.NAME] succeeded (1) or failed (0).",
+            &up,
+        )?;
+        self.discovery(enc)
+    }
+
+    fn discovery(&self, enc: &mut DescriptorEncoder) -> Result {
+        let pools: Vec<(&String, &DiscoveryStats)> = self
+            .discovery
+            .iter()
+            .filter(|(name, _)| {
+                let upstream = self.config.upstreams.iter().find(|u| &u.name == *name);
+                upstream.is_some_and(|u| u.discover.is_some())
+            })
+            .collect();
+        let label = |name: &String| vec![("upstream", name.clone())];
+        let lookups = by_result(&pools, "upstream", |s| (s.lookups_ok, s.lookups_failed));
+        counter(
+            enc,
+            "weir_discovery_lookups",
+            "DNS lookups of each discovered upstream, by result (an error or an empty answer keeps the last servers).",
+            &lookups,
+        )?;
+        let rows = |f: fn(&DiscoveryStats) -> u64| -> Vec<(Labels, u64)> {
+            pools.iter().map(|(name, s)| (label(name), f(s))).collect()
+        };
+        counter(
+            enc,
+            "weir_discovery_updates",
+            "Lookups whose answer changed the upstream's servers.",
+            &rows(|s| s.updates),
+        )?;
+        let servers: Vec<(Labels, i64)> = rows(|s| s.servers)
+            .into_iter()
+            .map(|(l, n)| (l, n as i64))
+            .collect();
+        gauge(
+            enc,
+            "weir_discovery_servers",
+            "Servers of each discovered upstream now (from the last answer kept).",
+            &servers,
+        )?;
+        let mut m = enc.encode_descriptor(
+            "weir_discovery_last_success_timestamp_seconds",
+            "When each discovered upstream's last successful lookup was (Unix time; 0: none yet).",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (name, s) in &pools {
+            ConstGauge::new(s.last_success).encode(m.encode_family(&label(name))?)?;
+        }
+        Ok(())
+    }
+}
+
 impl Collector for Scrape {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result {
         self.requests(&mut enc)?;
@@ -161,6 +264,7 @@ impl Collector for Scrape {
         self.http2_counters(&mut enc)?;
         self.tls(&mut enc)?;
         self.acme(&mut enc)?;
+        self.cluster(&mut enc)?;
         self.upstream_counters(&mut enc)?;
         self.upstream_histograms(&mut enc)?;
         self.etcd(&mut enc)?;

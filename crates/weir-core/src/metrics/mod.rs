@@ -6,6 +6,7 @@
 //! values are always bounded: listener, route, upstream and server names from the config,
 //! methods from a fixed set, status codes.
 
+pub mod cluster;
 mod encode;
 pub mod etcd;
 pub mod layout;
@@ -28,6 +29,8 @@ pub struct Metrics {
     pub access_log_dropped: Arc<AtomicU64>,
     /// A fleet member's view of etcd.
     pub etcd: Arc<etcd::EtcdMetrics>,
+    /// Redis syncs and DNS discovery (the cluster thread).
+    pub cluster: Arc<cluster::ClusterMetrics>,
 }
 
 impl Metrics {

@@ -32,6 +32,9 @@ pub struct Conf {
     listener: Vec<String>,
     routes: Vec<String>,
     upstreams: Vec<String>,
+    /// Top-level tables written as given (`[cluster.redis.NAME]`, an upstream with
+    /// `discover`).
+    tables: Vec<String>,
 }
 
 impl Conf {
@@ -95,6 +98,12 @@ impl Conf {
         self
     }
 
+    /// Adds top-level TOML as written (a table such as `[cluster.redis.main]`).
+    pub fn table(mut self, text: &str) -> Conf {
+        self.tables.push(text.to_string());
+        self
+    }
+
     /// The whole TOML text.
     pub fn toml(&self) -> String {
         let mut out = format!(
@@ -117,7 +126,7 @@ impl Conf {
             out.push_str(r);
             out.push('\n');
         }
-        for u in &self.upstreams {
+        for u in self.upstreams.iter().chain(&self.tables) {
             out.push_str(u);
             out.push('\n');
         }

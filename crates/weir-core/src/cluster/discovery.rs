@@ -1,0 +1,178 @@
+//! DNS service discovery of pools (`[upstreams.NAME] discover = { dns, ... }`): one task
+//! per discovered pool on the cluster thread, following the running config.
+//!
+//! Each task looks its name up (`dns`) at once, then every `interval` (with `respect_ttl`,
+//! when the answer's TTL runs out if that is sooner, but not more often than once a
+//! second). An answer that differs from the last becomes the pool's servers through
+//! [`Applier::discovered`], the path every config change takes: a new snapshot is
+//! published; servers that stay keep their health state (`Snapshot::with_previous`), new
+//! ones take requests from the next pick, and removed ones get no new requests while those
+//! in flight finish on the snapshot they started with. A failed lookup, a timeout or an
+//! empty answer keeps the last servers: it is counted (`weir_discovery_lookups_total{result=
+//! "error"}`) and logged once until a lookup succeeds again.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hickory_resolver::TokioResolver;
+use tokio::task::JoinHandle;
+use weir_config::{Discover, UpstreamServer};
+
+use super::dns;
+use crate::metrics::cluster::ClusterMetrics;
+use crate::reload::Applier;
+
+/// How often the running config is checked for discovered pools added, changed or removed.
+const SNAPSHOT_POLL: Duration = Duration::from_millis(200);
+/// The soonest a lookup follows the last with `respect_ttl` (a TTL of 0 would spin).
+const MIN_WAIT: Duration = Duration::from_secs(1);
+
+/// Runs the discovery tasks of the running config's pools, forever. `first_round` gets one
+/// message per pool of the config at start once its first lookup is done.
+pub(crate) async fn supervise(
+    applier: Applier,
+    metrics: Arc<ClusterMetrics>,
+    first_round: std::sync::mpsc::Sender<()>,
+) {
+    let mut tasks: BTreeMap<String, (Discover, JoinHandle<()>)> = BTreeMap::new();
+    let mut first_round = Some(first_round);
+    let mut seen = None;
+    loop {
+        let generation = applier.shared.generation.load(Ordering::Acquire);
+        if seen != Some(generation) {
+            seen = Some(generation);
+            let config = applier.shared.snapshot.load().config.clone();
+            let wanted: BTreeMap<&String, &Discover> = config
+                .upstreams
+                .iter()
+                .filter_map(|u| Some((&u.name, u.discover.as_ref()?)))
+                .collect();
+            tasks.retain(|name, (spec, task)| {
+                let keep = wanted.get(name) == Some(&&*spec);
+                if !keep {
+                    task.abort();
+                }
+                keep
+            });
+            for (name, spec) in wanted {
+                if tasks.contains_key(name) {
+                    continue;
+                }
+                let pool = Pool {
+                    applier: applier.clone(),
+                    metrics: metrics.clone(),
+                    upstream: name.clone(),
+                    spec: spec.clone(),
+                    last: None,
+                    failing: false,
+                };
+                let task = tokio::spawn(pool.run(first_round.clone()));
+                tasks.insert(name.clone(), (spec.clone(), task));
+            }
+            // Only the pools of the config at start hold the start up.
+            first_round = None;
+        }
+        tokio::time::sleep(SNAPSHOT_POLL).await;
+    }
+}
+
+/// One discovered pool.
+struct Pool {
+    applier: Applier,
+    metrics: Arc<ClusterMetrics>,
+    upstream: String,
+    spec: Discover,
+    /// The servers of the last answer applied.
+    last: Option<Vec<UpstreamServer>>,
+    /// The last lookup failed (logged once per run of failures).
+    failing: bool,
+}
+
+impl Pool {
+    async fn run(mut self, mut first_round: Option<std::sync::mpsc::Sender<()>>) {
+        let resolver = dns::resolver(&self.spec);
+        loop {
+            let wait = match &resolver {
+                Ok(resolver) => self.round(resolver).await,
+                Err(e) => {
+                    self.failed(e);
+                    self.spec.interval
+                }
+            };
+            if let Some(done) = first_round.take() {
+                let _ = done.send(());
+            }
+            tokio::time::sleep(wait).await;
+        }
+    }
+
+    /// One lookup and what follows from it; returns the wait until the next.
+    async fn round(&mut self, resolver: &TokioResolver) -> Duration {
+        let lookup = tokio::time::timeout(self.spec.timeout, dns::lookup(resolver, &self.spec));
+        let answer = match lookup.await {
+            Ok(Ok(answer)) if !answer.servers.is_empty() => answer,
+            Ok(Ok(_)) => {
+                self.failed("the answer has no addresses");
+                return self.spec.interval;
+            }
+            Ok(Err(e)) => {
+                self.failed(&e);
+                return self.spec.interval;
+            }
+            Err(_) => {
+                self.failed("no answer within the discover timeout");
+                return self.spec.interval;
+            }
+        };
+        if self.failing {
+            tracing::info!(upstream = %self.upstream, name = %self.spec.name, "discovery: DNS answers again");
+            self.failing = false;
+        }
+        let changed = self.last.as_ref() != Some(&answer.servers);
+        if changed {
+            self.apply(answer.servers.clone());
+        }
+        let servers = self.last.as_ref().map_or(0, Vec::len);
+        self.metrics.lookup(
+            &self.upstream,
+            true,
+            servers,
+            changed && self.last.is_some(),
+        );
+        if self.spec.respect_ttl {
+            answer.ttl.clamp(MIN_WAIT, self.spec.interval.max(MIN_WAIT))
+        } else {
+            self.spec.interval
+        }
+    }
+
+    fn apply(&mut self, servers: Vec<UpstreamServer>) {
+        let names: Vec<&str> = servers.iter().map(|s| s.name.as_str()).collect();
+        match self
+            .applier
+            .discovered(&self.upstream, &self.spec, servers.clone())
+        {
+            Ok(Some(changes)) => {
+                let changes: Vec<String> = changes.iter().map(ToString::to_string).collect();
+                tracing::info!(upstream = %self.upstream, servers = ?names, changes = ?changes, "discovery: servers changed");
+                self.last = Some(servers);
+            }
+            // The pool was removed or changed meanwhile; the supervisor ends this task.
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!(upstream = %self.upstream, error = %e, "discovery: the new servers cannot be applied; keeping the last")
+            }
+        }
+    }
+
+    fn failed(&mut self, error: &str) {
+        let kept = self.last.as_ref().map_or(0, Vec::len);
+        self.metrics.lookup(&self.upstream, false, kept, false);
+        if !self.failing {
+            tracing::warn!(upstream = %self.upstream, name = %self.spec.name, error, kept, "discovery: DNS lookup failed; keeping the last servers");
+            self.failing = true;
+        }
+    }
+}
