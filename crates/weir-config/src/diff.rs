@@ -2,6 +2,8 @@
 //! servers added, removed or changed. The admin API's dry run returns this list, reloads
 //! log it, and `weir ctl diff` prints it.
 
+use std::collections::HashMap;
+
 use crate::model::{Config, Listener, Upstream};
 
 /// How one object changes.
@@ -85,15 +87,25 @@ fn by_name<'a, T: PartialEq>(
     name: impl Fn(&T) -> &String,
     f: &mut dyn FnMut(ChangeKind, Option<&'a T>, Option<&'a T>),
 ) {
+    // Indexed by name: a fleet's listener may have 10,000 routes. The first of two items
+    // with one name is the one found, as a search would.
+    let index = |items: &'a [T]| {
+        let mut by_name: HashMap<&'a String, &'a T> = HashMap::with_capacity(items.len());
+        for item in items {
+            by_name.entry(name(item)).or_insert(item);
+        }
+        by_name
+    };
+    let (old_by_name, new_by_name) = (index(old), index(new));
     for o in old {
-        match new.iter().find(|n| name(n) == name(o)) {
+        match new_by_name.get(name(o)) {
             None => f(ChangeKind::Removed, Some(o), None),
-            Some(n) if n != o => f(ChangeKind::Changed, Some(o), Some(n)),
+            Some(&n) if n != o => f(ChangeKind::Changed, Some(o), Some(n)),
             Some(_) => {}
         }
     }
     for n in new {
-        if !old.iter().any(|o| name(o) == name(n)) {
+        if !old_by_name.contains_key(name(n)) {
             f(ChangeKind::Added, None, Some(n));
         }
     }

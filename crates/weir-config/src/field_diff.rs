@@ -5,6 +5,8 @@
 //! key of a moved route is shown under the route's name. Keys come in sorted order (the
 //! same whichever way the `toml` crate keeps its tables).
 
+use std::collections::HashMap;
+
 use toml::Value;
 
 /// One key whose value differs; `None` where it is absent (its default applies).
@@ -56,12 +58,15 @@ fn walk(path: &str, old: Option<&Value>, new: Option<&Value>, out: &mut Vec<Fiel
             }
         }
         (Some(Value::Array(a)), Some(Value::Array(b))) if keyed(a) && keyed(b) => {
-            let names = a
+            // Indexed by name: a fleet's listener may have 10,000 routes.
+            let (by_a, by_b) = (index(a), index(b));
+            let added = b
                 .iter()
-                .chain(b.iter().filter(|v| find(a, key_of(v)).is_none()));
-            for name in names.filter_map(key_of) {
+                .filter_map(key_of)
+                .filter(|n| !by_a.contains_key(n));
+            for name in a.iter().filter_map(key_of).chain(added) {
                 let at = format!("{path}[{name}]");
-                walk(&at, find(a, Some(name)), find(b, Some(name)), out);
+                walk(&at, by_a.get(name).copied(), by_b.get(name).copied(), out);
             }
         }
         (a, b) if a == b => {}
@@ -91,8 +96,15 @@ fn key_of(v: &Value) -> Option<&str> {
     t.get("name").or_else(|| t.get("addr"))?.as_str()
 }
 
-fn find<'a>(list: &'a [Value], name: Option<&str>) -> Option<&'a Value> {
-    list.iter().find(|v| name.is_some() && key_of(v) == name)
+/// The entries of a keyed list by name (the first of two with one name, as a search would).
+fn index(list: &[Value]) -> HashMap<&str, &Value> {
+    let mut by_name = HashMap::with_capacity(list.len());
+    for v in list {
+        if let Some(name) = key_of(v) {
+            by_name.entry(name).or_insert(v);
+        }
+    }
+    by_name
 }
 
 /// The value as TOML would write it inline, cut at [`MAX_SHOWN`] characters.

@@ -5,6 +5,7 @@
 //! returns an [`Issue`] naming the key, what is wrong and how to fix it. Upstream server
 //! addresses given as `host:port` are resolved here (the crate's only network access).
 
+use std::collections::HashMap;
 use std::net::{Ipv6Addr, SocketAddr, ToSocketAddrs};
 use std::ops::RangeInclusive;
 use std::time::Duration;
@@ -398,6 +399,7 @@ fn routes(
     normalization: &PathNormalization,
 ) -> Result<Vec<Route>, Issue> {
     let mut out: Vec<Route> = Vec::new();
+    let mut earlier = EarlierRoutes::default();
     for (i, raw_route) in raw.unwrap_or_default().into_iter().enumerate() {
         let route = route(raw_route, &path.index(i), upstreams)?;
         path::check_prefix(
@@ -405,46 +407,60 @@ fn routes(
             normalization,
             &path.index(i).key("path_prefix"),
         )?;
-        check_route_against_earlier(&out, &route, &path.index(i))?;
+        earlier.check(&out, &route, &path.index(i))?;
+        earlier.add(&route, i);
         out.push(route);
     }
     Ok(out)
 }
 
-/// Route names are unique per listener, and a route must be able to match something.
-fn check_route_against_earlier(
-    earlier: &[Route],
-    route: &Route,
-    path: &FieldPath,
-) -> Result<(), Issue> {
-    if let Some(i) = earlier.iter().position(|r| r.name == route.name) {
-        return Err(Issue::new(
-            &path.key("name"),
-            format!(
-                "duplicate route name \"{}\" (also routes[{i}] of this listener)",
-                route.name
-            ),
-            "give each route of a listener a unique name",
-        ));
+/// A listener's routes so far, indexed by name and by place (path prefix, exact or not) so
+/// that checking a route against them does not compare it with every earlier one (a fleet's
+/// listener may have 10,000 routes).
+#[derive(Default)]
+struct EarlierRoutes {
+    names: HashMap<String, usize>,
+    places: HashMap<(String, bool), Vec<usize>>,
+}
+
+impl EarlierRoutes {
+    fn add(&mut self, route: &Route, i: usize) {
+        self.names.insert(route.name.clone(), i);
+        let place = (route.path_prefix.clone(), route.matching.exact);
+        self.places.entry(place).or_default().push(i);
     }
-    // An earlier route at the same place takes every request this one could match when it
-    // has no conditions (a catch-all there) or exactly the same ones.
-    let same = |r: &&Route| {
-        r.path_prefix == route.path_prefix
-            && r.matching.exact == route.matching.exact
-            && same_hosts(&r.hosts, &route.hosts)
-            && (!r.matching.has_conditions() || r.matching == route.matching)
-    };
-    match earlier.iter().find(same) {
-        None => Ok(()),
-        Some(first) => Err(Issue::new(
-            &path.key("path_prefix"),
-            format!(
-                "route \"{}\" has the same hosts and path_prefix \"{}\" as route \"{}\" (which has no method, header or query conditions, or the same ones), so it could never match",
-                route.name, route.path_prefix, first.name
-            ),
-            "change its hosts or path_prefix, or remove one of the two routes",
-        )),
+
+    /// Route names are unique per listener, and a route must be able to match something.
+    fn check(&self, earlier: &[Route], route: &Route, path: &FieldPath) -> Result<(), Issue> {
+        if let Some(i) = self.names.get(&route.name) {
+            return Err(Issue::new(
+                &path.key("name"),
+                format!(
+                    "duplicate route name \"{}\" (also routes[{i}] of this listener)",
+                    route.name
+                ),
+                "give each route of a listener a unique name",
+            ));
+        }
+        // An earlier route at the same place takes every request this one could match when
+        // it has no conditions (a catch-all there) or exactly the same ones.
+        let place = (route.path_prefix.clone(), route.matching.exact);
+        let same = |r: &&Route| {
+            same_hosts(&r.hosts, &route.hosts)
+                && (!r.matching.has_conditions() || r.matching == route.matching)
+        };
+        let at_place = self.places.get(&place).map_or(&[][..], Vec::as_slice);
+        match at_place.iter().map(|&i| &earlier[i]).find(same) {
+            None => Ok(()),
+            Some(first) => Err(Issue::new(
+                &path.key("path_prefix"),
+                format!(
+                    "route \"{}\" has the same hosts and path_prefix \"{}\" as route \"{}\" (which has no method, header or query conditions, or the same ones), so it could never match",
+                    route.name, route.path_prefix, first.name
+                ),
+                "change its hosts or path_prefix, or remove one of the two routes",
+            )),
+        }
     }
 }
 

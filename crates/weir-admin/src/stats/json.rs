@@ -149,11 +149,11 @@ impl View<'_> {
         let empty = VecDeque::new();
         let points = self.ring.series.get(key).unwrap_or(&empty);
         let ticks = &self.ring.ticks;
-        let pairs: Vec<(&Tick, &Point)> = ticks
-            .iter()
-            .skip(ticks.len().saturating_sub(points.len()))
-            .zip(points)
-            .collect();
+        // A series is aligned with the newest ticks; the ticks before its first point were
+        // idle ones (`Ring::record` keeps no zeros in front).
+        let zero = Point::default();
+        let idle = std::iter::repeat_n(&zero, ticks.len().saturating_sub(points.len()));
+        let pairs: Vec<(&Tick, &Point)> = ticks.iter().zip(idle.chain(points)).collect();
         let recent = &pairs[pairs.len().saturating_sub(self.window)..];
         let now = (!recent.is_empty()).then(|| Sum::of(recent).rates(cps));
         let mut series: Map<String, Json> = Map::new();

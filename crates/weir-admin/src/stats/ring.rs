@@ -3,8 +3,9 @@
 //!
 //! Objects are known by name, so a reload that keeps a name keeps its history (as the
 //! metrics keep their counts, `weir_core::metrics::layout`); an object that leaves the
-//! config leaves the history with it. Memory is bounded by the objects of the config times
-//! `points` ([`Point`] is 72 bytes).
+//! config leaves the history with it. Memory is bounded by the objects with traffic in the
+//! window times `points` ([`Point`] is 72 bytes); an idle object's series is dropped and
+//! reads as zeros.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
@@ -78,7 +79,8 @@ pub struct Ring {
     /// The last `points` ticks, oldest first; the newest is `seq`.
     pub ticks: VecDeque<Tick>,
     /// Each object's points, oldest first; the last is at the newest tick (an object that
-    /// came later has fewer).
+    /// came later, or was idle before, has fewer: the ticks before its first point are
+    /// zeros; one idle for the whole window has none).
     pub series: HashMap<Key, VecDeque<Point>>,
     /// The counts at the last sample, to take the next one's differences from.
     last: HashMap<Key, Count>,
@@ -118,13 +120,24 @@ impl Ring {
                 points,
             );
             for (key, count) in &counts {
-                if let Some(old) = self.last.get(key) {
-                    let series = self.series.entry(key.clone()).or_default();
-                    push_bounded(series, Point::between(old, count), points);
+                let Some(old) = self.last.get(key) else {
+                    continue;
+                };
+                let point = Point::between(old, count);
+                match self.series.get_mut(key) {
+                    Some(series) => push_bounded(series, point, points),
+                    None if point != Point::default() => {
+                        self.series.insert(key.clone(), VecDeque::from([point]));
+                    }
+                    None => {}
                 }
             }
         }
-        self.series.retain(|key, _| counts.contains_key(key));
+        // An object idle for the whole window keeps no series (it reads as zeros): a
+        // fleet's 10,000 routes, most of them quiet, would otherwise hold `points` each.
+        self.series.retain(|key, series| {
+            counts.contains_key(key) && series.iter().any(|p| *p != Point::default())
+        });
         self.last = counts;
         self.last_at = Some(now);
     }
@@ -215,5 +228,28 @@ mod tests {
         ring.configure(None);
         ring.record(HashMap::from([(route("b"), count(9, 0))]), now, ms);
         assert!(ring.last.is_empty() && ring.ticks.is_empty());
+    }
+
+    #[test]
+    fn an_idle_object_keeps_no_points() {
+        let mut ring = Ring::default();
+        ring.configure(Some(DashboardSettings {
+            interval: Duration::from_secs(1),
+            history: Duration::from_secs(3),
+        }));
+        let t0 = Instant::now();
+        // "a" serves at the first interval only, "b" never: "a" keeps its series until
+        // its busy point leaves the window (three points), "b" never has one; the first
+        // sample is the baseline.
+        for (i, a) in [(0, 5), (1, 9), (2, 9), (3, 9), (4, 9)] {
+            let counts = HashMap::from([(route("a"), count(a, 0)), (route("b"), count(7, 0))]);
+            ring.record(counts, t0 + Duration::from_secs(i), 1_000 * i);
+            assert!(!ring.series.contains_key(&route("b")), "sample {i}");
+            assert_eq!(
+                ring.series.contains_key(&route("a")),
+                (1..4).contains(&i),
+                "sample {i}"
+            );
+        }
     }
 }

@@ -6,6 +6,8 @@
 //! the life of the process; a snapshot carries the [`SlotMap`] from its config positions to
 //! those slots. A removed object's slot stays (unexported); re-added, it counts on.
 
+use std::collections::HashMap;
+
 use weir_config::Config;
 
 /// Slot 0 of every listener: requests no route matched.
@@ -24,6 +26,9 @@ struct Named {
     name: String,
     /// For a listener, slot 0 is the "no route" slot (named "").
     children: Vec<String>,
+    /// The slot of each named child (not the "no route" slot): a fleet's listener may have
+    /// 10,000 routes, each looked up on every change.
+    slots: HashMap<String, usize>,
 }
 
 /// A snapshot's map from config positions to slots.
@@ -99,21 +104,22 @@ fn assign<'a>(
             parents.push(Named {
                 name: name.to_string(),
                 children: initial,
+                slots: HashMap::new(),
             });
             parents.len() - 1
         }
     };
-    let known = &mut parents[slot].children;
+    let known = &mut parents[slot];
     let children = children
-        .map(
-            |c| match known.iter().position(|k| k == c && !k.is_empty()) {
-                Some(i) => i,
-                None => {
-                    known.push(c.clone());
-                    known.len() - 1
-                }
-            },
-        )
+        .map(|c| match known.slots.get(c) {
+            Some(&i) => i,
+            None => {
+                known.children.push(c.clone());
+                let i = known.children.len() - 1;
+                known.slots.insert(c.clone(), i);
+                i
+            }
+        })
         .collect();
     ParentSlots { slot, children }
 }
