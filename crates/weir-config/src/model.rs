@@ -713,6 +713,9 @@ pub struct RedisSettings {
     pub ca: Option<PemFile>,
     /// A client certificate (chain) and key for `rediss://` servers that ask.
     pub client_cert: Option<PemCertKey>,
+    /// A file holding the password (read at each connect, so a rotated one is picked up);
+    /// the url then has none.
+    pub password_file: Option<std::path::PathBuf>,
     /// Connecting and each exchange with Redis: longer counts as Redis being down.
     pub timeout: Duration,
     /// How often an instance sends its counts and reads back the fleet's.

@@ -46,6 +46,7 @@ pub(crate) fn resolve(raw: &mut RawConfig, base: &Path) -> Vec<RelativePath> {
     for (name, r) in redis {
         let at = root.key("cluster").key("redis").key(name);
         out.fix(&mut r.ca, &at.key("ca"));
+        out.fix(&mut r.password_file, &at.key("password_file"));
         if let Some(c) = r.client_cert.as_mut() {
             out.cert_key(c, &at.key("client_cert"));
         }

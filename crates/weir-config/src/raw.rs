@@ -32,6 +32,7 @@ pub(crate) struct RawRedis {
     pub url: Option<String>,
     pub ca: Option<String>,
     pub client_cert: Option<RawCertKey>,
+    pub password_file: Option<String>,
     pub timeout: Option<String>,
     pub sync_interval: Option<String>,
     pub prefix: Option<String>,

@@ -1,7 +1,8 @@
 //! Shared rate limits (`rate_limit = { ..., shared = "main" }` with `[cluster.redis.main]`)
 //! against a real Redis (`redis-server` started on a free port by the test kit): two Weir
 //! instances count one limit, and a Redis outage gives `on_error`'s behaviour, a metric,
-//! and local limiting meanwhile; `rediss://` with a CA and a client certificate. Skipped with a message where `redis-server` is missing,
+//! and local limiting meanwhile; `rediss://` with a CA and a client certificate; a password
+//! from `password_file`. Skipped with a message where `redis-server` is missing,
 //! unless `WEIR_REQUIRE_REDIS` is set (`.ci/run` sets it once Redis is installed).
 
 mod common;
@@ -199,4 +200,33 @@ async fn counts_over_tls_with_a_client_certificate() {
     assert_eq!(status(&without, "/limited").await, 200, "on_error = allow");
     without.wait_metric(UP, 0).await;
     assert!(without.metric(SYNCS_FAILED) >= 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn authenticates_with_the_password_file() {
+    let Some(redis) = RedisServer::start() else {
+        return;
+    };
+    // A Redis user "edge" with a password; the default user stays open for the test's
+    // own commands.
+    assert_eq!(redis.command("ACL SETUSER edge on >s3cret ~* +@all"), "+OK");
+    let files = weir_testkit::certs::CertDir::new();
+    let url = format!("redis://edge@{}", redis.addr);
+    let limit = r#"{ rate = "1/h", burst = 5, key = "route", shared = "main" }"#;
+    let keys =
+        |file: &std::path::Path| format!("url = \"{url}\"\npassword_file = \"{}\"", file.display());
+    let good = weir_with(
+        &keys(&files.write("good", "s3cret\n")),
+        &[("limited", limit)],
+    );
+    assert_eq!(status(&good, "/limited").await, 200);
+    good.wait_metric(UP, 1).await;
+    let synced = wait_until_async(WAIT, || good.metric_now(SYNCS_OK).unwrap_or(0) >= 1).await;
+    assert!(synced, "synced as edge:\n{}", good.metrics_text());
+    // The same user with another password is refused: Redis counts as down.
+    let bad = weir_with(&keys(&files.write("bad", "wrong\n")), &[("limited", limit)]);
+    assert_eq!(status(&bad, "/limited").await, 200, "on_error = allow");
+    bad.wait_metric(UP, 0).await;
+    assert!(bad.metric(SYNCS_FAILED) >= 1);
+    assert_eq!(bad.metric_now(SYNCS_OK).unwrap_or(0), 0);
 }

@@ -4,6 +4,7 @@
 //! `[cluster]`'s `node`, `etcd` and `binds` (the fleet in etcd) validate in
 //! `crate::cluster`; each part in its own function.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use super::{check_name, duration};
@@ -45,6 +46,7 @@ fn redis_settings(name: String, raw: RawRedis, path: &FieldPath) -> Result<Redis
             ));
         }
     }
+    let password_file = password_file(raw.password_file, &url, &path.key("password_file"))?;
     let sync_path = path.key("sync_interval");
     let sync_interval = duration(raw.sync_interval, "100ms", &sync_path, true)?;
     if sync_interval > MAX_SYNC_INTERVAL {
@@ -75,9 +77,41 @@ fn redis_settings(name: String, raw: RawRedis, path: &FieldPath) -> Result<Redis
         timeout: duration(raw.timeout, "1s", &path.key("timeout"), true)?,
         name,
         url,
+        password_file,
         sync_interval,
         prefix,
     })
+}
+
+/// The password file of a Redis: readable now (`weir check` says so at once), and the only
+/// password given.
+fn password_file(
+    raw: Option<String>,
+    url: &str,
+    path: &FieldPath,
+) -> Result<Option<PathBuf>, Issue> {
+    let Some(file) = raw else {
+        return Ok(None);
+    };
+    let in_url = url
+        .split_once("://")
+        .and_then(|(_, rest)| rest.rsplit_once('@'))
+        .is_some_and(|(auth, _)| auth.contains(':'));
+    if in_url {
+        return Err(Issue::new(
+            path,
+            "the url has a password and password_file gives another",
+            "remove the password from the url (keep the user: redis://USER@HOST:PORT), or remove password_file",
+        ));
+    }
+    if let Err(e) = std::fs::metadata(&file).and_then(|_| std::fs::File::open(&file)) {
+        return Err(Issue::new(
+            path,
+            format!("cannot read password_file {file}: {e}"),
+            "give a readable file holding the password (a trailing newline is ignored)",
+        ));
+    }
+    Ok(Some(PathBuf::from(file)))
 }
 
 /// `redis://host:port[/db]` or `rediss://...`; the rest is checked by the client.
@@ -294,5 +328,39 @@ mod tests {
         assert_eq!(redact("redis://:secret@h:6379"), "redis://:***@h:6379");
         assert_eq!(redact("redis://u:secret@h:6379"), "redis://u:***@h:6379");
         assert_eq!(redact("redis://h:6379"), "redis://h:6379");
+    }
+
+    #[test]
+    fn a_password_file_is_readable_and_the_only_password() {
+        let at = "cluster.redis.main.password_file";
+        let limit = r#"{ rate = "10/s", shared = "main" }"#;
+        let file = std::env::temp_dir().join(format!("weir-redis-pw-{}", std::process::id()));
+        std::fs::write(&file, "s3cret\n").expect("write");
+        let redis = |url: &str, file: &str| {
+            let table =
+                format!("[cluster.redis.main]\nurl = \"{url}\"\npassword_file = \"{file}\"\n");
+            with_limit(limit, &table)
+        };
+        let given = file.display().to_string();
+        let config = crate::parse_str(&redis("redis://edge@r:6379", &given), "t").expect("valid");
+        let main = config.cluster.redis("main").expect("main");
+        assert_eq!(main.password_file.as_deref(), Some(file.as_path()));
+        let both = redis("redis://edge:pw@r:6379", &given);
+        check(
+            &both,
+            at,
+            10,
+            "the url has a password",
+            "redis://USER@HOST:PORT",
+        );
+        let missing = redis("redis://r:6379", "/nonexistent/weir-pw");
+        check(
+            &missing,
+            at,
+            10,
+            "cannot read password_file",
+            "readable file",
+        );
+        let _ = std::fs::remove_file(file);
     }
 }

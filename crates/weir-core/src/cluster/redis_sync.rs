@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, Client, Script};
+use redis::{AsyncConnectionConfig, Client, IntoConnectionInfo, Script};
 use tokio::sync::mpsc;
 use weir_config::{RateKey, RedisSettings};
 
@@ -190,10 +190,21 @@ fn timed_out() -> redis::RedisError {
     ))
 }
 
-/// The client of `settings` (TLS with its CA and client certificate for `rediss://`).
+/// The client of `settings` (TLS with its CA and client certificate for `rediss://`), with
+/// the password of its `password_file`, read now: a rotated password is used from the next
+/// connect.
 fn client(settings: &RedisSettings) -> redis::RedisResult<Client> {
+    let mut info = settings.url.as_str().into_connection_info()?;
+    if let Some(file) = &settings.password_file {
+        let password = std::fs::read_to_string(file)?;
+        let auth = info
+            .redis_settings()
+            .clone()
+            .set_password(password.trim_end_matches(['\r', '\n']));
+        info = info.set_redis_settings(auth);
+    }
     if settings.ca.is_none() && settings.client_cert.is_none() {
-        return Client::open(settings.url.as_str());
+        return Client::open(info);
     }
     let certs = redis::TlsCertificates {
         client_tls: settings
@@ -205,7 +216,7 @@ fn client(settings: &RedisSettings) -> redis::RedisResult<Client> {
             }),
         root_cert: settings.ca.as_ref().map(|c| c.contents.clone()),
     };
-    Client::build_with_tls(settings.url.as_str(), certs)
+    Client::build_with_tls(info, certs)
 }
 
 /// `PREFIX rl: NAME : KEY`, the key a client address written as text.

@@ -235,6 +235,7 @@ mod tests {
             url: "redis://127.0.0.1:1".into(),
             ca: None,
             client_cert: None,
+            password_file: None,
             timeout: Duration::from_secs(1),
             sync_interval: Duration::from_millis(50),
             prefix: "weir:".into(),
