@@ -403,3 +403,33 @@ async fn a_half_closed_rfc_8441_tunnel_is_ended_after_tunnel_fin_timeout() {
     assert_eq!(weir.tunnel_timeouts(), (0, 1));
     recorded_without_abort(&weir).await;
 }
+
+/// A handshake whose first server refuses the connection is tried on the next one (nothing
+/// was sent, so it is a retry like any request's), and the tunnel works there.
+#[tokio::test]
+async fn a_refused_handshake_is_retried_on_another_server() {
+    let backend = WsBackend::echo();
+    let dead = common::dead_port();
+    let retry = [
+        "[upstreams.up.retry]",
+        "attempts = 1",
+        "on = [\"connect_error\"]",
+        "[upstreams.up.passive]",
+        "max_fails = 0",
+    ];
+    let weir = common::Conf::new()
+        .route("all", "up", &[])
+        .upstream("up", &[dead.addr, backend.addr()], &retry)
+        .start();
+    let mut client = connect(weir.addr).await;
+    // Round robin: the first handshake goes to the dead server first (so may the second:
+    // the retry's pick moves the round on).
+    for round in 0..2 {
+        let (response, mut up) = tunnel_response(&mut client, "/chat").await;
+        assert_eq!(response.status(), StatusCode::OK, "round {round}");
+        let mut body = response.into_body();
+        echo_once(&mut up, &mut body, b"hi", false).await;
+    }
+    assert_eq!(backend.heads().len(), 2);
+    assert!(weir.metric("weir_upstream_retries_total{upstream=\"up\"}") >= 1);
+}
