@@ -3,6 +3,7 @@
 //!   in live, lock-free for handshakes), its status for `weir ctl get certs`, and the
 //!   process registry that keeps one per storage and name set across config reloads;
 //! - `storage`: the files (0600 keys, whole writes) and the storage lock;
+//! - `shared`: the fleet's store (etcd) the files are shared through, its order lock;
 //! - `internal`: the local CA and the leaves it issues;
 //! - `challenge`: the HTTP-01 tokens and TLS-ALPN-01 certificates being validated;
 //! - `acme`: one ACME order, from account to certificate;
@@ -13,6 +14,7 @@ pub mod acme;
 pub mod challenge;
 mod internal;
 pub mod manager;
+pub mod shared;
 pub mod storage;
 
 use std::collections::HashMap;
@@ -238,6 +240,14 @@ type Key = (PathBuf, Vec<String>, Source);
 fn registry() -> &'static Mutex<HashMap<Key, Weak<AutoCerts>>> {
     static REGISTRY: OnceLock<Mutex<HashMap<Key, Weak<AutoCerts>>>> = OnceLock::new();
     REGISTRY.get_or_init(Default::default)
+}
+
+/// The automatic certificates of the process in use (by any snapshot).
+fn live() -> Vec<Arc<AutoCerts>> {
+    registry()
+        .lock()
+        .map(|map| map.values().filter_map(Weak::upgrade).collect())
+        .unwrap_or_default()
 }
 
 /// The automatic certificate of `tls`, if it has one: the one already in use for the same
