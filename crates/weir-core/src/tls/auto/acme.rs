@@ -17,9 +17,7 @@ use instant_acme::{
 };
 use weir_config::{Acme, AcmeChallenge};
 
-use std::sync::atomic::Ordering;
-
-use super::shared::{self, Challenge, Fence, File, Store};
+use super::shared::{self, Challenge, Fence, File};
 use super::storage::{self, Lock};
 use super::{challenge, AutoCerts};
 
@@ -161,7 +159,7 @@ pub async fn order(auto: &AutoCerts, acme: &Acme) -> Result<Outcome, OrderError>
     };
     let fence = match shared::get() {
         None => None,
-        Some(store) => match fleet_lock(store.as_ref(), auto).await? {
+        Some(store) => match shared::lock(store.as_ref(), auto).await? {
             Some(fence) => Some(fence),
             None => return Ok(Outcome::NotNeeded),
         },
@@ -186,70 +184,13 @@ pub async fn order(auto: &AutoCerts, acme: &Acme) -> Result<Outcome, OrderError>
         let csr = params.serialize_request(&key).map_err(|e| e.to_string())?;
         order.finalize_csr(csr.der()).await?;
         let chain = order.poll_certificate(&polling()).await?;
-        save(
-            auto,
-            fence.as_ref(),
-            chain.as_bytes(),
-            key.serialize_pem().as_bytes(),
-        )
-        .await?;
+        let key = key.serialize_pem();
+        shared::save(auto, fence.as_ref(), chain.as_bytes(), key.as_bytes()).await?;
         Ok(Outcome::Ordered)
     }
     .await;
     pending.clear();
     result
-}
-
-/// The fleet's lock of `auto`'s name set, after installing what another instance wrote;
-/// `None` while another instance holds it (it orders; its result arrives by the store).
-async fn fleet_lock(store: &dyn Store, auto: &AutoCerts) -> Result<Option<Fence>, OrderError> {
-    let item = storage::stem(&auto.names, auto.source.label());
-    let fence = store.lock(&item).await?;
-    if fence.is_none() {
-        shared::LOCK_WAITS.fetch_add(1, Ordering::Relaxed);
-        tracing::info!(names = %auto.names.join(","), "another instance of the fleet is ordering this certificate; waiting for it");
-    }
-    if let Err(e) = shared::pull(store, auto).await {
-        tracing::warn!(names = %auto.names.join(","), error = %e, "certificate from the fleet not installed");
-    }
-    Ok(fence)
-}
-
-/// Writes the new certificate and key: to the fleet's store first (one transaction, only
-/// while `fence` still holds the lock), then to the storage files, and installs them.
-async fn save(
-    auto: &AutoCerts,
-    fence: Option<&Fence>,
-    chain: &[u8],
-    key: &[u8],
-) -> Result<(), OrderError> {
-    let files = auto.files();
-    if let (Some(store), Some(fence)) = (shared::get(), fence) {
-        let pair = vec![
-            File {
-                name: shared::file_name(&files.cert),
-                contents: chain.to_vec(),
-                private: false,
-            },
-            File {
-                name: shared::file_name(&files.key),
-                contents: key.to_vec(),
-                private: true,
-            },
-        ];
-        if !store.write(Some(fence), pair).await? {
-            return Err(
-                "the fleet's order lock was lost (its lease expired, etcd unreachable \
-                        too long) before the certificate was written; the order is dropped"
-                    .to_string()
-                    .into(),
-            );
-        }
-    }
-    storage::write_pair(&files.cert, chain, &files.key, key)
-        .map_err(|e| format!("certificate and key: {e}"))?;
-    auto.installed().map_err(|e| e.to_string())?;
-    Ok(())
 }
 
 fn polling() -> RetryPolicy {

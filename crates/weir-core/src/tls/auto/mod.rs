@@ -288,17 +288,19 @@ pub fn obtain(tls: &Tls) -> Result<Option<Arc<AutoCerts>>, TlsError> {
         status: Mutex::new(Status::default()),
     });
     let stored = auto.load_stored();
-    if source == Source::Internal && stored.as_ref().is_ok_and(|all| !all) {
+    // A fleet's instance issues from the fleet's CA, through the manager (a second later).
+    let issue_now = source == Source::Internal && shared::get().is_none();
+    if issue_now && stored.as_ref().is_ok_and(|all| !all) {
         // Issuing is local and cheap: a certificate for every name at once.
         internal::issue(&auto.storage, &auto.names, internal_lifetime(&auto))?;
         auto.load_stored()?;
     }
     if let Err(e) = stored {
-        if source == Source::Internal {
+        if issue_now {
             internal::issue(&auto.storage, &auto.names, internal_lifetime(&auto))?;
             auto.load_stored()?;
         } else if auto.files().cert.exists() {
-            tracing::warn!(error = %e, "stored ACME certificate unusable; ordering a new one");
+            tracing::warn!(error = %e, "stored certificate unusable; obtaining a new one");
         }
     }
     map.retain(|_, w| w.strong_count() > 0);

@@ -123,9 +123,125 @@ pub async fn pull(store: &dyn Store, auto: &AutoCerts) -> Result<bool, String> {
     storage::write_pair(&files.cert, &chain, &files.key, &key)
         .map_err(|e| format!("{}: {e}", files.cert.display()))?;
     auto.installed().map_err(|e| e.to_string())?;
+    if auto.source == super::Source::Internal {
+        // The CA too, for clients to be given from any instance (`ca.pem`).
+        adopt_ca(store, &auto.storage).await?;
+    }
     INSTALLS.fetch_add(1, Ordering::Relaxed);
     tracing::info!(names = %auto.names.join(","), "certificate installed from the fleet");
     Ok(true)
+}
+
+/// The fleet's lock of `auto`'s name set, after installing what another instance wrote;
+/// `None` while another instance holds it (its result arrives through the store).
+pub async fn lock(store: &dyn Store, auto: &AutoCerts) -> Result<Option<Fence>, String> {
+    let item = storage::stem(&auto.names, auto.source.label());
+    let fence = store.lock(&item).await?;
+    if fence.is_none() {
+        LOCK_WAITS.fetch_add(1, Ordering::Relaxed);
+        tracing::info!(names = %auto.names.join(","), "another instance of the fleet is obtaining this certificate; waiting for it");
+    }
+    if let Err(e) = pull(store, auto).await {
+        tracing::warn!(names = %auto.names.join(","), error = %e, "certificate from the fleet not installed");
+    }
+    Ok(fence)
+}
+
+/// Writes a new certificate and key: to the fleet's store first (one transaction, only
+/// while `fence` still holds the lock), then to the storage files, and installs them.
+pub async fn save(
+    auto: &AutoCerts,
+    fence: Option<&Fence>,
+    chain: &[u8],
+    key: &[u8],
+) -> Result<(), String> {
+    let files = auto.files();
+    if let (Some(store), Some(fence)) = (get(), fence) {
+        let pair = pair(&files.cert, chain.to_vec(), &files.key, key.to_vec());
+        if !store.write(Some(fence), pair).await? {
+            return Err(
+                "the fleet's lock was lost (its lease expired: etcd unreachable too \
+                        long) before the certificate was written; it is dropped"
+                    .to_string(),
+            );
+        }
+    }
+    storage::write_pair(&files.cert, chain, &files.key, key)
+        .map_err(|e| format!("certificate and key: {e}"))?;
+    auto.installed().map_err(|e| e.to_string())
+}
+
+/// Issues `auto`'s certificate from the fleet's internal CA: under the name set's lock,
+/// unless another instance's is installed meanwhile; `Ok(false)`: not issued here.
+pub async fn issue_internal(
+    store: &dyn Store,
+    auto: &AutoCerts,
+    lifetime: std::time::Duration,
+) -> Result<bool, String> {
+    let Some(fence) = lock(store, auto).await? else {
+        return Ok(false);
+    };
+    if auto.load_stored().is_ok() && !auto.needs_renewal(super::unix_now()) {
+        return Ok(false);
+    }
+    if !fleet_ca(store, &auto.storage).await? {
+        return Ok(false);
+    }
+    super::internal::issue(&auto.storage, &auto.names, lifetime).map_err(|e| e.to_string())?;
+    let files = auto.files();
+    let read = |p: &std::path::Path| std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()));
+    let (chain, key) = (read(&files.cert)?, read(&files.key)?);
+    save(auto, Some(&fence), &chain, &key).await?;
+    Ok(true)
+}
+
+/// Makes the fleet's CA this storage directory's: the one in the store, or (none there
+/// yet) this directory's, made if missing, written to the store. Under the store's `ca`
+/// lock, so two instances never make two CAs; `Ok(false)`: another instance holds it.
+async fn fleet_ca(store: &dyn Store, dir: &std::path::Path) -> Result<bool, String> {
+    let Some(fence) = store.lock("ca").await? else {
+        return Ok(false);
+    };
+    if adopt_ca(store, dir).await? {
+        return Ok(true);
+    }
+    let (cert, key) = (dir.join("ca.pem"), dir.join("ca.key"));
+    super::internal::make_ca(dir).map_err(|e| e.to_string())?;
+    let read = |p: &std::path::Path| std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()));
+    let files = pair(&cert, read(&cert)?, &key, read(&key)?);
+    store.write(Some(&fence), files).await
+}
+
+/// Writes the fleet's CA into `dir` (over another one there); `false`: the store has none.
+async fn adopt_ca(store: &dyn Store, dir: &std::path::Path) -> Result<bool, String> {
+    let (cert, key) = (dir.join("ca.pem"), dir.join("ca.key"));
+    let names = [file_name(&cert), file_name(&key)];
+    let mut got = store.read(&names).await?.into_iter();
+    let (Some(Some(pem)), Some(Some(private))) = (got.next(), got.next()) else {
+        return Ok(false);
+    };
+    if std::fs::read(&cert).ok().as_ref() != Some(&pem) {
+        storage::write_pair(&cert, &pem, &key, &private)
+            .map_err(|e| format!("{}: {e}", cert.display()))?;
+        tracing::info!(ca = %cert.display(), "the fleet's internal CA installed");
+    }
+    Ok(true)
+}
+
+/// A certificate and its (private) key as files of the store.
+fn pair(cert: &std::path::Path, chain: Vec<u8>, key: &std::path::Path, pem: Vec<u8>) -> Vec<File> {
+    vec![
+        File {
+            name: file_name(cert),
+            contents: chain,
+            private: false,
+        },
+        File {
+            name: file_name(key),
+            contents: pem,
+            private: true,
+        },
+    ]
 }
 
 /// A stored file's name in the store (its name in the storage directory).

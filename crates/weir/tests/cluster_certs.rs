@@ -1,9 +1,9 @@
 //! Certificates across a fleet: two `weir run` processes sharing their config and their
-//! ACME certificates through a real etcd (etcd_support), ordering from a real pebble
+//! automatic certificates through a real etcd (etcd_support), ordering from a real pebble
 //! (pebble_support); skipped without either. One order reaches pebble for a name and
 //! both instances serve its certificate; the private keys in etcd are sealed, not PEM;
 //! an instance killed while it holds the order lock holds it no longer than its lease,
-//! and the other then orders.
+//! and the other then orders. The internal CA is the fleet's one, and so is its leaf.
 //!
 //! Pebble validates HTTP-01 through a balancer in front of both instances (a round-robin
 //! TCP forwarder, as a fleet runs behind one), so the instance that did not order answers
@@ -176,6 +176,84 @@ fn raw(etcd: &Etcd, key: &str) -> String {
         .expect("etcdctl get")
 }
 
+/// Both instances of `fleet` serve one certificate for [`NAME`].
+fn same_certificate(fleet: &[Weir]) {
+    wait_for("both instances to serve the certificate", || {
+        let got: Vec<Option<String>> = fleet.iter().map(|w| presented_at(https(w), NAME)).collect();
+        got[0].is_some() && got[0] == got[1]
+    });
+}
+
+/// The keys under `PREFIX/certs/files/`, after checking each private one is sealed.
+fn files_in_etcd(etcd: &Etcd, prefix: &str) -> Vec<String> {
+    let listing = etcd
+        .etcdctl(
+            0,
+            &[
+                "get",
+                "--prefix",
+                "--keys-only",
+                &format!("{prefix}/certs/files/"),
+            ],
+        )
+        .expect("etcdctl get");
+    let keys: Vec<String> = listing
+        .lines()
+        .filter(|l| !l.is_empty())
+        .map(str::to_owned)
+        .collect();
+    for key in &keys {
+        let value = raw(etcd, key);
+        if key.ends_with(".pem") {
+            assert!(value.contains("BEGIN CERTIFICATE"), "{key}");
+        } else {
+            assert!(value.starts_with("weir-aead-1:"), "{key} is sealed");
+            assert!(
+                !value.contains("PRIVATE KEY") && !value.contains("\"n\""),
+                "{key}"
+            );
+        }
+    }
+    keys
+}
+
+#[test]
+fn the_internal_ca_and_its_certificate_are_the_fleets() {
+    let Some(etcd) = etcd_and_etcdctl() else {
+        return;
+    };
+    let etcd = Etcd::start(etcd, 1);
+    let dir = TempDir::new("fleet-ca");
+    let prefix = "/t/ca";
+    let files = [
+        member(&dir, "a", &etcd, prefix),
+        member(&dir, "b", &etcd, prefix),
+    ];
+    let text = format!(
+        "[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\n\
+         [[listeners.routes]]\nname = \"all\"\nrespond = {{ status = 200 }}\n\
+         [[listeners]]\nname = \"https\"\nbind = \"127.0.0.1:0\"\nhttp_bind = \"off\"\n\
+         tls = {{ internal_ca = {{ storage = \"ca\" }} }}\n\
+         [[listeners.routes]]\nname = \"app\"\nhosts = [\"{NAME}\"]\nrespond = {{ status = 200 }}\n"
+    );
+    push(&dir, &files[0], &text);
+    let fleet: Vec<Weir> = files.iter().map(|f| Weir::start_file(f)).collect();
+    same_certificate(&fleet);
+    let ca = |node: &str| std::fs::read(dir.path().join(node).join("ca/ca.pem")).expect("ca.pem");
+    assert_eq!(ca("a"), ca("b"), "one CA for the fleet");
+    let keys = files_in_etcd(&etcd, prefix);
+    assert_eq!(
+        keys.len(),
+        4,
+        "the CA and the certificate, each with its key: {keys:?}"
+    );
+    let installs: f64 = fleet
+        .iter()
+        .map(|w| metric(w, "weir_acme_fleet_installs_total{}"))
+        .sum();
+    assert_eq!(installs, 1.0, "one instance issued, the other installed it");
+}
+
 #[test]
 fn one_order_for_the_fleet_both_serve_it_and_keys_in_etcd_are_sealed() {
     let (Some(pebble), Some(etcd)) = (pebble_dir(), etcd_and_etcdctl()) else {
@@ -195,12 +273,7 @@ fn one_order_for_the_fleet_both_serve_it_and_keys_in_etcd_are_sealed() {
     let fleet: Vec<Weir> = files.iter().map(|f| Weir::start_file(f)).collect();
     balancer.set(fleet.iter().map(|w| w.addr).collect());
 
-    let served =
-        || -> Vec<Option<String>> { fleet.iter().map(|w| presented_at(https(w), NAME)).collect() };
-    wait_for("both instances to serve the certificate", || {
-        let got = served();
-        got[0].is_some() && got[0] == got[1]
-    });
+    same_certificate(&fleet);
     // Counted once the order's task ends, just after the certificate went into use.
     let count = || -> Vec<f64> { fleet.iter().map(valid_orders).collect() };
     wait_for("the order to be counted", || {
@@ -229,31 +302,8 @@ fn one_order_for_the_fleet_both_serve_it_and_keys_in_etcd_are_sealed() {
     );
 
     // In etcd: the certificate as PEM, its key and the account sealed.
-    let listing = etcd
-        .etcdctl(
-            0,
-            &[
-                "get",
-                "--prefix",
-                "--keys-only",
-                &format!("{prefix}/certs/files/"),
-            ],
-        )
-        .expect("etcdctl get");
-    let keys: Vec<&str> = listing.lines().filter(|l| !l.is_empty()).collect();
+    let keys = files_in_etcd(&etcd, prefix);
     assert_eq!(keys.len(), 3, "certificate, key and account: {keys:?}");
-    for key in keys {
-        let value = raw(&etcd, key);
-        if key.ends_with(".pem") {
-            assert!(value.contains("BEGIN CERTIFICATE"), "{key}");
-        } else {
-            assert!(value.starts_with("weir-aead-1:"), "{key} is sealed");
-            assert!(
-                !value.contains("PRIVATE KEY") && !value.contains("\"n\""),
-                "{key}"
-            );
-        }
-    }
 }
 
 #[test]
