@@ -351,3 +351,46 @@ pub fn check_local_file(text: &str, file: &str) -> Result<(), crate::ConfigError
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    fn with_key(contents: &[u8], mode: u32) -> Result<crate::Config, crate::ConfigError> {
+        let dir = std::env::temp_dir().join(format!("weir-fleet-key-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(format!("key-{}-{mode:o}", contents.len()));
+        std::fs::write(&path, contents).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+        let text = format!(
+            "[cluster]\nnode = \"a\"\nkey_file = {:?}\netcd = {{ endpoints = [\"http://127.0.0.1:2379\"], prefix = \"/w\" }}\n",
+            path.display().to_string()
+        );
+        crate::parse_str(&text, "local.toml")
+    }
+
+    #[test]
+    fn key_file_holds_a_256_bit_key_in_hex_or_raw() {
+        let hex = format!("{}\n", "0f".repeat(32));
+        let config = with_key(hex.as_bytes(), 0o600).unwrap();
+        let key = config.cluster.etcd.unwrap().cert_key.unwrap();
+        assert_eq!(key.bytes, [0x0f; 32]);
+        assert!(!key.group_or_world_readable);
+        assert!(!format!("{key:?}").contains("15"), "never printed");
+        let raw = with_key(&[9u8; 32], 0o644).unwrap();
+        let key = raw.cluster.etcd.unwrap().cert_key.unwrap();
+        assert_eq!(key.bytes, [9; 32]);
+        assert!(key.group_or_world_readable, "warned about at start");
+    }
+
+    #[test]
+    fn a_key_file_of_another_length_is_refused_with_the_fix() {
+        let e = with_key(b"short", 0o600).unwrap_err().to_string();
+        assert!(e.contains("holds 5 bytes: expected a 256-bit key"), "{e}");
+        assert!(e.contains("openssl rand -hex 32"), "{e}");
+        assert!(e.starts_with("local.toml:3:1: cluster.key_file:"), "{e}");
+        let text = "[cluster]\nkey_file = \"/k\"\n";
+        let e = crate::parse_str(text, "local.toml").unwrap_err().to_string();
+        assert!(e.contains("[cluster] key_file belongs to a fleet"), "{e}");
+    }
+}
