@@ -3,7 +3,8 @@
 //! (pebble_support); skipped without either. One order reaches pebble for a name and
 //! both instances serve its certificate; the private keys in etcd are sealed, not PEM;
 //! an instance killed while it holds the order lock holds it no longer than its lease,
-//! and the other then orders. The internal CA is the fleet's one, and so is its leaf.
+//! and the other then orders. The internal CA is the fleet's one, and so is its leaf. And
+//! the store alone: a holder whose lease was lost writes nothing (the fencing token).
 //!
 //! Pebble validates HTTP-01 through a balancer in front of both instances (a round-robin
 //! TCP forwarder, as a fleet runs behind one), so the instance that did not order answers
@@ -352,5 +353,64 @@ fn an_instance_killed_holding_the_lock_holds_it_until_its_lease_expires() {
     assert!(
         holder.trim().is_empty(),
         "no lock left after the order: {holder}"
+    );
+}
+
+/// The store itself against etcd: the lock is one holder's at a time, and a holder whose
+/// lease was lost (cut off from etcd past `lease_ttl`) writes nothing, while the next
+/// holder writes a certificate and its key together.
+#[test]
+fn a_write_fenced_by_a_lost_lock_is_refused() {
+    use weir_cluster::certs::{EtcdStore, FleetCerts};
+    use weir_core::tls::auto::shared::{File, Store};
+    let Some(etcd) = etcd_and_etcdctl() else {
+        return;
+    };
+    let etcd = Etcd::start(etcd, 1);
+    let dir = TempDir::new("fleet-fence");
+    let local = member(&dir, "a", &etcd, "/t/fence");
+    let text = std::fs::read_to_string(&local).expect("local file");
+    let config = weir_config::parse_str(&text, "weir.toml").expect("local file parses");
+    let settings = config.cluster.etcd.expect("etcd");
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let client = Arc::new(weir_cluster::etcd::Etcd::new(&settings).expect("client"));
+    let key = settings.cert_key.as_ref().expect("key_file");
+    let store = EtcdStore::new(client, runtime.handle().clone(), &settings, key).expect("store");
+    let store = FleetCerts(Arc::new(store));
+    let pair = |v: &str| {
+        let file = |name: &str, private| File {
+            name: name.to_owned(),
+            contents: format!("{v} {name}").into_bytes(),
+            private,
+        };
+        vec![file("x.pem", false), file("x.key", true)]
+    };
+    runtime.block_on(async {
+        let first = store.lock("x").await.expect("lock").expect("free");
+        assert!(store.lock("x").await.expect("lock").is_none(), "held");
+        let lease = format!("{:x}", first.lease);
+        etcd.etcdctl(0, &["lease", "revoke", &lease])
+            .expect("revoke the holder's lease");
+        let second = store
+            .lock("x")
+            .await
+            .expect("lock")
+            .expect("free once the lease is gone");
+        assert!(second.token > first.token);
+        let stale = store.write(Some(&first), pair("old")).await.expect("write");
+        assert!(!stale, "the old holder's write is refused");
+        assert!(store
+            .write(Some(&second), pair("new"))
+            .await
+            .expect("write"));
+        let names = ["x.pem".to_owned(), "x.key".to_owned()];
+        let got = store.read(&names).await.expect("read");
+        let want = |n: &str| Some(format!("new {n}").into_bytes());
+        assert_eq!(got, vec![want("x.pem"), want("x.key")]);
+    });
+    let sealed = raw(&etcd, "/t/fence/certs/files/x.key");
+    assert!(
+        sealed.starts_with("weir-aead-1:") && !sealed.contains("new"),
+        "{sealed}"
     );
 }

@@ -390,7 +390,9 @@ mod tests {
         assert!(e.contains("openssl rand -hex 32"), "{e}");
         assert!(e.starts_with("local.toml:3:1: cluster.key_file:"), "{e}");
         let text = "[cluster]\nkey_file = \"/k\"\n";
-        let e = crate::parse_str(text, "local.toml").unwrap_err().to_string();
+        let e = crate::parse_str(text, "local.toml")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("[cluster] key_file belongs to a fleet"), "{e}");
     }
 }

@@ -14,7 +14,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use super::{storage, AutoCerts};
 
@@ -156,6 +156,9 @@ pub async fn save(
     key: &[u8],
 ) -> Result<(), String> {
     let files = auto.files();
+    // This process's own write comes back by the watch, maybe before the files below are
+    // written: it is no certificate from the fleet to install.
+    let _saving = Saving::start(file_name(&files.cert));
     if let (Some(store), Some(fence)) = (get(), fence) {
         let pair = pair(&files.cert, chain.to_vec(), &files.key, key.to_vec());
         if !store.write(Some(fence), pair).await? {
@@ -169,6 +172,39 @@ pub async fn save(
     storage::write_pair(&files.cert, chain, &files.key, key)
         .map_err(|e| format!("certificate and key: {e}"))?;
     auto.installed().map_err(|e| e.to_string())
+}
+
+/// The certificate files this process is saving now, by name.
+static SAVING: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+/// A name in [`SAVING`] while this lives.
+struct Saving(String);
+
+impl Saving {
+    fn start(name: String) -> Saving {
+        SAVING
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(name.clone());
+        Saving(name)
+    }
+
+    fn has(name: &str) -> bool {
+        SAVING
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .any(|n| n == name)
+    }
+}
+
+impl Drop for Saving {
+    fn drop(&mut self) {
+        let mut saving = SAVING.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(at) = saving.iter().position(|n| *n == self.0) {
+            saving.swap_remove(at);
+        }
+    }
 }
 
 /// Issues `auto`'s certificate from the fleet's internal CA: under the name set's lock,
@@ -255,6 +291,9 @@ pub fn file_name(path: &std::path::Path) -> String {
 /// of this process stored under that name installs it.
 pub async fn fleet_wrote(name: &str) {
     let Some(store) = get() else { return };
+    if Saving::has(name) {
+        return;
+    }
     for auto in super::live() {
         if file_name(&auto.files().cert) != name {
             continue;
