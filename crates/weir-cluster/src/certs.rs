@@ -257,10 +257,19 @@ pub(crate) async fn watch_loop(store: Arc<EtcdStore>) {
     }
 }
 
-/// One watch from now on. A missed write is no loss: an instance whose certificate is due
-/// takes the lock and installs the fleet's first.
+/// The challenges up now, answered here, then one watch from there on. A missed write of
+/// a certificate is no loss: an instance whose certificate is due takes the lock and
+/// installs the fleet's first. A missed challenge would fail an order, so they are listed.
 async fn follow(store: &EtcdStore, end: &str) -> Result<(), EtcdError> {
-    let mut watch = store.etcd.watch(&store.root, end, 0).await?;
+    let challenges = format!("{}challenges/", store.root);
+    let (revision, up) = store
+        .etcd
+        .range(&challenges, &prefix_end(&challenges))
+        .await?;
+    for kv in up {
+        on_event(store, Event::Put(kv)).await;
+    }
+    let mut watch = store.etcd.watch(&store.root, end, revision + 1).await?;
     loop {
         let events = match watch.next().await? {
             WatchMessage::Events { events, .. } => events,

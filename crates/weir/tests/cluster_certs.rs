@@ -25,9 +25,9 @@ use support_process::{call, TempDir, Weir, WEIR};
 
 const NAME: &str = "a.weir.test";
 
-/// A TCP forwarder handing each connection to the next of its targets in turn; `hold`
-/// keeps new connections open without forwarding them (a server that does not answer)
-/// until `release`.
+/// A TCP forwarder handing each connection to the next of its targets in turn; while
+/// `hold` is on, new connections wait (a server that does not answer yet) and are
+/// forwarded once it is off.
 struct Balancer {
     addr: SocketAddr,
     targets: Arc<Mutex<Vec<SocketAddr>>>,
@@ -42,28 +42,29 @@ impl Balancer {
         let held = Arc::new(AtomicBool::new(false));
         let (list, hold) = (targets.clone(), held.clone());
         std::thread::spawn(move || {
-            let next = AtomicUsize::new(0);
-            let mut parked = Vec::new();
+            let next = Arc::new(AtomicUsize::new(0));
             for client in listener.incoming().flatten() {
-                if hold.load(Ordering::SeqCst) {
-                    parked.push(client);
-                    continue;
-                }
-                parked.clear();
-                let to = {
-                    let list = list.lock().unwrap();
-                    match list.len() {
-                        0 => continue, // no target yet: the connection is closed
-                        n => list[next.fetch_add(1, Ordering::Relaxed) % n],
+                let (list, hold, next) = (list.clone(), hold.clone(), next.clone());
+                std::thread::spawn(move || {
+                    // A forwarder's wait, not a test's: the test flips `hold` when it is ready.
+                    while hold.load(Ordering::SeqCst) {
+                        std::thread::sleep(std::time::Duration::from_millis(10));
                     }
-                };
-                if let Ok(server) = TcpStream::connect(to) {
-                    pipe(
-                        client.try_clone().expect("clone"),
-                        server.try_clone().expect("clone"),
-                    );
-                    pipe(server, client);
-                }
+                    let to = {
+                        let list = list.lock().unwrap();
+                        match list.len() {
+                            0 => return, // no target: the connection is closed
+                            n => list[next.fetch_add(1, Ordering::Relaxed) % n],
+                        }
+                    };
+                    if let Ok(server) = TcpStream::connect(to) {
+                        pipe(
+                            client.try_clone().expect("clone"),
+                            server.try_clone().expect("clone"),
+                        );
+                        pipe(server, client);
+                    }
+                });
             }
         });
         Balancer {
@@ -264,15 +265,21 @@ fn one_order_for_the_fleet_both_serve_it_and_keys_in_etcd_are_sealed() {
     let setup = PebbleSetup::new(pebble);
     let balancer = Balancer::start(Vec::new());
     let _pebble = setup.start(balancer.addr.port(), free_port(), 3600);
+    // The directory waits until both instances are up behind the balancer.
+    let pebble_addr: SocketAddr = ([127, 0, 0, 1], setup.port).into();
+    let directory = Balancer::start(vec![pebble_addr]);
+    directory.hold(true);
     let dir = TempDir::new("fleet-acme");
     let prefix = "/t/acme";
     let files = [
         member(&dir, "a", &etcd, prefix),
         member(&dir, "b", &etcd, prefix),
     ];
-    push(&dir, &files[0], &shared(&setup, &setup.directory()));
+    let url = format!("https://127.0.0.1:{}/dir", directory.addr.port());
+    push(&dir, &files[0], &shared(&setup, &url));
     let fleet: Vec<Weir> = files.iter().map(|f| Weir::start_file(f)).collect();
     balancer.set(fleet.iter().map(|w| w.addr).collect());
+    directory.hold(false);
 
     same_certificate(&fleet);
     // Counted once the order's task ends, just after the certificate went into use.
@@ -290,7 +297,13 @@ fn one_order_for_the_fleet_both_serve_it_and_keys_in_etcd_are_sealed() {
         .iter()
         .map(|w| metric(w, "weir_acme_orders_total{result=\"failed\"}"))
         .sum();
-    assert_eq!(failed, 0.0, "no order failed (the challenge reached both)");
+    assert_eq!(
+        failed,
+        0.0,
+        "no order failed (the challenge reached both):\n{}\n{}",
+        fleet[0].log.text(),
+        fleet[1].log.text()
+    );
     let other = if orders[0] == 1.0 {
         &fleet[1]
     } else {
