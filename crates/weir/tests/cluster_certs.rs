@@ -249,11 +249,19 @@ fn the_internal_ca_and_its_certificate_are_the_fleets() {
         4,
         "the CA and the certificate, each with its key: {keys:?}"
     );
-    let installs: f64 = fleet
-        .iter()
-        .map(|w| metric(w, "weir_acme_fleet_installs_total{}"))
-        .sum();
-    assert_eq!(installs, 1.0, "one instance issued, the other installed it");
+    // Counted just after the certificate went into use.
+    let installs = || -> f64 {
+        fleet
+            .iter()
+            .map(|w| metric(w, "weir_acme_fleet_installs_total{}"))
+            .sum()
+    };
+    wait_for("the install to be counted", || installs() >= 1.0);
+    assert_eq!(
+        installs(),
+        1.0,
+        "one instance issued, the other installed it"
+    );
 }
 
 #[test]

@@ -120,13 +120,14 @@ pub async fn pull(store: &dyn Store, auto: &AutoCerts) -> Result<bool, String> {
     if std::fs::read(&files.cert).is_ok_and(|local| local == chain) {
         return Ok(false);
     }
+    if auto.source == super::Source::Internal {
+        // The CA too, for clients to be given from any instance (`ca.pem`), there by the
+        // time its certificate is served.
+        adopt_ca(store, &auto.storage).await?;
+    }
     storage::write_pair(&files.cert, &chain, &files.key, &key)
         .map_err(|e| format!("{}: {e}", files.cert.display()))?;
     auto.installed().map_err(|e| e.to_string())?;
-    if auto.source == super::Source::Internal {
-        // The CA too, for clients to be given from any instance (`ca.pem`).
-        adopt_ca(store, &auto.storage).await?;
-    }
     INSTALLS.fetch_add(1, Ordering::Relaxed);
     tracing::info!(names = %auto.names.join(","), "certificate installed from the fleet");
     Ok(true)
