@@ -25,7 +25,9 @@ const START_LIST_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub struct Fleet {
     pub settings: EtcdCluster,
-    pub etcd: Etcd,
+    pub etcd: Arc<Etcd>,
+    /// The certificates shared through etcd (`key_file` set).
+    certs: Option<Arc<crate::certs::EtcdStore>>,
     runtime: Mutex<Option<tokio::runtime::Runtime>>,
     handle: tokio::runtime::Handle,
     local: Mutex<LocalFile>,
@@ -80,8 +82,11 @@ impl Fleet {
             .thread_name("weir-etcd")
             .enable_all()
             .build()?;
+        let etcd = Arc::new(Etcd::new(&settings).map_err(anyhow::Error::msg)?);
+        let certs = cert_store(&etcd, runtime.handle(), &settings)?;
         let fleet = Arc::new(Fleet {
-            etcd: Etcd::new(&settings).map_err(anyhow::Error::msg)?,
+            etcd,
+            certs,
             handle: runtime.handle().clone(),
             runtime: Mutex::new(Some(runtime)),
             local: Mutex::new(LocalFile { text, path }),
@@ -155,6 +160,9 @@ impl Fleet {
         let _ = self.store.set(store);
         self.handle.spawn(crate::sync::watch_loop(self.clone()));
         self.handle.spawn(crate::sync::register(self.clone()));
+        if let Some(certs) = &self.certs {
+            self.handle.spawn(crate::certs::watch_loop(certs.clone()));
+        }
     }
 
     /// Leaves the fleet: revokes the registration, stops the thread.
@@ -324,6 +332,27 @@ impl Fleet {
     pub(crate) fn lock_view(&self) -> MutexGuard<'_, View> {
         self.view.lock().unwrap_or_else(|e| e.into_inner())
     }
+}
+
+/// The certificate store of a fleet with `key_file`, made the process's (`None`: each
+/// instance keeps its certificates to itself).
+fn cert_store(
+    etcd: &Arc<Etcd>,
+    handle: &tokio::runtime::Handle,
+    settings: &EtcdCluster,
+) -> anyhow::Result<Option<Arc<crate::certs::EtcdStore>>> {
+    let Some(key) = &settings.cert_key else {
+        tracing::info!("no [cluster] key_file: automatic certificates are not shared by the fleet");
+        return Ok(None);
+    };
+    if key.group_or_world_readable {
+        tracing::warn!(key_file = %key.path.display(), "the fleet's key_file can be read by other users: chmod 600 it");
+    }
+    let store = crate::certs::EtcdStore::new(etcd.clone(), handle.clone(), settings, key)
+        .map_err(anyhow::Error::msg)?;
+    let store = Arc::new(store);
+    weir_core::tls::auto::shared::set(Arc::new(crate::certs::FleetCerts(store.clone())));
+    Ok(Some(store))
 }
 
 impl LocalFile {

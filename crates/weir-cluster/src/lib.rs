@@ -7,12 +7,15 @@
 //! - `sync`: the watch that keeps the view current, and the registration;
 //! - `write`: the admin API's writes as conditioned transactions;
 //! - `snapshot`: the last applied objects on disk, for a start while etcd is down;
-//! - `admin`: `weir ctl cluster push | pull | status`, straight to etcd.
+//! - `admin`: `weir ctl cluster push | pull | status`, straight to etcd;
+//! - `certs`: the automatic certificates shared through etcd (`key_file`): the order
+//!   lock, the encrypted keys, the watch that installs other instances' certificates.
 //!
 //! Everything runs on one thread ("weir-etcd") with its own runtime, away from the data
 //! plane, which never waits for etcd: with etcd gone, requests are served as before.
 
 pub mod admin;
+pub mod certs;
 pub mod etcd;
 pub mod fleet;
 mod snapshot;

@@ -30,6 +30,8 @@ pub(crate) struct RawCluster {
     pub binds: Option<BTreeMap<String, StrOrList>>,
     /// `[cluster.redis.NAME]`: where shared rate limits count (validate/cluster.rs).
     pub redis: Option<BTreeMap<String, crate::raw::RawRedis>>,
+    /// The key that encrypts private keys shared through etcd (certificates, ACME account).
+    pub key_file: Option<String>,
 }
 
 /// `etcd = { endpoints, prefix, ... }` of `[cluster]`.
@@ -74,6 +76,24 @@ pub struct EtcdCluster {
     /// `binds`: listener name -> this node's addresses (as written), in place of the
     /// shared listener's `bind`.
     pub binds: BTreeMap<String, Vec<String>>,
+    /// `key_file`: with it, automatic certificates are shared through etcd, their private
+    /// keys encrypted with this key; without it, each instance keeps its own.
+    pub cert_key: Option<FleetKey>,
+}
+
+/// The 256-bit key of `[cluster] key_file` (never printed).
+#[derive(Clone, PartialEq, Eq)]
+pub struct FleetKey {
+    pub path: PathBuf,
+    pub bytes: [u8; 32],
+    /// The file can be read by others than its owner (a warning at start, not an error).
+    pub group_or_world_readable: bool,
+}
+
+impl std::fmt::Debug for FleetKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "FleetKey({})", self.path.display())
+    }
 }
 
 /// The default `timeout`, `lease_ttl`.
@@ -87,7 +107,12 @@ pub(crate) fn validate(
 ) -> Result<Option<EtcdCluster>, Issue> {
     let Some(raw) = raw else { return Ok(None) };
     let Some(etcd) = raw.etcd.take() else {
-        for (key, set) in [("node", raw.node.is_some()), ("binds", raw.binds.is_some())] {
+        let set = [
+            ("node", raw.node.is_some()),
+            ("binds", raw.binds.is_some()),
+            ("key_file", raw.key_file.is_some()),
+        ];
+        for (key, set) in set {
             if set {
                 return Err(Issue::new(
                     &path.key(key),
@@ -100,7 +125,48 @@ pub(crate) fn validate(
     };
     let node = node(raw.node.take(), &path.key("node"))?;
     let binds = binds(raw.binds.as_ref(), &path.key("binds"))?;
-    etcd_settings(etcd, node, binds, &path.key("etcd")).map(Some)
+    let cert_key = match raw.key_file.take() {
+        Some(file) => Some(fleet_key(PathBuf::from(file), &path.key("key_file"))?),
+        None => None,
+    };
+    let mut settings = etcd_settings(etcd, node, binds, &path.key("etcd"))?;
+    settings.cert_key = cert_key;
+    Ok(Some(settings))
+}
+
+/// Reads `key_file`: 64 hexadecimal digits (surrounding white space ignored) or 32 raw bytes.
+fn fleet_key(path: PathBuf, at: &FieldPath) -> Result<FleetKey, Issue> {
+    use std::os::unix::fs::PermissionsExt;
+    let fix = "write 32 random bytes as 64 hex digits, the same file on every instance: \
+               openssl rand -hex 32 > /etc/weir/cluster.key; chmod 600 /etc/weir/cluster.key";
+    let shown = path.display();
+    let data = std::fs::read(&path)
+        .map_err(|e| Issue::new(at, format!("cannot read key_file {shown}: {e}"), fix))?;
+    let text = std::str::from_utf8(&data).map(str::trim).unwrap_or("");
+    let mut bytes = [0u8; 32];
+    if text.len() == 64 && text.bytes().all(|b| b.is_ascii_hexdigit()) {
+        for (i, pair) in text.as_bytes().chunks(2).enumerate() {
+            let digits = std::str::from_utf8(pair).unwrap_or("00");
+            bytes[i] = u8::from_str_radix(digits, 16).unwrap_or(0);
+        }
+    } else if data.len() == 32 {
+        bytes.copy_from_slice(&data);
+    } else {
+        return Err(Issue::new(
+            at,
+            format!(
+                "key_file {shown} holds {} bytes: expected a 256-bit key (64 hex digits, or 32 raw bytes)",
+                data.len()
+            ),
+            fix,
+        ));
+    }
+    let mode = std::fs::metadata(&path).map_or(0, |m| m.permissions().mode());
+    Ok(FleetKey {
+        path,
+        bytes,
+        group_or_world_readable: mode & 0o077 != 0,
+    })
 }
 
 fn node(raw: Option<String>, path: &FieldPath) -> Result<String, Issue> {
@@ -199,6 +265,7 @@ fn etcd_settings(
         password_file,
         snapshot,
         binds,
+        cert_key: None,
     })
 }
 
@@ -283,4 +350,49 @@ pub fn check_local_file(text: &str, file: &str) -> Result<(), crate::ConfigError
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    fn with_key(contents: &[u8], mode: u32) -> Result<crate::Config, crate::ConfigError> {
+        let dir = std::env::temp_dir().join(format!("weir-fleet-key-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(format!("key-{}-{mode:o}", contents.len()));
+        std::fs::write(&path, contents).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+        let text = format!(
+            "[cluster]\nnode = \"a\"\nkey_file = {:?}\netcd = {{ endpoints = [\"http://127.0.0.1:2379\"], prefix = \"/w\" }}\n",
+            path.display().to_string()
+        );
+        crate::parse_str(&text, "local.toml")
+    }
+
+    #[test]
+    fn key_file_holds_a_256_bit_key_in_hex_or_raw() {
+        let hex = format!("{}\n", "0f".repeat(32));
+        let config = with_key(hex.as_bytes(), 0o600).unwrap();
+        let key = config.cluster.etcd.unwrap().cert_key.unwrap();
+        assert_eq!(key.bytes, [0x0f; 32]);
+        assert!(!key.group_or_world_readable);
+        assert!(!format!("{key:?}").contains("15"), "never printed");
+        let raw = with_key(&[9u8; 32], 0o644).unwrap();
+        let key = raw.cluster.etcd.unwrap().cert_key.unwrap();
+        assert_eq!(key.bytes, [9; 32]);
+        assert!(key.group_or_world_readable, "warned about at start");
+    }
+
+    #[test]
+    fn a_key_file_of_another_length_is_refused_with_the_fix() {
+        let e = with_key(b"short", 0o600).unwrap_err().to_string();
+        assert!(e.contains("holds 5 bytes: expected a 256-bit key"), "{e}");
+        assert!(e.contains("openssl rand -hex 32"), "{e}");
+        assert!(e.starts_with("local.toml:3:1: cluster.key_file:"), "{e}");
+        let text = "[cluster]\nkey_file = \"/k\"\n";
+        let e = crate::parse_str(text, "local.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("[cluster] key_file belongs to a fleet"), "{e}");
+    }
 }

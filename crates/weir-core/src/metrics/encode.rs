@@ -138,6 +138,19 @@ impl Scrape {
             "Failed attempts to obtain or renew an automatic certificate.",
             &[(Vec::new(), RENEWAL_FAILURES.load(Relaxed))],
         )?;
+        use crate::tls::auto::shared::{INSTALLS, LOCK_WAITS};
+        counter(
+            enc,
+            "weir_acme_fleet_lock_waits",
+            "Attempts to order a certificate that found another fleet instance holding its lock.",
+            &[(Vec::new(), LOCK_WAITS.load(Relaxed))],
+        )?;
+        counter(
+            enc,
+            "weir_acme_fleet_installs",
+            "Certificates installed from another fleet instance's order.",
+            &[(Vec::new(), INSTALLS.load(Relaxed))],
+        )?;
         let renewals: Vec<(Labels, i64)> = self
             .renewals
             .iter()

@@ -17,11 +17,15 @@ use instant_acme::{
 };
 use weir_config::{Acme, AcmeChallenge};
 
+use super::shared::{self, Challenge, Fence, File};
 use super::storage::{self, Lock};
 use super::{challenge, AutoCerts};
 
 /// How long the server may take to validate and then to issue, each.
 const POLL_TIMEOUT: Duration = Duration::from_secs(90);
+/// How long a challenge published to the fleet is given to reach every instance before
+/// the ACME server is told to check it.
+const FLEET_CHALLENGE_SPREAD: Duration = Duration::from_millis(500);
 
 /// Why an order failed.
 #[derive(Debug)]
@@ -153,6 +157,13 @@ pub async fn order(auto: &AutoCerts, acme: &Acme) -> Result<Outcome, OrderError>
         let _ = auto.load_stored();
         return Ok(Outcome::NotNeeded);
     };
+    let fence = match shared::get() {
+        None => None,
+        Some(store) => match shared::lock(store.as_ref(), auto).await? {
+            Some(fence) => Some(fence),
+            None => return Ok(Outcome::NotNeeded),
+        },
+    };
     // A process that held the lock before us may have written a fresh certificate.
     if auto.load_stored().is_ok() && !auto.needs_renewal(super::unix_now()) {
         return Ok(Outcome::NotNeeded);
@@ -162,7 +173,7 @@ pub async fn order(auto: &AutoCerts, acme: &Acme) -> Result<Outcome, OrderError>
     let mut order = account.new_order(&NewOrder::new(&identifiers)).await?;
     let mut pending = Pending::default();
     let result = async {
-        authorize(&mut order, acme.challenge, &mut pending).await?;
+        authorize(&mut order, acme.challenge, &mut pending, fence.as_ref()).await?;
         let status = order.poll_ready(&polling()).await?;
         if status != OrderStatus::Ready {
             return Err(order_problem(&mut order, status));
@@ -173,16 +184,8 @@ pub async fn order(auto: &AutoCerts, acme: &Acme) -> Result<Outcome, OrderError>
         let csr = params.serialize_request(&key).map_err(|e| e.to_string())?;
         order.finalize_csr(csr.der()).await?;
         let chain = order.poll_certificate(&polling()).await?;
-        let files = auto.files();
-        let key_pem = key.serialize_pem();
-        storage::write_pair(
-            &files.cert,
-            chain.as_bytes(),
-            &files.key,
-            key_pem.as_bytes(),
-        )
-        .map_err(|e| io("certificate and key", e))?;
-        auto.installed().map_err(|e| e.to_string())?;
+        let key = key.serialize_pem();
+        shared::save(auto, fence.as_ref(), chain.as_bytes(), key.as_bytes()).await?;
         Ok(Outcome::Ordered)
     }
     .await;
@@ -207,6 +210,7 @@ async fn authorize(
     order: &mut instant_acme::Order,
     kind: AcmeChallenge,
     pending: &mut Pending,
+    fence: Option<&Fence>,
 ) -> Result<(), OrderError> {
     let wanted = match kind {
         AcmeChallenge::Http01 => ChallengeType::Http01,
@@ -223,15 +227,27 @@ async fn authorize(
             .challenge(wanted.clone())
             .ok_or_else(|| format!("the ACME server offers no {wanted:?} challenge for {name}"))?;
         let key_authorization = handle.key_authorization();
-        match kind {
+        let published = match kind {
             AcmeChallenge::Http01 => {
                 challenge::add_http01(&handle.token, key_authorization.as_str());
                 pending.tokens.push(handle.token.clone());
+                Challenge::Http01 {
+                    token: handle.token.clone(),
+                    key_authorization: key_authorization.as_str().to_owned(),
+                }
             }
             AcmeChallenge::TlsAlpn01 => {
-                challenge::add_tls_alpn01(&name, key_authorization.digest().as_ref())?;
-                pending.names.push(name);
+                let digest = key_authorization.digest().as_ref().to_vec();
+                challenge::add_tls_alpn01(&name, &digest)?;
+                pending.names.push(name.clone());
+                Challenge::TlsAlpn01 { name, digest }
             }
+        };
+        if fence.is_some() {
+            shared::publish(fence, published).await?;
+            // The other instances set it up from their watch of the store, within
+            // milliseconds; the ACME server may ask any of them as soon as it is told.
+            tokio::time::sleep(FLEET_CHALLENGE_SPREAD).await;
         }
         handle.set_ready().await?;
     }
@@ -263,6 +279,13 @@ async fn account(acme: &Acme) -> Result<Account, OrderError> {
         None => Account::builder(),
     };
     let path = account_file(&acme.storage, &acme.directory);
+    let name = shared::file_name(&path);
+    if let (Some(store), false) = (shared::get(), path.exists()) {
+        // The fleet's account, made by whichever instance ordered first.
+        if let Some(Some(json)) = store.read(std::slice::from_ref(&name)).await?.pop() {
+            storage::write(&path, &json, true).map_err(|e| format!("{}: {e}", path.display()))?;
+        }
+    }
     if let Ok(text) = std::fs::read(&path) {
         let credentials: AccountCredentials = serde_json::from_slice(&text)
             .map_err(|e| format!("{}: unreadable account: {e}", path.display()))?;
@@ -279,6 +302,14 @@ async fn account(acme: &Acme) -> Result<Account, OrderError> {
         .await?;
     let json = serde_json::to_vec(&credentials).map_err(|e| e.to_string())?;
     storage::write(&path, &json, true).map_err(|e| format!("{}: {e}", path.display()))?;
+    if let Some(store) = shared::get() {
+        let file = File {
+            name,
+            contents: json,
+            private: true,
+        };
+        store.write(None, vec![file]).await?;
+    }
     tracing::info!(directory = %acme.directory, account = %account.id(), "ACME account created");
     Ok(account)
 }

@@ -69,6 +69,13 @@ fn check_key_matches(cert_path: &Path, pem: &str, key: &KeyPair) -> Result<(), T
     Ok(())
 }
 
+/// Makes the CA of `dir` when it has none (a fleet's first instance, before sharing it).
+pub(super) fn make_ca(dir: &Path) -> Result<(), TlsError> {
+    let _lock = storage::Lock::take_ca(dir)
+        .map_err(|e| TlsError::new(dir, format!("cannot lock the storage directory: {e}")))?;
+    ca(dir).map(drop)
+}
+
 /// Issues a certificate for `names` valid for `lifetime` from the CA in `dir` (made if
 /// missing) and writes it (chain: leaf then CA) with its key (0600) under `dir`.
 pub fn issue(dir: &Path, names: &[String], lifetime: Duration) -> Result<(), TlsError> {

@@ -12,7 +12,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use super::acme::{self, Outcome};
-use super::{AutoCerts, Spec, ORDERS_FAILED, ORDERS_VALID};
+use super::{shared, AutoCerts, Spec, ORDERS_FAILED, ORDERS_VALID};
 use crate::tls::facts::unix_now;
 use crate::worker::Shared;
 
@@ -20,6 +20,11 @@ use crate::worker::Shared;
 const TICK: Duration = Duration::from_secs(1);
 /// The longest back-off.
 const MAX_BACKOFF: Duration = Duration::from_secs(3600);
+/// The wait after a failure to issue from the internal CA.
+const INTERNAL_RETRY: Duration = Duration::from_secs(60);
+/// How long an instance waits for another that holds the fleet's lock of a certificate
+/// of the internal CA before it looks again.
+const FLEET_WAIT: Duration = Duration::from_secs(1);
 
 /// Starts the thread; it ends at shutdown (an order in flight is abandoned).
 pub fn spawn(shared: Arc<Shared>) -> std::io::Result<JoinHandle<()>> {
@@ -60,6 +65,10 @@ fn in_use(shared: &Shared) -> Vec<Arc<AutoCerts>> {
 /// Obtains a certificate for `auto`: the internal CA at once, ACME as a task.
 fn start(auto: Arc<AutoCerts>) {
     let acme = match &auto.spec {
+        Spec::Internal { lifetime } if shared::get().is_some() => {
+            let lifetime = *lifetime;
+            return start_fleet_internal(auto, lifetime);
+        }
         Spec::Internal { .. } => {
             // A panic must not end this thread: every certificate's renewal runs on it.
             let renewed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -67,8 +76,8 @@ fn start(auto: Arc<AutoCerts>) {
             }));
             match renewed {
                 Ok(Ok(())) => {}
-                Ok(Err(e)) => auto.failed(format!("{e} (fix: {})", e.fix()), MAX_BACKOFF / 60),
-                Err(_) => auto.failed("issuing panicked".to_owned(), MAX_BACKOFF / 60),
+                Ok(Err(e)) => auto.failed(format!("{e} (fix: {})", e.fix()), INTERNAL_RETRY),
+                Err(_) => auto.failed("issuing panicked".to_owned(), INTERNAL_RETRY),
             }
             return;
         }
@@ -95,6 +104,21 @@ fn start(auto: Arc<AutoCerts>) {
                 }
                 auto.failed(e.explained(&acme), wait);
             }
+        }
+    });
+}
+
+/// Issues from the fleet's internal CA as a task (the store is reached over the network).
+fn start_fleet_internal(auto: Arc<AutoCerts>, lifetime: Duration) {
+    let Some(store) = shared::get() else { return };
+    let running = Running::start(auto.clone(), INTERNAL_RETRY);
+    tokio::spawn(async move {
+        let _running = running;
+        match shared::issue_internal(store.as_ref(), &auto, lifetime).await {
+            Ok(true) => {}
+            // Another instance issues: look again after a short wait, no failure counted.
+            Ok(false) => auto.wait(FLEET_WAIT),
+            Err(e) => auto.failed(e, INTERNAL_RETRY),
         }
     });
 }

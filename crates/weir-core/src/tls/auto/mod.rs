@@ -3,6 +3,7 @@
 //!   in live, lock-free for handshakes), its status for `weir ctl get certs`, and the
 //!   process registry that keeps one per storage and name set across config reloads;
 //! - `storage`: the files (0600 keys, whole writes) and the storage lock;
+//! - `shared`: the fleet's store (etcd) the files are shared through, its order lock;
 //! - `internal`: the local CA and the leaves it issues;
 //! - `challenge`: the HTTP-01 tokens and TLS-ALPN-01 certificates being validated;
 //! - `acme`: one ACME order, from account to certificate;
@@ -13,6 +14,7 @@ pub mod acme;
 pub mod challenge;
 mod internal;
 pub mod manager;
+pub mod shared;
 pub mod storage;
 
 use std::collections::HashMap;
@@ -240,6 +242,14 @@ fn registry() -> &'static Mutex<HashMap<Key, Weak<AutoCerts>>> {
     REGISTRY.get_or_init(Default::default)
 }
 
+/// The automatic certificates of the process in use (by any snapshot).
+fn live() -> Vec<Arc<AutoCerts>> {
+    registry()
+        .lock()
+        .map(|map| map.values().filter_map(Weak::upgrade).collect())
+        .unwrap_or_default()
+}
+
 /// The automatic certificate of `tls`, if it has one: the one already in use for the same
 /// storage and names (a reload keeps it), else one loaded from storage. The internal CA
 /// issues a certificate at once when none is stored; an ACME one starts empty and the
@@ -278,17 +288,19 @@ pub fn obtain(tls: &Tls) -> Result<Option<Arc<AutoCerts>>, TlsError> {
         status: Mutex::new(Status::default()),
     });
     let stored = auto.load_stored();
-    if source == Source::Internal && stored.as_ref().is_ok_and(|all| !all) {
+    // A fleet's instance issues from the fleet's CA, through the manager (a second later).
+    let issue_now = source == Source::Internal && shared::get().is_none();
+    if issue_now && stored.as_ref().is_ok_and(|all| !all) {
         // Issuing is local and cheap: a certificate for every name at once.
         internal::issue(&auto.storage, &auto.names, internal_lifetime(&auto))?;
         auto.load_stored()?;
     }
     if let Err(e) = stored {
-        if source == Source::Internal {
+        if issue_now {
             internal::issue(&auto.storage, &auto.names, internal_lifetime(&auto))?;
             auto.load_stored()?;
         } else if auto.files().cert.exists() {
-            tracing::warn!(error = %e, "stored ACME certificate unusable; ordering a new one");
+            tracing::warn!(error = %e, "stored certificate unusable; obtaining a new one");
         }
     }
     map.retain(|_, w| w.strong_count() > 0);
