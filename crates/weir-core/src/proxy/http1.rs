@@ -297,6 +297,18 @@ async fn handle(
             local: answer.is_local(),
             result: local_response(listener, conn, req, keep_alive, &answer, resp).await,
         },
+        Decision::Files(reply) => {
+            let under = crate::files::Under {
+                route: &listener.routes[route.unwrap_or_default()],
+                listener,
+            };
+            let sent = crate::files::respond_http1(conn, req, under, reply, keep_alive, resp);
+            Handled {
+                route,
+                local: true,
+                result: sent.await,
+            }
+        }
         Decision::Refuse(error) => Handled::failed(route, error),
     }
 }
