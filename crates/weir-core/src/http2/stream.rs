@@ -328,7 +328,7 @@ impl Stream<'_> {
                     route: &listener.routes[route.unwrap_or_default()],
                     listener,
                 };
-                let sent = super::files::respond_h2(respond, r, under, reply, trace);
+                let sent = super::files::respond_h2(respond, r, under, *reply, trace);
                 return (route, Box::pin(sent).await);
             }
             (route, Decision::Refuse(error)) => return (route, Err(error.into())),

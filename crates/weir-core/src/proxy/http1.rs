@@ -302,11 +302,12 @@ async fn handle(
                 route: &listener.routes[route.unwrap_or_default()],
                 listener,
             };
-            let sent = crate::files::respond_http1(conn, req, under, reply, keep_alive, resp);
+            // Boxed: a file's sending is not part of every request's state.
+            let sent = crate::files::respond_http1(conn, req, under, *reply, keep_alive, resp);
             Handled {
                 route,
                 local: true,
-                result: sent.await,
+                result: Box::pin(sent).await,
             }
         }
         Decision::Refuse(error) => Handled::failed(route, error),

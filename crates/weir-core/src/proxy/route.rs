@@ -29,8 +29,8 @@ pub enum Decision<'a> {
     Forward(Target<'a>),
     /// Weir answers it.
     Answer(Answer<'a>),
-    /// The route's files answer it (`files`).
-    Files(crate::files::Reply),
+    /// The route's files answer it (`files`; boxed: the other decisions stay small).
+    Files(Box<crate::files::Reply>),
     /// Refused with this error's status.
     Refuse(ProxyError),
 }
@@ -113,7 +113,7 @@ impl<'a> Routing<'a> {
                 return (route, Decision::Answer(Answer::Redirect(redirect)))
             }
             RoutePlan::Files(files) => match files.lookup(self.worker, r, routed) {
-                Lookup::Reply(reply) => return (route, Decision::Files(reply)),
+                Lookup::Reply(reply) => return (route, Decision::Files(Box::new(reply))),
                 Lookup::Upstream(upstream) => upstream,
             },
         };
