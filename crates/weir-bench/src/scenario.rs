@@ -291,9 +291,12 @@ fn static_files(name: Name, quick: bool) -> Scenario {
         name: if large { "static-1m" } else { "static" },
         seeds: "issue 27 (static files)",
         about: if large {
-            "A 1 MiB file served by the proxy itself over keep-alive HTTP/1.1 (wrk -t1):              Weir files (sendfile past 16 KiB) vs nginx root with sendfile on vs Caddy              file_server."
+            "A 1 MiB file served by the proxy itself over keep-alive HTTP/1.1 (wrk -t1): \
+             Weir files (sendfile past 16 KiB) vs nginx root with sendfile on vs Caddy \
+             file_server."
         } else {
-            "A 1 KiB file served by the proxy itself over keep-alive HTTP/1.1 (wrk -t1):              Weir files vs nginx root with sendfile on vs Caddy file_server."
+            "A 1 KiB file served by the proxy itself over keep-alive HTTP/1.1 (wrk -t1): \
+             Weir files vs nginx root with sendfile on vs Caddy file_server."
         },
         backend: BackendKind::Files,
         route: Route::Static,
