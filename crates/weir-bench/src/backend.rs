@@ -39,7 +39,13 @@ pub enum BackendKind {
     GrpcH2c,
     /// nginx, one worker, serving a static file of `bytes` bytes at every path (`tls-bulk`).
     NginxFile { bytes: u64 },
+    /// No server: the files the proxies serve themselves (`static`), written under the
+    /// run's `site/` ([`STATIC_FILES`]).
+    Files,
 }
+
+/// The files of the `static` scenarios: name and size.
+pub const STATIC_FILES: [(&str, usize); 2] = [("1k.bin", 1024), ("1m.bin", 1 << 20)];
 
 /// Arguments of the hidden `backend` subcommand.
 #[derive(clap::Args, Debug, Clone)]
@@ -98,6 +104,15 @@ pub fn start(kind: BackendKind, cpu: usize, dir: &Path, tag: &str) -> Result<Opt
     let log = dir.join(format!("backend-{tag}.log"));
     let (spec, about) = match kind {
         BackendKind::None => return Ok(None),
+        BackendKind::Files => {
+            let site = peers::site_dir(dir);
+            std::fs::create_dir_all(&site)?;
+            for (name, len) in STATIC_FILES {
+                let body: Vec<u8> = (0..len).map(|i| b'a' + (i % 26) as u8).collect();
+                std::fs::write(site.join(name), body)?;
+            }
+            return Ok(None);
+        }
         BackendKind::NginxFile { bytes } => {
             let nginx = process::find_program("nginx").context("nginx is not installed")?;
             return peers::start_nginx_file_backend(&nginx, cpu, dir, (tag, bytes)).map(Some);

@@ -123,6 +123,13 @@ pub fn nginx_proxy(s: &Setup, port: u16) -> Result<String> {
             String::new(),
             "        location / {\n            return 200 \"ok\";\n        }\n".to_string(),
         ),
+        Route::Static => (
+            String::new(),
+            format!(
+                "        location / {{\n            root {};\n            sendfile on;\n            tcp_nopush on;\n        }}\n",
+                crate::peers::site_dir(s.dir).display()
+            ),
+        ),
     };
     // The http-level part before the main server: the upstream, and the RSA server if any.
     let upstream = upstream + &nginx_rsa_server(s, port, &locations);
@@ -143,6 +150,7 @@ pub fn haproxy_cfg(s: &Setup, port: u16, tcp: bool) -> Result<String> {
                 "    http-request return status 200 content-type text/plain string \"ok\"\n",
             );
         }
+        Route::Static => bail!("HAProxy serves no files"),
         Route::Proxy | Route::Prefix | Route::H2c | Route::Grpc => {
             body.push_str("    balance roundrobin\n");
             let proto = if s.route == Route::Grpc {
@@ -194,6 +202,10 @@ pub fn caddyfile(s: &Setup, port: u16) -> Result<String> {
     let routes = match s.route {
         Route::Default => format!("\trespond \"{NO_ROUTE}\" 404"),
         Route::Respond => "\trespond \"ok\" 200".to_string(),
+        Route::Static => format!(
+            "\troot * {}\n\tfile_server",
+            crate::peers::site_dir(s.dir).display()
+        ),
         Route::Proxy | Route::Prefix | Route::H2c | Route::Grpc => {
             let idle = s.max_conns.max(64) * 2;
             format!(
@@ -216,7 +228,7 @@ pub fn apache_conf(s: &Setup, port: u16, moddir: &Path) -> Result<String> {
         Route::Prefix => format!(
             "ProxyPass \"{CGI_PREFIX}\" \"http://{b}/\"\nProxyPassReverse \"{CGI_PREFIX}\" \"http://{b}/\"\n"
         ),
-        Route::Default | Route::Respond => String::new(),
+        Route::Default | Route::Respond | Route::Static => String::new(),
     };
     let unixd = if moddir.join("mod_unixd.so").exists() {
         format!("LoadModule unixd_module {}/mod_unixd.so", moddir.display())
@@ -280,6 +292,13 @@ pub fn weir_toml(
         (false, Route::Default) => (String::new(), String::new()),
         (false, Route::Respond) => (
             "\n[[listeners.routes]]\nname = \"ok\"\npath_prefix = \"/\"\nrespond = { status = 200, body = \"ok\" }\n".to_string(),
+            String::new(),
+        ),
+        (false, Route::Static) => (
+            format!(
+                "\n[[listeners.routes]]\nname = \"site\"\npath_prefix = \"/\"\nfiles = {{ root = \"{}\" }}\n",
+                crate::peers::site_dir(s.dir).display()
+            ),
             String::new(),
         ),
     };
@@ -536,5 +555,47 @@ mod h2c_tests {
             config.upstreams[0].protocol,
             weir_config::UpstreamProtocol::Http1
         );
+    }
+}
+
+#[cfg(test)]
+mod static_tests {
+    use super::*;
+
+    /// The `static` scenarios: every peer serves the run's `site/` itself, nginx with
+    /// sendfile; Weir's config is one the real parser takes (its root must exist).
+    #[test]
+    fn static_routes_serve_the_site_directory() {
+        let dir = std::env::temp_dir().join(format!("wb-static-{}", std::process::id()));
+        std::fs::create_dir_all(crate::peers::site_dir(&dir)).unwrap();
+        let s = Setup {
+            dir: &dir,
+            backends: &[],
+            route: Route::Static,
+            max_conns: 32,
+            weir: Path::new("/nonexistent/weir"),
+            admin: false,
+            tls: None,
+        };
+        let site = crate::peers::site_dir(&dir).display().to_string();
+        let nginx = nginx_proxy(&s, 8080).unwrap();
+        assert!(
+            nginx.contains(&format!("root {site};")) && nginx.contains("sendfile on;"),
+            "{nginx}"
+        );
+        let caddy = caddyfile(&s, 8080).unwrap();
+        assert!(
+            caddy.contains(&format!("root * {site}\n\tfile_server")),
+            "{caddy}"
+        );
+        assert!(haproxy_cfg(&s, 8080, false).is_err());
+        let weir = weir_toml(&s, 8080, None, false, None).unwrap();
+        let config = weir_config::parse_str(&weir, "bench.toml").expect(&weir);
+        let target = &config.listeners[0].routes[0].target;
+        assert!(
+            matches!(target, weir_config::RouteTarget::Files(_)),
+            "{weir}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -76,6 +76,9 @@ pub enum Route {
     /// h2c clients' gRPC calls to an h2c gRPC backend (nginx `grpc_pass`, HAProxy
     /// `server ... proto h2`, Weir `protocol = "h2c"`).
     Grpc,
+    /// Files from the run's `site/` directory (`BackendKind::Files`): nginx `root` with
+    /// `sendfile on`, Caddy `file_server`, Weir `files`.
+    Static,
 }
 
 impl Route {
@@ -83,6 +86,11 @@ impl Route {
     pub fn h2c_front(self) -> bool {
         matches!(self, Route::H2c | Route::Grpc)
     }
+}
+
+/// The directory the `static` scenarios serve, under the run's directory.
+pub fn site_dir(dir: &Path) -> PathBuf {
+    dir.join("site")
 }
 
 /// Inputs shared by every peer's configuration.

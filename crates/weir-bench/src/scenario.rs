@@ -52,13 +52,20 @@ pub enum Name {
     /// HAProxy.
     #[value(name = "tls-rate")]
     TlsRate,
+    /// Static files, 1 KiB, keep-alive (wrk -t1): Weir `files` vs nginx `root` with
+    /// `sendfile on` vs Caddy `file_server`.
+    #[value(name = "static")]
+    Static,
+    /// The same with a 1 MiB file.
+    #[value(name = "static-1m")]
+    Static1m,
     /// All of the above, in this order.
     #[value(name = "all")]
     All,
 }
 
 impl Name {
-    pub const EVERY: [Name; 11] = [
+    pub const EVERY: [Name; 13] = [
         Name::Proxy1Core,
         Name::CgiPrefix,
         Name::DefaultBackend,
@@ -70,6 +77,8 @@ impl Name {
         Name::TlsHandshake,
         Name::TlsBulk,
         Name::TlsRate,
+        Name::Static,
+        Name::Static1m,
     ];
 }
 
@@ -251,6 +260,7 @@ pub fn build(name: Name, quick: bool) -> Scenario {
         },
         Name::H2c | Name::Grpc => h2c_scenario(name),
         Name::TlsHandshake => tls_handshake(),
+        Name::Static | Name::Static1m => static_files(name, quick),
         Name::TlsRate => tls_rate(quick),
         Name::TlsBulk => Scenario {
             name: "tls-bulk",
@@ -266,6 +276,36 @@ pub fn build(name: Name, quick: bool) -> Scenario {
             check_metrics: false,
             tls: true,
         },
+    }
+}
+
+/// `static`, `static-1m`: each proxy serves a file from the run's `site/` itself.
+fn static_files(name: Name, quick: bool) -> Scenario {
+    let large = name == Name::Static1m;
+    let conns: &[u32] = match (large, quick) {
+        (_, true) => &[32],
+        (false, false) => &[32, 256],
+        (true, false) => &[8, 32],
+    };
+    Scenario {
+        name: if large { "static-1m" } else { "static" },
+        seeds: "issue 27 (static files)",
+        about: if large {
+            "A 1 MiB file served by the proxy itself over keep-alive HTTP/1.1 (wrk -t1): \
+             Weir files (sendfile past 16 KiB) vs nginx root with sendfile on vs Caddy \
+             file_server."
+        } else {
+            "A 1 KiB file served by the proxy itself over keep-alive HTTP/1.1 (wrk -t1): \
+             Weir files vs nginx root with sendfile on vs Caddy file_server."
+        },
+        backend: BackendKind::Files,
+        route: Route::Static,
+        path: if large { "/1m.bin" } else { "/1k.bin" },
+        peers: vec![Peer::Weir, Peer::Nginx, Peer::Caddy],
+        loads: conns.iter().map(|&conns| Load::Wrk { conns }).collect(),
+        expect_status: 200,
+        check_metrics: false,
+        tls: false,
     }
 }
 

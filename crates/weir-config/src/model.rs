@@ -582,6 +582,9 @@ pub enum RouteTarget {
     Respond(LocalResponse),
     /// `redirect = { ... }`: a redirect rendered per request.
     Redirect(Redirect),
+    /// `files = { ... }`: files under a directory (and the route's `upstream`, if it has
+    /// one, for what no file answers).
+    Files(Box<Files>),
 }
 
 impl RouteTarget {
@@ -591,8 +594,43 @@ impl RouteTarget {
             RouteTarget::Upstream(u) => vec![*u],
             RouteTarget::Split(split) => split.iter().map(|w| w.upstream).collect(),
             RouteTarget::Respond(_) | RouteTarget::Redirect(_) => Vec::new(),
+            RouteTarget::Files(files) => files.fallback.into_iter().collect(),
         }
     }
+}
+
+/// A route's `files`: what it serves from `root` and how (nginx `root` / `try_files`,
+/// Caddy `file_server`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Files {
+    /// Absolute; the request path is looked up beneath it.
+    pub root: std::path::PathBuf,
+    /// Names tried, in order, for a directory (`index`; default `["index.html"]`).
+    pub index: Vec<String>,
+    /// Paths tried in order (`try_files`), each `{path}` replaced by the request's path;
+    /// one ending in `/` names a directory (served by its index). Empty: the request's
+    /// path alone, a directory without its `/` redirected to it.
+    pub try_files: Vec<String>,
+    /// The route's `upstream`: gets the requests no file answers (and methods other than
+    /// GET and HEAD).
+    pub fallback: Option<usize>,
+    /// Symbolic links may lead outside `root`.
+    pub follow_symlinks: bool,
+    /// Names starting with `.` (but `.well-known`) are served.
+    pub hidden: bool,
+    /// Siblings `NAME.br`, `NAME.zst`, `NAME.gz` served to clients that accept the coding,
+    /// in this order of preference.
+    pub precompressed: Vec<Encoding>,
+    /// The `Cache-Control` value of every file response.
+    pub cache_control: Option<String>,
+    /// Plain-TCP HTTP/1.1 bodies at least this long go out with sendfile(2).
+    pub sendfile_min_size: u64,
+    /// A directory without an index file gets an HTML listing.
+    pub listing: bool,
+    /// Open files (descriptor and metadata) each worker keeps for hot paths; 0: none.
+    pub open_file_cache: usize,
+    /// How long a kept file is served before its path is looked up again.
+    pub open_file_cache_valid: Duration,
 }
 
 /// One pool of a weighted split.

@@ -86,6 +86,10 @@ impl Resolver<'_> {
             self.tls(tls, &at.key("tls"));
         }
         for (i, r) in l.routes.iter_mut().flatten().enumerate() {
+            if let Some(files) = r.files.as_mut() {
+                let field = at.key("routes").index(i).key("files").key("root");
+                self.fix(&mut files.root, &field);
+            }
             if let Some(auth) = r.basic_auth.as_mut() {
                 let field = at
                     .key("routes")

@@ -272,6 +272,8 @@ pub(crate) struct RawRoute {
     pub split_fallback: Option<bool>,
     pub respond: Option<RawRespond>,
     pub redirect: Option<RawRedirect>,
+    /// Static files (issue 27; validate/files.rs).
+    pub files: Option<RawFiles>,
     // Traffic policy (issue 16; validate/policy.rs).
     pub request_headers: Option<RawHeaderRules>,
     pub response_headers: Option<RawHeaderRules>,
@@ -329,6 +331,24 @@ pub(crate) struct RawRespond {
 pub(crate) struct RawRedirect {
     pub to: Option<String>,
     pub status: Option<i64>,
+}
+
+/// `files = { root, index, try_files, ... }` of a route.
+#[derive(Debug, Default, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawFiles {
+    pub root: Option<String>,
+    pub index: Option<Vec<String>>,
+    pub try_files: Option<Vec<String>>,
+    pub follow_symlinks: Option<bool>,
+    pub hidden: Option<bool>,
+    pub precompressed: Option<Vec<String>>,
+    pub cache_control: Option<String>,
+    pub sendfile_min_size: Option<StrOrInt>,
+    pub listing: Option<bool>,
+    pub open_file_cache: Option<i64>,
+    pub open_file_cache_valid: Option<String>,
 }
 
 /// `basic_auth = { users_file, realm }` of a route.

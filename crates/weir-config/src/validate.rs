@@ -1005,6 +1005,7 @@ mod binds;
 mod cluster;
 mod compression;
 mod discover;
+mod files;
 mod htpasswd;
 mod http2;
 mod path;

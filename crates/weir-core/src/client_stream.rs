@@ -154,6 +154,41 @@ impl ClientStream {
         Ok((ClientReadHalf::Plain(r), ClientWriteHalf::Plain(w)))
     }
 
+    /// Sends up to `len` bytes of the file `file` from `*offset` (advanced by what went)
+    /// with sendfile(2): from the page cache to the socket, nothing read into user space.
+    /// A plain socket only: over TLS it fails with `Unsupported` (the bytes must be
+    /// encrypted here).
+    pub fn poll_sendfile(
+        &mut self,
+        cx: &mut Context<'_>,
+        file: std::os::fd::BorrowedFd<'_>,
+        offset: &mut i64,
+        len: usize,
+    ) -> Poll<io::Result<usize>> {
+        use std::os::fd::AsFd;
+        let send = |socket: std::os::fd::BorrowedFd<'_>, offset: &mut i64| {
+            crate::sys::sendfile(socket, file, offset, len)
+        };
+        if let Some(done) = self.try_direct(cx, |s| send(s.as_fd(), &mut *offset)) {
+            return done;
+        }
+        if let State::Tls(..) = self.state {
+            return Poll::Ready(Err(io::ErrorKind::Unsupported.into()));
+        }
+        let s = match self.registered() {
+            Ok(s) => s,
+            Err(e) => return Poll::Ready(Err(e)),
+        };
+        loop {
+            std::task::ready!(s.poll_write_ready(cx))?;
+            let socket = s.as_fd();
+            match s.try_io(tokio::io::Interest::WRITABLE, || send(socket, &mut *offset)) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                done => return Poll::Ready(done),
+            }
+        }
+    }
+
     /// The unregistered socket, if it still is.
     fn direct(&mut self) -> Option<&std::net::TcpStream> {
         match &self.state {

@@ -49,6 +49,7 @@ pub mod codec;
 pub mod connector;
 pub mod error;
 pub mod evict;
+pub mod files;
 pub mod filters;
 pub mod forward;
 pub mod http2;

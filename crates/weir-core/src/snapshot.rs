@@ -55,6 +55,8 @@ pub enum RoutePlan {
     Respond(Canned),
     /// The route's `redirect`, rendered per request from its template.
     Redirect(Redirect),
+    /// The route's `files`, its root open.
+    Files(Box<crate::files::FileServer>),
 }
 
 impl RoutePlan {
@@ -64,6 +66,7 @@ impl RoutePlan {
             RouteTarget::Split(pools) => RoutePlan::Split(Split::new(pools, route.split_fallback)),
             RouteTarget::Respond(r) => RoutePlan::Respond(Canned::respond(r)),
             RouteTarget::Redirect(r) => RoutePlan::Redirect(r.clone()),
+            RouteTarget::Files(f) => RoutePlan::Files(Box::new(crate::files::FileServer::new(f))),
         }
     }
 }

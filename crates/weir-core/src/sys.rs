@@ -1,7 +1,8 @@
 //! The data plane's only unsafe code: pipes and splice(2) for the L4 relay (Linux), the
 //! registration of listening sockets with the reactor, the SIOCOUTQ ioctl(2) (a socket's
 //! unacknowledged bytes, for the relays' still-time watch), TCP_DEFER_ACCEPT, flock(2)
-//! and sysconf(3) for the `process_*` metrics.
+//! and sysconf(3) for the `process_*` metrics; open(2), openat(2), openat2(2) and
+//! sendfile(2) for static files (`files`).
 //!
 //! Each function wraps one system call; the file descriptors involved are borrowed from
 //! owned sockets and pipes (`BorrowedFd`), so none can be closed while in use. The one
@@ -307,4 +308,73 @@ pub fn try_lock_exclusive(file: BorrowedFd<'_>) -> io::Result<bool> {
     } else {
         Err(error)
     }
+}
+
+/// Opens `path` as an `O_PATH` directory descriptor (a static-file root).
+pub fn open_dir(path: &std::ffi::CStr) -> io::Result<OwnedFd> {
+    let flags = libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC;
+    // SAFETY: `path` is NUL-terminated; the result is checked.
+    owned_fd(unsafe { libc::open(path.as_ptr(), flags) })
+}
+
+/// openat(2): `rel` relative to the directory `dir`, with `flags`.
+pub fn openat(
+    dir: BorrowedFd<'_>,
+    rel: &std::ffi::CStr,
+    flags: libc::c_int,
+) -> io::Result<OwnedFd> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: `rel` is NUL-terminated, `dir` an open descriptor; the result is checked.
+    owned_fd(unsafe { libc::openat(dir.as_raw_fd(), rel.as_ptr(), flags) })
+}
+
+/// openat2(2): as [`openat`], resolved as `resolve` (`RESOLVE_*`) says.
+pub fn openat2(
+    dir: BorrowedFd<'_>,
+    rel: &std::ffi::CStr,
+    flags: libc::c_int,
+    resolve: u64,
+) -> io::Result<OwnedFd> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: `open_how` is plain data; zeroed is its valid empty value.
+    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
+    how.flags = flags as u64;
+    how.resolve = resolve;
+    // SAFETY: the arguments are what openat2(2) takes: a directory descriptor, a
+    // NUL-terminated path, a pointer to `how` and its size; the result is checked.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            dir.as_raw_fd(),
+            rel.as_ptr(),
+            &how as *const libc::open_how,
+            std::mem::size_of::<libc::open_how>(),
+        )
+    };
+    owned_fd(fd as libc::c_int)
+}
+
+fn owned_fd(fd: libc::c_int) -> io::Result<OwnedFd> {
+    use std::os::fd::FromRawFd;
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a descriptor just returned by the kernel, owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// sendfile(2): up to `len` bytes of `file` from `*offset` (advanced) to `socket`.
+pub fn sendfile(
+    socket: BorrowedFd<'_>,
+    file: BorrowedFd<'_>,
+    offset: &mut i64,
+    len: usize,
+) -> io::Result<usize> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: two open descriptors and a valid offset pointer; the result is checked.
+    let n = unsafe { libc::sendfile(socket.as_raw_fd(), file.as_raw_fd(), offset, len) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(n as usize)
 }

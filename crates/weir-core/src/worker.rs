@@ -102,6 +102,8 @@ pub struct Worker {
     pub auth_cache: crate::filters::basic_auth::AuthCache,
     /// What this worker admitted under shared rate limits since their last sync.
     pub shared_counts: crate::cluster::shared_limit::PendingCounts,
+    /// Open files kept for the routes' `files` (`files::cache`).
+    pub(crate) open_files: RefCell<crate::files::cache::OpenFiles>,
 }
 
 impl Worker {
@@ -140,6 +142,7 @@ impl Worker {
             request_ids: Default::default(),
             auth_cache: Default::default(),
             shared_counts: Default::default(),
+            open_files: Default::default(),
         }
     }
 

@@ -255,6 +255,7 @@ fn target(config: &Config, route: &Route) -> String {
             .join(", "),
         RouteTarget::Respond(_) => "local response".to_string(),
         RouteTarget::Redirect(_) => "redirect".to_string(),
+        RouteTarget::Files(files) => format!("files {}", files.root.display()),
     }
 }
 

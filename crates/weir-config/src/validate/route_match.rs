@@ -167,6 +167,9 @@ pub(super) fn target(
     path: &FieldPath,
     upstreams: &[String],
 ) -> Result<RouteTarget, Issue> {
+    if let Some(files) = raw.files.take() {
+        return files_target(raw, files, path, upstreams);
+    }
     let given: Vec<&str> = [
         ("upstream", raw.upstream.is_some()),
         ("upstreams", raw.upstreams.is_some()),
@@ -212,6 +215,37 @@ pub(super) fn target(
             }
             issue
         })
+}
+
+/// `files`, with the route's `upstream` (if any) for what no file answers; no other target.
+fn files_target(
+    raw: &mut RawRoute,
+    files: crate::raw::RawFiles,
+    path: &FieldPath,
+    upstreams: &[String],
+) -> Result<RouteTarget, Issue> {
+    let other = [
+        ("upstreams", raw.upstreams.is_some()),
+        ("respond", raw.respond.is_some()),
+        ("redirect", raw.redirect.is_some()),
+    ];
+    if let Some((key, _)) = other.iter().find(|(_, present)| *present) {
+        return Err(Issue::new(
+            &path.key(key),
+            format!("the route has both files and {key}; a route has exactly one target"),
+            format!("remove {key} (files takes one upstream = \"NAME\" for what no file answers)"),
+        ));
+    }
+    let fallback = match raw.upstream.take() {
+        Some(name) => Some(upstream_index(
+            Some(name),
+            &path.key("upstream"),
+            upstreams,
+        )?),
+        None => None,
+    };
+    let files = super::files::files(files, &path.key("files"), fallback)?;
+    Ok(RouteTarget::Files(Box::new(files)))
 }
 
 /// `split_fallback`: only beside `upstreams` (default true).
@@ -365,13 +399,15 @@ pub(super) fn check_local_keys(
     let local = match target {
         RouteTarget::Respond(_) => "respond",
         RouteTarget::Redirect(_) => "redirect",
+        RouteTarget::Files(_) => "files",
         RouteTarget::Upstream(_) | RouteTarget::Split(_) => return Ok(()),
     };
     if rewrite {
         return Err(Issue::new(
             &path.key("rewrite_prefix"),
             format!("rewrite_prefix has no effect on a route answered by {local}"),
-            "remove rewrite_prefix (and reverse_rewrite); use {path} or {uri} in a redirect's to",
+            "remove rewrite_prefix (and reverse_rewrite); use {path} or {uri} in a redirect's to, \
+             and put files under root as their request paths name them",
         ));
     }
     Ok(())

@@ -37,13 +37,18 @@ fn zstd_params(level: i32) -> [zstd::zstd_safe::CParameter; 4] {
 /// (no header, every coding refused with q=0, or identity preferred). Ties between codings
 /// go to the route's order; a coding tied with identity wins (the client accepts both).
 pub fn negotiate(cfg: &Compression, buf: &[u8], headers: &[HeaderSpan]) -> Option<Encoding> {
+    negotiate_among(&cfg.algorithms, buf, headers)
+}
+
+/// As [`negotiate`], among the codings `order` (in the route's order of preference).
+pub fn negotiate_among(order: &[Encoding], buf: &[u8], headers: &[HeaderSpan]) -> Option<Encoding> {
     let mut q = Qualities::default();
     for h in headers {
         if h.name.len() == 15 && buf[h.name.clone()].eq_ignore_ascii_case(b"accept-encoding") {
             q.read(&buf[h.value.clone()]);
         }
     }
-    q.choose(&cfg.algorithms)
+    q.choose(order)
 }
 
 /// The q-values (in thousandths) a client gave each coding Weir knows, `*` and identity.

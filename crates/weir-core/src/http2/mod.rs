@@ -19,6 +19,7 @@
 mod budget;
 mod conn;
 mod exchange;
+pub(crate) mod files;
 mod frames;
 mod gather;
 mod grpc;

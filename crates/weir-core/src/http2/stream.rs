@@ -322,6 +322,15 @@ impl Stream<'_> {
                 let sent = send_answer(respond, &answer, &vars, r.req.is_head, timeout, trace);
                 return (route, sent.await.map_err(Failure::after_head));
             }
+            (route, Decision::Files(reply)) => {
+                let listener = routing.listener();
+                let under = crate::files::Under {
+                    route: &listener.routes[route.unwrap_or_default()],
+                    listener,
+                };
+                let sent = super::files::respond_h2(respond, r, under, *reply, trace);
+                return (route, Box::pin(sent).await);
+            }
             (route, Decision::Refuse(error)) => return (route, Err(error.into())),
         };
         let (route, target) = target;

@@ -297,6 +297,19 @@ async fn handle(
             local: answer.is_local(),
             result: local_response(listener, conn, req, keep_alive, &answer, resp).await,
         },
+        Decision::Files(reply) => {
+            let under = crate::files::Under {
+                route: &listener.routes[route.unwrap_or_default()],
+                listener,
+            };
+            // Boxed: a file's sending is not part of every request's state.
+            let sent = crate::files::respond_http1(conn, req, under, *reply, keep_alive, resp);
+            Handled {
+                route,
+                local: true,
+                result: Box::pin(sent).await,
+            }
+        }
         Decision::Refuse(error) => Handled::failed(route, error),
     }
 }

@@ -6,13 +6,15 @@
 //! Order: `max_body_size` (413), a pending ACME HTTP-01 token (before `redirect_https`:
 //! validation comes on port 80), `redirect_https`, path normalisation (400), the router
 //! (none: the default response), the rewrite check, the route's admission filters
-//! (`policy`: 403, 429, 401), then the route's target.
+//! (`policy`: 403, 429, 401), then the route's target (`files`: a file's reply, or the
+//! route's upstream when no file answers).
 
 use weir_config::{Listener, Route};
 
 use crate::answer::Answer;
 use crate::codec::http1::BodyFraming;
 use crate::error::ProxyError;
+use crate::files::Lookup;
 use crate::filters::rewrite::check_join;
 use crate::forward::Target;
 use crate::request::Request;
@@ -27,6 +29,8 @@ pub enum Decision<'a> {
     Forward(Target<'a>),
     /// Weir answers it.
     Answer(Answer<'a>),
+    /// The route's files answer it (`files`; boxed: the other decisions stay small).
+    Files(Box<crate::files::Reply>),
     /// Refused with this error's status.
     Refuse(ProxyError),
 }
@@ -108,6 +112,10 @@ impl<'a> Routing<'a> {
             RoutePlan::Redirect(redirect) => {
                 return (route, Decision::Answer(Answer::Redirect(redirect)))
             }
+            RoutePlan::Files(files) => match files.lookup(self.worker, r, routed) {
+                Lookup::Reply(reply) => return (route, Decision::Files(Box::new(reply))),
+                Lookup::Upstream(upstream) => upstream,
+            },
         };
         (route, Decision::Forward(self.target(config, upstream)))
     }

@@ -373,3 +373,96 @@ fn redirect_https_port_defaults_to_the_tls_listener() {
     assert_eq!(e.field, "listeners[0].redirect_https_port", "{e}");
     assert!(e.fix.contains("redirect_https = true"), "{e}");
 }
+
+#[test]
+fn files_parse_into_the_model_with_their_defaults() {
+    let root = std::env::temp_dir();
+    let c = parse(&format!(
+        "files = {{ root = \"{}\", try_files = [\"{{path}}\", \"/index.html\"], precompressed = [\"br\", \"gzip\"] }}\nupstream = \"b\"",
+        root.display()
+    ));
+    let RouteTarget::Files(files) = &c.listeners[0].routes[0].target else {
+        panic!("not files");
+    };
+    assert_eq!(files.root, root);
+    assert_eq!(files.index, ["index.html"]);
+    assert_eq!(files.try_files, ["{path}", "/index.html"]);
+    assert_eq!(files.fallback, Some(1));
+    assert_eq!(
+        files.precompressed,
+        [crate::Encoding::Br, crate::Encoding::Gzip]
+    );
+    assert!(!files.follow_symlinks && !files.hidden && !files.listing);
+    assert_eq!(files.sendfile_min_size, 16 * 1024);
+    assert_eq!(files.open_file_cache, 1024);
+    assert_eq!(c.listeners[0].routes[0].target.upstreams(), [1]);
+}
+
+#[test]
+fn bad_files_are_rejected_with_a_fix() {
+    let root = std::env::temp_dir().display().to_string();
+    let files = |extra: &str| format!("files = {{ root = \"{root}\"{extra} }}");
+    check(
+        "files = { index = [\"a\"] }",
+        "listeners[0].routes[0].files.root",
+        6,
+        "no root",
+        "root =",
+    );
+    check(
+        "files = { root = \"/no/such/dir/weir\" }",
+        "listeners[0].routes[0].files.root",
+        6,
+        "cannot be used",
+        "create the directory",
+    );
+    check(
+        "files = { root = \"/etc/hostname\" }",
+        "listeners[0].routes[0].files.root",
+        6,
+        "not a directory",
+        "directory",
+    );
+    check(
+        &format!("{}\nrespond = {{ status = 200 }}", files("")),
+        "listeners[0].routes[0].respond",
+        7,
+        "both files and respond",
+        "remove respond",
+    );
+    check(
+        &files(", index = [\"a/b.html\"]"),
+        "listeners[0].routes[0].files.index[0]",
+        6,
+        "not a plain file name",
+        "index.html",
+    );
+    check(
+        &files(", try_files = [\"/../x\"]"),
+        "listeners[0].routes[0].files.try_files[0]",
+        6,
+        "not a path under the root",
+        "\"/\" or \"{path}\"",
+    );
+    check(
+        &files(", try_files = [\"/{uri}\"]"),
+        "listeners[0].routes[0].files.try_files[0]",
+        6,
+        "holds a character or variable",
+        "{path}",
+    );
+    check(
+        &files(", precompressed = [\"deflate\"]"),
+        "listeners[0].routes[0].files.precompressed[0]",
+        6,
+        "not a coding",
+        "\"br\"",
+    );
+    check(
+        &format!("{}\nrewrite_prefix = \"/\"", files("")),
+        "listeners[0].routes[0].rewrite_prefix",
+        7,
+        "answered by files",
+        "remove rewrite_prefix",
+    );
+}

@@ -1,0 +1,103 @@
+//! The worker's open-file cache: for hot paths, the open descriptor and what was learnt
+//! of the file (validators, type), so a request for it costs no open(2) and no fstat(2).
+//! A path found missing is kept too (a precompressed sibling that does not exist is asked
+//! for on every request). Each entry is served for the route's `open_file_cache_valid`,
+//! then looked up again; at the route's `open_file_cache` entries, expired ones are
+//! dropped and then any one. One per worker, so no lock.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use super::http::Validators;
+
+/// An open regular file and what its responses say about it.
+#[derive(Debug)]
+pub(crate) struct OpenFile {
+    pub file: File,
+    pub validators: Validators,
+    /// From the name's extension.
+    pub content_type: Box<str>,
+    /// A directory (its index is looked for, or it is listed).
+    pub dir: bool,
+}
+
+/// What a path was found to be.
+pub(crate) type Found = Option<Rc<OpenFile>>;
+
+#[derive(Default)]
+pub(crate) struct OpenFiles {
+    entries: HashMap<Box<[u8]>, (Found, Instant)>,
+    /// The key being looked up: the route's id, then the path (no allocation per hit).
+    key: Vec<u8>,
+}
+
+impl OpenFiles {
+    /// The entry for `path` of file server `id`, if it is younger than `valid` at `now`.
+    pub fn get(&mut self, id: u64, path: &[u8], now: Instant, valid: Duration) -> Option<Found> {
+        self.set_key(id, path);
+        let (found, at) = self.entries.get(self.key.as_slice())?;
+        (now.saturating_duration_since(*at) < valid).then(|| found.clone())
+    }
+
+    /// Keeps `found` for `path` (at most `bound` entries in all).
+    pub fn put(
+        &mut self,
+        id: u64,
+        path: &[u8],
+        found: Found,
+        now: Instant,
+        bound: (usize, Duration),
+    ) {
+        let (max, valid) = bound;
+        if max == 0 {
+            return;
+        }
+        self.set_key(id, path);
+        if self.entries.len() >= max && !self.entries.contains_key(self.key.as_slice()) {
+            self.entries
+                .retain(|_, (_, at)| now.saturating_duration_since(*at) < valid);
+            if self.entries.len() >= max {
+                let any = self.entries.keys().next().cloned();
+                any.map(|k| self.entries.remove(&k));
+            }
+        }
+        let key: Box<[u8]> = self.key.as_slice().into();
+        self.entries.insert(key, (found, now));
+    }
+
+    fn set_key(&mut self, id: u64, path: &[u8]) {
+        self.key.clear();
+        self.key.extend_from_slice(&id.to_le_bytes());
+        self.key.extend_from_slice(path);
+    }
+
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cache_is_bounded_and_entries_expire() {
+        let mut c = OpenFiles::default();
+        let now = Instant::now();
+        let valid = Duration::from_secs(2);
+        for i in 0..10u8 {
+            c.put(1, &[i], None, now, (4, valid));
+        }
+        assert_eq!(c.len(), 4);
+        assert!(c.get(1, &[9], now, valid).is_some_and(|f| f.is_none()));
+        assert!(
+            c.get(2, &[9], now, valid).is_none(),
+            "another route's entry"
+        );
+        let later = now + valid;
+        assert!(c.get(1, &[9], later, valid).is_none(), "expired");
+    }
+}

@@ -1,0 +1,222 @@
+//! What a file's request asks beyond the file (RFC 9110 section 13): its validators
+//! (`ETag` from size and mtime as nginx makes it, `Last-Modified`), the preconditions in
+//! the RFC's order (`If-Match`, `If-Unmodified-Since`, `If-None-Match`,
+//! `If-Modified-Since`), and the `Range` with its `If-Range`.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crate::codec::http1::HeaderSpan;
+
+/// Most ranges one request may ask; with more, the whole file is sent (RFC 9110 14.2
+/// lets a server ignore a Range; many small ranges are a known amplification).
+pub(crate) const MAX_RANGES: usize = 32;
+
+/// A file's validators.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Validators {
+    pub len: u64,
+    /// Whole seconds since the epoch (what `Last-Modified` can say).
+    pub mtime: u64,
+}
+
+impl Validators {
+    /// `"<mtime hex>-<size hex>"`, quoted: strong (a change within the same second at the
+    /// same size goes unnoticed, as with nginx).
+    pub fn push_etag(&self, out: &mut Vec<u8>) {
+        use std::io::Write;
+        let _ = write!(out, "\"{:x}-{:x}\"", self.mtime, self.len);
+    }
+
+    pub fn push_last_modified(&self, out: &mut Vec<u8>) {
+        let at = UNIX_EPOCH + Duration::from_secs(self.mtime);
+        out.extend_from_slice(httpdate::fmt_http_date(at).as_bytes());
+    }
+
+    fn etag_matches(&self, tag: &[u8]) -> bool {
+        let mut mine = Vec::with_capacity(40);
+        self.push_etag(&mut mine);
+        tag == mine.as_slice()
+    }
+}
+
+/// What the request's conditions make of the file.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// The whole file, 200.
+    Full,
+    /// 304.
+    NotModified,
+    /// 412.
+    PreconditionFailed,
+    /// 206: these ranges (first and last byte, inclusive), in the order asked.
+    Partial(Vec<(u64, u64)>),
+    /// 416.
+    Unsatisfiable,
+}
+
+/// A request's head, to read its fields.
+#[derive(Clone, Copy)]
+pub(crate) struct Fields<'a> {
+    pub buf: &'a [u8],
+    pub headers: &'a [HeaderSpan],
+}
+
+impl<'a> Fields<'a> {
+    /// The values of every field named `name` (lower case), in order.
+    fn values(self, name: &'static [u8]) -> impl Iterator<Item = &'a [u8]> {
+        self.headers
+            .iter()
+            .filter(move |h| self.buf[h.name.clone()].eq_ignore_ascii_case(name))
+            .map(move |h| self.buf[h.value.clone()].trim_ascii())
+    }
+
+    fn first(self, name: &'static [u8]) -> Option<&'a [u8]> {
+        self.values(name).next()
+    }
+}
+
+/// The verdict for a GET (`ranged`: a Range may apply) or HEAD of a file with `v`.
+pub(crate) fn evaluate(f: Fields<'_>, v: &Validators, ranged: bool) -> Verdict {
+    if let Some(verdict) = preconditions(f, v) {
+        return verdict;
+    }
+    let Some(range) = f.first(b"range").filter(|_| ranged) else {
+        return Verdict::Full;
+    };
+    if let Some(if_range) = f.first(b"if-range") {
+        if !if_range_holds(if_range, v) {
+            return Verdict::Full;
+        }
+    }
+    match parse_ranges(range, v.len) {
+        None => Verdict::Full,
+        Some(ranges) if ranges.is_empty() => Verdict::Unsatisfiable,
+        Some(ranges) => Verdict::Partial(ranges),
+    }
+}
+
+/// RFC 9110 13.2.2, steps 1 to 4 (the method is GET or HEAD).
+fn preconditions(f: Fields<'_>, v: &Validators) -> Option<Verdict> {
+    let mut if_match = f.values(b"if-match").peekable();
+    if if_match.peek().is_some() {
+        if !if_match.any(|list| list_matches(list, v, true)) {
+            return Some(Verdict::PreconditionFailed);
+        }
+    } else if let Some(date) = f.first(b"if-unmodified-since").and_then(parse_date) {
+        if v.mtime > date {
+            return Some(Verdict::PreconditionFailed);
+        }
+    }
+    let mut if_none_match = f.values(b"if-none-match").peekable();
+    if if_none_match.peek().is_some() {
+        if if_none_match.any(|list| list_matches(list, v, false)) {
+            return Some(Verdict::NotModified);
+        }
+    } else if let Some(date) = f.first(b"if-modified-since").and_then(parse_date) {
+        if v.mtime <= date {
+            return Some(Verdict::NotModified);
+        }
+    }
+    None
+}
+
+/// Whether an entity-tag list (`*`, or tags separated by commas) holds the file's tag;
+/// `strong`: weak tags never match (If-Match), else they compare without `W/`.
+fn list_matches(list: &[u8], v: &Validators, strong: bool) -> bool {
+    if list == b"*" {
+        return true;
+    }
+    list.split(|b| *b == b',').any(|tag| {
+        let tag = tag.trim_ascii();
+        match tag.strip_prefix(b"W/") {
+            Some(_) if strong => false,
+            Some(weak) => v.etag_matches(weak),
+            None => v.etag_matches(tag),
+        }
+    })
+}
+
+/// `If-Range`: a strong tag equal to the file's, or exactly its `Last-Modified` date.
+fn if_range_holds(value: &[u8], v: &Validators) -> bool {
+    if value.starts_with(b"\"") {
+        return v.etag_matches(value);
+    }
+    parse_date(value) == Some(v.mtime)
+}
+
+fn parse_date(value: &[u8]) -> Option<u64> {
+    let text = std::str::from_utf8(value).ok()?;
+    let at: SystemTime = httpdate::parse_http_date(text).ok()?;
+    Some(at.duration_since(UNIX_EPOCH).ok()?.as_secs())
+}
+
+/// The satisfiable ranges of a `bytes=` Range over `len` bytes (empty: none is);
+/// `None`: the field is malformed, of another unit, or asks too many (ignored: 200).
+pub(crate) fn parse_ranges(value: &[u8], len: u64) -> Option<Vec<(u64, u64)>> {
+    let specs = value
+        .get(..6)
+        .filter(|unit| unit.eq_ignore_ascii_case(b"bytes="))
+        .map(|_| &value[6..])?;
+    let mut out = Vec::new();
+    let mut asked = 0;
+    for spec in specs.split(|b| *b == b',') {
+        let spec = spec.trim_ascii();
+        if spec.is_empty() {
+            continue;
+        }
+        asked += 1;
+        if asked > MAX_RANGES {
+            return None;
+        }
+        let dash = spec.iter().position(|b| *b == b'-')?;
+        let (first, last) = (&spec[..dash], &spec[dash + 1..]);
+        let range = if first.is_empty() {
+            // The last `n` bytes.
+            let n = number(last)?;
+            (n > 0 && len > 0).then(|| (len - n.min(len), len - 1))
+        } else {
+            let start = number(first)?;
+            let end = match last.is_empty() {
+                true => u64::MAX,
+                false => number(last)?,
+            };
+            if end < start {
+                return None;
+            }
+            (start < len).then(|| (start, end.min(len - 1)))
+        };
+        out.extend(range);
+    }
+    (asked > 0).then_some(out)
+}
+
+fn number(digits: &[u8]) -> Option<u64> {
+    if digits.is_empty() || digits.len() > 19 || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(digits).ok()?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_are_read_as_rfc_9110_says() {
+        let r = |s: &str| parse_ranges(s.as_bytes(), 100);
+        assert_eq!(r("bytes=0-9"), Some(vec![(0, 9)]));
+        assert_eq!(r("bytes=90-"), Some(vec![(90, 99)]));
+        assert_eq!(r("bytes=-10"), Some(vec![(90, 99)]));
+        assert_eq!(r("bytes=-1000"), Some(vec![(0, 99)]));
+        assert_eq!(r("bytes=95-200"), Some(vec![(95, 99)]));
+        assert_eq!(r("BYTES=0-0, 5-6"), Some(vec![(0, 0), (5, 6)]));
+        assert_eq!(r("bytes=100-"), Some(vec![]));
+        assert_eq!(r("bytes=-0"), Some(vec![]));
+        assert_eq!(r("bytes=5-1"), None);
+        assert_eq!(r("items=0-1"), None);
+        assert_eq!(r("bytes=a-b"), None);
+        assert_eq!(r("bytes="), None);
+        let many = format!("bytes={}", vec!["0-0"; MAX_RANGES + 1].join(","));
+        assert_eq!(r(&many), None);
+    }
+}

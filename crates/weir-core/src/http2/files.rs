@@ -1,0 +1,72 @@
+//! A static-file reply (`files::Reply`) on an HTTP/2 client's stream, sent as an HTTP/1.1
+//! upstream's response is (`exchange::respond_http1`): the head through the route's
+//! `Edits` (`respond::head_from_http1`), the body through the one relay into the stream
+//! (`respond::relay_body`), compressed when the route's plan says so.
+
+use bytes::Bytes;
+use h2::server::SendResponse;
+
+use super::exchange::Trace;
+use super::respond::{head_from_http1, relay_body, Sinking};
+use crate::codec::http1::{parse_response, BodyFraming, ResponseHead};
+use crate::error::ProxyError;
+use crate::files::{BodySource, Reply, Under};
+use crate::filters::compression;
+use crate::forward::head::{coding, plan_http1, Edits};
+use crate::forward::relay::Coding;
+use crate::forward::request_head::render_response_rules;
+use crate::forward::Failure;
+use crate::request::Request;
+
+/// Sends `reply` to the request `r` on `respond`; notes its status and body in `trace`.
+pub(crate) async fn respond_h2(
+    respond: &mut SendResponse<Bytes>,
+    r: &Request<'_>,
+    under: Under<'_>,
+    reply: Reply,
+    trace: &mut Trace,
+) -> Result<(), Failure> {
+    let Under { route, listener } = under;
+    let is_head = r.req.is_head;
+    let mut resp = ResponseHead::default();
+    let head = Bytes::from(reply.head);
+    // Weir wrote this head itself: it always parses.
+    if !parse_response(&head, head.len(), is_head, &mut resp)? {
+        return Err(ProxyError::UpstreamMalformed("incomplete file reply head").into());
+    }
+    let accepted = (route.filters.compression.as_ref())
+        .and_then(|c| compression::negotiate(c, r.buf, &r.req.headers));
+    let mut lines = Vec::new();
+    render_response_rules(&mut lines, r, route);
+    let edits = Edits {
+        rules: route
+            .filters
+            .response_headers
+            .as_ref()
+            .map(|rules| (rules, &lines[..])),
+        plan: plan_http1(route, &head, &resp, is_head, accepted),
+        ..Edits::default()
+    };
+    let response = head_from_http1(&resp, &head, &edits, http::HeaderMap::new());
+    let failed = |_| ProxyError::UpstreamMalformed("compressor failed");
+    let mut coding = coding(route, &edits.plan, resp.framing.length()).map_err(failed)?;
+    let empty = matches!(resp.framing, BodyFraming::None | BodyFraming::Length(0));
+    trace.status = resp.status;
+    trace.local = true;
+    let send = respond
+        .send_response(response, empty)
+        .map_err(|_| Failure::after_head(ProxyError::ClientClosed))?;
+    if empty {
+        return Ok(());
+    }
+    let sink = Sinking {
+        edits: &edits,
+        trace: &mut *trace,
+        stall: listener.http2.stall_timeout,
+        max_trailers: listener.http2.max_header_list_size,
+    };
+    let mut source = BodySource::new(&reply.body);
+    let relayed = relay_body(send, &mut source, sink, coding.as_mut(), None).await;
+    trace.compressed = coding.as_ref().map(Coding::compressed);
+    relayed
+}

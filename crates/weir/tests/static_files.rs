@@ -1,0 +1,506 @@
+//! Issue 27, static files: a route's `files` serves a directory as nginx `root` /
+//! `try_files` and Caddy `file_server` do. Checked over sockets against a real directory:
+//! the path-escape cases as a table (nothing outside the root, no hidden file, no escaping
+//! link), GET and HEAD only, `try_files` to a file (single-page apps) or to the route's
+//! upstream, validators and conditional requests, single and multiple ranges, 416,
+//! precompressed siblings, `cache_control`, directory redirects and listings, sendfile
+//! and relayed bodies alike, and the same replies to an HTTP/2 (h2c) client.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{h2c_client, Conf, Weir};
+use weir_testkit::{send_raw_once, status_of, Backend, Client};
+
+/// A site directory under a fresh temporary base (removed on drop): `root/` holds the
+/// files, `secret` sits beside it (outside the root).
+struct Site {
+    base: PathBuf,
+}
+
+impl Site {
+    fn new(tag: &str) -> Site {
+        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let base =
+            std::env::temp_dir().join(format!("weir-static-{tag}-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        let root = base.join("root");
+        for dir in ["sub", "empty", ".git", "deep/er"] {
+            std::fs::create_dir_all(root.join(dir)).expect("mkdir");
+        }
+        let files: [(&str, &[u8]); 9] = [
+            ("index.html", b"<h1>home</h1>\n"),
+            ("a.txt", b"0123456789abcdefghij"),
+            ("a.txt.gz", b"pretend gzip bytes"),
+            ("sub/index.html", b"sub index\n"),
+            ("deep/er/page.css", b"body{}"),
+            (".env", b"SECRET=1"),
+            (".git/config", b"[core]"),
+            ("empty/<b>&.txt", b"x"),
+            ("with space.txt", b"spaced"),
+        ];
+        for (name, body) in files {
+            std::fs::write(root.join(name), body).expect("write");
+        }
+        std::fs::write(base.join("secret"), b"outside the root").expect("write");
+        std::os::unix::fs::symlink(base.join("secret"), root.join("abs-link")).expect("link");
+        std::os::unix::fs::symlink("../secret", root.join("rel-link")).expect("link");
+        std::os::unix::fs::symlink("a.txt", root.join("in-link")).expect("link");
+        Site { base }
+    }
+
+    fn root(&self) -> PathBuf {
+        self.base.join("root")
+    }
+
+    fn write(&self, name: &str, body: &[u8]) {
+        std::fs::write(self.root().join(name), body).expect("write");
+    }
+}
+
+impl Drop for Site {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.base);
+    }
+}
+
+/// Weir with one route `site` serving `root` with the extra `files` keys `extra` (and
+/// route lines `route`).
+fn serve(root: &Path, extra: &str, route: &[&str]) -> Weir {
+    let files = format!("files = {{ root = \"{}\"{extra} }}", root.display());
+    let mut keys: Vec<&str> = vec![&files];
+    keys.extend_from_slice(route);
+    Conf::new().route_keys("site", &keys).start()
+}
+
+async fn get(weir: &Weir, path: &str, headers: &[(&str, &str)]) -> weir_testkit::Response {
+    let mut c = weir.client().await;
+    c.request("GET", path, headers, b"")
+        .await
+        .expect("response")
+}
+
+/// The status Weir answers a raw request line's target with.
+async fn status_for(weir: &Weir, target: &str) -> u16 {
+    let raw = format!("GET {target} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
+    let reply = send_raw_once(weir.addr, raw.as_bytes())
+        .await
+        .expect("reply");
+    status_of(&reply).unwrap_or_else(|| panic!("{target}: {:?}", String::from_utf8_lossy(&reply)))
+}
+
+#[tokio::test]
+async fn nothing_outside_the_root_nor_hidden_is_served() {
+    let site = Site::new("escape");
+    let weir = serve(&site.root(), "", &[]);
+    // (target, status): refused by normalisation (400), by `files` (400: encoded slash,
+    // NUL, backslash; 404: hidden names, links out of the root), or served (200).
+    let table: &[(&str, u16)] = &[
+        ("/a.txt", 200),
+        ("/in-link", 200),
+        ("/with%20space.txt", 200),
+        ("//a.txt", 200),
+        ("/../secret", 400),
+        ("/%2e%2e/secret", 400),
+        ("/sub/../../secret", 400),
+        ("/sub/%2E%2E/%2e%2e/secret", 400),
+        ("/..%2Fsecret", 400),
+        ("/sub%2F..%2F..%2Fsecret", 400),
+        ("/..%5Csecret", 400),
+        ("/sub\\..\\..\\secret", 400),
+        ("/a.txt%00.html", 400),
+        ("/abs-link", 404),
+        ("/rel-link", 404),
+        ("//etc/passwd", 404),
+        ("/.env", 404),
+        ("/.git/config", 404),
+        ("/%2egit/config", 404),
+        ("/sub/.%2e/.env", 404),
+        ("http://test/../secret", 400),
+        ("/nope", 404),
+    ];
+    let mut wrong = Vec::new();
+    for &(target, want) in table {
+        let got = status_for(&weir, target).await;
+        if got != want {
+            wrong.push(format!("{target}: {got}, not {want}"));
+        }
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
+    // No reply anywhere carried the secret.
+    for &(target, _) in table {
+        let raw = format!("GET {target} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
+        let reply = send_raw_once(weir.addr, raw.as_bytes())
+            .await
+            .expect("reply");
+        assert!(
+            !String::from_utf8_lossy(&reply).contains("outside the root"),
+            "{target}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn links_and_hidden_names_are_served_when_allowed() {
+    let site = Site::new("allowed");
+    let weir = serve(&site.root(), ", follow_symlinks = true, hidden = true", &[]);
+    assert_eq!(get(&weir, "/abs-link", &[]).await.body, b"outside the root");
+    assert_eq!(get(&weir, "/.env", &[]).await.body, b"SECRET=1");
+    // Never an absolute name, even when links may be followed.
+    assert_eq!(status_for(&weir, "//etc/passwd").await, 404);
+}
+
+#[tokio::test]
+async fn a_file_comes_with_its_type_validators_and_length() {
+    let site = Site::new("basic");
+    let weir = serve(
+        &site.root(),
+        r#", cache_control = "public, max-age=60""#,
+        &[],
+    );
+    let r = get(&weir, "/a.txt", &[]).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body, b"0123456789abcdefghij");
+    assert_eq!(r.header("content-type"), Some("text/plain; charset=utf-8"));
+    assert_eq!(r.header("content-length"), Some("20"));
+    assert_eq!(r.header("accept-ranges"), Some("bytes"));
+    assert_eq!(r.header("cache-control"), Some("public, max-age=60"));
+    let etag = r.header("etag").expect("etag");
+    assert!(etag.starts_with('"') && etag.ends_with("-14\""), "{etag}");
+    assert!(r
+        .header("last-modified")
+        .is_some_and(|d| d.ends_with(" GMT")));
+    assert!(r.header("date").is_some());
+    assert_eq!(
+        get(&weir, "/deep/er/page.css", &[])
+            .await
+            .header("content-type"),
+        Some("text/css; charset=utf-8")
+    );
+    // HEAD: the same head, no body.
+    let mut c = weir.client().await;
+    let head = c.request("HEAD", "/a.txt", &[], b"").await.expect("head");
+    assert_eq!((head.status, head.body.len()), (200, 0));
+    assert_eq!(head.header("content-length"), Some("20"));
+    assert_eq!(head.header("etag"), Some(etag));
+    // The connection carried on after both.
+    assert_eq!(
+        c.request("GET", "/index.html", &[], b"")
+            .await
+            .expect("again")
+            .body,
+        b"<h1>home</h1>\n"
+    );
+}
+
+#[tokio::test]
+async fn only_get_and_head_are_served() {
+    let site = Site::new("methods");
+    let weir = serve(&site.root(), "", &[]);
+    for method in ["POST", "PUT", "DELETE", "OPTIONS"] {
+        let mut c = weir.client().await;
+        let r = c
+            .request(method, "/a.txt", &[], b"x")
+            .await
+            .expect("response");
+        assert_eq!(r.status, 405, "{method}");
+        assert_eq!(r.header("allow"), Some("GET, HEAD"), "{method}");
+    }
+}
+
+#[tokio::test]
+async fn directories_redirect_to_their_slash_then_serve_their_index() {
+    let site = Site::new("dirs");
+    let weir = serve(&site.root(), "", &[]);
+    let r = get(&weir, "/sub?x=1", &[]).await;
+    assert_eq!(r.status, 301);
+    assert_eq!(r.header("location"), Some("/sub/?x=1"));
+    assert_eq!(get(&weir, "/sub/", &[]).await.body, b"sub index\n");
+    assert_eq!(get(&weir, "/", &[]).await.body, b"<h1>home</h1>\n");
+    // No index, no listing (off by default).
+    assert_eq!(get(&weir, "/empty/", &[]).await.status, 404);
+}
+
+#[tokio::test]
+async fn a_listing_escapes_names() {
+    let site = Site::new("listing");
+    let weir = serve(&site.root(), ", listing = true", &[]);
+    let r = get(&weir, "/empty/", &[]).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("content-type"), Some("text/html; charset=utf-8"));
+    let page = r.body_str();
+    assert!(
+        page.contains(r#"<a href="%3Cb%3E%26.txt">&lt;b&gt;&amp;.txt</a>"#),
+        "{page}"
+    );
+    assert!(!page.contains("<b>&"), "{page}");
+    let root = get(&weir, "/deep/", &[]).await.body_str().into_owned();
+    assert!(
+        root.contains(r#"href="er/""#) && !root.contains(".env"),
+        "{root}"
+    );
+}
+
+#[tokio::test]
+async fn try_files_falls_back_to_a_file_or_to_the_upstream() {
+    let site = Site::new("try");
+    let spa = serve(
+        &site.root(),
+        r#", try_files = ["{path}", "{path}/", "/index.html"]"#,
+        &[],
+    );
+    assert_eq!(
+        get(&spa, "/app/route/42", &[]).await.body,
+        b"<h1>home</h1>\n"
+    );
+    assert_eq!(get(&spa, "/a.txt", &[]).await.body, b"0123456789abcdefghij");
+    assert_eq!(get(&spa, "/sub", &[]).await.body, b"sub index\n");
+    // Hidden names stay refused: no fallback for them.
+    assert_eq!(get(&spa, "/.env", &[]).await.status, 404);
+
+    let app = Backend::echo("app");
+    let files = format!("files = {{ root = \"{}\" }}", site.root().display());
+    let weir = Conf::new()
+        .route_keys("site", &[&files, r#"upstream = "app""#])
+        .upstream("app", &[app.addr()], &[])
+        .start();
+    assert_eq!(
+        get(&weir, "/a.txt", &[]).await.body,
+        b"0123456789abcdefghij"
+    );
+    let r = get(&weir, "/api/users", &[]).await;
+    assert_eq!(r.header("x-backend"), Some("app"), "{r:?}");
+    let mut c = weir.client().await;
+    let posted = c
+        .request("POST", "/a.txt", &[], b"form")
+        .await
+        .expect("post");
+    assert_eq!(posted.header("x-backend"), Some("app"), "{posted:?}");
+    assert_eq!(app.requests_served(), 2);
+}
+
+#[tokio::test]
+async fn conditional_requests_follow_rfc_9110() {
+    let site = Site::new("cond");
+    let weir = serve(&site.root(), "", &[]);
+    let first = get(&weir, "/a.txt", &[]).await;
+    let etag = first.header("etag").expect("etag").to_owned();
+    let modified = first
+        .header("last-modified")
+        .expect("last-modified")
+        .to_owned();
+    let weak = format!("W/{etag}");
+    let listed = format!("\"other\", {etag}");
+    let cases: &[(&[(&str, &str)], u16)] = &[
+        (&[("If-None-Match", &etag)], 304),
+        (&[("If-None-Match", &weak)], 304),
+        (&[("If-None-Match", &listed)], 304),
+        (&[("If-None-Match", "*")], 304),
+        (&[("If-None-Match", "\"other\"")], 200),
+        (&[("If-Modified-Since", &modified)], 304),
+        (
+            &[("If-Modified-Since", "Thu, 01 Jan 1970 00:00:00 GMT")],
+            200,
+        ),
+        // If-None-Match wins over If-Modified-Since.
+        (
+            &[
+                ("If-None-Match", "\"other\""),
+                ("If-Modified-Since", &modified),
+            ],
+            200,
+        ),
+        (&[("If-Match", &etag)], 200),
+        (&[("If-Match", "*")], 200),
+        (&[("If-Match", &weak)], 412),
+        (&[("If-Match", "\"other\"")], 412),
+        (
+            &[("If-Unmodified-Since", "Thu, 01 Jan 1970 00:00:00 GMT")],
+            412,
+        ),
+        (&[("If-Unmodified-Since", &modified)], 200),
+    ];
+    for (headers, want) in cases {
+        let r = get(&weir, "/a.txt", headers).await;
+        assert_eq!(r.status, *want, "{headers:?}");
+        if r.status == 304 {
+            assert!(r.body.is_empty());
+            assert_eq!(r.header("etag"), Some(etag.as_str()));
+        }
+    }
+}
+
+#[tokio::test]
+async fn ranges_single_multiple_and_unsatisfiable() {
+    let site = Site::new("ranges");
+    let weir = serve(&site.root(), "", &[]);
+    let r = get(&weir, "/a.txt", &[("Range", "bytes=2-5")]).await;
+    assert_eq!((r.status, r.body.as_slice()), (206, &b"2345"[..]));
+    assert_eq!(r.header("content-range"), Some("bytes 2-5/20"));
+    assert_eq!(r.header("content-length"), Some("4"));
+    let r = get(&weir, "/a.txt", &[("Range", "bytes=-3")]).await;
+    assert_eq!((r.status, r.body.as_slice()), (206, &b"hij"[..]));
+    let r = get(&weir, "/a.txt", &[("Range", "bytes=0-1,18-")]).await;
+    assert_eq!(r.status, 206);
+    let kind = r.header("content-type").expect("type").to_owned();
+    let boundary = kind
+        .strip_prefix("multipart/byteranges; boundary=")
+        .expect(&kind);
+    let body = r.body_str();
+    let want = format!(
+        "\r\n--{boundary}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Range: bytes 0-1/20\r\n\r\n01\
+         \r\n--{boundary}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Range: bytes 18-19/20\r\n\r\nij\
+         \r\n--{boundary}--\r\n"
+    );
+    assert_eq!(body, want);
+    assert_eq!(
+        r.header("content-length"),
+        Some(want.len().to_string().as_str())
+    );
+    let r = get(&weir, "/a.txt", &[("Range", "bytes=20-")]).await;
+    assert_eq!(r.status, 416);
+    assert_eq!(r.header("content-range"), Some("bytes */20"));
+    // Malformed, or another unit: the whole file.
+    for range in ["bytes=5-1", "pages=1-2"] {
+        assert_eq!(
+            get(&weir, "/a.txt", &[("Range", range)]).await.status,
+            200,
+            "{range}"
+        );
+    }
+    // If-Range: the range only while the file is the one the client has.
+    let etag = get(&weir, "/a.txt", &[])
+        .await
+        .header("etag")
+        .expect("etag")
+        .to_owned();
+    let r = get(
+        &weir,
+        "/a.txt",
+        &[("Range", "bytes=0-0"), ("If-Range", &etag)],
+    )
+    .await;
+    assert_eq!((r.status, r.body.as_slice()), (206, &b"0"[..]));
+    let r = get(
+        &weir,
+        "/a.txt",
+        &[("Range", "bytes=0-0"), ("If-Range", "\"old\"")],
+    )
+    .await;
+    assert_eq!((r.status, r.body.len()), (200, 20));
+}
+
+#[tokio::test]
+async fn precompressed_siblings_go_to_clients_that_accept_them() {
+    let site = Site::new("precompressed");
+    let weir = serve(&site.root(), r#", precompressed = ["br", "gzip"]"#, &[]);
+    let r = get(&weir, "/a.txt", &[("Accept-Encoding", "gzip, br")]).await;
+    assert_eq!(
+        r.header("content-encoding"),
+        Some("gzip"),
+        "no .br: the .gz"
+    );
+    assert_eq!(r.body, b"pretend gzip bytes");
+    assert_eq!(r.header("content-type"), Some("text/plain; charset=utf-8"));
+    assert_eq!(r.header("vary"), Some("Accept-Encoding"));
+    let plain = get(&weir, "/a.txt", &[("Accept-Encoding", "br")]).await;
+    assert_eq!(
+        (plain.header("content-encoding"), plain.body.len()),
+        (None, 20)
+    );
+    assert_eq!(plain.header("vary"), Some("Accept-Encoding"));
+    assert_ne!(r.header("etag"), plain.header("etag"));
+}
+
+#[tokio::test]
+async fn large_bodies_by_sendfile_and_by_relay_alike() {
+    let site = Site::new("large");
+    let big: Vec<u8> = (0..(1 << 20) + 17).map(|i| (i % 251) as u8).collect();
+    site.write("big.bin", &big);
+    for extra in [", sendfile_min_size = 1", r#", sendfile_min_size = "1GiB""#] {
+        let weir = serve(&site.root(), extra, &[]);
+        let mut c = weir.client().await;
+        for _ in 0..2 {
+            let r = c.request("GET", "/big.bin", &[], b"").await.expect("big");
+            assert_eq!(r.status, 200, "{extra}");
+            assert_eq!(r.header("content-type"), Some("application/octet-stream"));
+            assert!(r.body == big, "{extra}: {} bytes", r.body.len());
+        }
+        let r = c
+            .request("GET", "/big.bin", &[("Range", "bytes=1000000-")], b"")
+            .await
+            .expect("range");
+        assert!(r.status == 206 && r.body == big[1_000_000..], "{extra}");
+    }
+}
+
+#[tokio::test]
+async fn http2_clients_get_the_same_replies() {
+    let site = Site::new("h2");
+    let big: Vec<u8> = (0..300_000).map(|i| (i % 253) as u8).collect();
+    site.write("big.bin", &big);
+    let weir = serve(&site.root(), r#", cache_control = "no-cache""#, &[]);
+    let mut h2 = h2c_client(weir.addr).await;
+    let fetch =
+        async |h2: &mut h2::client::SendRequest<bytes::Bytes>, path: &str, range: Option<&str>| {
+            let mut req = http::Request::get(format!("http://test{path}"));
+            if let Some(range) = range {
+                req = req.header("range", range);
+            }
+            let (resp, _) = h2.send_request(req.body(()).unwrap(), true).expect("send");
+            let resp = resp.await.expect("response");
+            let (parts, mut body) = resp.into_parts();
+            let mut bytes = Vec::new();
+            while let Some(chunk) = body.data().await {
+                let chunk = chunk.expect("data");
+                let _ = body.flow_control().release_capacity(chunk.len());
+                bytes.extend_from_slice(&chunk);
+            }
+            (parts, bytes)
+        };
+    let (parts, body) = fetch(&mut h2, "/a.txt", None).await;
+    assert_eq!(parts.status, 200);
+    assert_eq!(body, b"0123456789abcdefghij");
+    assert_eq!(parts.headers["content-type"], "text/plain; charset=utf-8");
+    assert_eq!(parts.headers["cache-control"], "no-cache");
+    assert!(parts.headers.contains_key("etag"));
+    let (parts, body) = fetch(&mut h2, "/a.txt", Some("bytes=10-")).await;
+    assert_eq!(
+        (parts.status.as_u16(), body.as_slice()),
+        (206, &b"abcdefghij"[..])
+    );
+    let (parts, body) = fetch(&mut h2, "/big.bin", None).await;
+    assert!(parts.status == 200 && body == big, "{} bytes", body.len());
+    let (parts, _) = fetch(&mut h2, "/.env", None).await;
+    assert_eq!(parts.status, 404);
+}
+
+#[tokio::test]
+async fn response_headers_and_compression_apply_to_files() {
+    let site = Site::new("edits");
+    let text = "static text, compressible. ".repeat(100);
+    site.write("long.txt", text.as_bytes());
+    let weir = serve(
+        &site.root(),
+        "",
+        &[
+            r#"response_headers = { set = { "X-Served-By" = "weir" } }"#,
+            r#"compression = { algorithms = ["gzip"], min_size = 10 }"#,
+        ],
+    );
+    let mut c = Client::connect(weir.addr).await.expect("connect");
+    let r = c
+        .request("GET", "/long.txt", &[("Accept-Encoding", "gzip")], b"")
+        .await
+        .expect("r");
+    assert_eq!(r.header("x-served-by"), Some("weir"));
+    assert_eq!(r.header("content-encoding"), Some("gzip"));
+    let mut plain = String::new();
+    use std::io::Read;
+    flate2::read::GzDecoder::new(r.body.as_slice())
+        .read_to_string(&mut plain)
+        .expect("gzip");
+    assert_eq!(plain, text);
+}
