@@ -97,6 +97,8 @@ pub struct Current {
     pub last_try: LastTry,
     /// What the route's compression did to the response (metrics).
     pub compressed: Option<crate::filters::compression::Compressed>,
+    /// Its trace, when sampled (`otel::begin`, once routed).
+    pub trace: Option<std::rc::Rc<crate::otel::RequestTrace>>,
     /// It failed before its response, and its head and whole body had been consumed from
     /// the buffer by then (which now starts at the next request): Weir's answer need not
     /// close the connection (`proxy::http1::answer`).
@@ -112,6 +114,7 @@ impl Current {
             log_fields: RequestFields::default(),
             last_try: LastTry::default(),
             compressed: None,
+            trace: None,
             read: false,
         }
     }
@@ -384,6 +387,7 @@ impl ClientConn {
             },
             started: self.current.started,
             protocol: Protocol::Http1,
+            trace: self.current.trace.as_deref(),
         }
     }
 
