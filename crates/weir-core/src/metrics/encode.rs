@@ -621,10 +621,21 @@ impl Scrape {
         }
         let s = &crate::otel::export::STATS;
         let exported = vec![(vec![], s.exported.load(Relaxed))];
-        counter(enc, "weir_tracing_spans_exported", "Spans the collector accepted.", &exported)?;
+        counter(
+            enc,
+            "weir_tracing_spans_exported",
+            "Spans the collector accepted.",
+            &exported,
+        )?;
         let dropped = vec![
-            (vec![("reason", "queue_full".to_owned())], s.dropped_queue_full.load(Relaxed)),
-            (vec![("reason", "export_failed".to_owned())], s.dropped_export_failed.load(Relaxed)),
+            (
+                vec![("reason", "queue_full".to_owned())],
+                s.dropped_queue_full.load(Relaxed),
+            ),
+            (
+                vec![("reason", "export_failed".to_owned())],
+                s.dropped_export_failed.load(Relaxed),
+            ),
         ];
         counter(
             enc,

@@ -109,7 +109,10 @@ mod tests {
         let unsampled = b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00";
         assert!(!parse_traceparent(unsampled).unwrap().sampled);
         // A later version with more fields is read by its first four.
-        assert!(parse_traceparent(b"01-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-xyz").is_some());
+        assert!(
+            parse_traceparent(b"01-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-xyz")
+                .is_some()
+        );
     }
 
     #[test]
@@ -123,7 +126,12 @@ mod tests {
             b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b716920333",
             b"",
         ] {
-            assert_eq!(parse_traceparent(bad), None, "{}", String::from_utf8_lossy(bad));
+            assert_eq!(
+                parse_traceparent(bad),
+                None,
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
         }
     }
 }

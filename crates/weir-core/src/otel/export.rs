@@ -18,7 +18,9 @@ use std::time::Instant;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, InstrumentationScope, KeyValue};
 use opentelemetry_proto::tonic::resource::v1::Resource;
-use opentelemetry_proto::tonic::trace::v1::{span, status, ResourceSpans, ScopeSpans, Span, Status};
+use opentelemetry_proto::tonic::trace::v1::{
+    span, status, ResourceSpans, ScopeSpans, Span, Status,
+};
 use prost::Message;
 use weir_config::Tracing;
 
@@ -74,7 +76,12 @@ pub(super) fn run(rx: Receiver<SpanRecord>, config: Tracing) {
 
 /// Takes spans into `batch` until it holds `max` or `deadline` passes. `false`: the
 /// channel is closed.
-fn fill(rx: &Receiver<SpanRecord>, batch: &mut Vec<SpanRecord>, max: usize, deadline: Instant) -> bool {
+fn fill(
+    rx: &Receiver<SpanRecord>,
+    batch: &mut Vec<SpanRecord>,
+    max: usize,
+    deadline: Instant,
+) -> bool {
     while batch.len() < max {
         let left = deadline.saturating_duration_since(Instant::now());
         match rx.recv_timeout(left) {
@@ -136,7 +143,9 @@ impl Collector {
         }
         match status {
             200..=299 => Ok(()),
-            _ => Err(std::io::Error::other(format!("collector answered {status}"))),
+            _ => Err(std::io::Error::other(format!(
+                "collector answered {status}"
+            ))),
         }
     }
 
@@ -173,7 +182,10 @@ fn read_response(stream: &mut TcpStream, buf: &mut Vec<u8>) -> std::io::Result<(
         if let httparse::Status::Complete(len) = resp.parse(buf).map_err(std::io::Error::other)? {
             let status = resp.code.unwrap_or(0);
             let header = |name: &str| {
-                let found = resp.headers.iter().find(|h| h.name.eq_ignore_ascii_case(name));
+                let found = resp
+                    .headers
+                    .iter()
+                    .find(|h| h.name.eq_ignore_ascii_case(name));
                 found.map(|h| h.value)
             };
             let close = header("connection").is_some_and(|v| v.eq_ignore_ascii_case(b"close"));
@@ -205,7 +217,10 @@ fn read_response(stream: &mut TcpStream, buf: &mut Vec<u8>) -> std::io::Result<(
 /// The export request for `batch`: one resource (`service.name`), one scope (`weir`).
 fn encode(service_name: &str, batch: &[SpanRecord]) -> ExportTraceServiceRequest {
     let resource = Resource {
-        attributes: vec![key_value("service.name", &Value::Str(service_name.to_owned()))],
+        attributes: vec![key_value(
+            "service.name",
+            &Value::Str(service_name.to_owned()),
+        )],
         ..Default::default()
     };
     let scope = InstrumentationScope {

@@ -155,10 +155,19 @@ fn server_attributes(r: &Request<'_>, route: Option<&Route>) -> Vec<(&'static st
     let text = |b: &[u8]| Value::Str(String::from_utf8_lossy(b).into_owned());
     let mut a = vec![
         ("http.request.method", text(&buf[req.method.clone()])),
-        ("url.path", text(req.path(buf).split(|b| *b == b'?').next().unwrap_or(b""))),
+        (
+            "url.path",
+            text(req.path(buf).split(|b| *b == b'?').next().unwrap_or(b"")),
+        ),
         ("url.scheme", text(r.origin.scheme())),
-        ("network.protocol.version", Value::Str(protocol_version(r).to_owned())),
-        ("client.address", Value::Str(r.origin.client_ip().to_string())),
+        (
+            "network.protocol.version",
+            Value::Str(protocol_version(r).to_owned()),
+        ),
+        (
+            "client.address",
+            Value::Str(r.origin.client_ip().to_string()),
+        ),
     ];
     if let Some(host) = Some(req.host_name(buf)).filter(|h| !h.is_empty()) {
         a.push(("server.address", text(host)));
@@ -233,13 +242,25 @@ impl RequestTrace {
         self.rng.set(rng.next_u64());
         let resends = self.sends.get();
         self.sends.set(resends + 1);
-        let host = server.name.rsplit_once(':').map_or(&*server.name, |(h, _)| h);
+        let host = server
+            .name
+            .rsplit_once(':')
+            .map_or(&*server.name, |(h, _)| h);
         let mut attributes = vec![
             ("http.request.method", self.server[0].1.clone()),
-            ("server.address", Value::Str(host.trim_matches(['[', ']']).to_owned())),
+            (
+                "server.address",
+                Value::Str(host.trim_matches(['[', ']']).to_owned()),
+            ),
             ("server.port", Value::Int(i64::from(server.addr.port()))),
-            ("network.peer.address", Value::Str(server.addr.ip().to_string())),
-            ("network.protocol.version", Value::Str(if h2 { "2" } else { "1.1" }.to_owned())),
+            (
+                "network.peer.address",
+                Value::Str(server.addr.ip().to_string()),
+            ),
+            (
+                "network.protocol.version",
+                Value::Str(if h2 { "2" } else { "1.1" }.to_owned()),
+            ),
         ];
         if resends > 0 {
             attributes.push(("http.request.resend_count", Value::Int(i64::from(resends))));
@@ -299,7 +320,11 @@ impl RequestTrace {
         // A server span is an error for a 5xx (a 4xx is the client's).
         let error = error.or((status >= 500).then_some(""));
         if let Some(e) = error {
-            let kind = if e.is_empty() { status.to_string() } else { e.to_owned() };
+            let kind = if e.is_empty() {
+                status.to_string()
+            } else {
+                e.to_owned()
+            };
             attributes.push(("error.type", Value::Str(kind)));
         }
         let route = self.server.iter().find(|(k, _)| *k == "http.route");
@@ -319,7 +344,13 @@ impl RequestTrace {
             start: self.wall,
             end: self.wall + elapsed_nanos(self.started),
             attributes,
-            error: error.map(|e| if e.is_empty() { status.to_string() } else { e.to_owned() }),
+            error: error.map(|e| {
+                if e.is_empty() {
+                    status.to_string()
+                } else {
+                    e.to_owned()
+                }
+            }),
         });
     }
 
