@@ -183,6 +183,65 @@ async fn an_h2c_request_is_traced_and_a_failure_marked() {
     );
 }
 
+/// To an HTTP/2 upstream (from an HTTP/1.1 client, and from an h2c client's own fields),
+/// the client's trace context is replaced by the attempt's, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_h2_upstream_gets_the_attempts_traceparent() {
+    let receiver = OtlpReceiver::start();
+    let backend = weir_testkit::H2Backend::h2c();
+    let weir = Conf::new()
+        .route("all", "up", &[])
+        .upstream("up", &[backend.addr()], &["protocol = \"h2c\""])
+        .listener("trusted_proxies = [\"10.0.0.0/8\"]")
+        .table(&tracing_table(&receiver.endpoint(), 1.0, ""))
+        .start();
+    let mut client = weir.client().await;
+    let headers = [("traceparent", INCOMING), ("tracestate", "a=b")];
+    let r = client
+        .request("GET", "/show-fields", &headers, b"")
+        .await
+        .unwrap();
+    let h1_fields = String::from_utf8_lossy(&r.body).into_owned();
+    let mut h2 = common::h2c_client(weir.addr).await;
+    let req = http::Request::get("http://t/show-fields")
+        .header("traceparent", INCOMING)
+        .body(())
+        .unwrap();
+    let (response, _) = h2.send_request(req, true).unwrap();
+    let mut body = response.await.unwrap().into_body();
+    let mut h2_fields = Vec::new();
+    while let Some(chunk) = body.data().await {
+        h2_fields.extend_from_slice(&chunk.unwrap());
+    }
+    let h2_fields = String::from_utf8_lossy(&h2_fields).into_owned();
+    let spans = spans(&receiver, 4);
+    for (fields, version) in [(h1_fields, "1.1"), (h2_fields, "2")] {
+        let server = spans
+            .iter()
+            .find(|s| {
+                s.kind == SERVER
+                    && string_attr(&s.attributes, "network.protocol.version") == Some(version)
+            })
+            .expect("the server span");
+        let attempt = spans
+            .iter()
+            .find(|s| s.parent_span_id == server.span_id)
+            .unwrap();
+        assert_eq!(
+            string_attr(&attempt.attributes, "network.protocol.version"),
+            Some("2")
+        );
+        let want = format!(
+            "traceparent: 00-{}-{}-01",
+            hex(&server.trace_id),
+            hex(&attempt.span_id)
+        );
+        assert_eq!(fields.matches("traceparent").count(), 1, "{fields}");
+        assert!(fields.contains(&want), "{version}: {fields}");
+        assert!(!fields.contains("tracestate"), "untrusted: {fields}");
+    }
+}
+
 /// A trusted peer's `traceparent` continues its trace; an untrusted peer's is ignored.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_incoming_traceparent_is_honoured_only_from_trusted_proxies() {
@@ -247,7 +306,10 @@ async fn sampling_zero_exports_nothing_and_a_route_can_override_it() {
     // goes on as it came.
     let unsampled = INCOMING.replace("-01", "-00");
     let headers = [("traceparent", unsampled.as_str())];
-    let r = client.request("GET", "/plain", &headers, b"").await.unwrap();
+    let r = client
+        .request("GET", "/plain", &headers, b"")
+        .await
+        .unwrap();
     assert_eq!(upstream_traceparent(&r.body), Some(unsampled));
     // One worker, one queue: once this request's spans arrived, the others' would have.
     client.get("/traced/x", "t").await.unwrap();

@@ -320,7 +320,7 @@ impl Stream<'_> {
         // Routed and forwarded on the normalised path, exactly as HTTP/1 requests are.
         let mut path = RoutedPath::default();
         let (route, decision) = routing.decide(&self.request, &mut path);
-        *otel = routing.trace(route, &self.request);
+        *otel = routing.trace(route, || self.request);
         let r = &Request {
             trace: otel.as_deref(),
             ..self.request

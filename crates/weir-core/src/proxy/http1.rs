@@ -286,7 +286,7 @@ async fn handle(
     let mut path = std::mem::take(&mut conn.path);
     let (route, decision) = routing.decide(&conn.request(req), &mut path);
     conn.path = path;
-    conn.current.trace = routing.trace(route, &conn.request(req));
+    conn.current.trace = routing.trace(route, || conn.request(req));
     match decision {
         Decision::Forward(target) => Handled {
             route,

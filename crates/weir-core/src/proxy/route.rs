@@ -120,18 +120,19 @@ impl<'a> Routing<'a> {
         (route, Decision::Forward(self.target(config, upstream)))
     }
 
-    /// The trace of request `r`, routed to `route`, if it is sampled (`otel::begin`; at
-    /// once `None` without `[tracing]`). Asked after `decide`, for every decision.
+    /// The trace of the request (`request` presents it only when asked), routed to
+    /// `route`, if it is sampled (`otel::begin`; at once `None` without `[tracing]`).
+    /// Asked after `decide`, for every decision.
     #[inline]
-    pub fn trace(
+    pub fn trace<'r>(
         &self,
         route: Option<usize>,
-        r: &Request<'_>,
+        request: impl FnOnce() -> Request<'r>,
     ) -> Option<std::rc::Rc<crate::otel::RequestTrace>> {
         let tracer = self.snapshot.tracer.as_ref()?;
         let listener = self.listener();
         let route = route.map(|i| &listener.routes[i]);
-        crate::otel::begin(self.worker, tracer, listener, route, r)
+        crate::otel::begin(self.worker, tracer, listener, route, &request())
     }
 
     /// The route's upstream `upstream_index`, with its pool plan and the listener's limits.
