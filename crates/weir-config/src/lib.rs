@@ -338,6 +338,7 @@ max_idle = 256
             listeners: vec![listener("web", "127.0.0.1:8080", Vec::new())],
             upstreams: Vec::new(),
             cluster: Default::default(),
+            tracing: None,
             relative_paths: Vec::new(),
         };
         assert_eq!(config, expected);
