@@ -80,6 +80,10 @@ pub struct ClientConn {
     pub tls: Option<Box<crate::tls::session::TlsSession>>,
     /// The request in progress.
     pub current: Current,
+    /// The request's trace, when sampled (`otel::begin`, once routed): set only then, and
+    /// taken when the request is recorded (outside `Current`, so that a connection
+    /// without tracing does not reset it per request).
+    pub trace: Option<std::rc::Rc<crate::otel::RequestTrace>>,
 }
 
 /// What a connection's request in progress leaves for its answer and its log line. Each
@@ -97,8 +101,6 @@ pub struct Current {
     pub last_try: LastTry,
     /// What the route's compression did to the response (metrics).
     pub compressed: Option<crate::filters::compression::Compressed>,
-    /// Its trace, when sampled (`otel::begin`, once routed).
-    pub trace: Option<std::rc::Rc<crate::otel::RequestTrace>>,
     /// It failed before its response, and its head and whole body had been consumed from
     /// the buffer by then (which now starts at the next request): Weir's answer need not
     /// close the connection (`proxy::http1::answer`).
@@ -114,7 +116,6 @@ impl Current {
             log_fields: RequestFields::default(),
             last_try: LastTry::default(),
             compressed: None,
-            trace: None,
             read: false,
         }
     }
@@ -215,6 +216,7 @@ impl ClientConn {
             upstream_timer: LazyTimer::new(Instant::from_std(now)),
             tls: None,
             current: Current::new(now),
+            trace: None,
         }
     }
 
@@ -387,7 +389,7 @@ impl ClientConn {
             },
             started: self.current.started,
             protocol: Protocol::Http1,
-            trace: self.current.trace.as_deref(),
+            trace: self.trace.as_deref(),
         }
     }
 

@@ -53,7 +53,7 @@ pub async fn forward(
     let path = conn.path.get(req.path(buf));
     let key = RequestKey::new(&target.upstream.lb, buf, req, path, conn.client_text());
     // Shared with `conn` (its head writers read the attempt's span from it).
-    let trace = conn.current.trace.clone();
+    let trace = conn.trace.clone();
     let x = Exchange {
         worker,
         target,

@@ -320,10 +320,18 @@ impl Stream<'_> {
         // Routed and forwarded on the normalised path, exactly as HTTP/1 requests are.
         let mut path = RoutedPath::default();
         let (route, decision) = routing.decide(&self.request, &mut path);
-        *otel = routing.trace(route, || self.request);
-        let r = &Request {
-            trace: otel.as_deref(),
-            ..self.request
+        // Without a trace, the request as it is (no copy).
+        let traced;
+        let r = match routing.trace(route, || self.request) {
+            None => &self.request,
+            Some(trace) => {
+                let trace = &*otel.insert(trace);
+                traced = Request {
+                    trace: Some(trace),
+                    ..self.request
+                };
+                &traced
+            }
         };
         let target = match (route, decision) {
             (route, Decision::Forward(target)) => (route, target),

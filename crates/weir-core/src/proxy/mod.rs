@@ -106,7 +106,8 @@ impl ClientSide<'_> {
             request_id: conn.current.request_id.as_bytes(),
             compressed: conn.current.compressed,
             grpc_status: None,
-            trace: conn.current.trace.as_deref(),
+            // The adapter's, taken from the connection (`serve_client`).
+            trace: None,
         }
     }
 }
