@@ -98,8 +98,6 @@ pub struct Worker {
     pub idle: Places,
     /// This worker's request-id source.
     pub request_ids: crate::filters::request_id::RequestIds,
-    /// Sampling draws and trace ids (`otel`; used only with `[tracing]`).
-    pub trace_rng: RefCell<crate::upstream::lb::rng::XorShift>,
     /// Recent successful basic-auth checks (bcrypt is slow on purpose).
     pub auth_cache: crate::filters::basic_auth::AuthCache,
     /// What this worker admitted under shared rate limits since their last sync.
@@ -142,7 +140,6 @@ impl Worker {
             handshakes: Default::default(),
             idle: Default::default(),
             request_ids: Default::default(),
-            trace_rng: RefCell::new(crate::upstream::lb::rng::XorShift::from_entropy()),
             auth_cache: Default::default(),
             shared_counts: Default::default(),
             open_files: Default::default(),

@@ -329,14 +329,13 @@ async fn on_server<S: Sender>(
         fresh: false,
     };
     let mut left = MAX_UNPROCESSED;
-    let trace = tries.x.trace;
     loop {
         left -= 1;
-        if let Some(t) = trace {
+        if let Some(t) = tries.x.trace {
             t.begin_attempt(server, tries.x.target.upstream);
         }
         let sent = sender.send(&attempt, tries).await;
-        if let Some(t) = trace {
+        if let Some(t) = tries.x.trace {
             t.end_attempt(attempt_end(&sent));
         }
         match sent {

@@ -75,22 +75,27 @@ fn hex_byte(two: &[u8]) -> Option<u8> {
     Some(digit(two[0])? << 4 | digit(two[1])?)
 }
 
-/// Appends `bytes` as lower-case hex.
+/// Appends `bytes` as lower-case hex (at most 16 bytes).
 pub fn push_hex(out: &mut Vec<u8>, bytes: &[u8]) {
+    let mut text = [0u8; 32];
+    hex_into(&mut text, bytes);
+    out.extend_from_slice(&text[..2 * bytes.len()]);
+}
+
+fn hex_into(text: &mut [u8], bytes: &[u8]) {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    for b in bytes {
-        out.push(DIGITS[usize::from(b >> 4)]);
-        out.push(DIGITS[usize::from(b & 15)]);
+    for (pair, b) in text.chunks_exact_mut(2).zip(bytes) {
+        pair[0] = DIGITS[usize::from(b >> 4)];
+        pair[1] = DIGITS[usize::from(b & 15)];
     }
 }
 
 /// `00-trace-span-01`: a sampled span as the parent of the next hop.
 pub fn push_traceparent(out: &mut Vec<u8>, trace_id: &[u8; 16], span_id: &[u8; 8]) {
-    out.extend_from_slice(b"00-");
-    push_hex(out, trace_id);
-    out.push(b'-');
-    push_hex(out, span_id);
-    out.extend_from_slice(b"-01");
+    let mut v = *b"00-00000000000000000000000000000000-0000000000000000-01";
+    hex_into(&mut v[3..35], trace_id);
+    hex_into(&mut v[36..52], span_id);
+    out.extend_from_slice(&v);
 }
 
 #[cfg(test)]

@@ -59,7 +59,7 @@ pub(super) fn run(rx: Receiver<SpanRecord>, config: Tracing) {
         let open = fill(&rx, &mut batch, conn.config.batch_size, deadline);
         if !batch.is_empty() {
             let n = batch.len() as u64;
-            match conn.export(&batch) {
+            match conn.export(&mut batch) {
                 Ok(()) => STATS.exported.fetch_add(n, Relaxed),
                 Err(error) => {
                     tracing::debug!(%error, spans = n, "span export failed");
@@ -102,9 +102,9 @@ struct Collector {
 }
 
 impl Collector {
-    fn export(&mut self, batch: &[SpanRecord]) -> std::io::Result<()> {
+    fn export(&mut self, batch: &mut Vec<SpanRecord>) -> std::io::Result<()> {
         self.body.clear();
-        encode(&self.config.service_name, batch)
+        encode(&self.config.service_name, batch.drain(..))
             .encode(&mut self.body)
             .map_err(std::io::Error::other)?;
         // A kept connection the collector closed meanwhile fails at once: one more try on
@@ -215,11 +215,14 @@ fn read_response(stream: &mut TcpStream, buf: &mut Vec<u8>) -> std::io::Result<(
 }
 
 /// The export request for `batch`: one resource (`service.name`), one scope (`weir`).
-fn encode(service_name: &str, batch: &[SpanRecord]) -> ExportTraceServiceRequest {
+fn encode(
+    service_name: &str,
+    batch: impl Iterator<Item = SpanRecord>,
+) -> ExportTraceServiceRequest {
     let resource = Resource {
         attributes: vec![key_value(
             "service.name",
-            &Value::Str(service_name.to_owned()),
+            Value::Str(service_name.to_owned()),
         )],
         ..Default::default()
     };
@@ -233,7 +236,7 @@ fn encode(service_name: &str, batch: &[SpanRecord]) -> ExportTraceServiceRequest
             resource: Some(resource),
             scope_spans: vec![ScopeSpans {
                 scope: Some(scope),
-                spans: batch.iter().map(span).collect(),
+                spans: batch.map(span).collect(),
                 schema_url: String::new(),
             }],
             schema_url: String::new(),
@@ -241,36 +244,42 @@ fn encode(service_name: &str, batch: &[SpanRecord]) -> ExportTraceServiceRequest
     }
 }
 
-fn span(s: &SpanRecord) -> Span {
+/// The span's message, taking the record's strings (no copies).
+fn span(s: SpanRecord) -> Span {
     let kind = match s.kind {
         Kind::Server => span::SpanKind::Server,
         Kind::Client => span::SpanKind::Client,
     };
-    let status = s.error.as_ref().map(|message| Status {
-        message: message.clone(),
+    let status = s.error.map(|message| Status {
+        message,
         code: status::StatusCode::Error as i32,
     });
     Span {
         trace_id: s.trace_id.to_vec(),
         span_id: s.span_id.to_vec(),
-        trace_state: s.trace_state.clone().unwrap_or_default(),
+        trace_state: s.trace_state.unwrap_or_default(),
         parent_span_id: s.parent.map_or_else(Vec::new, |p| p.to_vec()),
         // Bit 8 set: whether the parent is remote is known; bit 9: it is.
         flags: 1 | 0x100 | (u32::from(s.remote_parent) << 9),
-        name: s.name.clone(),
+        name: s.name,
         kind: kind as i32,
         start_time_unix_nano: s.start,
         end_time_unix_nano: s.end,
-        attributes: s.attributes.iter().map(|(k, v)| key_value(k, v)).collect(),
+        attributes: s
+            .attributes
+            .into_iter()
+            .map(|(k, v)| key_value(k, v))
+            .collect(),
         status,
         ..Default::default()
     }
 }
 
-fn key_value(key: &str, value: &Value) -> KeyValue {
+fn key_value(key: &str, value: Value) -> KeyValue {
     let value = match value {
-        Value::Str(s) => any_value::Value::StringValue(s.clone()),
-        Value::Int(i) => any_value::Value::IntValue(*i),
+        Value::Str(s) => any_value::Value::StringValue(s),
+        Value::Static(s) => any_value::Value::StringValue(s.to_owned()),
+        Value::Int(i) => any_value::Value::IntValue(i),
     };
     KeyValue {
         key: key.to_owned(),

@@ -26,7 +26,6 @@ use weir_config::{Listener, Route, Tracing, Upstream, UpstreamServer};
 
 use crate::request::Request;
 use crate::upstream::lb::rng::XorShift;
-use crate::worker::Worker;
 
 pub use context::push_hex;
 
@@ -80,12 +79,17 @@ fn sampled(rng: &RefCell<XorShift>, threshold: u64) -> bool {
     threshold == u64::MAX || rng.borrow_mut().next_u64() < threshold
 }
 
+thread_local! {
+    /// This worker's sampling draws and ids (seeded per thread: workers do not repeat
+    /// each other's ids).
+    static RNG: RefCell<XorShift> = RefCell::new(XorShift::from_entropy());
+}
+
 /// Whether request `r` is traced, and if so its trace. `route`: the route it took (its
 /// `tracing.sampling` overrides the global ratio for new traces). Called only with
 /// `[tracing]` (`proxy::route::Routing::trace`).
 #[inline(never)]
 pub fn begin(
-    worker: &Worker,
     tracer: &Arc<Tracer>,
     listener: &Listener,
     route: Option<&Route>,
@@ -97,7 +101,17 @@ pub fn begin(
         true => context::incoming(r.buf, r.req),
         false => (None, None),
     };
-    let rng = &worker.trace_rng;
+    RNG.with(|rng| start(tracer, route, r, (parent, state), rng))
+}
+
+/// The sampling decision and, when sampled, the trace (ids from `rng`).
+fn start(
+    tracer: &Arc<Tracer>,
+    route: Option<&Route>,
+    r: &Request<'_>,
+    (parent, state): (Option<context::Parent>, Option<&[u8]>),
+    rng: &RefCell<XorShift>,
+) -> Option<std::rc::Rc<RequestTrace>> {
     let sample = match parent {
         Some(p) => p.sampled,
         None => {
@@ -126,7 +140,8 @@ pub fn begin(
         state: state.map(|s| String::from_utf8_lossy(s).into_owned()),
         started: r.started,
         wall: export::unix_nanos(SystemTime::now()) - elapsed_nanos(r.started),
-        server: server_attributes(r, route),
+        method: String::from_utf8_lossy(&r.buf[r.req.method.clone()]).into_owned(),
+        server: RefCell::new(server_attributes(r, route)),
         protocol: r.protocol,
         rng: Cell::new(seed),
         attempt: RefCell::new(None),
@@ -159,15 +174,19 @@ fn server_attributes(r: &Request<'_>, route: Option<&Route>) -> Vec<(&'static st
             "url.path",
             text(req.path(buf).split(|b| *b == b'?').next().unwrap_or(b"")),
         ),
-        ("url.scheme", text(r.origin.scheme())),
+        (
+            "url.scheme",
+            Value::Static(if r.origin.tls.is_some() {
+                "https"
+            } else {
+                "http"
+            }),
+        ),
         (
             "network.protocol.version",
-            Value::Str(protocol_version(r).to_owned()),
+            Value::Static(protocol_version(r)),
         ),
-        (
-            "client.address",
-            Value::Str(r.origin.client_ip().to_string()),
-        ),
+        ("client.address", text(r.origin.client_text().as_bytes())),
     ];
     if let Some(host) = Some(req.host_name(buf)).filter(|h| !h.is_empty()) {
         a.push(("server.address", text(host)));
@@ -203,7 +222,9 @@ pub struct RequestTrace {
     started: Instant,
     /// Unix time of `started`, in nanoseconds.
     wall: u64,
-    server: Vec<(&'static str, Value)>,
+    method: String,
+    /// The server span's attributes (taken when it ends).
+    server: RefCell<Vec<(&'static str, Value)>>,
     /// The client's protocol (which side carries an attempt).
     protocol: crate::metrics::shard::Protocol,
     /// Span ids of the attempts (xorshift state).
@@ -247,19 +268,15 @@ impl RequestTrace {
             .rsplit_once(':')
             .map_or(&*server.name, |(h, _)| h);
         let mut attributes = vec![
-            ("http.request.method", self.server[0].1.clone()),
+            ("http.request.method", Value::Str(self.method.clone())),
             (
                 "server.address",
                 Value::Str(host.trim_matches(['[', ']']).to_owned()),
             ),
             ("server.port", Value::Int(i64::from(server.addr.port()))),
             (
-                "network.peer.address",
-                Value::Str(server.addr.ip().to_string()),
-            ),
-            (
                 "network.protocol.version",
-                Value::Str(if h2 { "2" } else { "1.1" }.to_owned()),
+                Value::Static(if h2 { "2" } else { "1.1" }),
             ),
         ];
         if resends > 0 {
@@ -315,7 +332,7 @@ impl RequestTrace {
             let failed = error.or((status >= 400).then_some(""));
             self.send_client(open, Some(status), failed);
         }
-        let mut attributes = self.server.clone();
+        let mut attributes = std::mem::take(&mut *self.server.borrow_mut());
         attributes.push(("http.response.status_code", Value::Int(i64::from(status))));
         // A server span is an error for a 5xx (a 4xx is the client's).
         let error = error.or((status >= 500).then_some(""));
@@ -327,11 +344,10 @@ impl RequestTrace {
             };
             attributes.push(("error.type", Value::Str(kind)));
         }
-        let route = self.server.iter().find(|(k, _)| *k == "http.route");
-        let method = self.server[0].1.text();
+        let route = attributes.iter().find(|(k, _)| *k == "http.route");
         let name = match route {
-            Some((_, r)) => format!("{method} {}", r.text()),
-            None => method.to_owned(),
+            Some((_, r)) => format!("{} {}", self.method, r.text()),
+            None => self.method.clone(),
         };
         self.tracer.send(SpanRecord {
             trace_id: self.trace_id,
@@ -376,7 +392,7 @@ impl RequestTrace {
             remote_parent: false,
             trace_state: self.state.clone(),
             kind: Kind::Client,
-            name: self.server[0].1.text().to_owned(),
+            name: self.method.clone(),
             start,
             end: self.wall + elapsed_nanos(self.started),
             attributes,
@@ -412,9 +428,9 @@ enum Kind {
 }
 
 /// An attribute's value.
-#[derive(Clone)]
 enum Value {
     Str(String),
+    Static(&'static str),
     Int(i64),
 }
 
@@ -422,6 +438,7 @@ impl Value {
     fn text(&self) -> &str {
         match self {
             Value::Str(s) => s,
+            Value::Static(s) => s,
             Value::Int(_) => "",
         }
     }

@@ -132,7 +132,7 @@ impl<'a> Routing<'a> {
         let tracer = self.snapshot.tracer.as_ref()?;
         let listener = self.listener();
         let route = route.map(|i| &listener.routes[i]);
-        crate::otel::begin(self.worker, tracer, listener, route, &request())
+        crate::otel::begin(tracer, listener, route, &request())
     }
 
     /// The route's upstream `upstream_index`, with its pool plan and the listener's limits.
