@@ -251,6 +251,7 @@ max_idle = 256
             target: RouteTarget::Upstream(0),
             split_fallback: true,
             filters: Default::default(),
+            trace_sampling: None,
         };
         let expected = Config {
             server: ServerSettings {
@@ -306,6 +307,7 @@ max_idle = 256
                 discover: None,
             }],
             cluster: Default::default(),
+            tracing: None,
             relative_paths: Vec::new(),
         };
         assert_eq!(parse(FULL), expected);
@@ -336,6 +338,7 @@ max_idle = 256
             listeners: vec![listener("web", "127.0.0.1:8080", Vec::new())],
             upstreams: Vec::new(),
             cluster: Default::default(),
+            tracing: None,
             relative_paths: Vec::new(),
         };
         assert_eq!(config, expected);

@@ -17,6 +17,8 @@ pub struct Config {
     pub upstreams: Vec<Upstream>,
     /// `[cluster]`: what the instances of a fleet share.
     pub cluster: Cluster,
+    /// `[tracing]`: OpenTelemetry traces (`None`: no tracing work at all).
+    pub tracing: Option<Tracing>,
     /// The paths written relative to the config file's directory, as resolved (the
     /// settings above hold the resolved ones); empty for text parsed without a file.
     pub relative_paths: Vec<crate::RelativePath>,
@@ -535,6 +537,9 @@ pub struct Route {
     pub split_fallback: bool,
     /// Traffic-policy filters (issue 16): header rules, access lists, rate limit, auth.
     pub filters: RouteFilters,
+    /// `tracing = { sampling }`: this route's share of new traces, instead of
+    /// `[tracing] sampling` (`None`: the global one).
+    pub trace_sampling: Option<f64>,
 }
 
 // ---------------------------------------------------------------- route matching and targets
@@ -1332,4 +1337,33 @@ impl Default for RequestIdSettings {
             trust_client: true,
         }
     }
+}
+
+/// `[tracing]`: spans of requests exported over OTLP/HTTP (protobuf) to a collector.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tracing {
+    pub endpoint: TracingEndpoint,
+    /// Share of new traces sampled, 0.0 to 1.0 (parent-based: a trusted parent's flag
+    /// decides for its trace).
+    pub sampling: f64,
+    /// `service.name` of the exported resource.
+    pub service_name: String,
+    /// Extra request headers for the collector (such as an API key), name and value.
+    pub headers: Vec<(String, String)>,
+    /// Most finished spans waiting for export; past it, spans are dropped and counted.
+    pub queue_size: usize,
+    /// Most spans in one export request.
+    pub batch_size: usize,
+    /// Longest wait before a batch that is not full is sent.
+    pub batch_delay: Duration,
+    /// Connect, write and response deadline of one export request.
+    pub timeout: Duration,
+}
+
+/// Where spans are posted: an `http://host:port/path` URL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TracingEndpoint {
+    /// `host:port`, as connected to and sent in `Host`.
+    pub authority: String,
+    pub path: String,
 }

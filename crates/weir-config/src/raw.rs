@@ -22,6 +22,30 @@ pub(crate) struct RawConfig {
     /// (a `BTreeMap`: sorted by name).
     pub upstreams: Option<BTreeMap<String, RawUpstream>>,
     pub cluster: Option<crate::cluster::RawCluster>,
+    pub tracing: Option<RawTracing>,
+}
+
+/// `[tracing]`: OpenTelemetry traces exported over OTLP/HTTP (validate/tracing.rs).
+#[derive(Debug, Default, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawTracing {
+    pub endpoint: Option<String>,
+    pub sampling: Option<f64>,
+    pub service_name: Option<String>,
+    pub headers: Option<BTreeMap<String, String>>,
+    pub queue_size: Option<i64>,
+    pub batch_size: Option<i64>,
+    pub batch_delay: Option<String>,
+    pub timeout: Option<String>,
+}
+
+/// `tracing = { sampling }` of a route.
+#[derive(Debug, Default, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawRouteTracing {
+    pub sampling: Option<f64>,
 }
 
 /// `[cluster.redis.NAME]`: a Redis server holding shared rate-limit counts.
@@ -282,6 +306,7 @@ pub(crate) struct RawRoute {
     pub rate_limit: Option<RawRateLimit>,
     pub basic_auth: Option<RawBasicAuth>,
     pub compression: Option<RawCompression>,
+    pub tracing: Option<RawRouteTracing>,
 }
 
 /// `compression = { algorithms, min_size, types, level }` of a route.

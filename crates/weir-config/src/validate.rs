@@ -61,12 +61,17 @@ pub(crate) fn config(mut raw: RawConfig) -> Result<Config, Issue> {
         upstreams.push(upstream(name, upstream_raw, &path)?);
     }
     tcp::check_passthrough(&listeners, &upstreams, &root.key("listeners"))?;
+    let tracing = raw
+        .tracing
+        .map(|t| tracing::tracing(t, &root.key("tracing")))
+        .transpose()?;
     Ok(Config {
         server,
         admin,
         listeners,
         upstreams,
         cluster: crate::model::Cluster { etcd, redis },
+        tracing,
         relative_paths: Vec::new(),
     })
 }
@@ -497,6 +502,7 @@ fn route(mut raw: RawRoute, path: &FieldPath, upstreams: &[String]) -> Result<Ro
         ));
     }
     route_match::check_local_keys(&target, rewrite_prefix.is_some(), path)?;
+    let trace_sampling = tracing::route_tracing(raw.tracing.take(), path)?;
     Ok(Route {
         hosts: hosts(raw.hosts, &path.key("hosts"))?,
         path_prefix: url_path(
@@ -513,6 +519,7 @@ fn route(mut raw: RawRoute, path: &FieldPath, upstreams: &[String]) -> Result<Ro
         forwarded_headers: raw.forwarded_headers.unwrap_or(true),
         upgrades: upgrades(raw.upgrades, &path.key("upgrades"))?,
         filters,
+        trace_sampling,
     })
 }
 
@@ -1014,6 +1021,7 @@ mod pool;
 mod route_match;
 pub(crate) mod tcp;
 mod tls;
+mod tracing;
 mod upstream_protocol;
 mod upstream_tls;
 pub(crate) use upstream_tls::{cert_key, certificates};

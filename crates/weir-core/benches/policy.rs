@@ -102,6 +102,7 @@ fn policy(c: &mut Criterion) {
                 request_id: Some(id_settings.header.as_bytes()),
                 real_client: None,
                 vars,
+                trace: None,
             };
             out.clear();
             let facts = ClientFacts {

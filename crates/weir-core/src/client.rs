@@ -80,6 +80,10 @@ pub struct ClientConn {
     pub tls: Option<Box<crate::tls::session::TlsSession>>,
     /// The request in progress.
     pub current: Current,
+    /// The request's trace, when sampled (`otel::begin`, once routed): set only then, and
+    /// taken when the request is recorded (outside `Current`, so that a connection
+    /// without tracing does not reset it per request).
+    pub trace: Option<std::rc::Rc<crate::otel::RequestTrace>>,
 }
 
 /// What a connection's request in progress leaves for its answer and its log line. Each
@@ -212,6 +216,7 @@ impl ClientConn {
             upstream_timer: LazyTimer::new(Instant::from_std(now)),
             tls: None,
             current: Current::new(now),
+            trace: None,
         }
     }
 
@@ -384,6 +389,7 @@ impl ClientConn {
             },
             started: self.current.started,
             protocol: Protocol::Http1,
+            trace: self.trace.as_deref(),
         }
     }
 

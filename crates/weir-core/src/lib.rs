@@ -57,6 +57,7 @@ pub mod idle;
 pub mod listener;
 pub mod memory;
 pub mod metrics;
+pub mod otel;
 pub mod places;
 pub mod policy;
 pub mod proxy;

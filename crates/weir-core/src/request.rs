@@ -55,6 +55,8 @@ pub struct Request<'a> {
     /// When the head was complete (the rate limiter's clock, the first attempt's start).
     pub started: Instant,
     pub protocol: Protocol,
+    /// Its trace, when it is sampled (`otel`).
+    pub trace: Option<&'a crate::otel::RequestTrace>,
 }
 
 impl Request<'_> {

@@ -31,6 +31,9 @@ pub struct Snapshot {
     pub listeners: Vec<ListenerPlan>,
     /// Per upstream (indexed like `config.upstreams`): groups, rings, shared server state.
     pub upstreams: Vec<UpstreamPlan>,
+    /// `[tracing]` at work (`None`: no tracing at all); the previous snapshot's when the
+    /// table is unchanged (one exporter thread per config).
+    pub tracer: Option<Arc<crate::otel::Tracer>>,
 }
 
 /// Per-listener derived data, indexed like `config.listeners`.
@@ -160,11 +163,13 @@ impl Snapshot {
                 plan
             })
             .collect();
+        let tracer = tracer(&config, previous);
         Snapshot {
             config,
             slots,
             listeners,
             upstreams,
+            tracer,
         }
     }
 
@@ -288,5 +293,22 @@ impl ListenerPlan {
     /// The default response, ready to write in each `Persistence` form.
     pub fn default_response(&self) -> &Canned {
         &self.default
+    }
+}
+
+/// The tracer of `config`'s `[tracing]`: `previous`'s when the table is unchanged, else a
+/// new one (its exporter thread started; the old one ends with the old snapshots).
+fn tracer(config: &Config, previous: Option<&Snapshot>) -> Option<Arc<crate::otel::Tracer>> {
+    let table = config.tracing.as_ref()?;
+    let kept = previous.and_then(|p| p.tracer.as_ref());
+    if let Some(tracer) = kept.filter(|t| t.config == *table) {
+        return Some(tracer.clone());
+    }
+    match crate::otel::Tracer::start(table.clone()) {
+        Ok(tracer) => Some(tracer),
+        Err(error) => {
+            tracing::error!(%error, "cannot start the span exporter; tracing is off");
+            None
+        }
     }
 }

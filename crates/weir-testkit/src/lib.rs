@@ -36,6 +36,8 @@
 //!   changed while it runs, a TTL, an outage switch) for the discovery tests.
 //! * [`redis::RedisServer`]: a `redis-server` process on a free port, for the shared rate
 //!   limit tests (skipped with a message where the Debian package is not installed).
+//! * [`otlp::OtlpReceiver`]: an OTLP/HTTP trace receiver that decodes what Weir exports
+//!   (protobuf, `opentelemetry-proto`), for the tracing tests.
 //! * [`wait_until`] / [`wait_until_async`]: poll a condition instead of
 //!   sleeping a fixed time.
 
@@ -47,6 +49,7 @@ mod client;
 pub mod dns;
 mod h2_backend;
 pub mod h2_raw;
+pub mod otlp;
 mod pattern;
 pub mod redis;
 mod server_thread;

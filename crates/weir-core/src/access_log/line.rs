@@ -76,6 +76,8 @@ pub struct Outcome<'a> {
     /// The `grpc-status` the client got (JSON only; `None`: not a gRPC request, or it got
     /// none, such as a stream reset).
     pub grpc_status: Option<u32>,
+    /// The request's trace and server span ids (JSON only; `None`: not sampled).
+    pub trace: Option<(&'a [u8; 16], &'a [u8; 8])>,
 }
 
 pub fn push_line(
@@ -196,6 +198,13 @@ fn push_json(out: &mut Vec<u8>, req: &RequestFields, o: &Outcome<'_>, time: &mut
     } else {
         out.extend_from_slice(b",\"request_id\":\"");
         push_escaped(out, o.request_id, true);
+        out.push(b'"');
+    }
+    if let Some((trace_id, span_id)) = o.trace {
+        out.extend_from_slice(b",\"trace_id\":\"");
+        crate::otel::push_hex(out, trace_id);
+        out.extend_from_slice(b"\",\"span_id\":\"");
+        crate::otel::push_hex(out, span_id);
         out.push(b'"');
     }
     out.extend_from_slice(b",\"referer\":\"");
@@ -352,6 +361,7 @@ mod tests {
             tls: None,
             request_id: b"abc-1",
             grpc_status: None,
+            trace: None,
         };
         (req, o)
     }

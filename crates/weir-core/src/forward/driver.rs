@@ -26,6 +26,7 @@ use weir_config::UpstreamServer;
 use super::{Failure, Reached, Target};
 use crate::error::ProxyError;
 use crate::metrics::shard::ServerMetrics;
+use crate::otel::{AttemptEnd, RequestTrace};
 use crate::request::LastTry;
 use crate::upstream::retry::{may_retry, Outcome, Replay, Tried};
 use crate::upstream::{Pick, RequestKey};
@@ -41,6 +42,8 @@ pub(crate) struct Exchange<'a> {
     /// The request's load-balancing key (retries pick with it too).
     pub key: RequestKey,
     pub idempotent: bool,
+    /// The request's trace, when sampled: a client span per try.
+    pub trace: Option<&'a RequestTrace>,
 }
 
 /// One try on one server.
@@ -328,13 +331,36 @@ async fn on_server<S: Sender>(
     let mut left = MAX_UNPROCESSED;
     loop {
         left -= 1;
-        match sender.send(&attempt, tries).await {
+        if let Some(t) = tries.x.trace {
+            t.begin_attempt(server, tries.x.target.upstream);
+        }
+        let sent = sender.send(&attempt, tries).await;
+        if let Some(t) = tries.x.trace {
+            t.end_attempt(attempt_end(&sent));
+        }
+        match sent {
             Err(miss) if miss.unprocessed && sender.replayable() && left > 0 => {
                 tracing::debug!(server = %server.addr, error = %miss.failure.error, "not processed; again on that server");
                 attempt.fresh = true;
             }
             sent => return sent,
         }
+    }
+}
+
+/// How a try ended, for its client span.
+fn attempt_end<T>(sent: &Result<T, Miss>) -> AttemptEnd {
+    match sent {
+        Ok(_) => AttemptEnd::Relayed,
+        Err(miss) if miss.unsent => AttemptEnd::Unsent,
+        Err(miss) => AttemptEnd::Failed {
+            status: miss.retried,
+            // A retried status is the error itself.
+            error: match miss.retried {
+                Some(_) => "",
+                None => Outcome::of_error(miss.failure.error).reason(),
+            },
+        },
     }
 }
 

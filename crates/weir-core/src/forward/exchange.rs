@@ -52,11 +52,14 @@ pub async fn forward(
     }
     let path = conn.path.get(req.path(buf));
     let key = RequestKey::new(&target.upstream.lb, buf, req, path, conn.client_text());
+    // Shared with `conn` (its head writers read the attempt's span from it).
+    let trace = conn.trace.clone();
     let x = Exchange {
         worker,
         target,
         key,
         idempotent: req.idempotent,
+        trace: trace.as_deref(),
     };
     let http10 = req.minor_version == 0;
     let meta = RequestMeta {

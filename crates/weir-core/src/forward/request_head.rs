@@ -5,6 +5,7 @@
 use weir_config::{HeaderRules, Route, UpstreamServer};
 
 use super::Target;
+use crate::otel::RequestTrace;
 use crate::request::Request;
 
 use crate::codec::http1::write::{push_header, HeaderLines};
@@ -39,6 +40,9 @@ pub struct RequestEdits<'a> {
     /// The client behind trusted proxies (`X-Real-IP`), when it is not the peer.
     pub real_client: Option<&'a ClientIp>,
     pub vars: Vars<'a>,
+    /// The request's trace, when sampled: Weir's `traceparent` and `tracestate` replace
+    /// the client's.
+    pub trace: Option<&'a RequestTrace>,
 }
 
 impl RequestEdits<'_> {
@@ -48,6 +52,7 @@ impl RequestEdits<'_> {
         self.request_id
             .is_some_and(|id| id.len() == name.len() && id.eq_ignore_ascii_case(name))
             || self.rules.is_some_and(|r| r.drops(name))
+            || (self.trace.is_some() && is_trace_context(name))
     }
 
     fn push(&self, out: &mut Vec<u8>) {
@@ -57,7 +62,15 @@ impl RequestEdits<'_> {
         if let Some(rules) = self.rules {
             push_rules(out, rules, &self.vars);
         }
+        if let Some(trace) = self.trace {
+            trace.push_headers(out);
+        }
     }
+}
+
+/// `traceparent` or `tracestate`, in any case.
+fn is_trace_context(name: &[u8]) -> bool {
+    name.eq_ignore_ascii_case(b"traceparent") || name.eq_ignore_ascii_case(b"tracestate")
 }
 
 /// Appends the upstream HTTP/1.1 head of `r` for `server` (`path`: its path as routed),
@@ -90,7 +103,7 @@ pub fn with_client_facts<T>(
         tls: r.origin.tls,
         edits: None,
     };
-    if rules.is_none() && id_header.is_none() && real_client.is_none() {
+    if rules.is_none() && id_header.is_none() && real_client.is_none() && r.trace.is_none() {
         return f(facts);
     }
     // The rules' `{variable}`s need the whole set; the request id alone, only itself.
@@ -106,6 +119,7 @@ pub fn with_client_facts<T>(
         request_id: id_header.map(|id| id.header.as_bytes()),
         real_client,
         vars,
+        trace: r.trace,
     };
     f(ClientFacts {
         edits: Some(&edits),
@@ -220,6 +234,9 @@ pub fn write_added_fields(
 ) {
     if let Some((rules, e)) = client.edits.and_then(|e| e.rules.zip(Some(e))) {
         push_rules(out, rules, &e.vars);
+    }
+    if let Some(trace) = client.edits.and_then(|e| e.trace) {
+        trace.push_headers(out);
     }
     if let Some(line) = client.tls.and_then(|t| t.cert_header_line.as_deref()) {
         out.extend_from_slice(line);

@@ -112,6 +112,7 @@ impl StreamRequest<'_> {
             target: self.target,
             key: RequestKey::new(&u.lb, r.buf, r.req, path, client),
             idempotent: r.req.idempotent,
+            trace: r.trace,
         }
     }
 

@@ -28,6 +28,7 @@ use crate::filters::headers::Vars;
 use crate::filters::request_id::RequestId;
 use crate::forward::{carrier, Carrier, Failure, Reached};
 use crate::metrics::shard::{method_index, Protocol, METHODS};
+use crate::otel::RequestTrace;
 use crate::policy::identify;
 use crate::proxy::route::{Decision, Routing};
 use crate::proxy::{record, ClientSide, Counters, Done, Handled};
@@ -140,6 +141,8 @@ fn write_request(
 struct StreamLog {
     fields: RequestFields,
     trace: Trace,
+    /// The request's trace, when sampled (`otel`).
+    otel: Option<std::rc::Rc<RequestTrace>>,
     request_id: RequestId,
     /// The client behind `trusted_proxies`, when it is not the peer.
     behind: Option<(std::net::IpAddr, ClientIp)>,
@@ -153,6 +156,7 @@ impl Default for StreamLog {
         StreamLog {
             fields: RequestFields::default(),
             trace: Trace::default(),
+            otel: None,
             request_id: RequestId::default(),
             behind: None,
             route: None,
@@ -218,12 +222,14 @@ async fn run(
             },
             started: parsed.started,
             protocol: Protocol::Http2,
+            trace: None,
         },
         facts: parsed.facts,
         spare: &spare,
         tunnel: parsed.tunnel,
     };
-    let (route, result) = s.handle(parts, parsed.body, respond, &mut log.trace).await;
+    let traces = (&mut log.trace, &mut log.otel);
+    let (route, result) = s.handle(parts, parsed.body, respond, traces).await;
     log.route = route;
     result
 }
@@ -276,6 +282,7 @@ impl StreamLog {
             request_id: self.request_id.as_bytes(),
             compressed: trace.compressed,
             grpc_status: trace.grpc_status,
+            trace: self.otel.as_deref(),
         };
         record(worker, snapshot, &side, &handled, &done);
     }
@@ -303,7 +310,7 @@ impl Stream<'_> {
         parts: http::request::Parts,
         body: Option<RecvStream>,
         respond: &mut SendResponse<Bytes>,
-        trace: &mut Trace,
+        (trace, otel): (&mut Trace, &mut Option<std::rc::Rc<RequestTrace>>),
     ) -> (Option<usize>, Result<(), Failure>) {
         let routing = Routing {
             worker: &self.shared.worker,
@@ -312,8 +319,21 @@ impl Stream<'_> {
         };
         // Routed and forwarded on the normalised path, exactly as HTTP/1 requests are.
         let mut path = RoutedPath::default();
-        let r = &self.request;
-        let target = match routing.decide(r, &mut path) {
+        let (route, decision) = routing.decide(&self.request, &mut path);
+        // Without a trace, the request as it is (no copy).
+        let traced;
+        let r = match routing.trace(route, || self.request) {
+            None => &self.request,
+            Some(trace) => {
+                let trace = &*otel.insert(trace);
+                traced = Request {
+                    trace: Some(trace),
+                    ..self.request
+                };
+                &traced
+            }
+        };
+        let target = match (route, decision) {
             (route, Decision::Forward(target)) => (route, target),
             (route, Decision::Answer(answer)) => {
                 trace.local = answer.is_local();

@@ -305,6 +305,7 @@ mod tests {
             request_id: Some(ID.as_bytes()),
             real_client: Some(&real),
             vars,
+            trace: None,
         };
         let client = ClientFacts {
             ip: &ip,

@@ -281,6 +281,7 @@ impl Collector for Scrape {
         self.upstream_counters(&mut enc)?;
         self.upstream_histograms(&mut enc)?;
         self.etcd(&mut enc)?;
+        self.tracing(&mut enc)?;
         self.process(&mut enc)
     }
 }
@@ -608,6 +609,38 @@ impl Scrape {
             enc,
             "weir_access_log_dropped",
             "Access-log lines dropped because the writer fell behind.",
+            &dropped,
+        )
+    }
+
+    /// `weir_tracing_*`: the span exporter's counts (only with `[tracing]`).
+    fn tracing(&self, enc: &mut DescriptorEncoder) -> Result {
+        use std::sync::atomic::Ordering::Relaxed;
+        if self.config.tracing.is_none() {
+            return Ok(());
+        }
+        let s = &crate::otel::export::STATS;
+        let exported = vec![(vec![], s.exported.load(Relaxed))];
+        counter(
+            enc,
+            "weir_tracing_spans_exported",
+            "Spans the collector accepted.",
+            &exported,
+        )?;
+        let dropped = vec![
+            (
+                vec![("reason", "queue_full".to_owned())],
+                s.dropped_queue_full.load(Relaxed),
+            ),
+            (
+                vec![("reason", "export_failed".to_owned())],
+                s.dropped_export_failed.load(Relaxed),
+            ),
+        ];
+        counter(
+            enc,
+            "weir_tracing_spans_dropped",
+            "Spans not exported: the queue was full (the collector slow or down), or their export request failed.",
             &dropped,
         )
     }

@@ -98,13 +98,12 @@ pub async fn serve_client(
             duration: finished.saturating_duration_since(started),
             counters,
         };
-        record(
-            &worker,
-            &serving.snapshot,
-            &ClientSide::of(&conn),
-            &handled,
-            &done,
-        );
+        let trace = conn.trace.take();
+        let side = ClientSide {
+            trace: trace.as_deref(),
+            ..ClientSide::of(&conn)
+        };
+        record(&worker, &serving.snapshot, &side, &handled, &done);
         if !keep_alive {
             return;
         }
@@ -286,6 +285,9 @@ async fn handle(
     let mut path = std::mem::take(&mut conn.path);
     let (route, decision) = routing.decide(&conn.request(req), &mut path);
     conn.path = path;
+    if let Some(trace) = routing.trace(route, || conn.request(req)) {
+        conn.trace = Some(trace);
+    }
     match decision {
         Decision::Forward(target) => Handled {
             route,

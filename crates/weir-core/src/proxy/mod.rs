@@ -89,6 +89,8 @@ pub(crate) struct ClientSide<'a> {
     pub compressed: Option<crate::filters::compression::Compressed>,
     /// The `grpc-status` the client got (gRPC requests on HTTP/2 streams only).
     pub grpc_status: Option<u32>,
+    /// The request's trace, when sampled: its spans end here.
+    pub trace: Option<&'a crate::otel::RequestTrace>,
 }
 
 impl ClientSide<'_> {
@@ -104,6 +106,8 @@ impl ClientSide<'_> {
             request_id: conn.current.request_id.as_bytes(),
             compressed: conn.current.compressed,
             grpc_status: None,
+            // The adapter's, taken from the connection (`serve_client`).
+            trace: None,
         }
     }
 }
@@ -149,6 +153,9 @@ pub(crate) fn record(
             m.default_response(reason).inc();
         }
     }
+    if let Some(trace) = conn.trace {
+        end_trace(trace, handled, done.status, aborted);
+    }
     if let Some(log) = worker.log(done.slot) {
         let config = &snapshot.config;
         let route_name = handled.route.map_or("default", |r| {
@@ -172,9 +179,26 @@ pub(crate) fn record(
             tls: conn.tls,
             request_id: conn.request_id,
             grpc_status: conn.grpc_status,
+            trace: conn.trace.map(|t| (&t.trace_id, &t.span_id)),
         };
         log.log(conn.fields, &outcome);
     }
+}
+
+/// Ends a sampled request's spans: answered with `status`, an error when it failed (or
+/// was cut short after its head).
+fn end_trace(
+    trace: &crate::otel::RequestTrace,
+    handled: &Handled,
+    status: u16,
+    aborted: Option<AbortReason>,
+) {
+    let error = match (&handled.result, aborted) {
+        (_, Some(reason)) => Some(reason.label()),
+        (Err(f), None) => Some(crate::upstream::retry::Outcome::of_error(f.error).reason()),
+        (Ok(_), None) => None,
+    };
+    trace.finish(status, error);
 }
 
 /// Which default-response reason an error counts as (upstream failures are not one).

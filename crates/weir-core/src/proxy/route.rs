@@ -120,6 +120,21 @@ impl<'a> Routing<'a> {
         (route, Decision::Forward(self.target(config, upstream)))
     }
 
+    /// The trace of the request (`request` presents it only when asked), routed to
+    /// `route`, if it is sampled (`otel::begin`; at once `None` without `[tracing]`).
+    /// Asked after `decide`, for every decision.
+    #[inline]
+    pub fn trace<'r>(
+        &self,
+        route: Option<usize>,
+        request: impl FnOnce() -> Request<'r>,
+    ) -> Option<std::rc::Rc<crate::otel::RequestTrace>> {
+        let tracer = self.snapshot.tracer.as_ref()?;
+        let listener = self.listener();
+        let route = route.map(|i| &listener.routes[i]);
+        crate::otel::begin(tracer, listener, route, &request())
+    }
+
     /// The route's upstream `upstream_index`, with its pool plan and the listener's limits.
     fn target(&self, route: &'a Route, upstream_index: usize) -> Target<'a> {
         let slots = self.snapshot.slots.listeners.get(self.listener);

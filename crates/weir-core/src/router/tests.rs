@@ -19,6 +19,7 @@ fn route(name: &str, hosts: Vec<HostPattern>, prefix: &str) -> Route {
         target: RouteTarget::Upstream(0),
         split_fallback: true,
         filters: Default::default(),
+        trace_sampling: None,
     }
 }
 
