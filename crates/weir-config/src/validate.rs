@@ -315,6 +315,7 @@ fn listener(
         routes: routes(raw.routes, &key("routes"), upstreams, &normalization)?,
         path_normalization: normalization,
         http2: http2::http2(raw.http2, &key("http2"))?,
+        http3: http3::http3(raw.http3, with_tls, &key("http3"))?,
         policy,
     })
     .and_then(|l| policy::check_listener(l, path))
@@ -1007,6 +1008,7 @@ mod compression;
 mod discover;
 mod htpasswd;
 mod http2;
+mod http3;
 mod path;
 mod policy;
 mod pool;

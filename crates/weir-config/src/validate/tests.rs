@@ -1637,3 +1637,72 @@ fn internal_ca_names_come_from_route_hosts() {
         .unwrap();
     assert_eq!(ca.names, vec!["app.test", "*.api.test"]);
 }
+
+#[test]
+fn http3_is_off_by_default_and_on_with_true_or_a_table() {
+    let http3 = |line: &str| {
+        let text = format!("{LISTENER}{line}\n[listeners.tls]\n{CERTS}");
+        parse_str(&text, "t").map(|c| c.listeners[0].http3.clone())
+    };
+    assert_eq!(http3(""), Ok(None));
+    assert_eq!(http3("http3 = false"), Ok(None));
+    assert_eq!(http3("http3 = true"), Ok(Some(crate::Http3::default())));
+    assert_eq!(http3("http3 = { enabled = false }"), Ok(None));
+    let set = http3(
+        "http3 = { max_concurrent_streams = 7, stream_window = \"64KiB\", \
+         connection_window = \"2MiB\", idle_timeout = \"5s\", max_field_section_size = 4096, \
+         alt_svc_max_age = \"1h\" }",
+    )
+    .unwrap()
+    .unwrap();
+    assert_eq!(set.max_concurrent_streams, 7);
+    assert_eq!(set.stream_window, 64 * 1024);
+    assert_eq!(set.connection_window, 2 * 1024 * 1024);
+    assert_eq!(set.idle_timeout, std::time::Duration::from_secs(5));
+    assert_eq!(set.max_field_section_size, 4096);
+    assert_eq!(set.alt_svc_max_age, std::time::Duration::from_secs(3600));
+}
+
+#[test]
+fn http3_errors() {
+    check_listener_line(
+        "http3 = true",
+        "needs an HTTP listener with [listeners.tls]",
+        "add a [listeners.tls]",
+    );
+    let with = |table: &str| format!("{LISTENER}http3 = {{ {table} }}\n[listeners.tls]\n{CERTS}");
+    let cases = [
+        (
+            "max_concurrent_streams = 0",
+            "max_concurrent_streams",
+            "between 1 and 10000",
+            "default 100",
+        ),
+        (
+            "stream_window = 10",
+            "stream_window",
+            "between 1024 and",
+            "\"256KiB\"",
+        ),
+        (
+            "idle_timeout = \"0s\"",
+            "idle_timeout",
+            "greater than 0",
+            "\"30s\"",
+        ),
+        (
+            "max_field_section_size = \"64MiB\"",
+            "max_field_section_size",
+            "between 1024",
+            "\"64KiB\"",
+        ),
+        ("bogus = 1", "http3.bogus", "unknown field", ""),
+    ];
+    for (table, key, message, fix) in cases {
+        let field = match key.starts_with("http3") {
+            true => format!("listeners[0].{key}"),
+            false => format!("listeners[0].http3.{key}"),
+        };
+        check(&with(table), &field, 4, message, fix);
+    }
+}
