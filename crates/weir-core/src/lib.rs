@@ -52,6 +52,7 @@ pub mod evict;
 pub mod filters;
 pub mod forward;
 pub mod http2;
+pub mod http3;
 pub mod idle;
 pub mod listener;
 pub mod memory;

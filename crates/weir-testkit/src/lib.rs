@@ -47,6 +47,7 @@ mod client;
 pub mod dns;
 mod h2_backend;
 pub mod h2_raw;
+pub mod h3_client;
 mod pattern;
 pub mod redis;
 mod server_thread;

@@ -105,13 +105,14 @@ pub fn method_index(method: &[u8]) -> usize {
 pub enum Protocol {
     Http1 = 0,
     Http2 = 1,
+    Http3 = 2,
 }
 
 /// Label values of [`Protocol`], spelled as the access log's `protocol` field.
-pub const PROTOCOLS: [&str; 2] = ["HTTP/1.1", "HTTP/2.0"];
+pub const PROTOCOLS: [&str; 3] = ["HTTP/1.1", "HTTP/2.0", "HTTP/3"];
 
 impl Protocol {
-    pub const ALL: [Protocol; 2] = [Protocol::Http1, Protocol::Http2];
+    pub const ALL: [Protocol; 3] = [Protocol::Http1, Protocol::Http2, Protocol::Http3];
 
     pub fn label(self) -> &'static str {
         PROTOCOLS[self as usize]
@@ -234,6 +235,8 @@ pub struct RouteMetrics {
     /// HTTP/2 requests, the same table, allocated by the route's first HTTP/2 request
     /// (most routes never see one; a table is 40 KiB per worker).
     http2: OnceLock<Box<[Counter]>>,
+    /// HTTP/3 requests, allocated likewise by the route's first HTTP/3 request.
+    http3: OnceLock<Box<[Counter]>>,
     /// By `Protocol`.
     duration: [Histogram; PROTOCOLS.len()],
     /// Responses cut short after their head, by `Protocol`, then `AbortReason`.
@@ -250,6 +253,7 @@ impl RouteMetrics {
         RouteMetrics {
             http1: new_request_table(),
             http2: OnceLock::new(),
+            http3: OnceLock::new(),
             duration: Default::default(),
             aborted: Default::default(),
             rate_limited: Default::default(),
@@ -281,6 +285,7 @@ impl RouteMetrics {
         let table = match protocol {
             Protocol::Http1 => &self.http1,
             Protocol::Http2 => self.http2.get_or_init(new_request_table),
+            Protocol::Http3 => self.http3.get_or_init(new_request_table),
         };
         &table[method * STATUS_SLOTS + status_index(status)]
     }
@@ -289,7 +294,8 @@ impl RouteMetrics {
     fn table(&self, protocol: usize) -> Option<&[Counter]> {
         match protocol {
             0 => Some(&self.http1),
-            _ => self.http2.get().map(|t| &t[..]),
+            1 => self.http2.get().map(|t| &t[..]),
+            _ => self.http3.get().map(|t| &t[..]),
         }
     }
 

@@ -1,0 +1,218 @@
+//! HTTP/3 on a TLS listener (`http3 = true`): requests over QUIC from the testkit's h3
+//! client go through the same routing, policy and upstream exchange as HTTP/1.1 and
+//! HTTP/2: bodies both ways, a large download under flow control, trailers, many
+//! concurrent streams, the certificate chosen by SNI, redirects and header rules, 502 for
+//! an unreachable upstream, and `protocol="HTTP/3"` in the metrics.
+
+mod common;
+
+use std::net::SocketAddr;
+
+use http::Request;
+use weir_testkit::certs::{Leaf, TestCa};
+use weir_testkit::h3_client::{connect, get, request, H3Client};
+use weir_testkit::{pattern_hash, pattern_vec, sink_summary, Backend};
+
+use common::{dead_port, single, tls_table, Conf, Weir};
+
+const NAME: &str = "h3.example.com";
+
+/// Weir with `conf`'s routes on a TLS listener for `leaves` with `http3` as given.
+fn start(conf: Conf, leaves: &[&Leaf], http3: &str) -> Weir {
+    conf.listener(http3)
+        .listener(&tls_table(leaves, ""))
+        .start()
+}
+
+async fn client(ca: &TestCa, addr: SocketAddr, name: &str) -> H3Client {
+    connect(addr, name, &ca.client_config())
+        .await
+        .expect("HTTP/3 connection")
+}
+
+#[tokio::test]
+async fn get_and_post_with_bodies_go_to_an_http1_upstream() {
+    let ca = TestCa::new("h3 CA");
+    let leaf = ca.leaf(&[NAME]);
+    let backend = Backend::echo("e");
+    let weir = start(single(backend.addr()), &[&leaf], "http3 = true");
+    let mut c = client(&ca, weir.addr, NAME).await;
+    let r = get(&mut c.send, NAME, "/a?b=1").await.expect("GET");
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("x-backend"), Some("e"));
+    let text = r.text();
+    assert!(text.starts_with("GET /a?b=1 HTTP/1.1\r\n"), "{text}");
+    assert!(
+        text.contains("\r\nhost: h3.example.com\r\n")
+            || text.contains("\r\nHost: h3.example.com\r\n"),
+        "{text}"
+    );
+    assert!(
+        text.to_ascii_lowercase()
+            .contains("x-forwarded-proto: https\r\n"),
+        "{text}"
+    );
+    // With a length: sent as it is.
+    let post = Request::post(format!("https://{NAME}/up"))
+        .header("content-length", "5")
+        .body(())
+        .expect("request");
+    let r = request(&mut c.send, post, b"hello", None)
+        .await
+        .expect("POST");
+    assert_eq!(r.status, 200);
+    let text = r.text();
+    assert!(text.starts_with("POST /up HTTP/1.1\r\n"), "{text}");
+    assert!(text.ends_with("\r\n\r\nhello"), "{text}");
+    // Without: chunked upstream.
+    let post = Request::post(format!("https://{NAME}/up"))
+        .body(())
+        .expect("request");
+    let r = request(&mut c.send, post, b"streamed body", None)
+        .await
+        .expect("POST");
+    let text = r.text();
+    assert!(
+        text.to_ascii_lowercase()
+            .contains("transfer-encoding: chunked\r\n"),
+        "{text}"
+    );
+    assert!(text.ends_with("streamed body"), "{text}");
+    let metrics = weir.metrics_text();
+    assert!(metrics.contains("protocol=\"HTTP/3\""), "{metrics}");
+}
+
+#[tokio::test]
+async fn large_bodies_cross_small_windows_both_ways() {
+    let ca = TestCa::new("h3 CA");
+    let leaf = ca.leaf(&[NAME]);
+    let len: u64 = 8 * 1024 * 1024;
+    let down = Backend::huge(len);
+    let sink = Backend::sink();
+    let conf = Conf::new()
+        .route("up", "sink", &["path_prefix = \"/up\""])
+        .route("down", "huge", &[])
+        .upstream("huge", &[down.addr()], &[])
+        .upstream("sink", &[sink.addr()], &[]);
+    let small = "http3 = { stream_window = \"16KiB\", connection_window = \"32KiB\" }";
+    let weir = start(conf, &[&leaf], small);
+    let mut c = client(&ca, weir.addr, NAME).await;
+    let r = get(&mut c.send, NAME, "/down").await.expect("download");
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body.len() as u64, len);
+    assert_eq!(weir_testkit::hash_bytes(&r.body), pattern_hash(len));
+    let body = pattern_vec(2 * 1024 * 1024);
+    let post = Request::post(format!("https://{NAME}/up"))
+        .body(())
+        .expect("request");
+    let r = request(&mut c.send, post, &body, None)
+        .await
+        .expect("upload");
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        r.text(),
+        sink_summary(body.len() as u64, pattern_hash(body.len() as u64))
+    );
+}
+
+#[tokio::test]
+async fn response_trailers_reach_the_client() {
+    let ca = TestCa::new("h3 CA");
+    let leaf = ca.leaf(&[NAME]);
+    let backend = Backend::chunked(&["one ", "two"]);
+    let weir = start(single(backend.addr()), &[&leaf], "http3 = true");
+    let mut c = client(&ca, weir.addr, NAME).await;
+    let r = get(&mut c.send, NAME, "/").await.expect("GET");
+    assert_eq!(r.status, 200);
+    assert_eq!(r.text(), "one two");
+    let trailers = r.trailers.expect("trailers");
+    assert_eq!(
+        trailers.get("x-trailer").map(|v| v.as_bytes()),
+        Some(&b"done"[..])
+    );
+}
+
+#[tokio::test]
+async fn many_concurrent_streams_on_one_connection() {
+    let ca = TestCa::new("h3 CA");
+    let leaf = ca.leaf(&[NAME]);
+    let backend = Backend::echo("e");
+    let weir = start(
+        single(backend.addr()),
+        &[&leaf],
+        "http3 = { max_concurrent_streams = 20 }",
+    );
+    let c = client(&ca, weir.addr, NAME).await;
+    let mut tasks = Vec::new();
+    for i in 0..64 {
+        let mut send = c.send.clone();
+        tasks.push(tokio::spawn(async move {
+            (i, get(&mut send, NAME, &format!("/item/{i}")).await)
+        }));
+    }
+    for task in tasks {
+        let (i, r) = task.await.expect("task");
+        let r = r.expect("response");
+        assert_eq!(r.status, 200);
+        assert!(r.text().starts_with(&format!("GET /item/{i} HTTP/1.1\r\n")));
+    }
+}
+
+#[tokio::test]
+async fn the_certificate_is_chosen_by_sni() {
+    let ca = TestCa::new("h3 CA");
+    let a = ca.leaf(&["a.example.com"]);
+    let b = ca.leaf(&["b.example.com"]);
+    let backend = Backend::echo("e");
+    let weir = start(single(backend.addr()), &[&a, &b], "http3 = true");
+    for name in ["a.example.com", "b.example.com"] {
+        // The client verifies the name: a wrong certificate fails the handshake.
+        let mut c = client(&ca, weir.addr, name).await;
+        let r = get(&mut c.send, name, "/").await.expect("GET");
+        assert_eq!(r.status, 200);
+    }
+}
+
+#[tokio::test]
+async fn route_policy_applies_redirects_and_header_rules() {
+    let ca = TestCa::new("h3 CA");
+    let leaf = ca.leaf(&[NAME]);
+    let backend = Backend::echo("e");
+    let conf = Conf::new()
+        .route_keys(
+            "moved",
+            &["path_prefix = \"/old/\"", r#"redirect = { to = "/new/" }"#],
+        )
+        .route(
+            "all",
+            "up",
+            &[r#"response_headers = { set = { "X-Env" = "prod" }, remove = ["x-backend"] }"#],
+        )
+        .upstream("up", &[backend.addr()], &[]);
+    let weir = start(conf, &[&leaf], "http3 = true");
+    let mut c = client(&ca, weir.addr, NAME).await;
+    let r = get(&mut c.send, NAME, "/old/x").await.expect("GET");
+    assert!((300..400).contains(&r.status), "{r:?}");
+    assert!(
+        r.header("location").is_some_and(|l| l.contains("/new/")),
+        "{r:?}"
+    );
+    let r = get(&mut c.send, NAME, "/other").await.expect("GET");
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("x-env"), Some("prod"));
+    assert_eq!(r.header("x-backend"), None);
+}
+
+#[tokio::test]
+async fn an_unreachable_upstream_is_502_and_the_connection_serves_on() {
+    let ca = TestCa::new("h3 CA");
+    let leaf = ca.leaf(&[NAME]);
+    let dead = dead_port();
+    let weir = start(single(dead.addr), &[&leaf], "http3 = true");
+    let mut c = client(&ca, weir.addr, NAME).await;
+    for _ in 0..2 {
+        let r = get(&mut c.send, NAME, "/").await.expect("GET");
+        assert_eq!(r.status, 502);
+        assert_eq!(r.text(), "Bad Gateway\n");
+    }
+}
