@@ -320,6 +320,7 @@ fn listener(
     })
     .and_then(|l| policy::check_listener(l, path))
     .and_then(|mut l| {
+        http3::advertise(&mut l);
         tls::fill_internal_names(&mut l);
         tls::fill_acme_domains(&mut l, &key("routes"), &key("tls").key("acme"))?;
         Ok((l, binds))

@@ -216,3 +216,55 @@ async fn an_unreachable_upstream_is_502_and_the_connection_serves_on() {
         assert_eq!(r.text(), "Bad Gateway\n");
     }
 }
+
+/// A port free for both TCP and UDP on 127.0.0.1 right now (the listener binds it next).
+fn free_port() -> SocketAddr {
+    loop {
+        let tcp = std::net::TcpListener::bind("127.0.0.1:0").expect("bind TCP");
+        let addr = tcp.local_addr().expect("address");
+        if std::net::UdpSocket::bind(addr).is_ok() {
+            return addr;
+        }
+    }
+}
+
+/// The response head of a GET over TLS (HTTP/1.1, ALPN `http/1.1`) to `addr`.
+async fn tls_http1_head(ca: &TestCa, addr: SocketAddr) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut tls = (*ca.client_config()).clone();
+    tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let name = rustls::pki_types::ServerName::try_from(NAME).expect("name");
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(tls));
+    let mut s = connector.connect(name, tcp).await.expect("TLS");
+    let request = format!("GET / HTTP/1.1\r\nHost: {NAME}\r\nConnection: close\r\n\r\n");
+    s.write_all(request.as_bytes()).await.expect("write");
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out).await;
+    let text = String::from_utf8_lossy(&out).into_owned();
+    text.split("\r\n\r\n")
+        .next()
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[tokio::test]
+async fn tcp_responses_advertise_http3_with_alt_svc_only_when_it_is_on() {
+    let ca = TestCa::new("h3 CA");
+    let leaf = ca.leaf(&[NAME]);
+    let backend = Backend::echo("e");
+    let addr = free_port();
+    let on = "http3 = { alt_svc_max_age = \"1h\" }";
+    let weir = start(single(backend.addr()).bind(addr), &[&leaf], on);
+    let head = tls_http1_head(&ca, weir.addr).await;
+    let want = format!("alt-svc: h3=\":{}\"; ma=3600", addr.port());
+    assert!(head.to_ascii_lowercase().contains(&want), "{head}");
+    // The advertised endpoint answers.
+    let mut c = client(&ca, addr, NAME).await;
+    assert_eq!(get(&mut c.send, NAME, "/").await.expect("GET").status, 200);
+    drop((c, weir));
+    let weir = start(single(backend.addr()), &[&leaf], "http3 = false");
+    let head = tls_http1_head(&ca, weir.addr).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(!head.to_ascii_lowercase().contains("alt-svc"), "{head}");
+}

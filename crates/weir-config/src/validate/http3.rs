@@ -4,7 +4,7 @@
 use super::http2::bytes;
 use super::{duration, int_in};
 use crate::error::{FieldPath, Issue};
-use crate::model::Http3;
+use crate::model::{HeaderRule, HeaderRules, Http3, Listener, Template, TemplatePart};
 use crate::raw::{RawHttp3, Switch};
 
 /// The largest QUIC flow-control window Weir takes (quinn's `VarInt` allows more; a
@@ -61,4 +61,42 @@ pub(super) fn http3(
         )?,
         alt_svc_max_age: duration(table.alt_svc_max_age, "24h", &key("alt_svc_max_age"), false)?,
     }))
+}
+
+/// With `http3` on, every route of the listener sets `Alt-Svc: h3=":PORT"; ma=N` on its
+/// responses, as a `response_headers` rule (so a listener without `http3` pays nothing,
+/// and the header rides the rule path HTTP/1.1 and HTTP/2 responses already take). PORT is
+/// the first TLS bind's: every TLS bind has an HTTP/3 endpoint. A route whose own rules
+/// name `Alt-Svc` keeps them; a listener bound to port 0 advertises nothing (its port is
+/// known only once bound).
+pub(super) fn advertise(listener: &mut Listener) {
+    let Some(http3) = &listener.http3 else {
+        return;
+    };
+    let tls_port = listener
+        .binds
+        .iter()
+        .find(|b| !b.plain_http && b.addr.port() != 0);
+    let Some(port) = tls_port.map(|b| b.addr.port()) else {
+        return;
+    };
+    let value = format!("h3=\":{port}\"; ma={}", http3.alt_svc_max_age.as_secs());
+    let named = |r: &HeaderRule| r.name.eq_ignore_ascii_case("alt-svc");
+    for route in &mut listener.routes {
+        let rules = route
+            .filters
+            .response_headers
+            .get_or_insert_with(HeaderRules::default);
+        if rules.set.iter().any(named) || rules.add.iter().any(named) {
+            continue;
+        }
+        if rules.drop.iter().any(|d| d == "alt-svc") {
+            continue;
+        }
+        rules.set.push(HeaderRule {
+            name: "Alt-Svc".into(),
+            value: Template(vec![TemplatePart::Text(value.clone())]),
+        });
+        rules.drop.push("alt-svc".into());
+    }
 }

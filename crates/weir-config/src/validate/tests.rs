@@ -1706,3 +1706,41 @@ fn http3_errors() {
         check(&with(table), &field, 4, message, fix);
     }
 }
+
+#[test]
+fn http3_sets_alt_svc_on_every_route_unless_the_route_names_it() {
+    let rules = |bind: &str, route: &str| {
+        let text = format!(
+            "[[listeners]]\nname = \"web\"\nbind = \"{bind}\"\nhttp3 = true\n[listeners.tls]\n{CERTS}\
+             [[listeners.routes]]\nname = \"r\"\nrespond = {{ status = 200 }}\n{route}"
+        );
+        let config = parse_str(&text, "t").expect("valid");
+        let rules = config.listeners[0].routes[0]
+            .filters
+            .response_headers
+            .clone();
+        rules.map(|r| {
+            (
+                r.set
+                    .iter()
+                    .map(|s| format!("{}: {:?}", s.name, s.value.0))
+                    .collect::<Vec<_>>(),
+                r.drop,
+            )
+        })
+    };
+    let (set, drop) = rules("127.0.0.1:8443", "").expect("rules");
+    assert_eq!(set.len(), 1);
+    assert!(
+        set[0].starts_with("Alt-Svc: ") && set[0].contains("h3=\\\":8443\\\"; ma=86400"),
+        "{set:?}"
+    );
+    assert_eq!(drop, vec!["alt-svc".to_string()]);
+    // Port 0: nothing to advertise, no rules made.
+    assert_eq!(rules("127.0.0.1:0", ""), None);
+    // The route's own Alt-Svc rule wins.
+    let own = "response_headers = { remove = [\"Alt-Svc\"] }\n";
+    let (set, drop) = rules("127.0.0.1:8443", own).expect("rules");
+    assert!(set.is_empty(), "{set:?}");
+    assert_eq!(drop, vec!["alt-svc".to_string()]);
+}

@@ -28,6 +28,8 @@ pub const WAIT: Duration = Duration::from_secs(30);
 pub struct Conf {
     /// Worker threads; 0 means 1.
     workers: usize,
+    /// The listener's `bind`; `None`: `127.0.0.1:0`.
+    bind: Option<SocketAddr>,
     request_ids: bool,
     listener: Vec<String>,
     routes: Vec<String>,
@@ -45,6 +47,12 @@ impl Conf {
     /// Runs `n` workers instead of one (each with its own SO_REUSEPORT socket).
     pub fn workers(mut self, n: usize) -> Conf {
         self.workers = n;
+        self
+    }
+
+    /// Binds the listener to `addr` instead of `127.0.0.1:0` (a port known before start).
+    pub fn bind(mut self, addr: SocketAddr) -> Conf {
+        self.bind = Some(addr);
         self
     }
 
@@ -110,8 +118,11 @@ impl Conf {
             "[server]\nworkers = {}\ndrain_timeout = \"0s\"\n\n[admin]\nbind = \"off\"\n\n",
             self.workers.max(1)
         );
+        let bind = self
+            .bind
+            .map_or("127.0.0.1:0".to_string(), |a| a.to_string());
         out.push_str(&format!(
-            "[[listeners]]\nname = \"{LISTENER}\"\nbind = \"127.0.0.1:0\"\n"
+            "[[listeners]]\nname = \"{LISTENER}\"\nbind = \"{bind}\"\n"
         ));
         let tcp = self.listener.iter().any(|l| l.contains("\"tcp\""));
         if !self.request_ids && !tcp {
