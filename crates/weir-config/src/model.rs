@@ -365,6 +365,9 @@ pub struct Http3 {
     pub max_field_section_size: u32,
     /// The `ma` of the `Alt-Svc` header HTTP/1.1 and HTTP/2 responses carry.
     pub alt_svc_max_age: Duration,
+    /// New connections per second (per worker) past which a client must prove its address
+    /// with a Retry round trip before Weir does any handshake work; 0: always.
+    pub retry_threshold: u32,
 }
 
 impl Default for Http3 {
@@ -376,6 +379,7 @@ impl Default for Http3 {
             idle_timeout: Duration::from_secs(30),
             max_field_section_size: 64 * 1024,
             alt_svc_max_age: Duration::from_secs(86_400),
+            retry_threshold: 1000,
         }
     }
 }

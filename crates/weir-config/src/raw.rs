@@ -419,6 +419,7 @@ pub(crate) struct RawHttp3Table {
     pub idle_timeout: Option<String>,
     pub max_field_section_size: Option<StrOrInt>,
     pub alt_svc_max_age: Option<String>,
+    pub retry_threshold: Option<i64>,
 }
 
 #[derive(Debug, Default, Deserialize)]

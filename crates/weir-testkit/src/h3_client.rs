@@ -8,6 +8,9 @@ use std::sync::Arc;
 use bytes::{Buf, Bytes};
 use http::{HeaderMap, Request};
 
+/// Why a connection closed (`H3Client::connection.closed()`).
+pub use quinn::ConnectionError;
+
 /// The request-sending handle of one HTTP/3 connection (cloneable: requests may run
 /// concurrently on it).
 pub type H3Sender = h3::client::SendRequest<h3_quinn::OpenStreams, Bytes>;

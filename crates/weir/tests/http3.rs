@@ -268,3 +268,105 @@ async fn tcp_responses_advertise_http3_with_alt_svc_only_when_it_is_on() {
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     assert!(!head.to_ascii_lowercase().contains("alt-svc"), "{head}");
 }
+
+#[tokio::test]
+async fn retry_validates_addresses_past_the_threshold_and_quic_is_counted() {
+    let ca = TestCa::new("h3 CA");
+    let leaf = ca.leaf(&[NAME]);
+    let backend = Backend::echo("e");
+    // Threshold 0: every new connection must come back with a Retry token.
+    let weir = start(
+        single(backend.addr()),
+        &[&leaf],
+        "http3 = { retry_threshold = 0 }",
+    );
+    let mut c = client(&ca, weir.addr, NAME).await;
+    assert_eq!(get(&mut c.send, NAME, "/").await.expect("GET").status, 200);
+    assert_eq!(weir.metric("weir_http3_retries_total{listener=\"web\"}"), 1);
+    assert_eq!(
+        weir.metric("weir_http3_handshakes_total{listener=\"web\"}"),
+        1
+    );
+    weir.wait_metric("weir_http3_streams_total{listener=\"web\"}", 1)
+        .await;
+    // Packets are counted when the connection closes.
+    c.connection.close(0u32.into(), b"done");
+    drop(c);
+    assert!(
+        weir_testkit::wait_until_async(common::WAIT, || {
+            weir.metric_now("weir_http3_sent_packets_total{listener=\"web\"}")
+                .unwrap_or(0)
+                > 0
+        })
+        .await
+    );
+}
+
+#[tokio::test]
+async fn a_quiet_connection_closes_after_idle_timeout() {
+    let ca = TestCa::new("h3 CA");
+    let leaf = ca.leaf(&[NAME]);
+    let backend = Backend::echo("e");
+    let weir = start(
+        single(backend.addr()),
+        &[&leaf],
+        "http3 = { idle_timeout = \"300ms\" }",
+    );
+    let mut c = client(&ca, weir.addr, NAME).await;
+    assert_eq!(get(&mut c.send, NAME, "/").await.expect("GET").status, 200);
+    let started = std::time::Instant::now();
+    let closed = tokio::time::timeout(common::WAIT, c.connection.closed()).await;
+    let reason = closed.expect("closed by the idle timeout");
+    assert!(
+        matches!(reason, weir_testkit::h3_client::ConnectionError::TimedOut),
+        "{reason:?}"
+    );
+    assert!(started.elapsed() >= std::time::Duration::from_millis(250));
+}
+
+#[tokio::test]
+async fn streams_past_max_concurrent_streams_wait_their_turn() {
+    let ca = TestCa::new("h3 CA");
+    let leaf = ca.leaf(&[NAME]);
+    let backend = Backend::slow(std::time::Duration::from_millis(100));
+    let weir = start(
+        single(backend.addr()),
+        &[&leaf],
+        "http3 = { max_concurrent_streams = 4 }",
+    );
+    let c = client(&ca, weir.addr, NAME).await;
+    let mut tasks = Vec::new();
+    for _ in 0..12 {
+        let mut send = c.send.clone();
+        tasks.push(tokio::spawn(async move { get(&mut send, NAME, "/").await }));
+    }
+    let mut most = 0;
+    while !tasks.iter().all(|t| t.is_finished()) {
+        most = most.max(backend.in_flight());
+        tokio::time::sleep(weir_testkit::POLL_INTERVAL).await;
+    }
+    for task in tasks {
+        assert_eq!(task.await.expect("task").expect("response").status, 200);
+    }
+    assert!((1..=4).contains(&most), "at most 4 at once, saw {most}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_lets_the_streams_in_flight_finish() {
+    let ca = TestCa::new("h3 CA");
+    let leaf = ca.leaf(&[NAME]);
+    let backend = Backend::slow(std::time::Duration::from_millis(300));
+    let conf = single(backend.addr()).drain_timeout("10s");
+    let weir = start(conf, &[&leaf], "http3 = true");
+    let c = client(&ca, weir.addr, NAME).await;
+    let mut send = c.send.clone();
+    let in_flight = tokio::spawn(async move { get(&mut send, NAME, "/slow").await });
+    assert!(weir_testkit::wait_until_async(common::WAIT, || backend.in_flight() == 1).await);
+    tokio::task::block_in_place(|| weir.proxy().shutdown());
+    let r = in_flight
+        .await
+        .expect("task")
+        .expect("the stream in flight finished");
+    assert_eq!(r.status, 200);
+    assert!(r.text().starts_with("GET /slow HTTP/1.1\r\n"));
+}

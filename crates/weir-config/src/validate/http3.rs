@@ -60,6 +60,12 @@ pub(super) fn http3(
             &key("max_field_section_size"),
         )?,
         alt_svc_max_age: duration(table.alt_svc_max_age, "24h", &key("alt_svc_max_age"), false)?,
+        retry_threshold: int_in(
+            table.retry_threshold,
+            i64::from(d.retry_threshold),
+            0..=1_000_000,
+            &key("retry_threshold"),
+        )?,
     }))
 }
 

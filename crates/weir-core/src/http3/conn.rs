@@ -4,6 +4,7 @@
 //! flight finish). The connection counts among its listener's connections (drain,
 //! `max_connections`) for as long as it lives.
 
+use std::cell::Cell;
 use std::net::IpAddr;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -11,6 +12,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use h3::server::RequestResolver;
+use tokio::sync::Notify;
 
 use crate::filters::forwarded::ClientIp;
 use crate::tls::session::TlsSession;
@@ -26,6 +28,10 @@ pub(super) struct Conn {
     /// The handshake's facts (SNI, client certificate), for forwarded headers, `{scheme}`
     /// and the access log.
     pub tls: TlsSession,
+    /// Stream tasks running, and the signal each gives when it ends (a draining connection
+    /// closes once none runs).
+    active: Cell<usize>,
+    ended: Notify,
 }
 
 /// The limits a connection is set up with, from its listener.
@@ -44,10 +50,20 @@ pub(super) async fn serve(
     tls: Arc<ListenerTls>,
     limits: Limits,
 ) {
-    let connection = match crate::time::with_timeout(limits.handshake_timeout, connecting).await {
-        Ok(Ok(connection)) => connection,
-        _ => return,
+    let metrics = worker.metrics.listener(slot).map(|m| &m.http3);
+    let handshake = crate::time::with_timeout(limits.handshake_timeout, connecting).await;
+    let (connection, counter) = match handshake {
+        Ok(Ok(connection)) => (Some(connection), metrics.map(|m| &m.handshakes)),
+        Ok(Err(_)) => (None, metrics.map(|m| &m.handshake_failures)),
+        Err(_) => (None, metrics.map(|m| &m.handshake_timeouts)),
     };
+    if let Some(c) = counter {
+        c.inc();
+    }
+    let Some(connection) = connection else {
+        return;
+    };
+    let stats = connection.clone();
     let sni = connection
         .handshake_data()
         .and_then(|d| d.downcast::<quinn::crypto::rustls::HandshakeData>().ok())
@@ -64,15 +80,40 @@ pub(super) async fn serve(
         ip: ClientIp::new(peer_ip),
         peer_ip,
         tls: TlsSession::quic(sni, peer.as_deref().map(|c| &c[..]), &tls),
+        active: Cell::new(0),
+        ended: Notify::new(),
     });
     drop(tls);
     let built = h3::server::builder()
         .max_field_section_size(limits.max_field_section_size)
         .build::<_, Bytes>(h3_quinn::Connection::new(connection))
         .await;
-    let Ok(mut h3) = built else {
-        return;
-    };
+    if let Ok(mut h3) = built {
+        accept_streams(&mut h3, &conn, limits.header_timeout).await;
+        // Drained: the last responses' data may still wait for its acknowledgement, which
+        // closing now would discard. A few round trips let it arrive (or the client
+        // close first); then the connection closes with H3_NO_ERROR.
+        let grace = (stats.rtt() * 4 + Duration::from_millis(50)).min(Duration::from_secs(2));
+        let _ = tokio::time::timeout(grace, stats.closed()).await;
+    }
+    // The connection's packet statistics, once it is over.
+    if let Some(m) = metrics {
+        let path = stats.stats().path;
+        m.sent_packets.add(path.sent_packets);
+        m.lost_packets.add(path.lost_packets);
+        m.congestion_events.add(path.congestion_events);
+    }
+    stats.close(H3_NO_ERROR.into(), b"");
+    drop(guard);
+}
+
+/// Starts a task per request stream until the connection ends; on drain, GOAWAY first.
+async fn accept_streams(
+    h3: &mut h3::server::Connection<h3_quinn::Connection, Bytes>,
+    conn: &Rc<Conn>,
+    header_timeout: Duration,
+) {
+    let worker = conn.worker.clone();
     let drained = worker.drained();
     tokio::pin!(drained);
     let mut closing = false;
@@ -80,20 +121,28 @@ pub(super) async fn serve(
         tokio::select! {
             accepted = h3.accept() => match accepted {
                 Ok(Some(resolver)) => {
-                    let stream = request(conn.clone(), resolver, limits.header_timeout);
+                    let stream = request(conn.clone(), resolver, header_timeout);
                     tokio::task::spawn_local(stream);
                 }
-                // Closed (after GOAWAY once the last stream ended), idle, or failed.
+                // Closed by the client, idle, or failed.
                 _ => break,
             },
             () = &mut drained, if !closing => {
                 closing = true;
-                // GOAWAY: no new streams; those in flight finish, then `accept` ends.
+                // GOAWAY: no new streams; those in flight finish, then the connection
+                // closes.
                 let _ = h3.shutdown(0).await;
+                if conn.active.get() == 0 {
+                    break;
+                }
+            }
+            () = conn.ended.notified(), if closing => {
+                if conn.active.get() == 0 {
+                    break;
+                }
             }
         }
     }
-    drop(guard);
 }
 
 /// Reads a stream's request head (within `header_timeout`) and serves it.
@@ -102,10 +151,32 @@ async fn request(
     resolver: RequestResolver<h3_quinn::Connection, Bytes>,
     header_timeout: Duration,
 ) {
+    let _running = Running::new(&conn);
     let resolved = crate::time::with_timeout(header_timeout, resolver.resolve_request()).await;
     let Ok(Ok((request, stream))) = resolved else {
         return;
     };
     let (send, recv) = stream.split();
     super::stream::serve(conn, (request, send, recv)).await;
+}
+
+/// HTTP/3's NO_ERROR code, closing a connection on purpose (RFC 9114 8.1).
+const H3_NO_ERROR: u32 = 0x100;
+
+/// Counts a stream task among its connection's running ones while it lives.
+struct Running(Rc<Conn>);
+
+impl Running {
+    fn new(conn: &Rc<Conn>) -> Running {
+        conn.active.set(conn.active.get() + 1);
+        Running(conn.clone())
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.active.set(self.0.active.get() - 1);
+        // A stored permit if the accept loop is not waiting yet: no wake-up is lost.
+        self.0.ended.notify_one();
+    }
 }

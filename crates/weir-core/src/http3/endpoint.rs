@@ -18,6 +18,8 @@ use socket2::{Domain, Protocol, Socket, Type};
 use super::conn::{serve, Limits};
 use crate::listener::cap::ConnectionCap;
 use crate::listener::StopSignal;
+use crate::metrics::shard::Counter;
+use crate::metrics::shard::Http3Metrics;
 use crate::snapshot::Snapshot;
 use crate::tls::ListenerTls;
 use crate::worker::{ConnectionGuard, Worker};
@@ -37,6 +39,29 @@ pub(crate) fn spawn(
         }
     };
     tokio::task::spawn_local(run(worker, slot, socket, cap, stop));
+}
+
+/// New connections in the current second (`Rate::over`).
+#[derive(Default)]
+struct Rate {
+    second: Option<std::time::Instant>,
+    count: u32,
+}
+
+impl Rate {
+    /// Counts a new connection; whether this second already had `threshold` (0: always).
+    fn over(&mut self, threshold: u32) -> bool {
+        let now = std::time::Instant::now();
+        match self.second {
+            Some(start) if now - start < std::time::Duration::from_secs(1) => {}
+            _ => {
+                self.second = Some(now);
+                self.count = 0;
+            }
+        }
+        self.count = self.count.saturating_add(1);
+        self.count > threshold
+    }
 }
 
 /// Binds a non-blocking UDP socket with SO_REUSEADDR and SO_REUSEPORT.
@@ -59,6 +84,7 @@ struct Setup {
     config: Arc<quinn::ServerConfig>,
     tls: Arc<ListenerTls>,
     limits: Limits,
+    retry_threshold: u32,
 }
 
 async fn run(
@@ -81,6 +107,7 @@ async fn run(
             return;
         }
     };
+    let mut rate = Rate::default();
     loop {
         let incoming = tokio::select! {
             incoming = endpoint.accept() => incoming,
@@ -99,14 +126,28 @@ async fn run(
                 }
             }
         }
-        let Some(permit) = (!worker.is_draining())
-            .then(|| cap.try_acquire(limit))
-            .flatten()
-        else {
+        let metrics = worker.metrics.listener(slot).map(|m| &m.http3);
+        let count = |pick: fn(&Http3Metrics) -> &Counter| {
+            if let Some(m) = metrics {
+                pick(m).inc();
+            }
+        };
+        // Under a flood of Initials (spoofed sources among them), a client proves its
+        // address with a Retry round trip before any handshake work is done for it.
+        if !incoming.remote_address_validated() && rate.over(setup.retry_threshold) {
+            if incoming.retry().is_ok() {
+                count(|m| &m.retries);
+            }
+            continue;
+        }
+        let permit = (!worker.is_draining()).then(|| cap.try_acquire(limit));
+        let Some(permit) = permit.flatten() else {
+            count(|m| &m.refused);
             incoming.refuse();
             continue;
         };
         let Ok(connecting) = incoming.accept_with(setup.config.clone()) else {
+            count(|m| &m.handshake_failures);
             continue;
         };
         let guard = ConnectionGuard::new(worker.clone(), slot, permit);
@@ -141,6 +182,7 @@ fn setup(snapshot: &Arc<Snapshot>, slot: usize) -> Option<Setup> {
             header_timeout: listener.header_timeout,
             max_field_section_size: u64::from(http3.max_field_section_size),
         },
+        retry_threshold: http3.retry_threshold,
         tls,
     })
 }

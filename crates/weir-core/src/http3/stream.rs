@@ -287,6 +287,9 @@ impl StreamLog {
     ) {
         let conn = at.conn;
         let trace = &self.trace;
+        if let Some(m) = conn.worker.metrics.listener(conn.slot) {
+            m.http3.streams.inc();
+        }
         let handled = Handled {
             route: self.route,
             local: trace.local,

@@ -336,6 +336,7 @@ pub struct ListenerMetrics {
     /// Connections closed for a missing, malformed or untrusted PROXY header.
     pub proxy_rejected: Counter,
     pub http2: Http2Metrics,
+    pub http3: Http3Metrics,
     /// Completed TLS handshakes: index `2 * version + resumed` (`TLS_VERSIONS`; 0 full,
     /// 1 resumed).
     pub tls_handshakes: [Counter; 4],
@@ -368,6 +369,30 @@ pub struct Http2Metrics {
     pub glitches: Counter,
     /// Connections closed because their writes made no progress for `stall_timeout`.
     pub stalled: Counter,
+}
+
+/// QUIC connections of a listener with `http3` (their requests count in the route
+/// metrics with `protocol="HTTP/3"`). Packet counts come from quinn's statistics of each
+/// connection, added when it closes.
+#[derive(Debug, Default)]
+pub struct Http3Metrics {
+    /// Handshakes completed.
+    pub handshakes: Counter,
+    /// Handshakes that failed (a TLS or transport error, the client gone).
+    pub handshake_failures: Counter,
+    /// Handshakes that did not finish within `handshake_timeout`.
+    pub handshake_timeouts: Counter,
+    /// Connection attempts refused: at `max_connections`, or while draining.
+    pub refused: Counter,
+    /// Retry packets sent (address validation under a handshake flood).
+    pub retries: Counter,
+    /// Request streams served.
+    pub streams: Counter,
+    /// Packets sent, and of them declared lost (and so retransmitted).
+    pub sent_packets: Counter,
+    pub lost_packets: Counter,
+    /// Congestion events (losses or ECN marks that cut the window).
+    pub congestion_events: Counter,
 }
 
 /// TLS versions counted apart.

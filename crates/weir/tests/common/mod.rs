@@ -30,6 +30,8 @@ pub struct Conf {
     workers: usize,
     /// The listener's `bind`; `None`: `127.0.0.1:0`.
     bind: Option<SocketAddr>,
+    /// `server.drain_timeout`; `None`: `"0s"`.
+    drain_timeout: Option<String>,
     request_ids: bool,
     listener: Vec<String>,
     routes: Vec<String>,
@@ -47,6 +49,12 @@ impl Conf {
     /// Runs `n` workers instead of one (each with its own SO_REUSEPORT socket).
     pub fn workers(mut self, n: usize) -> Conf {
         self.workers = n;
+        self
+    }
+
+    /// Sets `server.drain_timeout` (default here `"0s"`: dropping a harness never waits).
+    pub fn drain_timeout(mut self, timeout: &str) -> Conf {
+        self.drain_timeout = Some(timeout.to_string());
         self
     }
 
@@ -115,8 +123,9 @@ impl Conf {
     /// The whole TOML text.
     pub fn toml(&self) -> String {
         let mut out = format!(
-            "[server]\nworkers = {}\ndrain_timeout = \"0s\"\n\n[admin]\nbind = \"off\"\n\n",
-            self.workers.max(1)
+            "[server]\nworkers = {}\ndrain_timeout = \"{}\"\n\n[admin]\nbind = \"off\"\n\n",
+            self.workers.max(1),
+            self.drain_timeout.as_deref().unwrap_or("0s")
         );
         let bind = self
             .bind
