@@ -370,3 +370,60 @@ async fn a_drain_lets_the_streams_in_flight_finish() {
     assert_eq!(r.status, 200);
     assert!(r.text().starts_with("GET /slow HTTP/1.1\r\n"));
 }
+
+/// The Python with aioquic installed: `$WEIR_AIOQUIC_PYTHON`, else the venv `.ci/run`
+/// makes. `None` (the test is skipped) when missing, unless `WEIR_REQUIRE_AIOQUIC` is set.
+fn aioquic_python() -> Option<std::path::PathBuf> {
+    let path = std::env::var_os("WEIR_AIOQUIC_PYTHON")
+        .map(std::path::PathBuf::from)
+        .or_else(|| {
+            let home = std::env::var_os("HOME")?;
+            Some(std::path::Path::new(&home).join(".cache/weir-aioquic/bin/python"))
+        })?;
+    if path.exists() {
+        return Some(path);
+    }
+    assert!(
+        std::env::var_os("WEIR_REQUIRE_AIOQUIC").is_none(),
+        "{} not found, and WEIR_REQUIRE_AIOQUIC is set",
+        path.display()
+    );
+    eprintln!(
+        "SKIPPED: {} not found (.ci/run makes it: a venv with aioquic)",
+        path.display()
+    );
+    None
+}
+
+/// A client that is not Weir's (aioquic, bench/h3_interop.py) gets a GET and a POST with a
+/// body answered over HTTP/3.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aioquic_interoperates() {
+    let Some(python) = aioquic_python() else {
+        return;
+    };
+    let ca = TestCa::new("h3 CA");
+    let leaf = ca.leaf(&[NAME]);
+    let backend = Backend::echo("e");
+    let weir = start(single(backend.addr()), &[&leaf], "http3 = true");
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../bench/h3_interop.py");
+    let mut command = std::process::Command::new(python);
+    command.arg(script).arg(weir.addr.ip().to_string());
+    command
+        .arg(weir.addr.port().to_string())
+        .arg(NAME)
+        .arg(&ca.cert_path);
+    // The script bounds each request's wait itself (10 s).
+    let out = tokio::task::spawn_blocking(move || command.output())
+        .await
+        .expect("aioquic finished")
+        .expect("run python");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("aioquic interop: OK"), "{text}");
+    assert_eq!(
+        weir.metric("weir_http3_handshakes_total{listener=\"web\"}"),
+        1
+    );
+}
