@@ -212,6 +212,7 @@ max_idle = 256
             max_headers: 100,
             max_informational: 8,
             http2: Http2::default(),
+            http3: None,
             default_response: DefaultResponse {
                 status: 404,
                 body: "no route\n".into(),

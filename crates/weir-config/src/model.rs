@@ -284,6 +284,8 @@ pub struct Listener {
     pub routes: Vec<Route>,
     /// HTTP/2 (h2c with prior knowledge) settings and flood defences.
     pub http2: Http2,
+    /// HTTP/3 over QUIC on the listener's addresses (UDP), TLS listeners only; `None`: off.
+    pub http3: Option<Http3>,
     /// `Some(port)`: every request that arrives over plain HTTP is answered with a 308
     /// redirect to `https://{host}:{port}{uri}` (the port left out when it is 443): on a
     /// listener without `tls`, all of them (routes unused); on a TLS listener, those on its
@@ -345,6 +347,41 @@ impl Default for Http2 {
             glitch_window: Duration::from_secs(10),
             stall_timeout: Duration::from_secs(30),
             max_informational: 8,
+        }
+    }
+}
+
+/// HTTP/3 settings of a TLS listener (`http3 = true | { ... }`, docs/http3.md).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Http3 {
+    /// Request streams a client may have open at once (QUIC `initial_max_streams_bidi`).
+    pub max_concurrent_streams: u32,
+    /// Request body bytes one stream may send ahead (QUIC stream receive window).
+    pub stream_window: u32,
+    /// Request body bytes all streams of a connection together may send ahead.
+    pub connection_window: u32,
+    /// A connection with no packet either way for this long is closed (QUIC
+    /// `max_idle_timeout`).
+    pub idle_timeout: Duration,
+    /// SETTINGS_MAX_FIELD_SECTION_SIZE: larger request heads are refused.
+    pub max_field_section_size: u32,
+    /// The `ma` of the `Alt-Svc` header HTTP/1.1 and HTTP/2 responses carry.
+    pub alt_svc_max_age: Duration,
+    /// New connections per second (per worker) past which a client must prove its address
+    /// with a Retry round trip before Weir does any handshake work; 0: always.
+    pub retry_threshold: u32,
+}
+
+impl Default for Http3 {
+    fn default() -> Http3 {
+        Http3 {
+            max_concurrent_streams: 100,
+            stream_window: 256 * 1024,
+            connection_window: 1024 * 1024,
+            idle_timeout: Duration::from_secs(30),
+            max_field_section_size: 64 * 1024,
+            alt_svc_max_age: Duration::from_secs(86_400),
+            retry_threshold: 1000,
         }
     }
 }

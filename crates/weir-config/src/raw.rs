@@ -119,6 +119,7 @@ pub(crate) struct RawListener {
     pub proxy_protocol: Option<RawProxyProtocol>,
     pub path_normalization: Option<RawPathNormalization>,
     pub http2: Option<RawHttp2>,
+    pub http3: Option<RawHttp3>,
     pub tls: Option<RawTls>,
     pub redirect_https: Option<bool>,
     pub redirect_https_port: Option<i64>,
@@ -398,36 +399,72 @@ pub(crate) struct RawRateLimit {
     pub on_error: Option<String>,
 }
 
-/// `request_id = false | true | { header, trust_client }` of a listener.
+/// A setting written as `true` / `false` or as a table of its settings (`request_id`,
+/// `http3`).
 #[derive(Debug)]
-pub(crate) enum RawRequestId {
+pub(crate) enum Switch<T> {
     Switch(bool),
-    Table(RawRequestIdTable),
+    Table(T),
 }
 
-impl<'de> Deserialize<'de> for RawRequestId {
+/// `request_id = false | true | { header, trust_client }` of a listener.
+pub(crate) type RawRequestId = Switch<RawRequestIdTable>;
+
+/// `http3 = false | true | { max_concurrent_streams, ... }` of a TLS listener.
+pub(crate) type RawHttp3 = Switch<RawHttp3Table>;
+
+impl<'de, T: Deserialize<'de> + Described> Deserialize<'de> for Switch<T> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_any(RequestIdVisitor)
+        deserializer.deserialize_any(SwitchVisitor(std::marker::PhantomData))
     }
 }
 
-struct RequestIdVisitor;
+/// What a table of a [`Switch`] is, for the parser's error.
+pub(crate) trait Described {
+    const EXPECTING: &'static str;
+}
 
-impl<'de> Visitor<'de> for RequestIdVisitor {
-    type Value = RawRequestId;
+impl Described for RawRequestIdTable {
+    const EXPECTING: &'static str =
+        "true, false or a table { header = \"X-Request-Id\", trust_client = true }";
+}
+
+impl Described for RawHttp3Table {
+    const EXPECTING: &'static str =
+        "true, false or a table { max_concurrent_streams = 100, idle_timeout = \"30s\", ... }";
+}
+
+struct SwitchVisitor<T>(std::marker::PhantomData<T>);
+
+impl<'de, T: Deserialize<'de> + Described> Visitor<'de> for SwitchVisitor<T> {
+    type Value = Switch<T>;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("true, false or a table { header = \"X-Request-Id\", trust_client = true }")
+        f.write_str(T::EXPECTING)
     }
 
-    fn visit_bool<E: de::Error>(self, v: bool) -> Result<RawRequestId, E> {
-        Ok(RawRequestId::Switch(v))
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<Switch<T>, E> {
+        Ok(Switch::Switch(v))
     }
 
-    fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<RawRequestId, A::Error> {
-        RawRequestIdTable::deserialize(de::value::MapAccessDeserializer::new(map))
-            .map(RawRequestId::Table)
+    fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<Switch<T>, A::Error> {
+        T::deserialize(de::value::MapAccessDeserializer::new(map)).map(Switch::Table)
     }
+}
+
+/// `http3 = { ... }`: QUIC and HTTP/3 settings of a TLS listener (docs/http3.md).
+#[derive(Debug, Default, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawHttp3Table {
+    pub enabled: Option<bool>,
+    pub max_concurrent_streams: Option<i64>,
+    pub stream_window: Option<StrOrInt>,
+    pub connection_window: Option<StrOrInt>,
+    pub idle_timeout: Option<String>,
+    pub max_field_section_size: Option<StrOrInt>,
+    pub alt_svc_max_age: Option<String>,
+    pub retry_threshold: Option<i64>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -11,7 +11,7 @@ use schemars::transform::RecursiveTransform;
 use schemars::{json_schema, JsonSchema, Schema, SchemaGenerator};
 use serde_json::Value;
 
-use crate::raw::{RawConfig, RawRequestId, RawRequestIdTable, StrOrInt};
+use crate::raw::{RawConfig, StrOrInt, Switch};
 
 /// The schema of the whole file (JSON Schema 2020-12).
 pub fn schema() -> Schema {
@@ -68,15 +68,15 @@ impl JsonSchema for StrOrInt {
     }
 }
 
-impl JsonSchema for RawRequestId {
+impl<T: JsonSchema + crate::raw::Described> JsonSchema for Switch<T> {
     fn schema_name() -> Cow<'static, str> {
-        "RequestId".into()
+        format!("Switch_{}", T::schema_name()).into()
     }
 
     fn json_schema(generator: &mut SchemaGenerator) -> Schema {
-        let table = generator.subschema_for::<RawRequestIdTable>();
+        let table = generator.subschema_for::<T>();
         json_schema!({
-            "description": "true, false or a table { header, trust_client }",
+            "description": T::EXPECTING,
             "anyOf": [{ "type": "boolean" }, table]
         })
     }

@@ -320,10 +320,12 @@ fn listener(
         routes: routes(raw.routes, &key("routes"), upstreams, &normalization)?,
         path_normalization: normalization,
         http2: http2::http2(raw.http2, &key("http2"))?,
+        http3: http3::http3(raw.http3, with_tls, &key("http3"))?,
         policy,
     })
     .and_then(|l| policy::check_listener(l, path))
     .and_then(|mut l| {
+        http3::advertise(&mut l);
         tls::fill_internal_names(&mut l);
         tls::fill_acme_domains(&mut l, &key("routes"), &key("tls").key("acme"))?;
         Ok((l, binds))
@@ -1015,6 +1017,7 @@ mod discover;
 mod files;
 mod htpasswd;
 mod http2;
+mod http3;
 mod path;
 mod policy;
 mod pool;

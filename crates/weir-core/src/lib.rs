@@ -53,6 +53,7 @@ pub mod files;
 pub mod filters;
 pub mod forward;
 pub mod http2;
+pub mod http3;
 pub mod idle;
 pub mod listener;
 pub mod memory;

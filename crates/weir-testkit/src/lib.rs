@@ -50,6 +50,7 @@ pub mod dns;
 mod h2_backend;
 pub mod h2_raw;
 pub mod otlp;
+pub mod h3_client;
 mod pattern;
 pub mod redis;
 mod server_thread;

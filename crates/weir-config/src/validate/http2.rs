@@ -95,7 +95,7 @@ pub(super) fn header_list_size(raw: Option<StrOrInt>, path: &FieldPath) -> Resul
     bytes(raw, 64 * 1024, 1024..=16 * 1024 * 1024, path)
 }
 
-fn bytes(
+pub(super) fn bytes(
     raw: Option<StrOrInt>,
     default: u32,
     range: RangeInclusive<u64>,

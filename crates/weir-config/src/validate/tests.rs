@@ -1637,3 +1637,110 @@ fn internal_ca_names_come_from_route_hosts() {
         .unwrap();
     assert_eq!(ca.names, vec!["app.test", "*.api.test"]);
 }
+
+#[test]
+fn http3_is_off_by_default_and_on_with_true_or_a_table() {
+    let http3 = |line: &str| {
+        let text = format!("{LISTENER}{line}\n[listeners.tls]\n{CERTS}");
+        parse_str(&text, "t").map(|c| c.listeners[0].http3.clone())
+    };
+    assert_eq!(http3(""), Ok(None));
+    assert_eq!(http3("http3 = false"), Ok(None));
+    assert_eq!(http3("http3 = true"), Ok(Some(crate::Http3::default())));
+    assert_eq!(http3("http3 = { enabled = false }"), Ok(None));
+    let set = http3(
+        "http3 = { max_concurrent_streams = 7, stream_window = \"64KiB\", \
+         connection_window = \"2MiB\", idle_timeout = \"5s\", max_field_section_size = 4096, \
+         alt_svc_max_age = \"1h\" }",
+    )
+    .unwrap()
+    .unwrap();
+    assert_eq!(set.max_concurrent_streams, 7);
+    assert_eq!(set.stream_window, 64 * 1024);
+    assert_eq!(set.connection_window, 2 * 1024 * 1024);
+    assert_eq!(set.idle_timeout, std::time::Duration::from_secs(5));
+    assert_eq!(set.max_field_section_size, 4096);
+    assert_eq!(set.alt_svc_max_age, std::time::Duration::from_secs(3600));
+}
+
+#[test]
+fn http3_errors() {
+    check_listener_line(
+        "http3 = true",
+        "needs an HTTP listener with [listeners.tls]",
+        "add a [listeners.tls]",
+    );
+    let with = |table: &str| format!("{LISTENER}http3 = {{ {table} }}\n[listeners.tls]\n{CERTS}");
+    let cases = [
+        (
+            "max_concurrent_streams = 0",
+            "max_concurrent_streams",
+            "between 1 and 10000",
+            "default 100",
+        ),
+        (
+            "stream_window = 10",
+            "stream_window",
+            "between 1024 and",
+            "\"256KiB\"",
+        ),
+        (
+            "idle_timeout = \"0s\"",
+            "idle_timeout",
+            "greater than 0",
+            "\"30s\"",
+        ),
+        (
+            "max_field_section_size = \"64MiB\"",
+            "max_field_section_size",
+            "between 1024",
+            "\"64KiB\"",
+        ),
+        ("bogus = 1", "http3.bogus", "unknown field", ""),
+    ];
+    for (table, key, message, fix) in cases {
+        let field = match key.starts_with("http3") {
+            true => format!("listeners[0].{key}"),
+            false => format!("listeners[0].http3.{key}"),
+        };
+        check(&with(table), &field, 4, message, fix);
+    }
+}
+
+#[test]
+fn http3_sets_alt_svc_on_every_route_unless_the_route_names_it() {
+    let rules = |bind: &str, route: &str| {
+        let text = format!(
+            "[[listeners]]\nname = \"web\"\nbind = \"{bind}\"\nhttp3 = true\n[listeners.tls]\n{CERTS}\
+             [[listeners.routes]]\nname = \"r\"\nrespond = {{ status = 200 }}\n{route}"
+        );
+        let config = parse_str(&text, "t").expect("valid");
+        let rules = config.listeners[0].routes[0]
+            .filters
+            .response_headers
+            .clone();
+        rules.map(|r| {
+            (
+                r.set
+                    .iter()
+                    .map(|s| format!("{}: {:?}", s.name, s.value.0))
+                    .collect::<Vec<_>>(),
+                r.drop,
+            )
+        })
+    };
+    let (set, drop) = rules("127.0.0.1:8443", "").expect("rules");
+    assert_eq!(set.len(), 1);
+    assert!(
+        set[0].starts_with("Alt-Svc: ") && set[0].contains("h3=\\\":8443\\\"; ma=86400"),
+        "{set:?}"
+    );
+    assert_eq!(drop, vec!["alt-svc".to_string()]);
+    // Port 0: nothing to advertise, no rules made.
+    assert_eq!(rules("127.0.0.1:0", ""), None);
+    // The route's own Alt-Svc rule wins.
+    let own = "response_headers = { remove = [\"Alt-Svc\"] }\n";
+    let (set, drop) = rules("127.0.0.1:8443", own).expect("rules");
+    assert!(set.is_empty(), "{set:?}");
+    assert_eq!(drop, vec!["alt-svc".to_string()]);
+}

@@ -17,6 +17,8 @@ pub struct RequestFields {
     pub http10: bool,
     /// The request came on an HTTP/2 stream (logged as `HTTP/2.0`).
     pub http2: bool,
+    /// The request came on an HTTP/3 stream (logged as `HTTP/3`).
+    pub http3: bool,
     pub referer: Vec<u8>,
     pub user_agent: Vec<u8>,
 }
@@ -28,6 +30,7 @@ impl RequestFields {
         self.target.clear();
         self.http10 = false;
         self.http2 = false;
+        self.http3 = false;
         self.referer.clear();
         self.user_agent.clear();
     }
@@ -114,6 +117,8 @@ fn or_dash(v: &[u8]) -> &[u8] {
 fn protocol(req: &RequestFields) -> &'static [u8] {
     if req.http2 {
         b"HTTP/2.0"
+    } else if req.http3 {
+        b"HTTP/3"
     } else if req.http10 {
         b"HTTP/1.0"
     } else {
@@ -345,6 +350,7 @@ mod tests {
             target: b"/a?\"x\"".to_vec(),
             http10: false,
             http2: false,
+            http3: false,
             referer: Vec::new(),
             user_agent: b"curl/8\n".to_vec(),
         };

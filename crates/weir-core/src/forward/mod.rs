@@ -42,7 +42,9 @@ pub(crate) enum Carrier {
 /// | `"auto"` over TLS | HTTP/1.1 connection (ALPN `http/1.1`) | HTTP/2 stream, or an HTTP/1.1 connection when the server's ALPN chose `http/1.1` |
 /// | `"auto"` cleartext | HTTP/1.1 connection | HTTP/1.1 connection |
 ///
-/// An RFC 8441 WebSocket (extended CONNECT) always takes an HTTP/1.1 connection.
+/// An RFC 8441 WebSocket (extended CONNECT) always takes an HTTP/1.1 connection. An HTTP/3
+/// client's request takes an HTTP/1.1 connection for `"http1"` and `"auto"`; `Http2` (for
+/// `"h2"`, `"h2c"`) is answered 501 by its adapter (`http3::stream`) for now.
 pub(crate) fn carrier(client: Protocol, upstream: &Upstream) -> Carrier {
     use weir_config::UpstreamProtocol::*;
     match (upstream.protocol, client) {

@@ -103,7 +103,7 @@ impl Trace {
 
 impl StreamRequest<'_> {
     /// What every try of the request shares.
-    pub(super) fn exchange_of(&self) -> Exchange<'_> {
+    pub(crate) fn exchange_of(&self) -> Exchange<'_> {
         let (r, u) = (&self.request, self.target.upstream);
         let path = self.path.get(r.req.path(r.buf));
         let client = r.origin.client_text();
@@ -117,7 +117,7 @@ impl StreamRequest<'_> {
     }
 
     /// Appends the upstream HTTP/1.1 head for `server` (`forward::request_head`).
-    pub(super) fn write_head(&self, out: &mut Vec<u8>, server: &UpstreamServer) -> Offered {
+    pub(crate) fn write_head(&self, out: &mut Vec<u8>, server: &UpstreamServer) -> Offered {
         write_upstream_head(out, &self.request, self.path, &self.target, server)
     }
 
@@ -204,7 +204,7 @@ impl StreamRequest<'_> {
 
     /// The route's edits for a response from `server`, the `response_headers` lines
     /// rendered into `lines` (nothing without rules).
-    pub(super) fn edits<'e>(
+    pub(crate) fn edits<'e>(
         &'e self,
         lines: &'e mut Vec<u8>,
         server: &'e UpstreamServer,
@@ -216,7 +216,7 @@ impl StreamRequest<'_> {
     }
 
     /// The coding the route's `compression` negotiated with the client (`None`: identity).
-    pub(super) fn accepted(&self) -> Option<weir_config::Encoding> {
+    pub(crate) fn accepted(&self) -> Option<weir_config::Encoding> {
         let cfg = self.target.route.filters.compression.as_ref()?;
         compression::negotiate(cfg, self.request.buf, &self.request.req.headers)
     }
@@ -312,7 +312,7 @@ impl StreamRequest<'_> {
         ClientStream::new(respond, &self.relayed, bounds)
     }
 
-    pub(super) fn meta(&self) -> RequestMeta {
+    pub(crate) fn meta(&self) -> RequestMeta {
         RequestMeta {
             is_head: self.request.req.is_head,
             // 1xx heads go to the client's stream (`interim`).
@@ -327,7 +327,7 @@ impl StreamRequest<'_> {
     /// `max_informational`, or `http2.max_informational` when that relays more (the stream
     /// drops those past it, `interim`). One more fails the response (502), so an upstream
     /// looping on 103 cannot hold the stream until `response_timeout`.
-    pub(super) fn informational_bound(&self) -> u32 {
+    pub(crate) fn informational_bound(&self) -> u32 {
         let listener = &self.target.listener;
         listener
             .max_informational

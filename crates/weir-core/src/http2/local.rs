@@ -31,36 +31,21 @@ pub async fn send_answer(
     trace: &mut Trace,
 ) -> Result<(), ProxyError> {
     let mut out = Vec::new();
-    let rendered = answer.render(&mut out, Persistence::KeepAlive, is_head, vars);
-    let mut head = ResponseHead::default();
-    // Weir rendered these bytes itself: they always parse.
-    if !parse_response(rendered, rendered.len(), is_head, &mut head)? {
-        return Err(ProxyError::UpstreamMalformed("incomplete local response"));
-    }
-    let body = &rendered[head.head_len..];
-    trace.status = head.status;
-    let mut response = http::Response::new(());
-    *response.status_mut() =
-        http::StatusCode::from_u16(head.status).unwrap_or(http::StatusCode::BAD_GATEWAY);
+    let (mut response, body) = answer_response(answer, vars, is_head, &mut out)?;
+    let status = response.status().as_u16();
+    trace.status = status;
     let headers = response.headers_mut();
-    for h in head.headers.iter().filter(|h| !h.kind.is_hop_by_hop()) {
-        let name = http::HeaderName::from_bytes(&rendered[h.name.clone()]);
-        let value = http::HeaderValue::from_bytes(&rendered[h.value.clone()]);
-        if let (Ok(name), Ok(value)) = (name, value) {
-            headers.append(name, value);
-        }
-    }
-    if trace.grpc && grpc::translates(head.status) {
+    if trace.grpc && grpc::translates(status) {
         // The fields that say more than the status stay (WWW-Authenticate, Retry-After,
         // Location); the ones about the body do not, there is none.
         let mut extra = std::mem::take(headers);
         extra.remove(http::header::CONTENT_TYPE);
         extra.remove(http::header::CONTENT_LENGTH);
         let code = match answer {
-            Answer::Error(error) => grpc::code_for_error(*error, head.status),
-            _ => grpc::code_for_status(head.status),
+            Answer::Error(error) => grpc::code_for_error(*error, status),
+            _ => grpc::code_for_status(status),
         };
-        let message = grpc_message(answer, head.status, body);
+        let message = grpc_message(answer, status, body);
         grpc::send_status(respond, code, &message, extra)?;
         trace.grpc_status = Some(u32::from(code));
         return Ok(());
@@ -78,6 +63,35 @@ pub async fn send_answer(
     }
     trace.body_out = body.len() as u64;
     Ok(())
+}
+
+/// `answer` as a response for a stream (HTTP/2 or HTTP/3): rendered into `out` as the
+/// HTTP/1.1 bytes an HTTP/1.x client gets, its head without hop-by-hop fields, and its
+/// body (empty for a HEAD request, `is_head`).
+pub(crate) fn answer_response<'o>(
+    answer: &'o Answer<'_>,
+    vars: &Vars<'_>,
+    is_head: bool,
+    out: &'o mut Vec<u8>,
+) -> Result<(http::Response<()>, &'o [u8]), ProxyError> {
+    let rendered = answer.render(out, Persistence::KeepAlive, is_head, vars);
+    let mut head = ResponseHead::default();
+    // Weir rendered these bytes itself: they always parse.
+    if !parse_response(rendered, rendered.len(), is_head, &mut head)? {
+        return Err(ProxyError::UpstreamMalformed("incomplete local response"));
+    }
+    let mut response = http::Response::new(());
+    *response.status_mut() =
+        http::StatusCode::from_u16(head.status).unwrap_or(http::StatusCode::BAD_GATEWAY);
+    let headers = response.headers_mut();
+    for h in head.headers.iter().filter(|h| !h.kind.is_hop_by_hop()) {
+        let name = http::HeaderName::from_bytes(&rendered[h.name.clone()]);
+        let value = http::HeaderValue::from_bytes(&rendered[h.value.clone()]);
+        if let (Ok(name), Ok(value)) = (name, value) {
+            headers.append(name, value);
+        }
+    }
+    Ok((response, &rendered[head.head_len..]))
 }
 
 /// The `grpc-message` of `answer` (sent with `status` and `body`): a failure's description

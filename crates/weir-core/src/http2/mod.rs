@@ -18,24 +18,24 @@
 
 mod budget;
 mod conn;
-mod exchange;
+pub(crate) mod exchange;
 pub(crate) mod files;
 mod frames;
 mod gather;
 mod grpc;
-mod interim;
+pub(crate) mod interim;
 mod io;
-mod local;
+pub(crate) mod local;
 mod names;
-mod request;
-mod respond;
+pub(crate) mod request;
+pub(crate) mod respond;
 pub(crate) mod scratch;
 mod send;
 mod stream;
 #[cfg(test)]
 mod test_io;
-mod trailers;
-mod upstream;
+pub(crate) mod trailers;
+pub(crate) mod upstream;
 mod upstream_request;
 mod websocket;
 

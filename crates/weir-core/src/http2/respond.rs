@@ -20,7 +20,7 @@ use crate::forward::{Failure, Reached};
 /// arrived: the values are slices of it): hop-by-hop and `Connection`-listed fields
 /// dropped, names lower-cased, `edits` applied. `headers`: an empty field map to fill
 /// (the request's, its allocations kept).
-pub(super) fn head_from_http1(
+pub(crate) fn head_from_http1(
     resp: &ResponseHead,
     buf: &Bytes,
     edits: &Edits<'_>,

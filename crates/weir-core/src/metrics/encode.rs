@@ -115,6 +115,56 @@ pub(super) const HTTP2_FAMILIES: [(&str, &str, PickCounter); 7] = [
     ("weir_http2_stalled", "HTTP/2 connections closed because their writes made no progress for stall_timeout.", |m| &m.http2.stalled),
 ];
 
+/// `weir_http3_*`: QUIC handshakes and their failures, refusals, Retry packets, streams
+/// and packet statistics per listener (name, help, counter).
+pub(super) const HTTP3_FAMILIES: [(&str, &str, PickCounter); 9] = [
+    (
+        "weir_http3_handshakes",
+        "QUIC handshakes completed (HTTP/3 connections).",
+        |m| &m.http3.handshakes,
+    ),
+    (
+        "weir_http3_handshake_failures",
+        "QUIC handshakes that failed (TLS or transport error, client gone).",
+        |m| &m.http3.handshake_failures,
+    ),
+    (
+        "weir_http3_handshake_timeouts",
+        "QUIC handshakes not finished within handshake_timeout.",
+        |m| &m.http3.handshake_timeouts,
+    ),
+    (
+        "weir_http3_refused",
+        "QUIC connection attempts refused (at max_connections, or while draining).",
+        |m| &m.http3.refused,
+    ),
+    (
+        "weir_http3_retries",
+        "QUIC Retry packets sent (address validation above retry_threshold handshakes per second).",
+        |m| &m.http3.retries,
+    ),
+    (
+        "weir_http3_streams",
+        "HTTP/3 request streams served.",
+        |m| &m.http3.streams,
+    ),
+    (
+        "weir_http3_sent_packets",
+        "QUIC packets sent (counted when each connection closes).",
+        |m| &m.http3.sent_packets,
+    ),
+    (
+        "weir_http3_lost_packets",
+        "QUIC packets declared lost and retransmitted (counted when each connection closes).",
+        |m| &m.http3.lost_packets,
+    ),
+    (
+        "weir_http3_congestion_events",
+        "QUIC congestion events (counted when each connection closes).",
+        |m| &m.http3.congestion_events,
+    ),
+];
+
 type Result = std::result::Result<(), std::fmt::Error>;
 
 /// Label pairs of one series.
@@ -648,7 +698,8 @@ impl Scrape {
     /// `weir_http2_*` ([`HTTP2_FAMILIES`]) per listener. Separate series, so the request
     /// series keep their labels.
     fn http2_counters(&self, enc: &mut DescriptorEncoder) -> Result {
-        self.per_listener(enc, &HTTP2_FAMILIES)
+        self.per_listener(enc, &HTTP2_FAMILIES)?;
+        self.per_listener(enc, &HTTP3_FAMILIES)
     }
 
     /// Counter families whose only label is the listener: name, help, and the counter.

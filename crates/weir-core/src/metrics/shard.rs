@@ -105,13 +105,14 @@ pub fn method_index(method: &[u8]) -> usize {
 pub enum Protocol {
     Http1 = 0,
     Http2 = 1,
+    Http3 = 2,
 }
 
 /// Label values of [`Protocol`], spelled as the access log's `protocol` field.
-pub const PROTOCOLS: [&str; 2] = ["HTTP/1.1", "HTTP/2.0"];
+pub const PROTOCOLS: [&str; 3] = ["HTTP/1.1", "HTTP/2.0", "HTTP/3"];
 
 impl Protocol {
-    pub const ALL: [Protocol; 2] = [Protocol::Http1, Protocol::Http2];
+    pub const ALL: [Protocol; 3] = [Protocol::Http1, Protocol::Http2, Protocol::Http3];
 
     pub fn label(self) -> &'static str {
         PROTOCOLS[self as usize]
@@ -234,6 +235,8 @@ pub struct RouteMetrics {
     /// HTTP/2 requests, the same table, allocated by the route's first HTTP/2 request
     /// (most routes never see one; a table is 40 KiB per worker).
     http2: OnceLock<Box<[Counter]>>,
+    /// HTTP/3 requests, allocated likewise by the route's first HTTP/3 request.
+    http3: OnceLock<Box<[Counter]>>,
     /// By `Protocol`.
     duration: [Histogram; PROTOCOLS.len()],
     /// Responses cut short after their head, by `Protocol`, then `AbortReason`.
@@ -250,6 +253,7 @@ impl RouteMetrics {
         RouteMetrics {
             http1: new_request_table(),
             http2: OnceLock::new(),
+            http3: OnceLock::new(),
             duration: Default::default(),
             aborted: Default::default(),
             rate_limited: Default::default(),
@@ -281,6 +285,7 @@ impl RouteMetrics {
         let table = match protocol {
             Protocol::Http1 => &self.http1,
             Protocol::Http2 => self.http2.get_or_init(new_request_table),
+            Protocol::Http3 => self.http3.get_or_init(new_request_table),
         };
         &table[method * STATUS_SLOTS + status_index(status)]
     }
@@ -289,7 +294,8 @@ impl RouteMetrics {
     fn table(&self, protocol: usize) -> Option<&[Counter]> {
         match protocol {
             0 => Some(&self.http1),
-            _ => self.http2.get().map(|t| &t[..]),
+            1 => self.http2.get().map(|t| &t[..]),
+            _ => self.http3.get().map(|t| &t[..]),
         }
     }
 
@@ -330,6 +336,7 @@ pub struct ListenerMetrics {
     /// Connections closed for a missing, malformed or untrusted PROXY header.
     pub proxy_rejected: Counter,
     pub http2: Http2Metrics,
+    pub http3: Http3Metrics,
     /// Completed TLS handshakes: index `2 * version + resumed` (`TLS_VERSIONS`; 0 full,
     /// 1 resumed).
     pub tls_handshakes: [Counter; 4],
@@ -362,6 +369,30 @@ pub struct Http2Metrics {
     pub glitches: Counter,
     /// Connections closed because their writes made no progress for `stall_timeout`.
     pub stalled: Counter,
+}
+
+/// QUIC connections of a listener with `http3` (their requests count in the route
+/// metrics with `protocol="HTTP/3"`). Packet counts come from quinn's statistics of each
+/// connection, added when it closes.
+#[derive(Debug, Default)]
+pub struct Http3Metrics {
+    /// Handshakes completed.
+    pub handshakes: Counter,
+    /// Handshakes that failed (a TLS or transport error, the client gone).
+    pub handshake_failures: Counter,
+    /// Handshakes that did not finish within `handshake_timeout`.
+    pub handshake_timeouts: Counter,
+    /// Connection attempts refused: at `max_connections`, or while draining.
+    pub refused: Counter,
+    /// Retry packets sent (address validation under a handshake flood).
+    pub retries: Counter,
+    /// Request streams served.
+    pub streams: Counter,
+    /// Packets sent, and of them declared lost (and so retransmitted).
+    pub sent_packets: Counter,
+    pub lost_packets: Counter,
+    /// Congestion events (losses or ECN marks that cut the window).
+    pub congestion_events: Counter,
 }
 
 /// TLS versions counted apart.

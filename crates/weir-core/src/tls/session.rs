@@ -41,8 +41,38 @@ impl TlsSession {
             .negotiated_cipher_suite()
             .and_then(|s| s.suite().as_str())
             .unwrap_or("unknown");
-        let client = conn
-            .peer_certificates()
+        let peer = conn.peer_certificates();
+        TlsSession {
+            version,
+            cipher,
+            resumed: conn.handshake_kind() == Some(rustls::HandshakeKind::Resumed),
+            h2: conn.alpn_protocol() == Some(b"h2"),
+            ..TlsSession::with_peer(conn.server_name().map(Box::from), peer, tls)
+        }
+    }
+
+    /// The facts of a QUIC connection's handshake (always TLS 1.3; quinn does not say
+    /// which cipher suite or whether it resumed): the SNI name `sni` and the client's
+    /// certificate chain `peer`.
+    pub fn quic(
+        sni: Option<Box<str>>,
+        peer: Option<&[rustls_pki_types::CertificateDer<'_>]>,
+        tls: &ListenerTls,
+    ) -> TlsSession {
+        TlsSession {
+            version: "TLSv1.3",
+            cipher: "unknown",
+            ..TlsSession::with_peer(sni, peer, tls)
+        }
+    }
+
+    /// The SNI name and what the client certificate `peer` (if any) gives.
+    fn with_peer(
+        sni: Option<Box<str>>,
+        peer: Option<&[rustls_pki_types::CertificateDer<'_>]>,
+        tls: &ListenerTls,
+    ) -> TlsSession {
+        let client = peer
             .and_then(|chain| chain.first())
             .and_then(|der| CertFacts::parse(der).ok());
         let (name, strip) = match &tls.client_cert_header {
@@ -53,14 +83,11 @@ impl TlsSession {
             .zip(client.as_ref())
             .map(|(name, facts)| header_line(name, facts));
         TlsSession {
-            version,
-            cipher,
-            sni: conn.server_name().map(Box::from),
-            resumed: conn.handshake_kind() == Some(rustls::HandshakeKind::Resumed),
-            h2: conn.alpn_protocol() == Some(b"h2"),
+            sni,
             client_cert_subject: client.map(|f| f.subject.into_boxed_str()),
             cert_header_line,
             strip_header: strip,
+            ..TlsSession::default()
         }
     }
 

@@ -28,6 +28,10 @@ pub const WAIT: Duration = Duration::from_secs(30);
 pub struct Conf {
     /// Worker threads; 0 means 1.
     workers: usize,
+    /// The listener's `bind`; `None`: `127.0.0.1:0`.
+    bind: Option<SocketAddr>,
+    /// `server.drain_timeout`; `None`: `"0s"`.
+    drain_timeout: Option<String>,
     request_ids: bool,
     listener: Vec<String>,
     routes: Vec<String>,
@@ -45,6 +49,18 @@ impl Conf {
     /// Runs `n` workers instead of one (each with its own SO_REUSEPORT socket).
     pub fn workers(mut self, n: usize) -> Conf {
         self.workers = n;
+        self
+    }
+
+    /// Sets `server.drain_timeout` (default here `"0s"`: dropping a harness never waits).
+    pub fn drain_timeout(mut self, timeout: &str) -> Conf {
+        self.drain_timeout = Some(timeout.to_string());
+        self
+    }
+
+    /// Binds the listener to `addr` instead of `127.0.0.1:0` (a port known before start).
+    pub fn bind(mut self, addr: SocketAddr) -> Conf {
+        self.bind = Some(addr);
         self
     }
 
@@ -107,11 +123,15 @@ impl Conf {
     /// The whole TOML text.
     pub fn toml(&self) -> String {
         let mut out = format!(
-            "[server]\nworkers = {}\ndrain_timeout = \"0s\"\n\n[admin]\nbind = \"off\"\n\n",
-            self.workers.max(1)
+            "[server]\nworkers = {}\ndrain_timeout = \"{}\"\n\n[admin]\nbind = \"off\"\n\n",
+            self.workers.max(1),
+            self.drain_timeout.as_deref().unwrap_or("0s")
         );
+        let bind = self
+            .bind
+            .map_or("127.0.0.1:0".to_string(), |a| a.to_string());
         out.push_str(&format!(
-            "[[listeners]]\nname = \"{LISTENER}\"\nbind = \"127.0.0.1:0\"\n"
+            "[[listeners]]\nname = \"{LISTENER}\"\nbind = \"{bind}\"\n"
         ));
         let tcp = self.listener.iter().any(|l| l.contains("\"tcp\""));
         if !self.request_ids && !tcp {

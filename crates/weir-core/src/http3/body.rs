@@ -1,0 +1,151 @@
+//! The two body halves of an HTTP/3 request stream, for the one relay (`forward::relay`):
+//! the request's DATA as a [`Source`] ([`H3Source`]) and the response's DATA and trailers
+//! as a [`Sink`] ([`H3Sink`]). QUIC gives a stream's flow-control credit back as its data
+//! is read, so reading one piece at a time, only when the sink took the last, keeps the
+//! client at the upstream's pace (as `H2Source` does by releasing capacity).
+
+use std::cell::Cell;
+use std::time::Duration;
+
+use bytes::{Buf, Bytes};
+use h3::server::RequestStream;
+
+use crate::error::ProxyError;
+use crate::forward::head::Edits;
+use crate::forward::relay::{Piece, Sink, Source, Trailers};
+use crate::http2::exchange::Trace;
+use crate::time::with_timeout;
+
+/// The receiving half of a request stream.
+pub(crate) type RecvHalf = RequestStream<h3_quinn::RecvStream, Bytes>;
+/// The sending half of a request stream.
+pub(crate) type SendHalf = RequestStream<h3_quinn::SendStream<Bytes>, Bytes>;
+
+/// Reads the next non-empty DATA payload within `timeout`; `None`: the body ended.
+pub(crate) async fn next_data(
+    body: &mut RecvHalf,
+    timeout: Duration,
+) -> Result<Option<Bytes>, ProxyError> {
+    loop {
+        match with_timeout(timeout, body.recv_data()).await {
+            Err(_) => return Err(ProxyError::ClientTimeout),
+            Ok(Err(_)) => return Err(ProxyError::ClientClosed),
+            Ok(Ok(None)) => return Ok(None),
+            Ok(Ok(Some(mut data))) => {
+                let data = data.copy_to_bytes(data.remaining());
+                if !data.is_empty() {
+                    return Ok(Some(data));
+                }
+            }
+        }
+    }
+}
+
+/// A request body's DATA (its first payload possibly read already, `first`), at most
+/// `limit` bytes (`max_body_size`), counted in `total`.
+pub(crate) struct H3Source<'b> {
+    pub body: &'b mut RecvHalf,
+    pub first: Option<Bytes>,
+    /// For each payload.
+    pub timeout: Duration,
+    pub total: &'b Cell<u64>,
+    pub limit: Option<u64>,
+}
+
+impl Source for H3Source<'_> {
+    async fn next(&mut self) -> Result<Option<(Piece<'_>, bool)>, ProxyError> {
+        let data = match self.first.take() {
+            Some(first) => first,
+            None => match next_data(self.body, self.timeout).await? {
+                Some(data) => data,
+                None => return Ok(None),
+            },
+        };
+        self.total.set(self.total.get() + data.len() as u64);
+        if self.limit.is_some_and(|max| self.total.get() > max) {
+            return Err(ProxyError::BodyTooLarge);
+        }
+        // Whether more follows is only known by reading on: never `last` here.
+        Ok(Some((Piece::Bytes(data), false)))
+    }
+
+    fn taken(&mut self) {}
+
+    async fn trailers(&mut self) -> Result<Trailers<'_>, ProxyError> {
+        match with_timeout(self.timeout, self.body.recv_trailers()).await {
+            Err(_) => Err(ProxyError::ClientTimeout),
+            Ok(Err(_)) => Err(ProxyError::ClientClosed),
+            Ok(Ok(Some(fields))) => Ok(Trailers::Fields(fields)),
+            Ok(Ok(None)) => Ok(Trailers::None),
+        }
+    }
+}
+
+/// A client's stream as the sink of a response body: DATA (each write waiting at most
+/// `stall` for the client's flow-control credit), then the trailers, less what may not be
+/// a trailer (as for HTTP/2: `http2::trailers`), then the end of the stream.
+pub(crate) struct H3Sink<'s> {
+    pub send: &'s mut SendHalf,
+    pub stall: Duration,
+    pub max_trailers: u32,
+    /// What the route does to the head (the names it drops leave the trailers too).
+    pub edits: &'s Edits<'s>,
+    /// Body bytes sent, the `grpc-status` sent.
+    pub trace: &'s mut Trace,
+}
+
+impl H3Sink<'_> {
+    async fn finish(&mut self) -> Result<(), ProxyError> {
+        let finished = with_timeout(self.stall, self.send.finish()).await;
+        finished
+            .map_err(|_| ProxyError::ClientTimeout)?
+            .map_err(|_| ProxyError::ClientClosed)
+    }
+}
+
+impl Sink for H3Sink<'_> {
+    async fn data(&mut self, piece: Piece<'_>, last: bool) -> Result<(), ProxyError> {
+        let data = piece.into_bytes();
+        let len = data.len() as u64;
+        if len > 0 {
+            send_data(self.send, data, self.stall).await?;
+            self.trace.body_out += len;
+        }
+        if last {
+            self.finish().await?;
+        }
+        Ok(())
+    }
+
+    async fn end(&mut self, trailers: Trailers<'_>) -> Result<(), ProxyError> {
+        let dropped = |name: &[u8]| self.edits.drops(name);
+        let fields = match trailers {
+            Trailers::None => None,
+            Trailers::Lines(lines) => {
+                crate::http2::trailers::to_h2(lines, self.max_trailers, dropped)
+            }
+            Trailers::Fields(fields) => {
+                crate::http2::trailers::keep(fields, self.max_trailers, dropped)
+            }
+        };
+        if let Some(fields) = fields {
+            let status = self.trace.grpc_status_in(&fields);
+            let sent = with_timeout(self.stall, self.send.send_trailers(fields)).await;
+            sent.map_err(|_| ProxyError::ClientTimeout)?
+                .map_err(|_| ProxyError::ClientClosed)?;
+            self.trace.sent_grpc_status(status);
+        }
+        self.finish().await
+    }
+}
+
+/// Sends `data` as DATA, waiting at most `stall` for the client's credit.
+pub(crate) async fn send_data(
+    send: &mut SendHalf,
+    data: Bytes,
+    stall: Duration,
+) -> Result<(), ProxyError> {
+    let sent = with_timeout(stall, send.send_data(data)).await;
+    sent.map_err(|_| ProxyError::ClientTimeout)?
+        .map_err(|_| ProxyError::ClientClosed)
+}

@@ -1,0 +1,182 @@
+//! One QUIC connection speaking HTTP/3: the handshake (within the listener's
+//! `handshake_timeout`), the h3 server with the listener's `max_field_section_size`, a
+//! task per request stream, and the graceful close on drain (GOAWAY, then the streams in
+//! flight finish). The connection counts among its listener's connections (drain,
+//! `max_connections`) for as long as it lives.
+
+use std::cell::Cell;
+use std::net::IpAddr;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use h3::server::RequestResolver;
+use tokio::sync::Notify;
+
+use crate::filters::forwarded::ClientIp;
+use crate::tls::session::TlsSession;
+use crate::tls::ListenerTls;
+use crate::worker::{ConnectionGuard, Worker};
+
+/// What a connection's stream tasks share with it.
+pub(super) struct Conn {
+    pub worker: Rc<Worker>,
+    pub slot: usize,
+    pub ip: ClientIp,
+    pub peer_ip: IpAddr,
+    /// The handshake's facts (SNI, client certificate), for forwarded headers, `{scheme}`
+    /// and the access log.
+    pub tls: TlsSession,
+    /// Stream tasks running, and the signal each gives when it ends (a draining connection
+    /// closes once none runs).
+    active: Cell<usize>,
+    ended: Notify,
+}
+
+/// The limits a connection is set up with, from its listener.
+#[derive(Clone, Copy)]
+pub(super) struct Limits {
+    pub handshake_timeout: Duration,
+    pub header_timeout: Duration,
+    pub max_field_section_size: u64,
+}
+
+/// Serves the connection `connecting` (a handshake under way) until it closes.
+pub(super) async fn serve(
+    guard: ConnectionGuard,
+    (worker, slot): (Rc<Worker>, usize),
+    connecting: quinn::Connecting,
+    tls: Arc<ListenerTls>,
+    limits: Limits,
+) {
+    let metrics = worker.metrics.listener(slot).map(|m| &m.http3);
+    let handshake = crate::time::with_timeout(limits.handshake_timeout, connecting).await;
+    let (connection, counter) = match handshake {
+        Ok(Ok(connection)) => (Some(connection), metrics.map(|m| &m.handshakes)),
+        Ok(Err(_)) => (None, metrics.map(|m| &m.handshake_failures)),
+        Err(_) => (None, metrics.map(|m| &m.handshake_timeouts)),
+    };
+    if let Some(c) = counter {
+        c.inc();
+    }
+    let Some(connection) = connection else {
+        return;
+    };
+    let stats = connection.clone();
+    let sni = connection
+        .handshake_data()
+        .and_then(|d| d.downcast::<quinn::crypto::rustls::HandshakeData>().ok())
+        .and_then(|d| d.server_name)
+        .map(String::into_boxed_str);
+    let peer = connection.peer_identity().and_then(|p| {
+        p.downcast::<Vec<rustls_pki_types::CertificateDer<'static>>>()
+            .ok()
+    });
+    let peer_ip = connection.remote_address().ip().to_canonical();
+    let conn = Rc::new(Conn {
+        worker: worker.clone(),
+        slot,
+        ip: ClientIp::new(peer_ip),
+        peer_ip,
+        tls: TlsSession::quic(sni, peer.as_deref().map(|c| &c[..]), &tls),
+        active: Cell::new(0),
+        ended: Notify::new(),
+    });
+    drop(tls);
+    let built = h3::server::builder()
+        .max_field_section_size(limits.max_field_section_size)
+        .build::<_, Bytes>(h3_quinn::Connection::new(connection))
+        .await;
+    if let Ok(mut h3) = built {
+        accept_streams(&mut h3, &conn, limits.header_timeout).await;
+        // Drained: the last responses' data may still wait for its acknowledgement, which
+        // closing now would discard. A few round trips let it arrive (or the client
+        // close first); then the connection closes with H3_NO_ERROR.
+        let grace = (stats.rtt() * 4 + Duration::from_millis(50)).min(Duration::from_secs(2));
+        let _ = tokio::time::timeout(grace, stats.closed()).await;
+    }
+    // The connection's packet statistics, once it is over.
+    if let Some(m) = metrics {
+        let path = stats.stats().path;
+        m.sent_packets.add(path.sent_packets);
+        m.lost_packets.add(path.lost_packets);
+        m.congestion_events.add(path.congestion_events);
+    }
+    stats.close(H3_NO_ERROR.into(), b"");
+    drop(guard);
+}
+
+/// Starts a task per request stream until the connection ends; on drain, GOAWAY first.
+async fn accept_streams(
+    h3: &mut h3::server::Connection<h3_quinn::Connection, Bytes>,
+    conn: &Rc<Conn>,
+    header_timeout: Duration,
+) {
+    let worker = conn.worker.clone();
+    let drained = worker.drained();
+    tokio::pin!(drained);
+    let mut closing = false;
+    loop {
+        tokio::select! {
+            accepted = h3.accept() => match accepted {
+                Ok(Some(resolver)) => {
+                    let stream = request(conn.clone(), resolver, header_timeout);
+                    tokio::task::spawn_local(stream);
+                }
+                // Closed by the client, idle, or failed.
+                _ => break,
+            },
+            () = &mut drained, if !closing => {
+                closing = true;
+                // GOAWAY: no new streams; those in flight finish, then the connection
+                // closes.
+                let _ = h3.shutdown(0).await;
+                if conn.active.get() == 0 {
+                    break;
+                }
+            }
+            () = conn.ended.notified(), if closing => {
+                if conn.active.get() == 0 {
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// Reads a stream's request head (within `header_timeout`) and serves it.
+async fn request(
+    conn: Rc<Conn>,
+    resolver: RequestResolver<h3_quinn::Connection, Bytes>,
+    header_timeout: Duration,
+) {
+    let _running = Running::new(&conn);
+    let resolved = crate::time::with_timeout(header_timeout, resolver.resolve_request()).await;
+    let Ok(Ok((request, stream))) = resolved else {
+        return;
+    };
+    let (send, recv) = stream.split();
+    super::stream::serve(conn, (request, send, recv)).await;
+}
+
+/// HTTP/3's NO_ERROR code, closing a connection on purpose (RFC 9114 8.1).
+const H3_NO_ERROR: u32 = 0x100;
+
+/// Counts a stream task among its connection's running ones while it lives.
+struct Running(Rc<Conn>);
+
+impl Running {
+    fn new(conn: &Rc<Conn>) -> Running {
+        conn.active.set(conn.active.get() + 1);
+        Running(conn.clone())
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.active.set(self.0.active.get() - 1);
+        // A stored permit if the accept loop is not waiting yet: no wake-up is lost.
+        self.0.ended.notify_one();
+    }
+}

@@ -1,0 +1,213 @@
+//! A worker's QUIC endpoint for one bind of a TLS listener with `http3` on: a UDP socket
+//! on the listener's address and port with SO_REUSEPORT (every worker has its own, as for
+//! TCP), and the loop that takes incoming connections until the listener stops.
+//!
+//! Each connection is set up with the QUIC config of the snapshot current when it arrives
+//! (`quic_config`, rebuilt when the snapshot changes): a reload's certificates, ACME
+//! certificates (the listener's SNI resolver is shared) and settings apply to new
+//! connections, as for TCP.
+
+use std::io;
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use quinn::crypto::rustls::QuicServerConfig;
+use socket2::{Domain, Protocol, Socket, Type};
+
+use super::conn::{serve, Limits};
+use crate::listener::cap::ConnectionCap;
+use crate::listener::StopSignal;
+use crate::metrics::shard::Counter;
+use crate::metrics::shard::Http3Metrics;
+use crate::snapshot::Snapshot;
+use crate::tls::ListenerTls;
+use crate::worker::{ConnectionGuard, Worker};
+
+/// Starts the endpoint of listener slot `slot` on `addr` (the TCP socket's address);
+/// it stops with `stop`. A bind failure is logged: the TCP side serves on.
+pub(crate) fn spawn(
+    (worker, slot, addr): (Rc<Worker>, usize, SocketAddr),
+    cap: (Arc<ConnectionCap>, usize),
+    stop: Rc<StopSignal>,
+) {
+    let socket = match bind_udp(addr) {
+        Ok(socket) => socket,
+        Err(e) => {
+            tracing::error!(%addr, error = %e, "cannot bind the HTTP/3 (UDP) socket");
+            return;
+        }
+    };
+    tokio::task::spawn_local(run(worker, slot, socket, cap, stop));
+}
+
+/// New connections in the current second (`Rate::over`).
+#[derive(Default)]
+struct Rate {
+    second: Option<std::time::Instant>,
+    count: u32,
+}
+
+impl Rate {
+    /// Counts a new connection; whether this second already had `threshold` (0: always).
+    fn over(&mut self, threshold: u32) -> bool {
+        let now = std::time::Instant::now();
+        match self.second {
+            Some(start) if now - start < std::time::Duration::from_secs(1) => {}
+            _ => {
+                self.second = Some(now);
+                self.count = 0;
+            }
+        }
+        self.count = self.count.saturating_add(1);
+        self.count > threshold
+    }
+}
+
+/// Binds a non-blocking UDP socket with SO_REUSEADDR and SO_REUSEPORT.
+fn bind_udp(addr: SocketAddr) -> io::Result<std::net::UdpSocket> {
+    let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+    socket.set_reuse_address(true)?;
+    socket.set_reuse_port(true)?;
+    if addr.is_ipv6() {
+        socket.set_only_v6(true)?;
+    }
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    Ok(socket.into())
+}
+
+/// A listener's QUIC setup in one snapshot.
+#[derive(Clone)]
+struct Setup {
+    snapshot: Arc<Snapshot>,
+    config: Arc<quinn::ServerConfig>,
+    tls: Arc<ListenerTls>,
+    limits: Limits,
+    retry_threshold: u32,
+}
+
+async fn run(
+    worker: Rc<Worker>,
+    slot: usize,
+    socket: std::net::UdpSocket,
+    (cap, limit): (Arc<ConnectionCap>, usize),
+    stop: Rc<StopSignal>,
+) {
+    let Some(mut setup) = setup(&worker.snapshot(), slot) else {
+        return;
+    };
+    let config = quinn::EndpointConfig::default();
+    let runtime = Arc::new(quinn::TokioRuntime);
+    let first = Some((*setup.config).clone());
+    let endpoint = match quinn::Endpoint::new(config, first, socket, runtime) {
+        Ok(endpoint) => endpoint,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start the HTTP/3 endpoint");
+            return;
+        }
+    };
+    let mut rate = Rate::default();
+    loop {
+        let incoming = tokio::select! {
+            incoming = endpoint.accept() => incoming,
+            () = stop.stopped() => None,
+        };
+        let Some(incoming) = incoming else {
+            break;
+        };
+        let current = worker.snapshot();
+        if !Arc::ptr_eq(&current, &setup.snapshot) {
+            match self::setup(&current, slot) {
+                Some(new) => setup = new,
+                None => {
+                    incoming.refuse();
+                    continue;
+                }
+            }
+        }
+        let metrics = worker.metrics.listener(slot).map(|m| &m.http3);
+        let count = |pick: fn(&Http3Metrics) -> &Counter| {
+            if let Some(m) = metrics {
+                pick(m).inc();
+            }
+        };
+        // Under a flood of Initials (spoofed sources among them), a client proves its
+        // address with a Retry round trip before any handshake work is done for it.
+        if !incoming.remote_address_validated() && rate.over(setup.retry_threshold) {
+            if incoming.retry().is_ok() {
+                count(|m| &m.retries);
+            }
+            continue;
+        }
+        let permit = (!worker.is_draining()).then(|| cap.try_acquire(limit));
+        let Some(permit) = permit.flatten() else {
+            count(|m| &m.refused);
+            incoming.refuse();
+            continue;
+        };
+        let Ok(connecting) = incoming.accept_with(setup.config.clone()) else {
+            count(|m| &m.handshake_failures);
+            continue;
+        };
+        let guard = ConnectionGuard::new(worker.clone(), slot, permit);
+        let at = (worker.clone(), slot);
+        let conn = serve(guard, at, connecting, setup.tls.clone(), setup.limits);
+        tokio::task::spawn_local(conn);
+    }
+    // New connections are refused from here; those open finish on their own (the
+    // endpoint's driver runs while any does).
+    endpoint.set_server_config(None);
+}
+
+/// The QUIC setup of listener slot `slot` in `snapshot`; `None` when the listener is gone
+/// or no longer has `http3` (or TLS).
+fn setup(snapshot: &Arc<Snapshot>, slot: usize) -> Option<Setup> {
+    let index = snapshot.listener_index(slot)?;
+    let listener = &snapshot.config.listeners[index];
+    let http3 = listener.http3.as_ref()?;
+    let tls = snapshot.listeners[index].tls.clone()?;
+    let config = match quic_config(&tls, http3) {
+        Ok(config) => config,
+        Err(e) => {
+            tracing::error!(listener = %listener.name, error = %e, "cannot set up HTTP/3");
+            return None;
+        }
+    };
+    Some(Setup {
+        snapshot: snapshot.clone(),
+        config: Arc::new(config),
+        limits: Limits {
+            handshake_timeout: tls.handshake_timeout,
+            header_timeout: listener.header_timeout,
+            max_field_section_size: u64::from(http3.max_field_section_size),
+        },
+        retry_threshold: http3.retry_threshold,
+        tls,
+    })
+}
+
+/// The quinn server config for a listener: its rustls config (the same certificate
+/// resolver, ticket keys and client verification) with ALPN `h3` and no 0-RTT, and the
+/// listener's `http3` limits as QUIC transport parameters.
+fn quic_config(
+    tls: &ListenerTls,
+    http3: &weir_config::Http3,
+) -> Result<quinn::ServerConfig, String> {
+    let mut crypto = (*tls.server_config).clone();
+    crypto.alpn_protocols = vec![b"h3".to_vec()];
+    crypto.max_early_data_size = 0;
+    let crypto = QuicServerConfig::try_from(crypto).map_err(|e| e.to_string())?;
+    let mut transport = quinn::TransportConfig::default();
+    let idle = quinn::IdleTimeout::try_from(http3.idle_timeout).map_err(|e| e.to_string())?;
+    transport
+        .max_concurrent_bidi_streams(http3.max_concurrent_streams.into())
+        // HTTP/3's control stream and QPACK's two, with room for a peer's extensions.
+        .max_concurrent_uni_streams(8u32.into())
+        .stream_receive_window(http3.stream_window.into())
+        .receive_window(http3.connection_window.into())
+        .max_idle_timeout(Some(idle));
+    let mut config = quinn::ServerConfig::with_crypto(Arc::new(crypto));
+    config.transport_config(Arc::new(transport));
+    Ok(config)
+}

@@ -1,0 +1,297 @@
+//! One HTTP/3 stream's exchange with an HTTP/1.1 upstream server: the driver's tries
+//! (`forward::driver`) over `forward::h1`, as for HTTP/1.x and HTTP/2 clients, with the
+//! stream's halves as the client side: the request body from its DATA ([`H3Source`]),
+//! the response head with the route's edits (`http2::respond::head_from_http1`, the same
+//! fields an HTTP/2 client gets) and its body relayed into the stream ([`H3Sink`]).
+
+use std::cell::Cell;
+use std::time::{Duration, Instant};
+
+use super::body::{H3Sink, H3Source, RecvHalf, SendHalf};
+use crate::buffer::Buffer;
+use crate::codec::http1::{BodyFraming, ResponseHead};
+use crate::connector::{UpstreamStream, WriteHalf};
+use crate::error::ProxyError;
+use crate::forward::body::BodyState;
+use crate::forward::driver::{drive, Attempt, Exchange, Miss, Sender, Tries};
+use crate::forward::h1::{reuse, send_streaming, send_whole, Interim, Reading};
+use crate::forward::head::{coding, plan_http1};
+use crate::forward::relay::{
+    at_hand, relay, Broke, Coding, Http1Sink, Http1Source, Peer, Piece, Sink, Source,
+};
+use crate::forward::{Failure, Reached, Timeouts};
+use crate::http2::exchange::{StreamRequest, Trace};
+use crate::http2::respond::head_from_http1;
+use crate::request::LastTry;
+use bytes::Bytes;
+
+/// The request body of a stream: its halves' receiving one, and a payload already read.
+pub(crate) struct Body<'b> {
+    pub recv: &'b mut RecvHalf,
+    pub first: Option<Bytes>,
+}
+
+/// Forwards the stream's request `r` to an HTTP/1.1 upstream and relays the response
+/// into `send`. On `Err` with `Reached::Nothing` the caller answers.
+pub(crate) async fn forward(
+    r: &StreamRequest<'_>,
+    body: Option<Body<'_>>,
+    send: &mut SendHalf,
+    trace: &mut Trace,
+) -> Result<(), Failure> {
+    let worker = r.worker;
+    let mut up_buf = worker.take_buffer();
+    let mut scratch = worker.h2_scratch.take_exchange();
+    let result = exchange(r, body, send, &mut up_buf, &mut scratch, trace).await;
+    worker.h2_scratch.give_exchange(scratch);
+    worker.give_buffer(up_buf);
+    result
+}
+
+async fn exchange(
+    r: &StreamRequest<'_>,
+    body: Option<Body<'_>>,
+    send: &mut SendHalf,
+    up_buf: &mut Buffer,
+    scratch: &mut crate::http2::scratch::ExchangeScratch,
+    trace: &mut Trace,
+) -> Result<(), Failure> {
+    let crate::http2::scratch::ExchangeScratch { out, resp, timer } = scratch;
+    let x = r.exchange_of();
+    let mut last_try = LastTry::default();
+    let body_in = Cell::new(0);
+    let mut sender = StreamSender {
+        r,
+        x: &x,
+        body,
+        up_buf: &mut *up_buf,
+        out,
+        resp: &mut *resp,
+        timer,
+        body_in: &body_in,
+    };
+    let accepted = drive(&x, &mut sender, r.request.started, &mut last_try).await;
+    trace.upstream_pick = last_try.upstream_pick;
+    trace.upstream_time = last_try.upstream_time;
+    trace.body_in = body_in.get();
+    let ((mut stream, request_done), accepted) = accepted?.take();
+    let mut lines = Vec::new();
+    let mut edits = r.edits(&mut lines, accepted.server);
+    edits.cookie = accepted.set_cookie();
+    let count = |result| accepted.count(result);
+    let up = Upstream {
+        stream: &mut stream,
+        buf: up_buf,
+        head: resp,
+    };
+    let body_with_head = respond(r, send, up, edits, count, trace).await?;
+    let reusable = resp.keeps_alive() && request_done && up_buf.is_empty();
+    if reusable && !(r.request.req.is_head && resp.framing == BodyFraming::UntilClose) {
+        let since = match body_with_head {
+            true => accepted.head_at,
+            false => Instant::now(),
+        };
+        reuse(&x, accepted.server, accepted.metrics, stream, since);
+    }
+    Ok(())
+}
+
+/// An HTTP/1.1 upstream's response: its head (parsed from `buf`) and its connection.
+struct Upstream<'u> {
+    stream: &'u mut UpstreamStream,
+    buf: &'u mut Buffer,
+    head: &'u ResponseHead,
+}
+
+const COMPRESSOR_FAILED: ProxyError = ProxyError::UpstreamMalformed("compressor failed");
+
+/// Sends the upstream's response `up` into the stream: the head with `edits` (the
+/// compression plan made here), then the body and its trailers. The try is counted once
+/// with `count`. Returns whether the whole body came with the head.
+async fn respond(
+    r: &StreamRequest<'_>,
+    send: &mut SendHalf,
+    up: Upstream<'_>,
+    mut edits: crate::forward::head::Edits<'_>,
+    count: impl FnOnce(Result<u16, ProxyError>),
+    trace: &mut Trace,
+) -> Result<bool, Failure> {
+    let (resp, route) = (up.head, r.target.route);
+    let arrived = r.worker.h2_scratch.copy(up.buf.filled());
+    let is_head = r.request.req.is_head;
+    edits.plan = plan_http1(route, up.buf.filled(), resp, is_head, r.accepted());
+    let head = head_from_http1(resp, &arrived, &edits, http::HeaderMap::new());
+    up.buf.consume(resp.head_len);
+    let at_hand = at_hand(edits.plan.encoding, resp, up.buf);
+    let state = BodyState::new(resp.framing, true, None).keeping_trailers();
+    let empty = is_head || state.is_done();
+    let timeout = r.target.upstream.response_timeout;
+    let mut source = Http1Source::new(up.stream, up.buf, state, timeout, Peer::Upstream);
+    source.first = (resp.framing != BodyFraming::Chunked).then(|| arrived.slice(resp.head_len..));
+    let ready = coding(route, &edits.plan, resp.framing.length()).map_err(|_| COMPRESSOR_FAILED);
+    let ready = ready.and_then(|c| Ok((c, empty || at_hand.is_some() || source.prime()?)));
+    let (mut coding, body_with_head) = match ready {
+        Ok(ready) => ready,
+        Err(e) => {
+            count(Err(e));
+            return Err(e.into());
+        }
+    };
+    count(Ok(resp.status));
+    trace.status = resp.status;
+    let grpc_status = trace.grpc_status_in(head.headers());
+    send.send_response(head)
+        .await
+        .map_err(|_| Failure::after_head(ProxyError::ClientClosed))?;
+    trace.sent_grpc_status(grpc_status);
+    let listener = r.target.listener;
+    let mut sink = H3Sink {
+        send,
+        stall: listener.http2.stall_timeout,
+        max_trailers: listener.http2.max_header_list_size,
+        edits: &edits,
+        trace: &mut *trace,
+    };
+    let relayed = match (empty, at_hand) {
+        (true, _) => sink
+            .data(Piece::Slice(&[]), true)
+            .await
+            .map_err(Broke::Sink),
+        (false, Some(n)) => {
+            let at = resp.head_len;
+            let whole = Piece::Bytes(arrived.slice(at..at + n));
+            let sent = sink.data(whole, true).await.map_err(Broke::Sink);
+            source.buf.consume(n);
+            sent
+        }
+        (false, None) => relay(&mut source, &mut sink, coding.as_mut()).await,
+    };
+    trace.compressed = coding.as_ref().map(Coding::compressed);
+    match relayed {
+        Ok(()) => Ok(body_with_head),
+        Err(Broke::Source(e) | Broke::Sink(e)) => {
+            send.stop_stream(h3::error::Code::H3_INTERNAL_ERROR);
+            Err(Failure {
+                error: e,
+                reached: Reached::Head,
+            })
+        }
+    }
+}
+
+/// 1xx heads are not relayed to HTTP/3 clients (docs/http3.md): the final head follows.
+struct NoInterim;
+
+impl Interim for NoInterim {
+    async fn relay(&mut self, _: &[u8], _: &ResponseHead, _: Duration) -> Result<bool, ()> {
+        Ok(false)
+    }
+
+    async fn relay_h2(&mut self, _: http::Response<()>) -> Result<bool, ()> {
+        Ok(false)
+    }
+}
+
+/// Sends a stream's request over HTTP/1.1 connections: the head written for each try's
+/// server, the body (if any) streamed from the stream's DATA.
+struct StreamSender<'s, 'b> {
+    r: &'s StreamRequest<'s>,
+    x: &'s Exchange<'s>,
+    body: Option<Body<'b>>,
+    up_buf: &'s mut Buffer,
+    out: &'s mut Vec<u8>,
+    resp: &'s mut ResponseHead,
+    timer: &'s mut crate::time::LazyTimer,
+    /// Request body bytes taken from the client.
+    body_in: &'s Cell<u64>,
+}
+
+impl Sender for StreamSender<'_, '_> {
+    /// The connection, and whether the whole request body went up.
+    type Sent = (UpstreamStream, bool);
+
+    async fn send(
+        &mut self,
+        a: &Attempt<'_>,
+        tries: &mut Tries<'_>,
+    ) -> Result<(UpstreamStream, bool), Miss> {
+        let (r, x) = (self.r, self.x);
+        self.out.clear();
+        r.write_head(self.out, a.server);
+        let listener = x.target.listener;
+        let mut rd = Reading {
+            up_buf: self.up_buf,
+            resp: self.resp,
+            timer: self.timer,
+            meta: r.meta(),
+            client_timeout: listener.client_timeout,
+        };
+        let sent = match self.body.as_mut() {
+            None => (
+                send_whole(x, a, self.out, &[], &mut rd, &mut NoInterim).await?,
+                true,
+            ),
+            Some(body) => {
+                let (head, total) = (&*self.out, self.body_in);
+                let chunked = r.request.req.framing == BodyFraming::Chunked;
+                let timeouts = Timeouts {
+                    client: listener.client_timeout,
+                    upstream: x.target.upstream.response_timeout,
+                };
+                let limit = listener.max_body_size;
+                let upload = async |uw: &mut WriteHalf<'_>| {
+                    upload(body, uw, head, chunked, (limit, timeouts), total).await
+                };
+                send_streaming(x, a, &mut rd, &mut NoInterim, upload).await?
+            }
+        };
+        if self.resp.status == 101 {
+            return Err(ProxyError::UpstreamMalformed("101 without an upgrade request").into());
+        }
+        match tries.relays(self.resp.status, self.replayable(), false) {
+            true => Ok(sent),
+            false => Err(Miss::retried(self.resp.status)),
+        }
+    }
+
+    fn replayable(&self) -> bool {
+        self.body.is_none()
+    }
+
+    fn responded(&self) -> bool {
+        false
+    }
+}
+
+/// Uploads the stream's DATA to an HTTP/1.1 upstream's writer `up` after `head`,
+/// chunk-framed when `chunked`; at most `limit` bytes (`max_body_size`), counted in
+/// `total`.
+async fn upload(
+    body: &mut Body<'_>,
+    up: &mut WriteHalf<'_>,
+    head: &[u8],
+    chunked: bool,
+    (limit, timeouts): (Option<u64>, Timeouts),
+    total: &Cell<u64>,
+) -> Result<(), Broke> {
+    let mut written = 0;
+    let mut sink = Http1Sink {
+        writer: up,
+        timeout: timeouts.upstream,
+        sent: &mut written,
+        head,
+        chunked,
+        trailers: None,
+    };
+    sink.data(Piece::Slice(&[]), false)
+        .await
+        .map_err(Broke::Sink)?;
+    let mut source = H3Source {
+        body: body.recv,
+        first: body.first.take(),
+        timeout: timeouts.client,
+        total,
+        limit,
+    };
+    relay(&mut source, &mut sink, None).await
+}

@@ -1,0 +1,335 @@
+//! One HTTP/3 request stream, one request: the HTTP/3 client adapter. Its fields become
+//! the HTTP/1.1 head every protocol presents (`http2::request::write_head`, checked by
+//! `codec::http1::fill_written`), then the same `request::Request`, routing decision,
+//! driver, edits, relay and `proxy::record` as an HTTP/1.1 or HTTP/2 request; Weir's own
+//! answers are sent from the same rendering (`http2::local::answer_response`).
+
+use std::cell::Cell;
+use std::rc::Rc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use h3::error::Code;
+
+use super::body::{next_data, send_data, RecvHalf, SendHalf};
+use super::conn::Conn;
+use super::exchange::{forward, Body};
+use crate::access_log::RequestFields;
+use crate::answer::Answer;
+use crate::codec::http1::{fill_written, RequestHead};
+use crate::error::ProxyError;
+use crate::filters::forwarded::ClientIp;
+use crate::filters::headers::Vars;
+use crate::filters::request_id::RequestId;
+use crate::forward::{carrier, Carrier, Failure, Reached};
+use crate::http2::exchange::{StreamRequest, Trace};
+use crate::http2::interim::Relayed;
+use crate::http2::request::write_head;
+use crate::http2::scratch::RequestScratch;
+use crate::metrics::shard::{method_index, Protocol, METHODS};
+use crate::policy::identify;
+use crate::proxy::route::{Decision, Routing};
+use crate::proxy::{record, ClientSide, Counters, Done, Handled};
+use crate::request::{Origin, Request};
+use crate::router::RoutedPath;
+use crate::snapshot::Snapshot;
+
+/// The request a stream resolved to, and the stream's two halves.
+pub(super) type Resolved = (http::Request<()>, SendHalf, RecvHalf);
+
+/// Serves one request stream of the connection `conn`.
+pub(super) async fn serve(conn: Rc<Conn>, (request, mut send, mut recv): Resolved) {
+    let started = Instant::now();
+    let worker = &*conn.worker;
+    let snapshot = worker.snapshot();
+    let Some(index) = snapshot.listener_index(conn.slot) else {
+        // A reload removed the listener: the connection is going away.
+        send.stop_stream(Code::H3_REQUEST_REJECTED);
+        return;
+    };
+    let listener = &snapshot.config.listeners[index];
+    let (parts, ()) = request.into_parts();
+    let declared = has_body(&parts);
+    let first = match declared {
+        Some(_) => None,
+        None => match next_data(&mut recv, listener.client_timeout).await {
+            Ok(first) => first,
+            Err(_) => return,
+        },
+    };
+    // No body: a length of 0, or no length and the stream ended after the head.
+    let ended = !declared.unwrap_or(first.is_some());
+    let RequestScratch {
+        head: mut buf,
+        mut req,
+    } = worker.h2_scratch.take_request();
+    buf.reserve(512);
+    let Ok(line) = write_head(&mut buf, &mut req.headers, &parts, ended) else {
+        // Malformed (RFC 9114 4.1.2): a stream error.
+        send.stop_stream(Code::H3_MESSAGE_ERROR);
+        worker
+            .h2_scratch
+            .give_request(RequestScratch { head: buf, req });
+        return;
+    };
+    let mut log = StreamLog::default();
+    let filled = fill_written(
+        &buf,
+        line.method,
+        line.target,
+        listener.max_headers,
+        &mut req,
+    );
+    let at = At {
+        conn: &conn,
+        snapshot: &snapshot,
+        index,
+    };
+    let result = match filled {
+        Ok(()) => {
+            let body = (!ended).then_some(Body {
+                recv: &mut recv,
+                first,
+            });
+            let parsed = Parsed {
+                buf: &buf,
+                req: &req,
+                started,
+            };
+            run(&at, parsed, body, &mut send, &mut log).await
+        }
+        Err(e) => Err(e.into()),
+    };
+    let status = answer(&mut send, &result, listener, &mut log.trace).await;
+    log.record(&at, result, status, Instant::now() - started);
+    worker
+        .h2_scratch
+        .give_request(RequestScratch { head: buf, req });
+}
+
+/// Whether the request says it has a body: `Some(true)` with a `content-length` above
+/// 0, `Some(false)` with 0; `None`: it does not say (a body may follow, or the stream
+/// end; the adapter reads on to find out).
+fn has_body(parts: &http::request::Parts) -> Option<bool> {
+    let length = parts.headers.get(http::header::CONTENT_LENGTH)?;
+    Some(length.as_bytes() != b"0")
+}
+
+/// What a stream's access-log line and metrics are made of, filled as it runs.
+struct StreamLog {
+    fields: RequestFields,
+    trace: Trace,
+    request_id: RequestId,
+    behind: Option<(std::net::IpAddr, ClientIp)>,
+    route: Option<usize>,
+    method: usize,
+}
+
+impl Default for StreamLog {
+    fn default() -> Self {
+        StreamLog {
+            fields: RequestFields::default(),
+            trace: Trace::default(),
+            request_id: RequestId::default(),
+            behind: None,
+            route: None,
+            // A stream that never made a request counts with the last slot ("other").
+            method: METHODS.len() - 1,
+        }
+    }
+}
+
+/// Where a stream runs: its connection, the snapshot, its listener's position in it.
+struct At<'a> {
+    conn: &'a Rc<Conn>,
+    snapshot: &'a Snapshot,
+    index: usize,
+}
+
+/// A stream's request, its HTTP/1.1 head written and checked.
+struct Parsed<'a> {
+    buf: &'a [u8],
+    req: &'a RequestHead,
+    started: Instant,
+}
+
+/// Identifies the request (its id, the client behind trusted proxies), notes what the log
+/// needs, takes the routing decision and does what it says.
+async fn run(
+    at: &At<'_>,
+    parsed: Parsed<'_>,
+    body: Option<Body<'_>>,
+    send: &mut SendHalf,
+    log: &mut StreamLog,
+) -> Result<(), Failure> {
+    let (conn, snapshot, index) = (at.conn, at.snapshot, at.index);
+    let (worker, listener) = (&*conn.worker, &snapshot.config.listeners[index]);
+    let (buf, req) = (parsed.buf, parsed.req);
+    log.behind = identify(
+        worker,
+        listener,
+        buf,
+        req,
+        conn.peer_ip,
+        &mut log.request_id,
+    );
+    if worker.log(conn.slot).is_some() {
+        log.fields.capture(buf, req);
+        log.fields.http3 = true;
+    }
+    log.method = method_index(&buf[req.method.clone()]);
+    let request = Request {
+        buf,
+        req,
+        origin: Origin {
+            peer: &conn.ip,
+            peer_ip: conn.peer_ip,
+            behind: log.behind.as_ref().map(|(ip, text)| (*ip, text)),
+            tls: Some(&conn.tls),
+            request_id: log.request_id.as_bytes(),
+        },
+        started: parsed.started,
+        protocol: Protocol::Http3,
+        // Not traced yet (docs/http3.md).
+        trace: None,
+    };
+    let routing = Routing {
+        worker,
+        snapshot,
+        listener: index,
+    };
+    let mut path = RoutedPath::default();
+    let (route, target) = match routing.decide(&request, &mut path) {
+        (route, Decision::Forward(target)) => (route, target),
+        (route, Decision::Answer(answer)) => {
+            log.route = route;
+            log.trace.local = answer.is_local();
+            let vars = answer.vars(&request);
+            let sent = send_answer(send, &answer, &vars, req.is_head, listener, &mut log.trace);
+            return sent.await.map_err(Failure::after_head);
+        }
+        (route, Decision::Refuse(error)) => {
+            log.route = route;
+            return Err(error.into());
+        }
+        (route, Decision::Files(_)) => {
+            // The files reply is sent by `http2::files` for HTTP/2 streams only so far
+            // (docs/http3.md).
+            log.route = route;
+            return Err(ProxyError::NotImplemented("static files to HTTP/3 clients").into());
+        }
+    };
+    log.route = route;
+    if carrier(Protocol::Http3, target.upstream) == Carrier::Http2 {
+        return Err(ProxyError::NotImplemented("HTTP/3 clients to an HTTP/2-only upstream").into());
+    }
+    let spare = Cell::new(http::HeaderMap::new());
+    let r = StreamRequest {
+        worker,
+        target,
+        request,
+        path: &path,
+        spare: &spare,
+        relayed: Relayed::default(),
+    };
+    forward(&r, body, send, &mut log.trace).await
+}
+
+/// Sends Weir's own `answer` on the stream (its body left out for a HEAD request).
+async fn send_answer(
+    send: &mut SendHalf,
+    answer: &Answer<'_>,
+    vars: &Vars<'_>,
+    is_head: bool,
+    listener: &weir_config::Listener,
+    trace: &mut Trace,
+) -> Result<(), ProxyError> {
+    let mut out = Vec::new();
+    let (response, body) = crate::http2::local::answer_response(answer, vars, is_head, &mut out)?;
+    trace.status = response.status().as_u16();
+    send.send_response(response)
+        .await
+        .map_err(|_| ProxyError::ClientClosed)?;
+    let stall = listener.http2.stall_timeout;
+    if !body.is_empty() {
+        send_data(send, Bytes::copy_from_slice(body), stall).await?;
+        trace.body_out = body.len() as u64;
+    }
+    let finished = crate::time::with_timeout(stall, send.finish()).await;
+    finished
+        .map_err(|_| ProxyError::ClientTimeout)?
+        .map_err(|_| ProxyError::ClientClosed)
+}
+
+/// Answers a failure nothing was sent for yet with its status (or stops the stream when
+/// there is none to give). Returns the status the request counts with.
+async fn answer(
+    send: &mut SendHalf,
+    result: &Result<(), Failure>,
+    listener: &weir_config::Listener,
+    trace: &mut Trace,
+) -> u16 {
+    let failure = match result {
+        Ok(()) => return trace.status,
+        Err(f) if f.reached == Reached::Head => return trace.status,
+        Err(f) => f,
+    };
+    let Some(status) = failure.error.status() else {
+        send.stop_stream(Code::H3_REQUEST_CANCELLED);
+        return 499;
+    };
+    let answer = Answer::Error(failure.error);
+    let _ = send_answer(send, &answer, &Vars::default(), false, listener, trace).await;
+    status
+}
+
+impl StreamLog {
+    /// Counts the stream (its request answered with `status` after `duration`) in the
+    /// worker's metrics and writes its access-log line.
+    fn record(
+        &self,
+        at: &At<'_>,
+        result: Result<(), Failure>,
+        status: u16,
+        duration: std::time::Duration,
+    ) {
+        let conn = at.conn;
+        let trace = &self.trace;
+        if let Some(m) = conn.worker.metrics.listener(conn.slot) {
+            m.http3.streams.inc();
+        }
+        let handled = Handled {
+            route: self.route,
+            local: trace.local,
+            result: result.map(|()| true),
+        };
+        let done = Done {
+            listener: at.index,
+            slot: conn.slot,
+            method: self.method,
+            protocol: Protocol::Http3,
+            status,
+            duration,
+            counters: Counters {
+                bytes_in: 0,
+                bytes_out: 0,
+            },
+        };
+        let side = ClientSide {
+            ip: self.behind.as_ref().map_or(&conn.ip, |(_, text)| text),
+            fields: &self.fields,
+            last_try: crate::request::LastTry {
+                upstream_pick: trace.upstream_pick,
+                upstream_time: trace.upstream_time,
+            },
+            bytes_in: trace.body_in,
+            bytes_out: trace.body_out,
+            tls: Some(&conn.tls),
+            request_id: self.request_id.as_bytes(),
+            compressed: trace.compressed,
+            grpc_status: trace.grpc_status,
+            trace: None,
+        };
+        record(&conn.worker, at.snapshot, &side, &handled, &done);
+    }
+}

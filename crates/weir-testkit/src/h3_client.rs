@@ -1,0 +1,135 @@
+//! An HTTP/3 client for the integration tests (quinn + h3, the crates Weir serves HTTP/3
+//! with, used from the other side): a QUIC connection to an address under a server name,
+//! and requests with bodies and trailers both ways.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use bytes::{Buf, Bytes};
+use http::{HeaderMap, Request};
+
+/// Why a connection closed (`H3Client::connection.closed()`).
+pub use quinn::ConnectionError;
+
+/// The request-sending handle of one HTTP/3 connection (cloneable: requests may run
+/// concurrently on it).
+pub type H3Sender = h3::client::SendRequest<h3_quinn::OpenStreams, Bytes>;
+
+/// One HTTP/3 connection.
+pub struct H3Client {
+    pub send: H3Sender,
+    /// The QUIC connection (its stats, its close).
+    pub connection: quinn::Connection,
+    _endpoint: quinn::Endpoint,
+    driver: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for H3Client {
+    fn drop(&mut self) {
+        self.driver.abort();
+    }
+}
+
+/// A response read in full.
+#[derive(Debug)]
+pub struct H3Response {
+    pub status: u16,
+    pub headers: HeaderMap,
+    pub body: Vec<u8>,
+    pub trailers: Option<HeaderMap>,
+}
+
+impl H3Response {
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+}
+
+/// `tls` with ALPN `h3`, as QUIC needs it.
+pub fn h3_tls(tls: &rustls::ClientConfig) -> Arc<rustls::ClientConfig> {
+    let mut tls = tls.clone();
+    tls.alpn_protocols = vec![b"h3".to_vec()];
+    Arc::new(tls)
+}
+
+/// Connects to `addr` (UDP) as `server_name` (SNI), trusting what `tls` trusts.
+pub async fn connect(
+    addr: SocketAddr,
+    server_name: &str,
+    tls: &rustls::ClientConfig,
+) -> Result<H3Client, String> {
+    let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(h3_tls(tls))
+        .map_err(|e| e.to_string())?;
+    let config = quinn::ClientConfig::new(Arc::new(crypto));
+    let local: SocketAddr = match addr {
+        SocketAddr::V4(_) => "0.0.0.0:0".parse().expect("address"),
+        SocketAddr::V6(_) => "[::]:0".parse().expect("address"),
+    };
+    let mut endpoint = quinn::Endpoint::client(local).map_err(|e| e.to_string())?;
+    endpoint.set_default_client_config(config);
+    let connecting = endpoint
+        .connect(addr, server_name)
+        .map_err(|e| e.to_string())?;
+    let connection = connecting.await.map_err(|e| e.to_string())?;
+    let h3_conn = h3_quinn::Connection::new(connection.clone());
+    let (mut driver, send) = h3::client::new(h3_conn).await.map_err(|e| e.to_string())?;
+    let driver = tokio::spawn(async move {
+        let _ = std::future::poll_fn(|cx| driver.poll_close(cx)).await;
+    });
+    Ok(H3Client {
+        send,
+        connection,
+        _endpoint: endpoint,
+        driver,
+    })
+}
+
+/// Sends `request` with `body` (none when empty) and `trailers`, and reads the response
+/// in full.
+pub async fn request(
+    send: &mut H3Sender,
+    request: Request<()>,
+    body: &[u8],
+    trailers: Option<HeaderMap>,
+) -> Result<H3Response, String> {
+    let err = |e: &dyn std::fmt::Display| e.to_string();
+    let mut stream = send.send_request(request).await.map_err(|e| err(&e))?;
+    // Sent in pieces: a large body crosses several QUIC frames and window updates.
+    for piece in body.chunks(64 * 1024) {
+        let piece = Bytes::copy_from_slice(piece);
+        stream.send_data(piece).await.map_err(|e| err(&e))?;
+    }
+    match trailers {
+        Some(trailers) => stream.send_trailers(trailers).await.map_err(|e| err(&e))?,
+        None => stream.finish().await.map_err(|e| err(&e))?,
+    }
+    let response = stream.recv_response().await.map_err(|e| err(&e))?;
+    let mut out = Vec::new();
+    while let Some(mut data) = stream.recv_data().await.map_err(|e| err(&e))? {
+        while data.has_remaining() {
+            let chunk = data.chunk();
+            out.extend_from_slice(chunk);
+            let n = chunk.len();
+            data.advance(n);
+        }
+    }
+    let trailers = stream.recv_trailers().await.map_err(|e| err(&e))?;
+    Ok(H3Response {
+        status: response.status().as_u16(),
+        headers: response.headers().clone(),
+        body: out,
+        trailers,
+    })
+}
+
+/// A GET of `https://{authority}{path}`.
+pub async fn get(send: &mut H3Sender, authority: &str, path: &str) -> Result<H3Response, String> {
+    let req = Request::get(format!("https://{authority}{path}"))
+        .body(())
+        .map_err(|e| e.to_string())?;
+    request(send, req, &[], None).await
+}

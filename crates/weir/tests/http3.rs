@@ -1,0 +1,429 @@
+//! HTTP/3 on a TLS listener (`http3 = true`): requests over QUIC from the testkit's h3
+//! client go through the same routing, policy and upstream exchange as HTTP/1.1 and
+//! HTTP/2: bodies both ways, a large download under flow control, trailers, many
+//! concurrent streams, the certificate chosen by SNI, redirects and header rules, 502 for
+//! an unreachable upstream, and `protocol="HTTP/3"` in the metrics.
+
+mod common;
+
+use std::net::SocketAddr;
+
+use http::Request;
+use weir_testkit::certs::{Leaf, TestCa};
+use weir_testkit::h3_client::{connect, get, request, H3Client};
+use weir_testkit::{pattern_hash, pattern_vec, sink_summary, Backend};
+
+use common::{dead_port, single, tls_table, Conf, Weir};
+
+const NAME: &str = "h3.example.com";
+
+/// Weir with `conf`'s routes on a TLS listener for `leaves` with `http3` as given.
+fn start(conf: Conf, leaves: &[&Leaf], http3: &str) -> Weir {
+    conf.listener(http3)
+        .listener(&tls_table(leaves, ""))
+        .start()
+}
+
+async fn client(ca: &TestCa, addr: SocketAddr, name: &str) -> H3Client {
+    connect(addr, name, &ca.client_config())
+        .await
+        .expect("HTTP/3 connection")
+}
+
+#[tokio::test]
+async fn get_and_post_with_bodies_go_to_an_http1_upstream() {
+    let ca = TestCa::new("h3 CA");
+    let leaf = ca.leaf(&[NAME]);
+    let backend = Backend::echo("e");
+    let weir = start(single(backend.addr()), &[&leaf], "http3 = true");
+    let mut c = client(&ca, weir.addr, NAME).await;
+    let r = get(&mut c.send, NAME, "/a?b=1").await.expect("GET");
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("x-backend"), Some("e"));
+    let text = r.text();
+    assert!(text.starts_with("GET /a?b=1 HTTP/1.1\r\n"), "{text}");
+    assert!(
+        text.contains("\r\nhost: h3.example.com\r\n")
+            || text.contains("\r\nHost: h3.example.com\r\n"),
+        "{text}"
+    );
+    assert!(
+        text.to_ascii_lowercase()
+            .contains("x-forwarded-proto: https\r\n"),
+        "{text}"
+    );
+    // With a length: sent as it is.
+    let post = Request::post(format!("https://{NAME}/up"))
+        .header("content-length", "5")
+        .body(())
+        .expect("request");
+    let r = request(&mut c.send, post, b"hello", None)
+        .await
+        .expect("POST");
+    assert_eq!(r.status, 200);
+    let text = r.text();
+    assert!(text.starts_with("POST /up HTTP/1.1\r\n"), "{text}");
+    assert!(text.ends_with("\r\n\r\nhello"), "{text}");
+    // Without: chunked upstream.
+    let post = Request::post(format!("https://{NAME}/up"))
+        .body(())
+        .expect("request");
+    let r = request(&mut c.send, post, b"streamed body", None)
+        .await
+        .expect("POST");
+    let text = r.text();
+    assert!(
+        text.to_ascii_lowercase()
+            .contains("transfer-encoding: chunked\r\n"),
+        "{text}"
+    );
+    assert!(text.ends_with("streamed body"), "{text}");
+    let metrics = weir.metrics_text();
+    assert!(metrics.contains("protocol=\"HTTP/3\""), "{metrics}");
+}
+
+#[tokio::test]
+async fn large_bodies_cross_small_windows_both_ways() {
+    let ca = TestCa::new("h3 CA");
+    let leaf = ca.leaf(&[NAME]);
+    let len: u64 = 8 * 1024 * 1024;
+    let down = Backend::huge(len);
+    let sink = Backend::sink();
+    let conf = Conf::new()
+        .route("up", "sink", &["path_prefix = \"/up\""])
+        .route("down", "huge", &[])
+        .upstream("huge", &[down.addr()], &[])
+        .upstream("sink", &[sink.addr()], &[]);
+    let small = "http3 = { stream_window = \"16KiB\", connection_window = \"32KiB\" }";
+    let weir = start(conf, &[&leaf], small);
+    let mut c = client(&ca, weir.addr, NAME).await;
+    let r = get(&mut c.send, NAME, "/down").await.expect("download");
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body.len() as u64, len);
+    assert_eq!(weir_testkit::hash_bytes(&r.body), pattern_hash(len));
+    let body = pattern_vec(2 * 1024 * 1024);
+    let post = Request::post(format!("https://{NAME}/up"))
+        .body(())
+        .expect("request");
+    let r = request(&mut c.send, post, &body, None)
+        .await
+        .expect("upload");
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        r.text(),
+        sink_summary(body.len() as u64, pattern_hash(body.len() as u64))
+    );
+}
+
+#[tokio::test]
+async fn response_trailers_reach_the_client() {
+    let ca = TestCa::new("h3 CA");
+    let leaf = ca.leaf(&[NAME]);
+    let backend = Backend::chunked(&["one ", "two"]);
+    let weir = start(single(backend.addr()), &[&leaf], "http3 = true");
+    let mut c = client(&ca, weir.addr, NAME).await;
+    let r = get(&mut c.send, NAME, "/").await.expect("GET");
+    assert_eq!(r.status, 200);
+    assert_eq!(r.text(), "one two");
+    let trailers = r.trailers.expect("trailers");
+    assert_eq!(
+        trailers.get("x-trailer").map(|v| v.as_bytes()),
+        Some(&b"done"[..])
+    );
+}
+
+#[tokio::test]
+async fn many_concurrent_streams_on_one_connection() {
+    let ca = TestCa::new("h3 CA");
+    let leaf = ca.leaf(&[NAME]);
+    let backend = Backend::echo("e");
+    let weir = start(
+        single(backend.addr()),
+        &[&leaf],
+        "http3 = { max_concurrent_streams = 20 }",
+    );
+    let c = client(&ca, weir.addr, NAME).await;
+    let mut tasks = Vec::new();
+    for i in 0..64 {
+        let mut send = c.send.clone();
+        tasks.push(tokio::spawn(async move {
+            (i, get(&mut send, NAME, &format!("/item/{i}")).await)
+        }));
+    }
+    for task in tasks {
+        let (i, r) = task.await.expect("task");
+        let r = r.expect("response");
+        assert_eq!(r.status, 200);
+        assert!(r.text().starts_with(&format!("GET /item/{i} HTTP/1.1\r\n")));
+    }
+}
+
+#[tokio::test]
+async fn the_certificate_is_chosen_by_sni() {
+    let ca = TestCa::new("h3 CA");
+    let a = ca.leaf(&["a.example.com"]);
+    let b = ca.leaf(&["b.example.com"]);
+    let backend = Backend::echo("e");
+    let weir = start(single(backend.addr()), &[&a, &b], "http3 = true");
+    for name in ["a.example.com", "b.example.com"] {
+        // The client verifies the name: a wrong certificate fails the handshake.
+        let mut c = client(&ca, weir.addr, name).await;
+        let r = get(&mut c.send, name, "/").await.expect("GET");
+        assert_eq!(r.status, 200);
+    }
+}
+
+#[tokio::test]
+async fn route_policy_applies_redirects_and_header_rules() {
+    let ca = TestCa::new("h3 CA");
+    let leaf = ca.leaf(&[NAME]);
+    let backend = Backend::echo("e");
+    let conf = Conf::new()
+        .route_keys(
+            "moved",
+            &["path_prefix = \"/old/\"", r#"redirect = { to = "/new/" }"#],
+        )
+        .route(
+            "all",
+            "up",
+            &[r#"response_headers = { set = { "X-Env" = "prod" }, remove = ["x-backend"] }"#],
+        )
+        .upstream("up", &[backend.addr()], &[]);
+    let weir = start(conf, &[&leaf], "http3 = true");
+    let mut c = client(&ca, weir.addr, NAME).await;
+    let r = get(&mut c.send, NAME, "/old/x").await.expect("GET");
+    assert!((300..400).contains(&r.status), "{r:?}");
+    assert!(
+        r.header("location").is_some_and(|l| l.contains("/new/")),
+        "{r:?}"
+    );
+    let r = get(&mut c.send, NAME, "/other").await.expect("GET");
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("x-env"), Some("prod"));
+    assert_eq!(r.header("x-backend"), None);
+}
+
+#[tokio::test]
+async fn an_unreachable_upstream_is_502_and_the_connection_serves_on() {
+    let ca = TestCa::new("h3 CA");
+    let leaf = ca.leaf(&[NAME]);
+    let dead = dead_port();
+    let weir = start(single(dead.addr), &[&leaf], "http3 = true");
+    let mut c = client(&ca, weir.addr, NAME).await;
+    for _ in 0..2 {
+        let r = get(&mut c.send, NAME, "/").await.expect("GET");
+        assert_eq!(r.status, 502);
+        assert_eq!(r.text(), "Bad Gateway\n");
+    }
+}
+
+/// A port free for both TCP and UDP on 127.0.0.1 right now (the listener binds it next).
+fn free_port() -> SocketAddr {
+    loop {
+        let tcp = std::net::TcpListener::bind("127.0.0.1:0").expect("bind TCP");
+        let addr = tcp.local_addr().expect("address");
+        if std::net::UdpSocket::bind(addr).is_ok() {
+            return addr;
+        }
+    }
+}
+
+/// The response head of a GET over TLS (HTTP/1.1, ALPN `http/1.1`) to `addr`.
+async fn tls_http1_head(ca: &TestCa, addr: SocketAddr) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut tls = (*ca.client_config()).clone();
+    tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let name = rustls::pki_types::ServerName::try_from(NAME).expect("name");
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(tls));
+    let mut s = connector.connect(name, tcp).await.expect("TLS");
+    let request = format!("GET / HTTP/1.1\r\nHost: {NAME}\r\nConnection: close\r\n\r\n");
+    s.write_all(request.as_bytes()).await.expect("write");
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out).await;
+    let text = String::from_utf8_lossy(&out).into_owned();
+    text.split("\r\n\r\n")
+        .next()
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[tokio::test]
+async fn tcp_responses_advertise_http3_with_alt_svc_only_when_it_is_on() {
+    let ca = TestCa::new("h3 CA");
+    let leaf = ca.leaf(&[NAME]);
+    let backend = Backend::echo("e");
+    let addr = free_port();
+    let on = "http3 = { alt_svc_max_age = \"1h\" }";
+    let weir = start(single(backend.addr()).bind(addr), &[&leaf], on);
+    let head = tls_http1_head(&ca, weir.addr).await;
+    let want = format!("alt-svc: h3=\":{}\"; ma=3600", addr.port());
+    assert!(head.to_ascii_lowercase().contains(&want), "{head}");
+    // The advertised endpoint answers.
+    let mut c = client(&ca, addr, NAME).await;
+    assert_eq!(get(&mut c.send, NAME, "/").await.expect("GET").status, 200);
+    drop((c, weir));
+    let weir = start(single(backend.addr()), &[&leaf], "http3 = false");
+    let head = tls_http1_head(&ca, weir.addr).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(!head.to_ascii_lowercase().contains("alt-svc"), "{head}");
+}
+
+#[tokio::test]
+async fn retry_validates_addresses_past_the_threshold_and_quic_is_counted() {
+    let ca = TestCa::new("h3 CA");
+    let leaf = ca.leaf(&[NAME]);
+    let backend = Backend::echo("e");
+    // Threshold 0: every new connection must come back with a Retry token.
+    let weir = start(
+        single(backend.addr()),
+        &[&leaf],
+        "http3 = { retry_threshold = 0 }",
+    );
+    let mut c = client(&ca, weir.addr, NAME).await;
+    assert_eq!(get(&mut c.send, NAME, "/").await.expect("GET").status, 200);
+    assert_eq!(weir.metric("weir_http3_retries_total{listener=\"web\"}"), 1);
+    assert_eq!(
+        weir.metric("weir_http3_handshakes_total{listener=\"web\"}"),
+        1
+    );
+    weir.wait_metric("weir_http3_streams_total{listener=\"web\"}", 1)
+        .await;
+    // Packets are counted when the connection closes.
+    c.connection.close(0u32.into(), b"done");
+    drop(c);
+    assert!(
+        weir_testkit::wait_until_async(common::WAIT, || {
+            weir.metric_now("weir_http3_sent_packets_total{listener=\"web\"}")
+                .unwrap_or(0)
+                > 0
+        })
+        .await
+    );
+}
+
+#[tokio::test]
+async fn a_quiet_connection_closes_after_idle_timeout() {
+    let ca = TestCa::new("h3 CA");
+    let leaf = ca.leaf(&[NAME]);
+    let backend = Backend::echo("e");
+    let weir = start(
+        single(backend.addr()),
+        &[&leaf],
+        "http3 = { idle_timeout = \"300ms\" }",
+    );
+    let mut c = client(&ca, weir.addr, NAME).await;
+    assert_eq!(get(&mut c.send, NAME, "/").await.expect("GET").status, 200);
+    let started = std::time::Instant::now();
+    let closed = tokio::time::timeout(common::WAIT, c.connection.closed()).await;
+    let reason = closed.expect("closed by the idle timeout");
+    assert!(
+        matches!(reason, weir_testkit::h3_client::ConnectionError::TimedOut),
+        "{reason:?}"
+    );
+    assert!(started.elapsed() >= std::time::Duration::from_millis(250));
+}
+
+#[tokio::test]
+async fn streams_past_max_concurrent_streams_wait_their_turn() {
+    let ca = TestCa::new("h3 CA");
+    let leaf = ca.leaf(&[NAME]);
+    let backend = Backend::slow(std::time::Duration::from_millis(100));
+    let weir = start(
+        single(backend.addr()),
+        &[&leaf],
+        "http3 = { max_concurrent_streams = 4 }",
+    );
+    let c = client(&ca, weir.addr, NAME).await;
+    let mut tasks = Vec::new();
+    for _ in 0..12 {
+        let mut send = c.send.clone();
+        tasks.push(tokio::spawn(async move { get(&mut send, NAME, "/").await }));
+    }
+    let mut most = 0;
+    while !tasks.iter().all(|t| t.is_finished()) {
+        most = most.max(backend.in_flight());
+        tokio::time::sleep(weir_testkit::POLL_INTERVAL).await;
+    }
+    for task in tasks {
+        assert_eq!(task.await.expect("task").expect("response").status, 200);
+    }
+    assert!((1..=4).contains(&most), "at most 4 at once, saw {most}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_lets_the_streams_in_flight_finish() {
+    let ca = TestCa::new("h3 CA");
+    let leaf = ca.leaf(&[NAME]);
+    let backend = Backend::slow(std::time::Duration::from_millis(300));
+    let conf = single(backend.addr()).drain_timeout("10s");
+    let weir = start(conf, &[&leaf], "http3 = true");
+    let c = client(&ca, weir.addr, NAME).await;
+    let mut send = c.send.clone();
+    let in_flight = tokio::spawn(async move { get(&mut send, NAME, "/slow").await });
+    assert!(weir_testkit::wait_until_async(common::WAIT, || backend.in_flight() == 1).await);
+    tokio::task::block_in_place(|| weir.proxy().shutdown());
+    let r = in_flight
+        .await
+        .expect("task")
+        .expect("the stream in flight finished");
+    assert_eq!(r.status, 200);
+    assert!(r.text().starts_with("GET /slow HTTP/1.1\r\n"));
+}
+
+/// The Python with aioquic installed: `$WEIR_AIOQUIC_PYTHON`, else the venv `.ci/run`
+/// makes. `None` (the test is skipped) when missing, unless `WEIR_REQUIRE_AIOQUIC` is set.
+fn aioquic_python() -> Option<std::path::PathBuf> {
+    let path = std::env::var_os("WEIR_AIOQUIC_PYTHON")
+        .map(std::path::PathBuf::from)
+        .or_else(|| {
+            let home = std::env::var_os("HOME")?;
+            Some(std::path::Path::new(&home).join(".cache/weir-aioquic/bin/python"))
+        })?;
+    if path.exists() {
+        return Some(path);
+    }
+    assert!(
+        std::env::var_os("WEIR_REQUIRE_AIOQUIC").is_none(),
+        "{} not found, and WEIR_REQUIRE_AIOQUIC is set",
+        path.display()
+    );
+    eprintln!(
+        "SKIPPED: {} not found (.ci/run makes it: a venv with aioquic)",
+        path.display()
+    );
+    None
+}
+
+/// A client that is not Weir's (aioquic, bench/h3_interop.py) gets a GET and a POST with a
+/// body answered over HTTP/3.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aioquic_interoperates() {
+    let Some(python) = aioquic_python() else {
+        return;
+    };
+    let ca = TestCa::new("h3 CA");
+    let leaf = ca.leaf(&[NAME]);
+    let backend = Backend::echo("e");
+    let weir = start(single(backend.addr()), &[&leaf], "http3 = true");
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../bench/h3_interop.py");
+    let mut command = std::process::Command::new(python);
+    command.arg(script).arg(weir.addr.ip().to_string());
+    command
+        .arg(weir.addr.port().to_string())
+        .arg(NAME)
+        .arg(&ca.cert_path);
+    // The script bounds each request's wait itself (10 s).
+    let out = tokio::task::spawn_blocking(move || command.output())
+        .await
+        .expect("aioquic finished")
+        .expect("run python");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("aioquic interop: OK"), "{text}");
+    assert_eq!(
+        weir.metric("weir_http3_handshakes_total{listener=\"web\"}"),
+        1
+    );
+}
