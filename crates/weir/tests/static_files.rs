@@ -217,6 +217,9 @@ async fn directories_redirect_to_their_slash_then_serve_their_index() {
     let r = get(&weir, "/sub?x=1", &[]).await;
     assert_eq!(r.status, 301);
     assert_eq!(r.header("location"), Some("/sub/?x=1"));
+    // Not `//sub/`: a protocol-relative URL would redirect to the host `sub`.
+    let r = get(&weir, "//sub", &[]).await;
+    assert_eq!((r.status, r.header("location")), (301, Some("/sub/")));
     assert_eq!(get(&weir, "/sub/", &[]).await.body, b"sub index\n");
     assert_eq!(get(&weir, "/", &[]).await.body, b"<h1>home</h1>\n");
     // No index, no listing (off by default).

@@ -3,7 +3,8 @@
 //! A path found missing is kept too (a precompressed sibling that does not exist is asked
 //! for on every request). Each entry is served for the route's `open_file_cache_valid`,
 //! then looked up again; at the route's `open_file_cache` entries, expired ones are
-//! dropped and then any one. One per worker, so no lock.
+//! dropped (at most once per `open_file_cache_valid`) and then any one. One per worker, so
+//! no lock.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -31,6 +32,9 @@ pub(crate) struct OpenFiles {
     entries: HashMap<Box<[u8]>, (Found, Instant)>,
     /// The key being looked up: the route's id, then the path (no allocation per hit).
     key: Vec<u8>,
+    /// When expired entries were last dropped: at most once per `valid`, so a flood of
+    /// new paths (each a miss kept) does not scan the whole cache per request.
+    swept: Option<Instant>,
 }
 
 impl OpenFiles {
@@ -56,8 +60,14 @@ impl OpenFiles {
         }
         self.set_key(id, path);
         if self.entries.len() >= max && !self.entries.contains_key(self.key.as_slice()) {
-            self.entries
-                .retain(|_, (_, at)| now.saturating_duration_since(*at) < valid);
+            let due = self
+                .swept
+                .is_none_or(|at| now.saturating_duration_since(at) >= valid);
+            if due {
+                self.swept = Some(now);
+                self.entries
+                    .retain(|_, (_, at)| now.saturating_duration_since(*at) < valid);
+            }
             if self.entries.len() >= max {
                 let any = self.entries.keys().next().cloned();
                 any.map(|k| self.entries.remove(&k));

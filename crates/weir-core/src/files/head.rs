@@ -37,6 +37,10 @@ impl Reply {
             Some(q) => routed.split_at(q),
             None => (routed, &[][..]),
         };
+        // One leading `/`: `//name/` would be a protocol-relative URL, a redirect to the
+        // host `name` (the path is as sent when merge_slashes is off).
+        let leading = path.iter().take_while(|b| **b == b'/').count();
+        let path = &path[leading.saturating_sub(1)..];
         let mut location = b"Location: ".to_vec();
         location.extend_from_slice(path);
         location.push(b'/');

@@ -187,6 +187,12 @@ pub(crate) fn parse_ranges(value: &[u8], len: u64) -> Option<Vec<(u64, u64)>> {
         };
         out.extend(range);
     }
+    // Ranges that overlap, or ask more than the file, are answered whole (as nginx does):
+    // `bytes=0-,0-,...` must not make one request send the file 32 times.
+    let asked_bytes = (out.iter()).fold(0u64, |sum, (a, b)| sum.saturating_add(b - a + 1));
+    if out.len() > 1 && asked_bytes > len {
+        return None;
+    }
     (asked > 0).then_some(out)
 }
 
@@ -218,5 +224,10 @@ mod tests {
         assert_eq!(r("bytes="), None);
         let many = format!("bytes={}", vec!["0-0"; MAX_RANGES + 1].join(","));
         assert_eq!(r(&many), None);
+        // Several ranges asking more than the file: the whole file, once.
+        let again = format!("bytes={}", vec!["0-"; MAX_RANGES].join(","));
+        assert_eq!(r(&again), None);
+        assert_eq!(r("bytes=0-59,40-99"), None);
+        assert_eq!(r("bytes=0-49,50-99"), Some(vec![(0, 49), (50, 99)]));
     }
 }

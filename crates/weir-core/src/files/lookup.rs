@@ -190,9 +190,11 @@ fn open_uncached(server: &FileServer, rel: &[u8]) -> Option<Opened> {
         return None;
     }
     let mtime = meta.modified().ok()?;
+    // Clamped to 9999-12-31: HTTP dates end there (`httpdate` panics past it), and a file
+    // may carry any timestamp.
     let mtime = mtime
         .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
+        .map_or(0, |d| d.as_secs().min(253_402_300_799));
     let name = std::str::from_utf8(rel).unwrap_or("");
     Some(Rc::new(OpenFile {
         file,

@@ -50,6 +50,9 @@ pub(crate) struct H3Source<'b> {
     pub timeout: Duration,
     pub total: &'b Cell<u64>,
     pub limit: Option<u64>,
+    /// The request's `content-length`: DATA past it or ending short of it is malformed
+    /// (RFC 9114 4.1.2), and nothing past it is passed on.
+    pub length: Option<u64>,
 }
 
 impl Source for H3Source<'_> {
@@ -58,10 +61,20 @@ impl Source for H3Source<'_> {
             Some(first) => first,
             None => match next_data(self.body, self.timeout).await? {
                 Some(data) => data,
+                None if self.length.is_some_and(|n| self.total.get() < n) => {
+                    return Err(ProxyError::BadRequest(
+                        "body shorter than its content-length",
+                    ));
+                }
                 None => return Ok(None),
             },
         };
         self.total.set(self.total.get() + data.len() as u64);
+        if self.length.is_some_and(|n| self.total.get() > n) {
+            return Err(ProxyError::BadRequest(
+                "body longer than its content-length",
+            ));
+        }
         if self.limit.is_some_and(|max| self.total.get() > max) {
             return Err(ProxyError::BodyTooLarge);
         }
@@ -146,6 +159,19 @@ pub(crate) async fn send_data(
     stall: Duration,
 ) -> Result<(), ProxyError> {
     let sent = with_timeout(stall, send.send_data(data)).await;
+    sent.map_err(|_| ProxyError::ClientTimeout)?
+        .map_err(|_| ProxyError::ClientClosed)
+}
+
+/// Sends a response head, waiting at most `stall` for the client's flow-control credit (a
+/// client that never grants it must not hold the stream, or its upstream connection,
+/// forever).
+pub(crate) async fn send_head(
+    send: &mut SendHalf,
+    head: http::Response<()>,
+    stall: Duration,
+) -> Result<(), ProxyError> {
+    let sent = with_timeout(stall, send.send_response(head)).await;
     sent.map_err(|_| ProxyError::ClientTimeout)?
         .map_err(|_| ProxyError::ClientClosed)
 }

@@ -7,7 +7,7 @@
 use std::cell::Cell;
 use std::time::{Duration, Instant};
 
-use super::body::{H3Sink, H3Source, RecvHalf, SendHalf};
+use super::body::{send_head, H3Sink, H3Source, RecvHalf, SendHalf};
 use crate::buffer::Buffer;
 use crate::codec::http1::{BodyFraming, ResponseHead};
 use crate::connector::{UpstreamStream, WriteHalf};
@@ -29,6 +29,8 @@ use bytes::Bytes;
 pub(crate) struct Body<'b> {
     pub recv: &'b mut RecvHalf,
     pub first: Option<Bytes>,
+    /// The request's `content-length`, which the DATA must match.
+    pub length: Option<u64>,
 }
 
 /// Forwards the stream's request `r` to an HTTP/1.1 upstream and relays the response
@@ -140,11 +142,11 @@ async fn respond(
     count(Ok(resp.status));
     trace.status = resp.status;
     let grpc_status = trace.grpc_status_in(head.headers());
-    send.send_response(head)
-        .await
-        .map_err(|_| Failure::after_head(ProxyError::ClientClosed))?;
-    trace.sent_grpc_status(grpc_status);
     let listener = r.target.listener;
+    send_head(send, head, listener.http2.stall_timeout)
+        .await
+        .map_err(Failure::after_head)?;
+    trace.sent_grpc_status(grpc_status);
     let mut sink = H3Sink {
         send,
         stall: listener.http2.stall_timeout,
@@ -292,6 +294,7 @@ async fn upload(
         timeout: timeouts.client,
         total,
         limit,
+        length: body.length,
     };
     relay(&mut source, &mut sink, None).await
 }

@@ -11,7 +11,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use h3::error::Code;
 
-use super::body::{next_data, send_data, RecvHalf, SendHalf};
+use super::body::{next_data, send_data, send_head, RecvHalf, SendHalf};
 use super::conn::Conn;
 use super::exchange::{forward, Body};
 use crate::access_log::RequestFields;
@@ -49,7 +49,12 @@ pub(super) async fn serve(conn: Rc<Conn>, (request, mut send, mut recv): Resolve
     };
     let listener = &snapshot.config.listeners[index];
     let (parts, ()) = request.into_parts();
-    let declared = has_body(&parts);
+    let Ok(length) = declared_length(&parts) else {
+        // Malformed (RFC 9114 4.1.2): a stream error.
+        send.stop_stream(Code::H3_MESSAGE_ERROR);
+        return;
+    };
+    let declared = length.map(|n| n > 0);
     let first = match declared {
         Some(_) => None,
         None => match next_data(&mut recv, listener.client_timeout).await {
@@ -90,6 +95,7 @@ pub(super) async fn serve(conn: Rc<Conn>, (request, mut send, mut recv): Resolve
             let body = (!ended).then_some(Body {
                 recv: &mut recv,
                 first,
+                length,
             });
             let parsed = Parsed {
                 buf: &buf,
@@ -107,12 +113,25 @@ pub(super) async fn serve(conn: Rc<Conn>, (request, mut send, mut recv): Resolve
         .give_request(RequestScratch { head: buf, req });
 }
 
-/// Whether the request says it has a body: `Some(true)` with a `content-length` above
-/// 0, `Some(false)` with 0; `None`: it does not say (a body may follow, or the stream
-/// end; the adapter reads on to find out).
-fn has_body(parts: &http::request::Parts) -> Option<bool> {
-    let length = parts.headers.get(http::header::CONTENT_LENGTH)?;
-    Some(length.as_bytes() != b"0")
+/// The request's `content-length`: `None` when it has none (a body may follow, or the
+/// stream end; the adapter reads on to find out). `Err`: malformed (not a number, or two
+/// that differ), a stream error. The body is held to it (`H3Source`): the h3 crate does not
+/// check DATA against it, and an HTTP/1.1 upstream would read what goes past it as another
+/// request.
+fn declared_length(parts: &http::request::Parts) -> Result<Option<u64>, ()> {
+    let mut length = None;
+    for value in parts.headers.get_all(http::header::CONTENT_LENGTH) {
+        let text = value.to_str().map_err(|_| ())?;
+        let n = match text.bytes().all(|b| b.is_ascii_digit()) {
+            true => text.parse::<u64>().map_err(|_| ())?,
+            false => return Err(()),
+        };
+        if length.is_some_and(|m| m != n) {
+            return Err(());
+        }
+        length = Some(n);
+    }
+    Ok(length)
 }
 
 /// What a stream's access-log line and metrics are made of, filled as it runs.
@@ -247,10 +266,8 @@ async fn send_answer(
     let mut out = Vec::new();
     let (response, body) = crate::http2::local::answer_response(answer, vars, is_head, &mut out)?;
     trace.status = response.status().as_u16();
-    send.send_response(response)
-        .await
-        .map_err(|_| ProxyError::ClientClosed)?;
     let stall = listener.http2.stall_timeout;
+    send_head(send, response, stall).await?;
     if !body.is_empty() {
         send_data(send, Bytes::copy_from_slice(body), stall).await?;
         trace.body_out = body.len() as u64;

@@ -65,6 +65,13 @@ pub fn remove_http01(token: &str) {
 /// Serves a TLS-ALPN-01 certificate for `name` proving `key_authorization` (its SHA-256
 /// digest goes in the acmeIdentifier extension).
 pub fn add_tls_alpn01(name: &str, digest: &[u8]) -> Result<(), String> {
+    // rcgen asserts a SHA-256 digest's length; the digest may come from etcd (a fleet).
+    if digest.len() != 32 {
+        return Err(format!(
+            "a TLS-ALPN-01 digest of {} bytes, not 32",
+            digest.len()
+        ));
+    }
     let key = rcgen::KeyPair::generate().map_err(|e| e.to_string())?;
     let mut params =
         rcgen::CertificateParams::new(vec![name.to_owned()]).map_err(|e| e.to_string())?;
