@@ -18,11 +18,12 @@ use super::h1::{
 };
 use super::head::{coding, plan_http1, write_from_http1, ClientFraming, Edits};
 use super::relay::{
-    at_hand, relay, Broke, Coding, Http1Sink, Http1Source, Peer, Piece, Sink, Source,
+    at_hand, relay, Broke, Coding, Http1Sink, Http1Source, Peer, Piece, Recording, Sink, Source,
 };
 use super::request_head::{render_response_rules, write_upstream_head};
 use super::{carrier, tunnel, Carrier, Failure, Target};
 use crate::buffer::Buffer;
+use crate::cache::{Fill, Recorder};
 use crate::client::ClientConn;
 use crate::codec::http1::{BodyFraming, RequestHead, ResponseHead};
 use crate::connector::{UpstreamStream, WriteHalf};
@@ -34,8 +35,8 @@ use crate::upstream::RequestKey;
 use crate::worker::Worker;
 
 /// Forwards the request whose head is at the start of `conn.buf`, over the upstream side
-/// `forward::carrier` says. `keep_alive`: the client connection may stay open afterwards.
-/// Returns whether it does.
+/// `forward::carrier` says. `keep_alive`: the client connection may stay open afterwards;
+/// `fill`: a cache miss, whose response is stored if it may be. Returns whether it does.
 pub async fn forward(
     worker: &Worker,
     target: Target<'_>,
@@ -43,6 +44,7 @@ pub async fn forward(
     req: &RequestHead,
     resp: &mut ResponseHead,
     keep_alive: bool,
+    fill: Option<Box<Fill>>,
 ) -> Result<bool, Failure> {
     let buf = conn.buf.filled();
     // Kept for the response's locations (`reverse_rewrite`): the head is consumed by then.
@@ -79,6 +81,7 @@ pub async fn forward(
         resp,
         meta,
         keep_alive,
+        fill,
     };
     match carrier(Protocol::Http1, target.upstream) {
         Carrier::Http2 => super::h2::forward_h2(&x, client).await,
@@ -95,6 +98,9 @@ pub(crate) struct Http1Request<'c> {
     pub meta: RequestMeta,
     /// The client connection may stay open after the response.
     pub keep_alive: bool,
+    /// A cache miss: the response is stored if it may be (over an HTTP/1.1 upstream; an
+    /// HTTP/2 upstream's is relayed uncached for now).
+    pub fill: Option<Box<Fill>>,
 }
 
 /// Forwards the request over HTTP/1.1 connections and relays the response.
@@ -105,6 +111,7 @@ async fn forward_h1(x: &Exchange<'_>, client: Http1Request<'_>) -> Result<bool, 
         resp,
         meta,
         keep_alive,
+        fill,
     } = client;
     let mut body = BodyState::new(req.framing, false, x.target.listener.max_body_size);
     let (buffered, _) = body
@@ -155,7 +162,9 @@ async fn forward_h1(x: &Exchange<'_>, client: Http1Request<'_>) -> Result<bool, 
                 request_done,
                 keep_alive,
             };
-            response.respond(conn, stream, &mut up_buf, resp).await
+            response
+                .respond(conn, stream, &mut up_buf, resp, fill)
+                .await
         }
         Err(failure) => Err(failure),
     };
@@ -294,6 +303,7 @@ impl Response<'_> {
         mut stream: UpstreamStream,
         up_buf: &mut Buffer,
         resp: &ResponseHead,
+        fill: Option<Box<Fill>>,
     ) -> Result<bool, Failure> {
         if resp.status == 101 {
             return self.upgrade(conn, stream, up_buf, resp).await;
@@ -301,6 +311,11 @@ impl Response<'_> {
         let (route, meta) = (self.x.target.route, self.meta);
         let mut edits = Edits::of(route, &conn.resp_lines, self.accepted.server, &conn.host);
         edits.cookie = self.accepted.set_cookie();
+        let mut recorder = None;
+        if let Some(fill) = fill {
+            edits.cache_status = fill.status_line();
+            recorder = fill.admit(up_buf.filled(), resp);
+        }
         edits.plan = plan_http1(route, up_buf.filled(), resp, meta.is_head, meta.accepted);
         let encoding = edits.plan.encoding;
         // A compressed body is re-framed as chunks: it needs the raw bytes, and its end
@@ -328,13 +343,22 @@ impl Response<'_> {
                 let written = body::write_all(&mut conn.stream, &conn.out, whole, timeout).await;
                 written.map_err(|e| Failure::after_head(client_write_error(e)))?;
                 conn.sent += (conn.out.len() + n) as u64;
+                if let Some(mut recorder) = recorder {
+                    recorder.record(&up_buf.filled()[..n]);
+                    recorder.finish();
+                }
                 up_buf.consume(n);
                 true
             }
             None => {
+                let plan = (&edits.plan, dechunk);
                 let relayed =
-                    self.relay_body(conn, &mut stream, up_buf, resp, &edits.plan, dechunk);
-                relayed.await?
+                    self.relay_body(conn, &mut stream, up_buf, resp, plan, recorder.as_mut());
+                let done = relayed.await?;
+                if let Some(recorder) = recorder {
+                    recorder.finish();
+                }
+                done
             }
         };
         if resp.keeps_alive() && self.request_done && up_buf.is_empty() {
@@ -351,16 +375,17 @@ impl Response<'_> {
     }
 
     /// Relays the body after the head in `conn.out` (compressed when `plan` says so;
-    /// `dechunk`: a chunked body is decoded), counting the try. Returns whether all of it
-    /// came with the head (uncompressed: the connection is idle from the head's arrival).
+    /// `dechunk`: a chunked body is decoded), counting the try; a cache's `recorder`
+    /// keeps a copy of what the upstream sent. Returns whether all of it came with the
+    /// head (uncompressed: the connection is idle from the head's arrival).
     async fn relay_body(
         &self,
         conn: &mut ClientConn,
         stream: &mut UpstreamStream,
         up_buf: &mut Buffer,
         resp: &ResponseHead,
-        plan: &Plan,
-        dechunk: bool,
+        (plan, dechunk): (&Plan, bool),
+        recorder: Option<&mut Recorder>,
     ) -> Result<bool, Failure> {
         let (listener, upstream) = (self.x.target.listener, self.x.target.upstream);
         let state = BodyState::new(resp.framing, dechunk, None);
@@ -387,7 +412,16 @@ impl Response<'_> {
             chunked: plan.encoding.is_some(),
             trailers: None,
         };
-        let relayed = relay(&mut source, &mut sink, coding.as_mut()).await;
+        let relayed = match recorder {
+            None => relay(&mut source, &mut sink, coding.as_mut()).await,
+            Some(recorder) => {
+                let mut recording = Recording {
+                    inner: &mut source,
+                    recorder,
+                };
+                relay(&mut recording, &mut sink, coding.as_mut()).await
+            }
+        };
         conn.current.compressed = coding.as_ref().map(Coding::compressed);
         relayed.map_err(|(Broke::Source(e) | Broke::Sink(e))| Failure::after_head(e))?;
         Ok(body_with_head && coding.is_none())

@@ -334,7 +334,9 @@ impl Stream<'_> {
             }
         };
         let target = match (route, decision) {
-            (route, Decision::Forward(target)) => (route, target),
+            // A cache miss is forwarded; storing what an HTTP/2 client's upstream sends is
+            // not done yet (the response is relayed, uncached).
+            (route, Decision::Forward(target, _fill)) => (route, target),
             (route, Decision::Answer(answer)) => {
                 trace.local = answer.is_local();
                 let timeout = routing.listener().http2.stall_timeout;

@@ -219,7 +219,8 @@ async fn run(
     };
     let mut path = RoutedPath::default();
     let (route, target) = match routing.decide(&request, &mut path) {
-        (route, Decision::Forward(target)) => (route, target),
+        // A cache miss is forwarded; an HTTP/3 client's response is not stored (not done yet).
+        (route, Decision::Forward(target, _fill)) => (route, target),
         (route, Decision::Answer(answer)) => {
             log.route = route;
             log.trace.local = answer.is_local();

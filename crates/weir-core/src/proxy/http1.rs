@@ -289,10 +289,10 @@ async fn handle(
         conn.trace = Some(trace);
     }
     match decision {
-        Decision::Forward(target) => Handled {
+        Decision::Forward(target, fill) => Handled {
             route,
             local: false,
-            result: forward(worker, target, conn, req, resp, keep_alive).await,
+            result: forward(worker, target, conn, req, resp, keep_alive, fill).await,
         },
         Decision::Answer(answer) => Handled {
             route,
@@ -350,7 +350,10 @@ async fn local_response(
     let request = conn.request(req);
     let bytes = answer.render(&mut out, persistence, req.is_head, &answer.vars(&request));
     conn.buf.consume(req.head_len + consumed);
-    let written = conn.write_all(bytes, listener).await;
+    let written = match answer.body(req.is_head) {
+        None => conn.write_all(bytes, listener).await,
+        Some(body) => conn.write_with_body(bytes, body, listener).await,
+    };
     conn.out = out;
     written.map_err(Failure::after_head)?;
     Ok(keep_alive)

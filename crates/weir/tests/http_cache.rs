@@ -1,0 +1,288 @@
+//! The HTTP cache (a route's `cache`, `[caches.NAME]`) over real sockets: fresh hits
+//! answered with no upstream request, what is never stored (`no-store`, `private`,
+//! `Set-Cookie`, `Authorization`, a body over `max_object_size`), `s-maxage`, heuristic
+//! freshness, `Vary` with `Accept-Encoding` normalised, HEAD from a cached GET, chunked
+//! bodies, `Cache-Status`, and an HTTP/2 client served from the same entries.
+
+mod common;
+
+use std::net::SocketAddr;
+
+use common::Conf;
+use weir_testkit::{Backend, Client, Response};
+
+/// Route `c` on `/` caching in store `mem` (`route_keys`: more keys of the route's
+/// `cache`), to `backend`.
+fn cached(backend: SocketAddr, route_keys: &str, store_keys: &str) -> Conf {
+    Conf::new()
+        .route(
+            "c",
+            "up",
+            &[&format!("cache = {{ store = \"mem\"{route_keys} }}")],
+        )
+        .upstream("up", &[backend], &[])
+        .table(&format!("[caches.mem]\nkind = \"memory\"\n{store_keys}"))
+}
+
+/// A response's header fields and the request's.
+type Case = (
+    &'static [(&'static str, &'static str)],
+    &'static [(&'static str, &'static str)],
+);
+
+async fn get(c: &mut Client, path: &str, headers: &[(&str, &str)]) -> Response {
+    let mut all = vec![("Host", "example.com")];
+    all.extend_from_slice(headers);
+    c.request("GET", path, &all, b"").await.expect("response")
+}
+
+#[tokio::test]
+async fn a_fresh_entry_is_served_without_asking_the_upstream() {
+    let b = Backend::fixed(
+        200,
+        &[("Cache-Control", "max-age=60"), ("X-Up", "1")],
+        "hello",
+    );
+    let weir = cached(b.addr(), "", "").start();
+    let mut c = weir.client().await;
+    let first = get(&mut c, "/a?x=1", &[]).await;
+    assert_eq!(first.status, 200);
+    assert_eq!(first.body, b"hello");
+    assert_eq!(first.header("Cache-Status"), Some("weir; fwd=uri-miss"));
+    for _ in 0..3 {
+        let hit = get(&mut c, "/a?x=1", &[]).await;
+        assert_eq!(hit.status, 200);
+        assert_eq!(hit.body, b"hello");
+        assert_eq!(hit.header("X-Up"), Some("1"));
+        assert_eq!(hit.header("Cache-Status"), Some("weir; hit"));
+        assert_eq!(hit.header("Content-Length"), Some("5"));
+        assert!(hit.header("Age").is_some(), "a hit says its age");
+    }
+    assert_eq!(b.requests_served(), 1, "hits never reach the upstream");
+    // Another query, another host: other keys.
+    get(&mut c, "/a?x=2", &[]).await;
+    let other = c
+        .request("GET", "/a?x=1", &[("Host", "other.example")], b"")
+        .await
+        .unwrap();
+    assert_eq!(other.header("Cache-Status"), Some("weir; fwd=uri-miss"));
+    assert_eq!(b.requests_served(), 3);
+    // A new connection gets the same entry.
+    let mut c2 = weir.client().await;
+    assert_eq!(
+        get(&mut c2, "/a?x=1", &[]).await.header("Cache-Status"),
+        Some("weir; hit")
+    );
+    assert_eq!(b.requests_served(), 3);
+}
+
+#[tokio::test]
+async fn head_is_answered_from_a_cached_get() {
+    let b = Backend::fixed(200, &[("Cache-Control", "max-age=60")], "0123456789");
+    let weir = cached(b.addr(), "", "").start();
+    let mut c = weir.client().await;
+    get(&mut c, "/", &[]).await;
+    let head = c
+        .request("HEAD", "/", &[("Host", "example.com")], b"")
+        .await
+        .expect("HEAD response");
+    assert_eq!(head.status, 200);
+    assert_eq!(head.header("Content-Length"), Some("10"));
+    assert_eq!(head.header("Cache-Status"), Some("weir; hit"));
+    assert!(head.body.is_empty());
+    // The connection is still in step: the next response is read whole.
+    assert_eq!(get(&mut c, "/", &[]).await.body, b"0123456789");
+    assert_eq!(b.requests_served(), 1);
+}
+
+/// Each of these responses (or requests) must reach the upstream every time.
+#[tokio::test]
+async fn what_a_shared_cache_must_not_store_is_fetched_every_time() {
+    let cases: [Case; 5] = [
+        (&[("Cache-Control", "no-store, max-age=60")], &[]),
+        (&[("Cache-Control", "private, max-age=60")], &[]),
+        (
+            &[("Cache-Control", "max-age=60"), ("Set-Cookie", "a=b")],
+            &[],
+        ),
+        (
+            &[("Cache-Control", "max-age=60")],
+            &[("Authorization", "Basic YTpi")],
+        ),
+        (&[("Cache-Control", "max-age=0")], &[]),
+    ];
+    for (response, request) in cases {
+        let b = Backend::fixed(200, response, "body");
+        let weir = cached(b.addr(), "", "").start();
+        let mut c = weir.client().await;
+        for _ in 0..3 {
+            let r = get(&mut c, "/", request).await;
+            assert_eq!(r.body, b"body", "{response:?} {request:?}");
+            assert_eq!(r.header("Cache-Status"), Some("weir; fwd=uri-miss"));
+        }
+        assert_eq!(b.requests_served(), 3, "{response:?} {request:?}");
+    }
+}
+
+#[tokio::test]
+async fn s_maxage_public_with_authorization_and_heuristic_freshness_are_stored() {
+    let cases: [Case; 3] = [
+        // s-maxage wins over max-age=0 for a shared cache, and allows Authorization.
+        (
+            &[("Cache-Control", "max-age=0, s-maxage=60")],
+            &[("Authorization", "Basic YTpi")],
+        ),
+        // No explicit freshness: a tenth of the time since Last-Modified.
+        (&[("Last-Modified", "Mon, 01 Jan 2001 00:00:00 GMT")], &[]),
+        (&[("Expires", "Thu, 01 Jan 2099 00:00:00 GMT")], &[]),
+    ];
+    for (response, request) in cases {
+        let b = Backend::fixed(200, response, "body");
+        let weir = cached(b.addr(), "", "").start();
+        let mut c = weir.client().await;
+        get(&mut c, "/", request).await;
+        let r = get(&mut c, "/", request).await;
+        assert_eq!(r.header("Cache-Status"), Some("weir; hit"), "{response:?}");
+        assert_eq!(r.body, b"body");
+        assert_eq!(b.requests_served(), 1, "{response:?}");
+    }
+}
+
+#[tokio::test]
+async fn vary_accept_encoding_keeps_one_variant_per_normalised_coding() {
+    let headers = [("Cache-Control", "max-age=60"), ("Vary", "Accept-Encoding")];
+    let b = Backend::fixed(200, &headers, "v");
+    let weir = cached(b.addr(), "", "").start();
+    let mut c = weir.client().await;
+    let ae = |v| [("Accept-Encoding", v)];
+    get(&mut c, "/", &ae("gzip")).await;
+    assert_eq!(b.requests_served(), 1);
+    // Spelled differently, the same coding Weir would pick: the same variant.
+    for same in ["gzip, deflate", "deflate;q=0.5, gzip"] {
+        let r = get(&mut c, "/", &ae(same)).await;
+        assert_eq!(r.header("Cache-Status"), Some("weir; hit"), "{same}");
+    }
+    assert_eq!(b.requests_served(), 1);
+    get(&mut c, "/", &ae("br, gzip")).await;
+    get(&mut c, "/", &[]).await;
+    assert_eq!(
+        b.requests_served(),
+        3,
+        "br and identity are variants of their own"
+    );
+    assert_eq!(
+        get(&mut c, "/", &ae("gzip")).await.header("Cache-Status"),
+        Some("weir; hit")
+    );
+    assert_eq!(
+        get(&mut c, "/", &ae("br")).await.header("Cache-Status"),
+        Some("weir; hit")
+    );
+    assert_eq!(
+        get(&mut c, "/", &[]).await.header("Cache-Status"),
+        Some("weir; hit")
+    );
+    assert_eq!(b.requests_served(), 3);
+}
+
+#[tokio::test]
+async fn a_body_over_max_object_size_streams_through_uncached() {
+    let big = "x".repeat(200_000);
+    let b = Backend::fixed(200, &[("Cache-Control", "max-age=60")], &big);
+    let weir = cached(b.addr(), "", "max_object_size = \"100KiB\"").start();
+    let mut c = weir.client().await;
+    for _ in 0..2 {
+        let r = get(&mut c, "/", &[]).await;
+        assert_eq!(r.body.len(), big.len());
+        assert_eq!(r.header("Cache-Status"), Some("weir; fwd=uri-miss"));
+    }
+    assert_eq!(b.requests_served(), 2);
+}
+
+#[tokio::test]
+async fn a_chunked_response_is_stored_decoded_and_served_with_a_length() {
+    let raw = b"HTTP/1.1 200 OK\r\nCache-Control: max-age=60\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n";
+    let b = Backend::raw_response(raw);
+    let weir = cached(b.addr(), "", "").start();
+    let mut c = weir.client().await;
+    let first = get(&mut c, "/", &[]).await;
+    assert_eq!(first.body, b"hello world");
+    let mut c = weir.client().await;
+    let hit = get(&mut c, "/", &[]).await;
+    assert_eq!(hit.header("Cache-Status"), Some("weir; hit"));
+    assert_eq!(hit.header("Content-Length"), Some("11"));
+    assert_eq!(hit.header("Transfer-Encoding"), None);
+    assert_eq!(hit.body, b"hello world");
+    assert_eq!(b.requests_served(), 1);
+}
+
+#[tokio::test]
+async fn cache_status_can_be_switched_off_and_other_methods_bypass() {
+    let b = Backend::fixed(200, &[("Cache-Control", "max-age=60")], "p");
+    let weir = cached(b.addr(), ", status_header = false", "").start();
+    let mut c = weir.client().await;
+    for _ in 0..2 {
+        let r = get(&mut c, "/", &[]).await;
+        assert_eq!(r.header("Cache-Status"), None);
+    }
+    assert_eq!(b.requests_served(), 1);
+    for _ in 0..2 {
+        let r = c
+            .request("POST", "/", &[("Host", "example.com")], b"data")
+            .await
+            .unwrap();
+        assert_eq!(r.body, b"p");
+    }
+    assert_eq!(
+        b.requests_served(),
+        3,
+        "POST is never answered from the cache"
+    );
+}
+
+#[tokio::test]
+async fn an_http2_client_is_served_from_the_same_entry() {
+    let b = Backend::fixed(200, &[("Cache-Control", "max-age=60")], "shared");
+    let weir = cached(b.addr(), "", "").start();
+    let mut c = weir.client().await;
+    get(&mut c, "/h2", &[]).await;
+    let mut h2 = common::h2c_client(weir.addr).await;
+    let request = http::Request::get("http://example.com/h2")
+        .body(())
+        .unwrap();
+    let (response, _) = h2.send_request(request, true).unwrap();
+    let response = response.await.expect("h2 response");
+    assert_eq!(response.status(), 200);
+    let status = response.headers().get("cache-status").unwrap();
+    assert_eq!(status, "weir; hit");
+    let mut body = response.into_body();
+    let mut got = Vec::new();
+    while let Some(data) = body.data().await {
+        got.extend_from_slice(&data.unwrap());
+    }
+    assert_eq!(got, b"shared");
+    assert_eq!(b.requests_served(), 1);
+}
+
+#[test]
+fn a_route_naming_a_missing_store_is_rejected_with_its_place() {
+    let text = r#"
+[[listeners]]
+name = "web"
+bind = "127.0.0.1:0"
+
+[[listeners.routes]]
+name = "c"
+upstream = "up"
+cache = { store = "nope" }
+
+[upstreams.up]
+servers = [{ addr = "127.0.0.1:1" }]
+"#;
+    let e = weir_config::parse_str(text, "weir.toml")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("weir.toml:9"), "{e}");
+    assert!(e.contains("listeners[0].routes[0].cache.store"), "{e}");
+    assert!(e.contains("[caches.nope]"), "{e}");
+}
