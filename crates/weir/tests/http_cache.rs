@@ -286,3 +286,143 @@ servers = [{ addr = "127.0.0.1:1" }]
     assert!(e.contains("listeners[0].routes[0].cache.store"), "{e}");
     assert!(e.contains("[caches.nope]"), "{e}");
 }
+
+/// An upstream answering each request with what `reply` makes of its head, recording the
+/// heads; keep-alive, bodiless requests only.
+struct Scripted {
+    addr: SocketAddr,
+    heads: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl Scripted {
+    async fn start(reply: fn(&str) -> String) -> Scripted {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let heads = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen = heads.clone();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                let seen = seen.clone();
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    loop {
+                        let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+                            let mut more = [0u8; 4096];
+                            match s.read(&mut more).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => buf.extend_from_slice(&more[..n]),
+                            }
+                            continue;
+                        };
+                        let head = String::from_utf8_lossy(&buf[..end + 4]).into_owned();
+                        buf.drain(..end + 4);
+                        let response = reply(&head);
+                        seen.lock().unwrap().push(head);
+                        if s.write_all(response.as_bytes()).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        Scripted { addr, heads }
+    }
+
+    fn heads(&self) -> Vec<String> {
+        self.heads.lock().unwrap().clone()
+    }
+}
+
+/// `ETag: "v1"`, stale at once (`max-age=0`): a `304` to `If-None-Match: "v1"`.
+fn etag_v1(head: &str) -> String {
+    if head.contains("If-None-Match: \"v1\"") {
+        return "HTTP/1.1 304 Not Modified\r\nETag: \"v1\"\r\nCache-Control: max-age=60\r\n\r\n".into();
+    }
+    "HTTP/1.1 200 OK\r\nETag: \"v1\"\r\nCache-Control: max-age=0\r\nContent-Length: 7\r\n\r\nversion".into()
+}
+
+#[tokio::test]
+async fn a_stale_entry_is_revalidated_once_and_a_304_refreshes_it() {
+    let up = Scripted::start(etag_v1).await;
+    let weir = cached(up.addr, "", "").start();
+    let mut c = weir.client().await;
+    let first = get(&mut c, "/r", &[]).await;
+    assert_eq!(first.body, b"version");
+    assert_eq!(first.header("Cache-Status"), Some("weir; fwd=uri-miss"));
+    // Stale: one conditional request, answered 304; the client gets the stored body.
+    let second = get(&mut c, "/r", &[]).await;
+    assert_eq!(second.status, 200);
+    assert_eq!(second.body, b"version");
+    assert_eq!(second.header("ETag"), Some("\"v1\""));
+    assert_eq!(
+        second.header("Cache-Control"),
+        Some("max-age=60"),
+        "the 304's fields replace the stored ones"
+    );
+    assert_eq!(
+        second.header("Cache-Status"),
+        Some("weir; fwd=stale; fwd-status=304")
+    );
+    // Refreshed by the 304 (max-age=60 now): a hit, nothing more upstream.
+    let third = get(&mut c, "/r", &[]).await;
+    assert_eq!(third.header("Cache-Status"), Some("weir; hit"));
+    assert_eq!(third.body, b"version");
+    let heads = up.heads();
+    assert_eq!(heads.len(), 2, "{heads:?}");
+    assert!(!heads[0].contains("If-None-Match"));
+    let conditional: Vec<_> = heads
+        .iter()
+        .filter(|h| h.contains("If-None-Match"))
+        .collect();
+    assert_eq!(
+        conditional.len(),
+        1,
+        "exactly one conditional request: {heads:?}"
+    );
+}
+
+/// `Last-Modified` only: revalidated with `If-Modified-Since`; the upstream's new version
+/// (a 200) replaces the entry.
+fn last_modified(head: &str) -> String {
+    let lm = "Last-Modified: Mon, 01 Jan 2001 00:00:00 GMT\r\n";
+    if head.contains("If-Modified-Since: Mon, 01 Jan 2001 00:00:00 GMT") {
+        return format!(
+            "HTTP/1.1 200 OK\r\n{lm}Cache-Control: max-age=60\r\nContent-Length: 3\r\n\r\nnew"
+        );
+    }
+    format!("HTTP/1.1 200 OK\r\n{lm}Cache-Control: max-age=0\r\nContent-Length: 3\r\n\r\nold")
+}
+
+#[tokio::test]
+async fn a_changed_resource_replaces_the_stale_entry() {
+    let up = Scripted::start(last_modified).await;
+    let weir = cached(up.addr, "", "").start();
+    let mut c = weir.client().await;
+    assert_eq!(get(&mut c, "/", &[]).await.body, b"old");
+    let second = get(&mut c, "/", &[]).await;
+    assert_eq!(second.body, b"new");
+    assert_eq!(second.header("Cache-Status"), Some("weir; fwd=stale"));
+    let third = get(&mut c, "/", &[]).await;
+    assert_eq!(
+        (third.body.as_slice(), third.header("Cache-Status")),
+        (&b"new"[..], Some("weir; hit"))
+    );
+    assert_eq!(up.heads().len(), 2);
+}
+
+#[tokio::test]
+async fn a_client_condition_goes_up_as_it_is() {
+    let up = Scripted::start(etag_v1).await;
+    let weir = cached(up.addr, "", "").start();
+    let mut c = weir.client().await;
+    get(&mut c, "/", &[]).await;
+    let r = get(&mut c, "/", &[("If-None-Match", "\"v1\"")]).await;
+    assert_eq!(
+        r.status, 304,
+        "the client's own condition is answered by the upstream"
+    );
+    let heads = up.heads();
+    assert_eq!(heads.len(), 2);
+    assert_eq!(heads[1].matches("If-None-Match").count(), 1, "{}", heads[1]);
+}

@@ -24,7 +24,7 @@ use std::time::SystemTime;
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue};
-use http_cache_semantics::{BeforeRequest, CacheOptions, CachePolicy};
+use http_cache_semantics::{AfterResponse, BeforeRequest, CacheOptions, CachePolicy};
 use weir_config::{CacheKeyPart, RouteCache};
 
 pub use store::{Entry, MemoryStore};
@@ -66,14 +66,21 @@ pub fn lookup(
         return Lookup::Bypass;
     };
     let now = SystemTime::now();
+    let mut stale = None;
     for entry in store.get(&key) {
-        if let BeforeRequest::Fresh(head) = entry.policy.before_request(&parts, now) {
-            store.counts.hits.fetch_add(1, Relaxed);
-            return Lookup::Hit(Hit {
-                head,
-                body: entry.body.clone(),
-                status_header: cache.status_header,
-            });
+        match entry.policy.before_request(&parts, now) {
+            BeforeRequest::Fresh(head) => {
+                store.counts.hits.fetch_add(1, Relaxed);
+                return Lookup::Hit(Hit {
+                    head,
+                    body: entry.body.clone(),
+                    status_line: cache.status_header.then_some(HIT_LINE),
+                });
+            }
+            BeforeRequest::Stale { request, matches } if matches && stale.is_none() => {
+                stale = revalidation(r, &request.headers).map(|lines| Stale { entry, lines });
+            }
+            BeforeRequest::Stale { .. } => {}
         }
     }
     store.counts.misses.fetch_add(1, Relaxed);
@@ -81,12 +88,59 @@ pub fn lookup(
         // A HEAD response has no body to store: forwarded as it is.
         return Lookup::Bypass;
     }
+    if stale.is_some() {
+        store.counts.revalidations.fetch_add(1, Relaxed);
+    }
     Lookup::Miss(Box::new(Fill {
         key,
         parts,
         store: store.clone(),
         status_header: cache.status_header,
+        stale,
     }))
+}
+
+/// The conditional header lines that revalidate a stale entry (`conditional`: the fields
+/// the policy would send); `None` when it has no validator, or when the client sent a
+/// condition of its own (its request goes up as it is, and the response is stored anew).
+fn revalidation(r: &Request<'_>, conditional: &HeaderMap) -> Option<Vec<u8>> {
+    let own = r.req.headers.iter().any(|h| {
+        let name = &r.buf[h.name.clone()];
+        CONDITIONS
+            .iter()
+            .any(|c| c.as_bytes().eq_ignore_ascii_case(name))
+    });
+    let mut lines = Vec::new();
+    for name in [http::header::IF_NONE_MATCH, http::header::IF_MODIFIED_SINCE] {
+        if let Some(value) = conditional.get(&name) {
+            push_header(&mut lines, header_case(&name), value.as_bytes());
+        }
+    }
+    (!own && !lines.is_empty()).then_some(lines)
+}
+
+/// The request fields that make a request conditional (or partial).
+const CONDITIONS: [&str; 6] = [
+    "if-none-match",
+    "if-modified-since",
+    "if-match",
+    "if-unmodified-since",
+    "if-range",
+    "range",
+];
+
+fn header_case(name: &HeaderName) -> &'static [u8] {
+    match name.as_str() {
+        "if-none-match" => b"If-None-Match",
+        _ => b"If-Modified-Since",
+    }
+}
+
+/// A stale entry a miss revalidates.
+struct Stale {
+    entry: Arc<Entry>,
+    /// Its conditional header lines, added to the upstream request.
+    lines: Vec<u8>,
 }
 
 /// The request's cache key: its `key` parts, as `scheme://host/path?query` by default.
@@ -166,7 +220,8 @@ fn normalise_accept_encoding(headers: &mut HeaderMap) {
 pub struct Hit {
     pub head: http::response::Parts,
     pub body: Bytes,
-    status_header: bool,
+    /// The `Cache-Status` line, when the route adds one.
+    status_line: Option<&'static [u8]>,
 }
 
 impl Hit {
@@ -188,8 +243,8 @@ impl Hit {
         out.extend_from_slice(b"Content-Length: ");
         crate::codec::http1::write::push_decimal(out, self.body.len() as u64);
         out.extend_from_slice(b"\r\n");
-        if self.status_header {
-            out.extend_from_slice(b"Cache-Status: weir; hit\r\n");
+        if let Some(line) = self.status_line {
+            out.extend_from_slice(line);
         }
         persistence.push_header(out);
         out.extend_from_slice(b"\r\n");
@@ -202,15 +257,56 @@ pub struct Fill {
     parts: http::request::Parts,
     store: Arc<MemoryStore>,
     status_header: bool,
+    /// A stale entry the request revalidates.
+    stale: Option<Stale>,
 }
 
-/// The `Cache-Status` line of a response fetched for a miss.
-pub const MISS_LINE: &[u8] = b"Cache-Status: weir; fwd=uri-miss\r\n";
+/// The `Cache-Status` lines (RFC 9211): a fresh entry; a response fetched for a miss; one
+/// fetched to revalidate a stale entry; a stale entry the upstream confirmed (`304`).
+const HIT_LINE: &[u8] = b"Cache-Status: weir; hit\r\n";
+const MISS_LINE: &[u8] = b"Cache-Status: weir; fwd=uri-miss\r\n";
+const STALE_LINE: &[u8] = b"Cache-Status: weir; fwd=stale\r\n";
+const REFRESHED_LINE: &[u8] = b"Cache-Status: weir; fwd=stale; fwd-status=304\r\n";
 
 impl Fill {
     /// The `Cache-Status` line the response gets, if the route adds one.
     pub fn status_line(&self) -> Option<&'static [u8]> {
-        self.status_header.then_some(MISS_LINE)
+        let line = match self.stale {
+            Some(_) => STALE_LINE,
+            None => MISS_LINE,
+        };
+        self.status_header.then_some(line)
+    }
+
+    /// The conditional header lines the upstream request gets (empty: none).
+    pub fn conditional_lines(&self) -> &[u8] {
+        self.stale.as_ref().map_or(&[], |s| &s.lines)
+    }
+
+    /// The stale entry refreshed by the upstream's `304` (`resp`, its head in `buf`): the
+    /// store gets the updated head with the same body, and the client the entry. `None`:
+    /// nothing was revalidated, or the `304` is not for the stored entry (it answers the
+    /// client's own condition), so it is relayed.
+    pub fn refresh(&self, buf: &[u8], resp: &ResponseHead) -> Option<Hit> {
+        let stale = self.stale.as_ref()?;
+        let head = response_parts(buf, resp)?;
+        let now = SystemTime::now();
+        let (policy, parts) = match stale.entry.policy.after_response(&self.parts, &head, now) {
+            AfterResponse::NotModified(policy, parts) => (policy, parts),
+            AfterResponse::Modified(..) => return None,
+        };
+        let entry = Entry {
+            policy,
+            body: stale.entry.body.clone(),
+            variant: stale.entry.variant.clone(),
+            size: stale.entry.size,
+        };
+        self.store.insert(&self.key, entry);
+        Some(Hit {
+            head: parts,
+            body: stale.entry.body.clone(),
+            status_line: self.status_header.then_some(REFRESHED_LINE),
+        })
     }
 
     /// The recorder for the response `resp` (its head in `buf`), if it may be stored: the
@@ -252,6 +348,23 @@ impl Fill {
             over: false,
         })
     }
+}
+
+/// The response `resp` (its head in `buf`) as the policy reads it: its end-to-end fields.
+fn response_parts(buf: &[u8], resp: &ResponseHead) -> Option<http::Response<()>> {
+    let mut head = http::Response::new(());
+    *head.status_mut() = http::StatusCode::from_u16(resp.status).ok()?;
+    let headers = head.headers_mut();
+    for h in resp
+        .headers
+        .iter()
+        .filter(|h| !h.kind.is_hop_by_hop() && !h.connection_listed)
+    {
+        let name = HeaderName::from_bytes(&buf[h.name.clone()]).ok()?;
+        let value = HeaderValue::from_bytes(&buf[h.value.clone()]).ok()?;
+        headers.append(name, value);
+    }
+    Some(head)
 }
 
 /// The values of the request fields `response` varies on, joined.

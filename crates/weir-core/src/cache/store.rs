@@ -35,6 +35,8 @@ pub struct Counts {
     pub hits: AtomicU64,
     pub misses: AtomicU64,
     pub bypasses: AtomicU64,
+    /// Misses that revalidate a stale entry (a conditional request upstream).
+    pub revalidations: AtomicU64,
     pub stores: AtomicU64,
     pub evictions: AtomicU64,
     pub bytes: AtomicU64,

@@ -25,6 +25,7 @@ use super::{carrier, tunnel, Carrier, Failure, Target};
 use crate::buffer::Buffer;
 use crate::cache::{Fill, Recorder};
 use crate::client::ClientConn;
+use crate::codec::http1::write::Persistence;
 use crate::codec::http1::{BodyFraming, RequestHead, ResponseHead};
 use crate::connector::{UpstreamStream, WriteHalf};
 use crate::error::ProxyError;
@@ -118,8 +119,13 @@ async fn forward_h1(x: &Exchange<'_>, client: Http1Request<'_>) -> Result<bool, 
         .take(&mut conn.buf.filled_mut()[req.head_len..])
         .map_err(client_pump_error)?;
     let whole = body.is_done();
+    let conditional = fill
+        .as_deref()
+        .map_or(&[][..], Fill::conditional_lines)
+        .to_vec();
     let mut sender = Http1Sender {
         x,
+        conditional: &conditional,
         conn,
         req,
         body,
@@ -174,8 +180,10 @@ async fn forward_h1(x: &Exchange<'_>, client: Http1Request<'_>) -> Result<bool, 
 
 /// Sends an HTTP/1.x client's request over HTTP/1.1 connections: the head written for
 /// each try's server, and the body as it came.
-struct Http1Sender<'x, 'c> {
+struct Http1Sender<'x, 'c, 'k> {
     x: &'x Exchange<'x>,
+    /// A cache's conditional header lines, revalidating a stale entry (empty: none).
+    conditional: &'k [u8],
     conn: &'c mut ClientConn,
     req: &'c RequestHead,
     body: BodyState,
@@ -194,7 +202,7 @@ struct Http1Sender<'x, 'c> {
     meta: RequestMeta,
 }
 
-impl Sender for Http1Sender<'_, '_> {
+impl Sender for Http1Sender<'_, '_, '_> {
     /// The connection, and whether the whole request body went up.
     type Sent = (UpstreamStream, bool);
 
@@ -210,6 +218,12 @@ impl Sender for Http1Sender<'_, '_> {
         let request = conn.request(req);
         self.meta.upgrade =
             write_upstream_head(&mut out, &request, &conn.path, &x.target, a.server);
+        if !self.conditional.is_empty() {
+            // Before the blank line that ends the head.
+            out.truncate(out.len() - 2);
+            out.extend_from_slice(self.conditional);
+            out.extend_from_slice(b"\r\n");
+        }
         render_response_rules(&mut lines, &request, x.target.route);
         (conn.out, conn.resp_lines) = (out, lines);
         let listener = x.target.listener;
@@ -302,11 +316,16 @@ impl Response<'_> {
         conn: &mut ClientConn,
         mut stream: UpstreamStream,
         up_buf: &mut Buffer,
-        resp: &ResponseHead,
+        resp: &mut ResponseHead,
         fill: Option<Box<Fill>>,
     ) -> Result<bool, Failure> {
         if resp.status == 101 {
             return self.upgrade(conn, stream, up_buf, resp).await;
+        }
+        if resp.status == 304 {
+            if let Some(hit) = fill.as_ref().and_then(|f| f.refresh(up_buf.filled(), resp)) {
+                return self.from_store(conn, stream, up_buf, resp, hit).await;
+            }
         }
         let (route, meta) = (self.x.target.route, self.meta);
         let mut edits = Edits::of(route, &conn.resp_lines, self.accepted.server, &conn.host);
@@ -371,6 +390,39 @@ impl Response<'_> {
             let accepted = self.accepted;
             reuse(self.x, accepted.server, accepted.metrics, stream, idle_from);
         }
+        Ok(!close)
+    }
+
+    /// Answers with the stored entry the upstream's `304` (`resp`) refreshed; the try
+    /// counts with the `304`, the request with the entry's status.
+    async fn from_store(
+        &self,
+        conn: &mut ClientConn,
+        stream: UpstreamStream,
+        up_buf: &mut Buffer,
+        resp: &mut ResponseHead,
+        hit: crate::cache::Hit,
+    ) -> Result<bool, Failure> {
+        self.accepted.count(Ok(resp.status));
+        up_buf.consume(resp.head_len);
+        let close = !self.keep_alive || !self.request_done;
+        conn.out.clear();
+        hit.push_head(&mut conn.out, Persistence::of(!close, self.meta.http10));
+        let timeout = self.x.target.listener.client_timeout;
+        let written = body::write_all(&mut conn.stream, &conn.out, &hit.body, timeout).await;
+        written.map_err(|e| Failure::after_head(client_write_error(e)))?;
+        conn.sent += (conn.out.len() + hit.body.len()) as u64;
+        if resp.keeps_alive() && self.request_done && up_buf.is_empty() {
+            let accepted = self.accepted;
+            reuse(
+                self.x,
+                accepted.server,
+                accepted.metrics,
+                stream,
+                accepted.head_at,
+            );
+        }
+        resp.status = hit.status();
         Ok(!close)
     }
 
