@@ -324,7 +324,7 @@ impl Response<'_> {
         }
         if resp.status == 304 {
             if let Some(hit) = fill.as_ref().and_then(|f| f.refresh(up_buf.filled(), resp)) {
-                return self.from_store(conn, stream, up_buf, resp, hit).await;
+                return self.answer_refreshed(conn, stream, up_buf, resp, hit).await;
             }
         }
         let (route, meta) = (self.x.target.route, self.meta);
@@ -395,7 +395,7 @@ impl Response<'_> {
 
     /// Answers with the stored entry the upstream's `304` (`resp`) refreshed; the try
     /// counts with the `304`, the request with the entry's status.
-    async fn from_store(
+    async fn answer_refreshed(
         &self,
         conn: &mut ClientConn,
         stream: UpstreamStream,
