@@ -1125,6 +1125,9 @@ pub struct RouteCache {
     pub key: Vec<CacheKeyPart>,
     /// Add a `Cache-Status` response header (RFC 9211).
     pub status_header: bool,
+    /// How long a miss waits for another request's fetch of its key (collapsed
+    /// forwarding) before it goes upstream itself.
+    pub lock_timeout: Duration,
 }
 
 /// One part of a cache key.

@@ -294,8 +294,15 @@ struct Scripted {
     heads: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
 }
 
+/// Holds a [`Scripted`] upstream's responses until the test adds permits.
+type Gate = std::sync::Arc<tokio::sync::Semaphore>;
+
 impl Scripted {
     async fn start(reply: fn(&str) -> String) -> Scripted {
+        Scripted::gated(reply, None).await
+    }
+
+    async fn gated(reply: fn(&str) -> String, gate: Option<Gate>) -> Scripted {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -303,7 +310,7 @@ impl Scripted {
         let seen = heads.clone();
         tokio::spawn(async move {
             while let Ok((mut s, _)) = listener.accept().await {
-                let seen = seen.clone();
+                let (seen, gate) = (seen.clone(), gate.clone());
                 tokio::spawn(async move {
                     let mut buf = Vec::new();
                     loop {
@@ -319,6 +326,9 @@ impl Scripted {
                         buf.drain(..end + 4);
                         let response = reply(&head);
                         seen.lock().unwrap().push(head);
+                        if let Some(gate) = &gate {
+                            gate.acquire().await.unwrap().forget();
+                        }
                         if s.write_all(response.as_bytes()).await.is_err() {
                             return;
                         }
@@ -337,7 +347,8 @@ impl Scripted {
 /// `ETag: "v1"`, stale at once (`max-age=0`): a `304` to `If-None-Match: "v1"`.
 fn etag_v1(head: &str) -> String {
     if head.contains("If-None-Match: \"v1\"") {
-        return "HTTP/1.1 304 Not Modified\r\nETag: \"v1\"\r\nCache-Control: max-age=60\r\n\r\n".into();
+        return "HTTP/1.1 304 Not Modified\r\nETag: \"v1\"\r\nCache-Control: max-age=60\r\n\r\n"
+            .into();
     }
     "HTTP/1.1 200 OK\r\nETag: \"v1\"\r\nCache-Control: max-age=0\r\nContent-Length: 7\r\n\r\nversion".into()
 }
@@ -425,4 +436,64 @@ async fn a_client_condition_goes_up_as_it_is() {
     let heads = up.heads();
     assert_eq!(heads.len(), 2);
     assert_eq!(heads[1].matches("If-None-Match").count(), 1, "{}", heads[1]);
+}
+
+fn fresh_for_a_minute(_: &str) -> String {
+    "HTTP/1.1 200 OK\r\nCache-Control: max-age=60\r\nContent-Length: 3\r\n\r\nhot".into()
+}
+
+#[tokio::test]
+async fn concurrent_misses_send_one_request_upstream() {
+    let gate = Gate::new(tokio::sync::Semaphore::new(0));
+    let up = Scripted::gated(fresh_for_a_minute, Some(gate.clone())).await;
+    let weir = cached(up.addr, "", "").start();
+    let mut clients = tokio::task::JoinSet::new();
+    for _ in 0..200 {
+        let addr = weir.addr;
+        clients.spawn(async move {
+            let mut c = Client::connect(addr).await.expect("connect");
+            let r = get(&mut c, "/hot", &[]).await;
+            let cache_status = r.header("Cache-Status").map(str::to_owned);
+            (r.status, r.body, cache_status)
+        });
+    }
+    // Every miss but the first waits for the first's fetch, held at the upstream.
+    let waits = "weir_cache_collapsed_waits_total{store=\"mem\"}";
+    weir.wait_metric(waits, 199).await;
+    assert_eq!(up.heads().len(), 1);
+    gate.add_permits(200);
+    let mut statuses = Vec::new();
+    while let Some(done) = clients.join_next().await {
+        let (status, body, cache_status) = done.unwrap();
+        assert_eq!((status, body.as_slice()), (200, &b"hot"[..]));
+        statuses.push(cache_status.unwrap());
+    }
+    let count = |s: &str| statuses.iter().filter(|c| *c == s).count();
+    assert_eq!(count("weir; fwd=uri-miss"), 1);
+    assert_eq!(count("weir; hit; collapsed"), 199);
+    assert_eq!(up.heads().len(), 1, "one request upstream for 200 misses");
+    assert_eq!(weir.metric("weir_cache_misses_total{store=\"mem\"}"), 200);
+    assert_eq!(weir.metric("weir_cache_stored_total{store=\"mem\"}"), 1);
+}
+
+#[tokio::test]
+async fn a_waiting_miss_goes_upstream_itself_after_lock_timeout() {
+    let gate = Gate::new(tokio::sync::Semaphore::new(0));
+    let up = Scripted::gated(fresh_for_a_minute, Some(gate.clone())).await;
+    let weir = cached(up.addr, ", lock_timeout = \"200ms\"", "").start();
+    let addr = weir.addr;
+    let first = tokio::spawn(async move {
+        let mut c = Client::connect(addr).await.unwrap();
+        get(&mut c, "/slow", &[]).await
+    });
+    weir_testkit::wait_until_async(common::WAIT, || up.heads().len() == 1).await;
+    let mut c = weir.client().await;
+    let waiter = tokio::spawn(async move { get(&mut c, "/slow", &[]).await });
+    // The waiter gives up on the held fetch and sends its own request.
+    assert!(weir_testkit::wait_until_async(common::WAIT, || up.heads().len() == 2).await);
+    gate.add_permits(2);
+    assert_eq!(first.await.unwrap().body, b"hot");
+    let second = waiter.await.unwrap();
+    assert_eq!(second.body, b"hot");
+    assert_eq!(second.header("Cache-Status"), Some("weir; fwd=uri-miss"));
 }

@@ -12,6 +12,9 @@ const DEFAULT_MAX_SIZE: u64 = 256 << 20;
 /// Default `max_object_size`: larger responses stream through uncached.
 const DEFAULT_MAX_OBJECT_SIZE: u64 = 8 << 20;
 
+/// Default `lock_timeout`: nginx's `proxy_cache_lock_timeout`.
+const DEFAULT_LOCK_TIMEOUT: &str = "5s";
+
 /// The `[caches.NAME]` tables, sorted by name.
 pub(super) fn stores(
     raw: Option<BTreeMap<String, RawCacheStore>>,
@@ -84,6 +87,12 @@ pub(super) fn route_cache(raw: RawRouteCache, path: &FieldPath) -> Result<RouteC
         store: usize::MAX,
         key: key(raw.key, &path.key("key"))?,
         status_header: raw.status_header.unwrap_or(true),
+        lock_timeout: super::duration(
+            raw.lock_timeout,
+            DEFAULT_LOCK_TIMEOUT,
+            &path.key("lock_timeout"),
+            false,
+        )?,
     })
 }
 

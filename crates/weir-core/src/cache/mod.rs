@@ -12,6 +12,10 @@
 //!   stored once the body is complete and within `max_object_size`. A larger one streams
 //!   through uncached.
 //!
+//! Concurrent misses of one key are collapsed: the first goes upstream, the others wait
+//! for it (at most the route's `lock_timeout`, then go themselves) and are answered from
+//! what it stored ([`Fill::collapse`]).
+//!
 //! Entries are keyed by the route's `key` parts (default `scheme://host/path?query`) and,
 //! under a key, by variant (`Vary`; `Accept-Encoding` normalised to the one coding Weir
 //! would pick, so variants stay few). A route without `cache` pays one `Option` check.
@@ -20,14 +24,16 @@ pub mod store;
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue};
 use http_cache_semantics::{AfterResponse, BeforeRequest, CacheOptions, CachePolicy};
 use weir_config::{CacheKeyPart, RouteCache};
 
+use store::Turn;
 pub use store::{Entry, MemoryStore};
+use tokio::sync::watch;
 
 use crate::codec::http1::write::{push_header, push_status_line, Persistence};
 use crate::codec::http1::{BodyFraming, ResponseHead};
@@ -91,12 +97,24 @@ pub fn lookup(
     if stale.is_some() {
         store.counts.revalidations.fetch_add(1, Relaxed);
     }
+    // Only a request without a body waits for another's fetch (answered from the entry
+    // then, nothing of it is left to read).
+    let (leading, wait) = match r.req.framing {
+        BodyFraming::None | BodyFraming::Length(0) => match store.turn(&key) {
+            Turn::Lead => (true, None),
+            Turn::Wait(rx) => (false, Some(rx)),
+        },
+        _ => (false, None),
+    };
     Lookup::Miss(Box::new(Fill {
         key,
         parts,
         store: store.clone(),
         status_header: cache.status_header,
         stale,
+        leading,
+        wait,
+        lock_timeout: cache.lock_timeout,
     }))
 }
 
@@ -259,6 +277,20 @@ pub struct Fill {
     status_header: bool,
     /// A stale entry the request revalidates.
     stale: Option<Stale>,
+    /// This request fetches the key while others wait ([`MemoryStore::release`] when the
+    /// fill is dropped: stored, refused, or failed).
+    leading: bool,
+    /// Another request fetches the key: wait for it (within `lock_timeout`) and look again.
+    wait: Option<watch::Receiver<()>>,
+    lock_timeout: Duration,
+}
+
+impl Drop for Fill {
+    fn drop(&mut self) {
+        if self.leading {
+            self.store.release(&self.key);
+        }
+    }
 }
 
 /// The `Cache-Status` lines (RFC 9211): a fresh entry; a response fetched for a miss; one
@@ -266,6 +298,7 @@ pub struct Fill {
 const HIT_LINE: &[u8] = b"Cache-Status: weir; hit\r\n";
 const MISS_LINE: &[u8] = b"Cache-Status: weir; fwd=uri-miss\r\n";
 const STALE_LINE: &[u8] = b"Cache-Status: weir; fwd=stale\r\n";
+const COLLAPSED_LINE: &[u8] = b"Cache-Status: weir; hit; collapsed\r\n";
 const REFRESHED_LINE: &[u8] = b"Cache-Status: weir; fwd=stale; fwd-status=304\r\n";
 
 impl Fill {
@@ -276,6 +309,30 @@ impl Fill {
             None => MISS_LINE,
         };
         self.status_header.then_some(line)
+    }
+
+    /// Waits for the request fetching the same key, if another one is (within
+    /// `lock_timeout`), then looks again: the entry it stored, if fresh for this request.
+    /// `None`: this request goes upstream itself.
+    pub async fn collapse(&mut self) -> Option<Hit> {
+        let mut wait = self.wait.take()?;
+        self.store.counts.collapsed.fetch_add(1, Relaxed);
+        // Closed (`Err`) when the leader is done; a timeout: it takes too long.
+        let _ = tokio::time::timeout(self.lock_timeout, wait.changed()).await;
+        let now = SystemTime::now();
+        let fresh = self.store.get(&self.key).into_iter().find_map(|entry| {
+            match entry.policy.before_request(&self.parts, now) {
+                BeforeRequest::Fresh(head) => Some((entry, head)),
+                BeforeRequest::Stale { .. } => None,
+            }
+        });
+        let (entry, head) = fresh?;
+        self.store.counts.hits.fetch_add(1, Relaxed);
+        Some(Hit {
+            head,
+            body: entry.body.clone(),
+            status_line: self.status_header.then_some(COLLAPSED_LINE),
+        })
     }
 
     /// The conditional header lines the upstream request gets (empty: none).

@@ -3,12 +3,13 @@
 //! pass `max_size`. One mutex per store, held for a map operation and never across an
 //! await; a hit takes an `Arc` of the entry and shares its body (`Bytes`), nothing copied.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use http_cache_semantics::CachePolicy;
+use tokio::sync::watch;
 use weir_config::CacheStore;
 
 /// Most variants (`Vary`) kept under one key; the oldest goes first.
@@ -35,6 +36,10 @@ pub struct Counts {
     pub hits: AtomicU64,
     pub misses: AtomicU64,
     pub bypasses: AtomicU64,
+    /// Misses that waited for another request's fetch of their key.
+    pub collapsed: AtomicU64,
+    /// Stale entries served.
+    pub stale: AtomicU64,
     /// Misses that revalidate a stale entry (a conditional request upstream).
     pub revalidations: AtomicU64,
     pub stores: AtomicU64,
@@ -48,6 +53,17 @@ pub struct MemoryStore {
     pub config: CacheStore,
     pub counts: Counts,
     inner: Mutex<Lru>,
+    /// The keys a miss is being fetched for (collapsed forwarding): the leader holds the
+    /// sender, followers wait for it to close.
+    pending: Mutex<HashMap<Box<[u8]>, watch::Sender<()>>>,
+}
+
+/// Who fetches a key that has no fresh entry.
+pub enum Turn {
+    /// This request: the others wait for it until [`MemoryStore::release`].
+    Lead,
+    /// Another request does: closed once it is done.
+    Wait(watch::Receiver<()>),
 }
 
 #[derive(Default)]
@@ -76,7 +92,25 @@ impl MemoryStore {
             config,
             counts: Counts::default(),
             inner: Mutex::new(Lru::default()),
+            pending: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Whether this miss of `key` fetches it, or waits for the one that does.
+    pub fn turn(&self, key: &[u8]) -> Turn {
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(leader) = pending.get(key) {
+            return Turn::Wait(leader.subscribe());
+        }
+        pending.insert(key.into(), watch::Sender::new(()));
+        Turn::Lead
+    }
+
+    /// The leader of `key` is done (stored, or not): its followers look again.
+    pub fn release(&self, key: &[u8]) {
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        // Dropping the sender wakes the followers.
+        pending.remove(key);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Lru> {

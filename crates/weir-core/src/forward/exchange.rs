@@ -45,8 +45,14 @@ pub async fn forward(
     req: &RequestHead,
     resp: &mut ResponseHead,
     keep_alive: bool,
-    fill: Option<Box<Fill>>,
+    mut fill: Option<Box<Fill>>,
 ) -> Result<bool, Failure> {
+    if let Some(f) = fill.as_mut() {
+        // Another request is fetching this key: its entry may answer this one.
+        if let Some(hit) = f.collapse().await {
+            return answer_hit(conn, req, resp, keep_alive, &hit, target.listener).await;
+        }
+    }
     let buf = conn.buf.filled();
     // Kept for the response's locations (`reverse_rewrite`): the head is consumed by then.
     conn.host.clear();
@@ -88,6 +94,30 @@ pub async fn forward(
         Carrier::Http2 => super::h2::forward_h2(&x, client).await,
         Carrier::Http1 => forward_h1(&x, client).await,
     }
+}
+
+/// Answers a bodiless request from a cache entry (`hit`) instead of an upstream.
+async fn answer_hit(
+    conn: &mut ClientConn,
+    req: &RequestHead,
+    resp: &mut ResponseHead,
+    keep_alive: bool,
+    hit: &crate::cache::Hit,
+    listener: &weir_config::Listener,
+) -> Result<bool, Failure> {
+    conn.buf.consume(req.head_len);
+    conn.current.read = true;
+    let mut out = take(&mut conn.out);
+    out.clear();
+    hit.push_head(
+        &mut out,
+        Persistence::of(keep_alive, req.minor_version == 0),
+    );
+    let written = conn.write_with_body(&out, &hit.body, listener).await;
+    conn.out = out;
+    written.map_err(Failure::after_head)?;
+    resp.status = hit.status();
+    Ok(keep_alive)
 }
 
 /// An HTTP/1.x client's request on its way: its connection (the head at the start of
