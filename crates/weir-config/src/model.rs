@@ -1128,6 +1128,20 @@ pub struct RouteCache {
     /// How long a miss waits for another request's fetch of its key (collapsed
     /// forwarding) before it goes upstream itself.
     pub lock_timeout: Duration,
+    /// When a stale entry answers instead of the upstream's failure.
+    pub serve_stale_on: StaleOn,
+}
+
+/// `serve_stale_on`: the upstream failures a stale entry answers for (besides those a
+/// response's `stale-if-error` allows).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StaleOn {
+    /// The upstream could not be reached or broke off (502, 503).
+    pub error: bool,
+    /// It did not answer in time (504).
+    pub timeout: bool,
+    /// It answered with a 5xx status.
+    pub status_5xx: bool,
 }
 
 /// One part of a cache key.

@@ -60,7 +60,7 @@ pub(crate) struct RawCacheStore {
     pub max_object_size: Option<StrOrInt>,
 }
 
-/// A route's `cache = { store, key, status_header, lock_timeout }`.
+/// A route's `cache = { store, key, status_header, lock_timeout, serve_stale_on }`.
 #[derive(Debug, Default, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
@@ -69,6 +69,7 @@ pub(crate) struct RawRouteCache {
     pub key: Option<Vec<String>>,
     pub status_header: Option<bool>,
     pub lock_timeout: Option<String>,
+    pub serve_stale_on: Option<Vec<String>>,
 }
 
 /// `[cluster.redis.NAME]`: a Redis server holding shared rate-limit counts.

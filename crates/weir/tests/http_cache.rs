@@ -287,22 +287,26 @@ servers = [{ addr = "127.0.0.1:1" }]
     assert!(e.contains("[caches.nope]"), "{e}");
 }
 
-/// An upstream answering each request with what `reply` makes of its head, recording the
+/// An upstream answering each request with what `reply` makes of its head and of how
+/// many requests came before it (an empty answer: the connection closes), recording the
 /// heads; keep-alive, bodiless requests only.
 struct Scripted {
     addr: SocketAddr,
     heads: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
 }
 
+/// How a [`Scripted`] upstream answers: from the request head and its index.
+type Reply = fn(&str, usize) -> String;
+
 /// Holds a [`Scripted`] upstream's responses until the test adds permits.
 type Gate = std::sync::Arc<tokio::sync::Semaphore>;
 
 impl Scripted {
-    async fn start(reply: fn(&str) -> String) -> Scripted {
+    async fn start(reply: Reply) -> Scripted {
         Scripted::gated(reply, None).await
     }
 
-    async fn gated(reply: fn(&str) -> String, gate: Option<Gate>) -> Scripted {
+    async fn gated(reply: Reply, gate: Option<Gate>) -> Scripted {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -324,8 +328,14 @@ impl Scripted {
                         };
                         let head = String::from_utf8_lossy(&buf[..end + 4]).into_owned();
                         buf.drain(..end + 4);
-                        let response = reply(&head);
-                        seen.lock().unwrap().push(head);
+                        let response = {
+                            let mut seen = seen.lock().unwrap();
+                            seen.push(head);
+                            reply(&seen[seen.len() - 1], seen.len() - 1)
+                        };
+                        if response.is_empty() {
+                            return;
+                        }
                         if let Some(gate) = &gate {
                             gate.acquire().await.unwrap().forget();
                         }
@@ -345,7 +355,7 @@ impl Scripted {
 }
 
 /// `ETag: "v1"`, stale at once (`max-age=0`): a `304` to `If-None-Match: "v1"`.
-fn etag_v1(head: &str) -> String {
+fn etag_v1(head: &str, _: usize) -> String {
     if head.contains("If-None-Match: \"v1\"") {
         return "HTTP/1.1 304 Not Modified\r\nETag: \"v1\"\r\nCache-Control: max-age=60\r\n\r\n"
             .into();
@@ -395,7 +405,7 @@ async fn a_stale_entry_is_revalidated_once_and_a_304_refreshes_it() {
 
 /// `Last-Modified` only: revalidated with `If-Modified-Since`; the upstream's new version
 /// (a 200) replaces the entry.
-fn last_modified(head: &str) -> String {
+fn last_modified(head: &str, _: usize) -> String {
     let lm = "Last-Modified: Mon, 01 Jan 2001 00:00:00 GMT\r\n";
     if head.contains("If-Modified-Since: Mon, 01 Jan 2001 00:00:00 GMT") {
         return format!(
@@ -438,7 +448,7 @@ async fn a_client_condition_goes_up_as_it_is() {
     assert_eq!(heads[1].matches("If-None-Match").count(), 1, "{}", heads[1]);
 }
 
-fn fresh_for_a_minute(_: &str) -> String {
+fn fresh_for_a_minute(_: &str, _: usize) -> String {
     "HTTP/1.1 200 OK\r\nCache-Control: max-age=60\r\nContent-Length: 3\r\n\r\nhot".into()
 }
 
@@ -496,4 +506,95 @@ async fn a_waiting_miss_goes_upstream_itself_after_lock_timeout() {
     let second = waiter.await.unwrap();
     assert_eq!(second.body, b"hot");
     assert_eq!(second.header("Cache-Status"), Some("weir; fwd=uri-miss"));
+}
+
+/// The first answer is stored (stale at once, with the given `Cache-Control`); later ones
+/// fail as the test's name says.
+macro_rules! then_failing {
+    ($name:ident, $cache_control:literal, $failure:expr) => {
+        fn $name(_: &str, index: usize) -> String {
+            if index == 0 {
+                let cc = $cache_control;
+                return format!(
+                    "HTTP/1.1 200 OK\r\nCache-Control: {cc}\r\nContent-Length: 5\r\n\r\nstale"
+                );
+            }
+            $failure.to_string()
+        }
+    };
+}
+
+const FAIL_500: &str = "HTTP/1.1 500 Internal Server Error\r\nContent-Length: 4\r\n\r\nboom";
+then_failing!(if_error_then_500, "max-age=0, stale-if-error=60", FAIL_500);
+then_failing!(plain_then_500, "max-age=0", FAIL_500);
+then_failing!(revalidate_then_500, "max-age=0, must-revalidate", FAIL_500);
+then_failing!(plain_then_close, "max-age=0", "");
+
+/// Fetches `/` once (stored), then again: the upstream fails. Returns the second response.
+async fn after_failure(reply: Reply, route_keys: &str) -> (Response, usize) {
+    let up = Scripted::start(reply).await;
+    let weir = cached(up.addr, route_keys, "").start();
+    let mut c = weir.client().await;
+    assert_eq!(get(&mut c, "/", &[]).await.body, b"stale");
+    let mut c = weir.client().await;
+    let second = get(&mut c, "/", &[]).await;
+    (second, up.heads().len())
+}
+
+#[tokio::test]
+async fn a_stale_entry_answers_for_an_upstream_failure_when_allowed() {
+    let served = |r: &Response| {
+        assert_eq!(r.status, 200);
+        assert_eq!(r.body, b"stale");
+        assert_eq!(r.header("Cache-Status"), Some("weir; hit; detail=stale"));
+        assert!(r.header("Age").is_some());
+    };
+    // The response's own stale-if-error, no route setting.
+    served(&after_failure(if_error_then_500, "").await.0);
+    // The route's serve_stale_on, for each failure it names.
+    served(
+        &after_failure(plain_then_500, ", serve_stale_on = [\"5xx\"]")
+            .await
+            .0,
+    );
+    let (r, tries) = after_failure(plain_then_close, ", serve_stale_on = [\"error\"]").await;
+    served(&r);
+    assert!(tries >= 2, "the upstream was tried");
+}
+
+#[tokio::test]
+async fn the_failure_is_relayed_when_stale_serving_is_not_allowed() {
+    // Neither the response nor the route allows it; or the route allows another failure.
+    for keys in ["", ", serve_stale_on = [\"timeout\", \"error\"]"] {
+        let r = after_failure(plain_then_500, keys).await.0;
+        assert_eq!((r.status, r.body.as_slice()), (500, &b"boom"[..]), "{keys}");
+    }
+    // must-revalidate forbids it whatever the route says.
+    let all = ", serve_stale_on = [\"error\", \"timeout\", \"5xx\"]";
+    let r = after_failure(revalidate_then_500, all).await.0;
+    assert_eq!(r.status, 500);
+    let r = after_failure(plain_then_close, "").await.0;
+    assert_eq!(r.status, 502);
+}
+
+#[tokio::test]
+async fn a_stale_entry_answers_for_a_timeout() {
+    let gate = Gate::new(tokio::sync::Semaphore::new(1));
+    let up = Scripted::gated(plain_then_500, Some(gate)).await;
+    let weir = Conf::new()
+        .route(
+            "c",
+            "up",
+            &["cache = { store = \"mem\", serve_stale_on = [\"timeout\"] }"],
+        )
+        .upstream("up", &[up.addr], &["response_timeout = \"300ms\""])
+        .table("[caches.mem]\nkind = \"memory\"")
+        .start();
+    let mut c = weir.client().await;
+    assert_eq!(get(&mut c, "/", &[]).await.body, b"stale");
+    // The gate has no permit left: the upstream never answers.
+    let r = get(&mut c, "/", &[]).await;
+    assert_eq!(r.body, b"stale");
+    assert_eq!(r.header("Cache-Status"), Some("weir; hit; detail=stale"));
+    assert_eq!(weir.metric("weir_cache_stale_total{store=\"mem\"}"), 1);
 }

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use crate::error::{FieldPath, Issue};
-use crate::model::{CacheKeyPart, CacheKind, CacheStore, Listener, RouteCache};
+use crate::model::{CacheKeyPart, CacheKind, CacheStore, Listener, RouteCache, StaleOn};
 use crate::raw::{RawCacheStore, RawRouteCache};
 
 /// Default `max_size` of a store.
@@ -93,7 +93,29 @@ pub(super) fn route_cache(raw: RawRouteCache, path: &FieldPath) -> Result<RouteC
             &path.key("lock_timeout"),
             false,
         )?,
+        serve_stale_on: stale_on(raw.serve_stale_on, &path.key("serve_stale_on"))?,
     })
+}
+
+/// `serve_stale_on`: `"error"`, `"timeout"`, `"5xx"`, each at most once; default none.
+fn stale_on(raw: Option<Vec<String>>, path: &FieldPath) -> Result<StaleOn, Issue> {
+    let mut out = StaleOn::default();
+    for (i, text) in raw.unwrap_or_default().iter().enumerate() {
+        let flag = match text.as_str() {
+            "error" => &mut out.error,
+            "timeout" => &mut out.timeout,
+            "5xx" => &mut out.status_5xx,
+            _ => {
+                return Err(Issue::new(
+                    &path.index(i),
+                    format!("\"{text}\" is not a failure a stale entry can answer for"),
+                    "use any of \"error\", \"timeout\", \"5xx\"",
+                ))
+            }
+        };
+        *flag = true;
+    }
+    Ok(out)
 }
 
 /// `key`: parts from [`CacheKeyPart::ALL`], once each; default scheme, host, path, query.

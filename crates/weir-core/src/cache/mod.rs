@@ -20,6 +20,7 @@
 //! under a key, by variant (`Vary`; `Accept-Encoding` normalised to the one coding Weir
 //! would pick, so variants stay few). A route without `cache` pays one `Option` check.
 
+pub mod stale;
 pub mod store;
 
 use std::sync::atomic::Ordering::Relaxed;
@@ -31,6 +32,7 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 use http_cache_semantics::{AfterResponse, BeforeRequest, CacheOptions, CachePolicy};
 use weir_config::{CacheKeyPart, RouteCache};
 
+pub use stale::{Cause, Staleness};
 use store::Turn;
 pub use store::{Entry, MemoryStore};
 use tokio::sync::watch;
@@ -84,7 +86,8 @@ pub fn lookup(
                 });
             }
             BeforeRequest::Stale { request, matches } if matches && stale.is_none() => {
-                stale = revalidation(r, &request.headers).map(|lines| Stale { entry, lines });
+                let lines = revalidation(r, &request.headers).unwrap_or_default();
+                stale = Some(Stale { entry, lines });
             }
             BeforeRequest::Stale { .. } => {}
         }
@@ -94,7 +97,7 @@ pub fn lookup(
         // A HEAD response has no body to store: forwarded as it is.
         return Lookup::Bypass;
     }
-    if stale.is_some() {
+    if stale.as_ref().is_some_and(|s| !s.lines.is_empty()) {
         store.counts.revalidations.fetch_add(1, Relaxed);
     }
     // Only a request without a body waits for another's fetch (answered from the entry
@@ -115,6 +118,7 @@ pub fn lookup(
         leading,
         wait,
         lock_timeout: cache.lock_timeout,
+        serve_stale_on: cache.serve_stale_on,
     }))
 }
 
@@ -154,10 +158,11 @@ fn header_case(name: &HeaderName) -> &'static [u8] {
     }
 }
 
-/// A stale entry a miss revalidates.
+/// The stale entry of a miss: revalidated, or served if the upstream fails.
 struct Stale {
     entry: Arc<Entry>,
-    /// Its conditional header lines, added to the upstream request.
+    /// Its conditional header lines, added to the upstream request (empty: it has no
+    /// validator, or the client sent a condition of its own).
     lines: Vec<u8>,
 }
 
@@ -283,6 +288,7 @@ pub struct Fill {
     /// Another request fetches the key: wait for it (within `lock_timeout`) and look again.
     wait: Option<watch::Receiver<()>>,
     lock_timeout: Duration,
+    serve_stale_on: weir_config::StaleOn,
 }
 
 impl Drop for Fill {
@@ -298,15 +304,16 @@ impl Drop for Fill {
 const HIT_LINE: &[u8] = b"Cache-Status: weir; hit\r\n";
 const MISS_LINE: &[u8] = b"Cache-Status: weir; fwd=uri-miss\r\n";
 const STALE_LINE: &[u8] = b"Cache-Status: weir; fwd=stale\r\n";
+const STALE_SERVED_LINE: &[u8] = b"Cache-Status: weir; hit; detail=stale\r\n";
 const COLLAPSED_LINE: &[u8] = b"Cache-Status: weir; hit; collapsed\r\n";
 const REFRESHED_LINE: &[u8] = b"Cache-Status: weir; fwd=stale; fwd-status=304\r\n";
 
 impl Fill {
     /// The `Cache-Status` line the response gets, if the route adds one.
     pub fn status_line(&self) -> Option<&'static [u8]> {
-        let line = match self.stale {
-            Some(_) => STALE_LINE,
-            None => MISS_LINE,
+        let line = match &self.stale {
+            Some(s) if !s.lines.is_empty() => STALE_LINE,
+            _ => MISS_LINE,
         };
         self.status_header.then_some(line)
     }
@@ -335,6 +342,34 @@ impl Fill {
         })
     }
 
+    /// The stale entry, as the answer for the upstream's failure `cause`, if it may be
+    /// served for it (`stale-if-error`, the route's `serve_stale_on`).
+    pub fn stale_answer(&self, cause: Cause) -> Option<Hit> {
+        let stale = self.stale.as_ref()?;
+        let now = SystemTime::now();
+        if !stale
+            .entry
+            .staleness
+            .answers(cause, self.serve_stale_on, now)
+        {
+            return None;
+        }
+        self.store.counts.stale.fetch_add(1, Relaxed);
+        // The stored head, with its age now (`cached_response` through a fresh check
+        // would refuse it: it is stale).
+        let mut head = http::Response::new(()).into_parts().0;
+        head.status = stale.entry.status;
+        head.headers = stale.entry.headers.clone();
+        let age = stale.entry.policy.age(now).as_secs();
+        head.headers
+            .insert(http::header::AGE, HeaderValue::from(age));
+        Some(Hit {
+            head,
+            body: stale.entry.body.clone(),
+            status_line: self.status_header.then_some(STALE_SERVED_LINE),
+        })
+    }
+
     /// The conditional header lines the upstream request gets (empty: none).
     pub fn conditional_lines(&self) -> &[u8] {
         self.stale.as_ref().map_or(&[], |s| &s.lines)
@@ -345,7 +380,7 @@ impl Fill {
     /// nothing was revalidated, or the `304` is not for the stored entry (it answers the
     /// client's own condition), so it is relayed.
     pub fn refresh(&self, buf: &[u8], resp: &ResponseHead) -> Option<Hit> {
-        let stale = self.stale.as_ref()?;
+        let stale = self.stale.as_ref().filter(|s| !s.lines.is_empty())?;
         let head = response_parts(buf, resp)?;
         let now = SystemTime::now();
         let (policy, parts) = match stale.entry.policy.after_response(&self.parts, &head, now) {
@@ -353,6 +388,9 @@ impl Fill {
             AfterResponse::Modified(..) => return None,
         };
         let entry = Entry {
+            staleness: Staleness::of(&policy, &parts.headers, now),
+            status: parts.status,
+            headers: parts.headers.clone(),
             policy,
             body: stale.entry.body.clone(),
             variant: stale.entry.variant.clone(),
@@ -395,7 +433,9 @@ impl Fill {
             return None;
         }
         let variant = variant(&self.parts.headers, head.headers());
+        let (head, ()) = head.into_parts();
         Some(Recorder {
+            head,
             chunked: resp.framing == BodyFraming::Chunked,
             fill: self,
             policy,
@@ -446,6 +486,8 @@ fn variant(request: &HeaderMap, response: &HeaderMap) -> Vec<u8> {
 /// A copy of a response's body on its way to the client, stored once it is complete.
 pub struct Recorder {
     fill: Fill,
+    /// The response's status and end-to-end fields.
+    head: http::response::Parts,
     policy: CachePolicy,
     variant: Vec<u8>,
     /// The bytes as the upstream framed them (chunks decoded when stored).
@@ -482,7 +524,11 @@ impl Recorder {
             return;
         };
         let size = body.len() as u64 + self.fill.key.len() as u64 + 512;
+        let now = SystemTime::now();
         let entry = Entry {
+            staleness: Staleness::of(&self.policy, &self.head.headers, now),
+            status: self.head.status,
+            headers: self.head.headers,
             policy: self.policy,
             body: Bytes::from(body),
             variant: self.variant,

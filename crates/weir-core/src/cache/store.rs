@@ -22,6 +22,11 @@ const ENTRY_OVERHEAD: u64 = 256;
 /// its body.
 pub struct Entry {
     pub policy: CachePolicy,
+    /// The stored response's status and end-to-end fields (what a stale answer sends).
+    pub status: http::StatusCode,
+    pub headers: http::HeaderMap,
+    /// How it may be served once stale.
+    pub staleness: super::Staleness,
     pub body: Bytes,
     /// The values of the request fields the response varies on (`Vary`), joined: which
     /// variant of its key it is.
@@ -231,12 +236,17 @@ impl Lru {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::SystemTime;
 
     fn entry(size: usize, variant: &[u8]) -> Entry {
         let req = http::Request::get("http://a/").body(()).unwrap();
         let res = http::Response::builder().status(200).body(()).unwrap();
+        let policy = CachePolicy::new(&req, &res);
         Entry {
-            policy: CachePolicy::new(&req, &res),
+            staleness: crate::cache::Staleness::of(&policy, res.headers(), SystemTime::now()),
+            status: res.status(),
+            headers: res.headers().clone(),
+            policy,
             body: Bytes::from(vec![b'x'; size]),
             variant: variant.to_vec(),
             size: size as u64,

@@ -21,9 +21,9 @@ use super::relay::{
     at_hand, relay, Broke, Coding, Http1Sink, Http1Source, Peer, Piece, Recording, Sink, Source,
 };
 use super::request_head::{render_response_rules, write_upstream_head};
-use super::{carrier, tunnel, Carrier, Failure, Target};
+use super::{carrier, tunnel, Carrier, Failure, Reached, Target};
 use crate::buffer::Buffer;
-use crate::cache::{Fill, Recorder};
+use crate::cache::{Cause, Fill, Recorder};
 use crate::client::ClientConn;
 use crate::codec::http1::write::Persistence;
 use crate::codec::http1::{BodyFraming, RequestHead, ResponseHead};
@@ -50,7 +50,10 @@ pub async fn forward(
     if let Some(f) = fill.as_mut() {
         // Another request is fetching this key: its entry may answer this one.
         if let Some(hit) = f.collapse().await {
-            return answer_hit(conn, req, resp, keep_alive, &hit, target.listener).await;
+            conn.buf.consume(req.head_len);
+            conn.current.read = true;
+            let http10 = req.minor_version == 0;
+            return write_hit(conn, resp, (keep_alive, http10), &hit, target.listener).await;
         }
     }
     let buf = conn.buf.filled();
@@ -96,23 +99,18 @@ pub async fn forward(
     }
 }
 
-/// Answers a bodiless request from a cache entry (`hit`) instead of an upstream.
-async fn answer_hit(
+/// Answers a request (its head consumed) from a cache entry (`hit`) instead of an
+/// upstream; `(keep_alive, http10)`: the connection goes on, the client speaks HTTP/1.0.
+async fn write_hit(
     conn: &mut ClientConn,
-    req: &RequestHead,
     resp: &mut ResponseHead,
-    keep_alive: bool,
+    (keep_alive, http10): (bool, bool),
     hit: &crate::cache::Hit,
     listener: &weir_config::Listener,
 ) -> Result<bool, Failure> {
-    conn.buf.consume(req.head_len);
-    conn.current.read = true;
     let mut out = take(&mut conn.out);
     out.clear();
-    hit.push_head(
-        &mut out,
-        Persistence::of(keep_alive, req.minor_version == 0),
-    );
+    hit.push_head(&mut out, Persistence::of(keep_alive, http10));
     let written = conn.write_with_body(&out, &hit.body, listener).await;
     conn.out = out;
     written.map_err(Failure::after_head)?;
@@ -202,7 +200,20 @@ async fn forward_h1(x: &Exchange<'_>, client: Http1Request<'_>) -> Result<bool, 
                 .respond(conn, stream, &mut up_buf, resp, fill)
                 .await
         }
-        Err(failure) => Err(failure),
+        Err(failure) => {
+            // A stale entry may answer for the upstream's failure.
+            let cause = (failure.reached == Reached::Nothing)
+                .then(|| Cause::of(failure.error))
+                .flatten();
+            let stale = cause.and_then(|c| fill.as_ref()?.stale_answer(c));
+            match stale {
+                None => Err(failure),
+                Some(hit) => {
+                    let keep = (keep_alive && conn.current.read, meta.http10);
+                    write_hit(conn, resp, keep, &hit, x.target.listener).await
+                }
+            }
+        }
     };
     x.worker.give_buffer(up_buf);
     result
@@ -352,10 +363,17 @@ impl Response<'_> {
         if resp.status == 101 {
             return self.upgrade(conn, stream, up_buf, resp).await;
         }
-        if resp.status == 304 {
-            if let Some(hit) = fill.as_ref().and_then(|f| f.refresh(up_buf.filled(), resp)) {
-                return self.answer_refreshed(conn, stream, up_buf, resp, hit).await;
-            }
+        // A 304 refreshing the stale entry, or a 5xx it may answer for: the entry goes
+        // to the client.
+        let stored = match (resp.status, fill.as_ref()) {
+            (304, Some(f)) => f.refresh(up_buf.filled(), resp),
+            (500.., Some(f)) => f.stale_answer(Cause::Status5xx),
+            _ => None,
+        };
+        if let Some(hit) = stored {
+            return self
+                .answer_from_store(conn, stream, up_buf, resp, hit)
+                .await;
         }
         let (route, meta) = (self.x.target.route, self.meta);
         let mut edits = Edits::of(route, &conn.resp_lines, self.accepted.server, &conn.host);
@@ -423,9 +441,11 @@ impl Response<'_> {
         Ok(!close)
     }
 
-    /// Answers with the stored entry the upstream's `304` (`resp`) refreshed; the try
-    /// counts with the `304`, the request with the entry's status.
-    async fn answer_refreshed(
+    /// Answers with a stored entry instead of the upstream's response `resp` (a `304`
+    /// that refreshed it, a 5xx it answers for); the try counts with the upstream's status,
+    /// the request with the entry's. The upstream connection is pooled only when `resp`
+    /// has no body.
+    async fn answer_from_store(
         &self,
         conn: &mut ClientConn,
         stream: UpstreamStream,
@@ -442,7 +462,8 @@ impl Response<'_> {
         let written = body::write_all(&mut conn.stream, &conn.out, &hit.body, timeout).await;
         written.map_err(|e| Failure::after_head(client_write_error(e)))?;
         conn.sent += (conn.out.len() + hit.body.len()) as u64;
-        if resp.keeps_alive() && self.request_done && up_buf.is_empty() {
+        let bodiless = matches!(resp.framing, BodyFraming::None | BodyFraming::Length(0));
+        if resp.keeps_alive() && self.request_done && bodiless && up_buf.is_empty() {
             let accepted = self.accepted;
             reuse(
                 self.x,
