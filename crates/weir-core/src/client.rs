@@ -101,6 +101,8 @@ pub struct Current {
     pub last_try: LastTry,
     /// What the route's compression did to the response (metrics).
     pub compressed: Option<crate::filters::compression::Compressed>,
+    /// What the route's cache did.
+    pub cache: Option<crate::cache::CacheResult>,
     /// It failed before its response, and its head and whole body had been consumed from
     /// the buffer by then (which now starts at the next request): Weir's answer need not
     /// close the connection (`proxy::http1::answer`).
@@ -116,6 +118,7 @@ impl Current {
             log_fields: RequestFields::default(),
             last_try: LastTry::default(),
             compressed: None,
+            cache: None,
             read: false,
         }
     }

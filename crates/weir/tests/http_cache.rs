@@ -598,3 +598,30 @@ async fn a_stale_entry_answers_for_a_timeout() {
     assert_eq!(r.header("Cache-Status"), Some("weir; hit; detail=stale"));
     assert_eq!(weir.metric("weir_cache_stale_total{store=\"mem\"}"), 1);
 }
+
+#[tokio::test]
+async fn the_access_log_says_what_the_cache_did() {
+    let log = common::JsonLog::new("cache-field");
+    let up = Scripted::start(etag_v1).await;
+    let weir = cached(up.addr, "", "")
+        .listener(&log.listener_line())
+        .route("plain", "up", &["path_prefix = \"/plain/\""])
+        .start();
+    let mut c = weir.client().await;
+    get(&mut c, "/r", &[]).await; // miss, stored stale at once
+    get(&mut c, "/r", &[]).await; // revalidated by a 304, fresh for a minute
+    get(&mut c, "/r", &[]).await; // hit
+    get(&mut c, "/plain/x", &[]).await; // a route without cache
+    let lines = log.lines(4);
+    let field = |line: &str| {
+        line.split(",\"cache\":")
+            .nth(1)
+            .unwrap()
+            .split(',')
+            .next()
+            .unwrap()
+            .to_string()
+    };
+    let fields: Vec<String> = lines.iter().map(|l| field(l)).collect();
+    assert_eq!(fields, ["\"miss\"", "\"revalidated\"", "\"hit\"", "null"]);
+}

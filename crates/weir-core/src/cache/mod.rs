@@ -43,6 +43,30 @@ use crate::error::reason_phrase;
 use crate::forward::body::BodyState;
 use crate::request::Request;
 
+/// What the cache did for a request (the access log's `cache` field).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheResult {
+    /// Answered from a fresh entry (also after waiting for another request's fetch).
+    Hit,
+    /// Fetched from the upstream (stored if it could be).
+    Miss,
+    /// A stale entry the upstream confirmed with a 304.
+    Revalidated,
+    /// A stale entry answered for the upstream's failure.
+    Stale,
+}
+
+impl CacheResult {
+    pub fn label(self) -> &'static str {
+        match self {
+            CacheResult::Hit => "hit",
+            CacheResult::Miss => "miss",
+            CacheResult::Revalidated => "revalidated",
+            CacheResult::Stale => "stale",
+        }
+    }
+}
+
 /// A snapshot's stores, indexed like `Config::caches`.
 pub type Stores = Vec<Arc<MemoryStore>>;
 

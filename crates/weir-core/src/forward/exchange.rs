@@ -23,7 +23,7 @@ use super::relay::{
 use super::request_head::{render_response_rules, write_upstream_head};
 use super::{carrier, tunnel, Carrier, Failure, Reached, Target};
 use crate::buffer::Buffer;
-use crate::cache::{Cause, Fill, Recorder};
+use crate::cache::{CacheResult, Cause, Fill, Recorder};
 use crate::client::ClientConn;
 use crate::codec::http1::write::Persistence;
 use crate::codec::http1::{BodyFraming, RequestHead, ResponseHead};
@@ -52,6 +52,7 @@ pub async fn forward(
         if let Some(hit) = f.collapse().await {
             conn.buf.consume(req.head_len);
             conn.current.read = true;
+            conn.current.cache = Some(CacheResult::Hit);
             let http10 = req.minor_version == 0;
             return write_hit(conn, resp, (keep_alive, http10), &hit, target.listener).await;
         }
@@ -209,6 +210,7 @@ async fn forward_h1(x: &Exchange<'_>, client: Http1Request<'_>) -> Result<bool, 
             match stale {
                 None => Err(failure),
                 Some(hit) => {
+                    conn.current.cache = Some(CacheResult::Stale);
                     let keep = (keep_alive && conn.current.read, meta.http10);
                     write_hit(conn, resp, keep, &hit, x.target.listener).await
                 }
@@ -366,11 +368,16 @@ impl Response<'_> {
         // A 304 refreshing the stale entry, or a 5xx it may answer for: the entry goes
         // to the client.
         let stored = match (resp.status, fill.as_ref()) {
-            (304, Some(f)) => f.refresh(up_buf.filled(), resp),
-            (500.., Some(f)) => f.stale_answer(Cause::Status5xx),
+            (304, Some(f)) => {
+                (f.refresh(up_buf.filled(), resp)).map(|hit| (hit, CacheResult::Revalidated))
+            }
+            (500.., Some(f)) => {
+                (f.stale_answer(Cause::Status5xx)).map(|hit| (hit, CacheResult::Stale))
+            }
             _ => None,
         };
-        if let Some(hit) = stored {
+        if let Some((hit, result)) = stored {
+            conn.current.cache = Some(result);
             return self
                 .answer_from_store(conn, stream, up_buf, resp, hit)
                 .await;

@@ -16,6 +16,7 @@ use weir_config::Listener;
 use super::route::{Decision, Routing};
 use super::{record, ClientSide, Counters, Done, Handled};
 use crate::answer::Answer;
+use crate::cache::CacheResult;
 use crate::client::{ClientConn, NextRequest};
 use crate::client_stream::ClientStream;
 use crate::codec::http1::write::Persistence;
@@ -289,11 +290,14 @@ async fn handle(
         conn.trace = Some(trace);
     }
     match decision {
-        Decision::Forward(target, fill) => Handled {
-            route,
-            local: false,
-            result: forward(worker, target, conn, req, resp, keep_alive, fill).await,
-        },
+        Decision::Forward(target, fill) => {
+            conn.current.cache = fill.as_ref().map(|_| CacheResult::Miss);
+            Handled {
+                route,
+                local: false,
+                result: forward(worker, target, conn, req, resp, keep_alive, fill).await,
+            }
+        }
         Decision::Answer(answer) => Handled {
             route,
             local: answer.is_local(),
@@ -347,6 +351,9 @@ async fn local_response(
     let persistence = Persistence::of(keep_alive, req.minor_version == 0);
     let mut out = std::mem::take(&mut conn.out);
     resp.status = answer.status();
+    if let Answer::Cached(_) = answer {
+        conn.current.cache = Some(CacheResult::Hit);
+    }
     let request = conn.request(req);
     let bytes = answer.render(&mut out, persistence, req.is_head, &answer.vars(&request));
     conn.buf.consume(req.head_len + consumed);
