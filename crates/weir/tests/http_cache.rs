@@ -625,3 +625,29 @@ async fn the_access_log_says_what_the_cache_did() {
     let fields: Vec<String> = lines.iter().map(|l| field(l)).collect();
     assert_eq!(fields, ["\"miss\"", "\"revalidated\"", "\"hit\"", "null"]);
 }
+
+#[tokio::test]
+async fn a_chunked_response_compressed_for_the_client_is_stored_as_it_came() {
+    let raw = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nCache-Control: max-age=60\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n";
+    let b = Backend::raw_response(raw);
+    let weir = Conf::new()
+        .route(
+            "c",
+            "up",
+            &[
+                "cache = { store = \"mem\" }",
+                "compression = { min_size = 0 }",
+            ],
+        )
+        .upstream("up", &[b.addr()], &[])
+        .table("[caches.mem]\nkind = \"memory\"")
+        .start();
+    let mut c = weir.client().await;
+    let first = get(&mut c, "/", &[("Accept-Encoding", "gzip")]).await;
+    assert_eq!(first.header("Content-Encoding"), Some("gzip"));
+    let mut c = weir.client().await;
+    let hit = get(&mut c, "/", &[]).await;
+    assert_eq!(hit.header("Cache-Status"), Some("weir; hit"));
+    assert_eq!(hit.body, b"hello world", "the identity body, decoded");
+    assert_eq!(b.requests_served(), 1);
+}

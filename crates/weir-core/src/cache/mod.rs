@@ -523,6 +523,11 @@ pub struct Recorder {
 }
 
 impl Recorder {
+    /// The pieces come with their chunked framing decoded (`dechunk`), or as they came.
+    pub fn decoded(&mut self, dechunk: bool) {
+        self.chunked &= !dechunk;
+    }
+
     /// Keeps a piece of the body.
     pub fn record(&mut self, piece: &[u8]) {
         if self.over {

@@ -395,6 +395,9 @@ impl Response<'_> {
         // A compressed body is re-framed as chunks: it needs the raw bytes, and its end
         // no longer depends on the upstream's close.
         let dechunk = resp.framing == BodyFraming::Chunked && (meta.http10 || encoding.is_some());
+        if let Some(recorder) = recorder.as_mut() {
+            recorder.decoded(dechunk);
+        }
         let close = !self.keep_alive
             || !self.request_done
             || (dechunk && encoding.is_none())
