@@ -428,9 +428,20 @@ impl Fill {
         })
     }
 
+    /// What answers instead of the upstream's response `resp` (its head in `buf`): the
+    /// stale entry a `304` refreshed, or the one a 5xx may be answered with.
+    pub fn answer_instead(&self, buf: &[u8], resp: &ResponseHead) -> Option<(Hit, CacheResult)> {
+        match resp.status {
+            304 => Some((self.refresh(buf, resp)?, CacheResult::Revalidated)),
+            500.. => Some((self.stale_answer(Cause::Status5xx)?, CacheResult::Stale)),
+            _ => None,
+        }
+    }
+
     /// The recorder for the response `resp` (its head in `buf`), if it may be stored: the
-    /// policy allows it and its length (when known) fits `max_object_size`.
-    pub fn admit(self, buf: &[u8], resp: &ResponseHead) -> Option<Recorder> {
+    /// policy allows it and its length (when known) fits `max_object_size`. `dechunk`: a
+    /// chunked body's pieces come decoded (to an HTTP/1.0 client, or compressed).
+    pub fn admit(self, buf: &[u8], resp: &ResponseHead, dechunk: bool) -> Option<Recorder> {
         let limit = self.store.config.max_object_size;
         if resp.framing.length().is_some_and(|n| n > limit) {
             return None;
@@ -460,7 +471,7 @@ impl Fill {
         let (head, ()) = head.into_parts();
         Some(Recorder {
             head,
-            chunked: resp.framing == BodyFraming::Chunked,
+            chunked: resp.framing == BodyFraming::Chunked && !dechunk,
             fill: self,
             policy,
             variant,
@@ -523,11 +534,6 @@ pub struct Recorder {
 }
 
 impl Recorder {
-    /// The pieces come with their chunked framing decoded (`dechunk`), or as they came.
-    pub fn decoded(&mut self, dechunk: bool) {
-        self.chunked &= !dechunk;
-    }
-
     /// Keeps a piece of the body.
     pub fn record(&mut self, piece: &[u8]) {
         if self.over {
@@ -539,6 +545,12 @@ impl Recorder {
             return;
         }
         self.body.extend_from_slice(piece);
+    }
+
+    /// Stores the entry whose whole body is `body` (it came with the head).
+    pub fn finish_with(mut self, body: &[u8]) {
+        self.record(body);
+        self.finish();
     }
 
     /// Stores the entry: the body was relayed to its end.

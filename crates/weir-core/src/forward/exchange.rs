@@ -100,6 +100,29 @@ pub async fn forward(
     }
 }
 
+/// Answers `failure` (nothing sent yet) from the stale entry of `fill` when it may answer
+/// for it (`stale-if-error`, `serve_stale_on`); else the failure stands. `keep`: as for
+/// [`write_hit`].
+async fn answer_stale(
+    conn: &mut ClientConn,
+    resp: &mut ResponseHead,
+    failure: Failure,
+    fill: Option<&Fill>,
+    (keep, listener): ((bool, bool), &weir_config::Listener),
+) -> Result<bool, Failure> {
+    let cause = (failure.reached == Reached::Nothing)
+        .then(|| Cause::of(failure.error))
+        .flatten();
+    let Some((fill, cause)) = fill.zip(cause) else {
+        return Err(failure);
+    };
+    let Some(hit) = fill.stale_answer(cause) else {
+        return Err(failure);
+    };
+    conn.current.cache = Some(CacheResult::Stale);
+    write_hit(conn, resp, keep, &hit, listener).await
+}
+
 /// Answers a request (its head consumed) from a cache entry (`hit`) instead of an
 /// upstream; `(keep_alive, http10)`: the connection goes on, the client speaks HTTP/1.0.
 async fn write_hit(
@@ -202,19 +225,10 @@ async fn forward_h1(x: &Exchange<'_>, client: Http1Request<'_>) -> Result<bool, 
                 .await
         }
         Err(failure) => {
-            // A stale entry may answer for the upstream's failure.
-            let cause = (failure.reached == Reached::Nothing)
-                .then(|| Cause::of(failure.error))
-                .flatten();
-            let stale = cause.and_then(|c| fill.as_ref()?.stale_answer(c));
-            match stale {
-                None => Err(failure),
-                Some(hit) => {
-                    conn.current.cache = Some(CacheResult::Stale);
-                    let keep = (keep_alive && conn.current.read, meta.http10);
-                    write_hit(conn, resp, keep, &hit, x.target.listener).await
-                }
-            }
+            let keep = (keep_alive && conn.current.read, meta.http10);
+            let on = (keep, x.target.listener);
+            let stale = answer_stale(conn, resp, failure, fill.as_deref(), on);
+            stale.await
         }
     };
     x.worker.give_buffer(up_buf);
@@ -365,39 +379,27 @@ impl Response<'_> {
         if resp.status == 101 {
             return self.upgrade(conn, stream, up_buf, resp).await;
         }
-        // A 304 refreshing the stale entry, or a 5xx it may answer for: the entry goes
-        // to the client.
-        let stored = match (resp.status, fill.as_ref()) {
-            (304, Some(f)) => {
-                (f.refresh(up_buf.filled(), resp)).map(|hit| (hit, CacheResult::Revalidated))
-            }
-            (500.., Some(f)) => {
-                (f.stale_answer(Cause::Status5xx)).map(|hit| (hit, CacheResult::Stale))
-            }
-            _ => None,
-        };
+        // A 304 refreshing the stale entry, or a 5xx it may answer for.
+        let stored = fill
+            .as_ref()
+            .and_then(|f| f.answer_instead(up_buf.filled(), resp));
         if let Some((hit, result)) = stored {
             conn.current.cache = Some(result);
-            return self
-                .answer_from_store(conn, stream, up_buf, resp, hit)
-                .await;
+            let answered = self.answer_from_store(conn, stream, up_buf, resp, hit);
+            return answered.await;
         }
         let (route, meta) = (self.x.target.route, self.meta);
         let mut edits = Edits::of(route, &conn.resp_lines, self.accepted.server, &conn.host);
         edits.cookie = self.accepted.set_cookie();
-        let mut recorder = None;
-        if let Some(fill) = fill {
-            edits.cache_status = fill.status_line();
-            recorder = fill.admit(up_buf.filled(), resp);
-        }
         edits.plan = plan_http1(route, up_buf.filled(), resp, meta.is_head, meta.accepted);
         let encoding = edits.plan.encoding;
         // A compressed body is re-framed as chunks: it needs the raw bytes, and its end
         // no longer depends on the upstream's close.
         let dechunk = resp.framing == BodyFraming::Chunked && (meta.http10 || encoding.is_some());
-        if let Some(recorder) = recorder.as_mut() {
-            recorder.decoded(dechunk);
-        }
+        let recorder = fill.and_then(|f| {
+            edits.cache_status = f.status_line();
+            f.admit(up_buf.filled(), resp, dechunk)
+        });
         let close = !self.keep_alive
             || !self.request_done
             || (dechunk && encoding.is_none())
@@ -420,22 +422,16 @@ impl Response<'_> {
                 let written = body::write_all(&mut conn.stream, &conn.out, whole, timeout).await;
                 written.map_err(|e| Failure::after_head(client_write_error(e)))?;
                 conn.sent += (conn.out.len() + n) as u64;
-                if let Some(mut recorder) = recorder {
-                    recorder.record(&up_buf.filled()[..n]);
-                    recorder.finish();
+                if let Some(recorder) = recorder {
+                    recorder.finish_with(&up_buf.filled()[..n]);
                 }
                 up_buf.consume(n);
                 true
             }
             None => {
                 let plan = (&edits.plan, dechunk);
-                let relayed =
-                    self.relay_body(conn, &mut stream, up_buf, resp, plan, recorder.as_mut());
-                let done = relayed.await?;
-                if let Some(recorder) = recorder {
-                    recorder.finish();
-                }
-                done
+                let relayed = self.relay_body(conn, &mut stream, up_buf, resp, plan, recorder);
+                relayed.await?
             }
         };
         if resp.keeps_alive() && self.request_done && up_buf.is_empty() {
@@ -489,7 +485,7 @@ impl Response<'_> {
 
     /// Relays the body after the head in `conn.out` (compressed when `plan` says so;
     /// `dechunk`: a chunked body is decoded), counting the try; a cache's `recorder`
-    /// keeps a copy of what the upstream sent. Returns whether all of it came with the
+    /// keeps a copy of what the upstream sent, stored once all of it was relayed. Returns whether all of it came with the
     /// head (uncompressed: the connection is idle from the head's arrival).
     async fn relay_body(
         &self,
@@ -498,7 +494,7 @@ impl Response<'_> {
         up_buf: &mut Buffer,
         resp: &ResponseHead,
         (plan, dechunk): (&Plan, bool),
-        recorder: Option<&mut Recorder>,
+        mut recorder: Option<Recorder>,
     ) -> Result<bool, Failure> {
         let (listener, upstream) = (self.x.target.listener, self.x.target.upstream);
         let state = BodyState::new(resp.framing, dechunk, None);
@@ -525,7 +521,7 @@ impl Response<'_> {
             chunked: plan.encoding.is_some(),
             trailers: None,
         };
-        let relayed = match recorder {
+        let relayed = match recorder.as_mut() {
             None => relay(&mut source, &mut sink, coding.as_mut()).await,
             Some(recorder) => {
                 let mut recording = Recording {
@@ -537,6 +533,9 @@ impl Response<'_> {
         };
         conn.current.compressed = coding.as_ref().map(Coding::compressed);
         relayed.map_err(|(Broke::Source(e) | Broke::Sink(e))| Failure::after_head(e))?;
+        if let Some(recorder) = recorder {
+            recorder.finish();
+        }
         Ok(body_with_head && coding.is_none())
     }
 
