@@ -29,7 +29,8 @@ pub enum Answer<'a> {
     Error(ProxyError),
     /// A fresh entry of the route's cache: [`Answer::render`] writes its head, its body is
     /// [`Answer::body`] (shared, not copied).
-    Cached(crate::cache::Hit),
+    /// Boxed: the common answers stay small.
+    Cached(Box<crate::cache::Hit>),
 }
 
 /// Why the admission filters refused a request.

@@ -73,7 +73,7 @@ pub type Stores = Vec<Arc<MemoryStore>>;
 /// What the cache says about a request of a route with `cache`.
 pub enum Lookup {
     /// Answer from this fresh entry.
-    Hit(Hit),
+    Hit(Box<Hit>),
     /// Forward it, and store the response if it may be.
     Miss(Box<Fill>),
     /// Forward it as it is (a method the cache does not serve).
@@ -103,11 +103,11 @@ pub fn lookup(
         match entry.policy.before_request(&parts, now) {
             BeforeRequest::Fresh(head) => {
                 store.counts.hits.fetch_add(1, Relaxed);
-                return Lookup::Hit(Hit {
+                return Lookup::Hit(Box::new(Hit {
                     head,
                     body: entry.body.clone(),
                     status_line: cache.status_header.then_some(HIT_LINE),
-                });
+                }));
             }
             BeforeRequest::Stale { request, matches } if matches && stale.is_none() => {
                 let lines = revalidation(r, &request.headers).unwrap_or_default();
@@ -441,7 +441,7 @@ impl Fill {
     /// The recorder for the response `resp` (its head in `buf`), if it may be stored: the
     /// policy allows it and its length (when known) fits `max_object_size`. `dechunk`: a
     /// chunked body's pieces come decoded (to an HTTP/1.0 client, or compressed).
-    pub fn admit(self, buf: &[u8], resp: &ResponseHead, dechunk: bool) -> Option<Recorder> {
+    pub fn admit(self, buf: &[u8], resp: &ResponseHead, dechunk: bool) -> Option<Box<Recorder>> {
         let limit = self.store.config.max_object_size;
         if resp.framing.length().is_some_and(|n| n > limit) {
             return None;
@@ -469,7 +469,7 @@ impl Fill {
         }
         let variant = variant(&self.parts.headers, head.headers());
         let (head, ()) = head.into_parts();
-        Some(Recorder {
+        Some(Box::new(Recorder {
             head,
             chunked: resp.framing == BodyFraming::Chunked && !dechunk,
             fill: self,
@@ -478,7 +478,7 @@ impl Fill {
             body: Vec::new(),
             limit,
             over: false,
-        })
+        }))
     }
 }
 

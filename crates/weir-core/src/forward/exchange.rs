@@ -49,12 +49,15 @@ pub async fn forward(
 ) -> Result<bool, Failure> {
     if let Some(f) = fill.as_mut() {
         // Another request is fetching this key: its entry may answer this one.
-        if let Some(hit) = f.collapse().await {
+        // Boxed, as the other cache-only waits below: a route without `cache` keeps the
+        // exchange's future (and its copies) as small as before.
+        if let Some(hit) = Box::pin(f.collapse()).await {
             conn.buf.consume(req.head_len);
             conn.current.read = true;
             conn.current.cache = Some(CacheResult::Hit);
             let http10 = req.minor_version == 0;
-            return write_hit(conn, resp, (keep_alive, http10), &hit, target.listener).await;
+            let written = write_hit(conn, resp, (keep_alive, http10), &hit, target.listener);
+            return Box::pin(written).await;
         }
     }
     let buf = conn.buf.filled();
@@ -107,13 +110,13 @@ async fn answer_stale(
     conn: &mut ClientConn,
     resp: &mut ResponseHead,
     failure: Failure,
-    fill: Option<&Fill>,
+    fill: &Fill,
     (keep, listener): ((bool, bool), &weir_config::Listener),
 ) -> Result<bool, Failure> {
     let cause = (failure.reached == Reached::Nothing)
         .then(|| Cause::of(failure.error))
         .flatten();
-    let Some((fill, cause)) = fill.zip(cause) else {
+    let Some(cause) = cause else {
         return Err(failure);
     };
     let Some(hit) = fill.stale_answer(cause) else {
@@ -227,8 +230,10 @@ async fn forward_h1(x: &Exchange<'_>, client: Http1Request<'_>) -> Result<bool, 
         Err(failure) => {
             let keep = (keep_alive && conn.current.read, meta.http10);
             let on = (keep, x.target.listener);
-            let stale = answer_stale(conn, resp, failure, fill.as_deref(), on);
-            stale.await
+            match fill.as_deref() {
+                None => Err(failure),
+                Some(fill) => Box::pin(answer_stale(conn, resp, failure, fill, on)).await,
+            }
         }
     };
     x.worker.give_buffer(up_buf);
@@ -386,7 +391,7 @@ impl Response<'_> {
         if let Some((hit, result)) = stored {
             conn.current.cache = Some(result);
             let answered = self.answer_from_store(conn, stream, up_buf, resp, hit);
-            return answered.await;
+            return Box::pin(answered).await;
         }
         let (route, meta) = (self.x.target.route, self.meta);
         let mut edits = Edits::of(route, &conn.resp_lines, self.accepted.server, &conn.host);
@@ -494,7 +499,7 @@ impl Response<'_> {
         up_buf: &mut Buffer,
         resp: &ResponseHead,
         (plan, dechunk): (&Plan, bool),
-        mut recorder: Option<Recorder>,
+        mut recorder: Option<Box<Recorder>>,
     ) -> Result<bool, Failure> {
         let (listener, upstream) = (self.x.target.listener, self.x.target.upstream);
         let state = BodyState::new(resp.framing, dechunk, None);
