@@ -174,13 +174,9 @@ async fn forward_h1(x: &Exchange<'_>, client: Http1Request<'_>) -> Result<bool, 
         .take(&mut conn.buf.filled_mut()[req.head_len..])
         .map_err(client_pump_error)?;
     let whole = body.is_done();
-    let conditional = fill
-        .as_deref()
-        .map_or(&[][..], Fill::conditional_lines)
-        .to_vec();
     let mut sender = Http1Sender {
         x,
-        conditional: &conditional,
+        conditional: fill.as_deref().map_or(&[][..], Fill::conditional_lines),
         conn,
         req,
         body,
