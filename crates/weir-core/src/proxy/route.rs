@@ -125,9 +125,7 @@ impl<'a> Routing<'a> {
             Some(cache) => {
                 let store = &self.snapshot.caches[cache.store];
                 match crate::cache::lookup(r, path.get(raw_path), cache, store) {
-                    CacheLookup::Hit(hit) => {
-                        return (route, Decision::Answer(Answer::Cached(hit)))
-                    }
+                    CacheLookup::Hit(hit) => return (route, Decision::Answer(Answer::Cached(hit))),
                     CacheLookup::Miss(fill) => Some(fill),
                     CacheLookup::Bypass => None,
                 }
