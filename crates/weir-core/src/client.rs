@@ -84,6 +84,10 @@ pub struct ClientConn {
     /// taken when the request is recorded (outside `Current`, so that a connection
     /// without tracing does not reset it per request).
     pub trace: Option<std::rc::Rc<crate::otel::RequestTrace>>,
+    /// The route cache's miss this request fills, while `forward::forward_filling` forwards
+    /// it (`None` otherwise): kept here, not passed down the exchange, so that a route
+    /// without `cache` carries none of it.
+    pub fill: Option<Box<crate::cache::Fill>>,
 }
 
 /// What a connection's request in progress leaves for its answer and its log line. Each
@@ -220,6 +224,7 @@ impl ClientConn {
             tls: None,
             current: Current::new(now),
             trace: None,
+            fill: None,
         }
     }
 

@@ -36,8 +36,8 @@ use crate::upstream::RequestKey;
 use crate::worker::Worker;
 
 /// Forwards the request whose head is at the start of `conn.buf`, over the upstream side
-/// `forward::carrier` says. `keep_alive`: the client connection may stay open afterwards;
-/// `fill`: a cache miss, whose response is stored if it may be. Returns whether it does.
+/// `forward::carrier` says. `keep_alive`: the client connection may stay open afterwards.
+/// Returns whether it does.
 pub async fn forward(
     worker: &Worker,
     target: Target<'_>,
@@ -45,21 +45,7 @@ pub async fn forward(
     req: &RequestHead,
     resp: &mut ResponseHead,
     keep_alive: bool,
-    mut fill: Option<Box<Fill>>,
 ) -> Result<bool, Failure> {
-    if let Some(f) = fill.as_mut() {
-        // Another request is fetching this key: its entry may answer this one.
-        // Boxed, as the other cache-only waits below: a route without `cache` keeps the
-        // exchange's future (and its copies) as small as before.
-        if let Some(hit) = Box::pin(f.collapse()).await {
-            conn.buf.consume(req.head_len);
-            conn.current.read = true;
-            conn.current.cache = Some(CacheResult::Hit);
-            let http10 = req.minor_version == 0;
-            let written = write_hit(conn, resp, (keep_alive, http10), &hit, target.listener);
-            return Box::pin(written).await;
-        }
-    }
     let buf = conn.buf.filled();
     // Kept for the response's locations (`reverse_rewrite`): the head is consumed by then.
     conn.host.clear();
@@ -95,12 +81,43 @@ pub async fn forward(
         resp,
         meta,
         keep_alive,
-        fill,
     };
     match carrier(Protocol::Http1, target.upstream) {
         Carrier::Http2 => super::h2::forward_h2(&x, client).await,
         Carrier::Http1 => forward_h1(&x, client).await,
     }
+}
+
+/// [`forward`] for a route cache's miss (`fill`): answered by the entry another request
+/// fetching the same key stores, if it may; else forwarded with the fill in `conn.fill`,
+/// where the exchange finds it (its conditional lines, the response it stores or answers
+/// for), and dropped once the exchange is over.
+pub async fn forward_filling(
+    worker: &Worker,
+    target: Target<'_>,
+    conn: &mut ClientConn,
+    req: &RequestHead,
+    resp: &mut ResponseHead,
+    keep_alive: bool,
+    mut fill: Box<Fill>,
+) -> Result<bool, Failure> {
+    conn.current.cache = Some(CacheResult::Miss);
+    if let Some(hit) = fill.collapse().await {
+        conn.buf.consume(req.head_len);
+        conn.current.read = true;
+        conn.current.cache = Some(CacheResult::Hit);
+        let http10 = req.minor_version == 0;
+        return write_hit(conn, resp, (keep_alive, http10), &hit, target.listener).await;
+    }
+    // An HTTP/2 upstream's response is not stored yet: it is relayed uncached, the fill let
+    // go now (requests waiting for it go upstream themselves).
+    match carrier(Protocol::Http1, target.upstream) {
+        Carrier::Http1 => conn.fill = Some(fill),
+        Carrier::Http2 => drop(fill),
+    }
+    let result = forward(worker, target, conn, req, resp, keep_alive).await;
+    conn.fill = None;
+    result
 }
 
 /// Answers `failure` (nothing sent yet) from the stale entry of `fill` when it may answer
@@ -145,6 +162,17 @@ async fn write_hit(
     Ok(keep_alive)
 }
 
+/// Adds a cache's conditional lines (revalidating its stale entry; none: nothing) to the
+/// upstream request head in `out`, before the blank line that ends it.
+fn push_conditional(out: &mut Vec<u8>, fill: &Fill) {
+    let lines = fill.conditional_lines();
+    if !lines.is_empty() {
+        out.truncate(out.len() - 2);
+        out.extend_from_slice(lines);
+        out.extend_from_slice(b"\r\n");
+    }
+}
+
 /// An HTTP/1.x client's request on its way: its connection (the head at the start of
 /// `conn.buf`), what the exchange remembers of it, and where the response head is read.
 pub(crate) struct Http1Request<'c> {
@@ -154,9 +182,6 @@ pub(crate) struct Http1Request<'c> {
     pub meta: RequestMeta,
     /// The client connection may stay open after the response.
     pub keep_alive: bool,
-    /// A cache miss: the response is stored if it may be (over an HTTP/1.1 upstream; an
-    /// HTTP/2 upstream's is relayed uncached for now).
-    pub fill: Option<Box<Fill>>,
 }
 
 /// Forwards the request over HTTP/1.1 connections and relays the response.
@@ -167,7 +192,6 @@ async fn forward_h1(x: &Exchange<'_>, client: Http1Request<'_>) -> Result<bool, 
         resp,
         meta,
         keep_alive,
-        fill,
     } = client;
     let mut body = BodyState::new(req.framing, false, x.target.listener.max_body_size);
     let (buffered, _) = body
@@ -176,7 +200,6 @@ async fn forward_h1(x: &Exchange<'_>, client: Http1Request<'_>) -> Result<bool, 
     let whole = body.is_done();
     let mut sender = Http1Sender {
         x,
-        conditional: fill.as_deref().map_or(&[][..], Fill::conditional_lines),
         conn,
         req,
         body,
@@ -219,18 +242,17 @@ async fn forward_h1(x: &Exchange<'_>, client: Http1Request<'_>) -> Result<bool, 
                 request_done,
                 keep_alive,
             };
-            response
-                .respond(conn, stream, &mut up_buf, resp, fill)
-                .await
+            response.respond(conn, stream, &mut up_buf, resp).await
         }
-        Err(failure) => {
-            let keep = (keep_alive && conn.current.read, meta.http10);
-            let on = (keep, x.target.listener);
-            match fill.as_deref() {
-                None => Err(failure),
-                Some(fill) => Box::pin(answer_stale(conn, resp, failure, fill, on)).await,
+        Err(failure) => match conn.fill.take() {
+            None => Err(failure),
+            Some(fill) => {
+                let keep = (keep_alive && conn.current.read, meta.http10);
+                let on = (keep, x.target.listener);
+                // Boxed: a route without `cache` keeps the exchange's state as before.
+                Box::pin(answer_stale(conn, resp, failure, &fill, on)).await
             }
-        }
+        },
     };
     x.worker.give_buffer(up_buf);
     result
@@ -238,10 +260,8 @@ async fn forward_h1(x: &Exchange<'_>, client: Http1Request<'_>) -> Result<bool, 
 
 /// Sends an HTTP/1.x client's request over HTTP/1.1 connections: the head written for
 /// each try's server, and the body as it came.
-struct Http1Sender<'x, 'c, 'k> {
+struct Http1Sender<'x, 'c> {
     x: &'x Exchange<'x>,
-    /// A cache's conditional header lines, revalidating a stale entry (empty: none).
-    conditional: &'k [u8],
     conn: &'c mut ClientConn,
     req: &'c RequestHead,
     body: BodyState,
@@ -260,7 +280,7 @@ struct Http1Sender<'x, 'c, 'k> {
     meta: RequestMeta,
 }
 
-impl Sender for Http1Sender<'_, '_, '_> {
+impl Sender for Http1Sender<'_, '_> {
     /// The connection, and whether the whole request body went up.
     type Sent = (UpstreamStream, bool);
 
@@ -276,11 +296,8 @@ impl Sender for Http1Sender<'_, '_, '_> {
         let request = conn.request(req);
         self.meta.upgrade =
             write_upstream_head(&mut out, &request, &conn.path, &x.target, a.server);
-        if !self.conditional.is_empty() {
-            // Before the blank line that ends the head.
-            out.truncate(out.len() - 2);
-            out.extend_from_slice(self.conditional);
-            out.extend_from_slice(b"\r\n");
+        if let Some(fill) = &conn.fill {
+            push_conditional(&mut out, fill);
         }
         render_response_rules(&mut lines, &request, x.target.route);
         (conn.out, conn.resp_lines) = (out, lines);
@@ -375,11 +392,11 @@ impl Response<'_> {
         mut stream: UpstreamStream,
         up_buf: &mut Buffer,
         resp: &mut ResponseHead,
-        fill: Option<Box<Fill>>,
     ) -> Result<bool, Failure> {
         if resp.status == 101 {
             return self.upgrade(conn, stream, up_buf, resp).await;
         }
+        let fill = conn.fill.take();
         // A 304 refreshing the stale entry, or a 5xx it may answer for.
         let stored = fill
             .as_ref()
@@ -529,7 +546,8 @@ impl Response<'_> {
                     inner: &mut source,
                     recorder,
                 };
-                relay(&mut recording, &mut sink, coding.as_mut()).await
+                // Boxed: a route without `cache` keeps the relay's state as before.
+                Box::pin(relay(&mut recording, &mut sink, coding.as_mut())).await
             }
         };
         conn.current.compressed = coding.as_ref().map(Coding::compressed);

@@ -18,7 +18,7 @@ pub(crate) mod relay;
 pub mod request_head;
 pub(crate) mod tunnel;
 
-pub use exchange::forward;
+pub use exchange::{forward, forward_filling};
 
 use weir_config::{Listener, Route, Upstream};
 

@@ -24,7 +24,7 @@ use crate::codec::http1::{RequestHead, ResponseHead};
 use crate::error::{ProxyError, Side};
 use crate::filters::forwarded::ClientIp;
 use crate::forward::body::BodyState;
-use crate::forward::{forward, Failure, Reached};
+use crate::forward::{forward, forward_filling, Failure, Reached};
 use crate::listener::proxy_protocol::accept_step;
 use crate::metrics::shard::{method_index, Protocol, METHODS};
 use crate::snapshot::Snapshot;
@@ -290,12 +290,18 @@ async fn handle(
         conn.trace = Some(trace);
     }
     match decision {
-        Decision::Forward(target, fill) => {
-            conn.current.cache = fill.as_ref().map(|_| CacheResult::Miss);
+        Decision::Forward(target, None) => Handled {
+            route,
+            local: false,
+            result: forward(worker, target, conn, req, resp, keep_alive).await,
+        },
+        Decision::Forward(target, Some(fill)) => {
+            // Boxed: a route without `cache` keeps the request's state as small as before.
+            let filling = forward_filling(worker, target, conn, req, resp, keep_alive, fill);
             Handled {
                 route,
                 local: false,
-                result: forward(worker, target, conn, req, resp, keep_alive, fill).await,
+                result: Box::pin(filling).await,
             }
         }
         Decision::Answer(answer) => Handled {
@@ -359,7 +365,8 @@ async fn local_response(
     conn.buf.consume(req.head_len + consumed);
     let written = match answer.body(req.is_head) {
         None => conn.write_all(bytes, listener).await,
-        Some(body) => conn.write_with_body(bytes, body, listener).await,
+        // Boxed: only a cache's hit has a body of its own.
+        Some(body) => Box::pin(conn.write_with_body(bytes, body, listener)).await,
     };
     conn.out = out;
     written.map_err(Failure::after_head)?;

@@ -52,8 +52,6 @@ pub(crate) async fn forward_h2(
         resp,
         meta,
         keep_alive,
-        // Not stored yet: an HTTP/2 upstream's response is relayed uncached.
-        fill: _,
     } = client;
     let buf = conn.buf.filled();
     let listener = x.target.listener;
