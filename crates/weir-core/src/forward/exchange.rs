@@ -12,6 +12,7 @@ use std::os::fd::AsRawFd;
 
 use super::body::{self, BodyState};
 use super::driver::{drive, Accepted, Attempt, Exchange, Miss, Sender, Tries};
+use super::filling::{Filling, NoFill, Record};
 use super::h1::{
     client_pump_error, client_write_error, reuse, send_streaming, send_whole, Http1Interim,
     Reading, RequestMeta,
@@ -23,7 +24,7 @@ use super::relay::{
 use super::request_head::{render_response_rules, write_upstream_head};
 use super::{carrier, tunnel, Carrier, Failure, Reached, Target};
 use crate::buffer::Buffer;
-use crate::cache::{CacheResult, Cause, Fill, Recorder};
+use crate::cache::{CacheResult, Cause, Fill};
 use crate::client::ClientConn;
 use crate::codec::http1::write::Persistence;
 use crate::codec::http1::{BodyFraming, RequestHead, ResponseHead};
@@ -162,10 +163,10 @@ async fn write_hit(
     Ok(keep_alive)
 }
 
-/// Adds a cache's conditional lines (revalidating its stale entry; none: nothing) to the
-/// upstream request head in `out`, before the blank line that ends it.
-fn push_conditional(out: &mut Vec<u8>, fill: &Fill) {
-    let lines = fill.conditional_lines();
+/// Adds a cache's `lines` (CRLF included; none: nothing) to the head in `out`, before the
+/// blank line that ends it: the conditional fields revalidating a stale entry, a response's
+/// `Cache-Status`.
+fn push_before_end(out: &mut Vec<u8>, lines: &[u8]) {
     if !lines.is_empty() {
         out.truncate(out.len() - 2);
         out.extend_from_slice(lines);
@@ -242,7 +243,18 @@ async fn forward_h1(x: &Exchange<'_>, client: Http1Request<'_>) -> Result<bool, 
                 request_done,
                 keep_alive,
             };
-            response.respond(conn, stream, &mut up_buf, resp).await
+            match conn.fill.take() {
+                None => {
+                    response
+                        .respond(conn, stream, &mut up_buf, resp, NoFill)
+                        .await
+                }
+                // Boxed: a route without `cache` keeps the exchange's state as before.
+                Some(fill) => {
+                    let responding = response.respond(conn, stream, &mut up_buf, resp, fill);
+                    Box::pin(responding).await
+                }
+            }
         }
         Err(failure) => match conn.fill.take() {
             None => Err(failure),
@@ -297,7 +309,7 @@ impl Sender for Http1Sender<'_, '_> {
         self.meta.upgrade =
             write_upstream_head(&mut out, &request, &conn.path, &x.target, a.server);
         if let Some(fill) = &conn.fill {
-            push_conditional(&mut out, fill);
+            push_before_end(&mut out, fill.conditional_lines());
         }
         render_response_rules(&mut lines, &request, x.target.route);
         (conn.out, conn.resp_lines) = (out, lines);
@@ -386,22 +398,20 @@ struct Response<'a> {
 impl Response<'_> {
     /// Writes the response head (with the route's edits) and relays the body, compressed
     /// when the route's plan says so; pools the upstream connection when it is left clean.
-    async fn respond(
+    /// `fill`: what stores the response (or answers instead of it).
+    async fn respond<F: Filling>(
         &self,
         conn: &mut ClientConn,
         mut stream: UpstreamStream,
         up_buf: &mut Buffer,
         resp: &mut ResponseHead,
+        fill: F,
     ) -> Result<bool, Failure> {
         if resp.status == 101 {
             return self.upgrade(conn, stream, up_buf, resp).await;
         }
-        let fill = conn.fill.take();
         // A 304 refreshing the stale entry, or a 5xx it may answer for.
-        let stored = fill
-            .as_ref()
-            .and_then(|f| f.answer_instead(up_buf.filled(), resp));
-        if let Some((hit, result)) = stored {
+        if let Some((hit, result)) = fill.answer_instead(up_buf.filled(), resp) {
             conn.current.cache = Some(result);
             let answered = self.answer_from_store(conn, stream, up_buf, resp, hit);
             return Box::pin(answered).await;
@@ -414,10 +424,8 @@ impl Response<'_> {
         // A compressed body is re-framed as chunks: it needs the raw bytes, and its end
         // no longer depends on the upstream's close.
         let dechunk = resp.framing == BodyFraming::Chunked && (meta.http10 || encoding.is_some());
-        let recorder = fill.and_then(|f| {
-            edits.cache_status = f.status_line();
-            f.admit(up_buf.filled(), resp, dechunk)
-        });
+        let status_line = fill.status_line();
+        let recorder = fill.admit(up_buf.filled(), resp, dechunk);
         let close = !self.keep_alive
             || !self.request_done
             || (dechunk && encoding.is_none())
@@ -429,6 +437,9 @@ impl Response<'_> {
         };
         conn.out.clear();
         write_from_http1(&mut conn.out, up_buf.filled(), resp, &edits, &framing);
+        if let Some(line) = status_line {
+            push_before_end(&mut conn.out, line);
+        }
         up_buf.consume(resp.head_len);
         let body_with_head = match at_hand(encoding, resp, up_buf) {
             // The usual small response: a Content-Length body all at hand goes out with its
@@ -505,14 +516,14 @@ impl Response<'_> {
     /// `dechunk`: a chunked body is decoded), counting the try; a cache's `recorder`
     /// keeps a copy of what the upstream sent, stored once all of it was relayed. Returns whether all of it came with the
     /// head (uncompressed: the connection is idle from the head's arrival).
-    async fn relay_body(
+    async fn relay_body<R: Record>(
         &self,
         conn: &mut ClientConn,
         stream: &mut UpstreamStream,
         up_buf: &mut Buffer,
         resp: &ResponseHead,
         (plan, dechunk): (&Plan, bool),
-        mut recorder: Option<Box<Recorder>>,
+        mut recorder: Option<R>,
     ) -> Result<bool, Failure> {
         let (listener, upstream) = (self.x.target.listener, self.x.target.upstream);
         let state = BodyState::new(resp.framing, dechunk, None);

@@ -27,8 +27,6 @@ pub(crate) struct Edits<'a> {
     pub plan: Plan,
     /// The sticky-session `Set-Cookie: ...` line (CRLF included).
     pub cookie: Option<&'a [u8]>,
-    /// The route cache's `Cache-Status: ...` line (CRLF included).
-    pub cache_status: Option<&'static [u8]>,
 }
 
 impl<'a> Edits<'a> {
@@ -54,7 +52,6 @@ impl<'a> Edits<'a> {
             }),
             plan: Plan::default(),
             cookie: None,
-            cache_status: None,
         }
     }
 
@@ -92,9 +89,6 @@ impl<'a> Edits<'a> {
             self.plan.push_lines(out, fields);
         }
         if let Some(line) = self.cookie {
-            out.extend_from_slice(line);
-        }
-        if let Some(line) = self.cache_status {
             out.extend_from_slice(line);
         }
     }

@@ -11,6 +11,7 @@
 pub mod body;
 pub(crate) mod driver;
 pub(crate) mod exchange;
+pub(crate) mod filling;
 pub(crate) mod h1;
 pub(crate) mod h2;
 pub(crate) mod head;

@@ -20,10 +20,10 @@ use http::HeaderMap;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::body::{self, BodyState, ChunkLine, PumpError};
+use super::filling::Record;
 use super::h1::{client_pump_error, upstream_pump_error};
 use super::h2::send_windowed;
 use crate::buffer::Buffer;
-use crate::cache::Recorder;
 use crate::codec::http1::{BodyFraming, ResponseHead};
 use crate::connector::h2::h2_error;
 use crate::error::ProxyError;
@@ -239,14 +239,14 @@ pub(crate) fn at_hand(
     }
 }
 
-/// A source whose pieces are also kept by a cache's [`Recorder`] (a miss's response on
-/// its way to the client): the store's copy beside the client's sink.
-pub(crate) struct Recording<'r, S> {
+/// A source whose pieces are also kept by a cache's recorder (a miss's response on its
+/// way to the client): the store's copy beside the client's sink.
+pub(crate) struct Recording<'r, S, R> {
     pub inner: &'r mut S,
-    pub recorder: &'r mut Recorder,
+    pub recorder: &'r mut R,
 }
 
-impl<S: Source> Source for Recording<'_, S> {
+impl<S: Source, R: Record> Source for Recording<'_, S, R> {
     async fn next(&mut self) -> Result<Option<(Piece<'_>, bool)>, ProxyError> {
         let next = self.inner.next().await?;
         if let Some((piece, _)) = &next {
