@@ -396,4 +396,17 @@ mod task_size {
         let size = future_size(super::serve_client);
         assert!(size <= 2048, "serve_client's future is {size} bytes");
     }
+
+    /// The request's future, boxed once per request: what a route's features add inline
+    /// here (the cache's miss is boxed in `forward_filling`) every request copies.
+    #[test]
+    fn a_request_future_stays_small() {
+        fn size<A, B, C, D, E, G, H, F: std::future::Future>(
+            _: impl Fn(A, B, C, D, E, G, H) -> F,
+        ) -> usize {
+            std::mem::size_of::<F>()
+        }
+        let size = size(super::serve);
+        assert!(size < 7168, "serve's future is {size} bytes");
+    }
 }
