@@ -309,6 +309,7 @@ max_idle = 256
             }],
             cluster: Default::default(),
             tracing: None,
+            caches: Vec::new(),
             relative_paths: Vec::new(),
         };
         assert_eq!(parse(FULL), expected);
@@ -340,6 +341,7 @@ max_idle = 256
             upstreams: Vec::new(),
             cluster: Default::default(),
             tracing: None,
+            caches: Vec::new(),
             relative_paths: Vec::new(),
         };
         assert_eq!(config, expected);

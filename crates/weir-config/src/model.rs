@@ -19,6 +19,8 @@ pub struct Config {
     pub cluster: Cluster,
     /// `[tracing]`: OpenTelemetry traces (`None`: no tracing work at all).
     pub tracing: Option<Tracing>,
+    /// `[caches.NAME]`, sorted by name: the HTTP cache stores routes refer to.
+    pub caches: Vec<CacheStore>,
     /// The paths written relative to the config file's directory, as resolved (the
     /// settings above hold the resolved ones); empty for text parsed without a file.
     pub relative_paths: Vec<crate::RelativePath>,
@@ -1090,6 +1092,83 @@ pub struct RouteFilters {
     pub basic_auth: Option<BasicAuth>,
     /// `compression = { algorithms, min_size, types, level }`.
     pub compression: Option<Compression>,
+    /// `cache = { store, key, status_header }`: responses cached in a store.
+    pub cache: Option<RouteCache>,
+}
+
+/// `[caches.NAME]`: an HTTP cache store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CacheStore {
+    pub name: String,
+    pub kind: CacheKind,
+    /// The bytes of all entries (bodies and heads) together; the least recently used go
+    /// first past it.
+    pub max_size: u64,
+    /// A response with a larger body is streamed through uncached.
+    pub max_object_size: u64,
+}
+
+/// Where a cache store keeps its entries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheKind {
+    /// In memory, shared by all workers, emptied by a restart.
+    Memory,
+}
+
+/// A route's cache.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouteCache {
+    /// The store's name, and its index in `Config::caches` (set once the stores are known).
+    pub store_name: String,
+    pub store: usize,
+    /// What a response is cached under, in order (default: scheme, host, path, query).
+    pub key: Vec<CacheKeyPart>,
+    /// Add a `Cache-Status` response header (RFC 9211).
+    pub status_header: bool,
+    /// How long a miss waits for another request's fetch of its key (collapsed
+    /// forwarding) before it goes upstream itself.
+    pub lock_timeout: Duration,
+    /// When a stale entry answers instead of the upstream's failure.
+    pub serve_stale_on: StaleOn,
+}
+
+/// `serve_stale_on`: the upstream failures a stale entry answers for (besides those a
+/// response's `stale-if-error` allows).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StaleOn {
+    /// The upstream could not be reached or broke off (502, 503).
+    pub error: bool,
+    /// It did not answer in time (504).
+    pub timeout: bool,
+    /// It answered with a 5xx status.
+    pub status_5xx: bool,
+}
+
+/// One part of a cache key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheKeyPart {
+    Scheme,
+    Host,
+    Path,
+    Query,
+}
+
+impl CacheKeyPart {
+    pub const ALL: [CacheKeyPart; 4] = [
+        CacheKeyPart::Scheme,
+        CacheKeyPart::Host,
+        CacheKeyPart::Path,
+        CacheKeyPart::Query,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            CacheKeyPart::Scheme => "scheme",
+            CacheKeyPart::Host => "host",
+            CacheKeyPart::Path => "path",
+            CacheKeyPart::Query => "query",
+        }
+    }
 }
 
 /// A route's response compression.

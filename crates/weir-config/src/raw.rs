@@ -23,6 +23,8 @@ pub(crate) struct RawConfig {
     pub upstreams: Option<BTreeMap<String, RawUpstream>>,
     pub cluster: Option<crate::cluster::RawCluster>,
     pub tracing: Option<RawTracing>,
+    /// `[caches.NAME]`: HTTP cache stores routes refer to by name.
+    pub caches: Option<BTreeMap<String, RawCacheStore>>,
 }
 
 /// `[tracing]`: OpenTelemetry traces exported over OTLP/HTTP (validate/tracing.rs).
@@ -46,6 +48,28 @@ pub(crate) struct RawTracing {
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawRouteTracing {
     pub sampling: Option<f64>,
+}
+
+/// `[caches.NAME]`: one HTTP cache store.
+#[derive(Debug, Default, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawCacheStore {
+    pub kind: Option<String>,
+    pub max_size: Option<StrOrInt>,
+    pub max_object_size: Option<StrOrInt>,
+}
+
+/// A route's `cache = { store, key, status_header, lock_timeout, serve_stale_on }`.
+#[derive(Debug, Default, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawRouteCache {
+    pub store: Option<String>,
+    pub key: Option<Vec<String>>,
+    pub status_header: Option<bool>,
+    pub lock_timeout: Option<String>,
+    pub serve_stale_on: Option<Vec<String>>,
 }
 
 /// `[cluster.redis.NAME]`: a Redis server holding shared rate-limit counts.
@@ -308,6 +332,8 @@ pub(crate) struct RawRoute {
     pub basic_auth: Option<RawBasicAuth>,
     pub compression: Option<RawCompression>,
     pub tracing: Option<RawRouteTracing>,
+    // The HTTP cache (issue 27; validate/cache.rs).
+    pub cache: Option<RawRouteCache>,
 }
 
 /// `compression = { algorithms, min_size, types, level }` of a route.

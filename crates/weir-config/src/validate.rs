@@ -55,6 +55,9 @@ pub(crate) fn config(mut raw: RawConfig) -> Result<Config, Issue> {
     };
     let redis = cluster::redis(raw.cluster.as_mut(), &root.key("cluster"))?;
     cluster::check_shared_refs(&listeners, &redis, &root.key("listeners"))?;
+    let caches = cache::stores(raw.caches.take(), &root.key("caches"))?;
+    let mut listeners = listeners;
+    cache::resolve_refs(&mut listeners, &caches, &root.key("listeners"))?;
     let mut upstreams = Vec::new();
     for (name, upstream_raw) in raw.upstreams.unwrap_or_default() {
         let path = root.key("upstreams").key(&name);
@@ -72,6 +75,7 @@ pub(crate) fn config(mut raw: RawConfig) -> Result<Config, Issue> {
         upstreams,
         cluster: crate::model::Cluster { etcd, redis },
         tracing,
+        caches,
         relative_paths: Vec::new(),
     })
 }
@@ -1011,6 +1015,7 @@ fn size(raw: Option<StrOrInt>, default: u64, path: &FieldPath) -> Result<u64, Is
 }
 
 mod binds;
+mod cache;
 mod cluster;
 mod compression;
 mod discover;

@@ -84,6 +84,10 @@ pub struct ClientConn {
     /// taken when the request is recorded (outside `Current`, so that a connection
     /// without tracing does not reset it per request).
     pub trace: Option<std::rc::Rc<crate::otel::RequestTrace>>,
+    /// The route cache's miss this request fills, while `forward::forward_filling` forwards
+    /// it (`None` otherwise): kept here, not passed down the exchange, so that a route
+    /// without `cache` carries none of it.
+    pub fill: Option<Box<crate::cache::Fill>>,
 }
 
 /// What a connection's request in progress leaves for its answer and its log line. Each
@@ -101,6 +105,8 @@ pub struct Current {
     pub last_try: LastTry,
     /// What the route's compression did to the response (metrics).
     pub compressed: Option<crate::filters::compression::Compressed>,
+    /// What the route's cache did.
+    pub cache: Option<crate::cache::CacheResult>,
     /// It failed before its response, and its head and whole body had been consumed from
     /// the buffer by then (which now starts at the next request): Weir's answer need not
     /// close the connection (`proxy::http1::answer`).
@@ -116,6 +122,7 @@ impl Current {
             log_fields: RequestFields::default(),
             last_try: LastTry::default(),
             compressed: None,
+            cache: None,
             read: false,
         }
     }
@@ -217,6 +224,7 @@ impl ClientConn {
             tls: None,
             current: Current::new(now),
             trace: None,
+            fill: None,
         }
     }
 
@@ -403,6 +411,21 @@ impl ClientConn {
             Ok(Err(e)) => Err(ProxyError::client_io(e)),
             Err(_) => Err(ProxyError::ClientTimeout),
         }
+    }
+
+    /// Writes a head and its body to the client (one `writev` when they fit) within
+    /// `client_timeout`.
+    pub async fn write_with_body(
+        &mut self,
+        head: &[u8],
+        body: &[u8],
+        listener: &Listener,
+    ) -> Result<(), ProxyError> {
+        let timeout = listener.client_timeout;
+        let written = crate::forward::body::write_all(&mut self.stream, head, body, timeout).await;
+        written.map_err(crate::forward::h1::client_write_error)?;
+        self.sent += (head.len() + body.len()) as u64;
+        Ok(())
     }
 
     /// Copies what the access log needs from the request head before the head is consumed.

@@ -42,6 +42,7 @@ mod io_enum;
 pub mod access_log;
 pub mod answer;
 pub mod buffer;
+pub mod cache;
 pub mod client;
 pub mod client_stream;
 pub mod cluster;

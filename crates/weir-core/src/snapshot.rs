@@ -34,6 +34,9 @@ pub struct Snapshot {
     /// `[tracing]` at work (`None`: no tracing at all); the previous snapshot's when the
     /// table is unchanged (one exporter thread per config).
     pub tracer: Option<Arc<crate::otel::Tracer>>,
+    /// The HTTP cache stores, indexed like `config.caches`: a reload keeps a store of the
+    /// same name and settings, with its entries.
+    pub caches: crate::cache::Stores,
 }
 
 /// Per-listener derived data, indexed like `config.listeners`.
@@ -164,12 +167,14 @@ impl Snapshot {
             })
             .collect();
         let tracer = tracer(&config, previous);
+        let caches = cache_stores(&config, previous);
         Snapshot {
             config,
             slots,
             listeners,
             upstreams,
             tracer,
+            caches,
         }
     }
 
@@ -234,6 +239,17 @@ impl TlsPlans {
         }
         Ok(TlsPlans(plans))
     }
+}
+
+/// The cache stores of `config`: `previous`'s of the same name and settings, else new.
+fn cache_stores(config: &Config, previous: Option<&Snapshot>) -> crate::cache::Stores {
+    let kept = |c: &weir_config::CacheStore| {
+        let old = previous?.caches.iter().find(|s| s.config == *c)?;
+        Some(old.clone())
+    };
+    (config.caches.iter())
+        .map(|c| kept(c).unwrap_or_else(|| Arc::new(crate::cache::MemoryStore::new(c.clone()))))
+        .collect()
 }
 
 /// The rate limiters of `listener`'s routes: the one `previous` had for the route of the

@@ -461,3 +461,35 @@ async fn a_body_that_does_not_match_its_length_is_not_passed_on() {
         backend.requests_served()
     );
 }
+
+#[tokio::test]
+async fn a_cache_route_serves_hits_and_forwards_misses_unstored() {
+    let ca = TestCa::new("h3 CA");
+    let leaf = ca.leaf(&[NAME]);
+    let backend = Backend::fixed(200, &[("Cache-Control", "max-age=60")], "hello");
+    let conf = Conf::new()
+        .route("c", "up", &[r#"cache = { store = "mem" }"#])
+        .upstream("up", &[backend.addr()], &[])
+        .table("[caches.mem]\nkind = \"memory\"\n");
+    let weir = start(conf, &[&leaf], "http3 = true");
+    let mut c = client(&ca, weir.addr, NAME).await;
+    // An HTTP/3 miss is forwarded but not stored (docs/http3.md): the next one goes up too.
+    for served in 1..=2 {
+        let r = get(&mut c.send, NAME, "/").await.expect("GET");
+        assert_eq!((r.status, r.text().as_str()), (200, "hello"));
+        assert_eq!(backend.requests_served(), served);
+    }
+    // An HTTP/1.1 client's miss fills the entry; HTTP/3 clients are then served from it.
+    let head = tls_http1_head(&ca, weir.addr).await;
+    assert!(head.contains("Cache-Status: weir; fwd=uri-miss"), "{head}");
+    for _ in 0..2 {
+        let r = get(&mut c.send, NAME, "/").await.expect("GET");
+        assert_eq!((r.status, r.text().as_str()), (200, "hello"));
+        assert_eq!(r.header("cache-status"), Some("weir; hit"));
+    }
+    assert_eq!(
+        backend.requests_served(),
+        3,
+        "hits never reach the upstream"
+    );
+}

@@ -11,6 +11,7 @@
 //! stays free for `/live`, `/ready` and `/metrics` meanwhile.
 
 pub(crate) mod auth;
+mod cache;
 pub(crate) mod convert;
 mod edit;
 pub mod error;
@@ -115,6 +116,8 @@ fn route(call: Call, store: &Store) -> Result<Response<Full<Bytes>>, ApiError> {
             store.history().iter().map(|v| v.to_json()).collect(),
         )),
         (&Method::GET, ["stats"]) => read(stats(store, &call.query)?),
+        (&Method::GET, ["caches"]) => read(cache::stores(store.proxy())),
+        (&Method::POST, ["caches", "purge"]) => read(cache::purge(store.proxy(), &call.body)?),
         (&Method::GET, ["upstreams"]) => read(views::upstreams(store.proxy())),
         (&Method::GET, ["upstreams", name]) => read(views::upstream(&text, name)?),
         (&Method::GET, ["upstreams", name, "health"]) => read(views::health(store.proxy(), name)?),

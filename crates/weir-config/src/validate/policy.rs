@@ -48,6 +48,11 @@ pub(super) fn route_filters(raw: &mut RawRoute, path: &FieldPath) -> Result<Rout
             .take()
             .map(|r| super::compression::compression(r, &path.key("compression")))
             .transpose()?,
+        cache: raw
+            .cache
+            .take()
+            .map(|r| super::cache::route_cache(r, &path.key("cache")))
+            .transpose()?,
     })
 }
 

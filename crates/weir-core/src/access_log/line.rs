@@ -81,6 +81,9 @@ pub struct Outcome<'a> {
     pub grpc_status: Option<u32>,
     /// The request's trace and server span ids (JSON only; `None`: not sampled).
     pub trace: Option<(&'a [u8; 16], &'a [u8; 8])>,
+    /// What a route's cache did (JSON only; `None`: the route has no cache, or it did not
+    /// serve this method).
+    pub cache: Option<crate::cache::CacheResult>,
 }
 
 pub fn push_line(
@@ -197,6 +200,14 @@ fn push_json(out: &mut Vec<u8>, req: &RequestFields, o: &Outcome<'_>, time: &mut
             push_seconds(out, t);
         }
         None => out.extend_from_slice(b",\"upstream_time\":null"),
+    }
+    match o.cache {
+        Some(result) => {
+            out.extend_from_slice(b",\"cache\":\"");
+            out.extend_from_slice(result.label().as_bytes());
+            out.push(b'"');
+        }
+        None => out.extend_from_slice(b",\"cache\":null"),
     }
     if o.request_id.is_empty() {
         out.extend_from_slice(b",\"request_id\":null");
@@ -368,6 +379,7 @@ mod tests {
             request_id: b"abc-1",
             grpc_status: None,
             trace: None,
+            cache: None,
         };
         (req, o)
     }

@@ -12,18 +12,21 @@ use std::os::fd::AsRawFd;
 
 use super::body::{self, BodyState};
 use super::driver::{drive, Accepted, Attempt, Exchange, Miss, Sender, Tries};
+use super::filling::{Filling, NoFill, Record};
 use super::h1::{
     client_pump_error, client_write_error, reuse, send_streaming, send_whole, Http1Interim,
     Reading, RequestMeta,
 };
 use super::head::{coding, plan_http1, write_from_http1, ClientFraming, Edits};
 use super::relay::{
-    at_hand, relay, Broke, Coding, Http1Sink, Http1Source, Peer, Piece, Sink, Source,
+    at_hand, relay, Broke, Coding, Http1Sink, Http1Source, Peer, Piece, Recording, Sink, Source,
 };
 use super::request_head::{render_response_rules, write_upstream_head};
-use super::{carrier, tunnel, Carrier, Failure, Target};
+use super::{carrier, tunnel, Carrier, Failure, Reached, Target};
 use crate::buffer::Buffer;
+use crate::cache::{CacheResult, Cause, Fill};
 use crate::client::ClientConn;
+use crate::codec::http1::write::Persistence;
 use crate::codec::http1::{BodyFraming, RequestHead, ResponseHead};
 use crate::connector::{UpstreamStream, WriteHalf};
 use crate::error::ProxyError;
@@ -83,6 +86,91 @@ pub async fn forward(
     match carrier(Protocol::Http1, target.upstream) {
         Carrier::Http2 => super::h2::forward_h2(&x, client).await,
         Carrier::Http1 => forward_h1(&x, client).await,
+    }
+}
+
+/// [`forward`] for a route cache's miss (`fill`): answered by the entry another request
+/// fetching the same key stores, if it may; else forwarded with the fill in `conn.fill`,
+/// where the exchange finds it (its conditional lines, the response it stores or answers
+/// for), and dropped once the exchange is over.
+pub async fn forward_filling(
+    worker: &Worker,
+    target: Target<'_>,
+    conn: &mut ClientConn,
+    req: &RequestHead,
+    resp: &mut ResponseHead,
+    keep_alive: bool,
+    mut fill: Box<Fill>,
+) -> Result<bool, Failure> {
+    conn.current.cache = Some(CacheResult::Miss);
+    if let Some(hit) = fill.collapse().await {
+        conn.buf.consume(req.head_len);
+        conn.current.read = true;
+        conn.current.cache = Some(CacheResult::Hit);
+        let http10 = req.minor_version == 0;
+        return write_hit(conn, resp, (keep_alive, http10), &hit, target.listener).await;
+    }
+    // An HTTP/2 upstream's response is not stored yet: it is relayed uncached, the fill let
+    // go now (requests waiting for it go upstream themselves).
+    match carrier(Protocol::Http1, target.upstream) {
+        Carrier::Http1 => conn.fill = Some(fill),
+        Carrier::Http2 => drop(fill),
+    }
+    let result = forward(worker, target, conn, req, resp, keep_alive).await;
+    conn.fill = None;
+    result
+}
+
+/// Answers `failure` (nothing sent yet) from the stale entry of `fill` when it may answer
+/// for it (`stale-if-error`, `serve_stale_on`); else the failure stands. `keep`: as for
+/// [`write_hit`].
+async fn answer_stale(
+    conn: &mut ClientConn,
+    resp: &mut ResponseHead,
+    failure: Failure,
+    fill: &Fill,
+    (keep, listener): ((bool, bool), &weir_config::Listener),
+) -> Result<bool, Failure> {
+    let cause = (failure.reached == Reached::Nothing)
+        .then(|| Cause::of(failure.error))
+        .flatten();
+    let Some(cause) = cause else {
+        return Err(failure);
+    };
+    let Some(hit) = fill.stale_answer(cause) else {
+        return Err(failure);
+    };
+    conn.current.cache = Some(CacheResult::Stale);
+    write_hit(conn, resp, keep, &hit, listener).await
+}
+
+/// Answers a request (its head consumed) from a cache entry (`hit`) instead of an
+/// upstream; `(keep_alive, http10)`: the connection goes on, the client speaks HTTP/1.0.
+async fn write_hit(
+    conn: &mut ClientConn,
+    resp: &mut ResponseHead,
+    (keep_alive, http10): (bool, bool),
+    hit: &crate::cache::Hit,
+    listener: &weir_config::Listener,
+) -> Result<bool, Failure> {
+    let mut out = take(&mut conn.out);
+    out.clear();
+    hit.push_head(&mut out, Persistence::of(keep_alive, http10));
+    let written = conn.write_with_body(&out, &hit.body, listener).await;
+    conn.out = out;
+    written.map_err(Failure::after_head)?;
+    resp.status = hit.status();
+    Ok(keep_alive)
+}
+
+/// Adds a cache's `lines` (CRLF included; none: nothing) to the head in `out`, before the
+/// blank line that ends it: the conditional fields revalidating a stale entry, a response's
+/// `Cache-Status`.
+fn push_before_end(out: &mut Vec<u8>, lines: &[u8]) {
+    if !lines.is_empty() {
+        out.truncate(out.len() - 2);
+        out.extend_from_slice(lines);
+        out.extend_from_slice(b"\r\n");
     }
 }
 
@@ -155,9 +243,28 @@ async fn forward_h1(x: &Exchange<'_>, client: Http1Request<'_>) -> Result<bool, 
                 request_done,
                 keep_alive,
             };
-            response.respond(conn, stream, &mut up_buf, resp).await
+            match conn.fill.take() {
+                None => {
+                    response
+                        .respond(conn, stream, &mut up_buf, resp, NoFill)
+                        .await
+                }
+                // Boxed: a route without `cache` keeps the exchange's state as before.
+                Some(fill) => {
+                    let responding = response.respond(conn, stream, &mut up_buf, resp, fill);
+                    Box::pin(responding).await
+                }
+            }
         }
-        Err(failure) => Err(failure),
+        Err(failure) => match conn.fill.take() {
+            None => Err(failure),
+            Some(fill) => {
+                let keep = (keep_alive && conn.current.read, meta.http10);
+                let on = (keep, x.target.listener);
+                // Boxed: a route without `cache` keeps the exchange's state as before.
+                Box::pin(answer_stale(conn, resp, failure, &fill, on)).await
+            }
+        },
     };
     x.worker.give_buffer(up_buf);
     result
@@ -201,6 +308,9 @@ impl Sender for Http1Sender<'_, '_> {
         let request = conn.request(req);
         self.meta.upgrade =
             write_upstream_head(&mut out, &request, &conn.path, &x.target, a.server);
+        if let Some(fill) = &conn.fill {
+            push_before_end(&mut out, fill.conditional_lines());
+        }
         render_response_rules(&mut lines, &request, x.target.route);
         (conn.out, conn.resp_lines) = (out, lines);
         let listener = x.target.listener;
@@ -288,15 +398,23 @@ struct Response<'a> {
 impl Response<'_> {
     /// Writes the response head (with the route's edits) and relays the body, compressed
     /// when the route's plan says so; pools the upstream connection when it is left clean.
-    async fn respond(
+    /// `fill`: what stores the response (or answers instead of it).
+    async fn respond<F: Filling>(
         &self,
         conn: &mut ClientConn,
         mut stream: UpstreamStream,
         up_buf: &mut Buffer,
-        resp: &ResponseHead,
+        resp: &mut ResponseHead,
+        fill: F,
     ) -> Result<bool, Failure> {
         if resp.status == 101 {
             return self.upgrade(conn, stream, up_buf, resp).await;
+        }
+        // A 304 refreshing the stale entry, or a 5xx it may answer for.
+        if let Some((hit, result)) = fill.answer_instead(up_buf.filled(), resp) {
+            conn.current.cache = Some(result);
+            let answered = self.answer_from_store(conn, stream, up_buf, resp, hit);
+            return Box::pin(answered).await;
         }
         let (route, meta) = (self.x.target.route, self.meta);
         let mut edits = Edits::of(route, &conn.resp_lines, self.accepted.server, &conn.host);
@@ -306,6 +424,8 @@ impl Response<'_> {
         // A compressed body is re-framed as chunks: it needs the raw bytes, and its end
         // no longer depends on the upstream's close.
         let dechunk = resp.framing == BodyFraming::Chunked && (meta.http10 || encoding.is_some());
+        let status_line = fill.status_line();
+        let recorder = fill.admit(up_buf.filled(), resp, dechunk);
         let close = !self.keep_alive
             || !self.request_done
             || (dechunk && encoding.is_none())
@@ -317,6 +437,9 @@ impl Response<'_> {
         };
         conn.out.clear();
         write_from_http1(&mut conn.out, up_buf.filled(), resp, &edits, &framing);
+        if let Some(line) = status_line {
+            push_before_end(&mut conn.out, line);
+        }
         up_buf.consume(resp.head_len);
         let body_with_head = match at_hand(encoding, resp, up_buf) {
             // The usual small response: a Content-Length body all at hand goes out with its
@@ -328,12 +451,15 @@ impl Response<'_> {
                 let written = body::write_all(&mut conn.stream, &conn.out, whole, timeout).await;
                 written.map_err(|e| Failure::after_head(client_write_error(e)))?;
                 conn.sent += (conn.out.len() + n) as u64;
+                if let Some(recorder) = recorder {
+                    recorder.finish_with(&up_buf.filled()[..n]);
+                }
                 up_buf.consume(n);
                 true
             }
             None => {
-                let relayed =
-                    self.relay_body(conn, &mut stream, up_buf, resp, &edits.plan, dechunk);
+                let plan = (&edits.plan, dechunk);
+                let relayed = self.relay_body(conn, &mut stream, up_buf, resp, plan, recorder);
                 relayed.await?
             }
         };
@@ -350,17 +476,54 @@ impl Response<'_> {
         Ok(!close)
     }
 
+    /// Answers with a stored entry instead of the upstream's response `resp` (a `304`
+    /// that refreshed it, a 5xx it answers for); the try counts with the upstream's status,
+    /// the request with the entry's. The upstream connection is pooled only when `resp`
+    /// has no body.
+    async fn answer_from_store(
+        &self,
+        conn: &mut ClientConn,
+        stream: UpstreamStream,
+        up_buf: &mut Buffer,
+        resp: &mut ResponseHead,
+        hit: crate::cache::Hit,
+    ) -> Result<bool, Failure> {
+        self.accepted.count(Ok(resp.status));
+        up_buf.consume(resp.head_len);
+        let close = !self.keep_alive || !self.request_done;
+        conn.out.clear();
+        hit.push_head(&mut conn.out, Persistence::of(!close, self.meta.http10));
+        let timeout = self.x.target.listener.client_timeout;
+        let written = body::write_all(&mut conn.stream, &conn.out, &hit.body, timeout).await;
+        written.map_err(|e| Failure::after_head(client_write_error(e)))?;
+        conn.sent += (conn.out.len() + hit.body.len()) as u64;
+        let bodiless = matches!(resp.framing, BodyFraming::None | BodyFraming::Length(0));
+        if resp.keeps_alive() && self.request_done && bodiless && up_buf.is_empty() {
+            let accepted = self.accepted;
+            reuse(
+                self.x,
+                accepted.server,
+                accepted.metrics,
+                stream,
+                accepted.head_at,
+            );
+        }
+        resp.status = hit.status();
+        Ok(!close)
+    }
+
     /// Relays the body after the head in `conn.out` (compressed when `plan` says so;
-    /// `dechunk`: a chunked body is decoded), counting the try. Returns whether all of it
-    /// came with the head (uncompressed: the connection is idle from the head's arrival).
-    async fn relay_body(
+    /// `dechunk`: a chunked body is decoded), counting the try; a cache's `recorder`
+    /// keeps a copy of what the upstream sent, stored once all of it was relayed. Returns whether all of it came with the
+    /// head (uncompressed: the connection is idle from the head's arrival).
+    async fn relay_body<R: Record>(
         &self,
         conn: &mut ClientConn,
         stream: &mut UpstreamStream,
         up_buf: &mut Buffer,
         resp: &ResponseHead,
-        plan: &Plan,
-        dechunk: bool,
+        (plan, dechunk): (&Plan, bool),
+        mut recorder: Option<R>,
     ) -> Result<bool, Failure> {
         let (listener, upstream) = (self.x.target.listener, self.x.target.upstream);
         let state = BodyState::new(resp.framing, dechunk, None);
@@ -387,9 +550,22 @@ impl Response<'_> {
             chunked: plan.encoding.is_some(),
             trailers: None,
         };
-        let relayed = relay(&mut source, &mut sink, coding.as_mut()).await;
+        let relayed = match recorder.as_mut() {
+            None => relay(&mut source, &mut sink, coding.as_mut()).await,
+            Some(recorder) => {
+                let mut recording = Recording {
+                    inner: &mut source,
+                    recorder,
+                };
+                // Boxed: a route without `cache` keeps the relay's state as before.
+                Box::pin(relay(&mut recording, &mut sink, coding.as_mut())).await
+            }
+        };
         conn.current.compressed = coding.as_ref().map(Coding::compressed);
         relayed.map_err(|(Broke::Source(e) | Broke::Sink(e))| Failure::after_head(e))?;
+        if let Some(recorder) = recorder {
+            recorder.finish();
+        }
         Ok(body_with_head && coding.is_none())
     }
 

@@ -11,6 +11,7 @@
 pub mod body;
 pub(crate) mod driver;
 pub(crate) mod exchange;
+pub(crate) mod filling;
 pub(crate) mod h1;
 pub(crate) mod h2;
 pub(crate) mod head;
@@ -18,7 +19,7 @@ pub(crate) mod relay;
 pub mod request_head;
 pub(crate) mod tunnel;
 
-pub use exchange::forward;
+pub use exchange::{forward, forward_filling};
 
 use weir_config::{Listener, Route, Upstream};
 

@@ -20,6 +20,7 @@ use http::HeaderMap;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::body::{self, BodyState, ChunkLine, PumpError};
+use super::filling::Record;
 use super::h1::{client_pump_error, upstream_pump_error};
 use super::h2::send_windowed;
 use crate::buffer::Buffer;
@@ -235,6 +236,41 @@ pub(crate) fn at_hand(
     match (encoding, resp.framing) {
         (None, BodyFraming::Length(n)) if n <= up_buf.len() as u64 => Some(n as usize),
         _ => None,
+    }
+}
+
+/// A source whose pieces are also kept by a cache's recorder (a miss's response on its
+/// way to the client): the store's copy beside the client's sink.
+pub(crate) struct Recording<'r, S, R> {
+    pub inner: &'r mut S,
+    pub recorder: &'r mut R,
+}
+
+impl<S: Source, R: Record> Source for Recording<'_, S, R> {
+    async fn next(&mut self) -> Result<Option<(Piece<'_>, bool)>, ProxyError> {
+        let next = self.inner.next().await?;
+        if let Some((piece, _)) = &next {
+            self.recorder.record(piece.as_slice());
+        }
+        Ok(next)
+    }
+
+    fn taken(&mut self) {
+        self.inner.taken();
+    }
+
+    async fn trailers(&mut self) -> Result<Trailers<'_>, ProxyError> {
+        self.inner.trailers().await
+    }
+
+    fn prime(&mut self) -> Result<bool, ProxyError> {
+        self.inner.prime()
+    }
+
+    fn whole(&mut self) -> Option<Piece<'_>> {
+        let piece = self.inner.whole()?;
+        self.recorder.record(piece.as_slice());
+        Some(piece)
     }
 }
 

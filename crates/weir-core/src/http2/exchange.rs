@@ -71,6 +71,8 @@ pub struct Trace {
     pub local: bool,
     /// What the route's compression did to the response, if it compressed it.
     pub compressed: Option<crate::filters::compression::Compressed>,
+    /// What the route's cache did.
+    pub cache: Option<crate::cache::CacheResult>,
     /// The request is gRPC's (`H2Facts::grpc`): the `grpc-status` sent is recorded.
     pub grpc: bool,
     /// The `grpc-status` the client got (a gRPC request only; `None`: none, or not a

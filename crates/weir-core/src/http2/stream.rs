@@ -20,6 +20,7 @@ use super::upstream::H2Facts;
 use super::websocket::new_key;
 use crate::access_log::RequestFields;
 use crate::answer::Answer;
+use crate::cache::CacheResult;
 use crate::codec::http1::fill_written;
 use crate::codec::http1::RequestHead;
 use crate::error::ProxyError;
@@ -283,6 +284,7 @@ impl StreamLog {
             compressed: trace.compressed,
             grpc_status: trace.grpc_status,
             trace: self.otel.as_deref(),
+            cache: trace.cache,
         };
         record(worker, snapshot, &side, &handled, &done);
     }
@@ -334,9 +336,17 @@ impl Stream<'_> {
             }
         };
         let target = match (route, decision) {
-            (route, Decision::Forward(target)) => (route, target),
+            // A cache miss is forwarded; storing what an HTTP/2 client's upstream sends is
+            // not done yet (the response is relayed, uncached).
+            (route, Decision::Forward(target, fill)) => {
+                trace.cache = fill.map(|_| CacheResult::Miss);
+                (route, target)
+            }
             (route, Decision::Answer(answer)) => {
                 trace.local = answer.is_local();
+                if let Answer::Cached(_) = answer {
+                    trace.cache = Some(CacheResult::Hit);
+                }
                 let timeout = routing.listener().http2.stall_timeout;
                 let vars = answer.vars(r);
                 let sent = send_answer(respond, &answer, &vars, r.req.is_head, timeout, trace);

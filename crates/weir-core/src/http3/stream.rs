@@ -16,6 +16,7 @@ use super::conn::Conn;
 use super::exchange::{forward, Body};
 use crate::access_log::RequestFields;
 use crate::answer::Answer;
+use crate::cache::CacheResult;
 use crate::codec::http1::{fill_written, RequestHead};
 use crate::error::ProxyError;
 use crate::filters::forwarded::ClientIp;
@@ -219,10 +220,17 @@ async fn run(
     };
     let mut path = RoutedPath::default();
     let (route, target) = match routing.decide(&request, &mut path) {
-        (route, Decision::Forward(target)) => (route, target),
+        // A cache miss is forwarded; an HTTP/3 client's response is not stored (not done yet).
+        (route, Decision::Forward(target, fill)) => {
+            log.trace.cache = fill.map(|_| CacheResult::Miss);
+            (route, target)
+        }
         (route, Decision::Answer(answer)) => {
             log.route = route;
             log.trace.local = answer.is_local();
+            if let Answer::Cached(_) = answer {
+                log.trace.cache = Some(CacheResult::Hit);
+            }
             let vars = answer.vars(&request);
             let sent = send_answer(send, &answer, &vars, req.is_head, listener, &mut log.trace);
             return sent.await.map_err(Failure::after_head);
@@ -346,6 +354,7 @@ impl StreamLog {
             compressed: trace.compressed,
             grpc_status: trace.grpc_status,
             trace: None,
+            cache: trace.cache,
         };
         record(&conn.worker, at.snapshot, &side, &handled, &done);
     }

@@ -40,6 +40,7 @@ pub fn encode_text(metrics: &Metrics, snapshot: &Snapshot) -> String {
         renewals: renewal_table(snapshot),
         redis: metrics.cluster.redis(),
         discovery: metrics.cluster.discovery(),
+        caches: super::cache::rows(snapshot),
     };
     let mut registry = Registry::default();
     registry.register_collector(Box::new(collector));
@@ -101,6 +102,7 @@ struct Scrape {
     etcd: std::sync::Arc<super::etcd::EtcdMetrics>,
     redis: BTreeMap<String, RedisStats>,
     discovery: BTreeMap<String, DiscoveryStats>,
+    caches: Vec<super::cache::StoreRow>,
 }
 
 /// `weir_http2_*`: HTTP/2 connections, streams, client resets and GOAWAYs for calm, the
@@ -165,10 +167,10 @@ pub(super) const HTTP3_FAMILIES: [(&str, &str, PickCounter); 9] = [
     ),
 ];
 
-type Result = std::result::Result<(), std::fmt::Error>;
+pub(super) type Result = std::result::Result<(), std::fmt::Error>;
 
 /// Label pairs of one series.
-type Labels = Vec<(&'static str, String)>;
+pub(super) type Labels = Vec<(&'static str, String)>;
 
 impl Scrape {
     /// Automatic certificates: ACME orders by result, failed attempts, renewal times.
@@ -328,6 +330,7 @@ impl Collector for Scrape {
         self.tls(&mut enc)?;
         self.acme(&mut enc)?;
         self.cluster(&mut enc)?;
+        super::cache::encode(&mut enc, &self.caches)?;
         self.upstream_counters(&mut enc)?;
         self.upstream_histograms(&mut enc)?;
         self.etcd(&mut enc)?;
@@ -336,7 +339,12 @@ impl Collector for Scrape {
     }
 }
 
-fn counter(enc: &mut DescriptorEncoder, name: &str, help: &str, rows: &[(Labels, u64)]) -> Result {
+pub(super) fn counter(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    rows: &[(Labels, u64)],
+) -> Result {
     let mut m = enc.encode_descriptor(name, help, None, MetricType::Counter)?;
     for (labels, v) in rows {
         ConstCounter::new(*v).encode(m.encode_family(labels)?)?;
@@ -344,7 +352,12 @@ fn counter(enc: &mut DescriptorEncoder, name: &str, help: &str, rows: &[(Labels,
     Ok(())
 }
 
-fn gauge(enc: &mut DescriptorEncoder, name: &str, help: &str, rows: &[(Labels, i64)]) -> Result {
+pub(super) fn gauge(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    rows: &[(Labels, i64)],
+) -> Result {
     let mut m = enc.encode_descriptor(name, help, None, MetricType::Gauge)?;
     for (labels, v) in rows {
         ConstGauge::new(*v).encode(m.encode_family(labels)?)?;

@@ -6,6 +6,7 @@
 //! values are always bounded: listener, route, upstream and server names from the config,
 //! methods from a fixed set, status codes.
 
+mod cache;
 pub mod cluster;
 mod encode;
 pub mod etcd;

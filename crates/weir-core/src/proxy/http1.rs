@@ -16,6 +16,7 @@ use weir_config::Listener;
 use super::route::{Decision, Routing};
 use super::{record, ClientSide, Counters, Done, Handled};
 use crate::answer::Answer;
+use crate::cache::CacheResult;
 use crate::client::{ClientConn, NextRequest};
 use crate::client_stream::ClientStream;
 use crate::codec::http1::write::Persistence;
@@ -23,7 +24,7 @@ use crate::codec::http1::{RequestHead, ResponseHead};
 use crate::error::{ProxyError, Side};
 use crate::filters::forwarded::ClientIp;
 use crate::forward::body::BodyState;
-use crate::forward::{forward, Failure, Reached};
+use crate::forward::{forward, forward_filling, Failure, Reached};
 use crate::listener::proxy_protocol::accept_step;
 use crate::metrics::shard::{method_index, Protocol, METHODS};
 use crate::snapshot::Snapshot;
@@ -289,11 +290,20 @@ async fn handle(
         conn.trace = Some(trace);
     }
     match decision {
-        Decision::Forward(target) => Handled {
+        Decision::Forward(target, None) => Handled {
             route,
             local: false,
             result: forward(worker, target, conn, req, resp, keep_alive).await,
         },
+        Decision::Forward(target, Some(fill)) => {
+            // Boxed: a route without `cache` keeps the request's state as small as before.
+            let filling = forward_filling(worker, target, conn, req, resp, keep_alive, fill);
+            Handled {
+                route,
+                local: false,
+                result: Box::pin(filling).await,
+            }
+        }
         Decision::Answer(answer) => Handled {
             route,
             local: answer.is_local(),
@@ -347,10 +357,17 @@ async fn local_response(
     let persistence = Persistence::of(keep_alive, req.minor_version == 0);
     let mut out = std::mem::take(&mut conn.out);
     resp.status = answer.status();
+    if let Answer::Cached(_) = answer {
+        conn.current.cache = Some(CacheResult::Hit);
+    }
     let request = conn.request(req);
     let bytes = answer.render(&mut out, persistence, req.is_head, &answer.vars(&request));
     conn.buf.consume(req.head_len + consumed);
-    let written = conn.write_all(bytes, listener).await;
+    let written = match answer.body(req.is_head) {
+        None => conn.write_all(bytes, listener).await,
+        // Boxed: only a cache's hit has a body of its own.
+        Some(body) => Box::pin(conn.write_with_body(bytes, body, listener)).await,
+    };
     conn.out = out;
     written.map_err(Failure::after_head)?;
     Ok(keep_alive)
@@ -378,5 +395,18 @@ mod task_size {
     fn an_idle_connection_task_stays_small() {
         let size = future_size(super::serve_client);
         assert!(size <= 2048, "serve_client's future is {size} bytes");
+    }
+
+    /// The request's future, boxed once per request: what a route's features add inline
+    /// here (the cache's miss is boxed in `forward_filling`) every request copies.
+    #[test]
+    fn a_request_future_stays_small() {
+        fn size<A, B, C, D, E, G, H, F: std::future::Future>(
+            _: impl Fn(A, B, C, D, E, G, H) -> F,
+        ) -> usize {
+            std::mem::size_of::<F>()
+        }
+        let size = size(super::serve);
+        assert!(size < 7168, "serve's future is {size} bytes");
     }
 }

@@ -91,6 +91,8 @@ pub(crate) struct ClientSide<'a> {
     pub grpc_status: Option<u32>,
     /// The request's trace, when sampled: its spans end here.
     pub trace: Option<&'a crate::otel::RequestTrace>,
+    /// What the route's cache did.
+    pub cache: Option<crate::cache::CacheResult>,
 }
 
 impl ClientSide<'_> {
@@ -108,6 +110,7 @@ impl ClientSide<'_> {
             grpc_status: None,
             // The adapter's, taken from the connection (`serve_client`).
             trace: None,
+            cache: conn.current.cache,
         }
     }
 }
@@ -180,6 +183,7 @@ pub(crate) fn record(
             request_id: conn.request_id,
             grpc_status: conn.grpc_status,
             trace: conn.trace.map(|t| (&t.trace_id, &t.span_id)),
+            cache: conn.cache,
         };
         log.log(conn.fields, &outcome);
     }

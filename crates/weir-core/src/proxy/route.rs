@@ -6,12 +6,14 @@
 //! Order: `max_body_size` (413), a pending ACME HTTP-01 token (before `redirect_https`:
 //! validation comes on port 80), `redirect_https`, path normalisation (400), the router
 //! (none: the default response), the rewrite check, the route's admission filters
-//! (`policy`: 403, 429, 401), then the route's target (`files`: a file's reply, or the
-//! route's upstream when no file answers).
+//! (`policy`: 403, 429, 401), the route's cache (a fresh entry answers; `cache`), then
+//! the route's target (`files`: a file's reply, or the route's upstream when no file
+//! answers).
 
 use weir_config::{Listener, Route};
 
 use crate::answer::Answer;
+use crate::cache::{Fill, Lookup as CacheLookup};
 use crate::codec::http1::BodyFraming;
 use crate::error::ProxyError;
 use crate::files::Lookup;
@@ -25,8 +27,9 @@ use crate::worker::Worker;
 
 /// What happens to a request.
 pub enum Decision<'a> {
-    /// Forward it to this upstream (a split already resolved).
-    Forward(Target<'a>),
+    /// Forward it to this upstream (a split already resolved); with a cache miss's
+    /// [`Fill`] when its response may be stored (a route with `cache`).
+    Forward(Target<'a>, Option<Box<Fill>>),
     /// Weir answers it.
     Answer(Answer<'a>),
     /// The route's files answer it (`files`; boxed: the other decisions stay small).
@@ -117,7 +120,21 @@ impl<'a> Routing<'a> {
                 Lookup::Upstream(upstream) => upstream,
             },
         };
-        (route, Decision::Forward(self.target(config, upstream)))
+        let fill = match &config.filters.cache {
+            None => None,
+            Some(cache) => {
+                let store = &self.snapshot.caches[cache.store];
+                match crate::cache::lookup(r, path.get(raw_path), cache, store) {
+                    CacheLookup::Hit(hit) => return (route, Decision::Answer(Answer::Cached(hit))),
+                    CacheLookup::Miss(fill) => Some(fill),
+                    CacheLookup::Bypass => None,
+                }
+            }
+        };
+        (
+            route,
+            Decision::Forward(self.target(config, upstream), fill),
+        )
     }
 
     /// The trace of the request (`request` presents it only when asked), routed to

@@ -2,6 +2,7 @@
 //! writes print what changed and the new version. Any failure prints the API's message,
 //! field and fix, and exits non-zero.
 
+mod cache;
 mod cluster;
 mod http;
 mod table;
@@ -75,6 +76,11 @@ enum CtlCommand {
         /// For `add` and `weight`.
         weight: Option<u32>,
     },
+    /// The HTTP cache: store stats, purge by URL or prefix.
+    Cache {
+        #[command(subcommand)]
+        action: cache::Action,
+    },
     /// A fleet's shared objects in etcd, reached through [cluster] etcd of -c FILE.
     Cluster {
         #[command(subcommand)]
@@ -131,6 +137,7 @@ pub fn run(ctl: Ctl) -> anyhow::Result<()> {
             weight,
         } => server(&client, *action, upstream, addr, *weight, ctl.output),
         CtlCommand::History => history(&client, ctl.output),
+        CtlCommand::Cache { action } => cache::run(&client, action, ctl.output),
         CtlCommand::Cluster { .. } => unreachable!("handled above"),
     }
 }

@@ -1,0 +1,630 @@
+//! The HTTP cache (RFC 9111; docs/configuration.md "HTTP cache"): a route's `cache` names
+//! a store (`store::MemoryStore`), and two seams of the one request path use it, so every
+//! client protocol gets it:
+//!
+//! - **Hits** are a routing decision (`proxy::route`): [`lookup`] finds a fresh entry for
+//!   a GET (or a HEAD, from a cached GET) and the request is answered from it
+//!   (`answer::Answer::Cached`, its body shared as `Bytes`), without an upstream.
+//! - **Misses** go upstream with a [`Fill`]; once the response head is in, [`Fill::admit`]
+//!   says whether it may be stored (the `http-cache-semantics` policy: `no-store`,
+//!   `private`, `Authorization`, `Set-Cookie`, statuses, freshness) and a [`Recorder`]
+//!   beside the client's sink keeps a copy of the body (`forward::relay::Recording`),
+//!   stored once the body is complete and within `max_object_size`. A larger one streams
+//!   through uncached.
+//!
+//! Concurrent misses of one key are collapsed: the first goes upstream, the others wait
+//! for it (at most the route's `lock_timeout`, then go themselves) and are answered from
+//! what it stored ([`Fill::collapse`]).
+//!
+//! Entries are keyed by the route's `key` parts (default `scheme://host/path?query`) and,
+//! under a key, by variant (`Vary`; `Accept-Encoding` normalised to the one coding Weir
+//! would pick, so variants stay few). A route without `cache` pays one `Option` check.
+
+pub mod stale;
+pub mod store;
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue};
+use http_cache_semantics::{AfterResponse, BeforeRequest, CacheOptions, CachePolicy};
+use weir_config::{CacheKeyPart, RouteCache};
+
+pub use stale::{Cause, Staleness};
+use store::Turn;
+pub use store::{Entry, MemoryStore};
+use tokio::sync::watch;
+
+use crate::codec::http1::write::{push_header, push_status_line, Persistence};
+use crate::codec::http1::{BodyFraming, ResponseHead};
+use crate::error::reason_phrase;
+use crate::forward::body::BodyState;
+use crate::request::Request;
+
+/// What the cache did for a request (the access log's `cache` field).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheResult {
+    /// Answered from a fresh entry (also after waiting for another request's fetch).
+    Hit,
+    /// Fetched from the upstream (stored if it could be).
+    Miss,
+    /// A stale entry the upstream confirmed with a 304.
+    Revalidated,
+    /// A stale entry answered for the upstream's failure.
+    Stale,
+}
+
+impl CacheResult {
+    pub fn label(self) -> &'static str {
+        match self {
+            CacheResult::Hit => "hit",
+            CacheResult::Miss => "miss",
+            CacheResult::Revalidated => "revalidated",
+            CacheResult::Stale => "stale",
+        }
+    }
+}
+
+/// A snapshot's stores, indexed like `Config::caches`.
+pub type Stores = Vec<Arc<MemoryStore>>;
+
+/// What the cache says about a request of a route with `cache`.
+pub enum Lookup {
+    /// Answer from this fresh entry.
+    Hit(Box<Hit>),
+    /// Forward it, and store the response if it may be.
+    Miss(Box<Fill>),
+    /// Forward it as it is (a method the cache does not serve).
+    Bypass,
+}
+
+/// Looks `r` up in `store` (`routed`: its normalised path and query).
+pub fn lookup(
+    r: &Request<'_>,
+    routed: &[u8],
+    cache: &RouteCache,
+    store: &Arc<MemoryStore>,
+) -> Lookup {
+    let method = &r.buf[r.req.method.clone()];
+    if method != b"GET" && method != b"HEAD" {
+        store.counts.bypasses.fetch_add(1, Relaxed);
+        return Lookup::Bypass;
+    }
+    let key = key(r, routed, cache);
+    let Some(parts) = request_parts(r, routed) else {
+        store.counts.bypasses.fetch_add(1, Relaxed);
+        return Lookup::Bypass;
+    };
+    let now = SystemTime::now();
+    let mut stale = None;
+    for entry in store.get(&key) {
+        match entry.policy.before_request(&parts, now) {
+            BeforeRequest::Fresh(head) => {
+                store.counts.hits.fetch_add(1, Relaxed);
+                return Lookup::Hit(Box::new(Hit {
+                    head,
+                    body: entry.body.clone(),
+                    status_line: cache.status_header.then_some(HIT_LINE),
+                }));
+            }
+            BeforeRequest::Stale { request, matches } if matches && stale.is_none() => {
+                let lines = revalidation(r, &request.headers).unwrap_or_default();
+                stale = Some(Stale { entry, lines });
+            }
+            BeforeRequest::Stale { .. } => {}
+        }
+    }
+    store.counts.misses.fetch_add(1, Relaxed);
+    if r.req.is_head {
+        // A HEAD response has no body to store: forwarded as it is.
+        return Lookup::Bypass;
+    }
+    if stale.as_ref().is_some_and(|s| !s.lines.is_empty()) {
+        store.counts.revalidations.fetch_add(1, Relaxed);
+    }
+    // Only a request without a body waits for another's fetch (answered from the entry
+    // then, nothing of it is left to read).
+    let (leading, wait) = match r.req.framing {
+        BodyFraming::None | BodyFraming::Length(0) => match store.turn(&key) {
+            Turn::Lead => (true, None),
+            Turn::Wait(rx) => (false, Some(rx)),
+        },
+        _ => (false, None),
+    };
+    Lookup::Miss(Box::new(Fill {
+        key,
+        parts,
+        store: store.clone(),
+        status_header: cache.status_header,
+        stale,
+        leading,
+        wait,
+        lock_timeout: cache.lock_timeout,
+        serve_stale_on: cache.serve_stale_on,
+    }))
+}
+
+/// The conditional header lines that revalidate a stale entry (`conditional`: the fields
+/// the policy would send); `None` when it has no validator, or when the client sent a
+/// condition of its own (its request goes up as it is, and the response is stored anew).
+fn revalidation(r: &Request<'_>, conditional: &HeaderMap) -> Option<Vec<u8>> {
+    let own = r.req.headers.iter().any(|h| {
+        let name = &r.buf[h.name.clone()];
+        CONDITIONS
+            .iter()
+            .any(|c| c.as_bytes().eq_ignore_ascii_case(name))
+    });
+    let mut lines = Vec::new();
+    for name in [http::header::IF_NONE_MATCH, http::header::IF_MODIFIED_SINCE] {
+        if let Some(value) = conditional.get(&name) {
+            push_header(&mut lines, header_case(&name), value.as_bytes());
+        }
+    }
+    (!own && !lines.is_empty()).then_some(lines)
+}
+
+/// The request fields that make a request conditional (or partial).
+const CONDITIONS: [&str; 6] = [
+    "if-none-match",
+    "if-modified-since",
+    "if-match",
+    "if-unmodified-since",
+    "if-range",
+    "range",
+];
+
+fn header_case(name: &HeaderName) -> &'static [u8] {
+    match name.as_str() {
+        "if-none-match" => b"If-None-Match",
+        _ => b"If-Modified-Since",
+    }
+}
+
+/// The stale entry of a miss: revalidated, or served if the upstream fails.
+struct Stale {
+    entry: Arc<Entry>,
+    /// Its conditional header lines, added to the upstream request (empty: it has no
+    /// validator, or the client sent a condition of its own).
+    lines: Vec<u8>,
+}
+
+/// The request's cache key: its `key` parts, as `scheme://host/path?query` by default.
+fn key(r: &Request<'_>, routed: &[u8], cache: &RouteCache) -> Vec<u8> {
+    let (path, query) = split_query(routed);
+    let mut key = Vec::with_capacity(routed.len() + 32);
+    for part in &cache.key {
+        match part {
+            CacheKeyPart::Scheme => {
+                key.extend_from_slice(r.origin.scheme());
+                key.extend_from_slice(b"://");
+            }
+            CacheKeyPart::Host => {
+                let host = r.req.host.as_ref().map_or(&[][..], |h| &r.buf[h.clone()]);
+                key.extend(host.iter().map(u8::to_ascii_lowercase));
+            }
+            CacheKeyPart::Path => key.extend_from_slice(path),
+            CacheKeyPart::Query => {
+                if let Some(q) = query {
+                    key.push(b'?');
+                    key.extend_from_slice(q);
+                }
+            }
+        }
+    }
+    key
+}
+
+fn split_query(routed: &[u8]) -> (&[u8], Option<&[u8]>) {
+    match routed.iter().position(|&b| b == b'?') {
+        Some(i) => (&routed[..i], Some(&routed[i + 1..])),
+        None => (routed, None),
+    }
+}
+
+/// The request as the policy reads it: GET (a HEAD is served from a GET's entry), its
+/// path, its end-to-end fields with `Accept-Encoding` normalised. `None`: a field that is
+/// not valid HTTP (the request is forwarded, not cached).
+fn request_parts(r: &Request<'_>, routed: &[u8]) -> Option<http::request::Parts> {
+    let uri = http::Uri::try_from(routed).ok()?;
+    let mut headers = HeaderMap::with_capacity(r.req.headers.len());
+    for h in r.req.headers.iter().filter(|h| !h.kind.is_hop_by_hop()) {
+        let name = HeaderName::from_bytes(&r.buf[h.name.clone()]).ok()?;
+        let value = HeaderValue::from_bytes(&r.buf[h.value.clone()]).ok()?;
+        headers.append(name, value);
+    }
+    normalise_accept_encoding(&mut headers);
+    let (mut parts, ()) = http::Request::get(uri).body(()).ok()?.into_parts();
+    parts.headers = headers;
+    Some(parts)
+}
+
+/// `Accept-Encoding` reduced to the one coding a cached variant is picked by (`br`, else
+/// `gzip`, else none), so that clients' many spellings share a few variants.
+fn normalise_accept_encoding(headers: &mut HeaderMap) {
+    let Some(value) = headers.get(http::header::ACCEPT_ENCODING) else {
+        return;
+    };
+    let text = value.to_str().unwrap_or("").to_ascii_lowercase();
+    let offers = |coding: &str| {
+        text.split(',').any(|item| {
+            let mut parts = item.split(';');
+            let name = parts.next().unwrap_or("").trim();
+            let refused = parts.any(|p| matches!(p.trim(), "q=0" | "q=0.0" | "q=0.00" | "q=0.000"));
+            name == coding && !refused
+        })
+    };
+    let normal = ["br", "gzip"].into_iter().find(|c| offers(c));
+    match normal {
+        Some(c) => headers.insert(http::header::ACCEPT_ENCODING, HeaderValue::from_static(c)),
+        None => headers.remove(http::header::ACCEPT_ENCODING),
+    };
+}
+
+/// A fresh entry, as the response to send: the stored head (with `Age` and `Date`) and
+/// the body, shared.
+pub struct Hit {
+    pub head: http::response::Parts,
+    pub body: Bytes,
+    /// The `Cache-Status` line, when the route adds one.
+    status_line: Option<&'static [u8]>,
+}
+
+impl Hit {
+    pub fn status(&self) -> u16 {
+        self.head.status.as_u16()
+    }
+
+    /// Writes the HTTP/1.1 head: the stored fields (not its framing), `Content-Length`,
+    /// `Cache-Status` when the route has it on, the `Connection` field `persistence` needs.
+    pub fn push_head(&self, out: &mut Vec<u8>, persistence: Persistence) {
+        let status = self.status();
+        push_status_line(out, status, reason_phrase(status).as_bytes());
+        for (name, value) in &self.head.headers {
+            if name == http::header::CONTENT_LENGTH || name == http::header::TRANSFER_ENCODING {
+                continue;
+            }
+            push_header(out, name.as_str().as_bytes(), value.as_bytes());
+        }
+        out.extend_from_slice(b"Content-Length: ");
+        crate::codec::http1::write::push_decimal(out, self.body.len() as u64);
+        out.extend_from_slice(b"\r\n");
+        if let Some(line) = self.status_line {
+            out.extend_from_slice(line);
+        }
+        persistence.push_header(out);
+        out.extend_from_slice(b"\r\n");
+    }
+}
+
+/// A miss on its way upstream: what its response is stored as.
+pub struct Fill {
+    key: Vec<u8>,
+    parts: http::request::Parts,
+    store: Arc<MemoryStore>,
+    status_header: bool,
+    /// A stale entry the request revalidates.
+    stale: Option<Stale>,
+    /// This request fetches the key while others wait ([`MemoryStore::release`] when the
+    /// fill is dropped: stored, refused, or failed).
+    leading: bool,
+    /// Another request fetches the key: wait for it (within `lock_timeout`) and look again.
+    wait: Option<watch::Receiver<()>>,
+    lock_timeout: Duration,
+    serve_stale_on: weir_config::StaleOn,
+}
+
+impl Drop for Fill {
+    fn drop(&mut self) {
+        if self.leading {
+            self.store.release(&self.key);
+        }
+    }
+}
+
+/// The `Cache-Status` lines (RFC 9211): a fresh entry; a response fetched for a miss; one
+/// fetched to revalidate a stale entry; a stale entry the upstream confirmed (`304`).
+const HIT_LINE: &[u8] = b"Cache-Status: weir; hit\r\n";
+const MISS_LINE: &[u8] = b"Cache-Status: weir; fwd=uri-miss\r\n";
+const STALE_LINE: &[u8] = b"Cache-Status: weir; fwd=stale\r\n";
+const STALE_SERVED_LINE: &[u8] = b"Cache-Status: weir; hit; detail=stale\r\n";
+const COLLAPSED_LINE: &[u8] = b"Cache-Status: weir; hit; collapsed\r\n";
+const REFRESHED_LINE: &[u8] = b"Cache-Status: weir; fwd=stale; fwd-status=304\r\n";
+
+impl Fill {
+    /// The `Cache-Status` line the response gets, if the route adds one.
+    pub fn status_line(&self) -> Option<&'static [u8]> {
+        let line = match &self.stale {
+            Some(s) if !s.lines.is_empty() => STALE_LINE,
+            _ => MISS_LINE,
+        };
+        self.status_header.then_some(line)
+    }
+
+    /// Waits for the request fetching the same key, if another one is (within
+    /// `lock_timeout`), then looks again: the entry it stored, if fresh for this request.
+    /// `None`: this request goes upstream itself.
+    pub async fn collapse(&mut self) -> Option<Hit> {
+        let mut wait = self.wait.take()?;
+        self.store.counts.collapsed.fetch_add(1, Relaxed);
+        // Closed (`Err`) when the leader is done; a timeout: it takes too long.
+        let _ = tokio::time::timeout(self.lock_timeout, wait.changed()).await;
+        let now = SystemTime::now();
+        let fresh = self.store.get(&self.key).into_iter().find_map(|entry| {
+            match entry.policy.before_request(&self.parts, now) {
+                BeforeRequest::Fresh(head) => Some((entry, head)),
+                BeforeRequest::Stale { .. } => None,
+            }
+        });
+        let (entry, head) = fresh?;
+        self.store.counts.hits.fetch_add(1, Relaxed);
+        Some(Hit {
+            head,
+            body: entry.body.clone(),
+            status_line: self.status_header.then_some(COLLAPSED_LINE),
+        })
+    }
+
+    /// The stale entry, as the answer for the upstream's failure `cause`, if it may be
+    /// served for it (`stale-if-error`, the route's `serve_stale_on`).
+    pub fn stale_answer(&self, cause: Cause) -> Option<Hit> {
+        let stale = self.stale.as_ref()?;
+        let now = SystemTime::now();
+        if !stale
+            .entry
+            .staleness
+            .answers(cause, self.serve_stale_on, now)
+        {
+            return None;
+        }
+        self.store.counts.stale.fetch_add(1, Relaxed);
+        // The stored head, with its age now (`cached_response` through a fresh check
+        // would refuse it: it is stale).
+        let mut head = http::Response::new(()).into_parts().0;
+        head.status = stale.entry.status;
+        head.headers = stale.entry.headers.clone();
+        let age = stale.entry.policy.age(now).as_secs();
+        head.headers
+            .insert(http::header::AGE, HeaderValue::from(age));
+        Some(Hit {
+            head,
+            body: stale.entry.body.clone(),
+            status_line: self.status_header.then_some(STALE_SERVED_LINE),
+        })
+    }
+
+    /// The conditional header lines the upstream request gets (empty: none).
+    pub fn conditional_lines(&self) -> &[u8] {
+        self.stale.as_ref().map_or(&[], |s| &s.lines)
+    }
+
+    /// The stale entry refreshed by the upstream's `304` (`resp`, its head in `buf`): the
+    /// store gets the updated head with the same body, and the client the entry. `None`:
+    /// nothing was revalidated, or the `304` is not for the stored entry (it answers the
+    /// client's own condition), so it is relayed.
+    pub fn refresh(&self, buf: &[u8], resp: &ResponseHead) -> Option<Hit> {
+        let stale = self.stale.as_ref().filter(|s| !s.lines.is_empty())?;
+        let head = response_parts(buf, resp)?;
+        let now = SystemTime::now();
+        let (policy, parts) = match stale.entry.policy.after_response(&self.parts, &head, now) {
+            AfterResponse::NotModified(policy, parts) => (policy, parts),
+            AfterResponse::Modified(..) => return None,
+        };
+        let entry = Entry {
+            staleness: Staleness::of(&policy, &parts.headers, now),
+            status: parts.status,
+            headers: parts.headers.clone(),
+            policy,
+            body: stale.entry.body.clone(),
+            variant: stale.entry.variant.clone(),
+            size: stale.entry.size,
+        };
+        self.store.insert(&self.key, entry);
+        Some(Hit {
+            head: parts,
+            body: stale.entry.body.clone(),
+            status_line: self.status_header.then_some(REFRESHED_LINE),
+        })
+    }
+
+    /// What answers instead of the upstream's response `resp` (its head in `buf`): the
+    /// stale entry a `304` refreshed, or the one a 5xx may be answered with.
+    pub fn answer_instead(&self, buf: &[u8], resp: &ResponseHead) -> Option<(Hit, CacheResult)> {
+        match resp.status {
+            304 => Some((self.refresh(buf, resp)?, CacheResult::Revalidated)),
+            500.. => Some((self.stale_answer(Cause::Status5xx)?, CacheResult::Stale)),
+            _ => None,
+        }
+    }
+
+    /// The recorder for the response `resp` (its head in `buf`), if it may be stored: the
+    /// policy allows it and its length (when known) fits `max_object_size`. `dechunk`: a
+    /// chunked body's pieces come decoded (to an HTTP/1.0 client, or compressed).
+    pub fn admit(self, buf: &[u8], resp: &ResponseHead, dechunk: bool) -> Option<Box<Recorder>> {
+        let limit = self.store.config.max_object_size;
+        if resp.framing.length().is_some_and(|n| n > limit) {
+            return None;
+        }
+        let mut head = http::Response::new(());
+        *head.status_mut() = http::StatusCode::from_u16(resp.status).ok()?;
+        let headers = head.headers_mut();
+        for h in resp
+            .headers
+            .iter()
+            .filter(|h| !h.kind.is_hop_by_hop() && !h.connection_listed)
+        {
+            let name = HeaderName::from_bytes(&buf[h.name.clone()]).ok()?;
+            let value = HeaderValue::from_bytes(&buf[h.value.clone()]).ok()?;
+            headers.append(name, value);
+        }
+        let options = CacheOptions {
+            shared: true,
+            ..CacheOptions::default()
+        };
+        let policy = CachePolicy::new_options(&self.parts, &head, SystemTime::now(), options);
+        // A shared cache stores no response that sets a cookie: it is one client's.
+        if !policy.is_storable() || head.headers().contains_key(http::header::SET_COOKIE) {
+            return None;
+        }
+        let variant = variant(&self.parts.headers, head.headers());
+        let (head, ()) = head.into_parts();
+        Some(Box::new(Recorder {
+            head,
+            chunked: resp.framing == BodyFraming::Chunked && !dechunk,
+            fill: self,
+            policy,
+            variant,
+            body: Vec::new(),
+            limit,
+            over: false,
+        }))
+    }
+}
+
+/// The response `resp` (its head in `buf`) as the policy reads it: its end-to-end fields.
+fn response_parts(buf: &[u8], resp: &ResponseHead) -> Option<http::Response<()>> {
+    let mut head = http::Response::new(());
+    *head.status_mut() = http::StatusCode::from_u16(resp.status).ok()?;
+    let headers = head.headers_mut();
+    for h in resp
+        .headers
+        .iter()
+        .filter(|h| !h.kind.is_hop_by_hop() && !h.connection_listed)
+    {
+        let name = HeaderName::from_bytes(&buf[h.name.clone()]).ok()?;
+        let value = HeaderValue::from_bytes(&buf[h.value.clone()]).ok()?;
+        headers.append(name, value);
+    }
+    Some(head)
+}
+
+/// The values of the request fields `response` varies on, joined.
+fn variant(request: &HeaderMap, response: &HeaderMap) -> Vec<u8> {
+    let mut out = Vec::new();
+    let names = response.get_all(http::header::VARY).iter();
+    for name in names
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+    {
+        let name = name.trim().to_ascii_lowercase();
+        out.extend_from_slice(name.as_bytes());
+        out.push(b'=');
+        for value in request.get_all(name.as_str()) {
+            out.extend_from_slice(value.as_bytes());
+        }
+        out.push(0);
+    }
+    out
+}
+
+/// A copy of a response's body on its way to the client, stored once it is complete.
+pub struct Recorder {
+    fill: Fill,
+    /// The response's status and end-to-end fields.
+    head: http::response::Parts,
+    policy: CachePolicy,
+    variant: Vec<u8>,
+    /// The bytes as the upstream framed them (chunks decoded when stored).
+    body: Vec<u8>,
+    chunked: bool,
+    limit: u64,
+    /// The body passed `max_object_size`: it streams on, uncached.
+    over: bool,
+}
+
+impl Recorder {
+    /// Keeps a piece of the body.
+    pub fn record(&mut self, piece: &[u8]) {
+        if self.over {
+            return;
+        }
+        if (self.body.len() + piece.len()) as u64 > self.limit.saturating_mul(2) + 4096 {
+            self.over = true;
+            self.body = Vec::new();
+            return;
+        }
+        self.body.extend_from_slice(piece);
+    }
+
+    /// Stores the entry whose whole body is `body` (it came with the head).
+    pub fn finish_with(mut self, body: &[u8]) {
+        self.record(body);
+        self.finish();
+    }
+
+    /// Stores the entry: the body was relayed to its end.
+    pub fn finish(self) {
+        let store = &self.fill.store;
+        let body = match self.chunked {
+            true => dechunk(self.body),
+            false => Some(self.body),
+        };
+        let Some(body) = body.filter(|b| !self.over && b.len() as u64 <= self.limit) else {
+            store.counts.bypasses.fetch_add(1, Relaxed);
+            return;
+        };
+        let size = body.len() as u64 + self.fill.key.len() as u64 + 512;
+        let now = SystemTime::now();
+        let entry = Entry {
+            staleness: Staleness::of(&self.policy, &self.head.headers, now),
+            status: self.head.status,
+            headers: self.head.headers,
+            policy: self.policy,
+            body: Bytes::from(body),
+            variant: self.variant,
+            size,
+        };
+        store.insert(&self.fill.key, entry);
+        store.counts.stores.fetch_add(1, Relaxed);
+    }
+}
+
+/// A chunked body's data; `None` if its framing is bad.
+fn dechunk(mut raw: Vec<u8>) -> Option<Vec<u8>> {
+    let mut state = BodyState::new(BodyFraming::Chunked, true, None);
+    let mut out = Vec::with_capacity(raw.len());
+    let mut at = 0;
+    while !state.is_done() && at < raw.len() {
+        let (forward, used) = state.take(&mut raw[at..]).ok()?;
+        out.extend_from_slice(&raw[at..at + forward]);
+        if used == 0 {
+            return None;
+        }
+        at += used;
+    }
+    state.is_done().then_some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accept_encoding_is_reduced_to_one_coding() {
+        let mut h = HeaderMap::new();
+        for (sent, normal) in [
+            ("gzip, deflate, br", Some("br")),
+            ("deflate, gzip;q=0.5", Some("gzip")),
+            ("br;q=0, gzip", Some("gzip")),
+            ("identity", None),
+        ] {
+            h.insert(
+                http::header::ACCEPT_ENCODING,
+                HeaderValue::from_static(sent),
+            );
+            normalise_accept_encoding(&mut h);
+            let got = h
+                .get(http::header::ACCEPT_ENCODING)
+                .map(|v| v.to_str().unwrap());
+            assert_eq!(got, normal, "{sent}");
+        }
+    }
+
+    #[test]
+    fn a_chunked_body_is_stored_decoded() {
+        let raw = b"5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n".to_vec();
+        assert_eq!(dechunk(raw).unwrap(), b"hello world");
+        assert!(dechunk(b"5\r\nhel".to_vec()).is_none());
+    }
+}

@@ -1,0 +1,90 @@
+//! Serving a stale entry when the upstream fails (RFC 5861 `stale-if-error`, and a
+//! route's `serve_stale_on`): what each entry allows, read from its response when it is
+//! stored ([`Staleness`]), and which failures a stale entry answers ([`Cause`]).
+
+use std::time::{Duration, SystemTime};
+
+use http::HeaderMap;
+use http_cache_semantics::CachePolicy;
+use weir_config::StaleOn;
+
+use crate::error::ProxyError;
+
+/// How an entry may be served once stale.
+#[derive(Debug, Clone, Copy)]
+pub struct Staleness {
+    /// When it stops being fresh.
+    pub fresh_until: SystemTime,
+    /// `stale-if-error=N`: how long past that it may answer for a failure.
+    pub if_error: Option<Duration>,
+    /// `must-revalidate`, `proxy-revalidate`, `no-cache`: never served stale.
+    pub forbidden: bool,
+}
+
+impl Staleness {
+    /// What the response `headers` (stored under `policy`) allow, at `now`.
+    pub fn of(policy: &CachePolicy, headers: &HeaderMap, now: SystemTime) -> Staleness {
+        let mut out = Staleness {
+            fresh_until: now + policy.time_to_live(now),
+            if_error: None,
+            forbidden: false,
+        };
+        let directives = headers.get_all(http::header::CACHE_CONTROL).iter();
+        let directives = directives
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','));
+        for directive in directives {
+            let (name, value) = match directive.split_once('=') {
+                Some((n, v)) => (n.trim(), Some(v.trim().trim_matches('"'))),
+                None => (directive.trim(), None),
+            };
+            let seconds = value.and_then(|v| v.parse().ok()).map(Duration::from_secs);
+            match name.to_ascii_lowercase().as_str() {
+                "stale-if-error" => out.if_error = seconds,
+                "must-revalidate" | "proxy-revalidate" | "no-cache" => out.forbidden = true,
+                _ => {}
+            }
+        }
+        out
+    }
+
+    /// Whether the entry may answer for `cause` at `now` (the route allowing it on `on`).
+    pub fn answers(&self, cause: Cause, on: StaleOn, now: SystemTime) -> bool {
+        if self.forbidden {
+            return false;
+        }
+        let stale_for = now.duration_since(self.fresh_until).unwrap_or_default();
+        let by_response = self.if_error.is_some_and(|window| stale_for <= window);
+        let by_route = match cause {
+            Cause::Error => on.error,
+            Cause::Timeout => on.timeout,
+            Cause::Status5xx => on.status_5xx,
+        };
+        by_response || by_route
+    }
+}
+
+/// An upstream failure a stale entry may answer for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cause {
+    /// Unreachable, reset, closed early, malformed, no server (502, 503).
+    Error,
+    /// No connection or no answer in time (504).
+    Timeout,
+    /// A 5xx status from the upstream.
+    Status5xx,
+}
+
+impl Cause {
+    /// The cause of `error`, if it is the upstream's failure.
+    pub fn of(error: ProxyError) -> Option<Cause> {
+        match error {
+            ProxyError::UpstreamConnectTimeout | ProxyError::UpstreamTimeout => {
+                Some(Cause::Timeout)
+            }
+            e if e.side() == crate::error::Side::Upstream => Some(Cause::Error),
+            ProxyError::NoServer => Some(Cause::Error),
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,99 @@
+//! What an HTTP/1.1 exchange's response is stored by: nothing ([`NoFill`], a route without
+//! `cache`), or a cache miss's [`Fill`]. The response half is generic over it, so that a
+//! route without `cache` compiles to an exchange without any of the cache's steps (each
+//! [`NoFill`] step is a constant the compiler removes) while both share one path.
+
+use std::convert::Infallible;
+
+use crate::cache::{CacheResult, Fill, Hit, Recorder};
+use crate::codec::http1::ResponseHead;
+
+/// What stores a response, or answers instead of it.
+pub(crate) trait Filling {
+    /// What keeps the body on its way to the client.
+    type Recorder: Record;
+
+    /// The stored entry that answers instead of `resp` (its head in `buf`), if any.
+    fn answer_instead(&self, buf: &[u8], resp: &ResponseHead) -> Option<(Hit, CacheResult)>;
+
+    /// The `Cache-Status` line the response gets, if any.
+    fn status_line(&self) -> Option<&'static [u8]>;
+
+    /// The recorder of `resp` (its head in `buf`), if it may be stored; `dechunk`: its
+    /// body's pieces come decoded.
+    fn admit(self, buf: &[u8], resp: &ResponseHead, dechunk: bool) -> Option<Self::Recorder>;
+}
+
+/// A copy of a body on its way to the client (a [`Recorder`]'s steps).
+pub(crate) trait Record {
+    /// Keeps a piece of the body.
+    fn record(&mut self, piece: &[u8]);
+    /// Stores the entry whose whole body is `body`.
+    fn finish_with(self, body: &[u8]);
+    /// Stores the entry: the body was relayed to its end.
+    fn finish(self);
+}
+
+/// A route without `cache`: nothing is stored, nothing answers instead.
+pub(crate) struct NoFill;
+
+impl Filling for NoFill {
+    type Recorder = Infallible;
+
+    fn answer_instead(&self, _: &[u8], _: &ResponseHead) -> Option<(Hit, CacheResult)> {
+        None
+    }
+
+    fn status_line(&self) -> Option<&'static [u8]> {
+        None
+    }
+
+    fn admit(self, _: &[u8], _: &ResponseHead, _: bool) -> Option<Infallible> {
+        None
+    }
+}
+
+impl Filling for Box<Fill> {
+    type Recorder = Box<Recorder>;
+
+    fn answer_instead(&self, buf: &[u8], resp: &ResponseHead) -> Option<(Hit, CacheResult)> {
+        Fill::answer_instead(self, buf, resp)
+    }
+
+    fn status_line(&self) -> Option<&'static [u8]> {
+        Fill::status_line(self)
+    }
+
+    fn admit(self, buf: &[u8], resp: &ResponseHead, dechunk: bool) -> Option<Box<Recorder>> {
+        Fill::admit(*self, buf, resp, dechunk)
+    }
+}
+
+/// [`NoFill`]'s recorder: there is none.
+impl Record for Infallible {
+    fn record(&mut self, _: &[u8]) {
+        match *self {}
+    }
+
+    fn finish_with(self, _: &[u8]) {
+        match self {}
+    }
+
+    fn finish(self) {
+        match self {}
+    }
+}
+
+impl Record for Box<Recorder> {
+    fn record(&mut self, piece: &[u8]) {
+        Recorder::record(self, piece);
+    }
+
+    fn finish_with(self, body: &[u8]) {
+        Recorder::finish_with(*self, body);
+    }
+
+    fn finish(self) {
+        Recorder::finish(*self);
+    }
+}

@@ -1,0 +1,653 @@
+//! The HTTP cache (a route's `cache`, `[caches.NAME]`) over real sockets: fresh hits
+//! answered with no upstream request, what is never stored (`no-store`, `private`,
+//! `Set-Cookie`, `Authorization`, a body over `max_object_size`), `s-maxage`, heuristic
+//! freshness, `Vary` with `Accept-Encoding` normalised, HEAD from a cached GET, chunked
+//! bodies, `Cache-Status`, and an HTTP/2 client served from the same entries.
+
+mod common;
+
+use std::net::SocketAddr;
+
+use common::Conf;
+use weir_testkit::{Backend, Client, Response};
+
+/// Route `c` on `/` caching in store `mem` (`route_keys`: more keys of the route's
+/// `cache`), to `backend`.
+fn cached(backend: SocketAddr, route_keys: &str, store_keys: &str) -> Conf {
+    Conf::new()
+        .route(
+            "c",
+            "up",
+            &[&format!("cache = {{ store = \"mem\"{route_keys} }}")],
+        )
+        .upstream("up", &[backend], &[])
+        .table(&format!("[caches.mem]\nkind = \"memory\"\n{store_keys}"))
+}
+
+/// A response's header fields and the request's.
+type Case = (
+    &'static [(&'static str, &'static str)],
+    &'static [(&'static str, &'static str)],
+);
+
+async fn get(c: &mut Client, path: &str, headers: &[(&str, &str)]) -> Response {
+    let mut all = vec![("Host", "example.com")];
+    all.extend_from_slice(headers);
+    c.request("GET", path, &all, b"").await.expect("response")
+}
+
+#[tokio::test]
+async fn a_fresh_entry_is_served_without_asking_the_upstream() {
+    let b = Backend::fixed(
+        200,
+        &[("Cache-Control", "max-age=60"), ("X-Up", "1")],
+        "hello",
+    );
+    let weir = cached(b.addr(), "", "").start();
+    let mut c = weir.client().await;
+    let first = get(&mut c, "/a?x=1", &[]).await;
+    assert_eq!(first.status, 200);
+    assert_eq!(first.body, b"hello");
+    assert_eq!(first.header("Cache-Status"), Some("weir; fwd=uri-miss"));
+    for _ in 0..3 {
+        let hit = get(&mut c, "/a?x=1", &[]).await;
+        assert_eq!(hit.status, 200);
+        assert_eq!(hit.body, b"hello");
+        assert_eq!(hit.header("X-Up"), Some("1"));
+        assert_eq!(hit.header("Cache-Status"), Some("weir; hit"));
+        assert_eq!(hit.header("Content-Length"), Some("5"));
+        assert!(hit.header("Age").is_some(), "a hit says its age");
+    }
+    assert_eq!(b.requests_served(), 1, "hits never reach the upstream");
+    // Another query, another host: other keys.
+    get(&mut c, "/a?x=2", &[]).await;
+    let other = c
+        .request("GET", "/a?x=1", &[("Host", "other.example")], b"")
+        .await
+        .unwrap();
+    assert_eq!(other.header("Cache-Status"), Some("weir; fwd=uri-miss"));
+    assert_eq!(b.requests_served(), 3);
+    // A new connection gets the same entry.
+    let mut c2 = weir.client().await;
+    assert_eq!(
+        get(&mut c2, "/a?x=1", &[]).await.header("Cache-Status"),
+        Some("weir; hit")
+    );
+    assert_eq!(b.requests_served(), 3);
+}
+
+#[tokio::test]
+async fn head_is_answered_from_a_cached_get() {
+    let b = Backend::fixed(200, &[("Cache-Control", "max-age=60")], "0123456789");
+    let weir = cached(b.addr(), "", "").start();
+    let mut c = weir.client().await;
+    get(&mut c, "/", &[]).await;
+    let head = c
+        .request("HEAD", "/", &[("Host", "example.com")], b"")
+        .await
+        .expect("HEAD response");
+    assert_eq!(head.status, 200);
+    assert_eq!(head.header("Content-Length"), Some("10"));
+    assert_eq!(head.header("Cache-Status"), Some("weir; hit"));
+    assert!(head.body.is_empty());
+    // The connection is still in step: the next response is read whole.
+    assert_eq!(get(&mut c, "/", &[]).await.body, b"0123456789");
+    assert_eq!(b.requests_served(), 1);
+}
+
+/// Each of these responses (or requests) must reach the upstream every time.
+#[tokio::test]
+async fn what_a_shared_cache_must_not_store_is_fetched_every_time() {
+    let cases: [Case; 5] = [
+        (&[("Cache-Control", "no-store, max-age=60")], &[]),
+        (&[("Cache-Control", "private, max-age=60")], &[]),
+        (
+            &[("Cache-Control", "max-age=60"), ("Set-Cookie", "a=b")],
+            &[],
+        ),
+        (
+            &[("Cache-Control", "max-age=60")],
+            &[("Authorization", "Basic YTpi")],
+        ),
+        (&[("Cache-Control", "max-age=0")], &[]),
+    ];
+    for (response, request) in cases {
+        let b = Backend::fixed(200, response, "body");
+        let weir = cached(b.addr(), "", "").start();
+        let mut c = weir.client().await;
+        for _ in 0..3 {
+            let r = get(&mut c, "/", request).await;
+            assert_eq!(r.body, b"body", "{response:?} {request:?}");
+            assert_eq!(r.header("Cache-Status"), Some("weir; fwd=uri-miss"));
+        }
+        assert_eq!(b.requests_served(), 3, "{response:?} {request:?}");
+    }
+}
+
+#[tokio::test]
+async fn s_maxage_public_with_authorization_and_heuristic_freshness_are_stored() {
+    let cases: [Case; 3] = [
+        // s-maxage wins over max-age=0 for a shared cache, and allows Authorization.
+        (
+            &[("Cache-Control", "max-age=0, s-maxage=60")],
+            &[("Authorization", "Basic YTpi")],
+        ),
+        // No explicit freshness: a tenth of the time since Last-Modified.
+        (&[("Last-Modified", "Mon, 01 Jan 2001 00:00:00 GMT")], &[]),
+        (&[("Expires", "Thu, 01 Jan 2099 00:00:00 GMT")], &[]),
+    ];
+    for (response, request) in cases {
+        let b = Backend::fixed(200, response, "body");
+        let weir = cached(b.addr(), "", "").start();
+        let mut c = weir.client().await;
+        get(&mut c, "/", request).await;
+        let r = get(&mut c, "/", request).await;
+        assert_eq!(r.header("Cache-Status"), Some("weir; hit"), "{response:?}");
+        assert_eq!(r.body, b"body");
+        assert_eq!(b.requests_served(), 1, "{response:?}");
+    }
+}
+
+#[tokio::test]
+async fn vary_accept_encoding_keeps_one_variant_per_normalised_coding() {
+    let headers = [("Cache-Control", "max-age=60"), ("Vary", "Accept-Encoding")];
+    let b = Backend::fixed(200, &headers, "v");
+    let weir = cached(b.addr(), "", "").start();
+    let mut c = weir.client().await;
+    let ae = |v| [("Accept-Encoding", v)];
+    get(&mut c, "/", &ae("gzip")).await;
+    assert_eq!(b.requests_served(), 1);
+    // Spelled differently, the same coding Weir would pick: the same variant.
+    for same in ["gzip, deflate", "deflate;q=0.5, gzip"] {
+        let r = get(&mut c, "/", &ae(same)).await;
+        assert_eq!(r.header("Cache-Status"), Some("weir; hit"), "{same}");
+    }
+    assert_eq!(b.requests_served(), 1);
+    get(&mut c, "/", &ae("br, gzip")).await;
+    get(&mut c, "/", &[]).await;
+    assert_eq!(
+        b.requests_served(),
+        3,
+        "br and identity are variants of their own"
+    );
+    assert_eq!(
+        get(&mut c, "/", &ae("gzip")).await.header("Cache-Status"),
+        Some("weir; hit")
+    );
+    assert_eq!(
+        get(&mut c, "/", &ae("br")).await.header("Cache-Status"),
+        Some("weir; hit")
+    );
+    assert_eq!(
+        get(&mut c, "/", &[]).await.header("Cache-Status"),
+        Some("weir; hit")
+    );
+    assert_eq!(b.requests_served(), 3);
+}
+
+#[tokio::test]
+async fn a_body_over_max_object_size_streams_through_uncached() {
+    let big = "x".repeat(200_000);
+    let b = Backend::fixed(200, &[("Cache-Control", "max-age=60")], &big);
+    let weir = cached(b.addr(), "", "max_object_size = \"100KiB\"").start();
+    let mut c = weir.client().await;
+    for _ in 0..2 {
+        let r = get(&mut c, "/", &[]).await;
+        assert_eq!(r.body.len(), big.len());
+        assert_eq!(r.header("Cache-Status"), Some("weir; fwd=uri-miss"));
+    }
+    assert_eq!(b.requests_served(), 2);
+}
+
+#[tokio::test]
+async fn a_chunked_response_is_stored_decoded_and_served_with_a_length() {
+    let raw = b"HTTP/1.1 200 OK\r\nCache-Control: max-age=60\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n";
+    let b = Backend::raw_response(raw);
+    let weir = cached(b.addr(), "", "").start();
+    let mut c = weir.client().await;
+    let first = get(&mut c, "/", &[]).await;
+    assert_eq!(first.body, b"hello world");
+    let mut c = weir.client().await;
+    let hit = get(&mut c, "/", &[]).await;
+    assert_eq!(hit.header("Cache-Status"), Some("weir; hit"));
+    assert_eq!(hit.header("Content-Length"), Some("11"));
+    assert_eq!(hit.header("Transfer-Encoding"), None);
+    assert_eq!(hit.body, b"hello world");
+    assert_eq!(b.requests_served(), 1);
+}
+
+#[tokio::test]
+async fn cache_status_can_be_switched_off_and_other_methods_bypass() {
+    let b = Backend::fixed(200, &[("Cache-Control", "max-age=60")], "p");
+    let weir = cached(b.addr(), ", status_header = false", "").start();
+    let mut c = weir.client().await;
+    for _ in 0..2 {
+        let r = get(&mut c, "/", &[]).await;
+        assert_eq!(r.header("Cache-Status"), None);
+    }
+    assert_eq!(b.requests_served(), 1);
+    for _ in 0..2 {
+        let r = c
+            .request("POST", "/", &[("Host", "example.com")], b"data")
+            .await
+            .unwrap();
+        assert_eq!(r.body, b"p");
+    }
+    assert_eq!(
+        b.requests_served(),
+        3,
+        "POST is never answered from the cache"
+    );
+}
+
+#[tokio::test]
+async fn an_http2_client_is_served_from_the_same_entry() {
+    let b = Backend::fixed(200, &[("Cache-Control", "max-age=60")], "shared");
+    let weir = cached(b.addr(), "", "").start();
+    let mut c = weir.client().await;
+    get(&mut c, "/h2", &[]).await;
+    let mut h2 = common::h2c_client(weir.addr).await;
+    let request = http::Request::get("http://example.com/h2")
+        .body(())
+        .unwrap();
+    let (response, _) = h2.send_request(request, true).unwrap();
+    let response = response.await.expect("h2 response");
+    assert_eq!(response.status(), 200);
+    let status = response.headers().get("cache-status").unwrap();
+    assert_eq!(status, "weir; hit");
+    let mut body = response.into_body();
+    let mut got = Vec::new();
+    while let Some(data) = body.data().await {
+        got.extend_from_slice(&data.unwrap());
+    }
+    assert_eq!(got, b"shared");
+    assert_eq!(b.requests_served(), 1);
+}
+
+#[test]
+fn a_route_naming_a_missing_store_is_rejected_with_its_place() {
+    let text = r#"
+[[listeners]]
+name = "web"
+bind = "127.0.0.1:0"
+
+[[listeners.routes]]
+name = "c"
+upstream = "up"
+cache = { store = "nope" }
+
+[upstreams.up]
+servers = [{ addr = "127.0.0.1:1" }]
+"#;
+    let e = weir_config::parse_str(text, "weir.toml")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("weir.toml:9"), "{e}");
+    assert!(e.contains("listeners[0].routes[0].cache.store"), "{e}");
+    assert!(e.contains("[caches.nope]"), "{e}");
+}
+
+/// An upstream answering each request with what `reply` makes of its head and of how
+/// many requests came before it (an empty answer: the connection closes), recording the
+/// heads; keep-alive, bodiless requests only.
+struct Scripted {
+    addr: SocketAddr,
+    heads: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+/// How a [`Scripted`] upstream answers: from the request head and its index.
+type Reply = fn(&str, usize) -> String;
+
+/// Holds a [`Scripted`] upstream's responses until the test adds permits.
+type Gate = std::sync::Arc<tokio::sync::Semaphore>;
+
+impl Scripted {
+    async fn start(reply: Reply) -> Scripted {
+        Scripted::gated(reply, None).await
+    }
+
+    async fn gated(reply: Reply, gate: Option<Gate>) -> Scripted {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let heads = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen = heads.clone();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                let (seen, gate) = (seen.clone(), gate.clone());
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    loop {
+                        let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+                            let mut more = [0u8; 4096];
+                            match s.read(&mut more).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => buf.extend_from_slice(&more[..n]),
+                            }
+                            continue;
+                        };
+                        let head = String::from_utf8_lossy(&buf[..end + 4]).into_owned();
+                        buf.drain(..end + 4);
+                        let response = {
+                            let mut seen = seen.lock().unwrap();
+                            seen.push(head);
+                            reply(&seen[seen.len() - 1], seen.len() - 1)
+                        };
+                        if response.is_empty() {
+                            return;
+                        }
+                        if let Some(gate) = &gate {
+                            gate.acquire().await.unwrap().forget();
+                        }
+                        if s.write_all(response.as_bytes()).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        Scripted { addr, heads }
+    }
+
+    fn heads(&self) -> Vec<String> {
+        self.heads.lock().unwrap().clone()
+    }
+}
+
+/// `ETag: "v1"`, stale at once (`max-age=0`): a `304` to `If-None-Match: "v1"`.
+fn etag_v1(head: &str, _: usize) -> String {
+    if head.contains("If-None-Match: \"v1\"") {
+        return "HTTP/1.1 304 Not Modified\r\nETag: \"v1\"\r\nCache-Control: max-age=60\r\n\r\n"
+            .into();
+    }
+    "HTTP/1.1 200 OK\r\nETag: \"v1\"\r\nCache-Control: max-age=0\r\nContent-Length: 7\r\n\r\nversion".into()
+}
+
+#[tokio::test]
+async fn a_stale_entry_is_revalidated_once_and_a_304_refreshes_it() {
+    let up = Scripted::start(etag_v1).await;
+    let weir = cached(up.addr, "", "").start();
+    let mut c = weir.client().await;
+    let first = get(&mut c, "/r", &[]).await;
+    assert_eq!(first.body, b"version");
+    assert_eq!(first.header("Cache-Status"), Some("weir; fwd=uri-miss"));
+    // Stale: one conditional request, answered 304; the client gets the stored body.
+    let second = get(&mut c, "/r", &[]).await;
+    assert_eq!(second.status, 200);
+    assert_eq!(second.body, b"version");
+    assert_eq!(second.header("ETag"), Some("\"v1\""));
+    assert_eq!(
+        second.header("Cache-Control"),
+        Some("max-age=60"),
+        "the 304's fields replace the stored ones"
+    );
+    assert_eq!(
+        second.header("Cache-Status"),
+        Some("weir; fwd=stale; fwd-status=304")
+    );
+    // Refreshed by the 304 (max-age=60 now): a hit, nothing more upstream.
+    let third = get(&mut c, "/r", &[]).await;
+    assert_eq!(third.header("Cache-Status"), Some("weir; hit"));
+    assert_eq!(third.body, b"version");
+    let heads = up.heads();
+    assert_eq!(heads.len(), 2, "{heads:?}");
+    assert!(!heads[0].contains("If-None-Match"));
+    let conditional: Vec<_> = heads
+        .iter()
+        .filter(|h| h.contains("If-None-Match"))
+        .collect();
+    assert_eq!(
+        conditional.len(),
+        1,
+        "exactly one conditional request: {heads:?}"
+    );
+}
+
+/// `Last-Modified` only: revalidated with `If-Modified-Since`; the upstream's new version
+/// (a 200) replaces the entry.
+fn last_modified(head: &str, _: usize) -> String {
+    let lm = "Last-Modified: Mon, 01 Jan 2001 00:00:00 GMT\r\n";
+    if head.contains("If-Modified-Since: Mon, 01 Jan 2001 00:00:00 GMT") {
+        return format!(
+            "HTTP/1.1 200 OK\r\n{lm}Cache-Control: max-age=60\r\nContent-Length: 3\r\n\r\nnew"
+        );
+    }
+    format!("HTTP/1.1 200 OK\r\n{lm}Cache-Control: max-age=0\r\nContent-Length: 3\r\n\r\nold")
+}
+
+#[tokio::test]
+async fn a_changed_resource_replaces_the_stale_entry() {
+    let up = Scripted::start(last_modified).await;
+    let weir = cached(up.addr, "", "").start();
+    let mut c = weir.client().await;
+    assert_eq!(get(&mut c, "/", &[]).await.body, b"old");
+    let second = get(&mut c, "/", &[]).await;
+    assert_eq!(second.body, b"new");
+    assert_eq!(second.header("Cache-Status"), Some("weir; fwd=stale"));
+    let third = get(&mut c, "/", &[]).await;
+    assert_eq!(
+        (third.body.as_slice(), third.header("Cache-Status")),
+        (&b"new"[..], Some("weir; hit"))
+    );
+    assert_eq!(up.heads().len(), 2);
+}
+
+#[tokio::test]
+async fn a_client_condition_goes_up_as_it_is() {
+    let up = Scripted::start(etag_v1).await;
+    let weir = cached(up.addr, "", "").start();
+    let mut c = weir.client().await;
+    get(&mut c, "/", &[]).await;
+    let r = get(&mut c, "/", &[("If-None-Match", "\"v1\"")]).await;
+    assert_eq!(
+        r.status, 304,
+        "the client's own condition is answered by the upstream"
+    );
+    let heads = up.heads();
+    assert_eq!(heads.len(), 2);
+    assert_eq!(heads[1].matches("If-None-Match").count(), 1, "{}", heads[1]);
+}
+
+fn fresh_for_a_minute(_: &str, _: usize) -> String {
+    "HTTP/1.1 200 OK\r\nCache-Control: max-age=60\r\nContent-Length: 3\r\n\r\nhot".into()
+}
+
+#[tokio::test]
+async fn concurrent_misses_send_one_request_upstream() {
+    let gate = Gate::new(tokio::sync::Semaphore::new(0));
+    let up = Scripted::gated(fresh_for_a_minute, Some(gate.clone())).await;
+    let weir = cached(up.addr, "", "").start();
+    let mut clients = tokio::task::JoinSet::new();
+    for _ in 0..200 {
+        let addr = weir.addr;
+        clients.spawn(async move {
+            let mut c = Client::connect(addr).await.expect("connect");
+            let r = get(&mut c, "/hot", &[]).await;
+            let cache_status = r.header("Cache-Status").map(str::to_owned);
+            (r.status, r.body, cache_status)
+        });
+    }
+    // Every miss but the first waits for the first's fetch, held at the upstream.
+    let waits = "weir_cache_collapsed_waits_total{store=\"mem\"}";
+    weir.wait_metric(waits, 199).await;
+    assert_eq!(up.heads().len(), 1);
+    gate.add_permits(200);
+    let mut statuses = Vec::new();
+    while let Some(done) = clients.join_next().await {
+        let (status, body, cache_status) = done.unwrap();
+        assert_eq!((status, body.as_slice()), (200, &b"hot"[..]));
+        statuses.push(cache_status.unwrap());
+    }
+    let count = |s: &str| statuses.iter().filter(|c| *c == s).count();
+    assert_eq!(count("weir; fwd=uri-miss"), 1);
+    assert_eq!(count("weir; hit; collapsed"), 199);
+    assert_eq!(up.heads().len(), 1, "one request upstream for 200 misses");
+    assert_eq!(weir.metric("weir_cache_misses_total{store=\"mem\"}"), 200);
+    assert_eq!(weir.metric("weir_cache_stored_total{store=\"mem\"}"), 1);
+}
+
+#[tokio::test]
+async fn a_waiting_miss_goes_upstream_itself_after_lock_timeout() {
+    let gate = Gate::new(tokio::sync::Semaphore::new(0));
+    let up = Scripted::gated(fresh_for_a_minute, Some(gate.clone())).await;
+    let weir = cached(up.addr, ", lock_timeout = \"200ms\"", "").start();
+    let addr = weir.addr;
+    let first = tokio::spawn(async move {
+        let mut c = Client::connect(addr).await.unwrap();
+        get(&mut c, "/slow", &[]).await
+    });
+    weir_testkit::wait_until_async(common::WAIT, || up.heads().len() == 1).await;
+    let mut c = weir.client().await;
+    let waiter = tokio::spawn(async move { get(&mut c, "/slow", &[]).await });
+    // The waiter gives up on the held fetch and sends its own request.
+    assert!(weir_testkit::wait_until_async(common::WAIT, || up.heads().len() == 2).await);
+    gate.add_permits(2);
+    assert_eq!(first.await.unwrap().body, b"hot");
+    let second = waiter.await.unwrap();
+    assert_eq!(second.body, b"hot");
+    assert_eq!(second.header("Cache-Status"), Some("weir; fwd=uri-miss"));
+}
+
+/// The first answer is stored (stale at once, with the given `Cache-Control`); later ones
+/// fail as the test's name says.
+macro_rules! then_failing {
+    ($name:ident, $cache_control:literal, $failure:expr) => {
+        fn $name(_: &str, index: usize) -> String {
+            if index == 0 {
+                let cc = $cache_control;
+                return format!(
+                    "HTTP/1.1 200 OK\r\nCache-Control: {cc}\r\nContent-Length: 5\r\n\r\nstale"
+                );
+            }
+            $failure.to_string()
+        }
+    };
+}
+
+const FAIL_500: &str = "HTTP/1.1 500 Internal Server Error\r\nContent-Length: 4\r\n\r\nboom";
+then_failing!(if_error_then_500, "max-age=0, stale-if-error=60", FAIL_500);
+then_failing!(plain_then_500, "max-age=0", FAIL_500);
+then_failing!(revalidate_then_500, "max-age=0, must-revalidate", FAIL_500);
+then_failing!(plain_then_close, "max-age=0", "");
+
+/// Fetches `/` once (stored), then again: the upstream fails. Returns the second response.
+async fn after_failure(reply: Reply, route_keys: &str) -> (Response, usize) {
+    let up = Scripted::start(reply).await;
+    let weir = cached(up.addr, route_keys, "").start();
+    let mut c = weir.client().await;
+    assert_eq!(get(&mut c, "/", &[]).await.body, b"stale");
+    let mut c = weir.client().await;
+    let second = get(&mut c, "/", &[]).await;
+    (second, up.heads().len())
+}
+
+#[tokio::test]
+async fn a_stale_entry_answers_for_an_upstream_failure_when_allowed() {
+    let served = |r: &Response| {
+        assert_eq!(r.status, 200);
+        assert_eq!(r.body, b"stale");
+        assert_eq!(r.header("Cache-Status"), Some("weir; hit; detail=stale"));
+        assert!(r.header("Age").is_some());
+    };
+    // The response's own stale-if-error, no route setting.
+    served(&after_failure(if_error_then_500, "").await.0);
+    // The route's serve_stale_on, for each failure it names.
+    served(
+        &after_failure(plain_then_500, ", serve_stale_on = [\"5xx\"]")
+            .await
+            .0,
+    );
+    let (r, tries) = after_failure(plain_then_close, ", serve_stale_on = [\"error\"]").await;
+    served(&r);
+    assert!(tries >= 2, "the upstream was tried");
+}
+
+#[tokio::test]
+async fn the_failure_is_relayed_when_stale_serving_is_not_allowed() {
+    // Neither the response nor the route allows it; or the route allows another failure.
+    for keys in ["", ", serve_stale_on = [\"timeout\", \"error\"]"] {
+        let r = after_failure(plain_then_500, keys).await.0;
+        assert_eq!((r.status, r.body.as_slice()), (500, &b"boom"[..]), "{keys}");
+    }
+    // must-revalidate forbids it whatever the route says.
+    let all = ", serve_stale_on = [\"error\", \"timeout\", \"5xx\"]";
+    let r = after_failure(revalidate_then_500, all).await.0;
+    assert_eq!(r.status, 500);
+    let r = after_failure(plain_then_close, "").await.0;
+    assert_eq!(r.status, 502);
+}
+
+#[tokio::test]
+async fn a_stale_entry_answers_for_a_timeout() {
+    let gate = Gate::new(tokio::sync::Semaphore::new(1));
+    let up = Scripted::gated(plain_then_500, Some(gate)).await;
+    let weir = Conf::new()
+        .route(
+            "c",
+            "up",
+            &["cache = { store = \"mem\", serve_stale_on = [\"timeout\"] }"],
+        )
+        .upstream("up", &[up.addr], &["response_timeout = \"300ms\""])
+        .table("[caches.mem]\nkind = \"memory\"")
+        .start();
+    let mut c = weir.client().await;
+    assert_eq!(get(&mut c, "/", &[]).await.body, b"stale");
+    // The gate has no permit left: the upstream never answers.
+    let r = get(&mut c, "/", &[]).await;
+    assert_eq!(r.body, b"stale");
+    assert_eq!(r.header("Cache-Status"), Some("weir; hit; detail=stale"));
+    assert_eq!(weir.metric("weir_cache_stale_total{store=\"mem\"}"), 1);
+}
+
+#[tokio::test]
+async fn the_access_log_says_what_the_cache_did() {
+    let log = common::JsonLog::new("cache-field");
+    let up = Scripted::start(etag_v1).await;
+    let weir = cached(up.addr, "", "")
+        .listener(&log.listener_line())
+        .route("plain", "up", &["path_prefix = \"/plain/\""])
+        .start();
+    let mut c = weir.client().await;
+    get(&mut c, "/r", &[]).await; // miss, stored stale at once
+    get(&mut c, "/r", &[]).await; // revalidated by a 304, fresh for a minute
+    get(&mut c, "/r", &[]).await; // hit
+    get(&mut c, "/plain/x", &[]).await; // a route without cache
+    let lines = log.lines(4);
+    let field = |line: &str| {
+        line.split(",\"cache\":")
+            .nth(1)
+            .unwrap()
+            .split(',')
+            .next()
+            .unwrap()
+            .to_string()
+    };
+    let fields: Vec<String> = lines.iter().map(|l| field(l)).collect();
+    assert_eq!(fields, ["\"miss\"", "\"revalidated\"", "\"hit\"", "null"]);
+}
+
+#[tokio::test]
+async fn a_chunked_response_compressed_for_the_client_is_stored_as_it_came() {
+    let raw = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nCache-Control: max-age=60\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n";
+    let b = Backend::raw_response(raw);
+    let weir = Conf::new()
+        .route(
+            "c",
+            "up",
+            &[
+                "cache = { store = \"mem\" }",
+                "compression = { min_size = 0 }",
+            ],
+        )
+        .upstream("up", &[b.addr()], &[])
+        .table("[caches.mem]\nkind = \"memory\"")
+        .start();
+    let mut c = weir.client().await;
+    let first = get(&mut c, "/", &[("Accept-Encoding", "gzip")]).await;
+    assert_eq!(first.header("Content-Encoding"), Some("gzip"));
+    let mut c = weir.client().await;
+    let hit = get(&mut c, "/", &[]).await;
+    assert_eq!(hit.header("Cache-Status"), Some("weir; hit"));
+    assert_eq!(hit.body, b"hello world", "the identity body, decoded");
+    assert_eq!(b.requests_served(), 1);
+}
