@@ -1474,12 +1474,16 @@ pub struct Tracing {
     pub batch_delay: Duration,
     /// Connect, write and response deadline of one export request.
     pub timeout: Duration,
+    /// The CA certificates trusted for an `https://` endpoint; `None`: the system's roots.
+    pub ca: Option<PemFile>,
 }
 
-/// Where spans are posted: an `http://host:port/path` URL.
+/// Where spans are posted: an `http://` or `https://host:port/path` URL.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TracingEndpoint {
     /// `host:port`, as connected to and sent in `Host`.
     pub authority: String,
     pub path: String,
+    /// `https://`: the export goes over TLS, the certificate checked for the host.
+    pub tls: bool,
 }

@@ -40,6 +40,7 @@ pub(crate) struct RawTracing {
     pub batch_size: Option<i64>,
     pub batch_delay: Option<String>,
     pub timeout: Option<String>,
+    pub ca_file: Option<String>,
 }
 
 /// `tracing = { sampling }` of a route.

@@ -247,6 +247,10 @@ impl Proxy {
         for thread in threads {
             let _ = thread.join();
         }
+        // Every span has ended with the workers: the queued ones go to the collector.
+        if let Some(tracer) = &self.shared.snapshot.load().tracer {
+            tracer.flush(std::time::Instant::now() + tracer.config.timeout);
+        }
         // The workers (and with them the log sinks) are gone: writers drain and end.
         let writers =
             std::mem::take(&mut *self.log_writers.lock().unwrap_or_else(|e| e.into_inner()));

@@ -1,7 +1,8 @@
 //! An OTLP/HTTP trace receiver (`POST /v1/traces`, protobuf) on `127.0.0.1:<ephemeral>`:
 //! decodes each `ExportTraceServiceRequest` with the OpenTelemetry project's generated
 //! messages and keeps the spans, the resource's `service.name` and the request headers,
-//! for the tracing tests. It can be made to stall (a slow collector).
+//! for the tracing tests. It can be made to stall (a slow collector), and can serve over
+//! TLS (`start_tls`, an `https://` endpoint).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,10 +12,10 @@ use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{any_value, KeyValue};
 pub use opentelemetry_proto::tonic::trace::v1::Span;
 use prost::Message;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::server_thread::ServerThread;
+use crate::tls_backend::TlsServer;
 
 /// What the receiver has been sent.
 #[derive(Debug, Default)]
@@ -29,33 +30,57 @@ pub struct OtlpReceiver {
     pub addr: SocketAddr,
     received: Arc<Mutex<Received>>,
     stalled: Arc<AtomicBool>,
+    tls: bool,
     _thread: ServerThread,
 }
 
 impl OtlpReceiver {
     pub fn start() -> OtlpReceiver {
+        OtlpReceiver::spawn(None)
+    }
+
+    /// A receiver answering over TLS with `tls`'s certificate.
+    pub fn start_tls(tls: &TlsServer) -> OtlpReceiver {
+        OtlpReceiver::spawn(Some(tls))
+    }
+
+    fn spawn(tls: Option<&TlsServer>) -> OtlpReceiver {
         let received = Arc::new(Mutex::new(Received::default()));
         let stalled = Arc::new(AtomicBool::new(false));
         let (r, s) = (received.clone(), stalled.clone());
+        let acceptor = tls.map(TlsServer::acceptor);
+        let with_tls = acceptor.is_some();
         let thread = ServerThread::spawn(move |listener| async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
                     return;
                 };
-                tokio::spawn(serve(stream, r.clone(), s.clone()));
+                let (r, s) = (r.clone(), s.clone());
+                match acceptor.clone() {
+                    None => drop(tokio::spawn(serve(stream, r, s))),
+                    Some(acceptor) => drop(tokio::spawn(async move {
+                        if let Ok(stream) = acceptor.accept(stream).await {
+                            serve(stream, r, s).await;
+                        }
+                    })),
+                }
             }
         });
         OtlpReceiver {
             addr: thread.addr,
             received,
             stalled,
+            tls: with_tls,
             _thread: thread,
         }
     }
 
-    /// `http://127.0.0.1:PORT/v1/traces`.
+    /// `http://127.0.0.1:PORT/v1/traces`, or `https://localhost:PORT/v1/traces` over TLS.
     pub fn endpoint(&self) -> String {
-        format!("http://{}/v1/traces", self.addr)
+        match self.tls {
+            false => format!("http://{}/v1/traces", self.addr),
+            true => format!("https://localhost:{}/v1/traces", self.addr.port()),
+        }
     }
 
     /// The spans received so far.
@@ -78,7 +103,11 @@ impl OtlpReceiver {
     }
 }
 
-async fn serve(mut stream: TcpStream, received: Arc<Mutex<Received>>, stalled: Arc<AtomicBool>) {
+async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
+    mut stream: S,
+    received: Arc<Mutex<Received>>,
+    stalled: Arc<AtomicBool>,
+) {
     let mut buf = Vec::new();
     loop {
         let Some((headers, body)) = read_request(&mut stream, &mut buf).await else {
@@ -119,8 +148,8 @@ async fn serve(mut stream: TcpStream, received: Arc<Mutex<Received>>, stalled: A
 
 /// Reads one request (its head's header lines and its `Content-Length` body); `None` at
 /// the end of the connection.
-async fn read_request(
-    stream: &mut TcpStream,
+async fn read_request<S: AsyncRead + Unpin>(
+    stream: &mut S,
     buf: &mut Vec<u8>,
 ) -> Option<(Vec<(String, String)>, Vec<u8>)> {
     loop {
@@ -150,7 +179,7 @@ async fn read_request(
     }
 }
 
-async fn read_more(stream: &mut TcpStream, buf: &mut Vec<u8>) -> Option<()> {
+async fn read_more<S: AsyncRead + Unpin>(stream: &mut S, buf: &mut Vec<u8>) -> Option<()> {
     let mut chunk = [0u8; 8192];
     match stream.read(&mut chunk).await {
         Ok(n) if n > 0 => {

@@ -380,7 +380,9 @@ async fn a_dead_or_hanging_collector_does_not_slow_requests() {
 
     let receiver = OtlpReceiver::start();
     receiver.stall(true);
-    let extra = "queue_size = 4\nbatch_size = 1\ntimeout = \"60s\"\n";
+    // The hung export outlasts the requests below; Weir's exit (at the end of the test)
+    // waits for the stalled collector up to this timeout.
+    let extra = "queue_size = 4\nbatch_size = 1\ntimeout = \"10s\"\n";
     let weir = common::single(echo.addr())
         .table(&tracing_table(&receiver.endpoint(), 1.0, extra))
         .start();
@@ -391,13 +393,65 @@ async fn a_dead_or_hanging_collector_does_not_slow_requests() {
         assert_eq!(client.get("/", "t").await.unwrap().status, 200);
     }
     // Only a hang would take this long (50 requests on loopback take milliseconds; the
-    // stalled collector holds its export for 60 s).
+    // stalled collector holds its export for 10 s).
     assert!(started.elapsed() < Duration::from_secs(20));
     // 100 spans, at most 4 queued and one batch in the hung export.
     assert!(
         dropped(&weir, "queue_full") >= before + 90,
         "{}",
         weir.metrics_text()
+    );
+}
+
+/// Spans still queued when Weir stops (here: a batch delay of an hour) are sent before
+/// it exits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_spans_are_sent_at_shutdown() {
+    let receiver = OtlpReceiver::start();
+    let echo = Backend::echo("echo");
+    let table = format!(
+        "[tracing]\nendpoint = \"{}\"\nsampling = 1.0\nbatch_delay = \"1h\"\n",
+        receiver.endpoint()
+    );
+    let weir = common::single(echo.addr()).table(&table).start();
+    let mut client = weir.client().await;
+    assert_eq!(client.get("/", "t").await.unwrap().status, 200);
+    drop(client);
+    assert!(receiver.spans().is_empty(), "sent before the batch delay");
+    tokio::task::block_in_place(|| weir.proxy().shutdown());
+    // `shutdown` returned after the flush: nothing to wait for.
+    assert_eq!(receiver.spans().len(), 2, "the server and the client span");
+}
+
+/// An `https://` collector: its certificate checked against `ca_file` (spans arrive), or
+/// against the system's roots, which do not know the test CA (the exports fail, counted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_https_collector_is_verified_against_ca_file() {
+    let ca = weir_testkit::certs::TestCa::new("collector CA");
+    let tls = weir_testkit::TlsServer::new(&ca.leaf(&["localhost"]));
+    let receiver = OtlpReceiver::start_tls(&tls);
+    let echo = Backend::echo("echo");
+    let trusting = format!("ca_file = {:?}\n", ca.cert_path.display().to_string());
+    let weir = common::single(echo.addr())
+        .table(&tracing_table(&receiver.endpoint(), 1.0, &trusting))
+        .start();
+    let mut client = weir.client().await;
+    assert_eq!(client.get("/secure", "t").await.unwrap().status, 200);
+    let spans = spans(&receiver, 2);
+    let server = of_kind(&spans, SERVER)[0];
+    assert_eq!(string_attr(&server.attributes, "url.path"), Some("/secure"));
+
+    let weir = common::single(echo.addr())
+        .table(&tracing_table(&receiver.endpoint(), 1.0, ""))
+        .start();
+    let before = dropped(&weir, "export_failed");
+    let mut client = weir.client().await;
+    assert_eq!(client.get("/untrusted", "t").await.unwrap().status, 200);
+    assert!(wait_until(WAIT, || dropped(&weir, "export_failed") >= before + 2));
+    assert_eq!(
+        receiver.spans().len(),
+        2,
+        "nothing over an unverified connection"
     );
 }
 
@@ -409,8 +463,12 @@ fn tracing_keys_are_checked_with_a_fix() {
             "tracing.sampling",
         ),
         (
-            "[tracing]\nendpoint = \"https://c/v1/traces\"\n",
+            "[tracing]\nendpoint = \"ftp://c/v1/traces\"\n",
             "tracing.endpoint",
+        ),
+        (
+            "[tracing]\nendpoint = \"http://c/v1/traces\"\nca_file = \"/etc/ca.pem\"\n",
+            "tracing.ca_file",
         ),
         ("[tracing]\nsampling = 0.1\n", "tracing.endpoint"),
         (

@@ -42,6 +42,20 @@ pub(super) fn tracing(raw: RawTracing, path: &FieldPath) -> Result<Tracing, Issu
             "set batch_size at most queue_size",
         ));
     }
+    let ca = match raw.ca_file {
+        Some(_) if !endpoint.tls => {
+            return Err(Issue::new(
+                &path.key("ca_file"),
+                "ca_file is set but the endpoint is http://",
+                "use an https:// endpoint, or remove ca_file",
+            ))
+        }
+        Some(file) => Some(super::upstream_tls::certificates(
+            file,
+            &path.key("ca_file"),
+        )?),
+        None => None,
+    };
     Ok(Tracing {
         endpoint,
         sampling,
@@ -51,6 +65,7 @@ pub(super) fn tracing(raw: RawTracing, path: &FieldPath) -> Result<Tracing, Issu
         batch_size,
         batch_delay: duration(raw.batch_delay, "5s", &path.key("batch_delay"), true)?,
         timeout: duration(raw.timeout, "10s", &path.key("timeout"), true)?,
+        ca,
     })
 }
 
@@ -84,19 +99,24 @@ fn sampling(raw: Option<f64>, default: f64, path: &FieldPath) -> Result<f64, Iss
     Ok(value)
 }
 
-/// `http://host:port/path` (the port defaults to 4318, the path to `/v1/traces`).
+/// `http://` or `https://host:port/path` (the port defaults to 4318, OTLP/HTTP's, the
+/// path to `/v1/traces`).
 fn endpoint(raw: Option<String>, path: &FieldPath) -> Result<TracingEndpoint, Issue> {
-    let fix = "write endpoint as an OTLP/HTTP URL such as \"http://collector:4318/v1/traces\"";
+    let fix = "write endpoint as an OTLP/HTTP URL such as \"http://collector:4318/v1/traces\" or \"https://collector/v1/traces\"";
     let Some(text) = raw else {
         return Err(Issue::new(path, "[tracing] has no endpoint", fix));
     };
-    let Some(rest) = text.trim().strip_prefix("http://") else {
-        let why = if text.trim().starts_with("https://") {
-            format!("endpoint \"{text}\": https is not supported; export to a local collector or agent over http")
-        } else {
-            format!("endpoint \"{text}\" is not an http:// URL")
-        };
-        return Err(Issue::new(path, why, fix));
+    let trimmed = text.trim();
+    let (tls, rest) = match (
+        trimmed.strip_prefix("http://"),
+        trimmed.strip_prefix("https://"),
+    ) {
+        (Some(rest), _) => (false, rest),
+        (_, Some(rest)) => (true, rest),
+        _ => {
+            let why = format!("endpoint \"{text}\" is not an http:// or https:// URL");
+            return Err(Issue::new(path, why, fix));
+        }
     };
     let (authority, url_path) = match rest.find('/') {
         Some(i) => (&rest[..i], &rest[i..]),
@@ -131,6 +151,7 @@ fn endpoint(raw: Option<String>, path: &FieldPath) -> Result<TracingEndpoint, Is
     Ok(TracingEndpoint {
         authority,
         path: url_path.to_owned(),
+        tls,
     })
 }
 
@@ -183,7 +204,7 @@ mod tests {
     }
 
     #[test]
-    fn endpoints_get_a_port_and_path_and_https_is_refused() {
+    fn endpoints_get_a_port_and_path() {
         let e = parse("http://collector:4318/v1/traces").unwrap();
         assert_eq!(
             (e.authority.as_str(), e.path.as_str()),
@@ -196,7 +217,11 @@ mod tests {
         );
         let e = parse("http://[::1]/x").unwrap();
         assert_eq!(e.authority, "[::1]:4318");
-        assert!(parse("https://collector/v1/traces").is_err());
+        assert!(!e.tls);
+        let e = parse("https://collector.example/v1/traces").unwrap();
+        assert_eq!(e.authority, "collector.example:4318");
+        assert!(e.tls);
+        assert!(parse("ftp://collector/").is_err());
         assert!(parse("collector:4318").is_err());
         assert!(parse("http://a:99999/").is_err());
         assert!(parse("http:///x").is_err());

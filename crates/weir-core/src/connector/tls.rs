@@ -21,7 +21,7 @@ use rustls::{Error as TlsError, RootCertStore, SignatureScheme};
 use tokio::net::TcpStream;
 use tokio::time::{timeout_at, Instant};
 use tokio_rustls::TlsConnector;
-use weir_config::{Config, Upstream, UpstreamProtocol, UpstreamServer, UpstreamTls};
+use weir_config::{Config, PemFile, Upstream, UpstreamProtocol, UpstreamServer, UpstreamTls};
 
 use super::stream::UpstreamStream;
 use crate::error::ProxyError;
@@ -53,7 +53,7 @@ pub struct TlsUpstream {
     protocol: UpstreamProtocol,
 }
 
-fn provider() -> Arc<CryptoProvider> {
+pub(crate) fn provider() -> Arc<CryptoProvider> {
     static PROVIDER: OnceLock<Arc<CryptoProvider>> = OnceLock::new();
     PROVIDER
         .get_or_init(|| Arc::new(rustls::crypto::aws_lc_rs::default_provider()))
@@ -94,7 +94,7 @@ impl TlsUpstream {
                 .dangerous()
                 .with_custom_certificate_verifier(Arc::new(NoVerification(provider())))
         } else {
-            builder.with_root_certificates(roots(tls).map_err(fail)?)
+            builder.with_root_certificates(roots(tls.ca.as_ref()).map_err(fail)?)
         };
         let mut config = match &tls.client_cert {
             None => builder.with_no_client_auth(),
@@ -285,8 +285,8 @@ pub fn build_all(
 }
 
 /// The CA store: the configured CA file, or the system roots.
-fn roots(tls: &UpstreamTls) -> Result<Arc<RootCertStore>, String> {
-    let Some(ca) = &tls.ca else {
+pub(crate) fn roots(ca: Option<&PemFile>) -> Result<Arc<RootCertStore>, String> {
+    let Some(ca) = ca else {
         return Ok(system_roots());
     };
     let mut store = RootCertStore::empty();
@@ -300,7 +300,7 @@ fn roots(tls: &UpstreamTls) -> Result<Arc<RootCertStore>, String> {
 }
 
 /// `host` of `host:port` or `[v6]:port`, as written in `addr`.
-fn host_of(addr: &str) -> &str {
+pub(crate) fn host_of(addr: &str) -> &str {
     let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
     host.strip_prefix('[')
         .and_then(|h| h.strip_suffix(']'))

@@ -8,11 +8,16 @@
 //! hands a span over with `try_send` (never blocks: a full queue drops the span and
 //! counts it in `weir_tracing_spans_dropped_total`), and the thread posts with blocking
 //! I/O under `timeout`, so a slow or dead collector only fills the queue.
+//!
+//! An `https://` endpoint is reached over TLS (rustls, the system's roots or `ca_file`).
+//! At shutdown, once the workers are gone, [`super::Tracer::flush`] has the thread send
+//! what is queued, for at most `timeout`.
 
 use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
+use std::sync::Arc;
 use std::time::Instant;
 
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
@@ -22,9 +27,12 @@ use opentelemetry_proto::tonic::trace::v1::{
     span, status, ResourceSpans, ScopeSpans, Span, Status,
 };
 use prost::Message;
+use rustls::pki_types::ServerName;
+use rustls::{ClientConfig, ClientConnection, StreamOwned};
 use weir_config::Tracing;
 
-use super::{Kind, SpanRecord, Value};
+use super::{Kind, Queued, SpanRecord, Value};
+use crate::connector::tls::{host_of, provider, roots};
 
 /// The exporter's counts, process-wide (`weir_tracing_*`).
 #[derive(Debug, Default)]
@@ -46,9 +54,10 @@ pub static STATS: Stats = Stats {
 
 /// Runs until every sender is gone (the config's last snapshot dropped), then sends what
 /// is left and returns.
-pub(super) fn run(rx: Receiver<SpanRecord>, config: Tracing) {
+pub(super) fn run(rx: Receiver<Queued>, config: Tracing, tls: Option<Arc<ClientConfig>>) {
     let mut conn = Collector {
         config,
+        tls,
         stream: None,
         body: Vec::new(),
         response: Vec::new(),
@@ -56,52 +65,121 @@ pub(super) fn run(rx: Receiver<SpanRecord>, config: Tracing) {
     let mut batch = Vec::with_capacity(conn.config.batch_size);
     loop {
         let deadline = Instant::now() + conn.config.batch_delay;
-        let open = fill(&rx, &mut batch, conn.config.batch_size, deadline);
-        if !batch.is_empty() {
-            let n = batch.len() as u64;
-            match conn.export(&mut batch) {
-                Ok(()) => STATS.exported.fetch_add(n, Relaxed),
-                Err(error) => {
-                    tracing::debug!(%error, spans = n, "span export failed");
-                    STATS.dropped_export_failed.fetch_add(n, Relaxed)
-                }
-            };
-            batch.clear();
-        }
-        if !open {
-            return;
+        let filled = fill(&rx, &mut batch, conn.config.batch_size, deadline);
+        conn.send(&mut batch);
+        match filled {
+            Filled::Batch => {}
+            Filled::Flush { by, done } => {
+                conn.send_queued(&rx, &mut batch, by);
+                let _ = done.send(());
+            }
+            Filled::Closed => return,
         }
     }
 }
 
-/// Takes spans into `batch` until it holds `max` or `deadline` passes. `false`: the
-/// channel is closed.
+/// Why [`fill`] returned.
+enum Filled {
+    /// The batch is full or its delay passed.
+    Batch,
+    /// A flush was asked for: send everything queued until `by`, then signal `done`.
+    Flush { by: Instant, done: Sender<()> },
+    /// Every sender is gone.
+    Closed,
+}
+
+/// Takes spans into `batch` until it holds `max` or `deadline` passes.
 fn fill(
-    rx: &Receiver<SpanRecord>,
+    rx: &Receiver<Queued>,
     batch: &mut Vec<SpanRecord>,
     max: usize,
     deadline: Instant,
-) -> bool {
+) -> Filled {
     while batch.len() < max {
         let left = deadline.saturating_duration_since(Instant::now());
         match rx.recv_timeout(left) {
-            Ok(span) => batch.push(span),
-            Err(RecvTimeoutError::Timeout) => return true,
-            Err(RecvTimeoutError::Disconnected) => return false,
+            Ok(Queued::Span(span)) => batch.push(span),
+            Ok(Queued::Flush { by, done }) => return Filled::Flush { by, done },
+            Err(RecvTimeoutError::Timeout) => return Filled::Batch,
+            Err(RecvTimeoutError::Disconnected) => return Filled::Closed,
         }
     }
-    true
+    Filled::Batch
 }
+
+/// The TLS client of an `https://` endpoint (`None` for `http://`).
+pub(super) fn tls_client(config: &Tracing) -> std::io::Result<Option<Arc<ClientConfig>>> {
+    if !config.endpoint.tls {
+        return Ok(None);
+    }
+    let roots = roots(config.ca.as_ref()).map_err(std::io::Error::other)?;
+    let client = ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(std::io::Error::other)?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(Some(Arc::new(client)))
+}
+
+/// A connection to the collector: TCP, or TLS over it.
+trait Connection: Read + Write + Send {}
+impl<T: Read + Write + Send> Connection for T {}
 
 /// The collector's connection (kept open between exports when it allows).
 struct Collector {
     config: Tracing,
-    stream: Option<TcpStream>,
+    tls: Option<Arc<ClientConfig>>,
+    stream: Option<Box<dyn Connection>>,
     body: Vec<u8>,
     response: Vec<u8>,
 }
 
 impl Collector {
+    /// Exports `batch` (emptied), counting its spans as exported or dropped.
+    fn send(&mut self, batch: &mut Vec<SpanRecord>) {
+        if batch.is_empty() {
+            return;
+        }
+        let n = batch.len() as u64;
+        match self.export(batch) {
+            Ok(()) => STATS.exported.fetch_add(n, Relaxed),
+            Err(error) => {
+                tracing::debug!(%error, spans = n, "span export failed");
+                STATS.dropped_export_failed.fetch_add(n, Relaxed)
+            }
+        };
+        batch.clear();
+    }
+
+    /// Sends what is queued now, batch by batch, until the queue is empty or `by` passes
+    /// (what is left then is dropped, with a warning: the process is ending).
+    fn send_queued(&mut self, rx: &Receiver<Queued>, batch: &mut Vec<SpanRecord>, by: Instant) {
+        let mut left = 0usize;
+        while let Ok(queued) = rx.try_recv() {
+            let Queued::Span(span) = queued else { continue };
+            if Instant::now() >= by {
+                left += 1;
+                continue;
+            }
+            batch.push(span);
+            if batch.len() == self.config.batch_size {
+                self.send(batch);
+            }
+        }
+        if Instant::now() < by {
+            self.send(batch);
+        } else {
+            left += batch.len();
+            batch.clear();
+        }
+        if left > 0 {
+            tracing::warn!(
+                spans = left,
+                "spans not exported before the tracing timeout at exit"
+            );
+        }
+    }
+
     fn export(&mut self, batch: &mut Vec<SpanRecord>) -> std::io::Result<()> {
         self.body.clear();
         encode(&self.config.service_name, batch.drain(..))
@@ -149,7 +227,19 @@ impl Collector {
         }
     }
 
-    fn connect(&self) -> std::io::Result<TcpStream> {
+    fn connect(&self) -> std::io::Result<Box<dyn Connection>> {
+        let tcp = self.connect_tcp()?;
+        let Some(tls) = &self.tls else {
+            return Ok(Box::new(tcp));
+        };
+        let host = host_of(&self.config.endpoint.authority).to_owned();
+        let name = ServerName::try_from(host).map_err(std::io::Error::other)?;
+        let session = ClientConnection::new(tls.clone(), name).map_err(std::io::Error::other)?;
+        // The handshake runs on the first write, under the socket's timeouts.
+        Ok(Box::new(StreamOwned::new(session, tcp)))
+    }
+
+    fn connect_tcp(&self) -> std::io::Result<TcpStream> {
         let timeout = self.config.timeout;
         let mut last = std::io::Error::other("the endpoint's host has no address");
         for addr in self.config.endpoint.authority.to_socket_addrs()? {
@@ -173,7 +263,7 @@ const MAX_RESPONSE: usize = 64 * 1024;
 
 /// Reads the response: its status, and whether the connection can carry the next export
 /// (a `Content-Length` body read whole, no `Connection: close`).
-fn read_response(stream: &mut TcpStream, buf: &mut Vec<u8>) -> std::io::Result<(u16, bool)> {
+fn read_response(stream: &mut dyn Connection, buf: &mut Vec<u8>) -> std::io::Result<(u16, bool)> {
     buf.clear();
     let mut chunk = [0u8; 4096];
     loop {

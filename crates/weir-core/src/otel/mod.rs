@@ -18,9 +18,9 @@ mod context;
 pub mod export;
 
 use std::cell::{Cell, RefCell};
-use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
+use std::sync::mpsc::{channel, sync_channel, Sender, SyncSender, TrySendError};
 use std::sync::Arc;
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use weir_config::{Listener, Route, Tracing, Upstream, UpstreamServer};
 
@@ -33,18 +33,29 @@ pub use context::push_hex;
 pub struct Tracer {
     pub config: Tracing,
     threshold: u64,
-    queue: SyncSender<SpanRecord>,
+    queue: SyncSender<Queued>,
+}
+
+/// What the exporter's queue carries.
+enum Queued {
+    Span(SpanRecord),
+    /// Send everything queued before `by`, then signal `done` (at shutdown).
+    Flush {
+        by: Instant,
+        done: Sender<()>,
+    },
 }
 
 impl Tracer {
     /// Starts the exporter thread of `config`; it ends once this tracer (and every
     /// request's reference to it) is gone.
     pub fn start(config: Tracing) -> std::io::Result<Arc<Tracer>> {
+        let tls = export::tls_client(&config)?;
         let (queue, rx) = sync_channel(config.queue_size);
         let exporter = config.clone();
         std::thread::Builder::new()
             .name("weir-otlp".into())
-            .spawn(move || export::run(rx, exporter))?;
+            .spawn(move || export::run(rx, exporter, tls))?;
         Ok(Arc::new(Tracer {
             threshold: threshold(config.sampling),
             config,
@@ -55,7 +66,7 @@ impl Tracer {
     /// Hands a finished span to the exporter, or drops and counts it when the queue is
     /// full (the collector slow or down).
     fn send(&self, span: SpanRecord) {
-        match self.queue.try_send(span) {
+        match self.queue.try_send(Queued::Span(span)) {
             Ok(()) => {}
             Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
                 export::STATS
@@ -63,6 +74,26 @@ impl Tracer {
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             }
         }
+    }
+
+    /// Has the exporter send the spans queued so far and waits for it until `by` (the
+    /// process is ending: the workers, and so every span, are done).
+    pub fn flush(&self, by: Instant) {
+        let (done, finished) = channel();
+        let mut flush = Queued::Flush { by, done };
+        loop {
+            match self.queue.try_send(flush) {
+                Ok(()) => break,
+                Err(TrySendError::Disconnected(_)) => return,
+                Err(TrySendError::Full(back)) if Instant::now() < by => {
+                    // The queue is full and being sent: a moment for room.
+                    flush = back;
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err(TrySendError::Full(_)) => return,
+            }
+        }
+        let _ = finished.recv_timeout(by.saturating_duration_since(Instant::now()));
     }
 }
 
