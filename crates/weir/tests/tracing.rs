@@ -242,14 +242,21 @@ async fn an_h2_upstream_gets_the_attempts_traceparent() {
     }
 }
 
-/// A trusted peer's `traceparent` continues its trace; an untrusted peer's is ignored.
+/// A trusted peer's `traceparent` continues its trace; an untrusted peer's is ignored, and
+/// without `trusted_proxies` every peer's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_incoming_traceparent_is_honoured_only_from_trusted_proxies() {
-    for (trusted, honoured) in [("127.0.0.1/32", true), ("10.0.0.0/8", false)] {
+    let cases = [
+        ("trusted_proxies = [\"127.0.0.1/32\"]", true),
+        ("trusted_proxies = [\"10.0.0.0/8\"]", false),
+        // No trusted_proxies: no peer is trusted with the trace context.
+        ("", false),
+    ];
+    for (trusted, honoured) in cases {
         let receiver = OtlpReceiver::start();
         let echo = Backend::echo("echo");
         let weir = common::single(echo.addr())
-            .listener(&format!("trusted_proxies = [\"{trusted}\"]"))
+            .listener(trusted)
             .table(&tracing_table(&receiver.endpoint(), 1.0, ""))
             .start();
         let mut client = weir.client().await;

@@ -9,8 +9,8 @@
 //! (`export`) when they end: never a wait, a full queue drops and counts.
 //!
 //! Propagation: the client's `traceparent` / `tracestate` are honoured only from a peer
-//! in the listener's `trusted_proxies` (any peer when there are none); from another peer
-//! the request starts a new trace. A sampled request's upstream request carries Weir's
+//! in the listener's `trusted_proxies` (none when there are none); from another peer the
+//! request starts a new trace. A sampled request's upstream request carries Weir's
 //! own `traceparent` (the attempt's client span as parent) and the trusted `tracestate`;
 //! an unsampled one is forwarded with the headers it came with.
 
@@ -126,8 +126,10 @@ pub fn begin(
     route: Option<&Route>,
     r: &Request<'_>,
 ) -> Option<std::rc::Rc<RequestTrace>> {
+    // Without `trusted_proxies` no peer is trusted: a client could otherwise choose its
+    // trace id and force sampling (a sampled parent decides for its trace).
     let trusted = &listener.policy.trusted_proxies;
-    let from_trusted = trusted.is_empty() || trusted.iter().any(|c| c.contains(r.origin.peer_ip));
+    let from_trusted = trusted.iter().any(|c| c.contains(r.origin.peer_ip));
     let (parent, state) = match from_trusted {
         true => context::incoming(r.buf, r.req),
         false => (None, None),
