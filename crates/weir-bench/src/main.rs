@@ -97,6 +97,8 @@ enum Helper {
     CompressionCpu(policy_cost::Args),
     /// Weir's CPU per request on a plain route vs a route with traffic policy.
     PolicyCost(policy_cost::Args),
+    /// Weir's CPU per request without `[tracing]` vs 1 % and 100 % sampling.
+    TracingCost(policy_cost::Args),
     /// Internal: new TLS connections, full or resumed (`tls-handshake`, on the load CPU).
     #[command(hide = true)]
     Handshakes(handshakes::Args),
@@ -117,6 +119,7 @@ fn main() -> ExitCode {
         Some(Helper::BulkSource(a)) => bulk::source_main(a),
         Some(Helper::CompressionCpu(a)) => cost(a, policy_cost::compression_main),
         Some(Helper::PolicyCost(a)) => cost(a, policy_cost::policy_main),
+        Some(Helper::TracingCost(a)) => cost(a, policy_cost::tracing_main),
         Some(Helper::Handshakes(a)) => handshakes::main(a),
         Some(Helper::Instructions(a)) => instructions::main(a),
         Some(Helper::SharedLimit(a)) => shared_limit::main(a),

@@ -6,6 +6,9 @@
 //! - `weir-bench policy-cost`: Weir's CPU per request on a plain route vs a route with a
 //!   redirect-free policy (request_headers, response_headers, rate_limit, allow), in front
 //!   of the 615-byte nginx backend (target: under 3 % more).
+//! - `weir-bench tracing-cost` (issue 31): Weir's CPU per request without `[tracing]`
+//!   against 1 % sampling and against every request sampled, the spans exported to a
+//!   collector that accepts them (the backend nginx's `return 200` answers the OTLP posts).
 //!
 //! The proxy is pinned to CPU 0; backend, wrk and harness to CPU 1. The two runs compared
 //! alternate (A B, B A, ...) so each pair is seconds apart; the ratio quoted is the median
@@ -95,13 +98,13 @@ fn json_backend(nginx: &Path, dir: &Path) -> Result<(Child, SocketAddr)> {
     Ok((child, addr))
 }
 
-/// Weir with one route on `/` to `backend` carrying `route_keys`.
+/// Weir with one route on `/` to `backend` carrying `keys`, and the top-level `tables`.
 fn start_weir(
     weir: &Path,
     dir: &Path,
-    tag: &str,
-    backend: SocketAddr,
+    (tag, backend): (&str, SocketAddr),
     keys: &str,
+    tables: &str,
 ) -> Result<Proxy> {
     let port = process::free_port()?;
     let toml = format!(
@@ -110,7 +113,7 @@ fn start_weir(
          keepalive_timeout = \"300s\"\nkeepalive_requests = 0\n\
          [[listeners.routes]]\nname = \"all\"\npath_prefix = \"/\"\nforwarded_headers = false\n\
          upstream = \"backend\"\n{keys}\n\
-         [upstreams.backend]\nservers = [{{ addr = \"{backend}\" }}]\nmax_idle = 128\nidle_timeout = \"300s\"\n"
+         [upstreams.backend]\nservers = [{{ addr = \"{backend}\" }}]\nmax_idle = 128\nidle_timeout = \"300s\"\n{tables}"
     );
     let path = dir.join(format!("weir-{tag}.toml"));
     std::fs::write(&path, toml)?;
@@ -271,7 +274,7 @@ pub fn compression_main(a: Args, dir: &Path) -> Result<()> {
         "compression = {{ algorithms = [\"gzip\"], types = [\"application/json\"], min_size = \"1KiB\", level = {{ gzip = {} }} }}",
         a.level
     );
-    let w = start_weir(&weir, dir, "gzip", backend, &keys)?;
+    let w = start_weir(&weir, dir, ("gzip", backend), &keys, "")?;
     let n = start_nginx_gzip(&nginx, dir, backend, a.level)?;
     for p in [&w, &n] {
         let head = probe_head(p.addr, "gzip")?;
@@ -326,8 +329,8 @@ pub fn policy_main(a: Args, dir: &Path) -> Result<()> {
     let weir = weir_binary(&a)?;
     let nginx = process::find_program("nginx").context("nginx is not installed")?;
     let backend = peers::start_nginx_backend(&nginx, LOAD_CPU, dir, "policy")?;
-    let plain = start_weir(&weir, dir, "plain", backend.addrs[0], "")?;
-    let policy = start_weir(&weir, dir, "policy", backend.addrs[0], POLICY_KEYS)?;
+    let plain = start_weir(&weir, dir, ("plain", backend.addrs[0]), "", "")?;
+    let policy = start_weir(&weir, dir, ("policy", backend.addrs[0]), POLICY_KEYS, "")?;
     println!(
         "## policy-cost: Weir CPU per request, 615 B nginx backend, wrk -c{} ({} s x {} pairs)\n",
         a.conns, a.duration, a.repeat
@@ -336,13 +339,38 @@ pub fn policy_main(a: Args, dir: &Path) -> Result<()> {
     print_pair(("plain", "policy"), &pair, a.duration);
     drop(policy);
     if let Some(base) = &a.weir_base {
-        let old = start_weir(base, dir, "base", backend.addrs[0], "")?;
+        let old = start_weir(base, dir, ("base", backend.addrs[0]), "", "")?;
         let pair = alternate((&old, &plain), &a, dir, (&[], "/"))?;
         print_pair(
             ("plain, --weir-base", "plain, this build"),
             &pair,
             a.duration,
         );
+    }
+    Ok(())
+}
+
+/// `tracing-cost`: prints a markdown table per sampling ratio against no `[tracing]`.
+pub fn tracing_main(a: Args, dir: &Path) -> Result<()> {
+    let weir = weir_binary(&a)?;
+    let nginx = process::find_program("nginx").context("nginx is not installed")?;
+    let backend = peers::start_nginx_backend(&nginx, LOAD_CPU, dir, "tracing")?;
+    let plain = start_weir(&weir, dir, ("plain", backend.addrs[0]), "", "")?;
+    println!(
+        "## tracing-cost: Weir CPU per request, 615 B nginx backend, wrk -c{} ({} s x {} pairs)\n",
+        a.conns, a.duration, a.repeat
+    );
+    for (tag, sampling) in [("sampling 0.01", 0.01), ("sampling 1.0", 1.0)] {
+        // The exporter thread runs in Weir's process, so its CPU is counted with the
+        // requests'; the collector is the backend (nginx answers any POST with 200).
+        let table = format!(
+            "[tracing]\nendpoint = \"http://{}/v1/traces\"\nsampling = {sampling}\n",
+            backend.addrs[0]
+        );
+        let file_tag = format!("traced-{}", (sampling * 100.0) as u32);
+        let traced = start_weir(&weir, dir, (&file_tag, backend.addrs[0]), "", &table)?;
+        let pair = alternate((&plain, &traced), &a, dir, (&[], "/"))?;
+        print_pair(("no [tracing]", tag), &pair, a.duration);
     }
     Ok(())
 }
