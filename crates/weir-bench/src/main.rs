@@ -19,6 +19,7 @@ mod chart;
 mod configs;
 mod envinfo;
 mod h2load;
+mod h3_cost;
 mod handshakes;
 mod http1_client;
 mod instructions;
@@ -99,6 +100,8 @@ enum Helper {
     PolicyCost(policy_cost::Args),
     /// Weir's CPU per request without `[tracing]` vs 1 % and 100 % sampling.
     TracingCost(policy_cost::Args),
+    /// Weir vs Caddy: CPU per HTTP/3 request (an HTTP/3 client in this process).
+    H3Cost(h3_cost::Args),
     /// Internal: new TLS connections, full or resumed (`tls-handshake`, on the load CPU).
     #[command(hide = true)]
     Handshakes(handshakes::Args),
@@ -120,6 +123,7 @@ fn main() -> ExitCode {
         Some(Helper::CompressionCpu(a)) => cost(a, policy_cost::compression_main),
         Some(Helper::PolicyCost(a)) => cost(a, policy_cost::policy_main),
         Some(Helper::TracingCost(a)) => cost(a, policy_cost::tracing_main),
+        Some(Helper::H3Cost(a)) => in_temp_dir(|dir| h3_cost::main(a, dir)),
         Some(Helper::Handshakes(a)) => handshakes::main(a),
         Some(Helper::Instructions(a)) => instructions::main(a),
         Some(Helper::SharedLimit(a)) => shared_limit::main(a),
@@ -159,11 +163,16 @@ fn build_weir(root: &Path) -> Result<PathBuf> {
 /// `tcp-bulk`: set up like a scenario run, then the bulk transfers.
 /// Runs one of `policy_cost`'s subcommands in a scratch directory.
 fn cost(a: policy_cost::Args, run: fn(policy_cost::Args, &Path) -> Result<()>) -> Result<()> {
+    in_temp_dir(|dir| run(a, dir))
+}
+
+/// Runs `f` pinned to the load CPU with a temporary directory for its files.
+fn in_temp_dir(f: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
     process::install_cleanup();
     process::raise_fd_limit();
     process::pin_self(LOAD_CPU);
     let tmp = process::TempDir::new("weir-bench-cost")?;
-    run(a, &tmp.0)
+    f(&tmp.0)
 }
 
 fn tcp_bulk(a: bulk::Args) -> Result<()> {

@@ -238,6 +238,33 @@ pub fn start_nginx_file_backend(
     })
 }
 
+/// Caddy run with the Caddyfile `conf` pinned to `cpu`, with one Go thread and its state
+/// in a directory of its own under `dir`.
+pub(crate) fn caddy_spec(
+    name: &str,
+    caddy: &Path,
+    dir: &Path,
+    conf: &Path,
+    cpu: usize,
+    log: PathBuf,
+) -> Result<Spec> {
+    let home = dir.join(format!("{name}-home"));
+    std::fs::create_dir_all(&home)?;
+    let h = home.to_string_lossy();
+    Ok(Spec::new(name, caddy, Some(cpu), log)
+        .args([
+            "run".to_string(),
+            "--config".into(),
+            conf.to_string_lossy().into_owned(),
+            "--adapter".into(),
+            "caddyfile".into(),
+        ])
+        .env("GOMAXPROCS", "1")
+        .env("HOME", &h)
+        .env("XDG_DATA_HOME", &format!("{h}/data"))
+        .env("XDG_CONFIG_HOME", &format!("{h}/config")))
+}
+
 /// Writes `peer`'s configuration and starts it pinned to `cpu`; returns once it listens.
 pub fn start(peer: Peer, s: &Setup, cpu: usize) -> Result<Started> {
     let program = program(peer, s.weir).map_err(anyhow::Error::msg)?;
@@ -304,21 +331,7 @@ pub fn start(peer: Peer, s: &Setup, cpu: usize) -> Result<Started> {
         Peer::Caddy => {
             let conf = file("Caddyfile");
             std::fs::write(&conf, caddyfile(s, port)?)?;
-            let home = s.dir.join("caddy-home");
-            std::fs::create_dir_all(&home)?;
-            let h = home.to_string_lossy();
-            Spec::new(name, program, Some(cpu), log)
-                .args([
-                    "run".to_string(),
-                    "--config".into(),
-                    conf.to_string_lossy().into_owned(),
-                    "--adapter".into(),
-                    "caddyfile".into(),
-                ])
-                .env("GOMAXPROCS", "1")
-                .env("HOME", &h)
-                .env("XDG_DATA_HOME", &format!("{h}/data"))
-                .env("XDG_CONFIG_HOME", &format!("{h}/config"))
+            caddy_spec(name, &program, s.dir, &conf, cpu, log)?
         }
         Peer::Apache => {
             let moddir = apache_modules().context("apache modules")?;

@@ -102,7 +102,8 @@ fn json_backend(nginx: &Path, dir: &Path) -> Result<(Child, SocketAddr)> {
 fn start_weir(
     weir: &Path,
     dir: &Path,
-    (tag, backend): (&str, SocketAddr),
+    tag: &str,
+    backend: SocketAddr,
     keys: &str,
     tables: &str,
 ) -> Result<Proxy> {
@@ -241,7 +242,7 @@ fn alternate(
     Ok((ra, rb))
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     match v.len() {
         0 => f64::NAN,
@@ -251,7 +252,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 /// Median, min and max of `a[i] / b[i]`.
-fn paired(a: &[f64], b: &[f64]) -> (f64, f64, f64) {
+pub(crate) fn paired(a: &[f64], b: &[f64]) -> (f64, f64, f64) {
     let r: Vec<f64> = a.iter().zip(b).map(|(x, y)| x / y).collect();
     let min = r.iter().copied().fold(f64::INFINITY, f64::min);
     let max = r.iter().copied().fold(f64::NEG_INFINITY, f64::max);
@@ -274,7 +275,7 @@ pub fn compression_main(a: Args, dir: &Path) -> Result<()> {
         "compression = {{ algorithms = [\"gzip\"], types = [\"application/json\"], min_size = \"1KiB\", level = {{ gzip = {} }} }}",
         a.level
     );
-    let w = start_weir(&weir, dir, ("gzip", backend), &keys, "")?;
+    let w = start_weir(&weir, dir, "gzip", backend, &keys, "")?;
     let n = start_nginx_gzip(&nginx, dir, backend, a.level)?;
     for p in [&w, &n] {
         let head = probe_head(p.addr, "gzip")?;
@@ -329,8 +330,8 @@ pub fn policy_main(a: Args, dir: &Path) -> Result<()> {
     let weir = weir_binary(&a)?;
     let nginx = process::find_program("nginx").context("nginx is not installed")?;
     let backend = peers::start_nginx_backend(&nginx, LOAD_CPU, dir, "policy")?;
-    let plain = start_weir(&weir, dir, ("plain", backend.addrs[0]), "", "")?;
-    let policy = start_weir(&weir, dir, ("policy", backend.addrs[0]), POLICY_KEYS, "")?;
+    let plain = start_weir(&weir, dir, "plain", backend.addrs[0], "", "")?;
+    let policy = start_weir(&weir, dir, "policy", backend.addrs[0], POLICY_KEYS, "")?;
     println!(
         "## policy-cost: Weir CPU per request, 615 B nginx backend, wrk -c{} ({} s x {} pairs)\n",
         a.conns, a.duration, a.repeat
@@ -339,7 +340,7 @@ pub fn policy_main(a: Args, dir: &Path) -> Result<()> {
     print_pair(("plain", "policy"), &pair, a.duration);
     drop(policy);
     if let Some(base) = &a.weir_base {
-        let old = start_weir(base, dir, ("base", backend.addrs[0]), "", "")?;
+        let old = start_weir(base, dir, "base", backend.addrs[0], "", "")?;
         let pair = alternate((&old, &plain), &a, dir, (&[], "/"))?;
         print_pair(
             ("plain, --weir-base", "plain, this build"),
@@ -355,7 +356,7 @@ pub fn tracing_main(a: Args, dir: &Path) -> Result<()> {
     let weir = weir_binary(&a)?;
     let nginx = process::find_program("nginx").context("nginx is not installed")?;
     let backend = peers::start_nginx_backend(&nginx, LOAD_CPU, dir, "tracing")?;
-    let plain = start_weir(&weir, dir, ("plain", backend.addrs[0]), "", "")?;
+    let plain = start_weir(&weir, dir, "plain", backend.addrs[0], "", "")?;
     println!(
         "## tracing-cost: Weir CPU per request, 615 B nginx backend, wrk -c{} ({} s x {} pairs)\n",
         a.conns, a.duration, a.repeat
@@ -368,7 +369,7 @@ pub fn tracing_main(a: Args, dir: &Path) -> Result<()> {
             backend.addrs[0]
         );
         let file_tag = format!("traced-{}", (sampling * 100.0) as u32);
-        let traced = start_weir(&weir, dir, (&file_tag, backend.addrs[0]), "", &table)?;
+        let traced = start_weir(&weir, dir, &file_tag, backend.addrs[0], "", &table)?;
         let pair = alternate((&plain, &traced), &a, dir, (&[], "/"))?;
         print_pair(("no [tracing]", tag), &pair, a.duration);
     }
