@@ -16,23 +16,20 @@ use super::interim::Relayed;
 use super::local::send_answer;
 use super::request::{write_head, write_upgrade_head, Line};
 use super::scratch::RequestScratch;
+use super::stream_log::{StreamConn, StreamLog};
 use super::upstream::H2Facts;
 use super::websocket::new_key;
-use crate::access_log::RequestFields;
 use crate::answer::Answer;
 use crate::cache::CacheResult;
 use crate::codec::http1::fill_written;
 use crate::codec::http1::RequestHead;
 use crate::error::ProxyError;
-use crate::filters::forwarded::ClientIp;
 use crate::filters::headers::Vars;
-use crate::filters::request_id::RequestId;
 use crate::forward::{carrier, Carrier, Failure, Reached};
-use crate::metrics::shard::{method_index, Protocol, METHODS};
+use crate::metrics::shard::{method_index, Protocol};
 use crate::otel::RequestTrace;
 use crate::policy::identify;
 use crate::proxy::route::{Decision, Routing};
-use crate::proxy::{record, ClientSide, Counters, Done, Handled};
 use crate::request::{Origin, Request};
 use crate::router::RoutedPath;
 use crate::snapshot::Snapshot;
@@ -106,12 +103,19 @@ pub async fn serve(
     };
     let status = answer(&mut respond, &result, listener, &mut log.trace).await;
     let finished = Instant::now();
-    let at = At {
-        shared: &shared,
+    if log.trace.reset {
+        shared.reset_by_client();
+    }
+    let conn = StreamConn {
+        worker,
         snapshot: &snapshot,
-        index,
+        listener: index,
+        slot: shared.slot,
+        ip: &shared.ip,
+        tls: shared.tls.as_deref(),
+        protocol: Protocol::Http2,
     };
-    log.record(&at, result, status, finished - started);
+    log.record(&conn, result, status, finished - started);
     let scratch = RequestScratch { head: buf, req };
     worker.h2_scratch.give_request(scratch);
     finished
@@ -136,35 +140,6 @@ fn write_request(
     let key = new_key();
     let line = write_upgrade_head(buf, spans, parts, protocol.as_str().as_bytes(), &key);
     Some((line.ok()?, Some((protocol.clone(), key))))
-}
-
-/// What a stream's access-log line and metrics are made of, filled as it runs.
-struct StreamLog {
-    fields: RequestFields,
-    trace: Trace,
-    /// The request's trace, when sampled (`otel`).
-    otel: Option<std::rc::Rc<RequestTrace>>,
-    request_id: RequestId,
-    /// The client behind `trusted_proxies`, when it is not the peer.
-    behind: Option<(std::net::IpAddr, ClientIp)>,
-    route: Option<usize>,
-    /// The method's metric slot.
-    method: usize,
-}
-
-impl Default for StreamLog {
-    fn default() -> Self {
-        StreamLog {
-            fields: RequestFields::default(),
-            trace: Trace::default(),
-            otel: None,
-            request_id: RequestId::default(),
-            behind: None,
-            route: None,
-            // A stream that never made a request counts with the last slot ("other").
-            method: METHODS.len() - 1,
-        }
-    }
 }
 
 /// Where a stream runs: its connection, the snapshot, its listener's position in it.
@@ -233,61 +208,6 @@ async fn run(
     let (route, result) = s.handle(parts, parsed.body, respond, traces).await;
     log.route = route;
     result
-}
-
-impl StreamLog {
-    /// Counts the stream (its request answered with `status` after `duration`) in the
-    /// worker's metrics and writes its access-log line.
-    fn record(
-        &self,
-        at: &At<'_>,
-        result: Result<(), Failure>,
-        status: u16,
-        duration: std::time::Duration,
-    ) {
-        let (shared, snapshot) = (at.shared, at.snapshot);
-        let (worker, trace) = (&*shared.worker, &self.trace);
-        if trace.reset {
-            shared.reset_by_client();
-        }
-        if let Some(m) = worker.metrics.listener(shared.slot) {
-            m.http2.streams.inc();
-        }
-        let handled = Handled {
-            route: self.route,
-            local: trace.local,
-            result: result.map(|()| true),
-        };
-        let done = Done {
-            listener: at.index,
-            slot: shared.slot,
-            method: self.method,
-            protocol: Protocol::Http2,
-            status,
-            duration,
-            counters: Counters {
-                bytes_in: 0,
-                bytes_out: 0,
-            },
-        };
-        let side = ClientSide {
-            ip: self.behind.as_ref().map_or(&shared.ip, |(_, text)| text),
-            fields: &self.fields,
-            last_try: crate::request::LastTry {
-                upstream_pick: trace.upstream_pick,
-                upstream_time: trace.upstream_time,
-            },
-            bytes_in: trace.body_in,
-            bytes_out: trace.body_out,
-            tls: shared.tls.as_deref(),
-            request_id: self.request_id.as_bytes(),
-            compressed: trace.compressed,
-            grpc_status: trace.grpc_status,
-            trace: self.otel.as_deref(),
-            cache: trace.cache,
-        };
-        record(worker, snapshot, &side, &handled, &done);
-    }
 }
 
 /// A parsed request on the snapshot it runs on.

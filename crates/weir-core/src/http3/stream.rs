@@ -14,23 +14,20 @@ use h3::error::Code;
 use super::body::{next_data, send_data, send_head, RecvHalf, SendHalf};
 use super::conn::Conn;
 use super::exchange::{forward, Body};
-use crate::access_log::RequestFields;
 use crate::answer::Answer;
 use crate::cache::CacheResult;
 use crate::codec::http1::{fill_written, RequestHead};
 use crate::error::ProxyError;
-use crate::filters::forwarded::ClientIp;
 use crate::filters::headers::Vars;
-use crate::filters::request_id::RequestId;
 use crate::forward::{carrier, Carrier, Failure, Reached};
 use crate::http2::exchange::{StreamRequest, Trace};
 use crate::http2::interim::Relayed;
 use crate::http2::request::write_head;
 use crate::http2::scratch::RequestScratch;
-use crate::metrics::shard::{method_index, Protocol, METHODS};
+use crate::http2::stream_log::{StreamConn, StreamLog};
+use crate::metrics::shard::{method_index, Protocol};
 use crate::policy::identify;
 use crate::proxy::route::{Decision, Routing};
-use crate::proxy::{record, ClientSide, Counters, Done, Handled};
 use crate::request::{Origin, Request};
 use crate::router::RoutedPath;
 use crate::snapshot::Snapshot;
@@ -108,7 +105,16 @@ pub(super) async fn serve(conn: Rc<Conn>, (request, mut send, mut recv): Resolve
         Err(e) => Err(e.into()),
     };
     let status = answer(&mut send, &result, listener, &mut log.trace).await;
-    log.record(&at, result, status, Instant::now() - started);
+    let record = StreamConn {
+        worker,
+        snapshot: &snapshot,
+        listener: index,
+        slot: conn.slot,
+        ip: &conn.ip,
+        tls: Some(&conn.tls),
+        protocol: Protocol::Http3,
+    };
+    log.record(&record, result, status, Instant::now() - started);
     worker
         .h2_scratch
         .give_request(RequestScratch { head: buf, req });
@@ -133,30 +139,6 @@ fn declared_length(parts: &http::request::Parts) -> Result<Option<u64>, ()> {
         length = Some(n);
     }
     Ok(length)
-}
-
-/// What a stream's access-log line and metrics are made of, filled as it runs.
-struct StreamLog {
-    fields: RequestFields,
-    trace: Trace,
-    request_id: RequestId,
-    behind: Option<(std::net::IpAddr, ClientIp)>,
-    route: Option<usize>,
-    method: usize,
-}
-
-impl Default for StreamLog {
-    fn default() -> Self {
-        StreamLog {
-            fields: RequestFields::default(),
-            trace: Trace::default(),
-            request_id: RequestId::default(),
-            behind: None,
-            route: None,
-            // A stream that never made a request counts with the last slot ("other").
-            method: METHODS.len() - 1,
-        }
-    }
 }
 
 /// Where a stream runs: its connection, the snapshot, its listener's position in it.
@@ -306,56 +288,4 @@ async fn answer(
     let answer = Answer::Error(failure.error);
     let _ = send_answer(send, &answer, &Vars::default(), false, listener, trace).await;
     status
-}
-
-impl StreamLog {
-    /// Counts the stream (its request answered with `status` after `duration`) in the
-    /// worker's metrics and writes its access-log line.
-    fn record(
-        &self,
-        at: &At<'_>,
-        result: Result<(), Failure>,
-        status: u16,
-        duration: std::time::Duration,
-    ) {
-        let conn = at.conn;
-        let trace = &self.trace;
-        if let Some(m) = conn.worker.metrics.listener(conn.slot) {
-            m.http3.streams.inc();
-        }
-        let handled = Handled {
-            route: self.route,
-            local: trace.local,
-            result: result.map(|()| true),
-        };
-        let done = Done {
-            listener: at.index,
-            slot: conn.slot,
-            method: self.method,
-            protocol: Protocol::Http3,
-            status,
-            duration,
-            counters: Counters {
-                bytes_in: 0,
-                bytes_out: 0,
-            },
-        };
-        let side = ClientSide {
-            ip: self.behind.as_ref().map_or(&conn.ip, |(_, text)| text),
-            fields: &self.fields,
-            last_try: crate::request::LastTry {
-                upstream_pick: trace.upstream_pick,
-                upstream_time: trace.upstream_time,
-            },
-            bytes_in: trace.body_in,
-            bytes_out: trace.body_out,
-            tls: Some(&conn.tls),
-            request_id: self.request_id.as_bytes(),
-            compressed: trace.compressed,
-            grpc_status: trace.grpc_status,
-            trace: None,
-            cache: trace.cache,
-        };
-        record(&conn.worker, at.snapshot, &side, &handled, &done);
-    }
 }

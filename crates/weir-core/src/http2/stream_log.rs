@@ -1,0 +1,116 @@
+//! What a multiplexed stream (an HTTP/2 or HTTP/3 request) leaves behind: its metrics and
+//! its access-log line, written through `proxy::record` as for an HTTP/1.1 request. The
+//! two stream adapters (`http2::stream`, `http3::stream`) fill one `StreamLog` as the
+//! request runs and record it with the facts of their connection.
+
+use std::rc::Rc;
+
+use super::exchange::Trace;
+use crate::access_log::RequestFields;
+use crate::filters::forwarded::ClientIp;
+use crate::filters::request_id::RequestId;
+use crate::forward::Failure;
+use crate::metrics::shard::{Protocol, METHODS};
+use crate::otel::RequestTrace;
+use crate::proxy::{record, ClientSide, Counters, Done, Handled};
+use crate::snapshot::Snapshot;
+use crate::tls::session::TlsSession;
+use crate::worker::Worker;
+
+/// What a stream's access-log line and metrics are made of, filled as it runs.
+pub(crate) struct StreamLog {
+    pub fields: RequestFields,
+    pub trace: Trace,
+    /// The request's trace, when sampled (`otel`).
+    pub otel: Option<Rc<RequestTrace>>,
+    pub request_id: RequestId,
+    /// The client behind `trusted_proxies`, when it is not the peer.
+    pub behind: Option<(std::net::IpAddr, ClientIp)>,
+    pub route: Option<usize>,
+    /// The method's metric slot.
+    pub method: usize,
+}
+
+impl Default for StreamLog {
+    fn default() -> Self {
+        StreamLog {
+            fields: RequestFields::default(),
+            trace: Trace::default(),
+            otel: None,
+            request_id: RequestId::default(),
+            behind: None,
+            route: None,
+            // A stream that never made a request counts with the last slot ("other").
+            method: METHODS.len() - 1,
+        }
+    }
+}
+
+/// The connection a stream ran on, as its record needs it.
+pub(crate) struct StreamConn<'a> {
+    pub worker: &'a Worker,
+    pub snapshot: &'a Snapshot,
+    /// The listener's position in `snapshot`, and its metric slot.
+    pub listener: usize,
+    pub slot: usize,
+    /// The peer's address, as the log writes it.
+    pub ip: &'a ClientIp,
+    pub tls: Option<&'a TlsSession>,
+    /// `Http2` or `Http3`: the metric family of the stream count, the log's protocol.
+    pub protocol: Protocol,
+}
+
+impl StreamLog {
+    /// Counts the stream (its request answered with `status` after `duration`) in the
+    /// worker's metrics and writes its access-log line.
+    pub fn record(
+        &self,
+        conn: &StreamConn<'_>,
+        result: Result<(), Failure>,
+        status: u16,
+        duration: std::time::Duration,
+    ) {
+        let trace = &self.trace;
+        if let Some(m) = conn.worker.metrics.listener(conn.slot) {
+            match conn.protocol {
+                Protocol::Http3 => m.http3.streams.inc(),
+                _ => m.http2.streams.inc(),
+            }
+        }
+        let handled = Handled {
+            route: self.route,
+            local: trace.local,
+            result: result.map(|()| true),
+        };
+        let done = Done {
+            listener: conn.listener,
+            slot: conn.slot,
+            method: self.method,
+            protocol: conn.protocol,
+            status,
+            duration,
+            // The stream's own byte counts (`side`), nothing before it to subtract.
+            counters: Counters {
+                bytes_in: 0,
+                bytes_out: 0,
+            },
+        };
+        let side = ClientSide {
+            ip: self.behind.as_ref().map_or(conn.ip, |(_, text)| text),
+            fields: &self.fields,
+            last_try: crate::request::LastTry {
+                upstream_pick: trace.upstream_pick,
+                upstream_time: trace.upstream_time,
+            },
+            bytes_in: trace.body_in,
+            bytes_out: trace.body_out,
+            tls: conn.tls,
+            request_id: self.request_id.as_bytes(),
+            compressed: trace.compressed,
+            grpc_status: trace.grpc_status,
+            trace: self.otel.as_deref(),
+            cache: trace.cache,
+        };
+        record(conn.worker, conn.snapshot, &side, &handled, &done);
+    }
+}
