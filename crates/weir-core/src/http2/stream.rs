@@ -26,13 +26,13 @@ use crate::codec::http1::RequestHead;
 use crate::error::ProxyError;
 use crate::filters::headers::Vars;
 use crate::forward::{carrier, Carrier, Failure, Reached};
-use crate::metrics::shard::{method_index, Protocol};
+use crate::metrics::shard::Protocol;
 use crate::otel::RequestTrace;
-use crate::policy::identify;
 use crate::proxy::route::{Decision, Routing};
-use crate::request::{Origin, Request};
+use crate::request::Request;
 use crate::router::RoutedPath;
 use crate::snapshot::Snapshot;
+use crate::worker::Worker;
 
 /// Serves one accepted stream of the connection `shared`. Returns when it ended (read
 /// once for its duration; the connection's idle time starts there too).
@@ -75,6 +75,16 @@ pub async fn serve(
         },
         ..StreamLog::default()
     };
+    let at = StreamConn {
+        worker,
+        snapshot: &snapshot,
+        listener: index,
+        slot: shared.slot,
+        peer_ip: shared.peer_ip,
+        ip: &shared.ip,
+        tls: shared.tls.as_deref(),
+        protocol: Protocol::Http2,
+    };
     let filled = fill_written(
         &buf,
         line.method,
@@ -92,11 +102,6 @@ pub async fn serve(
                 tunnel: (upgrade.as_ref()).map(|(p, k)| (p.as_str().as_bytes(), &k[..])),
                 started,
             };
-            let at = At {
-                shared: &shared,
-                snapshot: &snapshot,
-                index,
-            };
             run(&at, parsed, parts, &mut respond, &mut log).await
         }
         Err(e) => Err(e.into()),
@@ -106,16 +111,7 @@ pub async fn serve(
     if log.trace.reset {
         shared.reset_by_client();
     }
-    let conn = StreamConn {
-        worker,
-        snapshot: &snapshot,
-        listener: index,
-        slot: shared.slot,
-        ip: &shared.ip,
-        tls: shared.tls.as_deref(),
-        protocol: Protocol::Http2,
-    };
-    log.record(&conn, result, status, finished - started);
+    log.record(&at, result, status, finished - started);
     let scratch = RequestScratch { head: buf, req };
     worker.h2_scratch.give_request(scratch);
     finished
@@ -142,13 +138,6 @@ fn write_request(
     Some((line.ok()?, Some((protocol.clone(), key))))
 }
 
-/// Where a stream runs: its connection, the snapshot, its listener's position in it.
-struct At<'a> {
-    shared: &'a Rc<Shared>,
-    snapshot: &'a Snapshot,
-    index: usize,
-}
-
 /// A stream's request, its HTTP/1.1 head written and checked.
 struct Parsed<'a> {
     buf: &'a [u8],
@@ -160,46 +149,23 @@ struct Parsed<'a> {
     started: Instant,
 }
 
-/// Identifies the request (its id, the client behind trusted proxies), notes what the log
-/// needs, and handles it (`Stream::handle`).
+/// Notes the request for the log (`StreamLog::note`) and handles it (`Stream::handle`).
 async fn run(
-    at: &At<'_>,
+    at: &StreamConn<'_>,
     parsed: Parsed<'_>,
     parts: http::request::Parts,
     respond: &mut SendResponse<Bytes>,
     log: &mut StreamLog,
 ) -> Result<(), Failure> {
-    let (shared, snapshot, index) = (at.shared, at.snapshot, at.index);
-    let (worker, listener) = (&*shared.worker, &snapshot.config.listeners[index]);
-    let (buf, req) = (parsed.buf, parsed.req);
-    let peer = shared.peer_ip;
-    log.behind = identify(worker, listener, buf, req, peer, &mut log.request_id);
-    if worker.log(shared.slot).is_some() {
-        log.fields.capture(buf, req);
-        log.fields.http2 = true;
-    }
-    log.method = method_index(&buf[req.method.clone()]);
+    log.note(at, parsed.buf, parsed.req);
     // A field map for the response's fields (`spare`): the request's, emptied, when the
     // upstream speaks HTTP/1.1 (`handle`), its two allocations serving both heads.
     let spare = Cell::new(http::HeaderMap::new());
     let s = Stream {
-        shared,
-        snapshot,
-        index,
-        request: Request {
-            buf,
-            req,
-            origin: Origin {
-                peer: &shared.ip,
-                peer_ip: peer,
-                behind: log.behind.as_ref().map(|(ip, text)| (*ip, text)),
-                tls: shared.tls.as_deref(),
-                request_id: log.request_id.as_bytes(),
-            },
-            started: parsed.started,
-            protocol: Protocol::Http2,
-            trace: None,
-        },
+        worker: at.worker,
+        snapshot: at.snapshot,
+        index: at.listener,
+        request: at.request(&log.who, parsed.buf, parsed.req, parsed.started),
         facts: parsed.facts,
         spare: &spare,
         tunnel: parsed.tunnel,
@@ -212,7 +178,7 @@ async fn run(
 
 /// A parsed request on the snapshot it runs on.
 struct Stream<'a> {
-    shared: &'a Shared,
+    worker: &'a Worker,
     snapshot: &'a Snapshot,
     index: usize,
     request: Request<'a>,
@@ -235,7 +201,7 @@ impl Stream<'_> {
         (trace, otel): (&mut Trace, &mut Option<std::rc::Rc<RequestTrace>>),
     ) -> (Option<usize>, Result<(), Failure>) {
         let routing = Routing {
-            worker: &self.shared.worker,
+            worker: self.worker,
             snapshot: self.snapshot,
             listener: self.index,
         };
@@ -285,7 +251,7 @@ impl Stream<'_> {
         };
         let (route, target) = target;
         let r = StreamRequest {
-            worker: &self.shared.worker,
+            worker: self.worker,
             target,
             request: *r,
             path: &path,

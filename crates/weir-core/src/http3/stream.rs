@@ -25,12 +25,9 @@ use crate::http2::interim::Relayed;
 use crate::http2::request::write_head;
 use crate::http2::scratch::RequestScratch;
 use crate::http2::stream_log::{StreamConn, StreamLog};
-use crate::metrics::shard::{method_index, Protocol};
-use crate::policy::identify;
+use crate::metrics::shard::Protocol;
 use crate::proxy::route::{Decision, Routing};
-use crate::request::{Origin, Request};
 use crate::router::RoutedPath;
-use crate::snapshot::Snapshot;
 
 /// The request a stream resolved to, and the stream's two halves.
 pub(super) type Resolved = (http::Request<()>, SendHalf, RecvHalf);
@@ -83,10 +80,15 @@ pub(super) async fn serve(conn: Rc<Conn>, (request, mut send, mut recv): Resolve
         listener.max_headers,
         &mut req,
     );
-    let at = At {
-        conn: &conn,
+    let at = StreamConn {
+        worker,
         snapshot: &snapshot,
-        index,
+        listener: index,
+        slot: conn.slot,
+        peer_ip: conn.peer_ip,
+        ip: &conn.ip,
+        tls: Some(&conn.tls),
+        protocol: Protocol::Http3,
     };
     let result = match filled {
         Ok(()) => {
@@ -105,16 +107,7 @@ pub(super) async fn serve(conn: Rc<Conn>, (request, mut send, mut recv): Resolve
         Err(e) => Err(e.into()),
     };
     let status = answer(&mut send, &result, listener, &mut log.trace).await;
-    let record = StreamConn {
-        worker,
-        snapshot: &snapshot,
-        listener: index,
-        slot: conn.slot,
-        ip: &conn.ip,
-        tls: Some(&conn.tls),
-        protocol: Protocol::Http3,
-    };
-    log.record(&record, result, status, Instant::now() - started);
+    log.record(&at, result, status, Instant::now() - started);
     worker
         .h2_scratch
         .give_request(RequestScratch { head: buf, req });
@@ -141,13 +134,6 @@ fn declared_length(parts: &http::request::Parts) -> Result<Option<u64>, ()> {
     Ok(length)
 }
 
-/// Where a stream runs: its connection, the snapshot, its listener's position in it.
-struct At<'a> {
-    conn: &'a Rc<Conn>,
-    snapshot: &'a Snapshot,
-    index: usize,
-}
-
 /// A stream's request, its HTTP/1.1 head written and checked.
 struct Parsed<'a> {
     buf: &'a [u8],
@@ -155,46 +141,21 @@ struct Parsed<'a> {
     started: Instant,
 }
 
-/// Identifies the request (its id, the client behind trusted proxies), notes what the log
-/// needs, takes the routing decision and does what it says.
+/// Notes the request for the log (`StreamLog::note`), takes the routing decision and does
+/// what it says.
 async fn run(
-    at: &At<'_>,
+    at: &StreamConn<'_>,
     parsed: Parsed<'_>,
     body: Option<Body<'_>>,
     send: &mut SendHalf,
     log: &mut StreamLog,
 ) -> Result<(), Failure> {
-    let (conn, snapshot, index) = (at.conn, at.snapshot, at.index);
-    let (worker, listener) = (&*conn.worker, &snapshot.config.listeners[index]);
-    let (buf, req) = (parsed.buf, parsed.req);
-    log.behind = identify(
-        worker,
-        listener,
-        buf,
-        req,
-        conn.peer_ip,
-        &mut log.request_id,
-    );
-    if worker.log(conn.slot).is_some() {
-        log.fields.capture(buf, req);
-        log.fields.http3 = true;
-    }
-    log.method = method_index(&buf[req.method.clone()]);
-    let request = Request {
-        buf,
-        req,
-        origin: Origin {
-            peer: &conn.ip,
-            peer_ip: conn.peer_ip,
-            behind: log.behind.as_ref().map(|(ip, text)| (*ip, text)),
-            tls: Some(&conn.tls),
-            request_id: log.request_id.as_bytes(),
-        },
-        started: parsed.started,
-        protocol: Protocol::Http3,
-        // Not traced yet (docs/http3.md).
-        trace: None,
-    };
+    let (worker, snapshot, index) = (at.worker, at.snapshot, at.listener);
+    let listener = &snapshot.config.listeners[index];
+    let req = parsed.req;
+    log.note(at, parsed.buf, req);
+    // Not traced yet (docs/http3.md): the request's `trace` stays `None`.
+    let request = at.request(&log.who, parsed.buf, req, parsed.started);
     let routing = Routing {
         worker,
         snapshot,
