@@ -304,6 +304,17 @@ impl StreamRequest<'_> {
         self.request.req.expect_continue && body
     }
 
+    /// Sends the client a 100 when Weir answers its `expect: 100-continue` itself
+    /// ([`StreamRequest::answers_continue`]): the client may wait for it before sending
+    /// DATA; Weir reads the body at once (and relays no upstream 100 after it: `interim`).
+    pub(super) fn continue_if_asked(&self, body: bool, respond: &mut SendResponse<Bytes>) {
+        if self.answers_continue(body) {
+            let mut go_on = http::Response::new(());
+            *go_on.status_mut() = http::StatusCode::CONTINUE;
+            let _ = respond.send_informational(go_on);
+        }
+    }
+
     /// The client's stream while the final head is awaited: up to the listener's
     /// `max_informational` 1xx heads relayed (of `max_header_list_size` in all) per
     /// response, a 100 only if Weir sent none.

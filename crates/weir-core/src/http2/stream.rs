@@ -221,35 +221,24 @@ impl Stream<'_> {
                 &traced
             }
         };
-        let target = match (route, decision) {
+        let target = match decision {
             // A cache miss is forwarded; storing what an HTTP/2 client's upstream sends is
             // not done yet (the response is relayed, uncached).
-            (route, Decision::Forward(target, fill)) => {
+            Decision::Forward(target, fill) => {
                 trace.cache = fill.map(|_| CacheResult::Miss);
-                (route, target)
+                target
             }
-            (route, Decision::Answer(answer)) => {
-                trace.local = answer.is_local();
-                if let Answer::Cached(_) = answer {
-                    trace.cache = Some(CacheResult::Hit);
-                }
+            Decision::Answer(answer) => {
                 let timeout = routing.listener().http2.stall_timeout;
-                let vars = answer.vars(r);
-                let sent = send_answer(respond, &answer, &vars, r.req.is_head, timeout, trace);
-                return (route, sent.await.map_err(Failure::after_head));
+                return (route, answer_with(answer, r, timeout, respond, trace).await);
             }
-            (route, Decision::Files(reply)) => {
-                let listener = routing.listener();
-                let under = crate::files::Under {
-                    route: &listener.routes[route.unwrap_or_default()],
-                    listener,
-                };
+            Decision::Files(reply) => {
+                let under = crate::files::Under::of(routing.listener(), route);
                 let sent = super::files::respond_h2(respond, r, under, *reply, trace);
                 return (route, Box::pin(sent).await);
             }
-            (route, Decision::Refuse(error)) => return (route, Err(error.into())),
+            Decision::Refuse(error) => return (route, Err(error.into())),
         };
-        let (route, target) = target;
         let r = StreamRequest {
             worker: self.worker,
             target,
@@ -267,13 +256,7 @@ impl Stream<'_> {
             let tunnel = Box::pin(tunnel(&r, protocol, key, body, respond, trace));
             return (route, tunnel.await);
         }
-        if r.answers_continue(body.is_some()) {
-            // The client may wait for 100 before sending DATA; Weir reads the body at once,
-            // so it says so itself (and relays no upstream 100 after it: `interim`).
-            let mut go_on = http::Response::new(());
-            *go_on.status_mut() = http::StatusCode::CONTINUE;
-            let _ = respond.send_informational(go_on);
-        }
+        r.continue_if_asked(body.is_some(), respond);
         let result = match carrier(Protocol::Http2, r.target.upstream) == Carrier::Http2 {
             true => Box::pin(r.forward_h2(self.facts, parts, body, respond, trace)).await,
             false => {
@@ -288,6 +271,23 @@ impl Stream<'_> {
         };
         (route, result)
     }
+}
+
+/// Sends Weir's `answer` to the request `r` (each write waiting at most `timeout`).
+async fn answer_with(
+    answer: Answer<'_>,
+    r: &Request<'_>,
+    timeout: std::time::Duration,
+    respond: &mut SendResponse<Bytes>,
+    trace: &mut Trace,
+) -> Result<(), Failure> {
+    trace.local = answer.is_local();
+    if let Answer::Cached(_) = answer {
+        trace.cache = Some(CacheResult::Hit);
+    }
+    let vars = answer.vars(r);
+    let sent = send_answer(respond, &answer, &vars, r.req.is_head, timeout, trace);
+    sent.await.map_err(Failure::after_head)
 }
 
 /// An extended CONNECT: a WebSocket to an HTTP/1.1 upstream when the route lists

@@ -772,14 +772,7 @@ impl Scrape {
                         ("server", server.name.clone()),
                     ]
                 };
-                for slot in 0..STATUS_SLOTS {
-                    let v = self.sum(|s| Some(self.server(s, ui, si)?.requests(slot)));
-                    if v > 0 {
-                        let mut l = labels();
-                        l.push(("code", status_label(slot)));
-                        requests.push((l, v));
-                    }
-                }
+                self.server_requests(ui, si, labels, &mut requests);
                 let is_up = self
                     .up
                     .get(ui)
@@ -841,6 +834,24 @@ impl Scrape {
             "Requests (TCP listeners: connections) sent to the server and not yet ended, all workers.",
             &in_flight,
         )
+    }
+
+    /// The `weir_upstream_requests` rows of server `si` of upstream `ui`, by status code.
+    fn server_requests(
+        &self,
+        ui: usize,
+        si: usize,
+        labels: impl Fn() -> Labels,
+        rows: &mut Vec<(Labels, u64)>,
+    ) {
+        for slot in 0..STATUS_SLOTS {
+            let v = self.sum(|s| Some(self.server(s, ui, si)?.requests(slot)));
+            if v > 0 {
+                let mut l = labels();
+                l.push(("code", status_label(slot)));
+                rows.push((l, v));
+            }
+        }
     }
 
     fn upstream_histograms(&self, enc: &mut DescriptorEncoder) -> Result {
