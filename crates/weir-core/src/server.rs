@@ -140,7 +140,11 @@ impl Proxy {
                 commands,
                 logs: log_sinks.clone(),
             };
-            threads.push(spawn_worker(index, setup)?);
+            let thread = std::thread::Builder::new()
+                .name(format!("weir-worker-{index}"))
+                .spawn(move || run_worker(setup))
+                .map_err(StartError::Thread)?;
+            threads.push(thread);
         }
         let applier = Applier {
             shared: shared.clone(),
@@ -338,14 +342,6 @@ fn bind_all(
         }
     }
     Ok(())
-}
-
-/// Starts worker thread `index`.
-fn spawn_worker(index: usize, setup: WorkerSetup) -> Result<JoinHandle<()>, StartError> {
-    std::thread::Builder::new()
-        .name(format!("weir-worker-{index}"))
-        .spawn(move || run_worker(setup))
-        .map_err(StartError::Thread)
 }
 
 /// Takes the inherited sockets of `bind` of `listener`: same listener name and kind of
