@@ -121,18 +121,7 @@ impl Proxy {
         });
         let snapshot = shared.snapshot.load_full();
         let (mut control, receivers) = Control::new(layout, workers);
-        for (listener, slots) in snapshot
-            .config
-            .listeners
-            .iter()
-            .zip(&*snapshot.slots.listeners)
-        {
-            for bind in &listener.binds {
-                let inherited = take_inherited(&mut inherited, listener, bind);
-                let bound = bind_per_worker(listener, bind, workers, inherited)?;
-                control.listen(listener, slots.slot, bound);
-            }
-        }
+        bind_all(&snapshot, &mut control, workers, &mut inherited)?;
         let metrics = Arc::new(Metrics::default());
         let (log_sinks, log_writers) =
             crate::access_log::start_all(&snapshot.config, &metrics.access_log_dropped)
@@ -165,13 +154,9 @@ impl Proxy {
         let (thread, first_round) =
             crate::cluster::spawn(applier.clone(), batches).map_err(StartError::Thread)?;
         threads.push(thread);
-        let discovered = snapshot
-            .config
-            .upstreams
-            .iter()
-            .filter_map(|u| u.discover.as_ref());
-        let limit = discovered.clone().map(|d| d.timeout).max();
-        if let Some(limit) = limit {
+        let discovered = snapshot.config.upstreams.iter();
+        let discovered = discovered.filter_map(|u| u.discover.as_ref());
+        if let Some(limit) = discovered.clone().map(|d| d.timeout).max() {
             crate::cluster::wait_first_round(&first_round, discovered.count(), limit * 2);
         }
         Ok(Proxy {
@@ -339,6 +324,25 @@ pub struct InheritedBind {
 
 /// Listening sockets handed over by the process being upgraded.
 pub type Inherited = Vec<InheritedBind>;
+
+/// Binds every listener's addresses (`workers` sockets each, or the `inherited` one a
+/// binary upgrade handed over) and gives them to the workers through `control`.
+fn bind_all(
+    snapshot: &Snapshot,
+    control: &mut Control,
+    workers: usize,
+    inherited: &mut Inherited,
+) -> Result<(), StartError> {
+    let listeners = snapshot.config.listeners.iter();
+    for (listener, slots) in listeners.zip(&*snapshot.slots.listeners) {
+        for bind in &listener.binds {
+            let inherited = take_inherited(inherited, listener, bind);
+            let bound = bind_per_worker(listener, bind, workers, inherited)?;
+            control.listen(listener, slots.slot, bound);
+        }
+    }
+    Ok(())
+}
 
 /// Takes the inherited sockets of `bind` of `listener`: same listener name and kind of
 /// bind, and the configured address unless it asks for any port (`:0`), in which case the

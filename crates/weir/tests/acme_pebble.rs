@@ -43,34 +43,18 @@ fn weir(
     challenge: &str,
     other: &weir_testkit::certs::Leaf,
 ) -> Proxy {
-    let toml = format!(
-        r#"[server]
-workers = 1
-drain_timeout = "0s"
-[admin]
-bind = "off"
-[[listeners]]
-name = "http"
-bind = "127.0.0.1:0"
-[[listeners.routes]]
-name = "all"
-respond = {{ status = 200, body = "plain\n" }}
-[[listeners]]
-name = "https"
-bind = "127.0.0.1:0"
-http_bind = "off"
-[listeners.tls]
-certs = [{{ cert = {:?}, key = {:?} }}]
-acme = {{ domains = ["{NAME}"], contact = "mailto:ops@weir.test", directory = "{}", challenge = "{challenge}", storage = {:?}, directory_ca = {:?}, retry_initial = "1s" }}
-[[listeners.routes]]
-name = "all"
-respond = {{ status = 200, body = "secure\n" }}
-"#,
+    let storage = storage.display().to_string();
+    let fields = format!(
+        r#"contact = "mailto:ops@weir.test", challenge = "{challenge}", storage = {storage:?}"#
+    );
+    let certs = format!(
+        "certs = [{{ cert = {:?}, key = {:?} }}]\n",
         other.cert_path.display().to_string(),
         other.key_path.display().to_string(),
-        setup.directory(),
-        storage.display().to_string(),
-        setup.ca.cert_path.display().to_string(),
+    );
+    let listeners = setup.listeners("http", NAME, &setup.directory(), &fields, &certs);
+    let toml = format!(
+        "[server]\nworkers = 1\ndrain_timeout = \"0s\"\n[admin]\nbind = \"off\"\n{listeners}"
     );
     let config =
         weir_config::parse_str(&toml, "acme.toml").unwrap_or_else(|e| panic!("{e}\n{toml}"));

@@ -94,25 +94,8 @@ fn pipe(mut from: TcpStream, mut to: TcpStream) {
 /// ACME certificate for [`NAME`] from `directory`, stored in `acme` beside each
 /// instance's local file.
 fn shared(setup: &PebbleSetup, directory: &str) -> String {
-    format!(
-        r#"[[listeners]]
-name = "web"
-bind = "127.0.0.1:0"
-[[listeners.routes]]
-name = "all"
-respond = {{ status = 200, body = "plain\n" }}
-[[listeners]]
-name = "https"
-bind = "127.0.0.1:0"
-http_bind = "off"
-[listeners.tls]
-acme = {{ domains = ["{NAME}"], directory = "{directory}", challenge = "http-01", storage = "acme", directory_ca = {:?}, retry_initial = "1s" }}
-[[listeners.routes]]
-name = "all"
-respond = {{ status = 200, body = "secure\n" }}
-"#,
-        setup.ca.cert_path.display().to_string(),
-    )
+    let fields = r#"challenge = "http-01", storage = "acme""#;
+    setup.listeners("web", NAME, directory, fields, "")
 }
 
 /// A fleet member's local file, in a directory of its own (its `acme` storage).

@@ -184,6 +184,34 @@ fn push_json(out: &mut Vec<u8>, req: &RequestFields, o: &Outcome<'_>, time: &mut
     push_decimal(out, o.bytes_out);
     out.extend_from_slice(b",\"duration\":");
     push_seconds(out, o.duration);
+    push_json_route(out, o);
+    if o.request_id.is_empty() {
+        out.extend_from_slice(b",\"request_id\":null");
+    } else {
+        out.extend_from_slice(b",\"request_id\":\"");
+        push_escaped(out, o.request_id, true);
+        out.push(b'"');
+    }
+    if let Some((trace_id, span_id)) = o.trace {
+        out.extend_from_slice(b",\"trace_id\":\"");
+        crate::otel::push_hex(out, trace_id);
+        out.extend_from_slice(b"\",\"span_id\":\"");
+        crate::otel::push_hex(out, span_id);
+        out.push(b'"');
+    }
+    out.extend_from_slice(b",\"referer\":\"");
+    push_escaped(out, &req.referer, true);
+    out.extend_from_slice(b"\",\"user_agent\":\"");
+    push_escaped(out, &req.user_agent, true);
+    out.push(b'"');
+    if let Some(tls) = o.tls {
+        push_json_tls(out, tls);
+    }
+    out.push(b'}');
+}
+
+/// `,"route":..,"upstream":..,"upstream_time":..,"cache":..`: where the request went.
+fn push_json_route(out: &mut Vec<u8>, o: &Outcome<'_>) {
     out.extend_from_slice(b",\"route\":\"");
     push_escaped(out, o.route.as_bytes(), true);
     match o.upstream {
@@ -209,29 +237,6 @@ fn push_json(out: &mut Vec<u8>, req: &RequestFields, o: &Outcome<'_>, time: &mut
         }
         None => out.extend_from_slice(b",\"cache\":null"),
     }
-    if o.request_id.is_empty() {
-        out.extend_from_slice(b",\"request_id\":null");
-    } else {
-        out.extend_from_slice(b",\"request_id\":\"");
-        push_escaped(out, o.request_id, true);
-        out.push(b'"');
-    }
-    if let Some((trace_id, span_id)) = o.trace {
-        out.extend_from_slice(b",\"trace_id\":\"");
-        crate::otel::push_hex(out, trace_id);
-        out.extend_from_slice(b"\",\"span_id\":\"");
-        crate::otel::push_hex(out, span_id);
-        out.push(b'"');
-    }
-    out.extend_from_slice(b",\"referer\":\"");
-    push_escaped(out, &req.referer, true);
-    out.extend_from_slice(b"\",\"user_agent\":\"");
-    push_escaped(out, &req.user_agent, true);
-    out.push(b'"');
-    if let Some(tls) = o.tls {
-        push_json_tls(out, tls);
-    }
-    out.push(b'}');
 }
 
 /// `,"tls_version":..,"tls_cipher":..,"sni":..,"client_cert_subject":..` (null when absent).

@@ -31,6 +31,14 @@ pub(crate) struct Under<'a> {
     pub listener: &'a Listener,
 }
 
+impl<'a> Under<'a> {
+    /// Route `route` of `listener` (the route a `Decision::Files` names).
+    pub fn of(listener: &'a Listener, route: Option<usize>) -> Under<'a> {
+        let route = &listener.routes[route.unwrap_or_default()];
+        Under { route, listener }
+    }
+}
+
 /// Sends `reply` to the HTTP/1.x client of `conn` for the request `req` (its head at the
 /// start of `conn.buf`); `resp` is set to the reply's head. Returns whether the
 /// connection stays open (as for Weir's answers: a request body not all in the buffer

@@ -29,13 +29,13 @@ use crate::filters::compression;
 use crate::filters::upgrade::Offered;
 use crate::forward::body::BodyState;
 use crate::forward::driver::{drive, Attempt, Exchange, Miss, Sender, Tries};
-use crate::forward::h1::{reuse, send_streaming, send_whole, Reading, RequestMeta};
+use crate::forward::h1::{reuse, send_streaming, send_whole, Interim, Reading, RequestMeta};
 use crate::forward::head::{coding, plan_http1, Edits};
 use crate::forward::relay::{
     at_hand, relay, Broke, Coding, H2Source, Http1Sink, Http1Source, Peer, Piece, Sink, Source,
 };
 use crate::forward::request_head::{render_response_rules, write_upstream_head};
-use crate::forward::{Failure, Reached, Target, Timeouts};
+use crate::forward::{Failure, Reached, Target};
 use crate::request::LastTry;
 use crate::request::Request;
 use crate::router::RoutedPath;
@@ -155,16 +155,23 @@ impl StreamRequest<'_> {
         let body_in = Cell::new(0);
         let accepted = {
             let client = self.client_stream(respond, body.is_some());
+            let listener = self.target.listener;
+            let mut body = body;
+            let source = body.as_mut().map(|body| {
+                let mut source =
+                    H2Source::new(body, listener.client_timeout, Peer::Client, &body_in);
+                source.limit = listener.max_body_size;
+                source
+            });
             let mut sender = StreamSender {
                 r: self,
                 x: &x,
-                body,
+                body: source,
                 up_buf: &mut *up_buf,
                 out,
                 resp: &mut *resp,
                 timer,
                 interim: &client,
-                body_in: &body_in,
             };
             // Pinned where it is built: the future holds every await of the upstream
             // exchange (large), and `unless_reset` would otherwise move it into its own
@@ -297,6 +304,17 @@ impl StreamRequest<'_> {
         self.request.req.expect_continue && body
     }
 
+    /// Sends the client a 100 when Weir answers its `expect: 100-continue` itself
+    /// ([`StreamRequest::answers_continue`]): the client may wait for it before sending
+    /// DATA; Weir reads the body at once (and relays no upstream 100 after it: `interim`).
+    pub(super) fn continue_if_asked(&self, body: bool, respond: &mut SendResponse<Bytes>) {
+        if self.answers_continue(body) {
+            let mut go_on = http::Response::new(());
+            *go_on.status_mut() = http::StatusCode::CONTINUE;
+            let _ = respond.send_informational(go_on);
+        }
+    }
+
     /// The client's stream while the final head is awaited: up to the listener's
     /// `max_informational` 1xx heads relayed (of `max_header_list_size` in all) per
     /// response, a 100 only if Weir sent none.
@@ -358,22 +376,22 @@ fn stopped(stop: Stop, reached: Reached, trace: &mut Trace) -> Failure {
     Failure { error, reached }
 }
 
-/// Sends a stream's request over HTTP/1.1 connections: the head written for each try's
-/// server, the body (if any) streamed from the stream's DATA.
-struct StreamSender<'s, 'c> {
-    r: &'s StreamRequest<'s>,
-    x: &'s Exchange<'s>,
-    body: Option<RecvStream>,
-    up_buf: &'s mut Buffer,
-    out: &'s mut Vec<u8>,
-    resp: &'s mut ResponseHead,
-    timer: &'s mut LazyTimer,
-    interim: &'c ClientStream<'s>,
-    /// Request body bytes taken from the client.
-    body_in: &'s Cell<u64>,
+/// Sends a stream's request over HTTP/1.1 connections, for HTTP/2 and HTTP/3 clients: the
+/// head written for each try's server, the body (if any) streamed from the client's
+/// stream (`body`: its DATA, [`H2Source`] or `http3::body::H3Source`, which count it and
+/// hold it to `max_body_size`), 1xx heads relayed to `interim`.
+pub(crate) struct StreamSender<'s, S, I> {
+    pub r: &'s StreamRequest<'s>,
+    pub x: &'s Exchange<'s>,
+    pub body: Option<S>,
+    pub up_buf: &'s mut Buffer,
+    pub out: &'s mut Vec<u8>,
+    pub resp: &'s mut ResponseHead,
+    pub timer: &'s mut LazyTimer,
+    pub interim: I,
 }
 
-impl Sender for StreamSender<'_, '_> {
+impl<S: Source, I: Interim> Sender for StreamSender<'_, S, I> {
     /// The connection, and whether the whole request body went up.
     type Sent = (UpstreamStream, bool);
 
@@ -385,13 +403,12 @@ impl Sender for StreamSender<'_, '_> {
         let (r, x) = (self.r, self.x);
         self.out.clear();
         r.write_head(self.out, a.server);
-        let listener = x.target.listener;
         let mut rd = Reading {
             up_buf: self.up_buf,
             resp: self.resp,
             timer: self.timer,
             meta: r.meta(),
-            client_timeout: listener.client_timeout,
+            client_timeout: x.target.listener.client_timeout,
         };
         let sent = match self.body.as_mut() {
             None => (
@@ -399,21 +416,16 @@ impl Sender for StreamSender<'_, '_> {
                 true,
             ),
             Some(body) => {
-                let (head, total) = (&*self.out, self.body_in);
+                let head = &*self.out;
                 let chunked = r.request.req.framing == BodyFraming::Chunked;
-                let timeouts = Timeouts {
-                    client: listener.client_timeout,
-                    upstream: x.target.upstream.response_timeout,
-                };
-                let limit = listener.max_body_size;
-                let upload = async |uw: &mut WriteHalf<'_>| {
-                    upload(body, uw, head, chunked, limit, timeouts, total).await
-                };
+                let timeout = x.target.upstream.response_timeout;
+                let upload =
+                    async |uw: &mut WriteHalf<'_>| upload(body, uw, head, chunked, timeout).await;
                 send_streaming(x, a, &mut rd, &mut self.interim, upload).await?
             }
         };
         // No upgrade was offered (the RFC 8441 bridge has its own exchange): a final 101
-        // is the server's error, and h2 could not send it.
+        // is the server's error, and neither h2 nor h3 could send it.
         if self.resp.status == 101 {
             return Err(ProxyError::UpstreamMalformed("101 without an upgrade request").into());
         }
@@ -432,22 +444,20 @@ impl Sender for StreamSender<'_, '_> {
     }
 }
 
-/// Uploads the client's DATA to an HTTP/1.1 upstream's writer `up` after `head`:
-/// chunk-framed when `chunked`, each piece released to the client's window once written
-/// (`forward::relay`); at most `limit` bytes in all (`max_body_size`), counted in `total`.
-async fn upload<W: AsyncWrite + Unpin>(
-    body: &mut RecvStream,
+/// Uploads a client stream's request body `source` to an HTTP/1.1 upstream's writer `up`
+/// after `head`, chunk-framed when `chunked`, each write within `timeout`; each piece is
+/// released to the client's window once written (`forward::relay`).
+async fn upload<S: Source, W: AsyncWrite + Unpin>(
+    source: &mut S,
     up: &mut W,
     head: &[u8],
     chunked: bool,
-    limit: Option<u64>,
-    timeouts: Timeouts,
-    total: &Cell<u64>,
+    timeout: Duration,
 ) -> Result<(), Broke> {
     let mut written = 0;
     let mut sink = Http1Sink {
         writer: up,
-        timeout: timeouts.upstream,
+        timeout,
         sent: &mut written,
         head,
         chunked,
@@ -457,15 +467,14 @@ async fn upload<W: AsyncWrite + Unpin>(
     sink.data(Piece::Slice(&[]), false)
         .await
         .map_err(Broke::Sink)?;
-    let mut source = H2Source::new(body, timeouts.client, Peer::Client, total);
-    source.limit = limit;
-    relay(&mut source, &mut sink, None).await
+    relay(source, &mut sink, None).await
 }
 
 #[cfg(test)]
 mod tests {
     use super::super::test_io::{request_body, Holding};
     use super::Trace;
+    use crate::forward::relay::{H2Source, Peer};
     use std::time::Duration;
 
     /// Uploads a request body of two DATA frames to a [`Holding`] writer; returns
@@ -473,12 +482,10 @@ mod tests {
     async fn upload_to_holding(chunked: bool) -> (usize, usize) {
         let mut body = request_body(&[b"hello", b"world"], true).await;
         let mut up = Holding::default();
-        let timeouts = crate::forward::Timeouts {
-            client: Duration::from_secs(10),
-            upstream: Duration::from_secs(10),
-        };
+        let timeout = Duration::from_secs(10);
         let total = std::cell::Cell::new(0);
-        super::upload(&mut body, &mut up, &[], chunked, None, timeouts, &total)
+        let mut source = H2Source::new(&mut body, timeout, Peer::Client, &total);
+        super::upload(&mut source, &mut up, &[], chunked, timeout)
             .await
             .expect("uploaded");
         assert_eq!(total.get(), 10);

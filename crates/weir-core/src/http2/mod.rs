@@ -12,7 +12,8 @@
 //! many streams in one system call). `websocket` bridges RFC 8441 extended CONNECTs to
 //! HTTP/1.1 WebSocket upgrades. `grpc` turns the answers Weir makes itself to gRPC
 //! requests into gRPC statuses. `interim` relays the upstream's 1xx heads, `trailers` an
-//! HTTP/1.1 upstream's chunked trailers.
+//! HTTP/1.1 upstream's chunked trailers. `stream_log` counts a finished stream and writes
+//! its access-log line (an HTTP/3 stream's too).
 //!
 //! Module names: `http2`, not `h2`, so that paths to the `h2` crate stay unambiguous.
 
@@ -32,6 +33,7 @@ pub(crate) mod respond;
 pub(crate) mod scratch;
 mod send;
 mod stream;
+pub(crate) mod stream_log;
 #[cfg(test)]
 mod test_io;
 pub(crate) mod trailers;

@@ -16,26 +16,23 @@ use super::interim::Relayed;
 use super::local::send_answer;
 use super::request::{write_head, write_upgrade_head, Line};
 use super::scratch::RequestScratch;
+use super::stream_log::{StreamConn, StreamLog};
 use super::upstream::H2Facts;
 use super::websocket::new_key;
-use crate::access_log::RequestFields;
 use crate::answer::Answer;
 use crate::cache::CacheResult;
 use crate::codec::http1::fill_written;
 use crate::codec::http1::RequestHead;
 use crate::error::ProxyError;
-use crate::filters::forwarded::ClientIp;
 use crate::filters::headers::Vars;
-use crate::filters::request_id::RequestId;
 use crate::forward::{carrier, Carrier, Failure, Reached};
-use crate::metrics::shard::{method_index, Protocol, METHODS};
+use crate::metrics::shard::Protocol;
 use crate::otel::RequestTrace;
-use crate::policy::identify;
 use crate::proxy::route::{Decision, Routing};
-use crate::proxy::{record, ClientSide, Counters, Done, Handled};
-use crate::request::{Origin, Request};
+use crate::request::Request;
 use crate::router::RoutedPath;
 use crate::snapshot::Snapshot;
+use crate::worker::Worker;
 
 /// Serves one accepted stream of the connection `shared`. Returns when it ended (read
 /// once for its duration; the connection's idle time starts there too).
@@ -78,6 +75,16 @@ pub async fn serve(
         },
         ..StreamLog::default()
     };
+    let at = StreamConn {
+        worker,
+        snapshot: &snapshot,
+        listener: index,
+        slot: shared.slot,
+        peer_ip: shared.peer_ip,
+        ip: &shared.ip,
+        tls: shared.tls.as_deref(),
+        protocol: Protocol::Http2,
+    };
     let filled = fill_written(
         &buf,
         line.method,
@@ -95,22 +102,15 @@ pub async fn serve(
                 tunnel: (upgrade.as_ref()).map(|(p, k)| (p.as_str().as_bytes(), &k[..])),
                 started,
             };
-            let at = At {
-                shared: &shared,
-                snapshot: &snapshot,
-                index,
-            };
             run(&at, parsed, parts, &mut respond, &mut log).await
         }
         Err(e) => Err(e.into()),
     };
     let status = answer(&mut respond, &result, listener, &mut log.trace).await;
     let finished = Instant::now();
-    let at = At {
-        shared: &shared,
-        snapshot: &snapshot,
-        index,
-    };
+    if log.trace.reset {
+        shared.reset_by_client();
+    }
     log.record(&at, result, status, finished - started);
     let scratch = RequestScratch { head: buf, req };
     worker.h2_scratch.give_request(scratch);
@@ -138,42 +138,6 @@ fn write_request(
     Some((line.ok()?, Some((protocol.clone(), key))))
 }
 
-/// What a stream's access-log line and metrics are made of, filled as it runs.
-struct StreamLog {
-    fields: RequestFields,
-    trace: Trace,
-    /// The request's trace, when sampled (`otel`).
-    otel: Option<std::rc::Rc<RequestTrace>>,
-    request_id: RequestId,
-    /// The client behind `trusted_proxies`, when it is not the peer.
-    behind: Option<(std::net::IpAddr, ClientIp)>,
-    route: Option<usize>,
-    /// The method's metric slot.
-    method: usize,
-}
-
-impl Default for StreamLog {
-    fn default() -> Self {
-        StreamLog {
-            fields: RequestFields::default(),
-            trace: Trace::default(),
-            otel: None,
-            request_id: RequestId::default(),
-            behind: None,
-            route: None,
-            // A stream that never made a request counts with the last slot ("other").
-            method: METHODS.len() - 1,
-        }
-    }
-}
-
-/// Where a stream runs: its connection, the snapshot, its listener's position in it.
-struct At<'a> {
-    shared: &'a Rc<Shared>,
-    snapshot: &'a Snapshot,
-    index: usize,
-}
-
 /// A stream's request, its HTTP/1.1 head written and checked.
 struct Parsed<'a> {
     buf: &'a [u8],
@@ -185,46 +149,23 @@ struct Parsed<'a> {
     started: Instant,
 }
 
-/// Identifies the request (its id, the client behind trusted proxies), notes what the log
-/// needs, and handles it (`Stream::handle`).
+/// Notes the request for the log (`StreamLog::note`) and handles it (`Stream::handle`).
 async fn run(
-    at: &At<'_>,
+    at: &StreamConn<'_>,
     parsed: Parsed<'_>,
     parts: http::request::Parts,
     respond: &mut SendResponse<Bytes>,
     log: &mut StreamLog,
 ) -> Result<(), Failure> {
-    let (shared, snapshot, index) = (at.shared, at.snapshot, at.index);
-    let (worker, listener) = (&*shared.worker, &snapshot.config.listeners[index]);
-    let (buf, req) = (parsed.buf, parsed.req);
-    let peer = shared.peer_ip;
-    log.behind = identify(worker, listener, buf, req, peer, &mut log.request_id);
-    if worker.log(shared.slot).is_some() {
-        log.fields.capture(buf, req);
-        log.fields.http2 = true;
-    }
-    log.method = method_index(&buf[req.method.clone()]);
+    log.note(at, parsed.buf, parsed.req);
     // A field map for the response's fields (`spare`): the request's, emptied, when the
     // upstream speaks HTTP/1.1 (`handle`), its two allocations serving both heads.
     let spare = Cell::new(http::HeaderMap::new());
     let s = Stream {
-        shared,
-        snapshot,
-        index,
-        request: Request {
-            buf,
-            req,
-            origin: Origin {
-                peer: &shared.ip,
-                peer_ip: peer,
-                behind: log.behind.as_ref().map(|(ip, text)| (*ip, text)),
-                tls: shared.tls.as_deref(),
-                request_id: log.request_id.as_bytes(),
-            },
-            started: parsed.started,
-            protocol: Protocol::Http2,
-            trace: None,
-        },
+        worker: at.worker,
+        snapshot: at.snapshot,
+        index: at.listener,
+        request: at.request(&log.who, parsed.buf, parsed.req, parsed.started),
         facts: parsed.facts,
         spare: &spare,
         tunnel: parsed.tunnel,
@@ -235,64 +176,9 @@ async fn run(
     result
 }
 
-impl StreamLog {
-    /// Counts the stream (its request answered with `status` after `duration`) in the
-    /// worker's metrics and writes its access-log line.
-    fn record(
-        &self,
-        at: &At<'_>,
-        result: Result<(), Failure>,
-        status: u16,
-        duration: std::time::Duration,
-    ) {
-        let (shared, snapshot) = (at.shared, at.snapshot);
-        let (worker, trace) = (&*shared.worker, &self.trace);
-        if trace.reset {
-            shared.reset_by_client();
-        }
-        if let Some(m) = worker.metrics.listener(shared.slot) {
-            m.http2.streams.inc();
-        }
-        let handled = Handled {
-            route: self.route,
-            local: trace.local,
-            result: result.map(|()| true),
-        };
-        let done = Done {
-            listener: at.index,
-            slot: shared.slot,
-            method: self.method,
-            protocol: Protocol::Http2,
-            status,
-            duration,
-            counters: Counters {
-                bytes_in: 0,
-                bytes_out: 0,
-            },
-        };
-        let side = ClientSide {
-            ip: self.behind.as_ref().map_or(&shared.ip, |(_, text)| text),
-            fields: &self.fields,
-            last_try: crate::request::LastTry {
-                upstream_pick: trace.upstream_pick,
-                upstream_time: trace.upstream_time,
-            },
-            bytes_in: trace.body_in,
-            bytes_out: trace.body_out,
-            tls: shared.tls.as_deref(),
-            request_id: self.request_id.as_bytes(),
-            compressed: trace.compressed,
-            grpc_status: trace.grpc_status,
-            trace: self.otel.as_deref(),
-            cache: trace.cache,
-        };
-        record(worker, snapshot, &side, &handled, &done);
-    }
-}
-
 /// A parsed request on the snapshot it runs on.
 struct Stream<'a> {
-    shared: &'a Shared,
+    worker: &'a Worker,
     snapshot: &'a Snapshot,
     index: usize,
     request: Request<'a>,
@@ -315,7 +201,7 @@ impl Stream<'_> {
         (trace, otel): (&mut Trace, &mut Option<std::rc::Rc<RequestTrace>>),
     ) -> (Option<usize>, Result<(), Failure>) {
         let routing = Routing {
-            worker: &self.shared.worker,
+            worker: self.worker,
             snapshot: self.snapshot,
             listener: self.index,
         };
@@ -335,37 +221,26 @@ impl Stream<'_> {
                 &traced
             }
         };
-        let target = match (route, decision) {
+        let target = match decision {
             // A cache miss is forwarded; storing what an HTTP/2 client's upstream sends is
             // not done yet (the response is relayed, uncached).
-            (route, Decision::Forward(target, fill)) => {
+            Decision::Forward(target, fill) => {
                 trace.cache = fill.map(|_| CacheResult::Miss);
-                (route, target)
+                target
             }
-            (route, Decision::Answer(answer)) => {
-                trace.local = answer.is_local();
-                if let Answer::Cached(_) = answer {
-                    trace.cache = Some(CacheResult::Hit);
-                }
+            Decision::Answer(answer) => {
                 let timeout = routing.listener().http2.stall_timeout;
-                let vars = answer.vars(r);
-                let sent = send_answer(respond, &answer, &vars, r.req.is_head, timeout, trace);
-                return (route, sent.await.map_err(Failure::after_head));
+                return (route, answer_with(answer, r, timeout, respond, trace).await);
             }
-            (route, Decision::Files(reply)) => {
-                let listener = routing.listener();
-                let under = crate::files::Under {
-                    route: &listener.routes[route.unwrap_or_default()],
-                    listener,
-                };
+            Decision::Files(reply) => {
+                let under = crate::files::Under::of(routing.listener(), route);
                 let sent = super::files::respond_h2(respond, r, under, *reply, trace);
                 return (route, Box::pin(sent).await);
             }
-            (route, Decision::Refuse(error)) => return (route, Err(error.into())),
+            Decision::Refuse(error) => return (route, Err(error.into())),
         };
-        let (route, target) = target;
         let r = StreamRequest {
-            worker: &self.shared.worker,
+            worker: self.worker,
             target,
             request: *r,
             path: &path,
@@ -381,13 +256,7 @@ impl Stream<'_> {
             let tunnel = Box::pin(tunnel(&r, protocol, key, body, respond, trace));
             return (route, tunnel.await);
         }
-        if r.answers_continue(body.is_some()) {
-            // The client may wait for 100 before sending DATA; Weir reads the body at once,
-            // so it says so itself (and relays no upstream 100 after it: `interim`).
-            let mut go_on = http::Response::new(());
-            *go_on.status_mut() = http::StatusCode::CONTINUE;
-            let _ = respond.send_informational(go_on);
-        }
+        r.continue_if_asked(body.is_some(), respond);
         let result = match carrier(Protocol::Http2, r.target.upstream) == Carrier::Http2 {
             true => Box::pin(r.forward_h2(self.facts, parts, body, respond, trace)).await,
             false => {
@@ -402,6 +271,23 @@ impl Stream<'_> {
         };
         (route, result)
     }
+}
+
+/// Sends Weir's `answer` to the request `r` (each write waiting at most `timeout`).
+async fn answer_with(
+    answer: Answer<'_>,
+    r: &Request<'_>,
+    timeout: std::time::Duration,
+    respond: &mut SendResponse<Bytes>,
+    trace: &mut Trace,
+) -> Result<(), Failure> {
+    trace.local = answer.is_local();
+    if let Answer::Cached(_) = answer {
+        trace.cache = Some(CacheResult::Hit);
+    }
+    let vars = answer.vars(r);
+    let sent = send_answer(respond, &answer, &vars, r.req.is_head, timeout, trace);
+    sent.await.map_err(Failure::after_head)
 }
 
 /// An extended CONNECT: a WebSocket to an HTTP/1.1 upstream when the route lists

@@ -1,26 +1,27 @@
 //! One HTTP/3 stream's exchange with an HTTP/1.1 upstream server: the driver's tries
 //! (`forward::driver`) over `forward::h1`, as for HTTP/1.x and HTTP/2 clients, with the
-//! stream's halves as the client side: the request body from its DATA ([`H3Source`]),
+//! stream's halves as the client side: the request sent by the HTTP/2 stream's sender
+//! (`http2::exchange::StreamSender`) with the body from its DATA ([`H3Source`]),
 //! the response head with the route's edits (`http2::respond::head_from_http1`, the same
 //! fields an HTTP/2 client gets) and its body relayed into the stream ([`H3Sink`]).
 
 use std::cell::Cell;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use super::body::{send_head, H3Sink, H3Source, RecvHalf, SendHalf};
 use crate::buffer::Buffer;
 use crate::codec::http1::{BodyFraming, ResponseHead};
-use crate::connector::{UpstreamStream, WriteHalf};
+use crate::connector::UpstreamStream;
 use crate::error::ProxyError;
 use crate::forward::body::BodyState;
-use crate::forward::driver::{drive, Attempt, Exchange, Miss, Sender, Tries};
-use crate::forward::h1::{reuse, send_streaming, send_whole, Interim, Reading};
+use crate::forward::driver::drive;
+use crate::forward::h1::{reuse, NoInterim};
 use crate::forward::head::{coding, plan_http1};
 use crate::forward::relay::{
-    at_hand, relay, Broke, Coding, Http1Sink, Http1Source, Peer, Piece, Sink, Source,
+    at_hand, relay, Broke, Coding, Http1Source, Peer, Piece, Sink, Source,
 };
-use crate::forward::{Failure, Reached, Timeouts};
-use crate::http2::exchange::{StreamRequest, Trace};
+use crate::forward::{Failure, Reached};
+use crate::http2::exchange::{StreamRequest, StreamSender, Trace};
 use crate::http2::respond::head_from_http1;
 use crate::request::LastTry;
 use bytes::Bytes;
@@ -62,15 +63,25 @@ async fn exchange(
     let x = r.exchange_of();
     let mut last_try = LastTry::default();
     let body_in = Cell::new(0);
+    let listener = r.target.listener;
+    let source = body.map(|body| H3Source {
+        body: body.recv,
+        first: body.first,
+        timeout: listener.client_timeout,
+        total: &body_in,
+        limit: listener.max_body_size,
+        length: body.length,
+    });
     let mut sender = StreamSender {
         r,
         x: &x,
-        body,
+        body: source,
         up_buf: &mut *up_buf,
         out,
         resp: &mut *resp,
         timer,
-        body_in: &body_in,
+        // 1xx heads are not relayed to HTTP/3 clients (docs/http3.md): the final head follows.
+        interim: NoInterim,
     };
     let accepted = drive(&x, &mut sender, r.request.started, &mut last_try).await;
     trace.upstream_pick = last_try.upstream_pick;
@@ -179,122 +190,4 @@ async fn respond(
             })
         }
     }
-}
-
-/// 1xx heads are not relayed to HTTP/3 clients (docs/http3.md): the final head follows.
-struct NoInterim;
-
-impl Interim for NoInterim {
-    async fn relay(&mut self, _: &[u8], _: &ResponseHead, _: Duration) -> Result<bool, ()> {
-        Ok(false)
-    }
-
-    async fn relay_h2(&mut self, _: http::Response<()>) -> Result<bool, ()> {
-        Ok(false)
-    }
-}
-
-/// Sends a stream's request over HTTP/1.1 connections: the head written for each try's
-/// server, the body (if any) streamed from the stream's DATA.
-struct StreamSender<'s, 'b> {
-    r: &'s StreamRequest<'s>,
-    x: &'s Exchange<'s>,
-    body: Option<Body<'b>>,
-    up_buf: &'s mut Buffer,
-    out: &'s mut Vec<u8>,
-    resp: &'s mut ResponseHead,
-    timer: &'s mut crate::time::LazyTimer,
-    /// Request body bytes taken from the client.
-    body_in: &'s Cell<u64>,
-}
-
-impl Sender for StreamSender<'_, '_> {
-    /// The connection, and whether the whole request body went up.
-    type Sent = (UpstreamStream, bool);
-
-    async fn send(
-        &mut self,
-        a: &Attempt<'_>,
-        tries: &mut Tries<'_>,
-    ) -> Result<(UpstreamStream, bool), Miss> {
-        let (r, x) = (self.r, self.x);
-        self.out.clear();
-        r.write_head(self.out, a.server);
-        let listener = x.target.listener;
-        let mut rd = Reading {
-            up_buf: self.up_buf,
-            resp: self.resp,
-            timer: self.timer,
-            meta: r.meta(),
-            client_timeout: listener.client_timeout,
-        };
-        let sent = match self.body.as_mut() {
-            None => (
-                send_whole(x, a, self.out, &[], &mut rd, &mut NoInterim).await?,
-                true,
-            ),
-            Some(body) => {
-                let (head, total) = (&*self.out, self.body_in);
-                let chunked = r.request.req.framing == BodyFraming::Chunked;
-                let timeouts = Timeouts {
-                    client: listener.client_timeout,
-                    upstream: x.target.upstream.response_timeout,
-                };
-                let limit = listener.max_body_size;
-                let upload = async |uw: &mut WriteHalf<'_>| {
-                    upload(body, uw, head, chunked, (limit, timeouts), total).await
-                };
-                send_streaming(x, a, &mut rd, &mut NoInterim, upload).await?
-            }
-        };
-        if self.resp.status == 101 {
-            return Err(ProxyError::UpstreamMalformed("101 without an upgrade request").into());
-        }
-        match tries.relays(self.resp.status, self.replayable(), false) {
-            true => Ok(sent),
-            false => Err(Miss::retried(self.resp.status)),
-        }
-    }
-
-    fn replayable(&self) -> bool {
-        self.body.is_none()
-    }
-
-    fn responded(&self) -> bool {
-        false
-    }
-}
-
-/// Uploads the stream's DATA to an HTTP/1.1 upstream's writer `up` after `head`,
-/// chunk-framed when `chunked`; at most `limit` bytes (`max_body_size`), counted in
-/// `total`.
-async fn upload(
-    body: &mut Body<'_>,
-    up: &mut WriteHalf<'_>,
-    head: &[u8],
-    chunked: bool,
-    (limit, timeouts): (Option<u64>, Timeouts),
-    total: &Cell<u64>,
-) -> Result<(), Broke> {
-    let mut written = 0;
-    let mut sink = Http1Sink {
-        writer: up,
-        timeout: timeouts.upstream,
-        sent: &mut written,
-        head,
-        chunked,
-        trailers: None,
-    };
-    sink.data(Piece::Slice(&[]), false)
-        .await
-        .map_err(Broke::Sink)?;
-    let mut source = H3Source {
-        body: body.recv,
-        first: body.first.take(),
-        timeout: timeouts.client,
-        total,
-        limit,
-        length: body.length,
-    };
-    relay(&mut source, &mut sink, None).await
 }

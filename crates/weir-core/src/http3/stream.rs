@@ -14,26 +14,20 @@ use h3::error::Code;
 use super::body::{next_data, send_data, send_head, RecvHalf, SendHalf};
 use super::conn::Conn;
 use super::exchange::{forward, Body};
-use crate::access_log::RequestFields;
 use crate::answer::Answer;
 use crate::cache::CacheResult;
 use crate::codec::http1::{fill_written, RequestHead};
 use crate::error::ProxyError;
-use crate::filters::forwarded::ClientIp;
 use crate::filters::headers::Vars;
-use crate::filters::request_id::RequestId;
 use crate::forward::{carrier, Carrier, Failure, Reached};
 use crate::http2::exchange::{StreamRequest, Trace};
 use crate::http2::interim::Relayed;
 use crate::http2::request::write_head;
 use crate::http2::scratch::RequestScratch;
-use crate::metrics::shard::{method_index, Protocol, METHODS};
-use crate::policy::identify;
+use crate::http2::stream_log::{StreamConn, StreamLog};
+use crate::metrics::shard::Protocol;
 use crate::proxy::route::{Decision, Routing};
-use crate::proxy::{record, ClientSide, Counters, Done, Handled};
-use crate::request::{Origin, Request};
 use crate::router::RoutedPath;
-use crate::snapshot::Snapshot;
 
 /// The request a stream resolved to, and the stream's two halves.
 pub(super) type Resolved = (http::Request<()>, SendHalf, RecvHalf);
@@ -86,10 +80,15 @@ pub(super) async fn serve(conn: Rc<Conn>, (request, mut send, mut recv): Resolve
         listener.max_headers,
         &mut req,
     );
-    let at = At {
-        conn: &conn,
+    let at = StreamConn {
+        worker,
         snapshot: &snapshot,
-        index,
+        listener: index,
+        slot: conn.slot,
+        peer_ip: conn.peer_ip,
+        ip: &conn.ip,
+        tls: Some(&conn.tls),
+        protocol: Protocol::Http3,
     };
     let result = match filled {
         Ok(()) => {
@@ -135,37 +134,6 @@ fn declared_length(parts: &http::request::Parts) -> Result<Option<u64>, ()> {
     Ok(length)
 }
 
-/// What a stream's access-log line and metrics are made of, filled as it runs.
-struct StreamLog {
-    fields: RequestFields,
-    trace: Trace,
-    request_id: RequestId,
-    behind: Option<(std::net::IpAddr, ClientIp)>,
-    route: Option<usize>,
-    method: usize,
-}
-
-impl Default for StreamLog {
-    fn default() -> Self {
-        StreamLog {
-            fields: RequestFields::default(),
-            trace: Trace::default(),
-            request_id: RequestId::default(),
-            behind: None,
-            route: None,
-            // A stream that never made a request counts with the last slot ("other").
-            method: METHODS.len() - 1,
-        }
-    }
-}
-
-/// Where a stream runs: its connection, the snapshot, its listener's position in it.
-struct At<'a> {
-    conn: &'a Rc<Conn>,
-    snapshot: &'a Snapshot,
-    index: usize,
-}
-
 /// A stream's request, its HTTP/1.1 head written and checked.
 struct Parsed<'a> {
     buf: &'a [u8],
@@ -173,46 +141,21 @@ struct Parsed<'a> {
     started: Instant,
 }
 
-/// Identifies the request (its id, the client behind trusted proxies), notes what the log
-/// needs, takes the routing decision and does what it says.
+/// Notes the request for the log (`StreamLog::note`), takes the routing decision and does
+/// what it says.
 async fn run(
-    at: &At<'_>,
+    at: &StreamConn<'_>,
     parsed: Parsed<'_>,
     body: Option<Body<'_>>,
     send: &mut SendHalf,
     log: &mut StreamLog,
 ) -> Result<(), Failure> {
-    let (conn, snapshot, index) = (at.conn, at.snapshot, at.index);
-    let (worker, listener) = (&*conn.worker, &snapshot.config.listeners[index]);
-    let (buf, req) = (parsed.buf, parsed.req);
-    log.behind = identify(
-        worker,
-        listener,
-        buf,
-        req,
-        conn.peer_ip,
-        &mut log.request_id,
-    );
-    if worker.log(conn.slot).is_some() {
-        log.fields.capture(buf, req);
-        log.fields.http3 = true;
-    }
-    log.method = method_index(&buf[req.method.clone()]);
-    let request = Request {
-        buf,
-        req,
-        origin: Origin {
-            peer: &conn.ip,
-            peer_ip: conn.peer_ip,
-            behind: log.behind.as_ref().map(|(ip, text)| (*ip, text)),
-            tls: Some(&conn.tls),
-            request_id: log.request_id.as_bytes(),
-        },
-        started: parsed.started,
-        protocol: Protocol::Http3,
-        // Not traced yet (docs/http3.md).
-        trace: None,
-    };
+    let (worker, snapshot, index) = (at.worker, at.snapshot, at.listener);
+    let listener = &snapshot.config.listeners[index];
+    let req = parsed.req;
+    log.note(at, parsed.buf, req);
+    // Not traced yet (docs/http3.md): the request's `trace` stays `None`.
+    let request = at.request(&log.who, parsed.buf, req, parsed.started);
     let routing = Routing {
         worker,
         snapshot,
@@ -306,56 +249,4 @@ async fn answer(
     let answer = Answer::Error(failure.error);
     let _ = send_answer(send, &answer, &Vars::default(), false, listener, trace).await;
     status
-}
-
-impl StreamLog {
-    /// Counts the stream (its request answered with `status` after `duration`) in the
-    /// worker's metrics and writes its access-log line.
-    fn record(
-        &self,
-        at: &At<'_>,
-        result: Result<(), Failure>,
-        status: u16,
-        duration: std::time::Duration,
-    ) {
-        let conn = at.conn;
-        let trace = &self.trace;
-        if let Some(m) = conn.worker.metrics.listener(conn.slot) {
-            m.http3.streams.inc();
-        }
-        let handled = Handled {
-            route: self.route,
-            local: trace.local,
-            result: result.map(|()| true),
-        };
-        let done = Done {
-            listener: at.index,
-            slot: conn.slot,
-            method: self.method,
-            protocol: Protocol::Http3,
-            status,
-            duration,
-            counters: Counters {
-                bytes_in: 0,
-                bytes_out: 0,
-            },
-        };
-        let side = ClientSide {
-            ip: self.behind.as_ref().map_or(&conn.ip, |(_, text)| text),
-            fields: &self.fields,
-            last_try: crate::request::LastTry {
-                upstream_pick: trace.upstream_pick,
-                upstream_time: trace.upstream_time,
-            },
-            bytes_in: trace.body_in,
-            bytes_out: trace.body_out,
-            tls: Some(&conn.tls),
-            request_id: self.request_id.as_bytes(),
-            compressed: trace.compressed,
-            grpc_status: trace.grpc_status,
-            trace: None,
-            cache: trace.cache,
-        };
-        record(&conn.worker, at.snapshot, &side, &handled, &done);
-    }
 }

@@ -119,52 +119,17 @@ pub(super) const HTTP2_FAMILIES: [(&str, &str, PickCounter); 7] = [
 
 /// `weir_http3_*`: QUIC handshakes and their failures, refusals, Retry packets, streams
 /// and packet statistics per listener (name, help, counter).
+#[rustfmt::skip]
 pub(super) const HTTP3_FAMILIES: [(&str, &str, PickCounter); 9] = [
-    (
-        "weir_http3_handshakes",
-        "QUIC handshakes completed (HTTP/3 connections).",
-        |m| &m.http3.handshakes,
-    ),
-    (
-        "weir_http3_handshake_failures",
-        "QUIC handshakes that failed (TLS or transport error, client gone).",
-        |m| &m.http3.handshake_failures,
-    ),
-    (
-        "weir_http3_handshake_timeouts",
-        "QUIC handshakes not finished within handshake_timeout.",
-        |m| &m.http3.handshake_timeouts,
-    ),
-    (
-        "weir_http3_refused",
-        "QUIC connection attempts refused (at max_connections, or while draining).",
-        |m| &m.http3.refused,
-    ),
-    (
-        "weir_http3_retries",
-        "QUIC Retry packets sent (address validation above retry_threshold handshakes per second).",
-        |m| &m.http3.retries,
-    ),
-    (
-        "weir_http3_streams",
-        "HTTP/3 request streams served.",
-        |m| &m.http3.streams,
-    ),
-    (
-        "weir_http3_sent_packets",
-        "QUIC packets sent (counted when each connection closes).",
-        |m| &m.http3.sent_packets,
-    ),
-    (
-        "weir_http3_lost_packets",
-        "QUIC packets declared lost and retransmitted (counted when each connection closes).",
-        |m| &m.http3.lost_packets,
-    ),
-    (
-        "weir_http3_congestion_events",
-        "QUIC congestion events (counted when each connection closes).",
-        |m| &m.http3.congestion_events,
-    ),
+    ("weir_http3_handshakes", "QUIC handshakes completed (HTTP/3 connections).", |m| &m.http3.handshakes),
+    ("weir_http3_handshake_failures", "QUIC handshakes that failed (TLS or transport error, client gone).", |m| &m.http3.handshake_failures),
+    ("weir_http3_handshake_timeouts", "QUIC handshakes not finished within handshake_timeout.", |m| &m.http3.handshake_timeouts),
+    ("weir_http3_refused", "QUIC connection attempts refused (at max_connections, or while draining).", |m| &m.http3.refused),
+    ("weir_http3_retries", "QUIC Retry packets sent (address validation above retry_threshold handshakes per second).", |m| &m.http3.retries),
+    ("weir_http3_streams", "HTTP/3 request streams served.", |m| &m.http3.streams),
+    ("weir_http3_sent_packets", "QUIC packets sent (counted when each connection closes).", |m| &m.http3.sent_packets),
+    ("weir_http3_lost_packets", "QUIC packets declared lost and retransmitted (counted when each connection closes).", |m| &m.http3.lost_packets),
+    ("weir_http3_congestion_events", "QUIC congestion events (counted when each connection closes).", |m| &m.http3.congestion_events),
 ];
 
 pub(super) type Result = std::result::Result<(), std::fmt::Error>;
@@ -184,25 +149,13 @@ impl Scrape {
             "ACME orders completed, by result.",
             &orders,
         )?;
-        counter(
-            enc,
-            "weir_acme_renewal_failures",
-            "Failed attempts to obtain or renew an automatic certificate.",
-            &[(Vec::new(), RENEWAL_FAILURES.load(Relaxed))],
-        )?;
         use crate::tls::auto::shared::{INSTALLS, LOCK_WAITS};
-        counter(
-            enc,
-            "weir_acme_fleet_lock_waits",
-            "Attempts to order a certificate that found another fleet instance holding its lock.",
-            &[(Vec::new(), LOCK_WAITS.load(Relaxed))],
-        )?;
-        counter(
-            enc,
-            "weir_acme_fleet_installs",
-            "Certificates installed from another fleet instance's order.",
-            &[(Vec::new(), INSTALLS.load(Relaxed))],
-        )?;
+        #[rustfmt::skip]
+        unlabelled(enc, &[
+            ("weir_acme_renewal_failures", "Failed attempts to obtain or renew an automatic certificate.", RENEWAL_FAILURES.load(Relaxed)),
+            ("weir_acme_fleet_lock_waits", "Attempts to order a certificate that found another fleet instance holding its lock.", LOCK_WAITS.load(Relaxed)),
+            ("weir_acme_fleet_installs", "Certificates installed from another fleet instance's order.", INSTALLS.load(Relaxed)),
+        ])?;
         let renewals: Vec<(Labels, i64)> = self
             .renewals
             .iter()
@@ -348,6 +301,14 @@ pub(super) fn counter(
     let mut m = enc.encode_descriptor(name, help, None, MetricType::Counter)?;
     for (labels, v) in rows {
         ConstCounter::new(*v).encode(m.encode_family(labels)?)?;
+    }
+    Ok(())
+}
+
+/// Counter families of one series without labels each: (name, help, value).
+fn unlabelled(enc: &mut DescriptorEncoder, families: &[(&str, &str, u64)]) -> Result {
+    for (name, help, v) in families {
+        counter(enc, name, help, &[(Vec::new(), *v)])?;
     }
     Ok(())
 }
@@ -811,14 +772,7 @@ impl Scrape {
                         ("server", server.name.clone()),
                     ]
                 };
-                for slot in 0..STATUS_SLOTS {
-                    let v = self.sum(|s| Some(self.server(s, ui, si)?.requests(slot)));
-                    if v > 0 {
-                        let mut l = labels();
-                        l.push(("code", status_label(slot)));
-                        requests.push((l, v));
-                    }
-                }
+                self.server_requests(ui, si, labels, &mut requests);
                 let is_up = self
                     .up
                     .get(ui)
@@ -880,6 +834,24 @@ impl Scrape {
             "Requests (TCP listeners: connections) sent to the server and not yet ended, all workers.",
             &in_flight,
         )
+    }
+
+    /// The `weir_upstream_requests` rows of server `si` of upstream `ui`, by status code.
+    fn server_requests(
+        &self,
+        ui: usize,
+        si: usize,
+        labels: impl Fn() -> Labels,
+        rows: &mut Vec<(Labels, u64)>,
+    ) {
+        for slot in 0..STATUS_SLOTS {
+            let v = self.sum(|s| Some(self.server(s, ui, si)?.requests(slot)));
+            if v > 0 {
+                let mut l = labels();
+                l.push(("code", status_label(slot)));
+                rows.push((l, v));
+            }
+        }
     }
 
     fn upstream_histograms(&self, enc: &mut DescriptorEncoder) -> Result {
@@ -947,13 +919,12 @@ impl Scrape {
         ConstGauge::new(age).encode(m.encode_family(&Vec::<(&str, String)>::new())?)?;
         let lease = 3.0 * e.lease_interval_s();
         gauge(enc, "weir_cluster_in_sync", "1 when this instance applied every shared change it has seen and heard from etcd within three lease renewals.", &[(vec![], i64::from(e.in_sync(lease)))])?;
-        counter(enc, "weir_cluster_rejected", "Shared-config changes this instance did not apply (invalid here, or failed to apply); it keeps the last good config.", &[(vec![], e.rejected.load(Relaxed))])?;
-        counter(
-            enc,
-            "weir_cluster_relists",
-            "Full reads of the shared objects from etcd (start, compacted history, lost watch).",
-            &[(vec![], e.relists.load(Relaxed))],
-        )
+        #[rustfmt::skip]
+        let families = [
+            ("weir_cluster_rejected", "Shared-config changes this instance did not apply (invalid here, or failed to apply); it keeps the last good config.", e.rejected.load(Relaxed)),
+            ("weir_cluster_relists", "Full reads of the shared objects from etcd (start, compacted history, lost watch).", e.relists.load(Relaxed)),
+        ];
+        unlabelled(enc, &families)
     }
 
     fn process(&self, enc: &mut DescriptorEncoder) -> Result {

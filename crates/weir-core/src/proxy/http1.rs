@@ -310,10 +310,7 @@ async fn handle(
             result: local_response(listener, conn, req, keep_alive, &answer, resp).await,
         },
         Decision::Files(reply) => {
-            let under = crate::files::Under {
-                route: &listener.routes[route.unwrap_or_default()],
-                listener,
-            };
+            let under = crate::files::Under::of(listener, route);
             // Boxed: a file's sending is not part of every request's state.
             let sent = crate::files::respond_http1(conn, req, under, *reply, keep_alive, resp);
             Handled {

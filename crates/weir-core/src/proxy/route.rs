@@ -21,7 +21,7 @@ use crate::filters::rewrite::check_join;
 use crate::forward::Target;
 use crate::request::Request;
 use crate::router::{RequestView, RoutedPath};
-use crate::snapshot::{RoutePlan, Snapshot};
+use crate::snapshot::{ListenerPlan, RoutePlan, Snapshot};
 use crate::tls::auto::challenge;
 use crate::worker::Worker;
 
@@ -56,25 +56,9 @@ impl<'a> Routing<'a> {
     pub fn decide(&self, r: &Request<'_>, path: &mut RoutedPath) -> (Option<usize>, Decision<'a>) {
         let listener = self.listener();
         let plan = &self.snapshot.listeners[self.listener];
-        if let (BodyFraming::Length(n), Some(max)) = (r.req.framing, listener.max_body_size) {
-            if n > max {
-                return (None, Decision::Refuse(ProxyError::BodyTooLarge));
-            }
-        }
-        // A prefix compare for every other path, a lock-free lookup for these.
         let raw_path = r.req.path(r.buf);
-        if raw_path.starts_with(challenge::HTTP01_PREFIX) {
-            if let Some(key_authorization) = challenge::http01_answer(raw_path) {
-                return (None, Decision::Answer(Answer::Acme(key_authorization)));
-            }
-        }
-        // Only what came over plain HTTP: a TLS listener's `http_bind` connections.
-        if let Some(redirect) = plan
-            .redirect_https
-            .as_ref()
-            .filter(|_| r.origin.tls.is_none())
-        {
-            return (None, Decision::Answer(Answer::Redirect(redirect)));
+        if let Some(decision) = before_routing(r, raw_path, listener, plan) {
+            return (None, decision);
         }
         let routed = match path.normalize(raw_path, &listener.path_normalization) {
             Ok(routed) => routed,
@@ -164,4 +148,31 @@ impl<'a> Routing<'a> {
             pool: &self.snapshot.upstreams[upstream_index],
         }
     }
+}
+
+/// What the listener decides before any route (`raw_path`: the request's path as sent): a
+/// body over `max_body_size` refused, an ACME HTTP-01 challenge answered, a plain-HTTP
+/// request to a TLS listener's `http_bind` redirected. Inlined: it is every request's.
+#[inline(always)]
+fn before_routing<'a>(
+    r: &Request<'_>,
+    raw_path: &[u8],
+    listener: &Listener,
+    plan: &'a ListenerPlan,
+) -> Option<Decision<'a>> {
+    if let (BodyFraming::Length(n), Some(max)) = (r.req.framing, listener.max_body_size) {
+        if n > max {
+            return Some(Decision::Refuse(ProxyError::BodyTooLarge));
+        }
+    }
+    // A prefix compare for every other path, a lock-free lookup for these.
+    if raw_path.starts_with(challenge::HTTP01_PREFIX) {
+        if let Some(key_authorization) = challenge::http01_answer(raw_path) {
+            return Some(Decision::Answer(Answer::Acme(key_authorization)));
+        }
+    }
+    // Only what came over plain HTTP: a TLS listener's `http_bind` connections.
+    let redirect = plan.redirect_https.as_ref();
+    let redirect = redirect.filter(|_| r.origin.tls.is_none())?;
+    Some(Decision::Answer(Answer::Redirect(redirect)))
 }

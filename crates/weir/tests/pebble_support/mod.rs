@@ -95,6 +95,39 @@ impl PebbleSetup {
         format!("https://127.0.0.1:{}/dir", self.port)
     }
 
+    /// The TOML of an ACME test's two listeners: `plain`, plain HTTP (where pebble validates
+    /// HTTP-01; its route answers "plain\n"), and `https`, with an ACME certificate for
+    /// `name` from `directory`, trusting pebble's CA and retried after 1 s, with the further
+    /// `acme` fields `fields`, after the TLS lines `tls`; its route answers "secure\n".
+    pub fn listeners(
+        &self,
+        plain: &str,
+        name: &str,
+        directory: &str,
+        fields: &str,
+        tls: &str,
+    ) -> String {
+        format!(
+            r#"[[listeners]]
+name = "{plain}"
+bind = "127.0.0.1:0"
+[[listeners.routes]]
+name = "all"
+respond = {{ status = 200, body = "plain\n" }}
+[[listeners]]
+name = "https"
+bind = "127.0.0.1:0"
+http_bind = "off"
+[listeners.tls]
+{tls}acme = {{ domains = ["{name}"], directory = "{directory}", directory_ca = {:?}, retry_initial = "1s", {fields} }}
+[[listeners.routes]]
+name = "all"
+respond = {{ status = 200, body = "secure\n" }}
+"#,
+            self.ca.cert_path.display().to_string(),
+        )
+    }
+
     /// Starts pebble validating on `http_port` / `tls_port`, certificates valid for
     /// `validity` seconds; waits until it accepts connections.
     pub fn start(&self, http_port: u16, tls_port: u16, validity: u64) -> Pebble {
