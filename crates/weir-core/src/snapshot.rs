@@ -248,7 +248,7 @@ fn cache_stores(config: &Config, previous: Option<&Snapshot>) -> crate::cache::S
         Some(old.clone())
     };
     (config.caches.iter())
-        .map(|c| kept(c).unwrap_or_else(|| Arc::new(crate::cache::MemoryStore::new(c.clone()))))
+        .map(|c| kept(c).unwrap_or_else(|| crate::cache::Store::open(c.clone())))
         .collect()
 }
 
