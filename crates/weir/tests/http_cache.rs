@@ -287,6 +287,47 @@ servers = [{ addr = "127.0.0.1:1" }]
     assert!(e.contains("[caches.nope]"), "{e}");
 }
 
+#[test]
+fn a_disk_store_without_a_usable_path_or_a_max_size_is_rejected_with_its_place() {
+    let file = std::env::temp_dir().join(format!("weir-not-a-dir-{}", std::process::id()));
+    std::fs::write(&file, "x").unwrap();
+    let cases = [
+        (
+            "kind = \"disk\"\nmax_size = \"1GiB\"",
+            "caches.d.path",
+            "has no path",
+        ),
+        (
+            "kind = \"disk\"\npath = \"/tmp/weir-x\"",
+            "caches.d.max_size",
+            "no max_size",
+        ),
+        (
+            &format!(
+                "kind = \"disk\"\nmax_size = \"1GiB\"\npath = \"{}/sub\"",
+                file.display()
+            ),
+            "caches.d.path",
+            "is not a directory",
+        ),
+        (
+            "kind = \"memory\"\npath = \"/tmp\"",
+            "caches.d.path",
+            "memory cache store has no path",
+        ),
+    ];
+    for (keys, field, says) in cases {
+        let listener = "[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\n";
+        let text = format!("{listener}\n[caches.d]\n{keys}\n");
+        let e = weir_config::parse_str(&text, "weir.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("weir.toml:"), "{e}");
+        assert!(e.contains(field) && e.contains(says), "{keys}: {e}");
+    }
+    std::fs::remove_file(file).unwrap();
+}
+
 /// An upstream answering each request with what `reply` makes of its head and of how
 /// many requests came before it (an empty answer: the connection closes), recording the
 /// heads; keep-alive, bodiless requests only.
