@@ -14,6 +14,15 @@ use weir_testkit::{Backend, Client, Response};
 /// Route `c` on `/` caching in store `mem` (`route_keys`: more keys of the route's
 /// `cache`), to `backend`.
 fn cached(backend: SocketAddr, route_keys: &str, store_keys: &str) -> Conf {
+    cached_in(
+        backend,
+        route_keys,
+        &format!("kind = \"memory\"\n{store_keys}"),
+    )
+}
+
+/// [`cached`] with the store's whole table given (`store`).
+fn cached_in(backend: SocketAddr, route_keys: &str, store: &str) -> Conf {
     Conf::new()
         .route(
             "c",
@@ -21,7 +30,31 @@ fn cached(backend: SocketAddr, route_keys: &str, store_keys: &str) -> Conf {
             &[&format!("cache = {{ store = \"mem\"{route_keys} }}")],
         )
         .upstream("up", &[backend], &[])
-        .table(&format!("[caches.mem]\nkind = \"memory\"\n{store_keys}"))
+        .table(&format!("[caches.mem]\n{store}"))
+}
+
+/// A fresh directory for a disk store, removed on drop.
+struct DiskDir(std::path::PathBuf);
+
+impl DiskDir {
+    fn new(tag: &str) -> DiskDir {
+        let name = format!("weir-http-cache-{tag}-{}", std::process::id());
+        let dir = std::env::temp_dir().join(name);
+        let _ = std::fs::remove_dir_all(&dir);
+        DiskDir(dir)
+    }
+
+    /// The store's table: on disk in this directory.
+    fn store(&self) -> String {
+        let path = self.0.display();
+        format!("kind = \"disk\"\npath = \"{path}\"\nmax_size = \"16MiB\"")
+    }
+}
+
+impl Drop for DiskDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 /// A response's header fields and the request's.
@@ -315,6 +348,12 @@ fn a_disk_store_without_a_usable_path_or_a_max_size_is_rejected_with_its_place()
             "caches.d.path",
             "memory cache store has no path",
         ),
+        (
+            "kind = \"disk\"\npath = \"/tmp/w\"\nmax_size = 1\n\n\
+             [caches.e]\nkind = \"disk\"\npath = \"/tmp/w\"\nmax_size = 1",
+            "caches.e.path",
+            "[caches.d] has this path too",
+        ),
     ];
     for (keys, field, says) in cases {
         let listener = "[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\n";
@@ -495,9 +534,21 @@ fn fresh_for_a_minute(_: &str, _: usize) -> String {
 
 #[tokio::test]
 async fn concurrent_misses_send_one_request_upstream() {
+    collapse_200_misses("kind = \"memory\"").await;
+}
+
+/// A disk store lets the waiting misses go once the file is written: they find it.
+#[tokio::test]
+async fn concurrent_misses_of_a_disk_store_send_one_request_upstream() {
+    let dir = DiskDir::new("collapse");
+    collapse_200_misses(&dir.store()).await;
+}
+
+/// 200 concurrent misses of one key, with the store `store`: one goes upstream.
+async fn collapse_200_misses(store: &str) {
     let gate = Gate::new(tokio::sync::Semaphore::new(0));
     let up = Scripted::gated(fresh_for_a_minute, Some(gate.clone())).await;
-    let weir = cached(up.addr, "", "").start();
+    let weir = cached_in(up.addr, "", store).start();
     let mut clients = tokio::task::JoinSet::new();
     for _ in 0..200 {
         let addr = weir.addr;
@@ -525,6 +576,33 @@ async fn concurrent_misses_send_one_request_upstream() {
     assert_eq!(up.heads().len(), 1, "one request upstream for 200 misses");
     assert_eq!(weir.metric("weir_cache_misses_total{store=\"mem\"}"), 200);
     assert_eq!(weir.metric("weir_cache_stored_total{store=\"mem\"}"), 1);
+}
+
+#[tokio::test]
+async fn a_stale_disk_entry_is_revalidated_and_a_304_rewrites_its_head() {
+    let dir = DiskDir::new("revalidate");
+    let up = Scripted::start(etag_v1).await;
+    let weir = cached_in(up.addr, "", &dir.store()).start();
+    let mut c = weir.client().await;
+    assert_eq!(get(&mut c, "/r", &[]).await.body, b"version");
+    // Written after the response: the next request finds the stale entry once it is.
+    let stored = "weir_cache_stored_total{store=\"mem\"}";
+    weir.wait_metric(stored, 1).await;
+    let second = get(&mut c, "/r", &[]).await;
+    assert_eq!(
+        second.body, b"version",
+        "the stored body, read from its file"
+    );
+    assert_eq!(
+        second.header("Cache-Status"),
+        Some("weir; fwd=stale; fwd-status=304")
+    );
+    weir.wait_metric(stored, 2).await;
+    let third = get(&mut c, "/r", &[]).await;
+    assert_eq!(third.header("Cache-Status"), Some("weir; hit"));
+    assert_eq!(third.header("Cache-Control"), Some("max-age=60"));
+    assert_eq!(third.body, b"version");
+    assert_eq!(up.heads().len(), 2);
 }
 
 #[tokio::test]

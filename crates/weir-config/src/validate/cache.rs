@@ -26,9 +26,25 @@ pub(super) fn stores(
     for (name, raw) in raw.unwrap_or_default() {
         let at = path.key(&name);
         super::check_name(&name, &at, "cache store")?;
-        out.push(store(name, raw, &at)?);
+        let store = store(name, raw, &at)?;
+        if let Some(other) = out.iter().find(|o: &&CacheStore| shares_dir(o, &store)) {
+            return Err(Issue::new(
+                &at.key("path"),
+                format!("[caches.{}] has this path too", other.name),
+                "give each disk store a directory of its own",
+            ));
+        }
+        out.push(store);
     }
     Ok(out)
+}
+
+/// Whether two disk stores were given one directory (each would remove the other's files).
+fn shares_dir(a: &CacheStore, b: &CacheStore) -> bool {
+    match (&a.kind, &b.kind) {
+        (CacheKind::Disk { path: p }, CacheKind::Disk { path: q }) => p == q,
+        _ => false,
+    }
 }
 
 fn store(name: String, raw: RawCacheStore, path: &FieldPath) -> Result<CacheStore, Issue> {

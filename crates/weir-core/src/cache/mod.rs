@@ -196,6 +196,15 @@ struct Stale {
     body: Option<Bytes>,
 }
 
+impl Stale {
+    /// Whether it may answer at all: confirmed by a `304`, or for a failure.
+    fn may_answer(&self, on: weir_config::StaleOn) -> bool {
+        let staleness = &self.entry.staleness;
+        let for_failure = staleness.if_error.is_some() || on.error || on.timeout || on.status_5xx;
+        !self.lines.is_empty() || (!staleness.forbidden && for_failure)
+    }
+}
+
 /// A fresh disk entry whose body is read before the request is answered from it.
 struct Load {
     entry: Arc<Entry>,
@@ -358,6 +367,10 @@ impl Drop for Fill {
         if self.leading {
             self.store.release(&self.key);
         }
+        if self.load.is_some() {
+            // A large disk entry an HTTP/2 or HTTP/3 client's request went upstream for.
+            self.store.counts.misses.fetch_add(1, Relaxed);
+        }
     }
 }
 
@@ -416,7 +429,7 @@ impl Fill {
     /// looked at again. `None`: this request goes upstream.
     pub async fn collapse(&mut self) -> Option<Hit> {
         if let Some(load) = self.load.take() {
-            if let Some(body) = self.store.body_later(&self.key, &load.entry).await {
+            if let Some(body) = self.store.body(&self.key, &load.entry).await {
                 self.store.counts.hits.fetch_add(1, Relaxed);
                 return Some(Hit::whole(
                     load.head,
@@ -428,8 +441,10 @@ impl Fill {
             // may have a body).
             self.store.counts.misses.fetch_add(1, Relaxed);
         }
-        if let Some(stale) = self.stale.as_mut().filter(|s| s.body.is_none()) {
-            stale.body = self.store.body_later(&self.key, &stale.entry).await;
+        let on = self.serve_stale_on;
+        let wanted = |s: &&mut Stale| s.body.is_none() && s.may_answer(on);
+        if let Some(stale) = self.stale.as_mut().filter(wanted) {
+            stale.body = self.store.body(&self.key, &stale.entry).await;
             if stale.body.is_none() {
                 self.stale = None;
             }
@@ -446,7 +461,7 @@ impl Fill {
             }
         });
         let (entry, head) = fresh?;
-        let body = self.store.body_later(&self.key, &entry).await?;
+        let body = self.store.body(&self.key, &entry).await?;
         self.store.counts.hits.fetch_add(1, Relaxed);
         Some(Hit::whole(
             head,

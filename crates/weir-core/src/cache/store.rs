@@ -7,7 +7,7 @@
 //! - `kind = "disk"`: an entry's body is in its file ([`Disk`]); the index (heads, policies,
 //!   where each body is) is in memory, rebuilt from the files at start by a background
 //!   scan, so entries are found again after a restart. Files are written, and large bodies
-//!   read, on the runtime's blocking pool ([`Store::put`], [`Store::body_later`]); a body
+//!   read, on the runtime's blocking pool ([`Store::put`], [`Store::body`]); a body
 //!   of at most [`SYNC_READ_MAX`] is read in one go where the hit is looked up
 //!   ([`Store::body_now`]). A file that cannot be read back whole is dropped from the index
 //!   and removed: a miss, a log line and `weir_cache_errors_total`, never an error to the
@@ -68,7 +68,7 @@ impl Body {
 /// A body as [`Store::body_now`] has it.
 pub enum Ready {
     Now(Bytes),
-    /// On disk and large: [`Store::body_later`].
+    /// On disk and large: [`Store::body`] reads it on the blocking pool.
     Later,
     /// Its file could not be read: the entry is gone (a miss).
     Gone,
@@ -293,12 +293,13 @@ impl Store {
         }
     }
 
-    /// The body of `entry` (of `key`), read on the blocking pool if it is on disk; `None`
-    /// if its file could not be read (the entry is gone then).
-    pub async fn body_later(self: &Arc<Self>, key: &[u8], entry: &Arc<Entry>) -> Option<Bytes> {
-        let at = match &entry.body {
-            Body::Memory(body) => return Some(body.clone()),
-            Body::Disk(at) => *at,
+    /// The body of `entry` (of `key`): [`Store::body_now`], or read on the blocking pool
+    /// when it is large; `None` if its file could not be read (the entry is gone then).
+    pub async fn body(self: &Arc<Self>, key: &[u8], entry: &Arc<Entry>) -> Option<Bytes> {
+        let at = match (self.body_now(key, entry), &entry.body) {
+            (Ready::Now(body), _) => return Some(body),
+            (Ready::Later, Body::Disk(at)) => *at,
+            _ => return None,
         };
         let store = self.clone();
         let owned = key.to_vec();
