@@ -27,7 +27,7 @@ fn store(s: &Store) -> Json {
         "name": s.config.name,
         "kind": s.config.kind.name(),
         "path": path,
-        "loading": s.loading.load(Relaxed),
+        "loading": s.loading(),
         "max_size": s.config.max_size,
         "max_object_size": s.config.max_object_size,
         "bytes": c.bytes.load(Relaxed),

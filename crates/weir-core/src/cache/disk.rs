@@ -10,37 +10,53 @@
 //! lose recent entries (the sums then discard them), a cache can afford that, and an fsync
 //! per stored response would cost a disk flush each.
 //!
+//! **One write's head, that write's body.** Each write draws a random id, kept in its file
+//! and in the index's [`Location`]: a read finding another id (the file was replaced since
+//! it was indexed: two writes of one entry, or another process) is [`Unreadable::Stale`],
+//! a miss, and the file is left to its writer. A file is only removed by the holder of its
+//! [`Location`] while it still holds that id, checked under a lock of its name that each
+//! write's rename also takes, so a newer file renamed into place is never removed for an
+//! older entry.
+//!
 //! Layout (little-endian): `MAGIC`, key length (u32), variant length (u32), policy length
-//! (u32), head length (u32), body length (u64), body CRC (u32), head CRC (u32, over the 36
-//! bytes before it and the four parts after it); then the key, the variant, the
-//! `CachePolicy` as JSON, the status and fields; then the body.
+//! (u32), head length (u32), body length (u64), body CRC (u32), write id (u64), head CRC
+//! (u32, over the 44 bytes before it and the four parts after it); then the key, the
+//! variant, the `CachePolicy` as JSON, the status and fields; then the body.
 
 use std::fs::{self, File};
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use http_cache_semantics::CachePolicy;
 
-const MAGIC: [u8; 8] = *b"WEIRCE\x00\x01";
+const MAGIC: [u8; 8] = *b"WEIRCE\x00\x02";
+/// Where the head CRC is: it covers the bytes before it.
+const HEAD_CRC_AT: usize = 44;
 /// The fixed part before the key.
-const FIXED: usize = 40;
+const FIXED: usize = 48;
+/// How many locks the names are spread over (by their first byte).
+const NAME_LOCKS: usize = 16;
 /// Most bytes of key, variant, policy and head a file may have (its head part is read
 /// whole by the scan).
 const MAX_META: usize = 1 << 20;
 /// The first read of a file at the scan: its head part, usually all of it.
 const FIRST_READ: usize = 16 << 10;
 /// A temporary file older than this is a crashed write's, even if its writer's pid is
-/// alive again (another process).
+/// alive again (another process), or when whether it is alive cannot be known (`/proc`
+/// not mounted).
 const TEMP_MAX_AGE: Duration = Duration::from_secs(3600);
 
-/// Where an entry's body is: its file (by name) and where the body starts in it.
+/// Where an entry's body is: its file (by name), which write of it (its id), and where
+/// the body starts in it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Location {
     name: [u8; 16],
+    id: u64,
     /// The file's whole length.
     pub file_len: u64,
     body_at: u64,
@@ -68,8 +84,40 @@ pub struct Scanned {
     pub found: u64,
     /// Files that were not whole entries (torn, truncated, foreign): removed.
     pub discarded: u64,
+    /// Files that could not be read (an I/O error, not their content): left alone.
+    pub unreadable: u64,
     /// Temporary files of writes that never finished: removed.
     pub abandoned: u64,
+}
+
+/// Why a body could not be read.
+#[derive(Debug)]
+pub enum Unreadable {
+    /// The file is not (or no longer) the indexed write's: replaced by a newer write, or
+    /// removed. The index entry is stale; the file, if any, is someone else's.
+    Stale,
+    /// The indexed write's file is not whole (cut short, a sum that does not match).
+    Broken(io::Error),
+    /// Reading failed, not the file (too many open files, EIO, EACCES): try again later.
+    Io(io::Error),
+}
+
+impl std::fmt::Display for Unreadable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Unreadable::Stale => f.write_str("the file was replaced or removed"),
+            Unreadable::Broken(e) | Unreadable::Io(e) => e.fmt(f),
+        }
+    }
+}
+
+/// Whether `e` says a file's content is not an entry (rather than that it could not be
+/// read): only such files are removed.
+fn is_format(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::InvalidData | io::ErrorKind::UnexpectedEof
+    )
 }
 
 /// A store's directory.
@@ -77,6 +125,9 @@ pub struct Disk {
     dir: PathBuf,
     /// Makes temporary names unique within the process.
     seq: AtomicU64,
+    /// Held around a rename into a name and around the check-and-remove of a name's file,
+    /// so that no file is removed for a write it is not.
+    names: [Mutex<()>; NAME_LOCKS],
 }
 
 impl Disk {
@@ -84,7 +135,14 @@ impl Disk {
         Disk {
             dir,
             seq: AtomicU64::new(0),
+            names: std::array::from_fn(|_| Mutex::new(())),
         }
+    }
+
+    /// The lock of `name` (see `names`).
+    fn lock(&self, name: &[u8; 16]) -> MutexGuard<'_, ()> {
+        let lock = &self.names[usize::from(name[0]) % NAME_LOCKS];
+        lock.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     pub fn dir(&self) -> &Path {
@@ -97,11 +155,12 @@ impl Disk {
     }
 
     /// Writes the entry (`key`, its `variant`, `policy`, `status`, `headers`, `body`) to a
-    /// temporary file and renames it into place.
-    pub fn write(&self, key: &[u8], meta: Meta<'_>, body: &[u8]) -> io::Result<Location> {
+    /// temporary file, for [`Disk::place`].
+    pub fn write(&self, key: &[u8], meta: Meta<'_>, body: &[u8]) -> io::Result<Written> {
         let name = name(key, meta.variant);
         let path = self.path_of(&name);
-        let head = encode_head(key, &meta, body)?;
+        let id = write_id()?;
+        let head = encode_head(key, &meta, id, body)?;
         let seq = self.seq.fetch_add(1, Relaxed);
         let temp = path.with_extension(format!("{}.{seq}.tmp", std::process::id()));
         let mut file = match File::create_new(&temp) {
@@ -111,45 +170,79 @@ impl Disk {
             }
             other => other?,
         };
-        let written = file
-            .write_all(&head)
-            .and_then(|()| file.write_all(body))
-            .and_then(|()| fs::rename(&temp, &path));
-        if let Err(e) = written {
-            let _ = fs::remove_file(&temp);
-            return Err(e);
+        let written = Written {
+            temp: Some(temp),
+            path,
+            at: Location {
+                name,
+                id,
+                file_len: (head.len() + body.len()) as u64,
+                body_at: head.len() as u64,
+            },
+        };
+        file.write_all(&head).and_then(|()| file.write_all(body))?;
+        Ok(written)
+    }
+
+    /// Renames a written entry into place; `then` runs before anyone may remove the new
+    /// file (the lock of its name held): index it there, so that the index sees a name's
+    /// writes in the order the files do.
+    pub fn place<T>(
+        &self,
+        mut written: Written,
+        then: impl FnOnce(Location) -> T,
+    ) -> io::Result<T> {
+        let temp = written.temp.take().unwrap_or_default();
+        let _name = self.lock(&written.at.name);
+        match fs::rename(&temp, &written.path) {
+            Ok(()) => Ok(then(written.at)),
+            Err(e) => {
+                let _ = fs::remove_file(&temp);
+                Err(e)
+            }
         }
-        Ok(Location {
-            name,
-            file_len: (head.len() + body.len()) as u64,
-            body_at: head.len() as u64,
-        })
     }
 
     /// The body of the entry at `at` stored under `key`: read in one go, checked against
-    /// the file's lengths, key and body sum (an error if anything differs).
-    pub fn read(&self, at: &Location, key: &[u8]) -> io::Result<Bytes> {
-        let mut file = File::open(self.path_of(&at.name))?;
+    /// the file's write id, lengths, key and body sum.
+    pub fn read(&self, at: &Location, key: &[u8]) -> Result<Bytes, Unreadable> {
         let mut buf = vec![0; at.file_len as usize];
-        file.read_exact(&mut buf)?;
-        let fixed = Fixed::parse(&buf)?;
+        let read = File::open(self.path_of(&at.name)).and_then(|mut f| f.read_exact(&mut buf));
+        match read {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(Unreadable::Stale),
+            // Shorter than the indexed write: cut short, or another write's.
+            Err(e) if is_format(&e) => return Err(Unreadable::Broken(e)),
+            Err(e) => return Err(Unreadable::Io(e)),
+            Ok(()) => {}
+        }
+        let fixed = Fixed::parse(&buf).map_err(Unreadable::Broken)?;
+        if fixed.id != at.id {
+            return Err(Unreadable::Stale);
+        }
         let key_at = FIXED..FIXED + fixed.key_len;
         if fixed.file_len() != at.file_len
             || fixed.body_at() != at.body_at
             || buf.get(key_at) != Some(key)
         {
-            return Err(invalid("the file holds another entry"));
+            return Err(Unreadable::Broken(invalid("the file holds another entry")));
         }
         let body = Bytes::from(buf).slice(at.body_at as usize..);
         if crc(&[&body]) != fixed.body_crc {
-            return Err(invalid("the body's sum does not match"));
+            return Err(Unreadable::Broken(invalid("the body's sum does not match")));
         }
         Ok(body)
     }
 
-    /// Removes the file of the entry at `at` (gone already: fine).
+    /// Removes the file of the entry at `at` if it still holds that write (gone already,
+    /// or replaced by another write: left alone).
     pub fn remove(&self, at: &Location) {
-        let _ = fs::remove_file(self.path_of(&at.name));
+        let path = self.path_of(&at.name);
+        let _name = self.lock(&at.name);
+        let mut buf = [0; FIXED];
+        let read = File::open(&path).and_then(|mut f| f.read_exact(&mut buf));
+        if read.is_ok() && Fixed::parse(&buf).is_ok_and(|f| f.id == at.id) {
+            let _ = fs::remove_file(&path);
+        }
     }
 
     /// Reads every entry's head part (not its body: the time is bounded by the number of
@@ -192,11 +285,41 @@ impl Disk {
                 out.found += 1;
                 found(entry);
             }
-            Err(e) => {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {} // Removed meanwhile.
+            Err(e) if is_format(&e) => {
                 tracing::warn!(file = %path.display(), error = %e, "cache file discarded");
-                let _ = fs::remove_file(path);
+                self.remove_broken(path, name);
                 out.discarded += 1;
             }
+            Err(e) => {
+                tracing::warn!(file = %path.display(), error = %e, "cache file unreadable: left");
+                out.unreadable += 1;
+            }
+        }
+    }
+
+    /// Removes the file at `path` (named `name`) the scan found not whole, unless a write
+    /// replaced it meanwhile (the store answers while it scans): checked again under the
+    /// name's lock.
+    fn remove_broken(&self, path: &Path, name: [u8; 16]) {
+        let _name = self.lock(&name);
+        if load(path, name).is_err_and(|e| is_format(&e)) {
+            let _ = fs::remove_file(path);
+        }
+    }
+}
+
+/// An entry written to its temporary file, not yet in place (removed if dropped so).
+pub struct Written {
+    temp: Option<PathBuf>,
+    path: PathBuf,
+    at: Location,
+}
+
+impl Drop for Written {
+    fn drop(&mut self) {
+        if let Some(temp) = &self.temp {
+            let _ = fs::remove_file(temp);
         }
     }
 }
@@ -217,6 +340,7 @@ struct Fixed {
     head_len: usize,
     body_len: u64,
     body_crc: u32,
+    id: u64,
     head_crc: u32,
 }
 
@@ -233,7 +357,8 @@ impl Fixed {
             head_len: u32_at(20) as usize,
             body_len: u64::from_le_bytes(buf[24..32].try_into().unwrap_or_default()),
             body_crc: u32_at(32),
-            head_crc: u32_at(36),
+            id: u64::from_le_bytes(buf[36..44].try_into().unwrap_or_default()),
+            head_crc: u32_at(HEAD_CRC_AT),
         };
         if fixed.meta_len() > MAX_META {
             return Err(invalid("the head part is too long"));
@@ -258,7 +383,7 @@ impl Fixed {
 }
 
 /// The fixed part and the head part of an entry.
-fn encode_head(key: &[u8], meta: &Meta<'_>, body: &[u8]) -> io::Result<Vec<u8>> {
+fn encode_head(key: &[u8], meta: &Meta<'_>, id: u64, body: &[u8]) -> io::Result<Vec<u8>> {
     let policy = serde_json::to_vec(meta.policy).map_err(io::Error::other)?;
     let mut head = Vec::new();
     head.extend_from_slice(&meta.status.as_u16().to_le_bytes());
@@ -280,12 +405,20 @@ fn encode_head(key: &[u8], meta: &Meta<'_>, body: &[u8]) -> io::Result<Vec<u8>> 
     }
     out.extend_from_slice(&(body.len() as u64).to_le_bytes());
     out.extend_from_slice(&crc(&[body]).to_le_bytes());
+    out.extend_from_slice(&id.to_le_bytes());
     for part in parts {
         out.extend_from_slice(part);
     }
-    let head_crc = head_crc(&out[..36], &out[36..]);
-    out.splice(36..36, head_crc.to_le_bytes());
+    let head_crc = head_crc(&out[..HEAD_CRC_AT], &out[HEAD_CRC_AT..]);
+    out.splice(HEAD_CRC_AT..HEAD_CRC_AT, head_crc.to_le_bytes());
     Ok(out)
+}
+
+/// A write's id: random, so that writes of one entry by any process differ.
+fn write_id() -> io::Result<u64> {
+    let mut id = [0; 8];
+    aws_lc_rs::rand::fill(&mut id).map_err(|_| io::Error::other("no random write id"))?;
+    Ok(u64::from_le_bytes(id))
 }
 
 fn head_crc(fixed: &[u8], meta: &[u8]) -> u32 {
@@ -319,14 +452,14 @@ fn load(path: &Path, name: [u8; 16]) -> io::Result<Found> {
         buf.resize(body_at, 0);
         file.read_exact(&mut buf[have..])?;
     }
-    if head_crc(&buf[..36], &buf[FIXED..body_at]) != fixed.head_crc {
+    if head_crc(&buf[..HEAD_CRC_AT], &buf[FIXED..body_at]) != fixed.head_crc {
         return Err(invalid("the head part's sum does not match"));
     }
     let mut meta = Cursor(&buf[FIXED..body_at]);
     let key = meta.take(fixed.key_len)?.to_vec();
     let variant = meta.take(fixed.variant_len)?.to_vec();
     let policy = meta.take(fixed.policy_len)?;
-    let policy = serde_json::from_slice(policy).map_err(io::Error::other)?;
+    let policy = serde_json::from_slice(policy).map_err(|_| invalid("a bad policy"))?;
     let (status, headers) = decode_head(Cursor(meta.take(fixed.head_len)?))?;
     if self::name(&key, &variant) != name {
         return Err(invalid("the file is named for another entry"));
@@ -339,6 +472,7 @@ fn load(path: &Path, name: [u8; 16]) -> io::Result<Found> {
         headers,
         location: Location {
             name,
+            id: fixed.id,
             file_len: len,
             body_at: body_at as u64,
         },
@@ -409,18 +543,31 @@ fn parse_name(text: &str) -> Option<[u8; 16]> {
 }
 
 /// Whether the temporary file `path` (`NAME.PID.SEQ.tmp`) belongs to a write that will
-/// never finish: its process is gone, or it is older than any write takes.
+/// never finish ([`abandoned_by`]).
 fn abandoned(path: &Path, file_name: &str) -> bool {
     let pid = file_name
         .split('.')
         .nth(1)
         .and_then(|p| p.parse::<u32>().ok());
-    let writer_gone = pid.is_none_or(|pid| !Path::new(&format!("/proc/{pid}")).exists());
-    let old = fs::metadata(path)
+    let age = fs::metadata(path)
         .and_then(|m| m.modified())
-        .map(|t| SystemTime::now().duration_since(t).unwrap_or_default() > TEMP_MAX_AGE)
-        .unwrap_or(true);
-    writer_gone || old
+        .map(|t| SystemTime::now().duration_since(t).unwrap_or_default());
+    let Ok(age) = age else {
+        return false; // Gone meanwhile, or unreadable: left for the next scan.
+    };
+    // Our own pid's directory tells whether /proc shows processes at all.
+    let proc_usable = Path::new(&format!("/proc/{}", std::process::id())).exists();
+    let writer_alive = pid.map(|pid| Path::new(&format!("/proc/{pid}")).exists());
+    abandoned_by(proc_usable.then_some(writer_alive.unwrap_or(false)), age)
+}
+
+/// Whether a temporary file `age` old whose writer is alive (`Some(true)`), gone
+/// (`Some(false)`), or unknown (`None`: `/proc` not usable) belongs to a write that will
+/// never finish: its writer is gone, or it is older than any write takes
+/// ([`TEMP_MAX_AGE`]; a live pid may be another process now). A writer that cannot be
+/// seen is not taken for gone: its write may be under way.
+fn abandoned_by(writer_alive: Option<bool>, age: Duration) -> bool {
+    writer_alive == Some(false) || age > TEMP_MAX_AGE
 }
 
 fn invalid(why: &'static str) -> io::Error {
@@ -457,7 +604,8 @@ mod tests {
             status: parts.status,
             headers: &parts.headers,
         };
-        disk.write(key, meta, body).unwrap()
+        let written = disk.write(key, meta, body).unwrap();
+        disk.place(written, |at| at).unwrap()
     }
 
     #[test]
@@ -476,6 +624,19 @@ mod tests {
         assert_eq!(f.headers["x-up"], "1");
         assert_eq!(f.location, at);
         fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn a_temporary_file_is_abandoned_only_if_its_writer_is_gone_or_it_is_old() {
+        let young = Duration::from_secs(1);
+        let old = TEMP_MAX_AGE + young;
+        assert!(abandoned_by(Some(false), young), "its writer is gone");
+        assert!(!abandoned_by(Some(true), young), "a write under way");
+        assert!(
+            !abandoned_by(None, young),
+            "an unseen writer may be writing"
+        );
+        assert!(abandoned_by(None, old) && abandoned_by(Some(true), old));
     }
 
     #[test]

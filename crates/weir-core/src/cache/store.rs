@@ -11,12 +11,15 @@
 //!   of at most [`SYNC_READ_MAX`] is read in one go where the hit is looked up
 //!   ([`Store::body_now`]). A file that cannot be read back whole is dropped from the index
 //!   and removed: a miss, a log line and `weir_cache_errors_total`, never an error to the
-//!   client. Several processes may share a directory for a while (a binary upgrade): each
-//!   indexes what it wrote and found at start, and a file the other replaced or removed is
-//!   a miss.
+//!   client; a file that cannot be read at all for now (too many open files, EIO, EACCES)
+//!   is a miss, logged and counted, and kept. Several processes may share a directory for
+//!   a while (a binary upgrade): each indexes what it wrote and found at start, and a file
+//!   the other replaced or removed is a miss (dropped from the index, the file left).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicBool, AtomicU64, Ordering::Acquire, Ordering::Relaxed, Ordering::Release,
+};
 use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime};
 
@@ -25,11 +28,11 @@ use http_cache_semantics::CachePolicy;
 use tokio::sync::watch;
 use weir_config::{CacheKind, CacheStore};
 
-use super::disk::{Disk, Found, Location, Meta};
+use super::disk::{Disk, Found, Location, Meta, Unreadable};
 use super::lru::Lru;
 
-/// The largest body a hit reads from its file at once, where it is looked up (from the
-/// page cache, microseconds); larger ones are read on the blocking pool.
+/// The largest file (head part and body) a hit reads at once, where it is looked up (from
+/// the page cache, microseconds); larger ones are read on the blocking pool.
 pub const SYNC_READ_MAX: u64 = 64 << 10;
 
 /// A cached response: its policy (the request and response heads it was stored for) and
@@ -70,7 +73,8 @@ pub enum Ready {
     Now(Bytes),
     /// On disk and large: [`Store::body`] reads it on the blocking pool.
     Later,
-    /// Its file could not be read: the entry is gone (a miss).
+    /// Its file could not be read: a miss (the entry dropped if the file is not whole or
+    /// not its own any more).
     Gone,
 }
 
@@ -103,8 +107,9 @@ pub struct Store {
     /// sender, followers wait for it to close.
     pending: Mutex<HashMap<Box<[u8]>, watch::Sender<()>>>,
     disk: Option<Disk>,
-    /// A disk store's scan of its files is still running.
-    pub loading: AtomicBool,
+    /// A disk store's scan of its files is still running (cleared with `Release`: read it
+    /// with `Acquire`, [`Store::loading`]).
+    loading: AtomicBool,
 }
 
 /// Who fetches a key that has no fresh entry.
@@ -138,7 +143,7 @@ impl Store {
                 .spawn(move || scanning.scan());
             if let Err(e) = spawned {
                 tracing::error!(store = %store.config.name, error = %e, "cache scan not started");
-                store.loading.store(false, Relaxed);
+                store.loading.store(false, Release);
             }
         }
         store
@@ -157,11 +162,19 @@ impl Store {
             let key = found.key.clone();
             self.insert(&key, Entry::found(found, now), true);
         });
-        self.counts.errors.fetch_add(scanned.discarded, Relaxed);
-        self.loading.store(false, Relaxed);
+        let errors = scanned.discarded + scanned.unreadable;
+        self.counts.errors.fetch_add(errors, Relaxed);
+        self.loading.store(false, Release);
         tracing::info!(store = %self.config.name, entries = scanned.found,
-            discarded = scanned.discarded, abandoned_writes = scanned.abandoned,
+            discarded = scanned.discarded, unreadable = scanned.unreadable,
+            abandoned_writes = scanned.abandoned,
             ms = started.elapsed().as_millis() as u64, "cache store loaded");
+    }
+
+    /// Whether a disk store's scan of its files is still running (what it found so far is
+    /// indexed already).
+    pub fn loading(&self) -> bool {
+        self.loading.load(Acquire)
     }
 
     /// Whether this miss of `key` fetches it, or waits for the one that does.
@@ -228,11 +241,16 @@ impl Store {
             status: entry.status,
             headers: &entry.headers,
         };
-        match disk.write(key, meta, body) {
-            Ok(at) => {
+        let placed = disk.write(key, meta, body).and_then(|written| {
+            disk.place(written, |at| {
                 entry.size = at.file_len;
                 entry.body = Body::Disk(at);
-                self.insert(key, entry, false);
+                self.index(key, entry, false)
+            })
+        });
+        match placed {
+            Ok(gone) => {
+                self.remove_files(&gone);
                 self.counts.stores.fetch_add(1, Relaxed);
             }
             Err(e) => {
@@ -243,8 +261,15 @@ impl Store {
     }
 
     /// Indexes `entry` under `key` (`only_new`: unless that variant is there) and evicts
-    /// the least recently used keys past `max_size`.
+    /// the least recently used keys past `max_size`, removing the files of the entries
+    /// let go.
     fn insert(&self, key: &[u8], entry: Entry, only_new: bool) {
+        let gone = self.index(key, entry, only_new);
+        self.remove_files(&gone);
+    }
+
+    /// [`Store::insert`] but for the files: returns the entries let go.
+    fn index(&self, key: &[u8], entry: Entry, only_new: bool) -> Vec<Arc<Entry>> {
         let mut lru = self.lock();
         let mut gone = lru.insert(key, Arc::new(entry), only_new);
         let (evicted, more) = lru.evict_past(self.config.max_size);
@@ -252,7 +277,7 @@ impl Store {
         self.publish(&lru);
         drop(lru);
         self.counts.evictions.fetch_add(evicted, Relaxed);
-        self.remove_files(&gone);
+        gone
     }
 
     /// Removes `key`, or every key starting with it when `prefix`; returns how many.
@@ -279,11 +304,11 @@ impl Store {
     pub fn body_now(&self, key: &[u8], entry: &Arc<Entry>) -> Ready {
         match (&entry.body, &self.disk) {
             (Body::Memory(body), _) => Ready::Now(body.clone()),
-            (Body::Disk(at), Some(disk)) if at.body_len() <= SYNC_READ_MAX => {
+            (Body::Disk(at), Some(disk)) if at.file_len <= SYNC_READ_MAX => {
                 match disk.read(at, key) {
                     Ok(body) => Ready::Now(body),
-                    Err(e) => {
-                        self.discard(key, entry, &e);
+                    Err(why) => {
+                        self.unreadable(key, entry, why);
                         Ready::Gone
                     }
                 }
@@ -304,29 +329,38 @@ impl Store {
         let store = self.clone();
         let owned = key.to_vec();
         let read = tokio::task::spawn_blocking(move || {
-            let disk = store.disk.as_ref().ok_or(std::io::ErrorKind::NotFound)?;
+            let disk = store.disk.as_ref().ok_or(Unreadable::Stale)?;
             disk.read(&at, &owned)
         });
         match read.await {
             Ok(Ok(body)) => Some(body),
-            Ok(Err(e)) => {
-                self.discard(key, entry, &e);
+            Ok(Err(why)) => {
+                self.unreadable(key, entry, why);
                 None
             }
             Err(_) => None,
         }
     }
 
-    /// Drops `entry` of `key`, whose file could not be read back (`error`), and its file.
-    fn discard(&self, key: &[u8], entry: &Arc<Entry>, error: &std::io::Error) {
+    /// `entry` of `key` could not be read (`why`): kept when the reading failed (counted),
+    /// dropped when its file is another write's now, dropped and its file removed (counted)
+    /// when the file is not whole.
+    fn unreadable(&self, key: &[u8], entry: &Arc<Entry>, why: Unreadable) {
+        let key_text = String::from_utf8_lossy(key);
+        if let Unreadable::Io(e) = &why {
+            self.counts.errors.fetch_add(1, Relaxed);
+            tracing::warn!(store = %self.config.name, key = %key_text, error = %e,
+                "cache entry not readable now: a miss");
+            return;
+        }
         let mut lru = self.lock();
         let removed = lru.remove_entry(key, entry);
         self.publish(&lru);
         drop(lru);
-        if removed {
+        if removed && matches!(why, Unreadable::Broken(_)) {
             self.counts.errors.fetch_add(1, Relaxed);
-            tracing::warn!(store = %self.config.name, key = %String::from_utf8_lossy(key),
-                error = %error, "cache entry unreadable: dropped");
+            tracing::warn!(store = %self.config.name, key = %key_text, error = %why,
+                "cache entry unreadable: dropped");
             self.remove_files(std::slice::from_ref(entry));
         }
     }
@@ -430,7 +464,7 @@ mod tests {
     /// Polls (the scan runs in its own thread) until the store has loaded.
     fn loaded(s: &Store) {
         let deadline = Instant::now() + std::time::Duration::from_secs(10);
-        while s.loading.load(Relaxed) {
+        while s.loading() {
             assert!(Instant::now() < deadline, "the scan hangs");
             std::thread::yield_now();
         }
@@ -444,13 +478,101 @@ mod tests {
         })
     }
 
+    /// A disk store in a new directory (`tag`), loaded.
+    fn disk_store(tag: &str, max: u64) -> (std::path::PathBuf, Arc<Store>) {
+        let dir = std::env::temp_dir().join(format!("weir-store-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let s = Store::open(config(max, CacheKind::Disk { path: dir.clone() }));
+        loaded(&s);
+        (dir, s)
+    }
+
+    /// Writes `body` for `key` with `e`'s head straight to the files of `dir` (as another
+    /// process sharing it would), not indexed.
+    fn write_behind(dir: &std::path::Path, key: &[u8], e: &Entry, body: &[u8]) {
+        let disk = Disk::new(dir.to_path_buf());
+        let meta = Meta {
+            variant: &e.variant,
+            policy: &e.policy,
+            status: e.status,
+            headers: &e.headers,
+        };
+        let written = disk.write(key, meta, body).unwrap();
+        disk.place(written, |_| ()).unwrap();
+    }
+
+    #[test]
+    fn a_file_another_write_replaced_is_never_served_for_the_old_head_nor_removed() {
+        let (dir, s) = disk_store("replaced", 1 << 20);
+        // No runtime here: each file is written before `put` returns.
+        s.put(b"http://h/a".to_vec(), entry(4, b""), false);
+        let old = s.get(b"http://h/a").remove(0);
+        // The same length, so that only the write id tells them apart.
+        write_behind(&dir, b"http://h/a", &entry(4, b""), b"newr");
+        assert!(
+            matches!(s.body_now(b"http://h/a", &old), Ready::Gone),
+            "the old head never goes out with the new body"
+        );
+        assert!(
+            s.get(b"http://h/a").is_empty(),
+            "the stale entry is dropped"
+        );
+        assert_eq!(files(&dir).0, 1, "the newer file is left");
+        assert_eq!(s.counts.errors.load(Relaxed), 0, "not an error");
+
+        // Purged (or evicted) after its file was replaced: the newer file stays.
+        s.put(b"http://h/b".to_vec(), entry(4, b""), false);
+        write_behind(&dir, b"http://h/b", &entry(4, b""), b"newr");
+        assert_eq!(s.purge(b"http://h/b", false), 1);
+        assert_eq!(files(&dir).0, 2, "the newer file of /b is not removed");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn a_small_body_under_a_large_head_is_not_read_on_the_event_loop() {
+        let (dir, s) = disk_store("bighead", 1 << 20);
+        let mut e = entry(10, b"");
+        let big = "v".repeat(SYNC_READ_MAX as usize);
+        e.headers.insert("x-big", big.parse().unwrap());
+        s.put(b"http://h/a".to_vec(), e, false);
+        let got = s.get(b"http://h/a");
+        assert!(matches!(s.body_now(b"http://h/a", &got[0]), Ready::Later));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn a_file_that_cannot_be_read_for_now_is_a_miss_and_kept() {
+        let (dir, s) = disk_store("ioerror", 1 << 20);
+        s.put(b"http://h/a".to_vec(), entry(10, b""), false);
+        let got = s.get(b"http://h/a");
+        let subdir = std::fs::read_dir(&dir).unwrap().flatten().next().unwrap();
+        let path = std::fs::read_dir(subdir.path())
+            .unwrap()
+            .flatten()
+            .next()
+            .unwrap()
+            .path();
+        // Reading a directory fails with EISDIR: an I/O error, not a bad file.
+        let aside = path.with_extension("aside");
+        std::fs::rename(&path, &aside).unwrap();
+        std::fs::create_dir(&path).unwrap();
+        assert!(matches!(s.body_now(b"http://h/a", &got[0]), Ready::Gone));
+        assert_eq!(s.counts.errors.load(Relaxed), 1);
+        assert_eq!(s.get(b"http://h/a").len(), 1, "the entry is kept");
+        let again = Store::open(config(1 << 20, CacheKind::Disk { path: dir.clone() }));
+        loaded(&again);
+        assert!(path.is_dir(), "the scan leaves it");
+        assert_eq!(again.counts.errors.load(Relaxed), 1);
+        std::fs::remove_dir(&path).unwrap();
+        std::fs::rename(&aside, &path).unwrap();
+        assert!(matches!(s.body_now(b"http://h/a", &got[0]), Ready::Now(_)));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
     #[test]
     fn a_disk_store_keeps_its_files_within_max_size_and_finds_them_again() {
-        let dir = std::env::temp_dir().join(format!("weir-store-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let (dir, s) = disk_store("evict", 20_000);
         let kind = CacheKind::Disk { path: dir.clone() };
-        let s = Store::open(config(20_000, kind.clone()));
-        loaded(&s);
         for i in 0..10 {
             // No runtime here: each file is written before `put` returns.
             s.put(
