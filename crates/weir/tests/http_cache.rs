@@ -605,6 +605,48 @@ async fn a_stale_disk_entry_is_revalidated_and_a_304_rewrites_its_head() {
     assert_eq!(up.heads().len(), 2);
 }
 
+/// A reload that changes only a disk store's sizes keeps the store (its entries, its
+/// counts, one index of its directory) and applies them: a smaller `max_size` evicts at once.
+#[tokio::test]
+async fn a_reload_resizing_a_disk_store_keeps_it_and_evicts_to_the_new_size() {
+    let dir = DiskDir::new("resize");
+    let up = Scripted::start(fresh_for_a_minute).await;
+    let weir = cached_in(up.addr, "", &dir.store()).start();
+    let mut c = weir.client().await;
+    for path in ["/a", "/b", "/c"] {
+        get(&mut c, path, &[]).await;
+        // One at a time, so that the use order is the request order.
+        let stored = (path.as_bytes()[1] - b'a' + 1) as u64;
+        weir.wait_metric("weir_cache_stored_total{store=\"mem\"}", stored)
+            .await;
+    }
+    let bytes = weir.metric("weir_cache_bytes{store=\"mem\"}");
+    // Room for one and a half entries: the newest stays.
+    let max = bytes / 2;
+    let sizes = format!("max_size = \"{max}B\"\nmax_object_size = \"1KiB\"");
+    let store = dir.store().replace("max_size = \"16MiB\"", &sizes);
+    weir.apply_text(&cached_in(up.addr, "", &store).toml())
+        .expect("reload");
+    assert_eq!(weir.metric("weir_cache_entries{store=\"mem\"}"), 1);
+    assert_eq!(
+        weir.metric("weir_cache_stored_total{store=\"mem\"}"),
+        3,
+        "the same store"
+    );
+    assert_eq!(weir.metric("weir_cache_evictions_total{store=\"mem\"}"), 2);
+    let files = std::fs::read_dir(&dir.0).expect("dir").flatten();
+    let files = files.flat_map(|d| std::fs::read_dir(d.path()).expect("subdir").flatten());
+    assert_eq!(files.count(), 1, "the evicted entries' files are removed");
+    assert_eq!(
+        get(&mut c, "/c", &[]).await.header("Cache-Status"),
+        Some("weir; hit")
+    );
+    assert_eq!(
+        get(&mut c, "/a", &[]).await.header("Cache-Status"),
+        Some("weir; fwd=uri-miss")
+    );
+}
+
 #[tokio::test]
 async fn a_waiting_miss_goes_upstream_itself_after_lock_timeout() {
     let gate = Gate::new(tokio::sync::Semaphore::new(0));

@@ -548,7 +548,7 @@ impl Fill {
     /// policy allows it and its length (when known) fits `max_object_size`. `dechunk`: a
     /// chunked body's pieces come decoded (to an HTTP/1.0 client, or compressed).
     pub fn admit(self, buf: &[u8], resp: &ResponseHead, dechunk: bool) -> Option<Box<Recorder>> {
-        let limit = self.store.config.max_object_size;
+        let limit = self.store.max_object_size();
         if resp.framing.length().is_some_and(|n| n > limit) {
             return None;
         }

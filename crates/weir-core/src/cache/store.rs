@@ -100,7 +100,11 @@ pub struct Counts {
 
 /// A cache store, shared by all workers.
 pub struct Store {
+    /// Its name and kind; its sizes as it was opened with (a reload may change them since:
+    /// [`Store::max_size`], [`Store::max_object_size`]).
     pub config: CacheStore,
+    max_size: AtomicU64,
+    max_object_size: AtomicU64,
     pub counts: Counts,
     inner: Mutex<Lru>,
     /// The keys a miss is being fetched for (collapsed forwarding): the leader holds the
@@ -130,6 +134,8 @@ impl Store {
         };
         let store = Arc::new(Store {
             loading: AtomicBool::new(disk.is_some()),
+            max_size: AtomicU64::new(config.max_size),
+            max_object_size: AtomicU64::new(config.max_object_size),
             config,
             counts: Counts::default(),
             inner: Mutex::new(Lru::default()),
@@ -169,6 +175,34 @@ impl Store {
             discarded = scanned.discarded, unreadable = scanned.unreadable,
             abandoned_writes = scanned.abandoned,
             ms = started.elapsed().as_millis() as u64, "cache store loaded");
+    }
+
+    /// Whether this store may serve as `config` (a reload's): the same name and kind (a
+    /// disk store: the same directory), whatever its sizes ([`Store::resize`]).
+    pub fn serves(&self, config: &CacheStore) -> bool {
+        self.config.name == config.name && self.config.kind == config.kind
+    }
+
+    /// Applies `config`'s sizes (a reload's), evicting what a smaller `max_size` leaves out.
+    pub fn resize(&self, config: &CacheStore) {
+        self.max_object_size.store(config.max_object_size, Relaxed);
+        self.max_size.store(config.max_size, Relaxed);
+        let mut lru = self.lock();
+        let (evicted, gone) = lru.evict_past(config.max_size);
+        self.publish(&lru);
+        drop(lru);
+        self.counts.evictions.fetch_add(evicted, Relaxed);
+        self.remove_files(&gone);
+    }
+
+    /// The entries' bytes together past which the least recently used go.
+    pub fn max_size(&self) -> u64 {
+        self.max_size.load(Relaxed)
+    }
+
+    /// The largest body stored.
+    pub fn max_object_size(&self) -> u64 {
+        self.max_object_size.load(Relaxed)
     }
 
     /// Whether a disk store's scan of its files is still running (what it found so far is
@@ -272,7 +306,7 @@ impl Store {
     fn index(&self, key: &[u8], entry: Entry, only_new: bool) -> Vec<Arc<Entry>> {
         let mut lru = self.lock();
         let mut gone = lru.insert(key, Arc::new(entry), only_new);
-        let (evicted, more) = lru.evict_past(self.config.max_size);
+        let (evicted, more) = lru.evict_past(self.max_size());
         gone.extend(more);
         self.publish(&lru);
         drop(lru);

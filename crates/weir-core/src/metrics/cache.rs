@@ -31,7 +31,7 @@ const COUNTERS: [(&str, &str, PickCount); 9] = [
     ("weir_cache_stored", "Responses stored.", |c| &c.stores),
     ("weir_cache_evictions", "Keys evicted to stay within max_size.", |c| &c.evictions),
     ("weir_cache_stale", "Stale entries served (stale-while-revalidate, stale-if-error).", |c| &c.stale),
-    ("weir_cache_errors", "A disk store's entries not written, or not read back whole (discarded: misses).", |c| &c.errors),
+    ("weir_cache_errors", "A disk store's entries not written, or not read back whole (discarded), or not readable for now (kept): each a miss.", |c| &c.errors),
 ];
 
 /// The rows of `snapshot`'s stores.
