@@ -1109,10 +1109,22 @@ pub struct CacheStore {
 }
 
 /// Where a cache store keeps its entries.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CacheKind {
     /// In memory, shared by all workers, emptied by a restart.
     Memory,
+    /// One file per entry under `path` (an index in memory, shared by all workers, rebuilt
+    /// from the files at start): kept across restarts.
+    Disk { path: std::path::PathBuf },
+}
+
+impl CacheKind {
+    pub fn name(&self) -> &'static str {
+        match self {
+            CacheKind::Memory => "memory",
+            CacheKind::Disk { .. } => "disk",
+        }
+    }
 }
 
 /// A route's cache.

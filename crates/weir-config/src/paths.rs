@@ -36,6 +36,9 @@ pub(crate) fn resolve(raw: &mut RawConfig, base: &Path) -> Vec<RelativePath> {
     for (name, u) in raw.upstreams.iter_mut().flatten() {
         out.upstream(u, &root.key("upstreams").key(name));
     }
+    for (name, store) in raw.caches.iter_mut().flatten() {
+        out.fix(&mut store.path, &root.key("caches").key(name).key("path"));
+    }
     if let Some(etcd) = raw.cluster.as_mut().and_then(|c| c.etcd.as_mut()) {
         out.etcd(etcd, &root.key("cluster").key("etcd"));
     }

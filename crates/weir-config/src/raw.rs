@@ -57,6 +57,7 @@ pub(crate) struct RawRouteTracing {
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawCacheStore {
     pub kind: Option<String>,
+    pub path: Option<String>,
     pub max_size: Option<StrOrInt>,
     pub max_object_size: Option<StrOrInt>,
 }

@@ -241,14 +241,16 @@ impl TlsPlans {
     }
 }
 
-/// The cache stores of `config`: `previous`'s of the same name and settings, else new.
+/// The cache stores of `config`: `previous`'s of the same name and kind (with its entries;
+/// new sizes applied), else new.
 fn cache_stores(config: &Config, previous: Option<&Snapshot>) -> crate::cache::Stores {
     let kept = |c: &weir_config::CacheStore| {
-        let old = previous?.caches.iter().find(|s| s.config == *c)?;
+        let old = previous?.caches.iter().find(|s| s.serves(c))?;
+        old.resize(c);
         Some(old.clone())
     };
     (config.caches.iter())
-        .map(|c| kept(c).unwrap_or_else(|| Arc::new(crate::cache::MemoryStore::new(c.clone()))))
+        .map(|c| kept(c).unwrap_or_else(|| crate::cache::Store::open(c.clone())))
         .collect()
 }
 

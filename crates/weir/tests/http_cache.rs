@@ -14,6 +14,15 @@ use weir_testkit::{Backend, Client, Response};
 /// Route `c` on `/` caching in store `mem` (`route_keys`: more keys of the route's
 /// `cache`), to `backend`.
 fn cached(backend: SocketAddr, route_keys: &str, store_keys: &str) -> Conf {
+    cached_in(
+        backend,
+        route_keys,
+        &format!("kind = \"memory\"\n{store_keys}"),
+    )
+}
+
+/// [`cached`] with the store's whole table given (`store`).
+fn cached_in(backend: SocketAddr, route_keys: &str, store: &str) -> Conf {
     Conf::new()
         .route(
             "c",
@@ -21,7 +30,31 @@ fn cached(backend: SocketAddr, route_keys: &str, store_keys: &str) -> Conf {
             &[&format!("cache = {{ store = \"mem\"{route_keys} }}")],
         )
         .upstream("up", &[backend], &[])
-        .table(&format!("[caches.mem]\nkind = \"memory\"\n{store_keys}"))
+        .table(&format!("[caches.mem]\n{store}"))
+}
+
+/// A fresh directory for a disk store, removed on drop.
+struct DiskDir(std::path::PathBuf);
+
+impl DiskDir {
+    fn new(tag: &str) -> DiskDir {
+        let name = format!("weir-http-cache-{tag}-{}", std::process::id());
+        let dir = std::env::temp_dir().join(name);
+        let _ = std::fs::remove_dir_all(&dir);
+        DiskDir(dir)
+    }
+
+    /// The store's table: on disk in this directory.
+    fn store(&self) -> String {
+        let path = self.0.display();
+        format!("kind = \"disk\"\npath = \"{path}\"\nmax_size = \"16MiB\"")
+    }
+}
+
+impl Drop for DiskDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 /// A response's header fields and the request's.
@@ -287,6 +320,53 @@ servers = [{ addr = "127.0.0.1:1" }]
     assert!(e.contains("[caches.nope]"), "{e}");
 }
 
+#[test]
+fn a_disk_store_without_a_usable_path_or_a_max_size_is_rejected_with_its_place() {
+    let file = std::env::temp_dir().join(format!("weir-not-a-dir-{}", std::process::id()));
+    std::fs::write(&file, "x").unwrap();
+    let cases = [
+        (
+            "kind = \"disk\"\nmax_size = \"1GiB\"",
+            "caches.d.path",
+            "has no path",
+        ),
+        (
+            "kind = \"disk\"\npath = \"/tmp/weir-x\"",
+            "caches.d.max_size",
+            "no max_size",
+        ),
+        (
+            &format!(
+                "kind = \"disk\"\nmax_size = \"1GiB\"\npath = \"{}/sub\"",
+                file.display()
+            ),
+            "caches.d.path",
+            "is not a directory",
+        ),
+        (
+            "kind = \"memory\"\npath = \"/tmp\"",
+            "caches.d.path",
+            "memory cache store has no path",
+        ),
+        (
+            "kind = \"disk\"\npath = \"/tmp/w\"\nmax_size = 1\n\n\
+             [caches.e]\nkind = \"disk\"\npath = \"/tmp/w\"\nmax_size = 1",
+            "caches.e.path",
+            "[caches.d] has this path too",
+        ),
+    ];
+    for (keys, field, says) in cases {
+        let listener = "[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\n";
+        let text = format!("{listener}\n[caches.d]\n{keys}\n");
+        let e = weir_config::parse_str(&text, "weir.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("weir.toml:"), "{e}");
+        assert!(e.contains(field) && e.contains(says), "{keys}: {e}");
+    }
+    std::fs::remove_file(file).unwrap();
+}
+
 /// An upstream answering each request with what `reply` makes of its head and of how
 /// many requests came before it (an empty answer: the connection closes), recording the
 /// heads; keep-alive, bodiless requests only.
@@ -454,9 +534,21 @@ fn fresh_for_a_minute(_: &str, _: usize) -> String {
 
 #[tokio::test]
 async fn concurrent_misses_send_one_request_upstream() {
+    collapse_200_misses("kind = \"memory\"").await;
+}
+
+/// A disk store lets the waiting misses go once the file is written: they find it.
+#[tokio::test]
+async fn concurrent_misses_of_a_disk_store_send_one_request_upstream() {
+    let dir = DiskDir::new("collapse");
+    collapse_200_misses(&dir.store()).await;
+}
+
+/// 200 concurrent misses of one key, with the store `store`: one goes upstream.
+async fn collapse_200_misses(store: &str) {
     let gate = Gate::new(tokio::sync::Semaphore::new(0));
     let up = Scripted::gated(fresh_for_a_minute, Some(gate.clone())).await;
-    let weir = cached(up.addr, "", "").start();
+    let weir = cached_in(up.addr, "", store).start();
     let mut clients = tokio::task::JoinSet::new();
     for _ in 0..200 {
         let addr = weir.addr;
@@ -484,6 +576,75 @@ async fn concurrent_misses_send_one_request_upstream() {
     assert_eq!(up.heads().len(), 1, "one request upstream for 200 misses");
     assert_eq!(weir.metric("weir_cache_misses_total{store=\"mem\"}"), 200);
     assert_eq!(weir.metric("weir_cache_stored_total{store=\"mem\"}"), 1);
+}
+
+#[tokio::test]
+async fn a_stale_disk_entry_is_revalidated_and_a_304_rewrites_its_head() {
+    let dir = DiskDir::new("revalidate");
+    let up = Scripted::start(etag_v1).await;
+    let weir = cached_in(up.addr, "", &dir.store()).start();
+    let mut c = weir.client().await;
+    assert_eq!(get(&mut c, "/r", &[]).await.body, b"version");
+    // Written after the response: the next request finds the stale entry once it is.
+    let stored = "weir_cache_stored_total{store=\"mem\"}";
+    weir.wait_metric(stored, 1).await;
+    let second = get(&mut c, "/r", &[]).await;
+    assert_eq!(
+        second.body, b"version",
+        "the stored body, read from its file"
+    );
+    assert_eq!(
+        second.header("Cache-Status"),
+        Some("weir; fwd=stale; fwd-status=304")
+    );
+    weir.wait_metric(stored, 2).await;
+    let third = get(&mut c, "/r", &[]).await;
+    assert_eq!(third.header("Cache-Status"), Some("weir; hit"));
+    assert_eq!(third.header("Cache-Control"), Some("max-age=60"));
+    assert_eq!(third.body, b"version");
+    assert_eq!(up.heads().len(), 2);
+}
+
+/// A reload that changes only a disk store's sizes keeps the store (its entries, its
+/// counts, one index of its directory) and applies them: a smaller `max_size` evicts at once.
+#[tokio::test]
+async fn a_reload_resizing_a_disk_store_keeps_it_and_evicts_to_the_new_size() {
+    let dir = DiskDir::new("resize");
+    let up = Scripted::start(fresh_for_a_minute).await;
+    let weir = cached_in(up.addr, "", &dir.store()).start();
+    let mut c = weir.client().await;
+    for path in ["/a", "/b", "/c"] {
+        get(&mut c, path, &[]).await;
+        // One at a time, so that the use order is the request order.
+        let stored = (path.as_bytes()[1] - b'a' + 1) as u64;
+        weir.wait_metric("weir_cache_stored_total{store=\"mem\"}", stored)
+            .await;
+    }
+    let bytes = weir.metric("weir_cache_bytes{store=\"mem\"}");
+    // Room for one and a half entries: the newest stays.
+    let max = bytes / 2;
+    let sizes = format!("max_size = \"{max}B\"\nmax_object_size = \"1KiB\"");
+    let store = dir.store().replace("max_size = \"16MiB\"", &sizes);
+    weir.apply_text(&cached_in(up.addr, "", &store).toml())
+        .expect("reload");
+    assert_eq!(weir.metric("weir_cache_entries{store=\"mem\"}"), 1);
+    assert_eq!(
+        weir.metric("weir_cache_stored_total{store=\"mem\"}"),
+        3,
+        "the same store"
+    );
+    assert_eq!(weir.metric("weir_cache_evictions_total{store=\"mem\"}"), 2);
+    let files = std::fs::read_dir(&dir.0).expect("dir").flatten();
+    let files = files.flat_map(|d| std::fs::read_dir(d.path()).expect("subdir").flatten());
+    assert_eq!(files.count(), 1, "the evicted entries' files are removed");
+    assert_eq!(
+        get(&mut c, "/c", &[]).await.header("Cache-Status"),
+        Some("weir; hit")
+    );
+    assert_eq!(
+        get(&mut c, "/a", &[]).await.header("Cache-Status"),
+        Some("weir; fwd=uri-miss")
+    );
 }
 
 #[tokio::test]

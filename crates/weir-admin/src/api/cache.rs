@@ -6,7 +6,7 @@
 use std::sync::atomic::Ordering::Relaxed;
 
 use serde_json::{json, Value as Json};
-use weir_core::cache::MemoryStore;
+use weir_core::cache::Store;
 use weir_core::Proxy;
 
 use super::error::ApiError;
@@ -17,13 +17,19 @@ pub fn stores(proxy: &Proxy) -> Json {
     Json::Array(snapshot.caches.iter().map(|s| store(s)).collect())
 }
 
-fn store(s: &MemoryStore) -> Json {
+fn store(s: &Store) -> Json {
     let c = &s.counts;
+    let path = match &s.config.kind {
+        weir_config::CacheKind::Disk { path } => Some(path.display().to_string()),
+        weir_config::CacheKind::Memory => None,
+    };
     json!({
         "name": s.config.name,
-        "kind": "memory",
-        "max_size": s.config.max_size,
-        "max_object_size": s.config.max_object_size,
+        "kind": s.config.kind.name(),
+        "path": path,
+        "loading": s.loading(),
+        "max_size": s.max_size(),
+        "max_object_size": s.max_object_size(),
         "bytes": c.bytes.load(Relaxed),
         "entries": c.entries.load(Relaxed),
         "hits": c.hits.load(Relaxed),
@@ -34,6 +40,7 @@ fn store(s: &MemoryStore) -> Json {
         "bypasses": c.bypasses.load(Relaxed),
         "stored": c.stores.load(Relaxed),
         "evictions": c.evictions.load(Relaxed),
+        "errors": c.errors.load(Relaxed),
     })
 }
 

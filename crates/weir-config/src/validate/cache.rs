@@ -1,7 +1,9 @@
-//! Validation of the HTTP cache (issue 27): the stores (`[caches.NAME]`: kind and sizes)
-//! and a route's `cache = { store, key, status_header }`, whose store must exist.
+//! Validation of the HTTP cache (issue 27): the stores (`[caches.NAME]`: kind, a disk
+//! store's directory, sizes) and a route's `cache = { store, key, status_header }`, whose
+//! store must exist.
 
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 
 use crate::error::{FieldPath, Issue};
 use crate::model::{CacheKeyPart, CacheKind, CacheStore, Listener, RouteCache, StaleOn};
@@ -24,29 +26,36 @@ pub(super) fn stores(
     for (name, raw) in raw.unwrap_or_default() {
         let at = path.key(&name);
         super::check_name(&name, &at, "cache store")?;
-        out.push(store(name, raw, &at)?);
+        let store = store(name, raw, &at)?;
+        if let Some(other) = out.iter().find(|o: &&CacheStore| shares_dir(o, &store)) {
+            return Err(Issue::new(
+                &at.key("path"),
+                format!("[caches.{}] has this path too", other.name),
+                "give each disk store a directory of its own",
+            ));
+        }
+        out.push(store);
     }
     Ok(out)
 }
 
+/// Whether two disk stores were given one directory (each would remove the other's files).
+fn shares_dir(a: &CacheStore, b: &CacheStore) -> bool {
+    match (&a.kind, &b.kind) {
+        (CacheKind::Disk { path: p }, CacheKind::Disk { path: q }) => p == q,
+        _ => false,
+    }
+}
+
 fn store(name: String, raw: RawCacheStore, path: &FieldPath) -> Result<CacheStore, Issue> {
-    let kind = match raw.kind.as_deref() {
-        Some("memory") => CacheKind::Memory,
-        Some(other) => {
-            return Err(Issue::new(
-                &path.key("kind"),
-                format!("unknown cache kind \"{other}\""),
-                "use kind = \"memory\"",
-            ))
-        }
-        None => {
-            return Err(Issue::new(
-                &path.key("kind"),
-                "the cache store has no kind",
-                "add kind = \"memory\"",
-            ))
-        }
-    };
+    let kind = kind(raw.kind.as_deref(), raw.path, path)?;
+    if matches!(kind, CacheKind::Disk { .. }) && raw.max_size.is_none() {
+        return Err(Issue::new(
+            &path.key("max_size"),
+            "a disk cache store has no max_size",
+            "add max_size = \"10GiB\" (what the store's files may take together)",
+        ));
+    }
     let max_size = super::size(raw.max_size, DEFAULT_MAX_SIZE, &path.key("max_size"))?;
     let object_path = path.key("max_object_size");
     let default_object = DEFAULT_MAX_OBJECT_SIZE.min(max_size);
@@ -71,6 +80,89 @@ fn store(name: String, raw: RawCacheStore, path: &FieldPath) -> Result<CacheStor
         max_size,
         max_object_size,
     })
+}
+
+/// `kind`, and a disk store's `path` (only a disk store has one).
+fn kind(kind: Option<&str>, dir: Option<String>, path: &FieldPath) -> Result<CacheKind, Issue> {
+    match (kind, dir) {
+        (Some("memory"), None) => Ok(CacheKind::Memory),
+        (Some("memory"), Some(_)) => Err(Issue::new(
+            &path.key("path"),
+            "a memory cache store has no path",
+            "remove path, or use kind = \"disk\" to keep the entries in files",
+        )),
+        (Some("disk"), Some(dir)) => Ok(CacheKind::Disk {
+            path: disk_path(&dir, &path.key("path"))?,
+        }),
+        (Some("disk"), None) => Err(Issue::new(
+            &path.key("path"),
+            "a disk cache store has no path",
+            "add path = \"/var/cache/weir/NAME\" (a directory Weir may write, made if missing)",
+        )),
+        (Some(other), _) => Err(Issue::new(
+            &path.key("kind"),
+            format!("unknown cache kind \"{other}\""),
+            "use kind = \"memory\" or kind = \"disk\"",
+        )),
+        (None, _) => Err(Issue::new(
+            &path.key("kind"),
+            "the cache store has no kind",
+            "add kind = \"memory\" (or kind = \"disk\" with a path)",
+        )),
+    }
+}
+
+/// A disk store's directory: an existing directory Weir can write in, or one it can make
+/// (its nearest existing ancestor is such a directory). Writing is tried, not guessed
+/// from the mode bits: a probe file is made and removed.
+fn disk_path(text: &str, path: &FieldPath) -> Result<PathBuf, Issue> {
+    let dir = PathBuf::from(text.trim());
+    if dir.as_os_str().is_empty() {
+        return Err(Issue::new(
+            path,
+            "path is empty",
+            "set path = \"/var/cache/weir/NAME\"",
+        ));
+    }
+    use std::io::ErrorKind::{NotADirectory, NotFound};
+    let mut existing = dir.as_path();
+    let meta = loop {
+        match std::fs::metadata(existing) {
+            Ok(meta) => break meta,
+            Err(e) if matches!(e.kind(), NotFound | NotADirectory) => match existing.parent() {
+                Some(parent) if !parent.as_os_str().is_empty() => existing = parent,
+                _ => break std::fs::metadata(".").map_err(|e| unusable(&dir, e, path))?,
+            },
+            Err(e) => return Err(unusable(&dir, e, path)),
+        }
+    };
+    if !meta.is_dir() {
+        return Err(Issue::new(
+            path,
+            format!("{} is not a directory", existing.display()),
+            "point path at a directory (or a path under one) for the store's files",
+        ));
+    }
+    let probe = existing.join(format!(".weir-probe-{}", std::process::id()));
+    let made = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&probe);
+    match made {
+        Ok(_) => {
+            let _ = std::fs::remove_file(&probe);
+            Ok(dir)
+        }
+        Err(e) => Err(unusable(&dir, e, path)),
+    }
+}
+
+fn unusable(dir: &Path, e: std::io::Error, path: &FieldPath) -> Issue {
+    Issue::new(
+        path,
+        format!("{} cannot hold the cache's files: {e}", dir.display()),
+        "point path at a directory Weir may write in, or one it may create",
+    )
 }
 
 /// A route's `cache`; its store is resolved by [`resolve_refs`] once the stores are read.

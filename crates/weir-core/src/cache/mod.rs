@@ -1,10 +1,13 @@
 //! The HTTP cache (RFC 9111; docs/configuration.md "HTTP cache"): a route's `cache` names
-//! a store (`store::MemoryStore`), and two seams of the one request path use it, so every
-//! client protocol gets it:
+//! a store (`store::Store`: in memory, or on disk), and two seams of the one request path
+//! use it, so every client protocol gets it:
 //!
 //! - **Hits** are a routing decision (`proxy::route`): [`lookup`] finds a fresh entry for
 //!   a GET (or a HEAD, from a cached GET) and the request is answered from it
-//!   (`answer::Answer::Cached`, its body shared as `Bytes`), without an upstream.
+//!   (`answer::Answer::Cached`, its body shared as `Bytes`, or read from its file when it
+//!   is small), without an upstream. A disk entry's larger body is read on the blocking
+//!   pool before the miss path would go upstream ([`Fill::collapse`]; HTTP/1 clients: an
+//!   HTTP/2 or HTTP/3 client's request goes upstream instead).
 //! - **Misses** go upstream with a [`Fill`]; once the response head is in, [`Fill::admit`]
 //!   says whether it may be stored (the `http-cache-semantics` policy: `no-store`,
 //!   `private`, `Authorization`, `Set-Cookie`, statuses, freshness) and a [`Recorder`]
@@ -20,6 +23,8 @@
 //! under a key, by variant (`Vary`; `Accept-Encoding` normalised to the one coding Weir
 //! would pick, so variants stay few). A route without `cache` pays one `Option` check.
 
+pub mod disk;
+mod lru;
 pub mod stale;
 pub mod store;
 
@@ -33,8 +38,8 @@ use http_cache_semantics::{AfterResponse, BeforeRequest, CacheOptions, CachePoli
 use weir_config::{CacheKeyPart, RouteCache};
 
 pub use stale::{Cause, Staleness};
-use store::Turn;
-pub use store::{Entry, MemoryStore};
+pub use store::{Body, Entry, Store};
+use store::{Ready, Turn};
 use tokio::sync::watch;
 
 use crate::codec::http1::write::{push_header, push_status_line, Persistence};
@@ -68,7 +73,7 @@ impl CacheResult {
 }
 
 /// A snapshot's stores, indexed like `Config::caches`.
-pub type Stores = Vec<Arc<MemoryStore>>;
+pub type Stores = Vec<Arc<Store>>;
 
 /// What the cache says about a request of a route with `cache`.
 pub enum Lookup {
@@ -81,12 +86,7 @@ pub enum Lookup {
 }
 
 /// Looks `r` up in `store` (`routed`: its normalised path and query).
-pub fn lookup(
-    r: &Request<'_>,
-    routed: &[u8],
-    cache: &RouteCache,
-    store: &Arc<MemoryStore>,
-) -> Lookup {
+pub fn lookup(r: &Request<'_>, routed: &[u8], cache: &RouteCache, store: &Arc<Store>) -> Lookup {
     let method = &r.buf[r.req.method.clone()];
     if method != b"GET" && method != b"HEAD" {
         store.counts.bypasses.fetch_add(1, Relaxed);
@@ -102,16 +102,32 @@ pub fn lookup(
     for entry in store.get(&key) {
         match entry.policy.before_request(&parts, now) {
             BeforeRequest::Fresh(head) => {
+                let status_line = cache.status_header.then_some(HIT_LINE);
+                let length = entry.body.length();
+                // A HEAD is answered with the length alone: no body is read.
+                let ready = match r.req.is_head {
+                    true => Ready::Now(Bytes::new()),
+                    false => store.body_now(&key, &entry),
+                };
+                let body = match ready {
+                    Ready::Now(body) => body,
+                    Ready::Gone => continue,
+                    Ready::Later => {
+                        let load = Some(Load { entry, head });
+                        return Lookup::Miss(Box::new(Fill::new(key, parts, store, cache, load)));
+                    }
+                };
                 store.counts.hits.fetch_add(1, Relaxed);
-                return Lookup::Hit(Box::new(Hit {
-                    head,
-                    body: entry.body.clone(),
-                    status_line: cache.status_header.then_some(HIT_LINE),
-                }));
+                let head = Hit::new(head, body, length, status_line);
+                return Lookup::Hit(Box::new(head));
             }
             BeforeRequest::Stale { request, matches } if matches && stale.is_none() => {
                 let lines = revalidation(r, &request.headers).unwrap_or_default();
-                stale = Some(Stale { entry, lines });
+                let body = match &entry.body {
+                    Body::Memory(body) => Some(body.clone()),
+                    Body::Disk(_) => None,
+                };
+                stale = Some(Stale { entry, lines, body });
             }
             BeforeRequest::Stale { .. } => {}
         }
@@ -124,26 +140,14 @@ pub fn lookup(
     if stale.as_ref().is_some_and(|s| !s.lines.is_empty()) {
         store.counts.revalidations.fetch_add(1, Relaxed);
     }
+    let mut fill = Fill::new(key, parts, store, cache, None);
+    fill.stale = stale;
     // Only a request without a body waits for another's fetch (answered from the entry
     // then, nothing of it is left to read).
-    let (leading, wait) = match r.req.framing {
-        BodyFraming::None | BodyFraming::Length(0) => match store.turn(&key) {
-            Turn::Lead => (true, None),
-            Turn::Wait(rx) => (false, Some(rx)),
-        },
-        _ => (false, None),
-    };
-    Lookup::Miss(Box::new(Fill {
-        key,
-        parts,
-        store: store.clone(),
-        status_header: cache.status_header,
-        stale,
-        leading,
-        wait,
-        lock_timeout: cache.lock_timeout,
-        serve_stale_on: cache.serve_stale_on,
-    }))
+    if let BodyFraming::None | BodyFraming::Length(0) = r.req.framing {
+        fill.take_turn();
+    }
+    Lookup::Miss(Box::new(fill))
 }
 
 /// The conditional header lines that revalidate a stale entry (`conditional`: the fields
@@ -188,6 +192,24 @@ struct Stale {
     /// Its conditional header lines, added to the upstream request (empty: it has no
     /// validator, or the client sent a condition of its own).
     lines: Vec<u8>,
+    /// Its body (a disk entry's once read: [`Fill::collapse`]).
+    body: Option<Bytes>,
+}
+
+impl Stale {
+    /// Whether it may answer at all: confirmed by a `304`, or for a failure.
+    fn may_answer(&self, on: weir_config::StaleOn) -> bool {
+        let staleness = &self.entry.staleness;
+        let for_failure = staleness.if_error.is_some() || on.error || on.timeout || on.status_5xx;
+        !self.lines.is_empty() || (!staleness.forbidden && for_failure)
+    }
+}
+
+/// A fresh disk entry whose body is read before the request is answered from it.
+struct Load {
+    entry: Arc<Entry>,
+    /// The head the policy made for the request.
+    head: http::response::Parts,
 }
 
 /// The request's cache key: its `key` parts, as `scheme://host/path?query` by default.
@@ -266,12 +288,35 @@ fn normalise_accept_encoding(headers: &mut HeaderMap) {
 /// the body, shared.
 pub struct Hit {
     pub head: http::response::Parts,
+    /// Empty for a HEAD request.
     pub body: Bytes,
+    /// The body's length (its `Content-Length`).
+    length: u64,
     /// The `Cache-Status` line, when the route adds one.
     status_line: Option<&'static [u8]>,
 }
 
 impl Hit {
+    fn new(
+        head: http::response::Parts,
+        body: Bytes,
+        length: u64,
+        status_line: Option<&'static [u8]>,
+    ) -> Hit {
+        Hit {
+            head,
+            body,
+            length,
+            status_line,
+        }
+    }
+
+    /// The entry as a whole answer (`body`: all of it).
+    fn whole(head: http::response::Parts, body: Bytes, status_line: Option<&'static [u8]>) -> Hit {
+        let length = body.len() as u64;
+        Hit::new(head, body, length, status_line)
+    }
+
     pub fn status(&self) -> u16 {
         self.head.status.as_u16()
     }
@@ -288,7 +333,7 @@ impl Hit {
             push_header(out, name.as_str().as_bytes(), value.as_bytes());
         }
         out.extend_from_slice(b"Content-Length: ");
-        crate::codec::http1::write::push_decimal(out, self.body.len() as u64);
+        crate::codec::http1::write::push_decimal(out, self.length);
         out.extend_from_slice(b"\r\n");
         if let Some(line) = self.status_line {
             out.extend_from_slice(line);
@@ -302,12 +347,14 @@ impl Hit {
 pub struct Fill {
     key: Vec<u8>,
     parts: http::request::Parts,
-    store: Arc<MemoryStore>,
+    store: Arc<Store>,
     status_header: bool,
+    /// A fresh disk entry to answer from once its body is read.
+    load: Option<Load>,
     /// A stale entry the request revalidates.
     stale: Option<Stale>,
-    /// This request fetches the key while others wait ([`MemoryStore::release`] when the
-    /// fill is dropped: stored, refused, or failed).
+    /// This request fetches the key while others wait ([`Store::release`] when the fill
+    /// is dropped: refused or failed; or once its response is stored).
     leading: bool,
     /// Another request fetches the key: wait for it (within `lock_timeout`) and look again.
     wait: Option<watch::Receiver<()>>,
@@ -319,6 +366,10 @@ impl Drop for Fill {
     fn drop(&mut self) {
         if self.leading {
             self.store.release(&self.key);
+        }
+        if self.load.is_some() {
+            // A large disk entry an HTTP/2 or HTTP/3 client's request went upstream for.
+            self.store.counts.misses.fetch_add(1, Relaxed);
         }
     }
 }
@@ -333,6 +384,35 @@ const COLLAPSED_LINE: &[u8] = b"Cache-Status: weir; hit; collapsed\r\n";
 const REFRESHED_LINE: &[u8] = b"Cache-Status: weir; fwd=stale; fwd-status=304\r\n";
 
 impl Fill {
+    fn new(
+        key: Vec<u8>,
+        parts: http::request::Parts,
+        store: &Arc<Store>,
+        cache: &RouteCache,
+        load: Option<Load>,
+    ) -> Fill {
+        Fill {
+            key,
+            parts,
+            store: store.clone(),
+            status_header: cache.status_header,
+            load,
+            stale: None,
+            leading: false,
+            wait: None,
+            lock_timeout: cache.lock_timeout,
+            serve_stale_on: cache.serve_stale_on,
+        }
+    }
+
+    /// Fetches the key, or waits for the request that does.
+    fn take_turn(&mut self) {
+        match self.store.turn(&self.key) {
+            Turn::Lead => self.leading = true,
+            Turn::Wait(rx) => self.wait = Some(rx),
+        }
+    }
+
     /// The `Cache-Status` line the response gets, if the route adds one.
     pub fn status_line(&self) -> Option<&'static [u8]> {
         let line = match &self.stale {
@@ -342,10 +422,33 @@ impl Fill {
         self.status_header.then_some(line)
     }
 
-    /// Waits for the request fetching the same key, if another one is (within
-    /// `lock_timeout`), then looks again: the entry it stored, if fresh for this request.
-    /// `None`: this request goes upstream itself.
+    /// What is done before the request goes upstream: a fresh disk entry's body is read
+    /// (the request is answered from it); a stale disk entry's body is read (to answer
+    /// with if it is confirmed or the upstream fails); and the request fetching the same
+    /// key, if another one is, is waited for (within `lock_timeout`), then the store is
+    /// looked at again. `None`: this request goes upstream.
     pub async fn collapse(&mut self) -> Option<Hit> {
+        if let Some(load) = self.load.take() {
+            if let Some(body) = self.store.body(&self.key, &load.entry).await {
+                self.store.counts.hits.fetch_add(1, Relaxed);
+                return Some(Hit::whole(
+                    load.head,
+                    body,
+                    self.status_header.then_some(HIT_LINE),
+                ));
+            }
+            // Its file could not be read: a miss after all (not collapsed: the request
+            // may have a body).
+            self.store.counts.misses.fetch_add(1, Relaxed);
+        }
+        let on = self.serve_stale_on;
+        let wanted = |s: &&mut Stale| s.body.is_none() && s.may_answer(on);
+        if let Some(stale) = self.stale.as_mut().filter(wanted) {
+            stale.body = self.store.body(&self.key, &stale.entry).await;
+            if stale.body.is_none() {
+                self.stale = None;
+            }
+        }
         let mut wait = self.wait.take()?;
         self.store.counts.collapsed.fetch_add(1, Relaxed);
         // Closed (`Err`) when the leader is done; a timeout: it takes too long.
@@ -358,12 +461,13 @@ impl Fill {
             }
         });
         let (entry, head) = fresh?;
+        let body = self.store.body(&self.key, &entry).await?;
         self.store.counts.hits.fetch_add(1, Relaxed);
-        Some(Hit {
+        Some(Hit::whole(
             head,
-            body: entry.body.clone(),
-            status_line: self.status_header.then_some(COLLAPSED_LINE),
-        })
+            body,
+            self.status_header.then_some(COLLAPSED_LINE),
+        ))
     }
 
     /// The stale entry, as the answer for the upstream's failure `cause`, if it may be
@@ -387,11 +491,12 @@ impl Fill {
         let age = stale.entry.policy.age(now).as_secs();
         head.headers
             .insert(http::header::AGE, HeaderValue::from(age));
-        Some(Hit {
+        let body = stale.body.clone()?;
+        Some(Hit::whole(
             head,
-            body: stale.entry.body.clone(),
-            status_line: self.status_header.then_some(STALE_SERVED_LINE),
-        })
+            body,
+            self.status_header.then_some(STALE_SERVED_LINE),
+        ))
     }
 
     /// The conditional header lines the upstream request gets (empty: none).
@@ -405,6 +510,7 @@ impl Fill {
     /// client's own condition), so it is relayed.
     pub fn refresh(&self, buf: &[u8], resp: &ResponseHead) -> Option<Hit> {
         let stale = self.stale.as_ref().filter(|s| !s.lines.is_empty())?;
+        let body = stale.body.clone()?;
         let head = response_parts(buf, resp)?;
         let now = SystemTime::now();
         let (policy, parts) = match stale.entry.policy.after_response(&self.parts, &head, now) {
@@ -416,16 +522,16 @@ impl Fill {
             status: parts.status,
             headers: parts.headers.clone(),
             policy,
-            body: stale.entry.body.clone(),
+            body: Body::Memory(body.clone()),
             variant: stale.entry.variant.clone(),
             size: stale.entry.size,
         };
-        self.store.insert(&self.key, entry);
-        Some(Hit {
-            head: parts,
-            body: stale.entry.body.clone(),
-            status_line: self.status_header.then_some(REFRESHED_LINE),
-        })
+        self.store.put(self.key.clone(), entry, false);
+        Some(Hit::whole(
+            parts,
+            body,
+            self.status_header.then_some(REFRESHED_LINE),
+        ))
     }
 
     /// What answers instead of the upstream's response `resp` (its head in `buf`): the
@@ -442,7 +548,7 @@ impl Fill {
     /// policy allows it and its length (when known) fits `max_object_size`. `dechunk`: a
     /// chunked body's pieces come decoded (to an HTTP/1.0 client, or compressed).
     pub fn admit(self, buf: &[u8], resp: &ResponseHead, dechunk: bool) -> Option<Box<Recorder>> {
-        let limit = self.store.config.max_object_size;
+        let limit = self.store.max_object_size();
         if resp.framing.length().is_some_and(|n| n > limit) {
             return None;
         }
@@ -554,8 +660,8 @@ impl Recorder {
     }
 
     /// Stores the entry: the body was relayed to its end.
-    pub fn finish(self) {
-        let store = &self.fill.store;
+    pub fn finish(mut self) {
+        let store = self.fill.store.clone();
         let body = match self.chunked {
             true => dechunk(self.body),
             false => Some(self.body),
@@ -571,12 +677,14 @@ impl Recorder {
             status: self.head.status,
             headers: self.head.headers,
             policy: self.policy,
-            body: Bytes::from(body),
+            body: Body::Memory(Bytes::from(body)),
             variant: self.variant,
             size,
         };
-        store.insert(&self.fill.key, entry);
-        store.counts.stores.fetch_add(1, Relaxed);
+        // A disk store has the entry once its file is written: the requests waiting for
+        // this fetch are let go then, so that they find it.
+        let release = std::mem::take(&mut self.fill.leading);
+        store.put(std::mem::take(&mut self.fill.key), entry, release);
     }
 }
 

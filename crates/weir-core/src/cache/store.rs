@@ -1,22 +1,39 @@
-//! A memory store: entries by key (a `BTreeMap`, so a prefix is a range), each key with
-//! its variants (`Vary`), the least recently used key evicted first once the store's bytes
-//! pass `max_size`. One mutex per store, held for a map operation and never across an
-//! await; a hit takes an `Arc` of the entry and shares its body (`Bytes`), nothing copied.
+//! A cache store, shared by all workers of the process: an index ([`Lru`]: entries by key
+//! and variant, least recently used key evicted first once the bytes pass `max_size`)
+//! behind one mutex, held for a map operation and never across an await or a file's I/O.
+//!
+//! - `kind = "memory"`: an entry's body is in memory (`Bytes`): a hit shares it, nothing
+//!   copied.
+//! - `kind = "disk"`: an entry's body is in its file ([`Disk`]); the index (heads, policies,
+//!   where each body is) is in memory, rebuilt from the files at start by a background
+//!   scan, so entries are found again after a restart. Files are written, and large bodies
+//!   read, on the runtime's blocking pool ([`Store::put`], [`Store::body`]); a body
+//!   of at most [`SYNC_READ_MAX`] is read in one go where the hit is looked up
+//!   ([`Store::body_now`]). A file that cannot be read back whole is dropped from the index
+//!   and removed: a miss, a log line and `weir_cache_errors_total`, never an error to the
+//!   client; a file that cannot be read at all for now (too many open files, EIO, EACCES)
+//!   is a miss, logged and counted, and kept. Several processes may share a directory for
+//!   a while (a binary upgrade): each indexes what it wrote and found at start, and a file
+//!   the other replaced or removed is a miss (dropped from the index, the file left).
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::collections::HashMap;
+use std::sync::atomic::{
+    AtomicBool, AtomicU64, Ordering::Acquire, Ordering::Relaxed, Ordering::Release,
+};
 use std::sync::{Arc, Mutex};
+use std::time::{Instant, SystemTime};
 
 use bytes::Bytes;
 use http_cache_semantics::CachePolicy;
 use tokio::sync::watch;
-use weir_config::CacheStore;
+use weir_config::{CacheKind, CacheStore};
 
-/// Most variants (`Vary`) kept under one key; the oldest goes first.
-const MAX_VARIANTS: usize = 8;
+use super::disk::{Disk, Found, Location, Meta, Unreadable};
+use super::lru::Lru;
 
-/// What a key's bookkeeping costs beyond its bodies and heads (an estimate).
-const ENTRY_OVERHEAD: u64 = 256;
+/// The largest file (head part and body) a hit reads at once, where it is looked up (from
+/// the page cache, microseconds); larger ones are read on the blocking pool.
+pub const SYNC_READ_MAX: u64 = 64 << 10;
 
 /// A cached response: its policy (the request and response heads it was stored for) and
 /// its body.
@@ -27,12 +44,38 @@ pub struct Entry {
     pub headers: http::HeaderMap,
     /// How it may be served once stale.
     pub staleness: super::Staleness,
-    pub body: Bytes,
+    pub body: Body,
     /// The values of the request fields the response varies on (`Vary`), joined: which
     /// variant of its key it is.
     pub variant: Vec<u8>,
-    /// Bytes the entry accounts for.
+    /// Bytes the entry accounts for (a disk entry: its file's length).
     pub size: u64,
+}
+
+/// Where an entry's body is.
+pub enum Body {
+    Memory(Bytes),
+    Disk(Location),
+}
+
+impl Body {
+    /// The body's length in bytes.
+    pub fn length(&self) -> u64 {
+        match self {
+            Body::Memory(b) => b.len() as u64,
+            Body::Disk(at) => at.body_len(),
+        }
+    }
+}
+
+/// A body as [`Store::body_now`] has it.
+pub enum Ready {
+    Now(Bytes),
+    /// On disk and large: [`Store::body`] reads it on the blocking pool.
+    Later,
+    /// Its file could not be read: a miss (the entry dropped if the file is not whole or
+    /// not its own any more).
+    Gone,
 }
 
 /// The store's counts, read by the metrics and the admin API.
@@ -49,56 +92,123 @@ pub struct Counts {
     pub revalidations: AtomicU64,
     pub stores: AtomicU64,
     pub evictions: AtomicU64,
+    /// A disk store's files that could not be written, or read back whole.
+    pub errors: AtomicU64,
     pub bytes: AtomicU64,
     pub entries: AtomicU64,
 }
 
-/// An in-memory cache store, shared by all workers.
-pub struct MemoryStore {
+/// A cache store, shared by all workers.
+pub struct Store {
+    /// Its name and kind; its sizes as it was opened with (a reload may change them since:
+    /// [`Store::max_size`], [`Store::max_object_size`]).
     pub config: CacheStore,
+    max_size: AtomicU64,
+    max_object_size: AtomicU64,
     pub counts: Counts,
     inner: Mutex<Lru>,
     /// The keys a miss is being fetched for (collapsed forwarding): the leader holds the
     /// sender, followers wait for it to close.
     pending: Mutex<HashMap<Box<[u8]>, watch::Sender<()>>>,
+    disk: Option<Disk>,
+    /// A disk store's scan of its files is still running (cleared with `Release`: read it
+    /// with `Acquire`, [`Store::loading`]).
+    loading: AtomicBool,
 }
 
 /// Who fetches a key that has no fresh entry.
 pub enum Turn {
-    /// This request: the others wait for it until [`MemoryStore::release`].
+    /// This request: the others wait for it until [`Store::release`].
     Lead,
     /// Another request does: closed once it is done.
     Wait(watch::Receiver<()>),
 }
 
-#[derive(Default)]
-struct Lru {
-    keys: BTreeMap<Box<[u8]>, Slot>,
-    /// Use order: the tick of each key's last use.
-    order: BTreeMap<u64, Box<[u8]>>,
-    tick: u64,
-    bytes: u64,
-}
-
-struct Slot {
-    variants: Vec<Arc<Entry>>,
-    tick: u64,
-}
-
-impl Slot {
-    fn size(&self) -> u64 {
-        self.variants.iter().map(|e| e.size).sum()
-    }
-}
-
-impl MemoryStore {
-    pub fn new(config: CacheStore) -> MemoryStore {
-        MemoryStore {
+impl Store {
+    /// The store `config` describes; a disk store starts scanning its directory (in a
+    /// thread of its own: the store answers at once, finding more entries as it goes).
+    pub fn open(config: CacheStore) -> Arc<Store> {
+        let disk = match &config.kind {
+            CacheKind::Memory => None,
+            CacheKind::Disk { path } => Some(Disk::new(path.clone())),
+        };
+        let store = Arc::new(Store {
+            loading: AtomicBool::new(disk.is_some()),
+            max_size: AtomicU64::new(config.max_size),
+            max_object_size: AtomicU64::new(config.max_object_size),
             config,
             counts: Counts::default(),
             inner: Mutex::new(Lru::default()),
             pending: Mutex::new(HashMap::new()),
+            disk,
+        });
+        if store.disk.is_some() {
+            let scanning = store.clone();
+            let spawned = std::thread::Builder::new()
+                .name("weir-cache-scan".into())
+                .spawn(move || scanning.scan());
+            if let Err(e) = spawned {
+                tracing::error!(store = %store.config.name, error = %e, "cache scan not started");
+                store.loading.store(false, Release);
+            }
         }
+        store
+    }
+
+    /// Indexes the entries of a disk store's files.
+    fn scan(&self) {
+        let Some(disk) = &self.disk else { return };
+        let started = Instant::now();
+        if let Err(e) = std::fs::create_dir_all(disk.dir()) {
+            tracing::error!(store = %self.config.name, dir = %disk.dir().display(), error = %e,
+                "cache directory cannot be made: nothing will be stored");
+        }
+        let now = SystemTime::now();
+        let scanned = disk.scan(|found| {
+            let key = found.key.clone();
+            self.insert(&key, Entry::found(found, now), true);
+        });
+        let errors = scanned.discarded + scanned.unreadable;
+        self.counts.errors.fetch_add(errors, Relaxed);
+        self.loading.store(false, Release);
+        tracing::info!(store = %self.config.name, entries = scanned.found,
+            discarded = scanned.discarded, unreadable = scanned.unreadable,
+            abandoned_writes = scanned.abandoned,
+            ms = started.elapsed().as_millis() as u64, "cache store loaded");
+    }
+
+    /// Whether this store may serve as `config` (a reload's): the same name and kind (a
+    /// disk store: the same directory), whatever its sizes ([`Store::resize`]).
+    pub fn serves(&self, config: &CacheStore) -> bool {
+        self.config.name == config.name && self.config.kind == config.kind
+    }
+
+    /// Applies `config`'s sizes (a reload's), evicting what a smaller `max_size` leaves out.
+    pub fn resize(&self, config: &CacheStore) {
+        self.max_object_size.store(config.max_object_size, Relaxed);
+        self.max_size.store(config.max_size, Relaxed);
+        let mut lru = self.lock();
+        let (evicted, gone) = lru.evict_past(config.max_size);
+        self.publish(&lru);
+        drop(lru);
+        self.counts.evictions.fetch_add(evicted, Relaxed);
+        self.remove_files(&gone);
+    }
+
+    /// The entries' bytes together past which the least recently used go.
+    pub fn max_size(&self) -> u64 {
+        self.max_size.load(Relaxed)
+    }
+
+    /// The largest body stored.
+    pub fn max_object_size(&self) -> u64 {
+        self.max_object_size.load(Relaxed)
+    }
+
+    /// Whether a disk store's scan of its files is still running (what it found so far is
+    /// indexed already).
+    pub fn loading(&self) -> bool {
+        self.loading.load(Acquire)
     }
 
     /// Whether this miss of `key` fetches it, or waits for the one that does.
@@ -125,118 +235,205 @@ impl MemoryStore {
 
     /// The variants stored under `key` (marked as used), newest first.
     pub fn get(&self, key: &[u8]) -> Vec<Arc<Entry>> {
-        let mut lru = self.lock();
-        let tick = lru.next_tick();
-        let Some(slot) = lru.keys.get_mut(key) else {
-            return Vec::new();
-        };
-        let old = std::mem::replace(&mut slot.tick, tick);
-        let variants = slot.variants.clone();
-        if let Some(k) = lru.order.remove(&old) {
-            lru.order.insert(tick, k);
-        }
-        variants
+        self.lock().get(key)
     }
 
-    /// Stores `entry` under `key`, in place of the variant it replaces; evicts the least
-    /// recently used keys past `max_size`.
-    pub fn insert(&self, key: &[u8], entry: Entry) {
-        let entry = Arc::new(entry);
-        let mut lru = self.lock();
-        let tick = lru.next_tick();
-        let size = entry.size;
-        let slot = match lru.keys.get_mut(key) {
-            Some(slot) => {
-                let old = std::mem::replace(&mut slot.tick, tick);
-                let before = slot.size();
-                slot.variants.retain(|e| e.variant != entry.variant);
-                slot.variants.insert(0, entry);
-                slot.variants.truncate(MAX_VARIANTS);
-                let after = slot.size();
-                lru.bytes = lru.bytes - before + after;
-                let k = lru.order.remove(&old).unwrap_or_else(|| key.into());
-                lru.order.insert(tick, k);
-                None
+    /// Stores `entry` (its body in memory) under `key`: a memory store at once, a disk
+    /// store once its file is written (on the blocking pool). `release`: the fetch of
+    /// `key` is over once it is stored ([`Store::release`]), so that waiting requests
+    /// find it.
+    pub fn put(self: &Arc<Self>, key: Vec<u8>, entry: Entry, release: bool) {
+        if self.disk.is_none() {
+            self.insert(&key, entry, false);
+            self.counts.stores.fetch_add(1, Relaxed);
+            if release {
+                self.release(&key);
             }
-            None => Some(Slot {
-                variants: vec![entry],
-                tick,
-            }),
-        };
-        if let Some(slot) = slot {
-            lru.keys.insert(key.into(), slot);
-            lru.order.insert(tick, key.into());
-            lru.bytes += size + ENTRY_OVERHEAD;
+            return;
         }
-        let evicted = lru.evict_past(self.config.max_size);
-        self.counts.evictions.fetch_add(evicted, Relaxed);
+        let store = self.clone();
+        let job = move || {
+            store.write(&key, entry);
+            if release {
+                store.release(&key);
+            }
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn_blocking(job)),
+            Err(_) => job(),
+        }
+    }
+
+    /// Writes `entry` to its file and indexes it there.
+    fn write(&self, key: &[u8], mut entry: Entry) {
+        let (Some(disk), Body::Memory(body)) = (&self.disk, &entry.body) else {
+            return;
+        };
+        let meta = Meta {
+            variant: &entry.variant,
+            policy: &entry.policy,
+            status: entry.status,
+            headers: &entry.headers,
+        };
+        let placed = disk.write(key, meta, body).and_then(|written| {
+            disk.place(written, |at| {
+                entry.size = at.file_len;
+                entry.body = Body::Disk(at);
+                self.index(key, entry, false)
+            })
+        });
+        match placed {
+            Ok(gone) => {
+                self.remove_files(&gone);
+                self.counts.stores.fetch_add(1, Relaxed);
+            }
+            Err(e) => {
+                self.counts.errors.fetch_add(1, Relaxed);
+                tracing::warn!(store = %self.config.name, error = %e, "cache entry not written");
+            }
+        }
+    }
+
+    /// Indexes `entry` under `key` (`only_new`: unless that variant is there) and evicts
+    /// the least recently used keys past `max_size`, removing the files of the entries
+    /// let go.
+    fn insert(&self, key: &[u8], entry: Entry, only_new: bool) {
+        let gone = self.index(key, entry, only_new);
+        self.remove_files(&gone);
+    }
+
+    /// [`Store::insert`] but for the files: returns the entries let go.
+    fn index(&self, key: &[u8], entry: Entry, only_new: bool) -> Vec<Arc<Entry>> {
+        let mut lru = self.lock();
+        let mut gone = lru.insert(key, Arc::new(entry), only_new);
+        let (evicted, more) = lru.evict_past(self.max_size());
+        gone.extend(more);
         self.publish(&lru);
+        drop(lru);
+        self.counts.evictions.fetch_add(evicted, Relaxed);
+        gone
     }
 
     /// Removes `key`, or every key starting with it when `prefix`; returns how many.
     pub fn purge(&self, key: &[u8], prefix: bool) -> u64 {
         let mut lru = self.lock();
-        let doomed: Vec<Box<[u8]>> = match prefix {
-            false => lru
-                .keys
-                .get_key_value(key)
-                .map(|(k, _)| k.clone())
-                .into_iter()
-                .collect(),
-            true => (lru
-                .keys
-                .range::<[u8], _>((std::ops::Bound::Included(key), std::ops::Bound::Unbounded)))
-            .map(|(k, _)| k)
-            .take_while(|k| k.starts_with(key))
-            .cloned()
-            .collect(),
+        let doomed = match prefix {
+            false => vec![key.into()],
+            true => lru.prefixed(key),
         };
+        let mut gone = Vec::new();
+        let mut purged = 0;
         for k in &doomed {
-            lru.remove(k);
+            let variants = lru.remove(k);
+            purged += u64::from(!variants.is_empty());
+            gone.extend(variants);
         }
         self.publish(&lru);
-        doomed.len() as u64
+        drop(lru);
+        self.remove_files(&gone);
+        purged
+    }
+
+    /// The body of `entry` (of `key`), if it can be had without waiting.
+    pub fn body_now(&self, key: &[u8], entry: &Arc<Entry>) -> Ready {
+        match (&entry.body, &self.disk) {
+            (Body::Memory(body), _) => Ready::Now(body.clone()),
+            (Body::Disk(at), Some(disk)) if at.file_len <= SYNC_READ_MAX => {
+                match disk.read(at, key) {
+                    Ok(body) => Ready::Now(body),
+                    Err(why) => {
+                        self.unreadable(key, entry, why);
+                        Ready::Gone
+                    }
+                }
+            }
+            (Body::Disk(_), Some(_)) => Ready::Later,
+            (Body::Disk(_), None) => Ready::Gone,
+        }
+    }
+
+    /// The body of `entry` (of `key`): [`Store::body_now`], or read on the blocking pool
+    /// when it is large; `None` if its file could not be read (the entry is gone then).
+    pub async fn body(self: &Arc<Self>, key: &[u8], entry: &Arc<Entry>) -> Option<Bytes> {
+        let at = match (self.body_now(key, entry), &entry.body) {
+            (Ready::Now(body), _) => return Some(body),
+            (Ready::Later, Body::Disk(at)) => *at,
+            _ => return None,
+        };
+        let store = self.clone();
+        let owned = key.to_vec();
+        let read = tokio::task::spawn_blocking(move || {
+            let disk = store.disk.as_ref().ok_or(Unreadable::Stale)?;
+            disk.read(&at, &owned)
+        });
+        match read.await {
+            Ok(Ok(body)) => Some(body),
+            Ok(Err(why)) => {
+                self.unreadable(key, entry, why);
+                None
+            }
+            Err(_) => None,
+        }
+    }
+
+    /// `entry` of `key` could not be read (`why`): kept when the reading failed (counted),
+    /// dropped when its file is another write's now, dropped and its file removed (counted)
+    /// when the file is not whole.
+    fn unreadable(&self, key: &[u8], entry: &Arc<Entry>, why: Unreadable) {
+        let key_text = String::from_utf8_lossy(key);
+        if let Unreadable::Io(e) = &why {
+            self.counts.errors.fetch_add(1, Relaxed);
+            tracing::warn!(store = %self.config.name, key = %key_text, error = %e,
+                "cache entry not readable now: a miss");
+            return;
+        }
+        let mut lru = self.lock();
+        let removed = lru.remove_entry(key, entry);
+        self.publish(&lru);
+        drop(lru);
+        if removed && matches!(why, Unreadable::Broken(_)) {
+            self.counts.errors.fetch_add(1, Relaxed);
+            tracing::warn!(store = %self.config.name, key = %key_text, error = %why,
+                "cache entry unreadable: dropped");
+            self.remove_files(std::slice::from_ref(entry));
+        }
+    }
+
+    /// Removes the files of entries the index let go.
+    fn remove_files(&self, gone: &[Arc<Entry>]) {
+        let Some(disk) = &self.disk else { return };
+        for entry in gone {
+            if let Body::Disk(at) = &entry.body {
+                disk.remove(at);
+            }
+        }
     }
 
     fn publish(&self, lru: &Lru) {
         self.counts.bytes.store(lru.bytes, Relaxed);
-        self.counts.entries.store(lru.keys.len() as u64, Relaxed);
+        self.counts.entries.store(lru.len() as u64, Relaxed);
     }
 }
 
-impl Lru {
-    fn next_tick(&mut self) -> u64 {
-        self.tick += 1;
-        self.tick
-    }
-
-    fn remove(&mut self, key: &[u8]) {
-        if let Some(slot) = self.keys.remove(key) {
-            self.order.remove(&slot.tick);
-            self.bytes -= slot.size() + ENTRY_OVERHEAD;
+impl Entry {
+    /// The index entry of a file the scan found (`now`: when it was found).
+    fn found(found: Found, now: SystemTime) -> Entry {
+        Entry {
+            staleness: super::Staleness::of(&found.policy, &found.headers, now),
+            policy: found.policy,
+            status: found.status,
+            headers: found.headers,
+            size: found.location.file_len,
+            body: Body::Disk(found.location),
+            variant: found.variant,
         }
-    }
-
-    /// Evicts least recently used keys until the bytes are within `max`; returns how many.
-    fn evict_past(&mut self, max: u64) -> u64 {
-        let mut evicted = 0;
-        while self.bytes > max {
-            let Some((_, key)) = self.order.pop_first() else {
-                break;
-            };
-            if let Some(slot) = self.keys.remove(&key) {
-                self.bytes -= slot.size() + ENTRY_OVERHEAD;
-                evicted += 1;
-            }
-        }
-        evicted
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::lru::ENTRY_OVERHEAD;
     use super::*;
-    use std::time::SystemTime;
 
     fn entry(size: usize, variant: &[u8]) -> Entry {
         let req = http::Request::get("http://a/").body(()).unwrap();
@@ -247,29 +444,33 @@ mod tests {
             status: res.status(),
             headers: res.headers().clone(),
             policy,
-            body: Bytes::from(vec![b'x'; size]),
+            body: Body::Memory(Bytes::from(vec![b'x'; size])),
             variant: variant.to_vec(),
             size: size as u64,
         }
     }
 
-    fn store(max: u64) -> MemoryStore {
-        MemoryStore::new(CacheStore {
+    fn config(max: u64, kind: CacheKind) -> CacheStore {
+        CacheStore {
             name: "t".into(),
-            kind: weir_config::CacheKind::Memory,
+            kind,
             max_size: max,
             max_object_size: max,
-        })
+        }
+    }
+
+    fn store(max: u64) -> Arc<Store> {
+        Store::open(config(max, CacheKind::Memory))
     }
 
     #[test]
     fn the_least_recently_used_key_goes_first() {
         let s = store(3 * (1000 + ENTRY_OVERHEAD));
         for k in [b"a", b"b", b"c"] {
-            s.insert(k, entry(1000, b""));
+            s.insert(k, entry(1000, b""), false);
         }
         assert_eq!(s.get(b"a").len(), 1); // a is now the newest
-        s.insert(b"d", entry(1000, b""));
+        s.insert(b"d", entry(1000, b""), false);
         assert!(s.get(b"b").is_empty(), "b was the least recently used");
         assert_eq!(s.get(b"a").len(), 1);
         assert_eq!(s.counts.evictions.load(Relaxed), 1);
@@ -280,17 +481,156 @@ mod tests {
     #[test]
     fn variants_replace_their_own_and_purge_takes_a_prefix() {
         let s = store(1 << 20);
-        s.insert(b"http://h/a", entry(10, b"gzip"));
-        s.insert(b"http://h/a", entry(20, b""));
-        s.insert(b"http://h/a", entry(30, b"gzip"));
+        s.insert(b"http://h/a", entry(10, b"gzip"), false);
+        s.insert(b"http://h/a", entry(20, b""), false);
+        s.insert(b"http://h/a", entry(30, b"gzip"), false);
         let got = s.get(b"http://h/a");
         assert_eq!(got.len(), 2);
         assert_eq!(got[0].size, 30);
-        s.insert(b"http://h/ab", entry(1, b""));
-        s.insert(b"http://h/b", entry(1, b""));
+        s.insert(b"http://h/ab", entry(1, b""), false);
+        s.insert(b"http://h/b", entry(1, b""), false);
         assert_eq!(s.purge(b"http://h/a", false), 1);
         assert_eq!(s.purge(b"http://h/a", true), 1);
         assert_eq!(s.counts.entries.load(Relaxed), 1);
         assert_eq!(s.counts.bytes.load(Relaxed), 1 + ENTRY_OVERHEAD);
+    }
+
+    /// Polls (the scan runs in its own thread) until the store has loaded.
+    fn loaded(s: &Store) {
+        let deadline = Instant::now() + std::time::Duration::from_secs(10);
+        while s.loading() {
+            assert!(Instant::now() < deadline, "the scan hangs");
+            std::thread::yield_now();
+        }
+    }
+
+    fn files(dir: &std::path::Path) -> (usize, u64) {
+        let all = std::fs::read_dir(dir).unwrap().flatten();
+        let inner = all.flat_map(|d| std::fs::read_dir(d.path()).unwrap().flatten());
+        inner.fold((0, 0), |(n, bytes), f| {
+            (n + 1, bytes + f.metadata().unwrap().len())
+        })
+    }
+
+    /// A disk store in a new directory (`tag`), loaded.
+    fn disk_store(tag: &str, max: u64) -> (std::path::PathBuf, Arc<Store>) {
+        let dir = std::env::temp_dir().join(format!("weir-store-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let s = Store::open(config(max, CacheKind::Disk { path: dir.clone() }));
+        loaded(&s);
+        (dir, s)
+    }
+
+    /// Writes `body` for `key` with `e`'s head straight to the files of `dir` (as another
+    /// process sharing it would), not indexed.
+    fn write_behind(dir: &std::path::Path, key: &[u8], e: &Entry, body: &[u8]) {
+        let disk = Disk::new(dir.to_path_buf());
+        let meta = Meta {
+            variant: &e.variant,
+            policy: &e.policy,
+            status: e.status,
+            headers: &e.headers,
+        };
+        let written = disk.write(key, meta, body).unwrap();
+        disk.place(written, |_| ()).unwrap();
+    }
+
+    #[test]
+    fn a_file_another_write_replaced_is_never_served_for_the_old_head_nor_removed() {
+        let (dir, s) = disk_store("replaced", 1 << 20);
+        // No runtime here: each file is written before `put` returns.
+        s.put(b"http://h/a".to_vec(), entry(4, b""), false);
+        let old = s.get(b"http://h/a").remove(0);
+        // The same length, so that only the write id tells them apart.
+        write_behind(&dir, b"http://h/a", &entry(4, b""), b"newr");
+        assert!(
+            matches!(s.body_now(b"http://h/a", &old), Ready::Gone),
+            "the old head never goes out with the new body"
+        );
+        assert!(
+            s.get(b"http://h/a").is_empty(),
+            "the stale entry is dropped"
+        );
+        assert_eq!(files(&dir).0, 1, "the newer file is left");
+        assert_eq!(s.counts.errors.load(Relaxed), 0, "not an error");
+
+        // Purged (or evicted) after its file was replaced: the newer file stays.
+        s.put(b"http://h/b".to_vec(), entry(4, b""), false);
+        write_behind(&dir, b"http://h/b", &entry(4, b""), b"newr");
+        assert_eq!(s.purge(b"http://h/b", false), 1);
+        assert_eq!(files(&dir).0, 2, "the newer file of /b is not removed");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn a_small_body_under_a_large_head_is_not_read_on_the_event_loop() {
+        let (dir, s) = disk_store("bighead", 1 << 20);
+        let mut e = entry(10, b"");
+        let big = "v".repeat(SYNC_READ_MAX as usize);
+        e.headers.insert("x-big", big.parse().unwrap());
+        s.put(b"http://h/a".to_vec(), e, false);
+        let got = s.get(b"http://h/a");
+        assert!(matches!(s.body_now(b"http://h/a", &got[0]), Ready::Later));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn a_file_that_cannot_be_read_for_now_is_a_miss_and_kept() {
+        let (dir, s) = disk_store("ioerror", 1 << 20);
+        s.put(b"http://h/a".to_vec(), entry(10, b""), false);
+        let got = s.get(b"http://h/a");
+        let subdir = std::fs::read_dir(&dir).unwrap().flatten().next().unwrap();
+        let path = std::fs::read_dir(subdir.path())
+            .unwrap()
+            .flatten()
+            .next()
+            .unwrap()
+            .path();
+        // Reading a directory fails with EISDIR: an I/O error, not a bad file.
+        let aside = path.with_extension("aside");
+        std::fs::rename(&path, &aside).unwrap();
+        std::fs::create_dir(&path).unwrap();
+        assert!(matches!(s.body_now(b"http://h/a", &got[0]), Ready::Gone));
+        assert_eq!(s.counts.errors.load(Relaxed), 1);
+        assert_eq!(s.get(b"http://h/a").len(), 1, "the entry is kept");
+        let again = Store::open(config(1 << 20, CacheKind::Disk { path: dir.clone() }));
+        loaded(&again);
+        assert!(path.is_dir(), "the scan leaves it");
+        assert_eq!(again.counts.errors.load(Relaxed), 1);
+        std::fs::remove_dir(&path).unwrap();
+        std::fs::rename(&aside, &path).unwrap();
+        assert!(matches!(s.body_now(b"http://h/a", &got[0]), Ready::Now(_)));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn a_disk_store_keeps_its_files_within_max_size_and_finds_them_again() {
+        let (dir, s) = disk_store("evict", 20_000);
+        let kind = CacheKind::Disk { path: dir.clone() };
+        for i in 0..10 {
+            // No runtime here: each file is written before `put` returns.
+            s.put(
+                format!("http://h/{i}").into_bytes(),
+                entry(4000, b""),
+                false,
+            );
+        }
+        let (count, bytes) = files(&dir);
+        assert!(bytes <= 20_000, "{bytes} bytes in {count} files");
+        assert_eq!(count as u64, s.counts.entries.load(Relaxed));
+        assert!(s.counts.evictions.load(Relaxed) >= 6);
+        let newest = s.get(b"http://h/9");
+        let Ready::Now(body) = s.body_now(b"http://h/9", &newest[0]) else {
+            panic!("a small body is read at once");
+        };
+        assert_eq!(body.len(), 4000);
+        assert_eq!(s.purge(b"http://h/9", false), 1);
+        assert_eq!(files(&dir).0, count - 1);
+
+        let again = Store::open(config(20_000, kind));
+        loaded(&again);
+        assert_eq!(again.counts.entries.load(Relaxed), count as u64 - 1);
+        assert_eq!(again.get(b"http://h/8").len(), 1);
+        std::fs::remove_dir_all(dir).unwrap();
     }
 }

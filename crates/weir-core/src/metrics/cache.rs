@@ -22,7 +22,7 @@ pub(super) struct StoreRow {
 type PickCount = fn(&Counts) -> &std::sync::atomic::AtomicU64;
 
 /// The counters: name, help, which count.
-const COUNTERS: [(&str, &str, PickCount); 8] = [
+const COUNTERS: [(&str, &str, PickCount); 9] = [
     ("weir_cache_hits", "Requests answered from a fresh cache entry (collapsed waits answered from the entry included).", |c| &c.hits),
     ("weir_cache_misses", "Cacheable requests (GET, HEAD) with no fresh entry: forwarded upstream.", |c| &c.misses),
     ("weir_cache_revalidations", "Misses that revalidated a stale entry with a conditional request upstream.", |c| &c.revalidations),
@@ -31,6 +31,7 @@ const COUNTERS: [(&str, &str, PickCount); 8] = [
     ("weir_cache_stored", "Responses stored.", |c| &c.stores),
     ("weir_cache_evictions", "Keys evicted to stay within max_size.", |c| &c.evictions),
     ("weir_cache_stale", "Stale entries served (stale-while-revalidate, stale-if-error).", |c| &c.stale),
+    ("weir_cache_errors", "A disk store's entries not written, or not read back whole (discarded), or not readable for now (kept): each a miss.", |c| &c.errors),
 ];
 
 /// The rows of `snapshot`'s stores.
