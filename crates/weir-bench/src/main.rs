@@ -15,6 +15,7 @@
 mod ab;
 mod backend;
 mod bulk;
+mod cache_cost;
 mod chart;
 mod configs;
 mod envinfo;
@@ -100,6 +101,8 @@ enum Helper {
     PolicyCost(policy_cost::Args),
     /// Weir's CPU per request without `[tracing]` vs 1 % and 100 % sampling.
     TracingCost(policy_cost::Args),
+    /// Weir vs nginx proxy_cache vs Varnish: CPU per cache hit.
+    CacheCost(policy_cost::Args),
     /// Weir vs Caddy: CPU per HTTP/3 request (an HTTP/3 client in this process).
     H3Cost(h3_cost::Args),
     /// Internal: new TLS connections, full or resumed (`tls-handshake`, on the load CPU).
@@ -123,6 +126,7 @@ fn main() -> ExitCode {
         Some(Helper::CompressionCpu(a)) => cost(a, policy_cost::compression_main),
         Some(Helper::PolicyCost(a)) => cost(a, policy_cost::policy_main),
         Some(Helper::TracingCost(a)) => cost(a, policy_cost::tracing_main),
+        Some(Helper::CacheCost(a)) => cost(a, cache_cost::main),
         Some(Helper::H3Cost(a)) => in_temp_dir(|dir| h3_cost::main(a, dir)),
         Some(Helper::Handshakes(a)) => handshakes::main(a),
         Some(Helper::Instructions(a)) => instructions::main(a),

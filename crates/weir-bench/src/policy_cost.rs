@@ -49,15 +49,15 @@ pub struct Args {
 }
 
 /// A proxy being measured.
-struct Proxy {
-    label: String,
-    child: Child,
-    addr: SocketAddr,
+pub(crate) struct Proxy {
+    pub label: String,
+    pub child: Child,
+    pub addr: SocketAddr,
 }
 
 /// One wrk run through a proxy: requests, response bytes, the proxy's CPU seconds.
 #[derive(Clone, Copy, Default)]
-struct Run {
+pub(crate) struct Run {
     requests: u64,
     bytes: u64,
     cpu_s: f64,
@@ -99,7 +99,7 @@ fn json_backend(nginx: &Path, dir: &Path) -> Result<(Child, SocketAddr)> {
 }
 
 /// Weir with one route on `/` to `backend` carrying `keys`, and the top-level `tables`.
-fn start_weir(
+pub(crate) fn start_weir(
     weir: &Path,
     dir: &Path,
     tag: &str,
@@ -158,11 +158,11 @@ fn start_nginx_gzip(nginx: &Path, dir: &Path, backend: SocketAddr, level: u32) -
     })
 }
 
-/// One request with `accept` as Accept-Encoding: the response head, lower-cased.
-fn probe_head(addr: SocketAddr, accept: &str) -> Result<String> {
+/// `GET path` with `accept` as Accept-Encoding: the response head, lower-cased.
+pub(crate) fn probe_head(addr: SocketAddr, path: &str, accept: &str) -> Result<String> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
     s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(s, "GET /body.json HTTP/1.1\r\nHost: bench\r\nAccept-Encoding: {accept}\r\nConnection: close\r\n\r\n")?;
+    write!(s, "GET {path} HTTP/1.1\r\nHost: bench\r\nAccept-Encoding: {accept}\r\nConnection: close\r\n\r\n")?;
     let mut buf = Vec::new();
     s.read_to_end(&mut buf)?;
     let end = buf
@@ -218,7 +218,7 @@ fn measure(
 
 /// Runs `a` and `b` alternately `repeat` times (after one warm-up each) with `figure`
 /// computed per run; returns the runs of each.
-fn alternate(
+pub(crate) fn alternate(
     (a, b): (&Proxy, &Proxy),
     args: &Args,
     dir: &Path,
@@ -259,7 +259,7 @@ pub(crate) fn paired(a: &[f64], b: &[f64]) -> (f64, f64, f64) {
     (median(r), min, max)
 }
 
-fn weir_binary(a: &Args) -> Result<PathBuf> {
+pub(crate) fn weir_binary(a: &Args) -> Result<PathBuf> {
     match a.weir.clone() {
         Some(p) => Ok(p),
         None => crate::build_weir(&crate::repo_root()),
@@ -278,7 +278,7 @@ pub fn compression_main(a: Args, dir: &Path) -> Result<()> {
     let w = start_weir(&weir, dir, "gzip", backend, &keys, "")?;
     let n = start_nginx_gzip(&nginx, dir, backend, a.level)?;
     for p in [&w, &n] {
-        let head = probe_head(p.addr, "gzip")?;
+        let head = probe_head(p.addr, "/body.json", "gzip")?;
         if !head.contains("content-encoding: gzip") {
             bail!("{} did not compress:\n{head}", p.label);
         }
@@ -377,7 +377,11 @@ pub fn tracing_main(a: Args, dir: &Path) -> Result<()> {
 }
 
 /// A table of two variants' CPU per request and the paired ratio second / first.
-fn print_pair((first, second): (&str, &str), (ra, rb): &(Vec<Run>, Vec<Run>), secs: u64) {
+pub(crate) fn print_pair(
+    (first, second): (&str, &str),
+    (ra, rb): &(Vec<Run>, Vec<Run>),
+    secs: u64,
+) {
     let per_req = |r: &Run| r.cpu_s / r.requests as f64 * 1e6;
     let a: Vec<f64> = ra.iter().map(per_req).collect();
     let b: Vec<f64> = rb.iter().map(per_req).collect();
