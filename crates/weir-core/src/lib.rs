@@ -53,6 +53,7 @@ pub mod evict;
 pub mod files;
 pub mod filters;
 pub mod forward;
+pub mod frame;
 pub mod http2;
 pub mod http3;
 pub mod idle;

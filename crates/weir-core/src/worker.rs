@@ -58,6 +58,9 @@ pub const UPSTREAM_BUFFER: usize = 16 * 1024;
 const SPARE_BUFFERS: usize = 1024;
 /// Most spare pipes a worker keeps (two descriptors each).
 const SPARE_PIPES: usize = 256;
+/// Most spare blocks for requests' futures a worker keeps (`frame`: about 7 KiB each, as
+/// many as it had requests in flight at once; trimmed like the buffers).
+const SPARE_FRAMES: usize = 256;
 
 pub struct Worker {
     pub shared: Arc<Shared>,
@@ -77,6 +80,8 @@ pub struct Worker {
     pub(crate) h2_scratch: crate::http2::scratch::Scratches,
     /// Empty pipes kept for the next spliced TCP connection (saves pipe2 + 2 close).
     pipes: Spares<Pipe>,
+    /// Memory for the futures of requests in flight (`frame::place`).
+    pub(crate) frames: Spares<crate::frame::Block>,
     draining: Cell<bool>,
     /// Tasks waiting in `drained()` (accept loops, HTTP/2 connections; idle HTTP/1
     /// connections are woken through their place in `idle`).
@@ -131,6 +136,7 @@ impl Worker {
             spare: Spares::new(SPARE_BUFFERS),
             h2_scratch: Default::default(),
             pipes: Spares::new(SPARE_PIPES),
+            frames: Spares::new(SPARE_FRAMES),
             draining: Cell::new(false),
             drain_waiters: DrainWaiters::default(),
             connections: RefCell::new(Vec::new()),
@@ -194,11 +200,12 @@ impl Worker {
         self.pipes.give(pipe);
     }
 
-    /// Frees the spares (buffers, pipes, HTTP/2 scratch) that sat unused since the last
+    /// Frees the spares (buffers, pipes, request futures' blocks, HTTP/2 scratch) that sat unused since the last
     /// trim, then lets the allocator release this thread's freed memory (`memory`).
     pub fn trim_spares(&self) {
         self.spare.trim();
         self.pipes.trim();
+        self.frames.trim();
         self.h2_scratch.trim();
         crate::memory::release();
     }

@@ -42,8 +42,9 @@ pub async fn serve_client(
     stream: ClientStream,
     peer: SocketAddr,
 ) {
-    // Boxed, like the request handling below and the HTTP/2 takeover: the TLS handshake
-    // and HTTP/2 state are large and must not stay in every idle connection's task.
+    // Boxed, like the HTTP/2 takeover (and the request handling below, out of line too):
+    // the TLS handshake and HTTP/2 state are large and must not stay in every idle
+    // connection's task.
     let opening = open(&worker, (slot, plain_http), stream, peer);
     let Some((mut conn, mut kept)) = Box::pin(opening).await else {
         return;
@@ -74,12 +75,13 @@ pub async fn serve_client(
         let serving = Serving::current(&worker, slot, waiting, &mut conn);
         let started = Instant::now();
         conn.current.begin(started);
-        // Boxed: handling a request (routing, forwarding, filters) is most of this task's
-        // state. Inline, every connection would carry it while idle too (about 6 KiB of a
-        // 7 KiB task); boxed, an idle connection holds only what waiting needs.
-        let handling = Box::pin(serve(
-            &worker, slot, &serving, &mut conn, next, &req, &mut resp,
-        ));
+        // Out of line: handling a request (routing, forwarding, filters) is most of this
+        // task's state. Inline, every connection would carry it while idle too (about 6 KiB
+        // of a 7 KiB task); placed in a block the worker reuses (a box would be allocated
+        // and freed per request), an idle connection holds only what waiting needs.
+        let handling = crate::frame::place(&worker.frames, || {
+            serve(&worker, slot, &serving, &mut conn, next, &req, &mut resp)
+        });
         let Some((handled, method)) = handling.await else {
             return;
         };
@@ -386,7 +388,7 @@ mod task_size {
     }
 
     /// Every open connection's task is allocated at this size for its whole life, idle or
-    /// not: handling a request is boxed so that 10,000 idle keep-alive connections do not
+    /// not: handling a request is out of line (`frame::place`) so that 10,000 idle keep-alive connections do not
     /// each carry the state of a request in flight (it was 6,968 bytes inline).
     #[test]
     fn an_idle_connection_task_stays_small() {
@@ -394,8 +396,9 @@ mod task_size {
         assert!(size <= 2048, "serve_client's future is {size} bytes");
     }
 
-    /// The request's future, boxed once per request: what a route's features add inline
-    /// here (the cache's miss is boxed in `forward_filling`) every request copies.
+    /// The request's future, placed in a worker's block once per request: what a route's
+    /// features add inline here (the cache's miss is boxed in `forward_filling`) every
+    /// request writes, and every block in flight holds.
     #[test]
     fn a_request_future_stays_small() {
         fn size<A, B, C, D, E, G, H, F: std::future::Future>(
