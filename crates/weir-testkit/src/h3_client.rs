@@ -103,10 +103,11 @@ pub async fn request(
         let piece = Bytes::copy_from_slice(piece);
         stream.send_data(piece).await.map_err(|e| err(&e))?;
     }
-    match trailers {
-        Some(trailers) => stream.send_trailers(trailers).await.map_err(|e| err(&e))?,
-        None => stream.finish().await.map_err(|e| err(&e))?,
+    if let Some(trailers) = trailers {
+        stream.send_trailers(trailers).await.map_err(|e| err(&e))?;
     }
+    // The stream ends after the trailers too (RFC 9114 4.1): h3 does not end it there.
+    stream.finish().await.map_err(|e| err(&e))?;
     let response = stream.recv_response().await.map_err(|e| err(&e))?;
     let mut out = Vec::new();
     while let Some(mut data) = stream.recv_data().await.map_err(|e| err(&e))? {

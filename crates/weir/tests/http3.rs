@@ -2,16 +2,18 @@
 //! client go through the same routing, policy and upstream exchange as HTTP/1.1 and
 //! HTTP/2: bodies both ways, a large download under flow control, trailers, many
 //! concurrent streams, the certificate chosen by SNI, redirects and header rules, 502 for
-//! an unreachable upstream, and `protocol="HTTP/3"` in the metrics.
+//! an unreachable upstream, `protocol="HTTP/3"` in the metrics, and HTTP/2 upstreams (gRPC
+//! streaming both ways, trailers).
 
 mod common;
 
 use std::net::SocketAddr;
 
+use bytes::{Buf, Bytes};
 use http::Request;
 use weir_testkit::certs::{Leaf, TestCa};
 use weir_testkit::h3_client::{connect, get, request, H3Client};
-use weir_testkit::{pattern_hash, pattern_vec, sink_summary, Backend};
+use weir_testkit::{pattern_hash, pattern_vec, sink_summary, Backend, H2Backend};
 
 use common::{dead_port, single, tls_table, Conf, Weir};
 
@@ -492,4 +494,131 @@ async fn a_cache_route_serves_hits_and_forwards_misses_unstored() {
         3,
         "hits never reach the upstream"
     );
+}
+
+/// Weir routing everything to an h2c `backend` (the testkit's HTTP/2 echo).
+fn to_h2c(backend: &H2Backend, leaf: &Leaf) -> Weir {
+    let conf = Conf::new().route("all", "up", &[]).upstream(
+        "up",
+        &[backend.addr()],
+        &["protocol = \"h2c\""],
+    );
+    start(conf, &[leaf], "http3 = true")
+}
+
+/// A gRPC message: compression flag, big-endian length, payload.
+fn grpc_frame(payload: &[u8]) -> Vec<u8> {
+    let mut out = vec![0];
+    out.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+    out.extend_from_slice(payload);
+    out
+}
+
+#[tokio::test]
+async fn bodies_and_trailers_go_both_ways_to_an_h2c_upstream() {
+    let ca = TestCa::new("h3 CA");
+    let leaf = ca.leaf(&[NAME]);
+    let backend = H2Backend::h2c();
+    let weir = to_h2c(&backend, &leaf);
+    let mut c = client(&ca, weir.addr, NAME).await;
+    // Larger than the upstream's windows: flow control on both legs.
+    let body = pattern_vec(300_000);
+    let mut trailers = http::HeaderMap::new();
+    trailers.insert("x-client-trailer", "from-client".parse().expect("value"));
+    let post = Request::post(format!("https://{NAME}/upload"))
+        .header("te", "trailers")
+        .body(())
+        .expect("request");
+    let r = request(&mut c.send, post, &body, Some(trailers))
+        .await
+        .expect("POST");
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("x-method"), Some("POST"));
+    assert_eq!(r.header("x-path"), Some("/upload"));
+    assert_eq!(r.header("x-te"), Some("trailers"), "te: trailers kept");
+    assert!(
+        r.body == body,
+        "body echoed intact ({} bytes)",
+        r.body.len()
+    );
+    let trailers = r.trailers.expect("trailers");
+    assert_eq!(trailers["x-body-len"], "300000");
+    assert_eq!(trailers["x-client-trailer"], "from-client");
+    // A GET without a body, and the metrics count HTTP/3.
+    let r = get(&mut c.send, NAME, "/g").await.expect("GET");
+    assert_eq!((r.status, r.header("x-method")), (200, Some("GET")));
+    let series = "weir_requests_total{listener=\"web\",route=\"all\",method=\"POST\",code=\"200\",protocol=\"HTTP/3\"}";
+    weir.wait_metric(series, 1).await;
+}
+
+/// A bidirectional gRPC stream over HTTP/3 to an h2c upstream: each message comes back
+/// before the next is sent (nothing waits for the request's end), then the status trailer.
+#[tokio::test]
+async fn grpc_streams_both_ways_to_an_h2c_upstream() {
+    let ca = TestCa::new("h3 CA");
+    let leaf = ca.leaf(&[NAME]);
+    let backend = H2Backend::h2c();
+    let weir = to_h2c(&backend, &leaf);
+    let mut c = client(&ca, weir.addr, NAME).await;
+    let call = Request::post(format!("https://{NAME}/echo.Echo/Chat"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .expect("request");
+    let mut stream = c.send.send_request(call).await.expect("stream");
+    let mut head = None;
+    for word in [&b"one"[..], b"two", b"three"] {
+        let message = grpc_frame(word);
+        let sent = stream.send_data(Bytes::from(message.clone())).await;
+        sent.expect("message sent");
+        if head.is_none() {
+            head = Some(stream.recv_response().await.expect("head"));
+        }
+        let mut echoed = Vec::new();
+        while echoed.len() < message.len() {
+            let mut data = stream.recv_data().await.expect("data").expect("echo");
+            echoed.extend_from_slice(&data.copy_to_bytes(data.remaining()));
+        }
+        assert_eq!(echoed, message);
+    }
+    let head = head.expect("head");
+    assert_eq!(head.status(), 200);
+    assert_eq!(head.headers()["content-type"], "application/grpc");
+    stream.finish().await.expect("finished");
+    assert!(stream.recv_data().await.expect("end").is_none());
+    let trailers = stream.recv_trailers().await.expect("trailers");
+    assert_eq!(trailers.expect("trailers")["grpc-status"], "0");
+}
+
+/// A gRPC call Weir fails itself gets a gRPC status (trailers-only), as over HTTP/2, and
+/// counts as the 502 Weir meant; a plain request gets the 502.
+#[tokio::test]
+async fn a_grpc_call_to_a_down_h2c_upstream_gets_unavailable() {
+    let ca = TestCa::new("h3 CA");
+    let leaf = ca.leaf(&[NAME]);
+    let dead = dead_port();
+    let conf =
+        Conf::new()
+            .route("all", "up", &[])
+            .upstream("up", &[dead.addr], &["protocol = \"h2c\""]);
+    let weir = start(conf, &[&leaf], "http3 = true");
+    let mut c = client(&ca, weir.addr, NAME).await;
+    let call = Request::post(format!("https://{NAME}/echo.Echo/Say"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .expect("request");
+    let r = request(&mut c.send, call, &grpc_frame(b"x"), None)
+        .await
+        .expect("call");
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("grpc-status"), Some("14"), "UNAVAILABLE");
+    assert!(r
+        .header("grpc-message")
+        .is_some_and(|m| m.contains("connect")));
+    assert!(r.body.is_empty() && r.trailers.is_none(), "trailers-only");
+    let series = "weir_requests_total{listener=\"web\",route=\"all\",method=\"POST\",code=\"502\",protocol=\"HTTP/3\"}";
+    weir.wait_metric(series, 1).await;
+    let r = get(&mut c.send, NAME, "/").await.expect("GET");
+    assert_eq!(r.status, 502);
 }
