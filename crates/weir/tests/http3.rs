@@ -622,3 +622,56 @@ async fn a_grpc_call_to_a_down_h2c_upstream_gets_unavailable() {
     let r = get(&mut c.send, NAME, "/").await.expect("GET");
     assert_eq!(r.status, 502);
 }
+
+/// A files route answers HTTP/3 clients as it answers HTTP/1.1 and HTTP/2 ones: the file
+/// with its validators, ranges, conditionals, HEAD, a large file under flow control, 404.
+#[tokio::test]
+async fn a_files_route_serves_ranges_and_conditionals() {
+    let ca = TestCa::new("h3 CA");
+    let leaf = ca.leaf(&[NAME]);
+    let root = std::env::temp_dir().join(format!("weir-h3-files-{}", std::process::id()));
+    std::fs::create_dir_all(&root).expect("mkdir");
+    std::fs::write(root.join("a.txt"), b"0123456789abcdefghij").expect("write");
+    let big = pattern_vec(600_000);
+    std::fs::write(root.join("big.bin"), &big).expect("write");
+    let files = format!("files = {{ root = \"{}\" }}", root.display());
+    let small = "http3 = { stream_window = \"16KiB\", connection_window = \"32KiB\" }";
+    let weir = start(Conf::new().route_keys("site", &[&files]), &[&leaf], small);
+    let mut c = client(&ca, weir.addr, NAME).await;
+    let with = |path: &str, field: (&str, &str)| {
+        Request::get(format!("https://{NAME}{path}"))
+            .header(field.0, field.1)
+            .body(())
+            .expect("request")
+    };
+    let r = get(&mut c.send, NAME, "/a.txt").await.expect("GET");
+    assert_eq!((r.status, r.text().as_str()), (200, "0123456789abcdefghij"));
+    assert_eq!(r.header("content-type"), Some("text/plain; charset=utf-8"));
+    assert_eq!(r.header("content-length"), Some("20"));
+    let etag = r.header("etag").expect("etag").to_owned();
+    let range = with("/a.txt", ("range", "bytes=10-"));
+    let r = request(&mut c.send, range, &[], None).await.expect("range");
+    assert_eq!((r.status, r.text().as_str()), (206, "abcdefghij"));
+    assert_eq!(r.header("content-range"), Some("bytes 10-19/20"));
+    let unsatisfiable = with("/a.txt", ("range", "bytes=50-"));
+    let r = request(&mut c.send, unsatisfiable, &[], None)
+        .await
+        .expect("416");
+    assert_eq!(r.status, 416);
+    let conditional = with("/a.txt", ("if-none-match", &etag));
+    let r = request(&mut c.send, conditional, &[], None)
+        .await
+        .expect("304");
+    assert_eq!((r.status, r.body.len()), (304, 0));
+    let head = Request::head(format!("https://{NAME}/a.txt"))
+        .body(())
+        .expect("request");
+    let r = request(&mut c.send, head, &[], None).await.expect("HEAD");
+    assert_eq!((r.status, r.body.len()), (200, 0));
+    assert_eq!(r.header("content-length"), Some("20"));
+    let r = get(&mut c.send, NAME, "/big.bin").await.expect("large");
+    assert!(r.status == 200 && r.body == big, "{} bytes", r.body.len());
+    let r = get(&mut c.send, NAME, "/missing").await.expect("404");
+    assert_eq!(r.status, 404);
+    let _ = std::fs::remove_dir_all(&root);
+}

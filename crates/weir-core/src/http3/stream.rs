@@ -23,6 +23,7 @@ use crate::error::ProxyError;
 use crate::filters::headers::Vars;
 use crate::forward::{carrier, Carrier, Failure, Reached};
 use crate::http2::exchange::{StreamRequest, Trace};
+use crate::http2::files::respond_stream;
 use crate::http2::interim::Relayed;
 use crate::http2::local::stream_answer;
 use crate::http2::request::write_head;
@@ -189,11 +190,11 @@ async fn run(
             log.route = route;
             return Err(error.into());
         }
-        (route, Decision::Files(_)) => {
-            // The files reply is sent by `http2::files` for HTTP/2 streams only so far
-            // (docs/http3.md).
+        (route, Decision::Files(reply)) => {
             log.route = route;
-            return Err(ProxyError::NotImplemented("static files to HTTP/3 clients").into());
+            let under = crate::files::Under::of(listener, route);
+            let sent = respond_stream(send, &request, under, *reply, &mut log.trace);
+            return Box::pin(sent).await;
         }
     };
     log.route = route;
