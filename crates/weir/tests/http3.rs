@@ -12,7 +12,7 @@ use std::net::SocketAddr;
 use bytes::{Buf, Bytes};
 use http::Request;
 use weir_testkit::certs::{Leaf, TestCa};
-use weir_testkit::h3_client::{connect, get, request, H3Client};
+use weir_testkit::h3_client::{connect, get, request, stalled_initial, H3Client};
 use weir_testkit::{pattern_hash, pattern_vec, sink_summary, Backend, H2Backend};
 
 use common::{dead_port, single, tls_table, Conf, Weir};
@@ -674,4 +674,35 @@ async fn a_files_route_serves_ranges_and_conditionals() {
     let r = get(&mut c.send, NAME, "/missing").await.expect("404");
     assert_eq!(r.status, 404);
     let _ = std::fs::remove_dir_all(&root);
+}
+
+/// Handshakes that never finish (Initials from addresses that answer nothing, below
+/// `retry_threshold`) take handshake places as TLS handshakes over TCP do: at the
+/// listener's `max_handshakes` the idlest gives way, and with it its connection permit,
+/// so they cannot hold `max_connections` until `handshake_timeout` and a real client gets
+/// in.
+#[tokio::test]
+async fn stalled_handshakes_give_way_at_max_handshakes() {
+    let ca = TestCa::new("h3 CA");
+    let leaf = ca.leaf(&[NAME]);
+    let backend = Backend::echo("e");
+    let tls = tls_table(
+        &[&leaf],
+        "max_handshakes = 2\nhandshake_timeout = \"60s\"\n",
+    );
+    let weir = single(backend.addr())
+        .listener("http3 = true")
+        .listener("max_connections = 6")
+        .listener(&tls)
+        .start();
+    let mut silent = Vec::new();
+    for _ in 0..10 {
+        let initial = stalled_initial(weir.addr, NAME, &ca.client_config()).await;
+        silent.push(initial.expect("an Initial sent"));
+    }
+    let evictions = "weir_http3_handshake_evictions_total{listener=\"web\"}";
+    weir.wait_metric(evictions, 8).await;
+    assert_eq!(weir.metric("weir_http3_refused_total{listener=\"web\"}"), 0);
+    let mut c = client(&ca, weir.addr, NAME).await;
+    assert_eq!(get(&mut c.send, NAME, "/").await.expect("GET").status, 200);
 }
