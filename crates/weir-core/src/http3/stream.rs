@@ -32,6 +32,7 @@ use crate::http2::stream_log::{StreamConn, StreamLog};
 use crate::http2::upstream::H2Facts;
 use crate::metrics::shard::Protocol;
 use crate::proxy::route::{Decision, Routing};
+use crate::request::Request;
 use crate::router::RoutedPath;
 
 /// The request a stream resolved to, and the stream's two halves.
@@ -162,7 +163,6 @@ async fn run(
     let listener = &snapshot.config.listeners[index];
     let req = parsed.req;
     log.note(at, parsed.buf, req);
-    // Not traced yet (docs/http3.md): the request's `trace` stays `None`.
     let request = at.request(&log.who, parsed.buf, req, parsed.started);
     let routing = Routing {
         worker,
@@ -170,7 +170,16 @@ async fn run(
         listener: index,
     };
     let mut path = RoutedPath::default();
-    let (route, target) = match routing.decide(&request, &mut path) {
+    let decision = routing.decide(&request, &mut path);
+    // Sampled: the request carries its trace (server span, client spans per attempt).
+    let request = match routing.trace(decision.0, || request) {
+        None => request,
+        Some(trace) => Request {
+            trace: Some(&**log.otel.insert(trace)),
+            ..request
+        },
+    };
+    let (route, target) = match decision {
         // A cache miss is forwarded; an HTTP/3 client's response is not stored (not done yet).
         (route, Decision::Forward(target, fill)) => {
             log.trace.cache = fill.map(|_| CacheResult::Miss);
