@@ -318,6 +318,21 @@ struct H2Sender<'s, 'c, C, B> {
     trace: &'c mut Trace,
 }
 
+impl<C, B> H2Sender<'_, '_, C, B> {
+    /// How long each wait may take: for the client, and for the upstream (its
+    /// `response_timeout`, capped by the client's `grpc-timeout`).
+    fn timeouts(&self) -> Timeouts {
+        let upstream = self.r.target.upstream.response_timeout;
+        Timeouts {
+            client: self.r.target.listener.client_timeout,
+            upstream: self
+                .facts
+                .grpc_timeout
+                .map_or(upstream, |t| t.min(upstream)),
+        }
+    }
+}
+
 impl<C: ClientSide, B: ClientBody> Sender for H2Sender<'_, '_, C, B> {
     type Sent = Relayed;
 
@@ -331,16 +346,8 @@ impl<C: ClientSide, B: ClientBody> Sender for H2Sender<'_, '_, C, B> {
         let Some((pending, mut up_send)) = open(tries.exchange(), a, request, end).await? else {
             return Ok(Relayed::Http1);
         };
-        // The client's `grpc-timeout` caps the response timeout.
-        let upstream = r.target.upstream;
-        let timeout = match self.facts.grpc_timeout {
-            Some(t) => t.min(upstream.response_timeout),
-            None => upstream.response_timeout,
-        };
-        let timeouts = Timeouts {
-            client: r.target.listener.client_timeout,
-            upstream: timeout,
-        };
+        let timeouts = self.timeouts();
+        let timeout = timeouts.upstream;
         let limit = r.target.listener.max_body_size;
         let (body, consumed) = (self.body.as_mut(), &self.consumed);
         let mut state = if end { Upload::Done } else { Upload::Running };

@@ -73,9 +73,8 @@ pub(super) async fn serve(conn: Rc<Conn>, (request, mut send, mut recv): Resolve
     let Ok(line) = write_head(&mut buf, &mut req.headers, &parts, ended) else {
         // Malformed (RFC 9114 4.1.2): a stream error.
         send.stop_stream(Code::H3_MESSAGE_ERROR);
-        worker
-            .h2_scratch
-            .give_request(RequestScratch { head: buf, req });
+        let scratch = RequestScratch { head: buf, req };
+        worker.h2_scratch.give_request(scratch);
         return;
     };
     let facts = H2Facts::of(&parts.headers);
@@ -116,9 +115,8 @@ pub(super) async fn serve(conn: Rc<Conn>, (request, mut send, mut recv): Resolve
     };
     let status = answer(&mut send, &result, listener, &mut log.trace).await;
     log.record(&at, result, status, Instant::now() - started);
-    worker
-        .h2_scratch
-        .give_request(RequestScratch { head: buf, req });
+    let scratch = RequestScratch { head: buf, req };
+    worker.h2_scratch.give_request(scratch);
 }
 
 /// The request's `content-length`: `None` when it has none (a body may follow, or the
