@@ -3,7 +3,7 @@
 //!
 //! - `Worker::handshakes`: TLS handshakes in progress, under the listener's
 //!   `max_handshakes` (at that cap the idlest gives its place to the newcomer,
-//!   `tls::handshake`); a handshake enters once ([`Place`]);
+//!   `tls::handshake`; QUIC ones too, `http3::conn`); a handshake enters once ([`Place`]);
 //! - `Worker::idle`: every HTTP connection, with a seat for its whole life
 //!   ([`IdlePlace`]) that is evictable only while the connection waits for a request: an
 //!   HTTP/1 connection for the first byte of its first or next request (`client`), an

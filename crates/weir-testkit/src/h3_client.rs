@@ -88,6 +88,39 @@ pub async fn connect(
     })
 }
 
+/// Starts a handshake with Weir at `addr` that never goes on, as from a spoofed source
+/// address: a QUIC client's first Initial datagram (to `server_name`) is sent to `addr`
+/// from a socket that reads nothing back. Returns that socket (the handshake's address;
+/// keep it to keep the address taken).
+pub async fn stalled_initial(
+    addr: SocketAddr,
+    server_name: &str,
+    tls: &rustls::ClientConfig,
+) -> Result<tokio::net::UdpSocket, String> {
+    let err = |e: &dyn std::fmt::Display| e.to_string();
+    let silent = tokio::net::UdpSocket::bind("127.0.0.1:0")
+        .await
+        .map_err(|e| err(&e))?;
+    let crypto =
+        quinn::crypto::rustls::QuicClientConfig::try_from(h3_tls(tls)).map_err(|e| err(&e))?;
+    let mut endpoint =
+        quinn::Endpoint::client("127.0.0.1:0".parse().expect("address")).map_err(|e| err(&e))?;
+    endpoint.set_default_client_config(quinn::ClientConfig::new(Arc::new(crypto)));
+    // The client's Initial goes to the silent socket, which passes its first datagram on.
+    let local = silent.local_addr().map_err(|e| err(&e))?;
+    let connecting = endpoint.connect(local, server_name).map_err(|e| err(&e))?;
+    let mut datagram = vec![0; 65536];
+    let wait = std::time::Duration::from_secs(10);
+    let received = tokio::time::timeout(wait, silent.recv_from(&mut datagram)).await;
+    let (n, _) = received.map_err(|e| err(&e))?.map_err(|e| err(&e))?;
+    silent
+        .send_to(&datagram[..n], addr)
+        .await
+        .map_err(|e| err(&e))?;
+    drop(connecting);
+    Ok(silent)
+}
+
 /// Sends `request` with `body` (none when empty) and `trailers`, and reads the response
 /// in full.
 pub async fn request(
@@ -103,10 +136,11 @@ pub async fn request(
         let piece = Bytes::copy_from_slice(piece);
         stream.send_data(piece).await.map_err(|e| err(&e))?;
     }
-    match trailers {
-        Some(trailers) => stream.send_trailers(trailers).await.map_err(|e| err(&e))?,
-        None => stream.finish().await.map_err(|e| err(&e))?,
+    if let Some(trailers) = trailers {
+        stream.send_trailers(trailers).await.map_err(|e| err(&e))?;
     }
+    // The stream ends after the trailers too (RFC 9114 4.1): h3 does not end it there.
+    stream.finish().await.map_err(|e| err(&e))?;
     let response = stream.recv_response().await.map_err(|e| err(&e))?;
     let mut out = Vec::new();
     while let Some(mut data) = stream.recv_data().await.map_err(|e| err(&e))? {

@@ -2,16 +2,18 @@
 //! client go through the same routing, policy and upstream exchange as HTTP/1.1 and
 //! HTTP/2: bodies both ways, a large download under flow control, trailers, many
 //! concurrent streams, the certificate chosen by SNI, redirects and header rules, 502 for
-//! an unreachable upstream, and `protocol="HTTP/3"` in the metrics.
+//! an unreachable upstream, `protocol="HTTP/3"` in the metrics, and HTTP/2 upstreams (gRPC
+//! streaming both ways, trailers).
 
 mod common;
 
 use std::net::SocketAddr;
 
+use bytes::{Buf, Bytes};
 use http::Request;
 use weir_testkit::certs::{Leaf, TestCa};
-use weir_testkit::h3_client::{connect, get, request, H3Client};
-use weir_testkit::{pattern_hash, pattern_vec, sink_summary, Backend};
+use weir_testkit::h3_client::{connect, get, request, stalled_initial, H3Client};
+use weir_testkit::{pattern_hash, pattern_vec, sink_summary, Backend, H2Backend};
 
 use common::{dead_port, single, tls_table, Conf, Weir};
 
@@ -492,4 +494,220 @@ async fn a_cache_route_serves_hits_and_forwards_misses_unstored() {
         3,
         "hits never reach the upstream"
     );
+}
+
+/// Weir routing everything to an h2c `backend` (the testkit's HTTP/2 echo).
+fn to_h2c(backend: &H2Backend, leaf: &Leaf) -> Weir {
+    let conf = Conf::new().route("all", "up", &[]).upstream(
+        "up",
+        &[backend.addr()],
+        &["protocol = \"h2c\""],
+    );
+    start(conf, &[leaf], "http3 = true")
+}
+
+/// A gRPC message: compression flag, big-endian length, payload.
+fn grpc_frame(payload: &[u8]) -> Vec<u8> {
+    let mut out = vec![0];
+    out.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+    out.extend_from_slice(payload);
+    out
+}
+
+#[tokio::test]
+async fn bodies_and_trailers_go_both_ways_to_an_h2c_upstream() {
+    let ca = TestCa::new("h3 CA");
+    let leaf = ca.leaf(&[NAME]);
+    let backend = H2Backend::h2c();
+    let weir = to_h2c(&backend, &leaf);
+    let mut c = client(&ca, weir.addr, NAME).await;
+    // Larger than the upstream's windows: flow control on both legs.
+    let body = pattern_vec(300_000);
+    let mut trailers = http::HeaderMap::new();
+    trailers.insert("x-client-trailer", "from-client".parse().expect("value"));
+    let post = Request::post(format!("https://{NAME}/upload"))
+        .header("te", "trailers")
+        .body(())
+        .expect("request");
+    let r = request(&mut c.send, post, &body, Some(trailers))
+        .await
+        .expect("POST");
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("x-method"), Some("POST"));
+    assert_eq!(r.header("x-path"), Some("/upload"));
+    assert_eq!(r.header("x-te"), Some("trailers"), "te: trailers kept");
+    assert!(
+        r.body == body,
+        "body echoed intact ({} bytes)",
+        r.body.len()
+    );
+    let trailers = r.trailers.expect("trailers");
+    assert_eq!(trailers["x-body-len"], "300000");
+    assert_eq!(trailers["x-client-trailer"], "from-client");
+    // A GET without a body, and the metrics count HTTP/3.
+    let r = get(&mut c.send, NAME, "/g").await.expect("GET");
+    assert_eq!((r.status, r.header("x-method")), (200, Some("GET")));
+    let series = "weir_requests_total{listener=\"web\",route=\"all\",method=\"POST\",code=\"200\",protocol=\"HTTP/3\"}";
+    weir.wait_metric(series, 1).await;
+}
+
+/// A bidirectional gRPC stream over HTTP/3 to an h2c upstream: each message comes back
+/// before the next is sent (nothing waits for the request's end), then the status trailer.
+#[tokio::test]
+async fn grpc_streams_both_ways_to_an_h2c_upstream() {
+    let ca = TestCa::new("h3 CA");
+    let leaf = ca.leaf(&[NAME]);
+    let backend = H2Backend::h2c();
+    let weir = to_h2c(&backend, &leaf);
+    let mut c = client(&ca, weir.addr, NAME).await;
+    let call = Request::post(format!("https://{NAME}/echo.Echo/Chat"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .expect("request");
+    let mut stream = c.send.send_request(call).await.expect("stream");
+    let mut head = None;
+    for word in [&b"one"[..], b"two", b"three"] {
+        let message = grpc_frame(word);
+        let sent = stream.send_data(Bytes::from(message.clone())).await;
+        sent.expect("message sent");
+        if head.is_none() {
+            head = Some(stream.recv_response().await.expect("head"));
+        }
+        let mut echoed = Vec::new();
+        while echoed.len() < message.len() {
+            let mut data = stream.recv_data().await.expect("data").expect("echo");
+            echoed.extend_from_slice(&data.copy_to_bytes(data.remaining()));
+        }
+        assert_eq!(echoed, message);
+    }
+    let head = head.expect("head");
+    assert_eq!(head.status(), 200);
+    assert_eq!(head.headers()["content-type"], "application/grpc");
+    stream.finish().await.expect("finished");
+    assert!(stream.recv_data().await.expect("end").is_none());
+    let trailers = stream.recv_trailers().await.expect("trailers");
+    assert_eq!(trailers.expect("trailers")["grpc-status"], "0");
+}
+
+/// A gRPC call Weir fails itself gets a gRPC status (trailers-only), as over HTTP/2, and
+/// counts as the 502 Weir meant; a plain request gets the 502.
+#[tokio::test]
+async fn a_grpc_call_to_a_down_h2c_upstream_gets_unavailable() {
+    let ca = TestCa::new("h3 CA");
+    let leaf = ca.leaf(&[NAME]);
+    let dead = dead_port();
+    let conf =
+        Conf::new()
+            .route("all", "up", &[])
+            .upstream("up", &[dead.addr], &["protocol = \"h2c\""]);
+    let weir = start(conf, &[&leaf], "http3 = true");
+    let mut c = client(&ca, weir.addr, NAME).await;
+    let call = Request::post(format!("https://{NAME}/echo.Echo/Say"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .expect("request");
+    let r = request(&mut c.send, call, &grpc_frame(b"x"), None)
+        .await
+        .expect("call");
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("grpc-status"), Some("14"), "UNAVAILABLE");
+    assert!(r
+        .header("grpc-message")
+        .is_some_and(|m| m.contains("connect")));
+    assert!(r.body.is_empty() && r.trailers.is_none(), "trailers-only");
+    let series = "weir_requests_total{listener=\"web\",route=\"all\",method=\"POST\",code=\"502\",protocol=\"HTTP/3\"}";
+    weir.wait_metric(series, 1).await;
+    let r = get(&mut c.send, NAME, "/").await.expect("GET");
+    assert_eq!(r.status, 502);
+}
+
+/// A files route answers HTTP/3 clients as it answers HTTP/1.1 and HTTP/2 ones: the file
+/// with its validators, ranges, conditionals, HEAD, a large file under flow control, 404.
+#[tokio::test]
+async fn a_files_route_serves_ranges_and_conditionals() {
+    let ca = TestCa::new("h3 CA");
+    let leaf = ca.leaf(&[NAME]);
+    let root = std::env::temp_dir().join(format!("weir-h3-files-{}", std::process::id()));
+    std::fs::create_dir_all(&root).expect("mkdir");
+    std::fs::write(root.join("a.txt"), b"0123456789abcdefghij").expect("write");
+    let big = pattern_vec(600_000);
+    std::fs::write(root.join("big.bin"), &big).expect("write");
+    let files = format!("files = {{ root = \"{}\" }}", root.display());
+    let small = "http3 = { stream_window = \"16KiB\", connection_window = \"32KiB\" }";
+    let weir = start(Conf::new().route_keys("site", &[&files]), &[&leaf], small);
+    let mut c = client(&ca, weir.addr, NAME).await;
+    let with = |path: &str, field: (&str, &str)| {
+        Request::get(format!("https://{NAME}{path}"))
+            .header(field.0, field.1)
+            .body(())
+            .expect("request")
+    };
+    let r = get(&mut c.send, NAME, "/a.txt").await.expect("GET");
+    assert_eq!((r.status, r.text().as_str()), (200, "0123456789abcdefghij"));
+    assert_eq!(r.header("content-type"), Some("text/plain; charset=utf-8"));
+    assert_eq!(r.header("content-length"), Some("20"));
+    let etag = r.header("etag").expect("etag").to_owned();
+    let range = with("/a.txt", ("range", "bytes=10-"));
+    let r = request(&mut c.send, range, &[], None).await.expect("range");
+    assert_eq!((r.status, r.text().as_str()), (206, "abcdefghij"));
+    assert_eq!(r.header("content-range"), Some("bytes 10-19/20"));
+    let unsatisfiable = with("/a.txt", ("range", "bytes=50-"));
+    let r = request(&mut c.send, unsatisfiable, &[], None)
+        .await
+        .expect("416");
+    assert_eq!(r.status, 416);
+    let conditional = with("/a.txt", ("if-none-match", &etag));
+    let r = request(&mut c.send, conditional, &[], None)
+        .await
+        .expect("304");
+    assert_eq!((r.status, r.body.len()), (304, 0));
+    let head = Request::head(format!("https://{NAME}/a.txt"))
+        .body(())
+        .expect("request");
+    let r = request(&mut c.send, head, &[], None).await.expect("HEAD");
+    assert_eq!((r.status, r.body.len()), (200, 0));
+    assert_eq!(r.header("content-length"), Some("20"));
+    let r = get(&mut c.send, NAME, "/big.bin").await.expect("large");
+    assert!(r.status == 200 && r.body == big, "{} bytes", r.body.len());
+    let r = get(&mut c.send, NAME, "/missing").await.expect("404");
+    assert_eq!(r.status, 404);
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// Handshakes that never finish (Initials from addresses that answer nothing, below
+/// `retry_threshold`) take handshake places as TLS handshakes over TCP do: at the
+/// listener's `max_handshakes` the idlest gives way, and with it its connection permit,
+/// so they cannot hold `max_connections` until `handshake_timeout` and a real client gets
+/// in.
+#[tokio::test]
+async fn stalled_handshakes_give_way_at_max_handshakes() {
+    let ca = TestCa::new("h3 CA");
+    let leaf = ca.leaf(&[NAME]);
+    let backend = Backend::echo("e");
+    let tls = tls_table(
+        &[&leaf],
+        "max_handshakes = 2\nhandshake_timeout = \"60s\"\n",
+    );
+    // QUIC's idle timeout is past the test's length: only an eviction ends a handshake.
+    let weir = single(backend.addr())
+        .listener("http3 = { idle_timeout = \"300s\" }")
+        .listener("max_connections = 6")
+        .listener(&tls)
+        .start();
+    let evictions = "weir_http3_handshake_evictions_total{listener=\"web\"}";
+    let mut silent = Vec::new();
+    for sent in 1..=10 {
+        let initial = stalled_initial(weir.addr, NAME, &ca.client_config()).await;
+        silent.push(initial.expect("an Initial sent"));
+        // Past the two places, each newcomer evicts the idlest; the evicted connection's
+        // permit is free once it is counted (the same task returns it).
+        if sent > 2 {
+            weir.wait_metric(evictions, sent - 2).await;
+        }
+    }
+    assert_eq!(weir.metric("weir_http3_refused_total{listener=\"web\"}"), 0);
+    let mut c = client(&ca, weir.addr, NAME).await;
+    assert_eq!(get(&mut c.send, NAME, "/").await.expect("GET").status, 200);
 }

@@ -1,13 +1,15 @@
 //! OpenTelemetry traces (`[tracing]`) seen from a real OTLP/HTTP receiver: the server span
 //! of a request and the client spans of its upstream attempts (retries as siblings),
 //! their attributes, W3C trace context in (from trusted peers only) and out, sampling,
-//! the access log's ids, and a slow or dead collector that costs requests nothing.
+//! the access log's ids, HTTP/3 requests, and a slow or dead collector that costs
+//! requests nothing.
 
 mod common;
 
 use std::time::{Duration, Instant};
 
 use common::{dead_port, Conf, JsonLog, Weir, WAIT};
+use weir_testkit::h3_client::{connect, get as h3_get};
 use weir_testkit::otlp::{int_attr, string_attr, OtlpReceiver, Span};
 use weir_testkit::{wait_until, Backend};
 
@@ -496,5 +498,68 @@ fn tracing_keys_are_checked_with_a_fix() {
             .to_string();
         assert!(e.contains(field), "{field}: {e}");
         assert!(e.contains("t.toml:"), "{e}");
+    }
+}
+
+/// An HTTP/3 request is traced as HTTP/1.1 and HTTP/2 ones are: a server span (protocol
+/// version 3) with a client span per attempt, whose trace context reaches the upstream,
+/// over HTTP/1.1 and over HTTP/2 (from the client's own fields) alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http3_request_is_traced_to_both_upstream_protocols() {
+    let receiver = OtlpReceiver::start();
+    let ca = weir_testkit::certs::TestCa::new("otel h3 CA");
+    let leaf = ca.leaf(&["h3.test"]);
+    let h2 = weir_testkit::H2Backend::h2c();
+    let echo = Backend::echo("e");
+    let weir = Conf::new()
+        .route("h2", "h2", &["path_prefix = \"/show-fields\""])
+        .route("all", "up", &[])
+        .upstream("h2", &[h2.addr()], &["protocol = \"h2c\""])
+        .upstream("up", &[echo.addr()], &[])
+        .table(&tracing_table(&receiver.endpoint(), 1.0, ""))
+        .listener("http3 = true")
+        .listener(&common::tls_table(&[&leaf], ""))
+        .start();
+    let mut c = connect(weir.addr, "h3.test", &ca.client_config())
+        .await
+        .expect("HTTP/3 connection");
+    let h1 = h3_get(&mut c.send, "h3.test", "/x").await.expect("GET");
+    assert_eq!(h1.status, 200);
+    let h2_fields = h3_get(&mut c.send, "h3.test", "/show-fields").await;
+    let h2_fields = h2_fields.expect("GET").text();
+    let spans = spans(&receiver, 4);
+    let servers = of_kind(&spans, SERVER);
+    assert_eq!(servers.len(), 2, "{spans:?}");
+    for (server, fields, upstream) in [(servers[0], h1.text(), "1.1"), (servers[1], h2_fields, "2")]
+    {
+        assert_eq!(
+            string_attr(&server.attributes, "network.protocol.version"),
+            Some("3")
+        );
+        assert_eq!(
+            string_attr(&server.attributes, "server.address"),
+            Some("h3.test")
+        );
+        assert_eq!(
+            int_attr(&server.attributes, "http.response.status_code"),
+            Some(200)
+        );
+        let attempt = spans
+            .iter()
+            .find(|s| s.kind == CLIENT && s.parent_span_id == server.span_id)
+            .expect("the attempt's span");
+        assert_eq!(
+            string_attr(&attempt.attributes, "network.protocol.version"),
+            Some(upstream)
+        );
+        let want = format!(
+            "traceparent: 00-{}-{}-01",
+            hex(&server.trace_id),
+            hex(&attempt.span_id)
+        );
+        assert!(
+            fields.to_ascii_lowercase().contains(&want),
+            "{upstream}: {fields}"
+        );
     }
 }

@@ -1,13 +1,12 @@
-//! A static-file reply (`files::Reply`) on an HTTP/2 client's stream, sent as an HTTP/1.1
-//! upstream's response is (`exchange::respond_http1`): the head through the route's
-//! `Edits` (`respond::head_from_http1`), the body through the one relay into the stream
-//! (`respond::relay_body`), compressed when the route's plan says so.
+//! A static-file reply (`files::Reply`) on an HTTP/2 or HTTP/3 client's stream, sent as an
+//! HTTP/1.1 upstream's response is (`exchange::respond_http1`): the head through the
+//! route's `Edits` (`respond::head_from_http1`), the body through the one relay into the
+//! stream (`respond::ResponseStream`), compressed when the route's plan says so.
 
 use bytes::Bytes;
-use h2::server::SendResponse;
 
 use super::exchange::Trace;
-use super::respond::{head_from_http1, relay_body, Sinking};
+use super::respond::{head_from_http1, ResponseStream, Sinking};
 use crate::codec::http1::{parse_response, BodyFraming, ResponseHead};
 use crate::error::ProxyError;
 use crate::files::{BodySource, Reply, Under};
@@ -19,8 +18,8 @@ use crate::forward::Failure;
 use crate::request::Request;
 
 /// Sends `reply` to the request `r` on `respond`; notes its status and body in `trace`.
-pub(crate) async fn respond_h2(
-    respond: &mut SendResponse<Bytes>,
+pub(crate) async fn respond_stream<R: ResponseStream>(
+    respond: &mut R,
     r: &Request<'_>,
     under: Under<'_>,
     reply: Reply,
@@ -53,12 +52,6 @@ pub(crate) async fn respond_h2(
     let empty = matches!(resp.framing, BodyFraming::None | BodyFraming::Length(0));
     trace.status = resp.status;
     trace.local = true;
-    let send = respond
-        .send_response(response, empty)
-        .map_err(|_| Failure::after_head(ProxyError::ClientClosed))?;
-    if empty {
-        return Ok(());
-    }
     let sink = Sinking {
         edits: &edits,
         trace: &mut *trace,
@@ -66,7 +59,9 @@ pub(crate) async fn respond_h2(
         max_trailers: listener.http2.max_header_list_size,
     };
     let mut source = BodySource::new(&reply.body);
-    let relayed = relay_body(send, &mut source, sink, coding.as_mut(), None).await;
+    let source = (!empty).then_some(&mut source);
+    let relayed = respond.send_relayed(response, source, sink, coding.as_mut());
+    let relayed = relayed.await;
     trace.compressed = coding.as_ref().map(Coding::compressed);
     relayed
 }

@@ -1,4 +1,4 @@
-//! gRPC answers Weir makes itself on HTTP/2 streams: the `grpc-status` for an HTTP status or
+//! gRPC answers Weir makes itself on HTTP/2 and HTTP/3 streams: the `grpc-status` for an HTTP status or
 //! a proxy failure, and the trailers-only response that carries it (HTTP 200,
 //! `content-type: application/grpc`, `grpc-status`, percent-encoded `grpc-message`,
 //! END_STREAM). A gRPC client library reads a usable status from it instead of reporting
@@ -7,8 +7,6 @@
 //! The access log and metrics count such an answer with the HTTP status Weir meant (404,
 //! 429, 502, ...), not the 200 on the wire, so dashboards and alerts keep working.
 
-use bytes::Bytes;
-use h2::server::SendResponse;
 use http::header::{HeaderMap, HeaderValue, CONTENT_TYPE};
 
 use crate::error::{reason_phrase, ProxyError};
@@ -79,14 +77,10 @@ pub fn message(status: u16, body: &[u8]) -> &[u8] {
     }
 }
 
-/// Sends the trailers-only response with `code` and `message` (percent-encoded here), and
-/// the fields of `extra` (`WWW-Authenticate`, `Retry-After`, `Location`, ...).
-pub fn send_status(
-    respond: &mut SendResponse<Bytes>,
-    code: u8,
-    message: &[u8],
-    extra: HeaderMap,
-) -> Result<(), ProxyError> {
+/// The trailers-only response with `code` and `message` (percent-encoded here), and the
+/// fields of `extra` (`WWW-Authenticate`, `Retry-After`, `Location`, ...): a head that
+/// ends the stream (HTTP/2 or HTTP/3).
+pub fn status_head(code: u8, message: &[u8], extra: HeaderMap) -> http::Response<()> {
     let mut head = http::Response::new(());
     *head.headers_mut() = extra;
     let headers = head.headers_mut();
@@ -101,10 +95,7 @@ pub fn send_status(
         }
         _ => {}
     }
-    respond
-        .send_response(head, true)
-        .map(|_| ())
-        .map_err(|_| ProxyError::ClientClosed)
+    head
 }
 
 /// Appends `message` to `out` percent-encoded as gRPC's `grpc-message` wants: printable

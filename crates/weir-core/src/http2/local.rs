@@ -19,9 +19,8 @@ use crate::error::{reason_phrase, ProxyError};
 use crate::filters::headers::Vars;
 
 /// Sends `answer` on `respond` (its body left out for a HEAD request, `is_head`; `vars`:
-/// the request's, for a redirect); to a gRPC request (`trace.grpc`), a status other than
-/// 2xx goes as a gRPC status. Notes its status, the body bytes sent and the gRPC status in
-/// `trace`.
+/// the request's, for a redirect), as [`stream_answer`] makes it. Notes its status, the
+/// body bytes sent and the gRPC status in `trace`.
 pub async fn send_answer(
     respond: &mut SendResponse<Bytes>,
     answer: &Answer<'_>,
@@ -31,27 +30,7 @@ pub async fn send_answer(
     trace: &mut Trace,
 ) -> Result<(), ProxyError> {
     let mut out = Vec::new();
-    let (mut response, body) = answer_response(answer, vars, is_head, &mut out)?;
-    let status = response.status().as_u16();
-    trace.status = status;
-    let headers = response.headers_mut();
-    if trace.grpc && grpc::translates(status) {
-        // The fields that say more than the status stay (WWW-Authenticate, Retry-After,
-        // Location); the ones about the body do not, there is none.
-        let mut extra = std::mem::take(headers);
-        extra.remove(http::header::CONTENT_TYPE);
-        extra.remove(http::header::CONTENT_LENGTH);
-        let code = match answer {
-            Answer::Error(error) => grpc::code_for_error(*error, status),
-            _ => grpc::code_for_status(status),
-        };
-        let message = grpc_message(answer, status, body);
-        grpc::send_status(respond, code, &message, extra)?;
-        trace.grpc_status = Some(u32::from(code));
-        return Ok(());
-    }
-    // A 2xx as the user wrote it: any `grpc-status` in it is what the client gets.
-    let grpc_status = trace.grpc_status_in(response.headers());
+    let (response, body, grpc_status) = stream_answer(answer, vars, is_head, &mut out, trace)?;
     let mut send = respond
         .send_response(response, body.is_empty())
         .map_err(|_| ProxyError::ClientClosed)?;
@@ -63,6 +42,43 @@ pub async fn send_answer(
     }
     trace.body_out = body.len() as u64;
     Ok(())
+}
+
+/// A response for a stream: its head, its body, and the `grpc-status` to note once the
+/// head was sent.
+pub(crate) type StreamAnswer<'o> = (http::Response<()>, &'o [u8], Option<u32>);
+
+/// `answer` as a stream's response (HTTP/2 or HTTP/3, [`answer_response`]); to a gRPC
+/// request (`trace.grpc`), a status other than 2xx as a gRPC status instead (`grpc`: a
+/// trailers-only head, no body). Notes the status in `trace`; returns the head, the body,
+/// and the `grpc-status` to note once the head was sent (`Trace::sent_grpc_status`).
+pub(crate) fn stream_answer<'o>(
+    answer: &'o Answer<'_>,
+    vars: &Vars<'_>,
+    is_head: bool,
+    out: &'o mut Vec<u8>,
+    trace: &mut Trace,
+) -> Result<StreamAnswer<'o>, ProxyError> {
+    let (mut response, body) = answer_response(answer, vars, is_head, out)?;
+    let status = response.status().as_u16();
+    trace.status = status;
+    if !(trace.grpc && grpc::translates(status)) {
+        // A 2xx as the user wrote it: any `grpc-status` in it is what the client gets.
+        let grpc_status = trace.grpc_status_in(response.headers());
+        return Ok((response, body, grpc_status));
+    }
+    // The fields that say more than the status stay (WWW-Authenticate, Retry-After,
+    // Location); the ones about the body do not, there is none.
+    let mut extra = std::mem::take(response.headers_mut());
+    extra.remove(http::header::CONTENT_TYPE);
+    extra.remove(http::header::CONTENT_LENGTH);
+    let code = match answer {
+        Answer::Error(error) => grpc::code_for_error(*error, status),
+        _ => grpc::code_for_status(status),
+    };
+    let message = grpc_message(answer, status, body);
+    let head = grpc::status_head(code, &message, extra);
+    Ok((head, &[], Some(u32::from(code))))
 }
 
 /// `answer` as a response for a stream (HTTP/2 or HTTP/3): rendered into `out` as the

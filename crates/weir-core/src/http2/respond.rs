@@ -150,8 +150,41 @@ pub(super) async fn relay_body<S: Source>(
     })
 }
 
+/// A client's stream that takes a response Weir makes from a source of its own (a static
+/// file): an HTTP/2 client's (`SendResponse`) or an HTTP/3 client's (`http3::body`).
+pub(crate) trait ResponseStream {
+    /// Sends `head` (the stream ends with it when there is no `source`), then relays
+    /// `source`'s body and trailers into the stream as `sinking` says, compressed through
+    /// `coding` when there is one. A failure once the head went out resets the stream.
+    fn send_relayed<S: Source>(
+        &mut self,
+        head: http::Response<()>,
+        source: Option<&mut S>,
+        sinking: Sinking<'_>,
+        coding: Option<&mut Coding>,
+    ) -> impl std::future::Future<Output = Result<(), Failure>>;
+}
+
+impl ResponseStream for h2::server::SendResponse<Bytes> {
+    async fn send_relayed<S: Source>(
+        &mut self,
+        head: http::Response<()>,
+        source: Option<&mut S>,
+        sinking: Sinking<'_>,
+        coding: Option<&mut Coding>,
+    ) -> Result<(), Failure> {
+        let send = self
+            .send_response(head, source.is_none())
+            .map_err(|_| Failure::after_head(crate::error::ProxyError::ClientClosed))?;
+        match source {
+            Some(source) => relay_body(send, source, sinking, coding, None).await,
+            None => Ok(()),
+        }
+    }
+}
+
 /// Where and how a body is relayed into a client's stream.
-pub(super) struct Sinking<'s> {
+pub(crate) struct Sinking<'s> {
     pub edits: &'s Edits<'s>,
     pub trace: &'s mut Trace,
     /// How long the client's window may stay shut.

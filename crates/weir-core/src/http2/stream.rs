@@ -234,7 +234,7 @@ impl Stream<'_> {
             }
             Decision::Files(reply) => {
                 let under = crate::files::Under::of(routing.listener(), route);
-                let sent = super::files::respond_h2(respond, r, under, *reply, trace);
+                let sent = super::files::respond_stream(respond, r, under, *reply, trace);
                 return (route, Box::pin(sent).await);
             }
             Decision::Refuse(error) => return (route, Err(error.into())),

@@ -11,8 +11,13 @@
 //! way, then its trailers, while the upload goes on (bidirectional streaming).
 //! `grpc-timeout` caps the response timeout. An `auto` server that chose HTTP/1.1 takes the
 //! stream as HTTP/1.1 (`exchange`).
+//!
+//! The sender is generic over the client's stream ([`ClientSide`], [`ClientBody`]): an
+//! HTTP/3 client's stream takes the same tries (`http3::upstream`).
 
 use std::cell::Cell;
+use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -29,12 +34,13 @@ use super::respond::{head_from_h2, relay_body, Sinking};
 use super::upstream_request::{upstream_request, Upstream};
 use crate::error::ProxyError;
 use crate::forward::driver::{drive, Attempt, Miss, Sender, Tries};
+use crate::forward::h1::Interim;
 use crate::forward::h2::{
     content_length, final_head, h1_head_to_h2, h2_response, open, relay_while_uploading,
     HeadBounds, Upload,
 };
 use crate::forward::head::{coding, plan, Edits, ForClient};
-use crate::forward::relay::{relay, Broke, Coding, H2Source, H2Upload, Peer};
+use crate::forward::relay::{relay, Broke, Coding, H2Source, H2Upload, Peer, Source};
 use crate::forward::request_head::with_client_facts;
 use crate::forward::{Failure, Timeouts};
 use crate::request::LastTry;
@@ -116,31 +122,47 @@ impl StreamRequest<'_> {
         respond: &mut SendResponse<Bytes>,
         trace: &mut Trace,
     ) -> Result<(), Failure> {
-        let x = self.exchange_of();
-        let mut last_try = LastTry::default();
         let (relayed, body) = {
-            let client = self.client_stream(respond, body.is_some());
-            let mut sender = H2Sender {
-                r: self,
-                facts,
-                parts: Some(parts),
-                body,
-                consumed: Cell::new(0),
-                client: &client,
-                trace: &mut *trace,
-            };
-            let relayed = drive(&x, &mut sender, self.request.started, &mut last_try).await;
-            sender.trace.body_in = sender.consumed.get();
-            (relayed.map(|accepted| accepted.take().0), sender.body)
+            let mut client = self.client_stream(respond, body.is_some());
+            self.drive_h2(facts, parts, body, &mut client, trace).await
         };
-        trace.upstream_pick = last_try.upstream_pick;
-        trace.upstream_time = last_try.upstream_time;
         match relayed {
             // An `auto` server chose HTTP/1.1: the stream goes there as HTTP/1.1.
             Ok(Relayed::Http1) => self.forward(body, respond, trace).await,
             Ok(Relayed::Over(result)) => result,
             Err(failure) => Err(failure),
         }
+    }
+
+    /// The tries of the request to an HTTP/2 upstream (`forward::driver`) for a client
+    /// stream of either protocol (`client`, its request `parts` and `body`), the response
+    /// relayed to it. Returns how the try that answered ended, and the body (for an
+    /// `auto` server that chose HTTP/1.1).
+    pub(crate) async fn drive_h2<C: ClientSide, B: ClientBody>(
+        &self,
+        facts: &H2Facts,
+        parts: Parts,
+        body: Option<B>,
+        client: &mut C,
+        trace: &mut Trace,
+    ) -> (Result<Relayed, Failure>, Option<B>) {
+        let x = self.exchange_of();
+        let mut last_try = LastTry::default();
+        let mut sender = H2Sender {
+            r: self,
+            facts,
+            parts: Some(parts),
+            body,
+            consumed: Cell::new(0),
+            client,
+            trace: &mut *trace,
+        };
+        let relayed = drive(&x, &mut sender, self.request.started, &mut last_try).await;
+        sender.trace.body_in = sender.consumed.get();
+        let body = sender.body;
+        trace.upstream_pick = last_try.upstream_pick;
+        trace.upstream_time = last_try.upstream_time;
+        (relayed.map(|accepted| accepted.take().0), body)
     }
 
     /// The client's head for an HTTP/2 upstream's `parts` with the route's `edits` (the
@@ -203,30 +225,119 @@ impl StreamRequest<'_> {
 }
 
 /// How a relayed try ended.
-enum Relayed {
+pub(crate) enum Relayed {
     Over(Result<(), Failure>),
     /// `auto`, and the server chose HTTP/1.1 (ALPN).
     Http1,
 }
 
+/// A client stream's request body, uploaded to an HTTP/2 upstream: an HTTP/2 client's
+/// DATA, or an HTTP/3 client's (`http3::upstream`).
+pub(crate) trait ClientBody {
+    /// The body as a relay source, the bytes taken counted in `consumed` (at most
+    /// `limit`), each piece awaited at most `timeout`.
+    fn source<'a>(
+        &'a mut self,
+        consumed: &'a Cell<u64>,
+        limit: Option<u64>,
+        timeout: Duration,
+    ) -> impl Source + 'a;
+}
+
+impl ClientBody for RecvStream {
+    fn source<'a>(
+        &'a mut self,
+        consumed: &'a Cell<u64>,
+        limit: Option<u64>,
+        timeout: Duration,
+    ) -> impl Source + 'a {
+        let mut source = H2Source::new(self, timeout, Peer::Client, consumed);
+        source.limit = limit;
+        source
+    }
+}
+
+/// A client's stream while an HTTP/2 upstream answers it: an HTTP/2 client's
+/// ([`ClientStream`]), or an HTTP/3 client's (`http3::upstream`).
+pub(crate) trait ClientSide {
+    /// Where the upstream's 1xx heads go.
+    fn interim(&self) -> impl Interim + '_;
+
+    /// Ends when the client gives the stream up, with the error the wait fails with.
+    fn gone(&self) -> impl Future<Output = ProxyError> + '_;
+
+    /// Whether `gone` ended (the client reset the stream).
+    fn was_reset(&self) -> bool;
+
+    /// Sends the answer's head and relays its body and trailers, compressed through
+    /// `coding` when there is one, while the rest of the request body (`upload`, if still
+    /// going) goes up. Whatever fails once the head went out is `Reached::Head`.
+    fn respond<U: Future<Output = Result<(), Broke>>>(
+        &mut self,
+        answer: Answer<'_>,
+        upload: Option<Pin<&mut U>>,
+        coding: Option<&mut Coding>,
+        trace: &mut Trace,
+    ) -> impl Future<Output = Result<(), Failure>>;
+}
+
+impl ClientSide for ClientStream<'_> {
+    fn interim(&self) -> impl Interim + '_ {
+        self
+    }
+
+    fn gone(&self) -> impl Future<Output = ProxyError> + '_ {
+        ClientStream::gone(self)
+    }
+
+    fn was_reset(&self) -> bool {
+        ClientStream::was_reset(self)
+    }
+
+    fn respond<U: Future<Output = Result<(), Broke>>>(
+        &mut self,
+        answer: Answer<'_>,
+        upload: Option<Pin<&mut U>>,
+        coding: Option<&mut Coding>,
+        trace: &mut Trace,
+    ) -> impl Future<Output = Result<(), Failure>> {
+        respond(self, answer, upload, coding, trace)
+    }
+}
+
 /// Sends a stream's request as HTTP/2 streams, and relays the response and its trailers.
-struct H2Sender<'s, 'c> {
+struct H2Sender<'s, 'c, C, B> {
     r: &'s StreamRequest<'s>,
     facts: &'s H2Facts,
     /// The client's request: the first try's is made from it.
     parts: Option<Parts>,
-    body: Option<RecvStream>,
+    body: Option<B>,
     /// Request body bytes taken from the client.
     consumed: Cell<u64>,
-    client: &'c ClientStream<'c>,
+    client: &'c mut C,
     trace: &'c mut Trace,
 }
 
-impl Sender for H2Sender<'_, '_> {
+impl<C, B> H2Sender<'_, '_, C, B> {
+    /// How long each wait may take: for the client, and for the upstream (its
+    /// `response_timeout`, capped by the client's `grpc-timeout`).
+    fn timeouts(&self) -> Timeouts {
+        let upstream = self.r.target.upstream.response_timeout;
+        Timeouts {
+            client: self.r.target.listener.client_timeout,
+            upstream: self
+                .facts
+                .grpc_timeout
+                .map_or(upstream, |t| t.min(upstream)),
+        }
+    }
+}
+
+impl<C: ClientSide, B: ClientBody> Sender for H2Sender<'_, '_, C, B> {
     type Sent = Relayed;
 
     async fn send(&mut self, a: &Attempt<'_>, tries: &mut Tries<'_>) -> Result<Relayed, Miss> {
-        let (r, client_stream) = (self.r, self.client);
+        let r = self.r;
         // Refused before anything went out (not expressible in HTTP/2): not the server's try.
         let request = r
             .upstream_request(self.facts, a.server, self.parts.take())
@@ -235,16 +346,8 @@ impl Sender for H2Sender<'_, '_> {
         let Some((pending, mut up_send)) = open(tries.exchange(), a, request, end).await? else {
             return Ok(Relayed::Http1);
         };
-        // The client's `grpc-timeout` caps the response timeout.
-        let upstream = r.target.upstream;
-        let timeout = match self.facts.grpc_timeout {
-            Some(t) => t.min(upstream.response_timeout),
-            None => upstream.response_timeout,
-        };
-        let timeouts = Timeouts {
-            client: r.target.listener.client_timeout,
-            upstream: timeout,
-        };
+        let timeouts = self.timeouts();
+        let timeout = timeouts.upstream;
         let limit = r.target.listener.max_body_size;
         let (body, consumed) = (self.body.as_mut(), &self.consumed);
         let mut state = if end { Upload::Done } else { Upload::Running };
@@ -262,8 +365,9 @@ impl Sender for H2Sender<'_, '_> {
             relay: true,
             tokens: false,
         };
-        let mut interim = client_stream;
-        let gone = client_stream.gone();
+        let client = &*self.client;
+        let mut interim = client.interim();
+        let gone = client.gone();
         let waited = final_head(
             pending,
             upload.as_mut(),
@@ -273,7 +377,8 @@ impl Sender for H2Sender<'_, '_> {
             gone,
         );
         let waited = waited.await;
-        self.trace.reset |= client_stream.was_reset();
+        drop(interim);
+        self.trace.reset |= client.was_reset();
         let (head, _lease) = waited?;
         let (parts, up_body) = head.into_parts();
         let status = parts.status.as_u16();
@@ -299,7 +404,9 @@ impl Sender for H2Sender<'_, '_> {
             timeout,
             http2: &r.target.listener.http2,
         };
-        let relayed = respond(client_stream, answer, upload, coding.as_mut(), self.trace).await;
+        let relayed = (self.client)
+            .respond(answer, upload, coding.as_mut(), self.trace)
+            .await;
         self.trace.compressed = coding.as_ref().map(Coding::compressed);
         Ok(Relayed::Over(relayed))
     }
@@ -314,14 +421,15 @@ impl Sender for H2Sender<'_, '_> {
 }
 
 /// An HTTP/2 upstream's response on its way to the client: its head (edited), its body.
-struct Answer<'e> {
-    head: http::Response<()>,
-    body: RecvStream,
-    edits: &'e Edits<'e>,
+pub(crate) struct Answer<'e> {
+    pub head: http::Response<()>,
+    pub body: RecvStream,
+    pub edits: &'e Edits<'e>,
     /// For each DATA frame of the upstream's.
-    timeout: Duration,
-    /// The listener's HTTP/2 settings (the client's window, the trailers' size).
-    http2: &'e weir_config::Http2,
+    pub timeout: Duration,
+    /// The listener's HTTP/2 settings (the client's window, the trailers' size; HTTP/3
+    /// streams take the same).
+    pub http2: &'e weir_config::Http2,
 }
 
 /// Sends the answer's head on `client`'s stream and relays the body and trailers
@@ -367,15 +475,14 @@ where
 /// Sends the client's DATA (and trailers) upstream within the upstream's window, the
 /// first piece at once (`send_windowed`), each released to the client's window once sent
 /// (`forward::relay`); at most `limit` bytes in all, counted in `consumed`.
-async fn upload(
-    body: &mut RecvStream,
+async fn upload<B: ClientBody>(
+    body: &mut B,
     up: &mut SendStream<Bytes>,
     consumed: &Cell<u64>,
     limit: Option<u64>,
     timeouts: Timeouts,
 ) -> Result<(), Broke> {
-    let mut source = H2Source::new(body, timeouts.client, Peer::Client, consumed);
-    source.limit = limit;
+    let mut source = body.source(consumed, limit, timeouts.client);
     let mut sink = H2Upload {
         send: up,
         timeout: timeouts.upstream,

@@ -1,6 +1,7 @@
 //! The two body halves of an HTTP/3 request stream, for the one relay (`forward::relay`):
 //! the request's DATA as a [`Source`] ([`H3Source`]) and the response's DATA and trailers
-//! as a [`Sink`] ([`H3Sink`]). QUIC gives a stream's flow-control credit back as its data
+//! as a [`Sink`] ([`H3Sink`]), and the stream as the `ResponseStream` a static-file reply
+//! goes to. QUIC gives a stream's flow-control credit back as its data
 //! is read, so reading one piece at a time, only when the sink took the last, keeps the
 //! client at the upstream's pace (as `H2Source` does by releasing capacity).
 
@@ -12,8 +13,10 @@ use h3::server::RequestStream;
 
 use crate::error::ProxyError;
 use crate::forward::head::Edits;
-use crate::forward::relay::{Piece, Sink, Source, Trailers};
+use crate::forward::relay::{relay, Broke, Coding, Piece, Sink, Source, Trailers};
+use crate::forward::Failure;
 use crate::http2::exchange::Trace;
+use crate::http2::respond::{ResponseStream, Sinking};
 use crate::time::with_timeout;
 
 /// The receiving half of a request stream.
@@ -149,6 +152,40 @@ impl Sink for H3Sink<'_> {
             self.trace.sent_grpc_status(status);
         }
         self.finish().await
+    }
+}
+
+/// A response Weir makes from a source of its own (a static file), as for HTTP/2 streams.
+impl ResponseStream for SendHalf {
+    async fn send_relayed<S: Source>(
+        &mut self,
+        head: http::Response<()>,
+        source: Option<&mut S>,
+        sinking: Sinking<'_>,
+        coding: Option<&mut Coding>,
+    ) -> Result<(), Failure> {
+        let stall = sinking.stall;
+        send_head(self, head, stall)
+            .await
+            .map_err(Failure::after_head)?;
+        let mut sink = H3Sink {
+            send: &mut *self,
+            stall,
+            max_trailers: sinking.max_trailers,
+            edits: sinking.edits,
+            trace: sinking.trace,
+        };
+        let relayed = match source {
+            Some(source) => relay(source, &mut sink, coding).await,
+            None => sink
+                .data(Piece::Slice(&[]), true)
+                .await
+                .map_err(Broke::Sink),
+        };
+        relayed.map_err(|(Broke::Source(e) | Broke::Sink(e))| {
+            self.stop_stream(h3::error::Code::H3_INTERNAL_ERROR);
+            Failure::after_head(e)
+        })
     }
 }
 

@@ -1,5 +1,5 @@
 //! One QUIC connection speaking HTTP/3: the handshake (within the listener's
-//! `handshake_timeout`), the h3 server with the listener's `max_field_section_size`, a
+//! `handshake_timeout`, in one of its `max_handshakes` places), the h3 server with the listener's `max_field_section_size`, a
 //! task per request stream, and the graceful close on drain (GOAWAY, then the streams in
 //! flight finish). The connection counts among its listener's connections (drain,
 //! `max_connections`) for as long as it lives.
@@ -8,7 +8,7 @@ use std::cell::Cell;
 use std::net::IpAddr;
 use std::rc::Rc;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use h3::server::RequestResolver;
@@ -50,17 +50,7 @@ pub(super) async fn serve(
     tls: Arc<ListenerTls>,
     limits: Limits,
 ) {
-    let metrics = worker.metrics.listener(slot).map(|m| &m.http3);
-    let handshake = crate::time::with_timeout(limits.handshake_timeout, connecting).await;
-    let (connection, counter) = match handshake {
-        Ok(Ok(connection)) => (Some(connection), metrics.map(|m| &m.handshakes)),
-        Ok(Err(_)) => (None, metrics.map(|m| &m.handshake_failures)),
-        Err(_) => (None, metrics.map(|m| &m.handshake_timeouts)),
-    };
-    if let Some(c) = counter {
-        c.inc();
-    }
-    let Some(connection) = connection else {
+    let Some(connection) = handshake(&worker, slot, connecting, &tls, limits).await else {
         return;
     };
     let stats = connection.clone();
@@ -97,7 +87,7 @@ pub(super) async fn serve(
         let _ = tokio::time::timeout(grace, stats.closed()).await;
     }
     // The connection's packet statistics, once it is over.
-    if let Some(m) = metrics {
+    if let Some(m) = worker.metrics.listener(slot).map(|m| &m.http3) {
         let path = stats.stats().path;
         m.sent_packets.add(path.sent_packets);
         m.lost_packets.add(path.lost_packets);
@@ -105,6 +95,41 @@ pub(super) async fn serve(
     }
     stats.close(H3_NO_ERROR.into(), b"");
     drop(guard);
+}
+
+/// Runs the handshake of `connecting` (a connection of listener slot `slot`) within
+/// `handshake_timeout`, in one of the worker's handshake places, as a TLS handshake over
+/// TCP does (`tls::handshake`): at the listener's `max_handshakes` the handshake idle
+/// longest gives its place to a newcomer, so Initials that never finish (spoofed
+/// sources, below `retry_threshold`) hold a connection permit only until newer ones
+/// come. Counts how it ended; `None`: it failed (the connection is closed).
+async fn handshake(
+    worker: &Worker,
+    slot: usize,
+    connecting: quinn::Connecting,
+    tls: &ListenerTls,
+    limits: Limits,
+) -> Option<quinn::Connection> {
+    let metrics = worker.metrics.listener(slot).map(|m| &m.http3);
+    let pending = worker
+        .handshakes
+        .enter(slot, tls.max_handshakes, Instant::now());
+    let handshake = crate::time::with_timeout(limits.handshake_timeout, connecting);
+    let (connection, counter) = tokio::select! {
+        // A handshake that finished in the same turn as its eviction keeps its result.
+        biased;
+        done = handshake => match done {
+            Ok(Ok(connection)) => (Some(connection), metrics.map(|m| &m.handshakes)),
+            Ok(Err(_)) => (None, metrics.map(|m| &m.handshake_failures)),
+            Err(_) => (None, metrics.map(|m| &m.handshake_timeouts)),
+        },
+        // Dropping the handshake closes the connection.
+        () = pending.taken() => (None, metrics.map(|m| &m.handshake_evictions)),
+    };
+    if let Some(c) = counter {
+        c.inc();
+    }
+    connection
 }
 
 /// Starts a task per request stream until the connection ends; on drain, GOAWAY first.

@@ -9,12 +9,13 @@
 //! stream (`stream`) is an adapter like `http2::stream`: an HTTP/1.1 head and
 //! `request::Request`, the routing decision, Weir's answers from the same rendering, and
 //! for a forward the driver with a `Sender` whose client half is the stream
-//! (`exchange`, `body`).
+//! (`exchange` to HTTP/1.1 upstreams, `upstream` to HTTP/2 ones; `body`).
 
 mod body;
 mod conn;
 mod endpoint;
 mod exchange;
 mod stream;
+mod upstream;
 
 pub(crate) use endpoint::spawn;

@@ -2,7 +2,8 @@
 //! the HTTP/1.1 head every protocol presents (`http2::request::write_head`, checked by
 //! `codec::http1::fill_written`), then the same `request::Request`, routing decision,
 //! driver, edits, relay and `proxy::record` as an HTTP/1.1 or HTTP/2 request; Weir's own
-//! answers are sent from the same rendering (`http2::local::answer_response`).
+//! answers are sent from the same rendering (`http2::local::stream_answer`: a gRPC request
+//! gets a failure as a gRPC status, as over HTTP/2).
 
 use std::cell::Cell;
 use std::rc::Rc;
@@ -14,6 +15,7 @@ use h3::error::Code;
 use super::body::{next_data, send_data, send_head, RecvHalf, SendHalf};
 use super::conn::Conn;
 use super::exchange::{forward, Body};
+use super::upstream::forward_h2;
 use crate::answer::Answer;
 use crate::cache::CacheResult;
 use crate::codec::http1::{fill_written, RequestHead};
@@ -21,12 +23,16 @@ use crate::error::ProxyError;
 use crate::filters::headers::Vars;
 use crate::forward::{carrier, Carrier, Failure, Reached};
 use crate::http2::exchange::{StreamRequest, Trace};
+use crate::http2::files::respond_stream;
 use crate::http2::interim::Relayed;
+use crate::http2::local::stream_answer;
 use crate::http2::request::write_head;
 use crate::http2::scratch::RequestScratch;
 use crate::http2::stream_log::{StreamConn, StreamLog};
+use crate::http2::upstream::H2Facts;
 use crate::metrics::shard::Protocol;
 use crate::proxy::route::{Decision, Routing};
+use crate::request::Request;
 use crate::router::RoutedPath;
 
 /// The request a stream resolved to, and the stream's two halves.
@@ -67,12 +73,13 @@ pub(super) async fn serve(conn: Rc<Conn>, (request, mut send, mut recv): Resolve
     let Ok(line) = write_head(&mut buf, &mut req.headers, &parts, ended) else {
         // Malformed (RFC 9114 4.1.2): a stream error.
         send.stop_stream(Code::H3_MESSAGE_ERROR);
-        worker
-            .h2_scratch
-            .give_request(RequestScratch { head: buf, req });
+        let scratch = RequestScratch { head: buf, req };
+        worker.h2_scratch.give_request(scratch);
         return;
     };
+    let facts = H2Facts::of(&parts.headers);
     let mut log = StreamLog::default();
+    log.trace.grpc = facts.grpc;
     let filled = fill_written(
         &buf,
         line.method,
@@ -102,15 +109,14 @@ pub(super) async fn serve(conn: Rc<Conn>, (request, mut send, mut recv): Resolve
                 req: &req,
                 started,
             };
-            run(&at, parsed, body, &mut send, &mut log).await
+            run(&at, parsed, (&facts, parts), body, &mut send, &mut log).await
         }
         Err(e) => Err(e.into()),
     };
     let status = answer(&mut send, &result, listener, &mut log.trace).await;
     log.record(&at, result, status, Instant::now() - started);
-    worker
-        .h2_scratch
-        .give_request(RequestScratch { head: buf, req });
+    let scratch = RequestScratch { head: buf, req };
+    worker.h2_scratch.give_request(scratch);
 }
 
 /// The request's `content-length`: `None` when it has none (a body may follow, or the
@@ -142,10 +148,11 @@ struct Parsed<'a> {
 }
 
 /// Notes the request for the log (`StreamLog::note`), takes the routing decision and does
-/// what it says.
+/// what it says. `client`: the client's own request, for an HTTP/2 upstream's.
 async fn run(
     at: &StreamConn<'_>,
     parsed: Parsed<'_>,
+    client: (&H2Facts, http::request::Parts),
     body: Option<Body<'_>>,
     send: &mut SendHalf,
     log: &mut StreamLog,
@@ -154,7 +161,6 @@ async fn run(
     let listener = &snapshot.config.listeners[index];
     let req = parsed.req;
     log.note(at, parsed.buf, req);
-    // Not traced yet (docs/http3.md): the request's `trace` stays `None`.
     let request = at.request(&log.who, parsed.buf, req, parsed.started);
     let routing = Routing {
         worker,
@@ -162,7 +168,16 @@ async fn run(
         listener: index,
     };
     let mut path = RoutedPath::default();
-    let (route, target) = match routing.decide(&request, &mut path) {
+    let decision = routing.decide(&request, &mut path);
+    // Sampled: the request carries its trace (server span, client spans per attempt).
+    let request = match routing.trace(decision.0, || request) {
+        None => request,
+        Some(trace) => Request {
+            trace: Some(&**log.otel.insert(trace)),
+            ..request
+        },
+    };
+    let (route, target) = match decision {
         // A cache miss is forwarded; an HTTP/3 client's response is not stored (not done yet).
         (route, Decision::Forward(target, fill)) => {
             log.trace.cache = fill.map(|_| CacheResult::Miss);
@@ -182,17 +197,14 @@ async fn run(
             log.route = route;
             return Err(error.into());
         }
-        (route, Decision::Files(_)) => {
-            // The files reply is sent by `http2::files` for HTTP/2 streams only so far
-            // (docs/http3.md).
+        (route, Decision::Files(reply)) => {
             log.route = route;
-            return Err(ProxyError::NotImplemented("static files to HTTP/3 clients").into());
+            let under = crate::files::Under::of(listener, route);
+            let sent = respond_stream(send, &request, under, *reply, &mut log.trace);
+            return Box::pin(sent).await;
         }
     };
     log.route = route;
-    if carrier(Protocol::Http3, target.upstream) == Carrier::Http2 {
-        return Err(ProxyError::NotImplemented("HTTP/3 clients to an HTTP/2-only upstream").into());
-    }
     let spare = Cell::new(http::HeaderMap::new());
     let r = StreamRequest {
         worker,
@@ -202,10 +214,16 @@ async fn run(
         spare: &spare,
         relayed: Relayed::default(),
     };
+    if carrier(Protocol::Http3, target.upstream) == Carrier::Http2 {
+        // Boxed, as for HTTP/2 clients: the stream task's future is as large as its
+        // largest path.
+        return Box::pin(forward_h2(&r, client, body, send, &mut log.trace)).await;
+    }
     forward(&r, body, send, &mut log.trace).await
 }
 
-/// Sends Weir's own `answer` on the stream (its body left out for a HEAD request).
+/// Sends Weir's own `answer` on the stream (its body left out for a HEAD request; to a
+/// gRPC request, a failure as a gRPC status).
 async fn send_answer(
     send: &mut SendHalf,
     answer: &Answer<'_>,
@@ -215,10 +233,10 @@ async fn send_answer(
     trace: &mut Trace,
 ) -> Result<(), ProxyError> {
     let mut out = Vec::new();
-    let (response, body) = crate::http2::local::answer_response(answer, vars, is_head, &mut out)?;
-    trace.status = response.status().as_u16();
+    let (response, body, grpc_status) = stream_answer(answer, vars, is_head, &mut out, trace)?;
     let stall = listener.http2.stall_timeout;
     send_head(send, response, stall).await?;
+    trace.sent_grpc_status(grpc_status);
     if !body.is_empty() {
         send_data(send, Bytes::copy_from_slice(body), stall).await?;
         trace.body_out = body.len() as u64;

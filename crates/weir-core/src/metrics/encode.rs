@@ -120,10 +120,11 @@ pub(super) const HTTP2_FAMILIES: [(&str, &str, PickCounter); 7] = [
 /// `weir_http3_*`: QUIC handshakes and their failures, refusals, Retry packets, streams
 /// and packet statistics per listener (name, help, counter).
 #[rustfmt::skip]
-pub(super) const HTTP3_FAMILIES: [(&str, &str, PickCounter); 9] = [
+pub(super) const HTTP3_FAMILIES: [(&str, &str, PickCounter); 10] = [
     ("weir_http3_handshakes", "QUIC handshakes completed (HTTP/3 connections).", |m| &m.http3.handshakes),
     ("weir_http3_handshake_failures", "QUIC handshakes that failed (TLS or transport error, client gone).", |m| &m.http3.handshake_failures),
     ("weir_http3_handshake_timeouts", "QUIC handshakes not finished within handshake_timeout.", |m| &m.http3.handshake_timeouts),
+    ("weir_http3_handshake_evictions", "QUIC handshakes closed at max_handshakes to make room for a new one (the idlest).", |m| &m.http3.handshake_evictions),
     ("weir_http3_refused", "QUIC connection attempts refused (at max_connections, or while draining).", |m| &m.http3.refused),
     ("weir_http3_retries", "QUIC Retry packets sent (address validation above retry_threshold handshakes per second).", |m| &m.http3.retries),
     ("weir_http3_streams", "HTTP/3 request streams served.", |m| &m.http3.streams),

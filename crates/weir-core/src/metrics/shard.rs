@@ -382,6 +382,9 @@ pub struct Http3Metrics {
     pub handshake_failures: Counter,
     /// Handshakes that did not finish within `handshake_timeout`.
     pub handshake_timeouts: Counter,
+    /// Handshakes closed at the TLS `max_handshakes` to make room for a new one (the one
+    /// that had gone longest without a step forward: `places`).
+    pub handshake_evictions: Counter,
     /// Connection attempts refused: at `max_connections`, or while draining.
     pub refused: Counter,
     /// Retry packets sent (address validation under a handshake flood).

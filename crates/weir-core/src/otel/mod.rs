@@ -237,6 +237,7 @@ fn server_attributes(r: &Request<'_>, route: Option<&Route>) -> Vec<(&'static st
 fn protocol_version(r: &Request<'_>) -> &'static str {
     match r.protocol {
         crate::metrics::shard::Protocol::Http2 => "2",
+        crate::metrics::shard::Protocol::Http3 => "3",
         _ if r.req.minor_version == 0 => "1.0",
         _ => "1.1",
     }

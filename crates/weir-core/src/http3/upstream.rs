@@ -1,0 +1,123 @@
+//! One HTTP/3 stream's exchange with an HTTP/2 upstream (`protocol = "h2"` / `"h2c"`, so
+//! gRPC): the tries of an HTTP/2 client's stream (`http2::upstream`'s sender, generic
+//! over the client's side), with the HTTP/3 stream as that side: its DATA and trailers
+//! uploaded ([`H3Source`]) while the response's head, DATA and trailers go into the
+//! stream ([`H3Sink`]), both ways at once (bidirectional gRPC streaming). 1xx heads are
+//! not relayed (docs/http3.md), and a client that stops its stream is noticed by the
+//! relay, not while the final head is awaited.
+
+use std::cell::Cell;
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use http::request::Parts;
+
+use super::body::{send_head, H3Sink, H3Source, SendHalf};
+use super::exchange::{forward, Body};
+use crate::error::ProxyError;
+use crate::forward::h1::{Interim, NoInterim};
+use crate::forward::h2::relay_while_uploading;
+use crate::forward::relay::{relay, Broke, Coding, H2Source, Peer, Piece, Sink, Source};
+use crate::forward::Failure;
+use crate::http2::exchange::{StreamRequest, Trace};
+use crate::http2::upstream::{Answer, ClientBody, ClientSide, H2Facts, Relayed};
+
+/// Forwards the stream's request `r` (the client's `parts`, its `body`) to an HTTP/2
+/// upstream and relays the response into `send`. On `Err` with `Reached::Nothing` the
+/// caller answers.
+pub(super) async fn forward_h2(
+    r: &StreamRequest<'_>,
+    (facts, parts): (&H2Facts, Parts),
+    body: Option<Body<'_>>,
+    send: &mut SendHalf,
+    trace: &mut Trace,
+) -> Result<(), Failure> {
+    let mut client = H3Client { send: &mut *send };
+    let (relayed, body) = r.drive_h2(facts, parts, body, &mut client, trace).await;
+    match relayed {
+        // The server chose HTTP/1.1 (an `auto` one sharing the address): HTTP/1.1 then.
+        Ok(Relayed::Http1) => forward(r, body, send, trace).await,
+        Ok(Relayed::Over(result)) => result,
+        Err(failure) => Err(failure),
+    }
+}
+
+impl ClientBody for Body<'_> {
+    fn source<'a>(
+        &'a mut self,
+        consumed: &'a Cell<u64>,
+        limit: Option<u64>,
+        timeout: Duration,
+    ) -> impl Source + 'a {
+        H3Source {
+            body: &mut *self.recv,
+            first: self.first.take(),
+            timeout,
+            total: consumed,
+            limit,
+            length: self.length,
+        }
+    }
+}
+
+/// An HTTP/3 client's stream as the side an HTTP/2 upstream's response goes to.
+struct H3Client<'s> {
+    send: &'s mut SendHalf,
+}
+
+impl ClientSide for H3Client<'_> {
+    fn interim(&self) -> impl Interim + '_ {
+        NoInterim
+    }
+
+    fn gone(&self) -> impl Future<Output = ProxyError> + '_ {
+        std::future::pending()
+    }
+
+    fn was_reset(&self) -> bool {
+        false
+    }
+
+    async fn respond<U: Future<Output = Result<(), Broke>>>(
+        &mut self,
+        mut answer: Answer<'_>,
+        upload: Option<Pin<&mut U>>,
+        coding: Option<&mut Coding>,
+        trace: &mut Trace,
+    ) -> Result<(), Failure> {
+        let grpc_status = trace.grpc_status_in(answer.head.headers());
+        let empty = answer.body.is_end_stream();
+        let stall = answer.http2.stall_timeout;
+        send_head(self.send, answer.head, stall)
+            .await
+            .map_err(Failure::after_head)?;
+        trace.sent_grpc_status(grpc_status);
+        let mut sink = H3Sink {
+            send: &mut *self.send,
+            stall,
+            max_trailers: answer.http2.max_header_list_size,
+            edits: answer.edits,
+            trace,
+        };
+        if empty {
+            let finished = sink.data(Piece::Slice(&[]), true).await;
+            return finished.map_err(Failure::after_head);
+        }
+        let received = Cell::new(0);
+        let mut source = H2Source::new(&mut answer.body, answer.timeout, Peer::Upstream, &received);
+        let relay = async {
+            match relay(&mut source, &mut sink, coding).await {
+                Ok(()) => Ok(()),
+                Err(Broke::Source(e) | Broke::Sink(e)) => Err(Failure::after_head(e)),
+            }
+        };
+        // The head went out: whatever fails now (the upload included) cuts the response
+        // short.
+        let relayed = relay_while_uploading(upload, relay).await;
+        relayed.map(|_| ()).map_err(|f: Failure| {
+            self.send.stop_stream(h3::error::Code::H3_INTERNAL_ERROR);
+            Failure::after_head(f.error)
+        })
+    }
+}
