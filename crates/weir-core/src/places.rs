@@ -134,6 +134,11 @@ impl Places {
         drop(seat);
     }
 
+    /// The places taken for connections of the listener with slot `slot`.
+    pub fn occupied(&self, slot: usize) -> usize {
+        self.slots.borrow().get(slot).map_or(0, |s| s.table.len())
+    }
+
     /// The last step of the idlest connection of the listener with slot `slot`.
     pub fn oldest(&self, slot: usize) -> Option<Instant> {
         let slots = self.slots.borrow();

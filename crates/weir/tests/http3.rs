@@ -551,6 +551,33 @@ async fn bodies_and_trailers_go_both_ways_to_an_h2c_upstream() {
     weir.wait_metric(series, 1).await;
 }
 
+/// The h3 crate lets any field through in request trailers: those HTTP/2 forbids
+/// (connection-specific) and those that may not be trailers are dropped before an h2c
+/// upstream's stream, whose trailers would otherwise fail (the request left half-sent).
+#[tokio::test]
+async fn request_trailers_an_h2_upstream_may_not_take_are_dropped() {
+    let ca = TestCa::new("h3 CA");
+    let leaf = ca.leaf(&[NAME]);
+    let backend = H2Backend::h2c();
+    let weir = to_h2c(&backend, &leaf);
+    let mut c = client(&ca, weir.addr, NAME).await;
+    let mut trailers = http::HeaderMap::new();
+    trailers.insert("x-client-trailer", "kept".parse().expect("value"));
+    trailers.insert("connection", "close".parse().expect("value"));
+    trailers.insert("content-length", "9".parse().expect("value"));
+    let post = Request::post(format!("https://{NAME}/upload"))
+        .body(())
+        .expect("request");
+    let r = request(&mut c.send, post, b"body", Some(trailers));
+    let r = tokio::time::timeout(std::time::Duration::from_secs(20), r)
+        .await
+        .expect("answered before the upstream's response timeout")
+        .expect("POST");
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body, b"body");
+    assert_eq!(r.trailers.expect("trailers")["x-client-trailer"], "kept");
+}
+
 /// A bidirectional gRPC stream over HTTP/3 to an h2c upstream: each message comes back
 /// before the next is sent (nothing waits for the request's end), then the status trailer.
 #[tokio::test]
@@ -676,11 +703,11 @@ async fn a_files_route_serves_ranges_and_conditionals() {
     let _ = std::fs::remove_dir_all(&root);
 }
 
-/// Handshakes that never finish (Initials from addresses that answer nothing, below
-/// `retry_threshold`) take handshake places as TLS handshakes over TCP do: at the
-/// listener's `max_handshakes` the idlest gives way, and with it its connection permit,
-/// so they cannot hold `max_connections` until `handshake_timeout` and a real client gets
-/// in.
+/// QUIC handshakes take handshake places as TLS handshakes over TCP do, under the
+/// listener's `max_handshakes`. At the cap an Initial from an address not yet proven gets
+/// a Retry instead of a place: silent Initials (spoofed sources, below `retry_threshold`)
+/// can fill the places but never evict a handshake in progress. A real client answers the
+/// Retry, and its proven Initial takes the idlest place, with its connection permit.
 #[tokio::test]
 async fn stalled_handshakes_give_way_at_max_handshakes() {
     let ca = TestCa::new("h3 CA");
@@ -697,17 +724,23 @@ async fn stalled_handshakes_give_way_at_max_handshakes() {
         .listener(&tls)
         .start();
     let evictions = "weir_http3_handshake_evictions_total{listener=\"web\"}";
+    let retries = "weir_http3_retries_total{listener=\"web\"}";
     let mut silent = Vec::new();
     for sent in 1..=10 {
         let initial = stalled_initial(weir.addr, NAME, &ca.client_config()).await;
         silent.push(initial.expect("an Initial sent"));
-        // Past the two places, each newcomer evicts the idlest; the evicted connection's
-        // permit is free once it is counted (the same task returns it).
+        // Past the two places, each newcomer is asked to prove its address.
         if sent > 2 {
-            weir.wait_metric(evictions, sent - 2).await;
+            weir.wait_metric(retries, sent - 2).await;
         }
     }
+    assert_eq!(
+        weir.metric(evictions),
+        0,
+        "an unproven Initial evicts nothing"
+    );
     assert_eq!(weir.metric("weir_http3_refused_total{listener=\"web\"}"), 0);
     let mut c = client(&ca, weir.addr, NAME).await;
     assert_eq!(get(&mut c.send, NAME, "/").await.expect("GET").status, 200);
+    weir.wait_metric(evictions, 1).await;
 }

@@ -91,7 +91,11 @@ impl Source for H3Source<'_> {
         match with_timeout(self.timeout, self.body.recv_trailers()).await {
             Err(_) => Err(ProxyError::ClientTimeout),
             Ok(Err(_)) => Err(ProxyError::ClientClosed),
-            Ok(Ok(Some(fields))) => Ok(Trailers::Fields(fields)),
+            // The h3 crate does not check trailer fields as the h2 one does: what HTTP/2
+            // forbids (connection-specific fields) would fail an HTTP/2 upstream's stream,
+            // and what may not be a trailer (RFC 9110 6.5.1) is not passed on.
+            Ok(Ok(Some(fields))) => Ok(crate::http2::trailers::keep(fields, u32::MAX, |_| false)
+                .map_or(Trailers::None, Trailers::Fields)),
             Ok(Ok(None)) => Ok(Trailers::None),
         }
     }

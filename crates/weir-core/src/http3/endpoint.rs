@@ -133,8 +133,15 @@ async fn run(
             }
         };
         // Under a flood of Initials (spoofed sources among them), a client proves its
-        // address with a Retry round trip before any handshake work is done for it.
-        if !incoming.remote_address_validated() && rate.over(setup.retry_threshold) {
+        // address with a Retry round trip before any handshake work is done for it. So
+        // does one that would take a handshake place from another (TLS over TCP's
+        // included) at `max_handshakes`: an Initial costs nothing to spoof, and one that
+        // may evict needs a return path, as a TCP connection does.
+        let unproven = !incoming.remote_address_validated();
+        if unproven
+            && (rate.over(setup.retry_threshold)
+                || worker.handshakes.occupied(slot) >= setup.tls.max_handshakes)
+        {
             if incoming.retry().is_ok() {
                 count(|m| &m.retries);
             }
@@ -154,6 +161,10 @@ async fn run(
         let at = (worker.clone(), slot);
         let conn = serve(guard, at, connecting, setup.tls.clone(), setup.limits);
         tokio::task::spawn_local(conn);
+        // The new connection takes its handshake place on its first poll: let it run
+        // before the next Initial is judged against `max_handshakes` (a burst read at
+        // once would otherwise all find the places free).
+        tokio::task::yield_now().await;
     }
     // New connections are refused from here; those open finish on their own (the
     // endpoint's driver runs while any does).
