@@ -594,20 +594,27 @@ async fn grpc_streams_both_ways_to_an_h2c_upstream() {
         .expect("request");
     let mut stream = c.send.send_request(call).await.expect("stream");
     let mut head = None;
-    for word in [&b"one"[..], b"two", b"three"] {
-        let message = grpc_frame(word);
-        let sent = stream.send_data(Bytes::from(message.clone())).await;
-        sent.expect("message sent");
-        if head.is_none() {
-            head = Some(stream.recv_response().await.expect("head"));
+    // Each echo must come while the request is still open: a proxy that waited for the
+    // request's end would never answer, so the wait is bounded (generous: load).
+    let chat = async {
+        for word in [&b"one"[..], b"two", b"three"] {
+            let message = grpc_frame(word);
+            let sent = stream.send_data(Bytes::from(message.clone())).await;
+            sent.expect("message sent");
+            if head.is_none() {
+                head = Some(stream.recv_response().await.expect("head"));
+            }
+            let mut echoed = Vec::new();
+            while echoed.len() < message.len() {
+                let mut data = stream.recv_data().await.expect("data").expect("echo");
+                echoed.extend_from_slice(&data.copy_to_bytes(data.remaining()));
+            }
+            assert_eq!(echoed, message);
         }
-        let mut echoed = Vec::new();
-        while echoed.len() < message.len() {
-            let mut data = stream.recv_data().await.expect("data").expect("echo");
-            echoed.extend_from_slice(&data.copy_to_bytes(data.remaining()));
-        }
-        assert_eq!(echoed, message);
-    }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(20), chat)
+        .await
+        .expect("each message echoed before the request's end");
     let head = head.expect("head");
     assert_eq!(head.status(), 200);
     assert_eq!(head.headers()["content-type"], "application/grpc");
