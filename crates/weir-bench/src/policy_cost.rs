@@ -46,6 +46,10 @@ pub struct Args {
     /// what the new code costs a route that does not use it.
     #[arg(long)]
     pub weir_base: Option<PathBuf>,
+    /// policy-cost, tracing-cost: h2c clients (h2load, prior knowledge, 4 streams per
+    /// connection) instead of wrk's HTTP/1.1.
+    #[arg(long)]
+    pub h2c: bool,
 }
 
 /// A proxy being measured.
@@ -178,9 +182,13 @@ fn measure(
     dir: &Path,
     secs: u64,
     conns: u32,
+    h2c: bool,
     headers: &[&str],
     path: &str,
 ) -> Result<Run> {
+    if h2c {
+        return measure_h2c(p, dir, secs, conns, path);
+    }
     let wrk = process::find_program("wrk").context("wrk is not installed (bench/setup.sh)")?;
     let script = dir.join("report.lua");
     std::fs::write(&script, wrk::REPORT_LUA)?;
@@ -216,6 +224,28 @@ fn measure(
     })
 }
 
+/// h2load (h2c with prior knowledge) against `p` for `secs`; the proxy's CPU from /proc.
+fn measure_h2c(p: &Proxy, dir: &Path, secs: u64, conns: u32, path: &str) -> Result<Run> {
+    let h2load =
+        process::find_program("h2load").context("h2load is not installed (bench/setup.sh)")?;
+    let url = format!("http://{}{path}", p.addr);
+    let spec = Spec::new("h2load", h2load, Some(LOAD_CPU), dir.join("h2load.log"))
+        .args(crate::h2load::args(conns, 4, secs, &url))
+        .piped();
+    let before = procfs::group_cpu_secs(p.child.pgid);
+    let done = process::spawn(&spec)?.finish()?;
+    let cpu_s = procfs::group_cpu_secs(p.child.pgid) - before;
+    let out = crate::h2load::parse(&done.stdout)?;
+    if out.errors > 0 || out.non2xx > 0 {
+        bail!("{}: {} errors, {} non-2xx", p.label, out.errors, out.non2xx);
+    }
+    Ok(Run {
+        requests: out.requests,
+        bytes: 0,
+        cpu_s,
+    })
+}
+
 /// Runs `a` and `b` alternately `repeat` times (after one warm-up each) with `figure`
 /// computed per run; returns the runs of each.
 pub(crate) fn alternate(
@@ -225,13 +255,13 @@ pub(crate) fn alternate(
     (headers, path): (&[&str], &str),
 ) -> Result<(Vec<Run>, Vec<Run>)> {
     for p in [a, b] {
-        measure(p, dir, 2, args.conns, headers, path)?;
+        measure(p, dir, 2, args.conns, args.h2c, headers, path)?;
     }
     let (mut ra, mut rb) = (Vec::new(), Vec::new());
     for i in 0..args.repeat {
         let order = if i.is_multiple_of(2) { [a, b] } else { [b, a] };
         for p in order {
-            let run = measure(p, dir, args.duration, args.conns, headers, path)?;
+            let run = measure(p, dir, args.duration, args.conns, args.h2c, headers, path)?;
             if std::ptr::eq(p, a) {
                 ra.push(run)
             } else {
@@ -357,8 +387,9 @@ pub fn tracing_main(a: Args, dir: &Path) -> Result<()> {
     let nginx = process::find_program("nginx").context("nginx is not installed")?;
     let backend = peers::start_nginx_backend(&nginx, LOAD_CPU, dir, "tracing")?;
     let plain = start_weir(&weir, dir, "plain", backend.addrs[0], "", "")?;
+    let client = if a.h2c { "h2load h2c -m4" } else { "wrk" };
     println!(
-        "## tracing-cost: Weir CPU per request, 615 B nginx backend, wrk -c{} ({} s x {} pairs)\n",
+        "## tracing-cost: Weir CPU per request, 615 B nginx backend, {client} -c{} ({} s x {} pairs)\n",
         a.conns, a.duration, a.repeat
     );
     for (tag, sampling) in [("sampling 0.01", 0.01), ("sampling 1.0", 1.0)] {
