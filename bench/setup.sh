@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the benchmark peers and load tools from Debian/Ubuntu packages:
-#   nginx-light (or nginx), haproxy, caddy, apache2, apache2-utils (ab), wrk, nghttp2-client.
+#   nginx-light (or nginx), haproxy, caddy, apache2, apache2-utils (ab), wrk, nghttp2-client
+#   (h2load), varnish (cache-cost).
 # Idempotent: packages already installed are left alone, and apt-get update runs only when
 # something is missing. A package the distribution does not have is skipped with a note;
 # the script never fails because of one missing peer (weir-bench skips that peer too).
@@ -22,7 +23,7 @@ fi
 export DEBIAN_FRONTEND=noninteractive
 
 summary() {
-  for tool in nginx haproxy caddy apache2 ab wrk taskset; do
+  for tool in nginx haproxy caddy apache2 ab wrk taskset h2load varnishd; do
     if command -v "$tool" >/dev/null 2>&1 || [ -x "/usr/sbin/$tool" ]; then
       echo "setup.sh: ok      $tool"
     else
@@ -34,7 +35,7 @@ installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install o
 available() { [ -n "$(apt-cache policy "$1" 2>/dev/null | awk '/Candidate:/ {print $2}' | grep -v '(none)')" ]; }
 
 # Each entry: alternatives, first available wins ("nginx-light|nginx").
-wanted=("nginx-light|nginx" haproxy caddy apache2 apache2-utils wrk nghttp2-client)
+wanted=("nginx-light|nginx" haproxy caddy apache2 apache2-utils wrk nghttp2-client varnish)
 
 missing=()
 for alts in "${wanted[@]}"; do
