@@ -552,18 +552,7 @@ impl Fill {
         if resp.framing.length().is_some_and(|n| n > limit) {
             return None;
         }
-        let mut head = http::Response::new(());
-        *head.status_mut() = http::StatusCode::from_u16(resp.status).ok()?;
-        let headers = head.headers_mut();
-        for h in resp
-            .headers
-            .iter()
-            .filter(|h| !h.kind.is_hop_by_hop() && !h.connection_listed)
-        {
-            let name = HeaderName::from_bytes(&buf[h.name.clone()]).ok()?;
-            let value = HeaderValue::from_bytes(&buf[h.value.clone()]).ok()?;
-            headers.append(name, value);
-        }
+        let head = response_parts(buf, resp)?;
         let options = CacheOptions {
             shared: true,
             ..CacheOptions::default()
