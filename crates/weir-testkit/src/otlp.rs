@@ -190,16 +190,20 @@ async fn read_more<S: AsyncRead + Unpin>(stream: &mut S, buf: &mut Vec<u8>) -> O
     }
 }
 
-/// The string value of attribute `key` among `attrs`.
-pub fn string_attr<'a>(attrs: &'a [KeyValue], key: &str) -> Option<&'a str> {
-    match attrs
+/// The value of attribute `key` among `attrs`.
+fn attr<'a>(attrs: &'a [KeyValue], key: &str) -> Option<&'a any_value::Value> {
+    attrs
         .iter()
         .find(|kv| kv.key == key)?
         .value
         .as_ref()?
         .value
-        .as_ref()?
-    {
+        .as_ref()
+}
+
+/// The string value of attribute `key` among `attrs`.
+pub fn string_attr<'a>(attrs: &'a [KeyValue], key: &str) -> Option<&'a str> {
+    match attr(attrs, key)? {
         any_value::Value::StringValue(s) => Some(s),
         _ => None,
     }
@@ -207,14 +211,7 @@ pub fn string_attr<'a>(attrs: &'a [KeyValue], key: &str) -> Option<&'a str> {
 
 /// The integer value of attribute `key` among `attrs`.
 pub fn int_attr(attrs: &[KeyValue], key: &str) -> Option<i64> {
-    match attrs
-        .iter()
-        .find(|kv| kv.key == key)?
-        .value
-        .as_ref()?
-        .value
-        .as_ref()?
-    {
+    match attr(attrs, key)? {
         any_value::Value::IntValue(i) => Some(*i),
         _ => None,
     }
