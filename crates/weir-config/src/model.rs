@@ -372,6 +372,9 @@ pub struct Http3 {
     /// New connections per second (per worker) past which a client must prove its address
     /// with a Retry round trip before Weir does any handshake work; 0: always.
     pub retry_threshold: u32,
+    /// 0-RTT: requests a resuming client sends before its handshake completes are served
+    /// (safe methods only, forwarded with `Early-Data: 1`; others answered 425, RFC 8470).
+    pub early_data: bool,
 }
 
 impl Default for Http3 {
@@ -384,6 +387,7 @@ impl Default for Http3 {
             max_field_section_size: 64 * 1024,
             alt_svc_max_age: Duration::from_secs(86_400),
             retry_threshold: 1000,
+            early_data: false,
         }
     }
 }

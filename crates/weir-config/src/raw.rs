@@ -493,6 +493,7 @@ pub(crate) struct RawHttp3Table {
     pub max_field_section_size: Option<StrOrInt>,
     pub alt_svc_max_age: Option<String>,
     pub retry_threshold: Option<i64>,
+    pub early_data: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -329,6 +329,7 @@ fn listener(
     })
     .and_then(|l| policy::check_listener(l, path))
     .and_then(|mut l| {
+        http3::check_early_data(&l, &key("http3").key("early_data"))?;
         http3::advertise(&mut l);
         tls::fill_internal_names(&mut l);
         tls::fill_acme_domains(&mut l, &key("routes"), &key("tls").key("acme"))?;

@@ -32,6 +32,9 @@ pub enum ProxyError {
     MethodNotAllowed,
     #[error("expectation failed")]
     ExpectationFailed,
+    /// A request received in TLS early data (0-RTT) that is not safe to replay (RFC 8470).
+    #[error("request in early data is not safe to replay")]
+    TooEarly,
     #[error("HTTP version not supported")]
     VersionNotSupported,
     #[error("client closed the connection")]
@@ -63,7 +66,7 @@ impl ProxyError {
         match self {
             BadRequest(_) | HeadTooLarge | BodyTooLarge | HeaderTimeout | ClientTimeout
             | NotImplemented(_) | MethodNotAllowed | ExpectationFailed | VersionNotSupported
-            | ClientClosed | ClientIo(_) => Side::Client,
+            | TooEarly | ClientClosed | ClientIo(_) => Side::Client,
             UpstreamConnect(_)
             | UpstreamConnectTimeout
             | UpstreamTls(_)
@@ -84,6 +87,7 @@ impl ProxyError {
             HeaderTimeout | ClientTimeout => 408,
             BodyTooLarge => 413,
             ExpectationFailed => 417,
+            TooEarly => 425,
             HeadTooLarge => 431,
             NotImplemented(_) => 501,
             UpstreamConnect(_) | UpstreamTls(_) | UpstreamClosed | UpstreamIo(_)
@@ -140,6 +144,7 @@ pub fn reason_phrase(status: u16) -> &'static str {
         413 => "Content Too Large",
         416 => "Range Not Satisfiable",
         417 => "Expectation Failed",
+        425 => "Too Early",
         429 => "Too Many Requests",
         431 => "Request Header Fields Too Large",
         500 => "Internal Server Error",
@@ -166,6 +171,7 @@ mod tests {
             ProxyError::NotImplemented("x"),
             ProxyError::MethodNotAllowed,
             ProxyError::ExpectationFailed,
+            ProxyError::TooEarly,
             ProxyError::VersionNotSupported,
             ProxyError::UpstreamConnect(io::ErrorKind::ConnectionRefused),
             ProxyError::UpstreamConnectTimeout,

@@ -75,6 +75,14 @@ pub async fn connect(
         .connect(addr, server_name)
         .map_err(|e| e.to_string())?;
     let connection = connecting.await.map_err(|e| e.to_string())?;
+    over(connection, endpoint).await
+}
+
+/// An HTTP/3 client on the QUIC `connection` (of `endpoint`).
+async fn over(
+    connection: quinn::Connection,
+    endpoint: quinn::Endpoint,
+) -> Result<H3Client, String> {
     let h3_conn = h3_quinn::Connection::new(connection.clone());
     let (mut driver, send) = h3::client::new(h3_conn).await.map_err(|e| e.to_string())?;
     let driver = tokio::spawn(async move {
@@ -86,6 +94,51 @@ pub async fn connect(
         _endpoint: endpoint,
         driver,
     })
+}
+
+/// A client that keeps the TLS sessions its connections get and resumes them with 0-RTT
+/// (early data): its connections share one endpoint and one session store.
+pub struct Resuming {
+    endpoint: quinn::Endpoint,
+}
+
+impl Resuming {
+    /// A client (IPv4) trusting what `tls` trusts, with early data on.
+    pub fn new(tls: &rustls::ClientConfig) -> Result<Resuming, String> {
+        let mut tls = (*h3_tls(tls)).clone();
+        tls.enable_early_data = true;
+        let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(Arc::new(tls))
+            .map_err(|e| e.to_string())?;
+        let local = "127.0.0.1:0".parse().expect("address");
+        let mut endpoint = quinn::Endpoint::client(local).map_err(|e| e.to_string())?;
+        endpoint.set_default_client_config(quinn::ClientConfig::new(Arc::new(crypto)));
+        Ok(Resuming { endpoint })
+    }
+
+    /// A connection with a full handshake (or a resumed one without early data); the
+    /// session it gets is kept for the next.
+    pub async fn connect(&self, addr: SocketAddr, server_name: &str) -> Result<H3Client, String> {
+        let connecting = self.endpoint.connect(addr, server_name);
+        let connection = connecting.map_err(|e| e.to_string())?.await;
+        over(
+            connection.map_err(|e| e.to_string())?,
+            self.endpoint.clone(),
+        )
+        .await
+    }
+
+    /// A connection whose first requests go in 0-RTT, before its handshake completes.
+    /// `Err` when the client has no session that allows early data.
+    pub async fn connect_early(
+        &self,
+        addr: SocketAddr,
+        server_name: &str,
+    ) -> Result<H3Client, String> {
+        let connecting = self.endpoint.connect(addr, server_name);
+        let early = connecting.map_err(|e| e.to_string())?.into_0rtt();
+        let (connection, _accepted) = early.map_err(|_| "no session for 0-RTT".to_string())?;
+        over(connection, self.endpoint.clone()).await
+    }
 }
 
 /// Starts a handshake with Weir at `addr` that never goes on, as from a spoofed source

@@ -66,7 +66,31 @@ pub(super) fn http3(
             0..=1_000_000,
             &key("retry_threshold"),
         )?,
+        early_data: table.early_data.unwrap_or(d.early_data),
     }))
+}
+
+/// `early_data` (0-RTT) resumes a session from a ticket the listener keeps, and serves
+/// requests before the client could show a certificate: it needs
+/// `tls.session_resumption` and no `tls.client_auth`.
+pub(super) fn check_early_data(listener: &Listener, path: &FieldPath) -> Result<(), Issue> {
+    let early = listener.http3.as_ref().is_some_and(|h| h.early_data);
+    let Some(tls) = listener.tls.as_ref().filter(|_| early) else {
+        return Ok(());
+    };
+    let problem = match (tls.session_resumption, tls.client_auth.is_some()) {
+        (false, _) => "early_data (0-RTT) resumes a TLS session: it needs tls.session_resumption",
+        (_, true) => {
+            "early_data (0-RTT) serves requests before a client certificate is checked: it \
+             cannot be used with tls.client_auth"
+        }
+        _ => return Ok(()),
+    };
+    Err(Issue::new(
+        path,
+        problem,
+        "remove early_data (0-RTT stays off), or turn session_resumption on / drop client_auth",
+    ))
 }
 
 /// With `http3` on, every route of the listener sets `Alt-Svc: h3=":PORT"; ma=N` on its

@@ -1651,10 +1651,15 @@ fn http3_is_off_by_default_and_on_with_true_or_a_table() {
     let set = http3(
         "http3 = { max_concurrent_streams = 7, stream_window = \"64KiB\", \
          connection_window = \"2MiB\", idle_timeout = \"5s\", max_field_section_size = 4096, \
-         alt_svc_max_age = \"1h\" }",
+         alt_svc_max_age = \"1h\", early_data = true }",
     )
     .unwrap()
     .unwrap();
+    assert!(set.early_data);
+    assert!(
+        !crate::Http3::default().early_data,
+        "0-RTT is off by default"
+    );
     assert_eq!(set.max_concurrent_streams, 7);
     assert_eq!(set.stream_window, 64 * 1024);
     assert_eq!(set.connection_window, 2 * 1024 * 1024);
@@ -1705,6 +1710,21 @@ fn http3_errors() {
         };
         check(&with(table), &field, 4, message, fix);
     }
+    let early = |tls: &str| {
+        format!("{LISTENER}http3 = {{ early_data = true }}\n[listeners.tls]\n{tls}\n{CERTS}")
+    };
+    let field = "listeners[0].http3.early_data";
+    let fix = "remove early_data";
+    let resumption = early("session_resumption = false");
+    check(&resumption, field, 4, "needs tls.session_resumption", fix);
+    let client_auth = early("client_auth = { ca = \"ca.pem\" }");
+    check(
+        &client_auth,
+        field,
+        4,
+        "cannot be used with tls.client_auth",
+        fix,
+    );
 }
 
 #[test]

@@ -1,6 +1,6 @@
-//! One QUIC connection speaking HTTP/3: the handshake (within the listener's
-//! `handshake_timeout`, in one of its `max_handshakes` places), the h3 server with the listener's `max_field_section_size`, a
-//! task per request stream, and the graceful close on drain (GOAWAY, then the streams in
+//! One QUIC connection speaking HTTP/3: the handshake (`handshake`: waited for, or with
+//! 0-RTT watched while the connection is served), the h3 server with the listener's
+//! `max_field_section_size`, a task per request stream, and the graceful close on drain (GOAWAY, then the streams in
 //! flight finish). The connection counts among its listener's connections (drain,
 //! `max_connections`) for as long as it lives.
 
@@ -8,12 +8,13 @@ use std::cell::Cell;
 use std::net::IpAddr;
 use std::rc::Rc;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use h3::server::RequestResolver;
 use tokio::sync::Notify;
 
+use super::handshake::{self, Confirmation};
 use crate::filters::forwarded::ClientIp;
 use crate::tls::session::TlsSession;
 use crate::tls::ListenerTls;
@@ -28,6 +29,8 @@ pub(super) struct Conn {
     /// The handshake's facts (SNI, client certificate), for forwarded headers, `{scheme}`
     /// and the access log.
     pub tls: TlsSession,
+    /// Whether the handshake is still under way (0-RTT: requests now are early data).
+    pub handshake: Confirmation,
     /// Stream tasks running, and the signal each gives when it ends (a draining connection
     /// closes once none runs).
     active: Cell<usize>,
@@ -38,8 +41,12 @@ pub(super) struct Conn {
 #[derive(Clone, Copy)]
 pub(super) struct Limits {
     pub handshake_timeout: Duration,
+    /// The listener's TLS `max_handshakes` (per worker, shared with TLS over TCP).
+    pub max_handshakes: usize,
     pub header_timeout: Duration,
     pub max_field_section_size: u64,
+    /// 0-RTT: the connection is served during its handshake.
+    pub early_data: bool,
 }
 
 /// Serves the connection `connecting` (a handshake under way) until it closes.
@@ -50,7 +57,8 @@ pub(super) async fn serve(
     tls: Arc<ListenerTls>,
     limits: Limits,
 ) {
-    let Some(connection) = handshake(&worker, slot, connecting, &tls, limits).await else {
+    let started = handshake::start(&worker, slot, connecting, limits).await;
+    let Some((connection, accepted)) = started else {
         return;
     };
     let stats = connection.clone();
@@ -70,22 +78,18 @@ pub(super) async fn serve(
         ip: ClientIp::new(peer_ip),
         peer_ip,
         tls: TlsSession::quic(sni, peer.as_deref().map(|c| &c[..]), &tls),
+        handshake: Confirmation::new(accepted.is_some().then(|| connection.clone())),
         active: Cell::new(0),
         ended: Notify::new(),
     });
     drop(tls);
-    let built = h3::server::builder()
-        .max_field_section_size(limits.max_field_section_size)
-        .build::<_, Bytes>(h3_quinn::Connection::new(connection))
-        .await;
-    if let Ok(mut h3) = built {
-        accept_streams(&mut h3, &conn, limits.header_timeout).await;
-        // Drained: the last responses' data may still wait for its acknowledgement, which
-        // closing now would discard. A few round trips let it arrive (or the client
-        // close first); then the connection closes with H3_NO_ERROR.
-        let grace = (stats.rtt() * 4 + Duration::from_millis(50)).min(Duration::from_secs(2));
-        let _ = tokio::time::timeout(grace, stats.closed()).await;
-    }
+    // A 0-RTT connection is served while its handshake is watched.
+    let watching = async {
+        if let Some(accepted) = accepted {
+            handshake::watch(&worker, slot, &stats, accepted, limits).await;
+        }
+    };
+    tokio::join!(watching, run(connection, &conn, limits));
     // The connection's packet statistics, once it is over.
     if let Some(m) = worker.metrics.listener(slot).map(|m| &m.http3) {
         let path = stats.stats().path;
@@ -97,39 +101,21 @@ pub(super) async fn serve(
     drop(guard);
 }
 
-/// Runs the handshake of `connecting` (a connection of listener slot `slot`) within
-/// `handshake_timeout`, in one of the worker's handshake places, as a TLS handshake over
-/// TCP does (`tls::handshake`): at the listener's `max_handshakes` the handshake idle
-/// longest gives its place to a newcomer, so Initials that never finish (spoofed
-/// sources, below `retry_threshold`) hold a connection permit only until newer ones
-/// come. Counts how it ended; `None`: it failed (the connection is closed).
-async fn handshake(
-    worker: &Worker,
-    slot: usize,
-    connecting: quinn::Connecting,
-    tls: &ListenerTls,
-    limits: Limits,
-) -> Option<quinn::Connection> {
-    let metrics = worker.metrics.listener(slot).map(|m| &m.http3);
-    let pending = worker
-        .handshakes
-        .enter(slot, tls.max_handshakes, Instant::now());
-    let handshake = crate::time::with_timeout(limits.handshake_timeout, connecting);
-    let (connection, counter) = tokio::select! {
-        // A handshake that finished in the same turn as its eviction keeps its result.
-        biased;
-        done = handshake => match done {
-            Ok(Ok(connection)) => (Some(connection), metrics.map(|m| &m.handshakes)),
-            Ok(Err(_)) => (None, metrics.map(|m| &m.handshake_failures)),
-            Err(_) => (None, metrics.map(|m| &m.handshake_timeouts)),
-        },
-        // Dropping the handshake closes the connection.
-        () = pending.taken() => (None, metrics.map(|m| &m.handshake_evictions)),
-    };
-    if let Some(c) = counter {
-        c.inc();
+/// Runs the h3 server on `connection` until it closes or is drained.
+async fn run(connection: quinn::Connection, conn: &Rc<Conn>, limits: Limits) {
+    let stats = connection.clone();
+    let built = h3::server::builder()
+        .max_field_section_size(limits.max_field_section_size)
+        .build::<_, Bytes>(h3_quinn::Connection::new(connection))
+        .await;
+    if let Ok(mut h3) = built {
+        accept_streams(&mut h3, conn, limits.header_timeout).await;
+        // Drained: the last responses' data may still wait for its acknowledgement, which
+        // closing now would discard. A few round trips let it arrive (or the client
+        // close first); then the connection closes with H3_NO_ERROR.
+        let grace = (stats.rtt() * 4 + Duration::from_millis(50)).min(Duration::from_secs(2));
+        let _ = tokio::time::timeout(grace, stats.closed()).await;
     }
-    connection
 }
 
 /// Starts a task per request stream until the connection ends; on drain, GOAWAY first.

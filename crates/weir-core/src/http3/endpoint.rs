@@ -190,8 +190,10 @@ fn setup(snapshot: &Arc<Snapshot>, slot: usize) -> Option<Setup> {
         config: Arc::new(config),
         limits: Limits {
             handshake_timeout: tls.handshake_timeout,
+            max_handshakes: tls.max_handshakes,
             header_timeout: listener.header_timeout,
             max_field_section_size: u64::from(http3.max_field_section_size),
+            early_data: http3.early_data,
         },
         retry_threshold: http3.retry_threshold,
         tls,
@@ -199,8 +201,8 @@ fn setup(snapshot: &Arc<Snapshot>, slot: usize) -> Option<Setup> {
 }
 
 /// The quinn server config for a listener: its rustls config (the same certificate
-/// resolver, ticket keys and client verification) with ALPN `h3` and no 0-RTT, and the
-/// listener's `http3` limits as QUIC transport parameters.
+/// resolver, ticket keys and client verification) with ALPN `h3`, 0-RTT only with
+/// `early_data`, and the listener's `http3` limits as QUIC transport parameters.
 fn quic_config(
     tls: &ListenerTls,
     http3: &weir_config::Http3,
@@ -208,6 +210,14 @@ fn quic_config(
     let mut crypto = (*tls.server_config).clone();
     crypto.alpn_protocols = vec![b"h3".to_vec()];
     crypto.max_early_data_size = 0;
+    if http3.early_data {
+        // QUIC takes 0 or u32::MAX (RFC 9001 4.6.1: flow control bounds early data).
+        crypto.max_early_data_size = u32::MAX;
+        // rustls accepts early data only on sessions it keeps (stateful tickets, in the
+        // listener's session cache): each is taken once, so the same first flight sent
+        // again to this process resumes nothing.
+        crypto.ticketer = Arc::new(StatefulTickets);
+    }
     let crypto = QuicServerConfig::try_from(crypto).map_err(|e| e.to_string())?;
     let mut transport = quinn::TransportConfig::default();
     let idle = quinn::IdleTimeout::try_from(http3.idle_timeout).map_err(|e| e.to_string())?;
@@ -221,4 +231,27 @@ fn quic_config(
     let mut config = quinn::ServerConfig::with_crypto(Arc::new(crypto));
     config.transport_config(Arc::new(transport));
     Ok(config)
+}
+
+/// No ticket encryption: tickets are ids of sessions in the listener's session cache
+/// (rustls's stateful resumption, which 0-RTT needs).
+#[derive(Debug)]
+struct StatefulTickets;
+
+impl rustls::server::ProducesTickets for StatefulTickets {
+    fn enabled(&self) -> bool {
+        false
+    }
+
+    fn lifetime(&self) -> u32 {
+        0
+    }
+
+    fn encrypt(&self, _: &[u8]) -> Option<Vec<u8>> {
+        None
+    }
+
+    fn decrypt(&self, _: &[u8]) -> Option<Vec<u8>> {
+        None
+    }
 }

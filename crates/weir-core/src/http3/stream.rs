@@ -34,6 +34,7 @@ use crate::metrics::shard::Protocol;
 use crate::proxy::route::{Decision, Routing};
 use crate::request::Request;
 use crate::router::RoutedPath;
+use crate::tls::early_data;
 
 /// The request a stream resolved to, and the stream's two halves.
 pub(super) type Resolved = (http::Request<()>, SendHalf, RecvHalf);
@@ -49,7 +50,12 @@ pub(super) async fn serve(conn: Rc<Conn>, (request, mut send, mut recv): Resolve
         return;
     };
     let listener = &snapshot.config.listeners[index];
-    let (parts, ()) = request.into_parts();
+    let (mut parts, ()) = request.into_parts();
+    // Before the handshake completes (0-RTT): marked for the upstream, or refused.
+    let early = match conn.handshake.in_early_data() {
+        true => early_data::admit(parts.method.as_str().as_bytes(), &mut parts.headers),
+        false => Ok(()),
+    };
     let Ok(length) = declared_length(&parts) else {
         // Malformed (RFC 9114 4.1.2): a stream error.
         send.stop_stream(Code::H3_MESSAGE_ERROR);
@@ -108,6 +114,7 @@ pub(super) async fn serve(conn: Rc<Conn>, (request, mut send, mut recv): Resolve
                 buf: &buf,
                 req: &req,
                 started,
+                early,
             };
             run(&at, parsed, (&facts, parts), body, &mut send, &mut log).await
         }
@@ -145,6 +152,8 @@ struct Parsed<'a> {
     buf: &'a [u8],
     req: &'a RequestHead,
     started: Instant,
+    /// What early data allows the request (`tls::early_data::admit`).
+    early: Result<(), ProxyError>,
 }
 
 /// Notes the request for the log (`StreamLog::note`), takes the routing decision and does
@@ -161,6 +170,7 @@ async fn run(
     let listener = &snapshot.config.listeners[index];
     let req = parsed.req;
     log.note(at, parsed.buf, req);
+    parsed.early?;
     let request = at.request(&log.who, parsed.buf, req, parsed.started);
     let routing = Routing {
         worker,

@@ -22,6 +22,7 @@
 
 pub mod auto;
 pub mod check;
+pub mod early_data;
 pub mod facts;
 pub mod handshake;
 pub mod pem;

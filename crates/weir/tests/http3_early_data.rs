@@ -1,0 +1,178 @@
+//! 0-RTT on HTTP/3 (`http3.early_data`, RFC 8470), with a real resuming QUIC client: its
+//! requests sent in early data are served before Weir's handshake completes only when safe
+//! to replay (a GET, forwarded with `Early-Data: 1`); a POST gets 425 Too Early; once the
+//! handshake is done requests go through unmarked. Off by default: no session allows
+//! 0-RTT then.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use http::Request;
+use tokio::net::UdpSocket;
+use tokio::sync::watch;
+use weir_testkit::certs::TestCa;
+use weir_testkit::h3_client::{get, request, H3Sender, Resuming};
+use weir_testkit::{wait_until_async, Backend};
+
+use common::{single, tls_table};
+
+const NAME: &str = "h3.example.com";
+
+/// A UDP relay from a QUIC client to Weir that holds Weir's datagrams back until
+/// released: the client cannot finish its handshake meanwhile, so all it sends goes in
+/// 0-RTT, and Weir serves it while its own handshake is still under way, however fast or
+/// loaded the machine.
+struct Relay {
+    addr: SocketAddr,
+    release: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Relay {
+    async fn start(to: SocketAddr) -> Relay {
+        let front = UdpSocket::bind("127.0.0.1:0").await.expect("bind");
+        let back = UdpSocket::bind("127.0.0.1:0").await.expect("bind");
+        back.connect(to).await.expect("connect");
+        let addr = front.local_addr().expect("address");
+        let (release, mut released) = watch::channel(false);
+        let task = tokio::spawn(async move {
+            let (mut client, mut held) = (None, Vec::new());
+            let (mut up, mut down) = (vec![0; 65536], vec![0; 65536]);
+            loop {
+                tokio::select! {
+                    r = front.recv_from(&mut up) => {
+                        let Ok((n, from)) = r else { return };
+                        client = Some(from);
+                        let _ = back.send(&up[..n]).await;
+                    }
+                    r = back.recv(&mut down) => {
+                        let Ok(n) = r else { return };
+                        let open = *released.borrow();
+                        match (open, client) {
+                            (true, Some(to)) => { let _ = front.send_to(&down[..n], to).await; }
+                            _ => held.push(down[..n].to_vec()),
+                        }
+                    }
+                    changed = released.changed() => {
+                        if changed.is_err() { return; }
+                        for datagram in held.drain(..) {
+                            if let Some(to) = client {
+                                let _ = front.send_to(&datagram, to).await;
+                            }
+                        }
+                    }
+                }
+            }
+        });
+        Relay {
+            addr,
+            release,
+            task,
+        }
+    }
+
+    fn release(&self) {
+        let _ = self.release.send(true);
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn post(path: &str) -> Request<()> {
+    Request::post(format!("https://{NAME}{path}"))
+        .header("content-length", "5")
+        .body(())
+        .expect("request")
+}
+
+fn early_marked(text: &str) -> bool {
+    text.to_ascii_lowercase().contains("\r\nearly-data: 1\r\n")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn early_data_serves_safe_methods_marked_and_answers_others_too_early() {
+    let ca = TestCa::new("h3 CA");
+    let leaf = ca.leaf(&[NAME]);
+    let backend = Backend::echo("e");
+    let weir = single(backend.addr())
+        .listener("http3 = { early_data = true }")
+        .listener(&tls_table(&[&leaf], ""))
+        .start();
+    let client = Resuming::new(&ca.client_config()).expect("client");
+    // A first connection gets a session; its requests come after its handshake.
+    let mut first = client.connect(weir.addr, NAME).await.expect("connect");
+    let r = get(&mut first.send, NAME, "/full").await.expect("GET");
+    assert_eq!(r.status, 200);
+    assert!(!early_marked(&r.text()), "{}", r.text());
+    first.connection.close(0u32.into(), b"");
+    drop(first);
+
+    // The second resumes it with 0-RTT, its handshake held up by the relay.
+    let relay = Relay::start(weir.addr).await;
+    let early = client.connect_early(relay.addr, NAME).await.expect("0-RTT");
+    let mut send: H3Sender = early.send.clone();
+    let got = tokio::spawn(async move { get(&mut send, NAME, "/early").await });
+    let mut send: H3Sender = early.send.clone();
+    let posted =
+        tokio::spawn(async move { request(&mut send, post("/early"), b"hello", None).await });
+    // Both are answered before the handshake can complete: the GET forwarded, the POST
+    // refused.
+    let served = wait_until_async(Duration::from_secs(20), || {
+        backend.requests_served() == 2 && weir.metrics_text().contains("code=\"425\"")
+    })
+    .await;
+    assert!(served, "{}", weir.metrics_text());
+    relay.release();
+    let got = got.await.expect("task").expect("early GET");
+    assert_eq!(got.status, 200);
+    assert!(early_marked(&got.text()), "{}", got.text());
+    let posted = posted.await.expect("task").expect("early POST");
+    assert_eq!(posted.status, 425);
+    assert_eq!(
+        backend.requests_served(),
+        2,
+        "the early POST never went upstream"
+    );
+
+    // After the handshake, a POST on the same connection goes through, unmarked.
+    let mut send = early.send.clone();
+    let r = request(&mut send, post("/late"), b"hello", None)
+        .await
+        .expect("POST");
+    assert_eq!(r.status, 200);
+    assert!(
+        r.text().starts_with("POST /late HTTP/1.1\r\n"),
+        "{}",
+        r.text()
+    );
+    assert!(!early_marked(&r.text()), "{}", r.text());
+}
+
+#[tokio::test]
+async fn zero_rtt_is_off_by_default() {
+    let ca = TestCa::new("h3 CA");
+    let leaf = ca.leaf(&[NAME]);
+    let backend = Backend::echo("e");
+    let weir = single(backend.addr())
+        .listener("http3 = true")
+        .listener(&tls_table(&[&leaf], ""))
+        .start();
+    let client = Resuming::new(&ca.client_config()).expect("client");
+    let mut first = client.connect(weir.addr, NAME).await.expect("connect");
+    let r = get(&mut first.send, NAME, "/").await.expect("GET");
+    assert_eq!(r.status, 200);
+    first.connection.close(0u32.into(), b"");
+    drop(first);
+    // Resumed, but its session allows no early data.
+    let early = client.connect_early(weir.addr, NAME).await;
+    assert!(early.is_err(), "0-RTT must be off unless early_data is set");
+    let mut again = client.connect(weir.addr, NAME).await.expect("connect");
+    let r = get(&mut again.send, NAME, "/").await.expect("GET");
+    assert_eq!(r.status, 200);
+}
