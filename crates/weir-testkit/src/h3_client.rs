@@ -8,6 +8,9 @@ use std::sync::Arc;
 use bytes::{Buf, Bytes};
 use http::{HeaderMap, Request};
 
+/// A QUIC connection, and HTTP/3's error codes (for tests that write their own streams).
+pub use h3::error::Code as H3Code;
+pub use quinn::Connection as QuicConnection;
 /// Why a connection closed (`H3Client::connection.closed()`).
 pub use quinn::ConnectionError;
 
@@ -62,6 +65,17 @@ pub async fn connect(
     server_name: &str,
     tls: &rustls::ClientConfig,
 ) -> Result<H3Client, String> {
+    let (endpoint, connection) = quic_connect(addr, server_name, tls).await?;
+    over(connection, endpoint).await
+}
+
+/// A QUIC connection with ALPN `h3` and nothing on it yet (an attacker writes its own
+/// streams); keep the endpoint while the connection is used.
+pub async fn quic_connect(
+    addr: SocketAddr,
+    server_name: &str,
+    tls: &rustls::ClientConfig,
+) -> Result<(quinn::Endpoint, quinn::Connection), String> {
     let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(h3_tls(tls))
         .map_err(|e| e.to_string())?;
     let config = quinn::ClientConfig::new(Arc::new(crypto));
@@ -75,7 +89,7 @@ pub async fn connect(
         .connect(addr, server_name)
         .map_err(|e| e.to_string())?;
     let connection = connecting.await.map_err(|e| e.to_string())?;
-    over(connection, endpoint).await
+    Ok((endpoint, connection))
 }
 
 /// An HTTP/3 client on the QUIC `connection` (of `endpoint`).

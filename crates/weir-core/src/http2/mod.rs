@@ -17,7 +17,7 @@
 //!
 //! Module names: `http2`, not `h2`, so that paths to the `h2` crate stay unambiguous.
 
-mod budget;
+pub(crate) mod budget;
 mod conn;
 pub(crate) mod exchange;
 pub(crate) mod files;

@@ -8,14 +8,17 @@ use std::cell::Cell;
 use std::net::IpAddr;
 use std::rc::Rc;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use h3::server::RequestResolver;
 use tokio::sync::Notify;
 
+use super::guard::Guarded;
 use super::handshake::{self, Confirmation};
 use crate::filters::forwarded::ClientIp;
+use crate::http2::budget::Budget;
+use crate::metrics::shard::{Counter, Http3Metrics};
 use crate::tls::session::TlsSession;
 use crate::tls::ListenerTls;
 use crate::worker::{ConnectionGuard, Worker};
@@ -31,10 +34,49 @@ pub(super) struct Conn {
     pub tls: TlsSession,
     /// Whether the handshake is still under way (0-RTT: requests now are early data).
     pub handshake: Confirmation,
+    /// The QUIC connection (closed when a budget is exceeded).
+    quic: quinn::Connection,
+    /// Streams the client reset or stopped, and glitches (`guard`), in their windows (the
+    /// listener's `http2` budgets).
+    resets: Budget,
+    glitches: Budget,
     /// Stream tasks running, and the signal each gives when it ends (a draining connection
     /// closes once none runs).
     active: Cell<usize>,
     ended: Notify,
+}
+
+impl Conn {
+    /// The client reset (or stopped) a request stream before Weir answered it.
+    pub fn reset_by_client(&self) {
+        // Every stream fails with a connection that closed: those are no resets.
+        if self.quic.close_reason().is_some() {
+            return;
+        }
+        self.spend(&self.resets, |m| &m.client_resets, b"reset budget exceeded");
+    }
+
+    /// The client did something that carries no request (`guard`).
+    pub fn glitch(&self) {
+        self.spend(&self.glitches, |m| &m.glitches, b"glitch budget exceeded");
+    }
+
+    /// Counts one event in `counter` and `budget`; past the budget the connection closes
+    /// with H3_EXCESSIVE_LOAD (HTTP/2's GOAWAY ENHANCE_YOUR_CALM; the streams in flight
+    /// end with it).
+    fn spend(&self, budget: &Budget, counter: fn(&Http3Metrics) -> &Counter, why: &[u8]) {
+        let metrics = self.worker.metrics.listener(self.slot).map(|m| &m.http3);
+        if let Some(m) = metrics {
+            counter(m).inc();
+        }
+        let was = budget.is_exceeded();
+        if budget.record(Instant::now()) && !was {
+            if let Some(m) = metrics {
+                m.excessive_load_closes.inc();
+            }
+            self.quic.close(H3_EXCESSIVE_LOAD.into(), why);
+        }
+    }
 }
 
 /// The limits a connection is set up with, from its listener.
@@ -47,6 +89,9 @@ pub(super) struct Limits {
     pub max_field_section_size: u64,
     /// 0-RTT: the connection is served during its handshake.
     pub early_data: bool,
+    /// The listener's `http2` reset and glitch budgets (each: how many per window).
+    pub resets: (u32, Duration),
+    pub glitches: (u32, Duration),
 }
 
 /// Serves the connection `connecting` (a handshake under way) until it closes.
@@ -79,6 +124,9 @@ pub(super) async fn serve(
         peer_ip,
         tls: TlsSession::quic(sni, peer.as_deref().map(|c| &c[..]), &tls),
         handshake: Confirmation::new(accepted.is_some().then(|| connection.clone())),
+        quic: connection.clone(),
+        resets: Budget::new(limits.resets.0, limits.resets.1),
+        glitches: Budget::new(limits.glitches.0, limits.glitches.1),
         active: Cell::new(0),
         ended: Notify::new(),
     });
@@ -106,7 +154,10 @@ async fn run(connection: quinn::Connection, conn: &Rc<Conn>, limits: Limits) {
     let stats = connection.clone();
     let built = h3::server::builder()
         .max_field_section_size(limits.max_field_section_size)
-        .build::<_, Bytes>(h3_quinn::Connection::new(connection))
+        .build::<_, Bytes>(Guarded::new(
+            h3_quinn::Connection::new(connection),
+            conn.clone(),
+        ))
         .await;
     if let Ok(mut h3) = built {
         accept_streams(&mut h3, conn, limits.header_timeout).await;
@@ -120,7 +171,7 @@ async fn run(connection: quinn::Connection, conn: &Rc<Conn>, limits: Limits) {
 
 /// Starts a task per request stream until the connection ends; on drain, GOAWAY first.
 async fn accept_streams(
-    h3: &mut h3::server::Connection<h3_quinn::Connection, Bytes>,
+    h3: &mut h3::server::Connection<Guarded, Bytes>,
     conn: &Rc<Conn>,
     header_timeout: Duration,
 ) {
@@ -159,13 +210,18 @@ async fn accept_streams(
 /// Reads a stream's request head (within `header_timeout`) and serves it.
 async fn request(
     conn: Rc<Conn>,
-    resolver: RequestResolver<h3_quinn::Connection, Bytes>,
+    resolver: RequestResolver<Guarded, Bytes>,
     header_timeout: Duration,
 ) {
     let _running = Running::new(&conn);
     let resolved = crate::time::with_timeout(header_timeout, resolver.resolve_request()).await;
-    let Ok(Ok((request, stream))) = resolved else {
-        return;
+    let (request, stream) = match resolved {
+        Ok(Ok(resolved)) => resolved,
+        // Reset before its head was read, or a malformed head (h3 reset the stream): a
+        // reset, for the budget as for HTTP/2's (resets forced by the client's errors
+        // included).
+        Ok(Err(_)) => return conn.reset_by_client(),
+        Err(_) => return,
     };
     let (send, recv) = stream.split();
     super::stream::serve(conn, (request, send, recv)).await;
@@ -173,6 +229,8 @@ async fn request(
 
 /// HTTP/3's NO_ERROR code, closing a connection on purpose (RFC 9114 8.1).
 const H3_NO_ERROR: u32 = 0x100;
+/// HTTP/3's EXCESSIVE_LOAD code: the peer's behaviour generates excessive load.
+const H3_EXCESSIVE_LOAD: u32 = 0x107;
 
 /// Counts a stream task among its connection's running ones while it lives.
 struct Running(Rc<Conn>);

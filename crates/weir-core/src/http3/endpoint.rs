@@ -194,6 +194,8 @@ fn setup(snapshot: &Arc<Snapshot>, slot: usize) -> Option<Setup> {
             header_timeout: listener.header_timeout,
             max_field_section_size: u64::from(http3.max_field_section_size),
             early_data: http3.early_data,
+            resets: (listener.http2.reset_budget, listener.http2.reset_window),
+            glitches: (listener.http2.glitch_budget, listener.http2.glitch_window),
         },
         retry_threshold: http3.retry_threshold,
         tls,

@@ -15,6 +15,7 @@ mod body;
 mod conn;
 mod endpoint;
 mod exchange;
+mod guard;
 mod handshake;
 mod stream;
 mod upstream;

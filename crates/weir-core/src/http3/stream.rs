@@ -59,13 +59,14 @@ pub(super) async fn serve(conn: Rc<Conn>, (request, mut send, mut recv): Resolve
     let Ok(length) = declared_length(&parts) else {
         // Malformed (RFC 9114 4.1.2): a stream error.
         send.stop_stream(Code::H3_MESSAGE_ERROR);
-        return;
+        return conn.reset_by_client();
     };
     let declared = length.map(|n| n > 0);
     let first = match declared {
         Some(_) => None,
         None => match next_data(&mut recv, listener.client_timeout).await {
             Ok(first) => first,
+            Err(ProxyError::ClientClosed) => return conn.reset_by_client(),
             Err(_) => return,
         },
     };
@@ -81,7 +82,7 @@ pub(super) async fn serve(conn: Rc<Conn>, (request, mut send, mut recv): Resolve
         send.stop_stream(Code::H3_MESSAGE_ERROR);
         let scratch = RequestScratch { head: buf, req };
         worker.h2_scratch.give_request(scratch);
-        return;
+        return conn.reset_by_client();
     };
     let facts = H2Facts::of(&parts.headers);
     let mut log = StreamLog::default();
@@ -120,6 +121,9 @@ pub(super) async fn serve(conn: Rc<Conn>, (request, mut send, mut recv): Resolve
         }
         Err(e) => Err(e.into()),
     };
+    if matches!(&result, Err(f) if f.error == ProxyError::ClientClosed) {
+        conn.reset_by_client();
+    }
     let status = answer(&mut send, &result, listener, &mut log.trace).await;
     log.record(&at, result, status, Instant::now() - started);
     let scratch = RequestScratch { head: buf, req };

@@ -391,6 +391,13 @@ pub struct Http3Metrics {
     pub retries: Counter,
     /// Request streams served.
     pub streams: Counter,
+    /// Request streams the client reset or stopped before Weir answered them.
+    pub client_resets: Counter,
+    /// Client actions that carried no request (unidirectional streams past the three
+    /// HTTP/3 needs, control-stream frames after SETTINGS).
+    pub glitches: Counter,
+    /// Connections closed with H3_EXCESSIVE_LOAD (a reset or glitch budget exceeded).
+    pub excessive_load_closes: Counter,
     /// Packets sent, and of them declared lost (and so retransmitted).
     pub sent_packets: Counter,
     pub lost_packets: Counter,

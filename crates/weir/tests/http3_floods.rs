@@ -1,0 +1,152 @@
+//! HTTP/3 flood defences, with the HTTP/2 budgets of the listener (`http2.reset_budget`,
+//! `glitch_budget`): a client that resets request streams in a loop (rapid reset), opens
+//! unidirectional streams past the three HTTP/3 needs, or sends frames on its control
+//! stream after SETTINGS, is closed with H3_EXCESSIVE_LOAD once past the budget, and
+//! counted in `weir_http3_client_resets_total`, `weir_http3_glitches_total` and
+//! `weir_http3_excessive_load_closes_total`. Each attacker is a real QUIC client (quinn,
+//! and the h3 client for requests), writing its own frames where h3 would not.
+
+mod common;
+
+use std::time::Duration;
+
+use http::Request;
+use weir_testkit::certs::TestCa;
+use weir_testkit::h3_client::{
+    connect, get, quic_connect, ConnectionError, H3Code, QuicConnection,
+};
+use weir_testkit::Backend;
+
+use common::{single, tls_table, Weir};
+
+const NAME: &str = "h3.example.com";
+
+/// HTTP/3's EXCESSIVE_LOAD error code (RFC 9114 8.1).
+const H3_EXCESSIVE_LOAD: u32 = 0x107;
+
+fn start(ca: &TestCa, http2: &str) -> (Weir, Backend) {
+    let leaf = ca.leaf(&[NAME]);
+    let backend = Backend::echo("e");
+    let weir = single(backend.addr())
+        .listener("http3 = true")
+        .listener(http2)
+        .listener(&tls_table(&[&leaf], ""))
+        .start();
+    (weir, backend)
+}
+
+/// Waits for `connection` to be closed by Weir; panics unless with H3_EXCESSIVE_LOAD.
+async fn closed_for_excessive_load(connection: &QuicConnection) {
+    let closed = tokio::time::timeout(Duration::from_secs(20), connection.closed()).await;
+    match closed.expect("Weir closes the connection") {
+        ConnectionError::ApplicationClosed(close) => {
+            assert_eq!(close.error_code, H3_EXCESSIVE_LOAD.into(), "{close:?}")
+        }
+        other => panic!("closed otherwise: {other:?}"),
+    }
+}
+
+fn counter(weir: &Weir, name: &str) -> u64 {
+    weir.metric(&format!("{name}{{listener=\"web\"}}"))
+}
+
+#[tokio::test]
+async fn resetting_request_streams_past_the_budget_closes_the_connection() {
+    let ca = TestCa::new("h3 CA");
+    let (weir, _backend) = start(&ca, "http2 = { reset_budget = 5, reset_window = \"60s\" }");
+    let mut c = connect(weir.addr, NAME, &ca.client_config())
+        .await
+        .expect("connect");
+    // Within the budget: requests still work.
+    assert_eq!(get(&mut c.send, NAME, "/").await.expect("GET").status, 200);
+    for _ in 0..20 {
+        // A request whose body never comes, reset: Weir holds it open until then.
+        let req = Request::post(format!("https://{NAME}/up"))
+            .body(())
+            .expect("request");
+        let Ok(mut stream) = c.send.send_request(req).await else {
+            break;
+        };
+        stream.stop_stream(H3Code::H3_REQUEST_CANCELLED);
+        stream.stop_sending(H3Code::H3_REQUEST_CANCELLED);
+    }
+    closed_for_excessive_load(&c.connection).await;
+    assert!(counter(&weir, "weir_http3_client_resets_total") > 5);
+    assert_eq!(counter(&weir, "weir_http3_excessive_load_closes_total"), 1);
+    // Another connection is served.
+    let mut again = connect(weir.addr, NAME, &ca.client_config())
+        .await
+        .expect("connect");
+    assert_eq!(
+        get(&mut again.send, NAME, "/").await.expect("GET").status,
+        200
+    );
+}
+
+#[tokio::test]
+async fn unidirectional_streams_past_the_needed_three_are_glitches() {
+    let ca = TestCa::new("h3 CA");
+    let (weir, _backend) = start(
+        &ca,
+        "http2 = { glitch_budget = 5, glitch_window = \"60s\" }",
+    );
+    let c = connect(weir.addr, NAME, &ca.client_config())
+        .await
+        .expect("connect");
+    for _ in 0..30 {
+        // A reserved stream type (RFC 9114 6.2.3: 0x1f * N + 0x21), then its end.
+        let Ok(mut uni) = c.connection.open_uni().await else {
+            break;
+        };
+        if uni.write_all(&[0x21, 0xff]).await.is_err() || uni.finish().is_err() {
+            break;
+        }
+    }
+    closed_for_excessive_load(&c.connection).await;
+    assert!(counter(&weir, "weir_http3_glitches_total") > 5);
+    assert_eq!(counter(&weir, "weir_http3_excessive_load_closes_total"), 1);
+}
+
+#[tokio::test]
+async fn frames_on_the_control_stream_after_settings_are_glitches() {
+    let ca = TestCa::new("h3 CA");
+    let (weir, _backend) = start(
+        &ca,
+        "http2 = { glitch_budget = 5, glitch_window = \"60s\" }",
+    );
+    let (_endpoint, connection) = quic_connect(weir.addr, NAME, &ca.client_config())
+        .await
+        .expect("connect");
+    let mut control = connection.open_uni().await.expect("control stream");
+    // The control stream's type, an empty SETTINGS, then reserved frames (type 0x21,
+    // empty), which HTTP/3 says to ignore.
+    control
+        .write_all(&[0x00, 0x04, 0x00])
+        .await
+        .expect("SETTINGS");
+    for _ in 0..30 {
+        if control.write_all(&[0x21, 0x00]).await.is_err() {
+            break;
+        }
+    }
+    closed_for_excessive_load(&connection).await;
+    assert!(counter(&weir, "weir_http3_glitches_total") > 5);
+}
+
+#[tokio::test]
+async fn an_ordinary_connection_stays_within_the_default_budgets() {
+    let ca = TestCa::new("h3 CA");
+    let (weir, _backend) = start(&ca, "");
+    let mut c = connect(weir.addr, NAME, &ca.client_config())
+        .await
+        .expect("connect");
+    for _ in 0..50 {
+        assert_eq!(get(&mut c.send, NAME, "/").await.expect("GET").status, 200);
+    }
+    assert_eq!(counter(&weir, "weir_http3_excessive_load_closes_total"), 0);
+    assert_eq!(counter(&weir, "weir_http3_client_resets_total"), 0);
+    assert!(
+        counter(&weir, "weir_http3_glitches_total") <= 1,
+        "a grease stream at most"
+    );
+}
