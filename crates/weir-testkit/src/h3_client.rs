@@ -36,6 +36,8 @@ impl Drop for H3Client {
 /// A response read in full.
 #[derive(Debug)]
 pub struct H3Response {
+    /// The 1xx heads before the final one (status, fields).
+    pub interims: Vec<(u16, HeaderMap)>,
     pub status: u16,
     pub headers: HeaderMap,
     pub body: Vec<u8>,
@@ -208,7 +210,14 @@ pub async fn request(
     }
     // The stream ends after the trailers too (RFC 9114 4.1): h3 does not end it there.
     stream.finish().await.map_err(|e| err(&e))?;
-    let response = stream.recv_response().await.map_err(|e| err(&e))?;
+    let mut interims = Vec::new();
+    let response = loop {
+        let head = stream.recv_response().await.map_err(|e| err(&e))?;
+        if !head.status().is_informational() {
+            break head;
+        }
+        interims.push((head.status().as_u16(), head.headers().clone()));
+    };
     let mut out = Vec::new();
     while let Some(mut data) = stream.recv_data().await.map_err(|e| err(&e))? {
         while data.has_remaining() {
@@ -220,6 +229,7 @@ pub async fn request(
     }
     let trailers = stream.recv_trailers().await.map_err(|e| err(&e))?;
     Ok(H3Response {
+        interims,
         status: response.status().as_u16(),
         headers: response.headers().clone(),
         body: out,

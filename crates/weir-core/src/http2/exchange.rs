@@ -323,13 +323,18 @@ impl StreamRequest<'_> {
         respond: &'s mut SendResponse<Bytes>,
         body: bool,
     ) -> ClientStream<'s> {
+        ClientStream::new(respond, &self.relayed, self.interim_bounds(body))
+    }
+
+    /// The bounds of this response's 1xx heads: the listener's `max_informational` heads
+    /// of `max_header_list_size` in all, a 100 only if Weir sent none.
+    pub(crate) fn interim_bounds(&self, body: bool) -> Bounds {
         let h2 = &self.target.listener.http2;
-        let bounds = Bounds {
+        Bounds {
             heads: h2.max_informational,
             bytes: h2.max_header_list_size,
             sent_continue: self.answers_continue(body),
-        };
-        ClientStream::new(respond, &self.relayed, bounds)
+        }
     }
 
     pub(crate) fn meta(&self) -> RequestMeta {

@@ -44,11 +44,31 @@ impl Relayed {
     pub fn any(&self) -> bool {
         self.heads.get() > 0
     }
+
+    /// Whether the informational `head` goes to the client within `bounds` (counted if
+    /// so): not a 101, not a 100 when Weir sent its own, and within the count and size.
+    pub(crate) fn admit(&self, bounds: Bounds, head: &Response<()>) -> bool {
+        let status = head.status();
+        let skip = !status.is_informational()
+            || status == StatusCode::SWITCHING_PROTOCOLS
+            || (status == StatusCode::CONTINUE && bounds.sent_continue)
+            || self.heads.get() >= bounds.heads;
+        if skip {
+            return false;
+        }
+        let bytes = self.bytes.get().saturating_add(list_size(head));
+        if bytes > bounds.bytes {
+            return false;
+        }
+        self.heads.set(self.heads.get() + 1);
+        self.bytes.set(bytes);
+        true
+    }
 }
 
 /// The bounds of one response's 1xx heads (the listener's).
 #[derive(Debug, Clone, Copy)]
-pub(super) struct Bounds {
+pub(crate) struct Bounds {
     /// `max_informational`.
     pub heads: u32,
     /// `max_header_list_size`: of all the heads together.
@@ -101,25 +121,33 @@ impl<'a> ClientStream<'a> {
     /// Sends the informational `head` unless the bounds above skip it. Returns whether it
     /// was sent; `Err`: the stream is gone.
     pub fn send(&self, head: Response<()>) -> Result<bool, ()> {
-        let status = head.status();
-        let (relayed, bounds) = (self.relayed, self.bounds);
-        let skip = !status.is_informational()
-            || status == StatusCode::SWITCHING_PROTOCOLS
-            || (status == StatusCode::CONTINUE && bounds.sent_continue)
-            || relayed.heads.get() >= bounds.heads;
-        if skip {
+        if !self.relayed.admit(self.bounds, &head) {
             return Ok(false);
         }
-        let bytes = relayed.bytes.get().saturating_add(list_size(&head));
-        if bytes > bounds.bytes {
-            return Ok(false);
-        }
-        relayed.heads.set(relayed.heads.get() + 1);
-        relayed.bytes.set(bytes);
         let mut respond = self.respond.borrow_mut();
         respond.send_informational(head).map_err(|_| ())?;
         Ok(true)
     }
+}
+
+/// An HTTP/1.1 upstream's 1xx head `resp` (its bytes: `head`) as a response head for a
+/// client stream (HTTP/2 or HTTP/3): its end-to-end fields, names lower-cased (hop-by-hop
+/// and `Connection`-listed fields dropped). `None`: no valid status.
+pub(crate) fn informational(head: &[u8], resp: &ResponseHead) -> Option<Response<()>> {
+    let mut response = Response::new(());
+    *response.status_mut() = StatusCode::from_u16(resp.status).ok()?;
+    let fields = response.headers_mut();
+    for h in &resp.headers {
+        if h.connection_listed || h.kind.is_hop_by_hop() {
+            continue;
+        }
+        let name = response_name(&head[h.name.clone()]);
+        let value = http::HeaderValue::from_bytes(&head[h.value.clone()]);
+        if let (Ok(name), Ok(value)) = (name, value) {
+            fields.append(name, value);
+        }
+    }
+    Some(response)
 }
 
 /// The size of `head`'s header list as HTTP/2 counts it (RFC 9113 6.5.2), `:status`
@@ -138,30 +166,16 @@ impl Resettable for &ClientStream<'_> {
     }
 }
 
-/// The client's stream takes the upstream's 1xx heads: an HTTP/1.1 upstream's with their
-/// end-to-end fields, names lower-cased, as the final head (hop-by-hop and
-/// `Connection`-listed fields dropped; the route's `response_headers` rules are for the
-/// final head only); an HTTP/2 upstream's as they came. A client gone ends the wait
+/// The client's stream takes the upstream's 1xx heads: an HTTP/1.1 upstream's as
+/// [`informational`] makes them (the route's `response_headers` rules are for the final
+/// head only); an HTTP/2 upstream's as they came. A client gone ends the wait
 /// through its reset (`gone`), not here.
 impl Interim for &ClientStream<'_> {
     async fn relay(&mut self, head: &[u8], resp: &ResponseHead, _: Duration) -> Result<bool, ()> {
-        let mut response = Response::new(());
-        let Ok(status) = StatusCode::from_u16(resp.status) else {
-            return Ok(false);
-        };
-        *response.status_mut() = status;
-        let fields = response.headers_mut();
-        for h in &resp.headers {
-            if h.connection_listed || h.kind.is_hop_by_hop() {
-                continue;
-            }
-            let name = response_name(&head[h.name.clone()]);
-            let value = http::HeaderValue::from_bytes(&head[h.value.clone()]);
-            if let (Ok(name), Ok(value)) = (name, value) {
-                fields.append(name, value);
-            }
+        match informational(head, resp) {
+            Some(response) => self.send(response),
+            None => Ok(false),
         }
-        self.send(response)
     }
 
     async fn relay_h2(&mut self, head: Response<()>) -> Result<bool, ()> {

@@ -9,13 +9,14 @@ use std::cell::Cell;
 use std::time::Instant;
 
 use super::body::{send_head, H3Sink, H3Source, RecvHalf, SendHalf};
+use super::interim::H3Interim;
 use crate::buffer::Buffer;
 use crate::codec::http1::{BodyFraming, ResponseHead};
 use crate::connector::UpstreamStream;
 use crate::error::ProxyError;
 use crate::forward::body::BodyState;
 use crate::forward::driver::drive;
-use crate::forward::h1::{reuse, NoInterim};
+use crate::forward::h1::reuse;
 use crate::forward::head::{coding, plan_http1};
 use crate::forward::relay::{
     at_hand, relay, Broke, Coding, Http1Source, Peer, Piece, Sink, Source,
@@ -72,6 +73,15 @@ async fn exchange(
         limit: listener.max_body_size,
         length: body.length,
     });
+    // The 1xx heads that come before the final one go to the client (`interim`).
+    let shared = Cell::new(Some(&mut *send));
+    let interim = H3Interim {
+        send: &shared,
+        relayed: &r.relayed,
+        // Weir sends HTTP/3 clients no 100 of its own: an upstream's goes through.
+        bounds: r.interim_bounds(false),
+        stall: listener.http2.stall_timeout,
+    };
     let mut sender = StreamSender {
         r,
         x: &x,
@@ -80,10 +90,11 @@ async fn exchange(
         out,
         resp: &mut *resp,
         timer,
-        // 1xx heads are not relayed to HTTP/3 clients (docs/http3.md): the final head follows.
-        interim: NoInterim,
+        interim,
     };
     let accepted = drive(&x, &mut sender, r.request.started, &mut last_try).await;
+    drop(sender);
+    drop(shared);
     trace.upstream_pick = last_try.upstream_pick;
     trace.upstream_time = last_try.upstream_time;
     trace.body_in = body_in.get();

@@ -17,6 +17,7 @@ mod endpoint;
 mod exchange;
 mod guard;
 mod handshake;
+mod interim;
 mod stream;
 mod upstream;
 

@@ -117,7 +117,8 @@ pub(super) async fn serve(conn: Rc<Conn>, (request, mut send, mut recv): Resolve
                 started,
                 early,
             };
-            run(&at, parsed, (&facts, parts), body, &mut send, &mut log).await
+            let client = (&facts, parts);
+            run(&at, parsed, client, body, &mut send, &mut log).await
         }
         Err(e) => Err(e.into()),
     };

@@ -2,9 +2,9 @@
 //! gRPC): the tries of an HTTP/2 client's stream (`http2::upstream`'s sender, generic
 //! over the client's side), with the HTTP/3 stream as that side: its DATA and trailers
 //! uploaded ([`H3Source`]) while the response's head, DATA and trailers go into the
-//! stream ([`H3Sink`]), both ways at once (bidirectional gRPC streaming). 1xx heads are
-//! not relayed (docs/http3.md), and a client that stops its stream is noticed by the
-//! relay, not while the final head is awaited.
+//! stream ([`H3Sink`]), both ways at once (bidirectional gRPC streaming); 1xx heads go
+//! to the client before the final one (`interim`). A client that stops its stream is
+//! noticed by the relay, not while the final head is awaited.
 
 use std::cell::Cell;
 use std::future::Future;
@@ -15,12 +15,14 @@ use http::request::Parts;
 
 use super::body::{send_head, H3Sink, H3Source, SendHalf};
 use super::exchange::{forward, Body};
+use super::interim::{H3Interim, Shared};
 use crate::error::ProxyError;
-use crate::forward::h1::{Interim, NoInterim};
+use crate::forward::h1::Interim;
 use crate::forward::h2::relay_while_uploading;
 use crate::forward::relay::{relay, Broke, Coding, H2Source, Peer, Piece, Sink, Source};
 use crate::forward::Failure;
 use crate::http2::exchange::{StreamRequest, Trace};
+use crate::http2::interim::{Bounds, Relayed as Informed};
 use crate::http2::upstream::{Answer, ClientBody, ClientSide, H2Facts, Relayed};
 
 /// Forwards the stream's request `r` (the client's `parts`, its `body`) to an HTTP/2
@@ -33,8 +35,15 @@ pub(super) async fn forward_h2(
     send: &mut SendHalf,
     trace: &mut Trace,
 ) -> Result<(), Failure> {
-    let mut client = H3Client { send: &mut *send };
+    let mut client = H3Client {
+        send: Cell::new(Some(&mut *send)),
+        relayed: &r.relayed,
+        // Weir sends HTTP/3 clients no 100 of its own: an upstream's goes through.
+        bounds: r.interim_bounds(false),
+        stall: r.target.listener.http2.stall_timeout,
+    };
     let (relayed, body) = r.drive_h2(facts, parts, body, &mut client, trace).await;
+    drop(client);
     match relayed {
         // The server chose HTTP/1.1 (an `auto` one sharing the address): HTTP/1.1 then.
         Ok(Relayed::Http1) => forward(r, body, send, trace).await,
@@ -61,14 +70,23 @@ impl ClientBody for Body<'_> {
     }
 }
 
-/// An HTTP/3 client's stream as the side an HTTP/2 upstream's response goes to.
-struct H3Client<'s> {
-    send: &'s mut SendHalf,
+/// An HTTP/3 client's stream as the side an HTTP/2 upstream's response goes to: its
+/// sending half shared by the wait for the final head and the 1xx relay (`interim`).
+struct H3Client<'a, 's> {
+    send: Shared<'s>,
+    relayed: &'a Informed,
+    bounds: Bounds,
+    stall: Duration,
 }
 
-impl ClientSide for H3Client<'_> {
+impl ClientSide for H3Client<'_, '_> {
     fn interim(&self) -> impl Interim + '_ {
-        NoInterim
+        H3Interim {
+            send: &self.send,
+            relayed: self.relayed,
+            bounds: self.bounds,
+            stall: self.stall,
+        }
     }
 
     fn gone(&self) -> impl Future<Output = ProxyError> + '_ {
@@ -86,15 +104,18 @@ impl ClientSide for H3Client<'_> {
         coding: Option<&mut Coding>,
         trace: &mut Trace,
     ) -> Result<(), Failure> {
+        // Always back in its place: a 1xx relay lends it only while it sends.
+        let send = self.send.get_mut().as_deref_mut();
+        let send = send.ok_or(Failure::from(ProxyError::ClientClosed))?;
         let grpc_status = trace.grpc_status_in(answer.head.headers());
         let empty = answer.body.is_end_stream();
         let stall = answer.http2.stall_timeout;
-        send_head(self.send, answer.head, stall)
+        send_head(send, answer.head, stall)
             .await
             .map_err(Failure::after_head)?;
         trace.sent_grpc_status(grpc_status);
         let mut sink = H3Sink {
-            send: &mut *self.send,
+            send: &mut *send,
             stall,
             max_trailers: answer.http2.max_header_list_size,
             edits: answer.edits,
@@ -116,7 +137,7 @@ impl ClientSide for H3Client<'_> {
         // short.
         let relayed = relay_while_uploading(upload, relay).await;
         relayed.map(|_| ()).map_err(|f: Failure| {
-            self.send.stop_stream(h3::error::Code::H3_INTERNAL_ERROR);
+            send.stop_stream(h3::error::Code::H3_INTERNAL_ERROR);
             Failure::after_head(f.error)
         })
     }

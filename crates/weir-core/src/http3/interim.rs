@@ -1,0 +1,75 @@
+//! 1xx responses (103 Early Hints, 100, ...) relayed to an HTTP/3 client while its stream
+//! waits for the upstream's final head, as informational HEADERS frames (RFC 9114 4.1),
+//! within the same bounds as for HTTP/2 clients (`http2::interim`: the listener's
+//! `max_informational` heads of `max_header_list_size` in all per response; no 101).
+//!
+//! The stream's sending half is shared between the wait and this relay: it is lent out
+//! for each head ([`Lent`]) and given back when the send ends or is dropped (the wait may
+//! end first: a timeout, the client gone), so no borrow is held across an await.
+
+use std::cell::Cell;
+use std::time::Duration;
+
+use http::Response;
+
+use super::body::{send_head, SendHalf};
+use crate::codec::http1::ResponseHead;
+use crate::forward::h1::Interim;
+use crate::http2::interim::{informational, Bounds, Relayed};
+
+/// A stream's sending half, shared by the wait for the final head and the 1xx relay.
+pub(super) type Shared<'s> = Cell<Option<&'s mut SendHalf>>;
+
+/// The client's stream as the place an upstream's 1xx heads go.
+pub(super) struct H3Interim<'a, 's> {
+    pub send: &'a Shared<'s>,
+    pub relayed: &'a Relayed,
+    pub bounds: Bounds,
+    /// How long a head may wait for the client's flow-control credit.
+    pub stall: Duration,
+}
+
+impl H3Interim<'_, '_> {
+    /// Sends `head` unless the bounds skip it. Returns whether it was sent; `Err`: the
+    /// stream is gone.
+    async fn send(&mut self, head: Response<()>) -> Result<bool, ()> {
+        if !self.relayed.admit(self.bounds, &head) {
+            return Ok(false);
+        }
+        let mut lent = Lent {
+            from: self.send,
+            send: self.send.take(),
+        };
+        let Some(send) = lent.send.as_deref_mut() else {
+            return Err(());
+        };
+        send_head(send, head, self.stall).await.map_err(|_| ())?;
+        Ok(true)
+    }
+}
+
+impl Interim for H3Interim<'_, '_> {
+    async fn relay(&mut self, head: &[u8], resp: &ResponseHead, _: Duration) -> Result<bool, ()> {
+        match informational(head, resp) {
+            Some(response) => self.send(response).await,
+            None => Ok(false),
+        }
+    }
+
+    async fn relay_h2(&mut self, head: Response<()>) -> Result<bool, ()> {
+        // As for HTTP/2 clients: a client gone is noticed by the wait, not here.
+        Ok(self.send(head).await.unwrap_or(false))
+    }
+}
+
+/// The sending half lent out of its [`Shared`] place; back there when dropped.
+struct Lent<'a, 's> {
+    from: &'a Shared<'s>,
+    send: Option<&'s mut SendHalf>,
+}
+
+impl Drop for Lent<'_, '_> {
+    fn drop(&mut self) {
+        self.from.set(self.send.take());
+    }
+}

@@ -1,0 +1,81 @@
+//! An HTTP/3 request stream while it waits for the upstream's final head: 1xx heads (103
+//! Early Hints) from an HTTP/1.1 or HTTP/2 upstream reach the HTTP/3 client before the
+//! final response, within the listener's `max_informational`.
+
+mod common;
+
+use std::net::SocketAddr;
+
+use weir_testkit::certs::{Leaf, TestCa};
+use weir_testkit::h3_client::{connect, get, H3Client};
+use weir_testkit::{Backend, H2Backend};
+
+use common::{single, tls_table, Conf, Weir};
+
+const NAME: &str = "h3.example.com";
+
+fn start(conf: Conf, leaf: &Leaf) -> Weir {
+    conf.listener("http3 = true")
+        .listener(&tls_table(&[leaf], ""))
+        .start()
+}
+
+/// Weir routing everything to the h2c `backend`, with a long response timeout.
+fn to_h2c(backend: SocketAddr, leaf: &Leaf) -> Weir {
+    let options = ["protocol = \"h2c\"", "response_timeout = \"60s\""];
+    let conf = Conf::new()
+        .route("all", "up", &[])
+        .upstream("up", &[backend], &options);
+    start(conf, leaf)
+}
+
+async fn client(ca: &TestCa, addr: SocketAddr) -> H3Client {
+    connect(addr, NAME, &ca.client_config())
+        .await
+        .expect("HTTP/3 connection")
+}
+
+#[tokio::test]
+async fn early_hints_from_an_http1_upstream_reach_the_h3_client() {
+    let ca = TestCa::new("h3 CA");
+    let leaf = ca.leaf(&[NAME]);
+    let backend = Backend::raw_response(
+        b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\nConnection: x-hop\r\nX-Hop: 1\r\n\r\n\
+          HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
+    );
+    let weir = start(single(backend.addr()), &leaf);
+    let mut c = client(&ca, weir.addr).await;
+    let r = get(&mut c.send, NAME, "/page").await.expect("GET");
+    assert_eq!(r.interims.len(), 1, "{:?}", r.interims);
+    let (status, hints) = &r.interims[0];
+    assert_eq!(*status, 103);
+    assert_eq!(hints["link"], "</style.css>; rel=preload");
+    for hop in ["connection", "x-hop"] {
+        assert!(!hints.contains_key(hop), "{hop}: {hints:?}");
+    }
+    assert_eq!((r.status, r.text().as_str()), (200, "ok"));
+}
+
+#[tokio::test]
+async fn early_hints_from_an_h2_upstream_reach_the_h3_client_within_max_informational() {
+    let ca = TestCa::new("h3 CA");
+    let leaf = ca.leaf(&[NAME]);
+    let backend = H2Backend::h2c();
+    let weir = to_h2c(backend.addr(), &leaf);
+    let mut c = client(&ca, weir.addr).await;
+    let r = get(&mut c.send, NAME, "/hints?n=2").await.expect("GET");
+    let hints: Vec<_> = r
+        .interims
+        .iter()
+        .map(|(s, h)| (*s, h["x-hint"].clone()))
+        .collect();
+    assert_eq!(
+        hints,
+        [(103, "0".parse().unwrap()), (103, "1".parse().unwrap())]
+    );
+    assert_eq!(r.status, 200);
+    // Past max_informational (8), as for HTTP/2 clients: 8 relayed, then 502.
+    let r = get(&mut c.send, NAME, "/hints?n=20").await.expect("GET");
+    assert_eq!(r.interims.len(), 8, "{:?}", r.interims);
+    assert_eq!(r.status, 502);
+}
