@@ -1,14 +1,17 @@
 //! An HTTP/3 request stream while it waits for the upstream's final head: 1xx heads (103
 //! Early Hints) from an HTTP/1.1 or HTTP/2 upstream reach the HTTP/3 client before the
-//! final response, within the listener's `max_informational`.
+//! final response, within the listener's `max_informational`; and a client whose
+//! connection closes has its HTTP/2 upstream stream reset at once, not at the response
+//! timeout.
 
 mod common;
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use weir_testkit::certs::{Leaf, TestCa};
 use weir_testkit::h3_client::{connect, get, H3Client};
-use weir_testkit::{Backend, H2Backend};
+use weir_testkit::{wait_until_async, Backend, H2Backend};
 
 use common::{single, tls_table, Conf, Weir};
 
@@ -78,4 +81,22 @@ async fn early_hints_from_an_h2_upstream_reach_the_h3_client_within_max_informat
     let r = get(&mut c.send, NAME, "/hints?n=20").await.expect("GET");
     assert_eq!(r.interims.len(), 8, "{:?}", r.interims);
     assert_eq!(r.status, 502);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_leaves_has_its_h2_upstream_stream_reset_at_once() {
+    let ca = TestCa::new("h3 CA");
+    let leaf = ca.leaf(&[NAME]);
+    let backend = H2Backend::h2c();
+    let weir = to_h2c(backend.addr(), &leaf);
+    let c = client(&ca, weir.addr).await;
+    let mut send = c.send.clone();
+    let waiting = tokio::spawn(async move { get(&mut send, NAME, "/hang").await });
+    let arrived = wait_until_async(Duration::from_secs(10), || backend.streams() == 1).await;
+    assert!(arrived, "the request reached the upstream");
+    c.connection.close(0u32.into(), b"leaving");
+    // Well before the 60 s response timeout: the wait ends when the connection closes.
+    let reset = wait_until_async(Duration::from_secs(10), || backend.resets() == 1).await;
+    assert!(reset, "the upstream stream is reset when the client leaves");
+    waiting.abort();
 }

@@ -47,6 +47,11 @@ pub(super) struct Conn {
 }
 
 impl Conn {
+    /// The QUIC connection (its close ends every stream's wait: `upstream`).
+    pub fn quic(&self) -> &quinn::Connection {
+        &self.quic
+    }
+
     /// The client reset (or stopped) a request stream before Weir answered it.
     pub fn reset_by_client(&self) {
         // Every stream fails with a connection that closed: those are no resets.

@@ -117,8 +117,8 @@ pub(super) async fn serve(conn: Rc<Conn>, (request, mut send, mut recv): Resolve
                 started,
                 early,
             };
-            let client = (&facts, parts);
-            run(&at, parsed, client, body, &mut send, &mut log).await
+            let (client, side) = ((&facts, parts), (&mut send, conn.quic()));
+            run(&at, parsed, client, body, side, &mut log).await
         }
         Err(e) => Err(e.into()),
     };
@@ -168,7 +168,7 @@ async fn run(
     parsed: Parsed<'_>,
     client: (&H2Facts, http::request::Parts),
     body: Option<Body<'_>>,
-    send: &mut SendHalf,
+    (send, quic): (&mut SendHalf, &quinn::Connection),
     log: &mut StreamLog,
 ) -> Result<(), Failure> {
     let (worker, snapshot, index) = (at.worker, at.snapshot, at.listener);
@@ -232,7 +232,8 @@ async fn run(
     if carrier(Protocol::Http3, target.upstream) == Carrier::Http2 {
         // Boxed, as for HTTP/2 clients: the stream task's future is as large as its
         // largest path.
-        return Box::pin(forward_h2(&r, client, body, send, &mut log.trace)).await;
+        let client_side = (send, quic);
+        return Box::pin(forward_h2(&r, client, body, client_side, &mut log.trace)).await;
     }
     forward(&r, body, send, &mut log.trace).await
 }

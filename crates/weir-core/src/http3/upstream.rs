@@ -3,8 +3,9 @@
 //! over the client's side), with the HTTP/3 stream as that side: its DATA and trailers
 //! uploaded ([`H3Source`]) while the response's head, DATA and trailers go into the
 //! stream ([`H3Sink`]), both ways at once (bidirectional gRPC streaming); 1xx heads go
-//! to the client before the final one (`interim`). A client that stops its stream is
-//! noticed by the relay, not while the final head is awaited.
+//! to the client before the final one (`interim`). A client whose connection closes while
+//! the final head is awaited has the upstream's stream reset at once (`gone`); one that
+//! only stops its stream is noticed by the relay.
 
 use std::cell::Cell;
 use std::future::Future;
@@ -32,10 +33,12 @@ pub(super) async fn forward_h2(
     r: &StreamRequest<'_>,
     (facts, parts): (&H2Facts, Parts),
     body: Option<Body<'_>>,
-    send: &mut SendHalf,
+    (send, quic): (&mut SendHalf, &quinn::Connection),
     trace: &mut Trace,
 ) -> Result<(), Failure> {
     let mut client = H3Client {
+        quic,
+        closed: Cell::new(false),
         send: Cell::new(Some(&mut *send)),
         relayed: &r.relayed,
         // Weir sends HTTP/3 clients no 100 of its own: an upstream's goes through.
@@ -73,6 +76,11 @@ impl ClientBody for Body<'_> {
 /// An HTTP/3 client's stream as the side an HTTP/2 upstream's response goes to: its
 /// sending half shared by the wait for the final head and the 1xx relay (`interim`).
 struct H3Client<'a, 's> {
+    /// The client's connection: when it closes, the upstream's stream is reset at once
+    /// (`gone`), not left to its response timeout.
+    quic: &'a quinn::Connection,
+    /// `gone` saw it close.
+    closed: Cell<bool>,
     send: Shared<'s>,
     relayed: &'a Informed,
     bounds: Bounds,
@@ -89,12 +97,19 @@ impl ClientSide for H3Client<'_, '_> {
         }
     }
 
+    /// The client's connection closed (the client left, idled out, or a budget closed
+    /// it). A stream the client stopped on an open connection is noticed by the relay
+    /// once the head comes: the h3 crate does not report STOP_SENDING before a write.
     fn gone(&self) -> impl Future<Output = ProxyError> + '_ {
-        std::future::pending()
+        async {
+            self.quic.closed().await;
+            self.closed.set(true);
+            ProxyError::ClientClosed
+        }
     }
 
     fn was_reset(&self) -> bool {
-        false
+        self.closed.get()
     }
 
     async fn respond<U: Future<Output = Result<(), Broke>>>(
