@@ -94,7 +94,6 @@ async fn exchange(
     };
     let accepted = drive(&x, &mut sender, r.request.started, &mut last_try).await;
     drop(sender);
-    drop(shared);
     trace.upstream_pick = last_try.upstream_pick;
     trace.upstream_time = last_try.upstream_time;
     trace.body_in = body_in.get();

@@ -46,7 +46,6 @@ pub(super) async fn forward_h2(
         stall: r.target.listener.http2.stall_timeout,
     };
     let (relayed, body) = r.drive_h2(facts, parts, body, &mut client, trace).await;
-    drop(client);
     match relayed {
         // The server chose HTTP/1.1 (an `auto` one sharing the address): HTTP/1.1 then.
         Ok(Relayed::Http1) => forward(r, body, send, trace).await,
@@ -100,12 +99,10 @@ impl ClientSide for H3Client<'_, '_> {
     /// The client's connection closed (the client left, idled out, or a budget closed
     /// it). A stream the client stopped on an open connection is noticed by the relay
     /// once the head comes: the h3 crate does not report STOP_SENDING before a write.
-    fn gone(&self) -> impl Future<Output = ProxyError> + '_ {
-        async {
-            self.quic.closed().await;
-            self.closed.set(true);
-            ProxyError::ClientClosed
-        }
+    async fn gone(&self) -> ProxyError {
+        self.quic.closed().await;
+        self.closed.set(true);
+        ProxyError::ClientClosed
     }
 
     fn was_reset(&self) -> bool {
