@@ -71,6 +71,16 @@ pub async fn connect(
     over(connection, endpoint).await
 }
 
+/// [`connect`] trusting `ca`; panics when it cannot (for tests).
+pub async fn connect_to(
+    ca: &crate::certs::TestCa,
+    addr: SocketAddr,
+    server_name: &str,
+) -> H3Client {
+    let connected = connect(addr, server_name, &ca.client_config()).await;
+    connected.expect("HTTP/3 connection")
+}
+
 /// A QUIC connection with ALPN `h3` and nothing on it yet (an attacker writes its own
 /// streams); keep the endpoint while the connection is used.
 pub async fn quic_connect(

@@ -12,7 +12,7 @@ use std::net::SocketAddr;
 use bytes::{Buf, Bytes};
 use http::Request;
 use weir_testkit::certs::{Leaf, TestCa};
-use weir_testkit::h3_client::{connect, get, request, stalled_initial, H3Client};
+use weir_testkit::h3_client::{connect_to, get, request, stalled_initial};
 use weir_testkit::{pattern_hash, pattern_vec, sink_summary, Backend, H2Backend};
 
 use common::{dead_port, single, tls_table, Conf, Weir};
@@ -26,19 +26,13 @@ fn start(conf: Conf, leaves: &[&Leaf], http3: &str) -> Weir {
         .start()
 }
 
-async fn client(ca: &TestCa, addr: SocketAddr, name: &str) -> H3Client {
-    connect(addr, name, &ca.client_config())
-        .await
-        .expect("HTTP/3 connection")
-}
-
 #[tokio::test]
 async fn get_and_post_with_bodies_go_to_an_http1_upstream() {
     let ca = TestCa::new("h3 CA");
     let leaf = ca.leaf(&[NAME]);
     let backend = Backend::echo("e");
     let weir = start(single(backend.addr()), &[&leaf], "http3 = true");
-    let mut c = client(&ca, weir.addr, NAME).await;
+    let mut c = connect_to(&ca, weir.addr, NAME).await;
     let r = get(&mut c.send, NAME, "/a?b=1").await.expect("GET");
     assert_eq!(r.status, 200);
     assert_eq!(r.header("x-backend"), Some("e"));
@@ -98,7 +92,7 @@ async fn large_bodies_cross_small_windows_both_ways() {
         .upstream("sink", &[sink.addr()], &[]);
     let small = "http3 = { stream_window = \"16KiB\", connection_window = \"32KiB\" }";
     let weir = start(conf, &[&leaf], small);
-    let mut c = client(&ca, weir.addr, NAME).await;
+    let mut c = connect_to(&ca, weir.addr, NAME).await;
     let r = get(&mut c.send, NAME, "/down").await.expect("download");
     assert_eq!(r.status, 200);
     assert_eq!(r.body.len() as u64, len);
@@ -123,7 +117,7 @@ async fn response_trailers_reach_the_client() {
     let leaf = ca.leaf(&[NAME]);
     let backend = Backend::chunked(&["one ", "two"]);
     let weir = start(single(backend.addr()), &[&leaf], "http3 = true");
-    let mut c = client(&ca, weir.addr, NAME).await;
+    let mut c = connect_to(&ca, weir.addr, NAME).await;
     let r = get(&mut c.send, NAME, "/").await.expect("GET");
     assert_eq!(r.status, 200);
     assert_eq!(r.text(), "one two");
@@ -144,7 +138,7 @@ async fn many_concurrent_streams_on_one_connection() {
         &[&leaf],
         "http3 = { max_concurrent_streams = 20 }",
     );
-    let c = client(&ca, weir.addr, NAME).await;
+    let c = connect_to(&ca, weir.addr, NAME).await;
     let mut tasks = Vec::new();
     for i in 0..64 {
         let mut send = c.send.clone();
@@ -169,7 +163,7 @@ async fn the_certificate_is_chosen_by_sni() {
     let weir = start(single(backend.addr()), &[&a, &b], "http3 = true");
     for name in ["a.example.com", "b.example.com"] {
         // The client verifies the name: a wrong certificate fails the handshake.
-        let mut c = client(&ca, weir.addr, name).await;
+        let mut c = connect_to(&ca, weir.addr, name).await;
         let r = get(&mut c.send, name, "/").await.expect("GET");
         assert_eq!(r.status, 200);
     }
@@ -192,7 +186,7 @@ async fn route_policy_applies_redirects_and_header_rules() {
         )
         .upstream("up", &[backend.addr()], &[]);
     let weir = start(conf, &[&leaf], "http3 = true");
-    let mut c = client(&ca, weir.addr, NAME).await;
+    let mut c = connect_to(&ca, weir.addr, NAME).await;
     let r = get(&mut c.send, NAME, "/old/x").await.expect("GET");
     assert!((300..400).contains(&r.status), "{r:?}");
     assert!(
@@ -211,7 +205,7 @@ async fn an_unreachable_upstream_is_502_and_the_connection_serves_on() {
     let leaf = ca.leaf(&[NAME]);
     let dead = dead_port();
     let weir = start(single(dead.addr), &[&leaf], "http3 = true");
-    let mut c = client(&ca, weir.addr, NAME).await;
+    let mut c = connect_to(&ca, weir.addr, NAME).await;
     for _ in 0..2 {
         let r = get(&mut c.send, NAME, "/").await.expect("GET");
         assert_eq!(r.status, 502);
@@ -262,7 +256,7 @@ async fn tcp_responses_advertise_http3_with_alt_svc_only_when_it_is_on() {
     let want = format!("alt-svc: h3=\":{}\"; ma=3600", addr.port());
     assert!(head.to_ascii_lowercase().contains(&want), "{head}");
     // The advertised endpoint answers.
-    let mut c = client(&ca, addr, NAME).await;
+    let mut c = connect_to(&ca, addr, NAME).await;
     assert_eq!(get(&mut c.send, NAME, "/").await.expect("GET").status, 200);
     drop((c, weir));
     let weir = start(single(backend.addr()), &[&leaf], "http3 = false");
@@ -282,7 +276,7 @@ async fn retry_validates_addresses_past_the_threshold_and_quic_is_counted() {
         &[&leaf],
         "http3 = { retry_threshold = 0 }",
     );
-    let mut c = client(&ca, weir.addr, NAME).await;
+    let mut c = connect_to(&ca, weir.addr, NAME).await;
     assert_eq!(get(&mut c.send, NAME, "/").await.expect("GET").status, 200);
     assert_eq!(weir.metric("weir_http3_retries_total{listener=\"web\"}"), 1);
     assert_eq!(
@@ -314,7 +308,7 @@ async fn a_quiet_connection_closes_after_idle_timeout() {
         &[&leaf],
         "http3 = { idle_timeout = \"300ms\" }",
     );
-    let mut c = client(&ca, weir.addr, NAME).await;
+    let mut c = connect_to(&ca, weir.addr, NAME).await;
     assert_eq!(get(&mut c.send, NAME, "/").await.expect("GET").status, 200);
     let started = std::time::Instant::now();
     let closed = tokio::time::timeout(common::WAIT, c.connection.closed()).await;
@@ -336,7 +330,7 @@ async fn streams_past_max_concurrent_streams_wait_their_turn() {
         &[&leaf],
         "http3 = { max_concurrent_streams = 4 }",
     );
-    let c = client(&ca, weir.addr, NAME).await;
+    let c = connect_to(&ca, weir.addr, NAME).await;
     let mut tasks = Vec::new();
     for _ in 0..12 {
         let mut send = c.send.clone();
@@ -360,7 +354,7 @@ async fn a_drain_lets_the_streams_in_flight_finish() {
     let backend = Backend::slow(std::time::Duration::from_millis(300));
     let conf = single(backend.addr()).drain_timeout("10s");
     let weir = start(conf, &[&leaf], "http3 = true");
-    let c = client(&ca, weir.addr, NAME).await;
+    let c = connect_to(&ca, weir.addr, NAME).await;
     let mut send = c.send.clone();
     let in_flight = tokio::spawn(async move { get(&mut send, NAME, "/slow").await });
     assert!(weir_testkit::wait_until_async(common::WAIT, || backend.in_flight() == 1).await);
@@ -438,7 +432,7 @@ async fn a_body_that_does_not_match_its_length_is_not_passed_on() {
     let leaf = ca.leaf(&[NAME]);
     let backend = Backend::echo("e");
     let weir = start(single(backend.addr()), &[&leaf], "http3 = true");
-    let mut c = client(&ca, weir.addr, NAME).await;
+    let mut c = connect_to(&ca, weir.addr, NAME).await;
     let smuggled = b"helloGET /admin HTTP/1.1\r\nHost: internal\r\n\r\n";
     for (length, body) in [("5", &smuggled[..]), ("10", &b"hello"[..])] {
         let post = Request::post(format!("https://{NAME}/up"))
@@ -474,7 +468,7 @@ async fn a_cache_route_serves_hits_and_forwards_misses_unstored() {
         .upstream("up", &[backend.addr()], &[])
         .table("[caches.mem]\nkind = \"memory\"\n");
     let weir = start(conf, &[&leaf], "http3 = true");
-    let mut c = client(&ca, weir.addr, NAME).await;
+    let mut c = connect_to(&ca, weir.addr, NAME).await;
     // An HTTP/3 miss is forwarded but not stored (docs/http3.md): the next one goes up too.
     for served in 1..=2 {
         let r = get(&mut c.send, NAME, "/").await.expect("GET");
@@ -520,7 +514,7 @@ async fn bodies_and_trailers_go_both_ways_to_an_h2c_upstream() {
     let leaf = ca.leaf(&[NAME]);
     let backend = H2Backend::h2c();
     let weir = to_h2c(&backend, &leaf);
-    let mut c = client(&ca, weir.addr, NAME).await;
+    let mut c = connect_to(&ca, weir.addr, NAME).await;
     // Larger than the upstream's windows: flow control on both legs.
     let body = pattern_vec(300_000);
     let mut trailers = http::HeaderMap::new();
@@ -560,7 +554,7 @@ async fn request_trailers_an_h2_upstream_may_not_take_are_dropped() {
     let leaf = ca.leaf(&[NAME]);
     let backend = H2Backend::h2c();
     let weir = to_h2c(&backend, &leaf);
-    let mut c = client(&ca, weir.addr, NAME).await;
+    let mut c = connect_to(&ca, weir.addr, NAME).await;
     let mut trailers = http::HeaderMap::new();
     trailers.insert("x-client-trailer", "kept".parse().expect("value"));
     trailers.insert("connection", "close".parse().expect("value"));
@@ -586,7 +580,7 @@ async fn grpc_streams_both_ways_to_an_h2c_upstream() {
     let leaf = ca.leaf(&[NAME]);
     let backend = H2Backend::h2c();
     let weir = to_h2c(&backend, &leaf);
-    let mut c = client(&ca, weir.addr, NAME).await;
+    let mut c = connect_to(&ca, weir.addr, NAME).await;
     let call = Request::post(format!("https://{NAME}/echo.Echo/Chat"))
         .header("content-type", "application/grpc")
         .header("te", "trailers")
@@ -636,7 +630,7 @@ async fn a_grpc_call_to_a_down_h2c_upstream_gets_unavailable() {
             .route("all", "up", &[])
             .upstream("up", &[dead.addr], &["protocol = \"h2c\""]);
     let weir = start(conf, &[&leaf], "http3 = true");
-    let mut c = client(&ca, weir.addr, NAME).await;
+    let mut c = connect_to(&ca, weir.addr, NAME).await;
     let call = Request::post(format!("https://{NAME}/echo.Echo/Say"))
         .header("content-type", "application/grpc")
         .header("te", "trailers")
@@ -671,7 +665,7 @@ async fn a_files_route_serves_ranges_and_conditionals() {
     let files = format!("files = {{ root = \"{}\" }}", root.display());
     let small = "http3 = { stream_window = \"16KiB\", connection_window = \"32KiB\" }";
     let weir = start(Conf::new().route_keys("site", &[&files]), &[&leaf], small);
-    let mut c = client(&ca, weir.addr, NAME).await;
+    let mut c = connect_to(&ca, weir.addr, NAME).await;
     let with = |path: &str, field: (&str, &str)| {
         Request::get(format!("https://{NAME}{path}"))
             .header(field.0, field.1)
@@ -752,7 +746,7 @@ async fn stalled_handshakes_give_way_at_max_handshakes() {
         "an unproven Initial evicts nothing"
     );
     assert_eq!(weir.metric("weir_http3_refused_total{listener=\"web\"}"), 0);
-    let mut c = client(&ca, weir.addr, NAME).await;
+    let mut c = connect_to(&ca, weir.addr, NAME).await;
     assert_eq!(get(&mut c.send, NAME, "/").await.expect("GET").status, 200);
     weir.wait_metric(evictions, 1).await;
 }

@@ -16,7 +16,7 @@ use weir_testkit::certs::TestCa;
 use weir_testkit::h3_client::{get, request, H3Sender, Resuming};
 use weir_testkit::{wait_until_async, Backend};
 
-use common::{single, tls_table};
+use common::{single, tls_table, Weir};
 
 const NAME: &str = "h3.example.com";
 
@@ -95,23 +95,28 @@ fn early_marked(text: &str) -> bool {
     text.to_ascii_lowercase().contains("\r\nearly-data: 1\r\n")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn early_data_serves_safe_methods_marked_and_answers_others_too_early() {
+/// Weir (`http3` as given) before an echo backend, and a client that holds a session from
+/// a first connection (whose request came after its handshake: not early data).
+async fn with_a_session(http3: &str) -> (Weir, Backend, Resuming) {
     let ca = TestCa::new("h3 CA");
     let leaf = ca.leaf(&[NAME]);
     let backend = Backend::echo("e");
     let weir = single(backend.addr())
-        .listener("http3 = { early_data = true }")
+        .listener(http3)
         .listener(&tls_table(&[&leaf], ""))
         .start();
     let client = Resuming::new(&ca.client_config()).expect("client");
-    // A first connection gets a session; its requests come after its handshake.
     let mut first = client.connect(weir.addr, NAME).await.expect("connect");
     let r = get(&mut first.send, NAME, "/full").await.expect("GET");
     assert_eq!(r.status, 200);
     assert!(!early_marked(&r.text()), "{}", r.text());
     first.connection.close(0u32.into(), b"");
-    drop(first);
+    (weir, backend, client)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn early_data_serves_safe_methods_marked_and_answers_others_too_early() {
+    let (weir, backend, client) = with_a_session("http3 = { early_data = true }").await;
 
     // The second resumes it with 0-RTT, its handshake held up by the relay.
     let relay = Relay::start(weir.addr).await;
@@ -156,19 +161,7 @@ async fn early_data_serves_safe_methods_marked_and_answers_others_too_early() {
 
 #[tokio::test]
 async fn zero_rtt_is_off_by_default() {
-    let ca = TestCa::new("h3 CA");
-    let leaf = ca.leaf(&[NAME]);
-    let backend = Backend::echo("e");
-    let weir = single(backend.addr())
-        .listener("http3 = true")
-        .listener(&tls_table(&[&leaf], ""))
-        .start();
-    let client = Resuming::new(&ca.client_config()).expect("client");
-    let mut first = client.connect(weir.addr, NAME).await.expect("connect");
-    let r = get(&mut first.send, NAME, "/").await.expect("GET");
-    assert_eq!(r.status, 200);
-    first.connection.close(0u32.into(), b"");
-    drop(first);
+    let (weir, _backend, client) = with_a_session("http3 = true").await;
     // Resumed, but its session allows no early data.
     let early = client.connect_early(weir.addr, NAME).await;
     assert!(early.is_err(), "0-RTT must be off unless early_data is set");

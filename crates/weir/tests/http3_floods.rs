@@ -13,13 +13,16 @@ use std::time::Duration;
 use http::Request;
 use weir_testkit::certs::TestCa;
 use weir_testkit::h3_client::{
-    connect, get, quic_connect, ConnectionError, H3Code, QuicConnection,
+    connect_to, get, quic_connect, ConnectionError, H3Code, QuicConnection,
 };
 use weir_testkit::Backend;
 
 use common::{single, tls_table, Weir};
 
 const NAME: &str = "h3.example.com";
+
+/// A glitch budget of 5 (per minute).
+const FIVE_GLITCHES: &str = "http2 = { glitch_budget = 5, glitch_window = \"60s\" }";
 
 /// HTTP/3's EXCESSIVE_LOAD error code (RFC 9114 8.1).
 const H3_EXCESSIVE_LOAD: u32 = 0x107;
@@ -54,9 +57,7 @@ fn counter(weir: &Weir, name: &str) -> u64 {
 async fn resetting_request_streams_past_the_budget_closes_the_connection() {
     let ca = TestCa::new("h3 CA");
     let (weir, _backend) = start(&ca, "http2 = { reset_budget = 5, reset_window = \"60s\" }");
-    let mut c = connect(weir.addr, NAME, &ca.client_config())
-        .await
-        .expect("connect");
+    let mut c = connect_to(&ca, weir.addr, NAME).await;
     // Within the budget: requests still work.
     assert_eq!(get(&mut c.send, NAME, "/").await.expect("GET").status, 200);
     for _ in 0..20 {
@@ -74,9 +75,7 @@ async fn resetting_request_streams_past_the_budget_closes_the_connection() {
     assert!(counter(&weir, "weir_http3_client_resets_total") > 5);
     assert_eq!(counter(&weir, "weir_http3_excessive_load_closes_total"), 1);
     // Another connection is served.
-    let mut again = connect(weir.addr, NAME, &ca.client_config())
-        .await
-        .expect("connect");
+    let mut again = connect_to(&ca, weir.addr, NAME).await;
     assert_eq!(
         get(&mut again.send, NAME, "/").await.expect("GET").status,
         200
@@ -86,13 +85,8 @@ async fn resetting_request_streams_past_the_budget_closes_the_connection() {
 #[tokio::test]
 async fn unidirectional_streams_past_the_needed_three_are_glitches() {
     let ca = TestCa::new("h3 CA");
-    let (weir, _backend) = start(
-        &ca,
-        "http2 = { glitch_budget = 5, glitch_window = \"60s\" }",
-    );
-    let c = connect(weir.addr, NAME, &ca.client_config())
-        .await
-        .expect("connect");
+    let (weir, _backend) = start(&ca, FIVE_GLITCHES);
+    let c = connect_to(&ca, weir.addr, NAME).await;
     for _ in 0..30 {
         // A reserved stream type (RFC 9114 6.2.3: 0x1f * N + 0x21), then its end.
         let Ok(mut uni) = c.connection.open_uni().await else {
@@ -110,10 +104,7 @@ async fn unidirectional_streams_past_the_needed_three_are_glitches() {
 #[tokio::test]
 async fn frames_on_the_control_stream_after_settings_are_glitches() {
     let ca = TestCa::new("h3 CA");
-    let (weir, _backend) = start(
-        &ca,
-        "http2 = { glitch_budget = 5, glitch_window = \"60s\" }",
-    );
+    let (weir, _backend) = start(&ca, FIVE_GLITCHES);
     let (_endpoint, connection) = quic_connect(weir.addr, NAME, &ca.client_config())
         .await
         .expect("connect");
@@ -137,9 +128,7 @@ async fn frames_on_the_control_stream_after_settings_are_glitches() {
 async fn an_ordinary_connection_stays_within_the_default_budgets() {
     let ca = TestCa::new("h3 CA");
     let (weir, _backend) = start(&ca, "");
-    let mut c = connect(weir.addr, NAME, &ca.client_config())
-        .await
-        .expect("connect");
+    let mut c = connect_to(&ca, weir.addr, NAME).await;
     for _ in 0..50 {
         assert_eq!(get(&mut c.send, NAME, "/").await.expect("GET").status, 200);
     }

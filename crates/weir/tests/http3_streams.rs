@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use weir_testkit::certs::{Leaf, TestCa};
-use weir_testkit::h3_client::{connect, get, H3Client};
+use weir_testkit::h3_client::{connect_to, get};
 use weir_testkit::{wait_until_async, Backend, H2Backend};
 
 use common::{single, tls_table, Conf, Weir};
@@ -32,12 +32,6 @@ fn to_h2c(backend: SocketAddr, leaf: &Leaf) -> Weir {
     start(conf, leaf)
 }
 
-async fn client(ca: &TestCa, addr: SocketAddr) -> H3Client {
-    connect(addr, NAME, &ca.client_config())
-        .await
-        .expect("HTTP/3 connection")
-}
-
 #[tokio::test]
 async fn early_hints_from_an_http1_upstream_reach_the_h3_client() {
     let ca = TestCa::new("h3 CA");
@@ -47,7 +41,7 @@ async fn early_hints_from_an_http1_upstream_reach_the_h3_client() {
           HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
     );
     let weir = start(single(backend.addr()), &leaf);
-    let mut c = client(&ca, weir.addr).await;
+    let mut c = connect_to(&ca, weir.addr, NAME).await;
     let r = get(&mut c.send, NAME, "/page").await.expect("GET");
     assert_eq!(r.interims.len(), 1, "{:?}", r.interims);
     let (status, hints) = &r.interims[0];
@@ -65,7 +59,7 @@ async fn early_hints_from_an_h2_upstream_reach_the_h3_client_within_max_informat
     let leaf = ca.leaf(&[NAME]);
     let backend = H2Backend::h2c();
     let weir = to_h2c(backend.addr(), &leaf);
-    let mut c = client(&ca, weir.addr).await;
+    let mut c = connect_to(&ca, weir.addr, NAME).await;
     let r = get(&mut c.send, NAME, "/hints?n=2").await.expect("GET");
     let hints: Vec<_> = r
         .interims
@@ -89,7 +83,7 @@ async fn a_client_that_leaves_has_its_h2_upstream_stream_reset_at_once() {
     let leaf = ca.leaf(&[NAME]);
     let backend = H2Backend::h2c();
     let weir = to_h2c(backend.addr(), &leaf);
-    let c = client(&ca, weir.addr).await;
+    let c = connect_to(&ca, weir.addr, NAME).await;
     let mut send = c.send.clone();
     let waiting = tokio::spawn(async move { get(&mut send, NAME, "/hang").await });
     let arrived = wait_until_async(Duration::from_secs(10), || backend.streams() == 1).await;
