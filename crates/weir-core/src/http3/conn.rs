@@ -1,8 +1,9 @@
 //! One QUIC connection speaking HTTP/3: the handshake (`handshake`: waited for, or with
 //! 0-RTT watched while the connection is served), the h3 server with the listener's
-//! `max_field_section_size`, a task per request stream, and the graceful close on drain (GOAWAY, then the streams in
-//! flight finish). The connection counts among its listener's connections (drain,
-//! `max_connections`) for as long as it lives.
+//! `max_field_section_size` on the watched connection (`guard`), a task per request
+//! stream, the reset and glitch budgets (past them: H3_EXCESSIVE_LOAD), and the graceful
+//! close on drain (GOAWAY, then the streams in flight finish). The connection counts among
+//! its listener's connections (drain, `max_connections`) for as long as it lives.
 
 use std::cell::Cell;
 use std::net::IpAddr;
