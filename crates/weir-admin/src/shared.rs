@@ -28,6 +28,10 @@ pub trait Shared: Send + Sync {
     /// Waits until this instance has applied `version` (or rejected it: the error).
     fn wait_applied(&self, version: u64) -> Result<(), ApiError>;
 
+    /// The running config's text as the fleet assembles it: the local file's per-node
+    /// sections, then the shared objects running here.
+    fn text(&self) -> String;
+
     /// SIGHUP: the local file changed; applies it with the shared objects.
     fn reload_local(&self, text: String) -> Result<(), ApiError>;
 

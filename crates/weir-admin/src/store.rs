@@ -191,7 +191,16 @@ impl Store {
     /// The running config's version and text.
     pub fn current(&self) -> (u64, String) {
         let state = self.lock();
-        (state.version, state.text.clone())
+        (state.version, self.text(&state))
+    }
+
+    /// The running config's text: on a fleet member, assembled when asked from the
+    /// objects it runs (a change among 10,000 objects does not assemble it).
+    fn text(&self, state: &State) -> String {
+        match self.shared() {
+            Some(shared) => shared.text(),
+            None => state.text.clone(),
+        }
     }
 
     /// Sees every new version of the running config.
@@ -285,7 +294,7 @@ impl Store {
             let (base_version, base) = {
                 let state = self.lock();
                 check_frozen(&state)?;
-                (state.version, state.text.clone())
+                (state.version, self.text(&state))
             };
             let (config, text) = shared.parse(&make(&base)?)?;
             let running = self.proxy.config();
@@ -331,12 +340,12 @@ impl Store {
     }
 
     /// Applies a config the fleet built from its shared objects (validated already) as
-    /// `version`; `by` says who changed them. Nothing is persisted here: the fleet keeps
-    /// its own snapshot of the objects.
+    /// `version`; `by` says who changed them, `fields` the keys they edited. Nothing is
+    /// persisted here: the fleet keeps its own snapshot of the objects (and the text).
     pub fn apply_shared(
         &self,
         config: Config,
-        text: String,
+        fields: Vec<FieldChange>,
         version: u64,
         by: &str,
     ) -> Result<Vec<Change>, ApiError> {
@@ -345,8 +354,6 @@ impl Store {
         let changes = self.proxy.apply(config).map_err(ApiError::from)?;
         let from = state.version;
         state.version = version;
-        let fields = field_changes(&state.text, &text);
-        state.text = text;
         record(&mut state, from, &Origin::new(by), &changes, fields);
         self.changed.send_replace(state.version);
         Ok(changes)

@@ -1,10 +1,13 @@
 //! A fleet member: its view of the shared objects, the config built from them with the
 //! local file, and what it reports (`/ready`, metrics, its registration).
 //!
-//! Every change, from the watch or a SIGHUP of the local file, takes [`Fleet::apply_view`]:
-//! the whole config is assembled and validated as the file is, then applied through the
-//! admin store (`Store::apply_shared`, so the history and the log tell it as any change).
-//! A change that fails here is not applied, and is reported until a later one succeeds.
+//! Every change, from the watch (the admin API's writes come back through it) or a SIGHUP
+//! of the local file, takes [`Fleet::apply_view`]: the config is built from the objects
+//! and validated as the file is, parsing again only the values that changed
+//! ([`Parsed`]), then applied through the admin store (`Store::apply_shared`, so the
+//! history and the log tell it as any change), which keeps the state of every unchanged
+//! object (server health, pools, counters). A change that fails here is not applied, and
+//! is reported until a later one succeeds.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
@@ -12,7 +15,8 @@ use std::time::Duration;
 
 use weir_admin::api::error::ApiError;
 use weir_admin::Store;
-use weir_config::cluster::objects::{self, Assembled, Local, Objects};
+use weir_config::cluster::objects::{self, Assembled, Local, Objects, Parsed};
+use weir_config::field_diff::FieldChange;
 use weir_config::cluster::EtcdCluster;
 use weir_config::{Config, ConfigError};
 use weir_core::metrics::etcd::EtcdMetrics;
@@ -32,6 +36,10 @@ pub struct Fleet {
     handle: tokio::runtime::Handle,
     local: Mutex<LocalFile>,
     pub(crate) view: Mutex<View>,
+    /// The objects' values as last parsed, so that a change parses only what changed.
+    parsed: Mutex<Parsed>,
+    /// The objects of the running config (what `Shared::text` assembles).
+    running: Mutex<Objects>,
     pub(crate) progress: tokio::sync::watch::Sender<Progress>,
     store: OnceLock<Arc<Store>>,
     metrics: Arc<EtcdMetrics>,
@@ -91,6 +99,8 @@ impl Fleet {
             runtime: Mutex::new(Some(runtime)),
             local: Mutex::new(LocalFile { text, path }),
             view: Mutex::new(View::default()),
+            parsed: Mutex::new(Parsed::default()),
+            running: Mutex::new(Objects::new()),
             progress: tokio::sync::watch::Sender::new(Progress::default()),
             store: OnceLock::new(),
             metrics: Arc::new(EtcdMetrics::default()),
@@ -123,8 +133,8 @@ impl Fleet {
         candidates.push(("nothing", View::default()));
         let local = self.local_file().clone();
         for (source, view) in candidates {
-            match self.build(&local, &view.objects) {
-                Ok((config, assembled)) => {
+            match self.config_of(&local, &view.objects) {
+                Ok(config) => {
                     tracing::info!(
                         source,
                         revision = view.config_revision,
@@ -136,10 +146,12 @@ impl Fleet {
                         p.applied = view.config_revision;
                         p.serving = !config.listeners.is_empty();
                     });
+                    let text = self.assemble(&local, &view.objects);
+                    *lock(&self.running) = view.objects.clone();
                     *self.lock_view() = view;
                     return Ok(Initial {
                         config,
-                        text: assembled.text,
+                        text,
                         version,
                     });
                 }
@@ -213,6 +225,7 @@ impl Fleet {
         format!("{}/config/{key}", self.settings.prefix)
     }
 
+    /// The whole config text of `objects` with the local file, and its config.
     fn build(
         &self,
         local: &LocalFile,
@@ -220,14 +233,46 @@ impl Fleet {
     ) -> Result<(Config, Assembled), ConfigError> {
         let key_name = |k: &str| self.key_name(k);
         let assembled = objects::assemble(&local.text, objects, &key_name)?;
-        let (file, base) = local.names();
-        let l = Local {
-            text: &local.text,
-            file: &file,
-            base: base.as_deref(),
-        };
-        let config = objects::parse(&l, &assembled, objects, &key_name)?;
+        let config =
+            local.with(|l| objects::parse(l, &assembled, objects, &key_name))?;
         Ok((config, assembled))
+    }
+
+    /// The config of `objects` with the local file (as [`Fleet::build`] gives it), parsing
+    /// only the values that changed since the last call.
+    fn config_of(&self, local: &LocalFile, objects: &Objects) -> Result<Config, ConfigError> {
+        let key_name = |k: &str| self.key_name(k);
+        let mut parsed = lock(&self.parsed);
+        local.with(|l| parsed.config(l, objects, &key_name))
+    }
+
+    /// The config text of `objects` (valid: they were applied) with the local file.
+    fn assemble(&self, local: &LocalFile, objects: &Objects) -> String {
+        let key_name = |k: &str| self.key_name(k);
+        objects::assemble(&local.text, objects, &key_name).map_or_else(|e| e.to_string(), |a| a.text)
+    }
+
+    /// The running config's text (the admin API's `GET /api/v1/config`, and what its
+    /// edits start from).
+    pub(crate) fn running_text(&self) -> String {
+        let local = self.local_file().clone();
+        self.assemble(&local, &lock(&self.running))
+    }
+
+    /// The keys `objects` edits from the running config's objects (for the history).
+    fn edited_fields(&self, objects: &Objects) -> Vec<FieldChange> {
+        let running = lock(&self.running);
+        let mut out = Vec::new();
+        for (key, old) in running.iter() {
+            let new = objects.get(key);
+            if new != Some(old) {
+                out.extend(objects::field_changes(key, Some(old), new.map(String::as_str)));
+            }
+        }
+        for (key, new) in objects.iter().filter(|(k, _)| !running.contains_key(*k)) {
+            out.extend(objects::field_changes(key, None, Some(new)));
+        }
+        out
     }
 
     /// Builds and applies the view (after a watch event, a re-list, a SIGHUP); `force`:
@@ -245,17 +290,20 @@ impl Fleet {
             return Ok(());
         }
         let local = self.local_file().clone();
-        let outcome = match self.build(&local, &objects) {
+        let outcome = match self.config_of(&local, &objects) {
             Err(e) => Err(e.to_string()),
-            Ok((config, assembled)) => {
+            Ok(config) => {
                 let serving = !config.listeners.is_empty();
-                let text = assembled.text.clone();
+                let fields = self.edited_fields(&objects);
                 store
-                    .apply_shared(config, text, revision.max(0) as u64, &by)
+                    .apply_shared(config, fields, revision.max(0) as u64, &by)
                     .map(|_| serving)
-                    .map_err(|e| self.describe(&local, &objects, &assembled, e))
+                    .map_err(|e| self.describe(&local, &objects, e))
             }
         };
+        if outcome.is_ok() {
+            *lock(&self.running) = objects;
+        }
         self.settle(revision, outcome.clone());
         outcome.map(drop)
     }
@@ -289,25 +337,17 @@ impl Fleet {
     }
 
     /// An apply error, told at the object's key when it names a field.
-    fn describe(
-        &self,
-        local: &LocalFile,
-        objects: &Objects,
-        assembled: &Assembled,
-        e: ApiError,
-    ) -> String {
+    fn describe(&self, local: &LocalFile, objects: &Objects, e: ApiError) -> String {
         if e.field.is_empty() {
             return format!("{} (fix: {})", e.message, e.fix);
         }
-        let (file, base) = local.names();
-        let l = Local {
-            text: &local.text,
-            file: &file,
-            base: base.as_deref(),
-        };
         let key_name = |k: &str| self.key_name(k);
-        assembled
-            .locate(&l, objects, &key_name, &e.field, e.message, e.fix)
+        let assembled = match objects::assemble(&local.text, objects, &key_name) {
+            Ok(assembled) => assembled,
+            Err(_) => return format!("{}: {} (fix: {})", e.field, e.message, e.fix),
+        };
+        local
+            .with(|l| assembled.locate(l, objects, &key_name, &e.field, e.message, e.fix))
             .to_string()
     }
 
@@ -326,12 +366,16 @@ impl Fleet {
     }
 
     fn local_file(&self) -> MutexGuard<'_, LocalFile> {
-        self.local.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.local)
     }
 
     pub(crate) fn lock_view(&self) -> MutexGuard<'_, View> {
-        self.view.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.view)
     }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The certificate store of a fleet with `key_file`, made the process's (`None`: each
@@ -362,5 +406,15 @@ impl LocalFile {
             Some(p) => (p.display().to_string(), Some(weir_config::config_dir(p))),
             None => ("local config".to_owned(), None),
         }
+    }
+
+    /// Runs `f` with this file as a [`Local`].
+    fn with<R>(&self, f: impl FnOnce(&Local<'_>) -> R) -> R {
+        let (file, base) = self.names();
+        f(&Local {
+            text: &self.text,
+            file: &file,
+            base: base.as_deref(),
+        })
     }
 }

@@ -166,6 +166,10 @@ impl Shared for Fleet {
         }
     }
 
+    fn text(&self) -> String {
+        self.running_text()
+    }
+
     fn reload_local(&self, text: String) -> Result<(), ApiError> {
         self.set_local(text).map_err(|why| {
             ApiError::new(

@@ -46,6 +46,16 @@ pub fn field_changes(old: &str, new: &str) -> Vec<FieldChange> {
     out
 }
 
+/// The keys that differ between two values at `path` (`None`: absent), added to `out`.
+pub fn value_changes(
+    path: &str,
+    old: Option<&Value>,
+    new: Option<&Value>,
+    out: &mut Vec<FieldChange>,
+) {
+    walk(path, old, new, out);
+}
+
 /// Values longer than this are cut (a whole added listener, say).
 const MAX_SHOWN: usize = 100;
 

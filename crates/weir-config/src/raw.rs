@@ -11,7 +11,7 @@ use serde::de::{self, Deserializer, Unexpected, Visitor};
 use serde::Deserialize;
 
 /// The whole file.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawConfig {
@@ -28,7 +28,7 @@ pub(crate) struct RawConfig {
 }
 
 /// `[tracing]`: OpenTelemetry traces exported over OTLP/HTTP (validate/tracing.rs).
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawTracing {
@@ -44,7 +44,7 @@ pub(crate) struct RawTracing {
 }
 
 /// `tracing = { sampling }` of a route.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawRouteTracing {
@@ -52,7 +52,7 @@ pub(crate) struct RawRouteTracing {
 }
 
 /// `[caches.NAME]`: one HTTP cache store.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawCacheStore {
@@ -63,7 +63,7 @@ pub(crate) struct RawCacheStore {
 }
 
 /// A route's `cache = { store, key, status_header, lock_timeout, serve_stale_on }`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawRouteCache {
@@ -75,7 +75,7 @@ pub(crate) struct RawRouteCache {
 }
 
 /// `[cluster.redis.NAME]`: a Redis server holding shared rate-limit counts.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawRedis {
@@ -89,7 +89,7 @@ pub(crate) struct RawRedis {
 }
 
 /// `[server]`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawServer {
@@ -100,7 +100,7 @@ pub(crate) struct RawServer {
 }
 
 /// `[admin]`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawAdmin {
@@ -115,7 +115,7 @@ pub(crate) struct RawAdmin {
 }
 
 /// `[[listeners]]`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawListener {
@@ -164,7 +164,7 @@ pub(crate) struct RawListener {
 }
 
 /// One entry of a TCP listener's `sni_routes = [{ hosts, upstream }]`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawSniRoute {
@@ -173,7 +173,7 @@ pub(crate) struct RawSniRoute {
 }
 
 /// `proxy_protocol = { ... }` of a listener.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawProxyProtocol {
@@ -183,7 +183,7 @@ pub(crate) struct RawProxyProtocol {
 }
 
 /// `[listeners.path_normalization]`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawPathNormalization {
@@ -193,7 +193,7 @@ pub(crate) struct RawPathNormalization {
 }
 
 /// `[listeners.http2]`: HTTP/2 (h2c) settings and flood defences of an HTTP listener.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawHttp2 {
@@ -213,7 +213,7 @@ pub(crate) struct RawHttp2 {
 }
 
 /// `[listeners.tls]`: TLS termination.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawTls {
@@ -231,7 +231,7 @@ pub(crate) struct RawTls {
 }
 
 /// `acme = { domains = [...], ... }`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawAcme {
@@ -254,7 +254,7 @@ pub(crate) enum StrOrList {
 }
 
 /// `internal_ca = { storage = "...", lifetime = "7d" }`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawInternalCa {
@@ -264,7 +264,7 @@ pub(crate) struct RawInternalCa {
 
 /// `{ cert = "chain.pem", key = "key.pem" }`: an entry of a listener's `certs`, or an
 /// upstream's `client_cert`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawCertKey {
@@ -273,7 +273,7 @@ pub(crate) struct RawCertKey {
 }
 
 /// `client_auth = { ca = "...", required = true }`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawClientAuth {
@@ -282,7 +282,7 @@ pub(crate) struct RawClientAuth {
 }
 
 /// `[listeners.access_log]`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawAccessLog {
@@ -291,7 +291,7 @@ pub(crate) struct RawAccessLog {
 }
 
 /// `default_response = { ... }` of a listener.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawDefaultResponse {
@@ -301,7 +301,7 @@ pub(crate) struct RawDefaultResponse {
 }
 
 /// `[[listeners.routes]]`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawRoute {
@@ -339,7 +339,7 @@ pub(crate) struct RawRoute {
 }
 
 /// `compression = { algorithms, min_size, types, level }` of a route.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawCompression {
@@ -350,7 +350,7 @@ pub(crate) struct RawCompression {
 }
 
 /// `level = { gzip, br, zstd }` of a route's `compression`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawCompressionLevels {
@@ -360,7 +360,7 @@ pub(crate) struct RawCompressionLevels {
 }
 
 /// One entry of a route's `upstreams = [{ name = "v1", weight = 95 }]`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawWeightedUpstream {
@@ -369,7 +369,7 @@ pub(crate) struct RawWeightedUpstream {
 }
 
 /// `respond = { status, body, headers }` of a route.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawRespond {
@@ -379,7 +379,7 @@ pub(crate) struct RawRespond {
 }
 
 /// `redirect = { to, status }` of a route.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawRedirect {
@@ -388,7 +388,7 @@ pub(crate) struct RawRedirect {
 }
 
 /// `files = { root, index, try_files, ... }` of a route.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawFiles {
@@ -406,7 +406,7 @@ pub(crate) struct RawFiles {
 }
 
 /// `basic_auth = { users_file, realm }` of a route.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawBasicAuth {
@@ -415,7 +415,7 @@ pub(crate) struct RawBasicAuth {
 }
 
 /// `rate_limit = { rate, burst, key, max_keys, shared, on_error }` of a route.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawRateLimit {
@@ -429,7 +429,7 @@ pub(crate) struct RawRateLimit {
 
 /// A setting written as `true` / `false` or as a table of its settings (`request_id`,
 /// `http3`).
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) enum Switch<T> {
     Switch(bool),
     Table(T),
@@ -481,7 +481,7 @@ impl<'de, T: Deserialize<'de> + Described> Visitor<'de> for SwitchVisitor<T> {
 }
 
 /// `http3 = { ... }`: QUIC and HTTP/3 settings of a TLS listener (docs/http3.md).
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawHttp3Table {
@@ -496,7 +496,7 @@ pub(crate) struct RawHttp3Table {
     pub early_data: Option<bool>,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawRequestIdTable {
@@ -505,7 +505,7 @@ pub(crate) struct RawRequestIdTable {
 }
 
 /// `request_headers` / `response_headers = { set, add, remove }` of a route.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawHeaderRules {
@@ -515,7 +515,7 @@ pub(crate) struct RawHeaderRules {
 }
 
 /// `[upstreams.NAME]`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawUpstream {
@@ -538,7 +538,7 @@ pub(crate) struct RawUpstream {
 }
 
 /// `discover = { dns, kind, interval, respect_ttl, nameserver, timeout }` of an upstream.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawDiscover {
@@ -551,7 +551,7 @@ pub(crate) struct RawDiscover {
 }
 
 /// `tls = { ... }` of an upstream.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawUpstreamTls {
@@ -562,7 +562,7 @@ pub(crate) struct RawUpstreamTls {
 }
 
 /// One entry of `servers = [{ addr = "..." }]`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawUpstreamServer {
@@ -574,7 +574,7 @@ pub(crate) struct RawUpstreamServer {
 }
 
 /// `[upstreams.NAME.health_check]`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawHealthCheck {
@@ -589,7 +589,7 @@ pub(crate) struct RawHealthCheck {
 }
 
 /// `[upstreams.NAME.passive]`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawPassive {
@@ -599,7 +599,7 @@ pub(crate) struct RawPassive {
 }
 
 /// `[upstreams.NAME.retry]`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawRetry {

@@ -19,7 +19,7 @@ use crate::model::{PemCertKey, PemFile};
 use crate::raw::{RawCertKey, RawListener, StrOrList};
 
 /// `[cluster]`: the keys of a fleet in etcd (`node`, `etcd`, `binds`), and `redis`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawCluster {
@@ -35,7 +35,7 @@ pub(crate) struct RawCluster {
 }
 
 /// `etcd = { endpoints, prefix, ... }` of `[cluster]`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawEtcd {

@@ -21,6 +21,9 @@ use toml_edit::{ArrayOfTables, DocumentMut, Item, Table};
 use crate::error::{FieldPath, Seg};
 use crate::{Config, ConfigError};
 
+mod parsed;
+pub use parsed::Parsed;
+
 /// The sections of a config file that are shared objects in a fleet.
 pub const SHARED_SECTIONS: [&str; 2] = ["listeners", "upstreams"];
 
@@ -281,6 +284,35 @@ pub fn split(text: &str, file: &str) -> Result<Objects, ConfigError> {
         }
     }
     Ok(out)
+}
+
+/// The keys that differ between two values of the object at `key` (`None`: absent), named
+/// as [`crate::field_diff::field_changes`] names them in the assembled config.
+pub fn field_changes(
+    key: &str,
+    old: Option<&str>,
+    new: Option<&str>,
+) -> Vec<crate::field_diff::FieldChange> {
+    let (path, name) = match ObjectKey::parse(key) {
+        Some(ObjectKey::Listener(l)) => (format!("listeners[{l}]"), Some(l)),
+        Some(ObjectKey::Route { listener, route }) => {
+            (format!("listeners[{listener}].routes[{route}]"), Some(route))
+        }
+        Some(ObjectKey::Upstream(u)) => (format!("upstreams.{u}"), None),
+        None => return Vec::new(),
+    };
+    // Listeners and routes are named in their table in the file, by their key here.
+    let table = |value: Option<&str>| {
+        let mut t = value?.parse::<toml::Table>().ok()?;
+        if let Some(name) = name {
+            t.insert("name".into(), toml::Value::String(name.to_owned()));
+        }
+        Some(toml::Value::Table(t))
+    };
+    let mut out = Vec::new();
+    let (old, new) = (table(old), table(new));
+    crate::field_diff::value_changes(&path, old.as_ref(), new.as_ref(), &mut out);
+    out
 }
 
 /// Whether two values say the same (comments and layout aside).

@@ -162,3 +162,87 @@ fn the_local_file_of_a_member_holds_no_shared_objects() {
     .unwrap_err();
     assert_eq!(e.field, "cluster.etcd.endpoints[0]", "{e}");
 }
+
+/// The objects of `FILE` with a listener TLS-less sub-table, a second listener and an
+/// upstream with a sub-table: enough shapes for the cached path to go wrong on.
+fn varied() -> Objects {
+    let mut objects = split(FILE, "f.toml").unwrap();
+    objects.insert(
+        "listeners/admin2".into(),
+        "bind = \"127.0.0.1:0\"\n[default_response]\nstatus = 403\n".into(),
+    );
+    objects.insert(
+        "routes/admin2/all".into(),
+        "respond = { status = 200, body = \"ok\" }\n".into(),
+    );
+    objects.insert(
+        "upstreams/other".into(),
+        "lb = \"weighted_round_robin\"\n[[servers]]\naddr = \"127.0.0.1:9002\"\nweight = 2\n".into(),
+    );
+    objects
+}
+
+fn cached(parsed: &mut Parsed, objects: &Objects) -> Result<Config, ConfigError> {
+    parsed.config(&local(), objects, &key_name)
+}
+
+#[test]
+fn parsed_objects_give_the_files_config_and_parse_only_what_changed() {
+    let mut objects = varied();
+    let mut parsed = Parsed::default();
+    assert_eq!(cached(&mut parsed, &objects).unwrap(), build(&objects).unwrap());
+    assert_eq!(parsed.parses, 7);
+    objects.insert(
+        "routes/web/a-api".into(),
+        "path_prefix = \"/v2\"\nupstream = \"other\"\n".into(),
+    );
+    objects.remove("routes/admin2/all");
+    let config = cached(&mut parsed, &objects).unwrap();
+    assert_eq!(config, build(&objects).unwrap());
+    assert_eq!(parsed.parses, 8, "one value changed, one parsed");
+    assert_eq!(config.listeners[1].routes[0].path_prefix, "/v2");
+    // The same objects again: nothing parsed.
+    cached(&mut parsed, &objects).unwrap();
+    assert_eq!(parsed.parses, 8);
+}
+
+#[test]
+fn a_bad_object_is_told_as_the_file_path_tells_it_and_nothing_sticks() {
+    let good = varied();
+    let mut parsed = Parsed::default();
+    cached(&mut parsed, &good).unwrap();
+    let bad_values = [
+        ("routes/web/a-api", "path_prefix = \"/api\"\nupstream = \"nope\"\n"),
+        ("routes/web/a-api", "upstream = \"app\"\nbogus = 1\n"),
+        ("routes/web/a-api", "name = \"other\"\nupstream = \"app\"\n"),
+        ("routes/gone/x", "upstream = \"app\"\n"),
+        ("listeners/web", "bind = \"127.0.0.1:0\"\nbacklog = 0\n"),
+        ("upstreams/app", "servers = \"x\"\n"),
+        ("upstreams/app", "servers = [\n"),
+    ];
+    for (key, value) in bad_values {
+        let mut objects = good.clone();
+        objects.insert(key.into(), value.into());
+        let want = build(&objects).unwrap_err().to_string();
+        let got = cached(&mut parsed, &objects).unwrap_err().to_string();
+        assert_eq!(got, want, "{key} = {value:?}");
+        assert!(got.contains(&key_name(key)) || got.contains("does not exist"), "{got}");
+        assert_eq!(cached(&mut parsed, &good).unwrap(), build(&good).unwrap());
+    }
+}
+
+#[test]
+fn an_objects_edits_are_named_as_in_the_assembled_file() {
+    let changes = field_changes(
+        "routes/web/api",
+        Some("path_prefix = \"/api\"\nrespond = { status = 200, body = \"a\" }\n"),
+        Some("path_prefix = \"/api\"\nrespond = { status = 200, body = \"b\" }\n"),
+    );
+    let shown: Vec<String> = changes.iter().map(ToString::to_string).collect();
+    assert_eq!(shown, ["listeners[web].routes[api].respond.body: \"a\" -> \"b\""]);
+    let added = field_changes("upstreams/u", None, Some("lb = \"random\"\n"));
+    assert_eq!(added[0].path, "upstreams.u");
+    assert_eq!(added[0].old, None);
+    let removed = field_changes("listeners/w", Some("bind = \"127.0.0.1:1\"\n"), None);
+    assert!(removed[0].old.as_deref().unwrap().contains("name = \"w\""), "{removed:?}");
+}
