@@ -16,8 +16,8 @@ use std::time::Duration;
 use weir_admin::api::error::ApiError;
 use weir_admin::Store;
 use weir_config::cluster::objects::{self, Assembled, Local, Objects, Parsed};
-use weir_config::field_diff::FieldChange;
 use weir_config::cluster::EtcdCluster;
+use weir_config::field_diff::FieldChange;
 use weir_config::{Config, ConfigError};
 use weir_core::metrics::etcd::EtcdMetrics;
 
@@ -233,8 +233,7 @@ impl Fleet {
     ) -> Result<(Config, Assembled), ConfigError> {
         let key_name = |k: &str| self.key_name(k);
         let assembled = objects::assemble(&local.text, objects, &key_name)?;
-        let config =
-            local.with(|l| objects::parse(l, &assembled, objects, &key_name))?;
+        let config = local.with(|l| objects::parse(l, &assembled, objects, &key_name))?;
         Ok((config, assembled))
     }
 
@@ -249,7 +248,8 @@ impl Fleet {
     /// The config text of `objects` (valid: they were applied) with the local file.
     fn assemble(&self, local: &LocalFile, objects: &Objects) -> String {
         let key_name = |k: &str| self.key_name(k);
-        objects::assemble(&local.text, objects, &key_name).map_or_else(|e| e.to_string(), |a| a.text)
+        objects::assemble(&local.text, objects, &key_name)
+            .map_or_else(|e| e.to_string(), |a| a.text)
     }
 
     /// The running config's text (the admin API's `GET /api/v1/config`, and what its
@@ -266,7 +266,11 @@ impl Fleet {
         for (key, old) in running.iter() {
             let new = objects.get(key);
             if new != Some(old) {
-                out.extend(objects::field_changes(key, Some(old), new.map(String::as_str)));
+                out.extend(objects::field_changes(
+                    key,
+                    Some(old),
+                    new.map(String::as_str),
+                ));
             }
         }
         for (key, new) in objects.iter().filter(|(k, _)| !running.contains_key(*k)) {
@@ -320,8 +324,8 @@ impl Fleet {
                     (p.seen, p.applied, p.rejected, p.serving) =
                         (revision, revision, None, *serving)
                 });
-                let json = self.lock_view().to_json(&self.settings.prefix);
-                if let Err(e) = crate::snapshot::save(&self.settings, &json) {
+                let text = self.lock_view().to_json(&self.settings.prefix);
+                if let Err(e) = crate::snapshot::save(&self.settings, &text) {
                     tracing::warn!(error = %e, path = %self.settings.snapshot.display(), "cannot write the cluster snapshot");
                 }
             }

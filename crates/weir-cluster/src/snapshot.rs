@@ -7,8 +7,8 @@ use weir_config::cluster::EtcdCluster;
 
 use crate::view::View;
 
-pub fn save(settings: &EtcdCluster, view: &Json) -> std::io::Result<()> {
-    let text = view.to_string();
+/// Writes `text` (a view's [`View::to_json`]) as the snapshot file.
+pub fn save(settings: &EtcdCluster, text: &str) -> std::io::Result<()> {
     weir_core::tls::auto::storage::write(&settings.snapshot, text.as_bytes(), true)
 }
 

@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use serde_json::{json, Value as Json};
+use serde_json::Value as Json;
 use weir_config::cluster::objects::Objects;
 
 use crate::etcd::{Event, Kv};
@@ -88,26 +88,18 @@ impl View {
             .unwrap_or(0)
     }
 
-    /// The view as the snapshot file keeps it.
-    pub fn to_json(&self, prefix: &str) -> Json {
-        let objects: serde_json::Map<String, Json> = self
-            .objects
-            .iter()
-            .map(|(k, v)| {
-                (
-                    k.clone(),
-                    json!({"value": v, "mod_revision": self.mod_revisions.get(k)}),
-                )
-            })
-            .collect();
-        json!({
-            "prefix": prefix,
-            "revision": self.revision,
-            "config_revision": self.config_revision,
-            "by": self.by,
-            "by_revision": self.by_revision,
-            "objects": objects,
-        })
+    /// The view as the snapshot file keeps it, written straight from the view (no JSON
+    /// tree of 10,000 objects is built on each change).
+    pub fn to_json(&self, prefix: &str) -> String {
+        let file = SnapshotFile {
+            prefix,
+            revision: self.revision,
+            config_revision: self.config_revision,
+            by: &self.by,
+            by_revision: self.by_revision,
+            objects: ObjectsOut(self),
+        };
+        serde_json::to_string(&file).unwrap_or_default()
     }
 
     /// A view read back from [`View::to_json`]; `None` if it is not one of `prefix`.
@@ -129,6 +121,39 @@ impl View {
                 .insert(k.clone(), o["mod_revision"].as_i64()?);
         }
         Some(view)
+    }
+}
+
+/// What [`View::to_json`] writes.
+#[derive(serde::Serialize)]
+struct SnapshotFile<'a> {
+    prefix: &'a str,
+    revision: i64,
+    config_revision: i64,
+    by: &'a str,
+    by_revision: i64,
+    objects: ObjectsOut<'a>,
+}
+
+/// The objects of a view as a JSON object: key -> `{value, mod_revision}`.
+struct ObjectsOut<'a>(&'a View);
+
+#[derive(serde::Serialize)]
+struct ObjectOut<'a> {
+    value: &'a str,
+    mod_revision: Option<&'a i64>,
+}
+
+impl serde::Serialize for ObjectsOut<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let view = self.0;
+        s.collect_map(view.objects.iter().map(|(k, v)| {
+            let object = ObjectOut {
+                value: v,
+                mod_revision: view.mod_revisions.get(k),
+            };
+            (k, object)
+        }))
     }
 }
 
@@ -174,8 +199,9 @@ mod tests {
             vec![("listeners/w".into(), kv("k", "bind = \"x\"\n", 2))],
         );
         again.by = "push".into();
-        assert!(View::from_json(&again.to_json("/p"), "/q").is_none());
-        let back = View::from_json(&again.to_json("/p"), "/p").unwrap();
+        let json: Json = serde_json::from_str(&again.to_json("/p")).unwrap();
+        assert!(View::from_json(&json, "/q").is_none());
+        let back = View::from_json(&json, "/p").unwrap();
         assert_eq!(
             (back.objects, back.mod_revisions, back.by),
             (again.objects, again.mod_revisions, again.by)

@@ -118,8 +118,8 @@ struct Parent<P, C> {
     child: &'static str,
     name: fn(&P) -> &String,
     children: fn(&P) -> &Vec<C>,
-    /// `old` with `new`'s children: equal to `new` iff only children changed.
-    with_children_of: fn(&P, &P) -> P,
+    /// Whether the two are the same but for their children.
+    same_but_children: fn(&P, &P) -> bool,
     child_name: fn(&C) -> &String,
 }
 
@@ -128,10 +128,7 @@ const LISTENER: Parent<Listener, crate::model::Route> = Parent {
     child: "route",
     name: |l| &l.name,
     children: |l| &l.routes,
-    with_children_of: |o, n| Listener {
-        routes: n.routes.clone(),
-        ..o.clone()
-    },
+    same_but_children: Listener::same_but_routes,
     child_name: |r| &r.name,
 };
 
@@ -140,9 +137,11 @@ const UPSTREAM: Parent<Upstream, crate::model::UpstreamServer> = Parent {
     child: "server",
     name: |u| &u.name,
     children: |u| &u.servers,
-    with_children_of: |o, n| Upstream {
-        servers: n.servers.clone(),
-        ..o.clone()
+    same_but_children: |o, n| {
+        Upstream {
+            servers: n.servers.clone(),
+            ..o.clone()
+        } == *n
     },
     child_name: |s| &s.name,
 };
@@ -155,7 +154,7 @@ impl<P: PartialEq, C: PartialEq> Parent<P, C> {
             return out.push(change(kind, self.object, &[name]));
         };
         let parent = (self.name)(n);
-        if &(self.with_children_of)(o, n) != n {
+        if !(self.same_but_children)(o, n) {
             out.push(change(kind, self.object, &[parent]));
         }
         by_name(

@@ -1031,6 +1031,78 @@ impl Bind {
 }
 
 impl Listener {
+    /// Whether `self` and `other` are the same but for their routes, without copying them
+    /// (a fleet's listener may have 10,000). Every field is named: one added to `Listener`
+    /// does not compile here until it is compared.
+    pub fn same_but_routes(&self, other: &Listener) -> bool {
+        let Listener {
+            name,
+            binds,
+            protocol,
+            proxy_protocol,
+            tls,
+            backlog,
+            defer_accept,
+            max_connections,
+            keepalive_timeout,
+            keepalive_requests,
+            header_timeout,
+            client_timeout,
+            tunnel_idle_timeout,
+            tunnel_fin_timeout,
+            tunnel_min_progress,
+            max_body_size,
+            max_header_size,
+            max_headers,
+            max_informational,
+            default_response,
+            access_log,
+            path_normalization,
+            routes: _,
+            http2,
+            http3,
+            redirect_https,
+            policy,
+        } = self;
+        *name == other.name
+            && *binds == other.binds
+            && *protocol == other.protocol
+            && *proxy_protocol == other.proxy_protocol
+            && *tls == other.tls
+            && (*backlog, *defer_accept, *max_connections)
+                == (other.backlog, other.defer_accept, other.max_connections)
+            && (*keepalive_timeout, *keepalive_requests)
+                == (other.keepalive_timeout, other.keepalive_requests)
+            && (*header_timeout, *client_timeout) == (other.header_timeout, other.client_timeout)
+            && (
+                *tunnel_idle_timeout,
+                *tunnel_fin_timeout,
+                *tunnel_min_progress,
+            ) == (
+                other.tunnel_idle_timeout,
+                other.tunnel_fin_timeout,
+                other.tunnel_min_progress,
+            )
+            && (
+                *max_body_size,
+                *max_header_size,
+                *max_headers,
+                *max_informational,
+            ) == (
+                other.max_body_size,
+                other.max_header_size,
+                other.max_headers,
+                other.max_informational,
+            )
+            && *default_response == other.default_response
+            && *access_log == other.access_log
+            && *path_normalization == other.path_normalization
+            && *http2 == other.http2
+            && *http3 == other.http3
+            && *redirect_https == other.redirect_https
+            && *policy == other.policy
+    }
+
     /// The first address of the listener's own protocol (its first `bind`).
     pub fn first_addr(&self) -> SocketAddr {
         self.binds[0].addr

@@ -305,6 +305,10 @@ pub(crate) struct RawDefaultResponse {
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawRoute {
+    /// The route as validated before from the same value and upstream names (a fleet's
+    /// `cluster::objects::Parsed` keeps it; never read from a file): taken as it is.
+    #[serde(skip)]
+    pub validated: Option<Box<crate::model::Route>>,
     pub name: Option<String>,
     pub hosts: Option<Vec<String>>,
     pub path_prefix: Option<String>,

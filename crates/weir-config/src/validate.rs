@@ -410,10 +410,14 @@ fn routes(
     upstreams: &[String],
     normalization: &PathNormalization,
 ) -> Result<Vec<Route>, Issue> {
-    let mut out: Vec<Route> = Vec::new();
-    let mut earlier = EarlierRoutes::default();
-    for (i, raw_route) in raw.unwrap_or_default().into_iter().enumerate() {
-        let route = route(raw_route, &path.index(i), upstreams)?;
+    let raw = raw.unwrap_or_default();
+    let mut out: Vec<Route> = Vec::with_capacity(raw.len());
+    let mut earlier = EarlierRoutes::with_capacity(raw.len());
+    for (i, mut raw_route) in raw.into_iter().enumerate() {
+        let route = match raw_route.validated.take() {
+            Some(validated) => *validated,
+            None => route(raw_route, &path.index(i), upstreams)?,
+        };
         path::check_prefix(
             &route.path_prefix,
             normalization,
@@ -436,6 +440,13 @@ struct EarlierRoutes {
 }
 
 impl EarlierRoutes {
+    fn with_capacity(n: usize) -> EarlierRoutes {
+        EarlierRoutes {
+            names: HashMap::with_capacity(n),
+            places: HashMap::with_capacity(n),
+        }
+    }
+
     fn add(&mut self, route: &Route, i: usize) {
         self.names.insert(route.name.clone(), i);
         let place = (route.path_prefix.clone(), route.matching.exact);

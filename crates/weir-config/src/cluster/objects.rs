@@ -295,9 +295,10 @@ pub fn field_changes(
 ) -> Vec<crate::field_diff::FieldChange> {
     let (path, name) = match ObjectKey::parse(key) {
         Some(ObjectKey::Listener(l)) => (format!("listeners[{l}]"), Some(l)),
-        Some(ObjectKey::Route { listener, route }) => {
-            (format!("listeners[{listener}].routes[{route}]"), Some(route))
-        }
+        Some(ObjectKey::Route { listener, route }) => (
+            format!("listeners[{listener}].routes[{route}]"),
+            Some(route),
+        ),
         Some(ObjectKey::Upstream(u)) => (format!("upstreams.{u}"), None),
         None => return Vec::new(),
     };

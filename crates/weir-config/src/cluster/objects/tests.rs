@@ -177,7 +177,8 @@ fn varied() -> Objects {
     );
     objects.insert(
         "upstreams/other".into(),
-        "lb = \"weighted_round_robin\"\n[[servers]]\naddr = \"127.0.0.1:9002\"\nweight = 2\n".into(),
+        "lb = \"weighted_round_robin\"\n[[servers]]\naddr = \"127.0.0.1:9002\"\nweight = 2\n"
+            .into(),
     );
     objects
 }
@@ -190,7 +191,10 @@ fn cached(parsed: &mut Parsed, objects: &Objects) -> Result<Config, ConfigError>
 fn parsed_objects_give_the_files_config_and_parse_only_what_changed() {
     let mut objects = varied();
     let mut parsed = Parsed::default();
-    assert_eq!(cached(&mut parsed, &objects).unwrap(), build(&objects).unwrap());
+    assert_eq!(
+        cached(&mut parsed, &objects).unwrap(),
+        build(&objects).unwrap()
+    );
     assert_eq!(parsed.parses, 7);
     objects.insert(
         "routes/web/a-api".into(),
@@ -204,6 +208,15 @@ fn parsed_objects_give_the_files_config_and_parse_only_what_changed() {
     // The same objects again: nothing parsed.
     cached(&mut parsed, &objects).unwrap();
     assert_eq!(parsed.parses, 8);
+    // An upstream sorting first moves every route's upstream index: routes taken as
+    // validated before would point at the wrong pool.
+    objects.insert(
+        "upstreams/aaa".into(),
+        "servers = [{ addr = \"127.0.0.1:9003\" }]\n".into(),
+    );
+    let config = cached(&mut parsed, &objects).unwrap();
+    assert_eq!(config, build(&objects).unwrap());
+    assert_eq!(config.upstreams[0].name, "aaa");
 }
 
 #[test]
@@ -212,7 +225,10 @@ fn a_bad_object_is_told_as_the_file_path_tells_it_and_nothing_sticks() {
     let mut parsed = Parsed::default();
     cached(&mut parsed, &good).unwrap();
     let bad_values = [
-        ("routes/web/a-api", "path_prefix = \"/api\"\nupstream = \"nope\"\n"),
+        (
+            "routes/web/a-api",
+            "path_prefix = \"/api\"\nupstream = \"nope\"\n",
+        ),
         ("routes/web/a-api", "upstream = \"app\"\nbogus = 1\n"),
         ("routes/web/a-api", "name = \"other\"\nupstream = \"app\"\n"),
         ("routes/gone/x", "upstream = \"app\"\n"),
@@ -226,7 +242,10 @@ fn a_bad_object_is_told_as_the_file_path_tells_it_and_nothing_sticks() {
         let want = build(&objects).unwrap_err().to_string();
         let got = cached(&mut parsed, &objects).unwrap_err().to_string();
         assert_eq!(got, want, "{key} = {value:?}");
-        assert!(got.contains(&key_name(key)) || got.contains("does not exist"), "{got}");
+        assert!(
+            got.contains(&key_name(key)) || got.contains("does not exist"),
+            "{got}"
+        );
         assert_eq!(cached(&mut parsed, &good).unwrap(), build(&good).unwrap());
     }
 }
@@ -239,10 +258,16 @@ fn an_objects_edits_are_named_as_in_the_assembled_file() {
         Some("path_prefix = \"/api\"\nrespond = { status = 200, body = \"b\" }\n"),
     );
     let shown: Vec<String> = changes.iter().map(ToString::to_string).collect();
-    assert_eq!(shown, ["listeners[web].routes[api].respond.body: \"a\" -> \"b\""]);
+    assert_eq!(
+        shown,
+        ["listeners[web].routes[api].respond.body: \"a\" -> \"b\""]
+    );
     let added = field_changes("upstreams/u", None, Some("lb = \"random\"\n"));
     assert_eq!(added[0].path, "upstreams.u");
     assert_eq!(added[0].old, None);
     let removed = field_changes("listeners/w", Some("bind = \"127.0.0.1:1\"\n"), None);
-    assert!(removed[0].old.as_deref().unwrap().contains("name = \"w\""), "{removed:?}");
+    assert!(
+        removed[0].old.as_deref().unwrap().contains("name = \"w\""),
+        "{removed:?}"
+    );
 }
