@@ -40,6 +40,9 @@ pub struct Fleet {
     parsed: Mutex<Parsed>,
     /// The objects of the running config (what `Shared::text` assembles).
     running: Mutex<Objects>,
+    /// Their text once assembled, until the next change applied: every admin API request
+    /// reads it, and assembling 10,000 objects takes a while.
+    text: Mutex<Option<String>>,
     pub(crate) progress: tokio::sync::watch::Sender<Progress>,
     store: OnceLock<Arc<Store>>,
     metrics: Arc<EtcdMetrics>,
@@ -101,6 +104,7 @@ impl Fleet {
             view: Mutex::new(View::default()),
             parsed: Mutex::new(Parsed::default()),
             running: Mutex::new(Objects::new()),
+            text: Mutex::new(None),
             progress: tokio::sync::watch::Sender::new(Progress::default()),
             store: OnceLock::new(),
             metrics: Arc::new(EtcdMetrics::default()),
@@ -255,8 +259,14 @@ impl Fleet {
     /// The running config's text (the admin API's `GET /api/v1/config`, and what its
     /// edits start from).
     pub(crate) fn running_text(&self) -> String {
+        let mut text = lock(&self.text);
+        if let Some(text) = text.as_ref() {
+            return text.clone();
+        }
         let local = self.local_file().clone();
-        self.assemble(&local, &lock(&self.running))
+        let assembled = self.assemble(&local, &lock(&self.running));
+        *text = Some(assembled.clone());
+        assembled
     }
 
     /// The keys `objects` edits from the running config's objects (for the history).
@@ -307,6 +317,7 @@ impl Fleet {
         };
         if outcome.is_ok() {
             *lock(&self.running) = objects;
+            *lock(&self.text) = None;
         }
         self.settle(revision, outcome.clone());
         outcome.map(drop)

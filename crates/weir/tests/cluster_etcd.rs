@@ -171,6 +171,19 @@ fn a_change_made_once_reaches_every_instance_and_a_racing_write_gets_412() {
     for w in &fleet {
         wait_body(w, "v2");
     }
+    // Applied from the one object that changed, each instance tells it as a file's change:
+    // the key edited (old and new value) in its history, and the config text with it.
+    for w in &fleet {
+        let ok = weir_testkit::wait_until(WAIT, || {
+            let (_, history) = call(w.admin_addr(), "GET", "/api/v1/history", &[], "").unwrap();
+            history.contains("listeners[web].routes[all].respond.body")
+        });
+        let (_, history) = call(w.admin_addr(), "GET", "/api/v1/history", &[], "").unwrap();
+        assert!(ok, "{history}");
+        assert!(history.contains(r#"\"v1\""#) && history.contains(r#"\"v2\""#), "{history}");
+        let (_, text) = call(w.admin_addr(), "GET", "/api/v1/config", &[], "").unwrap();
+        assert!(text.contains(r#""body":"v2""#) && text.contains(r#""cluster":"#), "{text}");
+    }
 
     // Two operators start from the same version on two instances: one wins, one 412.
     let version = etag(&fleet[0]);
