@@ -352,19 +352,19 @@ impl Applier {
                 ));
             }
         }
+        control
+            .layout
+            .reclaim(|upstream, server| self.metrics.zero_server(upstream, server));
         let slots = control.layout.assign(&config);
         self.metrics.fill(&slots);
         let config = Arc::new(config);
         let listener_slots: Vec<usize> = slots.listeners.iter().map(|l| l.slot).collect();
+        let snapshot = Snapshot::with_previous(config.clone(), slots, &old, tls, upstream_tls);
+        old.epoch.followed_by(&snapshot.epoch);
         // Publish first: a connection accepted on a new socket must find its listener in
         // the snapshot.
-        self.shared.publish(Snapshot::with_previous(
-            config.clone(),
-            slots,
-            &old,
-            tls,
-            upstream_tls,
-        ));
+        self.shared.publish(snapshot);
+        control.layout.wait_for(&old.epoch);
         control.stop_stale(&config);
         for (i, bound) in binds {
             // Only the listeners bound now: one whose routes or timeouts changed keeps

@@ -16,7 +16,7 @@ use crate::connector::TlsUpstream;
 use crate::filters::rate_limit::RateLimiter;
 use crate::filters::redirect::https_redirect;
 use crate::filters::respond::Canned;
-use crate::metrics::layout::SlotMap;
+use crate::metrics::layout::{Epoch, SlotMap};
 use crate::router::Router;
 use crate::tls::{ListenerTls, TlsError};
 use crate::upstream::split::Split;
@@ -37,6 +37,9 @@ pub struct Snapshot {
     /// The HTTP cache stores, indexed like `config.caches`: a reload keeps a store of the
     /// same name and settings, with its entries.
     pub caches: crate::cache::Stores,
+    /// Gone once no snapshot up to this one is left: when freed metric slots may be
+    /// given to other servers (`metrics::layout`).
+    pub epoch: Arc<Epoch>,
 }
 
 /// Per-listener derived data, indexed like `config.listeners`.
@@ -175,6 +178,7 @@ impl Snapshot {
             upstreams,
             tracer,
             caches,
+            epoch: Arc::default(),
         }
     }
 

@@ -5,8 +5,16 @@
 //! another's. The [`Layout`] remembers every name it has seen and gives each its slot for
 //! the life of the process; a snapshot carries the [`SlotMap`] from its config positions to
 //! those slots. A removed object's slot stays (unexported); re-added, it counts on.
+//!
+//! Except the servers of a pool with `discover`: DNS may bring a new address every few
+//! seconds for as long as the process runs, so the slot of an address that left is freed
+//! and given to a later address, its counts zeroed first. Not while any snapshot that had
+//! the old address may still count on it: each snapshot holds an [`Epoch`], each epoch the
+//! next one, so an epoch is gone only when no snapshot up to its own is left (requests in
+//! flight included). Nothing of this is on the request path.
 
 use std::collections::HashMap;
+use std::sync::{Arc, OnceLock, Weak};
 
 use weir_config::Config;
 
@@ -14,10 +22,28 @@ use weir_config::Config;
 pub const NO_ROUTE_SLOT: usize = 0;
 
 /// Every name ever seen, in slot order.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Default)]
 pub struct Layout {
     listeners: Vec<Named>,
     upstreams: Vec<Named>,
+    /// Server slots of discovered pools freed by the last [`Layout::assign`]: (upstream
+    /// slot, server slot), not yet given an epoch to wait for.
+    released: Vec<(usize, usize)>,
+    /// Freed server slots, each with the epoch of the last snapshot that had it.
+    waiting: Vec<(usize, usize, Weak<Epoch>)>,
+}
+
+/// One snapshot's place in the order of snapshots; see the module doc.
+#[derive(Debug, Default)]
+pub struct Epoch {
+    next: OnceLock<Arc<Epoch>>,
+}
+
+impl Epoch {
+    /// `next` is the epoch of the snapshot published after this one's.
+    pub fn followed_by(&self, next: &Arc<Epoch>) {
+        let _ = self.next.set(next.clone());
+    }
 }
 
 /// A listener with its routes, or an upstream with its servers.
@@ -29,6 +55,8 @@ struct Named {
     /// The slot of each named child (not the "no route" slot): a fleet's listener may have
     /// 10,000 routes, each looked up on every change.
     slots: HashMap<String, usize>,
+    /// Slots freed (a discovered server that left) and zeroed, to give to new children.
+    free: Vec<usize>,
 }
 
 /// A snapshot's map from config positions to slots.
@@ -72,18 +100,61 @@ impl Layout {
             .upstreams
             .iter()
             .map(|u| {
-                assign(
+                let slots = assign(
                     &mut self.upstreams,
                     &u.name,
                     u.servers.iter().map(|s| &s.name),
                     false,
-                )
+                );
+                if u.discover.is_some() {
+                    self.release_others(&slots);
+                }
+                slots
             })
             .collect();
         SlotMap {
             listeners,
             upstreams,
         }
+    }
+
+    /// Frees the server slots of upstream `slots.slot` that `slots` does not use.
+    fn release_others(&mut self, slots: &ParentSlots) {
+        let known = &mut self.upstreams[slots.slot];
+        let used: std::collections::HashSet<usize> = slots.children.iter().copied().collect();
+        let released = &mut self.released;
+        known.slots.retain(|_, slot| {
+            let keep = used.contains(slot);
+            if !keep {
+                released.push((slots.slot, *slot));
+            }
+            keep
+        });
+    }
+
+    /// The slots freed by the last [`Layout::assign`] wait until `epoch` (that of the last
+    /// snapshot that had them) is gone.
+    pub fn wait_for(&mut self, epoch: &Arc<Epoch>) {
+        let weak = Arc::downgrade(epoch);
+        self.waiting.extend(
+            self.released
+                .drain(..)
+                .map(|(u, s)| (u, s, weak.clone())),
+        );
+    }
+
+    /// The freed slots no snapshot can count on any more, each passed to `zero` and then
+    /// given to the next new child of its upstream.
+    pub fn reclaim(&mut self, mut zero: impl FnMut(usize, usize)) {
+        let upstreams = &mut self.upstreams;
+        self.waiting.retain(|(u, s, epoch)| {
+            if epoch.strong_count() > 0 {
+                return true;
+            }
+            zero(*u, *s);
+            upstreams[*u].free.push(*s);
+            false
+        });
     }
 }
 
@@ -105,6 +176,7 @@ fn assign<'a>(
                 name: name.to_string(),
                 children: initial,
                 slots: HashMap::new(),
+                free: Vec::new(),
             });
             parents.len() - 1
         }
@@ -114,8 +186,16 @@ fn assign<'a>(
         .map(|c| match known.slots.get(c) {
             Some(&i) => i,
             None => {
-                known.children.push(c.clone());
-                let i = known.children.len() - 1;
+                let i = match known.free.pop() {
+                    Some(i) => {
+                        known.children[i] = c.clone();
+                        i
+                    }
+                    None => {
+                        known.children.push(c.clone());
+                        known.children.len() - 1
+                    }
+                };
                 known.slots.insert(c.clone(), i);
                 i
             }
@@ -157,5 +237,56 @@ mod tests {
         assert_eq!(&*c.listeners[0].children, &[1]);
         assert_eq!(&*c.upstreams[0].children, &[0]);
         assert_eq!(c.listeners[0].route(None), NO_ROUTE_SLOT);
+    }
+
+    /// Pool `u` discovering its servers from DNS, with the addresses `servers` as answered.
+    fn discovered(servers: &[&str]) -> Config {
+        let text = "[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:8080\"\n\
+            [[listeners.routes]]\nname = \"r\"\nupstream = \"u\"\n\
+            [upstreams.u]\ndiscover = { dns = \"api.internal:80\" }\n";
+        let mut config = weir_config::parse_str(text, "t.toml").unwrap();
+        config.upstreams[0].servers = config_servers(servers);
+        config
+    }
+
+    fn config_servers(servers: &[&str]) -> Vec<weir_config::UpstreamServer> {
+        config(&[], servers).upstreams.remove(0).servers
+    }
+
+    #[test]
+    fn a_discovered_servers_slot_is_freed_once_no_snapshot_can_count_on_it() {
+        let mut layout = Layout::default();
+        let epoch = |_: &SlotMap| Arc::new(Epoch::default());
+        let a = layout.assign(&discovered(&["127.0.0.1:1", "127.0.0.1:2"]));
+        let first = epoch(&a);
+        let b = layout.assign(&discovered(&["127.0.0.1:3"]));
+        assert_eq!(&*b.upstreams[0].children, &[2]);
+        // The addresses that left wait for the last snapshot that had them.
+        layout.wait_for(&first);
+        let second = epoch(&b);
+        first.followed_by(&second);
+        let mut zeroed = Vec::new();
+        layout.reclaim(|u, s| zeroed.push((u, s)));
+        assert!(zeroed.is_empty());
+        let c = layout.assign(&discovered(&["127.0.0.1:3", "127.0.0.1:4"]));
+        assert_eq!(&*c.upstreams[0].children, &[2, 3], "not reused while counted on");
+        layout.wait_for(&second);
+        // A newer snapshot alone does not keep them: the older ones are gone.
+        drop(first);
+        layout.reclaim(|u, s| zeroed.push((u, s)));
+        zeroed.sort_unstable();
+        assert_eq!(zeroed, [(0, 0), (0, 1)]);
+        let d = layout.assign(&discovered(&["127.0.0.1:3", "127.0.0.1:5", "127.0.0.1:6"]));
+        let mut children = d.upstreams[0].children.to_vec();
+        children.sort_unstable();
+        assert_eq!(children, [0, 1, 2], "freed slots given to new addresses");
+        // Servers of a pool without `discover` keep their slots (re-added, they count on).
+        let mut fixed = Layout::default();
+        fixed.assign(&config(&[], &["127.0.0.1:1"]));
+        fixed.assign(&config(&[], &["127.0.0.1:2"]));
+        fixed.wait_for(&Arc::new(Epoch::default()));
+        fixed.reclaim(|_, _| panic!("a fixed pool's slot freed"));
+        let again = fixed.assign(&config(&[], &["127.0.0.1:1"]));
+        assert_eq!(&*again.upstreams[0].children, &[0]);
     }
 }

@@ -65,4 +65,13 @@ impl Metrics {
             shard.fill(slots);
         }
     }
+
+    /// Zeroes server slot `server` of upstream slot `upstream` in every worker's shard.
+    pub fn zero_server(&self, upstream: usize, server: usize) {
+        for shard in self.shards() {
+            if let Some(m) = shard.server(upstream, server) {
+                m.zero();
+            }
+        }
+    }
 }

@@ -59,6 +59,12 @@ pub struct Histogram {
 }
 
 impl Histogram {
+    fn zero(&self) {
+        for c in self.buckets.iter().chain([&self.sum_nanos, &self.count]) {
+            c.set(0);
+        }
+    }
+
     #[inline]
     pub fn observe(&self, d: Duration) {
         let secs = d.as_secs_f64();
@@ -502,6 +508,17 @@ impl ServerMetrics {
 
     pub fn requests(&self, slot: usize) -> u64 {
         self.requests[slot].get()
+    }
+
+    /// Zeroes every count, for the next server given this slot (`layout::Layout::reclaim`:
+    /// no snapshot that could count on it is left, so no worker writes it meanwhile).
+    pub(crate) fn zero(&self) {
+        let counters = self.requests.iter().chain([&self.pool_idle, &self.connect_errors]);
+        for c in counters.chain([&*self.in_flight]) {
+            c.set(0);
+        }
+        self.connect.zero();
+        self.response.zero();
     }
 }
 
