@@ -83,17 +83,18 @@ impl Admin {
     /// Writes `plan`; the revision of the last transaction.
     pub fn push(&self, plan: &Plan, by: &str) -> anyhow::Result<i64> {
         let key_name = |k: &str| self.key_name(k);
-        let mut revision = plan.view.revision;
-        for (compares, ops) in write::transactions(&plan.view, &plan.writes, &key_name, by) {
-            let (ok, rev) = self.runtime.block_on(self.etcd.txn(&compares, &ops))?;
-            if !ok {
-                anyhow::bail!(
-                    "an object changed in etcd while pushing (revision {rev}); nothing more was written: run the push again"
-                );
-            }
-            revision = rev;
+        let txns = write::transactions(&plan.view, &plan.writes, &key_name, by);
+        if txns.is_empty() {
+            return Ok(plan.view.revision);
         }
-        Ok(revision)
+        let pending = self.key_name(write::PENDING_KEY);
+        let written = write::write_all(&self.etcd, txns, &pending, self.settings.lease_ttl);
+        match self.runtime.block_on(written)? {
+            write::Written::Done(revision) => Ok(revision),
+            write::Written::Moved(rev) => anyhow::bail!(
+                "an object changed in etcd while pushing (revision {rev}); nothing more was written: run the push again"
+            ),
+        }
     }
 
     /// The shared objects as one config file (listeners with their routes, upstreams).

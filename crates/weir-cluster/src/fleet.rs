@@ -298,6 +298,10 @@ impl Fleet {
         };
         let (objects, revision, by) = {
             let view = self.lock_view();
+            if view.objects.contains_key(crate::write::PENDING_KEY) {
+                // A write of several transactions is under way: applied once it is whole.
+                return Ok(());
+            }
             (view.objects.clone(), view.config_revision, view.author())
         };
         if !force && self.progress.borrow().seen == revision {

@@ -16,8 +16,16 @@ use crate::etcd::{Compare, EtcdError, Op};
 use crate::fleet::Fleet;
 use crate::view::{View, VERSION_KEY};
 
-/// Operations per transaction: under etcd's default `--max-txn-ops` (128).
+/// Operations per transaction: under etcd's default `--max-txn-ops` (128), with the
+/// version key and [`PENDING_KEY`].
 pub const TXN_OPS: usize = 100;
+
+/// The key (under `PREFIX/config/`) that exists while a write of several transactions is
+/// under way, under the writer's lease: instances apply nothing while it is there, so they
+/// never run a half-written change. The last transaction deletes it; a writer that dies
+/// leaves it to its lease, and the instances then apply what was written (each step is a
+/// valid config, see [`changes`]).
+pub const PENDING_KEY: &str = ".pending";
 
 /// How long a write waits for this instance to apply it.
 const APPLY_WAIT: Duration = Duration::from_secs(10);
@@ -47,7 +55,10 @@ pub fn changes(old: &Objects, new: &Objects) -> Vec<Change> {
             out.push((rank(key, false), (key.clone(), Some(value.clone()))));
         }
     }
-    for key in old.keys().filter(|k| !new.contains_key(*k)) {
+    let gone = old
+        .keys()
+        .filter(|k| ObjectKey::parse(k).is_some() && !new.contains_key(*k));
+    for key in gone {
         out.push((rank(key, true), (key.clone(), None)));
     }
     out.sort_by_key(|(r, _)| *r);
@@ -92,6 +103,70 @@ pub fn transactions(
         .collect()
 }
 
+/// How a series of transactions ended.
+pub enum Written {
+    /// All written; the revision of the last.
+    Done(i64),
+    /// A transaction's objects had changed (the revision it saw): it and the rest were not
+    /// written.
+    Moved(i64),
+}
+
+/// Writes `txns` in order. When there are several, the first also puts [`PENDING_KEY`]
+/// under a lease of `ttl` (kept alive meanwhile) and the last deletes it; a write that
+/// stops half-way revokes the lease, so the instances apply what was written.
+pub async fn write_all(
+    etcd: &crate::etcd::Etcd,
+    mut txns: Vec<(Vec<Compare>, Vec<Op>)>,
+    pending_key: &str,
+    ttl: Duration,
+) -> Result<Written, EtcdError> {
+    let lease = match txns.len() {
+        0 | 1 => None,
+        _ => Some(etcd.lease_grant(ttl).await?),
+    };
+    if let Some(lease) = lease {
+        let key = pending_key.to_owned();
+        if let Some((_, ops)) = txns.first_mut() {
+            ops.push(Op::Put {
+                key: key.clone(),
+                value: Vec::new(),
+                lease,
+            });
+        }
+        if let Some((_, ops)) = txns.last_mut() {
+            ops.push(Op::Delete(key));
+        }
+    }
+    let outcome = write_in_order(etcd, &txns, lease, ttl).await;
+    if let (Some(lease), Ok(Written::Moved(_)) | Err(_)) = (lease, &outcome) {
+        let _ = etcd.lease_revoke(lease).await;
+    }
+    outcome
+}
+
+async fn write_in_order(
+    etcd: &crate::etcd::Etcd,
+    txns: &[(Vec<Compare>, Vec<Op>)],
+    lease: Option<i64>,
+    ttl: Duration,
+) -> Result<Written, EtcdError> {
+    let mut revision = 0;
+    let mut renewed = std::time::Instant::now();
+    for (compares, ops) in txns {
+        if let Some(lease) = lease.filter(|_| renewed.elapsed() > ttl / 3) {
+            etcd.lease_keepalive(lease).await?;
+            renewed = std::time::Instant::now();
+        }
+        let (ok, rev) = etcd.txn(compares, ops).await?;
+        if !ok {
+            return Ok(Written::Moved(rev));
+        }
+        revision = rev;
+    }
+    Ok(Written::Done(revision))
+}
+
 impl Shared for Fleet {
     fn parse(&self, text: &str) -> Result<(Config, String), ApiError> {
         let (config, assembled) = self.parse_text(text)?;
@@ -121,20 +196,17 @@ impl Shared for Fleet {
             let by = format!("api on {}", self.settings.node);
             transactions(&view, &changes, &|k| self.key_name(k), &by)
         };
-        let mut revision = base_version as i64;
-        for (compares, ops) in txns {
-            let (ok, rev) = self
-                .block_on(self.etcd.txn(&compares, &ops))
-                .map_err(etcd_failed)?;
-            if !ok {
+        let pending = self.key_name(PENDING_KEY);
+        let written = write_all(&self.etcd, txns, &pending, self.settings.lease_ttl);
+        match self.block_on(written).map_err(etcd_failed)? {
+            Written::Done(revision) => Ok(revision as u64),
+            Written::Moved(rev) => {
                 // Moved since this view: wait until the view has the newer objects.
                 self.wait_view(rev);
                 self.wait_caught_up();
-                return Err(SharedError::Moved);
+                Err(SharedError::Moved)
             }
-            revision = rev;
         }
-        Ok(revision as u64)
     }
 
     fn wait_applied(&self, version: u64) -> Result<(), ApiError> {

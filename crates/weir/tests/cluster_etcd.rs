@@ -180,9 +180,15 @@ fn a_change_made_once_reaches_every_instance_and_a_racing_write_gets_412() {
         });
         let (_, history) = call(w.admin_addr(), "GET", "/api/v1/history", &[], "").unwrap();
         assert!(ok, "{history}");
-        assert!(history.contains(r#"\"v1\""#) && history.contains(r#"\"v2\""#), "{history}");
+        assert!(
+            history.contains(r#"\"v1\""#) && history.contains(r#"\"v2\""#),
+            "{history}"
+        );
         let (_, text) = call(w.admin_addr(), "GET", "/api/v1/config", &[], "").unwrap();
-        assert!(text.contains(r#""body":"v2""#) && text.contains(r#""cluster":"#), "{text}");
+        assert!(
+            text.contains(r#""body":"v2""#) && text.contains(r#""cluster":"#),
+            "{text}"
+        );
     }
 
     // Two operators start from the same version on two instances: one wins, one 412.
@@ -215,6 +221,42 @@ fn a_change_made_once_reaches_every_instance_and_a_racing_write_gets_412() {
     });
     assert!(ok, "{}", ctl(&files[0], &["status"]));
     assert!(ctl(&files[0], &["pull"]).contains("name = \"all\""));
+}
+
+/// `weir ctl cluster push` of more objects than one etcd transaction takes (etcd's
+/// `--max-txn-ops`): the instance running applies the push whole, never a part of it.
+#[test]
+fn a_push_of_several_transactions_is_applied_whole() {
+    let Some(bin) = etcd_bin() else { return };
+    let etcd = Etcd::start(bin, 1);
+    let dir = TempDir::new("fleet-push");
+    let file = local(&dir, "a", &etcd.endpoints(&etcd.all()), "/t/push", "");
+    push(&dir, &file, SHARED);
+    let weir = Weir::start_file(&file);
+    wait_body(&weir, "v1");
+
+    // The changed route and 250 new ones: three transactions, the changed route in the first.
+    let mut shared = SHARED.replace("v1", "v2");
+    for i in 0..250 {
+        shared += &format!(
+            "\n[[listeners.routes]]\nname = \"r{i:03}\"\npath_prefix = \"/r{i}/\"\n\
+             respond = {{ status = 200, body = \"r{i}\" }}\n"
+        );
+    }
+    push(&dir, &file, &shared);
+    let last = || get(weir.addr, "/r249/").map(|(_, b)| b == b"r249".as_slice());
+    assert!(weir_testkit::wait_until(WAIT, || last().unwrap_or(false)));
+    assert_eq!(body(weir.addr), "v2");
+    let (_, history) = call(weir.admin_addr(), "GET", "/api/v1/history", &[], "").unwrap();
+    let history: serde_json::Value = serde_json::from_str(&history).unwrap();
+    let versions = history["data"].as_array().cloned().unwrap_or_default();
+    let changes: Vec<usize> = versions
+        .iter()
+        .map(|v| v["changes"].as_array().map_or(0, Vec::len))
+        .filter(|n| *n > 0)
+        .collect();
+    // The push in one version (250 routes added, 1 changed), not one per transaction.
+    assert_eq!(changes, [251], "changes per version");
 }
 
 #[test]

@@ -136,11 +136,8 @@ impl Layout {
     /// snapshot that had them) is gone.
     pub fn wait_for(&mut self, epoch: &Arc<Epoch>) {
         let weak = Arc::downgrade(epoch);
-        self.waiting.extend(
-            self.released
-                .drain(..)
-                .map(|(u, s)| (u, s, weak.clone())),
-        );
+        self.waiting
+            .extend(self.released.drain(..).map(|(u, s)| (u, s, weak.clone())));
     }
 
     /// The freed slots no snapshot can count on any more, each passed to `zero` and then
@@ -269,7 +266,11 @@ mod tests {
         layout.reclaim(|u, s| zeroed.push((u, s)));
         assert!(zeroed.is_empty());
         let c = layout.assign(&discovered(&["127.0.0.1:3", "127.0.0.1:4"]));
-        assert_eq!(&*c.upstreams[0].children, &[2, 3], "not reused while counted on");
+        assert_eq!(
+            &*c.upstreams[0].children,
+            &[2, 3],
+            "not reused while counted on"
+        );
         layout.wait_for(&second);
         // A newer snapshot alone does not keep them: the older ones are gone.
         drop(first);

@@ -513,7 +513,10 @@ impl ServerMetrics {
     /// Zeroes every count, for the next server given this slot (`layout::Layout::reclaim`:
     /// no snapshot that could count on it is left, so no worker writes it meanwhile).
     pub(crate) fn zero(&self) {
-        let counters = self.requests.iter().chain([&self.pool_idle, &self.connect_errors]);
+        let counters = self
+            .requests
+            .iter()
+            .chain([&self.pool_idle, &self.connect_errors]);
         for c in counters.chain([&*self.in_flight]) {
             c.set(0);
         }
