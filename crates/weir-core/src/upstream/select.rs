@@ -37,6 +37,11 @@ pub fn choose(
     key: RequestKey,
     tried: &[usize],
 ) -> Option<Choice> {
+    if tried.is_empty() {
+        if let Some(choice) = only_server(st, plan, upstream, key) {
+            return Some(choice);
+        }
+    }
     for ignore_ejection in [false, true] {
         for group in [PRIMARY, BACKUP] {
             let members = &plan.groups[group];
@@ -91,6 +96,37 @@ pub fn choose(
         }
     }
     None
+}
+
+/// The one primary server of `upstream`, on a request's first try, when it is available
+/// at its full weight: every policy (and the sticky cookie, which can name no other
+/// available server) picks it, so the loop below and the policy's state are skipped. `None`:
+/// the loop decides (several primaries, or this one down, ejected, full or slow-starting).
+#[inline]
+fn only_server(
+    st: &LocalState,
+    plan: &UpstreamPlan,
+    upstream: &Upstream,
+    key: RequestKey,
+) -> Option<Choice> {
+    let [server] = *plan.groups[PRIMARY] else {
+        return None;
+    };
+    let state = &plan.servers[server];
+    let full = st.in_flight[server] >= st.max_in_flight[server];
+    if !state.is_up() || !state.is_normal() || full || upstream.servers[server].weight == 0 {
+        return None;
+    }
+    let set_cookie = plan
+        .sticky
+        .as_ref()
+        .is_some_and(|s| key.sticky != Some(s.ids[server]));
+    Some(Choice {
+        server,
+        group: PRIMARY,
+        member: 0,
+        set_cookie,
+    })
 }
 
 /// The member of `group` the request's sticky cookie names, if it is available.
@@ -271,6 +307,33 @@ mod tests {
         assert!(p.server != 2 && p.set_cookie, "re-pinned elsewhere");
         let fresh = w.pick(0, &plan, &u, RequestKey::default()).expect("pick");
         assert!(fresh.set_cookie);
+    }
+
+    /// One primary (`only_server`'s case) and a backup: the primary while it is
+    /// available at full weight, the backup while it is full, down or ejected; the
+    /// sticky cookie set unless it names the primary.
+    #[test]
+    fn one_primary_is_picked_only_while_available() {
+        let u = upstream(
+            "lb = \"sticky_cookie\"\nservers = [{ addr = \"127.0.0.1:1\", max_connections = 1 }, \
+             { addr = \"127.0.0.1:2\", backup = true }]\n",
+        );
+        let plan = UpstreamPlan::new(&u, |_| None);
+        let w = WorkerUpstreams::new(1, Default::default());
+        let pinned = RequestKey {
+            hash: None,
+            sticky: Some(server_id("u", "127.0.0.1:1")),
+        };
+        let held = w.pick(0, &plan, &u, pinned).expect("pick");
+        assert_eq!((held.server, held.set_cookie), (0, false));
+        let p = w.pick(0, &plan, &u, RequestKey::default()).expect("pick");
+        assert_eq!((p.server, p.set_cookie), (1, true), "the primary is full");
+        drop((held, p));
+        let p = w.pick(0, &plan, &u, RequestKey::default()).expect("pick");
+        assert_eq!((p.server, p.set_cookie), (0, true));
+        drop(p);
+        plan.servers[0].record_failure(now_ms(), &plan.passive);
+        assert_eq!(picks(&w, &plan, &u, 2), [1, 1], "ejected");
     }
 
     #[test]
