@@ -366,7 +366,8 @@ impl Sender for Http1Sender<'_, '_> {
                 timeout: listener.client_timeout,
                 informed: &mut self.informed,
             };
-            send_streaming(x, a, &mut rd, &mut interim, upload).await?
+            // Boxed: a request without a body still arriving keeps the try's state small.
+            Box::pin(send_streaming(x, a, &mut rd, &mut interim, upload)).await?
         };
         match tries.relays(self.resp.status, self.whole, self.informed) {
             true => Ok(sent),
@@ -408,7 +409,8 @@ impl Response<'_> {
         fill: F,
     ) -> Result<bool, Failure> {
         if resp.status == 101 {
-            return self.upgrade(conn, stream, up_buf, resp).await;
+            // Boxed: a tunnel's state is not every response's.
+            return Box::pin(self.upgrade(conn, stream, up_buf, resp)).await;
         }
         // A 304 refreshing the stale entry, or a 5xx it may answer for.
         if let Some((hit, result)) = fill.answer_instead(up_buf.filled(), resp) {
@@ -459,8 +461,9 @@ impl Response<'_> {
             }
             None => {
                 let plan = (&edits.plan, dechunk);
+                // Boxed: the usual small response went out with its head above.
                 let relayed = self.relay_body(conn, &mut stream, up_buf, resp, plan, recorder);
-                relayed.await?
+                Box::pin(relayed).await?
             }
         };
         if resp.keeps_alive() && self.request_done && up_buf.is_empty() {
