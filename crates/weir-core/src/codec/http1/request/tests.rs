@@ -909,3 +909,13 @@ fn head_len_stops_at_the_next_request() {
     );
     assert_eq!(&raw[head.head_len..][second.path.clone()], b"/2");
 }
+
+/// The host table is the rule it replaced, for every byte value.
+#[test]
+fn host_bytes_are_letters_digits_and_the_host_delimiters() {
+    for b in 0..=255u8 {
+        let rule =
+            b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b':' | b'[' | b']' | b'_');
+        assert_eq!(super::validate_host(&[b]).is_ok(), rule, "byte {b:#04x}");
+    }
+}
