@@ -1,25 +1,27 @@
 //! `weir-bench h3-cost` (issue 28): CPU per HTTP/3 request of Weir (`http3 = true` on a
 //! TLS listener) and Caddy (its default `protocols h1 h2 h3`), each terminating QUIC in
-//! front of the 615-byte nginx backend, with the same ECDSA P-256 certificate.
+//! front of the 615-byte nginx backend, with the same ECDSA P-256 certificate; Weir's own
+//! HTTP/2 over TLS on the same listener with the same load shape; and CPU per new QUIC
+//! connection (a full handshake and one request) of both.
 //!
 //! No packaged load generator speaks HTTP/3 here (Debian's h2load is built without QUIC),
-//! so the load is an HTTP/3 client written with quinn + h3 (the testkit's, the crates Weir
-//! serves with) running in this process on the load CPU: `--conns` connections, each with
-//! `--streams` requests in flight, for `--duration` seconds. The client is the bottleneck
-//! (QUIC costs a client as much as a server), so the figure is each proxy's CPU per
-//! request at the rate the client reaches, not a maximum rate. Connections are set up
-//! before the CPU is read, so handshakes do not count. The two proxies alternate (A B,
-//! B A, ...) and the ratio is the median of the paired ratios, as in `policy-cost`.
+//! so the load is driven from this process on the load CPU (`h3_load`): `--conns`
+//! connections, each with `--streams` requests in flight, for `--duration` seconds. The
+//! client is the bottleneck (QUIC costs a client as much as a server), so the figure is
+//! each proxy's CPU per request at the rate the client reaches, not a maximum rate.
+//! Kept connections are set up before the CPU is read, so their handshakes do not count.
+//! The two sides of each comparison alternate (A B, B A, ...) and the ratio is the median
+//! of the paired ratios, as in `policy-cost`.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use weir_testkit::certs::Leaf;
-use weir_testkit::h3_client::{self, H3Client};
+use weir_testkit::h3_client;
 
+use crate::h3_load::{self, Load};
 use crate::policy_cost::{median, paired};
 use crate::process::{self, Child};
 use crate::{peers, procfs, LOAD_CPU, PROXY_CPU};
@@ -77,25 +79,55 @@ pub fn main(a: Args, dir: &Path) -> Result<()> {
         .build()?;
     for p in &proxies {
         runtime.block_on(check(p, &tls))?;
-        measure(&runtime, p, &tls, &a, 2)?;
+        measure(&runtime, p, Load::H3, &tls, &a, 2)?;
     }
-    let (mut weir_runs, mut caddy_runs) = (Vec::new(), Vec::new());
-    for i in 0..a.repeat {
-        let order = if i.is_multiple_of(2) { [0, 1] } else { [1, 0] };
-        for which in order {
-            let run = measure(&runtime, &proxies[which], &tls, &a, a.duration)?;
-            [&mut weir_runs, &mut caddy_runs][which].push(run);
+    let [weir, caddy] = &proxies;
+    let comparisons = [
+        (Case(weir, Load::H3), Case(caddy, Load::H3)),
+        (Case(weir, Load::H3), Case(weir, Load::H2)),
+        (
+            Case(weir, Load::H3Handshakes),
+            Case(caddy, Load::H3Handshakes),
+        ),
+    ];
+    for (first, second) in comparisons {
+        let (mut a_runs, mut b_runs) = (Vec::new(), Vec::new());
+        for i in 0..a.repeat {
+            let order = if i.is_multiple_of(2) { [0, 1] } else { [1, 0] };
+            for which in order {
+                let case = [&first, &second][which];
+                let run = measure(&runtime, case.0, case.1, &tls, &a, a.duration)?;
+                [&mut a_runs, &mut b_runs][which].push(run);
+            }
         }
+        print(&a, [&first, &second], [&a_runs, &b_runs]);
     }
-    print(&a, &proxies, [&weir_runs, &caddy_runs]);
     Ok(())
 }
 
-fn print(a: &Args, proxies: &[Proxy; 2], runs: [&Vec<Run>; 2]) {
+/// A proxy under one load.
+struct Case<'a>(&'a Proxy, Load);
+
+impl Case<'_> {
+    fn label(&self) -> String {
+        format!("{}, {}", self.0.label, self.1.label())
+    }
+}
+
+/// One comparison's table and paired ratio (CPU per request; with a new connection per
+/// request, that is CPU per handshake, and its inverse handshakes per CPU-second).
+fn print(a: &Args, cases: [&Case; 2], runs: [&Vec<Run>; 2]) {
+    let shape = match cases[0].1 {
+        Load::H3Handshakes => format!("{} connections being made at once", a.conns),
+        _ => format!("{} connections x {} streams", a.conns, a.streams),
+    };
     println!(
-        "## h3-cost: CPU per HTTP/3 request, 615 B nginx backend, {} connections x {} streams ({} s x {} pairs)\n\n\
-         | proxy | CPU us per request | req/s |\n|---|---|---|",
-        a.conns, a.streams, a.duration, a.repeat
+        "## h3-cost: {} vs {}, 615 B nginx backend, {shape} ({} s x {} pairs)\n\n\
+         | proxy, load | CPU us per request | per CPU-second | req/s |\n|---|---|---|---|",
+        cases[0].label(),
+        cases[1].label(),
+        a.duration,
+        a.repeat
     );
     let per_req: Vec<Vec<f64>> = runs
         .iter()
@@ -105,21 +137,26 @@ fn print(a: &Args, proxies: &[Proxy; 2], runs: [&Vec<Run>; 2]) {
                 .collect()
         })
         .collect();
-    for (i, p) in proxies.iter().enumerate() {
+    for (i, case) in cases.iter().enumerate() {
         let rps = median(
             runs[i]
                 .iter()
                 .map(|r| r.requests as f64 / a.duration as f64)
                 .collect(),
         );
+        let us = median(per_req[i].clone());
         println!(
-            "| {} | {:.2} | {rps:.0} |",
-            p.label,
-            median(per_req[i].clone())
+            "| {} | {us:.2} | {:.0} | {rps:.0} |",
+            case.label(),
+            1e6 / us
         );
     }
     let (ratio, lo, hi) = paired(&per_req[0], &per_req[1]);
-    println!("\nWeir / Caddy CPU per HTTP/3 request, paired: {ratio:.3} ({lo:.3}-{hi:.3})");
+    println!(
+        "\n{} / {} CPU per request, paired: {ratio:.3} ({lo:.3}-{hi:.3})\n",
+        cases[0].label(),
+        cases[1].label()
+    );
 }
 
 /// Weir with one TLS listener offering HTTP/3, everything to `backend`.
@@ -197,62 +234,27 @@ async fn check(p: &Proxy, tls: &rustls::ClientConfig) -> Result<()> {
     bail!("{}: no HTTP/3 connection: {last}", p.label)
 }
 
-/// Connects, then keeps `conns` x `streams` requests in flight for `secs` seconds; the
-/// proxy's CPU is read around the requests only.
+/// Connects (for kept connections), then runs `load` for `secs` seconds; the proxy's CPU
+/// is read around the load only.
 fn measure(
     runtime: &tokio::runtime::Runtime,
     p: &Proxy,
+    load: Load,
     tls: &rustls::ClientConfig,
     a: &Args,
     secs: u64,
 ) -> Result<Run> {
-    let clients = runtime.block_on(connect_all(p.addr, tls, a.conns))?;
+    let clients = runtime.block_on(h3_load::connect(load, p.addr, tls, a.conns))?;
     let before = procfs::group_cpu_secs(p.child.pgid);
-    let requests = runtime.block_on(run(&clients, a.streams, Duration::from_secs(secs)))?;
+    let length = Duration::from_secs(secs);
+    let requests = runtime.block_on(h3_load::run(
+        &clients,
+        p.addr,
+        tls,
+        (a.conns, a.streams),
+        length,
+    ))?;
     let cpu_s = procfs::group_cpu_secs(p.child.pgid) - before;
     drop(clients);
     Ok(Run { requests, cpu_s })
-}
-
-async fn connect_all(
-    addr: SocketAddr,
-    tls: &rustls::ClientConfig,
-    conns: u32,
-) -> Result<Vec<Arc<H3Client>>> {
-    let mut clients = Vec::new();
-    for _ in 0..conns {
-        let client = h3_client::connect(addr, "localhost", tls)
-            .await
-            .map_err(anyhow::Error::msg)?;
-        clients.push(Arc::new(client));
-    }
-    Ok(clients)
-}
-
-/// The requests answered 200 on `clients` in `length`; any other answer or error fails.
-async fn run(clients: &[Arc<H3Client>], streams: u32, length: Duration) -> Result<u64> {
-    let until = Instant::now() + length;
-    let mut tasks = tokio::task::JoinSet::new();
-    for client in clients {
-        for _ in 0..streams {
-            let client = client.clone();
-            tasks.spawn(async move {
-                let mut send = client.send.clone();
-                let mut n = 0u64;
-                while Instant::now() < until {
-                    let r = h3_client::get(&mut send, "localhost", "/").await?;
-                    if r.status != 200 {
-                        return Err(format!("status {}", r.status));
-                    }
-                    n += 1;
-                }
-                Ok(n)
-            });
-        }
-    }
-    let mut total = 0;
-    while let Some(done) = tasks.join_next().await {
-        total += done?.map_err(anyhow::Error::msg)?;
-    }
-    Ok(total)
 }

@@ -21,6 +21,7 @@ mod configs;
 mod envinfo;
 mod h2load;
 mod h3_cost;
+mod h3_load;
 mod handshakes;
 mod http1_client;
 mod instructions;
