@@ -1,8 +1,8 @@
 //! `weir-bench cache-cost` (issue 27): CPU per cache hit of Weir (a route with `cache`, a
 //! memory store), nginx (`proxy_cache`, its files in the page cache) and Varnish (`-s
-//! malloc`), each on the proxy CPU in front of an nginx backend whose 615-byte answer says
-//! `Cache-Control: public, max-age=3600`; wrk asks for the one URL, so every request after
-//! the first is a hit. Each peer is checked to answer from its cache first. Weir runs
+//! malloc`), each on the proxy CPU in front of an nginx backend whose answers say
+//! `Cache-Control: public, max-age=3600`: 615 bytes at `/`, and a 1 MiB file at `/1m`; wrk
+//! asks for one URL at a time, so every request after the first is a hit. Each peer is checked to answer from its cache first. Weir runs
 //! against each peer alternately, as in `policy-cost`; the quoted ratios are medians of the
 //! paired ratios.
 
@@ -36,26 +36,31 @@ pub fn main(a: Args, dir: &Path) -> Result<()> {
             eprintln!("weir-bench: varnishd is not installed (bench/setup.sh): Weir vs nginx only")
         }
     }
-    for p in std::iter::once(&weir).chain(&others) {
-        probe_head(p.addr, "/", "identity")?;
-        let head = probe_head(p.addr, "/", "identity")?;
-        if !is_hit(&head) {
-            bail!(
-                "{}: the second request was not a cache hit:\n{head}",
-                p.label
-            );
+    for (path, size) in [("/", "615 B"), (BIG, "1 MiB")] {
+        for p in std::iter::once(&weir).chain(&others) {
+            probe_head(p.addr, path, "identity")?;
+            let head = probe_head(p.addr, path, "identity")?;
+            if !is_hit(&head) {
+                bail!(
+                    "{}: the second request for {path} was not a cache hit:\n{head}",
+                    p.label
+                );
+            }
         }
-    }
-    println!(
-        "## cache-cost: CPU per cache hit, 615 B cacheable answer, wrk -c{} ({} s x {} pairs)\n",
-        a.conns, a.duration, a.repeat
-    );
-    for other in &others {
-        let pair = alternate((other, &weir), &a, dir, (&[], "/"))?;
-        print_pair((&other.label, &weir.label), &pair, a.duration);
+        println!(
+            "## cache-cost: CPU per cache hit, {size} cacheable answer, wrk -c{} ({} s x {} pairs)\n",
+            a.conns, a.duration, a.repeat
+        );
+        for other in &others {
+            let pair = alternate((other, &weir), &a, dir, (&[], path))?;
+            print_pair((&other.label, &weir.label), &pair, a.duration);
+        }
     }
     Ok(())
 }
+
+/// The path of the 1 MiB object.
+const BIG: &str = "/1m";
 
 /// Whether a lower-cased response head says it came from the cache: Weir's
 /// `Cache-Status`, nginx's `$upstream_cache_status` (added as `X-Cache-Status`), or
@@ -69,12 +74,18 @@ fn is_hit(head: &str) -> bool {
     })
 }
 
-/// nginx on the load CPU answering every path 200 with 615 bytes, cacheable for an hour.
+/// nginx on the load CPU answering 200 with 615 bytes, and with a 1 MiB file at [`BIG`],
+/// both cacheable for an hour.
 fn cacheable_backend(nginx: &Path, dir: &Path) -> Result<(Child, SocketAddr)> {
     let port = process::free_port()?;
+    let files = dir.join("cacheable-files");
+    std::fs::create_dir_all(&files)?;
+    std::fs::write(files.join(&BIG[1..]), vec![b'x'; 1 << 20])?;
     let locations = format!(
-        "        location / {{\n            add_header Cache-Control \"public, max-age=3600\" always;\n            return 200 \"{}\";\n        }}",
-        body_615()
+        "        location / {{\n            add_header Cache-Control \"public, max-age=3600\" always;\n            return 200 \"{}\";\n        }}\n\
+         \x20       location = {BIG} {{\n            root {};\n            add_header Cache-Control \"public, max-age=3600\" always;\n        }}",
+        body_615(),
+        files.display()
     );
     let conf = configs::nginx_conf("cacheable-backend", (dir, port), "", &locations, None)?;
     let mut child = peers::start_nginx(nginx, "cacheable-backend", LOAD_CPU, dir, &conf)?;

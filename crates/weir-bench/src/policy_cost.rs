@@ -65,6 +65,8 @@ pub(crate) struct Run {
     requests: u64,
     bytes: u64,
     cpu_s: f64,
+    /// The load generator's 99th percentile latency, when it reports one.
+    p99_us: Option<f64>,
 }
 
 /// The JSON body (about 100 KiB of varied records, as an API would return).
@@ -221,6 +223,7 @@ fn measure(
         requests: out.requests,
         bytes,
         cpu_s,
+        p99_us: out.p99_us,
     })
 }
 
@@ -243,6 +246,7 @@ fn measure_h2c(p: &Proxy, dir: &Path, secs: u64, conns: u32, path: &str) -> Resu
         requests: out.requests,
         bytes: 0,
         cpu_s,
+        p99_us: out.p99_us,
     })
 }
 
@@ -414,17 +418,27 @@ pub(crate) fn print_pair(
     secs: u64,
 ) {
     let per_req = |r: &Run| r.cpu_s / r.requests as f64 * 1e6;
+    let p99 = |r: &Run| r.p99_us.unwrap_or(f64::NAN);
     let a: Vec<f64> = ra.iter().map(per_req).collect();
     let b: Vec<f64> = rb.iter().map(per_req).collect();
-    println!("| route | CPU us per request | req/s |\n|---|---|---|");
+    println!("| route | CPU us per request | req/s | p99 |\n|---|---|---|---|");
     for (label, runs, m) in [(first, ra, &a), (second, rb, &b)] {
         let rps = median(
             runs.iter()
                 .map(|r| r.requests as f64 / secs as f64)
                 .collect(),
         );
-        println!("| {label} | {:.2} | {rps:.0} |", median(m.clone()));
+        let p99 = median(runs.iter().map(p99).collect());
+        println!(
+            "| {label} | {:.2} | {rps:.0} | {:.2} ms |",
+            median(m.clone()),
+            p99 / 1e3
+        );
     }
     let (ratio, lo, hi) = paired(&b, &a);
-    println!("\n{second} / {first}, CPU per request, paired: {ratio:.4} ({lo:.4}-{hi:.4})\n");
+    println!("\n{second} / {first}, CPU per request, paired: {ratio:.4} ({lo:.4}-{hi:.4})");
+    let (pa, pb): (Vec<f64>, Vec<f64>) =
+        (ra.iter().map(p99).collect(), rb.iter().map(p99).collect());
+    let (ratio, lo, hi) = paired(&pb, &pa);
+    println!("{second} / {first}, p99 latency, paired: {ratio:.3} ({lo:.3}-{hi:.3})\n");
 }
