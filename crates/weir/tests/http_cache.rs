@@ -294,7 +294,180 @@ async fn an_http2_client_is_served_from_the_same_entry() {
         got.extend_from_slice(&data.unwrap());
     }
     assert_eq!(got, b"shared");
+    // A range of the entry, from the store too.
+    let request = http::Request::get("http://example.com/h2")
+        .header("range", "bytes=1-3")
+        .body(())
+        .unwrap();
+    let (response, _) = h2.send_request(request, true).unwrap();
+    let response = response.await.expect("h2 response");
+    assert_eq!(response.status(), 206);
+    let mut body = response.into_body();
+    let mut got = Vec::new();
+    while let Some(data) = body.data().await {
+        got.extend_from_slice(&data.unwrap());
+    }
+    assert_eq!(got, b"har");
     assert_eq!(b.requests_served(), 1);
+}
+
+/// Route `c` on `/` caching in memory store `mem`, to `backend`, with more route lines
+/// (`lines`: its filters).
+fn cached_route(backend: SocketAddr, lines: &[&str]) -> Conf {
+    let mut keys = vec!["cache = { store = \"mem\" }"];
+    keys.extend_from_slice(lines);
+    Conf::new()
+        .route("c", "up", &keys)
+        .upstream("up", &[backend], &[])
+        .table("[caches.mem]\nkind = \"memory\"")
+}
+
+fn gunzip(body: &[u8]) -> Vec<u8> {
+    use std::io::Read;
+    let mut plain = Vec::new();
+    flate2::read::GzDecoder::new(body)
+        .read_to_end(&mut plain)
+        .expect("gzip");
+    plain
+}
+
+/// A hit is sent as a fetched response is: the route's `response_headers` and its
+/// compression apply to it, for a client that takes gzip and one that does not.
+#[tokio::test]
+async fn a_hit_gets_the_routes_response_headers_and_compression() {
+    let text = "cacheable text ".repeat(200);
+    let fields = [
+        ("Cache-Control", "max-age=60"),
+        ("Content-Type", "text/plain"),
+        ("X-Up", "1"),
+    ];
+    let b = Backend::fixed(200, &fields, &text);
+    let rules = r#"response_headers = { set = { "X-Served-By" = "weir" }, remove = ["X-Up"] }"#;
+    let compression = r#"compression = { algorithms = ["gzip"], types = ["text/*"] }"#;
+    let weir = cached_route(b.addr(), &[rules, compression]).start();
+    let mut c = weir.client().await;
+    for expected in ["weir; fwd=uri-miss", "weir; hit", "weir; hit"] {
+        let r = get(&mut c, "/t", &[("Accept-Encoding", "gzip")]).await;
+        assert_eq!(r.header("Cache-Status"), Some(expected));
+        assert_eq!(r.header("X-Served-By"), Some("weir"), "{expected}");
+        assert_eq!(r.header("X-Up"), None, "{expected}");
+        assert_eq!(r.header("Content-Encoding"), Some("gzip"), "{expected}");
+        assert_eq!(gunzip(&r.body), text.as_bytes(), "{expected}");
+    }
+    let plain = get(&mut c, "/t", &[]).await;
+    assert_eq!(plain.header("Cache-Status"), Some("weir; hit"));
+    assert_eq!(plain.header("Content-Encoding"), None);
+    assert_eq!(plain.header("X-Served-By"), Some("weir"));
+    assert_eq!(plain.body, text.as_bytes());
+    assert_eq!(b.requests_served(), 1, "hits never reach the upstream");
+}
+
+/// A `Range` on a hit is answered from the stored body: one range (206), several
+/// (`multipart/byteranges`), none satisfiable (416), and `If-Range` that does not hold
+/// (the whole 200).
+#[tokio::test]
+async fn a_hit_answers_ranges_from_the_stored_body() {
+    let fields = [
+        ("Cache-Control", "max-age=60"),
+        ("Content-Type", "text/plain"),
+        ("ETag", "\"r1\""),
+    ];
+    let b = Backend::fixed(200, &fields, "0123456789");
+    let weir = cached(b.addr(), "", "").start();
+    let mut c = weir.client().await;
+    get(&mut c, "/", &[]).await;
+    let one = get(&mut c, "/", &[("Range", "bytes=2-4")]).await;
+    assert_eq!(one.status, 206);
+    assert_eq!(one.body, b"234");
+    assert_eq!(one.header("Content-Range"), Some("bytes 2-4/10"));
+    assert_eq!(one.header("Cache-Status"), Some("weir; hit"));
+    let two = get(&mut c, "/", &[("Range", "bytes=0-0,-2")]).await;
+    assert_eq!(two.status, 206);
+    let kind = two.header("Content-Type").unwrap_or_default();
+    assert!(
+        kind.starts_with("multipart/byteranges; boundary="),
+        "{kind}"
+    );
+    let body = String::from_utf8_lossy(&two.body);
+    assert!(
+        body.contains("Content-Range: bytes 0-0/10\r\n\r\n0\r\n"),
+        "{body}"
+    );
+    assert!(
+        body.contains("Content-Range: bytes 8-9/10\r\n\r\n89\r\n"),
+        "{body}"
+    );
+    assert!(body.contains("Content-Type: text/plain\r\n"), "{body}");
+    let none = get(&mut c, "/", &[("Range", "bytes=20-")]).await;
+    assert_eq!(none.status, 416);
+    assert_eq!(none.header("Content-Range"), Some("bytes */10"));
+    let other = get(
+        &mut c,
+        "/",
+        &[("Range", "bytes=2-4"), ("If-Range", "\"r0\"")],
+    )
+    .await;
+    assert_eq!(
+        (other.status, other.body.as_slice()),
+        (200, &b"0123456789"[..])
+    );
+    let same = get(
+        &mut c,
+        "/",
+        &[("Range", "bytes=2-4"), ("If-Range", "\"r1\"")],
+    )
+    .await;
+    assert_eq!((same.status, same.body.as_slice()), (206, &b"234"[..]));
+    assert_eq!(b.requests_served(), 1, "ranges never reach the upstream");
+}
+
+/// `If-None-Match` and `If-Modified-Since` on a hit are weighed against the stored
+/// `ETag` and `Last-Modified` (304 from the store); `If-Match` is the origin's to weigh:
+/// forwarded.
+#[tokio::test]
+async fn a_hit_answers_conditions_from_the_stored_validators() {
+    let fields = [
+        ("Cache-Control", "max-age=60"),
+        ("ETag", "\"v7\""),
+        ("Last-Modified", "Mon, 01 Jan 2001 00:00:00 GMT"),
+    ];
+    let b = Backend::fixed(200, &fields, "payload");
+    let weir = cached(b.addr(), "", "").start();
+    let mut c = weir.client().await;
+    get(&mut c, "/", &[]).await;
+    let not_modified: [&[(&str, &str)]; 3] = [
+        &[("If-None-Match", "\"v7\"")],
+        &[("If-None-Match", "\"v0\", W/\"v7\"")],
+        &[("If-Modified-Since", "Mon, 01 Jan 2001 00:00:00 GMT")],
+    ];
+    for asked in not_modified {
+        let r = get(&mut c, "/", asked).await;
+        assert_eq!(r.status, 304, "{asked:?}");
+        assert!(r.body.is_empty());
+        assert_eq!(r.header("ETag"), Some("\"v7\""));
+        assert_eq!(r.header("Cache-Control"), Some("max-age=60"));
+        assert_eq!(r.header("Cache-Status"), Some("weir; hit"));
+    }
+    let modified: [&[(&str, &str)]; 2] = [
+        &[("If-None-Match", "\"v0\"")],
+        &[("If-Modified-Since", "Sun, 31 Dec 2000 00:00:00 GMT")],
+    ];
+    for asked in modified {
+        let r = get(&mut c, "/", asked).await;
+        assert_eq!(
+            (r.status, r.body.as_slice()),
+            (200, &b"payload"[..]),
+            "{asked:?}"
+        );
+    }
+    assert_eq!(
+        b.requests_served(),
+        1,
+        "conditions on a hit never reach the upstream"
+    );
+    let r = get(&mut c, "/", &[("If-Match", "\"v7\"")]).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(b.requests_served(), 2, "If-Match goes to the origin");
 }
 
 #[test]
@@ -721,6 +894,33 @@ async fn a_stale_entry_answers_for_an_upstream_failure_when_allowed() {
     let (r, tries) = after_failure(plain_then_close, ", serve_stale_on = [\"error\"]").await;
     served(&r);
     assert!(tries >= 2, "the upstream was tried");
+}
+
+/// Answers from the store after the upstream was asked (a stale entry a 304 refreshed,
+/// one answering for a failure) are sent as hits are: the route's `response_headers`
+/// apply.
+#[tokio::test]
+async fn answers_from_the_store_after_the_upstream_get_the_routes_edits() {
+    let rules = r#"response_headers = { set = { "X-Served-By" = "weir" } }"#;
+    let stale_on = r#"cache = { store = "mem", serve_stale_on = ["error"] }"#;
+    for (reply, status) in [
+        (etag_v1 as Reply, "weir; fwd=stale; fwd-status=304"),
+        (plain_then_close, "weir; hit; detail=stale"),
+    ] {
+        let up = Scripted::start(reply).await;
+        let conf = Conf::new()
+            .route("c", "up", &[stale_on, rules])
+            .upstream("up", &[up.addr], &[])
+            .table("[caches.mem]\nkind = \"memory\"");
+        let weir = conf.start();
+        let mut c = weir.client().await;
+        get(&mut c, "/", &[]).await;
+        let mut c = weir.client().await;
+        let r = get(&mut c, "/", &[]).await;
+        assert_eq!(r.status, 200);
+        assert_eq!(r.header("Cache-Status"), Some(status));
+        assert_eq!(r.header("X-Served-By"), Some("weir"), "{status}");
+    }
 }
 
 #[tokio::test]

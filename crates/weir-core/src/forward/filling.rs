@@ -5,8 +5,9 @@
 
 use std::convert::Infallible;
 
-use crate::cache::{CacheResult, Fill, Hit, Recorder};
+use crate::cache::{Fill, Recorder};
 use crate::codec::http1::ResponseHead;
+use crate::files::Reply;
 
 /// What stores a response, or answers instead of it.
 pub(crate) trait Filling {
@@ -14,7 +15,7 @@ pub(crate) trait Filling {
     type Recorder: Record;
 
     /// The stored entry that answers instead of `resp` (its head in `buf`), if any.
-    fn answer_instead(&self, buf: &[u8], resp: &ResponseHead) -> Option<(Hit, CacheResult)>;
+    fn answer_instead(&self, buf: &[u8], resp: &ResponseHead) -> Option<Reply>;
 
     /// The `Cache-Status` line the response gets, if any.
     fn status_line(&self) -> Option<&'static [u8]>;
@@ -40,7 +41,7 @@ pub(crate) struct NoFill;
 impl Filling for NoFill {
     type Recorder = Infallible;
 
-    fn answer_instead(&self, _: &[u8], _: &ResponseHead) -> Option<(Hit, CacheResult)> {
+    fn answer_instead(&self, _: &[u8], _: &ResponseHead) -> Option<Reply> {
         None
     }
 
@@ -56,7 +57,7 @@ impl Filling for NoFill {
 impl Filling for Box<Fill> {
     type Recorder = Box<Recorder>;
 
-    fn answer_instead(&self, buf: &[u8], resp: &ResponseHead) -> Option<(Hit, CacheResult)> {
+    fn answer_instead(&self, buf: &[u8], resp: &ResponseHead) -> Option<Reply> {
         Fill::answer_instead(self, buf, resp)
     }
 

@@ -232,7 +232,7 @@ impl Stream<'_> {
                 let timeout = routing.listener().http2.stall_timeout;
                 return (route, answer_with(answer, r, timeout, respond, trace).await);
             }
-            Decision::Files(reply) => {
+            Decision::Reply(reply) => {
                 let under = crate::files::Under::of(routing.listener(), route);
                 let sent = super::files::respond_stream(respond, r, under, *reply, trace);
                 return (route, Box::pin(sent).await);
@@ -282,9 +282,6 @@ async fn answer_with(
     trace: &mut Trace,
 ) -> Result<(), Failure> {
     trace.local = answer.is_local();
-    if let Answer::Cached(_) = answer {
-        trace.cache = Some(CacheResult::Hit);
-    }
     let vars = answer.vars(r);
     let sent = send_answer(respond, &answer, &vars, r.req.is_head, timeout, trace);
     sent.await.map_err(Failure::after_head)

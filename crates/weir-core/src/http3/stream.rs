@@ -201,9 +201,6 @@ async fn run(
         (route, Decision::Answer(answer)) => {
             log.route = route;
             log.trace.local = answer.is_local();
-            if let Answer::Cached(_) = answer {
-                log.trace.cache = Some(CacheResult::Hit);
-            }
             let vars = answer.vars(&request);
             let sent = send_answer(send, &answer, &vars, req.is_head, listener, &mut log.trace);
             return sent.await.map_err(Failure::after_head);
@@ -212,7 +209,7 @@ async fn run(
             log.route = route;
             return Err(error.into());
         }
-        (route, Decision::Files(reply)) => {
+        (route, Decision::Reply(reply)) => {
             log.route = route;
             let under = crate::files::Under::of(listener, route);
             let sent = respond_stream(send, &request, under, *reply, &mut log.trace);

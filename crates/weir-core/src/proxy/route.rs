@@ -6,9 +6,9 @@
 //! Order: `max_body_size` (413), a pending ACME HTTP-01 token (before `redirect_https`:
 //! validation comes on port 80), `redirect_https`, path normalisation (400), the router
 //! (none: the default response), the rewrite check, the route's admission filters
-//! (`policy`: 403, 429, 401), the route's cache (a fresh entry answers; `cache`), then
-//! the route's target (`files`: a file's reply, or the route's upstream when no file
-//! answers).
+//! (`policy`: 403, 429, 401), the route's target (`files`: a file's reply, or the
+//! route's upstream when no file answers), then the route's cache (a fresh entry
+//! answers, as a reply; `cache`).
 
 use weir_config::{Listener, Route};
 
@@ -32,8 +32,9 @@ pub enum Decision<'a> {
     Forward(Target<'a>, Option<Box<Fill>>),
     /// Weir answers it.
     Answer(Answer<'a>),
-    /// The route's files answer it (`files`; boxed: the other decisions stay small).
-    Files(Box<crate::files::Reply>),
+    /// A source that is not an upstream answers it: the route's files, or a fresh entry
+    /// of its cache (boxed: the other decisions stay small).
+    Reply(Box<crate::files::Reply>),
     /// Refused with this error's status.
     Refuse(ProxyError),
 }
@@ -100,7 +101,7 @@ impl<'a> Routing<'a> {
                 return (route, Decision::Answer(Answer::Redirect(redirect)))
             }
             RoutePlan::Files(files) => match files.lookup(self.worker, r, routed) {
-                Lookup::Reply(reply) => return (route, Decision::Files(Box::new(reply))),
+                Lookup::Reply(reply) => return (route, Decision::Reply(Box::new(reply))),
                 Lookup::Upstream(upstream) => upstream,
             },
         };
@@ -109,7 +110,7 @@ impl<'a> Routing<'a> {
             Some(cache) => {
                 let store = &self.snapshot.caches[cache.store];
                 match crate::cache::lookup(r, path.get(raw_path), cache, store) {
-                    CacheLookup::Hit(hit) => return (route, Decision::Answer(Answer::Cached(hit))),
+                    CacheLookup::Hit(reply) => return (route, Decision::Reply(reply)),
                     CacheLookup::Miss(fill) => Some(fill),
                     CacheLookup::Bypass => None,
                 }
