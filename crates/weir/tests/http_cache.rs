@@ -470,6 +470,114 @@ async fn a_hit_answers_conditions_from_the_stored_validators() {
     assert_eq!(b.requests_served(), 2, "If-Match goes to the origin");
 }
 
+/// An h2 request for `path` with `headers`: its status, fields and body.
+async fn h2_get(
+    h2: &mut h2::client::SendRequest<bytes::Bytes>,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> (u16, http::HeaderMap, Vec<u8>) {
+    let mut request = http::Request::get(format!("http://example.com{path}"));
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let ready = h2.clone().ready().await.expect("h2 ready");
+    *h2 = ready;
+    let (response, _) = h2.send_request(request.body(()).unwrap(), true).unwrap();
+    let (head, mut body) = response.await.expect("h2 response").into_parts();
+    let mut got = Vec::new();
+    while let Some(data) = body.data().await {
+        let data = data.unwrap();
+        let _ = body.flow_control().release_capacity(data.len());
+        got.extend_from_slice(&data);
+    }
+    (head.status.as_u16(), head.headers, got)
+}
+
+fn cache_status(headers: &http::HeaderMap) -> Option<&str> {
+    headers.get("cache-status").and_then(|v| v.to_str().ok())
+}
+
+/// An HTTP/2 client's misses are stored as an HTTP/1.1 client's are, and 50 concurrent
+/// ones on one connection send one request upstream.
+#[tokio::test]
+async fn an_http2_client_s_misses_are_stored_and_collapsed() {
+    let gate = Gate::new(tokio::sync::Semaphore::new(0));
+    let up = Scripted::gated(fresh_for_a_minute, Some(gate.clone())).await;
+    let weir = cached(up.addr, "", "").start();
+    let h2 = common::h2c_client(weir.addr).await;
+    let mut streams = tokio::task::JoinSet::new();
+    for _ in 0..50 {
+        let mut h2 = h2.clone();
+        streams.spawn(async move { h2_get(&mut h2, "/hot", &[]).await });
+    }
+    let waits = "weir_cache_collapsed_waits_total{store=\"mem\"}";
+    weir.wait_metric(waits, 49).await;
+    assert_eq!(up.heads().len(), 1);
+    gate.add_permits(50);
+    let mut statuses = Vec::new();
+    while let Some(done) = streams.join_next().await {
+        let (status, headers, body) = done.unwrap();
+        assert_eq!((status, body.as_slice()), (200, &b"hot"[..]));
+        statuses.push(cache_status(&headers).unwrap().to_owned());
+    }
+    let count = |s: &str| statuses.iter().filter(|c| *c == s).count();
+    assert_eq!(count("weir; fwd=uri-miss"), 1);
+    assert_eq!(count("weir; hit; collapsed"), 49);
+    let mut h2 = h2;
+    let (_, headers, body) = h2_get(&mut h2, "/hot", &[]).await;
+    assert_eq!(
+        (cache_status(&headers), body.as_slice()),
+        (Some("weir; hit"), &b"hot"[..])
+    );
+    assert_eq!(up.heads().len(), 1, "one request upstream for 51 requests");
+    assert_eq!(weir.metric("weir_cache_stored_total{store=\"mem\"}"), 1);
+}
+
+/// An HTTP/2 client's stale entry is revalidated with one conditional request, and the
+/// upstream's 304 refreshes it.
+#[tokio::test]
+async fn an_http2_client_s_stale_entry_is_revalidated() {
+    let up = Scripted::start(etag_v1).await;
+    let weir = cached(up.addr, "", "").start();
+    let mut h2 = common::h2c_client(weir.addr).await;
+    let (_, headers, body) = h2_get(&mut h2, "/r", &[]).await;
+    assert_eq!(
+        (cache_status(&headers), body.as_slice()),
+        (Some("weir; fwd=uri-miss"), &b"version"[..])
+    );
+    let (status, headers, body) = h2_get(&mut h2, "/r", &[]).await;
+    assert_eq!((status, body.as_slice()), (200, &b"version"[..]));
+    assert_eq!(
+        cache_status(&headers),
+        Some("weir; fwd=stale; fwd-status=304")
+    );
+    let (_, headers, _) = h2_get(&mut h2, "/r", &[]).await;
+    assert_eq!(cache_status(&headers), Some("weir; hit"));
+    let heads = up.heads();
+    assert_eq!(heads.len(), 2, "{heads:?}");
+    assert!(heads[1].contains("If-None-Match: \"v1\""), "{}", heads[1]);
+}
+
+/// A disk entry whose body is past what a hit reads where it is routed (64 KiB) is read
+/// on the blocking pool for an HTTP/2 client too: a hit, not a request upstream.
+#[tokio::test]
+async fn a_large_disk_entry_is_served_to_an_http2_client() {
+    let dir = DiskDir::new("large-h2");
+    let big = "x".repeat(100 << 10);
+    let b = Backend::fixed(200, &[("Cache-Control", "max-age=60")], &big);
+    let weir = cached_in(b.addr(), "", &dir.store()).start();
+    let mut h2 = common::h2c_client(weir.addr).await;
+    let (_, headers, body) = h2_get(&mut h2, "/big", &[]).await;
+    assert_eq!(cache_status(&headers), Some("weir; fwd=uri-miss"));
+    assert_eq!(body.len(), big.len());
+    weir.wait_metric("weir_cache_stored_total{store=\"mem\"}", 1)
+        .await;
+    let (status, headers, body) = h2_get(&mut h2, "/big", &[]).await;
+    assert_eq!((status, cache_status(&headers)), (200, Some("weir; hit")));
+    assert_eq!(body, big.as_bytes());
+    assert_eq!(b.requests_served(), 1, "the hit never reaches the upstream");
+}
+
 #[test]
 fn a_route_naming_a_missing_store_is_rejected_with_its_place() {
     let text = r#"

@@ -6,11 +6,12 @@
 //!   a GET (or a HEAD, from a cached GET) and the request is answered from it, without an
 //!   upstream: a `files::Reply` (`reply`: its conditions and range weighed, its body
 //!   shared as `Bytes`, or read from its file when it is small), which the client
-//!   adapters send as an upstream's response (`response_headers`, compression). A disk entry's larger body is read on the blocking
-//!   pool before the miss path would go upstream ([`Fill::collapse`]; HTTP/1 clients: an
-//!   HTTP/2 or HTTP/3 client's request goes upstream instead).
-//! - **Misses** go upstream with a [`Fill`]; once the response head is in, [`Fill::admit`]
-//!   says whether it may be stored (the `http-cache-semantics` policy: `no-store`,
+//!   adapters send as an upstream's response (`response_headers`, compression). A disk
+//!   entry's larger body is read on the blocking pool before the miss path would go
+//!   upstream ([`Fill::collapse`]), for every client protocol.
+//! - **Misses** go upstream with a [`Fill`] (the exchange with an HTTP/1.1 upstream, for
+//!   HTTP/1.x, HTTP/2 and HTTP/3 clients: `forward::exchange`, `http2::filling`); once
+//!   the response head is in, [`Fill::admit`] says whether it may be stored (the `http-cache-semantics` policy: `no-store`,
 //!   `private`, `Authorization`, `Set-Cookie`, statuses, freshness) and a [`Recorder`]
 //!   beside the client's sink keeps a copy of the body (`forward::relay::Recording`),
 //!   stored once the body is complete and within `max_object_size`. A larger one streams
@@ -385,10 +386,6 @@ impl Drop for Fill {
         if self.leading {
             self.store.release(&self.key);
         }
-        if self.load.is_some() {
-            // A large disk entry an HTTP/2 or HTTP/3 client's request went upstream for.
-            self.store.counts.misses.fetch_add(1, Relaxed);
-        }
     }
 }
 
@@ -434,6 +431,12 @@ impl Fill {
             _ => MISS_LINE,
         };
         self.status_header.then_some(line)
+    }
+
+    /// [`Fill::status_line`]'s value alone (an HTTP/2 or HTTP/3 field's).
+    pub fn status_value(&self) -> Option<&'static str> {
+        let line = std::str::from_utf8(self.status_line()?).ok()?;
+        line.strip_prefix("Cache-Status: ")?.strip_suffix("\r\n")
     }
 
     /// What is done before the request goes upstream: a fresh disk entry's body is read

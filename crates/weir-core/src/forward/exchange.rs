@@ -149,7 +149,7 @@ async fn answer_stale(
 /// Adds a cache's `lines` (CRLF included; none: nothing) to the head in `out`, before the
 /// blank line that ends it: the conditional fields revalidating a stale entry, a response's
 /// `Cache-Status`.
-fn push_before_end(out: &mut Vec<u8>, lines: &[u8]) {
+pub(crate) fn push_before_end(out: &mut Vec<u8>, lines: &[u8]) {
     if !lines.is_empty() {
         out.truncate(out.len() - 2);
         out.extend_from_slice(lines);

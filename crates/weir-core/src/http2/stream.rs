@@ -12,6 +12,7 @@ use h2::{Reason, RecvStream};
 
 use super::conn::Shared;
 use super::exchange::{StreamRequest, Trace};
+use super::filling::forward_filling;
 use super::interim::Relayed;
 use super::local::send_answer;
 use super::request::{write_head, write_upgrade_head, Line};
@@ -20,7 +21,6 @@ use super::stream_log::{StreamConn, StreamLog};
 use super::upstream::H2Facts;
 use super::websocket::new_key;
 use crate::answer::Answer;
-use crate::cache::CacheResult;
 use crate::codec::http1::fill_written;
 use crate::codec::http1::RequestHead;
 use crate::error::ProxyError;
@@ -221,13 +221,8 @@ impl Stream<'_> {
                 &traced
             }
         };
-        let target = match decision {
-            // A cache miss is forwarded; storing what an HTTP/2 client's upstream sends is
-            // not done yet (the response is relayed, uncached).
-            Decision::Forward(target, fill) => {
-                trace.cache = fill.map(|_| CacheResult::Miss);
-                target
-            }
+        let (target, fill) = match decision {
+            Decision::Forward(target, fill) => (target, fill),
             Decision::Answer(answer) => {
                 let timeout = routing.listener().http2.stall_timeout;
                 return (route, answer_with(answer, r, timeout, respond, trace).await);
@@ -246,6 +241,7 @@ impl Stream<'_> {
             path: &path,
             spare: self.spare,
             relayed: Relayed::default(),
+            fill: Cell::new(None),
         };
         if let Some((protocol, key)) = self.tunnel {
             // The client's fields are only for an HTTP/2 upstream's request: not kept for
@@ -257,19 +253,50 @@ impl Stream<'_> {
             return (route, tunnel.await);
         }
         r.continue_if_asked(body.is_some(), respond);
-        let result = match carrier(Protocol::Http2, r.target.upstream) == Carrier::Http2 {
-            true => Box::pin(r.forward_h2(self.facts, parts, body, respond, trace)).await,
-            false => {
-                // The request's field map, emptied, takes the response's fields (two
-                // allocations fewer per stream); the rest is not kept while an HTTP/1.1
-                // response streams (a download, SSE).
-                let mut headers = parts.headers;
-                headers.clear();
-                self.spare.set(headers);
-                r.forward(body, respond, trace).await
+        let carrier = carrier(Protocol::Http2, r.target.upstream);
+        let result = match fill {
+            None => {
+                self.forward(&r, carrier, (parts, body), respond, trace)
+                    .await
+            }
+            Some(fill) => {
+                let forward = async |respond: &mut SendResponse<Bytes>, trace: &mut Trace| {
+                    self.forward(&r, carrier, (parts, body), respond, trace)
+                        .await
+                };
+                // Boxed: a route without `cache` keeps the stream's state as before.
+                Box::pin(forward_filling(
+                    &r,
+                    (fill, carrier),
+                    respond,
+                    trace,
+                    forward,
+                ))
+                .await
             }
         };
         (route, result)
+    }
+
+    /// Forwards `r` over `carrier`; `client`: the client's request and its body.
+    async fn forward(
+        &self,
+        r: &StreamRequest<'_>,
+        carrier: Carrier,
+        (parts, body): (http::request::Parts, Option<RecvStream>),
+        respond: &mut SendResponse<Bytes>,
+        trace: &mut Trace,
+    ) -> Result<(), Failure> {
+        if carrier == Carrier::Http2 {
+            return Box::pin(r.forward_h2(self.facts, parts, body, respond, trace)).await;
+        }
+        // The request's field map, emptied, takes the response's fields (two allocations
+        // fewer per stream); the rest is not kept while an HTTP/1.1 response streams (a
+        // download, SSE).
+        let mut headers = parts.headers;
+        headers.clear();
+        self.spare.set(headers);
+        r.forward(body, respond, trace).await
     }
 }
 

@@ -19,10 +19,11 @@ use crate::forward::driver::drive;
 use crate::forward::h1::reuse;
 use crate::forward::head::{coding, plan_http1};
 use crate::forward::relay::{
-    at_hand, relay, Broke, Coding, Http1Source, Peer, Piece, Sink, Source,
+    at_hand, relay, Broke, Coding, Http1Source, Peer, Piece, Recording, Sink, Source,
 };
 use crate::forward::{Failure, Reached};
 use crate::http2::exchange::{StreamRequest, StreamSender, Trace};
+use crate::http2::files::respond_stream;
 use crate::http2::respond::head_from_http1;
 use crate::request::LastTry;
 use bytes::Bytes;
@@ -97,7 +98,15 @@ async fn exchange(
     trace.upstream_pick = last_try.upstream_pick;
     trace.upstream_time = last_try.upstream_time;
     trace.body_in = body_in.get();
-    let ((mut stream, request_done), accepted) = accepted?.take();
+    let (sent, accepted) = accepted?.take();
+    let (mut stream, request_done) = match r.answer_from_store(&x, (up_buf, resp), &accepted, sent)
+    {
+        Ok(reply) => {
+            let under = crate::files::Under::of_target(&r.target);
+            return Box::pin(respond_stream(send, &r.request, under, reply, trace)).await;
+        }
+        Err(sent) => sent,
+    };
     let mut lines = Vec::new();
     let mut edits = r.edits(&mut lines, accepted.server);
     edits.cookie = accepted.set_cookie();
@@ -143,7 +152,8 @@ async fn respond(
     let arrived = r.worker.h2_scratch.copy(up.buf.filled());
     let is_head = r.request.req.is_head;
     edits.plan = plan_http1(route, up.buf.filled(), resp, is_head, r.accepted());
-    let head = head_from_http1(resp, &arrived, &edits, http::HeaderMap::new());
+    let mut head = head_from_http1(resp, &arrived, &edits, http::HeaderMap::new());
+    let mut recorder = r.admit(up.buf.filled(), resp, &mut head);
     up.buf.consume(resp.head_len);
     let at_hand = at_hand(edits.plan.encoding, resp, up.buf);
     let state = BodyState::new(resp.framing, true, None).keeping_trailers();
@@ -182,16 +192,37 @@ async fn respond(
             .map_err(Broke::Sink),
         (false, Some(n)) => {
             let at = resp.head_len;
-            let whole = Piece::Bytes(arrived.slice(at..at + n));
-            let sent = sink.data(whole, true).await.map_err(Broke::Sink);
+            let whole = arrived.slice(at..at + n);
+            if let Some(recorder) = recorder.as_mut() {
+                recorder.record(&whole);
+            }
+            let sent = sink
+                .data(Piece::Bytes(whole), true)
+                .await
+                .map_err(Broke::Sink);
             source.buf.consume(n);
             sent
         }
-        (false, None) => relay(&mut source, &mut sink, coding.as_mut()).await,
+        (false, None) => match recorder.as_mut() {
+            None => relay(&mut source, &mut sink, coding.as_mut()).await,
+            Some(recorder) => {
+                let mut recording = Recording {
+                    inner: &mut source,
+                    recorder,
+                };
+                // Boxed: a route without `cache` keeps the exchange's state as before.
+                Box::pin(relay(&mut recording, &mut sink, coding.as_mut())).await
+            }
+        },
     };
     trace.compressed = coding.as_ref().map(Coding::compressed);
     match relayed {
-        Ok(()) => Ok(body_with_head),
+        Ok(()) => {
+            if let Some(recorder) = recorder {
+                recorder.finish();
+            }
+            Ok(body_with_head)
+        }
         Err(Broke::Source(e) | Broke::Sink(e)) => {
             send.stop_stream(h3::error::Code::H3_INTERNAL_ERROR);
             Err(Failure {

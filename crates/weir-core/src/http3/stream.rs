@@ -17,13 +17,13 @@ use super::conn::Conn;
 use super::exchange::{forward, Body};
 use super::upstream::forward_h2;
 use crate::answer::Answer;
-use crate::cache::CacheResult;
 use crate::codec::http1::{fill_written, RequestHead};
 use crate::error::ProxyError;
 use crate::filters::headers::Vars;
 use crate::forward::{carrier, Carrier, Failure, Reached};
 use crate::http2::exchange::{StreamRequest, Trace};
 use crate::http2::files::respond_stream;
+use crate::http2::filling::forward_filling;
 use crate::http2::interim::Relayed;
 use crate::http2::local::stream_answer;
 use crate::http2::request::write_head;
@@ -192,12 +192,8 @@ async fn run(
             ..request
         },
     };
-    let (route, target) = match decision {
-        // A cache miss is forwarded; an HTTP/3 client's response is not stored (not done yet).
-        (route, Decision::Forward(target, fill)) => {
-            log.trace.cache = fill.map(|_| CacheResult::Miss);
-            (route, target)
-        }
+    let (route, target, fill) = match decision {
+        (route, Decision::Forward(target, fill)) => (route, target, fill),
         (route, Decision::Answer(answer)) => {
             log.route = route;
             log.trace.local = answer.is_local();
@@ -225,14 +221,41 @@ async fn run(
         path: &path,
         spare: &spare,
         relayed: Relayed::default(),
+        fill: Cell::new(None),
     };
-    if carrier(Protocol::Http3, target.upstream) == Carrier::Http2 {
+    let carrier = carrier(Protocol::Http3, target.upstream);
+    let Some(fill) = fill else {
+        return forward_over(&r, carrier, (client, body), (send, quic), &mut log.trace).await;
+    };
+    let forward = async |send: &mut SendHalf, trace: &mut Trace| {
+        forward_over(&r, carrier, (client, body), (send, quic), trace).await
+    };
+    // Boxed: a route without `cache` keeps the stream's state as before.
+    Box::pin(forward_filling(
+        &r,
+        (fill, carrier),
+        send,
+        &mut log.trace,
+        forward,
+    ))
+    .await
+}
+
+/// Forwards `r` over `carrier`; `client`: the client's own request (for an HTTP/2
+/// upstream's) and its body.
+async fn forward_over(
+    r: &StreamRequest<'_>,
+    carrier: Carrier,
+    (client, body): ((&H2Facts, http::request::Parts), Option<Body<'_>>),
+    (send, quic): (&mut SendHalf, &quinn::Connection),
+    trace: &mut Trace,
+) -> Result<(), Failure> {
+    if carrier == Carrier::Http2 {
         // Boxed, as for HTTP/2 clients: the stream task's future is as large as its
         // largest path.
-        let client_side = (send, quic);
-        return Box::pin(forward_h2(&r, client, body, client_side, &mut log.trace)).await;
+        return Box::pin(forward_h2(r, client, body, (send, quic), trace)).await;
     }
-    forward(&r, body, send, &mut log.trace).await
+    forward(r, body, send, trace).await
 }
 
 /// Sends Weir's own `answer` on the stream (its body left out for a HEAD request; to a
