@@ -950,6 +950,95 @@ async fn a_waiting_miss_goes_upstream_itself_after_lock_timeout() {
     assert_eq!(second.header("Cache-Status"), Some("weir; fwd=uri-miss"));
 }
 
+/// `ETag: "v1"`, stale at once but for `stale-while-revalidate=60`: a `304` (fresh for a
+/// minute) to `If-None-Match: "v1"`.
+fn etag_v1_swr(head: &str, _: usize) -> String {
+    let swr = "ETag: \"v1\"\r\nCache-Control: max-age=0, stale-while-revalidate=60\r\n";
+    if head.contains("If-None-Match: \"v1\"") {
+        return "HTTP/1.1 304 Not Modified\r\nETag: \"v1\"\r\nCache-Control: max-age=60\r\n\r\n"
+            .into();
+    }
+    format!("HTTP/1.1 200 OK\r\n{swr}Content-Length: 7\r\n\r\nversion")
+}
+
+/// `stale-while-revalidate`: a stale entry within its window answers at once (HTTP/1.1
+/// and HTTP/2 clients alike, the upstream held), and one conditional request in the
+/// background, whatever the number of requests, refreshes it.
+#[tokio::test]
+async fn a_stale_while_revalidate_entry_answers_at_once_and_is_refreshed_once() {
+    let gate = Gate::new(tokio::sync::Semaphore::new(1));
+    let up = Scripted::gated(etag_v1_swr, Some(gate.clone())).await;
+    let weir = cached(up.addr, "", "").start();
+    let mut c = weir.client().await;
+    let first = get(&mut c, "/", &[]).await;
+    assert_eq!(first.header("Cache-Status"), Some("weir; fwd=uri-miss"));
+    // The upstream answers nothing more until the gate opens: these never wait for it.
+    let swr = "weir; hit; detail=stale-while-revalidate";
+    for _ in 0..20 {
+        // Bounded only so that a request waiting for the held upstream fails the test
+        // instead of hanging it.
+        let at_once =
+            tokio::time::timeout(std::time::Duration::from_secs(10), get(&mut c, "/", &[]));
+        let r = at_once.await.expect("answered without the upstream");
+        assert_eq!((r.status, r.body.as_slice()), (200, &b"version"[..]));
+        assert_eq!(r.header("Cache-Status"), Some(swr));
+        assert!(r.header("Age").is_some());
+    }
+    let mut h2 = common::h2c_client(weir.addr).await;
+    let (status, headers, body) = h2_get(&mut h2, "/", &[]).await;
+    assert_eq!((status, cache_status(&headers)), (200, Some(swr)));
+    assert_eq!(body, b"version");
+    assert_eq!(
+        weir.metric("weir_cache_revalidations_total{store=\"mem\"}"),
+        1
+    );
+    assert!(up.heads().len() <= 2, "one revalidation: {:?}", up.heads());
+    gate.add_permits(1);
+    weir.wait_metric("weir_cache_stored_total{store=\"mem\"}", 2)
+        .await;
+    let refreshed = get(&mut c, "/", &[]).await;
+    assert_eq!(refreshed.header("Cache-Status"), Some("weir; hit"));
+    assert_eq!(refreshed.header("Cache-Control"), Some("max-age=60"));
+    let heads = up.heads();
+    assert_eq!(heads.len(), 2, "{heads:?}");
+    assert!(heads[1].contains("If-None-Match: \"v1\""), "{}", heads[1]);
+}
+
+/// No validator: `old` (stale at once but for `stale-while-revalidate=60`), then `new`.
+fn old_then_new(_: &str, index: usize) -> String {
+    let (cc, body) = match index {
+        0 => ("max-age=0, stale-while-revalidate=60", "old"),
+        _ => ("max-age=60", "new"),
+    };
+    format!("HTTP/1.1 200 OK\r\nCache-Control: {cc}\r\nContent-Length: 3\r\n\r\n{body}")
+}
+
+/// A stale entry without a validator is fetched again in the background, unconditionally,
+/// and the new response replaces it.
+#[tokio::test]
+async fn a_background_revalidation_stores_a_new_response() {
+    let up = Scripted::start(old_then_new).await;
+    let weir = cached(up.addr, "", "").start();
+    let mut c = weir.client().await;
+    assert_eq!(get(&mut c, "/", &[]).await.body, b"old");
+    let stale = get(&mut c, "/", &[]).await;
+    assert_eq!(stale.body, b"old");
+    assert_eq!(
+        stale.header("Cache-Status"),
+        Some("weir; hit; detail=stale-while-revalidate")
+    );
+    weir.wait_metric("weir_cache_stored_total{store=\"mem\"}", 2)
+        .await;
+    let new = get(&mut c, "/", &[]).await;
+    assert_eq!(
+        (new.body.as_slice(), new.header("Cache-Status")),
+        (&b"new"[..], Some("weir; hit"))
+    );
+    let heads = up.heads();
+    assert_eq!(heads.len(), 2, "{heads:?}");
+    assert!(!heads[1].contains("If-"), "{}", heads[1]);
+}
+
 /// The first answer is stored (stale at once, with the given `Cache-Control`); later ones
 /// fail as the test's name says.
 macro_rules! then_failing {

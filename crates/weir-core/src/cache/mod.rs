@@ -82,14 +82,26 @@ pub type Stores = Vec<Arc<Store>>;
 pub enum Lookup {
     /// Answer with this reply from a fresh entry.
     Hit(Box<Reply>),
+    /// Answer with this reply from a stale entry at once (`stale-while-revalidate`), and
+    /// revalidate it in the background with this fill (none: another request fetches the
+    /// key already, or the request's own conditions would not refresh it).
+    Stale(Box<Reply>, Option<Box<Fill>>),
     /// Forward it, and store the response if it may be.
     Miss(Box<Fill>),
     /// Forward it as it is (a method the cache does not serve).
     Bypass,
 }
 
-/// Looks `r` up in `store` (`routed`: its normalised path and query).
-pub fn lookup(r: &Request<'_>, routed: &[u8], cache: &RouteCache, store: &Arc<Store>) -> Lookup {
+/// Looks `r` up in `store` (`routed`: its normalised path and query). `background`: a
+/// stale entry may be revalidated in the background (the route's upstream is reached over
+/// HTTP/1.1).
+pub fn lookup(
+    r: &Request<'_>,
+    routed: &[u8],
+    cache: &RouteCache,
+    store: &Arc<Store>,
+    background: bool,
+) -> Lookup {
     let method = &r.buf[r.req.method.clone()];
     // `If-Match` and `If-Unmodified-Since` are the origin's to weigh (RFC 9111 4.3.2).
     if method != b"GET" && method != b"HEAD" || asks_any(r, &CONDITIONS[2..4]) {
@@ -126,6 +138,13 @@ pub fn lookup(r: &Request<'_>, routed: &[u8], cache: &RouteCache, store: &Arc<St
             }
             BeforeRequest::Stale { request, matches } if matches && stale.is_none() => {
                 let lines = revalidation(r, &request.headers).unwrap_or_default();
+                let at_once = background && !r.req.is_head && may_wait(r);
+                if at_once && entry.staleness.while_revalidating(now) {
+                    let found = (&key[..], &parts, store, cache);
+                    if let Some(lookup) = while_revalidating(r, found, &entry, &lines, now) {
+                        return lookup;
+                    }
+                }
                 let body = match &entry.body {
                     Body::Memory(body) => Some(body.clone()),
                     Body::Disk(_) => None,
@@ -175,6 +194,59 @@ fn asks_any(r: &Request<'_>, names: &[&str]) -> bool {
             .iter()
             .any(|c| c.as_bytes().eq_ignore_ascii_case(name))
     })
+}
+
+/// Whether `r` takes a stale entry (`stale-while-revalidate`): it says nothing of the
+/// freshness it wants (no `Cache-Control`, no `Pragma`).
+fn may_wait(r: &Request<'_>) -> bool {
+    !asks_any(r, &["cache-control", "pragma"])
+}
+
+/// The answer from the stale `entry` of `key` while it is revalidated in the background
+/// (`lines`: its conditional lines), if its body is at hand; the revalidation's fill when
+/// this request starts it (it fetches the key: [`Store::turn`]) and has no condition of
+/// its own (the entry would not be refreshed by its answer).
+fn while_revalidating(
+    r: &Request<'_>,
+    (key, parts, store, cache): (&[u8], &http::request::Parts, &Arc<Store>, &RouteCache),
+    entry: &Arc<Entry>,
+    lines: &[u8],
+    now: SystemTime,
+) -> Option<Lookup> {
+    let Ready::Now(body) = store.body_now(key, entry) else {
+        return None;
+    };
+    store.counts.stale.fetch_add(1, Relaxed);
+    let served = (Served::WhileRevalidating, cache.status_header);
+    let reply =
+        Hit::whole(stale_head(entry, now), body.clone(), served).reply(&parts.headers, false);
+    let mut fill = Fill::new(key.to_vec(), parts.clone(), store, cache, None);
+    fill.stale = Some(Stale {
+        entry: entry.clone(),
+        lines: lines.to_vec(),
+        body: Some(body),
+    });
+    let refreshes = !asks_any(r, &CONDITIONS);
+    if refreshes {
+        fill.take_turn();
+    }
+    if fill.leading && !lines.is_empty() {
+        store.counts.revalidations.fetch_add(1, Relaxed);
+    }
+    let fill = fill.leading.then(|| Box::new(fill));
+    Some(Lookup::Stale(Box::new(reply), fill))
+}
+
+/// A stale `entry`'s head as it is sent: the stored one with its age at `now`
+/// (`cached_response` through a fresh check would refuse it).
+fn stale_head(entry: &Entry, now: SystemTime) -> http::response::Parts {
+    let mut head = http::Response::new(()).into_parts().0;
+    head.status = entry.status;
+    head.headers = entry.headers.clone();
+    let age = entry.policy.age(now).as_secs();
+    head.headers
+        .insert(http::header::AGE, HeaderValue::from(age));
+    head
 }
 
 /// The request fields that make a request conditional (or partial); the third and fourth
@@ -339,6 +411,8 @@ enum Served {
     Collapsed,
     /// A stale entry answered for the upstream's failure.
     Stale,
+    /// A stale entry answered at once while it is revalidated in the background.
+    WhileRevalidating,
     /// A stale entry the upstream confirmed (`304`).
     Refreshed,
 }
@@ -349,6 +423,9 @@ impl Served {
             Served::Fresh => b"Cache-Status: weir; hit\r\n",
             Served::Collapsed => b"Cache-Status: weir; hit; collapsed\r\n",
             Served::Stale => b"Cache-Status: weir; hit; detail=stale\r\n",
+            Served::WhileRevalidating => {
+                b"Cache-Status: weir; hit; detail=stale-while-revalidate\r\n"
+            }
             Served::Refreshed => b"Cache-Status: weir; fwd=stale; fwd-status=304\r\n",
         }
     }
@@ -356,7 +433,7 @@ impl Served {
     fn result(self) -> CacheResult {
         match self {
             Served::Fresh | Served::Collapsed => CacheResult::Hit,
-            Served::Stale => CacheResult::Stale,
+            Served::Stale | Served::WhileRevalidating => CacheResult::Stale,
             Served::Refreshed => CacheResult::Revalidated,
         }
     }
@@ -501,16 +578,9 @@ impl Fill {
         {
             return None;
         }
-        self.store.counts.stale.fetch_add(1, Relaxed);
-        // The stored head, with its age now (`cached_response` through a fresh check
-        // would refuse it: it is stale).
-        let mut head = http::Response::new(()).into_parts().0;
-        head.status = stale.entry.status;
-        head.headers = stale.entry.headers.clone();
-        let age = stale.entry.policy.age(now).as_secs();
-        head.headers
-            .insert(http::header::AGE, HeaderValue::from(age));
         let body = stale.body.clone()?;
+        self.store.counts.stale.fetch_add(1, Relaxed);
+        let head = stale_head(&stale.entry, now);
         Some(self.reply(Hit::whole(head, body, self.served(Served::Stale))))
     }
 

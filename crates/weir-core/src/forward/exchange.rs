@@ -12,14 +12,14 @@ use std::os::fd::AsRawFd;
 
 use super::body::{self, BodyState};
 use super::driver::{drive, Accepted, Attempt, Exchange, Miss, Sender, Tries};
-use super::filling::{Filling, NoFill, Record};
+use super::filling::{relay_recorded, Filling, NoFill, Record};
 use super::h1::{
-    client_pump_error, client_write_error, reuse, send_streaming, send_whole, Http1Interim,
-    Reading, RequestMeta,
+    client_pump_error, client_write_error, pool_after_answer, reuse, send_streaming, send_whole,
+    Http1Interim, Reading, RequestMeta,
 };
 use super::head::{coding, plan_http1, write_from_http1, ClientFraming, Edits};
 use super::relay::{
-    at_hand, relay, Broke, Coding, Http1Sink, Http1Source, Peer, Piece, Recording, Sink, Source,
+    at_hand, relay, Broke, Coding, Http1Sink, Http1Source, Peer, Piece, Sink, Source,
 };
 use super::request_head::{render_response_rules, write_upstream_head};
 use super::{carrier, tunnel, Carrier, Failure, Reached, Target};
@@ -475,13 +475,8 @@ impl Response<'_> {
     ) -> Result<bool, Failure> {
         self.accepted.count(Ok(resp.status));
         up_buf.consume(resp.head_len);
-        let bodiless = matches!(resp.framing, BodyFraming::None | BodyFraming::Length(0));
-        let pooled = resp.keeps_alive() && self.request_done && bodiless && up_buf.is_empty();
-        if pooled {
-            let accepted = self.accepted;
-            let (server, metrics) = (accepted.server, accepted.metrics);
-            reuse(self.x, server, metrics, stream, accepted.head_at);
-        }
+        let sent = (stream, self.request_done);
+        pool_after_answer(self.x, self.accepted, (up_buf, resp), sent);
         let to = self.meta.sending(self.keep_alive && self.request_done);
         send_http1(conn, Under::of_target(&self.x.target), reply, to, resp).await?;
         Ok(to.keep_alive)
@@ -525,17 +520,8 @@ impl Response<'_> {
             chunked: plan.encoding.is_some(),
             trailers: None,
         };
-        let relayed = match recorder.as_mut() {
-            None => relay(&mut source, &mut sink, coding.as_mut()).await,
-            Some(recorder) => {
-                let mut recording = Recording {
-                    inner: &mut source,
-                    recorder,
-                };
-                // Boxed: a route without `cache` keeps the relay's state as before.
-                Box::pin(relay(&mut recording, &mut sink, coding.as_mut())).await
-            }
-        };
+        let recording = recorder.as_mut();
+        let relayed = relay_recorded(&mut source, &mut sink, coding.as_mut(), recording).await;
         conn.current.compressed = coding.as_ref().map(Coding::compressed);
         relayed.map_err(|(Broke::Source(e) | Broke::Sink(e))| Failure::after_head(e))?;
         if let Some(recorder) = recorder {

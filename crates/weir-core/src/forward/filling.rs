@@ -8,6 +8,7 @@ use std::convert::Infallible;
 use crate::cache::{Fill, Recorder};
 use crate::codec::http1::ResponseHead;
 use crate::files::Reply;
+use crate::forward::relay::{relay, Broke, Coding, Recording, Sink, Source};
 
 /// What stores a response, or answers instead of it.
 pub(crate) trait Filling {
@@ -96,5 +97,26 @@ impl Record for Box<Recorder> {
 
     fn finish(self) {
         Recorder::finish(*self);
+    }
+}
+
+/// Relays `source` into `sink` (through `coding`), a copy of each piece kept by `recorder`
+/// when there is one (boxed then: a route without `cache` keeps the relay's state as
+/// before).
+pub(crate) async fn relay_recorded<S: Source, K: Sink, R: Record>(
+    source: &mut S,
+    sink: &mut K,
+    coding: Option<&mut Coding>,
+    recorder: Option<&mut R>,
+) -> Result<(), Broke> {
+    match recorder {
+        None => relay(source, sink, coding).await,
+        Some(recorder) => {
+            let mut recording = Recording {
+                inner: source,
+                recorder,
+            };
+            Box::pin(relay(&mut recording, sink, coding)).await
+        }
     }
 }

@@ -30,7 +30,9 @@ use crate::filters::compression;
 use crate::filters::upgrade::Offered;
 use crate::forward::body::BodyState;
 use crate::forward::driver::{drive, Attempt, Exchange, Miss, Sender, Tries};
-use crate::forward::h1::{reuse, send_streaming, send_whole, Interim, Reading, RequestMeta};
+use crate::forward::h1::{
+    pool_after_answer, reuse, send_streaming, send_whole, Interim, Reading, RequestMeta,
+};
 use crate::forward::head::{coding, plan_http1, Edits};
 use crate::forward::relay::{
     at_hand, relay, Broke, Coding, H2Source, Http1Sink, Http1Source, Peer, Piece, Recording, Sink,
@@ -195,16 +197,13 @@ impl StreamRequest<'_> {
             Ok(accepted) => accepted?,
             Err(stop) => return Err(stopped(stop, Reached::Nothing, trace)),
         };
-        let (sent, accepted) = accepted.take();
-        let (mut stream, request_done) =
-            match self.answer_from_store(&x, (up_buf, resp), &accepted, sent) {
-                Ok(reply) => {
-                    let under = crate::files::Under::of_target(&self.target);
-                    let answered = respond_stream(respond, &self.request, under, reply, trace);
-                    return Box::pin(answered).await;
-                }
-                Err(sent) => sent,
-            };
+        let ((mut stream, request_done), accepted) = accepted.take();
+        if let Some(reply) = self.answer_instead((up_buf, resp), &accepted) {
+            pool_after_answer(&x, &accepted, (up_buf, resp), (stream, request_done));
+            let under = crate::files::Under::of_target(&self.target);
+            let answered = respond_stream(respond, &self.request, under, reply, trace);
+            return Box::pin(answered).await;
+        }
         let mut lines = Vec::new();
         let mut edits = self.edits(&mut lines, accepted.server);
         edits.cookie = accepted.set_cookie();

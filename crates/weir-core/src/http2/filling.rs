@@ -5,21 +5,29 @@
 //! conditional lines in the upstream head, the response stored beside the client's
 //! relay, or a stored entry answering instead of a `304` or a 5xx), and a stale entry
 //! answering for a failure nothing was sent for. Every answer from the store is a
-//! `files::Reply`, sent on the stream as a static file's (`respond_stream`).
+//! `files::Reply`, sent on the stream as a static file's (`respond_stream`). The same
+//! exchange, with no client, revalidates a stale entry in the background
+//! ([`StreamRequest::fetch_for_store`], `proxy::revalidate`).
+
+use std::time::Instant;
 
 use crate::buffer::Buffer;
 use crate::cache::{CacheResult, Cause, Fill, Recorder};
-use crate::codec::http1::{BodyFraming, ResponseHead};
-use crate::connector::UpstreamStream;
-use crate::files::{Reply, Under};
-use crate::forward::driver::{Accepted, Exchange};
+use crate::codec::http1::ResponseHead;
+use crate::error::ProxyError;
+use crate::files::{BodySource, Reply, Under};
+use crate::forward::body::BodyState;
+use crate::forward::driver::{drive, Accepted};
 use crate::forward::exchange::push_before_end;
-use crate::forward::h1::reuse;
+use crate::forward::h1::{pool_after_answer, reuse, NoInterim};
+use crate::forward::relay::{relay, Broke, Http1Sink, Http1Source, Peer, Recording};
 use crate::forward::{Carrier, Failure, Reached};
+use crate::request::LastTry;
 
-use super::exchange::{StreamRequest, Trace};
+use super::exchange::{StreamRequest, StreamSender, Trace};
 use super::files::respond_stream;
 use super::respond::ResponseStream;
+use super::scratch::ExchangeScratch;
 
 /// Forwards `r`, a route cache's miss (`fill`), with `forward` (the stream's exchange,
 /// over `carrier`), answering from the store where it may.
@@ -66,37 +74,21 @@ impl StreamRequest<'_> {
     }
 
     /// The stored entry that answers instead of the HTTP/1.1 upstream's response `resp`
-    /// (its head in `up_buf`): a `304` that refreshed it, a 5xx it answers for. The try
-    /// counts with the upstream's status; the connection (`sent`) is pooled only when
-    /// `resp` has no body. `Err`: the response is relayed, `sent` given back.
-    pub(crate) fn answer_from_store(
+    /// (its head in `up_buf`, consumed then): a `304` that refreshed it, a 5xx it answers
+    /// for; the try counts with the upstream's status. `None`: the response is relayed.
+    pub(crate) fn answer_instead(
         &self,
-        x: &Exchange<'_>,
         (up_buf, resp): (&mut Buffer, &ResponseHead),
         accepted: &Accepted<'_, ()>,
-        sent: (UpstreamStream, bool),
-    ) -> Result<Reply, (UpstreamStream, bool)> {
-        let Some(fill) = self.fill.take() else {
-            return Err(sent);
-        };
+    ) -> Option<Reply> {
+        let fill = self.fill.take()?;
         let Some(reply) = fill.answer_instead(up_buf.filled(), resp) else {
             self.fill.set(Some(fill));
-            return Err(sent);
+            return None;
         };
         accepted.count(Ok(resp.status));
         up_buf.consume(resp.head_len);
-        let (stream, request_done) = sent;
-        let bodiless = matches!(resp.framing, BodyFraming::None | BodyFraming::Length(0));
-        if resp.keeps_alive() && request_done && bodiless && up_buf.is_empty() {
-            reuse(
-                x,
-                accepted.server,
-                accepted.metrics,
-                stream,
-                accepted.head_at,
-            );
-        }
-        Ok(reply)
+        Some(reply)
     }
 
     /// The recorder of the HTTP/1.1 upstream's response `resp` (its head in `buf`), if
@@ -114,5 +106,85 @@ impl StreamRequest<'_> {
         }
         // A stream's body pieces come decoded (`BodyState::new(.., true, ..)`).
         fill.admit(buf, resp, true)
+    }
+}
+
+impl StreamRequest<'_> {
+    /// Fetches the key of the fill for the store alone, no client waiting (a stale entry's
+    /// revalidation in the background): the driver's tries to an HTTP/1.1 upstream, then a
+    /// `304` refreshes the entry, or the response is stored if it may be (its body read to
+    /// its end); anything else leaves the entry as it is.
+    pub(crate) async fn fetch_for_store(&self) {
+        let mut up_buf = self.worker.take_buffer();
+        let mut scratch = self.worker.h2_scratch.take_exchange();
+        let fetched = self.fetch(&mut up_buf, &mut scratch).await;
+        if let Err(e) = fetched {
+            tracing::debug!(error = %e, "cache: background revalidation failed");
+        }
+        self.worker.h2_scratch.give_exchange(scratch);
+        self.worker.give_buffer(up_buf);
+    }
+
+    async fn fetch(
+        &self,
+        up_buf: &mut Buffer,
+        scratch: &mut ExchangeScratch,
+    ) -> Result<(), ProxyError> {
+        let ExchangeScratch { out, resp, timer } = scratch;
+        let x = self.exchange_of();
+        let mut last_try = LastTry::default();
+        let mut sender = StreamSender {
+            r: self,
+            x: &x,
+            body: None::<BodySource<'static>>,
+            up_buf: &mut *up_buf,
+            out,
+            resp: &mut *resp,
+            timer,
+            interim: NoInterim,
+        };
+        let accepted = drive(&x, &mut sender, self.request.started, &mut last_try).await;
+        let (sent, accepted) = accepted.map_err(|f| f.error)?.take();
+        let (mut stream, request_done) = sent;
+        if self.answer_instead((up_buf, resp), &accepted).is_some() {
+            pool_after_answer(&x, &accepted, (up_buf, resp), (stream, request_done));
+            return Ok(());
+        }
+        let fill = self.fill.take();
+        let recorder = fill.and_then(|fill| fill.admit(up_buf.filled(), resp, true));
+        accepted.count(Ok(resp.status));
+        let Some(mut recorder) = recorder else {
+            return Ok(());
+        };
+        up_buf.consume(resp.head_len);
+        let state = BodyState::new(resp.framing, true, None);
+        let timeout = self.target.upstream.response_timeout;
+        let mut source = Http1Source::new(&mut stream, up_buf, state, timeout, Peer::Upstream);
+        let mut recording = Recording {
+            inner: &mut source,
+            recorder: &mut recorder,
+        };
+        let (mut discard, mut sent) = (tokio::io::sink(), 0);
+        let mut sink = Http1Sink {
+            writer: &mut discard,
+            timeout,
+            sent: &mut sent,
+            head: &[],
+            chunked: false,
+            trailers: None,
+        };
+        let relayed = relay(&mut recording, &mut sink, None).await;
+        relayed.map_err(|(Broke::Source(e) | Broke::Sink(e))| e)?;
+        recorder.finish();
+        if resp.keeps_alive() && request_done && up_buf.is_empty() {
+            reuse(
+                &x,
+                accepted.server,
+                accepted.metrics,
+                stream,
+                Instant::now(),
+            );
+        }
+        Ok(())
     }
 }

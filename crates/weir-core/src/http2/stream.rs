@@ -254,28 +254,20 @@ impl Stream<'_> {
         }
         r.continue_if_asked(body.is_some(), respond);
         let carrier = carrier(Protocol::Http2, r.target.upstream);
-        let result = match fill {
-            None => {
+        let Some(fill) = fill else {
+            return (
+                route,
                 self.forward(&r, carrier, (parts, body), respond, trace)
-                    .await
-            }
-            Some(fill) => {
-                let forward = async |respond: &mut SendResponse<Bytes>, trace: &mut Trace| {
-                    self.forward(&r, carrier, (parts, body), respond, trace)
-                        .await
-                };
-                // Boxed: a route without `cache` keeps the stream's state as before.
-                Box::pin(forward_filling(
-                    &r,
-                    (fill, carrier),
-                    respond,
-                    trace,
-                    forward,
-                ))
-                .await
-            }
+                    .await,
+            );
         };
-        (route, result)
+        let forward = async |respond: &mut SendResponse<Bytes>, trace: &mut Trace| {
+            self.forward(&r, carrier, (parts, body), respond, trace)
+                .await
+        };
+        // Boxed: a route without `cache` keeps the stream's state as before.
+        let filling = forward_filling(&r, (fill, carrier), respond, trace, forward);
+        (route, Box::pin(filling).await)
     }
 
     /// Forwards `r` over `carrier`; `client`: the client's request and its body.

@@ -16,11 +16,10 @@ use crate::connector::UpstreamStream;
 use crate::error::ProxyError;
 use crate::forward::body::BodyState;
 use crate::forward::driver::drive;
-use crate::forward::h1::reuse;
+use crate::forward::filling::relay_recorded;
+use crate::forward::h1::{pool_after_answer, reuse};
 use crate::forward::head::{coding, plan_http1};
-use crate::forward::relay::{
-    at_hand, relay, Broke, Coding, Http1Source, Peer, Piece, Recording, Sink, Source,
-};
+use crate::forward::relay::{at_hand, Broke, Coding, Http1Source, Peer, Piece, Sink, Source};
 use crate::forward::{Failure, Reached};
 use crate::http2::exchange::{StreamRequest, StreamSender, Trace};
 use crate::http2::files::respond_stream;
@@ -98,15 +97,12 @@ async fn exchange(
     trace.upstream_pick = last_try.upstream_pick;
     trace.upstream_time = last_try.upstream_time;
     trace.body_in = body_in.get();
-    let (sent, accepted) = accepted?.take();
-    let (mut stream, request_done) = match r.answer_from_store(&x, (up_buf, resp), &accepted, sent)
-    {
-        Ok(reply) => {
-            let under = crate::files::Under::of_target(&r.target);
-            return Box::pin(respond_stream(send, &r.request, under, reply, trace)).await;
-        }
-        Err(sent) => sent,
-    };
+    let ((mut stream, request_done), accepted) = accepted?.take();
+    if let Some(reply) = r.answer_instead((up_buf, resp), &accepted) {
+        pool_after_answer(&x, &accepted, (up_buf, resp), (stream, request_done));
+        let under = crate::files::Under::of_target(&r.target);
+        return Box::pin(respond_stream(send, &r.request, under, reply, trace)).await;
+    }
     let mut lines = Vec::new();
     let mut edits = r.edits(&mut lines, accepted.server);
     edits.cookie = accepted.set_cookie();
@@ -203,32 +199,19 @@ async fn respond(
             source.buf.consume(n);
             sent
         }
-        (false, None) => match recorder.as_mut() {
-            None => relay(&mut source, &mut sink, coding.as_mut()).await,
-            Some(recorder) => {
-                let mut recording = Recording {
-                    inner: &mut source,
-                    recorder,
-                };
-                // Boxed: a route without `cache` keeps the exchange's state as before.
-                Box::pin(relay(&mut recording, &mut sink, coding.as_mut())).await
-            }
-        },
+        (false, None) => {
+            let recording = recorder.as_mut();
+            relay_recorded(&mut source, &mut sink, coding.as_mut(), recording).await
+        }
     };
     trace.compressed = coding.as_ref().map(Coding::compressed);
-    match relayed {
-        Ok(()) => {
-            if let Some(recorder) = recorder {
-                recorder.finish();
-            }
-            Ok(body_with_head)
-        }
-        Err(Broke::Source(e) | Broke::Sink(e)) => {
-            send.stop_stream(h3::error::Code::H3_INTERNAL_ERROR);
-            Err(Failure {
-                error: e,
-                reached: Reached::Head,
-            })
-        }
+    if let Err(Broke::Source(error) | Broke::Sink(error)) = relayed {
+        send.stop_stream(h3::error::Code::H3_INTERNAL_ERROR);
+        let reached = Reached::Head;
+        return Err(Failure { error, reached });
     }
+    if let Some(recorder) = recorder {
+        recorder.finish();
+    }
+    Ok(body_with_head)
 }

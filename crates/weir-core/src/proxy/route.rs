@@ -18,7 +18,8 @@ use crate::codec::http1::BodyFraming;
 use crate::error::ProxyError;
 use crate::files::Lookup;
 use crate::filters::rewrite::check_join;
-use crate::forward::Target;
+use crate::forward::{carrier, Carrier, Target};
+use crate::metrics::shard::Protocol;
 use crate::request::Request;
 use crate::router::{RequestView, RoutedPath};
 use crate::snapshot::{ListenerPlan, RoutePlan, Snapshot};
@@ -109,8 +110,16 @@ impl<'a> Routing<'a> {
             None => None,
             Some(cache) => {
                 let store = &self.snapshot.caches[cache.store];
-                match crate::cache::lookup(r, path.get(raw_path), cache, store) {
+                let up = &self.snapshot.config.upstreams[upstream];
+                let background = carrier(Protocol::Http1, up) == Carrier::Http1;
+                match crate::cache::lookup(r, path.get(raw_path), cache, store, background) {
                     CacheLookup::Hit(reply) => return (route, Decision::Reply(reply)),
+                    CacheLookup::Stale(reply, revalidation) => {
+                        if let Some(fill) = revalidation {
+                            super::revalidate::start(self, r, (index, upstream), fill);
+                        }
+                        return (route, Decision::Reply(reply));
+                    }
                     CacheLookup::Miss(fill) => Some(fill),
                     CacheLookup::Bypass => None,
                 }
@@ -138,7 +147,7 @@ impl<'a> Routing<'a> {
     }
 
     /// The route's upstream `upstream_index`, with its pool plan and the listener's limits.
-    fn target(&self, route: &'a Route, upstream_index: usize) -> Target<'a> {
+    pub(crate) fn target(&self, route: &'a Route, upstream_index: usize) -> Target<'a> {
         let slots = self.snapshot.slots.listeners.get(self.listener);
         Target {
             listener: self.listener(),
