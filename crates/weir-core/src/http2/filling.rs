@@ -146,13 +146,17 @@ impl StreamRequest<'_> {
         let accepted = drive(&x, &mut sender, self.request.started, &mut last_try).await;
         let (sent, accepted) = accepted.map_err(|f| f.error)?.take();
         let (mut stream, request_done) = sent;
-        if self.answer_instead((up_buf, resp), &accepted).is_some() {
+        accepted.count(Ok(resp.status));
+        let Some(fill) = self.fill.take() else {
+            return Ok(());
+        };
+        // A 304 refreshes the entry (a 5xx leaves it as it is: nobody is answered).
+        if resp.status == 304 && fill.refresh(up_buf.filled(), resp).is_some() {
+            up_buf.consume(resp.head_len);
             pool_after_answer(&x, &accepted, (up_buf, resp), (stream, request_done));
             return Ok(());
         }
-        let fill = self.fill.take();
-        let recorder = fill.and_then(|fill| fill.admit(up_buf.filled(), resp, true));
-        accepted.count(Ok(resp.status));
+        let recorder = fill.admit(up_buf.filled(), resp, true);
         let Some(mut recorder) = recorder else {
             return Ok(());
         };
