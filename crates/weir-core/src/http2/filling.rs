@@ -29,37 +29,49 @@ use super::files::respond_stream;
 use super::respond::ResponseStream;
 use super::scratch::ExchangeScratch;
 
-/// Forwards `r`, a route cache's miss (`fill`), with `forward` (the stream's exchange,
-/// over `carrier`), answering from the store where it may.
-pub(crate) async fn forward_filling<R: ResponseStream>(
-    r: &StreamRequest<'_>,
-    (mut fill, carrier): (Box<Fill>, Carrier),
-    respond: &mut R,
-    trace: &mut Trace,
-    forward: impl AsyncFnOnce(&mut R, &mut Trace) -> Result<(), Failure>,
-) -> Result<(), Failure> {
-    trace.cache = Some(CacheResult::Miss);
-    let under = Under::of_target(&r.target);
-    if let Some(reply) = fill.collapse().await {
-        return respond_stream(respond, &r.request, under, reply, trace).await;
+impl StreamRequest<'_> {
+    /// Before a route cache's miss (`fill`) is forwarded over `carrier`: the answer, if
+    /// the store has one now (another request's fetch, a large disk entry read); else the
+    /// fill is kept for the exchange with an HTTP/1.1 upstream (an HTTP/2 upstream's
+    /// response is not stored yet: the fill is let go, requests waiting for it go upstream
+    /// themselves) and `None`: forward it.
+    pub(crate) async fn before_forward<R: ResponseStream>(
+        &self,
+        (mut fill, carrier): (Box<Fill>, Carrier),
+        respond: &mut R,
+        trace: &mut Trace,
+    ) -> Option<Result<(), Failure>> {
+        trace.cache = Some(CacheResult::Miss);
+        if let Some(reply) = fill.collapse().await {
+            let under = Under::of_target(&self.target);
+            return Some(respond_stream(respond, &self.request, under, reply, trace).await);
+        }
+        if carrier == Carrier::Http1 {
+            self.fill.set(Some(fill));
+        }
+        None
     }
-    // An HTTP/2 upstream's response is not stored yet: relayed uncached, the fill let go
-    // now (requests waiting for it go upstream themselves).
-    if carrier == Carrier::Http1 {
-        r.fill.set(Some(fill));
-    }
-    let result = forward(respond, trace).await;
-    let Some(fill) = r.fill.take() else {
-        return result;
-    };
-    let failure = match result {
-        Err(failure) if failure.reached == Reached::Nothing => failure,
-        other => return other,
-    };
-    let stale = Cause::of(failure.error).and_then(|cause| fill.stale_answer(cause));
-    match stale {
-        Some(reply) => respond_stream(respond, &r.request, under, reply, trace).await,
-        None => Err(failure),
+
+    /// After the miss's exchange (`result`) with the fill still unused
+    /// ([`StreamRequest::before_forward`]): a failure nothing was sent for is answered from
+    /// the stale entry when it may be (`stale-if-error`, `serve_stale_on`).
+    pub(crate) async fn after_forward<R: ResponseStream>(
+        &self,
+        fill: Box<Fill>,
+        result: Result<(), Failure>,
+        respond: &mut R,
+        trace: &mut Trace,
+    ) -> Result<(), Failure> {
+        let failure = match result {
+            Err(failure) if failure.reached == Reached::Nothing => failure,
+            other => return other,
+        };
+        let stale = Cause::of(failure.error).and_then(|cause| fill.stale_answer(cause));
+        let Some(reply) = stale else {
+            return Err(failure);
+        };
+        let under = Under::of_target(&self.target);
+        respond_stream(respond, &self.request, under, reply, trace).await
     }
 }
 

@@ -12,7 +12,6 @@ use h2::{Reason, RecvStream};
 
 use super::conn::Shared;
 use super::exchange::{StreamRequest, Trace};
-use super::filling::forward_filling;
 use super::interim::Relayed;
 use super::local::send_answer;
 use super::request::{write_head, write_upgrade_head, Line};
@@ -254,41 +253,30 @@ impl Stream<'_> {
         }
         r.continue_if_asked(body.is_some(), respond);
         let carrier = carrier(Protocol::Http2, r.target.upstream);
-        let Some(fill) = fill else {
-            return (
-                route,
-                self.forward(&r, carrier, (parts, body), respond, trace)
-                    .await,
-            );
-        };
-        let forward = async |respond: &mut SendResponse<Bytes>, trace: &mut Trace| {
-            self.forward(&r, carrier, (parts, body), respond, trace)
-                .await
-        };
-        // Boxed: a route without `cache` keeps the stream's state as before.
-        let filling = forward_filling(&r, (fill, carrier), respond, trace, forward);
-        (route, Box::pin(filling).await)
-    }
-
-    /// Forwards `r` over `carrier`; `client`: the client's request and its body.
-    async fn forward(
-        &self,
-        r: &StreamRequest<'_>,
-        carrier: Carrier,
-        (parts, body): (http::request::Parts, Option<RecvStream>),
-        respond: &mut SendResponse<Bytes>,
-        trace: &mut Trace,
-    ) -> Result<(), Failure> {
-        if carrier == Carrier::Http2 {
-            return Box::pin(r.forward_h2(self.facts, parts, body, respond, trace)).await;
+        if let Some(fill) = fill {
+            // Boxed: a route without `cache` keeps the stream's state as before.
+            let answered = Box::pin(r.before_forward((fill, carrier), respond, trace)).await;
+            if let Some(answered) = answered {
+                return (route, answered);
+            }
         }
-        // The request's field map, emptied, takes the response's fields (two allocations
-        // fewer per stream); the rest is not kept while an HTTP/1.1 response streams (a
-        // download, SSE).
-        let mut headers = parts.headers;
-        headers.clear();
-        self.spare.set(headers);
-        r.forward(body, respond, trace).await
+        let result = match carrier == Carrier::Http2 {
+            true => Box::pin(r.forward_h2(self.facts, parts, body, respond, trace)).await,
+            false => {
+                // The request's field map, emptied, takes the response's fields (two
+                // allocations fewer per stream); the rest is not kept while an HTTP/1.1
+                // response streams (a download, SSE).
+                let mut headers = parts.headers;
+                headers.clear();
+                self.spare.set(headers);
+                r.forward(body, respond, trace).await
+            }
+        };
+        let result = match r.fill.take() {
+            None => result,
+            Some(fill) => Box::pin(r.after_forward(fill, result, respond, trace)).await,
+        };
+        (route, result)
     }
 }
 

@@ -23,7 +23,6 @@ use crate::filters::headers::Vars;
 use crate::forward::{carrier, Carrier, Failure, Reached};
 use crate::http2::exchange::{StreamRequest, Trace};
 use crate::http2::files::respond_stream;
-use crate::http2::filling::forward_filling;
 use crate::http2::interim::Relayed;
 use crate::http2::local::stream_answer;
 use crate::http2::request::write_head;
@@ -224,38 +223,26 @@ async fn run(
         fill: Cell::new(None),
     };
     let carrier = carrier(Protocol::Http3, target.upstream);
-    let Some(fill) = fill else {
-        return forward_over(&r, carrier, (client, body), (send, quic), &mut log.trace).await;
-    };
-    let forward = async |send: &mut SendHalf, trace: &mut Trace| {
-        forward_over(&r, carrier, (client, body), (send, quic), trace).await
-    };
-    // Boxed: a route without `cache` keeps the stream's state as before.
-    Box::pin(forward_filling(
-        &r,
-        (fill, carrier),
-        send,
-        &mut log.trace,
-        forward,
-    ))
-    .await
-}
-
-/// Forwards `r` over `carrier`; `client`: the client's own request (for an HTTP/2
-/// upstream's) and its body.
-async fn forward_over(
-    r: &StreamRequest<'_>,
-    carrier: Carrier,
-    (client, body): ((&H2Facts, http::request::Parts), Option<Body<'_>>),
-    (send, quic): (&mut SendHalf, &quinn::Connection),
-    trace: &mut Trace,
-) -> Result<(), Failure> {
-    if carrier == Carrier::Http2 {
+    if let Some(fill) = fill {
+        // Boxed: a route without `cache` keeps the stream's state as before.
+        let answered = Box::pin(r.before_forward((fill, carrier), send, &mut log.trace)).await;
+        if let Some(answered) = answered {
+            return answered;
+        }
+    }
+    let result = match carrier == Carrier::Http2 {
         // Boxed, as for HTTP/2 clients: the stream task's future is as large as its
         // largest path.
-        return Box::pin(forward_h2(r, client, body, (send, quic), trace)).await;
+        true => {
+            let client_side = (&mut *send, quic);
+            Box::pin(forward_h2(&r, client, body, client_side, &mut log.trace)).await
+        }
+        false => forward(&r, body, send, &mut log.trace).await,
+    };
+    match r.fill.take() {
+        None => result,
+        Some(fill) => Box::pin(r.after_forward(fill, result, send, &mut log.trace)).await,
     }
-    forward(r, body, send, trace).await
 }
 
 /// Sends Weir's own `answer` on the stream (its body left out for a HEAD request; to a

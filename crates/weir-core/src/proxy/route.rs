@@ -109,19 +109,9 @@ impl<'a> Routing<'a> {
         let fill = match &config.filters.cache {
             None => None,
             Some(cache) => {
-                let store = &self.snapshot.caches[cache.store];
-                let up = &self.snapshot.config.upstreams[upstream];
-                let background = carrier(Protocol::Http1, up) == Carrier::Http1;
-                match crate::cache::lookup(r, path.get(raw_path), cache, store, background) {
-                    CacheLookup::Hit(reply) => return (route, Decision::Reply(reply)),
-                    CacheLookup::Stale(reply, revalidation) => {
-                        if let Some(fill) = revalidation {
-                            super::revalidate::start(self, r, (index, upstream), fill);
-                        }
-                        return (route, Decision::Reply(reply));
-                    }
-                    CacheLookup::Miss(fill) => Some(fill),
-                    CacheLookup::Bypass => None,
+                match self.through_cache(r, path.get(raw_path), cache, (index, upstream)) {
+                    Ok(fill) => fill,
+                    Err(answered) => return (route, answered),
                 }
             }
         };
@@ -129,6 +119,34 @@ impl<'a> Routing<'a> {
             route,
             Decision::Forward(self.target(config, upstream), fill),
         )
+    }
+
+    /// The route `route`'s `cache` for `r` (`routed`: its normalised path and query),
+    /// before it goes to `upstream`: a fresh entry's reply, or a stale one's with its
+    /// revalidation started in the background (`Err`); else the miss's fill, if its
+    /// response may be stored. Out of line: a route without `cache` keeps `decide` small.
+    #[inline(never)]
+    fn through_cache(
+        &self,
+        r: &Request<'_>,
+        routed: &[u8],
+        cache: &weir_config::RouteCache,
+        (route, upstream): (usize, usize),
+    ) -> Result<Option<Box<Fill>>, Decision<'a>> {
+        let store = &self.snapshot.caches[cache.store];
+        let up = &self.snapshot.config.upstreams[upstream];
+        let background = carrier(Protocol::Http1, up) == Carrier::Http1;
+        match crate::cache::lookup(r, routed, cache, store, background) {
+            CacheLookup::Hit(reply) => Err(Decision::Reply(reply)),
+            CacheLookup::Stale(reply, revalidation) => {
+                if let Some(fill) = revalidation {
+                    super::revalidate::start(self, r, (route, upstream), fill);
+                }
+                Err(Decision::Reply(reply))
+            }
+            CacheLookup::Miss(fill) => Ok(Some(fill)),
+            CacheLookup::Bypass => Ok(None),
+        }
     }
 
     /// The trace of the request (`request` presents it only when asked), routed to
