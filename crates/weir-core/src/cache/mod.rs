@@ -204,8 +204,8 @@ fn may_wait(r: &Request<'_>) -> bool {
 
 /// The answer from the stale `entry` of `key` while it is revalidated in the background
 /// (`lines`: its conditional lines), if its body is at hand; the revalidation's fill when
-/// this request starts it (it fetches the key: [`Store::turn`]) and has no condition of
-/// its own (the entry would not be refreshed by its answer).
+/// this request starts it (it fetches the key: [`Store::turn`]), has no condition of its
+/// own (the entry would not be refreshed by its answer) and no body.
 fn while_revalidating(
     r: &Request<'_>,
     (key, parts, store, cache): (&[u8], &http::request::Parts, &Arc<Store>, &RouteCache),
@@ -226,7 +226,9 @@ fn while_revalidating(
         lines: lines.to_vec(),
         body: Some(body),
     });
-    let refreshes = !asks_any(r, &CONDITIONS);
+    // The revalidation sends the request's head again, without a body.
+    let bodiless = matches!(r.req.framing, BodyFraming::None | BodyFraming::Length(0));
+    let refreshes = bodiless && !asks_any(r, &CONDITIONS);
     if refreshes {
         fill.take_turn();
     }
