@@ -1,6 +1,6 @@
 //! Weir's own answers, described once: the default response, a route's `respond` and
 //! `redirect`, `redirect_https`, the admission filters' refusals, an ACME HTTP-01 key
-//! authorization, a fresh cache entry, and the answer to a failure. [`Answer::render`] writes the HTTP/1.1
+//! authorization, and the answer to a failure. [`Answer::render`] writes the HTTP/1.1
 //! response each stands for; an HTTP/1.x client gets those bytes, an HTTP/2 stream the same
 //! status, fields and body as a response (or, to a gRPC request, a gRPC status:
 //! `http2::local`), so every client protocol answers alike.
@@ -27,10 +27,6 @@ pub enum Answer<'a> {
     Acme(String),
     /// A failure nothing was sent for yet: its status, its text as the body.
     Error(ProxyError),
-    /// A fresh entry of the route's cache: [`Answer::render`] writes its head, its body is
-    /// [`Answer::body`] (shared, not copied).
-    /// Boxed: the common answers stay small.
-    Cached(Box<crate::cache::Hit>),
 }
 
 /// Why the admission filters refused a request.
@@ -84,15 +80,6 @@ impl Answer<'_> {
             Answer::Refused(refusal) => refusal.status(),
             Answer::Acme(_) => 200,
             Answer::Error(error) => error.status().unwrap_or(502),
-            Answer::Cached(hit) => hit.status(),
-        }
-    }
-
-    /// The body sent after the rendered bytes (a cached entry's), unless `is_head`.
-    pub fn body(&self, is_head: bool) -> Option<&bytes::Bytes> {
-        match self {
-            Answer::Cached(hit) if !is_head => Some(&hit.body),
-            _ => None,
         }
     }
 
@@ -129,10 +116,6 @@ impl Answer<'_> {
                 return out;
             }
             Answer::Refused(refusal) => (refusal.status(), Some(*refusal)),
-            Answer::Cached(hit) => {
-                hit.push_head(out, persistence);
-                return out;
-            }
             _ => (self.status(), None),
         };
         let text = Text::new(status, self);

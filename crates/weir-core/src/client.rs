@@ -413,21 +413,6 @@ impl ClientConn {
         }
     }
 
-    /// Writes a head and its body to the client (one `writev` when they fit) within
-    /// `client_timeout`.
-    pub async fn write_with_body(
-        &mut self,
-        head: &[u8],
-        body: &[u8],
-        listener: &Listener,
-    ) -> Result<(), ProxyError> {
-        let timeout = listener.client_timeout;
-        let written = crate::forward::body::write_all(&mut self.stream, head, body, timeout).await;
-        written.map_err(crate::forward::h1::client_write_error)?;
-        self.sent += (head.len() + body.len()) as u64;
-        Ok(())
-    }
-
     /// Copies what the access log needs from the request head before the head is consumed.
     pub fn capture_log_fields(&mut self, head: &RequestHead) {
         self.current.log_fields.capture(self.buf.filled(), head);

@@ -412,7 +412,7 @@ fn run_worker(setup: WorkerSetup) {
             .into_iter()
             .map(|l| l.map(|(format, sink)| LogBuffer::new(format, sink)))
             .collect();
-        let worker = Rc::new(Worker::new(shared.clone(), metrics, logs));
+        let worker = Worker::new_rc(shared.clone(), metrics, logs);
         tokio::task::spawn_local(flush_logs_periodically(worker.clone()));
         tokio::task::spawn_local(trim_periodically(worker.clone()));
         tokio::task::spawn_local(control_loop(worker.clone(), commands));

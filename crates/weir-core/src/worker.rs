@@ -64,6 +64,9 @@ const SPARE_FRAMES: usize = 256;
 
 pub struct Worker {
     pub shared: Arc<Shared>,
+    /// The worker itself, for a task it starts that no connection holds (a cache entry's
+    /// revalidation in the background): set where the worker is made (`Rc::new_cyclic`).
+    pub me: std::rc::Weak<Worker>,
     /// The snapshot this worker uses, with the generation it was loaded at. `Rc<Arc<_>>` on
     /// purpose: handing it to a request clones the `Rc` (no atomic), not the shared `Arc`.
     #[allow(clippy::redundant_allocation)]
@@ -118,6 +121,18 @@ impl Worker {
         self.logs.get(slot)?.as_ref()
     }
 
+    /// [`Worker::new`], shared, knowing itself (`me`).
+    pub fn new_rc(
+        shared: Arc<Shared>,
+        metrics: Arc<WorkerMetrics>,
+        logs: Vec<Option<LogBuffer>>,
+    ) -> Rc<Worker> {
+        Rc::new_cyclic(|me| Worker {
+            me: me.clone(),
+            ..Worker::new(shared, metrics, logs)
+        })
+    }
+
     pub fn new(
         shared: Arc<Shared>,
         metrics: Arc<WorkerMetrics>,
@@ -128,6 +143,7 @@ impl Worker {
         let snapshot = Rc::new(shared.snapshot.load_full());
         Worker {
             shared,
+            me: std::rc::Weak::new(),
             cached: RefCell::new((generation, snapshot)),
             pool: RefCell::new(IdlePool::default()),
             h2_pool: RefCell::default(),

@@ -294,7 +294,288 @@ async fn an_http2_client_is_served_from_the_same_entry() {
         got.extend_from_slice(&data.unwrap());
     }
     assert_eq!(got, b"shared");
+    // A range of the entry, from the store too.
+    let request = http::Request::get("http://example.com/h2")
+        .header("range", "bytes=1-3")
+        .body(())
+        .unwrap();
+    let (response, _) = h2.send_request(request, true).unwrap();
+    let response = response.await.expect("h2 response");
+    assert_eq!(response.status(), 206);
+    let mut body = response.into_body();
+    let mut got = Vec::new();
+    while let Some(data) = body.data().await {
+        got.extend_from_slice(&data.unwrap());
+    }
+    assert_eq!(got, b"har");
     assert_eq!(b.requests_served(), 1);
+}
+
+/// Route `c` on `/` caching in memory store `mem`, to `backend`, with more route lines
+/// (`lines`: its filters).
+fn cached_route(backend: SocketAddr, lines: &[&str]) -> Conf {
+    let mut keys = vec!["cache = { store = \"mem\" }"];
+    keys.extend_from_slice(lines);
+    Conf::new()
+        .route("c", "up", &keys)
+        .upstream("up", &[backend], &[])
+        .table("[caches.mem]\nkind = \"memory\"")
+}
+
+fn gunzip(body: &[u8]) -> Vec<u8> {
+    use std::io::Read;
+    let mut plain = Vec::new();
+    flate2::read::GzDecoder::new(body)
+        .read_to_end(&mut plain)
+        .expect("gzip");
+    plain
+}
+
+/// A hit is sent as a fetched response is: the route's `response_headers` and its
+/// compression apply to it, for a client that takes gzip and one that does not.
+#[tokio::test]
+async fn a_hit_gets_the_routes_response_headers_and_compression() {
+    let text = "cacheable text ".repeat(200);
+    let fields = [
+        ("Cache-Control", "max-age=60"),
+        ("Content-Type", "text/plain"),
+        ("X-Up", "1"),
+    ];
+    let b = Backend::fixed(200, &fields, &text);
+    let rules = r#"response_headers = { set = { "X-Served-By" = "weir" }, remove = ["X-Up"] }"#;
+    let compression = r#"compression = { algorithms = ["gzip"], types = ["text/*"] }"#;
+    let weir = cached_route(b.addr(), &[rules, compression]).start();
+    let mut c = weir.client().await;
+    for expected in ["weir; fwd=uri-miss", "weir; hit", "weir; hit"] {
+        let r = get(&mut c, "/t", &[("Accept-Encoding", "gzip")]).await;
+        assert_eq!(r.header("Cache-Status"), Some(expected));
+        assert_eq!(r.header("X-Served-By"), Some("weir"), "{expected}");
+        assert_eq!(r.header("X-Up"), None, "{expected}");
+        assert_eq!(r.header("Content-Encoding"), Some("gzip"), "{expected}");
+        assert_eq!(gunzip(&r.body), text.as_bytes(), "{expected}");
+    }
+    let plain = get(&mut c, "/t", &[]).await;
+    assert_eq!(plain.header("Cache-Status"), Some("weir; hit"));
+    assert_eq!(plain.header("Content-Encoding"), None);
+    assert_eq!(plain.header("X-Served-By"), Some("weir"));
+    assert_eq!(plain.body, text.as_bytes());
+    assert_eq!(b.requests_served(), 1, "hits never reach the upstream");
+}
+
+/// A `Range` on a hit is answered from the stored body: one range (206), several
+/// (`multipart/byteranges`), none satisfiable (416), and `If-Range` that does not hold
+/// (the whole 200).
+#[tokio::test]
+async fn a_hit_answers_ranges_from_the_stored_body() {
+    let fields = [
+        ("Cache-Control", "max-age=60"),
+        ("Content-Type", "text/plain"),
+        ("ETag", "\"r1\""),
+    ];
+    let b = Backend::fixed(200, &fields, "0123456789");
+    let weir = cached(b.addr(), "", "").start();
+    let mut c = weir.client().await;
+    get(&mut c, "/", &[]).await;
+    let one = get(&mut c, "/", &[("Range", "bytes=2-4")]).await;
+    assert_eq!(one.status, 206);
+    assert_eq!(one.body, b"234");
+    assert_eq!(one.header("Content-Range"), Some("bytes 2-4/10"));
+    assert_eq!(one.header("Cache-Status"), Some("weir; hit"));
+    let two = get(&mut c, "/", &[("Range", "bytes=0-0,-2")]).await;
+    assert_eq!(two.status, 206);
+    let kind = two.header("Content-Type").unwrap_or_default();
+    assert!(
+        kind.starts_with("multipart/byteranges; boundary="),
+        "{kind}"
+    );
+    let body = String::from_utf8_lossy(&two.body);
+    assert!(
+        body.contains("Content-Range: bytes 0-0/10\r\n\r\n0\r\n"),
+        "{body}"
+    );
+    assert!(
+        body.contains("Content-Range: bytes 8-9/10\r\n\r\n89\r\n"),
+        "{body}"
+    );
+    assert!(body.contains("Content-Type: text/plain\r\n"), "{body}");
+    let none = get(&mut c, "/", &[("Range", "bytes=20-")]).await;
+    assert_eq!(none.status, 416);
+    assert_eq!(none.header("Content-Range"), Some("bytes */10"));
+    let other = get(
+        &mut c,
+        "/",
+        &[("Range", "bytes=2-4"), ("If-Range", "\"r0\"")],
+    )
+    .await;
+    assert_eq!(
+        (other.status, other.body.as_slice()),
+        (200, &b"0123456789"[..])
+    );
+    let same = get(
+        &mut c,
+        "/",
+        &[("Range", "bytes=2-4"), ("If-Range", "\"r1\"")],
+    )
+    .await;
+    assert_eq!((same.status, same.body.as_slice()), (206, &b"234"[..]));
+    assert_eq!(b.requests_served(), 1, "ranges never reach the upstream");
+}
+
+/// `If-None-Match` and `If-Modified-Since` on a hit are weighed against the stored
+/// `ETag` and `Last-Modified` (304 from the store); `If-Match` is the origin's to weigh:
+/// forwarded.
+#[tokio::test]
+async fn a_hit_answers_conditions_from_the_stored_validators() {
+    let fields = [
+        ("Cache-Control", "max-age=60"),
+        ("ETag", "\"v7\""),
+        ("Last-Modified", "Mon, 01 Jan 2001 00:00:00 GMT"),
+    ];
+    let b = Backend::fixed(200, &fields, "payload");
+    let weir = cached(b.addr(), "", "").start();
+    let mut c = weir.client().await;
+    get(&mut c, "/", &[]).await;
+    let not_modified: [&[(&str, &str)]; 3] = [
+        &[("If-None-Match", "\"v7\"")],
+        &[("If-None-Match", "\"v0\", W/\"v7\"")],
+        &[("If-Modified-Since", "Mon, 01 Jan 2001 00:00:00 GMT")],
+    ];
+    for asked in not_modified {
+        let r = get(&mut c, "/", asked).await;
+        assert_eq!(r.status, 304, "{asked:?}");
+        assert!(r.body.is_empty());
+        assert_eq!(r.header("ETag"), Some("\"v7\""));
+        assert_eq!(r.header("Cache-Control"), Some("max-age=60"));
+        assert_eq!(r.header("Cache-Status"), Some("weir; hit"));
+    }
+    let modified: [&[(&str, &str)]; 2] = [
+        &[("If-None-Match", "\"v0\"")],
+        &[("If-Modified-Since", "Sun, 31 Dec 2000 00:00:00 GMT")],
+    ];
+    for asked in modified {
+        let r = get(&mut c, "/", asked).await;
+        assert_eq!(
+            (r.status, r.body.as_slice()),
+            (200, &b"payload"[..]),
+            "{asked:?}"
+        );
+    }
+    assert_eq!(
+        b.requests_served(),
+        1,
+        "conditions on a hit never reach the upstream"
+    );
+    let r = get(&mut c, "/", &[("If-Match", "\"v7\"")]).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(b.requests_served(), 2, "If-Match goes to the origin");
+}
+
+/// An h2 request for `path` with `headers`: its status, fields and body.
+async fn h2_get(
+    h2: &mut h2::client::SendRequest<bytes::Bytes>,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> (u16, http::HeaderMap, Vec<u8>) {
+    let mut request = http::Request::get(format!("http://example.com{path}"));
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let ready = h2.clone().ready().await.expect("h2 ready");
+    *h2 = ready;
+    let (response, _) = h2.send_request(request.body(()).unwrap(), true).unwrap();
+    let (head, mut body) = response.await.expect("h2 response").into_parts();
+    let mut got = Vec::new();
+    while let Some(data) = body.data().await {
+        let data = data.unwrap();
+        let _ = body.flow_control().release_capacity(data.len());
+        got.extend_from_slice(&data);
+    }
+    (head.status.as_u16(), head.headers, got)
+}
+
+fn cache_status(headers: &http::HeaderMap) -> Option<&str> {
+    headers.get("cache-status").and_then(|v| v.to_str().ok())
+}
+
+/// An HTTP/2 client's misses are stored as an HTTP/1.1 client's are, and 50 concurrent
+/// ones on one connection send one request upstream.
+#[tokio::test]
+async fn an_http2_client_s_misses_are_stored_and_collapsed() {
+    let gate = Gate::new(tokio::sync::Semaphore::new(0));
+    let up = Scripted::gated(fresh_for_a_minute, Some(gate.clone())).await;
+    let weir = cached(up.addr, "", "").start();
+    let h2 = common::h2c_client(weir.addr).await;
+    let mut streams = tokio::task::JoinSet::new();
+    for _ in 0..50 {
+        let mut h2 = h2.clone();
+        streams.spawn(async move { h2_get(&mut h2, "/hot", &[]).await });
+    }
+    let waits = "weir_cache_collapsed_waits_total{store=\"mem\"}";
+    weir.wait_metric(waits, 49).await;
+    assert_eq!(up.heads().len(), 1);
+    gate.add_permits(50);
+    let mut statuses = Vec::new();
+    while let Some(done) = streams.join_next().await {
+        let (status, headers, body) = done.unwrap();
+        assert_eq!((status, body.as_slice()), (200, &b"hot"[..]));
+        statuses.push(cache_status(&headers).unwrap().to_owned());
+    }
+    let count = |s: &str| statuses.iter().filter(|c| *c == s).count();
+    assert_eq!(count("weir; fwd=uri-miss"), 1);
+    assert_eq!(count("weir; hit; collapsed"), 49);
+    let mut h2 = h2;
+    let (_, headers, body) = h2_get(&mut h2, "/hot", &[]).await;
+    assert_eq!(
+        (cache_status(&headers), body.as_slice()),
+        (Some("weir; hit"), &b"hot"[..])
+    );
+    assert_eq!(up.heads().len(), 1, "one request upstream for 51 requests");
+    assert_eq!(weir.metric("weir_cache_stored_total{store=\"mem\"}"), 1);
+}
+
+/// An HTTP/2 client's stale entry is revalidated with one conditional request, and the
+/// upstream's 304 refreshes it.
+#[tokio::test]
+async fn an_http2_client_s_stale_entry_is_revalidated() {
+    let up = Scripted::start(etag_v1).await;
+    let weir = cached(up.addr, "", "").start();
+    let mut h2 = common::h2c_client(weir.addr).await;
+    let (_, headers, body) = h2_get(&mut h2, "/r", &[]).await;
+    assert_eq!(
+        (cache_status(&headers), body.as_slice()),
+        (Some("weir; fwd=uri-miss"), &b"version"[..])
+    );
+    let (status, headers, body) = h2_get(&mut h2, "/r", &[]).await;
+    assert_eq!((status, body.as_slice()), (200, &b"version"[..]));
+    assert_eq!(
+        cache_status(&headers),
+        Some("weir; fwd=stale; fwd-status=304")
+    );
+    let (_, headers, _) = h2_get(&mut h2, "/r", &[]).await;
+    assert_eq!(cache_status(&headers), Some("weir; hit"));
+    let heads = up.heads();
+    assert_eq!(heads.len(), 2, "{heads:?}");
+    assert!(heads[1].contains("If-None-Match: \"v1\""), "{}", heads[1]);
+}
+
+/// A disk entry whose body is past what a hit reads where it is routed (64 KiB) is read
+/// on the blocking pool for an HTTP/2 client too: a hit, not a request upstream.
+#[tokio::test]
+async fn a_large_disk_entry_is_served_to_an_http2_client() {
+    let dir = DiskDir::new("large-h2");
+    let big = "x".repeat(100 << 10);
+    let b = Backend::fixed(200, &[("Cache-Control", "max-age=60")], &big);
+    let weir = cached_in(b.addr(), "", &dir.store()).start();
+    let mut h2 = common::h2c_client(weir.addr).await;
+    let (_, headers, body) = h2_get(&mut h2, "/big", &[]).await;
+    assert_eq!(cache_status(&headers), Some("weir; fwd=uri-miss"));
+    assert_eq!(body.len(), big.len());
+    weir.wait_metric("weir_cache_stored_total{store=\"mem\"}", 1)
+        .await;
+    let (status, headers, body) = h2_get(&mut h2, "/big", &[]).await;
+    assert_eq!((status, cache_status(&headers)), (200, Some("weir; hit")));
+    assert_eq!(body, big.as_bytes());
+    assert_eq!(b.requests_served(), 1, "the hit never reaches the upstream");
 }
 
 #[test]
@@ -669,6 +950,95 @@ async fn a_waiting_miss_goes_upstream_itself_after_lock_timeout() {
     assert_eq!(second.header("Cache-Status"), Some("weir; fwd=uri-miss"));
 }
 
+/// `ETag: "v1"`, stale at once but for `stale-while-revalidate=60`: a `304` (fresh for a
+/// minute) to `If-None-Match: "v1"`.
+fn etag_v1_swr(head: &str, _: usize) -> String {
+    let swr = "ETag: \"v1\"\r\nCache-Control: max-age=0, stale-while-revalidate=60\r\n";
+    if head.contains("If-None-Match: \"v1\"") {
+        return "HTTP/1.1 304 Not Modified\r\nETag: \"v1\"\r\nCache-Control: max-age=60\r\n\r\n"
+            .into();
+    }
+    format!("HTTP/1.1 200 OK\r\n{swr}Content-Length: 7\r\n\r\nversion")
+}
+
+/// `stale-while-revalidate`: a stale entry within its window answers at once (HTTP/1.1
+/// and HTTP/2 clients alike, the upstream held), and one conditional request in the
+/// background, whatever the number of requests, refreshes it.
+#[tokio::test]
+async fn a_stale_while_revalidate_entry_answers_at_once_and_is_refreshed_once() {
+    let gate = Gate::new(tokio::sync::Semaphore::new(1));
+    let up = Scripted::gated(etag_v1_swr, Some(gate.clone())).await;
+    let weir = cached(up.addr, "", "").start();
+    let mut c = weir.client().await;
+    let first = get(&mut c, "/", &[]).await;
+    assert_eq!(first.header("Cache-Status"), Some("weir; fwd=uri-miss"));
+    // The upstream answers nothing more until the gate opens: these never wait for it.
+    let swr = "weir; hit; detail=stale-while-revalidate";
+    for _ in 0..20 {
+        // Bounded only so that a request waiting for the held upstream fails the test
+        // instead of hanging it.
+        let at_once =
+            tokio::time::timeout(std::time::Duration::from_secs(10), get(&mut c, "/", &[]));
+        let r = at_once.await.expect("answered without the upstream");
+        assert_eq!((r.status, r.body.as_slice()), (200, &b"version"[..]));
+        assert_eq!(r.header("Cache-Status"), Some(swr));
+        assert!(r.header("Age").is_some());
+    }
+    let mut h2 = common::h2c_client(weir.addr).await;
+    let (status, headers, body) = h2_get(&mut h2, "/", &[]).await;
+    assert_eq!((status, cache_status(&headers)), (200, Some(swr)));
+    assert_eq!(body, b"version");
+    assert_eq!(
+        weir.metric("weir_cache_revalidations_total{store=\"mem\"}"),
+        1
+    );
+    assert!(up.heads().len() <= 2, "one revalidation: {:?}", up.heads());
+    gate.add_permits(1);
+    weir.wait_metric("weir_cache_stored_total{store=\"mem\"}", 2)
+        .await;
+    let refreshed = get(&mut c, "/", &[]).await;
+    assert_eq!(refreshed.header("Cache-Status"), Some("weir; hit"));
+    assert_eq!(refreshed.header("Cache-Control"), Some("max-age=60"));
+    let heads = up.heads();
+    assert_eq!(heads.len(), 2, "{heads:?}");
+    assert!(heads[1].contains("If-None-Match: \"v1\""), "{}", heads[1]);
+}
+
+/// No validator: `old` (stale at once but for `stale-while-revalidate=60`), then `new`.
+fn old_then_new(_: &str, index: usize) -> String {
+    let (cc, body) = match index {
+        0 => ("max-age=0, stale-while-revalidate=60", "old"),
+        _ => ("max-age=60", "new"),
+    };
+    format!("HTTP/1.1 200 OK\r\nCache-Control: {cc}\r\nContent-Length: 3\r\n\r\n{body}")
+}
+
+/// A stale entry without a validator is fetched again in the background, unconditionally,
+/// and the new response replaces it.
+#[tokio::test]
+async fn a_background_revalidation_stores_a_new_response() {
+    let up = Scripted::start(old_then_new).await;
+    let weir = cached(up.addr, "", "").start();
+    let mut c = weir.client().await;
+    assert_eq!(get(&mut c, "/", &[]).await.body, b"old");
+    let stale = get(&mut c, "/", &[]).await;
+    assert_eq!(stale.body, b"old");
+    assert_eq!(
+        stale.header("Cache-Status"),
+        Some("weir; hit; detail=stale-while-revalidate")
+    );
+    weir.wait_metric("weir_cache_stored_total{store=\"mem\"}", 2)
+        .await;
+    let new = get(&mut c, "/", &[]).await;
+    assert_eq!(
+        (new.body.as_slice(), new.header("Cache-Status")),
+        (&b"new"[..], Some("weir; hit"))
+    );
+    let heads = up.heads();
+    assert_eq!(heads.len(), 2, "{heads:?}");
+    assert!(!heads[1].contains("If-"), "{}", heads[1]);
+}
+
 /// The first answer is stored (stale at once, with the given `Cache-Control`); later ones
 /// fail as the test's name says.
 macro_rules! then_failing {
@@ -721,6 +1091,33 @@ async fn a_stale_entry_answers_for_an_upstream_failure_when_allowed() {
     let (r, tries) = after_failure(plain_then_close, ", serve_stale_on = [\"error\"]").await;
     served(&r);
     assert!(tries >= 2, "the upstream was tried");
+}
+
+/// Answers from the store after the upstream was asked (a stale entry a 304 refreshed,
+/// one answering for a failure) are sent as hits are: the route's `response_headers`
+/// apply.
+#[tokio::test]
+async fn answers_from_the_store_after_the_upstream_get_the_routes_edits() {
+    let rules = r#"response_headers = { set = { "X-Served-By" = "weir" } }"#;
+    let stale_on = r#"cache = { store = "mem", serve_stale_on = ["error"] }"#;
+    for (reply, status) in [
+        (etag_v1 as Reply, "weir; fwd=stale; fwd-status=304"),
+        (plain_then_close, "weir; hit; detail=stale"),
+    ] {
+        let up = Scripted::start(reply).await;
+        let conf = Conf::new()
+            .route("c", "up", &[stale_on, rules])
+            .upstream("up", &[up.addr], &[])
+            .table("[caches.mem]\nkind = \"memory\"");
+        let weir = conf.start();
+        let mut c = weir.client().await;
+        get(&mut c, "/", &[]).await;
+        let mut c = weir.client().await;
+        let r = get(&mut c, "/", &[]).await;
+        assert_eq!(r.status, 200);
+        assert_eq!(r.header("Cache-Status"), Some(status));
+        assert_eq!(r.header("X-Served-By"), Some("weir"), "{status}");
+    }
 }
 
 #[tokio::test]

@@ -3,13 +3,15 @@
 //! use it, so every client protocol gets it:
 //!
 //! - **Hits** are a routing decision (`proxy::route`): [`lookup`] finds a fresh entry for
-//!   a GET (or a HEAD, from a cached GET) and the request is answered from it
-//!   (`answer::Answer::Cached`, its body shared as `Bytes`, or read from its file when it
-//!   is small), without an upstream. A disk entry's larger body is read on the blocking
-//!   pool before the miss path would go upstream ([`Fill::collapse`]; HTTP/1 clients: an
-//!   HTTP/2 or HTTP/3 client's request goes upstream instead).
-//! - **Misses** go upstream with a [`Fill`]; once the response head is in, [`Fill::admit`]
-//!   says whether it may be stored (the `http-cache-semantics` policy: `no-store`,
+//!   a GET (or a HEAD, from a cached GET) and the request is answered from it, without an
+//!   upstream: a `files::Reply` (`reply`: its conditions and range weighed, its body
+//!   shared as `Bytes`, or read from its file when it is small), which the client
+//!   adapters send as an upstream's response (`response_headers`, compression). A disk
+//!   entry's larger body is read on the blocking pool before the miss path would go
+//!   upstream ([`Fill::collapse`]), for every client protocol.
+//! - **Misses** go upstream with a [`Fill`] (the exchange with an HTTP/1.1 upstream, for
+//!   HTTP/1.x, HTTP/2 and HTTP/3 clients: `forward::exchange`, `http2::filling`); once
+//!   the response head is in, [`Fill::admit`] says whether it may be stored (the `http-cache-semantics` policy: `no-store`,
 //!   `private`, `Authorization`, `Set-Cookie`, statuses, freshness) and a [`Recorder`]
 //!   beside the client's sink keeps a copy of the body (`forward::relay::Recording`),
 //!   stored once the body is complete and within `max_object_size`. A larger one streams
@@ -25,6 +27,7 @@
 
 pub mod disk;
 mod lru;
+mod reply;
 pub mod stale;
 pub mod store;
 
@@ -42,9 +45,9 @@ pub use store::{Body, Entry, Store};
 use store::{Ready, Turn};
 use tokio::sync::watch;
 
-use crate::codec::http1::write::{push_header, push_status_line, Persistence};
+use crate::codec::http1::write::push_header;
 use crate::codec::http1::{BodyFraming, ResponseHead};
-use crate::error::reason_phrase;
+use crate::files::Reply;
 use crate::forward::body::BodyState;
 use crate::request::Request;
 
@@ -77,18 +80,31 @@ pub type Stores = Vec<Arc<Store>>;
 
 /// What the cache says about a request of a route with `cache`.
 pub enum Lookup {
-    /// Answer from this fresh entry.
-    Hit(Box<Hit>),
+    /// Answer with this reply from a fresh entry.
+    Hit(Box<Reply>),
+    /// Answer with this reply from a stale entry at once (`stale-while-revalidate`), and
+    /// revalidate it in the background with this fill (none: another request fetches the
+    /// key already, or the request's own conditions would not refresh it).
+    Stale(Box<Reply>, Option<Box<Fill>>),
     /// Forward it, and store the response if it may be.
     Miss(Box<Fill>),
     /// Forward it as it is (a method the cache does not serve).
     Bypass,
 }
 
-/// Looks `r` up in `store` (`routed`: its normalised path and query).
-pub fn lookup(r: &Request<'_>, routed: &[u8], cache: &RouteCache, store: &Arc<Store>) -> Lookup {
+/// Looks `r` up in `store` (`routed`: its normalised path and query). `background`: a
+/// stale entry may be revalidated in the background (the route's upstream is reached over
+/// HTTP/1.1).
+pub fn lookup(
+    r: &Request<'_>,
+    routed: &[u8],
+    cache: &RouteCache,
+    store: &Arc<Store>,
+    background: bool,
+) -> Lookup {
     let method = &r.buf[r.req.method.clone()];
-    if method != b"GET" && method != b"HEAD" {
+    // `If-Match` and `If-Unmodified-Since` are the origin's to weigh (RFC 9111 4.3.2).
+    if method != b"GET" && method != b"HEAD" || asks_any(r, &CONDITIONS[2..4]) {
         store.counts.bypasses.fetch_add(1, Relaxed);
         return Lookup::Bypass;
     }
@@ -102,7 +118,6 @@ pub fn lookup(r: &Request<'_>, routed: &[u8], cache: &RouteCache, store: &Arc<St
     for entry in store.get(&key) {
         match entry.policy.before_request(&parts, now) {
             BeforeRequest::Fresh(head) => {
-                let status_line = cache.status_header.then_some(HIT_LINE);
                 let length = entry.body.length();
                 // A HEAD is answered with the length alone: no body is read.
                 let ready = match r.req.is_head {
@@ -118,11 +133,18 @@ pub fn lookup(r: &Request<'_>, routed: &[u8], cache: &RouteCache, store: &Arc<St
                     }
                 };
                 store.counts.hits.fetch_add(1, Relaxed);
-                let head = Hit::new(head, body, length, status_line);
-                return Lookup::Hit(Box::new(head));
+                let hit = Hit::new(head, body, length, (Served::Fresh, cache.status_header));
+                return Lookup::Hit(Box::new(hit.reply(&parts.headers, r.req.is_head)));
             }
             BeforeRequest::Stale { request, matches } if matches && stale.is_none() => {
                 let lines = revalidation(r, &request.headers).unwrap_or_default();
+                let at_once = background && !r.req.is_head && may_wait(r);
+                if at_once && entry.staleness.while_revalidating(now) {
+                    let found = (&key[..], &parts, store, cache);
+                    if let Some(lookup) = while_revalidating(r, found, &entry, &lines, now) {
+                        return lookup;
+                    }
+                }
                 let body = match &entry.body {
                     Body::Memory(body) => Some(body.clone()),
                     Body::Disk(_) => None,
@@ -154,12 +176,7 @@ pub fn lookup(r: &Request<'_>, routed: &[u8], cache: &RouteCache, store: &Arc<St
 /// the policy would send); `None` when it has no validator, or when the client sent a
 /// condition of its own (its request goes up as it is, and the response is stored anew).
 fn revalidation(r: &Request<'_>, conditional: &HeaderMap) -> Option<Vec<u8>> {
-    let own = r.req.headers.iter().any(|h| {
-        let name = &r.buf[h.name.clone()];
-        CONDITIONS
-            .iter()
-            .any(|c| c.as_bytes().eq_ignore_ascii_case(name))
-    });
+    let own = asks_any(r, &CONDITIONS);
     let mut lines = Vec::new();
     for name in [http::header::IF_NONE_MATCH, http::header::IF_MODIFIED_SINCE] {
         if let Some(value) = conditional.get(&name) {
@@ -169,7 +186,73 @@ fn revalidation(r: &Request<'_>, conditional: &HeaderMap) -> Option<Vec<u8>> {
     (!own && !lines.is_empty()).then_some(lines)
 }
 
-/// The request fields that make a request conditional (or partial).
+/// Whether `r` has any of the fields `names`.
+fn asks_any(r: &Request<'_>, names: &[&str]) -> bool {
+    r.req.headers.iter().any(|h| {
+        let name = &r.buf[h.name.clone()];
+        names
+            .iter()
+            .any(|c| c.as_bytes().eq_ignore_ascii_case(name))
+    })
+}
+
+/// Whether `r` takes a stale entry (`stale-while-revalidate`): it says nothing of the
+/// freshness it wants (no `Cache-Control`, no `Pragma`).
+fn may_wait(r: &Request<'_>) -> bool {
+    !asks_any(r, &["cache-control", "pragma"])
+}
+
+/// The answer from the stale `entry` of `key` while it is revalidated in the background
+/// (`lines`: its conditional lines), if its body is at hand; the revalidation's fill when
+/// this request starts it (it fetches the key: [`Store::turn`]), has no condition of its
+/// own (the entry would not be refreshed by its answer) and no body.
+fn while_revalidating(
+    r: &Request<'_>,
+    (key, parts, store, cache): (&[u8], &http::request::Parts, &Arc<Store>, &RouteCache),
+    entry: &Arc<Entry>,
+    lines: &[u8],
+    now: SystemTime,
+) -> Option<Lookup> {
+    let Ready::Now(body) = store.body_now(key, entry) else {
+        return None;
+    };
+    store.counts.stale.fetch_add(1, Relaxed);
+    let served = (Served::WhileRevalidating, cache.status_header);
+    let reply =
+        Hit::whole(stale_head(entry, now), body.clone(), served).reply(&parts.headers, false);
+    let mut fill = Fill::new(key.to_vec(), parts.clone(), store, cache, None);
+    fill.stale = Some(Stale {
+        entry: entry.clone(),
+        lines: lines.to_vec(),
+        body: Some(body),
+    });
+    // The revalidation sends the request's head again, without a body.
+    let bodiless = matches!(r.req.framing, BodyFraming::None | BodyFraming::Length(0));
+    let refreshes = bodiless && !asks_any(r, &CONDITIONS);
+    if refreshes {
+        fill.take_turn();
+    }
+    if fill.leading && !lines.is_empty() {
+        store.counts.revalidations.fetch_add(1, Relaxed);
+    }
+    let fill = fill.leading.then(|| Box::new(fill));
+    Some(Lookup::Stale(Box::new(reply), fill))
+}
+
+/// A stale `entry`'s head as it is sent: the stored one with its age at `now`
+/// (`cached_response` through a fresh check would refuse it).
+fn stale_head(entry: &Entry, now: SystemTime) -> http::response::Parts {
+    let mut head = http::Response::new(()).into_parts().0;
+    head.status = entry.status;
+    head.headers = entry.headers.clone();
+    let age = entry.policy.age(now).as_secs();
+    head.headers
+        .insert(http::header::AGE, HeaderValue::from(age));
+    head
+}
+
+/// The request fields that make a request conditional (or partial); the third and fourth
+/// only the origin may weigh.
 const CONDITIONS: [&str; 6] = [
     "if-none-match",
     "if-modified-since",
@@ -284,16 +367,17 @@ fn normalise_accept_encoding(headers: &mut HeaderMap) {
     };
 }
 
-/// A fresh entry, as the response to send: the stored head (with `Age` and `Date`) and
-/// the body, shared.
+/// A response from the store, as it is sent ([`Hit::reply`]): the stored head (with
+/// `Age` and `Date`) and the body, shared.
 pub struct Hit {
-    pub head: http::response::Parts,
+    head: http::response::Parts,
     /// Empty for a HEAD request.
-    pub body: Bytes,
+    body: Bytes,
     /// The body's length (its `Content-Length`).
     length: u64,
-    /// The `Cache-Status` line, when the route adds one.
-    status_line: Option<&'static [u8]>,
+    served: Served,
+    /// The route adds `Cache-Status`.
+    status_header: bool,
 }
 
 impl Hit {
@@ -301,45 +385,59 @@ impl Hit {
         head: http::response::Parts,
         body: Bytes,
         length: u64,
-        status_line: Option<&'static [u8]>,
+        (served, status_header): (Served, bool),
     ) -> Hit {
         Hit {
             head,
             body,
             length,
-            status_line,
+            served,
+            status_header,
         }
     }
 
     /// The entry as a whole answer (`body`: all of it).
-    fn whole(head: http::response::Parts, body: Bytes, status_line: Option<&'static [u8]>) -> Hit {
+    fn whole(head: http::response::Parts, body: Bytes, served: (Served, bool)) -> Hit {
         let length = body.len() as u64;
-        Hit::new(head, body, length, status_line)
+        Hit::new(head, body, length, served)
     }
+}
 
-    pub fn status(&self) -> u16 {
-        self.head.status.as_u16()
-    }
+/// How a response from the store came to answer: its `Cache-Status` (RFC 9211) and what
+/// the access log says.
+#[derive(Debug, Clone, Copy)]
+enum Served {
+    /// A fresh entry.
+    Fresh,
+    /// A miss answered from the entry another request was fetching.
+    Collapsed,
+    /// A stale entry answered for the upstream's failure.
+    Stale,
+    /// A stale entry answered at once while it is revalidated in the background.
+    WhileRevalidating,
+    /// A stale entry the upstream confirmed (`304`).
+    Refreshed,
+}
 
-    /// Writes the HTTP/1.1 head: the stored fields (not its framing), `Content-Length`,
-    /// `Cache-Status` when the route has it on, the `Connection` field `persistence` needs.
-    pub fn push_head(&self, out: &mut Vec<u8>, persistence: Persistence) {
-        let status = self.status();
-        push_status_line(out, status, reason_phrase(status).as_bytes());
-        for (name, value) in &self.head.headers {
-            if name == http::header::CONTENT_LENGTH || name == http::header::TRANSFER_ENCODING {
-                continue;
+impl Served {
+    fn line(self) -> &'static [u8] {
+        match self {
+            Served::Fresh => b"Cache-Status: weir; hit\r\n",
+            Served::Collapsed => b"Cache-Status: weir; hit; collapsed\r\n",
+            Served::Stale => b"Cache-Status: weir; hit; detail=stale\r\n",
+            Served::WhileRevalidating => {
+                b"Cache-Status: weir; hit; detail=stale-while-revalidate\r\n"
             }
-            push_header(out, name.as_str().as_bytes(), value.as_bytes());
+            Served::Refreshed => b"Cache-Status: weir; fwd=stale; fwd-status=304\r\n",
         }
-        out.extend_from_slice(b"Content-Length: ");
-        crate::codec::http1::write::push_decimal(out, self.length);
-        out.extend_from_slice(b"\r\n");
-        if let Some(line) = self.status_line {
-            out.extend_from_slice(line);
+    }
+
+    fn result(self) -> CacheResult {
+        match self {
+            Served::Fresh | Served::Collapsed => CacheResult::Hit,
+            Served::Stale | Served::WhileRevalidating => CacheResult::Stale,
+            Served::Refreshed => CacheResult::Revalidated,
         }
-        persistence.push_header(out);
-        out.extend_from_slice(b"\r\n");
     }
 }
 
@@ -367,21 +465,13 @@ impl Drop for Fill {
         if self.leading {
             self.store.release(&self.key);
         }
-        if self.load.is_some() {
-            // A large disk entry an HTTP/2 or HTTP/3 client's request went upstream for.
-            self.store.counts.misses.fetch_add(1, Relaxed);
-        }
     }
 }
 
-/// The `Cache-Status` lines (RFC 9211): a fresh entry; a response fetched for a miss; one
-/// fetched to revalidate a stale entry; a stale entry the upstream confirmed (`304`).
-const HIT_LINE: &[u8] = b"Cache-Status: weir; hit\r\n";
+/// The `Cache-Status` lines (RFC 9211) of a response fetched for a miss, and of one
+/// fetched to revalidate a stale entry (answers from the store: [`Served`]).
 const MISS_LINE: &[u8] = b"Cache-Status: weir; fwd=uri-miss\r\n";
 const STALE_LINE: &[u8] = b"Cache-Status: weir; fwd=stale\r\n";
-const STALE_SERVED_LINE: &[u8] = b"Cache-Status: weir; hit; detail=stale\r\n";
-const COLLAPSED_LINE: &[u8] = b"Cache-Status: weir; hit; collapsed\r\n";
-const REFRESHED_LINE: &[u8] = b"Cache-Status: weir; fwd=stale; fwd-status=304\r\n";
 
 impl Fill {
     fn new(
@@ -422,20 +512,22 @@ impl Fill {
         self.status_header.then_some(line)
     }
 
+    /// [`Fill::status_line`]'s value alone (an HTTP/2 or HTTP/3 field's).
+    pub fn status_value(&self) -> Option<&'static str> {
+        let line = std::str::from_utf8(self.status_line()?).ok()?;
+        line.strip_prefix("Cache-Status: ")?.strip_suffix("\r\n")
+    }
+
     /// What is done before the request goes upstream: a fresh disk entry's body is read
     /// (the request is answered from it); a stale disk entry's body is read (to answer
     /// with if it is confirmed or the upstream fails); and the request fetching the same
     /// key, if another one is, is waited for (within `lock_timeout`), then the store is
     /// looked at again. `None`: this request goes upstream.
-    pub async fn collapse(&mut self) -> Option<Hit> {
+    pub async fn collapse(&mut self) -> Option<Reply> {
         if let Some(load) = self.load.take() {
             if let Some(body) = self.store.body(&self.key, &load.entry).await {
                 self.store.counts.hits.fetch_add(1, Relaxed);
-                return Some(Hit::whole(
-                    load.head,
-                    body,
-                    self.status_header.then_some(HIT_LINE),
-                ));
+                return Some(self.reply(Hit::whole(load.head, body, self.served(Served::Fresh))));
             }
             // Its file could not be read: a miss after all (not collapsed: the request
             // may have a body).
@@ -463,16 +555,22 @@ impl Fill {
         let (entry, head) = fresh?;
         let body = self.store.body(&self.key, &entry).await?;
         self.store.counts.hits.fetch_add(1, Relaxed);
-        Some(Hit::whole(
-            head,
-            body,
-            self.status_header.then_some(COLLAPSED_LINE),
-        ))
+        let hit = Hit::whole(head, body, self.served(Served::Collapsed));
+        Some(self.reply(hit))
+    }
+
+    fn served(&self, served: Served) -> (Served, bool) {
+        (served, self.status_header)
+    }
+
+    /// `hit` as the reply to this (GET) request.
+    fn reply(&self, hit: Hit) -> Reply {
+        hit.reply(&self.parts.headers, false)
     }
 
     /// The stale entry, as the answer for the upstream's failure `cause`, if it may be
     /// served for it (`stale-if-error`, the route's `serve_stale_on`).
-    pub fn stale_answer(&self, cause: Cause) -> Option<Hit> {
+    pub fn stale_answer(&self, cause: Cause) -> Option<Reply> {
         let stale = self.stale.as_ref()?;
         let now = SystemTime::now();
         if !stale
@@ -482,21 +580,10 @@ impl Fill {
         {
             return None;
         }
-        self.store.counts.stale.fetch_add(1, Relaxed);
-        // The stored head, with its age now (`cached_response` through a fresh check
-        // would refuse it: it is stale).
-        let mut head = http::Response::new(()).into_parts().0;
-        head.status = stale.entry.status;
-        head.headers = stale.entry.headers.clone();
-        let age = stale.entry.policy.age(now).as_secs();
-        head.headers
-            .insert(http::header::AGE, HeaderValue::from(age));
         let body = stale.body.clone()?;
-        Some(Hit::whole(
-            head,
-            body,
-            self.status_header.then_some(STALE_SERVED_LINE),
-        ))
+        self.store.counts.stale.fetch_add(1, Relaxed);
+        let head = stale_head(&stale.entry, now);
+        Some(self.reply(Hit::whole(head, body, self.served(Served::Stale))))
     }
 
     /// The conditional header lines the upstream request gets (empty: none).
@@ -508,7 +595,7 @@ impl Fill {
     /// store gets the updated head with the same body, and the client the entry. `None`:
     /// nothing was revalidated, or the `304` is not for the stored entry (it answers the
     /// client's own condition), so it is relayed.
-    pub fn refresh(&self, buf: &[u8], resp: &ResponseHead) -> Option<Hit> {
+    pub fn refresh(&self, buf: &[u8], resp: &ResponseHead) -> Option<Reply> {
         let stale = self.stale.as_ref().filter(|s| !s.lines.is_empty())?;
         let body = stale.body.clone()?;
         let head = response_parts(buf, resp)?;
@@ -527,19 +614,15 @@ impl Fill {
             size: stale.entry.size,
         };
         self.store.put(self.key.clone(), entry, false);
-        Some(Hit::whole(
-            parts,
-            body,
-            self.status_header.then_some(REFRESHED_LINE),
-        ))
+        Some(self.reply(Hit::whole(parts, body, self.served(Served::Refreshed))))
     }
 
     /// What answers instead of the upstream's response `resp` (its head in `buf`): the
     /// stale entry a `304` refreshed, or the one a 5xx may be answered with.
-    pub fn answer_instead(&self, buf: &[u8], resp: &ResponseHead) -> Option<(Hit, CacheResult)> {
+    pub fn answer_instead(&self, buf: &[u8], resp: &ResponseHead) -> Option<Reply> {
         match resp.status {
-            304 => Some((self.refresh(buf, resp)?, CacheResult::Revalidated)),
-            500.. => Some((self.stale_answer(Cause::Status5xx)?, CacheResult::Stale)),
+            304 => self.refresh(buf, resp),
+            500.. => self.stale_answer(Cause::Status5xx),
             _ => None,
         }
     }

@@ -1,5 +1,6 @@
-//! Serving a stale entry when the upstream fails (RFC 5861 `stale-if-error`, and a
-//! route's `serve_stale_on`): what each entry allows, read from its response when it is
+//! Serving a stale entry (RFC 5861): at once while it is revalidated in the background
+//! (`stale-while-revalidate`), or when the upstream fails (`stale-if-error`, and a
+//! route's `serve_stale_on`). What each entry allows, read from its response when it is
 //! stored ([`Staleness`]), and which failures a stale entry answers ([`Cause`]).
 
 use std::time::{Duration, SystemTime};
@@ -17,6 +18,9 @@ pub struct Staleness {
     pub fresh_until: SystemTime,
     /// `stale-if-error=N`: how long past that it may answer for a failure.
     pub if_error: Option<Duration>,
+    /// `stale-while-revalidate=N`: how long past that it may answer at once while it is
+    /// revalidated in the background.
+    pub while_revalidate: Option<Duration>,
     /// `must-revalidate`, `proxy-revalidate`, `no-cache`: never served stale.
     pub forbidden: bool,
 }
@@ -27,6 +31,7 @@ impl Staleness {
         let mut out = Staleness {
             fresh_until: now + policy.time_to_live(now),
             if_error: None,
+            while_revalidate: None,
             forbidden: false,
         };
         let directives = headers.get_all(http::header::CACHE_CONTROL).iter();
@@ -41,11 +46,21 @@ impl Staleness {
             let seconds = value.and_then(|v| v.parse().ok()).map(Duration::from_secs);
             match name.to_ascii_lowercase().as_str() {
                 "stale-if-error" => out.if_error = seconds,
+                "stale-while-revalidate" => out.while_revalidate = seconds,
                 "must-revalidate" | "proxy-revalidate" | "no-cache" => out.forbidden = true,
                 _ => {}
             }
         }
         out
+    }
+
+    /// Whether the entry may answer at `now` while it is revalidated in the background.
+    pub fn while_revalidating(&self, now: SystemTime) -> bool {
+        let stale_for = now.duration_since(self.fresh_until).unwrap_or_default();
+        !self.forbidden
+            && self
+                .while_revalidate
+                .is_some_and(|window| stale_for <= window)
     }
 
     /// Whether the entry may answer for `cause` at `now` (the route allowing it on `on`).

@@ -1,13 +1,15 @@
-//! A reply's body as a `forward::relay::Source`: a short text, or parts of a file (one
-//! range, or the ranges of a `multipart/byteranges` body between their part heads), read
-//! in large pieces with pread(2) into `Bytes` that an HTTP/2 stream sends on without a
-//! copy. A body that fits in one piece is read whole, so it goes out with its head in one
-//! write. Plain-TCP HTTP/1.1 bodies of one range skip this for sendfile(2) (`reply`).
+//! A reply's body as a `forward::relay::Source`: a short text, or parts of a file or of a
+//! cache entry's bytes (one range, or the ranges of a `multipart/byteranges` body between
+//! their part heads). A file is read in large pieces with pread(2) into `Bytes` that an
+//! HTTP/2 stream sends on without a copy; a body that fits in one piece is read whole, so
+//! it goes out with its head in one write. A cache entry's bytes are shared, never copied
+//! (one range is one piece). Plain-TCP HTTP/1.1 bodies of one range of a file skip this
+//! for sendfile(2) (`reply`).
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 
 use super::Opened;
 use crate::error::ProxyError;
@@ -21,12 +23,20 @@ pub(crate) enum Body {
     /// Nothing (HEAD, 304).
     Empty,
     Text(Vec<u8>),
-    /// `parts` of `file`, the `Text` parts in `text`.
-    File {
-        file: Opened,
+    /// `parts` of `data`, the `Text` parts in `text`.
+    Parts {
+        data: Data,
         parts: Vec<Part>,
         text: Vec<u8>,
     },
+}
+
+/// What a body's byte parts are taken from.
+pub(crate) enum Data {
+    /// An open file.
+    File(Opened),
+    /// A cache entry's body.
+    Bytes(Bytes),
 }
 
 /// A part of a file body.
@@ -39,19 +49,24 @@ pub(crate) enum Part {
 }
 
 impl Body {
-    pub fn file(file: Opened, parts: Vec<Part>, text: Vec<u8>) -> Body {
-        Body::File { file, parts, text }
+    pub fn parts(data: Data, parts: Vec<Part>, text: Vec<u8>) -> Body {
+        Body::Parts { data, parts, text }
     }
 
-    /// The file and its one range, when that is the whole body (sendfile's case).
-    pub fn single_range(&self) -> Option<(&File, u64, u64)> {
-        match self {
-            Body::File { file, parts, .. } => match parts.as_slice() {
-                [Part::Bytes(first, end)] => Some((&file.file, *first, *end)),
-                _ => None,
-            },
-            _ => None,
-        }
+    /// The one range, when that is the whole body: its bytes `first..end`, and the file
+    /// they are in (sendfile's case), if they are in one.
+    pub fn single_range(&self) -> Option<(Option<&File>, u64, u64)> {
+        let Body::Parts { data, parts, .. } = self else {
+            return None;
+        };
+        let [Part::Bytes(first, end)] = parts.as_slice() else {
+            return None;
+        };
+        let file = match data {
+            Data::File(opened) => Some(&opened.file),
+            Data::Bytes(_) => None,
+        };
+        Some((file, *first, *end))
     }
 }
 
@@ -81,7 +96,7 @@ impl Source for BodySource<'_> {
                 let first = std::mem::replace(&mut self.part, 1) == 0;
                 Ok(first.then_some((Piece::Slice(text), true)))
             }
-            Body::File { file, parts, text } => self.next_part(&file.file, parts, text),
+            Body::Parts { data, parts, text } => self.next_part(data, parts, text),
         }
     }
 
@@ -92,7 +107,7 @@ impl Source for BodySource<'_> {
     }
 
     fn whole(&mut self) -> Option<Piece<'_>> {
-        let Body::File { file, parts, text } = self.body else {
+        let Body::Parts { data, parts, text } = self.body else {
             return match self.body {
                 Body::Text(text) if self.part == 0 => {
                     self.part = 1;
@@ -101,8 +116,22 @@ impl Source for BodySource<'_> {
                 _ => None,
             };
         };
+        if self.part > 0 {
+            return None;
+        }
+        let file = match data {
+            Data::File(opened) => &opened.file,
+            // One range of shared bytes: itself, whatever its length, without a copy.
+            Data::Bytes(bytes) => {
+                let [Part::Bytes(first, end)] = parts.as_slice() else {
+                    return None;
+                };
+                self.part = 1;
+                return Some(Piece::Bytes(bytes.slice(*first as usize..*end as usize)));
+            }
+        };
         let total: u64 = parts.iter().map(|p| part_len(*p)).sum();
-        if total > PIECE || self.part > 0 {
+        if total > PIECE {
             return None;
         }
         let mut out = BytesMut::zeroed(total as usize);
@@ -111,9 +140,7 @@ impl Source for BodySource<'_> {
             let n = part_len(*p) as usize;
             match *p {
                 Part::Text(s, e) => out[at..at + n].copy_from_slice(&text[s..e]),
-                Part::Bytes(first, _) => {
-                    file.file.read_exact_at(&mut out[at..at + n], first).ok()?
-                }
+                Part::Bytes(first, _) => file.read_exact_at(&mut out[at..at + n], first).ok()?,
             }
             at += n;
         }
@@ -125,7 +152,7 @@ impl Source for BodySource<'_> {
 impl BodySource<'_> {
     fn next_part<'s>(
         &mut self,
-        file: &File,
+        data: &Data,
         parts: &[Part],
         text: &'s [u8],
     ) -> Result<Option<(Piece<'s>, bool)>, ProxyError> {
@@ -141,19 +168,28 @@ impl BodySource<'_> {
             Part::Bytes(first, end) => {
                 let from = first + self.at;
                 let n = (end - from).min(PIECE);
-                let mut out = BytesMut::zeroed(n as usize);
-                // A file that shrank under the reply fails it (the response is cut short).
-                let read = file.read_exact_at(&mut out, from);
-                read.map_err(|e| ProxyError::UpstreamIo(e.kind()))?;
+                let piece = match data {
+                    Data::File(opened) => read_piece(&opened.file, from, n)?,
+                    Data::Bytes(bytes) => bytes.slice(from as usize..(from + n) as usize),
+                };
                 self.at += n;
                 let done = from + n == end;
                 if done {
                     (self.part, self.at) = (self.part + 1, 0);
                 }
-                Ok(Some((Piece::Bytes(out.freeze()), done && last_part)))
+                Ok(Some((Piece::Bytes(piece), done && last_part)))
             }
         }
     }
+}
+
+/// The file's `n` bytes from `from`; a file that shrank under the reply fails it (the
+/// response is cut short).
+fn read_piece(file: &File, from: u64, n: u64) -> Result<Bytes, ProxyError> {
+    let mut out = BytesMut::zeroed(n as usize);
+    let read = file.read_exact_at(&mut out, from);
+    read.map_err(|e| ProxyError::UpstreamIo(e.kind()))?;
+    Ok(out.freeze())
 }
 
 fn part_len(p: Part) -> u64 {

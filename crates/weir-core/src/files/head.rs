@@ -8,7 +8,7 @@ use std::time::SystemTime;
 
 use weir_config::{Encoding, Files};
 
-use super::body::{Body, Part};
+use super::body::{Body, Data, Part};
 use super::http::{self, Verdict};
 use super::{FileServer, Opened, Reply};
 use crate::codec::http1::write::{push_decimal, push_status_line};
@@ -19,6 +19,11 @@ impl Reply {
     /// A short answer with `status`, its reason phrase as the body, `lines` (each ending
     /// in CRLF) among its fields.
     pub(super) fn status(status: u16, lines: &[u8], cfg: &Files) -> Reply {
+        Reply::text(status, lines, cfg.sendfile_min_size)
+    }
+
+    /// [`Reply::status`] for any source (`sendfile_min_size`: as for [`Reply`]).
+    pub(crate) fn text(status: u16, lines: &[u8], sendfile_min_size: u64) -> Reply {
         let text = format!("{}\n", reason_phrase(status)).into_bytes();
         let mut head = start(status);
         head.extend_from_slice(lines);
@@ -27,7 +32,8 @@ impl Reply {
         Reply {
             head,
             body: Body::Text(text),
-            sendfile_min_size: cfg.sendfile_min_size,
+            sendfile_min_size,
+            cache: None,
         }
     }
 
@@ -50,7 +56,7 @@ impl Reply {
     }
 
     /// Whether `body` goes out for a HEAD request: never.
-    fn for_method(mut self, is_head: bool) -> Reply {
+    pub(crate) fn for_method(mut self, is_head: bool) -> Reply {
         if is_head {
             self.body = Body::Empty;
         }
@@ -73,7 +79,7 @@ impl FileServer {
             None => (file.clone(), None),
         };
         let v = sent.validators;
-        let fields = http::Fields {
+        let fields = crate::codec::Fields::Http1 {
             buf: r.buf,
             headers: &r.req.headers,
         };
@@ -102,19 +108,30 @@ impl FileServer {
         }
         let body = match verdict {
             Verdict::Partial(ranges) if ranges.len() > 1 => {
-                multipart(&mut head, sent, &ranges, &file.content_type)
+                let len = sent.validators.len;
+                multipart(
+                    &mut head,
+                    Data::File(sent),
+                    len,
+                    &ranges,
+                    file.content_type.as_bytes(),
+                )
             }
             Verdict::Partial(ranges) => {
                 let (first, last) = ranges[0];
                 push_line(&mut head, b"Content-Type: ", file.content_type.as_bytes());
                 push_content_range(&mut head, first, last, v.len);
                 end(&mut head, Some(last + 1 - first));
-                Body::file(sent, vec![Part::Bytes(first, last + 1)], Vec::new())
+                Body::parts(
+                    Data::File(sent),
+                    vec![Part::Bytes(first, last + 1)],
+                    Vec::new(),
+                )
             }
             _ => {
                 push_line(&mut head, b"Content-Type: ", file.content_type.as_bytes());
                 end(&mut head, Some(v.len));
-                Body::file(sent, vec![Part::Bytes(0, v.len)], Vec::new())
+                Body::parts(Data::File(sent), vec![Part::Bytes(0, v.len)], Vec::new())
             }
         };
         self.done(head, body).for_method(is_head)
@@ -125,6 +142,7 @@ impl FileServer {
             head,
             body,
             sendfile_min_size: self.config.sendfile_min_size,
+            cache: None,
         }
     }
 
@@ -146,13 +164,18 @@ impl FileServer {
     }
 }
 
-/// A `multipart/byteranges` body of `ranges` of `file` (RFC 9110 14.6), its type and
-/// length in `head`.
-fn multipart(head: &mut Vec<u8>, file: Opened, ranges: &[(u64, u64)], kind: &str) -> Body {
+/// A `multipart/byteranges` body of `ranges` of `data` (`len` bytes long, of type `kind`;
+/// RFC 9110 14.6), its type and length in `head`.
+pub(crate) fn multipart(
+    head: &mut Vec<u8>,
+    data: Data,
+    len: u64,
+    ranges: &[(u64, u64)],
+    kind: &[u8],
+) -> Body {
     static BOUNDARIES: AtomicU64 = AtomicU64::new(0);
     let n = BOUNDARIES.fetch_add(1, Ordering::Relaxed);
     let boundary = format!("weir{n:020}");
-    let len = file.validators.len;
     let (mut text, mut parts) = (Vec::new(), Vec::with_capacity(ranges.len() * 2 + 1));
     let mut total = 0;
     for &(first, last) in ranges {
@@ -160,7 +183,7 @@ fn multipart(head: &mut Vec<u8>, file: Opened, ranges: &[(u64, u64)], kind: &str
         text.extend_from_slice(b"\r\n--");
         text.extend_from_slice(boundary.as_bytes());
         text.extend_from_slice(b"\r\n");
-        push_line(&mut text, b"Content-Type: ", kind.as_bytes());
+        push_line(&mut text, b"Content-Type: ", kind);
         push_content_range(&mut text, first, last, len);
         text.extend_from_slice(b"\r\n");
         parts.push(Part::Text(at, text.len()));
@@ -176,11 +199,11 @@ fn multipart(head: &mut Vec<u8>, file: Opened, ranges: &[(u64, u64)], kind: &str
     let kind = format!("multipart/byteranges; boundary={boundary}");
     push_line(head, b"Content-Type: ", kind.as_bytes());
     end(head, Some(total));
-    Body::file(file, parts, text)
+    Body::parts(data, parts, text)
 }
 
 /// The status line and `Date`.
-fn start(status: u16) -> Vec<u8> {
+pub(crate) fn start(status: u16) -> Vec<u8> {
     let mut head = Vec::with_capacity(320);
     push_status_line(&mut head, status, reason_phrase(status).as_bytes());
     let now = httpdate::fmt_http_date(SystemTime::now());
@@ -189,7 +212,7 @@ fn start(status: u16) -> Vec<u8> {
 }
 
 /// `Content-Length` (when the status has a body) and the blank line.
-fn end(head: &mut Vec<u8>, length: Option<u64>) {
+pub(crate) fn end(head: &mut Vec<u8>, length: Option<u64>) {
     if let Some(n) = length {
         head.extend_from_slice(b"Content-Length: ");
         push_decimal(head, n);
@@ -198,13 +221,13 @@ fn end(head: &mut Vec<u8>, length: Option<u64>) {
     head.extend_from_slice(b"\r\n");
 }
 
-fn push_line(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+pub(crate) fn push_line(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
     out.extend_from_slice(name);
     out.extend_from_slice(value);
     out.extend_from_slice(b"\r\n");
 }
 
-fn push_content_range(out: &mut Vec<u8>, first: u64, last: u64, len: u64) {
+pub(crate) fn push_content_range(out: &mut Vec<u8>, first: u64, last: u64, len: u64) {
     out.extend_from_slice(b"Content-Range: bytes ");
     push_decimal(out, first);
     out.push(b'-');

@@ -1,11 +1,13 @@
-//! What a file's request asks beyond the file (RFC 9110 section 13): its validators
-//! (`ETag` from size and mtime as nginx makes it, `Last-Modified`), the preconditions in
-//! the RFC's order (`If-Match`, `If-Unmodified-Since`, `If-None-Match`,
-//! `If-Modified-Since`), and the `Range` with its `If-Range`.
+//! What a request asks beyond the representation (RFC 9110 section 13): its validators
+//! (a file's `ETag` from size and mtime as nginx makes it, and `Last-Modified`; a cache
+//! entry's as it was stored: [`Validate`]), the preconditions in the RFC's order
+//! (`If-Match`, `If-Unmodified-Since`, `If-None-Match`, `If-Modified-Since`), and the
+//! `Range` with its `If-Range`. Static files and the HTTP cache's hits both answer
+//! through [`evaluate`].
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::codec::http1::HeaderSpan;
+use crate::codec::Fields;
 
 /// Most ranges one request may ask; with more, the whole file is sent (RFC 9110 14.2
 /// lets a server ignore a Range; many small ranges are a known amplification).
@@ -31,8 +33,29 @@ impl Validators {
         let at = UNIX_EPOCH + Duration::from_secs(self.mtime);
         out.extend_from_slice(httpdate::fmt_http_date(at).as_bytes());
     }
+}
 
-    fn etag_matches(&self, tag: &[u8]) -> bool {
+/// A representation's validators, as the conditions weigh them.
+pub(crate) trait Validate {
+    /// Its length (what ranges are taken from).
+    fn len(&self) -> u64;
+    /// Its `Last-Modified`, in whole seconds since the epoch, if it has one.
+    fn modified(&self) -> Option<u64>;
+    /// Whether its entity tag is `tag` (an opaque tag, quotes included, without `W/`);
+    /// `strong`: a weak tag of its own never matches.
+    fn etag_matches(&self, tag: &[u8], strong: bool) -> bool;
+}
+
+impl Validate for Validators {
+    fn len(&self) -> u64 {
+        self.len
+    }
+
+    fn modified(&self) -> Option<u64> {
+        Some(self.mtime)
+    }
+
+    fn etag_matches(&self, tag: &[u8], _: bool) -> bool {
         let mut mine = Vec::with_capacity(40);
         self.push_etag(&mut mine);
         tag == mine.as_slice()
@@ -54,41 +77,36 @@ pub(crate) enum Verdict {
     Unsatisfiable,
 }
 
-/// A request's head, to read its fields.
-#[derive(Clone, Copy)]
-pub(crate) struct Fields<'a> {
-    pub buf: &'a [u8],
-    pub headers: &'a [HeaderSpan],
+/// The values of every request field named `name` (lower case), in order, trimmed.
+fn values<'a>(f: Fields<'a>, name: &'static [u8]) -> impl Iterator<Item = &'a [u8]> {
+    let mut out = Vec::new();
+    f.each(|n, v| {
+        if n.eq_ignore_ascii_case(name) {
+            out.push(v.trim_ascii());
+        }
+    });
+    out.into_iter()
 }
 
-impl<'a> Fields<'a> {
-    /// The values of every field named `name` (lower case), in order.
-    fn values(self, name: &'static [u8]) -> impl Iterator<Item = &'a [u8]> {
-        self.headers
-            .iter()
-            .filter(move |h| self.buf[h.name.clone()].eq_ignore_ascii_case(name))
-            .map(move |h| self.buf[h.value.clone()].trim_ascii())
-    }
-
-    fn first(self, name: &'static [u8]) -> Option<&'a [u8]> {
-        self.values(name).next()
-    }
+fn first<'a>(f: Fields<'a>, name: &'static [u8]) -> Option<&'a [u8]> {
+    f.get(name).map(<[u8]>::trim_ascii)
 }
 
-/// The verdict for a GET (`ranged`: a Range may apply) or HEAD of a file with `v`.
-pub(crate) fn evaluate(f: Fields<'_>, v: &Validators, ranged: bool) -> Verdict {
+/// The verdict for a GET (`ranged`: a Range may apply) or HEAD of a representation with
+/// `v`, the request's fields `f`.
+pub(crate) fn evaluate(f: Fields<'_>, v: &impl Validate, ranged: bool) -> Verdict {
     if let Some(verdict) = preconditions(f, v) {
         return verdict;
     }
-    let Some(range) = f.first(b"range").filter(|_| ranged) else {
+    let Some(range) = first(f, b"range").filter(|_| ranged) else {
         return Verdict::Full;
     };
-    if let Some(if_range) = f.first(b"if-range") {
+    if let Some(if_range) = first(f, b"if-range") {
         if !if_range_holds(if_range, v) {
             return Verdict::Full;
         }
     }
-    match parse_ranges(range, v.len) {
+    match parse_ranges(range, v.len()) {
         None => Verdict::Full,
         Some(ranges) if ranges.is_empty() => Verdict::Unsatisfiable,
         Some(ranges) => Verdict::Partial(ranges),
@@ -96,33 +114,36 @@ pub(crate) fn evaluate(f: Fields<'_>, v: &Validators, ranged: bool) -> Verdict {
 }
 
 /// RFC 9110 13.2.2, steps 1 to 4 (the method is GET or HEAD).
-fn preconditions(f: Fields<'_>, v: &Validators) -> Option<Verdict> {
-    let mut if_match = f.values(b"if-match").peekable();
+/// A representation without `Last-Modified` is never modified since a date nor unmodified
+/// since one: those conditions then hold and fail as if the field were absent.
+fn preconditions(f: Fields<'_>, v: &impl Validate) -> Option<Verdict> {
+    let mut if_match = values(f, b"if-match").peekable();
     if if_match.peek().is_some() {
         if !if_match.any(|list| list_matches(list, v, true)) {
             return Some(Verdict::PreconditionFailed);
         }
-    } else if let Some(date) = f.first(b"if-unmodified-since").and_then(parse_date) {
-        if v.mtime > date {
+    } else if let Some(date) = first(f, b"if-unmodified-since").and_then(parse_date) {
+        if v.modified().is_some_and(|m| m > date) {
             return Some(Verdict::PreconditionFailed);
         }
     }
-    let mut if_none_match = f.values(b"if-none-match").peekable();
+    let mut if_none_match = values(f, b"if-none-match").peekable();
     if if_none_match.peek().is_some() {
         if if_none_match.any(|list| list_matches(list, v, false)) {
             return Some(Verdict::NotModified);
         }
-    } else if let Some(date) = f.first(b"if-modified-since").and_then(parse_date) {
-        if v.mtime <= date {
+    } else if let Some(date) = first(f, b"if-modified-since").and_then(parse_date) {
+        if v.modified().is_some_and(|m| m <= date) {
             return Some(Verdict::NotModified);
         }
     }
     None
 }
 
-/// Whether an entity-tag list (`*`, or tags separated by commas) holds the file's tag;
-/// `strong`: weak tags never match (If-Match), else they compare without `W/`.
-fn list_matches(list: &[u8], v: &Validators, strong: bool) -> bool {
+/// Whether an entity-tag list (`*`, or tags separated by commas) holds the
+/// representation's tag; `strong`: weak tags never match (If-Match), else they compare
+/// without `W/`.
+fn list_matches(list: &[u8], v: &impl Validate, strong: bool) -> bool {
     if list == b"*" {
         return true;
     }
@@ -130,21 +151,22 @@ fn list_matches(list: &[u8], v: &Validators, strong: bool) -> bool {
         let tag = tag.trim_ascii();
         match tag.strip_prefix(b"W/") {
             Some(_) if strong => false,
-            Some(weak) => v.etag_matches(weak),
-            None => v.etag_matches(tag),
+            Some(weak) => v.etag_matches(weak, false),
+            None => v.etag_matches(tag, strong),
         }
     })
 }
 
-/// `If-Range`: a strong tag equal to the file's, or exactly its `Last-Modified` date.
-fn if_range_holds(value: &[u8], v: &Validators) -> bool {
+/// `If-Range`: a strong tag equal to the representation's, or exactly its
+/// `Last-Modified` date.
+fn if_range_holds(value: &[u8], v: &impl Validate) -> bool {
     if value.starts_with(b"\"") {
-        return v.etag_matches(value);
+        return v.etag_matches(value, true);
     }
-    parse_date(value) == Some(v.mtime)
+    v.modified().is_some_and(|m| parse_date(value) == Some(m))
 }
 
-fn parse_date(value: &[u8]) -> Option<u64> {
+pub(crate) fn parse_date(value: &[u8]) -> Option<u64> {
     let text = std::str::from_utf8(value).ok()?;
     let at: SystemTime = httpdate::parse_http_date(text).ok()?;
     Some(at.duration_since(UNIX_EPOCH).ok()?.as_secs())

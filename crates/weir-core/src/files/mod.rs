@@ -14,8 +14,8 @@
 
 mod body;
 pub(crate) mod cache;
-mod head;
-mod http;
+pub(crate) mod head;
+pub(crate) mod http;
 mod listing;
 mod lookup;
 mod path;
@@ -27,8 +27,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use weir_config::Files;
 
-pub(crate) use body::{Body, BodySource};
-pub(crate) use reply::{respond_http1, Under};
+pub(crate) use body::{Body, BodySource, Data, Part};
+pub(crate) use reply::{respond_http1, send_http1, Sending, Under};
 
 /// A route's `files`, prepared with its snapshot: the config and the open root.
 #[derive(Debug)]
@@ -64,13 +64,17 @@ pub enum Lookup {
     Upstream(usize),
 }
 
-/// A response from the files: its HTTP/1.1 head (status line, fields, `Content-Length`,
-/// the blank line) and its body.
+/// A response from a source that is not an upstream: the files, or a cache entry
+/// (`cache::Hit::reply`). Its HTTP/1.1 head (status line, fields, `Content-Length`, the
+/// blank line), as an upstream would send it, and its body; sent as an upstream's
+/// response is ([`respond_http1`], `http2::files::respond_stream`).
 pub struct Reply {
     pub(crate) head: Vec<u8>,
     pub(crate) body: Body,
-    /// Plain-TCP HTTP/1.1 bodies at least this long go out with sendfile(2).
+    /// Plain-TCP HTTP/1.1 bodies of a file at least this long go out with sendfile(2).
     pub(crate) sendfile_min_size: u64,
+    /// What the cache did, for a reply from a cache entry (the access log's `cache`).
+    pub(crate) cache: Option<crate::cache::CacheResult>,
 }
 
 /// An open file and the path it was found at (for a sibling's name and the listing).

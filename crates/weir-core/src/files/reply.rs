@@ -8,7 +8,7 @@
 use std::future::poll_fn;
 use std::os::fd::AsFd;
 
-use weir_config::{Listener, Route};
+use weir_config::{Encoding, Listener, Route};
 
 use super::body::BodySource;
 use super::Reply;
@@ -32,11 +32,30 @@ pub(crate) struct Under<'a> {
 }
 
 impl<'a> Under<'a> {
-    /// Route `route` of `listener` (the route a `Decision::Files` names).
+    /// Route `route` of `listener` (the route a `Decision::Reply` names).
     pub fn of(listener: &'a Listener, route: Option<usize>) -> Under<'a> {
         let route = &listener.routes[route.unwrap_or_default()];
         Under { route, listener }
     }
+
+    /// The route and listener of a forwarded request.
+    pub fn of_target(target: &crate::forward::Target<'a>) -> Under<'a> {
+        Under {
+            route: target.route,
+            listener: target.listener,
+        }
+    }
+}
+
+/// How a reply goes to an HTTP/1.x client, made out while its request was at hand.
+#[derive(Clone, Copy)]
+pub(crate) struct Sending {
+    pub is_head: bool,
+    pub http10: bool,
+    /// The coding the client accepts, if the route compresses.
+    pub accepted: Option<Encoding>,
+    /// The connection stays open after the reply.
+    pub keep_alive: bool,
 }
 
 /// Sends `reply` to the HTTP/1.x client of `conn` for the request `req` (its head at the
@@ -56,38 +75,61 @@ pub(crate) async fn respond_http1(
     let (_, consumed) = body
         .take(&mut conn.buf.filled_mut()[req.head_len..])
         .map_err(|_| ProxyError::BadRequest("malformed body"))?;
-    let keep_alive = keep_alive && body.is_done();
     let http10 = req.minor_version == 0;
-    let (head, is_head) = (&reply.head[..], req.is_head);
-    // Weir wrote this head itself: it always parses.
-    if !parse_response(head, head.len(), is_head, resp)? {
-        return Err(ProxyError::UpstreamMalformed("incomplete file reply head").into());
-    }
-    let buf = conn.buf.filled();
     let accepted = (route.filters.compression.as_ref())
         .filter(|_| !http10)
-        .and_then(|c| compression::negotiate(c, buf, &req.headers));
+        .and_then(|c| compression::negotiate(c, conn.buf.filled(), &req.headers));
     let mut lines = std::mem::take(&mut conn.resp_lines);
     render_response_rules(&mut lines, &conn.request(req), route);
+    conn.resp_lines = lines;
+    conn.buf.consume(req.head_len + consumed);
+    let to = Sending {
+        is_head: req.is_head,
+        http10,
+        accepted,
+        keep_alive: keep_alive && body.is_done(),
+    };
+    send_http1(conn, under, reply, to, resp).await?;
+    Ok(to.keep_alive)
+}
+
+/// Sends `reply` to the HTTP/1.x client of `conn` (its request consumed, the route's
+/// `response_headers` rendered in `conn.resp_lines`) as `to` says; `resp` is set to the
+/// reply's head.
+pub(crate) async fn send_http1(
+    conn: &mut ClientConn,
+    under: Under<'_>,
+    reply: Reply,
+    to: Sending,
+    resp: &mut ResponseHead,
+) -> Result<(), Failure> {
+    let head = &reply.head[..];
+    // Weir wrote this head itself: it always parses.
+    if !parse_response(head, head.len(), to.is_head, resp)? {
+        return Err(ProxyError::UpstreamMalformed("incomplete reply head").into());
+    }
+    if reply.cache.is_some() {
+        conn.current.cache = reply.cache;
+    }
+    let route = under.route;
+    let lines = std::mem::take(&mut conn.resp_lines);
     let rules = route.filters.response_headers.as_ref();
     let edits = Edits {
         rules: rules.map(|r| (r, &lines[..])),
-        plan: plan_http1(route, head, resp, is_head, accepted),
+        plan: plan_http1(route, head, resp, to.is_head, to.accepted),
         ..Edits::default()
     };
-    conn.buf.consume(req.head_len + consumed);
     let framing = ClientFraming {
         dechunk: false,
-        close: !keep_alive,
-        http10,
+        close: !to.keep_alive,
+        http10: to.http10,
     };
     let mut out = std::mem::take(&mut conn.out);
     out.clear();
     write_from_http1(&mut out, head, resp, &edits, &framing);
     let sent = send_body(conn, &out, &reply, &edits.plan, under).await;
     (conn.out, conn.resp_lines) = (out, lines);
-    sent.map_err(Failure::after_head)?;
-    Ok(keep_alive)
+    sent.map_err(Failure::after_head)
 }
 
 /// Writes `head` and the reply's body: with sendfile(2) when it can, else relayed
@@ -102,8 +144,9 @@ async fn send_body(
     let timeout = under.listener.client_timeout;
     let plain = plan.encoding.is_none() && conn.stream.tls().is_none();
     let single = reply.body.single_range();
+    let in_file = single.and_then(|(file, first, end)| Some((file?, first, end)));
     if let Some((file, first, end)) =
-        single.filter(|(_, f, e)| plain && e - f >= reply.sendfile_min_size)
+        in_file.filter(|(_, f, e)| plain && e - f >= reply.sendfile_min_size)
     {
         let written = body::write_all(&mut conn.stream, head, &[], timeout).await;
         written.map_err(client_write_error)?;

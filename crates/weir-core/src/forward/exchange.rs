@@ -12,24 +12,24 @@ use std::os::fd::AsRawFd;
 
 use super::body::{self, BodyState};
 use super::driver::{drive, Accepted, Attempt, Exchange, Miss, Sender, Tries};
-use super::filling::{Filling, NoFill, Record};
+use super::filling::{relay_recorded, Filling, NoFill, Record};
 use super::h1::{
-    client_pump_error, client_write_error, reuse, send_streaming, send_whole, Http1Interim,
-    Reading, RequestMeta,
+    client_pump_error, client_write_error, pool_after_answer, reuse, send_streaming, send_whole,
+    Http1Interim, Reading, RequestMeta,
 };
 use super::head::{coding, plan_http1, write_from_http1, ClientFraming, Edits};
 use super::relay::{
-    at_hand, relay, Broke, Coding, Http1Sink, Http1Source, Peer, Piece, Recording, Sink, Source,
+    at_hand, relay, Broke, Coding, Http1Sink, Http1Source, Peer, Piece, Sink, Source,
 };
 use super::request_head::{render_response_rules, write_upstream_head};
 use super::{carrier, tunnel, Carrier, Failure, Reached, Target};
 use crate::buffer::Buffer;
 use crate::cache::{CacheResult, Cause, Fill};
 use crate::client::ClientConn;
-use crate::codec::http1::write::Persistence;
 use crate::codec::http1::{BodyFraming, RequestHead, ResponseHead};
 use crate::connector::{UpstreamStream, WriteHalf};
 use crate::error::ProxyError;
+use crate::files::{respond_http1, send_http1, Reply, Sending, Under};
 use crate::filters::compression::{self, Plan};
 use crate::filters::upgrade::switch_allowed;
 use crate::metrics::shard::Protocol;
@@ -103,13 +103,16 @@ pub async fn forward_filling(
     mut fill: Box<Fill>,
 ) -> Result<bool, Failure> {
     conn.current.cache = Some(CacheResult::Miss);
-    if let Some(hit) = fill.collapse().await {
-        conn.buf.consume(req.head_len);
+    let under = Under::of_target(&target);
+    if let Some(reply) = fill.collapse().await {
         conn.current.read = true;
-        conn.current.cache = Some(CacheResult::Hit);
-        let http10 = req.minor_version == 0;
-        return write_hit(conn, resp, (keep_alive, http10), &hit, target.listener).await;
+        return respond_http1(conn, req, under, reply, keep_alive, resp).await;
     }
+    // Rendered now, while the request is at hand: an answer from the store after a
+    // failure may come before any try rendered them.
+    let mut lines = take(&mut conn.resp_lines);
+    render_response_rules(&mut lines, &conn.request(req), target.route);
+    conn.resp_lines = lines;
     // An HTTP/2 upstream's response is not stored yet: it is relayed uncached, the fill let
     // go now (requests waiting for it go upstream themselves).
     match carrier(Protocol::Http1, target.upstream) {
@@ -122,14 +125,13 @@ pub async fn forward_filling(
 }
 
 /// Answers `failure` (nothing sent yet) from the stale entry of `fill` when it may answer
-/// for it (`stale-if-error`, `serve_stale_on`); else the failure stands. `keep`: as for
-/// [`write_hit`].
+/// for it (`stale-if-error`, `serve_stale_on`); else the failure stands.
 async fn answer_stale(
     conn: &mut ClientConn,
     resp: &mut ResponseHead,
     failure: Failure,
     fill: &Fill,
-    (keep, listener): ((bool, bool), &weir_config::Listener),
+    (under, to): (Under<'_>, Sending),
 ) -> Result<bool, Failure> {
     let cause = (failure.reached == Reached::Nothing)
         .then(|| Cause::of(failure.error))
@@ -137,36 +139,17 @@ async fn answer_stale(
     let Some(cause) = cause else {
         return Err(failure);
     };
-    let Some(hit) = fill.stale_answer(cause) else {
+    let Some(reply) = fill.stale_answer(cause) else {
         return Err(failure);
     };
-    conn.current.cache = Some(CacheResult::Stale);
-    write_hit(conn, resp, keep, &hit, listener).await
-}
-
-/// Answers a request (its head consumed) from a cache entry (`hit`) instead of an
-/// upstream; `(keep_alive, http10)`: the connection goes on, the client speaks HTTP/1.0.
-async fn write_hit(
-    conn: &mut ClientConn,
-    resp: &mut ResponseHead,
-    (keep_alive, http10): (bool, bool),
-    hit: &crate::cache::Hit,
-    listener: &weir_config::Listener,
-) -> Result<bool, Failure> {
-    let mut out = take(&mut conn.out);
-    out.clear();
-    hit.push_head(&mut out, Persistence::of(keep_alive, http10));
-    let written = conn.write_with_body(&out, &hit.body, listener).await;
-    conn.out = out;
-    written.map_err(Failure::after_head)?;
-    resp.status = hit.status();
-    Ok(keep_alive)
+    send_http1(conn, under, reply, to, resp).await?;
+    Ok(to.keep_alive)
 }
 
 /// Adds a cache's `lines` (CRLF included; none: nothing) to the head in `out`, before the
 /// blank line that ends it: the conditional fields revalidating a stale entry, a response's
 /// `Cache-Status`.
-fn push_before_end(out: &mut Vec<u8>, lines: &[u8]) {
+pub(crate) fn push_before_end(out: &mut Vec<u8>, lines: &[u8]) {
     if !lines.is_empty() {
         out.truncate(out.len() - 2);
         out.extend_from_slice(lines);
@@ -259,8 +242,8 @@ async fn forward_h1(x: &Exchange<'_>, client: Http1Request<'_>) -> Result<bool, 
         Err(failure) => match conn.fill.take() {
             None => Err(failure),
             Some(fill) => {
-                let keep = (keep_alive && conn.current.read, meta.http10);
-                let on = (keep, x.target.listener);
+                let to = meta.sending(keep_alive && conn.current.read);
+                let on = (Under::of_target(&x.target), to);
                 // Boxed: a route without `cache` keeps the exchange's state as before.
                 Box::pin(answer_stale(conn, resp, failure, &fill, on)).await
             }
@@ -413,9 +396,8 @@ impl Response<'_> {
             return Box::pin(self.upgrade(conn, stream, up_buf, resp)).await;
         }
         // A 304 refreshing the stale entry, or a 5xx it may answer for.
-        if let Some((hit, result)) = fill.answer_instead(up_buf.filled(), resp) {
-            conn.current.cache = Some(result);
-            let answered = self.answer_from_store(conn, stream, up_buf, resp, hit);
+        if let Some(reply) = fill.answer_instead(up_buf.filled(), resp) {
+            let answered = self.answer_from_store(conn, stream, up_buf, resp, reply);
             return Box::pin(answered).await;
         }
         let (route, meta) = (self.x.target.route, self.meta);
@@ -479,40 +461,25 @@ impl Response<'_> {
         Ok(!close)
     }
 
-    /// Answers with a stored entry instead of the upstream's response `resp` (a `304`
-    /// that refreshed it, a 5xx it answers for); the try counts with the upstream's status,
-    /// the request with the entry's. The upstream connection is pooled only when `resp`
-    /// has no body.
+    /// Answers with a stored entry (`reply`) instead of the upstream's response `resp` (a
+    /// `304` that refreshed it, a 5xx it answers for); the try counts with the upstream's
+    /// status, the request with the reply's. The upstream connection is pooled only when
+    /// `resp` has no body.
     async fn answer_from_store(
         &self,
         conn: &mut ClientConn,
         stream: UpstreamStream,
         up_buf: &mut Buffer,
         resp: &mut ResponseHead,
-        hit: crate::cache::Hit,
+        reply: Reply,
     ) -> Result<bool, Failure> {
         self.accepted.count(Ok(resp.status));
         up_buf.consume(resp.head_len);
-        let close = !self.keep_alive || !self.request_done;
-        conn.out.clear();
-        hit.push_head(&mut conn.out, Persistence::of(!close, self.meta.http10));
-        let timeout = self.x.target.listener.client_timeout;
-        let written = body::write_all(&mut conn.stream, &conn.out, &hit.body, timeout).await;
-        written.map_err(|e| Failure::after_head(client_write_error(e)))?;
-        conn.sent += (conn.out.len() + hit.body.len()) as u64;
-        let bodiless = matches!(resp.framing, BodyFraming::None | BodyFraming::Length(0));
-        if resp.keeps_alive() && self.request_done && bodiless && up_buf.is_empty() {
-            let accepted = self.accepted;
-            reuse(
-                self.x,
-                accepted.server,
-                accepted.metrics,
-                stream,
-                accepted.head_at,
-            );
-        }
-        resp.status = hit.status();
-        Ok(!close)
+        let sent = (stream, self.request_done);
+        pool_after_answer(self.x, self.accepted, (up_buf, resp), sent);
+        let to = self.meta.sending(self.keep_alive && self.request_done);
+        send_http1(conn, Under::of_target(&self.x.target), reply, to, resp).await?;
+        Ok(to.keep_alive)
     }
 
     /// Relays the body after the head in `conn.out` (compressed when `plan` says so;
@@ -553,17 +520,8 @@ impl Response<'_> {
             chunked: plan.encoding.is_some(),
             trailers: None,
         };
-        let relayed = match recorder.as_mut() {
-            None => relay(&mut source, &mut sink, coding.as_mut()).await,
-            Some(recorder) => {
-                let mut recording = Recording {
-                    inner: &mut source,
-                    recorder,
-                };
-                // Boxed: a route without `cache` keeps the relay's state as before.
-                Box::pin(relay(&mut recording, &mut sink, coding.as_mut())).await
-            }
-        };
+        let recording = recorder.as_mut();
+        let relayed = relay_recorded(&mut source, &mut sink, coding.as_mut(), recording).await;
         conn.current.compressed = coding.as_ref().map(Coding::compressed);
         relayed.map_err(|(Broke::Source(e) | Broke::Sink(e))| Failure::after_head(e))?;
         if let Some(recorder) = recorder {

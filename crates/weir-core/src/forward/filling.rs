@@ -5,8 +5,10 @@
 
 use std::convert::Infallible;
 
-use crate::cache::{CacheResult, Fill, Hit, Recorder};
+use crate::cache::{Fill, Recorder};
 use crate::codec::http1::ResponseHead;
+use crate::files::Reply;
+use crate::forward::relay::{relay, Broke, Coding, Recording, Sink, Source};
 
 /// What stores a response, or answers instead of it.
 pub(crate) trait Filling {
@@ -14,7 +16,7 @@ pub(crate) trait Filling {
     type Recorder: Record;
 
     /// The stored entry that answers instead of `resp` (its head in `buf`), if any.
-    fn answer_instead(&self, buf: &[u8], resp: &ResponseHead) -> Option<(Hit, CacheResult)>;
+    fn answer_instead(&self, buf: &[u8], resp: &ResponseHead) -> Option<Reply>;
 
     /// The `Cache-Status` line the response gets, if any.
     fn status_line(&self) -> Option<&'static [u8]>;
@@ -40,7 +42,7 @@ pub(crate) struct NoFill;
 impl Filling for NoFill {
     type Recorder = Infallible;
 
-    fn answer_instead(&self, _: &[u8], _: &ResponseHead) -> Option<(Hit, CacheResult)> {
+    fn answer_instead(&self, _: &[u8], _: &ResponseHead) -> Option<Reply> {
         None
     }
 
@@ -56,7 +58,7 @@ impl Filling for NoFill {
 impl Filling for Box<Fill> {
     type Recorder = Box<Recorder>;
 
-    fn answer_instead(&self, buf: &[u8], resp: &ResponseHead) -> Option<(Hit, CacheResult)> {
+    fn answer_instead(&self, buf: &[u8], resp: &ResponseHead) -> Option<Reply> {
         Fill::answer_instead(self, buf, resp)
     }
 
@@ -95,5 +97,26 @@ impl Record for Box<Recorder> {
 
     fn finish(self) {
         Recorder::finish(*self);
+    }
+}
+
+/// Relays `source` into `sink` (through `coding`), a copy of each piece kept by `recorder`
+/// when there is one (boxed then: a route without `cache` keeps the relay's state as
+/// before).
+pub(crate) async fn relay_recorded<S: Source, K: Sink, R: Record>(
+    source: &mut S,
+    sink: &mut K,
+    coding: Option<&mut Coding>,
+    recorder: Option<&mut R>,
+) -> Result<(), Broke> {
+    match recorder {
+        None => relay(source, sink, coding).await,
+        Some(recorder) => {
+            let mut recording = Recording {
+                inner: source,
+                recorder,
+            };
+            Box::pin(relay(&mut recording, sink, coding)).await
+        }
     }
 }

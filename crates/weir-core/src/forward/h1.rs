@@ -18,11 +18,11 @@ use tokio::time::Instant;
 use weir_config::{Encoding, Upstream, UpstreamServer};
 
 use super::body::{self, PumpError};
-use super::driver::{Attempt, Exchange, Miss};
+use super::driver::{Accepted, Attempt, Exchange, Miss};
 use super::relay::Broke;
 use super::{Failure, Reached};
 use crate::buffer::Buffer;
-use crate::codec::http1::{parse_response, ResponseHead};
+use crate::codec::http1::{parse_response, BodyFraming, ResponseHead};
 use crate::connector::{connect_server, PoolKey, TlsUpstream, UpstreamStream, WriteHalf};
 use crate::error::ProxyError;
 use crate::filters::upgrade::Offered;
@@ -47,6 +47,19 @@ pub(crate) struct RequestMeta {
     /// `http2.max_informational`, their stream dropping those past its own bounds in
     /// `http2::interim`); one more fails the response.
     pub max_informational: u32,
+}
+
+impl RequestMeta {
+    /// How a reply (an answer from the cache) goes to this HTTP/1.x client;
+    /// `keep_alive`: the connection stays open after it.
+    pub fn sending(&self, keep_alive: bool) -> crate::files::Sending {
+        crate::files::Sending {
+            is_head: self.is_head,
+            http10: self.http10,
+            accepted: self.accepted,
+            keep_alive,
+        }
+    }
 }
 
 /// Where a try reads its response head into, and its bounds.
@@ -161,6 +174,27 @@ pub(crate) async fn obtain(
         m.connect.observe(started.elapsed());
     }
     Ok((stream, false))
+}
+
+/// After a cache's stored entry answered instead of the upstream's response `resp` (its
+/// head consumed from `up_buf`): its connection (`sent`) is pooled when `resp` has no body
+/// (nothing of it is left to read).
+pub(crate) fn pool_after_answer(
+    x: &Exchange<'_>,
+    accepted: &Accepted<'_, ()>,
+    (up_buf, resp): (&Buffer, &ResponseHead),
+    (stream, request_done): (UpstreamStream, bool),
+) {
+    let bodiless = matches!(resp.framing, BodyFraming::None | BodyFraming::Length(0));
+    if resp.keeps_alive() && request_done && bodiless && up_buf.is_empty() {
+        reuse(
+            x,
+            accepted.server,
+            accepted.metrics,
+            stream,
+            accepted.head_at,
+        );
+    }
 }
 
 /// Pools `stream` (to `server`) idle since `idle_from`, when the exchange left it clean:

@@ -17,6 +17,7 @@ use h2::RecvStream;
 use tokio::io::AsyncWrite;
 use weir_config::UpstreamServer;
 
+use super::files::respond_stream;
 use super::interim::{Bounds, ClientStream, Relayed};
 use super::respond::{head_from_http1, relay_body, Sinking};
 use super::scratch::ExchangeScratch;
@@ -29,10 +30,13 @@ use crate::filters::compression;
 use crate::filters::upgrade::Offered;
 use crate::forward::body::BodyState;
 use crate::forward::driver::{drive, Attempt, Exchange, Miss, Sender, Tries};
-use crate::forward::h1::{reuse, send_streaming, send_whole, Interim, Reading, RequestMeta};
+use crate::forward::h1::{
+    pool_after_answer, reuse, send_streaming, send_whole, Interim, Reading, RequestMeta,
+};
 use crate::forward::head::{coding, plan_http1, Edits};
 use crate::forward::relay::{
-    at_hand, relay, Broke, Coding, H2Source, Http1Sink, Http1Source, Peer, Piece, Sink, Source,
+    at_hand, relay, Broke, Coding, H2Source, Http1Sink, Http1Source, Peer, Piece, Recording, Sink,
+    Source,
 };
 use crate::forward::request_head::{render_response_rules, write_upstream_head};
 use crate::forward::{Failure, Reached, Target};
@@ -55,6 +59,9 @@ pub struct StreamRequest<'a> {
     /// A field map to fill with the response's (the request's, its allocations kept):
     /// taken by the first response head built, an empty map after that.
     pub spare: &'a std::cell::Cell<http::HeaderMap>,
+    /// A route cache's miss, while its exchange with an HTTP/1.1 upstream may use it
+    /// (`http2::filling`).
+    pub fill: Cell<Option<Box<crate::cache::Fill>>>,
 }
 
 /// What the access log and metrics learn from the exchange.
@@ -118,9 +125,12 @@ impl StreamRequest<'_> {
         }
     }
 
-    /// Appends the upstream HTTP/1.1 head for `server` (`forward::request_head`).
+    /// Appends the upstream HTTP/1.1 head for `server` (`forward::request_head`), with a
+    /// cache miss's conditional lines.
     pub(crate) fn write_head(&self, out: &mut Vec<u8>, server: &UpstreamServer) -> Offered {
-        write_upstream_head(out, &self.request, self.path, &self.target, server)
+        let offered = write_upstream_head(out, &self.request, self.path, &self.target, server);
+        self.push_conditions(out);
+        offered
     }
 
     /// Forwards the request and relays the response. On `Err` nothing final was sent
@@ -188,6 +198,12 @@ impl StreamRequest<'_> {
             Err(stop) => return Err(stopped(stop, Reached::Nothing, trace)),
         };
         let ((mut stream, request_done), accepted) = accepted.take();
+        if let Some(reply) = self.answer_instead((up_buf, resp), &accepted) {
+            pool_after_answer(&x, &accepted, (up_buf, resp), (stream, request_done));
+            let under = crate::files::Under::of_target(&self.target);
+            let answered = respond_stream(respond, &self.request, under, reply, trace);
+            return Box::pin(answered).await;
+        }
         let mut lines = Vec::new();
         let mut edits = self.edits(&mut lines, accepted.server);
         edits.cookie = accepted.set_cookie();
@@ -250,7 +266,8 @@ impl StreamRequest<'_> {
         let arrived = self.worker.h2_scratch.copy(up.buf.filled());
         let is_head = self.request.req.is_head;
         edits.plan = plan_http1(route, up.buf.filled(), resp, is_head, self.accepted());
-        let head = head_from_http1(resp, &arrived, &edits, self.spare.take());
+        let mut head = head_from_http1(resp, &arrived, &edits, self.spare.take());
+        let mut recorder = self.admit(up.buf.filled(), resp, &mut head);
         up.buf.consume(resp.head_len);
         // The usual small response: its body all at hand, nothing to frame or check.
         let at_hand = at_hand(edits.plan.encoding, resp, up.buf);
@@ -288,12 +305,29 @@ impl StreamRequest<'_> {
             };
             let at = resp.head_len;
             let whole = at_hand.map(|n| arrived.slice(at..at + n));
-            let relayed = relay_body(send, &mut source, sink, coding.as_mut(), whole).await;
+            let relayed = match recorder.as_mut() {
+                None => relay_body(send, &mut source, sink, coding.as_mut(), whole).await,
+                Some(recorder) => {
+                    if let Some(whole) = &whole {
+                        recorder.record(whole);
+                    }
+                    let mut recording = Recording {
+                        inner: &mut source,
+                        recorder,
+                    };
+                    // Boxed: a route without `cache` keeps the exchange's state as before.
+                    let relaying = relay_body(send, &mut recording, sink, coding.as_mut(), whole);
+                    Box::pin(relaying).await
+                }
+            };
             trace.compressed = coding.as_ref().map(Coding::compressed);
             relayed?;
             if let Some(n) = at_hand {
                 source.buf.consume(n);
             }
+        }
+        if let Some(recorder) = recorder {
+            recorder.finish();
         }
         Ok(body_with_head)
     }

@@ -1,5 +1,5 @@
-//! A static-file reply (`files::Reply`) on an HTTP/2 or HTTP/3 client's stream, sent as an
-//! HTTP/1.1 upstream's response is (`exchange::respond_http1`): the head through the
+//! A reply (`files::Reply`: a static file's, or a cache entry's) on an HTTP/2 or HTTP/3
+//! client's stream, sent as an HTTP/1.1 upstream's response is (`exchange::respond_http1`): the head through the
 //! route's `Edits` (`respond::head_from_http1`), the body through the one relay into the
 //! stream (`respond::ResponseStream`), compressed when the route's plan says so.
 
@@ -52,6 +52,9 @@ pub(crate) async fn respond_stream<R: ResponseStream>(
     let empty = matches!(resp.framing, BodyFraming::None | BodyFraming::Length(0));
     trace.status = resp.status;
     trace.local = true;
+    if reply.cache.is_some() {
+        trace.cache = reply.cache;
+    }
     let sink = Sinking {
         edits: &edits,
         trace: &mut *trace,

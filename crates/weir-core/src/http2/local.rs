@@ -107,12 +107,7 @@ pub(crate) fn answer_response<'o>(
             headers.append(name, value);
         }
     }
-    // A cached entry's body is not in the rendered bytes.
-    let body = match answer.body(is_head) {
-        Some(body) => &body[..],
-        None => &rendered[head.head_len..],
-    };
-    Ok((response, body))
+    Ok((response, &rendered[head.head_len..]))
 }
 
 /// The `grpc-message` of `answer` (sent with `status` and `body`): a failure's description

@@ -21,6 +21,7 @@ pub(crate) mod budget;
 mod conn;
 pub(crate) mod exchange;
 pub(crate) mod files;
+pub(crate) mod filling;
 mod frames;
 mod gather;
 mod grpc;

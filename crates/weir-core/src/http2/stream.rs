@@ -20,7 +20,6 @@ use super::stream_log::{StreamConn, StreamLog};
 use super::upstream::H2Facts;
 use super::websocket::new_key;
 use crate::answer::Answer;
-use crate::cache::CacheResult;
 use crate::codec::http1::fill_written;
 use crate::codec::http1::RequestHead;
 use crate::error::ProxyError;
@@ -221,18 +220,13 @@ impl Stream<'_> {
                 &traced
             }
         };
-        let target = match decision {
-            // A cache miss is forwarded; storing what an HTTP/2 client's upstream sends is
-            // not done yet (the response is relayed, uncached).
-            Decision::Forward(target, fill) => {
-                trace.cache = fill.map(|_| CacheResult::Miss);
-                target
-            }
+        let (target, fill) = match decision {
+            Decision::Forward(target, fill) => (target, fill),
             Decision::Answer(answer) => {
                 let timeout = routing.listener().http2.stall_timeout;
                 return (route, answer_with(answer, r, timeout, respond, trace).await);
             }
-            Decision::Files(reply) => {
+            Decision::Reply(reply) => {
                 let under = crate::files::Under::of(routing.listener(), route);
                 let sent = super::files::respond_stream(respond, r, under, *reply, trace);
                 return (route, Box::pin(sent).await);
@@ -246,6 +240,7 @@ impl Stream<'_> {
             path: &path,
             spare: self.spare,
             relayed: Relayed::default(),
+            fill: Cell::new(None),
         };
         if let Some((protocol, key)) = self.tunnel {
             // The client's fields are only for an HTTP/2 upstream's request: not kept for
@@ -257,7 +252,15 @@ impl Stream<'_> {
             return (route, tunnel.await);
         }
         r.continue_if_asked(body.is_some(), respond);
-        let result = match carrier(Protocol::Http2, r.target.upstream) == Carrier::Http2 {
+        let carrier = carrier(Protocol::Http2, r.target.upstream);
+        if let Some(fill) = fill {
+            // Boxed: a route without `cache` keeps the stream's state as before.
+            let answered = Box::pin(r.before_forward((fill, carrier), respond, trace)).await;
+            if let Some(answered) = answered {
+                return (route, answered);
+            }
+        }
+        let result = match carrier == Carrier::Http2 {
             true => Box::pin(r.forward_h2(self.facts, parts, body, respond, trace)).await,
             false => {
                 // The request's field map, emptied, takes the response's fields (two
@@ -268,6 +271,10 @@ impl Stream<'_> {
                 self.spare.set(headers);
                 r.forward(body, respond, trace).await
             }
+        };
+        let result = match r.fill.take() {
+            None => result,
+            Some(fill) => Box::pin(r.after_forward(fill, result, respond, trace)).await,
         };
         (route, result)
     }
@@ -282,9 +289,6 @@ async fn answer_with(
     trace: &mut Trace,
 ) -> Result<(), Failure> {
     trace.local = answer.is_local();
-    if let Answer::Cached(_) = answer {
-        trace.cache = Some(CacheResult::Hit);
-    }
     let vars = answer.vars(r);
     let sent = send_answer(respond, &answer, &vars, r.req.is_head, timeout, trace);
     sent.await.map_err(Failure::after_head)

@@ -16,13 +16,13 @@ use crate::connector::UpstreamStream;
 use crate::error::ProxyError;
 use crate::forward::body::BodyState;
 use crate::forward::driver::drive;
-use crate::forward::h1::reuse;
+use crate::forward::filling::relay_recorded;
+use crate::forward::h1::{pool_after_answer, reuse};
 use crate::forward::head::{coding, plan_http1};
-use crate::forward::relay::{
-    at_hand, relay, Broke, Coding, Http1Source, Peer, Piece, Sink, Source,
-};
+use crate::forward::relay::{at_hand, Broke, Coding, Http1Source, Peer, Piece, Sink, Source};
 use crate::forward::{Failure, Reached};
 use crate::http2::exchange::{StreamRequest, StreamSender, Trace};
+use crate::http2::files::respond_stream;
 use crate::http2::respond::head_from_http1;
 use crate::request::LastTry;
 use bytes::Bytes;
@@ -98,6 +98,11 @@ async fn exchange(
     trace.upstream_time = last_try.upstream_time;
     trace.body_in = body_in.get();
     let ((mut stream, request_done), accepted) = accepted?.take();
+    if let Some(reply) = r.answer_instead((up_buf, resp), &accepted) {
+        pool_after_answer(&x, &accepted, (up_buf, resp), (stream, request_done));
+        let under = crate::files::Under::of_target(&r.target);
+        return Box::pin(respond_stream(send, &r.request, under, reply, trace)).await;
+    }
     let mut lines = Vec::new();
     let mut edits = r.edits(&mut lines, accepted.server);
     edits.cookie = accepted.set_cookie();
@@ -143,7 +148,8 @@ async fn respond(
     let arrived = r.worker.h2_scratch.copy(up.buf.filled());
     let is_head = r.request.req.is_head;
     edits.plan = plan_http1(route, up.buf.filled(), resp, is_head, r.accepted());
-    let head = head_from_http1(resp, &arrived, &edits, http::HeaderMap::new());
+    let mut head = head_from_http1(resp, &arrived, &edits, http::HeaderMap::new());
+    let mut recorder = r.admit(up.buf.filled(), resp, &mut head);
     up.buf.consume(resp.head_len);
     let at_hand = at_hand(edits.plan.encoding, resp, up.buf);
     let state = BodyState::new(resp.framing, true, None).keeping_trailers();
@@ -182,22 +188,30 @@ async fn respond(
             .map_err(Broke::Sink),
         (false, Some(n)) => {
             let at = resp.head_len;
-            let whole = Piece::Bytes(arrived.slice(at..at + n));
-            let sent = sink.data(whole, true).await.map_err(Broke::Sink);
+            let whole = arrived.slice(at..at + n);
+            if let Some(recorder) = recorder.as_mut() {
+                recorder.record(&whole);
+            }
+            let sent = sink
+                .data(Piece::Bytes(whole), true)
+                .await
+                .map_err(Broke::Sink);
             source.buf.consume(n);
             sent
         }
-        (false, None) => relay(&mut source, &mut sink, coding.as_mut()).await,
+        (false, None) => {
+            let recording = recorder.as_mut();
+            relay_recorded(&mut source, &mut sink, coding.as_mut(), recording).await
+        }
     };
     trace.compressed = coding.as_ref().map(Coding::compressed);
-    match relayed {
-        Ok(()) => Ok(body_with_head),
-        Err(Broke::Source(e) | Broke::Sink(e)) => {
-            send.stop_stream(h3::error::Code::H3_INTERNAL_ERROR);
-            Err(Failure {
-                error: e,
-                reached: Reached::Head,
-            })
-        }
+    if let Err(Broke::Source(error) | Broke::Sink(error)) = relayed {
+        send.stop_stream(h3::error::Code::H3_INTERNAL_ERROR);
+        let reached = Reached::Head;
+        return Err(Failure { error, reached });
     }
+    if let Some(recorder) = recorder {
+        recorder.finish();
+    }
+    Ok(body_with_head)
 }

@@ -17,7 +17,6 @@ use super::conn::Conn;
 use super::exchange::{forward, Body};
 use super::upstream::forward_h2;
 use crate::answer::Answer;
-use crate::cache::CacheResult;
 use crate::codec::http1::{fill_written, RequestHead};
 use crate::error::ProxyError;
 use crate::filters::headers::Vars;
@@ -192,18 +191,11 @@ async fn run(
             ..request
         },
     };
-    let (route, target) = match decision {
-        // A cache miss is forwarded; an HTTP/3 client's response is not stored (not done yet).
-        (route, Decision::Forward(target, fill)) => {
-            log.trace.cache = fill.map(|_| CacheResult::Miss);
-            (route, target)
-        }
+    let (route, target, fill) = match decision {
+        (route, Decision::Forward(target, fill)) => (route, target, fill),
         (route, Decision::Answer(answer)) => {
             log.route = route;
             log.trace.local = answer.is_local();
-            if let Answer::Cached(_) = answer {
-                log.trace.cache = Some(CacheResult::Hit);
-            }
             let vars = answer.vars(&request);
             let sent = send_answer(send, &answer, &vars, req.is_head, listener, &mut log.trace);
             return sent.await.map_err(Failure::after_head);
@@ -212,7 +204,7 @@ async fn run(
             log.route = route;
             return Err(error.into());
         }
-        (route, Decision::Files(reply)) => {
+        (route, Decision::Reply(reply)) => {
             log.route = route;
             let under = crate::files::Under::of(listener, route);
             let sent = respond_stream(send, &request, under, *reply, &mut log.trace);
@@ -228,14 +220,29 @@ async fn run(
         path: &path,
         spare: &spare,
         relayed: Relayed::default(),
+        fill: Cell::new(None),
     };
-    if carrier(Protocol::Http3, target.upstream) == Carrier::Http2 {
+    let carrier = carrier(Protocol::Http3, target.upstream);
+    if let Some(fill) = fill {
+        // Boxed: a route without `cache` keeps the stream's state as before.
+        let answered = Box::pin(r.before_forward((fill, carrier), send, &mut log.trace)).await;
+        if let Some(answered) = answered {
+            return answered;
+        }
+    }
+    let result = match carrier == Carrier::Http2 {
         // Boxed, as for HTTP/2 clients: the stream task's future is as large as its
         // largest path.
-        let client_side = (send, quic);
-        return Box::pin(forward_h2(&r, client, body, client_side, &mut log.trace)).await;
+        true => {
+            let client_side = (&mut *send, quic);
+            Box::pin(forward_h2(&r, client, body, client_side, &mut log.trace)).await
+        }
+        false => forward(&r, body, send, &mut log.trace).await,
+    };
+    match r.fill.take() {
+        None => result,
+        Some(fill) => Box::pin(r.after_forward(fill, result, send, &mut log.trace)).await,
     }
-    forward(&r, body, send, &mut log.trace).await
 }
 
 /// Sends Weir's own `answer` on the stream (its body left out for a HEAD request; to a

@@ -16,7 +16,6 @@ use weir_config::Listener;
 use super::route::{Decision, Routing};
 use super::{record, ClientSide, Counters, Done, Handled};
 use crate::answer::Answer;
-use crate::cache::CacheResult;
 use crate::client::{ClientConn, NextRequest};
 use crate::client_stream::ClientStream;
 use crate::codec::http1::write::Persistence;
@@ -311,9 +310,9 @@ async fn handle(
             local: answer.is_local(),
             result: local_response(listener, conn, req, keep_alive, &answer, resp).await,
         },
-        Decision::Files(reply) => {
+        Decision::Reply(reply) => {
             let under = crate::files::Under::of(listener, route);
-            // Boxed: a file's sending is not part of every request's state.
+            // Boxed: a reply's sending is not part of every request's state.
             let sent = crate::files::respond_http1(conn, req, under, *reply, keep_alive, resp);
             Handled {
                 route,
@@ -356,17 +355,10 @@ async fn local_response(
     let persistence = Persistence::of(keep_alive, req.minor_version == 0);
     let mut out = std::mem::take(&mut conn.out);
     resp.status = answer.status();
-    if let Answer::Cached(_) = answer {
-        conn.current.cache = Some(CacheResult::Hit);
-    }
     let request = conn.request(req);
     let bytes = answer.render(&mut out, persistence, req.is_head, &answer.vars(&request));
     conn.buf.consume(req.head_len + consumed);
-    let written = match answer.body(req.is_head) {
-        None => conn.write_all(bytes, listener).await,
-        // Boxed: only a cache's hit has a body of its own.
-        Some(body) => Box::pin(conn.write_with_body(bytes, body, listener)).await,
-    };
+    let written = conn.write_all(bytes, listener).await;
     conn.out = out;
     written.map_err(Failure::after_head)?;
     Ok(keep_alive)

@@ -17,6 +17,7 @@
 //! protocol adds an adapter, a response source a `Decision` and a body `Source`.
 
 mod http1;
+mod revalidate;
 pub mod route;
 
 use weir_config::Listener;

@@ -6,9 +6,9 @@
 //! Order: `max_body_size` (413), a pending ACME HTTP-01 token (before `redirect_https`:
 //! validation comes on port 80), `redirect_https`, path normalisation (400), the router
 //! (none: the default response), the rewrite check, the route's admission filters
-//! (`policy`: 403, 429, 401), the route's cache (a fresh entry answers; `cache`), then
-//! the route's target (`files`: a file's reply, or the route's upstream when no file
-//! answers).
+//! (`policy`: 403, 429, 401), the route's target (`files`: a file's reply, or the
+//! route's upstream when no file answers), then the route's cache (a fresh entry
+//! answers, as a reply; `cache`).
 
 use weir_config::{Listener, Route};
 
@@ -18,7 +18,8 @@ use crate::codec::http1::BodyFraming;
 use crate::error::ProxyError;
 use crate::files::Lookup;
 use crate::filters::rewrite::check_join;
-use crate::forward::Target;
+use crate::forward::{carrier, Carrier, Target};
+use crate::metrics::shard::Protocol;
 use crate::request::Request;
 use crate::router::{RequestView, RoutedPath};
 use crate::snapshot::{ListenerPlan, RoutePlan, Snapshot};
@@ -32,8 +33,9 @@ pub enum Decision<'a> {
     Forward(Target<'a>, Option<Box<Fill>>),
     /// Weir answers it.
     Answer(Answer<'a>),
-    /// The route's files answer it (`files`; boxed: the other decisions stay small).
-    Files(Box<crate::files::Reply>),
+    /// A source that is not an upstream answers it: the route's files, or a fresh entry
+    /// of its cache (boxed: the other decisions stay small).
+    Reply(Box<crate::files::Reply>),
     /// Refused with this error's status.
     Refuse(ProxyError),
 }
@@ -100,18 +102,16 @@ impl<'a> Routing<'a> {
                 return (route, Decision::Answer(Answer::Redirect(redirect)))
             }
             RoutePlan::Files(files) => match files.lookup(self.worker, r, routed) {
-                Lookup::Reply(reply) => return (route, Decision::Files(Box::new(reply))),
+                Lookup::Reply(reply) => return (route, Decision::Reply(Box::new(reply))),
                 Lookup::Upstream(upstream) => upstream,
             },
         };
         let fill = match &config.filters.cache {
             None => None,
             Some(cache) => {
-                let store = &self.snapshot.caches[cache.store];
-                match crate::cache::lookup(r, path.get(raw_path), cache, store) {
-                    CacheLookup::Hit(hit) => return (route, Decision::Answer(Answer::Cached(hit))),
-                    CacheLookup::Miss(fill) => Some(fill),
-                    CacheLookup::Bypass => None,
+                match self.through_cache(r, path.get(raw_path), cache, (index, upstream)) {
+                    Ok(fill) => fill,
+                    Err(answered) => return (route, answered),
                 }
             }
         };
@@ -119,6 +119,34 @@ impl<'a> Routing<'a> {
             route,
             Decision::Forward(self.target(config, upstream), fill),
         )
+    }
+
+    /// The route `route`'s `cache` for `r` (`routed`: its normalised path and query),
+    /// before it goes to `upstream`: a fresh entry's reply, or a stale one's with its
+    /// revalidation started in the background (`Err`); else the miss's fill, if its
+    /// response may be stored. Out of line: a route without `cache` keeps `decide` small.
+    #[inline(never)]
+    fn through_cache(
+        &self,
+        r: &Request<'_>,
+        routed: &[u8],
+        cache: &weir_config::RouteCache,
+        (route, upstream): (usize, usize),
+    ) -> Result<Option<Box<Fill>>, Decision<'a>> {
+        let store = &self.snapshot.caches[cache.store];
+        let up = &self.snapshot.config.upstreams[upstream];
+        let background = carrier(Protocol::Http1, up) == Carrier::Http1;
+        match crate::cache::lookup(r, routed, cache, store, background) {
+            CacheLookup::Hit(reply) => Err(Decision::Reply(reply)),
+            CacheLookup::Stale(reply, revalidation) => {
+                if let Some(fill) = revalidation {
+                    super::revalidate::start(self, r, (route, upstream), fill);
+                }
+                Err(Decision::Reply(reply))
+            }
+            CacheLookup::Miss(fill) => Ok(Some(fill)),
+            CacheLookup::Bypass => Ok(None),
+        }
     }
 
     /// The trace of the request (`request` presents it only when asked), routed to
@@ -137,7 +165,7 @@ impl<'a> Routing<'a> {
     }
 
     /// The route's upstream `upstream_index`, with its pool plan and the listener's limits.
-    fn target(&self, route: &'a Route, upstream_index: usize) -> Target<'a> {
+    pub(crate) fn target(&self, route: &'a Route, upstream_index: usize) -> Target<'a> {
         let slots = self.snapshot.slots.listeners.get(self.listener);
         Target {
             listener: self.listener(),

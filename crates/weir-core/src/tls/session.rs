@@ -8,7 +8,7 @@ use super::facts::{CertFacts, HEX};
 use super::ListenerTls;
 
 /// The TLS facts of one client connection.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct TlsSession {
     /// `TLSv1.2` or `TLSv1.3`.
     pub version: &'static str,

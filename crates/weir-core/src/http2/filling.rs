@@ -1,0 +1,206 @@
+//! A route cache's miss on an HTTP/2 or HTTP/3 client's stream, as for HTTP/1.x clients
+//! (`forward::exchange::forward_filling`): answered from the entry another request is
+//! fetching (collapsed forwarding) or a large disk entry read first; else forwarded, the
+//! [`Fill`] in `StreamRequest::fill` for the exchange with an HTTP/1.1 upstream (its
+//! conditional lines in the upstream head, the response stored beside the client's
+//! relay, or a stored entry answering instead of a `304` or a 5xx), and a stale entry
+//! answering for a failure nothing was sent for. Every answer from the store is a
+//! `files::Reply`, sent on the stream as a static file's (`respond_stream`). The same
+//! exchange, with no client, revalidates a stale entry in the background
+//! ([`StreamRequest::fetch_for_store`], `proxy::revalidate`).
+
+use std::time::Instant;
+
+use crate::buffer::Buffer;
+use crate::cache::{CacheResult, Cause, Fill, Recorder};
+use crate::codec::http1::ResponseHead;
+use crate::error::ProxyError;
+use crate::files::{BodySource, Reply, Under};
+use crate::forward::body::BodyState;
+use crate::forward::driver::{drive, Accepted};
+use crate::forward::exchange::push_before_end;
+use crate::forward::h1::{pool_after_answer, reuse, NoInterim};
+use crate::forward::relay::{relay, Broke, Http1Sink, Http1Source, Peer, Recording};
+use crate::forward::{Carrier, Failure, Reached};
+use crate::request::LastTry;
+
+use super::exchange::{StreamRequest, StreamSender, Trace};
+use super::files::respond_stream;
+use super::respond::ResponseStream;
+use super::scratch::ExchangeScratch;
+
+impl StreamRequest<'_> {
+    /// Before a route cache's miss (`fill`) is forwarded over `carrier`: the answer, if
+    /// the store has one now (another request's fetch, a large disk entry read); else the
+    /// fill is kept for the exchange with an HTTP/1.1 upstream (an HTTP/2 upstream's
+    /// response is not stored yet: the fill is let go, requests waiting for it go upstream
+    /// themselves) and `None`: forward it.
+    pub(crate) async fn before_forward<R: ResponseStream>(
+        &self,
+        (mut fill, carrier): (Box<Fill>, Carrier),
+        respond: &mut R,
+        trace: &mut Trace,
+    ) -> Option<Result<(), Failure>> {
+        trace.cache = Some(CacheResult::Miss);
+        if let Some(reply) = fill.collapse().await {
+            let under = Under::of_target(&self.target);
+            return Some(respond_stream(respond, &self.request, under, reply, trace).await);
+        }
+        if carrier == Carrier::Http1 {
+            self.fill.set(Some(fill));
+        }
+        None
+    }
+
+    /// After the miss's exchange (`result`) with the fill still unused
+    /// ([`StreamRequest::before_forward`]): a failure nothing was sent for is answered from
+    /// the stale entry when it may be (`stale-if-error`, `serve_stale_on`).
+    pub(crate) async fn after_forward<R: ResponseStream>(
+        &self,
+        fill: Box<Fill>,
+        result: Result<(), Failure>,
+        respond: &mut R,
+        trace: &mut Trace,
+    ) -> Result<(), Failure> {
+        let failure = match result {
+            Err(failure) if failure.reached == Reached::Nothing => failure,
+            other => return other,
+        };
+        let stale = Cause::of(failure.error).and_then(|cause| fill.stale_answer(cause));
+        let Some(reply) = stale else {
+            return Err(failure);
+        };
+        let under = Under::of_target(&self.target);
+        respond_stream(respond, &self.request, under, reply, trace).await
+    }
+}
+
+impl StreamRequest<'_> {
+    /// The conditional lines of the miss's stale entry, for the upstream head (empty: none).
+    pub(crate) fn push_conditions(&self, out: &mut Vec<u8>) {
+        let Some(fill) = self.fill.take() else {
+            return;
+        };
+        push_before_end(out, fill.conditional_lines());
+        self.fill.set(Some(fill));
+    }
+
+    /// The stored entry that answers instead of the HTTP/1.1 upstream's response `resp`
+    /// (its head in `up_buf`, consumed then): a `304` that refreshed it, a 5xx it answers
+    /// for; the try counts with the upstream's status. `None`: the response is relayed.
+    pub(crate) fn answer_instead(
+        &self,
+        (up_buf, resp): (&mut Buffer, &ResponseHead),
+        accepted: &Accepted<'_, ()>,
+    ) -> Option<Reply> {
+        let fill = self.fill.take()?;
+        let Some(reply) = fill.answer_instead(up_buf.filled(), resp) else {
+            self.fill.set(Some(fill));
+            return None;
+        };
+        accepted.count(Ok(resp.status));
+        up_buf.consume(resp.head_len);
+        Some(reply)
+    }
+
+    /// The recorder of the HTTP/1.1 upstream's response `resp` (its head in `buf`), if
+    /// the miss may store it; its `Cache-Status` goes into `head`, the client's.
+    pub(crate) fn admit(
+        &self,
+        buf: &[u8],
+        resp: &ResponseHead,
+        head: &mut http::Response<()>,
+    ) -> Option<Box<Recorder>> {
+        let fill = self.fill.take()?;
+        if let Some(value) = fill.status_value() {
+            let value = http::HeaderValue::from_static(value);
+            head.headers_mut().append("cache-status", value);
+        }
+        // A stream's body pieces come decoded (`BodyState::new(.., true, ..)`).
+        fill.admit(buf, resp, true)
+    }
+}
+
+impl StreamRequest<'_> {
+    /// Fetches the key of the fill for the store alone, no client waiting (a stale entry's
+    /// revalidation in the background): the driver's tries to an HTTP/1.1 upstream, then a
+    /// `304` refreshes the entry, or the response is stored if it may be (its body read to
+    /// its end); anything else leaves the entry as it is.
+    pub(crate) async fn fetch_for_store(&self) {
+        let mut up_buf = self.worker.take_buffer();
+        let mut scratch = self.worker.h2_scratch.take_exchange();
+        let fetched = self.fetch(&mut up_buf, &mut scratch).await;
+        if let Err(e) = fetched {
+            tracing::debug!(error = %e, "cache: background revalidation failed");
+        }
+        self.worker.h2_scratch.give_exchange(scratch);
+        self.worker.give_buffer(up_buf);
+    }
+
+    async fn fetch(
+        &self,
+        up_buf: &mut Buffer,
+        scratch: &mut ExchangeScratch,
+    ) -> Result<(), ProxyError> {
+        let ExchangeScratch { out, resp, timer } = scratch;
+        let x = self.exchange_of();
+        let mut last_try = LastTry::default();
+        let mut sender = StreamSender {
+            r: self,
+            x: &x,
+            body: None::<BodySource<'static>>,
+            up_buf: &mut *up_buf,
+            out,
+            resp: &mut *resp,
+            timer,
+            interim: NoInterim,
+        };
+        let accepted = drive(&x, &mut sender, self.request.started, &mut last_try).await;
+        let (sent, accepted) = accepted.map_err(|f| f.error)?.take();
+        let (mut stream, request_done) = sent;
+        accepted.count(Ok(resp.status));
+        let Some(fill) = self.fill.take() else {
+            return Ok(());
+        };
+        // A 304 refreshes the entry (a 5xx leaves it as it is: nobody is answered).
+        if resp.status == 304 && fill.refresh(up_buf.filled(), resp).is_some() {
+            up_buf.consume(resp.head_len);
+            pool_after_answer(&x, &accepted, (up_buf, resp), (stream, request_done));
+            return Ok(());
+        }
+        let recorder = fill.admit(up_buf.filled(), resp, true);
+        let Some(mut recorder) = recorder else {
+            return Ok(());
+        };
+        up_buf.consume(resp.head_len);
+        let state = BodyState::new(resp.framing, true, None);
+        let timeout = self.target.upstream.response_timeout;
+        let mut source = Http1Source::new(&mut stream, up_buf, state, timeout, Peer::Upstream);
+        let mut recording = Recording {
+            inner: &mut source,
+            recorder: &mut recorder,
+        };
+        let (mut discard, mut sent) = (tokio::io::sink(), 0);
+        let mut sink = Http1Sink {
+            writer: &mut discard,
+            timeout,
+            sent: &mut sent,
+            head: &[],
+            chunked: false,
+            trailers: None,
+        };
+        let relayed = relay(&mut recording, &mut sink, None).await;
+        relayed.map_err(|(Broke::Source(e) | Broke::Sink(e))| e)?;
+        recorder.finish();
+        if resp.keeps_alive() && request_done && up_buf.is_empty() {
+            reuse(
+                &x,
+                accepted.server,
+                accepted.metrics,
+                stream,
+                Instant::now(),
+            );
+        }
+        Ok(())
+    }
+}
