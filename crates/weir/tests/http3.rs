@@ -278,7 +278,10 @@ async fn retry_validates_addresses_past_the_threshold_and_quic_is_counted() {
     );
     let mut c = connect_to(&ca, weir.addr, NAME).await;
     assert_eq!(get(&mut c.send, NAME, "/").await.expect("GET").status, 200);
-    assert_eq!(weir.metric("weir_http3_retries_total{listener=\"web\"}"), 1);
+    // At least one: on a loaded machine the client may resend its first Initial before the
+    // Retry reaches it, and that copy (without a token) is answered with a Retry too.
+    let retries = weir.metric("weir_http3_retries_total{listener=\"web\"}");
+    assert!(retries >= 1, "{retries} Retry packets");
     assert_eq!(
         weir.metric("weir_http3_handshakes_total{listener=\"web\"}"),
         1
