@@ -1,7 +1,8 @@
 //! HTTP/3 flood defences, with the HTTP/2 budgets of the listener (`http2.reset_budget`,
 //! `glitch_budget`): a client that resets request streams in a loop (rapid reset), opens
 //! unidirectional streams past the three HTTP/3 needs, or sends frames on its control
-//! stream after SETTINGS, is closed with H3_EXCESSIVE_LOAD once past the budget, and
+//! stream after SETTINGS, is closed with H3_EXCESSIVE_LOAD once past the budget (one
+//! control-stream frame longer than 16 KiB at once), and
 //! counted in `weir_http3_client_resets_total`, `weir_http3_glitches_total` and
 //! `weir_http3_excessive_load_closes_total`. Each attacker is a real QUIC client (quinn,
 //! and the h3 client for requests), writing its own frames where h3 would not.
@@ -138,4 +139,24 @@ async fn an_ordinary_connection_stays_within_the_default_budgets() {
         counter(&weir, "weir_http3_glitches_total") <= 1,
         "a grease stream at most"
     );
+}
+
+#[tokio::test]
+async fn a_control_frame_declaring_a_huge_length_closes_the_connection_at_once() {
+    let ca = TestCa::new("h3 CA");
+    let (weir, _backend) = start(&ca, "");
+    let (_endpoint, connection) = quic_connect(weir.addr, NAME, &ca.client_config())
+        .await
+        .expect("connect");
+    let mut control = connection.open_uni().await.expect("control stream");
+    // The control stream's type, an empty SETTINGS, then a reserved frame (type 0x21)
+    // declaring 2^40 bytes (an 8-byte varint), and the first 64 KiB of its payload: h3
+    // would buffer the payload until all of it came.
+    control
+        .write_all(&[0x00, 0x04, 0x00, 0x21, 0xc0, 0, 0, 0x01, 0, 0, 0, 0])
+        .await
+        .expect("frame header");
+    let _ = control.write_all(&[0; 64 * 1024]).await;
+    closed_for_excessive_load(&connection).await;
+    assert_eq!(counter(&weir, "weir_http3_excessive_load_closes_total"), 1);
 }

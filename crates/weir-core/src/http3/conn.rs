@@ -77,11 +77,20 @@ impl Conn {
         }
         let was = budget.is_exceeded();
         if budget.record(Instant::now()) && !was {
-            if let Some(m) = metrics {
-                m.excessive_load_closes.inc();
-            }
-            self.quic.close(H3_EXCESSIVE_LOAD.into(), why);
+            self.overload(why);
         }
+    }
+
+    /// Closes the connection with H3_EXCESSIVE_LOAD (`why` its reason), counted in
+    /// `weir_http3_excessive_load_closes_total`.
+    pub fn overload(&self, why: &[u8]) {
+        if self.quic.close_reason().is_some() {
+            return;
+        }
+        if let Some(m) = self.worker.metrics.listener(self.slot) {
+            m.http3.excessive_load_closes.inc();
+        }
+        self.quic.close(H3_EXCESSIVE_LOAD.into(), why);
     }
 }
 

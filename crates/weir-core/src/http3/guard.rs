@@ -3,8 +3,11 @@
 //! (control and QPACK's two; more are reserved or unknown types, which h3 stops and
 //! forgets, so a client could open them without end), and frames on the control stream
 //! after its SETTINGS (GOAWAY, MAX_PUSH_ID, CANCEL_PUSH and unknown types, which h3
-//! ignores). Each is a glitch of the connection (`Conn::glitch`). Request streams pass
-//! untouched: the watch costs nothing per request.
+//! ignores). Each is a glitch of the connection (`Conn::glitch`). A control-stream frame
+//! longer than [`MAX_CONTROL_FRAME`] closes the connection at once (`Conn::overload`):
+//! h3 buffers a frame's whole payload before it decodes it, so one frame declaring 2^40
+//! bytes would grow its buffer at line rate for the connection's life. Request streams
+//! pass untouched: the watch costs nothing per request.
 
 use std::rc::Rc;
 use std::task::{Context, Poll};
@@ -113,8 +116,10 @@ impl quic::RecvStream for Watched {
     ) -> Poll<Result<Option<Bytes>, StreamErrorIncoming>> {
         let polled = self.inner.poll_data(cx);
         if let Poll::Ready(Ok(Some(data))) = &polled {
-            for _ in 0..self.frames.feed(data.chunk()) {
-                self.conn.glitch();
+            match self.frames.feed(data.chunk()) {
+                Ok(frames) => (0..frames).for_each(|_| self.conn.glitch()),
+                // h3 is handed this chunk still; the closed connection ends the stream.
+                Err(TooLong) => self.conn.overload(b"control frame too large"),
             }
         }
         polled
@@ -154,9 +159,20 @@ enum Step {
 /// The control stream's type (RFC 9114 6.2.1).
 const CONTROL_STREAM: u64 = 0x00;
 
+/// The longest control-stream frame a client may send, in bytes. What HTTP/3 puts there
+/// is small (a SETTINGS frame of a few dozen parameters, GOAWAY and MAX_PUSH_ID one
+/// integer, PRIORITY_UPDATE a short field value); h3 buffers a frame's whole payload, so
+/// this bounds the control stream's memory.
+pub(super) const MAX_CONTROL_FRAME: u64 = 16 * 1024;
+
+/// A control-stream frame declared longer than [`MAX_CONTROL_FRAME`].
+#[derive(Debug, PartialEq)]
+struct TooLong;
+
 impl Frames {
-    /// Reads `bytes`; returns how many frames past the first began in them.
-    fn feed(&mut self, mut bytes: &[u8]) -> u64 {
+    /// Reads `bytes`; returns how many frames past the first began in them, or `TooLong`
+    /// once a frame's length passes [`MAX_CONTROL_FRAME`] (the stream is not read on).
+    fn feed(&mut self, mut bytes: &[u8]) -> Result<u64, TooLong> {
         let before = self.seen.max(1);
         while !bytes.is_empty() {
             match self.step {
@@ -180,6 +196,10 @@ impl Frames {
                             self.seen += 1;
                             Step::FrameLength
                         }
+                        _ if value > MAX_CONTROL_FRAME => {
+                            self.step = Step::Other;
+                            return Err(TooLong);
+                        }
                         _ => Step::Payload(value),
                     };
                     if let Step::Payload(0) = self.step {
@@ -188,7 +208,7 @@ impl Frames {
                 }
             }
         }
-        self.seen.max(1) - before
+        Ok(self.seen.max(1) - before)
     }
 }
 
@@ -232,24 +252,42 @@ mod tests {
             0x00, 0x04, 0x02, 0x01, 0x02, 0x40, 0x21, 0x03, 9, 9, 9, 0x07, 0x01, 0,
         ];
         let mut whole = Frames::default();
-        assert_eq!(whole.feed(&bytes), 2);
+        assert_eq!(whole.feed(&bytes), Ok(2));
         for cut in 1..bytes.len() {
             let mut split = Frames::default();
-            let n = split.feed(&bytes[..cut]) + split.feed(&bytes[cut..]);
+            let n = split.feed(&bytes[..cut]).unwrap() + split.feed(&bytes[cut..]).unwrap();
             assert_eq!(n, 2, "cut at {cut}");
         }
         // One byte at a time, with an empty frame in the middle.
         let mut bytewise = Frames::default();
         let more = [0x00, 0x04, 0x00, 0x21, 0x00, 0x21, 0x00];
-        let n: u64 = more.iter().map(|b| bytewise.feed(&[*b])).sum();
+        let n: u64 = more.iter().map(|b| bytewise.feed(&[*b]).unwrap()).sum();
         assert_eq!(n, 2);
+    }
+
+    #[test]
+    fn a_control_frame_longer_than_the_bound_is_refused_at_its_length() {
+        // SETTINGS, then a reserved frame (0x21) declaring 2^40 bytes (an 8-byte varint).
+        let huge = [0x00, 0x04, 0x00, 0x21, 0xc0, 0, 0, 0x01, 0, 0, 0, 0];
+        for cut in 1..huge.len() {
+            let mut split = Frames::default();
+            let fed = split
+                .feed(&huge[..cut])
+                .and_then(|_| split.feed(&huge[cut..]));
+            assert_eq!(fed, Err(TooLong), "cut at {cut}");
+        }
+        // At the bound: read on.
+        let mut at = Frames::default();
+        assert_eq!(at.feed(&[0x00, 0x04, 0x00, 0x21, 0x80, 0, 0x40, 0]), Ok(1));
+        assert_eq!(at.feed(&[0; MAX_CONTROL_FRAME as usize]), Ok(0));
+        assert_eq!(at.feed(&[0x21, 0x80, 0, 0x40, 1]), Err(TooLong));
     }
 
     #[test]
     fn other_streams_are_not_read() {
         let mut qpack = Frames::default();
-        assert_eq!(qpack.feed(&[0x02, 0x00, 0x04, 0x00, 0x04, 0x00]), 0);
+        assert_eq!(qpack.feed(&[0x02, 0x00, 0x04, 0x00, 0x04, 0x00]), Ok(0));
         let mut grease = Frames::default();
-        assert_eq!(grease.feed(&[0x40, 0x21, 0x00, 0x04, 0x00]), 0);
+        assert_eq!(grease.feed(&[0x40, 0x21, 0x00, 0x04, 0x00]), Ok(0));
     }
 }
