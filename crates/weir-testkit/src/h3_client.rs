@@ -71,6 +71,25 @@ pub async fn connect(
     over(connection, endpoint).await
 }
 
+/// [`connect_to`] with the client's `SETTINGS_MAX_FIELD_SECTION_SIZE` at `max` (the
+/// largest head it takes).
+pub async fn connect_limited(
+    ca: &crate::certs::TestCa,
+    addr: SocketAddr,
+    server_name: &str,
+    max: u64,
+) -> H3Client {
+    let (endpoint, connection) = quic_connect(addr, server_name, &ca.client_config())
+        .await
+        .expect("QUIC connection");
+    let h3_conn = h3_quinn::Connection::new(connection.clone());
+    let built = h3::client::builder()
+        .max_field_section_size(max)
+        .build(h3_conn)
+        .await;
+    driven(built.expect("HTTP/3 connection"), connection, endpoint)
+}
+
 /// [`connect`] trusting `ca`; panics when it cannot (for tests).
 pub async fn connect_to(
     ca: &crate::certs::TestCa,
@@ -110,16 +129,28 @@ async fn over(
     endpoint: quinn::Endpoint,
 ) -> Result<H3Client, String> {
     let h3_conn = h3_quinn::Connection::new(connection.clone());
-    let (mut driver, send) = h3::client::new(h3_conn).await.map_err(|e| e.to_string())?;
+    let built = h3::client::new(h3_conn).await.map_err(|e| e.to_string())?;
+    Ok(driven(built, connection, endpoint))
+}
+
+/// The client whose connection `driver` runs in a task of its own.
+fn driven(
+    (mut driver, send): (
+        h3::client::Connection<h3_quinn::Connection, Bytes>,
+        H3Sender,
+    ),
+    connection: quinn::Connection,
+    endpoint: quinn::Endpoint,
+) -> H3Client {
     let driver = tokio::spawn(async move {
         let _ = std::future::poll_fn(|cx| driver.poll_close(cx)).await;
     });
-    Ok(H3Client {
+    H3Client {
         send,
         connection,
         _endpoint: endpoint,
         driver,
-    })
+    }
 }
 
 /// A client that keeps the TLS sessions its connections get and resumes them with 0-RTT

@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use weir_testkit::certs::{Leaf, TestCa};
-use weir_testkit::h3_client::{connect_to, get};
+use weir_testkit::h3_client::{connect_limited, connect_to, get};
 use weir_testkit::{wait_until_async, Backend, H2Backend};
 
 use common::{single, tls_table, Conf, Weir};
@@ -51,6 +51,30 @@ async fn early_hints_from_an_http1_upstream_reach_the_h3_client() {
         assert!(!hints.contains_key(hop), "{hop}: {hints:?}");
     }
     assert_eq!((r.status, r.text().as_str()), (200, "ok"));
+}
+
+#[tokio::test]
+async fn early_hints_larger_than_the_clients_limit_are_skipped_and_cost_no_reset() {
+    let ca = TestCa::new("h3 CA");
+    let leaf = ca.leaf(&[NAME]);
+    // A 103 of about 2 KiB, to a client that takes heads of 1 KiB at most.
+    let link = "</a.css>; rel=preload, ".repeat(100);
+    let response = format!(
+        "HTTP/1.1 103 Early Hints\r\nLink: {link}\r\n\r\n\
+         HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+    );
+    let backend = Backend::raw_response(response.as_bytes());
+    let conf = single(backend.addr()).listener("http2 = { reset_budget = 2 }");
+    let weir = start(conf, &leaf);
+    let mut c = connect_limited(&ca, weir.addr, NAME, 1024).await;
+    // Past the reset budget, were each skipped head a reset: the connection stays.
+    for _ in 0..5 {
+        let r = get(&mut c.send, NAME, "/page").await.expect("GET");
+        assert!(r.interims.is_empty(), "{:?}", r.interims);
+        assert_eq!((r.status, r.text().as_str()), (200, "ok"));
+    }
+    let resets = weir.metric("weir_http3_client_resets_total{listener=\"web\"}");
+    assert_eq!(resets, 0);
 }
 
 #[tokio::test]

@@ -298,8 +298,9 @@ pub(crate) const TOO_MANY_INFORMATIONAL: ProxyError =
     ProxyError::UpstreamMalformed("too many informational responses");
 
 /// Where the 1xx heads read before the final one go: an HTTP/1.1 client's socket (any
-/// writer), or an HTTP/2 client's stream (`http2::interim`). Each relay returns whether
-/// the client got the head (an HTTP/2 stream may skip one); `Err`: the client is gone.
+/// writer), or an HTTP/2 or HTTP/3 client's stream (`http2::interim`, `http3::interim`).
+/// Each relay returns whether the client got the head (a stream may skip one); `Err`: the
+/// client cannot be answered any more, and why (`ClientClosed`: it left).
 pub(crate) trait Interim {
     /// Relays an HTTP/1.1 upstream's 1xx head `resp`, whose bytes are `head`, within
     /// `timeout`.
@@ -308,13 +309,13 @@ pub(crate) trait Interim {
         head: &[u8],
         resp: &ResponseHead,
         timeout: Duration,
-    ) -> impl std::future::Future<Output = Result<bool, ()>>;
+    ) -> impl std::future::Future<Output = Result<bool, ProxyError>>;
 
     /// Relays an HTTP/2 upstream's 1xx head.
     fn relay_h2(
         &mut self,
         head: http::Response<()>,
-    ) -> impl std::future::Future<Output = Result<bool, ()>>;
+    ) -> impl std::future::Future<Output = Result<bool, ProxyError>>;
 }
 
 /// An HTTP/1.1 client's socket: an HTTP/1.1 upstream's 1xx head as it came, an HTTP/2
@@ -327,15 +328,20 @@ pub(crate) struct Http1Interim<'w, W> {
 }
 
 impl<W: AsyncWrite + Unpin> Interim for Http1Interim<'_, W> {
-    async fn relay(&mut self, head: &[u8], _: &ResponseHead, _: Duration) -> Result<bool, ()> {
+    async fn relay(
+        &mut self,
+        head: &[u8],
+        _: &ResponseHead,
+        _: Duration,
+    ) -> Result<bool, ProxyError> {
         *self.informed = true;
         body::write_all(self.writer, head, &[], self.timeout)
             .await
             .map(|()| true)
-            .map_err(|_| ())
+            .map_err(|_| ProxyError::ClientClosed)
     }
 
-    async fn relay_h2(&mut self, head: http::Response<()>) -> Result<bool, ()> {
+    async fn relay_h2(&mut self, head: http::Response<()>) -> Result<bool, ProxyError> {
         let mut out = Vec::with_capacity(128);
         super::h2::write_interim(&mut out, &head);
         self.relay(&out, &ResponseHead::default(), self.timeout)
@@ -347,11 +353,11 @@ impl<W: AsyncWrite + Unpin> Interim for Http1Interim<'_, W> {
 pub(crate) struct NoInterim;
 
 impl Interim for NoInterim {
-    async fn relay(&mut self, _: &[u8], _: &ResponseHead, _: Duration) -> Result<bool, ()> {
+    async fn relay(&mut self, _: &[u8], _: &ResponseHead, _: Duration) -> Result<bool, ProxyError> {
         Ok(false)
     }
 
-    async fn relay_h2(&mut self, _: http::Response<()>) -> Result<bool, ()> {
+    async fn relay_h2(&mut self, _: http::Response<()>) -> Result<bool, ProxyError> {
         Ok(false)
     }
 }
@@ -420,7 +426,7 @@ where
             let head = &rd.up_buf.filled()[..rd.resp.head_len];
             let relayed = client.relay(head, rd.resp, rd.client_timeout).await;
             // Err: the HTTP/1.1 client may have part of the head (so, `interim_sent`).
-            interim_sent |= relayed.map_err(|_| fail(ProxyError::ClientClosed, true, true))?;
+            interim_sent |= relayed.map_err(|e| fail(e, true, true))?;
         }
         rd.up_buf.consume(rd.resp.head_len);
     }

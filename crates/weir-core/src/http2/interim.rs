@@ -171,14 +171,19 @@ impl Resettable for &ClientStream<'_> {
 /// head only); an HTTP/2 upstream's as they came. A client gone ends the wait
 /// through its reset (`gone`), not here.
 impl Interim for &ClientStream<'_> {
-    async fn relay(&mut self, head: &[u8], resp: &ResponseHead, _: Duration) -> Result<bool, ()> {
+    async fn relay(
+        &mut self,
+        head: &[u8],
+        resp: &ResponseHead,
+        _: Duration,
+    ) -> Result<bool, ProxyError> {
         match informational(head, resp) {
-            Some(response) => self.send(response),
+            Some(response) => self.send(response).map_err(|()| ProxyError::ClientClosed),
             None => Ok(false),
         }
     }
 
-    async fn relay_h2(&mut self, head: Response<()>) -> Result<bool, ()> {
+    async fn relay_h2(&mut self, head: Response<()>) -> Result<bool, ProxyError> {
         Ok(self.send(head).unwrap_or(false))
     }
 }

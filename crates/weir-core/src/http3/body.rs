@@ -9,6 +9,7 @@ use std::cell::Cell;
 use std::time::Duration;
 
 use bytes::{Buf, Bytes};
+use h3::error::StreamError;
 use h3::server::RequestStream;
 
 use crate::error::ProxyError;
@@ -24,6 +25,27 @@ pub(crate) type RecvHalf = RequestStream<h3_quinn::RecvStream, Bytes>;
 /// The sending half of a request stream.
 pub(crate) type SendHalf = RequestStream<h3_quinn::SendStream<Bytes>, Bytes>;
 
+/// What a failed read or write on a client's stream means for the exchange. Only a
+/// stream the client terminated (RESET_STREAM, STOP_SENDING) or a connection that closed
+/// is `ClientClosed`, which a stream spends the connection's reset budget on (`conn`; not
+/// when the connection closed): a send h3 refused on its own (a head over the client's
+/// `SETTINGS_MAX_FIELD_SECTION_SIZE`, a broken stream) is no reset by the client.
+pub(crate) fn client_error(e: StreamError) -> ProxyError {
+    match e {
+        StreamError::RemoteTerminate { .. } | StreamError::ConnectionError { .. } => {
+            ProxyError::ClientClosed
+        }
+        _ => ProxyError::ClientIo(std::io::ErrorKind::Other),
+    }
+}
+
+/// A send that had `stall` for the client's credit: its outcome for the exchange.
+pub(crate) fn sent<E>(within: Result<Result<(), StreamError>, E>) -> Result<(), ProxyError> {
+    within
+        .map_err(|_| ProxyError::ClientTimeout)?
+        .map_err(client_error)
+}
+
 /// Reads the next non-empty DATA payload within `timeout`; `None`: the body ended.
 pub(crate) async fn next_data(
     body: &mut RecvHalf,
@@ -32,7 +54,7 @@ pub(crate) async fn next_data(
     loop {
         match with_timeout(timeout, body.recv_data()).await {
             Err(_) => return Err(ProxyError::ClientTimeout),
-            Ok(Err(_)) => return Err(ProxyError::ClientClosed),
+            Ok(Err(e)) => return Err(client_error(e)),
             Ok(Ok(None)) => return Ok(None),
             Ok(Ok(Some(mut data))) => {
                 let data = data.copy_to_bytes(data.remaining());
@@ -90,7 +112,7 @@ impl Source for H3Source<'_> {
     async fn trailers(&mut self) -> Result<Trailers<'_>, ProxyError> {
         match with_timeout(self.timeout, self.body.recv_trailers()).await {
             Err(_) => Err(ProxyError::ClientTimeout),
-            Ok(Err(_)) => Err(ProxyError::ClientClosed),
+            Ok(Err(e)) => Err(client_error(e)),
             // The h3 crate does not check trailer fields as the h2 one does: what HTTP/2
             // forbids (connection-specific fields) would fail an HTTP/2 upstream's stream,
             // and what may not be a trailer (RFC 9110 6.5.1) is not passed on.
@@ -116,10 +138,7 @@ pub(crate) struct H3Sink<'s> {
 
 impl H3Sink<'_> {
     async fn finish(&mut self) -> Result<(), ProxyError> {
-        let finished = with_timeout(self.stall, self.send.finish()).await;
-        finished
-            .map_err(|_| ProxyError::ClientTimeout)?
-            .map_err(|_| ProxyError::ClientClosed)
+        sent(with_timeout(self.stall, self.send.finish()).await)
     }
 }
 
@@ -150,9 +169,7 @@ impl Sink for H3Sink<'_> {
         };
         if let Some(fields) = fields {
             let status = self.trace.grpc_status_in(&fields);
-            let sent = with_timeout(self.stall, self.send.send_trailers(fields)).await;
-            sent.map_err(|_| ProxyError::ClientTimeout)?
-                .map_err(|_| ProxyError::ClientClosed)?;
+            sent(with_timeout(self.stall, self.send.send_trailers(fields)).await)?;
             self.trace.sent_grpc_status(status);
         }
         self.finish().await
@@ -199,9 +216,7 @@ pub(crate) async fn send_data(
     data: Bytes,
     stall: Duration,
 ) -> Result<(), ProxyError> {
-    let sent = with_timeout(stall, send.send_data(data)).await;
-    sent.map_err(|_| ProxyError::ClientTimeout)?
-        .map_err(|_| ProxyError::ClientClosed)
+    sent(with_timeout(stall, send.send_data(data)).await)
 }
 
 /// Sends a response head, waiting at most `stall` for the client's flow-control credit (a
@@ -212,7 +227,5 @@ pub(crate) async fn send_head(
     head: http::Response<()>,
     stall: Duration,
 ) -> Result<(), ProxyError> {
-    let sent = with_timeout(stall, send.send_response(head)).await;
-    sent.map_err(|_| ProxyError::ClientTimeout)?
-        .map_err(|_| ProxyError::ClientClosed)
+    sent(with_timeout(stall, send.send_response(head)).await)
 }

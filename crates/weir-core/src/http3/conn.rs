@@ -53,7 +53,8 @@ impl Conn {
         &self.quic
     }
 
-    /// The client reset (or stopped) a request stream before Weir answered it.
+    /// The client reset (or stopped) a request stream before its response ended, or sent
+    /// a malformed head: not a send Weir gave up (`body::client_error`).
     pub fn reset_by_client(&self) {
         // Every stream fails with a connection that closed: those are no resets.
         if self.quic.close_reason().is_some() {

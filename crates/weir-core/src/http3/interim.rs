@@ -12,10 +12,14 @@ use std::time::Duration;
 
 use http::Response;
 
-use super::body::{send_head, SendHalf};
+use h3::error::StreamError;
+
+use super::body::{self, SendHalf};
 use crate::codec::http1::ResponseHead;
+use crate::error::ProxyError;
 use crate::forward::h1::Interim;
 use crate::http2::interim::{informational, Bounds, Relayed};
+use crate::time::with_timeout;
 
 /// A stream's sending half, shared by the wait for the final head and the 1xx relay.
 pub(super) type Shared<'s> = Cell<Option<&'s mut SendHalf>>;
@@ -30,9 +34,11 @@ pub(super) struct H3Interim<'a, 's> {
 }
 
 impl H3Interim<'_, '_> {
-    /// Sends `head` unless the bounds skip it. Returns whether it was sent; `Err`: the
-    /// stream is gone.
-    async fn send(&mut self, head: Response<()>) -> Result<bool, ()> {
+    /// Sends `head` unless the bounds skip it, or the client's
+    /// `SETTINGS_MAX_FIELD_SECTION_SIZE` does (h3 refuses such a head before writing any
+    /// of it: the stream goes on). Returns whether it was sent; `Err`: the stream cannot
+    /// be answered any more (`body::client_error`).
+    async fn send(&mut self, head: Response<()>) -> Result<bool, ProxyError> {
         if !self.relayed.admit(self.bounds, &head) {
             return Ok(false);
         }
@@ -40,23 +46,32 @@ impl H3Interim<'_, '_> {
             from: self.send,
             send: self.send.take(),
         };
+        // Never lent twice: the wait does not send while a 1xx head is sent.
         let Some(send) = lent.send.as_deref_mut() else {
-            return Err(());
+            return Ok(false);
         };
-        send_head(send, head, self.stall).await.map_err(|_| ())?;
-        Ok(true)
+        let sent = with_timeout(self.stall, send.send_response(head)).await;
+        match sent {
+            Ok(Err(StreamError::HeaderTooBig { .. })) => Ok(false),
+            sent => body::sent(sent).map(|()| true),
+        }
     }
 }
 
 impl Interim for H3Interim<'_, '_> {
-    async fn relay(&mut self, head: &[u8], resp: &ResponseHead, _: Duration) -> Result<bool, ()> {
+    async fn relay(
+        &mut self,
+        head: &[u8],
+        resp: &ResponseHead,
+        _: Duration,
+    ) -> Result<bool, ProxyError> {
         match informational(head, resp) {
             Some(response) => self.send(response).await,
             None => Ok(false),
         }
     }
 
-    async fn relay_h2(&mut self, head: Response<()>) -> Result<bool, ()> {
+    async fn relay_h2(&mut self, head: Response<()>) -> Result<bool, ProxyError> {
         // As for HTTP/2 clients: a client gone is noticed by the wait, not here.
         Ok(self.send(head).await.unwrap_or(false))
     }

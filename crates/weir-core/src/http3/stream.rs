@@ -12,7 +12,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use h3::error::Code;
 
-use super::body::{next_data, send_data, send_head, RecvHalf, SendHalf};
+use super::body::{next_data, send_data, send_head, sent, RecvHalf, SendHalf};
 use super::conn::Conn;
 use super::exchange::{forward, Body};
 use super::upstream::forward_h2;
@@ -264,10 +264,7 @@ async fn send_answer(
         send_data(send, Bytes::copy_from_slice(body), stall).await?;
         trace.body_out = body.len() as u64;
     }
-    let finished = crate::time::with_timeout(stall, send.finish()).await;
-    finished
-        .map_err(|_| ProxyError::ClientTimeout)?
-        .map_err(|_| ProxyError::ClientClosed)
+    sent(crate::time::with_timeout(stall, send.finish()).await)
 }
 
 /// Answers a failure nothing was sent for yet with its status (or stops the stream when

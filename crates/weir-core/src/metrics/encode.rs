@@ -128,7 +128,7 @@ pub(super) const HTTP3_FAMILIES: [(&str, &str, PickCounter); 13] = [
     ("weir_http3_refused", "QUIC connection attempts refused (at max_connections, or while draining).", |m| &m.http3.refused),
     ("weir_http3_retries", "QUIC Retry packets sent (address validation above retry_threshold handshakes per second).", |m| &m.http3.retries),
     ("weir_http3_streams", "HTTP/3 request streams served.", |m| &m.http3.streams),
-    ("weir_http3_client_resets", "HTTP/3 request streams the client reset or stopped before Weir answered them.", |m| &m.http3.client_resets),
+    ("weir_http3_client_resets", "HTTP/3 request streams the client reset or stopped (RESET_STREAM, STOP_SENDING) before the response ended.", |m| &m.http3.client_resets),
     ("weir_http3_glitches", "HTTP/3 client actions that carried no request (unidirectional streams past the three needed, control-stream frames after SETTINGS).", |m| &m.http3.glitches),
     ("weir_http3_excessive_load_closes", "HTTP/3 connections closed with H3_EXCESSIVE_LOAD (a reset or glitch budget exceeded).", |m| &m.http3.excessive_load_closes),
     ("weir_http3_sent_packets", "QUIC packets sent (counted when each connection closes).", |m| &m.http3.sent_packets),

@@ -397,7 +397,7 @@ pub struct Http3Metrics {
     pub retries: Counter,
     /// Request streams served.
     pub streams: Counter,
-    /// Request streams the client reset or stopped before Weir answered them.
+    /// Request streams the client reset or stopped before the response ended.
     pub client_resets: Counter,
     /// Client actions that carried no request (unidirectional streams past the three
     /// HTTP/3 needs, control-stream frames after SETTINGS).

@@ -222,7 +222,7 @@ async fn next_final<I: Interim>(
         }
         if bounds.relay {
             let sent = interim.relay_h2(head).await;
-            *relayed |= sent.map_err(|()| NoFinal::Failed(ProxyError::ClientClosed))?;
+            *relayed |= sent.map_err(NoFinal::Failed)?;
         }
     }
 }
