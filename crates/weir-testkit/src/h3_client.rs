@@ -71,22 +71,36 @@ pub async fn connect(
     over(connection, endpoint).await
 }
 
-/// [`connect_to`] with the client's `SETTINGS_MAX_FIELD_SECTION_SIZE` at `max` (the
-/// largest head it takes).
+/// What a client of [`connect_limited`] takes (`None`: the crates' defaults).
+#[derive(Default, Clone, Copy)]
+pub struct ClientLimits {
+    /// Its `SETTINGS_MAX_FIELD_SECTION_SIZE`: the largest head it takes.
+    pub max_field_section_size: Option<u64>,
+    /// The flow-control window it gives each stream (what Weir may send ahead of its
+    /// reading).
+    pub stream_window: Option<u32>,
+}
+
+/// [`connect_to`] with the client's `limits`.
 pub async fn connect_limited(
     ca: &crate::certs::TestCa,
     addr: SocketAddr,
     server_name: &str,
-    max: u64,
+    limits: ClientLimits,
 ) -> H3Client {
-    let (endpoint, connection) = quic_connect(addr, server_name, &ca.client_config())
-        .await
-        .expect("QUIC connection");
+    let mut transport = quinn::TransportConfig::default();
+    if let Some(window) = limits.stream_window {
+        transport.stream_receive_window(window.into());
+    }
+    let tls = ca.client_config();
+    let connected = quic_connect_with(addr, server_name, &tls, transport).await;
+    let (endpoint, connection) = connected.expect("QUIC connection");
     let h3_conn = h3_quinn::Connection::new(connection.clone());
-    let built = h3::client::builder()
-        .max_field_section_size(max)
-        .build(h3_conn)
-        .await;
+    let mut builder = h3::client::builder();
+    if let Some(max) = limits.max_field_section_size {
+        builder.max_field_section_size(max);
+    }
+    let built = builder.build(h3_conn).await;
     driven(built.expect("HTTP/3 connection"), connection, endpoint)
 }
 
@@ -107,9 +121,20 @@ pub async fn quic_connect(
     server_name: &str,
     tls: &rustls::ClientConfig,
 ) -> Result<(quinn::Endpoint, quinn::Connection), String> {
+    quic_connect_with(addr, server_name, tls, quinn::TransportConfig::default()).await
+}
+
+/// [`quic_connect`] with the client's `transport` settings.
+async fn quic_connect_with(
+    addr: SocketAddr,
+    server_name: &str,
+    tls: &rustls::ClientConfig,
+    transport: quinn::TransportConfig,
+) -> Result<(quinn::Endpoint, quinn::Connection), String> {
     let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(h3_tls(tls))
         .map_err(|e| e.to_string())?;
-    let config = quinn::ClientConfig::new(Arc::new(crypto));
+    let mut config = quinn::ClientConfig::new(Arc::new(crypto));
+    config.transport_config(Arc::new(transport));
     let local: SocketAddr = match addr {
         SocketAddr::V4(_) => "0.0.0.0:0".parse().expect("address"),
         SocketAddr::V6(_) => "[::]:0".parse().expect("address"),

@@ -9,8 +9,9 @@ mod common;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use http::Request;
 use weir_testkit::certs::{Leaf, TestCa};
-use weir_testkit::h3_client::{connect_limited, connect_to, get};
+use weir_testkit::h3_client::{connect_limited, connect_to, get, ClientLimits};
 use weir_testkit::{wait_until_async, Backend, H2Backend};
 
 use common::{single, tls_table, Conf, Weir};
@@ -66,7 +67,11 @@ async fn early_hints_larger_than_the_clients_limit_are_skipped_and_cost_no_reset
     let backend = Backend::raw_response(response.as_bytes());
     let conf = single(backend.addr()).listener("http2 = { reset_budget = 2 }");
     let weir = start(conf, &leaf);
-    let mut c = connect_limited(&ca, weir.addr, NAME, 1024).await;
+    let limits = ClientLimits {
+        max_field_section_size: Some(1024),
+        ..ClientLimits::default()
+    };
+    let mut c = connect_limited(&ca, weir.addr, NAME, limits).await;
     // Past the reset budget, were each skipped head a reset: the connection stays.
     for _ in 0..5 {
         let r = get(&mut c.send, NAME, "/page").await.expect("GET");
@@ -75,6 +80,47 @@ async fn early_hints_larger_than_the_clients_limit_are_skipped_and_cost_no_reset
     }
     let resets = weir.metric("weir_http3_client_resets_total{listener=\"web\"}");
     assert_eq!(resets, 0);
+}
+
+#[tokio::test]
+async fn a_1xx_head_cut_short_resets_its_stream_and_spares_the_connection() {
+    let ca = TestCa::new("h3 CA");
+    let leaf = ca.leaf(&[NAME]);
+    // A 103 of about 4 KiB, to a client that lets a stream have 1000 bytes unread.
+    let link = "</a.css>; rel=preload, ".repeat(180);
+    let response = format!(
+        "HTTP/1.1 103 Early Hints\r\nLink: {link}\r\n\r\n\
+         HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+    );
+    let backend = Backend::raw_response(response.as_bytes());
+    let conf = single(backend.addr()).listener("http2 = { stall_timeout = \"1s\" }");
+    let weir = start(conf, &leaf);
+    let limits = ClientLimits {
+        stream_window: Some(1000),
+        ..ClientLimits::default()
+    };
+    let mut c = connect_limited(&ca, weir.addr, NAME, limits).await;
+    // A response the client does not read: the 103 stops part-way for want of credit,
+    // and after the stall timeout Weir gives the request up (and would answer 408).
+    let req = Request::get(format!("https://{NAME}/stalled"))
+        .body(())
+        .expect("request");
+    let mut stalled = c.send.send_request(req).await.expect("request");
+    stalled.finish().await.expect("end of the request");
+    let counted = || {
+        let text = weir.metrics_text();
+        let mut lines = text.lines();
+        lines.any(|l| l.starts_with("weir_requests_total{") && l.contains("HTTP/3"))
+    };
+    // Generous: only a hang fails here (the stall timeout is 1 s).
+    let given_up = wait_until_async(Duration::from_secs(20), counted).await;
+    assert!(given_up, "the stalled request is over");
+    // The stream was reset, so it ends in an error, not a truncated frame...
+    let head = tokio::time::timeout(Duration::from_secs(10), stalled.recv_response()).await;
+    assert!(matches!(head, Ok(Err(_))), "{head:?}");
+    // ... and the connection, with every other stream on it, lives on.
+    let r = get(&mut c.send, NAME, "/next").await.expect("GET");
+    assert_eq!((r.status, r.text().as_str()), (200, "ok"));
 }
 
 #[tokio::test]

@@ -9,8 +9,10 @@ use std::cell::Cell;
 use std::time::Duration;
 
 use bytes::{Buf, Bytes};
-use h3::error::StreamError;
 use h3::server::RequestStream;
+
+use super::send::client_error;
+pub(crate) use super::send::SendHalf;
 
 use crate::error::ProxyError;
 use crate::forward::head::Edits;
@@ -22,29 +24,6 @@ use crate::time::with_timeout;
 
 /// The receiving half of a request stream.
 pub(crate) type RecvHalf = RequestStream<h3_quinn::RecvStream, Bytes>;
-/// The sending half of a request stream.
-pub(crate) type SendHalf = RequestStream<h3_quinn::SendStream<Bytes>, Bytes>;
-
-/// What a failed read or write on a client's stream means for the exchange. Only a
-/// stream the client terminated (RESET_STREAM, STOP_SENDING) or a connection that closed
-/// is `ClientClosed`, which a stream spends the connection's reset budget on (`conn`; not
-/// when the connection closed): a send h3 refused on its own (a head over the client's
-/// `SETTINGS_MAX_FIELD_SECTION_SIZE`, a broken stream) is no reset by the client.
-pub(crate) fn client_error(e: StreamError) -> ProxyError {
-    match e {
-        StreamError::RemoteTerminate { .. } | StreamError::ConnectionError { .. } => {
-            ProxyError::ClientClosed
-        }
-        _ => ProxyError::ClientIo(std::io::ErrorKind::Other),
-    }
-}
-
-/// A send that had `stall` for the client's credit: its outcome for the exchange.
-pub(crate) fn sent<E>(within: Result<Result<(), StreamError>, E>) -> Result<(), ProxyError> {
-    within
-        .map_err(|_| ProxyError::ClientTimeout)?
-        .map_err(client_error)
-}
 
 /// Reads the next non-empty DATA payload within `timeout`; `None`: the body ended.
 pub(crate) async fn next_data(
@@ -138,7 +117,7 @@ pub(crate) struct H3Sink<'s> {
 
 impl H3Sink<'_> {
     async fn finish(&mut self) -> Result<(), ProxyError> {
-        sent(with_timeout(self.stall, self.send.finish()).await)
+        self.send.finish(self.stall).await
     }
 }
 
@@ -147,7 +126,7 @@ impl Sink for H3Sink<'_> {
         let data = piece.into_bytes();
         let len = data.len() as u64;
         if len > 0 {
-            send_data(self.send, data, self.stall).await?;
+            self.send.send_data(data, self.stall).await?;
             self.trace.body_out += len;
         }
         if last {
@@ -169,7 +148,7 @@ impl Sink for H3Sink<'_> {
         };
         if let Some(fields) = fields {
             let status = self.trace.grpc_status_in(&fields);
-            sent(with_timeout(self.stall, self.send.send_trailers(fields)).await)?;
+            self.send.send_trailers(fields, self.stall).await?;
             self.trace.sent_grpc_status(status);
         }
         self.finish().await
@@ -186,7 +165,7 @@ impl ResponseStream for SendHalf {
         coding: Option<&mut Coding>,
     ) -> Result<(), Failure> {
         let stall = sinking.stall;
-        send_head(self, head, stall)
+        self.send_head(head, stall)
             .await
             .map_err(Failure::after_head)?;
         let mut sink = H3Sink {
@@ -208,24 +187,4 @@ impl ResponseStream for SendHalf {
             Failure::after_head(e)
         })
     }
-}
-
-/// Sends `data` as DATA, waiting at most `stall` for the client's credit.
-pub(crate) async fn send_data(
-    send: &mut SendHalf,
-    data: Bytes,
-    stall: Duration,
-) -> Result<(), ProxyError> {
-    sent(with_timeout(stall, send.send_data(data)).await)
-}
-
-/// Sends a response head, waiting at most `stall` for the client's flow-control credit (a
-/// client that never grants it must not hold the stream, or its upstream connection,
-/// forever).
-pub(crate) async fn send_head(
-    send: &mut SendHalf,
-    head: http::Response<()>,
-    stall: Duration,
-) -> Result<(), ProxyError> {
-    sent(with_timeout(stall, send.send_response(head)).await)
 }

@@ -240,6 +240,7 @@ async fn request(
         Err(_) => return,
     };
     let (send, recv) = stream.split();
+    let send = super::send::SendHalf::new(send);
     super::stream::serve(conn, (request, send, recv)).await;
 }
 

@@ -8,7 +8,7 @@
 use std::cell::Cell;
 use std::time::Instant;
 
-use super::body::{send_head, H3Sink, H3Source, RecvHalf, SendHalf};
+use super::body::{H3Sink, H3Source, RecvHalf, SendHalf};
 use super::interim::H3Interim;
 use crate::buffer::Buffer;
 use crate::codec::http1::{BodyFraming, ResponseHead};
@@ -170,7 +170,7 @@ async fn respond(
     trace.status = resp.status;
     let grpc_status = trace.grpc_status_in(head.headers());
     let listener = r.target.listener;
-    send_head(send, head, listener.http2.stall_timeout)
+    send.send_head(head, listener.http2.stall_timeout)
         .await
         .map_err(Failure::after_head)?;
     trace.sent_grpc_status(grpc_status);

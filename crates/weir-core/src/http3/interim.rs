@@ -5,21 +5,20 @@
 //!
 //! The stream's sending half is shared between the wait and this relay: it is lent out
 //! for each head ([`Lent`]) and given back when the send ends or is dropped (the wait may
-//! end first: a timeout, the client gone), so no borrow is held across an await.
+//! end first: a timeout, the client gone), so no borrow is held across an await. A head
+//! whose send failed or was dropped part-way leaves the stream reset, written no more
+//! (`send`): no final head or error answer follows it.
 
 use std::cell::Cell;
 use std::time::Duration;
 
 use http::Response;
 
-use h3::error::StreamError;
-
-use super::body::{self, SendHalf};
+use super::body::SendHalf;
 use crate::codec::http1::ResponseHead;
 use crate::error::ProxyError;
 use crate::forward::h1::Interim;
 use crate::http2::interim::{informational, Bounds, Relayed};
-use crate::time::with_timeout;
 
 /// A stream's sending half, shared by the wait for the final head and the 1xx relay.
 pub(super) type Shared<'s> = Cell<Option<&'s mut SendHalf>>;
@@ -50,11 +49,7 @@ impl H3Interim<'_, '_> {
         let Some(send) = lent.send.as_deref_mut() else {
             return Ok(false);
         };
-        let sent = with_timeout(self.stall, send.send_response(head)).await;
-        match sent {
-            Ok(Err(StreamError::HeaderTooBig { .. })) => Ok(false),
-            sent => body::sent(sent).map(|()| true),
-        }
+        send.send_informational(head, self.stall).await
     }
 }
 
@@ -72,8 +67,9 @@ impl Interim for H3Interim<'_, '_> {
     }
 
     async fn relay_h2(&mut self, head: Response<()>) -> Result<bool, ProxyError> {
-        // As for HTTP/2 clients: a client gone is noticed by the wait, not here.
-        Ok(self.send(head).await.unwrap_or(false))
+        // A failed send ends the wait: the stream is reset and takes no final head
+        // (`send`).
+        self.send(head).await
     }
 }
 

@@ -18,6 +18,7 @@ mod exchange;
 mod guard;
 mod handshake;
 mod interim;
+mod send;
 mod stream;
 mod upstream;
 

@@ -12,7 +12,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use h3::error::Code;
 
-use super::body::{next_data, send_data, send_head, sent, RecvHalf, SendHalf};
+use super::body::{next_data, RecvHalf, SendHalf};
 use super::conn::Conn;
 use super::exchange::{forward, Body};
 use super::upstream::forward_h2;
@@ -258,13 +258,13 @@ async fn send_answer(
     let mut out = Vec::new();
     let (response, body, grpc_status) = stream_answer(answer, vars, is_head, &mut out, trace)?;
     let stall = listener.http2.stall_timeout;
-    send_head(send, response, stall).await?;
+    send.send_head(response, stall).await?;
     trace.sent_grpc_status(grpc_status);
     if !body.is_empty() {
-        send_data(send, Bytes::copy_from_slice(body), stall).await?;
+        send.send_data(Bytes::copy_from_slice(body), stall).await?;
         trace.body_out = body.len() as u64;
     }
-    sent(crate::time::with_timeout(stall, send.finish()).await)
+    send.finish(stall).await
 }
 
 /// Answers a failure nothing was sent for yet with its status (or stops the stream when

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use http::request::Parts;
 
-use super::body::{send_head, H3Sink, H3Source, SendHalf};
+use super::body::{H3Sink, H3Source, SendHalf};
 use super::exchange::{forward, Body};
 use super::interim::{H3Interim, Shared};
 use crate::error::ProxyError;
@@ -122,7 +122,7 @@ impl ClientSide for H3Client<'_, '_> {
         let grpc_status = trace.grpc_status_in(answer.head.headers());
         let empty = answer.body.is_end_stream();
         let stall = answer.http2.stall_timeout;
-        send_head(send, answer.head, stall)
+        send.send_head(answer.head, stall)
             .await
             .map_err(Failure::after_head)?;
         trace.sent_grpc_status(grpc_status);
