@@ -136,16 +136,21 @@ impl TestCa {
     /// A rustls client config trusting this CA (default versions, no ALPN, no client
     /// certificate).
     pub fn client_config(&self) -> std::sync::Arc<rustls::ClientConfig> {
+        let config = rustls::ClientConfig::builder()
+            .with_root_certificates(self.roots())
+            .with_no_client_auth();
+        std::sync::Arc::new(config)
+    }
+
+    /// A root store trusting this CA only.
+    pub fn roots(&self) -> rustls::RootCertStore {
         use rustls_pki_types::pem::PemObject;
         let mut roots = rustls::RootCertStore::empty();
         let ca = rustls_pki_types::CertificateDer::from_pem_slice(self.cert_pem.as_bytes());
         roots
             .add(ca.expect("the CA's PEM"))
             .expect("the CA certificate");
-        let config = rustls::ClientConfig::builder()
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-        std::sync::Arc::new(config)
+        roots
     }
 
     /// A server certificate for `names` (DNS names, wildcards allowed, or IP addresses),

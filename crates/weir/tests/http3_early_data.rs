@@ -2,18 +2,21 @@
 //! requests sent in early data are served before Weir's handshake completes only when safe
 //! to replay (a GET, forwarded with `Early-Data: 1`); a POST gets 425 Too Early; once the
 //! handshake is done requests go through unmarked. Off by default: no session allows
-//! 0-RTT then.
+//! 0-RTT then. With it on, a ClientHello spanning two Initial packets still gives the
+//! connection its SNI.
 
 mod common;
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::Request;
 use tokio::net::UdpSocket;
 use tokio::sync::watch;
 use weir_testkit::certs::TestCa;
-use weir_testkit::h3_client::{get, request, H3Sender, Resuming};
+use weir_testkit::h3_client::{connect, get, request, H3Sender, Resuming};
 use weir_testkit::{wait_until_async, Backend};
 
 use common::{single, tls_table, Weir};
@@ -168,4 +171,112 @@ async fn zero_rtt_is_off_by_default() {
     let mut again = client.connect(weir.addr, NAME).await.expect("connect");
     let r = get(&mut again.send, NAME, "/").await.expect("GET");
     assert_eq!(r.status, 200);
+}
+
+/// A UDP relay from a QUIC client to Weir that holds the client's second datagram back a
+/// moment: a ClientHello spanning two Initial packets (a post-quantum key share) reaches
+/// Weir in two parts, so Weir has the connection before the whole hello.
+struct SplitHello {
+    addr: SocketAddr,
+    /// The client's Initial datagrams before Weir's first flight.
+    first_flight: Arc<AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl SplitHello {
+    async fn start(to: SocketAddr) -> SplitHello {
+        let front = UdpSocket::bind("127.0.0.1:0").await.expect("bind");
+        let back = Arc::new(UdpSocket::bind("127.0.0.1:0").await.expect("bind"));
+        back.connect(to).await.expect("connect");
+        let addr = front.local_addr().expect("address");
+        let first_flight = Arc::new(AtomicUsize::new(0));
+        let counted = first_flight.clone();
+        let task = tokio::spawn(async move {
+            let (mut client, mut sent, mut answered) = (None, 0, false);
+            let (mut up, mut down) = (vec![0; 65536], vec![0; 65536]);
+            loop {
+                tokio::select! {
+                    r = front.recv_from(&mut up) => {
+                        let Ok((n, from)) = r else { return };
+                        client = Some(from);
+                        // The first flight: the Initial datagrams (padded to 1200 bytes)
+                        // before Weir's first flight (its certificate, more than 1000).
+                        let initial = !answered && n >= 1200;
+                        if initial {
+                            sent += 1;
+                            counted.store(sent, Ordering::Relaxed);
+                        }
+                        let datagram = up[..n].to_vec();
+                        let back = back.clone();
+                        // The hello's second part comes late (a lossy path would do as
+                        // much); the rest goes at once.
+                        let late = initial && sent == 2;
+                        let delay = Duration::from_millis(if late { 300 } else { 0 });
+                        tokio::spawn(async move {
+                            tokio::time::sleep(delay).await;
+                            let _ = back.send(&datagram).await;
+                        });
+                    }
+                    r = back.recv(&mut down) => {
+                        let Ok(n) = r else { return };
+                        answered |= n > 1000;
+                        if let Some(to) = client {
+                            let _ = front.send_to(&down[..n], to).await;
+                        }
+                    }
+                }
+            }
+        });
+        SplitHello {
+            addr,
+            first_flight,
+            task,
+        }
+    }
+}
+
+impl Drop for SplitHello {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+#[tokio::test]
+async fn with_early_data_a_client_hello_in_two_packets_still_gives_the_sni() {
+    let dir = std::env::temp_dir().join(format!("weir-h3-sni-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join("access.log");
+    let ca = TestCa::new("h3 CA");
+    let leaf = ca.leaf(&[NAME]);
+    let backend = Backend::echo("e");
+    let weir = single(backend.addr())
+        .listener("http3 = { early_data = true }")
+        .listener(&format!(
+            "access_log = {{ format = \"json\", path = \"{}\" }}",
+            path.display()
+        ))
+        .listener(&tls_table(&[&leaf], ""))
+        .start();
+    let relay = SplitHello::start(weir.addr).await;
+    // A post-quantum key share only (1216 bytes for ML-KEM-768 alone): the ClientHello
+    // cannot fit one Initial packet.
+    let mut provider = rustls::crypto::aws_lc_rs::default_provider();
+    provider.kx_groups = vec![rustls::crypto::aws_lc_rs::kx_group::X25519MLKEM768];
+    let tls = rustls::ClientConfig::builder_with_provider(Arc::new(provider))
+        .with_safe_default_protocol_versions()
+        .expect("TLS versions")
+        .with_root_certificates(ca.roots())
+        .with_no_client_auth();
+    let connected = connect(relay.addr, NAME, &tls).await;
+    let mut c = connected.expect("HTTP/3 connection");
+    let r = get(&mut c.send, NAME, "/").await.expect("GET");
+    assert_eq!(r.status, 200);
+    let flight = relay.first_flight.load(Ordering::Relaxed);
+    assert!(flight >= 2, "the ClientHello spans {flight} datagram(s)");
+    let read = || std::fs::read_to_string(&path).unwrap_or_default();
+    let logged = wait_until_async(Duration::from_secs(10), || read().ends_with('\n')).await;
+    let line = read();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(logged, "no log line");
+    assert!(line.contains(&format!("\"sni\":\"{NAME}\"")), "{line}");
 }

@@ -24,6 +24,24 @@ pub(super) async fn start(
     limits: Limits,
 ) -> Option<(quinn::Connection, Option<ZeroRttAccepted>)> {
     if limits.early_data {
+        // The whole ClientHello first: it may span several Initial packets (a post-quantum
+        // key share, X25519MLKEM768, does), and until it is in there is no SNI for the
+        // connection's forwarded headers and log (`handshake_data` would be `None`).
+        let hello =
+            crate::time::with_timeout(limits.handshake_timeout, connecting.handshake_data());
+        let metrics = worker.metrics.listener(slot).map(|m| &m.http3);
+        let failed = match hello.await {
+            Ok(Ok(_)) => None,
+            Ok(Err(_)) => Some(metrics.map(|m| &m.handshake_failures)),
+            Err(_) => Some(metrics.map(|m| &m.handshake_timeouts)),
+        };
+        if let Some(counter) = failed {
+            if let Some(c) = counter {
+                c.inc();
+            }
+            // Dropping `connecting` closes the connection.
+            return None;
+        }
         // A server's conversion always succeeds (quinn: 0.5-RTT).
         match connecting.into_0rtt() {
             Ok((connection, accepted)) => return Some((connection, Some(accepted))),
