@@ -164,6 +164,11 @@ async fn early_data_serves_safe_methods_marked_and_answers_others_too_early() {
 
 #[tokio::test]
 async fn zero_rtt_is_off_by_default() {
+    // Control: the same client, with a session from a listener that has early data on,
+    // resumes it in 0-RTT (so what follows is not a client that could not).
+    let (on, _backend, control) = with_a_session("http3 = { early_data = true }").await;
+    let resumed = control.connect_early(on.addr, NAME).await;
+    assert!(resumed.is_ok(), "0-RTT with early_data on");
     let (weir, _backend, client) = with_a_session("http3 = true").await;
     // Resumed, but its session allows no early data.
     let early = client.connect_early(weir.addr, NAME).await;

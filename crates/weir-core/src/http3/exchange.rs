@@ -75,13 +75,7 @@ async fn exchange(
     });
     // The 1xx heads that come before the final one go to the client (`interim`).
     let shared = Cell::new(Some(&mut *send));
-    let interim = H3Interim {
-        send: &shared,
-        relayed: &r.relayed,
-        // Weir sends HTTP/3 clients no 100 of its own: an upstream's goes through.
-        bounds: r.interim_bounds(false),
-        stall: listener.http2.stall_timeout,
-    };
+    let interim = H3Interim::of(&shared, r);
     let mut sender = StreamSender {
         r,
         x: &x,

@@ -3,7 +3,7 @@
 //! (control and QPACK's two; more are reserved or unknown types, which h3 stops and
 //! forgets, so a client could open them without end), and frames on the control stream
 //! after its SETTINGS (GOAWAY, MAX_PUSH_ID, CANCEL_PUSH and unknown types, which h3
-//! ignores). Each is a glitch of the connection (`Conn::glitch`). A control-stream frame
+//! ignores; not PRIORITY_UPDATE, which browsers send). Each is a glitch of the connection (`Conn::glitch`). A control-stream frame
 //! longer than [`MAX_CONTROL_FRAME`] closes the connection at once (`Conn::overload`):
 //! h3 buffers a frame's whole payload before it decodes it, so one frame declaring 2^40
 //! bytes would grow its buffer at line rate for the connection's life. Request streams
@@ -159,6 +159,10 @@ enum Step {
 /// The control stream's type (RFC 9114 6.2.1).
 const CONTROL_STREAM: u64 = 0x00;
 
+/// PRIORITY_UPDATE frames (RFC 9218 7.1, 7.2: for a request and for a push stream):
+/// h3 ignores them, but they carry no abuse.
+const PRIORITY_UPDATE: [u64; 2] = [0xf0700, 0xf0701];
+
 /// The longest control-stream frame a client may send, in bytes. What HTTP/3 puts there
 /// is small (a SETTINGS frame of a few dozen parameters, GOAWAY and MAX_PUSH_ID one
 /// integer, PRIORITY_UPDATE a short field value); h3 buffers a frame's whole payload, so
@@ -193,7 +197,10 @@ impl Frames {
                         Step::StreamType if value == CONTROL_STREAM => Step::FrameType,
                         Step::StreamType => Step::Other,
                         Step::FrameType => {
-                            self.seen += 1;
+                            // Browsers send PRIORITY_UPDATE (RFC 9218) as they please.
+                            if !PRIORITY_UPDATE.contains(&value) {
+                                self.seen += 1;
+                            }
                             Step::FrameLength
                         }
                         _ if value > MAX_CONTROL_FRAME => {
@@ -281,6 +288,17 @@ mod tests {
         assert_eq!(at.feed(&[0x00, 0x04, 0x00, 0x21, 0x80, 0, 0x40, 0]), Ok(1));
         assert_eq!(at.feed(&[0; MAX_CONTROL_FRAME as usize]), Ok(0));
         assert_eq!(at.feed(&[0x21, 0x80, 0, 0x40, 1]), Err(TooLong));
+    }
+
+    #[test]
+    fn priority_updates_are_no_glitches() {
+        // SETTINGS, then PRIORITY_UPDATE (0xf0700, a 4-byte varint) with 3 bytes, twice.
+        let update = [0x80, 0x0f, 0x07, 0x00, 0x03, 0x00, b'u', b'1'];
+        let mut frames = Frames::default();
+        assert_eq!(frames.feed(&[0x00, 0x04, 0x00]), Ok(0));
+        assert_eq!(frames.feed(&update), Ok(0));
+        assert_eq!(frames.feed(&update), Ok(0));
+        assert_eq!(frames.feed(&[0x21, 0x00]), Ok(1));
     }
 
     #[test]

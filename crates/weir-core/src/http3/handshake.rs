@@ -2,7 +2,7 @@
 //! worker's `max_handshakes` places (shared with TLS over TCP, `tls::handshake`), counted
 //! by how it ended. With `early_data` (0-RTT) the connection is served while its handshake
 //! goes on, so that a resuming client's requests sent in 0-RTT are answered at once; each
-//! request that arrives before the handshake completes is early data
+//! request whose head is read before the handshake completes is early data
 //! ([`Confirmation::in_early_data`]) and takes the rule of `tls::early_data`.
 
 use std::cell::Cell;
@@ -68,12 +68,13 @@ pub(super) async fn watch(
         completed(connection).then_some(())
     };
     if bounded(worker, slot, done, limits).await.is_none() {
-        connection.close(H3_REQUEST_REJECTED.into(), b"handshake failed");
+        connection.close(H3_NO_ERROR.into(), b"handshake failed");
     }
 }
 
-/// HTTP/3's REQUEST_REJECTED (RFC 9114 8.1): nothing was processed.
-const H3_REQUEST_REJECTED: u32 = 0x10b;
+/// HTTP/3's NO_ERROR (RFC 9114 8.1): the connection closes on purpose (REQUEST_REJECTED
+/// is a stream error code, not a connection's).
+const H3_NO_ERROR: u32 = 0x100;
 
 /// Waits for `done` (a handshake's end: `None`, it failed) within `handshake_timeout`, in
 /// one of the worker's handshake places, as a TLS handshake over TCP does

@@ -18,6 +18,7 @@ use super::body::SendHalf;
 use crate::codec::http1::ResponseHead;
 use crate::error::ProxyError;
 use crate::forward::h1::Interim;
+use crate::http2::exchange::StreamRequest;
 use crate::http2::interim::{informational, Bounds, Relayed};
 
 /// A stream's sending half, shared by the wait for the final head and the 1xx relay.
@@ -25,14 +26,25 @@ pub(super) type Shared<'s> = Cell<Option<&'s mut SendHalf>>;
 
 /// The client's stream as the place an upstream's 1xx heads go.
 pub(super) struct H3Interim<'a, 's> {
-    pub send: &'a Shared<'s>,
-    pub relayed: &'a Relayed,
-    pub bounds: Bounds,
+    send: &'a Shared<'s>,
+    relayed: &'a Relayed,
+    bounds: Bounds,
     /// How long a head may wait for the client's flow-control credit.
-    pub stall: Duration,
+    stall: Duration,
 }
 
-impl H3Interim<'_, '_> {
+impl<'a, 's> H3Interim<'a, 's> {
+    /// The 1xx relay of request `r`'s stream, whose sending half is in `send`.
+    pub fn of(send: &'a Shared<'s>, r: &'a StreamRequest<'_>) -> H3Interim<'a, 's> {
+        H3Interim {
+            send,
+            relayed: &r.relayed,
+            // Weir sends HTTP/3 clients no 100 of its own: an upstream's goes through.
+            bounds: r.interim_bounds(false),
+            stall: r.target.listener.http2.stall_timeout,
+        }
+    }
+
     /// Sends `head` unless the bounds skip it, or the client's
     /// `SETTINGS_MAX_FIELD_SECTION_SIZE` does (h3 refuses such a head before writing any
     /// of it: the stream goes on). Returns whether it was sent; `Err`: the stream cannot

@@ -7,7 +7,7 @@
 
 use std::cell::Cell;
 use std::rc::Rc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use h3::error::Code;
@@ -55,22 +55,10 @@ pub(super) async fn serve(conn: Rc<Conn>, (request, mut send, mut recv): Resolve
         true => early_data::admit(parts.method.as_str().as_bytes(), &mut parts.headers),
         false => Ok(()),
     };
-    let Ok(length) = declared_length(&parts) else {
-        // Malformed (RFC 9114 4.1.2): a stream error.
-        send.stop_stream(Code::H3_MESSAGE_ERROR);
-        return conn.reset_by_client();
+    let start = body_start(&conn, &parts, &mut send, &mut recv, listener.client_timeout);
+    let Some((length, first, ended)) = start.await else {
+        return;
     };
-    let declared = length.map(|n| n > 0);
-    let first = match declared {
-        Some(_) => None,
-        None => match next_data(&mut recv, listener.client_timeout).await {
-            Ok(first) => first,
-            Err(ProxyError::ClientClosed) => return conn.reset_by_client(),
-            Err(_) => return,
-        },
-    };
-    // No body: a length of 0, or no length and the stream ended after the head.
-    let ended = !declared.unwrap_or(first.is_some());
     let RequestScratch {
         head: mut buf,
         mut req,
@@ -128,6 +116,40 @@ pub(super) async fn serve(conn: Rc<Conn>, (request, mut send, mut recv): Resolve
     log.record(&at, result, status, Instant::now() - started);
     let scratch = RequestScratch { head: buf, req };
     worker.h2_scratch.give_request(scratch);
+}
+
+/// Where the request's body starts: its declared length; when it declares none, its first
+/// DATA (read within `timeout`), since only that says whether a body comes; and whether
+/// there is none (a length of 0, or no length and the stream ended after the head).
+/// `None`: the stream is over (a malformed length: stopped; the client gone or slow).
+async fn body_start(
+    conn: &Conn,
+    parts: &http::request::Parts,
+    send: &mut SendHalf,
+    recv: &mut RecvHalf,
+    timeout: Duration,
+) -> Option<(Option<u64>, Option<Bytes>, bool)> {
+    let Ok(length) = declared_length(parts) else {
+        // Malformed (RFC 9114 4.1.2): a stream error.
+        send.stop_stream(Code::H3_MESSAGE_ERROR);
+        conn.reset_by_client();
+        return None;
+    };
+    let declared = length.map(|n| n > 0);
+    let first = match declared {
+        Some(_) => None,
+        None => match next_data(recv, timeout).await {
+            Ok(first) => first,
+            Err(e) => {
+                if e == ProxyError::ClientClosed {
+                    conn.reset_by_client();
+                }
+                return None;
+            }
+        },
+    };
+    let ended = !declared.unwrap_or(first.is_some());
+    Some((length, first, ended))
 }
 
 /// The request's `content-length`: `None` when it has none (a body may follow, or the

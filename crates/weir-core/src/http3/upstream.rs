@@ -23,7 +23,6 @@ use crate::forward::h2::relay_while_uploading;
 use crate::forward::relay::{relay, Broke, Coding, H2Source, Peer, Piece, Sink, Source};
 use crate::forward::Failure;
 use crate::http2::exchange::{StreamRequest, Trace};
-use crate::http2::interim::{Bounds, Relayed as Informed};
 use crate::http2::upstream::{Answer, ClientBody, ClientSide, H2Facts, Relayed};
 
 /// Forwards the stream's request `r` (the client's `parts`, its `body`) to an HTTP/2
@@ -40,10 +39,7 @@ pub(super) async fn forward_h2(
         quic,
         closed: Cell::new(false),
         send: Cell::new(Some(&mut *send)),
-        relayed: &r.relayed,
-        // Weir sends HTTP/3 clients no 100 of its own: an upstream's goes through.
-        bounds: r.interim_bounds(false),
-        stall: r.target.listener.http2.stall_timeout,
+        r,
     };
     let (relayed, body) = r.drive_h2(facts, parts, body, &mut client, trace).await;
     match relayed {
@@ -81,19 +77,12 @@ struct H3Client<'a, 's> {
     /// `gone` saw it close.
     closed: Cell<bool>,
     send: Shared<'s>,
-    relayed: &'a Informed,
-    bounds: Bounds,
-    stall: Duration,
+    r: &'a StreamRequest<'a>,
 }
 
 impl ClientSide for H3Client<'_, '_> {
     fn interim(&self) -> impl Interim + '_ {
-        H3Interim {
-            send: &self.send,
-            relayed: self.relayed,
-            bounds: self.bounds,
-            stall: self.stall,
-        }
+        H3Interim::of(&self.send, self.r)
     }
 
     /// The client's connection closed (the client left, idled out, or a budget closed
