@@ -3,7 +3,8 @@
 //! every instance; a write racing on two instances gets one winner and one 412; a change
 //! one instance cannot apply is rejected there only, and reported; losing an etcd member,
 //! a compaction while an instance was behind, and losing all of etcd (serving goes on, a
-//! restart comes up from the snapshot) are survived. And a member reaches etcd over TLS
+//! restart comes up from the snapshot) are survived; a SIGHUP re-reads a shared route's users
+//! file. And a member reaches etcd over TLS
 //! with a client certificate and a password.
 
 mod etcd_support;
@@ -257,6 +258,58 @@ fn a_push_of_several_transactions_is_applied_whole() {
         .collect();
     // The push in one version (250 routes added, 1 changed), not one per transaction.
     assert_eq!(changes, [251], "changes per version");
+}
+
+/// `USER:bcrypt(PASSWORD)` lines for an htpasswd file (cost 4: the test's, not a server's).
+fn htpasswd(users: &[(&str, &str)]) -> String {
+    let line = |(user, password): &(&str, &str)| {
+        let hash = bcrypt::hash_with_salt(password, 4, [7u8; 16]).expect("bcrypt");
+        format!(
+            "{user}:{}\n",
+            hash.format_for_version(bcrypt::Version::TwoY)
+        )
+    };
+    users.iter().map(line).collect()
+}
+
+/// The status of `GET /` on `weir` as `credentials` (base64 of `user:password`).
+fn status_as(weir: &Weir, credentials: &str) -> u16 {
+    let auth = format!("Basic {credentials}");
+    let (head, _) = call(weir.addr, "GET", "/", &[("Authorization", &auth)], "").expect("GET");
+    head.status
+}
+
+/// A route validated before is taken as it was on the next change, but not one whose
+/// checks read a file: a user removed from the users file is refused after a SIGHUP.
+#[test]
+fn a_sighup_rereads_the_users_file_of_a_shared_route() {
+    let Some(bin) = etcd_bin() else { return };
+    let etcd = Etcd::start(bin, 1);
+    let dir = TempDir::new("fleet-auth");
+    let users = dir.write(
+        "htpasswd",
+        &htpasswd(&[("alice", "secret"), ("bob", "hunter2")]),
+    );
+    let file = local(&dir, "a", &etcd.endpoints(&etcd.all()), "/t/auth", "");
+    let shared = SHARED.replace(
+        "respond =",
+        &format!(
+            "basic_auth = {{ users_file = \"{}\" }}\nrespond =",
+            users.display()
+        ),
+    );
+    push(&dir, &file, &shared);
+    let weir = Weir::start_file(&file);
+    const ALICE: &str = "YWxpY2U6c2VjcmV0"; // alice:secret
+    const BOB: &str = "Ym9iOmh1bnRlcjI="; // bob:hunter2
+    let admitted = weir_testkit::wait_until(WAIT, || status_as(&weir, BOB) == 200);
+    assert!(admitted, "{}", weir.log.text());
+
+    dir.write("htpasswd", &htpasswd(&[("alice", "secret")]));
+    weir.signal(libc::SIGHUP);
+    let refused = weir_testkit::wait_until(WAIT, || status_as(&weir, BOB) == 401);
+    assert!(refused, "bob still admitted; log:\n{}", weir.log.text());
+    assert_eq!(status_as(&weir, ALICE), 200);
 }
 
 #[test]
