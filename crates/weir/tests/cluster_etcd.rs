@@ -4,8 +4,7 @@
 //! one instance cannot apply is rejected there only, and reported; losing an etcd member,
 //! a compaction while an instance was behind, and losing all of etcd (serving goes on, a
 //! restart comes up from the snapshot) are survived; a SIGHUP re-reads a shared route's users
-//! file. And a member reaches etcd over TLS
-//! with a client certificate and a password.
+//! file. And a member reaches etcd over TLS with a client certificate and a password.
 
 mod etcd_support;
 mod support_process;
