@@ -40,7 +40,8 @@ pub struct Epoch {
 }
 
 impl Epoch {
-    /// `next` is the epoch of the snapshot published after this one's.
+    /// `next` is the epoch of the snapshot that replaced this one's (`Shared::publish`
+    /// links them, for every publisher).
     pub fn followed_by(&self, next: &Arc<Epoch>) {
         let _ = self.next.set(next.clone());
     }
