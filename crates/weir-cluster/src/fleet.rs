@@ -314,6 +314,10 @@ impl Fleet {
     /// an older view after a newer one.
     fn apply_view_with(&self, force: bool, new_local: Option<String>) -> Result<(), String> {
         let Some(store) = self.store.get() else {
+            // Not running yet: nothing to apply it to; `run` starts from it.
+            if let Some(text) = new_local {
+                self.local_file().text = text;
+            }
             return Ok(());
         };
         let _turn = lock(&self.applying);

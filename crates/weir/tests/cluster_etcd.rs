@@ -4,8 +4,8 @@
 //! one instance cannot apply is rejected there only, and reported; losing an etcd member,
 //! a compaction while an instance was behind, and losing all of etcd (serving goes on, a
 //! restart comes up from the snapshot) are survived; a SIGHUP re-reads a shared route's users
-//! file; nothing is applied, started from or written while a write's `.pending` marker is
-//! there. And a member reaches etcd over TLS with a client certificate and a password.
+//! file, and a rejected one leaves the running local file; nothing is applied, started from
+//! or written while a write's `.pending` marker is there. And a member reaches etcd over TLS with a client certificate and a password.
 
 mod etcd_support;
 mod support_process;
@@ -327,6 +327,36 @@ fn nothing_is_applied_or_written_while_the_pending_marker_exists() {
         .listening("web", "listening", WAIT)
         .expect("b listens");
     assert_eq!(body(b_addr), "v2");
+}
+
+/// A SIGHUP whose local file cannot be applied (its `binds` address is taken) leaves the
+/// running local file as it was: the config the admin API shows is not the rejected one.
+#[test]
+fn a_rejected_sighup_leaves_the_running_local_file() {
+    let Some(bin) = etcd_bin() else { return };
+    let etcd = Etcd::start(bin, 1);
+    let dir = TempDir::new("fleet-hup");
+    let endpoints = etcd.endpoints(&etcd.all());
+    let file = local(&dir, "a", &endpoints, "/t/hup", "");
+    push(&dir, &file, SHARED);
+    let weir = Weir::start_file(&file);
+    wait_body(&weir, "v1");
+
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let binds = format!("binds = {{ web = \"{}\" }}\n", taken.local_addr().unwrap());
+    local(&dir, "a", &endpoints, "/t/hup", &binds);
+    weir.signal(libc::SIGHUP);
+    assert!(
+        weir.log.wait_for("SIGHUP: config rejected", WAIT),
+        "{}",
+        weir.log.text()
+    );
+    let (_, text) = call(weir.admin_addr(), "GET", "/api/v1/config", &[], "").expect("GET");
+    assert!(
+        !text.contains("binds"),
+        "the rejected local file shown: {text}"
+    );
+    assert_eq!(body(weir.addr), "v1");
 }
 
 /// `USER:bcrypt(PASSWORD)` lines for an htpasswd file (cost 4: the test's, not a server's).
