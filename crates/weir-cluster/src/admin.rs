@@ -91,6 +91,9 @@ impl Admin {
         let written = write::write_all(&self.etcd, txns, &pending, self.settings.lease_ttl);
         match self.runtime.block_on(written)? {
             write::Written::Done(revision) => Ok(revision),
+            write::Written::Busy => anyhow::bail!(
+                "another push is under way in etcd ({pending} exists); nothing was written: run the push again once it is done"
+            ),
             write::Written::Moved(rev) => anyhow::bail!(
                 "an object changed in etcd while pushing (revision {rev}); nothing more was written: run the push again"
             ),

@@ -36,6 +36,8 @@ pub struct Fleet {
     handle: tokio::runtime::Handle,
     local: Mutex<LocalFile>,
     pub(crate) view: Mutex<View>,
+    /// Held for the whole of [`Fleet::apply_view`]: one apply at a time.
+    applying: Mutex<()>,
     /// The objects' values as last parsed, so that a change parses only what changed.
     parsed: Mutex<Parsed>,
     /// The objects of the running config (what `Shared::text` assembles).
@@ -102,6 +104,7 @@ impl Fleet {
             runtime: Mutex::new(Some(runtime)),
             local: Mutex::new(LocalFile { text, path }),
             view: Mutex::new(View::default()),
+            applying: Mutex::new(()),
             parsed: Mutex::new(Parsed::default()),
             running: Mutex::new(Objects::new()),
             text: Mutex::new(None),
@@ -118,13 +121,22 @@ impl Fleet {
     }
 
     /// The first view (etcd, else the snapshot, else nothing) and its config; a view that
-    /// does not build here gives way to the snapshot, then to no shared objects.
+    /// does not build here, or that is half of a write under way, gives way to the
+    /// snapshot, then to no shared objects.
     fn initial(&self) -> anyhow::Result<Initial> {
         let listed = self.block_on(async {
             tokio::time::timeout(START_LIST_TIMEOUT, crate::sync::list(self)).await
         });
         let mut candidates = Vec::new();
         match listed {
+            // Half of a write of several transactions: not to be served, even at start.
+            // The watch applies it once whole; meanwhile the snapshot serves.
+            Ok(Ok(view)) if view.objects.contains_key(crate::write::PENDING_KEY) => {
+                tracing::warn!(
+                    revision = view.revision,
+                    "a write of several transactions is under way in etcd: starting from the snapshot; the write is applied once whole"
+                );
+            }
             Ok(Ok(view)) => candidates.push(("etcd", view)),
             Ok(Err(e)) => tracing::warn!(error = %e, "etcd unreachable at start"),
             Err(_) => tracing::warn!("etcd did not answer within {START_LIST_TIMEOUT:?} at start"),
@@ -289,17 +301,41 @@ impl Fleet {
         out
     }
 
-    /// Builds and applies the view (after a watch event, a re-list, a SIGHUP); `force`:
-    /// even if its revision was tried already. The outcome is what `/ready`, the metrics
-    /// and the registration report.
+    /// Builds and applies the view (after a watch event, a re-list); `force`: even if its
+    /// revision was tried already. The outcome is what `/ready`, the metrics and the
+    /// registration report.
     pub(crate) fn apply_view(&self, force: bool) -> Result<(), String> {
+        self.apply_view_with(force, None)
+    }
+
+    /// [`Fleet::apply_view`] with `new_local` as the local file's text (a SIGHUP's), kept
+    /// only if the change is applied. One apply at a time, from the view as it is once
+    /// this one's turn comes: the watch and a SIGHUP applying at once could otherwise run
+    /// an older view after a newer one.
+    fn apply_view_with(&self, force: bool, new_local: Option<String>) -> Result<(), String> {
         let Some(store) = self.store.get() else {
+            // Not running yet: nothing to apply it to; `run` starts from it.
+            if let Some(text) = new_local {
+                self.local_file().text = text;
+            }
             return Ok(());
         };
+        let _turn = lock(&self.applying);
         let (objects, revision, by) = {
             let view = self.lock_view();
             if view.objects.contains_key(crate::write::PENDING_KEY) {
-                // A write of several transactions is under way: applied once it is whole.
+                let revision = view.config_revision;
+                if new_local.is_some() {
+                    tracing::warn!(
+                        revision,
+                        "SIGHUP: a write of several transactions is under way in etcd: nothing applied now; send SIGHUP again once it is done"
+                    );
+                } else {
+                    tracing::info!(
+                        revision,
+                        "a write of several transactions is under way in etcd: applied once whole"
+                    );
+                }
                 return Ok(());
             }
             (view.objects.clone(), view.config_revision, view.author())
@@ -307,7 +343,10 @@ impl Fleet {
         if !force && self.progress.borrow().seen == revision {
             return Ok(());
         }
-        let local = self.local_file().clone();
+        let mut local = self.local_file().clone();
+        if let Some(text) = &new_local {
+            local.text.clone_from(text);
+        }
         let outcome = match self.config_of(&local, &objects) {
             Err(e) => Err(e.to_string()),
             Ok(config) => {
@@ -322,6 +361,9 @@ impl Fleet {
         if outcome.is_ok() {
             *lock(&self.running) = objects;
             *lock(&self.text) = None;
+            if let Some(text) = new_local {
+                self.local_file().text = text;
+            }
         }
         self.settle(revision, outcome.clone());
         outcome.map(drop)
@@ -380,8 +422,7 @@ impl Fleet {
     pub(crate) fn set_local(&self, text: String) -> Result<(), String> {
         let (file, _) = self.local_file().names();
         weir_config::cluster::check_local_file(&text, &file).map_err(|e| e.to_string())?;
-        self.local_file().text = text;
-        self.apply_view(true)
+        self.apply_view_with(true, Some(text))
     }
 
     fn local_file(&self) -> MutexGuard<'_, LocalFile> {

@@ -22,9 +22,11 @@ pub const TXN_OPS: usize = 100;
 
 /// The key (under `PREFIX/config/`) that exists while a write of several transactions is
 /// under way, under the writer's lease: instances apply nothing while it is there, so they
-/// never run a half-written change. The last transaction deletes it; a writer that dies
-/// leaves it to its lease, and the instances then apply what was written (each step is a
-/// valid config, see [`changes`]).
+/// never run a half-written change, and no other write starts (its first transaction
+/// requires the key absent). The last transaction deletes it; a writer that dies leaves it
+/// to its lease, and the instances then try what was written, as any change: applied if it
+/// validates, else rejected and reported (see [`changes`] for the order that makes most
+/// steps valid).
 pub const PENDING_KEY: &str = ".pending";
 
 /// How long a write waits for this instance to apply it.
@@ -33,9 +35,10 @@ const APPLY_WAIT: Duration = Duration::from_secs(10);
 /// One object to write: its relative key and new value (`None`: delete).
 pub type Change = (String, Option<String>);
 
-/// The objects that differ between `old` and `new`, in an order where each step is valid
-/// when the end is: upstreams, listeners, routes written first, then routes, listeners,
-/// upstreams deleted.
+/// The objects that differ between `old` and `new`: upstreams, listeners, routes written
+/// first, then routes, listeners, upstreams deleted, so that no step refers to an object
+/// not there yet. Not every step need be valid (a listener moved to another's `bind`, a
+/// route renamed at the same place collide until the old one is deleted).
 pub fn changes(old: &Objects, new: &Objects) -> Vec<Change> {
     let rank = |key: &str, delete: bool| {
         let kind = match ObjectKey::parse(key) {
@@ -110,17 +113,24 @@ pub enum Written {
     /// A transaction's objects had changed (the revision it saw): it and the rest were not
     /// written.
     Moved(i64),
+    /// Another write of several transactions was under way ([`PENDING_KEY`] was there):
+    /// nothing was written.
+    Busy,
 }
 
-/// Writes `txns` in order. When there are several, the first also puts [`PENDING_KEY`]
-/// under a lease of `ttl` (kept alive meanwhile) and the last deletes it; a write that
-/// stops half-way revokes the lease, so the instances apply what was written.
+/// Writes `txns` in order, the first only if [`PENDING_KEY`] is absent. When there are
+/// several, the first also puts it under a lease of `ttl` (kept alive meanwhile) and the
+/// last deletes it; a write that stops half-way revokes the lease, so the instances apply
+/// what was written.
 pub async fn write_all(
     etcd: &crate::etcd::Etcd,
     mut txns: Vec<(Vec<Compare>, Vec<Op>)>,
     pending_key: &str,
     ttl: Duration,
 ) -> Result<Written, EtcdError> {
+    if let Some((compares, _)) = txns.first_mut() {
+        compares.push(Compare::Absent(pending_key.to_owned()));
+    }
     let lease = match txns.len() {
         0 | 1 => None,
         _ => Some(etcd.lease_grant(ttl).await?),
@@ -138,8 +148,8 @@ pub async fn write_all(
             ops.push(Op::Delete(key));
         }
     }
-    let outcome = write_in_order(etcd, &txns, lease, ttl).await;
-    if let (Some(lease), Ok(Written::Moved(_)) | Err(_)) = (lease, &outcome) {
+    let outcome = write_in_order(etcd, &txns, lease, ttl, pending_key).await;
+    if let (Some(lease), Ok(Written::Moved(_) | Written::Busy) | Err(_)) = (lease, &outcome) {
         let _ = etcd.lease_revoke(lease).await;
     }
     outcome
@@ -150,15 +160,19 @@ async fn write_in_order(
     txns: &[(Vec<Compare>, Vec<Op>)],
     lease: Option<i64>,
     ttl: Duration,
+    pending_key: &str,
 ) -> Result<Written, EtcdError> {
     let mut revision = 0;
     let mut renewed = std::time::Instant::now();
-    for (compares, ops) in txns {
+    for (i, (compares, ops)) in txns.iter().enumerate() {
         if let Some(lease) = lease.filter(|_| renewed.elapsed() > ttl / 3) {
             etcd.lease_keepalive(lease).await?;
             renewed = std::time::Instant::now();
         }
         let (ok, rev) = etcd.txn(compares, ops).await?;
+        if !ok && i == 0 && !etcd.range(pending_key, "").await?.1.is_empty() {
+            return Ok(Written::Busy);
+        }
         if !ok {
             return Ok(Written::Moved(rev));
         }
@@ -188,6 +202,9 @@ impl Shared for Fleet {
         }
         let txns = {
             let view = self.lock_view();
+            if view.objects.contains_key(PENDING_KEY) {
+                return Err(SharedError::Failed(busy()));
+            }
             if let Err(e) = check_unchanged(&view, &changes, base_version as i64, expect) {
                 drop(view);
                 self.wait_caught_up();
@@ -200,6 +217,7 @@ impl Shared for Fleet {
         let written = write_all(&self.etcd, txns, &pending, self.settings.lease_ttl);
         match self.block_on(written).map_err(etcd_failed)? {
             Written::Done(revision) => Ok(revision as u64),
+            Written::Busy => Err(SharedError::Failed(busy())),
             Written::Moved(rev) => {
                 // Moved since this view: wait until the view has the newer objects.
                 self.wait_view(rev);
@@ -255,6 +273,16 @@ impl Shared for Fleet {
     fn readiness(&self) -> (bool, String) {
         self.readiness_line()
     }
+}
+
+/// The answer to a write made while another instance's write of several transactions is
+/// under way: a conflict, as for an object that moved.
+fn busy() -> ApiError {
+    ApiError::new(
+        StatusCode::CONFLICT,
+        format!("another write of several transactions is under way in etcd ({PENDING_KEY} is set); nothing was written"),
+        "retry once it is done (if its writer died, its marker goes with its lease, within lease_ttl)",
+    )
 }
 
 impl Fleet {

@@ -491,6 +491,14 @@ fn same_hosts(a: &[HostPattern], b: &[HostPattern]) -> bool {
     a.iter().all(|h| b.contains(h)) && b.iter().all(|h| a.contains(h))
 }
 
+/// Whether validating `route` read files: a `basic_auth` users file, a `files` root. A
+/// route validated once may be taken as it was (a fleet's cached routes, parsed.rs) only
+/// when this is false; a new check in [`route`] that reads the disk must be named here.
+pub(crate) fn route_reads_files(route: &Route) -> bool {
+    route.filters.basic_auth.is_some()
+        || matches!(route.target, crate::model::RouteTarget::Files(_))
+}
+
 fn route(mut raw: RawRoute, path: &FieldPath, upstreams: &[String]) -> Result<Route, Issue> {
     let filters = policy::route_filters(&mut raw, path)?;
     let name = raw

@@ -360,11 +360,12 @@ impl Applier {
         let config = Arc::new(config);
         let listener_slots: Vec<usize> = slots.listeners.iter().map(|l| l.slot).collect();
         let snapshot = Snapshot::with_previous(config.clone(), slots, &old, tls, upstream_tls);
-        old.epoch.followed_by(&snapshot.epoch);
         // Publish first: a connection accepted on a new socket must find its listener in
-        // the snapshot.
-        self.shared.publish(snapshot);
-        control.layout.wait_for(&old.epoch);
+        // the snapshot. The freed slots wait on the snapshot replaced: `old`, or one the
+        // certificate watcher published from it since (it has the same slots, and `old`'s
+        // epoch leads to its).
+        let replaced = self.shared.publish(snapshot);
+        control.layout.wait_for(&replaced.epoch);
         control.stop_stale(&config);
         for (i, bound) in binds {
             // Only the listeners bound now: one whose routes or timeouts changed keeps

@@ -503,13 +503,16 @@ async fn flush_logs_periodically(worker: Rc<Worker>) {
     }
 }
 
-/// Frees what a burst left behind: spares unused for a `TRIM_INTERVAL`, and the memory
-/// the allocator holds for this thread (`memory`).
+/// Frees what a burst left behind: spares unused for a `TRIM_INTERVAL`, the memory the
+/// allocator holds for this thread (`memory`), and the snapshot an idle worker cached
+/// before the last reload (it would keep the metric slots of servers DNS dropped since,
+/// `metrics::layout`).
 async fn trim_periodically(worker: Rc<Worker>) {
     let mut tick = tokio::time::interval(crate::memory::TRIM_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
+        drop(worker.snapshot());
         worker.trim_spares();
     }
 }

@@ -42,8 +42,32 @@ pub struct Shared {
 }
 
 impl Shared {
-    pub fn publish(&self, snapshot: Snapshot) {
-        self.snapshot.store(Arc::new(snapshot));
+    /// Makes `snapshot` the running one; returns the one it replaced, whose epoch it
+    /// follows (metrics::layout: a slot freed now waits on the replaced snapshot's epoch,
+    /// whatever published that snapshot).
+    pub fn publish(&self, snapshot: Snapshot) -> Arc<Snapshot> {
+        let new = Arc::new(snapshot);
+        let replaced = self.snapshot.swap(new.clone());
+        self.published(&replaced, &new);
+        replaced
+    }
+
+    /// Makes `snapshot` the running one if `current` still is; false if another was
+    /// published meanwhile (then nothing changed).
+    pub fn publish_if(&self, current: &Arc<Snapshot>, snapshot: Snapshot) -> bool {
+        let new = Arc::new(snapshot);
+        let before = self.snapshot.compare_and_swap(current, new.clone());
+        let swapped = Arc::ptr_eq(&before, current);
+        if swapped {
+            self.published(current, &new);
+        }
+        swapped
+    }
+
+    /// Every publish links the epochs in the order the snapshots ran, and is seen by the
+    /// workers through the generation.
+    fn published(&self, replaced: &Snapshot, new: &Arc<Snapshot>) {
+        replaced.epoch.followed_by(&new.epoch);
         self.generation.fetch_add(1, Ordering::Release);
     }
 }
@@ -399,5 +423,48 @@ mod tests {
             vec![1, 0, 1],
             "the released waiter is not woken, the others once"
         );
+    }
+
+    /// A snapshot that is not the running one (a request in flight holds it) keeps the
+    /// epochs after it: whoever published the next snapshots, the chain is unbroken.
+    #[test]
+    fn every_publish_links_the_replaced_snapshots_epoch() {
+        use super::{Shared, Snapshot};
+        use std::sync::Arc;
+        let config = weir_config::parse_str(
+            "[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\n",
+            "t.toml",
+        )
+        .unwrap();
+        let config = Arc::new(config);
+        let mut layout = crate::metrics::layout::Layout::default();
+        let mut snapshot =
+            || Snapshot::new(config.clone(), layout.assign(&config), Vec::new()).unwrap();
+        let (_tx, shutdown) = tokio::sync::watch::channel(false);
+        let shared = Shared {
+            snapshot: arc_swap::ArcSwap::from_pointee(snapshot()),
+            generation: Default::default(),
+            shutdown,
+            workers: 1,
+            splice_available: false,
+            cluster: tokio::sync::mpsc::unbounded_channel().0,
+        };
+        let in_flight = shared.snapshot.load_full();
+        // The certificate watcher's swap, then a reload's publish.
+        assert!(shared.publish_if(&in_flight, snapshot()));
+        assert!(
+            !shared.publish_if(&in_flight, snapshot()),
+            "not current any more"
+        );
+        let replaced = shared.publish(snapshot());
+        let waited_on = Arc::downgrade(&replaced.epoch);
+        drop(replaced);
+        assert!(
+            waited_on.upgrade().is_some(),
+            "the request in flight keeps it"
+        );
+        drop(in_flight);
+        assert!(waited_on.upgrade().is_none());
+        assert_eq!(shared.generation.into_inner(), 2);
     }
 }

@@ -3,8 +3,9 @@
 //! every instance; a write racing on two instances gets one winner and one 412; a change
 //! one instance cannot apply is rejected there only, and reported; losing an etcd member,
 //! a compaction while an instance was behind, and losing all of etcd (serving goes on, a
-//! restart comes up from the snapshot) are survived. And a member reaches etcd over TLS
-//! with a client certificate and a password.
+//! restart comes up from the snapshot) are survived; a SIGHUP re-reads a shared route's users
+//! file, and a rejected one leaves the running local file; nothing is applied, started from
+//! or written while a write's `.pending` marker is there. And a member reaches etcd over TLS with a client certificate and a password.
 
 mod etcd_support;
 mod support_process;
@@ -257,6 +258,157 @@ fn a_push_of_several_transactions_is_applied_whole() {
         .collect();
     // The push in one version (250 routes added, 1 changed), not one per transaction.
     assert_eq!(changes, [251], "changes per version");
+}
+
+/// While `.pending` is there (a write of several transactions under way), a running
+/// instance applies nothing, one starting does not start from etcd's half, and no other
+/// write starts (409); once it goes, both apply the write.
+#[test]
+fn nothing_is_applied_or_written_while_the_pending_marker_exists() {
+    let Some(bin) = etcd_bin() else { return };
+    let etcd = Etcd::start(bin, 1);
+    let dir = TempDir::new("fleet-pending");
+    let (endpoints, prefix) = (etcd.endpoints(&etcd.all()), "/t/pending");
+    let a_file = local(&dir, "a", &endpoints, prefix, "");
+    push(&dir, &a_file, SHARED);
+    let a = Weir::start_file(&a_file);
+    wait_body(&a, "v1");
+
+    let marker = format!("{prefix}/config/.pending");
+    etcd.put(0, &marker, "");
+    let route = format!("{prefix}/config/routes/web/all");
+    let revision = etcd.put(0, &route, "respond = { status = 200, body = \"v2\" }\n");
+    let waits = format!("under way in etcd: applied once whole revision={revision}");
+    assert!(a.log.wait_for(&waits, WAIT), "{}", a.log.text());
+    assert_eq!(
+        body(a.addr),
+        "v1",
+        "nothing applied while the marker is there"
+    );
+
+    // An instance starting now does not serve the half write (it has no snapshot).
+    let b_file = local(&dir, "b", &endpoints, prefix, "");
+    let mut run_b = Command::new(WEIR);
+    run_b.arg("run").arg("-c").arg(&b_file);
+    let b = Weir::spawn_no_wait(run_b);
+    assert!(
+        b.log.wait_for("shared config loaded", WAIT),
+        "{}",
+        b.log.text()
+    );
+    assert!(
+        b.log.contains("source=\"nothing\"") || b.log.contains("source=nothing"),
+        "{}",
+        b.log.text()
+    );
+
+    // No other write starts meanwhile: not through the admin API, not by a push.
+    let (status, reply) = put_route(&a, "v3", None);
+    assert_eq!(status, 409, "{reply}");
+    assert!(reply.contains("under way"), "{reply}");
+    let other = dir.write("other.toml", &SHARED.replace("v1", "v4"));
+    let pushed = Command::new(WEIR)
+        .args(["ctl", "-c"])
+        .arg(&a_file)
+        .args(["cluster", "push", "-f"])
+        .arg(&other)
+        .output()
+        .expect("run weir ctl");
+    let said = String::from_utf8_lossy(&pushed.stderr);
+    assert!(
+        !pushed.status.success() && said.contains("another push is under way"),
+        "{said}"
+    );
+
+    etcd.delete(0, &marker);
+    wait_body(&a, "v2");
+    let b_addr = b
+        .log
+        .listening("web", "listening", WAIT)
+        .expect("b listens");
+    assert_eq!(body(b_addr), "v2");
+}
+
+/// A SIGHUP whose local file cannot be applied (its `binds` address is taken) leaves the
+/// running local file as it was: the config the admin API shows is not the rejected one.
+#[test]
+fn a_rejected_sighup_leaves_the_running_local_file() {
+    let Some(bin) = etcd_bin() else { return };
+    let etcd = Etcd::start(bin, 1);
+    let dir = TempDir::new("fleet-hup");
+    let endpoints = etcd.endpoints(&etcd.all());
+    let file = local(&dir, "a", &endpoints, "/t/hup", "");
+    push(&dir, &file, SHARED);
+    let weir = Weir::start_file(&file);
+    wait_body(&weir, "v1");
+
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let binds = format!("binds = {{ web = \"{}\" }}\n", taken.local_addr().unwrap());
+    local(&dir, "a", &endpoints, "/t/hup", &binds);
+    weir.signal(libc::SIGHUP);
+    assert!(
+        weir.log.wait_for("SIGHUP: config rejected", WAIT),
+        "{}",
+        weir.log.text()
+    );
+    let (_, text) = call(weir.admin_addr(), "GET", "/api/v1/config", &[], "").expect("GET");
+    assert!(
+        !text.contains("binds"),
+        "the rejected local file shown: {text}"
+    );
+    assert_eq!(body(weir.addr), "v1");
+}
+
+/// `USER:bcrypt(PASSWORD)` lines for an htpasswd file (cost 4: the test's, not a server's).
+fn htpasswd(users: &[(&str, &str)]) -> String {
+    let line = |(user, password): &(&str, &str)| {
+        let hash = bcrypt::hash_with_salt(password, 4, [7u8; 16]).expect("bcrypt");
+        format!(
+            "{user}:{}\n",
+            hash.format_for_version(bcrypt::Version::TwoY)
+        )
+    };
+    users.iter().map(line).collect()
+}
+
+/// The status of `GET /` on `weir` as `credentials` (base64 of `user:password`).
+fn status_as(weir: &Weir, credentials: &str) -> u16 {
+    let auth = format!("Basic {credentials}");
+    let (head, _) = call(weir.addr, "GET", "/", &[("Authorization", &auth)], "").expect("GET");
+    head.status
+}
+
+/// A route validated before is taken as it was on the next change, but not one whose
+/// checks read a file: a user removed from the users file is refused after a SIGHUP.
+#[test]
+fn a_sighup_rereads_the_users_file_of_a_shared_route() {
+    let Some(bin) = etcd_bin() else { return };
+    let etcd = Etcd::start(bin, 1);
+    let dir = TempDir::new("fleet-auth");
+    let users = dir.write(
+        "htpasswd",
+        &htpasswd(&[("alice", "secret"), ("bob", "hunter2")]),
+    );
+    let file = local(&dir, "a", &etcd.endpoints(&etcd.all()), "/t/auth", "");
+    let shared = SHARED.replace(
+        "respond =",
+        &format!(
+            "basic_auth = {{ users_file = \"{}\" }}\nrespond =",
+            users.display()
+        ),
+    );
+    push(&dir, &file, &shared);
+    let weir = Weir::start_file(&file);
+    const ALICE: &str = "YWxpY2U6c2VjcmV0"; // alice:secret
+    const BOB: &str = "Ym9iOmh1bnRlcjI="; // bob:hunter2
+    let admitted = weir_testkit::wait_until(WAIT, || status_as(&weir, BOB) == 200);
+    assert!(admitted, "{}", weir.log.text());
+
+    dir.write("htpasswd", &htpasswd(&[("alice", "secret")]));
+    weir.signal(libc::SIGHUP);
+    let refused = weir_testkit::wait_until(WAIT, || status_as(&weir, BOB) == 401);
+    assert!(refused, "bob still admitted; log:\n{}", weir.log.text());
+    assert_eq!(status_as(&weir, ALICE), 200);
 }
 
 #[test]

@@ -10,7 +10,7 @@
 use std::io;
 use std::net::SocketAddr;
 use std::rc::Rc;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use quinn::crypto::rustls::QuicServerConfig;
 use socket2::{Domain, Protocol, Socket, Type};
@@ -80,7 +80,10 @@ fn bind_udp(addr: SocketAddr) -> io::Result<std::net::UdpSocket> {
 /// A listener's QUIC setup in one snapshot.
 #[derive(Clone)]
 struct Setup {
-    snapshot: Arc<Snapshot>,
+    /// Weak: an endpoint that sees no new connection for days must not keep its snapshot
+    /// (and so the metric slots of the servers DNS dropped since, `metrics::layout`).
+    /// Compared by address, which a weak pointer keeps from being reused.
+    snapshot: Weak<Snapshot>,
     config: Arc<quinn::ServerConfig>,
     tls: Arc<ListenerTls>,
     limits: Limits,
@@ -117,7 +120,7 @@ async fn run(
             break;
         };
         let current = worker.snapshot();
-        if !Arc::ptr_eq(&current, &setup.snapshot) {
+        if !std::ptr::eq(Arc::as_ptr(&current), setup.snapshot.as_ptr()) {
             match self::setup(&current, slot) {
                 Some(new) => setup = new,
                 None => {
@@ -186,7 +189,7 @@ fn setup(snapshot: &Arc<Snapshot>, slot: usize) -> Option<Setup> {
         }
     };
     Some(Setup {
-        snapshot: snapshot.clone(),
+        snapshot: Arc::downgrade(snapshot),
         config: Arc::new(config),
         limits: Limits {
             handshake_timeout: tls.handshake_timeout,

@@ -40,9 +40,23 @@ pub struct Epoch {
 }
 
 impl Epoch {
-    /// `next` is the epoch of the snapshot published after this one's.
+    /// `next` is the epoch of the snapshot that replaced this one's (`Shared::publish`
+    /// links them, for every publisher).
     pub fn followed_by(&self, next: &Arc<Epoch>) {
         let _ = self.next.set(next.clone());
+    }
+}
+
+/// Unlinks the chain after this epoch one epoch at a time: after tens of thousands of
+/// reloads, a snapshot held all along (a long request) would otherwise free the chain
+/// recursively, one stack frame per epoch, and could overflow its worker's stack.
+impl Drop for Epoch {
+    fn drop(&mut self) {
+        let mut next = self.next.take();
+        while let Some(epoch) = next {
+            // Held elsewhere too (a running snapshot's): its holder frees the rest.
+            next = Arc::into_inner(epoch).and_then(|mut e| e.next.take());
+        }
     }
 }
 
@@ -289,5 +303,22 @@ mod tests {
         fixed.reclaim(|_, _| panic!("a fixed pool's slot freed"));
         let again = fixed.assign(&config(&[], &["127.0.0.1:1"]));
         assert_eq!(&*again.upstreams[0].children, &[0]);
+    }
+
+    /// A chain of many epochs frees on a small stack (it would recurse once per epoch).
+    #[test]
+    fn a_long_chain_of_epochs_is_dropped_without_recursion() {
+        let first = Arc::new(Epoch::default());
+        let mut last = first.clone();
+        for _ in 0..200_000 {
+            let next = Arc::new(Epoch::default());
+            last.followed_by(&next);
+            last = next;
+        }
+        let weak_last = Arc::downgrade(&last);
+        drop(last);
+        let dropper = std::thread::Builder::new().stack_size(64 * 1024);
+        dropper.spawn(move || drop(first)).unwrap().join().unwrap();
+        assert!(weak_last.upgrade().is_none());
     }
 }

@@ -101,9 +101,7 @@ fn reload(shared: &Shared, old: Arc<Snapshot>) {
         tls,
         upstream_tls,
     );
-    let before = shared.snapshot.compare_and_swap(&old, Arc::new(new));
-    if Arc::ptr_eq(&before, &old) {
-        shared.generation.fetch_add(1, Ordering::Release);
+    if shared.publish_if(&old, new) {
         tracing::info!("certificate files changed: certificates reloaded");
     }
 }

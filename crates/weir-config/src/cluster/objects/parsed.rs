@@ -6,7 +6,8 @@
 //! key while the value stays the same), the raw config is put together from them in the
 //! order `assemble` uses, and validated by the same [`crate::validate::config`]. A route
 //! validated before, from the same value and the same upstream names, is taken as it was
-//! validated (its own checks depend on nothing else); the checks across routes, listeners
+//! validated (its own checks depend on nothing else but the files some read, so those
+//! routes are validated each time); the checks across routes, listeners
 //! and upstreams run on the whole config each time. When anything fails on this path, the
 //! whole config is assembled and parsed as a file, so every error is the one the file's
 //! path gives (the same message, at the object's key).
@@ -164,7 +165,9 @@ impl Parsed {
 
     /// Keeps the validated form of each route parsed by this call. Not for a listener with
     /// `http3`: its validation adds the `Alt-Svc` header to its routes, which a route
-    /// taken as validated would keep even when the listener no longer says so.
+    /// taken as validated would keep even when the listener no longer says so. Nor for a
+    /// route whose validation read files (a users file, a `files` root): they may have
+    /// changed since, and a reload must see them as `weir check` does.
     fn keep_validated(&mut self, config: &Config) {
         for key in std::mem::take(&mut self.fresh) {
             let Some(ObjectKey::Route { listener, route }) = ObjectKey::parse(&key) else {
@@ -178,6 +181,9 @@ impl Parsed {
             let Ok(i) = l.routes.binary_search_by(|r| r.name.as_str().cmp(route)) else {
                 continue;
             };
+            if crate::validate::route_reads_files(&l.routes[i]) {
+                continue;
+            }
             if let Some((_, RawObject::Route(raw))) = self.objects.get_mut(&key) {
                 raw.validated = Some(Box::new(l.routes[i].clone()));
             }

@@ -271,3 +271,53 @@ fn an_objects_edits_are_named_as_in_the_assembled_file() {
         "{removed:?}"
     );
 }
+
+/// A well-formed bcrypt entry's hash (the password does not matter here).
+const HASH: &str = "$2y$04$7q1Qb9LJ3rXzHqgW6w5Heu2mIOEbDRt9nN6x3r4bC8QY0bqW6dD7K";
+
+#[test]
+fn routes_whose_validation_reads_files_are_validated_each_time() {
+    let dir = std::env::temp_dir().join(format!("weir-parsed-files-{}", std::process::id()));
+    let (root, users) = (dir.join("site"), dir.join("htpasswd"));
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::write(&users, format!("alice:{HASH}\nbob:{HASH}\n")).unwrap();
+    let mut objects = varied();
+    objects.insert(
+        "routes/web/c-auth".into(),
+        format!(
+            "path_prefix = \"/auth\"\nupstream = \"app\"\nbasic_auth = {{ users_file = \"{}\" }}\n",
+            users.display()
+        ),
+    );
+    objects.insert(
+        "routes/web/d-site".into(),
+        format!(
+            "path_prefix = \"/site\"\nfiles = {{ root = \"{}\" }}\n",
+            root.display()
+        ),
+    );
+    let mut parsed = Parsed::default();
+    cached(&mut parsed, &objects).unwrap();
+    // Bob leaves the users file: the same objects again give the file's users, not the
+    // ones read the first time.
+    std::fs::write(&users, format!("alice:{HASH}\n")).unwrap();
+    let config = cached(&mut parsed, &objects).unwrap();
+    assert_eq!(config, build(&objects).unwrap());
+    let mut routes = config.listeners.iter().flat_map(|l| &l.routes);
+    let auth = routes.find(|r| r.name == "c-auth").unwrap();
+    let names: Vec<&str> = auth
+        .filters
+        .basic_auth
+        .as_ref()
+        .unwrap()
+        .users
+        .iter()
+        .map(|u| u.name.as_str())
+        .collect();
+    assert_eq!(names, ["alice"]);
+    // The root is gone: rejected as `weir check` rejects it.
+    std::fs::remove_dir_all(&root).unwrap();
+    let want = build(&objects).unwrap_err().to_string();
+    assert_eq!(cached(&mut parsed, &objects).unwrap_err().to_string(), want);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
