@@ -136,6 +136,9 @@ pub struct Worker {
     pub shared_counts: crate::cluster::shared_limit::PendingCounts,
     /// Open files kept for the routes' `files` (`files::cache`).
     pub(crate) open_files: RefCell<crate::files::cache::OpenFiles>,
+    /// Cache entries' revalidations in the background (`proxy::revalidate`), at most
+    /// `MAX_BACKGROUND` at a time, aborted when the worker drains.
+    pub(crate) revalidations: RefCell<tokio::task::JoinSet<()>>,
 }
 
 impl Worker {
@@ -157,7 +160,7 @@ impl Worker {
         })
     }
 
-    pub fn new(
+    fn new(
         shared: Arc<Shared>,
         metrics: Arc<WorkerMetrics>,
         logs: Vec<Option<LogBuffer>>,
@@ -189,6 +192,7 @@ impl Worker {
             auth_cache: Default::default(),
             shared_counts: Default::default(),
             open_files: Default::default(),
+            revalidations: Default::default(),
         }
     }
 
@@ -257,6 +261,8 @@ impl Worker {
     /// Stops accepting and wakes idle connections so they close.
     pub fn begin_drain(&self) {
         self.draining.set(true);
+        // A revalidation has no client to finish for; it holds its key and snapshot.
+        self.revalidations.borrow_mut().abort_all();
         self.drain_waiters.wake_all();
         self.idle.wake_all();
         self.pool.borrow_mut().clear();

@@ -1209,3 +1209,87 @@ async fn a_chunked_response_compressed_for_the_client_is_stored_as_it_came() {
     assert_eq!(hit.body, b"hello world", "the identity body, decoded");
     assert_eq!(b.requests_served(), 1);
 }
+
+/// An upstream whose second response (the background revalidation's) is a chunked body
+/// that never ends (a chunk every 50 ms: no read waits `response_timeout`); its other
+/// responses are `swr` (stale at once but for `stale-while-revalidate=60`). Returns its
+/// address and the number of requests it got.
+async fn trickling_second() -> (SocketAddr, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let count = std::sync::Arc::new(AtomicUsize::new(0));
+    let seen = count.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                loop {
+                    let mut more = [0u8; 4096];
+                    match s.read(&mut more).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&more[..n]),
+                    }
+                    let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+                        continue;
+                    };
+                    buf.drain(..end + 4);
+                    if seen.fetch_add(1, SeqCst) != 1 {
+                        let swr = "Cache-Control: max-age=0, stale-while-revalidate=60";
+                        let r = format!("HTTP/1.1 200 OK\r\n{swr}\r\nContent-Length: 3\r\n\r\nold");
+                        if s.write_all(r.as_bytes()).await.is_err() {
+                            return;
+                        }
+                        continue;
+                    }
+                    let head = "HTTP/1.1 200 OK\r\nCache-Control: max-age=60\r\nTransfer-Encoding: chunked\r\n\r\n";
+                    if s.write_all(head.as_bytes()).await.is_err() {
+                        return;
+                    }
+                    while s.write_all(b"1\r\nx\r\n").await.is_ok() {
+                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    }
+                    return;
+                }
+            });
+        }
+    });
+    (addr, count)
+}
+
+/// A background revalidation whose response body never ends is cut at the upstream's
+/// `response_timeout`: the key is let go, and a request that must revalidate first
+/// (`Cache-Control: no-cache`) goes upstream then, not after the route's `lock_timeout`.
+#[tokio::test]
+async fn a_background_revalidation_that_never_ends_lets_its_key_go() {
+    let (addr, count) = trickling_second().await;
+    let weir = Conf::new()
+        .route(
+            "c",
+            "up",
+            &["cache = { store = \"mem\", lock_timeout = \"60s\" }"],
+        )
+        .upstream("up", &[addr], &["response_timeout = \"1s\""])
+        .table("[caches.mem]\nkind = \"memory\"")
+        .start();
+    let mut c = weir.client().await;
+    assert_eq!(get(&mut c, "/", &[]).await.body, b"old");
+    let stale = get(&mut c, "/", &[]).await;
+    assert_eq!(
+        stale.header("Cache-Status"),
+        Some("weir; hit; detail=stale-while-revalidate")
+    );
+    let at = std::time::Instant::now();
+    let first = get(&mut c, "/", &[("Cache-Control", "no-cache")]).await;
+    assert_eq!(first.body, b"old");
+    // Without the deadline this waits the whole lock_timeout (60 s); the bound is generous
+    // for a loaded machine but far below it.
+    assert!(
+        at.elapsed() < std::time::Duration::from_secs(20),
+        "{:?}",
+        at.elapsed()
+    );
+    assert_eq!(count.load(std::sync::atomic::Ordering::SeqCst), 3);
+}

@@ -725,6 +725,11 @@ impl Recorder {
         self.body.extend_from_slice(piece);
     }
 
+    /// The body passed what may be stored: the rest is for the client alone.
+    pub fn is_over(&self) -> bool {
+        self.over
+    }
+
     /// Stores the entry whose whole body is `body` (it came with the head).
     pub fn finish_with(mut self, body: &[u8]) {
         self.record(body);

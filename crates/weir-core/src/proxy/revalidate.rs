@@ -7,6 +7,13 @@
 //! holds the key's fetch ([`Fill`] leading: at most one per key, other misses of the key
 //! wait for it as for any fetch) and its tries are the driver's, under the upstream's
 //! limits (`max_connections`, health, retries), counted as any try is.
+//!
+//! Bounded, since no client waits for it and it holds its key and its snapshot: the whole
+//! fetch (its body included) ends within the upstream's `response_timeout` (which alone
+//! bounds each read), its relay stops as soon as the body is over `max_object_size`, a
+//! worker runs at most [`MAX_BACKGROUND`] at a time (past them the request is answered
+//! stale and starts nothing: the entry is revalidated by a later request), and they are
+//! aborted when the worker drains.
 
 use std::cell::Cell;
 use std::net::IpAddr;
@@ -27,6 +34,9 @@ use crate::tls::session::TlsSession;
 use crate::worker::Worker;
 
 use super::route::Routing;
+
+/// Most revalidations in the background a worker runs at a time.
+pub(crate) const MAX_BACKGROUND: usize = 64;
 
 /// What a background revalidation keeps of the request that started it.
 struct Job {
@@ -49,7 +59,8 @@ struct Job {
 /// Starts the revalidation `fill` of the stale entry `r` was answered from (`r` routed by
 /// `routing` to route `route`, upstream `upstream`) as a task of this worker. Nothing is
 /// started when the worker's snapshot is no longer the one `r` was routed on (the entry is
-/// revalidated by a later request).
+/// revalidated by a later request), nor when the worker drains or runs
+/// [`MAX_BACKGROUND`] already (the fill is let go).
 pub(crate) fn start(
     routing: &Routing<'_>,
     r: &Request<'_>,
@@ -60,7 +71,12 @@ pub(crate) fn start(
         return;
     };
     let snapshot = Arc::clone(&worker.snapshot());
-    if !std::ptr::eq::<Snapshot>(&*snapshot, routing.snapshot) {
+    if !std::ptr::eq::<Snapshot>(&*snapshot, routing.snapshot) || worker.is_draining() {
+        return;
+    }
+    let mut running = worker.revalidations.borrow_mut();
+    while running.try_join_next().is_some() {}
+    if running.len() >= MAX_BACKGROUND {
         return;
     }
     let origin = &r.origin;
@@ -79,7 +95,7 @@ pub(crate) fn start(
         protocol: r.protocol,
         fill,
     };
-    tokio::task::spawn_local(run(worker, job));
+    running.spawn_local(run(worker.clone(), job));
 }
 
 /// The revalidation's exchange.
@@ -123,5 +139,11 @@ async fn run(worker: Rc<Worker>, job: Job) {
         relayed: Relayed::default(),
         fill: Cell::new(Some(job.fill)),
     };
-    r.fetch_for_store().await;
+    let deadline = r.target.upstream.response_timeout;
+    if tokio::time::timeout(deadline, r.fetch_for_store())
+        .await
+        .is_err()
+    {
+        tracing::debug!("cache: background revalidation cut at the upstream's response_timeout");
+    }
 }
