@@ -421,6 +421,31 @@ async fn a_hit_answers_ranges_from_the_stored_body() {
     assert_eq!(b.requests_served(), 1, "ranges never reach the upstream");
 }
 
+/// An encoded entry: several ranges get the whole of it (a `multipart/byteranges` cannot
+/// carry its `Content-Encoding`), one range a `206` of the encoded bytes; a `206` carries no
+/// digest of the whole.
+#[tokio::test]
+async fn several_ranges_of_an_encoded_hit_get_all_of_it() {
+    let fields = [
+        ("Cache-Control", "max-age=60"),
+        ("Content-Encoding", "gzip"),
+        ("Content-Digest", "sha-256=:AAAA=:"),
+    ];
+    let b = Backend::fixed(200, &fields, "0123456789");
+    let weir = cached(b.addr(), "", "").start();
+    let mut c = weir.client().await;
+    get(&mut c, "/", &[]).await;
+    let two = get(&mut c, "/", &[("Range", "bytes=0-0,-2")]).await;
+    assert_eq!((two.status, two.body.as_slice()), (200, &b"0123456789"[..]));
+    assert_eq!(two.header("Content-Encoding"), Some("gzip"));
+    assert_eq!(two.header("Content-Digest"), Some("sha-256=:AAAA=:"));
+    let one = get(&mut c, "/", &[("Range", "bytes=2-4")]).await;
+    assert_eq!((one.status, one.body.as_slice()), (206, &b"234"[..]));
+    assert_eq!(one.header("Content-Encoding"), Some("gzip"));
+    assert_eq!(one.header("Content-Digest"), None);
+    assert_eq!(b.requests_served(), 1);
+}
+
 /// `If-None-Match` and `If-Modified-Since` on a hit are weighed against the stored
 /// `ETag` and `Last-Modified` (304 from the store); `If-Match` is the origin's to weigh:
 /// forwarded.

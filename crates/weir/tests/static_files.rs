@@ -415,6 +415,21 @@ async fn precompressed_siblings_go_to_clients_that_accept_them() {
     );
     assert_eq!(plain.header("vary"), Some("Accept-Encoding"));
     assert_ne!(r.header("etag"), plain.header("etag"));
+    // Several ranges of the .gz: all of it (a multipart body cannot carry its coding).
+    let gz = [("Accept-Encoding", "gzip"), ("Range", "bytes=0-1,4-5")];
+    let ranges = get(&weir, "/a.txt", &gz).await;
+    assert_eq!(
+        (ranges.status, ranges.header("content-encoding")),
+        (200, Some("gzip"))
+    );
+    assert_eq!(ranges.body, b"pretend gzip bytes");
+    let one = get(
+        &weir,
+        "/a.txt",
+        &[("Accept-Encoding", "gzip"), ("Range", "bytes=0-6")],
+    )
+    .await;
+    assert_eq!((one.status, one.body.as_slice()), (206, &b"pretend"[..]));
 }
 
 #[tokio::test]

@@ -39,7 +39,11 @@ impl Hit {
         let stored = Stored::of(&self.head.headers, self.length);
         // Conditions and ranges select a representation: only a 200 has one to select.
         let verdict = match self.head.status {
-            http::StatusCode::OK => evaluate(Fields::Http2(request), &stored, !is_head),
+            http::StatusCode::OK => {
+                let encoded = self.head.headers.get(header::CONTENT_ENCODING);
+                let encoded = encoded.is_some_and(|v| v.as_bytes() != b"identity");
+                evaluate(Fields::Http2(request), &stored, !is_head).for_coding(encoded)
+            }
             _ => Verdict::Full,
         };
         let reply = match verdict {
@@ -90,12 +94,12 @@ impl Hit {
     /// A `206` of `ranges` (first and last byte) of the stored body.
     fn partial(&self, ranges: &[(u64, u64)]) -> Reply {
         if let [(first, last)] = ranges {
-            let mut head = self.head(206, |_| true);
+            let mut head = self.head(206, |name| !is_digest(name));
             push_content_range(&mut head, *first, *last, self.length);
             end(&mut head, Some(last + 1 - first));
             return self.with(head, self.range(*first, last + 1));
         }
-        let mut head = self.head(206, |name| name != header::CONTENT_TYPE);
+        let mut head = self.head(206, |name| name != header::CONTENT_TYPE && !is_digest(name));
         let kind = self.head.headers.get(header::CONTENT_TYPE);
         let kind = kind.map_or(&b"application/octet-stream"[..], |v| v.as_bytes());
         let data = Data::Bytes(self.body.clone());
@@ -120,6 +124,12 @@ impl Hit {
             cache: None,
         }
     }
+}
+
+/// A digest of the whole representation (`Content-Digest`, `Content-MD5`): wrong on a
+/// `206`, whose content is a part of it.
+fn is_digest(name: &HeaderName) -> bool {
+    name == "content-digest" || name == "content-md5"
 }
 
 /// A stored response's validators: its `ETag` and `Last-Modified` as they were sent.

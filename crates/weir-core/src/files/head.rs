@@ -84,7 +84,7 @@ impl FileServer {
             headers: &r.req.headers,
         };
         let is_head = r.req.is_head;
-        let verdict = http::evaluate(fields, &v, !is_head);
+        let verdict = http::evaluate(fields, &v, !is_head).for_coding(coding.is_some());
         let status = match &verdict {
             Verdict::Full => 200,
             Verdict::Partial(_) => 206,

@@ -77,6 +77,19 @@ pub(crate) enum Verdict {
     Unsatisfiable,
 }
 
+impl Verdict {
+    /// The verdict for a representation with a content coding (`encoded`): several ranges
+    /// of it are answered whole, as RFC 9110 14.2 lets a server ignore `Range`, since a
+    /// `multipart/byteranges` cannot say its parts are of an encoded representation (a
+    /// `Content-Encoding` on it would say the multipart body is encoded).
+    pub(crate) fn for_coding(self, encoded: bool) -> Verdict {
+        match self {
+            Verdict::Partial(ranges) if encoded && ranges.len() > 1 => Verdict::Full,
+            other => other,
+        }
+    }
+}
+
 /// The values of every request field named `name` (lower case), in order, trimmed.
 fn values<'a>(f: Fields<'a>, name: &'static [u8]) -> impl Iterator<Item = &'a [u8]> {
     let mut out = Vec::new();
