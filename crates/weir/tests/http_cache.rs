@@ -1318,3 +1318,27 @@ async fn a_background_revalidation_that_never_ends_lets_its_key_go() {
     );
     assert_eq!(count.load(std::sync::atomic::Ordering::SeqCst), 3);
 }
+
+/// Fresh for a minute, with 127 header fields: one fewer than a response head may have.
+fn many_fields(_: &str, _: usize) -> String {
+    let mut head = String::from("HTTP/1.1 200 OK\r\nCache-Control: max-age=60\r\n");
+    for i in 0..125 {
+        head.push_str(&format!("X-Field-{i}: {i}\r\n"));
+    }
+    head + "Content-Length: 4\r\n\r\nmany"
+}
+
+/// A response whose head leaves no room for the fields a hit adds (`Age`,
+/// `Cache-Status`, `Content-Length`) is relayed uncached: every hit of it would fail.
+#[tokio::test]
+async fn a_head_too_near_the_field_limit_is_not_stored() {
+    let up = Scripted::start(many_fields).await;
+    let weir = cached(up.addr, "", "").start();
+    let mut c = weir.client().await;
+    for _ in 0..2 {
+        let r = get(&mut c, "/", &[]).await;
+        assert_eq!((r.status, r.body.as_slice()), (200, &b"many"[..]));
+        assert_eq!(r.header("Cache-Status"), Some("weir; fwd=uri-miss"));
+    }
+    assert_eq!(up.heads().len(), 2);
+}

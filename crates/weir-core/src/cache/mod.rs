@@ -604,6 +604,13 @@ impl Fill {
             AfterResponse::NotModified(policy, parts) => (policy, parts),
             AfterResponse::Modified(..) => return None,
         };
+        if !fits_reply(&parts.headers) {
+            // The 304's fields would make every hit fail: the body it confirmed answers
+            // with the stored head once, and the entry goes.
+            self.store.purge(&self.key, false);
+            let head = stale_head(&stale.entry, now);
+            return Some(self.reply(Hit::whole(head, body, self.served(Served::Refreshed))));
+        }
         let entry = Entry {
             staleness: Staleness::of(&policy, &parts.headers, now),
             status: parts.status,
@@ -642,7 +649,8 @@ impl Fill {
         };
         let policy = CachePolicy::new_options(&self.parts, &head, SystemTime::now(), options);
         // A shared cache stores no response that sets a cookie: it is one client's.
-        if !policy.is_storable() || head.headers().contains_key(http::header::SET_COOKIE) {
+        let set_cookie = head.headers().contains_key(http::header::SET_COOKIE);
+        if !policy.is_storable() || set_cookie || !fits_reply(head.headers()) {
             return None;
         }
         let variant = variant(&self.parts.headers, head.headers());
@@ -658,6 +666,17 @@ impl Fill {
             over: false,
         }))
     }
+}
+
+/// The fields a reply from the store adds to the stored ones (`Age`, `Cache-Status`,
+/// `Content-Length`, `Content-Range`), with room to spare.
+const REPLY_ADDS: usize = 8;
+
+/// Whether a reply from an entry with the stored fields `headers` stays within the fields
+/// a reply head may have (it is parsed again as it is sent): else it is not stored, as
+/// every hit of it would fail.
+fn fits_reply(headers: &HeaderMap) -> bool {
+    headers.len() + REPLY_ADDS <= crate::codec::http1::response::MAX_RESPONSE_HEADERS
 }
 
 /// The response `resp` (its head in `buf`) as the policy reads it: its end-to-end fields.

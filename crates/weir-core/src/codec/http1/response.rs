@@ -43,7 +43,8 @@ impl ResponseHead {
     }
 }
 
-const MAX_RESPONSE_HEADERS: usize = 128;
+/// Most fields a response head may have (an upstream's, or a reply Weir writes).
+pub const MAX_RESPONSE_HEADERS: usize = 128;
 
 /// Parses a response head at the start of `buf`. `Ok(false)`: incomplete.
 pub fn parse_response(
