@@ -1342,3 +1342,38 @@ async fn a_head_too_near_the_field_limit_is_not_stored() {
     }
     assert_eq!(up.heads().len(), 2);
 }
+
+/// `ETag: "v1"`, stale at once; a `304` that makes it `private, no-store`; then `new`.
+fn etag_v1_then_no_store(head: &str, index: usize) -> String {
+    match index {
+        0 => etag_v1(head, index),
+        1 => {
+            "HTTP/1.1 304 Not Modified\r\nETag: \"v1\"\r\nCache-Control: private, no-store\r\n\r\n"
+                .into()
+        }
+        _ => "HTTP/1.1 200 OK\r\nCache-Control: no-store\r\nContent-Length: 3\r\n\r\nnew".into(),
+    }
+}
+
+/// A `304` whose policy is no longer storable removes the entry (it is not kept, nor
+/// counted as stored): the next request is a plain miss.
+#[tokio::test]
+async fn a_304_that_forbids_storing_removes_the_entry() {
+    let up = Scripted::start(etag_v1_then_no_store).await;
+    let weir = cached(up.addr, "", "").start();
+    let mut c = weir.client().await;
+    assert_eq!(get(&mut c, "/", &[]).await.body, b"version");
+    let refreshed = get(&mut c, "/", &[]).await;
+    assert_eq!(refreshed.body, b"version");
+    assert_eq!(weir.metric("weir_cache_entries{store=\"mem\"}"), 0);
+    assert_eq!(weir.metric("weir_cache_stored_total{store=\"mem\"}"), 1);
+    let after = get(&mut c, "/", &[]).await;
+    assert_eq!(
+        (after.body.as_slice(), after.header("Cache-Status")),
+        (&b"new"[..], Some("weir; fwd=uri-miss"))
+    );
+    let heads = up.heads();
+    assert_eq!(heads.len(), 3, "{heads:?}");
+    assert!(heads[1].contains("If-None-Match"), "{}", heads[1]);
+    assert!(!heads[2].contains("If-None-Match"), "{}", heads[2]);
+}

@@ -604,11 +604,17 @@ impl Fill {
             AfterResponse::NotModified(policy, parts) => (policy, parts),
             AfterResponse::Modified(..) => return None,
         };
-        if !fits_reply(&parts.headers) {
-            // The 304's fields would make every hit fail: the body it confirmed answers
-            // with the stored head once, and the entry goes.
+        let fits = fits_reply(&parts.headers);
+        if !policy.is_storable() || !fits {
+            // No longer storable (a `304` with `no-store` or `private`), or its fields
+            // would make every hit fail: the entry goes, and this request gets the body
+            // the 304 confirmed (with the stored head if the new one does not fit).
             self.store.purge(&self.key, false);
-            let head = stale_head(&stale.entry, now);
+            let head = if fits {
+                parts
+            } else {
+                stale_head(&stale.entry, now)
+            };
             return Some(self.reply(Hit::whole(head, body, self.served(Served::Refreshed))));
         }
         let entry = Entry {
