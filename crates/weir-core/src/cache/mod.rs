@@ -232,9 +232,7 @@ fn while_revalidating(
     if refreshes {
         fill.take_turn();
     }
-    if fill.leading && !lines.is_empty() {
-        store.counts.revalidations.fetch_add(1, Relaxed);
-    }
+    // Counted when the revalidation starts (`Fill::count_revalidation`): it may not.
     let fill = fill.leading.then(|| Box::new(fill));
     Some(Lookup::Stale(Box::new(reply), fill))
 }
@@ -584,6 +582,14 @@ impl Fill {
         self.store.counts.stale.fetch_add(1, Relaxed);
         let head = stale_head(&stale.entry, now);
         Some(self.reply(Hit::whole(head, body, self.served(Served::Stale))))
+    }
+
+    /// Counts the revalidation of the stale entry, if it has validators to send (a
+    /// revalidation in the background, as it starts).
+    pub fn count_revalidation(&self) {
+        if self.stale.as_ref().is_some_and(|s| !s.lines.is_empty()) {
+            self.store.counts.revalidations.fetch_add(1, Relaxed);
+        }
     }
 
     /// The conditional header lines the upstream request gets (empty: none).

@@ -122,6 +122,7 @@ async fn run(worker: Rc<Worker>, job: Job) {
         tls: job.tls.as_ref(),
         request_id: &job.request_id,
     };
+    job.fill.count_revalidation();
     let spare = Cell::new(http::HeaderMap::new());
     let r = StreamRequest {
         worker: &worker,

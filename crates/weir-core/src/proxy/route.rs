@@ -135,6 +135,8 @@ impl<'a> Routing<'a> {
     ) -> Result<Option<Box<Fill>>, Decision<'a>> {
         let store = &self.snapshot.caches[cache.store];
         let up = &self.snapshot.config.upstreams[upstream];
+        // The background exchange is an HTTP/1.1 one whatever the client speaks (for
+        // `protocol = "auto"` too): only `h2` / `h2c` upstreams revalidate first.
         let background = carrier(Protocol::Http1, up) == Carrier::Http1;
         match crate::cache::lookup(r, routed, cache, store, background) {
             CacheLookup::Hit(reply) => Err(Decision::Reply(reply)),
