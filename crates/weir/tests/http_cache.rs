@@ -1377,3 +1377,31 @@ async fn a_304_that_forbids_storing_removes_the_entry() {
     assert!(heads[1].contains("If-None-Match"), "{}", heads[1]);
     assert!(!heads[2].contains("If-None-Match"), "{}", heads[2]);
 }
+
+/// A request with a condition and a range of its own, answered from a stale entry within
+/// `stale-while-revalidate`, starts the revalidation too: its head goes up without the
+/// client's `If-None-Match` and `Range`, with the entry's own validator.
+#[tokio::test]
+async fn a_conditional_ranged_request_starts_the_background_revalidation() {
+    let up = Scripted::start(etag_v1_swr).await;
+    let weir = cached(up.addr, "", "").start();
+    let mut c = weir.client().await;
+    assert_eq!(get(&mut c, "/", &[]).await.body, b"version");
+    let asks = [("If-None-Match", "\"v0\""), ("Range", "bytes=0-2")];
+    let stale = get(&mut c, "/", &asks).await;
+    assert_eq!((stale.status, stale.body.as_slice()), (206, &b"ver"[..]));
+    weir.wait_metric("weir_cache_stored_total{store=\"mem\"}", 2)
+        .await;
+    assert_eq!(
+        weir.metric("weir_cache_revalidations_total{store=\"mem\"}"),
+        1
+    );
+    let heads = up.heads();
+    assert_eq!(heads.len(), 2, "{heads:?}");
+    assert!(heads[1].contains("If-None-Match: \"v1\""), "{}", heads[1]);
+    assert!(
+        !heads[1].contains("v0") && !heads[1].contains("Range"),
+        "{}",
+        heads[1]
+    );
+}

@@ -186,6 +186,30 @@ fn revalidation(r: &Request<'_>, conditional: &HeaderMap) -> Option<Vec<u8>> {
     (!own && !lines.is_empty()).then_some(lines)
 }
 
+/// The conditional lines of a stored response's own validators (its `ETag`, its
+/// `Last-Modified`), whatever the request asked.
+fn validator_lines(stored: &HeaderMap) -> Vec<u8> {
+    let mut lines = Vec::new();
+    let fields = [
+        (http::header::ETAG, http::header::IF_NONE_MATCH),
+        (http::header::LAST_MODIFIED, http::header::IF_MODIFIED_SINCE),
+    ];
+    for (validator, condition) in fields {
+        if let Some(value) = stored.get(&validator) {
+            push_header(&mut lines, header_case(&condition), value.as_bytes());
+        }
+    }
+    lines
+}
+
+/// Whether `name` is a request field that makes a request conditional or partial (a
+/// background revalidation's head leaves them out).
+pub(crate) fn is_condition(name: &[u8]) -> bool {
+    CONDITIONS
+        .iter()
+        .any(|c| c.as_bytes().eq_ignore_ascii_case(name))
+}
+
 /// Whether `r` has any of the fields `names`.
 fn asks_any(r: &Request<'_>, names: &[&str]) -> bool {
     r.req.headers.iter().any(|h| {
@@ -203,9 +227,9 @@ fn may_wait(r: &Request<'_>) -> bool {
 }
 
 /// The answer from the stale `entry` of `key` while it is revalidated in the background
-/// (`lines`: its conditional lines), if its body is at hand; the revalidation's fill when
-/// this request starts it (it fetches the key: [`Store::turn`]), has no condition of its
-/// own (the entry would not be refreshed by its answer) and no body.
+/// (`lines`: its conditional lines, empty when the client sent its own), if its body is
+/// at hand; the revalidation's fill when this request starts it (it fetches the key:
+/// [`Store::turn`]) and has no body.
 fn while_revalidating(
     r: &Request<'_>,
     (key, parts, store, cache): (&[u8], &http::request::Parts, &Arc<Store>, &RouteCache),
@@ -221,15 +245,19 @@ fn while_revalidating(
     let reply =
         Hit::whole(stale_head(entry, now), body.clone(), served).reply(&parts.headers, false);
     let mut fill = Fill::new(key.to_vec(), parts.clone(), store, cache, None);
+    // The revalidation sends the request's head again without the client's conditions
+    // and range (`is_condition`): the entry's own validators make it conditional.
+    let lines = match lines.is_empty() {
+        true => validator_lines(&entry.headers),
+        false => lines.to_vec(),
+    };
     fill.stale = Some(Stale {
         entry: entry.clone(),
-        lines: lines.to_vec(),
+        lines,
         body: Some(body),
     });
-    // The revalidation sends the request's head again, without a body.
-    let bodiless = matches!(r.req.framing, BodyFraming::None | BodyFraming::Length(0));
-    let refreshes = bodiless && !asks_any(r, &CONDITIONS);
-    if refreshes {
+    // ... and without a body.
+    if let BodyFraming::None | BodyFraming::Length(0) = r.req.framing {
         fill.take_turn();
     }
     // Counted when the revalidation starts (`Fill::count_revalidation`): it may not.

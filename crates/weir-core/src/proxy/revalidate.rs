@@ -80,13 +80,18 @@ pub(crate) fn start(
         return;
     }
     let origin = &r.origin;
+    let head = r.buf[..r.req.head_len].to_vec();
+    let mut req = r.req.clone();
+    // The entry's own validators make the request conditional, not the client's.
+    req.headers
+        .retain(|h| !crate::cache::is_condition(&head[h.name.clone()]));
     let job = Job {
         snapshot,
         listener: routing.listener,
         route,
         upstream,
-        head: r.buf[..r.req.head_len].to_vec(),
-        req: r.req.clone(),
+        head,
+        req,
         peer: *origin.peer,
         peer_ip: origin.peer_ip,
         behind: origin.behind.map(|(ip, text)| (ip, *text)),
