@@ -260,6 +260,7 @@ max_idle = 256
                 drain_timeout: Duration::from_secs(30),
                 cert_check_interval: Duration::from_secs(5),
                 log_format: LogFormat::Text,
+                background_revalidations: 64,
             },
             admin: AdminSettings {
                 bind: Some(addr("127.0.0.1:9901")),
@@ -328,6 +329,7 @@ max_idle = 256
                 drain_timeout: Duration::from_secs(30),
                 cert_check_interval: Duration::from_secs(5),
                 log_format: LogFormat::Text,
+                background_revalidations: 64,
             },
             admin: AdminSettings {
                 bind: Some(addr("127.0.0.1:9901")),
@@ -438,6 +440,20 @@ servers = [{ addr = "10.0.0.1:80" }]
         let e = fail("[[listeners]]\nname = \"a\"\nname = \"b\"\n");
         assert_eq!(e.line, 3, "{e}");
         assert!(e.message.contains("duplicate key"), "{e}");
+    }
+
+    #[test]
+    fn background_revalidations_is_bounded() {
+        let listener = "[[listeners]]\nname = \"a\"\nbind = \"127.0.0.1:1\"\n";
+        let config = parse(&format!(
+            "[server]\nbackground_revalidations = 0\n{listener}"
+        ));
+        assert_eq!(config.server.background_revalidations, 0);
+        let e = fail(&format!(
+            "[server]\nbackground_revalidations = -1\n{listener}"
+        ));
+        assert_eq!(e.line, 2, "{e}");
+        assert!(e.message.contains("between 0 and 100000"), "{e}");
     }
 
     #[test]

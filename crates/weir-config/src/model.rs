@@ -46,6 +46,9 @@ pub struct ServerSettings {
     /// How the process log (stderr) is written; `WEIR_LOG_FORMAT` overrides it. Fixed at
     /// start.
     pub log_format: LogFormat,
+    /// Cache revalidations (stale-while-revalidate) a worker runs in the background at
+    /// once; past them a stale answer starts none (a later request does).
+    pub background_revalidations: usize,
 }
 
 /// The process log's format (`[server] log_format`).

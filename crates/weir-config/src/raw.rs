@@ -97,6 +97,7 @@ pub(crate) struct RawServer {
     pub drain_timeout: Option<String>,
     pub cert_check_interval: Option<String>,
     pub log_format: Option<String>,
+    pub background_revalidations: Option<i64>,
 }
 
 /// `[admin]`.

@@ -92,6 +92,12 @@ fn server(raw: RawServer, path: &FieldPath) -> Result<ServerSettings, Issue> {
             &path.key("cert_check_interval"),
             false,
         )?,
+        background_revalidations: int_in(
+            raw.background_revalidations,
+            64,
+            0..=100_000,
+            &path.key("background_revalidations"),
+        )?,
         log_format: match raw.log_format.as_deref() {
             None => LogFormat::Text,
             Some(text) => LogFormat::parse(text).ok_or_else(|| {

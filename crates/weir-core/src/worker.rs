@@ -137,7 +137,7 @@ pub struct Worker {
     /// Open files kept for the routes' `files` (`files::cache`).
     pub(crate) open_files: RefCell<crate::files::cache::OpenFiles>,
     /// Cache entries' revalidations in the background (`proxy::revalidate`), at most
-    /// `MAX_BACKGROUND` at a time, aborted when the worker drains.
+    /// `[server] background_revalidations` at a time, aborted when the worker drains.
     pub(crate) revalidations: RefCell<tokio::task::JoinSet<()>>,
 }
 

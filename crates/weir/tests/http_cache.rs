@@ -537,6 +537,9 @@ async fn an_http2_client_s_misses_are_stored_and_collapsed() {
     }
     let waits = "weir_cache_collapsed_waits_total{store=\"mem\"}";
     weir.wait_metric(waits, 49).await;
+    // The filler's request may still be on its way to the (gated) upstream.
+    let reached = weir_testkit::wait_until_async(common::WAIT, || !up.heads().is_empty());
+    assert!(reached.await, "the filler's request reaches the upstream");
     assert_eq!(up.heads().len(), 1);
     gate.add_permits(50);
     let mut statuses = Vec::new();

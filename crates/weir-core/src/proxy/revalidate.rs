@@ -11,9 +11,9 @@
 //! Bounded, since no client waits for it and it holds its key and its snapshot: the whole
 //! fetch (its body included) ends within the upstream's `response_timeout` (which alone
 //! bounds each read), its relay stops as soon as the body is over `max_object_size`, a
-//! worker runs at most [`MAX_BACKGROUND`] at a time (past them the request is answered
-//! stale and starts nothing: the entry is revalidated by a later request), and they are
-//! aborted when the worker drains.
+//! worker runs at most `[server] background_revalidations` at a time (past them the
+//! request is answered stale and starts nothing: the entry is revalidated by a later
+//! request), and they are aborted when the worker drains.
 
 use std::cell::Cell;
 use std::net::IpAddr;
@@ -34,9 +34,6 @@ use crate::tls::session::TlsSession;
 use crate::worker::Worker;
 
 use super::route::Routing;
-
-/// Most revalidations in the background a worker runs at a time.
-pub(crate) const MAX_BACKGROUND: usize = 64;
 
 /// What a background revalidation keeps of the request that started it.
 struct Job {
@@ -60,7 +57,7 @@ struct Job {
 /// `routing` to route `route`, upstream `upstream`) as a task of this worker. Nothing is
 /// started when the worker's snapshot is no longer the one `r` was routed on (the entry is
 /// revalidated by a later request), nor when the worker drains or runs
-/// [`MAX_BACKGROUND`] already (the fill is let go).
+/// `[server] background_revalidations` already (the fill is let go).
 pub(crate) fn start(
     routing: &Routing<'_>,
     r: &Request<'_>,
@@ -76,7 +73,7 @@ pub(crate) fn start(
     }
     let mut running = worker.revalidations.borrow_mut();
     while running.try_join_next().is_some() {}
-    if running.len() >= MAX_BACKGROUND {
+    if running.len() >= snapshot.config.server.background_revalidations {
         return;
     }
     let origin = &r.origin;
