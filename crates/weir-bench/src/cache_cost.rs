@@ -2,9 +2,9 @@
 //! memory store), nginx (`proxy_cache`, its files in the page cache) and Varnish (`-s
 //! malloc`), each on the proxy CPU in front of an nginx backend whose answers say
 //! `Cache-Control: public, max-age=3600`: 615 bytes at `/`, and a 1 MiB file at `/1m`; wrk
-//! asks for one URL at a time, so every request after the first is a hit. Each peer is checked to answer from its cache first. Weir runs
-//! against each peer alternately, as in `policy-cost`; the quoted ratios are medians of the
-//! paired ratios.
+//! asks for one URL at a time, so every request after the first is a hit. Each peer is
+//! checked to answer from its cache first. Weir runs against each peer alternately, as in
+//! `policy-cost`; the quoted ratios are medians of the paired ratios.
 
 use std::net::SocketAddr;
 use std::path::Path;
