@@ -18,6 +18,7 @@ use crate::filters::redirect::https_redirect;
 use crate::filters::respond::Canned;
 use crate::metrics::layout::{Epoch, SlotMap};
 use crate::router::Router;
+use crate::tls::watch::FileStamp;
 use crate::tls::{ListenerTls, TlsError};
 use crate::upstream::split::Split;
 use crate::upstream::state::ServerState;
@@ -37,6 +38,9 @@ pub struct Snapshot {
     /// The HTTP cache stores, indexed like `config.caches`: a reload keeps a store of the
     /// same name and settings, with its entries.
     pub caches: crate::cache::Stores,
+    /// The stamps of the listeners' certificate, key and CA files, taken before they were
+    /// read for this snapshot: the certificate watcher reloads when the files' differ.
+    pub tls_files: Vec<FileStamp>,
     /// Gone once no snapshot up to this one is left: when freed metric slots may be
     /// given to other servers (`metrics::layout`).
     pub epoch: Arc<Epoch>,
@@ -148,7 +152,7 @@ impl Snapshot {
         let listeners = config
             .listeners
             .iter()
-            .zip(tls.0)
+            .zip(tls.plans)
             .map(|(l, tls)| {
                 let mut plan = ListenerPlan::new(l, tls);
                 plan.limiters = limiters(l, &config.cluster, previous);
@@ -178,6 +182,7 @@ impl Snapshot {
             upstreams,
             tracer,
             caches,
+            tls_files: tls.files,
             epoch: Arc::default(),
         }
     }
@@ -220,8 +225,12 @@ impl Snapshot {
     }
 }
 
-/// The TLS setups of a config's listeners, in config order (`None`: plain).
-pub struct TlsPlans(Vec<Option<Arc<ListenerTls>>>);
+/// The TLS setups of a config's listeners, in config order (`None`: plain), and the stamps
+/// of the files they were read from.
+pub struct TlsPlans {
+    plans: Vec<Option<Arc<ListenerTls>>>,
+    files: Vec<FileStamp>,
+}
 
 impl TlsPlans {
     /// Reads every TLS listener's files. A listener that `previous` had (same name) keeps
@@ -230,6 +239,9 @@ impl TlsPlans {
         config: &Config,
         previous: Option<&Snapshot>,
     ) -> Result<TlsPlans, ListenerTlsError> {
+        // Stamped before reading: a file changed while being read has a newer stamp, so
+        // the watcher reads it again.
+        let files = crate::tls::watch::stamps(config);
         let mut plans = Vec::with_capacity(config.listeners.len());
         for (i, listener) in config.listeners.iter().enumerate() {
             let Some(tls) = &listener.tls else {
@@ -241,7 +253,7 @@ impl TlsPlans {
                 .map_err(|error| ListenerTlsError::new(config, i, error))?;
             plans.push(Some(Arc::new(built)));
         }
-        Ok(TlsPlans(plans))
+        Ok(TlsPlans { plans, files })
     }
 }
 

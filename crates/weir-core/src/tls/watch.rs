@@ -1,15 +1,17 @@
 //! Reloading certificates when their files change on disk, without SIGHUP.
 //!
-//! One thread per process looks at the size and modification time of every certificate,
-//! key and CA file of the running config every `cert_check_interval`. When one changed, the
-//! TLS setups are rebuilt from the files and a snapshot with the same config and the new
-//! certificates is published; handshakes in flight finish on the old ones. A file that
-//! cannot be used is logged with its path and the reason, and the running certificates
-//! stay until the files change again. A config published meanwhile (SIGHUP, admin API) has
-//! read the files itself: the watcher then only takes note of them.
+//! Every snapshot records the stamps (length, modification time, inode) of its listeners'
+//! certificate, key and CA files, taken just before they were read. One thread per process
+//! stamps those files again every `cert_check_interval`; when the stamps differ from the
+//! running snapshot's, the TLS setups are rebuilt from the files and a snapshot with the
+//! same config and the new certificates is published; handshakes in flight finish on the
+//! old ones. Comparing with what the running snapshot read (not with the previous look)
+//! means no change is missed: not one made before the first look, nor one made just after
+//! a reload (SIGHUP, admin API) read the files. A file that cannot be used is logged with
+//! its path and the reason, and the running certificates stay until the files change again.
 
+use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime};
@@ -19,8 +21,10 @@ use weir_config::Config;
 use crate::snapshot::{Snapshot, TlsPlans};
 use crate::worker::Shared;
 
-/// What is known of one file: its path, and its length and mtime if it could be read.
-type Stamp = (PathBuf, Option<(u64, SystemTime)>);
+/// What is known of one file: its path, and its length, mtime and inode if it could be
+/// read. The inode tells a file replaced by a rename within one tick of the (coarse) file
+/// clock from the one before it.
+pub type FileStamp = (PathBuf, Option<(u64, SystemTime, u64)>);
 
 /// Starts the watcher thread; it ends at shutdown.
 pub fn spawn(shared: Arc<Shared>) -> std::io::Result<JoinHandle<()>> {
@@ -29,7 +33,8 @@ pub fn spawn(shared: Arc<Shared>) -> std::io::Result<JoinHandle<()>> {
 
 async fn run(shared: Arc<Shared>) {
     let mut shutdown = shared.shutdown.clone();
-    let mut seen = (u64::MAX, Vec::new());
+    // The stamps of files that could not be used: not read again until they change.
+    let mut refused: Option<Vec<FileStamp>> = None;
     loop {
         let interval = shared.snapshot.load().config.server.cert_check_interval;
         // Zero turns checking off; look again now and then in case a reload turns it on.
@@ -45,20 +50,20 @@ async fn run(shared: Arc<Shared>) {
         if *shutdown.borrow() {
             return;
         }
-        let generation = shared.generation.load(Ordering::Acquire);
-        let snapshot = shared.snapshot.load_full();
-        let stamps = stamps(&snapshot.config);
-        let changed = generation == seen.0 && stamps != seen.1;
-        seen = (generation, stamps);
-        if changed && !interval.is_zero() {
-            reload(&shared, snapshot);
-            seen.0 = shared.generation.load(Ordering::Acquire);
+        if interval.is_zero() {
+            continue;
         }
+        let snapshot = shared.snapshot.load_full();
+        let now = stamps(&snapshot.config);
+        if now == snapshot.tls_files || refused.as_ref() == Some(&now) {
+            continue;
+        }
+        refused = (!reload(&shared, snapshot)).then_some(now);
     }
 }
 
 /// The stamps of every TLS file of `config`, in config order.
-fn stamps(config: &Config) -> Vec<Stamp> {
+pub fn stamps(config: &Config) -> Vec<FileStamp> {
     let mut files = Vec::new();
     for tls in config.listeners.iter().filter_map(|l| l.tls.as_ref()) {
         for pair in &tls.certs {
@@ -71,15 +76,16 @@ fn stamps(config: &Config) -> Vec<Stamp> {
         .into_iter()
         .map(|path| {
             let meta = std::fs::metadata(&path).ok();
-            let stamp = meta.and_then(|m| Some((m.len(), m.modified().ok()?)));
+            let stamp = meta.and_then(|m| Some((m.len(), m.modified().ok()?, m.ino())));
             (path, stamp)
         })
         .collect()
 }
 
 /// Rebuilds the TLS setups of `old`'s config and publishes them, unless a newer snapshot
-/// was published meanwhile.
-fn reload(shared: &Shared, old: Arc<Snapshot>) {
+/// was published meanwhile (the watcher then compares with that one). False when the files
+/// cannot be used.
+fn reload(shared: &Shared, old: Arc<Snapshot>) -> bool {
     let tls = match TlsPlans::build(&old.config, Some(&old)) {
         Ok(tls) => tls,
         Err(e) => {
@@ -89,7 +95,7 @@ fn reload(shared: &Shared, old: Arc<Snapshot>) {
                 reason = %e.error.reason,
                 "certificate files changed but cannot be used; the running certificates stay"
             );
-            return;
+            return false;
         }
     };
     // Same config: the upstreams keep their TLS clients.
@@ -104,4 +110,5 @@ fn reload(shared: &Shared, old: Arc<Snapshot>) {
     if shared.publish_if(&old, new) {
         tracing::info!("certificate files changed: certificates reloaded");
     }
+    true
 }
