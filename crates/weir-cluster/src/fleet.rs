@@ -38,6 +38,9 @@ pub struct Fleet {
     pub(crate) view: Mutex<View>,
     /// Held for the whole of [`Fleet::apply_view`]: one apply at a time.
     applying: Mutex<()>,
+    /// A SIGHUP's local file that came while a write of several transactions was under
+    /// way: applied with that write once it is whole.
+    held_local: Mutex<Option<String>>,
     /// The objects' values as last parsed, so that a change parses only what changed.
     parsed: Mutex<Parsed>,
     /// The objects of the running config (what `Shared::text` assembles).
@@ -105,6 +108,7 @@ impl Fleet {
             local: Mutex::new(LocalFile { text, path }),
             view: Mutex::new(View::default()),
             applying: Mutex::new(()),
+            held_local: Mutex::new(None),
             parsed: Mutex::new(Parsed::default()),
             running: Mutex::new(Objects::new()),
             text: Mutex::new(None),
@@ -321,52 +325,86 @@ impl Fleet {
             return Ok(());
         };
         let _turn = lock(&self.applying);
+        let signalled = new_local.is_some();
+        let held = lock(&self.held_local).take();
+        let new_local = new_local.or(held);
         let (objects, revision, by) = {
             let view = self.lock_view();
             if view.objects.contains_key(crate::write::PENDING_KEY) {
-                let revision = view.config_revision;
-                if new_local.is_some() {
-                    tracing::warn!(
-                        revision,
-                        "SIGHUP: a write of several transactions is under way in etcd: nothing applied now; send SIGHUP again once it is done"
-                    );
-                } else {
-                    tracing::info!(
-                        revision,
-                        "a write of several transactions is under way in etcd: applied once whole"
-                    );
-                }
+                self.hold(new_local, signalled, view.config_revision);
                 return Ok(());
             }
             (view.objects.clone(), view.config_revision, view.author())
         };
-        if !force && self.progress.borrow().seen == revision {
+        if !force && new_local.is_none() && self.progress.borrow().seen == revision {
             return Ok(());
         }
-        let mut local = self.local_file().clone();
-        if let Some(text) = &new_local {
-            local.text.clone_from(text);
-        }
-        let outcome = match self.config_of(&local, &objects) {
-            Err(e) => Err(e.to_string()),
-            Ok(config) => {
-                let serving = !config.listeners.is_empty();
-                let fields = self.edited_fields(&objects);
-                store
-                    .apply_shared(config, fields, revision.max(0) as u64, &by)
-                    .map(|_| serving)
-                    .map_err(|e| self.describe(&local, &objects, e))
+        let running = self.local_file().clone();
+        let apply = |local: &LocalFile| self.apply_objects(store, local, &objects, revision, &by);
+        let outcome = match new_local {
+            None => apply(&running),
+            Some(text) => {
+                let local = LocalFile {
+                    text,
+                    ..running.clone()
+                };
+                match apply(&local) {
+                    Ok(serving) => {
+                        self.local_file().text = local.text;
+                        Ok(serving)
+                    }
+                    // Held through a write: the write still applies, with the running file.
+                    Err(e) if !signalled => {
+                        tracing::error!(error = %e, "the local file of a SIGHUP sent during a write in etcd is rejected; the write applies with the running file");
+                        apply(&running)
+                    }
+                    Err(e) => Err(e),
+                }
             }
         };
         if outcome.is_ok() {
             *lock(&self.running) = objects;
             *lock(&self.text) = None;
-            if let Some(text) = new_local {
-                self.local_file().text = text;
-            }
         }
         self.settle(revision, outcome.clone());
         outcome.map(drop)
+    }
+
+    /// Builds the config of `local` and `objects` and applies it: whether it serves.
+    fn apply_objects(
+        &self,
+        store: &Store,
+        local: &LocalFile,
+        objects: &Objects,
+        revision: i64,
+        by: &str,
+    ) -> Result<bool, String> {
+        let config = self.config_of(local, objects).map_err(|e| e.to_string())?;
+        let serving = !config.listeners.is_empty();
+        let fields = self.edited_fields(objects);
+        store
+            .apply_shared(config, fields, revision.max(0) as u64, by)
+            .map(|_| serving)
+            .map_err(|e| self.describe(local, objects, e))
+    }
+
+    /// While a write of several transactions is under way (its marker is in the view at
+    /// `revision`), nothing is applied; a SIGHUP's local file waits for the write.
+    fn hold(&self, local: Option<String>, signalled: bool, revision: i64) {
+        if signalled {
+            tracing::warn!(
+                revision,
+                "SIGHUP: a write of several transactions is under way in etcd: the local file is applied with it once it is whole"
+            );
+        } else {
+            tracing::info!(
+                revision,
+                "a write of several transactions is under way in etcd: applied once whole"
+            );
+        }
+        if local.is_some() {
+            *lock(&self.held_local) = local;
+        }
     }
 
     /// Records the outcome of trying `revision`.

@@ -261,8 +261,9 @@ fn a_push_of_several_transactions_is_applied_whole() {
 }
 
 /// While `.pending` is there (a write of several transactions under way), a running
-/// instance applies nothing, one starting does not start from etcd's half, and no other
-/// write starts (409); once it goes, both apply the write.
+/// instance applies nothing, one starting does not start from etcd's half, no other write
+/// starts (409), and a SIGHUP's local file waits; once it goes, both apply the write (and
+/// the first its new local file).
 #[test]
 fn nothing_is_applied_or_written_while_the_pending_marker_exists() {
     let Some(bin) = etcd_bin() else { return };
@@ -320,8 +321,20 @@ fn nothing_is_applied_or_written_while_the_pending_marker_exists() {
         "{said}"
     );
 
+    // A SIGHUP meanwhile (the listener moved to another address) waits for the write,
+    // then applies with it.
+    let moved = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port");
+    let binds = format!("binds = {{ web = \"{moved}\" }}\n");
+    local(&dir, "a", &endpoints, prefix, &binds);
+    a.signal(libc::SIGHUP);
+    let held = "the local file is applied with it once it is whole";
+    assert!(a.log.wait_for(held, WAIT), "{}", a.log.text());
+
     etcd.delete(0, &marker);
-    wait_body(&a, "v2");
+    let served = weir_testkit::wait_until(WAIT, || body(moved) == "v2");
+    assert!(served, "the held SIGHUP's address; log:\n{}", a.log.text());
     let b_addr = b
         .log
         .listening("web", "listening", WAIT)
