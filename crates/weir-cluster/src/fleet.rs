@@ -353,11 +353,18 @@ impl Fleet {
                         self.local_file().text = local.text;
                         Ok(serving)
                     }
-                    // Held through a write: the write still applies, with the running file.
-                    Err(e) if !signalled => {
-                        tracing::error!(error = %e, "the local file of a SIGHUP sent during a write in etcd is rejected; the write applies with the running file");
-                        apply(&running)
-                    }
+                    // Held through a write: the write still applies, with the running file;
+                    // if it does not either, the write is at fault and the file waits on.
+                    Err(e) if !signalled => match apply(&running) {
+                        Ok(serving) => {
+                            tracing::error!(error = %e, "the local file of a SIGHUP sent during a write in etcd is rejected; the write applies with the running file");
+                            Ok(serving)
+                        }
+                        Err(write_error) => {
+                            *lock(&self.held_local) = Some(local.text);
+                            Err(write_error)
+                        }
+                    },
                     Err(e) => Err(e),
                 }
             }

@@ -39,7 +39,7 @@ pub struct Snapshot {
     /// same name and settings, with its entries.
     pub caches: crate::cache::Stores,
     /// The stamps of the listeners' certificate, key and CA files, taken before they were
-    /// read for this snapshot: the certificate watcher reloads when the files' differ.
+    /// read for this snapshot: the certificate watcher reloads when the files' stamps differ.
     pub tls_files: Vec<FileStamp>,
     /// Gone once no snapshot up to this one is left: when freed metric slots may be
     /// given to other servers (`metrics::layout`).

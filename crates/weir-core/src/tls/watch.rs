@@ -1,14 +1,15 @@
 //! Reloading certificates when their files change on disk, without SIGHUP.
 //!
-//! Every snapshot records the stamps (length, modification time, inode) of its listeners'
-//! certificate, key and CA files, taken just before they were read. One thread per process
-//! stamps those files again every `cert_check_interval`; when the stamps differ from the
-//! running snapshot's, the TLS setups are rebuilt from the files and a snapshot with the
-//! same config and the new certificates is published; handshakes in flight finish on the
-//! old ones. Comparing with what the running snapshot read (not with the previous look)
-//! means no change is missed: not one made before the first look, nor one made just after
-//! a reload (SIGHUP, admin API) read the files. A file that cannot be used is logged with
-//! its path and the reason, and the running certificates stay until the files change again.
+//! Every snapshot records the stamps (length, modification and change times, inode) of
+//! its listeners' certificate, key and CA files, taken just before they were read. One
+//! thread per process stamps those files again every `cert_check_interval`; when the
+//! stamps differ from the running snapshot's, the TLS setups are rebuilt from the files and
+//! a snapshot with the same config and the new certificates is published; handshakes in
+//! flight finish on the old ones. Comparing with what the running snapshot read (not with
+//! the previous look) means a change made before the first look, or just after a reload
+//! (SIGHUP, admin API) read the files, is not missed. A file that cannot be used is logged
+//! with its path and the reason, and the running certificates stay until the files change
+//! again.
 
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
@@ -21,10 +22,10 @@ use weir_config::Config;
 use crate::snapshot::{Snapshot, TlsPlans};
 use crate::worker::Shared;
 
-/// What is known of one file: its path, and its length, mtime and inode if it could be
-/// read. The inode tells a file replaced by a rename within one tick of the (coarse) file
-/// clock from the one before it.
-pub type FileStamp = (PathBuf, Option<(u64, SystemTime, u64)>);
+/// What is known of one file: its path, and its length, mtime, inode and ctime if it could
+/// be read. The inode tells a file replaced by a rename within one tick of the (coarse) file
+/// clock from the one before it; the ctime, a file made readable (`chmod`, `chown`).
+pub type FileStamp = (PathBuf, Option<(u64, SystemTime, u64, (i64, i64))>);
 
 /// Starts the watcher thread; it ends at shutdown.
 pub fn spawn(shared: Arc<Shared>) -> std::io::Result<JoinHandle<()>> {
@@ -76,7 +77,10 @@ pub fn stamps(config: &Config) -> Vec<FileStamp> {
         .into_iter()
         .map(|path| {
             let meta = std::fs::metadata(&path).ok();
-            let stamp = meta.and_then(|m| Some((m.len(), m.modified().ok()?, m.ino())));
+            let stamp = meta.and_then(|m| {
+                let changed = (m.ctime(), m.ctime_nsec());
+                Some((m.len(), m.modified().ok()?, m.ino(), changed))
+            });
             (path, stamp)
         })
         .collect()
