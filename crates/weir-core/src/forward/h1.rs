@@ -419,7 +419,7 @@ where
         if !complete {
             let read = rd.up_buf.read_from(up);
             let read = match timed {
-                true => rd.timer.within(read).await,
+                true => rd.timer.within(std::pin::pin!(read)).await,
                 false => Some(read.await),
             };
             let error = match read {
