@@ -235,25 +235,6 @@ impl ClientConn {
         head: &mut RequestHead,
         worker: &Worker,
     ) -> Result<NextRequest, ProxyError> {
-        match self.read_head(listener, head, worker).await {
-            // Neither HTTP/1 nor the HTTP/2 preface: possibly an HTTP/2 client with a bad
-            // preface, which must see the connection closed (RFC 9113 3.4), not a 400.
-            Err(ProxyError::BadRequest(_))
-                if self.served == 0 && crate::http2::neither_protocol(self.buf.filled()) =>
-            {
-                tracing::debug!("first line is neither HTTP/1 nor the HTTP/2 preface; closing");
-                Ok(NextRequest::Close)
-            }
-            next => next,
-        }
-    }
-
-    async fn read_head(
-        &mut self,
-        listener: &Listener,
-        head: &mut RequestHead,
-        worker: &Worker,
-    ) -> Result<NextRequest, ProxyError> {
         let limits = HeadLimits {
             max_header_size: listener.max_header_size,
             max_headers: listener.max_headers,
@@ -271,8 +252,8 @@ impl ClientConn {
         // Usually the whole head is there: parse at once. Otherwise re-parse only when an
         // end of head may have arrived (or the size limit is reached), so a client dribbling
         // a head byte by byte cannot make Weir re-parse it thousands of times.
-        if parse_request(self.buf.filled(), limits, head)? {
-            return Ok(NextRequest::Ready);
+        if let Some(next) = self.parse(limits, head)? {
+            return Ok(next);
         }
         let deadline = self.head_deadline(listener);
         let mut scanned = 0;
@@ -285,9 +266,33 @@ impl ClientConn {
             let filled = self.buf.filled();
             let worth_parsing =
                 head_end_seen(filled, &mut scanned) || filled.len() >= listener.max_header_size;
-            if worth_parsing && parse_request(filled, limits, head)? {
-                return Ok(NextRequest::Ready);
+            if worth_parsing {
+                if let Some(next) = self.parse(limits, head)? {
+                    return Ok(next);
+                }
             }
+        }
+    }
+
+    /// Parses the buffer's request head into `head`: `Some(Ready)` when complete, `None`
+    /// when more must be read. (A check here, not an `async fn` around `next_request`: that
+    /// layer cost every request a state of its own.)
+    fn parse(
+        &self,
+        limits: HeadLimits,
+        head: &mut RequestHead,
+    ) -> Result<Option<NextRequest>, ProxyError> {
+        match parse_request(self.buf.filled(), limits, head) {
+            Ok(complete) => Ok(complete.then_some(NextRequest::Ready)),
+            // Neither HTTP/1 nor the HTTP/2 preface: possibly an HTTP/2 client with a bad
+            // preface, which must see the connection closed (RFC 9113 3.4), not a 400.
+            Err(ProxyError::BadRequest(_))
+                if self.served == 0 && crate::http2::neither_protocol(self.buf.filled()) =>
+            {
+                tracing::debug!("first line is neither HTTP/1 nor the HTTP/2 preface; closing");
+                Ok(Some(NextRequest::Close))
+            }
+            Err(e) => Err(e),
         }
     }
 
@@ -341,7 +346,11 @@ impl ClientConn {
         // (a large `max_header_size`) is not pooled, so it stays.
         let lend = self.buf.capacity() == crate::worker::UPSTREAM_BUFFER;
         let pool = (|| worker.take_buffer(), |b| worker.give_buffer(b));
-        let read = read_lazily(&mut self.buf, &mut self.stream, lend.then_some(pool));
+        let read = std::pin::pin!(read_lazily(
+            &mut self.buf,
+            &mut self.stream,
+            lend.then_some(pool)
+        ));
         let read = self.idle_timer.within(read);
         tokio::pin!(read);
         // Idle once the read waits: at the listener's max_connections a newcomer may take

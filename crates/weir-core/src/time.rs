@@ -115,16 +115,19 @@ impl LazyTimer {
     }
 
     /// Runs `fut` until it completes (`Some`) or the deadline set last passes (`None`). A
-    /// future that is ready at once never looks at the timer.
-    pub async fn within<F: Future>(&mut self, fut: F) -> Option<F::Output> {
-        let mut fut = std::pin::pin!(fut);
-        poll_fn(|cx| {
-            if let Poll::Ready(out) = fut.as_mut().poll(cx) {
+    /// future that is ready at once never looks at the timer. `fut` comes pinned by the
+    /// caller (`pin!`): the wait is then this one poll function, not an `async fn` around it
+    /// holding `fut` in a state of its own (twice per proxied request).
+    pub fn within<'a, F: Future + Unpin + 'a>(
+        &'a mut self,
+        mut fut: F,
+    ) -> impl Future<Output = Option<F::Output>> + 'a {
+        poll_fn(move |cx| {
+            if let Poll::Ready(out) = Pin::new(&mut fut).poll(cx) {
                 return Poll::Ready(Some(out));
             }
             self.poll_expired(cx).map(|()| None)
         })
-        .await
     }
 }
 
@@ -167,14 +170,14 @@ mod tests {
         let start = Instant::now();
         let mut timer = LazyTimer::new(Instant::now());
         timer.set(start + Duration::from_millis(10));
-        assert_eq!(timer.within(async { 1 }).await, Some(1));
+        assert_eq!(timer.within(std::pin::pin!(async { 1 })).await, Some(1));
         assert!(
             timer.sleep.is_none(),
             "a ready future does not arm the timer"
         );
         // This wait has to wait: it arms the timer at +10 ms.
         let quick = timer
-            .within(tokio::time::sleep(Duration::from_millis(5)))
+            .within(std::pin::pin!(tokio::time::sleep(Duration::from_millis(5))))
             .await;
         assert!(quick.is_some());
         // Moved later: recorded only; the +10 ms timer re-arms when it fires.
@@ -189,7 +192,7 @@ mod tests {
         let mut timer = LazyTimer::new(Instant::now());
         timer.set(start + Duration::from_millis(100));
         let quick = timer
-            .within(tokio::time::sleep(Duration::from_millis(1)))
+            .within(std::pin::pin!(tokio::time::sleep(Duration::from_millis(1))))
             .await;
         assert!(quick.is_some());
         timer.set(start + Duration::from_millis(20));
@@ -204,7 +207,7 @@ mod tests {
         expiry(&mut timer).await;
         timer.set(start + Duration::from_millis(30));
         let done = timer
-            .within(tokio::time::sleep(Duration::from_millis(5)))
+            .within(std::pin::pin!(tokio::time::sleep(Duration::from_millis(5))))
             .await;
         assert!(
             done.is_some(),
@@ -226,7 +229,7 @@ mod tests {
             }
             std::future::pending::<()>().await
         };
-        assert!(timer.within(restless).await.is_none());
+        assert!(timer.within(std::pin::pin!(restless)).await.is_none());
         assert_eq!(Instant::now(), start + Duration::from_millis(10));
         assert!(timer.registered.is_some());
     }

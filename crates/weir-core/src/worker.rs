@@ -207,6 +207,16 @@ impl Worker {
         cached.1.clone()
     }
 
+    /// Whether `snapshot` is still the current one (no reload since it was taken): a
+    /// connection then keeps what it holds, without a new reference and a new lookup of
+    /// its listener per request.
+    #[allow(clippy::redundant_allocation)]
+    pub fn is_current(&self, snapshot: &Rc<Arc<Snapshot>>) -> bool {
+        let generation = self.shared.generation.load(Ordering::Acquire);
+        let cached = self.cached.borrow();
+        cached.0 == generation && Rc::ptr_eq(&cached.1, snapshot)
+    }
+
     #[inline]
     pub fn take_buffer(&self) -> Buffer {
         self.spare

@@ -125,6 +125,9 @@ impl Serving {
     /// removed the listener, the connection still gets its next request answered, on the
     /// snapshot it was served with (`previous`), with `Connection: close`.
     fn current(worker: &Worker, slot: usize, previous: Serving, conn: &mut ClientConn) -> Serving {
+        if worker.is_current(&previous.snapshot) {
+            return previous;
+        }
         let fresh = worker.snapshot();
         match fresh.listener_index(slot) {
             Some(index) => Serving {
