@@ -77,16 +77,29 @@ pub async fn forward(
         max_informational: target.listener.max_informational,
     };
     let client = Http1Request {
-        conn,
+        conn: &mut *conn,
         req,
-        resp,
+        resp: &mut *resp,
         meta,
         keep_alive,
     };
-    match carrier(Protocol::Http1, target.upstream) {
+    let result = match carrier(Protocol::Http1, target.upstream) {
         Carrier::Http2 => super::h2::forward_h2(&x, client).await,
         Carrier::Http1 => forward_h1(&x, client).await,
-    }
+    };
+    // A cache's miss that failed before any of the response was sent: its stale entry
+    // may answer.
+    let failure = match result {
+        Err(failure) => failure,
+        done => return done,
+    };
+    let Some(fill) = conn.fill.take() else {
+        return Err(failure);
+    };
+    let to = meta.sending(keep_alive && conn.current.read);
+    let on = (Under::of_target(&target), to);
+    // Boxed: a route without `cache` keeps the exchange's state as before.
+    Box::pin(answer_stale(conn, resp, failure, &fill, on)).await
 }
 
 /// [`forward`] for a route cache's miss (`fill`): answered by the entry another request
@@ -113,12 +126,7 @@ pub async fn forward_filling(
     let mut lines = take(&mut conn.resp_lines);
     render_response_rules(&mut lines, &conn.request(req), target.route);
     conn.resp_lines = lines;
-    // An HTTP/2 upstream's response is not stored yet: it is relayed uncached, the fill let
-    // go now (requests waiting for it go upstream themselves).
-    match carrier(Protocol::Http1, target.upstream) {
-        Carrier::Http1 => conn.fill = Some(fill),
-        Carrier::Http2 => drop(fill),
-    }
+    conn.fill = Some(fill);
     let result = forward(worker, target, conn, req, resp, keep_alive).await;
     conn.fill = None;
     result
@@ -239,15 +247,8 @@ async fn forward_h1(x: &Exchange<'_>, client: Http1Request<'_>) -> Result<bool, 
                 }
             }
         }
-        Err(failure) => match conn.fill.take() {
-            None => Err(failure),
-            Some(fill) => {
-                let to = meta.sending(keep_alive && conn.current.read);
-                let on = (Under::of_target(&x.target), to);
-                // Boxed: a route without `cache` keeps the exchange's state as before.
-                Box::pin(answer_stale(conn, resp, failure, &fill, on)).await
-            }
-        },
+        // A cache's fill stays in `conn.fill`: `forward` weighs its stale entry.
+        Err(failure) => Err(failure),
     };
     x.worker.give_buffer(up_buf);
     result

@@ -5,7 +5,7 @@
 
 use std::convert::Infallible;
 
-use crate::cache::{Fill, Recorder};
+use crate::cache::{Fetched, Fill, Recorder};
 use crate::codec::http1::ResponseHead;
 use crate::files::Reply;
 use crate::forward::relay::{relay, Broke, Coding, Recording, Sink, Source};
@@ -59,7 +59,7 @@ impl Filling for Box<Fill> {
     type Recorder = Box<Recorder>;
 
     fn answer_instead(&self, buf: &[u8], resp: &ResponseHead) -> Option<Reply> {
-        Fill::answer_instead(self, buf, resp)
+        Fill::answer_instead(self, Fetched::Http1(buf, resp))
     }
 
     fn status_line(&self) -> Option<&'static [u8]> {
@@ -67,7 +67,7 @@ impl Filling for Box<Fill> {
     }
 
     fn admit(self, buf: &[u8], resp: &ResponseHead, dechunk: bool) -> Option<Box<Recorder>> {
-        Fill::admit(*self, buf, resp, dechunk)
+        Fill::admit(*self, Fetched::Http1(buf, resp), dechunk)
     }
 }
 
