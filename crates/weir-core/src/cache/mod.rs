@@ -9,13 +9,14 @@
 //!   adapters send as an upstream's response (`response_headers`, compression). A disk
 //!   entry's larger body is read on the blocking pool before the miss path would go
 //!   upstream ([`Fill::collapse`]), for every client protocol.
-//! - **Misses** go upstream with a [`Fill`] (the exchange with an HTTP/1.1 upstream, for
-//!   HTTP/1.x, HTTP/2 and HTTP/3 clients: `forward::exchange`, `http2::filling`); once
-//!   the response head is in, [`Fill::admit`] says whether it may be stored (the `http-cache-semantics` policy: `no-store`,
-//!   `private`, `Authorization`, `Set-Cookie`, statuses, freshness) and a [`Recorder`]
-//!   beside the client's sink keeps a copy of the body (`forward::relay::Recording`),
-//!   stored once the body is complete and within `max_object_size`. A larger one streams
-//!   through uncached.
+//! - **Misses** go upstream with a [`Fill`] (the exchange with an HTTP/1.1 or HTTP/2
+//!   upstream, for HTTP/1.x, HTTP/2 and HTTP/3 clients: `forward::exchange`,
+//!   `forward::h2::from_h1`, `http2::filling`, `http2::upstream`); once the response head
+//!   is in ([`Fetched`], of either protocol), [`Fill::admit`] says whether it may be
+//!   stored (the `http-cache-semantics` policy: `no-store`, `private`, `Authorization`,
+//!   `Set-Cookie`, statuses, freshness) and a [`Recorder`] beside the client's sink keeps
+//!   a copy of the body (`forward::relay::Recording`), stored once the body is complete
+//!   and within `max_object_size`. A larger one streams through uncached.
 //!
 //! Concurrent misses of one key are collapsed: the first goes upstream, the others wait
 //! for it (at most the route's `lock_timeout`, then go themselves) and are answered from
