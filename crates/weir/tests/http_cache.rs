@@ -498,7 +498,7 @@ async fn a_hit_answers_conditions_from_the_stored_validators() {
 /// A `304` from the store carries the `ETag` the `200` for the same request carries:
 /// weakened only when that 200 is compressed (not for a type the route does not
 /// compress, a body under `min_size`, one already encoded, nor on a route without
-/// compression).
+/// compression), for HTTP/1.1 and HTTP/2 clients.
 #[tokio::test]
 async fn a_304_from_the_store_carries_the_200_s_etag() {
     let long = "compressible text ".repeat(100);
@@ -535,6 +535,19 @@ async fn a_304_from_the_store_carries_the_200_s_etag() {
         assert_eq!(r.header("Cache-Status"), Some("weir; hit"), "{case}");
         let compressed = full.header("Content-Encoding") == Some("gzip") && encoded.is_none();
         assert_eq!(etag.starts_with("W/"), compressed, "{case}");
+        // An HTTP/2 client's 304 is planned the same way.
+        let mut h2 = common::h2c_client(weir.addr).await;
+        let asked = [
+            ("accept-encoding", "gzip"),
+            ("if-none-match", etag.as_str()),
+        ];
+        let (status, headers, _) = h2_get(&mut h2, "/", &asked).await;
+        assert_eq!(status, 304, "{case}");
+        assert_eq!(
+            headers.get("etag").map(|v| v.to_str().unwrap()),
+            Some(etag.as_str()),
+            "{case}"
+        );
     }
 }
 
