@@ -30,6 +30,8 @@ pub(crate) trait Filling {
 pub(crate) trait Record {
     /// Keeps a piece of the body.
     fn record(&mut self, piece: &[u8]);
+    /// The body passed what may be stored.
+    fn is_over(&self) -> bool;
     /// Stores the entry whose whole body is `body`.
     fn finish_with(self, body: &[u8]);
     /// Stores the entry: the body was relayed to its end.
@@ -77,6 +79,10 @@ impl Record for Infallible {
         match *self {}
     }
 
+    fn is_over(&self) -> bool {
+        match *self {}
+    }
+
     fn finish_with(self, _: &[u8]) {
         match self {}
     }
@@ -89,6 +95,10 @@ impl Record for Infallible {
 impl Record for Box<Recorder> {
     fn record(&mut self, piece: &[u8]) {
         Recorder::record(self, piece);
+    }
+
+    fn is_over(&self) -> bool {
+        Recorder::is_over(self)
     }
 
     fn finish_with(self, body: &[u8]) {
@@ -115,6 +125,7 @@ pub(crate) async fn relay_recorded<S: Source, K: Sink, R: Record>(
             let mut recording = Recording {
                 inner: source,
                 recorder,
+                stop_when_over: false,
             };
             Box::pin(relay(&mut recording, sink, coding)).await
         }

@@ -314,6 +314,7 @@ impl StreamRequest<'_> {
                     let mut recording = Recording {
                         inner: &mut source,
                         recorder,
+                        stop_when_over: false,
                     };
                     // Boxed: a route without `cache` keeps the exchange's state as before.
                     let relaying = relay_body(send, &mut recording, sink, coding.as_mut(), whole);

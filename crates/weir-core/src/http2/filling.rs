@@ -20,7 +20,7 @@ use crate::forward::body::BodyState;
 use crate::forward::driver::{drive, Accepted};
 use crate::forward::exchange::push_before_end;
 use crate::forward::h1::{pool_after_answer, reuse, NoInterim};
-use crate::forward::relay::{relay, Broke, Http1Sink, Http1Source, Peer, Piece, Source, Trailers};
+use crate::forward::relay::{relay, Broke, Http1Sink, Http1Source, Peer, Recording};
 use crate::forward::{Failure, Reached};
 use crate::request::LastTry;
 
@@ -224,9 +224,11 @@ impl StreamRequest<'_> {
         let state = BodyState::new(resp.framing, true, None);
         let timeout = self.target.upstream.response_timeout;
         let mut source = Http1Source::new(&mut stream, up_buf, state, timeout, Peer::Upstream);
-        let mut recording = ForStore {
+        // Nobody waits for the rest of a body the store does not take.
+        let mut recording = Recording {
             inner: &mut source,
             recorder: &mut recorder,
+            stop_when_over: true,
         };
         let (mut discard, mut sent) = (tokio::io::sink(), 0);
         let mut sink = Http1Sink {
@@ -250,45 +252,5 @@ impl StreamRequest<'_> {
             );
         }
         Ok(())
-    }
-}
-
-/// A background fetch's body (`fetch_for_store`) as it is recorded: it ends with an error
-/// once the body passes what the store takes, as no client waits for the rest (the
-/// upstream connection is dropped then, not read to the end of a body of any size).
-struct ForStore<'r, S> {
-    inner: &'r mut S,
-    recorder: &'r mut Recorder,
-}
-
-impl<S: Source> Source for ForStore<'_, S> {
-    async fn next(&mut self) -> Result<Option<(Piece<'_>, bool)>, ProxyError> {
-        let next = self.inner.next().await?;
-        if let Some((piece, _)) = &next {
-            self.recorder.record(piece.as_slice());
-            if self.recorder.is_over() {
-                // Only logged (at debug, by `fetch_for_store`): nobody is answered.
-                return Err(ProxyError::UpstreamMalformed("body over max_object_size"));
-            }
-        }
-        Ok(next)
-    }
-
-    fn taken(&mut self) {
-        self.inner.taken();
-    }
-
-    async fn trailers(&mut self) -> Result<Trailers<'_>, ProxyError> {
-        self.inner.trailers().await
-    }
-
-    fn prime(&mut self) -> Result<bool, ProxyError> {
-        self.inner.prime()
-    }
-
-    fn whole(&mut self) -> Option<Piece<'_>> {
-        let piece = self.inner.whole()?;
-        self.recorder.record(piece.as_slice());
-        Some(piece)
     }
 }

@@ -435,6 +435,7 @@ impl<C: ClientSide, B: ClientBody> Sender for H2Sender<'_, '_, C, B> {
                 let mut recording = Recording {
                     inner: &mut source,
                     recorder,
+                    stop_when_over: false,
                 };
                 let responding =
                     client.respond(answer, &mut recording, upload, coding.as_mut(), trace);
