@@ -276,3 +276,65 @@ async fn an_h2c_upstream_s_304_refreshes_the_stale_entry() {
         [None, Some("\"v1\""), None, Some("\"v1\"")]
     );
 }
+
+/// An HTTP/3 client's miss to an h2c upstream is stored as well: the next request is a
+/// hit, with no request upstream.
+#[tokio::test]
+async fn an_http3_client_s_miss_to_an_h2c_upstream_is_stored() {
+    use weir_testkit::certs::TestCa;
+    use weir_testkit::h3_client::{connect_to, get};
+    const NAME: &str = "h3.example.com";
+    let ca = TestCa::new("h3 CA");
+    let leaf = ca.leaf(&[NAME]);
+    let up = ScriptedH2::start(fresh_for_a_minute, None).await;
+    let weir = cached_h2c(up.addr)
+        .listener("http3 = true")
+        .listener(&common::tls_table(&[&leaf], ""))
+        .start();
+    let mut c = connect_to(&ca, weir.addr, NAME).await;
+    for expected in ["weir; fwd=uri-miss", "weir; hit"] {
+        let r = get(&mut c.send, NAME, "/q").await.expect("GET");
+        assert_eq!((r.status, r.body.as_slice()), (200, &b"hello"[..]));
+        assert_eq!(r.header("cache-status"), Some(expected));
+    }
+    assert_eq!(up.requests().len(), 1, "the hit never reaches the upstream");
+}
+
+/// Stale at once, and may answer for an error for a minute; the upstream fails (503)
+/// from its second request on.
+fn then_failing(
+    _: &HeaderMap,
+    index: usize,
+) -> (u16, Vec<(&'static str, &'static str)>, &'static str) {
+    match index {
+        0 => (
+            200,
+            vec![("cache-control", "max-age=0, stale-if-error=60")],
+            "kept",
+        ),
+        _ => (503, vec![], "down"),
+    }
+}
+
+/// An h2c upstream's 5xx is answered with the stale entry it stored, when the entry
+/// allows it (`stale-if-error`), for either client protocol.
+#[tokio::test]
+async fn a_stale_entry_answers_for_an_h2c_upstream_s_5xx() {
+    let up = ScriptedH2::start(then_failing, None).await;
+    let weir = cached_h2c(up.addr).start();
+    let mut c = weir.client().await;
+    assert_eq!(get(&mut c, "/s").await.body, b"kept");
+    let stale = get(&mut c, "/s").await;
+    assert_eq!((stale.status, stale.body.as_slice()), (200, &b"kept"[..]));
+    assert_eq!(
+        stale.header("Cache-Status"),
+        Some("weir; hit; detail=stale")
+    );
+    let mut h2 = common::h2c_client(weir.addr).await;
+    let (status, cache, body) = h2_get(&mut h2, "/s").await;
+    assert_eq!(
+        (status, cache.as_str(), body.as_slice()),
+        (200, "weir; hit; detail=stale", &b"kept"[..])
+    );
+    assert_eq!(up.requests().len(), 3);
+}
