@@ -33,7 +33,7 @@ use super::filling::mark;
 use super::interim::ClientStream;
 use super::respond::{head_from_h2, relay_body, Sinking};
 use super::upstream_request::{upstream_request, Upstream};
-use crate::cache::Fetched;
+use crate::cache::{Fetched, Recorder};
 use crate::error::ProxyError;
 use crate::forward::driver::{drive, Attempt, Miss, Sender, Tries};
 use crate::forward::h1::Interim;
@@ -345,6 +345,39 @@ impl<C, B> H2Sender<'_, '_, C, B> {
     }
 }
 
+/// Sends `answer` to `client` with the upstream's body from `source`, while the rest of
+/// the request body (`upload`, if still going) goes up; a route cache's `recorder`, if
+/// any, keeps a copy, stored once all of it went.
+async fn relay_answer<C: ClientSide, U: Future<Output = Result<(), Broke>>>(
+    (client, trace): (&mut C, &mut Trace),
+    answer: Answer<'_>,
+    mut source: H2Source<'_>,
+    upload: Option<Pin<&mut U>>,
+    coding: Option<&mut Coding>,
+    mut recorder: Option<Box<Recorder>>,
+) -> Result<(), Failure> {
+    let relayed = match recorder.as_mut() {
+        None => {
+            let responding = client.respond(answer, &mut source, upload, coding, trace);
+            responding.await
+        }
+        Some(recorder) => {
+            let mut recording = Recording {
+                inner: &mut source,
+                recorder,
+                stop_when_over: false,
+            };
+            let responding = client.respond(answer, &mut recording, upload, coding, trace);
+            // Boxed: a route without `cache` keeps the stream's state as before.
+            Box::pin(responding).await
+        }
+    };
+    if let (Ok(()), Some(recorder)) = (&relayed, recorder) {
+        recorder.finish();
+    }
+    relayed
+}
+
 impl<C: ClientSide, B: ClientBody> Sender for H2Sender<'_, '_, C, B> {
     type Sent = Relayed;
 
@@ -402,7 +435,7 @@ impl<C: ClientSide, B: ClientBody> Sender for H2Sender<'_, '_, C, B> {
             tries.count(a, Ok(status));
             return Ok(Relayed::Stored(Box::new(reply)));
         }
-        let (cache_status, mut recorder) = r.admission(Fetched::Http2(&parts));
+        let (cache_status, recorder) = r.admission(Fetched::Http2(&parts));
         let mut lines = Vec::new();
         let mut edits = r.edits(&mut lines, a.server);
         edits.cookie = tries.set_cookie();
@@ -423,29 +456,10 @@ impl<C: ClientSide, B: ClientBody> Sender for H2Sender<'_, '_, C, B> {
             http2: &r.target.listener.http2,
         };
         let received = Cell::new(0);
-        let mut source = H2Source::new(&mut up_body, timeout, Peer::Upstream, &received);
-        let (client, trace) = (&mut *self.client, &mut *self.trace);
-        let relayed = match recorder.as_mut() {
-            None => {
-                let responding =
-                    client.respond(answer, &mut source, upload, coding.as_mut(), trace);
-                responding.await
-            }
-            Some(recorder) => {
-                let mut recording = Recording {
-                    inner: &mut source,
-                    recorder,
-                    stop_when_over: false,
-                };
-                let responding =
-                    client.respond(answer, &mut recording, upload, coding.as_mut(), trace);
-                // Boxed: a route without `cache` keeps the stream's state as before.
-                Box::pin(responding).await
-            }
-        };
-        if let (Ok(()), Some(recorder)) = (&relayed, recorder) {
-            recorder.finish();
-        }
+        let source = H2Source::new(&mut up_body, timeout, Peer::Upstream, &received);
+        let client = (&mut *self.client, &mut *self.trace);
+        let relayed = relay_answer(client, answer, source, upload, coding.as_mut(), recorder);
+        let relayed = relayed.await;
         self.trace.compressed = coding.as_ref().map(Coding::compressed);
         Ok(Relayed::Over(relayed))
     }

@@ -15,7 +15,8 @@ use super::{
     content_length, final_head, forbidden_in_trailer, h1_head_to_h2, h2_response, open,
     relay_while_uploading, HeadBounds, Upload,
 };
-use crate::cache::Fetched;
+use crate::cache::Fetched::Http2;
+use crate::cache::{Fill, Recorder};
 use crate::client::ClientConn;
 use crate::codec::http1::header::is_token;
 use crate::codec::http1::{HeaderKind, RequestHead, ResponseHead};
@@ -179,10 +180,9 @@ impl Sender for FromHttp1<'_, '_> {
         if !tries.relays(status, whole || self.consumed.get() == 0, self.informed) {
             return Err(Miss::retried(status));
         }
-        let fetched = Fetched::Http2(&parts);
-        if let Some(reply) = conn.fill.as_ref().and_then(|f| f.answer_instead(fetched)) {
+        if let Some(reply) = conn.fill.as_deref().and_then(|f| answer_instead(f, &parts)) {
             tries.count(a, Ok(status));
-            return Ok(Ended::Stored(Box::new(reply)));
+            return Ok(Ended::Stored(reply));
         }
         let route = x.target.route;
         let mut edits = Edits::of(route, &conn.resp_lines, a.server, &conn.host);
@@ -194,11 +194,7 @@ impl Sender for FromHttp1<'_, '_> {
             Ok(head) => head,
             Err(e) => return Ok(Ended::Relayed(Err(e.into()))),
         };
-        let fill = conn.fill.take();
-        if let Some(line) = fill.as_ref().and_then(|f| f.status_line()) {
-            push_before_end(&mut conn.out, line);
-        }
-        let mut recorder = fill.and_then(|f| f.admit(fetched, false));
+        let mut recorder = admit(conn.fill.take(), &mut conn.out, &parts);
         let received = Cell::new(0);
         let mut source = H2Source::new(&mut up_body, timeouts.upstream, Peer::Upstream, &received);
         let mut sink = Http1Sink {
@@ -209,13 +205,11 @@ impl Sender for FromHttp1<'_, '_> {
             chunked: framing == Framing::Chunked,
             trailers: client.te_trailers.then_some(relayed_in_trailers),
         };
+        let recording = recorder.as_mut();
         let relayed = async {
             match framing {
                 Framing::Empty => sink.end(Trailers::None).await.map_err(Broke::Sink),
-                _ => {
-                    let recording = recorder.as_mut();
-                    relay_recorded(&mut source, &mut sink, coding.as_mut(), recording).await
-                }
+                _ => relay_recorded(&mut source, &mut sink, coding.as_mut(), recording).await,
             }
         };
         let upload = (state == Upload::Running).then_some(upload);
@@ -341,6 +335,26 @@ fn client_head(
 }
 
 const COMPRESSOR_FAILED: ProxyError = ProxyError::UpstreamMalformed("compressor failed");
+
+/// The entry a route cache's miss (`fill`) answers with instead of the response `parts`
+/// (a `304` that refreshed it, a 5xx it answers for), if any.
+fn answer_instead(fill: &Fill, parts: &http::response::Parts) -> Option<Box<Reply>> {
+    fill.answer_instead(Http2(parts)).map(Box::new)
+}
+
+/// The recorder of the response `parts` if a route cache's miss (`fill`) may store it;
+/// the miss's `Cache-Status` line goes into the client's head in `out`.
+fn admit(
+    fill: Option<Box<Fill>>,
+    out: &mut Vec<u8>,
+    parts: &http::response::Parts,
+) -> Option<Box<Recorder>> {
+    let fill = fill?;
+    if let Some(line) = fill.status_line() {
+        push_before_end(out, line);
+    }
+    fill.admit(Http2(parts), false)
+}
 
 /// Whether an HTTP/2 upstream's trailer field goes into an HTTP/1.1 client's chunked
 /// trailer section: not one a trailer must not carry, and a token (`h2` takes names with
