@@ -495,6 +495,62 @@ async fn a_hit_answers_conditions_from_the_stored_validators() {
     assert_eq!(b.requests_served(), 2, "If-Match goes to the origin");
 }
 
+/// A `304` from the store carries the `ETag` the `200` for the same request carries:
+/// weakened only when that 200 is compressed (not for a type the route does not
+/// compress, a body under `min_size`, one already encoded, nor on a route without
+/// compression), for HTTP/1.1 and HTTP/2 clients.
+#[tokio::test]
+async fn a_304_from_the_store_carries_the_200_s_etag() {
+    let long = "compressible text ".repeat(100);
+    let compression = r#"compression = { algorithms = ["gzip"], types = ["text/*"] }"#;
+    let cases: [(&str, &str, Option<&str>, &[&str]); 5] = [
+        ("text/plain", &long, None, &[compression]),
+        ("image/png", &long, None, &[compression]),
+        ("text/plain", "short", None, &[compression]),
+        ("text/plain", &long, Some("gzip"), &[compression]),
+        ("text/plain", &long, None, &[]),
+    ];
+    for (kind, body, encoded, route) in cases {
+        let mut fields = vec![
+            ("Cache-Control", "max-age=60"),
+            ("ETag", "\"v7\""),
+            ("Content-Type", kind),
+        ];
+        fields.extend(encoded.map(|e| ("Content-Encoding", e)));
+        let b = Backend::fixed(200, &fields, body);
+        let weir = cached_route(b.addr(), route).start();
+        let mut c = weir.client().await;
+        let case = format!("{kind}, {} bytes, {encoded:?}, {route:?}", body.len());
+        get(&mut c, "/", &[("Accept-Encoding", "gzip")]).await;
+        let full = get(&mut c, "/", &[("Accept-Encoding", "gzip")]).await;
+        assert_eq!(full.header("Cache-Status"), Some("weir; hit"), "{case}");
+        let etag = full.header("ETag").expect("the 200's ETag").to_owned();
+        let asked = [
+            ("Accept-Encoding", "gzip"),
+            ("If-None-Match", etag.as_str()),
+        ];
+        let r = get(&mut c, "/", &asked).await;
+        assert_eq!(r.status, 304, "{case}");
+        assert_eq!(r.header("ETag"), Some(etag.as_str()), "{case}");
+        assert_eq!(r.header("Cache-Status"), Some("weir; hit"), "{case}");
+        let compressed = full.header("Content-Encoding") == Some("gzip") && encoded.is_none();
+        assert_eq!(etag.starts_with("W/"), compressed, "{case}");
+        // An HTTP/2 client's 304 is planned the same way.
+        let mut h2 = common::h2c_client(weir.addr).await;
+        let asked = [
+            ("accept-encoding", "gzip"),
+            ("if-none-match", etag.as_str()),
+        ];
+        let (status, headers, _) = h2_get(&mut h2, "/", &asked).await;
+        assert_eq!(status, 304, "{case}");
+        assert_eq!(
+            headers.get("etag").map(|v| v.to_str().unwrap()),
+            Some(etag.as_str()),
+            "{case}"
+        );
+    }
+}
+
 /// An h2 request for `path` with `headers`: its status, fields and body.
 async fn h2_get(
     h2: &mut h2::client::SendRequest<bytes::Bytes>,

@@ -9,13 +9,14 @@
 //!   adapters send as an upstream's response (`response_headers`, compression). A disk
 //!   entry's larger body is read on the blocking pool before the miss path would go
 //!   upstream ([`Fill::collapse`]), for every client protocol.
-//! - **Misses** go upstream with a [`Fill`] (the exchange with an HTTP/1.1 upstream, for
-//!   HTTP/1.x, HTTP/2 and HTTP/3 clients: `forward::exchange`, `http2::filling`); once
-//!   the response head is in, [`Fill::admit`] says whether it may be stored (the `http-cache-semantics` policy: `no-store`,
-//!   `private`, `Authorization`, `Set-Cookie`, statuses, freshness) and a [`Recorder`]
-//!   beside the client's sink keeps a copy of the body (`forward::relay::Recording`),
-//!   stored once the body is complete and within `max_object_size`. A larger one streams
-//!   through uncached.
+//! - **Misses** go upstream with a [`Fill`] (the exchange with an HTTP/1.1 or HTTP/2
+//!   upstream, for HTTP/1.x, HTTP/2 and HTTP/3 clients: `forward::exchange`,
+//!   `forward::h2::from_h1`, `http2::filling`, `http2::upstream`); once the response head
+//!   is in ([`Fetched`], of either protocol), [`Fill::admit`] says whether it may be
+//!   stored (the `http-cache-semantics` policy: `no-store`, `private`, `Authorization`,
+//!   `Set-Cookie`, statuses, freshness) and a [`Recorder`] beside the client's sink keeps
+//!   a copy of the body (`forward::relay::Recording`), stored once the body is complete
+//!   and within `max_object_size`. A larger one streams through uncached.
 //!
 //! Concurrent misses of one key are collapsed: the first goes upstream, the others wait
 //! for it (at most the route's `lock_timeout`, then go themselves) and are answered from
@@ -49,6 +50,7 @@ use crate::codec::http1::write::push_header;
 use crate::codec::http1::{BodyFraming, ResponseHead};
 use crate::files::Reply;
 use crate::forward::body::BodyState;
+use crate::forward::h2::is_connection_specific;
 use crate::request::Request;
 
 /// What the cache did for a request (the access log's `cache` field).
@@ -625,14 +627,31 @@ impl Fill {
         self.stale.as_ref().map_or(&[], |s| &s.lines)
     }
 
-    /// The stale entry refreshed by the upstream's `304` (`resp`, its head in `buf`): the
-    /// store gets the updated head with the same body, and the client the entry. `None`:
-    /// nothing was revalidated, or the `304` is not for the stored entry (it answers the
-    /// client's own condition), so it is relayed.
-    pub fn refresh(&self, buf: &[u8], resp: &ResponseHead) -> Option<Reply> {
+    /// The conditional fields of [`Fill::conditional_lines`] added to `headers` (an
+    /// HTTP/2 upstream's request made from the client's own fields).
+    pub fn push_conditional_fields(&self, headers: &mut HeaderMap) {
+        // The lines are Weir's own (`push_header`): `Name: value` and CRLF each.
+        let lines = self.conditional_lines().split(|b| *b == b'\n');
+        for line in lines.filter_map(|l| l.strip_suffix(b"\r")) {
+            let Some(colon) = line.iter().position(|b| *b == b':') else {
+                continue;
+            };
+            let name = HeaderName::from_bytes(&line[..colon]);
+            let value = HeaderValue::from_bytes(line[colon + 1..].trim_ascii());
+            if let (Ok(name), Ok(value)) = (name, value) {
+                headers.append(name, value);
+            }
+        }
+    }
+
+    /// The stale entry refreshed by the upstream's `304` (`resp`): the store gets the
+    /// updated head with the same body, and the client the entry. `None`: nothing was
+    /// revalidated, or the `304` is not for the stored entry (it answers the client's own
+    /// condition), so it is relayed.
+    pub fn refresh(&self, resp: Fetched<'_>) -> Option<Reply> {
         let stale = self.stale.as_ref().filter(|s| !s.lines.is_empty())?;
         let body = stale.body.clone()?;
-        let head = response_parts(buf, resp)?;
+        let head = resp.head()?;
         let now = SystemTime::now();
         let (policy, parts) = match stale.entry.policy.after_response(&self.parts, &head, now) {
             AfterResponse::NotModified(policy, parts) => (policy, parts),
@@ -664,25 +683,26 @@ impl Fill {
         Some(self.reply(Hit::whole(parts, body, self.served(Served::Refreshed))))
     }
 
-    /// What answers instead of the upstream's response `resp` (its head in `buf`): the
-    /// stale entry a `304` refreshed, or the one a 5xx may be answered with.
-    pub fn answer_instead(&self, buf: &[u8], resp: &ResponseHead) -> Option<Reply> {
-        match resp.status {
-            304 => self.refresh(buf, resp),
+    /// What answers instead of the upstream's response `resp`: the stale entry a `304`
+    /// refreshed, or the one a 5xx may be answered with.
+    pub fn answer_instead(&self, resp: Fetched<'_>) -> Option<Reply> {
+        match resp.status() {
+            304 => self.refresh(resp),
             500.. => self.stale_answer(Cause::Status5xx),
             _ => None,
         }
     }
 
-    /// The recorder for the response `resp` (its head in `buf`), if it may be stored: the
-    /// policy allows it and its length (when known) fits `max_object_size`. `dechunk`: a
-    /// chunked body's pieces come decoded (to an HTTP/1.0 client, or compressed).
-    pub fn admit(self, buf: &[u8], resp: &ResponseHead, dechunk: bool) -> Option<Box<Recorder>> {
+    /// The recorder for the response `resp`, if it may be stored: the policy allows it
+    /// and its length (when known) fits `max_object_size`. `dechunk`: an HTTP/1.1 chunked
+    /// body's pieces come decoded (to an HTTP/1.0 client, compressed, or to an HTTP/2 or
+    /// HTTP/3 client).
+    pub fn admit(self, resp: Fetched<'_>, dechunk: bool) -> Option<Box<Recorder>> {
         let limit = self.store.max_object_size();
-        if resp.framing.length().is_some_and(|n| n > limit) {
+        if resp.length().is_some_and(|n| n > limit) {
             return None;
         }
-        let head = response_parts(buf, resp)?;
+        let head = resp.head()?;
         let options = CacheOptions {
             shared: true,
             ..CacheOptions::default()
@@ -697,7 +717,7 @@ impl Fill {
         let (head, ()) = head.into_parts();
         Some(Box::new(Recorder {
             head,
-            chunked: resp.framing == BodyFraming::Chunked && !dechunk,
+            chunked: resp.chunked() && !dechunk,
             fill: self,
             policy,
             variant,
@@ -705,6 +725,54 @@ impl Fill {
             limit,
             over: false,
         }))
+    }
+}
+
+/// An upstream's response head, as the cache reads it: an HTTP/1.1 one (parsed from the
+/// bytes in its buffer) or an HTTP/2 one. The same steps store it, refresh an entry with
+/// it or answer instead of it, whatever the upstream's protocol.
+#[derive(Clone, Copy)]
+pub enum Fetched<'a> {
+    Http1(&'a [u8], &'a ResponseHead),
+    Http2(&'a http::response::Parts),
+}
+
+impl Fetched<'_> {
+    fn status(&self) -> u16 {
+        match self {
+            Fetched::Http1(_, resp) => resp.status,
+            Fetched::Http2(parts) => parts.status.as_u16(),
+        }
+    }
+
+    /// The body's length, when the head says it.
+    fn length(&self) -> Option<u64> {
+        match self {
+            Fetched::Http1(_, resp) => resp.framing.length(),
+            Fetched::Http2(parts) => crate::forward::h2::content_length(parts),
+        }
+    }
+
+    /// The body's pieces carry chunk framing (an HTTP/1.1 chunked body, not decoded).
+    fn chunked(&self) -> bool {
+        matches!(self, Fetched::Http1(_, resp) if resp.framing == BodyFraming::Chunked)
+    }
+
+    /// The response as the policy reads it: its status and end-to-end fields. `None`: a
+    /// field that is not valid HTTP.
+    fn head(&self) -> Option<http::Response<()>> {
+        match self {
+            Fetched::Http1(buf, resp) => response_parts(buf, resp),
+            Fetched::Http2(parts) => {
+                let mut head = http::Response::new(());
+                *head.status_mut() = parts.status;
+                let fields = parts.headers.iter();
+                let end_to_end = fields.filter(|(n, _)| !is_connection_specific(n));
+                head.headers_mut()
+                    .extend(end_to_end.map(|(n, v)| (n.clone(), v.clone())));
+                Some(head)
+            }
+        }
     }
 }
 

@@ -51,7 +51,13 @@ impl Hit {
             Verdict::NotModified => {
                 let mut head = self.head(304, |name| NOT_MODIFIED_FIELDS.contains(name));
                 end(&mut head, None);
-                self.with(head, Body::Empty)
+                // Its ETag and Vary are the 200's: the route's compression plans it as
+                // that 200 (`Reply::plan`).
+                let planned_as = Some(self.full_head().into_boxed_slice());
+                Reply {
+                    planned_as,
+                    ..self.with(head, Body::Empty)
+                }
             }
             Verdict::Partial(ranges) => self.partial(&ranges),
             Verdict::PreconditionFailed => Reply::text(412, b"", NO_SENDFILE),
@@ -86,9 +92,14 @@ impl Hit {
 
     /// The whole stored response.
     fn all(&self) -> Reply {
+        self.with(self.full_head(), self.range(0, self.length))
+    }
+
+    /// The whole stored response's head.
+    fn full_head(&self) -> Vec<u8> {
         let mut head = self.head(self.head.status.as_u16(), |_| true);
         end(&mut head, Some(self.length));
-        self.with(head, self.range(0, self.length))
+        head
     }
 
     /// A `206` of `ranges` (first and last byte) of the stored body.
@@ -122,6 +133,7 @@ impl Hit {
             body,
             sendfile_min_size: NO_SENDFILE,
             cache: None,
+            planned_as: None,
         }
     }
 }

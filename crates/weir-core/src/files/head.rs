@@ -34,6 +34,7 @@ impl Reply {
             body: Body::Text(text),
             sendfile_min_size,
             cache: None,
+            planned_as: None,
         }
     }
 
@@ -143,6 +144,7 @@ impl FileServer {
             body,
             sendfile_min_size: self.config.sendfile_min_size,
             cache: None,
+            planned_as: None,
         }
     }
 

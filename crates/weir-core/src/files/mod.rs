@@ -75,6 +75,37 @@ pub struct Reply {
     pub(crate) sendfile_min_size: u64,
     /// What the cache did, for a reply from a cache entry (the access log's `cache`).
     pub(crate) cache: Option<crate::cache::CacheResult>,
+    /// A `304` from a cache entry: the head of the `200` it stands for, which the route's
+    /// compression plan is made from ([`Reply::plan`]).
+    pub(crate) planned_as: Option<Box<[u8]>>,
+}
+
+impl Reply {
+    /// The route's compression plan for this reply (its head `head`, parsed as `resp`). A
+    /// `304` from a cache entry is planned as the `200` it stands for: its `ETag` is that
+    /// 200's (weakened only when the 200 is compressed), though it has no `Content-Type`
+    /// or length to weigh.
+    pub(crate) fn plan(
+        &self,
+        route: &weir_config::Route,
+        (head, resp): (&[u8], &crate::codec::http1::ResponseHead),
+        is_head: bool,
+        accepted: Option<weir_config::Encoding>,
+    ) -> crate::filters::compression::Plan {
+        use crate::forward::head::plan_http1;
+        let Some(full) = self.planned_as.as_deref() else {
+            return plan_http1(route, head, resp, is_head, accepted);
+        };
+        let mut as_200 = crate::codec::http1::ResponseHead::default();
+        // Weir wrote this head itself: it always parses.
+        match crate::codec::http1::parse_response(full, full.len(), is_head, &mut as_200) {
+            Ok(true) => crate::filters::compression::Plan {
+                encoding: None,
+                ..plan_http1(route, full, &as_200, is_head, accepted)
+            },
+            _ => plan_http1(route, head, resp, is_head, accepted),
+        }
+    }
 }
 
 /// An open file and the path it was found at (for a sibling's name and the listing).

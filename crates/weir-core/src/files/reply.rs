@@ -18,7 +18,7 @@ use crate::error::ProxyError;
 use crate::filters::compression::{self, Plan};
 use crate::forward::body::{self, BodyState};
 use crate::forward::h1::client_write_error;
-use crate::forward::head::{coding, plan_http1, write_from_http1, ClientFraming, Edits};
+use crate::forward::head::{coding, write_from_http1, ClientFraming, Edits};
 use crate::forward::relay::{relay, Broke, Coding, Http1Sink};
 use crate::forward::request_head::render_response_rules;
 use crate::forward::Failure;
@@ -116,7 +116,7 @@ pub(crate) async fn send_http1(
     let rules = route.filters.response_headers.as_ref();
     let edits = Edits {
         rules: rules.map(|r| (r, &lines[..])),
-        plan: plan_http1(route, head, resp, to.is_head, to.accepted),
+        plan: reply.plan(route, (head, resp), to.is_head, to.accepted),
         ..Edits::default()
     };
     let framing = ClientFraming {

@@ -64,8 +64,26 @@ pub async fn forward(
         idempotent: req.idempotent,
         trace: trace.as_deref(),
     };
+    let meta = request_meta(&target, buf, req);
+    let client = Http1Request {
+        conn,
+        req,
+        resp,
+        meta,
+        keep_alive,
+    };
+    match carrier(Protocol::Http1, target.upstream) {
+        // Boxed, as an HTTP/2 client's stream boxes it (`http2::stream`): its state is
+        // about twice an HTTP/1.1 upstream's, and every request's future would hold it.
+        Carrier::Http2 => Box::pin(super::h2::forward_h2(&x, client)).await,
+        Carrier::Http1 => forward_h1(&x, client).await,
+    }
+}
+
+/// What the exchange remembers of the request whose head is in `buf`.
+fn request_meta(target: &Target<'_>, buf: &[u8], req: &RequestHead) -> RequestMeta {
     let http10 = req.minor_version == 0;
-    let meta = RequestMeta {
+    RequestMeta {
         is_head: req.is_head,
         http10,
         upgrade: Default::default(),
@@ -75,17 +93,6 @@ pub async fn forward(
             .filter(|_| !http10)
             .and_then(|c| compression::negotiate(c, buf, &req.headers)),
         max_informational: target.listener.max_informational,
-    };
-    let client = Http1Request {
-        conn,
-        req,
-        resp,
-        meta,
-        keep_alive,
-    };
-    match carrier(Protocol::Http1, target.upstream) {
-        Carrier::Http2 => super::h2::forward_h2(&x, client).await,
-        Carrier::Http1 => forward_h1(&x, client).await,
     }
 }
 
@@ -113,15 +120,19 @@ pub async fn forward_filling(
     let mut lines = take(&mut conn.resp_lines);
     render_response_rules(&mut lines, &conn.request(req), target.route);
     conn.resp_lines = lines;
-    // An HTTP/2 upstream's response is not stored yet: it is relayed uncached, the fill let
-    // go now (requests waiting for it go upstream themselves).
-    match carrier(Protocol::Http1, target.upstream) {
-        Carrier::Http1 => conn.fill = Some(fill),
-        Carrier::Http2 => drop(fill),
-    }
+    // Made now, while the request is at hand: how a stale answer would go.
+    let meta = request_meta(&target, conn.buf.filled(), req);
+    conn.fill = Some(fill);
     let result = forward(worker, target, conn, req, resp, keep_alive).await;
-    conn.fill = None;
-    result
+    // A miss that failed before any of the response was sent: its stale entry may answer.
+    match (result, conn.fill.take()) {
+        (Err(failure), Some(fill)) => {
+            let to = meta.sending(keep_alive && conn.current.read);
+            let on = (Under::of_target(&target), to);
+            answer_stale(conn, resp, failure, &fill, on).await
+        }
+        (result, _) => result,
+    }
 }
 
 /// Answers `failure` (nothing sent yet) from the stale entry of `fill` when it may answer
@@ -239,15 +250,8 @@ async fn forward_h1(x: &Exchange<'_>, client: Http1Request<'_>) -> Result<bool, 
                 }
             }
         }
-        Err(failure) => match conn.fill.take() {
-            None => Err(failure),
-            Some(fill) => {
-                let to = meta.sending(keep_alive && conn.current.read);
-                let on = (Under::of_target(&x.target), to);
-                // Boxed: a route without `cache` keeps the exchange's state as before.
-                Box::pin(answer_stale(conn, resp, failure, &fill, on)).await
-            }
-        },
+        // A cache's fill stays in `conn.fill`: `forward` weighs its stale entry.
+        Err(failure) => Err(failure),
     };
     x.worker.give_buffer(up_buf);
     result

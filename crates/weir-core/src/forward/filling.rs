@@ -5,7 +5,7 @@
 
 use std::convert::Infallible;
 
-use crate::cache::{Fill, Recorder};
+use crate::cache::{Fetched, Fill, Recorder};
 use crate::codec::http1::ResponseHead;
 use crate::files::Reply;
 use crate::forward::relay::{relay, Broke, Coding, Recording, Sink, Source};
@@ -30,6 +30,8 @@ pub(crate) trait Filling {
 pub(crate) trait Record {
     /// Keeps a piece of the body.
     fn record(&mut self, piece: &[u8]);
+    /// The body passed what may be stored.
+    fn is_over(&self) -> bool;
     /// Stores the entry whose whole body is `body`.
     fn finish_with(self, body: &[u8]);
     /// Stores the entry: the body was relayed to its end.
@@ -59,7 +61,7 @@ impl Filling for Box<Fill> {
     type Recorder = Box<Recorder>;
 
     fn answer_instead(&self, buf: &[u8], resp: &ResponseHead) -> Option<Reply> {
-        Fill::answer_instead(self, buf, resp)
+        Fill::answer_instead(self, Fetched::Http1(buf, resp))
     }
 
     fn status_line(&self) -> Option<&'static [u8]> {
@@ -67,13 +69,17 @@ impl Filling for Box<Fill> {
     }
 
     fn admit(self, buf: &[u8], resp: &ResponseHead, dechunk: bool) -> Option<Box<Recorder>> {
-        Fill::admit(*self, buf, resp, dechunk)
+        Fill::admit(*self, Fetched::Http1(buf, resp), dechunk)
     }
 }
 
 /// [`NoFill`]'s recorder: there is none.
 impl Record for Infallible {
     fn record(&mut self, _: &[u8]) {
+        match *self {}
+    }
+
+    fn is_over(&self) -> bool {
         match *self {}
     }
 
@@ -89,6 +95,10 @@ impl Record for Infallible {
 impl Record for Box<Recorder> {
     fn record(&mut self, piece: &[u8]) {
         Recorder::record(self, piece);
+    }
+
+    fn is_over(&self) -> bool {
+        Recorder::is_over(self)
     }
 
     fn finish_with(self, body: &[u8]) {
@@ -115,6 +125,7 @@ pub(crate) async fn relay_recorded<S: Source, K: Sink, R: Record>(
             let mut recording = Recording {
                 inner: source,
                 recorder,
+                stop_when_over: false,
             };
             Box::pin(relay(&mut recording, sink, coding)).await
         }

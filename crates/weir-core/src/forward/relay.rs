@@ -239,18 +239,30 @@ pub(crate) fn at_hand(
     }
 }
 
-/// A source whose pieces are also kept by a cache's recorder (a miss's response on its
-/// way to the client): the store's copy beside the client's sink.
+/// A source whose pieces are also kept by a cache's recorder: the store's copy beside
+/// the client's sink (a miss's response on its way to the client), or the only one (a
+/// background revalidation's fetch).
 pub(crate) struct Recording<'r, S, R> {
     pub inner: &'r mut S,
     pub recorder: &'r mut R,
+    /// The body ends with an error once it passes what the store takes: no client waits
+    /// for the rest (a fetch for the store alone drops the upstream connection then, not
+    /// reading a body of any size to its end). Else the rest streams on, unrecorded.
+    pub stop_when_over: bool,
 }
+
+/// The error a [`Recording`] that stops when over ends with (only logged: nobody is
+/// answered).
+const OVER_MAX_OBJECT_SIZE: ProxyError = ProxyError::UpstreamMalformed("body over max_object_size");
 
 impl<S: Source, R: Record> Source for Recording<'_, S, R> {
     async fn next(&mut self) -> Result<Option<(Piece<'_>, bool)>, ProxyError> {
         let next = self.inner.next().await?;
         if let Some((piece, _)) = &next {
             self.recorder.record(piece.as_slice());
+            if self.stop_when_over && self.recorder.is_over() {
+                return Err(OVER_MAX_OBJECT_SIZE);
+            }
         }
         Ok(next)
     }

@@ -59,7 +59,7 @@ pub struct StreamRequest<'a> {
     /// A field map to fill with the response's (the request's, its allocations kept):
     /// taken by the first response head built, an empty map after that.
     pub spare: &'a std::cell::Cell<http::HeaderMap>,
-    /// A route cache's miss, while its exchange with an HTTP/1.1 upstream may use it
+    /// A route cache's miss, while its exchange with the upstream may use it
     /// (`http2::filling`).
     pub fill: Cell<Option<Box<crate::cache::Fill>>>,
 }
@@ -314,6 +314,7 @@ impl StreamRequest<'_> {
                     let mut recording = Recording {
                         inner: &mut source,
                         recorder,
+                        stop_when_over: false,
                     };
                     // Boxed: a route without `cache` keeps the exchange's state as before.
                     let relaying = relay_body(send, &mut recording, sink, coding.as_mut(), whole);

@@ -11,7 +11,7 @@ use crate::codec::http1::{parse_response, BodyFraming, ResponseHead};
 use crate::error::ProxyError;
 use crate::files::{BodySource, Reply, Under};
 use crate::filters::compression;
-use crate::forward::head::{coding, plan_http1, Edits};
+use crate::forward::head::{coding, Edits};
 use crate::forward::relay::Coding;
 use crate::forward::request_head::render_response_rules;
 use crate::forward::Failure;
@@ -22,13 +22,13 @@ pub(crate) async fn respond_stream<R: ResponseStream>(
     respond: &mut R,
     r: &Request<'_>,
     under: Under<'_>,
-    reply: Reply,
+    mut reply: Reply,
     trace: &mut Trace,
 ) -> Result<(), Failure> {
     let Under { route, listener } = under;
     let is_head = r.req.is_head;
     let mut resp = ResponseHead::default();
-    let head = Bytes::from(reply.head);
+    let head = Bytes::from(std::mem::take(&mut reply.head));
     // Weir wrote this head itself: it always parses.
     if !parse_response(&head, head.len(), is_head, &mut resp)? {
         return Err(ProxyError::UpstreamMalformed("incomplete file reply head").into());
@@ -43,7 +43,7 @@ pub(crate) async fn respond_stream<R: ResponseStream>(
             .response_headers
             .as_ref()
             .map(|rules| (rules, &lines[..])),
-        plan: plan_http1(route, &head, &resp, is_head, accepted),
+        plan: reply.plan(route, (&head, &resp), is_head, accepted),
         ..Edits::default()
     };
     let response = head_from_http1(&resp, &head, &edits, http::HeaderMap::new());

@@ -1,10 +1,10 @@
 //! A route cache's miss on an HTTP/2 or HTTP/3 client's stream, as for HTTP/1.x clients
 //! (`forward::exchange::forward_filling`): answered from the entry another request is
 //! fetching (collapsed forwarding) or a large disk entry read first; else forwarded, the
-//! [`Fill`] in `StreamRequest::fill` for the exchange with an HTTP/1.1 upstream (its
-//! conditional lines in the upstream head, the response stored beside the client's
-//! relay, or a stored entry answering instead of a `304` or a 5xx), and a stale entry
-//! answering for a failure nothing was sent for. Every answer from the store is a
+//! [`Fill`] in `StreamRequest::fill` for the exchange with the upstream, HTTP/1.1 or
+//! HTTP/2 (its conditions in the upstream request, the response stored beside the
+//! client's relay, or a stored entry answering instead of a `304` or a 5xx), and a stale
+//! entry answering for a failure nothing was sent for. Every answer from the store is a
 //! `files::Reply`, sent on the stream as a static file's (`respond_stream`). The same
 //! exchange, with no client, revalidates a stale entry in the background
 //! ([`StreamRequest::fetch_for_store`], `proxy::revalidate`).
@@ -12,7 +12,7 @@
 use std::time::Instant;
 
 use crate::buffer::Buffer;
-use crate::cache::{CacheResult, Cause, Fill, Recorder};
+use crate::cache::{CacheResult, Cause, Fetched, Fill, Recorder};
 use crate::codec::http1::ResponseHead;
 use crate::error::ProxyError;
 use crate::files::{BodySource, Reply, Under};
@@ -20,8 +20,8 @@ use crate::forward::body::BodyState;
 use crate::forward::driver::{drive, Accepted};
 use crate::forward::exchange::push_before_end;
 use crate::forward::h1::{pool_after_answer, reuse, NoInterim};
-use crate::forward::relay::{relay, Broke, Http1Sink, Http1Source, Peer, Piece, Source, Trailers};
-use crate::forward::{Carrier, Failure, Reached};
+use crate::forward::relay::{relay, Broke, Http1Sink, Http1Source, Peer, Recording};
+use crate::forward::{Failure, Reached};
 use crate::request::LastTry;
 
 use super::exchange::{StreamRequest, StreamSender, Trace};
@@ -30,26 +30,32 @@ use super::respond::ResponseStream;
 use super::scratch::ExchangeScratch;
 
 impl StreamRequest<'_> {
-    /// Before a route cache's miss (`fill`) is forwarded over `carrier`: the answer, if
-    /// the store has one now (another request's fetch, a large disk entry read); else the
-    /// fill is kept for the exchange with an HTTP/1.1 upstream (an HTTP/2 upstream's
-    /// response is not stored yet: the fill is let go, requests waiting for it go upstream
-    /// themselves) and `None`: forward it.
+    /// Before a route cache's miss (`fill`) is forwarded: the answer, if the store has
+    /// one now (another request's fetch, a large disk entry read); else the fill is kept
+    /// for the exchange with the upstream and `None`: forward it.
     pub(crate) async fn before_forward<R: ResponseStream>(
         &self,
-        (mut fill, carrier): (Box<Fill>, Carrier),
+        mut fill: Box<Fill>,
         respond: &mut R,
         trace: &mut Trace,
     ) -> Option<Result<(), Failure>> {
         trace.cache = Some(CacheResult::Miss);
         if let Some(reply) = fill.collapse().await {
-            let under = Under::of_target(&self.target);
-            return Some(respond_stream(respond, &self.request, under, reply, trace).await);
+            return Some(self.reply_from_store(respond, reply, trace).await);
         }
-        if carrier == Carrier::Http1 {
-            self.fill.set(Some(fill));
-        }
+        self.fill.set(Some(fill));
         None
+    }
+
+    /// Sends `reply`, an answer from the store, on the client's stream.
+    pub(crate) async fn reply_from_store<R: ResponseStream>(
+        &self,
+        respond: &mut R,
+        reply: Reply,
+        trace: &mut Trace,
+    ) -> Result<(), Failure> {
+        let under = Under::of_target(&self.target);
+        respond_stream(respond, &self.request, under, reply, trace).await
     }
 
     /// After the miss's exchange (`result`) with the fill still unused
@@ -70,8 +76,7 @@ impl StreamRequest<'_> {
         let Some(reply) = stale else {
             return Err(failure);
         };
-        let under = Under::of_target(&self.target);
-        respond_stream(respond, &self.request, under, reply, trace).await
+        self.reply_from_store(respond, reply, trace).await
     }
 }
 
@@ -94,7 +99,7 @@ impl StreamRequest<'_> {
         accepted: &Accepted<'_, ()>,
     ) -> Option<Reply> {
         let fill = self.fill.take()?;
-        let Some(reply) = fill.answer_instead(up_buf.filled(), resp) else {
+        let Some(reply) = fill.answer_instead(Fetched::Http1(up_buf.filled(), resp)) else {
             self.fill.set(Some(fill));
             return None;
         };
@@ -111,13 +116,52 @@ impl StreamRequest<'_> {
         resp: &ResponseHead,
         head: &mut http::Response<()>,
     ) -> Option<Box<Recorder>> {
+        let (status, recorder) = self.admission(Fetched::Http1(buf, resp));
+        mark(head, status);
+        recorder
+    }
+
+    /// The `Cache-Status` value of the upstream's response `resp` (for the client's head:
+    /// [`mark`]), and its recorder if the miss may store it.
+    pub(crate) fn admission(
+        &self,
+        resp: Fetched<'_>,
+    ) -> (Option<&'static str>, Option<Box<Recorder>>) {
+        let Some(fill) = self.fill.take() else {
+            return (None, None);
+        };
+        // A stream's body pieces come decoded (`BodyState::new(.., true, ..)`), an HTTP/2
+        // upstream's as DATA.
+        (fill.status_value(), fill.admit(resp, true))
+    }
+
+    /// The conditional fields of the miss's stale entry added to `headers`, an HTTP/2
+    /// upstream's request made from the client's fields (none: nothing to revalidate).
+    pub(crate) fn push_condition_fields(&self, headers: &mut http::HeaderMap) {
+        let Some(fill) = self.fill.take() else {
+            return;
+        };
+        fill.push_conditional_fields(headers);
+        self.fill.set(Some(fill));
+    }
+
+    /// The stored entry that answers instead of the HTTP/2 upstream's response `parts`
+    /// (a `304` that refreshed it, a 5xx it answers for). `None`: the response is relayed.
+    pub(crate) fn answer_instead_h2(&self, parts: &http::response::Parts) -> Option<Reply> {
         let fill = self.fill.take()?;
-        if let Some(value) = fill.status_value() {
-            let value = http::HeaderValue::from_static(value);
-            head.headers_mut().append("cache-status", value);
+        let reply = fill.answer_instead(Fetched::Http2(parts));
+        if reply.is_none() {
+            self.fill.set(Some(fill));
         }
-        // A stream's body pieces come decoded (`BodyState::new(.., true, ..)`).
-        fill.admit(buf, resp, true)
+        reply
+    }
+}
+
+/// Adds the `Cache-Status` value `status` (if any) to the client's `head`.
+pub(crate) fn mark(head: &mut http::Response<()>, status: Option<&'static str>) {
+    if let Some(value) = status {
+        let value = http::HeaderValue::from_static(value);
+        head.headers_mut().append("cache-status", value);
     }
 }
 
@@ -163,12 +207,16 @@ impl StreamRequest<'_> {
             return Ok(());
         };
         // A 304 refreshes the entry (a 5xx leaves it as it is: nobody is answered).
-        if resp.status == 304 && fill.refresh(up_buf.filled(), resp).is_some() {
+        if resp.status == 304
+            && fill
+                .refresh(Fetched::Http1(up_buf.filled(), resp))
+                .is_some()
+        {
             up_buf.consume(resp.head_len);
             pool_after_answer(&x, &accepted, (up_buf, resp), (stream, request_done));
             return Ok(());
         }
-        let recorder = fill.admit(up_buf.filled(), resp, true);
+        let recorder = fill.admit(Fetched::Http1(up_buf.filled(), resp), true);
         let Some(mut recorder) = recorder else {
             return Ok(());
         };
@@ -176,9 +224,11 @@ impl StreamRequest<'_> {
         let state = BodyState::new(resp.framing, true, None);
         let timeout = self.target.upstream.response_timeout;
         let mut source = Http1Source::new(&mut stream, up_buf, state, timeout, Peer::Upstream);
-        let mut recording = ForStore {
+        // Nobody waits for the rest of a body the store does not take.
+        let mut recording = Recording {
             inner: &mut source,
             recorder: &mut recorder,
+            stop_when_over: true,
         };
         let (mut discard, mut sent) = (tokio::io::sink(), 0);
         let mut sink = Http1Sink {
@@ -202,45 +252,5 @@ impl StreamRequest<'_> {
             );
         }
         Ok(())
-    }
-}
-
-/// A background fetch's body (`fetch_for_store`) as it is recorded: it ends with an error
-/// once the body passes what the store takes, as no client waits for the rest (the
-/// upstream connection is dropped then, not read to the end of a body of any size).
-struct ForStore<'r, S> {
-    inner: &'r mut S,
-    recorder: &'r mut Recorder,
-}
-
-impl<S: Source> Source for ForStore<'_, S> {
-    async fn next(&mut self) -> Result<Option<(Piece<'_>, bool)>, ProxyError> {
-        let next = self.inner.next().await?;
-        if let Some((piece, _)) = &next {
-            self.recorder.record(piece.as_slice());
-            if self.recorder.is_over() {
-                // Only logged (at debug, by `fetch_for_store`): nobody is answered.
-                return Err(ProxyError::UpstreamMalformed("body over max_object_size"));
-            }
-        }
-        Ok(next)
-    }
-
-    fn taken(&mut self) {
-        self.inner.taken();
-    }
-
-    async fn trailers(&mut self) -> Result<Trailers<'_>, ProxyError> {
-        self.inner.trailers().await
-    }
-
-    fn prime(&mut self) -> Result<bool, ProxyError> {
-        self.inner.prime()
-    }
-
-    fn whole(&mut self) -> Option<Piece<'_>> {
-        let piece = self.inner.whole()?;
-        self.recorder.record(piece.as_slice());
-        Some(piece)
     }
 }

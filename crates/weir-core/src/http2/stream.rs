@@ -255,7 +255,7 @@ impl Stream<'_> {
         let carrier = carrier(Protocol::Http2, r.target.upstream);
         if let Some(fill) = fill {
             // Boxed: a route without `cache` keeps the stream's state as before.
-            let answered = Box::pin(r.before_forward((fill, carrier), respond, trace)).await;
+            let answered = Box::pin(r.before_forward(fill, respond, trace)).await;
             if let Some(answered) = answered {
                 return (route, answered);
             }

@@ -29,9 +29,11 @@ use http::uri::Scheme;
 use weir_config::UpstreamServer;
 
 use super::exchange::{StreamRequest, Trace};
+use super::filling::mark;
 use super::interim::ClientStream;
 use super::respond::{head_from_h2, relay_body, Sinking};
 use super::upstream_request::{upstream_request, Upstream};
+use crate::cache::{Fetched, Recorder};
 use crate::error::ProxyError;
 use crate::forward::driver::{drive, Attempt, Miss, Sender, Tries};
 use crate::forward::h1::Interim;
@@ -40,7 +42,7 @@ use crate::forward::h2::{
     HeadBounds, Upload,
 };
 use crate::forward::head::{coding, plan, Edits, ForClient};
-use crate::forward::relay::{relay, Broke, Coding, H2Source, H2Upload, Peer, Source};
+use crate::forward::relay::{relay, Broke, Coding, H2Source, H2Upload, Peer, Recording, Source};
 use crate::forward::request_head::with_client_facts;
 use crate::forward::{Failure, Timeouts};
 use crate::request::LastTry;
@@ -130,6 +132,7 @@ impl StreamRequest<'_> {
             // An `auto` server chose HTTP/1.1: the stream goes there as HTTP/1.1.
             Ok(Relayed::Http1) => self.forward(body, respond, trace).await,
             Ok(Relayed::Over(result)) => result,
+            Ok(Relayed::Stored(reply)) => self.reply_from_store(respond, *reply, trace).await,
             Err(failure) => Err(failure),
         }
     }
@@ -202,12 +205,13 @@ impl StreamRequest<'_> {
         let id = self.target.listener.policy.request_id.as_ref();
         let unindexed = id.map(|i| i.header.as_str());
         let Some(parts) = client else {
+            // The head carries a cache miss's conditions (`write_head`).
             let mut out = Vec::with_capacity(self.request.buf.len() + 256);
             self.write_head(&mut out, server);
             let scheme = if tls { "https" } else { "http" };
             return h1_head_to_h2(&out, scheme, facts.te_trailers, unindexed);
         };
-        with_client_facts(&self.request, &self.target, |client| {
+        let mut request = with_client_facts(&self.request, &self.target, |client| {
             let u = Upstream {
                 buf: self.request.buf,
                 req: self.request.req,
@@ -220,13 +224,18 @@ impl StreamRequest<'_> {
                 unindexed,
             };
             upstream_request(parts, &u, &self.worker.h2_scratch)
-        })
+        })?;
+        self.push_condition_fields(request.headers_mut());
+        Ok(request)
     }
 }
 
 /// How a relayed try ended.
 pub(crate) enum Relayed {
     Over(Result<(), Failure>),
+    /// A route cache's entry answers instead of the response (a `304` that refreshed it, a
+    /// 5xx it answers for): the caller sends it.
+    Stored(Box<crate::files::Reply>),
     /// `auto`, and the server chose HTTP/1.1 (ALPN).
     Http1,
 }
@@ -269,12 +278,14 @@ pub(crate) trait ClientSide {
     /// Whether `gone` ended (the client reset the stream).
     fn was_reset(&self) -> bool;
 
-    /// Sends the answer's head and relays its body and trailers, compressed through
-    /// `coding` when there is one, while the rest of the request body (`upload`, if still
-    /// going) goes up. Whatever fails once the head went out is `Reached::Head`.
-    fn respond<U: Future<Output = Result<(), Broke>>>(
+    /// Sends the answer's head and relays its body (from `source`) and trailers,
+    /// compressed through `coding` when there is one, while the rest of the request body
+    /// (`upload`, if still going) goes up. Whatever fails once the head went out is
+    /// `Reached::Head`.
+    fn respond<S: Source, U: Future<Output = Result<(), Broke>>>(
         &mut self,
         answer: Answer<'_>,
+        source: &mut S,
         upload: Option<Pin<&mut U>>,
         coding: Option<&mut Coding>,
         trace: &mut Trace,
@@ -294,14 +305,15 @@ impl ClientSide for ClientStream<'_> {
         ClientStream::was_reset(self)
     }
 
-    fn respond<U: Future<Output = Result<(), Broke>>>(
+    fn respond<S: Source, U: Future<Output = Result<(), Broke>>>(
         &mut self,
         answer: Answer<'_>,
+        source: &mut S,
         upload: Option<Pin<&mut U>>,
         coding: Option<&mut Coding>,
         trace: &mut Trace,
     ) -> impl Future<Output = Result<(), Failure>> {
-        respond(self, answer, upload, coding, trace)
+        respond(self, answer, source, upload, coding, trace)
     }
 }
 
@@ -331,6 +343,39 @@ impl<C, B> H2Sender<'_, '_, C, B> {
                 .map_or(upstream, |t| t.min(upstream)),
         }
     }
+}
+
+/// Sends `answer` to `client` with the upstream's body from `source`, while the rest of
+/// the request body (`upload`, if still going) goes up; a route cache's `recorder`, if
+/// any, keeps a copy, stored once all of it went.
+async fn relay_answer<C: ClientSide, U: Future<Output = Result<(), Broke>>>(
+    (client, trace): (&mut C, &mut Trace),
+    answer: Answer<'_>,
+    mut source: H2Source<'_>,
+    upload: Option<Pin<&mut U>>,
+    coding: Option<&mut Coding>,
+    mut recorder: Option<Box<Recorder>>,
+) -> Result<(), Failure> {
+    let relayed = match recorder.as_mut() {
+        None => {
+            let responding = client.respond(answer, &mut source, upload, coding, trace);
+            responding.await
+        }
+        Some(recorder) => {
+            let mut recording = Recording {
+                inner: &mut source,
+                recorder,
+                stop_when_over: false,
+            };
+            let responding = client.respond(answer, &mut recording, upload, coding, trace);
+            // Boxed: a route without `cache` keeps the stream's state as before.
+            Box::pin(responding).await
+        }
+    };
+    if let (Ok(()), Some(recorder)) = (&relayed, recorder) {
+        recorder.finish();
+    }
+    relayed
 }
 
 impl<C: ClientSide, B: ClientBody> Sender for H2Sender<'_, '_, C, B> {
@@ -380,33 +425,41 @@ impl<C: ClientSide, B: ClientBody> Sender for H2Sender<'_, '_, C, B> {
         drop(interim);
         self.trace.reset |= client.was_reset();
         let (head, _lease) = waited?;
-        let (parts, up_body) = head.into_parts();
+        let (parts, mut up_body) = head.into_parts();
         let status = parts.status.as_u16();
         let replayable = end || consumed.get() == 0;
         if !tries.relays(status, replayable, r.relayed.any()) {
             return Err(Miss::retried(status));
         }
+        if let Some(reply) = r.answer_instead_h2(&parts) {
+            tries.count(a, Ok(status));
+            return Ok(Relayed::Stored(Box::new(reply)));
+        }
+        let (cache_status, recorder) = r.admission(Fetched::Http2(&parts));
         let mut lines = Vec::new();
         let mut edits = r.edits(&mut lines, a.server);
         edits.cookie = tries.set_cookie();
-        let head = r.h2_head(parts, &mut edits, up_body.is_end_stream());
+        let empty = up_body.is_end_stream();
+        let head = r.h2_head(parts, &mut edits, empty);
         tries.count(a, head.as_ref().map(|_| status).map_err(|e| *e));
-        let (head, mut coding) = match head {
+        let (mut head, mut coding) = match head {
             Ok(head) => head,
             Err(e) => return Ok(Relayed::Over(Err(e.into()))),
         };
+        mark(&mut head, cache_status);
         self.trace.status = status;
         let upload = (state == Upload::Running).then_some(upload);
         let answer = Answer {
             head,
-            body: up_body,
+            empty,
             edits: &edits,
-            timeout,
             http2: &r.target.listener.http2,
         };
-        let relayed = (self.client)
-            .respond(answer, upload, coding.as_mut(), self.trace)
-            .await;
+        let received = Cell::new(0);
+        let source = H2Source::new(&mut up_body, timeout, Peer::Upstream, &received);
+        let client = (&mut *self.client, &mut *self.trace);
+        let relayed = relay_answer(client, answer, source, upload, coding.as_mut(), recorder);
+        let relayed = relayed.await;
         self.trace.compressed = coding.as_ref().map(Coding::compressed);
         Ok(Relayed::Over(relayed))
     }
@@ -420,13 +473,13 @@ impl<C: ClientSide, B: ClientBody> Sender for H2Sender<'_, '_, C, B> {
     }
 }
 
-/// An HTTP/2 upstream's response on its way to the client: its head (edited), its body.
+/// An HTTP/2 upstream's response on its way to the client: its head (edited); its body
+/// is the relay's source.
 pub(crate) struct Answer<'e> {
     pub head: http::Response<()>,
-    pub body: RecvStream,
+    /// The upstream's HEADERS ended its stream: no body follows.
+    pub empty: bool,
     pub edits: &'e Edits<'e>,
-    /// For each DATA frame of the upstream's.
-    pub timeout: Duration,
     /// The listener's HTTP/2 settings (the client's window, the trailers' size; HTTP/3
     /// streams take the same).
     pub http2: &'e weir_config::Http2,
@@ -435,9 +488,10 @@ pub(crate) struct Answer<'e> {
 /// Sends the answer's head on `client`'s stream and relays the body and trailers
 /// (`forward::relay`), compressed through `coding` when there is one, while the rest of
 /// the request body (`upload`, if still going) goes up.
-async fn respond<U>(
+async fn respond<S: Source, U>(
     client: &ClientStream<'_>,
-    mut answer: Answer<'_>,
+    answer: Answer<'_>,
+    source: &mut S,
     upload: Option<std::pin::Pin<&mut U>>,
     coding: Option<&mut Coding>,
     trace: &mut Trace,
@@ -446,7 +500,7 @@ where
     U: std::future::Future<Output = Result<(), Broke>>,
 {
     let grpc_status = trace.grpc_status_in(answer.head.headers());
-    let empty = answer.body.is_end_stream();
+    let empty = answer.empty;
     let Ok(send) = client.send_response(answer.head, empty) else {
         return Err(Failure::after_head(ProxyError::ClientClosed));
     };
@@ -455,15 +509,13 @@ where
         return Ok(());
     }
     let listener = answer.http2;
-    let received = Cell::new(0);
-    let mut source = H2Source::new(&mut answer.body, answer.timeout, Peer::Upstream, &received);
     let sink = Sinking {
         edits: answer.edits,
         trace,
         stall: listener.stall_timeout,
         max_trailers: listener.max_header_list_size,
     };
-    let relay = relay_body(send, &mut source, sink, coding, None);
+    let relay = relay_body(send, source, sink, coding, None);
     // The head went out: whatever fails now (the upload included: a body over
     // `max_body_size`, a silent client) cuts that response short.
     relay_while_uploading(upload, relay)

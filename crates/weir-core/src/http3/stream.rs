@@ -247,7 +247,7 @@ async fn run(
     let carrier = carrier(Protocol::Http3, target.upstream);
     if let Some(fill) = fill {
         // Boxed: a route without `cache` keeps the stream's state as before.
-        let answered = Box::pin(r.before_forward((fill, carrier), send, &mut log.trace)).await;
+        let answered = Box::pin(r.before_forward(fill, send, &mut log.trace)).await;
         if let Some(answered) = answered {
             return answered;
         }

@@ -20,7 +20,7 @@ use super::interim::{H3Interim, Shared};
 use crate::error::ProxyError;
 use crate::forward::h1::Interim;
 use crate::forward::h2::relay_while_uploading;
-use crate::forward::relay::{relay, Broke, Coding, H2Source, Peer, Piece, Sink, Source};
+use crate::forward::relay::{relay, Broke, Coding, Piece, Sink, Source};
 use crate::forward::Failure;
 use crate::http2::exchange::{StreamRequest, Trace};
 use crate::http2::upstream::{Answer, ClientBody, ClientSide, H2Facts, Relayed};
@@ -46,6 +46,7 @@ pub(super) async fn forward_h2(
         // The server chose HTTP/1.1 (an `auto` one sharing the address): HTTP/1.1 then.
         Ok(Relayed::Http1) => forward(r, body, send, trace).await,
         Ok(Relayed::Over(result)) => result,
+        Ok(Relayed::Stored(reply)) => r.reply_from_store(send, *reply, trace).await,
         Err(failure) => Err(failure),
     }
 }
@@ -98,9 +99,10 @@ impl ClientSide for H3Client<'_, '_> {
         self.closed.get()
     }
 
-    async fn respond<U: Future<Output = Result<(), Broke>>>(
+    async fn respond<S: Source, U: Future<Output = Result<(), Broke>>>(
         &mut self,
-        mut answer: Answer<'_>,
+        answer: Answer<'_>,
+        source: &mut S,
         upload: Option<Pin<&mut U>>,
         coding: Option<&mut Coding>,
         trace: &mut Trace,
@@ -109,7 +111,7 @@ impl ClientSide for H3Client<'_, '_> {
         let send = self.send.get_mut().as_deref_mut();
         let send = send.ok_or(Failure::from(ProxyError::ClientClosed))?;
         let grpc_status = trace.grpc_status_in(answer.head.headers());
-        let empty = answer.body.is_end_stream();
+        let empty = answer.empty;
         let stall = answer.http2.stall_timeout;
         send.send_head(answer.head, stall)
             .await
@@ -126,10 +128,8 @@ impl ClientSide for H3Client<'_, '_> {
             let finished = sink.data(Piece::Slice(&[]), true).await;
             return finished.map_err(Failure::after_head);
         }
-        let received = Cell::new(0);
-        let mut source = H2Source::new(&mut answer.body, answer.timeout, Peer::Upstream, &received);
         let relay = async {
-            match relay(&mut source, &mut sink, coding).await {
+            match relay(source, &mut sink, coding).await {
                 Ok(()) => Ok(()),
                 Err(Broke::Source(e) | Broke::Sink(e)) => Err(Failure::after_head(e)),
             }

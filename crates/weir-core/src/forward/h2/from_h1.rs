@@ -15,16 +15,20 @@ use super::{
     content_length, final_head, forbidden_in_trailer, h1_head_to_h2, h2_response, open,
     relay_while_uploading, HeadBounds, Upload,
 };
+use crate::cache::Fetched::Http2;
+use crate::cache::{Fill, Recorder};
 use crate::client::ClientConn;
 use crate::codec::http1::header::is_token;
 use crate::codec::http1::{HeaderKind, RequestHead, ResponseHead};
 use crate::error::ProxyError;
+use crate::files::{send_http1, Reply, Under};
 use crate::forward::body;
 use crate::forward::driver::{drive, Attempt, Exchange, Miss, Sender, Tries};
-use crate::forward::exchange::Http1Request;
+use crate::forward::exchange::{push_before_end, Http1Request};
+use crate::forward::filling::{relay_recorded, Record};
 use crate::forward::h1::Http1Interim;
 use crate::forward::head::{coding, plan, write_from_h2, Edits, ForClient, Framing};
-use crate::forward::relay::{relay, Broke, Coding, H2Source, Http1Sink, Peer, Sink, Trailers};
+use crate::forward::relay::{Broke, Coding, H2Source, Http1Sink, Peer, Sink, Trailers};
 use crate::forward::request_head::{render_response_rules, write_upstream_head};
 use crate::forward::{Failure, Timeouts};
 
@@ -85,12 +89,30 @@ pub(crate) async fn forward_h2(
         resp,
     };
     let relayed = drive(x, &mut sender, started, &mut last_try).await;
-    let FromHttp1 { conn, body, .. } = sender;
+    let FromHttp1 {
+        conn, body, resp, ..
+    } = sender;
     conn.current.last_try = last_try;
     // The request is consumed once answered (a streamed body consumed it as it went).
     conn.buf.consume(body.skip());
     conn.current.read = body.is_read();
-    relayed.and_then(|accepted| accepted.take().0)
+    let reply = match relayed.map(|accepted| accepted.take().0)? {
+        Ended::Relayed(relayed) => return relayed,
+        Ended::Stored(reply) => reply,
+    };
+    let to = meta.sending(keep_alive && conn.current.read);
+    send_http1(conn, Under::of_target(&x.target), *reply, to, resp).await?;
+    Ok(to.keep_alive)
+}
+
+/// How the accepted try ended.
+enum Ended {
+    /// The response was relayed: whether the client connection stays open, or how the
+    /// relay failed.
+    Relayed(Result<bool, Failure>),
+    /// A route cache's entry answers instead of the response (a `304` that refreshed it,
+    /// a 5xx it answers for).
+    Stored(Box<Reply>),
 }
 
 /// Sends an HTTP/1.x client's request as HTTP/2 streams, and relays the response.
@@ -115,14 +137,9 @@ struct FromHttp1<'x, 'c> {
 }
 
 impl Sender for FromHttp1<'_, '_> {
-    /// Whether the client connection stays open, or how the relay failed.
-    type Sent = Result<bool, Failure>;
+    type Sent = Ended;
 
-    async fn send(
-        &mut self,
-        a: &Attempt<'_>,
-        tries: &mut Tries<'_>,
-    ) -> Result<Result<bool, Failure>, Miss> {
+    async fn send(&mut self, a: &Attempt<'_>, tries: &mut Tries<'_>) -> Result<Ended, Miss> {
         let request = self.request(a)?;
         let x = self.x;
         let Some((pending, mut send)) = open(x, a, request, self.body.is_empty()).await? else {
@@ -163,6 +180,10 @@ impl Sender for FromHttp1<'_, '_> {
         if !tries.relays(status, whole || self.consumed.get() == 0, self.informed) {
             return Err(Miss::retried(status));
         }
+        if let Some(reply) = conn.fill.as_deref().and_then(|f| answer_instead(f, &parts)) {
+            tries.count(a, Ok(status));
+            return Ok(Ended::Stored(reply));
+        }
         let route = x.target.route;
         let mut edits = Edits::of(route, &conn.resp_lines, a.server, &conn.host);
         edits.cookie = tries.set_cookie();
@@ -171,8 +192,9 @@ impl Sender for FromHttp1<'_, '_> {
         tries.count(a, head.as_ref().map(|_| status).map_err(|e| *e));
         let (framing, keep_alive, mut coding) = match head {
             Ok(head) => head,
-            Err(e) => return Ok(Err(e.into())),
+            Err(e) => return Ok(Ended::Relayed(Err(e.into()))),
         };
+        let mut recorder = admit(conn.fill.take(), &mut conn.out, &parts);
         let received = Cell::new(0);
         let mut source = H2Source::new(&mut up_body, timeouts.upstream, Peer::Upstream, &received);
         let mut sink = Http1Sink {
@@ -183,20 +205,24 @@ impl Sender for FromHttp1<'_, '_> {
             chunked: framing == Framing::Chunked,
             trailers: client.te_trailers.then_some(relayed_in_trailers),
         };
+        let recording = recorder.as_mut();
         let relayed = async {
             match framing {
                 Framing::Empty => sink.end(Trailers::None).await.map_err(Broke::Sink),
-                _ => relay(&mut source, &mut sink, coding.as_mut()).await,
+                _ => relay_recorded(&mut source, &mut sink, coding.as_mut(), recording).await,
             }
         };
         let upload = (state == Upload::Running).then_some(upload);
         let relayed = relay_while_uploading(upload, relayed).await;
         conn.current.compressed = coding.as_ref().map(Coding::compressed);
-        Ok(match relayed {
+        if let (Ok(_), Some(recorder)) = (&relayed, recorder) {
+            recorder.finish();
+        }
+        Ok(Ended::Relayed(match relayed {
             Err(Broke::Source(e) | Broke::Sink(e)) => Err(Failure::after_head(e)),
             // A request body the client is still sending cannot be skipped: close.
             Ok(request_done) => Ok(keep_alive && request_done && state != Upload::Stopped),
-        })
+        }))
     }
 
     fn replayable(&self) -> bool {
@@ -265,6 +291,9 @@ impl FromHttp1<'_, '_> {
             r.buf = &self.head;
         }
         let offered = write_upstream_head(&mut out, &r, &conn.path, target, a.server);
+        if let Some(fill) = &conn.fill {
+            push_before_end(&mut out, fill.conditional_lines());
+        }
         render_response_rules(&mut lines, &r, target.route);
         (conn.out, conn.resp_lines) = (out, lines);
         if !offered.is_empty() {
@@ -306,6 +335,26 @@ fn client_head(
 }
 
 const COMPRESSOR_FAILED: ProxyError = ProxyError::UpstreamMalformed("compressor failed");
+
+/// The entry a route cache's miss (`fill`) answers with instead of the response `parts`
+/// (a `304` that refreshed it, a 5xx it answers for), if any.
+fn answer_instead(fill: &Fill, parts: &http::response::Parts) -> Option<Box<Reply>> {
+    fill.answer_instead(Http2(parts)).map(Box::new)
+}
+
+/// The recorder of the response `parts` if a route cache's miss (`fill`) may store it;
+/// the miss's `Cache-Status` line goes into the client's head in `out`.
+fn admit(
+    fill: Option<Box<Fill>>,
+    out: &mut Vec<u8>,
+    parts: &http::response::Parts,
+) -> Option<Box<Recorder>> {
+    let fill = fill?;
+    if let Some(line) = fill.status_line() {
+        push_before_end(out, line);
+    }
+    fill.admit(Http2(parts), false)
+}
 
 /// Whether an HTTP/2 upstream's trailer field goes into an HTTP/1.1 client's chunked
 /// trailer section: not one a trailer must not carry, and a token (`h2` takes names with

@@ -1,0 +1,340 @@
+//! The HTTP cache in front of an HTTP/2 upstream (`protocol = "h2c"`), over real sockets:
+//! its responses are stored, collapsed and revalidated as an HTTP/1.1 upstream's are, for
+//! HTTP/1.1 and HTTP/2 clients alike (a miss stored, then hits with no request upstream;
+//! concurrent misses sending one request; a stale entry's conditional request, whose
+//! `304` refreshes it).
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use common::Conf;
+use http::HeaderMap;
+use tokio::sync::Semaphore;
+use weir_testkit::{Client, Response};
+
+/// What the scripted upstream answers the `index`-th request (from 0) with the fields
+/// `fields`: status, fields, body.
+type Script = fn(&HeaderMap, usize) -> (u16, Vec<(&'static str, &'static str)>, &'static str);
+
+/// An h2c upstream answering as its script says, each request's fields kept; with a
+/// gate, each answer waits for a permit.
+struct ScriptedH2 {
+    addr: SocketAddr,
+    seen: Arc<Mutex<Vec<HeaderMap>>>,
+}
+
+impl ScriptedH2 {
+    async fn start(script: Script, gate: Option<Arc<Semaphore>>) -> ScriptedH2 {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let kept = seen.clone();
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let (kept, gate) = (kept.clone(), gate.clone());
+                tokio::spawn(async move {
+                    let Ok(mut conn) = h2::server::handshake(tcp).await else {
+                        return;
+                    };
+                    while let Some(Ok((request, respond))) = conn.accept().await {
+                        let (kept, gate) = (kept.clone(), gate.clone());
+                        tokio::spawn(answer(
+                            request.into_parts().0.headers,
+                            respond,
+                            script,
+                            kept,
+                            gate,
+                        ));
+                    }
+                });
+            }
+        });
+        ScriptedH2 { addr, seen }
+    }
+
+    /// The fields of each request received so far.
+    fn requests(&self) -> Vec<HeaderMap> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+async fn answer(
+    fields: HeaderMap,
+    mut respond: h2::server::SendResponse<Bytes>,
+    script: Script,
+    kept: Arc<Mutex<Vec<HeaderMap>>>,
+    gate: Option<Arc<Semaphore>>,
+) {
+    let (status, headers, body) = {
+        let mut kept = kept.lock().unwrap();
+        kept.push(fields.clone());
+        script(&fields, kept.len() - 1)
+    };
+    if let Some(gate) = gate {
+        gate.acquire().await.unwrap().forget();
+    }
+    let mut head = http::Response::builder().status(status);
+    for (name, value) in headers {
+        head = head.header(name, value);
+    }
+    let empty = body.is_empty();
+    let Ok(mut send) = respond.send_response(head.body(()).unwrap(), empty) else {
+        return;
+    };
+    if !empty {
+        let _ = send.send_data(Bytes::from_static(body.as_bytes()), true);
+    }
+}
+
+/// Route `c` caching in the memory store `mem`, to the h2c upstream at `up`.
+fn cached_h2c(up: SocketAddr) -> Conf {
+    Conf::new()
+        .route("c", "up", &["cache = { store = \"mem\" }"])
+        .upstream("up", &[up], &["protocol = \"h2c\""])
+        .table("[caches.mem]\nkind = \"memory\"")
+}
+
+async fn get(c: &mut Client, path: &str) -> Response {
+    c.request("GET", path, &[("Host", "example.com")], b"")
+        .await
+        .expect("response")
+}
+
+/// An h2 request for `path`: its status, `cache-status` and body.
+async fn h2_get(h2: &mut h2::client::SendRequest<Bytes>, path: &str) -> (u16, String, Vec<u8>) {
+    let request = http::Request::get(format!("http://example.com{path}"));
+    let ready = h2.clone().ready().await.expect("h2 ready");
+    *h2 = ready;
+    let (response, _) = h2.send_request(request.body(()).unwrap(), true).unwrap();
+    let (head, mut body) = response.await.expect("h2 response").into_parts();
+    let mut got = Vec::new();
+    while let Some(data) = body.data().await {
+        let data = data.unwrap();
+        let _ = body.flow_control().release_capacity(data.len());
+        got.extend_from_slice(&data);
+    }
+    let status = head
+        .headers
+        .get("cache-status")
+        .map(|v| v.to_str().unwrap().to_owned());
+    (head.status.as_u16(), status.unwrap_or_default(), got)
+}
+
+fn fresh_for_a_minute(
+    _: &HeaderMap,
+    _: usize,
+) -> (u16, Vec<(&'static str, &'static str)>, &'static str) {
+    (
+        200,
+        vec![("cache-control", "max-age=60"), ("x-up", "1")],
+        "hello",
+    )
+}
+
+/// A miss of each client protocol is stored; every later request of either protocol is
+/// a hit, with no request upstream.
+#[tokio::test]
+async fn an_h2c_upstream_s_responses_are_stored_for_every_client() {
+    let up = ScriptedH2::start(fresh_for_a_minute, None).await;
+    let weir = cached_h2c(up.addr).start();
+    let mut c = weir.client().await;
+    let mut h2 = common::h2c_client(weir.addr).await;
+    let first = get(&mut c, "/one").await;
+    assert_eq!((first.status, first.body.as_slice()), (200, &b"hello"[..]));
+    assert_eq!(first.header("Cache-Status"), Some("weir; fwd=uri-miss"));
+    let (status, cache, body) = h2_get(&mut h2, "/two").await;
+    assert_eq!(
+        (status, cache.as_str(), body.as_slice()),
+        (200, "weir; fwd=uri-miss", &b"hello"[..])
+    );
+    assert_eq!(up.requests().len(), 2);
+    for path in ["/one", "/two"] {
+        let hit = get(&mut c, path).await;
+        assert_eq!((hit.status, hit.body.as_slice()), (200, &b"hello"[..]));
+        assert_eq!(hit.header("Cache-Status"), Some("weir; hit"), "{path}");
+        assert_eq!(hit.header("X-Up"), Some("1"));
+        let (status, cache, body) = h2_get(&mut h2, path).await;
+        assert_eq!(
+            (status, cache.as_str(), body.as_slice()),
+            (200, "weir; hit", &b"hello"[..])
+        );
+    }
+    assert_eq!(up.requests().len(), 2, "hits never reach the upstream");
+    assert_eq!(weir.metric("weir_cache_stored_total{store=\"mem\"}"), 2);
+}
+
+/// Concurrent misses of one key, from HTTP/1.1 connections and HTTP/2 streams: one
+/// request reaches the upstream, the others are answered from what it stored.
+#[tokio::test]
+async fn concurrent_misses_to_an_h2c_upstream_send_one_request() {
+    let gate = Arc::new(Semaphore::new(0));
+    let up = ScriptedH2::start(fresh_for_a_minute, Some(gate.clone())).await;
+    let weir = cached_h2c(up.addr).start();
+    let h2 = common::h2c_client(weir.addr).await;
+    let mut requests = tokio::task::JoinSet::new();
+    for i in 0..40 {
+        let (addr, mut h2) = (weir.addr, h2.clone());
+        requests.spawn(async move {
+            if i % 2 == 0 {
+                return h2_get(&mut h2, "/hot").await;
+            }
+            let mut c = Client::connect(addr).await.expect("connect");
+            let r = get(&mut c, "/hot").await;
+            (
+                r.status,
+                r.header("Cache-Status").unwrap_or_default().to_owned(),
+                r.body,
+            )
+        });
+    }
+    weir.wait_metric("weir_cache_collapsed_waits_total{store=\"mem\"}", 39)
+        .await;
+    // The filler's request may still be on its way to the (gated) upstream.
+    let reached = weir_testkit::wait_until_async(common::WAIT, || !up.requests().is_empty());
+    assert!(reached.await, "the filler's request reaches the upstream");
+    gate.add_permits(40);
+    let mut statuses = Vec::new();
+    while let Some(done) = requests.join_next().await {
+        let (status, cache, body) = done.unwrap();
+        assert_eq!((status, body.as_slice()), (200, &b"hello"[..]));
+        statuses.push(cache);
+    }
+    let count = |s: &str| statuses.iter().filter(|c| *c == s).count();
+    assert_eq!(count("weir; fwd=uri-miss"), 1, "{statuses:?}");
+    assert_eq!(count("weir; hit; collapsed"), 39, "{statuses:?}");
+    assert_eq!(up.requests().len(), 1, "one request upstream for 40 misses");
+}
+
+/// `etag: "v1"`, stale at once: a `304` to `if-none-match: "v1"`.
+fn etag_v1(fields: &HeaderMap, _: usize) -> (u16, Vec<(&'static str, &'static str)>, &'static str) {
+    if fields.get("if-none-match").is_some_and(|v| v == "\"v1\"") {
+        return (
+            304,
+            vec![("etag", "\"v1\""), ("cache-control", "max-age=60")],
+            "",
+        );
+    }
+    (
+        200,
+        vec![("etag", "\"v1\""), ("cache-control", "max-age=0")],
+        "version",
+    )
+}
+
+/// A stale entry is revalidated with one conditional request; the upstream's `304`
+/// refreshes it (a hit afterwards), for either client protocol.
+#[tokio::test]
+async fn an_h2c_upstream_s_304_refreshes_the_stale_entry() {
+    let up = ScriptedH2::start(etag_v1, None).await;
+    let weir = cached_h2c(up.addr).start();
+    let mut c = weir.client().await;
+    let mut h2 = common::h2c_client(weir.addr).await;
+    // An HTTP/1.1 client's entry, revalidated by an HTTP/1.1 client, then an HTTP/2
+    // client's entry revalidated by an HTTP/2 client.
+    let first = get(&mut c, "/r1").await;
+    assert_eq!(first.header("Cache-Status"), Some("weir; fwd=uri-miss"));
+    let second = get(&mut c, "/r1").await;
+    assert_eq!(
+        (second.status, second.body.as_slice()),
+        (200, &b"version"[..])
+    );
+    assert_eq!(
+        second.header("Cache-Status"),
+        Some("weir; fwd=stale; fwd-status=304")
+    );
+    assert_eq!(
+        second.header("Cache-Control"),
+        Some("max-age=60"),
+        "the 304's fields are stored"
+    );
+    let (_, cache, _) = h2_get(&mut h2, "/r2").await;
+    assert_eq!(cache, "weir; fwd=uri-miss");
+    let (status, cache, body) = h2_get(&mut h2, "/r2").await;
+    assert_eq!(
+        (status, cache.as_str(), body.as_slice()),
+        (200, "weir; fwd=stale; fwd-status=304", &b"version"[..])
+    );
+    for path in ["/r1", "/r2"] {
+        assert_eq!(
+            get(&mut c, path).await.header("Cache-Status"),
+            Some("weir; hit")
+        );
+        assert_eq!(h2_get(&mut h2, path).await.1, "weir; hit");
+    }
+    let requests = up.requests();
+    assert_eq!(requests.len(), 4, "{requests:?}");
+    let conditional = |i: usize| {
+        requests[i]
+            .get("if-none-match")
+            .map(|v| v.to_str().unwrap())
+    };
+    assert_eq!(
+        (0..4).map(conditional).collect::<Vec<_>>(),
+        [None, Some("\"v1\""), None, Some("\"v1\"")]
+    );
+}
+
+/// An HTTP/3 client's miss to an h2c upstream is stored as well: the next request is a
+/// hit, with no request upstream.
+#[tokio::test]
+async fn an_http3_client_s_miss_to_an_h2c_upstream_is_stored() {
+    use weir_testkit::certs::TestCa;
+    use weir_testkit::h3_client::{connect_to, get};
+    const NAME: &str = "h3.example.com";
+    let ca = TestCa::new("h3 CA");
+    let leaf = ca.leaf(&[NAME]);
+    let up = ScriptedH2::start(fresh_for_a_minute, None).await;
+    let weir = cached_h2c(up.addr)
+        .listener("http3 = true")
+        .listener(&common::tls_table(&[&leaf], ""))
+        .start();
+    let mut c = connect_to(&ca, weir.addr, NAME).await;
+    for expected in ["weir; fwd=uri-miss", "weir; hit"] {
+        let r = get(&mut c.send, NAME, "/q").await.expect("GET");
+        assert_eq!((r.status, r.body.as_slice()), (200, &b"hello"[..]));
+        assert_eq!(r.header("cache-status"), Some(expected));
+    }
+    assert_eq!(up.requests().len(), 1, "the hit never reaches the upstream");
+}
+
+/// Stale at once, and may answer for an error for a minute; the upstream fails (503)
+/// from its second request on.
+fn then_failing(
+    _: &HeaderMap,
+    index: usize,
+) -> (u16, Vec<(&'static str, &'static str)>, &'static str) {
+    match index {
+        0 => (
+            200,
+            vec![("cache-control", "max-age=0, stale-if-error=60")],
+            "kept",
+        ),
+        _ => (503, vec![], "down"),
+    }
+}
+
+/// An h2c upstream's 5xx is answered with the stale entry it stored, when the entry
+/// allows it (`stale-if-error`), for either client protocol.
+#[tokio::test]
+async fn a_stale_entry_answers_for_an_h2c_upstream_s_5xx() {
+    let up = ScriptedH2::start(then_failing, None).await;
+    let weir = cached_h2c(up.addr).start();
+    let mut c = weir.client().await;
+    assert_eq!(get(&mut c, "/s").await.body, b"kept");
+    let stale = get(&mut c, "/s").await;
+    assert_eq!((stale.status, stale.body.as_slice()), (200, &b"kept"[..]));
+    assert_eq!(
+        stale.header("Cache-Status"),
+        Some("weir; hit; detail=stale")
+    );
+    let mut h2 = common::h2c_client(weir.addr).await;
+    let (status, cache, body) = h2_get(&mut h2, "/s").await;
+    assert_eq!(
+        (status, cache.as_str(), body.as_slice()),
+        (200, "weir; hit; detail=stale", &b"kept"[..])
+    );
+    assert_eq!(up.requests().len(), 3);
+}
