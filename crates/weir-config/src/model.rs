@@ -1277,13 +1277,23 @@ pub struct Compression {
 
 impl Compression {
     /// Whether a response whose `Content-Type` is `content_type` is compressed: its media
-    /// type (before any `;` parameter) matches one of `types`, ignoring case.
+    /// type (before any `;` parameter) matches one of `types`, ignoring case. Never gRPC
+    /// (`application/grpc`, `application/grpc+proto`, ...; gRPC-Web is a browser's, which
+    /// decodes), whatever `types` says: gRPC compresses per message (`grpc-encoding`), and
+    /// its clients do not undo a `Content-Encoding`.
     pub fn compresses_type(&self, content_type: &[u8]) -> bool {
         let media = content_type
             .split(|b| *b == b';')
             .next()
             .unwrap_or_default()
             .trim_ascii();
+        const GRPC: &[u8] = b"application/grpc";
+        let grpc = media.len() >= GRPC.len()
+            && media[..GRPC.len()].eq_ignore_ascii_case(GRPC)
+            && matches!(media.get(GRPC.len()), None | Some(b'+'));
+        if grpc {
+            return false;
+        }
         self.types.iter().any(|t| {
             let t = t.as_bytes();
             if t == b"*/*" {

@@ -272,6 +272,10 @@ fn type_patterns() {
     assert!(any.compresses_type(b"image/png"));
     assert!(any.compresses_type(b"text/html; charset=utf-8"));
     assert!(!any.compresses_type(b""));
+    // gRPC is never compressed: its clients would not undo a Content-Encoding.
+    assert!(!any.compresses_type(b"application/grpc"));
+    assert!(!any.compresses_type(b"Application/GRPC+proto"));
+    assert!(any.compresses_type(b"application/grpc-web-text"));
 }
 
 /// The zstd context of a stream at the highest allowed level, after 1 MiB of
