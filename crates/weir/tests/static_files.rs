@@ -522,3 +522,55 @@ async fn response_headers_and_compression_apply_to_files() {
         .expect("gzip");
     assert_eq!(plain, text);
 }
+
+/// A file's `304` carries the `ETag` its `200` carries: weakened only when that 200 is
+/// compressed (not for a precompressed sibling, a type the route does not compress, nor
+/// a file under `min_size`), for HTTP/1.1 and HTTP/2 clients. It was weakened whenever
+/// the client accepted a coding.
+#[tokio::test]
+async fn a_file_s_304_carries_its_200_s_etag() {
+    let site = Site::new("etag304");
+    site.write(
+        "long.txt",
+        "static text, compressible. ".repeat(100).as_bytes(),
+    );
+    site.write("pic.png", &[7u8; 3000]);
+    site.write("tiny.txt", b"under min_size");
+    let weir = serve(
+        &site.root(),
+        ", precompressed = [\"gzip\"]",
+        &[r#"compression = { algorithms = ["gzip"], min_size = 1024 }"#],
+    );
+    let mut h2 = h2c_client(weir.addr).await;
+    // long.txt: compressed; a.txt: its precompressed sibling a.txt.gz goes out (already
+    // encoded); pic.png: not a type the route compresses; tiny.txt: under min_size.
+    let cases = [
+        ("/long.txt", true),
+        ("/a.txt", false),
+        ("/pic.png", false),
+        ("/tiny.txt", false),
+    ];
+    for (path, compressed) in cases {
+        let full = get(&weir, path, &[("Accept-Encoding", "gzip")]).await;
+        assert_eq!(full.status, 200, "{path}");
+        let etag = full.header("ETag").expect("the 200's ETag").to_owned();
+        assert_eq!(etag.starts_with("W/"), compressed, "{path}: {etag}");
+        let asked = [
+            ("Accept-Encoding", "gzip"),
+            ("If-None-Match", etag.as_str()),
+        ];
+        let r = get(&weir, path, &asked).await;
+        assert_eq!(r.status, 304, "{path}");
+        assert_eq!(r.header("ETag"), Some(etag.as_str()), "{path}");
+        let request = http::Request::get(format!("http://test{path}"))
+            .header("accept-encoding", "gzip")
+            .header("if-none-match", etag.as_str())
+            .body(())
+            .unwrap();
+        let (response, _) = h2.send_request(request, true).expect("h2 request");
+        let head = response.await.expect("h2 response");
+        assert_eq!(head.status(), 304, "{path}");
+        let got = head.headers().get("etag").map(|v| v.to_str().unwrap());
+        assert_eq!(got, Some(etag.as_str()), "{path} over HTTP/2");
+    }
+}

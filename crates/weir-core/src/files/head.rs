@@ -100,13 +100,14 @@ impl FileServer {
         self.push_validators(&mut head, &sent);
         if status == 304 {
             end(&mut head, None);
-            let body = Body::Empty;
-            return self.done(head, body);
+            // Planned (compression, the ETag's strength) as the 200 it stands for.
+            let planned_as = Some(self.full_head(&sent, coding, file).into_boxed_slice());
+            return Reply {
+                planned_as,
+                ..self.done(head, Body::Empty)
+            };
         }
-        head.extend_from_slice(b"Accept-Ranges: bytes\r\n");
-        if let Some(coding) = coding {
-            push_line(&mut head, b"Content-Encoding: ", coding.token().as_bytes());
-        }
+        push_entity(&mut head, coding);
         let body = match verdict {
             Verdict::Partial(ranges) if ranges.len() > 1 => {
                 let len = sent.validators.len;
@@ -136,6 +137,16 @@ impl FileServer {
             }
         };
         self.done(head, body).for_method(is_head)
+    }
+
+    /// The head of the whole of `sent`'s 200 (`file`'s type; `coding`: a sibling's).
+    fn full_head(&self, sent: &Opened, coding: Option<Encoding>, file: &Opened) -> Vec<u8> {
+        let mut head = start(200);
+        self.push_validators(&mut head, sent);
+        push_entity(&mut head, coding);
+        push_line(&mut head, b"Content-Type: ", file.content_type.as_bytes());
+        end(&mut head, Some(sent.validators.len));
+        head
     }
 
     fn done(&self, head: Vec<u8>, body: Body) -> Reply {
@@ -221,6 +232,14 @@ pub(crate) fn end(head: &mut Vec<u8>, length: Option<u64>) {
         head.extend_from_slice(b"\r\n");
     }
     head.extend_from_slice(b"\r\n");
+}
+
+/// `Accept-Ranges`, and the `Content-Encoding` of a precompressed sibling.
+fn push_entity(head: &mut Vec<u8>, coding: Option<Encoding>) {
+    head.extend_from_slice(b"Accept-Ranges: bytes\r\n");
+    if let Some(coding) = coding {
+        push_line(head, b"Content-Encoding: ", coding.token().as_bytes());
+    }
 }
 
 pub(crate) fn push_line(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {

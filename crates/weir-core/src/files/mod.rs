@@ -75,16 +75,16 @@ pub struct Reply {
     pub(crate) sendfile_min_size: u64,
     /// What the cache did, for a reply from a cache entry (the access log's `cache`).
     pub(crate) cache: Option<crate::cache::CacheResult>,
-    /// A `304` from a cache entry: the head of the `200` it stands for, which the route's
-    /// compression plan is made from ([`Reply::plan`]).
+    /// A `304` (from a cache entry or the files): the head of the `200` it stands for,
+    /// which the route's compression plan is made from ([`Reply::plan`]).
     pub(crate) planned_as: Option<Box<[u8]>>,
 }
 
 impl Reply {
     /// The route's compression plan for this reply (its head `head`, parsed as `resp`). A
-    /// `304` from a cache entry is planned as the `200` it stands for: its `ETag` is that
-    /// 200's (weakened only when the 200 is compressed), though it has no `Content-Type`
-    /// or length to weigh.
+    /// `304` (from a cache entry or the files) is planned as the `200` it stands for: its
+    /// `ETag` is that 200's (weakened only when the 200 is compressed), though it has no
+    /// `Content-Type` or length to weigh.
     pub(crate) fn plan(
         &self,
         route: &weir_config::Route,
