@@ -124,6 +124,7 @@ pub(super) async fn relay_body<S: Source>(
         trace,
         stall,
         max_trailers,
+        ..
     } = sink;
     let mut sink = StreamSink {
         send: &mut send,
@@ -150,18 +151,21 @@ pub(super) async fn relay_body<S: Source>(
     })
 }
 
-/// A client's stream that takes a response Weir makes from a source of its own (a static
-/// file): an HTTP/2 client's (`SendResponse`) or an HTTP/3 client's (`http3::body`).
+/// A client's stream that takes a response from an HTTP/1.1 upstream or from a source of
+/// Weir's own (a static file, a cache entry): an HTTP/2 client's (`SendResponse`) or an
+/// HTTP/3 client's (`http3::body`).
 pub(crate) trait ResponseStream {
     /// Sends `head` (the stream ends with it when there is no `source`), then relays
     /// `source`'s body and trailers into the stream as `sinking` says, compressed through
-    /// `coding` when there is one. A failure once the head went out resets the stream.
+    /// `coding` when there is one, or sends `whole` (the body, all at hand: no rounds) as
+    /// its one last DATA. A failure once the head went out resets the stream.
     fn send_relayed<S: Source>(
         &mut self,
         head: http::Response<()>,
         source: Option<&mut S>,
         sinking: Sinking<'_>,
         coding: Option<&mut Coding>,
+        whole: Option<Bytes>,
     ) -> impl std::future::Future<Output = Result<(), Failure>>;
 }
 
@@ -172,12 +176,14 @@ impl ResponseStream for h2::server::SendResponse<Bytes> {
         source: Option<&mut S>,
         sinking: Sinking<'_>,
         coding: Option<&mut Coding>,
+        whole: Option<Bytes>,
     ) -> Result<(), Failure> {
         let send = self
             .send_response(head, source.is_none())
             .map_err(|_| Failure::after_head(crate::error::ProxyError::ClientClosed))?;
+        sinking.trace.sent_grpc_status(sinking.grpc_status);
         match source {
-            Some(source) => relay_body(send, source, sinking, coding, None).await,
+            Some(source) => relay_body(send, source, sinking, coding, whole).await,
             None => Ok(()),
         }
     }
@@ -190,4 +196,6 @@ pub(crate) struct Sinking<'s> {
     /// How long the client's window may stay shut.
     pub stall: std::time::Duration,
     pub max_trailers: u32,
+    /// The head's `grpc-status` (`Trace::grpc_status_in`), noted once the head went out.
+    pub grpc_status: Option<u32>,
 }
