@@ -304,12 +304,10 @@ impl StreamRequest<'_> {
         };
         count(Ok(resp.status));
         trace.status = resp.status;
+        let grpc_status = trace.grpc_status_in(head.headers());
         let sink = Sinking {
-            grpc_status: trace.grpc_status_in(head.headers()),
-            edits: &edits,
-            trace: &mut *trace,
-            stall: listener.http2.stall_timeout,
-            max_trailers: listener.http2.max_header_list_size,
+            grpc_status,
+            ..Sinking::of(&listener.http2, &edits, trace)
         };
         let at = resp.head_len;
         let whole = at_hand.map(|n| arrived.slice(at..at + n));

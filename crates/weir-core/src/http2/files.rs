@@ -54,13 +54,7 @@ pub(crate) async fn respond_stream<R: ResponseStream>(
     if reply.cache.is_some() {
         trace.cache = reply.cache;
     }
-    let sink = Sinking {
-        edits: &edits,
-        trace: &mut *trace,
-        stall: listener.http2.stall_timeout,
-        max_trailers: listener.http2.max_header_list_size,
-        grpc_status: None,
-    };
+    let sink = Sinking::of(&listener.http2, &edits, trace);
     let mut source = BodySource::new(&reply.body);
     let source = (!empty).then_some(&mut source);
     let relayed = respond.send_relayed(response, source, sink, coding.as_mut(), None);

@@ -53,6 +53,22 @@ pub(crate) fn head_from_http1(
     response
 }
 
+/// Appends the end-to-end fields of the HTTP/1.1 head `resp` (its bytes: `buf`) to
+/// `headers`, names lower-cased: hop-by-hop and `Connection`-listed fields dropped, and a
+/// field that is no valid HTTP/2 one (an upstream's 1xx head, Weir's own answers).
+pub(crate) fn end_to_end_fields(buf: &[u8], resp: &ResponseHead, headers: &mut HeaderMap) {
+    for h in &resp.headers {
+        if h.connection_listed || h.kind.is_hop_by_hop() {
+            continue;
+        }
+        let name = response_name(&buf[h.name.clone()]);
+        let value = HeaderValue::from_bytes(&buf[h.value.clone()]);
+        if let (Ok(name), Ok(value)) = (name, value) {
+            headers.append(name, value);
+        }
+    }
+}
+
 /// An HTTP/2 upstream's head `parts` with `edits` applied in place (a route without edits
 /// leaves the map as it came).
 pub(super) fn head_from_h2(parts: http::response::Parts, edits: &Edits<'_>) -> http::Response<()> {
@@ -185,6 +201,20 @@ impl ResponseStream for h2::server::SendResponse<Bytes> {
         match source {
             Some(source) => relay_body(send, source, sinking, coding, whole).await,
             None => Ok(()),
+        }
+    }
+}
+
+impl<'s> Sinking<'s> {
+    /// A relay with the listener's HTTP/2 settings `http2` (its stall timeout, its
+    /// trailers' size), no `grpc-status` to note.
+    pub fn of(http2: &weir_config::Http2, edits: &'s Edits<'s>, trace: &'s mut Trace) -> Self {
+        Sinking {
+            edits,
+            trace,
+            stall: http2.stall_timeout,
+            max_trailers: http2.max_header_list_size,
+            grpc_status: None,
         }
     }
 }

@@ -500,15 +500,7 @@ where
     if empty {
         return Ok(());
     }
-    let listener = answer.http2;
-    let sink = Sinking {
-        edits: answer.edits,
-        trace,
-        stall: listener.stall_timeout,
-        max_trailers: listener.max_header_list_size,
-        // Noted above, once the head went out.
-        grpc_status: None,
-    };
+    let sink = Sinking::of(answer.http2, answer.edits, trace);
     let relay = relay_body(send, source, sink, coding, None);
     // The head went out: whatever fails now (the upload included: a body over
     // `max_body_size`, a silent client) cuts that response short.

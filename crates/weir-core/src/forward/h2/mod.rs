@@ -27,7 +27,8 @@ use h2::{RecvStream, SendStream};
 use http::header::{HeaderName, HeaderValue};
 
 use super::driver::{Attempt, Exchange, Miss};
-use super::h1::{Interim, TOO_MANY_INFORMATIONAL};
+pub(crate) use super::h1::Upload;
+use super::h1::{upload_while_waiting, Interim, TOO_MANY_INFORMATIONAL};
 use super::head::{coding, plan, Edits, ForClient};
 use super::relay::{Broke, Coding};
 use super::{Failure, Reached, Target};
@@ -68,16 +69,6 @@ pub(crate) async fn open(
             ..Miss::from(h2_error(&e))
         }),
     }
-}
-
-/// Where an upload is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Upload {
-    Running,
-    /// The whole body went up.
-    Done,
-    /// The server stopped taking it.
-    Stopped,
 }
 
 /// How long the final head may take, and how many 1xx heads may come before it.
@@ -128,7 +119,8 @@ where
         },
         ..Miss::from(error)
     };
-    let error = match waiting(upload, state, head, bounds, gone).await {
+    let (timeout, deadline) = (bounds.timeout, bounds.deadline);
+    let error = match upload_while_waiting(upload, state, head, timeout, deadline, gone).await {
         Ok(head) => return Ok((head, lease)),
         Err(NoFinal::Failed(error)) => error,
         Err(NoFinal::H2(e)) if never_processed(&e) && !relayed => {
@@ -150,48 +142,9 @@ enum NoFinal {
     H2(h2::Error),
 }
 
-/// Runs `upload` and the wait for `head` together, unless the client is `gone`;
-/// `bounds.timeout` counts from the end of the upload, as for HTTP/1.1 upstreams, the
-/// `deadline` from now.
-async fn waiting<U, H, G>(
-    mut upload: Pin<&mut U>,
-    state: &mut Upload,
-    head: H,
-    bounds: HeadBounds,
-    gone: G,
-) -> Result<http::Response<RecvStream>, NoFinal>
-where
-    U: Future<Output = Result<(), Broke>>,
-    H: Future<Output = Result<http::Response<RecvStream>, NoFinal>>,
-    G: Future<Output = ProxyError>,
-{
-    let timeout = bounds.timeout;
-    let running = *state == Upload::Running;
-    let timer = tokio::time::sleep(if running { Duration::MAX } else { timeout });
-    let deadline = async {
-        match bounds.deadline {
-            Some(deadline) => tokio::time::sleep(deadline).await,
-            None => std::future::pending().await,
-        }
-    };
-    tokio::pin!(head, timer, gone, deadline);
-    loop {
-        let running = *state == Upload::Running;
-        tokio::select! {
-            r = upload.as_mut(), if running => {
-                timer.as_mut().reset(tokio::time::Instant::now() + timeout);
-                *state = match r {
-                    Ok(()) => Upload::Done,
-                    // The upstream stopped taking the body; its response (if any) says why.
-                    Err(Broke::Sink(_)) => Upload::Stopped,
-                    Err(Broke::Source(e)) => return Err(NoFinal::Failed(e)),
-                };
-            }
-            h = &mut head => return h,
-            () = &mut timer, if !running => return Err(NoFinal::Failed(ProxyError::UpstreamTimeout)),
-            () = &mut deadline => return Err(NoFinal::Failed(ProxyError::UpstreamTimeout)),
-            e = &mut gone => return Err(NoFinal::Failed(e)),
-        }
+impl From<ProxyError> for NoFinal {
+    fn from(error: ProxyError) -> NoFinal {
+        NoFinal::Failed(error)
     }
 }
 
