@@ -193,6 +193,7 @@ pub(crate) enum Framing {
 }
 
 /// What an HTTP/2 upstream's head is written for: what the client asked.
+#[derive(Clone, Copy)]
 pub(crate) struct ForClient {
     pub is_head: bool,
     pub http10: bool,

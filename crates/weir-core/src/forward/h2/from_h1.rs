@@ -9,7 +9,6 @@
 use std::cell::Cell;
 
 use super::request_body::RequestBody;
-use super::response::Ask;
 use super::{
     final_head, forbidden_in_trailer, h2_request, open, plan_h2, relay_while_uploading, HeadBounds,
     Upload,
@@ -75,15 +74,16 @@ pub(crate) async fn forward_h2(
         head,
         body,
         consumed: Cell::new(0),
-        ask: Ask {
+        client: ForClient {
             is_head: meta.is_head,
             http10: meta.http10,
             te_trailers: te,
+            accepted: meta.accepted,
+            end_stream: false,
+            keep_alive,
         },
-        accepted: meta.accepted,
         expect,
         informed: false,
-        keep_alive,
         resp,
     };
     let relayed = drive(x, &mut sender, started, &mut last_try).await;
@@ -123,14 +123,12 @@ struct FromHttp1<'x, 'c> {
     body: RequestBody,
     /// Above zero once request body bytes are taken from the client.
     consumed: Cell<u64>,
-    ask: Ask,
-    /// The coding the route's `compression` negotiated with the client.
-    accepted: Option<weir_config::Encoding>,
+    /// What the client asked that shapes the response (`end_stream` is each try's).
+    client: ForClient,
     /// Weir answered `expect: 100-continue` itself: the field is not sent on.
     expect: bool,
     /// The client has a 1xx head (Weir's 100 Continue, or one relayed).
     informed: bool,
-    keep_alive: bool,
     resp: &'c mut ResponseHead,
 }
 
@@ -145,8 +143,7 @@ impl Sender for FromHttp1<'_, '_> {
             return Err(ProxyError::UpstreamTls("the server chose HTTP/1.1").into());
         };
         self.go_on().await?;
-        let (bounds, timeouts, mut client) =
-            (self.bounds(), Timeouts::of(&x.target), self.client());
+        let (bounds, timeouts, mut client) = (self.bounds(), Timeouts::of(&x.target), self.client);
         let conn = &mut *self.conn;
         let (mut cr, mut cw) = conn.stream.split().map_err(ProxyError::client_io)?;
         let mut state = match self.body.is_empty() {
@@ -256,20 +253,8 @@ impl FromHttp1<'_, '_> {
             timeout: self.x.target.upstream.response_timeout,
             deadline: None,
             max_informational: self.x.target.listener.max_informational,
-            relay: !self.ask.http10,
+            relay: !self.client.http10,
             tokens: true,
-        }
-    }
-
-    /// What the client asked that shapes the response.
-    fn client(&self) -> ForClient {
-        ForClient {
-            is_head: self.ask.is_head,
-            http10: self.ask.http10,
-            te_trailers: self.ask.te_trailers,
-            accepted: self.accepted,
-            end_stream: false,
-            keep_alive: self.keep_alive,
         }
     }
 
@@ -281,7 +266,7 @@ impl FromHttp1<'_, '_> {
             let refused = ProxyError::NotImplemented("upgrade to an HTTP/2-only upstream");
             return Err(Miss::unsent(refused));
         }
-        let request = h2_request(&conn.out, target, self.ask.te_trailers);
+        let request = h2_request(&conn.out, target, self.client.te_trailers);
         let mut request = request.map_err(Miss::unsent)?;
         if self.expect {
             request.headers_mut().remove(http::header::EXPECT);
