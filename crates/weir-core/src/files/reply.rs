@@ -154,8 +154,7 @@ async fn send_body(
         return sendfile(conn, file.as_fd(), (first, end), timeout).await;
     }
     let length = single.map(|(_, first, end)| end - first);
-    let failed = |_| ProxyError::UpstreamMalformed("compressor failed");
-    let mut coding = coding(under.route, plan, length).map_err(failed)?;
+    let mut coding = coding(under.route, plan, length)?;
     let mut source = BodySource::new(&reply.body);
     let mut sink = Http1Sink {
         writer: &mut conn.stream,

@@ -31,10 +31,11 @@ use crate::connector::{UpstreamStream, WriteHalf};
 use crate::error::ProxyError;
 use crate::files::{respond_http1, send_http1, Reply, Sending, Under};
 use crate::filters::compression::{self, Plan};
-use crate::filters::upgrade::switch_allowed;
+use crate::filters::upgrade::{switch_allowed, Offered};
 use crate::metrics::shard::Protocol;
 use crate::upstream::RequestKey;
 use crate::worker::Worker;
+use weir_config::UpstreamServer;
 
 /// Forwards the request whose head is at the start of `conn.buf`, over the upstream side
 /// `forward::carrier` says. `keep_alive`: the client connection may stay open afterwards.
@@ -168,6 +169,32 @@ pub(crate) fn push_before_end(out: &mut Vec<u8>, lines: &[u8]) {
     }
 }
 
+/// Writes the upstream head of `req` for `server` into `conn.out` (with a cache miss's
+/// conditional lines) and renders the route's `response_headers` into `conn.resp_lines`,
+/// for every try toward either upstream side. `head`: the client's head when it is no
+/// longer at the start of `conn.buf` (empty: it is). Returns the upgrade offered.
+pub(crate) fn write_heads(
+    conn: &mut ClientConn,
+    req: &RequestHead,
+    head: &[u8],
+    target: &Target<'_>,
+    server: &UpstreamServer,
+) -> Offered {
+    let (mut out, mut lines) = (take(&mut conn.out), take(&mut conn.resp_lines));
+    out.clear();
+    let mut request = conn.request(req);
+    if !head.is_empty() {
+        request.buf = head;
+    }
+    let offered = write_upstream_head(&mut out, &request, &conn.path, target, server);
+    if let Some(fill) = &conn.fill {
+        push_before_end(&mut out, fill.conditional_lines());
+    }
+    render_response_rules(&mut lines, &request, target.route);
+    (conn.out, conn.resp_lines) = (out, lines);
+    offered
+}
+
 /// An HTTP/1.x client's request on its way: its connection (the head at the start of
 /// `conn.buf`), what the exchange remembers of it, and where the response head is read.
 pub(crate) struct Http1Request<'c> {
@@ -290,16 +317,7 @@ impl Sender for Http1Sender<'_, '_> {
     ) -> Result<(UpstreamStream, bool), Miss> {
         let (x, req) = (self.x, self.req);
         let conn = &mut *self.conn;
-        let (mut out, mut lines) = (take(&mut conn.out), take(&mut conn.resp_lines));
-        out.clear();
-        let request = conn.request(req);
-        self.meta.upgrade =
-            write_upstream_head(&mut out, &request, &conn.path, &x.target, a.server);
-        if let Some(fill) = &conn.fill {
-            push_before_end(&mut out, fill.conditional_lines());
-        }
-        render_response_rules(&mut lines, &request, x.target.route);
-        (conn.out, conn.resp_lines) = (out, lines);
+        self.meta.upgrade = write_heads(conn, req, &[], &x.target, a.server);
         let listener = x.target.listener;
         let mut rd = Reading {
             up_buf: &mut self.up_buf,
@@ -370,8 +388,6 @@ impl Sender for Http1Sender<'_, '_> {
         self.informed
     }
 }
-
-const COMPRESSOR_FAILED: ProxyError = ProxyError::UpstreamMalformed("compressor failed");
 
 /// The response half of an exchange: the accepted try's response relayed to the client.
 struct Response<'a> {
@@ -507,7 +523,7 @@ impl Response<'_> {
         // that did not start): the client gets Weir's 502, the try counts as one.
         let length = resp.framing.length();
         let route = self.x.target.route;
-        let ready = coding(route, plan, length).map_err(|_| COMPRESSOR_FAILED);
+        let ready = coding(route, plan, length);
         let (mut coding, body_with_head) = match ready.and_then(|c| Ok((c, source.prime()?))) {
             Ok(ready) => ready,
             Err(e) => {

@@ -11,6 +11,7 @@
 //! [`Miss::unprocessed`] and the driver sends it again on a new connection.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -128,13 +129,19 @@ pub(crate) async fn send_streaming<I: Interim>(
         Obtained::Pooled(stream) => stream,
         Obtained::Connect(connect) => connect.await?,
     };
-    let done = {
+    let mut state = Upload::Running;
+    {
         let (mut ur, mut uw) = stream.split();
-        let upload = upload(&mut uw);
-        let head = read_final_head(&mut ur, rd, interim, false);
-        upload_while_waiting(upload, head, x.target.upstream.response_timeout).await?
-    };
-    Ok((stream, done))
+        let upload = std::pin::pin!(upload(&mut uw));
+        let head = async {
+            let head = read_final_head(&mut ur, rd, interim, false).await;
+            head.map_err(Failure::from)
+        };
+        let timeout = x.target.upstream.response_timeout;
+        let gone = std::future::pending();
+        upload_while_waiting(upload, &mut state, head, timeout, None, gone).await?;
+    }
+    Ok((stream, state == Upload::Done))
 }
 
 /// A connection for try `a`: a pooled one unless `a.fresh` (`Obtained::Pooled`), else
@@ -239,33 +246,60 @@ pub(crate) fn reuse(
     }
 }
 
-/// Runs a request body's `upload` and the wait for the response `head` together. Returns
-/// whether the whole body went up. `response_timeout` counts from the end of the upload,
-/// however long the body takes to arrive (nginx's proxy_read_timeout does the same);
-/// while it uploads, a stalled upstream is caught by the upload's write timeout.
-pub(crate) async fn upload_while_waiting(
-    upload: impl Future<Output = Result<(), Broke>>,
-    head: impl Future<Output = Result<(), HeadError>>,
-    response_timeout: Duration,
-) -> Result<bool, Failure> {
-    let head_timer = tokio::time::sleep(Duration::MAX);
-    tokio::pin!(upload, head, head_timer);
-    let mut uploading = true;
-    let mut upload_done = false;
+/// Where a request body's upload is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Upload {
+    Running,
+    /// The whole body went up.
+    Done,
+    /// The server stopped taking it.
+    Stopped,
+}
+
+/// Runs a request body's `upload` (while `state` says it runs) and the wait for the
+/// response `head` together, unless the client is `gone` (with the error to fail with),
+/// for either upstream side. `timeout` counts from the end of the upload, however long the
+/// body takes to arrive (nginx's proxy_read_timeout does the same; while it uploads, a
+/// stalled upstream is caught by the upload's write timeout); `deadline` from now.
+pub(crate) async fn upload_while_waiting<U, H, G, T, E>(
+    mut upload: Pin<&mut U>,
+    state: &mut Upload,
+    head: H,
+    timeout: Duration,
+    deadline: Option<Duration>,
+    gone: G,
+) -> Result<T, E>
+where
+    U: Future<Output = Result<(), Broke>>,
+    H: Future<Output = Result<T, E>>,
+    G: Future<Output = ProxyError>,
+    E: From<ProxyError>,
+{
+    let running = *state == Upload::Running;
+    let timer = tokio::time::sleep(if running { Duration::MAX } else { timeout });
+    let deadline = async {
+        match deadline {
+            Some(deadline) => tokio::time::sleep(deadline).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(head, timer, gone, deadline);
     loop {
+        let running = *state == Upload::Running;
         tokio::select! {
-            r = &mut upload, if uploading => {
-                uploading = false;
-                head_timer.as_mut().reset(Instant::now() + response_timeout);
-                match r {
-                    Ok(()) => upload_done = true,
-                    // The upstream stopped reading; its response (if any) says why.
-                    Err(Broke::Sink(_)) => {}
-                    Err(Broke::Source(e)) => return Err(Failure::from(e)),
-                }
+            r = upload.as_mut(), if running => {
+                timer.as_mut().reset(Instant::now() + timeout);
+                *state = match r {
+                    Ok(()) => Upload::Done,
+                    // The upstream stopped taking the body; its response (if any) says why.
+                    Err(Broke::Sink(_)) => Upload::Stopped,
+                    Err(Broke::Source(e)) => return Err(e.into()),
+                };
             }
-            h = &mut head => return h.map(|()| upload_done).map_err(Failure::from),
-            () = &mut head_timer, if !uploading => return Err(Failure::from(ProxyError::UpstreamTimeout)),
+            h = &mut head => return h,
+            () = &mut timer, if !running => return Err(ProxyError::UpstreamTimeout.into()),
+            () = &mut deadline => return Err(ProxyError::UpstreamTimeout.into()),
+            e = &mut gone => return Err(e.into()),
         }
     }
 }

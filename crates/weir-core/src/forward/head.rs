@@ -68,15 +68,21 @@ impl<'a> Edits<'a> {
     /// Appends the location field (`kind`) `value` mapped back through `reverse_rewrite`;
     /// false (nothing appended) when it is not one, or not the upstream's own URL.
     pub fn map_location(&self, kind: HeaderKind, value: &[u8], out: &mut Vec<u8>) -> bool {
-        let location = matches!(
-            kind,
-            HeaderKind::Location | HeaderKind::ContentLocation | HeaderKind::Uri
-        );
-        location
+        is_location(kind)
             && self
                 .reverse
                 .as_ref()
                 .is_some_and(|m| m.map_into(value, out))
+    }
+
+    /// Appends the line `name: value` of a field of `kind`, a location mapped back.
+    fn push_field(&self, out: &mut Vec<u8>, kind: HeaderKind, name: &[u8], value: &[u8]) {
+        out.extend_from_slice(name);
+        out.extend_from_slice(b": ");
+        if !self.map_location(kind, value, out) {
+            out.extend_from_slice(value);
+        }
+        out.extend_from_slice(b"\r\n");
     }
 
     /// Appends the lines the edits add after the upstream's fields: the rules', the
@@ -162,13 +168,7 @@ fn copy_lines(
             continue;
         }
         lines.flush(out, buf);
-        let value = &buf[h.value.clone()];
-        out.extend_from_slice(&buf[h.name.clone()]);
-        out.extend_from_slice(b": ");
-        if !edits.map_location(h.kind, value, out) {
-            out.extend_from_slice(value);
-        }
-        out.extend_from_slice(b"\r\n");
+        edits.push_field(out, h.kind, &buf[h.name.clone()], &buf[h.value.clone()]);
     }
     lines.flush(out, buf);
 }
@@ -193,6 +193,7 @@ pub(crate) enum Framing {
 }
 
 /// What an HTTP/2 upstream's head is written for: what the client asked.
+#[derive(Clone, Copy)]
 pub(crate) struct ForClient {
     pub is_head: bool,
     pub http10: bool,
@@ -221,12 +222,7 @@ pub(crate) fn write_from_h2(
             continue;
         }
         let name = name.as_str().as_bytes();
-        out.extend_from_slice(name);
-        out.extend_from_slice(b": ");
-        if !edits.map_location(HeaderKind::of(name), value.as_bytes(), out) {
-            out.extend_from_slice(value.as_bytes());
-        }
-        out.extend_from_slice(b"\r\n");
+        edits.push_field(out, HeaderKind::of(name), name, value.as_bytes());
     }
     edits.push_lines(out, Fields::Http2(&parts.headers));
     let bodiless = client.is_head || status == StatusCode::NO_CONTENT || status.as_u16() == 304;
@@ -290,16 +286,18 @@ pub(crate) fn plan_http1(
 }
 
 /// The compression of a response whose plan has an encoding (`None`: sent as it is).
-/// `length`: the uncompressed body's, when known.
+/// `length`: the uncompressed body's, when known. `Err`: the compressor did not start,
+/// refused before any of the response went out.
 pub(crate) fn coding(
     route: &Route,
     plan: &Plan,
     length: Option<u64>,
-) -> std::io::Result<Option<super::relay::Coding>> {
+) -> Result<Option<super::relay::Coding>, crate::error::ProxyError> {
     let (Some(encoding), Some(cfg)) = (plan.encoding, &route.filters.compression) else {
         return Ok(None);
     };
-    let encoder = crate::filters::compression::Encoder::new(encoding, &cfg.levels, length)?;
+    let encoder = crate::filters::compression::Encoder::new(encoding, &cfg.levels, length)
+        .map_err(|_| super::relay::COMPRESSOR_FAILED)?;
     Ok(Some(super::relay::Coding {
         encoder,
         encoding,

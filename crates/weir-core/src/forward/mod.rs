@@ -63,6 +63,16 @@ pub struct Timeouts {
     pub upstream: std::time::Duration,
 }
 
+impl Timeouts {
+    /// `target`'s: its listener's `client_timeout`, its upstream's `response_timeout`.
+    pub fn of(target: &Target<'_>) -> Timeouts {
+        Timeouts {
+            client: target.listener.client_timeout,
+            upstream: target.upstream.response_timeout,
+        }
+    }
+}
+
 /// Where the request goes and under which limits.
 #[derive(Clone, Copy)]
 pub struct Target<'a> {

@@ -148,7 +148,8 @@ pub(crate) struct Coding {
     pub bytes_out: u64,
 }
 
-const COMPRESSOR_FAILED: ProxyError = ProxyError::UpstreamMalformed("compressor failed");
+/// A compressor that failed: the server's response cannot go out as planned (502).
+pub(crate) const COMPRESSOR_FAILED: ProxyError = ProxyError::UpstreamMalformed("compressor failed");
 
 /// Moves the body from `source` to `sink` until its end (and trailers), each piece through
 /// `coding` when the response is compressed: encoded and flushed, so nothing waits for

@@ -19,7 +19,7 @@ use weir_config::UpstreamServer;
 
 use super::files::respond_stream;
 use super::interim::{Bounds, ClientStream, Relayed};
-use super::respond::{head_from_http1, relay_body, Sinking};
+use super::respond::{head_from_http1, ResponseStream, Sinking};
 use super::scratch::ExchangeScratch;
 use super::send::{unless_reset, Stop};
 use crate::buffer::Buffer;
@@ -29,7 +29,7 @@ use crate::error::ProxyError;
 use crate::filters::compression;
 use crate::filters::upgrade::Offered;
 use crate::forward::body::BodyState;
-use crate::forward::driver::{drive, Attempt, Exchange, Miss, Sender, Tries};
+use crate::forward::driver::{drive, Accepted, Attempt, Exchange, Miss, Sender, Tries};
 use crate::forward::h1::{
     pool_after_answer, reuse, send_streaming, send_whole, Interim, Reading, RequestMeta,
 };
@@ -67,8 +67,8 @@ pub struct StreamRequest<'a> {
 /// What the access log and metrics learn from the exchange.
 #[derive(Debug, Default)]
 pub struct Trace {
-    pub upstream_pick: Option<(usize, usize)>,
-    pub upstream_time: Option<Duration>,
+    /// The server of the request's last try, and how long it took to answer.
+    pub last_try: LastTry,
     pub status: u16,
     pub body_in: u64,
     pub body_out: u64,
@@ -161,7 +161,6 @@ impl StreamRequest<'_> {
     ) -> Result<(), Failure> {
         let ExchangeScratch { out, resp, timer } = scratch;
         let x = self.exchange_of();
-        let mut last_try = LastTry::default();
         let body_in = Cell::new(0);
         let accepted = {
             let client = self.client_stream(respond, body.is_some());
@@ -187,19 +186,33 @@ impl StreamRequest<'_> {
             // exchange (large), and `unless_reset` would otherwise move it into its own
             // state once more (callgrind: about -0.4k instructions of `memcpy` per stream).
             let started = self.request.started;
-            let driving = std::pin::pin!(drive(&x, &mut sender, started, &mut last_try));
+            let driving = std::pin::pin!(drive(&x, &mut sender, started, &mut trace.last_try));
             unless_reset(&mut &client, driving).await
         };
-        trace.upstream_pick = last_try.upstream_pick;
-        trace.upstream_time = last_try.upstream_time;
         trace.body_in = body_in.get();
         let accepted = match accepted {
             Ok(accepted) => accepted?,
             Err(stop) => return Err(stopped(stop, Reached::Nothing, trace)),
         };
+        let up = (&mut *up_buf, &*resp);
+        self.respond_accepted(&x, accepted, respond, up, trace)
+            .await
+    }
+
+    /// Relays the accepted try's response (its head `resp`, parsed from `up_buf`) to the
+    /// client's stream `respond` (HTTP/2 or HTTP/3), or a stored entry instead; pools the
+    /// upstream connection when the exchange left it clean.
+    pub(crate) async fn respond_accepted<R: ResponseStream>(
+        &self,
+        x: &Exchange<'_>,
+        accepted: Accepted<'_, (UpstreamStream, bool)>,
+        respond: &mut R,
+        (up_buf, resp): (&mut Buffer, &ResponseHead),
+        trace: &mut Trace,
+    ) -> Result<(), Failure> {
         let ((mut stream, request_done), accepted) = accepted.take();
         if let Some(reply) = self.answer_instead((up_buf, resp), &accepted) {
-            pool_after_answer(&x, &accepted, (up_buf, resp), (stream, request_done));
+            pool_after_answer(x, &accepted, (up_buf, resp), (stream, request_done));
             let under = crate::files::Under::of_target(&self.target);
             let answered = respond_stream(respond, &self.request, under, reply, trace);
             return Box::pin(answered).await;
@@ -222,7 +235,7 @@ impl StreamRequest<'_> {
                 true => accepted.head_at,
                 false => Instant::now(),
             };
-            reuse(&x, accepted.server, accepted.metrics, stream, since);
+            reuse(x, accepted.server, accepted.metrics, stream, since);
         }
         Ok(())
     }
@@ -252,9 +265,9 @@ impl StreamRequest<'_> {
     /// error the client gets when the response is refused before any of it went out (a
     /// bad chunk with the head, a compressor that did not start). Returns whether the whole
     /// body came with the head.
-    pub(super) async fn respond_http1(
+    pub(super) async fn respond_http1<R: ResponseStream>(
         &self,
-        respond: &mut SendResponse<Bytes>,
+        respond: &mut R,
         up: Http1Response<'_>,
         mut edits: Edits<'_>,
         count: impl FnOnce(Result<u16, ProxyError>),
@@ -280,7 +293,7 @@ impl StreamRequest<'_> {
         source.first =
             (resp.framing != BodyFraming::Chunked).then(|| arrived.slice(resp.head_len..));
         let length = resp.framing.length();
-        let ready = coding(route, &edits.plan, length).map_err(|_| COMPRESSOR_FAILED);
+        let ready = coding(route, &edits.plan, length);
         let ready = ready.and_then(|c| Ok((c, empty || at_hand.is_some() || source.prime()?)));
         let (mut coding, body_with_head) = match ready {
             Ok(ready) => ready,
@@ -292,40 +305,40 @@ impl StreamRequest<'_> {
         count(Ok(resp.status));
         trace.status = resp.status;
         let grpc_status = trace.grpc_status_in(head.headers());
-        let send = respond
-            .send_response(head, empty)
-            .map_err(|_| Failure::after_head(ProxyError::ClientClosed))?;
-        trace.sent_grpc_status(grpc_status);
-        if !empty {
-            let sink = Sinking {
-                edits: &edits,
-                trace: &mut *trace,
-                stall: listener.http2.stall_timeout,
-                max_trailers: listener.http2.max_header_list_size,
-            };
-            let at = resp.head_len;
-            let whole = at_hand.map(|n| arrived.slice(at..at + n));
-            let relayed = match recorder.as_mut() {
-                None => relay_body(send, &mut source, sink, coding.as_mut(), whole).await,
-                Some(recorder) => {
-                    if let Some(whole) = &whole {
-                        recorder.record(whole);
-                    }
-                    let mut recording = Recording {
-                        inner: &mut source,
-                        recorder,
-                        stop_when_over: false,
-                    };
-                    // Boxed: a route without `cache` keeps the exchange's state as before.
-                    let relaying = relay_body(send, &mut recording, sink, coding.as_mut(), whole);
-                    Box::pin(relaying).await
-                }
-            };
-            trace.compressed = coding.as_ref().map(Coding::compressed);
-            relayed?;
-            if let Some(n) = at_hand {
-                source.buf.consume(n);
+        let sink = Sinking {
+            grpc_status,
+            ..Sinking::of(&listener.http2, &edits, trace)
+        };
+        let at = resp.head_len;
+        let whole = at_hand.map(|n| arrived.slice(at..at + n));
+        let relayed = match recorder.as_mut() {
+            None => {
+                let source = (!empty).then_some(&mut source);
+                respond
+                    .send_relayed(head, source, sink, coding.as_mut(), whole)
+                    .await
             }
+            Some(recorder) => {
+                if let Some(whole) = whole.as_ref().filter(|_| !empty) {
+                    recorder.record(whole);
+                }
+                let mut recording = Recording {
+                    inner: &mut source,
+                    recorder,
+                    stop_when_over: false,
+                };
+                let source = (!empty).then_some(&mut recording);
+                // Boxed: a route without `cache` keeps the exchange's state as before.
+                let relaying = respond.send_relayed(head, source, sink, coding.as_mut(), whole);
+                Box::pin(relaying).await
+            }
+        };
+        if !empty {
+            trace.compressed = coding.as_ref().map(Coding::compressed);
+        }
+        relayed?;
+        if let Some(n) = at_hand.filter(|_| !empty) {
+            source.buf.consume(n);
         }
         if let Some(recorder) = recorder {
             recorder.finish();
@@ -401,8 +414,6 @@ pub(super) struct Http1Response<'u> {
     pub buf: &'u mut Buffer,
     pub head: &'u ResponseHead,
 }
-
-const COMPRESSOR_FAILED: ProxyError = ProxyError::UpstreamMalformed("compressor failed");
 
 /// A failure from a stream's early end; a client reset is marked in `trace`.
 fn stopped(stop: Stop, reached: Reached, trace: &mut Trace) -> Failure {

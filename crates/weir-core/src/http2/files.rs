@@ -1,6 +1,6 @@
 //! A reply (`files::Reply`: a static file's, or a cache entry's) on an HTTP/2 or HTTP/3
-//! client's stream, sent as an HTTP/1.1 upstream's response is (`exchange::respond_http1`): the head through the
-//! route's `Edits` (`respond::head_from_http1`), the body through the one relay into the
+//! client's stream, sent as an HTTP/1.1 upstream's response is (`exchange::respond_http1`):
+//! the head through the route's `Edits` (`respond::head_from_http1`), the body through the one relay into the
 //! stream (`respond::ResponseStream`), compressed when the route's plan says so.
 
 use bytes::Bytes;
@@ -47,23 +47,17 @@ pub(crate) async fn respond_stream<R: ResponseStream>(
         ..Edits::default()
     };
     let response = head_from_http1(&resp, &head, &edits, http::HeaderMap::new());
-    let failed = |_| ProxyError::UpstreamMalformed("compressor failed");
-    let mut coding = coding(route, &edits.plan, resp.framing.length()).map_err(failed)?;
+    let mut coding = coding(route, &edits.plan, resp.framing.length())?;
     let empty = matches!(resp.framing, BodyFraming::None | BodyFraming::Length(0));
     trace.status = resp.status;
     trace.local = true;
     if reply.cache.is_some() {
         trace.cache = reply.cache;
     }
-    let sink = Sinking {
-        edits: &edits,
-        trace: &mut *trace,
-        stall: listener.http2.stall_timeout,
-        max_trailers: listener.http2.max_header_list_size,
-    };
+    let sink = Sinking::of(&listener.http2, &edits, trace);
     let mut source = BodySource::new(&reply.body);
     let source = (!empty).then_some(&mut source);
-    let relayed = respond.send_relayed(response, source, sink, coding.as_mut());
+    let relayed = respond.send_relayed(response, source, sink, coding.as_mut(), None);
     let relayed = relayed.await;
     trace.compressed = coding.as_ref().map(Coding::compressed);
     relayed

@@ -24,7 +24,7 @@ use h2::server::SendResponse;
 use h2::Reason;
 use http::{Response, StatusCode};
 
-use super::names::response_name;
+use super::respond::end_to_end_fields;
 use super::send::Resettable;
 use crate::codec::http1::ResponseHead;
 use crate::error::ProxyError;
@@ -136,17 +136,7 @@ impl<'a> ClientStream<'a> {
 pub(crate) fn informational(head: &[u8], resp: &ResponseHead) -> Option<Response<()>> {
     let mut response = Response::new(());
     *response.status_mut() = StatusCode::from_u16(resp.status).ok()?;
-    let fields = response.headers_mut();
-    for h in &resp.headers {
-        if h.connection_listed || h.kind.is_hop_by_hop() {
-            continue;
-        }
-        let name = response_name(&head[h.name.clone()]);
-        let value = http::HeaderValue::from_bytes(&head[h.value.clone()]);
-        if let (Ok(name), Ok(value)) = (name, value) {
-            fields.append(name, value);
-        }
-    }
+    end_to_end_fields(head, resp, response.headers_mut());
     Some(response)
 }
 

@@ -99,14 +99,7 @@ pub(crate) fn answer_response<'o>(
     let mut response = http::Response::new(());
     *response.status_mut() =
         http::StatusCode::from_u16(head.status).unwrap_or(http::StatusCode::BAD_GATEWAY);
-    let headers = response.headers_mut();
-    for h in head.headers.iter().filter(|h| !h.kind.is_hop_by_hop()) {
-        let name = http::HeaderName::from_bytes(&rendered[h.name.clone()]);
-        let value = http::HeaderValue::from_bytes(&rendered[h.value.clone()]);
-        if let (Ok(name), Ok(value)) = (name, value) {
-            headers.append(name, value);
-        }
-    }
+    super::respond::end_to_end_fields(rendered, &head, response.headers_mut());
     Ok((response, &rendered[head.head_len..]))
 }
 

@@ -53,6 +53,22 @@ pub(crate) fn head_from_http1(
     response
 }
 
+/// Appends the end-to-end fields of the HTTP/1.1 head `resp` (its bytes: `buf`) to
+/// `headers`, names lower-cased: hop-by-hop and `Connection`-listed fields dropped, and a
+/// field that is no valid HTTP/2 one (an upstream's 1xx head, Weir's own answers).
+pub(crate) fn end_to_end_fields(buf: &[u8], resp: &ResponseHead, headers: &mut HeaderMap) {
+    for h in &resp.headers {
+        if h.connection_listed || h.kind.is_hop_by_hop() {
+            continue;
+        }
+        let name = response_name(&buf[h.name.clone()]);
+        let value = HeaderValue::from_bytes(&buf[h.value.clone()]);
+        if let (Ok(name), Ok(value)) = (name, value) {
+            headers.append(name, value);
+        }
+    }
+}
+
 /// An HTTP/2 upstream's head `parts` with `edits` applied in place (a route without edits
 /// leaves the map as it came).
 pub(super) fn head_from_h2(parts: http::response::Parts, edits: &Edits<'_>) -> http::Response<()> {
@@ -124,6 +140,7 @@ pub(super) async fn relay_body<S: Source>(
         trace,
         stall,
         max_trailers,
+        ..
     } = sink;
     let mut sink = StreamSink {
         send: &mut send,
@@ -150,18 +167,21 @@ pub(super) async fn relay_body<S: Source>(
     })
 }
 
-/// A client's stream that takes a response Weir makes from a source of its own (a static
-/// file): an HTTP/2 client's (`SendResponse`) or an HTTP/3 client's (`http3::body`).
+/// A client's stream that takes a response from an HTTP/1.1 upstream or from a source of
+/// Weir's own (a static file, a cache entry): an HTTP/2 client's (`SendResponse`) or an
+/// HTTP/3 client's (`http3::body`).
 pub(crate) trait ResponseStream {
     /// Sends `head` (the stream ends with it when there is no `source`), then relays
     /// `source`'s body and trailers into the stream as `sinking` says, compressed through
-    /// `coding` when there is one. A failure once the head went out resets the stream.
+    /// `coding` when there is one, or sends `whole` (the body, all at hand: no rounds) as
+    /// its one last DATA. A failure once the head went out resets the stream.
     fn send_relayed<S: Source>(
         &mut self,
         head: http::Response<()>,
         source: Option<&mut S>,
         sinking: Sinking<'_>,
         coding: Option<&mut Coding>,
+        whole: Option<Bytes>,
     ) -> impl std::future::Future<Output = Result<(), Failure>>;
 }
 
@@ -172,13 +192,29 @@ impl ResponseStream for h2::server::SendResponse<Bytes> {
         source: Option<&mut S>,
         sinking: Sinking<'_>,
         coding: Option<&mut Coding>,
+        whole: Option<Bytes>,
     ) -> Result<(), Failure> {
         let send = self
             .send_response(head, source.is_none())
             .map_err(|_| Failure::after_head(crate::error::ProxyError::ClientClosed))?;
+        sinking.trace.sent_grpc_status(sinking.grpc_status);
         match source {
-            Some(source) => relay_body(send, source, sinking, coding, None).await,
+            Some(source) => relay_body(send, source, sinking, coding, whole).await,
             None => Ok(()),
+        }
+    }
+}
+
+impl<'s> Sinking<'s> {
+    /// A relay with the listener's HTTP/2 settings `http2` (its stall timeout, its
+    /// trailers' size), no `grpc-status` to note.
+    pub fn of(http2: &weir_config::Http2, edits: &'s Edits<'s>, trace: &'s mut Trace) -> Self {
+        Sinking {
+            edits,
+            trace,
+            stall: http2.stall_timeout,
+            max_trailers: http2.max_header_list_size,
+            grpc_status: None,
         }
     }
 }
@@ -190,4 +226,6 @@ pub(crate) struct Sinking<'s> {
     /// How long the client's window may stay shut.
     pub stall: std::time::Duration,
     pub max_trailers: u32,
+    /// The head's `grpc-status` (`Trace::grpc_status_in`), noted once the head went out.
+    pub grpc_status: Option<u32>,
 }

@@ -161,10 +161,7 @@ impl StreamLog {
         let side = ClientSide {
             ip: self.who.behind.as_ref().map_or(conn.ip, |(_, text)| text),
             fields: &self.fields,
-            last_try: crate::request::LastTry {
-                upstream_pick: trace.upstream_pick,
-                upstream_time: trace.upstream_time,
-            },
+            last_try: trace.last_try,
             bytes_in: trace.body_in,
             bytes_out: trace.body_out,
             tls: conn.tls,

@@ -38,10 +38,9 @@ use crate::error::ProxyError;
 use crate::forward::driver::{drive, Attempt, Miss, Sender, Tries};
 use crate::forward::h1::Interim;
 use crate::forward::h2::{
-    content_length, final_head, h1_head_to_h2, h2_response, open, relay_while_uploading,
-    HeadBounds, Upload,
+    final_head, h2_request, open, plan_h2, relay_while_uploading, unindexed, HeadBounds, Upload,
 };
-use crate::forward::head::{coding, plan, Edits, ForClient};
+use crate::forward::head::{Edits, ForClient};
 use crate::forward::relay::{relay, Broke, Coding, H2Source, H2Upload, Peer, Recording, Source};
 use crate::forward::request_head::with_client_facts;
 use crate::forward::{Failure, Timeouts};
@@ -163,8 +162,7 @@ impl StreamRequest<'_> {
         let relayed = drive(&x, &mut sender, self.request.started, &mut last_try).await;
         sender.trace.body_in = sender.consumed.get();
         let body = sender.body;
-        trace.upstream_pick = last_try.upstream_pick;
-        trace.upstream_time = last_try.upstream_time;
+        trace.last_try = last_try;
         (relayed.map(|accepted| accepted.take().0), body)
     }
 
@@ -186,9 +184,7 @@ impl StreamRequest<'_> {
             keep_alive: true,
         };
         let route = self.target.route;
-        edits.plan = plan(route, &h2_response(&parts, &client, route));
-        let length = content_length(&parts);
-        let coding = coding(route, &edits.plan, length).map_err(|_| COMPRESSOR_FAILED)?;
+        let coding = plan_h2(route, &parts, &client, edits)?;
         Ok((head_from_h2(parts, edits), coding))
     }
 
@@ -201,15 +197,11 @@ impl StreamRequest<'_> {
         server: &UpstreamServer,
         client: Option<Parts>,
     ) -> Result<http::Request<()>, ProxyError> {
-        let tls = self.target.upstream.tls.is_some();
-        let id = self.target.listener.policy.request_id.as_ref();
-        let unindexed = id.map(|i| i.header.as_str());
         let Some(parts) = client else {
             // The head carries a cache miss's conditions (`write_head`).
             let mut out = Vec::with_capacity(self.request.buf.len() + 256);
             self.write_head(&mut out, server);
-            let scheme = if tls { "https" } else { "http" };
-            return h1_head_to_h2(&out, scheme, facts.te_trailers, unindexed);
+            return h2_request(&out, &self.target, facts.te_trailers);
         };
         let mut request = with_client_facts(&self.request, &self.target, |client| {
             let u = Upstream {
@@ -219,9 +211,12 @@ impl StreamRequest<'_> {
                 route: self.target.route,
                 server,
                 client,
-                scheme: if tls { Scheme::HTTPS } else { Scheme::HTTP },
+                scheme: match self.target.upstream.tls {
+                    Some(_) => Scheme::HTTPS,
+                    None => Scheme::HTTP,
+                },
                 te_trailers: facts.te_trailers,
-                unindexed,
+                unindexed: unindexed(&self.target),
             };
             upstream_request(parts, &u, &self.worker.h2_scratch)
         })?;
@@ -334,14 +329,11 @@ impl<C, B> H2Sender<'_, '_, C, B> {
     /// How long each wait may take: for the client, and for the upstream (its
     /// `response_timeout`, capped by the client's `grpc-timeout`).
     fn timeouts(&self) -> Timeouts {
-        let upstream = self.r.target.upstream.response_timeout;
-        Timeouts {
-            client: self.r.target.listener.client_timeout,
-            upstream: self
-                .facts
-                .grpc_timeout
-                .map_or(upstream, |t| t.min(upstream)),
+        let mut timeouts = Timeouts::of(&self.r.target);
+        if let Some(t) = self.facts.grpc_timeout {
+            timeouts.upstream = timeouts.upstream.min(t);
         }
+        timeouts
     }
 }
 
@@ -508,13 +500,7 @@ where
     if empty {
         return Ok(());
     }
-    let listener = answer.http2;
-    let sink = Sinking {
-        edits: answer.edits,
-        trace,
-        stall: listener.stall_timeout,
-        max_trailers: listener.max_header_list_size,
-    };
+    let sink = Sinking::of(answer.http2, answer.edits, trace);
     let relay = relay_body(send, source, sink, coding, None);
     // The head went out: whatever fails now (the upload included: a body over
     // `max_body_size`, a silent client) cuts that response short.
@@ -542,8 +528,6 @@ async fn upload<B: ClientBody>(
     };
     relay(&mut source, &mut sink, None).await
 }
-
-const COMPRESSOR_FAILED: ProxyError = ProxyError::UpstreamMalformed("compressor failed");
 
 #[cfg(test)]
 mod tests {

@@ -34,7 +34,6 @@ use crate::forward::h1::{send_whole, NoInterim, Reading, RequestMeta};
 use crate::forward::tunnel::limits;
 use crate::forward::Failure;
 use crate::idle::{Activity, Cut, End, Limits, Noted};
-use crate::request::LastTry;
 use crate::time::LazyTimer;
 
 /// RFC 6455 section 1.3.
@@ -188,7 +187,7 @@ impl StreamRequest<'_> {
     /// The server `open` picked.
     fn server_of(&self, trace: &Trace) -> &weir_config::UpstreamServer {
         let servers = &self.target.upstream.servers;
-        &servers[trace.upstream_pick.map_or(0, |(_, server)| server)]
+        &servers[trace.last_try.upstream_pick.map_or(0, |(_, server)| server)]
     }
 
     /// Sends the Upgrade request (through the driver) and reads the answer: the upstream
@@ -212,11 +211,8 @@ impl StreamRequest<'_> {
             // A tunnel is rare: a timer of its own.
             timer: LazyTimer::new(now),
         };
-        let mut last_try = LastTry::default();
         let started = std::time::Instant::now();
-        let opened = drive(&x, &mut handshake, started, &mut last_try).await;
-        trace.upstream_pick = last_try.upstream_pick;
-        trace.upstream_time = last_try.upstream_time;
+        let opened = drive(&x, &mut handshake, started, &mut trace.last_try).await;
         let (sent, accepted) = opened?.take();
         accepted.count(Ok(handshake.resp.status));
         Ok(sent)

@@ -163,11 +163,13 @@ impl ResponseStream for SendHalf {
         source: Option<&mut S>,
         sinking: Sinking<'_>,
         coding: Option<&mut Coding>,
+        whole: Option<Bytes>,
     ) -> Result<(), Failure> {
         let stall = sinking.stall;
         self.send_head(head, stall)
             .await
             .map_err(Failure::after_head)?;
+        sinking.trace.sent_grpc_status(sinking.grpc_status);
         let mut sink = H3Sink {
             send: &mut *self,
             stall,
@@ -175,12 +177,14 @@ impl ResponseStream for SendHalf {
             edits: sinking.edits,
             trace: sinking.trace,
         };
-        let relayed = match source {
-            Some(source) => relay(source, &mut sink, coding).await,
-            None => sink
-                .data(Piece::Slice(&[]), true)
-                .await
-                .map_err(Broke::Sink),
+        let relayed = match (source, whole) {
+            (Some(source), None) => relay(source, &mut sink, coding).await,
+            (source, whole) => {
+                // No body, or all of it at hand: one last DATA.
+                let piece = whole.filter(|_| source.is_some()).map(Piece::Bytes);
+                let piece = piece.unwrap_or(Piece::Slice(&[]));
+                sink.data(piece, true).await.map_err(Broke::Sink)
+            }
         };
         relayed.map_err(|(Broke::Source(e) | Broke::Sink(e))| {
             self.stop_stream(h3::error::Code::H3_INTERNAL_ERROR);

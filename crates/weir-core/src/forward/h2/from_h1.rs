@@ -7,13 +7,11 @@
 //! they are refused with 501.
 
 use std::cell::Cell;
-use std::mem::take;
 
 use super::request_body::RequestBody;
-use super::response::Ask;
 use super::{
-    content_length, final_head, forbidden_in_trailer, h1_head_to_h2, h2_response, open,
-    relay_while_uploading, HeadBounds, Upload,
+    final_head, forbidden_in_trailer, h2_request, open, plan_h2, relay_while_uploading, HeadBounds,
+    Upload,
 };
 use crate::cache::Fetched::Http2;
 use crate::cache::{Fill, Recorder};
@@ -24,12 +22,11 @@ use crate::error::ProxyError;
 use crate::files::{send_http1, Reply, Under};
 use crate::forward::body;
 use crate::forward::driver::{drive, Attempt, Exchange, Miss, Sender, Tries};
-use crate::forward::exchange::{push_before_end, Http1Request};
+use crate::forward::exchange::{push_before_end, write_heads, Http1Request};
 use crate::forward::filling::{relay_recorded, Record};
 use crate::forward::h1::Http1Interim;
-use crate::forward::head::{coding, plan, write_from_h2, Edits, ForClient, Framing};
+use crate::forward::head::{write_from_h2, Edits, ForClient, Framing};
 use crate::forward::relay::{Broke, Coding, H2Source, Http1Sink, Peer, Sink, Trailers};
-use crate::forward::request_head::{render_response_rules, write_upstream_head};
 use crate::forward::{Failure, Timeouts};
 
 /// Whether the client sent `TE` with the `trailers` token.
@@ -77,15 +74,16 @@ pub(crate) async fn forward_h2(
         head,
         body,
         consumed: Cell::new(0),
-        ask: Ask {
+        client: ForClient {
             is_head: meta.is_head,
             http10: meta.http10,
             te_trailers: te,
+            accepted: meta.accepted,
+            end_stream: false,
+            keep_alive,
         },
-        accepted: meta.accepted,
         expect,
         informed: false,
-        keep_alive,
         resp,
     };
     let relayed = drive(x, &mut sender, started, &mut last_try).await;
@@ -125,14 +123,12 @@ struct FromHttp1<'x, 'c> {
     body: RequestBody,
     /// Above zero once request body bytes are taken from the client.
     consumed: Cell<u64>,
-    ask: Ask,
-    /// The coding the route's `compression` negotiated with the client.
-    accepted: Option<weir_config::Encoding>,
+    /// What the client asked that shapes the response (`end_stream` is each try's).
+    client: ForClient,
     /// Weir answered `expect: 100-continue` itself: the field is not sent on.
     expect: bool,
     /// The client has a 1xx head (Weir's 100 Continue, or one relayed).
     informed: bool,
-    keep_alive: bool,
     resp: &'c mut ResponseHead,
 }
 
@@ -147,7 +143,7 @@ impl Sender for FromHttp1<'_, '_> {
             return Err(ProxyError::UpstreamTls("the server chose HTTP/1.1").into());
         };
         self.go_on().await?;
-        let (bounds, timeouts, mut client) = (self.bounds(), self.timeouts(), self.client());
+        let (bounds, timeouts, mut client) = (self.bounds(), Timeouts::of(&x.target), self.client);
         let conn = &mut *self.conn;
         let (mut cr, mut cw) = conn.stream.split().map_err(ProxyError::client_io)?;
         let mut state = match self.body.is_empty() {
@@ -257,56 +253,20 @@ impl FromHttp1<'_, '_> {
             timeout: self.x.target.upstream.response_timeout,
             deadline: None,
             max_informational: self.x.target.listener.max_informational,
-            relay: !self.ask.http10,
+            relay: !self.client.http10,
             tokens: true,
-        }
-    }
-
-    /// What the client asked that shapes the response.
-    fn client(&self) -> ForClient {
-        ForClient {
-            is_head: self.ask.is_head,
-            http10: self.ask.http10,
-            te_trailers: self.ask.te_trailers,
-            accepted: self.accepted,
-            end_stream: false,
-            keep_alive: self.keep_alive,
-        }
-    }
-
-    fn timeouts(&self) -> Timeouts {
-        Timeouts {
-            client: self.x.target.listener.client_timeout,
-            upstream: self.x.target.upstream.response_timeout,
         }
     }
 
     /// The request for try `a`: the head written for its server, as HTTP/2 fields.
     fn request(&mut self, a: &Attempt<'_>) -> Result<http::Request<()>, Miss> {
         let (target, conn) = (&self.x.target, &mut *self.conn);
-        let (mut out, mut lines) = (take(&mut conn.out), take(&mut conn.resp_lines));
-        out.clear();
-        let mut r = conn.request(self.req);
-        if !self.head.is_empty() {
-            r.buf = &self.head;
-        }
-        let offered = write_upstream_head(&mut out, &r, &conn.path, target, a.server);
-        if let Some(fill) = &conn.fill {
-            push_before_end(&mut out, fill.conditional_lines());
-        }
-        render_response_rules(&mut lines, &r, target.route);
-        (conn.out, conn.resp_lines) = (out, lines);
+        let offered = write_heads(conn, self.req, &self.head, target, a.server);
         if !offered.is_empty() {
             let refused = ProxyError::NotImplemented("upgrade to an HTTP/2-only upstream");
             return Err(Miss::unsent(refused));
         }
-        let scheme = match target.upstream.tls {
-            Some(_) => "https",
-            None => "http",
-        };
-        let id = target.listener.policy.request_id.as_ref();
-        let te = self.ask.te_trailers;
-        let request = h1_head_to_h2(&conn.out, scheme, te, id.map(|i| i.header.as_str()));
+        let request = h2_request(&conn.out, target, self.client.te_trailers);
         let mut request = request.map_err(Miss::unsent)?;
         if self.expect {
             request.headers_mut().remove(http::header::EXPECT);
@@ -326,15 +286,11 @@ fn client_head(
     parts: &http::response::Parts,
     client: &ForClient,
 ) -> Result<(Framing, bool, Option<Coding>), ProxyError> {
-    edits.plan = plan(route, &h2_response(parts, client, route));
-    let coding =
-        coding(route, &edits.plan, content_length(parts)).map_err(|_| COMPRESSOR_FAILED)?;
+    let coding = plan_h2(route, parts, client, edits)?;
     out.clear();
     let (framing, keep_alive) = write_from_h2(out, parts, edits, client);
     Ok((framing, keep_alive, coding))
 }
-
-const COMPRESSOR_FAILED: ProxyError = ProxyError::UpstreamMalformed("compressor failed");
 
 /// The entry a route cache's miss (`fill`) answers with instead of the response `parts`
 /// (a `304` that refreshed it, a 5xx it answers for), if any.

@@ -27,9 +27,11 @@ use h2::{RecvStream, SendStream};
 use http::header::{HeaderName, HeaderValue};
 
 use super::driver::{Attempt, Exchange, Miss};
-use super::h1::{Interim, TOO_MANY_INFORMATIONAL};
-use super::relay::Broke;
-use super::{Failure, Reached};
+pub(crate) use super::h1::Upload;
+use super::h1::{upload_while_waiting, Interim, TOO_MANY_INFORMATIONAL};
+use super::head::{coding, plan, Edits, ForClient};
+use super::relay::{Broke, Coding};
+use super::{Failure, Reached, Target};
 use crate::codec::http1::header::is_token;
 use crate::connector::h2::{checkout, h2_error, never_processed, Checkout, Lease};
 use crate::error::ProxyError;
@@ -67,16 +69,6 @@ pub(crate) async fn open(
             ..Miss::from(h2_error(&e))
         }),
     }
-}
-
-/// Where an upload is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Upload {
-    Running,
-    /// The whole body went up.
-    Done,
-    /// The server stopped taking it.
-    Stopped,
 }
 
 /// How long the final head may take, and how many 1xx heads may come before it.
@@ -127,7 +119,8 @@ where
         },
         ..Miss::from(error)
     };
-    let error = match waiting(upload, state, head, bounds, gone).await {
+    let (timeout, deadline) = (bounds.timeout, bounds.deadline);
+    let error = match upload_while_waiting(upload, state, head, timeout, deadline, gone).await {
         Ok(head) => return Ok((head, lease)),
         Err(NoFinal::Failed(error)) => error,
         Err(NoFinal::H2(e)) if never_processed(&e) && !relayed => {
@@ -149,48 +142,9 @@ enum NoFinal {
     H2(h2::Error),
 }
 
-/// Runs `upload` and the wait for `head` together, unless the client is `gone`;
-/// `bounds.timeout` counts from the end of the upload, as for HTTP/1.1 upstreams, the
-/// `deadline` from now.
-async fn waiting<U, H, G>(
-    mut upload: Pin<&mut U>,
-    state: &mut Upload,
-    head: H,
-    bounds: HeadBounds,
-    gone: G,
-) -> Result<http::Response<RecvStream>, NoFinal>
-where
-    U: Future<Output = Result<(), Broke>>,
-    H: Future<Output = Result<http::Response<RecvStream>, NoFinal>>,
-    G: Future<Output = ProxyError>,
-{
-    let timeout = bounds.timeout;
-    let running = *state == Upload::Running;
-    let timer = tokio::time::sleep(if running { Duration::MAX } else { timeout });
-    let deadline = async {
-        match bounds.deadline {
-            Some(deadline) => tokio::time::sleep(deadline).await,
-            None => std::future::pending().await,
-        }
-    };
-    tokio::pin!(head, timer, gone, deadline);
-    loop {
-        let running = *state == Upload::Running;
-        tokio::select! {
-            r = upload.as_mut(), if running => {
-                timer.as_mut().reset(tokio::time::Instant::now() + timeout);
-                *state = match r {
-                    Ok(()) => Upload::Done,
-                    // The upstream stopped taking the body; its response (if any) says why.
-                    Err(Broke::Sink(_)) => Upload::Stopped,
-                    Err(Broke::Source(e)) => return Err(NoFinal::Failed(e)),
-                };
-            }
-            h = &mut head => return h,
-            () = &mut timer, if !running => return Err(NoFinal::Failed(ProxyError::UpstreamTimeout)),
-            () = &mut deadline => return Err(NoFinal::Failed(ProxyError::UpstreamTimeout)),
-            e = &mut gone => return Err(NoFinal::Failed(e)),
-        }
+impl From<ProxyError> for NoFinal {
+    fn from(error: ProxyError) -> NoFinal {
+        NoFinal::Failed(error)
     }
 }
 
@@ -316,6 +270,27 @@ pub(crate) fn h1_head_to_h2(
     Ok(request)
 }
 
+/// The HTTP/1.1 head `head` Weir wrote for `target`'s upstream as an HTTP/2 request: the
+/// upstream's scheme, the listener's request id field unindexed ([`h1_head_to_h2`]).
+pub(crate) fn h2_request(
+    head: &[u8],
+    target: &Target<'_>,
+    te_trailers: bool,
+) -> Result<http::Request<()>, ProxyError> {
+    let scheme = if target.upstream.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    h1_head_to_h2(head, scheme, te_trailers, unindexed(target))
+}
+
+/// The request id field's name (`h1_head_to_h2`'s `unindexed`), if the listener sets one.
+pub(crate) fn unindexed<'t>(target: &Target<'t>) -> Option<&'t str> {
+    let id = target.listener.policy.request_id.as_ref();
+    id.map(|i| i.header.as_str())
+}
+
 /// Fields HTTP/2 forbids (RFC 9113 8.2.2); `te` is put back when it was `trailers`.
 pub(crate) fn is_connection_specific(name: &HeaderName) -> bool {
     use http::header::{CONNECTION, TE, TRANSFER_ENCODING, UPGRADE};
@@ -407,25 +382,32 @@ pub(crate) fn content_length(parts: &http::response::Parts) -> Option<u64> {
     value.to_str().ok()?.parse().ok()
 }
 
-/// An HTTP/2 upstream's response as the compression plan sees it.
-pub(crate) fn h2_response<'p>(
-    parts: &'p http::response::Parts,
-    client: &crate::forward::head::ForClient,
-    route: &'p weir_config::Route,
-) -> crate::filters::compression::Response<'p> {
-    let framing = match (content_length(parts), client.end_stream) {
-        (Some(n), _) => crate::codec::http1::BodyFraming::Length(n),
-        (None, true) => crate::codec::http1::BodyFraming::None,
-        (None, false) => crate::codec::http1::BodyFraming::Chunked,
+/// Plans the route's compression of an HTTP/2 upstream's response `parts` to `client`
+/// (into `edits.plan`), for a client of any protocol. Returns the compression; `Err`: the
+/// compressor did not start, refused before any of the response went out.
+pub(crate) fn plan_h2(
+    route: &weir_config::Route,
+    parts: &http::response::Parts,
+    client: &ForClient,
+    edits: &mut Edits<'_>,
+) -> Result<Option<Coding>, ProxyError> {
+    use crate::codec::http1::BodyFraming;
+    let length = content_length(parts);
+    let framing = match (length, client.end_stream) {
+        (Some(n), _) => BodyFraming::Length(n),
+        (None, true) => BodyFraming::None,
+        (None, false) => BodyFraming::Chunked,
     };
-    crate::filters::compression::Response {
+    let response = crate::filters::compression::Response {
         status: parts.status.as_u16(),
         fields: crate::codec::Fields::Http2(&parts.headers),
         framing,
         is_head: client.is_head,
         accepted: client.accepted,
         rules: route.filters.response_headers.as_ref(),
-    }
+    };
+    edits.plan = plan(route, &response);
+    coding(route, &edits.plan, length)
 }
 
 #[cfg(test)]

@@ -1,6 +1,5 @@
-//! An HTTP/2 upstream's response for an HTTP/1.x client: what the client asked that shapes
-//! it ([`Ask`]), its 1xx heads written as HTTP/1.1 ([`write_interim`]), and its fields as
-//! HTTP/1.1 lines ([`push_fields`]). The final head is written by `forward::head` (with the
+//! An HTTP/2 upstream's response for an HTTP/1.x client: its 1xx heads written as HTTP/1.1
+//! ([`write_interim`]), and its fields as HTTP/1.1 lines ([`push_fields`]). The final head is written by `forward::head` (with the
 //! route's edits), the body by the one relay (`forward::relay`).
 
 use http::HeaderMap;
@@ -8,15 +7,6 @@ use http::HeaderMap;
 use super::is_connection_specific;
 use crate::codec::http1::write::{push_header, push_status_line};
 use crate::forward::head::reason;
-
-/// What the client asked that shapes the response.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Ask {
-    pub is_head: bool,
-    pub http10: bool,
-    /// `TE: trailers`: the client takes trailer fields in a chunked body.
-    pub te_trailers: bool,
-}
 
 /// Appends an HTTP/2 upstream's 1xx head as HTTP/1.1 (its connection-specific fields
 /// dropped).
@@ -39,7 +29,6 @@ pub(crate) fn push_fields(out: &mut Vec<u8>, fields: &HeaderMap, dropped: impl F
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use crate::forward::head::{write_from_h2, Edits, ForClient, Framing};
 
     fn parts(status: u16, fields: &[(&str, &str)]) -> http::response::Parts {
@@ -50,25 +39,21 @@ mod tests {
         builder.body(()).expect("response").into_parts().0
     }
 
-    fn head(ask: Ask, end_stream: bool) -> ForClient {
-        ForClient {
-            is_head: ask.is_head,
-            http10: ask.http10,
-            te_trailers: ask.te_trailers,
-            accepted: None,
-            end_stream,
-            keep_alive: true,
-        }
+    fn head(ask: ForClient, end_stream: bool) -> ForClient {
+        ForClient { end_stream, ..ask }
     }
 
     fn write_head(out: &mut Vec<u8>, p: &http::response::Parts, c: &ForClient) -> (Framing, bool) {
         write_from_h2(out, p, &Edits::default(), c)
     }
 
-    const GET11: Ask = Ask {
+    const GET11: ForClient = ForClient {
         is_head: false,
         http10: false,
         te_trailers: false,
+        accepted: None,
+        end_stream: false,
+        keep_alive: true,
     };
 
     #[test]
@@ -97,7 +82,7 @@ mod tests {
         );
         assert!(out.ends_with(b"Content-Length: 0\r\n\r\n"));
         out.clear();
-        let http10 = Ask {
+        let http10 = ForClient {
             http10: true,
             ..GET11
         };
@@ -107,7 +92,7 @@ mod tests {
         );
         assert!(out.ends_with(b"Connection: close\r\n\r\n"));
         out.clear();
-        let head_req = Ask {
+        let head_req = ForClient {
             is_head: true,
             ..GET11
         };
