@@ -44,8 +44,8 @@ pub(crate) enum Carrier {
 /// | `"auto"` cleartext | HTTP/1.1 connection | HTTP/1.1 connection |
 ///
 /// An RFC 8441 WebSocket (extended CONNECT) always takes an HTTP/1.1 connection. An HTTP/3
-/// client's request takes an HTTP/1.1 connection for `"http1"` and `"auto"`; `Http2` (for
-/// `"h2"`, `"h2c"`) is answered 501 by its adapter (`http3::stream`) for now.
+/// client's request takes an HTTP/1.1 connection for `"http1"` and `"auto"`, and an HTTP/2
+/// stream for `"h2"`, `"h2c"` (`http3::upstream`).
 pub(crate) fn carrier(client: Protocol, upstream: &Upstream) -> Carrier {
     use weir_config::UpstreamProtocol::*;
     match (upstream.protocol, client) {
