@@ -78,6 +78,8 @@ async fn answer(
     }
     let mut head = http::Response::builder().status(status);
     for (name, value) in headers {
+        // HTTP/2's rule for names (lower case), which lets `"` through, as the h2 crate does.
+        let name = http::HeaderName::from_lowercase(name.as_bytes()).expect("a lower-case name");
         head = head.header(name, value);
     }
     let empty = body.is_empty();
@@ -337,4 +339,34 @@ async fn a_stale_entry_answers_for_an_h2c_upstream_s_5xx() {
         (200, "weir; hit; detail=stale", &b"kept"[..])
     );
     assert_eq!(up.requests().len(), 3);
+}
+
+fn with_a_name_http1_refuses(
+    _: &HeaderMap,
+    _: usize,
+) -> (u16, Vec<(&'static str, &'static str)>, &'static str) {
+    (
+        200,
+        vec![("cache-control", "max-age=60"), ("x\"y", "1")],
+        "quoted",
+    )
+}
+
+/// A response whose field name HTTP/2 lets through but HTTP/1.1 refuses (`x"y`) is not
+/// stored: every hit's head is parsed again as HTTP/1.1 and would fail (it was stored,
+/// and each later request of the key failed until it expired).
+#[tokio::test]
+async fn a_response_with_a_name_http1_refuses_is_not_stored() {
+    let up = ScriptedH2::start(with_a_name_http1_refuses, None).await;
+    let weir = cached_h2c(up.addr).start();
+    let mut h2 = common::h2c_client(weir.addr).await;
+    for _ in 0..2 {
+        let (status, cache, body) = h2_get(&mut h2, "/q").await;
+        assert_eq!(
+            (status, cache.as_str(), body.as_slice()),
+            (200, "weir; fwd=uri-miss", &b"quoted"[..])
+        );
+    }
+    assert_eq!(up.requests().len(), 2);
+    assert_eq!(weir.metric("weir_cache_stored_total{store=\"mem\"}"), 0);
 }

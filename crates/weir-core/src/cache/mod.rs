@@ -759,10 +759,12 @@ impl Fetched<'_> {
     }
 
     /// The response as the policy reads it: its status and end-to-end fields. `None`: a
-    /// field that is not valid HTTP.
+    /// field that is not valid HTTP/1.1 (the `h2` crate lets a name such as `x"y` through:
+    /// stored, every hit's head, parsed again as HTTP/1.1, would fail).
     fn head(&self) -> Option<http::Response<()>> {
         match self {
             Fetched::Http1(buf, resp) => response_parts(buf, resp),
+            Fetched::Http2(parts) if !crate::forward::h2::names_are_tokens(&parts.headers) => None,
             Fetched::Http2(parts) => {
                 let mut head = http::Response::new(());
                 *head.status_mut() = parts.status;

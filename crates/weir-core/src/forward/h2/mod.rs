@@ -185,7 +185,7 @@ async fn next_final<I: Interim>(
 const NAME_NOT_TOKEN: ProxyError = ProxyError::UpstreamMalformed("field name is not a token");
 
 /// Whether every field name may go into an HTTP/1.1 head.
-fn names_are_tokens(fields: &http::HeaderMap) -> bool {
+pub(crate) fn names_are_tokens(fields: &http::HeaderMap) -> bool {
     fields.keys().all(|name| is_token(name.as_str().as_bytes()))
 }
 
