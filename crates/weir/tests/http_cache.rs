@@ -8,7 +8,7 @@ mod common;
 
 use std::net::SocketAddr;
 
-use common::Conf;
+use common::{h2_get, Conf};
 use weir_testkit::{Backend, Client, Response};
 
 /// Route `c` on `/` caching in store `mem` (`route_keys`: more keys of the route's
@@ -549,29 +549,6 @@ async fn a_304_from_the_store_carries_the_200_s_etag() {
             "{case}"
         );
     }
-}
-
-/// An h2 request for `path` with `headers`: its status, fields and body.
-async fn h2_get(
-    h2: &mut h2::client::SendRequest<bytes::Bytes>,
-    path: &str,
-    headers: &[(&str, &str)],
-) -> (u16, http::HeaderMap, Vec<u8>) {
-    let mut request = http::Request::get(format!("http://example.com{path}"));
-    for (name, value) in headers {
-        request = request.header(*name, *value);
-    }
-    let ready = h2.clone().ready().await.expect("h2 ready");
-    *h2 = ready;
-    let (response, _) = h2.send_request(request.body(()).unwrap(), true).unwrap();
-    let (head, mut body) = response.await.expect("h2 response").into_parts();
-    let mut got = Vec::new();
-    while let Some(data) = body.data().await {
-        let data = data.unwrap();
-        let _ = body.flow_control().release_capacity(data.len());
-        got.extend_from_slice(&data);
-    }
-    (head.status.as_u16(), head.headers, got)
 }
 
 fn cache_status(headers: &http::HeaderMap) -> Option<&str> {

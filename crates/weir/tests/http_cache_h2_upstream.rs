@@ -107,22 +107,11 @@ async fn get(c: &mut Client, path: &str) -> Response {
 
 /// An h2 request for `path`: its status, `cache-status` and body.
 async fn h2_get(h2: &mut h2::client::SendRequest<Bytes>, path: &str) -> (u16, String, Vec<u8>) {
-    let request = http::Request::get(format!("http://example.com{path}"));
-    let ready = h2.clone().ready().await.expect("h2 ready");
-    *h2 = ready;
-    let (response, _) = h2.send_request(request.body(()).unwrap(), true).unwrap();
-    let (head, mut body) = response.await.expect("h2 response").into_parts();
-    let mut got = Vec::new();
-    while let Some(data) = body.data().await {
-        let data = data.unwrap();
-        let _ = body.flow_control().release_capacity(data.len());
-        got.extend_from_slice(&data);
-    }
-    let status = head
-        .headers
+    let (status, headers, body) = common::h2_get(h2, path, &[]).await;
+    let cache = headers
         .get("cache-status")
         .map(|v| v.to_str().unwrap().to_owned());
-    (head.status.as_u16(), status.unwrap_or_default(), got)
+    (status, cache.unwrap_or_default(), body)
 }
 
 fn fresh_for_a_minute(

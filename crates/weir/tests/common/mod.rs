@@ -452,6 +452,25 @@ pub async fn read_with_interims(mut response: h2::client::ResponseFuture) -> Wit
     }
 }
 
+/// An h2 `GET` for `path` with `headers` (to `http://example.com`), on the connection `h2`:
+/// its status, fields and body.
+pub async fn h2_get(
+    h2: &mut h2::client::SendRequest<bytes::Bytes>,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> (u16, http::HeaderMap, Vec<u8>) {
+    let mut request = http::Request::get(format!("http://example.com{path}"));
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let ready = h2.clone().ready().await.expect("h2 ready");
+    *h2 = ready;
+    let (response, _) = h2.send_request(request.body(()).unwrap(), true).unwrap();
+    let got = read_with_interims(response).await;
+    let (head, ()) = got.head.into_parts();
+    (head.status.as_u16(), head.headers, got.body)
+}
+
 /// Raises this process's soft open-file limit to `want` (at most the hard limit), for tests
 /// holding many sockets on both ends at once; returns the limit now in force.
 pub fn raise_fd_limit(want: u64) -> u64 {
