@@ -89,6 +89,8 @@ pub(crate) struct Bound {
     /// The address the sockets got (its port, for port 0).
     pub addr: SocketAddr,
     pub sockets: Vec<std::net::TcpListener>,
+    /// One UDP socket per worker on `addr` for HTTP/3 (none without `http3`).
+    pub quic: Vec<std::net::UdpSocket>,
     pub limit: usize,
 }
 
@@ -173,6 +175,7 @@ impl Control {
         self.next_id += 1;
         let mut kept = Vec::new();
         let cap = self.caps.entry(slot).or_default().clone();
+        let mut quic = bound.quic.into_iter();
         for (i, socket) in bound.sockets.into_iter().enumerate() {
             match socket.try_clone() {
                 Ok(dup) => kept.push(dup),
@@ -185,6 +188,7 @@ impl Control {
                 socket,
                 cap: (cap.clone(), bound.limit),
                 plain_http: bound.bind.plain_http,
+                quic: quic.next(),
             });
         }
         self.active.push(Active {

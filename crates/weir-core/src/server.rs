@@ -304,12 +304,25 @@ pub(crate) fn bind_per_worker(
                 .map_err(|e| err(addr, e))?,
         );
     }
+    let quic = if listener.http3.is_some() && !bind.plain_http {
+        let udp = |_| crate::http3::bind_udp(addr).map_err(|e| err(addr, udp_error(e)));
+        (0..workers).map(udp).collect::<Result<_, _>>()?
+    } else {
+        Vec::new()
+    };
     Ok(Bound {
         bind: *bind,
         addr,
         sockets,
+        quic,
         limit: listener.max_connections,
     })
+}
+
+/// `error` binding a listener's UDP socket (HTTP/3), said to be UDP's: the TCP port of the
+/// same number was free.
+fn udp_error(error: std::io::Error) -> std::io::Error {
+    std::io::Error::new(error.kind(), format!("UDP (http3): {error}"))
 }
 
 /// The listening sockets of one bind of a listener, handed over by the process being

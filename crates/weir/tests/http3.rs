@@ -751,3 +751,31 @@ async fn stalled_handshakes_give_way_at_max_handshakes() {
     assert_eq!(get(&mut c.send, NAME, "/").await.expect("GET").status, 200);
     weir.wait_metric(evictions, 1).await;
 }
+
+/// Was: each worker bound its UDP socket after the start had returned and only logged a
+/// failure, so Weir ran on without HTTP/3 when the port was taken over UDP (and at every
+/// start the port was closed to QUIC for a moment: a client's first Initial could meet an
+/// ICMP port unreachable, which clients take as "no HTTP/3 here").
+#[test]
+fn an_http3_port_taken_over_udp_fails_the_start_naming_udp() {
+    let ca = TestCa::new("h3 CA");
+    let leaf = ca.leaf(&[NAME]);
+    // A port free over TCP whose UDP side another socket holds (without SO_REUSEPORT).
+    let (addr, _taken) = (0..20)
+        .find_map(|_| {
+            let tcp = std::net::TcpListener::bind("127.0.0.1:0").ok()?;
+            let addr = tcp.local_addr().ok()?;
+            Some((addr, std::net::UdpSocket::bind(addr).ok()?))
+        })
+        .expect("a port free over TCP and bound over UDP");
+    let toml = single(dead_port().addr)
+        .bind(addr)
+        .listener("http3 = true")
+        .listener(&tls_table(&[&leaf], ""))
+        .toml();
+    let config = weir_config::parse_str(&toml, "test.toml").expect("config");
+    let error = weir_core::Proxy::start(config, 1).err().expect("refused");
+    let text = error.to_string();
+    assert!(text.contains("UDP (http3)"), "{text}");
+    assert!(text.contains(&addr.to_string()), "{text}");
+}

@@ -24,20 +24,13 @@ use crate::snapshot::Snapshot;
 use crate::tls::ListenerTls;
 use crate::worker::{ConnectionGuard, Worker};
 
-/// Starts the endpoint of listener slot `slot` on `addr` (the TCP socket's address);
-/// it stops with `stop`. A bind failure is logged: the TCP side serves on.
+/// Starts the endpoint of listener slot `slot` on `socket` ([`bind_udp`], bound by the
+/// control plane with the TCP sockets); it stops with `stop`.
 pub(crate) fn spawn(
-    (worker, slot, addr): (Rc<Worker>, usize, SocketAddr),
+    (worker, slot, socket): (Rc<Worker>, usize, std::net::UdpSocket),
     cap: (Arc<ConnectionCap>, usize),
     stop: Rc<StopSignal>,
 ) {
-    let socket = match bind_udp(addr) {
-        Ok(socket) => socket,
-        Err(e) => {
-            tracing::error!(%addr, error = %e, "cannot bind the HTTP/3 (UDP) socket");
-            return;
-        }
-    };
     tokio::task::spawn_local(run(worker, slot, socket, cap, stop));
 }
 
@@ -64,8 +57,11 @@ impl Rate {
     }
 }
 
-/// Binds a non-blocking UDP socket with SO_REUSEADDR and SO_REUSEPORT.
-fn bind_udp(addr: SocketAddr) -> io::Result<std::net::UdpSocket> {
+/// Binds a non-blocking UDP socket with SO_REUSEADDR and SO_REUSEPORT: one per worker, on
+/// a TLS listener's address (its TCP port), bound with the TCP sockets so that a datagram
+/// never finds the port closed while the listener is up (a client may take the ICMP port
+/// unreachable that would answer it as "no HTTP/3 here").
+pub(crate) fn bind_udp(addr: SocketAddr) -> io::Result<std::net::UdpSocket> {
     let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
     socket.set_reuse_address(true)?;
     socket.set_reuse_port(true)?;

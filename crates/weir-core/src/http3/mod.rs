@@ -22,4 +22,4 @@ mod send;
 mod stream;
 mod upstream;
 
-pub(crate) use endpoint::spawn;
+pub(crate) use endpoint::{bind_udp, spawn};

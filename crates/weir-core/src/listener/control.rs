@@ -26,6 +26,9 @@ pub enum Command {
         cap: (Arc<ConnectionCap>, usize),
         /// A plain-HTTP bind of a TLS listener: its connections skip the handshake.
         plain_http: bool,
+        /// The UDP socket of the same address for HTTP/3 (a TLS bind of a listener with
+        /// `http3` on): served by this worker's QUIC endpoint.
+        quic: Option<std::net::UdpSocket>,
     },
     /// Stop accepting on the sockets of `id` and close them; open connections finish.
     Stop { id: u64 },
@@ -69,25 +72,21 @@ pub async fn control_loop(worker: Rc<Worker>, mut commands: mpsc::UnboundedRecei
                 socket,
                 cap,
                 plain_http,
-            } => {
-                let addr = socket.local_addr();
-                match crate::sys::register_listener(mio::net::TcpListener::from_std(socket)) {
-                    Ok(listener) => {
-                        let stop = Rc::new(StopSignal::default());
-                        running.borrow_mut().insert(id, stop.clone());
-                        if let (Ok(addr), false) = (addr, plain_http) {
-                            if wants_http3(&worker, slot) {
-                                let at = (worker.clone(), slot, addr);
-                                crate::http3::spawn(at, cap.clone(), stop.clone());
-                            }
-                        }
-                        let at = (slot, plain_http);
-                        let accept = super::accept_loop(worker.clone(), at, listener, cap, stop);
-                        tokio::task::spawn_local(accept);
+                quic,
+            } => match crate::sys::register_listener(mio::net::TcpListener::from_std(socket)) {
+                Ok(listener) => {
+                    let stop = Rc::new(StopSignal::default());
+                    running.borrow_mut().insert(id, stop.clone());
+                    if let Some(udp) = quic {
+                        let at = (worker.clone(), slot, udp);
+                        crate::http3::spawn(at, cap.clone(), stop.clone());
                     }
-                    Err(e) => tracing::error!(error = %e, "cannot register listener"),
+                    let at = (slot, plain_http);
+                    let accept = super::accept_loop(worker.clone(), at, listener, cap, stop);
+                    tokio::task::spawn_local(accept);
                 }
-            }
+                Err(e) => tracing::error!(error = %e, "cannot register listener"),
+            },
             Command::Stop { id } => {
                 if let Some(stop) = running.borrow_mut().remove(&id) {
                     stop.stop();
@@ -95,14 +94,4 @@ pub async fn control_loop(worker: Rc<Worker>, mut commands: mpsc::UnboundedRecei
             }
         }
     }
-}
-
-/// Whether listener slot `slot` has `http3` on (a TLS listener: its TLS binds, not its
-/// plain-HTTP ones, also take HTTP/3). Read when a socket starts: turning `http3` on or
-/// off takes effect for the sockets a reload binds.
-fn wants_http3(worker: &Worker, slot: usize) -> bool {
-    let snapshot = worker.snapshot();
-    snapshot
-        .listener_index(slot)
-        .is_some_and(|i| snapshot.config.listeners[i].http3.is_some())
 }
