@@ -107,19 +107,31 @@ struct Active {
     sockets: Vec<std::net::TcpListener>,
 }
 
-/// Bind address, whether it is plain HTTP on a TLS listener, backlog, connection limit,
-/// whether the accept loop serves TCP (L4), and TCP_DEFER_ACCEPT.
-type SocketKey = (SocketAddr, bool, u32, usize, bool, bool);
+/// What a bind's sockets were made with: a change to any of it binds new sockets.
+#[derive(Debug, PartialEq)]
+struct SocketKey {
+    addr: SocketAddr,
+    /// A plain-HTTP bind of a TLS listener.
+    plain_http: bool,
+    backlog: u32,
+    max_connections: usize,
+    /// The accept loop serves TCP (L4).
+    tcp: bool,
+    defer_accept: bool,
+    /// The bind has UDP sockets for HTTP/3: turning `http3` on or off rebinds.
+    quic: bool,
+}
 
 fn socket_key(l: &Listener, bind: &Bind) -> SocketKey {
-    (
-        bind.addr,
-        bind.plain_http,
-        l.backlog,
-        l.max_connections,
-        l.tcp().is_some(),
-        l.defer_accept,
-    )
+    SocketKey {
+        addr: bind.addr,
+        plain_http: bind.plain_http,
+        backlog: l.backlog,
+        max_connections: l.max_connections,
+        tcp: l.tcp().is_some(),
+        defer_accept: l.defer_accept,
+        quic: crate::server::takes_http3(l, bind),
+    }
 }
 
 /// The control plane's state, behind the `Proxy`'s lock (which also serializes changes).

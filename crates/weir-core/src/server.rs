@@ -304,7 +304,7 @@ pub(crate) fn bind_per_worker(
                 .map_err(|e| err(addr, e))?,
         );
     }
-    let quic = if listener.http3.is_some() && !bind.plain_http {
+    let quic = if takes_http3(listener, bind) {
         let udp = |_| crate::http3::bind_udp(addr).map_err(|e| err(addr, udp_error(e)));
         (0..workers).map(udp).collect::<Result<_, _>>()?
     } else {
@@ -317,6 +317,12 @@ pub(crate) fn bind_per_worker(
         quic,
         limit: listener.max_connections,
     })
+}
+
+/// Whether `bind` of `listener` also serves HTTP/3 (UDP sockets): its TLS binds, when
+/// `http3` is on.
+pub(crate) fn takes_http3(listener: &Listener, bind: &Bind) -> bool {
+    listener.http3.is_some() && !bind.plain_http
 }
 
 /// `error` binding a listener's UDP socket (HTTP/3), said to be UDP's: the TCP port of the

@@ -779,3 +779,42 @@ fn an_http3_port_taken_over_udp_fails_the_start_naming_udp() {
     assert!(text.contains("UDP (http3)"), "{text}");
     assert!(text.contains(&addr.to_string()), "{text}");
 }
+
+/// Was: turning `http3` on by a reload kept the listener's sockets, so its routes
+/// advertised HTTP/3 (`Alt-Svc`) on a port with no QUIC endpoint until something else
+/// rebound it.
+#[tokio::test]
+async fn http3_turned_on_and_off_by_a_reload_follows_at_once() {
+    let ca = TestCa::new("h3 CA");
+    let leaf = ca.leaf(&[NAME]);
+    let backend = Backend::echo("e");
+    // A fixed port: the rebind keeps it (port 0 would move).
+    let addr = (0..20)
+        .find_map(|_| {
+            let tcp = std::net::TcpListener::bind("127.0.0.1:0").ok()?;
+            let addr = tcp.local_addr().ok()?;
+            std::net::UdpSocket::bind(addr).ok().map(|_| addr)
+        })
+        .expect("a port free over TCP and UDP");
+    let conf = |http3: &str| {
+        single(backend.addr())
+            .bind(addr)
+            .listener(http3)
+            .listener(&tls_table(&[&leaf], ""))
+    };
+    let weir = conf("http3 = false").start();
+    weir.apply_text(&conf("http3 = true").toml())
+        .expect("apply");
+    let mut c = connect_to(&ca, addr, NAME).await;
+    assert_eq!(get(&mut c.send, NAME, "/").await.expect("GET").status, 200);
+    weir.apply_text(&conf("http3 = false").toml())
+        .expect("apply");
+    // Off: once its last connection has closed, the endpoint lets the port go.
+    drop(c);
+    let released = || std::net::UdpSocket::bind(addr).is_ok();
+    let released = weir_testkit::wait_until_async(common::WAIT, released).await;
+    assert!(
+        released,
+        "the UDP port is still held after http3 was turned off"
+    );
+}
