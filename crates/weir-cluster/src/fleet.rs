@@ -341,8 +341,10 @@ impl Fleet {
         }
         let running = self.local_file().clone();
         let apply = |local: &LocalFile| self.apply_objects(store, local, &objects, revision, &by);
-        let outcome = match new_local {
-            None => apply(&running),
+        // `file_error`: a SIGHUP's file rejected, told to the signal's caller; the revision
+        // itself is judged with the running file (the shared objects are not at fault).
+        let (outcome, file_error) = match new_local {
+            None => (apply(&running), None),
             Some(text) => {
                 let local = LocalFile {
                     text,
@@ -351,21 +353,28 @@ impl Fleet {
                 match apply(&local) {
                     Ok(serving) => {
                         self.local_file().text = local.text;
-                        Ok(serving)
+                        (Ok(serving), None)
                     }
-                    // Held through a write: the write still applies, with the running file;
-                    // if it does not either, the write is at fault and the file waits on.
-                    Err(e) if !signalled => match apply(&running) {
+                    // The revision runs already: it stays as it was, applied.
+                    Err(e) if signalled && self.progress.borrow().applied == revision => {
+                        return Err(e);
+                    }
+                    Err(e) => match apply(&running) {
                         Ok(serving) => {
-                            tracing::error!(error = %e, "the local file of a SIGHUP sent during a write in etcd is rejected; the write applies with the running file");
-                            Ok(serving)
+                            if !signalled {
+                                tracing::error!(error = %e, "the local file of a SIGHUP sent during a write in etcd is rejected; the write applies with the running file");
+                            }
+                            (Ok(serving), signalled.then_some(e))
                         }
-                        Err(write_error) => {
-                            *lock(&self.held_local) = Some(local.text);
-                            Err(write_error)
+                        // Held through a write that fails with the running file too: the
+                        // write is at fault, and the held file waits on.
+                        Err(shared_error) => {
+                            if !signalled {
+                                *lock(&self.held_local) = Some(local.text);
+                            }
+                            (Err(shared_error), signalled.then_some(e))
                         }
                     },
-                    Err(e) => Err(e),
                 }
             }
         };
@@ -374,7 +383,10 @@ impl Fleet {
             *lock(&self.text) = None;
         }
         self.settle(revision, outcome.clone());
-        outcome.map(drop)
+        match file_error {
+            Some(e) => Err(e),
+            None => outcome.map(drop),
+        }
     }
 
     /// Builds the config of `local` and `objects` and applies it: whether it serves.

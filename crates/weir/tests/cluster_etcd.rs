@@ -370,6 +370,11 @@ fn a_rejected_sighup_leaves_the_running_local_file() {
         "the rejected local file shown: {text}"
     );
     assert_eq!(body(weir.addr), "v1");
+    // The file is at fault, not the shared revision, which still runs: was reported
+    // "rejected here".
+    let (_, line) = ready(&weir);
+    assert!(line.contains("in sync at revision"), "{line}");
+    assert_eq!(metric(&weir, "weir_cluster_rejected"), 0.0);
 }
 
 /// `USER:bcrypt(PASSWORD)` lines for an htpasswd file (cost 4: the test's, not a server's).
