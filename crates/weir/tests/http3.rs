@@ -818,3 +818,32 @@ async fn http3_turned_on_and_off_by_a_reload_follows_at_once() {
         "the UDP port is still held after http3 was turned off"
     );
 }
+
+/// Was: toward an HTTP/1.1 upstream, a client whose connection closed while the response
+/// head was awaited held the upstream connection until `response_timeout`.
+#[tokio::test]
+async fn a_client_that_leaves_while_the_head_is_awaited_frees_the_upstream_at_once() {
+    let ca = TestCa::new("h3 CA");
+    let leaf = ca.leaf(&[NAME]);
+    let backend = Backend::hang();
+    let conf = Conf::new().route("all", "up", &[]).upstream(
+        "up",
+        &[backend.addr()],
+        &["response_timeout = \"300s\""],
+    );
+    let weir = start(conf, &[&leaf], "http3 = true");
+    let c = connect_to(&ca, weir.addr, NAME).await;
+    let mut send = c.send.clone();
+    let waiting = tokio::spawn(async move { get(&mut send, NAME, "/").await });
+    let asked = || backend.in_flight() == 1;
+    assert!(weir_testkit::wait_until_async(common::WAIT, asked).await);
+    c.connection.close(0u32.into(), b"bye");
+    // Well inside the 300 s response timeout: only the close can end it.
+    let freed = || backend.in_flight() == 0;
+    let freed = weir_testkit::wait_until_async(common::WAIT, freed).await;
+    assert!(
+        freed,
+        "the upstream request outlived its client's connection"
+    );
+    waiting.abort();
+}

@@ -3,13 +3,15 @@
 //! stream's halves as the client side: the request sent by the HTTP/2 stream's sender
 //! (`http2::exchange::StreamSender`) with the body from its DATA ([`H3Source`]), the
 //! response relayed as to an HTTP/2 stream (`StreamRequest::respond_accepted`: the same
-//! head and body, into the stream's `ResponseStream`, `http3::body`).
+//! head and body, into the stream's `ResponseStream`, `http3::body`). A client whose
+//! connection closes during the tries cancels them at once.
 
 use std::cell::Cell;
 
 use super::body::{H3Source, RecvHalf, SendHalf};
 use super::interim::H3Interim;
 use crate::buffer::Buffer;
+use crate::error::ProxyError;
 use crate::forward::driver::drive;
 use crate::forward::Failure;
 use crate::http2::exchange::{StreamRequest, StreamSender, Trace};
@@ -24,17 +26,19 @@ pub(crate) struct Body<'b> {
 }
 
 /// Forwards the stream's request `r` to an HTTP/1.1 upstream and relays the response
-/// into `send`. On `Err` with `Reached::Nothing` the caller answers.
+/// into `send` (a stream of connection `quic`). On `Err` with `Reached::Nothing` the
+/// caller answers.
 pub(crate) async fn forward(
     r: &StreamRequest<'_>,
     body: Option<Body<'_>>,
-    send: &mut SendHalf,
+    (send, quic): (&mut SendHalf, &quinn::Connection),
     trace: &mut Trace,
 ) -> Result<(), Failure> {
     let worker = r.worker;
     let mut up_buf = worker.take_buffer();
     let mut scratch = worker.h2_scratch.take_exchange();
-    let result = exchange(r, body, send, &mut up_buf, &mut scratch, trace).await;
+    let client = (send, quic);
+    let result = exchange(r, body, client, &mut up_buf, &mut scratch, trace).await;
     worker.h2_scratch.give_exchange(scratch);
     worker.give_buffer(up_buf);
     result
@@ -43,7 +47,7 @@ pub(crate) async fn forward(
 async fn exchange(
     r: &StreamRequest<'_>,
     body: Option<Body<'_>>,
-    send: &mut SendHalf,
+    (send, quic): (&mut SendHalf, &quinn::Connection),
     up_buf: &mut Buffer,
     scratch: &mut crate::http2::scratch::ExchangeScratch,
     trace: &mut Trace,
@@ -73,7 +77,18 @@ async fn exchange(
         timer,
         interim,
     };
-    let accepted = drive(&x, &mut sender, r.request.started, &mut trace.last_try).await;
+    let accepted = {
+        let started = r.request.started;
+        let driving = std::pin::pin!(drive(&x, &mut sender, started, &mut trace.last_try));
+        // A client whose connection closes while the head is awaited (it left, idled out,
+        // or a budget closed it) cancels the upstream request at once, as toward an HTTP/2
+        // upstream (`upstream::H3Client::gone`), not at the response timeout.
+        tokio::select! {
+            biased;
+            accepted = driving => accepted,
+            _ = quic.closed() => Err(Failure::from(ProxyError::ClientClosed)),
+        }
+    };
     drop(sender);
     trace.body_in = body_in.get();
     let up = (&mut *up_buf, &*resp);

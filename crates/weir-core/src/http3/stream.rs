@@ -259,7 +259,7 @@ async fn run(
             let client_side = (&mut *send, quic);
             Box::pin(forward_h2(&r, client, body, client_side, &mut log.trace)).await
         }
-        false => forward(&r, body, send, &mut log.trace).await,
+        false => forward(&r, body, (send, quic), &mut log.trace).await,
     };
     match r.fill.take() {
         None => result,

@@ -44,7 +44,7 @@ pub(super) async fn forward_h2(
     let (relayed, body) = r.drive_h2(facts, parts, body, &mut client, trace).await;
     match relayed {
         // The server chose HTTP/1.1 (an `auto` one sharing the address): HTTP/1.1 then.
-        Ok(Relayed::Http1) => forward(r, body, send, trace).await,
+        Ok(Relayed::Http1) => forward(r, body, (send, quic), trace).await,
         Ok(Relayed::Over(result)) => result,
         Ok(Relayed::Stored(reply)) => r.reply_from_store(send, *reply, trace).await,
         Err(failure) => Err(failure),
