@@ -13,7 +13,7 @@
 //! already read instead of the pool reading the clock again.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
+use std::hash::{BuildHasherDefault, Hash, Hasher};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -26,7 +26,7 @@ use super::stream::UpstreamStream;
 /// upstream on one address (or two TLS upstreams verifying different names, or two servers
 /// `a.example:443` and `b.example:443` of one upstream resolving to one address) never
 /// share connections.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PoolKey {
     pub addr: SocketAddr,
     pub tls: u64,
@@ -46,6 +46,21 @@ impl PoolKey {
                 name: t.name_id(server),
             },
         }
+    }
+}
+
+/// Two words for the hasher where the derived `Hash` fed it six pieces (the address's
+/// variant, its octets as a length-prefixed slice, the port, `tls`, `name`): the pool is
+/// looked up twice per proxied request. Hashes a subset of what `Eq` compares (a v6
+/// address's flow label and scope are left out), so equal keys hash equally.
+impl Hash for PoolKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        let (ip, port) = match self.addr {
+            SocketAddr::V4(a) => (u128::from(a.ip().to_bits()), a.port()),
+            SocketAddr::V6(a) => (a.ip().to_bits(), a.port()),
+        };
+        state.write_u64((ip as u64) ^ ((ip >> 64) as u64).rotate_left(17) ^ u64::from(port) << 48);
+        state.write_u64(self.tls ^ u64::from(self.name).rotate_left(32));
     }
 }
 
@@ -128,8 +143,11 @@ impl IdlePool {
         let Some(list) = self.idle.get_mut(&key.into()) else {
             return (None, 0);
         };
+        // Idle since after this: fresh. One subtraction per take, not a duration per
+        // connection looked at.
+        let stale_at_or_before = now.checked_sub(max_idle_time);
         while let Some(idle) = list.pop() {
-            let fresh = now.saturating_duration_since(idle.since) < max_idle_time;
+            let fresh = stale_at_or_before.is_none_or(|stale| idle.since > stale);
             if fresh && still_open(idle.stream.tcp()) {
                 return (Some(idle.stream), list.len());
             }

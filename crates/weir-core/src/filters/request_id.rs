@@ -130,12 +130,7 @@ pub fn assign(
     head: &RequestHead,
 ) {
     if settings.trust_client {
-        let name = settings.header.as_bytes();
-        let mut lines = head.headers.iter().filter(|h| {
-            h.name.len() == name.len() && buf[h.name.clone()].eq_ignore_ascii_case(name)
-        });
-        if let (Some(h), None) = (lines.next(), lines.next()) {
-            let value = &buf[h.value.clone()];
+        if let Some(value) = only_line(buf, head, settings.header.as_bytes()) {
             if well_formed(value) {
                 id.set(value);
                 return;
@@ -143,6 +138,24 @@ pub fn assign(
         }
     }
     ids.next(id);
+}
+
+/// The value of the one field line named `name` (ASCII case-insensitively) in `head`;
+/// `None` when there is none or more than one. One plain loop: written as two `next()`s
+/// of a filtering iterator, it became two calls of a non-inlined slice `find` (about 60
+/// instructions per request, most requests having no such line at all).
+#[inline]
+fn only_line<'b>(buf: &'b [u8], head: &RequestHead, name: &[u8]) -> Option<&'b [u8]> {
+    let mut found = None;
+    for h in &head.headers {
+        if h.name.len() == name.len() && buf[h.name.clone()].eq_ignore_ascii_case(name) {
+            if found.is_some() {
+                return None;
+            }
+            found = Some(h.value.clone());
+        }
+    }
+    found.map(|value| &buf[value])
 }
 
 #[cfg(test)]
@@ -177,6 +190,37 @@ mod tests {
         assert!(!well_formed(b""));
         for bad in [&b"a b"[..], b"a\"b", b"a,b", b"a/b", b"\xc3\xa9"] {
             assert!(!well_formed(bad), "{bad:?}");
+        }
+    }
+
+    /// The id `assign` gives the request `raw` under the default settings.
+    fn assigned(raw: &[u8]) -> Vec<u8> {
+        let limits = crate::codec::http1::HeadLimits {
+            max_header_size: 4096,
+            max_headers: 16,
+        };
+        let mut head = RequestHead::default();
+        assert!(crate::codec::http1::parse_request(raw, limits, &mut head).unwrap());
+        let mut id = RequestId::default();
+        let settings = RequestIdSettings::default();
+        assign(&mut id, &RequestIds::default(), &settings, raw, &head);
+        id.as_bytes().to_vec()
+    }
+
+    #[test]
+    fn a_client_id_is_kept_only_from_exactly_one_well_formed_line() {
+        let one = b"GET / HTTP/1.1\r\nHost: h\r\nx-request-ID: abc-1\r\nA: b\r\n\r\n";
+        assert_eq!(assigned(one), b"abc-1");
+        let two = b"GET / HTTP/1.1\r\nX-Request-Id: a\r\nHost: h\r\nX-Request-Id: a\r\n\r\n";
+        let bad = b"GET / HTTP/1.1\r\nHost: h\r\nX-Request-Id: a/b\r\n\r\n";
+        let none = b"GET / HTTP/1.1\r\nHost: h\r\nX-Request-Ie: abc\r\n\r\n";
+        for raw in [&two[..], bad, none] {
+            assert_eq!(
+                assigned(raw).len(),
+                ID_LEN,
+                "{}",
+                String::from_utf8_lossy(raw)
+            );
         }
     }
 
