@@ -21,7 +21,26 @@ pub struct RequestKey {
 impl RequestKey {
     /// Reads what `lb` needs from the head `req` parsed from `buf`, whose path normalised
     /// (`RoutedPath`) is `path`.
+    #[inline]
     pub fn new(
+        lb: &LbPolicy,
+        buf: &[u8],
+        req: &RequestHead,
+        path: &[u8],
+        client: &ClientIp,
+    ) -> RequestKey {
+        match lb {
+            LbPolicy::ConsistentHash(_) | LbPolicy::StickyCookie { .. } => {
+                RequestKey::read(lb, buf, req, path, client)
+            }
+            _ => RequestKey::default(),
+        }
+    }
+
+    /// [`RequestKey::new`] for the policies that read the request: out of line, so that
+    /// every other policy's requests pay one comparison, not a call.
+    #[inline(never)]
+    fn read(
         lb: &LbPolicy,
         buf: &[u8],
         req: &RequestHead,
