@@ -78,18 +78,12 @@ impl ClientStream {
     /// The socket as a registered tokio stream, registering it now if it is not yet.
     /// Registration fails only when epoll cannot take the socket (ENOMEM, or ENOSPC at
     /// `max_user_watches`); the connection then closes with that error.
+    /// Inlined: every read and write of a plain connection asks (three times per proxied
+    /// request), and it is registered but for the first.
+    #[inline]
     pub fn registered(&mut self) -> io::Result<&mut TcpStream> {
         if matches!(self.state, State::Unregistered(_)) {
-            self.state = match std::mem::replace(&mut self.state, State::Gone) {
-                State::Unregistered(s) => match TcpStream::from_std(s) {
-                    Ok(s) => State::Registered(s),
-                    Err(e) => {
-                        tracing::warn!(error = %e, "cannot register a client connection with epoll: closing it");
-                        return Err(e);
-                    }
-                },
-                other => other,
-            };
+            self.register()?;
         }
         match &mut self.state {
             State::Registered(s) => Ok(s),
@@ -98,6 +92,22 @@ impl ClientStream {
                 "the client socket could not be registered",
             )),
         }
+    }
+
+    /// Registers an unregistered socket with epoll (see [`Self::registered`]).
+    #[inline(never)]
+    fn register(&mut self) -> io::Result<()> {
+        self.state = match std::mem::replace(&mut self.state, State::Gone) {
+            State::Unregistered(s) => match TcpStream::from_std(s) {
+                Ok(s) => State::Registered(s),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot register a client connection with epoll: closing it");
+                    return Err(e);
+                }
+            },
+            other => other,
+        };
+        Ok(())
     }
 
     /// The socket's descriptor number (for `sys::borrow_socket`); -1 once gone.

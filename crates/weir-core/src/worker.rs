@@ -211,6 +211,7 @@ impl Worker {
     /// connection then keeps what it holds, without a new reference and a new lookup of
     /// its listener per request.
     #[allow(clippy::redundant_allocation)]
+    #[inline]
     pub fn is_current(&self, snapshot: &Rc<Arc<Snapshot>>) -> bool {
         let generation = self.shared.generation.load(Ordering::Acquire);
         let cached = self.cached.borrow();

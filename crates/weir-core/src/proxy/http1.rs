@@ -123,11 +123,19 @@ struct Serving {
 impl Serving {
     /// The worker's current snapshot if it still has the listener of `slot`. If a reload
     /// removed the listener, the connection still gets its next request answered, on the
-    /// snapshot it was served with (`previous`), with `Connection: close`.
+    /// snapshot it was served with (`previous`), with `Connection: close`. Inlined (twice
+    /// per request), with the rare reload out of line.
+    #[inline]
     fn current(worker: &Worker, slot: usize, previous: Serving, conn: &mut ClientConn) -> Serving {
         if worker.is_current(&previous.snapshot) {
             return previous;
         }
+        Serving::reloaded(worker, slot, previous, conn)
+    }
+
+    /// [`Serving::current`] after a reload.
+    #[inline(never)]
+    fn reloaded(worker: &Worker, slot: usize, previous: Serving, conn: &mut ClientConn) -> Serving {
         let fresh = worker.snapshot();
         match fresh.listener_index(slot) {
             Some(index) => Serving {
