@@ -285,38 +285,66 @@ pub(crate) fn bind_per_worker(
         implied: bind.implied,
         error,
     };
+    let http3 = takes_http3(listener, bind);
+    // Port 0 with HTTP/3: the kernel picks a port free over TCP, and UDP must take the
+    // same number, which a UDP socket elsewhere may hold: then another port.
+    let mut retries = if bind.addr.port() == 0 && http3 && inherited.is_empty() {
+        8
+    } else {
+        0
+    };
+    let mut inherited = Some(inherited);
+    loop {
+        let inherited = inherited.take().unwrap_or_default();
+        let (addr, sockets) =
+            bind_tcp(listener, bind, workers, inherited).map_err(|(addr, e)| err(addr, e))?;
+        let quic = match http3 {
+            false => Vec::new(),
+            true => match (0..workers).map(|_| crate::http3::bind_udp(addr)).collect() {
+                Ok(quic) => quic,
+                Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && retries > 0 => {
+                    retries -= 1;
+                    continue;
+                }
+                Err(e) => return Err(err(addr, udp_error(e))),
+            },
+        };
+        return Ok(Bound {
+            bind: *bind,
+            addr,
+            sockets,
+            quic,
+            limit: listener.max_connections,
+        });
+    }
+}
+
+/// The TCP sockets of [`bind_per_worker`], and the address they got; on error, the
+/// address it was about.
+fn bind_tcp(
+    listener: &Listener,
+    bind: &Bind,
+    workers: usize,
+    inherited: Vec<std::net::TcpListener>,
+) -> Result<(SocketAddr, Vec<std::net::TcpListener>), (SocketAddr, std::io::Error)> {
+    let at = |addr| move |e| (addr, e);
     let mut sockets = inherited;
     for s in &sockets {
-        s.set_nonblocking(true).map_err(|e| err(bind.addr, e))?;
-        set_defer_accept(s, listener.defer_accept).map_err(|e| err(bind.addr, e))?;
+        s.set_nonblocking(true).map_err(at(bind.addr))?;
+        set_defer_accept(s, listener.defer_accept).map_err(at(bind.addr))?;
     }
     if sockets.is_empty() {
         // Only the first socket: the workers' others join it on purpose (SO_REUSEPORT).
-        refuse_foreign_listener(bind.addr).map_err(|e| err(bind.addr, e))?;
-        let first = bind_reuseport(bind.addr, listener.backlog, listener.defer_accept)
-            .map_err(|e| err(bind.addr, e))?;
-        sockets.push(first);
+        refuse_foreign_listener(bind.addr).map_err(at(bind.addr))?;
+        let first = bind_reuseport(bind.addr, listener.backlog, listener.defer_accept);
+        sockets.push(first.map_err(at(bind.addr))?);
     }
-    let addr = sockets[0].local_addr().map_err(|e| err(bind.addr, e))?;
+    let addr = sockets[0].local_addr().map_err(at(bind.addr))?;
     while sockets.len() < workers {
-        sockets.push(
-            bind_reuseport(addr, listener.backlog, listener.defer_accept)
-                .map_err(|e| err(addr, e))?,
-        );
+        let next = bind_reuseport(addr, listener.backlog, listener.defer_accept);
+        sockets.push(next.map_err(at(addr))?);
     }
-    let quic = if takes_http3(listener, bind) {
-        let udp = |_| crate::http3::bind_udp(addr).map_err(|e| err(addr, udp_error(e)));
-        (0..workers).map(udp).collect::<Result<_, _>>()?
-    } else {
-        Vec::new()
-    };
-    Ok(Bound {
-        bind: *bind,
-        addr,
-        sockets,
-        quic,
-        limit: listener.max_connections,
-    })
+    Ok((addr, sockets))
 }
 
 /// Whether `bind` of `listener` also serves HTTP/3 (UDP sockets): its TLS binds, when

@@ -59,7 +59,9 @@ impl Hash for PoolKey {
             SocketAddr::V4(a) => (u128::from(a.ip().to_bits()), a.port()),
             SocketAddr::V6(a) => (a.ip().to_bits(), a.port()),
         };
-        state.write_u64((ip as u64) ^ ((ip >> 64) as u64).rotate_left(17) ^ u64::from(port) << 48);
+        // The port in the low bits: the multiply carries only upward (`AddrHasher`).
+        let ip = (ip as u64) ^ ((ip >> 64) as u64).rotate_left(17);
+        state.write_u64(ip.rotate_left(16) ^ u64::from(port));
         state.write_u64(self.tls ^ u64::from(self.name).rotate_left(32));
     }
 }
@@ -121,8 +123,11 @@ impl Hasher for AddrHasher {
         self.add(n as u64);
     }
 
+    /// The multiply carries only upward, and the map picks buckets by the low bits: the
+    /// well-mixed high bits are rotated down (as rustc-hash 2 does), so that what a key
+    /// has in a word's high bits (a TLS key's name) reaches the bucket too.
     fn finish(&self) -> u64 {
-        self.0
+        self.0.rotate_left(26)
     }
 }
 
@@ -143,6 +148,12 @@ impl IdlePool {
         let Some(list) = self.idle.get_mut(&key.into()) else {
             return (None, 0);
         };
+        if max_idle_time.is_zero() {
+            // Nothing is fresh (a connection pooled by a request that started after this
+            // one would pass the comparison below).
+            list.clear();
+            return (None, 0);
+        }
         // Idle since after this: fresh. One subtraction per take, not a duration per
         // connection looked at.
         let stale_at_or_before = now.checked_sub(max_idle_time);
@@ -298,5 +309,32 @@ mod tests {
         assert_ne!(hashes[0], hashes[1]);
         assert_ne!(hashes[0], hashes[2]);
         assert_eq!(build.hash_one(a), hashes[0]);
+    }
+
+    /// The map picks a bucket by the hash's low bits: servers of one address on many
+    /// ports must spread over them (they fell in 32 with the port in the high bits alone).
+    #[test]
+    fn ports_of_one_address_spread_over_the_buckets() {
+        use std::hash::BuildHasher;
+        let build = BuildHasherDefault::<AddrHasher>::default();
+        let buckets: std::collections::HashSet<u64> = (0..1024u16)
+            .map(|i| SocketAddr::from(([127, 0, 0, 1], 8000 + i)))
+            .map(|addr| build.hash_one(PoolKey::from(addr)) & 1023)
+            .collect();
+        assert!(buckets.len() > 512, "{} of 1024 buckets", buckets.len());
+    }
+
+    /// `idle_timeout = "0s"`: nothing is reused, even a connection pooled by a request
+    /// that started after the taker's.
+    #[tokio::test]
+    async fn a_zero_idle_time_reuses_nothing() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let mut pool = IdlePool::default();
+        let now = Instant::now();
+        let (c, _s) = conn(&l).await;
+        pool.put(addr, c, 8, now + Duration::from_millis(5));
+        assert!(matches!(pool.take(addr, Duration::ZERO, now), (None, 0)));
+        assert_eq!(pool.idle_count(addr), 0);
     }
 }
