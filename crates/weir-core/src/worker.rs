@@ -446,7 +446,7 @@ mod tests {
     /// epochs after it: whoever published the next snapshots, the chain is unbroken.
     #[test]
     fn every_publish_links_the_replaced_snapshots_epoch() {
-        use super::{Shared, Snapshot};
+        use super::Snapshot;
         use std::sync::Arc;
         let config = weir_config::parse_str(
             "[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\n",
@@ -457,15 +457,7 @@ mod tests {
         let mut layout = crate::metrics::layout::Layout::default();
         let mut snapshot =
             || Snapshot::new(config.clone(), layout.assign(&config), Vec::new()).unwrap();
-        let (_tx, shutdown) = tokio::sync::watch::channel(false);
-        let shared = Shared {
-            snapshot: arc_swap::ArcSwap::from_pointee(snapshot()),
-            generation: Default::default(),
-            shutdown,
-            workers: 1,
-            splice_available: false,
-            cluster: tokio::sync::mpsc::unbounded_channel().0,
-        };
+        let shared = crate::test_util::shared(snapshot());
         let in_flight = shared.snapshot.load_full();
         // The certificate watcher's swap, then a reload's publish.
         assert!(shared.publish_if(&in_flight, snapshot()));

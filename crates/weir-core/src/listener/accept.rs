@@ -54,9 +54,14 @@ pub async fn accept_loop(
             return;
         }
         let accepted = tokio::select! {
-            r = accept(&listener, &cap, reclaim.is_some()) => r,
+            // The drain first: a worker that drains accepts nothing more. A connection
+            // accepted then could come after the drain found no connection open, and end
+            // unanswered with the worker; left in the queue, the process taking over (a
+            // binary upgrade shares these sockets) accepts it.
+            biased;
             _ = worker.drained() => return,
             _ = stop.stopped() => return,
+            r = accept(&listener, &cap, reclaim.is_some()) => r,
         };
         match accepted {
             // Another worker took the last place: wait for a close.
@@ -212,5 +217,73 @@ pub(super) fn tell_at_cap(
             .listener_index(slot)
             .map(|i| &snapshot.config.listeners[i].name);
         tracing::warn!(?listener, max_connections = limit, suppressed, "{message}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+
+    use super::*;
+
+    /// A worker that starts draining just as a connection arrives leaves it in the queue,
+    /// for the process that takes over (a binary upgrade hands that process the same
+    /// sockets). Accepted then, it could come after the drain found no connection open,
+    /// and be closed unanswered when the worker ended (seen as an upgrade losing about one
+    /// request in 400).
+    #[test]
+    fn a_draining_worker_leaves_a_queued_connection_to_the_next_process() {
+        // The accept loop used to poll its branches from a random one: it accepted two
+        // times in three, and this failed in one of the first runs (checked).
+        for run in 0..20 {
+            assert!(queued_connection_left_at_drain(), "run {run}: accepted");
+        }
+    }
+
+    /// Whether a connection that arrives as the worker starts draining is still in the
+    /// listening socket's queue once the accept loop has run.
+    fn queued_connection_left_at_drain() -> bool {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let local = tokio::task::LocalSet::new();
+        local.block_on(&runtime, async {
+            let (worker, slot) =
+                crate::test_util::worker("[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\n");
+            let socket = super::super::bind_reuseport(([127, 0, 0, 1], 0).into(), 16, false);
+            let socket = socket.unwrap();
+            let (addr, next_process) = (socket.local_addr().unwrap(), socket.try_clone().unwrap());
+            let listener = mio::net::TcpListener::from_std(socket);
+            let listener = crate::sys::register_listener(listener).unwrap();
+            let cap = (Arc::new(ConnectionCap::default()), 100);
+            let stop = Rc::new(StopSignal::default());
+            tokio::task::spawn_local(accept_loop(
+                worker.clone(),
+                (slot, false),
+                listener,
+                cap,
+                stop,
+            ));
+            // This task is woken by `bell`, the accept loop by the connection: rung first,
+            // `bell` is first in the reactor's next turn, so this task runs first, as the
+            // worker's drain does when the shutdown and a connection come together.
+            let (mut ring, bell) = std::os::unix::net::UnixStream::pair().unwrap();
+            bell.set_nonblocking(true).unwrap();
+            let bell = tokio::net::UnixStream::from_std(bell).unwrap();
+            // The accept loop now waits for a connection.
+            tokio::task::yield_now().await;
+            ring.write_all(b"!").unwrap();
+            let mut client = std::net::TcpStream::connect(addr).unwrap();
+            client
+                .write_all(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+                .unwrap();
+            bell.readable().await.unwrap();
+            worker.begin_drain();
+            // The accept loop runs, woken by the connection and by the drain.
+            tokio::task::yield_now().await;
+            next_process.set_nonblocking(true).unwrap();
+            next_process.accept().is_ok()
+        })
     }
 }
