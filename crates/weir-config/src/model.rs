@@ -1185,6 +1185,9 @@ pub struct CacheStore {
     pub max_size: u64,
     /// A response with a larger body is streamed through uncached.
     pub max_object_size: u64,
+    /// Bodies at least this long go to plain-TCP HTTP/1.1 clients with sendfile(2): a
+    /// memory store keeps them in a sealed memfd, a disk store sends them from the file.
+    pub sendfile_min_size: u64,
 }
 
 /// Where a cache store keeps its entries.

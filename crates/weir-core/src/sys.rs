@@ -2,7 +2,9 @@
 //! registration of listening sockets with the reactor, the SIOCOUTQ ioctl(2) (a socket's
 //! unacknowledged bytes, for the relays' still-time watch), TCP_DEFER_ACCEPT, flock(2)
 //! and sysconf(3) for the `process_*` metrics; open(2), openat(2), openat2(2) and
-//! sendfile(2) for static files (`files`).
+//! sendfile(2) for static files (`files`); memfd_create(2), its seals and mmap(2) for
+//! large memory-store cache entries (`cache::store`), so that they too go out with
+//! sendfile(2).
 //!
 //! Each function wraps one system call; the file descriptors involved are borrowed from
 //! owned sockets and pipes (`BorrowedFd`), so none can be closed while in use. The one
@@ -377,4 +379,77 @@ pub fn sendfile(
         return Err(io::Error::last_os_error());
     }
     Ok(n as usize)
+}
+
+/// A read-only shared mapping of a sealed memfd: the bytes of a [`sealed_memfd`].
+struct Mapping {
+    ptr: *const u8,
+    len: usize,
+}
+
+// SAFETY: the mapping is read-only and its file sealed against writes, shrinking and
+// growth: the bytes never change and stay mapped until `Drop`, whoever holds it.
+unsafe impl Send for Mapping {}
+// SAFETY: as for `Send`: nothing is ever written through it.
+unsafe impl Sync for Mapping {}
+
+impl AsRef<[u8]> for Mapping {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: `len` bytes mapped readable at `ptr` until `Drop` (see `Send`).
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made by `sealed_memfd`, unmapped once, here.
+        unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len) };
+    }
+}
+
+/// A memfd holding a copy of `bytes`, sealed (no write, shrink or growth, no more seals:
+/// mapping it and sending it with sendfile(2) are safe whoever holds it), and its bytes
+/// as `Bytes` mapped from it (one copy in memory, shared). Fails for empty `bytes`.
+#[cfg(target_os = "linux")]
+pub fn sealed_memfd(bytes: &[u8]) -> io::Result<(std::fs::File, bytes::Bytes)> {
+    use std::io::Write;
+    use std::os::fd::AsRawFd;
+    if bytes.is_empty() {
+        return Err(io::ErrorKind::InvalidInput.into());
+    }
+    let flags = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING;
+    // SAFETY: a NUL-terminated name and flags; the result is checked by `owned_fd`.
+    let fd = owned_fd(unsafe { libc::memfd_create(c"weir-cache".as_ptr(), flags) })?;
+    let mut file = std::fs::File::from(fd);
+    file.write_all(bytes)?;
+    let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_WRITE | libc::F_SEAL_SEAL;
+    // SAFETY: fcntl on an open descriptor; the result is checked.
+    if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let (prot, shared) = (libc::PROT_READ, libc::MAP_SHARED);
+    // SAFETY: a new read-only mapping of `bytes.len()` bytes of an open file that long.
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            bytes.len(),
+            prot,
+            shared,
+            file.as_raw_fd(),
+            0,
+        )
+    };
+    if ptr == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    let mapping = Mapping {
+        ptr: ptr as *const u8,
+        len: bytes.len(),
+    };
+    Ok((file, bytes::Bytes::from_owner(mapping)))
+}
+
+#[cfg(not(target_os = "linux"))]
+pub fn sealed_memfd(_: &[u8]) -> io::Result<(std::fs::File, bytes::Bytes)> {
+    Err(io::ErrorKind::Unsupported.into())
 }

@@ -14,6 +14,10 @@ const DEFAULT_MAX_SIZE: u64 = 256 << 20;
 /// Default `max_object_size`: larger responses stream through uncached.
 const DEFAULT_MAX_OBJECT_SIZE: u64 = 8 << 20;
 
+/// Default `sendfile_min_size`: a body this long costs more to copy into the socket than a
+/// sendfile(2) call and (a memory store) a file descriptor and a mapping per entry.
+const DEFAULT_SENDFILE_MIN_SIZE: u64 = 64 << 10;
+
 /// Default `lock_timeout`: nginx's `proxy_cache_lock_timeout`.
 const DEFAULT_LOCK_TIMEOUT: &str = "5s";
 
@@ -74,11 +78,18 @@ fn store(name: String, raw: RawCacheStore, path: &FieldPath) -> Result<CacheStor
             "make max_object_size at most max_size",
         ));
     }
+    let sendfile_path = path.key("sendfile_min_size");
+    let sendfile_min_size = super::size(
+        raw.sendfile_min_size,
+        DEFAULT_SENDFILE_MIN_SIZE,
+        &sendfile_path,
+    )?;
     Ok(CacheStore {
         name,
         kind,
         max_size,
         max_object_size,
+        sendfile_min_size,
     })
 }
 

@@ -66,6 +66,11 @@ impl Location {
     pub fn body_len(&self) -> u64 {
         self.file_len - self.body_at
     }
+
+    /// Where the body starts in the file.
+    pub fn body_at(&self) -> u64 {
+        self.body_at
+    }
 }
 
 /// An entry found by the scan: what its index entry is made of.
@@ -231,6 +236,37 @@ impl Disk {
             return Err(Unreadable::Broken(invalid("the body's sum does not match")));
         }
         Ok(body)
+    }
+
+    /// The file of the entry at `at`, open, once its fixed part and length show it is that
+    /// write's (its body's sum is not read: [`super::store::Entry::checked`]). The open
+    /// file stays that write's bytes whatever happens to its name (replaced by a rename,
+    /// removed by an eviction or a purge).
+    pub fn open(&self, at: &Location) -> Result<File, Unreadable> {
+        use std::os::unix::fs::FileExt;
+        let file = match File::open(self.path_of(&at.name)) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(Unreadable::Stale),
+            Err(e) => return Err(Unreadable::Io(e)),
+            Ok(file) => file,
+        };
+        let mut buf = [0; FIXED];
+        let fixed = file
+            .read_exact_at(&mut buf, 0)
+            .and_then(|()| Fixed::parse(&buf));
+        let fixed = fixed.map_err(|e| match is_format(&e) {
+            true => Unreadable::Broken(e),
+            false => Unreadable::Io(e),
+        })?;
+        if fixed.id != at.id {
+            return Err(Unreadable::Stale);
+        }
+        let len = file.metadata().map_err(Unreadable::Io)?.len();
+        if len != at.file_len || fixed.file_len() != at.file_len || fixed.body_at() != at.body_at {
+            return Err(Unreadable::Broken(invalid(
+                "the file is not its write's length",
+            )));
+        }
+        Ok(file)
     }
 
     /// Removes the file of the entry at `at` if it still holds that write (gone already,

@@ -32,7 +32,7 @@ mod reply;
 pub mod stale;
 pub mod store;
 
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -42,7 +42,7 @@ use http_cache_semantics::{AfterResponse, BeforeRequest, CacheOptions, CachePoli
 use weir_config::{CacheKeyPart, RouteCache};
 
 pub use stale::{Cause, Staleness};
-pub use store::{Body, Entry, Store};
+pub use store::{Body, Entry, Held, Store};
 use store::{Ready, Turn};
 use tokio::sync::watch;
 
@@ -123,8 +123,8 @@ pub fn lookup(
                 let length = entry.body.length();
                 // A HEAD is answered with the length alone: no body is read.
                 let ready = match r.req.is_head {
-                    true => Ready::Now(Bytes::new()),
-                    false => store.body_now(&key, &entry),
+                    true => Ready::Now(Held::Memory(Bytes::new())),
+                    false => store.body_now(&key, &entry, true),
                 };
                 let body = match ready {
                     Ready::Now(body) => body,
@@ -148,7 +148,8 @@ pub fn lookup(
                     }
                 }
                 let body = match &entry.body {
-                    Body::Memory(body) => Some(body.clone()),
+                    Body::Memory(body) => Some(Held::Memory(body.clone())),
+                    Body::Sealed(body, file) => Some(Held::Sealed(body.clone(), file.clone())),
                     Body::Disk(_) => None,
                 };
                 stale = Some(Stale { entry, lines, body });
@@ -239,7 +240,7 @@ fn while_revalidating(
     lines: &[u8],
     now: SystemTime,
 ) -> Option<Lookup> {
-    let Ready::Now(body) = store.body_now(key, entry) else {
+    let Ready::Now(body) = store.body_now(key, entry, false) else {
         return None;
     };
     store.counts.stale.fetch_add(1, Relaxed);
@@ -303,8 +304,9 @@ struct Stale {
     /// Its conditional header lines, added to the upstream request (empty: it has no
     /// validator, or the client sent a condition of its own).
     lines: Vec<u8>,
-    /// Its body (a disk entry's once read: [`Fill::collapse`]).
-    body: Option<Bytes>,
+    /// Its body (a disk entry's once read: [`Fill::collapse`]), in memory: a `304` stores
+    /// it again.
+    body: Option<Held>,
 }
 
 impl Stale {
@@ -400,7 +402,7 @@ fn normalise_accept_encoding(headers: &mut HeaderMap) {
 pub struct Hit {
     head: http::response::Parts,
     /// Empty for a HEAD request.
-    body: Bytes,
+    body: Held,
     /// The body's length (its `Content-Length`).
     length: u64,
     served: Served,
@@ -411,7 +413,7 @@ pub struct Hit {
 impl Hit {
     fn new(
         head: http::response::Parts,
-        body: Bytes,
+        body: Held,
         length: u64,
         (served, status_header): (Served, bool),
     ) -> Hit {
@@ -425,8 +427,8 @@ impl Hit {
     }
 
     /// The entry as a whole answer (`body`: all of it).
-    fn whole(head: http::response::Parts, body: Bytes, served: (Served, bool)) -> Hit {
-        let length = body.len() as u64;
+    fn whole(head: http::response::Parts, body: Held, served: (Served, bool)) -> Hit {
+        let length = body.len();
         Hit::new(head, body, length, served)
     }
 }
@@ -553,7 +555,7 @@ impl Fill {
     /// looked at again. `None`: this request goes upstream.
     pub async fn collapse(&mut self) -> Option<Reply> {
         if let Some(load) = self.load.take() {
-            if let Some(body) = self.store.body(&self.key, &load.entry).await {
+            if let Some(body) = self.store.body(&self.key, &load.entry, true).await {
                 self.store.counts.hits.fetch_add(1, Relaxed);
                 return Some(self.reply(Hit::whole(load.head, body, self.served(Served::Fresh))));
             }
@@ -564,7 +566,7 @@ impl Fill {
         let on = self.serve_stale_on;
         let wanted = |s: &&mut Stale| s.body.is_none() && s.may_answer(on);
         if let Some(stale) = self.stale.as_mut().filter(wanted) {
-            stale.body = self.store.body(&self.key, &stale.entry).await;
+            stale.body = self.store.body(&self.key, &stale.entry, false).await;
             if stale.body.is_none() {
                 self.stale = None;
             }
@@ -581,7 +583,7 @@ impl Fill {
             }
         });
         let (entry, head) = fresh?;
-        let body = self.store.body(&self.key, &entry).await?;
+        let body = self.store.body(&self.key, &entry, true).await?;
         self.store.counts.hits.fetch_add(1, Relaxed);
         let hit = Hit::whole(head, body, self.served(Served::Collapsed));
         Some(self.reply(hit))
@@ -670,16 +672,20 @@ impl Fill {
             };
             return Some(self.reply(Hit::whole(head, body, self.served(Served::Refreshed))));
         }
-        let entry = Entry {
-            staleness: Staleness::of(&policy, &parts.headers, now),
-            status: parts.status,
-            headers: parts.headers.clone(),
-            policy,
-            body: Body::Memory(body.clone()),
-            variant: stale.entry.variant.clone(),
-            size: stale.entry.size,
-        };
-        self.store.put(self.key.clone(), entry, false);
+        // A stale body is in memory (read for this: `Stale::body`).
+        if let Some(stored) = body.body() {
+            let entry = Entry {
+                staleness: Staleness::of(&policy, &parts.headers, now),
+                status: parts.status,
+                headers: parts.headers.clone(),
+                policy,
+                body: stored,
+                variant: stale.entry.variant.clone(),
+                size: stale.entry.size,
+                checked: AtomicBool::new(true),
+            };
+            self.store.put(self.key.clone(), entry, false);
+        }
         Some(self.reply(Hit::whole(parts, body, self.served(Served::Refreshed))))
     }
 
@@ -886,6 +892,7 @@ impl Recorder {
             body: Body::Memory(Bytes::from(body)),
             variant: self.variant,
             size,
+            checked: AtomicBool::new(true),
         };
         // A disk store has the entry once its file is written: the requests waiting for
         // this fetch are let go then, so that they find it.

@@ -1,7 +1,9 @@
 //! A response from the store as the reply a request gets: a `files::Reply`, which every
 //! client adapter sends as it sends an upstream's response (the route's
 //! `response_headers` and compression on the head, the one relay for the body). The
-//! stored head goes out with its `Age`, a `Content-Length` and `Cache-Status`; the
+//! stored head goes out with its `Age`, a `Content-Length` and `Cache-Status`, its body
+//! from memory or from the entry's file (a sealed memfd, a disk entry's: sendfile(2) to
+//! plain-TCP HTTP/1.1 clients, `files::reply`); the
 //! request's `If-None-Match` / `If-Modified-Since` (a `304` from the stored validators)
 //! and `Range` (`206`, `multipart/byteranges`, `416`; with `If-Range`) are weighed as for
 //! a static file (`files::http::evaluate`). `If-Match` and `If-Unmodified-Since` are not a
@@ -18,8 +20,9 @@ use crate::files::head::{end, multipart, push_content_range};
 use crate::files::http::{evaluate, parse_date, Validate, Verdict};
 use crate::files::{Body, Data, Part, Reply};
 
-/// No cache entry is in a file sendfile(2) could send.
-const NO_SENDFILE: u64 = u64::MAX;
+/// A body from a cache entry goes out with sendfile(2) whenever it is in a file: it is in
+/// one only when the entry is at least its store's `sendfile_min_size` (`store`).
+const SENDFILE_ANY: u64 = 0;
 
 /// The fields a `304` carries from the stored response (RFC 9110 15.4.5), and its age.
 const NOT_MODIFIED_FIELDS: [HeaderName; 8] = [
@@ -60,10 +63,10 @@ impl Hit {
                 }
             }
             Verdict::Partial(ranges) => self.partial(&ranges),
-            Verdict::PreconditionFailed => Reply::text(412, b"", NO_SENDFILE),
+            Verdict::PreconditionFailed => Reply::text(412, b"", SENDFILE_ANY),
             Verdict::Unsatisfiable => {
                 let line = format!("Content-Range: bytes */{}\r\n", self.length);
-                Reply::text(416, line.as_bytes(), NO_SENDFILE)
+                Reply::text(416, line.as_bytes(), SENDFILE_ANY)
             }
         };
         Reply {
@@ -113,7 +116,7 @@ impl Hit {
         let mut head = self.head(206, |name| name != header::CONTENT_TYPE && !is_digest(name));
         let kind = self.head.headers.get(header::CONTENT_TYPE);
         let kind = kind.map_or(&b"application/octet-stream"[..], |v| v.as_bytes());
-        let data = Data::Bytes(self.body.clone());
+        let data = Data::Entry(self.body.clone());
         let body = multipart(&mut head, data, self.length, ranges, kind);
         self.with(head, body)
     }
@@ -124,14 +127,14 @@ impl Hit {
             return Body::Empty;
         }
         let parts = vec![Part::Bytes(first, end)];
-        Body::parts(Data::Bytes(self.body.clone()), parts, Vec::new())
+        Body::parts(Data::Entry(self.body.clone()), parts, Vec::new())
     }
 
     fn with(&self, head: Vec<u8>, body: Body) -> Reply {
         Reply {
             head,
             body,
-            sendfile_min_size: NO_SENDFILE,
+            sendfile_min_size: SENDFILE_ANY,
             cache: None,
             planned_as: None,
         }

@@ -3,13 +3,19 @@
 //! behind one mutex, held for a map operation and never across an await or a file's I/O.
 //!
 //! - `kind = "memory"`: an entry's body is in memory (`Bytes`): a hit shares it, nothing
-//!   copied.
+//!   copied. A body of at least `sendfile_min_size` is kept in a sealed memfd, its bytes
+//!   mapped from it ([`Body::Sealed`]), so that plain-TCP HTTP/1.1 hits send it with
+//!   sendfile(2) (`files::reply`), no copy into the socket; if the memfd cannot be had
+//!   (out of descriptors or mappings) the body stays on the heap.
 //! - `kind = "disk"`: an entry's body is in its file ([`Disk`]); the index (heads, policies,
 //!   where each body is) is in memory, rebuilt from the files at start by a background
 //!   scan, so entries are found again after a restart. Files are written, and large bodies
 //!   read, on the runtime's blocking pool ([`Store::put`], [`Store::body`]); a body
 //!   of at most [`SYNC_READ_MAX`] is read in one go where the hit is looked up
-//!   ([`Store::body_now`]). A file that cannot be read back whole is dropped from the index
+//!   ([`Store::body_now`]). A fresh hit of a body of at least `sendfile_min_size` whose
+//!   sum was checked in this process ([`Entry::checked`]) gets the entry's file, open
+//!   ([`Held::File`]): sendfile(2) sends it to plain-TCP HTTP/1.1 clients, the others
+//!   read it in pieces as a static file's. A file that cannot be read back whole is dropped from the index
 //!   and removed: a miss, a log line and `weir_cache_errors_total`, never an error to the
 //!   client; a file that cannot be read at all for now (too many open files, EIO, EACCES)
 //!   is a miss, logged and counted, and kept. Several processes may share a directory for
@@ -17,6 +23,7 @@
 //!   the other replaced or removed is a miss (dropped from the index, the file left).
 
 use std::collections::HashMap;
+use std::fs::File;
 use std::sync::atomic::{
     AtomicBool, AtomicU64, Ordering::Acquire, Ordering::Relaxed, Ordering::Release,
 };
@@ -48,13 +55,20 @@ pub struct Entry {
     /// The values of the request fields the response varies on (`Vary`), joined: which
     /// variant of its key it is.
     pub variant: Vec<u8>,
-    /// Bytes the entry accounts for (a disk entry: its file's length).
+    /// Bytes the entry accounts for (a disk entry: its file's length; a sealed body: its
+    /// pages).
     pub size: u64,
+    /// A disk entry's body sum was checked in this process (it wrote the file, or read it
+    /// whole since): its file may be sent as it is. Files the scan found are checked by
+    /// their first hit, read whole on the blocking pool.
+    pub checked: AtomicBool,
 }
 
 /// Where an entry's body is.
 pub enum Body {
     Memory(Bytes),
+    /// In a sealed memfd (a memory store's large body), `Bytes` mapped from it.
+    Sealed(Bytes, Arc<File>),
     Disk(Location),
 }
 
@@ -62,15 +76,59 @@ impl Body {
     /// The body's length in bytes.
     pub fn length(&self) -> u64 {
         match self {
-            Body::Memory(b) => b.len() as u64,
+            Body::Memory(b) | Body::Sealed(b, _) => b.len() as u64,
             Body::Disk(at) => at.body_len(),
+        }
+    }
+
+    /// The body as a reply holds it, if it is in memory.
+    fn held(&self) -> Option<Held> {
+        match self {
+            Body::Memory(b) => Some(Held::Memory(b.clone())),
+            Body::Sealed(b, file) => Some(Held::Sealed(b.clone(), file.clone())),
+            Body::Disk(_) => None,
+        }
+    }
+}
+
+/// An entry's body as a reply holds it: what it sends from, kept while it sends (an entry
+/// evicted or purged meanwhile is sent whole: its memory and its open file outlive it).
+#[derive(Clone)]
+pub enum Held {
+    Memory(Bytes),
+    /// In memory, mapped from this sealed memfd (sendfile's case).
+    Sealed(Bytes, Arc<File>),
+    /// In a disk entry's file, open: `.2` bytes from byte `.1` (sendfile's case; read in
+    /// pieces otherwise).
+    File(Arc<File>, u64, u64),
+}
+
+impl Held {
+    pub fn len(&self) -> u64 {
+        match self {
+            Held::Memory(b) | Held::Sealed(b, _) => b.len() as u64,
+            Held::File(_, _, len) => *len,
+        }
+    }
+
+    /// Whether it has no bytes (a HEAD's, or an empty body).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The body as an entry keeps it, if it is in memory.
+    pub fn body(&self) -> Option<Body> {
+        match self {
+            Held::Memory(b) => Some(Body::Memory(b.clone())),
+            Held::Sealed(b, file) => Some(Body::Sealed(b.clone(), file.clone())),
+            Held::File(..) => None,
         }
     }
 }
 
 /// A body as [`Store::body_now`] has it.
 pub enum Ready {
-    Now(Bytes),
+    Now(Held),
     /// On disk and large: [`Store::body`] reads it on the blocking pool.
     Later,
     /// Its file could not be read: a miss (the entry dropped if the file is not whole or
@@ -105,6 +163,7 @@ pub struct Store {
     pub config: CacheStore,
     max_size: AtomicU64,
     max_object_size: AtomicU64,
+    sendfile_min_size: AtomicU64,
     pub counts: Counts,
     inner: Mutex<Lru>,
     /// The keys a miss is being fetched for (collapsed forwarding): the leader holds the
@@ -136,6 +195,7 @@ impl Store {
             loading: AtomicBool::new(disk.is_some()),
             max_size: AtomicU64::new(config.max_size),
             max_object_size: AtomicU64::new(config.max_object_size),
+            sendfile_min_size: AtomicU64::new(config.sendfile_min_size),
             config,
             counts: Counts::default(),
             inner: Mutex::new(Lru::default()),
@@ -186,6 +246,8 @@ impl Store {
     /// Applies `config`'s sizes (a reload's), evicting what a smaller `max_size` leaves out.
     pub fn resize(&self, config: &CacheStore) {
         self.max_object_size.store(config.max_object_size, Relaxed);
+        self.sendfile_min_size
+            .store(config.sendfile_min_size, Relaxed);
         self.max_size.store(config.max_size, Relaxed);
         let mut lru = self.lock();
         let (evicted, gone) = lru.evict_past(config.max_size);
@@ -244,7 +306,7 @@ impl Store {
     /// find it.
     pub fn put(self: &Arc<Self>, key: Vec<u8>, entry: Entry, release: bool) {
         if self.disk.is_none() {
-            self.insert(&key, entry, false);
+            self.insert(&key, self.sealed(entry), false);
             self.counts.stores.fetch_add(1, Relaxed);
             if release {
                 self.release(&key);
@@ -264,6 +326,29 @@ impl Store {
         }
     }
 
+    /// `entry` (of a memory store) with its body in a sealed memfd if it is at least
+    /// `sendfile_min_size` long (accounted by its pages); as it is if it is not, or if
+    /// the memfd cannot be had (logged).
+    fn sealed(&self, mut entry: Entry) -> Entry {
+        let Body::Memory(bytes) = &entry.body else {
+            return entry;
+        };
+        let len = bytes.len() as u64;
+        if len == 0 || len < self.sendfile_min_size.load(Relaxed) {
+            return entry;
+        }
+        match crate::sys::sealed_memfd(bytes) {
+            Ok((file, mapped)) => {
+                let page = crate::sys::page_size().unwrap_or(4096);
+                entry.size += len.next_multiple_of(page) - len;
+                entry.body = Body::Sealed(mapped, Arc::new(file));
+            }
+            Err(e) => tracing::debug!(store = %self.config.name, error = %e,
+                "cache entry kept on the heap: no sealed memfd"),
+        }
+        entry
+    }
+
     /// Writes `entry` to its file and indexes it there.
     fn write(&self, key: &[u8], mut entry: Entry) {
         let (Some(disk), Body::Memory(body)) = (&self.disk, &entry.body) else {
@@ -279,6 +364,8 @@ impl Store {
             disk.place(written, |at| {
                 entry.size = at.file_len;
                 entry.body = Body::Disk(at);
+                // Its sum is of the bytes just written.
+                entry.checked = AtomicBool::new(true);
                 self.index(key, entry, false)
             })
         });
@@ -334,28 +421,47 @@ impl Store {
         purged
     }
 
-    /// The body of `entry` (of `key`), if it can be had without waiting.
-    pub fn body_now(&self, key: &[u8], entry: &Arc<Entry>) -> Ready {
-        match (&entry.body, &self.disk) {
-            (Body::Memory(body), _) => Ready::Now(body.clone()),
-            (Body::Disk(at), Some(disk)) if at.file_len <= SYNC_READ_MAX => {
-                match disk.read(at, key) {
-                    Ok(body) => Ready::Now(body),
-                    Err(why) => {
-                        self.unreadable(key, entry, why);
-                        Ready::Gone
-                    }
-                }
+    /// The body of `entry` (of `key`), if it can be had without waiting. `send_only`: it
+    /// is only sent (a fresh hit), so a checked disk entry's large body may come as its
+    /// open file; otherwise (a stale body, which may be stored again) it is read.
+    pub fn body_now(&self, key: &[u8], entry: &Arc<Entry>, send_only: bool) -> Ready {
+        let (at, disk) = match (&entry.body, &self.disk) {
+            (Body::Disk(at), Some(disk)) => (at, disk),
+            (Body::Disk(_), None) => return Ready::Gone,
+            (body, _) => return body.held().map_or(Ready::Gone, Ready::Now),
+        };
+        let file = send_only
+            && at.body_len() >= self.sendfile_min_size.load(Relaxed)
+            && entry.checked.load(Relaxed);
+        let got = match (file, at.file_len <= SYNC_READ_MAX) {
+            (true, _) => {
+                (disk.open(at)).map(|f| Held::File(Arc::new(f), at.body_at(), at.body_len()))
             }
-            (Body::Disk(_), Some(_)) => Ready::Later,
-            (Body::Disk(_), None) => Ready::Gone,
+            (false, true) => disk.read(at, key).map(|body| {
+                entry.checked.store(true, Relaxed);
+                Held::Memory(body)
+            }),
+            (false, false) => return Ready::Later,
+        };
+        match got {
+            Ok(held) => Ready::Now(held),
+            Err(why) => {
+                self.unreadable(key, entry, why);
+                Ready::Gone
+            }
         }
     }
 
     /// The body of `entry` (of `key`): [`Store::body_now`], or read on the blocking pool
-    /// when it is large; `None` if its file could not be read (the entry is gone then).
-    pub async fn body(self: &Arc<Self>, key: &[u8], entry: &Arc<Entry>) -> Option<Bytes> {
-        let at = match (self.body_now(key, entry), &entry.body) {
+    /// when it is large (its sum checked: [`Entry::checked`]); `None` if its file could
+    /// not be read (the entry is gone then).
+    pub async fn body(
+        self: &Arc<Self>,
+        key: &[u8],
+        entry: &Arc<Entry>,
+        send_only: bool,
+    ) -> Option<Held> {
+        let at = match (self.body_now(key, entry, send_only), &entry.body) {
             (Ready::Now(body), _) => return Some(body),
             (Ready::Later, Body::Disk(at)) => *at,
             _ => return None,
@@ -367,7 +473,10 @@ impl Store {
             disk.read(&at, &owned)
         });
         match read.await {
-            Ok(Ok(body)) => Some(body),
+            Ok(Ok(body)) => {
+                entry.checked.store(true, Relaxed);
+                Some(Held::Memory(body))
+            }
             Ok(Err(why)) => {
                 self.unreadable(key, entry, why);
                 None
@@ -426,6 +535,8 @@ impl Entry {
             size: found.location.file_len,
             body: Body::Disk(found.location),
             variant: found.variant,
+            // Found whole by its head; its body's sum is checked when it is first read.
+            checked: AtomicBool::new(false),
         }
     }
 }
@@ -447,6 +558,7 @@ mod tests {
             body: Body::Memory(Bytes::from(vec![b'x'; size])),
             variant: variant.to_vec(),
             size: size as u64,
+            checked: AtomicBool::new(true),
         }
     }
 
@@ -456,6 +568,7 @@ mod tests {
             kind,
             max_size: max,
             max_object_size: max,
+            sendfile_min_size: 64 << 10,
         }
     }
 
@@ -544,7 +657,7 @@ mod tests {
         // The same length, so that only the write id tells them apart.
         write_behind(&dir, b"http://h/a", &entry(4, b""), b"newr");
         assert!(
-            matches!(s.body_now(b"http://h/a", &old), Ready::Gone),
+            matches!(s.body_now(b"http://h/a", &old, false), Ready::Gone),
             "the old head never goes out with the new body"
         );
         assert!(
@@ -570,7 +683,10 @@ mod tests {
         e.headers.insert("x-big", big.parse().unwrap());
         s.put(b"http://h/a".to_vec(), e, false);
         let got = s.get(b"http://h/a");
-        assert!(matches!(s.body_now(b"http://h/a", &got[0]), Ready::Later));
+        assert!(matches!(
+            s.body_now(b"http://h/a", &got[0], false),
+            Ready::Later
+        ));
         std::fs::remove_dir_all(dir).unwrap();
     }
 
@@ -590,7 +706,10 @@ mod tests {
         let aside = path.with_extension("aside");
         std::fs::rename(&path, &aside).unwrap();
         std::fs::create_dir(&path).unwrap();
-        assert!(matches!(s.body_now(b"http://h/a", &got[0]), Ready::Gone));
+        assert!(matches!(
+            s.body_now(b"http://h/a", &got[0], false),
+            Ready::Gone
+        ));
         assert_eq!(s.counts.errors.load(Relaxed), 1);
         assert_eq!(s.get(b"http://h/a").len(), 1, "the entry is kept");
         let again = Store::open(config(1 << 20, CacheKind::Disk { path: dir.clone() }));
@@ -599,7 +718,10 @@ mod tests {
         assert_eq!(again.counts.errors.load(Relaxed), 1);
         std::fs::remove_dir(&path).unwrap();
         std::fs::rename(&aside, &path).unwrap();
-        assert!(matches!(s.body_now(b"http://h/a", &got[0]), Ready::Now(_)));
+        assert!(matches!(
+            s.body_now(b"http://h/a", &got[0], false),
+            Ready::Now(_)
+        ));
         std::fs::remove_dir_all(dir).unwrap();
     }
 
@@ -620,7 +742,7 @@ mod tests {
         assert_eq!(count as u64, s.counts.entries.load(Relaxed));
         assert!(s.counts.evictions.load(Relaxed) >= 6);
         let newest = s.get(b"http://h/9");
-        let Ready::Now(body) = s.body_now(b"http://h/9", &newest[0]) else {
+        let Ready::Now(Held::Memory(body)) = s.body_now(b"http://h/9", &newest[0], false) else {
             panic!("a small body is read at once");
         };
         assert_eq!(body.len(), 4000);

@@ -2,9 +2,10 @@
 //! cache entry's bytes (one range, or the ranges of a `multipart/byteranges` body between
 //! their part heads). A file is read in large pieces with pread(2) into `Bytes` that an
 //! HTTP/2 stream sends on without a copy; a body that fits in one piece is read whole, so
-//! it goes out with its head in one write. A cache entry's bytes are shared, never copied
-//! (one range is one piece). Plain-TCP HTTP/1.1 bodies of one range of a file skip this
-//! for sendfile(2) (`reply`).
+//! it goes out with its head in one write. A cache entry's bytes in memory are shared,
+//! never copied (one range is one piece); a disk entry's file is read as a static file is.
+//! Plain-TCP HTTP/1.1 bodies of one range of a file (a static file, a cache entry's
+//! sealed memfd or file) skip this for sendfile(2) (`reply`).
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -12,6 +13,7 @@ use std::os::unix::fs::FileExt;
 use bytes::{Bytes, BytesMut};
 
 use super::Opened;
+use crate::cache::Held;
 use crate::error::ProxyError;
 use crate::forward::relay::{Piece, Source, Trailers};
 
@@ -36,7 +38,27 @@ pub(crate) enum Data {
     /// An open file.
     File(Opened),
     /// A cache entry's body.
-    Bytes(Bytes),
+    Entry(Held),
+}
+
+impl Data {
+    /// Its bytes, if they are in memory.
+    fn memory(&self) -> Option<&Bytes> {
+        match self {
+            Data::Entry(Held::Memory(b) | Held::Sealed(b, _)) => Some(b),
+            Data::File(_) | Data::Entry(Held::File(..)) => None,
+        }
+    }
+
+    /// The file its bytes are in, and where byte 0 of them is in it, if they are in one.
+    fn file(&self) -> Option<(&File, u64)> {
+        match self {
+            Data::File(opened) => Some((&opened.file, 0)),
+            Data::Entry(Held::Sealed(_, file)) => Some((file, 0)),
+            Data::Entry(Held::File(file, at, _)) => Some((file, *at)),
+            Data::Entry(Held::Memory(_)) => None,
+        }
+    }
 }
 
 /// A part of a file body.
@@ -54,19 +76,16 @@ impl Body {
     }
 
     /// The one range, when that is the whole body: its bytes `first..end`, and the file
-    /// they are in (sendfile's case), if they are in one.
-    pub fn single_range(&self) -> Option<(Option<&File>, u64, u64)> {
+    /// they are in (sendfile's case) with where byte 0 of them is in it, if they are in
+    /// one.
+    pub fn single_range(&self) -> Option<(Option<(&File, u64)>, u64, u64)> {
         let Body::Parts { data, parts, .. } = self else {
             return None;
         };
         let [Part::Bytes(first, end)] = parts.as_slice() else {
             return None;
         };
-        let file = match data {
-            Data::File(opened) => Some(&opened.file),
-            Data::Bytes(_) => None,
-        };
-        Some((file, *first, *end))
+        Some((data.file(), *first, *end))
     }
 }
 
@@ -119,17 +138,15 @@ impl Source for BodySource<'_> {
         if self.part > 0 {
             return None;
         }
-        let file = match data {
-            Data::File(opened) => &opened.file,
-            // One range of shared bytes: itself, whatever its length, without a copy.
-            Data::Bytes(bytes) => {
-                let [Part::Bytes(first, end)] = parts.as_slice() else {
-                    return None;
-                };
-                self.part = 1;
-                return Some(Piece::Bytes(bytes.slice(*first as usize..*end as usize)));
-            }
-        };
+        // One range of shared bytes: itself, whatever its length, without a copy.
+        if let Some(bytes) = data.memory() {
+            let [Part::Bytes(first, end)] = parts.as_slice() else {
+                return None;
+            };
+            self.part = 1;
+            return Some(Piece::Bytes(bytes.slice(*first as usize..*end as usize)));
+        }
+        let (file, base) = data.file()?;
         let total: u64 = parts.iter().map(|p| part_len(*p)).sum();
         if total > PIECE {
             return None;
@@ -140,7 +157,9 @@ impl Source for BodySource<'_> {
             let n = part_len(*p) as usize;
             match *p {
                 Part::Text(s, e) => out[at..at + n].copy_from_slice(&text[s..e]),
-                Part::Bytes(first, _) => file.read_exact_at(&mut out[at..at + n], first).ok()?,
+                Part::Bytes(first, _) => file
+                    .read_exact_at(&mut out[at..at + n], base + first)
+                    .ok()?,
             }
             at += n;
         }
@@ -168,9 +187,10 @@ impl BodySource<'_> {
             Part::Bytes(first, end) => {
                 let from = first + self.at;
                 let n = (end - from).min(PIECE);
-                let piece = match data {
-                    Data::File(opened) => read_piece(&opened.file, from, n)?,
-                    Data::Bytes(bytes) => bytes.slice(from as usize..(from + n) as usize),
+                let piece = match (data.memory(), data.file()) {
+                    (Some(bytes), _) => bytes.slice(from as usize..(from + n) as usize),
+                    (None, Some((file, base))) => read_piece(file, base + from, n)?,
+                    (None, None) => return Ok(None),
                 };
                 self.at += n;
                 let done = from + n == end;
