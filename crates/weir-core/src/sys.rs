@@ -3,8 +3,8 @@
 //! unacknowledged bytes, for the relays' still-time watch), TCP_DEFER_ACCEPT, flock(2)
 //! and sysconf(3) for the `process_*` metrics; open(2), openat(2), openat2(2) and
 //! sendfile(2) for static files (`files`); memfd_create(2), its seals and mmap(2) for
-//! large memory-store cache entries (`cache::store`), so that they too go out with
-//! sendfile(2).
+//! large memory-store cache entries (`cache::sealed`), so that they too go out with
+//! sendfile(2), and getrlimit(2) to bound how many they hold.
 //!
 //! Each function wraps one system call; the file descriptors involved are borrowed from
 //! owned sockets and pipes (`BorrowedFd`), so none can be closed while in use. The one
@@ -452,4 +452,17 @@ pub fn sealed_memfd(bytes: &[u8]) -> io::Result<(std::fs::File, bytes::Bytes)> {
 #[cfg(not(target_os = "linux"))]
 pub fn sealed_memfd(_: &[u8]) -> io::Result<(std::fs::File, bytes::Bytes)> {
     Err(io::ErrorKind::Unsupported.into())
+}
+
+/// The soft limit on this process's open files (RLIMIT_NOFILE), if it is finite.
+pub fn open_file_limit() -> Option<u64> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: a valid rlimit for getrlimit to fill; the result is checked.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return None;
+    }
+    (limit.rlim_cur != libc::RLIM_INFINITY).then_some(limit.rlim_cur as u64)
 }

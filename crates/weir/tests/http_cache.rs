@@ -1441,3 +1441,119 @@ async fn a_conditional_ranged_request_starts_the_background_revalidation() {
         heads[1]
     );
 }
+
+/// A body of `lines` numbered lines of 8 bytes: any byte out of place shows.
+fn numbered(lines: usize) -> String {
+    (0..lines).map(|i| format!("{i:07}\n")).collect()
+}
+
+/// The head (lower-cased) and body of the one HTTP/1.1 response on `s` (framed by its
+/// `Content-Length`), `got` its first bytes, read already.
+async fn read_whole(s: &mut tokio::net::TcpStream, mut got: Vec<u8>) -> (String, Vec<u8>) {
+    use tokio::io::AsyncReadExt;
+    let mut buf = vec![0u8; 64 << 10];
+    let read = async {
+        loop {
+            let head_end = got.windows(4).position(|w| w == b"\r\n\r\n");
+            if let Some(end) = head_end {
+                let head = String::from_utf8_lossy(&got[..end]).to_lowercase();
+                let length = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length: "));
+                let length: usize = length.expect("a length").trim().parse().unwrap();
+                if got.len() >= end + 4 + length {
+                    return (head, got[end + 4..].to_vec());
+                }
+            }
+            let n = s.read(&mut buf).await.expect("read");
+            assert!(n > 0, "cut after {} bytes", got.len());
+            got.extend_from_slice(&buf[..n]);
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(20), read)
+        .await
+        .expect("the whole response in time")
+}
+
+/// Whether this process holds a memfd of Weir's cache (a memory entry's sealed body).
+fn holds_a_cache_memfd() -> bool {
+    let fds = std::fs::read_dir("/proc/self/fd").expect("/proc/self/fd");
+    fds.flatten().any(|fd| {
+        std::fs::read_link(fd.path())
+            .is_ok_and(|to| to.to_string_lossy().starts_with("/memfd:weir-cache"))
+    })
+}
+
+/// A hit of a 6 MiB entry of the store `store` (more than the socket buffers on both
+/// sides hold) to a slow plain-TCP HTTP/1.1 client, sent with sendfile(2) from the
+/// entry's file: the entry purged while it is being sent, the client still gets all of
+/// it. Then a range of it (sendfile from an offset), and the same over HTTP/2 (read from
+/// the file in pieces). Returns Weir, still running.
+async fn a_large_hit_purged_while_sent(store: &str) -> common::Weir {
+    let big = numbered(6 << 17);
+    let b = Backend::fixed(200, &[("Cache-Control", "max-age=60")], &big);
+    let weir = cached_in(b.addr(), "", store).start();
+    let mut c = weir.client().await;
+    assert_eq!(get(&mut c, "/big", &[]).await.body.len(), big.len());
+    weir.wait_metric("weir_cache_stored_total{store=\"mem\"}", 1)
+        .await;
+
+    let mut slow = common::small_window(weir.addr).await;
+    let request = b"GET /big HTTP/1.1\r\nHost: example.com\r\n\r\n";
+    tokio::io::AsyncWriteExt::write_all(&mut slow, request)
+        .await
+        .unwrap();
+    let mut first = vec![0u8; 4096];
+    let n = tokio::io::AsyncReadExt::read(&mut slow, &mut first)
+        .await
+        .unwrap();
+    assert!(n > 0, "the hit starts");
+    first.truncate(n);
+    let caches = &weir.proxy().snapshot().caches;
+    assert_eq!(caches[0].purge(b"http://example.com/big", false), 1);
+    let (head, body) = read_whole(&mut slow, first).await;
+    assert!(head.contains("\r\ncache-status: weir; hit"), "{head}");
+    assert!(
+        body == big.as_bytes(),
+        "{} bytes, not the entry",
+        body.len()
+    );
+
+    let again = get(&mut c, "/big", &[]).await;
+    assert_eq!(again.header("Cache-Status"), Some("weir; fwd=uri-miss"));
+    weir.wait_metric("weir_cache_stored_total{store=\"mem\"}", 2)
+        .await;
+    let range = get(&mut c, "/big", &[("Range", "bytes=5000000-")]).await;
+    assert_eq!(
+        (range.status, range.header("Cache-Status")),
+        (206, Some("weir; hit"))
+    );
+    assert!(
+        range.body == big.as_bytes()[5_000_000..],
+        "the range's bytes"
+    );
+    let mut h2 = common::h2c_client(weir.addr).await;
+    let (status, _, body) = h2_get(&mut h2, "/big", &[]).await;
+    assert!(
+        status == 200 && body == big.as_bytes(),
+        "the HTTP/2 hit's bytes"
+    );
+    assert_eq!(b.requests_served(), 2);
+    weir
+}
+
+/// A memory store keeps a large body in a sealed memfd (sent with sendfile(2)); a hit
+/// holds it, so a purge while it is sent cuts nothing short.
+#[tokio::test]
+async fn a_large_memory_hit_goes_out_from_a_sealed_memfd_whole_even_if_purged() {
+    let _weir = a_large_hit_purged_while_sent("kind = \"memory\"").await;
+    assert!(holds_a_cache_memfd(), "the 6 MiB body is in a memfd");
+}
+
+/// A disk store's large hit is sent from the entry's file, held open: its removal by a
+/// purge while it is sent cuts nothing short.
+#[tokio::test]
+async fn a_large_disk_hit_goes_out_from_its_file_whole_even_if_purged() {
+    let dir = DiskDir::new("purged-while-sent");
+    let _weir = a_large_hit_purged_while_sent(&dir.store()).await;
+}

@@ -29,6 +29,7 @@
 pub mod disk;
 mod lru;
 mod reply;
+mod sealed;
 pub mod stale;
 pub mod store;
 

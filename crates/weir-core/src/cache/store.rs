@@ -37,6 +37,7 @@ use weir_config::{CacheKind, CacheStore};
 
 use super::disk::{Disk, Found, Location, Meta, Unreadable};
 use super::lru::Lru;
+use super::sealed::{self, Memfd};
 
 /// The largest file (head part and body) a hit reads at once, where it is looked up (from
 /// the page cache, microseconds); larger ones are read on the blocking pool.
@@ -68,7 +69,7 @@ pub struct Entry {
 pub enum Body {
     Memory(Bytes),
     /// In a sealed memfd (a memory store's large body), `Bytes` mapped from it.
-    Sealed(Bytes, Arc<File>),
+    Sealed(Bytes, Arc<Memfd>),
     Disk(Location),
 }
 
@@ -97,7 +98,7 @@ impl Body {
 pub enum Held {
     Memory(Bytes),
     /// In memory, mapped from this sealed memfd (sendfile's case).
-    Sealed(Bytes, Arc<File>),
+    Sealed(Bytes, Arc<Memfd>),
     /// In a disk entry's file, open: `.2` bytes from byte `.1` (sendfile's case; read in
     /// pieces otherwise).
     File(Arc<File>, u64, u64),
@@ -337,11 +338,11 @@ impl Store {
         if len == 0 || len < self.sendfile_min_size.load(Relaxed) {
             return entry;
         }
-        match crate::sys::sealed_memfd(bytes) {
-            Ok((file, mapped)) => {
+        match sealed::seal(bytes) {
+            Ok((memfd, mapped)) => {
                 let page = crate::sys::page_size().unwrap_or(4096);
                 entry.size += len.next_multiple_of(page) - len;
-                entry.body = Body::Sealed(mapped, Arc::new(file));
+                entry.body = Body::Sealed(mapped, memfd);
             }
             Err(e) => tracing::debug!(store = %self.config.name, error = %e,
                 "cache entry kept on the heap: no sealed memfd"),

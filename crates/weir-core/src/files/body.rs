@@ -54,7 +54,7 @@ impl Data {
     fn file(&self) -> Option<(&File, u64)> {
         match self {
             Data::File(opened) => Some((&opened.file, 0)),
-            Data::Entry(Held::Sealed(_, file)) => Some((file, 0)),
+            Data::Entry(Held::Sealed(_, memfd)) => Some((&memfd.file, 0)),
             Data::Entry(Held::File(file, at, _)) => Some((file, *at)),
             Data::Entry(Held::Memory(_)) => None,
         }

@@ -1,0 +1,56 @@
+//! A memory store's large bodies in sealed memfds ([`super::Store::put`]), so that hits
+//! send them with sendfile(2). Each holds a file descriptor while its entry, or a hit
+//! sending it, lives: at most a quarter of the process's open-file limit (and at most
+//! 16,384, well under the kernel's default bound of 65,530 mappings) are held at once, so
+//! that connections keep their descriptors; past that a body stays on the heap.
+
+use std::fs::File;
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, OnceLock};
+
+use bytes::Bytes;
+
+/// The sealed memfds held by the process.
+static HELD: AtomicU64 = AtomicU64::new(0);
+
+/// The most sealed memfds held at once when the open-file limit cannot be read.
+const BOUND_UNKNOWN: u64 = 256;
+/// The most sealed memfds held at once whatever the open-file limit (one mapping each).
+const BOUND_MAX: u64 = 16_384;
+
+/// A sealed memfd holding a body (counted in [`HELD`] while it is open).
+pub struct Memfd {
+    pub file: File,
+}
+
+impl Drop for Memfd {
+    fn drop(&mut self) {
+        HELD.fetch_sub(1, Relaxed);
+    }
+}
+
+/// How many sealed memfds may be held at once.
+fn bound() -> u64 {
+    static BOUND: OnceLock<u64> = OnceLock::new();
+    *BOUND.get_or_init(|| {
+        let limit = crate::sys::open_file_limit();
+        limit.map_or(BOUND_UNKNOWN, |n| n / 4).min(BOUND_MAX)
+    })
+}
+
+/// `bytes` in a new sealed memfd, and its bytes mapped from it; fails past the bound,
+/// or when the kernel refuses (out of descriptors, memory or mappings).
+pub fn seal(bytes: &[u8]) -> io::Result<(Arc<Memfd>, Bytes)> {
+    if HELD.fetch_add(1, Relaxed) >= bound() {
+        HELD.fetch_sub(1, Relaxed);
+        return Err(io::Error::other("as many sealed bodies held as allowed"));
+    }
+    match crate::sys::sealed_memfd(bytes) {
+        Ok((file, mapped)) => Ok((Arc::new(Memfd { file }), mapped)),
+        Err(e) => {
+            HELD.fetch_sub(1, Relaxed);
+            Err(e)
+        }
+    }
+}
