@@ -677,6 +677,94 @@ mod tests {
     }
 
     #[test]
+    fn a_memory_store_seals_bodies_of_sendfile_min_size_and_keeps_smaller_ones() {
+        let s = store(1 << 20);
+        s.put(b"http://h/big".to_vec(), entry(64 << 10, b""), false);
+        s.put(
+            b"http://h/small".to_vec(),
+            entry((64 << 10) - 1, b""),
+            false,
+        );
+        let big = s.get(b"http://h/big").remove(0);
+        let Ready::Now(Held::Sealed(bytes, memfd)) = s.body_now(b"http://h/big", &big, true) else {
+            panic!("a body of sendfile_min_size is in a sealed memfd");
+        };
+        assert_eq!(bytes, vec![b'x'; 64 << 10]);
+        assert_eq!(memfd.file.metadata().unwrap().len(), 64 << 10);
+        let small = s.get(b"http://h/small").remove(0);
+        let ready = s.body_now(b"http://h/small", &small, true);
+        assert!(matches!(ready, Ready::Now(Held::Memory(_))));
+        // Purged while a hit holds it: the hit's bytes and file stay whole.
+        assert_eq!(s.purge(b"http://h/big", false), 1);
+        drop(big);
+        assert_eq!(bytes.len(), 64 << 10);
+        assert_eq!(memfd.file.metadata().unwrap().len(), 64 << 10);
+    }
+
+    #[test]
+    fn a_disk_entry_is_sent_from_its_file_once_its_sum_was_checked() {
+        let (dir, s) = disk_store("sendfile", 1 << 20);
+        s.put(b"http://h/a".to_vec(), entry(100 << 10, b""), false);
+        let written = s.get(b"http://h/a").remove(0);
+        // Written by this process: its file as it is.
+        let Ready::Now(Held::File(_, at, len)) = s.body_now(b"http://h/a", &written, true) else {
+            panic!("a checked entry's file");
+        };
+        assert_eq!((len, at + len), (100 << 10, written.size));
+        // Not only sent (a stale body, stored again): read.
+        assert!(matches!(
+            s.body_now(b"http://h/a", &written, false),
+            Ready::Later
+        ));
+
+        // Found by the scan: read whole (its sum checked) once, then its file.
+        let again = Store::open(config(1 << 20, CacheKind::Disk { path: dir.clone() }));
+        loaded(&again);
+        let found = again.get(b"http://h/a").remove(0);
+        assert!(matches!(
+            again.body_now(b"http://h/a", &found, true),
+            Ready::Later
+        ));
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let read = runtime.block_on(again.body(b"http://h/a", &found, true));
+        assert!(matches!(read, Some(Held::Memory(b)) if b.len() == 100 << 10));
+        let ready = again.body_now(b"http://h/a", &found, true);
+        assert!(matches!(ready, Ready::Now(Held::File(..))));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn a_scanned_entry_whose_body_was_damaged_is_never_sent() {
+        let (dir, s) = disk_store("damaged", 1 << 20);
+        s.put(b"http://h/a".to_vec(), entry(100 << 10, b""), false);
+        let sub = std::fs::read_dir(&dir).unwrap().flatten().next().unwrap();
+        let path = std::fs::read_dir(sub.path())
+            .unwrap()
+            .flatten()
+            .next()
+            .unwrap()
+            .path();
+        let mut bytes = std::fs::read(&path).unwrap();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 1;
+        std::fs::write(&path, bytes).unwrap();
+        let again = Store::open(config(1 << 20, CacheKind::Disk { path: dir.clone() }));
+        loaded(&again);
+        let found = again.get(b"http://h/a").remove(0);
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        assert!(runtime
+            .block_on(again.body(b"http://h/a", &found, true))
+            .is_none());
+        assert!(again.get(b"http://h/a").is_empty(), "dropped");
+        assert!(!path.exists(), "its file removed");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
     fn a_small_body_under_a_large_head_is_not_read_on_the_event_loop() {
         let (dir, s) = disk_store("bighead", 1 << 20);
         let mut e = entry(10, b"");
