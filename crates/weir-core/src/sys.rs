@@ -464,5 +464,5 @@ pub fn open_file_limit() -> Option<u64> {
     if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
         return None;
     }
-    (limit.rlim_cur != libc::RLIM_INFINITY).then_some(limit.rlim_cur as u64)
+    (limit.rlim_cur != libc::RLIM_INFINITY).then_some(limit.rlim_cur)
 }

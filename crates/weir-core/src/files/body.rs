@@ -75,17 +75,20 @@ impl Body {
         Body::Parts { data, parts, text }
     }
 
-    /// The one range, when that is the whole body: its bytes `first..end`, and the file
-    /// they are in (sendfile's case) with where byte 0 of them is in it, if they are in
-    /// one.
-    pub fn single_range(&self) -> Option<(Option<(&File, u64)>, u64, u64)> {
+    /// The one range, when that is the whole body: the file its bytes are in
+    /// (sendfile's case), if they are in one, and where they are, `first..end` (in that
+    /// file, if there is one).
+    pub fn single_range(&self) -> Option<(Option<&File>, u64, u64)> {
         let Body::Parts { data, parts, .. } = self else {
             return None;
         };
         let [Part::Bytes(first, end)] = parts.as_slice() else {
             return None;
         };
-        Some((data.file(), *first, *end))
+        Some(match data.file() {
+            Some((file, at)) => (Some(file), at + first, at + end),
+            None => (None, *first, *end),
+        })
     }
 }
 

@@ -144,10 +144,7 @@ async fn send_body(
     let timeout = under.listener.client_timeout;
     let plain = plan.encoding.is_none() && conn.stream.tls().is_none();
     let single = reply.body.single_range();
-    let in_file = single.and_then(|(file, first, end)| {
-        let (file, at) = file?;
-        Some((file, at + first, at + end))
-    });
+    let in_file = single.and_then(|(file, first, end)| Some((file?, first, end)));
     if let Some((file, first, end)) =
         in_file.filter(|(_, f, e)| plain && e - f >= reply.sendfile_min_size)
     {
