@@ -4,11 +4,13 @@
 //!
 //! - **Hits** are a routing decision (`proxy::route`): [`lookup`] finds a fresh entry for
 //!   a GET (or a HEAD, from a cached GET) and the request is answered from it, without an
-//!   upstream: a `files::Reply` (`reply`: its conditions and range weighed, its body
-//!   shared as `Bytes`, or read from its file when it is small), which the client
-//!   adapters send as an upstream's response (`response_headers`, compression). A disk
-//!   entry's larger body is read on the blocking pool before the miss path would go
-//!   upstream ([`Fill::collapse`]), for every client protocol.
+//!   upstream: a `files::Reply` (`reply`: its conditions and range weighed, its body a
+//!   [`Held`]: shared `Bytes`, a small disk entry's read, or a large one's file, open),
+//!   which the client adapters send as an upstream's response (`response_headers`,
+//!   compression); a body of at least the store's `sendfile_min_size` goes to plain-TCP
+//!   HTTP/1.1 clients with sendfile(2) from a sealed memfd or the entry's file. A large
+//!   disk entry found by the scan is read whole once (its sum checked) on the blocking
+//!   pool before the miss path would go upstream ([`Fill::collapse`]).
 //! - **Misses** go upstream with a [`Fill`] (the exchange with an HTTP/1.1 or HTTP/2
 //!   upstream, for HTTP/1.x, HTTP/2 and HTTP/3 clients: `forward::exchange`,
 //!   `forward::h2::from_h1`, `http2::filling`, `http2::upstream`); once the response head
