@@ -12,7 +12,7 @@ use std::os::fd::AsRawFd;
 
 use super::body::{self, BodyState};
 use super::driver::{drive, Accepted, Attempt, Exchange, Miss, Sender, Tries};
-use super::filling::{relay_recorded, Filling, NoFill, Record};
+use super::filling::{relay_recorded, stale_answer, Filling, NoFill, Record};
 use super::h1::{
     client_pump_error, client_write_error, pool_after_answer, reuse, send_streaming, send_whole,
     Http1Interim, Reading, RequestMeta,
@@ -22,9 +22,9 @@ use super::relay::{
     at_hand, relay, Broke, Coding, Http1Sink, Http1Source, Peer, Piece, Sink, Source,
 };
 use super::request_head::{render_response_rules, write_upstream_head};
-use super::{carrier, tunnel, Carrier, Failure, Reached, Target};
+use super::{carrier, tunnel, Carrier, Failure, Target};
 use crate::buffer::Buffer;
-use crate::cache::{CacheResult, Cause, Fill};
+use crate::cache::{CacheResult, Fill};
 use crate::client::ClientConn;
 use crate::codec::http1::{BodyFraming, RequestHead, ResponseHead};
 use crate::connector::{UpstreamStream, WriteHalf};
@@ -148,13 +148,7 @@ async fn answer_stale(
     fill: &Fill,
     (under, to): (Under<'_>, Sending),
 ) -> Result<bool, Failure> {
-    let cause = (failure.reached == Reached::Nothing)
-        .then(|| Cause::of(failure.error))
-        .flatten();
-    let Some(cause) = cause else {
-        return Err(failure);
-    };
-    let Some(reply) = fill.stale_answer(cause) else {
+    let Some(reply) = stale_answer(fill, &failure) else {
         return Err(failure);
     };
     send_http1(conn, under, reply, to, resp).await?;

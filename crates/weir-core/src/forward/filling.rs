@@ -5,10 +5,21 @@
 
 use std::convert::Infallible;
 
-use crate::cache::{Fetched, Fill, Recorder};
+use crate::cache::{Cause, Fetched, Fill, Recorder};
 use crate::codec::http1::ResponseHead;
 use crate::files::Reply;
 use crate::forward::relay::{relay, Broke, Coding, Recording, Sink, Source};
+use crate::forward::{Failure, Reached};
+
+/// The stale entry of a cache miss's `fill` that answers for `failure`, for a client of
+/// any protocol: only when nothing was sent yet and the entry may answer for its cause
+/// (`stale-if-error`, `serve_stale_on`).
+pub(crate) fn stale_answer(fill: &Fill, failure: &Failure) -> Option<Reply> {
+    if failure.reached != Reached::Nothing {
+        return None;
+    }
+    fill.stale_answer(Cause::of(failure.error)?)
+}
 
 /// What stores a response, or answers instead of it.
 pub(crate) trait Filling {

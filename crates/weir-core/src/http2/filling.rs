@@ -12,7 +12,7 @@
 use std::time::Instant;
 
 use crate::buffer::Buffer;
-use crate::cache::{CacheResult, Cause, Fetched, Fill, Recorder};
+use crate::cache::{CacheResult, Fetched, Fill, Recorder};
 use crate::codec::http1::ResponseHead;
 use crate::error::ProxyError;
 use crate::files::{BodySource, Reply, Under};
@@ -21,7 +21,8 @@ use crate::forward::driver::{drive, Accepted};
 use crate::forward::exchange::push_before_end;
 use crate::forward::h1::{pool_after_answer, reuse, NoInterim};
 use crate::forward::relay::{relay, Broke, Http1Sink, Http1Source, Peer, Recording};
-use crate::forward::{Failure, Reached};
+use crate::forward::filling::stale_answer;
+use crate::forward::Failure;
 use crate::request::LastTry;
 
 use super::exchange::{StreamRequest, StreamSender, Trace};
@@ -69,11 +70,10 @@ impl StreamRequest<'_> {
         trace: &mut Trace,
     ) -> Result<(), Failure> {
         let failure = match result {
-            Err(failure) if failure.reached == Reached::Nothing => failure,
-            other => return other,
+            Err(failure) => failure,
+            ok => return ok,
         };
-        let stale = Cause::of(failure.error).and_then(|cause| fill.stale_answer(cause));
-        let Some(reply) = stale else {
+        let Some(reply) = stale_answer(&fill, &failure) else {
             return Err(failure);
         };
         self.reply_from_store(respond, reply, trace).await
