@@ -84,10 +84,27 @@ pub struct ClientConn {
     /// taken when the request is recorded (outside `Current`, so that a connection
     /// without tracing does not reset it per request).
     pub trace: Option<std::rc::Rc<crate::otel::RequestTrace>>,
-    /// The route cache's miss this request fills, while `forward::forward_filling` forwards
+    /// The route cache's miss this request fills, while `proxy::forward::forward_filling` forwards
     /// it (`None` otherwise): kept here, not passed down the exchange, so that a route
     /// without `cache` carries none of it.
     pub fill: Option<Box<crate::cache::Fill>>,
+}
+
+/// Where a connection's request comes from (`current`: the request in progress).
+#[inline]
+pub(crate) fn origin<'a>(
+    peer: &'a ClientIp,
+    peer_ip: IpAddr,
+    current: &'a Current,
+    tls: Option<&'a crate::tls::session::TlsSession>,
+) -> Origin<'a> {
+    Origin {
+        peer,
+        peer_ip,
+        behind: (current.real_client.as_ref()).map(|(ip, text)| (*ip, text)),
+        tls,
+        request_id: current.request_id.as_bytes(),
+    }
 }
 
 /// What a connection's request in progress leaves for its answer and its log line. Each
@@ -397,13 +414,7 @@ impl ClientConn {
         Request {
             buf: self.buf.filled(),
             req,
-            origin: Origin {
-                peer: &self.ip,
-                peer_ip: self.peer_ip,
-                behind: (self.current.real_client.as_ref()).map(|(ip, text)| (*ip, text)),
-                tls: self.tls.as_deref(),
-                request_id: self.current.request_id.as_bytes(),
-            },
+            origin: origin(&self.ip, self.peer_ip, &self.current, self.tls.as_deref()),
             started: self.current.started,
             protocol: Protocol::Http1,
             trace: self.trace.as_deref(),

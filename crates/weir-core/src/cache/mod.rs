@@ -13,7 +13,7 @@
 //!   pool before the miss path would go upstream ([`Fill::collapse`]).
 //! - **Misses** go upstream with a [`Fill`] (the exchange with an HTTP/1.1 or HTTP/2
 //!   upstream, for HTTP/1.x, HTTP/2 and HTTP/3 clients: `forward::exchange`,
-//!   `forward::h2::from_h1`, `http2::filling`, `http2::upstream`); once the response head
+//!   `http2::filling`, `http2::upstream`); once the response head
 //!   is in ([`Fetched`], of either protocol), [`Fill::admit`] says whether it may be
 //!   stored (the `http-cache-semantics` policy: `no-store`, `private`, `Authorization`,
 //!   `Set-Cookie`, statuses, freshness) and a [`Recorder`] beside the client's sink keeps

@@ -12,7 +12,7 @@ use std::os::fd::AsRawFd;
 
 use super::body::{self, BodyState};
 use super::driver::{drive, Accepted, Attempt, Exchange, Miss, Sender, Tries};
-use super::filling::{relay_recorded, stale_answer, Filling, NoFill, Record};
+use super::filling::{relay_recorded, Filling, NoFill, Record};
 use super::h1::{
     client_pump_error, client_write_error, pool_after_answer, reuse, send_streaming, send_whole,
     Http1Interim, Reading, RequestMeta,
@@ -22,32 +22,29 @@ use super::relay::{
     at_hand, relay, Broke, Coding, Http1Sink, Http1Source, Peer, Piece, Sink, Source,
 };
 use super::request_head::{render_response_rules, write_upstream_head};
-use super::{carrier, tunnel, Carrier, Failure, Target};
+use super::{tunnel, Failure, Target};
 use crate::buffer::Buffer;
-use crate::cache::{CacheResult, Fill};
 use crate::client::ClientConn;
 use crate::codec::http1::{BodyFraming, RequestHead, ResponseHead};
 use crate::connector::{UpstreamStream, WriteHalf};
 use crate::error::ProxyError;
-use crate::files::{respond_http1, send_http1, Reply, Sending, Under};
+use crate::files::{send_http1, Reply, Under};
 use crate::filters::compression::{self, Plan};
 use crate::filters::upgrade::{switch_allowed, Offered};
-use crate::metrics::shard::Protocol;
+use crate::otel::RequestTrace;
 use crate::upstream::RequestKey;
 use crate::worker::Worker;
 use weir_config::UpstreamServer;
 
-/// Forwards the request whose head is at the start of `conn.buf`, over the upstream side
-/// `forward::carrier` says. `keep_alive`: the client connection may stay open afterwards.
-/// Returns whether it does.
-pub async fn forward(
-    worker: &Worker,
-    target: Target<'_>,
+/// What every try of `req` shares.
+#[inline]
+pub(crate) fn exchange<'a>(
+    worker: &'a Worker,
+    target: Target<'a>,
     conn: &mut ClientConn,
     req: &RequestHead,
-    resp: &mut ResponseHead,
-    keep_alive: bool,
-) -> Result<bool, Failure> {
+    trace: Option<&'a RequestTrace>,
+) -> Exchange<'a> {
     let buf = conn.buf.filled();
     // Kept for the response's locations, which only `reverse_rewrite` reads (`Edits::of`):
     // the head is consumed by then. Without it, no copy (a `memcpy` call per request).
@@ -58,34 +55,17 @@ pub async fn forward(
         }
     }
     let path = conn.path.get(req.path(buf));
-    let key = RequestKey::new(&target.upstream.lb, buf, req, path, conn.client_text());
-    // Shared with `conn` (its head writers read the attempt's span from it).
-    let trace = conn.trace.clone();
-    let x = Exchange {
+    Exchange {
         worker,
         target,
-        key,
+        key: RequestKey::new(&target.upstream.lb, buf, req, path, conn.client_text()),
         idempotent: req.idempotent,
-        trace: trace.as_deref(),
-    };
-    let meta = request_meta(&target, buf, req);
-    let client = Http1Request {
-        conn,
-        req,
-        resp,
-        meta,
-        keep_alive,
-    };
-    match carrier(Protocol::Http1, target.upstream) {
-        // Boxed, as an HTTP/2 client's stream boxes it (`http2::stream`): its state is
-        // about twice an HTTP/1.1 upstream's, and every request's future would hold it.
-        Carrier::Http2 => Box::pin(super::h2::forward_h2(&x, client)).await,
-        Carrier::Http1 => forward_h1(&x, client).await,
+        trace,
     }
 }
 
 /// What the exchange remembers of the request whose head is in `buf`.
-fn request_meta(target: &Target<'_>, buf: &[u8], req: &RequestHead) -> RequestMeta {
+pub(crate) fn request_meta(target: &Target<'_>, buf: &[u8], req: &RequestHead) -> RequestMeta {
     let http10 = req.minor_version == 0;
     RequestMeta {
         is_head: req.is_head,
@@ -100,61 +80,6 @@ fn request_meta(target: &Target<'_>, buf: &[u8], req: &RequestHead) -> RequestMe
     }
 }
 
-/// [`forward`] for a route cache's miss (`fill`): answered by the entry another request
-/// fetching the same key stores, if it may; else forwarded with the fill in `conn.fill`,
-/// where the exchange finds it (its conditional lines, the response it stores or answers
-/// for), and dropped once the exchange is over.
-pub async fn forward_filling(
-    worker: &Worker,
-    target: Target<'_>,
-    conn: &mut ClientConn,
-    req: &RequestHead,
-    resp: &mut ResponseHead,
-    keep_alive: bool,
-    mut fill: Box<Fill>,
-) -> Result<bool, Failure> {
-    conn.current.cache = Some(CacheResult::Miss);
-    let under = Under::of_target(&target);
-    if let Some(reply) = fill.collapse().await {
-        conn.current.read = true;
-        return respond_http1(conn, req, under, reply, keep_alive, resp).await;
-    }
-    // Rendered now, while the request is at hand: an answer from the store after a
-    // failure may come before any try rendered them.
-    let mut lines = take(&mut conn.resp_lines);
-    render_response_rules(&mut lines, &conn.request(req), target.route);
-    conn.resp_lines = lines;
-    // Made now, while the request is at hand: how a stale answer would go.
-    let meta = request_meta(&target, conn.buf.filled(), req);
-    conn.fill = Some(fill);
-    let result = forward(worker, target, conn, req, resp, keep_alive).await;
-    // A miss that failed before any of the response was sent: its stale entry may answer.
-    match (result, conn.fill.take()) {
-        (Err(failure), Some(fill)) => {
-            let to = meta.sending(keep_alive && conn.current.read);
-            let on = (Under::of_target(&target), to);
-            answer_stale(conn, resp, failure, &fill, on).await
-        }
-        (result, _) => result,
-    }
-}
-
-/// Answers `failure` (nothing sent yet) from the stale entry of `fill` when it may answer
-/// for it (`stale-if-error`, `serve_stale_on`); else the failure stands.
-async fn answer_stale(
-    conn: &mut ClientConn,
-    resp: &mut ResponseHead,
-    failure: Failure,
-    fill: &Fill,
-    (under, to): (Under<'_>, Sending),
-) -> Result<bool, Failure> {
-    let Some(reply) = stale_answer(fill, &failure) else {
-        return Err(failure);
-    };
-    send_http1(conn, under, reply, to, resp).await?;
-    Ok(to.keep_alive)
-}
-
 /// Adds a cache's `lines` (CRLF included; none: nothing) to the head in `out`, before the
 /// blank line that ends it: the conditional fields revalidating a stale entry, a response's
 /// `Cache-Status`.
@@ -166,23 +91,18 @@ pub(crate) fn push_before_end(out: &mut Vec<u8>, lines: &[u8]) {
     }
 }
 
-/// Writes the upstream head of `req` for `server` into `conn.out` (with a cache miss's
-/// conditional lines) and renders the route's `response_headers` into `conn.resp_lines`,
-/// for every try toward either upstream side. `head`: the client's head when it is no
-/// longer at the start of `conn.buf` (empty: it is). Returns the upgrade offered.
-pub(crate) fn write_heads(
+/// Writes the upstream head of `req` (at the start of `conn.buf`) for `server` into
+/// `conn.out` (with a cache miss's conditional lines) and renders the route's
+/// `response_headers` into `conn.resp_lines`, for every try. Returns the upgrade offered.
+fn write_heads(
     conn: &mut ClientConn,
     req: &RequestHead,
-    head: &[u8],
     target: &Target<'_>,
     server: &UpstreamServer,
 ) -> Offered {
     let (mut out, mut lines) = (take(&mut conn.out), take(&mut conn.resp_lines));
     out.clear();
-    let mut request = conn.request(req);
-    if !head.is_empty() {
-        request.buf = head;
-    }
+    let request = conn.request(req);
     let offered = write_upstream_head(&mut out, &request, &conn.path, target, server);
     if let Some(fill) = &conn.fill {
         push_before_end(&mut out, fill.conditional_lines());
@@ -203,8 +123,13 @@ pub(crate) struct Http1Request<'c> {
     pub keep_alive: bool,
 }
 
-/// Forwards the request over HTTP/1.1 connections and relays the response.
-async fn forward_h1(x: &Exchange<'_>, client: Http1Request<'_>) -> Result<bool, Failure> {
+/// Forwards the request whose head is at the start of `client.conn.buf` over HTTP/1.1
+/// connections (the tries of `x`), and relays the response. Returns whether the client
+/// connection stays open.
+pub(crate) async fn forward_h1(
+    x: &Exchange<'_>,
+    client: Http1Request<'_>,
+) -> Result<bool, Failure> {
     let Http1Request {
         conn,
         req,
@@ -314,7 +239,7 @@ impl Sender for Http1Sender<'_, '_> {
     ) -> Result<(UpstreamStream, bool), Miss> {
         let (x, req) = (self.x, self.req);
         let conn = &mut *self.conn;
-        self.meta.upgrade = write_heads(conn, req, &[], &x.target, a.server);
+        self.meta.upgrade = write_heads(conn, req, &x.target, a.server);
         let listener = x.target.listener;
         let mut rd = Reading {
             up_buf: &mut self.up_buf,

@@ -1,6 +1,7 @@
 //! Forwarding one request to an upstream server and its response back to the client.
 //!
-//! `forward` is the exchange: the driver (`driver`) picks a server and tries it through
+//! The exchange (`proxy::forward` dispatches an HTTP/1.x client's request; `http2/` and
+//! `http3/` their streams'): the driver (`driver`) picks a server and tries it through
 //! the upstream side `carrier` says (`h1`: an HTTP/1.1 connection, `h2`: an HTTP/2
 //! stream), writing the request head (and whatever body is already buffered), streaming the
 //! rest of the body while waiting for the response head, relaying 1xx; then the response
@@ -18,8 +19,6 @@ pub(crate) mod head;
 pub(crate) mod relay;
 pub mod request_head;
 pub(crate) mod tunnel;
-
-pub use exchange::{forward, forward_filling};
 
 use weir_config::{Listener, Route, Upstream};
 

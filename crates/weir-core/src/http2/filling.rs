@@ -1,5 +1,5 @@
 //! A route cache's miss on an HTTP/2 or HTTP/3 client's stream, as for HTTP/1.x clients
-//! (`forward::exchange::forward_filling`): answered from the entry another request is
+//! (`proxy::forward::forward_filling`): answered from the entry another request is
 //! fetching (collapsed forwarding) or a large disk entry read first; else forwarded, the
 //! [`Fill`] in `StreamRequest::fill` for the exchange with the upstream, HTTP/1.1 or
 //! HTTP/2 (its conditions in the upstream request, the response stored beside the
@@ -19,9 +19,9 @@ use crate::files::{BodySource, Reply, Under};
 use crate::forward::body::BodyState;
 use crate::forward::driver::{drive, Accepted};
 use crate::forward::exchange::push_before_end;
+use crate::forward::filling::stale_answer;
 use crate::forward::h1::{pool_after_answer, reuse, NoInterim};
 use crate::forward::relay::{relay, Broke, Http1Sink, Http1Source, Peer, Recording};
-use crate::forward::filling::stale_answer;
 use crate::forward::Failure;
 use crate::request::LastTry;
 

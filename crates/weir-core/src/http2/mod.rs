@@ -23,6 +23,7 @@ pub(crate) mod exchange;
 pub(crate) mod files;
 pub(crate) mod filling;
 mod frames;
+pub(crate) mod from_http1;
 mod gather;
 mod grpc;
 pub(crate) mod interim;

@@ -12,8 +12,9 @@
 //! `grpc-timeout` caps the response timeout. An `auto` server that chose HTTP/1.1 takes the
 //! stream as HTTP/1.1 (`exchange`).
 //!
-//! The sender is generic over the client's stream ([`ClientSide`], [`ClientBody`]): an
-//! HTTP/3 client's stream takes the same tries (`http3::upstream`).
+//! The sender is generic over the client's side ([`ClientSide`], [`ClientBody`]): an
+//! HTTP/3 client's stream (`http3::upstream`) and an HTTP/1.x client's connection
+//! (`http2::from_http1`) take the same tries; each writes the response head its own way.
 
 use std::cell::Cell;
 use std::future::Future;
@@ -125,7 +126,9 @@ impl StreamRequest<'_> {
     ) -> Result<(), Failure> {
         let (relayed, body) = {
             let mut client = self.client_stream(respond, body.is_some());
-            self.drive_h2(facts, parts, body, &mut client, trace).await
+            let (parts, out) = (Some(parts), &mut Vec::new());
+            self.drive_h2(facts, parts, body, &mut client, out, trace)
+                .await
         };
         match relayed {
             // An `auto` server chose HTTP/1.1: the stream goes there as HTTP/1.1.
@@ -137,15 +140,18 @@ impl StreamRequest<'_> {
     }
 
     /// The tries of the request to an HTTP/2 upstream (`forward::driver`) for a client
-    /// stream of either protocol (`client`, its request `parts` and `body`), the response
-    /// relayed to it. Returns how the try that answered ended, and the body (for an
-    /// `auto` server that chose HTTP/1.1).
+    /// of any protocol (`client`, its request `parts`, if it came as HTTP/2 fields, and
+    /// its `body`), the response relayed to it; `out`: room for the HTTP/1.1 head a try's
+    /// request is made from (and the client's head, for an HTTP/1.x client). Returns how
+    /// the try that answered ended, and the body (for an `auto` server that chose
+    /// HTTP/1.1).
     pub(crate) async fn drive_h2<C: ClientSide, B: ClientBody>(
         &self,
         facts: &H2Facts,
-        parts: Parts,
+        parts: Option<Parts>,
         body: Option<B>,
         client: &mut C,
+        out: &mut Vec<u8>,
         trace: &mut Trace,
     ) -> (Result<Relayed, Failure>, Option<B>) {
         let x = self.exchange_of();
@@ -153,10 +159,11 @@ impl StreamRequest<'_> {
         let mut sender = H2Sender {
             r: self,
             facts,
-            parts: Some(parts),
+            parts,
             body,
             consumed: Cell::new(0),
             client,
+            out,
             trace: &mut *trace,
         };
         let relayed = drive(&x, &mut sender, self.request.started, &mut last_try).await;
@@ -166,42 +173,40 @@ impl StreamRequest<'_> {
         (relayed.map(|accepted| accepted.take().0), body)
     }
 
-    /// The client's head for an HTTP/2 upstream's `parts` with the route's `edits` (the
-    /// compression plan made here), and the compression; `Err`: the compressor did not
-    /// start (refused before any of the response went out).
-    fn h2_head(
-        &self,
-        parts: http::response::Parts,
-        edits: &mut Edits<'_>,
-        end_stream: bool,
-    ) -> Result<(http::Response<()>, Option<Coding>), ProxyError> {
-        let client = ForClient {
+    /// What an HTTP/2 or HTTP/3 client asked that shapes the response (`end_stream`: the
+    /// upstream's HEADERS ended its stream).
+    fn for_stream(&self, end_stream: bool) -> ForClient {
+        ForClient {
             is_head: self.request.req.is_head,
             http10: false,
             te_trailers: true,
             accepted: self.accepted(),
             end_stream,
             keep_alive: true,
-        };
-        let route = self.target.route;
-        let coding = plan_h2(route, &parts, &client, edits)?;
-        Ok((head_from_h2(parts, edits), coding))
+        }
     }
 
-    /// The upstream request: made from the client's request `client` when given (it is
-    /// for the first one sent), else from the HTTP/1.1 head every request gets, as
-    /// HTTP/2 fields.
+    /// The upstream request: made from the client's request `client` when given (an
+    /// HTTP/2 or HTTP/3 client's first one sent), else from the HTTP/1.1 head every
+    /// request gets (written into `out`), as HTTP/2 fields. An upgrade (an HTTP/1.1
+    /// client's WebSocket) cannot be carried to an HTTP/2-only server: 501.
     fn upstream_request(
         &self,
         facts: &H2Facts,
         server: &UpstreamServer,
         client: Option<Parts>,
+        out: &mut Vec<u8>,
     ) -> Result<http::Request<()>, ProxyError> {
         let Some(parts) = client else {
+            out.clear();
+            out.reserve(self.request.buf.len() + 256);
             // The head carries a cache miss's conditions (`write_head`).
-            let mut out = Vec::with_capacity(self.request.buf.len() + 256);
-            self.write_head(&mut out, server);
-            return h2_request(&out, &self.target, facts.te_trailers);
+            if !self.write_head(out, server).is_empty() {
+                return Err(ProxyError::NotImplemented(
+                    "upgrade to an HTTP/2-only upstream",
+                ));
+            }
+            return h2_request(out, &self.target, facts.te_trailers);
         };
         let mut request = with_client_facts(&self.request, &self.target, |client| {
             let u = Upstream {
@@ -235,43 +240,73 @@ pub(crate) enum Relayed {
     Http1,
 }
 
-/// A client stream's request body, uploaded to an HTTP/2 upstream: an HTTP/2 client's
-/// DATA, or an HTTP/3 client's (`http3::upstream`).
+/// A client's request body, uploaded to an HTTP/2 upstream: an HTTP/2 client's DATA, an
+/// HTTP/3 client's (`http3::upstream`), an HTTP/1.x client's (`http2::from_http1`).
 pub(crate) trait ClientBody {
-    /// The body as a relay source, the bytes taken counted in `consumed` (at most
-    /// `limit`), each piece awaited at most `timeout`.
-    fn source<'a>(
-        &'a mut self,
-        consumed: &'a Cell<u64>,
+    /// Sends the body up `up` (at most `limit` bytes), `consumed` above zero once any of
+    /// it was taken from the client.
+    fn upload(
+        &mut self,
+        up: &mut SendStream<Bytes>,
+        consumed: &Cell<u64>,
         limit: Option<u64>,
-        timeout: Duration,
-    ) -> impl Source + 'a;
-}
+        timeouts: Timeouts,
+    ) -> impl Future<Output = Result<(), Broke>>;
 
-impl ClientBody for RecvStream {
-    fn source<'a>(
-        &'a mut self,
-        consumed: &'a Cell<u64>,
-        limit: Option<u64>,
-        timeout: Duration,
-    ) -> impl Source + 'a {
-        let mut source = H2Source::new(self, timeout, Peer::Client, consumed);
-        source.limit = limit;
-        source
+    /// The whole body is at hand: it can be sent again whatever went.
+    fn is_whole(&self) -> bool {
+        false
     }
 }
 
-/// A client's stream while an HTTP/2 upstream answers it: an HTTP/2 client's
-/// ([`ClientStream`]), or an HTTP/3 client's (`http3::upstream`).
+impl ClientBody for RecvStream {
+    async fn upload(
+        &mut self,
+        up: &mut SendStream<Bytes>,
+        consumed: &Cell<u64>,
+        limit: Option<u64>,
+        timeouts: Timeouts,
+    ) -> Result<(), Broke> {
+        let mut source = H2Source::new(self, timeouts.client, Peer::Client, consumed);
+        source.limit = limit;
+        upload(&mut source, up, timeouts.upstream).await
+    }
+}
+
+/// A client while an HTTP/2 upstream answers it: an HTTP/2 client's stream
+/// ([`ClientStream`]), an HTTP/3 client's (`http3::upstream`), an HTTP/1.x client's
+/// connection (`http2::from_http1`).
 pub(crate) trait ClientSide {
-    /// Where the upstream's 1xx heads go.
-    fn interim(&self) -> impl Interim + '_;
+    /// While the final head is awaited: where the upstream's 1xx heads go, and what ends
+    /// when the client gives the request up (with the error the wait fails with).
+    fn waiting(&mut self) -> (impl Interim + '_, impl Future<Output = ProxyError> + '_);
 
-    /// Ends when the client gives the stream up, with the error the wait fails with.
-    fn gone(&self) -> impl Future<Output = ProxyError> + '_;
-
-    /// Whether `gone` ended (the client reset the stream).
+    /// Whether the wait ended as the client gave up (it reset the stream).
     fn was_reset(&self) -> bool;
+
+    /// What the client asked that shapes the response's head (`end_stream`: the
+    /// upstream's HEADERS ended its stream).
+    fn for_client(&self, r: &StreamRequest<'_>, end_stream: bool) -> ForClient {
+        r.for_stream(end_stream)
+    }
+
+    /// The bounds of the wait for the final head, from a stream's.
+    fn bounds(&self, stream: HeadBounds) -> HeadBounds {
+        stream
+    }
+
+    /// Edits the request before it goes (an `Expect` Weir answered itself is dropped).
+    fn edit_request(&self, _request: &mut http::Request<()>) {}
+
+    /// Once a server took the stream, before the body goes up.
+    fn opened(&mut self) -> impl Future<Output = Result<(), ProxyError>> {
+        std::future::ready(Ok(()))
+    }
+
+    /// The client has a 1xx head Weir sent itself (HTTP/1.x's `100 Continue`).
+    fn responded(&self) -> bool {
+        false
+    }
 
     /// Sends the answer's head and relays its body (from `source`) and trailers,
     /// compressed through `coding` when there is one, while the rest of the request body
@@ -288,12 +323,9 @@ pub(crate) trait ClientSide {
 }
 
 impl ClientSide for ClientStream<'_> {
-    fn interim(&self) -> impl Interim + '_ {
-        self
-    }
-
-    fn gone(&self) -> impl Future<Output = ProxyError> + '_ {
-        ClientStream::gone(self)
+    fn waiting(&mut self) -> (impl Interim + '_, impl Future<Output = ProxyError> + '_) {
+        let stream = &*self;
+        (stream, stream.gone())
     }
 
     fn was_reset(&self) -> bool {
@@ -322,6 +354,8 @@ struct H2Sender<'s, 'c, C, B> {
     /// Request body bytes taken from the client.
     consumed: Cell<u64>,
     client: &'c mut C,
+    /// Room for a try's HTTP/1.1 head (and an HTTP/1.x client's head).
+    out: &'c mut Vec<u8>,
     trace: &'c mut Trace,
 }
 
@@ -376,35 +410,35 @@ impl<C: ClientSide, B: ClientBody> Sender for H2Sender<'_, '_, C, B> {
     async fn send(&mut self, a: &Attempt<'_>, tries: &mut Tries<'_>) -> Result<Relayed, Miss> {
         let r = self.r;
         // Refused before anything went out (not expressible in HTTP/2): not the server's try.
-        let request = r
-            .upstream_request(self.facts, a.server, self.parts.take())
-            .map_err(Miss::unsent)?;
+        let request = r.upstream_request(self.facts, a.server, self.parts.take(), self.out);
+        let mut request = request.map_err(Miss::unsent)?;
+        self.client.edit_request(&mut request);
         let end = self.body.is_none();
         let Some((pending, mut up_send)) = open(tries.exchange(), a, request, end).await? else {
             return Ok(Relayed::Http1);
         };
+        self.client.opened().await?;
         let timeouts = self.timeouts();
         let timeout = timeouts.upstream;
         let limit = r.target.listener.max_body_size;
+        let whole = self.body.as_ref().is_some_and(ClientBody::is_whole);
         let (body, consumed) = (self.body.as_mut(), &self.consumed);
         let mut state = if end { Upload::Done } else { Upload::Running };
         let upload = async {
             match body {
-                Some(b) => upload(b, &mut up_send, consumed, limit, timeouts).await,
+                Some(b) => b.upload(&mut up_send, consumed, limit, timeouts).await,
                 None => Ok(()),
             }
         };
         tokio::pin!(upload);
-        let bounds = HeadBounds {
+        let bounds = self.client.bounds(HeadBounds {
             timeout,
             deadline: self.facts.grpc_timeout,
             max_informational: r.informational_bound(),
             relay: true,
             tokens: false,
-        };
-        let client = &*self.client;
-        let mut interim = client.interim();
-        let gone = client.gone();
+        });
+        let (mut interim, gone) = self.client.waiting();
         let waited = final_head(
             pending,
             upload.as_mut(),
@@ -415,12 +449,13 @@ impl<C: ClientSide, B: ClientBody> Sender for H2Sender<'_, '_, C, B> {
         );
         let waited = waited.await;
         drop(interim);
-        self.trace.reset |= client.was_reset();
+        self.trace.reset |= self.client.was_reset();
         let (head, _lease) = waited?;
         let (parts, mut up_body) = head.into_parts();
         let status = parts.status.as_u16();
-        let replayable = end || consumed.get() == 0;
-        if !tries.relays(status, replayable, r.relayed.any()) {
+        let replayable = end || whole || consumed.get() == 0;
+        let responded = r.relayed.any() || self.client.responded();
+        if !tries.relays(status, replayable, responded) {
             return Err(Miss::retried(status));
         }
         if let Some(reply) = r.answer_instead_h2(&parts) {
@@ -432,21 +467,24 @@ impl<C: ClientSide, B: ClientBody> Sender for H2Sender<'_, '_, C, B> {
         let mut edits = r.edits(&mut lines, a.server);
         edits.cookie = tries.set_cookie();
         let empty = up_body.is_end_stream();
-        let head = r.h2_head(parts, &mut edits, empty);
-        tries.count(a, head.as_ref().map(|_| status).map_err(|e| *e));
-        let (mut head, mut coding) = match head {
-            Ok(head) => head,
+        let client = self.client.for_client(r, empty);
+        let coding = plan_h2(r.target.route, &parts, &client, &mut edits);
+        tries.count(a, coding.as_ref().map(|_| status).map_err(|e| *e));
+        let mut coding = match coding {
+            Ok(coding) => coding,
             Err(e) => return Ok(Relayed::Over(Err(e.into()))),
         };
-        mark(&mut head, cache_status);
         self.trace.status = status;
-        let upload = (state == Upload::Running).then_some(upload);
         let answer = Answer {
-            head,
-            empty,
+            parts,
+            client,
             edits: &edits,
+            cache_status,
             http2: &r.target.listener.http2,
+            upload_stopped: state == Upload::Stopped,
+            out: &mut *self.out,
         };
+        let upload = (state == Upload::Running).then_some(upload);
         let received = Cell::new(0);
         let source = H2Source::new(&mut up_body, timeout, Peer::Upstream, &received);
         let client = (&mut *self.client, &mut *self.trace);
@@ -457,24 +495,43 @@ impl<C: ClientSide, B: ClientBody> Sender for H2Sender<'_, '_, C, B> {
     }
 
     fn replayable(&self) -> bool {
-        self.body.is_none() || self.consumed.get() == 0
+        let whole = self.body.as_ref().is_none_or(ClientBody::is_whole);
+        whole || self.consumed.get() == 0
     }
 
     fn responded(&self) -> bool {
-        self.r.relayed.any()
+        self.r.relayed.any() || self.client.responded()
     }
 }
 
-/// An HTTP/2 upstream's response on its way to the client: its head (edited); its body
-/// is the relay's source.
+/// An HTTP/2 upstream's response on its way to the client: its head as it came, which
+/// the client side writes with `edits`; its body is the relay's source.
 pub(crate) struct Answer<'e> {
-    pub head: http::Response<()>,
-    /// The upstream's HEADERS ended its stream: no body follows.
-    pub empty: bool,
+    pub parts: http::response::Parts,
+    /// What the client asked that shapes the head (`end_stream`: no body follows).
+    pub client: ForClient,
     pub edits: &'e Edits<'e>,
+    /// A cache miss's `Cache-Status` value, if the client gets one.
+    pub cache_status: Option<&'static str>,
     /// The listener's HTTP/2 settings (the client's window, the trailers' size; HTTP/3
     /// streams take the same).
     pub http2: &'e weir_config::Http2,
+    /// The server stopped taking the request body before its end.
+    pub upload_stopped: bool,
+    /// Room for the head, for a client side that writes it as bytes.
+    pub out: &'e mut Vec<u8>,
+}
+
+/// The head of an HTTP/2 upstream's response `parts` for an HTTP/2 or HTTP/3 client's
+/// stream: with the route's `edits` and a cache miss's `Cache-Status`.
+pub(crate) fn stream_head(
+    parts: http::response::Parts,
+    edits: &Edits<'_>,
+    cache_status: Option<&'static str>,
+) -> http::Response<()> {
+    let mut head = head_from_h2(parts, edits);
+    mark(&mut head, cache_status);
+    head
 }
 
 /// Sends the answer's head on `client`'s stream and relays the body and trailers
@@ -491,9 +548,10 @@ async fn respond<S: Source, U>(
 where
     U: std::future::Future<Output = Result<(), Broke>>,
 {
-    let grpc_status = trace.grpc_status_in(answer.head.headers());
-    let empty = answer.empty;
-    let Ok(send) = client.send_response(answer.head, empty) else {
+    let head = stream_head(answer.parts, answer.edits, answer.cache_status);
+    let grpc_status = trace.grpc_status_in(head.headers());
+    let empty = answer.client.end_stream;
+    let Ok(send) = client.send_response(head, empty) else {
         return Err(Failure::after_head(ProxyError::ClientClosed));
     };
     trace.sent_grpc_status(grpc_status);
@@ -510,23 +568,20 @@ where
         .map_err(|f: Failure| Failure::after_head(f.error))
 }
 
-/// Sends the client's DATA (and trailers) upstream within the upstream's window, the
-/// first piece at once (`send_windowed`), each released to the client's window once sent
-/// (`forward::relay`); at most `limit` bytes in all, counted in `consumed`.
-async fn upload<B: ClientBody>(
-    body: &mut B,
+/// Sends a client's request body (`source`, and its trailers) upstream within the
+/// upstream's window, the first piece at once (`send_windowed`), each piece released by
+/// the source (to an HTTP/2 client's window) once sent (`forward::relay`).
+pub(crate) async fn upload<S: Source>(
+    source: &mut S,
     up: &mut SendStream<Bytes>,
-    consumed: &Cell<u64>,
-    limit: Option<u64>,
-    timeouts: Timeouts,
+    timeout: Duration,
 ) -> Result<(), Broke> {
-    let mut source = body.source(consumed, limit, timeouts.client);
     let mut sink = H2Upload {
         send: up,
-        timeout: timeouts.upstream,
+        timeout,
         first: true,
     };
-    relay(&mut source, &mut sink, None).await
+    relay(source, &mut sink, None).await
 }
 
 #[cfg(test)]

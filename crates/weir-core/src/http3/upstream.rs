@@ -10,8 +10,9 @@
 use std::cell::Cell;
 use std::future::Future;
 use std::pin::Pin;
-use std::time::Duration;
 
+use bytes::Bytes;
+use h2::SendStream;
 use http::request::Parts;
 
 use super::body::{H3Sink, H3Source, SendHalf};
@@ -21,9 +22,11 @@ use crate::error::ProxyError;
 use crate::forward::h1::Interim;
 use crate::forward::h2::relay_while_uploading;
 use crate::forward::relay::{relay, Broke, Coding, Piece, Sink, Source};
-use crate::forward::Failure;
+use crate::forward::{Failure, Timeouts};
 use crate::http2::exchange::{StreamRequest, Trace};
-use crate::http2::upstream::{Answer, ClientBody, ClientSide, H2Facts, Relayed};
+use crate::http2::upstream::{
+    stream_head, upload, Answer, ClientBody, ClientSide, H2Facts, Relayed,
+};
 
 /// Forwards the stream's request `r` (the client's `parts`, its `body`) to an HTTP/2
 /// upstream and relays the response into `send`. On `Err` with `Reached::Nothing` the
@@ -41,7 +44,10 @@ pub(super) async fn forward_h2(
         send: Cell::new(Some(&mut *send)),
         r,
     };
-    let (relayed, body) = r.drive_h2(facts, parts, body, &mut client, trace).await;
+    let (parts, out) = (Some(parts), &mut Vec::new());
+    let (relayed, body) = r
+        .drive_h2(facts, parts, body, &mut client, out, trace)
+        .await;
     match relayed {
         // The server chose HTTP/1.1 (an `auto` one sharing the address): HTTP/1.1 then.
         Ok(Relayed::Http1) => forward(r, body, (send, quic), trace).await,
@@ -52,20 +58,22 @@ pub(super) async fn forward_h2(
 }
 
 impl ClientBody for Body<'_> {
-    fn source<'a>(
-        &'a mut self,
-        consumed: &'a Cell<u64>,
+    async fn upload(
+        &mut self,
+        up: &mut SendStream<Bytes>,
+        consumed: &Cell<u64>,
         limit: Option<u64>,
-        timeout: Duration,
-    ) -> impl Source + 'a {
-        H3Source {
+        timeouts: Timeouts,
+    ) -> Result<(), Broke> {
+        let mut source = H3Source {
             body: &mut *self.recv,
             first: self.first.take(),
-            timeout,
+            timeout: timeouts.client,
             total: consumed,
             limit,
             length: self.length,
-        }
+        };
+        upload(&mut source, up, timeouts.upstream).await
     }
 }
 
@@ -82,17 +90,18 @@ struct H3Client<'a, 's> {
 }
 
 impl ClientSide for H3Client<'_, '_> {
-    fn interim(&self) -> impl Interim + '_ {
-        H3Interim::of(&self.send, self.r)
-    }
-
-    /// The client's connection closed (the client left, idled out, or a budget closed
-    /// it). A stream the client stopped on an open connection is noticed by the relay
-    /// once the head comes: the h3 crate does not report STOP_SENDING before a write.
-    async fn gone(&self) -> ProxyError {
-        self.quic.closed().await;
-        self.closed.set(true);
-        ProxyError::ClientClosed
+    /// Gone: the client's connection closed (the client left, idled out, or a budget
+    /// closed it). A stream the client stopped on an open connection is noticed by the
+    /// relay once the head comes: the h3 crate does not report STOP_SENDING before a
+    /// write.
+    fn waiting(&mut self) -> (impl Interim + '_, impl Future<Output = ProxyError> + '_) {
+        let client = &*self;
+        let gone = async {
+            client.quic.closed().await;
+            client.closed.set(true);
+            ProxyError::ClientClosed
+        };
+        (H3Interim::of(&client.send, client.r), gone)
     }
 
     fn was_reset(&self) -> bool {
@@ -110,10 +119,11 @@ impl ClientSide for H3Client<'_, '_> {
         // Always back in its place: a 1xx relay lends it only while it sends.
         let send = self.send.get_mut().as_deref_mut();
         let send = send.ok_or(Failure::from(ProxyError::ClientClosed))?;
-        let grpc_status = trace.grpc_status_in(answer.head.headers());
-        let empty = answer.empty;
+        let head = stream_head(answer.parts, answer.edits, answer.cache_status);
+        let grpc_status = trace.grpc_status_in(head.headers());
+        let empty = answer.client.end_stream;
         let stall = answer.http2.stall_timeout;
-        send.send_head(answer.head, stall)
+        send.send_head(head, stall)
             .await
             .map_err(Failure::after_head)?;
         trace.sent_grpc_status(grpc_status);

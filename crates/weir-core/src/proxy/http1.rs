@@ -13,6 +13,7 @@ use std::time::Instant;
 
 use weir_config::Listener;
 
+use super::forward::{forward, forward_filling};
 use super::route::{Decision, Routing};
 use super::{record, ClientSide, Counters, Done, Handled};
 use crate::answer::Answer;
@@ -23,7 +24,7 @@ use crate::codec::http1::{RequestHead, ResponseHead};
 use crate::error::{ProxyError, Side};
 use crate::filters::forwarded::ClientIp;
 use crate::forward::body::BodyState;
-use crate::forward::{forward, forward_filling, Failure, Reached};
+use crate::forward::{Failure, Reached};
 use crate::listener::proxy_protocol::accept_step;
 use crate::metrics::shard::{method_index, Protocol, METHODS};
 use crate::snapshot::Snapshot;

@@ -6,7 +6,7 @@
 //!      who sent it: peer, client behind trusted proxies, TLS, request id)
 //!   -> routing decision (`route::Routing::decide`): forward to an upstream (a split
 //!      resolved) | answer locally (`answer::Answer`) | refuse with a status
-//!   -> response source: the upstream (`forward::forward`; `forward::carrier` says which
+//!   -> response source: the upstream (`proxy::forward`; `forward::carrier` says which
 //!      side carries it, `forward::driver` tries the servers, `forward::head::Edits` edits
 //!      the head, `forward::relay` moves the body), or Weir's own answer, rendered by the
 //!      client adapter from one description (`answer`)
@@ -16,6 +16,7 @@
 //! any other answer (`http1::answer`, `http2::stream`'s). Each box exists once; a client
 //! protocol adds an adapter, a response source a `Decision` and a body `Source`.
 
+mod forward;
 mod http1;
 mod revalidate;
 pub mod route;

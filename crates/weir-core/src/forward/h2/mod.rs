@@ -12,8 +12,7 @@
 //! connection that stopped taking streams) is [`Miss::unprocessed`]: the driver sends it
 //! again (not on a connection going away) when its body can be sent again.
 
-pub(crate) mod from_h1;
-mod request_body;
+pub(crate) mod request_body;
 mod response;
 
 use std::future::{poll_fn, Future};
@@ -37,7 +36,6 @@ use crate::connector::h2::{checkout, h2_error, never_processed, Checkout, Lease}
 use crate::error::ProxyError;
 use crate::time::with_timeout;
 
-pub(crate) use from_h1::forward_h2;
 pub(crate) use response::{push_fields, write_interim};
 
 /// A stream sent to a server: its connection's lease and the response to come.

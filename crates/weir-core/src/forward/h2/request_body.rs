@@ -15,7 +15,6 @@ use bytes::Bytes;
 use h2::SendStream;
 use tokio::io::AsyncRead;
 
-use super::send_windowed;
 use crate::buffer::Buffer;
 use crate::codec::http1::BodyFraming;
 use crate::error::ProxyError;
@@ -24,7 +23,7 @@ use crate::forward::relay::{relay, Broke, H2Upload, Http1Source, Peer};
 use crate::forward::Timeouts;
 
 /// The request body of one request, for every try.
-pub(super) struct RequestBody {
+pub(crate) struct RequestBody {
     framing: BodyFraming,
     limit: Option<u64>,
     /// The whole body, decoded, when it was complete in the buffer.
@@ -38,7 +37,7 @@ pub(super) struct RequestBody {
 
 impl RequestBody {
     /// The body of `buf` after the head's `head_len` (nothing consumed here).
-    pub(super) fn new(
+    pub(crate) fn new(
         framing: BodyFraming,
         limit: Option<u64>,
         buf: &[u8],
@@ -72,30 +71,31 @@ impl RequestBody {
 
     /// The bytes of the client's buffer the request still takes: none once a streamed
     /// body consumed them.
-    pub(super) fn skip(&self) -> usize {
+    pub(crate) fn skip(&self) -> usize {
         self.skip
     }
 
     /// The whole body was taken from the client (whole in its buffer, or streamed to its
     /// end): the buffer starts at the client's next request once `skip` is consumed.
-    pub(super) fn is_read(&self) -> bool {
+    pub(crate) fn is_read(&self) -> bool {
         self.whole.is_some() || self.read
     }
 
     /// No DATA at all: the HEADERS frame ends the stream.
-    pub(super) fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.whole.as_ref().is_some_and(Bytes::is_empty)
     }
 
-    /// The whole body arrived with the head.
-    pub(super) fn is_whole(&self) -> bool {
-        self.whole.is_some()
+    /// The whole body, decoded, when it arrived with the head.
+    pub(crate) fn whole(&self) -> Option<&Bytes> {
+        self.whole.as_ref()
     }
 
-    /// Sends the body as DATA within the upstream's window, then the end of the stream.
-    /// `consumed` is above zero once body bytes are taken from the client (a streamed
-    /// body cannot be sent again then): set before the first of them is framed.
-    pub(super) async fn upload<R: AsyncRead + Unpin>(
+    /// Sends a body that is not [`Self::whole`] as DATA within the upstream's window,
+    /// then the end of the stream, read from the client (`src`, `buf`). `consumed` is
+    /// above zero once body bytes are taken from the client (the body cannot be sent
+    /// again then): set before the first of them is framed.
+    pub(crate) async fn stream<R: AsyncRead + Unpin>(
         &mut self,
         src: &mut R,
         buf: &mut Buffer,
@@ -103,11 +103,6 @@ impl RequestBody {
         consumed: &Cell<u64>,
         timeouts: Timeouts,
     ) -> Result<(), Broke> {
-        if let Some(whole) = &self.whole {
-            consumed.set(whole.len() as u64);
-            let sent = send_windowed(up, whole.clone(), timeouts.upstream, None, true).await;
-            return sent.map_err(Broke::Sink);
-        }
         // The head goes (the caller keeps a copy for another try); the body's bytes stay
         // as they came until the first of them is framed: until then a refused stream
         // or a retried status sends the request again as it was.

@@ -1,0 +1,336 @@
+//! An HTTP/1.x client's request to an HTTP/2 upstream (`protocol = "h2"` / `"h2c"`): the
+//! tries of an HTTP/2 client's stream (`http2::upstream`'s sender), with the client's
+//! connection as the side the response goes to ([`Http1Client`]).
+//!
+//! Each try writes the HTTP/1.1 head every upstream gets, for its server, and sends it as
+//! HTTP/2 fields (`forward::h2::h1_head_to_h2`); the body goes as DATA under the
+//! upstream's flow control (`forward::h2::request_body`); the response head is written as
+//! HTTP/1.1 (`forward::head::write_from_h2`) and its body relayed by the one relay.
+//! Upgrades (WebSocket) cannot be carried to an HTTP/2-only server by an HTTP/1.1 client's
+//! request: they are refused with 501.
+
+use std::cell::Cell;
+use std::future::Future;
+use std::pin::Pin;
+
+use bytes::Bytes;
+use h2::SendStream;
+
+use super::exchange::{StreamRequest, Trace};
+use super::interim::Relayed as Informed;
+use super::upstream::{Answer, ClientBody, ClientSide, H2Facts, Relayed};
+use crate::buffer::Buffer;
+use crate::client::{origin, ClientConn};
+use crate::client_stream::{ClientReadHalf, ClientWriteHalf};
+use crate::codec::http1::header::is_token;
+use crate::codec::http1::write::push_header;
+use crate::codec::http1::{HeaderKind, RequestHead};
+use crate::error::ProxyError;
+use crate::files::{send_http1, Under};
+use crate::forward::body;
+use crate::forward::exchange::Http1Request;
+use crate::forward::h1::{Http1Interim, Interim};
+use crate::forward::h2::request_body::RequestBody;
+use crate::forward::h2::{forbidden_in_trailer, relay_while_uploading, send_windowed, HeadBounds};
+use crate::forward::head::{write_from_h2, ForClient, Framing};
+use crate::forward::relay::{relay, Broke, Coding, Http1Sink, Sink, Source, Trailers};
+use crate::forward::{Failure, Target, Timeouts};
+use crate::metrics::shard::Protocol;
+use crate::request::Request;
+use crate::worker::Worker;
+use weir_config::Listener;
+
+/// Forwards the request whose head is at the start of `client.conn.buf` to `target`'s
+/// HTTP/2 upstream. Returns whether the client connection stays open.
+pub(crate) async fn forward_h2(
+    worker: &Worker,
+    target: Target<'_>,
+    client: Http1Request<'_>,
+) -> Result<bool, Failure> {
+    let (conn, req, meta) = (client.conn, client.req, client.meta);
+    let buf = conn.buf.filled();
+    let limit = target.listener.max_body_size;
+    let mut body = RequestBody::new(req.framing, limit, buf, req.head_len)?;
+    let ask = ForClient {
+        is_head: meta.is_head,
+        http10: meta.http10,
+        te_trailers: te_trailers(buf, req),
+        accepted: meta.accepted,
+        end_stream: false,
+        keep_alive: client.keep_alive,
+    };
+    let mut trace = Trace::default();
+    let tried = tries(worker, target, conn, req, &mut body, ask, &mut trace).await;
+    conn.current.last_try = trace.last_try;
+    conn.current.compressed = trace.compressed;
+    if trace.status != 0 {
+        client.resp.status = trace.status;
+    }
+    // The request is consumed once answered (a streamed body consumed it as it went).
+    conn.buf.consume(body.skip());
+    conn.current.read = body.is_read();
+    match tried? {
+        (Relayed::Over(relayed), kept) => relayed.map(|()| kept),
+        (Relayed::Stored(reply), _) => {
+            let to = meta.sending(ask.keep_alive && conn.current.read);
+            let under = Under::of_target(&target);
+            send_http1(conn, under, *reply, to, client.resp).await?;
+            Ok(to.keep_alive)
+        }
+        // Only `auto` upstreams fall back, and HTTP/1.x clients do not take them to h2.
+        (Relayed::Http1, _) => Err(ProxyError::UpstreamTls("the server chose HTTP/1.1").into()),
+    }
+}
+
+/// The tries of the request `req` (its `body`) on `conn` (`http2::upstream`'s sender),
+/// the response relayed as `ask` says. Returns how the try that answered ended and
+/// whether the connection stays open after it; a cache miss's fill, if unused, goes back
+/// to `conn.fill` (its stale entry may answer for a failure).
+async fn tries(
+    worker: &Worker,
+    target: Target<'_>,
+    conn: &mut ClientConn,
+    req: &RequestHead,
+    body: &mut RequestBody,
+    ask: ForClient,
+    trace: &mut Trace,
+) -> Result<(Relayed, bool), Failure> {
+    // A streamed upload consumes the head from the buffer: the tries write their requests
+    // from this copy (one per streamed upload, none for a body at hand).
+    let copy = match body.whole() {
+        Some(_) => Vec::new(),
+        None => conn.buf.filled()[..req.head_len].to_vec(),
+    };
+    let fill = Cell::new(conn.fill.take());
+    let ClientConn {
+        stream,
+        buf,
+        out,
+        sent,
+        path,
+        ip,
+        peer_ip,
+        tls,
+        current,
+        trace: span,
+        ..
+    } = &mut *conn;
+    let (mut reader, writer) = stream.split().map_err(ProxyError::client_io)?;
+    let expect = req.expect_continue && body.whole().is_none();
+    let (head, up_body) = match body.whole() {
+        _ if body.is_empty() => (buf.filled(), None),
+        Some(whole) => (buf.filled(), Some(Http1Body::Whole(whole.clone()))),
+        None => {
+            let reader = &mut reader;
+            (&copy[..], Some(Http1Body::Streamed { body, reader, buf }))
+        }
+    };
+    let mut client = Http1Client {
+        writer,
+        sent,
+        listener: target.listener,
+        client: ask,
+        expect,
+        informed: false,
+        keep_alive: false,
+    };
+    let r = StreamRequest {
+        worker,
+        target,
+        request: Request {
+            buf: head,
+            req,
+            origin: origin(ip, *peer_ip, current, tls.as_deref()),
+            started: current.started,
+            protocol: Protocol::Http1,
+            trace: span.as_deref(),
+        },
+        path,
+        relayed: Informed::default(),
+        spare: &Cell::new(http::HeaderMap::new()),
+        fill,
+    };
+    let facts = H2Facts {
+        te_trailers: ask.te_trailers,
+        ..H2Facts::default()
+    };
+    let tried = r.drive_h2(&facts, None, up_body, &mut client, out, trace);
+    let (relayed, _) = tried.await;
+    let fill = r.fill.take();
+    let kept = client.keep_alive;
+    conn.fill = fill;
+    Ok((relayed?, kept))
+}
+
+/// Whether the client sent `TE` with the `trailers` token.
+fn te_trailers(buf: &[u8], req: &RequestHead) -> bool {
+    req.headers
+        .iter()
+        .filter(|h| h.kind == HeaderKind::Te)
+        .any(|h| {
+            buf[h.value.clone()]
+                .split(|b| *b == b',')
+                .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"trailers"))
+        })
+}
+
+/// An HTTP/1.x client's request body: whole at hand (sent again as it is on another try),
+/// or streamed from the client's socket and buffer.
+enum Http1Body<'b, 'c> {
+    Whole(Bytes),
+    Streamed {
+        body: &'b mut RequestBody,
+        reader: &'b mut ClientReadHalf<'c>,
+        buf: &'b mut Buffer,
+    },
+}
+
+impl ClientBody for Http1Body<'_, '_> {
+    async fn upload(
+        &mut self,
+        up: &mut SendStream<Bytes>,
+        consumed: &Cell<u64>,
+        _limit: Option<u64>,
+        timeouts: Timeouts,
+    ) -> Result<(), Broke> {
+        match self {
+            Http1Body::Whole(whole) => {
+                consumed.set(whole.len() as u64);
+                let sent = send_windowed(up, whole.clone(), timeouts.upstream, None, true);
+                sent.await.map_err(Broke::Sink)
+            }
+            // Held to `max_body_size` as it is decoded (`RequestBody`).
+            Http1Body::Streamed { body, reader, buf } => {
+                body.stream(*reader, buf, up, consumed, timeouts).await
+            }
+        }
+    }
+
+    fn is_whole(&self) -> bool {
+        matches!(self, Http1Body::Whole(_))
+    }
+}
+
+/// An HTTP/1.x client's connection while an HTTP/2 upstream answers its request.
+struct Http1Client<'c> {
+    writer: ClientWriteHalf<'c>,
+    /// Bytes written to the client (the connection's count).
+    sent: &'c mut u64,
+    /// Its `client_timeout` and `max_informational`.
+    listener: &'c Listener,
+    /// What the client asked that shapes the response (`end_stream` is each try's).
+    client: ForClient,
+    /// The client waits for 100 before sending its body: Weir reads it at once, so it
+    /// says so itself (the field is not sent on).
+    expect: bool,
+    /// The client has a 1xx head (Weir's 100 Continue, or one relayed).
+    informed: bool,
+    /// The connection stays open after the relayed response.
+    keep_alive: bool,
+}
+
+impl ClientSide for Http1Client<'_> {
+    fn waiting(&mut self) -> (impl Interim + '_, impl Future<Output = ProxyError> + '_) {
+        let interim = Http1Interim {
+            writer: &mut self.writer,
+            timeout: self.listener.client_timeout,
+            informed: &mut self.informed,
+        };
+        // An HTTP/1.x client is not watched while it waits (it cannot cancel a request).
+        (interim, std::future::pending())
+    }
+
+    fn was_reset(&self) -> bool {
+        false
+    }
+
+    fn for_client(&self, _: &StreamRequest<'_>, end_stream: bool) -> ForClient {
+        ForClient {
+            end_stream,
+            ..self.client
+        }
+    }
+
+    /// The listener's `max_informational`; 1xx heads relayed but to HTTP/1.0 clients;
+    /// field names that go into an HTTP/1.1 head must be tokens (the `h2` crate takes
+    /// names with `"`, RFC 9110 5.1).
+    fn bounds(&self, stream: HeadBounds) -> HeadBounds {
+        HeadBounds {
+            max_informational: self.listener.max_informational,
+            relay: !self.client.http10,
+            tokens: true,
+            ..stream
+        }
+    }
+
+    fn edit_request(&self, request: &mut http::Request<()>) {
+        if self.expect {
+            request.headers_mut().remove(http::header::EXPECT);
+        }
+    }
+
+    /// Says `100 Continue` to a client that waits for it, once a server took the stream
+    /// (an HTTP/2 server need not answer `expect`).
+    async fn opened(&mut self) -> Result<(), ProxyError> {
+        if !self.expect || self.informed {
+            return Ok(());
+        }
+        self.informed = true;
+        let go_on = b"HTTP/1.1 100 Continue\r\n\r\n";
+        body::write_all(&mut self.writer, go_on, &[], self.listener.client_timeout)
+            .await
+            .map_err(|_| ProxyError::ClientClosed)
+    }
+
+    fn responded(&self) -> bool {
+        self.informed
+    }
+
+    async fn respond<S: Source, U: Future<Output = Result<(), Broke>>>(
+        &mut self,
+        answer: Answer<'_>,
+        source: &mut S,
+        upload: Option<Pin<&mut U>>,
+        coding: Option<&mut Coding>,
+        _: &mut Trace,
+    ) -> Result<(), Failure> {
+        let out = answer.out;
+        out.clear();
+        let (framing, keep_alive) = write_from_h2(out, &answer.parts, answer.edits, &answer.client);
+        if let Some(status) = answer.cache_status {
+            // Before the blank line that ends the head.
+            out.truncate(out.len() - 2);
+            push_header(out, b"Cache-Status", status.as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+        let mut sink = Http1Sink {
+            writer: &mut self.writer,
+            timeout: self.listener.client_timeout,
+            sent: &mut *self.sent,
+            head: out,
+            chunked: framing == Framing::Chunked,
+            trailers: answer.client.te_trailers.then_some(relayed_in_trailers),
+        };
+        let relayed = async {
+            match framing {
+                Framing::Empty => sink.end(Trailers::None).await.map_err(Broke::Sink),
+                _ => relay(source, &mut sink, coding).await,
+            }
+        };
+        match relay_while_uploading(upload, relayed).await {
+            Err(Broke::Source(e) | Broke::Sink(e)) => Err(Failure::after_head(e)),
+            // A request body the client is still sending cannot be skipped: close.
+            Ok(request_done) => {
+                self.keep_alive = keep_alive && request_done && !answer.upload_stopped;
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Whether an HTTP/2 upstream's trailer field goes into an HTTP/1.1 client's chunked
+/// trailer section: not one a trailer must not carry, and a token (`h2` takes names with
+/// `"`), as from an HTTP/1.1 upstream (`http2::trailers`).
+fn relayed_in_trailers(name: &str) -> bool {
+    !forbidden_in_trailer(name) && is_token(name.as_bytes())
+}

@@ -1,0 +1,107 @@
+//! An HTTP/1.x client's request to its upstream: over the side `forward::carrier` says (an
+//! HTTP/1.1 connection: `forward::exchange`; an HTTP/2 stream: `http2::from_http1`, the
+//! sender every client protocol shares toward HTTP/2 upstreams), and a route cache's miss
+//! around it ([`forward_filling`]). Here, above both, so that `forward/` needs nothing of
+//! `http2/`.
+
+use std::mem::take;
+
+use crate::cache::{CacheResult, Fill};
+use crate::client::ClientConn;
+use crate::codec::http1::{RequestHead, ResponseHead};
+use crate::files::{respond_http1, send_http1, Sending, Under};
+use crate::forward::exchange::{exchange, forward_h1, request_meta, Http1Request};
+use crate::forward::filling::stale_answer;
+use crate::forward::request_head::render_response_rules;
+use crate::forward::{carrier, Carrier, Failure, Target};
+use crate::metrics::shard::Protocol;
+use crate::worker::Worker;
+
+/// Forwards the request whose head is at the start of `conn.buf`, over the upstream side
+/// `forward::carrier` says. `keep_alive`: the client connection may stay open afterwards.
+/// Returns whether it does.
+pub(crate) async fn forward(
+    worker: &Worker,
+    target: Target<'_>,
+    conn: &mut ClientConn,
+    req: &RequestHead,
+    resp: &mut ResponseHead,
+    keep_alive: bool,
+) -> Result<bool, Failure> {
+    // Shared with `conn` (its head writers read the attempt's span from it). Made before
+    // the dispatch, as the HTTP/1.1 side's future lays it out (the HTTP/2 sender makes
+    // its own from the same request).
+    let trace = conn.trace.clone();
+    let x = exchange(worker, target, conn, req, trace.as_deref());
+    let meta = request_meta(&target, conn.buf.filled(), req);
+    let client = Http1Request {
+        conn,
+        req,
+        resp,
+        meta,
+        keep_alive,
+    };
+    match carrier(Protocol::Http1, target.upstream) {
+        // Boxed, as an HTTP/2 client's stream boxes it (`http2::stream`): its state is
+        // about twice an HTTP/1.1 upstream's, and every request's future would hold it.
+        Carrier::Http2 => {
+            Box::pin(crate::http2::from_http1::forward_h2(worker, target, client)).await
+        }
+        Carrier::Http1 => forward_h1(&x, client).await,
+    }
+}
+
+/// [`forward`] for a route cache's miss (`fill`): answered by the entry another request
+/// fetching the same key stores, if it may; else forwarded with the fill in `conn.fill`,
+/// where the exchange finds it (its conditional lines, the response it stores or answers
+/// for), and dropped once the exchange is over.
+pub(crate) async fn forward_filling(
+    worker: &Worker,
+    target: Target<'_>,
+    conn: &mut ClientConn,
+    req: &RequestHead,
+    resp: &mut ResponseHead,
+    keep_alive: bool,
+    mut fill: Box<Fill>,
+) -> Result<bool, Failure> {
+    conn.current.cache = Some(CacheResult::Miss);
+    let under = Under::of_target(&target);
+    if let Some(reply) = fill.collapse().await {
+        conn.current.read = true;
+        return respond_http1(conn, req, under, reply, keep_alive, resp).await;
+    }
+    // Rendered now, while the request is at hand: an answer from the store after a
+    // failure may come before any try rendered them.
+    let mut lines = take(&mut conn.resp_lines);
+    render_response_rules(&mut lines, &conn.request(req), target.route);
+    conn.resp_lines = lines;
+    // Made now, while the request is at hand: how a stale answer would go.
+    let meta = request_meta(&target, conn.buf.filled(), req);
+    conn.fill = Some(fill);
+    let result = forward(worker, target, conn, req, resp, keep_alive).await;
+    // A miss that failed before any of the response was sent: its stale entry may answer.
+    match (result, conn.fill.take()) {
+        (Err(failure), Some(fill)) => {
+            let to = meta.sending(keep_alive && conn.current.read);
+            let on = (Under::of_target(&target), to);
+            answer_stale(conn, resp, failure, &fill, on).await
+        }
+        (result, _) => result,
+    }
+}
+
+/// Answers `failure` (nothing sent yet) from the stale entry of `fill` when it may answer
+/// for it (`stale-if-error`, `serve_stale_on`); else the failure stands.
+async fn answer_stale(
+    conn: &mut ClientConn,
+    resp: &mut ResponseHead,
+    failure: Failure,
+    fill: &Fill,
+    (under, to): (Under<'_>, Sending),
+) -> Result<bool, Failure> {
+    let Some(reply) = stale_answer(fill, &failure) else {
+        return Err(failure);
+    };
+    send_http1(conn, under, reply, to, resp).await?;
+    Ok(to.keep_alive)
+}
