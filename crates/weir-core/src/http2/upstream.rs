@@ -462,7 +462,6 @@ impl<C: ClientSide, B: ClientBody> Sender for H2Sender<'_, '_, C, B> {
             tries.count(a, Ok(status));
             return Ok(Relayed::Stored(Box::new(reply)));
         }
-        let (cache_status, recorder) = r.admission(Fetched::Http2(&parts));
         let mut lines = Vec::new();
         let mut edits = r.edits(&mut lines, a.server);
         edits.cookie = tries.set_cookie();
@@ -472,8 +471,10 @@ impl<C: ClientSide, B: ClientBody> Sender for H2Sender<'_, '_, C, B> {
         tries.count(a, coding.as_ref().map(|_| status).map_err(|e| *e));
         let mut coding = match coding {
             Ok(coding) => coding,
+            // The fill is still the request's: a stale entry may answer for this failure.
             Err(e) => return Ok(Relayed::Over(Err(e.into()))),
         };
+        let (cache_status, recorder) = r.admission(Fetched::Http2(&parts));
         self.trace.status = status;
         let answer = Answer {
             parts,
