@@ -381,7 +381,7 @@ pub fn sendfile(
     Ok(n as usize)
 }
 
-/// A read-only shared mapping of a sealed memfd: the bytes of a [`sealed_memfd`].
+/// A read-only mapping of a sealed memfd: the bytes of a [`sealed_memfd`].
 struct Mapping {
     ptr: *const u8,
     len: usize,
@@ -427,14 +427,17 @@ pub fn sealed_memfd(bytes: &[u8]) -> io::Result<(std::fs::File, bytes::Bytes)> {
     if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
         return Err(io::Error::last_os_error());
     }
-    let (prot, shared) = (libc::PROT_READ, libc::MAP_SHARED);
+    // Private, not shared: before Linux 6.7 the kernel refuses any shared mapping of a
+    // write-sealed file, even a read-only one (EPERM). A private mapping that is never
+    // written maps the file's own pages (no copy on write ever happens).
+    let (prot, private) = (libc::PROT_READ, libc::MAP_PRIVATE);
     // SAFETY: a new read-only mapping of `bytes.len()` bytes of an open file that long.
     let ptr = unsafe {
         libc::mmap(
             std::ptr::null_mut(),
             bytes.len(),
             prot,
-            shared,
+            private,
             file.as_raw_fd(),
             0,
         )

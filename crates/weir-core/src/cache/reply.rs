@@ -20,9 +20,11 @@ use crate::files::head::{end, multipart, push_content_range};
 use crate::files::http::{evaluate, parse_date, Validate, Verdict};
 use crate::files::{Body, Data, Part, Reply};
 
-/// A body from a cache entry goes out with sendfile(2) whenever it is in a file: it is in
-/// one only when the entry is at least its store's `sendfile_min_size` (`store`).
-const SENDFILE_ANY: u64 = 0;
+/// A body from a cache entry goes out with sendfile(2) when it is in a file (only entries
+/// of at least their store's `sendfile_min_size` are: `store`) and what is sent is at
+/// least this long: a short range of a large entry goes out in one write with its head
+/// (two system calls and two segments otherwise).
+const SENDFILE_FLOOR: u64 = 16 << 10;
 
 /// The fields a `304` carries from the stored response (RFC 9110 15.4.5), and its age.
 const NOT_MODIFIED_FIELDS: [HeaderName; 8] = [
@@ -63,10 +65,10 @@ impl Hit {
                 }
             }
             Verdict::Partial(ranges) => self.partial(&ranges),
-            Verdict::PreconditionFailed => Reply::text(412, b"", SENDFILE_ANY),
+            Verdict::PreconditionFailed => Reply::text(412, b"", SENDFILE_FLOOR),
             Verdict::Unsatisfiable => {
                 let line = format!("Content-Range: bytes */{}\r\n", self.length);
-                Reply::text(416, line.as_bytes(), SENDFILE_ANY)
+                Reply::text(416, line.as_bytes(), SENDFILE_FLOOR)
             }
         };
         Reply {
@@ -134,7 +136,7 @@ impl Hit {
         Reply {
             head,
             body,
-            sendfile_min_size: SENDFILE_ANY,
+            sendfile_min_size: SENDFILE_FLOOR,
             cache: None,
             planned_as: None,
         }

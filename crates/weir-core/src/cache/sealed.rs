@@ -6,13 +6,17 @@
 
 use std::fs::File;
 use std::io;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
 
 /// The sealed memfds held by the process.
 static HELD: AtomicU64 = AtomicU64::new(0);
+
+/// The kernel refused a sealed memfd for good (no `memfd_create`, sealing or mapping):
+/// not tried again.
+static UNAVAILABLE: AtomicBool = AtomicBool::new(false);
 
 /// The most sealed memfds held at once when the open-file limit cannot be read.
 const BOUND_UNKNOWN: u64 = 256;
@@ -42,6 +46,9 @@ fn bound() -> u64 {
 /// `bytes` in a new sealed memfd, and its bytes mapped from it; fails past the bound,
 /// or when the kernel refuses (out of descriptors, memory or mappings).
 pub fn seal(bytes: &[u8]) -> io::Result<(Arc<Memfd>, Bytes)> {
+    if UNAVAILABLE.load(Relaxed) {
+        return Err(io::ErrorKind::Unsupported.into());
+    }
     if HELD.fetch_add(1, Relaxed) >= bound() {
         HELD.fetch_sub(1, Relaxed);
         return Err(io::Error::other("as many sealed bodies held as allowed"));
@@ -50,6 +57,13 @@ pub fn seal(bytes: &[u8]) -> io::Result<(Arc<Memfd>, Bytes)> {
         Ok((file, mapped)) => Ok((Arc::new(Memfd { file }), mapped)),
         Err(e) => {
             HELD.fetch_sub(1, Relaxed);
+            let refused = matches!(
+                e.raw_os_error(),
+                Some(libc::EPERM | libc::ENOSYS | libc::EINVAL)
+            );
+            if refused && !UNAVAILABLE.swap(true, Relaxed) {
+                tracing::warn!(error = %e, "cache: this kernel gives no sealed memfd: memory-store hits are written from memory, without sendfile(2)");
+            }
             Err(e)
         }
     }

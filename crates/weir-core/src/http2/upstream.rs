@@ -199,7 +199,9 @@ impl StreamRequest<'_> {
     ) -> Result<http::Request<()>, ProxyError> {
         let Some(parts) = client else {
             out.clear();
-            out.reserve(self.request.buf.len() + 256);
+            // The head's length: an HTTP/1.x client's buffer also holds its body and any
+            // pipelined request (`out` is the connection's, kept at its largest).
+            out.reserve(self.request.req.head_len + 256);
             // The head carries a cache miss's conditions (`write_head`).
             if !self.write_head(out, server).is_empty() {
                 return Err(ProxyError::NotImplemented(
