@@ -330,6 +330,25 @@ async fn a_stale_entry_answers_for_an_h2c_upstream_s_5xx() {
     assert_eq!(up.requests().len(), 3);
 }
 
+/// An HTTP/1.x client's miss to an h2c upstream that is gone (a connection error, no
+/// response) is answered with the stale entry its `stale-if-error` allows: the fill the
+/// HTTP/2 sender held is the request's again once the tries are over.
+#[tokio::test]
+async fn a_stale_entry_answers_an_http1_client_when_the_h2c_upstream_is_gone() {
+    let up = ScriptedH2::start(then_failing, None).await;
+    let weir = cached_h2c(up.addr).start();
+    let mut c = weir.client().await;
+    assert_eq!(get(&mut c, "/g").await.body, b"kept");
+    drop(up);
+    let mut c = weir.client().await;
+    let stale = get(&mut c, "/g").await;
+    assert_eq!((stale.status, stale.body.as_slice()), (200, &b"kept"[..]));
+    assert_eq!(
+        stale.header("Cache-Status"),
+        Some("weir; hit; detail=stale")
+    );
+}
+
 fn with_a_name_http1_refuses(
     _: &HeaderMap,
     _: usize,
