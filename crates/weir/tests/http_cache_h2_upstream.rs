@@ -378,3 +378,157 @@ async fn a_response_with_a_name_http1_refuses_is_not_stored() {
     assert_eq!(up.requests().len(), 2);
     assert_eq!(weir.metric("weir_cache_stored_total{store=\"mem\"}"), 0);
 }
+
+/// `etag: "v1"`, stale at once but for `stale-while-revalidate=60`: a `304` (fresh for a
+/// minute) to `if-none-match: "v1"`.
+fn etag_v1_swr(
+    fields: &HeaderMap,
+    _: usize,
+) -> (u16, Vec<(&'static str, &'static str)>, &'static str) {
+    if fields.get("if-none-match").is_some_and(|v| v == "\"v1\"") {
+        return (
+            304,
+            vec![("etag", "\"v1\""), ("cache-control", "max-age=60")],
+            "",
+        );
+    }
+    let swr = "max-age=0, stale-while-revalidate=60";
+    (
+        200,
+        vec![("etag", "\"v1\""), ("cache-control", swr)],
+        "version",
+    )
+}
+
+/// `stale-while-revalidate` toward an h2c upstream: a stale entry within its window
+/// answers at once (HTTP/1.1 and HTTP/2 clients alike, the upstream held), one
+/// conditional request goes up in the background whatever the number of requests, and its
+/// `304` refreshes the entry for the next request.
+#[tokio::test]
+async fn a_stale_while_revalidate_entry_is_refreshed_in_the_background_over_h2c() {
+    // One permit: the first request's answer; the background one waits for the next.
+    let gate = Arc::new(Semaphore::new(1));
+    let up = ScriptedH2::start(etag_v1_swr, Some(gate.clone())).await;
+    let weir = cached_h2c(up.addr).start();
+    let mut c = weir.client().await;
+    let mut h2 = common::h2c_client(weir.addr).await;
+    let first = get(&mut c, "/").await;
+    assert_eq!(first.header("Cache-Status"), Some("weir; fwd=uri-miss"));
+    let swr = "weir; hit; detail=stale-while-revalidate";
+    for _ in 0..10 {
+        // Bounded only so that a request waiting for the held upstream fails the test
+        // instead of hanging it.
+        let at_once = tokio::time::timeout(common::WAIT, get(&mut c, "/"));
+        let r = at_once.await.expect("answered without the upstream");
+        assert_eq!((r.status, r.body.as_slice()), (200, &b"version"[..]));
+        assert_eq!(r.header("Cache-Status"), Some(swr));
+        assert!(r.header("Age").is_some());
+        let at_once = tokio::time::timeout(common::WAIT, h2_get(&mut h2, "/"));
+        let (status, cache, body) = at_once.await.expect("answered without the upstream");
+        assert_eq!(
+            (status, cache.as_str(), body.as_slice()),
+            (200, swr, &b"version"[..])
+        );
+    }
+    assert_eq!(
+        weir.metric("weir_cache_revalidations_total{store=\"mem\"}"),
+        1
+    );
+    assert!(up.requests().len() <= 2, "one revalidation");
+    gate.add_permits(1);
+    weir.wait_metric("weir_cache_stored_total{store=\"mem\"}", 2)
+        .await;
+    let refreshed = get(&mut c, "/").await;
+    assert_eq!(refreshed.header("Cache-Status"), Some("weir; hit"));
+    assert_eq!(refreshed.header("Cache-Control"), Some("max-age=60"));
+    assert_eq!(refreshed.body, b"version");
+    let requests = up.requests();
+    assert_eq!(requests.len(), 2, "{requests:?}");
+    assert_eq!(
+        requests[1]
+            .get("if-none-match")
+            .map(|v| v.to_str().unwrap()),
+        Some("\"v1\"")
+    );
+}
+
+/// No validator: `old` (stale at once but for `stale-while-revalidate=60`), then `new`.
+fn old_then_new(
+    _: &HeaderMap,
+    index: usize,
+) -> (u16, Vec<(&'static str, &'static str)>, &'static str) {
+    match index {
+        0 => (
+            200,
+            vec![("cache-control", "max-age=0, stale-while-revalidate=60")],
+            "old",
+        ),
+        _ => (200, vec![("cache-control", "max-age=60")], "new"),
+    }
+}
+
+/// A stale entry without a validator is fetched again from the h2c upstream in the
+/// background, unconditionally, and the new response replaces it.
+#[tokio::test]
+async fn a_background_revalidation_over_h2c_stores_a_new_response() {
+    let up = ScriptedH2::start(old_then_new, None).await;
+    let weir = cached_h2c(up.addr).start();
+    let mut h2 = common::h2c_client(weir.addr).await;
+    assert_eq!(h2_get(&mut h2, "/n").await.2, b"old");
+    let (_, cache, body) = h2_get(&mut h2, "/n").await;
+    assert_eq!(
+        (cache.as_str(), body.as_slice()),
+        ("weir; hit; detail=stale-while-revalidate", &b"old"[..])
+    );
+    weir.wait_metric("weir_cache_stored_total{store=\"mem\"}", 2)
+        .await;
+    let (_, cache, body) = h2_get(&mut h2, "/n").await;
+    assert_eq!(
+        (cache.as_str(), body.as_slice()),
+        ("weir; hit", &b"new"[..])
+    );
+    let requests = up.requests();
+    assert_eq!(requests.len(), 2, "{requests:?}");
+    assert!(requests[1].get("if-none-match").is_none());
+}
+
+/// Stale at once, for a minute while revalidated and on an error; the upstream fails
+/// (503) from its second request on.
+fn swr_then_failing(
+    _: &HeaderMap,
+    index: usize,
+) -> (u16, Vec<(&'static str, &'static str)>, &'static str) {
+    let cc = "max-age=0, stale-while-revalidate=60, stale-if-error=60";
+    match index {
+        0 => (200, vec![("etag", "\"k\""), ("cache-control", cc)], "kept"),
+        _ => (503, vec![], "down"),
+    }
+}
+
+/// A background revalidation's 5xx leaves the entry as it was: nobody is answered
+/// instead (no stale answer counted for it), and the next request is answered stale
+/// again and revalidates again.
+#[tokio::test]
+async fn a_background_revalidation_s_5xx_over_h2c_leaves_the_entry() {
+    let up = ScriptedH2::start(swr_then_failing, None).await;
+    let weir = cached_h2c(up.addr).start();
+    let mut c = weir.client().await;
+    assert_eq!(get(&mut c, "/f").await.body, b"kept");
+    let swr = Some("weir; hit; detail=stale-while-revalidate");
+    let failed = format!(
+        "weir_upstream_requests_total{{upstream=\"up\",server=\"{}\",code=\"503\"}}",
+        up.addr
+    );
+    for round in 1..=2 {
+        let stale = get(&mut c, "/f").await;
+        assert_eq!((stale.status, stale.body.as_slice()), (200, &b"kept"[..]));
+        assert_eq!(stale.header("Cache-Status"), swr);
+        // Counted once the background fetch has weighed the 503.
+        weir.wait_metric(&failed, round).await;
+    }
+    // The 503s were answered by nobody: only the two clients' stale answers count.
+    let stale = "weir_cache_stale_total{store=\"mem\"}";
+    assert_eq!(weir.metric(stale), 2);
+    assert_eq!(weir.metric("weir_cache_stored_total{store=\"mem\"}"), 1);
+    assert_eq!(up.requests().len(), 3);
+}

@@ -97,16 +97,8 @@ pub enum Lookup {
     Bypass,
 }
 
-/// Looks `r` up in `store` (`routed`: its normalised path and query). `background`: a
-/// stale entry may be revalidated in the background (the route's upstream is reached over
-/// HTTP/1.1).
-pub fn lookup(
-    r: &Request<'_>,
-    routed: &[u8],
-    cache: &RouteCache,
-    store: &Arc<Store>,
-    background: bool,
-) -> Lookup {
+/// Looks `r` up in `store` (`routed`: its normalised path and query).
+pub fn lookup(r: &Request<'_>, routed: &[u8], cache: &RouteCache, store: &Arc<Store>) -> Lookup {
     let method = &r.buf[r.req.method.clone()];
     // `If-Match` and `If-Unmodified-Since` are the origin's to weigh (RFC 9111 4.3.2).
     if method != b"GET" && method != b"HEAD" || asks_any(r, &CONDITIONS[2..4]) {
@@ -143,7 +135,7 @@ pub fn lookup(
             }
             BeforeRequest::Stale { request, matches } if matches && stale.is_none() => {
                 let lines = revalidation(r, &request.headers).unwrap_or_default();
-                let at_once = background && !r.req.is_head && may_wait(r);
+                let at_once = !r.req.is_head && may_wait(r);
                 if at_once && entry.staleness.while_revalidating(now) {
                     let found = (&key[..], &parts, store, cache);
                     if let Some(lookup) = while_revalidating(r, found, &entry, &lines, now) {

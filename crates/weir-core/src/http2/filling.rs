@@ -9,7 +9,9 @@
 //! exchange, with no client, revalidates a stale entry in the background
 //! ([`StreamRequest::fetch_for_store`], `proxy::revalidate`).
 
-use std::time::Instant;
+use std::future::Future;
+use std::pin::Pin;
+use std::time::{Duration, Instant};
 
 use crate::buffer::Buffer;
 use crate::cache::{CacheResult, Fetched, Fill, Recorder};
@@ -20,15 +22,20 @@ use crate::forward::body::BodyState;
 use crate::forward::driver::{drive, Accepted};
 use crate::forward::exchange::push_before_end;
 use crate::forward::filling::stale_answer;
-use crate::forward::h1::{pool_after_answer, reuse, NoInterim};
-use crate::forward::relay::{relay, Broke, Http1Sink, Http1Source, Peer, Recording};
-use crate::forward::Failure;
+use crate::forward::h1::{pool_after_answer, reuse, Interim, NoInterim};
+use crate::forward::head::ForClient;
+use crate::forward::relay::{
+    relay, Broke, Coding, Http1Sink, Http1Source, Peer, Recording, Source,
+};
+use crate::forward::{carrier, Carrier, Failure};
+use crate::metrics::shard::Protocol;
 use crate::request::LastTry;
 
 use super::exchange::{StreamRequest, StreamSender, Trace};
 use super::files::respond_stream;
 use super::respond::ResponseStream;
 use super::scratch::ExchangeScratch;
+use super::upstream::{Answer, ClientSide, H2Facts, Relayed};
 
 impl StreamRequest<'_> {
     /// Before a route cache's miss (`fill`) is forwarded: the answer, if the store has
@@ -146,10 +153,19 @@ impl StreamRequest<'_> {
     }
 
     /// The stored entry that answers instead of the HTTP/2 upstream's response `parts`
-    /// (a `304` that refreshed it, a 5xx it answers for). `None`: the response is relayed.
-    pub(crate) fn answer_instead_h2(&self, parts: &http::response::Parts) -> Option<Reply> {
+    /// (a `304` that refreshed it, a 5xx it answers for unless no client waits: `alone`).
+    /// `None`: the response is relayed.
+    pub(crate) fn answer_instead_h2(
+        &self,
+        parts: &http::response::Parts,
+        alone: bool,
+    ) -> Option<Reply> {
         let fill = self.fill.take()?;
-        let reply = fill.answer_instead(Fetched::Http2(parts));
+        let fetched = Fetched::Http2(parts);
+        let reply = match alone {
+            true => fill.refresh(fetched),
+            false => fill.answer_instead(fetched),
+        };
         if reply.is_none() {
             self.fill.set(Some(fill));
         }
@@ -167,18 +183,47 @@ pub(crate) fn mark(head: &mut http::Response<()>, status: Option<&'static str>) 
 
 impl StreamRequest<'_> {
     /// Fetches the key of the fill for the store alone, no client waiting (a stale entry's
-    /// revalidation in the background): the driver's tries to an HTTP/1.1 upstream, then a
-    /// `304` refreshes the entry, or the response is stored if it may be (its body read to
-    /// its end); anything else leaves the entry as it is.
+    /// revalidation in the background): the driver's tries to the upstream, over the
+    /// carrier an HTTP/1.x client's request takes (`forward::carrier`: an HTTP/1.1
+    /// connection, or an HTTP/2 stream through the one sender with no client,
+    /// [`ForStore`]), then a `304` refreshes the entry, or the response is stored if it
+    /// may be (its body read to its end); anything else leaves the entry as it is.
     pub(crate) async fn fetch_for_store(&self) {
-        let mut up_buf = self.worker.take_buffer();
-        let mut scratch = self.worker.h2_scratch.take_exchange();
-        let fetched = self.fetch(&mut up_buf, &mut scratch).await;
+        let fetched = match carrier(Protocol::Http1, self.target.upstream) {
+            Carrier::Http1 => self.fetch_over_http1().await,
+            Carrier::Http2 => self.fetch_over_h2().await,
+        };
         if let Err(e) = fetched {
             tracing::debug!(error = %e, "cache: background revalidation failed");
         }
+    }
+
+    /// [`StreamRequest::fetch_for_store`] toward an HTTP/2 upstream: `http2::upstream`'s
+    /// sender, its response relayed to [`ForStore`].
+    async fn fetch_over_h2(&self) -> Result<(), ProxyError> {
+        let (mut out, mut trace) = (Vec::new(), Trace::default());
+        let no_body = None::<h2::RecvStream>;
+        let facts = H2Facts::default();
+        let mut store = ForStore {
+            timeout: self.target.upstream.response_timeout,
+        };
+        let tried = self.drive_h2(&facts, None, no_body, &mut store, &mut out, &mut trace);
+        match tried.await.0 {
+            Ok(Relayed::Over(relayed)) => relayed.map_err(|f| f.error),
+            // A refreshed entry (nobody to answer with it); `auto` never comes here.
+            Ok(Relayed::Stored(_) | Relayed::Http1) => Ok(()),
+            Err(failure) => Err(failure.error),
+        }
+    }
+
+    /// [`StreamRequest::fetch_for_store`] toward an HTTP/1.1 upstream.
+    async fn fetch_over_http1(&self) -> Result<(), ProxyError> {
+        let mut up_buf = self.worker.take_buffer();
+        let mut scratch = self.worker.h2_scratch.take_exchange();
+        let fetched = self.fetch(&mut up_buf, &mut scratch).await;
         self.worker.h2_scratch.give_exchange(scratch);
         self.worker.give_buffer(up_buf);
+        fetched
     }
 
     async fn fetch(
@@ -230,17 +275,7 @@ impl StreamRequest<'_> {
             recorder: &mut recorder,
             stop_when_over: true,
         };
-        let (mut discard, mut sent) = (tokio::io::sink(), 0);
-        let mut sink = Http1Sink {
-            writer: &mut discard,
-            timeout,
-            sent: &mut sent,
-            head: &[],
-            chunked: false,
-            trailers: None,
-        };
-        let relayed = relay(&mut recording, &mut sink, None).await;
-        relayed.map_err(|(Broke::Source(e) | Broke::Sink(e))| e)?;
+        discard(&mut recording, timeout).await?;
         recorder.finish();
         if resp.keeps_alive() && request_done && up_buf.is_empty() {
             reuse(
@@ -252,5 +287,65 @@ impl StreamRequest<'_> {
             );
         }
         Ok(())
+    }
+}
+
+/// Reads `source` to its end, its bytes going nowhere (a fetch for the store alone: its
+/// recorder keeps them); `timeout` for each write, which never waits.
+async fn discard<S: Source>(source: &mut S, timeout: Duration) -> Result<(), ProxyError> {
+    let (mut nowhere, mut sent) = (tokio::io::sink(), 0);
+    let mut sink = Http1Sink {
+        writer: &mut nowhere,
+        timeout,
+        sent: &mut sent,
+        head: &[],
+        chunked: false,
+        trailers: None,
+    };
+    let relayed = relay(source, &mut sink, None).await;
+    relayed.map_err(|(Broke::Source(e) | Broke::Sink(e))| e)
+}
+
+/// No client: the side an HTTP/2 upstream's response goes to when it is fetched for the
+/// store alone (`StreamRequest::fetch_for_store`). It takes no 1xx, never goes away,
+/// asks for no coding, and its body is read into nothing through the fill's recorder.
+pub(crate) struct ForStore {
+    /// For each write into nothing (the upstream's `response_timeout`; none waits).
+    timeout: Duration,
+}
+
+impl ClientSide for ForStore {
+    const ALONE: bool = true;
+
+    fn waiting(&mut self) -> (impl Interim + '_, impl Future<Output = ProxyError> + '_) {
+        (NoInterim, std::future::pending())
+    }
+
+    fn was_reset(&self) -> bool {
+        false
+    }
+
+    fn for_client(&self, _: &StreamRequest<'_>, end_stream: bool) -> ForClient {
+        ForClient {
+            is_head: false,
+            http10: false,
+            te_trailers: false,
+            accepted: None,
+            end_stream,
+            keep_alive: true,
+        }
+    }
+
+    async fn respond<S: Source, U: Future<Output = Result<(), Broke>>>(
+        &mut self,
+        _: Answer<'_>,
+        source: &mut S,
+        _: Option<Pin<&mut U>>,
+        _: Option<&mut Coding>,
+        _: &mut Trace,
+    ) -> Result<(), Failure> {
+        discard(source, self.timeout)
+            .await
+            .map_err(Failure::after_head)
     }
 }

@@ -279,6 +279,12 @@ impl ClientBody for RecvStream {
 /// ([`ClientStream`]), an HTTP/3 client's (`http3::upstream`), an HTTP/1.x client's
 /// connection (`http2::from_http1`).
 pub(crate) trait ClientSide {
+    /// No client waits (a fetch for the store alone, `http2::filling::ForStore`): only a
+    /// `304` that refreshes the entry answers instead of the response (a stale entry does
+    /// not answer for a 5xx: nobody is answered), and the body is read only while the
+    /// store takes it.
+    const ALONE: bool = false;
+
     /// While the final head is awaited: where the upstream's 1xx heads go, and what ends
     /// when the client gives the request up (with the error the wait fails with).
     fn waiting(&mut self) -> (impl Interim + '_, impl Future<Output = ProxyError> + '_);
@@ -385,6 +391,8 @@ async fn relay_answer<C: ClientSide, U: Future<Output = Result<(), Broke>>>(
     mut recorder: Option<Box<Recorder>>,
 ) -> Result<(), Failure> {
     let relayed = match recorder.as_mut() {
+        // Nobody waits for a body the store does not take.
+        None if C::ALONE => return Ok(()),
         None => {
             let responding = client.respond(answer, &mut source, upload, coding, trace);
             responding.await
@@ -393,7 +401,7 @@ async fn relay_answer<C: ClientSide, U: Future<Output = Result<(), Broke>>>(
             let mut recording = Recording {
                 inner: &mut source,
                 recorder,
-                stop_when_over: false,
+                stop_when_over: C::ALONE,
             };
             let responding = client.respond(answer, &mut recording, upload, coding, trace);
             // Boxed: a route without `cache` keeps the stream's state as before.
@@ -460,7 +468,7 @@ impl<C: ClientSide, B: ClientBody> Sender for H2Sender<'_, '_, C, B> {
         if !tries.relays(status, replayable, responded) {
             return Err(Miss::retried(status));
         }
-        if let Some(reply) = r.answer_instead_h2(&parts) {
+        if let Some(reply) = r.answer_instead_h2(&parts, C::ALONE) {
             tries.count(a, Ok(status));
             return Ok(Relayed::Stored(Box::new(reply)));
         }

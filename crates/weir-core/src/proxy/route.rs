@@ -18,8 +18,7 @@ use crate::codec::http1::BodyFraming;
 use crate::error::ProxyError;
 use crate::files::Lookup;
 use crate::filters::rewrite::check_join;
-use crate::forward::{carrier, Carrier, Target};
-use crate::metrics::shard::Protocol;
+use crate::forward::Target;
 use crate::request::Request;
 use crate::router::{RequestView, RoutedPath};
 use crate::snapshot::{ListenerPlan, RoutePlan, Snapshot};
@@ -134,11 +133,7 @@ impl<'a> Routing<'a> {
         (route, upstream): (usize, usize),
     ) -> Result<Option<Box<Fill>>, Decision<'a>> {
         let store = &self.snapshot.caches[cache.store];
-        let up = &self.snapshot.config.upstreams[upstream];
-        // The background exchange is an HTTP/1.1 one whatever the client speaks (for
-        // `protocol = "auto"` too): only `h2` / `h2c` upstreams revalidate first.
-        let background = carrier(Protocol::Http1, up) == Carrier::Http1;
-        match crate::cache::lookup(r, routed, cache, store, background) {
+        match crate::cache::lookup(r, routed, cache, store) {
             CacheLookup::Hit(reply) => Err(Decision::Reply(reply)),
             CacheLookup::Stale(reply, revalidation) => {
                 if let Some(fill) = revalidation {
