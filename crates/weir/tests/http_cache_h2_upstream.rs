@@ -2,7 +2,9 @@
 //! its responses are stored, collapsed and revalidated as an HTTP/1.1 upstream's are, for
 //! HTTP/1.1 and HTTP/2 clients alike (a miss stored, then hits with no request upstream;
 //! concurrent misses sending one request; a stale entry's conditional request, whose
-//! `304` refreshes it).
+//! `304` refreshes it; `stale-while-revalidate`: answered at once, refreshed, stored anew
+//! or left as it was by one request in the background, which stops reading a body past
+//! `max_object_size`).
 
 mod common;
 
@@ -531,4 +533,110 @@ async fn a_background_revalidation_s_5xx_over_h2c_leaves_the_entry() {
     assert_eq!(weir.metric(stale), 2);
     assert_eq!(weir.metric("weir_cache_stored_total{store=\"mem\"}"), 1);
     assert_eq!(up.requests().len(), 3);
+}
+
+/// An h2c upstream whose second response (the background revalidation's, fresh for a
+/// minute) is a body that never ends, 512 bytes every 20 ms; its other responses are
+/// `old`, stale at once but for `stale-while-revalidate=60`. Returns its address and
+/// whether that endless stream was reset by Weir.
+async fn endless_second() -> (SocketAddr, Arc<std::sync::atomic::AtomicBool>) {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (count, reset) = (
+        Arc::new(AtomicUsize::new(0)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let was_reset = reset.clone();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let (count, reset) = (count.clone(), reset.clone());
+            tokio::spawn(async move {
+                let Ok(mut conn) = h2::server::handshake(tcp).await else {
+                    return;
+                };
+                while let Some(Ok((_, mut respond))) = conn.accept().await {
+                    let endless = count.fetch_add(1, SeqCst) == 1;
+                    let cc = match endless {
+                        true => "max-age=60",
+                        false => "max-age=0, stale-while-revalidate=60",
+                    };
+                    let head = http::Response::builder().header("cache-control", cc);
+                    let Ok(mut send) = respond.send_response(head.body(()).unwrap(), false) else {
+                        continue;
+                    };
+                    if !endless {
+                        let _ = send.send_data(Bytes::from_static(b"old"), true);
+                        continue;
+                    }
+                    let reset = reset.clone();
+                    tokio::spawn(async move {
+                        let piece = Bytes::from(vec![b'x'; 512]);
+                        while send.send_data(piece.clone(), false).is_ok() {
+                            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                        }
+                        reset.store(true, SeqCst);
+                    });
+                }
+            });
+        }
+    });
+    (addr, was_reset)
+}
+
+/// A background revalidation over h2c stops reading a body once it is over the store's
+/// `max_object_size` (its stream reset), though no read ever waits `response_timeout`:
+/// the key is let go at once, and a request that must revalidate first (`Cache-Control:
+/// no-cache`) goes upstream then, not after the minute-long `response_timeout` or
+/// `lock_timeout`.
+#[tokio::test]
+async fn a_background_revalidation_over_h2c_stops_past_max_object_size() {
+    let (addr, reset) = endless_second().await;
+    let weir = Conf::new()
+        .route(
+            "c",
+            "up",
+            &["cache = { store = \"mem\", lock_timeout = \"60s\" }"],
+        )
+        .upstream(
+            "up",
+            &[addr],
+            &["protocol = \"h2c\"", "response_timeout = \"60s\""],
+        )
+        .table("[caches.mem]\nkind = \"memory\"\nmax_object_size = \"4KiB\"")
+        .start();
+    let mut c = weir.client().await;
+    assert_eq!(get(&mut c, "/").await.body, b"old");
+    let stale = get(&mut c, "/").await;
+    assert_eq!(
+        stale.header("Cache-Status"),
+        Some("weir; hit; detail=stale-while-revalidate")
+    );
+    let stopped = weir_testkit::wait_until_async(common::WAIT, || {
+        reset.load(std::sync::atomic::Ordering::SeqCst)
+    });
+    assert!(stopped.await, "the endless stream is reset");
+    assert_eq!(
+        weir.metric("weir_cache_stored_total{store=\"mem\"}"),
+        1,
+        "nothing of it stored"
+    );
+    let at = std::time::Instant::now();
+    let revalidated = c
+        .request(
+            "GET",
+            "/",
+            &[("Host", "example.com"), ("Cache-Control", "no-cache")],
+            b"",
+        )
+        .await
+        .expect("response");
+    assert_eq!(revalidated.body, b"old");
+    // Without the stop this waits the whole lock_timeout (60 s); the bound is generous
+    // for a loaded machine but far below it.
+    assert!(
+        at.elapsed() < std::time::Duration::from_secs(20),
+        "{:?}",
+        at.elapsed()
+    );
 }
