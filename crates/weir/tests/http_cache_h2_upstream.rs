@@ -537,9 +537,13 @@ async fn a_background_revalidation_s_5xx_over_h2c_leaves_the_entry() {
 
 /// An h2c upstream whose second response (the background revalidation's, fresh for a
 /// minute) is a body that never ends, 512 bytes every 20 ms; its other responses are
-/// `old`, stale at once but for `stale-while-revalidate=60`. Returns its address and
-/// whether that endless stream was reset by Weir.
-async fn endless_second() -> (SocketAddr, Arc<std::sync::atomic::AtomicBool>) {
+/// `old`, stale at once but for `stale-while-revalidate=60`. Returns its address,
+/// whether that endless stream was reset by Weir, and the connections it accepted.
+async fn endless_second() -> (
+    SocketAddr,
+    Arc<std::sync::atomic::AtomicBool>,
+    Arc<std::sync::atomic::AtomicUsize>,
+) {
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -547,9 +551,11 @@ async fn endless_second() -> (SocketAddr, Arc<std::sync::atomic::AtomicBool>) {
         Arc::new(AtomicUsize::new(0)),
         Arc::new(AtomicBool::new(false)),
     );
-    let was_reset = reset.clone();
+    let (was_reset, accepted) = (reset.clone(), Arc::new(AtomicUsize::new(0)));
+    let connections = accepted.clone();
     tokio::spawn(async move {
         while let Ok((tcp, _)) = listener.accept().await {
+            accepted.fetch_add(1, SeqCst);
             let (count, reset) = (count.clone(), reset.clone());
             tokio::spawn(async move {
                 let Ok(mut conn) = h2::server::handshake(tcp).await else {
@@ -581,7 +587,7 @@ async fn endless_second() -> (SocketAddr, Arc<std::sync::atomic::AtomicBool>) {
             });
         }
     });
-    (addr, was_reset)
+    (addr, was_reset, connections)
 }
 
 /// A background revalidation over h2c stops reading a body once it is over the store's
@@ -591,7 +597,7 @@ async fn endless_second() -> (SocketAddr, Arc<std::sync::atomic::AtomicBool>) {
 /// `lock_timeout`.
 #[tokio::test]
 async fn a_background_revalidation_over_h2c_stops_past_max_object_size() {
-    let (addr, reset) = endless_second().await;
+    let (addr, reset, connections) = endless_second().await;
     let weir = Conf::new()
         .route(
             "c",
@@ -639,4 +645,6 @@ async fn a_background_revalidation_over_h2c_stops_past_max_object_size() {
         "{:?}",
         at.elapsed()
     );
+    // Only the stream was reset: the pooled connection served the next request.
+    assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 1);
 }

@@ -15,6 +15,8 @@
 //! The sender is generic over the client's side ([`ClientSide`], [`ClientBody`]): an
 //! HTTP/3 client's stream (`http3::upstream`) and an HTTP/1.x client's connection
 //! (`http2::from_http1`) take the same tries; each writes the response head its own way.
+//! So does a cache's background revalidation, with no client at all (`ForStore`,
+//! `http2::filling`).
 
 use std::cell::Cell;
 use std::future::Future;
@@ -277,7 +279,7 @@ impl ClientBody for RecvStream {
 
 /// A client while an HTTP/2 upstream answers it: an HTTP/2 client's stream
 /// ([`ClientStream`]), an HTTP/3 client's (`http3::upstream`), an HTTP/1.x client's
-/// connection (`http2::from_http1`).
+/// connection (`http2::from_http1`), or none (`ForStore`: a background revalidation).
 pub(crate) trait ClientSide {
     /// No client waits (a fetch for the store alone, `http2::filling::ForStore`): only a
     /// `304` that refreshes the entry answers instead of the response (a stale entry does

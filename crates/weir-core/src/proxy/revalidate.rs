@@ -3,9 +3,8 @@
 //! (`cache::Lookup::Stale`), and one exchange with no client attached asks the upstream
 //! again (`StreamRequest::fetch_for_store`, over HTTP/1.1 or HTTP/2 as an HTTP/1.x
 //! client's request would go: the entry's conditional request, a `304` refreshing it or a
-//! new response stored). It is a task of the worker, made from a copy
-//! of the request's head and who sent it, on the snapshot the request was routed on; it
-//! holds the key's fetch ([`Fill`] leading: at most one per key, other misses of the key
+//! new response stored). It is a task of the worker, made from a copy of the request's
+//! head and who sent it, on the snapshot the request was routed on; it holds the key's fetch ([`Fill`] leading: at most one per key, other misses of the key
 //! wait for it as for any fetch) and its tries are the driver's, under the upstream's
 //! limits (`max_connections`, health, retries), counted as any try is.
 //!
