@@ -6,7 +6,8 @@
 //!   copied. A body of at least `sendfile_min_size` is kept in a sealed memfd, its bytes
 //!   mapped from it ([`Body::Sealed`]), so that plain-TCP HTTP/1.1 hits send it with
 //!   sendfile(2) (`files::reply`), no copy into the socket; if the memfd cannot be had
-//!   (out of descriptors or mappings) the body stays on the heap.
+//!   (out of descriptors or mappings) the body stays on the heap. The copy into the memfd
+//!   is made on the runtime's blocking pool ([`Store::put`]), not on the worker.
 //! - `kind = "disk"`: an entry's body is in its file ([`Disk`]); the index (heads, policies,
 //!   where each body is) is in memory, rebuilt from the files at start by a background
 //!   scan, so entries are found again after a restart. Files are written, and large bodies
@@ -301,25 +302,25 @@ impl Store {
         self.lock().get(key)
     }
 
-    /// Stores `entry` (its body in memory) under `key`: a memory store at once, a disk
-    /// store once its file is written (on the blocking pool). `release`: the fetch of
-    /// `key` is over once it is stored ([`Store::release`]), so that waiting requests
-    /// find it.
+    /// Stores `entry` (its body in memory) under `key`: a memory store at once, or once
+    /// its body is copied into a sealed memfd; a disk store once its file is written. The
+    /// copy and the file are made on the blocking pool, so that a large miss does not
+    /// stall the worker's other connections. `release`: the fetch of `key` is over once
+    /// it is stored ([`Store::release`]), so that waiting requests find it.
     pub fn put(self: &Arc<Self>, key: Vec<u8>, entry: Entry, release: bool) {
-        if self.disk.is_none() {
-            self.insert(&key, self.sealed(entry), false);
-            self.counts.stores.fetch_add(1, Relaxed);
-            if release {
-                self.release(&key);
-            }
+        if self.disk.is_none() && !self.to_seal(&entry) {
+            self.keep(&key, entry, release);
             return;
         }
         let store = self.clone();
-        let job = move || {
-            store.write(&key, entry);
-            if release {
-                store.release(&key);
+        let job = move || match store.disk.is_some() {
+            true => {
+                store.write(&key, entry);
+                if release {
+                    store.release(&key);
+                }
             }
+            false => store.keep(&key, store.sealed(entry), release),
         };
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => drop(runtime.spawn_blocking(job)),
@@ -327,17 +328,35 @@ impl Store {
         }
     }
 
-    /// `entry` (of a memory store) with its body in a sealed memfd if it is at least
-    /// `sendfile_min_size` long (accounted by its pages); as it is if it is not, or if
-    /// the memfd cannot be had (logged).
+    /// A memory store's insert of `entry`, then the fetch's release.
+    fn keep(&self, key: &[u8], entry: Entry, release: bool) {
+        self.insert(key, entry, false);
+        self.counts.stores.fetch_add(1, Relaxed);
+        if release {
+            self.release(key);
+        }
+    }
+
+    /// Whether `entry`'s body goes into a sealed memfd: in memory and at least
+    /// `sendfile_min_size` long.
+    fn to_seal(&self, entry: &Entry) -> bool {
+        let Body::Memory(bytes) = &entry.body else {
+            return false;
+        };
+        !bytes.is_empty() && bytes.len() as u64 >= self.sendfile_min_size.load(Relaxed)
+    }
+
+    /// `entry` (of a memory store) with its body in a sealed memfd if it is to be
+    /// ([`Store::to_seal`]; accounted by its pages); as it is if it is not, or if the
+    /// memfd cannot be had (logged).
     fn sealed(&self, mut entry: Entry) -> Entry {
+        if !self.to_seal(&entry) {
+            return entry;
+        }
         let Body::Memory(bytes) = &entry.body else {
             return entry;
         };
         let len = bytes.len() as u64;
-        if len == 0 || len < self.sendfile_min_size.load(Relaxed) {
-            return entry;
-        }
         match sealed::seal(bytes) {
             Ok((memfd, mapped)) => {
                 let page = crate::sys::page_size().unwrap_or(4096);
