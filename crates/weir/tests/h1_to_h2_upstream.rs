@@ -352,6 +352,39 @@ async fn websocket_upgrade_to_an_h2_only_upstream_is_refused_with_501() {
     );
 }
 
+/// An `h2` upstream over TLS takes an upgrade as an HTTP/2 client's WebSocket reaches it:
+/// an HTTP/1.1 Upgrade on a connection of its own, made with ALPN `http/1.1`, not a 501.
+/// (The test server is an HTTP/1.1 echo that declines the upgrade with a 200, which an
+/// HTTP/1.1 client gets as it came.)
+#[tokio::test]
+async fn websocket_upgrade_to_a_tls_h2_upstream_goes_over_http11() {
+    let ca = TestCa::new("ws upstream CA");
+    let leaf = ca.leaf(&["127.0.0.1"]);
+    let backend = weir_testkit::Backend::echo_tls("h1", &TlsServer::new(&leaf));
+    let tls = format!("tls = {{ ca = \"{}\" }}", ca.cert_path.display());
+    let weir = Conf::new()
+        .route("all", "up", &[])
+        .upstream("up", &[backend.addr()], &["protocol = \"h2\"", &tls])
+        .start();
+    let mut client = weir.client().await;
+    let fields = [
+        ("Connection", "Upgrade"),
+        ("Upgrade", "websocket"),
+        ("Sec-WebSocket-Version", "13"),
+        ("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ=="),
+    ];
+    let resp = client
+        .request("GET", "/ws", &fields, b"")
+        .await
+        .expect("response");
+    assert_eq!(resp.status, 200, "the server's own answer, not a 501");
+    assert_eq!(
+        backend.requests_served(),
+        1,
+        "the upgrade reached the server"
+    );
+}
+
 /// Weir answers `Expect: 100-continue` itself once a server took the stream: a request no
 /// server takes gets its error alone.
 #[tokio::test]

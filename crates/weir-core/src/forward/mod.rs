@@ -54,6 +54,15 @@ pub(crate) fn carrier(client: Protocol, upstream: &Upstream) -> Carrier {
     }
 }
 
+/// Whether an upgrade (a WebSocket: an HTTP/1.1 `Upgrade`, or an HTTP/2 client's extended
+/// CONNECT) can reach `upstream`. It is carried as an HTTP/1.1 Upgrade on a connection of
+/// its own, made with ALPN `http/1.1` over TLS, whatever [`carrier`] says for the other
+/// requests: `http1`, `auto` and TLS `h2` upstreams take it; an `h2c` upstream, which
+/// speaks nothing but HTTP/2, cannot.
+pub(crate) fn tunnels_to(upstream: &Upstream) -> bool {
+    upstream.protocol != weir_config::UpstreamProtocol::H2c
+}
+
 /// How long a body's relay waits on each side: for the client (its next bytes, or room
 /// for Weir's), and for the upstream.
 #[derive(Debug, Clone, Copy)]

@@ -311,10 +311,7 @@ async fn tunnel(
     if !r.target.route.upgrades.iter().any(|u| u == "websocket") {
         return refuse("websocket is not among the route's upgrades");
     }
-    // The tunnel is an HTTP/1.1 Upgrade on a connection of its own, made with ALPN
-    // `http/1.1` over TLS (as for HTTP/1 clients), so `auto` and TLS `h2` upstreams take
-    // it; only an `h2c` upstream, which speaks nothing but HTTP/2, cannot.
-    if r.target.upstream.protocol == weir_config::UpstreamProtocol::H2c {
+    if !crate::forward::tunnels_to(r.target.upstream) {
         return refuse("WebSocket to an h2c-only upstream");
     }
     let Some(body) = body else {

@@ -44,11 +44,20 @@ pub(crate) async fn forward(
     match carrier(Protocol::Http1, target.upstream) {
         // Boxed, as an HTTP/2 client's stream boxes it (`http2::stream`): its state is
         // about twice an HTTP/1.1 upstream's, and every request's future would hold it.
-        Carrier::Http2 => {
+        Carrier::Http2 if !tunnel(&target, client.conn.buf.filled(), req) => {
             Box::pin(crate::http2::from_http1::forward_h2(worker, target, client)).await
         }
-        Carrier::Http1 => forward_h1(&x, client).await,
+        _ => forward_h1(&x, client).await,
     }
+}
+
+/// Whether the request is an upgrade the route lets through to an upstream that takes it
+/// over HTTP/1.1 ([`crate::forward::tunnels_to`]): then it goes over an HTTP/1.1
+/// connection even to an `h2` upstream, as an HTTP/2 client's WebSocket does.
+fn tunnel(target: &Target<'_>, buf: &[u8], req: &RequestHead) -> bool {
+    req.upgrade
+        && crate::forward::tunnels_to(target.upstream)
+        && crate::filters::upgrade::offers(buf, req, &target.route.upgrades)
 }
 
 /// [`forward`] for a route cache's miss (`fill`): answered by the entry another request
