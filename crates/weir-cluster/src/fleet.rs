@@ -305,8 +305,8 @@ impl Fleet {
         out
     }
 
-    /// Builds and applies the view (after a watch event, a re-list); `force`: even if its
-    /// revision was tried already. The outcome is what `/ready`, the metrics and the
+    /// Builds and applies the view (after a watch event, a re-list); `force`: even if it
+    /// was tried already (see [`Fleet::tried`]). The outcome is what `/ready`, the metrics and the
     /// registration report.
     pub(crate) fn apply_view(&self, force: bool) -> Result<(), String> {
         self.apply_view_with(force, None)
@@ -336,7 +336,7 @@ impl Fleet {
             }
             (view.objects.clone(), view.config_revision, view.author())
         };
-        if !force && new_local.is_none() && self.progress.borrow().seen == revision {
+        if !force && new_local.is_none() && self.tried(&objects, revision) {
             return Ok(());
         }
         let running = self.local_file().clone();
@@ -387,6 +387,16 @@ impl Fleet {
             Some(e) => Err(e),
             None => outcome.map(drop),
         }
+    }
+
+    /// Whether `objects` at config revision `revision` need no apply: the revision was
+    /// tried and its objects are the running ones. The revision alone does not tell: a
+    /// re-list after a compaction rebuilds it from the keys still there, so a deletion
+    /// missed while the watch was down can leave it where it was, with an object fewer.
+    /// (A rejected revision is tried again then: the watch always brings a newer one, so
+    /// only a re-list does.)
+    fn tried(&self, objects: &Objects, revision: i64) -> bool {
+        self.progress.borrow().seen == revision && *lock(&self.running) == *objects
     }
 
     /// Builds the config of `local` and `objects` and applies it: whether it serves.

@@ -2,7 +2,7 @@
 //! cluster started here (etcd_support; skipped without etcd): a change made once reaches
 //! every instance; a write racing on two instances gets one winner and one 412; a change
 //! one instance cannot apply is rejected there only, and reported; losing an etcd member,
-//! a compaction while an instance was behind, and losing all of etcd (serving goes on, a
+//! a compaction while an instance was behind (a deletion missed then included), and losing all of etcd (serving goes on, a
 //! restart comes up from the snapshot) are survived; a SIGHUP re-reads a shared route's users
 //! file, and a rejected one leaves the running local file; nothing is applied, started from
 //! or written while a write's `.pending` marker is there. And a member reaches etcd over TLS with a client certificate and a password.
@@ -559,6 +559,50 @@ fn losing_etcd_members_then_all_of_etcd_costs_no_request() {
     etcd.put(0, &route, "respond = { status = 200, body = \"v4\" }\n");
     wait_body(&i1, "v4");
     wait_body(&i2, "v4");
+}
+
+/// Two routes; one deleted straight in etcd while an instance is cut off, and the history
+/// compacted past the deletion: back, the instance lists again and drops the route, though
+/// the listing's config revision (the highest of the keys left) is the one it ran already.
+#[test]
+fn a_deletion_missed_while_cut_off_is_applied_after_the_relist() {
+    let Some(bin) = etcd_bin() else { return };
+    let etcd = Etcd::start(bin, 1);
+    let gate = Gate::to(&etcd, 0);
+    let dir = TempDir::new("fleet-missed-delete");
+    let prefix = "/t/missed";
+    let file = local(&dir, "gated", &gate.endpoints(), prefix, "");
+    let two_routes = r#"
+[[listeners]]
+name = "web"
+bind = "127.0.0.1:0"
+
+[[listeners.routes]]
+name = "a"
+path_prefix = "/a"
+respond = { status = 200, body = "a" }
+
+[[listeners.routes]]
+name = "b"
+path_prefix = "/b"
+respond = { status = 200, body = "b" }
+"#;
+    push(&dir, &file, two_routes);
+    let weir = Weir::start_file(&file);
+    let status = |path: &str| get(weir.addr, path).map_or(0, |(head, _)| head.status);
+    assert_eq!((status("/a"), status("/b")), (200, 200));
+
+    gate.close();
+    etcd.delete(0, &format!("{prefix}/config/routes/web/b"));
+    let revision = etcd.put(0, &format!("{prefix}/elsewhere"), "x");
+    etcd.compact(0, revision);
+    gate.open();
+    let gone = weir_testkit::wait_until(WAIT, || status("/b") == 404);
+    assert!(gone, "route b still served:\n{}", weir.log.text());
+    assert_eq!(status("/a"), 200);
+    assert!(metric(&weir, "weir_cluster_relists_total{} ") >= 2.0);
+    let (code, text) = ready(&weir);
+    assert!(code == 200 && text.contains("in sync"), "{code} {text}");
 }
 
 /// etcd over TLS requiring a client certificate, with authentication on: an instance with
