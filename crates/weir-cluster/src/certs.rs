@@ -272,7 +272,7 @@ async fn follow(store: &EtcdStore, end: &str) -> Result<(), EtcdError> {
     let mut watch = store.etcd.watch(&store.root, end, revision + 1).await?;
     loop {
         let events = match watch.next().await? {
-            WatchMessage::Events { events, .. } => events,
+            WatchMessage::Events(events) => events,
             WatchMessage::Created { .. } => continue,
             WatchMessage::Compacted { .. } => return Ok(()),
         };

@@ -102,20 +102,20 @@ async fn follow(fleet: &Arc<Fleet>, prefix: &str, end: &str) -> Result<Next, Etc
                 );
                 return Ok(Next::List);
             }
-            WatchMessage::Events { revision, events } => vec![(revision, events)],
+            WatchMessage::Events(events) => vec![events],
         };
         // Whatever else has arrived already goes in the same apply.
-        while let Some(Ok(WatchMessage::Events { revision, events })) = watch.buffered() {
-            batch.push((revision, events));
+        while let Some(Ok(WatchMessage::Events(events))) = watch.buffered() {
+            batch.push(events);
         }
         {
             let mut view = fleet.lock_view();
-            for (revision, events) in batch {
+            for events in batch {
                 let relative = events
                     .into_iter()
                     .filter_map(|e| Some((relative_key(&e, prefix)?, e)))
                     .collect();
-                view.apply(revision, relative);
+                view.apply(relative);
             }
         }
         apply(fleet, false).await;
