@@ -328,19 +328,19 @@ impl Fleet {
         let signalled = new_local.is_some();
         let held = lock(&self.held_local).take();
         let new_local = new_local.or(held);
-        let (objects, revision, by) = {
-            let view = self.lock_view();
-            if view.objects.contains_key(crate::write::PENDING_KEY) {
-                self.hold(new_local, signalled, view.config_revision);
-                return Ok(());
-            }
-            (view.objects.clone(), view.config_revision, view.author())
-        };
-        if !force && new_local.is_none() && self.tried(&objects, revision) {
+        // A copy: the watch goes on updating the view meanwhile, and what is applied is
+        // what the snapshot keeps.
+        let view = self.lock_view().clone();
+        if view.objects.contains_key(crate::write::PENDING_KEY) {
+            self.hold(new_local, signalled, view.config_revision);
+            return Ok(());
+        }
+        let (objects, revision, by) = (&view.objects, view.config_revision, view.author());
+        if !force && new_local.is_none() && self.tried(objects, revision) {
             return Ok(());
         }
         let running = self.local_file().clone();
-        let apply = |local: &LocalFile| self.apply_objects(store, local, &objects, revision, &by);
+        let apply = |local: &LocalFile| self.apply_objects(store, local, objects, revision, &by);
         // `file_error`: a SIGHUP's file rejected, told to the signal's caller; the revision
         // itself is judged with the running file (the shared objects are not at fault).
         let (outcome, file_error) = match new_local {
@@ -379,7 +379,8 @@ impl Fleet {
             }
         };
         if outcome.is_ok() {
-            *lock(&self.running) = objects;
+            self.save_snapshot(&view);
+            *lock(&self.running) = view.objects;
             *lock(&self.text) = None;
         }
         self.settle(revision, outcome.clone());
@@ -436,6 +437,15 @@ impl Fleet {
         }
     }
 
+    /// Writes `applied` (the view as it was applied, not as the watch has it since: that
+    /// may be a change rejected here) as the snapshot a start without etcd comes up from.
+    fn save_snapshot(&self, applied: &View) {
+        let text = applied.to_json(&self.settings.prefix);
+        if let Err(e) = crate::snapshot::save(&self.settings, &text) {
+            tracing::warn!(error = %e, path = %self.settings.snapshot.display(), "cannot write the cluster snapshot");
+        }
+    }
+
     /// Records the outcome of trying `revision`.
     fn settle(&self, revision: i64, outcome: Result<bool, String>) {
         use std::sync::atomic::Ordering::Relaxed;
@@ -448,10 +458,6 @@ impl Fleet {
                     (p.seen, p.applied, p.rejected, p.serving) =
                         (revision, revision, None, *serving)
                 });
-                let text = self.lock_view().to_json(&self.settings.prefix);
-                if let Err(e) = crate::snapshot::save(&self.settings, &text) {
-                    tracing::warn!(error = %e, path = %self.settings.snapshot.display(), "cannot write the cluster snapshot");
-                }
             }
             Err(e) => {
                 metrics.rejected.fetch_add(1, Relaxed);
