@@ -260,6 +260,48 @@ fn a_push_of_several_transactions_is_applied_whole() {
     assert_eq!(changes, [251], "changes per version");
 }
 
+/// 100 routes of 16 KiB each (1.6 MB: one request by count, over etcd's request limit)
+/// are pushed in several transactions and applied; one object over the limit is refused by
+/// name before anything is written.
+#[test]
+fn a_push_over_etcd_request_limit_is_split_and_an_oversized_object_refused() {
+    let Some(bin) = etcd_bin() else { return };
+    let etcd = Etcd::start(bin, 1);
+    let dir = TempDir::new("fleet-bytes");
+    let file = local(&dir, "a", &etcd.endpoints(&etcd.all()), "/t/bytes", "");
+    let body_of = |i: usize| format!("{i:03}").repeat(16 * 1024 / 3);
+    let mut shared = SHARED.to_owned();
+    for i in 0..100 {
+        shared += &format!(
+            "\n[[listeners.routes]]\nname = \"r{i:03}\"\npath_prefix = \"/r{i}/\"\n\
+             respond = {{ status = 200, body = \"{}\" }}\n",
+            body_of(i)
+        );
+    }
+    push(&dir, &file, &shared);
+    let weir = Weir::start_file(&file);
+    let (_, last) = get(weir.addr, "/r99/").expect("GET");
+    assert_eq!(String::from_utf8_lossy(&last), body_of(99));
+
+    let huge = "x".repeat(1024 * 1024 + 1);
+    let refused = shared.replacen("body = \"v1\"", &format!("body = \"{huge}\""), 1);
+    let path = dir.write("huge.toml", &refused);
+    let out = Command::new(WEIR)
+        .args(["ctl", "-c"])
+        .arg(&file)
+        .args(["cluster", "push", "-f"])
+        .arg(&path)
+        .output()
+        .expect("run weir ctl");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("/t/bytes/config/routes/web/all: 1048") && stderr.contains("fix:"),
+        "{stderr}"
+    );
+    assert_eq!(body(weir.addr), "v1", "nothing written");
+}
+
 /// While `.pending` is there (a write of several transactions under way), a running
 /// instance applies nothing, one starting does not start from etcd's half, no other write
 /// starts (409), and a SIGHUP's local file waits; once it goes, both apply the write (and
