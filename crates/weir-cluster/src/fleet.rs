@@ -146,7 +146,12 @@ impl Fleet {
             Err(_) => tracing::warn!("etcd did not answer within {START_LIST_TIMEOUT:?} at start"),
         }
         match crate::snapshot::load(&self.settings) {
-            Ok(Some(view)) => candidates.push(("snapshot", view)),
+            Ok(Some(view)) => {
+                if let Some((_, listed)) = candidates.first_mut() {
+                    listed.carry_deletions(&view);
+                }
+                candidates.push(("snapshot", view));
+            }
             Ok(None) => {}
             Err(e) => tracing::warn!(error = %e, "cannot read the cluster snapshot"),
         }
@@ -379,9 +384,11 @@ impl Fleet {
             }
         };
         if outcome.is_ok() {
-            self.save_snapshot(&view);
+            // Told as it was applied (the history has it already), then kept on disk.
+            let snapshot = view.to_json(&self.settings.prefix);
             *lock(&self.running) = view.objects;
             *lock(&self.text) = None;
+            self.save_snapshot(&snapshot);
         }
         self.settle(revision, outcome.clone());
         match file_error {
@@ -437,11 +444,11 @@ impl Fleet {
         }
     }
 
-    /// Writes `applied` (the view as it was applied, not as the watch has it since: that
-    /// may be a change rejected here) as the snapshot a start without etcd comes up from.
-    fn save_snapshot(&self, applied: &View) {
-        let text = applied.to_json(&self.settings.prefix);
-        if let Err(e) = crate::snapshot::save(&self.settings, &text) {
+    /// Writes `text`, the view as it was applied ([`View::to_json`]; not as the watch has
+    /// it since: that may be a change rejected here), as the snapshot a start without etcd
+    /// comes up from.
+    fn save_snapshot(&self, text: &str) {
+        if let Err(e) = crate::snapshot::save(&self.settings, text) {
             tracing::warn!(error = %e, path = %self.settings.snapshot.display(), "cannot write the cluster snapshot");
         }
     }

@@ -74,13 +74,17 @@ enum Next {
 }
 
 async fn relist(fleet: &Arc<Fleet>) -> Result<Next, EtcdError> {
-    let view = list(fleet).await?;
+    let mut view = list(fleet).await?;
     tracing::info!(
         revision = view.revision,
         objects = view.objects.len(),
         "shared objects listed"
     );
-    *fleet.lock_view() = view;
+    {
+        let mut current = fleet.lock_view();
+        view.carry_deletions(&current);
+        *current = view;
+    }
     apply(fleet, false).await;
     Ok(Next::Watch)
 }

@@ -42,6 +42,25 @@ impl View {
         view
     }
 
+    /// Takes over what `old` (the view this listing replaces: the previous one, or the
+    /// snapshot) knew of deletions, and learns the ones it missed: an object `old` had
+    /// that is gone now was deleted by this listing's revision at the latest. That much is
+    /// known, so it is the deletion's revision here, and as for a deletion watched, the
+    /// config's version moves there (it is not the config it was). Without it, a write
+    /// with the `If-Match` of before could re-create the object unnoticed.
+    pub fn carry_deletions(&mut self, old: &View) {
+        let known = old.deleted.iter().map(|(k, rev)| (k, *rev));
+        let missed = old.objects.keys().map(|k| (k, self.revision));
+        for (key, revision) in known.chain(missed) {
+            if self.objects.contains_key(key) {
+                continue;
+            }
+            let at = self.deleted.entry(key.clone()).or_insert(0);
+            *at = (*at).max(revision);
+            self.config_revision = self.config_revision.max(revision);
+        }
+    }
+
     /// Applies watched events (keys relative): the view is then complete up to the last
     /// one's revision, and a watch resumes after it. Not after the response's header
     /// revision: etcd catching a watch up sends the events in batches whose header is the
@@ -222,5 +241,39 @@ mod tests {
         assert_eq!((view.revision, view.config_revision), (1005, 1005));
         view.apply(vec![]);
         assert_eq!(view.revision, 1005);
+    }
+
+    /// An object deleted while the view was not watching: its deletion is dated at the
+    /// listing that found it gone, and the config's version moves there too.
+    #[test]
+    fn a_listing_learns_the_deletions_it_missed() {
+        let mut old = View::listed(
+            9,
+            vec![
+                ("routes/w/a".into(), kv("k", "x", 4)),
+                ("routes/w/b".into(), kv("k", "y", 5)),
+                (VERSION_KEY.into(), kv("k", "push", 5)),
+            ],
+        );
+        old.deleted.insert("routes/w/c".into(), 3);
+        let relisted = |old: &View| {
+            let kvs = vec![
+                ("routes/w/a".into(), kv("k", "x", 4)),
+                (VERSION_KEY.into(), kv("k", "push", 5)),
+            ];
+            let mut view = View::listed(12, kvs);
+            view.carry_deletions(old);
+            view
+        };
+        let view = relisted(&old);
+        assert_eq!(view.last_change("routes/w/b"), 12);
+        assert_eq!(view.last_change("routes/w/c"), 3);
+        assert_eq!(view.last_change("routes/w/a"), 4);
+        assert_eq!((view.config_revision, view.author().as_str()), (12, "etcd"));
+        // Nothing missed: the version stays.
+        let again = relisted(&view);
+        assert_eq!(again.config_revision, 12);
+        old.objects.remove("routes/w/b");
+        assert_eq!(relisted(&old).config_revision, 5);
     }
 }

@@ -605,9 +605,10 @@ fn losing_etcd_members_then_all_of_etcd_costs_no_request() {
 
 /// Two routes; one deleted straight in etcd while an instance is cut off, and the history
 /// compacted past the deletion: back, the instance lists again and drops the route, though
-/// the listing's config revision (the highest of the keys left) is the one it ran already.
+/// the highest revision of the keys left is the one it ran already; and a write with the
+/// If-Match of before the deletion gets 412, not the route back.
 #[test]
-fn a_deletion_missed_while_cut_off_is_applied_after_the_relist() {
+fn a_deletion_missed_while_cut_off_is_applied_and_a_stale_if_match_cannot_undo_it() {
     let Some(bin) = etcd_bin() else { return };
     let etcd = Etcd::start(bin, 1);
     let gate = Gate::to(&etcd, 0);
@@ -633,6 +634,7 @@ respond = { status = 200, body = "b" }
     let weir = Weir::start_file(&file);
     let status = |path: &str| get(weir.addr, path).map_or(0, |(head, _)| head.status);
     assert_eq!((status("/a"), status("/b")), (200, 200));
+    let before = etag(&weir);
 
     gate.close();
     etcd.delete(0, &format!("{prefix}/config/routes/web/b"));
@@ -645,6 +647,24 @@ respond = { status = 200, body = "b" }
     assert!(metric(&weir, "weir_cluster_relists_total{} ") >= 2.0);
     let (code, text) = ready(&weir);
     assert!(code == 200 && text.contains("in sync"), "{code} {text}");
+
+    // The config is not the one of before: a write with the old If-Match cannot put the
+    // deleted route back; one made on the config as it is now can.
+    let now = etag(&weir);
+    assert_ne!(now, before);
+    let put_b = |if_match: &str| {
+        let headers = [("Content-Type", "application/json"), ("If-Match", if_match)];
+        let json = r#"{"path_prefix": "/b", "respond": {"status": 200, "body": "b2"}}"#;
+        let path = "/api/v1/listeners/web/routes/b";
+        let (head, reply) = call(weir.admin_addr(), "PUT", path, &headers, json).expect("PUT");
+        (head.status, reply)
+    };
+    let (code, reply) = put_b(&before);
+    assert_eq!(code, 412, "{reply}");
+    assert_eq!(status("/b"), 404);
+    let (code, reply) = put_b(&now);
+    assert_eq!(code, 200, "{reply}");
+    assert_eq!(status("/b"), 200);
 }
 
 /// etcd over TLS requiring a client certificate, with authentication on: an instance with
