@@ -5,7 +5,10 @@
 //! a compaction while an instance was behind (a deletion missed then included), and losing all of etcd (serving goes on, a
 //! restart comes up from the snapshot) are survived; a SIGHUP re-reads a shared route's users
 //! file, and a rejected one leaves the running local file; nothing is applied, started from
-//! or written while a write's `.pending` marker is there. And a member reaches etcd over TLS with a client certificate and a password.
+//! or written while a write's `.pending` marker is there; an instance on an empty prefix
+//! is not ready and says why, and `push --dry-run` writes nothing; a push over etcd's
+//! request limit is split, an object over it refused; a stale `If-Match` cannot re-create
+//! an object deleted while an instance was cut off. And a member reaches etcd over TLS with a client certificate and a password.
 
 mod etcd_support;
 mod support_process;
@@ -300,6 +303,48 @@ fn a_push_over_etcd_request_limit_is_split_and_an_oversized_object_refused() {
         "{stderr}"
     );
     assert_eq!(body(weir.addr), "v1", "nothing written");
+}
+
+/// An instance started on an empty prefix serves nothing and says why (`/ready` 503); a
+/// `push --dry-run` shows the changes and writes nothing; the push itself brings the
+/// listener up.
+#[test]
+fn an_empty_prefix_is_not_ready_and_a_dry_run_writes_nothing() {
+    let Some(bin) = etcd_bin() else { return };
+    let etcd = Etcd::start(bin, 1);
+    let dir = TempDir::new("fleet-empty");
+    let file = local(&dir, "a", &etcd.endpoints(&etcd.all()), "/t/empty", "");
+    let mut cmd = Command::new(WEIR);
+    cmd.arg("run").arg("-c").arg(&file);
+    let weir = Weir::spawn_no_wait(cmd);
+    let (status, text) = ready(&weir);
+    assert_eq!(status, 503, "{text}");
+    assert!(
+        text.contains("no listeners under /t/empty/config/ yet"),
+        "{text}"
+    );
+
+    let shared = dir.write("shared.toml", SHARED);
+    let path = shared.to_str().expect("utf-8 path");
+    let shown = ctl(&file, &["push", "-f", path, "--dry-run"]);
+    assert!(shown.contains("added listener web"), "{shown}");
+    let pulled = ctl(&file, &["pull"]);
+    assert!(
+        !pulled.contains("[[listeners]]"),
+        "nothing written:\n{pulled}"
+    );
+    let (status, text) = ready(&weir);
+    assert!(
+        status == 503 && text.contains("no listeners under"),
+        "{text}"
+    );
+
+    ctl(&file, &["push", "-f", path]);
+    let addr = weir.log.listening("web", "listening", WAIT);
+    let addr = addr.unwrap_or_else(|| panic!("web never listened:\n{}", weir.log.text()));
+    assert_eq!(body(addr), "v1");
+    let up = weir_testkit::wait_until(WAIT, || ready(&weir).0 == 200);
+    assert!(up, "{:?}", ready(&weir));
 }
 
 /// While `.pending` is there (a write of several transactions under way), a running
