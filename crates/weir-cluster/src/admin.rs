@@ -66,8 +66,12 @@ impl Admin {
             Some(old) => weir_config::diff::diff(&old, &new_config),
             None => weir_config::diff::diff(&self.config(local, &Objects::new())?, &new_config),
         };
+        let writes = write::changes(&view.objects, &new);
+        if let Some(e) = write::too_large(&writes, &|k| self.key_name(k)) {
+            anyhow::bail!("{e} (fix: {})", write::TOO_LARGE_FIX);
+        }
         Ok(Plan {
-            writes: write::changes(&view.objects, &new),
+            writes,
             changes,
             notes: objects::route_order_notes(file),
             view,

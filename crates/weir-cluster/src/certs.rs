@@ -78,10 +78,19 @@ impl EtcdStore {
         Ok([SEALED, &nonce, &data].concat())
     }
 
-    /// The plaintext of a value read at `key` (a value not sealed is taken as it is).
+    /// The plaintext of a value read at `key`. A certificate (`.pem`) is not sealed; any
+    /// other file must be: a private key put there in plaintext (by hand, or by a writer
+    /// without the fleet's key) is refused, as one that does not open is, rather than used.
     fn open(&self, key: &str, value: Vec<u8>) -> Result<Vec<u8>, String> {
         let Some(rest) = value.strip_prefix(SEALED) else {
-            return Ok(value);
+            if key.ends_with(".pem") {
+                return Ok(value);
+            }
+            return Err(format!(
+                "{key}: a private value stored unsealed (not written by an instance with the \
+                 fleet's [cluster] key_file); not used (fix: delete the key: the next instance \
+                 to order or issue that certificate writes it sealed)"
+            ));
         };
         let (nonce, sealed) = rest.split_at(NONCE_LEN.min(rest.len()));
         let nonce = Nonce::try_assume_unique_for_key(nonce)
@@ -272,7 +281,7 @@ async fn follow(store: &EtcdStore, end: &str) -> Result<(), EtcdError> {
     let mut watch = store.etcd.watch(&store.root, end, revision + 1).await?;
     loop {
         let events = match watch.next().await? {
-            WatchMessage::Events { events, .. } => events,
+            WatchMessage::Events(events) => events,
             WatchMessage::Created { .. } => continue,
             WatchMessage::Compacted { .. } => return Ok(()),
         };
@@ -377,6 +386,20 @@ mod tests {
         assert_eq!(plain, b"-----BEGIN PRIVATE KEY-----");
         let moved = s.open("/w/certs/files/b.key", sealed).unwrap_err();
         assert!(moved.contains("cannot decrypt"), "{moved}");
+    }
+
+    /// A key or account put into etcd in plaintext is refused, not used; a certificate
+    /// (public) is read as it is.
+    #[test]
+    fn unsealed_private_values_are_refused() {
+        let s = store();
+        let pem = b"-----BEGIN PRIVATE KEY-----".to_vec();
+        for key in ["/w/certs/files/a.key", "/w/certs/files/account-0123.json"] {
+            let e = s.open(key, pem.clone()).unwrap_err();
+            assert!(e.starts_with(key) && e.contains("unsealed"), "{e}");
+        }
+        let cert = b"-----BEGIN CERTIFICATE-----".to_vec();
+        assert_eq!(s.open("/w/certs/files/a.pem", cert.clone()).unwrap(), cert);
     }
 
     #[test]

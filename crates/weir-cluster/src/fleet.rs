@@ -146,7 +146,12 @@ impl Fleet {
             Err(_) => tracing::warn!("etcd did not answer within {START_LIST_TIMEOUT:?} at start"),
         }
         match crate::snapshot::load(&self.settings) {
-            Ok(Some(view)) => candidates.push(("snapshot", view)),
+            Ok(Some(view)) => {
+                if let Some((_, listed)) = candidates.first_mut() {
+                    listed.carry_deletions(&view);
+                }
+                candidates.push(("snapshot", view));
+            }
             Ok(None) => {}
             Err(e) => tracing::warn!(error = %e, "cannot read the cluster snapshot"),
         }
@@ -305,8 +310,8 @@ impl Fleet {
         out
     }
 
-    /// Builds and applies the view (after a watch event, a re-list); `force`: even if its
-    /// revision was tried already. The outcome is what `/ready`, the metrics and the
+    /// Builds and applies the view (after a watch event, a re-list); `force`: even if it
+    /// was tried already (see [`Fleet::tried`]). The outcome is what `/ready`, the metrics and the
     /// registration report.
     pub(crate) fn apply_view(&self, force: bool) -> Result<(), String> {
         self.apply_view_with(force, None)
@@ -328,19 +333,19 @@ impl Fleet {
         let signalled = new_local.is_some();
         let held = lock(&self.held_local).take();
         let new_local = new_local.or(held);
-        let (objects, revision, by) = {
-            let view = self.lock_view();
-            if view.objects.contains_key(crate::write::PENDING_KEY) {
-                self.hold(new_local, signalled, view.config_revision);
-                return Ok(());
-            }
-            (view.objects.clone(), view.config_revision, view.author())
-        };
-        if !force && new_local.is_none() && self.progress.borrow().seen == revision {
+        // A copy: the watch goes on updating the view meanwhile, and what is applied is
+        // what the snapshot keeps.
+        let view = self.lock_view().clone();
+        if view.objects.contains_key(crate::write::PENDING_KEY) {
+            self.hold(new_local, signalled, view.config_revision);
+            return Ok(());
+        }
+        let (objects, revision, by) = (&view.objects, view.config_revision, view.author());
+        if !force && new_local.is_none() && self.tried(objects, revision) {
             return Ok(());
         }
         let running = self.local_file().clone();
-        let apply = |local: &LocalFile| self.apply_objects(store, local, &objects, revision, &by);
+        let apply = |local: &LocalFile| self.apply_objects(store, local, objects, revision, &by);
         // `file_error`: a SIGHUP's file rejected, told to the signal's caller; the revision
         // itself is judged with the running file (the shared objects are not at fault).
         let (outcome, file_error) = match new_local {
@@ -379,14 +384,27 @@ impl Fleet {
             }
         };
         if outcome.is_ok() {
-            *lock(&self.running) = objects;
+            // Told as it was applied (the history has it already), then kept on disk.
+            let snapshot = view.to_json(&self.settings.prefix);
+            *lock(&self.running) = view.objects;
             *lock(&self.text) = None;
+            self.save_snapshot(&snapshot);
         }
         self.settle(revision, outcome.clone());
         match file_error {
             Some(e) => Err(e),
             None => outcome.map(drop),
         }
+    }
+
+    /// Whether `objects` at config revision `revision` need no apply: the revision was
+    /// tried and its objects are the running ones. The revision alone does not tell: a
+    /// re-list after a compaction rebuilds it from the keys still there, so a deletion
+    /// missed while the watch was down can leave it where it was, with an object fewer.
+    /// (A rejected revision is tried again then: the watch always brings a newer one, so
+    /// only a re-list does.)
+    fn tried(&self, objects: &Objects, revision: i64) -> bool {
+        self.progress.borrow().seen == revision && *lock(&self.running) == *objects
     }
 
     /// Builds the config of `local` and `objects` and applies it: whether it serves.
@@ -426,6 +444,15 @@ impl Fleet {
         }
     }
 
+    /// Writes `text`, the view as it was applied ([`View::to_json`]; not as the watch has
+    /// it since: that may be a change rejected here), as the snapshot a start without etcd
+    /// comes up from.
+    fn save_snapshot(&self, text: &str) {
+        if let Err(e) = crate::snapshot::save(&self.settings, text) {
+            tracing::warn!(error = %e, path = %self.settings.snapshot.display(), "cannot write the cluster snapshot");
+        }
+    }
+
     /// Records the outcome of trying `revision`.
     fn settle(&self, revision: i64, outcome: Result<bool, String>) {
         use std::sync::atomic::Ordering::Relaxed;
@@ -438,10 +465,6 @@ impl Fleet {
                     (p.seen, p.applied, p.rejected, p.serving) =
                         (revision, revision, None, *serving)
                 });
-                let text = self.lock_view().to_json(&self.settings.prefix);
-                if let Err(e) = crate::snapshot::save(&self.settings, &text) {
-                    tracing::warn!(error = %e, path = %self.settings.snapshot.display(), "cannot write the cluster snapshot");
-                }
             }
             Err(e) => {
                 metrics.rejected.fetch_add(1, Relaxed);

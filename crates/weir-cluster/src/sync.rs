@@ -74,13 +74,17 @@ enum Next {
 }
 
 async fn relist(fleet: &Arc<Fleet>) -> Result<Next, EtcdError> {
-    let view = list(fleet).await?;
+    let mut view = list(fleet).await?;
     tracing::info!(
         revision = view.revision,
         objects = view.objects.len(),
         "shared objects listed"
     );
-    *fleet.lock_view() = view;
+    {
+        let mut current = fleet.lock_view();
+        view.carry_deletions(&current);
+        *current = view;
+    }
     apply(fleet, false).await;
     Ok(Next::Watch)
 }
@@ -102,20 +106,20 @@ async fn follow(fleet: &Arc<Fleet>, prefix: &str, end: &str) -> Result<Next, Etc
                 );
                 return Ok(Next::List);
             }
-            WatchMessage::Events { revision, events } => vec![(revision, events)],
+            WatchMessage::Events(events) => vec![events],
         };
         // Whatever else has arrived already goes in the same apply.
-        while let Some(Ok(WatchMessage::Events { revision, events })) = watch.buffered() {
-            batch.push((revision, events));
+        while let Some(Ok(WatchMessage::Events(events))) = watch.buffered() {
+            batch.push(events);
         }
         {
             let mut view = fleet.lock_view();
-            for (revision, events) in batch {
+            for events in batch {
                 let relative = events
                     .into_iter()
                     .filter_map(|e| Some((relative_key(&e, prefix)?, e)))
                     .collect();
-                view.apply(revision, relative);
+                view.apply(relative);
             }
         }
         apply(fleet, false).await;

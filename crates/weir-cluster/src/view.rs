@@ -42,9 +42,33 @@ impl View {
         view
     }
 
-    /// Applies watched events (keys relative) up to `revision`.
-    pub fn apply(&mut self, revision: i64, events: Vec<(String, Event)>) {
+    /// Takes over what `old` (the view this listing replaces: the previous one, or the
+    /// snapshot) knew of deletions, and learns the ones it missed: an object `old` had
+    /// that is gone now was deleted by this listing's revision at the latest. That much is
+    /// known, so it is the deletion's revision here, and as for a deletion watched, the
+    /// config's version moves there (it is not the config it was). Without it, a write
+    /// with the `If-Match` of before could re-create the object unnoticed.
+    pub fn carry_deletions(&mut self, old: &View) {
+        let known = old.deleted.iter().map(|(k, rev)| (k, *rev));
+        let missed = old.objects.keys().map(|k| (k, self.revision));
+        for (key, revision) in known.chain(missed) {
+            if self.objects.contains_key(key) {
+                continue;
+            }
+            let at = self.deleted.entry(key.clone()).or_insert(0);
+            *at = (*at).max(revision);
+            self.config_revision = self.config_revision.max(revision);
+        }
+    }
+
+    /// Applies watched events (keys relative): the view is then complete up to the last
+    /// one's revision, and a watch resumes after it. Not after the response's header
+    /// revision: etcd catching a watch up sends the events in batches whose header is the
+    /// store's current revision, so a watch broken before the rest arrive would resume past
+    /// events never seen (etcd's own client resumes after the last event too).
+    pub fn apply(&mut self, events: Vec<(String, Event)>) {
         for (key, event) in events {
+            self.revision = self.revision.max(event.revision());
             match event {
                 Event::Put(kv) => self.put(key, kv),
                 Event::Delete { revision, .. } => {
@@ -55,7 +79,6 @@ impl View {
                 }
             }
         }
-        self.revision = self.revision.max(revision);
     }
 
     fn put(&mut self, key: String, kv: Kv) {
@@ -174,26 +197,24 @@ mod tests {
     fn events_and_deletions_move_the_config_revision_and_the_snapshot_round_trips() {
         let mut view = View::listed(5, vec![("upstreams/a".into(), kv("k", "x = 1\n", 4))]);
         assert_eq!((view.revision, view.config_revision), (5, 4));
-        view.apply(
-            9,
-            vec![(
-                "upstreams/a".into(),
-                Event::Delete {
-                    key: "k".into(),
-                    revision: 8,
-                },
-            )],
-        );
+        view.apply(vec![(
+            "upstreams/a".into(),
+            Event::Delete {
+                key: "k".into(),
+                revision: 8,
+            },
+        )]);
         assert_eq!(
             (view.config_revision, view.last_change("upstreams/a")),
             (8, 8)
         );
-        view.apply(
-            10,
-            vec![(VERSION_KEY.into(), Event::Put(kv("k", "api on n1", 10)))],
-        );
+        view.apply(vec![(
+            VERSION_KEY.into(),
+            Event::Put(kv("k", "api on n1", 10)),
+        )]);
         assert_eq!((view.config_revision, view.by.as_str()), (10, "api on n1"));
         assert!(view.objects.is_empty());
+        assert_eq!(view.revision, 10);
         let mut again = View::listed(
             3,
             vec![("listeners/w".into(), kv("k", "bind = \"x\"\n", 2))],
@@ -206,5 +227,53 @@ mod tests {
             (back.objects, back.mod_revisions, back.by),
             (again.objects, again.mod_revisions, again.by)
         );
+    }
+
+    /// A batch of a watch catching up: its header says the store's current revision (2000),
+    /// its events end at 1005. A watch broken then resumes at 1006, not 2001.
+    #[test]
+    fn a_watch_resumes_after_the_last_event_applied() {
+        let mut view = View::listed(3, vec![]);
+        let events = (4..=1005)
+            .map(|rev| ("routes/w/r".to_owned(), Event::Put(kv("k", "x", rev))))
+            .collect();
+        view.apply(events);
+        assert_eq!((view.revision, view.config_revision), (1005, 1005));
+        view.apply(vec![]);
+        assert_eq!(view.revision, 1005);
+    }
+
+    /// An object deleted while the view was not watching: its deletion is dated at the
+    /// listing that found it gone, and the config's version moves there too.
+    #[test]
+    fn a_listing_learns_the_deletions_it_missed() {
+        let mut old = View::listed(
+            9,
+            vec![
+                ("routes/w/a".into(), kv("k", "x", 4)),
+                ("routes/w/b".into(), kv("k", "y", 5)),
+                (VERSION_KEY.into(), kv("k", "push", 5)),
+            ],
+        );
+        old.deleted.insert("routes/w/c".into(), 3);
+        let relisted = |old: &View| {
+            let kvs = vec![
+                ("routes/w/a".into(), kv("k", "x", 4)),
+                (VERSION_KEY.into(), kv("k", "push", 5)),
+            ];
+            let mut view = View::listed(12, kvs);
+            view.carry_deletions(old);
+            view
+        };
+        let view = relisted(&old);
+        assert_eq!(view.last_change("routes/w/b"), 12);
+        assert_eq!(view.last_change("routes/w/c"), 3);
+        assert_eq!(view.last_change("routes/w/a"), 4);
+        assert_eq!((view.config_revision, view.author().as_str()), (12, "etcd"));
+        // Nothing missed: the version stays.
+        let again = relisted(&view);
+        assert_eq!(again.config_revision, 12);
+        old.objects.remove("routes/w/b");
+        assert_eq!(relisted(&old).config_revision, 5);
     }
 }

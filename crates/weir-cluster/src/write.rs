@@ -20,6 +20,33 @@ use crate::view::{View, VERSION_KEY};
 /// version key and [`PENDING_KEY`].
 pub const TXN_OPS: usize = 100;
 
+/// Bytes of keys and values per transaction: well under etcd's default request limit
+/// (`--max-request-bytes`, 1.5 MiB), with the version key, [`PENDING_KEY`] and framing.
+/// One object over it is refused ([`too_large`]): alone, it would still be near the limit.
+pub const TXN_BYTES: usize = 1024 * 1024;
+
+/// What one change weighs in a transaction: its key twice (the compare and the op), its
+/// value, and room for the framing of both.
+fn weight(full_key: &str, value: Option<&String>) -> usize {
+    2 * full_key.len() + value.map_or(0, String::len) + 64
+}
+
+/// What to do about an object [`too_large`] refuses.
+pub const TOO_LARGE_FIX: &str =
+    "make the object smaller: e.g. serve a large inline body from a file";
+
+/// The first of `changes` too large for a transaction, told (the fix: [`TOO_LARGE_FIX`]).
+pub fn too_large(changes: &[Change], key_name: &dyn Fn(&str) -> String) -> Option<String> {
+    let (key, value) = changes
+        .iter()
+        .find(|(key, value)| weight(&key_name(key), value.as_ref()) > TXN_BYTES)?;
+    let size = value.as_ref().map_or(0, String::len);
+    Some(format!(
+        "{}: {size} bytes, over the {TXN_BYTES} bytes one object may have in etcd (whose request limit is 1.5 MiB by default)",
+        key_name(key)
+    ))
+}
+
 /// The key (under `PREFIX/config/`) that exists while a write of several transactions is
 /// under way, under the writer's lease: instances apply nothing while it is there, so they
 /// never run a half-written change, and no other write starts (its first transaction
@@ -68,6 +95,25 @@ pub fn changes(old: &Objects, new: &Objects) -> Vec<Change> {
     out.into_iter().map(|(_, c)| c).collect()
 }
 
+/// `changes` in runs of at most [`TXN_OPS`] objects and [`TXN_BYTES`] bytes (an object
+/// heavier than that alone: see [`too_large`]).
+fn chunks<'a>(changes: &'a [Change], key_name: &dyn Fn(&str) -> String) -> Vec<&'a [Change]> {
+    let mut out = Vec::new();
+    let (mut start, mut bytes) = (0, 0);
+    for (i, (key, value)) in changes.iter().enumerate() {
+        let w = weight(&key_name(key), value.as_ref());
+        if i > start && (i - start == TXN_OPS || bytes + w > TXN_BYTES) {
+            out.push(&changes[start..i]);
+            (start, bytes) = (i, 0);
+        }
+        bytes += w;
+    }
+    if start < changes.len() {
+        out.push(&changes[start..]);
+    }
+    out
+}
+
 /// The transactions writing `changes`, each conditioned on its objects being as `view`
 /// has them, each also writing the version key (with `by`).
 pub fn transactions(
@@ -76,8 +122,8 @@ pub fn transactions(
     key_name: &dyn Fn(&str) -> String,
     by: &str,
 ) -> Vec<(Vec<Compare>, Vec<Op>)> {
-    changes
-        .chunks(TXN_OPS)
+    chunks(changes, key_name)
+        .into_iter()
         .map(|chunk| {
             let mut compares = Vec::new();
             let mut ops = Vec::new();
@@ -210,8 +256,13 @@ impl Shared for Fleet {
                 self.wait_caught_up();
                 return Err(e);
             }
+            let key_name = |k: &str| self.key_name(k);
+            if let Some(e) = too_large(&changes, &key_name) {
+                let status = StatusCode::PAYLOAD_TOO_LARGE;
+                return Err(SharedError::Failed(ApiError::new(status, e, TOO_LARGE_FIX)));
+            }
             let by = format!("api on {}", self.settings.node);
-            transactions(&view, &changes, &|k| self.key_name(k), &by)
+            transactions(&view, &changes, &key_name, &by)
         };
         let pending = self.key_name(PENDING_KEY);
         let written = write_all(&self.etcd, txns, &pending, self.settings.lease_ttl);
@@ -375,4 +426,53 @@ fn etcd_failed(e: EtcdError) -> SharedError {
         format!("the change was not written: {e}"),
         "retry when etcd is reachable; this instance keeps serving the last applied config",
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn routes(n: usize, size: usize) -> Vec<Change> {
+        (0..n)
+            .map(|i| (format!("routes/web/r{i:03}"), Some("x".repeat(size))))
+            .collect()
+    }
+
+    fn key_name(key: &str) -> String {
+        format!("/fleet/config/{key}")
+    }
+
+    /// 100 routes of 15 KiB (1.5 MiB in all, one transaction by count) are written in
+    /// transactions each under etcd's request limit; one object over it is refused by name.
+    #[test]
+    fn transactions_stay_under_etcd_request_limit() {
+        let changes = routes(100, 15 * 1024);
+        let txns = transactions(&View::default(), &changes, &key_name, "push");
+        assert!(txns.len() >= 2, "{} transaction(s)", txns.len());
+        let written: usize = txns.iter().map(|(c, _)| c.len()).sum();
+        assert_eq!(written, 100, "every object written once");
+        for (_, ops) in &txns {
+            let bytes: usize = ops
+                .iter()
+                .map(|op| match op {
+                    Op::Put { key, value, .. } => key.len() + value.len(),
+                    Op::Delete(key) => key.len(),
+                })
+                .sum();
+            assert!(bytes < 3 * 1024 * 1024 / 2, "{bytes} bytes in one request");
+        }
+        assert!(too_large(&changes, &key_name).is_none());
+        assert_eq!(
+            transactions(&View::default(), &routes(250, 10), &key_name, "p").len(),
+            3
+        );
+
+        let mut big = routes(2, 10);
+        big.push(("routes/web/huge".into(), Some("x".repeat(2 * 1024 * 1024))));
+        let e = too_large(&big, &key_name).expect("refused");
+        assert!(
+            e.starts_with("/fleet/config/routes/web/huge: 2097152 bytes"),
+            "{e}"
+        );
+    }
 }

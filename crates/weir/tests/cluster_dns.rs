@@ -2,7 +2,8 @@
 //! (the test kit's authoritative `DnsServer` on a UDP port of 127.0.0.1, named as the
 //! pool's `nameserver`): a name gaining an address sends traffic to it, losing one drains
 //! it (requests in flight finish), servers that stay keep their state, a DNS outage keeps
-//! the last answer, and SRV records give ports, weights and backups.
+//! the last answer, a pool that started with DNS down gets its servers soon after DNS is
+//! back (not an `interval` later), and SRV records give ports, weights and backups.
 
 mod common;
 
@@ -166,6 +167,30 @@ async fn addresses_come_and_go_with_the_name_and_dns_down_keeps_the_last() {
     assert_eq!(
         spread(&weir, 2).await,
         HashMap::from([("b".to_string(), 2)])
+    );
+}
+
+/// DNS down as Weir starts: the pool has no servers (503); DNS back, the next lookup comes
+/// after a short backoff, not the hour of `interval`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_started_with_dns_down_gets_its_servers_once_dns_answers() {
+    let dns = DnsServer::start();
+    let backend = Backend::echo("a");
+    dns.set_ips(NAME, &[ip("127.0.0.1")]);
+    dns.set_down(true);
+    let port = backend.addr().port();
+    let weir = weir(
+        &dns,
+        "round_robin",
+        &format!("{{ dns = \"{NAME}:{port}\", interval = \"1h\", timeout = \"200ms\" }}"),
+    );
+    assert_eq!(weir.metric_now(SERVERS).unwrap_or(0), 0);
+    assert_eq!(backend_of(&weir).await.0, 503);
+    dns.set_down(false);
+    weir.wait_metric(SERVERS, 1).await;
+    assert_eq!(
+        spread(&weir, 2).await,
+        HashMap::from([("a".to_string(), 2)])
     );
 }
 

@@ -16,13 +16,24 @@ pub enum Event {
     Delete { key: String, revision: i64 },
 }
 
+impl Event {
+    /// The revision of the change.
+    pub fn revision(&self) -> i64 {
+        match self {
+            Event::Put(kv) => kv.mod_revision,
+            Event::Delete { revision, .. } => *revision,
+        }
+    }
+}
+
 /// What a watch said.
 #[derive(Debug)]
 pub enum WatchMessage {
     /// The watch is in place, at `revision`.
     Created { revision: i64 },
-    /// Changes, all of revisions up to `revision`.
-    Events { revision: i64, events: Vec<Event> },
+    /// Changes, in the order of their revisions (a view is complete up to the last's:
+    /// [`crate::view::View::apply`]).
+    Events(Vec<Event>),
     /// The start revision was compacted away: list again, then watch from there.
     Compacted { compact_revision: i64 },
 }
@@ -66,7 +77,7 @@ impl Watch {
             };
             match message(response).transpose() {
                 None => continue,
-                Some(Ok(changes @ WatchMessage::Events { .. })) => return Some(Ok(changes)),
+                Some(Ok(changes @ WatchMessage::Events(_))) => return Some(Ok(changes)),
                 Some(other) => {
                     self.held = Some(other);
                     return None;
@@ -95,12 +106,12 @@ fn message(
             r.cancel_reason()
         )));
     }
-    let revision = r.header().map_or(0, |h| h.revision());
     if r.created() {
+        let revision = r.header().map_or(0, |h| h.revision());
         return Ok(Some(WatchMessage::Created { revision }));
     }
     let events: Vec<Event> = r.events().iter().filter_map(event).collect();
-    Ok((!events.is_empty()).then_some(WatchMessage::Events { revision, events }))
+    Ok((!events.is_empty()).then_some(WatchMessage::Events(events)))
 }
 
 fn event(e: &etcd_client::Event) -> Option<Event> {

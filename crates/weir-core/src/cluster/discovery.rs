@@ -9,7 +9,9 @@
 //! ones take requests from the next pick, and removed ones get no new requests while those
 //! in flight finish on the snapshot they started with. A failed lookup, a timeout or an
 //! empty answer keeps the last servers: it is counted (`weir_discovery_lookups_total{result=
-//! "error"}`) and logged once until a lookup succeeds again.
+//! "error"}`) and logged once until a lookup succeeds again, and the next lookup comes
+//! sooner than `interval` (1 s after the first failure, doubling, up to `interval`), so a
+//! pool that started with DNS down gets its servers soon after DNS is back.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -26,7 +28,8 @@ use crate::reload::Applier;
 
 /// How often the running config is checked for discovered pools added, changed or removed.
 const SNAPSHOT_POLL: Duration = Duration::from_millis(200);
-/// The soonest a lookup follows the last with `respect_ttl` (a TTL of 0 would spin).
+/// The soonest a lookup follows the last with `respect_ttl` (a TTL of 0 would spin), and
+/// the wait after a first failed lookup (doubling with each failure after it).
 const MIN_WAIT: Duration = Duration::from_secs(1);
 
 /// Runs the discovery tasks of the running config's pools, forever. `first_round` gets one
@@ -67,6 +70,7 @@ pub(crate) async fn supervise(
                     spec: spec.clone(),
                     last: None,
                     failing: false,
+                    retry: MIN_WAIT,
                 };
                 let task = tokio::spawn(pool.run(first_round.clone()));
                 tasks.insert(name.clone(), (spec.clone(), task));
@@ -88,6 +92,8 @@ struct Pool {
     last: Option<Vec<UpstreamServer>>,
     /// The last lookup failed (logged once per run of failures).
     failing: bool,
+    /// The wait after the next failed lookup (bounded by `interval`).
+    retry: Duration,
 }
 
 impl Pool {
@@ -96,6 +102,7 @@ impl Pool {
         loop {
             let wait = match &resolver {
                 Ok(resolver) => self.round(resolver).await,
+                // Not a DNS outage (a bad `nameserver`, say): trying sooner would not help.
                 Err(e) => {
                     self.failed(e);
                     self.spec.interval
@@ -113,23 +120,15 @@ impl Pool {
         let lookup = tokio::time::timeout(self.spec.timeout, dns::lookup(resolver, &self.spec));
         let answer = match lookup.await {
             Ok(Ok(answer)) if !answer.servers.is_empty() => answer,
-            Ok(Ok(_)) => {
-                self.failed("the answer has no addresses");
-                return self.spec.interval;
-            }
-            Ok(Err(e)) => {
-                self.failed(&e);
-                return self.spec.interval;
-            }
-            Err(_) => {
-                self.failed("no answer within the discover timeout");
-                return self.spec.interval;
-            }
+            Ok(Ok(_)) => return self.retry_after("the answer has no addresses"),
+            Ok(Err(e)) => return self.retry_after(&e),
+            Err(_) => return self.retry_after("no answer within the discover timeout"),
         };
         if self.failing {
             tracing::info!(upstream = %self.upstream, name = %self.spec.name, "discovery: DNS answers again");
             self.failing = false;
         }
+        self.retry = MIN_WAIT;
         let changed = self.last.as_ref() != Some(&answer.servers);
         if changed {
             self.apply(answer.servers.clone());
@@ -165,6 +164,15 @@ impl Pool {
                 tracing::warn!(upstream = %self.upstream, error = %e, "discovery: the new servers cannot be applied; keeping the last")
             }
         }
+    }
+
+    /// A lookup failed: the wait until the next, shorter than `interval` while the
+    /// failures are few.
+    fn retry_after(&mut self, error: &str) -> Duration {
+        self.failed(error);
+        let wait = self.retry.min(self.spec.interval);
+        self.retry = (self.retry * 2).min(self.spec.interval);
+        wait
     }
 
     fn failed(&mut self, error: &str) {

@@ -926,7 +926,7 @@ impl Scrape {
         #[rustfmt::skip]
         let families = [
             ("weir_cluster_rejected", "Shared-config changes this instance did not apply (invalid here, or failed to apply); it keeps the last good config.", e.rejected.load(Relaxed)),
-            ("weir_cluster_relists", "Full reads of the shared objects from etcd (start, compacted history, lost watch).", e.relists.load(Relaxed)),
+            ("weir_cluster_relists", "Full reads of the shared objects from etcd (start, and history compacted past the revision a lost watch resumes from).", e.relists.load(Relaxed)),
         ];
         unlabelled(enc, &families)
     }
