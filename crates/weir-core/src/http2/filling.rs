@@ -38,10 +38,35 @@ use super::scratch::ExchangeScratch;
 use super::upstream::{Answer, ClientSide, H2Facts, Relayed};
 
 impl StreamRequest<'_> {
+    /// Forwards the request (`forward`, on `respond`), a route cache's miss (`fill`, if
+    /// the route has `cache`) around it: answered from the store instead when it can be
+    /// ([`StreamRequest::before_forward`]), from the stale entry after a failure
+    /// ([`StreamRequest::after_forward`]).
+    pub(crate) async fn forward_filling<R: ResponseStream>(
+        &self,
+        fill: Option<Box<Fill>>,
+        respond: &mut R,
+        trace: &mut Trace,
+        forward: impl AsyncFnOnce(&mut R, &mut Trace) -> Result<(), Failure>,
+    ) -> Result<(), Failure> {
+        if let Some(fill) = fill {
+            // Boxed: a route without `cache` keeps the stream's state as before.
+            let answered = Box::pin(self.before_forward(fill, respond, trace)).await;
+            if let Some(answered) = answered {
+                return answered;
+            }
+        }
+        let result = forward(respond, trace).await;
+        match self.fill.take() {
+            None => result,
+            Some(fill) => Box::pin(self.after_forward(fill, result, respond, trace)).await,
+        }
+    }
+
     /// Before a route cache's miss (`fill`) is forwarded: the answer, if the store has
     /// one now (another request's fetch, a large disk entry read); else the fill is kept
     /// for the exchange with the upstream and `None`: forward it.
-    pub(crate) async fn before_forward<R: ResponseStream>(
+    async fn before_forward<R: ResponseStream>(
         &self,
         mut fill: Box<Fill>,
         respond: &mut R,
@@ -69,7 +94,7 @@ impl StreamRequest<'_> {
     /// After the miss's exchange (`result`) with the fill still unused
     /// ([`StreamRequest::before_forward`]): a failure nothing was sent for is answered from
     /// the stale entry when it may be (`stale-if-error`, `serve_stale_on`).
-    pub(crate) async fn after_forward<R: ResponseStream>(
+    async fn after_forward<R: ResponseStream>(
         &self,
         fill: Box<Fill>,
         result: Result<(), Failure>,

@@ -379,6 +379,37 @@ impl<C, B> H2Sender<'_, '_, C, B> {
         }
         timeouts
     }
+
+    /// How the final head is awaited: within the upstream's `timeout` (and the client's
+    /// `grpc-timeout`), its 1xx heads relayed up to the route's bound.
+    #[inline]
+    fn head_bounds(&self, timeout: Duration) -> HeadBounds
+    where
+        C: ClientSide,
+    {
+        self.client.bounds(HeadBounds {
+            timeout,
+            deadline: self.facts.grpc_timeout,
+            max_informational: self.r.informational_bound(),
+            relay: true,
+            tokens: false,
+        })
+    }
+}
+
+/// The request body going up `up_send` (nothing to do without one), `consumed` counting
+/// what was taken from the client.
+async fn upload_body<B: ClientBody>(
+    body: Option<&mut B>,
+    up_send: &mut SendStream<Bytes>,
+    consumed: &Cell<u64>,
+    limit: Option<u64>,
+    timeouts: Timeouts,
+) -> Result<(), Broke> {
+    match body {
+        Some(b) => b.upload(up_send, consumed, limit, timeouts).await,
+        None => Ok(()),
+    }
 }
 
 /// Sends `answer` to `client` with the upstream's body from `source`, while the rest of
@@ -432,24 +463,13 @@ impl<C: ClientSide, B: ClientBody> Sender for H2Sender<'_, '_, C, B> {
         self.client.opened().await?;
         let timeouts = self.timeouts();
         let timeout = timeouts.upstream;
+        let bounds = self.head_bounds(timeout);
         let limit = r.target.listener.max_body_size;
         let whole = self.body.as_ref().is_some_and(ClientBody::is_whole);
         let (body, consumed) = (self.body.as_mut(), &self.consumed);
         let mut state = if end { Upload::Done } else { Upload::Running };
-        let upload = async {
-            match body {
-                Some(b) => b.upload(&mut up_send, consumed, limit, timeouts).await,
-                None => Ok(()),
-            }
-        };
+        let upload = upload_body(body, &mut up_send, consumed, limit, timeouts);
         tokio::pin!(upload);
-        let bounds = self.client.bounds(HeadBounds {
-            timeout,
-            deadline: self.facts.grpc_timeout,
-            max_informational: r.informational_bound(),
-            relay: true,
-            tokens: false,
-        });
         let (mut interim, gone) = self.client.waiting();
         let waited = final_head(
             pending,

@@ -245,26 +245,13 @@ async fn run(
         fill: Cell::new(None),
     };
     let carrier = carrier(Protocol::Http3, target.upstream);
-    if let Some(fill) = fill {
-        // Boxed: a route without `cache` keeps the stream's state as before.
-        let answered = Box::pin(r.before_forward(fill, send, &mut log.trace)).await;
-        if let Some(answered) = answered {
-            return answered;
-        }
-    }
-    let result = match carrier == Carrier::Http2 {
+    let forward = async |send: &mut SendHalf, trace: &mut Trace| match carrier {
         // Boxed, as for HTTP/2 clients: the stream task's future is as large as its
         // largest path.
-        true => {
-            let client_side = (&mut *send, quic);
-            Box::pin(forward_h2(&r, client, body, client_side, &mut log.trace)).await
-        }
-        false => forward(&r, body, (send, quic), &mut log.trace).await,
+        Carrier::Http2 => Box::pin(forward_h2(&r, client, body, (send, quic), trace)).await,
+        Carrier::Http1 => forward(&r, body, (send, quic), trace).await,
     };
-    match r.fill.take() {
-        None => result,
-        Some(fill) => Box::pin(r.after_forward(fill, result, send, &mut log.trace)).await,
-    }
+    r.forward_filling(fill, send, &mut log.trace, forward).await
 }
 
 /// Sends Weir's own `answer` on the stream (its body left out for a HEAD request; to a
