@@ -62,6 +62,10 @@ pub struct StreamRequest<'a> {
     /// A route cache's miss, while its exchange with the upstream may use it
     /// (`http2::filling`).
     pub fill: Cell<Option<Box<crate::cache::Fill>>>,
+    /// Room for the route's `response_headers` lines, rendered for each response the
+    /// HTTP/2 sender relays (nothing when the route has none): an HTTP/1.x client's
+    /// connection lends its own (`ClientConn::resp_lines`), so that no request allocates.
+    pub response_lines: Cell<Vec<u8>>,
 }
 
 /// What the access log and metrics learn from the exchange.

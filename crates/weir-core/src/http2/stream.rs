@@ -241,6 +241,7 @@ impl Stream<'_> {
             spare: self.spare,
             relayed: Relayed::default(),
             fill: Cell::new(None),
+            response_lines: Cell::default(),
         };
         if let Some((protocol, key)) = self.tunnel {
             // The client's fields are only for an HTTP/2 upstream's request: not kept for

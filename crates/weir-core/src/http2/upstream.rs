@@ -167,10 +167,12 @@ impl StreamRequest<'_> {
             client,
             out,
             trace: &mut *trace,
+            lines: self.response_lines.take(),
         };
         let relayed = drive(&x, &mut sender, self.request.started, &mut last_try).await;
         sender.trace.body_in = sender.consumed.get();
         let body = sender.body;
+        self.response_lines.set(sender.lines);
         trace.last_try = last_try;
         (relayed.map(|accepted| accepted.take().0), body)
     }
@@ -367,6 +369,8 @@ struct H2Sender<'s, 'c, C, B> {
     /// Room for a try's HTTP/1.1 head (and an HTTP/1.x client's head).
     out: &'c mut Vec<u8>,
     trace: &'c mut Trace,
+    /// Room for the route's `response_headers` lines (`StreamRequest::response_lines`).
+    lines: Vec<u8>,
 }
 
 impl<C, B> H2Sender<'_, '_, C, B> {
@@ -494,8 +498,7 @@ impl<C: ClientSide, B: ClientBody> Sender for H2Sender<'_, '_, C, B> {
             tries.count(a, Ok(status));
             return Ok(Relayed::Stored(Box::new(reply)));
         }
-        let mut lines = Vec::new();
-        let mut edits = r.edits(&mut lines, a.server);
+        let mut edits = r.edits(&mut self.lines, a.server);
         edits.cookie = tries.set_cookie();
         let empty = up_body.is_end_stream();
         let client = self.client.for_client(r, empty);

@@ -243,6 +243,7 @@ async fn run(
         spare: &spare,
         relayed: Relayed::default(),
         fill: Cell::new(None),
+        response_lines: Cell::default(),
     };
     let carrier = carrier(Protocol::Http3, target.upstream);
     let forward = async |send: &mut SendHalf, trace: &mut Trace| match carrier {
