@@ -494,7 +494,7 @@ impl<C: ClientSide, B: ClientBody> Sender for H2Sender<'_, '_, C, B> {
         if !tries.relays(status, replayable, responded) {
             return Err(Miss::retried(status));
         }
-        if let Some(reply) = r.answer_instead_h2(&parts, C::ALONE) {
+        if let Some(reply) = r.answer_instead(Fetched::Http2(&parts), C::ALONE) {
             tries.count(a, Ok(status));
             return Ok(Relayed::Stored(Box::new(reply)));
         }
