@@ -38,35 +38,23 @@ use super::scratch::ExchangeScratch;
 use super::upstream::{Answer, ClientSide, H2Facts, Relayed};
 
 impl StreamRequest<'_> {
-    /// Forwards the request (`forward`, on `respond`), a route cache's miss (`fill`, if
-    /// the route has `cache`) around it: answered from the store instead when it can be
-    /// ([`StreamRequest::before_forward`]), from the stale entry after a failure
-    /// ([`StreamRequest::after_forward`]).
-    pub(crate) async fn forward_filling<R: ResponseStream>(
+    /// Before a route cache's miss (`fill`, if the route has `cache`) is forwarded: the
+    /// answer, if the store has one now (another request's fetch, a large disk entry
+    /// read); else the fill is kept for the exchange with the upstream and `None`:
+    /// forward it ([`StreamRequest::after_forward`] once it is over).
+    pub(crate) async fn before_forward<R: ResponseStream>(
         &self,
         fill: Option<Box<Fill>>,
         respond: &mut R,
         trace: &mut Trace,
-        forward: impl AsyncFnOnce(&mut R, &mut Trace) -> Result<(), Failure>,
-    ) -> Result<(), Failure> {
-        if let Some(fill) = fill {
-            // Boxed: a route without `cache` keeps the stream's state as before.
-            let answered = Box::pin(self.before_forward(fill, respond, trace)).await;
-            if let Some(answered) = answered {
-                return answered;
-            }
-        }
-        let result = forward(respond, trace).await;
-        match self.fill.take() {
-            None => result,
-            Some(fill) => Box::pin(self.after_forward(fill, result, respond, trace)).await,
-        }
+    ) -> Option<Result<(), Failure>> {
+        // Boxed: a route without `cache` keeps the stream's state as before.
+        Box::pin(self.collapse_or_keep(fill?, respond, trace)).await
     }
 
-    /// Before a route cache's miss (`fill`) is forwarded: the answer, if the store has
-    /// one now (another request's fetch, a large disk entry read); else the fill is kept
-    /// for the exchange with the upstream and `None`: forward it.
-    async fn before_forward<R: ResponseStream>(
+    /// [`StreamRequest::before_forward`] for a miss: the entry another request is
+    /// fetching (collapsed) or a large disk entry read first, else the fill kept.
+    async fn collapse_or_keep<R: ResponseStream>(
         &self,
         mut fill: Box<Fill>,
         respond: &mut R,
@@ -91,20 +79,32 @@ impl StreamRequest<'_> {
         respond_stream(respond, &self.request, under, reply, trace).await
     }
 
-    /// After the miss's exchange (`result`) with the fill still unused
+    /// After the exchange (`result`) with a miss's fill still unused
     /// ([`StreamRequest::before_forward`]): a failure nothing was sent for is answered from
     /// the stale entry when it may be (`stale-if-error`, `serve_stale_on`).
-    async fn after_forward<R: ResponseStream>(
+    pub(crate) async fn after_forward<R: ResponseStream>(
         &self,
-        fill: Box<Fill>,
         result: Result<(), Failure>,
         respond: &mut R,
         trace: &mut Trace,
     ) -> Result<(), Failure> {
-        let failure = match result {
-            Err(failure) => failure,
-            ok => return ok,
-        };
+        match (result, self.fill.take()) {
+            // Boxed: a route without `cache` keeps the stream's state as before.
+            (Err(failure), Some(fill)) => {
+                Box::pin(self.answer_stale(fill, failure, respond, trace)).await
+            }
+            (result, _) => result,
+        }
+    }
+
+    /// The stale entry of `fill` answers for `failure`, if it may; else the failure stands.
+    async fn answer_stale<R: ResponseStream>(
+        &self,
+        fill: Box<Fill>,
+        failure: Failure,
+        respond: &mut R,
+        trace: &mut Trace,
+    ) -> Result<(), Failure> {
         let Some(reply) = stale_answer(&fill, &failure) else {
             return Err(failure);
         };

@@ -253,20 +253,22 @@ impl Stream<'_> {
         }
         r.continue_if_asked(body.is_some(), respond);
         let carrier = carrier(Protocol::Http2, r.target.upstream);
-        let forward = async |respond: &mut SendResponse<Bytes>, trace: &mut Trace| {
-            if carrier == Carrier::Http2 {
-                return Box::pin(r.forward_h2(self.facts, parts, body, respond, trace)).await;
+        if let Some(answered) = r.before_forward(fill, respond, trace).await {
+            return (route, answered);
+        }
+        let result = match carrier == Carrier::Http2 {
+            true => Box::pin(r.forward_h2(self.facts, parts, body, respond, trace)).await,
+            false => {
+                // The request's field map, emptied, takes the response's fields (two
+                // allocations fewer per stream); the rest is not kept while an HTTP/1.1
+                // response streams (a download, SSE).
+                let mut headers = parts.headers;
+                headers.clear();
+                self.spare.set(headers);
+                r.forward(body, respond, trace).await
             }
-            // The request's field map, emptied, takes the response's fields (two
-            // allocations fewer per stream); the rest is not kept while an HTTP/1.1
-            // response streams (a download, SSE).
-            let mut headers = parts.headers;
-            headers.clear();
-            self.spare.set(headers);
-            r.forward(body, respond, trace).await
         };
-        let result = r.forward_filling(fill, respond, trace, forward).await;
-        (route, result)
+        (route, r.after_forward(result, respond, trace).await)
     }
 }
 

@@ -20,7 +20,7 @@ use super::upstream::forward_h2;
 use crate::codec::http1::{fill_written, RequestHead};
 use crate::error::ProxyError;
 use crate::forward::{carrier, Carrier, Failure};
-use crate::http2::exchange::{StreamRequest, Trace};
+use crate::http2::exchange::StreamRequest;
 use crate::http2::files::respond_stream;
 use crate::http2::interim::Relayed;
 use crate::http2::local::{answer_failure, send_answer};
@@ -246,11 +246,17 @@ async fn run(
         response_lines: Cell::default(),
     };
     let carrier = carrier(Protocol::Http3, target.upstream);
-    let forward = async |send: &mut SendHalf, trace: &mut Trace| match carrier {
+    if let Some(answered) = r.before_forward(fill, send, &mut log.trace).await {
+        return answered;
+    }
+    let result = match carrier == Carrier::Http2 {
         // Boxed, as for HTTP/2 clients: the stream task's future is as large as its
         // largest path.
-        Carrier::Http2 => Box::pin(forward_h2(&r, client, body, (send, quic), trace)).await,
-        Carrier::Http1 => forward(&r, body, (send, quic), trace).await,
+        true => {
+            let client_side = (&mut *send, quic);
+            Box::pin(forward_h2(&r, client, body, client_side, &mut log.trace)).await
+        }
+        false => forward(&r, body, (send, quic), &mut log.trace).await,
     };
-    r.forward_filling(fill, send, &mut log.trace, forward).await
+    r.after_forward(result, send, &mut log.trace).await
 }
