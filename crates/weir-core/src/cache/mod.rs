@@ -685,11 +685,13 @@ impl Fill {
     }
 
     /// What answers instead of the upstream's response `resp`: the stale entry a `304`
-    /// refreshed, or the one a 5xx may be answered with.
-    pub fn answer_instead(&self, resp: Fetched<'_>) -> Option<Reply> {
+    /// refreshed, or the one a 5xx may be answered with, unless no client waits (`alone`:
+    /// a background revalidation, where a 5xx leaves the entry as it is). Any other
+    /// status is relayed (`None`), nothing looked up for it.
+    pub fn answer_instead(&self, resp: Fetched<'_>, alone: bool) -> Option<Reply> {
         match resp.status() {
             304 => self.refresh(resp),
-            500.. => self.stale_answer(Cause::Status5xx),
+            500.. if !alone => self.stale_answer(Cause::Status5xx),
             _ => None,
         }
     }

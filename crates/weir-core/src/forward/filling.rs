@@ -72,7 +72,7 @@ impl Filling for Box<Fill> {
     type Recorder = Box<Recorder>;
 
     fn answer_instead(&self, buf: &[u8], resp: &ResponseHead) -> Option<Reply> {
-        Fill::answer_instead(self, Fetched::Http1(buf, resp))
+        Fill::answer_instead(self, Fetched::Http1(buf, resp), false)
     }
 
     fn status_line(&self) -> Option<&'static [u8]> {

@@ -243,14 +243,7 @@ async fn accept_streams(
         tokio::select! {
             accepted = h2.accept() => match accepted {
                 Some(Ok((request, respond))) => {
-                    // Its idle place was taken just as the stream came (served, then the
-                    // connection closes), or a reload removed the listener: finish what
-                    // runs, take nothing new.
-                    let taken = !shared.idle.busy(&worker.idle);
-                    if (taken || worker.snapshot().listener_index(shared.slot).is_none()) && !closing {
-                        h2.graceful_shutdown();
-                        closing = true;
-                    }
+                    closing |= take_stream(shared, &mut h2, closing);
                     spawn_stream(shared, request, respond);
                 }
                 Some(Err(e)) => return connection_failed(shared, listener, &e),
@@ -292,6 +285,21 @@ async fn accept_streams(
             }
         }
     }
+}
+
+/// Marks the connection busy with a newly accepted stream; whether it closes after this
+/// one (GOAWAY sent): its idle place was taken just as the stream came (served, then the
+/// connection closes), or a reload removed the listener. Finish what runs, take nothing
+/// new.
+#[inline]
+fn take_stream(shared: &Shared, h2: &mut Connection<Prefixed, Bytes>, closing: bool) -> bool {
+    let worker = &shared.worker;
+    let taken = !shared.idle.busy(&worker.idle);
+    if (taken || worker.snapshot().listener_index(shared.slot).is_none()) && !closing {
+        h2.graceful_shutdown();
+        return true;
+    }
+    false
 }
 
 /// The connection failed (`e`); counted when it was one of h2's own guards (resets before

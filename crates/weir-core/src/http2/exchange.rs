@@ -23,6 +23,7 @@ use super::respond::{head_from_http1, ResponseStream, Sinking};
 use super::scratch::ExchangeScratch;
 use super::send::{unless_reset, Stop};
 use crate::buffer::Buffer;
+use crate::cache::Fetched;
 use crate::codec::http1::{BodyFraming, ResponseHead};
 use crate::connector::{UpstreamStream, WriteHalf};
 use crate::error::ProxyError;
@@ -62,6 +63,10 @@ pub struct StreamRequest<'a> {
     /// A route cache's miss, while its exchange with the upstream may use it
     /// (`http2::filling`).
     pub fill: Cell<Option<Box<crate::cache::Fill>>>,
+    /// Room for the route's `response_headers` lines, rendered for each response the
+    /// HTTP/2 sender relays (nothing when the route has none): an HTTP/1.x client's
+    /// connection lends its own (`ClientConn::resp_lines`), so that no request allocates.
+    pub response_lines: Cell<Vec<u8>>,
 }
 
 /// What the access log and metrics learn from the exchange.
@@ -211,7 +216,9 @@ impl StreamRequest<'_> {
         trace: &mut Trace,
     ) -> Result<(), Failure> {
         let ((mut stream, request_done), accepted) = accepted.take();
-        if let Some(reply) = self.answer_instead((up_buf, resp), &accepted) {
+        if let Some(reply) = self.answer_instead(Fetched::Http1(up_buf.filled(), resp), false) {
+            accepted.count(Ok(resp.status));
+            up_buf.consume(resp.head_len);
             pool_after_answer(x, &accepted, (up_buf, resp), (stream, request_done));
             let under = crate::files::Under::of_target(&self.target);
             let answered = respond_stream(respond, &self.request, under, reply, trace);

@@ -19,7 +19,7 @@ use crate::codec::http1::ResponseHead;
 use crate::error::ProxyError;
 use crate::files::{BodySource, Reply, Under};
 use crate::forward::body::BodyState;
-use crate::forward::driver::{drive, Accepted};
+use crate::forward::driver::drive;
 use crate::forward::exchange::push_before_end;
 use crate::forward::filling::stale_answer;
 use crate::forward::h1::{pool_after_answer, reuse, Interim, NoInterim};
@@ -38,10 +38,23 @@ use super::scratch::ExchangeScratch;
 use super::upstream::{Answer, ClientSide, H2Facts, Relayed};
 
 impl StreamRequest<'_> {
-    /// Before a route cache's miss (`fill`) is forwarded: the answer, if the store has
-    /// one now (another request's fetch, a large disk entry read); else the fill is kept
-    /// for the exchange with the upstream and `None`: forward it.
+    /// Before a route cache's miss (`fill`, if the route has `cache`) is forwarded: the
+    /// answer, if the store has one now (another request's fetch, a large disk entry
+    /// read); else the fill is kept for the exchange with the upstream and `None`:
+    /// forward it ([`StreamRequest::after_forward`] once it is over).
     pub(crate) async fn before_forward<R: ResponseStream>(
+        &self,
+        fill: Option<Box<Fill>>,
+        respond: &mut R,
+        trace: &mut Trace,
+    ) -> Option<Result<(), Failure>> {
+        // Boxed: a route without `cache` keeps the stream's state as before.
+        Box::pin(self.collapse_or_keep(fill?, respond, trace)).await
+    }
+
+    /// [`StreamRequest::before_forward`] for a miss: the entry another request is
+    /// fetching (collapsed) or a large disk entry read first, else the fill kept.
+    async fn collapse_or_keep<R: ResponseStream>(
         &self,
         mut fill: Box<Fill>,
         respond: &mut R,
@@ -66,20 +79,32 @@ impl StreamRequest<'_> {
         respond_stream(respond, &self.request, under, reply, trace).await
     }
 
-    /// After the miss's exchange (`result`) with the fill still unused
+    /// After the exchange (`result`) with a miss's fill still unused
     /// ([`StreamRequest::before_forward`]): a failure nothing was sent for is answered from
     /// the stale entry when it may be (`stale-if-error`, `serve_stale_on`).
     pub(crate) async fn after_forward<R: ResponseStream>(
         &self,
-        fill: Box<Fill>,
         result: Result<(), Failure>,
         respond: &mut R,
         trace: &mut Trace,
     ) -> Result<(), Failure> {
-        let failure = match result {
-            Err(failure) => failure,
-            ok => return ok,
-        };
+        match (result, self.fill.take()) {
+            // Boxed: a route without `cache` keeps the stream's state as before.
+            (Err(failure), Some(fill)) => {
+                Box::pin(self.answer_stale(fill, failure, respond, trace)).await
+            }
+            (result, _) => result,
+        }
+    }
+
+    /// The stale entry of `fill` answers for `failure`, if it may; else the failure stands.
+    async fn answer_stale<R: ResponseStream>(
+        &self,
+        fill: Box<Fill>,
+        failure: Failure,
+        respond: &mut R,
+        trace: &mut Trace,
+    ) -> Result<(), Failure> {
         let Some(reply) = stale_answer(&fill, &failure) else {
             return Err(failure);
         };
@@ -97,22 +122,17 @@ impl StreamRequest<'_> {
         self.fill.set(Some(fill));
     }
 
-    /// The stored entry that answers instead of the HTTP/1.1 upstream's response `resp`
-    /// (its head in `up_buf`, consumed then): a `304` that refreshed it, a 5xx it answers
-    /// for; the try counts with the upstream's status. `None`: the response is relayed.
-    pub(crate) fn answer_instead(
-        &self,
-        (up_buf, resp): (&mut Buffer, &ResponseHead),
-        accepted: &Accepted<'_, ()>,
-    ) -> Option<Reply> {
+    /// The stored entry that answers instead of the upstream's response `resp`, over
+    /// either carrier (`Fill::answer_instead`: a `304` that refreshed it, a 5xx it answers
+    /// for unless no client waits: `alone`). `None`: the response is relayed, the fill
+    /// kept for it.
+    pub(crate) fn answer_instead(&self, resp: Fetched<'_>, alone: bool) -> Option<Reply> {
         let fill = self.fill.take()?;
-        let Some(reply) = fill.answer_instead(Fetched::Http1(up_buf.filled(), resp)) else {
+        let reply = fill.answer_instead(resp, alone);
+        if reply.is_none() {
             self.fill.set(Some(fill));
-            return None;
-        };
-        accepted.count(Ok(resp.status));
-        up_buf.consume(resp.head_len);
-        Some(reply)
+        }
+        reply
     }
 
     /// The recorder of the HTTP/1.1 upstream's response `resp` (its head in `buf`), if
@@ -150,26 +170,6 @@ impl StreamRequest<'_> {
         };
         fill.push_conditional_fields(headers);
         self.fill.set(Some(fill));
-    }
-
-    /// The stored entry that answers instead of the HTTP/2 upstream's response `parts`
-    /// (a `304` that refreshed it, a 5xx it answers for unless no client waits: `alone`).
-    /// `None`: the response is relayed.
-    pub(crate) fn answer_instead_h2(
-        &self,
-        parts: &http::response::Parts,
-        alone: bool,
-    ) -> Option<Reply> {
-        let fill = self.fill.take()?;
-        let fetched = Fetched::Http2(parts);
-        let reply = match alone {
-            true => fill.refresh(fetched),
-            false => fill.answer_instead(fetched),
-        };
-        if reply.is_none() {
-            self.fill.set(Some(fill));
-        }
-        reply
     }
 }
 
@@ -248,19 +248,18 @@ impl StreamRequest<'_> {
         let (sent, accepted) = accepted.map_err(|f| f.error)?.take();
         let (mut stream, request_done) = sent;
         accepted.count(Ok(resp.status));
-        let Some(fill) = self.fill.take() else {
-            return Ok(());
-        };
         // A 304 refreshes the entry (a 5xx leaves it as it is: nobody is answered).
-        if resp.status == 304
-            && fill
-                .refresh(Fetched::Http1(up_buf.filled(), resp))
-                .is_some()
+        if self
+            .answer_instead(Fetched::Http1(up_buf.filled(), resp), true)
+            .is_some()
         {
             up_buf.consume(resp.head_len);
             pool_after_answer(&x, &accepted, (up_buf, resp), (stream, request_done));
             return Ok(());
         }
+        let Some(fill) = self.fill.take() else {
+            return Ok(());
+        };
         let recorder = fill.admit(Fetched::Http1(up_buf.filled(), resp), true);
         let Some(mut recorder) = recorder else {
             return Ok(());

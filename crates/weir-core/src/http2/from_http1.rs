@@ -114,6 +114,7 @@ async fn tries(
         tls,
         current,
         trace: span,
+        resp_lines,
         ..
     } = &mut *conn;
     let (mut reader, writer) = stream.split().map_err(ProxyError::client_io)?;
@@ -150,6 +151,7 @@ async fn tries(
         relayed: Informed::default(),
         spare: &Cell::new(http::HeaderMap::new()),
         fill,
+        response_lines: Cell::new(std::mem::take(resp_lines)),
     };
     let facts = H2Facts {
         te_trailers: ask.te_trailers,
@@ -157,6 +159,7 @@ async fn tries(
     };
     let tried = r.drive_h2(&facts, None, up_body, &mut client, out, trace);
     let (relayed, _) = tried.await;
+    *resp_lines = r.response_lines.take();
     let fill = r.fill.take();
     let kept = client.keep_alive;
     conn.fill = fill;

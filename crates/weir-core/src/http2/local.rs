@@ -1,47 +1,68 @@
-//! Weir's own answers on HTTP/2 streams (`answer::Answer`: the default response,
-//! `respond`, redirects, refusals, failures): rendered as the HTTP/1.1 bytes an HTTP/1.x
-//! client gets, and sent from those bytes without their hop-by-hop fields, so both
-//! protocols carry the same status, headers and body. A gRPC request gets any of them but
+//! Weir's own answers on HTTP/2 and HTTP/3 streams (`answer::Answer`: the default
+//! response, `respond`, redirects, refusals, failures): rendered as the HTTP/1.1 bytes an
+//! HTTP/1.x client gets, and sent from those bytes without their hop-by-hop fields (on
+//! either protocol's stream, `respond::ResponseStream`), so every protocol carries the
+//! same status, headers and body. A gRPC request gets any of them but
 //! a 2xx as a gRPC status instead (`grpc`).
 
 use std::borrow::Cow;
 
-use bytes::Bytes;
-use h2::server::SendResponse;
+use std::time::Duration;
 
 use super::exchange::Trace;
 use super::grpc;
-use super::send::send_data;
+use super::respond::ResponseStream;
 use crate::answer::Answer;
 use crate::codec::http1::write::Persistence;
 use crate::codec::http1::{parse_response, ResponseHead};
 use crate::error::{reason_phrase, ProxyError};
 use crate::filters::headers::Vars;
+use crate::forward::{Failure, Reached};
 
-/// Sends `answer` on `respond` (its body left out for a HEAD request, `is_head`; `vars`:
-/// the request's, for a redirect), as [`stream_answer`] makes it. Notes its status, the
+/// Sends `answer` on an HTTP/2 or HTTP/3 client's stream `respond` (its body left out
+/// for a HEAD request, `is_head`; `vars`: the request's, for a redirect), as
+/// [`stream_answer`] makes it, each write waiting at most `stall`. Notes its status, the
 /// body bytes sent and the gRPC status in `trace`.
-pub async fn send_answer(
-    respond: &mut SendResponse<Bytes>,
+pub(crate) async fn send_answer<R: ResponseStream>(
+    respond: &mut R,
     answer: &Answer<'_>,
     vars: &Vars<'_>,
     is_head: bool,
-    timeout: std::time::Duration,
+    stall: Duration,
     trace: &mut Trace,
 ) -> Result<(), ProxyError> {
     let mut out = Vec::new();
     let (response, body, grpc_status) = stream_answer(answer, vars, is_head, &mut out, trace)?;
-    let mut send = respond
-        .send_response(response, body.is_empty())
-        .map_err(|_| ProxyError::ClientClosed)?;
+    respond.send_whole(response, body, stall).await?;
+    // A gRPC answer is its head alone (trailers-only).
     trace.sent_grpc_status(grpc_status);
-    if !body.is_empty() {
-        send_data(&mut send, body, true, timeout)
-            .await
-            .map_err(|_| ProxyError::ClientClosed)?;
-    }
     trace.body_out = body.len() as u64;
     Ok(())
+}
+
+/// Answers a failure nothing was sent for yet with its status (to a gRPC request, as a
+/// gRPC status, each write waiting at most the `listener`'s `stall_timeout`), or ends
+/// the stream with none when there is none to give or the client left (`499`). Returns
+/// the status the request counts with.
+pub(crate) async fn answer_failure<R: ResponseStream>(
+    respond: &mut R,
+    result: &Result<(), Failure>,
+    listener: &weir_config::Listener,
+    trace: &mut Trace,
+) -> u16 {
+    let failure = match result {
+        Ok(()) => return trace.status,
+        Err(f) if f.reached == Reached::Head => return trace.status,
+        Err(f) => f,
+    };
+    let Some(status) = failure.error.status().filter(|_| !trace.reset) else {
+        respond.cancel();
+        return 499;
+    };
+    let answer = Answer::Error(failure.error);
+    let stall = listener.http2.stall_timeout;
+    let _ = send_answer(respond, &answer, &Vars::default(), false, stall, trace).await;
+    status
 }
 
 /// A response for a stream: its head, its body, and the `grpc-status` to note once the

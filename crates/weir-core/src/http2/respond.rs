@@ -10,8 +10,9 @@ use http::{HeaderMap, HeaderValue};
 
 use super::exchange::Trace;
 use super::names::response_name;
-use super::send::StreamSink;
+use super::send::{send_data, StreamSink};
 use crate::codec::http1::ResponseHead;
+use crate::error::ProxyError;
 use crate::forward::head::Edits;
 use crate::forward::relay::{relay, Broke, Coding, Piece, Sink, Source};
 use crate::forward::{Failure, Reached};
@@ -183,6 +184,18 @@ pub(crate) trait ResponseStream {
         coding: Option<&mut Coding>,
         whole: Option<Bytes>,
     ) -> impl std::future::Future<Output = Result<(), Failure>>;
+
+    /// Sends `head` and its `body`, all at hand (none: the head ends the stream), each
+    /// write waiting at most `stall`: Weir's own answers.
+    fn send_whole(
+        &mut self,
+        head: http::Response<()>,
+        body: &[u8],
+        stall: std::time::Duration,
+    ) -> impl std::future::Future<Output = Result<(), ProxyError>>;
+
+    /// Ends the stream with no response: the client left.
+    fn cancel(&mut self);
 }
 
 impl ResponseStream for h2::server::SendResponse<Bytes> {
@@ -196,12 +209,32 @@ impl ResponseStream for h2::server::SendResponse<Bytes> {
     ) -> Result<(), Failure> {
         let send = self
             .send_response(head, source.is_none())
-            .map_err(|_| Failure::after_head(crate::error::ProxyError::ClientClosed))?;
+            .map_err(|_| Failure::after_head(ProxyError::ClientClosed))?;
         sinking.trace.sent_grpc_status(sinking.grpc_status);
         match source {
             Some(source) => relay_body(send, source, sinking, coding, whole).await,
             None => Ok(()),
         }
+    }
+
+    async fn send_whole(
+        &mut self,
+        head: http::Response<()>,
+        body: &[u8],
+        stall: std::time::Duration,
+    ) -> Result<(), ProxyError> {
+        let mut send = self
+            .send_response(head, body.is_empty())
+            .map_err(|_| ProxyError::ClientClosed)?;
+        if !body.is_empty() {
+            let sent = send_data(&mut send, body, true, stall);
+            sent.await.map_err(|_| ProxyError::ClientClosed)?;
+        }
+        Ok(())
+    }
+
+    fn cancel(&mut self) {
+        self.send_reset(Reason::CANCEL);
     }
 }
 

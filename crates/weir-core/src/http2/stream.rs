@@ -13,7 +13,7 @@ use h2::{Reason, RecvStream};
 use super::conn::Shared;
 use super::exchange::{StreamRequest, Trace};
 use super::interim::Relayed;
-use super::local::send_answer;
+use super::local::{answer_failure, send_answer};
 use super::request::{write_head, write_upgrade_head, Line};
 use super::scratch::RequestScratch;
 use super::stream_log::{StreamConn, StreamLog};
@@ -23,8 +23,7 @@ use crate::answer::Answer;
 use crate::codec::http1::fill_written;
 use crate::codec::http1::RequestHead;
 use crate::error::ProxyError;
-use crate::filters::headers::Vars;
-use crate::forward::{carrier, Carrier, Failure, Reached};
+use crate::forward::{carrier, Carrier, Failure};
 use crate::metrics::shard::Protocol;
 use crate::otel::RequestTrace;
 use crate::proxy::route::{Decision, Routing};
@@ -105,7 +104,7 @@ pub async fn serve(
         }
         Err(e) => Err(e.into()),
     };
-    let status = answer(&mut respond, &result, listener, &mut log.trace).await;
+    let status = answer_failure(&mut respond, &result, listener, &mut log.trace).await;
     let finished = Instant::now();
     if log.trace.reset {
         shared.reset_by_client();
@@ -241,6 +240,7 @@ impl Stream<'_> {
             spare: self.spare,
             relayed: Relayed::default(),
             fill: Cell::new(None),
+            response_lines: Cell::default(),
         };
         if let Some((protocol, key)) = self.tunnel {
             // The client's fields are only for an HTTP/2 upstream's request: not kept for
@@ -253,12 +253,8 @@ impl Stream<'_> {
         }
         r.continue_if_asked(body.is_some(), respond);
         let carrier = carrier(Protocol::Http2, r.target.upstream);
-        if let Some(fill) = fill {
-            // Boxed: a route without `cache` keeps the stream's state as before.
-            let answered = Box::pin(r.before_forward(fill, respond, trace)).await;
-            if let Some(answered) = answered {
-                return (route, answered);
-            }
+        if let Some(answered) = r.before_forward(fill, respond, trace).await {
+            return (route, answered);
         }
         let result = match carrier == Carrier::Http2 {
             true => Box::pin(r.forward_h2(self.facts, parts, body, respond, trace)).await,
@@ -272,11 +268,7 @@ impl Stream<'_> {
                 r.forward(body, respond, trace).await
             }
         };
-        let result = match r.fill.take() {
-            None => result,
-            Some(fill) => Box::pin(r.after_forward(fill, result, respond, trace)).await,
-        };
-        (route, result)
+        (route, r.after_forward(result, respond, trace).await)
     }
 }
 
@@ -318,29 +310,4 @@ async fn tunnel(
         return Err(ProxyError::BadRequest("extended CONNECT that ends the stream").into());
     };
     r.forward_websocket(body, respond, key, trace).await
-}
-
-/// Answers a failure nothing was sent for yet with its status (or resets the stream when
-/// there is none to give), as a gRPC status to a gRPC request. Returns the status the
-/// request counts with.
-async fn answer(
-    respond: &mut SendResponse<Bytes>,
-    result: &Result<(), Failure>,
-    listener: &weir_config::Listener,
-    trace: &mut Trace,
-) -> u16 {
-    let failure = match result {
-        Ok(()) => return trace.status,
-        Err(f) if f.reached == Reached::Head => return trace.status,
-        Err(f) => f,
-    };
-    let Some(status) = failure.error.status().filter(|_| !trace.reset) else {
-        respond.send_reset(Reason::CANCEL);
-        return 499;
-    };
-    let timeout = listener.http2.stall_timeout;
-    let answer = Answer::Error(failure.error);
-    let vars = Vars::default();
-    let _ = send_answer(respond, &answer, &vars, false, timeout, trace).await;
-    status
 }

@@ -167,10 +167,12 @@ impl StreamRequest<'_> {
             client,
             out,
             trace: &mut *trace,
+            lines: self.response_lines.take(),
         };
         let relayed = drive(&x, &mut sender, self.request.started, &mut last_try).await;
         sender.trace.body_in = sender.consumed.get();
         let body = sender.body;
+        self.response_lines.set(sender.lines);
         trace.last_try = last_try;
         (relayed.map(|accepted| accepted.take().0), body)
     }
@@ -367,6 +369,8 @@ struct H2Sender<'s, 'c, C, B> {
     /// Room for a try's HTTP/1.1 head (and an HTTP/1.x client's head).
     out: &'c mut Vec<u8>,
     trace: &'c mut Trace,
+    /// Room for the route's `response_headers` lines (`StreamRequest::response_lines`).
+    lines: Vec<u8>,
 }
 
 impl<C, B> H2Sender<'_, '_, C, B> {
@@ -378,6 +382,37 @@ impl<C, B> H2Sender<'_, '_, C, B> {
             timeouts.upstream = timeouts.upstream.min(t);
         }
         timeouts
+    }
+
+    /// How the final head is awaited: within the upstream's `timeout` (and the client's
+    /// `grpc-timeout`), its 1xx heads relayed up to the route's bound.
+    #[inline]
+    fn head_bounds(&self, timeout: Duration) -> HeadBounds
+    where
+        C: ClientSide,
+    {
+        self.client.bounds(HeadBounds {
+            timeout,
+            deadline: self.facts.grpc_timeout,
+            max_informational: self.r.informational_bound(),
+            relay: true,
+            tokens: false,
+        })
+    }
+}
+
+/// The request body going up `up_send` (nothing to do without one), `consumed` counting
+/// what was taken from the client.
+async fn upload_body<B: ClientBody>(
+    body: Option<&mut B>,
+    up_send: &mut SendStream<Bytes>,
+    consumed: &Cell<u64>,
+    limit: Option<u64>,
+    timeouts: Timeouts,
+) -> Result<(), Broke> {
+    match body {
+        Some(b) => b.upload(up_send, consumed, limit, timeouts).await,
+        None => Ok(()),
     }
 }
 
@@ -432,24 +467,13 @@ impl<C: ClientSide, B: ClientBody> Sender for H2Sender<'_, '_, C, B> {
         self.client.opened().await?;
         let timeouts = self.timeouts();
         let timeout = timeouts.upstream;
+        let bounds = self.head_bounds(timeout);
         let limit = r.target.listener.max_body_size;
         let whole = self.body.as_ref().is_some_and(ClientBody::is_whole);
         let (body, consumed) = (self.body.as_mut(), &self.consumed);
         let mut state = if end { Upload::Done } else { Upload::Running };
-        let upload = async {
-            match body {
-                Some(b) => b.upload(&mut up_send, consumed, limit, timeouts).await,
-                None => Ok(()),
-            }
-        };
+        let upload = upload_body(body, &mut up_send, consumed, limit, timeouts);
         tokio::pin!(upload);
-        let bounds = self.client.bounds(HeadBounds {
-            timeout,
-            deadline: self.facts.grpc_timeout,
-            max_informational: r.informational_bound(),
-            relay: true,
-            tokens: false,
-        });
         let (mut interim, gone) = self.client.waiting();
         let waited = final_head(
             pending,
@@ -470,12 +494,11 @@ impl<C: ClientSide, B: ClientBody> Sender for H2Sender<'_, '_, C, B> {
         if !tries.relays(status, replayable, responded) {
             return Err(Miss::retried(status));
         }
-        if let Some(reply) = r.answer_instead_h2(&parts, C::ALONE) {
+        if let Some(reply) = r.answer_instead(Fetched::Http2(&parts), C::ALONE) {
             tries.count(a, Ok(status));
             return Ok(Relayed::Stored(Box::new(reply)));
         }
-        let mut lines = Vec::new();
-        let mut edits = r.edits(&mut lines, a.server);
+        let mut edits = r.edits(&mut self.lines, a.server);
         edits.cookie = tries.set_cookie();
         let empty = up_body.is_end_stream();
         let client = self.client.for_client(r, empty);

@@ -191,4 +191,21 @@ impl ResponseStream for SendHalf {
             Failure::after_head(e)
         })
     }
+
+    async fn send_whole(
+        &mut self,
+        head: http::Response<()>,
+        body: &[u8],
+        stall: Duration,
+    ) -> Result<(), ProxyError> {
+        self.send_head(head, stall).await?;
+        if !body.is_empty() {
+            self.send_data(Bytes::copy_from_slice(body), stall).await?;
+        }
+        self.finish(stall).await
+    }
+
+    fn cancel(&mut self) {
+        self.stop_stream(h3::error::Code::H3_REQUEST_CANCELLED);
+    }
 }

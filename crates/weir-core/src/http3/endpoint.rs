@@ -16,7 +16,7 @@ use quinn::crypto::rustls::QuicServerConfig;
 use socket2::{Domain, Protocol, Socket, Type};
 
 use super::conn::{serve, Limits};
-use crate::listener::cap::ConnectionCap;
+use crate::listener::cap::{ConnectionCap, Permit};
 use crate::listener::StopSignal;
 use crate::metrics::shard::Counter;
 use crate::metrics::shard::Http3Metrics;
@@ -86,6 +86,8 @@ struct Setup {
     retry_threshold: u32,
 }
 
+/// Takes the endpoint's incoming connections (each judged by [`admit`], served by
+/// `conn::serve` on the snapshot's setup) until `stop`.
 async fn run(
     worker: Rc<Worker>,
     slot: usize,
@@ -125,35 +127,9 @@ async fn run(
                 }
             }
         }
-        let metrics = worker.metrics.listener(slot).map(|m| &m.http3);
-        let count = |pick: fn(&Http3Metrics) -> &Counter| {
-            if let Some(m) = metrics {
-                pick(m).inc();
-            }
-        };
-        // Under a flood of Initials (spoofed sources among them), a client proves its
-        // address with a Retry round trip before any handshake work is done for it. So
-        // does one that would take a handshake place from another (TLS over TCP's
-        // included) at `max_handshakes`: an Initial costs nothing to spoof, and one that
-        // may evict needs a return path, as a TCP connection does.
-        let unproven = !incoming.remote_address_validated();
-        if unproven
-            && (rate.over(setup.retry_threshold)
-                || worker.handshakes.occupied(slot) >= setup.tls.max_handshakes)
-        {
-            if incoming.retry().is_ok() {
-                count(|m| &m.retries);
-            }
-            continue;
-        }
-        let permit = (!worker.is_draining()).then(|| cap.try_acquire(limit));
-        let Some(permit) = permit.flatten() else {
-            count(|m| &m.refused);
-            incoming.refuse();
-            continue;
-        };
-        let Ok(connecting) = incoming.accept_with(setup.config.clone()) else {
-            count(|m| &m.handshake_failures);
+        let Some((connecting, permit)) =
+            admit(incoming, &worker, slot, &setup, &mut rate, &cap, limit)
+        else {
             continue;
         };
         let guard = ConnectionGuard::new(worker.clone(), slot, permit);
@@ -168,6 +144,51 @@ async fn run(
     // New connections are refused from here; those open finish on their own (the
     // endpoint's driver runs while any does).
     endpoint.set_server_config(None);
+}
+
+/// Judges `incoming` on listener slot `slot`: its handshake starts, with its place under
+/// the connection cap (`cap`, `limit`), or it is answered with a Retry or refused (counted).
+fn admit(
+    incoming: quinn::Incoming,
+    worker: &Worker,
+    slot: usize,
+    setup: &Setup,
+    rate: &mut Rate,
+    cap: &Arc<ConnectionCap>,
+    limit: usize,
+) -> Option<(quinn::Connecting, Permit)> {
+    let metrics = worker.metrics.listener(slot).map(|m| &m.http3);
+    let count = |pick: fn(&Http3Metrics) -> &Counter| {
+        if let Some(m) = metrics {
+            pick(m).inc();
+        }
+    };
+    // Under a flood of Initials (spoofed sources among them), a client proves its
+    // address with a Retry round trip before any handshake work is done for it. So
+    // does one that would take a handshake place from another (TLS over TCP's
+    // included) at `max_handshakes`: an Initial costs nothing to spoof, and one that
+    // may evict needs a return path, as a TCP connection does.
+    let unproven = !incoming.remote_address_validated();
+    if unproven
+        && (rate.over(setup.retry_threshold)
+            || worker.handshakes.occupied(slot) >= setup.tls.max_handshakes)
+    {
+        if incoming.retry().is_ok() {
+            count(|m| &m.retries);
+        }
+        return None;
+    }
+    let permit = (!worker.is_draining()).then(|| cap.try_acquire(limit));
+    let Some(permit) = permit.flatten() else {
+        count(|m| &m.refused);
+        incoming.refuse();
+        return None;
+    };
+    let Ok(connecting) = incoming.accept_with(setup.config.clone()) else {
+        count(|m| &m.handshake_failures);
+        return None;
+    };
+    Some((connecting, permit))
 }
 
 /// The QUIC setup of listener slot `slot` in `snapshot`; `None` when the listener is gone

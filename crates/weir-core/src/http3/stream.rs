@@ -2,8 +2,9 @@
 //! the HTTP/1.1 head every protocol presents (`http2::request::write_head`, checked by
 //! `codec::http1::fill_written`), then the same `request::Request`, routing decision,
 //! driver, edits, relay and `proxy::record` as an HTTP/1.1 or HTTP/2 request; Weir's own
-//! answers are sent from the same rendering (`http2::local::stream_answer`: a gRPC request
-//! gets a failure as a gRPC status, as over HTTP/2).
+//! answers and failures are sent by the same functions as over HTTP/2
+//! (`http2::local::send_answer`, `answer_failure`: a gRPC request gets a failure as a gRPC
+//! status).
 
 use std::cell::Cell;
 use std::rc::Rc;
@@ -16,15 +17,13 @@ use super::body::{next_data, RecvHalf, SendHalf};
 use super::conn::Conn;
 use super::exchange::{forward, Body};
 use super::upstream::forward_h2;
-use crate::answer::Answer;
 use crate::codec::http1::{fill_written, RequestHead};
 use crate::error::ProxyError;
-use crate::filters::headers::Vars;
-use crate::forward::{carrier, Carrier, Failure, Reached};
-use crate::http2::exchange::{StreamRequest, Trace};
+use crate::forward::{carrier, Carrier, Failure};
+use crate::http2::exchange::StreamRequest;
 use crate::http2::files::respond_stream;
 use crate::http2::interim::Relayed;
-use crate::http2::local::stream_answer;
+use crate::http2::local::{answer_failure, send_answer};
 use crate::http2::request::write_head;
 use crate::http2::scratch::RequestScratch;
 use crate::http2::stream_log::{StreamConn, StreamLog};
@@ -112,7 +111,7 @@ pub(super) async fn serve(conn: Rc<Conn>, (request, mut send, mut recv): Resolve
     if matches!(&result, Err(f) if f.error == ProxyError::ClientClosed) {
         conn.reset_by_client();
     }
-    let status = answer(&mut send, &result, listener, &mut log.trace).await;
+    let status = answer_failure(&mut send, &result, listener, &mut log.trace).await;
     log.record(&at, result, status, Instant::now() - started);
     let scratch = RequestScratch { head: buf, req };
     worker.h2_scratch.give_request(scratch);
@@ -219,7 +218,8 @@ async fn run(
             log.route = route;
             log.trace.local = answer.is_local();
             let vars = answer.vars(&request);
-            let sent = send_answer(send, &answer, &vars, req.is_head, listener, &mut log.trace);
+            let stall = listener.http2.stall_timeout;
+            let sent = send_answer(send, &answer, &vars, req.is_head, stall, &mut log.trace);
             return sent.await.map_err(Failure::after_head);
         }
         (route, Decision::Refuse(error)) => {
@@ -243,14 +243,11 @@ async fn run(
         spare: &spare,
         relayed: Relayed::default(),
         fill: Cell::new(None),
+        response_lines: Cell::default(),
     };
     let carrier = carrier(Protocol::Http3, target.upstream);
-    if let Some(fill) = fill {
-        // Boxed: a route without `cache` keeps the stream's state as before.
-        let answered = Box::pin(r.before_forward(fill, send, &mut log.trace)).await;
-        if let Some(answered) = answered {
-            return answered;
-        }
+    if let Some(answered) = r.before_forward(fill, send, &mut log.trace).await {
+        return answered;
     }
     let result = match carrier == Carrier::Http2 {
         // Boxed, as for HTTP/2 clients: the stream task's future is as large as its
@@ -261,52 +258,5 @@ async fn run(
         }
         false => forward(&r, body, (send, quic), &mut log.trace).await,
     };
-    match r.fill.take() {
-        None => result,
-        Some(fill) => Box::pin(r.after_forward(fill, result, send, &mut log.trace)).await,
-    }
-}
-
-/// Sends Weir's own `answer` on the stream (its body left out for a HEAD request; to a
-/// gRPC request, a failure as a gRPC status).
-async fn send_answer(
-    send: &mut SendHalf,
-    answer: &Answer<'_>,
-    vars: &Vars<'_>,
-    is_head: bool,
-    listener: &weir_config::Listener,
-    trace: &mut Trace,
-) -> Result<(), ProxyError> {
-    let mut out = Vec::new();
-    let (response, body, grpc_status) = stream_answer(answer, vars, is_head, &mut out, trace)?;
-    let stall = listener.http2.stall_timeout;
-    send.send_head(response, stall).await?;
-    trace.sent_grpc_status(grpc_status);
-    if !body.is_empty() {
-        send.send_data(Bytes::copy_from_slice(body), stall).await?;
-        trace.body_out = body.len() as u64;
-    }
-    send.finish(stall).await
-}
-
-/// Answers a failure nothing was sent for yet with its status (or stops the stream when
-/// there is none to give). Returns the status the request counts with.
-async fn answer(
-    send: &mut SendHalf,
-    result: &Result<(), Failure>,
-    listener: &weir_config::Listener,
-    trace: &mut Trace,
-) -> u16 {
-    let failure = match result {
-        Ok(()) => return trace.status,
-        Err(f) if f.reached == Reached::Head => return trace.status,
-        Err(f) => f,
-    };
-    let Some(status) = failure.error.status() else {
-        send.stop_stream(Code::H3_REQUEST_CANCELLED);
-        return 499;
-    };
-    let answer = Answer::Error(failure.error);
-    let _ = send_answer(send, &answer, &Vars::default(), false, listener, trace).await;
-    status
+    r.after_forward(result, send, &mut log.trace).await
 }

@@ -28,11 +28,16 @@ pub(crate) async fn forward(
     resp: &mut ResponseHead,
     keep_alive: bool,
 ) -> Result<bool, Failure> {
-    // Shared with `conn` (its head writers read the attempt's span from it). Made before
-    // the dispatch, as the HTTP/1.1 side's future lays it out (the HTTP/2 sender makes
-    // its own from the same request).
+    // Shared with `conn` (its head writers read the attempt's span from it).
     let trace = conn.trace.clone();
-    let x = exchange(worker, target, conn, req, trace.as_deref());
+    let over_http1 = match carrier(Protocol::Http1, target.upstream) {
+        Carrier::Http1 => true,
+        Carrier::Http2 => tunnel(&target, conn.buf.filled(), req),
+    };
+    // What the HTTP/1.1 side's tries share, made before the client is borrowed for them;
+    // the HTTP/2 sender makes its own (`drive_h2`), so the request's balancing key is
+    // read (hashed, for `consistent_hash`) once either way.
+    let x = over_http1.then(|| exchange(worker, target, conn, req, trace.as_deref()));
     let meta = request_meta(&target, conn.buf.filled(), req);
     let client = Http1Request {
         conn,
@@ -41,13 +46,11 @@ pub(crate) async fn forward(
         meta,
         keep_alive,
     };
-    match carrier(Protocol::Http1, target.upstream) {
+    match x {
+        Some(x) => forward_h1(&x, client).await,
         // Boxed, as an HTTP/2 client's stream boxes it (`http2::stream`): its state is
         // about twice an HTTP/1.1 upstream's, and every request's future would hold it.
-        Carrier::Http2 if !tunnel(&target, client.conn.buf.filled(), req) => {
-            Box::pin(crate::http2::from_http1::forward_h2(worker, target, client)).await
-        }
-        _ => forward_h1(&x, client).await,
+        None => Box::pin(crate::http2::from_http1::forward_h2(worker, target, client)).await,
     }
 }
 

@@ -141,6 +141,7 @@ async fn run(worker: Rc<Worker>, job: Job) {
         spare: &spare,
         relayed: Relayed::default(),
         fill: Cell::new(Some(job.fill)),
+        response_lines: Cell::default(),
     };
     let deadline = r.target.upstream.response_timeout;
     if tokio::time::timeout(deadline, r.fetch_for_store())
