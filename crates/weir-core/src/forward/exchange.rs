@@ -1,7 +1,7 @@
 //! An HTTP/1.x client's request to an HTTP/1.1 upstream, in the order it happens on the
 //! wire.
 //!
-//! `forward` prepares the request once (the body already buffered, the coding the client
+//! [`exchange`] and [`request_meta`] (called by `proxy::forward`) prepare the request once (the body already buffered, the coding the client
 //! accepts, the client's `Host` for the response's locations); the driver
 //! (`forward::driver`) sends it through [`Http1Sender`] (over `forward::h1`: the head and
 //! the whole body in one write, or the body streamed while the response head is awaited);

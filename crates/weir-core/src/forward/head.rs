@@ -4,7 +4,8 @@
 //! sticky-session cookie), and its writing as HTTP/1.1 for an HTTP/1.x client from either
 //! upstream's head ([`write_from_http1`]: the upstream's lines copied in runs;
 //! [`write_from_h2`]: an HTTP/2 upstream's fields). An HTTP/2 client's head is built from
-//! the same `Edits` (`http2::exchange`).
+//! the same `Edits` (`http2::respond::head_from_http1` / `head_from_h2`), as an HTTP/3
+//! client's is.
 
 use http::StatusCode;
 use weir_config::{HeaderRules, Route, UpstreamServer};

@@ -1,9 +1,12 @@
 //! One relay loop for every body, each way: a request's from the client to the upstream, a
 //! response's back. A body comes from an HTTP/1.1 message over a socket and its buffer
-//! ([`Http1Source`]: its framing kept, or decoded) or from HTTP/2 DATA ([`H2Source`]), and
-//! goes to an HTTP/1.1 writer ([`Http1Sink`]: as it came, or chunked) or out as HTTP/2 DATA
-//! (`http2::send` for a client's stream, [`H2Upload`] for an upstream's). A response may be
-//! compressed on the way ([`relay`] with an `Encoder`).
+//! ([`Http1Source`]: its framing kept, or decoded), from HTTP/2 DATA ([`H2Source`]), from
+//! HTTP/3 DATA (`http3::body::H3Source`) or from a file or a cache entry
+//! (`files::body::BodySource`), and goes to an HTTP/1.1 writer ([`Http1Sink`]: as it came,
+//! or chunked), out as HTTP/2 DATA (`http2::send` for a client's stream, [`H2Upload`] for
+//! an upstream's) or as HTTP/3 DATA (`http3::body::H3Sink`); a cache miss's copy is kept
+//! beside the client's sink ([`Recording`]). A response may be compressed on the way
+//! ([`relay`] with an `Encoder`).
 //!
 //! A source hands out one piece at a time and releases it only once the sink took it (an
 //! HTTP/1.1 buffer is consumed, an HTTP/2 window given back), so a slow sink slows the

@@ -1,4 +1,4 @@
-//! One h2 stream's exchange with an HTTP/1.1 upstream server.
+//! An HTTP/2 or HTTP/3 stream's exchange with an HTTP/1.1 upstream server.
 //!
 //! The tries are the driver's (`forward::driver`), over `forward::h1` (the head written for
 //! each try's server, a pooled or new connection, the final head with 1xx relayed by

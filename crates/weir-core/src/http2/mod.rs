@@ -1,5 +1,8 @@
-//! HTTP/2 from clients: h2c with prior knowledge on cleartext HTTP listeners, proxied to
-//! the HTTP/1.1 upstreams (docs/http2.md).
+//! HTTP/2 from clients (h2c with prior knowledge on cleartext listeners, or ALPN `h2` after
+//! a TLS handshake) to HTTP/1.1 or HTTP/2 upstreams; also the HTTP/2-upstream sender every
+//! client protocol shares (`upstream`, with `from_http1` for HTTP/1.x clients), and the
+//! stream-side pieces HTTP/3 reuses (`exchange`, `respond`, `local`, `interim`,
+//! `stream_log`; `files` and `filling` for static files and the cache). See docs/http2.md.
 //!
 //! `client` spots the connection preface on a connection's first bytes and hands the
 //! connection here. The `h2` crate does the framing, HPACK, flow control and its own

@@ -1,4 +1,4 @@
-//! The response an HTTP/2 client's stream gets from an upstream of either protocol: the
+//! The response an HTTP/2 or HTTP/3 client's stream gets from an upstream of either protocol: the
 //! head built with the route's edits (`forward::head::Edits`: hop-by-hop fields dropped,
 //! locations mapped back, `response_headers`, the compression plan, the sticky cookie),
 //! then the body through the one relay (`forward::relay`) into the stream

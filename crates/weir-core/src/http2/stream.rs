@@ -1,6 +1,7 @@
-//! One h2 stream, one request: its HTTP/1.1 head, the route, then the upstream exchange
-//! or a local answer (the default response, or an error status), then metrics and the
-//! access log through `proxy::record`, as for an HTTP/1.1 request.
+//! One h2 stream, one request: its HTTP/1.1 head, the route, then the upstream exchange,
+//! a reply that is not from an upstream (a static file, a cache entry), an RFC 8441
+//! WebSocket tunnel, or a local answer (the default response, or an error status), then
+//! metrics and the access log through `proxy::record`, as for an HTTP/1.1 request.
 
 use std::cell::Cell;
 use std::rc::Rc;

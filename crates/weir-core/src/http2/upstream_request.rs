@@ -1,4 +1,4 @@
-//! The request an h2 client's stream sends to an HTTP/2 upstream, made from the client's
+//! The request an HTTP/2 or HTTP/3 client's stream sends to an HTTP/2 upstream, made from the client's
 //! own request instead of an HTTP/1.1 head written and parsed again (which cost a gRPC
 //! call about 8k instructions and five allocations).
 //!

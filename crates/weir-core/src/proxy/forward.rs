@@ -1,6 +1,7 @@
 //! An HTTP/1.x client's request to its upstream: over the side `forward::carrier` says (an
 //! HTTP/1.1 connection: `forward::exchange`; an HTTP/2 stream: `http2::from_http1`, the
-//! sender every client protocol shares toward HTTP/2 upstreams), and a route cache's miss
+//! HTTP/1.x client's side of `http2::upstream`, the sender every client protocol shares
+//! toward HTTP/2 upstreams), and a route cache's miss
 //! around it ([`forward_filling`]). Here, above both, so that `forward/` needs nothing of
 //! `http2/`.
 

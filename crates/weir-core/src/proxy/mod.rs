@@ -1,11 +1,12 @@
 //! THE pipeline, as one picture (docs/request-lifecycle.md draws it with the same names):
 //!
 //! ```text
-//! client adapter (one per protocol: `http1` here, `http2::stream`)
+//! client adapter (one per protocol: `http1` here, `http2::stream`, `http3::stream`)
 //!   -> request context (`request::Request`: the HTTP/1.1 head every protocol presents, and
 //!      who sent it: peer, client behind trusted proxies, TLS, request id)
 //!   -> routing decision (`route::Routing::decide`): forward to an upstream (a split
-//!      resolved) | answer locally (`answer::Answer`) | refuse with a status
+//!      resolved) | answer locally (`answer::Answer`) | reply from a source that is not
+//!      an upstream (`Decision::Reply`: a static file, a cache entry) | refuse with a status
 //!   -> response source: the upstream (`proxy::forward`; `forward::carrier` says which
 //!      side carries it, `forward::driver` tries the servers, `forward::head::Edits` edits
 //!      the head, `forward::relay` moves the body), or Weir's own answer, rendered by the

@@ -6,9 +6,9 @@
 //!
 //! The request is the HTTP/1.1 head every upstream gets (`forward::request_head`) as
 //! HTTP/2 fields ([`h1_head_to_h2`]: connection-specific fields dropped, `Host` to
-//! `:authority`, `te: trailers` kept when the client sent it); an HTTP/2 client's first
-//! try is made from its own fields instead (`http2::upstream_request`). A stream the
-//! server never processed (REFUSED_STREAM, above a GOAWAY's last stream id, or a
+//! `:authority`, `te: trailers` kept when the client sent it); an HTTP/2 or HTTP/3
+//! client's first try is made from its own fields instead (`http2::upstream_request`). A
+//! stream the server never processed (REFUSED_STREAM, above a GOAWAY's last stream id, or a
 //! connection that stopped taking streams) is [`Miss::unprocessed`]: the driver sends it
 //! again (not on a connection going away) when its body can be sent again.
 
