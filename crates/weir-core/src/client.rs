@@ -62,6 +62,8 @@ pub struct ClientConn {
     /// The current request's normalised path (routed and forwarded); its buffer is reused.
     pub path: RoutedPath,
     /// The current route's `response_headers` lines, rendered from the request; reused.
+    /// Lent to the HTTP/2 sender while it forwards the request (`StreamRequest::
+    /// response_lines`, in `http2::from_http1`), empty meanwhile.
     pub resp_lines: Vec<u8>,
     /// Requests read on this connection so far.
     pub served: u64,

@@ -645,7 +645,7 @@ impl Fill {
     /// updated head with the same body, and the client the entry. `None`: nothing was
     /// revalidated, or the `304` is not for the stored entry (it answers the client's own
     /// condition), so it is relayed.
-    pub fn refresh(&self, resp: Fetched<'_>) -> Option<Reply> {
+    fn refresh(&self, resp: Fetched<'_>) -> Option<Reply> {
         let stale = self.stale.as_ref().filter(|s| !s.lines.is_empty())?;
         let body = stale.body.clone()?;
         let head = resp.head()?;

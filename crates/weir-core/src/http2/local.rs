@@ -33,11 +33,10 @@ pub(crate) async fn send_answer<R: ResponseStream>(
 ) -> Result<(), ProxyError> {
     let mut out = Vec::new();
     let (response, body, grpc_status) = stream_answer(answer, vars, is_head, &mut out, trace)?;
-    respond.send_whole(response, body, stall).await?;
     // A gRPC answer is its head alone (trailers-only).
-    trace.sent_grpc_status(grpc_status);
-    trace.body_out = body.len() as u64;
-    Ok(())
+    respond
+        .send_whole(response, body, stall, trace, grpc_status)
+        .await
 }
 
 /// Answers a failure nothing was sent for yet with its status (to a gRPC request, as a
@@ -66,7 +65,7 @@ pub(crate) async fn answer_failure<R: ResponseStream>(
 }
 
 /// A response for a stream: its head, its body, and the `grpc-status` to note once the
-/// head was sent.
+/// head was sent (`ResponseStream::send_whole` notes it).
 pub(crate) type StreamAnswer<'o> = (http::Response<()>, &'o [u8], Option<u32>);
 
 /// `answer` as a stream's response (HTTP/2 or HTTP/3, [`answer_response`]); to a gRPC

@@ -186,12 +186,16 @@ pub(crate) trait ResponseStream {
     ) -> impl std::future::Future<Output = Result<(), Failure>>;
 
     /// Sends `head` and its `body`, all at hand (none: the head ends the stream), each
-    /// write waiting at most `stall`: Weir's own answers.
+    /// write waiting at most `stall`: Weir's own answers. Notes in `trace` the
+    /// `grpc_status` once the head is sent and the body's length once it is, as far as
+    /// it got.
     fn send_whole(
         &mut self,
         head: http::Response<()>,
         body: &[u8],
         stall: std::time::Duration,
+        trace: &mut Trace,
+        grpc_status: Option<u32>,
     ) -> impl std::future::Future<Output = Result<(), ProxyError>>;
 
     /// Ends the stream with no response: the client left.
@@ -222,13 +226,17 @@ impl ResponseStream for h2::server::SendResponse<Bytes> {
         head: http::Response<()>,
         body: &[u8],
         stall: std::time::Duration,
+        trace: &mut Trace,
+        grpc_status: Option<u32>,
     ) -> Result<(), ProxyError> {
         let mut send = self
             .send_response(head, body.is_empty())
             .map_err(|_| ProxyError::ClientClosed)?;
+        trace.sent_grpc_status(grpc_status);
         if !body.is_empty() {
             let sent = send_data(&mut send, body, true, stall);
             sent.await.map_err(|_| ProxyError::ClientClosed)?;
+            trace.body_out = body.len() as u64;
         }
         Ok(())
     }

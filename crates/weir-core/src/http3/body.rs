@@ -197,10 +197,14 @@ impl ResponseStream for SendHalf {
         head: http::Response<()>,
         body: &[u8],
         stall: Duration,
+        trace: &mut Trace,
+        grpc_status: Option<u32>,
     ) -> Result<(), ProxyError> {
         self.send_head(head, stall).await?;
+        trace.sent_grpc_status(grpc_status);
         if !body.is_empty() {
             self.send_data(Bytes::copy_from_slice(body), stall).await?;
+            trace.body_out = body.len() as u64;
         }
         self.finish(stall).await
     }

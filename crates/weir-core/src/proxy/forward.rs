@@ -47,8 +47,8 @@ pub(crate) async fn forward(
         meta,
         keep_alive,
     };
-    match x {
-        Some(x) => forward_h1(&x, client).await,
+    match &x {
+        Some(x) => forward_h1(x, client).await,
         // Boxed, as an HTTP/2 client's stream boxes it (`http2::stream`): its state is
         // about twice an HTTP/1.1 upstream's, and every request's future would hold it.
         None => Box::pin(crate::http2::from_http1::forward_h2(worker, target, client)).await,
