@@ -121,6 +121,7 @@ impl View {
             by: &self.by,
             by_revision: self.by_revision,
             objects: ObjectsOut(self),
+            deleted: &self.deleted,
         };
         serde_json::to_string(&file).unwrap_or_default()
     }
@@ -143,6 +144,12 @@ impl View {
             view.mod_revisions
                 .insert(k.clone(), o["mod_revision"].as_i64()?);
         }
+        // Absent in a snapshot of an older Weir: no deletion known, as before.
+        if let Some(deleted) = json["deleted"].as_object() {
+            for (k, revision) in deleted {
+                view.deleted.insert(k.clone(), revision.as_i64()?);
+            }
+        }
         Some(view)
     }
 }
@@ -156,6 +163,9 @@ struct SnapshotFile<'a> {
     by: &'a str,
     by_revision: i64,
     objects: ObjectsOut<'a>,
+    /// Deletions known (key -> revision): after a restart, an object deleted before it is
+    /// out of the listing and of the objects, and only this dates its deletion.
+    deleted: &'a HashMap<String, i64>,
 }
 
 /// The objects of a view as a JSON object: key -> `{value, mod_revision}`.
@@ -227,6 +237,26 @@ mod tests {
             (back.objects, back.mod_revisions, back.by),
             (again.objects, again.mod_revisions, again.by)
         );
+    }
+
+    /// An object deleted and applied before a restart is in neither the listing nor the
+    /// snapshot's objects: the snapshot's deletions date it, so a stale `If-Match` fails.
+    #[test]
+    fn a_deletion_applied_before_a_restart_is_still_dated_after_it() {
+        let mut view = View::listed(5, vec![("upstreams/a".into(), kv("k", "x = 1\n", 4))]);
+        view.apply(vec![(
+            "upstreams/a".into(),
+            Event::Delete {
+                key: "k".into(),
+                revision: 8,
+            },
+        )]);
+        let json: Json = serde_json::from_str(&view.to_json("/p")).unwrap();
+        let snapshot = View::from_json(&json, "/p").unwrap();
+        let mut listed = View::listed(9, vec![]);
+        listed.carry_deletions(&snapshot);
+        assert_eq!(listed.last_change("upstreams/a"), 8);
+        assert_eq!(listed.config_revision, 8);
     }
 
     /// A batch of a watch catching up: its header says the store's current revision (2000),
