@@ -98,8 +98,9 @@ impl Admin {
             write::Written::Busy => anyhow::bail!(
                 "another push is under way in etcd ({pending} exists); nothing was written: run the push again once it is done"
             ),
-            write::Written::Moved(rev) => anyhow::bail!(
-                "an object changed in etcd while pushing (revision {rev}); nothing more was written: run the push again"
+            write::Written::Moved(moved) => anyhow::bail!(
+                "an object changed in etcd while pushing (revision {}); nothing more was written: run the push again",
+                moved.revision
             ),
         }
     }

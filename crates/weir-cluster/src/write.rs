@@ -156,12 +156,18 @@ pub fn transactions(
 pub enum Written {
     /// All written; the revision of the last.
     Done(i64),
-    /// A transaction's objects had changed (the revision it saw): it and the rest were not
-    /// written.
-    Moved(i64),
+    /// A transaction's objects had changed: it and the rest were not written.
+    Moved(Moved),
     /// Another write of several transactions was under way ([`PENDING_KEY`] was there):
     /// nothing was written.
     Busy,
+}
+
+/// What a transaction found moved: the revision it failed at, and its compared keys as
+/// they were then (full key -> mod revision; `None`: absent).
+pub struct Moved {
+    pub revision: i64,
+    pub keys: Vec<(String, Option<i64>)>,
 }
 
 /// Writes `txns` in order, the first only if [`PENDING_KEY`] is absent. When there are
@@ -215,14 +221,21 @@ async fn write_in_order(
             etcd.lease_keepalive(lease).await?;
             renewed = std::time::Instant::now();
         }
-        let (ok, rev) = etcd.txn(compares, ops).await?;
-        if !ok && i == 0 && !etcd.range(pending_key, "").await?.1.is_empty() {
+        let keys: Vec<&str> = compares.iter().map(Compare::key).collect();
+        let reply = etcd.txn_else_read(compares, ops, &keys).await?;
+        if !reply.succeeded && i == 0 && !etcd.range(pending_key, "").await?.1.is_empty() {
             return Ok(Written::Busy);
         }
-        if !ok {
-            return Ok(Written::Moved(rev));
+        if !reply.succeeded {
+            let now = |key: &str| reply.read.iter().find(|kv| kv.key == key);
+            let keys = keys
+                .iter()
+                .map(|k| (k.to_string(), now(k).map(|kv| kv.mod_revision)))
+                .collect();
+            let revision = reply.revision;
+            return Ok(Written::Moved(Moved { revision, keys }));
         }
-        revision = rev;
+        revision = reply.revision;
     }
     Ok(Written::Done(revision))
 }
@@ -269,9 +282,9 @@ impl Shared for Fleet {
         match self.block_on(written).map_err(etcd_failed)? {
             Written::Done(revision) => Ok(revision as u64),
             Written::Busy => Err(SharedError::Failed(busy())),
-            Written::Moved(rev) => {
+            Written::Moved(moved) => {
                 // Moved since this view: wait until the view has the newer objects.
-                self.wait_view(rev);
+                self.wait_view(&moved);
                 self.wait_caught_up();
                 Err(SharedError::Moved)
             }
@@ -337,10 +350,25 @@ fn busy() -> ApiError {
 }
 
 impl Fleet {
-    /// Waits (briefly) until the view has seen `revision`.
-    fn wait_view(&self, revision: i64) {
+    /// Waits (briefly) until the view has the keys of `moved` as they were when the
+    /// transaction failed. Not until the view's revision reaches the failure's: that is
+    /// the store's, moved on by writes outside the config (each instance's registration)
+    /// that the view never sees.
+    fn wait_view(&self, moved: &Moved) {
+        let prefix = self.key_name("");
+        let seen = |view: &View| {
+            moved.keys.iter().all(|(key, now)| {
+                let Some(key) = key.strip_prefix(&prefix) else {
+                    return true;
+                };
+                match now {
+                    Some(rev) => view.mod_revisions.get(key).is_some_and(|r| r >= rev),
+                    None => !view.objects.contains_key(key),
+                }
+            })
+        };
         let deadline = std::time::Instant::now() + self.settings.timeout;
-        while self.lock_view().revision < revision && std::time::Instant::now() < deadline {
+        while !seen(&self.lock_view()) && std::time::Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(5));
         }
     }

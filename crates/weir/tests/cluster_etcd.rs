@@ -9,7 +9,8 @@
 //! there; an instance on an empty prefix is not ready and says why, and `push --dry-run`
 //! writes nothing; a push over etcd's request limit is split, an object over it refused; a
 //! stale `If-Match` cannot re-create an object deleted while an instance was cut off; the
-//! snapshot keeps what was applied, not a change rejected meanwhile. And a member reaches
+//! snapshot keeps what was applied, not a change rejected meanwhile; a write that finds its
+//! object moved answers without waiting out the timeout. And a member reaches
 //! etcd over TLS with a client certificate and a password.
 
 mod etcd_support;
@@ -227,6 +228,46 @@ fn a_change_made_once_reaches_every_instance_and_a_racing_write_gets_412() {
     });
     assert!(ok, "{}", ctl(&files[0], &["status"]));
     assert!(ctl(&files[0], &["pull"]).contains("name = \"all\""));
+}
+
+/// A write whose transaction finds its object moved (the instance's view is behind: its
+/// watch is waiting to retry after losing etcd) answers 412 as soon as the view has the
+/// change, not after `timeout` (5 s here), although etcd's revision has moved past the
+/// change with a key the view does not watch.
+#[test]
+fn a_write_that_finds_its_object_moved_answers_without_waiting_out_the_timeout() {
+    let Some(bin) = etcd_bin() else { return };
+    let etcd = Etcd::start(bin, 1);
+    let gate = Gate::to(&etcd, 0);
+    let dir = TempDir::new("fleet-moved");
+    let prefix = "/t/moved";
+    let file = local(&dir, "gated", &gate.endpoints(), prefix, "");
+    let text = std::fs::read_to_string(&file).unwrap();
+    std::fs::write(&file, text.replace("timeout = \"1s\"", "timeout = \"5s\"")).unwrap();
+    push(&dir, &file, SHARED);
+    let weir = Weir::start_file(&file);
+    wait_body(&weir, "v1");
+    let before = etag(&weir);
+
+    gate.close();
+    let route = "respond = { status = 200, body = \"v2\" }\n";
+    etcd.put(0, &format!("{prefix}/config/routes/web/all"), route);
+    etcd.put(0, &format!("{prefix}/elsewhere"), "x");
+    // The watch has failed often enough to wait 1.6 s before its next try.
+    let lost = || weir.log.text().matches("etcd watch lost").count();
+    assert!(
+        weir_testkit::wait_until(WAIT, || lost() >= 5),
+        "{}",
+        weir.log.text()
+    );
+    gate.open();
+    let start = std::time::Instant::now();
+    let (status, reply) = put_route(&weir, "v3", Some(&before));
+    let took = start.elapsed();
+    assert_eq!(status, 412, "{reply}");
+    // Well under the 5 s a wait for nothing takes; generous for a loaded machine.
+    assert!(took < Duration::from_secs(4), "answered after {took:?}");
+    wait_body(&weir, "v2");
 }
 
 /// `weir ctl cluster push` of more objects than one etcd transaction takes (etcd's
