@@ -37,12 +37,13 @@ pub const TOO_LARGE_FIX: &str =
 
 /// The first of `changes` too large for a transaction, told (the fix: [`TOO_LARGE_FIX`]).
 pub fn too_large(changes: &[Change], key_name: &dyn Fn(&str) -> String) -> Option<String> {
-    let (key, value) = changes
-        .iter()
-        .find(|(key, value)| weight(&key_name(key), value.as_ref()) > TXN_BYTES)?;
+    let (key, value, weight) = changes.iter().find_map(|(key, value)| {
+        let w = weight(&key_name(key), value.as_ref());
+        (w > TXN_BYTES).then_some((key, value, w))
+    })?;
     let size = value.as_ref().map_or(0, String::len);
     Some(format!(
-        "{}: {size} bytes, over the {TXN_BYTES} bytes one object may have in etcd (whose request limit is 1.5 MiB by default)",
+        "{}: {weight} bytes to write (a value of {size} bytes, the key twice, framing), over the {TXN_BYTES} bytes one etcd transaction may have (etcd's request limit is 1.5 MiB by default)",
         key_name(key)
     ))
 }
@@ -498,8 +499,22 @@ mod tests {
         let mut big = routes(2, 10);
         big.push(("routes/web/huge".into(), Some("x".repeat(2 * 1024 * 1024))));
         let e = too_large(&big, &key_name).expect("refused");
+        // What is compared: the value, the key twice and 64 bytes of framing.
         assert!(
-            e.starts_with("/fleet/config/routes/web/huge: 2097152 bytes"),
+            e.starts_with(
+                "/fleet/config/routes/web/huge: 2097274 bytes to write (a value of 2097152 bytes"
+            ),
+            "{e}"
+        );
+        // Under the bound by its value alone, over it with its key and framing: the
+        // message says the weight compared, not a value that reads as under the limit.
+        let near = vec![(
+            "routes/web/near".to_owned(),
+            Some("x".repeat(TXN_BYTES - 100)),
+        )];
+        let e = too_large(&near, &key_name).expect("refused");
+        assert!(
+            e.contains(": 1048598 bytes to write (a value of 1048476 bytes"),
             "{e}"
         );
     }
