@@ -10,7 +10,8 @@
 //! writes nothing; a push over etcd's request limit is split, an object over it refused; a
 //! stale `If-Match` cannot re-create an object deleted while an instance was cut off; the
 //! snapshot keeps what was applied, not a change rejected meanwhile; a write that finds its
-//! object moved answers without waiting out the timeout. And a member reaches
+//! object moved answers without waiting out the timeout; a revision rejected is not tried
+//! again by a re-list. And a member reaches
 //! etcd over TLS with a client certificate and a password.
 
 mod etcd_support;
@@ -660,6 +661,47 @@ fn a_change_one_instance_cannot_apply_is_rejected_there_and_reported() {
         assert!(ok, "{}", ready(w).1);
     }
     assert_eq!(metric(&b, "weir_cluster_in_sync{} "), 1.0);
+}
+
+/// A revision rejected here is not built and rejected again when a re-list (after a
+/// compaction) finds the same objects: one rejection counted, not one per listing.
+#[test]
+fn a_rejected_revision_is_not_tried_again_by_a_relist() {
+    let Some(bin) = etcd_bin() else { return };
+    let etcd = Etcd::start(bin, 1);
+    let gate = Gate::to(&etcd, 0);
+    let dir = TempDir::new("fleet-retry");
+    let prefix = "/t/retry";
+    let file = local(&dir, "gated", &gate.endpoints(), prefix, "");
+    push(&dir, &file, SHARED);
+    let weir = Weir::start_file(&file);
+    wait_body(&weir, "v1");
+    let bad = format!("{prefix}/config/routes/web/bad");
+    etcd.put(0, &bad, "path_prefix = \"/bad\"\nupstream = \"nope\"\n");
+    let ok = weir_testkit::wait_until(WAIT, || ready(&weir).1.contains("rejected here"));
+    assert!(ok, "{}", ready(&weir).1);
+    let relists = metric(&weir, "weir_cluster_relists_total{} ");
+
+    gate.close();
+    let revision = etcd.put(0, &format!("{prefix}/elsewhere"), "x");
+    etcd.compact(0, revision);
+    gate.open();
+    let relisted = weir_testkit::wait_until(WAIT, || {
+        metric(&weir, "weir_cluster_relists_total{} ") > relists
+    });
+    assert!(relisted, "{}", weir.log.text());
+    // Applies come in order: once the fix is applied, the re-list's turn has passed.
+    etcd.delete(0, &bad);
+    let ok = weir_testkit::wait_until(WAIT, || ready(&weir).1.contains("in sync"));
+    assert!(ok, "{}", ready(&weir).1);
+    assert_eq!(metric(&weir, "weir_cluster_rejected_total{} "), 1.0);
+    assert_eq!(
+        weir.log
+            .text()
+            .matches("shared config change rejected")
+            .count(),
+        1
+    );
 }
 
 /// One member lost (the instance watching it moves on; one cut off from etcd while its
