@@ -330,6 +330,7 @@ fn a_push_over_etcd_request_limit_is_split_and_an_oversized_object_refused() {
     let (_, last) = get(weir.addr, "/r99/").expect("GET");
     assert_eq!(String::from_utf8_lossy(&last), body_of(99));
 
+    let before = ctl(&file, &["pull"]);
     let huge = "x".repeat(1024 * 1024 + 1);
     let refused = shared.replacen("body = \"v1\"", &format!("body = \"{huge}\""), 1);
     let path = dir.write("huge.toml", &refused);
@@ -346,7 +347,7 @@ fn a_push_over_etcd_request_limit_is_split_and_an_oversized_object_refused() {
         stderr.contains("/t/bytes/config/routes/web/all: 1048") && stderr.contains("fix:"),
         "{stderr}"
     );
-    assert_eq!(body(weir.addr), "v1", "nothing written");
+    assert_eq!(ctl(&file, &["pull"]), before, "nothing written");
 }
 
 /// An instance started on an empty prefix serves nothing and says why (`/ready` 503); a
