@@ -36,7 +36,7 @@ pub const TOO_LARGE_FIX: &str =
     "make the object smaller: e.g. serve a large inline body from a file";
 
 /// The first of `changes` too large for a transaction, told (the fix: [`TOO_LARGE_FIX`]).
-pub fn too_large(changes: &[Change], key_name: &dyn Fn(&str) -> String) -> Option<String> {
+fn too_large(changes: &[Change], key_name: &dyn Fn(&str) -> String) -> Option<String> {
     let (key, value, weight) = changes.iter().find_map(|(key, value)| {
         let w = weight(&key_name(key), value.as_ref());
         (w > TXN_BYTES).then_some((key, value, w))
@@ -115,15 +115,23 @@ fn chunks<'a>(changes: &'a [Change], key_name: &dyn Fn(&str) -> String) -> Vec<&
     out
 }
 
+/// One etcd transaction: its compares and its operations.
+pub type Txn = (Vec<Compare>, Vec<Op>);
+
 /// The transactions writing `changes`, each conditioned on its objects being as `view`
-/// has them, each also writing the version key (with `by`).
+/// has them, each also writing the version key (with `by`). An object too large for a
+/// transaction is refused, said by its key (the fix: [`TOO_LARGE_FIX`]), before any is
+/// built.
 pub fn transactions(
     view: &View,
     changes: &[Change],
     key_name: &dyn Fn(&str) -> String,
     by: &str,
-) -> Vec<(Vec<Compare>, Vec<Op>)> {
-    chunks(changes, key_name)
+) -> Result<Vec<Txn>, String> {
+    if let Some(e) = too_large(changes, key_name) {
+        return Err(e);
+    }
+    let txns = chunks(changes, key_name)
         .into_iter()
         .map(|chunk| {
             let mut compares = Vec::new();
@@ -150,7 +158,8 @@ pub fn transactions(
             });
             (compares, ops)
         })
-        .collect()
+        .collect();
+    Ok(txns)
 }
 
 /// How a series of transactions ended.
@@ -177,7 +186,7 @@ pub struct Moved {
 /// what was written.
 pub async fn write_all(
     etcd: &crate::etcd::Etcd,
-    mut txns: Vec<(Vec<Compare>, Vec<Op>)>,
+    mut txns: Vec<Txn>,
     pending_key: &str,
     ttl: Duration,
 ) -> Result<Written, EtcdError> {
@@ -210,7 +219,7 @@ pub async fn write_all(
 
 async fn write_in_order(
     etcd: &crate::etcd::Etcd,
-    txns: &[(Vec<Compare>, Vec<Op>)],
+    txns: &[Txn],
     lease: Option<i64>,
     ttl: Duration,
     pending_key: &str,
@@ -271,12 +280,11 @@ impl Shared for Fleet {
                 return Err(e);
             }
             let key_name = |k: &str| self.key_name(k);
-            if let Some(e) = too_large(&changes, &key_name) {
-                let status = StatusCode::PAYLOAD_TOO_LARGE;
-                return Err(SharedError::Failed(ApiError::new(status, e, TOO_LARGE_FIX)));
-            }
             let by = format!("api on {}", self.settings.node);
-            transactions(&view, &changes, &key_name, &by)
+            transactions(&view, &changes, &key_name, &by).map_err(|e| {
+                let status = StatusCode::PAYLOAD_TOO_LARGE;
+                SharedError::Failed(ApiError::new(status, e, TOO_LARGE_FIX))
+            })?
         };
         let pending = self.key_name(PENDING_KEY);
         let written = write_all(&self.etcd, txns, &pending, self.settings.lease_ttl);
@@ -476,7 +484,7 @@ mod tests {
     #[test]
     fn transactions_stay_under_etcd_request_limit() {
         let changes = routes(100, 15 * 1024);
-        let txns = transactions(&View::default(), &changes, &key_name, "push");
+        let txns = transactions(&View::default(), &changes, &key_name, "push").unwrap();
         assert!(txns.len() >= 2, "{} transaction(s)", txns.len());
         let written: usize = txns.iter().map(|(c, _)| c.len()).sum();
         assert_eq!(written, 100, "every object written once");
@@ -493,13 +501,15 @@ mod tests {
         }
         assert!(too_large(&changes, &key_name).is_none());
         assert_eq!(
-            transactions(&View::default(), &routes(250, 10), &key_name, "p").len(),
+            transactions(&View::default(), &routes(250, 10), &key_name, "p")
+                .unwrap()
+                .len(),
             3
         );
 
         let mut big = routes(2, 10);
         big.push(("routes/web/huge".into(), Some("x".repeat(2 * 1024 * 1024))));
-        let e = too_large(&big, &key_name).expect("refused");
+        let e = transactions(&View::default(), &big, &key_name, "p").expect_err("refused");
         // What is compared: the value, the key twice and 64 bytes of framing.
         assert!(
             e.starts_with(

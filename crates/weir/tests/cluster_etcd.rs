@@ -148,6 +148,20 @@ fn put_route(weir: &Weir, body: &str, if_match: Option<&str>) -> (u16, String) {
     (head.status, reply)
 }
 
+/// `shared` with `n` more routes of listener `web`: route `rNNNN` at `/rN/` answers
+/// `body(N)`.
+fn with_routes(shared: &str, n: usize, body: impl Fn(usize) -> String) -> String {
+    let mut out = shared.to_owned();
+    for i in 0..n {
+        out += &format!(
+            "\n[[listeners.routes]]\nname = \"r{i:04}\"\npath_prefix = \"/r{i}/\"\n\
+             respond = {{ status = 200, body = \"{}\" }}\n",
+            body(i)
+        );
+    }
+    out
+}
+
 fn etag(weir: &Weir) -> String {
     let (head, _) = call(weir.admin_addr(), "GET", "/api/v1/config", &[], "").expect("GET config");
     head.header("etag").expect("an ETag").to_owned()
@@ -284,13 +298,7 @@ fn a_push_of_several_transactions_is_applied_whole() {
     wait_body(&weir, "v1");
 
     // The changed route and 250 new ones: three transactions, the changed route in the first.
-    let mut shared = SHARED.replace("v1", "v2");
-    for i in 0..250 {
-        shared += &format!(
-            "\n[[listeners.routes]]\nname = \"r{i:03}\"\npath_prefix = \"/r{i}/\"\n\
-             respond = {{ status = 200, body = \"r{i}\" }}\n"
-        );
-    }
+    let shared = with_routes(&SHARED.replace("v1", "v2"), 250, |i| format!("r{i}"));
     push(&dir, &file, &shared);
     let last = || get(weir.addr, "/r249/").map(|(_, b)| b == b"r249".as_slice());
     assert!(weir_testkit::wait_until(WAIT, || last().unwrap_or(false)));
@@ -317,14 +325,7 @@ fn a_push_over_etcd_request_limit_is_split_and_an_oversized_object_refused() {
     let dir = TempDir::new("fleet-bytes");
     let file = local(&dir, "a", &etcd.endpoints(&etcd.all()), "/t/bytes", "");
     let body_of = |i: usize| format!("{i:03}").repeat(16 * 1024 / 3);
-    let mut shared = SHARED.to_owned();
-    for i in 0..100 {
-        shared += &format!(
-            "\n[[listeners.routes]]\nname = \"r{i:03}\"\npath_prefix = \"/r{i}/\"\n\
-             respond = {{ status = 200, body = \"{}\" }}\n",
-            body_of(i)
-        );
-    }
+    let shared = with_routes(SHARED, 100, body_of);
     push(&dir, &file, &shared);
     let weir = Weir::start_file(&file);
     let (_, last) = get(weir.addr, "/r99/").expect("GET");
@@ -406,13 +407,7 @@ fn the_snapshot_keeps_what_was_applied_not_a_change_rejected_meanwhile() {
     let dir = TempDir::new("fleet-snapshot");
     let prefix = "/t/snap";
     let file = local(&dir, "a", &gate.endpoints(), prefix, "");
-    let mut shared = SHARED.to_owned();
-    for i in 0..3000 {
-        shared += &format!(
-            "\n[[listeners.routes]]\nname = \"r{i:04}\"\npath_prefix = \"/r{i}/\"\n\
-             respond = {{ status = 200, body = \"r{i}\" }}\n"
-        );
-    }
+    let shared = with_routes(SHARED, 3000, |i| format!("r{i}"));
     push(&dir, &file, &shared);
     let weir = Weir::start_file(&file);
     let route = format!("{prefix}/config/routes/web/all");
