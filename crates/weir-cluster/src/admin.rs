@@ -70,7 +70,8 @@ impl Admin {
         };
         let writes = write::changes(&view.objects, &new);
         let by = format!("weir ctl cluster push {file_name}");
-        let txns = write::transactions(&view, &writes, &|k| self.key_name(k), &by)
+        let max_bytes = self.settings.max_txn_bytes;
+        let txns = write::transactions(&view, &writes, &|k| self.key_name(k), &by, max_bytes)
             .map_err(|e| anyhow::anyhow!("{e} (fix: {})", write::TOO_LARGE_FIX))?;
         Ok(Plan {
             writes,

@@ -20,11 +20,6 @@ use crate::view::{View, VERSION_KEY};
 /// version key and [`PENDING_KEY`].
 pub const TXN_OPS: usize = 100;
 
-/// Bytes of keys and values per transaction: well under etcd's default request limit
-/// (`--max-request-bytes`, 1.5 MiB), with the version key, [`PENDING_KEY`] and framing.
-/// One object over it is refused ([`too_large`]): alone, it would still be near the limit.
-pub const TXN_BYTES: usize = 1024 * 1024;
-
 /// What one change weighs in a transaction: its key twice (the compare and the op), its
 /// value, and room for the framing of both.
 fn weight(full_key: &str, value: Option<&String>) -> usize {
@@ -32,18 +27,22 @@ fn weight(full_key: &str, value: Option<&String>) -> usize {
 }
 
 /// What to do about an object [`too_large`] refuses.
-pub const TOO_LARGE_FIX: &str =
-    "make the object smaller: e.g. serve a large inline body from a file";
+pub const TOO_LARGE_FIX: &str = "make the object smaller: e.g. serve a large inline body from a file (or raise [cluster] etcd.max_txn_bytes, with etcd's --max-request-bytes above it)";
 
-/// The first of `changes` too large for a transaction, told (the fix: [`TOO_LARGE_FIX`]).
-fn too_large(changes: &[Change], key_name: &dyn Fn(&str) -> String) -> Option<String> {
+/// The first of `changes` too large for a transaction of `max_bytes`, told (the fix:
+/// [`TOO_LARGE_FIX`]): alone, it would still be near etcd's request limit.
+fn too_large(
+    changes: &[Change],
+    key_name: &dyn Fn(&str) -> String,
+    max_bytes: usize,
+) -> Option<String> {
     let (key, value, weight) = changes.iter().find_map(|(key, value)| {
         let w = weight(&key_name(key), value.as_ref());
-        (w > TXN_BYTES).then_some((key, value, w))
+        (w > max_bytes).then_some((key, value, w))
     })?;
     let size = value.as_ref().map_or(0, String::len);
     Some(format!(
-        "{}: {weight} bytes to write (a value of {size} bytes, the key twice, framing), over the {TXN_BYTES} bytes one etcd transaction may have (etcd's request limit is 1.5 MiB by default)",
+        "{}: {weight} bytes to write (a value of {size} bytes, the key twice, framing), over the {max_bytes} bytes one etcd transaction may have (max_txn_bytes)",
         key_name(key)
     ))
 }
@@ -96,14 +95,18 @@ pub fn changes(old: &Objects, new: &Objects) -> Vec<Change> {
     out.into_iter().map(|(_, c)| c).collect()
 }
 
-/// `changes` in runs of at most [`TXN_OPS`] objects and [`TXN_BYTES`] bytes (an object
+/// `changes` in runs of at most [`TXN_OPS`] objects and `max_bytes` bytes (an object
 /// heavier than that alone: see [`too_large`]).
-fn chunks<'a>(changes: &'a [Change], key_name: &dyn Fn(&str) -> String) -> Vec<&'a [Change]> {
+fn chunks<'a>(
+    changes: &'a [Change],
+    key_name: &dyn Fn(&str) -> String,
+    max_bytes: usize,
+) -> Vec<&'a [Change]> {
     let mut out = Vec::new();
     let (mut start, mut bytes) = (0, 0);
     for (i, (key, value)) in changes.iter().enumerate() {
         let w = weight(&key_name(key), value.as_ref());
-        if i > start && (i - start == TXN_OPS || bytes + w > TXN_BYTES) {
+        if i > start && (i - start == TXN_OPS || bytes + w > max_bytes) {
             out.push(&changes[start..i]);
             (start, bytes) = (i, 0);
         }
@@ -119,19 +122,21 @@ fn chunks<'a>(changes: &'a [Change], key_name: &dyn Fn(&str) -> String) -> Vec<&
 pub type Txn = (Vec<Compare>, Vec<Op>);
 
 /// The transactions writing `changes`, each conditioned on its objects being as `view`
-/// has them, each also writing the version key (with `by`). An object too large for a
-/// transaction is refused, said by its key (the fix: [`TOO_LARGE_FIX`]), before any is
-/// built.
+/// has them, each also writing the version key (with `by`), each of at most `max_bytes`
+/// (`max_txn_bytes`: under etcd's `--max-request-bytes`, with the version key,
+/// [`PENDING_KEY`] and framing). An object too large for one is refused, said by its key
+/// (the fix: [`TOO_LARGE_FIX`]), before any is built.
 pub fn transactions(
     view: &View,
     changes: &[Change],
     key_name: &dyn Fn(&str) -> String,
     by: &str,
+    max_bytes: usize,
 ) -> Result<Vec<Txn>, String> {
-    if let Some(e) = too_large(changes, key_name) {
+    if let Some(e) = too_large(changes, key_name, max_bytes) {
         return Err(e);
     }
-    let txns = chunks(changes, key_name)
+    let txns = chunks(changes, key_name, max_bytes)
         .into_iter()
         .map(|chunk| {
             let mut compares = Vec::new();
@@ -281,7 +286,8 @@ impl Shared for Fleet {
             }
             let key_name = |k: &str| self.key_name(k);
             let by = format!("api on {}", self.settings.node);
-            transactions(&view, &changes, &key_name, &by).map_err(|e| {
+            let max_bytes = self.settings.max_txn_bytes;
+            transactions(&view, &changes, &key_name, &by, max_bytes).map_err(|e| {
                 let status = StatusCode::PAYLOAD_TOO_LARGE;
                 SharedError::Failed(ApiError::new(status, e, TOO_LARGE_FIX))
             })?
@@ -479,12 +485,14 @@ mod tests {
         format!("/fleet/config/{key}")
     }
 
+    const TXN_BYTES: usize = weir_config::cluster::DEFAULT_MAX_TXN_BYTES;
+
     /// 100 routes of 15 KiB (1.5 MiB in all, one transaction by count) are written in
     /// transactions each under etcd's request limit; one object over it is refused by name.
     #[test]
     fn transactions_stay_under_etcd_request_limit() {
         let changes = routes(100, 15 * 1024);
-        let txns = transactions(&View::default(), &changes, &key_name, "push").unwrap();
+        let txns = transactions(&View::default(), &changes, &key_name, "push", TXN_BYTES).unwrap();
         assert!(txns.len() >= 2, "{} transaction(s)", txns.len());
         let written: usize = txns.iter().map(|(c, _)| c.len()).sum();
         assert_eq!(written, 100, "every object written once");
@@ -499,17 +507,24 @@ mod tests {
             // The objects within the bound, plus the version key's put (26 bytes here).
             assert!(bytes <= TXN_BYTES + 64, "{bytes} bytes in one request");
         }
-        assert!(too_large(&changes, &key_name).is_none());
+        assert!(too_large(&changes, &key_name, TXN_BYTES).is_none());
         assert_eq!(
-            transactions(&View::default(), &routes(250, 10), &key_name, "p")
-                .unwrap()
-                .len(),
+            transactions(
+                &View::default(),
+                &routes(250, 10),
+                &key_name,
+                "p",
+                TXN_BYTES
+            )
+            .unwrap()
+            .len(),
             3
         );
 
         let mut big = routes(2, 10);
         big.push(("routes/web/huge".into(), Some("x".repeat(2 * 1024 * 1024))));
-        let e = transactions(&View::default(), &big, &key_name, "p").expect_err("refused");
+        let e =
+            transactions(&View::default(), &big, &key_name, "p", TXN_BYTES).expect_err("refused");
         // What is compared: the value, the key twice and 64 bytes of framing.
         assert!(
             e.starts_with(
@@ -523,7 +538,7 @@ mod tests {
             "routes/web/near".to_owned(),
             Some("x".repeat(TXN_BYTES - 100)),
         )];
-        let e = too_large(&near, &key_name).expect("refused");
+        let e = too_large(&near, &key_name, TXN_BYTES).expect("refused");
         assert!(
             e.contains(": 1048598 bytes to write (a value of 1048476 bytes"),
             "{e}"

@@ -317,7 +317,7 @@ fn a_push_of_several_transactions_is_applied_whole() {
 
 /// 100 routes of 16 KiB each (1.6 MB: one request by count, over etcd's request limit)
 /// are pushed in several transactions and applied; one object over the limit is refused by
-/// name before anything is written.
+/// name before anything is written, and written once `max_txn_bytes` is raised.
 #[test]
 fn a_push_over_etcd_request_limit_is_split_and_an_oversized_object_refused() {
     let Some(bin) = etcd_bin() else { return };
@@ -349,6 +349,16 @@ fn a_push_over_etcd_request_limit_is_split_and_an_oversized_object_refused() {
         "{stderr}"
     );
     assert_eq!(ctl(&file, &["pull"]), before, "nothing written");
+
+    // With max_txn_bytes raised (still under etcd's request limit), the object is written.
+    let etcd_keys = format!(
+        "endpoints = {}, max_txn_bytes = \"1400KiB\"",
+        etcd.endpoints(&etcd.all())
+    );
+    let raised = local_with(&dir, "b", &etcd_keys, "/t/bytes", "");
+    ctl(&raised, &["push", "-f", path.to_str().expect("utf-8 path")]);
+    let served = weir_testkit::wait_until(WAIT, || body(weir.addr) == huge);
+    assert!(served, "{}", weir.log.text());
 }
 
 /// An instance started on an empty prefix serves nothing and says why (`/ready` 503); a
