@@ -376,9 +376,12 @@ impl Fleet {
                 let Some(key) = key.strip_prefix(&prefix) else {
                     return true;
                 };
+                // Seen as it was then, or a later change of it.
                 match now {
-                    Some(rev) => view.mod_revisions.get(key).is_some_and(|r| r >= rev),
-                    None => !view.objects.contains_key(key),
+                    Some(rev) => view.last_change(key) >= *rev,
+                    None => {
+                        !view.objects.contains_key(key) || view.last_change(key) > moved.revision
+                    }
                 }
             })
         };
