@@ -23,6 +23,8 @@ pub struct Admin {
 /// What pushing a file would do.
 pub struct Plan {
     view: View,
+    /// The transactions that write it.
+    txns: Vec<write::Txn>,
     /// The objects written (`Some`) or deleted (`None`).
     pub writes: Vec<write::Change>,
     /// The changes to the running config, as `weir ctl apply` shows them.
@@ -55,8 +57,8 @@ impl Admin {
             .block_on(crate::sync::list_view(&self.etcd, &self.settings.prefix))?)
     }
 
-    /// Validates `file` (its shared objects, with `local`'s per-node sections) and
-    /// compares it with what etcd has.
+    /// Validates `file` (its shared objects, with `local`'s per-node sections), compares
+    /// it with what etcd has, and builds the transactions that write the difference.
     pub fn plan(&self, local: &Local<'_>, file: &str, file_name: &str) -> anyhow::Result<Plan> {
         let view = self.list()?;
         let new = objects::split(file, file_name)?;
@@ -67,11 +69,13 @@ impl Admin {
             None => weir_config::diff::diff(&self.config(local, &Objects::new())?, &new_config),
         };
         let writes = write::changes(&view.objects, &new);
-        if let Some(e) = write::too_large(&writes, &|k| self.key_name(k)) {
-            anyhow::bail!("{e} (fix: {})", write::TOO_LARGE_FIX);
-        }
+        let by = format!("weir ctl cluster push {file_name}");
+        let max_bytes = self.settings.max_txn_bytes;
+        let txns = write::transactions(&view, &writes, &|k| self.key_name(k), &by, max_bytes)
+            .map_err(|e| anyhow::anyhow!("{e} (fix: {})", write::TOO_LARGE_FIX))?;
         Ok(Plan {
             writes,
+            txns,
             changes,
             notes: objects::route_order_notes(file),
             view,
@@ -85,21 +89,21 @@ impl Admin {
     }
 
     /// Writes `plan`; the revision of the last transaction.
-    pub fn push(&self, plan: &Plan, by: &str) -> anyhow::Result<i64> {
-        let key_name = |k: &str| self.key_name(k);
-        let txns = write::transactions(&plan.view, &plan.writes, &key_name, by);
-        if txns.is_empty() {
+    pub fn push(&self, plan: &Plan) -> anyhow::Result<i64> {
+        if plan.txns.is_empty() {
             return Ok(plan.view.revision);
         }
         let pending = self.key_name(write::PENDING_KEY);
+        let txns = plan.txns.clone();
         let written = write::write_all(&self.etcd, txns, &pending, self.settings.lease_ttl);
         match self.runtime.block_on(written)? {
             write::Written::Done(revision) => Ok(revision),
             write::Written::Busy => anyhow::bail!(
                 "another push is under way in etcd ({pending} exists); nothing was written: run the push again once it is done"
             ),
-            write::Written::Moved(rev) => anyhow::bail!(
-                "an object changed in etcd while pushing (revision {rev}); nothing more was written: run the push again"
+            write::Written::Moved(moved) => anyhow::bail!(
+                "an object changed in etcd while pushing (revision {}); nothing more was written: run the push again",
+                moved.revision
             ),
         }
     }

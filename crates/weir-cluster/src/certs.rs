@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM, NONCE_LEN};
 use weir_config::cluster::FleetKey;
-use weir_core::tls::auto::shared::{self, Challenge, Fence, File, Store, StoreFuture};
+use weir_core::tls::auto::shared::{self, is_private, Challenge, Fence, File, Store, StoreFuture};
 
 use crate::etcd::{prefix_end, Compare, Etcd, EtcdError, Event, Op, WatchMessage};
 
@@ -78,18 +78,18 @@ impl EtcdStore {
         Ok([SEALED, &nonce, &data].concat())
     }
 
-    /// The plaintext of a value read at `key`. A certificate (`.pem`) is not sealed; any
-    /// other file must be: a private key put there in plaintext (by hand, or by a writer
+    /// The plaintext of a value read at `key`. A private file ([`is_private`], as the
+    /// writer seals) must be sealed: one put there in plaintext (by hand, or by a writer
     /// without the fleet's key) is refused, as one that does not open is, rather than used.
     fn open(&self, key: &str, value: Vec<u8>) -> Result<Vec<u8>, String> {
         let Some(rest) = value.strip_prefix(SEALED) else {
-            if key.ends_with(".pem") {
+            if !is_private(key) {
                 return Ok(value);
             }
             return Err(format!(
                 "{key}: a private value stored unsealed (not written by an instance with the \
-                 fleet's [cluster] key_file); not used (fix: delete the key: the next instance \
-                 to order or issue that certificate writes it sealed)"
+                 fleet's [cluster] key_file); not used (fix: delete etcd key {key} (etcdctl del \
+                 {key}): the next instance to order or issue that certificate writes it sealed)"
             ));
         };
         let (nonce, sealed) = rest.split_at(NONCE_LEN.min(rest.len()));
@@ -173,7 +173,7 @@ impl EtcdStore {
         let mut ops = Vec::with_capacity(files.len());
         for file in files {
             let key = self.file_key(&file.name);
-            let value = match file.private {
+            let value = match is_private(&file.name) {
                 true => self.seal(&key, &file.contents)?,
                 false => file.contents,
             };
@@ -397,6 +397,7 @@ mod tests {
         for key in ["/w/certs/files/a.key", "/w/certs/files/account-0123.json"] {
             let e = s.open(key, pem.clone()).unwrap_err();
             assert!(e.starts_with(key) && e.contains("unsealed"), "{e}");
+            assert!(e.contains(&format!("(etcdctl del {key})")), "{e}");
         }
         let cert = b"-----BEGIN CERTIFICATE-----".to_vec();
         assert_eq!(s.open("/w/certs/files/a.pem", cert.clone()).unwrap(), cert);

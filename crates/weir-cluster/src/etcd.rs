@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use etcd_client::{
     Certificate, Client, CompareOp, ConnectOptions, GetOptions, Identity, PutOptions, TlsOptions,
-    Txn, TxnOp, WatchOptions,
+    Txn, TxnOp, TxnOpResponse, WatchOptions,
 };
 use tokio::sync::OnceCell;
 use weir_config::cluster::EtcdCluster;
@@ -44,6 +44,17 @@ pub struct Kv {
     pub value: Vec<u8>,
     pub mod_revision: i64,
     pub create_revision: i64,
+}
+
+/// What [`Etcd::txn_else_read`] answered.
+#[derive(Debug)]
+pub struct TxnReply {
+    /// Whether the compares held (and the ops ran).
+    pub succeeded: bool,
+    /// The store's revision after the transaction.
+    pub revision: i64,
+    /// When the compares failed: those of the keys read that exist.
+    pub read: Vec<Kv>,
 }
 
 /// A condition of a transaction on one key.
@@ -145,19 +156,50 @@ impl Etcd {
 
     /// Runs `ops` if every `compare` holds; returns whether they did and the revision.
     pub async fn txn(&self, compare: &[Compare], ops: &[Op]) -> Result<(bool, i64), EtcdError> {
+        let reply = self.txn_else_read(compare, ops, &[]).await?;
+        Ok((reply.succeeded, reply.revision))
+    }
+
+    /// Runs `ops` if every `compare` holds, else reads the keys `reads` in the same
+    /// transaction: what they are at the revision the compares failed at.
+    pub async fn txn_else_read(
+        &self,
+        compare: &[Compare],
+        ops: &[Op],
+        reads: &[&str],
+    ) -> Result<TxnReply, EtcdError> {
         let txn = Txn::new()
             .when(compare.iter().map(Compare::to_etcd).collect::<Vec<_>>())
-            .and_then(ops.iter().map(Op::to_etcd).collect::<Vec<_>>());
+            .and_then(ops.iter().map(Op::to_etcd).collect::<Vec<_>>())
+            .or_else(
+                reads
+                    .iter()
+                    .map(|k| TxnOp::get(*k, None))
+                    .collect::<Vec<_>>(),
+            );
         let reply = self
             .call(|mut c| {
                 let txn = txn.clone();
                 async move { c.txn(txn).await }
             })
             .await?;
-        Ok((
-            reply.succeeded(),
-            reply.header().map_or(0, |h| h.revision()),
-        ))
+        let read = match reply.succeeded() || reads.is_empty() {
+            true => Vec::new(),
+            false => reply
+                .op_responses()
+                .iter()
+                .filter_map(|r| match r {
+                    TxnOpResponse::Get(get) => Some(get.kvs().iter().filter_map(kv)),
+                    _ => None,
+                })
+                .flatten()
+                .collect(),
+        };
+        Ok(TxnReply {
+            succeeded: reply.succeeded(),
+            revision: reply.header().map_or(0, |h| h.revision()),
+            read,
+        })
     }
 
     /// A lease of `ttl`; its id.
@@ -270,6 +312,13 @@ fn try_next(e: &etcd_client::Error) -> bool {
 }
 
 impl Compare {
+    /// The key compared.
+    pub fn key(&self) -> &str {
+        match self {
+            Compare::ModRevision(key, _) | Compare::Absent(key) => key,
+        }
+    }
+
     fn to_etcd(&self) -> etcd_client::Compare {
         match self {
             Compare::ModRevision(key, rev) => {

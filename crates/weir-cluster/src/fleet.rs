@@ -45,6 +45,9 @@ pub struct Fleet {
     parsed: Mutex<Parsed>,
     /// The objects of the running config (what `Shared::text` assembles).
     running: Mutex<Objects>,
+    /// The config revision and [`digest`] of the objects last tried (applied or
+    /// rejected): a re-list that finds them again needs no apply.
+    tried: Mutex<Option<(i64, u64)>>,
     /// Their text once assembled, until the next change applied: every admin API request
     /// reads it, and assembling 10,000 objects takes a while.
     text: Mutex<Option<String>>,
@@ -111,6 +114,7 @@ impl Fleet {
             held_local: Mutex::new(None),
             parsed: Mutex::new(Parsed::default()),
             running: Mutex::new(Objects::new()),
+            tried: Mutex::new(None),
             text: Mutex::new(None),
             progress: tokio::sync::watch::Sender::new(Progress::default()),
             store: OnceLock::new(),
@@ -173,6 +177,7 @@ impl Fleet {
                     });
                     let text = self.assemble(&local, &view.objects);
                     *lock(&self.running) = view.objects.clone();
+                    *lock(&self.tried) = Some((view.config_revision, digest(&view.objects)));
                     *self.lock_view() = view;
                     return Ok(Initial {
                         config,
@@ -333,17 +338,14 @@ impl Fleet {
         let signalled = new_local.is_some();
         let held = lock(&self.held_local).take();
         let new_local = new_local.or(held);
-        // A copy: the watch goes on updating the view meanwhile, and what is applied is
-        // what the snapshot keeps.
-        let view = self.lock_view().clone();
+        let Some((view, tried)) = self.untried_view(!force && new_local.is_none()) else {
+            return Ok(());
+        };
         if view.objects.contains_key(crate::write::PENDING_KEY) {
             self.hold(new_local, signalled, view.config_revision);
             return Ok(());
         }
         let (objects, revision, by) = (&view.objects, view.config_revision, view.author());
-        if !force && new_local.is_none() && self.tried(objects, revision) {
-            return Ok(());
-        }
         let running = self.local_file().clone();
         let apply = |local: &LocalFile| self.apply_objects(store, local, objects, revision, &by);
         // `file_error`: a SIGHUP's file rejected, told to the signal's caller; the revision
@@ -391,20 +393,27 @@ impl Fleet {
             self.save_snapshot(&snapshot);
         }
         self.settle(revision, outcome.clone());
+        *lock(&self.tried) = Some(tried);
         match file_error {
             Some(e) => Err(e),
             None => outcome.map(drop),
         }
     }
 
-    /// Whether `objects` at config revision `revision` need no apply: the revision was
-    /// tried and its objects are the running ones. The revision alone does not tell: a
-    /// re-list after a compaction rebuilds it from the keys still there, so a deletion
-    /// missed while the watch was down can leave it where it was, with an object fewer.
-    /// (A rejected revision is tried again then: the watch always brings a newer one, so
-    /// only a re-list does.)
-    fn tried(&self, objects: &Objects, revision: i64) -> bool {
-        self.progress.borrow().seen == revision && *lock(&self.running) == *objects
+    /// A copy of the view to apply, and its revision and digest; `None` when `skip_tried`
+    /// and those were tried last (applied or rejected: a rejected one is not built, failed
+    /// and reported again on each re-list). The revision alone does not tell: a re-list
+    /// after a compaction rebuilds it from the keys still there, so a deletion missed
+    /// while the watch was down can leave it where it was, with an object fewer. A copy:
+    /// the watch goes on updating the view meanwhile, and what is applied is what the
+    /// snapshot keeps; made only once the check says to apply.
+    fn untried_view(&self, skip_tried: bool) -> Option<(View, (i64, u64))> {
+        let view = self.lock_view();
+        let tried = (view.config_revision, digest(&view.objects));
+        if skip_tried && *lock(&self.tried) == Some(tried) {
+            return None;
+        }
+        Some((view.clone(), tried))
     }
 
     /// Builds the config of `local` and `objects` and applies it: whether it serves.
@@ -557,4 +566,12 @@ impl LocalFile {
             base: base.as_deref(),
         })
     }
+}
+
+/// A digest of `objects`: tells a view tried already without keeping a copy of it.
+fn digest(objects: &Objects) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    objects.hash(&mut hasher);
+    hasher.finish()
 }

@@ -18,8 +18,11 @@ pub struct View {
     pub objects: Objects,
     /// Relative key -> the revision it was last written at.
     pub mod_revisions: BTreeMap<String, i64>,
-    /// Keys deleted while watching -> the revision of the deletion.
+    /// Keys deleted since the last listing -> the revision of the deletion.
     deleted: HashMap<String, i64>,
+    /// The latest deletion forgotten: any key this view knows nothing of may have been
+    /// deleted as late as this (see [`View::carry_deletions`]).
+    deleted_floor: i64,
     /// The etcd revision this view is complete at: a watch resumes after it.
     pub revision: i64,
     /// The revision of the last change to the objects: the config's version.
@@ -48,16 +51,24 @@ impl View {
     /// known, so it is the deletion's revision here, and as for a deletion watched, the
     /// config's version moves there (it is not the config it was). Without it, a write
     /// with the `If-Match` of before could re-create the object unnoticed.
+    ///
+    /// The deletions `old` knew are forgotten here, so that the map holds only those since
+    /// the last listing: the latest of them becomes the floor, the revision a key this view
+    /// knows nothing of may have been deleted at ([`View::last_change`]). The floor is at
+    /// most the config's version, so an `If-Match` of the config as it is now still holds.
     pub fn carry_deletions(&mut self, old: &View) {
-        let known = old.deleted.iter().map(|(k, rev)| (k, *rev));
-        let missed = old.objects.keys().map(|k| (k, self.revision));
-        for (key, revision) in known.chain(missed) {
-            if self.objects.contains_key(key) {
-                continue;
+        let known = old
+            .deleted
+            .iter()
+            .filter(|(k, _)| !self.objects.contains_key(*k));
+        let forgotten = known.map(|(_, rev)| *rev).max().unwrap_or(0);
+        self.deleted_floor = old.deleted_floor.max(forgotten);
+        self.config_revision = self.config_revision.max(self.deleted_floor);
+        for key in old.objects.keys() {
+            if !self.objects.contains_key(key) {
+                self.deleted.insert(key.clone(), self.revision);
+                self.config_revision = self.config_revision.max(self.revision);
             }
-            let at = self.deleted.entry(key.clone()).or_insert(0);
-            *at = (*at).max(revision);
-            self.config_revision = self.config_revision.max(revision);
         }
     }
 
@@ -102,13 +113,14 @@ impl View {
         }
     }
 
-    /// The revision `key` was last written or deleted at, as far as this view knows.
+    /// The revision `key` was last written or deleted at, as far as this view knows: for
+    /// a key it knows nothing of, the floor of the deletions it forgot.
     pub fn last_change(&self, key: &str) -> i64 {
         self.mod_revisions
             .get(key)
             .or_else(|| self.deleted.get(key))
             .copied()
-            .unwrap_or(0)
+            .unwrap_or(self.deleted_floor)
     }
 
     /// The view as the snapshot file keeps it, written straight from the view (no JSON
@@ -121,6 +133,8 @@ impl View {
             by: &self.by,
             by_revision: self.by_revision,
             objects: ObjectsOut(self),
+            deleted: &self.deleted,
+            deleted_floor: self.deleted_floor,
         };
         serde_json::to_string(&file).unwrap_or_default()
     }
@@ -135,6 +149,7 @@ impl View {
             config_revision: json["config_revision"].as_i64()?,
             by: json["by"].as_str().unwrap_or_default().to_owned(),
             by_revision: json["by_revision"].as_i64().unwrap_or(0),
+            deleted_floor: json["deleted_floor"].as_i64().unwrap_or(0),
             ..View::default()
         };
         for (k, o) in json["objects"].as_object()? {
@@ -142,6 +157,12 @@ impl View {
                 .insert(k.clone(), o["value"].as_str()?.to_owned());
             view.mod_revisions
                 .insert(k.clone(), o["mod_revision"].as_i64()?);
+        }
+        // Absent in a snapshot of an older Weir: no deletion known, as before.
+        if let Some(deleted) = json["deleted"].as_object() {
+            for (k, revision) in deleted {
+                view.deleted.insert(k.clone(), revision.as_i64()?);
+            }
         }
         Some(view)
     }
@@ -156,6 +177,10 @@ struct SnapshotFile<'a> {
     by: &'a str,
     by_revision: i64,
     objects: ObjectsOut<'a>,
+    /// Deletions known (key -> revision): after a restart, an object deleted before it is
+    /// out of the listing and of the objects, and only this dates its deletion.
+    deleted: &'a HashMap<String, i64>,
+    deleted_floor: i64,
 }
 
 /// The objects of a view as a JSON object: key -> `{value, mod_revision}`.
@@ -229,6 +254,26 @@ mod tests {
         );
     }
 
+    /// An object deleted and applied before a restart is in neither the listing nor the
+    /// snapshot's objects: the snapshot's deletions date it, so a stale `If-Match` fails.
+    #[test]
+    fn a_deletion_applied_before_a_restart_is_still_dated_after_it() {
+        let mut view = View::listed(5, vec![("upstreams/a".into(), kv("k", "x = 1\n", 4))]);
+        view.apply(vec![(
+            "upstreams/a".into(),
+            Event::Delete {
+                key: "k".into(),
+                revision: 8,
+            },
+        )]);
+        let json: Json = serde_json::from_str(&view.to_json("/p")).unwrap();
+        let snapshot = View::from_json(&json, "/p").unwrap();
+        let mut listed = View::listed(9, vec![]);
+        listed.carry_deletions(&snapshot);
+        assert_eq!(listed.last_change("upstreams/a"), 8);
+        assert_eq!(listed.config_revision, 8);
+    }
+
     /// A batch of a watch catching up: its header says the store's current revision (2000),
     /// its events end at 1005. A watch broken then resumes at 1006, not 2001.
     #[test]
@@ -270,9 +315,15 @@ mod tests {
         assert_eq!(view.last_change("routes/w/c"), 3);
         assert_eq!(view.last_change("routes/w/a"), 4);
         assert_eq!((view.config_revision, view.author().as_str()), (12, "etcd"));
-        // Nothing missed: the version stays.
+        // Nothing missed: the version stays. The deletions known are forgotten, their
+        // latest the floor of any key not known: the map does not grow from one listing
+        // to the next, and an If-Match from before the floor still fails.
         let again = relisted(&view);
         assert_eq!(again.config_revision, 12);
+        assert!(again.deleted.is_empty(), "{:?}", again.deleted);
+        assert_eq!(again.last_change("routes/w/b"), 12);
+        assert_eq!(again.last_change("routes/w/never"), 12);
+        assert_eq!(again.last_change("routes/w/a"), 4);
         old.objects.remove("routes/w/b");
         assert_eq!(relisted(&old).config_revision, 5);
     }

@@ -20,11 +20,6 @@ use crate::view::{View, VERSION_KEY};
 /// version key and [`PENDING_KEY`].
 pub const TXN_OPS: usize = 100;
 
-/// Bytes of keys and values per transaction: well under etcd's default request limit
-/// (`--max-request-bytes`, 1.5 MiB), with the version key, [`PENDING_KEY`] and framing.
-/// One object over it is refused ([`too_large`]): alone, it would still be near the limit.
-pub const TXN_BYTES: usize = 1024 * 1024;
-
 /// What one change weighs in a transaction: its key twice (the compare and the op), its
 /// value, and room for the framing of both.
 fn weight(full_key: &str, value: Option<&String>) -> usize {
@@ -32,17 +27,22 @@ fn weight(full_key: &str, value: Option<&String>) -> usize {
 }
 
 /// What to do about an object [`too_large`] refuses.
-pub const TOO_LARGE_FIX: &str =
-    "make the object smaller: e.g. serve a large inline body from a file";
+pub const TOO_LARGE_FIX: &str = "make the object smaller: e.g. serve a large inline body from a file (or raise [cluster] etcd.max_txn_bytes, with etcd's --max-request-bytes above it)";
 
-/// The first of `changes` too large for a transaction, told (the fix: [`TOO_LARGE_FIX`]).
-pub fn too_large(changes: &[Change], key_name: &dyn Fn(&str) -> String) -> Option<String> {
-    let (key, value) = changes
-        .iter()
-        .find(|(key, value)| weight(&key_name(key), value.as_ref()) > TXN_BYTES)?;
+/// The first of `changes` too large for a transaction of `max_bytes`, told (the fix:
+/// [`TOO_LARGE_FIX`]): alone, it would still be near etcd's request limit.
+fn too_large(
+    changes: &[Change],
+    key_name: &dyn Fn(&str) -> String,
+    max_bytes: usize,
+) -> Option<String> {
+    let (key, value, weight) = changes.iter().find_map(|(key, value)| {
+        let w = weight(&key_name(key), value.as_ref());
+        (w > max_bytes).then_some((key, value, w))
+    })?;
     let size = value.as_ref().map_or(0, String::len);
     Some(format!(
-        "{}: {size} bytes, over the {TXN_BYTES} bytes one object may have in etcd (whose request limit is 1.5 MiB by default)",
+        "{}: {weight} bytes to write (a value of {size} bytes, the key twice, framing), over the {max_bytes} bytes one etcd transaction may have (max_txn_bytes)",
         key_name(key)
     ))
 }
@@ -95,14 +95,18 @@ pub fn changes(old: &Objects, new: &Objects) -> Vec<Change> {
     out.into_iter().map(|(_, c)| c).collect()
 }
 
-/// `changes` in runs of at most [`TXN_OPS`] objects and [`TXN_BYTES`] bytes (an object
+/// `changes` in runs of at most [`TXN_OPS`] objects and `max_bytes` bytes (an object
 /// heavier than that alone: see [`too_large`]).
-fn chunks<'a>(changes: &'a [Change], key_name: &dyn Fn(&str) -> String) -> Vec<&'a [Change]> {
+fn chunks<'a>(
+    changes: &'a [Change],
+    key_name: &dyn Fn(&str) -> String,
+    max_bytes: usize,
+) -> Vec<&'a [Change]> {
     let mut out = Vec::new();
     let (mut start, mut bytes) = (0, 0);
     for (i, (key, value)) in changes.iter().enumerate() {
         let w = weight(&key_name(key), value.as_ref());
-        if i > start && (i - start == TXN_OPS || bytes + w > TXN_BYTES) {
+        if i > start && (i - start == TXN_OPS || bytes + w > max_bytes) {
             out.push(&changes[start..i]);
             (start, bytes) = (i, 0);
         }
@@ -114,15 +118,25 @@ fn chunks<'a>(changes: &'a [Change], key_name: &dyn Fn(&str) -> String) -> Vec<&
     out
 }
 
+/// One etcd transaction: its compares and its operations.
+pub type Txn = (Vec<Compare>, Vec<Op>);
+
 /// The transactions writing `changes`, each conditioned on its objects being as `view`
-/// has them, each also writing the version key (with `by`).
+/// has them, each also writing the version key (with `by`), each of at most `max_bytes`
+/// (`max_txn_bytes`: under etcd's `--max-request-bytes`, with the version key,
+/// [`PENDING_KEY`] and framing). An object too large for one is refused, said by its key
+/// (the fix: [`TOO_LARGE_FIX`]), before any is built.
 pub fn transactions(
     view: &View,
     changes: &[Change],
     key_name: &dyn Fn(&str) -> String,
     by: &str,
-) -> Vec<(Vec<Compare>, Vec<Op>)> {
-    chunks(changes, key_name)
+    max_bytes: usize,
+) -> Result<Vec<Txn>, String> {
+    if let Some(e) = too_large(changes, key_name, max_bytes) {
+        return Err(e);
+    }
+    let txns = chunks(changes, key_name, max_bytes)
         .into_iter()
         .map(|chunk| {
             let mut compares = Vec::new();
@@ -149,19 +163,26 @@ pub fn transactions(
             });
             (compares, ops)
         })
-        .collect()
+        .collect();
+    Ok(txns)
 }
 
 /// How a series of transactions ended.
 pub enum Written {
     /// All written; the revision of the last.
     Done(i64),
-    /// A transaction's objects had changed (the revision it saw): it and the rest were not
-    /// written.
-    Moved(i64),
+    /// A transaction's objects had changed: it and the rest were not written.
+    Moved(Moved),
     /// Another write of several transactions was under way ([`PENDING_KEY`] was there):
     /// nothing was written.
     Busy,
+}
+
+/// What a transaction found moved: the revision it failed at, and its compared keys as
+/// they were then (full key -> mod revision; `None`: absent).
+pub struct Moved {
+    pub revision: i64,
+    pub keys: Vec<(String, Option<i64>)>,
 }
 
 /// Writes `txns` in order, the first only if [`PENDING_KEY`] is absent. When there are
@@ -170,7 +191,7 @@ pub enum Written {
 /// what was written.
 pub async fn write_all(
     etcd: &crate::etcd::Etcd,
-    mut txns: Vec<(Vec<Compare>, Vec<Op>)>,
+    mut txns: Vec<Txn>,
     pending_key: &str,
     ttl: Duration,
 ) -> Result<Written, EtcdError> {
@@ -203,7 +224,7 @@ pub async fn write_all(
 
 async fn write_in_order(
     etcd: &crate::etcd::Etcd,
-    txns: &[(Vec<Compare>, Vec<Op>)],
+    txns: &[Txn],
     lease: Option<i64>,
     ttl: Duration,
     pending_key: &str,
@@ -215,14 +236,21 @@ async fn write_in_order(
             etcd.lease_keepalive(lease).await?;
             renewed = std::time::Instant::now();
         }
-        let (ok, rev) = etcd.txn(compares, ops).await?;
-        if !ok && i == 0 && !etcd.range(pending_key, "").await?.1.is_empty() {
+        let keys: Vec<&str> = compares.iter().map(Compare::key).collect();
+        let reply = etcd.txn_else_read(compares, ops, &keys).await?;
+        if !reply.succeeded && i == 0 && !etcd.range(pending_key, "").await?.1.is_empty() {
             return Ok(Written::Busy);
         }
-        if !ok {
-            return Ok(Written::Moved(rev));
+        if !reply.succeeded {
+            let now = |key: &str| reply.read.iter().find(|kv| kv.key == key);
+            let keys = keys
+                .iter()
+                .map(|k| (k.to_string(), now(k).map(|kv| kv.mod_revision)))
+                .collect();
+            let revision = reply.revision;
+            return Ok(Written::Moved(Moved { revision, keys }));
         }
-        revision = rev;
+        revision = reply.revision;
     }
     Ok(Written::Done(revision))
 }
@@ -257,21 +285,21 @@ impl Shared for Fleet {
                 return Err(e);
             }
             let key_name = |k: &str| self.key_name(k);
-            if let Some(e) = too_large(&changes, &key_name) {
-                let status = StatusCode::PAYLOAD_TOO_LARGE;
-                return Err(SharedError::Failed(ApiError::new(status, e, TOO_LARGE_FIX)));
-            }
             let by = format!("api on {}", self.settings.node);
-            transactions(&view, &changes, &key_name, &by)
+            let max_bytes = self.settings.max_txn_bytes;
+            transactions(&view, &changes, &key_name, &by, max_bytes).map_err(|e| {
+                let status = StatusCode::PAYLOAD_TOO_LARGE;
+                SharedError::Failed(ApiError::new(status, e, TOO_LARGE_FIX))
+            })?
         };
         let pending = self.key_name(PENDING_KEY);
         let written = write_all(&self.etcd, txns, &pending, self.settings.lease_ttl);
         match self.block_on(written).map_err(etcd_failed)? {
             Written::Done(revision) => Ok(revision as u64),
             Written::Busy => Err(SharedError::Failed(busy())),
-            Written::Moved(rev) => {
+            Written::Moved(moved) => {
                 // Moved since this view: wait until the view has the newer objects.
-                self.wait_view(rev);
+                self.wait_view(&moved);
                 self.wait_caught_up();
                 Err(SharedError::Moved)
             }
@@ -337,10 +365,28 @@ fn busy() -> ApiError {
 }
 
 impl Fleet {
-    /// Waits (briefly) until the view has seen `revision`.
-    fn wait_view(&self, revision: i64) {
+    /// Waits (briefly) until the view has the keys of `moved` as they were when the
+    /// transaction failed. Not until the view's revision reaches the failure's: that is
+    /// the store's, moved on by writes outside the config (each instance's registration)
+    /// that the view never sees.
+    fn wait_view(&self, moved: &Moved) {
+        let prefix = self.key_name("");
+        let seen = |view: &View| {
+            moved.keys.iter().all(|(key, now)| {
+                let Some(key) = key.strip_prefix(&prefix) else {
+                    return true;
+                };
+                // Seen as it was then, or a later change of it.
+                match now {
+                    Some(rev) => view.last_change(key) >= *rev,
+                    None => {
+                        !view.objects.contains_key(key) || view.last_change(key) > moved.revision
+                    }
+                }
+            })
+        };
         let deadline = std::time::Instant::now() + self.settings.timeout;
-        while self.lock_view().revision < revision && std::time::Instant::now() < deadline {
+        while !seen(&self.lock_view()) && std::time::Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(5));
         }
     }
@@ -442,12 +488,14 @@ mod tests {
         format!("/fleet/config/{key}")
     }
 
+    const TXN_BYTES: usize = weir_config::cluster::DEFAULT_MAX_TXN_BYTES;
+
     /// 100 routes of 15 KiB (1.5 MiB in all, one transaction by count) are written in
     /// transactions each under etcd's request limit; one object over it is refused by name.
     #[test]
     fn transactions_stay_under_etcd_request_limit() {
         let changes = routes(100, 15 * 1024);
-        let txns = transactions(&View::default(), &changes, &key_name, "push");
+        let txns = transactions(&View::default(), &changes, &key_name, "push", TXN_BYTES).unwrap();
         assert!(txns.len() >= 2, "{} transaction(s)", txns.len());
         let written: usize = txns.iter().map(|(c, _)| c.len()).sum();
         assert_eq!(written, 100, "every object written once");
@@ -459,19 +507,43 @@ mod tests {
                     Op::Delete(key) => key.len(),
                 })
                 .sum();
-            assert!(bytes < 3 * 1024 * 1024 / 2, "{bytes} bytes in one request");
+            // The objects within the bound, plus the version key's put (26 bytes here).
+            assert!(bytes <= TXN_BYTES + 64, "{bytes} bytes in one request");
         }
-        assert!(too_large(&changes, &key_name).is_none());
+        assert!(too_large(&changes, &key_name, TXN_BYTES).is_none());
         assert_eq!(
-            transactions(&View::default(), &routes(250, 10), &key_name, "p").len(),
+            transactions(
+                &View::default(),
+                &routes(250, 10),
+                &key_name,
+                "p",
+                TXN_BYTES
+            )
+            .unwrap()
+            .len(),
             3
         );
 
         let mut big = routes(2, 10);
         big.push(("routes/web/huge".into(), Some("x".repeat(2 * 1024 * 1024))));
-        let e = too_large(&big, &key_name).expect("refused");
+        let e =
+            transactions(&View::default(), &big, &key_name, "p", TXN_BYTES).expect_err("refused");
+        // What is compared: the value, the key twice and 64 bytes of framing.
         assert!(
-            e.starts_with("/fleet/config/routes/web/huge: 2097152 bytes"),
+            e.starts_with(
+                "/fleet/config/routes/web/huge: 2097274 bytes to write (a value of 2097152 bytes"
+            ),
+            "{e}"
+        );
+        // Under the bound by its value alone, over it with its key and framing: the
+        // message says the weight compared, not a value that reads as under the limit.
+        let near = vec![(
+            "routes/web/near".to_owned(),
+            Some("x".repeat(TXN_BYTES - 100)),
+        )];
+        let e = too_large(&near, &key_name, TXN_BYTES).expect("refused");
+        assert!(
+            e.contains(": 1048598 bytes to write (a value of 1048476 bytes"),
             "{e}"
         );
     }

@@ -1029,7 +1029,7 @@ pub(crate) fn duration(
 }
 
 /// A size in bytes: a string with a unit, or a plain integer count of bytes.
-fn size(raw: Option<StrOrInt>, default: u64, path: &FieldPath) -> Result<u64, Issue> {
+pub(crate) fn size(raw: Option<StrOrInt>, default: u64, path: &FieldPath) -> Result<u64, Issue> {
     let key = path.last_key();
     let fix = format!("write {key} as a size such as \"16KiB\" or \"10MB\"");
     match raw {

@@ -382,12 +382,11 @@ fn a_write_fenced_by_a_lost_lock_is_refused() {
     let store = EtcdStore::new(client, runtime.handle().clone(), &settings, key).expect("store");
     let store = FleetCerts(Arc::new(store));
     let pair = |v: &str| {
-        let file = |name: &str, private| File {
+        let file = |name: &str| File {
             name: name.to_owned(),
             contents: format!("{v} {name}").into_bytes(),
-            private,
         };
-        vec![file("x.pem", false), file("x.key", true)]
+        vec![file("x.pem"), file("x.key")]
     };
     runtime.block_on(async {
         let first = store.lock("x").await.expect("lock").expect("free");

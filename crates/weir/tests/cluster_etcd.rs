@@ -9,7 +9,9 @@
 //! there; an instance on an empty prefix is not ready and says why, and `push --dry-run`
 //! writes nothing; a push over etcd's request limit is split, an object over it refused; a
 //! stale `If-Match` cannot re-create an object deleted while an instance was cut off; the
-//! snapshot keeps what was applied, not a change rejected meanwhile. And a member reaches
+//! snapshot keeps what was applied, not a change rejected meanwhile; a write that finds its
+//! object moved answers without waiting out the timeout; a revision rejected is not tried
+//! again by a re-list. And a member reaches
 //! etcd over TLS with a client certificate and a password.
 
 mod etcd_support;
@@ -146,6 +148,20 @@ fn put_route(weir: &Weir, body: &str, if_match: Option<&str>) -> (u16, String) {
     (head.status, reply)
 }
 
+/// `shared` with `n` more routes of listener `web`: route `rNNNN` at `/rN/` answers
+/// `body(N)`.
+fn with_routes(shared: &str, n: usize, body: impl Fn(usize) -> String) -> String {
+    let mut out = shared.to_owned();
+    for i in 0..n {
+        out += &format!(
+            "\n[[listeners.routes]]\nname = \"r{i:04}\"\npath_prefix = \"/r{i}/\"\n\
+             respond = {{ status = 200, body = \"{}\" }}\n",
+            body(i)
+        );
+    }
+    out
+}
+
 fn etag(weir: &Weir) -> String {
     let (head, _) = call(weir.admin_addr(), "GET", "/api/v1/config", &[], "").expect("GET config");
     head.header("etag").expect("an ETag").to_owned()
@@ -229,6 +245,46 @@ fn a_change_made_once_reaches_every_instance_and_a_racing_write_gets_412() {
     assert!(ctl(&files[0], &["pull"]).contains("name = \"all\""));
 }
 
+/// A write whose transaction finds its object moved (the instance's view is behind: its
+/// watch is waiting to retry after losing etcd) answers 412 as soon as the view has the
+/// change, not after `timeout` (5 s here), although etcd's revision has moved past the
+/// change with a key the view does not watch.
+#[test]
+fn a_write_that_finds_its_object_moved_answers_without_waiting_out_the_timeout() {
+    let Some(bin) = etcd_bin() else { return };
+    let etcd = Etcd::start(bin, 1);
+    let gate = Gate::to(&etcd, 0);
+    let dir = TempDir::new("fleet-moved");
+    let prefix = "/t/moved";
+    let file = local(&dir, "gated", &gate.endpoints(), prefix, "");
+    let text = std::fs::read_to_string(&file).unwrap();
+    std::fs::write(&file, text.replace("timeout = \"1s\"", "timeout = \"5s\"")).unwrap();
+    push(&dir, &file, SHARED);
+    let weir = Weir::start_file(&file);
+    wait_body(&weir, "v1");
+    let before = etag(&weir);
+
+    gate.close();
+    let route = "respond = { status = 200, body = \"v2\" }\n";
+    etcd.put(0, &format!("{prefix}/config/routes/web/all"), route);
+    etcd.put(0, &format!("{prefix}/elsewhere"), "x");
+    // The watch has failed often enough to wait 1.6 s before its next try.
+    let lost = || weir.log.text().matches("etcd watch lost").count();
+    assert!(
+        weir_testkit::wait_until(WAIT, || lost() >= 5),
+        "{}",
+        weir.log.text()
+    );
+    gate.open();
+    let start = std::time::Instant::now();
+    let (status, reply) = put_route(&weir, "v3", Some(&before));
+    let took = start.elapsed();
+    assert_eq!(status, 412, "{reply}");
+    // Well under the 5 s a wait for nothing takes; generous for a loaded machine.
+    assert!(took < Duration::from_secs(4), "answered after {took:?}");
+    wait_body(&weir, "v2");
+}
+
 /// `weir ctl cluster push` of more objects than one etcd transaction takes (etcd's
 /// `--max-txn-ops`): the instance running applies the push whole, never a part of it.
 #[test]
@@ -242,13 +298,7 @@ fn a_push_of_several_transactions_is_applied_whole() {
     wait_body(&weir, "v1");
 
     // The changed route and 250 new ones: three transactions, the changed route in the first.
-    let mut shared = SHARED.replace("v1", "v2");
-    for i in 0..250 {
-        shared += &format!(
-            "\n[[listeners.routes]]\nname = \"r{i:03}\"\npath_prefix = \"/r{i}/\"\n\
-             respond = {{ status = 200, body = \"r{i}\" }}\n"
-        );
-    }
+    let shared = with_routes(&SHARED.replace("v1", "v2"), 250, |i| format!("r{i}"));
     push(&dir, &file, &shared);
     let last = || get(weir.addr, "/r249/").map(|(_, b)| b == b"r249".as_slice());
     assert!(weir_testkit::wait_until(WAIT, || last().unwrap_or(false)));
@@ -267,7 +317,7 @@ fn a_push_of_several_transactions_is_applied_whole() {
 
 /// 100 routes of 16 KiB each (1.6 MB: one request by count, over etcd's request limit)
 /// are pushed in several transactions and applied; one object over the limit is refused by
-/// name before anything is written.
+/// name before anything is written, and written once `max_txn_bytes` is raised.
 #[test]
 fn a_push_over_etcd_request_limit_is_split_and_an_oversized_object_refused() {
     let Some(bin) = etcd_bin() else { return };
@@ -275,19 +325,13 @@ fn a_push_over_etcd_request_limit_is_split_and_an_oversized_object_refused() {
     let dir = TempDir::new("fleet-bytes");
     let file = local(&dir, "a", &etcd.endpoints(&etcd.all()), "/t/bytes", "");
     let body_of = |i: usize| format!("{i:03}").repeat(16 * 1024 / 3);
-    let mut shared = SHARED.to_owned();
-    for i in 0..100 {
-        shared += &format!(
-            "\n[[listeners.routes]]\nname = \"r{i:03}\"\npath_prefix = \"/r{i}/\"\n\
-             respond = {{ status = 200, body = \"{}\" }}\n",
-            body_of(i)
-        );
-    }
+    let shared = with_routes(SHARED, 100, body_of);
     push(&dir, &file, &shared);
     let weir = Weir::start_file(&file);
     let (_, last) = get(weir.addr, "/r99/").expect("GET");
     assert_eq!(String::from_utf8_lossy(&last), body_of(99));
 
+    let before = ctl(&file, &["pull"]);
     let huge = "x".repeat(1024 * 1024 + 1);
     let refused = shared.replacen("body = \"v1\"", &format!("body = \"{huge}\""), 1);
     let path = dir.write("huge.toml", &refused);
@@ -304,7 +348,17 @@ fn a_push_over_etcd_request_limit_is_split_and_an_oversized_object_refused() {
         stderr.contains("/t/bytes/config/routes/web/all: 1048") && stderr.contains("fix:"),
         "{stderr}"
     );
-    assert_eq!(body(weir.addr), "v1", "nothing written");
+    assert_eq!(ctl(&file, &["pull"]), before, "nothing written");
+
+    // With max_txn_bytes raised (still under etcd's request limit), the object is written.
+    let etcd_keys = format!(
+        "endpoints = {}, max_txn_bytes = \"1400KiB\"",
+        etcd.endpoints(&etcd.all())
+    );
+    let raised = local_with(&dir, "b", &etcd_keys, "/t/bytes", "");
+    ctl(&raised, &["push", "-f", path.to_str().expect("utf-8 path")]);
+    let served = weir_testkit::wait_until(WAIT, || body(weir.addr) == huge);
+    assert!(served, "{}", weir.log.text());
 }
 
 /// An instance started on an empty prefix serves nothing and says why (`/ready` 503); a
@@ -363,13 +417,7 @@ fn the_snapshot_keeps_what_was_applied_not_a_change_rejected_meanwhile() {
     let dir = TempDir::new("fleet-snapshot");
     let prefix = "/t/snap";
     let file = local(&dir, "a", &gate.endpoints(), prefix, "");
-    let mut shared = SHARED.to_owned();
-    for i in 0..3000 {
-        shared += &format!(
-            "\n[[listeners.routes]]\nname = \"r{i:04}\"\npath_prefix = \"/r{i}/\"\n\
-             respond = {{ status = 200, body = \"r{i}\" }}\n"
-        );
-    }
+    let shared = with_routes(SHARED, 3000, |i| format!("r{i}"));
     push(&dir, &file, &shared);
     let weir = Weir::start_file(&file);
     let route = format!("{prefix}/config/routes/web/all");
@@ -619,6 +667,47 @@ fn a_change_one_instance_cannot_apply_is_rejected_there_and_reported() {
         assert!(ok, "{}", ready(w).1);
     }
     assert_eq!(metric(&b, "weir_cluster_in_sync{} "), 1.0);
+}
+
+/// A revision rejected here is not built and rejected again when a re-list (after a
+/// compaction) finds the same objects: one rejection counted, not one per listing.
+#[test]
+fn a_rejected_revision_is_not_tried_again_by_a_relist() {
+    let Some(bin) = etcd_bin() else { return };
+    let etcd = Etcd::start(bin, 1);
+    let gate = Gate::to(&etcd, 0);
+    let dir = TempDir::new("fleet-retry");
+    let prefix = "/t/retry";
+    let file = local(&dir, "gated", &gate.endpoints(), prefix, "");
+    push(&dir, &file, SHARED);
+    let weir = Weir::start_file(&file);
+    wait_body(&weir, "v1");
+    let bad = format!("{prefix}/config/routes/web/bad");
+    etcd.put(0, &bad, "path_prefix = \"/bad\"\nupstream = \"nope\"\n");
+    let ok = weir_testkit::wait_until(WAIT, || ready(&weir).1.contains("rejected here"));
+    assert!(ok, "{}", ready(&weir).1);
+    let relists = metric(&weir, "weir_cluster_relists_total{} ");
+
+    gate.close();
+    let revision = etcd.put(0, &format!("{prefix}/elsewhere"), "x");
+    etcd.compact(0, revision);
+    gate.open();
+    let relisted = weir_testkit::wait_until(WAIT, || {
+        metric(&weir, "weir_cluster_relists_total{} ") > relists
+    });
+    assert!(relisted, "{}", weir.log.text());
+    // Applies come in order: once the fix is applied, the re-list's turn has passed.
+    etcd.delete(0, &bad);
+    let ok = weir_testkit::wait_until(WAIT, || ready(&weir).1.contains("in sync"));
+    assert!(ok, "{}", ready(&weir).1);
+    assert_eq!(metric(&weir, "weir_cluster_rejected_total{} "), 1.0);
+    assert_eq!(
+        weir.log
+            .text()
+            .matches("shared config change rejected")
+            .count(),
+        1
+    );
 }
 
 /// One member lost (the instance watching it moves on; one cut off from etcd while its

@@ -16,7 +16,7 @@ use serde::Deserialize;
 
 use crate::error::{FieldPath, Issue};
 use crate::model::{PemCertKey, PemFile};
-use crate::raw::{RawCertKey, RawListener, StrOrList};
+use crate::raw::{RawCertKey, RawListener, StrOrInt, StrOrList};
 
 /// `[cluster]`: the keys of a fleet in etcd (`node`, `etcd`, `binds`), and `redis`.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -48,6 +48,7 @@ pub(crate) struct RawEtcd {
     pub timeout: Option<String>,
     pub lease_ttl: Option<String>,
     pub snapshot: Option<String>,
+    pub max_txn_bytes: Option<StrOrInt>,
 }
 
 /// A fleet member's settings: `[cluster]` with `etcd`.
@@ -70,6 +71,10 @@ pub struct EtcdCluster {
     pub timeout: Duration,
     /// The registration lease: an instance gone this long drops out of `cluster status`.
     pub lease_ttl: Duration,
+    /// The most bytes of keys and values one transaction writes (a write is split into
+    /// transactions of at most this; one object over it is refused): under etcd's
+    /// `--max-request-bytes`.
+    pub max_txn_bytes: usize,
     /// Where the last applied shared objects are kept, so a restart while etcd is down
     /// comes up with them.
     pub snapshot: PathBuf,
@@ -99,6 +104,11 @@ impl std::fmt::Debug for FleetKey {
 /// The default `timeout`, `lease_ttl`.
 const DEFAULT_TIMEOUT: &str = "2s";
 const DEFAULT_LEASE_TTL: &str = "10s";
+/// The default `max_txn_bytes`: well under etcd's default request limit (1.5 MiB), with
+/// the version key, the pending marker and framing.
+pub const DEFAULT_MAX_TXN_BYTES: usize = 1024 * 1024;
+/// The least `max_txn_bytes`: room for an object of some size beside the keys written.
+const MIN_MAX_TXN_BYTES: u64 = 64 * 1024;
 
 /// Validates `[cluster]`'s `node`, `etcd` and `binds`; `None` when `etcd` is not set.
 pub(crate) fn validate(
@@ -256,6 +266,7 @@ fn etcd_settings(
             true,
         )?,
         lease_ttl: lease_ttl(raw.lease_ttl, &path.key("lease_ttl"))?,
+        max_txn_bytes: max_txn_bytes(raw.max_txn_bytes, &path.key("max_txn_bytes"))?,
         node,
         endpoints,
         prefix,
@@ -318,6 +329,18 @@ fn lease_ttl(raw: Option<String>, path: &FieldPath) -> Result<Duration, Issue> {
         ));
     }
     Ok(ttl)
+}
+
+fn max_txn_bytes(raw: Option<StrOrInt>, path: &FieldPath) -> Result<usize, Issue> {
+    let bytes = crate::validate::size(raw, DEFAULT_MAX_TXN_BYTES as u64, path)?;
+    if bytes < MIN_MAX_TXN_BYTES {
+        return Err(Issue::new(
+            path,
+            format!("max_txn_bytes must be at least 64KiB (is {bytes})"),
+            "write max_txn_bytes = \"1MiB\" (the default), or more with etcd's --max-request-bytes raised",
+        ));
+    }
+    Ok(usize::try_from(bytes).unwrap_or(usize::MAX))
 }
 
 /// Gives each listener named in `binds` this node's addresses in place of its `bind`.
@@ -398,5 +421,27 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("[cluster] key_file belongs to a fleet"), "{e}");
+    }
+
+    /// `max_txn_bytes`: 1 MiB by default, a size with a unit, at least 64 KiB (refused
+    /// with the file, line, field and fix).
+    #[test]
+    fn max_txn_bytes_is_a_size_of_at_least_64_kib() {
+        let parse = |field: &str| {
+            let text = format!(
+                "[cluster]\nnode = \"a\"\netcd = {{ endpoints = [\"http://127.0.0.1:2379\"], prefix = \"/w\"{field} }}\n"
+            );
+            crate::parse_str(&text, "local.toml").map(|c| c.cluster.etcd.unwrap().max_txn_bytes)
+        };
+        assert_eq!(parse("").unwrap(), 1024 * 1024);
+        assert_eq!(parse(", max_txn_bytes = \"8MiB\"").unwrap(), 8 << 20);
+        let e = parse(", max_txn_bytes = \"1KiB\"").unwrap_err().to_string();
+        assert!(
+            e.starts_with(
+                "local.toml:3:64: cluster.etcd.max_txn_bytes: max_txn_bytes must be at least 64KiB"
+            ),
+            "{e}"
+        );
+        assert!(e.contains("--max-request-bytes"), "{e}");
     }
 }

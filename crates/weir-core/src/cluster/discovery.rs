@@ -7,8 +7,8 @@
 //! [`Applier::discovered`], the path every config change takes: a new snapshot is
 //! published; servers that stay keep their health state (`Snapshot::with_previous`), new
 //! ones take requests from the next pick, and removed ones get no new requests while those
-//! in flight finish on the snapshot they started with. A failed lookup, a timeout or an
-//! empty answer keeps the last servers: it is counted (`weir_discovery_lookups_total{result=
+//! in flight finish on the snapshot they started with. A failed lookup, a timeout, an
+//! empty answer or the system's DNS settings unreadable (no resolver built yet) keeps the last servers: it is counted (`weir_discovery_lookups_total{result=
 //! "error"}`) and logged once until a lookup succeeds again, and the next lookup comes
 //! sooner than `interval` (1 s after the first failure, doubling, up to `interval`), so a
 //! pool that started with DNS down gets its servers soon after DNS is back.
@@ -98,15 +98,21 @@ struct Pool {
 
 impl Pool {
     async fn run(mut self, mut first_round: Option<std::sync::mpsc::Sender<()>>) {
-        let resolver = dns::resolver(&self.spec);
+        let mut resolver = None;
         loop {
             let wait = match &resolver {
-                Ok(resolver) => self.round(resolver).await,
-                // Not a DNS outage (a bad `nameserver`, say): trying sooner would not help.
-                Err(e) => {
-                    self.failed(e);
-                    self.spec.interval
-                }
+                Some(resolver) => self.round(resolver).await,
+                // Built once it can be: the system's DNS settings may be unreadable for a
+                // while (resolv.conf not written yet at boot), which is retried as a
+                // failed lookup is, not left until the next config change.
+                None => match dns::resolver(&self.spec) {
+                    Ok(built) => {
+                        let wait = self.round(&built).await;
+                        resolver = Some(built);
+                        wait
+                    }
+                    Err(e) => self.retry_after(&e),
+                },
             };
             if let Some(done) = first_round.take() {
                 let _ = done.send(());

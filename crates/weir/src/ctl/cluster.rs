@@ -72,10 +72,7 @@ fn push(
     }
     let version = match dry_run || plan.writes.is_empty() {
         true => 0,
-        false => {
-            let by = format!("weir ctl cluster push {file}");
-            admin.push(&plan, &by).context("push")?
-        }
+        false => admin.push(&plan).context("push")?,
     };
     let keys: Vec<Value> = plan
         .writes

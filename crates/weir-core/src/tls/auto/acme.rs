@@ -306,7 +306,6 @@ async fn account(acme: &Acme) -> Result<Account, OrderError> {
         let file = File {
             name,
             contents: json,
-            private: true,
         };
         store.write(None, vec![file]).await?;
     }

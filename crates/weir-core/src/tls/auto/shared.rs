@@ -26,8 +26,13 @@ pub type StoreFuture<T> = Pin<Box<dyn Future<Output = Result<T, String>> + Send>
 pub struct File {
     pub name: String,
     pub contents: Vec<u8>,
-    /// A private key (or an account holding one): encrypted in the store.
-    pub private: bool,
+}
+
+/// Whether the stored file `name` is private (a key, or an account holding one): every
+/// file but a certificate (`.pem`). The store encrypts those it writes and refuses those
+/// it reads unencrypted, both by this.
+pub fn is_private(name: &str) -> bool {
+    !name.ends_with(".pem")
 }
 
 /// The lock of one name set (`item`), held while this lives: `token` is the fencing
@@ -271,12 +276,10 @@ fn pair(cert: &std::path::Path, chain: Vec<u8>, key: &std::path::Path, pem: Vec<
         File {
             name: file_name(cert),
             contents: chain,
-            private: false,
         },
         File {
             name: file_name(key),
             contents: pem,
-            private: true,
         },
     ]
 }
