@@ -436,9 +436,13 @@ fn run_worker(setup: WorkerSetup) {
         commands,
         logs,
     } = setup;
+    // A local runtime, not a current-thread runtime with a `LocalSet`: the worker's tasks
+    // (`spawn_local`) are the runtime's own, scheduled without the `LocalSet`'s queue, its
+    // tick inside the `block_on` future and its waker (about 240 instructions per wake-up
+    // of the worker, two per proxied request: `bench/instructions.sh`).
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
-        .build()
+        .build_local(tokio::runtime::LocalOptions::default())
     {
         Ok(rt) => rt,
         Err(e) => {
@@ -446,13 +450,12 @@ fn run_worker(setup: WorkerSetup) {
             return;
         }
     };
-    let local = tokio::task::LocalSet::new();
     // The worker's life is a task of its own: `block_on` polls the future it is given each
-    // time any task of the LocalSet wakes (twice per proxied request), and polling the
-    // shutdown watch there cost about 200 instructions each time (a JoinHandle, 120).
+    // time it is woken, and polling the shutdown watch there cost about 200 instructions
+    // each time (a JoinHandle, 120).
     let ended = Rc::new(Ended::default());
     let end = EndOnDrop(ended.clone());
-    local.spawn_local(async move {
+    runtime.spawn_local(async move {
         // Also when the task ends by a panic (tokio catches it: the thread would wait forever).
         let _end = end;
         let logs = logs
@@ -473,7 +476,7 @@ fn run_worker(setup: WorkerSetup) {
         drain(&worker).await;
         worker.flush_logs();
     });
-    local.block_on(&runtime, WaitEnded(&ended));
+    runtime.block_on(WaitEnded(&ended));
 }
 
 /// The end of a worker's life: set by its task, awaited by `block_on` (one thread, so a
@@ -592,19 +595,18 @@ mod tests {
     #[test]
     fn a_worker_ends_when_its_task_ends_even_by_a_panic() {
         let runtime = tokio::runtime::Builder::new_current_thread()
-            .build()
+            .build_local(tokio::runtime::LocalOptions::default())
             .unwrap();
         for panics in [false, true] {
             let ended = Rc::new(Ended::default());
             let end = EndOnDrop(ended.clone());
-            let local = tokio::task::LocalSet::new();
-            local.spawn_local(async move {
+            runtime.spawn_local(async move {
                 let _end = end;
                 tokio::task::yield_now().await;
                 assert!(!panics, "the task's own panic");
             });
             // Returns only once the task has ended (a hang fails the test by its timeout).
-            local.block_on(&runtime, WaitEnded(&ended));
+            runtime.block_on(WaitEnded(&ended));
             assert!(ended.done.get());
         }
     }

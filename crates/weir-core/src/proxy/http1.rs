@@ -306,7 +306,7 @@ async fn handle(
         Decision::Forward(target, None) => Handled {
             route,
             local: false,
-            result: forward(worker, target, conn, req, resp, keep_alive).await,
+            result: forward(worker, &target, conn, req, resp, keep_alive).await,
         },
         Decision::Forward(target, Some(fill)) => {
             // Boxed: a route without `cache` keeps the request's state as small as before.
