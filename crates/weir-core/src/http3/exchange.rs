@@ -91,6 +91,6 @@ async fn exchange(
     };
     drop(sender);
     trace.body_in = body_in.get();
-    let up = (&mut *up_buf, &*resp);
-    r.respond_accepted(&x, accepted?, send, up, trace).await
+    r.respond_accepted(&x, accepted?, send, up_buf, resp, trace)
+        .await
 }
