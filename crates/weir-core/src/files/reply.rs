@@ -116,7 +116,7 @@ pub(crate) async fn send_http1(
     let rules = route.filters.response_headers.as_ref();
     let edits = Edits {
         rules: rules.map(|r| (r, &lines[..])),
-        plan: reply.plan(route, (head, resp), to.is_head, to.accepted),
+        plan: reply.plan(route, head, resp, to.is_head, to.accepted),
         ..Edits::default()
     };
     let framing = ClientFraming {
