@@ -112,7 +112,7 @@ impl<'a> Admission<'a> {
         let checked = limiter.check_hash(hash, now);
         let refused = match &limiter.shared {
             None => checked.err().map(limited),
-            Some(shared) => self.shared_outcome(limiter, shared, (hash, key), checked),
+            Some(shared) => self.shared_outcome(limiter, shared, hash, key, checked),
         };
         if let Some(Refusal::RateLimited(_)) = refused {
             self.count_rate_limited(r.protocol);
@@ -130,7 +130,8 @@ impl<'a> Admission<'a> {
         &self,
         limiter: &std::sync::Arc<RateLimiter>,
         shared: &SharedCount,
-        (hash, key): (u64, LimitKey<'_>),
+        hash: u64,
+        key: LimitKey<'_>,
         checked: Result<(), std::time::Duration>,
     ) -> Option<Refusal<'a>> {
         let mut octets = [0u8; 16];

@@ -22,8 +22,8 @@ use tokio::sync::mpsc;
 use weir_config::diff::{diff, Change};
 use weir_config::{Bind, Config, Discover, Listener, UpstreamServer};
 
-use crate::listener::cap::ConnectionCap;
-use crate::listener::Command;
+use crate::listener::cap::{ConnectionCap, ListenerCap};
+use crate::listener::{BindSlot, Command};
 use crate::metrics::layout::Layout;
 use crate::metrics::Metrics;
 use crate::server::{bind_per_worker, BoundAddr, InheritedBind, Proxy, StartError};
@@ -196,10 +196,15 @@ impl Control {
             // A worker that is gone is shutting down; its socket closes with the message.
             let _ = self.workers[i % self.workers.len()].send(Command::Listen {
                 id,
-                slot,
+                bind: BindSlot {
+                    slot,
+                    plain_http: bound.bind.plain_http,
+                },
                 socket,
-                cap: (cap.clone(), bound.limit),
-                plain_http: bound.bind.plain_http,
+                cap: ListenerCap {
+                    count: cap.clone(),
+                    limit: bound.limit,
+                },
                 quic: quic.next(),
             });
         }

@@ -404,6 +404,16 @@ impl ConnectionGuard {
             _permit: permit,
         }
     }
+
+    /// The worker the connection is counted on.
+    pub fn worker(&self) -> &Rc<Worker> {
+        &self.worker
+    }
+
+    /// The listener's metric slot.
+    pub fn slot(&self) -> usize {
+        self.slot
+    }
 }
 
 impl Drop for ConnectionGuard {

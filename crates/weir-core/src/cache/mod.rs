@@ -130,15 +130,20 @@ pub fn lookup(r: &Request<'_>, routed: &[u8], cache: &RouteCache, store: &Arc<St
                     }
                 };
                 store.counts.hits.fetch_add(1, Relaxed);
-                let hit = Hit::new(head, body, length, (Served::Fresh, cache.status_header));
+                let hit = Hit::new(head, body, length, HitLabel::new(Served::Fresh, cache));
                 return Lookup::Hit(Box::new(hit.reply(&parts.headers, r.req.is_head)));
             }
             BeforeRequest::Stale { request, matches } if matches && stale.is_none() => {
                 let lines = revalidation(r, &request.headers).unwrap_or_default();
                 let at_once = !r.req.is_head && may_wait(r);
                 if at_once && entry.staleness.while_revalidating(now) {
-                    let found = (&key[..], &parts, store, cache);
-                    if let Some(lookup) = while_revalidating(r, found, &entry, &lines, now) {
+                    let probe = Probe {
+                        key: &key,
+                        parts: &parts,
+                        store,
+                        cache,
+                    };
+                    if let Some(lookup) = while_revalidating(r, &probe, &entry, &lines, now) {
                         return lookup;
                     }
                 }
@@ -230,16 +235,22 @@ fn may_wait(r: &Request<'_>) -> bool {
 /// [`Store::turn`]) and has no body.
 fn while_revalidating(
     r: &Request<'_>,
-    (key, parts, store, cache): (&[u8], &http::request::Parts, &Arc<Store>, &RouteCache),
+    probe: &Probe<'_>,
     entry: &Arc<Entry>,
     lines: &[u8],
     now: SystemTime,
 ) -> Option<Lookup> {
+    let Probe {
+        key,
+        parts,
+        store,
+        cache,
+    } = *probe;
     let Ready::Now(body) = store.body_now(key, entry, false) else {
         return None;
     };
     store.counts.stale.fetch_add(1, Relaxed);
-    let served = (Served::WhileRevalidating, cache.status_header);
+    let served = HitLabel::new(Served::WhileRevalidating, cache);
     let reply =
         Hit::whole(stale_head(entry, now), body.clone(), served).reply(&parts.headers, false);
     let mut fill = Fill::new(key.to_vec(), parts.clone(), store, cache, None);
@@ -400,31 +411,51 @@ pub struct Hit {
     body: Held,
     /// The body's length (its `Content-Length`).
     length: u64,
+    label: HitLabel,
+}
+
+/// How a [`Hit`] is labelled: how it was served, and whether the route adds
+/// `Cache-Status` saying so.
+#[derive(Clone, Copy)]
+struct HitLabel {
     served: Served,
     /// The route adds `Cache-Status`.
     status_header: bool,
 }
 
+impl HitLabel {
+    fn new(served: Served, cache: &RouteCache) -> HitLabel {
+        HitLabel {
+            served,
+            status_header: cache.status_header,
+        }
+    }
+}
+
+/// One stale entry's lookup: its key, the request as the policy reads it, the store and
+/// the route's cache settings.
+#[derive(Clone, Copy)]
+struct Probe<'a> {
+    key: &'a [u8],
+    parts: &'a http::request::Parts,
+    store: &'a Arc<Store>,
+    cache: &'a RouteCache,
+}
+
 impl Hit {
-    fn new(
-        head: http::response::Parts,
-        body: Held,
-        length: u64,
-        (served, status_header): (Served, bool),
-    ) -> Hit {
+    fn new(head: http::response::Parts, body: Held, length: u64, label: HitLabel) -> Hit {
         Hit {
             head,
             body,
             length,
-            served,
-            status_header,
+            label,
         }
     }
 
     /// The entry as a whole answer (`body`: all of it).
-    fn whole(head: http::response::Parts, body: Held, served: (Served, bool)) -> Hit {
+    fn whole(head: http::response::Parts, body: Held, label: HitLabel) -> Hit {
         let length = body.len();
-        Hit::new(head, body, length, served)
+        Hit::new(head, body, length, label)
     }
 }
 
@@ -584,8 +615,11 @@ impl Fill {
         Some(self.reply(hit))
     }
 
-    fn served(&self, served: Served) -> (Served, bool) {
-        (served, self.status_header)
+    fn served(&self, served: Served) -> HitLabel {
+        HitLabel {
+            served,
+            status_header: self.status_header,
+        }
     }
 
     /// `hit` as the reply to this (GET) request.

@@ -72,7 +72,7 @@ impl Hit {
             }
         };
         Reply {
-            cache: Some(self.served.result()),
+            cache: Some(self.label.served.result()),
             ..reply
         }
         .for_method(is_head)
@@ -89,8 +89,8 @@ impl Hit {
                 push_header(&mut out, name.as_str().as_bytes(), value.as_bytes());
             }
         }
-        if self.status_header {
-            out.extend_from_slice(self.served.line());
+        if self.label.status_header {
+            out.extend_from_slice(self.label.served.line());
         }
         out
     }

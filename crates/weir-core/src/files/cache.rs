@@ -45,16 +45,16 @@ impl OpenFiles {
         (now.saturating_duration_since(*at) < valid).then(|| found.clone())
     }
 
-    /// Keeps `found` for `path` (at most `bound` entries in all).
+    /// Keeps `found` for `path` (at most `max` entries in all, each `valid` for that long).
     pub fn put(
         &mut self,
         id: u64,
         path: &[u8],
         found: Found,
         now: Instant,
-        bound: (usize, Duration),
+        max: usize,
+        valid: Duration,
     ) {
-        let (max, valid) = bound;
         if max == 0 {
             return;
         }
@@ -99,7 +99,7 @@ mod tests {
         let now = Instant::now();
         let valid = Duration::from_secs(2);
         for i in 0..10u8 {
-            c.put(1, &[i], None, now, (4, valid));
+            c.put(1, &[i], None, now, 4, valid);
         }
         assert_eq!(c.len(), 4);
         assert!(c.get(1, &[9], now, valid).is_some_and(|f| f.is_none()));

@@ -161,8 +161,8 @@ impl Looking<'_> {
         let found = open_uncached(server, rel);
         if cfg.open_file_cache > 0 {
             let mut cache = self.worker.open_files.borrow_mut();
-            let bound = (cfg.open_file_cache, valid);
-            cache.put(server.id, rel, found.clone(), self.now, bound);
+            let max = cfg.open_file_cache;
+            cache.put(server.id, rel, found.clone(), self.now, max, valid);
         }
         found
     }

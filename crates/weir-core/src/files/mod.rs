@@ -88,7 +88,8 @@ impl Reply {
     pub(crate) fn plan(
         &self,
         route: &weir_config::Route,
-        (head, resp): (&[u8], &crate::codec::http1::ResponseHead),
+        head: &[u8],
+        resp: &crate::codec::http1::ResponseHead,
         is_head: bool,
         accepted: Option<weir_config::Encoding>,
     ) -> crate::filters::compression::Plan {

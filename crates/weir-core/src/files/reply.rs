@@ -116,7 +116,7 @@ pub(crate) async fn send_http1(
     let rules = route.filters.response_headers.as_ref();
     let edits = Edits {
         rules: rules.map(|r| (r, &lines[..])),
-        plan: reply.plan(route, (head, resp), to.is_head, to.accepted),
+        plan: reply.plan(route, head, resp, to.is_head, to.accepted),
         ..Edits::default()
     };
     let framing = ClientFraming {
@@ -151,7 +151,7 @@ async fn send_body(
         let written = body::write_all(&mut conn.stream, head, &[], timeout).await;
         written.map_err(client_write_error)?;
         conn.sent += head.len() as u64;
-        return sendfile(conn, file.as_fd(), (first, end), timeout).await;
+        return sendfile(conn, file.as_fd(), first..end, timeout).await;
     }
     let length = single.map(|(_, first, end)| end - first);
     let mut coding = coding(under.route, plan, length)?;
@@ -169,18 +169,18 @@ async fn send_body(
     relayed.map_err(|(Broke::Source(e) | Broke::Sink(e))| e)
 }
 
-/// Sends the file's bytes `first..end` to the client socket with sendfile(2), each call
+/// Sends the file's bytes `range` to the client socket with sendfile(2), each call
 /// within the listener's `client_timeout`.
 async fn sendfile(
     conn: &mut ClientConn,
     file: std::os::fd::BorrowedFd<'_>,
-    (first, end): (u64, u64),
+    range: std::ops::Range<u64>,
     timeout: std::time::Duration,
 ) -> Result<(), ProxyError> {
-    let mut offset = first as i64;
-    while (offset as u64) < end {
+    let mut offset = range.start as i64;
+    while (offset as u64) < range.end {
         // At most 1 GiB per call (Linux sends at most 2 GiB - 4 KiB anyway).
-        let want = (end - offset as u64).min(1 << 30) as usize;
+        let want = (range.end - offset as u64).min(1 << 30) as usize;
         let call = poll_fn(|cx| conn.stream.poll_sendfile(cx, file, &mut offset, want));
         let sent = match with_timeout(timeout, call).await {
             Err(_) => return Err(ProxyError::ClientTimeout),

@@ -15,7 +15,7 @@ use super::driver::{drive, Accepted, Attempt, Exchange, Miss, Sender, Tries};
 use super::filling::{relay_recorded, Filling, NoFill, Record};
 use super::h1::{
     client_pump_error, client_write_error, pool_after_answer, reuse, send_streaming, send_whole,
-    Http1Interim, Reading, RequestMeta,
+    Http1Interim, Http1Response, Reading, RequestMeta,
 };
 use super::head::{coding, plan_http1, write_from_http1, ClientFraming, Edits};
 use super::relay::{
@@ -384,9 +384,13 @@ impl Response<'_> {
                 true
             }
             None => {
-                let plan = (&edits.plan, dechunk);
+                let up = Http1Response {
+                    stream: &mut stream,
+                    buf: &mut *up_buf,
+                    head: resp,
+                };
                 // Boxed: the usual small response went out with its head above.
-                let relayed = self.relay_body(conn, &mut stream, up_buf, resp, plan, recorder);
+                let relayed = self.relay_body(conn, up, &edits.plan, dechunk, recorder);
                 Box::pin(relayed).await?
             }
         };
@@ -417,26 +421,36 @@ impl Response<'_> {
     ) -> Result<bool, Failure> {
         self.accepted.count(Ok(resp.status));
         up_buf.consume(resp.head_len);
-        let sent = (stream, self.request_done);
-        pool_after_answer(self.x, self.accepted, (up_buf, resp), sent);
+        pool_after_answer(
+            self.x,
+            self.accepted,
+            up_buf,
+            resp,
+            stream,
+            self.request_done,
+        );
         let to = self.meta.sending(self.keep_alive && self.request_done);
         send_http1(conn, Under::of_target(&self.x.target), reply, to, resp).await?;
         Ok(to.keep_alive)
     }
 
-    /// Relays the body after the head in `conn.out` (compressed when `plan` says so;
+    /// Relays the body of `up` after the head in `conn.out` (compressed when `plan` says so;
     /// `dechunk`: a chunked body is decoded), counting the try; a cache's `recorder`
     /// keeps a copy of what the upstream sent, stored once all of it was relayed. Returns whether all of it came with the
     /// head (uncompressed: the connection is idle from the head's arrival).
     async fn relay_body<R: Record>(
         &self,
         conn: &mut ClientConn,
-        stream: &mut UpstreamStream,
-        up_buf: &mut Buffer,
-        resp: &ResponseHead,
-        (plan, dechunk): (&Plan, bool),
+        up: Http1Response<'_>,
+        plan: &Plan,
+        dechunk: bool,
         mut recorder: Option<R>,
     ) -> Result<bool, Failure> {
+        let Http1Response {
+            stream,
+            buf: up_buf,
+            head: resp,
+        } = up;
         let (listener, upstream) = (self.x.target.listener, self.x.target.upstream);
         let state = BodyState::new(resp.framing, dechunk, None);
         let timeout = upstream.response_timeout;

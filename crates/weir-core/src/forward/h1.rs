@@ -209,8 +209,10 @@ async fn connect(
 pub(crate) fn pool_after_answer(
     x: &Exchange<'_>,
     accepted: &Accepted<'_, ()>,
-    (up_buf, resp): (&Buffer, &ResponseHead),
-    (stream, request_done): (UpstreamStream, bool),
+    up_buf: &Buffer,
+    resp: &ResponseHead,
+    stream: UpstreamStream,
+    request_done: bool,
 ) {
     let bodiless = matches!(resp.framing, BodyFraming::None | BodyFraming::Length(0));
     if resp.keeps_alive() && request_done && bodiless && up_buf.is_empty() {
@@ -222,6 +224,13 @@ pub(crate) fn pool_after_answer(
             accepted.head_at,
         );
     }
+}
+
+/// An HTTP/1.1 upstream's response: its head (parsed from `buf`) and its connection.
+pub(crate) struct Http1Response<'u> {
+    pub stream: &'u mut UpstreamStream,
+    pub buf: &'u mut Buffer,
+    pub head: &'u ResponseHead,
 }
 
 /// Pools `stream` (to `server`) idle since `idle_from`, when the exchange left it clean:

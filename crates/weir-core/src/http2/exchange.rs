@@ -32,7 +32,8 @@ use crate::filters::upgrade::Offered;
 use crate::forward::body::BodyState;
 use crate::forward::driver::{drive, Accepted, Attempt, Exchange, Miss, Sender, Tries};
 use crate::forward::h1::{
-    pool_after_answer, reuse, send_streaming, send_whole, Interim, Reading, RequestMeta,
+    pool_after_answer, reuse, send_streaming, send_whole, Http1Response, Interim, Reading,
+    RequestMeta,
 };
 use crate::forward::head::{coding, plan_http1, Edits};
 use crate::forward::relay::{
@@ -199,8 +200,7 @@ impl StreamRequest<'_> {
             Ok(accepted) => accepted?,
             Err(stop) => return Err(stopped(stop, Reached::Nothing, trace)),
         };
-        let up = (&mut *up_buf, &*resp);
-        self.respond_accepted(&x, accepted, respond, up, trace)
+        self.respond_accepted(&x, accepted, respond, up_buf, resp, trace)
             .await
     }
 
@@ -212,14 +212,15 @@ impl StreamRequest<'_> {
         x: &Exchange<'_>,
         accepted: Accepted<'_, (UpstreamStream, bool)>,
         respond: &mut R,
-        (up_buf, resp): (&mut Buffer, &ResponseHead),
+        up_buf: &mut Buffer,
+        resp: &ResponseHead,
         trace: &mut Trace,
     ) -> Result<(), Failure> {
         let ((mut stream, request_done), accepted) = accepted.take();
         if let Some(reply) = self.answer_instead(Fetched::Http1(up_buf.filled(), resp), false) {
             accepted.count(Ok(resp.status));
             up_buf.consume(resp.head_len);
-            pool_after_answer(x, &accepted, (up_buf, resp), (stream, request_done));
+            pool_after_answer(x, &accepted, up_buf, resp, stream, request_done);
             let under = crate::files::Under::of_target(&self.target);
             let answered = respond_stream(respond, &self.request, under, reply, trace);
             return Box::pin(answered).await;
@@ -413,13 +414,6 @@ impl StreamRequest<'_> {
             .max_informational
             .max(listener.http2.max_informational)
     }
-}
-
-/// An HTTP/1.1 upstream's response: its head (parsed from `buf`) and its connection.
-pub(super) struct Http1Response<'u> {
-    pub stream: &'u mut UpstreamStream,
-    pub buf: &'u mut Buffer,
-    pub head: &'u ResponseHead,
 }
 
 /// A failure from a stream's early end; a client reset is marked in `trace`.

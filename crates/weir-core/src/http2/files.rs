@@ -43,7 +43,7 @@ pub(crate) async fn respond_stream<R: ResponseStream>(
             .response_headers
             .as_ref()
             .map(|rules| (rules, &lines[..])),
-        plan: reply.plan(route, (&head, &resp), is_head, accepted),
+        plan: reply.plan(route, &head, &resp, is_head, accepted),
         ..Edits::default()
     };
     let response = head_from_http1(&resp, &head, &edits, http::HeaderMap::new());

@@ -254,7 +254,7 @@ impl StreamRequest<'_> {
             .is_some()
         {
             up_buf.consume(resp.head_len);
-            pool_after_answer(&x, &accepted, (up_buf, resp), (stream, request_done));
+            pool_after_answer(&x, &accepted, up_buf, resp, stream, request_done);
             return Ok(());
         }
         let Some(fill) = self.fill.take() else {

@@ -169,8 +169,8 @@ async fn run(
         spare: &spare,
         tunnel: parsed.tunnel,
     };
-    let traces = (&mut log.trace, &mut log.otel);
-    let (route, result) = s.handle(parts, parsed.body, respond, traces).await;
+    let (trace, otel) = (&mut log.trace, &mut log.otel);
+    let (route, result) = s.handle(parts, parsed.body, respond, trace, otel).await;
     log.route = route;
     result
 }
@@ -191,13 +191,15 @@ struct Stream<'a> {
 impl Stream<'_> {
     /// The routing decision, then what it says: forward the request, answer it (the
     /// default response, `respond`, a redirect, a refusal) or refuse it.
-    /// `parts`: the client's request, for an HTTP/2 upstream's request.
+    /// `parts`: the client's request, for an HTTP/2 upstream's request; `otel`: set to its
+    /// trace when it is sampled.
     async fn handle(
         &self,
         parts: http::request::Parts,
         body: Option<RecvStream>,
         respond: &mut SendResponse<Bytes>,
-        (trace, otel): (&mut Trace, &mut Option<std::rc::Rc<RequestTrace>>),
+        trace: &mut Trace,
+        otel: &mut Option<std::rc::Rc<RequestTrace>>,
     ) -> (Option<usize>, Result<(), Failure>) {
         let routing = Routing {
             worker: self.worker,

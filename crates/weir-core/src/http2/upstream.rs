@@ -420,7 +420,8 @@ async fn upload_body<B: ClientBody>(
 /// the request body (`upload`, if still going) goes up; a route cache's `recorder`, if
 /// any, keeps a copy, stored once all of it went.
 async fn relay_answer<C: ClientSide, U: Future<Output = Result<(), Broke>>>(
-    (client, trace): (&mut C, &mut Trace),
+    client: &mut C,
+    trace: &mut Trace,
     answer: Answer<'_>,
     mut source: H2Source<'_>,
     upload: Option<Pin<&mut U>>,
@@ -523,8 +524,16 @@ impl<C: ClientSide, B: ClientBody> Sender for H2Sender<'_, '_, C, B> {
         let upload = (state == Upload::Running).then_some(upload);
         let received = Cell::new(0);
         let source = H2Source::new(&mut up_body, timeout, Peer::Upstream, &received);
-        let client = (&mut *self.client, &mut *self.trace);
-        let relayed = relay_answer(client, answer, source, upload, coding.as_mut(), recorder);
+        let (client, trace) = (&mut *self.client, &mut *self.trace);
+        let relayed = relay_answer(
+            client,
+            trace,
+            answer,
+            source,
+            upload,
+            coding.as_mut(),
+            recorder,
+        );
         let relayed = relayed.await;
         self.trace.compressed = coding.as_ref().map(Coding::compressed);
         Ok(Relayed::Over(relayed))

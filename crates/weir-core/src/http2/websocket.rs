@@ -21,7 +21,7 @@ use h2::server::SendResponse;
 use h2::{Reason, RecvStream, SendStream};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
-use super::exchange::{Http1Response, StreamRequest, Trace};
+use super::exchange::{StreamRequest, Trace};
 use super::respond::head_from_http1;
 use super::send::{send_data, unless_reset, Stop};
 use crate::buffer::Buffer;
@@ -30,6 +30,7 @@ use crate::connector::UpstreamStream;
 use crate::error::ProxyError;
 use crate::filters::upgrade::switch_allowed;
 use crate::forward::driver::{drive, Attempt, Miss, Sender, Tries};
+use crate::forward::h1::Http1Response;
 use crate::forward::h1::{send_whole, NoInterim, Reading, RequestMeta};
 use crate::forward::tunnel::limits;
 use crate::forward::Failure;

@@ -113,11 +113,11 @@ pub(super) struct Limits {
 /// Serves the connection `connecting` (a handshake under way) until it closes.
 pub(super) async fn serve(
     guard: ConnectionGuard,
-    (worker, slot): (Rc<Worker>, usize),
     connecting: quinn::Connecting,
     tls: Arc<ListenerTls>,
     limits: Limits,
 ) {
+    let (worker, slot) = (guard.worker().clone(), guard.slot());
     let started = handshake::start(&worker, slot, connecting, limits).await;
     let Some((connection, accepted)) = started else {
         return;

@@ -16,7 +16,7 @@ use quinn::crypto::rustls::QuicServerConfig;
 use socket2::{Domain, Protocol, Socket, Type};
 
 use super::conn::{serve, Limits};
-use crate::listener::cap::{ConnectionCap, Permit};
+use crate::listener::cap::{ListenerCap, Permit};
 use crate::listener::StopSignal;
 use crate::metrics::shard::Counter;
 use crate::metrics::shard::Http3Metrics;
@@ -27,8 +27,10 @@ use crate::worker::{ConnectionGuard, Worker};
 /// Starts the endpoint of listener slot `slot` on `socket` ([`bind_udp`], bound by the
 /// control plane with the TCP sockets); it stops with `stop`.
 pub(crate) fn spawn(
-    (worker, slot, socket): (Rc<Worker>, usize, std::net::UdpSocket),
-    cap: (Arc<ConnectionCap>, usize),
+    worker: Rc<Worker>,
+    slot: usize,
+    socket: std::net::UdpSocket,
+    cap: ListenerCap,
     stop: Rc<StopSignal>,
 ) {
     tokio::task::spawn_local(run(worker, slot, socket, cap, stop));
@@ -92,7 +94,7 @@ async fn run(
     worker: Rc<Worker>,
     slot: usize,
     socket: std::net::UdpSocket,
-    (cap, limit): (Arc<ConnectionCap>, usize),
+    cap: ListenerCap,
     stop: Rc<StopSignal>,
 ) {
     let Some(mut setup) = setup(&worker.snapshot(), slot) else {
@@ -127,14 +129,12 @@ async fn run(
                 }
             }
         }
-        let Some((connecting, permit)) =
-            admit(incoming, &worker, slot, &setup, &mut rate, &cap, limit)
+        let Some((connecting, permit)) = admit(incoming, &worker, slot, &setup, &mut rate, &cap)
         else {
             continue;
         };
         let guard = ConnectionGuard::new(worker.clone(), slot, permit);
-        let at = (worker.clone(), slot);
-        let conn = serve(guard, at, connecting, setup.tls.clone(), setup.limits);
+        let conn = serve(guard, connecting, setup.tls.clone(), setup.limits);
         tokio::task::spawn_local(conn);
         // The new connection takes its handshake place on its first poll: let it run
         // before the next Initial is judged against `max_handshakes` (a burst read at
@@ -147,15 +147,14 @@ async fn run(
 }
 
 /// Judges `incoming` on listener slot `slot`: its handshake starts, with its place under
-/// the connection cap (`cap`, `limit`), or it is answered with a Retry or refused (counted).
+/// the listener's connection cap, or it is answered with a Retry or refused (counted).
 fn admit(
     incoming: quinn::Incoming,
     worker: &Worker,
     slot: usize,
     setup: &Setup,
     rate: &mut Rate,
-    cap: &Arc<ConnectionCap>,
-    limit: usize,
+    cap: &ListenerCap,
 ) -> Option<(quinn::Connecting, Permit)> {
     let metrics = worker.metrics.listener(slot).map(|m| &m.http3);
     let count = |pick: fn(&Http3Metrics) -> &Counter| {
@@ -178,7 +177,7 @@ fn admit(
         }
         return None;
     }
-    let permit = (!worker.is_draining()).then(|| cap.try_acquire(limit));
+    let permit = (!worker.is_draining()).then(|| cap.try_acquire());
     let Some(permit) = permit.flatten() else {
         count(|m| &m.refused);
         incoming.refuse();

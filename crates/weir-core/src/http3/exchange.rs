@@ -8,8 +8,9 @@
 
 use std::cell::Cell;
 
-use super::body::{H3Source, RecvHalf, SendHalf};
+use super::body::{H3Source, RecvHalf};
 use super::interim::H3Interim;
+use super::send::H3Responder;
 use crate::buffer::Buffer;
 use crate::error::ProxyError;
 use crate::forward::driver::drive;
@@ -26,19 +27,18 @@ pub(crate) struct Body<'b> {
 }
 
 /// Forwards the stream's request `r` to an HTTP/1.1 upstream and relays the response
-/// into `send` (a stream of connection `quic`). On `Err` with `Reached::Nothing` the
+/// into the stream `to`. On `Err` with `Reached::Nothing` the
 /// caller answers.
 pub(crate) async fn forward(
     r: &StreamRequest<'_>,
     body: Option<Body<'_>>,
-    (send, quic): (&mut SendHalf, &quinn::Connection),
+    to: &mut H3Responder<'_>,
     trace: &mut Trace,
 ) -> Result<(), Failure> {
     let worker = r.worker;
     let mut up_buf = worker.take_buffer();
     let mut scratch = worker.h2_scratch.take_exchange();
-    let client = (send, quic);
-    let result = exchange(r, body, client, &mut up_buf, &mut scratch, trace).await;
+    let result = exchange(r, body, to, &mut up_buf, &mut scratch, trace).await;
     worker.h2_scratch.give_exchange(scratch);
     worker.give_buffer(up_buf);
     result
@@ -47,7 +47,7 @@ pub(crate) async fn forward(
 async fn exchange(
     r: &StreamRequest<'_>,
     body: Option<Body<'_>>,
-    (send, quic): (&mut SendHalf, &quinn::Connection),
+    to: &mut H3Responder<'_>,
     up_buf: &mut Buffer,
     scratch: &mut crate::http2::scratch::ExchangeScratch,
     trace: &mut Trace,
@@ -65,7 +65,7 @@ async fn exchange(
         length: body.length,
     });
     // The 1xx heads that come before the final one go to the client (`interim`).
-    let shared = Cell::new(Some(&mut *send));
+    let shared = Cell::new(Some(&mut *to.send));
     let interim = H3Interim::of(&shared, r);
     let mut sender = StreamSender {
         r,
@@ -86,11 +86,11 @@ async fn exchange(
         tokio::select! {
             biased;
             accepted = driving => accepted,
-            _ = quic.closed() => Err(Failure::from(ProxyError::ClientClosed)),
+            _ = to.quic.closed() => Err(Failure::from(ProxyError::ClientClosed)),
         }
     };
     drop(sender);
     trace.body_in = body_in.get();
-    let up = (&mut *up_buf, &*resp);
-    r.respond_accepted(&x, accepted?, send, up, trace).await
+    r.respond_accepted(&x, accepted?, to.send, up_buf, resp, trace)
+        .await
 }

@@ -45,6 +45,13 @@ pub(crate) struct SendHalf {
     writing: bool,
 }
 
+/// What an HTTP/3 stream's exchange answers into: the stream's sending half, and the QUIC
+/// connection it is on, whose close cancels the exchange at once.
+pub(crate) struct H3Responder<'s> {
+    pub send: &'s mut SendHalf,
+    pub quic: &'s quinn::Connection,
+}
+
 /// Why a response head was not sent.
 enum Unsent {
     /// Over the client's `SETTINGS_MAX_FIELD_SECTION_SIZE`: h3 refused it before writing

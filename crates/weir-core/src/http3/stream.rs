@@ -16,6 +16,7 @@ use h3::error::Code;
 use super::body::{next_data, RecvHalf, SendHalf};
 use super::conn::Conn;
 use super::exchange::{forward, Body};
+use super::send::H3Responder;
 use super::upstream::forward_h2;
 use crate::codec::http1::{fill_written, RequestHead};
 use crate::error::ProxyError;
@@ -100,11 +101,16 @@ pub(super) async fn serve(conn: Rc<Conn>, (request, mut send, mut recv): Resolve
             let parsed = Parsed {
                 buf: &buf,
                 req: &req,
+                facts: &facts,
+                parts,
                 started,
                 early,
             };
-            let (client, side) = ((&facts, parts), (&mut send, conn.quic()));
-            run(&at, parsed, client, body, side, &mut log).await
+            let mut to = H3Responder {
+                send: &mut send,
+                quic: conn.quic(),
+            };
+            run(&at, parsed, body, &mut to, &mut log).await
         }
         Err(e) => Err(e.into()),
     };
@@ -176,19 +182,21 @@ fn declared_length(parts: &http::request::Parts) -> Result<Option<u64>, ()> {
 struct Parsed<'a> {
     buf: &'a [u8],
     req: &'a RequestHead,
+    /// The client's own request, for an HTTP/2 upstream's.
+    facts: &'a H2Facts,
+    parts: http::request::Parts,
     started: Instant,
     /// What early data allows the request (`tls::early_data::admit`).
     early: Result<(), ProxyError>,
 }
 
 /// Notes the request for the log (`StreamLog::note`), takes the routing decision and does
-/// what it says. `client`: the client's own request, for an HTTP/2 upstream's.
+/// what it says, answering into the stream `to`.
 async fn run(
     at: &StreamConn<'_>,
     parsed: Parsed<'_>,
-    client: (&H2Facts, http::request::Parts),
     body: Option<Body<'_>>,
-    (send, quic): (&mut SendHalf, &quinn::Connection),
+    to: &mut H3Responder<'_>,
     log: &mut StreamLog,
 ) -> Result<(), Failure> {
     let (worker, snapshot, index) = (at.worker, at.snapshot, at.listener);
@@ -219,7 +227,7 @@ async fn run(
             log.trace.local = answer.is_local();
             let vars = answer.vars(&request);
             let stall = listener.http2.stall_timeout;
-            let sent = send_answer(send, &answer, &vars, req.is_head, stall, &mut log.trace);
+            let sent = send_answer(to.send, &answer, &vars, req.is_head, stall, &mut log.trace);
             return sent.await.map_err(Failure::after_head);
         }
         (route, Decision::Refuse(error)) => {
@@ -229,7 +237,7 @@ async fn run(
         (route, Decision::Reply(reply)) => {
             log.route = route;
             let under = crate::files::Under::of(listener, route);
-            let sent = respond_stream(send, &request, under, *reply, &mut log.trace);
+            let sent = respond_stream(to.send, &request, under, *reply, &mut log.trace);
             return Box::pin(sent).await;
         }
     };
@@ -246,17 +254,17 @@ async fn run(
         response_lines: Cell::default(),
     };
     let carrier = carrier(Protocol::Http3, target.upstream);
-    if let Some(answered) = r.before_forward(fill, send, &mut log.trace).await {
+    if let Some(answered) = r.before_forward(fill, to.send, &mut log.trace).await {
         return answered;
     }
     let result = match carrier == Carrier::Http2 {
         // Boxed, as for HTTP/2 clients: the stream task's future is as large as its
         // largest path.
         true => {
-            let client_side = (&mut *send, quic);
-            Box::pin(forward_h2(&r, client, body, client_side, &mut log.trace)).await
+            let (facts, parts) = (parsed.facts, parsed.parts);
+            Box::pin(forward_h2(&r, facts, parts, body, to, &mut log.trace)).await
         }
-        false => forward(&r, body, (send, quic), &mut log.trace).await,
+        false => forward(&r, body, to, &mut log.trace).await,
     };
-    r.after_forward(result, send, &mut log.trace).await
+    r.after_forward(result, to.send, &mut log.trace).await
 }

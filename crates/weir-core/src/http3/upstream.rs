@@ -15,9 +15,10 @@ use bytes::Bytes;
 use h2::SendStream;
 use http::request::Parts;
 
-use super::body::{H3Sink, H3Source, SendHalf};
+use super::body::{H3Sink, H3Source};
 use super::exchange::{forward, Body};
 use super::interim::{H3Interim, Shared};
+use super::send::H3Responder;
 use crate::error::ProxyError;
 use crate::forward::h1::Interim;
 use crate::forward::h2::relay_while_uploading;
@@ -28,20 +29,21 @@ use crate::http2::upstream::{
     stream_head, upload, Answer, ClientBody, ClientSide, H2Facts, Relayed,
 };
 
-/// Forwards the stream's request `r` (the client's `parts`, its `body`) to an HTTP/2
-/// upstream and relays the response into `send`. On `Err` with `Reached::Nothing` the
+/// Forwards the stream's request `r` (the client's `parts` with its `facts`, its `body`)
+/// to an HTTP/2 upstream and relays the response into the stream `to`. On `Err` with `Reached::Nothing` the
 /// caller answers.
 pub(super) async fn forward_h2(
     r: &StreamRequest<'_>,
-    (facts, parts): (&H2Facts, Parts),
+    facts: &H2Facts,
+    parts: Parts,
     body: Option<Body<'_>>,
-    (send, quic): (&mut SendHalf, &quinn::Connection),
+    to: &mut H3Responder<'_>,
     trace: &mut Trace,
 ) -> Result<(), Failure> {
     let mut client = H3Client {
-        quic,
+        quic: to.quic,
         closed: Cell::new(false),
-        send: Cell::new(Some(&mut *send)),
+        send: Cell::new(Some(&mut *to.send)),
         r,
     };
     let (parts, out) = (Some(parts), &mut Vec::new());
@@ -50,9 +52,9 @@ pub(super) async fn forward_h2(
         .await;
     match relayed {
         // The server chose HTTP/1.1 (an `auto` one sharing the address): HTTP/1.1 then.
-        Ok(Relayed::Http1) => forward(r, body, (send, quic), trace).await,
+        Ok(Relayed::Http1) => forward(r, body, to, trace).await,
         Ok(Relayed::Over(result)) => result,
-        Ok(Relayed::Stored(reply)) => r.reply_from_store(send, *reply, trace).await,
+        Ok(Relayed::Stored(reply)) => r.reply_from_store(to.send, *reply, trace).await,
         Err(failure) => Err(failure),
     }
 }

@@ -13,29 +13,28 @@ use std::io;
 use std::net::SocketAddr;
 use std::os::fd::OwnedFd;
 use std::rc::Rc;
-use std::sync::Arc;
 
 use tokio::io::unix::AsyncFd;
 
 use super::backoff::{is_resource_exhaustion, ResourceLog, RESOURCE_BACKOFF};
-use super::cap::{ConnectionCap, Permit};
+use super::cap::{ListenerCap, Permit};
 use super::reclaim::Reclaimer;
+use super::BindSlot;
 use super::StopSignal;
 use crate::client_stream::ClientStream;
 use crate::metrics::shard::{accept_error_index, Counter, ListenerMetrics};
 use crate::worker::{ConnectionGuard, Worker};
 
-/// Accepts on `listener` (metric slot `slot`; `plain_http`: a plain-HTTP bind of a TLS
-/// listener, whose connections skip the handshake) until the worker drains or `stop`
-/// fires; returning closes the socket. `cap`: the listener's open connections and its
-/// limit.
+/// Accepts on `listener` (the listener bind `bind`) until the worker drains or `stop`
+/// fires; returning closes the socket.
 pub async fn accept_loop(
     worker: Rc<Worker>,
-    (slot, plain_http): (usize, bool),
+    bind: BindSlot,
     listener: AsyncFd<mio::net::TcpListener>,
-    cap: (Arc<ConnectionCap>, usize),
+    cap: ListenerCap,
     stop: Rc<StopSignal>,
 ) {
+    let slot = bind.slot;
     let (mut resource_log, mut cap_log) = (ResourceLog::default(), ResourceLog::default());
     // A listener's protocol is part of its socket settings: changing it rebinds (reload).
     let tcp = {
@@ -78,7 +77,7 @@ pub async fn accept_loop(
                     }
                     (None, None) => continue,
                 };
-                spawn_connection(&worker, (slot, plain_http), tcp, (stream, peer), permit);
+                spawn_connection(&worker, bind, tcp, stream, peer, permit);
             }
             Err(e) if is_resource_exhaustion(&e) => {
                 count_accept_error(&worker, slot, &e);
@@ -99,16 +98,18 @@ pub async fn accept_loop(
     }
 }
 
-/// Starts the task that serves an accepted connection under its `permit` (`plain_http`: as
-/// `accept_loop`'s).
+/// Starts the task that serves an accepted connection from `peer` on `bind` under its
+/// `permit`.
 fn spawn_connection(
     worker: &Rc<Worker>,
-    (slot, plain_http): (usize, bool),
+    bind: BindSlot,
     tcp: bool,
-    (stream, peer): (std::net::TcpStream, SocketAddr),
+    stream: std::net::TcpStream,
+    peer: SocketAddr,
     permit: Permit,
 ) {
     // TCP_NODELAY is inherited from the listening socket (see `bind`).
+    let slot = bind.slot;
     let guard = ConnectionGuard::new(worker.clone(), slot, permit);
     let w = worker.clone();
     if tcp {
@@ -125,7 +126,7 @@ fn spawn_connection(
     } else {
         let stream = ClientStream::new(stream);
         tokio::task::spawn_local(async move {
-            crate::proxy::serve_client(w, (slot, plain_http), stream, peer).await;
+            crate::proxy::serve_client(w, bind, stream, peer).await;
             drop(guard);
         });
     }
@@ -141,7 +142,7 @@ type Accepted = (std::net::TcpStream, SocketAddr, Option<Permit>);
 /// the connection is accepted without a place.
 async fn accept(
     listener: &AsyncFd<mio::net::TcpListener>,
-    (cap, limit): &(Arc<ConnectionCap>, usize),
+    cap: &ListenerCap,
     at_cap: bool,
 ) -> io::Result<Option<Accepted>> {
     loop {
@@ -153,7 +154,7 @@ async fn accept(
         // The place is taken only once there is something to accept, and given back (the
         // permit dropped) when accept finds nothing or fails: no worker holds a place while
         // it waits. Dropping `ready` uncleared keeps the readiness for the next attempt.
-        let permit = cap.try_acquire(*limit);
+        let permit = cap.try_acquire();
         if permit.is_none() && !at_cap {
             return Ok(None);
         }
@@ -177,7 +178,7 @@ fn count_accept_error(worker: &Worker, slot: usize, e: &io::Error) {
 async fn wait_below_limit(
     worker: &Worker,
     slot: usize,
-    (cap, limit): &(Arc<ConnectionCap>, usize),
+    cap: &ListenerCap,
     log: &mut ResourceLog,
     stop: &StopSignal,
 ) -> bool {
@@ -185,15 +186,15 @@ async fn wait_below_limit(
         return false;
     }
     // The usual case, below the cap: no wait futures to set up.
-    if cap.open() < *limit {
+    if cap.is_below() {
         return true;
     }
     let paused = || {
         let message = "listener at max_connections: pausing accepts until a connection closes";
-        tell_at_cap(worker, (slot, *limit), log, |m| &m.accept_paused, message);
+        tell_at_cap(worker, slot, cap.limit, log, |m| &m.accept_paused, message);
     };
     tokio::select! {
-        _ = cap.wait_below(*limit, paused) => true,
+        _ = cap.wait_below(paused) => true,
         _ = worker.drained() => false,
         _ = stop.stopped() => false,
     }
@@ -203,7 +204,8 @@ async fn wait_below_limit(
 /// (at most once a second per `log`): a pause, or an idle connection closed (`reclaim`).
 pub(super) fn tell_at_cap(
     worker: &Worker,
-    (slot, limit): (usize, usize),
+    slot: usize,
+    limit: usize,
     log: &mut ResourceLog,
     pick: fn(&ListenerMetrics) -> &Counter,
     message: &str,
@@ -223,8 +225,10 @@ pub(super) fn tell_at_cap(
 #[cfg(test)]
 mod tests {
     use std::io::Write;
+    use std::sync::Arc;
 
     use super::*;
+    use crate::listener::cap::ConnectionCap;
 
     /// A worker that starts draining just as a connection arrives leaves it in the queue,
     /// for the process that takes over (a binary upgrade hands that process the same
@@ -256,15 +260,16 @@ mod tests {
             let (addr, next_process) = (socket.local_addr().unwrap(), socket.try_clone().unwrap());
             let listener = mio::net::TcpListener::from_std(socket);
             let listener = crate::sys::register_listener(listener).unwrap();
-            let cap = (Arc::new(ConnectionCap::default()), 100);
+            let cap = ListenerCap {
+                count: Arc::new(ConnectionCap::default()),
+                limit: 100,
+            };
             let stop = Rc::new(StopSignal::default());
-            tokio::task::spawn_local(accept_loop(
-                worker.clone(),
-                (slot, false),
-                listener,
-                cap,
-                stop,
-            ));
+            let bind = BindSlot {
+                slot,
+                plain_http: false,
+            };
+            tokio::task::spawn_local(accept_loop(worker.clone(), bind, listener, cap, stop));
             // This task is woken by `bell`, the accept loop by the connection: rung first,
             // `bell` is first in the reactor's next turn, so this task runs first, as the
             // worker's drain does when the shutdown and a connection come together.

@@ -40,6 +40,31 @@ pub struct ConnectionCap {
     asked: Notify,
 }
 
+/// A listener's cap as one accept loop holds it: the open connections shared by every
+/// worker, and the listener's `max_connections`.
+#[derive(Clone, Debug)]
+pub struct ListenerCap {
+    pub count: Arc<ConnectionCap>,
+    pub limit: usize,
+}
+
+impl ListenerCap {
+    /// Takes a place for one connection if fewer than `limit` are open.
+    pub fn try_acquire(&self) -> Option<Permit> {
+        self.count.try_acquire(self.limit)
+    }
+
+    /// Whether fewer than `limit` connections are open.
+    pub fn is_below(&self) -> bool {
+        self.count.open() < self.limit
+    }
+
+    /// Waits until fewer than `limit` connections are open ([`ConnectionCap::wait_below`]).
+    pub async fn wait_below(&self, paused: impl FnOnce()) {
+        self.count.wait_below(self.limit, paused).await
+    }
+}
+
 impl ConnectionCap {
     /// Takes a place for one connection if fewer than `limit` are open.
     pub fn try_acquire(self: &Arc<ConnectionCap>, limit: usize) -> Option<Permit> {

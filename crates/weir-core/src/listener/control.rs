@@ -5,11 +5,11 @@
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
-use std::sync::Arc;
 
 use tokio::sync::{mpsc, Notify};
 
-use super::cap::ConnectionCap;
+use super::cap::ListenerCap;
+use super::BindSlot;
 use crate::worker::Worker;
 
 /// What the control plane asks of a worker.
@@ -19,13 +19,9 @@ pub enum Command {
     /// generation (a rebind gets a new id under the same slot).
     Listen {
         id: u64,
-        slot: usize,
+        bind: BindSlot,
         socket: std::net::TcpListener,
-        /// The listener's open connections, shared by every worker, and its
-        /// `max_connections`.
-        cap: (Arc<ConnectionCap>, usize),
-        /// A plain-HTTP bind of a TLS listener: its connections skip the handshake.
-        plain_http: bool,
+        cap: ListenerCap,
         /// The UDP socket of the same address for HTTP/3 (a TLS bind of a listener with
         /// `http3` on): served by this worker's QUIC endpoint.
         quic: Option<std::net::UdpSocket>,
@@ -68,21 +64,19 @@ pub async fn control_loop(worker: Rc<Worker>, mut commands: mpsc::UnboundedRecei
         match command {
             Command::Listen {
                 id,
-                slot,
+                bind,
                 socket,
                 cap,
-                plain_http,
                 quic,
             } => match crate::sys::register_listener(mio::net::TcpListener::from_std(socket)) {
                 Ok(listener) => {
                     let stop = Rc::new(StopSignal::default());
                     running.borrow_mut().insert(id, stop.clone());
                     if let Some(udp) = quic {
-                        let at = (worker.clone(), slot, udp);
-                        crate::http3::spawn(at, cap.clone(), stop.clone());
+                        let (cap, stop) = (cap.clone(), stop.clone());
+                        crate::http3::spawn(worker.clone(), bind.slot, udp, cap, stop);
                     }
-                    let at = (slot, plain_http);
-                    let accept = super::accept_loop(worker.clone(), at, listener, cap, stop);
+                    let accept = super::accept_loop(worker.clone(), bind, listener, cap, stop);
                     tokio::task::spawn_local(accept);
                 }
                 Err(e) => tracing::error!(error = %e, "cannot register listener"),

@@ -19,6 +19,15 @@ pub use bind::{bind_reuseport, set_defer_accept};
 pub use control::{control_loop, Command, StopSignal};
 pub use holder::refuse_foreign_listener;
 
+/// The bind of a listener that a connection arrived on: the listener's metric slot, and
+/// whether it is the plain-HTTP bind (`http_bind`) of a TLS listener, whose connections
+/// skip the handshake.
+#[derive(Clone, Copy, Debug)]
+pub struct BindSlot {
+    pub slot: usize,
+    pub plain_http: bool,
+}
+
 /// A listener as a connection's code sees it: its configuration and its metric slot.
 #[derive(Clone, Copy)]
 pub struct Slot<'a> {

@@ -33,14 +33,13 @@
 use std::future::poll_fn;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use tokio::task::JoinHandle;
 
 use super::accept::tell_at_cap;
 use super::backoff::ResourceLog;
-use super::cap::{ConnectionCap, Permit};
+use super::cap::{ListenerCap, Permit};
 use super::StopSignal;
 use crate::worker::Worker;
 
@@ -50,7 +49,8 @@ static NEXT_ASKER: AtomicU64 = AtomicU64::new(0);
 /// One accept loop's side of reclaiming: its asks, and its worker's answers to others'.
 pub(super) struct Reclaimer {
     /// The listener's metric slot and `max_connections`.
-    at: (usize, usize),
+    slot: usize,
+    limit: usize,
     asker: u64,
     log: ResourceLog,
     answers: JoinHandle<()>,
@@ -61,13 +61,13 @@ impl Reclaimer {
     pub fn start(
         worker: &Rc<Worker>,
         slot: usize,
-        (cap, limit): &(Arc<ConnectionCap>, usize),
+        cap: &ListenerCap,
         stop: &Rc<StopSignal>,
     ) -> Reclaimer {
-        let at = (slot, *limit);
-        let answers = answer_asks(worker.clone(), at, cap.clone(), stop.clone());
+        let answers = answer_asks(worker.clone(), slot, cap.clone(), stop.clone());
         Reclaimer {
-            at,
+            slot,
+            limit: cap.limit,
             asker: NEXT_ASKER.fetch_add(1, Ordering::Relaxed),
             log: ResourceLog::default(),
             answers: tokio::task::spawn_local(answers),
@@ -81,32 +81,39 @@ impl Reclaimer {
     pub async fn place_for(
         &mut self,
         worker: &Worker,
-        (cap, limit): &(Arc<ConnectionCap>, usize),
+        cap: &ListenerCap,
         pause_log: &mut ResourceLog,
         stop: &StopSignal,
     ) -> Option<Permit> {
         let mut asked = false;
         let permit = loop {
-            if let Some(permit) = cap.try_acquire(*limit) {
+            if let Some(permit) = cap.try_acquire() {
                 break Some(permit);
             }
-            if !evict_idlest(worker, self.at, &mut self.log) {
+            if !evict_idlest(worker, self.slot, self.limit, &mut self.log) {
                 // Again after an answer whose place another worker's newcomer took.
-                cap.ask(self.asker);
+                cap.count.ask(self.asker);
                 if !asked {
                     asked = true;
                     let message = "listener at max_connections: pausing accepts until a worker has an idle connection to close or a connection closes";
-                    tell_at_cap(worker, self.at, pause_log, |m| &m.accept_paused, message);
+                    tell_at_cap(
+                        worker,
+                        self.slot,
+                        self.limit,
+                        pause_log,
+                        |m| &m.accept_paused,
+                        message,
+                    );
                 }
             }
             tokio::select! {
-                () = cap.wait_below(*limit, || {}) => {}
+                () = cap.wait_below(|| {}) => {}
                 () = worker.drained() => break None,
                 () = stop.stopped() => break None,
             }
         };
         if asked {
-            cap.withdraw(self.asker);
+            cap.count.withdraw(self.asker);
         }
         permit
     }
@@ -120,20 +127,15 @@ impl Drop for Reclaimer {
 
 /// Closes an idle connection of the listener with slot `slot` on this worker whenever
 /// another worker (or this one's accept loop) asks for one and this worker has one.
-async fn answer_asks(
-    worker: Rc<Worker>,
-    at: (usize, usize),
-    cap: Arc<ConnectionCap>,
-    stop: Rc<StopSignal>,
-) {
+async fn answer_asks(worker: Rc<Worker>, slot: usize, cap: ListenerCap, stop: Rc<StopSignal>) {
     let mut log = ResourceLog::default();
     let answer = async {
         loop {
-            cap.asked().await;
-            poll_fn(|cx| poll_idle(&worker, at.0, cx)).await;
+            cap.count.asked().await;
+            poll_fn(|cx| poll_idle(&worker, slot, cx)).await;
             // Nothing runs between the look and the eviction: the idle connection is there.
-            if cap.take_ask() {
-                evict_idlest(&worker, at, &mut log);
+            if cap.count.take_ask() {
+                evict_idlest(&worker, slot, cap.limit, &mut log);
             }
             // Many asks at once: let the connections closed meanwhile run.
             tokio::task::coop::consume_budget().await;
@@ -159,12 +161,12 @@ fn poll_idle(worker: &Worker, slot: usize, cx: &mut Context<'_>) -> Poll<()> {
     }
 }
 
-/// Closes the idlest connection of the listener (metric slot and `max_connections`: `at`)
-/// on this worker, waiting for a request or in its TLS handshake, counted in
+/// Closes the idlest connection of the listener (metric slot `slot`, `max_connections`
+/// `limit`) on this worker, waiting for a request or in its TLS handshake, counted in
 /// `weir_connections_evicted_total` and logged (at most once a second); false if there is
 /// none.
-fn evict_idlest(worker: &Worker, at: (usize, usize), log: &mut ResourceLog) -> bool {
-    let (idle, handshakes, slot) = (&worker.idle, &worker.handshakes, at.0);
+fn evict_idlest(worker: &Worker, slot: usize, limit: usize, log: &mut ResourceLog) -> bool {
+    let (idle, handshakes) = (&worker.idle, &worker.handshakes);
     let from = match (idle.oldest(slot), handshakes.oldest(slot)) {
         (Some(i), Some(h)) if h < i => handshakes,
         (Some(_), _) => idle,
@@ -173,6 +175,13 @@ fn evict_idlest(worker: &Worker, at: (usize, usize), log: &mut ResourceLog) -> b
     };
     from.evict_oldest(slot);
     let message = "listener at max_connections: closing idle connections for new ones";
-    tell_at_cap(worker, at, log, |m| &m.connections_evicted, message);
+    tell_at_cap(
+        worker,
+        slot,
+        limit,
+        log,
+        |m| &m.connections_evicted,
+        message,
+    );
     true
 }

@@ -134,7 +134,7 @@ pub fn begin(
         true => context::incoming(r.buf, r.req),
         false => (None, None),
     };
-    RNG.with(|rng| start(tracer, route, r, (parent, state), rng))
+    RNG.with(|rng| start(tracer, route, r, parent, state, rng))
 }
 
 /// The sampling decision and, when sampled, the trace (ids from `rng`).
@@ -142,7 +142,8 @@ fn start(
     tracer: &Arc<Tracer>,
     route: Option<&Route>,
     r: &Request<'_>,
-    (parent, state): (Option<context::Parent>, Option<&[u8]>),
+    parent: Option<context::Parent>,
+    state: Option<&[u8]>,
     rng: &RefCell<XorShift>,
 ) -> Option<std::rc::Rc<RequestTrace>> {
     let sample = match parent {

@@ -103,8 +103,8 @@ pub(crate) async fn forward_filling(
     match (result, conn.fill.take()) {
         (Err(failure), Some(fill)) => {
             let to = meta.sending(keep_alive && conn.current.read);
-            let on = (Under::of_target(&target), to);
-            answer_stale(conn, resp, failure, &fill, on).await
+            let under = Under::of_target(&target);
+            answer_stale(conn, resp, failure, &fill, under, to).await
         }
         (result, _) => result,
     }
@@ -117,7 +117,8 @@ async fn answer_stale(
     resp: &mut ResponseHead,
     failure: Failure,
     fill: &Fill,
-    (under, to): (Under<'_>, Sending),
+    under: Under<'_>,
+    to: Sending,
 ) -> Result<bool, Failure> {
     let Some(reply) = stale_answer(fill, &failure) else {
         return Err(failure);

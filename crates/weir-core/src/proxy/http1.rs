@@ -26,26 +26,27 @@ use crate::filters::forwarded::ClientIp;
 use crate::forward::body::BodyState;
 use crate::forward::{Failure, Reached};
 use crate::listener::proxy_protocol::accept_step;
+use crate::listener::BindSlot;
 use crate::metrics::shard::{method_index, Protocol, METHODS};
 use crate::snapshot::Snapshot;
 use crate::worker::Worker;
 
-/// Serves one client connection of the listener with metric slot `slot` until it closes;
-/// `plain_http`: it came on a plain-HTTP bind (`http_bind`) of a TLS listener.
+/// Serves one client connection that came on the listener bind `bind` until it closes.
 ///
 /// The listener's config position is looked up in each request's snapshot: a reload may
 /// move it, and once a reload removes it the connection serves the request it has and
 /// closes.
 pub async fn serve_client(
     worker: Rc<Worker>,
-    (slot, plain_http): (usize, bool),
+    bind: BindSlot,
     stream: ClientStream,
     peer: SocketAddr,
 ) {
+    let slot = bind.slot;
     // Boxed, like the HTTP/2 takeover (and the request handling below, out of line too):
     // the TLS handshake and HTTP/2 state are large and must not stay in every idle
     // connection's task.
-    let opening = open(&worker, (slot, plain_http), stream, peer);
+    let opening = open(&worker, bind, stream, peer);
     let Some((mut conn, mut kept)) = Box::pin(opening).await else {
         return;
     };
@@ -155,15 +156,16 @@ impl Serving {
     }
 }
 
-/// Connection setup: the client connection of the listener with slot `slot`, after its
+/// Connection setup: the client connection of the listener bind `bind`, after its
 /// PROXY header when the listener expects one. `None`: close (the listener is gone, or the
 /// PROXY header was missing or bad).
 async fn open(
     worker: &Rc<Worker>,
-    (slot, plain_http): (usize, bool),
+    bind: BindSlot,
     stream: ClientStream,
     peer: SocketAddr,
 ) -> Option<(ClientConn, Serving)> {
+    let BindSlot { slot, plain_http } = bind;
     let snapshot = worker.snapshot();
     let index = snapshot.listener_index(slot)?;
     let listener = &snapshot.config.listeners[index];

@@ -33,14 +33,13 @@ use crate::snapshot::Snapshot;
 use crate::tls::session::TlsSession;
 use crate::worker::Worker;
 
-use super::route::Routing;
+use super::route::{RouteTarget, Routing};
 
 /// What a background revalidation keeps of the request that started it.
 struct Job {
     snapshot: Arc<Snapshot>,
     listener: usize,
-    route: usize,
-    upstream: usize,
+    to: RouteTarget,
     /// The request's head (its bytes and the spans into them).
     head: Vec<u8>,
     req: RequestHead,
@@ -54,16 +53,11 @@ struct Job {
 }
 
 /// Starts the revalidation `fill` of the stale entry `r` was answered from (`r` routed by
-/// `routing` to route `route`, upstream `upstream`) as a task of this worker. Nothing is
+/// `routing` `to` a route and upstream) as a task of this worker. Nothing is
 /// started when the worker's snapshot is no longer the one `r` was routed on (the entry is
 /// revalidated by a later request), nor when the worker drains or runs
 /// `[server] background_revalidations` already (the fill is let go).
-pub(crate) fn start(
-    routing: &Routing<'_>,
-    r: &Request<'_>,
-    (route, upstream): (usize, usize),
-    fill: Box<Fill>,
-) {
+pub(crate) fn start(routing: &Routing<'_>, r: &Request<'_>, to: RouteTarget, fill: Box<Fill>) {
     let Some(worker) = routing.worker.me.upgrade() else {
         return;
     };
@@ -85,8 +79,7 @@ pub(crate) fn start(
     let job = Job {
         snapshot,
         listener: routing.listener,
-        route,
-        upstream,
+        to,
         head,
         req,
         peer: *origin.peer,
@@ -108,7 +101,7 @@ async fn run(worker: Rc<Worker>, job: Job) {
         listener: job.listener,
     };
     let listener = routing.listener();
-    let target = routing.target(&listener.routes[job.route], job.upstream);
+    let target = routing.target_at(job.to);
     let mut path = RoutedPath::default();
     let raw_path = job.req.path(&job.head);
     if path

@@ -39,6 +39,14 @@ pub enum Decision<'a> {
     Refuse(ProxyError),
 }
 
+/// Where a routed request goes, by position: the listener's route (in its `routes`) and
+/// the upstream (in the config's `upstreams`, a split already resolved).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RouteTarget {
+    pub route: usize,
+    pub upstream: usize,
+}
+
 /// The snapshot and listener a request is routed in.
 pub struct Routing<'a> {
     pub worker: &'a Worker,
@@ -108,7 +116,11 @@ impl<'a> Routing<'a> {
         let fill = match &config.filters.cache {
             None => None,
             Some(cache) => {
-                match self.through_cache(r, path.get(raw_path), cache, (index, upstream)) {
+                let to = RouteTarget {
+                    route: index,
+                    upstream,
+                };
+                match self.through_cache(r, path.get(raw_path), cache, to) {
                     Ok(fill) => fill,
                     Err(answered) => return (route, answered),
                 }
@@ -120,8 +132,8 @@ impl<'a> Routing<'a> {
         )
     }
 
-    /// The route `route`'s `cache` for `r` (`routed`: its normalised path and query),
-    /// before it goes to `upstream`: a fresh entry's reply, or a stale one's with its
+    /// The route's `cache` for `r` (`routed`: its normalised path and query), before it
+    /// goes `to` its route's upstream: a fresh entry's reply, or a stale one's with its
     /// revalidation started in the background (`Err`); else the miss's fill, if its
     /// response may be stored. Out of line: a route without `cache` keeps `decide` small.
     #[inline(never)]
@@ -130,14 +142,14 @@ impl<'a> Routing<'a> {
         r: &Request<'_>,
         routed: &[u8],
         cache: &weir_config::RouteCache,
-        (route, upstream): (usize, usize),
+        to: RouteTarget,
     ) -> Result<Option<Box<Fill>>, Decision<'a>> {
         let store = &self.snapshot.caches[cache.store];
         match crate::cache::lookup(r, routed, cache, store) {
             CacheLookup::Hit(reply) => Err(Decision::Reply(reply)),
             CacheLookup::Stale(reply, revalidation) => {
                 if let Some(fill) = revalidation {
-                    super::revalidate::start(self, r, (route, upstream), fill);
+                    super::revalidate::start(self, r, to, fill);
                 }
                 Err(Decision::Reply(reply))
             }
@@ -172,6 +184,11 @@ impl<'a> Routing<'a> {
             upstream_index,
             pool: &self.snapshot.upstreams[upstream_index],
         }
+    }
+
+    /// [`Routing::target`] of the route and upstream `to` names.
+    pub(crate) fn target_at(&self, to: RouteTarget) -> Target<'a> {
+        self.target(&self.listener().routes[to.route], to.upstream)
     }
 }
 
