@@ -562,7 +562,17 @@ async fn trim_periodically(worker: Rc<Worker>) {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        drop(worker.snapshot());
+        let snapshot = worker.snapshot();
+        let longest_idle = snapshot
+            .config
+            .upstreams
+            .iter()
+            .map(|u| u.idle_timeout)
+            .max();
+        drop(snapshot);
+        let now = std::time::Instant::now();
+        let longest_idle = longest_idle.unwrap_or_default();
+        worker.pool.borrow_mut().sweep(longest_idle, now);
         worker.trim_spares();
     }
 }

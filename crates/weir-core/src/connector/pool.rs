@@ -140,7 +140,7 @@ impl Hasher for AddrHasher {
 #[derive(Default)]
 pub struct IdlePool {
     /// A key's slot stays once made (an emptied list is kept for the next connection),
-    /// so positions in `index` and `last` stay valid until `clear`.
+    /// so positions in `index` and `last` stay valid until `clear` or `sweep`.
     slots: Vec<(PoolKey, Vec<Idle>)>,
     index: HashMap<PoolKey, usize, BuildHasherDefault<AddrHasher>>,
     /// The slot of the last `take` or `put` (0 while `slots` is empty).
@@ -240,6 +240,33 @@ impl IdlePool {
         self.slots.clear();
         self.index.clear();
         self.last = 0;
+    }
+
+    /// Closes the idle connections no request would take any more: idle for
+    /// `longest_idle` (the longest `idle_timeout` of the running config: past it, no
+    /// upstream's request takes them) or closed by the server meanwhile; then forgets the
+    /// keys left with none. `take` only looks at a key that is asked for again, so without
+    /// this a server gone from the config or from DNS kept its connections (and their
+    /// descriptors, in CLOSE_WAIT once the server closed them) until the worker ended.
+    /// Returns the number of connections closed.
+    pub fn sweep(&mut self, longest_idle: Duration, now: Instant) -> usize {
+        let stale_at_or_before = now.checked_sub(longest_idle);
+        let mut closed = 0;
+        for (_, list) in &mut self.slots {
+            let before = list.len();
+            list.retain(|idle| {
+                let fresh = stale_at_or_before.is_none_or(|stale| idle.since > stale);
+                fresh && still_open(idle.stream.tcp())
+            });
+            closed += before - list.len();
+        }
+        self.slots.retain(|(_, list)| !list.is_empty());
+        self.index.clear();
+        for (at, (key, _)) in self.slots.iter().enumerate() {
+            self.index.insert(*key, at);
+        }
+        self.last = 0;
+        closed
     }
 }
 
@@ -341,6 +368,38 @@ mod tests {
             pool.take(addr, Duration::from_secs(60), start),
             (None, 0)
         ));
+    }
+
+    /// A sweep closes what no take would use (idle past the longest idle timeout, or
+    /// closed by the server) under every key, asked for again or not, and forgets the
+    /// keys left empty; the keys that keep connections are still found after it.
+    #[tokio::test]
+    async fn a_sweep_closes_stale_and_closed_connections_of_keys_not_asked_for() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let m = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let n = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let (gone, kept, old) = (
+            l.local_addr().unwrap(),
+            m.local_addr().unwrap(),
+            n.local_addr().unwrap(),
+        );
+        let mut pool = IdlePool::default();
+        let start = Instant::now();
+        let later = start + Duration::from_secs(100);
+        let (closed, server_side) = conn(&l).await;
+        drop(server_side);
+        closed.readable().await.unwrap();
+        pool.put(gone, closed, 8, later);
+        let (stale, _stale) = conn(&n).await;
+        pool.put(old, stale, 8, start);
+        let (fresh, _fresh) = conn(&m).await;
+        pool.put(kept, fresh, 8, later);
+        assert_eq!(pool.sweep(Duration::from_secs(60), later), 2);
+        assert_eq!((pool.idle_count(gone), pool.idle_count(old)), (0, 0));
+        assert_eq!(pool.slots.len(), 1, "the emptied keys are forgotten");
+        let (taken, left) = pool.take(kept, Duration::from_secs(60), later);
+        assert_eq!(taken.unwrap().tcp().peer_addr().unwrap(), kept);
+        assert_eq!(left, 0);
     }
 
     #[tokio::test]
