@@ -41,7 +41,7 @@ pub fn shared(snapshot: crate::snapshot::Snapshot) -> crate::worker::Shared {
 }
 
 /// A worker of the config `toml` (nothing bound, no access log), for a test running a part
-/// of the data plane on a `LocalSet`; with its first listener's metric slot.
+/// of the data plane on a `LocalSet` or a `LocalRuntime`; with its first listener's metric slot.
 pub fn worker(toml: &str) -> (std::rc::Rc<crate::worker::Worker>, usize) {
     let config = Arc::new(weir_config::parse_str(toml, "t.toml").unwrap());
     let slots = crate::metrics::layout::Layout::default().assign(&config);

@@ -247,12 +247,12 @@ mod tests {
     /// Whether a connection that arrives as the worker starts draining is still in the
     /// listening socket's queue once the accept loop has run.
     fn queued_connection_left_at_drain() -> bool {
+        // The worker's own runtime: a `LocalRuntime` (`server::run_worker`).
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
-            .build()
+            .build_local(tokio::runtime::LocalOptions::default())
             .unwrap();
-        let local = tokio::task::LocalSet::new();
-        local.block_on(&runtime, async {
+        runtime.block_on(async {
             let (worker, slot) =
                 crate::test_util::worker("[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\n");
             let socket = super::super::bind_reuseport(([127, 0, 0, 1], 0).into(), 16, false);
