@@ -573,6 +573,7 @@ async fn trim_periodically(worker: Rc<Worker>) {
         let now = std::time::Instant::now();
         let longest_idle = longest_idle.unwrap_or_default();
         worker.pool.borrow_mut().sweep(longest_idle, now);
+        worker.h2_pool.borrow_mut().sweep(now);
         worker.trim_spares();
     }
 }

@@ -9,7 +9,7 @@
 //! closed and dropped from the pool at the next checkout. A connection whose server sent
 //! GOAWAY refuses new streams (`send_request` fails): the lease holder marks it going
 //! away, and the request goes to a new connection. Idle connections (no stream in flight)
-//! older than `idle_timeout` are closed at checkout.
+//! older than `idle_timeout` are closed at checkout, or within 10 s by the worker's sweep.
 //!
 //! Only the worker's own thread touches the pool (`RefCell` on the worker, never borrowed
 //! across an await), so no lock is taken.
@@ -145,15 +145,21 @@ impl H2Pool {
         list.iter().find(|c| c.has_room(limit)).cloned()
     }
 
-    /// Adds a new connection. Also sweeps every server's list (a rare event, so cheap
-    /// enough): connections of servers or TLS clients a reload removed are found by no
-    /// `find` and would otherwise stay open.
-    fn add(&mut self, key: PoolKey, send: SendRequest<Bytes>, opened: Opened) -> Rc<H2Conn> {
-        let now = Instant::now();
+    /// Drops the closed, going-away and expired idle connections of every server, and
+    /// the servers left with none: connections of servers or TLS clients a reload (or
+    /// DNS) removed are found by no `find` and would otherwise stay open. On each new
+    /// connection (a rare event, so cheap enough), and every 10 s (`server`'s trim).
+    pub fn sweep(&mut self, now: Instant) {
         self.conns.retain(|_, list| {
             list.retain(|c| c.keep(now));
             !list.is_empty()
         });
+    }
+
+    /// Adds a new connection, after a [`H2Pool::sweep`].
+    fn add(&mut self, key: PoolKey, send: SendRequest<Bytes>, opened: Opened) -> Rc<H2Conn> {
+        let now = Instant::now();
+        self.sweep(now);
         let conn = Rc::new(H2Conn {
             send,
             closed: opened.closed,
