@@ -394,9 +394,22 @@ impl Response<'_> {
                 Box::pin(relayed).await?
             }
         };
+        self.pool_if_clean(stream, resp, up_buf, body_with_head);
+        Ok(!close)
+    }
+
+    /// Pools the upstream connection once the response is relayed, if it keeps alive and
+    /// nothing follows the response. `body_with_head`: the whole body came with the head
+    /// (the usual small response): the connection is idle from the head's arrival;
+    /// otherwise from the end of the relay.
+    fn pool_if_clean(
+        &self,
+        stream: UpstreamStream,
+        resp: &ResponseHead,
+        up_buf: &Buffer,
+        body_with_head: bool,
+    ) {
         if resp.keeps_alive() && self.request_done && up_buf.is_empty() {
-            // The whole body came with the head (the usual small response): the connection
-            // is idle from the head's arrival. Otherwise it is idle from the end of the relay.
             let idle_from = match body_with_head {
                 true => self.accepted.head_at,
                 false => std::time::Instant::now(),
@@ -404,7 +417,6 @@ impl Response<'_> {
             let accepted = self.accepted;
             reuse(self.x, accepted.server, accepted.metrics, stream, idle_from);
         }
-        Ok(!close)
     }
 
     /// Answers with a stored entry (`reply`) instead of the upstream's response `resp` (a

@@ -467,8 +467,7 @@ impl<C: ClientSide, B: ClientBody> Sender for H2Sender<'_, '_, C, B> {
         };
         self.client.opened().await?;
         let timeouts = self.timeouts();
-        let timeout = timeouts.upstream;
-        let bounds = self.head_bounds(timeout);
+        let bounds = self.head_bounds(timeouts.upstream);
         let limit = r.target.listener.max_body_size;
         let whole = self.body.as_ref().is_some_and(ClientBody::is_whole);
         let (body, consumed) = (self.body.as_mut(), &self.consumed);
@@ -501,8 +500,7 @@ impl<C: ClientSide, B: ClientBody> Sender for H2Sender<'_, '_, C, B> {
         }
         let mut edits = r.edits(&mut self.lines, a.server);
         edits.cookie = tries.set_cookie();
-        let empty = up_body.is_end_stream();
-        let client = self.client.for_client(r, empty);
+        let client = self.client.for_client(r, up_body.is_end_stream());
         let coding = plan_h2(r.target.route, &parts, &client, &mut edits);
         tries.count(a, coding.as_ref().map(|_| status).map_err(|e| *e));
         let mut coding = match coding {
@@ -523,11 +521,10 @@ impl<C: ClientSide, B: ClientBody> Sender for H2Sender<'_, '_, C, B> {
         };
         let upload = (state == Upload::Running).then_some(upload);
         let received = Cell::new(0);
-        let source = H2Source::new(&mut up_body, timeout, Peer::Upstream, &received);
-        let (client, trace) = (&mut *self.client, &mut *self.trace);
+        let source = H2Source::new(&mut up_body, timeouts.upstream, Peer::Upstream, &received);
         let relayed = relay_answer(
-            client,
-            trace,
+            &mut *self.client,
+            &mut *self.trace,
             answer,
             source,
             upload,

@@ -59,28 +59,22 @@ pub(super) async fn serve(conn: Rc<Conn>, (request, mut send, mut recv): Resolve
     let Some((length, first, ended)) = start.await else {
         return;
     };
-    let RequestScratch {
-        head: mut buf,
-        mut req,
-    } = worker.h2_scratch.take_request();
+    let scratch = worker.h2_scratch.take_request();
+    let (mut buf, mut req) = (scratch.head, scratch.req);
     buf.reserve(512);
     let Ok(line) = write_head(&mut buf, &mut req.headers, &parts, ended) else {
         // Malformed (RFC 9114 4.1.2): a stream error.
         send.stop_stream(Code::H3_MESSAGE_ERROR);
-        let scratch = RequestScratch { head: buf, req };
-        worker.h2_scratch.give_request(scratch);
+        worker
+            .h2_scratch
+            .give_request(RequestScratch { head: buf, req });
         return conn.reset_by_client();
     };
     let facts = H2Facts::of(&parts.headers);
     let mut log = StreamLog::default();
     log.trace.grpc = facts.grpc;
-    let filled = fill_written(
-        &buf,
-        line.method,
-        line.target,
-        listener.max_headers,
-        &mut req,
-    );
+    let max_headers = listener.max_headers;
+    let filled = fill_written(&buf, line.method, line.target, max_headers, &mut req);
     let at = StreamConn {
         worker,
         snapshot: &snapshot,
@@ -119,8 +113,9 @@ pub(super) async fn serve(conn: Rc<Conn>, (request, mut send, mut recv): Resolve
     }
     let status = answer_failure(&mut send, &result, listener, &mut log.trace).await;
     log.record(&at, result, status, Instant::now() - started);
-    let scratch = RequestScratch { head: buf, req };
-    worker.h2_scratch.give_request(scratch);
+    worker
+        .h2_scratch
+        .give_request(RequestScratch { head: buf, req });
 }
 
 /// Where the request's body starts: its declared length; when it declares none, its first
