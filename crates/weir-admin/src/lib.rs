@@ -213,7 +213,8 @@ async fn accept_loop(
         tokio::spawn(serve_connection(
             stream,
             peer,
-            (clock, Arc::new(slot)),
+            clock,
+            Arc::new(slot),
             state,
             limits,
         ));
@@ -225,7 +226,8 @@ async fn accept_loop(
 async fn serve_connection(
     stream: tokio::net::TcpStream,
     peer: SocketAddr,
-    (clock, slot): (Arc<Clock>, Arc<Slot>),
+    clock: Arc<Clock>,
+    slot: Arc<Slot>,
     state: Arc<AdminState>,
     limits: Limits,
 ) {

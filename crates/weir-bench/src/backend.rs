@@ -115,7 +115,7 @@ pub fn start(kind: BackendKind, cpu: usize, dir: &Path, tag: &str) -> Result<Opt
         }
         BackendKind::NginxFile { bytes } => {
             let nginx = process::find_program("nginx").context("nginx is not installed")?;
-            return peers::start_nginx_file_backend(&nginx, cpu, dir, (tag, bytes)).map(Some);
+            return peers::start_nginx_file_backend(&nginx, cpu, dir, tag, bytes).map(Some);
         }
         BackendKind::Nginx615 => match process::find_program("nginx") {
             Some(nginx) => return peers::start_nginx_backend(&nginx, cpu, dir, tag).map(Some),

@@ -52,8 +52,8 @@ pub fn main(a: Args, dir: &Path) -> Result<()> {
             a.conns, a.duration, a.repeat
         );
         for other in &others {
-            let pair = alternate((other, &weir), &a, dir, (&[], path))?;
-            print_pair((&other.label, &weir.label), &pair, a.duration);
+            let (ra, rb) = alternate(other, &weir, &a, dir, &[], path)?;
+            print_pair(&other.label, &weir.label, &ra, &rb, a.duration);
         }
     }
     Ok(())
@@ -87,7 +87,7 @@ fn cacheable_backend(nginx: &Path, dir: &Path) -> Result<(Child, SocketAddr)> {
         body_615(),
         files.display()
     );
-    let conf = configs::nginx_conf("cacheable-backend", (dir, port), "", &locations, None)?;
+    let conf = configs::nginx_conf("cacheable-backend", dir, port, "", &locations, None)?;
     let mut child = peers::start_nginx(nginx, "cacheable-backend", LOAD_CPU, dir, &conf)?;
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     process::wait_listening(addr, &mut child, Duration::from_secs(10))?;
@@ -104,7 +104,7 @@ fn start_nginx_cache(nginx: &Path, dir: &Path, backend: SocketAddr) -> Result<Pr
         dir.display()
     );
     let locations = "        location / {\n            proxy_pass http://backend;\n            proxy_http_version 1.1;\n            proxy_set_header Connection \"\";\n            proxy_cache bench;\n            add_header X-Cache-Status $upstream_cache_status;\n        }\n";
-    let conf = configs::nginx_conf("nginx-cache", (dir, port), &upstream, locations, None)?;
+    let conf = configs::nginx_conf("nginx-cache", dir, port, &upstream, locations, None)?;
     let mut child = peers::start_nginx(nginx, "nginx-cache", PROXY_CPU, dir, &conf)?;
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     process::wait_listening(addr, &mut child, Duration::from_secs(10))?;

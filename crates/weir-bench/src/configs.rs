@@ -35,7 +35,8 @@ fn addr_list(backends: &[SocketAddr], f: impl Fn(&SocketAddr) -> String) -> Stri
 /// nginx's configuration; with `tls`, its server listens with `ssl http2`.
 pub fn nginx_conf(
     name: &str,
-    (dir, port): (&Path, u16),
+    dir: &Path,
+    port: u16,
     upstream: &str,
     locations: &str,
     tls: Option<&TlsFiles>,
@@ -133,7 +134,7 @@ pub fn nginx_proxy(s: &Setup, port: u16) -> Result<String> {
     };
     // The http-level part before the main server: the upstream, and the RSA server if any.
     let upstream = upstream + &nginx_rsa_server(s, port, &locations);
-    nginx_conf("nginx", (s.dir, port), &upstream, &locations, s.tls)
+    nginx_conf("nginx", s.dir, port, &upstream, &locations, s.tls)
 }
 
 pub fn haproxy_cfg(s: &Setup, port: u16, tcp: bool) -> Result<String> {

@@ -248,11 +248,7 @@ fn measure(
     let before = procfs::group_cpu_secs(p.child.pgid);
     let length = Duration::from_secs(secs);
     let requests = runtime.block_on(h3_load::run(
-        &clients,
-        p.addr,
-        tls,
-        (a.conns, a.streams),
-        length,
+        &clients, p.addr, tls, a.conns, a.streams, length,
     ))?;
     let cpu_s = procfs::group_cpu_secs(p.child.pgid) - before;
     drop(clients);

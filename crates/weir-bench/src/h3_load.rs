@@ -96,7 +96,8 @@ pub async fn run(
     clients: &Clients,
     addr: SocketAddr,
     tls: &rustls::ClientConfig,
-    (conns, streams): (u32, u32),
+    conns: u32,
+    streams: u32,
     length: Duration,
 ) -> Result<u64> {
     let until = Instant::now() + length;

@@ -134,8 +134,14 @@ async fn run(a: Args) -> Result<LoadOutput> {
         .run_until(async {
             let tasks: Vec<_> = (0..a.conns)
                 .map(|_| {
-                    let job = (connector.clone(), name.clone(), request.clone());
-                    tokio::task::spawn_local(client_loop(a.addr, job, a.resume, until))
+                    tokio::task::spawn_local(client_loop(
+                        a.addr,
+                        connector.clone(),
+                        name.clone(),
+                        request.clone(),
+                        a.resume,
+                        until,
+                    ))
                 })
                 .collect();
             let mut sum = Counts::default();
@@ -161,7 +167,9 @@ async fn run(a: Args) -> Result<LoadOutput> {
 
 async fn client_loop(
     addr: SocketAddr,
-    (connector, name, request): (TlsConnector, ServerName<'static>, String),
+    connector: TlsConnector,
+    name: ServerName<'static>,
+    request: String,
     resume: bool,
     until: Instant,
 ) -> Counts {

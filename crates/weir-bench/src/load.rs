@@ -142,7 +142,8 @@ fn fds_needed(load: &Load) -> u64 {
 pub fn run(
     load: &Load,
     tools: &Tools,
-    (addr, tls): (SocketAddr, bool),
+    addr: SocketAddr,
+    tls: bool,
     path: &str,
     secs: u64,
 ) -> Result<(LoadOutput, f64)> {

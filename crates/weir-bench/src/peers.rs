@@ -196,7 +196,7 @@ pub fn start_nginx_backend(nginx: &Path, cpu: usize, dir: &Path, tag: &str) -> R
         "        location / {{\n            return 200 \"{}\";\n        }}",
         body_615()
     );
-    let conf = nginx_conf(&name, (dir, port), "", &locations, None)?;
+    let conf = nginx_conf(&name, dir, port, "", &locations, None)?;
     let mut child = start_nginx(nginx, &name, cpu, dir, &conf)?;
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     process::wait_listening(addr, &mut child, Duration::from_secs(10))?;
@@ -212,7 +212,8 @@ pub fn start_nginx_file_backend(
     nginx: &Path,
     cpu: usize,
     dir: &Path,
-    (tag, bytes): (&str, u64),
+    tag: &str,
+    bytes: u64,
 ) -> Result<Running> {
     let port = process::free_port()?;
     let name = format!("backend-file-{tag}");
@@ -227,7 +228,7 @@ pub fn start_nginx_file_backend(
         "        location / {{\n            root {};\n            try_files /file.bin =404;\n        }}",
         root.display()
     );
-    let conf = nginx_conf(&name, (dir, port), "", &locations, None)?;
+    let conf = nginx_conf(&name, dir, port, "", &locations, None)?;
     let mut child = start_nginx(nginx, &name, cpu, dir, &conf)?;
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     process::wait_listening(addr, &mut child, Duration::from_secs(10))?;

@@ -97,7 +97,7 @@ fn json_backend(nginx: &Path, dir: &Path) -> Result<(Child, SocketAddr)> {
         "        location / {{\n            root {};\n            default_type application/json;\n            gzip off;\n        }}\n",
         dir.display()
     );
-    let conf = configs::nginx_conf("json-backend", (dir, port), "", &locations, None)?;
+    let conf = configs::nginx_conf("json-backend", dir, port, "", &locations, None)?;
     let mut child = peers::start_nginx(nginx, "json-backend", LOAD_CPU, dir, &conf)?;
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     process::wait_listening(addr, &mut child, Duration::from_secs(10))?;
@@ -153,7 +153,7 @@ fn start_nginx_gzip(nginx: &Path, dir: &Path, backend: SocketAddr, level: u32) -
     let locations = format!(
         "        location / {{\n            gzip on;\n            gzip_comp_level {level};\n            gzip_types application/json;\n            gzip_min_length 1024;\n            gzip_proxied any;\n            gzip_vary on;\n            proxy_pass http://backend;\n        }}\n"
     );
-    let conf = configs::nginx_conf("nginx-gzip", (dir, port), &upstream, &locations, None)?;
+    let conf = configs::nginx_conf("nginx-gzip", dir, port, &upstream, &locations, None)?;
     let mut child = peers::start_nginx(nginx, "nginx-gzip", PROXY_CPU, dir, &conf)?;
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     process::wait_listening(addr, &mut child, Duration::from_secs(10))?;
@@ -253,10 +253,12 @@ fn measure_h2c(p: &Proxy, dir: &Path, secs: u64, conns: u32, path: &str) -> Resu
 /// Runs `a` and `b` alternately `repeat` times (after one warm-up each) with `figure`
 /// computed per run; returns the runs of each.
 pub(crate) fn alternate(
-    (a, b): (&Proxy, &Proxy),
+    a: &Proxy,
+    b: &Proxy,
     args: &Args,
     dir: &Path,
-    (headers, path): (&[&str], &str),
+    headers: &[&str],
+    path: &str,
 ) -> Result<(Vec<Run>, Vec<Run>)> {
     for p in [a, b] {
         measure(p, dir, 2, args.conns, args.h2c, headers, path)?;
@@ -317,12 +319,7 @@ pub fn compression_main(a: Args, dir: &Path) -> Result<()> {
             bail!("{} did not compress:\n{head}", p.label);
         }
     }
-    let (rw, rn) = alternate(
-        (&w, &n),
-        &a,
-        dir,
-        (&["Accept-Encoding: gzip"], "/body.json"),
-    )?;
+    let (rw, rn) = alternate(&w, &n, &a, dir, &["Accept-Encoding: gzip"], "/body.json")?;
     let per_mib = |r: &Run| r.cpu_s / (r.bytes as f64 / f64::from(1 << 20));
     let per_req = |r: &Run| r.cpu_s / r.requests as f64 * 1e6;
     let (wm, nm): (Vec<f64>, Vec<f64>) = (
@@ -370,15 +367,17 @@ pub fn policy_main(a: Args, dir: &Path) -> Result<()> {
         "## policy-cost: Weir CPU per request, 615 B nginx backend, wrk -c{} ({} s x {} pairs)\n",
         a.conns, a.duration, a.repeat
     );
-    let pair = alternate((&plain, &policy), &a, dir, (&[], "/"))?;
-    print_pair(("plain", "policy"), &pair, a.duration);
+    let (ra, rb) = alternate(&plain, &policy, &a, dir, &[], "/")?;
+    print_pair("plain", "policy", &ra, &rb, a.duration);
     drop(policy);
     if let Some(base) = &a.weir_base {
         let old = start_weir(base, dir, "base", backend.addrs[0], "", "")?;
-        let pair = alternate((&old, &plain), &a, dir, (&[], "/"))?;
+        let (ra, rb) = alternate(&old, &plain, &a, dir, &[], "/")?;
         print_pair(
-            ("plain, --weir-base", "plain, this build"),
-            &pair,
+            "plain, --weir-base",
+            "plain, this build",
+            &ra,
+            &rb,
             a.duration,
         );
     }
@@ -405,18 +404,14 @@ pub fn tracing_main(a: Args, dir: &Path) -> Result<()> {
         );
         let file_tag = format!("traced-{}", (sampling * 100.0) as u32);
         let traced = start_weir(&weir, dir, &file_tag, backend.addrs[0], "", &table)?;
-        let pair = alternate((&plain, &traced), &a, dir, (&[], "/"))?;
-        print_pair(("no [tracing]", tag), &pair, a.duration);
+        let (ra, rb) = alternate(&plain, &traced, &a, dir, &[], "/")?;
+        print_pair("no [tracing]", tag, &ra, &rb, a.duration);
     }
     Ok(())
 }
 
 /// A table of two variants' CPU per request and the paired ratio second / first.
-pub(crate) fn print_pair(
-    (first, second): (&str, &str),
-    (ra, rb): &(Vec<Run>, Vec<Run>),
-    secs: u64,
-) {
+pub(crate) fn print_pair(first: &str, second: &str, ra: &[Run], rb: &[Run], secs: u64) {
     let per_req = |r: &Run| r.cpu_s / r.requests as f64 * 1e6;
     let p99 = |r: &Run| r.p99_us.unwrap_or(f64::NAN);
     let a: Vec<f64> = ra.iter().map(per_req).collect();

@@ -127,8 +127,12 @@ pub fn run(sc: &Scenario, opts: &Opts, tools: &Tools, dir: &Path) -> ScenarioRes
     let mut targets: Vec<Option<Target>> = Vec::new();
     for &peer in &peers {
         eprintln!("[{}] starting {}", sc.name, peer.name());
-        let env = (dir, tls);
-        let started = start_target(sc, peer, &loads, opts, tools, env, backend.as_ref());
+        let fixture = Fixture {
+            dir,
+            tls,
+            backend: backend.as_ref(),
+        };
+        let started = start_target(sc, peer, &loads, opts, tools, &fixture);
         targets.push(match started {
             Ok((t, note)) => {
                 result.notes.extend(note);
@@ -251,6 +255,16 @@ struct Target {
     child: Child,
 }
 
+/// What every peer of one scenario runs against, started once for all of them.
+struct Fixture<'a> {
+    /// The scenario's working directory (configs, logs).
+    dir: &'a Path,
+    /// The certificate every peer serves, in a TLS scenario.
+    tls: Option<&'a TlsFiles>,
+    /// The backend the peers forward to, if the scenario has one.
+    backend: Option<&'a backend::Running>,
+}
+
 /// Starts `peer` on the proxy CPU, checks its answer and warms it up at the heaviest load.
 /// Also returns a note on what the check found, if anything.
 fn start_target(
@@ -259,9 +273,9 @@ fn start_target(
     loads: &[Load],
     opts: &Opts,
     tools: &Tools,
-    (dir, tls): (&Path, Option<&TlsFiles>),
-    backend: Option<&backend::Running>,
+    fixture: &Fixture,
 ) -> Result<(Target, Option<String>)> {
+    let Fixture { dir, tls, backend } = *fixture;
     let backends: Vec<SocketAddr> = backend.map(|b| b.addrs.clone()).unwrap_or_default();
     // Pools are sized by requests in flight: h2 c=32 m=16 keeps 512 upstream requests
     // going, which an idle pool sized for 32 connections (128) closes and reopens.
@@ -310,7 +324,7 @@ fn start_target(
     };
     let heaviest = loads.iter().max_by_key(|l| l.conns()).copied();
     if let (Some(w), true) = (heaviest, opts.warmup > 0) {
-        load::run(&w, tools, (t.addr, sc.tls), sc.path, opts.warmup)?;
+        load::run(&w, tools, t.addr, sc.tls, sc.path, opts.warmup)?;
     }
     Ok((t, note))
 }
@@ -419,7 +433,7 @@ fn measure(
     let sleeps_a = procfs::group_sleeps(pgid);
     let be_a = backend_pgid.map(procfs::group_cpu_secs);
     let t0 = Instant::now();
-    let (out, gen_cpu) = load::run(l, tools, (t.addr, sc.tls), sc.path, opts.secs)?;
+    let (out, gen_cpu) = load::run(l, tools, t.addr, sc.tls, sc.path, opts.secs)?;
     let wall = t0.elapsed().as_secs_f64().max(1e-9);
     let sut_cpu = procfs::group_cpu_secs(pgid) - sut_a;
     let sleeps = procfs::group_sleeps(pgid).saturating_sub(sleeps_a);

@@ -256,6 +256,16 @@ fn check_unique_name(
     }
 }
 
+/// What kind of listener a setting belongs to, which decides what `bind`, `http_bind`
+/// and `http3` may say.
+#[derive(Debug, Clone, Copy)]
+struct ListenerKind {
+    /// It has `[listeners.tls]`.
+    tls: bool,
+    /// It is a `protocol = "tcp"` listener (a byte relay), not an HTTP one.
+    tcp: bool,
+}
+
 /// One listener, and its addresses with the keys they were written at; `https_port` is
 /// where `redirect_https` sends to unless the listener says otherwise.
 fn listener(
@@ -269,8 +279,11 @@ fn listener(
     let protocol = tcp::protocol(&mut raw, path, upstreams)?;
     let policy = policy::listener_policy(&mut raw, path)?;
     let tcp = matches!(protocol, Protocol::Tcp(_));
-    let with_tls = (raw.tls.is_some(), tcp);
-    let binds = binds::binds(raw.bind.take(), raw.http_bind.take(), with_tls, path)?;
+    let kind = ListenerKind {
+        tls: raw.tls.is_some(),
+        tcp,
+    };
+    let binds = binds::binds(raw.bind.take(), raw.http_bind.take(), kind, path)?;
     let redirect_https = binds::redirect_https(&raw, &binds, path, https_port)?;
     // A TCP listener may carry a protocol where the server speaks first (SMTP, MySQL):
     // deferring its accept would stall it, so there it is opt-in.
@@ -316,7 +329,8 @@ fn listener(
         tunnel_idle_timeout,
         tunnel_fin_timeout: fin_bound(
             raw.tunnel_fin_timeout,
-            (tunnel_idle_timeout, "tunnel_idle_timeout"),
+            tunnel_idle_timeout,
+            "tunnel_idle_timeout",
             &key("tunnel_fin_timeout"),
         )?,
         tunnel_min_progress: min_progress(raw.tunnel_min_progress, &key("tunnel_min_progress"))?,
@@ -330,7 +344,7 @@ fn listener(
         routes: routes(raw.routes, &key("routes"), upstreams, &normalization)?,
         path_normalization: normalization,
         http2: http2::http2(raw.http2, &key("http2"))?,
-        http3: http3::http3(raw.http3, with_tls, &key("http3"))?,
+        http3: http3::http3(raw.http3, kind, &key("http3"))?,
         policy,
     })
     .and_then(|l| policy::check_listener(l, path))
@@ -983,7 +997,8 @@ fn min_progress(raw: Option<StrOrInt>, path: &FieldPath) -> Result<u64, Issue> {
 /// bound, which is surely a mistake, so it is refused rather than clamped).
 fn fin_bound(
     raw: Option<String>,
-    (idle, idle_key): (Duration, &str),
+    idle: Duration,
+    idle_key: &str,
     path: &FieldPath,
 ) -> Result<Duration, Issue> {
     let Some(text) = raw else {

@@ -100,8 +100,8 @@ pub async fn connect_limited(
     if let Some(max) = limits.max_field_section_size {
         builder.max_field_section_size(max);
     }
-    let built = builder.build(h3_conn).await;
-    driven(built.expect("HTTP/3 connection"), connection, endpoint)
+    let (driver, send) = builder.build(h3_conn).await.expect("HTTP/3 connection");
+    driven(driver, send, connection, endpoint)
 }
 
 /// [`connect`] trusting `ca`; panics when it cannot (for tests).
@@ -154,16 +154,14 @@ async fn over(
     endpoint: quinn::Endpoint,
 ) -> Result<H3Client, String> {
     let h3_conn = h3_quinn::Connection::new(connection.clone());
-    let built = h3::client::new(h3_conn).await.map_err(|e| e.to_string())?;
-    Ok(driven(built, connection, endpoint))
+    let (driver, send) = h3::client::new(h3_conn).await.map_err(|e| e.to_string())?;
+    Ok(driven(driver, send, connection, endpoint))
 }
 
 /// The client whose connection `driver` runs in a task of its own.
 fn driven(
-    (mut driver, send): (
-        h3::client::Connection<h3_quinn::Connection, Bytes>,
-        H3Sender,
-    ),
+    mut driver: h3::client::Connection<h3_quinn::Connection, Bytes>,
+    send: H3Sender,
     connection: quinn::Connection,
     endpoint: quinn::Endpoint,
 ) -> H3Client {

@@ -38,10 +38,18 @@ pub fn default_ca_storage() -> anyhow::Result<PathBuf> {
     Ok(dir)
 }
 
-pub fn run(
-    (port, tls_port, admin_port): (u16, u16, u16),
-    ca_storage: PathBuf,
-) -> anyhow::Result<()> {
+/// The demo's three loopback ports (0: any free one).
+#[derive(Clone, Copy, Debug)]
+pub struct Ports {
+    /// Plain HTTP.
+    pub http: u16,
+    /// HTTPS, from the internal CA.
+    pub https: u16,
+    /// The admin API.
+    pub admin: u16,
+}
+
+pub fn run(ports: Ports, ca_storage: PathBuf) -> anyhow::Result<()> {
     let signals = crate::run::Signals::install()?;
     let backends: Vec<Backend> = (1..=3)
         .map(|i| Backend::echo(&format!("echo-{i}")))
@@ -54,7 +62,7 @@ pub fn run(
         "[listeners.tls]\ninternal_ca = {{ storage = {:?} }}\n",
         ca_storage.display().to_string()
     );
-    let toml = demo_config((port, tls_port, admin_port), &tls, &servers.join(", "));
+    let toml = demo_config(ports, &tls, &servers.join(", "));
     let config = weir_config::parse_str(&toml, "demo.toml")?;
     let running = Running::start(config, None, toml.clone())?;
     let addrs = running.proxy.listener_addrs("demo");
@@ -90,7 +98,12 @@ pub fn run(
 /// The demo's config: one listener serving its routes over HTTPS and plain HTTP
 /// (`http_bind`, with `redirect_https = false` so both answer; `tls`: the
 /// `[listeners.tls]` table).
-fn demo_config((port, tls_port, admin_port): (u16, u16, u16), tls: &str, servers: &str) -> String {
+fn demo_config(ports: Ports, tls: &str, servers: &str) -> String {
+    let Ports {
+        http: port,
+        https: tls_port,
+        admin: admin_port,
+    } = ports;
     format!(
         r#"[server]
 workers = "auto"

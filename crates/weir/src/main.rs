@@ -117,7 +117,14 @@ fn main() -> std::process::ExitCode {
             admin_port,
             ca_storage,
         } => match ca_storage.map_or_else(demo::default_ca_storage, Ok) {
-            Ok(ca_storage) => demo::run((port, tls_port, admin_port), ca_storage),
+            Ok(ca_storage) => demo::run(
+                demo::Ports {
+                    http: port,
+                    https: tls_port,
+                    admin: admin_port,
+                },
+                ca_storage,
+            ),
             Err(e) => Err(e),
         },
         Command::Ctl(args) => ctl::run(args),

@@ -14,6 +14,7 @@
 
 use std::net::SocketAddr;
 
+use super::ListenerKind;
 use crate::error::{FieldPath, Issue};
 use crate::model::{Bind, Listener};
 use crate::raw::{RawListener, StrOrList};
@@ -33,12 +34,11 @@ pub(super) enum HttpBind {
     Written,
 }
 
-/// `bind` and `http_bind` of one listener (`tls`: it has `[listeners.tls]`; `tcp`: it is
-/// a `protocol = "tcp"` listener).
+/// `bind` and `http_bind` of one listener of kind `kind`.
 pub(super) fn binds(
     bind: Option<StrOrList>,
     http_bind: Option<StrOrList>,
-    (tls, tcp): (bool, bool),
+    kind: ListenerKind,
     path: &FieldPath,
 ) -> Result<Binds, Issue> {
     let fix = r#"write an IP address and a port, such as bind = "127.0.0.1:8080", or a list: ["0.0.0.0:443", "[::]:443"]"#;
@@ -51,14 +51,14 @@ pub(super) fn binds(
         match http_bind {
             None => HttpBind::Absent,
             Some(StrOrList::One(off)) if off.trim() == "off" => HttpBind::Off,
-            Some(_) if tcp => {
+            Some(_) if kind.tcp => {
                 return Err(Issue::new(
                     &http_path,
                     "http_bind is for HTTP listeners: a tcp listener relays bytes",
                     "remove http_bind, or give the address a listener of its own",
                 ))
             }
-            Some(_) if !tls => return Err(Issue::new(
+            Some(_) if !kind.tls => return Err(Issue::new(
                 &http_path,
                 "http_bind is the plain-HTTP address of a listener with tls, and this one has none",
                 "put the address in bind (bind = [\"...\", \"...\"] takes several)",

@@ -2,7 +2,7 @@
 //! setting with its default and a range quinn and RFC 9000 accept.
 
 use super::http2::bytes;
-use super::{duration, int_in};
+use super::{duration, int_in, ListenerKind};
 use crate::error::{FieldPath, Issue};
 use crate::model::{HeaderRule, HeaderRules, Http3, Listener, Template, TemplatePart};
 use crate::raw::{RawHttp3, Switch};
@@ -11,11 +11,10 @@ use crate::raw::{RawHttp3, Switch};
 /// gigabyte ahead per stream is already more than any client needs).
 const MAX_WINDOW: u64 = 1 << 30;
 
-/// `http3` of a listener; `(tls, tcp)`: whether it terminates TLS, whether it is a TCP
-/// listener.
+/// `http3` of a listener of kind `kind`.
 pub(super) fn http3(
     raw: Option<RawHttp3>,
-    (tls, tcp): (bool, bool),
+    kind: ListenerKind,
     path: &FieldPath,
 ) -> Result<Option<Http3>, Issue> {
     let table = match raw {
@@ -24,7 +23,7 @@ pub(super) fn http3(
         Some(Switch::Table(t)) if t.enabled == Some(false) => return Ok(None),
         Some(Switch::Table(t)) => t,
     };
-    if tcp || !tls {
+    if kind.tcp || !kind.tls {
         return Err(Issue::new(
             path,
             "http3 needs an HTTP listener with [listeners.tls] (QUIC always runs TLS 1.3)",

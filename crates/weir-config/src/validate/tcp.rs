@@ -74,7 +74,8 @@ fn tcp_settings(
         idle_timeout,
         fin_timeout: fin_bound(
             raw.fin_timeout.take(),
-            (idle_timeout, "idle_timeout"),
+            idle_timeout,
+            "idle_timeout",
             &path.key("fin_timeout"),
         )?,
         min_progress: min_progress(raw.min_progress.take(), &path.key("min_progress"))?,
