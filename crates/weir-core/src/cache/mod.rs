@@ -143,7 +143,7 @@ pub fn lookup(r: &Request<'_>, routed: &[u8], cache: &RouteCache, store: &Arc<St
                         store,
                         cache,
                     };
-                    if let Some(lookup) = while_revalidating(r, &probe, &entry, &lines, now) {
+                    if let Some(lookup) = probe.while_revalidating(r, &entry, &lines, now) {
                         return lookup;
                     }
                 }
@@ -229,49 +229,51 @@ fn may_wait(r: &Request<'_>) -> bool {
     !asks_any(r, &["cache-control", "pragma"])
 }
 
-/// The answer from the stale `entry` of `key` while it is revalidated in the background
-/// (`lines`: its conditional lines, empty when the client sent its own), if its body is
-/// at hand; the revalidation's fill when this request starts it (it fetches the key:
-/// [`Store::turn`]) and has no body.
-fn while_revalidating(
-    r: &Request<'_>,
-    probe: &Probe<'_>,
-    entry: &Arc<Entry>,
-    lines: &[u8],
-    now: SystemTime,
-) -> Option<Lookup> {
-    let Probe {
-        key,
-        parts,
-        store,
-        cache,
-    } = *probe;
-    let Ready::Now(body) = store.body_now(key, entry, false) else {
-        return None;
-    };
-    store.counts.stale.fetch_add(1, Relaxed);
-    let served = HitLabel::new(Served::WhileRevalidating, cache);
-    let reply =
-        Hit::whole(stale_head(entry, now), body.clone(), served).reply(&parts.headers, false);
-    let mut fill = Fill::new(key.to_vec(), parts.clone(), store, cache, None);
-    // The revalidation sends the request's head again without the client's conditions
-    // and range (`is_condition`): the entry's own validators make it conditional.
-    let lines = match lines.is_empty() {
-        true => validator_lines(&entry.headers),
-        false => lines.to_vec(),
-    };
-    fill.stale = Some(Stale {
-        entry: entry.clone(),
-        lines,
-        body: Some(body),
-    });
-    // ... and without a body.
-    if let BodyFraming::None | BodyFraming::Length(0) = r.req.framing {
-        fill.take_turn();
+impl Probe<'_> {
+    /// The answer from the stale `entry` of the probe's key while it is revalidated in
+    /// the background (`lines`: its conditional lines, empty when the client sent its
+    /// own), if its body is at hand; the revalidation's fill when this request starts it
+    /// (it fetches the key: [`Store::turn`]) and has no body.
+    fn while_revalidating(
+        &self,
+        r: &Request<'_>,
+        entry: &Arc<Entry>,
+        lines: &[u8],
+        now: SystemTime,
+    ) -> Option<Lookup> {
+        let Probe {
+            key,
+            parts,
+            store,
+            cache,
+        } = *self;
+        let Ready::Now(body) = store.body_now(key, entry, false) else {
+            return None;
+        };
+        store.counts.stale.fetch_add(1, Relaxed);
+        let served = HitLabel::new(Served::WhileRevalidating, cache);
+        let reply =
+            Hit::whole(stale_head(entry, now), body.clone(), served).reply(&parts.headers, false);
+        let mut fill = Fill::new(key.to_vec(), parts.clone(), store, cache, None);
+        // The revalidation sends the request's head again without the client's conditions
+        // and range (`is_condition`): the entry's own validators make it conditional.
+        let lines = match lines.is_empty() {
+            true => validator_lines(&entry.headers),
+            false => lines.to_vec(),
+        };
+        fill.stale = Some(Stale {
+            entry: entry.clone(),
+            lines,
+            body: Some(body),
+        });
+        // ... and without a body.
+        if let BodyFraming::None | BodyFraming::Length(0) = r.req.framing {
+            fill.take_turn();
+        }
+        // Counted when the revalidation starts (`Fill::count_revalidation`): it may not.
+        let fill = fill.leading.then(|| Box::new(fill));
+        Some(Lookup::Stale(Box::new(reply), fill))
     }
-    // Counted when the revalidation starts (`Fill::count_revalidation`): it may not.
-    let fill = fill.leading.then(|| Box::new(fill));
-    Some(Lookup::Stale(Box::new(reply), fill))
 }
 
 /// A stale `entry`'s head as it is sent: the stored one with its age at `now`

@@ -43,6 +43,12 @@ fn bound() -> u64 {
     })
 }
 
+/// Whether [`seal`] may succeed now: the kernel gives sealed memfds and fewer than the
+/// bound are held (a hint: another thread may take the last place meanwhile).
+pub fn may_seal() -> bool {
+    !UNAVAILABLE.load(Relaxed) && HELD.load(Relaxed) < bound()
+}
+
 /// `bytes` in a new sealed memfd, and its bytes mapped from it; fails past the bound,
 /// or when the kernel refuses (out of descriptors, memory or mappings).
 pub fn seal(bytes: &[u8]) -> io::Result<(Arc<Memfd>, Bytes)> {

@@ -308,8 +308,11 @@ impl Store {
     /// stall the worker's other connections. `release`: the fetch of `key` is over once
     /// it is stored ([`Store::release`]), so that waiting requests find it.
     pub fn put(self: &Arc<Self>, key: Vec<u8>, entry: Entry, release: bool) {
-        if self.disk.is_none() && !self.to_seal(&entry) {
-            self.keep(&key, entry, release);
+        // A copy with no release to follow it (a stale entry refreshed in place) is made
+        // here: the fetch's end lets the waiting requests look as soon as this returns,
+        // and they must find the new entry.
+        if self.disk.is_none() && !(release && self.to_seal(&entry)) {
+            self.keep(&key, self.sealed(entry), release);
             return;
         }
         let store = self.clone();
@@ -337,13 +340,14 @@ impl Store {
         }
     }
 
-    /// Whether `entry`'s body goes into a sealed memfd: in memory and at least
-    /// `sendfile_min_size` long.
+    /// Whether `entry`'s body goes into a sealed memfd: in memory, at least
+    /// `sendfile_min_size` long, and the kernel and the bound allow one.
     fn to_seal(&self, entry: &Entry) -> bool {
         let Body::Memory(bytes) = &entry.body else {
             return false;
         };
-        !bytes.is_empty() && bytes.len() as u64 >= self.sendfile_min_size.load(Relaxed)
+        let long = !bytes.is_empty() && bytes.len() as u64 >= self.sendfile_min_size.load(Relaxed);
+        long && sealed::may_seal()
     }
 
     /// `entry` (of a memory store) with its body in a sealed memfd if it is to be
