@@ -48,6 +48,25 @@ pub(super) struct Conn {
 }
 
 impl Conn {
+    /// What a stream of this connection needs of it (and of the listener at `listener`
+    /// in `snapshot`) for its exchange and its log.
+    pub(super) fn stream_conn<'a>(
+        &'a self,
+        snapshot: &'a crate::snapshot::Snapshot,
+        listener: usize,
+    ) -> crate::http2::stream_log::StreamConn<'a> {
+        crate::http2::stream_log::StreamConn {
+            worker: &self.worker,
+            snapshot,
+            listener,
+            slot: self.slot,
+            peer_ip: self.peer_ip,
+            ip: &self.ip,
+            tls: Some(&self.tls),
+            protocol: crate::metrics::shard::Protocol::Http3,
+        }
+    }
+
     /// The QUIC connection (its close ends every stream's wait: `upstream`).
     pub fn quic(&self) -> &quinn::Connection {
         &self.quic
@@ -241,7 +260,15 @@ async fn request(
     };
     let (send, recv) = stream.split();
     let send = super::send::SendHalf::new(send);
-    super::stream::serve(conn, (request, send, recv)).await;
+    super::stream::serve(
+        conn,
+        super::stream::Resolved {
+            request,
+            send,
+            recv,
+        },
+    )
+    .await;
 }
 
 /// HTTP/3's NO_ERROR code, closing a connection on purpose (RFC 9114 8.1).

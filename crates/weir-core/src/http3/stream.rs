@@ -36,10 +36,19 @@ use crate::router::RoutedPath;
 use crate::tls::early_data;
 
 /// The request a stream resolved to, and the stream's two halves.
-pub(super) type Resolved = (http::Request<()>, SendHalf, RecvHalf);
+pub(super) struct Resolved {
+    pub request: http::Request<()>,
+    pub send: SendHalf,
+    pub recv: RecvHalf,
+}
 
 /// Serves one request stream of the connection `conn`.
-pub(super) async fn serve(conn: Rc<Conn>, (request, mut send, mut recv): Resolved) {
+pub(super) async fn serve(conn: Rc<Conn>, resolved: Resolved) {
+    let Resolved {
+        request,
+        mut send,
+        mut recv,
+    } = resolved;
     let started = Instant::now();
     let worker = &*conn.worker;
     let snapshot = worker.snapshot();
@@ -75,16 +84,7 @@ pub(super) async fn serve(conn: Rc<Conn>, (request, mut send, mut recv): Resolve
     log.trace.grpc = facts.grpc;
     let max_headers = listener.max_headers;
     let filled = fill_written(&buf, line.method, line.target, max_headers, &mut req);
-    let at = StreamConn {
-        worker,
-        snapshot: &snapshot,
-        listener: index,
-        slot: conn.slot,
-        peer_ip: conn.peer_ip,
-        ip: &conn.ip,
-        tls: Some(&conn.tls),
-        protocol: Protocol::Http3,
-    };
+    let at = conn.stream_conn(&snapshot, index);
     let result = match filled {
         Ok(()) => {
             let body = (!ended).then_some(Body {
