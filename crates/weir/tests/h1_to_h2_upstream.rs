@@ -385,37 +385,6 @@ async fn websocket_upgrade_to_a_tls_h2_upstream_goes_over_http11() {
     );
 }
 
-/// An `h2` upstream whose servers speak only HTTP/2 refuse the HTTP/1.1 connection an
-/// upgrade needs (ALPN): the client gets 501, and the refusal is not counted against the
-/// server (else one such request would eject every server): the next request is served.
-#[tokio::test]
-async fn websocket_upgrade_to_an_h2_only_tls_server_is_501_and_ejects_nothing() {
-    let ca = TestCa::new("h2-only upstream CA");
-    let backend = H2Backend::tls(&TlsServer::h2(&ca.leaf(&["127.0.0.1"])));
-    let tls = format!("tls = {{ ca = \"{}\" }}", ca.cert_path.display());
-    let weir = Conf::new()
-        .route("all", "up", &[])
-        .upstream("up", &[backend.addr()], &["protocol = \"h2\"", &tls])
-        .start();
-    let mut client = weir.client().await;
-    let fields = [
-        ("Connection", "Upgrade"),
-        ("Upgrade", "websocket"),
-        ("Sec-WebSocket-Version", "13"),
-        ("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ=="),
-    ];
-    let resp = client
-        .request("GET", "/ws", &fields, b"")
-        .await
-        .expect("response");
-    assert_eq!(resp.status, 501);
-    // A new connection: the failed upgrade's may close.
-    let mut client = weir.client().await;
-    let resp = client.get("/after", "t").await.expect("response");
-    assert_eq!(resp.status, 200, "the server was not ejected");
-    assert_eq!(backend.streams(), 1);
-}
-
 /// Weir answers `Expect: 100-continue` itself once a server took the stream: a request no
 /// server takes gets its error alone.
 #[tokio::test]

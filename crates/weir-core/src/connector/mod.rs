@@ -63,15 +63,7 @@ pub async fn handshake(
 ) -> Result<UpstreamStream, ProxyError> {
     tls.handshake(server, tcp, deadline)
         .await
-        .map_err(|e| match e {
-            // An HTTP/2-only server asked for HTTP/1.1 (a WebSocket toward an `h2`
-            // upstream): the request is one the server cannot take, not a failure of the
-            // server; counted against it, one such request would eject every server.
-            tls::HandshakeError::Failed(tls::NO_COMMON_PROTOCOL) => {
-                ProxyError::NotImplemented("a server that does not speak HTTP/1.1 (ALPN)")
-            }
-            e => handshake_failed(upstream, server, tls, e),
-        })
+        .map_err(|e| handshake_failed(upstream, server, tls, e))
 }
 
 /// The error for a failed handshake, logged once (upstream, server, name, reason).

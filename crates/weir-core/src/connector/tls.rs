@@ -243,10 +243,6 @@ impl TlsUpstream {
     }
 }
 
-/// Why a handshake failed when the server accepts none of the protocols offered by ALPN
-/// (an HTTP/2-only server asked for `http/1.1`).
-pub const NO_COMMON_PROTOCOL: &str = "the server accepts none of the protocols offered (ALPN)";
-
 /// How a handshake failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum HandshakeError {
@@ -337,7 +333,6 @@ fn reason(e: &std::io::Error) -> &'static str {
         ) => "the server rejected the client certificate",
         TlsError::AlertReceived(AlertDescription::HandshakeFailure)
         | TlsError::PeerIncompatible(_) => "no TLS version or cipher suite in common",
-        TlsError::AlertReceived(AlertDescription::NoApplicationProtocol) => NO_COMMON_PROTOCOL,
         TlsError::AlertReceived(_) => "the server sent a TLS alert",
         TlsError::NoCertificatesPresented => "the server presented no certificate",
         TlsError::InvalidMessage(_) | TlsError::PeerMisbehaved(_) => {
