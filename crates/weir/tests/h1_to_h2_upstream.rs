@@ -352,12 +352,12 @@ async fn websocket_upgrade_to_an_h2_only_upstream_is_refused_with_501() {
     );
 }
 
-/// An `h2` upstream over TLS takes an upgrade as an HTTP/2 client's WebSocket reaches it:
-/// an HTTP/1.1 Upgrade on a connection of its own, made with ALPN `http/1.1`, not a 501.
-/// (The test server is an HTTP/1.1 echo that declines the upgrade with a 200, which an
-/// HTTP/1.1 client gets as it came.)
+/// An `h2` upstream over TLS is declared HTTP/2-only: an upgrade gets 501 and no
+/// connection is made, even to a server that would speak HTTP/1.1 (here an HTTP/1.1
+/// echo): trying HTTP/1.1 on an h2-only server would count its refusal as the server's
+/// failure, and anyone could eject the pool's servers that way.
 #[tokio::test]
-async fn websocket_upgrade_to_a_tls_h2_upstream_goes_over_http11() {
+async fn websocket_upgrade_to_a_tls_h2_upstream_is_501_and_reaches_no_server() {
     let ca = TestCa::new("ws upstream CA");
     let leaf = ca.leaf(&["127.0.0.1"]);
     let backend = weir_testkit::Backend::echo_tls("h1", &TlsServer::new(&leaf));
@@ -377,11 +377,11 @@ async fn websocket_upgrade_to_a_tls_h2_upstream_goes_over_http11() {
         .request("GET", "/ws", &fields, b"")
         .await
         .expect("response");
-    assert_eq!(resp.status, 200, "the server's own answer, not a 501");
+    assert_eq!(resp.status, 501);
     assert_eq!(
-        backend.requests_served(),
-        1,
-        "the upgrade reached the server"
+        backend.connections_accepted(),
+        0,
+        "nothing reached the server"
     );
 }
 

@@ -291,19 +291,24 @@ async fn refusals_keep_their_fields_and_body_and_a_2xx_is_a_502() {
     );
 }
 
-/// An upstream that may speak HTTP/2 (`auto` or `h2` over TLS) still gets the WebSocket
-/// as an HTTP/1.1 Upgrade (on a connection made with ALPN `http/1.1`); only an `h2c`
-/// upstream, which speaks nothing else, refuses it with 501. (The test server is an
-/// HTTP/1.1 echo: its 200 is no switch, so the client gets 502, after the request went
-/// upstream.)
+/// An `auto` upstream (over TLS: it may speak HTTP/2) still gets the WebSocket as an
+/// HTTP/1.1 Upgrade (on a connection made with ALPN `http/1.1`); the HTTP/2-only ones
+/// (`h2`, `h2c`) refuse it with 501 without reaching a server: trying HTTP/1.1 on an
+/// h2-only server would count its refusal as the server's failure, and anyone could eject
+/// the pool's servers that way. (The test server is an HTTP/1.1 echo: its 200 is no
+/// switch, so the client gets 502, after the request went upstream.)
 #[tokio::test]
-async fn websockets_to_upstreams_that_may_speak_h2_go_over_http1() {
+async fn websockets_go_over_http1_to_auto_upstreams_and_not_to_http2_only_ones() {
     use weir_testkit::certs::TestCa;
     use weir_testkit::TlsServer;
     let ca = TestCa::new("ws upstream CA");
     let leaf = ca.leaf(&["127.0.0.1"]);
     let tls = format!("tls = {{ ca = \"{}\" }}", ca.cert_path.display());
-    for protocol in ["auto", "h2"] {
+    let cases = [
+        ("auto", StatusCode::BAD_GATEWAY, 1),
+        ("h2", StatusCode::NOT_IMPLEMENTED, 0),
+    ];
+    for (protocol, status, served) in cases {
         let backend = Backend::echo_tls("h1", &TlsServer::new(&leaf));
         let keys = [format!("protocol = \"{protocol}\""), tls.clone()];
         let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
@@ -314,10 +319,10 @@ async fn websockets_to_upstreams_that_may_speak_h2_go_over_http1() {
         let mut client = connect(weir.addr).await;
         assert_eq!(
             status_of(&mut client, "/chat", "websocket").await,
-            StatusCode::BAD_GATEWAY,
+            status,
             "{protocol}"
         );
-        assert_eq!(backend.requests_served(), 1, "{protocol}");
+        assert_eq!(backend.requests_served(), served, "{protocol}");
     }
     let backend = Backend::echo("h2c");
     let weir = common::Conf::new()

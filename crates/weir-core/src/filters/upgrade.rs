@@ -51,13 +51,6 @@ pub fn push_offer(out: &mut Vec<u8>, buf: &[u8], req: &RequestHead, allowed: &[S
     Offered(offered)
 }
 
-/// Whether [`push_offer`] would offer any protocol of `req` (parsed from `buf`).
-pub fn offers(buf: &[u8], req: &RequestHead, allowed: &[String]) -> bool {
-    req.upgrade
-        && req.minor_version != 0
-        && protocols(&req.headers, buf).any(|token| allowed_index(allowed, token).is_some())
-}
-
 /// Whether a 101 with `headers` (parsed from `buf`) switches to protocols that were all
 /// offered: its `Upgrade` names at least one protocol, and only offered ones (RFC 9110 7.8:
 /// a server must not switch to a protocol the client did not ask for).

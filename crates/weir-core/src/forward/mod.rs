@@ -42,7 +42,8 @@ pub(crate) enum Carrier {
 /// | `"auto"` over TLS | HTTP/1.1 connection (ALPN `http/1.1`) | HTTP/2 stream, or an HTTP/1.1 connection when the server's ALPN chose `http/1.1` |
 /// | `"auto"` cleartext | HTTP/1.1 connection | HTTP/1.1 connection |
 ///
-/// An RFC 8441 WebSocket (extended CONNECT) always takes an HTTP/1.1 connection. An HTTP/3
+/// An upgrade (an HTTP/1.1 `Upgrade`, an RFC 8441 extended CONNECT) takes an HTTP/1.1
+/// connection where [`tunnels_to`] allows, and is refused with 501 elsewhere. An HTTP/3
 /// client's request takes an HTTP/1.1 connection for `"http1"` and `"auto"`, and an HTTP/2
 /// stream for `"h2"`, `"h2c"` (`http3::upstream`).
 pub(crate) fn carrier(client: Protocol, upstream: &Upstream) -> Carrier {
@@ -56,11 +57,15 @@ pub(crate) fn carrier(client: Protocol, upstream: &Upstream) -> Carrier {
 
 /// Whether an upgrade (a WebSocket: an HTTP/1.1 `Upgrade`, or an HTTP/2 client's extended
 /// CONNECT) can reach `upstream`. It is carried as an HTTP/1.1 Upgrade on a connection of
-/// its own, made with ALPN `http/1.1` over TLS, whatever [`carrier`] says for the other
-/// requests: `http1`, `auto` and TLS `h2` upstreams take it; an `h2c` upstream, which
-/// speaks nothing but HTTP/2, cannot.
+/// its own, made with ALPN `http/1.1` over TLS, so only upstreams whose servers speak
+/// HTTP/1.1 take it: `http1`, and `auto` (whose HTTP/1.x clients' requests go over
+/// HTTP/1.1 already). An `h2` or `h2c` upstream is declared HTTP/2-only: an upgrade there
+/// gets 501 without reaching a server. Trying HTTP/1.1 on such a server anyway would let
+/// anyone eject the pool's servers: its refusal (an ALPN alert, a closed connection, or
+/// HTTP/2 frames) would count as the server's failure.
 pub(crate) fn tunnels_to(upstream: &Upstream) -> bool {
-    upstream.protocol != weir_config::UpstreamProtocol::H2c
+    use weir_config::UpstreamProtocol::*;
+    matches!(upstream.protocol, Http1 | Auto)
 }
 
 /// How long a body's relay waits on each side: for the client (its next bytes, or room

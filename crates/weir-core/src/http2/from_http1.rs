@@ -6,9 +6,8 @@
 //! HTTP/2 fields (`forward::h2::h1_head_to_h2`); the body goes as DATA under the
 //! upstream's flow control (`forward::h2::request_body`); the response head is written as
 //! HTTP/1.1 (`forward::head::write_from_h2`) and its body relayed by the one relay.
-//! Upgrades (WebSocket) do not come here for an upstream that takes them over HTTP/1.1
-//! (`forward::tunnels_to`, decided in `proxy::forward`); toward an `h2c` upstream they are
-//! refused with 501.
+//! Upgrades (WebSocket) cannot be carried to an HTTP/2-only upstream (`h2`, `h2c`:
+//! `forward::tunnels_to`): they are refused with 501.
 
 use std::cell::Cell;
 use std::future::Future;

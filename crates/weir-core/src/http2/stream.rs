@@ -307,7 +307,7 @@ async fn tunnel(
         return refuse("websocket is not among the route's upgrades");
     }
     if !crate::forward::tunnels_to(r.target.upstream) {
-        return refuse("WebSocket to an h2c-only upstream");
+        return refuse("WebSocket to an HTTP/2-only upstream");
     }
     let Some(body) = body else {
         return Err(ProxyError::BadRequest("extended CONNECT that ends the stream").into());

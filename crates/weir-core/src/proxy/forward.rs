@@ -33,10 +33,9 @@ pub(crate) async fn forward(
 ) -> Result<bool, Failure> {
     // Shared with `conn` (its head writers read the attempt's span from it).
     let trace = conn.trace.clone();
-    let over_http1 = match carrier(Protocol::Http1, target.upstream) {
-        Carrier::Http1 => true,
-        Carrier::Http2 => tunnel(target, conn.buf.filled(), req),
-    };
+    // An upgrade toward an HTTP/2-only upstream goes to the HTTP/2 sender too, which
+    // refuses it with 501 (`forward::tunnels_to`).
+    let over_http1 = carrier(Protocol::Http1, target.upstream) == Carrier::Http1;
     // What the HTTP/1.1 side's tries share, made before the client is borrowed for them;
     // the HTTP/2 sender makes its own (`drive_h2`), so the request's balancing key is
     // read (hashed, for `consistent_hash`) once either way.
@@ -60,15 +59,6 @@ pub(crate) async fn forward(
             .await
         }
     }
-}
-
-/// Whether the request is an upgrade the route lets through to an upstream that takes it
-/// over HTTP/1.1 ([`crate::forward::tunnels_to`]): then it goes over an HTTP/1.1
-/// connection even to an `h2` upstream, as an HTTP/2 client's WebSocket does.
-fn tunnel(target: &Target<'_>, buf: &[u8], req: &RequestHead) -> bool {
-    req.upgrade
-        && crate::forward::tunnels_to(target.upstream)
-        && crate::filters::upgrade::offers(buf, req, &target.route.upgrades)
 }
 
 /// [`forward`] for a route cache's miss (`fill`): answered by the entry another request
