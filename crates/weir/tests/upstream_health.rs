@@ -174,3 +174,19 @@ fn grpc_check_of_an_unknown_service_marks_the_server_down() {
     assert!(wait_until(WAIT, || !weir.server_up(0)), "NOT_FOUND: down");
     assert!(grpc.health_checks() >= 1);
 }
+
+/// `kind = "http"` checks of an h2c upstream are HTTP/2 requests (its servers need speak
+/// nothing else): a server answering 200 stays up, one answering 503 is marked down.
+#[test]
+fn http_check_of_an_h2c_upstream_speaks_http2() {
+    let good = weir_testkit::H2Backend::h2c();
+    let failing = weir_testkit::H2Backend::fixed(503, &[], "down");
+    let weir = Weir::start(&format!(
+        "[upstreams.app]\nprotocol = \"h2c\"\n{}{}",
+        servers(&[(good.addr(), ""), (failing.addr(), "")]),
+        checks("http", 1, 1)
+    ));
+    assert!(wait_until(WAIT, || !weir.server_up(1)), "503: down");
+    assert!(wait_until(WAIT, || good.streams() >= 2), "checks reach it");
+    assert!(weir.server_up(0), "200 over HTTP/2: up");
+}

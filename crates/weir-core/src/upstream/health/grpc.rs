@@ -99,10 +99,21 @@ pub async fn check<T>(io: T, scheme: &str, authority: &str, service: &str) -> Re
 where
     T: AsyncRead + AsyncWrite + Unpin,
 {
+    over_h2(io, |client| call(client, scheme, authority, service)).await
+}
+
+/// Runs `call` on an HTTP/2 connection made on `io` (a connected transport): the HTTP/2
+/// side of every check (gRPC's, and HTTP checks of `h2` / `h2c` upstreams).
+pub async fn over_h2<T, R, F, Fut>(io: T, call: F) -> Result<R, String>
+where
+    T: AsyncRead + AsyncWrite + Unpin,
+    F: FnOnce(h2::client::SendRequest<Bytes>) -> Fut,
+    Fut: std::future::Future<Output = Result<R, String>>,
+{
     let (client, connection) = h2::client::handshake(io)
         .await
         .map_err(|e| format!("HTTP/2 handshake: {e}"))?;
-    let call = call(client, scheme, authority, service);
+    let call = call(client);
     // The connection is driven here, in the probe's own future: nothing outlives it.
     tokio::pin!(connection);
     tokio::select! {

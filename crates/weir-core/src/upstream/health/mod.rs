@@ -76,6 +76,10 @@ fn spawn_checks(shared: &Shared) -> JoinSet<()> {
                 state: state.clone(),
                 passive: plan.passive,
                 tls: plan.tls.clone(),
+                http2: matches!(
+                    upstream.protocol,
+                    weir_config::UpstreamProtocol::H2 | weir_config::UpstreamProtocol::H2c
+                ),
             }));
         }
     }
@@ -91,6 +95,8 @@ struct Target {
     passive: Passive,
     /// The upstream's TLS client: checks go over TLS too.
     tls: Option<Arc<TlsUpstream>>,
+    /// The upstream speaks HTTP/2 only: HTTP checks are HTTP/2 requests.
+    http2: bool,
 }
 
 async fn check_server(t: Target) {
@@ -100,7 +106,7 @@ async fn check_server(t: Target) {
     loop {
         tick.tick().await;
         let tls = t.tls.as_deref().map(|c| (c, &t.server));
-        let result = probe::probe(&t.check, t.server.addr, &t.server.name, tls).await;
+        let result = probe::probe(&t.check, t.server.addr, &t.server.name, tls, t.http2).await;
         t.state
             .record_check(result.as_ref().err().map(ToString::to_string));
         let Some(up) = counter.record(result.is_ok()) else {

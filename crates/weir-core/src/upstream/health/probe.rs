@@ -16,12 +16,14 @@ const MAX_STATUS_LINE: usize = 1024;
 
 /// Runs one check of `addr`; `host` is the `Host` header of an HTTP check. With `tls`
 /// (the upstream's TLS client and the server) the check goes over TLS, and a failed
-/// handshake fails it.
+/// handshake fails it. `http2`: the upstream speaks HTTP/2 only (`h2`, `h2c`), so an
+/// HTTP check is an HTTP/2 request, as a gRPC check always is.
 pub async fn probe(
     check: &HealthCheck,
     addr: SocketAddr,
     host: &str,
     tls: Option<(&TlsUpstream, &UpstreamServer)>,
+    http2: bool,
 ) -> Result<(), String> {
     let deadline = Instant::now() + check.timeout;
     let timed_out = || format!("no answer within {:?}", check.timeout);
@@ -30,11 +32,11 @@ pub async fn probe(
         Ok(Err(e)) => return Err(format!("connect: {e}")),
         Ok(Ok(s)) => s,
     };
-    let grpc = matches!(check.kind, HealthCheckKind::Grpc { .. });
+    let http2 = http2 || matches!(check.kind, HealthCheckKind::Grpc { .. });
     let mut stream = match tls {
         None => UpstreamStream::Plain(tcp),
-        // gRPC over TLS: HTTP/2 through ALPN h2, which the server must choose.
-        Some((client, server)) if grpc => {
+        // HTTP/2 over TLS: through ALPN h2, which the server must choose.
+        Some((client, server)) if http2 => {
             let (stream, h2) = client
                 .handshake_h2(server, tcp, deadline)
                 .await
@@ -63,11 +65,19 @@ pub async fn probe(
             expect_status,
         } => (path, expect_status),
     };
-    let request = format!(
-        "GET {path} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: weir-health-check\r\n\
-         Connection: close\r\n\r\n"
-    );
-    match timeout_at(deadline, exchange(&mut stream, request.as_bytes())).await {
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let asked = async move {
+        if http2 {
+            let uri = format!("{scheme}://{host}{path}");
+            return super::grpc::over_h2(stream, |client| h2_get(client, uri)).await;
+        }
+        let request = format!(
+            "GET {path} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: weir-health-check\r\n\
+             Connection: close\r\n\r\n"
+        );
+        exchange(&mut stream, request.as_bytes()).await
+    };
+    match timeout_at(deadline, asked).await {
         Err(_) => Err(timed_out()),
         Ok(Err(e)) => Err(e),
         Ok(Ok(status)) if expected(expect_status, status) => Ok(()),
@@ -100,6 +110,19 @@ async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
             Err(e) => return Err(format!("read: {e}")),
         }
     }
+}
+
+/// The status of `GET uri` over HTTP/2 (`client`); the body is not read.
+async fn h2_get(client: h2::client::SendRequest<bytes::Bytes>, uri: String) -> Result<u16, String> {
+    let h2_error = |e: h2::Error| format!("HTTP/2: {e}");
+    let request = http::Request::get(uri)
+        .header("user-agent", "weir-health-check")
+        .body(())
+        .map_err(|e| format!("request: {e}"))?;
+    let mut client = client.ready().await.map_err(h2_error)?;
+    let (response, _) = client.send_request(request, true).map_err(h2_error)?;
+    let head = response.await.map_err(h2_error)?;
+    Ok(head.status().as_u16())
 }
 
 /// The status code of an `HTTP/1.x NNN reason` line.
@@ -198,9 +221,12 @@ mod tests {
     #[tokio::test]
     async fn http_checks_the_status() {
         let ok = answer(b"HTTP/1.1 204 No Content\r\n\r\n").await;
-        assert_eq!(probe(&http(&[(200, 399)]), ok, "app:1", None).await, Ok(()));
+        assert_eq!(
+            probe(&http(&[(200, 399)]), ok, "app:1", None, false).await,
+            Ok(())
+        );
         let bad = answer(b"HTTP/1.1 503 Service Unavailable\r\n\r\n").await;
-        let err = probe(&http(&[(200, 299), (302, 302)]), bad, "app:1", None).await;
+        let err = probe(&http(&[(200, 299), (302, 302)]), bad, "app:1", None, false).await;
         assert_eq!(err, Err("status 503 not in 200-299,302".into()));
     }
 
@@ -212,9 +238,9 @@ mod tests {
             kind: HealthCheckKind::Tcp,
             ..http(&[])
         };
-        assert_eq!(probe(&tcp, addr, "x", None).await, Ok(()));
+        assert_eq!(probe(&tcp, addr, "x", None, false).await, Ok(()));
         drop(listener);
-        let err = probe(&tcp, addr, "x", None).await.unwrap_err();
+        let err = probe(&tcp, addr, "x", None, false).await.unwrap_err();
         assert!(err.starts_with("connect: "), "{err}");
     }
 }
