@@ -18,6 +18,20 @@ fn h2c(addr: std::net::SocketAddr) -> Weir {
         .start()
 }
 
+/// A WebSocket upgrade request on `client`, and its answer.
+async fn websocket_upgrade(client: &mut Client) -> weir_testkit::Response {
+    let fields = [
+        ("Connection", "Upgrade"),
+        ("Upgrade", "websocket"),
+        ("Sec-WebSocket-Version", "13"),
+        ("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ=="),
+    ];
+    client
+        .request("GET", "/ws", &fields, b"")
+        .await
+        .expect("response")
+}
+
 fn header<'a>(resp: &'a weir_testkit::Response, name: &str) -> &'a str {
     resp.header(name)
         .unwrap_or_else(|| panic!("no {name} in {:?}", resp.headers))
@@ -332,16 +346,7 @@ async fn websocket_upgrade_to_an_h2_only_upstream_is_refused_with_501() {
     let backend = H2Backend::h2c();
     let weir = h2c(backend.addr());
     let mut client = weir.client().await;
-    let fields = [
-        ("Connection", "Upgrade"),
-        ("Upgrade", "websocket"),
-        ("Sec-WebSocket-Version", "13"),
-        ("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ=="),
-    ];
-    let resp = client
-        .request("GET", "/ws", &fields, b"")
-        .await
-        .expect("response");
+    let resp = websocket_upgrade(&mut client).await;
     assert_eq!(resp.status, 501);
     assert_eq!(backend.streams(), 0, "nothing reached the server");
     // Not the server's answer: no try counted for it.
@@ -367,16 +372,7 @@ async fn websocket_upgrade_to_a_tls_h2_upstream_is_501_and_reaches_no_server() {
         .upstream("up", &[backend.addr()], &["protocol = \"h2\"", &tls])
         .start();
     let mut client = weir.client().await;
-    let fields = [
-        ("Connection", "Upgrade"),
-        ("Upgrade", "websocket"),
-        ("Sec-WebSocket-Version", "13"),
-        ("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ=="),
-    ];
-    let resp = client
-        .request("GET", "/ws", &fields, b"")
-        .await
-        .expect("response");
+    let resp = websocket_upgrade(&mut client).await;
     assert_eq!(resp.status, 501);
     assert_eq!(
         backend.connections_accepted(),
