@@ -947,6 +947,44 @@ async fn a_stale_disk_entry_is_revalidated_and_a_304_rewrites_its_head() {
     assert_eq!(up.heads().len(), 2);
 }
 
+/// Requests waiting for a stale disk entry's revalidation are let go once the `304`'s head
+/// is written: they find the entry fresh, and one conditional request goes upstream.
+#[tokio::test]
+async fn requests_waiting_for_a_disk_revalidation_find_the_refreshed_entry() {
+    let dir = DiskDir::new("refresh-collapse");
+    let gate = Gate::new(tokio::sync::Semaphore::new(1));
+    let up = Scripted::gated(etag_v1, Some(gate.clone())).await;
+    let weir = cached_in(up.addr, ", lock_timeout = \"30s\"", &dir.store()).start();
+    let mut c = weir.client().await;
+    assert_eq!(get(&mut c, "/r", &[]).await.body, b"version");
+    weir.wait_metric("weir_cache_stored_total{store=\"mem\"}", 1)
+        .await;
+    let mut clients = tokio::task::JoinSet::new();
+    for _ in 0..20 {
+        let addr = weir.addr;
+        clients.spawn(async move {
+            let mut c = Client::connect(addr).await.expect("connect");
+            let r = get(&mut c, "/r", &[]).await;
+            let cache_status = r.header("Cache-Status").map(str::to_owned);
+            (r.status, r.body, cache_status)
+        });
+    }
+    // Every request but the revalidating one waits for it, held at the upstream.
+    let waits = "weir_cache_collapsed_waits_total{store=\"mem\"}";
+    weir.wait_metric(waits, 19).await;
+    gate.add_permits(40);
+    let mut statuses = Vec::new();
+    while let Some(done) = clients.join_next().await {
+        let (status, body, cache_status) = done.unwrap();
+        assert_eq!((status, body.as_slice()), (200, &b"version"[..]));
+        statuses.push(cache_status.unwrap());
+    }
+    let count = |s: &str| statuses.iter().filter(|c| *c == s).count();
+    assert_eq!(count("weir; fwd=stale; fwd-status=304"), 1, "{statuses:?}");
+    assert_eq!(count("weir; hit; collapsed"), 19, "{statuses:?}");
+    assert_eq!(up.heads().len(), 2, "one conditional request upstream");
+}
+
 /// A reload that changes only a disk store's sizes keeps the store (its entries, its
 /// counts, one index of its directory) and applies them: a smaller `max_size` evicts at once.
 #[tokio::test]

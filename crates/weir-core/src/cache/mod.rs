@@ -35,6 +35,7 @@ mod sealed;
 pub mod stale;
 pub mod store;
 
+use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -271,7 +272,7 @@ impl Probe<'_> {
             fill.take_turn();
         }
         // Counted when the revalidation starts (`Fill::count_revalidation`): it may not.
-        let fill = fill.leading.then(|| Box::new(fill));
+        let fill = fill.leading.get().then(|| Box::new(fill));
         Some(Lookup::Stale(Box::new(reply), fill))
     }
 }
@@ -510,8 +511,10 @@ pub struct Fill {
     /// A stale entry the request revalidates.
     stale: Option<Stale>,
     /// This request fetches the key while others wait ([`Store::release`] when the fill
-    /// is dropped: refused or failed; or once its response is stored).
-    leading: bool,
+    /// is dropped: refused or failed; or once its response, or the head a `304` refreshed,
+    /// is stored: the release is handed to [`Store::put`] then). A `Cell`: the refresh
+    /// hands it over through `&self`.
+    leading: Cell<bool>,
     /// Another request fetches the key: wait for it (within `lock_timeout`) and look again.
     wait: Option<watch::Receiver<()>>,
     lock_timeout: Duration,
@@ -520,7 +523,7 @@ pub struct Fill {
 
 impl Drop for Fill {
     fn drop(&mut self) {
-        if self.leading {
+        if self.leading.get() {
             self.store.release(&self.key);
         }
     }
@@ -546,7 +549,7 @@ impl Fill {
             status_header: cache.status_header,
             load,
             stale: None,
-            leading: false,
+            leading: Cell::new(false),
             wait: None,
             lock_timeout: cache.lock_timeout,
             serve_stale_on: cache.serve_stale_on,
@@ -556,7 +559,7 @@ impl Fill {
     /// Fetches the key, or waits for the request that does.
     fn take_turn(&mut self) {
         match self.store.turn(&self.key) {
-            Turn::Lead => self.leading = true,
+            Turn::Lead => self.leading.set(true),
             Turn::Wait(rx) => self.wait = Some(rx),
         }
     }
@@ -715,7 +718,11 @@ impl Fill {
                 size: stale.entry.size,
                 checked: AtomicBool::new(true),
             };
-            self.store.put(self.key.clone(), entry, false);
+            // The waiting requests are let go once the store has the new head (a disk
+            // store: once its file is rewritten), so that they find it fresh instead of
+            // each going upstream.
+            let release = self.leading.replace(false);
+            self.store.put(self.key.clone(), entry, release);
         }
         Some(self.reply(Hit::whole(parts, body, self.served(Served::Refreshed))))
     }
@@ -929,7 +936,7 @@ impl Recorder {
         };
         // A disk store has the entry once its file is written: the requests waiting for
         // this fetch are let go then, so that they find it.
-        let release = std::mem::take(&mut self.fill.leading);
+        let release = self.fill.leading.replace(false);
         store.put(std::mem::take(&mut self.fill.key), entry, release);
     }
 }

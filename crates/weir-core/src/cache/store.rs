@@ -177,6 +177,22 @@ pub struct Store {
     loading: AtomicBool,
 }
 
+/// A [`Store::put`] on the blocking pool: releases the fetch of `key` (if `release`) when
+/// dropped.
+struct Putting {
+    store: Arc<Store>,
+    key: Vec<u8>,
+    release: bool,
+}
+
+impl Drop for Putting {
+    fn drop(&mut self) {
+        if self.release {
+            self.store.release(&self.key);
+        }
+    }
+}
+
 /// Who fetches a key that has no fresh entry.
 pub enum Turn {
     /// This request: the others wait for it until [`Store::release`].
@@ -315,15 +331,19 @@ impl Store {
             self.keep(&key, self.sealed(entry), release);
             return;
         }
-        let store = self.clone();
-        let job = move || match store.disk.is_some() {
-            true => {
-                store.write(&key, entry);
-                if release {
-                    store.release(&key);
-                }
+        // The release is the guard's drop, after the job (or if it panics, or is dropped
+        // unrun at shutdown): the waiting requests are never left until `lock_timeout`.
+        let putting = Putting {
+            store: self.clone(),
+            key,
+            release,
+        };
+        let job = move || {
+            let Putting { store, key, .. } = &putting;
+            match store.disk.is_some() {
+                true => store.write(key, entry),
+                false => store.keep(key, store.sealed(entry), false),
             }
-            false => store.keep(&key, store.sealed(entry), release),
         };
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => drop(runtime.spawn_blocking(job)),
