@@ -886,32 +886,46 @@ async fn concurrent_misses_of_a_disk_store_send_one_request_upstream() {
     collapse_200_misses(&dir.store()).await;
 }
 
+/// A response's status, body and `Cache-Status`.
+type Got = (u16, Vec<u8>, Option<String>);
+
+/// `n` clients each sending `GET path` at once, on a connection of its own.
+fn concurrent_gets(addr: SocketAddr, path: &'static str, n: usize) -> tokio::task::JoinSet<Got> {
+    let mut clients = tokio::task::JoinSet::new();
+    for _ in 0..n {
+        clients.spawn(async move {
+            let mut c = Client::connect(addr).await.expect("connect");
+            let r = get(&mut c, path, &[]).await;
+            let cache_status = r.header("Cache-Status").map(str::to_owned);
+            (r.status, r.body, cache_status)
+        });
+    }
+    clients
+}
+
+/// The `Cache-Status` of each of `clients`' responses, each a 200 with `body`.
+async fn cache_statuses(mut clients: tokio::task::JoinSet<Got>, body: &[u8]) -> Vec<String> {
+    let mut statuses = Vec::new();
+    while let Some(done) = clients.join_next().await {
+        let (status, got, cache_status) = done.unwrap();
+        assert_eq!((status, got.as_slice()), (200, body));
+        statuses.push(cache_status.unwrap());
+    }
+    statuses
+}
+
 /// 200 concurrent misses of one key, with the store `store`: one goes upstream.
 async fn collapse_200_misses(store: &str) {
     let gate = Gate::new(tokio::sync::Semaphore::new(0));
     let up = Scripted::gated(fresh_for_a_minute, Some(gate.clone())).await;
     let weir = cached_in(up.addr, "", store).start();
-    let mut clients = tokio::task::JoinSet::new();
-    for _ in 0..200 {
-        let addr = weir.addr;
-        clients.spawn(async move {
-            let mut c = Client::connect(addr).await.expect("connect");
-            let r = get(&mut c, "/hot", &[]).await;
-            let cache_status = r.header("Cache-Status").map(str::to_owned);
-            (r.status, r.body, cache_status)
-        });
-    }
+    let clients = concurrent_gets(weir.addr, "/hot", 200);
     // Every miss but the first waits for the first's fetch, held at the upstream.
     let waits = "weir_cache_collapsed_waits_total{store=\"mem\"}";
     weir.wait_metric(waits, 199).await;
     assert_eq!(up.heads().len(), 1);
     gate.add_permits(200);
-    let mut statuses = Vec::new();
-    while let Some(done) = clients.join_next().await {
-        let (status, body, cache_status) = done.unwrap();
-        assert_eq!((status, body.as_slice()), (200, &b"hot"[..]));
-        statuses.push(cache_status.unwrap());
-    }
+    let statuses = cache_statuses(clients, b"hot").await;
     let count = |s: &str| statuses.iter().filter(|c| *c == s).count();
     assert_eq!(count("weir; fwd=uri-miss"), 1);
     assert_eq!(count("weir; hit; collapsed"), 199);
@@ -959,26 +973,12 @@ async fn requests_waiting_for_a_disk_revalidation_find_the_refreshed_entry() {
     assert_eq!(get(&mut c, "/r", &[]).await.body, b"version");
     weir.wait_metric("weir_cache_stored_total{store=\"mem\"}", 1)
         .await;
-    let mut clients = tokio::task::JoinSet::new();
-    for _ in 0..20 {
-        let addr = weir.addr;
-        clients.spawn(async move {
-            let mut c = Client::connect(addr).await.expect("connect");
-            let r = get(&mut c, "/r", &[]).await;
-            let cache_status = r.header("Cache-Status").map(str::to_owned);
-            (r.status, r.body, cache_status)
-        });
-    }
+    let clients = concurrent_gets(weir.addr, "/r", 20);
     // Every request but the revalidating one waits for it, held at the upstream.
     let waits = "weir_cache_collapsed_waits_total{store=\"mem\"}";
     weir.wait_metric(waits, 19).await;
     gate.add_permits(40);
-    let mut statuses = Vec::new();
-    while let Some(done) = clients.join_next().await {
-        let (status, body, cache_status) = done.unwrap();
-        assert_eq!((status, body.as_slice()), (200, &b"version"[..]));
-        statuses.push(cache_status.unwrap());
-    }
+    let statuses = cache_statuses(clients, b"version").await;
     let count = |s: &str| statuses.iter().filter(|c| *c == s).count();
     assert_eq!(count("weir; fwd=stale; fwd-status=304"), 1, "{statuses:?}");
     assert_eq!(count("weir; hit; collapsed"), 19, "{statuses:?}");
