@@ -961,16 +961,28 @@ async fn a_stale_disk_entry_is_revalidated_and_a_304_rewrites_its_head() {
     assert_eq!(up.heads().len(), 2);
 }
 
+/// [`etag_v1`] with a 2 MiB body: a disk store takes a while to rewrite its file.
+fn etag_v1_2mib(head: &str, _: usize) -> String {
+    if head.contains("If-None-Match: \"v1\"") {
+        return "HTTP/1.1 304 Not Modified\r\nETag: \"v1\"\r\nCache-Control: max-age=60\r\n\r\n"
+            .into();
+    }
+    let body = "v".repeat(2 << 20);
+    format!("HTTP/1.1 200 OK\r\nETag: \"v1\"\r\nCache-Control: max-age=0\r\nContent-Length: {}\r\n\r\n{body}", body.len())
+}
+
 /// Requests waiting for a stale disk entry's revalidation are let go once the `304`'s head
 /// is written: they find the entry fresh, and one conditional request goes upstream.
 #[tokio::test]
 async fn requests_waiting_for_a_disk_revalidation_find_the_refreshed_entry() {
     let dir = DiskDir::new("refresh-collapse");
     let gate = Gate::new(tokio::sync::Semaphore::new(1));
-    let up = Scripted::gated(etag_v1, Some(gate.clone())).await;
-    let weir = cached_in(up.addr, ", lock_timeout = \"30s\"", &dir.store()).start();
+    let up = Scripted::gated(etag_v1_2mib, Some(gate.clone())).await;
+    let store = format!("{}\nmax_object_size = \"4MiB\"", dir.store());
+    let weir = cached_in(up.addr, ", lock_timeout = \"30s\"", &store).start();
     let mut c = weir.client().await;
-    assert_eq!(get(&mut c, "/r", &[]).await.body, b"version");
+    let body = "v".repeat(2 << 20).into_bytes();
+    assert_eq!(get(&mut c, "/r", &[]).await.body, body);
     weir.wait_metric("weir_cache_stored_total{store=\"mem\"}", 1)
         .await;
     let clients = concurrent_gets(weir.addr, "/r", 20);
@@ -978,7 +990,7 @@ async fn requests_waiting_for_a_disk_revalidation_find_the_refreshed_entry() {
     let waits = "weir_cache_collapsed_waits_total{store=\"mem\"}";
     weir.wait_metric(waits, 19).await;
     gate.add_permits(40);
-    let statuses = cache_statuses(clients, b"version").await;
+    let statuses = cache_statuses(clients, &body).await;
     let count = |s: &str| statuses.iter().filter(|c| *c == s).count();
     assert_eq!(count("weir; fwd=stale; fwd-status=304"), 1, "{statuses:?}");
     assert_eq!(count("weir; hit; collapsed"), 19, "{statuses:?}");
