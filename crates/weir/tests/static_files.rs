@@ -195,6 +195,31 @@ async fn a_file_comes_with_its_type_validators_and_length() {
     );
 }
 
+/// A HEAD gets no body whatever the reply (a 404, the 301 to a directory's `/`, a listing,
+/// a 412): the next response on the connection is read as itself.
+#[tokio::test]
+async fn a_head_gets_no_body_whatever_the_reply() {
+    let site = Site::new("head");
+    let weir = serve(&site.root(), ", listing = true", &[]);
+    let mut c = weir.client().await;
+    let cases: [(&str, &[(&str, &str)], u16); 4] = [
+        ("/nope.txt", &[], 404),
+        ("/sub", &[], 301),
+        ("/empty/", &[], 200),
+        ("/a.txt", &[("If-Match", "\"other\"")], 412),
+    ];
+    for (path, headers, status) in cases {
+        let head = c.request("HEAD", path, headers, b"").await.expect("head");
+        assert_eq!((head.status, head.body.len()), (status, 0), "{path}");
+        let next = c.request("GET", "/a.txt", &[], b"").await.expect("get");
+        assert_eq!(
+            (next.status, next.body.as_slice()),
+            (200, &b"0123456789abcdefghij"[..]),
+            "the GET after HEAD {path}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn only_get_and_head_are_served() {
     let site = Site::new("methods");

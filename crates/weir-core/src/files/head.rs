@@ -93,7 +93,7 @@ impl FileServer {
             Verdict::PreconditionFailed => return Reply::status(412, b"", cfg),
             Verdict::Unsatisfiable => {
                 let line = format!("Content-Range: bytes */{}\r\n", v.len);
-                return Reply::status(416, line.as_bytes(), cfg).for_method(is_head);
+                return Reply::status(416, line.as_bytes(), cfg);
             }
         };
         let mut head = start(status);
@@ -136,7 +136,7 @@ impl FileServer {
                 Body::parts(Data::File(sent), vec![Part::Bytes(0, v.len)], Vec::new())
             }
         };
-        self.done(head, body).for_method(is_head)
+        self.done(head, body)
     }
 
     /// The head of the whole of `sent`'s 200 (`file`'s type; `coding`: a sibling's).

@@ -27,8 +27,17 @@ pub(super) enum Found {
 }
 
 impl FileServer {
-    /// What the files say about `r`, whose normalised target is `routed`.
+    /// What the files say about `r`, whose normalised target is `routed`. A reply to HEAD
+    /// has no body, whatever it is (a file, a listing, a redirect, an error): its length
+    /// stays in `Content-Length`, and the connection's next response is not mistaken.
     pub(crate) fn lookup(&self, worker: &Worker, r: &Request<'_>, routed: &[u8]) -> Lookup {
+        match self.look_up(worker, r, routed) {
+            Lookup::Reply(reply) => Lookup::Reply(reply.for_method(r.req.is_head)),
+            upstream => upstream,
+        }
+    }
+
+    fn look_up(&self, worker: &Worker, r: &Request<'_>, routed: &[u8]) -> Lookup {
         let cfg = &self.config;
         let method = &r.buf[r.req.method.clone()];
         if method != b"GET" && !r.req.is_head {
