@@ -22,6 +22,7 @@ use super::interim::{Bounds, ClientStream, Relayed};
 use super::respond::{head_from_http1, ResponseStream, Sinking};
 use super::scratch::ExchangeScratch;
 use super::send::{unless_reset, Stop};
+use super::websocket::handshake_answered;
 use crate::buffer::Buffer;
 use crate::cache::Fetched;
 use crate::codec::http1::{BodyFraming, ResponseHead};
@@ -187,6 +188,7 @@ impl StreamRequest<'_> {
                 resp: &mut *resp,
                 timer,
                 interim: &client,
+                websocket_key: None,
             };
             // Pinned where it is built: the future holds every await of the upstream
             // exchange (large), and `unless_reset` would otherwise move it into its own
@@ -431,7 +433,10 @@ fn stopped(stop: Stop, reached: Reached, trace: &mut Trace) -> Failure {
 /// Sends a stream's request over HTTP/1.1 connections, for HTTP/2 and HTTP/3 clients: the
 /// head written for each try's server, the body (if any) streamed from the client's
 /// stream (`body`: its DATA, [`H2Source`] or `http3::body::H3Source`, which count it and
-/// hold it to `max_body_size`), 1xx heads relayed to `interim`.
+/// hold it to `max_body_size`), 1xx heads relayed to `interim`. With a `websocket_key`,
+/// the head is an RFC 8441 tunnel's Upgrade request (`http2::websocket`): it goes on a new
+/// connection (which becomes the tunnel, never pooled again), its client waits for the
+/// 101 only, and the answer must be a WebSocket server's.
 pub(crate) struct StreamSender<'s, S, I> {
     pub r: &'s StreamRequest<'s>,
     pub x: &'s Exchange<'s>,
@@ -441,6 +446,7 @@ pub(crate) struct StreamSender<'s, S, I> {
     pub resp: &'s mut ResponseHead,
     pub timer: &'s mut LazyTimer,
     pub interim: I,
+    pub websocket_key: Option<&'s [u8]>,
 }
 
 impl<S: Source, I: Interim> Sender for StreamSender<'_, S, I> {
@@ -454,17 +460,21 @@ impl<S: Source, I: Interim> Sender for StreamSender<'_, S, I> {
     ) -> Result<(UpstreamStream, bool), Miss> {
         let (r, x) = (self.r, self.x);
         self.out.clear();
-        r.write_head(self.out, a.server);
+        let offered = r.write_head(self.out, a.server);
+        let (mut meta, mut a) = (r.meta(), *a);
+        if self.websocket_key.is_some() {
+            (meta.http10, meta.upgrade, a.fresh) = (true, offered, true);
+        }
         let mut rd = Reading {
             up_buf: self.up_buf,
             resp: self.resp,
             timer: self.timer,
-            meta: r.meta(),
+            meta,
             client_timeout: x.target.listener.client_timeout,
         };
         let sent = match self.body.as_mut() {
             None => (
-                send_whole(x, a, self.out, &[], &mut rd, &mut self.interim).await?,
+                send_whole(x, &a, self.out, &[], &mut rd, &mut self.interim).await?,
                 true,
             ),
             Some(body) => {
@@ -473,13 +483,17 @@ impl<S: Source, I: Interim> Sender for StreamSender<'_, S, I> {
                 let timeout = x.target.upstream.response_timeout;
                 let upload =
                     async |uw: &mut WriteHalf<'_>| upload(body, uw, head, chunked, timeout).await;
-                send_streaming(x, a, &mut rd, &mut self.interim, upload).await?
+                send_streaming(x, &a, &mut rd, &mut self.interim, upload).await?
             }
         };
-        // No upgrade was offered (the RFC 8441 bridge has its own exchange): a final 101
-        // is the server's error, and neither h2 nor h3 could send it.
-        if self.resp.status == 101 {
-            return Err(ProxyError::UpstreamMalformed("101 without an upgrade request").into());
+        match self.websocket_key {
+            Some(key) => handshake_answered(r, key, offered, self.resp, self.up_buf.filled())?,
+            // No upgrade was offered: a final 101 is the server's error, and neither h2
+            // nor h3 could send it.
+            None if self.resp.status == 101 => {
+                return Err(ProxyError::UpstreamMalformed("101 without an upgrade request").into())
+            }
+            None => {}
         }
         match tries.relays(self.resp.status, self.replayable(), self.responded()) {
             true => Ok(sent),

@@ -243,6 +243,7 @@ impl StreamRequest<'_> {
             resp: &mut *resp,
             timer,
             interim: NoInterim,
+            websocket_key: None,
         };
         let accepted = drive(&x, &mut sender, self.request.started, &mut last_try).await;
         let (sent, accepted) = accepted.map_err(|f| f.error)?.take();

@@ -21,17 +21,17 @@ use h2::server::SendResponse;
 use h2::{Reason, RecvStream, SendStream};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
-use super::exchange::{StreamRequest, Trace};
+use super::exchange::{StreamRequest, StreamSender, Trace};
 use super::respond::head_from_http1;
 use super::send::{send_data, unless_reset, Stop};
 use crate::buffer::Buffer;
 use crate::codec::http1::{HeaderSpan, ResponseHead};
 use crate::connector::UpstreamStream;
 use crate::error::ProxyError;
-use crate::filters::upgrade::switch_allowed;
-use crate::forward::driver::{drive, Attempt, Miss, Sender, Tries};
-use crate::forward::h1::Http1Response;
-use crate::forward::h1::{send_whole, NoInterim, Reading, RequestMeta};
+use crate::filters::upgrade::{switch_allowed, Offered};
+use crate::forward::driver::drive;
+use crate::forward::h1::{Http1Response, NoInterim};
+use crate::forward::relay::H2Source;
 use crate::forward::tunnel::limits;
 use crate::forward::Failure;
 use crate::idle::{Activity, Cut, End, Limits, Noted};
@@ -202,21 +202,26 @@ impl StreamRequest<'_> {
         trace: &mut Trace,
     ) -> Result<(UpstreamStream, bool), Failure> {
         let x = self.exchange_of();
-        let now = tokio::time::Instant::now();
-        let mut handshake = Handshake {
+        let mut out = Vec::with_capacity(self.request.buf.len() + 256);
+        // A tunnel is rare: a timer of its own.
+        let mut timer = LazyTimer::new(tokio::time::Instant::now());
+        let mut handshake = StreamSender {
             r: self,
-            key,
-            out: Vec::with_capacity(self.request.buf.len() + 256),
+            x: &x,
+            body: None::<H2Source<'_>>,
             up_buf,
+            out: &mut out,
             resp,
-            // A tunnel is rare: a timer of its own.
-            timer: LazyTimer::new(now),
+            timer: &mut timer,
+            // The client waits for the 101 (as 200) only: 1xx heads before it are dropped.
+            interim: NoInterim,
+            websocket_key: Some(key),
         };
         let started = std::time::Instant::now();
         let opened = drive(&x, &mut handshake, started, &mut trace.last_try).await;
-        let (sent, accepted) = opened?.take();
+        let ((stream, _), accepted) = opened?.take();
         accepted.count(Ok(handshake.resp.status));
-        Ok(sent)
+        Ok((stream, handshake.resp.status == 101))
     }
 
     /// The 200 to the client, with the end-to-end fields of the 101 (the subprotocol and
@@ -233,77 +238,35 @@ impl StreamRequest<'_> {
     }
 }
 
-/// Sends an extended CONNECT's HTTP/1.1 Upgrade request on a new connection (it becomes
-/// the tunnel, never pooled again) and reads the answer.
-struct Handshake<'s> {
-    r: &'s StreamRequest<'s>,
-    key: &'s [u8],
-    out: Vec<u8>,
-    up_buf: &'s mut Buffer,
-    resp: &'s mut ResponseHead,
-    timer: LazyTimer,
-}
-
-impl Sender for Handshake<'_> {
-    /// The connection, and whether it switched (a valid 101).
-    type Sent = (UpstreamStream, bool);
-
-    async fn send(
-        &mut self,
-        a: &Attempt<'_>,
-        tries: &mut Tries<'_>,
-    ) -> Result<(UpstreamStream, bool), Miss> {
-        let r = self.r;
-        self.out.clear();
-        let offered = r.write_head(&mut self.out, a.server);
-        let mut rd = Reading {
-            up_buf: self.up_buf,
-            resp: self.resp,
-            timer: &mut self.timer,
-            meta: RequestMeta {
-                is_head: false,
-                // The client waits for the 101 (as 200) only: 1xx before it are dropped.
-                http10: true,
-                upgrade: offered,
-                // A tunnel is never compressed.
-                accepted: None,
-                max_informational: r.informational_bound(),
-            },
-            client_timeout: r.target.listener.client_timeout,
-        };
-        let fresh = Attempt { fresh: true, ..*a };
-        let x = tries.exchange();
-        let stream = send_whole(x, &fresh, &self.out, &[], &mut rd, &mut NoInterim).await?;
-        let status = self.resp.status;
-        if (200..300).contains(&status) {
-            // Not a refusal, and no switch: the upstream is no WebSocket server.
-            return Err(ProxyError::UpstreamMalformed("2xx answer to a WebSocket upgrade").into());
-        }
-        if status != 101 {
-            if !tries.relays(status, true, false) {
-                return Err(Miss::retried(status));
-            }
-            return Ok((stream, false));
-        }
-        let buf = self.up_buf.filled();
-        let allowed = &r.target.route.upgrades;
-        let accept = field(&self.resp.headers, buf, "sec-websocket-accept");
-        if !switch_allowed(&self.resp.headers, buf, allowed, offered)
-            || accept != Some(&accept_of(self.key)[..])
-        {
-            return Err(ProxyError::UpstreamMalformed("WebSocket handshake not accepted").into());
-        }
-        tries.relays(status, false, false);
-        Ok((stream, true))
+/// Whether an extended CONNECT's Upgrade request was answered as a WebSocket server must
+/// (`resp`, parsed from `buf`; `offered`: the upgrade the head offered): a 101 must switch
+/// to an allowed protocol with the `Sec-WebSocket-Accept` of `key`, and another 2xx is no
+/// answer at all (the upstream is no WebSocket server); any other status is a refusal the
+/// client gets.
+pub(super) fn handshake_answered(
+    r: &StreamRequest<'_>,
+    key: &[u8],
+    offered: Offered,
+    resp: &ResponseHead,
+    buf: &[u8],
+) -> Result<(), ProxyError> {
+    if (200..300).contains(&resp.status) {
+        return Err(ProxyError::UpstreamMalformed(
+            "2xx answer to a WebSocket upgrade",
+        ));
     }
-
-    fn replayable(&self) -> bool {
-        true
+    if resp.status != 101 {
+        return Ok(());
     }
-
-    fn responded(&self) -> bool {
-        false
+    let allowed = &r.target.route.upgrades;
+    let accept = field(&resp.headers, buf, "sec-websocket-accept");
+    if !switch_allowed(&resp.headers, buf, allowed, offered) || accept != Some(&accept_of(key)[..])
+    {
+        return Err(ProxyError::UpstreamMalformed(
+            "WebSocket handshake not accepted",
+        ));
     }
+    Ok(())
 }
 
 /// How long a tunnel may stay still (`limits`), and the client's window closed (`stall`).

@@ -76,6 +76,7 @@ async fn exchange(
         resp: &mut *resp,
         timer,
         interim,
+        websocket_key: None,
     };
     let accepted = {
         let started = r.request.started;
