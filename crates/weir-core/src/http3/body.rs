@@ -105,7 +105,7 @@ impl Source for H3Source<'_> {
 /// A client's stream as the sink of a response body: DATA (each write waiting at most
 /// `stall` for the client's flow-control credit), then the trailers, less what may not be
 /// a trailer (as for HTTP/2: `http2::trailers`), then the end of the stream.
-pub(crate) struct H3Sink<'s> {
+struct H3Sink<'s> {
     pub send: &'s mut SendHalf,
     pub stall: Duration,
     pub max_trailers: u32,
@@ -155,6 +155,38 @@ impl Sink for H3Sink<'_> {
     }
 }
 
+impl SendHalf {
+    /// Relays `source`'s body and trailers into the stream (its head sent) as `sinking`
+    /// says, compressed through `coding` when there is one, or sends `whole` (the body,
+    /// all at hand) or nothing (no `source`) as its one last DATA. The caller stops the
+    /// stream on a failure (`Reached::Head`).
+    pub(crate) async fn relay_body<S: Source>(
+        &mut self,
+        source: Option<&mut S>,
+        sinking: Sinking<'_>,
+        coding: Option<&mut Coding>,
+        whole: Option<Bytes>,
+    ) -> Result<(), Failure> {
+        let mut sink = H3Sink {
+            send: self,
+            stall: sinking.stall,
+            max_trailers: sinking.max_trailers,
+            edits: sinking.edits,
+            trace: sinking.trace,
+        };
+        let relayed = match (source, whole) {
+            (Some(source), None) => relay(source, &mut sink, coding).await,
+            (source, whole) => {
+                // No body, or all of it at hand: one last DATA.
+                let piece = whole.filter(|_| source.is_some()).map(Piece::Bytes);
+                let piece = piece.unwrap_or(Piece::Slice(&[]));
+                sink.data(piece, true).await.map_err(Broke::Sink)
+            }
+        };
+        relayed.map_err(|(Broke::Source(e) | Broke::Sink(e))| Failure::after_head(e))
+    }
+}
+
 /// A response Weir makes from a source of its own (a static file), as for HTTP/2 streams.
 impl ResponseStream for SendHalf {
     async fn send_relayed<S: Source>(
@@ -170,26 +202,9 @@ impl ResponseStream for SendHalf {
             .await
             .map_err(Failure::after_head)?;
         sinking.trace.sent_grpc_status(sinking.grpc_status);
-        let mut sink = H3Sink {
-            send: &mut *self,
-            stall,
-            max_trailers: sinking.max_trailers,
-            edits: sinking.edits,
-            trace: sinking.trace,
-        };
-        let relayed = match (source, whole) {
-            (Some(source), None) => relay(source, &mut sink, coding).await,
-            (source, whole) => {
-                // No body, or all of it at hand: one last DATA.
-                let piece = whole.filter(|_| source.is_some()).map(Piece::Bytes);
-                let piece = piece.unwrap_or(Piece::Slice(&[]));
-                sink.data(piece, true).await.map_err(Broke::Sink)
-            }
-        };
-        relayed.map_err(|(Broke::Source(e) | Broke::Sink(e))| {
-            self.stop_stream(h3::error::Code::H3_INTERNAL_ERROR);
-            Failure::after_head(e)
-        })
+        self.relay_body(source, sinking, coding, whole)
+            .await
+            .inspect_err(|_| self.stop_stream(h3::error::Code::H3_INTERNAL_ERROR))
     }
 
     async fn send_whole(

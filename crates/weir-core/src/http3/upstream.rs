@@ -2,8 +2,8 @@
 //! gRPC): the tries of an HTTP/2 client's stream (`http2::upstream`'s sender, generic
 //! over the client's side), with the HTTP/3 stream as that side: its DATA and trailers
 //! uploaded ([`H3Source`]) while the response's head, DATA and trailers go into the
-//! stream ([`H3Sink`]), both ways at once (bidirectional gRPC streaming); 1xx heads go
-//! to the client before the final one (`interim`). A client whose connection closes while
+//! stream (`SendHalf::relay_body`), both ways at once (bidirectional gRPC streaming); 1xx
+//! heads go to the client before the final one (`interim`). A client whose connection closes while
 //! the final head is awaited has the upstream's stream reset at once (`gone`); one that
 //! only stops its stream is noticed by the relay.
 
@@ -15,16 +15,17 @@ use bytes::Bytes;
 use h2::SendStream;
 use http::request::Parts;
 
-use super::body::{H3Sink, H3Source};
+use super::body::H3Source;
 use super::exchange::{forward, Body};
 use super::interim::{H3Interim, Shared};
 use super::send::H3Responder;
 use crate::error::ProxyError;
 use crate::forward::h1::Interim;
 use crate::forward::h2::relay_while_uploading;
-use crate::forward::relay::{relay, Broke, Coding, Piece, Sink, Source};
+use crate::forward::relay::{Broke, Coding, Source};
 use crate::forward::{Failure, Timeouts};
 use crate::http2::exchange::{StreamRequest, Trace};
+use crate::http2::respond::Sinking;
 use crate::http2::upstream::{
     stream_head, upload, Answer, ClientBody, ClientSide, H2Facts, Relayed,
 };
@@ -123,29 +124,16 @@ impl ClientSide for H3Client<'_, '_> {
         let send = send.ok_or(Failure::from(ProxyError::ClientClosed))?;
         let head = stream_head(answer.parts, answer.edits, answer.cache_status);
         let grpc_status = trace.grpc_status_in(head.headers());
-        let empty = answer.client.end_stream;
         let stall = answer.http2.stall_timeout;
         send.send_head(head, stall)
             .await
             .map_err(Failure::after_head)?;
         trace.sent_grpc_status(grpc_status);
-        let mut sink = H3Sink {
-            send: &mut *send,
-            stall,
-            max_trailers: answer.http2.max_header_list_size,
-            edits: answer.edits,
-            trace,
-        };
-        if empty {
-            let finished = sink.data(Piece::Slice(&[]), true).await;
-            return finished.map_err(Failure::after_head);
-        }
-        let relay = async {
-            match relay(source, &mut sink, coding).await {
-                Ok(()) => Ok(()),
-                Err(Broke::Source(e) | Broke::Sink(e)) => Err(Failure::after_head(e)),
-            }
-        };
+        // A head that ended the stream is all: nothing to relay, nor to wait for.
+        let empty = answer.client.end_stream;
+        let (source, upload) = (Some(source).filter(|_| !empty), upload.filter(|_| !empty));
+        let sinking = Sinking::of(answer.http2, answer.edits, trace);
+        let relay = send.relay_body(source, sinking, coding, None);
         // The head went out: whatever fails now (the upload included) cuts the response
         // short.
         let relayed = relay_while_uploading(upload, relay).await;
