@@ -252,6 +252,7 @@ impl StreamRequest<'_> {
 
     /// The route's edits for a response from `server`, the `response_headers` lines
     /// rendered into `lines` (nothing without rules).
+    #[inline]
     pub(crate) fn edits<'e>(
         &'e self,
         lines: &'e mut Vec<u8>,

@@ -174,6 +174,7 @@ impl StreamRequest<'_> {
 }
 
 /// Adds the `Cache-Status` value `status` (if any) to the client's `head`.
+#[inline]
 pub(crate) fn mark(head: &mut http::Response<()>, status: Option<&'static str>) {
     if let Some(value) = status {
         let value = http::HeaderValue::from_static(value);
