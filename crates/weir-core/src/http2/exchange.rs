@@ -22,7 +22,7 @@ use super::interim::{Bounds, ClientStream, Relayed};
 use super::respond::{head_from_http1, ResponseStream, Sinking};
 use super::scratch::ExchangeScratch;
 use super::send::{unless_reset, Stop};
-use super::websocket::handshake_answered;
+use super::websocket::check_handshake_answer;
 use crate::buffer::Buffer;
 use crate::cache::Fetched;
 use crate::codec::http1::{BodyFraming, ResponseHead};
@@ -451,7 +451,8 @@ pub(crate) struct StreamSender<'s, S, I> {
 }
 
 impl<S: Source, I: Interim> Sender for StreamSender<'_, S, I> {
-    /// The connection, and whether the whole request body went up.
+    /// The connection, and whether the whole request body went up (a WebSocket handshake
+    /// has none: always `true`, unused).
     type Sent = (UpstreamStream, bool);
 
     async fn send(
@@ -464,6 +465,8 @@ impl<S: Source, I: Interim> Sender for StreamSender<'_, S, I> {
         let offered = r.write_head(self.out, a.server);
         let (mut meta, mut a) = (r.meta(), *a);
         if self.websocket_key.is_some() {
+            // A handshake never streams an upload: its tunnel carries the client's bytes.
+            debug_assert!(self.body.is_none(), "a WebSocket handshake with a body");
             (meta.http10, meta.upgrade, a.fresh) = (true, offered, true);
         }
         let mut rd = Reading {
@@ -488,7 +491,7 @@ impl<S: Source, I: Interim> Sender for StreamSender<'_, S, I> {
             }
         };
         match self.websocket_key {
-            Some(key) => handshake_answered(r, key, offered, self.resp, self.up_buf.filled())?,
+            Some(key) => check_handshake_answer(r, key, offered, self.resp, self.up_buf.filled())?,
             // No upgrade was offered: a final 101 is the server's error, and neither h2
             // nor h3 could send it.
             None if self.resp.status == 101 => {

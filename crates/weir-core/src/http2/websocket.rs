@@ -238,12 +238,12 @@ impl StreamRequest<'_> {
     }
 }
 
-/// Whether an extended CONNECT's Upgrade request was answered as a WebSocket server must
-/// (`resp`, parsed from `buf`; `offered`: the upgrade the head offered): a 101 must switch
+/// Checks that an extended CONNECT's Upgrade request was answered as a WebSocket server
+/// must (`resp`, parsed from `buf`; `offered`: the upgrade the head offered): a 101 must switch
 /// to an allowed protocol with the `Sec-WebSocket-Accept` of `key`, and another 2xx is no
 /// answer at all (the upstream is no WebSocket server); any other status is a refusal the
 /// client gets.
-pub(super) fn handshake_answered(
+pub(super) fn check_handshake_answer(
     r: &StreamRequest<'_>,
     key: &[u8],
     offered: Offered,

@@ -106,13 +106,13 @@ impl Source for H3Source<'_> {
 /// `stall` for the client's flow-control credit), then the trailers, less what may not be
 /// a trailer (as for HTTP/2: `http2::trailers`), then the end of the stream.
 struct H3Sink<'s> {
-    pub send: &'s mut SendHalf,
-    pub stall: Duration,
-    pub max_trailers: u32,
+    send: &'s mut SendHalf,
+    stall: Duration,
+    max_trailers: u32,
     /// What the route does to the head (the names it drops leave the trailers too).
-    pub edits: &'s Edits<'s>,
+    edits: &'s Edits<'s>,
     /// Body bytes sent, the `grpc-status` sent.
-    pub trace: &'s mut Trace,
+    trace: &'s mut Trace,
 }
 
 impl H3Sink<'_> {
