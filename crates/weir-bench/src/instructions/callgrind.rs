@@ -130,6 +130,11 @@ impl Profile {
         Ok(functions_of(&self.text()?))
     }
 
+    /// How many times `callee` was called (from anywhere).
+    pub fn calls_to(&self, callee: &str) -> Result<u64> {
+        Ok(calls_to(&self.text()?, callee))
+    }
+
     fn text(&self) -> Result<String> {
         std::fs::read_to_string(&self.0).with_context(|| format!("read {}", self.0.display()))
     }
@@ -190,6 +195,29 @@ fn functions_of(text: &str) -> Functions {
         *f.entry(current.to_string()).or_default() += cost as f64;
     }
     f
+}
+
+/// The calls of `callee` the profile lists: the `calls=N` lines after a `cfn=` naming it.
+fn calls_to(text: &str, callee: &str) -> u64 {
+    let mut names: BTreeMap<&str, &str> = BTreeMap::new();
+    let mut current = "";
+    let mut calls = 0;
+    for line in text.lines() {
+        if let Some(def) = line.strip_prefix("fn=") {
+            compressed_name(def, &mut names);
+        } else if let Some(def) = line.strip_prefix("cfn=") {
+            current = compressed_name(def, &mut names);
+        } else if let Some(n) = line.strip_prefix("calls=") {
+            if current == callee {
+                calls += n
+                    .split_whitespace()
+                    .next()
+                    .and_then(|n| n.parse().ok())
+                    .unwrap_or(0);
+            }
+        }
+    }
+    calls
 }
 
 /// `(id) name` defines and returns `name`; `(id)` returns the name defined before; a name
@@ -254,5 +282,7 @@ fn=(9) memcpy
         assert_eq!(f["weir_core::serve::{{closure}}"], 800.0);
         assert_eq!(f["memcpy"], 100.0);
         assert_eq!(f.len(), 2);
+        assert_eq!(calls_to(text, "start_thread"), 2);
+        assert_eq!(calls_to(text, "weir_core::serve::{{closure}}"), 0);
     }
 }

@@ -16,6 +16,7 @@ mod budgets;
 mod callgrind;
 mod drive;
 mod idle;
+mod loaded;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -62,6 +63,11 @@ pub struct Args {
     /// Measurements per workload (to see how stable the count is); the figure is the lowest.
     #[arg(long, default_value_t = 1)]
     pub repeat: u32,
+    /// Count as issue 25 does instead of checking budgets: the HTTP/1 workloads under an
+    /// `h2load --h1` keep-alive load over each of these numbers of connections (`4,32`),
+    /// the default `keepalive_requests`; needs h2load. Not with `--update`.
+    #[arg(long, value_delimiter = ',')]
+    pub under_load: Vec<u32>,
 }
 
 /// A workload goes over its budget when it costs more than this much above it.
@@ -126,11 +132,23 @@ const WORKLOADS: [Workload; 5] = [
     },
 ];
 
+/// How the requests are sent.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Load {
+    /// One at a time, each once the worker sleeps (the budgets' count).
+    OneAtATime,
+    /// `h2load --h1` over this many connections (issue 25's count).
+    H2load(u32),
+}
+
 /// What one workload costs per request: the lowest of the repetitions, with its function
-/// profile, and the highest.
+/// profile and how often the worker parked, and the highest.
 struct Measured {
     per_request: f64,
     functions: Functions,
+    /// The worker's calls of `epoll_wait` per request: tokio parks when it has no task
+    /// to run (sleeping there unless an event is ready).
+    parks: f64,
     highest: f64,
 }
 
@@ -152,9 +170,15 @@ pub fn main(a: Args) -> Result<()> {
             bail!("{tool} is not installed (Debian: apt-get install valgrind)");
         }
     }
-    if a.update && !(a.listener_keys.is_empty() && a.route_keys.is_empty() && a.tables.is_empty()) {
+    if a.update
+        && !(a.listener_keys.is_empty()
+            && a.route_keys.is_empty()
+            && a.tables.is_empty()
+            && a.under_load.is_empty())
+    {
         bail!(
-            "--update counts the default configuration: leave out --listener-keys, --route-keys and --tables"
+            "--update counts the default configuration one request at a time: leave out \
+             --listener-keys, --route-keys, --tables and --under-load"
         );
     }
     crate::process::install_cleanup();
@@ -173,14 +197,19 @@ pub fn main(a: Args) -> Result<()> {
         tables: &a.tables,
         tls_client: a.tls_client,
     };
+    if !a.under_load.is_empty() {
+        return under_load(&bench, &a);
+    }
     let commit = commit_here();
     let mut over = Vec::new();
+    let mut owned = Vec::new();
     println!("| workload | budget | measured | change | set at | repetitions (min-max) |\n|---|---:|---:|---:|---|---|");
     for w in WORKLOADS
         .iter()
         .filter(|w| a.only.is_empty() || a.only.iter().any(|o| o == w.name))
     {
-        let m = measure(&bench, w, a.repeat).with_context(|| format!("workload {}", w.name))?;
+        let m = measure(&bench, w, Load::OneAtATime, a.repeat)
+            .with_context(|| format!("workload {}", w.name))?;
         let budget = budgets.get(w.name)?;
         let spread = format!(
             "{} ({:.0}-{:.0})",
@@ -189,6 +218,13 @@ pub fn main(a: Args) -> Result<()> {
             m.highest
         );
         println!("{} {spread} |", row(w.name, budget.as_ref(), m.per_request));
+        owned.push((
+            w.name,
+            Load::OneAtATime,
+            m.per_request,
+            m.parks,
+            m.functions.clone(),
+        ));
         if budget
             .as_ref()
             .is_some_and(|b| m.per_request > b.instructions * (1.0 + TOLERANCE))
@@ -204,6 +240,7 @@ pub fn main(a: Args) -> Result<()> {
             budgets.write_profile(w.name, &commit, &m.functions)?;
         }
     }
+    print_owners(&owned);
     if a.update {
         budgets.write()?;
         println!(
@@ -226,6 +263,49 @@ pub fn main(a: Args) -> Result<()> {
     Ok(())
 }
 
+/// One row of the count by owner: workload, load, per request, parks per request, profile.
+type Owned = (&'static str, Load, f64, f64, Functions);
+
+/// Issue 25's count: the HTTP/1 workloads under h2load over each number of connections.
+fn under_load(bench: &Bench, a: &Args) -> Result<()> {
+    let mut owned = Vec::new();
+    for w in WORKLOADS.iter().filter(|w| {
+        w.client == Client::Http1 && (a.only.is_empty() || a.only.iter().any(|o| o == w.name))
+    }) {
+        for &conns in &a.under_load {
+            let load = Load::H2load(conns);
+            let m = measure(bench, w, load, a.repeat)
+                .with_context(|| format!("workload {} under load", w.name))?;
+            owned.push((w.name, load, m.per_request, m.parks, m.functions));
+        }
+    }
+    print_owners(&owned);
+    Ok(())
+}
+
+/// Instructions per request by owner, and how often the worker parked per request.
+fn print_owners(rows: &[Owned]) {
+    println!(
+        "\n| workload | load | per request | `epoll_wait` per request | {} |\n|---|---|---:|---:|{}",
+        loaded::OWNERS.join(" | "),
+        "---:|".repeat(loaded::OWNERS.len())
+    );
+    for (name, load, per_request, parks, functions) in rows {
+        let load = match load {
+            Load::OneAtATime => "one at a time".to_string(),
+            Load::H2load(c) => format!("h2load --h1 -c {c}"),
+        };
+        let split: Vec<String> = loaded::owners(functions)
+            .iter()
+            .map(|v| format!("{v:.0}"))
+            .collect();
+        println!(
+            "| {name} | {load} | {per_request:.0} | {parks:.2} | {} |",
+            split.join(" | ")
+        );
+    }
+}
+
 /// nginx's answer to the `proxy-1core` backend's `return 200`: the same fields and 615 bytes
 /// (the date fixed, so that every run parses the same bytes).
 fn nginx_like_backend() -> weir_testkit::Backend {
@@ -240,18 +320,14 @@ fn nginx_like_backend() -> weir_testkit::Backend {
 
 /// Instructions per request of `w`, measured `repeat` times; the lowest counts (the
 /// highest is kept to show the spread).
-fn measure(bench: &Bench, w: &Workload, repeat: u32) -> Result<Measured> {
+fn measure(bench: &Bench, w: &Workload, load: Load, repeat: u32) -> Result<Measured> {
     let mut best: Option<Measured> = None;
     let mut highest = 0f64;
     for _ in 0..repeat.max(1) {
-        let (per_request, functions) = measure_once(bench, w)?;
-        highest = highest.max(per_request);
-        if best.as_ref().is_none_or(|b| per_request < b.per_request) {
-            best = Some(Measured {
-                per_request,
-                functions,
-                highest: 0.0,
-            });
+        let m = measure_once(bench, w, load)?;
+        highest = highest.max(m.per_request);
+        if best.as_ref().is_none_or(|b| m.per_request < b.per_request) {
+            best = Some(m);
         }
     }
     let mut best = best.expect("at least one repetition");
@@ -260,27 +336,34 @@ fn measure(bench: &Bench, w: &Workload, repeat: u32) -> Result<Measured> {
 }
 
 /// One measurement: the counted requests' total and functions, each over their number.
-fn measure_once(bench: &Bench, w: &Workload) -> Result<(f64, Functions)> {
+fn measure_once(bench: &Bench, w: &Workload, load: Load) -> Result<Measured> {
     let port = crate::process::free_port()?;
     let addr: SocketAddr = ([127, 0, 0, 1], port).into();
     let config = bench.dir.join(format!("{}.toml", w.name));
-    std::fs::write(&config, weir_config(bench, w, port))?;
+    std::fs::write(&config, weir_config(bench, w, port, load))?;
     let out = bench.dir.join(format!("{}.callgrind", w.name));
     let counted = callgrind::Counted::start(bench.weir, &config, addr, &out)?;
     let idle = idle::Idle::of(counted.pid())?;
     let zero = || counted.zero();
-    let (warmup, requests) = w.requests;
-    let mut steps = drive::Steps::new(&idle, warmup, &zero);
-    let client = match (w.client, bench.tls_client) {
-        (Client::Tls(_), Some(p)) => Client::Tls(p),
-        (Client::Handshake(_), Some(p)) => Client::Handshake(p),
-        (client, _) => client,
+    let (warmup, requests) = match load {
+        Load::OneAtATime => w.requests,
+        Load::H2load(_) => (loaded::WARMUP, loaded::COUNTED),
     };
-    drive::run(client, addr, &mut steps, warmup + requests)?;
+    match load {
+        Load::OneAtATime => one_at_a_time(bench, w, addr, &idle, &zero)?,
+        Load::H2load(conns) => {
+            loaded::h2load(addr, conns, warmup)?;
+            idle.wait()?;
+            zero()?;
+            loaded::h2load(addr, conns, requests)?;
+            idle.wait()?;
+        }
+    }
     let profile = counted.dump()?;
     counted.stop()?;
     let n = requests as f64;
     let per_request = profile.total()? as f64 / n;
+    let parks = profile.calls_to("epoll_wait")? as f64 / n;
     let functions = profile
         .functions()?
         .into_iter()
@@ -291,10 +374,41 @@ fn measure_once(bench: &Bench, w: &Workload) -> Result<(f64, Functions)> {
         std::fs::remove_file(&profile.0).ok();
         std::fs::remove_file(&out).ok();
     }
-    Ok((per_request, functions))
+    Ok(Measured {
+        per_request,
+        functions,
+        parks,
+        highest: 0.0,
+    })
 }
 
-fn weir_config(bench: &Bench, w: &Workload, port: u16) -> String {
+/// The budgets' load: `w`'s requests one at a time, each once the worker sleeps, the
+/// counters zeroed after the warm-up.
+fn one_at_a_time(
+    bench: &Bench,
+    w: &Workload,
+    addr: SocketAddr,
+    idle: &idle::Idle,
+    zero: &dyn Fn() -> Result<()>,
+) -> Result<()> {
+    let (warmup, requests) = w.requests;
+    let mut steps = drive::Steps::new(idle, warmup, zero);
+    let client = match (w.client, bench.tls_client) {
+        (Client::Tls(_), Some(p)) => Client::Tls(p),
+        (Client::Handshake(_), Some(p)) => Client::Handshake(p),
+        (client, _) => client,
+    };
+    drive::run(client, addr, &mut steps, warmup + requests)
+}
+
+/// Weir's configuration for `w`: the default one, one worker and one route; under the
+/// budgets' load no cap on a connection's requests (`keepalive_requests = 0`), under h2load
+/// the default cap (the issue counted it so: the reconnections are part of the count).
+fn weir_config(bench: &Bench, w: &Workload, port: u16, load: Load) -> String {
+    let keepalive = match load {
+        Load::OneAtATime => "keepalive_requests = 0\n",
+        Load::H2load(_) => "",
+    };
     let tls = if w.tls {
         format!(
             "[listeners.tls]\ncerts = [{{ cert = \"{}\", key = \"{}\" }}]\n",
@@ -319,7 +433,7 @@ fn weir_config(bench: &Bench, w: &Workload, port: u16) -> String {
     };
     format!(
         "[server]\nworkers = 1\ndrain_timeout = \"0s\"\n\n[admin]\nbind = \"off\"\n\n\
-         [[listeners]]\nname = \"budget\"\nbind = \"127.0.0.1:{port}\"\nkeepalive_requests = 0\n{}\n{tls}\n\
+         [[listeners]]\nname = \"budget\"\nbind = \"127.0.0.1:{port}\"\n{keepalive}{}\n{tls}\n\
          [[listeners.routes]]\nname = \"all\"\npath_prefix = \"/\"\n{target}\n{}\n\n{upstream}\n{}\n",
         bench.listener_keys, bench.route_keys, bench.tables
     )
@@ -451,7 +565,7 @@ mod tests {
             tls_client: None,
         };
         for w in &WORKLOADS {
-            let text = weir_config(&bench, w, 8080);
+            let text = weir_config(&bench, w, 8080, Load::OneAtATime);
             let parsed = weir_config::parse_str(&text, "budget.toml");
             assert!(parsed.is_ok(), "{}: {:?}\n{text}", w.name, parsed.err());
             assert_eq!(text.contains("[listeners.tls]"), w.tls);
@@ -461,7 +575,7 @@ mod tests {
             tables: "[cluster.redis.r]\nurl = \"redis://127.0.0.1:1\"",
             ..bench
         };
-        let text = weir_config(&limited, &WORKLOADS[1], 8080);
+        let text = weir_config(&limited, &WORKLOADS[1], 8080, Load::H2load(4));
         let parsed = weir_config::parse_str(&text, "budget.toml").expect("tables");
         let route = &parsed.listeners[0].routes[0];
         assert!(route
