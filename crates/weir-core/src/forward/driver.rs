@@ -263,10 +263,10 @@ pub(crate) async fn drive<'a, S: Sender>(
         last_try.upstream_pick = Some((target.upstream_index, tries.pick.server));
         tries.head_at = None;
         let sent = on_server(sender, server, metrics, started, &mut tries).await;
-        let elapsed = tries.head_at.map_or_else(
-            || started.elapsed(),
-            |at| at.saturating_duration_since(started),
-        );
+        // When the final head came (else now): the pool's idle time starts there too, so
+        // it is kept as it is rather than added back from `elapsed` (an `Instant` sum).
+        let at = tries.head_at.unwrap_or_else(Instant::now);
+        let elapsed = at.saturating_duration_since(started);
         last_try.upstream_time = tries.head_at.map(|_| elapsed);
         let miss = match sent {
             Ok(sent) => {
@@ -276,7 +276,7 @@ pub(crate) async fn drive<'a, S: Sender>(
                     server,
                     metrics,
                     elapsed,
-                    head_at: started + elapsed,
+                    head_at: at,
                     target,
                 })
             }
