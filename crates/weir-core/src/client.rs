@@ -146,14 +146,29 @@ impl Current {
         }
     }
 
-    /// Begins the next request, whose head was complete at `started`.
+    /// Begins the next request, whose head was complete at `started`: every field as
+    /// `Current::new` makes it, the log fields' buffers kept. Field by field (the pattern
+    /// names every field, so a new one cannot be missed): a whole new `Current` zeroed the
+    /// request id's 128-byte buffer and copied the struct in, per request.
     pub fn begin(&mut self, started: std::time::Instant) {
-        let mut log_fields = std::mem::take(&mut self.log_fields);
-        log_fields.clear();
-        *self = Current {
+        let Current {
+            started: at,
+            real_client,
+            request_id,
             log_fields,
-            ..Current::new(started)
-        };
+            last_try,
+            compressed,
+            cache,
+            read,
+        } = self;
+        *at = started;
+        *real_client = None;
+        request_id.clear();
+        log_fields.clear();
+        *last_try = LastTry::default();
+        *compressed = None;
+        *cache = None;
+        *read = false;
     }
 }
 
