@@ -61,6 +61,11 @@ pub fn owners(f: &Functions) -> [f64; 5] {
     split
 }
 
+/// The name of the owner of the function `name`.
+pub fn owner_of(name: &str) -> &'static str {
+    OWNERS[owner(name)]
+}
+
 /// The owner of a function, by its demangled name. Weir's types in a generic's name (its
 /// futures' `drop_in_place`, its streams' `AsyncRead`) make it Weir's; functions without a
 /// path are C (libc, mimalloc, the vDSO's clock).

@@ -280,7 +280,24 @@ fn under_load(bench: &Bench, a: &Args) -> Result<()> {
         }
     }
     print_owners(&owned);
+    for (name, load, _, _, functions) in &owned {
+        print_top(name, *load, functions);
+    }
     Ok(())
+}
+
+/// How many functions [`print_top`] lists.
+const TOP: usize = 25;
+
+/// The functions that cost most per request (exclusive), with their owners.
+fn print_top(name: &str, load: Load, functions: &Functions) {
+    let mut rows: Vec<(&String, f64)> = functions.iter().map(|(f, v)| (f, *v)).collect();
+    rows.sort_by(|a, b| b.1.total_cmp(&a.1));
+    println!("\n{name}, {load:?}: the {TOP} costliest functions per request (exclusive)");
+    println!("| per request | owner | function |\n|---:|---|---|");
+    for (f, v) in rows.into_iter().take(TOP) {
+        println!("| {v:.0} | {} | `{f}` |", loaded::owner_of(f));
+    }
 }
 
 /// Instructions per request by owner, and how often the worker parked per request.
