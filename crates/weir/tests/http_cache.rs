@@ -1607,3 +1607,31 @@ async fn a_large_disk_hit_goes_out_from_its_file_whole_even_if_purged() {
     let dir = DiskDir::new("purged-while-sent");
     let _weir = a_large_hit_purged_while_sent(&dir.store()).await;
 }
+
+/// A client's `max-stale` never loosens what a shared cache serves (as nginx and Varnish
+/// do): an entry that must be revalidated (`no-cache`; `s-maxage`, which implies
+/// `proxy-revalidate`), or a stale one, goes upstream, even when another client's request
+/// with `Authorization` stored it (`public` and `s-maxage` allow that).
+#[tokio::test]
+async fn a_clients_max_stale_gets_no_entry_that_must_be_revalidated() {
+    let responses: [&[(&str, &str)]; 3] = [
+        &[("Cache-Control", "public, no-cache")],
+        &[("Cache-Control", "s-maxage=1"), ("Age", "2")],
+        &[("Cache-Control", "max-age=1"), ("Age", "2")],
+    ];
+    for response in responses {
+        let b = Backend::fixed(200, response, "alice's");
+        let weir = cached(b.addr(), "", "").start();
+        let mut c = weir.client().await;
+        get(&mut c, "/", &[("Authorization", "Basic YWxpY2U6eA==")]).await;
+        for stale in ["max-stale", "max-stale=3600", "max-age=9, max-stale"] {
+            let r = get(&mut c, "/", &[("Cache-Control", stale)]).await;
+            assert_ne!(
+                r.header("Cache-Status"),
+                Some("weir; hit"),
+                "{response:?} {stale}"
+            );
+        }
+        assert_eq!(b.requests_served(), 4, "{response:?}");
+    }
+}

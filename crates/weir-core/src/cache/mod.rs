@@ -368,20 +368,51 @@ fn split_query(routed: &[u8]) -> (&[u8], Option<&[u8]>) {
 }
 
 /// The request as the policy reads it: GET (a HEAD is served from a GET's entry), its
-/// path, its end-to-end fields with `Accept-Encoding` normalised. `None`: a field that is
-/// not valid HTTP (the request is forwarded, not cached).
+/// path, its end-to-end fields with `Accept-Encoding` normalised and `Cache-Control`
+/// without `max-stale`. `None`: a field that is not valid HTTP (the request is forwarded,
+/// not cached).
 fn request_parts(r: &Request<'_>, routed: &[u8]) -> Option<http::request::Parts> {
     let uri = http::Uri::try_from(routed).ok()?;
     let mut headers = HeaderMap::with_capacity(r.req.headers.len());
     for h in r.req.headers.iter().filter(|h| !h.kind.is_hop_by_hop()) {
         let name = HeaderName::from_bytes(&r.buf[h.name.clone()]).ok()?;
-        let value = HeaderValue::from_bytes(&r.buf[h.value.clone()]).ok()?;
+        let value = &r.buf[h.value.clone()];
+        let value = match name == http::header::CACHE_CONTROL {
+            true => match without_max_stale(value) {
+                Some(kept) => kept,
+                None => continue,
+            },
+            false => HeaderValue::from_bytes(value).ok()?,
+        };
         headers.append(name, value);
     }
     normalise_accept_encoding(&mut headers);
     let (mut parts, ()) = http::Request::get(uri).body(()).ok()?.into_parts();
     parts.headers = headers;
     Some(parts)
+}
+
+/// A request's `Cache-Control` value without its `max-stale` directives (`None`: nothing
+/// is left). A shared cache does not let a client loosen freshness (as nginx and Varnish
+/// do not): else any client could have an entry the origin wants revalidated (`no-cache`,
+/// `s-maxage`, `proxy-revalidate`), stored for another client, without asking it (RFC 9111
+/// 4.2.4).
+fn without_max_stale(value: &[u8]) -> Option<HeaderValue> {
+    let is_max_stale = |d: &&[u8]| {
+        let name = d.split(|b| *b == b'=').next().unwrap_or_default();
+        name.trim_ascii().eq_ignore_ascii_case(b"max-stale")
+    };
+    let directives = value.split(|b| *b == b',');
+    if !directives.clone().any(|d| is_max_stale(&d)) {
+        return HeaderValue::from_bytes(value).ok();
+    }
+    let kept: Vec<&[u8]> = directives
+        .filter(|d| !is_max_stale(d) && !d.trim_ascii().is_empty())
+        .map(<[u8]>::trim_ascii)
+        .collect();
+    (!kept.is_empty())
+        .then(|| HeaderValue::from_bytes(&kept.join(&b", "[..])).ok())
+        .flatten()
 }
 
 /// `Accept-Encoding` reduced to the one coding a cached variant is picked by (`br`, else
