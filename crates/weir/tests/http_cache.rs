@@ -1635,3 +1635,50 @@ async fn a_clients_max_stale_gets_no_entry_that_must_be_revalidated() {
         assert_eq!(b.requests_served(), 4, "{response:?}");
     }
 }
+
+/// Answers with the first coding the request's `Accept-Encoding` offers (as its
+/// `Content-Encoding`; none: `plain`), fresh for a minute, varying on it.
+fn first_coding(head: &str, _: usize) -> String {
+    let offered = head
+        .lines()
+        .find_map(|l| l.strip_prefix("Accept-Encoding: "))
+        .and_then(|v| v.split([',', ';']).next())
+        .map(str::trim);
+    let (field, body) = match offered {
+        Some(coding) => (format!("Content-Encoding: {coding}\r\n"), coding.to_owned()),
+        None => (String::new(), "plain".to_owned()),
+    };
+    format!(
+        "HTTP/1.1 200 OK\r\nCache-Control: max-age=60\r\nVary: Accept-Encoding\r\n{field}\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+/// A response is stored under the `Accept-Encoding` variant Weir picks (br, gzip or none)
+/// only if that variant's coding covers its `Content-Encoding`: a coding the variant does
+/// not name (zstd, deflate, `*`'s pick, gzip for a br variant) is relayed, not stored.
+#[tokio::test]
+async fn a_response_in_a_coding_its_variant_does_not_name_is_not_stored() {
+    let up = Scripted::start(first_coding).await;
+    let weir = cached(up.addr, "", "").start();
+    let mut c = weir.client().await;
+    let cases = [
+        ("zstd", None),
+        ("deflate, gzip", Some("gzip")),
+        ("x-gzip", None),
+        ("*", None),
+        ("gzip, br;q=0.001", Some("br")),
+    ];
+    for (i, (offer, then)) in cases.into_iter().enumerate() {
+        let path = format!("/{i}");
+        let sent = get(&mut c, &path, &[("Accept-Encoding", offer)]).await;
+        assert_eq!(sent.body_str(), offer.split([',', ';']).next().unwrap());
+        assert_eq!(sent.header("Cache-Status"), Some("weir; fwd=uri-miss"));
+        let asks: Vec<_> = then.map(|v| ("Accept-Encoding", v)).into_iter().collect();
+        let next = get(&mut c, &path, &asks).await;
+        assert_eq!(next.header("Content-Encoding"), then, "after {offer}");
+        assert_eq!(next.body_str(), then.unwrap_or("plain"), "after {offer}");
+        assert_eq!(next.header("Cache-Status"), Some("weir; fwd=uri-miss"));
+    }
+}

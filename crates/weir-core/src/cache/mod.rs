@@ -787,7 +787,8 @@ impl Fill {
         let policy = CachePolicy::new_options(&self.parts, &head, SystemTime::now(), options);
         // A shared cache stores no response that sets a cookie: it is one client's.
         let set_cookie = head.headers().contains_key(http::header::SET_COOKIE);
-        if !policy.is_storable() || set_cookie || !fits_reply(head.headers()) {
+        let fits = fits_reply(head.headers()) && coding_fits_variant(&self.parts.headers, &head);
+        if !policy.is_storable() || set_cookie || !fits {
             return None;
         }
         let variant = variant(&self.parts.headers, head.headers());
@@ -864,6 +865,37 @@ const REPLY_ADDS: usize = 8;
 /// every hit of it would fail.
 fn fits_reply(headers: &HeaderMap) -> bool {
     headers.len() + REPLY_ADDS <= crate::codec::http1::response::MAX_RESPONSE_HEADERS
+}
+
+/// Whether the response `head`'s `Content-Encoding` is one its variant covers, when it
+/// varies on `Accept-Encoding`: identity, or the one coding the request's normalised
+/// `Accept-Encoding` (in `request`) names. The client's own `Accept-Encoding` goes
+/// upstream, so the upstream may pick a coding the variant does not name (zstd, deflate,
+/// gzip for the `br` variant): stored, it would be served to clients of that variant that
+/// cannot decode it. (A response that does not vary on it says it is for every client.)
+fn coding_fits_variant(request: &HeaderMap, head: &http::Response<()>) -> bool {
+    let vary = head.headers().get_all(http::header::VARY).iter();
+    let names = vary.flat_map(|v| v.as_bytes().split(|b| *b == b','));
+    if !names
+        .map(<[u8]>::trim_ascii)
+        .any(|n| n.eq_ignore_ascii_case(b"accept-encoding"))
+    {
+        return true;
+    }
+    let variant = request.get(http::header::ACCEPT_ENCODING);
+    let fields = head
+        .headers()
+        .get_all(http::header::CONTENT_ENCODING)
+        .iter();
+    let mut codings = fields
+        .flat_map(|v| v.as_bytes().split(|b| *b == b','))
+        .map(<[u8]>::trim_ascii)
+        .filter(|c| !c.is_empty() && !c.eq_ignore_ascii_case(b"identity"));
+    match (codings.next(), codings.next()) {
+        (None, _) => true,
+        (Some(coding), None) => variant.is_some_and(|v| coding.eq_ignore_ascii_case(v.as_bytes())),
+        (Some(_), Some(_)) => false,
+    }
 }
 
 /// The response `resp` (its head in `buf`) as the policy reads it: its end-to-end fields.
