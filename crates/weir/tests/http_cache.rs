@@ -1682,3 +1682,57 @@ async fn a_response_in_a_coding_its_variant_does_not_name_is_not_stored() {
         assert_eq!(next.header("Cache-Status"), Some("weir; fwd=uri-miss"));
     }
 }
+
+/// Routes sharing a store never share an entry: one route's upstream (beta, chosen by a
+/// header) does not fill what another route (prod) answers for the same URL, nor does a
+/// listener's route fill another listener's route of the same name.
+#[tokio::test]
+async fn routes_sharing_a_store_never_share_an_entry() {
+    let fresh = [("Cache-Control", "max-age=60")];
+    let (beta, prod, internal) = (
+        Backend::fixed(200, &fresh, "beta"),
+        Backend::fixed(200, &fresh, "prod"),
+        Backend::fixed(200, &fresh, "internal"),
+    );
+    let store = "cache = { store = \"mem\" }";
+    let weir = Conf::new()
+        .route(
+            "beta",
+            "beta",
+            &[r#"match_headers = { "X-Beta" = "1" }"#, store],
+        )
+        .route("c", "prod", &[store])
+        .upstream("beta", &[beta.addr()], &[])
+        .upstream("prod", &[prod.addr()], &[])
+        .upstream("internal", &[internal.addr()], &[])
+        .table("[caches.mem]\nkind = \"memory\"")
+        .table(&format!(
+            "[[listeners]]\nname = \"internal\"\nbind = \"127.0.0.1:0\"\nrequest_id = false\n\
+             [[listeners.routes]]\nname = \"c\"\nupstream = \"internal\"\n{store}"
+        ))
+        .start();
+    let mut c = weir.client().await;
+    let first = get(&mut c, "/x/p1", &[("X-Beta", "1")]).await;
+    assert_eq!(first.body_str(), "beta");
+    for _ in 0..2 {
+        assert_eq!(get(&mut c, "/x/p1", &[]).await.body_str(), "prod");
+    }
+    assert_eq!(
+        prod.requests_served(),
+        1,
+        "prod's own entry answers the second"
+    );
+    let inside = weir.proxy().listener_addr("internal").unwrap();
+    let mut i = Client::connect(inside).await.unwrap();
+    for _ in 0..2 {
+        assert_eq!(get(&mut i, "/x/p1", &[]).await.body_str(), "internal");
+    }
+    assert_eq!(internal.requests_served(), 1);
+    assert_eq!(
+        get(&mut c, "/x/p1", &[("X-Beta", "1")])
+            .await
+            .header("Cache-Status"),
+        Some("weir; hit")
+    );
+    assert_eq!(beta.requests_served(), 1);
+}

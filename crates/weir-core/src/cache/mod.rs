@@ -113,7 +113,7 @@ pub fn lookup(r: &Request<'_>, routed: &[u8], cache: &RouteCache, store: &Arc<St
     };
     let now = SystemTime::now();
     let mut stale = None;
-    for entry in store.get(&key) {
+    for entry in store.get(&key, &cache.scope) {
         match entry.policy.before_request(&parts, now) {
             BeforeRequest::Fresh(head) => {
                 let length = entry.body.length();
@@ -534,6 +534,8 @@ impl Served {
 /// A miss on its way upstream: what its response is stored as.
 pub struct Fill {
     key: Vec<u8>,
+    /// The route's [`RouteCache::scope`]: the entries it may be answered from.
+    scope: Arc<[u8]>,
     parts: http::request::Parts,
     store: Arc<Store>,
     status_header: bool,
@@ -575,6 +577,7 @@ impl Fill {
     ) -> Fill {
         Fill {
             key,
+            scope: cache.scope.clone(),
             parts,
             store: store.clone(),
             status_header: cache.status_header,
@@ -638,7 +641,8 @@ impl Fill {
         // Closed (`Err`) when the leader is done; a timeout: it takes too long.
         let _ = tokio::time::timeout(self.lock_timeout, wait.changed()).await;
         let now = SystemTime::now();
-        let fresh = self.store.get(&self.key).into_iter().find_map(|entry| {
+        let fresh = self.store.get(&self.key, &self.scope);
+        let fresh = fresh.into_iter().find_map(|entry| {
             match entry.policy.before_request(&self.parts, now) {
                 BeforeRequest::Fresh(head) => Some((entry, head)),
                 BeforeRequest::Stale { .. } => None,
@@ -791,7 +795,7 @@ impl Fill {
         if !policy.is_storable() || set_cookie || !fits {
             return None;
         }
-        let variant = variant(&self.parts.headers, head.headers());
+        let variant = variant(&self.scope, &self.parts.headers, head.headers());
         let (head, ()) = head.into_parts();
         Some(Box::new(Recorder {
             head,
@@ -915,9 +919,10 @@ fn response_parts(buf: &[u8], resp: &ResponseHead) -> Option<http::Response<()>>
     Some(head)
 }
 
-/// The values of the request fields `response` varies on, joined.
-fn variant(request: &HeaderMap, response: &HeaderMap) -> Vec<u8> {
-    let mut out = Vec::new();
+/// Which variant of its key a response is: the route's `scope`, then the values of the
+/// request fields `response` varies on, joined.
+fn variant(scope: &[u8], request: &HeaderMap, response: &HeaderMap) -> Vec<u8> {
+    let mut out = scope.to_vec();
     let names = response.get_all(http::header::VARY).iter();
     for name in names
         .filter_map(|v| v.to_str().ok())
