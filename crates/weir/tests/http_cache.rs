@@ -1736,3 +1736,38 @@ async fn routes_sharing_a_store_never_share_an_entry() {
     );
     assert_eq!(beta.requests_served(), 1);
 }
+
+/// An entry keeps only the request fields its policy weighs (not a client's padding), and
+/// it accounts for its heads: a large request field takes no room in a disk store's file,
+/// a large response field counts in a memory store's bytes.
+#[tokio::test]
+async fn an_entry_keeps_and_counts_its_heads_not_the_requests_other_fields() {
+    let pad = "p".repeat(7000);
+    let dir = DiskDir::new("heads");
+    let b = Backend::fixed(200, &[("Cache-Control", "max-age=60")], "x");
+    let weir = cached_in(b.addr(), "", &dir.store()).start();
+    let mut c = weir.client().await;
+    get(&mut c, "/", &[("X-Pad", &pad), ("X-Pad", &pad)]).await;
+    weir.wait_metric("weir_cache_stored_total{store=\"mem\"}", 1)
+        .await;
+    let bytes = weir.metric("weir_cache_bytes{store=\"mem\"}");
+    assert!(bytes < 4000, "the padding is not stored: {bytes} bytes");
+
+    let big = "b".repeat(10_000);
+    let b = Backend::fixed(
+        200,
+        &[("Cache-Control", "max-age=60"), ("X-Big", &big)],
+        "x",
+    );
+    let weir = cached(b.addr(), "", "").start();
+    let mut c = weir.client().await;
+    let r = get(&mut c, "/", &[]).await;
+    assert_eq!(r.header("X-Big").map(str::len), Some(10_000));
+    weir.wait_metric("weir_cache_stored_total{store=\"mem\"}", 1)
+        .await;
+    let bytes = weir.metric("weir_cache_bytes{store=\"mem\"}");
+    assert!(
+        bytes > 10_000,
+        "the response's head is counted: {bytes} bytes"
+    );
+}

@@ -392,6 +392,65 @@ fn request_parts(r: &Request<'_>, routed: &[u8]) -> Option<http::request::Parts>
     Some(parts)
 }
 
+/// The request `parts` as a stored entry's policy keeps it: only the fields the policy
+/// weighs later (`Host`, `Cache-Control`, `Pragma`, `Authorization`, and those the
+/// responses `heads` vary on). The policy keeps the request's fields with the entry:
+/// all of them would let any client make its entries take far more room than the store
+/// accounts for.
+fn stored_request(parts: &http::request::Parts, heads: &[&HeaderMap]) -> http::request::Parts {
+    let mut kept = http::Request::new(());
+    *kept.method_mut() = parts.method.clone();
+    *kept.uri_mut() = parts.uri.clone();
+    let (mut kept, ()) = kept.into_parts();
+    let always = [
+        http::header::HOST,
+        http::header::CACHE_CONTROL,
+        http::header::PRAGMA,
+        http::header::AUTHORIZATION,
+    ];
+    let varied = heads
+        .iter()
+        .flat_map(|h| h.get_all(http::header::VARY))
+        .flat_map(|v| v.as_bytes().split(|b| *b == b','))
+        .filter_map(|n| HeaderName::from_bytes(n.trim_ascii()).ok());
+    for name in always.into_iter().chain(varied) {
+        if let Some(value) = parts.headers.get(&name) {
+            kept.headers.entry(name).or_insert_with(|| value.clone());
+        }
+    }
+    kept
+}
+
+/// Bytes a stored response accounts for in a memory store: its `body`, its key and
+/// variant, its heads (the `response` fields, held twice: by the entry and by its policy;
+/// the `request` fields its policy keeps, [`stored_request`]), each field with the map's
+/// room for it, and [`ENTRY_ROOM`] for the rest. (A disk store counts its file instead,
+/// which holds all of these.)
+fn entry_size(
+    fill: &Fill,
+    variant: &[u8],
+    body: u64,
+    response: &HeaderMap,
+    request: &HeaderMap,
+) -> u64 {
+    let fields = |h: &HeaderMap| -> u64 {
+        let each = h
+            .iter()
+            .map(|(n, v)| n.as_str().len() + v.len() + FIELD_ROOM);
+        each.sum::<usize>() as u64
+    };
+    let named = (fill.key.len() + variant.len()) as u64;
+    body + named + 2 * fields(response) + fields(request) + ENTRY_ROOM
+}
+
+/// What a header map takes per field besides its name and value (its bucket, index and
+/// the values' own `Bytes`), roughly.
+const FIELD_ROOM: usize = 64;
+
+/// What an entry takes besides its body, names and fields (the entry, its policy's
+/// other parts), roughly.
+const ENTRY_ROOM: u64 = 512;
+
 /// A request's `Cache-Control` value without its `max-stale` directives (`None`: nothing
 /// is left). A shared cache does not let a client loosen freshness (as nginx and Varnish
 /// do not): else any client could have an entry the origin wants revalidated (`no-cache`,
@@ -724,7 +783,8 @@ impl Fill {
         let body = stale.body.clone()?;
         let head = resp.head()?;
         let now = SystemTime::now();
-        let (policy, parts) = match stale.entry.policy.after_response(&self.parts, &head, now) {
+        let kept = stored_request(&self.parts, &[&stale.entry.headers, head.headers()]);
+        let (policy, parts) = match stale.entry.policy.after_response(&kept, &head, now) {
             AfterResponse::NotModified(policy, parts) => (policy, parts),
             AfterResponse::Modified(..) => return None,
         };
@@ -749,8 +809,14 @@ impl Fill {
                 headers: parts.headers.clone(),
                 policy,
                 body: stored,
+                size: entry_size(
+                    self,
+                    &stale.entry.variant,
+                    body.len(),
+                    &parts.headers,
+                    &kept.headers,
+                ),
                 variant: stale.entry.variant.clone(),
-                size: stale.entry.size,
                 checked: AtomicBool::new(true),
             };
             // The waiting requests are let go once the store has the new head (a disk
@@ -788,7 +854,8 @@ impl Fill {
             shared: true,
             ..CacheOptions::default()
         };
-        let policy = CachePolicy::new_options(&self.parts, &head, SystemTime::now(), options);
+        let kept = stored_request(&self.parts, &[head.headers()]);
+        let policy = CachePolicy::new_options(&kept, &head, SystemTime::now(), options);
         // A shared cache stores no response that sets a cookie: it is one client's.
         let set_cookie = head.headers().contains_key(http::header::SET_COOKIE);
         let fits = fits_reply(head.headers()) && coding_fits_variant(&self.parts.headers, &head);
@@ -798,6 +865,7 @@ impl Fill {
         let variant = variant(&self.scope, &self.parts.headers, head.headers());
         let (head, ()) = head.into_parts();
         Some(Box::new(Recorder {
+            request: kept.headers,
             head,
             chunked: resp.chunked() && !dechunk,
             fill: self,
@@ -944,6 +1012,8 @@ pub struct Recorder {
     fill: Fill,
     /// The response's status and end-to-end fields.
     head: http::response::Parts,
+    /// The request's fields its policy keeps (counted in the entry's size).
+    request: HeaderMap,
     policy: CachePolicy,
     variant: Vec<u8>,
     /// The bytes as the upstream framed them (chunks decoded when stored).
@@ -990,7 +1060,14 @@ impl Recorder {
             store.counts.bypasses.fetch_add(1, Relaxed);
             return;
         };
-        let size = body.len() as u64 + self.fill.key.len() as u64 + 512;
+        let (length, request) = (body.len() as u64, &self.request);
+        let size = entry_size(
+            &self.fill,
+            &self.variant,
+            length,
+            &self.head.headers,
+            request,
+        );
         let now = SystemTime::now();
         let entry = Entry {
             staleness: Staleness::of(&self.policy, &self.head.headers, now),
