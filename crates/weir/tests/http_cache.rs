@@ -1771,3 +1771,41 @@ async fn an_entry_keeps_and_counts_its_heads_not_the_requests_other_fields() {
         "the response's head is counted: {bytes} bytes"
     );
 }
+
+/// Answers with the request's `Accept-Language` lines, joined, fresh for a minute, varying
+/// on it.
+fn languages(head: &str, _: usize) -> String {
+    let asked: Vec<_> = head
+        .lines()
+        .filter_map(|l| l.strip_prefix("Accept-Language: "))
+        .collect();
+    let body = asked.join("+");
+    format!(
+        "HTTP/1.1 200 OK\r\nCache-Control: max-age=60\r\nVary: Accept-Language\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+/// A `Vary`-listed field sent on two lines is matched by both: a request sending only the
+/// first does not get the entry stored for both.
+#[tokio::test]
+async fn a_varied_field_on_two_lines_is_matched_whole() {
+    let up = Scripted::start(languages).await;
+    let weir = cached(up.addr, "", "").start();
+    let mut c = weir.client().await;
+    let two = [("Accept-Language", "en"), ("Accept-Language", "xx-evil")];
+    assert_eq!(get(&mut c, "/", &two).await.body_str(), "en+xx-evil");
+    let en = get(&mut c, "/", &[("Accept-Language", "en")]).await;
+    assert_eq!(en.body_str(), "en");
+    assert_eq!(en.header("Cache-Status"), Some("weir; fwd=uri-miss"));
+    let again = get(&mut c, "/", &two).await;
+    assert_eq!(again.header("Cache-Status"), Some("weir; hit"));
+    assert_eq!(again.body_str(), "en+xx-evil");
+    let joined = get(&mut c, "/", &[("Accept-Language", "en, xx-evil")]).await;
+    assert_eq!(
+        joined.header("Cache-Status"),
+        Some("weir; hit"),
+        "the same value"
+    );
+}

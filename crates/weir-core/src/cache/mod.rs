@@ -384,12 +384,29 @@ fn request_parts(r: &Request<'_>, routed: &[u8]) -> Option<http::request::Parts>
             },
             false => HeaderValue::from_bytes(value).ok()?,
         };
-        headers.append(name, value);
+        combine(&mut headers, name, value)?;
     }
     normalise_accept_encoding(&mut headers);
     let (mut parts, ()) = http::Request::get(uri).body(()).ok()?.into_parts();
     parts.headers = headers;
     Some(parts)
+}
+
+/// Adds the field `name: value` to `headers`, joined to an earlier line of the same name
+/// with a comma (RFC 9110 5.3): the policy compares a `Vary`-listed field by its one value,
+/// so two lines must not match a request that sends only the first. `None`: the joined
+/// value is not a valid one.
+fn combine(headers: &mut HeaderMap, name: HeaderName, value: HeaderValue) -> Option<()> {
+    match headers.entry(name) {
+        http::header::Entry::Vacant(line) => {
+            line.insert(value);
+        }
+        http::header::Entry::Occupied(mut line) => {
+            let joined = [line.get().as_bytes(), b", ", value.as_bytes()].concat();
+            line.insert(HeaderValue::from_bytes(&joined).ok()?);
+        }
+    }
+    Some(())
 }
 
 /// The request `parts` as a stored entry's policy keeps it: only the fields the policy
