@@ -1809,3 +1809,76 @@ async fn a_varied_field_on_two_lines_is_matched_whole() {
         "the same value"
     );
 }
+
+/// `ETag: "v1"`, stale at once, with two lines each of `Vary` and `Link`; a `304` to
+/// `If-None-Match: "v1"` makes it fresh for a minute.
+fn repeated_fields(head: &str, _: usize) -> String {
+    let fields = "ETag: \"v1\"\r\nVary: Accept-Encoding\r\nVary: Accept-Language\r\n\
+                  Link: <a>; rel=preload\r\nLink: <b>; rel=preload\r\n";
+    if head.contains("If-None-Match: \"v1\"") {
+        return "HTTP/1.1 304 Not Modified\r\nETag: \"v1\"\r\nCache-Control: max-age=60\r\n\r\n"
+            .into();
+    }
+    format!("HTTP/1.1 200 OK\r\n{fields}Cache-Control: max-age=0\r\nContent-Length: 1\r\n\r\nv")
+}
+
+/// A hit carries every line of a repeated stored field, before and after a `304` refreshed
+/// the entry, and the refreshed entry still varies on each field its `Vary` lines name.
+#[tokio::test]
+async fn repeated_response_fields_keep_every_line_through_a_refresh() {
+    let up = Scripted::start(repeated_fields).await;
+    let weir = cached(up.addr, "", "").start();
+    let mut c = weir.client().await;
+    let asks = [("Accept-Encoding", "gzip"), ("Accept-Language", "en")];
+    get(&mut c, "/", &asks).await;
+    let refreshed = get(&mut c, "/", &asks).await;
+    let hit = get(&mut c, "/", &asks).await;
+    for (what, r) in [("refreshed", &refreshed), ("hit", &hit)] {
+        assert_eq!(r.headers_all("Vary").len(), 2, "{what}");
+        assert_eq!(r.headers_all("Link").len(), 2, "{what}");
+        assert_eq!(r.header("Cache-Control"), Some("max-age=60"), "{what}");
+    }
+    assert_eq!(hit.header("Cache-Status"), Some("weir; hit"));
+    let plain = get(&mut c, "/", &[("Accept-Language", "en")]).await;
+    assert_ne!(
+        plain.header("Cache-Status"),
+        Some("weir; hit"),
+        "another variant"
+    );
+}
+
+/// `ETag: "v1"` with only an `Expires` long past; a `304` that adds
+/// `Cache-Control: private`; then `new`.
+fn expired_then_private(head: &str, index: usize) -> String {
+    match index {
+        0 => "HTTP/1.1 200 OK\r\nETag: \"v1\"\r\nExpires: Thu, 01 Jan 1970 00:00:00 GMT\r\n\
+              Content-Length: 7\r\n\r\nversion"
+            .into(),
+        1 if head.contains("If-None-Match: \"v1\"") => {
+            "HTTP/1.1 304 Not Modified\r\nETag: \"v1\"\r\nCache-Control: private, max-age=100\r\n\r\n"
+                .into()
+        }
+        _ => "HTTP/1.1 200 OK\r\nCache-Control: no-store\r\nContent-Length: 3\r\n\r\nnew".into(),
+    }
+}
+
+/// A `304` that adds `private` to an entry stored without `Cache-Control` removes it.
+#[tokio::test]
+async fn a_304_that_adds_private_removes_the_entry() {
+    let up = Scripted::start(expired_then_private).await;
+    let weir = cached(up.addr, "", "").start();
+    let mut c = weir.client().await;
+    assert_eq!(get(&mut c, "/", &[]).await.body, b"version");
+    let refreshed = get(&mut c, "/", &[]).await;
+    assert_eq!(refreshed.body, b"version");
+    assert_eq!(
+        refreshed.header("Cache-Control"),
+        Some("private, max-age=100")
+    );
+    assert_eq!(weir.metric("weir_cache_entries{store=\"mem\"}"), 0);
+    let after = get(&mut c, "/", &[]).await;
+    assert_eq!(
+        (after.body.as_slice(), after.header("Cache-Status")),
+        (&b"new"[..], Some("weir; fwd=uri-miss"))
+    );
+}

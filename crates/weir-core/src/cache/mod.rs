@@ -115,7 +115,7 @@ pub fn lookup(r: &Request<'_>, routed: &[u8], cache: &RouteCache, store: &Arc<St
     let mut stale = None;
     for entry in store.get(&key, &cache.scope) {
         match entry.policy.before_request(&parts, now) {
-            BeforeRequest::Fresh(head) => {
+            BeforeRequest::Fresh(_) => {
                 let length = entry.body.length();
                 // A HEAD is answered with the length alone: no body is read.
                 let ready = match r.req.is_head {
@@ -126,11 +126,12 @@ pub fn lookup(r: &Request<'_>, routed: &[u8], cache: &RouteCache, store: &Arc<St
                     Ready::Now(body) => body,
                     Ready::Gone => continue,
                     Ready::Later => {
-                        let load = Some(Load { entry, head });
+                        let load = Some(Load { entry });
                         return Lookup::Miss(Box::new(Fill::new(key, parts, store, cache, load)));
                     }
                 };
                 store.counts.hits.fetch_add(1, Relaxed);
+                let head = entry_head(&entry, now);
                 let hit = Hit::new(head, body, length, HitLabel::new(Served::Fresh, cache));
                 return Lookup::Hit(Box::new(hit.reply(&parts.headers, r.req.is_head)));
             }
@@ -254,7 +255,7 @@ impl Probe<'_> {
         store.counts.stale.fetch_add(1, Relaxed);
         let served = HitLabel::new(Served::WhileRevalidating, cache);
         let reply =
-            Hit::whole(stale_head(entry, now), body.clone(), served).reply(&parts.headers, false);
+            Hit::whole(entry_head(entry, now), body.clone(), served).reply(&parts.headers, false);
         let mut fill = Fill::new(key.to_vec(), parts.clone(), store, cache, None);
         // The revalidation sends the request's head again without the client's conditions
         // and range (`is_condition`): the entry's own validators make it conditional.
@@ -277,13 +278,24 @@ impl Probe<'_> {
     }
 }
 
-/// A stale `entry`'s head as it is sent: the stored one with its age at `now`
-/// (`cached_response` through a fresh check would refuse it).
-fn stale_head(entry: &Entry, now: SystemTime) -> http::response::Parts {
+/// An `entry`'s head as it is sent: the stored status and fields (every line, as the
+/// upstream sent them, its `Date` the origin's) with its age at `now` in `Age`. Not the
+/// policy's `cached_response`, which keeps one line of each field.
+fn entry_head(entry: &Entry, now: SystemTime) -> http::response::Parts {
+    head_at(entry.status, &entry.headers, &entry.policy, now)
+}
+
+/// [`entry_head`] of a response with `status` and `fields` stored under `policy`.
+fn head_at(
+    status: http::StatusCode,
+    fields: &HeaderMap,
+    policy: &CachePolicy,
+    now: SystemTime,
+) -> http::response::Parts {
     let mut head = http::Response::new(()).into_parts().0;
-    head.status = entry.status;
-    head.headers = entry.headers.clone();
-    let age = entry.policy.age(now).as_secs();
+    head.status = status;
+    head.headers = fields.clone();
+    let age = policy.age(now).as_secs();
     head.headers
         .insert(http::header::AGE, HeaderValue::from(age));
     head
@@ -330,8 +342,6 @@ impl Stale {
 /// A fresh disk entry whose body is read before the request is answered from it.
 struct Load {
     entry: Arc<Entry>,
-    /// The head the policy made for the request.
-    head: http::response::Parts,
 }
 
 /// The request's cache key: its `key` parts, as `scheme://host/path?query` by default.
@@ -698,7 +708,8 @@ impl Fill {
         if let Some(load) = self.load.take() {
             if let Some(body) = self.store.body(&self.key, &load.entry, true).await {
                 self.store.counts.hits.fetch_add(1, Relaxed);
-                return Some(self.reply(Hit::whole(load.head, body, self.served(Served::Fresh))));
+                let head = entry_head(&load.entry, SystemTime::now());
+                return Some(self.reply(Hit::whole(head, body, self.served(Served::Fresh))));
             }
             // Its file could not be read: a miss after all (not collapsed: the request
             // may have a body).
@@ -718,15 +729,14 @@ impl Fill {
         let _ = tokio::time::timeout(self.lock_timeout, wait.changed()).await;
         let now = SystemTime::now();
         let fresh = self.store.get(&self.key, &self.scope);
-        let fresh = fresh.into_iter().find_map(|entry| {
-            match entry.policy.before_request(&self.parts, now) {
-                BeforeRequest::Fresh(head) => Some((entry, head)),
-                BeforeRequest::Stale { .. } => None,
-            }
+        let fresh = fresh.into_iter().find(|entry| {
+            let policy = entry.policy.before_request(&self.parts, now);
+            matches!(policy, BeforeRequest::Fresh(_))
         });
-        let (entry, head) = fresh?;
+        let entry = fresh?;
         let body = self.store.body(&self.key, &entry, true).await?;
         self.store.counts.hits.fetch_add(1, Relaxed);
+        let head = entry_head(&entry, SystemTime::now());
         let hit = Hit::whole(head, body, self.served(Served::Collapsed));
         Some(self.reply(hit))
     }
@@ -757,7 +767,7 @@ impl Fill {
         }
         let body = stale.body.clone()?;
         self.store.counts.stale.fetch_add(1, Relaxed);
-        let head = stale_head(&stale.entry, now);
+        let head = entry_head(&stale.entry, now);
         Some(self.reply(Hit::whole(head, body, self.served(Served::Stale))))
     }
 
@@ -798,42 +808,45 @@ impl Fill {
     fn refresh(&self, resp: Fetched<'_>) -> Option<Reply> {
         let stale = self.stale.as_ref().filter(|s| !s.lines.is_empty())?;
         let body = stale.body.clone()?;
-        let head = resp.head()?;
+        let fresh = resp.head()?;
         let now = SystemTime::now();
-        let kept = stored_request(&self.parts, &[&stale.entry.headers, head.headers()]);
-        let (policy, parts) = match stale.entry.policy.after_response(&kept, &head, now) {
-            AfterResponse::NotModified(policy, parts) => (policy, parts),
-            AfterResponse::Modified(..) => return None,
-        };
-        let fits = fits_reply(&parts.headers);
-        if !policy.is_storable() || !fits {
-            // No longer storable (a `304` with `no-store` or `private`), or its fields
-            // would make every hit fail: the entry goes, and this request gets the body
-            // the 304 confirmed (with the stored head if the new one does not fit).
+        let kept = stored_request(&self.parts, &[&stale.entry.headers, fresh.headers()]);
+        // The policy says whether the 304 is for the stored entry (its validators); its
+        // updated head is made here, with every line of the stored fields.
+        let matched = stale.entry.policy.after_response(&kept, &fresh, now);
+        if let AfterResponse::Modified(..) = matched {
+            return None;
+        }
+        let mut head = http::Response::new(());
+        *head.status_mut() = stale.entry.status;
+        *head.headers_mut() = updated_fields(&stale.entry.headers, fresh.headers());
+        let policy = CachePolicy::new_options(&kept, &head, now, shared());
+        let (head, ()) = head.into_parts();
+        let fits = fits_reply(&head.headers);
+        if !storable(&policy, &head.headers) {
+            // No longer storable (a `304` with `no-store`, `private` or `Set-Cookie`),
+            // or its fields would make every hit fail: the entry goes, and this request
+            // gets the body the 304 confirmed (with the stored head if the new one does
+            // not fit).
             self.store.purge(&self.key, false);
-            let head = if fits {
-                parts
-            } else {
-                stale_head(&stale.entry, now)
+            let head = match fits {
+                true => head_at(head.status, &head.headers, &policy, now),
+                false => entry_head(&stale.entry, now),
             };
             return Some(self.reply(Hit::whole(head, body, self.served(Served::Refreshed))));
         }
+        let answer = head_at(head.status, &head.headers, &policy, now);
         // A stale body is in memory (read for this: `Stale::body`).
         if let Some(stored) = body.body() {
+            let variant = &stale.entry.variant;
             let entry = Entry {
-                staleness: Staleness::of(&policy, &parts.headers, now),
-                status: parts.status,
-                headers: parts.headers.clone(),
+                staleness: Staleness::of(&policy, &head.headers, now),
+                size: entry_size(self, variant, body.len(), &head.headers, &kept.headers),
+                status: head.status,
+                headers: head.headers,
                 policy,
                 body: stored,
-                size: entry_size(
-                    self,
-                    &stale.entry.variant,
-                    body.len(),
-                    &parts.headers,
-                    &kept.headers,
-                ),
-                variant: stale.entry.variant.clone(),
+                variant: variant.clone(),
                 checked: AtomicBool::new(true),
             };
             // The waiting requests are let go once the store has the new head (a disk
@@ -842,7 +855,7 @@ impl Fill {
             let release = self.leading.replace(false);
             self.store.put(self.key.clone(), entry, release);
         }
-        Some(self.reply(Hit::whole(parts, body, self.served(Served::Refreshed))))
+        Some(self.reply(Hit::whole(answer, body, self.served(Served::Refreshed))))
     }
 
     /// What answers instead of the upstream's response `resp`: the stale entry a `304`
@@ -867,16 +880,10 @@ impl Fill {
             return None;
         }
         let head = resp.head()?;
-        let options = CacheOptions {
-            shared: true,
-            ..CacheOptions::default()
-        };
         let kept = stored_request(&self.parts, &[head.headers()]);
-        let policy = CachePolicy::new_options(&kept, &head, SystemTime::now(), options);
-        // A shared cache stores no response that sets a cookie: it is one client's.
-        let set_cookie = head.headers().contains_key(http::header::SET_COOKIE);
-        let fits = fits_reply(head.headers()) && coding_fits_variant(&self.parts.headers, &head);
-        if !policy.is_storable() || set_cookie || !fits {
+        let policy = CachePolicy::new_options(&kept, &head, SystemTime::now(), shared());
+        let fits = coding_fits_variant(&self.parts.headers, &head);
+        if !storable(&policy, head.headers()) || !fits {
             return None;
         }
         let variant = variant(&self.scope, &self.parts.headers, head.headers());
@@ -893,6 +900,49 @@ impl Fill {
             over: false,
         }))
     }
+}
+
+/// The policy's options: a shared cache's.
+fn shared() -> CacheOptions {
+    CacheOptions {
+        shared: true,
+        ..CacheOptions::default()
+    }
+}
+
+/// Whether a response with the fields `headers` may be stored under `policy`: the policy
+/// allows it, it sets no cookie (a shared cache stores no response that does: it is one
+/// client's), and an answer from it keeps within a head's fields ([`fits_reply`]).
+fn storable(policy: &CachePolicy, headers: &HeaderMap) -> bool {
+    let set_cookie = headers.contains_key(http::header::SET_COOKIE);
+    policy.is_storable() && !set_cookie && fits_reply(headers)
+}
+
+/// The stored fields `stored` updated by a `304`'s `fresh` ones (RFC 9111 3.2, 4.3.4):
+/// each field the 304 carries replaces every stored line of its name, except those that
+/// describe the stored body (its framing and coding), which stay; the stored `Age` goes
+/// (the 304's, if it has one, is the new age).
+fn updated_fields(stored: &HeaderMap, fresh: &HeaderMap) -> HeaderMap {
+    let describes_body = |name: &HeaderName| {
+        [
+            http::header::CONTENT_LENGTH,
+            http::header::CONTENT_ENCODING,
+            http::header::TRANSFER_ENCODING,
+            http::header::CONTENT_RANGE,
+        ]
+        .contains(name)
+    };
+    let mut out = HeaderMap::with_capacity(stored.len() + fresh.len());
+    for (name, value) in stored {
+        let replaced = fresh.contains_key(name) && !describes_body(name);
+        if !replaced && name != http::header::AGE {
+            out.append(name.clone(), value.clone());
+        }
+    }
+    for (name, value) in fresh.iter().filter(|(name, _)| !describes_body(name)) {
+        out.append(name.clone(), value.clone());
+    }
+    out
 }
 
 /// An upstream's response head, as the cache reads it: an HTTP/1.1 one (parsed from the
