@@ -1882,3 +1882,43 @@ async fn a_304_that_adds_private_removes_the_entry() {
         (&b"new"[..], Some("weir; fwd=uri-miss"))
     );
 }
+
+/// A `204` hit has no `Content-Length` (RFC 9110 8.6), and the connection stays in step.
+#[tokio::test]
+async fn a_204_hit_has_no_content_length() {
+    let b = Backend::fixed(204, &[("Cache-Control", "max-age=60")], "");
+    let weir = cached(b.addr(), "", "").start();
+    let mut c = weir.client().await;
+    get(&mut c, "/", &[]).await;
+    for _ in 0..2 {
+        let hit = get(&mut c, "/", &[]).await;
+        assert_eq!(
+            (hit.status, hit.header("Cache-Status")),
+            (204, Some("weir; hit"))
+        );
+        assert_eq!(hit.header("Content-Length"), None);
+    }
+    assert_eq!(b.requests_served(), 1);
+}
+
+/// A range of a stored `200` that carries a `Content-Range` of its own has only the `206`'s.
+#[tokio::test]
+async fn a_range_hit_has_one_content_range() {
+    let fields = [
+        ("Cache-Control", "max-age=60"),
+        ("Content-Range", "bytes 0-9/10"),
+    ];
+    let b = Backend::fixed(200, &fields, "0123456789");
+    let weir = cached(b.addr(), "", "").start();
+    let mut c = weir.client().await;
+    get(&mut c, "/", &[]).await;
+    let one = get(&mut c, "/", &[("Range", "bytes=2-4")]).await;
+    assert_eq!((one.status, one.body.as_slice()), (206, &b"234"[..]));
+    assert_eq!(one.headers_all("Content-Range"), ["bytes 2-4/10"]);
+    let same = format!("bytes={}", vec!["0-0"; 32].join(","));
+    let whole = get(&mut c, "/", &[("Range", &same)]).await;
+    assert_eq!(
+        (whole.status, whole.body.as_slice()),
+        (200, &b"0123456789"[..])
+    );
+}
