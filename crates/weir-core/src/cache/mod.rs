@@ -25,8 +25,12 @@
 //! what it stored ([`Fill::collapse`]).
 //!
 //! Entries are keyed by the route's `key` parts (default `scheme://host/path?query`) and,
-//! under a key, by variant (`Vary`; `Accept-Encoding` normalised to the one coding Weir
-//! would pick, so variants stay few). A route without `cache` pays one `Option` check.
+//! under a key, by variant: the route's scope (its listener and name: routes sharing a
+//! store never answer from each other's entries), then `Vary` (`Accept-Encoding`
+//! normalised to the one coding Weir would pick, so variants stay few). The policy sees
+//! the request without `max-stale` and with repeated fields joined, and keeps of it only
+//! the fields it weighs later; a hit's head is the stored fields with `Age`, and a `304`'s
+//! fields are merged into them here. A route without `cache` pays one `Option` check.
 
 pub mod disk;
 mod lru;
