@@ -380,8 +380,8 @@ const FIELD_ROOM: usize = 64;
 /// other parts), roughly.
 const ENTRY_ROOM: u64 = 512;
 
-/// A response from the store, as it is sent ([`Hit::reply`]): the stored head (with
-/// `Age` and `Date`) and the body, shared.
+/// A response from the store, as it is sent ([`Hit::reply`]): the stored head (with its
+/// `Age`: [`entry_head`]) and the body, shared.
 pub struct Hit {
     head: http::response::Parts,
     /// Empty for a HEAD request.
