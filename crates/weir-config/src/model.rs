@@ -1215,6 +1215,11 @@ pub struct RouteCache {
     /// The store's name, and its index in `Config::caches` (set once the stores are known).
     pub store_name: String,
     pub store: usize,
+    /// Whose entries the route's are: its listener's and its own name, each after its
+    /// length (set with `store`). Every variant the route stores begins with it, and the
+    /// route is answered only from those: routes sharing a store never answer from each
+    /// other's entries (their upstreams may differ), whatever `key` lists.
+    pub scope: std::sync::Arc<[u8]>,
     /// What a response is cached under, in order (default: scheme, host, path, query).
     pub key: Vec<CacheKeyPart>,
     /// Add a `Cache-Status` response header (RFC 9211).

@@ -1607,3 +1607,318 @@ async fn a_large_disk_hit_goes_out_from_its_file_whole_even_if_purged() {
     let dir = DiskDir::new("purged-while-sent");
     let _weir = a_large_hit_purged_while_sent(&dir.store()).await;
 }
+
+/// A client's `max-stale` never loosens what a shared cache serves (as nginx and Varnish
+/// do): an entry that must be revalidated (`no-cache`; `s-maxage`, which implies
+/// `proxy-revalidate`), or a stale one, goes upstream, even when another client's request
+/// with `Authorization` stored it (`public` and `s-maxage` allow that).
+#[tokio::test]
+async fn a_clients_max_stale_gets_no_entry_that_must_be_revalidated() {
+    let responses: [&[(&str, &str)]; 3] = [
+        &[("Cache-Control", "public, no-cache")],
+        &[("Cache-Control", "s-maxage=1"), ("Age", "2")],
+        &[("Cache-Control", "max-age=1"), ("Age", "2")],
+    ];
+    for response in responses {
+        let b = Backend::fixed(200, response, "alice's");
+        let weir = cached(b.addr(), "", "").start();
+        let mut c = weir.client().await;
+        get(&mut c, "/", &[("Authorization", "Basic YWxpY2U6eA==")]).await;
+        for stale in ["max-stale", "max-stale=3600", "max-age=9, max-stale"] {
+            let r = get(&mut c, "/", &[("Cache-Control", stale)]).await;
+            assert_ne!(
+                r.header("Cache-Status"),
+                Some("weir; hit"),
+                "{response:?} {stale}"
+            );
+        }
+        assert_eq!(b.requests_served(), 4, "{response:?}");
+    }
+}
+
+/// Answers with the first coding the request's `Accept-Encoding` offers (as its
+/// `Content-Encoding`; none: `plain`), fresh for a minute, varying on it.
+fn first_coding(head: &str, _: usize) -> String {
+    let offered = head
+        .lines()
+        .find_map(|l| l.strip_prefix("Accept-Encoding: "))
+        .and_then(|v| v.split([',', ';']).next())
+        .map(str::trim);
+    let (field, body) = match offered {
+        Some(coding) => (format!("Content-Encoding: {coding}\r\n"), coding.to_owned()),
+        None => (String::new(), "plain".to_owned()),
+    };
+    format!(
+        "HTTP/1.1 200 OK\r\nCache-Control: max-age=60\r\nVary: Accept-Encoding\r\n{field}\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+/// A response is stored under the `Accept-Encoding` variant Weir picks (br, gzip or none)
+/// only if that variant's coding covers its `Content-Encoding`: a coding the variant does
+/// not name (zstd, deflate, `*`'s pick, gzip for a br variant) is relayed, not stored.
+#[tokio::test]
+async fn a_response_in_a_coding_its_variant_does_not_name_is_not_stored() {
+    let up = Scripted::start(first_coding).await;
+    let weir = cached(up.addr, "", "").start();
+    let mut c = weir.client().await;
+    let cases = [
+        ("zstd", None),
+        ("deflate, gzip", Some("gzip")),
+        ("x-gzip", None),
+        ("*", None),
+        ("gzip, br;q=0.001", Some("br")),
+    ];
+    for (i, (offer, then)) in cases.into_iter().enumerate() {
+        let path = format!("/{i}");
+        let sent = get(&mut c, &path, &[("Accept-Encoding", offer)]).await;
+        assert_eq!(sent.body_str(), offer.split([',', ';']).next().unwrap());
+        assert_eq!(sent.header("Cache-Status"), Some("weir; fwd=uri-miss"));
+        let asks: Vec<_> = then.map(|v| ("Accept-Encoding", v)).into_iter().collect();
+        let next = get(&mut c, &path, &asks).await;
+        assert_eq!(next.header("Content-Encoding"), then, "after {offer}");
+        assert_eq!(next.body_str(), then.unwrap_or("plain"), "after {offer}");
+        assert_eq!(next.header("Cache-Status"), Some("weir; fwd=uri-miss"));
+    }
+}
+
+/// Routes sharing a store never share an entry: one route's upstream (beta, chosen by a
+/// header) does not fill what another route (prod) answers for the same URL, nor does a
+/// listener's route fill another listener's route of the same name.
+#[tokio::test]
+async fn routes_sharing_a_store_never_share_an_entry() {
+    let fresh = [("Cache-Control", "max-age=60")];
+    let (beta, prod, internal) = (
+        Backend::fixed(200, &fresh, "beta"),
+        Backend::fixed(200, &fresh, "prod"),
+        Backend::fixed(200, &fresh, "internal"),
+    );
+    let store = "cache = { store = \"mem\" }";
+    let weir = Conf::new()
+        .route(
+            "beta",
+            "beta",
+            &[r#"match_headers = { "X-Beta" = "1" }"#, store],
+        )
+        .route("c", "prod", &[store])
+        .upstream("beta", &[beta.addr()], &[])
+        .upstream("prod", &[prod.addr()], &[])
+        .upstream("internal", &[internal.addr()], &[])
+        .table("[caches.mem]\nkind = \"memory\"")
+        .table(&format!(
+            "[[listeners]]\nname = \"internal\"\nbind = \"127.0.0.1:0\"\nrequest_id = false\n\
+             [[listeners.routes]]\nname = \"c\"\nupstream = \"internal\"\n{store}"
+        ))
+        .start();
+    let mut c = weir.client().await;
+    let first = get(&mut c, "/x/p1", &[("X-Beta", "1")]).await;
+    assert_eq!(first.body_str(), "beta");
+    for _ in 0..2 {
+        assert_eq!(get(&mut c, "/x/p1", &[]).await.body_str(), "prod");
+    }
+    assert_eq!(
+        prod.requests_served(),
+        1,
+        "prod's own entry answers the second"
+    );
+    let inside = weir.proxy().listener_addr("internal").unwrap();
+    let mut i = Client::connect(inside).await.unwrap();
+    for _ in 0..2 {
+        assert_eq!(get(&mut i, "/x/p1", &[]).await.body_str(), "internal");
+    }
+    assert_eq!(internal.requests_served(), 1);
+    assert_eq!(
+        get(&mut c, "/x/p1", &[("X-Beta", "1")])
+            .await
+            .header("Cache-Status"),
+        Some("weir; hit")
+    );
+    assert_eq!(beta.requests_served(), 1);
+}
+
+/// An entry keeps only the request fields its policy weighs (not a client's padding), and
+/// it accounts for its heads: a large request field takes no room in a disk store's file,
+/// a large response field counts in a memory store's bytes.
+#[tokio::test]
+async fn an_entry_keeps_and_counts_its_heads_not_the_requests_other_fields() {
+    let pad = "p".repeat(7000);
+    let dir = DiskDir::new("heads");
+    let b = Backend::fixed(200, &[("Cache-Control", "max-age=60")], "x");
+    let weir = cached_in(b.addr(), "", &dir.store()).start();
+    let mut c = weir.client().await;
+    get(&mut c, "/", &[("X-Pad", &pad), ("X-Pad", &pad)]).await;
+    weir.wait_metric("weir_cache_stored_total{store=\"mem\"}", 1)
+        .await;
+    let bytes = weir.metric("weir_cache_bytes{store=\"mem\"}");
+    assert!(bytes < 4000, "the padding is not stored: {bytes} bytes");
+
+    let big = "b".repeat(10_000);
+    let b = Backend::fixed(
+        200,
+        &[("Cache-Control", "max-age=60"), ("X-Big", &big)],
+        "x",
+    );
+    let weir = cached(b.addr(), "", "").start();
+    let mut c = weir.client().await;
+    let r = get(&mut c, "/", &[]).await;
+    assert_eq!(r.header("X-Big").map(str::len), Some(10_000));
+    weir.wait_metric("weir_cache_stored_total{store=\"mem\"}", 1)
+        .await;
+    let bytes = weir.metric("weir_cache_bytes{store=\"mem\"}");
+    assert!(
+        bytes > 10_000,
+        "the response's head is counted: {bytes} bytes"
+    );
+}
+
+/// Answers with the request's `Accept-Language` lines, joined, fresh for a minute, varying
+/// on it.
+fn languages(head: &str, _: usize) -> String {
+    let asked: Vec<_> = head
+        .lines()
+        .filter_map(|l| l.strip_prefix("Accept-Language: "))
+        .collect();
+    let body = asked.join("+");
+    format!(
+        "HTTP/1.1 200 OK\r\nCache-Control: max-age=60\r\nVary: Accept-Language\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+/// A `Vary`-listed field sent on two lines is matched by both: a request sending only the
+/// first does not get the entry stored for both.
+#[tokio::test]
+async fn a_varied_field_on_two_lines_is_matched_whole() {
+    let up = Scripted::start(languages).await;
+    let weir = cached(up.addr, "", "").start();
+    let mut c = weir.client().await;
+    let two = [("Accept-Language", "en"), ("Accept-Language", "xx-evil")];
+    assert_eq!(get(&mut c, "/", &two).await.body_str(), "en+xx-evil");
+    let en = get(&mut c, "/", &[("Accept-Language", "en")]).await;
+    assert_eq!(en.body_str(), "en");
+    assert_eq!(en.header("Cache-Status"), Some("weir; fwd=uri-miss"));
+    let again = get(&mut c, "/", &two).await;
+    assert_eq!(again.header("Cache-Status"), Some("weir; hit"));
+    assert_eq!(again.body_str(), "en+xx-evil");
+    let joined = get(&mut c, "/", &[("Accept-Language", "en, xx-evil")]).await;
+    assert_eq!(
+        joined.header("Cache-Status"),
+        Some("weir; hit"),
+        "the same value"
+    );
+}
+
+/// `ETag: "v1"`, stale at once, with two lines each of `Vary` and `Link`; a `304` to
+/// `If-None-Match: "v1"` makes it fresh for a minute.
+fn repeated_fields(head: &str, _: usize) -> String {
+    let fields = "ETag: \"v1\"\r\nVary: Accept-Encoding\r\nVary: Accept-Language\r\n\
+                  Link: <a>; rel=preload\r\nLink: <b>; rel=preload\r\n";
+    if head.contains("If-None-Match: \"v1\"") {
+        return "HTTP/1.1 304 Not Modified\r\nETag: \"v1\"\r\nCache-Control: max-age=60\r\n\r\n"
+            .into();
+    }
+    format!("HTTP/1.1 200 OK\r\n{fields}Cache-Control: max-age=0\r\nContent-Length: 1\r\n\r\nv")
+}
+
+/// A hit carries every line of a repeated stored field, before and after a `304` refreshed
+/// the entry, and the refreshed entry still varies on each field its `Vary` lines name.
+#[tokio::test]
+async fn repeated_response_fields_keep_every_line_through_a_refresh() {
+    let up = Scripted::start(repeated_fields).await;
+    let weir = cached(up.addr, "", "").start();
+    let mut c = weir.client().await;
+    let asks = [("Accept-Encoding", "gzip"), ("Accept-Language", "en")];
+    get(&mut c, "/", &asks).await;
+    let refreshed = get(&mut c, "/", &asks).await;
+    let hit = get(&mut c, "/", &asks).await;
+    for (what, r) in [("refreshed", &refreshed), ("hit", &hit)] {
+        assert_eq!(r.headers_all("Vary").len(), 2, "{what}");
+        assert_eq!(r.headers_all("Link").len(), 2, "{what}");
+        assert_eq!(r.header("Cache-Control"), Some("max-age=60"), "{what}");
+    }
+    assert_eq!(hit.header("Cache-Status"), Some("weir; hit"));
+    let plain = get(&mut c, "/", &[("Accept-Language", "en")]).await;
+    assert_ne!(
+        plain.header("Cache-Status"),
+        Some("weir; hit"),
+        "another variant"
+    );
+}
+
+/// `ETag: "v1"` with only an `Expires` long past; a `304` that adds
+/// `Cache-Control: private`; then `new`.
+fn expired_then_private(head: &str, index: usize) -> String {
+    match index {
+        0 => "HTTP/1.1 200 OK\r\nETag: \"v1\"\r\nExpires: Thu, 01 Jan 1970 00:00:00 GMT\r\n\
+              Content-Length: 7\r\n\r\nversion"
+            .into(),
+        1 if head.contains("If-None-Match: \"v1\"") => {
+            "HTTP/1.1 304 Not Modified\r\nETag: \"v1\"\r\nCache-Control: private, max-age=100\r\n\r\n"
+                .into()
+        }
+        _ => "HTTP/1.1 200 OK\r\nCache-Control: no-store\r\nContent-Length: 3\r\n\r\nnew".into(),
+    }
+}
+
+/// A `304` that adds `private` to an entry stored without `Cache-Control` removes it.
+#[tokio::test]
+async fn a_304_that_adds_private_removes_the_entry() {
+    let up = Scripted::start(expired_then_private).await;
+    let weir = cached(up.addr, "", "").start();
+    let mut c = weir.client().await;
+    assert_eq!(get(&mut c, "/", &[]).await.body, b"version");
+    let refreshed = get(&mut c, "/", &[]).await;
+    assert_eq!(refreshed.body, b"version");
+    assert_eq!(
+        refreshed.header("Cache-Control"),
+        Some("private, max-age=100")
+    );
+    assert_eq!(weir.metric("weir_cache_entries{store=\"mem\"}"), 0);
+    let after = get(&mut c, "/", &[]).await;
+    assert_eq!(
+        (after.body.as_slice(), after.header("Cache-Status")),
+        (&b"new"[..], Some("weir; fwd=uri-miss"))
+    );
+}
+
+/// A `204` hit has no `Content-Length` (RFC 9110 8.6), and the connection stays in step.
+#[tokio::test]
+async fn a_204_hit_has_no_content_length() {
+    let b = Backend::fixed(204, &[("Cache-Control", "max-age=60")], "");
+    let weir = cached(b.addr(), "", "").start();
+    let mut c = weir.client().await;
+    get(&mut c, "/", &[]).await;
+    for _ in 0..2 {
+        let hit = get(&mut c, "/", &[]).await;
+        assert_eq!(
+            (hit.status, hit.header("Cache-Status")),
+            (204, Some("weir; hit"))
+        );
+        assert_eq!(hit.header("Content-Length"), None);
+    }
+    assert_eq!(b.requests_served(), 1);
+}
+
+/// A range of a stored `200` that carries a `Content-Range` of its own has only the `206`'s.
+#[tokio::test]
+async fn a_range_hit_has_one_content_range() {
+    let fields = [
+        ("Cache-Control", "max-age=60"),
+        ("Content-Range", "bytes 0-9/10"),
+    ];
+    let b = Backend::fixed(200, &fields, "0123456789");
+    let weir = cached(b.addr(), "", "").start();
+    let mut c = weir.client().await;
+    get(&mut c, "/", &[]).await;
+    let one = get(&mut c, "/", &[("Range", "bytes=2-4")]).await;
+    assert_eq!((one.status, one.body.as_slice()), (206, &b"234"[..]));
+    assert_eq!(one.headers_all("Content-Range"), ["bytes 2-4/10"]);
+    let same = format!("bytes={}", vec!["0-0"; 32].join(","));
+    let whole = get(&mut c, "/", &[("Range", &same)]).await;
+    assert_eq!(
+        (whole.status, whole.body.as_slice()),
+        (200, &b"0123456789"[..])
+    );
+}

@@ -188,6 +188,7 @@ pub(super) fn route_cache(raw: RawRouteCache, path: &FieldPath) -> Result<RouteC
     Ok(RouteCache {
         store_name,
         store: usize::MAX,
+        scope: std::sync::Arc::from(&[][..]),
         key: key(raw.key, &path.key("key"))?,
         status_header: raw.status_header.unwrap_or(true),
         lock_timeout: super::duration(
@@ -262,6 +263,7 @@ pub(super) fn resolve_refs(
             let Some(cache) = &mut route.filters.cache else {
                 continue;
             };
+            cache.scope = scope(&listener.name, &route.name);
             let found = stores.iter().position(|s| s.name == cache.store_name);
             cache.store = found.ok_or_else(|| {
                 let at = path.index(li).key("routes").index(ri).key("cache");
@@ -282,4 +284,16 @@ pub(super) fn resolve_refs(
         }
     }
     Ok(())
+}
+
+/// A route's [`RouteCache::scope`]: its listener's name and its own, each after its
+/// length (route names are unique within a listener only), so that no two routes' scopes
+/// begin alike.
+fn scope(listener: &str, route: &str) -> std::sync::Arc<[u8]> {
+    let mut out = Vec::with_capacity(8 + listener.len() + route.len());
+    for name in [listener, route] {
+        out.extend_from_slice(&(name.len() as u32).to_le_bytes());
+        out.extend_from_slice(name.as_bytes());
+    }
+    out.into()
 }

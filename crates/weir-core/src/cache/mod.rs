@@ -25,12 +25,17 @@
 //! what it stored ([`Fill::collapse`]).
 //!
 //! Entries are keyed by the route's `key` parts (default `scheme://host/path?query`) and,
-//! under a key, by variant (`Vary`; `Accept-Encoding` normalised to the one coding Weir
-//! would pick, so variants stay few). A route without `cache` pays one `Option` check.
+//! under a key, by variant: the route's scope (its listener and name: routes sharing a
+//! store never answer from each other's entries), then `Vary` (`Accept-Encoding`
+//! normalised to the one coding Weir would pick, so variants stay few). The policy sees
+//! the request without `max-stale` and with repeated fields joined, and keeps of it only
+//! the fields it weighs later; a hit's head is the stored fields with `Age`, and a `304`'s
+//! fields are merged into them here. A route without `cache` pays one `Option` check.
 
 pub mod disk;
 mod lru;
 mod reply;
+mod request;
 mod sealed;
 pub mod stale;
 pub mod store;
@@ -43,8 +48,9 @@ use std::time::{Duration, SystemTime};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue};
 use http_cache_semantics::{AfterResponse, BeforeRequest, CacheOptions, CachePolicy};
-use weir_config::{CacheKeyPart, RouteCache};
+use weir_config::RouteCache;
 
+use request::{key, request_parts, stored_request};
 pub use stale::{Cause, Staleness};
 pub use store::{Body, Entry, Held, Store};
 use store::{Ready, Turn};
@@ -113,9 +119,9 @@ pub fn lookup(r: &Request<'_>, routed: &[u8], cache: &RouteCache, store: &Arc<St
     };
     let now = SystemTime::now();
     let mut stale = None;
-    for entry in store.get(&key) {
+    for entry in store.get(&key, &cache.scope) {
         match entry.policy.before_request(&parts, now) {
-            BeforeRequest::Fresh(head) => {
+            BeforeRequest::Fresh(_) => {
                 let length = entry.body.length();
                 // A HEAD is answered with the length alone: no body is read.
                 let ready = match r.req.is_head {
@@ -126,11 +132,12 @@ pub fn lookup(r: &Request<'_>, routed: &[u8], cache: &RouteCache, store: &Arc<St
                     Ready::Now(body) => body,
                     Ready::Gone => continue,
                     Ready::Later => {
-                        let load = Some(Load { entry, head });
+                        let load = Some(Load { entry });
                         return Lookup::Miss(Box::new(Fill::new(key, parts, store, cache, load)));
                     }
                 };
                 store.counts.hits.fetch_add(1, Relaxed);
+                let head = entry_head(&entry, now);
                 let hit = Hit::new(head, body, length, HitLabel::new(Served::Fresh, cache));
                 return Lookup::Hit(Box::new(hit.reply(&parts.headers, r.req.is_head)));
             }
@@ -254,7 +261,7 @@ impl Probe<'_> {
         store.counts.stale.fetch_add(1, Relaxed);
         let served = HitLabel::new(Served::WhileRevalidating, cache);
         let reply =
-            Hit::whole(stale_head(entry, now), body.clone(), served).reply(&parts.headers, false);
+            Hit::whole(entry_head(entry, now), body.clone(), served).reply(&parts.headers, false);
         let mut fill = Fill::new(key.to_vec(), parts.clone(), store, cache, None);
         // The revalidation sends the request's head again without the client's conditions
         // and range (`is_condition`): the entry's own validators make it conditional.
@@ -277,13 +284,24 @@ impl Probe<'_> {
     }
 }
 
-/// A stale `entry`'s head as it is sent: the stored one with its age at `now`
-/// (`cached_response` through a fresh check would refuse it).
-fn stale_head(entry: &Entry, now: SystemTime) -> http::response::Parts {
+/// An `entry`'s head as it is sent: the stored status and fields (every line, as the
+/// upstream sent them, its `Date` the origin's) with its age at `now` in `Age`. Not the
+/// policy's `cached_response`, which keeps one line of each field.
+fn entry_head(entry: &Entry, now: SystemTime) -> http::response::Parts {
+    head_at(entry.status, &entry.headers, &entry.policy, now)
+}
+
+/// [`entry_head`] of a response with `status` and `fields` stored under `policy`.
+fn head_at(
+    status: http::StatusCode,
+    fields: &HeaderMap,
+    policy: &CachePolicy,
+    now: SystemTime,
+) -> http::response::Parts {
     let mut head = http::Response::new(()).into_parts().0;
-    head.status = entry.status;
-    head.headers = entry.headers.clone();
-    let age = entry.policy.age(now).as_secs();
+    head.status = status;
+    head.headers = fields.clone();
+    let age = policy.age(now).as_secs();
     head.headers
         .insert(http::header::AGE, HeaderValue::from(age));
     head
@@ -330,84 +348,40 @@ impl Stale {
 /// A fresh disk entry whose body is read before the request is answered from it.
 struct Load {
     entry: Arc<Entry>,
-    /// The head the policy made for the request.
-    head: http::response::Parts,
 }
 
-/// The request's cache key: its `key` parts, as `scheme://host/path?query` by default.
-fn key(r: &Request<'_>, routed: &[u8], cache: &RouteCache) -> Vec<u8> {
-    let (path, query) = split_query(routed);
-    let mut key = Vec::with_capacity(routed.len() + 32);
-    for part in &cache.key {
-        match part {
-            CacheKeyPart::Scheme => {
-                key.extend_from_slice(r.origin.scheme());
-                key.extend_from_slice(b"://");
-            }
-            CacheKeyPart::Host => {
-                let host = r.req.host.as_ref().map_or(&[][..], |h| &r.buf[h.clone()]);
-                key.extend(host.iter().map(u8::to_ascii_lowercase));
-            }
-            CacheKeyPart::Path => key.extend_from_slice(path),
-            CacheKeyPart::Query => {
-                if let Some(q) = query {
-                    key.push(b'?');
-                    key.extend_from_slice(q);
-                }
-            }
-        }
-    }
-    key
-}
-
-fn split_query(routed: &[u8]) -> (&[u8], Option<&[u8]>) {
-    match routed.iter().position(|&b| b == b'?') {
-        Some(i) => (&routed[..i], Some(&routed[i + 1..])),
-        None => (routed, None),
-    }
-}
-
-/// The request as the policy reads it: GET (a HEAD is served from a GET's entry), its
-/// path, its end-to-end fields with `Accept-Encoding` normalised. `None`: a field that is
-/// not valid HTTP (the request is forwarded, not cached).
-fn request_parts(r: &Request<'_>, routed: &[u8]) -> Option<http::request::Parts> {
-    let uri = http::Uri::try_from(routed).ok()?;
-    let mut headers = HeaderMap::with_capacity(r.req.headers.len());
-    for h in r.req.headers.iter().filter(|h| !h.kind.is_hop_by_hop()) {
-        let name = HeaderName::from_bytes(&r.buf[h.name.clone()]).ok()?;
-        let value = HeaderValue::from_bytes(&r.buf[h.value.clone()]).ok()?;
-        headers.append(name, value);
-    }
-    normalise_accept_encoding(&mut headers);
-    let (mut parts, ()) = http::Request::get(uri).body(()).ok()?.into_parts();
-    parts.headers = headers;
-    Some(parts)
-}
-
-/// `Accept-Encoding` reduced to the one coding a cached variant is picked by (`br`, else
-/// `gzip`, else none), so that clients' many spellings share a few variants.
-fn normalise_accept_encoding(headers: &mut HeaderMap) {
-    let Some(value) = headers.get(http::header::ACCEPT_ENCODING) else {
-        return;
+/// Bytes a stored response accounts for in a memory store: its `body`, its key and
+/// variant, its heads (the `response` fields, held twice: by the entry and by its policy;
+/// the `request` fields its policy keeps, [`stored_request`]), each field with the map's
+/// room for it, and [`ENTRY_ROOM`] for the rest. (A disk store counts its file instead,
+/// which holds all of these.)
+fn entry_size(
+    fill: &Fill,
+    variant: &[u8],
+    body: u64,
+    response: &HeaderMap,
+    request: &HeaderMap,
+) -> u64 {
+    let fields = |h: &HeaderMap| -> u64 {
+        let each = h
+            .iter()
+            .map(|(n, v)| n.as_str().len() + v.len() + FIELD_ROOM);
+        each.sum::<usize>() as u64
     };
-    let text = value.to_str().unwrap_or("").to_ascii_lowercase();
-    let offers = |coding: &str| {
-        text.split(',').any(|item| {
-            let mut parts = item.split(';');
-            let name = parts.next().unwrap_or("").trim();
-            let refused = parts.any(|p| matches!(p.trim(), "q=0" | "q=0.0" | "q=0.00" | "q=0.000"));
-            name == coding && !refused
-        })
-    };
-    let normal = ["br", "gzip"].into_iter().find(|c| offers(c));
-    match normal {
-        Some(c) => headers.insert(http::header::ACCEPT_ENCODING, HeaderValue::from_static(c)),
-        None => headers.remove(http::header::ACCEPT_ENCODING),
-    };
+    let named = (fill.key.len() + variant.len()) as u64;
+    body + named + 2 * fields(response) + fields(request) + ENTRY_ROOM
 }
 
-/// A response from the store, as it is sent ([`Hit::reply`]): the stored head (with
-/// `Age` and `Date`) and the body, shared.
+/// What a header map takes per field besides its name and value (its bucket, index and
+/// the values' own `Bytes`), roughly.
+const FIELD_ROOM: usize = 64;
+
+/// What an entry takes besides its body, names and fields (the entry, its policy's
+/// other parts), roughly.
+const ENTRY_ROOM: u64 = 512;
+
+/// A response from the store, as it is sent ([`Hit::reply`]): the stored head (with its
+/// `Age`: [`entry_head`]) and the body, shared.
 pub struct Hit {
     head: http::response::Parts,
     /// Empty for a HEAD request.
@@ -503,6 +477,8 @@ impl Served {
 /// A miss on its way upstream: what its response is stored as.
 pub struct Fill {
     key: Vec<u8>,
+    /// The route's [`RouteCache::scope`]: the entries it may be answered from.
+    scope: Arc<[u8]>,
     parts: http::request::Parts,
     store: Arc<Store>,
     status_header: bool,
@@ -544,6 +520,7 @@ impl Fill {
     ) -> Fill {
         Fill {
             key,
+            scope: cache.scope.clone(),
             parts,
             store: store.clone(),
             status_header: cache.status_header,
@@ -588,7 +565,8 @@ impl Fill {
         if let Some(load) = self.load.take() {
             if let Some(body) = self.store.body(&self.key, &load.entry, true).await {
                 self.store.counts.hits.fetch_add(1, Relaxed);
-                return Some(self.reply(Hit::whole(load.head, body, self.served(Served::Fresh))));
+                let head = entry_head(&load.entry, SystemTime::now());
+                return Some(self.reply(Hit::whole(head, body, self.served(Served::Fresh))));
             }
             // Its file could not be read: a miss after all (not collapsed: the request
             // may have a body).
@@ -607,15 +585,15 @@ impl Fill {
         // Closed (`Err`) when the leader is done; a timeout: it takes too long.
         let _ = tokio::time::timeout(self.lock_timeout, wait.changed()).await;
         let now = SystemTime::now();
-        let fresh = self.store.get(&self.key).into_iter().find_map(|entry| {
-            match entry.policy.before_request(&self.parts, now) {
-                BeforeRequest::Fresh(head) => Some((entry, head)),
-                BeforeRequest::Stale { .. } => None,
-            }
+        let fresh = self.store.get(&self.key, &self.scope);
+        let fresh = fresh.into_iter().find(|entry| {
+            let policy = entry.policy.before_request(&self.parts, now);
+            matches!(policy, BeforeRequest::Fresh(_))
         });
-        let (entry, head) = fresh?;
+        let entry = fresh?;
         let body = self.store.body(&self.key, &entry, true).await?;
         self.store.counts.hits.fetch_add(1, Relaxed);
+        let head = entry_head(&entry, SystemTime::now());
         let hit = Hit::whole(head, body, self.served(Served::Collapsed));
         Some(self.reply(hit))
     }
@@ -646,7 +624,7 @@ impl Fill {
         }
         let body = stale.body.clone()?;
         self.store.counts.stale.fetch_add(1, Relaxed);
-        let head = stale_head(&stale.entry, now);
+        let head = entry_head(&stale.entry, now);
         Some(self.reply(Hit::whole(head, body, self.served(Served::Stale))))
     }
 
@@ -687,35 +665,45 @@ impl Fill {
     fn refresh(&self, resp: Fetched<'_>) -> Option<Reply> {
         let stale = self.stale.as_ref().filter(|s| !s.lines.is_empty())?;
         let body = stale.body.clone()?;
-        let head = resp.head()?;
+        let fresh = resp.head()?;
         let now = SystemTime::now();
-        let (policy, parts) = match stale.entry.policy.after_response(&self.parts, &head, now) {
-            AfterResponse::NotModified(policy, parts) => (policy, parts),
-            AfterResponse::Modified(..) => return None,
-        };
-        let fits = fits_reply(&parts.headers);
-        if !policy.is_storable() || !fits {
-            // No longer storable (a `304` with `no-store` or `private`), or its fields
-            // would make every hit fail: the entry goes, and this request gets the body
-            // the 304 confirmed (with the stored head if the new one does not fit).
+        let kept = stored_request(&self.parts, &[&stale.entry.headers, fresh.headers()]);
+        // The policy says whether the 304 is for the stored entry (its validators); its
+        // updated head is made here, with every line of the stored fields.
+        let matched = stale.entry.policy.after_response(&kept, &fresh, now);
+        if let AfterResponse::Modified(..) = matched {
+            return None;
+        }
+        let mut head = http::Response::new(());
+        *head.status_mut() = stale.entry.status;
+        *head.headers_mut() = updated_fields(&stale.entry.headers, fresh.headers());
+        let policy = CachePolicy::new_options(&kept, &head, now, shared());
+        let (head, ()) = head.into_parts();
+        let fits = fits_reply(&head.headers);
+        if !storable(&policy, &head.headers) {
+            // No longer storable (a `304` with `no-store`, `private` or `Set-Cookie`),
+            // or its fields would make every hit fail: the entry goes, and this request
+            // gets the body the 304 confirmed (with the stored head if the new one does
+            // not fit).
             self.store.purge(&self.key, false);
-            let head = if fits {
-                parts
-            } else {
-                stale_head(&stale.entry, now)
+            let head = match fits {
+                true => head_at(head.status, &head.headers, &policy, now),
+                false => entry_head(&stale.entry, now),
             };
             return Some(self.reply(Hit::whole(head, body, self.served(Served::Refreshed))));
         }
+        let answer = head_at(head.status, &head.headers, &policy, now);
         // A stale body is in memory (read for this: `Stale::body`).
         if let Some(stored) = body.body() {
+            let variant = &stale.entry.variant;
             let entry = Entry {
-                staleness: Staleness::of(&policy, &parts.headers, now),
-                status: parts.status,
-                headers: parts.headers.clone(),
+                staleness: Staleness::of(&policy, &head.headers, now),
+                size: entry_size(self, variant, body.len(), &head.headers, &kept.headers),
+                status: head.status,
+                headers: head.headers,
                 policy,
                 body: stored,
-                variant: stale.entry.variant.clone(),
-                size: stale.entry.size,
+                variant: variant.clone(),
                 checked: AtomicBool::new(true),
             };
             // The waiting requests are let go once the store has the new head (a disk
@@ -724,7 +712,7 @@ impl Fill {
             let release = self.leading.replace(false);
             self.store.put(self.key.clone(), entry, release);
         }
-        Some(self.reply(Hit::whole(parts, body, self.served(Served::Refreshed))))
+        Some(self.reply(Hit::whole(answer, body, self.served(Served::Refreshed))))
     }
 
     /// What answers instead of the upstream's response `resp`: the stale entry a `304`
@@ -749,19 +737,16 @@ impl Fill {
             return None;
         }
         let head = resp.head()?;
-        let options = CacheOptions {
-            shared: true,
-            ..CacheOptions::default()
-        };
-        let policy = CachePolicy::new_options(&self.parts, &head, SystemTime::now(), options);
-        // A shared cache stores no response that sets a cookie: it is one client's.
-        let set_cookie = head.headers().contains_key(http::header::SET_COOKIE);
-        if !policy.is_storable() || set_cookie || !fits_reply(head.headers()) {
+        let kept = stored_request(&self.parts, &[head.headers()]);
+        let policy = CachePolicy::new_options(&kept, &head, SystemTime::now(), shared());
+        let fits = coding_fits_variant(&self.parts.headers, &head);
+        if !storable(&policy, head.headers()) || !fits {
             return None;
         }
-        let variant = variant(&self.parts.headers, head.headers());
+        let variant = variant(&self.scope, &self.parts.headers, head.headers());
         let (head, ()) = head.into_parts();
         Some(Box::new(Recorder {
+            request: kept.headers,
             head,
             chunked: resp.chunked() && !dechunk,
             fill: self,
@@ -772,6 +757,49 @@ impl Fill {
             over: false,
         }))
     }
+}
+
+/// The policy's options: a shared cache's.
+fn shared() -> CacheOptions {
+    CacheOptions {
+        shared: true,
+        ..CacheOptions::default()
+    }
+}
+
+/// Whether a response with the fields `headers` may be stored under `policy`: the policy
+/// allows it, it sets no cookie (a shared cache stores no response that does: it is one
+/// client's), and an answer from it keeps within a head's fields ([`fits_reply`]).
+fn storable(policy: &CachePolicy, headers: &HeaderMap) -> bool {
+    let set_cookie = headers.contains_key(http::header::SET_COOKIE);
+    policy.is_storable() && !set_cookie && fits_reply(headers)
+}
+
+/// The stored fields `stored` updated by a `304`'s `fresh` ones (RFC 9111 3.2, 4.3.4):
+/// each field the 304 carries replaces every stored line of its name, except those that
+/// describe the stored body (its framing and coding), which stay; the stored `Age` goes
+/// (the 304's, if it has one, is the new age).
+fn updated_fields(stored: &HeaderMap, fresh: &HeaderMap) -> HeaderMap {
+    let describes_body = |name: &HeaderName| {
+        [
+            http::header::CONTENT_LENGTH,
+            http::header::CONTENT_ENCODING,
+            http::header::TRANSFER_ENCODING,
+            http::header::CONTENT_RANGE,
+        ]
+        .contains(name)
+    };
+    let mut out = HeaderMap::with_capacity(stored.len() + fresh.len());
+    for (name, value) in stored {
+        let replaced = fresh.contains_key(name) && !describes_body(name);
+        if !replaced && name != http::header::AGE {
+            out.append(name.clone(), value.clone());
+        }
+    }
+    for (name, value) in fresh.iter().filter(|(name, _)| !describes_body(name)) {
+        out.append(name.clone(), value.clone());
+    }
+    out
 }
 
 /// An upstream's response head, as the cache reads it: an HTTP/1.1 one (parsed from the
@@ -835,6 +863,37 @@ fn fits_reply(headers: &HeaderMap) -> bool {
     headers.len() + REPLY_ADDS <= crate::codec::http1::response::MAX_RESPONSE_HEADERS
 }
 
+/// Whether the response `head`'s `Content-Encoding` is one its variant covers, when it
+/// varies on `Accept-Encoding`: identity, or the one coding the request's normalised
+/// `Accept-Encoding` (in `request`) names. The client's own `Accept-Encoding` goes
+/// upstream, so the upstream may pick a coding the variant does not name (zstd, deflate,
+/// gzip for the `br` variant): stored, it would be served to clients of that variant that
+/// cannot decode it. (A response that does not vary on it says it is for every client.)
+fn coding_fits_variant(request: &HeaderMap, head: &http::Response<()>) -> bool {
+    let vary = head.headers().get_all(http::header::VARY).iter();
+    let names = vary.flat_map(|v| v.as_bytes().split(|b| *b == b','));
+    if !names
+        .map(<[u8]>::trim_ascii)
+        .any(|n| n.eq_ignore_ascii_case(b"accept-encoding"))
+    {
+        return true;
+    }
+    let variant = request.get(http::header::ACCEPT_ENCODING);
+    let fields = head
+        .headers()
+        .get_all(http::header::CONTENT_ENCODING)
+        .iter();
+    let mut codings = fields
+        .flat_map(|v| v.as_bytes().split(|b| *b == b','))
+        .map(<[u8]>::trim_ascii)
+        .filter(|c| !c.is_empty() && !c.eq_ignore_ascii_case(b"identity"));
+    match (codings.next(), codings.next()) {
+        (None, _) => true,
+        (Some(coding), None) => variant.is_some_and(|v| coding.eq_ignore_ascii_case(v.as_bytes())),
+        (Some(_), Some(_)) => false,
+    }
+}
+
 /// The response `resp` (its head in `buf`) as the policy reads it: its end-to-end fields.
 fn response_parts(buf: &[u8], resp: &ResponseHead) -> Option<http::Response<()>> {
     let mut head = http::Response::new(());
@@ -852,9 +911,10 @@ fn response_parts(buf: &[u8], resp: &ResponseHead) -> Option<http::Response<()>>
     Some(head)
 }
 
-/// The values of the request fields `response` varies on, joined.
-fn variant(request: &HeaderMap, response: &HeaderMap) -> Vec<u8> {
-    let mut out = Vec::new();
+/// Which variant of its key a response is: the route's `scope`, then the values of the
+/// request fields `response` varies on, joined.
+fn variant(scope: &[u8], request: &HeaderMap, response: &HeaderMap) -> Vec<u8> {
+    let mut out = scope.to_vec();
     let names = response.get_all(http::header::VARY).iter();
     for name in names
         .filter_map(|v| v.to_str().ok())
@@ -876,6 +936,8 @@ pub struct Recorder {
     fill: Fill,
     /// The response's status and end-to-end fields.
     head: http::response::Parts,
+    /// The request's fields its policy keeps (counted in the entry's size).
+    request: HeaderMap,
     policy: CachePolicy,
     variant: Vec<u8>,
     /// The bytes as the upstream framed them (chunks decoded when stored).
@@ -922,7 +984,14 @@ impl Recorder {
             store.counts.bypasses.fetch_add(1, Relaxed);
             return;
         };
-        let size = body.len() as u64 + self.fill.key.len() as u64 + 512;
+        let (length, request) = (body.len() as u64, &self.request);
+        let size = entry_size(
+            &self.fill,
+            &self.variant,
+            length,
+            &self.head.headers,
+            request,
+        );
         let now = SystemTime::now();
         let entry = Entry {
             staleness: Staleness::of(&self.policy, &self.head.headers, now),
@@ -960,27 +1029,6 @@ fn dechunk(mut raw: Vec<u8>) -> Option<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn accept_encoding_is_reduced_to_one_coding() {
-        let mut h = HeaderMap::new();
-        for (sent, normal) in [
-            ("gzip, deflate, br", Some("br")),
-            ("deflate, gzip;q=0.5", Some("gzip")),
-            ("br;q=0, gzip", Some("gzip")),
-            ("identity", None),
-        ] {
-            h.insert(
-                http::header::ACCEPT_ENCODING,
-                HeaderValue::from_static(sent),
-            );
-            normalise_accept_encoding(&mut h);
-            let got = h
-                .get(http::header::ACCEPT_ENCODING)
-                .map(|v| v.to_str().unwrap());
-            assert_eq!(got, normal, "{sent}");
-        }
-    }
 
     #[test]
     fn a_chunked_body_is_stored_decoded() {

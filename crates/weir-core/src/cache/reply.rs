@@ -100,22 +100,24 @@ impl Hit {
         self.with(self.full_head(), self.range(0, self.length))
     }
 
-    /// The whole stored response's head.
+    /// The whole stored response's head (a `204` has no `Content-Length`, RFC 9110 8.6).
     fn full_head(&self) -> Vec<u8> {
-        let mut head = self.head(self.head.status.as_u16(), |_| true);
-        end(&mut head, Some(self.length));
+        let status = self.head.status;
+        let mut head = self.head(status.as_u16(), |_| true);
+        let length = (status != http::StatusCode::NO_CONTENT).then_some(self.length);
+        end(&mut head, length);
         head
     }
 
     /// A `206` of `ranges` (first and last byte) of the stored body.
     fn partial(&self, ranges: &[(u64, u64)]) -> Reply {
         if let [(first, last)] = ranges {
-            let mut head = self.head(206, |name| !is_digest(name));
+            let mut head = self.head(206, |name| !is_whole(name));
             push_content_range(&mut head, *first, *last, self.length);
             end(&mut head, Some(last + 1 - first));
             return self.with(head, self.range(*first, last + 1));
         }
-        let mut head = self.head(206, |name| name != header::CONTENT_TYPE && !is_digest(name));
+        let mut head = self.head(206, |name| name != header::CONTENT_TYPE && !is_whole(name));
         let kind = self.head.headers.get(header::CONTENT_TYPE);
         let kind = kind.map_or(&b"application/octet-stream"[..], |v| v.as_bytes());
         let data = Data::Entry(self.body.clone());
@@ -143,10 +145,11 @@ impl Hit {
     }
 }
 
-/// A digest of the whole representation (`Content-Digest`, `Content-MD5`): wrong on a
-/// `206`, whose content is a part of it.
-fn is_digest(name: &HeaderName) -> bool {
-    name == "content-digest" || name == "content-md5"
+/// A stored field that describes the whole stored body, wrong on a `206` of a part of it:
+/// a digest of it (`Content-Digest`, `Content-MD5`), or the stored response's own
+/// `Content-Range` (the `206` says its own).
+fn is_whole(name: &HeaderName) -> bool {
+    name == "content-digest" || name == "content-md5" || name == header::CONTENT_RANGE
 }
 
 /// A stored response's validators: its `ETag` and `Last-Modified` as they were sent.

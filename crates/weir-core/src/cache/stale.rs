@@ -21,7 +21,8 @@ pub struct Staleness {
     /// `stale-while-revalidate=N`: how long past that it may answer at once while it is
     /// revalidated in the background.
     pub while_revalidate: Option<Duration>,
-    /// `must-revalidate`, `proxy-revalidate`, `no-cache`: never served stale.
+    /// `must-revalidate`, `proxy-revalidate`, `no-cache`, `s-maxage` (which implies
+    /// `proxy-revalidate` for a shared cache, RFC 9111 5.2.2.10): never served stale.
     pub forbidden: bool,
 }
 
@@ -47,7 +48,9 @@ impl Staleness {
             match name.to_ascii_lowercase().as_str() {
                 "stale-if-error" => out.if_error = seconds,
                 "stale-while-revalidate" => out.while_revalidate = seconds,
-                "must-revalidate" | "proxy-revalidate" | "no-cache" => out.forbidden = true,
+                "must-revalidate" | "proxy-revalidate" | "no-cache" | "s-maxage" => {
+                    out.forbidden = true
+                }
                 _ => {}
             }
         }
@@ -100,6 +103,42 @@ impl Cause {
             e if e.side() == crate::error::Side::Upstream => Some(Cause::Error),
             ProxyError::NoServer => Some(Cause::Error),
             _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a shared cache must revalidate is never served stale, whatever the response's
+    /// `stale-*` windows or the route's `serve_stale_on` allow (RFC 9111 4.2.4; `s-maxage`
+    /// implies `proxy-revalidate`, 5.2.2.10).
+    #[test]
+    fn what_a_shared_cache_must_revalidate_is_never_served_stale() {
+        let now = SystemTime::now();
+        let later = now + Duration::from_secs(2);
+        let request = http::Request::get("/").body(()).unwrap();
+        let every = StaleOn {
+            error: true,
+            timeout: true,
+            status_5xx: true,
+        };
+        for cc in [
+            "s-maxage=1",
+            "max-age=1, proxy-revalidate",
+            "max-age=1, must-revalidate",
+            "no-cache",
+        ] {
+            let cc = format!("{cc}, stale-if-error=60, stale-while-revalidate=60");
+            let response = http::Response::builder()
+                .header("cache-control", &cc)
+                .body(())
+                .unwrap();
+            let policy = CachePolicy::new(&request, &response);
+            let staleness = Staleness::of(&policy, response.headers(), now);
+            assert!(!staleness.while_revalidating(later), "{cc}");
+            assert!(!staleness.answers(Cause::Error, every, later), "{cc}");
         }
     }
 }

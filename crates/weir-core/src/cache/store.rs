@@ -313,9 +313,12 @@ impl Store {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The variants stored under `key` (marked as used), newest first.
-    pub fn get(&self, key: &[u8]) -> Vec<Arc<Entry>> {
-        self.lock().get(key)
+    /// The variants stored under `key` by the routes of `scope` (the key marked as used),
+    /// newest first.
+    pub fn get(&self, key: &[u8], scope: &[u8]) -> Vec<Arc<Entry>> {
+        let mut variants = self.lock().get(key);
+        variants.retain(|e| e.variant.starts_with(scope));
+        variants
     }
 
     /// Stores `entry` (its body in memory) under `key`: a memory store at once, or once
@@ -626,10 +629,10 @@ mod tests {
         for k in [b"a", b"b", b"c"] {
             s.insert(k, entry(1000, b""), false);
         }
-        assert_eq!(s.get(b"a").len(), 1); // a is now the newest
+        assert_eq!(s.get(b"a", b"").len(), 1); // a is now the newest
         s.insert(b"d", entry(1000, b""), false);
-        assert!(s.get(b"b").is_empty(), "b was the least recently used");
-        assert_eq!(s.get(b"a").len(), 1);
+        assert!(s.get(b"b", b"").is_empty(), "b was the least recently used");
+        assert_eq!(s.get(b"a", b"").len(), 1);
         assert_eq!(s.counts.evictions.load(Relaxed), 1);
         assert_eq!(s.counts.entries.load(Relaxed), 3);
         assert_eq!(s.counts.bytes.load(Relaxed), 3 * (1000 + ENTRY_OVERHEAD));
@@ -641,7 +644,7 @@ mod tests {
         s.insert(b"http://h/a", entry(10, b"gzip"), false);
         s.insert(b"http://h/a", entry(20, b""), false);
         s.insert(b"http://h/a", entry(30, b"gzip"), false);
-        let got = s.get(b"http://h/a");
+        let got = s.get(b"http://h/a", b"");
         assert_eq!(got.len(), 2);
         assert_eq!(got[0].size, 30);
         s.insert(b"http://h/ab", entry(1, b""), false);
@@ -697,7 +700,7 @@ mod tests {
         let (dir, s) = disk_store("replaced", 1 << 20);
         // No runtime here: each file is written before `put` returns.
         s.put(b"http://h/a".to_vec(), entry(4, b""), false);
-        let old = s.get(b"http://h/a").remove(0);
+        let old = s.get(b"http://h/a", b"").remove(0);
         // The same length, so that only the write id tells them apart.
         write_behind(&dir, b"http://h/a", &entry(4, b""), b"newr");
         assert!(
@@ -705,7 +708,7 @@ mod tests {
             "the old head never goes out with the new body"
         );
         assert!(
-            s.get(b"http://h/a").is_empty(),
+            s.get(b"http://h/a", b"").is_empty(),
             "the stale entry is dropped"
         );
         assert_eq!(files(&dir).0, 1, "the newer file is left");
@@ -728,13 +731,13 @@ mod tests {
             entry((64 << 10) - 1, b""),
             false,
         );
-        let big = s.get(b"http://h/big").remove(0);
+        let big = s.get(b"http://h/big", b"").remove(0);
         let Ready::Now(Held::Sealed(bytes, memfd)) = s.body_now(b"http://h/big", &big, true) else {
             panic!("a body of sendfile_min_size is in a sealed memfd");
         };
         assert_eq!(bytes, vec![b'x'; 64 << 10]);
         assert_eq!(memfd.file.metadata().unwrap().len(), 64 << 10);
-        let small = s.get(b"http://h/small").remove(0);
+        let small = s.get(b"http://h/small", b"").remove(0);
         let ready = s.body_now(b"http://h/small", &small, true);
         assert!(matches!(ready, Ready::Now(Held::Memory(_))));
         // Purged while a hit holds it: the hit's bytes and file stay whole.
@@ -748,7 +751,7 @@ mod tests {
     fn a_disk_entry_is_sent_from_its_file_once_its_sum_was_checked() {
         let (dir, s) = disk_store("sendfile", 1 << 20);
         s.put(b"http://h/a".to_vec(), entry(100 << 10, b""), false);
-        let written = s.get(b"http://h/a").remove(0);
+        let written = s.get(b"http://h/a", b"").remove(0);
         // Written by this process: its file as it is.
         let Ready::Now(Held::File(_, at, len)) = s.body_now(b"http://h/a", &written, true) else {
             panic!("a checked entry's file");
@@ -763,7 +766,7 @@ mod tests {
         // Found by the scan: read whole (its sum checked) once, then its file.
         let again = Store::open(config(1 << 20, CacheKind::Disk { path: dir.clone() }));
         loaded(&again);
-        let found = again.get(b"http://h/a").remove(0);
+        let found = again.get(b"http://h/a", b"").remove(0);
         assert!(matches!(
             again.body_now(b"http://h/a", &found, true),
             Ready::Later
@@ -795,14 +798,14 @@ mod tests {
         std::fs::write(&path, bytes).unwrap();
         let again = Store::open(config(1 << 20, CacheKind::Disk { path: dir.clone() }));
         loaded(&again);
-        let found = again.get(b"http://h/a").remove(0);
+        let found = again.get(b"http://h/a", b"").remove(0);
         let runtime = tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap();
         assert!(runtime
             .block_on(again.body(b"http://h/a", &found, true))
             .is_none());
-        assert!(again.get(b"http://h/a").is_empty(), "dropped");
+        assert!(again.get(b"http://h/a", b"").is_empty(), "dropped");
         assert!(!path.exists(), "its file removed");
         std::fs::remove_dir_all(dir).unwrap();
     }
@@ -814,7 +817,7 @@ mod tests {
         let big = "v".repeat(SYNC_READ_MAX as usize);
         e.headers.insert("x-big", big.parse().unwrap());
         s.put(b"http://h/a".to_vec(), e, false);
-        let got = s.get(b"http://h/a");
+        let got = s.get(b"http://h/a", b"");
         assert!(matches!(
             s.body_now(b"http://h/a", &got[0], false),
             Ready::Later
@@ -826,7 +829,7 @@ mod tests {
     fn a_file_that_cannot_be_read_for_now_is_a_miss_and_kept() {
         let (dir, s) = disk_store("ioerror", 1 << 20);
         s.put(b"http://h/a".to_vec(), entry(10, b""), false);
-        let got = s.get(b"http://h/a");
+        let got = s.get(b"http://h/a", b"");
         let subdir = std::fs::read_dir(&dir).unwrap().flatten().next().unwrap();
         let path = std::fs::read_dir(subdir.path())
             .unwrap()
@@ -843,7 +846,7 @@ mod tests {
             Ready::Gone
         ));
         assert_eq!(s.counts.errors.load(Relaxed), 1);
-        assert_eq!(s.get(b"http://h/a").len(), 1, "the entry is kept");
+        assert_eq!(s.get(b"http://h/a", b"").len(), 1, "the entry is kept");
         let again = Store::open(config(1 << 20, CacheKind::Disk { path: dir.clone() }));
         loaded(&again);
         assert!(path.is_dir(), "the scan leaves it");
@@ -873,7 +876,7 @@ mod tests {
         assert!(bytes <= 20_000, "{bytes} bytes in {count} files");
         assert_eq!(count as u64, s.counts.entries.load(Relaxed));
         assert!(s.counts.evictions.load(Relaxed) >= 6);
-        let newest = s.get(b"http://h/9");
+        let newest = s.get(b"http://h/9", b"");
         let Ready::Now(Held::Memory(body)) = s.body_now(b"http://h/9", &newest[0], false) else {
             panic!("a small body is read at once");
         };
@@ -884,7 +887,7 @@ mod tests {
         let again = Store::open(config(20_000, kind));
         loaded(&again);
         assert_eq!(again.counts.entries.load(Relaxed), count as u64 - 1);
-        assert_eq!(again.get(b"http://h/8").len(), 1);
+        assert_eq!(again.get(b"http://h/8", b"").len(), 1);
         std::fs::remove_dir_all(dir).unwrap();
     }
 }

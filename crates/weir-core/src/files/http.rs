@@ -225,10 +225,18 @@ pub(crate) fn parse_ranges(value: &[u8], len: u64) -> Option<Vec<(u64, u64)>> {
     // Ranges that overlap, or ask more than the file, are answered whole (as nginx does):
     // `bytes=0-,0-,...` must not make one request send the file 32 times.
     let asked_bytes = (out.iter()).fold(0u64, |sum, (a, b)| sum.saturating_add(b - a + 1));
-    if out.len() > 1 && asked_bytes > len {
+    if out.len() > 1 && (asked_bytes > len || overlap(&out)) {
         return None;
     }
     (asked > 0).then_some(out)
+}
+
+/// Whether any two of `ranges` (first and last byte) share a byte: `bytes=0-0,0-0,...`
+/// fits the sum check but would send the same byte in 32 parts.
+fn overlap(ranges: &[(u64, u64)]) -> bool {
+    let mut sorted = ranges.to_vec();
+    sorted.sort_unstable();
+    sorted.windows(2).any(|w| w[1].0 <= w[0].1)
 }
 
 fn number(digits: &[u8]) -> Option<u64> {
@@ -264,5 +272,10 @@ mod tests {
         assert_eq!(r(&again), None);
         assert_eq!(r("bytes=0-59,40-99"), None);
         assert_eq!(r("bytes=0-49,50-99"), Some(vec![(0, 49), (50, 99)]));
+        // Overlapping ranges within the sum: the whole file too.
+        let same = format!("bytes={}", vec!["0-0"; MAX_RANGES].join(","));
+        assert_eq!(r(&same), None);
+        assert_eq!(r("bytes=50-59,0-9,5-5"), None);
+        assert_eq!(r("bytes=50-59,0-9"), Some(vec![(50, 59), (0, 9)]));
     }
 }
