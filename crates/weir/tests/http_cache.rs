@@ -1737,6 +1737,42 @@ async fn routes_sharing_a_store_never_share_an_entry() {
     assert_eq!(beta.requests_served(), 1);
 }
 
+/// Routes sharing a store do not wait for each other's fetch of a key: while beta's fetch
+/// of `/hot` is held at its upstream, prod's miss of the same URL goes to prod at once.
+#[tokio::test]
+async fn routes_sharing_a_store_do_not_wait_for_each_other() {
+    let gate = Gate::new(tokio::sync::Semaphore::new(0));
+    let beta = Scripted::gated(fresh_for_a_minute, Some(gate.clone())).await;
+    let prod = Backend::fixed(200, &[("Cache-Control", "max-age=60")], "prod");
+    let store = "cache = { store = \"mem\", lock_timeout = \"60s\" }";
+    let weir = Conf::new()
+        .route(
+            "beta",
+            "beta",
+            &[r#"match_headers = { "X-Beta" = "1" }"#, store],
+        )
+        .route("c", "prod", &[store])
+        .upstream("beta", &[beta.addr], &[])
+        .upstream("prod", &[prod.addr()], &[])
+        .table("[caches.mem]\nkind = \"memory\"")
+        .start();
+    let addr = weir.addr;
+    let held = tokio::spawn(async move {
+        let mut c = Client::connect(addr).await.expect("connect");
+        get(&mut c, "/hot", &[("X-Beta", "1")]).await.body
+    });
+    let at_beta = || beta.heads().len() == 1;
+    assert!(weir_testkit::wait_until_async(std::time::Duration::from_secs(10), at_beta).await);
+    let mut c = weir.client().await;
+    // Before: prod's miss waited for beta's fetch (up to lock_timeout).
+    let r = tokio::time::timeout(std::time::Duration::from_secs(20), get(&mut c, "/hot", &[]))
+        .await
+        .expect("prod's miss waited for beta's fetch");
+    assert_eq!(r.body, b"prod");
+    gate.add_permits(1);
+    assert_eq!(held.await.unwrap(), b"hot");
+}
+
 /// An entry keeps only the request fields its policy weighs (not a client's padding), and
 /// it accounts for its heads: a large request field takes no room in a disk store's file,
 /// a large response field counts in a memory store's bytes.

@@ -500,7 +500,7 @@ pub struct Fill {
 impl Drop for Fill {
     fn drop(&mut self) {
         if self.leading.get() {
-            self.store.release(&self.key);
+            self.store.release(&self.key, &self.scope);
         }
     }
 }
@@ -535,7 +535,7 @@ impl Fill {
 
     /// Fetches the key, or waits for the request that does.
     fn take_turn(&mut self) {
-        match self.store.turn(&self.key) {
+        match self.store.turn(&self.key, &self.scope) {
             Turn::Lead => self.leading.set(true),
             Turn::Wait(rx) => self.wait = Some(rx),
         }
@@ -709,7 +709,7 @@ impl Fill {
             // The waiting requests are let go once the store has the new head (a disk
             // store: once its file is rewritten), so that they find it fresh instead of
             // each going upstream.
-            let release = self.leading.replace(false);
+            let release = self.leading.replace(false).then(|| self.scope.clone());
             self.store.put(self.key.clone(), entry, release);
         }
         Some(self.reply(Hit::whole(answer, body, self.served(Served::Refreshed))))
@@ -1005,7 +1005,7 @@ impl Recorder {
         };
         // A disk store has the entry once its file is written: the requests waiting for
         // this fetch are let go then, so that they find it.
-        let release = self.fill.leading.replace(false);
+        let release = (self.fill.leading.replace(false)).then(|| self.fill.scope.clone());
         store.put(std::mem::take(&mut self.fill.key), entry, release);
     }
 }

@@ -168,8 +168,9 @@ pub struct Store {
     sendfile_min_size: AtomicU64,
     pub counts: Counts,
     inner: Mutex<Lru>,
-    /// The keys a miss is being fetched for (collapsed forwarding): the leader holds the
-    /// sender, followers wait for it to close.
+    /// The keys a miss is being fetched for, each by a route's scope then the key
+    /// ([`pending_key`]: routes sharing the store never wait for each other's fetch), for
+    /// collapsed forwarding: the leader holds the sender, followers wait for it to close.
     pending: Mutex<HashMap<Box<[u8]>, watch::Sender<()>>>,
     disk: Option<Disk>,
     /// A disk store's scan of its files is still running (cleared with `Release`: read it
@@ -177,20 +178,26 @@ pub struct Store {
     loading: AtomicBool,
 }
 
-/// A [`Store::put`] on the blocking pool: releases the fetch of `key` (if `release`) when
-/// dropped.
+/// A [`Store::put`] on the blocking pool: releases the fetch of `key` by the routes of
+/// scope `release` (if any) when dropped.
 struct Putting {
     store: Arc<Store>,
     key: Vec<u8>,
-    release: bool,
+    release: Option<Arc<[u8]>>,
 }
 
 impl Drop for Putting {
     fn drop(&mut self) {
-        if self.release {
-            self.store.release(&self.key);
+        if let Some(scope) = &self.release {
+            self.store.release(&self.key, scope);
         }
     }
+}
+
+/// Where the fetch of `key` by the routes of `scope` is in [`Store::pending`] (the scope
+/// is length-prefixed: no two pairs make the same bytes).
+fn pending_key(key: &[u8], scope: &[u8]) -> Box<[u8]> {
+    [scope, key].concat().into_boxed_slice()
 }
 
 /// Who fetches a key that has no fresh entry.
@@ -291,21 +298,25 @@ impl Store {
         self.loading.load(Acquire)
     }
 
-    /// Whether this miss of `key` fetches it, or waits for the one that does.
-    pub fn turn(&self, key: &[u8]) -> Turn {
+    /// Whether this miss of `key` (by a route of `scope`) fetches it, or waits for the one
+    /// of the same scope that does.
+    pub fn turn(&self, key: &[u8], scope: &[u8]) -> Turn {
+        let at = pending_key(key, scope);
         let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(leader) = pending.get(key) {
+        if let Some(leader) = pending.get(&at) {
             return Turn::Wait(leader.subscribe());
         }
-        pending.insert(key.into(), watch::Sender::new(()));
+        pending.insert(at, watch::Sender::new(()));
         Turn::Lead
     }
 
-    /// The leader of `key` is done (stored, or not): its followers look again.
-    pub fn release(&self, key: &[u8]) {
+    /// The leader of `key` for the routes of `scope` is done (stored, or not): its
+    /// followers look again.
+    pub fn release(&self, key: &[u8], scope: &[u8]) {
+        let at = pending_key(key, scope);
         let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
         // Dropping the sender wakes the followers.
-        pending.remove(key);
+        pending.remove(&at);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Lru> {
@@ -324,14 +335,14 @@ impl Store {
     /// Stores `entry` (its body in memory) under `key`: a memory store at once, or once
     /// its body is copied into a sealed memfd; a disk store once its file is written. The
     /// copy and the file are made on the blocking pool, so that a large miss does not
-    /// stall the worker's other connections. `release`: the fetch of `key` is over once
-    /// it is stored ([`Store::release`]), so that waiting requests find it.
-    pub fn put(self: &Arc<Self>, key: Vec<u8>, entry: Entry, release: bool) {
+    /// stall the worker's other connections. `release`: the scope whose fetch of `key` is
+    /// over once it is stored ([`Store::release`]), so that waiting requests find it.
+    pub fn put(self: &Arc<Self>, key: Vec<u8>, entry: Entry, release: Option<Arc<[u8]>>) {
         // A copy with no release to follow it (a stale entry refreshed in place) is made
         // here: the fetch's end lets the waiting requests look as soon as this returns,
         // and they must find the new entry.
-        if self.disk.is_none() && !(release && self.to_seal(&entry)) {
-            self.keep(&key, self.sealed(entry), release);
+        if self.disk.is_none() && !(release.is_some() && self.to_seal(&entry)) {
+            self.keep(&key, self.sealed(entry), release.as_deref());
             return;
         }
         // The release is the guard's drop, after the job (or if it panics, or is dropped
@@ -345,7 +356,7 @@ impl Store {
             let Putting { store, key, .. } = &putting;
             match store.disk.is_some() {
                 true => store.write(key, entry),
-                false => store.keep(key, store.sealed(entry), false),
+                false => store.keep(key, store.sealed(entry), None),
             }
         };
         match tokio::runtime::Handle::try_current() {
@@ -355,11 +366,11 @@ impl Store {
     }
 
     /// A memory store's insert of `entry`, then the fetch's release.
-    fn keep(&self, key: &[u8], entry: Entry, release: bool) {
+    fn keep(&self, key: &[u8], entry: Entry, release: Option<&[u8]>) {
         self.insert(key, entry, false);
         self.counts.stores.fetch_add(1, Relaxed);
-        if release {
-            self.release(key);
+        if let Some(scope) = release {
+            self.release(key, scope);
         }
     }
 
@@ -699,7 +710,7 @@ mod tests {
     fn a_file_another_write_replaced_is_never_served_for_the_old_head_nor_removed() {
         let (dir, s) = disk_store("replaced", 1 << 20);
         // No runtime here: each file is written before `put` returns.
-        s.put(b"http://h/a".to_vec(), entry(4, b""), false);
+        s.put(b"http://h/a".to_vec(), entry(4, b""), None);
         let old = s.get(b"http://h/a", b"").remove(0);
         // The same length, so that only the write id tells them apart.
         write_behind(&dir, b"http://h/a", &entry(4, b""), b"newr");
@@ -715,7 +726,7 @@ mod tests {
         assert_eq!(s.counts.errors.load(Relaxed), 0, "not an error");
 
         // Purged (or evicted) after its file was replaced: the newer file stays.
-        s.put(b"http://h/b".to_vec(), entry(4, b""), false);
+        s.put(b"http://h/b".to_vec(), entry(4, b""), None);
         write_behind(&dir, b"http://h/b", &entry(4, b""), b"newr");
         assert_eq!(s.purge(b"http://h/b", false), 1);
         assert_eq!(files(&dir).0, 2, "the newer file of /b is not removed");
@@ -725,12 +736,8 @@ mod tests {
     #[test]
     fn a_memory_store_seals_bodies_of_sendfile_min_size_and_keeps_smaller_ones() {
         let s = store(1 << 20);
-        s.put(b"http://h/big".to_vec(), entry(64 << 10, b""), false);
-        s.put(
-            b"http://h/small".to_vec(),
-            entry((64 << 10) - 1, b""),
-            false,
-        );
+        s.put(b"http://h/big".to_vec(), entry(64 << 10, b""), None);
+        s.put(b"http://h/small".to_vec(), entry((64 << 10) - 1, b""), None);
         let big = s.get(b"http://h/big", b"").remove(0);
         let Ready::Now(Held::Sealed(bytes, memfd)) = s.body_now(b"http://h/big", &big, true) else {
             panic!("a body of sendfile_min_size is in a sealed memfd");
@@ -750,7 +757,7 @@ mod tests {
     #[test]
     fn a_disk_entry_is_sent_from_its_file_once_its_sum_was_checked() {
         let (dir, s) = disk_store("sendfile", 1 << 20);
-        s.put(b"http://h/a".to_vec(), entry(100 << 10, b""), false);
+        s.put(b"http://h/a".to_vec(), entry(100 << 10, b""), None);
         let written = s.get(b"http://h/a", b"").remove(0);
         // Written by this process: its file as it is.
         let Ready::Now(Held::File(_, at, len)) = s.body_now(b"http://h/a", &written, true) else {
@@ -784,7 +791,7 @@ mod tests {
     #[test]
     fn a_scanned_entry_whose_body_was_damaged_is_never_sent() {
         let (dir, s) = disk_store("damaged", 1 << 20);
-        s.put(b"http://h/a".to_vec(), entry(100 << 10, b""), false);
+        s.put(b"http://h/a".to_vec(), entry(100 << 10, b""), None);
         let sub = std::fs::read_dir(&dir).unwrap().flatten().next().unwrap();
         let path = std::fs::read_dir(sub.path())
             .unwrap()
@@ -816,7 +823,7 @@ mod tests {
         let mut e = entry(10, b"");
         let big = "v".repeat(SYNC_READ_MAX as usize);
         e.headers.insert("x-big", big.parse().unwrap());
-        s.put(b"http://h/a".to_vec(), e, false);
+        s.put(b"http://h/a".to_vec(), e, None);
         let got = s.get(b"http://h/a", b"");
         assert!(matches!(
             s.body_now(b"http://h/a", &got[0], false),
@@ -828,7 +835,7 @@ mod tests {
     #[test]
     fn a_file_that_cannot_be_read_for_now_is_a_miss_and_kept() {
         let (dir, s) = disk_store("ioerror", 1 << 20);
-        s.put(b"http://h/a".to_vec(), entry(10, b""), false);
+        s.put(b"http://h/a".to_vec(), entry(10, b""), None);
         let got = s.get(b"http://h/a", b"");
         let subdir = std::fs::read_dir(&dir).unwrap().flatten().next().unwrap();
         let path = std::fs::read_dir(subdir.path())
@@ -866,11 +873,7 @@ mod tests {
         let kind = CacheKind::Disk { path: dir.clone() };
         for i in 0..10 {
             // No runtime here: each file is written before `put` returns.
-            s.put(
-                format!("http://h/{i}").into_bytes(),
-                entry(4000, b""),
-                false,
-            );
+            s.put(format!("http://h/{i}").into_bytes(), entry(4000, b""), None);
         }
         let (count, bytes) = files(&dir);
         assert!(bytes <= 20_000, "{bytes} bytes in {count} files");
