@@ -1737,6 +1737,65 @@ async fn routes_sharing_a_store_never_share_an_entry() {
     assert_eq!(beta.requests_served(), 1);
 }
 
+/// A client's own `no-store` on a revalidation leaves the entry in place: before, the
+/// refresh found it not storable for this request and purged the key, so any client could
+/// empty the store a URL at a time.
+#[tokio::test]
+async fn a_clients_no_store_on_a_revalidation_leaves_the_entry() {
+    let up = Scripted::start(etag_v1).await;
+    let weir = cached(up.addr, "", "").start();
+    let mut c = weir.client().await;
+    assert_eq!(get(&mut c, "/r", &[]).await.body, b"version");
+    let asked = [("Cache-Control", "no-cache, no-store")];
+    let second = get(&mut c, "/r", &asked).await;
+    assert_eq!(second.body, b"version");
+    let third = get(&mut c, "/r", &[]).await;
+    assert_eq!(
+        third.header("Cache-Status"),
+        Some("weir; fwd=stale; fwd-status=304"),
+        "the entry is still there, revalidated"
+    );
+    assert_eq!(third.body, b"version");
+}
+
+/// A gzip body stored for `Vary: Accept-Encoding, Origin`, stale; a `304` saying only
+/// `Vary: Origin` (nginx's gzip adds its Vary to the 200, not to the 304).
+fn gzip_then_304_without_its_vary(head: &str, _: usize) -> String {
+    if head.contains("If-None-Match: \"g\"") {
+        return "HTTP/1.1 304 Not Modified\r\nETag: \"g\"\r\nVary: Origin\r\n\
+                Cache-Control: max-age=60\r\n\r\n"
+            .into();
+    }
+    let (coding, body) = match head.contains("Accept-Encoding: gzip") {
+        true => ("Content-Encoding: gzip\r\n", "GZIPPED"),
+        false => ("", "plain!!"),
+    };
+    format!(
+        "HTTP/1.1 200 OK\r\nETag: \"g\"\r\nVary: Accept-Encoding\r\nVary: Origin\r\n\
+         {coding}Cache-Control: max-age=0\r\nContent-Length: 7\r\n\r\n{body}"
+    )
+}
+
+/// A `304` cannot change what the stored body is for: its `Vary` stays the stored one, so
+/// a gzip body refreshed by a 304 without `Vary: Accept-Encoding` is still not served to a
+/// client that did not ask for gzip.
+#[tokio::test]
+async fn a_304_keeps_the_stored_vary() {
+    let up = Scripted::start(gzip_then_304_without_its_vary).await;
+    let weir = cached(up.addr, "", "").start();
+    let mut c = weir.client().await;
+    let gzip = [("Accept-Encoding", "gzip")];
+    assert_eq!(get(&mut c, "/v", &gzip).await.body, b"GZIPPED");
+    let refreshed = get(&mut c, "/v", &gzip).await;
+    assert_eq!(
+        refreshed.header("Cache-Status"),
+        Some("weir; fwd=stale; fwd-status=304")
+    );
+    let plain = get(&mut c, "/v", &[]).await;
+    assert_eq!(plain.header("Content-Encoding"), None);
+    assert_eq!(plain.body, b"plain!!");
+}
+
 /// Routes sharing a store do not wait for each other's fetch of a key: while beta's fetch
 /// of `/hot` is held at its upstream, prod's miss of the same URL goes to prod at once.
 #[tokio::test]
@@ -1875,9 +1934,11 @@ async fn repeated_response_fields_keep_every_line_through_a_refresh() {
         assert_eq!(r.header("Cache-Control"), Some("max-age=60"), "{what}");
     }
     assert_eq!(hit.header("Cache-Status"), Some("weir; hit"));
-    let plain = get(&mut c, "/", &[("Accept-Language", "en")]).await;
+    // The same coding, another language: the second `Vary` line still counts.
+    let other = [("Accept-Encoding", "gzip"), ("Accept-Language", "fr")];
+    let other = get(&mut c, "/", &other).await;
     assert_ne!(
-        plain.header("Cache-Status"),
+        other.header("Cache-Status"),
         Some("weir; hit"),
         "another variant"
     );

@@ -50,7 +50,7 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 use http_cache_semantics::{AfterResponse, BeforeRequest, CacheOptions, CachePolicy};
 use weir_config::RouteCache;
 
-use request::{key, request_parts, stored_request};
+use request::{key, request_parts, stored_request, without_directives};
 pub use stale::{Cause, Staleness};
 pub use store::{Body, Entry, Held, Store};
 use store::{Ready, Turn};
@@ -681,11 +681,18 @@ impl Fill {
         let (head, ()) = head.into_parts();
         let fits = fits_reply(&head.headers);
         if !storable(&policy, &head.headers) {
-            // No longer storable (a `304` with `no-store`, `private` or `Set-Cookie`),
-            // or its fields would make every hit fail: the entry goes, and this request
-            // gets the body the 304 confirmed (with the stored head if the new one does
-            // not fit).
-            self.store.purge(&self.key, false);
+            // Not stored again. If the response forbids it (a `304` with `no-store`,
+            // `private` or `Set-Cookie`, or fields that would make every hit fail), this
+            // entry goes (this one only: the key's other variants, other routes', stay);
+            // if only this request does (its own `no-store`), the entry stays as it was:
+            // else any client could empty the store, a URL at a time. This request gets
+            // the body the 304 confirmed (with the stored head if the new one does not
+            // fit).
+            let neutral =
+                CachePolicy::new_options(&without_directives(&kept), &head, now, shared());
+            if !storable(&neutral, &head.headers) {
+                self.store.drop_entry(&self.key, &stale.entry);
+            }
             let head = match fits {
                 true => head_at(head.status, &head.headers, &policy, now),
                 false => entry_head(&stale.entry, now),
@@ -777,8 +784,9 @@ fn storable(policy: &CachePolicy, headers: &HeaderMap) -> bool {
 
 /// The stored fields `stored` updated by a `304`'s `fresh` ones (RFC 9111 3.2, 4.3.4):
 /// each field the 304 carries replaces every stored line of its name, except those that
-/// describe the stored body (its framing and coding), which stay; the stored `Age` goes
-/// (the 304's, if it has one, is the new age).
+/// describe the stored body (its framing and coding) and `Vary` (which requests the
+/// stored body is for: its variant was chosen, and its coding checked, by it), which stay;
+/// the stored `Age` goes (the 304's, if it has one, is the new age).
 fn updated_fields(stored: &HeaderMap, fresh: &HeaderMap) -> HeaderMap {
     let describes_body = |name: &HeaderName| {
         [
@@ -786,6 +794,7 @@ fn updated_fields(stored: &HeaderMap, fresh: &HeaderMap) -> HeaderMap {
             http::header::CONTENT_ENCODING,
             http::header::TRANSFER_ENCODING,
             http::header::CONTENT_RANGE,
+            http::header::VARY,
         ]
         .contains(name)
     };
@@ -836,6 +845,15 @@ impl Fetched<'_> {
     /// field that is not valid HTTP/1.1 (the `h2` crate lets a name such as `x"y` through:
     /// stored, every hit's head, parsed again as HTTP/1.1, would fail).
     fn head(&self) -> Option<http::Response<()>> {
+        let mut head = self.end_to_end()?;
+        // What was for this hop of the exchange only: never in a reply from the store.
+        for name in ["trailer", "proxy-authenticate", "proxy-authentication-info"] {
+            head.headers_mut().remove(name);
+        }
+        Some(head)
+    }
+
+    fn end_to_end(&self) -> Option<http::Response<()>> {
         match self {
             Fetched::Http1(buf, resp) => response_parts(buf, resp),
             Fetched::Http2(parts) if !crate::forward::h2::names_are_tokens(&parts.headers) => None,

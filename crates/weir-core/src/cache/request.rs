@@ -102,17 +102,39 @@ pub(super) fn stored_request(
         http::header::PRAGMA,
         http::header::AUTHORIZATION,
     ];
-    let varied = heads
+    let varied: Vec<HeaderName> = heads
         .iter()
         .flat_map(|h| h.get_all(http::header::VARY))
         .flat_map(|v| v.as_bytes().split(|b| *b == b','))
-        .filter_map(|n| HeaderName::from_bytes(n.trim_ascii()).ok());
+        .filter_map(|n| HeaderName::from_bytes(n.trim_ascii()).ok())
+        .collect();
+    // The policy weighs whether the request had credentials, not which: unless the
+    // responses vary on them, a placeholder is kept (a disk store writes the policy to
+    // its files: no user's credentials at rest).
+    let credentials_weighed = varied.contains(&http::header::AUTHORIZATION);
     for name in always.into_iter().chain(varied) {
         if let Some(value) = parts.headers.get(&name) {
-            kept.headers.entry(name).or_insert_with(|| value.clone());
+            let value = match name == http::header::AUTHORIZATION && !credentials_weighed {
+                true => HeaderValue::from_static("(present)"),
+                false => value.clone(),
+            };
+            kept.headers.entry(name).or_insert(value);
         }
     }
     kept
+}
+
+/// `kept` without the request's own caching directives (`Cache-Control`, `Pragma`):
+/// whether a response may be stored whatever this one request asked.
+pub(super) fn without_directives(kept: &http::request::Parts) -> http::request::Parts {
+    let mut neutral = http::Request::new(());
+    *neutral.method_mut() = kept.method.clone();
+    *neutral.uri_mut() = kept.uri.clone();
+    let (mut neutral, ()) = neutral.into_parts();
+    neutral.headers = kept.headers.clone();
+    neutral.headers.remove(http::header::CACHE_CONTROL);
+    neutral.headers.remove(http::header::PRAGMA);
+    neutral
 }
 
 /// A request's `Cache-Control` value without its `max-stale` directives (`None`: nothing

@@ -479,6 +479,18 @@ impl Store {
         purged
     }
 
+    /// Removes the one variant `entry` of `key` (a refresh found it may no longer be
+    /// stored), and its file; the key's other variants, other routes' included, stay.
+    pub fn drop_entry(&self, key: &[u8], entry: &Arc<Entry>) {
+        let mut lru = self.lock();
+        let removed = lru.remove_entry(key, entry);
+        self.publish(&lru);
+        drop(lru);
+        if removed {
+            self.remove_files(std::slice::from_ref(entry));
+        }
+    }
+
     /// The body of `entry` (of `key`), if it can be had without waiting. `send_only`: it
     /// is only sent (a fresh hit), so a checked disk entry's large body may come as its
     /// open file; otherwise (a stale body, which may be stored again) it is read.
