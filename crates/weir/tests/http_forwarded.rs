@@ -126,6 +126,42 @@ async fn client_sent_forwarded_headers_are_replaced_not_duplicated() {
     );
 }
 
+/// A client's forwarded headers spelt with `_` (`X_Real_IP`) never pass either, over
+/// HTTP/1.1 or HTTP/2: a CGI-style server (PHP, WSGI) reads them as the real ones, and the
+/// client's value would come first.
+#[tokio::test]
+async fn forwarded_headers_in_cgi_spelling_are_dropped_too() {
+    let b = Backend::echo("app");
+    let weir = single(b.addr()).start();
+    let spoofs = [
+        ("X_Real_IP", "6.6.6.6"),
+        ("x_forwarded_for", "6.6.6.7"),
+        ("X_Forwarded_Proto", "https"),
+        ("X_Forwarded-Host", "spoofed.test"),
+        ("X_Keep", "k"),
+    ];
+    let mut c = weir.client().await;
+    let mut asked = vec![("Host", "real.test")];
+    asked.extend_from_slice(&spoofs);
+    let r = c.request("GET", "/", &asked, b"").await.unwrap();
+    let mut h2 = common::h2c_client(weir.addr).await;
+    let (_, _, h2_body) = common::h2_get(&mut h2, "/", &spoofs).await;
+    for (what, body) in [
+        ("HTTP/1.1", r.body_str()),
+        ("HTTP/2", String::from_utf8_lossy(&h2_body)),
+    ] {
+        assert!(
+            !body.contains("6.6.6") && !body.contains("spoofed"),
+            "{what}: {body}"
+        );
+        assert!(!body.contains("https"), "{what}: {body}");
+        assert!(
+            body.to_ascii_lowercase().contains("x_keep: k"),
+            "{what}: {body}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn forwarded_headers_false_adds_none_and_passes_the_clients_own() {
     let b = Backend::echo("app");

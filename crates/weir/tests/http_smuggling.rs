@@ -293,6 +293,13 @@ fn chunk_cases() -> Vec<(&'static str, &'static [u8])> {
         ("data not ended by CRLF", b"5\r\nhello\n0\r\n\r\n"),
         ("bare LF in an extension", b"5;a\nb\r\nhello\r\n0\r\n\r\n"),
         ("obs-fold in a trailer", b"0\r\nX-T: a\r\n b\r\n\r\n"),
+        // Trailers pass upstream as they came: a line that is no field is refused.
+        (
+            "a request line as a trailer",
+            b"3\r\nabc\r\n0\r\nGET /admin HTTP/1.1\r\n\r\n",
+        ),
+        ("a space in a trailer's name", b"0\r\nX T: 1\r\n\r\n"),
+        ("a trailer without a colon", b"0\r\nX-T 1\r\n\r\n"),
     ]
 }
 

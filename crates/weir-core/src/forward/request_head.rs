@@ -253,7 +253,7 @@ pub fn write_added_fields(
 /// rules, the client-certificate header).
 pub fn forwards_field(name: &[u8], route: &Route, client: &ClientFacts<'_>) -> bool {
     let strip = client.tls.and_then(|t| t.strip_header.as_deref());
-    forwards_unchanged(HeaderKind::of(name), false, route.forwarded_headers)
+    forwards_unchanged(HeaderKind::of(name), name, false, route.forwarded_headers)
         && !strip.is_some_and(|s| same_header_name(name, s))
         && !client.edits.is_some_and(|e| e.drops(name))
 }
@@ -269,8 +269,9 @@ fn copy_headers(
 ) {
     let mut lines = HeaderLines::default();
     for h in headers {
-        if forwards_unchanged(h.kind, h.connection_listed, route.forwarded_headers)
-            && !dropped(&buf[h.name.clone()])
+        let name = &buf[h.name.clone()];
+        if forwards_unchanged(h.kind, name, h.connection_listed, route.forwarded_headers)
+            && !dropped(name)
         {
             lines.keep(out, buf, h);
         }
@@ -289,17 +290,37 @@ fn same_header_name(name: &[u8], header: &[u8]) -> bool {
     name.len() == header.len() && name.iter().map(fold).eq(header.iter().map(fold))
 }
 
-/// Headers copied as they are: everything end-to-end that the proxy does not set itself.
-fn forwards_unchanged(kind: HeaderKind, connection_listed: bool, forwarded: bool) -> bool {
+/// Headers copied as they are: everything end-to-end that the proxy does not set itself
+/// (`name`'s `kind`; on a route that sets the forwarded headers, in either spelling).
+fn forwards_unchanged(
+    kind: HeaderKind,
+    name: &[u8],
+    connection_listed: bool,
+    forwarded: bool,
+) -> bool {
     if connection_listed || kind.is_hop_by_hop() || kind == HeaderKind::Host {
         return false;
     }
-    let set_by_proxy = matches!(
-        kind,
+    let set_by_proxy = match kind {
         HeaderKind::XForwardedFor
-            | HeaderKind::XRealIp
-            | HeaderKind::XForwardedProto
-            | HeaderKind::XForwardedHost
-    );
+        | HeaderKind::XRealIp
+        | HeaderKind::XForwardedProto
+        | HeaderKind::XForwardedHost => true,
+        HeaderKind::Other => forwarded && forwarded_in_cgi_spelling(name),
+        _ => false,
+    };
     !(forwarded && set_by_proxy)
+}
+
+/// Whether `name` is one of the forwarded headers Weir sets, spelt with `_` for `-`
+/// (`X_Real_IP`): a CGI-style server reads it as the real one, and a client's copy would
+/// come first. The length is checked first: every other name pays one comparison.
+fn forwarded_in_cgi_spelling(name: &[u8]) -> bool {
+    const SET: [&[u8]; 4] = [
+        b"x-real-ip",
+        b"x-forwarded-for",
+        b"x-forwarded-host",
+        b"x-forwarded-proto",
+    ];
+    matches!(name.len(), 9 | 15..=17) && SET.iter().any(|h| same_header_name(name, h))
 }

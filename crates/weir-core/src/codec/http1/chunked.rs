@@ -28,6 +28,9 @@ enum State {
     DataCr,
     DataLf,
     TrailerStart,
+    /// A trailer field's name, up to its `:`.
+    TrailerName,
+    /// Its value, up to the CR.
     TrailerLine,
     TrailerLf,
     EndLf,
@@ -129,7 +132,7 @@ impl ChunkedDecoder {
     /// Whether `b`, the next byte, belongs to a trailer field line (its CRLF included).
     fn in_trailer_field(&self, b: u8) -> bool {
         match self.state {
-            State::TrailerLine | State::TrailerLf => true,
+            State::TrailerName | State::TrailerLine | State::TrailerLf => true,
             State::TrailerStart => b != b'\r',
             _ => false,
         }
@@ -152,14 +155,23 @@ impl ChunkedDecoder {
                 self.line_len = 0;
                 expect(b, b'\n', State::Size)?
             }
+            // A field line as in a head (RFC 9112 5, 7.1.2): a token, `:`, a value without
+            // control bytes. Trailers pass upstream as they came: a line that is not a field
+            // (`GET /admin HTTP/1.1`) must not reach a server that would read it as a request.
             State::TrailerStart => match b {
                 b'\r' => State::EndLf,
-                b' ' | b'\t' | b'\n' | b':' => return Err(ChunkError("invalid trailer field")),
-                _ => self.trailer_byte(State::TrailerLine)?,
+                _ if is_tchar(b) => self.trailer_byte(State::TrailerName)?,
+                _ => return Err(ChunkError("invalid trailer field")),
+            },
+            State::TrailerName => match b {
+                b':' => self.trailer_byte(State::TrailerLine)?,
+                _ if is_tchar(b) => self.trailer_byte(State::TrailerName)?,
+                _ => return Err(ChunkError("invalid trailer field name")),
             },
             State::TrailerLine => match b {
                 b'\r' => State::TrailerLf,
-                b'\n' | 0 => return Err(ChunkError("invalid trailer field")),
+                b'\t' => self.trailer_byte(State::TrailerLine)?,
+                0..=0x1f | 0x7f => return Err(ChunkError("invalid trailer field")),
                 _ => self.trailer_byte(State::TrailerLine)?,
             },
             State::TrailerLf => expect(b, b'\n', State::TrailerStart)?,
@@ -223,6 +235,11 @@ impl ChunkedDecoder {
         }
         Ok(next)
     }
+}
+
+/// A byte of a token (RFC 9110 5.6.2), as a field name is.
+fn is_tchar(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
 }
 
 fn expect(b: u8, want: u8, next: State) -> Result<State, ChunkError> {
@@ -324,6 +341,12 @@ mod tests {
             b"0\r\n folded\r\n\r\n",
             b"0\r\n\rX",
             b"3;a\x01\r\n",
+            // Trailer lines that are not fields: a request line, a name with a space,
+            // no colon, a control byte in the value.
+            b"0\r\nGET /admin HTTP/1.1\r\n\r\n",
+            b"0\r\nX T: 1\r\n\r\n",
+            b"0\r\nX-T 1\r\n\r\n",
+            b"0\r\nX-T: a\x01b\r\n\r\n",
         ] {
             assert!(
                 decode_in_pieces(bad, 1).is_err(),
