@@ -106,6 +106,12 @@ impl Writer<'_> {
             .map(|p| p.as_str())
             .filter(|p| !p.is_empty())
             .ok_or(Malformed(":path missing"))?;
+        // A request-target of visible ASCII only, as an HTTP/1.1 request line must be
+        // (RFC 9112 3.2; the `http` crate lets bytes past 0x7e through): the upstream
+        // reads what the route matched.
+        if !path.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(Malformed("bad :path"));
+        }
         self.fields.clear();
         // One allocation for the spans: the fields, `host`, and a framing field.
         self.fields.reserve(parts.headers.len() + 2);
