@@ -352,9 +352,17 @@ const HOST_BYTE: [bool; 256] = {
     table
 };
 
-/// A host is `name[:port]` or `[v6][:port]` with no whitespace or delimiters.
+/// A host is `name[:port]` or `[v6][:port]` with no whitespace or delimiters, and no
+/// empty label (`a..b`, as nginx refuses it: one trailing dot is dropped for routing,
+/// `RequestHead::host_name`, so `secret.example..` would miss `secret.example`'s routes).
 fn validate_host(host: &[u8]) -> Result<(), ProxyError> {
-    let ok = !host.is_empty() && host.iter().all(|&b| HOST_BYTE[usize::from(b)]);
+    let mut after_dot = false;
+    let ok = !host.is_empty()
+        && host.iter().all(|&b| {
+            let empty_label = after_dot && b == b'.';
+            after_dot = b == b'.';
+            HOST_BYTE[usize::from(b)] && !empty_label
+        });
     if ok {
         Ok(())
     } else {

@@ -464,6 +464,11 @@ const MALFORMED: &[(&str, &[u8], Want)] = &[
         Want::Bad("invalid Host"),
     ),
     (
+        "Host with an empty label",
+        b"GET / HTTP/1.1\r\nHost: secret.example..\r\n\r\n",
+        Want::Bad("invalid Host"),
+    ),
+    (
         "Host with non-ASCII",
         b"GET / HTTP/1.1\r\nHost: \xc3\xa9.test\r\n\r\n",
         Want::Bad("invalid Host"),
