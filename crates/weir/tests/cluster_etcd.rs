@@ -689,7 +689,13 @@ fn a_rejected_revision_is_not_tried_again_by_a_relist() {
     let relists = metric(&weir, "weir_cluster_relists_total{} ");
 
     gate.close();
-    let revision = etcd.put(0, &format!("{prefix}/elsewhere"), "x");
+    // Two revisions past the rejected one, compacted: the watch resumes just after the
+    // rejected revision, below the compaction whatever else was written. With one put,
+    // the compaction was at the watch's own start when this instance had not yet written
+    // its registration (a revision outside the watched keys) after the rejection: the
+    // watch found its start still there and never re-listed (a rare CI failure).
+    etcd.put(0, &format!("{prefix}/elsewhere"), "x");
+    let revision = etcd.put(0, &format!("{prefix}/elsewhere"), "y");
     etcd.compact(0, revision);
     gate.open();
     let relisted = weir_testkit::wait_until(WAIT, || {
