@@ -8,11 +8,31 @@ use std::sync::Arc;
 
 use super::store::Entry;
 
-/// Most variants (`Vary`) kept under one key; the oldest goes first.
+/// Most variants (`Vary`) one route keeps under one key; its oldest goes first. Counted
+/// per route (the scope a variant begins with): a route whose variants a client controls
+/// cannot push another route's out.
 const MAX_VARIANTS: usize = 8;
 
 /// What a key's bookkeeping costs beyond its bodies and heads (an estimate).
 pub(super) const ENTRY_OVERHEAD: u64 = 256;
+
+/// The route scope `variant` begins with (`RouteCache::scope`: the listener's and the
+/// route's names, each after its length as four little-endian bytes); empty for a
+/// variant without one (a disk entry written before scopes).
+fn scope_of(variant: &[u8]) -> &[u8] {
+    let mut at = 0usize;
+    for _ in 0..2 {
+        let Some(Ok(len)) = variant.get(at..at + 4).map(<[u8; 4]>::try_from) else {
+            return &[];
+        };
+        let end = at + 4 + u32::from_le_bytes(len) as usize;
+        if end > variant.len() {
+            return &[];
+        }
+        at = end;
+    }
+    &variant[..at]
+}
 
 #[derive(Default)]
 pub(super) struct Lru {
@@ -81,11 +101,18 @@ impl Lru {
             return Vec::new();
         }
         let before = slot.size();
+        let scope = scope_of(&entry.variant).to_vec();
         slot.variants.retain(|e| e.variant != entry.variant);
         slot.variants.insert(0, entry);
-        let pushed_out = slot
-            .variants
-            .split_off(slot.variants.len().min(MAX_VARIANTS));
+        // Newest first: the route's variants past its MAX_VARIANTS are its oldest.
+        let mut same = 0;
+        let (kept, pushed_out) = std::mem::take(&mut slot.variants)
+            .into_iter()
+            .partition(|e| {
+                same += usize::from(scope_of(&e.variant) == scope);
+                scope_of(&e.variant) != scope || same <= MAX_VARIANTS
+            });
+        slot.variants = kept;
         self.bytes = self.bytes - before + slot.size();
         self.touch(key);
         pushed_out

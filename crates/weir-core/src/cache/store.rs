@@ -678,6 +678,36 @@ mod tests {
         assert_eq!(s.counts.bytes.load(Relaxed), 1 + ENTRY_OVERHEAD);
     }
 
+    /// A route's scope as `RouteCache::scope` makes it.
+    fn scope(listener: &str, route: &str) -> Vec<u8> {
+        let mut out = Vec::new();
+        for name in [listener, route] {
+            out.extend_from_slice(&(name.len() as u32).to_le_bytes());
+            out.extend_from_slice(name.as_bytes());
+        }
+        out
+    }
+
+    /// One route's many variants of a key push out its own oldest, never another route's.
+    #[test]
+    fn the_variant_cap_is_per_route() {
+        let s = store(1 << 20);
+        let (beta, prod) = (scope("web", "beta"), scope("web", "prod"));
+        s.insert(
+            b"http://h/a",
+            entry(1, &[&prod[..], b"lang=en"].concat()),
+            false,
+        );
+        for i in 0..20 {
+            let variant = [&beta[..], format!("lang={i}").as_bytes()].concat();
+            s.insert(b"http://h/a", entry(1, &variant), false);
+        }
+        assert_eq!(s.get(b"http://h/a", &prod).len(), 1, "prod's variant stays");
+        let kept = s.get(b"http://h/a", &beta);
+        assert_eq!(kept.len(), 8);
+        assert!(kept[0].variant.ends_with(b"lang=19"), "newest first");
+    }
+
     /// Polls (the scan runs in its own thread) until the store has loaded.
     fn loaded(s: &Store) {
         let deadline = Instant::now() + std::time::Duration::from_secs(10);
