@@ -1569,6 +1569,9 @@ async fn a_large_hit_purged_while_sent(store: &str) -> common::Weir {
         body.len()
     );
 
+    // A new connection: the slow read can outlast the first one's keep-alive wait (5 s)
+    // on a loaded machine.
+    let mut c = weir.client().await;
     let again = get(&mut c, "/big", &[]).await;
     assert_eq!(again.header("Cache-Status"), Some("weir; fwd=uri-miss"));
     weir.wait_metric("weir_cache_stored_total{store=\"mem\"}", 2)
