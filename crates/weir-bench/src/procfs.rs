@@ -76,8 +76,17 @@ pub fn group_members(pgid: i32) -> Vec<PidStat> {
 
 /// utime + stime of all processes of group `pgid`, in seconds.
 pub fn group_cpu_secs(pgid: i32) -> f64 {
-    let ticks: u64 = group_members(pgid).iter().map(|p| p.utime + p.stime).sum();
-    ticks as f64 / clk_tck()
+    let (user, system) = group_cpu_split(pgid);
+    user + system
+}
+
+/// utime and stime (user space, kernel) of all processes of group `pgid`, in seconds: a
+/// proxy's kernel time is mostly its sockets' TCP work, which only fewer system calls lower.
+pub fn group_cpu_split(pgid: i32) -> (f64, f64) {
+    let members = group_members(pgid);
+    let user: u64 = members.iter().map(|p| p.utime).sum();
+    let system: u64 = members.iter().map(|p| p.stime).sum();
+    (user as f64 / clk_tck(), system as f64 / clk_tck())
 }
 
 /// The sum of the group's processes' peak RSS (VmHWM), in KiB: an upper bound on the

@@ -118,6 +118,7 @@ fn scenario_md(m: &mut String, s: &ScenarioResult) {
         let _ = writeln!(m, "\n{note}");
     }
     sleeps_md(m, s);
+    cpu_split_md(m, s);
     if !s.ratios.is_empty() {
         m.push_str("\nWeir ÷ peer (medians): CPU/req below 1 and req/s above 1 favour Weir. `weir-tcp` is compared with `haproxy-tcp` (both L4), and `weir-observed` with `weir` (the cost of the access log and admin listener). \"Paired\" (CPU/req, p99) divides the two runs of each repetition (seconds apart) and gives the median (min–max) of those ratios: the figure least exposed to the machine's drift.\n\n");
         m.push_str(
@@ -180,6 +181,39 @@ fn sleeps_md(m: &mut String, s: &ScenarioResult) {
             c.peer_name,
             c.label,
             fmt_spread(Some(v), |v| format!("{v:.3}"))
+        );
+    }
+}
+
+/// Where each case's CPU per request went: user space (the proxy's own code) and the
+/// kernel (mostly its sockets' TCP work, which only fewer system calls lower). Two peers'
+/// user-space figures say how far apart their code is; their kernel figures, how far
+/// apart their system calls are.
+fn cpu_split_md(m: &mut String, s: &ScenarioResult) {
+    let rows: Vec<_> = s
+        .cases
+        .iter()
+        .filter_map(|c| {
+            let cpu = c.summary.cpu_per_req_us?.median;
+            let user = c.summary.user_per_req_us?.median;
+            Some((c, user, cpu))
+        })
+        .collect();
+    if rows.is_empty() {
+        return;
+    }
+    m.push_str(
+        "\nCPU per request by where it ran (medians; utime and stime from `/proc`, in clock \
+         ticks):\n\n| proxy | load | user (us) | kernel (us) | kernel share |\n\
+         |---|---|---:|---:|---:|\n",
+    );
+    for (c, user, cpu) in rows {
+        let kernel = (cpu - user).max(0.0);
+        let share = if cpu > 0.0 { kernel / cpu * 100.0 } else { 0.0 };
+        let _ = writeln!(
+            m,
+            "| {} | {} | {user:.1} | {kernel:.1} | {share:.0} % |",
+            c.peer_name, c.label
         );
     }
 }

@@ -47,6 +47,8 @@ pub struct Sample {
     pub load: LoadOutput,
     /// The proxy's (for `direct`: the backend's) utime + stime per request, microseconds.
     pub cpu_per_req_us: Option<f64>,
+    /// The user-space part of `cpu_per_req_us` (utime alone); the rest is kernel time.
+    pub user_per_req_us: Option<f64>,
     /// Percent of one core, over the run's wall time.
     pub proxy_cpu_pct: f64,
     pub peak_rss_mib: Option<f64>,
@@ -429,13 +431,15 @@ fn measure(
     procfs::reset_peak_rss(pgid);
     let metrics_before = t.admin.and_then(scrape_requests);
     let cpu0_a = procfs::cpu_times(PROXY_CPU);
-    let sut_a = procfs::group_cpu_secs(pgid);
+    let (user_a, system_a) = procfs::group_cpu_split(pgid);
     let sleeps_a = procfs::group_sleeps(pgid);
     let be_a = backend_pgid.map(procfs::group_cpu_secs);
     let t0 = Instant::now();
     let (out, gen_cpu) = load::run(l, tools, t.addr, sc.tls, sc.path, opts.secs)?;
     let wall = t0.elapsed().as_secs_f64().max(1e-9);
-    let sut_cpu = procfs::group_cpu_secs(pgid) - sut_a;
+    let (user_b, system_b) = procfs::group_cpu_split(pgid);
+    let sut_user = user_b - user_a;
+    let sut_cpu = sut_user + (system_b - system_a);
     let sleeps = procfs::group_sleeps(pgid).saturating_sub(sleeps_a);
     let be_cpu = backend_pgid
         .map(procfs::group_cpu_secs)
@@ -453,6 +457,7 @@ fn measure(
     Ok(Sample {
         repetition: 0,
         cpu_per_req_us: (out.requests > 0).then(|| sut_cpu / out.requests as f64 * 1e6),
+        user_per_req_us: (out.requests > 0).then(|| sut_user / out.requests as f64 * 1e6),
         proxy_cpu_pct: sut_cpu / wall * 100.0,
         peak_rss_mib: procfs::group_peak_rss_kib(pgid).map(|k| k as f64 / 1024.0),
         gen_cpu_pct: gen_cpu / wall * 100.0,

@@ -14,6 +14,8 @@ use crate::{LOAD_CPU, PROXY_CPU};
 pub struct Summary {
     pub rps: Option<Spread>,
     pub cpu_per_req_us: Option<Spread>,
+    /// Its user-space part (utime).
+    pub user_per_req_us: Option<Spread>,
     pub p50_us: Option<Spread>,
     pub p90_us: Option<Spread>,
     pub p99_us: Option<Spread>,
@@ -82,6 +84,7 @@ pub fn summarise(s: &[Sample]) -> Summary {
     Summary {
         rps: spread(&s.iter().map(|x| x.load.rps).collect::<Vec<_>>()),
         cpu_per_req_us: f(|x| x.cpu_per_req_us),
+        user_per_req_us: f(|x| x.user_per_req_us),
         p50_us: f(|x| x.load.p50_us),
         p90_us: f(|x| x.load.p90_us),
         p99_us: f(|x| x.load.p99_us),
@@ -219,6 +222,7 @@ mod tests {
                 ..LoadOutput::default()
             },
             cpu_per_req_us: Some(cpu),
+            user_per_req_us: Some(cpu / 4.0),
             proxy_cpu_pct: 99.0,
             peak_rss_mib: Some(5.0),
             gen_cpu_pct: gen,
