@@ -96,6 +96,38 @@ async fn host_patterns_exact_suffix_and_any() {
     }
 }
 
+/// A route written for a host takes its requests before a `*` route with a longer prefix
+/// (as nginx picks the server by name first): `/static/` must not skip the host's own
+/// route, its `deny` included; other hosts still reach `/static/`.
+#[tokio::test]
+async fn a_host_route_comes_before_a_longer_prefix_of_any_host() {
+    let secret = Backend::echo("secret");
+    let shared = Backend::echo("static");
+    let weir = Conf::new()
+        .route("static", "static", &[r#"path_prefix = "/static/""#])
+        .route("secret", "secret", &[r#"hosts = ["secret.test"]"#])
+        .route(
+            "secret-admin",
+            "secret",
+            &[
+                r#"hosts = ["secret.test"]"#,
+                r#"path_prefix = "/admin/""#,
+                r#"deny = ["0.0.0.0/0"]"#,
+            ],
+        )
+        .upstream("static", &[shared.addr()], &[])
+        .upstream("secret", &[secret.addr()], &[])
+        .start();
+    let mut c = weir.client().await;
+    let r = c.get("/static/x", "secret.test").await.unwrap();
+    assert_eq!(r.header("x-backend"), Some("secret"));
+    let r = c.get("/static/x", "other.test").await.unwrap();
+    assert_eq!(r.header("x-backend"), Some("static"));
+    let r = c.get("/admin/x", "secret.test").await.unwrap();
+    assert_eq!(r.status, 403, "the host's deny holds");
+    assert_eq!(shared.requests_served(), 1);
+}
+
 #[tokio::test]
 async fn absolute_form_target_routes_by_its_authority() {
     let a = Backend::echo("a");

@@ -1,4 +1,5 @@
-//! Router precedence: hosts, exact paths, longest prefix, then conditions in file order.
+//! Router precedence: the most specific host, exact paths, longest prefix, then conditions
+//! in file order.
 
 use weir_config::{HostPattern, MatchValue, Route, RouteMatch, RouteTarget};
 
@@ -75,6 +76,48 @@ fn longest_prefix_then_most_specific_host() {
     assert_eq!(at(&r, "example.com", "/api/v1"), Some(1));
     assert_eq!(at(&r, "x", "/cgi/x"), Some(4));
     assert_eq!(at(&r, "x", "/cgi"), Some(0));
+}
+
+/// A route written for a host wins over a wildcard route with a longer prefix (the host's
+/// `deny` or `basic_auth` is not skipped for `/static/`), as nginx picks a server by name
+/// before its locations; the host falls through to the wildcard routes only for what none
+/// of its own routes take.
+#[test]
+fn the_most_specific_host_comes_before_a_longer_prefix() {
+    let routes = vec![
+        route("any-static", vec![HostPattern::Any], "/static/"),
+        route(
+            "secret",
+            vec![HostPattern::Exact("secret.test".into())],
+            "/",
+        ),
+        route(
+            "subdomains-api",
+            vec![HostPattern::Suffix(".secret.test".into())],
+            "/api/",
+        ),
+        with(
+            route("any-exact", vec![HostPattern::Any], "/api/ping"),
+            |m| m.exact = true,
+        ),
+        route("any-root", vec![HostPattern::Any], "/"),
+    ];
+    let r = Router::new(&routes);
+    assert_eq!(at(&r, "secret.test", "/static/x"), Some(1));
+    assert_eq!(at(&r, "SECRET.test", "/static/x?a=1"), Some(1));
+    assert_eq!(at(&r, "other.test", "/static/x"), Some(0));
+    assert_eq!(
+        at(&r, "a.secret.test", "/api/ping"),
+        Some(2),
+        "host, then exact"
+    );
+    assert_eq!(
+        at(&r, "a.secret.test", "/static/x"),
+        Some(0),
+        "falls through"
+    );
+    assert_eq!(at(&r, "other.test", "/api/ping"), Some(3));
+    assert_eq!(at(&r, "other.test", "/api/pingx"), Some(4));
 }
 
 #[test]
