@@ -1135,7 +1135,34 @@ impl Config {
                     u.name
                 )
             });
-        insecure.collect()
+        insecure
+            .chain(self.plain_binds_past_client_auth())
+            .collect()
+    }
+
+    /// Listeners with `client_auth` whose plain `http_bind` addresses serve the routes: a
+    /// client there presents no certificate at all. A warning, not an error: a plain bind
+    /// serving some routes to anyone can be meant, and a config that ran before still
+    /// loads; the client-certificate header is removed there all the same.
+    fn plain_binds_past_client_auth(&self) -> impl Iterator<Item = String> + '_ {
+        self.listeners
+            .iter()
+            .filter(|l| l.redirect_https.is_none())
+            .filter(|l| l.tls.as_ref().is_some_and(|t| t.client_auth.is_some()))
+            .filter_map(|l| {
+                let plain = l.binds.iter().filter(|b| b.plain_http);
+                let addrs: Vec<String> = plain.map(|b| b.addr.to_string()).collect();
+                (!addrs.is_empty()).then(|| {
+                    format!(
+                        "listeners.{}.tls.client_auth: its http_bind address(es) {} serve the \
+                         same routes over plain HTTP, where no client certificate is asked \
+                         for; set redirect_https = true (or drop http_bind) to keep every \
+                         route behind client certificates",
+                        l.name,
+                        addrs.join(", ")
+                    )
+                })
+            })
     }
 
     /// One line for `weir check`: counts of listeners, routes, upstreams and servers.

@@ -58,6 +58,7 @@ fn policy(c: &mut Criterion) {
             let facts = ClientFacts {
                 ip: &client,
                 tls: None,
+                cert_header: None,
                 edits: None,
             };
             write_request_head(&mut out, HEAD, &req, &path, route, server, facts);
@@ -108,6 +109,7 @@ fn policy(c: &mut Criterion) {
             let facts = ClientFacts {
                 ip: &client,
                 tls: None,
+                cert_header: None,
                 edits: Some(&edits),
             };
             write_request_head(&mut out, HEAD, &req, &path, route, server, facts);

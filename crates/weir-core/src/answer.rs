@@ -41,6 +41,9 @@ pub enum Refusal<'a> {
     /// A shared `rate_limit` with `on_error = "deny"` while its Redis is down (503): the
     /// fleet's count cannot be known.
     RateLimitUnavailable,
+    /// `basic_auth` with `basic_auth::MAX_CHECKS` password checks already running in the
+    /// process (503, `Retry-After: 1`).
+    PasswordChecksBusy,
 }
 
 impl Refusal<'_> {
@@ -49,7 +52,7 @@ impl Refusal<'_> {
             Refusal::Forbidden => 403,
             Refusal::RateLimited(_) => 429,
             Refusal::Unauthorized(_) => 401,
-            Refusal::RateLimitUnavailable => 503,
+            Refusal::RateLimitUnavailable | Refusal::PasswordChecksBusy => 503,
         }
     }
 
@@ -57,6 +60,7 @@ impl Refusal<'_> {
     fn push_lines(self, out: &mut Vec<u8>) {
         match self {
             Refusal::Forbidden | Refusal::RateLimitUnavailable => {}
+            Refusal::PasswordChecksBusy => out.extend_from_slice(b"Retry-After: 1\r\n"),
             Refusal::RateLimited(secs) => {
                 out.extend_from_slice(b"Retry-After: ");
                 crate::codec::http1::write::push_decimal(out, secs);

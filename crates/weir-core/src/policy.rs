@@ -45,6 +45,14 @@ pub fn identify(
     real_ip::client_behind(peer, trusted, buf, &req.headers).map(|ip| (ip, ClientIp::new(ip)))
 }
 
+/// What admission says of a request.
+pub enum Admit<'a> {
+    Admitted,
+    Refused(Refusal<'a>),
+    /// Every filter passed but the password, which must be verified (`basic_auth`).
+    Verify(Box<basic_auth::PendingCheck>),
+}
+
 /// A request's route: what admission needs beyond the request.
 pub struct Admission<'a> {
     pub worker: &'a Worker,
@@ -57,26 +65,29 @@ pub struct Admission<'a> {
 impl<'a> Admission<'a> {
     /// The route's admission filters, in order: access lists, the rate limit (before the
     /// costly password check, as nginx's limit_req runs before auth_basic), then basic
-    /// auth. `Some`: refused; `None`: admitted.
-    pub fn refusal(&self, r: &Request<'_>) -> Option<Refusal<'a>> {
+    /// auth (its password verified later when the worker's cache does not know it).
+    pub fn refusal(&self, r: &Request<'_>) -> Admit<'a> {
         let listener = &self.snapshot.config.listeners[self.listener];
         let filters = &listener.routes[self.route].filters;
         if let Some(access) = &filters.access {
             if !access.permits(r.origin.client_ip()) {
-                return Some(Refusal::Forbidden);
+                return Admit::Refused(Refusal::Forbidden);
             }
         }
         if let Some(limit) = &filters.rate_limit {
             if let Some(refusal) = self.rate_check(limit, r) {
-                return Some(refusal);
+                return Admit::Refused(refusal);
             }
         }
         if let Some(auth) = &filters.basic_auth {
-            if !basic_auth::authorized(auth, &self.worker.auth_cache, r.buf, r.req) {
-                return Some(Refusal::Unauthorized(&auth.realm));
+            use basic_auth::Check;
+            match basic_auth::authorized(auth, &self.worker.auth_cache, r.buf, r.req) {
+                Check::Admitted => {}
+                Check::Refused => return Admit::Refused(Refusal::Unauthorized(&auth.realm)),
+                Check::Verify(check) => return Admit::Verify(check),
             }
         }
-        None
+        Admit::Admitted
     }
 
     /// Counts the request against the route's limiter; `Some`: refused (429 over the

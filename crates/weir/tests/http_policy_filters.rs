@@ -626,6 +626,71 @@ async fn basic_auth_challenges_refuses_and_admits() {
     );
 }
 
+/// A password check runs off the worker's event loop: while clients keep sending a wrong
+/// password (bcrypt cost 12), requests on another route of the same worker are answered at
+/// once. They waited behind the checks: a few of them took longer than one check.
+#[tokio::test]
+async fn wrong_password_floods_do_not_stall_other_requests() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let b = Backend::fixed(200, &[], "ok");
+    let users = Htpasswd::new("flood", &[]);
+    let hash = bcrypt::hash_with_salt("secret", 12, [3u8; 16])
+        .unwrap()
+        .format_for_version(bcrypt::Version::TwoY);
+    std::fs::write(users.path(), format!("alice:{hash}\n")).unwrap();
+    let auth = format!(
+        "basic_auth = {{ users_file = \"{}\" }}",
+        users.path().display()
+    );
+    let weir = route_with(b.addr(), &[&auth])
+        .route("open", "up", &[r#"path_prefix = "/open/""#])
+        .start();
+    // One check alone, for scale.
+    let mut c = weir.client().await;
+    let started = std::time::Instant::now();
+    assert_eq!(get_as(&mut c, ALICE_WRONG).await.status, 401);
+    let one_check = started.elapsed();
+    let (stop, answered) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicUsize::new(0)),
+    );
+    let mut flood = Vec::new();
+    for _ in 0..3 {
+        let mut c = weir.client().await;
+        let (stop, answered) = (stop.clone(), answered.clone());
+        flood.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                assert_eq!(get_as(&mut c, ALICE_WRONG).await.status, 401);
+                answered.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    let deadline = tokio::time::Instant::now() + common::WAIT;
+    while answered.load(Ordering::Relaxed) < 3 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the flood never got answers"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let mut open = weir.client().await;
+    let started = std::time::Instant::now();
+    for _ in 0..5 {
+        let r = open.get("/open/x", "h").await.unwrap();
+        assert_eq!(r.status, 200);
+    }
+    let five = started.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    for task in flood {
+        task.await.unwrap();
+    }
+    assert!(
+        five < one_check,
+        "5 requests took {five:?}, one check {one_check:?}"
+    );
+}
+
 #[tokio::test]
 async fn basic_auth_reload_rereads_the_file_and_the_cache_follows() {
     let b = Backend::fixed(200, &[], "ok");

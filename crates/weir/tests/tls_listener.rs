@@ -391,6 +391,137 @@ async fn optional_client_certificates() {
     assert!(response.contains("Subject=\"CN=bob\""), "{response}");
 }
 
+/// `client_auth` lines for `ca`'s file, `required`, with the client-certificate header.
+fn client_auth(ca: &TestCa, required: bool) -> String {
+    format!(
+        "client_auth = {{ ca = \"{}\", required = {required} }}\nclient_cert_header = \"X-Client-Cert\"\n",
+        ca.cert_path.display()
+    )
+}
+
+/// A `GET /` on a new connection with `config` (its session store resuming what it can):
+/// how the handshake went (`None`: it failed) and the response (empty when refused).
+async fn try_get(addr: SocketAddr, config: &Arc<ClientConfig>) -> (Option<HandshakeKind>, String) {
+    let Ok(mut s) = connect(addr, config.clone(), "m.example.com").await else {
+        return (None, String::new());
+    };
+    let kind = s.get_ref().1.handshake_kind();
+    (kind, get(&mut s, "").await.unwrap_or_default())
+}
+
+/// rustls does not verify a client again when it resumes a session: the session brings
+/// back the certificate it was made with, or none. So a session made before `client_auth`
+/// was turned on must not resume after it (it did, and was served without a certificate),
+/// over TLS 1.3 and TLS 1.2 alike; a reload that keeps the policy keeps resumption.
+#[tokio::test]
+async fn a_session_made_before_client_auth_was_turned_on_does_not_resume() {
+    let ca = TestCa::new("server CA");
+    let clients = TestCa::new("client CA");
+    let leaf = ca.leaf(&["m.example.com"]);
+    let b = Backend::echo("app");
+    let open = single(b.addr()).listener(&tls_table(&[&leaf], ""));
+    let guarded = single(b.addr()).listener(&tls_table(&[&leaf], &client_auth(&clients, true)));
+    for versions in [TLS13, TLS12] {
+        let weir = open.start();
+        let config = client_config(&ca, versions, None);
+        let (kind, response) = try_get(weir.addr, &config).await;
+        assert_eq!(kind, Some(HandshakeKind::Full));
+        assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+        // The same policy after a reload: the session resumes.
+        weir.apply_text(&open.toml()).expect("reload");
+        let (kind, response) = try_get(weir.addr, &config).await;
+        assert_eq!(kind, Some(HandshakeKind::Resumed), "{versions:?}");
+        assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+        weir.apply_text(&guarded.toml()).expect("reload");
+        let (kind, response) = try_get(weir.addr, &config).await;
+        assert_ne!(
+            kind,
+            Some(HandshakeKind::Resumed),
+            "{versions:?}: {response}"
+        );
+        assert!(!response.contains("200"), "{versions:?}: {response}");
+    }
+    assert_eq!(b.requests_served(), 4);
+}
+
+/// Replaces the file `path` with `pem` and waits for the watcher's new snapshot.
+async fn rewrite(running: &Running, path: &std::path::Path, pem: &str) {
+    let before = running.proxy().snapshot();
+    std::fs::remove_file(path).unwrap();
+    std::fs::write(path, pem).unwrap();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while Arc::ptr_eq(&before, &running.proxy().snapshot()) {
+        assert!(tokio::time::Instant::now() < deadline, "never reloaded");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
+/// A session made with a certificate of the old CA does not resume once the CA file
+/// (read again when it changes on disk, `cert_check_interval`) names another CA: the
+/// client must present its certificate again, and the new CA refuses it. A CA file
+/// rewritten with the same certificates is the same policy: sessions keep resuming.
+#[tokio::test]
+async fn a_session_made_under_an_old_ca_does_not_resume_after_the_ca_file_changes() {
+    let ca = TestCa::new("server CA");
+    let clients = TestCa::new("client CA");
+    let next = TestCa::new("next client CA");
+    let leaf = ca.leaf(&["m.example.com"]);
+    let b = Backend::echo("app");
+    let toml = single(b.addr())
+        .listener(&tls_table(&[&leaf], &client_auth(&clients, true)))
+        .toml()
+        .replace("[server]\n", "[server]\ncert_check_interval = \"20ms\"\n");
+    let running = Running::start(&toml, 1);
+    let addr = running.addr();
+    let alice = clients.client("alice");
+    let config = client_config(&ca, TLS13, Some(&alice));
+    let (kind, response) = try_get(addr, &config).await;
+    assert_eq!(kind, Some(HandshakeKind::Full));
+    assert!(response.contains("Subject=\"CN=alice\""), "{response}");
+    rewrite(&running, &clients.cert_path, &clients.cert_pem).await;
+    let (kind, response) = try_get(addr, &config).await;
+    assert_eq!(kind, Some(HandshakeKind::Resumed));
+    assert!(response.contains("Subject=\"CN=alice\""), "{response}");
+    rewrite(&running, &clients.cert_path, &next.cert_pem).await;
+    let (kind, response) = try_get(addr, &config).await;
+    assert_ne!(kind, Some(HandshakeKind::Resumed), "{response}");
+    assert!(!response.contains("200"), "{response}");
+    assert_eq!(b.requests_served(), 2);
+}
+
+/// The client-certificate header is Weir's on every bind of the listener: on its plain
+/// `http_bind`, over HTTP/1.1 and h2c, a client's copy in any spelling never reaches the
+/// upstream (it did: only TLS connections had it removed).
+#[tokio::test]
+async fn a_forged_client_certificate_header_is_removed_on_the_plain_bind() {
+    let ca = TestCa::new("server CA");
+    let clients = TestCa::new("client CA");
+    let leaf = ca.leaf(&["site.test"]);
+    let b = Backend::echo("app");
+    let weir = single(b.addr())
+        .listener("http_bind = \"127.0.0.1:0\"")
+        .listener(&tls_table(&[&leaf], &client_auth(&clients, true)))
+        .start();
+    let plain = http_bind_addr(&weir);
+    let mut tcp = TcpStream::connect(plain).await.unwrap();
+    let forged = "X-Client-Cert: Hash=00;Subject=\"CN=admin\"\r\nX_Client_Cert: CN=admin\r\n";
+    let request =
+        format!("GET /x HTTP/1.1\r\nHost: site.test\r\n{forged}Connection: close\r\n\r\n");
+    tcp.write_all(request.as_bytes()).await.unwrap();
+    let mut response = String::new();
+    tcp.read_to_string(&mut response).await.unwrap();
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    assert!(!response.contains("CN=admin"), "{response}");
+    let mut h2 = common::h2c_client(plain).await;
+    let fields = [("x-client-cert", "CN=admin"), ("x_client_cert", "CN=admin")];
+    let (status, _, body) = common::h2_get(&mut h2, "/y", &fields).await;
+    let body = String::from_utf8_lossy(&body);
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("GET /y "), "{body}");
+    assert!(!body.contains("CN=admin"), "{body}");
+    assert_eq!(b.requests_served(), 2);
+}
+
 #[tokio::test]
 async fn plain_http_to_the_tls_port_is_closed_and_counted() {
     let ca = TestCa::new("plain CA");

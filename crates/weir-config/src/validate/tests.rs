@@ -1764,3 +1764,27 @@ fn http3_sets_alt_svc_on_every_route_unless_the_route_names_it() {
     assert!(set.is_empty(), "{set:?}");
     assert_eq!(drop, vec!["alt-svc".to_string()]);
 }
+
+#[test]
+fn client_auth_with_an_http_bind_serving_routes_is_warned_about() {
+    let auth = "client_auth = { ca = \"ca.pem\", required = true }\n";
+    let listener = |extra: &str| {
+        let head = LISTENER.replace(
+            "bind = \"127.0.0.1:8080\"\n",
+            &format!("bind = \"127.0.0.1:8443\"\n{extra}"),
+        );
+        format!("{head}[listeners.tls]\n{CERTS}{auth}")
+    };
+    let serving = parse_str(&listener("http_bind = \"127.0.0.1:8080\"\n"), "t").expect("valid");
+    let warnings = serving.warnings();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(warnings[0].contains("listeners.web.tls.client_auth"));
+    assert!(warnings[0].contains("127.0.0.1:8080"));
+    assert!(warnings[0].contains("redirect_https = true"));
+    let redirecting = listener("http_bind = \"127.0.0.1:8080\"\nredirect_https = true\n");
+    let quiet = [redirecting, listener("")];
+    for text in quiet {
+        let config = parse_str(&text, "t").expect("valid");
+        assert!(config.warnings().is_empty(), "{text}");
+    }
+}

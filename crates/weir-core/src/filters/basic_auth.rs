@@ -7,6 +7,16 @@
 //! same credentials again costs two SipHash runs, not a bcrypt. A changed or removed entry
 //! (after a reload) no longer matches its cache line. Failed checks are not cached: put a
 //! `rate_limit` on routes exposed to password guessing.
+//!
+//! A check the cache cannot answer is never run on the worker's event loop (a bcrypt of
+//! cost 10 takes tens of milliseconds, and every other request of the worker would wait):
+//! [`authorized`] says [`Check::Verify`], and the caller awaits [`PendingCheck::run`] on
+//! tokio's blocking pool. At most [`MAX_CHECKS`] run at once in the process, so a flood of
+//! guesses cannot take the pool; past that a request is answered 503 with `Retry-After`
+//! at once (not queued: a queue would hold each guesser's connection and grow with the
+//! flood). A user the file does not name is checked too, against another entry's hash
+//! (same algorithm and cost) and refused whatever the result, so that the time taken does
+//! not tell which users exist.
 
 use std::cell::{Cell, RefCell};
 use std::hash::{BuildHasher, RandomState};
@@ -21,6 +31,65 @@ const CACHE_LINES: usize = 64;
 
 /// The longest decoded `user:password` accepted (longer: refused).
 const MAX_CREDENTIALS: usize = 512;
+
+/// Password checks running at once in the process (on tokio's blocking pool); a request
+/// needing one more is answered 503.
+pub const MAX_CHECKS: usize = 4;
+
+/// The permits of the checks under way.
+static CHECKS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(MAX_CHECKS);
+
+/// What the credentials of a request come to.
+pub enum Check {
+    Admitted,
+    Refused,
+    /// A password hash must be verified first (off the event loop).
+    Verify(Box<PendingCheck>),
+}
+
+/// A password to verify against a stored hash, owned so that it can go to another thread.
+pub struct PendingCheck {
+    password: Vec<u8>,
+    hash: String,
+    /// The cache line a success fills; `None`: an unknown user, refused whatever the hash
+    /// says.
+    fingerprint: Option<(u64, u64)>,
+}
+
+/// How a [`PendingCheck`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    Admitted,
+    Refused,
+    /// [`MAX_CHECKS`] checks were under way.
+    Busy,
+}
+
+impl PendingCheck {
+    /// Verifies the password on the blocking pool (a success goes into `cache`).
+    pub async fn run(self, cache: &AuthCache) -> Verdict {
+        let Ok(permit) = CHECKS.try_acquire() else {
+            return Verdict::Busy;
+        };
+        let PendingCheck {
+            password,
+            hash,
+            fingerprint,
+        } = self;
+        let job = tokio::task::spawn_blocking(move || {
+            let ok = verify(&password, &hash);
+            drop(permit);
+            ok
+        });
+        match (job.await, fingerprint) {
+            (Ok(true), Some(fp)) => {
+                cache.insert(fp);
+                Verdict::Admitted
+            }
+            _ => Verdict::Refused,
+        }
+    }
+}
 
 /// A worker's cache of recent successful checks.
 pub struct AuthCache {
@@ -58,28 +127,36 @@ impl AuthCache {
     }
 }
 
-/// Whether the request carries credentials of a user in `auth`.
-pub fn authorized(auth: &BasicAuth, cache: &AuthCache, buf: &[u8], req: &RequestHead) -> bool {
+/// Whether the request carries credentials of a user in `auth`: known from the cache, or
+/// to be verified.
+pub fn authorized(auth: &BasicAuth, cache: &AuthCache, buf: &[u8], req: &RequestHead) -> Check {
     let mut decoded = [0u8; MAX_CREDENTIALS];
     let Some(credentials) = credentials(buf, &req.headers, &mut decoded) else {
-        return false;
+        return Check::Refused;
     };
     let Some(colon) = credentials.iter().position(|b| *b == b':') else {
-        return false;
+        return Check::Refused;
     };
     let (user, password) = (&credentials[..colon], &credentials[colon + 1..]);
-    let Some(entry) = auth.user(user) else {
-        return false;
+    let (hash, fingerprint) = match auth.user(user) {
+        Some(entry) => {
+            let fp = cache.fingerprint(user, password, &entry.hash);
+            if cache.contains(fp) {
+                return Check::Admitted;
+            }
+            (&entry.hash, Some(fp))
+        }
+        // Unknown: the first entry's hash takes as long as a known user's would.
+        None => match auth.users.first() {
+            Some(decoy) => (&decoy.hash, None),
+            None => return Check::Refused,
+        },
     };
-    let fp = cache.fingerprint(user, password, &entry.hash);
-    if cache.contains(fp) {
-        return true;
-    }
-    let ok = verify(password, &entry.hash);
-    if ok {
-        cache.insert(fp);
-    }
-    ok
+    Check::Verify(Box::new(PendingCheck {
+        password: password.to_vec(),
+        hash: hash.clone(),
+        fingerprint,
+    }))
 }
 
 /// Checks a password against a bcrypt or argon2 (PHC string) hash.
@@ -181,8 +258,19 @@ mod tests {
         (raw, h)
     }
 
-    #[test]
-    fn checks_credentials_and_caches_successes() {
+    /// What `authorized` and, when it asks for one, the password check come to; and
+    /// whether a check ran.
+    async fn outcome(auth: &BasicAuth, cache: &AuthCache, extra: &str) -> (bool, bool) {
+        let (raw, h) = head(extra);
+        match authorized(auth, cache, raw.as_bytes(), &h) {
+            Check::Admitted => (true, false),
+            Check::Refused => (false, false),
+            Check::Verify(check) => (check.run(cache).await == Verdict::Admitted, true),
+        }
+    }
+
+    #[tokio::test]
+    async fn checks_credentials_and_caches_successes() {
         let hash = bcrypt::hash_with_salt("secret", 4, [7u8; 16])
             .unwrap()
             .format_for_version(bcrypt::Version::TwoY);
@@ -195,38 +283,42 @@ mod tests {
             }],
         };
         let cache = AuthCache::default();
-        let check = |extra: &str| {
-            let (raw, h) = head(extra);
-            authorized(&auth, &cache, raw.as_bytes(), &h)
-        };
-        assert!(!check(""));
-        assert!(
-            !check("Authorization: Basic YWxpY2U6d3Jvbmc=\r\n"),
-            "alice:wrong"
-        );
-        assert!(!check("Authorization: Bearer YWxpY2U6c2VjcmV0\r\n"));
-        assert!(
-            !check("Authorization: Basic Ym9iOnNlY3JldA==\r\n"),
-            "bob:secret"
-        );
+        let check = |extra: &'static str| outcome(&auth, &cache, extra);
+        assert_eq!(check("").await, (false, false));
+        let wrong = check("Authorization: Basic YWxpY2U6d3Jvbmc=\r\n").await;
+        assert_eq!(wrong, (false, true), "alice:wrong");
+        let bearer = check("Authorization: Bearer YWxpY2U6c2VjcmV0\r\n").await;
+        assert_eq!(bearer, (false, false));
+        // An unknown user is checked too (against alice's hash, which "secret" matches),
+        // and refused.
+        let unknown = check("Authorization: Basic Ym9iOnNlY3JldA==\r\n").await;
+        assert_eq!(unknown, (false, true), "bob:secret");
         assert_eq!(
             *cache.lines.borrow(),
             [(0, 0); CACHE_LINES],
             "failures not cached"
         );
-        assert!(
-            check("Authorization: basic  YWxpY2U6c2VjcmV0\r\n"),
-            "alice:secret"
-        );
+        let alice = "Authorization: basic  YWxpY2U6c2VjcmV0\r\n";
+        assert_eq!(check(alice).await, (true, true), "alice:secret");
         let fp = cache.fingerprint(b"alice", b"secret", &hash);
         assert!(cache.contains(fp));
+        assert_eq!(check(alice).await, (true, false), "from the cache");
         // Two Authorization headers: refused.
-        assert!(!check(
-            "Authorization: Basic YWxpY2U6c2VjcmV0\r\nAuthorization: Basic YWxpY2U6c2VjcmV0\r\n"
-        ));
+        let twice =
+            "Authorization: Basic YWxpY2U6c2VjcmV0\r\nAuthorization: Basic YWxpY2U6c2VjcmV0\r\n";
+        assert_eq!(check(twice).await, (false, false));
         // A cache hit does not depend on bcrypt: the same fingerprint under another hash
         // string (a changed entry) is a different line.
         assert!(!cache.contains(cache.fingerprint(b"alice", b"secret", "other")));
+        // With `MAX_CHECKS` checks under way (no other test of this process runs one),
+        // one more is not started.
+        let permits = CHECKS.acquire_many(MAX_CHECKS as u32).await.unwrap();
+        let (raw, h) = head("Authorization: Basic YWxpY2U6d3Jvbmc=\r\n");
+        let Check::Verify(pending) = authorized(&auth, &cache, raw.as_bytes(), &h) else {
+            panic!("a check");
+        };
+        assert_eq!(pending.run(&cache).await, Verdict::Busy);
+        drop(permits);
     }
 
     #[test]

@@ -27,6 +27,9 @@ pub struct ClientFacts<'a> {
     /// The connection's TLS session (`X-Forwarded-Proto: https`, the client-certificate
     /// header).
     pub tls: Option<&'a TlsSession>,
+    /// The listener's `client_cert_header`: the client's copies are removed on every
+    /// connection of the listener, TLS or plain (`http_bind`), in any case or spelling.
+    pub cert_header: Option<&'a [u8]>,
     /// What the route's traffic policy changes; `None` when nothing.
     pub edits: Option<&'a RequestEdits<'a>>,
 }
@@ -98,9 +101,11 @@ pub fn with_client_facts<T>(
     let rules = target.route.filters.request_headers.as_ref();
     let id_header = target.listener.policy.request_id.as_ref();
     let real_client = r.origin.behind.map(|(_, text)| text);
+    let cert_header = target.listener.tls.as_ref();
     let facts = ClientFacts {
         ip: r.origin.peer,
         tls: r.origin.tls,
+        cert_header: cert_header.and_then(|t| t.client_cert_header.as_deref().map(str::as_bytes)),
         edits: None,
     };
     if rules.is_none() && id_header.is_none() && real_client.is_none() && r.trace.is_none() {
@@ -148,7 +153,7 @@ pub fn write_request_head(
     server: &UpstreamServer,
     client: ClientFacts<'_>,
 ) -> Offered {
-    let (tls, edits) = (client.tls, client.edits);
+    let (tls, edits, strip) = (client.tls, client.edits, client.cert_header);
     let (prefix, rest) = upstream_path(
         path.get(req.path(buf)),
         &route.path_prefix,
@@ -167,7 +172,6 @@ pub fn write_request_head(
         None => push_header(out, b"Host", server.name.as_bytes()),
     }
     // The client-certificate header is Weir's to set: a client's copy never passes.
-    let strip = tls.and_then(|t| t.strip_header.as_deref());
     let stripped = |name: &[u8]| strip.is_some_and(|s| same_header_name(name, s));
     match edits {
         // Two loops so that a request without edits runs exactly the copy it always ran.
@@ -252,7 +256,7 @@ pub fn write_added_fields(
 /// forwarded headers on a route that sets them, the request id, `set` and `remove`
 /// rules, the client-certificate header).
 pub fn forwards_field(name: &[u8], route: &Route, client: &ClientFacts<'_>) -> bool {
-    let strip = client.tls.and_then(|t| t.strip_header.as_deref());
+    let strip = client.cert_header;
     forwards_unchanged(HeaderKind::of(name), name, false, route.forwarded_headers)
         && !strip.is_some_and(|s| same_header_name(name, s))
         && !client.edits.is_some_and(|e| e.drops(name))

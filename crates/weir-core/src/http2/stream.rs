@@ -208,7 +208,7 @@ impl Stream<'_> {
         };
         // Routed and forwarded on the normalised path, exactly as HTTP/1 requests are.
         let mut path = RoutedPath::default();
-        let (route, decision) = routing.decide(&self.request, &mut path);
+        let (route, decision) = routing.decide(&self.request, &mut path).await;
         // Without a trace, the request as it is (no copy).
         let traced;
         let r = match routing.trace(route, || self.request) {

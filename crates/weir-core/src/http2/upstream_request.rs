@@ -310,6 +310,7 @@ mod tests {
         let client = ClientFacts {
             ip: &ip,
             tls: None,
+            cert_header: None,
             edits: Some(&edits),
         };
         let mut head = Vec::new();

@@ -151,6 +151,13 @@ pub(super) async fn serve(
         p.downcast::<Vec<rustls_pki_types::CertificateDer<'static>>>()
             .ok()
     });
+    // As over TCP (`tls::handshake`): a completed handshake without a certificate where
+    // one is required is refused, whatever session it resumed. (A 0-RTT connection's
+    // certificate may still be on its way here; its session's policy is the setup's.)
+    if accepted.is_none() && peer.is_none() && tls.requires_client_cert() {
+        connection.close(H3_NO_ERROR.into(), b"client certificate required");
+        return;
+    }
     let peer_ip = connection.remote_address().ip().to_canonical();
     let conn = Rc::new(Conn {
         worker: worker.clone(),

@@ -206,7 +206,7 @@ async fn run(
         listener: index,
     };
     let mut path = RoutedPath::default();
-    let decision = routing.decide(&request, &mut path);
+    let decision = routing.decide(&request, &mut path).await;
     // Sampled: the request carries its trace (server span, client spans per attempt).
     let request = match routing.trace(decision.0, || request) {
         None => request,

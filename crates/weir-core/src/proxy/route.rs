@@ -6,19 +6,22 @@
 //! Order: `max_body_size` (413), a pending ACME HTTP-01 token (before `redirect_https`:
 //! validation comes on port 80), `redirect_https`, path normalisation (400), the router
 //! (none: the default response), the rewrite check, the route's admission filters
-//! (`policy`: 403, 429, 401), the route's target (`files`: a file's reply, or the
+//! (`policy`: 403, 429, 401; a password check the cache cannot answer is awaited off the
+//! event loop, 503 when too many run), the route's target (`files`: a file's reply, or the
 //! route's upstream when no file answers), then the route's cache (a fresh entry
 //! answers, as a reply; `cache`).
 
 use weir_config::{Listener, Route};
 
-use crate::answer::Answer;
+use crate::answer::{Answer, Refusal};
 use crate::cache::{Fill, Lookup as CacheLookup};
 use crate::codec::http1::BodyFraming;
 use crate::error::ProxyError;
 use crate::files::Lookup;
+use crate::filters::basic_auth::{PendingCheck, Verdict};
 use crate::filters::rewrite::check_join;
 use crate::forward::Target;
+use crate::policy::Admit;
 use crate::request::Request;
 use crate::router::{RequestView, RoutedPath};
 use crate::snapshot::{ListenerPlan, RoutePlan, Snapshot};
@@ -47,6 +50,9 @@ pub(crate) struct RouteTarget {
     pub upstream: usize,
 }
 
+/// A decision, or (`Err`) the route whose password check must be awaited first.
+type Decided<'a> = Result<Decision<'a>, (usize, Box<PendingCheck>)>;
+
 /// The snapshot and listener a request is routed in.
 pub struct Routing<'a> {
     pub worker: &'a Worker,
@@ -61,30 +67,45 @@ impl<'a> Routing<'a> {
     }
 
     /// Routes `r` (its path normalised into `path`, which the head writers read later).
-    /// Returns the route taken, if any, and the decision.
-    pub fn decide(&self, r: &Request<'_>, path: &mut RoutedPath) -> (Option<usize>, Decision<'a>) {
+    /// Returns the route taken, if any, and the decision. Awaits only a password check
+    /// the route's `basic_auth` cache cannot answer (off the event loop, `basic_auth`).
+    pub async fn decide(
+        &self,
+        r: &Request<'_>,
+        path: &mut RoutedPath,
+    ) -> (Option<usize>, Decision<'a>) {
+        match self.decide_now(r, path) {
+            (route, Ok(decision)) => (route, decision),
+            (route, Err((index, check))) => {
+                // Boxed: the future of a request that needs no check stays as small.
+                let verified = Box::pin(self.verified(r, path, index, check)).await;
+                (route, verified)
+            }
+        }
+    }
+
+    /// `decide` up to a password check to await.
+    fn decide_now(&self, r: &Request<'_>, path: &mut RoutedPath) -> (Option<usize>, Decided<'a>) {
         let listener = self.listener();
         let plan = &self.snapshot.listeners[self.listener];
         let raw_path = r.req.path(r.buf);
         if let Some(decision) = before_routing(r, raw_path, listener, plan) {
-            return (None, decision);
+            return (None, Ok(decision));
         }
         let routed = match path.normalize(raw_path, &listener.path_normalization) {
             Ok(routed) => routed,
-            Err(error) => return (None, Decision::Refuse(error)),
+            Err(error) => return (None, Ok(Decision::Refuse(error))),
         };
         let view = RequestView::new(r.buf, r.req);
         let Some(index) = plan.router.route(r.req.host_name(r.buf), routed, &view) else {
-            return (
-                None,
-                Decision::Answer(Answer::Default(plan.default_response())),
-            );
+            let default = Answer::Default(plan.default_response());
+            return (None, Ok(Decision::Answer(default)));
         };
         let route = Some(index);
         let config = &listener.routes[index];
         let rewrite = config.rewrite_prefix.as_deref();
         if let Err(error) = check_join(routed, &config.path_prefix, rewrite) {
-            return (route, Decision::Refuse(error));
+            return (route, Ok(Decision::Refuse(error)));
         }
         let admission = crate::policy::Admission {
             worker: self.worker,
@@ -92,9 +113,39 @@ impl<'a> Routing<'a> {
             listener: self.listener,
             route: index,
         };
-        if let Some(refusal) = admission.refusal(r) {
-            return (route, Decision::Answer(Answer::Refused(refusal)));
+        match admission.refusal(r) {
+            Admit::Admitted => (route, Ok(self.admitted(r, path, index))),
+            Admit::Refused(refusal) => (route, Ok(Decision::Answer(Answer::Refused(refusal)))),
+            Admit::Verify(check) => (route, Err((index, check))),
         }
+    }
+
+    /// The decision for `r`, admitted on route `index` once its password was checked.
+    #[cold]
+    async fn verified(
+        &self,
+        r: &Request<'_>,
+        path: &RoutedPath,
+        index: usize,
+        check: Box<PendingCheck>,
+    ) -> Decision<'a> {
+        let auth = self.listener().routes[index].filters.basic_auth.as_ref();
+        let refused = match check.run(&self.worker.auth_cache).await {
+            Verdict::Admitted => return self.admitted(r, path, index),
+            Verdict::Refused => Refusal::Unauthorized(auth.map_or("", |a| &a.realm)),
+            Verdict::Busy => Refusal::PasswordChecksBusy,
+        };
+        Decision::Answer(Answer::Refused(refused))
+    }
+
+    /// The decision for `r` on route `index`, its admission filters passed.
+    fn admitted(&self, r: &Request<'_>, path: &RoutedPath, index: usize) -> Decision<'a> {
+        let listener = self.listener();
+        let plan = &self.snapshot.listeners[self.listener];
+        let raw_path = r.req.path(r.buf);
+        let routed = path.get(raw_path);
+        let route = Some(index);
+        let config = &listener.routes[index];
         let upstream = match &plan.routes[index] {
             RoutePlan::Upstream(upstream) => *upstream,
             RoutePlan::Split(split) => {
@@ -102,14 +153,10 @@ impl<'a> Routing<'a> {
                 let cursor = self.worker.splits.next(slots.slot, slots.route(route));
                 split.pick(cursor, &self.snapshot.upstreams)
             }
-            RoutePlan::Respond(canned) => {
-                return (route, Decision::Answer(Answer::Respond(canned)))
-            }
-            RoutePlan::Redirect(redirect) => {
-                return (route, Decision::Answer(Answer::Redirect(redirect)))
-            }
+            RoutePlan::Respond(canned) => return Decision::Answer(Answer::Respond(canned)),
+            RoutePlan::Redirect(redirect) => return Decision::Answer(Answer::Redirect(redirect)),
             RoutePlan::Files(files) => match files.lookup(self.worker, r, routed) {
-                Lookup::Reply(reply) => return (route, Decision::Reply(Box::new(reply))),
+                Lookup::Reply(reply) => return Decision::Reply(Box::new(reply)),
                 Lookup::Upstream(upstream) => upstream,
             },
         };
@@ -120,16 +167,13 @@ impl<'a> Routing<'a> {
                     route: index,
                     upstream,
                 };
-                match self.through_cache(r, path.get(raw_path), cache, to) {
+                match self.through_cache(r, routed, cache, to) {
                     Ok(fill) => fill,
-                    Err(answered) => return (route, answered),
+                    Err(answered) => return answered,
                 }
             }
         };
-        (
-            route,
-            Decision::Forward(self.target(config, upstream), fill),
-        )
+        Decision::Forward(self.target(config, upstream), fill)
     }
 
     /// The route's `cache` for `r` (`routed`: its normalised path and query), before it

@@ -67,6 +67,15 @@ pub async fn accept(
             // A TLS-ALPN-01 validation: the handshake was the answer (RFC 8737).
             Ok(None)
         }
+        // Defence in depth: a resumed session brings back the certificate it was made
+        // with, or none; whatever setup issued it, no certificate under a policy that
+        // requires one is refused.
+        Ok(Some(tls_stream))
+            if tls.requires_client_cert()
+                && tls_stream.get_ref().1.peer_certificates().is_none() =>
+        {
+            Err(TlsFailure::BadClientCert)
+        }
         Ok(Some(tls_stream)) => {
             let session = TlsSession::new(tls_stream.get_ref().1, tls);
             stream.set_tls(tls_stream, listener.client_timeout);

@@ -25,8 +25,6 @@ pub struct TlsSession {
     /// `Name: Hash=...;Subject="..."\r\n` for upstream requests (with a verified client
     /// certificate and `client_cert_header` set).
     pub cert_header_line: Option<Box<[u8]>>,
-    /// The lower-cased `client_cert_header` name, whose client-sent copies are removed.
-    pub strip_header: Option<Box<[u8]>>,
 }
 
 impl TlsSession {
@@ -75,10 +73,7 @@ impl TlsSession {
         let client = peer
             .and_then(|chain| chain.first())
             .and_then(|der| CertFacts::parse(der).ok());
-        let (name, strip) = match &tls.client_cert_header {
-            Some((name, lower)) => (Some(name), Some(lower.clone())),
-            None => (None, None),
-        };
+        let name = tls.client_cert_header.as_deref();
         let cert_header_line = name
             .zip(client.as_ref())
             .map(|(name, facts)| header_line(name, facts));
@@ -86,7 +81,6 @@ impl TlsSession {
             sni,
             client_cert_subject: client.map(|f| f.subject.into_boxed_str()),
             cert_header_line,
-            strip_header: strip,
             ..TlsSession::default()
         }
     }

@@ -2,6 +2,12 @@
 //! handshakes use. Built once per config generation (in the snapshot, behind an `Arc`), so
 //! the ticket keys and the session cache are the same on every worker and a session
 //! resumes wherever the kernel hands the client's next connection.
+//!
+//! Across a reload the ticket keys and the session cache carry over only while the
+//! client-auth policy stays the same: rustls does not verify a client again when it
+//! resumes (the session brings back the certificate, or the absence of one, it was made
+//! with), so a session made before `client_auth` was turned on, or before its CA changed,
+//! would otherwise get past the new policy.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -32,15 +38,28 @@ pub struct ListenerTls {
     pub store: Arc<CertStore>,
     pub handshake_timeout: Duration,
     pub max_handshakes: usize,
-    /// The client-certificate header name as configured, and lower-cased (for removing
-    /// client-sent copies).
-    pub client_cert_header: Option<(Box<str>, Box<[u8]>)>,
+    /// The client-certificate header name as configured (client-sent copies are removed
+    /// by `forward::request_head`, on every connection of the listener).
+    pub client_cert_header: Option<Box<str>>,
+    /// The client-auth policy the config was built with (`None`: no `client_auth`).
+    pub client_policy: Option<ClientPolicy>,
+}
+
+/// What decides which clients a listener admits: whether a certificate is required, and
+/// the CA certificates it must chain to (by content, so a CA file rewritten in place is a
+/// new policy).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientPolicy {
+    pub required: bool,
+    /// SHA-256 over the DER CA certificates, in file order.
+    pub ca_digest: Box<[u8]>,
 }
 
 impl ListenerTls {
     /// Reads the listener's certificate, key and CA files and builds its rustls config.
     /// With `previous` (the same listener before a reload) the ticket keys and session
-    /// cache carry over, so clients keep resuming across reloads.
+    /// cache carry over, so clients keep resuming across reloads, unless the client-auth
+    /// policy changed: then sessions made under the old one cannot resume.
     pub fn build(tls: &Tls, previous: Option<&ListenerTls>) -> Result<ListenerTls, TlsError> {
         let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
         let now = unix_now();
@@ -58,8 +77,12 @@ impl ListenerTls {
             store = store.with_auto(auto, alpn_challenge);
         }
         let store = Arc::new(store);
-        let mut server_config = server_config(tls, provider, store.clone())?;
-        if let Some(before) = previous.filter(|_| tls.session_resumption) {
+        let (mut server_config, client_policy) = server_config(tls, provider, store.clone())?;
+        let same_policy = |before: &&ListenerTls| before.client_policy == client_policy;
+        if let Some(before) = previous
+            .filter(|_| tls.session_resumption)
+            .filter(same_policy)
+        {
             let kept = &before.server_config;
             if kept.ticketer.enabled() {
                 server_config.ticketer = kept.ticketer.clone();
@@ -71,10 +94,7 @@ impl ListenerTls {
             config.alpn_protocols = vec![super::auto::challenge::ACME_TLS_ALPN.to_vec()];
             Arc::new(config)
         });
-        let client_cert_header = tls.client_cert_header.as_deref().map(|name| {
-            let lower = name.to_ascii_lowercase().into_bytes().into_boxed_slice();
-            (Box::from(name), lower)
-        });
+        let client_cert_header = tls.client_cert_header.as_deref().map(Box::from);
         Ok(ListenerTls {
             server_config: Arc::new(server_config),
             challenge_config,
@@ -82,7 +102,13 @@ impl ListenerTls {
             handshake_timeout: tls.handshake_timeout,
             max_handshakes: tls.max_handshakes,
             client_cert_header,
+            client_policy,
         })
+    }
+
+    /// Whether every connection must have presented a verified client certificate.
+    pub fn requires_client_cert(&self) -> bool {
+        self.client_policy.as_ref().is_some_and(|p| p.required)
     }
 }
 
@@ -90,7 +116,7 @@ fn server_config(
     tls: &Tls,
     provider: Arc<CryptoProvider>,
     store: Arc<CertStore>,
-) -> Result<ServerConfig, TlsError> {
+) -> Result<(ServerConfig, Option<ClientPolicy>), TlsError> {
     let versions: &[&SupportedProtocolVersion] = match tls.min_version {
         TlsVersion::V1_2 => &[&rustls::version::TLS13, &rustls::version::TLS12],
         TlsVersion::V1_3 => &[&rustls::version::TLS13],
@@ -104,9 +130,12 @@ fn server_config(
     let builder = ServerConfig::builder_with_provider(provider.clone())
         .with_protocol_versions(versions)
         .map_err(|e| TlsError::new(first_file, format!("cannot set up TLS: {e}")))?;
-    let builder = match &tls.client_auth {
-        None => builder.with_no_client_auth(),
-        Some(auth) => builder.with_client_cert_verifier(client_verifier(auth, provider)?),
+    let (builder, policy) = match &tls.client_auth {
+        None => (builder.with_no_client_auth(), None),
+        Some(auth) => {
+            let (verifier, policy) = client_verifier(auth, provider)?;
+            (builder.with_client_cert_verifier(verifier), Some(policy))
+        }
     };
     let mut config = builder.with_cert_resolver(store);
     config.alpn_protocols = tls.alpn.iter().map(|p| p.as_bytes().to_vec()).collect();
@@ -118,16 +147,27 @@ fn server_config(
         config.session_storage = Arc::new(NoServerSessionStorage {});
         config.send_tls13_tickets = 0;
     }
-    Ok(config)
+    Ok((config, policy))
 }
 
-/// Verifies client certificates against the CAs in `auth.ca`.
+/// Verifies client certificates against the CAs in `auth.ca`; also the policy it enforces.
 fn client_verifier(
     auth: &ClientAuth,
     provider: Arc<CryptoProvider>,
-) -> Result<Arc<dyn rustls::server::danger::ClientCertVerifier>, TlsError> {
+) -> Result<
+    (
+        Arc<dyn rustls::server::danger::ClientCertVerifier>,
+        ClientPolicy,
+    ),
+    TlsError,
+> {
     let mut roots = RootCertStore::empty();
+    let mut digest = aws_lc_rs::digest::Context::new(&aws_lc_rs::digest::SHA256);
     for cert in load_chain(&auth.ca)? {
+        // Each certificate's length too, so two files never hash alike by splitting
+        // the same bytes differently.
+        digest.update(&(cert.len() as u64).to_be_bytes());
+        digest.update(&cert);
         roots
             .add(cert)
             .map_err(|e| TlsError::new(&auth.ca, format!("not a usable CA certificate: {e}")))?;
@@ -138,7 +178,12 @@ fn client_verifier(
     } else {
         builder.allow_unauthenticated()
     };
-    builder
+    let verifier = builder
         .build()
-        .map_err(|e| TlsError::new(&auth.ca, format!("cannot verify clients with it: {e}")))
+        .map_err(|e| TlsError::new(&auth.ca, format!("cannot verify clients with it: {e}")))?;
+    let policy = ClientPolicy {
+        required: auth.required,
+        ca_digest: digest.finish().as_ref().into(),
+    };
+    Ok((verifier, policy))
 }
