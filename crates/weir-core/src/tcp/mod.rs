@@ -50,15 +50,7 @@ pub async fn serve_tcp(worker: Rc<Worker>, slot: usize, client: TcpStream, peer:
     let Some(tcp) = listener.tcp() else { return };
     let mut to_server = worker.take_buffer_sized(tcp.buffer_size);
     let at = crate::listener::Slot { slot, listener };
-    // Until its relay starts the connection is idle: a newcomer at max_connections may
-    // take its place (`listener::reclaim`). A listener with no step before the relay
-    // takes no place (nothing to wait for, nothing spent).
-    let waits = listener.proxy_protocol.accept || !tcp.sni_routes.is_empty();
-    let idle = waits.then(|| {
-        worker
-            .idle
-            .enter(slot, usize::MAX, std::time::Instant::now())
-    });
+    let idle = idle_place(&worker, at, tcp);
     let step = accept_step(
         &worker,
         at,
@@ -124,6 +116,20 @@ pub async fn serve_tcp(worker: Rc<Worker>, slot: usize, client: TcpStream, peer:
     }
     tracing::trace!(listener = %listener.name, %source, ?end, "tcp connection ended");
     // `pick` lives until here: the connection counts as in flight to its server.
+}
+
+/// Until its relay starts a connection of listener `at` is idle: a newcomer at
+/// max_connections may take its place (`listener::reclaim`), the idlest (oldest accept)
+/// first. A listener with no step before the relay takes no place (nothing to wait for,
+/// nothing spent).
+fn idle_place<'w>(
+    worker: &'w Worker,
+    at: crate::listener::Slot<'_>,
+    tcp: &TcpSettings,
+) -> Option<Place<'w>> {
+    let waits = at.listener.proxy_protocol.accept || !tcp.sni_routes.is_empty();
+    let now = std::time::Instant::now();
+    waits.then(|| worker.idle.enter(at.slot, usize::MAX, now))
 }
 
 /// `step`'s output, unless a newcomer at `max_connections` takes the connection's idle
