@@ -9,7 +9,8 @@
 //!   HTTP/1 connection for the first byte of its first or next request (`client`), an
 //!   HTTP/2 one while it has no stream (`http2::conn`). There is no cap of idle
 //!   connections; the listener's `max_connections` takes them back for newcomers
-//!   (`listener::reclaim`), together with the handshakes.
+//!   (`listener::reclaim`), together with the handshakes. A TCP connection takes a
+//!   [`Place`] here until its relay starts (`tcp::serve_tcp`).
 //!
 //! A place holds the waker of its connection's task, woken when the place is taken, and
 //! the time of the connection's last step forward (entering, going idle, or

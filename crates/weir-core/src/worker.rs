@@ -125,7 +125,7 @@ pub struct Worker {
     /// `max_handshakes`; the idlest evicted for a newcomer).
     pub handshakes: Places,
     /// This worker's HTTP connections, per listener, each evictable while it waits for a
-    /// request: at the listener's `max_connections` the idlest (of these and the
+    /// request (and TCP connections before their relay): at the listener's `max_connections` the idlest (of these and the
     /// handshakes) is closed for a newcomer (`listener::reclaim`).
     pub idle: Places,
     /// This worker's request-id source.

@@ -545,3 +545,22 @@ async fn a_request_after_a_late_proxy_header_gets_a_whole_header_timeout() {
     let resp = client.get("/", "example.com").await.expect("response");
     assert_eq!(resp.status, 200);
 }
+
+/// A TCP listener waits for a PROXY header for `preread_timeout`, not `idle_timeout`
+/// (300 s by default; nginx's `proxy_protocol_timeout` is 30 s): half a header is closed
+/// in time and counted.
+#[test]
+fn half_a_proxy_header_is_closed_at_preread_timeout() {
+    let (backend, _rx) = capture(1);
+    let accept = "proxy_protocol = { accept = true, trusted = [\"127.0.0.0/8\"] }";
+    let timeouts = "preread_timeout = \"1s\"\nidle_timeout = \"120s\"";
+    let weir = tcp_conf(&[backend.addr], &[accept, timeouts]).start();
+    let mut client = connect(weir.addr);
+    client.write_all(b"PROXY TCP4 203.0.1").expect("write");
+    let mut rest = Vec::new();
+    let closed = client.read_to_end(&mut rest);
+    assert!(closed.is_ok() && rest.is_empty(), "closed: {closed:?}");
+    let rejected = "weir_proxy_protocol_rejected_total{listener=\"web\"} 1";
+    assert!(wait_until(WAIT, || weir.metrics_text().contains(rejected)));
+    assert_eq!(backend.accepted(), 0, "nothing reached the server");
+}

@@ -176,3 +176,63 @@ async fn a_server_name_that_is_not_a_host_name_goes_to_the_fallback_as_bad_sni()
     assert_sni_count(&s, "bad_sni", names.len() as u64);
     assert_sni_count(&s, "malformed", 0);
 }
+
+/// The attacker review's lockout: at `max_connections`, connections that have not started
+/// relaying (silent, half a PROXY header, a PROXY header and half a ClientHello) give their
+/// place to a newcomer, the idlest first, as on HTTP listeners; before, the listener
+/// paused and ready clients waited for `preread_timeout` (here a minute) to free a place.
+#[tokio::test]
+async fn connections_before_their_relay_give_way_to_a_ready_client_at_the_cap() {
+    const CAP: usize = 3;
+    let s = setup(&[
+        &format!("max_connections = {CAP}"),
+        "proxy_protocol = { accept = true, trusted = [\"127.0.0.0/8\"] }",
+        "preread_timeout = \"60s\"",
+    ]);
+    let active = "weir_connections_active{listener=\"web\"}";
+    let held: [&[u8]; CAP] = [
+        b"",
+        b"PROXY TCP4 203.0.1",
+        b"PROXY TCP4 203.0.113.7 192.0.2.1 5555 443\r\n\x16\x03\x01\x02\x00\x01",
+    ];
+    let mut silent = Vec::new();
+    for (i, bytes) in held.iter().enumerate() {
+        let mut c = tokio::net::TcpStream::connect(s.weir.addr).await.unwrap();
+        tokio::io::AsyncWriteExt::write_all(&mut c, bytes)
+            .await
+            .unwrap();
+        silent.push(c);
+        let accepted = || s.weir.metric_now(active) == Some(i as u64 + 1);
+        assert!(weir_testkit::wait_until_async(WAIT, accepted).await);
+    }
+    // Ready clients, each behind a PROXY header, kept open; the fallback answers their
+    // plain HTTP.
+    let mut ready = Vec::new();
+    for i in 0..CAP {
+        let served = async {
+            let mut client = s.weir.client().await;
+            let header = b"PROXY TCP4 203.0.113.9 192.0.2.1 5555 443\r\n";
+            client.send_raw(header).await.expect("header");
+            let response = client.get("/", "ready.test").await.expect("response");
+            (client, response)
+        };
+        let (client, response) = tokio::time::timeout(Duration::from_secs(5), served)
+            .await
+            .unwrap_or_else(|_| panic!("ready client {i} not served at once"));
+        assert_eq!(response.header("x-backend"), Some("fallback"));
+        ready.push(client);
+    }
+    // Each newcomer took an idle place, never a relaying client's: the first still relays.
+    let evicted = "weir_connections_evicted_total{listener=\"web\"}";
+    assert_eq!(
+        s.weir.metric(evicted),
+        CAP as u64,
+        "{}",
+        s.weir.metrics_text()
+    );
+    let again = ready[0]
+        .get("/", "ready.test")
+        .await
+        .expect("still relayed");
+    assert_eq!(again.header("x-backend"), Some("fallback"));
+}

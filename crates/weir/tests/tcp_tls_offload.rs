@@ -268,3 +268,43 @@ async fn a_silent_connection_gives_its_handshake_place_to_a_ready_client() {
     let evicted = "weir_tls_handshake_failures_total{listener=\"web\",reason=\"evicted\"}";
     assert!(wait_until(WAIT, || weir.metric_now(evicted) == Some(1)));
 }
+
+/// At `max_connections` (below `max_handshakes`), silent connections in their handshake
+/// give their place to a ready client, as on HTTP listeners; before, the TCP listener
+/// paused and the client waited for a `handshake_timeout` (here a minute).
+#[tokio::test]
+async fn silent_connections_give_way_to_a_ready_client_at_max_connections() {
+    const CAP: usize = 2;
+    let ca = TestCa::new("offload cap CA");
+    let leaf = ca.leaf(&["t.example.com"]);
+    let echo = echo_server().await;
+    let weir = Conf::new()
+        .listener("protocol = \"tcp\"")
+        .listener("upstream = \"up\"")
+        .listener(&format!("max_connections = {CAP}"))
+        .listener(&tls_table(&[&leaf], "handshake_timeout = \"60s\"\n"))
+        .upstream("up", &[echo], &[])
+        .start();
+    let mut silent = Vec::new();
+    for _ in 0..CAP {
+        silent.push(TcpStream::connect(weir.addr).await.expect("connect"));
+    }
+    let full = || weir.metric_now("weir_connections_active{listener=\"web\"}") == Some(CAP as u64);
+    assert!(
+        wait_until(WAIT, full),
+        "the silent connections hold the cap"
+    );
+    let served = async {
+        let mut s = connect(weir.addr, &ca, "t.example.com").await;
+        s.write_all(b"ping").await.expect("write");
+        let mut back = [0u8; 4];
+        s.read_exact(&mut back).await.expect("echoed");
+        back
+    };
+    let back = tokio::time::timeout(std::time::Duration::from_secs(5), served)
+        .await
+        .expect("the ready client is served at once");
+    assert_eq!(&back, b"ping");
+    let evicted = "weir_connections_evicted_total{listener=\"web\"}";
+    assert_eq!(weir.metric(evicted), 1, "{}", weir.metrics_text());
+}

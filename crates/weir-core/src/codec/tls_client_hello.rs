@@ -8,7 +8,8 @@
 //! and the caller decides what to do (the TCP listener falls back to its `upstream`).
 //!
 //! Nothing is allocated when the ClientHello fits one record (the usual case); a
-//! fragmented one is reassembled into a `Vec` bounded by the caller's read cap.
+//! fragmented one is reassembled into a `Vec` bounded by the caller's read cap, each
+//! record joined once however many reads it takes ([`HelloReader`]).
 
 /// Record content type of handshake messages.
 const HANDSHAKE: u8 = 22;
@@ -96,18 +97,66 @@ impl ClientHello {
     }
 }
 
-/// Parses the ClientHello at the start of `data` (what the client sent so far).
+/// Parses the ClientHello at the start of `data` (what the client sent so far), from
+/// scratch: a caller that reads more and asks again uses a [`HelloReader`].
 pub fn parse(data: &[u8]) -> Result<Parsed, HelloError> {
-    let Some(first) = record(data)? else {
-        return Ok(Parsed::Incomplete);
-    };
-    // The usual case: the whole handshake message is in the first record.
-    if let Some(len) = message_len(first)? {
-        if first.len() >= 4 + len {
-            return client_hello(&first[4..4 + len]).map(Parsed::Hello);
+    HelloReader::default().read(data)
+}
+
+/// A ClientHello parsed as it arrives, each record looked at once: a hello split into many
+/// small records (any fragmentation is legal, RFC 8446 5.1) costs time in proportion to
+/// its length however it trickles in, where parsing everything again on each read was
+/// quadratic in the number of records.
+#[derive(Debug, Default)]
+pub struct HelloReader {
+    /// Bytes at the start of the data in whole records, already joined into `message`.
+    scanned: usize,
+    /// The payloads of those records (empty while the hello may fit its first record).
+    message: Vec<u8>,
+    /// Payload bytes joined so far (tests check the work is linear).
+    #[cfg(test)]
+    joined: usize,
+}
+
+impl HelloReader {
+    /// The ClientHello at the start of `data`: everything the client sent so far, of
+    /// which an earlier call saw a prefix.
+    pub fn read(&mut self, data: &[u8]) -> Result<Parsed, HelloError> {
+        if self.scanned == 0 {
+            let Some(first) = record(data)? else {
+                return Ok(Parsed::Incomplete);
+            };
+            // The usual case: the whole handshake message is in the first record.
+            if let Some(len) = message_len(first)? {
+                if first.len() >= 4 + len {
+                    return client_hello(&first[4..4 + len]).map(Parsed::Hello);
+                }
+            }
+        }
+        self.reassemble(data)
+    }
+
+    /// The rare case of a ClientHello split across records: the payloads of the records
+    /// not joined yet are added to the message.
+    fn reassemble(&mut self, data: &[u8]) -> Result<Parsed, HelloError> {
+        loop {
+            let rest = data.get(self.scanned..).unwrap_or_default();
+            let Some(payload) = record(rest)? else {
+                return Ok(Parsed::Incomplete);
+            };
+            self.message.extend_from_slice(payload);
+            self.scanned += 5 + payload.len();
+            #[cfg(test)]
+            {
+                self.joined += payload.len();
+            }
+            if let Some(len) = message_len(&self.message)? {
+                if self.message.len() >= 4 + len {
+                    return client_hello(&self.message[4..4 + len]).map(Parsed::Hello);
+                }
+            }
         }
     }
-    reassembled(data)
 }
 
 /// The payload of the handshake record at the start of `data`; `None`: not all there yet.
@@ -144,23 +193,6 @@ fn message_len(payload: &[u8]) -> Result<Option<usize>, HelloError> {
     Ok(payload
         .get(1..4)
         .map(|l| usize::from(l[0]) << 16 | usize::from(l[1]) << 8 | usize::from(l[2])))
-}
-
-/// The rare case of a ClientHello split across records: their payloads are joined.
-fn reassembled(mut data: &[u8]) -> Result<Parsed, HelloError> {
-    let mut message = Vec::new();
-    loop {
-        let Some(payload) = record(data)? else {
-            return Ok(Parsed::Incomplete);
-        };
-        message.extend_from_slice(payload);
-        data = &data[5 + payload.len()..];
-        if let Some(len) = message_len(&message)? {
-            if message.len() >= 4 + len {
-                return client_hello(&message[4..4 + len]).map(Parsed::Hello);
-            }
-        }
-    }
 }
 
 /// A cursor over a byte slice that fails with [`HelloError::Malformed`] past its end.
@@ -220,22 +252,36 @@ fn client_hello(body: &[u8]) -> Result<ClientHello, HelloError> {
         return Ok(hello);
     }
     let mut extensions = Reader(r.vec16()?);
+    // RFC 8446 4.2: one extension of a type. A second server_name is malformed, as OpenSSL
+    // and Go answer, rather than a name to route by that the server may not use.
+    let (mut seen_sni, mut seen_alpn) = (false, false);
     while !extensions.is_empty() {
         let kind = extensions.u16()?;
         let data = extensions.vec16()?;
-        match u16::try_from(kind) {
-            Ok(EXT_SERVER_NAME) => (hello.sni, hello.bad_sni) = server_name(data)?,
-            Ok(EXT_ALPN) => hello.alpn = alpn(data)?,
-            _ => {}
+        let seen = match u16::try_from(kind) {
+            Ok(EXT_SERVER_NAME) => {
+                (hello.sni, hello.bad_sni) = server_name(data)?;
+                &mut seen_sni
+            }
+            Ok(EXT_ALPN) => {
+                hello.alpn = alpn(data)?;
+                &mut seen_alpn
+            }
+            _ => continue,
+        };
+        if std::mem::replace(seen, true) {
+            return Err(HelloError::Malformed);
         }
     }
     Ok(hello)
 }
 
 /// The `host_name` entry of a server_name extension (RFC 6066 3), and whether the entry
-/// was not a host name: longer than a DNS name, or with a character none has (a port's
-/// `:`, an IPv6 literal, brackets). Broken clients and scanners send such names; they are
-/// ignored rather than failing the ClientHello, as nginx and HAProxy do.
+/// was not a host name: longer than a DNS name, with a character none has (a port's `:`,
+/// an IPv6 literal, brackets), or with an empty label (`a..b`, `.a`; one trailing dot is
+/// the root). Broken clients and scanners send such names; they are ignored rather than
+/// failing the ClientHello, as nginx and HAProxy do. Two host_name entries are malformed
+/// (RFC 6066: one name of a type; OpenSSL and Go refuse them); other types are skipped.
 fn server_name(data: &[u8]) -> Result<(Option<Name>, bool), HelloError> {
     let mut r = Reader(data);
     let mut list = Reader(r.vec16()?);
@@ -243,22 +289,32 @@ fn server_name(data: &[u8]) -> Result<(Option<Name>, bool), HelloError> {
     while !list.is_empty() {
         let kind = list.u8()?;
         let name = list.vec16()?;
-        if kind != 0 || found.is_some() {
+        if kind != 0 {
             continue;
         }
         // RFC 6066: `opaque HostName<1..2^16-1>`; an empty one is not well-formed TLS.
-        if name.is_empty() {
+        if name.is_empty() || found.is_some() {
             return Err(HelloError::Malformed);
         }
-        let host = name
-            .iter()
-            .all(|&c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'.' | b'_'));
-        found = Some(host.then(|| Name::new(name)).flatten());
+        found = Some(is_host_name(name).then(|| Name::new(name)).flatten());
     }
     Ok(match found {
         Some(Some(name)) => (Some(name), false),
         Some(None) => (None, true),
         None => (None, false),
+    })
+}
+
+/// Letters, digits, `-`, `_` in labels separated by single dots, none empty (a trailing
+/// dot allowed): an empty label would route `x..b.example.com` by `*.b.example.com`, where
+/// the HTTP listeners refuse such a Host (400).
+fn is_host_name(name: &[u8]) -> bool {
+    let labels = name.strip_suffix(b".").unwrap_or(name);
+    labels.split(|&c| c == b'.').all(|label| {
+        !label.is_empty()
+            && label
+                .iter()
+                .all(|&c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_'))
     })
 }
 

@@ -1,8 +1,10 @@
 //! The accept loop of one listener on one worker.
 //!
 //! At the listener's connection limit (`cap`: counted once for the listener, whichever
-//! worker holds the connections) an HTTP listener accepts the newcomer and closes an idle
-//! connection for it (`reclaim`); a TCP listener, and an HTTP one with nothing idle, stops
+//! worker holds the connections) the listener accepts the newcomer and closes an idle
+//! connection for it (`reclaim`): on an HTTP listener one waiting for a request or in its
+//! TLS handshake, on a TCP listener one that has not started relaying (waiting for its
+//! PROXY header, its ClientHello, its TLS handshake). With nothing idle, it stops
 //! accepting until a connection of the listener closes (the kernel backlog holds the rest;
 //! counted in `weir_accept_paused_total`).
 //! When the process runs out of file descriptors (EMFILE / ENFILE, seed 002's crash) it
@@ -43,13 +45,12 @@ pub async fn accept_loop(
             .listener_index(slot)
             .is_some_and(|i| snapshot.config.listeners[i].tcp().is_some())
     };
-    // HTTP listeners close idle connections for newcomers at the cap; TCP ones pause.
-    let mut reclaim = (!tcp).then(|| Reclaimer::start(&worker, slot, &cap, &stop));
+    // Idle connections are closed for newcomers at the cap: HTTP connections waiting for a
+    // request or in their TLS handshake, TCP ones that have not started relaying
+    // (`tcp::serve_tcp`). A listener with none pauses: a plain TCP one always does.
+    let mut reclaim = Reclaimer::start(&worker, slot, &cap, &stop);
     loop {
         if worker.is_draining() || stop.is_stopped() {
-            return;
-        }
-        if reclaim.is_none() && !wait_below_limit(&worker, slot, &cap, &mut cap_log, &stop).await {
             return;
         }
         let accepted = tokio::select! {
@@ -60,22 +61,16 @@ pub async fn accept_loop(
             biased;
             _ = worker.drained() => return,
             _ = stop.stopped() => return,
-            r = accept(&listener, &cap, reclaim.is_some()) => r,
+            r = accept(&listener, &cap) => r,
         };
         match accepted {
-            // Another worker took the last place: wait for a close.
-            Ok(None) => {}
-            Ok(Some((stream, peer, permit))) => {
-                let permit = match (permit, reclaim.as_mut()) {
-                    (Some(permit), _) => permit,
-                    (None, Some(reclaim)) => {
-                        let place = reclaim.place_for(&worker, &cap, &mut cap_log, &stop);
-                        match place.await {
-                            Some(permit) => permit,
-                            None => return,
-                        }
-                    }
-                    (None, None) => continue,
+            Ok((stream, peer, permit)) => {
+                let permit = match permit {
+                    Some(permit) => permit,
+                    None => match reclaim.place_for(&worker, &cap, &mut cap_log, &stop).await {
+                        Some(permit) => permit,
+                        None => return,
+                    },
                 };
                 spawn_connection(&worker, bind, tcp, stream, peer, permit);
             }
@@ -137,14 +132,11 @@ fn spawn_connection(
 type Accepted = (std::net::TcpStream, SocketAddr, Option<Permit>);
 
 /// Accepts one connection as a non-blocking socket that is not registered with the reactor
-/// (see `client_stream`). `None`: the socket was readable but the listener reached its cap
-/// meanwhile (another worker took the last place), and `at_cap` is false; with `at_cap`,
-/// the connection is accepted without a place.
+/// (see `client_stream`), with a place under the cap if there is one.
 async fn accept(
     listener: &AsyncFd<mio::net::TcpListener>,
     cap: &ListenerCap,
-    at_cap: bool,
-) -> io::Result<Option<Accepted>> {
+) -> io::Result<Accepted> {
     loop {
         // Like tokio's own accept: spend task budget, so a flood of connections cannot keep
         // this loop from yielding to the connections it has accepted. Before the accept, not
@@ -155,13 +147,10 @@ async fn accept(
         // permit dropped) when accept finds nothing or fails: no worker holds a place while
         // it waits. Dropping `ready` uncleared keeps the readiness for the next attempt.
         let permit = cap.try_acquire();
-        if permit.is_none() && !at_cap {
-            return Ok(None);
-        }
         if let Ok(accepted) = ready.try_io(|l| l.get_ref().accept()) {
             let (stream, peer) = accepted?;
             let stream = std::net::TcpStream::from(OwnedFd::from(stream));
-            return Ok(Some((stream, peer, permit)));
+            return Ok((stream, peer, permit));
         }
     }
 }
@@ -169,34 +158,6 @@ async fn accept(
 fn count_accept_error(worker: &Worker, slot: usize, e: &io::Error) {
     if let Some(m) = worker.metrics.listener(slot) {
         m.accept_errors[accept_error_index(e)].inc();
-    }
-}
-
-/// Waits until the listener (all workers) has fewer open connections than its limit;
-/// a pause is counted and logged (at most once a second). Returns false when the worker
-/// starts draining or the listener stops instead.
-async fn wait_below_limit(
-    worker: &Worker,
-    slot: usize,
-    cap: &ListenerCap,
-    log: &mut ResourceLog,
-    stop: &StopSignal,
-) -> bool {
-    if worker.is_draining() || stop.is_stopped() {
-        return false;
-    }
-    // The usual case, below the cap: no wait futures to set up.
-    if cap.is_below() {
-        return true;
-    }
-    let paused = || {
-        let message = "listener at max_connections: pausing accepts until a connection closes";
-        tell_at_cap(worker, slot, cap.limit, log, |m| &m.accept_paused, message);
-    };
-    tokio::select! {
-        _ = cap.wait_below(paused) => true,
-        _ = worker.drained() => false,
-        _ = stop.stopped() => false,
     }
 }
 

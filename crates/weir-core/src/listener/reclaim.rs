@@ -1,4 +1,4 @@
-//! At an HTTP listener's `max_connections`, a new connection takes the place of an idle
+//! At a listener's `max_connections`, a new connection takes the place of an idle
 //! one, as nginx reuses its idle connections when it runs out of `worker_connections`,
 //! instead of waiting in the backlog behind connections that do nothing (issue 24: idle
 //! sockets, however many the cap allows, must not lock ready clients out).
@@ -12,6 +12,9 @@
 //! `header_timeout` already bounds it. A TLS handshake in progress, even one that sent
 //! half a ClientHello, is idle: `max_handshakes` already lets newcomers evict it (see
 //! `crate::evict` for why bytes that are not a step buy no time), and no request is lost.
+//! On a TCP listener, idle is a connection that has not started relaying (`tcp::serve_tcp`:
+//! waiting for its PROXY header or its ClientHello, or in its TLS handshake); a relaying
+//! one never is.
 //!
 //! The connection closed is the idlest of its worker's (the oldest last step: the end of
 //! its last response, its accept, its whole ClientHello), so a ready client, whose place

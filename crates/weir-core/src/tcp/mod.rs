@@ -34,6 +34,7 @@ use crate::codec::proxy_protocol::{self, Addresses};
 use crate::connector::{connect, handshake, UpstreamStream};
 use crate::filters::forwarded::ClientIp;
 use crate::listener::proxy_protocol::accept_step;
+use crate::places::Place;
 use crate::snapshot::Snapshot;
 use crate::upstream::retry::{Outcome, Tried};
 use crate::upstream::{Pick, RequestKey};
@@ -49,13 +50,23 @@ pub async fn serve_tcp(worker: Rc<Worker>, slot: usize, client: TcpStream, peer:
     let Some(tcp) = listener.tcp() else { return };
     let mut to_server = worker.take_buffer_sized(tcp.buffer_size);
     let at = crate::listener::Slot { slot, listener };
-    let step = accept_step(&worker, at, &client, peer, &mut to_server, tcp.idle_timeout);
-    let Ok(carried) = step.await else {
+    let idle = idle_place(&worker, at, tcp);
+    let step = accept_step(
+        &worker,
+        at,
+        &client,
+        peer,
+        &mut to_server,
+        tcp.preread_timeout,
+    );
+    let Some(Ok(carried)) = unless_taken(idle.as_ref(), step).await else {
         worker.give_buffer(to_server);
         return;
     };
     let source = carried.map_or(peer, |a| a.source);
     if let Some(tls) = &snapshot.listeners[listener_index].tls {
+        // The handshake takes its own evictable place (`tls::handshake`).
+        drop(idle);
         let client = Accepted {
             client,
             peer,
@@ -64,7 +75,11 @@ pub async fn serve_tcp(worker: Rc<Worker>, slot: usize, client: TcpStream, peer:
         };
         return serve_offloaded(&worker, &snapshot, at, tls, client).await;
     }
-    let Some(upstream) = choose_upstream(&worker, slot, tcp, &client, &mut to_server).await else {
+    let chosen = choose_upstream(&worker, slot, tcp, &client, &mut to_server);
+    let chosen = unless_taken(idle.as_ref(), chosen).await;
+    // The ClientHello is whole (or there was none to wait for): the client is ready.
+    drop(idle);
+    let Some(Some(upstream)) = chosen else {
         worker.give_buffer(to_server);
         return;
     };
@@ -101,6 +116,36 @@ pub async fn serve_tcp(worker: Rc<Worker>, slot: usize, client: TcpStream, peer:
     }
     tracing::trace!(listener = %listener.name, %source, ?end, "tcp connection ended");
     // `pick` lives until here: the connection counts as in flight to its server.
+}
+
+/// Until its relay starts a connection of listener `at` is idle: a newcomer at
+/// max_connections may take its place (`listener::reclaim`), the idlest (oldest accept)
+/// first. A listener with no step before the relay takes no place (nothing to wait for,
+/// nothing spent).
+fn idle_place<'w>(
+    worker: &'w Worker,
+    at: crate::listener::Slot<'_>,
+    tcp: &TcpSettings,
+) -> Option<Place<'w>> {
+    let waits = at.listener.proxy_protocol.accept || !tcp.sni_routes.is_empty();
+    let now = std::time::Instant::now();
+    waits.then(|| worker.idle.enter(at.slot, usize::MAX, now))
+}
+
+/// `step`'s output, unless a newcomer at `max_connections` takes the connection's idle
+/// place first (`None`: close). A step that ends in the same turn keeps its result.
+async fn unless_taken<F: std::future::Future>(
+    idle: Option<&Place<'_>>,
+    step: F,
+) -> Option<F::Output> {
+    let Some(idle) = idle else {
+        return Some(step.await);
+    };
+    tokio::select! {
+        biased;
+        out = step => Some(out),
+        () = idle.taken() => None,
+    }
 }
 
 /// The still-time bounds of a TCP listener's relays.

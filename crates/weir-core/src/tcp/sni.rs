@@ -16,7 +16,7 @@ use tokio::time::{timeout_at, Instant};
 use weir_config::{HostPattern, SniRoute, TcpSettings};
 
 use crate::buffer::Buffer;
-use crate::codec::tls_client_hello::{parse, ClientHello, HelloError, Parsed};
+use crate::codec::tls_client_hello::{ClientHello, HelloError, HelloReader, Parsed};
 use crate::router::host_matches;
 use crate::tcp::io::read_some;
 
@@ -103,8 +103,10 @@ async fn read_hello(
     timeout: Duration,
 ) -> Result<ClientHello, SniResult> {
     let deadline = Instant::now() + timeout;
+    // Records already read are not parsed again when more arrive.
+    let mut reader = HelloReader::default();
     loop {
-        match parse(buf.filled()) {
+        match reader.read(buf.filled()) {
             Ok(Parsed::Hello(hello)) => return Ok(hello),
             Err(HelloError::NotTls) => return Err(SniResult::NotTls),
             Err(HelloError::Malformed) => return Err(SniResult::Malformed),
