@@ -1148,7 +1148,10 @@ impl Config {
         self.listeners
             .iter()
             .filter(|l| l.redirect_https.is_none())
-            .filter(|l| l.tls.as_ref().is_some_and(|t| t.client_auth.is_some()))
+            .filter(|l| {
+                let auth = l.tls.as_ref().and_then(|t| t.client_auth.as_ref());
+                auth.is_some_and(|a| a.required)
+            })
             .filter_map(|l| {
                 let plain = l.binds.iter().filter(|b| b.plain_http);
                 let addrs: Vec<String> = plain.map(|b| b.addr.to_string()).collect();
