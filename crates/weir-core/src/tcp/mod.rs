@@ -133,7 +133,9 @@ fn idle_place<'w>(
 }
 
 /// `step`'s output, unless a newcomer at `max_connections` takes the connection's idle
-/// place first (`None`: close). A step that ends in the same turn keeps its result.
+/// place first (`None`: close). A taken place wins over a step that ends in the same turn:
+/// the newcomer's worker counted this connection closed and waits for its place, and a
+/// relay, unlike a TLS handshake, would hold it up to `idle_timeout`.
 async fn unless_taken<F: std::future::Future>(
     idle: Option<&Place<'_>>,
     step: F,
@@ -143,8 +145,8 @@ async fn unless_taken<F: std::future::Future>(
     };
     tokio::select! {
         biased;
-        out = step => Some(out),
         () = idle.taken() => None,
+        out = step => Some(out),
     }
 }
 
