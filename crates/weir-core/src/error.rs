@@ -54,6 +54,12 @@ pub enum ProxyError {
     UpstreamIo(io::ErrorKind),
     #[error("malformed upstream response: {0}")]
     UpstreamMalformed(&'static str),
+    /// An upgrade's answer that makes no tunnel (a 2xx to a WebSocket handshake, a 101
+    /// the request cannot take): a 502, as the upstream's answer, but one the client's
+    /// request provoked, so never the server's failure for passive health
+    /// (`upstream::retry::Outcome::of_error`), or any client could eject healthy servers.
+    #[error("upgrade not made: {0}")]
+    UpgradeNotMade(&'static str),
     #[error("upstream response timed out")]
     UpstreamTimeout,
     #[error("no healthy upstream server")]
@@ -73,6 +79,7 @@ impl ProxyError {
             | UpstreamClosed
             | UpstreamIo(_)
             | UpstreamMalformed(_)
+            | UpgradeNotMade(_)
             | UpstreamTimeout => Side::Upstream,
             NoServer => Side::Internal,
         }
@@ -91,7 +98,7 @@ impl ProxyError {
             HeadTooLarge => 431,
             NotImplemented(_) => 501,
             UpstreamConnect(_) | UpstreamTls(_) | UpstreamClosed | UpstreamIo(_)
-            | UpstreamMalformed(_) => 502,
+            | UpstreamMalformed(_) | UpgradeNotMade(_) => 502,
             NoServer => 503,
             UpstreamConnectTimeout | UpstreamTimeout => 504,
             VersionNotSupported => 505,
@@ -177,6 +184,7 @@ mod tests {
             ProxyError::UpstreamConnectTimeout,
             ProxyError::UpstreamTls("x"),
             ProxyError::UpstreamMalformed("x"),
+            ProxyError::UpgradeNotMade("x"),
             ProxyError::UpstreamTimeout,
             ProxyError::NoServer,
         ];

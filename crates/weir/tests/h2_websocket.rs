@@ -438,3 +438,41 @@ async fn a_refused_handshake_is_retried_on_another_server() {
     assert_eq!(backend.heads().len(), 2);
     assert!(weir.metric("weir_upstream_retries_total{upstream=\"up\"}") >= 1);
 }
+
+/// A WebSocket handshake the client sends to a path whose server is no WebSocket server
+/// (it answers 200) gets 502, but does not count against that server: passive health
+/// would otherwise let any client eject healthy servers, one request each (attack review
+/// item 1a). After two such requests on three servers (`max_fails = 1`), ordinary
+/// requests still reach all three.
+#[tokio::test]
+async fn a_2xx_to_a_websocket_handshake_does_not_eject_the_server() {
+    let backends = [Backend::echo("a"), Backend::echo("b"), Backend::echo("c")];
+    let addrs: Vec<_> = backends.iter().map(Backend::addr).collect();
+    let passive = [
+        "[upstreams.up.passive]",
+        "max_fails = 1",
+        "fail_timeout = \"60s\"",
+    ];
+    let weir = common::Conf::new()
+        .route("all", "up", &[])
+        .upstream("up", &addrs, &passive)
+        .start();
+    let mut client = connect(weir.addr).await;
+    for _ in 0..2 {
+        let status = status_of(&mut client, "/anything", "websocket").await;
+        assert_eq!(status, StatusCode::BAD_GATEWAY);
+    }
+    let served = || backends.iter().map(Backend::requests_served).collect::<Vec<_>>();
+    // Counted when the head is read: before the client has an answer.
+    let before = served();
+    assert_eq!(before.iter().sum::<usize>(), 2, "{before:?}");
+    let mut h1 = weir.client().await;
+    for _ in 0..6 {
+        let r = h1.get("/", "example.test").await.expect("response");
+        assert_eq!(r.status, 200);
+    }
+    let after = served();
+    for (i, (after, before)) in after.iter().zip(&before).enumerate() {
+        assert_eq!(after - before, 2, "server {i}: {before:?} then {after:?}");
+    }
+}
