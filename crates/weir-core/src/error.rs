@@ -37,6 +37,9 @@ pub enum ProxyError {
     TooEarly,
     #[error("HTTP version not supported")]
     VersionNotSupported,
+    /// An RFC 8441 extended CONNECT past the connection's `http2.max_tunnels`.
+    #[error("too many WebSocket tunnels on one HTTP/2 connection")]
+    TooManyTunnels,
     #[error("client closed the connection")]
     ClientClosed,
     #[error("client I/O error: {0:?}")]
@@ -72,7 +75,7 @@ impl ProxyError {
         match self {
             BadRequest(_) | HeadTooLarge | BodyTooLarge | HeaderTimeout | ClientTimeout
             | NotImplemented(_) | MethodNotAllowed | ExpectationFailed | VersionNotSupported
-            | TooEarly | ClientClosed | ClientIo(_) => Side::Client,
+            | TooEarly | TooManyTunnels | ClientClosed | ClientIo(_) => Side::Client,
             UpstreamConnect(_)
             | UpstreamConnectTimeout
             | UpstreamTls(_)
@@ -95,6 +98,8 @@ impl ProxyError {
             BodyTooLarge => 413,
             ExpectationFailed => 417,
             TooEarly => 425,
+            // The client's own excess, which it may retry once one of its tunnels ends.
+            TooManyTunnels => 429,
             HeadTooLarge => 431,
             NotImplemented(_) => 501,
             UpstreamConnect(_) | UpstreamTls(_) | UpstreamClosed | UpstreamIo(_)
@@ -110,6 +115,7 @@ impl ProxyError {
     pub fn body_text(self) -> Option<&'static str> {
         match self {
             ProxyError::NoServer => Some("no healthy upstream server"),
+            ProxyError::TooManyTunnels => Some("too many WebSocket tunnels on this connection"),
             _ => None,
         }
     }
@@ -179,6 +185,7 @@ mod tests {
             ProxyError::MethodNotAllowed,
             ProxyError::ExpectationFailed,
             ProxyError::TooEarly,
+            ProxyError::TooManyTunnels,
             ProxyError::VersionNotSupported,
             ProxyError::UpstreamConnect(io::ErrorKind::ConnectionRefused),
             ProxyError::UpstreamConnectTimeout,

@@ -476,3 +476,42 @@ async fn a_2xx_to_a_websocket_handshake_does_not_eject_the_server() {
         assert_eq!(after - before, 2, "server {i}: {before:?} then {after:?}");
     }
 }
+
+/// One HTTP/2 connection holds at most `http2.max_tunnels` WebSocket tunnels (each is an
+/// upstream connection of its own): the next extended CONNECT gets 429 without reaching
+/// the upstream, ordinary streams still pass, and once a tunnel ends a new one is
+/// accepted (attack review item 2).
+#[tokio::test]
+async fn tunnels_past_max_tunnels_get_429_until_one_ends() {
+    let backend = WsBackend::echo();
+    let weir = single(backend.addr())
+        .listener("http2 = { max_tunnels = 2 }")
+        .start();
+    let mut client = connect(weir.addr).await;
+    let (first, mut first_up) = tunnel_response(&mut client, "/chat").await;
+    assert_eq!(first.status(), StatusCode::OK);
+    let (second, _second_up) = tunnel_response(&mut client, "/chat").await;
+    assert_eq!(second.status(), StatusCode::OK);
+    let (refused, _up) = tunnel_response(&mut client, "/chat").await;
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    let mut body = refused.into_body();
+    let mut text = Vec::new();
+    while let Some(chunk) = tokio::time::timeout(WAIT, body.data()).await.expect("body") {
+        text.extend_from_slice(&chunk.expect("data"));
+    }
+    let text = String::from_utf8_lossy(&text);
+    assert!(text.contains("too many WebSocket tunnels"), "{text}");
+    assert_eq!(backend.heads().len(), 2, "the refused one went upstream");
+    // An ordinary request on the same connection (the WebSocket server answers it 400).
+    let get = Request::get("http://example.test/plain").body(()).unwrap();
+    let (response, _) = client.send_request(get, true).expect("GET");
+    let response = tokio::time::timeout(WAIT, response).await.expect("in time");
+    assert_eq!(response.expect("response").status(), StatusCode::BAD_REQUEST);
+    // One tunnel ends: its place is free again.
+    first_up.send_reset(Reason::CANCEL);
+    assert!(wait_until_async(WAIT, || backend.ended() == 1).await);
+    client = client.ready().await.expect("ready");
+    let (again, _again_up) = tunnel_response(&mut client, "/chat").await;
+    assert_eq!(again.status(), StatusCode::OK);
+    assert_eq!(backend.upgraded(), 3);
+}
