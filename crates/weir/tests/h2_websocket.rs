@@ -515,3 +515,26 @@ async fn tunnels_past_max_tunnels_get_429_until_one_ends() {
     assert_eq!(again.status(), StatusCode::OK);
     assert_eq!(backend.upgraded(), 3);
 }
+
+/// A plain CONNECT (`:authority` only, no `:protocol`) is refused with 405 as over
+/// HTTP/1.1 (docs/http2.md), not reset as malformed; nothing goes upstream and the
+/// connection goes on (attack review item 7).
+#[tokio::test]
+async fn a_plain_connect_gets_405() {
+    let backend = WsBackend::echo();
+    let weir = single(backend.addr()).start();
+    let mut client = connect(weir.addr).await;
+    let plain = Request::builder()
+        .method(Method::CONNECT)
+        .uri("example.test:443")
+        .body(())
+        .expect("request");
+    let (response, _up) = client.send_request(plain, false).expect("CONNECT");
+    let response = tokio::time::timeout(WAIT, response).await.expect("in time");
+    let response = response.expect("a response, not a reset");
+    assert_eq!(response.status(), StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(backend.heads().len(), 0);
+    client = client.ready().await.expect("ready");
+    let (tunnel, _up) = tunnel_response(&mut client, "/chat").await;
+    assert_eq!(tunnel.status(), StatusCode::OK);
+}
