@@ -333,7 +333,8 @@ pub struct Http2 {
     pub stall_timeout: Duration,
     /// 1xx heads (103 Early Hints, ...) relayed to the client per response; more are
     /// dropped (each is a HEADERS frame h2 queues without flow control). 0: none.
-    pub max_informational: u32,    /// RFC 8441 WebSocket tunnels one client connection may hold at once (each is an
+    pub max_informational: u32,
+    /// RFC 8441 WebSocket tunnels one client connection may hold at once (each is an
     /// upstream connection of its own, for up to `tunnel_idle_timeout`); more get 429.
     pub max_tunnels: u32,
 }

@@ -462,7 +462,12 @@ async fn a_2xx_to_a_websocket_handshake_does_not_eject_the_server() {
         let status = status_of(&mut client, "/anything", "websocket").await;
         assert_eq!(status, StatusCode::BAD_GATEWAY);
     }
-    let served = || backends.iter().map(Backend::requests_served).collect::<Vec<_>>();
+    let served = || {
+        backends
+            .iter()
+            .map(Backend::requests_served)
+            .collect::<Vec<_>>()
+    };
     // Counted when the head is read: before the client has an answer.
     let before = served();
     assert_eq!(before.iter().sum::<usize>(), 2, "{before:?}");
@@ -506,7 +511,10 @@ async fn tunnels_past_max_tunnels_get_429_until_one_ends() {
     let get = Request::get("http://example.test/plain").body(()).unwrap();
     let (response, _) = client.send_request(get, true).expect("GET");
     let response = tokio::time::timeout(WAIT, response).await.expect("in time");
-    assert_eq!(response.expect("response").status(), StatusCode::BAD_REQUEST);
+    assert_eq!(
+        response.expect("response").status(),
+        StatusCode::BAD_REQUEST
+    );
     // One tunnel ends: its place is free again.
     first_up.send_reset(Reason::CANCEL);
     assert!(wait_until_async(WAIT, || backend.ended() == 1).await);
