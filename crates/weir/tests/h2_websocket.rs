@@ -448,14 +448,9 @@ async fn a_refused_handshake_is_retried_on_another_server() {
 async fn a_2xx_to_a_websocket_handshake_does_not_eject_the_server() {
     let backends = [Backend::echo("a"), Backend::echo("b"), Backend::echo("c")];
     let addrs: Vec<_> = backends.iter().map(Backend::addr).collect();
-    let passive = [
-        "[upstreams.up.passive]",
-        "max_fails = 1",
-        "fail_timeout = \"60s\"",
-    ];
     let weir = common::Conf::new()
         .route("all", "up", &[])
-        .upstream("up", &addrs, &passive)
+        .upstream("up", &addrs, &common::EJECT_AT_FIRST_FAILURE)
         .start();
     let mut client = connect(weir.addr).await;
     for _ in 0..2 {
@@ -477,9 +472,7 @@ async fn a_2xx_to_a_websocket_handshake_does_not_eject_the_server() {
         assert_eq!(r.status, 200);
     }
     let after = served();
-    for (i, (after, before)) in after.iter().zip(&before).enumerate() {
-        assert_eq!(after - before, 2, "server {i}: {before:?} then {after:?}");
-    }
+    common::assert_each_took(&before, &after, 2);
 }
 
 /// One HTTP/2 connection holds at most `http2.max_tunnels` WebSocket tunnels (each is an

@@ -464,14 +464,9 @@ async fn a_101_before_the_request_body_does_not_eject_the_server() {
     use weir_testkit::WsBackend;
     let backends = [WsBackend::echo(), WsBackend::echo(), WsBackend::echo()];
     let addrs: Vec<_> = backends.iter().map(WsBackend::addr).collect();
-    let passive = [
-        "[upstreams.up.passive]",
-        "max_fails = 1",
-        "fail_timeout = \"60s\"",
-    ];
     let weir = common::Conf::new()
         .route("all", "up", &[])
-        .upstream("up", &addrs, &passive)
+        .upstream("up", &addrs, &common::EJECT_AT_FIRST_FAILURE)
         .start();
     let request = b"GET /chat HTTP/1.1\r\nHost: h\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\
@@ -493,7 +488,5 @@ async fn a_101_before_the_request_body_does_not_eject_the_server() {
         assert_eq!(r.status, 400);
     }
     let after = heads();
-    for (i, (after, before)) in after.iter().zip(&before).enumerate() {
-        assert_eq!(after - before, 2, "server {i}: {before:?} then {after:?}");
-    }
+    common::assert_each_took(&before, &after, 2);
 }
