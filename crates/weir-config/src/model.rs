@@ -334,6 +334,9 @@ pub struct Http2 {
     /// 1xx heads (103 Early Hints, ...) relayed to the client per response; more are
     /// dropped (each is a HEADERS frame h2 queues without flow control). 0: none.
     pub max_informational: u32,
+    /// RFC 8441 WebSocket tunnels one client connection may hold at once (each is an
+    /// upstream connection of its own, for up to `tunnel_idle_timeout`); more get 429.
+    pub max_tunnels: u32,
 }
 
 impl Default for Http2 {
@@ -352,6 +355,7 @@ impl Default for Http2 {
             glitch_window: Duration::from_secs(10),
             stall_timeout: Duration::from_secs(30),
             max_informational: 8,
+            max_tunnels: 16,
         }
     }
 }

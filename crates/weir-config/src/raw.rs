@@ -212,6 +212,7 @@ pub(crate) struct RawHttp2 {
     pub glitch_window: Option<String>,
     pub stall_timeout: Option<String>,
     pub max_informational: Option<i64>,
+    pub max_tunnels: Option<i64>,
 }
 
 /// `[listeners.tls]`: TLS termination.

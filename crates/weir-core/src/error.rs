@@ -37,6 +37,9 @@ pub enum ProxyError {
     TooEarly,
     #[error("HTTP version not supported")]
     VersionNotSupported,
+    /// An RFC 8441 extended CONNECT past the connection's `http2.max_tunnels`.
+    #[error("too many WebSocket tunnels on one HTTP/2 connection")]
+    TooManyTunnels,
     #[error("client closed the connection")]
     ClientClosed,
     #[error("client I/O error: {0:?}")]
@@ -54,6 +57,12 @@ pub enum ProxyError {
     UpstreamIo(io::ErrorKind),
     #[error("malformed upstream response: {0}")]
     UpstreamMalformed(&'static str),
+    /// An upgrade's answer that makes no tunnel (a 2xx to a WebSocket handshake, a 101
+    /// the request cannot take): a 502, as the upstream's answer, but one the client's
+    /// request provoked, so never the server's failure for passive health
+    /// (`upstream::retry::Outcome::of_error`), or any client could eject healthy servers.
+    #[error("upgrade not made: {0}")]
+    UpgradeNotMade(&'static str),
     #[error("upstream response timed out")]
     UpstreamTimeout,
     #[error("no healthy upstream server")]
@@ -66,13 +75,14 @@ impl ProxyError {
         match self {
             BadRequest(_) | HeadTooLarge | BodyTooLarge | HeaderTimeout | ClientTimeout
             | NotImplemented(_) | MethodNotAllowed | ExpectationFailed | VersionNotSupported
-            | TooEarly | ClientClosed | ClientIo(_) => Side::Client,
+            | TooEarly | TooManyTunnels | ClientClosed | ClientIo(_) => Side::Client,
             UpstreamConnect(_)
             | UpstreamConnectTimeout
             | UpstreamTls(_)
             | UpstreamClosed
             | UpstreamIo(_)
             | UpstreamMalformed(_)
+            | UpgradeNotMade(_)
             | UpstreamTimeout => Side::Upstream,
             NoServer => Side::Internal,
         }
@@ -88,10 +98,12 @@ impl ProxyError {
             BodyTooLarge => 413,
             ExpectationFailed => 417,
             TooEarly => 425,
+            // The client's own excess, which it may retry once one of its tunnels ends.
+            TooManyTunnels => 429,
             HeadTooLarge => 431,
             NotImplemented(_) => 501,
             UpstreamConnect(_) | UpstreamTls(_) | UpstreamClosed | UpstreamIo(_)
-            | UpstreamMalformed(_) => 502,
+            | UpstreamMalformed(_) | UpgradeNotMade(_) => 502,
             NoServer => 503,
             UpstreamConnectTimeout | UpstreamTimeout => 504,
             VersionNotSupported => 505,
@@ -103,6 +115,7 @@ impl ProxyError {
     pub fn body_text(self) -> Option<&'static str> {
         match self {
             ProxyError::NoServer => Some("no healthy upstream server"),
+            ProxyError::TooManyTunnels => Some("too many WebSocket tunnels on this connection"),
             _ => None,
         }
     }
@@ -172,11 +185,13 @@ mod tests {
             ProxyError::MethodNotAllowed,
             ProxyError::ExpectationFailed,
             ProxyError::TooEarly,
+            ProxyError::TooManyTunnels,
             ProxyError::VersionNotSupported,
             ProxyError::UpstreamConnect(io::ErrorKind::ConnectionRefused),
             ProxyError::UpstreamConnectTimeout,
             ProxyError::UpstreamTls("x"),
             ProxyError::UpstreamMalformed("x"),
+            ProxyError::UpgradeNotMade("x"),
             ProxyError::UpstreamTimeout,
             ProxyError::NoServer,
         ];

@@ -61,29 +61,46 @@ pub fn check_file(path: &Path) -> anyhow::Result<()> {
     // certificate is found here, not at start).
     weir_core::connector::tls::build_all(&config, &[])
         .map_err(|e| located(weir_core::StartError::UpstreamTls(e)))?;
+    let mut out = String::new();
+    report_check(&mut out, path, &config, &certs)?;
+    crate::generate::print(out.as_bytes())
+}
+
+/// What `weir check` prints about a valid config: its warnings, summary, resolved paths,
+/// implied settings and certificates. Into a buffer, written at once by the caller (a
+/// reader that left, `weir check | head -1`, is no error).
+fn report_check(
+    out: &mut String,
+    path: &Path,
+    config: &weir_config::Config,
+    certs: &[weir_core::tls::check::CertReport],
+) -> std::fmt::Result {
+    use std::fmt::Write;
     for warning in config.warnings() {
-        println!("{}: WARNING: {warning}", path.display());
+        writeln!(out, "{}: WARNING: {warning}", path.display())?;
     }
-    println!("{}: OK: {}", path.display(), config.summary());
+    writeln!(out, "{}: OK: {}", path.display(), config.summary())?;
     for p in &config.relative_paths {
-        println!(
+        writeln!(
+            out,
             "  {} = {:?} -> {}",
             p.field,
             p.written,
             p.resolved.display()
-        );
+        )?;
     }
-    for line in crate::explain::implied(&config) {
-        println!("  {line}");
+    for line in crate::explain::implied(config) {
+        writeln!(out, "  {line}")?;
     }
-    for cert in &certs {
-        println!("  {cert}");
+    for cert in certs {
+        writeln!(out, "  {cert}")?;
         for warning in &cert.warnings {
-            println!(
+            writeln!(
+                out,
                 "  warning: listener {:?}: {}: {warning}",
                 cert.listener,
                 cert.file.display()
-            );
+            )?;
         }
     }
     Ok(())

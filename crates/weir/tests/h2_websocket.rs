@@ -438,3 +438,104 @@ async fn a_refused_handshake_is_retried_on_another_server() {
     assert_eq!(backend.heads().len(), 2);
     assert!(weir.metric("weir_upstream_retries_total{upstream=\"up\"}") >= 1);
 }
+
+/// A WebSocket handshake the client sends to a path whose server is no WebSocket server
+/// (it answers 200) gets 502, but does not count against that server: passive health
+/// would otherwise let any client eject healthy servers, one request each (attack review
+/// item 1a). After two such requests on three servers (`max_fails = 1`), ordinary
+/// requests still reach all three.
+#[tokio::test]
+async fn a_2xx_to_a_websocket_handshake_does_not_eject_the_server() {
+    let backends = [Backend::echo("a"), Backend::echo("b"), Backend::echo("c")];
+    let addrs: Vec<_> = backends.iter().map(Backend::addr).collect();
+    let weir = common::Conf::new()
+        .route("all", "up", &[])
+        .upstream("up", &addrs, &common::EJECT_AT_FIRST_FAILURE)
+        .start();
+    let mut client = connect(weir.addr).await;
+    for _ in 0..2 {
+        let status = status_of(&mut client, "/anything", "websocket").await;
+        assert_eq!(status, StatusCode::BAD_GATEWAY);
+    }
+    let served = || {
+        backends
+            .iter()
+            .map(Backend::requests_served)
+            .collect::<Vec<_>>()
+    };
+    // Counted when the head is read: before the client has an answer.
+    let before = served();
+    assert_eq!(before.iter().sum::<usize>(), 2, "{before:?}");
+    let mut h1 = weir.client().await;
+    for _ in 0..6 {
+        let r = h1.get("/", "example.test").await.expect("response");
+        assert_eq!(r.status, 200);
+    }
+    let after = served();
+    common::assert_each_took(&before, &after, 2);
+}
+
+/// One HTTP/2 connection holds at most `http2.max_tunnels` WebSocket tunnels (each is an
+/// upstream connection of its own): the next extended CONNECT gets 429 without reaching
+/// the upstream, ordinary streams still pass, and once a tunnel ends a new one is
+/// accepted (attack review item 2).
+#[tokio::test]
+async fn tunnels_past_max_tunnels_get_429_until_one_ends() {
+    let backend = WsBackend::echo();
+    let weir = single(backend.addr())
+        .listener("http2 = { max_tunnels = 2 }")
+        .start();
+    let mut client = connect(weir.addr).await;
+    let (first, mut first_up) = tunnel_response(&mut client, "/chat").await;
+    assert_eq!(first.status(), StatusCode::OK);
+    let (second, _second_up) = tunnel_response(&mut client, "/chat").await;
+    assert_eq!(second.status(), StatusCode::OK);
+    let (refused, _up) = tunnel_response(&mut client, "/chat").await;
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    let mut body = refused.into_body();
+    let mut text = Vec::new();
+    while let Some(chunk) = tokio::time::timeout(WAIT, body.data()).await.expect("body") {
+        text.extend_from_slice(&chunk.expect("data"));
+    }
+    let text = String::from_utf8_lossy(&text);
+    assert!(text.contains("too many WebSocket tunnels"), "{text}");
+    assert_eq!(backend.heads().len(), 2, "the refused one went upstream");
+    // An ordinary request on the same connection (the WebSocket server answers it 400).
+    let get = Request::get("http://example.test/plain").body(()).unwrap();
+    let (response, _) = client.send_request(get, true).expect("GET");
+    let response = tokio::time::timeout(WAIT, response).await.expect("in time");
+    assert_eq!(
+        response.expect("response").status(),
+        StatusCode::BAD_REQUEST
+    );
+    // One tunnel ends: its place is free again.
+    first_up.send_reset(Reason::CANCEL);
+    assert!(wait_until_async(WAIT, || backend.ended() == 1).await);
+    client = client.ready().await.expect("ready");
+    let (again, _again_up) = tunnel_response(&mut client, "/chat").await;
+    assert_eq!(again.status(), StatusCode::OK);
+    assert_eq!(backend.upgraded(), 3);
+}
+
+/// A plain CONNECT (`:authority` only, no `:protocol`) is refused with 405 as over
+/// HTTP/1.1 (docs/http2.md), not reset as malformed; nothing goes upstream and the
+/// connection goes on (attack review item 7).
+#[tokio::test]
+async fn a_plain_connect_gets_405() {
+    let backend = WsBackend::echo();
+    let weir = single(backend.addr()).start();
+    let mut client = connect(weir.addr).await;
+    let plain = Request::builder()
+        .method(Method::CONNECT)
+        .uri("example.test:443")
+        .body(())
+        .expect("request");
+    let (response, _up) = client.send_request(plain, false).expect("CONNECT");
+    let response = tokio::time::timeout(WAIT, response).await.expect("in time");
+    let response = response.expect("a response, not a reset");
+    assert_eq!(response.status(), StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(backend.heads().len(), 0);
+    client = client.ready().await.expect("ready");
+    let (tunnel, _up) = tunnel_response(&mut client, "/chat").await;
+    assert_eq!(tunnel.status(), StatusCode::OK);
+}

@@ -453,3 +453,40 @@ async fn a_101_to_a_protocol_not_offered_is_never_tunnelled() {
         assert_eq!(r.status, 502, "{name}: the next request");
     }
 }
+
+/// An upgrade request that declares a body it never sends, to WebSocket servers that
+/// answer 101 on the head: the 101 cannot be tunnelled (the body would be lost in the
+/// tunnel), so 502, but the client provoked that answer and it must not count against
+/// the server (attack review item 1b). After two on three servers (`max_fails = 1`),
+/// ordinary requests still reach all three.
+#[tokio::test]
+async fn a_101_before_the_request_body_does_not_eject_the_server() {
+    use weir_testkit::WsBackend;
+    let backends = [WsBackend::echo(), WsBackend::echo(), WsBackend::echo()];
+    let addrs: Vec<_> = backends.iter().map(WsBackend::addr).collect();
+    let weir = common::Conf::new()
+        .route("all", "up", &[])
+        .upstream("up", &addrs, &common::EJECT_AT_FIRST_FAILURE)
+        .start();
+    let request = b"GET /chat HTTP/1.1\r\nHost: h\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
+        Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\
+        Content-Length: 10\r\n\r\n";
+    for _ in 0..2 {
+        let mut c = weir.client().await;
+        c.send_raw(request).await.expect("request");
+        let r = c.read_response(false).await.expect("answer");
+        assert_eq!(r.status, 502);
+    }
+    let heads = || backends.iter().map(|b| b.heads().len()).collect::<Vec<_>>();
+    // A head is noted before its answer is written: the client has the 502 after it.
+    let before = heads();
+    assert_eq!(before.iter().sum::<usize>(), 2, "{before:?}");
+    // Ordinary requests (not upgrades: the WebSocket server answers them 400).
+    let mut c = weir.client().await;
+    for _ in 0..6 {
+        let r = c.get("/", "h").await.expect("response");
+        assert_eq!(r.status, 400);
+    }
+    let after = heads();
+    common::assert_each_took(&before, &after, 2);
+}

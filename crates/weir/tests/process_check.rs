@@ -379,3 +379,27 @@ fn an_unreadable_certificate_is_located_with_the_path_tried_and_a_fix() {
         "{stderr}"
     );
 }
+
+/// `weir check -c FILE | head -1`: a reader that closed its end before the report was
+/// written is no error and no panic ("failed printing to stdout: Broken pipe").
+#[test]
+fn a_closed_stdout_is_a_quiet_exit() {
+    use std::process::{Command, Stdio};
+    let dir = TempDir::new("check-pipe");
+    let path = dir.write("good.toml", GOOD);
+    let mut child = Command::new(support_process::WEIR)
+        .args(["check", "-c"])
+        .arg(&path)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn weir check");
+    // The read end closes before the config is even read: the write meets EPIPE.
+    drop(child.stdout.take());
+    let out = child.wait_with_output().expect("weir check ends");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?}: {stderr}", out.status);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(stderr.trim().is_empty(), "nothing on stderr: {stderr}");
+}

@@ -85,6 +85,7 @@ pub(super) fn http2(raw: Option<RawHttp2>, path: &FieldPath) -> Result<Http2, Is
             0..=100,
             "max_informational",
         )?,
+        max_tunnels: count(raw.max_tunnels, d.max_tunnels, 1..=65_535, "max_tunnels")?,
     })
 }
 

@@ -499,20 +499,26 @@ impl Response<'_> {
     }
 
     /// Whether the 101 may be tunnelled: only an upgrade the request offered and the route
-    /// allows.
+    /// allows, once the whole request was sent. A 101 to a request that offered no upgrade
+    /// is the server's error; the other refusals answer a request the client shaped (a
+    /// body it declared and never sent, an offer the server read its own way), so they do
+    /// not count against the server (`UpgradeNotMade`).
     fn may_switch(&self, up_buf: &Buffer, resp: &ResponseHead) -> Result<(), ProxyError> {
-        if self.meta.upgrade.is_empty() || !self.request_done {
+        if self.meta.upgrade.is_empty() {
             return Err(ProxyError::UpstreamMalformed(
                 "101 without an upgrade request",
+            ));
+        }
+        if !self.request_done {
+            return Err(ProxyError::UpgradeNotMade(
+                "101 before the end of the request body",
             ));
         }
         let allowed = &self.x.target.route.upgrades;
         if !switch_allowed(&resp.headers, up_buf.filled(), allowed, self.meta.upgrade) {
             // Tunnelling would let the client speak a protocol the route does not allow
             // (h2c: any request, past the routes) straight to the server.
-            return Err(ProxyError::UpstreamMalformed(
-                "101 to a protocol not offered",
-            ));
+            return Err(ProxyError::UpgradeNotMade("101 to a protocol not offered"));
         }
         Ok(())
     }

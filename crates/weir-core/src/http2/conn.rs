@@ -61,6 +61,8 @@ pub struct Shared {
     /// REFUSED_STREAM resets Weir chose to send (a reload removed the listener) and not
     /// yet seen written: no client error, so not for the reset budget.
     own_refusals: Cell<u32>,
+    /// RFC 8441 tunnels running, against `http2.max_tunnels` (`stream::TunnelSeat`).
+    pub tunnels: Cell<u32>,
     /// The connection's seat among the worker's idle connections (taken over from its
     /// `ClientConn`), resting while no stream runs.
     idle: IdlePlace,
@@ -179,6 +181,7 @@ pub async fn serve(worker: Rc<Worker>, slot: usize, mut conn: ClientConn) {
         idle_since: Cell::new(now),
         ended: Notify::new(),
         own_refusals: Cell::new(0),
+        tunnels: Cell::new(0),
         idle: std::mem::take(&mut conn.idle),
     });
     // Idle until its first stream: a connection that never sends one can be reclaimed.

@@ -100,12 +100,19 @@ impl Writer<'_> {
         method: &str,
         parts: &'p Parts,
     ) -> Result<(Line, Option<&'p [u8]>), Malformed> {
-        let path = parts
-            .uri
-            .path_and_query()
-            .map(|p| p.as_str())
-            .filter(|p| !p.is_empty())
-            .ok_or(Malformed(":path missing"))?;
+        let path = match parts.uri.path_and_query().map(|p| p.as_str()) {
+            Some(path) if !path.is_empty() => path,
+            // A plain CONNECT (RFC 9113 8.5: `:authority` only): its authority as the
+            // authority-form target HTTP/1.1 gives it, so the checks after refuse it with
+            // 405, as over HTTP/1.1, rather than a stream error.
+            _ if method == "CONNECT" => parts
+                .uri
+                .authority()
+                .map(|a| a.as_str())
+                .filter(|a| !a.is_empty())
+                .ok_or(Malformed(":authority missing"))?,
+            _ => return Err(Malformed(":path missing")),
+        };
         // A request-target of visible ASCII only, as an HTTP/1.1 request line must be
         // (RFC 9112 3.2; the `http` crate lets bytes past 0x7e through): the upstream
         // reads what the route matched.

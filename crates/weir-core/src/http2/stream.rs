@@ -99,6 +99,7 @@ pub async fn serve(
                 facts: &facts,
                 body: (!ended).then_some(body),
                 tunnel: (upgrade.as_ref()).map(|(p, k)| (p.as_str().as_bytes(), &k[..])),
+                tunnels: &shared.tunnels,
                 started,
             };
             run(&at, parsed, parts, &mut respond, &mut log).await
@@ -145,6 +146,8 @@ struct Parsed<'a> {
     body: Option<RecvStream>,
     /// An extended CONNECT: its `:protocol` and the `Sec-WebSocket-Key` in the head.
     tunnel: Option<(&'a [u8], &'a [u8])>,
+    /// The connection's running tunnels.
+    tunnels: &'a Cell<u32>,
     started: Instant,
 }
 
@@ -168,6 +171,7 @@ async fn run(
         facts: parsed.facts,
         spare: &spare,
         tunnel: parsed.tunnel,
+        tunnels: parsed.tunnels,
     };
     let (trace, otel) = (&mut log.trace, &mut log.otel);
     let (route, result) = s.handle(parts, parsed.body, respond, trace, otel).await;
@@ -186,6 +190,8 @@ struct Stream<'a> {
     spare: &'a Cell<http::HeaderMap>,
     /// An extended CONNECT: its `:protocol` and the `Sec-WebSocket-Key` in the head.
     tunnel: Option<(&'a [u8], &'a [u8])>,
+    /// The connection's running tunnels.
+    tunnels: &'a Cell<u32>,
 }
 
 impl Stream<'_> {
@@ -251,7 +257,12 @@ impl Stream<'_> {
             drop(parts);
             // Boxed, as the HTTP/2 upstream path below: the stream task's future is as large
             // as its largest path, and it is copied when the task is spawned.
-            let tunnel = Box::pin(tunnel(&r, protocol, key, body, respond, trace));
+            let asked = Asked {
+                protocol,
+                key,
+                tunnels: self.tunnels,
+            };
+            let tunnel = Box::pin(tunnel(&r, asked, body, respond, trace));
             return (route, tunnel.await);
         }
         r.continue_if_asked(body.is_some(), respond);
@@ -289,18 +300,26 @@ async fn answer_with(
     sent.await.map_err(Failure::after_head)
 }
 
+/// An extended CONNECT's `:protocol`, the `Sec-WebSocket-Key` Weir made for it, and the
+/// connection's running tunnels.
+struct Asked<'a> {
+    protocol: &'a [u8],
+    key: &'a [u8],
+    tunnels: &'a Cell<u32>,
+}
+
 /// An extended CONNECT: a WebSocket to an HTTP/1.1 upstream when the route lists
-/// `websocket` among its `upgrades`, else 501.
+/// `websocket` among its `upgrades`, else 501; 429 past the connection's
+/// `http2.max_tunnels`.
 async fn tunnel(
     r: &StreamRequest<'_>,
-    protocol: &[u8],
-    key: &[u8],
+    asked: Asked<'_>,
     body: Option<RecvStream>,
     respond: &mut SendResponse<Bytes>,
     trace: &mut Trace,
 ) -> Result<(), Failure> {
     let refuse = |why| Err(ProxyError::NotImplemented(why).into());
-    if !protocol.eq_ignore_ascii_case(b"websocket") {
+    if !asked.protocol.eq_ignore_ascii_case(b"websocket") {
         return refuse("extended CONNECT for a protocol other than websocket");
     }
     if !r.target.route.upgrades.iter().any(|u| u == "websocket") {
@@ -312,5 +331,31 @@ async fn tunnel(
     let Some(body) = body else {
         return Err(ProxyError::BadRequest("extended CONNECT that ends the stream").into());
     };
-    r.forward_websocket(body, respond, key, trace).await
+    // Each tunnel holds an upstream connection for as long as it lasts, which the
+    // listener's `max_connections` does not see: one client connection holds at most
+    // `max_tunnels` of them, whatever its `max_concurrent_streams`.
+    let max = r.target.listener.http2.max_tunnels;
+    let Some(_seat) = TunnelSeat::take(asked.tunnels, max) else {
+        return Err(ProxyError::TooManyTunnels.into());
+    };
+    r.forward_websocket(body, respond, asked.key, trace).await
+}
+
+/// A tunnel's place among its connection's `max_tunnels`, given back when dropped.
+struct TunnelSeat<'a>(&'a Cell<u32>);
+
+impl<'a> TunnelSeat<'a> {
+    fn take(running: &'a Cell<u32>, max: u32) -> Option<TunnelSeat<'a>> {
+        let n = running.get();
+        (n < max).then(|| {
+            running.set(n + 1);
+            TunnelSeat(running)
+        })
+    }
+}
+
+impl Drop for TunnelSeat<'_> {
+    fn drop(&mut self) {
+        self.0.set(self.0.get() - 1);
+    }
 }

@@ -243,6 +243,8 @@ impl StreamRequest<'_> {
 /// to an allowed protocol with the `Sec-WebSocket-Accept` of `key`, and another 2xx is no
 /// answer at all (the upstream is no WebSocket server); any other status is a refusal the
 /// client gets.
+/// The failures are the client's (`UpgradeNotMade`): it picked a path whose server is no
+/// WebSocket server, which must not count against that server's health.
 pub(super) fn check_handshake_answer(
     r: &StreamRequest<'_>,
     key: &[u8],
@@ -251,7 +253,7 @@ pub(super) fn check_handshake_answer(
     buf: &[u8],
 ) -> Result<(), ProxyError> {
     if (200..300).contains(&resp.status) {
-        return Err(ProxyError::UpstreamMalformed(
+        return Err(ProxyError::UpgradeNotMade(
             "2xx answer to a WebSocket upgrade",
         ));
     }
@@ -262,7 +264,7 @@ pub(super) fn check_handshake_answer(
     let accept = field(&resp.headers, buf, "sec-websocket-accept");
     if !switch_allowed(&resp.headers, buf, allowed, offered) || accept != Some(&accept_of(key)[..])
     {
-        return Err(ProxyError::UpstreamMalformed(
+        return Err(ProxyError::UpgradeNotMade(
             "WebSocket handshake not accepted",
         ));
     }

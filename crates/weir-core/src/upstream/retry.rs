@@ -47,6 +47,8 @@ impl Outcome {
             UpstreamClosed | UpstreamIo(_) => Outcome::Reset,
             UpstreamTimeout => Outcome::Timeout,
             UpstreamMalformed(_) => Outcome::Malformed,
+            // The client's request provoked that answer: nothing against the server.
+            UpgradeNotMade(_) => Outcome::Client,
             _ => Outcome::Client,
         }
     }
@@ -216,6 +218,8 @@ mod tests {
             Outcome::Reset
         );
         assert_eq!(Outcome::of_error(ProxyError::ClientClosed), Outcome::Client);
+        let unswitched = Outcome::of_error(ProxyError::UpgradeNotMade("x"));
+        assert!(!unswitched.is_server_failure());
         assert!(Outcome::Status(503).is_server_failure());
         assert!(!Outcome::Status(500).is_server_failure());
         assert!(!Outcome::Status(200).is_server_failure());

@@ -492,3 +492,23 @@ pub fn raise_fd_limit(want: u64) -> u64 {
     }
     limit.rlim_cur
 }
+
+/// The passive-health lines of an upstream `up` that ejects a server at its first
+/// failure, for longer than a test runs.
+pub const EJECT_AT_FIRST_FAILURE: [&str; 3] = [
+    "[upstreams.up.passive]",
+    "max_fails = 1",
+    "fail_timeout = \"60s\"",
+];
+
+/// Asserts that each server took `each` requests between the counts `before` and `after`
+/// (round robin over servers none of which was ejected).
+pub fn assert_each_took(before: &[usize], after: &[usize], each: usize) {
+    for (i, (after, before)) in after.iter().zip(before).enumerate() {
+        assert_eq!(
+            after - before,
+            each,
+            "server {i}: {before:?} then {after:?}"
+        );
+    }
+}
