@@ -18,6 +18,7 @@ use crate::filters::redirect::https_redirect;
 use crate::filters::respond::Canned;
 use crate::metrics::layout::{Epoch, SlotMap};
 use crate::router::Router;
+use crate::tls::session::TlsSession;
 use crate::tls::watch::FileStamp;
 use crate::tls::{ListenerTls, TlsError};
 use crate::upstream::split::Split;
@@ -222,6 +223,27 @@ impl Snapshot {
     #[inline]
     pub fn listener_index(&self, slot: usize) -> Option<usize> {
         self.slots.listeners.iter().position(|l| l.slot == slot)
+    }
+
+    /// Whether listener `index` still admits a connection whose TLS handshake settled
+    /// `session` (`None`: plain HTTP): not once its client-auth policy (`required`, the CA
+    /// certificates) differs from the one the handshake met. A client let in without a
+    /// certificate, or with one of a CA since dropped, must not go on being served on its
+    /// open connection after the reload that shut it out (nginx's old workers close theirs).
+    #[inline]
+    pub fn admits(&self, index: usize, session: Option<&TlsSession>) -> bool {
+        match (session, &self.listeners[index].tls) {
+            (Some(session), Some(tls)) => session.policy == tls.client_policy,
+            _ => true,
+        }
+    }
+
+    /// [`Snapshot::listener_index`] of a listener that still [admits](Snapshot::admits)
+    /// the connection (`None`: removed, or the connection is shut out).
+    #[inline]
+    pub fn serving_index(&self, slot: usize, session: Option<&TlsSession>) -> Option<usize> {
+        self.listener_index(slot)
+            .filter(|&index| self.admits(index, session))
     }
 }
 

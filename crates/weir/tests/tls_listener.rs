@@ -444,6 +444,66 @@ async fn a_session_made_before_client_auth_was_turned_on_does_not_resume() {
     assert_eq!(b.requests_served(), 4);
 }
 
+/// Sends `GET /` on a kept-alive connection and reads one response (its head, then the
+/// `Content-Length` bytes of its body); empty if the connection closed first.
+async fn get_kept(stream: &mut TlsStream<TcpStream>) -> io::Result<String> {
+    let request = "GET / HTTP/1.1\r\nHost: site.test\r\n\r\n";
+    stream.write_all(request.as_bytes()).await?;
+    stream.flush().await?;
+    let mut out = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let text = String::from_utf8_lossy(&out).into_owned();
+        if let Some(end) = text.find("\r\n\r\n") {
+            let length = text[..end]
+                .lines()
+                .find_map(|l| {
+                    l.to_ascii_lowercase()
+                        .strip_prefix("content-length:")
+                        .map(|v| v.trim().to_string())
+                })
+                .and_then(|v| v.parse::<usize>().ok())
+                .unwrap_or(0);
+            if out.len() >= end + 4 + length {
+                return Ok(text);
+            }
+        }
+        match stream.read(&mut chunk).await? {
+            0 => return Ok(String::from_utf8_lossy(&out).into_owned()),
+            n => out.extend_from_slice(&chunk[..n]),
+        }
+    }
+}
+
+/// A connection let in under one client-auth policy is not served under another: after
+/// the reload that turns `client_auth` on, the next request on a connection made without
+/// a certificate closes it unanswered (HTTP/2 and HTTP/3 refuse its streams the same
+/// way, `Snapshot::admits`). A reload that keeps the policy keeps the connection.
+#[tokio::test]
+async fn an_open_connection_is_not_served_past_a_new_client_auth_policy() {
+    let ca = TestCa::new("server CA");
+    let clients = TestCa::new("client CA");
+    let leaf = ca.leaf(&["m.example.com"]);
+    let b = Backend::echo("app");
+    let open = single(b.addr()).listener(&tls_table(&[&leaf], ""));
+    let guarded = single(b.addr()).listener(&tls_table(&[&leaf], &client_auth(&clients, true)));
+    let weir = open.start();
+    let config = client_config(&ca, TLS13, None);
+    let mut s = connect(weir.addr, config, "m.example.com").await.unwrap();
+    let first = get_kept(&mut s).await.unwrap();
+    assert!(first.starts_with("HTTP/1.1 200"), "{first}");
+    weir.apply_text(&open.toml()).expect("reload");
+    let kept = get_kept(&mut s).await.unwrap();
+    assert!(kept.starts_with("HTTP/1.1 200"), "the same policy: {kept}");
+    weir.apply_text(&guarded.toml()).expect("reload");
+    let after = get_kept(&mut s).await;
+    assert!(
+        after.as_ref().is_ok_and(String::is_empty) || after.is_err(),
+        "{after:?}"
+    );
+    assert_eq!(b.requests_served(), 2);
+}
+
 /// Replaces the file `path` with `pem` and waits for the watcher's new snapshot.
 async fn rewrite(running: &Running, path: &std::path::Path, pem: &str) {
     let before = running.proxy().snapshot();

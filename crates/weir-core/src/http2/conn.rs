@@ -298,7 +298,8 @@ async fn accept_streams(
 fn take_stream(shared: &Shared, h2: &mut Connection<Prefixed, Bytes>, closing: bool) -> bool {
     let worker = &shared.worker;
     let taken = !shared.idle.busy(&worker.idle);
-    if (taken || worker.snapshot().listener_index(shared.slot).is_none()) && !closing {
+    let tls = shared.tls.as_deref();
+    if (taken || worker.snapshot().serving_index(shared.slot, tls).is_none()) && !closing {
         h2.graceful_shutdown();
         return true;
     }
@@ -379,12 +380,12 @@ fn idle_check(
 ) -> bool {
     let since = shared.idle_since.get();
     let idle_out = shared.active.get() == 0 && since.elapsed() >= idle;
-    // Also a busy connection notices a reload that removed its listener here,
-    // within keepalive_timeout.
+    // Also a busy connection notices a reload that removed its listener (or shut it out
+    // by a new client-auth policy) here, within keepalive_timeout.
     let removed = shared
         .worker
         .snapshot()
-        .listener_index(shared.slot)
+        .serving_index(shared.slot, shared.tls.as_deref())
         .is_none();
     if idle_out || removed {
         h2.graceful_shutdown();

@@ -43,8 +43,9 @@ pub async fn serve(
     let started = Instant::now();
     let worker = &*shared.worker;
     let snapshot = worker.snapshot();
-    let Some(index) = snapshot.listener_index(shared.slot) else {
-        // A reload removed the listener: the connection is going away.
+    let Some(index) = snapshot.serving_index(shared.slot, shared.tls.as_deref()) else {
+        // A reload removed the listener, or changed its client-auth policy: the
+        // connection is going away.
         shared.refuse(&mut respond);
         return Instant::now();
     };

@@ -52,8 +52,9 @@ pub(super) async fn serve(conn: Rc<Conn>, resolved: Resolved) {
     let started = Instant::now();
     let worker = &*conn.worker;
     let snapshot = worker.snapshot();
-    let Some(index) = snapshot.listener_index(conn.slot) else {
-        // A reload removed the listener: the connection is going away.
+    let Some(index) = snapshot.serving_index(conn.slot, Some(&conn.tls)) else {
+        // A reload removed the listener, or changed its client-auth policy: the
+        // connection is going away.
         send.stop_stream(Code::H3_REQUEST_REJECTED);
         return;
     };

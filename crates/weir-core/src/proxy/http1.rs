@@ -58,7 +58,9 @@ pub async fn serve_client(
     let mut resp = ResponseHead::default();
     loop {
         // The wait for the next request runs under the current config's timeouts.
-        let waiting = Serving::current(&worker, slot, kept, &mut conn);
+        let Some(waiting) = Serving::current(&worker, slot, kept, &mut conn) else {
+            return;
+        };
         let counters = Counters {
             bytes_in: conn.buf.consumed_total(),
             bytes_out: conn.sent,
@@ -73,7 +75,9 @@ pub async fn serve_client(
         let parsed = matches!(next, Ok(NextRequest::Ready));
         // The request runs on the snapshot current when its head arrived, not the one from
         // before an idle wait: a reload in between applies to it.
-        let serving = Serving::current(&worker, slot, waiting, &mut conn);
+        let Some(serving) = Serving::current(&worker, slot, waiting, &mut conn) else {
+            return;
+        };
         let started = Instant::now();
         conn.current.begin(started);
         // Out of line: handling a request (routing, forwarding, filters) is most of this
@@ -125,28 +129,41 @@ struct Serving {
 impl Serving {
     /// The worker's current snapshot if it still has the listener of `slot`. If a reload
     /// removed the listener, the connection still gets its next request answered, on the
-    /// snapshot it was served with (`previous`), with `Connection: close`. Inlined (twice
-    /// per request), with the rare reload out of line.
+    /// snapshot it was served with (`previous`), with `Connection: close`; if it changed
+    /// the client-auth policy the connection's handshake met, `None`: the connection
+    /// closes unanswered (`Snapshot::admits`). Inlined (twice per request), with the rare
+    /// reload out of line.
     #[inline]
-    fn current(worker: &Worker, slot: usize, previous: Serving, conn: &mut ClientConn) -> Serving {
+    fn current(
+        worker: &Worker,
+        slot: usize,
+        previous: Serving,
+        conn: &mut ClientConn,
+    ) -> Option<Serving> {
         if worker.is_current(&previous.snapshot) {
-            return previous;
+            return Some(previous);
         }
         Serving::reloaded(worker, slot, previous, conn)
     }
 
     /// [`Serving::current`] after a reload.
     #[inline(never)]
-    fn reloaded(worker: &Worker, slot: usize, previous: Serving, conn: &mut ClientConn) -> Serving {
+    fn reloaded(
+        worker: &Worker,
+        slot: usize,
+        previous: Serving,
+        conn: &mut ClientConn,
+    ) -> Option<Serving> {
         let fresh = worker.snapshot();
         match fresh.listener_index(slot) {
-            Some(index) => Serving {
+            Some(index) if fresh.admits(index, conn.tls.as_deref()) => Some(Serving {
                 snapshot: fresh,
                 index,
-            },
+            }),
+            Some(_) => None,
             None => {
                 conn.last_request = true;
-                previous
+                Some(previous)
             }
         }
     }

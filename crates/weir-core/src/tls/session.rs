@@ -25,6 +25,9 @@ pub struct TlsSession {
     /// `Name: Hash=...;Subject="..."\r\n` for upstream requests (with a verified client
     /// certificate and `client_cert_header` set).
     pub cert_header_line: Option<Box<[u8]>>,
+    /// The client-auth policy the handshake met: a reload that changes the listener's
+    /// (`Snapshot::admits`) ends the connection instead of serving it on the new config.
+    pub policy: Option<super::setup::ClientPolicy>,
 }
 
 impl TlsSession {
@@ -81,6 +84,7 @@ impl TlsSession {
             sni,
             client_cert_subject: client.map(|f| f.subject.into_boxed_str()),
             cert_header_line,
+            policy: tls.client_policy.clone(),
             ..TlsSession::default()
         }
     }
