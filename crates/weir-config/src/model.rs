@@ -1502,9 +1502,9 @@ pub enum Variable {
     Scheme,
     /// The request's Host (or absolute-form authority), as sent.
     Host,
-    /// The request target: path and query, as the client sent it.
+    /// The request target as routed: the normalised path and the query.
     Uri,
-    /// The target's path, without the query.
+    /// The routed (normalised) path, without the query.
     Path,
     /// The target's query, without the `?` (empty when there is none).
     Query,

@@ -11,7 +11,7 @@ pub struct Vars<'a> {
     pub scheme: &'a [u8],
     /// Host header (or absolute-form authority) as sent; empty when there is none.
     pub host: &'a [u8],
-    /// The request target: path and query.
+    /// The request target as routed: the normalised path (`RoutedPath`) and the query.
     pub target: &'a [u8],
     pub client_ip: &'a [u8],
     pub request_id: &'a [u8],

@@ -370,7 +370,8 @@ async fn local_response(
     let mut out = std::mem::take(&mut conn.out);
     resp.status = answer.status();
     let request = conn.request(req);
-    let bytes = answer.render(&mut out, persistence, req.is_head, &answer.vars(&request));
+    let vars = answer.vars(&request, &conn.path);
+    let bytes = answer.render(&mut out, persistence, req.is_head, &vars);
     conn.buf.consume(req.head_len + consumed);
     let written = conn.write_all(bytes, listener).await;
     conn.out = out;
