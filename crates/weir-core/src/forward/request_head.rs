@@ -286,10 +286,7 @@ fn copy_headers(
 /// WSGI) read `X_Client_Cert` as `X-Client-Cert`, so a header Weir owns is refused in
 /// either spelling (nginx drops underscore names for the same reason).
 fn same_header_name(name: &[u8], header: &[u8]) -> bool {
-    let fold = |b: &u8| match b.to_ascii_lowercase() {
-        b'_' => b'-',
-        other => other,
-    };
+    let fold = |b: &u8| weir_config::fold_name_byte(*b);
     name.len() == header.len() && name.iter().map(fold).eq(header.iter().map(fold))
 }
 

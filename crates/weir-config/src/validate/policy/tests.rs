@@ -30,6 +30,8 @@ fn header_rules_parse_into_templates() {
     assert!(rh.sets_host);
     assert_eq!(rh.drop, vec!["host", "x-env", "x-debug"]);
     assert!(rh.drops(b"X-DEBUG") && !rh.drops(b"X-Trace"));
+    // `_` for `-`, as CGI and WSGI read names: X_Debug is HTTP_X_DEBUG too.
+    assert!(rh.drops(b"X_Debug") && rh.drops(b"x_env") && !rh.drops(b"X_Debugs"));
     assert_eq!(
         rh.set[1].value.0,
         vec![TemplatePart::Text("prod {x}".into())]
