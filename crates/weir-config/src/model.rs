@@ -1475,8 +1475,7 @@ impl HeaderRules {
     #[inline]
     pub fn drops(&self, name: &[u8]) -> bool {
         self.drop.iter().any(|d| {
-            d.len() == name.len()
-                && (d.bytes().zip(name)).all(|(d, n)| d == fold_name_byte(*n))
+            d.len() == name.len() && (d.bytes().zip(name)).all(|(d, n)| d == fold_name_byte(*n))
         })
     }
 }
@@ -1493,7 +1492,9 @@ pub fn fold_name_byte(b: u8) -> u8 {
 
 /// `name` with every byte folded ([`fold_name_byte`]).
 pub fn fold_name(name: &str) -> String {
-    name.bytes().map(|b| char::from(fold_name_byte(b))).collect()
+    name.bytes()
+        .map(|b| char::from(fold_name_byte(b)))
+        .collect()
 }
 
 /// One `"Name" = "value template"` rule.

@@ -390,7 +390,11 @@ async fn variables_are_the_routed_path_over_http1() {
     let mut c = weir.client().await;
     for (target, location) in REDIRECTS {
         let r = c.get(target, "h.test").await.unwrap();
-        assert_eq!((r.status, r.header("location")), (302, Some(location)), "{target}");
+        assert_eq!(
+            (r.status, r.header("location")),
+            (302, Some(location)),
+            "{target}"
+        );
     }
     let r = c.get("//evil.com/../../hdr/x?q=1", "h.test").await.unwrap();
     assert_eq!(r.status, 200);

@@ -795,7 +795,13 @@ async fn header_rules_drop_the_underscore_spelling_over_http2() {
     let seen = String::from_utf8_lossy(&body).to_ascii_lowercase();
     assert!(seen.contains("\r\nx_other: kept\r\n"), "{seen}");
     assert!(seen.contains("\r\nx-user: anonymous\r\n"), "{seen}");
-    for gone in ["x_user", "x_internal_auth", "x-internal_auth", "admin", "yes"] {
+    for gone in [
+        "x_user",
+        "x_internal_auth",
+        "x-internal_auth",
+        "admin",
+        "yes",
+    ] {
         assert!(!seen.contains(gone), "{gone} in {seen}");
     }
 }

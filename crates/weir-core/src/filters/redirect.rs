@@ -128,7 +128,10 @@ mod tests {
             assert_eq!(location(vec![path(), text("/")], target), want);
         }
         assert_eq!(location(vec![text("/"), path()], b"/a"), "/a");
-        assert_eq!(location(vec![text("/"), path()], b"//evil.com"), "/evil.com");
+        assert_eq!(
+            location(vec![text("/"), path()], b"//evil.com"),
+            "/evil.com"
+        );
         // The operator's own `//` stays.
         let cdn = vec![text("//cdn.example"), path()];
         assert_eq!(location(cdn, b"//x"), "//cdn.example//x");
