@@ -805,3 +805,35 @@ async fn header_rules_drop_the_underscore_spelling_over_http2() {
         assert!(!seen.contains(gone), "{gone} in {seen}");
     }
 }
+
+/// Was: `X-Forwarded-For: 198.51.100.7` and `::ffff:198.51.100.7` (the same client, behind
+/// trusted proxies) were counted in two buckets (attacker review); and `{client_ip}` says
+/// the one spelling.
+#[tokio::test]
+async fn an_ipv4_mapped_client_shares_its_ipv4_rate_limit_bucket() {
+    let b = Backend::echo("up");
+    let weir = Conf::new()
+        .listener(r#"trusted_proxies = ["127.0.0.1"]"#)
+        .route(
+            "api",
+            "up",
+            &[
+                r#"rate_limit = { rate = "1/h", burst = 1 }"#,
+                r#"request_headers = { set = { "X-Client" = "{client_ip}" } }"#,
+            ],
+        )
+        .upstream("up", &[b.addr()], &[])
+        .start();
+    let mut c = weir.client().await;
+    let get = |xff: &'static str| [("Host", "h"), ("X-Forwarded-For", xff)];
+    let first = c
+        .request("GET", "/", &get("::ffff:198.51.100.7"), b"")
+        .await;
+    let first = first.unwrap();
+    assert_eq!(first.status, 200);
+    assert!(first.body_str().contains("\r\nX-Client: 198.51.100.7\r\n"));
+    let second = c.request("GET", "/", &get("198.51.100.7"), b"").await;
+    assert_eq!(second.unwrap().status, 429);
+    let other = c.request("GET", "/", &get("198.51.100.8"), b"").await;
+    assert_eq!(other.unwrap().status, 200);
+}

@@ -177,8 +177,9 @@ async fn open(
         let step = accept_step(worker, at, stream, peer, &mut conn.buf, timeout);
         // The carried client address is the one X-Forwarded-For and logs show.
         if let Some(addresses) = step.await.ok()? {
-            conn.ip = ClientIp::new(addresses.source.ip());
-            conn.peer_ip = addresses.source.ip();
+            let source = addresses.source.ip().to_canonical();
+            conn.ip = ClientIp::new(source);
+            conn.peer_ip = source;
         }
         // The first request gets its whole header_timeout after the PROXY header.
         conn.idle_since = Instant::now();
