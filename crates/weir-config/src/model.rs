@@ -1495,20 +1495,40 @@ pub struct HeaderRules {
     pub set: Vec<HeaderRule>,
     /// Append one line, keeping the headers already there (in name order).
     pub add: Vec<HeaderRule>,
-    /// The lower-cased names whose incoming lines are dropped: every `set` and `remove` name.
+    /// The names whose incoming lines are dropped, folded ([`fold_name_byte`]): every
+    /// `set` and `remove` name.
     pub drop: Vec<String>,
     /// `set` has a `Host` rule (request headers only): it replaces the Host Weir would send.
     pub sets_host: bool,
 }
 
 impl HeaderRules {
-    /// Whether an incoming header named `name` is dropped (`set` or `remove`).
+    /// Whether an incoming header named `name` is dropped (`set` or `remove`), in any case
+    /// and with `_` for `-`: `X_User` reaches a WSGI or CGI backend as `HTTP_X_USER`, the
+    /// same variable as Weir's `X-User`, so it must not pass beside it.
     #[inline]
     pub fn drops(&self, name: &[u8]) -> bool {
-        self.drop
-            .iter()
-            .any(|d| d.len() == name.len() && d.as_bytes().eq_ignore_ascii_case(name))
+        self.drop.iter().any(|d| {
+            d.len() == name.len() && (d.bytes().zip(name)).all(|(d, n)| d == fold_name_byte(*n))
+        })
     }
+}
+
+/// A header-name byte as Weir compares names a backend may read as one: lower-case, `_`
+/// as `-` (CGI, WSGI and PHP map both to `_`).
+#[inline]
+pub fn fold_name_byte(b: u8) -> u8 {
+    match b.to_ascii_lowercase() {
+        b'_' => b'-',
+        other => other,
+    }
+}
+
+/// `name` with every byte folded ([`fold_name_byte`]).
+pub fn fold_name(name: &str) -> String {
+    name.bytes()
+        .map(|b| char::from(fold_name_byte(b)))
+        .collect()
 }
 
 /// One `"Name" = "value template"` rule.
@@ -1536,9 +1556,9 @@ pub enum Variable {
     Scheme,
     /// The request's Host (or absolute-form authority), as sent.
     Host,
-    /// The request target: path and query, as the client sent it.
+    /// The request target as routed: the normalised path and the query.
     Uri,
-    /// The target's path, without the query.
+    /// The routed (normalised) path, without the query.
     Path,
     /// The target's query, without the `?` (empty when there is none).
     Query,

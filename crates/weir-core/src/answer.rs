@@ -11,6 +11,7 @@ use crate::filters::headers::Vars;
 use crate::filters::redirect::push_redirect;
 use crate::filters::respond::Canned;
 use crate::request::Request;
+use crate::router::RoutedPath;
 use weir_config::Redirect;
 
 /// A response Weir makes itself.
@@ -93,11 +94,11 @@ impl Answer<'_> {
         !matches!(self, Answer::Default(_) | Answer::Error(_))
     }
 
-    /// What the answer's `{variable}`s expand to: a redirect's come from `r`; no other
-    /// answer has any (nothing is computed for them).
-    pub fn vars<'v>(&self, r: &'v Request<'_>) -> Vars<'v> {
+    /// What the answer's `{variable}`s expand to: a redirect's come from `r` (`path`: its
+    /// routed path); no other answer has any (nothing is computed for them).
+    pub fn vars<'v>(&self, r: &'v Request<'_>, path: &'v RoutedPath) -> Vars<'v> {
         match self {
-            Answer::Redirect(_) => r.redirect_vars(),
+            Answer::Redirect(_) => r.redirect_vars(path),
             _ => Vars::default(),
         }
     }

@@ -244,8 +244,10 @@ impl ClientConn {
             stream,
             buf,
             out: Vec::with_capacity(1024),
-            ip: ClientIp::new(peer.ip()),
-            peer_ip: peer.ip(),
+            // A dual-stack socket's `::ffff:a.b.c.d` as `a.b.c.d`: one client, one spelling
+            // for every consumer (rate keys, access lists, logs, X-Forwarded-For).
+            ip: ClientIp::new(peer.ip().to_canonical()),
+            peer_ip: peer.ip().to_canonical(),
             host: Vec::new(),
             path: RoutedPath::default(),
             resp_lines: Vec::new(),

@@ -10,6 +10,7 @@ use crate::codec::http1::RequestHead;
 use crate::filters::forwarded::ClientIp;
 use crate::filters::headers::Vars;
 use crate::metrics::shard::Protocol;
+use crate::router::RoutedPath;
 use crate::tls::session::TlsSession;
 
 /// Who sent a request, as every client protocol knows it.
@@ -59,21 +60,24 @@ pub struct Request<'a> {
     pub trace: Option<&'a crate::otel::RequestTrace>,
 }
 
-impl Request<'_> {
+impl<'a> Request<'a> {
     /// What `{variable}`s in a redirect's `to` expand to: `{host}` without its port.
-    pub fn redirect_vars(&self) -> Vars<'_> {
+    pub fn redirect_vars<'v>(&'v self, path: &'v RoutedPath) -> Vars<'v> {
         Vars {
             host: self.req.host_name(self.buf),
-            ..self.vars()
+            ..self.vars(path)
         }
     }
 
     /// What `{variable}`s in header rules expand to (`{host}` as the client sent it).
-    pub fn vars(&self) -> Vars<'_> {
+    /// `{path}` and `{uri}` are the routed path (`path`, normalised by the routing
+    /// decision), the one forwarded: the raw target may say another
+    /// (`//evil.com/../r/x` is routed as `/r/x`).
+    pub fn vars<'v>(&'v self, path: &'v RoutedPath) -> Vars<'v> {
         Vars {
             scheme: self.origin.scheme(),
             host: (self.req.host.as_ref()).map_or(&[][..], |r| &self.buf[r.clone()]),
-            target: self.req.path(self.buf),
+            target: path.get(self.req.path(self.buf)),
             client_ip: self.origin.client_text().as_bytes(),
             request_id: self.origin.request_id,
         }

@@ -346,3 +346,99 @@ async fn a_reload_changes_the_settings_for_the_next_request() {
     weir.apply_text(&decode.toml()).unwrap();
     expect_routed(&weir, "/public/..%2Fadmin", "admin", "/admin").await;
 }
+
+/// Weir with a redirect `to = "{path}/"` on `/r/`, header rules reading `{path}` and
+/// `{uri}` on `/hdr/` (to `echo`), and a catch-all redirect `to = "{path}/"`.
+fn variables_conf(echo: &Backend) -> Weir {
+    Conf::new()
+        .route_keys(
+            "slash",
+            &[r#"path_prefix = "/r/""#, r#"redirect = { to = "{path}/" }"#],
+        )
+        .route(
+            "hdr",
+            "echo",
+            &[
+                r#"path_prefix = "/hdr/""#,
+                r#"request_headers = { set = { "X-Path" = "{path}" } }"#,
+                r#"response_headers = { set = { "X-Uri" = "{uri}" } }"#,
+            ],
+        )
+        .route_keys(
+            "any",
+            &[r#"path_prefix = "/""#, r#"redirect = { to = "{path}/" }"#],
+        )
+        .upstream("echo", &[echo.addr()], &[])
+        .start()
+}
+
+/// (target, Location) of the redirects: the routed path, never `//` to another site.
+/// (A raw `\` is refused by default, `encoded_slash`; the redirect's unit tests cover it.)
+const REDIRECTS: [(&str, &str); 3] = [
+    ("//evil.com/../../r/x", "/r/x/"),
+    ("//evil.com/%2e%2e/%2e%2e/r/x", "/r/x/"),
+    ("//evil.com/x", "/evil.com/x/"),
+];
+
+/// Was: `{path}` and `{uri}` were the raw target, so `//evil.com/../../r/x` (routed as
+/// `/r/x`) was redirected to `//evil.com/../../r/x/`, another site (attacker review), and
+/// a header rule's `{path}` said another path than the one forwarded.
+#[tokio::test]
+async fn variables_are_the_routed_path_over_http1() {
+    let echo = Backend::echo("echo");
+    let weir = variables_conf(&echo);
+    let mut c = weir.client().await;
+    for (target, location) in REDIRECTS {
+        let r = c.get(target, "h.test").await.unwrap();
+        assert_eq!(
+            (r.status, r.header("location")),
+            (302, Some(location)),
+            "{target}"
+        );
+    }
+    let r = c.get("//evil.com/../../hdr/x?q=1", "h.test").await.unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("x-uri"), Some("/hdr/x?q=1"));
+    let seen = r.body_str();
+    assert!(seen.starts_with("GET /hdr/x?q=1 HTTP/1.1\r\n"), "{seen}");
+    assert!(seen.contains("\r\nX-Path: /hdr/x\r\n"), "{seen}");
+}
+
+#[tokio::test]
+async fn variables_are_the_routed_path_over_http2() {
+    let echo = Backend::echo("echo");
+    let weir = variables_conf(&echo);
+    let mut h2 = common::h2c_client(weir.addr).await;
+    for (target, location) in REDIRECTS {
+        let (status, head, _) = h2_get_raw_path(&mut h2, target).await;
+        let got = head.get("location").and_then(|v| v.to_str().ok());
+        assert_eq!((status, got), (302, Some(location)), "{target}");
+    }
+    let (status, head, body) = h2_get_raw_path(&mut h2, "//evil.com/../../hdr/x?q=1").await;
+    assert_eq!(status, 200);
+    assert_eq!(head.get("x-uri").unwrap(), "/hdr/x?q=1");
+    let seen = String::from_utf8_lossy(&body);
+    assert!(seen.starts_with("GET /hdr/x?q=1 HTTP/1.1\r\n"), "{seen}");
+    assert!(seen.contains("\r\nX-Path: /hdr/x\r\n"), "{seen}");
+}
+
+/// An h2 `GET` whose `:path` is `path` exactly (`//...` is not a URL's path to `http`):
+/// its status, fields and body.
+async fn h2_get_raw_path(
+    h2: &mut h2::client::SendRequest<bytes::Bytes>,
+    path: &str,
+) -> (u16, http::HeaderMap, Vec<u8>) {
+    let uri = http::Uri::builder()
+        .scheme("http")
+        .authority("h.test")
+        .path_and_query(path)
+        .build()
+        .expect("uri");
+    let request = http::Request::get(uri).body(()).unwrap();
+    let ready = h2.clone().ready().await.expect("h2 ready");
+    *h2 = ready;
+    let (response, _) = h2.send_request(request, true).unwrap();
+    let got = common::read_with_interims(response).await;
+    let (head, ()) = got.head.into_parts();
+    (head.status.as_u16(), head.headers, got.body)
+}

@@ -818,3 +818,87 @@ async fn a_host_rule_does_not_stop_retries_on_another_server() {
         assert_eq!(head_values(&r.body_str(), "host"), vec!["api.internal"]);
     }
 }
+
+/// A route that sets `X-User` and removes `X-Internal-Auth`; the client's spellings with
+/// `_` (`HTTP_X_USER` to a WSGI or CGI backend, as Weir's own `X-User`) must not pass.
+const UNDERSCORE_RULES: &str =
+    r#"request_headers = { set = { "X-User" = "anonymous" }, remove = ["X-Internal-Auth"] }"#;
+const UNDERSCORE_SPELLINGS: [(&str, &str); 4] = [
+    ("X_User", "admin"),
+    ("x_internal_auth", "yes"),
+    ("X-Internal_Auth", "yes"),
+    ("X_Other", "kept"),
+];
+
+/// Was: `X_User` and `X_Internal_Auth` reached the upstream beside Weir's `X-User`
+/// (attacker review); names that only look alike (`X_Other`) still pass.
+#[tokio::test]
+async fn header_rules_drop_the_underscore_spelling_over_http1() {
+    let b = Backend::echo("up");
+    let weir = route_with(b.addr(), &[UNDERSCORE_RULES]).start();
+    let mut c = weir.client().await;
+    let mut headers = vec![("Host", "h.example")];
+    headers.extend(UNDERSCORE_SPELLINGS);
+    let r = c.request("GET", "/p", &headers, b"").await.unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        r.body_str(),
+        format!(
+            "GET /p HTTP/1.1\r\nHost: h.example\r\nX_Other: kept\r\nX-User: anonymous\r\n{}\r\n",
+            forwarded("h.example")
+        )
+    );
+}
+
+#[tokio::test]
+async fn header_rules_drop_the_underscore_spelling_over_http2() {
+    let b = Backend::echo("up");
+    let weir = route_with(b.addr(), &[UNDERSCORE_RULES]).start();
+    let mut h2 = common::h2c_client(weir.addr).await;
+    let (status, _, body) = common::h2_get(&mut h2, "/p", &UNDERSCORE_SPELLINGS).await;
+    assert_eq!(status, 200);
+    let seen = String::from_utf8_lossy(&body).to_ascii_lowercase();
+    assert!(seen.contains("\r\nx_other: kept\r\n"), "{seen}");
+    assert!(seen.contains("\r\nx-user: anonymous\r\n"), "{seen}");
+    for gone in [
+        "x_user",
+        "x_internal_auth",
+        "x-internal_auth",
+        "admin",
+        "yes",
+    ] {
+        assert!(!seen.contains(gone), "{gone} in {seen}");
+    }
+}
+
+/// Was: `X-Forwarded-For: 198.51.100.7` and `::ffff:198.51.100.7` (the same client, behind
+/// trusted proxies) were counted in two buckets (attacker review); and `{client_ip}` says
+/// the one spelling.
+#[tokio::test]
+async fn an_ipv4_mapped_client_shares_its_ipv4_rate_limit_bucket() {
+    let b = Backend::echo("up");
+    let weir = Conf::new()
+        .listener(r#"trusted_proxies = ["127.0.0.1"]"#)
+        .route(
+            "api",
+            "up",
+            &[
+                r#"rate_limit = { rate = "1/h", burst = 1 }"#,
+                r#"request_headers = { set = { "X-Client" = "{client_ip}" } }"#,
+            ],
+        )
+        .upstream("up", &[b.addr()], &[])
+        .start();
+    let mut c = weir.client().await;
+    let get = |xff: &'static str| [("Host", "h"), ("X-Forwarded-For", xff)];
+    let first = c
+        .request("GET", "/", &get("::ffff:198.51.100.7"), b"")
+        .await;
+    let first = first.unwrap();
+    assert_eq!(first.status, 200);
+    assert!(first.body_str().contains("\r\nX-Client: 198.51.100.7\r\n"));
+    let second = c.request("GET", "/", &get("198.51.100.7"), b"").await;
+    assert_eq!(second.unwrap().status, 429);
+    let other = c.request("GET", "/", &get("198.51.100.8"), b"").await;
+    assert_eq!(other.unwrap().status, 200);
+}

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::{Conf, Weir, WAIT};
 use support_process::{weir_check, TempDir};
-use weir_testkit::{send_raw_once, wait_until, Backend, Client};
+use weir_testkit::{send_raw_once, status_of, wait_until, Backend, Client};
 
 /// Polls until the metrics text has the line `series value` (a request is recorded just
 /// after its last byte is sent).
@@ -489,4 +489,77 @@ async fn reload_switches_a_route_between_targets() {
     let r = c.get("/x", "h").await.unwrap();
     assert_eq!((r.status, r.header("location")), (307, Some("/y/x")));
     assert_eq!(app.requests_served(), 1);
+}
+
+/// Hosts a backend cutting at the first colon reads as another host than Weir routed.
+const AMBIGUOUS_HOSTS: [&str; 4] = [
+    "secret.example:80:80",
+    "secret.example:abc",
+    "[secret.example]",
+    "[secret.example]:80",
+];
+
+/// Weir denying every client on `secret.example`, a catch-all on `echo` for other hosts.
+fn secret_and_catch_all(echo: &Backend) -> Weir {
+    Conf::new()
+        .route_keys(
+            "secret",
+            &[
+                r#"hosts = ["secret.example"]"#,
+                r#"deny = ["0.0.0.0/0", "::/0"]"#,
+                r#"respond = { status = 200, body = "secret\n" }"#,
+            ],
+        )
+        .route("any", "echo", &[])
+        .upstream("echo", &[echo.addr()], &[])
+        .start()
+}
+
+/// Was: `Host: secret.example:80:80` (and the others) passed the catch-all's way to a
+/// backend reading `secret.example` (attacker review); now 400, as other invalid Hosts,
+/// in the Host field, in an absolute-form target and in HTTP/2's `:authority`.
+#[tokio::test]
+async fn a_host_with_two_ports_or_brackets_around_a_name_is_refused() {
+    use weir_testkit::h2_raw::{flag, frame, kind, Block, RawH2};
+    let echo = Backend::echo("echo");
+    let weir = secret_and_catch_all(&echo);
+    for host in AMBIGUOUS_HOSTS {
+        for request in [
+            format!("GET /x HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"),
+            format!("GET http://{host}/x HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n"),
+        ] {
+            let resp = send_raw_once(weir.addr, request.as_bytes()).await.unwrap();
+            assert_eq!(status_of(&resp), Some(400), "{request}");
+        }
+        let mut raw = RawH2::connect(weir.addr, &[]).await.expect("connect");
+        let block = Block::default()
+            .indexed(2)
+            .indexed(6)
+            .literal_indexed_name(4, "/x")
+            .literal_indexed_name(1, host);
+        let mut out = Vec::new();
+        frame(&mut out, kind::SETTINGS, flag::ACK, 0, &[]);
+        let end = flag::END_HEADERS | flag::END_STREAM;
+        frame(&mut out, kind::HEADERS, end, 1, &block.0);
+        raw.send(&out).await.expect("request");
+        let answer = raw
+            .until(WAIT, |f| {
+                let answer = matches!(f.kind, kind::HEADERS | kind::RST_STREAM) && f.stream == 1;
+                answer.then(|| (f.kind, f.payload.clone()))
+            })
+            .await
+            .expect("an answer");
+        // `:status 400` is the static table's entry 12, which HPACK encoders index; the h2
+        // crate resets a stream whose `:authority` is no URI authority (PROTOCOL_ERROR).
+        let refused = match &answer {
+            (kind::HEADERS, head) => head.first() == Some(&0x8c),
+            (_, code) => code[..] == [0, 0, 0, 1],
+        };
+        assert!(refused, "{host}: {answer:?}");
+    }
+    assert_eq!(echo.requests_served(), 0);
+    let mut c = weir.client().await;
+    assert_eq!(c.get("/x", "other.example:8080").await.unwrap().status, 200);
+    assert_eq!(c.get("/x", "[::1]:8080").await.unwrap().status, 200);
+    assert_eq!(c.get("/x", "secret.example:80").await.unwrap().status, 403);
 }

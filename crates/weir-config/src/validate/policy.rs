@@ -275,8 +275,8 @@ fn header_rules(raw: RawHeaderRules, path: &FieldPath, side: Side) -> Result<Hea
     rules.drop = rules
         .set
         .iter()
-        .map(|r| r.name.to_ascii_lowercase())
-        .chain(removed)
+        .map(|r| crate::model::fold_name(&r.name))
+        .chain(removed.iter().map(|r| crate::model::fold_name(r)))
         .collect();
     Ok(rules)
 }

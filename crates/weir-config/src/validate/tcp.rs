@@ -382,5 +382,21 @@ pub(super) fn cidr(text: &str, path: &FieldPath) -> Result<Cidr, Issue> {
             .filter(|b| *b <= max)
             .ok_or_else(bad)?,
     };
-    Ok(Cidr { addr, prefix })
+    Ok(ipv4_form(Cidr { addr, prefix }))
+}
+
+/// An IPv4-mapped range (`::ffff:127.0.0.1`, `::ffff:10.0.0.0/104`) in its IPv4 form
+/// (`127.0.0.1/32`, `10.0.0.0/8`): client addresses are compared in their IPv4 form
+/// (`Cidr::contains`), so the mapped form would never match anyone.
+fn ipv4_form(cidr: Cidr) -> Cidr {
+    match cidr.addr {
+        IpAddr::V6(v6) if cidr.prefix >= 96 => match v6.to_ipv4_mapped() {
+            Some(v4) => Cidr {
+                addr: IpAddr::V4(v4),
+                prefix: cidr.prefix - 96,
+            },
+            None => cidr,
+        },
+        _ => cidr,
+    }
 }

@@ -80,7 +80,7 @@ pub(crate) async fn respond_http1(
         .filter(|_| !http10)
         .and_then(|c| compression::negotiate(c, conn.buf.filled(), &req.headers));
     let mut lines = std::mem::take(&mut conn.resp_lines);
-    render_response_rules(&mut lines, &conn.request(req), route);
+    render_response_rules(&mut lines, &conn.request(req), &conn.path, route);
     conn.resp_lines = lines;
     conn.buf.consume(req.head_len + consumed);
     let to = Sending {

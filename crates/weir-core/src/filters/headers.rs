@@ -11,7 +11,7 @@ pub struct Vars<'a> {
     pub scheme: &'a [u8],
     /// Host header (or absolute-form authority) as sent; empty when there is none.
     pub host: &'a [u8],
-    /// The request target: path and query.
+    /// The request target as routed: the normalised path (`RoutedPath`) and the query.
     pub target: &'a [u8],
     pub client_ip: &'a [u8],
     pub request_id: &'a [u8],
@@ -43,15 +43,20 @@ pub fn push_rules(out: &mut Vec<u8>, rules: &HeaderRules, vars: &Vars<'_>) {
 }
 
 /// Applies `rules` to an HTTP/2 head already in a `HeaderMap`: drops the `set` and
-/// `remove` names, then appends the `set` and `add` lines (`scratch` renders values).
+/// `remove` names (in either spelling, `HeaderRules::drops`), then appends the `set` and
+/// `add` lines (`scratch` renders values).
 pub fn apply_to_map(
     headers: &mut http::HeaderMap,
     rules: &HeaderRules,
     vars: &Vars<'_>,
     scratch: &mut Vec<u8>,
 ) {
-    for name in &rules.drop {
-        headers.remove(name.as_str());
+    let dropped = (headers.keys())
+        .filter(|name| rules.drops(name.as_str().as_bytes()))
+        .cloned()
+        .collect::<Vec<_>>();
+    for name in dropped {
+        headers.remove(name);
     }
     append_to_map(headers, rules, vars, scratch);
 }

@@ -48,8 +48,14 @@ pub fn client_behind(
     Some(last).filter(|ip| *ip != peer)
 }
 
-/// An `X-Forwarded-For` entry: an address, `v4:port`, `[v6]` or `[v6]:port`.
+/// An `X-Forwarded-For` entry: an address, `v4:port`, `[v6]` or `[v6]:port`; an
+/// IPv4-mapped IPv6 address in its IPv4 form, as the peer's is, so that every consumer
+/// (rate-limit keys, access lists, `X-Real-IP`, logs) sees one client in one spelling.
 fn parse_entry(entry: &[u8]) -> Option<IpAddr> {
+    parse_address(entry).map(|ip| ip.to_canonical())
+}
+
+fn parse_address(entry: &[u8]) -> Option<IpAddr> {
     let text = std::str::from_utf8(entry).ok()?;
     if let Ok(ip) = text.parse() {
         return Some(ip);
@@ -117,6 +123,19 @@ mod tests {
         );
         assert_eq!(client("fd00::1", &["[2001:db8::7]:443"]), ip("2001:db8::7"));
         assert_eq!(client("10.0.0.1", &["2001:db8::8"]), ip("2001:db8::8"));
+        // One client, one spelling: the rate limiter's key, access lists and logs agree.
+        for mapped in ["::ffff:198.51.100.7", "[::ffff:198.51.100.7]:80"] {
+            assert_eq!(
+                client("10.0.0.1", &[mapped]),
+                ip("198.51.100.7"),
+                "{mapped}"
+            );
+        }
+        // A mapped trusted proxy is skipped as its IPv4 form is.
+        assert_eq!(
+            client("10.0.0.1", &["203.0.113.9, ::ffff:10.0.0.2"]),
+            ip("203.0.113.9")
+        );
     }
 
     #[test]

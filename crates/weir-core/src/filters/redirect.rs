@@ -14,10 +14,35 @@ use crate::error::reason_phrase;
 pub fn push_redirect(out: &mut Vec<u8>, r: &Redirect, vars: &Vars<'_>, persistence: Persistence) {
     push_status_line(out, r.status, reason_phrase(r.status).as_bytes());
     out.extend_from_slice(b"Server: weir\r\nLocation: ");
+    let start = out.len();
     render(out, &r.to, vars);
+    keep_on_this_host(out, start, &r.to);
     out.extend_from_slice(b"\r\nContent-Length: 0\r\n");
     persistence.push_header(out);
     out.extend_from_slice(b"\r\n");
+}
+
+/// Keeps a Location (`out[start..]`) that begins with a path on this host when its leading
+/// slashes come from the request: `//evil.com/x` (or `/\evil.com`, which browsers read the
+/// same) is a protocol-relative URL to another site. The routed path resolves dot segments
+/// but keeps an empty first segment (`//evil.com/x` is a path unless `merge_slashes` is
+/// on), and a `to` such as `"/{path}"` doubles the slash, so the run of `/` and `\` at the
+/// start is cut to one `/` unless the operator's own text wrote `//` there.
+fn keep_on_this_host(out: &mut Vec<u8>, start: usize, to: &Template) {
+    let is_slash = |b: &u8| matches!(b, b'/' | b'\\');
+    let run = out[start..].iter().take_while(|b| is_slash(b)).count();
+    if run < 2 {
+        return;
+    }
+    let written = match to.0.first() {
+        Some(TemplatePart::Text(text)) => text.bytes().take_while(is_slash).count(),
+        _ => 0,
+    };
+    if written >= 2 {
+        return;
+    }
+    out.drain(start + 1..start + run);
+    out[start] = b'/';
 }
 
 /// `redirect_https = true`: every request to `https://{host}:{port}{uri}` with 308, the
@@ -71,5 +96,45 @@ mod tests {
             text.contains("\r\nLocation: https://example.com:8443/x?y\r\n"),
             "{text}"
         );
+    }
+
+    /// The Location `to` renders for a request whose routed target is `target`.
+    fn location(to: Vec<TemplatePart>, target: &[u8]) -> String {
+        let vars = Vars {
+            target,
+            ..Vars::default()
+        };
+        let r = Redirect {
+            status: 302,
+            to: Template(to),
+        };
+        let mut out = Vec::new();
+        push_redirect(&mut out, &r, &vars, Persistence::Close);
+        let text = String::from_utf8(out).unwrap();
+        let line = text.lines().find(|l| l.starts_with("Location: ")).unwrap();
+        line["Location: ".len()..].to_owned()
+    }
+
+    #[test]
+    fn request_data_never_makes_a_protocol_relative_location() {
+        let path = || TemplatePart::Var(Variable::Path);
+        let text = |t: &str| TemplatePart::Text(t.to_owned());
+        for (target, want) in [
+            (&b"//evil.com/x"[..], "/evil.com/x/"),
+            (b"/\\evil.com/x", "/evil.com/x/"),
+            (b"/\\/evil.com", "/evil.com/"),
+            (b"/ok", "/ok/"),
+        ] {
+            assert_eq!(location(vec![path(), text("/")], target), want);
+        }
+        assert_eq!(location(vec![text("/"), path()], b"/a"), "/a");
+        assert_eq!(
+            location(vec![text("/"), path()], b"//evil.com"),
+            "/evil.com"
+        );
+        // The operator's own `//` stays.
+        let cdn = vec![text("//cdn.example"), path()];
+        assert_eq!(location(cdn, b"//x"), "//cdn.example//x");
+        assert_eq!(location(vec![text("/x"), path()], b"//y"), "/x//y");
     }
 }

@@ -107,7 +107,7 @@ fn write_heads(
     if let Some(fill) = &conn.fill {
         push_before_end(&mut out, fill.conditional_lines());
     }
-    render_response_rules(&mut lines, &request, target.route);
+    render_response_rules(&mut lines, &request, &conn.path, target.route);
     (conn.out, conn.resp_lines) = (out, lines);
     offered
 }

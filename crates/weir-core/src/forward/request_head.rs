@@ -87,14 +87,16 @@ pub fn write_upstream_head(
     target: &Target<'_>,
     server: &UpstreamServer,
 ) -> Offered {
-    with_client_facts(r, target, |client| {
+    with_client_facts(r, path, target, |client| {
         write_request_head(out, r.buf, r.req, path, target.route, server, client)
     })
 }
 
-/// Runs `f` with what the upstream request says about `r`'s client and the route's edits.
+/// Runs `f` with what the upstream request says about `r`'s client and the route's edits
+/// (`path`: its routed path, for the rules' variables).
 pub fn with_client_facts<T>(
     r: &Request<'_>,
+    path: &RoutedPath,
     target: &Target<'_>,
     f: impl FnOnce(ClientFacts<'_>) -> T,
 ) -> T {
@@ -113,7 +115,7 @@ pub fn with_client_facts<T>(
     }
     // The rules' `{variable}`s need the whole set; the request id alone, only itself.
     let vars = match rules {
-        Some(_) => r.vars(),
+        Some(_) => r.vars(path),
         None => Vars {
             request_id: r.origin.request_id,
             ..Vars::default()
@@ -133,11 +135,12 @@ pub fn with_client_facts<T>(
 }
 
 /// Renders the route's `response_headers` lines for `r` into `out` (emptied first), while
-/// the request's head is at hand: its variables come from the request.
-pub fn render_response_rules(out: &mut Vec<u8>, r: &Request<'_>, route: &Route) {
+/// the request's head is at hand: its variables come from the request (`path`: its routed
+/// path).
+pub fn render_response_rules(out: &mut Vec<u8>, r: &Request<'_>, path: &RoutedPath, route: &Route) {
     if let Some(rules) = &route.filters.response_headers {
         out.clear();
-        push_rules(out, rules, &r.vars());
+        push_rules(out, rules, &r.vars(path));
     }
 }
 
@@ -287,10 +290,7 @@ fn copy_headers(
 /// WSGI) read `X_Client_Cert` as `X-Client-Cert`, so a header Weir owns is refused in
 /// either spelling (nginx drops underscore names for the same reason).
 fn same_header_name(name: &[u8], header: &[u8]) -> bool {
-    let fold = |b: &u8| match b.to_ascii_lowercase() {
-        b'_' => b'-',
-        other => other,
-    };
+    let fold = |b: &u8| weir_config::fold_name_byte(*b);
     name.len() == header.len() && name.iter().map(fold).eq(header.iter().map(fold))
 }
 

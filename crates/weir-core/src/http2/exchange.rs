@@ -224,7 +224,7 @@ impl StreamRequest<'_> {
             up_buf.consume(resp.head_len);
             pool_after_answer(x, &accepted, up_buf, resp, stream, request_done);
             let under = crate::files::Under::of_target(&self.target);
-            let answered = respond_stream(respond, &self.request, under, reply, trace);
+            let answered = respond_stream(respond, &self.request, self.path, under, reply, trace);
             return Box::pin(answered).await;
         }
         let mut lines = Vec::new();
@@ -259,7 +259,7 @@ impl StreamRequest<'_> {
         server: &'e UpstreamServer,
     ) -> Edits<'e> {
         let r = &self.request;
-        render_response_rules(lines, r, self.target.route);
+        render_response_rules(lines, r, self.path, self.target.route);
         let host = r.req.host.as_ref().map_or(&[][..], |h| &r.buf[h.clone()]);
         Edits::of(self.target.route, lines, server, host)
     }

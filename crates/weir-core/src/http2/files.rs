@@ -16,11 +16,13 @@ use crate::forward::relay::Coding;
 use crate::forward::request_head::render_response_rules;
 use crate::forward::Failure;
 use crate::request::Request;
+use crate::router::RoutedPath;
 
 /// Sends `reply` to the request `r` on `respond`; notes its status and body in `trace`.
 pub(crate) async fn respond_stream<R: ResponseStream>(
     respond: &mut R,
     r: &Request<'_>,
+    path: &RoutedPath,
     under: Under<'_>,
     mut reply: Reply,
     trace: &mut Trace,
@@ -36,7 +38,7 @@ pub(crate) async fn respond_stream<R: ResponseStream>(
     let accepted = (route.filters.compression.as_ref())
         .and_then(|c| compression::negotiate(c, r.buf, &r.req.headers));
     let mut lines = Vec::new();
-    render_response_rules(&mut lines, r, route);
+    render_response_rules(&mut lines, r, path, route);
     let edits = Edits {
         rules: route
             .filters

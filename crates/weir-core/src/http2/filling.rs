@@ -76,7 +76,7 @@ impl StreamRequest<'_> {
         trace: &mut Trace,
     ) -> Result<(), Failure> {
         let under = Under::of_target(&self.target);
-        respond_stream(respond, &self.request, under, reply, trace).await
+        respond_stream(respond, &self.request, self.path, under, reply, trace).await
     }
 
     /// After the exchange (`result`) with a miss's fill still unused

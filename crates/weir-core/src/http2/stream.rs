@@ -233,11 +233,12 @@ impl Stream<'_> {
             Decision::Forward(target, fill) => (target, fill),
             Decision::Answer(answer) => {
                 let timeout = routing.listener().http2.stall_timeout;
-                return (route, answer_with(answer, r, timeout, respond, trace).await);
+                let answered = answer_with(answer, r, &path, timeout, respond, trace);
+                return (route, answered.await);
             }
             Decision::Reply(reply) => {
                 let under = crate::files::Under::of(routing.listener(), route);
-                let sent = super::files::respond_stream(respond, r, under, *reply, trace);
+                let sent = super::files::respond_stream(respond, r, &path, under, *reply, trace);
                 return (route, Box::pin(sent).await);
             }
             Decision::Refuse(error) => return (route, Err(error.into())),
@@ -291,12 +292,13 @@ impl Stream<'_> {
 async fn answer_with(
     answer: Answer<'_>,
     r: &Request<'_>,
+    path: &RoutedPath,
     timeout: std::time::Duration,
     respond: &mut SendResponse<Bytes>,
     trace: &mut Trace,
 ) -> Result<(), Failure> {
     trace.local = answer.is_local();
-    let vars = answer.vars(r);
+    let vars = answer.vars(r, path);
     let sent = send_answer(respond, &answer, &vars, r.req.is_head, timeout, trace);
     sent.await.map_err(Failure::after_head)
 }

@@ -214,7 +214,7 @@ impl StreamRequest<'_> {
             }
             return h2_request(out, &self.target, facts.te_trailers);
         };
-        let mut request = with_client_facts(&self.request, &self.target, |client| {
+        let mut request = with_client_facts(&self.request, self.path, &self.target, |client| {
             let u = Upstream {
                 buf: self.request.buf,
                 req: self.request.req,

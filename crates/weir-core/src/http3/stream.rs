@@ -221,7 +221,7 @@ async fn run(
         (route, Decision::Answer(answer)) => {
             log.route = route;
             log.trace.local = answer.is_local();
-            let vars = answer.vars(&request);
+            let vars = answer.vars(&request, &path);
             let stall = listener.http2.stall_timeout;
             let sent = send_answer(to.send, &answer, &vars, req.is_head, stall, &mut log.trace);
             return sent.await.map_err(Failure::after_head);
@@ -233,7 +233,7 @@ async fn run(
         (route, Decision::Reply(reply)) => {
             log.route = route;
             let under = crate::files::Under::of(listener, route);
-            let sent = respond_stream(to.send, &request, under, *reply, &mut log.trace);
+            let sent = respond_stream(to.send, &request, &path, under, *reply, &mut log.trace);
             return Box::pin(sent).await;
         }
     };

@@ -83,7 +83,7 @@ pub(crate) async fn forward_filling(
     // Rendered now, while the request is at hand: an answer from the store after a
     // failure may come before any try rendered them.
     let mut lines = take(&mut conn.resp_lines);
-    render_response_rules(&mut lines, &conn.request(req), target.route);
+    render_response_rules(&mut lines, &conn.request(req), &conn.path, target.route);
     conn.resp_lines = lines;
     // Made now, while the request is at hand: how a stale answer would go.
     let meta = request_meta(&target, conn.buf.filled(), req);

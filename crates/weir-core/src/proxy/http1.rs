@@ -194,8 +194,9 @@ async fn open(
         let step = accept_step(worker, at, stream, peer, &mut conn.buf, timeout);
         // The carried client address is the one X-Forwarded-For and logs show.
         if let Some(addresses) = step.await.ok()? {
-            conn.ip = ClientIp::new(addresses.source.ip());
-            conn.peer_ip = addresses.source.ip();
+            let source = addresses.source.ip().to_canonical();
+            conn.ip = ClientIp::new(source);
+            conn.peer_ip = source;
         }
         // The first request gets its whole header_timeout after the PROXY header.
         conn.idle_since = Instant::now();
@@ -387,7 +388,8 @@ async fn local_response(
     let mut out = std::mem::take(&mut conn.out);
     resp.status = answer.status();
     let request = conn.request(req);
-    let bytes = answer.render(&mut out, persistence, req.is_head, &answer.vars(&request));
+    let vars = answer.vars(&request, &conn.path);
+    let bytes = answer.render(&mut out, persistence, req.is_head, &vars);
     conn.buf.consume(req.head_len + consumed);
     let written = conn.write_all(bytes, listener).await;
     conn.out = out;

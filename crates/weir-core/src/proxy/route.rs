@@ -90,6 +90,9 @@ impl<'a> Routing<'a> {
         let plan = &self.snapshot.listeners[self.listener];
         let raw_path = r.req.path(r.buf);
         if let Some(decision) = before_routing(r, raw_path, listener, plan) {
+            // Not normalised: a `redirect_https` renders the path as sent (after the host,
+            // so it cannot point elsewhere); not the last request's.
+            path.forget();
             return (None, Ok(decision));
         }
         let routed = match path.normalize(raw_path, &listener.path_normalization) {

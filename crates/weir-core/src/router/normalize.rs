@@ -298,6 +298,12 @@ impl RoutedPath {
         Ok(self.get(raw))
     }
 
+    /// Forgets the last `normalize`: `get` returns the request's path as sent (a request
+    /// answered before its path is normalised, such as `redirect_https`).
+    pub fn forget(&mut self) {
+        self.changed = false;
+    }
+
     /// The path the last `normalize` produced for `raw`, the same request's path.
     pub fn get<'a>(&'a self, raw: &'a [u8]) -> &'a [u8] {
         if self.changed {

@@ -30,6 +30,8 @@ fn header_rules_parse_into_templates() {
     assert!(rh.sets_host);
     assert_eq!(rh.drop, vec!["host", "x-env", "x-debug"]);
     assert!(rh.drops(b"X-DEBUG") && !rh.drops(b"X-Trace"));
+    // `_` for `-`, as CGI and WSGI read names: X_Debug is HTTP_X_DEBUG too.
+    assert!(rh.drops(b"X_Debug") && rh.drops(b"x_env") && !rh.drops(b"X_Debugs"));
     assert_eq!(
         rh.set[1].value.0,
         vec![TemplatePart::Text("prod {x}".into())]
@@ -345,6 +347,23 @@ fn access_lists_and_trusted_proxies() {
         .unwrap();
     assert!(access.permits("127.0.0.1".parse().unwrap()));
     assert!(!access.permits("10.1.1.1".parse().unwrap()));
+}
+
+/// Was: `deny = ["::ffff:127.0.0.1"]` passed `weir check` and never matched, clients being
+/// compared in their IPv4 form (attacker review): the entry is held in that form too.
+#[test]
+fn ipv4_mapped_ranges_are_held_in_their_ipv4_form() {
+    let lines = "deny = [\"::ffff:127.0.0.1\", \"::ffff:10.0.0.0/104\", \"::ffff:0:0/80\"]\n";
+    let c = parse_str(&with_route(lines), "t.toml").unwrap();
+    let access = c.listeners[0].routes[0].filters.access.clone().unwrap();
+    let held: Vec<String> = (access.deny.iter())
+        .map(|c| format!("{}/{}", c.addr, c.prefix))
+        .collect();
+    assert_eq!(held, ["127.0.0.1/32", "10.0.0.0/8", "::ffff:0.0.0.0/80"]);
+    for ip in ["127.0.0.1", "::ffff:127.0.0.1", "10.9.8.7"] {
+        assert!(!access.permits(ip.parse().unwrap()), "{ip}");
+    }
+    assert!(access.permits("192.0.2.1".parse().unwrap()));
 }
 
 #[test]

@@ -338,36 +338,87 @@ fn scan_headers(buf: &[u8], head: &mut RequestHead) -> Result<(), ProxyError> {
     Ok(())
 }
 
-/// The bytes a host may have, per byte value (one lookup per byte: every request's host
-/// is checked).
-const HOST_BYTE: [bool; 256] = {
+/// The bytes a host name may have, per byte value (one lookup per byte: every request's
+/// host is checked).
+const NAME_BYTE: [bool; 256] = {
     let mut table = [false; 256];
     let mut b = 0;
     while b < 256 {
         let c = b as u8;
-        table[b] =
-            c.is_ascii_alphanumeric() || matches!(c, b'.' | b'-' | b':' | b'[' | b']' | b'_');
+        table[b] = c.is_ascii_alphanumeric() || matches!(c, b'.' | b'-' | b'_');
         b += 1;
     }
     table
 };
 
-/// A host is `name[:port]` or `[v6][:port]` with no whitespace or delimiters, and no
+/// A host is `name[:port]` or `[IPv6][:port]`, with no whitespace or delimiters, no
 /// empty label (`a..b`, as nginx refuses it: one trailing dot is dropped for routing,
-/// `RequestHead::host_name`, so `secret.example..` would miss `secret.example`'s routes).
+/// `RequestHead::host_name`, so `secret.example..` would miss `secret.example`'s routes),
+/// and a port of digits only: Weir routes on what is before the port, and a backend that
+/// cuts at the first colon (nginx, Express) must read the same host, so
+/// `secret.example:80:80`, `secret.example:abc` and `[secret.example]` are refused.
 fn validate_host(host: &[u8]) -> Result<(), ProxyError> {
-    let mut after_dot = false;
-    let ok = !host.is_empty()
-        && host.iter().all(|&b| {
-            let empty_label = after_dot && b == b'.';
-            after_dot = b == b'.';
-            HOST_BYTE[usize::from(b)] && !empty_label
-        });
+    let ok = match host.first() {
+        Some(b'[') => valid_ip_literal(host),
+        Some(_) => valid_name_and_port(host),
+        None => false,
+    };
     if ok {
         Ok(())
     } else {
         Err(ProxyError::BadRequest("invalid Host header"))
     }
+}
+
+/// `name[:port]`, in one pass: name bytes without an empty label up to the first `:`,
+/// then the port.
+#[inline]
+fn valid_name_and_port(host: &[u8]) -> bool {
+    let mut after_dot = false;
+    for (i, &b) in host.iter().enumerate() {
+        if b == b':' {
+            return i > 0 && valid_port(&host[i + 1..]);
+        }
+        let empty_label = after_dot && b == b'.';
+        after_dot = b == b'.';
+        if !NAME_BYTE[usize::from(b)] || empty_label {
+            return false;
+        }
+    }
+    true
+}
+
+/// `[IPv6]` and an optional `:port`: the brackets hold an IPv6 address, nothing else (an
+/// IPvFuture or a zone is no host Weir routes). Rare: parsed with the standard library.
+#[cold]
+fn valid_ip_literal(host: &[u8]) -> bool {
+    let Some(end) = host.iter().position(|b| *b == b']') else {
+        return false;
+    };
+    let inside = std::str::from_utf8(&host[1..end]).ok();
+    let is_v6 = inside.is_some_and(|s| s.parse::<std::net::Ipv6Addr>().is_ok());
+    is_v6
+        && match &host[end + 1..] {
+            [] => true,
+            [b':', port @ ..] => valid_port(port),
+            _ => false,
+        }
+}
+
+/// A port after the `:`: empty (RFC 3986 `port = *DIGIT`, the scheme's default), or 1 to
+/// 65535 in at most 5 digits.
+#[inline]
+fn valid_port(port: &[u8]) -> bool {
+    if port.is_empty() {
+        return true;
+    }
+    let digits =
+        |n: Option<u32>, b: &u8| Some(n? * 10 + u32::from(*b).checked_sub(48).filter(|d| *d < 10)?);
+    port.len() <= 5
+        && port
+            .iter()
+            .fold(Some(0), digits)
+            .is_some_and(|n| (1..=65535).contains(&n))
 }
 
 impl RequestHead {

@@ -915,12 +915,62 @@ fn head_len_stops_at_the_next_request() {
     assert_eq!(&raw[head.head_len..][second.path.clone()], b"/2");
 }
 
-/// The host table is the rule it replaced, for every byte value.
+/// The name table is the rule it replaced, for every byte value.
 #[test]
 fn host_bytes_are_letters_digits_and_the_host_delimiters() {
     for b in 0..=255u8 {
-        let rule =
-            b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b':' | b'[' | b']' | b'_');
+        let rule = b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_');
         assert_eq!(super::validate_host(&[b]).is_ok(), rule, "byte {b:#04x}");
+        let with_port = [b'a', b, b':', b'8'];
+        assert_eq!(
+            super::validate_host(&with_port).is_ok(),
+            rule,
+            "byte {b:#04x}"
+        );
+    }
+}
+
+/// Was: Weir cut the port at the last colon and took any bytes there, or brackets around
+/// a name, while nginx and Express cut at the first (attacker review).
+#[test]
+fn a_host_has_one_port_of_digits_and_brackets_only_around_ipv6() {
+    for ok in [
+        "a",
+        "a:",
+        "a:1",
+        "a:80",
+        "a:0080",
+        "a:65535",
+        "[::1]",
+        "[::1]:8080",
+        "[::1]:",
+        "[2001:db8::7]:443",
+        "[::ffff:192.0.2.1]",
+        "secret.example.",
+        "1.2.3.4:5",
+    ] {
+        assert!(super::validate_host(ok.as_bytes()).is_ok(), "{ok}");
+    }
+    for bad in [
+        "secret.example:80:80",
+        "secret.example:abc",
+        "[secret.example]",
+        "a:0",
+        "a:65536",
+        "a:123456",
+        "a:8a",
+        ":80",
+        "[::1",
+        "[::1]x",
+        "[::1]:80:80",
+        "[::1]:a",
+        "[]",
+        "a:-1",
+        "[v1.x]",
+        "[fe80::1%25eth0]",
+        "a::80",
+        "a..b",
+    ] {
+        assert!(super::validate_host(bad.as_bytes()).is_err(), "{bad}");
     }
 }
