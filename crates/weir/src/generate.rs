@@ -107,8 +107,8 @@ pub fn schema() -> anyhow::Result<()> {
 }
 
 /// Writes `bytes` to stdout; a reader that went away (`weir man | head`) is not an error.
-/// Every subcommand that prints more than a line writes through it (`weir check`, `ctl`):
-/// `println!` panics on a closed pipe.
+/// Every subcommand that prints more than a line writes through it (`weir check`, and
+/// `ctl`'s config, tables and JSON through `ctl::out`): `println!` panics on a closed pipe.
 pub(crate) fn print(bytes: &[u8]) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
     match out.write_all(bytes).and_then(|()| out.flush()) {

@@ -43,7 +43,7 @@ pub fn run(action: &Action, config: Option<&Path>, output: Output) -> anyhow::Re
     match action {
         Action::Push { file, dry_run } => push(&admin, path, &local_text, file, *dry_run, output),
         Action::Pull => {
-            print!("{}", admin.pull()?);
+            super::out(&admin.pull()?);
             Ok(())
         }
         Action::Status => status(&admin, output),

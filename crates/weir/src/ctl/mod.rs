@@ -309,7 +309,7 @@ fn get(client: &Client, what: What, name: Option<&str>, output: Output) -> anyho
         What::Config if output == Output::Table => {
             // The file as it runs, comments and all.
             let accept = [("Accept", "application/toml")];
-            print!("{}", text(&client.request("GET", "/config", &accept, b"")?));
+            out(&text(&client.request("GET", "/config", &accept, b"")?));
         }
         What::Config => print_json(&client.call("GET", "/config", None, b"")?),
         What::Upstreams => {
@@ -402,10 +402,10 @@ fn health(client: &Client, name: Option<&str>, output: Output) -> anyhow::Result
             ]);
         }
     }
-    print!(
-        "{}",
-        table::render(&["UPSTREAM", "SERVER", "STATE", "LAST CHECK"], &rows)
-    );
+    out(&table::render(
+        &["UPSTREAM", "SERVER", "STATE", "LAST CHECK"],
+        &rows,
+    ));
     Ok(())
 }
 
@@ -522,7 +522,7 @@ fn print_or_table(
         return print_json(&reply["data"]);
     }
     let rows: Vec<Vec<String>> = list(&reply["data"]).iter().map(row).collect();
-    print!("{}", table::render(header, &rows));
+    out(&table::render(header, &rows));
 }
 
 /// FILE's bytes (`-`: stdin).
@@ -543,7 +543,18 @@ fn read_file(file: &str) -> anyhow::Result<String> {
 }
 
 fn print_json(v: &Value) {
-    println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+    out(&format!(
+        "{}\n",
+        serde_json::to_string_pretty(v).unwrap_or_default()
+    ));
+}
+
+/// Writes `text` to stdout through `generate::print`: a reader that went away
+/// (`weir ctl get config | head -1`) ends the output quietly, where `print!` panics.
+pub(crate) fn out(text: &str) {
+    if let Err(e) = crate::generate::print(text.as_bytes()) {
+        eprintln!("error: writing the output: {e:#}");
+    }
 }
 
 fn list(v: &Value) -> Vec<Value> {
