@@ -504,6 +504,77 @@ async fn an_open_connection_is_not_served_past_a_new_client_auth_policy() {
     assert_eq!(b.requests_served(), 2);
 }
 
+/// A backend whose answers vary on the client-certificate field: each body says which
+/// `X-Client-Cert` it got (`none` without one), stored for a minute by a shared cache.
+async fn cert_varying_backend() -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut chunk = [0u8; 4096];
+                while let Ok(n @ 1..) = s.read(&mut chunk).await {
+                    head.extend_from_slice(&chunk[..n]);
+                    let text = String::from_utf8_lossy(&head).into_owned();
+                    let Some(end) = text.find("\r\n\r\n") else {
+                        continue;
+                    };
+                    let cert = text[..end]
+                        .lines()
+                        .find_map(|l| l.strip_prefix("X-Client-Cert: "))
+                        .unwrap_or("none")
+                        .to_string();
+                    head.drain(..end + 4);
+                    let answer = format!(
+                        "HTTP/1.1 200 OK\r\nCache-Control: max-age=60\r\nVary: X-Client-Cert\r\n\
+                         Content-Length: {}\r\n\r\n{cert}",
+                        cert.len()
+                    );
+                    if s.write_all(answer.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// A cached response that varies on the client-certificate header goes only to the
+/// client whose certificate the upstream saw: the cache matches the field as Weir wrote
+/// it upstream (the session's), not as the client sent it (none: alice's answer went to
+/// bob, who had no certificate).
+#[tokio::test]
+async fn a_cached_answer_varying_on_the_client_certificate_goes_to_that_client_only() {
+    let ca = TestCa::new("server CA");
+    let clients = TestCa::new("client CA");
+    let leaf = ca.leaf(&["m.example.com"]);
+    let backend = cert_varying_backend().await;
+    let weir = Conf::new()
+        .route("all", "up", &["cache = { store = \"mem\" }"])
+        .upstream("up", &[backend], &[])
+        .table("[caches.mem]\nkind = \"memory\"\n")
+        .listener(&tls_table(&[&leaf], &client_auth(&clients, false)))
+        .start();
+    let alice = clients.client("alice");
+    let as_alice = client_config(&ca, TLS13, Some(&alice));
+    let mut s = connect(weir.addr, as_alice, "m.example.com").await.unwrap();
+    let first = get_kept(&mut s).await.unwrap();
+    assert!(first.contains("CN=alice"), "{first}");
+    let anonymous = client_config(&ca, TLS13, None);
+    let mut s = connect(weir.addr, anonymous, "m.example.com")
+        .await
+        .unwrap();
+    let second = get_kept(&mut s).await.unwrap();
+    assert!(second.ends_with("none"), "{second}");
+    let third = get_kept(&mut s).await.unwrap();
+    assert!(
+        third.ends_with("none") && third.contains("hit"),
+        "now a hit: {third}"
+    );
+}
+
 /// Replaces the file `path` with `pem` and waits for the watcher's new snapshot.
 async fn rewrite(running: &Running, path: &std::path::Path, pem: &str) {
     let before = running.proxy().snapshot();

@@ -104,8 +104,15 @@ pub enum Lookup {
     Bypass,
 }
 
-/// Looks `r` up in `store` (`routed`: its normalised path and query).
-pub fn lookup(r: &Request<'_>, routed: &[u8], cache: &RouteCache, store: &Arc<Store>) -> Lookup {
+/// Looks `r` up in `store` (`routed`: its normalised path and query; `cert_header`: the
+/// listener's `client_cert_header`, which the upstream sees as Weir writes it).
+pub fn lookup(
+    r: &Request<'_>,
+    routed: &[u8],
+    cert_header: Option<&str>,
+    cache: &RouteCache,
+    store: &Arc<Store>,
+) -> Lookup {
     let method = &r.buf[r.req.method.clone()];
     // `If-Match` and `If-Unmodified-Since` are the origin's to weigh (RFC 9111 4.3.2).
     if method != b"GET" && method != b"HEAD" || asks_any(r, &CONDITIONS[2..4]) {
@@ -113,7 +120,7 @@ pub fn lookup(r: &Request<'_>, routed: &[u8], cache: &RouteCache, store: &Arc<St
         return Lookup::Bypass;
     }
     let key = key(r, routed, cache);
-    let Some(parts) = request_parts(r, routed) else {
+    let Some(parts) = request_parts(r, routed, cert_header) else {
         store.counts.bypasses.fetch_add(1, Relaxed);
         return Lookup::Bypass;
     };

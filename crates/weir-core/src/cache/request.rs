@@ -43,12 +43,25 @@ fn split_query(routed: &[u8]) -> (&[u8], Option<&[u8]>) {
 
 /// The request as the policy reads it: GET (a HEAD is served from a GET's entry), its
 /// path, its end-to-end fields with `Accept-Encoding` normalised and `Cache-Control`
-/// without `max-stale`. `None`: a field that is not valid HTTP (the request is forwarded,
-/// not cached).
-pub(super) fn request_parts(r: &Request<'_>, routed: &[u8]) -> Option<http::request::Parts> {
+/// without `max-stale`, and the client-certificate field (`cert_header`) as the upstream
+/// gets it: the session's, never the client's own copy, so a response that varies on it
+/// goes to no other client (nor to one that forges it). `None`: a field that is not valid
+/// HTTP (the request is forwarded, not cached).
+pub(super) fn request_parts(
+    r: &Request<'_>,
+    routed: &[u8],
+    cert_header: Option<&str>,
+) -> Option<http::request::Parts> {
     let uri = http::Uri::try_from(routed).ok()?;
     let mut headers = HeaderMap::with_capacity(r.req.headers.len());
+    let weirs = |name: &[u8]| {
+        cert_header
+            .is_some_and(|c| crate::forward::request_head::same_header_name(name, c.as_bytes()))
+    };
     for h in r.req.headers.iter().filter(|h| !h.kind.is_hop_by_hop()) {
+        if weirs(&r.buf[h.name.clone()]) {
+            continue;
+        }
         let name = HeaderName::from_bytes(&r.buf[h.name.clone()]).ok()?;
         let value = &r.buf[h.value.clone()];
         let value = match name == http::header::CACHE_CONTROL {
@@ -61,9 +74,21 @@ pub(super) fn request_parts(r: &Request<'_>, routed: &[u8]) -> Option<http::requ
         combine(&mut headers, name, value)?;
     }
     normalise_accept_encoding(&mut headers);
+    if let Some(line) = r.origin.tls.and_then(|t| t.cert_header_line.as_deref()) {
+        let (name, value) = split_line(line)?;
+        headers.insert(name, value);
+    }
     let (mut parts, ()) = http::Request::get(uri).body(()).ok()?.into_parts();
     parts.headers = headers;
     Some(parts)
+}
+
+/// The name and value of a rendered `Name: value\r\n` line.
+fn split_line(line: &[u8]) -> Option<(HeaderName, HeaderValue)> {
+    let colon = line.iter().position(|&b| b == b':')?;
+    let value = line[colon + 1..].trim_ascii();
+    let name = HeaderName::from_bytes(&line[..colon]).ok()?;
+    Some((name, HeaderValue::from_bytes(value).ok()?))
 }
 
 /// Adds the field `name: value` to `headers`, joined to an earlier line of the same name

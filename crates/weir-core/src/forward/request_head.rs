@@ -289,7 +289,7 @@ fn copy_headers(
 /// Whether `name` is `header` in any case, with `_` taken for `-`: CGI-style servers (PHP,
 /// WSGI) read `X_Client_Cert` as `X-Client-Cert`, so a header Weir owns is refused in
 /// either spelling (nginx drops underscore names for the same reason).
-fn same_header_name(name: &[u8], header: &[u8]) -> bool {
+pub(crate) fn same_header_name(name: &[u8], header: &[u8]) -> bool {
     let fold = |b: &u8| weir_config::fold_name_byte(*b);
     name.len() == header.len() && name.iter().map(fold).eq(header.iter().map(fold))
 }

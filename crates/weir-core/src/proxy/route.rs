@@ -192,7 +192,9 @@ impl<'a> Routing<'a> {
         to: RouteTarget,
     ) -> Result<Option<Box<Fill>>, Decision<'a>> {
         let store = &self.snapshot.caches[cache.store];
-        match crate::cache::lookup(r, routed, cache, store) {
+        let tls = self.snapshot.config.listeners[self.listener].tls.as_ref();
+        let cert_header = tls.and_then(|t| t.client_cert_header.as_deref());
+        match crate::cache::lookup(r, routed, cert_header, cache, store) {
             CacheLookup::Hit(reply) => Err(Decision::Reply(reply)),
             CacheLookup::Stale(reply, revalidation) => {
                 if let Some(fill) = revalidation {
