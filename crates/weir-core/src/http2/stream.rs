@@ -215,7 +215,11 @@ impl Stream<'_> {
         };
         // Routed and forwarded on the normalised path, exactly as HTTP/1 requests are.
         let mut path = RoutedPath::default();
-        let (route, decision) = routing.decide(&self.request, &mut path).await;
+        let (route, decided) = routing.decide(&self.request, &mut path);
+        let decision = match decided {
+            Ok(decision) => decision,
+            Err(check) => Box::pin(routing.verified(&self.request, &path, check)).await,
+        };
         // Without a trace, the request as it is (no copy).
         let traced;
         let r = match routing.trace(route, || self.request) {

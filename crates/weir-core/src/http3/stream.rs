@@ -207,7 +207,13 @@ async fn run(
         listener: index,
     };
     let mut path = RoutedPath::default();
-    let decision = routing.decide(&request, &mut path).await;
+    let decision = match routing.decide(&request, &mut path) {
+        (route, Ok(decision)) => (route, decision),
+        (route, Err(check)) => (
+            route,
+            Box::pin(routing.verified(&request, &path, check)).await,
+        ),
+    };
     // Sampled: the request carries its trace (server span, client spans per attempt).
     let request = match routing.trace(decision.0, || request) {
         None => request,

@@ -317,7 +317,11 @@ async fn handle(
     let closing = worker.is_draining() || conn.last_request;
     let keep_alive = wants_keep_alive(req, listener, conn.served, closing);
     let mut path = std::mem::take(&mut conn.path);
-    let (route, decision) = routing.decide(&conn.request(req), &mut path).await;
+    let (route, decided) = routing.decide(&conn.request(req), &mut path);
+    let decision = match decided {
+        Ok(decision) => decision,
+        Err(check) => Box::pin(routing.verified(&conn.request(req), &path, check)).await,
+    };
     conn.path = path;
     if let Some(trace) = routing.trace(route, || conn.request(req)) {
         conn.trace = Some(trace);

@@ -51,7 +51,7 @@ pub(crate) struct RouteTarget {
 }
 
 /// A decision, or (`Err`) the route whose password check must be awaited first.
-type Decided<'a> = Result<Decision<'a>, (usize, Box<PendingCheck>)>;
+pub type Decided<'a> = Result<Decision<'a>, (usize, Box<PendingCheck>)>;
 
 /// The snapshot and listener a request is routed in.
 pub struct Routing<'a> {
@@ -67,25 +67,11 @@ impl<'a> Routing<'a> {
     }
 
     /// Routes `r` (its path normalised into `path`, which the head writers read later).
-    /// Returns the route taken, if any, and the decision. Awaits only a password check
-    /// the route's `basic_auth` cache cannot answer (off the event loop, `basic_auth`).
-    pub async fn decide(
-        &self,
-        r: &Request<'_>,
-        path: &mut RoutedPath,
-    ) -> (Option<usize>, Decision<'a>) {
-        match self.decide_now(r, path) {
-            (route, Ok(decision)) => (route, decision),
-            (route, Err((index, check))) => {
-                // Boxed: the future of a request that needs no check stays as small.
-                let verified = Box::pin(self.verified(r, path, index, check)).await;
-                (route, verified)
-            }
-        }
-    }
-
-    /// `decide` up to a password check to await.
-    fn decide_now(&self, r: &Request<'_>, path: &mut RoutedPath) -> (Option<usize>, Decided<'a>) {
+    /// Returns the route taken, if any, and the decision, or (`Err`) the password check
+    /// the route's `basic_auth` cache could not answer: the caller awaits
+    /// [`Routing::verified`] then (boxed, so a request that needs no check keeps a small
+    /// future and no await of its own: `decide` is not an `async fn`).
+    pub fn decide(&self, r: &Request<'_>, path: &mut RoutedPath) -> (Option<usize>, Decided<'a>) {
         let listener = self.listener();
         let plan = &self.snapshot.listeners[self.listener];
         let raw_path = r.req.path(r.buf);
@@ -123,14 +109,13 @@ impl<'a> Routing<'a> {
         }
     }
 
-    /// The decision for `r`, admitted on route `index` once its password was checked.
-    #[cold]
-    async fn verified(
+    /// The decision for `r` once the password check `decide` left (`(index, check)`:
+    /// on route `index`) ran off the event loop.
+    pub async fn verified(
         &self,
         r: &Request<'_>,
         path: &RoutedPath,
-        index: usize,
-        check: Box<PendingCheck>,
+        (index, check): (usize, Box<PendingCheck>),
     ) -> Decision<'a> {
         let auth = self.listener().routes[index].filters.basic_auth.as_ref();
         let refused = match check.run(&self.worker.auth_cache).await {
@@ -142,6 +127,7 @@ impl<'a> Routing<'a> {
     }
 
     /// The decision for `r` on route `index`, its admission filters passed.
+    #[inline]
     fn admitted(&self, r: &Request<'_>, path: &RoutedPath, index: usize) -> Decision<'a> {
         let listener = self.listener();
         let plan = &self.snapshot.listeners[self.listener];
