@@ -257,7 +257,8 @@ fn header_rules(raw: RawHeaderRules, path: &FieldPath, side: Side) -> Result<Hea
     for (i, name) in remove.iter().enumerate() {
         let at = remove_path.index(i);
         check_name(name, &at, side, Op::Remove)?;
-        let lower = name.to_ascii_lowercase();
+        // Folded as requests are (`X_Debug` is `X-Debug` to a CGI backend).
+        let lower = crate::model::fold_name(name);
         if removed.contains(&lower) {
             return Err(Issue::new(
                 &at,
@@ -283,13 +284,10 @@ fn header_rules(raw: RawHeaderRules, path: &FieldPath, side: Side) -> Result<Hea
 
 /// A header named in two lists would be edited twice in one head: say which one to keep.
 fn check_overlaps(rules: &HeaderRules, removed: &[String], path: &FieldPath) -> Result<(), Issue> {
+    let fold = crate::model::fold_name;
     for r in &rules.add {
-        let lower = r.name.to_ascii_lowercase();
-        let clash = if rules
-            .set
-            .iter()
-            .any(|s| s.name.eq_ignore_ascii_case(&lower))
-        {
+        let lower = fold(&r.name);
+        let clash = if rules.set.iter().any(|s| fold(&s.name) == lower) {
             Some("set")
         } else if removed.contains(&lower) {
             Some("remove")
@@ -304,10 +302,7 @@ fn check_overlaps(rules: &HeaderRules, removed: &[String], path: &FieldPath) -> 
             ));
         }
     }
-    if let Some(r) = rules.set.iter().find(|r| {
-        let lower = r.name.to_ascii_lowercase();
-        removed.contains(&lower)
-    }) {
+    if let Some(r) = rules.set.iter().find(|r| removed.contains(&fold(&r.name))) {
         return Err(Issue::new(
             &path.key("set").key(&r.name),
             format!("header \"{}\" is in both set and remove", r.name),

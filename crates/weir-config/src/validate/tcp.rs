@@ -382,6 +382,19 @@ pub(super) fn cidr(text: &str, path: &FieldPath) -> Result<Cidr, Issue> {
             .filter(|b| *b <= max)
             .ok_or_else(bad)?,
     };
+    let mapped = match addr {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().is_some(),
+        IpAddr::V4(_) => false,
+    };
+    if mapped && prefix < 96 {
+        // Wider than the mapped space: it names IPv6 clients that do not exist and none of
+        // the IPv4 ones (compared in their IPv4 form), so it would silently never match.
+        return Err(Issue::new(
+            path,
+            format!("\"{text}\" is an IPv4-mapped range shorter than /96, which no client matches"),
+            "write the IPv4 range instead (\"0.0.0.0/0\"), or a prefix of /96 or longer",
+        ));
+    }
     Ok(ipv4_form(Cidr { addr, prefix }))
 }
 

@@ -42,25 +42,6 @@ pub fn push_rules(out: &mut Vec<u8>, rules: &HeaderRules, vars: &Vars<'_>) {
     }
 }
 
-/// Applies `rules` to an HTTP/2 head already in a `HeaderMap`: drops the `set` and
-/// `remove` names (in either spelling, `HeaderRules::drops`), then appends the `set` and
-/// `add` lines (`scratch` renders values).
-pub fn apply_to_map(
-    headers: &mut http::HeaderMap,
-    rules: &HeaderRules,
-    vars: &Vars<'_>,
-    scratch: &mut Vec<u8>,
-) {
-    let dropped = (headers.keys())
-        .filter(|name| rules.drops(name.as_str().as_bytes()))
-        .cloned()
-        .collect::<Vec<_>>();
-    for name in dropped {
-        headers.remove(name);
-    }
-    append_to_map(headers, rules, vars, scratch);
-}
-
 /// Appends the `set` lines, then the `add` lines, of `rules` to an HTTP/2 head. Names
 /// and values were checked at load (tokens; visible ASCII), and variables come from a
 /// parsed head, so a conversion cannot fail in practice; a value that would is skipped.

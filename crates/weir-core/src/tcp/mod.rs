@@ -63,7 +63,9 @@ pub async fn serve_tcp(worker: Rc<Worker>, slot: usize, client: TcpStream, peer:
         worker.give_buffer(to_server);
         return;
     };
+    // The IPv4 form of a mapped address, as HTTP listeners take it: one client, one key.
     let source = carried.map_or(peer, |a| a.source);
+    let source = std::net::SocketAddr::new(source.ip().to_canonical(), source.port());
     if let Some(tls) = &snapshot.listeners[listener_index].tls {
         // The handshake takes its own evictable place (`tls::handshake`).
         drop(idle);
@@ -201,7 +203,9 @@ async fn serve_offloaded(
         return;
     };
     let upstream = offload::choose_upstream(worker, slot, tcp, &session);
+    // The IPv4 form of a mapped address, as HTTP listeners take it: one client, one key.
     let source = carried.map_or(peer, |a| a.source);
+    let source = std::net::SocketAddr::new(source.ip().to_canonical(), source.port());
     let Some((server, pick)) = connect_upstream(worker, snapshot, upstream, source).await else {
         worker.give_buffer(to_server);
         return;

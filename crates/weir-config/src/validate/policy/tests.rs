@@ -210,6 +210,23 @@ fn header_rules_reject_contradictions() {
         "listed twice",
         "once",
     );
+    // `_` is `-` to the backends that read header names as CGI variables.
+    check(
+        &with_route("response_headers = { remove = [\"X_Debug\", \"x-debug\"] }\n"),
+        &format!("{SH}.remove[1]"),
+        7,
+        "listed twice",
+        "once",
+    );
+    check(
+        &with_route(
+            "request_headers = { set = { \"X-User\" = \"a\" }, add = { \"X_User\" = \"b\" } }\n",
+        ),
+        &format!("{RH}.add.X_User"),
+        7,
+        "both add and set",
+        "one list",
+    );
     let many: Vec<String> = (0..65).map(|i| format!("\"X-{i}\"")).collect();
     check(
         &with_route(&format!(
@@ -353,13 +370,16 @@ fn access_lists_and_trusted_proxies() {
 /// compared in their IPv4 form (attacker review): the entry is held in that form too.
 #[test]
 fn ipv4_mapped_ranges_are_held_in_their_ipv4_form() {
-    let lines = "deny = [\"::ffff:127.0.0.1\", \"::ffff:10.0.0.0/104\", \"::ffff:0:0/80\"]\n";
+    let lines = "deny = [\"::ffff:127.0.0.1\", \"::ffff:10.0.0.0/104\"]\n";
     let c = parse_str(&with_route(lines), "t.toml").unwrap();
     let access = c.listeners[0].routes[0].filters.access.clone().unwrap();
     let held: Vec<String> = (access.deny.iter())
         .map(|c| format!("{}/{}", c.addr, c.prefix))
         .collect();
-    assert_eq!(held, ["127.0.0.1/32", "10.0.0.0/8", "::ffff:0.0.0.0/80"]);
+    assert_eq!(held, ["127.0.0.1/32", "10.0.0.0/8"]);
+    // Shorter than /96 it would match no client at all: refused, with the fix.
+    let e = parse_str(&with_route("deny = [\"::ffff:0:0/80\"]\n"), "t.toml").unwrap_err();
+    assert!(e.to_string().contains("shorter than /96"), "{e}");
     for ip in ["127.0.0.1", "::ffff:127.0.0.1", "10.9.8.7"] {
         assert!(!access.permits(ip.parse().unwrap()), "{ip}");
     }
