@@ -104,6 +104,15 @@ pub enum Lookup {
     Bypass,
 }
 
+/// A stale entry's body kept for its 304 (`None`: on disk, read again then).
+fn held_in_memory(body: &Body) -> Option<Held> {
+    match body {
+        Body::Memory(body) => Some(Held::Memory(body.clone())),
+        Body::Sealed(body, file) => Some(Held::Sealed(body.clone(), file.clone())),
+        Body::Disk(_) => None,
+    }
+}
+
 /// Looks `r` up in `store` (`routed`: its normalised path and query; `cert_header`: the
 /// listener's `client_cert_header`, which the upstream sees as Weir writes it).
 pub fn lookup(
@@ -162,11 +171,7 @@ pub fn lookup(
                         return lookup;
                     }
                 }
-                let body = match &entry.body {
-                    Body::Memory(body) => Some(Held::Memory(body.clone())),
-                    Body::Sealed(body, file) => Some(Held::Sealed(body.clone(), file.clone())),
-                    Body::Disk(_) => None,
-                };
+                let body = held_in_memory(&entry.body);
                 stale = Some(Stale { entry, lines, body });
             }
             BeforeRequest::Stale { .. } => {}

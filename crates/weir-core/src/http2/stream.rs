@@ -44,8 +44,7 @@ pub async fn serve(
     let worker = &*shared.worker;
     let snapshot = worker.snapshot();
     let Some(index) = snapshot.serving_index(shared.slot, shared.tls.as_deref()) else {
-        // A reload removed the listener, or changed its client-auth policy: the
-        // connection is going away.
+        // A reload removed the listener (or shut this connection out): it is going away.
         shared.refuse(&mut respond);
         return Instant::now();
     };
@@ -85,14 +84,8 @@ pub async fn serve(
         tls: shared.tls.as_deref(),
         protocol: Protocol::Http2,
     };
-    let filled = fill_written(
-        &buf,
-        line.method,
-        line.target,
-        listener.max_headers,
-        &mut req,
-    );
-    let result = match filled {
+    let max = listener.max_headers;
+    let result = match fill_written(&buf, line.method, line.target, max, &mut req) {
         Ok(()) => {
             let parsed = Parsed {
                 buf: &buf,
@@ -195,7 +188,27 @@ struct Stream<'a> {
     tunnels: &'a Cell<u32>,
 }
 
-impl Stream<'_> {
+impl<'a> Stream<'a> {
+    /// The stream's routing: its listener on its snapshot.
+    fn routing(&self) -> Routing<'a> {
+        Routing {
+            worker: self.worker,
+            snapshot: self.snapshot,
+            listener: self.index,
+        }
+    }
+
+    /// The RFC 8441 tunnel the stream asks for, if it is an extended CONNECT.
+    fn asked(&self) -> Option<Asked<'a>> {
+        let (protocol, key) = self.tunnel?;
+        let tunnels = self.tunnels;
+        Some(Asked {
+            protocol,
+            key,
+            tunnels,
+        })
+    }
+
     /// The routing decision, then what it says: forward the request, answer it (the
     /// default response, `respond`, a redirect, a refusal) or refuse it.
     /// `parts`: the client's request, for an HTTP/2 upstream's request; `otel`: set to its
@@ -208,11 +221,7 @@ impl Stream<'_> {
         trace: &mut Trace,
         otel: &mut Option<std::rc::Rc<RequestTrace>>,
     ) -> (Option<usize>, Result<(), Failure>) {
-        let routing = Routing {
-            worker: self.worker,
-            snapshot: self.snapshot,
-            listener: self.index,
-        };
+        let routing = self.routing();
         // Routed and forwarded on the normalised path, exactly as HTTP/1 requests are.
         let mut path = RoutedPath::default();
         let (route, decided) = routing.decide(&self.request, &mut path);
@@ -257,17 +266,11 @@ impl Stream<'_> {
             fill: Cell::new(None),
             response_lines: Cell::default(),
         };
-        if let Some((protocol, key)) = self.tunnel {
+        if let Some(asked) = self.asked() {
             // The client's fields are only for an HTTP/2 upstream's request: not kept for
-            // the tunnel's lifetime.
+            // the tunnel's lifetime. Boxed, as the HTTP/2 upstream path below: the stream
+            // task's future is as large as its largest path, copied when it is spawned.
             drop(parts);
-            // Boxed, as the HTTP/2 upstream path below: the stream task's future is as large
-            // as its largest path, and it is copied when the task is spawned.
-            let asked = Asked {
-                protocol,
-                key,
-                tunnels: self.tunnels,
-            };
             let tunnel = Box::pin(tunnel(&r, asked, body, respond, trace));
             return (route, tunnel.await);
         }

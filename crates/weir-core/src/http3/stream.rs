@@ -207,43 +207,36 @@ async fn run(
         listener: index,
     };
     let mut path = RoutedPath::default();
-    let decision = match routing.decide(&request, &mut path) {
-        (route, Ok(decision)) => (route, decision),
-        (route, Err(check)) => (
-            route,
-            Box::pin(routing.verified(&request, &path, check)).await,
-        ),
+    let (route, decided) = routing.decide(&request, &mut path);
+    let decision = match decided {
+        Ok(decision) => decision,
+        Err(check) => Box::pin(routing.verified(&request, &path, check)).await,
     };
     // Sampled: the request carries its trace (server span, client spans per attempt).
-    let request = match routing.trace(decision.0, || request) {
+    let request = match routing.trace(route, || request) {
         None => request,
         Some(trace) => Request {
             trace: Some(&**log.otel.insert(trace)),
             ..request
         },
     };
-    let (route, target, fill) = match decision {
-        (route, Decision::Forward(target, fill)) => (route, target, fill),
-        (route, Decision::Answer(answer)) => {
-            log.route = route;
+    log.route = route;
+    let (target, fill) = match decision {
+        Decision::Forward(target, fill) => (target, fill),
+        Decision::Answer(answer) => {
             log.trace.local = answer.is_local();
             let vars = answer.vars(&request, &path);
             let stall = listener.http2.stall_timeout;
             let sent = send_answer(to.send, &answer, &vars, req.is_head, stall, &mut log.trace);
             return sent.await.map_err(Failure::after_head);
         }
-        (route, Decision::Refuse(error)) => {
-            log.route = route;
-            return Err(error.into());
-        }
-        (route, Decision::Reply(reply)) => {
-            log.route = route;
+        Decision::Refuse(error) => return Err(error.into()),
+        Decision::Reply(reply) => {
             let under = crate::files::Under::of(listener, route);
             let sent = respond_stream(to.send, &request, &path, under, *reply, &mut log.trace);
             return Box::pin(sent).await;
         }
     };
-    log.route = route;
     let spare = Cell::new(http::HeaderMap::new());
     let r = StreamRequest {
         worker,

@@ -43,11 +43,9 @@ pub async fn serve_client(
     peer: SocketAddr,
 ) {
     let slot = bind.slot;
-    // Boxed, like the HTTP/2 takeover (and the request handling below, out of line too):
-    // the TLS handshake and HTTP/2 state are large and must not stay in every idle
-    // connection's task.
-    let opening = open(&worker, bind, stream, peer);
-    let Some((mut conn, mut kept)) = Box::pin(opening).await else {
+    // Boxed like the HTTP/2 takeover (and the request handling below, out of line): the
+    // TLS handshake and HTTP/2 state are large and must not stay in every idle task.
+    let Some((mut conn, mut kept)) = Box::pin(open(&worker, bind, stream, peer)).await else {
         return;
     };
     if conn.tls.as_ref().is_some_and(|t| t.h2) {
