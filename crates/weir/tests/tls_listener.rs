@@ -409,30 +409,55 @@ async fn try_get(addr: SocketAddr, config: &Arc<ClientConfig>) -> (Option<Handsh
     (kind, get(&mut s, "").await.unwrap_or_default())
 }
 
+/// A TLS listener over a backend without client auth (`open`) and the same requiring
+/// client certificates (`guarded`), with the CAs and the certificate whose files they
+/// name (kept: dropping them removes the files).
+struct PolicyChange {
+    ca: TestCa,
+    _clients: TestCa,
+    _leaf: Leaf,
+    open: Conf,
+    guarded: Conf,
+}
+
+impl PolicyChange {
+    fn new(b: &Backend) -> PolicyChange {
+        let ca = TestCa::new("server CA");
+        let clients = TestCa::new("client CA");
+        let leaf = ca.leaf(&["m.example.com"]);
+        let open = single(b.addr()).listener(&tls_table(&[&leaf], ""));
+        let guarded = single(b.addr()).listener(&tls_table(&[&leaf], &client_auth(&clients, true)));
+        PolicyChange {
+            ca,
+            _clients: clients,
+            _leaf: leaf,
+            open,
+            guarded,
+        }
+    }
+}
+
 /// rustls does not verify a client again when it resumes a session: the session brings
 /// back the certificate it was made with, or none. So a session made before `client_auth`
 /// was turned on must not resume after it (it did, and was served without a certificate),
 /// over TLS 1.3 and TLS 1.2 alike; a reload that keeps the policy keeps resumption.
 #[tokio::test]
 async fn a_session_made_before_client_auth_was_turned_on_does_not_resume() {
-    let ca = TestCa::new("server CA");
-    let clients = TestCa::new("client CA");
-    let leaf = ca.leaf(&["m.example.com"]);
     let b = Backend::echo("app");
-    let open = single(b.addr()).listener(&tls_table(&[&leaf], ""));
-    let guarded = single(b.addr()).listener(&tls_table(&[&leaf], &client_auth(&clients, true)));
+    // Kept whole: the CA files must outlive the reloads.
+    let p = PolicyChange::new(&b);
     for versions in [TLS13, TLS12] {
-        let weir = open.start();
-        let config = client_config(&ca, versions, None);
+        let weir = p.open.start();
+        let config = client_config(&p.ca, versions, None);
         let (kind, response) = try_get(weir.addr, &config).await;
         assert_eq!(kind, Some(HandshakeKind::Full));
         assert!(response.starts_with("HTTP/1.1 200"), "{response}");
         // The same policy after a reload: the session resumes.
-        weir.apply_text(&open.toml()).expect("reload");
+        weir.apply_text(&p.open.toml()).expect("reload");
         let (kind, response) = try_get(weir.addr, &config).await;
         assert_eq!(kind, Some(HandshakeKind::Resumed), "{versions:?}");
         assert!(response.starts_with("HTTP/1.1 200"), "{response}");
-        weir.apply_text(&guarded.toml()).expect("reload");
+        weir.apply_text(&p.guarded.toml()).expect("reload");
         let (kind, response) = try_get(weir.addr, &config).await;
         assert_ne!(
             kind,
@@ -481,21 +506,18 @@ async fn get_kept(stream: &mut TlsStream<TcpStream>) -> io::Result<String> {
 /// way, `Snapshot::admits`). A reload that keeps the policy keeps the connection.
 #[tokio::test]
 async fn an_open_connection_is_not_served_past_a_new_client_auth_policy() {
-    let ca = TestCa::new("server CA");
-    let clients = TestCa::new("client CA");
-    let leaf = ca.leaf(&["m.example.com"]);
     let b = Backend::echo("app");
-    let open = single(b.addr()).listener(&tls_table(&[&leaf], ""));
-    let guarded = single(b.addr()).listener(&tls_table(&[&leaf], &client_auth(&clients, true)));
-    let weir = open.start();
-    let config = client_config(&ca, TLS13, None);
+    // Kept whole: the CA files must outlive the reloads.
+    let p = PolicyChange::new(&b);
+    let weir = p.open.start();
+    let config = client_config(&p.ca, TLS13, None);
     let mut s = connect(weir.addr, config, "m.example.com").await.unwrap();
     let first = get_kept(&mut s).await.unwrap();
     assert!(first.starts_with("HTTP/1.1 200"), "{first}");
-    weir.apply_text(&open.toml()).expect("reload");
+    weir.apply_text(&p.open.toml()).expect("reload");
     let kept = get_kept(&mut s).await.unwrap();
     assert!(kept.starts_with("HTTP/1.1 200"), "the same policy: {kept}");
-    weir.apply_text(&guarded.toml()).expect("reload");
+    weir.apply_text(&p.guarded.toml()).expect("reload");
     let after = get_kept(&mut s).await;
     assert!(
         after.as_ref().is_ok_and(String::is_empty) || after.is_err(),
