@@ -33,6 +33,21 @@ fn cached_in(backend: SocketAddr, route_keys: &str, store: &str) -> Conf {
         .table(&format!("[caches.mem]\n{store}"))
 }
 
+/// A header-matched `beta` route and the `prod` catch-all, both with the route keys
+/// `store` on one memory store: routes that share a store, never an entry.
+fn beta_and_prod(store: &str, beta: SocketAddr, prod: SocketAddr) -> Conf {
+    Conf::new()
+        .route(
+            "beta",
+            "beta",
+            &[r#"match_headers = { "X-Beta" = "1" }"#, store],
+        )
+        .route("c", "prod", &[store])
+        .upstream("beta", &[beta], &[])
+        .upstream("prod", &[prod], &[])
+        .table("[caches.mem]\nkind = \"memory\"")
+}
+
 /// A fresh directory for a disk store, removed on drop.
 struct DiskDir(std::path::PathBuf);
 
@@ -1698,17 +1713,8 @@ async fn routes_sharing_a_store_never_share_an_entry() {
         Backend::fixed(200, &fresh, "internal"),
     );
     let store = "cache = { store = \"mem\" }";
-    let weir = Conf::new()
-        .route(
-            "beta",
-            "beta",
-            &[r#"match_headers = { "X-Beta" = "1" }"#, store],
-        )
-        .route("c", "prod", &[store])
-        .upstream("beta", &[beta.addr()], &[])
-        .upstream("prod", &[prod.addr()], &[])
+    let weir = beta_and_prod(store, beta.addr(), prod.addr())
         .upstream("internal", &[internal.addr()], &[])
-        .table("[caches.mem]\nkind = \"memory\"")
         .table(&format!(
             "[[listeners]]\nname = \"internal\"\nbind = \"127.0.0.1:0\"\nrequest_id = false\n\
              [[listeners.routes]]\nname = \"c\"\nupstream = \"internal\"\n{store}"
@@ -1807,17 +1813,7 @@ async fn routes_sharing_a_store_do_not_wait_for_each_other() {
     let beta = Scripted::gated(fresh_for_a_minute, Some(gate.clone())).await;
     let prod = Backend::fixed(200, &[("Cache-Control", "max-age=60")], "prod");
     let store = "cache = { store = \"mem\", lock_timeout = \"60s\" }";
-    let weir = Conf::new()
-        .route(
-            "beta",
-            "beta",
-            &[r#"match_headers = { "X-Beta" = "1" }"#, store],
-        )
-        .route("c", "prod", &[store])
-        .upstream("beta", &[beta.addr], &[])
-        .upstream("prod", &[prod.addr()], &[])
-        .table("[caches.mem]\nkind = \"memory\"")
-        .start();
+    let weir = beta_and_prod(store, beta.addr, prod.addr()).start();
     let addr = weir.addr;
     let held = tokio::spawn(async move {
         let mut c = Client::connect(addr).await.expect("connect");
