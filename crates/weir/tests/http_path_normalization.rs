@@ -422,6 +422,38 @@ async fn variables_are_the_routed_path_over_http2() {
     assert!(seen.contains("\r\nX-Path: /hdr/x\r\n"), "{seen}");
 }
 
+/// Was: `to = "https://{host}{path}"` rendered an HTTP/1.0 request without `Host` as
+/// `https:///evil.com/x` (or `https:////evil.com/x` for `//evil.com/x`), which browsers
+/// read as a URL on evil.com (attacker review). Now 400; with a Host, the redirect as before.
+#[tokio::test]
+async fn a_redirect_naming_the_host_needs_one() {
+    let weir = Conf::new()
+        .route_keys(
+            "secure",
+            &[
+                r#"path_prefix = "/""#,
+                r#"redirect = { to = "https://{host}{path}", status = 301 }"#,
+            ],
+        )
+        .start();
+    for target in ["/evil.com/x", "//evil.com/x"] {
+        let request = format!("GET {target} HTTP/1.0\r\n\r\n");
+        let raw = send_raw_once(weir.addr, request.as_bytes()).await.unwrap();
+        let (head, _) = common::split_head(&raw);
+        assert!(head.starts_with("HTTP/1.1 400 "), "{target}: {head}");
+        assert!(!head.to_ascii_lowercase().contains("location"), "{head}");
+        let request = format!("GET {target} HTTP/1.0\r\nHost: .\r\n\r\n");
+        let raw = send_raw_once(weir.addr, request.as_bytes()).await.unwrap();
+        assert_eq!(status_of(&raw), Some(400), "Host: .");
+    }
+    let mut c = weir.client().await;
+    let r = c.get("//evil.com/x", "h.test").await.unwrap();
+    assert_eq!(
+        (r.status, r.header("location")),
+        (301, Some("https://h.test//evil.com/x"))
+    );
+}
+
 /// An h2 `GET` whose `:path` is `path` exactly (`//...` is not a URL's path to `http`):
 /// its status, fields and body.
 async fn h2_get_raw_path(

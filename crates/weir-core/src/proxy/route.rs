@@ -11,7 +11,7 @@
 //! route's upstream when no file answers), then the route's cache (a fresh entry
 //! answers, as a reply; `cache`).
 
-use weir_config::{Listener, Route};
+use weir_config::{Listener, Redirect, Route, TemplatePart, Variable};
 
 use crate::answer::{Answer, Refusal};
 use crate::cache::{Fill, Lookup as CacheLookup};
@@ -143,7 +143,7 @@ impl<'a> Routing<'a> {
                 split.pick(cursor, &self.snapshot.upstreams)
             }
             RoutePlan::Respond(canned) => return Decision::Answer(Answer::Respond(canned)),
-            RoutePlan::Redirect(redirect) => return Decision::Answer(Answer::Redirect(redirect)),
+            RoutePlan::Redirect(redirect) => return redirect_to(r, redirect),
             RoutePlan::Files(files) => match files.lookup(self.worker, r, routed) {
                 Lookup::Reply(reply) => return Decision::Reply(Box::new(reply)),
                 Lookup::Upstream(upstream) => upstream,
@@ -251,5 +251,19 @@ fn before_routing<'a>(
     // Only what came over plain HTTP: a TLS listener's `http_bind` connections.
     let redirect = plan.redirect_https.as_ref();
     let redirect = redirect.filter(|_| r.origin.tls.is_none())?;
-    Some(Decision::Answer(Answer::Redirect(redirect)))
+    Some(redirect_to(r, redirect))
+}
+
+/// A redirect for `r`. One whose `to` names `{host}` needs a host to name: rendered empty,
+/// `https://{host}{path}` would send `https:///evil.com/x`, which browsers read as a URL on
+/// evil.com. An HTTP/1.0 request without `Host` (or with `Host: .`) gets 400 there, as an
+/// HTTP/1.1 request without one does.
+fn redirect_to<'a>(r: &Request<'_>, redirect: &'a Redirect) -> Decision<'a> {
+    let names_host = redirect.to.0.contains(&TemplatePart::Var(Variable::Host));
+    if names_host && r.req.host_name(r.buf).is_empty() {
+        return Decision::Refuse(ProxyError::BadRequest(
+            "a redirect needs the request's Host",
+        ));
+    }
+    Decision::Answer(Answer::Redirect(redirect))
 }
