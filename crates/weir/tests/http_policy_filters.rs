@@ -183,11 +183,18 @@ async fn request_id_settings_header_untrusted_and_off() {
         ("Host", "h"),
         ("X-Trace", "client-chosen"),
         ("X-Trace", "two"),
+        ("X_Trace", "client-chosen"),
     ];
     let r = c.request("GET", "/", &headers, b"").await.unwrap();
     let ids = head_values(&r.body_str(), "x-trace");
     assert_eq!(ids.len(), 1, "{}", r.body_str());
     assert_ne!(ids[0], "client-chosen", "not trusted: replaced");
+    // Was: passed, and CGI-style servers read `X_Trace` as `X-Trace` (attacker review).
+    assert!(
+        head_values(&r.body_str(), "x_trace").is_empty(),
+        "{}",
+        r.body_str()
+    );
     drop(weir);
 
     let log = JsonLog::new("off");

@@ -49,11 +49,11 @@ pub struct RequestEdits<'a> {
 }
 
 impl RequestEdits<'_> {
-    /// Whether an incoming header named `name` is left out (Weir writes its own).
+    /// Whether an incoming header named `name` is left out (Weir writes its own): the
+    /// request id in either spelling (`X_Request_Id` too), as the forwarded headers.
     #[inline]
     fn drops(&self, name: &[u8]) -> bool {
-        self.request_id
-            .is_some_and(|id| id.len() == name.len() && id.eq_ignore_ascii_case(name))
+        self.request_id.is_some_and(|id| same_header_name(name, id))
             || self.rules.is_some_and(|r| r.drops(name))
             || (self.trace.is_some() && is_trace_context(name))
     }
