@@ -124,6 +124,25 @@ async fn a_fresh_entry_is_served_without_asking_the_upstream() {
     assert_eq!(b.requests_served(), 3);
 }
 
+/// Was: a freshness past what `SystemTime` can add (Java's `Long.MAX_VALUE` "never expires")
+/// panicked storing the entry, and a release build aborted the whole process (attacker
+/// review). Now it is stored, fresh for a long time.
+#[tokio::test]
+async fn a_freshness_of_forever_is_stored_not_a_crash() {
+    for lifetime in [
+        "max-age=9223372036854775807",
+        "public, s-maxage=18446744073709551615",
+    ] {
+        let b = Backend::fixed(200, &[("Cache-Control", lifetime)], "kept");
+        let weir = cached(b.addr(), "", "").start();
+        let first = get(&mut weir.client().await, "/f", &[]).await;
+        assert_eq!(first.body, b"kept", "{lifetime}");
+        let hit = get(&mut weir.client().await, "/f", &[]).await;
+        assert_eq!(hit.header("Cache-Status"), Some("weir; hit"), "{lifetime}");
+        assert_eq!(b.requests_served(), 1, "{lifetime}");
+    }
+}
+
 #[tokio::test]
 async fn head_is_answered_from_a_cached_get() {
     let b = Backend::fixed(200, &[("Cache-Control", "max-age=60")], "0123456789");

@@ -26,11 +26,17 @@ pub struct Staleness {
     pub forbidden: bool,
 }
 
+/// The longest an entry stays fresh: a `max-age` past it (`9223372036854775807`, Java's
+/// "never expires") counts as this, as nginx and Varnish bound theirs. Unbounded, adding it
+/// to `now` overflows `SystemTime`, a panic (an abort in a release build) that any upstream
+/// of a cached route could cause.
+const MAX_FRESH: Duration = Duration::from_secs(100 * 365 * 24 * 60 * 60);
+
 impl Staleness {
     /// What the response `headers` (stored under `policy`) allow, at `now`.
     pub fn of(policy: &CachePolicy, headers: &HeaderMap, now: SystemTime) -> Staleness {
         let mut out = Staleness {
-            fresh_until: now + policy.time_to_live(now),
+            fresh_until: now + policy.time_to_live(now).min(MAX_FRESH),
             if_error: None,
             while_revalidate: None,
             forbidden: false,
