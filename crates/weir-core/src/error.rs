@@ -67,6 +67,11 @@ pub enum ProxyError {
     UpstreamTimeout,
     #[error("no healthy upstream server")]
     NoServer,
+    /// Weir could not open an upstream connection for want of its own resources (file
+    /// descriptors, local ports, socket memory): a 503, and never the server's failure,
+    /// or a client holding Weir's descriptors would get healthy servers ejected.
+    #[error("out of local resources to connect upstream: {0}")]
+    LocalResources(&'static str),
 }
 
 impl ProxyError {
@@ -84,7 +89,7 @@ impl ProxyError {
             | UpstreamMalformed(_)
             | UpgradeNotMade(_)
             | UpstreamTimeout => Side::Upstream,
-            NoServer => Side::Internal,
+            NoServer | LocalResources(_) => Side::Internal,
         }
     }
 
@@ -104,7 +109,7 @@ impl ProxyError {
             NotImplemented(_) => 501,
             UpstreamConnect(_) | UpstreamTls(_) | UpstreamClosed | UpstreamIo(_)
             | UpstreamMalformed(_) | UpgradeNotMade(_) => 502,
-            NoServer => 503,
+            NoServer | LocalResources(_) => 503,
             UpstreamConnectTimeout | UpstreamTimeout => 504,
             VersionNotSupported => 505,
             ClientClosed | ClientIo(_) => return None,
@@ -115,6 +120,7 @@ impl ProxyError {
     pub fn body_text(self) -> Option<&'static str> {
         match self {
             ProxyError::NoServer => Some("no healthy upstream server"),
+            ProxyError::LocalResources(what) => Some(what),
             ProxyError::TooManyTunnels => Some("too many WebSocket tunnels on this connection"),
             _ => None,
         }

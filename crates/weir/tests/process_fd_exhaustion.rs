@@ -1,6 +1,8 @@
 //! Seed 002: running out of file descriptors must never end the process. Weir runs with
 //! `ulimit -n 64`; 200 client connections exhaust its descriptors; it logs the accept error,
 //! keeps serving the connections it has, and serves new ones once descriptors are free.
+//! A request that needs an upstream connection meanwhile gets 503, and the server it was
+//! for is not ejected: the shortage is Weir's, not the server's.
 
 mod support_process;
 
@@ -17,12 +19,14 @@ const FLOOD: usize = 200;
 #[test]
 fn fd_exhaustion_is_survived() {
     let backend = Backend::echo("e");
+    let other = Backend::echo("o");
+    let routes = route_to("e", "/", backend.addr()) + &route_to("o", "/other", other.addr());
     let mut weir = Weir::start_with_fd_limit(
         &config(
             "drain_timeout = \"1s\"",
             // Long timeouts: the flood connections must stay open until the test closes them.
             "header_timeout = \"60s\"\nkeepalive_timeout = \"60s\"\nbacklog = 1024",
-            &route_to("e", "/", backend.addr()),
+            &routes,
         ),
         FD_LIMIT,
     );
@@ -73,14 +77,14 @@ fn fd_exhaustion_is_survived() {
     assert!(!weir.exited(), "alive while out of descriptors");
 
     // Connections Weir holds are still served: those it accepted answer (the upstream
-    // connection may fail for lack of a descriptor: 502 is fine, a crash is not); the rest
-    // wait in the backlog.
+    // connection may fail for lack of a descriptor: 503, a crash is not); the rest wait in
+    // the backlog.
     let mut answered = 0;
     for s in &mut flood[..8] {
         s.set_read_timeout(Some(Duration::from_millis(300)))
             .unwrap();
         if let Ok((head, _)) = read_response(s) {
-            assert!(matches!(head.status, 200 | 502), "{}", head.status);
+            assert!(matches!(head.status, 200 | 503), "{}", head.status);
             answered += 1;
         }
     }
@@ -94,6 +98,12 @@ fn fd_exhaustion_is_survived() {
         head.status, 200,
         "served over the pooled upstream connection"
     );
+    // An upstream with no pooled connection needs a descriptor there is none of. Was: 502,
+    // and the server ejected for a "connect error" (attacker review): a client holding
+    // Weir's descriptors got healthy servers ejected.
+    let (head, body) = get_on(&mut early, "/other").expect("the early connection is answered");
+    assert_eq!(head.status, 503, "{}", String::from_utf8_lossy(&body));
+    assert!(String::from_utf8_lossy(&body).contains("file descriptors"));
     assert!(!weir.exited(), "alive; stderr:\n{}", weir.log.text());
 
     // Close everything; a fresh request then succeeds.
@@ -109,6 +119,11 @@ fn fd_exhaustion_is_survived() {
     });
     assert!(recovered, "no 200 after the flood closed: {last}");
     assert!(!weir.exited(), "alive after recovery");
+    assert!(
+        !weir.log.text().contains("server ejected"),
+        "no server ejected for Weir's own shortage:\n{}",
+        weir.log.text()
+    );
     eprintln!(
         "fd exhaustion: {} connected, {failed_connects} connects failed, {fds_at_limit} fds at \
          the limit, {answered}/8 flood requests answered, flood + recovery took {:?}",

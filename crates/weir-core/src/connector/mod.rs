@@ -26,13 +26,24 @@ use crate::error::ProxyError;
 pub async fn connect(addr: SocketAddr, timeout: Duration) -> Result<TcpStream, ProxyError> {
     let stream = match tokio::time::timeout(timeout, TcpStream::connect(addr)).await {
         Ok(Ok(s)) => s,
-        Ok(Err(e)) => return Err(ProxyError::UpstreamConnect(e.kind())),
+        Ok(Err(e)) => return Err(connect_error(&e)),
         Err(_) => return Err(ProxyError::UpstreamConnectTimeout),
     };
-    stream
-        .set_nodelay(true)
-        .map_err(|e| ProxyError::UpstreamConnect(e.kind()))?;
+    stream.set_nodelay(true).map_err(|e| connect_error(&e))?;
     Ok(stream)
+}
+
+/// A failed connect as the server's failure, unless Weir itself ran out of what a
+/// connection needs (the server was never asked).
+fn connect_error(e: &std::io::Error) -> ProxyError {
+    match e.raw_os_error() {
+        Some(libc::EMFILE | libc::ENFILE) => {
+            ProxyError::LocalResources("proxy out of file descriptors")
+        }
+        Some(libc::EADDRNOTAVAIL) => ProxyError::LocalResources("proxy out of local ports"),
+        Some(libc::ENOBUFS | libc::ENOMEM) => ProxyError::LocalResources("proxy out of memory"),
+        _ => ProxyError::UpstreamConnect(e.kind()),
+    }
 }
 
 /// A new connection to `server` of `upstream`: TCP, then TLS when the upstream has `tls`,

@@ -345,11 +345,15 @@ async fn connect_upstream(
                 return Some((stream, pick));
             }
             Err(error) => {
-                pick.record(plan, upstream, Outcome::ConnectError, elapsed);
-                if let Some(m) = metrics {
+                let outcome = Outcome::of_error(error);
+                pick.record(plan, upstream, outcome, elapsed);
+                if let (Some(m), Outcome::ConnectError) = (metrics, outcome) {
                     m.connect_errors.inc();
                 }
                 tracing::warn!(upstream = %upstream.name, server = %server.name, %error, "tcp connect failed");
+                if outcome == Outcome::Local {
+                    return None;
+                }
             }
         }
         if !upstream.retry.on.connect_error {

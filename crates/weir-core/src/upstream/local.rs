@@ -232,7 +232,7 @@ impl Pick {
         outcome: Outcome,
         elapsed: Duration,
     ) {
-        if outcome == Outcome::Client {
+        if matches!(outcome, Outcome::Client | Outcome::Local) {
             return;
         }
         let failed = outcome.is_server_failure();

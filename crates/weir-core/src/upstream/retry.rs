@@ -29,6 +29,9 @@ pub enum Outcome {
     Connected,
     /// The client side failed (left, too slow, bad body): says nothing about the server.
     Client,
+    /// Weir had no descriptor, local port or socket memory for a connection: the server
+    /// was never asked, so nothing counts against it, and no other server would fare better.
+    Local,
 }
 
 impl Outcome {
@@ -49,6 +52,8 @@ impl Outcome {
             UpstreamMalformed(_) => Outcome::Malformed,
             // The client's request provoked that answer: nothing against the server.
             UpgradeNotMade(_) => Outcome::Client,
+            // Weir's own shortage (descriptors, ports): the server was never asked.
+            LocalResources(_) => Outcome::Local,
             _ => Outcome::Client,
         }
     }
@@ -59,7 +64,7 @@ impl Outcome {
         match self {
             Outcome::ConnectError | Outcome::Reset | Outcome::Timeout | Outcome::Malformed => true,
             Outcome::Status(s) => matches!(s, 502..=504),
-            Outcome::Connected | Outcome::Client => false,
+            Outcome::Connected | Outcome::Client | Outcome::Local => false,
         }
     }
 
@@ -76,6 +81,7 @@ impl Outcome {
             Outcome::Status(_) => "status",
             Outcome::Connected => "connected",
             Outcome::Client => "client error",
+            Outcome::Local => "local resources",
         }
     }
 }
@@ -102,7 +108,7 @@ pub fn may_retry(on: &RetryOn, outcome: Outcome, r: Replay) -> bool {
         Outcome::Reset => on.reset_before_response && replayable,
         Outcome::Timeout => on.timeout && replayable,
         Outcome::Status(s) => replayable && on.statuses.contains(&s),
-        Outcome::Malformed | Outcome::Connected | Outcome::Client => false,
+        Outcome::Malformed | Outcome::Connected | Outcome::Client | Outcome::Local => false,
     }
 }
 
@@ -209,6 +215,10 @@ mod tests {
     fn classification() {
         let refused = ProxyError::UpstreamConnect(ErrorKind::ConnectionRefused);
         assert_eq!(Outcome::of_error(refused), Outcome::ConnectError);
+        let no_fds = Outcome::of_error(ProxyError::LocalResources("fds"));
+        assert_eq!(no_fds, Outcome::Local);
+        assert!(!no_fds.is_server_failure());
+        assert!(!may_retry(&RetryOn::default(), no_fds, GET));
         assert_eq!(
             Outcome::of_error(ProxyError::UpstreamClosed),
             Outcome::Reset
