@@ -204,6 +204,10 @@ max_idle = 256
             keepalive_requests: 500,
             header_timeout: Duration::from_secs(10),
             client_timeout: Duration::from_secs(60),
+            min_body_rate: Some(MinBodyRate {
+                bytes_per_second: 240,
+                grace: Duration::from_secs(5),
+            }),
             tunnel_idle_timeout: Duration::from_secs(3600),
             tunnel_fin_timeout: Duration::from_secs(3600),
             tunnel_min_progress: 16 * 1024,

@@ -263,6 +263,8 @@ pub struct Listener {
     pub header_timeout: Duration,
     /// Longest wait for the client to send or accept data while a request is in flight.
     pub client_timeout: Duration,
+    /// The least a request body must average while Weir waits for it; `None`: no floor.
+    pub min_body_rate: Option<MinBodyRate>,
     /// An upgraded connection (WebSocket over HTTP/1.1 or RFC 8441) with no byte moving
     /// either way for this long is closed (HAProxy's `timeout tunnel`).
     pub tunnel_idle_timeout: Duration,
@@ -1037,6 +1039,16 @@ impl Bind {
     }
 }
 
+/// `min_body_rate` and `min_body_rate_grace` of a listener: a client sending a request body
+/// may keep Weir waiting for it `grace`, plus one second for every `bytes_per_second` bytes
+/// it has sent; past that the request is abandoned (408). Only time spent waiting for the
+/// client counts, not time the upstream takes to accept what was read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MinBodyRate {
+    pub bytes_per_second: u64,
+    pub grace: Duration,
+}
+
 impl Listener {
     /// Whether `self` and `other` are the same but for their routes, without copying them
     /// (a fleet's listener may have 10,000). Every field is named: one added to `Listener`
@@ -1055,6 +1067,7 @@ impl Listener {
             keepalive_requests,
             header_timeout,
             client_timeout,
+            min_body_rate,
             tunnel_idle_timeout,
             tunnel_fin_timeout,
             tunnel_min_progress,
@@ -1081,6 +1094,7 @@ impl Listener {
             && (*keepalive_timeout, *keepalive_requests)
                 == (other.keepalive_timeout, other.keepalive_requests)
             && (*header_timeout, *client_timeout) == (other.header_timeout, other.client_timeout)
+            && *min_body_rate == other.min_body_rate
             && (
                 *tunnel_idle_timeout,
                 *tunnel_fin_timeout,

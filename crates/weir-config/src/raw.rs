@@ -134,6 +134,8 @@ pub(crate) struct RawListener {
     pub keepalive_requests: Option<i64>,
     pub header_timeout: Option<String>,
     pub client_timeout: Option<String>,
+    pub min_body_rate: Option<StrOrInt>,
+    pub min_body_rate_grace: Option<String>,
     pub tunnel_idle_timeout: Option<String>,
     pub tunnel_fin_timeout: Option<String>,
     pub tunnel_min_progress: Option<StrOrInt>,

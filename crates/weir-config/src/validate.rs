@@ -13,7 +13,7 @@ use std::time::Duration;
 use crate::error::{FieldPath, Issue};
 use crate::model::{
     AccessLog, AccessLogFormat, AdminSettings, Config, DashboardSettings, DefaultResponse,
-    HostPattern, Listener, LogFormat, LogTarget, PathNormalization, Protocol, Route,
+    HostPattern, Listener, LogFormat, LogTarget, MinBodyRate, PathNormalization, Protocol, Route,
     ServerSettings, Upstream, UpstreamServer, Workers,
 };
 use crate::raw::{
@@ -326,6 +326,7 @@ fn listener(
         )?,
         header_timeout: duration(raw.header_timeout, "10s", &key("header_timeout"), true)?,
         client_timeout: duration(raw.client_timeout, "60s", &key("client_timeout"), true)?,
+        min_body_rate: min_body_rate(raw.min_body_rate, raw.min_body_rate_grace, &key)?,
         tunnel_idle_timeout,
         tunnel_fin_timeout: fin_bound(
             raw.tunnel_fin_timeout,
@@ -977,6 +978,21 @@ fn int_in<T: TryFrom<i64>>(
 /// `tunnel_min_progress`): 16 KiB by default, between 1 byte (any drain counts, as
 /// HAProxy does) and 16 MiB (more than any socket buffer: only Weir's own transfers
 /// count).
+/// `min_body_rate` (a size a second, 240 bytes by default as Kestrel's; `0` turns it off)
+/// and `min_body_rate_grace` (5 s).
+fn min_body_rate(
+    rate: Option<StrOrInt>,
+    grace: Option<String>,
+    key: &dyn Fn(&str) -> FieldPath,
+) -> Result<Option<MinBodyRate>, Issue> {
+    let bytes_per_second = size(rate, 240, &key("min_body_rate"))?;
+    let grace = duration(grace, "5s", &key("min_body_rate_grace"), false)?;
+    Ok((bytes_per_second > 0).then_some(MinBodyRate {
+        bytes_per_second,
+        grace,
+    }))
+}
+
 fn min_progress(raw: Option<StrOrInt>, path: &FieldPath) -> Result<u64, Issue> {
     let value = size(raw, 16 * 1024, path)?;
     if !(1..=16 * 1024 * 1024).contains(&value) {

@@ -26,6 +26,9 @@ pub enum ProxyError {
     HeaderTimeout,
     #[error("client too slow (client_timeout)")]
     ClientTimeout,
+    /// A request body slower than the listener's `min_body_rate` (`time::Pace`).
+    #[error("request body slower than min_body_rate")]
+    BodyTooSlow,
     #[error("not implemented: {0}")]
     NotImplemented(&'static str),
     #[error("method not allowed")]
@@ -79,8 +82,10 @@ impl ProxyError {
         use ProxyError::*;
         match self {
             BadRequest(_) | HeadTooLarge | BodyTooLarge | HeaderTimeout | ClientTimeout
-            | NotImplemented(_) | MethodNotAllowed | ExpectationFailed | VersionNotSupported
-            | TooEarly | TooManyTunnels | ClientClosed | ClientIo(_) => Side::Client,
+            | BodyTooSlow | NotImplemented(_) | MethodNotAllowed | ExpectationFailed
+            | VersionNotSupported | TooEarly | TooManyTunnels | ClientClosed | ClientIo(_) => {
+                Side::Client
+            }
             UpstreamConnect(_)
             | UpstreamConnectTimeout
             | UpstreamTls(_)
@@ -99,7 +104,7 @@ impl ProxyError {
         Some(match self {
             BadRequest(_) => 400,
             MethodNotAllowed => 405,
-            HeaderTimeout | ClientTimeout => 408,
+            HeaderTimeout | ClientTimeout | BodyTooSlow => 408,
             BodyTooLarge => 413,
             ExpectationFailed => 417,
             TooEarly => 425,

@@ -30,6 +30,78 @@ pub async fn with_timeout<F: Future>(duration: Duration, fut: F) -> Result<F::Ou
     tokio::time::timeout(duration, fut).await
 }
 
+/// How a wait for a peer ended without its answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Waited {
+    /// The per-read bound (`client_timeout`, `response_timeout`) passed.
+    Timeout,
+    /// A client's request body fell below the listener's `min_body_rate`.
+    TooSlow,
+}
+
+/// A client's request body against the listener's `min_body_rate`: Weir may wait for it
+/// `grace`, plus one second for every `bytes_per_second` bytes it has sent. Only the time
+/// spent waiting for the client counts (a read that is ready at once costs nothing and no
+/// clock read); the time the upstream takes to accept what was read does not, so a slow
+/// upstream is never blamed on the client. A trickle of a byte every few seconds, which
+/// `client_timeout` alone lets hold a connection (and an upstream connection) for as long
+/// as it likes, ends once `grace` is spent.
+pub struct Pace {
+    rate: weir_config::MinBodyRate,
+    /// Body bytes received (framing included).
+    received: u64,
+    /// Time spent waiting for them.
+    waited: Duration,
+}
+
+impl Pace {
+    pub fn new(rate: weir_config::MinBodyRate) -> Pace {
+        Pace {
+            rate,
+            received: 0,
+            waited: Duration::ZERO,
+        }
+    }
+
+    /// Counts `n` more bytes received.
+    pub fn add(&mut self, n: usize) {
+        self.received = self.received.saturating_add(n as u64);
+    }
+
+    /// How much longer Weir may wait for the client.
+    fn left(&self) -> Duration {
+        let earned = self.received.saturating_mul(1_000_000_000) / self.rate.bytes_per_second;
+        let allowed = self.rate.grace.saturating_add(Duration::from_nanos(earned));
+        allowed.saturating_sub(self.waited)
+    }
+}
+
+/// `fut` within `timeout`, and within what `pace` leaves when there is one (a client's
+/// request body). Polled once first, as [`with_timeout`]: a ready read arms no timer.
+pub async fn paced<F: Future>(
+    pace: Option<&mut Pace>,
+    timeout: Duration,
+    fut: F,
+) -> Result<F::Output, Waited> {
+    let Some(pace) = pace else {
+        return with_timeout(timeout, fut)
+            .await
+            .map_err(|_| Waited::Timeout);
+    };
+    let mut fut = std::pin::pin!(fut);
+    if let Poll::Ready(out) = poll_fn(|cx| Poll::Ready(fut.as_mut().poll(cx))).await {
+        return Ok(out);
+    }
+    let left = pace.left();
+    let started = Instant::now();
+    let out = tokio::time::timeout(timeout.min(left), fut).await;
+    pace.waited += started.elapsed();
+    out.map_err(|_| match left < timeout {
+        true => Waited::TooSlow,
+        false => Waited::Timeout,
+    })
+}
+
 /// A deadline that can move with every request at the cost of a comparison and a store.
 pub struct LazyTimer {
     /// Armed at `armed` once first polled; kept for the owner's lifetime.
@@ -134,6 +206,40 @@ impl LazyTimer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn pace(bytes_per_second: u64, grace_secs: u64) -> Pace {
+        Pace::new(weir_config::MinBodyRate {
+            bytes_per_second,
+            grace: Duration::from_secs(grace_secs),
+        })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_body_may_wait_its_grace_plus_what_its_bytes_earned() {
+        let mut p = pace(100, 1);
+        let never = std::future::pending::<()>;
+        let start = Instant::now();
+        let got = paced(Some(&mut p), Duration::from_secs(60), never()).await;
+        assert_eq!(
+            (got, start.elapsed()),
+            (Err(Waited::TooSlow), Duration::from_secs(1))
+        );
+        // 250 bytes earned 2.5 s more; the grace is spent.
+        p.add(250);
+        let start = Instant::now();
+        let got = paced(Some(&mut p), Duration::from_secs(60), never()).await;
+        assert_eq!(got, Err(Waited::TooSlow));
+        assert_eq!(start.elapsed(), Duration::from_millis(2500));
+        // `client_timeout` still bounds each read, and a ready read costs no waiting.
+        let mut generous = pace(1, 100);
+        let got = paced(Some(&mut generous), Duration::from_secs(2), never()).await;
+        assert_eq!(got, Err(Waited::Timeout));
+        assert_eq!(
+            paced(Some(&mut p), Duration::ZERO, async { 7 }).await,
+            Ok(7)
+        );
+        assert_eq!(paced(None, Duration::ZERO, async { 8 }).await, Ok(8));
+    }
 
     #[tokio::test]
     async fn ready_future_needs_no_timer() {

@@ -203,11 +203,13 @@ fn splice(raw: Option<&str>, path: &FieldPath) -> Result<SpliceMode, Issue> {
 
 /// Listener keys only HTTP listeners have (also used to leave them out of the keys an
 /// unknown key's error lists for a TCP listener).
-pub(crate) const HTTP_ONLY: [&str; 19] = [
+pub(crate) const HTTP_ONLY: [&str; 21] = [
     "keepalive_timeout",
     "keepalive_requests",
     "header_timeout",
     "client_timeout",
+    "min_body_rate",
+    "min_body_rate_grace",
     "tunnel_idle_timeout",
     "tunnel_fin_timeout",
     "tunnel_min_progress",
@@ -244,6 +246,8 @@ fn http_only_keys(raw: &RawListener) -> Vec<&'static str> {
         raw.keepalive_requests.is_some(),
         raw.header_timeout.is_some(),
         raw.client_timeout.is_some(),
+        raw.min_body_rate.is_some(),
+        raw.min_body_rate_grace.is_some(),
         raw.tunnel_idle_timeout.is_some(),
         raw.tunnel_fin_timeout.is_some(),
         raw.tunnel_min_progress.is_some(),

@@ -1,7 +1,8 @@
 //! Validation rules: one failing case (or more) per rule, checking key, line, message and fix.
 
 use crate::tests::fail;
-use crate::{parse_str, HostPattern};
+use crate::{parse_str, HostPattern, MinBodyRate};
+use std::time::Duration;
 
 /// A valid listener on lines 1-3.
 const LISTENER: &str = "[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:8080\"\n";
@@ -355,6 +356,34 @@ fn tunnel_and_fin_timeouts() {
         4,
         "only to protocol = \"tcp\"",
         "protocol = \"tcp\"",
+    );
+}
+
+/// `min_body_rate` (240 bytes a second by default, `0` turns it off) and its grace (5 s),
+/// HTTP listeners only.
+#[test]
+fn min_body_rate_keys() {
+    let rate = |extra: &str| {
+        let config = parse_str(&format!("{LISTENER}{extra}"), "t").expect("valid");
+        config.listeners[0].min_body_rate
+    };
+    let default = MinBodyRate {
+        bytes_per_second: 240,
+        grace: Duration::from_secs(5),
+    };
+    assert_eq!(rate(""), Some(default));
+    let set = rate("min_body_rate = \"1KiB\"\nmin_body_rate_grace = \"2s\"\n");
+    assert_eq!(
+        set.map(|r| (r.bytes_per_second, r.grace.as_secs())),
+        Some((1024, 2))
+    );
+    assert_eq!(rate("min_body_rate = 0\n"), None);
+    check(
+        &tcp_listener("min_body_rate = 100\n"),
+        "listeners[0].min_body_rate",
+        6,
+        "only to protocol = \"http\"",
+        "set protocol = \"http\"",
     );
 }
 

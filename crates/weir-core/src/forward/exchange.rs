@@ -22,7 +22,7 @@ use super::relay::{
     at_hand, relay, Broke, Coding, Http1Sink, Http1Source, Peer, Piece, Sink, Source,
 };
 use super::request_head::{render_response_rules, write_upstream_head};
-use super::{tunnel, Failure, Target};
+use super::{tunnel, Failure, Target, Timeouts};
 use crate::buffer::Buffer;
 use crate::client::ClientConn;
 use crate::codec::http1::{BodyFraming, RequestHead, ResponseHead};
@@ -264,13 +264,13 @@ impl Sender for Http1Sender<'_, '_> {
             let state = &mut self.body;
             let (consumed, body_read) = (&mut self.consumed, &mut self.body_read);
             let (head_len, buffered) = (req.head_len, self.buffered);
-            let timeouts = (listener.client_timeout, x.target.upstream.response_timeout);
+            let timeouts = Timeouts::of(&x.target);
             let upload = async |uw: &mut WriteHalf<'_>| {
                 // The head, then the body as it came: its bytes already at hand with it.
                 let mut uploaded = 0;
                 let mut sink = Http1Sink {
                     writer: uw,
-                    timeout: timeouts.1,
+                    timeout: timeouts.upstream,
                     sent: &mut uploaded,
                     head,
                     chunked: false,
@@ -283,7 +283,9 @@ impl Sender for Http1Sender<'_, '_> {
                 // Taken only now: a try that got no connection (a connect error, retried
                 // on another server) leaves the body's state to the next try.
                 let state = std::mem::replace(state, BodyState::Done);
-                let mut source = Http1Source::new(&mut cr, buf, state, timeouts.0, Peer::Client);
+                let mut source =
+                    Http1Source::new(&mut cr, buf, state, timeouts.client, Peer::Client)
+                        .paced(timeouts.min_body_rate);
                 let relayed = relay(&mut source, &mut sink, None).await;
                 *body_read = relayed.is_ok();
                 relayed

@@ -74,6 +74,8 @@ pub(crate) fn tunnels_to(upstream: &Upstream) -> bool {
 pub struct Timeouts {
     pub client: std::time::Duration,
     pub upstream: std::time::Duration,
+    /// The listener's `min_body_rate`, for a client's request body.
+    pub min_body_rate: Option<weir_config::MinBodyRate>,
 }
 
 impl Timeouts {
@@ -82,6 +84,7 @@ impl Timeouts {
         Timeouts {
             client: target.listener.client_timeout,
             upstream: target.upstream.response_timeout,
+            min_body_rate: target.listener.min_body_rate,
         }
     }
 }

@@ -31,7 +31,8 @@ use crate::codec::http1::{BodyFraming, ResponseHead};
 use crate::connector::h2::h2_error;
 use crate::error::ProxyError;
 use crate::filters::compression::Encoder;
-use crate::time::with_timeout;
+use crate::time::{paced, with_timeout, Pace, Waited};
+use weir_config::MinBodyRate;
 
 /// A piece of a body: bytes in a buffer, or an HTTP/2 DATA payload (sent on without a copy).
 pub(crate) enum Piece<'a> {
@@ -299,6 +300,8 @@ pub(crate) struct Http1Source<'b, R> {
     /// For each read.
     pub timeout: Duration,
     pub from: Peer,
+    /// A client's request body: its `min_body_rate`.
+    pace: Option<Pace>,
     /// Bytes of `buf` the last piece used, and sends on.
     used: usize,
     used_forward: usize,
@@ -325,12 +328,19 @@ impl<'b, R> Http1Source<'b, R> {
             state,
             timeout,
             from,
+            pace: None,
             used: 0,
             used_forward: 0,
             ended: false,
             primed: None,
             first: None,
         }
+    }
+
+    /// Holds the body to the listener's `min_body_rate` (a client's request body).
+    pub fn paced(mut self, rate: Option<MinBodyRate>) -> Self {
+        self.pace = rate.map(Pace::new);
+        self
     }
 }
 
@@ -397,10 +407,21 @@ impl<R: AsyncRead + Unpin> Http1Source<'_, R> {
     /// Reads more of the body into `buf`. False: the body ended with the stream
     /// (`UntilClose`).
     async fn read_more(&mut self) -> Result<bool, ProxyError> {
-        let read = with_timeout(self.timeout, self.buf.read_from(self.stream)).await;
+        let read = paced(
+            self.pace.as_mut(),
+            self.timeout,
+            self.buf.read_from(self.stream),
+        )
+        .await;
         let error = match read {
-            Ok(Ok(n)) if n > 0 => return Ok(true),
-            Err(_) => PumpError::ReadTimeout,
+            Ok(Ok(n)) if n > 0 => {
+                if let Some(pace) = &mut self.pace {
+                    pace.add(n);
+                }
+                return Ok(true);
+            }
+            Err(Waited::TooSlow) => return Err(ProxyError::BodyTooSlow),
+            Err(Waited::Timeout) => PumpError::ReadTimeout,
             Ok(Err(e)) => PumpError::Read(e.kind()),
             Ok(Ok(_)) if self.buf.is_full() => PumpError::Framing("chunk line too long"),
             Ok(Ok(_)) if self.state.on_eof() => return Ok(false),
@@ -447,6 +468,8 @@ pub(crate) struct H2Source<'b> {
     /// Bytes taken so far (a client's body: at most `limit`).
     pub total: &'b std::cell::Cell<u64>,
     pub limit: Option<u64>,
+    /// A client's request body: its `min_body_rate`.
+    pace: Option<Pace>,
     /// The last payload's length, released once taken.
     held: usize,
 }
@@ -464,8 +487,15 @@ impl<'b> H2Source<'b> {
             from,
             total,
             limit: None,
+            pace: None,
             held: 0,
         }
+    }
+
+    /// Holds the body to the listener's `min_body_rate` (a client's request body).
+    pub fn paced(mut self, rate: Option<MinBodyRate>) -> Self {
+        self.pace = rate.map(Pace::new);
+        self
     }
 
     fn error(&self, e: h2::Error) -> ProxyError {
@@ -486,8 +516,9 @@ impl<'b> H2Source<'b> {
 impl Source for H2Source<'_> {
     async fn next(&mut self) -> Result<Option<(Piece<'_>, bool)>, ProxyError> {
         loop {
-            let data = match with_timeout(self.timeout, self.body.data()).await {
-                Err(_) => return Err(self.timed_out()),
+            let data = match paced(self.pace.as_mut(), self.timeout, self.body.data()).await {
+                Err(Waited::TooSlow) => return Err(ProxyError::BodyTooSlow),
+                Err(Waited::Timeout) => return Err(self.timed_out()),
                 Ok(None) => return Ok(None),
                 Ok(Some(Err(e))) => return Err(self.error(e)),
                 Ok(Some(Ok(data))) => data,
@@ -495,6 +526,9 @@ impl Source for H2Source<'_> {
             self.total.set(self.total.get() + data.len() as u64);
             if self.limit.is_some_and(|max| self.total.get() > max) {
                 return Err(ProxyError::BodyTooLarge);
+            }
+            if let Some(pace) = &mut self.pace {
+                pace.add(data.len());
             }
             let last = self.body.is_end_stream();
             // Never an empty piece but the last: it would end an HTTP/1.1 chunked body.

@@ -175,7 +175,8 @@ impl StreamRequest<'_> {
             let mut body = body;
             let source = body.as_mut().map(|body| {
                 let mut source =
-                    H2Source::new(body, listener.client_timeout, Peer::Client, &body_in);
+                    H2Source::new(body, listener.client_timeout, Peer::Client, &body_in)
+                        .paced(listener.min_body_rate.filter(|_| !trace.grpc));
                 source.limit = listener.max_body_size;
                 source
             });

@@ -273,7 +273,8 @@ impl ClientBody for RecvStream {
         limit: Option<u64>,
         timeouts: Timeouts,
     ) -> Result<(), Broke> {
-        let mut source = H2Source::new(self, timeouts.client, Peer::Client, consumed);
+        let mut source = H2Source::new(self, timeouts.client, Peer::Client, consumed)
+            .paced(timeouts.min_body_rate);
         source.limit = limit;
         upload(&mut source, up, timeouts.upstream).await
     }
@@ -375,11 +376,17 @@ struct H2Sender<'s, 'c, C, B> {
 
 impl<C, B> H2Sender<'_, '_, C, B> {
     /// How long each wait may take: for the client, and for the upstream (its
-    /// `response_timeout`, capped by the client's `grpc-timeout`).
+    /// `response_timeout`, capped by the client's `grpc-timeout`). A gRPC request's body
+    /// has no `min_body_rate`: a streaming call sends a message when the application has
+    /// one (a bidirectional stream may send one a minute), as ASP.NET Core's gRPC lifts
+    /// Kestrel's.
     fn timeouts(&self) -> Timeouts {
         let mut timeouts = Timeouts::of(&self.r.target);
         if let Some(t) = self.facts.grpc_timeout {
             timeouts.upstream = timeouts.upstream.min(t);
+        }
+        if self.facts.grpc {
+            timeouts.min_body_rate = None;
         }
         timeouts
     }

@@ -20,23 +20,29 @@ use crate::forward::relay::{relay, Broke, Coding, Piece, Sink, Source, Trailers}
 use crate::forward::Failure;
 use crate::http2::exchange::Trace;
 use crate::http2::respond::{ResponseStream, Sinking};
-use crate::time::with_timeout;
+use crate::time::{paced, with_timeout, Pace, Waited};
 
 /// The receiving half of a request stream.
 pub(crate) type RecvHalf = RequestStream<h3_quinn::RecvStream, Bytes>;
 
-/// Reads the next non-empty DATA payload within `timeout`; `None`: the body ended.
+/// Reads the next non-empty DATA payload within `timeout` (and `pace`, the listener's
+/// `min_body_rate`, when given); `None`: the body ended.
 pub(crate) async fn next_data(
     body: &mut RecvHalf,
     timeout: Duration,
+    mut pace: Option<&mut Pace>,
 ) -> Result<Option<Bytes>, ProxyError> {
     loop {
-        match with_timeout(timeout, body.recv_data()).await {
-            Err(_) => return Err(ProxyError::ClientTimeout),
+        match paced(pace.as_deref_mut(), timeout, body.recv_data()).await {
+            Err(Waited::TooSlow) => return Err(ProxyError::BodyTooSlow),
+            Err(Waited::Timeout) => return Err(ProxyError::ClientTimeout),
             Ok(Err(e)) => return Err(client_error(e)),
             Ok(Ok(None)) => return Ok(None),
             Ok(Ok(Some(mut data))) => {
                 let data = data.copy_to_bytes(data.remaining());
+                if let Some(pace) = pace.as_deref_mut() {
+                    pace.add(data.len());
+                }
                 if !data.is_empty() {
                     return Ok(Some(data));
                 }
@@ -52,6 +58,8 @@ pub(crate) struct H3Source<'b> {
     pub first: Option<Bytes>,
     /// For each payload.
     pub timeout: Duration,
+    /// The listener's `min_body_rate`.
+    pub pace: Option<Pace>,
     pub total: &'b Cell<u64>,
     pub limit: Option<u64>,
     /// The request's `content-length`: DATA past it or ending short of it is malformed
@@ -63,7 +71,7 @@ impl Source for H3Source<'_> {
     async fn next(&mut self) -> Result<Option<(Piece<'_>, bool)>, ProxyError> {
         let data = match self.first.take() {
             Some(first) => first,
-            None => match next_data(self.body, self.timeout).await? {
+            None => match next_data(self.body, self.timeout, self.pace.as_mut()).await? {
                 Some(data) => data,
                 None if self.length.is_some_and(|n| self.total.get() < n) => {
                     return Err(ProxyError::BadRequest(

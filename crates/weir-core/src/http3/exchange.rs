@@ -60,6 +60,7 @@ async fn exchange(
         body: body.recv,
         first: body.first,
         timeout: listener.client_timeout,
+        pace: (listener.min_body_rate.filter(|_| !trace.grpc)).map(crate::time::Pace::new),
         total: &body_in,
         limit: listener.max_body_size,
         length: body.length,

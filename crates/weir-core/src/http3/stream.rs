@@ -139,7 +139,7 @@ async fn body_start(
     let declared = length.map(|n| n > 0);
     let first = match declared {
         Some(_) => None,
-        None => match next_data(recv, timeout).await {
+        None => match next_data(recv, timeout, None).await {
             Ok(first) => first,
             Err(e) => {
                 if e == ProxyError::ClientClosed {

@@ -72,6 +72,7 @@ impl ClientBody for Body<'_> {
             body: &mut *self.recv,
             first: self.first.take(),
             timeout: timeouts.client,
+            pace: timeouts.min_body_rate.map(crate::time::Pace::new),
             total: consumed,
             limit,
             length: self.length,

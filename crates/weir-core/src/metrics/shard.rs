@@ -213,7 +213,7 @@ impl AbortReason {
             UpstreamClosed => AbortReason::UpstreamClosed,
             UpstreamTimeout | UpstreamConnectTimeout => AbortReason::UpstreamTimeout,
             UpstreamMalformed(_) => AbortReason::UpstreamMalformed,
-            ClientTimeout | HeaderTimeout => AbortReason::ClientTimeout,
+            ClientTimeout | HeaderTimeout | BodyTooSlow => AbortReason::ClientTimeout,
             e if e.side() == Side::Client => AbortReason::ClientClosed,
             _ => AbortReason::UpstreamReset,
         }

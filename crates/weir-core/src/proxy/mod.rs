@@ -216,7 +216,7 @@ pub(crate) fn default_reason(error: ProxyError) -> Option<DefaultReason> {
         BadRequest(_) | NotImplemented(_) | MethodNotAllowed | ExpectationFailed
         | VersionNotSupported => Some(DefaultReason::BadRequest),
         BodyTooLarge | HeadTooLarge => Some(DefaultReason::TooLarge),
-        HeaderTimeout | ClientTimeout => Some(DefaultReason::Timeout),
+        HeaderTimeout | ClientTimeout | BodyTooSlow => Some(DefaultReason::Timeout),
         _ => None,
     }
 }

@@ -108,7 +108,8 @@ impl RequestBody {
         // or a retried status sends the request again as it was.
         buf.consume(std::mem::take(&mut self.skip));
         let state = BodyState::new(self.framing, true, self.limit);
-        let mut source = Http1Source::new(src, buf, state, timeouts.client, Peer::Client);
+        let mut source = Http1Source::new(src, buf, state, timeouts.client, Peer::Client)
+            .paced(timeouts.min_body_rate);
         source.arrival().await.map_err(Broke::Source)?;
         consumed.set(1);
         let mut sink = H2Upload {

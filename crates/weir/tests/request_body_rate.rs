@@ -1,0 +1,109 @@
+//! A listener's `min_body_rate`: a request body trickled slower than it is abandoned with
+//! 408 once its grace is spent, over HTTP/1.1 and HTTP/2, and its connection's place is
+//! free for another client; a steady body at the rate completes. Was (attacker review): a
+//! byte every few seconds, within `client_timeout`, held a connection and an upstream
+//! connection for as long as the client liked, so a few connections locked a listener out.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{single, Conf, Weir};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use weir_testkit::Backend;
+
+/// At least 100 bytes a second after a grace of 1 s; `client_timeout` far longer, so only
+/// the rate can end a trickle within the test's bounds.
+fn paced(conf: Conf) -> Weir {
+    conf.listener("min_body_rate = 100\nmin_body_rate_grace = \"1s\"")
+        .listener("client_timeout = \"60s\"\nmax_connections = 1")
+        .start()
+}
+
+/// Reads what `s` sends until it closes (or 10 s pass).
+async fn read_to_close(s: &mut TcpStream) -> String {
+    let mut got = Vec::new();
+    let read = s.read_to_end(&mut got);
+    let _ = tokio::time::timeout(Duration::from_secs(10), read).await;
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+#[tokio::test]
+async fn a_trickled_http1_body_gets_408_and_frees_its_place() {
+    let echo = Backend::echo("e");
+    let weir = paced(single(echo.addr()));
+    let started = Instant::now();
+    let mut slow = TcpStream::connect(weir.addr).await.unwrap();
+    slow.write_all(b"POST /up HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n1\r\na\r\n")
+        .await
+        .unwrap();
+    let answer = read_to_close(&mut slow).await;
+    assert!(answer.starts_with("HTTP/1.1 408 "), "{answer:?}");
+    assert!(started.elapsed() < Duration::from_secs(10));
+    // The listener's one place is free: a new client is served.
+    let mut c = weir.client().await;
+    assert_eq!(c.get("/next", "h").await.unwrap().status, 200);
+}
+
+#[tokio::test]
+async fn a_trickled_http2_body_gets_408() {
+    let echo = Backend::echo("e");
+    let weir = paced(single(echo.addr()));
+    let mut h2 = common::h2c_client(weir.addr).await;
+    let request = http::Request::post("http://h/up").body(()).unwrap();
+    let (response, mut body) = h2.send_request(request, false).unwrap();
+    body.send_data(bytes::Bytes::from_static(b"a"), false)
+        .unwrap();
+    let response = tokio::time::timeout(Duration::from_secs(10), response)
+        .await
+        .expect("answered before client_timeout")
+        .expect("a response");
+    assert_eq!(response.status(), 408);
+}
+
+/// A gRPC streaming call sends a message when the application has one: its body has no
+/// rate to keep.
+#[tokio::test]
+async fn a_grpc_stream_may_be_quiet() {
+    let echo = Backend::echo("e");
+    let weir = paced(single(echo.addr()));
+    let mut h2 = common::h2c_client(weir.addr).await;
+    let request = http::Request::post("http://h/svc/Chat")
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .unwrap();
+    let (response, mut body) = h2.send_request(request, false).unwrap();
+    body.send_data(bytes::Bytes::from_static(b"a"), false)
+        .unwrap();
+    // Quiet past the grace, and past what one byte earned.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    body.send_data(bytes::Bytes::from_static(b"b"), true)
+        .unwrap();
+    let response = tokio::time::timeout(Duration::from_secs(10), response)
+        .await
+        .expect("answered")
+        .expect("a response");
+    assert_eq!(response.status(), 200);
+}
+
+#[tokio::test]
+async fn a_steady_body_at_the_rate_completes() {
+    let echo = Backend::echo("e");
+    let weir = paced(single(echo.addr()));
+    let mut s = TcpStream::connect(weir.addr).await.unwrap();
+    s.write_all(
+        b"POST /up HTTP/1.1\r\nHost: h\r\nContent-Length: 600\r\nConnection: close\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    // 600 bytes over 2.4 s: 250 bytes a second, past the 1 s grace.
+    for _ in 0..6 {
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        s.write_all(&[b'x'; 100]).await.unwrap();
+    }
+    let answer = read_to_close(&mut s).await;
+    assert!(answer.starts_with("HTTP/1.1 200 "), "{answer:?}");
+    assert!(answer.ends_with(&"x".repeat(600)), "the body went up whole");
+}
