@@ -229,6 +229,7 @@ async fn run(connection: quinn::Connection, conn: &Rc<Conn>, limits: Limits) {
         .build::<_, Bytes>(Guarded::new(
             h3_quinn::Connection::new(connection),
             conn.clone(),
+            limits.max_field_section_size,
         ))
         .await;
     if let Ok(mut h3) = built {
