@@ -105,7 +105,10 @@ async fn idle_connections_close_after_keepalive_timeout_and_header_timeout() {
     assert!(closed_with_no_error(&why), "{why:?}");
     let why = closed(&silent).await;
     assert!(closed_with_no_error(&why), "{why:?}");
-    assert!(started.elapsed() >= Duration::from_secs(2), "not before header_timeout");
+    assert!(
+        started.elapsed() >= Duration::from_secs(2),
+        "not before header_timeout"
+    );
     wait_until_async(WAIT, || weir.metric_now(ACTIVE) == Some(0)).await;
     assert_eq!(weir.metric(ACTIVE), 0);
 }
@@ -128,7 +131,10 @@ async fn a_tcp_newcomer_takes_the_place_of_an_idle_h3_connection() {
     let why = closed(&silent).await;
     assert!(closed_with_no_error(&why), "{why:?}");
     assert_eq!(weir.metric(EVICTED), 1);
-    assert!(served.connection.close_reason().is_none(), "only one gave way");
+    assert!(
+        served.connection.close_reason().is_none(),
+        "only one gave way"
+    );
 }
 
 /// The reverse: at the cap, held by idle TLS connections over TCP, an HTTP/3 client is
@@ -146,7 +152,10 @@ async fn an_h3_newcomer_takes_the_place_of_an_idle_tcp_connection() {
     let mut newcomer = h3_client(&ca, weir.addr).await;
     let mut buf = [0u8; 64];
     let read = tokio::time::timeout(WAIT, idle.read(&mut buf)).await;
-    assert!(matches!(read, Ok(Ok(0) | Err(_))), "the idlest TCP one closed");
+    assert!(
+        matches!(read, Ok(Ok(0) | Err(_))),
+        "the idlest TCP one closed"
+    );
     assert_eq!(weir.metric(EVICTED), 1);
     // The newcomer's connection is a kept one: served again.
     let r = get(&mut newcomer.send, NAME, "/again").await.expect("GET");

@@ -235,7 +235,8 @@ async fn run(connection: quinn::Connection, conn: &Rc<Conn>, limits: Limits) {
     if let Ok(mut h3) = built {
         if accept_streams(&mut h3, conn, limits).await == End::GaveWay {
             // No request runs, nothing to wait for: the place goes to the newcomer now.
-            conn.quic.close(H3_NO_ERROR.into(), b"idle connection closed for a new one");
+            conn.quic
+                .close(H3_NO_ERROR.into(), b"idle connection closed for a new one");
         }
         conn.idle.close(&conn.worker.idle);
         // Drained: the last responses' data may still wait for its acknowledgement, which

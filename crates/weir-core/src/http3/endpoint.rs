@@ -146,9 +146,9 @@ async fn run(
             Admission::AtCap(incoming) => {
                 let place = at_cap.place(&worker, &cap, &stop, setup.limits.handshake_timeout);
                 match place.await {
-                    Some(permit) => accept(incoming, &worker, slot, &setup, permit),
+                    Some(permit) => accept(*incoming, &worker, slot, &setup, permit),
                     None => {
-                        refuse(incoming, &worker, slot);
+                        refuse(*incoming, &worker, slot);
                         None
                     }
                 }
@@ -175,8 +175,9 @@ async fn run(
 enum Admission {
     /// Its handshake started, with its place under the listener's cap.
     Admitted(quinn::Connecting, Permit),
-    /// The listener is at its cap: an idle connection is to give way ([`AtCap`]).
-    AtCap(quinn::Incoming),
+    /// The listener is at its cap: an idle connection is to give way ([`AtCap`]). Boxed:
+    /// an `Incoming` is large, and rare here.
+    AtCap(Box<quinn::Incoming>),
     /// Answered with a Retry, or refused (counted).
     Answered,
 }
@@ -213,7 +214,7 @@ fn admit(
         return Admission::Answered;
     }
     let Some(permit) = cap.try_acquire() else {
-        return Admission::AtCap(incoming);
+        return Admission::AtCap(Box::new(incoming));
     };
     match accept(incoming, worker, slot, setup, permit) {
         Some((connecting, permit)) => Admission::Admitted(connecting, permit),

@@ -43,7 +43,11 @@ pub(super) struct Guarded {
 impl Guarded {
     /// `max_field_section_size`: the listener's (`http3`), which bounds request streams'
     /// frames.
-    pub fn new(inner: h3_quinn::Connection, conn: Rc<Conn>, max_field_section_size: u64) -> Guarded {
+    pub fn new(
+        inner: h3_quinn::Connection,
+        conn: Rc<Conn>,
+        max_field_section_size: u64,
+    ) -> Guarded {
         Guarded {
             inner,
             conn,
@@ -177,7 +181,10 @@ impl RequestStream {
         let frames = Frames::request(bound);
         RequestStream {
             send,
-            recv: RequestRecv { inner: recv, frames },
+            recv: RequestRecv {
+                inner: recv,
+                frames,
+            },
         }
     }
 }
@@ -546,7 +553,9 @@ mod tests {
         let over = [0x01, 0x40, 101];
         for cut in 1..over.len() {
             let mut split = Frames::request(100);
-            let fed = split.feed(&over[..cut]).and_then(|_| split.feed(&over[cut..]));
+            let fed = split
+                .feed(&over[..cut])
+                .and_then(|_| split.feed(&over[cut..]));
             assert_eq!(fed, Err(TooLong), "cut at {cut}");
             assert!(split.refused());
             assert_eq!(split.feed(&[0]), Err(TooLong), "not read on");
