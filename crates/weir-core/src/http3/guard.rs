@@ -124,6 +124,7 @@ impl quic::OpenStreams<Bytes> for Opener {
         &mut self,
         cx: &mut Context<'_>,
     ) -> Poll<Result<Self::BidiStream, StreamErrorIncoming>> {
+        // A server opens none; watched all the same.
         let bound = self.bound;
         self.inner
             .poll_open_bidi(cx)
@@ -142,6 +143,7 @@ impl quic::OpenStreams<Bytes> for Opener {
     }
 }
 
+/// The connection opens streams as its [`Opener`] does.
 impl quic::OpenStreams<Bytes> for Guarded {
     type BidiStream = RequestStream;
     type SendStream = h3_quinn::SendStream<Bytes>;
@@ -149,19 +151,15 @@ impl quic::OpenStreams<Bytes> for Guarded {
     fn poll_open_bidi(
         &mut self,
         cx: &mut Context<'_>,
-    ) -> Poll<Result<Self::BidiStream, StreamErrorIncoming>> {
-        // A server opens none; watched all the same.
-        let bound = self.request_bound;
-        self.inner
-            .poll_open_bidi(cx)
-            .map_ok(|inner| RequestStream::new(inner, bound))
+    ) -> Poll<Result<RequestStream, StreamErrorIncoming>> {
+        quic::Connection::<Bytes>::opener(self).poll_open_bidi(cx)
     }
 
     fn poll_open_send(
         &mut self,
         cx: &mut Context<'_>,
     ) -> Poll<Result<Self::SendStream, StreamErrorIncoming>> {
-        self.inner.poll_open_send(cx)
+        quic::OpenStreams::<Bytes>::poll_open_send(&mut self.inner, cx)
     }
 
     fn close(&mut self, code: h3::error::Code, reason: &[u8]) {
