@@ -179,6 +179,8 @@ async fn an_h3_connection_with_a_request_under_way_keeps_its_place() {
         .unwrap();
     let mut stream = busy.send.send_request(post).await.unwrap();
     stream.send_data(Bytes::from_static(b"half")).await.unwrap();
+    // Its head reached the backend: Weir has the stream.
+    assert!(wait_until_async(WAIT, || b.in_flight() == 1).await);
     assert!(wait_until_async(WAIT, || weir.metric_now(ACTIVE) == Some(2)).await);
     // The busy connection is the idlest by its setup: it would go first if it were idle.
     let _newcomer = tls_client(&ca, weir.addr).await;
