@@ -13,6 +13,8 @@ pub use h3::error::Code as H3Code;
 pub use quinn::Connection as QuicConnection;
 /// Why a connection closed (`H3Client::connection.closed()`).
 pub use quinn::ConnectionError;
+/// Why a write to a stream failed (a raw stream of `H3Client::connection`).
+pub use quinn::WriteError;
 
 /// The request-sending handle of one HTTP/3 connection (cloneable: requests may run
 /// concurrently on it).

@@ -4,8 +4,11 @@
 //! stream after SETTINGS, is closed with H3_EXCESSIVE_LOAD once past the budget (one
 //! control-stream frame longer than 16 KiB at once), and
 //! counted in `weir_http3_client_resets_total`, `weir_http3_glitches_total` and
-//! `weir_http3_excessive_load_closes_total`. Each attacker is a real QUIC client (quinn,
-//! and the h3 client for requests), writing its own frames where h3 would not.
+//! `weir_http3_excessive_load_closes_total`. A request stream's frame other than DATA
+//! declared longer than `max_field_section_size` plus 16 KiB ends that stream
+//! (H3_EXCESSIVE_LOAD) before its payload is buffered. Each attacker is a real QUIC
+//! client (quinn, and the h3 client for requests), writing its own frames where h3 would
+//! not.
 
 mod common;
 
@@ -14,7 +17,7 @@ use std::time::Duration;
 use http::Request;
 use weir_testkit::certs::TestCa;
 use weir_testkit::h3_client::{
-    connect_to, get, quic_connect, ConnectionError, H3Code, QuicConnection,
+    connect_to, get, quic_connect, ConnectionError, H3Code, QuicConnection, WriteError,
 };
 use weir_testkit::Backend;
 
@@ -159,4 +162,48 @@ async fn a_control_frame_declaring_a_huge_length_closes_the_connection_at_once()
     let _ = control.write_all(&[0; 64 * 1024]).await;
     closed_for_excessive_load(&connection).await;
     assert_eq!(counter(&weir, "weir_http3_excessive_load_closes_total"), 1);
+}
+
+/// A request stream whose frames `prefix` begins, then 8 MiB of the payload of the frame
+/// it ends with: Weir stops the stream (STOP_SENDING H3_EXCESSIVE_LOAD) at that frame's
+/// length, long before the 8 MiB are in. Before, h3 took and buffered it all.
+async fn oversized_frame_is_stopped(connection: &QuicConnection, prefix: &[u8]) {
+    let (mut send, _recv) = connection.open_bi().await.expect("request stream");
+    send.write_all(prefix).await.expect("frame header");
+    let chunk = [0u8; 64 * 1024];
+    for sent in 0..128 {
+        match send.write_all(&chunk).await {
+            Ok(()) => {}
+            Err(WriteError::Stopped(code)) => {
+                assert_eq!(code.into_inner(), u64::from(H3_EXCESSIVE_LOAD));
+                assert!(sent < 16, "stopped only after {sent} x 64 KiB");
+                return;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    panic!("8 MiB of one frame taken");
+}
+
+#[tokio::test]
+async fn a_request_frame_declaring_a_huge_length_ends_its_stream_only() {
+    let ca = TestCa::new("h3 CA");
+    let (weir, _backend) = start(&ca, "");
+    let mut c = connect_to(&ca, weir.addr, NAME).await;
+    // Before the head: a reserved frame type (0x21) declaring 2^30 bytes.
+    let unknown = [0x40, 0x21, 0xc0, 0, 0, 0, 0x40, 0, 0, 0];
+    oversized_frame_is_stopped(&c.connection, &unknown).await;
+    // After a head (QPACK, static table only: POST, https, /, then :authority), in the
+    // body: the same frame.
+    let mut head = vec![0x00, 0x00, 0xd4, 0xd7, 0xc1, 0x50, NAME.len() as u8];
+    head.extend_from_slice(NAME.as_bytes());
+    let mut frames = vec![0x01, head.len() as u8];
+    frames.extend_from_slice(&head);
+    frames.extend_from_slice(&unknown);
+    oversized_frame_is_stopped(&c.connection, &frames).await;
+    // A HEADERS frame of 2^30 bytes.
+    oversized_frame_is_stopped(&c.connection, &[0x01, 0xc0, 0, 0, 0, 0x40, 0, 0, 0]).await;
+    // The connection goes on.
+    assert_eq!(get(&mut c.send, NAME, "/").await.expect("GET").status, 200);
+    assert_eq!(counter(&weir, "weir_http3_excessive_load_closes_total"), 0);
 }

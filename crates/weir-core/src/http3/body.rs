@@ -23,7 +23,7 @@ use crate::http2::respond::{ResponseStream, Sinking};
 use crate::time::{paced, with_timeout, Pace, Waited};
 
 /// The receiving half of a request stream.
-pub(crate) type RecvHalf = RequestStream<h3_quinn::RecvStream, Bytes>;
+pub(crate) type RecvHalf = RequestStream<super::guard::RequestRecv, Bytes>;
 
 /// Reads the next non-empty DATA payload within `timeout` (and `pace`, the listener's
 /// `min_body_rate`, when given); `None`: the body ended.

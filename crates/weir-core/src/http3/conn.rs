@@ -4,8 +4,18 @@
 //! stream, the reset and glitch budgets (past them: H3_EXCESSIVE_LOAD), and the graceful
 //! close on drain (GOAWAY, then the streams in flight finish). The connection counts among
 //! its listener's connections (drain, `max_connections`) for as long as it lives.
+//!
+//! While no request stream is open (before the first, and whenever the last ends) the
+//! connection is idle, as an HTTP/2 connection with no stream (`http2::conn`): its seat
+//! among its worker's idle connections (`places`) rests, so at the listener's
+//! `max_connections` a newcomer of either transport may take its place
+//! (`listener::reclaim`; the connection closes with H3_NO_ERROR at once: no request is
+//! lost), and it closes (GOAWAY, then H3_NO_ERROR) once idle for `header_timeout` before
+//! its first request, `keepalive_timeout` after one. QUIC PINGs and control-stream frames
+//! are no requests: they keep the QUIC connection alive (`idle_timeout`), not its place.
 
 use std::cell::Cell;
+use std::future::poll_fn;
 use std::net::IpAddr;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -20,6 +30,7 @@ use super::handshake::{self, Confirmation};
 use crate::filters::forwarded::ClientIp;
 use crate::http2::budget::Budget;
 use crate::metrics::shard::{Counter, Http3Metrics};
+use crate::places::IdlePlace;
 use crate::tls::session::TlsSession;
 use crate::tls::ListenerTls;
 use crate::worker::{ConnectionGuard, Worker};
@@ -45,6 +56,18 @@ pub(super) struct Conn {
     /// closes once none runs).
     active: Cell<usize>,
     ended: Notify,
+    /// When the last stream task ended (or the connection was set up): the idle timeout
+    /// counts from there.
+    idle_since: Cell<Instant>,
+    /// The connection's seat among the worker's idle connections, resting while no
+    /// stream task runs.
+    idle: IdlePlace,
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        self.idle.close(&self.worker.idle);
+    }
 }
 
 impl Conn {
@@ -121,6 +144,8 @@ pub(super) struct Limits {
     /// The listener's TLS `max_handshakes` (per worker, shared with TLS over TCP).
     pub max_handshakes: usize,
     pub header_timeout: Duration,
+    /// Idle time allowed after a request (`header_timeout` bounds it before the first).
+    pub keepalive_timeout: Duration,
     pub max_field_section_size: u64,
     /// 0-RTT: the connection is served during its handshake.
     pub early_data: bool,
@@ -159,6 +184,7 @@ pub(super) async fn serve(
         return;
     }
     let peer_ip = connection.remote_address().ip().to_canonical();
+    let now = Instant::now();
     let conn = Rc::new(Conn {
         worker: worker.clone(),
         slot,
@@ -171,7 +197,11 @@ pub(super) async fn serve(
         glitches: Budget::new(limits.glitches.0, limits.glitches.1),
         active: Cell::new(0),
         ended: Notify::new(),
+        idle_since: Cell::new(now),
+        idle: IdlePlace::new(&worker.idle, slot, now),
     });
+    // Idle until its first request stream: one that never opens any can be reclaimed.
+    conn.idle.rest(&worker.idle, now);
     drop(tls);
     // A 0-RTT connection is served while its handshake is watched.
     let watching = async {
@@ -199,10 +229,16 @@ async fn run(connection: quinn::Connection, conn: &Rc<Conn>, limits: Limits) {
         .build::<_, Bytes>(Guarded::new(
             h3_quinn::Connection::new(connection),
             conn.clone(),
+            limits.max_field_section_size,
         ))
         .await;
     if let Ok(mut h3) = built {
-        accept_streams(&mut h3, conn, limits.header_timeout).await;
+        if accept_streams(&mut h3, conn, limits).await == End::GaveWay {
+            // No request runs, nothing to wait for: the place goes to the newcomer now.
+            conn.quic
+                .close(H3_NO_ERROR.into(), b"idle connection closed for a new one");
+        }
+        conn.idle.close(&conn.worker.idle);
         // Drained: the last responses' data may still wait for its acknowledgement, which
         // closing now would discard. A few round trips let it arrive (or the client
         // close first); then the connection closes with H3_NO_ERROR.
@@ -211,51 +247,93 @@ async fn run(connection: quinn::Connection, conn: &Rc<Conn>, limits: Limits) {
     }
 }
 
-/// Starts a task per request stream until the connection ends; on drain, GOAWAY first.
+/// How [`accept_streams`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum End {
+    /// The connection closed or failed, or it is done closing (drained, idle too long).
+    Closed,
+    /// At `max_connections` a newcomer took its place while no stream ran.
+    GaveWay,
+}
+
+/// Starts a task per request stream until the connection ends; on drain or once idle too
+/// long, GOAWAY first; at the cap, while idle, it gives way to a newcomer.
 async fn accept_streams(
     h3: &mut h3::server::Connection<Guarded, Bytes>,
     conn: &Rc<Conn>,
-    header_timeout: Duration,
-) {
+    limits: Limits,
+) -> End {
     let worker = conn.worker.clone();
     let drained = worker.drained();
-    tokio::pin!(drained);
+    // Before the first request: `header_timeout`, as for a new HTTP/1.1 connection.
+    let mut idle = limits.header_timeout;
+    let timer = tokio::time::sleep(idle);
+    tokio::pin!(drained, timer);
     let mut closing = false;
     loop {
         tokio::select! {
             accepted = h3.accept() => match accepted {
                 Ok(Some(resolver)) => {
-                    let stream = request(conn.clone(), resolver, header_timeout);
+                    idle = limits.keepalive_timeout;
+                    let running = Running::new(conn);
+                    // Its place taken just as the stream came: served, then the connection
+                    // closes (as an HTTP/2 one does).
+                    if !conn.idle.busy(&worker.idle) && !closing {
+                        closing = close_gracefully(h3, conn).await;
+                    }
+                    let stream = request(running, resolver, limits.header_timeout);
                     tokio::task::spawn_local(stream);
                 }
                 // Closed by the client, idle, or failed.
-                _ => break,
+                _ => return End::Closed,
             },
             () = &mut drained, if !closing => {
-                closing = true;
                 // GOAWAY: no new streams; those in flight finish, then the connection
                 // closes.
-                let _ = h3.shutdown(0).await;
-                if conn.active.get() == 0 {
-                    break;
-                }
+                closing = close_gracefully(h3, conn).await;
             }
-            () = conn.ended.notified(), if closing => {
-                if conn.active.get() == 0 {
-                    break;
-                }
+            () = &mut timer, if !closing => match idle_deadline(conn, idle) {
+                Some(deadline) => timer.as_mut().reset(deadline.into()),
+                None => closing = close_gracefully(h3, conn).await,
+            },
+            () = poll_fn(|cx| conn.idle.poll_taken(&worker.idle, cx)), if !closing => {
+                return End::GaveWay;
             }
+            () = conn.ended.notified(), if closing => {}
         }
+        if closing && conn.active.get() == 0 {
+            return End::Closed;
+        }
+    }
+}
+
+/// GOAWAY (no new streams; those in flight finish), and the connection's place is no
+/// newcomer's to take any more (it is closing). Returns true: the connection is closing.
+async fn close_gracefully(h3: &mut h3::server::Connection<Guarded, Bytes>, conn: &Conn) -> bool {
+    conn.idle.close(&conn.worker.idle);
+    let _ = h3.shutdown(0).await;
+    true
+}
+
+/// The idle timer fired: `None` when the connection has had no stream running for
+/// `idle`, else when to look again (while streams run, in a while: at least a second, so
+/// a `keepalive_timeout` of 0 does not spin).
+fn idle_deadline(conn: &Conn, idle: Duration) -> Option<Instant> {
+    let since = conn.idle_since.get();
+    match conn.active.get() {
+        0 if since.elapsed() >= idle => None,
+        0 => Some(since + idle),
+        _ => Some(Instant::now() + idle.max(Duration::from_secs(1))),
     }
 }
 
 /// Reads a stream's request head (within `header_timeout`) and serves it.
 async fn request(
-    conn: Rc<Conn>,
+    running: Running,
     resolver: RequestResolver<Guarded, Bytes>,
     header_timeout: Duration,
 ) {
-    let _running = Running::new(&conn);
+    let conn = running.0.clone();
     let resolved = crate::time::with_timeout(header_timeout, resolver.resolve_request()).await;
     let (request, stream) = match resolved {
         Ok(Ok(resolved)) => resolved,
@@ -283,7 +361,9 @@ const H3_NO_ERROR: u32 = 0x100;
 /// HTTP/3's EXCESSIVE_LOAD code: the peer's behaviour generates excessive load.
 const H3_EXCESSIVE_LOAD: u32 = 0x107;
 
-/// Counts a stream task among its connection's running ones while it lives.
+/// Counts a stream task among its connection's running ones while it lives (from the
+/// stream's accept: the connection is busy at once); the last to end makes the connection
+/// idle from then.
 struct Running(Rc<Conn>);
 
 impl Running {
@@ -295,8 +375,14 @@ impl Running {
 
 impl Drop for Running {
     fn drop(&mut self) {
-        self.0.active.set(self.0.active.get() - 1);
+        let conn = &self.0;
+        conn.active.set(conn.active.get() - 1);
+        if conn.active.get() == 0 {
+            let now = Instant::now();
+            conn.idle_since.set(now);
+            conn.idle.rest(&conn.worker.idle, now);
+        }
         // A stored permit if the accept loop is not waiting yet: no wake-up is lost.
-        self.0.ended.notify_one();
+        conn.ended.notify_one();
     }
 }

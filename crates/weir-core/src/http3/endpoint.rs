@@ -6,6 +6,12 @@
 //! (`quic_config`, rebuilt when the snapshot changes): a reload's certificates, ACME
 //! certificates (the listener's SNI resolver is shared) and settings apply to new
 //! connections, as for TCP.
+//!
+//! At the listener's `max_connections` a newcomer takes the place of an idle connection of
+//! the listener (HTTP/3, HTTP/1.1 or HTTP/2, or a handshake), as a TCP newcomer does
+//! (`listener::reclaim`): the endpoint holds it until a close frees a place, taking no
+//! other connection meanwhile (quinn queues them, as the kernel backlog queues TCP ones),
+//! and refuses it only if none frees within the handshake's time (`handshake_timeout`).
 
 use std::io;
 use std::net::SocketAddr;
@@ -16,7 +22,9 @@ use quinn::crypto::rustls::QuicServerConfig;
 use socket2::{Domain, Protocol, Socket, Type};
 
 use super::conn::{serve, Limits};
+use crate::listener::backoff::ResourceLog;
 use crate::listener::cap::{ListenerCap, Permit};
+use crate::listener::reclaim::Reclaimer;
 use crate::listener::StopSignal;
 use crate::metrics::shard::Counter;
 use crate::metrics::shard::Http3Metrics;
@@ -111,6 +119,10 @@ async fn run(
         }
     };
     let mut rate = Rate::default();
+    let mut at_cap = AtCap {
+        reclaim: Reclaimer::asking(slot, &cap),
+        log: ResourceLog::default(),
+    };
     loop {
         let incoming = tokio::select! {
             incoming = endpoint.accept() => incoming,
@@ -129,8 +141,21 @@ async fn run(
                 }
             }
         }
-        let Some((connecting, permit)) = admit(incoming, &worker, slot, &setup, &mut rate, &cap)
-        else {
+        let admitted = match admit(incoming, &worker, slot, &setup, &mut rate, &cap) {
+            Admission::Admitted(connecting, permit) => Some((connecting, permit)),
+            Admission::AtCap(incoming) => {
+                let place = at_cap.place(&worker, &cap, &stop, setup.limits.handshake_timeout);
+                match place.await {
+                    Some(permit) => accept(*incoming, &worker, slot, &setup, permit),
+                    None => {
+                        refuse(*incoming, &worker, slot);
+                        None
+                    }
+                }
+            }
+            Admission::Answered => None,
+        };
+        let Some((connecting, permit)) = admitted else {
             continue;
         };
         let guard = ConnectionGuard::new(worker.clone(), slot, permit);
@@ -146,8 +171,20 @@ async fn run(
     endpoint.set_server_config(None);
 }
 
+/// What [`admit`] made of an incoming connection.
+enum Admission {
+    /// Its handshake started, with its place under the listener's cap.
+    Admitted(quinn::Connecting, Permit),
+    /// The listener is at its cap: an idle connection is to give way ([`AtCap`]). Boxed:
+    /// an `Incoming` is large, and rare here.
+    AtCap(Box<quinn::Incoming>),
+    /// Answered with a Retry, or refused (counted).
+    Answered,
+}
+
 /// Judges `incoming` on listener slot `slot`: its handshake starts, with its place under
-/// the listener's connection cap, or it is answered with a Retry or refused (counted).
+/// the listener's connection cap, or it waits for one, or it is answered with a Retry or
+/// refused (counted).
 fn admit(
     incoming: quinn::Incoming,
     worker: &Worker,
@@ -155,13 +192,8 @@ fn admit(
     setup: &Setup,
     rate: &mut Rate,
     cap: &ListenerCap,
-) -> Option<(quinn::Connecting, Permit)> {
-    let metrics = worker.metrics.listener(slot).map(|m| &m.http3);
-    let count = |pick: fn(&Http3Metrics) -> &Counter| {
-        if let Some(m) = metrics {
-            pick(m).inc();
-        }
-    };
+) -> Admission {
+    let count = |pick| count(worker, slot, pick);
     // Under a flood of Initials (spoofed sources among them), a client proves its
     // address with a Retry round trip before any handshake work is done for it. So
     // does one that would take a handshake place from another (TLS over TCP's
@@ -175,19 +207,71 @@ fn admit(
         if incoming.retry().is_ok() {
             count(|m| &m.retries);
         }
-        return None;
+        return Admission::Answered;
     }
-    let permit = (!worker.is_draining()).then(|| cap.try_acquire());
-    let Some(permit) = permit.flatten() else {
-        count(|m| &m.refused);
-        incoming.refuse();
-        return None;
+    if worker.is_draining() {
+        refuse(incoming, worker, slot);
+        return Admission::Answered;
+    }
+    let Some(permit) = cap.try_acquire() else {
+        return Admission::AtCap(Box::new(incoming));
     };
+    match accept(incoming, worker, slot, setup, permit) {
+        Some((connecting, permit)) => Admission::Admitted(connecting, permit),
+        None => Admission::Answered,
+    }
+}
+
+/// Starts the handshake of `incoming` in its place `permit` (`None`: it failed at once,
+/// counted).
+fn accept(
+    incoming: quinn::Incoming,
+    worker: &Worker,
+    slot: usize,
+    setup: &Setup,
+    permit: Permit,
+) -> Option<(quinn::Connecting, Permit)> {
     let Ok(connecting) = incoming.accept_with(setup.config.clone()) else {
-        count(|m| &m.handshake_failures);
+        count(worker, slot, |m| &m.handshake_failures);
         return None;
     };
     Some((connecting, permit))
+}
+
+/// Refuses `incoming` (counted in `weir_http3_refused_total`).
+fn refuse(incoming: quinn::Incoming, worker: &Worker, slot: usize) {
+    count(worker, slot, |m| &m.refused);
+    incoming.refuse();
+}
+
+/// Counts an event of listener slot `slot` in the HTTP/3 counter `pick` chooses.
+fn count(worker: &Worker, slot: usize, pick: fn(&Http3Metrics) -> &Counter) {
+    if let Some(m) = worker.metrics.listener(slot) {
+        pick(&m.http3).inc();
+    }
+}
+
+/// The endpoint's side of reclaiming places at the cap, and its rate-limited log of
+/// pauses.
+struct AtCap {
+    reclaim: Reclaimer,
+    log: ResourceLog,
+}
+
+impl AtCap {
+    /// A place for a newcomer at the cap: an idle connection of the listener closes for
+    /// it (this worker's, or another's when this one has none), within `bound`. `None`:
+    /// none freed a place in time, or the worker drains or the listener stops first.
+    async fn place(
+        &mut self,
+        worker: &Worker,
+        cap: &ListenerCap,
+        stop: &StopSignal,
+        bound: std::time::Duration,
+    ) -> Option<Permit> {
+        let place = self.reclaim.place_for(worker, cap, &mut self.log, stop);
+        crate::time::with_timeout(bound, place).await.ok().flatten()
+    }
 }
 
 /// The QUIC setup of listener slot `slot` in `snapshot`; `None` when the listener is gone
@@ -211,6 +295,7 @@ fn setup(snapshot: &Arc<Snapshot>, slot: usize) -> Option<Setup> {
             handshake_timeout: tls.handshake_timeout,
             max_handshakes: tls.max_handshakes,
             header_timeout: listener.header_timeout,
+            keepalive_timeout: listener.keepalive_timeout,
             max_field_section_size: u64::from(http3.max_field_section_size),
             early_data: http3.early_data,
             resets: (listener.http2.reset_budget, listener.http2.reset_window),

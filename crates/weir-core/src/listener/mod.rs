@@ -12,7 +12,7 @@ pub mod cap;
 pub mod control;
 mod holder;
 pub mod proxy_protocol;
-mod reclaim;
+pub(crate) mod reclaim;
 
 pub use accept::accept_loop;
 pub use bind::{bind_reuseport, set_defer_accept};

@@ -32,6 +32,11 @@
 //! its own worker's `places` only. With nothing idle anywhere the accept loop pauses
 //! (`weir_accept_paused_total`), the ask open, so the first connection to go idle on any
 //! worker is closed for the newcomer.
+//!
+//! A listener's QUIC endpoint (`http3::endpoint`) holds a newcomer at the cap the same way
+//! ([`Reclaimer::asking`]): its idle HTTP/3 connections are in the same `places`, so either
+//! transport's newcomer takes the place of either's idle connection. It answers no asks:
+//! the TCP accept loops of its listener on the same worker do.
 
 use std::future::poll_fn;
 use std::rc::Rc;
@@ -50,13 +55,15 @@ use crate::worker::Worker;
 static NEXT_ASKER: AtomicU64 = AtomicU64::new(0);
 
 /// One accept loop's side of reclaiming: its asks, and its worker's answers to others'.
-pub(super) struct Reclaimer {
+pub(crate) struct Reclaimer {
     /// The listener's metric slot and `max_connections`.
     slot: usize,
     limit: usize,
     asker: u64,
     log: ResourceLog,
-    answers: JoinHandle<()>,
+    /// The task answering the other workers' asks (`None`: another loop of the listener
+    /// on this worker answers them).
+    answers: Option<JoinHandle<()>>,
 }
 
 impl Reclaimer {
@@ -68,19 +75,28 @@ impl Reclaimer {
         stop: &Rc<StopSignal>,
     ) -> Reclaimer {
         let answers = answer_asks(worker.clone(), slot, cap.clone(), stop.clone());
+        let mut reclaimer = Reclaimer::asking(slot, cap);
+        reclaimer.answers = Some(tokio::task::spawn_local(answers));
+        reclaimer
+    }
+
+    /// A reclaimer that only asks (a QUIC endpoint, whose listener's TCP accept loop on
+    /// the same worker answers the asks).
+    pub fn asking(slot: usize, cap: &ListenerCap) -> Reclaimer {
         Reclaimer {
             slot,
             limit: cap.limit,
             asker: NEXT_ASKER.fetch_add(1, Ordering::Relaxed),
             log: ResourceLog::default(),
-            answers: tokio::task::spawn_local(answers),
+            answers: None,
         }
     }
 
     /// A place under the cap for a connection accepted at it: an idle connection of this
     /// worker is closed for it, or else the other workers are asked to close one; the
     /// place is the first that a close frees. `None`: the worker drains or the listener
-    /// stops first.
+    /// stops first. Dropped unfinished (a QUIC newcomer that waited too long), it takes
+    /// its ask back.
     pub async fn place_for(
         &mut self,
         worker: &Worker,
@@ -88,16 +104,16 @@ impl Reclaimer {
         pause_log: &mut ResourceLog,
         stop: &StopSignal,
     ) -> Option<Permit> {
-        let mut asked = false;
-        let permit = loop {
+        let mut asked = None;
+        loop {
             if let Some(permit) = cap.try_acquire() {
-                break Some(permit);
+                return Some(permit);
             }
             if !evict_idlest(worker, self.slot, self.limit, &mut self.log) {
                 // Again after an answer whose place another worker's newcomer took.
                 cap.count.ask(self.asker);
-                if !asked {
-                    asked = true;
+                if asked.is_none() {
+                    asked = Some(Ask(cap, self.asker));
                     let message = "listener at max_connections: pausing accepts until a worker has an idle connection to close or a connection closes";
                     tell_at_cap(
                         worker,
@@ -111,20 +127,27 @@ impl Reclaimer {
             }
             tokio::select! {
                 () = cap.wait_below(|| {}) => {}
-                () = worker.drained() => break None,
-                () = stop.stopped() => break None,
+                () = worker.drained() => return None,
+                () = stop.stopped() => return None,
             }
-        };
-        if asked {
-            cap.count.withdraw(self.asker);
         }
-        permit
     }
 }
 
 impl Drop for Reclaimer {
     fn drop(&mut self) {
-        self.answers.abort();
+        if let Some(answers) = &self.answers {
+            answers.abort();
+        }
+    }
+}
+
+/// An accept loop's open ask, taken back when its wait ends (however it ends).
+struct Ask<'a>(&'a ListenerCap, u64);
+
+impl Drop for Ask<'_> {
+    fn drop(&mut self) {
+        self.0.count.withdraw(self.1);
     }
 }
 

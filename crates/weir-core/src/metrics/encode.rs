@@ -125,7 +125,7 @@ pub(super) const HTTP3_FAMILIES: [(&str, &str, PickCounter); 13] = [
     ("weir_http3_handshake_failures", "QUIC handshakes that failed (TLS or transport error, client gone).", |m| &m.http3.handshake_failures),
     ("weir_http3_handshake_timeouts", "QUIC handshakes not finished within handshake_timeout.", |m| &m.http3.handshake_timeouts),
     ("weir_http3_handshake_evictions", "QUIC handshakes closed at max_handshakes to make room for a new one (the idlest).", |m| &m.http3.handshake_evictions),
-    ("weir_http3_refused", "QUIC connection attempts refused (at max_connections, or while draining).", |m| &m.http3.refused),
+    ("weir_http3_refused", "QUIC connection attempts refused (at max_connections with no idle connection giving way within handshake_timeout, or while draining).", |m| &m.http3.refused),
     ("weir_http3_retries", "QUIC Retry packets sent (address validation above retry_threshold handshakes per second).", |m| &m.http3.retries),
     ("weir_http3_streams", "HTTP/3 request streams served.", |m| &m.http3.streams),
     ("weir_http3_client_resets", "HTTP/3 request streams the client reset or stopped (RESET_STREAM, STOP_SENDING) before the response ended.", |m| &m.http3.client_resets),
@@ -629,7 +629,7 @@ impl Scrape {
         self.per_listener(enc, &[
             ("weir_connections", "Client connections accepted.", |m| &m.connections_total),
             ("weir_accept_paused", "Times a worker stopped accepting because the listener had max_connections open (and, on HTTP listeners, no idle connection on the worker to close for the new one).", |m| &m.accept_paused),
-            ("weir_connections_evicted", "Idle client connections (waiting for a request, or in their TLS handshake) closed at max_connections to make room for a new one.", |m| &m.connections_evicted),
+            ("weir_connections_evicted", "Idle client connections (waiting for a request, an HTTP/2 or HTTP/3 connection with no stream open, or in their TLS or QUIC handshake) closed at max_connections to make room for a new one.", |m| &m.connections_evicted),
             ("weir_proxy_protocol_rejected", "Connections closed for a missing, malformed or untrusted PROXY header.", |m| &m.proxy_rejected),
         ])?;
         let dropped = vec![(vec![], self.dropped)];

@@ -1,0 +1,198 @@
+//! An HTTP/3 connection with no request stream open is idle, as an HTTP/1.1 connection
+//! between requests or an HTTP/2 one with no stream: it closes (H3_NO_ERROR) once idle
+//! for `keepalive_timeout` (`header_timeout` before its first request), whatever QUIC
+//! PINGs keep its QUIC connection alive, and at the listener's `max_connections` it gives
+//! its place to a newcomer of either transport (`weir_connections_evicted_total`). One
+//! with a request under way keeps its place. Before, idle QUIC connections held their
+//! places for life: ten of them locked a listener with `max_connections = 10` out, over
+//! TCP too (attacker review, finding 1).
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::Request;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use weir_testkit::certs::{Leaf, TestCa};
+use weir_testkit::h3_client::{connect_to, get, ConnectionError, H3Client};
+use weir_testkit::{wait_until_async, Backend};
+
+use common::{single, tls_table, Weir, WAIT};
+
+const NAME: &str = "idle.example.com";
+const ACTIVE: &str = "weir_connections_active{listener=\"web\"}";
+const EVICTED: &str = "weir_connections_evicted_total{listener=\"web\"}";
+/// HTTP/3's NO_ERROR (RFC 9114 8.1).
+const H3_NO_ERROR: u32 = 0x100;
+/// How long a newcomer at the cap may take to be served (an idle connection closes for
+/// it at once).
+const CLIENT_BOUND: Duration = Duration::from_secs(2);
+
+/// Weir with an `http3` TLS listener for `leaf` in front of `backend`, with `listener`'s
+/// lines. QUIC's own `idle_timeout` is long: only Weir's idle bounds close a connection.
+fn start(backend: SocketAddr, leaf: &Leaf, listener: &str) -> Weir {
+    single(backend)
+        .listener(listener)
+        .listener("http3 = { idle_timeout = \"120s\" }")
+        .listener(&tls_table(&[leaf], "handshake_timeout = \"10s\"\n"))
+        .start()
+}
+
+/// Waits for `c`'s connection to close and returns why.
+async fn closed(c: &H3Client) -> ConnectionError {
+    let closed = tokio::time::timeout(WAIT, c.connection.closed()).await;
+    closed.expect("the connection closes")
+}
+
+/// Whether `e` is Weir closing the connection on purpose (H3_NO_ERROR).
+fn closed_with_no_error(e: &ConnectionError) -> bool {
+    matches!(e, ConnectionError::ApplicationClosed(a) if a.error_code.into_inner() == u64::from(H3_NO_ERROR))
+}
+
+/// A TLS connection to `addr` whose HTTP/1.1 request is answered within
+/// [`CLIENT_BOUND`]; kept open (idle) afterwards.
+async fn tls_client(ca: &TestCa, addr: SocketAddr) -> tokio_rustls::client::TlsStream<TcpStream> {
+    let connector = tokio_rustls::TlsConnector::from(ca.client_config());
+    let served = async {
+        let tcp = TcpStream::connect(addr).await.unwrap();
+        let name = rustls::pki_types::ServerName::try_from(NAME).unwrap();
+        let mut s = connector.connect(name, tcp).await.unwrap();
+        let head = format!("GET / HTTP/1.1\r\nHost: {NAME}\r\n\r\n");
+        s.write_all(head.as_bytes()).await.unwrap();
+        let mut got = vec![0u8; 2048];
+        let n = s.read(&mut got).await.unwrap();
+        assert!(got[..n].starts_with(b"HTTP/1.1 200"), "{:?}", &got[..n]);
+        s
+    };
+    tokio::time::timeout(CLIENT_BOUND, served)
+        .await
+        .expect("the TLS client is served at once")
+}
+
+/// An HTTP/3 connection whose GET is answered within [`CLIENT_BOUND`].
+async fn h3_client(ca: &TestCa, addr: SocketAddr) -> H3Client {
+    let served = async {
+        let mut c = connect_to(ca, addr, NAME).await;
+        let r = get(&mut c.send, NAME, "/").await.expect("GET");
+        assert_eq!(r.status, 200);
+        c
+    };
+    tokio::time::timeout(CLIENT_BOUND, served)
+        .await
+        .expect("the HTTP/3 client is served at once")
+}
+
+/// Idle after a request: closed with H3_NO_ERROR after `keepalive_timeout`; never sending
+/// one: after `header_timeout`. QUIC's `idle_timeout` (120 s) would close neither before
+/// the wait ends. Before, both stayed open until QUIC's idle timeout.
+#[tokio::test]
+async fn idle_connections_close_after_keepalive_timeout_and_header_timeout() {
+    let ca = TestCa::new("h3 idle CA");
+    let leaf = ca.leaf(&[NAME]);
+    let b = Backend::echo("app");
+    let weir = start(
+        b.addr(),
+        &leaf,
+        "header_timeout = \"2s\"\nkeepalive_timeout = \"1s\"",
+    );
+    let started = Instant::now();
+    let silent = connect_to(&ca, weir.addr, NAME).await;
+    let served = h3_client(&ca, weir.addr).await;
+    let why = closed(&served).await;
+    assert!(closed_with_no_error(&why), "{why:?}");
+    let why = closed(&silent).await;
+    assert!(closed_with_no_error(&why), "{why:?}");
+    assert!(
+        started.elapsed() >= Duration::from_secs(2),
+        "not before header_timeout"
+    );
+    wait_until_async(WAIT, || weir.metric_now(ACTIVE) == Some(0)).await;
+    assert_eq!(weir.metric(ACTIVE), 0);
+}
+
+/// At the cap, held by idle HTTP/3 connections (one after a request, one that never sent
+/// any), a TLS client over TCP is served at once: the idlest HTTP/3 connection closes for
+/// it. Before, the TCP newcomer waited in the backlog until QUIC's idle timeout.
+#[tokio::test]
+async fn a_tcp_newcomer_takes_the_place_of_an_idle_h3_connection() {
+    let ca = TestCa::new("h3 idle CA");
+    let leaf = ca.leaf(&[NAME]);
+    let b = Backend::echo("app");
+    let long = "header_timeout = \"60s\"\nkeepalive_timeout = \"60s\"";
+    let weir = start(b.addr(), &leaf, &format!("max_connections = 2\n{long}"));
+    let silent = connect_to(&ca, weir.addr, NAME).await;
+    let served = h3_client(&ca, weir.addr).await;
+    assert!(wait_until_async(WAIT, || weir.metric_now(ACTIVE) == Some(2)).await);
+    let _newcomer = tls_client(&ca, weir.addr).await;
+    // The idlest (the silent one, set up first) gave way.
+    let why = closed(&silent).await;
+    assert!(closed_with_no_error(&why), "{why:?}");
+    assert_eq!(weir.metric(EVICTED), 1);
+    assert!(
+        served.connection.close_reason().is_none(),
+        "only one gave way"
+    );
+}
+
+/// The reverse: at the cap, held by idle TLS connections over TCP, an HTTP/3 client is
+/// served at once. Before, it was refused (CONNECTION_REFUSED).
+#[tokio::test]
+async fn an_h3_newcomer_takes_the_place_of_an_idle_tcp_connection() {
+    let ca = TestCa::new("h3 idle CA");
+    let leaf = ca.leaf(&[NAME]);
+    let b = Backend::echo("app");
+    let long = "header_timeout = \"60s\"\nkeepalive_timeout = \"60s\"";
+    let weir = start(b.addr(), &leaf, &format!("max_connections = 2\n{long}"));
+    let mut idle = tls_client(&ca, weir.addr).await;
+    let _other = tls_client(&ca, weir.addr).await;
+    assert!(wait_until_async(WAIT, || weir.metric_now(ACTIVE) == Some(2)).await);
+    let mut newcomer = h3_client(&ca, weir.addr).await;
+    let mut buf = [0u8; 64];
+    let read = tokio::time::timeout(WAIT, idle.read(&mut buf)).await;
+    assert!(
+        matches!(read, Ok(Ok(0) | Err(_))),
+        "the idlest TCP one closed"
+    );
+    assert_eq!(weir.metric(EVICTED), 1);
+    // The newcomer's connection is a kept one: served again.
+    let r = get(&mut newcomer.send, NAME, "/again").await.expect("GET");
+    assert_eq!(r.status, 200);
+}
+
+/// An HTTP/3 connection with a request under way (a body half sent) keeps its place: an
+/// idle one gives way to the newcomer, and the request then finishes.
+#[tokio::test]
+async fn an_h3_connection_with_a_request_under_way_keeps_its_place() {
+    let ca = TestCa::new("h3 idle CA");
+    let leaf = ca.leaf(&[NAME]);
+    let b = Backend::echo("app");
+    let long = "header_timeout = \"60s\"\nkeepalive_timeout = \"60s\"";
+    let weir = start(b.addr(), &leaf, &format!("max_connections = 2\n{long}"));
+    let mut busy = connect_to(&ca, weir.addr, NAME).await;
+    let idle = h3_client(&ca, weir.addr).await;
+    let post = Request::post(format!("https://{NAME}/upload"))
+        .header("content-length", "17")
+        .body(())
+        .unwrap();
+    let mut stream = busy.send.send_request(post).await.unwrap();
+    stream.send_data(Bytes::from_static(b"half")).await.unwrap();
+    // Its head reached the backend: Weir has the stream.
+    assert!(wait_until_async(WAIT, || b.in_flight() == 1).await);
+    assert!(wait_until_async(WAIT, || weir.metric_now(ACTIVE) == Some(2)).await);
+    // The busy connection is the idlest by its setup: it would go first if it were idle.
+    let _newcomer = tls_client(&ca, weir.addr).await;
+    let why = closed(&idle).await;
+    assert!(closed_with_no_error(&why), "{why:?}");
+    assert_eq!(weir.metric(EVICTED), 1);
+    stream
+        .send_data(Bytes::from_static(b" and the rest"))
+        .await
+        .unwrap();
+    stream.finish().await.unwrap();
+    let response = tokio::time::timeout(WAIT, stream.recv_response()).await;
+    assert_eq!(response.expect("answered").expect("response").status(), 200);
+    assert!(busy.connection.close_reason().is_none());
+}
