@@ -12,7 +12,7 @@ use std::os::fd::AsRawFd;
 
 use super::body::{self, BodyState};
 use super::driver::{drive, Accepted, Attempt, Exchange, Miss, Sender, Tries};
-use super::filling::{relay_recorded, Filling, NoFill, Record};
+use super::filling::relay_recorded;
 use super::h1::{
     client_pump_error, client_write_error, pool_after_answer, reuse, send_streaming, send_whole,
     Http1Interim, Http1Response, Reading, RequestMeta,
@@ -24,6 +24,7 @@ use super::relay::{
 use super::request_head::{render_response_rules, write_upstream_head};
 use super::{tunnel, Failure, Target};
 use crate::buffer::Buffer;
+use crate::cache::{Fetched, Fill, Recorder};
 use crate::client::ClientConn;
 use crate::codec::http1::{BodyFraming, RequestHead, ResponseHead};
 use crate::connector::{UpstreamStream, WriteHalf};
@@ -186,18 +187,10 @@ pub(crate) async fn forward_h1(
                 request_done,
                 keep_alive,
             };
-            match conn.fill.take() {
-                None => {
-                    response
-                        .respond(conn, stream, &mut up_buf, resp, NoFill)
-                        .await
-                }
-                // Boxed: a route without `cache` keeps the exchange's state as before.
-                Some(fill) => {
-                    let responding = response.respond(conn, stream, &mut up_buf, resp, fill);
-                    Box::pin(responding).await
-                }
-            }
+            let fill = conn.fill.take();
+            response
+                .respond(conn, stream, &mut up_buf, resp, fill)
+                .await
         }
         // A cache's fill stays in `conn.fill`: `forward` weighs its stale entry.
         Err(failure) => Err(failure),
@@ -324,21 +317,22 @@ struct Response<'a> {
 impl Response<'_> {
     /// Writes the response head (with the route's edits) and relays the body, compressed
     /// when the route's plan says so; pools the upstream connection when it is left clean.
-    /// `fill`: what stores the response (or answers instead of it).
-    async fn respond<F: Filling>(
+    /// `fill`: a cache miss's, which stores the response (or answers instead of it).
+    async fn respond(
         &self,
         conn: &mut ClientConn,
         mut stream: UpstreamStream,
         up_buf: &mut Buffer,
         resp: &mut ResponseHead,
-        fill: F,
+        fill: Option<Box<Fill>>,
     ) -> Result<bool, Failure> {
         if resp.status == 101 {
             // Boxed: a tunnel's state is not every response's.
             return Box::pin(self.upgrade(conn, stream, up_buf, resp)).await;
         }
         // A 304 refreshing the stale entry, or a 5xx it may answer for.
-        if let Some(reply) = fill.answer_instead(up_buf.filled(), resp) {
+        let fetched = Fetched::Http1(up_buf.filled(), resp);
+        if let Some(reply) = fill.as_ref().and_then(|f| f.answer_instead(fetched, false)) {
             let answered = self.answer_from_store(conn, stream, up_buf, resp, reply);
             return Box::pin(answered).await;
         }
@@ -350,8 +344,8 @@ impl Response<'_> {
         // A compressed body is re-framed as chunks: it needs the raw bytes, and its end
         // no longer depends on the upstream's close.
         let dechunk = resp.framing == BodyFraming::Chunked && (meta.http10 || encoding.is_some());
-        let status_line = fill.status_line();
-        let recorder = fill.admit(up_buf.filled(), resp, dechunk);
+        let status_line = fill.as_ref().and_then(|f| f.status_line());
+        let recorder = fill.and_then(|f| f.admit(fetched, dechunk));
         let close = !self.keep_alive
             || !self.request_done
             || (dechunk && encoding.is_none())
@@ -450,13 +444,13 @@ impl Response<'_> {
     /// `dechunk`: a chunked body is decoded), counting the try; a cache's `recorder`
     /// keeps a copy of what the upstream sent, stored once all of it was relayed. Returns whether all of it came with the
     /// head (uncompressed: the connection is idle from the head's arrival).
-    async fn relay_body<R: Record>(
+    async fn relay_body(
         &self,
         conn: &mut ClientConn,
         up: Http1Response<'_>,
         plan: &Plan,
         dechunk: bool,
-        mut recorder: Option<R>,
+        mut recorder: Option<Box<Recorder>>,
     ) -> Result<bool, Failure> {
         let Http1Response {
             stream,
@@ -488,7 +482,7 @@ impl Response<'_> {
             chunked: plan.encoding.is_some(),
             trailers: None,
         };
-        let recording = recorder.as_mut();
+        let recording = recorder.as_deref_mut();
         let relayed = relay_recorded(&mut source, &mut sink, coding.as_mut(), recording).await;
         conn.current.compressed = coding.as_ref().map(Coding::compressed);
         relayed.map_err(|(Broke::Source(e) | Broke::Sink(e))| Failure::after_head(e))?;
