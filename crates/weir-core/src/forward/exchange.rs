@@ -113,31 +113,18 @@ fn write_heads(
     offered
 }
 
-/// An HTTP/1.x client's request on its way: its connection (the head at the start of
-/// `conn.buf`), what the exchange remembers of it, and where the response head is read.
-pub(crate) struct Http1Request<'c> {
-    pub conn: &'c mut ClientConn,
-    pub req: &'c RequestHead,
-    pub resp: &'c mut ResponseHead,
-    pub meta: RequestMeta,
-    /// The client connection may stay open after the response.
-    pub keep_alive: bool,
-}
-
-/// Forwards the request whose head is at the start of `client.conn.buf` over HTTP/1.1
-/// connections (the tries of `x`), and relays the response. Returns whether the client
-/// connection stays open.
+/// Forwards the request whose head `req` is at the start of `conn.buf` over HTTP/1.1
+/// connections (the tries of `x`), and relays the response (its head read into `resp`;
+/// `meta`: what the exchange remembers of the request). `keep_alive`: the client
+/// connection may stay open after the response. Returns whether it does.
 pub(crate) async fn forward_h1(
     x: &Exchange<'_>,
-    client: Http1Request<'_>,
+    conn: &mut ClientConn,
+    req: &RequestHead,
+    resp: &mut ResponseHead,
+    meta: RequestMeta,
+    keep_alive: bool,
 ) -> Result<bool, Failure> {
-    let Http1Request {
-        conn,
-        req,
-        resp,
-        meta,
-        keep_alive,
-    } = client;
     let mut body = BodyState::new(req.framing, false, x.target.listener.max_body_size);
     let (buffered, _) = body
         .take(&mut conn.buf.filled_mut()[req.head_len..])

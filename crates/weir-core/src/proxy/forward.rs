@@ -11,7 +11,7 @@ use crate::cache::{CacheResult, Fill};
 use crate::client::ClientConn;
 use crate::codec::http1::{RequestHead, ResponseHead};
 use crate::files::{respond_http1, send_http1, Sending, Under};
-use crate::forward::exchange::{exchange, forward_h1, request_meta, Http1Request};
+use crate::forward::exchange::{exchange, forward_h1, request_meta};
 use crate::forward::filling::stale_answer;
 use crate::forward::request_head::render_response_rules;
 use crate::forward::{carrier, Carrier, Failure, Target};
@@ -41,22 +41,13 @@ pub(crate) async fn forward(
     // read (hashed, for `consistent_hash`) once either way.
     let x = over_http1.then(|| exchange(worker, *target, conn, req, trace.as_deref()));
     let meta = request_meta(target, conn.buf.filled(), req);
-    let client = Http1Request {
-        conn,
-        req,
-        resp,
-        meta,
-        keep_alive,
-    };
     match &x {
-        Some(x) => forward_h1(x, client).await,
+        Some(x) => forward_h1(x, conn, req, resp, meta, keep_alive).await,
         // Boxed, as an HTTP/2 client's stream boxes it (`http2::stream`): its state is
         // about twice an HTTP/1.1 upstream's, and every request's future would hold it.
         None => {
-            Box::pin(crate::http2::from_http1::forward_h2(
-                worker, *target, client,
-            ))
-            .await
+            let to_h2 = crate::http2::from_http1::forward_h2;
+            Box::pin(to_h2(worker, *target, conn, req, resp, meta, keep_alive)).await
         }
     }
 }
