@@ -109,7 +109,7 @@ pub(crate) async fn send_http1(
         return Err(ProxyError::UpstreamMalformed("incomplete reply head").into());
     }
     if reply.cache.is_some() {
-        conn.current.cache = reply.cache;
+        conn.current.exchange.cache = reply.cache;
     }
     let route = under.route;
     let lines = std::mem::take(&mut conn.resp_lines);
@@ -165,7 +165,7 @@ async fn send_body(
         trailers: None,
     };
     let relayed = relay(&mut source, &mut sink, coding.as_mut()).await;
-    conn.current.compressed = coding.as_ref().map(Coding::compressed);
+    conn.current.exchange.compressed = coding.as_ref().map(Coding::compressed);
     relayed.map_err(|(Broke::Source(e) | Broke::Sink(e))| e)
 }
 

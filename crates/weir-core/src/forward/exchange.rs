@@ -144,7 +144,7 @@ pub(crate) async fn forward_h1(
         resp,
         meta,
     };
-    let mut last_try = sender.conn.current.last_try;
+    let mut last_try = sender.conn.current.exchange.last_try;
     let started = sender.conn.current.started;
     let accepted = drive(x, &mut sender, started, &mut last_try).await;
     let Http1Sender {
@@ -156,7 +156,7 @@ pub(crate) async fn forward_h1(
         mut up_buf,
         ..
     } = sender;
-    conn.current.last_try = last_try;
+    conn.current.exchange.last_try = last_try;
     // The request (the body too, when it was whole) is consumed once it is answered, or
     // failed: read whole, the connection may go on after Weir's answer.
     if !consumed {
@@ -471,7 +471,7 @@ impl Response<'_> {
         };
         let recording = recorder.as_deref_mut();
         let relayed = relay_recorded(&mut source, &mut sink, coding.as_mut(), recording).await;
-        conn.current.compressed = coding.as_ref().map(Coding::compressed);
+        conn.current.exchange.compressed = coding.as_ref().map(Coding::compressed);
         relayed.map_err(|(Broke::Source(e) | Broke::Sink(e))| Failure::after_head(e))?;
         if let Some(recorder) = recorder {
             recorder.finish();

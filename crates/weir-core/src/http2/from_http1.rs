@@ -62,13 +62,12 @@ pub(crate) async fn forward_h2(
         end_stream: false,
         keep_alive,
     };
-    let mut trace = Trace::default();
+    let mut trace = std::mem::take(&mut conn.current.exchange);
     let tried = tries(worker, target, conn, req, &mut body, ask, &mut trace).await;
-    conn.current.last_try = trace.last_try;
-    conn.current.compressed = trace.compressed;
     if trace.status != 0 {
         resp.status = trace.status;
     }
+    conn.current.exchange = trace;
     // The request is consumed once answered (a streamed body consumed it as it went).
     conn.buf.consume(body.skip());
     conn.current.read = body.is_read();

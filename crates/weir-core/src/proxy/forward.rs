@@ -65,7 +65,7 @@ pub(crate) async fn forward_filling(
     keep_alive: bool,
     mut fill: Box<Fill>,
 ) -> Result<bool, Failure> {
-    conn.current.cache = Some(CacheResult::Miss);
+    conn.current.exchange.cache = Some(CacheResult::Miss);
     let under = Under::of_target(&target);
     if let Some(reply) = fill.collapse().await {
         conn.current.read = true;
