@@ -10,7 +10,7 @@ use std::mem::take;
 use crate::cache::{CacheResult, Fill};
 use crate::client::ClientConn;
 use crate::codec::http1::{RequestHead, ResponseHead};
-use crate::files::{respond_http1, send_http1, Sending, Under};
+use crate::files::{respond_http1, send_http1, Under};
 use crate::forward::exchange::{exchange, forward_h1, request_meta};
 use crate::forward::filling::stale_answer;
 use crate::forward::request_head::render_response_rules;
@@ -80,30 +80,16 @@ pub(crate) async fn forward_filling(
     let meta = request_meta(&target, conn.buf.filled(), req);
     conn.fill = Some(fill);
     let result = forward(worker, &target, conn, req, resp, keep_alive).await;
-    // A miss that failed before any of the response was sent: its stale entry may answer.
-    match (result, conn.fill.take()) {
-        (Err(failure), Some(fill)) => {
-            let to = meta.sending(keep_alive && conn.current.read);
-            let under = Under::of_target(&target);
-            answer_stale(conn, resp, failure, &fill, under, to).await
-        }
-        (result, _) => result,
-    }
-}
-
-/// Answers `failure` (nothing sent yet) from the stale entry of `fill` when it may answer
-/// for it (`stale-if-error`, `serve_stale_on`); else the failure stands.
-async fn answer_stale(
-    conn: &mut ClientConn,
-    resp: &mut ResponseHead,
-    failure: Failure,
-    fill: &Fill,
-    under: Under<'_>,
-    to: Sending,
-) -> Result<bool, Failure> {
-    let Some(reply) = stale_answer(fill, &failure) else {
-        return Err(failure);
+    // A miss that failed before any of the response was sent: its stale entry may answer
+    // for the failure (`stale-if-error`, `serve_stale_on`); else the failure stands.
+    let stale = match (&result, conn.fill.take()) {
+        (Err(failure), Some(fill)) => stale_answer(&fill, failure),
+        _ => None,
     };
-    send_http1(conn, under, reply, to, resp).await?;
+    let Some(reply) = stale else {
+        return result;
+    };
+    let to = meta.sending(keep_alive && conn.current.read);
+    send_http1(conn, Under::of_target(&target), reply, to, resp).await?;
     Ok(to.keep_alive)
 }
