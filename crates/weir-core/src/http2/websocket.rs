@@ -21,7 +21,7 @@ use h2::server::SendResponse;
 use h2::{Reason, RecvStream, SendStream};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
-use super::exchange::{StreamRequest, StreamSender, Trace};
+use super::exchange::{stopped, StreamRequest, StreamSender, Trace};
 use super::respond::head_from_http1;
 use super::send::{send_data, unless_reset, Stop};
 use crate::buffer::Buffer;
@@ -121,11 +121,7 @@ impl StreamRequest<'_> {
         let opened = unless_reset(respond, self.open(key, up_buf, &mut resp, trace)).await;
         let stream = match opened {
             Ok(opened) => opened?,
-            Err(Stop::Reset) => {
-                trace.reset = true;
-                return Err(ProxyError::ClientClosed.into());
-            }
-            Err(Stop::Error(e)) => return Err(e.into()),
+            Err(stop) => return Err(stopped(stop, trace)),
         };
         let (stream, switched) = stream;
         if !switched {
