@@ -395,8 +395,7 @@ impl Response<'_> {
                 true => self.accepted.head_at,
                 false => std::time::Instant::now(),
             };
-            let accepted = self.accepted;
-            reuse(self.x, accepted.server, accepted.metrics, stream, idle_from);
+            reuse(self.x, self.accepted, stream, idle_from);
         }
     }
 

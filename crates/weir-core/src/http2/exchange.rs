@@ -245,7 +245,7 @@ impl StreamRequest<'_> {
                 true => accepted.head_at,
                 false => Instant::now(),
             };
-            reuse(x, accepted.server, accepted.metrics, stream, since);
+            reuse(x, &accepted, stream, since);
         }
         Ok(())
     }

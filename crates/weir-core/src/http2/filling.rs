@@ -267,13 +267,7 @@ impl StreamRequest<'_> {
         discard(&mut recording, timeout).await?;
         recorder.finish();
         if resp.keeps_alive() && request_done && up_buf.is_empty() {
-            reuse(
-                &x,
-                accepted.server,
-                accepted.metrics,
-                stream,
-                Instant::now(),
-            );
+            reuse(&x, &accepted, stream, Instant::now());
         }
         Ok(())
     }
