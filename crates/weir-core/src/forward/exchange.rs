@@ -35,7 +35,7 @@ use crate::filters::upgrade::{switch_allowed, Offered};
 use crate::otel::RequestTrace;
 use crate::upstream::RequestKey;
 use crate::worker::Worker;
-use weir_config::UpstreamServer;
+use weir_config::{Listener, Route, UpstreamServer};
 
 /// What every try of `req` shares.
 #[inline]
@@ -65,8 +65,14 @@ pub(crate) fn exchange<'a>(
     }
 }
 
-/// What the exchange remembers of the request whose head is in `buf`.
-pub(crate) fn request_meta(target: &Target<'_>, buf: &[u8], req: &RequestHead) -> RequestMeta {
+/// What the exchange (or a reply from the store, `files`) remembers of the request whose
+/// head is in `buf`, on a `route` of `listener`.
+pub(crate) fn request_meta(
+    route: &Route,
+    listener: &Listener,
+    buf: &[u8],
+    req: &RequestHead,
+) -> RequestMeta {
     let http10 = req.minor_version == 0;
     RequestMeta {
         is_head: req.is_head,
@@ -74,10 +80,10 @@ pub(crate) fn request_meta(target: &Target<'_>, buf: &[u8], req: &RequestHead) -
         upgrade: Default::default(),
         // HTTP/1.0 clients get identity: a compressed body has no length to announce,
         // and ending it by closing costs the connection.
-        accepted: (target.route.filters.compression.as_ref())
+        accepted: (route.filters.compression.as_ref())
             .filter(|_| !http10)
             .and_then(|c| compression::negotiate(c, buf, &req.headers)),
-        max_informational: target.listener.max_informational,
+        max_informational: listener.max_informational,
     }
 }
 

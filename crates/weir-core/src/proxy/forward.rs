@@ -40,7 +40,7 @@ pub(crate) async fn forward(
     // the HTTP/2 sender makes its own (`drive_h2`), so the request's balancing key is
     // read (hashed, for `consistent_hash`) once either way.
     let x = over_http1.then(|| exchange(worker, *target, conn, req, trace.as_deref()));
-    let meta = request_meta(target, conn.buf.filled(), req);
+    let meta = request_meta(target.route, target.listener, conn.buf.filled(), req);
     match &x {
         Some(x) => forward_h1(x, conn, req, resp, meta, keep_alive).await,
         // Boxed, as an HTTP/2 client's stream boxes it (`http2::stream`): its state is
@@ -77,7 +77,7 @@ pub(crate) async fn forward_filling(
     render_response_rules(&mut lines, &conn.request(req), &conn.path, target.route);
     conn.resp_lines = lines;
     // Made now, while the request is at hand: how a stale answer would go.
-    let meta = request_meta(&target, conn.buf.filled(), req);
+    let meta = request_meta(target.route, target.listener, conn.buf.filled(), req);
     conn.fill = Some(fill);
     let result = forward(worker, &target, conn, req, resp, keep_alive).await;
     // A miss that failed before any of the response was sent: its stale entry may answer
