@@ -28,9 +28,9 @@ use crate::error::ProxyError;
 use crate::filters::forwarded::ClientIp;
 use crate::filters::headers::Vars;
 use crate::filters::request_id::RequestId;
+use crate::http2::exchange::Trace;
 use crate::metrics::shard::Protocol;
 use crate::places::IdlePlace;
-use crate::request::LastTry;
 use crate::request::{Origin, Request};
 use crate::router::RoutedPath;
 use crate::time::{with_timeout, LazyTimer};
@@ -120,12 +120,9 @@ pub struct Current {
     pub request_id: RequestId,
     /// Its access-log fields (filled only when the listener logs; the buffers are kept).
     pub log_fields: RequestFields,
-    /// The server it went to, if any, and how long it took to answer.
-    pub last_try: LastTry,
-    /// What the route's compression did to the response (metrics).
-    pub compressed: Option<crate::filters::compression::Compressed>,
-    /// What the route's cache did.
-    pub cache: Option<crate::cache::CacheResult>,
+    /// What the access log and metrics learn from its exchange, as for a stream's (the
+    /// server it went to, what compression and the cache did).
+    pub exchange: Trace,
     /// It failed before its response, and its head and whole body had been consumed from
     /// the buffer by then (which now starts at the next request): Weir's answer need not
     /// close the connection (`proxy::http1::answer`).
@@ -139,9 +136,7 @@ impl Current {
             real_client: None,
             request_id: RequestId::default(),
             log_fields: RequestFields::default(),
-            last_try: LastTry::default(),
-            compressed: None,
-            cache: None,
+            exchange: Trace::default(),
             read: false,
         }
     }
@@ -156,18 +151,14 @@ impl Current {
             real_client,
             request_id,
             log_fields,
-            last_try,
-            compressed,
-            cache,
+            exchange,
             read,
         } = self;
         *at = started;
         *real_client = None;
         request_id.clear();
         log_fields.clear();
-        *last_try = LastTry::default();
-        *compressed = None;
-        *cache = None;
+        *exchange = Trace::default();
         *read = false;
     }
 }

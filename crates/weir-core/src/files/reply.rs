@@ -15,8 +15,9 @@ use super::Reply;
 use crate::client::ClientConn;
 use crate::codec::http1::{parse_response, RequestHead, ResponseHead};
 use crate::error::ProxyError;
-use crate::filters::compression::{self, Plan};
+use crate::filters::compression::Plan;
 use crate::forward::body::{self, BodyState};
+use crate::forward::exchange::request_meta;
 use crate::forward::h1::client_write_error;
 use crate::forward::head::{coding, write_from_http1, ClientFraming, Edits};
 use crate::forward::relay::{relay, Broke, Coding, Http1Sink};
@@ -75,20 +76,12 @@ pub(crate) async fn respond_http1(
     let (_, consumed) = body
         .take(&mut conn.buf.filled_mut()[req.head_len..])
         .map_err(|_| ProxyError::BadRequest("malformed body"))?;
-    let http10 = req.minor_version == 0;
-    let accepted = (route.filters.compression.as_ref())
-        .filter(|_| !http10)
-        .and_then(|c| compression::negotiate(c, conn.buf.filled(), &req.headers));
+    let meta = request_meta(route, listener, conn.buf.filled(), req);
     let mut lines = std::mem::take(&mut conn.resp_lines);
     render_response_rules(&mut lines, &conn.request(req), &conn.path, route);
     conn.resp_lines = lines;
     conn.buf.consume(req.head_len + consumed);
-    let to = Sending {
-        is_head: req.is_head,
-        http10,
-        accepted,
-        keep_alive: keep_alive && body.is_done(),
-    };
+    let to = meta.sending(keep_alive && body.is_done());
     send_http1(conn, under, reply, to, resp).await?;
     Ok(to.keep_alive)
 }
@@ -109,7 +102,7 @@ pub(crate) async fn send_http1(
         return Err(ProxyError::UpstreamMalformed("incomplete reply head").into());
     }
     if reply.cache.is_some() {
-        conn.current.cache = reply.cache;
+        conn.current.exchange.cache = reply.cache;
     }
     let route = under.route;
     let lines = std::mem::take(&mut conn.resp_lines);
@@ -165,7 +158,7 @@ async fn send_body(
         trailers: None,
     };
     let relayed = relay(&mut source, &mut sink, coding.as_mut()).await;
-    conn.current.compressed = coding.as_ref().map(Coding::compressed);
+    conn.current.exchange.compressed = coding.as_ref().map(Coding::compressed);
     relayed.map_err(|(Broke::Source(e) | Broke::Sink(e))| e)
 }
 

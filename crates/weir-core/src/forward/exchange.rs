@@ -12,7 +12,7 @@ use std::os::fd::AsRawFd;
 
 use super::body::{self, BodyState};
 use super::driver::{drive, Accepted, Attempt, Exchange, Miss, Sender, Tries};
-use super::filling::{relay_recorded, Filling, NoFill, Record};
+use super::filling::relay_recorded;
 use super::h1::{
     client_pump_error, client_write_error, pool_after_answer, reuse, send_streaming, send_whole,
     Http1Interim, Http1Response, Reading, RequestMeta,
@@ -24,6 +24,7 @@ use super::relay::{
 use super::request_head::{render_response_rules, write_upstream_head};
 use super::{tunnel, Failure, Target, Timeouts};
 use crate::buffer::Buffer;
+use crate::cache::{Fetched, Fill, Recorder};
 use crate::client::ClientConn;
 use crate::codec::http1::{BodyFraming, RequestHead, ResponseHead};
 use crate::connector::{UpstreamStream, WriteHalf};
@@ -34,7 +35,7 @@ use crate::filters::upgrade::{switch_allowed, Offered};
 use crate::otel::RequestTrace;
 use crate::upstream::RequestKey;
 use crate::worker::Worker;
-use weir_config::UpstreamServer;
+use weir_config::{Listener, Route, UpstreamServer};
 
 /// What every try of `req` shares.
 #[inline]
@@ -64,8 +65,14 @@ pub(crate) fn exchange<'a>(
     }
 }
 
-/// What the exchange remembers of the request whose head is in `buf`.
-pub(crate) fn request_meta(target: &Target<'_>, buf: &[u8], req: &RequestHead) -> RequestMeta {
+/// What the exchange (or a reply from the store, `files`) remembers of the request whose
+/// head is in `buf`, on a `route` of `listener`.
+pub(crate) fn request_meta(
+    route: &Route,
+    listener: &Listener,
+    buf: &[u8],
+    req: &RequestHead,
+) -> RequestMeta {
     let http10 = req.minor_version == 0;
     RequestMeta {
         is_head: req.is_head,
@@ -73,10 +80,10 @@ pub(crate) fn request_meta(target: &Target<'_>, buf: &[u8], req: &RequestHead) -
         upgrade: Default::default(),
         // HTTP/1.0 clients get identity: a compressed body has no length to announce,
         // and ending it by closing costs the connection.
-        accepted: (target.route.filters.compression.as_ref())
+        accepted: (route.filters.compression.as_ref())
             .filter(|_| !http10)
             .and_then(|c| compression::negotiate(c, buf, &req.headers)),
-        max_informational: target.listener.max_informational,
+        max_informational: listener.max_informational,
     }
 }
 
@@ -112,31 +119,18 @@ fn write_heads(
     offered
 }
 
-/// An HTTP/1.x client's request on its way: its connection (the head at the start of
-/// `conn.buf`), what the exchange remembers of it, and where the response head is read.
-pub(crate) struct Http1Request<'c> {
-    pub conn: &'c mut ClientConn,
-    pub req: &'c RequestHead,
-    pub resp: &'c mut ResponseHead,
-    pub meta: RequestMeta,
-    /// The client connection may stay open after the response.
-    pub keep_alive: bool,
-}
-
-/// Forwards the request whose head is at the start of `client.conn.buf` over HTTP/1.1
-/// connections (the tries of `x`), and relays the response. Returns whether the client
-/// connection stays open.
+/// Forwards the request whose head `req` is at the start of `conn.buf` over HTTP/1.1
+/// connections (the tries of `x`), and relays the response (its head read into `resp`;
+/// `meta`: what the exchange remembers of the request). `keep_alive`: the client
+/// connection may stay open after the response. Returns whether it does.
 pub(crate) async fn forward_h1(
     x: &Exchange<'_>,
-    client: Http1Request<'_>,
+    conn: &mut ClientConn,
+    req: &RequestHead,
+    resp: &mut ResponseHead,
+    meta: RequestMeta,
+    keep_alive: bool,
 ) -> Result<bool, Failure> {
-    let Http1Request {
-        conn,
-        req,
-        resp,
-        meta,
-        keep_alive,
-    } = client;
     let mut body = BodyState::new(req.framing, false, x.target.listener.max_body_size);
     let (buffered, _) = body
         .take(&mut conn.buf.filled_mut()[req.head_len..])
@@ -156,7 +150,7 @@ pub(crate) async fn forward_h1(
         resp,
         meta,
     };
-    let mut last_try = sender.conn.current.last_try;
+    let mut last_try = sender.conn.current.exchange.last_try;
     let started = sender.conn.current.started;
     let accepted = drive(x, &mut sender, started, &mut last_try).await;
     let Http1Sender {
@@ -168,7 +162,7 @@ pub(crate) async fn forward_h1(
         mut up_buf,
         ..
     } = sender;
-    conn.current.last_try = last_try;
+    conn.current.exchange.last_try = last_try;
     // The request (the body too, when it was whole) is consumed once it is answered, or
     // failed: read whole, the connection may go on after Weir's answer.
     if !consumed {
@@ -186,18 +180,10 @@ pub(crate) async fn forward_h1(
                 request_done,
                 keep_alive,
             };
-            match conn.fill.take() {
-                None => {
-                    response
-                        .respond(conn, stream, &mut up_buf, resp, NoFill)
-                        .await
-                }
-                // Boxed: a route without `cache` keeps the exchange's state as before.
-                Some(fill) => {
-                    let responding = response.respond(conn, stream, &mut up_buf, resp, fill);
-                    Box::pin(responding).await
-                }
-            }
+            let fill = conn.fill.take();
+            response
+                .respond(conn, stream, &mut up_buf, resp, fill)
+                .await
         }
         // A cache's fill stays in `conn.fill`: `forward` weighs its stale entry.
         Err(failure) => Err(failure),
@@ -326,21 +312,22 @@ struct Response<'a> {
 impl Response<'_> {
     /// Writes the response head (with the route's edits) and relays the body, compressed
     /// when the route's plan says so; pools the upstream connection when it is left clean.
-    /// `fill`: what stores the response (or answers instead of it).
-    async fn respond<F: Filling>(
+    /// `fill`: a cache miss's, which stores the response (or answers instead of it).
+    async fn respond(
         &self,
         conn: &mut ClientConn,
         mut stream: UpstreamStream,
         up_buf: &mut Buffer,
         resp: &mut ResponseHead,
-        fill: F,
+        fill: Option<Box<Fill>>,
     ) -> Result<bool, Failure> {
         if resp.status == 101 {
             // Boxed: a tunnel's state is not every response's.
             return Box::pin(self.upgrade(conn, stream, up_buf, resp)).await;
         }
         // A 304 refreshing the stale entry, or a 5xx it may answer for.
-        if let Some(reply) = fill.answer_instead(up_buf.filled(), resp) {
+        let fetched = Fetched::Http1(up_buf.filled(), resp);
+        if let Some(reply) = fill.as_ref().and_then(|f| f.answer_instead(fetched, false)) {
             let answered = self.answer_from_store(conn, stream, up_buf, resp, reply);
             return Box::pin(answered).await;
         }
@@ -352,8 +339,8 @@ impl Response<'_> {
         // A compressed body is re-framed as chunks: it needs the raw bytes, and its end
         // no longer depends on the upstream's close.
         let dechunk = resp.framing == BodyFraming::Chunked && (meta.http10 || encoding.is_some());
-        let status_line = fill.status_line();
-        let recorder = fill.admit(up_buf.filled(), resp, dechunk);
+        let status_line = fill.as_ref().and_then(|f| f.status_line());
+        let recorder = fill.and_then(|f| f.admit(fetched, dechunk));
         let close = !self.keep_alive
             || !self.request_done
             || (dechunk && encoding.is_none())
@@ -416,8 +403,7 @@ impl Response<'_> {
                 true => self.accepted.head_at,
                 false => std::time::Instant::now(),
             };
-            let accepted = self.accepted;
-            reuse(self.x, accepted.server, accepted.metrics, stream, idle_from);
+            reuse(self.x, self.accepted, stream, idle_from);
         }
     }
 
@@ -452,13 +438,13 @@ impl Response<'_> {
     /// `dechunk`: a chunked body is decoded), counting the try; a cache's `recorder`
     /// keeps a copy of what the upstream sent, stored once all of it was relayed. Returns whether all of it came with the
     /// head (uncompressed: the connection is idle from the head's arrival).
-    async fn relay_body<R: Record>(
+    async fn relay_body(
         &self,
         conn: &mut ClientConn,
         up: Http1Response<'_>,
         plan: &Plan,
         dechunk: bool,
-        mut recorder: Option<R>,
+        mut recorder: Option<Box<Recorder>>,
     ) -> Result<bool, Failure> {
         let Http1Response {
             stream,
@@ -490,9 +476,9 @@ impl Response<'_> {
             chunked: plan.encoding.is_some(),
             trailers: None,
         };
-        let recording = recorder.as_mut();
+        let recording = recorder.as_deref_mut();
         let relayed = relay_recorded(&mut source, &mut sink, coding.as_mut(), recording).await;
-        conn.current.compressed = coding.as_ref().map(Coding::compressed);
+        conn.current.exchange.compressed = coding.as_ref().map(Coding::compressed);
         relayed.map_err(|(Broke::Source(e) | Broke::Sink(e))| Failure::after_head(e))?;
         if let Some(recorder) = recorder {
             recorder.finish();

@@ -216,13 +216,7 @@ pub(crate) fn pool_after_answer(
 ) {
     let bodiless = matches!(resp.framing, BodyFraming::None | BodyFraming::Length(0));
     if resp.keeps_alive() && request_done && bodiless && up_buf.is_empty() {
-        reuse(
-            x,
-            accepted.server,
-            accepted.metrics,
-            stream,
-            accepted.head_at,
-        );
+        reuse(x, accepted, stream, accepted.head_at);
     }
 }
 
@@ -233,24 +227,24 @@ pub(crate) struct Http1Response<'u> {
     pub head: &'u ResponseHead,
 }
 
-/// Pools `stream` (to `server`) idle since `idle_from`, when the exchange left it clean:
+/// Pools `stream` (the `accepted` try's) idle since `idle_from`, when the exchange left it
+/// clean:
 /// the response complete and keeping the connection, the whole request sent, nothing
 /// after the response.
 pub(crate) fn reuse(
     x: &Exchange<'_>,
-    server: &UpstreamServer,
-    metrics: Option<&ServerMetrics>,
+    accepted: &Accepted<'_, ()>,
     stream: UpstreamStream,
     idle_from: std::time::Instant,
 ) {
-    let key = PoolKey::new(server, x.target.pool.tls.as_deref());
+    let key = PoolKey::new(accepted.server, x.target.pool.tls.as_deref());
     let max_idle = x.target.upstream.max_idle;
     let idle = x
         .worker
         .pool
         .borrow_mut()
         .put(key, stream, max_idle, idle_from);
-    if let Some(m) = metrics {
+    if let Some(m) = accepted.metrics {
         m.pool_idle.set(idle as u64);
     }
 }

@@ -23,10 +23,10 @@ use http::HeaderMap;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::body::{self, BodyState, ChunkLine, PumpError};
-use super::filling::Record;
 use super::h1::{client_pump_error, upstream_pump_error};
 use super::h2::send_windowed;
 use crate::buffer::Buffer;
+use crate::cache::Recorder;
 use crate::codec::http1::{BodyFraming, ResponseHead};
 use crate::connector::h2::h2_error;
 use crate::error::ProxyError;
@@ -247,9 +247,9 @@ pub(crate) fn at_hand(
 /// A source whose pieces are also kept by a cache's recorder: the store's copy beside
 /// the client's sink (a miss's response on its way to the client), or the only one (a
 /// background revalidation's fetch).
-pub(crate) struct Recording<'r, S, R> {
+pub(crate) struct Recording<'r, S> {
     pub inner: &'r mut S,
-    pub recorder: &'r mut R,
+    pub recorder: &'r mut Recorder,
     /// The body ends with an error once it passes what the store takes: no client waits
     /// for the rest (a fetch for the store alone drops the upstream connection then, not
     /// reading a body of any size to its end). Else the rest streams on, unrecorded.
@@ -260,7 +260,7 @@ pub(crate) struct Recording<'r, S, R> {
 /// answered).
 const OVER_MAX_OBJECT_SIZE: ProxyError = ProxyError::UpstreamMalformed("body over max_object_size");
 
-impl<S: Source, R: Record> Source for Recording<'_, S, R> {
+impl<S: Source> Source for Recording<'_, S> {
     async fn next(&mut self) -> Result<Option<(Piece<'_>, bool)>, ProxyError> {
         let next = self.inner.next().await?;
         if let Some((piece, _)) = &next {

@@ -42,7 +42,7 @@ use crate::forward::relay::{
     Source,
 };
 use crate::forward::request_head::{render_response_rules, write_upstream_head};
-use crate::forward::{Failure, Reached, Target};
+use crate::forward::{Failure, Target};
 use crate::request::LastTry;
 use crate::request::Request;
 use crate::router::RoutedPath;
@@ -201,7 +201,7 @@ impl StreamRequest<'_> {
         trace.body_in = body_in.get();
         let accepted = match accepted {
             Ok(accepted) => accepted?,
-            Err(stop) => return Err(stopped(stop, Reached::Nothing, trace)),
+            Err(stop) => return Err(stopped(stop, trace)),
         };
         self.respond_accepted(&x, accepted, respond, up_buf, resp, trace)
             .await
@@ -246,7 +246,7 @@ impl StreamRequest<'_> {
                 true => accepted.head_at,
                 false => Instant::now(),
             };
-            reuse(x, accepted.server, accepted.metrics, stream, since);
+            reuse(x, &accepted, stream, since);
         }
         Ok(())
     }
@@ -420,16 +420,11 @@ impl StreamRequest<'_> {
     }
 }
 
-/// A failure from a stream's early end; a client reset is marked in `trace`.
-fn stopped(stop: Stop, reached: Reached, trace: &mut Trace) -> Failure {
-    let error = match stop {
-        Stop::Reset => {
-            trace.reset = true;
-            ProxyError::ClientClosed
-        }
-        Stop::Error(e) => e,
-    };
-    Failure { error, reached }
+/// A failure from a stream's early end, nothing sent yet; a client reset (a cancelled
+/// request) is marked in `trace`.
+pub(super) fn stopped(stop: Stop, trace: &mut Trace) -> Failure {
+    trace.reset |= stop == Stop::Reset;
+    ProxyError::from(stop).into()
 }
 
 /// Sends a stream's request over HTTP/1.1 connections, for HTTP/2 and HTTP/3 clients: the

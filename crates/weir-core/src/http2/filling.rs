@@ -88,27 +88,15 @@ impl StreamRequest<'_> {
         respond: &mut R,
         trace: &mut Trace,
     ) -> Result<(), Failure> {
-        match (result, self.fill.take()) {
-            // Boxed: a route without `cache` keeps the stream's state as before.
-            (Err(failure), Some(fill)) => {
-                Box::pin(self.answer_stale(fill, failure, respond, trace)).await
-            }
-            (result, _) => result,
-        }
-    }
-
-    /// The stale entry of `fill` answers for `failure`, if it may; else the failure stands.
-    async fn answer_stale<R: ResponseStream>(
-        &self,
-        fill: Box<Fill>,
-        failure: Failure,
-        respond: &mut R,
-        trace: &mut Trace,
-    ) -> Result<(), Failure> {
-        let Some(reply) = stale_answer(&fill, &failure) else {
-            return Err(failure);
+        let stale = match (&result, self.fill.take()) {
+            (Err(failure), Some(fill)) => stale_answer(&fill, failure),
+            _ => None,
         };
-        self.reply_from_store(respond, reply, trace).await
+        match stale {
+            // Boxed: a route without `cache` keeps the stream's state as before.
+            Some(reply) => Box::pin(self.reply_from_store(respond, reply, trace)).await,
+            None => result,
+        }
     }
 }
 
@@ -279,13 +267,7 @@ impl StreamRequest<'_> {
         discard(&mut recording, timeout).await?;
         recorder.finish();
         if resp.keeps_alive() && request_done && up_buf.is_empty() {
-            reuse(
-                &x,
-                accepted.server,
-                accepted.metrics,
-                stream,
-                Instant::now(),
-            );
+            reuse(&x, &accepted, stream, Instant::now());
         }
         Ok(())
     }

@@ -24,12 +24,11 @@ use crate::client::{origin, ClientConn};
 use crate::client_stream::{ClientReadHalf, ClientWriteHalf};
 use crate::codec::http1::header::is_token;
 use crate::codec::http1::write::push_header;
-use crate::codec::http1::{HeaderKind, RequestHead};
+use crate::codec::http1::{HeaderKind, RequestHead, ResponseHead};
 use crate::error::ProxyError;
 use crate::files::{send_http1, Under};
 use crate::forward::body;
-use crate::forward::exchange::Http1Request;
-use crate::forward::h1::{Http1Interim, Interim};
+use crate::forward::h1::{Http1Interim, Interim, RequestMeta};
 use crate::forward::h2::request_body::RequestBody;
 use crate::forward::h2::{forbidden_in_trailer, relay_while_uploading, send_windowed, HeadBounds};
 use crate::forward::head::{write_from_h2, ForClient, Framing};
@@ -40,14 +39,18 @@ use crate::request::Request;
 use crate::worker::Worker;
 use weir_config::Listener;
 
-/// Forwards the request whose head is at the start of `client.conn.buf` to `target`'s
-/// HTTP/2 upstream. Returns whether the client connection stays open.
+/// Forwards the request whose head `req` is at the start of `conn.buf` to `target`'s
+/// HTTP/2 upstream, as `forward::exchange::forward_h1` does to an HTTP/1.1 one. Returns
+/// whether the client connection stays open.
 pub(crate) async fn forward_h2(
     worker: &Worker,
     target: Target<'_>,
-    client: Http1Request<'_>,
+    conn: &mut ClientConn,
+    req: &RequestHead,
+    resp: &mut ResponseHead,
+    meta: RequestMeta,
+    keep_alive: bool,
 ) -> Result<bool, Failure> {
-    let (conn, req, meta) = (client.conn, client.req, client.meta);
     let buf = conn.buf.filled();
     let limit = target.listener.max_body_size;
     let mut body = RequestBody::new(req.framing, limit, buf, req.head_len)?;
@@ -57,15 +60,14 @@ pub(crate) async fn forward_h2(
         te_trailers: te_trailers(buf, req),
         accepted: meta.accepted,
         end_stream: false,
-        keep_alive: client.keep_alive,
+        keep_alive,
     };
-    let mut trace = Trace::default();
+    let mut trace = std::mem::take(&mut conn.current.exchange);
     let tried = tries(worker, target, conn, req, &mut body, ask, &mut trace).await;
-    conn.current.last_try = trace.last_try;
-    conn.current.compressed = trace.compressed;
     if trace.status != 0 {
-        client.resp.status = trace.status;
+        resp.status = trace.status;
     }
+    conn.current.exchange = trace;
     // The request is consumed once answered (a streamed body consumed it as it went).
     conn.buf.consume(body.skip());
     conn.current.read = body.is_read();
@@ -74,7 +76,7 @@ pub(crate) async fn forward_h2(
         (Relayed::Stored(reply), _) => {
             let to = meta.sending(ask.keep_alive && conn.current.read);
             let under = Under::of_target(&target);
-            send_http1(conn, under, *reply, to, client.resp).await?;
+            send_http1(conn, under, *reply, to, resp).await?;
             Ok(to.keep_alive)
         }
         // Only `auto` upstreams fall back, and HTTP/1.x clients do not take them to h2.

@@ -198,17 +198,6 @@ impl<'a> Stream<'a> {
         }
     }
 
-    /// The RFC 8441 tunnel the stream asks for, if it is an extended CONNECT.
-    fn asked(&self) -> Option<Asked<'a>> {
-        let (protocol, key) = self.tunnel?;
-        let tunnels = self.tunnels;
-        Some(Asked {
-            protocol,
-            key,
-            tunnels,
-        })
-    }
-
     /// The routing decision, then what it says: forward the request, answer it (the
     /// default response, `respond`, a redirect, a refusal) or refuse it.
     /// `parts`: the client's request, for an HTTP/2 upstream's request; `otel`: set to its
@@ -266,13 +255,13 @@ impl<'a> Stream<'a> {
             fill: Cell::new(None),
             response_lines: Cell::default(),
         };
-        if let Some(asked) = self.asked() {
+        if let Some((protocol, key)) = self.tunnel {
             // The client's fields are only for an HTTP/2 upstream's request: not kept for
             // the tunnel's lifetime. Boxed, as the HTTP/2 upstream path below: the stream
             // task's future is as large as its largest path, copied when it is spawned.
             drop(parts);
-            let tunnel = Box::pin(tunnel(&r, asked, body, respond, trace));
-            return (route, tunnel.await);
+            let tunnel = tunnel(&r, protocol, key, self.tunnels, body, respond, trace);
+            return (route, Box::pin(tunnel).await);
         }
         r.continue_if_asked(body.is_some(), respond);
         let carrier = carrier(Protocol::Http2, r.target.upstream);
@@ -310,26 +299,21 @@ async fn answer_with(
     sent.await.map_err(Failure::after_head)
 }
 
-/// An extended CONNECT's `:protocol`, the `Sec-WebSocket-Key` Weir made for it, and the
-/// connection's running tunnels.
-struct Asked<'a> {
-    protocol: &'a [u8],
-    key: &'a [u8],
-    tunnels: &'a Cell<u32>,
-}
-
-/// An extended CONNECT: a WebSocket to an HTTP/1.1 upstream when the route lists
-/// `websocket` among its `upgrades`, else 501; 429 past the connection's
-/// `http2.max_tunnels`.
+/// An extended CONNECT for `protocol` (its `Sec-WebSocket-Key`, made by Weir: `key`): a
+/// WebSocket to an HTTP/1.1 upstream when the route lists `websocket` among its
+/// `upgrades`, else 501; 429 past `http2.max_tunnels` of the connection's running
+/// `tunnels`.
 async fn tunnel(
     r: &StreamRequest<'_>,
-    asked: Asked<'_>,
+    protocol: &[u8],
+    key: &[u8],
+    tunnels: &Cell<u32>,
     body: Option<RecvStream>,
     respond: &mut SendResponse<Bytes>,
     trace: &mut Trace,
 ) -> Result<(), Failure> {
     let refuse = |why| Err(ProxyError::NotImplemented(why).into());
-    if !asked.protocol.eq_ignore_ascii_case(b"websocket") {
+    if !protocol.eq_ignore_ascii_case(b"websocket") {
         return refuse("extended CONNECT for a protocol other than websocket");
     }
     if !r.target.route.upgrades.iter().any(|u| u == "websocket") {
@@ -345,10 +329,10 @@ async fn tunnel(
     // listener's `max_connections` does not see: one client connection holds at most
     // `max_tunnels` of them, whatever its `max_concurrent_streams`.
     let max = r.target.listener.http2.max_tunnels;
-    let Some(_seat) = TunnelSeat::take(asked.tunnels, max) else {
+    let Some(_seat) = TunnelSeat::take(tunnels, max) else {
         return Err(ProxyError::TooManyTunnels.into());
     };
-    r.forward_websocket(body, respond, asked.key, trace).await
+    r.forward_websocket(body, respond, key, trace).await
 }
 
 /// A tunnel's place among its connection's `max_tunnels`, given back when dropped.

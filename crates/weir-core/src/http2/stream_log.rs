@@ -161,15 +161,12 @@ impl StreamLog {
         let side = ClientSide {
             ip: self.who.behind.as_ref().map_or(conn.ip, |(_, text)| text),
             fields: &self.fields,
-            last_try: trace.last_try,
             bytes_in: trace.body_in,
             bytes_out: trace.body_out,
             tls: conn.tls,
             request_id: self.who.request_id.as_bytes(),
-            compressed: trace.compressed,
-            grpc_status: trace.grpc_status,
+            exchange: trace,
             trace: self.otel.as_deref(),
-            cache: trace.cache,
         };
         record(conn.worker, conn.snapshot, &side, &handled, &done);
     }

@@ -345,15 +345,32 @@ impl ClientSide for ClientStream<'_> {
         ClientStream::was_reset(self)
     }
 
-    fn respond<S: Source, U: Future<Output = Result<(), Broke>>>(
+    async fn respond<S: Source, U: Future<Output = Result<(), Broke>>>(
         &mut self,
         answer: Answer<'_>,
         source: &mut S,
         upload: Option<Pin<&mut U>>,
         coding: Option<&mut Coding>,
         trace: &mut Trace,
-    ) -> impl Future<Output = Result<(), Failure>> {
-        respond(self, answer, source, upload, coding, trace)
+    ) -> Result<(), Failure> {
+        let head = stream_head(answer.parts, answer.edits, answer.cache_status);
+        let grpc_status = trace.grpc_status_in(head.headers());
+        let empty = answer.client.end_stream;
+        let Ok(send) = self.send_response(head, empty) else {
+            return Err(Failure::after_head(ProxyError::ClientClosed));
+        };
+        trace.sent_grpc_status(grpc_status);
+        if empty {
+            return Ok(());
+        }
+        let sink = Sinking::of(answer.http2, answer.edits, trace);
+        let relay = relay_body(send, source, sink, coding, None);
+        // The head went out: whatever fails now (the upload included: a body over
+        // `max_body_size`, a silent client) cuts that response short.
+        relay_while_uploading(upload, relay)
+            .await
+            .map(|_| ())
+            .map_err(|f: Failure| Failure::after_head(f.error))
     }
 }
 
@@ -581,40 +598,6 @@ pub(crate) fn stream_head(
     let mut head = head_from_h2(parts, edits);
     mark(&mut head, cache_status);
     head
-}
-
-/// Sends the answer's head on `client`'s stream and relays the body and trailers
-/// (`forward::relay`), compressed through `coding` when there is one, while the rest of
-/// the request body (`upload`, if still going) goes up.
-async fn respond<S: Source, U>(
-    client: &ClientStream<'_>,
-    answer: Answer<'_>,
-    source: &mut S,
-    upload: Option<std::pin::Pin<&mut U>>,
-    coding: Option<&mut Coding>,
-    trace: &mut Trace,
-) -> Result<(), Failure>
-where
-    U: std::future::Future<Output = Result<(), Broke>>,
-{
-    let head = stream_head(answer.parts, answer.edits, answer.cache_status);
-    let grpc_status = trace.grpc_status_in(head.headers());
-    let empty = answer.client.end_stream;
-    let Ok(send) = client.send_response(head, empty) else {
-        return Err(Failure::after_head(ProxyError::ClientClosed));
-    };
-    trace.sent_grpc_status(grpc_status);
-    if empty {
-        return Ok(());
-    }
-    let sink = Sinking::of(answer.http2, answer.edits, trace);
-    let relay = relay_body(send, source, sink, coding, None);
-    // The head went out: whatever fails now (the upload included: a body over
-    // `max_body_size`, a silent client) cuts that response short.
-    relay_while_uploading(upload, relay)
-        .await
-        .map(|_| ())
-        .map_err(|f: Failure| Failure::after_head(f.error))
 }
 
 /// Sends a client's request body (`source`, and its trailers) upstream within the

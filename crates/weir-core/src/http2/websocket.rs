@@ -21,7 +21,7 @@ use h2::server::SendResponse;
 use h2::{Reason, RecvStream, SendStream};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
-use super::exchange::{StreamRequest, StreamSender, Trace};
+use super::exchange::{stopped, StreamRequest, StreamSender, Trace};
 use super::respond::head_from_http1;
 use super::send::{send_data, unless_reset, Stop};
 use crate::buffer::Buffer;
@@ -121,11 +121,7 @@ impl StreamRequest<'_> {
         let opened = unless_reset(respond, self.open(key, up_buf, &mut resp, trace)).await;
         let stream = match opened {
             Ok(opened) => opened?,
-            Err(Stop::Reset) => {
-                trace.reset = true;
-                return Err(ProxyError::ClientClosed.into());
-            }
-            Err(Stop::Error(e)) => return Err(e.into()),
+            Err(stop) => return Err(stopped(stop, trace)),
         };
         let (stream, switched) = stream;
         if !switched {
@@ -137,11 +133,9 @@ impl StreamRequest<'_> {
         let mut send = respond
             .send_response(head, false)
             .map_err(|_| Failure::after_head(ProxyError::ClientClosed))?;
-        let bounds = TunnelBounds {
-            stall: self.target.listener.http2.stall_timeout,
-            limits: limits(self.target.listener),
-        };
-        let result = tunnel(&mut send, body, stream, up_buf, bounds, trace).await;
+        let listener = self.target.listener;
+        let (stall, limits) = (listener.http2.stall_timeout, limits(listener));
+        let result = tunnel(&mut send, body, stream, up_buf, stall, limits, trace).await;
         crate::idle::count(self.worker, self.target.listener_slot, End::from(result));
         let error = match result {
             Ok(()) => return Ok(()),
@@ -271,23 +265,18 @@ pub(super) fn check_handshake_answer(
     Ok(())
 }
 
-/// How long a tunnel may stay still (`limits`), and the client's window closed (`stall`).
-struct TunnelBounds {
-    stall: Duration,
-    limits: Limits,
-}
-
 /// Relays both ways until each side has ended its direction (client END_STREAM, upstream
-/// EOF), one fails, or the tunnel is still for longer than `bounds` allow.
+/// EOF), one fails, or the tunnel is still for longer than `limits` allow (the client's
+/// window closed for longer than `stall`).
 async fn tunnel(
     send: &mut SendStream<Bytes>,
     mut body: RecvStream,
     stream: UpstreamStream,
     up_buf: &mut Buffer,
-    bounds: TunnelBounds,
+    stall: Duration,
+    limits: Limits,
     trace: &mut Trace,
 ) -> Result<(), Cut<Stop>> {
-    let TunnelBounds { stall, limits } = bounds;
     // The upstream's unsent bytes: a slow upstream reader drains them while a write
     // waits for room (see `idle::both_probed`; the client side is paced by its window).
     let fd = std::os::fd::AsRawFd::as_raw_fd(stream.tcp());

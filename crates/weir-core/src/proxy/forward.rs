@@ -10,8 +10,8 @@ use std::mem::take;
 use crate::cache::{CacheResult, Fill};
 use crate::client::ClientConn;
 use crate::codec::http1::{RequestHead, ResponseHead};
-use crate::files::{respond_http1, send_http1, Sending, Under};
-use crate::forward::exchange::{exchange, forward_h1, request_meta, Http1Request};
+use crate::files::{respond_http1, send_http1, Under};
+use crate::forward::exchange::{exchange, forward_h1, request_meta};
 use crate::forward::filling::stale_answer;
 use crate::forward::request_head::render_response_rules;
 use crate::forward::{carrier, Carrier, Failure, Target};
@@ -40,23 +40,14 @@ pub(crate) async fn forward(
     // the HTTP/2 sender makes its own (`drive_h2`), so the request's balancing key is
     // read (hashed, for `consistent_hash`) once either way.
     let x = over_http1.then(|| exchange(worker, *target, conn, req, trace.as_deref()));
-    let meta = request_meta(target, conn.buf.filled(), req);
-    let client = Http1Request {
-        conn,
-        req,
-        resp,
-        meta,
-        keep_alive,
-    };
+    let meta = request_meta(target.route, target.listener, conn.buf.filled(), req);
     match &x {
-        Some(x) => forward_h1(x, client).await,
+        Some(x) => forward_h1(x, conn, req, resp, meta, keep_alive).await,
         // Boxed, as an HTTP/2 client's stream boxes it (`http2::stream`): its state is
         // about twice an HTTP/1.1 upstream's, and every request's future would hold it.
         None => {
-            Box::pin(crate::http2::from_http1::forward_h2(
-                worker, *target, client,
-            ))
-            .await
+            let to_h2 = crate::http2::from_http1::forward_h2;
+            Box::pin(to_h2(worker, *target, conn, req, resp, meta, keep_alive)).await
         }
     }
 }
@@ -74,7 +65,7 @@ pub(crate) async fn forward_filling(
     keep_alive: bool,
     mut fill: Box<Fill>,
 ) -> Result<bool, Failure> {
-    conn.current.cache = Some(CacheResult::Miss);
+    conn.current.exchange.cache = Some(CacheResult::Miss);
     let under = Under::of_target(&target);
     if let Some(reply) = fill.collapse().await {
         conn.current.read = true;
@@ -86,33 +77,19 @@ pub(crate) async fn forward_filling(
     render_response_rules(&mut lines, &conn.request(req), &conn.path, target.route);
     conn.resp_lines = lines;
     // Made now, while the request is at hand: how a stale answer would go.
-    let meta = request_meta(&target, conn.buf.filled(), req);
+    let meta = request_meta(target.route, target.listener, conn.buf.filled(), req);
     conn.fill = Some(fill);
     let result = forward(worker, &target, conn, req, resp, keep_alive).await;
-    // A miss that failed before any of the response was sent: its stale entry may answer.
-    match (result, conn.fill.take()) {
-        (Err(failure), Some(fill)) => {
-            let to = meta.sending(keep_alive && conn.current.read);
-            let under = Under::of_target(&target);
-            answer_stale(conn, resp, failure, &fill, under, to).await
-        }
-        (result, _) => result,
-    }
-}
-
-/// Answers `failure` (nothing sent yet) from the stale entry of `fill` when it may answer
-/// for it (`stale-if-error`, `serve_stale_on`); else the failure stands.
-async fn answer_stale(
-    conn: &mut ClientConn,
-    resp: &mut ResponseHead,
-    failure: Failure,
-    fill: &Fill,
-    under: Under<'_>,
-    to: Sending,
-) -> Result<bool, Failure> {
-    let Some(reply) = stale_answer(fill, &failure) else {
-        return Err(failure);
+    // A miss that failed before any of the response was sent: its stale entry may answer
+    // for the failure (`stale-if-error`, `serve_stale_on`); else the failure stands.
+    let stale = match (&result, conn.fill.take()) {
+        (Err(failure), Some(fill)) => stale_answer(&fill, failure),
+        _ => None,
     };
-    send_http1(conn, under, reply, to, resp).await?;
+    let Some(reply) = stale else {
+        return result;
+    };
+    let to = meta.sending(keep_alive && conn.current.read);
+    send_http1(conn, Under::of_target(&target), reply, to, resp).await?;
     Ok(to.keep_alive)
 }

@@ -29,9 +29,9 @@ use crate::client::ClientConn;
 use crate::error::ProxyError;
 use crate::filters::forwarded::ClientIp;
 use crate::forward::{Failure, Reached};
+use crate::http2::exchange::Trace;
 use crate::metrics::shard::Protocol;
 use crate::metrics::{AbortReason, DefaultReason};
-use crate::request::LastTry;
 use crate::snapshot::Snapshot;
 use crate::worker::Worker;
 
@@ -80,22 +80,18 @@ pub(crate) struct Done {
 pub(crate) struct ClientSide<'a> {
     pub ip: &'a ClientIp,
     pub fields: &'a RequestFields,
-    /// The server the request went to, and how long it took to answer.
-    pub last_try: LastTry,
+    /// What the exchange left: the server the request went to and how long it took to
+    /// answer, what compression and the cache did, the `grpc-status` the client got (gRPC
+    /// requests on HTTP/2 and HTTP/3 streams only).
+    pub exchange: &'a Trace,
     pub bytes_in: u64,
     pub bytes_out: u64,
     /// The connection's TLS session, on TLS listeners.
     pub tls: Option<&'a crate::tls::session::TlsSession>,
     /// The request's id (empty: none).
     pub request_id: &'a [u8],
-    /// What the route's compression did to the response, if it compressed it.
-    pub compressed: Option<crate::filters::compression::Compressed>,
-    /// The `grpc-status` the client got (gRPC requests on HTTP/2 streams only).
-    pub grpc_status: Option<u32>,
     /// The request's trace, when sampled: its spans end here.
     pub trace: Option<&'a crate::otel::RequestTrace>,
-    /// What the route's cache did.
-    pub cache: Option<crate::cache::CacheResult>,
 }
 
 impl ClientSide<'_> {
@@ -104,16 +100,13 @@ impl ClientSide<'_> {
             // The client behind trusted proxies when there is one (the log shows it).
             ip: conn.client_text(),
             fields: &conn.current.log_fields,
-            last_try: conn.current.last_try,
             bytes_in: conn.buf.consumed_total(),
             bytes_out: conn.sent,
             tls: conn.tls.as_deref(),
             request_id: conn.current.request_id.as_bytes(),
-            compressed: conn.current.compressed,
-            grpc_status: None,
+            exchange: &conn.current.exchange,
             // The adapter's, taken from the connection (`serve_client`).
             trace: None,
-            cache: conn.current.cache,
         }
     }
 }
@@ -142,7 +135,7 @@ pub(crate) fn record(
             if let Some(reason) = aborted {
                 route.aborted(done.protocol, reason).inc();
             }
-            if let Some(c) = conn.compressed {
+            if let Some(c) = conn.exchange.compressed {
                 route.compressed_in[c.encoding.index()].add(c.bytes_in);
                 route.compressed_out[c.encoding.index()].add(c.bytes_out);
             }
@@ -167,9 +160,7 @@ pub(crate) fn record(
         let route_name = handled.route.map_or("default", |r| {
             config.listeners[done.listener].routes[r].name.as_str()
         });
-        let upstream = conn
-            .last_try
-            .upstream_pick
+        let upstream = (conn.exchange.last_try.upstream_pick)
             .and_then(|(u, s)| config.upstreams.get(u)?.servers.get(s))
             .map(|s| s.name.as_str());
         let outcome = Outcome {
@@ -180,13 +171,13 @@ pub(crate) fn record(
             duration,
             route: route_name,
             upstream,
-            upstream_time: conn.last_try.upstream_time,
+            upstream_time: conn.exchange.last_try.upstream_time,
             aborted,
             tls: conn.tls,
             request_id: conn.request_id,
-            grpc_status: conn.grpc_status,
+            grpc_status: conn.exchange.grpc_status,
             trace: conn.trace.map(|t| (&t.trace_id, &t.span_id)),
-            cache: conn.cache,
+            cache: conn.exchange.cache,
         };
         log.log(conn.fields, &outcome);
     }
