@@ -1222,6 +1222,14 @@ pub struct CacheStore {
     /// Bodies at least this long go to plain-TCP HTTP/1.1 clients with sendfile(2): a
     /// memory store keeps them in a sealed memfd, a disk store sends them from the file.
     pub sendfile_min_size: u64,
+    /// The bytes the store's fills in flight (misses whose body is being recorded) hold in
+    /// memory together; a fill that would pass it is abandoned (its response streams on,
+    /// uncached). At least `max_object_size`.
+    pub max_fill_memory: u64,
+    /// A disk store's index in memory (keys, heads, policies): past it the least recently
+    /// used keys go, as past `max_size`. `u64::MAX` for a memory store, whose entries
+    /// count their index in `max_size`.
+    pub index_size: u64,
 }
 
 /// Where a cache store keeps its entries.
