@@ -1271,6 +1271,11 @@ pub struct RouteCache {
     pub lock_timeout: Duration,
     /// When a stale entry answers instead of the upstream's failure.
     pub serve_stale_on: StaleOn,
+    /// The request fields Weir writes upstream for this route in place of (or besides) the
+    /// client's (the forwarded headers, the request id, `request_headers` rules, trace
+    /// context), folded ([`fold_name_byte`]; set with `store`): a response varying on one
+    /// is not stored, as the client's copy says nothing of what the upstream saw.
+    pub rewritten: std::sync::Arc<[Box<str>]>,
 }
 
 /// `serve_stale_on`: the upstream failures a stale entry answers for (besides those a

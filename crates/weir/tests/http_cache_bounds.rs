@@ -263,3 +263,47 @@ fn fill_memory_and_index_size_are_checked_and_defaulted() {
         (256 << 20, 128 << 20)
     );
 }
+
+/// A response varying on a field Weir writes upstream in place of the client's copy (the
+/// forwarded headers, a `request_headers` rule, the request id) is not stored: the client's
+/// copy says nothing of what the upstream saw, so a response made for one client's
+/// `X-Real-IP` was a hit for every other (attacker review). One varying on a field the
+/// client's copy of goes upstream as it is still is.
+#[tokio::test]
+async fn a_response_varying_on_a_field_weir_writes_is_not_stored() {
+    let rules =
+        r#"request_headers = { set = { "X-Geo" = "{client_ip}" }, add = { "X-Via" = "weir" } }"#;
+    let cases = [
+        ("X-Real-IP", false),
+        ("x-forwarded-for", false),
+        ("Accept-Language, X_Forwarded_Proto", false),
+        ("X-Geo", false),
+        ("X-Via", false),
+        ("X-Request-Id", false),
+        ("Accept-Language", true),
+    ];
+    for (vary, stored) in cases {
+        let fields = [("Cache-Control", "max-age=60"), ("Vary", vary)];
+        let b = Backend::fixed(200, &fields, "for one client");
+        let weir = Conf::new()
+            .with_request_ids()
+            .route("c", "up", &["cache = { store = \"mem\" }", rules])
+            .upstream("up", &[b.addr()], &[])
+            .table("[caches.mem]\nkind = \"memory\"")
+            .start();
+        let mut c = weir.client().await;
+        get(&mut c, "/me").await;
+        if stored {
+            weir.wait_metric("weir_cache_stored_total{store=\"mem\"}", 1)
+                .await;
+        }
+        let mut other = weir.client().await;
+        let again = get(&mut other, "/me").await;
+        let want = match stored {
+            true => "weir; hit",
+            false => "weir; fwd=uri-miss",
+        };
+        assert_eq!(again.header("Cache-Status"), Some(want), "Vary: {vary}");
+        assert_eq!(b.requests_served(), 2 - usize::from(stored), "Vary: {vary}");
+    }
+}

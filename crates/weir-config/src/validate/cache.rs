@@ -247,6 +247,7 @@ pub(super) fn route_cache(raw: RawRouteCache, path: &FieldPath) -> Result<RouteC
         store_name,
         store: usize::MAX,
         scope: std::sync::Arc::from(&[][..]),
+        rewritten: std::sync::Arc::from(&[][..]),
         key: key(raw.key, &path.key("key"))?,
         status_header: raw.status_header.unwrap_or(true),
         lock_timeout: super::duration(
@@ -322,6 +323,16 @@ pub(super) fn resolve_refs(
                 continue;
             };
             cache.scope = scope(&listener.name, &route.name);
+            let id = listener
+                .policy
+                .request_id
+                .as_ref()
+                .map(|r| r.header.as_str());
+            cache.rewritten = rewritten(
+                route.forwarded_headers,
+                route.filters.request_headers.as_ref(),
+                id,
+            );
             let found = stores.iter().position(|s| s.name == cache.store_name);
             cache.store = found.ok_or_else(|| {
                 let at = path.index(li).key("routes").index(ri).key("cache");
@@ -342,6 +353,44 @@ pub(super) fn resolve_refs(
         }
     }
     Ok(())
+}
+
+/// A route's [`RouteCache::rewritten`]: the forwarded headers (when the route sets them),
+/// the listener's request-id header, every name of the route's `request_headers` rules
+/// (`Host` when one sets it), and the trace context (Weir's when a request is sampled).
+fn rewritten(
+    forwarded: bool,
+    rules: Option<&crate::model::HeaderRules>,
+    request_id: Option<&str>,
+) -> std::sync::Arc<[Box<str>]> {
+    let mut names: Vec<&str> = vec!["traceparent", "tracestate"];
+    if forwarded {
+        names.extend([
+            "x-real-ip",
+            "x-forwarded-for",
+            "x-forwarded-host",
+            "x-forwarded-proto",
+        ]);
+    }
+    names.extend(request_id);
+    if let Some(rules) = rules {
+        names.extend(rules.set.iter().chain(&rules.add).map(|r| r.name.as_str()));
+        names.extend(rules.drop.iter().map(String::as_str));
+        if rules.sets_host {
+            names.push("host");
+        }
+    }
+    let mut folded: Vec<Box<str>> = names
+        .iter()
+        .map(|n| {
+            n.bytes()
+                .map(|b| crate::model::fold_name_byte(b) as char)
+                .collect()
+        })
+        .collect();
+    folded.sort();
+    folded.dedup();
+    folded.into()
 }
 
 /// A route's [`RouteCache::scope`]: its listener's name and its own, each after its

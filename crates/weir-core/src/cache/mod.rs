@@ -492,6 +492,8 @@ pub struct Fill {
     key: Vec<u8>,
     /// The route's [`RouteCache::scope`]: the entries it may be answered from.
     scope: Arc<[u8]>,
+    /// The request fields Weir writes upstream for the route ([`RouteCache::rewritten`]).
+    rewritten: Arc<[Box<str>]>,
     parts: http::request::Parts,
     store: Arc<Store>,
     status_header: bool,
@@ -534,6 +536,7 @@ impl Fill {
         Fill {
             key,
             scope: cache.scope.clone(),
+            rewritten: cache.rewritten.clone(),
             parts,
             store: store.clone(),
             status_header: cache.status_header,
@@ -765,6 +768,10 @@ impl Fill {
         if !storable(&policy, head.headers()) || !fits {
             return None;
         }
+        if varies_on(head.headers(), &self.rewritten) {
+            self.store.counts.bypasses.fetch_add(1, Relaxed);
+            return None;
+        }
         let variant = variant(&self.scope, &self.parts.headers, head.headers());
         let (head, ()) = head.into_parts();
         Some(Box::new(Recorder {
@@ -927,6 +934,22 @@ fn coding_fits_variant(request: &HeaderMap, head: &http::Response<()>) -> bool {
         (Some(coding), None) => variant.is_some_and(|v| coding.eq_ignore_ascii_case(v.as_bytes())),
         (Some(_), Some(_)) => false,
     }
+}
+
+/// Whether the response with the fields `headers` varies (`Vary`) on any of the request
+/// fields `rewritten` (folded names): the variant would be chosen by the client's copy,
+/// which is not what the upstream saw (Weir wrote its own), so a response made for one
+/// client's `X-Real-IP` would be a hit for every other. Such a response is not stored.
+/// (The client-certificate field is instead matched as Weir forwards it: `request_parts`.)
+fn varies_on(headers: &HeaderMap, rewritten: &[Box<str>]) -> bool {
+    let vary = headers.get_all(http::header::VARY).iter();
+    let names = vary.flat_map(|v| v.as_bytes().split(|b| *b == b','));
+    names.map(<[u8]>::trim_ascii).any(|name| {
+        rewritten.iter().any(|r| {
+            let fold = |b: &u8| weir_config::fold_name_byte(*b);
+            r.len() == name.len() && name.iter().map(fold).eq(r.bytes())
+        })
+    })
 }
 
 /// The response `resp` (its head in `buf`) as the policy reads it: its end-to-end fields.
