@@ -25,41 +25,57 @@ async fn stalling(len: usize, go: Arc<Notify>) -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
-        while let Ok((mut s, _)) = listener.accept().await {
-            let go = go.clone();
-            tokio::spawn(async move {
-                let mut buf = Vec::new();
-                loop {
-                    let mut more = [0u8; 4096];
-                    match s.read(&mut more).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => buf.extend_from_slice(&more[..n]),
-                    }
-                    let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
-                        continue;
-                    };
-                    let slow = buf.starts_with(b"GET /slow ");
-                    buf.drain(..end + 4);
-                    let total = len + if slow { 40_000 } else { 0 };
-                    let head = format!(
-                        "HTTP/1.1 200 OK\r\nCache-Control: max-age=60\r\nContent-Length: {total}\r\n\r\n"
-                    );
-                    let mut out = head.into_bytes();
-                    out.resize(out.len() + len, b'x');
-                    if s.write_all(&out).await.is_err() {
-                        return;
-                    }
-                    if slow {
-                        go.notified().await;
-                        if s.write_all(&vec![b'y'; 40_000]).await.is_err() {
-                            return;
-                        }
-                    }
-                }
-            });
+        while let Ok((s, _)) = listener.accept().await {
+            tokio::spawn(answer_stalling(s, len, go.clone()));
         }
     });
     addr
+}
+
+/// [`stalling`]'s answers on one connection.
+async fn answer_stalling(mut s: tokio::net::TcpStream, len: usize, go: Arc<Notify>) {
+    let mut buf = Vec::new();
+    while let Some(slow) = next_request(&mut s, &mut buf).await {
+        let total = len + if slow { 40_000 } else { 0 };
+        let head = format!(
+            "HTTP/1.1 200 OK\r\nCache-Control: max-age=60\r\nContent-Length: {total}\r\n\r\n"
+        );
+        let mut out = head.into_bytes();
+        out.resize(out.len() + len, b'x');
+        if s.write_all(&out).await.is_err() {
+            return;
+        }
+        if slow {
+            go.notified().await;
+            if s.write_all(&[b'y'; 40_000]).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// Reads the next request head on `s` (`buf`: what was read past the last one); whether it
+/// asks for `/slow`. `None`: the connection ended.
+async fn next_request(s: &mut tokio::net::TcpStream, buf: &mut Vec<u8>) -> Option<bool> {
+    loop {
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let slow = buf.starts_with(b"GET /slow ");
+            buf.drain(..end + 4);
+            return Some(slow);
+        }
+        let mut more = [0u8; 4096];
+        let n = s.read(&mut more).await.ok().filter(|n| *n > 0)?;
+        buf.extend_from_slice(&more[..n]);
+    }
+}
+
+/// A memory store `mem` on route `c` to `backend`, started.
+fn memory_store(backend: SocketAddr) -> common::Weir {
+    Conf::new()
+        .route("c", "up", &["cache = { store = \"mem\" }"])
+        .upstream("up", &[backend], &[])
+        .table("[caches.mem]\nkind = \"memory\"")
+        .start()
 }
 
 /// Waits until the series `series` reads at least `floor`.
@@ -126,11 +142,7 @@ async fn fills_in_flight_stay_within_max_fill_memory() {
 #[tokio::test]
 async fn a_fill_within_the_default_bound_is_stored() {
     let b = Backend::fixed(200, &[("Cache-Control", "max-age=60")], "hello");
-    let weir = Conf::new()
-        .route("c", "up", &["cache = { store = \"mem\" }"])
-        .upstream("up", &[b.addr()], &[])
-        .table("[caches.mem]\nkind = \"memory\"")
-        .start();
+    let weir = memory_store(b.addr());
     let mut c = weir.client().await;
     get(&mut c, "/").await;
     weir.wait_metric("weir_cache_stored_total{store=\"mem\"}", 1)
@@ -150,11 +162,7 @@ async fn a_fill_within_the_default_bound_is_stored() {
 #[tokio::test]
 async fn a_memory_entry_counts_its_key_and_uri_each_time_they_are_held() {
     let b = Backend::fixed(200, &[("Cache-Control", "max-age=60")], "x");
-    let weir = Conf::new()
-        .route("c", "up", &["cache = { store = \"mem\" }"])
-        .upstream("up", &[b.addr()], &[])
-        .table("[caches.mem]\nkind = \"memory\"")
-        .start();
+    let weir = memory_store(b.addr());
     let mut c = weir.client().await;
     let query = "q".repeat(8000);
     get(&mut c, &format!("/a?{query}")).await;
