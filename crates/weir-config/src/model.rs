@@ -1236,6 +1236,14 @@ pub struct CacheStore {
     /// Bodies at least this long go to plain-TCP HTTP/1.1 clients with sendfile(2): a
     /// memory store keeps them in a sealed memfd, a disk store sends them from the file.
     pub sendfile_min_size: u64,
+    /// The bytes the store's fills in flight (misses whose body is being recorded) hold in
+    /// memory together; a fill that would pass it is abandoned (its response streams on,
+    /// uncached). At least `max_object_size`.
+    pub max_fill_memory: u64,
+    /// A disk store's index in memory (keys, heads, policies): past it the least recently
+    /// used keys go, as past `max_size`. `u64::MAX` for a memory store, whose entries
+    /// count their index in `max_size`.
+    pub index_size: u64,
 }
 
 /// Where a cache store keeps its entries.
@@ -1277,6 +1285,11 @@ pub struct RouteCache {
     pub lock_timeout: Duration,
     /// When a stale entry answers instead of the upstream's failure.
     pub serve_stale_on: StaleOn,
+    /// The request fields Weir writes upstream for this route in place of (or besides) the
+    /// client's (the forwarded headers, the request id, `request_headers` rules, trace
+    /// context), folded ([`fold_name_byte`]; set with `store`): a response varying on one
+    /// is not stored, as the client's copy says nothing of what the upstream saw.
+    pub rewritten: std::sync::Arc<[Box<str>]>,
 }
 
 /// `serve_stale_on`: the upstream failures a stale entry answers for (besides those a

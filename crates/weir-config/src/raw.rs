@@ -61,6 +61,8 @@ pub(crate) struct RawCacheStore {
     pub max_size: Option<StrOrInt>,
     pub max_object_size: Option<StrOrInt>,
     pub sendfile_min_size: Option<StrOrInt>,
+    pub max_fill_memory: Option<StrOrInt>,
+    pub index_size: Option<StrOrInt>,
 }
 
 /// A route's `cache = { store, key, status_header, lock_timeout, serve_stale_on }`.

@@ -457,6 +457,15 @@ pub fn sealed_memfd(_: &[u8]) -> io::Result<(std::fs::File, bytes::Bytes)> {
     Err(io::ErrorKind::Unsupported.into())
 }
 
+/// The descriptors one kind of long-held file may take together (the cache's sealed
+/// memfds, the static files' open-file caches): a quarter of the open-file limit, so that
+/// connections keep the rest; `None` when the limit cannot be read or is infinite. Read
+/// once.
+pub fn descriptor_share() -> Option<u64> {
+    static SHARE: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    *SHARE.get_or_init(|| open_file_limit().map(|n| n / 4))
+}
+
 /// The soft limit on this process's open files (RLIMIT_NOFILE), if it is finite.
 pub fn open_file_limit() -> Option<u64> {
     let mut limit = libc::rlimit {

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{FieldPath, Issue};
 use crate::model::{CacheKeyPart, CacheKind, CacheStore, Listener, RouteCache, StaleOn};
-use crate::raw::{RawCacheStore, RawRouteCache};
+use crate::raw::{RawCacheStore, RawRouteCache, StrOrInt};
 
 /// Default `max_size` of a store.
 const DEFAULT_MAX_SIZE: u64 = 256 << 20;
@@ -17,6 +17,12 @@ const DEFAULT_MAX_OBJECT_SIZE: u64 = 8 << 20;
 /// Default `sendfile_min_size`: a body this long costs more to copy into the socket than a
 /// sendfile(2) call and (a memory store) a file descriptor and a mapping per entry.
 const DEFAULT_SENDFILE_MIN_SIZE: u64 = 64 << 10;
+
+/// The default `max_fill_memory` is at most this (a quarter of `max_size` below it).
+const FILL_MEMORY_CAP: u64 = 256 << 20;
+
+/// Default `index_size` of a disk store: nginx's `keys_zone` bounds its index the same way.
+const DEFAULT_INDEX_SIZE: u64 = 128 << 20;
 
 /// Default `lock_timeout`: nginx's `proxy_cache_lock_timeout`.
 const DEFAULT_LOCK_TIMEOUT: &str = "5s";
@@ -84,13 +90,65 @@ fn store(name: String, raw: RawCacheStore, path: &FieldPath) -> Result<CacheStor
         DEFAULT_SENDFILE_MIN_SIZE,
         &sendfile_path,
     )?;
+    let max_fill_memory = fill_memory(raw.max_fill_memory, max_size, max_object_size, path)?;
+    let index_size = index_size(raw.index_size, &kind, path)?;
     Ok(CacheStore {
         name,
         kind,
         max_size,
         max_object_size,
         sendfile_min_size,
+        max_fill_memory,
+        index_size,
     })
+}
+
+/// `max_fill_memory`: by default a quarter of `max_size` (a memory store's fills add at
+/// most that to its entries), at most [`FILL_MEMORY_CAP`] (a disk store's `max_size` is
+/// disk, not memory), and never under `max_object_size` (one fill of the largest object
+/// always fits).
+fn fill_memory(
+    raw: Option<StrOrInt>,
+    max_size: u64,
+    max_object_size: u64,
+    path: &FieldPath,
+) -> Result<u64, Issue> {
+    let at = path.key("max_fill_memory");
+    let default = (max_size / 4).min(FILL_MEMORY_CAP).max(max_object_size);
+    let value = super::size(raw, default, &at)?;
+    if value < max_object_size {
+        return Err(Issue::new(
+            &at,
+            format!("max_fill_memory ({value} bytes) is smaller than max_object_size ({max_object_size} bytes)"),
+            "make max_fill_memory at least max_object_size, or leave it out",
+        ));
+    }
+    Ok(value)
+}
+
+/// `index_size`: a disk store's (default [`DEFAULT_INDEX_SIZE`]); a memory store has none
+/// (its entries' heads and keys count in `max_size`).
+fn index_size(raw: Option<StrOrInt>, kind: &CacheKind, path: &FieldPath) -> Result<u64, Issue> {
+    let at = path.key("index_size");
+    match (kind, raw) {
+        (CacheKind::Memory, None) => Ok(u64::MAX),
+        (CacheKind::Memory, Some(_)) => Err(Issue::new(
+            &at,
+            "a memory cache store has no index_size",
+            "remove index_size: a memory store counts its keys and heads in max_size",
+        )),
+        (CacheKind::Disk { .. }, raw_size) => {
+            let value = super::size(raw_size, DEFAULT_INDEX_SIZE, &at)?;
+            match value {
+                0 => Err(Issue::new(
+                    &at,
+                    "index_size is 0, so nothing could be cached",
+                    "set a size such as \"128MiB\"",
+                )),
+                _ => Ok(value),
+            }
+        }
+    }
 }
 
 /// `kind`, and a disk store's `path` (only a disk store has one).
@@ -189,6 +247,7 @@ pub(super) fn route_cache(raw: RawRouteCache, path: &FieldPath) -> Result<RouteC
         store_name,
         store: usize::MAX,
         scope: std::sync::Arc::from(&[][..]),
+        rewritten: std::sync::Arc::from(&[][..]),
         key: key(raw.key, &path.key("key"))?,
         status_header: raw.status_header.unwrap_or(true),
         lock_timeout: super::duration(
@@ -264,6 +323,16 @@ pub(super) fn resolve_refs(
                 continue;
             };
             cache.scope = scope(&listener.name, &route.name);
+            let id = listener
+                .policy
+                .request_id
+                .as_ref()
+                .map(|r| r.header.as_str());
+            cache.rewritten = rewritten(
+                route.forwarded_headers,
+                route.filters.request_headers.as_ref(),
+                id,
+            );
             let found = stores.iter().position(|s| s.name == cache.store_name);
             cache.store = found.ok_or_else(|| {
                 let at = path.index(li).key("routes").index(ri).key("cache");
@@ -284,6 +353,44 @@ pub(super) fn resolve_refs(
         }
     }
     Ok(())
+}
+
+/// A route's [`RouteCache::rewritten`]: the forwarded headers (when the route sets them),
+/// the listener's request-id header, every name of the route's `request_headers` rules
+/// (`Host` when one sets it), and the trace context (Weir's when a request is sampled).
+fn rewritten(
+    forwarded: bool,
+    rules: Option<&crate::model::HeaderRules>,
+    request_id: Option<&str>,
+) -> std::sync::Arc<[Box<str>]> {
+    let mut names: Vec<&str> = vec!["traceparent", "tracestate"];
+    if forwarded {
+        names.extend([
+            "x-real-ip",
+            "x-forwarded-for",
+            "x-forwarded-host",
+            "x-forwarded-proto",
+        ]);
+    }
+    names.extend(request_id);
+    if let Some(rules) = rules {
+        names.extend(rules.set.iter().chain(&rules.add).map(|r| r.name.as_str()));
+        names.extend(rules.drop.iter().map(String::as_str));
+        if rules.sets_host {
+            names.push("host");
+        }
+    }
+    let mut folded: Vec<Box<str>> = names
+        .iter()
+        .map(|n| {
+            n.bytes()
+                .map(|b| crate::model::fold_name_byte(b) as char)
+                .collect()
+        })
+        .collect();
+    folded.sort();
+    folded.dedup();
+    folded.into()
 }
 
 /// A route's [`RouteCache::scope`]: its listener's name and its own, each after its

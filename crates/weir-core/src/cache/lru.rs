@@ -41,6 +41,8 @@ pub(super) struct Lru {
     order: BTreeMap<u64, Box<[u8]>>,
     tick: u64,
     pub bytes: u64,
+    /// The entries' [`Entry::index`] bytes together.
+    pub index: u64,
 }
 
 struct Slot {
@@ -51,6 +53,10 @@ struct Slot {
 impl Slot {
     fn size(&self) -> u64 {
         self.variants.iter().map(|e| e.size).sum()
+    }
+
+    fn index(&self) -> u64 {
+        self.variants.iter().map(|e| e.index).sum()
     }
 }
 
@@ -89,6 +95,7 @@ impl Lru {
     pub fn insert(&mut self, key: &[u8], entry: Arc<Entry>, only_new: bool) -> Vec<Arc<Entry>> {
         let Some(slot) = self.keys.get_mut(key) else {
             self.bytes += entry.size + ENTRY_OVERHEAD;
+            self.index += entry.index;
             let slot = Slot {
                 variants: vec![entry],
                 tick: 0,
@@ -101,6 +108,7 @@ impl Lru {
             return Vec::new();
         }
         let before = slot.size();
+        let index_before = slot.index();
         let scope = scope_of(&entry.variant).to_vec();
         slot.variants.retain(|e| e.variant != entry.variant);
         slot.variants.insert(0, entry);
@@ -114,6 +122,7 @@ impl Lru {
             });
         slot.variants = kept;
         self.bytes = self.bytes - before + slot.size();
+        self.index = self.index - index_before + slot.index();
         self.touch(key);
         pushed_out
     }
@@ -125,6 +134,7 @@ impl Lru {
         };
         self.order.remove(&slot.tick);
         self.bytes -= slot.size() + ENTRY_OVERHEAD;
+        self.index -= slot.index();
         slot.variants
     }
 
@@ -138,6 +148,7 @@ impl Lru {
         };
         slot.variants.remove(i);
         self.bytes -= entry.size;
+        self.index -= entry.index;
         if slot.variants.is_empty() {
             self.remove(key);
         }
@@ -156,16 +167,17 @@ impl Lru {
         .collect()
     }
 
-    /// Evicts least recently used keys until the bytes are within `max`; returns how many
-    /// keys went and their variants.
-    pub fn evict_past(&mut self, max: u64) -> (u64, Vec<Arc<Entry>>) {
+    /// Evicts least recently used keys until the bytes are within `max` and the index
+    /// bytes within `max_index`; returns how many keys went and their variants.
+    pub fn evict_past(&mut self, max: u64, max_index: u64) -> (u64, Vec<Arc<Entry>>) {
         let mut evicted = (0, Vec::new());
-        while self.bytes > max {
+        while self.bytes > max || self.index > max_index {
             let Some((_, key)) = self.order.pop_first() else {
                 break;
             };
             if let Some(slot) = self.keys.remove(&key) {
                 self.bytes -= slot.size() + ENTRY_OVERHEAD;
+                self.index -= slot.index();
                 evicted.0 += 1;
                 evicted.1.extend(slot.variants);
             }

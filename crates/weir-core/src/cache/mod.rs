@@ -52,7 +52,7 @@ use weir_config::RouteCache;
 
 use request::{key, request_parts, stored_request, without_directives};
 pub use stale::{Cause, Staleness};
-pub use store::{Body, Entry, Held, Store};
+pub use store::{Body, Entry, FillMemory, Held, Store};
 use store::{Ready, Turn};
 use tokio::sync::watch;
 
@@ -362,26 +362,27 @@ struct Load {
     entry: Arc<Entry>,
 }
 
-/// Bytes a stored response accounts for in a memory store: its `body`, its key and
-/// variant, its heads (the `response` fields, held twice: by the entry and by its policy;
-/// the `request` fields its policy keeps, [`stored_request`]), each field with the map's
-/// room for it, and [`ENTRY_ROOM`] for the rest. (A disk store counts its file instead,
-/// which holds all of these.)
-fn entry_size(
-    fill: &Fill,
-    variant: &[u8],
-    body: u64,
-    response: &HeaderMap,
-    request: &HeaderMap,
-) -> u64 {
+/// Bytes a stored response's index entry takes in a memory store, besides its body: its
+/// key (held twice by the index: by key and in use order, [`lru`]), the request URI its
+/// policy keeps, its variant, its heads (the `response` fields, held twice: by the entry
+/// and by its policy; the `request` fields its policy keeps, [`stored_request`]), each
+/// field with the map's room for it, and [`ENTRY_ROOM`] for the rest. (A disk store
+/// counts its file in `max_size` instead, which holds all of these, and this kind of
+/// estimate in `index_size`.)
+fn index_cost(fill: &Fill, variant: &[u8], response: &HeaderMap, request: &HeaderMap) -> u64 {
     let fields = |h: &HeaderMap| -> u64 {
         let each = h
             .iter()
             .map(|(n, v)| n.as_str().len() + v.len() + FIELD_ROOM);
         each.sum::<usize>() as u64
     };
-    let named = (fill.key.len() + variant.len()) as u64;
-    body + named + 2 * fields(response) + fields(request) + ENTRY_ROOM
+    let uri = fill
+        .parts
+        .uri
+        .path_and_query()
+        .map_or(0, |p| p.as_str().len());
+    let named = (2 * fill.key.len() + uri + variant.len()) as u64;
+    named + 2 * fields(response) + fields(request) + ENTRY_ROOM
 }
 
 /// What a header map takes per field besides its name and value (its bucket, index and
@@ -491,6 +492,8 @@ pub struct Fill {
     key: Vec<u8>,
     /// The route's [`RouteCache::scope`]: the entries it may be answered from.
     scope: Arc<[u8]>,
+    /// The request fields Weir writes upstream for the route ([`RouteCache::rewritten`]).
+    rewritten: Arc<[Box<str>]>,
     parts: http::request::Parts,
     store: Arc<Store>,
     status_header: bool,
@@ -533,6 +536,7 @@ impl Fill {
         Fill {
             key,
             scope: cache.scope.clone(),
+            rewritten: cache.rewritten.clone(),
             parts,
             store: store.clone(),
             status_header: cache.status_header,
@@ -715,9 +719,11 @@ impl Fill {
         // A stale body is in memory (read for this: `Stale::body`).
         if let Some(stored) = body.body() {
             let variant = &stale.entry.variant;
+            let index = index_cost(self, variant, &head.headers, &kept.headers);
             let entry = Entry {
                 staleness: Staleness::of(&policy, &head.headers, now),
-                size: entry_size(self, variant, body.len(), &head.headers, &kept.headers),
+                size: body.len() + index,
+                index,
                 status: head.status,
                 headers: head.headers,
                 policy,
@@ -762,17 +768,23 @@ impl Fill {
         if !storable(&policy, head.headers()) || !fits {
             return None;
         }
+        if varies_on(head.headers(), &self.rewritten) {
+            self.store.counts.bypasses.fetch_add(1, Relaxed);
+            return None;
+        }
         let variant = variant(&self.scope, &self.parts.headers, head.headers());
         let (head, ()) = head.into_parts();
         Some(Box::new(Recorder {
             request: kept.headers,
             head,
             chunked: resp.chunked() && !dechunk,
-            fill: self,
             policy,
             variant,
             body: Vec::new(),
             limit,
+            expected: resp.length().filter(|_| !resp.chunked()),
+            memory: FillMemory::new(&self.store),
+            fill: self,
             over: false,
         }))
     }
@@ -924,6 +936,22 @@ fn coding_fits_variant(request: &HeaderMap, head: &http::Response<()>) -> bool {
     }
 }
 
+/// Whether the response with the fields `headers` varies (`Vary`) on any of the request
+/// fields `rewritten` (folded names): the variant would be chosen by the client's copy,
+/// which is not what the upstream saw (Weir wrote its own), so a response made for one
+/// client's `X-Real-IP` would be a hit for every other. Such a response is not stored.
+/// (The client-certificate field is instead matched as Weir forwards it: `request_parts`.)
+fn varies_on(headers: &HeaderMap, rewritten: &[Box<str>]) -> bool {
+    let vary = headers.get_all(http::header::VARY).iter();
+    let names = vary.flat_map(|v| v.as_bytes().split(|b| *b == b','));
+    names.map(<[u8]>::trim_ascii).any(|name| {
+        rewritten.iter().any(|r| {
+            let fold = |b: &u8| weir_config::fold_name_byte(*b);
+            r.len() == name.len() && name.iter().map(fold).eq(r.bytes())
+        })
+    })
+}
+
 /// The response `resp` (its head in `buf`) as the policy reads it: its end-to-end fields.
 fn response_parts(buf: &[u8], resp: &ResponseHead) -> Option<http::Response<()>> {
     let mut head = http::Response::new(());
@@ -974,7 +1002,12 @@ pub struct Recorder {
     body: Vec<u8>,
     chunked: bool,
     limit: u64,
-    /// The body passed `max_object_size`: it streams on, uncached.
+    /// The body's length, when the head says it: its room never grows past it.
+    expected: Option<u64>,
+    /// The body's room, counted against the store's `max_fill_memory`.
+    memory: FillMemory,
+    /// The body passed `max_object_size`, or its room would have passed the store's
+    /// `max_fill_memory`: it streams on, uncached.
     over: bool,
 }
 
@@ -984,12 +1017,46 @@ impl Recorder {
         if self.over {
             return;
         }
-        if (self.body.len() + piece.len()) as u64 > self.limit.saturating_mul(2) + 4096 {
-            self.over = true;
-            self.body = Vec::new();
+        let len = self.body.len() + piece.len();
+        if len as u64 > self.limit.saturating_mul(2) + 4096 {
+            self.abandon();
+            return;
+        }
+        if len > self.body.capacity() && !self.make_room(len) {
+            self.memory
+                .store()
+                .counts
+                .fills_abandoned
+                .fetch_add(1, Relaxed);
+            self.abandon();
             return;
         }
         self.body.extend_from_slice(piece);
+    }
+
+    /// Grows the body's room to hold `len` bytes, if the store's fills stay within its
+    /// `max_fill_memory`: doubling (a few atomic adds for a whole body), never past the
+    /// length the head said, then exactly `len` if the double does not fit.
+    fn make_room(&mut self, len: usize) -> bool {
+        let room = self.body.capacity();
+        let double = (len as u64).max(2 * room as u64).max(4096);
+        let target = self
+            .expected
+            .map_or(double, |e| double.min(e.max(len as u64)));
+        for want in [target, len as u64] {
+            if self.memory.grow(want - room as u64) {
+                self.body.reserve_exact(want as usize - self.body.len());
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Drops what was kept: the rest of the body streams to the client alone.
+    fn abandon(&mut self) {
+        self.over = true;
+        self.body = Vec::new();
+        self.memory.release();
     }
 
     /// The body passed what may be stored: the rest is for the client alone.
@@ -1014,14 +1081,8 @@ impl Recorder {
             store.counts.bypasses.fetch_add(1, Relaxed);
             return;
         };
-        let (length, request) = (body.len() as u64, &self.request);
-        let size = entry_size(
-            &self.fill,
-            &self.variant,
-            length,
-            &self.head.headers,
-            request,
-        );
+        let body_len = body.len() as u64;
+        let index = index_cost(&self.fill, &self.variant, &self.head.headers, &self.request);
         let now = SystemTime::now();
         let entry = Entry {
             staleness: Staleness::of(&self.policy, &self.head.headers, now),
@@ -1030,13 +1091,16 @@ impl Recorder {
             policy: self.policy,
             body: Body::Memory(Bytes::from(body)),
             variant: self.variant,
-            size,
+            size: body_len + index,
+            index,
             checked: AtomicBool::new(true),
         };
         // A disk store has the entry once its file is written: the requests waiting for
-        // this fetch are let go then, so that they find it.
+        // this fetch are let go then, so that they find it; the fill's memory is let go
+        // then too.
         let release = (self.fill.leading.replace(false)).then(|| self.fill.scope.clone());
-        store.put(std::mem::take(&mut self.fill.key), entry, release);
+        let key = std::mem::take(&mut self.fill.key);
+        store.put_holding(key, entry, release, Some(self.memory));
     }
 }
 

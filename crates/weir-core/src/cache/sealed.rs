@@ -38,8 +38,8 @@ impl Drop for Memfd {
 fn bound() -> u64 {
     static BOUND: OnceLock<u64> = OnceLock::new();
     *BOUND.get_or_init(|| {
-        let limit = crate::sys::open_file_limit();
-        limit.map_or(BOUND_UNKNOWN, |n| n / 4).min(BOUND_MAX)
+        let share = crate::sys::descriptor_share();
+        share.unwrap_or(BOUND_UNKNOWN).min(BOUND_MAX)
     })
 }
 

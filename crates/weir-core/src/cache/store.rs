@@ -60,6 +60,9 @@ pub struct Entry {
     /// Bytes the entry accounts for (a disk entry: its file's length; a sealed body: its
     /// pages).
     pub size: u64,
+    /// Bytes its index entry takes in memory (key, heads, policy; a memory store counts
+    /// them in `size` too): a disk store's index is bounded by `index_size` with them.
+    pub index: u64,
     /// A disk entry's body sum was checked in this process (it wrote the file, or read it
     /// whole since): its file may be sent as it is. Files the scan found are checked by
     /// their first hit, read whole on the blocking pool.
@@ -156,6 +159,62 @@ pub struct Counts {
     pub errors: AtomicU64,
     pub bytes: AtomicU64,
     pub entries: AtomicU64,
+    /// Bytes a disk store's index takes (estimated: [`Entry::index`]).
+    pub index_bytes: AtomicU64,
+    /// Bytes the fills in flight hold in memory now ([`FillMemory`]).
+    pub filling: AtomicU64,
+    /// Fills abandoned for `max_fill_memory` (their responses streamed on, uncached).
+    pub fills_abandoned: AtomicU64,
+}
+
+/// The bytes one fill holds in memory (its recorded body's room), counted in its store's
+/// [`Counts::filling`] until it is dropped: once the entry is stored (a disk store's file
+/// written, a memory store's body sealed), or the fill is abandoned. All fills of a store
+/// together stay within its `max_fill_memory`: one atomic add per growth of a body (its
+/// room doubles), no lock.
+pub struct FillMemory {
+    store: Arc<Store>,
+    bytes: u64,
+}
+
+impl FillMemory {
+    pub fn new(store: &Arc<Store>) -> FillMemory {
+        FillMemory {
+            store: store.clone(),
+            bytes: 0,
+        }
+    }
+
+    /// Counts `more` bytes more, if the store's fills stay within `max_fill_memory`;
+    /// `false` (nothing counted) if they would not.
+    pub fn grow(&mut self, more: u64) -> bool {
+        let bound = self.store.max_fill_memory.load(Relaxed);
+        let filling = &self.store.counts.filling;
+        let before = filling.fetch_add(more, Relaxed);
+        if before.saturating_add(more) > bound {
+            filling.fetch_sub(more, Relaxed);
+            return false;
+        }
+        self.bytes += more;
+        true
+    }
+
+    /// Lets all of its bytes go (the body was dropped).
+    pub fn release(&mut self) {
+        self.store.counts.filling.fetch_sub(self.bytes, Relaxed);
+        self.bytes = 0;
+    }
+
+    /// The store the bytes are counted in.
+    pub fn store(&self) -> &Arc<Store> {
+        &self.store
+    }
+}
+
+impl Drop for FillMemory {
+    fn drop(&mut self) {
+        self.release();
+    }
 }
 
 /// A cache store, shared by all workers.
@@ -166,6 +225,8 @@ pub struct Store {
     max_size: AtomicU64,
     max_object_size: AtomicU64,
     sendfile_min_size: AtomicU64,
+    max_fill_memory: AtomicU64,
+    index_size: AtomicU64,
     pub counts: Counts,
     inner: Mutex<Lru>,
     /// The keys a miss is being fetched for, each by a route's scope then the key
@@ -184,6 +245,8 @@ struct Putting {
     store: Arc<Store>,
     key: Vec<u8>,
     release: Option<Arc<[u8]>>,
+    /// The fill's memory, let go once the entry is written or sealed.
+    _memory: Option<FillMemory>,
 }
 
 impl Drop for Putting {
@@ -221,6 +284,8 @@ impl Store {
             max_size: AtomicU64::new(config.max_size),
             max_object_size: AtomicU64::new(config.max_object_size),
             sendfile_min_size: AtomicU64::new(config.sendfile_min_size),
+            max_fill_memory: AtomicU64::new(config.max_fill_memory),
+            index_size: AtomicU64::new(config.index_size),
             config,
             counts: Counts::default(),
             inner: Mutex::new(Lru::default()),
@@ -274,8 +339,10 @@ impl Store {
         self.sendfile_min_size
             .store(config.sendfile_min_size, Relaxed);
         self.max_size.store(config.max_size, Relaxed);
+        self.max_fill_memory.store(config.max_fill_memory, Relaxed);
+        self.index_size.store(config.index_size, Relaxed);
         let mut lru = self.lock();
-        let (evicted, gone) = lru.evict_past(config.max_size);
+        let (evicted, gone) = lru.evict_past(config.max_size, config.index_size);
         self.publish(&lru);
         drop(lru);
         self.counts.evictions.fetch_add(evicted, Relaxed);
@@ -338,6 +405,17 @@ impl Store {
     /// stall the worker's other connections. `release`: the scope whose fetch of `key` is
     /// over once it is stored ([`Store::release`]), so that waiting requests find it.
     pub fn put(self: &Arc<Self>, key: Vec<u8>, entry: Entry, release: Option<Arc<[u8]>>) {
+        self.put_holding(key, entry, release, None);
+    }
+
+    /// [`Store::put`] of a fill's entry, its `memory` let go once the entry is stored.
+    pub fn put_holding(
+        self: &Arc<Self>,
+        key: Vec<u8>,
+        entry: Entry,
+        release: Option<Arc<[u8]>>,
+        memory: Option<FillMemory>,
+    ) {
         // A copy with no release to follow it (a stale entry refreshed in place) is made
         // here: the fetch's end lets the waiting requests look as soon as this returns,
         // and they must find the new entry.
@@ -351,6 +429,7 @@ impl Store {
             store: self.clone(),
             key,
             release,
+            _memory: memory,
         };
         let job = move || {
             let Putting { store, key, .. } = &putting;
@@ -421,6 +500,7 @@ impl Store {
         let placed = disk.write(key, meta, body).and_then(|written| {
             disk.place(written, |at| {
                 entry.size = at.file_len;
+                entry.index = disk_index_cost(key, &at, &entry.headers);
                 entry.body = Body::Disk(at);
                 // Its sum is of the bytes just written.
                 entry.checked = AtomicBool::new(true);
@@ -451,7 +531,7 @@ impl Store {
     fn index(&self, key: &[u8], entry: Entry, only_new: bool) -> Vec<Arc<Entry>> {
         let mut lru = self.lock();
         let mut gone = lru.insert(key, Arc::new(entry), only_new);
-        let (evicted, more) = lru.evict_past(self.max_size());
+        let (evicted, more) = lru.evict_past(self.max_size(), self.index_size.load(Relaxed));
         gone.extend(more);
         self.publish(&lru);
         drop(lru);
@@ -590,19 +670,31 @@ impl Store {
 
     fn publish(&self, lru: &Lru) {
         self.counts.bytes.store(lru.bytes, Relaxed);
+        self.counts.index_bytes.store(lru.index, Relaxed);
         self.counts.entries.store(lru.len() as u64, Relaxed);
     }
+}
+
+/// What a disk entry's index entry takes in memory, estimated: its file's head part (key,
+/// variant, stored head, serialised policy: the heads and request URI it holds), the two
+/// copies of the key the index keeps besides ([`Lru`]), each field's map room for the
+/// two maps that hold it (the entry's, the policy's), and the entry's own structure.
+fn disk_index_cost(key: &[u8], at: &Location, headers: &http::HeaderMap) -> u64 {
+    let fields = 2 * headers.len() as u64 * super::FIELD_ROOM as u64;
+    at.body_at() + 2 * key.len() as u64 + fields + super::ENTRY_ROOM
 }
 
 impl Entry {
     /// The index entry of a file the scan found (`now`: when it was found).
     fn found(found: Found, now: SystemTime) -> Entry {
+        let index = disk_index_cost(&found.key, &found.location, &found.headers);
         Entry {
             staleness: super::Staleness::of(&found.policy, &found.headers, now),
             policy: found.policy,
             status: found.status,
             headers: found.headers,
             size: found.location.file_len,
+            index,
             body: Body::Disk(found.location),
             variant: found.variant,
             // Found whole by its head; its body's sum is checked when it is first read.
@@ -628,6 +720,7 @@ mod tests {
             body: Body::Memory(Bytes::from(vec![b'x'; size])),
             variant: variant.to_vec(),
             size: size as u64,
+            index: 0,
             checked: AtomicBool::new(true),
         }
     }
@@ -635,10 +728,15 @@ mod tests {
     fn config(max: u64, kind: CacheKind) -> CacheStore {
         CacheStore {
             name: "t".into(),
-            kind,
             max_size: max,
             max_object_size: max,
             sendfile_min_size: 64 << 10,
+            max_fill_memory: max,
+            index_size: match &kind {
+                CacheKind::Memory => u64::MAX,
+                CacheKind::Disk { .. } => 1 << 30,
+            },
+            kind,
         }
     }
 

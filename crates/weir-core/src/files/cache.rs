@@ -4,11 +4,16 @@
 //! for on every request). Each entry is served for the route's `open_file_cache_valid`,
 //! then looked up again; at the route's `open_file_cache` entries, expired ones are
 //! dropped (at most once per `open_file_cache_valid`) and then any one. One per worker, so
-//! no lock.
+//! no lock. The descriptors all workers' caches hold together stay within a quarter of the
+//! process's open-file limit ([`crate::sys::descriptor_share`], as the cache's sealed
+//! memfds): past it a worker makes room in its own cache as when it is full, or keeps no
+//! file, so that connections keep their descriptors. Only what a path was found to be is
+//! kept, never a failure to look (out of descriptors or memory: `lookup`).
 
 use std::collections::HashMap;
 use std::fs::File;
 use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 use super::http::Validators;
@@ -27,9 +32,44 @@ pub(crate) struct OpenFile {
 /// What a path was found to be.
 pub(crate) type Found = Option<Rc<OpenFile>>;
 
+/// The open files all workers' caches hold.
+static HELD: AtomicU64 = AtomicU64::new(0);
+
+/// The most open files the caches hold when the open-file limit cannot be read.
+const HELD_UNKNOWN: u64 = 256;
+
+/// How many open files all workers' caches may hold together.
+fn held_bound() -> u64 {
+    crate::sys::descriptor_share().unwrap_or(HELD_UNKNOWN)
+}
+
+/// A cache entry: what the path was found to be, and when; an open file counted in
+/// [`HELD`] while the entry lives.
+struct Kept {
+    found: Found,
+    at: Instant,
+}
+
+impl Kept {
+    fn new(found: Found, at: Instant) -> Kept {
+        if found.is_some() {
+            HELD.fetch_add(1, Relaxed);
+        }
+        Kept { found, at }
+    }
+}
+
+impl Drop for Kept {
+    fn drop(&mut self) {
+        if self.found.is_some() {
+            HELD.fetch_sub(1, Relaxed);
+        }
+    }
+}
+
 #[derive(Default)]
 pub(crate) struct OpenFiles {
-    entries: HashMap<Box<[u8]>, (Found, Instant)>,
+    entries: HashMap<Box<[u8]>, Kept>,
     /// The key being looked up: the route's id, then the path (no allocation per hit).
     key: Vec<u8>,
     /// When expired entries were last dropped: at most once per `valid`, so a flood of
@@ -41,11 +81,12 @@ impl OpenFiles {
     /// The entry for `path` of file server `id`, if it is younger than `valid` at `now`.
     pub fn get(&mut self, id: u64, path: &[u8], now: Instant, valid: Duration) -> Option<Found> {
         self.set_key(id, path);
-        let (found, at) = self.entries.get(self.key.as_slice())?;
-        (now.saturating_duration_since(*at) < valid).then(|| found.clone())
+        let kept = self.entries.get(self.key.as_slice())?;
+        (now.saturating_duration_since(kept.at) < valid).then(|| kept.found.clone())
     }
 
-    /// Keeps `found` for `path` (at most `max` entries in all, each `valid` for that long).
+    /// Keeps `found` for `path` (at most `max` entries in all, each `valid` for that long;
+    /// an open file only within the processes' share of descriptors).
     pub fn put(
         &mut self,
         id: u64,
@@ -59,22 +100,49 @@ impl OpenFiles {
             return;
         }
         self.set_key(id, path);
-        if self.entries.len() >= max && !self.entries.contains_key(self.key.as_slice()) {
-            let due = self
-                .swept
-                .is_none_or(|at| now.saturating_duration_since(at) >= valid);
-            if due {
-                self.swept = Some(now);
-                self.entries
-                    .retain(|_, (_, at)| now.saturating_duration_since(*at) < valid);
-            }
-            if self.entries.len() >= max {
-                let any = self.entries.keys().next().cloned();
-                any.map(|k| self.entries.remove(&k));
-            }
+        let opens = found.is_some();
+        let full = |entries: &HashMap<_, _>| {
+            entries.len() >= max || (opens && HELD.load(Relaxed) >= held_bound())
+        };
+        if full(&self.entries) {
+            // Its old entry goes first (an open file counted, maybe).
+            self.entries.remove(self.key.as_slice());
+        }
+        if full(&self.entries) {
+            self.sweep(now, valid);
+        }
+        if full(&self.entries) {
+            self.drop_one(opens);
+        }
+        if full(&self.entries) {
+            // Other workers' files hold the share: this one is not kept.
+            return;
         }
         let key: Box<[u8]> = self.key.as_slice().into();
-        self.entries.insert(key, (found, now));
+        self.entries.insert(key, Kept::new(found, now));
+    }
+
+    /// Drops the expired entries, at most once per `valid` (a flood of new paths does not
+    /// scan the whole cache per request).
+    fn sweep(&mut self, now: Instant, valid: Duration) {
+        let due = self
+            .swept
+            .is_none_or(|at| now.saturating_duration_since(at) >= valid);
+        if due {
+            self.swept = Some(now);
+            self.entries
+                .retain(|_, kept| now.saturating_duration_since(kept.at) < valid);
+        }
+    }
+
+    /// Drops any one entry; one holding an open file if `file`.
+    fn drop_one(&mut self, file: bool) {
+        let any = self
+            .entries
+            .iter()
+            .find(|(_, k)| !file || k.found.is_some());
+        let any = any.map(|(key, _)| key.clone());
+        any.map(|k| self.entries.remove(&k));
     }
 
     fn set_key(&mut self, id: u64, path: &[u8]) {

@@ -1,6 +1,9 @@
 //! Finding a request's file: the method, the path made plain, each `try_files` entry (or
 //! the path alone) opened through the worker's open-file cache, a directory's index, a
-//! precompressed sibling the client accepts; then the reply (`FileServer::reply`).
+//! precompressed sibling the client accepts; then the reply (`FileServer::reply`). A
+//! path that cannot be looked at for now (Weir is out of descriptors or memory) answers
+//! 503 and is not kept in the open-file cache: a 404 kept for it would hide an existing
+//! file after the shortage.
 
 use std::ffi::CString;
 use std::rc::Rc;
@@ -24,6 +27,19 @@ pub(super) enum Found {
     /// A directory without an index, listed.
     Listing(Opened),
     Missing,
+    /// It could not be looked for now: Weir is short of descriptors or memory.
+    Unavailable,
+}
+
+/// A path could not be looked at for now (out of descriptors or memory, interrupted): a
+/// 503, never kept as missing.
+pub(super) struct Unavailable;
+
+/// Whether `e` is Weir's passing shortage (as the proxy's `ProxyError::LocalResources`),
+/// not what the path is.
+fn is_passing(e: &std::io::Error) -> bool {
+    crate::listener::backoff::is_resource_exhaustion(e)
+        || matches!(e.raw_os_error(), Some(libc::EINTR | libc::EAGAIN))
 }
 
 impl FileServer {
@@ -61,6 +77,7 @@ impl FileServer {
             Found::Slash => Lookup::Reply(Reply::slash(routed, cfg)),
             Found::Listing(dir) => Lookup::Reply(super::listing::reply(&dir, routed, cfg)),
             Found::Missing => self.missing(404),
+            Found::Unavailable => Lookup::Reply(Reply::status(503, b"", cfg)),
         }
     }
 
@@ -120,19 +137,23 @@ impl Looking<'_> {
             for name in &cfg.index {
                 rel.truncate(dir_len);
                 rel.extend_from_slice(name.as_bytes());
-                if let Some(file) = self.open(rel).filter(|f| !f.dir) {
-                    return self.with_sibling(file, rel);
+                match self.open(rel) {
+                    Ok(Some(file)) if !file.dir => return self.with_sibling(file, rel),
+                    Err(Unavailable) => return Found::Unavailable,
+                    _ => {}
                 }
             }
             rel.truncate(dir_len);
             return match self.open(rel) {
-                Some(dir) if dir.dir && cfg.listing => Found::Listing(dir),
+                Ok(Some(dir)) if dir.dir && cfg.listing => Found::Listing(dir),
+                Err(Unavailable) => Found::Unavailable,
                 _ => Found::Missing,
             };
         }
         match self.open(rel) {
-            Some(file) if !file.dir => self.with_sibling(file, rel),
-            Some(_) if redirect => Found::Slash,
+            Ok(Some(file)) if !file.dir => self.with_sibling(file, rel),
+            Ok(Some(_)) if redirect => Found::Slash,
+            Err(Unavailable) => Found::Unavailable,
             _ => Found::Missing,
         }
     }
@@ -146,7 +167,8 @@ impl Looking<'_> {
         while let Some(coding) = crate::filters::compression::negotiate_among(&left, buf, headers) {
             rel.truncate(len);
             rel.extend_from_slice(extension(coding));
-            if let Some(sibling) = self.open(rel).filter(|f| !f.dir) {
+            // A sibling that cannot be looked at for now: the file itself is sent.
+            if let Ok(Some(sibling)) = self.open(rel).map(|f| f.filter(|f| !f.dir)) {
                 rel.truncate(len);
                 return Found::File(file, Some((sibling, coding)));
             }
@@ -158,54 +180,67 @@ impl Looking<'_> {
 
     /// The file or directory at `rel` (`None`: there is none that may be served), from
     /// the worker's cache when it was looked up lately.
-    fn open(&self, rel: &[u8]) -> Option<Opened> {
+    fn open(&self, rel: &[u8]) -> Result<Option<Opened>, Unavailable> {
         let (server, cfg) = (self.server, &self.server.config);
         let valid = cfg.open_file_cache_valid;
         if cfg.open_file_cache > 0 {
             let mut cache = self.worker.open_files.borrow_mut();
             if let Some(found) = cache.get(server.id, rel, self.now, valid) {
-                return found;
+                return Ok(found);
             }
         }
-        let found = open_uncached(server, rel);
+        let found = open_uncached(server, rel)?;
         if cfg.open_file_cache > 0 {
             let mut cache = self.worker.open_files.borrow_mut();
             let max = cfg.open_file_cache;
             cache.put(server.id, rel, found.clone(), self.now, max, valid);
         }
-        found
+        Ok(found)
     }
 }
 
-/// Opens `rel` beneath the root: a regular file or a directory, else nothing.
-fn open_uncached(server: &FileServer, rel: &[u8]) -> Option<Opened> {
-    let root = server.root.as_ref().ok()?;
+/// Opens `rel` beneath the root: a regular file or a directory, else nothing; `Err` when
+/// it cannot be looked at for now ([`is_passing`]).
+fn open_uncached(server: &FileServer, rel: &[u8]) -> Result<Option<Opened>, Unavailable> {
+    let Ok(root) = server.root.as_ref() else {
+        return Ok(None);
+    };
     let name = match rel.strip_suffix(b"/").unwrap_or(rel) {
-        [] => CString::new(".").ok()?,
-        name => CString::new(name).ok()?,
+        [] => CString::new("."),
+        name => CString::new(name),
     };
-    let file = match root.open_beneath(&name) {
-        Ok(file) => file,
-        Err(e) => {
-            if e.raw_os_error() == Some(libc::EXDEV) {
-                tracing::debug!(path = %String::from_utf8_lossy(rel), "files: refused a path leading out of the root");
-            }
-            return None;
+    let Ok(name) = name else { return Ok(None) };
+    let passing = |e: &std::io::Error| {
+        let passing = is_passing(e);
+        if passing {
+            tracing::debug!(path = %String::from_utf8_lossy(rel), error = %e, "files: cannot look for now: 503");
+        } else if e.raw_os_error() == Some(libc::EXDEV) {
+            tracing::debug!(path = %String::from_utf8_lossy(rel), "files: refused a path leading out of the root");
         }
+        passing
     };
-    let meta = file.metadata().ok()?;
+    let (file, meta) = match root
+        .open_beneath(&name)
+        .and_then(|f| Ok((f.metadata()?, f)))
+    {
+        Ok((meta, file)) => (file, meta),
+        Err(e) if passing(&e) => return Err(Unavailable),
+        Err(_) => return Ok(None),
+    };
     let dir = meta.is_dir();
     if !dir && !meta.is_file() {
-        return None;
+        return Ok(None);
     }
-    let mtime = meta.modified().ok()?;
+    let Ok(mtime) = meta.modified() else {
+        return Ok(None);
+    };
     // Clamped to 9999-12-31: HTTP dates end there (`httpdate` panics past it), and a file
     // may carry any timestamp.
     let mtime = mtime
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs().min(253_402_300_799));
     let name = std::str::from_utf8(rel).unwrap_or("");
-    Some(Rc::new(OpenFile {
+    Ok(Some(Rc::new(OpenFile {
         file,
         validators: Validators {
             len: meta.len(),
@@ -213,7 +248,7 @@ fn open_uncached(server: &FileServer, rel: &[u8]) -> Option<Opened> {
         },
         content_type: content_type(name),
         dir,
-    }))
+    })))
 }
 
 /// The media type of a file named `name` (from its extension); `text/*` in UTF-8.

@@ -17,12 +17,14 @@ pub(super) struct StoreRow {
     counters: [u64; COUNTERS.len()],
     bytes: u64,
     entries: u64,
+    index_bytes: u64,
+    filling: u64,
 }
 
 type PickCount = fn(&Counts) -> &std::sync::atomic::AtomicU64;
 
 /// The counters: name, help, which count.
-const COUNTERS: [(&str, &str, PickCount); 9] = [
+const COUNTERS: [(&str, &str, PickCount); 10] = [
     ("weir_cache_hits", "Requests answered from a fresh cache entry (collapsed waits answered from the entry included).", |c| &c.hits),
     ("weir_cache_misses", "Cacheable requests (GET, HEAD) with no fresh entry: forwarded upstream.", |c| &c.misses),
     ("weir_cache_revalidations", "Misses that revalidated a stale entry with a conditional request upstream.", |c| &c.revalidations),
@@ -32,6 +34,7 @@ const COUNTERS: [(&str, &str, PickCount); 9] = [
     ("weir_cache_evictions", "Keys evicted to stay within max_size.", |c| &c.evictions),
     ("weir_cache_stale", "Stale entries served (stale-while-revalidate, stale-if-error).", |c| &c.stale),
     ("weir_cache_errors", "A disk store's entries not written, or not read back whole (discarded), or not readable for now (kept): each a miss.", |c| &c.errors),
+    ("weir_cache_fills_abandoned", "Misses whose response was not stored because the store's fills in flight held max_fill_memory (streamed to the client uncached).", |c| &c.fills_abandoned),
 ];
 
 /// The rows of `snapshot`'s stores.
@@ -44,6 +47,8 @@ pub(super) fn rows(snapshot: &Snapshot) -> Vec<StoreRow> {
             counters: COUNTERS.map(|(_, _, pick)| pick(&store.counts).load(Relaxed)),
             bytes: store.counts.bytes.load(Relaxed),
             entries: store.counts.entries.load(Relaxed),
+            index_bytes: store.counts.index_bytes.load(Relaxed),
+            filling: store.counts.filling.load(Relaxed),
         })
         .collect()
 }
@@ -68,5 +73,17 @@ pub(super) fn encode(enc: &mut DescriptorEncoder, rows: &[StoreRow]) -> Result {
         "weir_cache_entries",
         "Keys in the store.",
         &gauge_of(|r| r.entries),
+    )?;
+    gauge(
+        enc,
+        "weir_cache_index_bytes",
+        "Memory the store's index takes, estimated (bounded by index_size for a disk store; in weir_cache_bytes for a memory store).",
+        &gauge_of(|r| r.index_bytes),
+    )?;
+    gauge(
+        enc,
+        "weir_cache_fill_bytes",
+        "Memory the store's fills in flight hold (recorded bodies; bounded by max_fill_memory).",
+        &gauge_of(|r| r.filling),
     )
 }
