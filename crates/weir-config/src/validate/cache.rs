@@ -356,8 +356,10 @@ pub(super) fn resolve_refs(
 }
 
 /// A route's [`RouteCache::rewritten`]: the forwarded headers (when the route sets them),
-/// the listener's request-id header, every name of the route's `request_headers` rules
-/// (`Host` when one sets it), and the trace context (Weir's when a request is sampled).
+/// the listener's request-id header, the names the route's `request_headers` rules `set`
+/// or `add` with a `{variable}` (a constant, or a `remove`, forwards the same for every
+/// client whose own copy is the same, so keying on the client's copy stores nothing that
+/// another client would not get), and the trace context (Weir's when a request is sampled).
 fn rewritten(
     forwarded: bool,
     rules: Option<&crate::model::HeaderRules>,
@@ -374,11 +376,11 @@ fn rewritten(
     }
     names.extend(request_id);
     if let Some(rules) = rules {
-        names.extend(rules.set.iter().chain(&rules.add).map(|r| r.name.as_str()));
-        names.extend(rules.drop.iter().map(String::as_str));
-        if rules.sets_host {
-            names.push("host");
-        }
+        let per_request = |r: &&crate::model::HeaderRule| {
+            (r.value.0.iter()).any(|p| matches!(p, crate::model::TemplatePart::Var(_)))
+        };
+        let names_rendered = rules.set.iter().chain(&rules.add).filter(per_request);
+        names.extend(names_rendered.map(|r| r.name.as_str()));
     }
     let mut folded: Vec<Box<str>> = names
         .iter()

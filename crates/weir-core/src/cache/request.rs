@@ -58,7 +58,11 @@ pub(super) fn request_parts(
         cert_header
             .is_some_and(|c| crate::forward::request_head::same_header_name(name, c.as_bytes()))
     };
-    for h in r.req.headers.iter().filter(|h| !h.kind.is_hop_by_hop()) {
+    // What the upstream saw: no hop-by-hop field, none the client listed in `Connection`
+    // (else `Connection: Accept-Language` stores the default page under `fr`).
+    let forwarded =
+        |h: &&crate::codec::http1::HeaderSpan| !h.kind.is_hop_by_hop() && !h.connection_listed;
+    for h in r.req.headers.iter().filter(forwarded) {
         if weirs(&r.buf[h.name.clone()]) {
             continue;
         }

@@ -88,8 +88,10 @@ impl StreamRequest<'_> {
         respond: &mut R,
         trace: &mut Trace,
     ) -> Result<(), Failure> {
-        let stale = match (&result, self.fill.take()) {
-            (Err(failure), Some(fill)) => stale_answer(&fill, failure),
+        // The fill (its key's lock) is held until the stale answer is sent.
+        let fill = self.fill.take();
+        let stale = match (&result, &fill) {
+            (Err(failure), Some(fill)) => stale_answer(fill, failure),
             _ => None,
         };
         match stale {

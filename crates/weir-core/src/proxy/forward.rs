@@ -82,8 +82,11 @@ pub(crate) async fn forward_filling(
     let result = forward(worker, &target, conn, req, resp, keep_alive).await;
     // A miss that failed before any of the response was sent: its stale entry may answer
     // for the failure (`stale-if-error`, `serve_stale_on`); else the failure stands.
-    let stale = match (&result, conn.fill.take()) {
-        (Err(failure), Some(fill)) => stale_answer(&fill, failure),
+    // The fill (its key's lock) is held until the stale answer is sent: requests waiting
+    // for the key wake to what the leader got, not before.
+    let fill = conn.fill.take();
+    let stale = match (&result, &fill) {
+        (Err(failure), Some(fill)) => stale_answer(fill, failure),
         _ => None,
     };
     let Some(reply) = stale else {
