@@ -113,6 +113,7 @@ mod tests {
         AdminSettings {
             bind: Some(bind.parse().unwrap()),
             token_file,
+            allowed_hosts: Vec::new(),
             header_timeout: std::time::Duration::from_secs(10),
             idle_timeout: std::time::Duration::from_secs(60),
             max_connections: 64,
