@@ -500,6 +500,8 @@ pub fn signal_pid(pid: u32, sig: libc::c_int) {
 }
 
 /// One request on a fresh connection (`Connection: close`); returns the head and the body.
+/// `Host` is `addr` unless `headers` give one (the admin API answers only to its own
+/// address).
 pub fn call(
     addr: SocketAddr,
     method: &str,
@@ -509,9 +511,12 @@ pub fn call(
 ) -> io::Result<(Head, String)> {
     let mut s = connect(addr, Duration::from_secs(2))?;
     let mut req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\nContent-Length: {}\r\n",
+        "{method} {path} HTTP/1.1\r\nConnection: close\r\nContent-Length: {}\r\n",
         body.len()
     );
+    if !headers.iter().any(|(n, _)| n.eq_ignore_ascii_case("host")) {
+        req.push_str(&format!("Host: {addr}\r\n"));
+    }
     for (name, value) in headers {
         req.push_str(&format!("{name}: {value}\r\n"));
     }
