@@ -9,7 +9,9 @@
 //! Connections are capped (`[admin] max_connections`, so idle clients cannot take the
 //! process's descriptors; at the cap a newcomer takes the place of the connection idle
 //! longest, see `slots`) and timed out (`conn`), and running out of descriptors pauses
-//! accepting as on the data plane.
+//! accepting as on the data plane. Every request but the probes must name this listener
+//! in its `Host` and `Origin`, token or not, against DNS rebinding and cross-site pages
+//! (`api::guard`).
 
 #![forbid(unsafe_code)]
 
