@@ -54,6 +54,14 @@ fn route_names(addr: SocketAddr, token: Option<&str>) -> Vec<String> {
     routes.unwrap_or_default().iter().map(name).collect()
 }
 
+/// Weir with `admin_extra` in `[admin]`, in front of a backend answering "app".
+fn started(admin_extra: &str) -> (Backend, Weir, SocketAddr) {
+    let b = Backend::fixed(200, &[], "app");
+    let weir = Weir::start(&file(&b, admin_extra));
+    let addr = weir.admin_addr();
+    (b, weir, addr)
+}
+
 fn json(extra: &[(&'static str, &'static str)]) -> Vec<(&'static str, &'static str)> {
     let mut headers = vec![("Content-Type", "application/json")];
     headers.extend_from_slice(extra);
@@ -62,9 +70,7 @@ fn json(extra: &[(&'static str, &'static str)]) -> Vec<(&'static str, &'static s
 
 #[test]
 fn a_foreign_host_is_refused_for_reads_and_writes_and_nothing_is_applied() {
-    let b = Backend::fixed(200, &[], "app");
-    let weir = Weir::start(&file(&b, ""));
-    let addr = weir.admin_addr();
+    let (_b, weir, addr) = started("");
     let rebind = ("Host", "rebind.evil.com");
     let path = "/api/v1/listeners/web/routes/pwn";
     let (status, body) = admin(addr, "PUT", path, &json(&[rebind]), PWN_ROUTE);
@@ -99,9 +105,7 @@ fn a_foreign_host_is_refused_for_reads_and_writes_and_nothing_is_applied() {
 
 #[test]
 fn the_listeners_own_address_is_served_with_or_without_the_port() {
-    let b = Backend::fixed(200, &[], "app");
-    let weir = Weir::start(&file(&b, ""));
-    let addr = weir.admin_addr();
+    let (_b, _weir, addr) = started("");
     let port = addr.port();
     let hosts = [
         format!("127.0.0.1:{port}"),
@@ -125,9 +129,7 @@ fn the_listeners_own_address_is_served_with_or_without_the_port() {
 
 #[test]
 fn a_foreign_origin_is_refused_and_the_listeners_own_served() {
-    let b = Backend::fixed(200, &[], "app");
-    let weir = Weir::start(&file(&b, ""));
-    let addr = weir.admin_addr();
+    let (_b, _weir, addr) = started("");
     let evil = ("Origin", "http://evil.example");
     let (status, body) = admin(addr, "GET", "/api/v1/config", &[evil], "");
     assert_eq!(

@@ -215,63 +215,67 @@ mod tests {
         }
     }
 
+    /// Asserts that `n` admits every authority of `ok` and none of `bad`.
+    #[track_caller]
+    fn sorts(n: &Names<'_>, ok: &[&str], bad: &[&str]) {
+        for a in ok {
+            assert!(n.admit(a), "{a} admitted");
+        }
+        for a in bad {
+            assert!(!n.admit(a), "{a} refused");
+        }
+    }
+
     #[test]
     fn a_loopback_listener_answers_to_loopback_literals_and_localhost() {
-        let n = names("127.0.0.1:9901", &[]);
-        for ok in [
+        let ok = [
             "127.0.0.1",
             "127.0.0.1:9901",
             "127.0.0.1:1",
             "[::1]:9901",
             "LOCALHOST:9901",
             "localhost",
-        ] {
-            assert!(n.admit(ok), "{ok}");
-        }
-        for bad in [
-            "rebind.evil.com",
-            "rebind.evil.com:9901",
-            "10.0.0.1:9901",
-            "",
+        ];
+        let malformed = [
             ":9901",
             "127.0.0.1:",
             "127.0.0.1:x",
             "::1",
             "[::1",
             "[::1]x",
+            "",
+        ];
+        let foreign = [
+            "rebind.evil.com",
+            "rebind.evil.com:9901",
+            "10.0.0.1:9901",
             "localhost.:9901",
             "127.1",
-        ] {
-            assert!(!n.admit(bad), "{bad}");
-        }
+        ];
+        let n = names("127.0.0.1:9901", &[]);
+        sorts(&n, &ok, &malformed);
+        sorts(&n, &[], &foreign);
     }
 
     #[test]
     fn other_binds_answer_to_their_address_and_allowed_names() {
         let allowed = ["weir-admin.internal".to_string(), "203.0.113.7".to_string()];
-        let n = names("10.0.0.5:9901", &allowed);
-        for ok in [
+        let ok = [
             "10.0.0.5:9901",
             "weir-admin.internal:9901",
             "Weir-Admin.Internal",
             "203.0.113.7:19901",
-        ] {
-            assert!(n.admit(ok), "{ok}");
-        }
-        for bad in [
+        ];
+        let bad = [
             "10.0.0.6:9901",
             "127.0.0.1:9901",
             "localhost:9901",
             "evil.internal",
-        ] {
-            assert!(!n.admit(bad), "{bad}");
-        }
+        ];
+        sorts(&names("10.0.0.5:9901", &allowed), &ok, &bad);
         // A wildcard bind: any IP literal (a rebinding page sends a name), and localhost.
-        let n = names("[::]:9901", &[]);
-        for ok in ["192.0.2.1:9901", "[2001:db8::1]:9901", "localhost:9901"] {
-            assert!(n.admit(ok), "{ok}");
-        }
-        assert!(!n.admit("rebind.evil.com:9901"));
+        let ok = ["192.0.2.1:9901", "[2001:db8::1]:9901", "localhost:9901"];
+        sorts(&names("[::]:9901", &[]), &ok, &["rebind.evil.com:9901"]);
     }
 
     #[test]

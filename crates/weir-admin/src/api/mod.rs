@@ -120,10 +120,7 @@ fn route(call: Call, store: &Store) -> Result<Response<Full<Bytes>>, ApiError> {
         )),
         (&Method::GET, ["stats"]) => read(stats(store, &call.query)?),
         (&Method::GET, ["caches"]) => read(cache::stores(store.proxy())),
-        (&Method::POST, ["caches", "purge"]) if call.format == Format::Toml => {
-            Err(guard::unsupported("application/toml (purge takes JSON)"))
-        }
-        (&Method::POST, ["caches", "purge"]) => read(cache::purge(store.proxy(), &call.body)?),
+        (&Method::POST, ["caches", "purge"]) => read(cache::purge(store.proxy(), &call)?),
         (&Method::GET, ["upstreams"]) => read(views::upstreams(store.proxy())),
         (&Method::GET, ["upstreams", name]) => read(views::upstream(&text, name)?),
         (&Method::GET, ["upstreams", name, "health"]) => read(views::health(store.proxy(), name)?),
