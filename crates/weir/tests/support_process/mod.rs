@@ -387,6 +387,15 @@ pub fn weir_check(path: &Path) -> Output {
     child.wait_with_output().expect("weir check output")
 }
 
+/// Asserts that `weir check -c path` accepts the file with a `WARNING: {warning}...` line.
+#[track_caller]
+pub fn assert_check_warns(path: &Path, warning: &str) {
+    let out = weir_check(path);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(stdout.contains(&format!("WARNING: {warning}")), "{stdout}");
+}
+
 // ---------------------------------------------------------------------------------------
 // Blocking HTTP/1.1 over std::net
 // ---------------------------------------------------------------------------------------
