@@ -276,7 +276,11 @@ async fn handle(
     // listener, even with a token.
     if !matches!(path, "/live" | "/ready") {
         if let Err(e) = guard(&state, addrs.listener, &req) {
-            return Ok(plain(e.status, Bytes::from(e.to_json().to_string()), JSON));
+            return Ok(plain(
+                e.status,
+                Bytes::from(format!("{}\n", e.to_json())),
+                JSON,
+            ));
         }
     }
     if path == "/ui" || path.starts_with("/ui/") {
