@@ -42,7 +42,7 @@ changes=0
 for round in $(seq 1 20); do
   for i in 1 2 3 4 5; do
     w=$(( (round + i) % 4 + 1 ))
-    code=$(curl -s -m 10 -o /dev/null -w '%{http_code}' -X PUT -d "{\"weight\": $w}" \
+    code=$(curl -s -m 10 -o /dev/null -w '%{http_code}' -X PUT -H 'Content-Type: application/json' -d "{\"weight\": $w}" \
       http://127.0.0.1:19901/api/v1/upstreams/app/servers/127.0.0.1:18080)
     if [ "$code" = 200 ]; then changes=$((changes + 1)); else echo "API change failed: $code"; fi
   done

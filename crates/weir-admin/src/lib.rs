@@ -9,7 +9,9 @@
 //! Connections are capped (`[admin] max_connections`, so idle clients cannot take the
 //! process's descriptors; at the cap a newcomer takes the place of the connection idle
 //! longest, see `slots`) and timed out (`conn`), and running out of descriptors pauses
-//! accepting as on the data plane.
+//! accepting as on the data plane. Every request but the probes must name this listener
+//! in its `Host` and `Origin`, token or not, against DNS rebinding and cross-site pages
+//! (`api::guard`).
 
 #![forbid(unsafe_code)]
 
@@ -160,6 +162,12 @@ async fn accept_loop(
 ) {
     let slots = Arc::new(Slots::default());
     let (mut resource_log, mut cap_log) = (ResourceLog::default(), ResourceLog::default());
+    // Requests must name this address (see `api::guard`); the bound one, so port 0 and
+    // a socket handed over by an upgrade count as they are.
+    let listener_addr = match listener.local_addr() {
+        Ok(addr) => addr,
+        Err(e) => return tracing::error!(error = %e, "admin listener has no address"),
+    };
     loop {
         let accepted = tokio::select! {
             r = listener.accept() => r,
@@ -210,9 +218,13 @@ async fn accept_loop(
             }
         };
         let state = state.clone();
+        let addrs = Addrs {
+            peer,
+            listener: listener_addr,
+        };
         tokio::spawn(serve_connection(
             stream,
-            peer,
+            addrs,
             clock,
             Arc::new(slot),
             state,
@@ -225,7 +237,7 @@ async fn accept_loop(
 /// slot goes to a newcomer; the slot is given back when it ends.
 async fn serve_connection(
     stream: tokio::net::TcpStream,
-    peer: SocketAddr,
+    addrs: Addrs,
     clock: Arc<Clock>,
     slot: Arc<Slot>,
     state: Arc<AdminState>,
@@ -236,7 +248,7 @@ async fn serve_connection(
         let (state, slot) = (state.clone(), slot.clone());
         async move {
             let _busy = slot.busy();
-            handle(req, state, limits.idle_timeout, peer).await
+            handle(req, state, limits.idle_timeout, addrs).await
         }
     });
     let connection = hyper::server::conn::http1::Builder::new()
@@ -246,13 +258,31 @@ async fn serve_connection(
     conn::serve(connection, &clock, &limits).await;
 }
 
+/// Both ends of an admin connection: the client, and the listener's bound address.
+#[derive(Debug, Clone, Copy)]
+struct Addrs {
+    peer: SocketAddr,
+    listener: SocketAddr,
+}
+
 async fn handle(
     req: Request<Incoming>,
     state: Arc<AdminState>,
     body_timeout: Duration,
-    peer: SocketAddr,
+    addrs: Addrs,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let path = req.uri().path();
+    // The probes answer any Host (see `api::guard`); everything else must name this
+    // listener, even with a token.
+    if !matches!(path, "/live" | "/ready") {
+        if let Err(e) = guard(&state, addrs.listener, &req) {
+            return Ok(plain(
+                e.status,
+                Bytes::from(format!("{}\n", e.to_json())),
+                JSON,
+            ));
+        }
+    }
     if path == "/ui" || path.starts_with("/ui/") {
         // The page holds no data: it is served without the token (see `ui`).
         let on = state
@@ -263,7 +293,7 @@ async fn handle(
     }
     if req.uri().path().starts_with("/api/") {
         return Ok(match &state.store {
-            Some(store) => api::handle(req, store.clone(), body_timeout, peer).await,
+            Some(store) => api::handle(req, store.clone(), body_timeout, addrs.peer).await,
             None => plain(StatusCode::NOT_FOUND, Bytes::from_static(NOT_FOUND), TEXT),
         });
     }
@@ -285,6 +315,20 @@ async fn handle(
         _ => (StatusCode::NOT_FOUND, Bytes::from_static(NOT_FOUND), TEXT),
     };
     Ok(plain(status, body, content_type))
+}
+
+/// The DNS-rebinding and cross-site checks of `api::guard`, against the running config's
+/// `[admin] allowed_hosts`.
+fn guard(
+    state: &AdminState,
+    listener: SocketAddr,
+    req: &Request<Incoming>,
+) -> Result<(), api::error::ApiError> {
+    let config = state.store.as_ref().map(|s| s.proxy().config());
+    let allowed = config
+        .as_ref()
+        .map_or(&[][..], |c| &c.admin.allowed_hosts[..]);
+    api::guard::check(listener, allowed, req.headers(), req.uri(), req.method())
 }
 
 /// `/ready`: ready once the config is loaded and the listeners bound; a fleet member also

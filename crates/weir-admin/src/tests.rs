@@ -27,7 +27,7 @@ fn request(
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
     s.set_read_timeout(Some(Duration::from_secs(5)))?;
     let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\
          Content-Type: application/toml\r\nContent-Length: {}\r\n\r\n",
         body.len()
     );

@@ -269,6 +269,7 @@ max_idle = 256
             admin: AdminSettings {
                 bind: Some(addr("127.0.0.1:9901")),
                 token_file: None,
+                allowed_hosts: Vec::new(),
                 header_timeout: Duration::from_secs(10),
                 idle_timeout: Duration::from_secs(60),
                 max_connections: 64,
@@ -338,6 +339,7 @@ max_idle = 256
             admin: AdminSettings {
                 bind: Some(addr("127.0.0.1:9901")),
                 token_file: None,
+                allowed_hosts: Vec::new(),
                 header_timeout: Duration::from_secs(10),
                 idle_timeout: Duration::from_secs(60),
                 max_connections: 64,

@@ -88,6 +88,9 @@ pub struct AdminSettings {
     /// File holding the bearer token every admin request must carry (`None`: no token;
     /// writes are then accepted only on a loopback bind).
     pub token_file: Option<std::path::PathBuf>,
+    /// Names (lower-case) and IP addresses (as `IpAddr` displays them) accepted in `Host`
+    /// and `Origin` besides the listener's own address (`allowed_hosts`).
+    pub allowed_hosts: Vec<String>,
     /// Time allowed for a whole request head: from the connection's accept for its first
     /// request, from the first byte for later ones.
     pub header_timeout: Duration,
@@ -98,6 +101,25 @@ pub struct AdminSettings {
     pub max_connections: usize,
     /// The dashboard (`/ui/`, `/api/v1/stats`); `None` when `dashboard = false`.
     pub dashboard: Option<DashboardSettings>,
+}
+
+impl AdminSettings {
+    /// A warning when the admin API listens beyond loopback without `token_file`: then
+    /// anyone who reaches the address reads the config, secrets included (`[tracing]`
+    /// headers, passwords in Redis URLs, header rules), and the metrics. A warning, not an
+    /// error: probes and scrapers need a reachable address, a config that ran before still
+    /// loads, and a network policy may be what guards the port (as Caddy allows
+    /// `admin 0.0.0.0:2019`).
+    pub fn exposure_warning(&self) -> Option<String> {
+        let bind = self.bind?;
+        (self.token_file.is_none() && !bind.ip().is_loopback()).then(|| {
+            format!(
+                "admin.bind = \"{bind}\" without admin.token_file: anyone who reaches it reads \
+                 the config through the API (secrets in it included) and the metrics; set \
+                 token_file, or bind the admin listener to 127.0.0.1"
+            )
+        })
+    }
 }
 
 /// The dashboard's sampling (`[admin] dashboard_interval`, `dashboard_history`).
@@ -1155,6 +1177,7 @@ impl Config {
             });
         insecure
             .chain(self.plain_binds_past_client_auth())
+            .chain(self.admin.exposure_warning())
             .collect()
     }
 

@@ -110,6 +110,7 @@ pub(crate) struct RawServer {
 pub(crate) struct RawAdmin {
     pub bind: Option<String>,
     pub token_file: Option<String>,
+    pub allowed_hosts: Option<Vec<String>>,
     pub header_timeout: Option<String>,
     pub idle_timeout: Option<String>,
     pub max_connections: Option<i64>,

@@ -164,9 +164,11 @@ pub(crate) fn admin(raw: RawAdmin, path: &FieldPath) -> Result<AdminSettings, Is
         Some(p) => Some(std::path::PathBuf::from(p)),
     };
     let dashboard = dashboard(&raw, path)?;
+    let allowed_hosts = admin_hosts::allowed_hosts(raw.allowed_hosts, &path.key("allowed_hosts"))?;
     Ok(AdminSettings {
         bind,
         token_file,
+        allowed_hosts,
         header_timeout: duration(raw.header_timeout, "10s", &path.key("header_timeout"), true)?,
         idle_timeout: duration(raw.idle_timeout, "60s", &path.key("idle_timeout"), true)?,
         max_connections: int_in(
@@ -1071,6 +1073,7 @@ pub(crate) fn size(raw: Option<StrOrInt>, default: u64, path: &FieldPath) -> Res
     }
 }
 
+mod admin_hosts;
 mod binds;
 mod cache;
 mod cluster;

@@ -222,6 +222,9 @@ impl Running {
         if let Some(admin) = &admin {
             tracing::info!(addr = %admin.addr(), "admin api listening");
         }
+        if let Some(warning) = proxy.config().admin.exposure_warning() {
+            tracing::warn!("{warning}");
+        }
         Ok(Running {
             proxy,
             admin,

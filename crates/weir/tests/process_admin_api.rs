@@ -21,7 +21,8 @@ fn file(a: &Backend, admin_extra: &str) -> String {
     )
 }
 
-/// A request to the admin API; returns status, ETag version and the JSON body.
+/// A request to the admin API; returns status, ETag version and the JSON body. A body goes
+/// as `Content-Type: application/json` unless `headers` name a type.
 fn api(
     admin: SocketAddr,
     method: &str,
@@ -29,8 +30,15 @@ fn api(
     headers: &[(&str, &str)],
     body: &str,
 ) -> (u16, Option<u64>, Value) {
+    let mut headers = headers.to_vec();
+    let typed = headers
+        .iter()
+        .any(|(n, _)| n.eq_ignore_ascii_case("content-type"));
+    if !body.is_empty() && !typed {
+        headers.push(("Content-Type", "application/json"));
+    }
     let (head, text) =
-        call(admin, method, &format!("/api/v1{path}"), headers, body).expect("admin call");
+        call(admin, method, &format!("/api/v1{path}"), &headers, body).expect("admin call");
     let version = head
         .header("etag")
         .and_then(|e| e.trim_matches('"').parse().ok());

@@ -97,9 +97,11 @@ fn idle_admin_connections_are_closed_after_the_timeouts() {
 
     // An API request whose body stops short: 408 after idle_timeout.
     let mut short = connect(admin, Duration::from_secs(2)).expect("connect");
-    short
-        .write_all(b"PUT /api/v1/config HTTP/1.1\r\nHost: a\r\nContent-Length: 100\r\n\r\n[server]")
-        .unwrap();
+    let head = format!(
+        "PUT /api/v1/config HTTP/1.1\r\nHost: {admin}\r\nContent-Type: application/toml\r\n\
+         Content-Length: 100\r\n\r\n[server]"
+    );
+    short.write_all(head.as_bytes()).unwrap();
 
     for (i, s) in silent.iter_mut().enumerate() {
         wait_closed(s, limit).unwrap_or_else(|e| panic!("silent connection {i}: {e}"));

@@ -204,6 +204,29 @@ fn tls_config(cert: &Path, key: &Path) -> String {
     )
 }
 
+/// An admin API beyond loopback without a token serves the config, secrets included, to
+/// whoever reaches it: `weir check` warns (and still exits 0: probes need such a bind), and
+/// a bad `allowed_hosts` entry is an error at its line.
+#[test]
+fn an_open_admin_bind_is_warned_about_and_allowed_hosts_checked() {
+    let dir = TempDir::new("check-admin");
+    let open = GOOD.replace("bind = \"127.0.0.1:0\"\n\n[[", "bind = \"0.0.0.0:0\"\n\n[[");
+    let warning = "admin.bind = \"0.0.0.0:0\" without admin.token_file";
+    support_process::assert_check_warns(&dir.write("open.toml", &open), warning);
+    let named = GOOD.replace(
+        "[admin]\n",
+        "[admin]\nallowed_hosts = [\"admin.internal:9901\"]\n",
+    );
+    let out = weir_check(&dir.write("named.toml", &named));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("named.toml:6:"), "{stderr}");
+    assert!(
+        stderr.contains("admin.allowed_hosts[0]") && stderr.contains("includes a port"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn certificates_are_reported_with_names_expiry_and_warnings() {
     use weir_testkit::certs::{LeafOptions, TestCa};

@@ -178,7 +178,8 @@ fn upgrades_and_api_changes_under_load_fail_no_request() {
     for round in 0..UPGRADES {
         for i in 0..CHANGES_PER_ROUND {
             let body = format!("{{\"weight\": {}}}", 1 + (round + i) % 4);
-            let (head, text) = call(admin, "PUT", &server_a, &[], &body).expect("admin call");
+            let json = [("Content-Type", "application/json")];
+            let (head, text) = call(admin, "PUT", &server_a, &json, &body).expect("admin call");
             assert_eq!(head.status, 200, "{text}");
             changes += 1;
         }

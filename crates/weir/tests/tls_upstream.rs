@@ -240,13 +240,7 @@ fn weir_check_warns_about_insecure_skip_verify() {
                 [upstreams.api]\nservers = [{ addr = \"127.0.0.1:8443\" }]\n\
                 tls = { insecure_skip_verify = true }\n";
     let path = dir.write("weir.toml", &support_process::config("", "", rest));
-    let out = support_process::weir_check(&path);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}");
-    assert!(
-        stdout.contains("WARNING: upstreams.api.tls.insecure_skip_verify = true"),
-        "{stdout}"
-    );
+    support_process::assert_check_warns(&path, "upstreams.api.tls.insecure_skip_verify = true");
     let secure = dir.write(
         "secure.toml",
         &support_process::config("", "", &rest.replace("true", "false")),

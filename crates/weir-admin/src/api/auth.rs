@@ -1,7 +1,8 @@
 //! Who may use the API. With `[admin] token_file`, every `/api` and `/metrics` request
 //! needs `Authorization: Bearer TOKEN`. Without a token, writes are refused unless the
 //! admin listener binds a loopback address, where only local users reach it. `/live` and
-//! `/ready` stay open for load-balancer probes, which rarely carry credentials.
+//! `/ready` stay open for load-balancer probes, which rarely carry credentials. Browsers'
+//! requests are checked before this, token or not (`guard`).
 //!
 //! The token file is read at most once per [`TOKEN_TTL`] ([`TokenCache`]), on tokio's
 //! blocking pool: rotating the token needs no restart, and a file on a slow mount delays
@@ -113,6 +114,7 @@ mod tests {
         AdminSettings {
             bind: Some(bind.parse().unwrap()),
             token_file,
+            allowed_hosts: Vec::new(),
             header_timeout: std::time::Duration::from_secs(10),
             idle_timeout: std::time::Duration::from_secs(60),
             max_connections: 64,

@@ -9,6 +9,7 @@ use serde_json::{json, Value as Json};
 use weir_core::cache::Store;
 use weir_core::Proxy;
 
+use super::convert::Format;
 use super::error::ApiError;
 
 /// `GET /caches`: every store, with its settings, size and counts.
@@ -46,10 +47,15 @@ fn store(s: &Store) -> Json {
 
 /// `POST /caches/purge` with `{"url": "..."}` (that key) or `{"prefix": "..."}` (every key
 /// starting with it), and optionally `"store": "NAME"` (default: every store). Returns
-/// how many keys went (all their variants with them).
-pub fn purge(proxy: &Proxy, body: &[u8]) -> Result<Json, ApiError> {
+/// how many keys went (all their variants with them). A TOML body is a 415 (JSON only).
+pub(super) fn purge(proxy: &Proxy, call: &super::Call) -> Result<Json, ApiError> {
+    if call.format == Format::Toml {
+        return Err(super::guard::unsupported(
+            "application/toml (purge takes JSON)",
+        ));
+    }
     let fix = r#"send {"url": "http://host/path?query"} or {"prefix": "http://host/dir/"}, optionally with "store": "NAME""#;
-    let request: Json = serde_json::from_slice(body)
+    let request: Json = serde_json::from_slice(&call.body)
         .map_err(|e| ApiError::bad_request(format!("the body is not JSON: {e}"), fix))?;
     let (key, prefix) = match (request["url"].as_str(), request["prefix"].as_str()) {
         (Some(url), None) => (url, false),

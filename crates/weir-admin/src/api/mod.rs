@@ -15,6 +15,7 @@ mod cache;
 pub(crate) mod convert;
 mod edit;
 pub mod error;
+pub(crate) mod guard;
 pub(crate) mod views;
 
 use std::net::SocketAddr;
@@ -56,6 +57,8 @@ async fn serve(
     let write = req.method() != Method::GET && req.method() != Method::HEAD;
     let admin = &store.proxy().config().admin;
     auth::check(admin, &store.token, req.headers(), write).await?;
+    let empty_body = hyper::body::Body::is_end_stream(req.body());
+    guard::content_type(req.method(), req.headers(), empty_body)?;
     let by = match admin.token_file {
         Some(_) => format!("api {peer} with token"),
         None => format!("api {peer}"),
@@ -117,7 +120,7 @@ fn route(call: Call, store: &Store) -> Result<Response<Full<Bytes>>, ApiError> {
         )),
         (&Method::GET, ["stats"]) => read(stats(store, &call.query)?),
         (&Method::GET, ["caches"]) => read(cache::stores(store.proxy())),
-        (&Method::POST, ["caches", "purge"]) => read(cache::purge(store.proxy(), &call.body)?),
+        (&Method::POST, ["caches", "purge"]) => read(cache::purge(store.proxy(), &call)?),
         (&Method::GET, ["upstreams"]) => read(views::upstreams(store.proxy())),
         (&Method::GET, ["upstreams", name]) => read(views::upstream(&text, name)?),
         (&Method::GET, ["upstreams", name, "health"]) => read(views::health(store.proxy(), name)?),

@@ -116,6 +116,51 @@ fn admin_settings() {
 }
 
 #[test]
+fn admin_allowed_hosts() {
+    let source =
+        format!("[admin]\nallowed_hosts = [\n  \"admin.example\",\n  \"x:9901\",\n]\n{LISTENER}");
+    check(
+        &source,
+        "admin.allowed_hosts[1]",
+        4,
+        "includes a port",
+        "alone",
+    );
+    let source = format!("[admin]\nallowed_hosts = [\"*.example\"]\n{LISTENER}");
+    check(
+        &source,
+        "admin.allowed_hosts[0]",
+        2,
+        "wildcards",
+        "each name",
+    );
+    let set = format!("[admin]\nallowed_hosts = [\"Admin.Example\", \"[::1]\"]\n{LISTENER}");
+    let admin = parse_str(&set, "weir.toml").unwrap().admin;
+    assert_eq!(admin.allowed_hosts, ["admin.example", "::1"]);
+}
+
+/// An admin API reachable beyond loopback without a token serves the config, secrets
+/// included, to whoever reaches it: `weir check` says so (a warning: probes need it).
+#[test]
+fn an_open_admin_bind_without_a_token_is_warned_about() {
+    let warned = |admin: &str| {
+        let config = parse_str(&format!("[admin]\n{admin}\n{LISTENER}"), "t").expect("valid");
+        config
+            .warnings()
+            .iter()
+            .any(|w| w.contains("without admin.token_file"))
+    };
+    assert!(warned("bind = \"0.0.0.0:9901\""));
+    assert!(warned("bind = \"10.0.0.5:9901\""));
+    assert!(!warned("bind = \"127.0.0.1:9901\""));
+    assert!(!warned("bind = \"[::1]:9901\""));
+    assert!(!warned("bind = \"off\""));
+    assert!(!warned(
+        "bind = \"0.0.0.0:9901\"\ntoken_file = \"/etc/weir/admin.token\""
+    ));
+}
+
+#[test]
 fn dashboard_settings() {
     use std::time::Duration;
     let on = parse_str(LISTENER, "weir.toml").unwrap().admin.dashboard;

@@ -387,6 +387,15 @@ pub fn weir_check(path: &Path) -> Output {
     child.wait_with_output().expect("weir check output")
 }
 
+/// Asserts that `weir check -c path` accepts the file with a `WARNING: {warning}...` line.
+#[track_caller]
+pub fn assert_check_warns(path: &Path, warning: &str) {
+    let out = weir_check(path);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(stdout.contains(&format!("WARNING: {warning}")), "{stdout}");
+}
+
 // ---------------------------------------------------------------------------------------
 // Blocking HTTP/1.1 over std::net
 // ---------------------------------------------------------------------------------------
@@ -500,6 +509,8 @@ pub fn signal_pid(pid: u32, sig: libc::c_int) {
 }
 
 /// One request on a fresh connection (`Connection: close`); returns the head and the body.
+/// `Host` is `addr` unless `headers` give one (the admin API answers only to its own
+/// address).
 pub fn call(
     addr: SocketAddr,
     method: &str,
@@ -509,9 +520,12 @@ pub fn call(
 ) -> io::Result<(Head, String)> {
     let mut s = connect(addr, Duration::from_secs(2))?;
     let mut req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\nContent-Length: {}\r\n",
+        "{method} {path} HTTP/1.1\r\nConnection: close\r\nContent-Length: {}\r\n",
         body.len()
     );
+    if !headers.iter().any(|(n, _)| n.eq_ignore_ascii_case("host")) {
+        req.push_str(&format!("Host: {addr}\r\n"));
+    }
     for (name, value) in headers {
         req.push_str(&format!("{name}: {value}\r\n"));
     }
