@@ -44,6 +44,17 @@ fn start(backend: SocketAddr, leaf: &Leaf, listener: &str) -> Weir {
         .start()
 }
 
+/// Weir capped at `max` connections, with long idle bounds (only the cap makes an idle
+/// connection close), with its CA, leaf (keep it while Weir runs) and backend.
+fn capped(max: usize) -> (TestCa, Leaf, Backend, Weir) {
+    let ca = TestCa::new("h3 idle CA");
+    let leaf = ca.leaf(&[NAME]);
+    let b = Backend::echo("app");
+    let long = "header_timeout = \"60s\"\nkeepalive_timeout = \"60s\"";
+    let weir = start(b.addr(), &leaf, &format!("max_connections = {max}\n{long}"));
+    (ca, leaf, b, weir)
+}
+
 /// Waits for `c`'s connection to close and returns why.
 async fn closed(c: &H3Client) -> ConnectionError {
     let closed = tokio::time::timeout(WAIT, c.connection.closed()).await;
@@ -128,11 +139,7 @@ async fn idle_connections_close_after_keepalive_timeout_and_header_timeout() {
 /// it. Before, the TCP newcomer waited in the backlog until QUIC's idle timeout.
 #[tokio::test]
 async fn a_tcp_newcomer_takes_the_place_of_an_idle_h3_connection() {
-    let ca = TestCa::new("h3 idle CA");
-    let leaf = ca.leaf(&[NAME]);
-    let b = Backend::echo("app");
-    let long = "header_timeout = \"60s\"\nkeepalive_timeout = \"60s\"";
-    let weir = start(b.addr(), &leaf, &format!("max_connections = 2\n{long}"));
+    let (ca, _leaf, _b, weir) = capped(2);
     let silent = connect_to(&ca, weir.addr, NAME).await;
     let served = h3_client(&ca, weir.addr).await;
     assert!(wait_until_async(WAIT, || weir.metric_now(ACTIVE) == Some(2)).await);
@@ -151,11 +158,7 @@ async fn a_tcp_newcomer_takes_the_place_of_an_idle_h3_connection() {
 /// served at once. Before, it was refused (CONNECTION_REFUSED).
 #[tokio::test]
 async fn an_h3_newcomer_takes_the_place_of_an_idle_tcp_connection() {
-    let ca = TestCa::new("h3 idle CA");
-    let leaf = ca.leaf(&[NAME]);
-    let b = Backend::echo("app");
-    let long = "header_timeout = \"60s\"\nkeepalive_timeout = \"60s\"";
-    let weir = start(b.addr(), &leaf, &format!("max_connections = 2\n{long}"));
+    let (ca, _leaf, _b, weir) = capped(2);
     let mut idle = tls_client(&ca, weir.addr).await;
     let _other = tls_client(&ca, weir.addr).await;
     assert!(wait_until_async(WAIT, || weir.metric_now(ACTIVE) == Some(2)).await);
@@ -176,11 +179,7 @@ async fn an_h3_newcomer_takes_the_place_of_an_idle_tcp_connection() {
 /// idle one gives way to the newcomer, and the request then finishes.
 #[tokio::test]
 async fn an_h3_connection_with_a_request_under_way_keeps_its_place() {
-    let ca = TestCa::new("h3 idle CA");
-    let leaf = ca.leaf(&[NAME]);
-    let b = Backend::echo("app");
-    let long = "header_timeout = \"60s\"\nkeepalive_timeout = \"60s\"";
-    let weir = start(b.addr(), &leaf, &format!("max_connections = 2\n{long}"));
+    let (ca, _leaf, b, weir) = capped(2);
     let mut busy = connect_to(&ca, weir.addr, NAME).await;
     let idle = h3_client(&ca, weir.addr).await;
     let post = Request::post(format!("https://{NAME}/upload"))
@@ -213,11 +212,7 @@ async fn an_h3_connection_with_a_request_under_way_keeps_its_place() {
 /// seconds held the place for ever (review of the idle change, 1).
 #[tokio::test]
 async fn a_stream_without_a_head_does_not_keep_the_place() {
-    let ca = TestCa::new("h3 idle CA");
-    let leaf = ca.leaf(&[NAME]);
-    let b = Backend::echo("app");
-    let long = "header_timeout = \"60s\"\nkeepalive_timeout = \"60s\"";
-    let weir = start(b.addr(), &leaf, &format!("max_connections = 1\n{long}"));
+    let (ca, _leaf, _b, weir) = capped(1);
     let mut c = connect_to(&ca, weir.addr, NAME).await;
     let (mut headless, _recv) = c.connection.open_bi().await.unwrap();
     // HEADERS, 16 bytes long: none of them comes.
@@ -237,11 +232,7 @@ async fn a_stream_without_a_head_does_not_keep_the_place() {
 /// counted, but the connection kept its place and the newcomer waited.
 #[tokio::test]
 async fn a_client_refusing_the_control_stream_does_not_keep_the_place() {
-    let ca = TestCa::new("h3 idle CA");
-    let leaf = ca.leaf(&[NAME]);
-    let b = Backend::echo("app");
-    let long = "header_timeout = \"60s\"\nkeepalive_timeout = \"60s\"";
-    let weir = start(b.addr(), &leaf, &format!("max_connections = 1\n{long}"));
+    let (ca, _leaf, _b, weir) = capped(1);
     let mut transport = TransportConfig::default();
     transport.max_concurrent_uni_streams(0u8.into());
     let tls = ca.client_config();
@@ -260,11 +251,7 @@ async fn a_client_refusing_the_control_stream_does_not_keep_the_place() {
 /// the eviction (no Retry).
 #[tokio::test]
 async fn an_h3_newcomer_at_the_cap_gets_a_retry_first() {
-    let ca = TestCa::new("h3 idle CA");
-    let leaf = ca.leaf(&[NAME]);
-    let b = Backend::echo("app");
-    let long = "header_timeout = \"60s\"\nkeepalive_timeout = \"60s\"";
-    let weir = start(b.addr(), &leaf, &format!("max_connections = 1\n{long}"));
+    let (ca, _leaf, _b, weir) = capped(1);
     let idle = h3_client(&ca, weir.addr).await;
     assert_eq!(weir.metric(RETRIES), 0, "no Retry below the cap");
     let mut newcomer = h3_client(&ca, weir.addr).await;
