@@ -378,12 +378,7 @@ fn idle_deadline(conn: &Conn, limits: Limits) -> Option<Instant> {
         true => limits.keepalive_timeout,
         false => limits.header_timeout,
     };
-    let since = conn.idle_since.get();
-    match conn.serving.get() {
-        0 if since.elapsed() >= idle => None,
-        0 => Some(since + idle),
-        _ => Some(Instant::now() + idle.max(Duration::from_secs(1))),
-    }
+    crate::http2::next_idle_look(conn.idle_since.get(), conn.serving.get(), idle)
 }
 
 /// Reads a stream's request head (within `header_timeout`) and serves it.
