@@ -18,7 +18,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use weir_testkit::certs::{Leaf, TestCa};
 use weir_testkit::h3_client::{
-    connect_to, get, quic_connect_with, ConnectionError, H3Client, TransportConfig,
+    connect_to, get, quic_connect, quic_connect_with, ConnectionError, H3Client, TransportConfig,
 };
 use weir_testkit::{wait_until_async, Backend};
 
@@ -99,6 +99,12 @@ async fn h3_client(ca: &TestCa, addr: SocketAddr) -> H3Client {
         .expect("the HTTP/3 client is served at once")
 }
 
+/// `c`'s connection is a kept one: served again.
+async fn served_again(c: &mut H3Client) {
+    let r = get(&mut c.send, NAME, "/again").await.expect("GET");
+    assert_eq!(r.status, 200);
+}
+
 /// Idle after a request: closed with H3_NO_ERROR after `keepalive_timeout` (1 s), well
 /// before `header_timeout` (4 s); never sending one: after `header_timeout`. QUIC's
 /// `idle_timeout` (120 s) would close neither before the wait ends. Before, both stayed
@@ -170,9 +176,7 @@ async fn an_h3_newcomer_takes_the_place_of_an_idle_tcp_connection() {
         "the idlest TCP one closed"
     );
     assert_eq!(weir.metric(EVICTED), 1);
-    // The newcomer's connection is a kept one: served again.
-    let r = get(&mut newcomer.send, NAME, "/again").await.expect("GET");
-    assert_eq!(r.status, 200);
+    served_again(&mut newcomer).await;
 }
 
 /// An HTTP/3 connection with a request under way (a body half sent) keeps its place: an
@@ -259,6 +263,59 @@ async fn an_h3_newcomer_at_the_cap_gets_a_retry_first() {
     let why = closed(&idle).await;
     assert!(closed_with_no_error(&why), "{why:?}");
     assert_eq!(weir.metric(EVICTED), 1);
-    let r = get(&mut newcomer.send, NAME, "/again").await.expect("GET");
-    assert_eq!(r.status, 200);
+    served_again(&mut newcomer).await;
+}
+
+/// A connection that gives way at the cap gets GOAWAY before its close, as an HTTP/2 one
+/// does (the client learns that no request was lost). Before, it was closed without one.
+#[tokio::test]
+async fn an_evicted_h3_connection_gets_goaway() {
+    let (ca, _leaf, _b, weir) = capped(1);
+    let tls = ca.client_config();
+    let (_endpoint, quic) = quic_connect(weir.addr, NAME, &tls).await.unwrap();
+    // Weir's control stream (its first unidirectional stream): type, then SETTINGS.
+    let mut control = quic.accept_uni().await.unwrap();
+    let mut got = Vec::new();
+    let mut chunk = [0u8; 256];
+    let n = control.read(&mut chunk).await.unwrap().unwrap();
+    got.extend_from_slice(&chunk[..n]);
+    let _newcomer = tls_client(&ca, weir.addr).await;
+    let reading = async {
+        while let Ok(Some(n)) = control.read(&mut chunk).await {
+            got.extend_from_slice(&chunk[..n]);
+        }
+    };
+    tokio::time::timeout(WAIT, reading)
+        .await
+        .expect("the connection closes");
+    assert_eq!(got[0], 0x00, "a control stream");
+    assert!(frame_types(&got[1..]).contains(&0x07), "GOAWAY: {got:?}");
+    assert_eq!(weir.metric(EVICTED), 1);
+}
+
+/// The types of the HTTP/3 frames in `bytes` (whole frames only).
+fn frame_types(mut bytes: &[u8]) -> Vec<u64> {
+    let mut types = Vec::new();
+    while let Some((kind, rest)) = varint(bytes) {
+        let Some((len, rest)) = varint(rest) else {
+            break;
+        };
+        let Some(rest) = rest.get(len as usize..) else {
+            break;
+        };
+        types.push(kind);
+        bytes = rest;
+    }
+    types
+}
+
+/// A QUIC variable-length integer at the start of `bytes`, and what follows it.
+fn varint(bytes: &[u8]) -> Option<(u64, &[u8])> {
+    let first = *bytes.first()?;
+    let len = 1usize << (first >> 6);
+    let raw = bytes.get(..len)?;
+    let value = raw[1..]
+        .iter()
+        .fold(u64::from(first & 0x3f), |v, b| (v << 8) | u64::from(*b));
+    Some((value, &bytes[len..]))
 }

@@ -242,8 +242,15 @@ async fn run(connection: quinn::Connection, conn: &Rc<Conn>, limits: Limits) {
     let end = accept_streams(&mut h3, conn, limits).await;
     conn.idle.close(&conn.worker.idle);
     if end == End::GaveWay {
-        // No request runs: GOAWAY tells the client none was lost (as HTTP/2's does).
-        let _ = crate::time::with_timeout(grace(&conn.quic), h3.shutdown(0)).await;
+        // No request runs: GOAWAY tells the client none was lost (as HTTP/2's does). The
+        // newcomer waits for this close (an HTTP/3 one holds up its endpoint meanwhile),
+        // so no wait for the client's credit or acknowledgement: the GOAWAY goes if it
+        // can at once (one turn for the connection's driver to send it), and the close
+        // says H3_NO_ERROR anyway.
+        let _ = crate::time::with_timeout(Duration::ZERO, h3.shutdown(0)).await;
+        tokio::task::yield_now().await;
+        conn.quic
+            .close(H3_NO_ERROR.into(), b"idle connection closed for a new one");
     }
     // The GOAWAY and the last responses' data may still wait for their acknowledgement,
     // which closing now would discard. A few round trips let them arrive (or the client
