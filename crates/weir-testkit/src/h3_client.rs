@@ -13,6 +13,8 @@ pub use h3::error::Code as H3Code;
 pub use quinn::Connection as QuicConnection;
 /// Why a connection closed (`H3Client::connection.closed()`).
 pub use quinn::ConnectionError;
+/// A client's QUIC transport settings ([`quic_connect_with`]).
+pub use quinn::TransportConfig;
 /// Why a write to a stream failed (a raw stream of `H3Client::connection`).
 pub use quinn::WriteError;
 
@@ -126,8 +128,9 @@ pub async fn quic_connect(
     quic_connect_with(addr, server_name, tls, quinn::TransportConfig::default()).await
 }
 
-/// [`quic_connect`] with the client's `transport` settings.
-async fn quic_connect_with(
+/// [`quic_connect`] with the client's `transport` settings (e.g. the streams it lets the
+/// server open).
+pub async fn quic_connect_with(
     addr: SocketAddr,
     server_name: &str,
     tls: &rustls::ClientConfig,

@@ -378,8 +378,7 @@ fn idle_check(
     idle: Duration,
     timer: std::pin::Pin<&mut tokio::time::Sleep>,
 ) -> bool {
-    let since = shared.idle_since.get();
-    let idle_out = shared.active.get() == 0 && since.elapsed() >= idle;
+    let next = next_idle_look(shared.idle_since.get(), shared.active.get(), idle);
     // Also a busy connection notices a reload that removed its listener (or shut it out
     // by a new client-auth policy) here, within keepalive_timeout.
     let removed = shared
@@ -387,18 +386,28 @@ fn idle_check(
         .snapshot()
         .serving_index(shared.slot, shared.tls.as_deref())
         .is_none();
-    if idle_out || removed {
-        h2.graceful_shutdown();
-        return true;
+    match next {
+        Some(next) if !removed => {
+            timer.reset(next.into());
+            false
+        }
+        _ => {
+            h2.graceful_shutdown();
+            true
+        }
     }
-    // While streams run, look again in a while (at least a second, so a
-    // keepalive_timeout of 0 does not spin).
-    let next = match shared.active.get() {
-        0 => since + idle,
-        _ => Instant::now() + idle.max(Duration::from_secs(1)),
-    };
-    timer.reset(next.into());
-    false
+}
+
+/// When a connection's idle timer should look again, `running` streams (or requests)
+/// under way and the last ended at `since`; `None`: it has been idle for `idle`, it is to
+/// close. While some run, it looks again in a while (at least a second, so a
+/// `keepalive_timeout` of 0 does not spin). Shared by HTTP/2 and HTTP/3.
+pub(crate) fn next_idle_look(since: Instant, running: usize, idle: Duration) -> Option<Instant> {
+    match running {
+        0 if since.elapsed() >= idle => None,
+        0 => Some(since + idle),
+        _ => Some(Instant::now() + idle.max(Duration::from_secs(1))),
+    }
 }
 
 fn count_calm(shared: &Shared) {

@@ -46,6 +46,7 @@ pub(crate) mod upstream;
 mod upstream_request;
 mod websocket;
 
+pub(crate) use conn::next_idle_look;
 pub use conn::serve;
 
 /// The client connection preface (RFC 9113 section 3.4).

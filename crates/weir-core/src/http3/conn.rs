@@ -5,14 +5,19 @@
 //! close on drain (GOAWAY, then the streams in flight finish). The connection counts among
 //! its listener's connections (drain, `max_connections`) for as long as it lives.
 //!
-//! While no request stream is open (before the first, and whenever the last ends) the
+//! While no request is under way (before the first, and whenever the last ends) the
 //! connection is idle, as an HTTP/2 connection with no stream (`http2::conn`): its seat
 //! among its worker's idle connections (`places`) rests, so at the listener's
 //! `max_connections` a newcomer of either transport may take its place
-//! (`listener::reclaim`; the connection closes with H3_NO_ERROR at once: no request is
-//! lost), and it closes (GOAWAY, then H3_NO_ERROR) once idle for `header_timeout` before
-//! its first request, `keepalive_timeout` after one. QUIC PINGs and control-stream frames
-//! are no requests: they keep the QUIC connection alive (`idle_timeout`), not its place.
+//! (`listener::reclaim`; the connection sends GOAWAY and closes with H3_NO_ERROR: no
+//! request is lost), and it closes (GOAWAY, then H3_NO_ERROR) once idle for
+//! `header_timeout` before its first request, `keepalive_timeout` after one. A request is
+//! under way from its head on: a stream opened with no head yet (HTTP/2 opens none before
+//! HEADERS) does not make the connection busy, else one empty stream every few seconds
+//! would hold a place for ever. QUIC PINGs and control-stream frames are no requests:
+//! they keep the QUIC connection alive (`idle_timeout`), not its place. Every wait on the
+//! client's flow control (the control stream's setup, the GOAWAY) is bounded: a client
+//! that gives no credit cannot freeze the connection's task, nor keep its place.
 
 use std::cell::Cell;
 use std::future::poll_fn;
@@ -52,15 +57,20 @@ pub(super) struct Conn {
     /// listener's `http2` budgets).
     resets: Budget,
     glitches: Budget,
-    /// Stream tasks running, and the signal each gives when it ends (a draining connection
-    /// closes once none runs).
+    /// Stream tasks running (a head awaited or a request served), and the signal each
+    /// gives when it ends (a draining connection closes once none runs).
     active: Cell<usize>,
     ended: Notify,
-    /// When the last stream task ended (or the connection was set up): the idle timeout
+    /// Requests under way (their head read): while there are none the connection is idle.
+    serving: Cell<usize>,
+    /// Whether a request's head was read: `keepalive_timeout` bounds the idle time from
+    /// then, `header_timeout` before.
+    served: Cell<bool>,
+    /// When the last request ended (or the connection was set up): the idle timeout
     /// counts from there.
     idle_since: Cell<Instant>,
     /// The connection's seat among the worker's idle connections, resting while no
-    /// stream task runs.
+    /// request is under way.
     idle: IdlePlace,
 }
 
@@ -197,6 +207,8 @@ pub(super) async fn serve(
         glitches: Budget::new(limits.glitches.0, limits.glitches.1),
         active: Cell::new(0),
         ended: Notify::new(),
+        serving: Cell::new(0),
+        served: Cell::new(false),
         idle_since: Cell::new(now),
         idle: IdlePlace::new(&worker.idle, slot, now),
     });
@@ -221,29 +233,65 @@ pub(super) async fn serve(
     drop(guard);
 }
 
-/// Runs the h3 server on `connection` until it closes or is drained.
+/// Runs the h3 server on `connection` until it closes, is drained or gives way.
 async fn run(connection: quinn::Connection, conn: &Rc<Conn>, limits: Limits) {
-    let stats = connection.clone();
-    let built = h3::server::builder()
+    let mut h3 = match set_up(connection, conn, limits).await {
+        Ok(h3) => h3,
+        Err(why) => return conn.quic.close(H3_NO_ERROR.into(), why),
+    };
+    let end = accept_streams(&mut h3, conn, limits).await;
+    conn.idle.close(&conn.worker.idle);
+    if end == End::GaveWay {
+        // No request runs: GOAWAY tells the client none was lost (as HTTP/2's does). The
+        // newcomer waits for this close (an HTTP/3 one holds up its endpoint meanwhile),
+        // so no wait for the client's credit or acknowledgement: the GOAWAY goes if it
+        // can at once (one turn for the connection's driver to send it), and the close
+        // says H3_NO_ERROR anyway.
+        let _ = crate::time::with_timeout(Duration::ZERO, h3.shutdown(0)).await;
+        tokio::task::yield_now().await;
+        conn.quic
+            .close(H3_NO_ERROR.into(), b"idle connection closed for a new one");
+    }
+    // The GOAWAY and the last responses' data may still wait for their acknowledgement,
+    // which closing now would discard. A few round trips let them arrive (or the client
+    // close first); then the connection closes with H3_NO_ERROR.
+    let _ = tokio::time::timeout(grace(&conn.quic), conn.quic.closed()).await;
+}
+
+/// How long a closing connection waits for its last frames to arrive: a few round trips,
+/// at most 2 s.
+fn grace(quic: &quinn::Connection) -> Duration {
+    (quic.rtt() * 4 + Duration::from_millis(50)).min(Duration::from_secs(2))
+}
+
+/// Sets up the h3 server on `connection` (it opens its control stream and sends its
+/// SETTINGS), within `header_timeout`: a client that gives no credit for them would
+/// keep it waiting for ever. Meanwhile the connection is idle: a newcomer at the cap may
+/// take its place, and a drain ends it. `Err`: the reason to close it with.
+async fn set_up(
+    connection: quinn::Connection,
+    conn: &Rc<Conn>,
+    limits: Limits,
+) -> Result<h3::server::Connection<Guarded, Bytes>, &'static [u8]> {
+    let mut builder = h3::server::builder();
+    let build = builder
         .max_field_section_size(limits.max_field_section_size)
         .build::<_, Bytes>(Guarded::new(
             h3_quinn::Connection::new(connection),
             conn.clone(),
             limits.max_field_section_size,
-        ))
-        .await;
-    if let Ok(mut h3) = built {
-        if accept_streams(&mut h3, conn, limits).await == End::GaveWay {
-            // No request runs, nothing to wait for: the place goes to the newcomer now.
-            conn.quic
-                .close(H3_NO_ERROR.into(), b"idle connection closed for a new one");
+        ));
+    let worker = &conn.worker;
+    tokio::select! {
+        built = crate::time::with_timeout(limits.header_timeout, build) => match built {
+            Ok(Ok(h3)) => Ok(h3),
+            Ok(Err(_)) => Err(b"HTTP/3 setup failed"),
+            Err(_) => Err(b"HTTP/3 not set up in time"),
+        },
+        () = poll_fn(|cx| conn.idle.poll_taken(&worker.idle, cx)) => {
+            Err(b"idle connection closed for a new one")
         }
-        conn.idle.close(&conn.worker.idle);
-        // Drained: the last responses' data may still wait for its acknowledgement, which
-        // closing now would discard. A few round trips let it arrive (or the client
-        // close first); then the connection closes with H3_NO_ERROR.
-        let grace = (stats.rtt() * 4 + Duration::from_millis(50)).min(Duration::from_secs(2));
-        let _ = tokio::time::timeout(grace, stats.closed()).await;
+        () = worker.drained() => Err(b"draining"),
     }
 }
 
@@ -266,22 +314,20 @@ async fn accept_streams(
     let worker = conn.worker.clone();
     let drained = worker.drained();
     // Before the first request: `header_timeout`, as for a new HTTP/1.1 connection.
-    let mut idle = limits.header_timeout;
-    let timer = tokio::time::sleep(idle);
+    let timer = tokio::time::sleep(limits.header_timeout);
     tokio::pin!(drained, timer);
     let mut closing = false;
     loop {
         tokio::select! {
             accepted = h3.accept() => match accepted {
                 Ok(Some(resolver)) => {
-                    idle = limits.keepalive_timeout;
-                    let running = Running::new(conn);
-                    // Its place taken just as the stream came: served, then the connection
-                    // closes (as an HTTP/2 one does).
-                    if !conn.idle.busy(&worker.idle) && !closing {
-                        closing = close_gracefully(h3, conn).await;
+                    // Its request may come now, and end before the timer would fire for
+                    // `keepalive_timeout` after it: the timer looks again by then.
+                    let soon = Instant::now() + limits.keepalive_timeout.min(limits.header_timeout);
+                    if timer.deadline() > soon.into() {
+                        timer.as_mut().reset(soon.into());
                     }
-                    let stream = request(running, resolver, limits.header_timeout);
+                    let stream = request(Running::new(conn), resolver, limits.header_timeout);
                     tokio::task::spawn_local(stream);
                 }
                 // Closed by the client, idle, or failed.
@@ -290,14 +336,24 @@ async fn accept_streams(
             () = &mut drained, if !closing => {
                 // GOAWAY: no new streams; those in flight finish, then the connection
                 // closes.
-                closing = close_gracefully(h3, conn).await;
+                close_gracefully(h3, conn).await;
+                closing = true;
             }
-            () = &mut timer, if !closing => match idle_deadline(conn, idle) {
+            () = &mut timer, if !closing => match idle_deadline(conn, limits) {
                 Some(deadline) => timer.as_mut().reset(deadline.into()),
-                None => closing = close_gracefully(h3, conn).await,
+                None => {
+                    close_gracefully(h3, conn).await;
+                    closing = true;
+                }
             },
             () = poll_fn(|cx| conn.idle.poll_taken(&worker.idle, cx)), if !closing => {
-                return End::GaveWay;
+                if conn.serving.get() == 0 {
+                    return End::GaveWay;
+                }
+                // Its place taken just as a request's head came: served, then the
+                // connection closes (as an HTTP/2 one does).
+                close_gracefully(h3, conn).await;
+                closing = true;
             }
             () = conn.ended.notified(), if closing => {}
         }
@@ -308,32 +364,37 @@ async fn accept_streams(
 }
 
 /// GOAWAY (no new streams; those in flight finish), and the connection's place is no
-/// newcomer's to take any more (it is closing). Returns true: the connection is closing.
-async fn close_gracefully(h3: &mut h3::server::Connection<Guarded, Bytes>, conn: &Conn) -> bool {
+/// newcomer's to take any more (it is closing). The GOAWAY waits for the client's flow
+/// control credit on the control stream a few round trips at most: without it the
+/// connection closes at once (H3_NO_ERROR), else a client could hold it for ever.
+async fn close_gracefully(h3: &mut h3::server::Connection<Guarded, Bytes>, conn: &Conn) {
     conn.idle.close(&conn.worker.idle);
-    let _ = h3.shutdown(0).await;
-    true
+    let sent = crate::time::with_timeout(grace(&conn.quic), h3.shutdown(0)).await;
+    if sent.is_err() {
+        conn.quic
+            .close(H3_NO_ERROR.into(), b"GOAWAY not taken in time");
+    }
 }
 
-/// The idle timer fired: `None` when the connection has had no stream running for
-/// `idle`, else when to look again (while streams run, in a while: at least a second, so
-/// a `keepalive_timeout` of 0 does not spin).
-fn idle_deadline(conn: &Conn, idle: Duration) -> Option<Instant> {
-    let since = conn.idle_since.get();
-    match conn.active.get() {
-        0 if since.elapsed() >= idle => None,
-        0 => Some(since + idle),
-        _ => Some(Instant::now() + idle.max(Duration::from_secs(1))),
-    }
+/// The idle timer fired: `None` when the connection has had no request under way for
+/// its idle bound (`header_timeout` before its first, `keepalive_timeout` after), else
+/// when to look again (while requests run, in a while: at least a second, so a
+/// `keepalive_timeout` of 0 does not spin).
+fn idle_deadline(conn: &Conn, limits: Limits) -> Option<Instant> {
+    let idle = match conn.served.get() {
+        true => limits.keepalive_timeout,
+        false => limits.header_timeout,
+    };
+    crate::http2::next_idle_look(conn.idle_since.get(), conn.serving.get(), idle)
 }
 
 /// Reads a stream's request head (within `header_timeout`) and serves it.
 async fn request(
-    running: Running,
+    mut running: Running,
     resolver: RequestResolver<Guarded, Bytes>,
     header_timeout: Duration,
 ) {
-    let conn = running.0.clone();
+    let conn = running.conn.clone();
     let resolved = crate::time::with_timeout(header_timeout, resolver.resolve_request()).await;
     let (request, stream) = match resolved {
         Ok(Ok(resolved)) => resolved,
@@ -343,6 +404,7 @@ async fn request(
         Ok(Err(_)) => return conn.reset_by_client(),
         Err(_) => return,
     };
+    running.serving();
     let (send, recv) = stream.split();
     let send = super::send::SendHalf::new(send);
     super::stream::serve(
@@ -361,27 +423,48 @@ const H3_NO_ERROR: u32 = 0x100;
 /// HTTP/3's EXCESSIVE_LOAD code: the peer's behaviour generates excessive load.
 const H3_EXCESSIVE_LOAD: u32 = 0x107;
 
-/// Counts a stream task among its connection's running ones while it lives (from the
-/// stream's accept: the connection is busy at once); the last to end makes the connection
-/// idle from then.
-struct Running(Rc<Conn>);
+/// Counts a stream task among its connection's running ones while it lives, and among
+/// its requests under way once its head was read ([`serving`](Self::serving)): the first
+/// makes the connection busy, the last to end idle from then.
+struct Running {
+    conn: Rc<Conn>,
+    serving: bool,
+}
 
 impl Running {
     fn new(conn: &Rc<Conn>) -> Running {
         conn.active.set(conn.active.get() + 1);
-        Running(conn.clone())
+        Running {
+            conn: conn.clone(),
+            serving: false,
+        }
+    }
+
+    /// The stream's head was read: a request is under way. (Its place taken just now:
+    /// the accept loop sees it, and closes the connection once this request is served.)
+    fn serving(&mut self) {
+        let conn = &self.conn;
+        conn.served.set(true);
+        conn.serving.set(conn.serving.get() + 1);
+        if conn.serving.get() == 1 {
+            conn.idle.busy(&conn.worker.idle);
+        }
+        self.serving = true;
     }
 }
 
 impl Drop for Running {
     fn drop(&mut self) {
-        let conn = &self.0;
-        conn.active.set(conn.active.get() - 1);
-        if conn.active.get() == 0 {
-            let now = Instant::now();
-            conn.idle_since.set(now);
-            conn.idle.rest(&conn.worker.idle, now);
+        let conn = &self.conn;
+        if self.serving {
+            conn.serving.set(conn.serving.get() - 1);
+            if conn.serving.get() == 0 {
+                let now = Instant::now();
+                conn.idle_since.set(now);
+                conn.idle.rest(&conn.worker.idle, now);
+            }
         }
+        conn.active.set(conn.active.get() - 1);
         // A stored permit if the accept loop is not waiting yet: no wake-up is lost.
         conn.ended.notify_one();
     }

@@ -197,12 +197,14 @@ fn admit(
     // Under a flood of Initials (spoofed sources among them), a client proves its
     // address with a Retry round trip before any handshake work is done for it. So
     // does one that would take a handshake place from another (TLS over TCP's
-    // included) at `max_handshakes`: an Initial costs nothing to spoof, and one that
-    // may evict needs a return path, as a TCP connection does.
+    // included) at `max_handshakes`, or an idle connection's at `max_connections`: an
+    // Initial costs nothing to spoof, and one that may evict needs a return path, as a
+    // TCP connection does.
     let unproven = !incoming.remote_address_validated();
     if unproven
         && (rate.over(setup.retry_threshold)
-            || worker.handshakes.occupied(slot) >= setup.tls.max_handshakes)
+            || worker.handshakes.occupied(slot) >= setup.tls.max_handshakes
+            || !cap.is_below())
     {
         if incoming.retry().is_ok() {
             count(|m| &m.retries);
