@@ -222,6 +222,28 @@ impl TwoSizes {
     }
 }
 
+/// A directory holding more than the store's bounds now allow (smaller sizes, or a store
+/// from before `index_size`) loses entries at load, and the log says so and what to raise.
+#[test]
+fn entries_dropped_at_load_are_logged_with_the_bound_to_raise() {
+    let t = TwoSizes::new("disk-shrunk", 300 << 10);
+    let weir = restart(&t.config);
+    get(&weir, "/s/a");
+    get(&weir, "/l/a");
+    stats_until(&weir, |s| s["stored"] == 2);
+    crash(weir);
+    let text = std::fs::read_to_string(&t.config).expect("config");
+    let smaller = "max_size = \"128KiB\"\nmax_object_size = \"64KiB\"";
+    std::fs::write(&t.config, text.replace("max_size = \"16MiB\"", smaller)).expect("write");
+    let weir = restart(&t.config);
+    assert!(
+        weir.log.wait_for("raise index_size", WAIT),
+        "{}",
+        weir.log.text()
+    );
+    assert_eq!(stats(&weir)["entries"].as_u64(), Some(1));
+}
+
 #[test]
 fn a_disk_entry_is_served_after_a_restart_and_purge_removes_its_files() {
     let t = TwoSizes::new("disk-restart", 300 << 10);

@@ -314,6 +314,7 @@ impl Store {
                 "cache directory cannot be made: nothing will be stored");
         }
         let now = SystemTime::now();
+        let evictions_before = self.counts.evictions.load(Relaxed);
         let scanned = disk.scan(|found| {
             let key = found.key.clone();
             self.insert(&key, Entry::found(found, now), true);
@@ -325,6 +326,15 @@ impl Store {
             discarded = scanned.discarded, unreadable = scanned.unreadable,
             abandoned_writes = scanned.abandoned,
             ms = started.elapsed().as_millis() as u64, "cache store loaded");
+        // A directory filled under larger bounds (or before `index_size` existed) loses
+        // entries, and their files, in scan order: say so, with what to raise.
+        let evicted = self.counts.evictions.load(Relaxed) - evictions_before;
+        if evicted > 0 {
+            tracing::warn!(store = %self.config.name, evicted,
+                max_size = self.max_size(), index_size = self.index_size.load(Relaxed),
+                "the cache directory held more than max_size or index_size allow: entries \
+                 and their files were removed at load; raise index_size (or max_size) to keep them");
+        }
     }
 
     /// Whether this store may serve as `config` (a reload's): the same name and kind (a
