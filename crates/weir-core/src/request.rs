@@ -92,3 +92,50 @@ pub struct LastTry {
     /// From the last try's start to its final head (or its failure).
     pub upstream_time: Option<Duration>,
 }
+
+/// What the access log and metrics learn from a request's exchange, whichever protocols
+/// carried it (kept in the client connection's per-request state, `client::Current`).
+#[derive(Debug, Default)]
+pub struct Trace {
+    /// The server of the request's last try, and how long it took to answer.
+    pub last_try: LastTry,
+    pub status: u16,
+    pub body_in: u64,
+    pub body_out: u64,
+    /// The client reset the stream: the upstream request was cancelled.
+    pub reset: bool,
+    /// Answered by Weir itself (`respond`, `redirect`), not by an upstream.
+    pub local: bool,
+    /// What the route's compression did to the response, if it compressed it.
+    pub compressed: Option<crate::filters::compression::Compressed>,
+    /// What the route's cache did.
+    pub cache: Option<crate::cache::CacheResult>,
+    /// The request is gRPC's (`H2Facts::grpc`): the `grpc-status` sent is recorded.
+    pub grpc: bool,
+    /// The `grpc-status` the client got (a gRPC request only; `None`: none, or not a
+    /// number), from the upstream's head or trailers or from Weir's own answer.
+    pub grpc_status: Option<u32>,
+}
+
+impl Trace {
+    /// The `grpc-status` among `fields` (a response head or trailers about to go to the
+    /// client) if the request is gRPC: digits only (`+5` is no status). Nothing is looked
+    /// up for other requests. Recorded by [`Trace::sent_grpc_status`] once `fields` were sent.
+    pub fn grpc_status_in(&self, fields: &http::HeaderMap) -> Option<u32> {
+        if !self.grpc {
+            return None;
+        }
+        let v = fields.get("grpc-status")?.as_bytes();
+        if v.is_empty() || !v.iter().all(u8::is_ascii_digit) {
+            return None;
+        }
+        std::str::from_utf8(v).ok()?.parse().ok()
+    }
+
+    /// Notes `status` (from [`Trace::grpc_status_in`]) once its fields reached the client.
+    pub fn sent_grpc_status(&mut self, status: Option<u32>) {
+        if status.is_some() {
+            self.grpc_status = status;
+        }
+    }
+}

@@ -43,8 +43,7 @@ use crate::forward::relay::{
 };
 use crate::forward::request_head::{render_response_rules, write_upstream_head};
 use crate::forward::{Failure, Target};
-use crate::request::LastTry;
-use crate::request::Request;
+use crate::request::{Request, Trace};
 use crate::router::RoutedPath;
 use crate::time::LazyTimer;
 use crate::upstream::RequestKey;
@@ -69,52 +68,6 @@ pub struct StreamRequest<'a> {
     /// HTTP/2 sender relays (nothing when the route has none): an HTTP/1.x client's
     /// connection lends its own (`ClientConn::resp_lines`), so that no request allocates.
     pub response_lines: Cell<Vec<u8>>,
-}
-
-/// What the access log and metrics learn from the exchange.
-#[derive(Debug, Default)]
-pub struct Trace {
-    /// The server of the request's last try, and how long it took to answer.
-    pub last_try: LastTry,
-    pub status: u16,
-    pub body_in: u64,
-    pub body_out: u64,
-    /// The client reset the stream: the upstream request was cancelled.
-    pub reset: bool,
-    /// Answered by Weir itself (`respond`, `redirect`), not by an upstream.
-    pub local: bool,
-    /// What the route's compression did to the response, if it compressed it.
-    pub compressed: Option<crate::filters::compression::Compressed>,
-    /// What the route's cache did.
-    pub cache: Option<crate::cache::CacheResult>,
-    /// The request is gRPC's (`H2Facts::grpc`): the `grpc-status` sent is recorded.
-    pub grpc: bool,
-    /// The `grpc-status` the client got (a gRPC request only; `None`: none, or not a
-    /// number), from the upstream's head or trailers or from Weir's own answer.
-    pub grpc_status: Option<u32>,
-}
-
-impl Trace {
-    /// The `grpc-status` among `fields` (a response head or trailers about to go to the
-    /// client) if the request is gRPC: digits only (`+5` is no status). Nothing is looked
-    /// up for other requests. Recorded by [`Trace::sent_grpc_status`] once `fields` were sent.
-    pub fn grpc_status_in(&self, fields: &http::HeaderMap) -> Option<u32> {
-        if !self.grpc {
-            return None;
-        }
-        let v = fields.get("grpc-status")?.as_bytes();
-        if v.is_empty() || !v.iter().all(u8::is_ascii_digit) {
-            return None;
-        }
-        std::str::from_utf8(v).ok()?.parse().ok()
-    }
-
-    /// Notes `status` (from [`Trace::grpc_status_in`]) once its fields reached the client.
-    pub fn sent_grpc_status(&mut self, status: Option<u32>) {
-        if status.is_some() {
-            self.grpc_status = status;
-        }
-    }
 }
 
 impl StreamRequest<'_> {
@@ -539,8 +492,8 @@ async fn upload<S: Source, W: AsyncWrite + Unpin>(
 #[cfg(test)]
 mod tests {
     use super::super::test_io::{request_body, Holding};
-    use super::Trace;
     use crate::forward::relay::{H2Source, Peer};
+    use crate::request::Trace;
     use std::time::Duration;
 
     /// Uploads a request body of two DATA frames to a [`Holding`] writer; returns

@@ -5,7 +5,6 @@
 
 use bytes::Bytes;
 
-use super::exchange::Trace;
 use super::respond::{head_from_http1, ResponseStream, Sinking};
 use crate::codec::http1::{parse_response, BodyFraming, ResponseHead};
 use crate::error::ProxyError;
@@ -16,6 +15,7 @@ use crate::forward::relay::Coding;
 use crate::forward::request_head::render_response_rules;
 use crate::forward::Failure;
 use crate::request::Request;
+use crate::request::Trace;
 use crate::router::RoutedPath;
 
 /// Sends `reply` to the request `r` on `respond`; notes its status and body in `trace`.

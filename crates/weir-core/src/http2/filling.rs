@@ -31,11 +31,12 @@ use crate::forward::{carrier, Carrier, Failure};
 use crate::metrics::shard::Protocol;
 use crate::request::LastTry;
 
-use super::exchange::{StreamRequest, StreamSender, Trace};
+use super::exchange::{StreamRequest, StreamSender};
 use super::files::respond_stream;
 use super::respond::ResponseStream;
 use super::scratch::ExchangeScratch;
 use super::upstream::{Answer, ClientSide, H2Facts, Relayed};
+use crate::request::Trace;
 
 impl StreamRequest<'_> {
     /// Before a route cache's miss (`fill`, if the route has `cache`) is forwarded: the

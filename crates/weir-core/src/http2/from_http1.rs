@@ -16,7 +16,7 @@ use std::pin::Pin;
 use bytes::Bytes;
 use h2::SendStream;
 
-use super::exchange::{StreamRequest, Trace};
+use super::exchange::StreamRequest;
 use super::interim::Relayed as Informed;
 use super::upstream::{Answer, ClientBody, ClientSide, H2Facts, Relayed};
 use crate::buffer::Buffer;
@@ -36,6 +36,7 @@ use crate::forward::relay::{relay, Broke, Coding, Http1Sink, Sink, Source, Trail
 use crate::forward::{Failure, Target, Timeouts};
 use crate::metrics::shard::Protocol;
 use crate::request::Request;
+use crate::request::Trace;
 use crate::worker::Worker;
 use weir_config::Listener;
 

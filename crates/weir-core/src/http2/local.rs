@@ -9,7 +9,6 @@ use std::borrow::Cow;
 
 use std::time::Duration;
 
-use super::exchange::Trace;
 use super::grpc;
 use super::respond::ResponseStream;
 use crate::answer::Answer;
@@ -18,6 +17,7 @@ use crate::codec::http1::{parse_response, ResponseHead};
 use crate::error::{reason_phrase, ProxyError};
 use crate::filters::headers::Vars;
 use crate::forward::{Failure, Reached};
+use crate::request::Trace;
 
 /// Sends `answer` on an HTTP/2 or HTTP/3 client's stream `respond` (its body left out
 /// for a HEAD request, `is_head`; `vars`: the request's, for a redirect), as

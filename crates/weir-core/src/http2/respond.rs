@@ -8,7 +8,6 @@ use bytes::Bytes;
 use h2::{Reason, SendStream};
 use http::{HeaderMap, HeaderValue};
 
-use super::exchange::Trace;
 use super::names::response_name;
 use super::send::{send_data, StreamSink};
 use crate::codec::http1::ResponseHead;
@@ -16,6 +15,7 @@ use crate::error::ProxyError;
 use crate::forward::head::Edits;
 use crate::forward::relay::{relay, Broke, Coding, Piece, Sink, Source};
 use crate::forward::{Failure, Reached};
+use crate::request::Trace;
 
 /// The h2 head for an HTTP/1.1 upstream's `resp`, whose bytes are `buf` (one copy of what
 /// arrived: the values are slices of it): hop-by-hop and `Connection`-listed fields

@@ -12,10 +12,10 @@ use bytes::Bytes;
 use h2::server::SendResponse;
 use h2::{Reason, SendStream};
 
-use super::exchange::Trace;
 use crate::error::ProxyError;
 use crate::forward::head::Edits;
 use crate::forward::relay::{Piece, Sink, Trailers};
+use crate::request::Trace;
 use crate::time::with_timeout;
 
 /// Why a stream's wait ended early.

@@ -12,7 +12,7 @@ use h2::server::SendResponse;
 use h2::{Reason, RecvStream};
 
 use super::conn::Shared;
-use super::exchange::{StreamRequest, Trace};
+use super::exchange::StreamRequest;
 use super::interim::Relayed;
 use super::local::{answer_failure, send_answer};
 use super::request::{write_head, write_upgrade_head, Line};
@@ -29,6 +29,7 @@ use crate::metrics::shard::Protocol;
 use crate::otel::RequestTrace;
 use crate::proxy::route::{Decision, Routing};
 use crate::request::Request;
+use crate::request::Trace;
 use crate::router::RoutedPath;
 use crate::snapshot::Snapshot;
 use crate::worker::Worker;

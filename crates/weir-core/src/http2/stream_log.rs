@@ -8,7 +8,6 @@ use std::net::IpAddr;
 use std::rc::Rc;
 use std::time::Instant;
 
-use super::exchange::Trace;
 use crate::access_log::RequestFields;
 use crate::codec::http1::RequestHead;
 use crate::filters::forwarded::ClientIp;
@@ -18,6 +17,7 @@ use crate::metrics::shard::{method_index, Protocol, METHODS};
 use crate::otel::RequestTrace;
 use crate::policy::identify;
 use crate::proxy::{record, ClientSide, Counters, Done, Handled};
+use crate::request::Trace;
 use crate::request::{Origin, Request};
 use crate::snapshot::Snapshot;
 use crate::tls::session::TlsSession;

@@ -31,7 +31,7 @@ use http::request::Parts;
 use http::uri::Scheme;
 use weir_config::UpstreamServer;
 
-use super::exchange::{StreamRequest, Trace};
+use super::exchange::StreamRequest;
 use super::filling::mark;
 use super::interim::ClientStream;
 use super::respond::{head_from_h2, relay_body, Sinking};
@@ -48,6 +48,7 @@ use crate::forward::relay::{relay, Broke, Coding, H2Source, H2Upload, Peer, Reco
 use crate::forward::request_head::with_client_facts;
 use crate::forward::{Failure, Timeouts};
 use crate::request::LastTry;
+use crate::request::Trace;
 
 /// What the h2 path needs from the client's fields, read before they are dropped.
 #[derive(Debug, Clone, Copy, Default)]

@@ -21,7 +21,7 @@ use h2::server::SendResponse;
 use h2::{Reason, RecvStream, SendStream};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
-use super::exchange::{stopped, StreamRequest, StreamSender, Trace};
+use super::exchange::{stopped, StreamRequest, StreamSender};
 use super::respond::head_from_http1;
 use super::send::{send_data, unless_reset, Stop};
 use crate::buffer::Buffer;
@@ -35,6 +35,7 @@ use crate::forward::relay::H2Source;
 use crate::forward::tunnel::limits;
 use crate::forward::Failure;
 use crate::idle::{Activity, Cut, End, Limits, Noted};
+use crate::request::Trace;
 use crate::time::LazyTimer;
 
 /// RFC 6455 section 1.3.

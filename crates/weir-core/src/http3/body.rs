@@ -18,8 +18,8 @@ use crate::error::ProxyError;
 use crate::forward::head::Edits;
 use crate::forward::relay::{relay, Broke, Coding, Piece, Sink, Source, Trailers};
 use crate::forward::Failure;
-use crate::http2::exchange::Trace;
 use crate::http2::respond::{ResponseStream, Sinking};
+use crate::request::Trace;
 use crate::time::{paced, with_timeout, Pace, Waited};
 
 /// The receiving half of a request stream.

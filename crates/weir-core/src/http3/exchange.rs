@@ -15,7 +15,8 @@ use crate::buffer::Buffer;
 use crate::error::ProxyError;
 use crate::forward::driver::drive;
 use crate::forward::Failure;
-use crate::http2::exchange::{StreamRequest, StreamSender, Trace};
+use crate::http2::exchange::{StreamRequest, StreamSender};
+use crate::request::Trace;
 use bytes::Bytes;
 
 /// The request body of a stream: its halves' receiving one, and a payload already read.

@@ -24,11 +24,12 @@ use crate::forward::h1::Interim;
 use crate::forward::h2::relay_while_uploading;
 use crate::forward::relay::{Broke, Coding, Source};
 use crate::forward::{Failure, Timeouts};
-use crate::http2::exchange::{StreamRequest, Trace};
+use crate::http2::exchange::StreamRequest;
 use crate::http2::respond::Sinking;
 use crate::http2::upstream::{
     stream_head, upload, Answer, ClientBody, ClientSide, H2Facts, Relayed,
 };
+use crate::request::Trace;
 
 /// Forwards the stream's request `r` (the client's `parts` with its `facts`, its `body`)
 /// to an HTTP/2 upstream and relays the response into the stream `to`. On `Err` with `Reached::Nothing` the

@@ -29,9 +29,9 @@ use crate::client::ClientConn;
 use crate::error::ProxyError;
 use crate::filters::forwarded::ClientIp;
 use crate::forward::{Failure, Reached};
-use crate::http2::exchange::Trace;
 use crate::metrics::shard::Protocol;
 use crate::metrics::{AbortReason, DefaultReason};
+use crate::request::Trace;
 use crate::snapshot::Snapshot;
 use crate::worker::Worker;
 
