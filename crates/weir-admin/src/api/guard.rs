@@ -10,11 +10,13 @@
 //! Host or none) must name the listener itself ([`check`]): an IP literal equal to its
 //! address (any loopback literal or `localhost` for a loopback bind; any IP literal or
 //! `localhost` for a wildcard bind, since rebinding needs a name), or an entry of
-//! `[admin] allowed_hosts`. The port is not compared: a rebinding page must use the
-//! listener's port already, and port forwarding (containers) changes it.
+//! `[admin] allowed_hosts`. The port of `Host` is not compared: a rebinding page must use
+//! the listener's port already, and port forwarding (containers) changes it. An `Origin`'s
+//! is: it must be the origin `Host` names, port included (a page of another service on
+//! `http://localhost:8080` is not the API's), or a name of `allowed_hosts`.
 //!
 //! A page on another site can still send "simple" requests the browser does not preflight:
-//! GET, and POST with a form's content types. An `Origin` is checked like `Host`; a write
+//! GET, and POST with a form's content types. An `Origin` is checked as above; a write
 //! marked `Sec-Fetch-Site: cross-site` or `same-site` is refused (Go's
 //! `CrossOriginProtection` does the same); and a write must declare a JSON or TOML body
 //! ([`content_type`]), which no form can send, so a cross-site `text/plain` POST to
@@ -38,11 +40,11 @@ pub fn check(
     method: &Method,
 ) -> Result<(), ApiError> {
     let names = Names { listener, allowed };
-    match one(headers, HOST) {
-        Some(host) if names.admit(host) => {}
+    let host = match one(headers, HOST) {
+        Some(host) if names.admit(host) => host,
         Some(host) => return Err(names.refused("Host", host)),
         None => return Err(names.refused("Host", "")),
-    }
+    };
     if let Some(authority) = uri.authority().map(|a| a.as_str()) {
         if !names.admit(authority) {
             return Err(names.refused("the request target", authority));
@@ -50,7 +52,7 @@ pub fn check(
     }
     if headers.contains_key(ORIGIN) {
         let origin = one(headers, ORIGIN).unwrap_or("(several)");
-        if !origin_host(origin).is_some_and(|a| names.admit(a)) {
+        if !origin_host(origin).is_some_and(|(a, port)| names.admit_origin(a, host, port)) {
             return Err(names.refused("Origin", origin));
         }
     }
@@ -125,13 +127,27 @@ pub fn unsupported(given: &str) -> ApiError {
     .field("Content-Type")
 }
 
-/// The `host[:port]` of an `http` or `https` Origin (`None`: `null`, another scheme, or
-/// a path after it).
-fn origin_host(origin: &str) -> Option<&str> {
-    let rest = origin
-        .strip_prefix("http://")
-        .or_else(|| origin.strip_prefix("https://"))?;
-    (!rest.contains('/')).then_some(rest)
+/// The `host[:port]` of an `http` or `https` Origin and its scheme's default port (`None`:
+/// `null`, another scheme, or a path after it).
+fn origin_host(origin: &str) -> Option<(&str, &'static str)> {
+    let (rest, port) = match origin.strip_prefix("http://") {
+        Some(rest) => (rest, ":80"),
+        None => (origin.strip_prefix("https://")?, ":443"),
+    };
+    (!rest.contains('/')).then_some((rest, port))
+}
+
+/// Whether two authorities are the same once lower-cased and stripped of the scheme's
+/// `default_port`.
+fn same_authority(a: &str, b: &str, default_port: &str) -> bool {
+    let bare = |s: &str| {
+        let s = s.to_ascii_lowercase();
+        match s.strip_suffix(default_port) {
+            Some(rest) => rest.to_owned(),
+            None => s,
+        }
+    };
+    bare(a) == bare(b)
 }
 
 /// The names a request may give for the admin listener.
@@ -154,7 +170,27 @@ impl Names<'_> {
             }
             Err(_) => host == "localhost" && (own.is_loopback() || own.is_unspecified()),
         };
-        own_name || self.allowed.contains(&host)
+        own_name || self.allows(&host)
+    }
+
+    /// Whether an `Origin`'s `authority` may call the API: the page's origin is the one
+    /// its `Host` names (`host`, already admitted), port included, or a name of
+    /// `allowed_hosts` (a front proxy may rewrite `Host`; the port is not compared). A page
+    /// of another local service (`http://localhost:8080`) is not the API's, even though
+    /// `localhost` names the listener.
+    fn admit_origin(&self, authority: &str, host: &str, default_port: &str) -> bool {
+        same_authority(authority, host, default_port)
+            || host_part(authority).is_some_and(|h| self.allows(&h))
+    }
+
+    /// Whether `host` (lower-cased, as [`host_part`] gives it) is an `allowed_hosts`
+    /// entry; an IP address is compared as the config stores it (`IpAddr`'s text), so
+    /// `2001:DB8:0::1` matches `2001:db8::1`.
+    fn allows(&self, host: &str) -> bool {
+        match host.parse::<IpAddr>() {
+            Ok(ip) => self.allowed.contains(&ip.to_string()),
+            Err(_) => self.allowed.iter().any(|a| a == host),
+        }
     }
 
     fn refused(&self, what: &str, given: &str) -> ApiError {
@@ -273,6 +309,12 @@ mod tests {
             "evil.internal",
         ];
         sorts(&names("10.0.0.5:9901", &allowed), &ok, &bad);
+        let v6 = ["2001:db8::1".to_string()];
+        sorts(&names("10.0.0.5:9901", &v6), &["[2001:DB8:0::1]:9901"], &[]);
+        // An Origin names the Host's origin, port included, or an allowed name.
+        let n = names("10.0.0.5:9901", &allowed);
+        assert!(n.admit_origin("weir-admin.internal:443", "10.0.0.5:9901", ":443"));
+        assert!(!n.admit_origin("10.0.0.5:8080", "10.0.0.5:9901", ":80"));
         // A wildcard bind: any IP literal (a rebinding page sends a name), and localhost.
         let ok = ["192.0.2.1:9901", "[2001:db8::1]:9901", "localhost:9901"];
         sorts(&names("[::]:9901", &[]), &ok, &["rebind.evil.com:9901"]);
@@ -296,15 +338,19 @@ mod tests {
         assert!(run(&[host, ("origin", "http://127.0.0.1:9901")], Method::POST).is_ok());
         assert!(run(
             &[
-                host,
+                ("host", "LOCALHOST:9901"),
                 ("origin", "http://localhost:9901"),
                 ("sec-fetch-site", "same-origin")
             ],
             Method::PUT
         )
         .is_ok());
+        let default_port = [("host", "127.0.0.1"), ("origin", "http://127.0.0.1:80")];
+        assert!(run(&default_port, Method::POST).is_ok());
         for origin in [
             "http://evil.com",
+            "http://localhost:9901",
+            "http://127.0.0.1:8080",
             "null",
             "http://127.0.0.1:9901/x",
             "file://",
