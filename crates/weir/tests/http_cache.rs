@@ -143,6 +143,27 @@ async fn a_freshness_of_forever_is_stored_not_a_crash() {
     }
 }
 
+/// Was: an upstream's `Age: 18446744073709551615` was stored as it came, and the cache
+/// policy's age (that plus the time stored) overflowed a second later: a release build
+/// aborted, and a disk store aborted again at every start (attacker review). An `Age` is
+/// now capped at 2^31 seconds (RFC 9111 1.2.2), which a hit shows.
+#[tokio::test]
+async fn an_age_past_2_to_the_31_seconds_is_capped() {
+    let headers = [
+        ("Cache-Control", "max-age=9223372036854775807"),
+        ("Age", "18446744073709551615"),
+    ];
+    let b = Backend::fixed(200, &headers, "old");
+    let weir = cached(b.addr(), "", "").start();
+    let mut c = weir.client().await;
+    assert_eq!(get(&mut c, "/", &[]).await.body, b"old");
+    let hit = get(&mut c, "/", &[]).await;
+    assert_eq!(hit.header("Cache-Status"), Some("weir; hit"));
+    let age: u64 = hit.header("Age").expect("an Age").parse().unwrap();
+    assert!((1 << 31..(1 << 31) + 60).contains(&age), "Age {age}");
+    assert_eq!(b.requests_served(), 1);
+}
+
 #[tokio::test]
 async fn head_is_answered_from_a_cached_get() {
     let b = Backend::fixed(200, &[("Cache-Control", "max-age=60")], "0123456789");
@@ -165,9 +186,13 @@ async fn head_is_answered_from_a_cached_get() {
 /// Each of these responses (or requests) must reach the upstream every time.
 #[tokio::test]
 async fn what_a_shared_cache_must_not_store_is_fetched_every_time() {
-    let cases: [Case; 5] = [
+    let cases: [Case; 7] = [
         (&[("Cache-Control", "no-store, max-age=60")], &[]),
         (&[("Cache-Control", "private, max-age=60")], &[]),
+        // Directive names are case-insensitive (RFC 9111 5.2): classic ASP sends
+        // `Private`. Was: stored and served to every client (attacker review).
+        (&[("Cache-Control", "Private, max-age=60")], &[]),
+        (&[("Cache-Control", "max-age=60, NO-STORE")], &[]),
         (
             &[("Cache-Control", "max-age=60"), ("Set-Cookie", "a=b")],
             &[],

@@ -497,6 +497,13 @@ fn load(path: &Path, name: [u8; 16]) -> io::Result<Found> {
     let policy = meta.take(fixed.policy_len)?;
     let policy = serde_json::from_slice(policy).map_err(|_| invalid("a bad policy"))?;
     let (status, headers) = decode_head(Cursor(meta.take(fixed.head_len)?))?;
+    if !super::directives::is_normal(&headers) {
+        // Stored before its directives were lowered and its `Age` capped: its policy
+        // would read `Private` as nothing, or overflow on a huge `Age`.
+        return Err(invalid(
+            "a head stored before its cache directives were normalised",
+        ));
+    }
     if self::name(&key, &variant) != name {
         return Err(invalid("the file is named for another entry"));
     }

@@ -32,6 +32,7 @@
 //! the fields it weighs later; a hit's head is the stored fields with `Age`, and a `304`'s
 //! fields are merged into them here. A route without `cache` pays one `Option` check.
 
+mod directives;
 pub mod disk;
 mod lru;
 mod reply;
@@ -874,6 +875,7 @@ impl Fetched<'_> {
         for name in ["trailer", "proxy-authenticate", "proxy-authentication-info"] {
             head.headers_mut().remove(name);
         }
+        directives::normalise(head.headers_mut());
         Some(head)
     }
 

@@ -43,7 +43,7 @@ fn split_query(routed: &[u8]) -> (&[u8], Option<&[u8]>) {
 
 /// The request as the policy reads it: GET (a HEAD is served from a GET's entry), its
 /// path, its end-to-end fields with `Accept-Encoding` normalised and `Cache-Control`
-/// without `max-stale`, and the client-certificate field (`cert_header`) as the upstream
+/// without `max-stale` (its directive names lower-cased: `directives`), and the client-certificate field (`cert_header`) as the upstream
 /// gets it: the session's, never the client's own copy, so a response that varies on it
 /// goes to no other client (nor to one that forges it). `None`: a field that is not valid
 /// HTTP (the request is forwarded, not cached).
@@ -78,6 +78,7 @@ pub(super) fn request_parts(
         combine(&mut headers, name, value)?;
     }
     normalise_accept_encoding(&mut headers);
+    super::directives::normalise(&mut headers);
     if let Some(line) = r.origin.tls.and_then(|t| t.cert_header_line.as_deref()) {
         let (name, value) = split_line(line)?;
         headers.insert(name, value);
