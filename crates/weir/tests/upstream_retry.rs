@@ -211,3 +211,32 @@ fn the_retry_budget_caps_retries() {
     );
     assert!(answered_503 > 0, "the budget ran out");
 }
+
+/// A status counts against a server (passive ejection) only when the pool retries it,
+/// as nginx counts only `proxy_next_upstream`'s cases. Was: any 502/503/504 the
+/// application answered ejected its server, so one request a URL answers 503 for
+/// (maintenance, a dependency down) per server and `fail_timeout` let any client push
+/// all the load onto one server (attacker review).
+#[test]
+fn an_application_status_ejects_its_server_only_when_the_pool_retries_it() {
+    for (retry, ejected) in [
+        ("", false),
+        ("[upstreams.app.retry]\non = [\"503\"]\n", true),
+    ] {
+        let unavailable = Backend::fixed(503, &[], "busy\n");
+        let echo = Backend::echo("echo");
+        let weir = Weir::start(&format!(
+            "[upstreams.app]\n{}[upstreams.app.passive]\nmax_fails = 1\n\
+             fail_timeout = \"60s\"\n{retry}",
+            servers(&[(unavailable.addr(), ""), (echo.addr(), "")])
+        ));
+        let mut client = weir.client();
+        for _ in 0..6 {
+            client.get("/", "app.test").expect("response");
+        }
+        // Round robin: every other request while the 503 server is in; one (the first,
+        // then retried on echo) once its 503 ejected it.
+        let expected = if ejected { 1 } else { 3 };
+        assert_eq!(unavailable.requests_served(), expected, "{retry:?}");
+    }
+}

@@ -235,7 +235,7 @@ impl Pick {
         if matches!(outcome, Outcome::Client | Outcome::Local) {
             return;
         }
-        let failed = outcome.is_server_failure();
+        let failed = outcome.is_server_failure(&upstream.retry.on);
         if upstream.lb == LbPolicy::P2cEwma {
             let mut st = self.local.state.borrow_mut();
             let c = self.choice;

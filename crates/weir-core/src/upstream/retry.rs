@@ -59,11 +59,15 @@ impl Outcome {
     }
 
     /// Counts against the server (passive ejection): connection failures, timeouts,
-    /// malformed responses and 502 / 503 / 504.
-    pub fn is_server_failure(self) -> bool {
+    /// malformed responses, and the statuses the pool retries (`on`: what nginx's
+    /// `proxy_next_upstream` calls an unsuccessful attempt). A status the pool does not
+    /// retry is the application's answer: counting it would let any client eject a
+    /// healthy server with one request to a URL the application answers 503 (attacker
+    /// review).
+    pub fn is_server_failure(self, on: &RetryOn) -> bool {
         match self {
             Outcome::ConnectError | Outcome::Reset | Outcome::Timeout | Outcome::Malformed => true,
-            Outcome::Status(s) => matches!(s, 502..=504),
+            Outcome::Status(s) => on.statuses.contains(&s),
             Outcome::Connected | Outcome::Client | Outcome::Local => false,
         }
     }
@@ -217,7 +221,8 @@ mod tests {
         assert_eq!(Outcome::of_error(refused), Outcome::ConnectError);
         let no_fds = Outcome::of_error(ProxyError::LocalResources("fds"));
         assert_eq!(no_fds, Outcome::Local);
-        assert!(!no_fds.is_server_failure());
+        let on = RetryOn::default();
+        assert!(!no_fds.is_server_failure(&on));
         assert!(!may_retry(&RetryOn::default(), no_fds, GET));
         assert_eq!(
             Outcome::of_error(ProxyError::UpstreamClosed),
@@ -229,11 +234,17 @@ mod tests {
         );
         assert_eq!(Outcome::of_error(ProxyError::ClientClosed), Outcome::Client);
         let unswitched = Outcome::of_error(ProxyError::UpgradeNotMade("x"));
-        assert!(!unswitched.is_server_failure());
-        assert!(Outcome::Status(503).is_server_failure());
-        assert!(!Outcome::Status(500).is_server_failure());
-        assert!(!Outcome::Status(200).is_server_failure());
-        assert!(!Outcome::Client.is_server_failure());
+        assert!(!unswitched.is_server_failure(&on));
+        assert!(!Outcome::Status(503).is_server_failure(&on), "not retried");
+        let on_503 = RetryOn {
+            statuses: vec![503],
+            ..RetryOn::default()
+        };
+        assert!(Outcome::Status(503).is_server_failure(&on_503));
+        assert!(!Outcome::Status(502).is_server_failure(&on_503));
+        assert!(!Outcome::Status(200).is_server_failure(&on_503));
+        assert!(!Outcome::Client.is_server_failure(&on_503));
+        assert!(Outcome::Malformed.is_server_failure(&on));
     }
 
     #[test]
