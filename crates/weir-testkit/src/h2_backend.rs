@@ -17,7 +17,7 @@
 //! `name: value` lines, split cookies joined), without trailers; `/badlen` says
 //! `content-length: 10` and sends 5 bytes; `/hints` sends a 103 (`link: </a.css>`) before
 //! the echo (`n` of them with `?n=N`, the i-th with `x-hint: i`; a `100` first on
-//! `/hints-100`; on `/hints-hang` no final head follows them, as on `/hang`); a HEAD request
+//! `/hints-100`, a `101` (malformed in HTTP/2) on `/hints-101`; on `/hints-hang` no final head follows them, as on `/hang`); a HEAD request
 //! gets its head only, with
 //! `content-length: 42`. `/quote-name-head` adds a field named `x"y` to the echo's head,
 //! `/quote-name-trailer` to its trailers (a name HTTP/2 carries but HTTP/1.1 does not). `/grpc.health.v1.Health/Check` is a gRPC health service
@@ -202,9 +202,11 @@ where
 
 /// The 1xx heads of a `/hints` path (see the module doc).
 fn send_hints(respond: &mut SendResponse<Bytes>, path: &str) {
-    if path.starts_with("/hints-100") {
-        let go_on = Response::builder().status(100).body(());
-        let _ = respond.send_informational(go_on.expect("testkit: 100"));
+    for (prefix, status) in [("/hints-100", 100), ("/hints-101", 101)] {
+        if path.starts_with(prefix) {
+            let first = Response::builder().status(status).body(());
+            let _ = respond.send_informational(first.expect("testkit: 1xx"));
+        }
     }
     let n = path
         .split_once("n=")

@@ -309,6 +309,27 @@ async fn interim_responses_past_max_informational_are_502() {
     }
 }
 
+/// A `101` is malformed in HTTP/2 (RFC 9113 8.6): an HTTP/2 server's is a 502. Was: an
+/// HTTP/1.1 client got `101 Switching Protocols` and then the real response on what a
+/// front proxy would take for a tunnel (attacker review of the upstream side).
+#[tokio::test]
+async fn a_101_from_an_http2_server_is_502() {
+    let backend = H2Backend::h2c();
+    let weir = h2c(backend.addr());
+    let mut client = weir.client().await;
+    client
+        .send_raw(
+            b"GET /hints-101 HTTP/1.1
+Host: t
+
+",
+        )
+        .await
+        .expect("send");
+    let resp = client.read_response(false).await.expect("final");
+    assert_eq!(resp.status, 502);
+}
+
 #[tokio::test]
 async fn http10_client_gets_a_body_delimited_by_close() {
     let backend = H2Backend::h2c();

@@ -165,6 +165,9 @@ async fn next_final<I: Interim>(
         let head = match next.await {
             Err(e) => return Err(NoFinal::H2(e)),
             Ok(Ok(head)) if !bounds.tokens || names_are_tokens(head.headers()) => return Ok(head),
+            Ok(Err(head)) if head.status() == http::StatusCode::SWITCHING_PROTOCOLS => {
+                return Err(NoFinal::Failed(SWITCHING_IN_HTTP2));
+            }
             Ok(Err(head)) if !bounds.tokens || names_are_tokens(head.headers()) => head,
             Ok(_) => return Err(NoFinal::Failed(NAME_NOT_TOKEN)),
         };
@@ -178,6 +181,11 @@ async fn next_final<I: Interim>(
         }
     }
 }
+
+/// A `101` is malformed in HTTP/2 (RFC 9113 8.6): relayed to an HTTP/1.1 client it would
+/// announce a tunnel that is not there, and a front proxy could take the response after
+/// it for tunnelled bytes.
+const SWITCHING_IN_HTTP2: ProxyError = ProxyError::UpstreamMalformed("101 over HTTP/2");
 
 /// A field name that is not a token, for an HTTP/1.1 client (the server's error: 502).
 const NAME_NOT_TOKEN: ProxyError = ProxyError::UpstreamMalformed("field name is not a token");
