@@ -32,10 +32,12 @@ impl ResponseHead {
         (100..200).contains(&self.status) && self.status != 101
     }
 
-    /// The upstream connection can carry another request after this response.
+    /// The upstream connection can carry another request after this response. Not after
+    /// an HTTP/1.0 response with `Transfer-Encoding` (chunked): RFC 9112 6.1 makes its
+    /// framing faulty, to be read and then closed, whatever `Connection` says.
     pub fn keeps_alive(&self) -> bool {
         let persistent = if self.minor_version == 0 {
-            self.connection.keep_alive
+            self.connection.keep_alive && self.framing != BodyFraming::Chunked
         } else {
             !self.connection.close
         };
@@ -202,6 +204,14 @@ mod tests {
         )
         .unwrap();
         assert!(head.keeps_alive());
+        let chunked_10 =
+            b"HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nTransfer-Encoding: chunked\r\n\r\n";
+        let head = parse(chunked_10, false).unwrap();
+        assert_eq!(head.framing, BodyFraming::Chunked);
+        assert!(
+            !head.keeps_alive(),
+            "RFC 9112 6.1: faulty framing, closed after"
+        );
         let head = parse(
             b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 0\r\n\r\n",
             false,
