@@ -107,6 +107,27 @@ async fn malformed_response_heads_are_502() {
     }
 }
 
+/// A 204 has no body whatever its `Content-Length` says, and RFC 9110 8.6 forbids the
+/// field there: it is dropped, for HTTP/1.1 and HTTP/2 clients. Was: relayed, and HTTP/2
+/// clients reset the stream (attacker review of the upstream side).
+#[tokio::test]
+async fn a_204_goes_out_without_its_content_length() {
+    let b =
+        Backend::raw_response(b"HTTP/1.1 204 No Content\r\nContent-Length: 5\r\nX-Up: 1\r\n\r\n");
+    let weir = single(b.addr()).start();
+    let (status, raw) = get_once(weir.addr).await;
+    assert_eq!(status, Some(204), "{raw}");
+    assert!(raw.contains("X-Up: 1"), "{raw}");
+    assert!(
+        !raw.to_ascii_lowercase().contains("content-length"),
+        "{raw}"
+    );
+    let mut h2 = common::h2c_client(weir.addr).await;
+    let (status, headers, body) = common::h2_get(&mut h2, "/", &[]).await;
+    assert_eq!((status, body.len()), (204, 0));
+    assert!(!headers.contains_key("content-length"), "{headers:?}");
+}
+
 #[tokio::test]
 async fn bad_chunked_response_body_after_the_head_closes_the_connection() {
     let b = Backend::raw_response(

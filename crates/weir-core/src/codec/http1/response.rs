@@ -88,7 +88,19 @@ pub fn parse_response(
     set_line_ends(buf, head_len, &mut head.headers);
     head.connection = apply_connection_tokens(buf, &mut head.headers);
     head.framing = response_framing(buf, head, request_is_head)?;
+    if head.status == 204 || head.is_interim() {
+        drop_content_length(head);
+    }
     Ok(true)
+}
+
+/// Keeps a `Content-Length` out of what is relayed (marked as if `Connection` listed
+/// it): RFC 9110 8.6 forbids it in a 1xx or 204, which has no body whatever it says,
+/// and HTTP/2 clients reset a stream whose 204 carries one (nginx drops it too).
+fn drop_content_length(head: &mut ResponseHead) {
+    for h in &mut head.headers {
+        h.connection_listed |= h.kind == HeaderKind::ContentLength;
+    }
 }
 
 fn response_framing(

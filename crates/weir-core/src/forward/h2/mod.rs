@@ -164,7 +164,13 @@ async fn next_final<I: Interim>(
         });
         let head = match next.await {
             Err(e) => return Err(NoFinal::H2(e)),
-            Ok(Ok(head)) if !bounds.tokens || names_are_tokens(head.headers()) => return Ok(head),
+            Ok(Ok(mut head)) if !bounds.tokens || names_are_tokens(head.headers()) => {
+                if head.status() == http::StatusCode::NO_CONTENT {
+                    // No body, whatever it says (RFC 9110 8.6; see `parse_response`).
+                    head.headers_mut().remove(http::header::CONTENT_LENGTH);
+                }
+                return Ok(head);
+            }
             Ok(Err(head)) if head.status() == http::StatusCode::SWITCHING_PROTOCOLS => {
                 return Err(NoFinal::Failed(SWITCHING_IN_HTTP2));
             }
