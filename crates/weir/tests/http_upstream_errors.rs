@@ -128,6 +128,26 @@ async fn a_204_goes_out_without_its_content_length() {
     assert!(!headers.contains_key("content-length"), "{headers:?}");
 }
 
+/// A 1xx head goes to an HTTP/1.1 client rewritten as its final head is: CRLF line
+/// ends, no hop-by-hop or `Connection`-listed field. Was: relayed byte for byte, bare-LF
+/// line ends included, which a stricter parser in front could split differently
+/// (attacker review of the upstream side).
+#[tokio::test]
+async fn a_1xx_head_is_relayed_with_crlf_and_end_to_end_fields_only() {
+    let b = Backend::raw_response(
+        b"HTTP/1.1 103 Early Hints\nLink: </a.css>\nConnection: x-hop\nX-Hop: 1\n\n\
+          HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
+    );
+    let weir = single(b.addr()).start();
+    let req = b"GET / HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n";
+    let raw = send_raw_once(weir.addr, req).await.unwrap();
+    let (hints, rest) = split_head(&raw);
+    assert_eq!(hints, "HTTP/1.1 103 Early Hints\r\nLink: </a.css>\r\n\r\n");
+    let (head, body) = split_head(&rest);
+    assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
+    assert_eq!(body, b"ok");
+}
+
 #[tokio::test]
 async fn bad_chunked_response_body_after_the_head_closes_the_connection() {
     let b = Backend::raw_response(

@@ -375,8 +375,8 @@ pub(crate) trait Interim {
     ) -> impl std::future::Future<Output = Result<bool, ProxyError>>;
 }
 
-/// An HTTP/1.1 client's socket: an HTTP/1.1 upstream's 1xx head as it came, an HTTP/2
-/// upstream's written as HTTP/1.1 (`client_timeout`, carried by the writer, bounds it).
+/// An HTTP/1.1 client's socket: an upstream's 1xx head written as HTTP/1.1, its
+/// end-to-end fields only (`client_timeout`, carried by the writer, bounds it).
 pub(crate) struct Http1Interim<'w, W> {
     pub writer: &'w mut W,
     pub timeout: Duration,
@@ -388,21 +388,29 @@ impl<W: AsyncWrite + Unpin> Interim for Http1Interim<'_, W> {
     async fn relay(
         &mut self,
         head: &[u8],
-        _: &ResponseHead,
+        resp: &ResponseHead,
         _: Duration,
     ) -> Result<bool, ProxyError> {
-        *self.informed = true;
-        body::write_all(self.writer, head, &[], self.timeout)
-            .await
-            .map(|()| true)
-            .map_err(|_| ProxyError::ClientClosed)
+        let mut out = Vec::with_capacity(head.len());
+        super::head::write_interim_from_http1(&mut out, head, resp);
+        self.send(&out).await
     }
 
     async fn relay_h2(&mut self, head: http::Response<()>) -> Result<bool, ProxyError> {
         let mut out = Vec::with_capacity(128);
         super::h2::write_interim(&mut out, &head);
-        self.relay(&out, &ResponseHead::default(), self.timeout)
+        self.send(&out).await
+    }
+}
+
+impl<W: AsyncWrite + Unpin> Http1Interim<'_, W> {
+    /// Writes a 1xx head (`Ok(true)`: the client has it).
+    async fn send(&mut self, head: &[u8]) -> Result<bool, ProxyError> {
+        *self.informed = true;
+        body::write_all(self.writer, head, &[], self.timeout)
             .await
+            .map(|()| true)
+            .map_err(|_| ProxyError::ClientClosed)
     }
 }
 

@@ -111,6 +111,15 @@ pub struct ClientFraming {
     pub http10: bool,
 }
 
+/// Appends an HTTP/1.1 upstream's 1xx head `resp` (parsed from `buf`) as the client gets
+/// it: its end-to-end lines, each ending in CRLF. Not as it came: a bare-LF line end, or
+/// a hop-by-hop field, could make a stricter parser in front read it differently.
+pub(crate) fn write_interim_from_http1(out: &mut Vec<u8>, buf: &[u8], resp: &ResponseHead) {
+    push_status_line(out, resp.status, &buf[resp.reason.clone()]);
+    copy_lines(out, buf, resp, &Edits::default(), |_| false);
+    out.extend_from_slice(b"\r\n");
+}
+
 /// Appends the client's head for an HTTP/1.1 upstream's `resp` (parsed from `buf`).
 pub(crate) fn write_from_http1(
     out: &mut Vec<u8>,
