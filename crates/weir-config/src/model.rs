@@ -112,7 +112,7 @@ impl AdminSettings {
     /// `admin 0.0.0.0:2019`).
     pub fn exposure_warning(&self) -> Option<String> {
         let bind = self.bind?;
-        (self.token_file.is_none() && !bind.ip().is_loopback()).then(|| {
+        (self.token_file.is_none() && !bind.ip().to_canonical().is_loopback()).then(|| {
             format!(
                 "admin.bind = \"{bind}\" without admin.token_file: anyone who reaches it reads \
                  the config through the API (secrets in it included) and the metrics; set \

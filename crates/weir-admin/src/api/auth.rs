@@ -92,11 +92,17 @@ pub async fn check(
                 )),
             }
         }
-        None if write && !admin.bind.is_some_and(|a| a.ip().is_loopback()) => Err(ApiError::new(
-            StatusCode::FORBIDDEN,
-            "writes need a token when the admin listener is not on loopback",
-            "set [admin] token_file, or bind the admin listener to 127.0.0.1",
-        )),
+        None if write
+            && !admin
+                .bind
+                .is_some_and(|a| a.ip().to_canonical().is_loopback()) =>
+        {
+            Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "writes need a token when the admin listener is not on loopback",
+                "set [admin] token_file, or bind the admin listener to 127.0.0.1",
+            ))
+        }
         None => Ok(()),
     }
 }
