@@ -60,6 +60,12 @@ pub enum ProxyError {
     UpstreamIo(io::ErrorKind),
     #[error("malformed upstream response: {0}")]
     UpstreamMalformed(&'static str),
+    /// The upstream's response head is past Weir's bounds (16 KiB, 128 fields): a 502, but
+    /// never the server's failure for passive health, since an application that reflects
+    /// the request into its head (a `Location` with the URL) would otherwise let any
+    /// client eject a healthy server with one long request.
+    #[error("upstream response head too large")]
+    UpstreamHeadTooLarge,
     /// An upgrade's answer that makes no tunnel (a 2xx to a WebSocket handshake, a 101
     /// the request cannot take): a 502, as the upstream's answer, but one the client's
     /// request provoked, so never the server's failure for passive health
@@ -92,6 +98,7 @@ impl ProxyError {
             | UpstreamClosed
             | UpstreamIo(_)
             | UpstreamMalformed(_)
+            | UpstreamHeadTooLarge
             | UpgradeNotMade(_)
             | UpstreamTimeout => Side::Upstream,
             NoServer | LocalResources(_) => Side::Internal,
@@ -113,7 +120,7 @@ impl ProxyError {
             HeadTooLarge => 431,
             NotImplemented(_) => 501,
             UpstreamConnect(_) | UpstreamTls(_) | UpstreamClosed | UpstreamIo(_)
-            | UpstreamMalformed(_) | UpgradeNotMade(_) => 502,
+            | UpstreamMalformed(_) | UpstreamHeadTooLarge | UpgradeNotMade(_) => 502,
             NoServer | LocalResources(_) => 503,
             UpstreamConnectTimeout | UpstreamTimeout => 504,
             VersionNotSupported => 505,

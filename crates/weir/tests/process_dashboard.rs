@@ -24,7 +24,8 @@ fn config(ok: &Backend, bad: &Backend, admin_extra: &str) -> String {
          [[listeners.routes]]\nname = \"fine\"\nupstream = \"ok\"\n\n\
          [upstreams.ok]\nservers = [{{ addr = \"{}\" }}]\n\n\
          [upstreams.bad]\nservers = [{{ addr = \"{}\" }}]\n\
-         [upstreams.bad.passive]\nfail_timeout = \"10m\"\n",
+         [upstreams.bad.passive]\nfail_timeout = \"10m\"\n\
+         [upstreams.bad.retry]\non = [\"503\"]\n",
         ok.addr(),
         bad.addr()
     )
@@ -107,7 +108,8 @@ fn stats_count_requests_errors_and_latency_and_follow_since() {
     let bad_upstream = upstreams.iter().find(|u| u["name"] == "bad").expect("bad");
     let bad_server = &bad_upstream["servers"][0];
     assert_eq!(bad_server["addr"], bad.addr().to_string());
-    // 503s: passive health checks took it out (for 10 minutes), as /health says.
+    // 503s (retried, so failures): passive health took it out (for 10 minutes), as
+    // /health says.
     let health = call(admin, "GET", "/api/v1/upstreams/bad/health", &[], "").expect("health");
     let health: Value = serde_json::from_str(&health.1).expect("json");
     assert_eq!(bad_server["state"], health["data"]["servers"][0]["state"]);

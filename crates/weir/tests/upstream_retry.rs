@@ -240,3 +240,27 @@ fn an_application_status_ejects_its_server_only_when_the_pool_retries_it() {
         assert_eq!(unavailable.requests_served(), expected, "{retry:?}");
     }
 }
+
+/// A response head past Weir's bounds is a 502 that does not count against the server:
+/// an application reflecting the request into its head (a long `Location`) would
+/// otherwise let any client eject it with one long request (attacker review).
+#[test]
+fn a_response_head_too_large_does_not_eject_its_server() {
+    let big = format!(
+        "HTTP/1.1 302 Found\r\nLocation: /{}\r\nContent-Length: 0\r\n\r\n",
+        "x".repeat(17 * 1024)
+    );
+    let reflecting = Backend::raw_response(big.as_bytes());
+    let echo = Backend::echo("echo");
+    let weir = Weir::start(&format!(
+        "[upstreams.app]\n{}[upstreams.app.passive]\nmax_fails = 1\nfail_timeout = \"60s\"\n",
+        servers(&[(reflecting.addr(), ""), (echo.addr(), "")])
+    ));
+    let mut client = weir.client();
+    let statuses: Vec<u16> = (0..4)
+        .map(|_| client.get("/", "app.test").expect("response").status)
+        .collect();
+    // Round robin, the reflecting server kept in: 502, 200, 502, 200.
+    assert_eq!(statuses, [502, 200, 502, 200]);
+    assert_eq!(reflecting.requests_served(), 2);
+}

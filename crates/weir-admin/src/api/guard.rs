@@ -194,6 +194,17 @@ impl Names<'_> {
     }
 
     fn refused(&self, what: &str, given: &str) -> ApiError {
+        if what == "Origin" {
+            return ApiError::new(
+                StatusCode::FORBIDDEN,
+                format!("Origin {given:?} is not the origin the Host names, nor an allowed name (a cross-site request?)"),
+                "use the dashboard served by this listener; a proxy in front must pass the \
+                 browser's Host (nginx: proxy_set_header Host $http_host), or list the name \
+                 the browser uses in [admin] allowed_hosts (not localhost: that would admit \
+                 every local port's pages)",
+            )
+            .field("Origin");
+        }
         let message = match given {
             "" => format!("the request has no {what} header, or more than one"),
             _ => format!("{what} {given:?} does not name this admin listener (DNS rebinding or a cross-site request?)"),
@@ -203,8 +214,7 @@ impl Names<'_> {
              name, add that name to [admin] allowed_hosts",
             self.own_authority()
         );
-        let field = if what == "Origin" { "Origin" } else { "Host" };
-        ApiError::new(StatusCode::FORBIDDEN, message, fix).field(field)
+        ApiError::new(StatusCode::FORBIDDEN, message, fix).field("Host")
     }
 
     /// The address to suggest: the listener's, on loopback when it binds a wildcard.

@@ -154,7 +154,10 @@ fn an_open_admin_bind_without_a_token_is_warned_about() {
     assert!(warned("bind = \"10.0.0.5:9901\""));
     assert!(!warned("bind = \"127.0.0.1:9901\""));
     assert!(!warned("bind = \"[::1]:9901\""));
-    assert!(!warned("bind = \"[::ffff:127.0.0.1]:9901\""), "IPv4-mapped loopback");
+    assert!(
+        !warned("bind = \"[::ffff:127.0.0.1]:9901\""),
+        "IPv4-mapped loopback"
+    );
     assert!(!warned("bind = \"off\""));
     assert!(!warned(
         "bind = \"0.0.0.0:9901\"\ntoken_file = \"/etc/weir/admin.token\""

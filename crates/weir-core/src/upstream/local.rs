@@ -237,10 +237,14 @@ impl Pick {
         }
         let failed = outcome.is_server_failure(&upstream.retry.on);
         if upstream.lb == LbPolicy::P2cEwma {
+            // A fast 502-504 is a server shedding load, whether or not it counts for
+            // ejection: it must not look like the fastest server (a black hole). The
+            // penalty decays, so a client provoking it ejects nothing.
+            let slow = failed || matches!(outcome, Outcome::Status(502..=504));
             let mut st = self.local.state.borrow_mut();
             let c = self.choice;
             if let Some(e) = st.groups[c.group].ewma.get_mut(c.member) {
-                let rtt = if failed {
+                let rtt = if slow {
                     elapsed.max(Duration::from_nanos(PENALTY_NS as u64))
                 } else {
                     elapsed

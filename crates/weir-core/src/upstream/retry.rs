@@ -51,7 +51,7 @@ impl Outcome {
             UpstreamTimeout => Outcome::Timeout,
             UpstreamMalformed(_) => Outcome::Malformed,
             // The client's request provoked that answer: nothing against the server.
-            UpgradeNotMade(_) => Outcome::Client,
+            UpgradeNotMade(_) | UpstreamHeadTooLarge => Outcome::Client,
             // Weir's own shortage (descriptors, ports): the server was never asked.
             LocalResources(_) => Outcome::Local,
             _ => Outcome::Client,

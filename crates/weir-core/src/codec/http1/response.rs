@@ -59,11 +59,14 @@ pub fn parse_response(
     let mut res = httparse::Response::new(&mut []);
     let status = httparse::ParserConfig::default()
         .parse_response_with_uninit_headers(&mut res, buf, &mut slots)
-        .map_err(|_| ProxyError::UpstreamMalformed("malformed response head"))?;
+        .map_err(|e| match e {
+            httparse::Error::TooManyHeaders => ProxyError::UpstreamHeadTooLarge,
+            _ => ProxyError::UpstreamMalformed("malformed response head"),
+        })?;
     let head_len = match status {
         httparse::Status::Complete(n) => n,
         httparse::Status::Partial if buf.len() >= max_head => {
-            return Err(ProxyError::UpstreamMalformed("response head too large"))
+            return Err(ProxyError::UpstreamHeadTooLarge)
         }
         httparse::Status::Partial => return Ok(false),
     };
