@@ -1021,7 +1021,13 @@ impl Recorder {
             return;
         }
         let len = self.body.len() + piece.len();
-        if len as u64 > self.limit.saturating_mul(2) + 4096 {
+        // Framed bytes past the limit: a body past it whatever the framing (a chunked
+        // body's framing takes at most this much more, with chunks of a byte or more).
+        let past = match self.chunked {
+            true => self.limit.saturating_mul(2).saturating_add(4096),
+            false => self.limit,
+        };
+        if len as u64 > past {
             self.abandon();
             return;
         }
@@ -1055,11 +1061,17 @@ impl Recorder {
         false
     }
 
-    /// Drops what was kept: the rest of the body streams to the client alone.
+    /// Drops what was kept: the rest of the body streams to the client alone. The
+    /// requests waiting for this fetch of the key are let go now (they go upstream
+    /// themselves), not once this response ends: it will store nothing, and a slow
+    /// client would keep them waiting up to `lock_timeout` for it.
     fn abandon(&mut self) {
         self.over = true;
         self.body = Vec::new();
         self.memory.release();
+        if self.fill.leading.replace(false) {
+            self.fill.store.release(&self.fill.key, &self.fill.scope);
+        }
     }
 
     /// The body passed what may be stored: the rest is for the client alone.
