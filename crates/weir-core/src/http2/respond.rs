@@ -12,6 +12,7 @@ use super::names::response_name;
 use super::send::{send_data, StreamSink};
 use crate::codec::http1::ResponseHead;
 use crate::error::ProxyError;
+use crate::files::BodySource;
 use crate::forward::head::Edits;
 use crate::forward::relay::{relay, Broke, Coding, Piece, Sink, Source};
 use crate::forward::{Failure, Reached};
@@ -185,6 +186,19 @@ pub(crate) trait ResponseStream {
         whole: Option<Bytes>,
     ) -> impl std::future::Future<Output = Result<(), Failure>>;
 
+    /// As [`ResponseStream::send_relayed`], uncompressed, for a body Weir reads itself
+    /// (a static file's, a cache entry's): an HTTP/2 stream reads each piece only once
+    /// its client's window has room for it (`files::relay_read`); an HTTP/3 stream relays
+    /// it as any body.
+    fn send_read(
+        &mut self,
+        head: http::Response<()>,
+        source: Option<&mut BodySource<'_>>,
+        sinking: Sinking<'_>,
+    ) -> impl std::future::Future<Output = Result<(), Failure>> {
+        self.send_relayed(head, source, sinking, None, None)
+    }
+
     /// Sends `head` and its `body`, all at hand (none: the head ends the stream), each
     /// write waiting at most `stall`: Weir's own answers. Notes in `trace` the
     /// `grpc_status` once the head is sent and the body's length once it is, as far as
@@ -217,6 +231,22 @@ impl ResponseStream for h2::server::SendResponse<Bytes> {
         sinking.trace.sent_grpc_status(sinking.grpc_status);
         match source {
             Some(source) => relay_body(send, source, sinking, coding, whole).await,
+            None => Ok(()),
+        }
+    }
+
+    async fn send_read(
+        &mut self,
+        head: http::Response<()>,
+        source: Option<&mut BodySource<'_>>,
+        sinking: Sinking<'_>,
+    ) -> Result<(), Failure> {
+        let send = self
+            .send_response(head, source.is_none())
+            .map_err(|_| Failure::after_head(ProxyError::ClientClosed))?;
+        sinking.trace.sent_grpc_status(sinking.grpc_status);
+        match source {
+            Some(source) => super::files::relay_read(send, source, sinking).await,
             None => Ok(()),
         }
     }
