@@ -162,8 +162,9 @@ impl OpenFiles {
         if doomed.is_none() && file && !past_share {
             doomed = self.entries.iter().next();
         }
-        let doomed = doomed.map(|(key, _)| key.clone());
-        doomed.map(|k| self.remove(&k));
+        if let Some(key) = doomed.map(|(key, _)| key.clone()) {
+            self.remove(&key);
+        }
     }
 
     /// Drops the entry of `key`, if any.
