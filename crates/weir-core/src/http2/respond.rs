@@ -216,19 +216,31 @@ pub(crate) trait ResponseStream {
     fn cancel(&mut self);
 }
 
+/// Sends `head` on `respond` (ending the stream when `end`) and notes the `grpc-status`
+/// it carries; the stream's body half.
+fn send_head(
+    respond: &mut h2::server::SendResponse<Bytes>,
+    head: http::Response<()>,
+    end: bool,
+    sinking: &mut Sinking<'_>,
+) -> Result<SendStream<Bytes>, Failure> {
+    let send = respond
+        .send_response(head, end)
+        .map_err(|_| Failure::after_head(ProxyError::ClientClosed))?;
+    sinking.trace.sent_grpc_status(sinking.grpc_status);
+    Ok(send)
+}
+
 impl ResponseStream for h2::server::SendResponse<Bytes> {
     async fn send_relayed<S: Source>(
         &mut self,
         head: http::Response<()>,
         source: Option<&mut S>,
-        sinking: Sinking<'_>,
+        mut sinking: Sinking<'_>,
         coding: Option<&mut Coding>,
         whole: Option<Bytes>,
     ) -> Result<(), Failure> {
-        let send = self
-            .send_response(head, source.is_none())
-            .map_err(|_| Failure::after_head(ProxyError::ClientClosed))?;
-        sinking.trace.sent_grpc_status(sinking.grpc_status);
+        let send = send_head(self, head, source.is_none(), &mut sinking)?;
         match source {
             Some(source) => relay_body(send, source, sinking, coding, whole).await,
             None => Ok(()),
@@ -239,12 +251,9 @@ impl ResponseStream for h2::server::SendResponse<Bytes> {
         &mut self,
         head: http::Response<()>,
         source: Option<&mut BodySource<'_>>,
-        sinking: Sinking<'_>,
+        mut sinking: Sinking<'_>,
     ) -> Result<(), Failure> {
-        let send = self
-            .send_response(head, source.is_none())
-            .map_err(|_| Failure::after_head(ProxyError::ClientClosed))?;
-        sinking.trace.sent_grpc_status(sinking.grpc_status);
+        let send = send_head(self, head, source.is_none(), &mut sinking)?;
         match source {
             Some(source) => super::files::relay_read(send, source, sinking).await,
             None => Ok(()),
