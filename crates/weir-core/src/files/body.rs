@@ -4,6 +4,8 @@
 //! HTTP/2 stream sends on without a copy; a body that fits in one piece is read whole, so
 //! it goes out with its head in one write. A cache entry's bytes in memory are shared,
 //! never copied (one range is one piece); a disk entry's file is read as a static file is.
+//! An HTTP/2 stream bounds each piece by its client's window before it is read
+//! ([`BodySource::bound`], `http2::files`), so a stream that gets no window holds no piece.
 //! Plain-TCP HTTP/1.1 bodies of one range of a file (a static file, a cache entry's
 //! sealed memfd or file) skip this for sendfile(2) (`reply`).
 
@@ -98,8 +100,8 @@ pub(crate) struct BodySource<'b> {
     /// The part being sent, and the next byte of it.
     part: usize,
     at: u64,
-    /// Most bytes of the next piece (and of [`Source::whole`]'s): [`PIECE`], or what the
-    /// sink has room for ([`BodySource::bound`]).
+    /// Most bytes of the next piece (and of [`Source::whole`]'s, read from a file):
+    /// [`PIECE`], or what the sink has room for ([`BodySource::bound`]).
     room: u64,
 }
 

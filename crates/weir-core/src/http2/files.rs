@@ -1,7 +1,9 @@
 //! A reply (`files::Reply`: a static file's, or a cache entry's) on an HTTP/2 or HTTP/3
 //! client's stream, sent as an HTTP/1.1 upstream's response is (`exchange::respond_http1`):
 //! the head through the route's `Edits` (`respond::head_from_http1`), the body through the one relay into the
-//! stream (`respond::ResponseStream`), compressed when the route's plan says so.
+//! stream (`respond::ResponseStream`), compressed when the route's plan says so. An
+//! uncompressed body on an HTTP/2 stream is read a piece at a time within the stream's
+//! window ([`relay_read`]), not read first and then held until the window opens.
 
 use std::time::Duration;
 
