@@ -466,6 +466,41 @@ fn kill_9_during_a_fill_never_leaves_a_torn_entry() {
     assert_eq!(up.requests.load(Ordering::SeqCst), before + 1);
 }
 
+/// After a restart, concurrent first hits of a large entry (its body's sum not checked in
+/// this process yet) are all hits, whole: one of them checks the file, the others wait
+/// for that check and send the file too (they each read the whole body into memory).
+#[test]
+fn concurrent_first_hits_after_a_restart_are_all_whole_hits() {
+    let t = TwoSizes::new("disk-at-once", 300 << 10);
+    let weir = restart(&t.config);
+    get(&weir, "/l/a");
+    stats_until(&weir, |s| s["stored"] == 1);
+    crash(weir);
+    let weir = restart(&t.config);
+    let addr = weir.addr;
+    let hits: Vec<Response> = std::thread::scope(|s| {
+        let each = (0..8).map(|_| {
+            s.spawn(move || {
+                let mut c = BlockingClient::connect(addr).expect("connect");
+                c.get("/l/a", "h").expect("response")
+            })
+        });
+        let each: Vec<_> = each.collect();
+        each.into_iter()
+            .map(|h| h.join().expect("client"))
+            .collect()
+    });
+    for hit in hits {
+        assert_eq!(hit.header("Cache-Status"), Some("weir; hit"));
+        assert!(
+            hit.body == t.large_body.as_bytes(),
+            "the stored body, whole"
+        );
+    }
+    assert_eq!(t.large.requests_served(), 1);
+    assert_eq!(stats(&weir)["errors"].as_u64(), Some(0));
+}
+
 #[test]
 fn truncated_and_corrupted_entry_files_are_discarded() {
     let t = TwoSizes::new("disk-corrupt", 100 << 10);

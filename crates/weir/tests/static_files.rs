@@ -600,3 +600,100 @@ async fn a_file_s_304_carries_its_200_s_etag() {
         assert_eq!(got, Some(etag.as_str()), "{path} over HTTP/2");
     }
 }
+
+/// An HTTP/2 stream reads its file only within the window its client gives it (attacker
+/// review: each stream read 128 KiB of its file first and held it while it waited, so
+/// 10 connections of 100 streams with no window held 128 MB). Seen by what the file held
+/// when it was read: the client opens the stream with no window, gets the head, the file
+/// is rewritten in place, then the window opens. Before, the body began with 128 KiB of
+/// the old bytes, read before any window.
+#[tokio::test]
+async fn an_http2_stream_reads_its_file_only_within_its_window() {
+    let site = Site::new("h2window");
+    let old = vec![b'o'; 300_000];
+    site.write("big.bin", &old);
+    let weir = serve(&site.root(), "", &[]);
+    let tcp = tokio::net::TcpStream::connect(weir.addr)
+        .await
+        .expect("tcp");
+    let (mut h2, mut conn) = h2::client::Builder::new()
+        .initial_window_size(0)
+        .handshake::<_, bytes::Bytes>(tcp)
+        .await
+        .expect("h2 handshake");
+    let (open, opened) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = &mut conn => return,
+            _ = opened => {}
+        }
+        conn.set_target_window_size(1 << 20);
+        conn.set_initial_window_size(1 << 20).expect("SETTINGS");
+        let _ = conn.await;
+    });
+    let request = http::Request::get("http://test/big.bin").body(()).unwrap();
+    let (response, _) = h2.send_request(request, true).expect("send");
+    let response = response.await.expect("head");
+    assert_eq!(response.status(), 200);
+
+    // In place: the stream's open file sees the new bytes.
+    let new = vec![b'n'; old.len()];
+    let path = site.root().join("big.bin");
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .expect("open");
+    std::io::Write::write_all(&mut file, &new).expect("rewrite");
+    open.send(()).expect("the connection task runs");
+
+    let mut body = response.into_body();
+    let mut got = Vec::new();
+    while let Some(chunk) = body.data().await {
+        let chunk = chunk.expect("data");
+        let _ = body.flow_control().release_capacity(chunk.len());
+        got.extend_from_slice(&chunk);
+    }
+    assert_eq!(got.len(), new.len());
+    let early = got.iter().take_while(|b| **b == b'o').count();
+    assert_eq!(
+        early, 0,
+        "{early} bytes were read before the stream had window"
+    );
+}
+
+/// A crawl of invented paths (404s) does not push a real file out of the open-file cache
+/// (attacker review: each miss was kept in any entry's place). Seen by what the cached
+/// descriptors serve: the files fill the cache, the crawl runs, then each file is
+/// replaced (renamed over), and within `open_file_cache_valid` its cached descriptor
+/// still serves the old bytes. Before, the first miss pushed a file out, and that file
+/// was opened again (its new bytes served).
+#[tokio::test]
+async fn missing_paths_never_push_a_real_file_out_of_the_open_file_cache() {
+    let site = Site::new("negatives");
+    for i in 0..8 {
+        site.write(&format!("f{i}"), format!("old {i}").as_bytes());
+    }
+    let extra = r#", open_file_cache = 8, open_file_cache_valid = "60s""#;
+    let weir = serve(&site.root(), extra, &[]);
+    // One connection: one worker, one cache.
+    let mut c = weir.client().await;
+    let mut fetch = async |path: &str| {
+        let r = c.request("GET", path, &[], b"").await.expect("response");
+        (r.status, String::from_utf8_lossy(&r.body).into_owned())
+    };
+    for i in 0..8 {
+        assert_eq!(fetch(&format!("/f{i}")).await, (200, format!("old {i}")));
+    }
+    for i in 0..64 {
+        assert_eq!(fetch(&format!("/invented-{i}")).await.0, 404);
+    }
+    for i in 0..8 {
+        site.write("next", format!("new {i}").as_bytes());
+        let root = site.root();
+        std::fs::rename(root.join("next"), root.join(format!("f{i}"))).expect("rename");
+    }
+    for i in 0..8 {
+        let got = fetch(&format!("/f{i}")).await;
+        assert_eq!(got, (200, format!("old {i}")), "f{i}'s cached descriptor");
+    }
+}

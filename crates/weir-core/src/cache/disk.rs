@@ -44,6 +44,8 @@ const NAME_LOCKS: usize = 16;
 /// Most bytes of key, variant, policy and head a file may have (its head part is read
 /// whole by the scan).
 const MAX_META: usize = 1 << 20;
+/// Most bytes of a body [`Disk::check`] holds at once.
+const CHECK_PIECE: usize = 256 << 10;
 /// The first read of a file at the scan: its head part, usually all of it.
 const FIRST_READ: usize = 16 << 10;
 /// A temporary file older than this is a crashed write's, even if its writer's pid is
@@ -123,6 +125,15 @@ fn is_format(e: &io::Error) -> bool {
         e.kind(),
         io::ErrorKind::InvalidData | io::ErrorKind::UnexpectedEof
     )
+}
+
+/// What a failed read of an entry's file says: the file is not whole (cut short, not an
+/// entry), or reading failed.
+fn read_failure(e: io::Error) -> Unreadable {
+    match is_format(&e) {
+        true => Unreadable::Broken(e),
+        false => Unreadable::Io(e),
+    }
 }
 
 /// A store's directory.
@@ -243,6 +254,11 @@ impl Disk {
     /// file stays that write's bytes whatever happens to its name (replaced by a rename,
     /// removed by an eviction or a purge).
     pub fn open(&self, at: &Location) -> Result<File, Unreadable> {
+        self.open_fixed(at).map(|(file, _)| file)
+    }
+
+    /// [`Disk::open`], with the file's fixed part.
+    fn open_fixed(&self, at: &Location) -> Result<(File, Fixed), Unreadable> {
         use std::os::unix::fs::FileExt;
         let file = match File::open(self.path_of(&at.name)) {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(Unreadable::Stale),
@@ -253,10 +269,7 @@ impl Disk {
         let fixed = file
             .read_exact_at(&mut buf, 0)
             .and_then(|()| Fixed::parse(&buf));
-        let fixed = fixed.map_err(|e| match is_format(&e) {
-            true => Unreadable::Broken(e),
-            false => Unreadable::Io(e),
-        })?;
+        let fixed = fixed.map_err(read_failure)?;
         if fixed.id != at.id {
             return Err(Unreadable::Stale);
         }
@@ -266,7 +279,35 @@ impl Disk {
                 "the file is not its write's length",
             )));
         }
-        Ok(file)
+        Ok((file, fixed))
+    }
+
+    /// Checks the file of the entry at `at` stored under `key` as [`Disk::read`] does
+    /// (write id, lengths, key, body sum), reading it in pieces of at most
+    /// [`CHECK_PIECE`]: what a body of any length costs in memory.
+    pub fn check(&self, at: &Location, key: &[u8]) -> Result<(), Unreadable> {
+        use std::os::unix::fs::FileExt;
+        let (file, fixed) = self.open_fixed(at)?;
+        let mut stored_key = vec![0; fixed.key_len];
+        file.read_exact_at(&mut stored_key, FIXED as u64)
+            .map_err(read_failure)?;
+        if stored_key != key {
+            return Err(Unreadable::Broken(invalid("the file holds another entry")));
+        }
+        let mut buf = vec![0; CHECK_PIECE.min(at.body_len() as usize)];
+        let mut sum = flate2::Crc::new();
+        let mut from = at.body_at;
+        while from < at.file_len {
+            let n = buf.len().min((at.file_len - from) as usize);
+            file.read_exact_at(&mut buf[..n], from)
+                .map_err(read_failure)?;
+            sum.update(&buf[..n]);
+            from += n as u64;
+        }
+        if sum.sum() != fixed.body_crc {
+            return Err(Unreadable::Broken(invalid("the body's sum does not match")));
+        }
+        Ok(())
     }
 
     /// Removes the file of the entry at `at` if it still holds that write (gone already,

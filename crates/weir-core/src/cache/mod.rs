@@ -9,8 +9,9 @@
 //!   which the client adapters send as an upstream's response (`response_headers`,
 //!   compression); a body of at least the store's `sendfile_min_size` goes to plain-TCP
 //!   HTTP/1.1 clients with sendfile(2) from a sealed memfd or the entry's file. A large
-//!   disk entry found by the scan is read whole once (its sum checked) on the blocking
-//!   pool before the miss path would go upstream ([`Fill::collapse`]).
+//!   disk entry found by the scan has its sum checked once, read in pieces on the
+//!   blocking pool (the hits meanwhile wait for that check), before the miss path would
+//!   go upstream ([`Fill::collapse`]); then it is sent from its file.
 //! - **Misses** go upstream with a [`Fill`] (the exchange with an HTTP/1.1 or HTTP/2
 //!   upstream, for HTTP/1.x, HTTP/2 and HTTP/3 clients: `forward::exchange`,
 //!   `http2::filling`, `http2::upstream`); once the response head
@@ -42,7 +43,7 @@ pub mod stale;
 pub mod store;
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -730,7 +731,7 @@ impl Fill {
                 policy,
                 body: stored,
                 variant: variant.clone(),
-                checked: AtomicBool::new(true),
+                checked: store::Checked::new(true),
             };
             // The waiting requests are let go once the store has the new head (a disk
             // store: once its file is rewritten), so that they find it fresh instead of
@@ -1020,7 +1021,13 @@ impl Recorder {
             return;
         }
         let len = self.body.len() + piece.len();
-        if len as u64 > self.limit.saturating_mul(2) + 4096 {
+        // Framed bytes past the limit: a body past it whatever the framing (a chunked
+        // body's framing takes at most this much more, with chunks of a byte or more).
+        let past = match self.chunked {
+            true => self.limit.saturating_mul(2).saturating_add(4096),
+            false => self.limit,
+        };
+        if len as u64 > past {
             self.abandon();
             return;
         }
@@ -1054,11 +1061,17 @@ impl Recorder {
         false
     }
 
-    /// Drops what was kept: the rest of the body streams to the client alone.
+    /// Drops what was kept: the rest of the body streams to the client alone. The
+    /// requests waiting for this fetch of the key are let go now (they go upstream
+    /// themselves), not once this response ends: it will store nothing, and a slow
+    /// client would keep them waiting up to `lock_timeout` for it.
     fn abandon(&mut self) {
         self.over = true;
         self.body = Vec::new();
         self.memory.release();
+        if self.fill.leading.replace(false) {
+            self.fill.store.release(&self.fill.key, &self.fill.scope);
+        }
     }
 
     /// The body passed what may be stored: the rest is for the client alone.
@@ -1095,7 +1108,7 @@ impl Recorder {
             variant: self.variant,
             size: body_len + index,
             index,
-            checked: AtomicBool::new(true),
+            checked: store::Checked::new(true),
         };
         // A disk store has the entry once its file is written: the requests waiting for
         // this fetch are let go then, so that they find it; the fill's memory is let go

@@ -14,9 +14,10 @@
 //!   read, on the runtime's blocking pool ([`Store::put`], [`Store::body`]); a body
 //!   of at most [`SYNC_READ_MAX`] is read in one go where the hit is looked up
 //!   ([`Store::body_now`]). A fresh hit of a body of at least `sendfile_min_size` whose
-//!   sum was checked in this process ([`Entry::checked`]) gets the entry's file, open
-//!   ([`Held::File`]): sendfile(2) sends it to plain-TCP HTTP/1.1 clients, the others
-//!   read it in pieces as a static file's. A file that cannot be read back whole is dropped from the index
+//!   sum was checked in this process ([`Entry::checked`]; one the scan found is checked
+//!   once, in pieces, by its first hit, which the others wait for) gets the entry's
+//!   file, open ([`Held::File`]): sendfile(2) sends it to plain-TCP HTTP/1.1 clients,
+//!   the others read it in pieces as a static file's. A file that cannot be read back whole is dropped from the index
 //!   and removed: a miss, a log line and `weir_cache_errors_total`, never an error to the
 //!   client; a file that cannot be read at all for now (too many open files, EIO, EACCES)
 //!   is a miss, logged and counted, and kept. Several processes may share a directory for
@@ -26,14 +27,15 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::sync::atomic::{
-    AtomicBool, AtomicU64, Ordering::Acquire, Ordering::Relaxed, Ordering::Release,
+    AtomicBool, AtomicU64, Ordering::AcqRel, Ordering::Acquire, Ordering::Relaxed,
+    Ordering::Release,
 };
 use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime};
 
 use bytes::Bytes;
 use http_cache_semantics::CachePolicy;
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 use weir_config::{CacheKind, CacheStore};
 
 use super::disk::{Disk, Found, Location, Meta, Unreadable};
@@ -65,8 +67,42 @@ pub struct Entry {
     pub index: u64,
     /// A disk entry's body sum was checked in this process (it wrote the file, or read it
     /// whole since): its file may be sent as it is. Files the scan found are checked by
-    /// their first hit, read whole on the blocking pool.
-    pub checked: AtomicBool,
+    /// their first hit ([`Store::body`]).
+    pub checked: Checked,
+}
+
+/// Whether a disk entry's body sum was checked in this process, and its check if one is
+/// under way. The scan reads only the head part of each file (its time is bounded by the
+/// number of files, not their size), so a body that was damaged on disk (a bit flipped, a
+/// block lost in a crash: no fsync) is only found by reading it: an unchecked file is
+/// never sent as it is. A large one is checked once, on the blocking pool, in pieces
+/// ([`Disk::check`]); the hits that come meanwhile wait for that check instead of each
+/// reading the body (into memory, as they did: one copy per concurrent hit).
+#[derive(Default)]
+pub struct Checked {
+    ok: AtomicBool,
+    /// A check is running.
+    running: AtomicBool,
+    /// Woken when a check ends (well or not).
+    done: Notify,
+}
+
+impl Checked {
+    /// Checked (`true`: the bytes were just written or read whole), or not yet.
+    pub fn new(ok: bool) -> Checked {
+        Checked {
+            ok: AtomicBool::new(ok),
+            ..Checked::default()
+        }
+    }
+
+    pub fn is_ok(&self) -> bool {
+        self.ok.load(Acquire)
+    }
+
+    fn set_ok(&self) {
+        self.ok.store(true, Release);
+    }
 }
 
 /// Where an entry's body is.
@@ -513,7 +549,7 @@ impl Store {
                 entry.index = disk_index_cost(key, &at, &entry.headers);
                 entry.body = Body::Disk(at);
                 // Its sum is of the bytes just written.
-                entry.checked = AtomicBool::new(true);
+                entry.checked = Checked::new(true);
                 self.index(key, entry, false)
             })
         });
@@ -592,13 +628,13 @@ impl Store {
         };
         let file = send_only
             && at.body_len() >= self.sendfile_min_size.load(Relaxed)
-            && entry.checked.load(Relaxed);
+            && entry.checked.is_ok();
         let got = match (file, at.file_len <= SYNC_READ_MAX) {
             (true, _) => {
                 (disk.open(at)).map(|f| Held::File(Arc::new(f), at.body_at(), at.body_len()))
             }
             (false, true) => disk.read(at, key).map(|body| {
-                entry.checked.store(true, Relaxed);
+                entry.checked.set_ok();
                 Held::Memory(body)
             }),
             (false, false) => return Ready::Later,
@@ -612,8 +648,15 @@ impl Store {
         }
     }
 
-    /// The body of `entry` (of `key`): [`Store::body_now`], or read on the blocking pool
-    /// when it is large (its sum checked: [`Entry::checked`]); `None` if its file could
+    /// Whether a hit of the disk entry at `at` that is `send_only` gets its file once
+    /// the entry is checked (large enough for sendfile).
+    fn sends_file(&self, at: &Location, send_only: bool) -> bool {
+        send_only && at.body_len() >= self.sendfile_min_size.load(Relaxed)
+    }
+
+    /// The body of `entry` (of `key`): [`Store::body_now`]; or, when it is large, its
+    /// file once checked ([`Store::checked_file`]) if it is only sent, else read whole on
+    /// the blocking pool (its sum checked: [`Entry::checked`]); `None` if its file could
     /// not be read (the entry is gone then).
     pub async fn body(
         self: &Arc<Self>,
@@ -626,6 +669,9 @@ impl Store {
             (Ready::Later, Body::Disk(at)) => *at,
             _ => return None,
         };
+        if self.sends_file(&at, send_only) {
+            return self.checked_file(key, entry, at).await;
+        }
         let store = self.clone();
         let owned = key.to_vec();
         let read = tokio::task::spawn_blocking(move || {
@@ -634,7 +680,7 @@ impl Store {
         });
         match read.await {
             Ok(Ok(body)) => {
-                entry.checked.store(true, Relaxed);
+                entry.checked.set_ok();
                 Some(Held::Memory(body))
             }
             Ok(Err(why)) => {
@@ -642,6 +688,55 @@ impl Store {
                 None
             }
             Err(_) => None,
+        }
+    }
+
+    /// The unchecked disk `entry` (of `key`, at `at`) as its file, once checked: by this
+    /// request (a check on the blocking pool, [`Disk::check`]), or by the one whose check
+    /// is under way, waited for. One check per entry at a time, whatever the hits; a
+    /// check that failed is a miss for the hits that waited for it (the entry is dropped
+    /// unless the file could not be read for now, [`Store::unreadable`]).
+    async fn checked_file(
+        self: &Arc<Self>,
+        key: &[u8],
+        entry: &Arc<Entry>,
+        at: Location,
+    ) -> Option<Held> {
+        let checked = &entry.checked;
+        // Registered before looking: a check that ends from here on wakes it.
+        let done = std::pin::pin!(checked.done.notified());
+        if !checked.is_ok() {
+            if !checked.running.swap(true, AcqRel) {
+                self.start_check(key, entry, at);
+            }
+            done.await;
+        }
+        // Its file, open again (a few syscalls): checked since, or replaced meanwhile.
+        match self.body_now(key, entry, true) {
+            Ready::Now(held) if checked.is_ok() => Some(held),
+            _ => None,
+        }
+    }
+
+    /// Checks `entry`'s file on the blocking pool (run to its end even if no request
+    /// waits for it any more), then wakes the requests waiting for it.
+    fn start_check(self: &Arc<Self>, key: &[u8], entry: &Arc<Entry>, at: Location) {
+        let (store, entry, key) = (self.clone(), entry.clone(), key.to_vec());
+        let job = move || {
+            let checked = match &store.disk {
+                Some(disk) => disk.check(&at, &key),
+                None => Err(Unreadable::Stale),
+            };
+            match checked {
+                Ok(()) => entry.checked.set_ok(),
+                Err(why) => store.unreadable(&key, &entry, why),
+            }
+            entry.checked.running.store(false, Release);
+            entry.checked.done.notify_waiters();
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn_blocking(job)),
+            Err(_) => job(),
         }
     }
 
@@ -708,7 +803,7 @@ impl Entry {
             body: Body::Disk(found.location),
             variant: found.variant,
             // Found whole by its head; its body's sum is checked when it is first read.
-            checked: AtomicBool::new(false),
+            checked: Checked::new(false),
         }
     }
 }
@@ -731,7 +826,7 @@ mod tests {
             variant: variant.to_vec(),
             size: size as u64,
             index: 0,
-            checked: AtomicBool::new(true),
+            checked: Checked::new(true),
         }
     }
 
@@ -920,7 +1015,7 @@ mod tests {
             Ready::Later
         ));
 
-        // Found by the scan: read whole (its sum checked) once, then its file.
+        // Found by the scan: its sum checked once (not read into memory), then its file.
         let again = Store::open(config(1 << 20, CacheKind::Disk { path: dir.clone() }));
         loaded(&again);
         let found = again.get(b"http://h/a", b"").remove(0);
@@ -932,9 +1027,90 @@ mod tests {
             .build()
             .unwrap();
         let read = runtime.block_on(again.body(b"http://h/a", &found, true));
-        assert!(matches!(read, Some(Held::Memory(b)) if b.len() == 100 << 10));
+        assert!(matches!(read, Some(Held::File(_, _, len)) if len == 100 << 10));
         let ready = again.body_now(b"http://h/a", &found, true);
         assert!(matches!(ready, Ready::Now(Held::File(..))));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// `n` hits at once of `key`'s first entry in `s`, each as a fresh hit's read.
+    fn hits_at_once(s: &Arc<Store>, key: &'static [u8], n: usize) -> Vec<Option<Held>> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .build()
+            .unwrap();
+        let entry = s.get(key, b"").remove(0);
+        runtime.block_on(async {
+            let hits = (0..n).map(|_| {
+                let (s, entry) = (s.clone(), entry.clone());
+                tokio::spawn(async move { s.body(key, &entry, true).await })
+            });
+            let hits: Vec<_> = hits.collect();
+            let mut out = Vec::new();
+            for hit in hits {
+                out.push(hit.await.unwrap());
+            }
+            out
+        })
+    }
+
+    /// The path of the one file in the store directory `dir`.
+    fn only_file(dir: &std::path::Path) -> std::path::PathBuf {
+        let sub = std::fs::read_dir(dir).unwrap().flatten().next().unwrap();
+        let file = std::fs::read_dir(sub.path()).unwrap().flatten().next();
+        file.unwrap().path()
+    }
+
+    /// Attacker review: after a restart, each concurrent hit of a large entry read its
+    /// whole body into memory until one of them had checked it (20 slow clients of a
+    /// 30 MB entry: +600 MB). Now one check, the others wait for it: every hit sends the
+    /// file, none holds a copy; once checked, the file is not read again.
+    #[test]
+    fn concurrent_first_hits_of_a_scanned_entry_check_it_once_and_copy_nothing() {
+        let (dir, s) = disk_store("once", 4 << 20);
+        s.put(b"http://h/a".to_vec(), entry(1 << 20, b""), None);
+        drop(s);
+        let again = Store::open(config(4 << 20, CacheKind::Disk { path: dir.clone() }));
+        loaded(&again);
+        for hit in hits_at_once(&again, b"http://h/a", 20) {
+            assert!(
+                matches!(hit, Some(Held::File(_, _, len)) if len == 1 << 20),
+                "every hit sends the checked file, none a copy"
+            );
+        }
+        // Checked once: damaged in place since (the same length and write), it is not
+        // read again (a file this process checked or wrote is sent as it is).
+        let path = only_file(&dir);
+        let mut bytes = std::fs::read(&path).unwrap();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 1;
+        std::fs::write(&path, bytes).unwrap();
+        let hit = hits_at_once(&again, b"http://h/a", 1).remove(0);
+        assert!(matches!(hit, Some(Held::File(..))));
+        assert_eq!(again.counts.errors.load(Relaxed), 0);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// The hits that wait for a check that fails are misses: nothing of the damaged file
+    /// is sent, and it is removed.
+    #[test]
+    fn concurrent_first_hits_of_a_damaged_entry_are_all_misses() {
+        let (dir, s) = disk_store("damaged-at-once", 4 << 20);
+        s.put(b"http://h/a".to_vec(), entry(1 << 20, b""), None);
+        drop(s);
+        let path = only_file(&dir);
+        let mut bytes = std::fs::read(&path).unwrap();
+        let middle = bytes.len() / 2;
+        bytes[middle] ^= 1;
+        std::fs::write(&path, bytes).unwrap();
+        let again = Store::open(config(4 << 20, CacheKind::Disk { path: dir.clone() }));
+        loaded(&again);
+        for hit in hits_at_once(&again, b"http://h/a", 20) {
+            assert!(hit.is_none(), "a damaged body is never sent");
+        }
+        assert!(again.get(b"http://h/a", b"").is_empty(), "dropped");
+        assert!(!path.exists(), "its file removed");
+        assert_eq!(again.counts.errors.load(Relaxed), 1, "checked once");
         std::fs::remove_dir_all(dir).unwrap();
     }
 

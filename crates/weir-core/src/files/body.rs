@@ -4,6 +4,8 @@
 //! HTTP/2 stream sends on without a copy; a body that fits in one piece is read whole, so
 //! it goes out with its head in one write. A cache entry's bytes in memory are shared,
 //! never copied (one range is one piece); a disk entry's file is read as a static file is.
+//! An HTTP/2 stream bounds each piece by its client's window before it is read
+//! ([`BodySource::bound`], `http2::files`), so a stream that gets no window holds no piece.
 //! Plain-TCP HTTP/1.1 bodies of one range of a file (a static file, a cache entry's
 //! sealed memfd or file) skip this for sendfile(2) (`reply`).
 
@@ -98,6 +100,9 @@ pub(crate) struct BodySource<'b> {
     /// The part being sent, and the next byte of it.
     part: usize,
     at: u64,
+    /// Most bytes of the next piece (and of [`Source::whole`]'s, read from a file):
+    /// [`PIECE`], or what the sink has room for ([`BodySource::bound`]).
+    room: u64,
 }
 
 impl<'b> BodySource<'b> {
@@ -106,7 +111,31 @@ impl<'b> BodySource<'b> {
             body,
             part: 0,
             at: 0,
+            room: PIECE,
         }
+    }
+
+    /// Makes the next piece at most `room` bytes (at least one): an HTTP/2 stream reads
+    /// no more of a file than its client's window takes (`http2::files`). A text part
+    /// (a multipart head) goes whole.
+    pub fn bound(&mut self, room: u64) {
+        self.room = room.clamp(1, PIECE);
+    }
+
+    /// The body bytes not handed out yet.
+    pub fn remaining(&self) -> u64 {
+        let Body::Parts { parts, .. } = self.body else {
+            return match self.body {
+                Body::Text(text) if self.part == 0 => text.len() as u64,
+                _ => 0,
+            };
+        };
+        let rest = parts
+            .iter()
+            .skip(self.part)
+            .map(|p| part_len(*p))
+            .sum::<u64>();
+        rest - self.at
     }
 }
 
@@ -151,7 +180,7 @@ impl Source for BodySource<'_> {
         }
         let (file, base) = data.file()?;
         let total: u64 = parts.iter().map(|p| part_len(*p)).sum();
-        if total > PIECE {
+        if total > self.room {
             return None;
         }
         let mut out = BytesMut::zeroed(total as usize);
@@ -189,7 +218,7 @@ impl BodySource<'_> {
             }
             Part::Bytes(first, end) => {
                 let from = first + self.at;
-                let n = (end - from).min(PIECE);
+                let n = (end - from).min(self.room);
                 let piece = match (data.memory(), data.file()) {
                     (Some(bytes), _) => bytes.slice(from as usize..(from + n) as usize),
                     (None, Some((file, base))) => read_piece(file, base + from, n)?,

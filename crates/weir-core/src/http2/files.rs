@@ -1,19 +1,25 @@
 //! A reply (`files::Reply`: a static file's, or a cache entry's) on an HTTP/2 or HTTP/3
 //! client's stream, sent as an HTTP/1.1 upstream's response is (`exchange::respond_http1`):
 //! the head through the route's `Edits` (`respond::head_from_http1`), the body through the one relay into the
-//! stream (`respond::ResponseStream`), compressed when the route's plan says so.
+//! stream (`respond::ResponseStream`), compressed when the route's plan says so. An
+//! uncompressed body on an HTTP/2 stream is read a piece at a time within the stream's
+//! window ([`relay_read`]), not read first and then held until the window opens.
+
+use std::time::Duration;
 
 use bytes::Bytes;
+use h2::{Reason, SendStream};
 
 use super::respond::{head_from_http1, ResponseStream, Sinking};
+use super::send::{window, Stop};
 use crate::codec::http1::{parse_response, BodyFraming, ResponseHead};
 use crate::error::ProxyError;
-use crate::files::{BodySource, Reply, Under};
+use crate::files::{BodySource, Reply, Under, PIECE};
 use crate::filters::compression;
 use crate::forward::head::{coding, Edits};
-use crate::forward::relay::Coding;
+use crate::forward::relay::{Coding, Source};
 use crate::forward::request_head::render_response_rules;
-use crate::forward::Failure;
+use crate::forward::{Failure, Reached};
 use crate::request::Request;
 use crate::request::Trace;
 use crate::router::RoutedPath;
@@ -59,8 +65,63 @@ pub(crate) async fn respond_stream<R: ResponseStream>(
     let sink = Sinking::of(&listener.http2, &edits, trace);
     let mut source = BodySource::new(&reply.body);
     let source = (!empty).then_some(&mut source);
-    let relayed = respond.send_relayed(response, source, sink, coding.as_mut(), None);
-    let relayed = relayed.await;
+    let relayed = match coding.as_mut() {
+        None => respond.send_read(response, source, sink).await,
+        Some(coding) => {
+            let relayed = respond.send_relayed(response, source, sink, Some(coding), None);
+            relayed.await
+        }
+    };
     trace.compressed = coding.as_ref().map(Coding::compressed);
     relayed
+}
+
+/// Sends `source`'s body into the client's stream `send` (its head sent), each piece
+/// read only once the stream has window for it, and no more than that ([`PIECE`] at
+/// most): a client that opens many streams and gives them no window makes Weir read
+/// (and hold) none of their files, where a piece read first held up to [`PIECE`] per
+/// stream while it waited (attacker review: 10 connections of 100 such streams, 128 MB).
+/// A new stream's window is there as soon as its head is (the client opened it), so
+/// this costs no wait. On a failure the stream is reset.
+pub(super) async fn relay_read(
+    mut send: SendStream<Bytes>,
+    source: &mut BodySource<'_>,
+    sinking: Sinking<'_>,
+) -> Result<(), Failure> {
+    let trace = sinking.trace;
+    let Err(stop) = send_read(&mut send, source, sinking.stall, trace).await else {
+        return Ok(());
+    };
+    trace.reset |= stop == Stop::Reset;
+    send.send_reset(Reason::CANCEL);
+    Err(Failure {
+        error: stop.into(),
+        reached: Reached::Head,
+    })
+}
+
+/// [`relay_read`]'s pieces, each within the window `window` waits for (at most `stall`).
+async fn send_read(
+    send: &mut SendStream<Bytes>,
+    source: &mut BodySource<'_>,
+    stall: Duration,
+    trace: &mut Trace,
+) -> Result<(), Stop> {
+    let closed = |_| Stop::Error(ProxyError::ClientClosed);
+    loop {
+        let want = source.remaining().clamp(1, PIECE);
+        let room = window(send, want as usize, stall).await?;
+        source.bound(room as u64);
+        let Some((piece, last)) = source.next().await? else {
+            return send.send_data(Bytes::new(), true).map_err(closed);
+        };
+        let data = piece.into_bytes();
+        let len = data.len() as u64;
+        send.send_data(data, last).map_err(closed)?;
+        trace.body_out += len;
+        source.taken();
+        if last {
+            return Ok(());
+        }
+    }
 }

@@ -12,6 +12,7 @@ use super::names::response_name;
 use super::send::{send_data, StreamSink};
 use crate::codec::http1::ResponseHead;
 use crate::error::ProxyError;
+use crate::files::BodySource;
 use crate::forward::head::Edits;
 use crate::forward::relay::{relay, Broke, Coding, Piece, Sink, Source};
 use crate::forward::{Failure, Reached};
@@ -185,6 +186,19 @@ pub(crate) trait ResponseStream {
         whole: Option<Bytes>,
     ) -> impl std::future::Future<Output = Result<(), Failure>>;
 
+    /// As [`ResponseStream::send_relayed`], uncompressed, for a body Weir reads itself
+    /// (a static file's, a cache entry's): an HTTP/2 stream reads each piece only once
+    /// its client's window has room for it (`files::relay_read`); an HTTP/3 stream relays
+    /// it as any body.
+    fn send_read(
+        &mut self,
+        head: http::Response<()>,
+        source: Option<&mut BodySource<'_>>,
+        sinking: Sinking<'_>,
+    ) -> impl std::future::Future<Output = Result<(), Failure>> {
+        self.send_relayed(head, source, sinking, None, None)
+    }
+
     /// Sends `head` and its `body`, all at hand (none: the head ends the stream), each
     /// write waiting at most `stall`: Weir's own answers. Notes in `trace` the
     /// `grpc_status` once the head is sent and the body's length once it is, as far as
@@ -202,21 +216,46 @@ pub(crate) trait ResponseStream {
     fn cancel(&mut self);
 }
 
+/// Sends `head` on `respond` (ending the stream when `end`) and notes the `grpc-status`
+/// it carries; the stream's body half.
+fn send_head(
+    respond: &mut h2::server::SendResponse<Bytes>,
+    head: http::Response<()>,
+    end: bool,
+    sinking: &mut Sinking<'_>,
+) -> Result<SendStream<Bytes>, Failure> {
+    let send = respond
+        .send_response(head, end)
+        .map_err(|_| Failure::after_head(ProxyError::ClientClosed))?;
+    sinking.trace.sent_grpc_status(sinking.grpc_status);
+    Ok(send)
+}
+
 impl ResponseStream for h2::server::SendResponse<Bytes> {
     async fn send_relayed<S: Source>(
         &mut self,
         head: http::Response<()>,
         source: Option<&mut S>,
-        sinking: Sinking<'_>,
+        mut sinking: Sinking<'_>,
         coding: Option<&mut Coding>,
         whole: Option<Bytes>,
     ) -> Result<(), Failure> {
-        let send = self
-            .send_response(head, source.is_none())
-            .map_err(|_| Failure::after_head(ProxyError::ClientClosed))?;
-        sinking.trace.sent_grpc_status(sinking.grpc_status);
+        let send = send_head(self, head, source.is_none(), &mut sinking)?;
         match source {
             Some(source) => relay_body(send, source, sinking, coding, whole).await,
+            None => Ok(()),
+        }
+    }
+
+    async fn send_read(
+        &mut self,
+        head: http::Response<()>,
+        source: Option<&mut BodySource<'_>>,
+        mut sinking: Sinking<'_>,
+    ) -> Result<(), Failure> {
+        let send = send_head(self, head, source.is_none(), &mut sinking)?;
+        match source {
+            Some(source) => super::files::relay_read(send, source, sinking).await,
             None => Ok(()),
         }
     }

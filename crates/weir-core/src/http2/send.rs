@@ -122,7 +122,7 @@ pub async fn send_bytes(
 
 /// Waits (at most `timeout`, or until the client resets the stream) for window to send
 /// up to `want` bytes; returns how many may go now.
-async fn window(
+pub(super) async fn window(
     send: &mut SendStream<Bytes>,
     want: usize,
     timeout: Duration,
