@@ -110,7 +110,13 @@ async fn send_read(
     let closed = |_| Stop::Error(ProxyError::ClientClosed);
     loop {
         let want = source.remaining().clamp(1, PIECE);
-        let room = window(send, want as usize, stall).await?;
+        // Window granted and not used yet (a multipart body's boundary text takes less
+        // than it was given) is used first: `h2` announces only capacity it adds, so a
+        // wait for more with some left would never end.
+        let room = match send.capacity() {
+            0 => window(send, want as usize, stall).await?,
+            left => left.min(want as usize),
+        };
         source.bound(room as u64);
         let Some((piece, last)) = source.next().await? else {
             return send.send_data(Bytes::new(), true).map_err(closed);
