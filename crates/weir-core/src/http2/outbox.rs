@@ -19,10 +19,11 @@
 //!
 //! No deadlock: the connection task writes whatever the `h2` crate holds without waiting
 //! on any stream, and waiters are woken as the count falls to half the bound, so a stream
-//! whose own bytes are all that is held goes on once they are written. No stream passes
-//! those that wait: while one waits, newcomers wait behind it (woken together, oldest
-//! first). A wait ends with the stream's reset, or after `stall_timeout` in which the
-//! connection wrote no DATA at all.
+//! whose own bytes are all that is held goes on once they are written (a stream waits for
+//! room for at most a DATA frame of the default size, [`MIN_PIECE`], which the least bound
+//! holds). No stream passes those that wait: while one waits, newcomers wait behind it
+//! (woken together, oldest first). A wait ends with the stream's reset, or after
+//! `stall_timeout` in which the connection wrote no DATA at all.
 
 use std::cell::{Cell, RefCell};
 use std::future::{poll_fn, Future};
@@ -38,6 +39,12 @@ use super::conn::Shared;
 use super::send::{stop_of, Stop};
 use crate::error::ProxyError;
 use crate::time::with_timeout;
+
+/// The least piece a stream waits room for (or all it has, when less): a DATA frame of the
+/// default size, so that the room left under the bound is not handed out in dribbles
+/// (tiny DATA frames, which would make a client's tiny WINDOW_UPDATEs look like the data
+/// dribble of CVE-2019-9511). No more than the least bound, so room for it always comes.
+pub const MIN_PIECE: usize = 16 * 1024;
 
 /// A stream's bytes held by the `h2` crate.
 #[derive(Debug, Clone, Copy)]
@@ -99,11 +106,13 @@ impl Outbox {
         });
     }
 
-    /// Bytes that may be handed now without waiting (0: wait, [`Outbox::room`]).
+    /// Bytes that may be handed now without waiting, when at least `least` may (0: wait,
+    /// [`Outbox::room`]).
     #[inline]
-    pub fn room_now(&self) -> usize {
+    pub fn room_now(&self, least: usize) -> usize {
+        let room = self.limit.saturating_sub(self.held.get());
         match self.waiting.get() {
-            0 => self.limit.saturating_sub(self.held.get()),
+            0 if room >= least => room,
             _ => 0,
         }
     }
@@ -171,12 +180,17 @@ impl Outbox {
         }
     }
 
-    /// Waits for room to hand bytes to the `h2` crate (at least one byte), unless the
-    /// stream `send` is reset first or the connection writes no DATA for `stall`.
-    /// Returns how many bytes may go.
-    pub async fn room(&self, send: &mut SendStream<Bytes>, stall: Duration) -> Result<usize, Stop> {
+    /// Waits for room to hand at least `least` bytes (at most [`MIN_PIECE`]) to the `h2`
+    /// crate, unless the stream `send` is reset first or the connection writes no DATA for
+    /// `stall`. Returns how many bytes may go.
+    pub async fn room(
+        &self,
+        send: &mut SendStream<Bytes>,
+        stall: Duration,
+        least: usize,
+    ) -> Result<usize, Stop> {
         loop {
-            let room = self.room_now();
+            let room = self.room_now(least);
             if room > 0 {
                 return Ok(room);
             }
@@ -261,12 +275,12 @@ impl Drop for StreamOut {
     }
 }
 
-/// Bytes the running stream may hand now (0: wait, [`wait_room`]); no bound outside a
-/// stream task.
+/// Bytes the running stream may hand now, when at least `least` may (0: wait,
+/// [`wait_room`]); no bound outside a stream task.
 #[inline]
-pub fn room_now() -> usize {
+pub fn room_now(least: usize) -> usize {
     STREAM
-        .try_with(|s| s.shared.outbox.room_now())
+        .try_with(|s| s.shared.outbox.room_now(least))
         .unwrap_or(usize::MAX)
 }
 
@@ -277,9 +291,13 @@ pub fn handed(n: usize) {
 }
 
 /// Waits for room for the running stream (its half `send`) as [`Outbox::room`] does.
-pub async fn wait_room(send: &mut SendStream<Bytes>, stall: Duration) -> Result<usize, Stop> {
+pub async fn wait_room(
+    send: &mut SendStream<Bytes>,
+    stall: Duration,
+    least: usize,
+) -> Result<usize, Stop> {
     match STREAM.try_with(|s| s.shared.clone()) {
-        Ok(shared) => shared.outbox.room(send, stall).await,
+        Ok(shared) => shared.outbox.room(send, stall, least).await,
         Err(_) => Ok(usize::MAX),
     }
 }
@@ -299,10 +317,12 @@ mod tests {
         o.open(3);
         o.handed(1, 60);
         o.handed(3, 30);
-        assert_eq!((o.held.get(), o.room_now()), (90, 10));
+        assert_eq!((o.held.get(), o.room_now(1)), (90, 10));
         o.wrote(1, 50);
         o.wrote(3, 30);
-        assert_eq!((o.held.get(), o.room_now()), (10, 90));
+        assert_eq!((o.held.get(), o.room_now(1)), (10, 90));
+        // Less room than a stream wants at least: it waits.
+        assert_eq!((o.room_now(90), o.room_now(91)), (90, 0));
         // A stream whose task ended keeps its entry until its bytes are written.
         o.close(1);
         o.close(3);
@@ -339,14 +359,14 @@ mod tests {
         let o = Outbox::new(100);
         o.open(1);
         o.handed(1, 100);
-        assert_eq!(o.room_now(), 0);
+        assert_eq!(o.room_now(1), 0);
         let seat = Seat::take(&o);
         o.wrote(1, 40);
         // Room, but the waiter goes first: no one passes it.
-        assert_eq!(o.room_now(), 0);
+        assert_eq!(o.room_now(1), 0);
         o.wrote(1, 10);
         // Half written: the waiters are woken (and no longer counted), room for all.
-        assert_eq!((o.waiting.get(), o.room_now()), (0, 50));
+        assert_eq!((o.waiting.get(), o.room_now(1)), (0, 50));
         drop(seat);
         assert_eq!(o.waiting.get(), 0);
         // A waiter that leaves unwoken is no longer counted.

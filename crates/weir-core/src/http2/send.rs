@@ -114,8 +114,9 @@ pub async fn send_bytes(
             credit = window(send, data.len(), timeout).await?;
             continue;
         }
-        let room = match outbox::room_now() {
-            0 => outbox::wait_room(send, timeout).await?,
+        let least = credit.min(outbox::MIN_PIECE);
+        let room = match outbox::room_now(least) {
+            0 => outbox::wait_room(send, timeout, least).await?,
             room => room,
         };
         let piece = data.split_to(credit.min(room));
