@@ -5,9 +5,10 @@
 //! The `h2` crate bounds what it buffers per stream (`max_send_buffer`), not per
 //! connection: a client that opens `max_concurrent_streams` streams for large responses,
 //! opens its windows wide and never reads would make Weir hold their product (32 MiB with
-//! the defaults) until `stall_timeout`. Here each stream's hand-off is counted (`send`)
-//! and each DATA payload byte written is taken off as it passes (`io`, through the
-//! outbound `frames::Scanner`); while the count is at the bound, streams wait for room.
+//! the defaults) until `stall_timeout`. Here each stream's hand-off is counted (`send`,
+//! and `files` for a file read within the window) and each DATA payload byte written is
+//! taken off as it passes (`io`, through the outbound `frames::Scanner`); while the count
+//! is at the bound, streams wait for room.
 //!
 //! The count is kept per stream, by stream id, because bytes may also be dropped unwritten:
 //! a reset (the client's RST_STREAM, or one Weir writes) makes the `h2` crate discard what
@@ -290,8 +291,26 @@ pub fn handed(n: usize) {
     let _ = STREAM.try_with(|s| s.shared.outbox.handed(s.id, n));
 }
 
+/// How many of the `n` bytes the running stream (its half `send`) has window for may go
+/// under the bound: all that fits, once at least `n` or [`MIN_PIECE`] does (waiting for
+/// it as [`Outbox::room`] does).
+#[inline]
+pub async fn within(
+    send: &mut SendStream<Bytes>,
+    n: usize,
+    stall: Duration,
+) -> Result<usize, Stop> {
+    let least = n.min(MIN_PIECE);
+    let room = match room_now(least) {
+        _ if n == 0 => return Ok(0),
+        0 => wait_room(send, stall, least).await?,
+        room => room,
+    };
+    Ok(n.min(room))
+}
+
 /// Waits for room for the running stream (its half `send`) as [`Outbox::room`] does.
-pub async fn wait_room(
+async fn wait_room(
     send: &mut SendStream<Bytes>,
     stall: Duration,
     least: usize,

@@ -114,14 +114,9 @@ pub async fn send_bytes(
             credit = window(send, data.len(), timeout).await?;
             continue;
         }
-        let least = credit.min(outbox::MIN_PIECE);
-        let room = match outbox::room_now(least) {
-            0 => outbox::wait_room(send, timeout, least).await?,
-            room => room,
-        };
-        let piece = data.split_to(credit.min(room));
-        credit -= piece.len();
-        let n = piece.len();
+        let n = outbox::within(send, credit, timeout).await?;
+        let piece = data.split_to(n);
+        credit -= n;
         if end && data.is_empty() {
             finish(send, piece)?;
         } else {
