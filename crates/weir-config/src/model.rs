@@ -337,6 +337,11 @@ pub struct Http2 {
     pub initial_connection_window: u32,
     /// Response bytes buffered per stream before Weir stops reading its upstream.
     pub max_send_buffer: u32,
+    /// Response DATA bytes all streams of a connection together may have handed to the
+    /// `h2` crate and not yet written to the socket; past it, streams wait (a client that
+    /// opens many streams and never reads holds this much, not streams x
+    /// `max_send_buffer`).
+    pub max_connection_send_buffer: u32,
     /// Client resets of accepted streams allowed per `reset_window` before GOAWAY
     /// ENHANCE_YOUR_CALM (rapid reset, CVE-2023-44487).
     pub reset_budget: u32,
@@ -371,6 +376,7 @@ impl Default for Http2 {
             initial_stream_window: 256 * 1024,
             initial_connection_window: 1024 * 1024,
             max_send_buffer: 256 * 1024,
+            max_connection_send_buffer: 1024 * 1024,
             reset_budget: 200,
             reset_window: Duration::from_secs(10),
             max_pending_accept_resets: 20,

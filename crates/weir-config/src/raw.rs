@@ -209,6 +209,7 @@ pub(crate) struct RawHttp2 {
     pub initial_stream_window: Option<StrOrInt>,
     pub initial_connection_window: Option<StrOrInt>,
     pub max_send_buffer: Option<StrOrInt>,
+    pub max_connection_send_buffer: Option<StrOrInt>,
     pub reset_budget: Option<i64>,
     pub reset_window: Option<String>,
     pub max_pending_accept_resets: Option<i64>,

@@ -8,13 +8,16 @@
 
 mod common;
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
 use bytes::Bytes;
 use http::{Method, Request, StatusCode};
 use tokio::net::TcpStream;
 
 use common::{single, WAIT};
 use weir_testkit::h2_raw::{flag, frame, kind, Block, Ending, RawH2};
-use weir_testkit::{wait_until_async, Backend};
+use weir_testkit::{pattern_hash, wait_until_async, Backend, Hasher};
 
 const ENHANCE_YOUR_CALM: u32 = 0xb;
 const CANCEL: u32 = 0x8;
@@ -576,4 +579,217 @@ async fn a_client_goaway_lets_its_open_stream_finish_then_the_connection_closes(
     assert!(status_200, "with the upstream's 200");
     assert_eq!(backend.requests_served(), 1);
     assert!(raw.until_closed(WAIT).await, "then the connection closed");
+}
+
+/// A backend that answers each request with a `len`-byte body (`/bytes/<n>`: `n` bytes)
+/// and counts the body bytes its sockets took (`sent`): with a small send buffer (no
+/// autotuning), little of what it counts waits in its own kernel.
+async fn counting_backend(len: u64) -> (std::net::SocketAddr, Arc<AtomicU64>) {
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket.set_send_buffer_size(16 * 1024).expect("sndbuf");
+    socket
+        .bind("127.0.0.1:0".parse().expect("addr"))
+        .expect("bind");
+    let listener = socket.listen(64).expect("listen");
+    let addr = listener.local_addr().expect("addr");
+    let sent = Arc::new(AtomicU64::new(0));
+    let counter = sent.clone();
+    tokio::spawn(async move {
+        while let Ok((conn, _)) = listener.accept().await {
+            tokio::spawn(serve_counted(conn, len, counter.clone()));
+        }
+    });
+    (addr, sent)
+}
+
+/// Reads a request head from `conn`, then writes a `len`-byte body, adding to `sent`
+/// what the socket takes, until done or the peer leaves.
+async fn serve_counted(mut conn: TcpStream, len: u64, sent: Arc<AtomicU64>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut head = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        match conn.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => head.extend_from_slice(&buf[..n]),
+        }
+    }
+    let asked = String::from_utf8_lossy(&head);
+    let len = (asked.strip_prefix("GET /bytes/"))
+        .and_then(|rest| rest.split(' ').next()?.parse().ok())
+        .unwrap_or(len);
+    let answer = format!("HTTP/1.1 200 OK\r\nContent-Length: {len}\r\n\r\n");
+    if conn.write_all(answer.as_bytes()).await.is_err() {
+        return;
+    }
+    let chunk = vec![b'x'; 16 * 1024];
+    let mut off = 0;
+    while off < len {
+        let n = (len - off).min(chunk.len() as u64) as usize;
+        if conn.write_all(&chunk[..n]).await.is_err() {
+            return;
+        }
+        off += n as u64;
+        sent.fetch_add(n as u64, Ordering::Relaxed);
+    }
+}
+
+/// Many streams of large responses on a connection that opened its windows wide and never
+/// reads: all its streams together leave at most `max_connection_send_buffer` with the
+/// `h2` crate, not `max_send_buffer` each. Measured at the upstreams: what they managed
+/// to send is that bound plus socket buffers, far below streams x `max_send_buffer`.
+#[tokio::test]
+async fn many_streams_that_never_read_hold_at_most_the_connection_send_buffer() {
+    const STREAMS: u32 = 16;
+    const PER_STREAM: u64 = 4 << 20;
+    let (addr, sent) = counting_backend(1 << 30).await;
+    let weir = single(addr)
+        .listener("http2 = { max_send_buffer = \"4MiB\", max_connection_send_buffer = \"1MiB\" }")
+        .start();
+    let paths = vec!["/huge"; STREAMS as usize];
+    let _raw = wide_open_not_reading(weir.addr, &paths).await;
+    // Until the upstreams are all blocked: nothing more sent for a second.
+    let settled = settles(&sent).await;
+    let sent = sent.load(Ordering::Relaxed);
+    assert!(settled, "the upstreams never stopped: {sent} bytes");
+    eprintln!("upstreams sent {} KiB", sent >> 10);
+    // Measured on loopback: 6.6 MiB (1 MiB in Weir, the rest in socket buffers, about
+    // 350 KiB a stream); 71 MiB before the bound.
+    let unbounded = u64::from(STREAMS) * PER_STREAM;
+    assert!(
+        sent < unbounded / 4,
+        "Weir took {} KiB from the upstreams (streams x max_send_buffer: {} KiB)",
+        sent >> 10,
+        unbounded >> 10
+    );
+}
+
+/// Downloads `path` on the connection `client`, reading as it comes; returns the body's
+/// length and hash, or why it failed.
+async fn download(
+    mut client: h2::client::SendRequest<Bytes>,
+    path: &str,
+) -> Result<(u64, u64), h2::Error> {
+    client = client.ready().await?;
+    let req = Request::get(format!("http://example.test{path}"))
+        .body(())
+        .expect("request");
+    let (response, _) = client.send_request(req, true)?;
+    let mut body = response.await?.into_body();
+    let mut hasher = Hasher::new();
+    let mut n = 0u64;
+    while let Some(chunk) = body.data().await {
+        let chunk = chunk?;
+        n += chunk.len() as u64;
+        hasher.update(&chunk);
+        let _ = body.flow_control().release_capacity(chunk.len());
+    }
+    Ok((n, hasher.finish()))
+}
+
+/// Several large downloads at once through a connection bound far below them
+/// (`max_connection_send_buffer` at its least): the streams wait for room and are woken
+/// as the connection writes, and every body arrives whole.
+#[tokio::test]
+async fn concurrent_downloads_complete_through_a_small_connection_send_buffer() {
+    const STREAMS: usize = 8;
+    const SIZE: u64 = 2 << 20;
+    let backend = Backend::huge(SIZE);
+    let weir = single(backend.addr())
+        .listener("http2 = { max_connection_send_buffer = \"16KiB\", stall_timeout = \"5s\" }")
+        .start();
+    let tcp = TcpStream::connect(weir.addr).await.expect("connect");
+    let (client, conn) = h2::client::handshake(tcp).await.expect("handshake");
+    tokio::spawn(conn);
+    let downloads: Vec<_> = (0..STREAMS)
+        .map(|_| tokio::spawn(download(client.clone(), "/")))
+        .collect();
+    for d in downloads {
+        let got = tokio::time::timeout(LONG_WAIT, d)
+            .await
+            .expect("in time")
+            .expect("task");
+        assert_eq!(got.expect("download"), (SIZE, pattern_hash(SIZE)));
+    }
+    assert_eq!(weir.metric(&web("stalled")), 0);
+}
+
+/// Bytes a stream left with the `h2` crate that its reset dropped leave the count: a
+/// client that fills the bound with a stream it does not read, resets that stream, then
+/// reads, gets its next stream whole on the same connection (were the dropped bytes still
+/// counted, the bound would stay full and the next stream would be reset after
+/// `stall_timeout`).
+#[tokio::test]
+async fn a_reset_stream_gives_its_room_back() {
+    const SIZE: u64 = 1 << 20;
+    let (addr, sent) = counting_backend(1 << 30).await;
+    let weir = single(addr)
+        .listener("http2 = { max_connection_send_buffer = \"64KiB\", stall_timeout = \"3s\" }")
+        .start();
+    let mut raw = wide_open_not_reading(weir.addr, &["/a"]).await;
+    // Until the upstream is blocked: the bound is full, the socket too.
+    assert!(settles(&sent).await, "the upstream never stopped");
+    let mut out = Vec::new();
+    let flags = flag::END_HEADERS | flag::END_STREAM;
+    frame(&mut out, kind::RST_STREAM, 0, 1, &CANCEL.to_be_bytes());
+    frame(
+        &mut out,
+        kind::HEADERS,
+        flags,
+        3,
+        &Block::get("/bytes/1048576").0,
+    );
+    raw.send(&out).await.expect("reset and request");
+    let mut received = 0u64;
+    let end = raw
+        .until(LONG_WAIT, |f| {
+            if f.stream != 3 {
+                return None;
+            }
+            received += f.payload.len() as u64 * u64::from(f.kind == kind::DATA);
+            let ended = f.kind == kind::DATA && f.flags & flag::END_STREAM != 0;
+            (ended || f.kind == kind::RST_STREAM).then_some(f.kind)
+        })
+        .await;
+    assert_eq!(end, Some(kind::DATA), "stream 3 ended with {end:?}");
+    assert_eq!(received, SIZE);
+}
+
+/// A raw connection that never reads (small receive buffer), with windows wide open (the
+/// largest RFC 9113 allows, for each stream and the connection), that has sent a GET for
+/// each of `paths` on streams 1, 3, 5, ...
+async fn wide_open_not_reading(addr: std::net::SocketAddr, paths: &[&str]) -> RawH2 {
+    let max = (1u32 << 31) - 1;
+    let mut raw = RawH2::connect_not_reading(addr, &[(INITIAL_WINDOW, max)])
+        .await
+        .expect("connect");
+    let mut out = Vec::new();
+    let more = (max - 65_535).to_be_bytes();
+    frame(&mut out, kind::WINDOW_UPDATE, 0, 0, &more);
+    let flags = flag::END_HEADERS | flag::END_STREAM;
+    for (i, path) in (0u32..).zip(paths) {
+        frame(
+            &mut out,
+            kind::HEADERS,
+            flags,
+            2 * i + 1,
+            &Block::get(path).0,
+        );
+    }
+    raw.send(&out).await.expect("requests");
+    raw
+}
+
+/// Waits until the counter `sent` is above 0 and has not moved for a second (upstreams
+/// blocked); false when it never settles within `LONG_WAIT`.
+async fn settles(sent: &AtomicU64) -> bool {
+    let mut last = (0, std::time::Instant::now());
+    wait_until_async(LONG_WAIT, || {
+        let now = sent.load(Ordering::Relaxed);
+        if now != last.0 {
+            last = (now, std::time::Instant::now());
+        }
+        now > 0 && last.1.elapsed() > std::time::Duration::from_secs(1)
+    })
+    .await
 }

@@ -708,3 +708,44 @@ async fn missing_paths_never_push_a_real_file_out_of_the_open_file_cache() {
         assert_eq!(got, (200, format!("old {i}")), "f{i}'s cached descriptor");
     }
 }
+
+/// Files read within the window are read within the connection's
+/// `max_connection_send_buffer` too: several HTTP/2 downloads of a large file at once,
+/// through the least bound, wait for room as the connection writes and arrive whole.
+#[tokio::test]
+async fn concurrent_http2_file_downloads_complete_through_a_small_connection_send_buffer() {
+    let site = Site::new("h2bound");
+    let body: Vec<u8> = (0..2_000_000u32).map(|i| (i % 251) as u8).collect();
+    site.write("big.bin", &body);
+    let files = format!("files = {{ root = \"{}\" }}", site.root().display());
+    let weir = Conf::new()
+        .listener("http2 = { max_connection_send_buffer = \"16KiB\", stall_timeout = \"5s\" }")
+        .route_keys("site", &[&files])
+        .start();
+    let client = h2c_client(weir.addr).await;
+    let downloads: Vec<_> = (0..6)
+        .map(|_| {
+            let client = client.clone();
+            tokio::spawn(async move {
+                let mut client = client.ready().await.expect("ready");
+                let request = http::Request::get("http://test/big.bin").body(()).unwrap();
+                let (response, _) = client.send_request(request, true).expect("send");
+                let mut body = response.await.expect("head").into_body();
+                let mut got = Vec::new();
+                while let Some(chunk) = body.data().await {
+                    let chunk = chunk.expect("data");
+                    let _ = body.flow_control().release_capacity(chunk.len());
+                    got.extend_from_slice(&chunk);
+                }
+                got
+            })
+        })
+        .collect();
+    for d in downloads {
+        let got = tokio::time::timeout(std::time::Duration::from_secs(30), d)
+            .await
+            .expect("in time")
+            .expect("task");
+        assert!(got == body, "{} bytes, not the file's", got.len());
+    }
+}

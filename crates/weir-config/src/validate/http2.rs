@@ -20,6 +20,8 @@ pub(super) fn http2(raw: Option<RawHttp2>, path: &FieldPath) -> Result<Http2, Is
     let count = |v: Option<i64>, default: u32, range: RangeInclusive<i64>, k: &str| {
         int_in::<u32>(v, i64::from(default), range, &key(k))
     };
+    let [initial_stream_window, initial_connection_window, max_send_buffer, max_connection_send_buffer] =
+        windows(&raw, path)?;
     let reset_window = duration(raw.reset_window, "10s", &key("reset_window"), true)?;
     let glitch_window = duration(raw.glitch_window, "10s", &key("glitch_window"), true)?;
     let stall_timeout = duration(raw.stall_timeout, "30s", &key("stall_timeout"), true)?;
@@ -34,24 +36,10 @@ pub(super) fn http2(raw: Option<RawHttp2>, path: &FieldPath) -> Result<Http2, Is
             raw.max_header_list_size,
             &key("max_header_list_size"),
         )?,
-        initial_stream_window: bytes(
-            raw.initial_stream_window,
-            d.initial_stream_window,
-            1024..=MAX_WINDOW,
-            &key("initial_stream_window"),
-        )?,
-        initial_connection_window: bytes(
-            raw.initial_connection_window,
-            d.initial_connection_window,
-            65_535..=MAX_WINDOW,
-            &key("initial_connection_window"),
-        )?,
-        max_send_buffer: bytes(
-            raw.max_send_buffer,
-            d.max_send_buffer,
-            1024..=MAX_WINDOW,
-            &key("max_send_buffer"),
-        )?,
+        initial_stream_window,
+        initial_connection_window,
+        max_send_buffer,
+        max_connection_send_buffer,
         reset_budget: count(
             raw.reset_budget,
             d.reset_budget,
@@ -89,13 +77,49 @@ pub(super) fn http2(raw: Option<RawHttp2>, path: &FieldPath) -> Result<Http2, Is
     })
 }
 
-/// A size within `range` bytes.
+/// The flow-control windows and send buffers: each from its least size up to the largest
+/// window RFC 9113 allows.
+fn windows(raw: &RawHttp2, path: &FieldPath) -> Result<[u32; 4], Issue> {
+    let d = Http2::default();
+    let window = |v: &Option<StrOrInt>, default: u32, min: u64, k: &str| {
+        bytes(v.clone(), default, min..=MAX_WINDOW, &path.key(k))
+    };
+    Ok([
+        window(
+            &raw.initial_stream_window,
+            d.initial_stream_window,
+            1024,
+            "initial_stream_window",
+        )?,
+        window(
+            &raw.initial_connection_window,
+            d.initial_connection_window,
+            65_535,
+            "initial_connection_window",
+        )?,
+        window(
+            &raw.max_send_buffer,
+            d.max_send_buffer,
+            1024,
+            "max_send_buffer",
+        )?,
+        // Below a DATA frame's default size (16KiB) a connection would write in dribbles.
+        window(
+            &raw.max_connection_send_buffer,
+            d.max_connection_send_buffer,
+            16 * 1024,
+            "max_connection_send_buffer",
+        )?,
+    ])
+}
+
 /// A `max_header_list_size` (a listener's `http2`, an upstream's): 1KiB..=16MiB, 64KiB
 /// by default.
 pub(super) fn header_list_size(raw: Option<StrOrInt>, path: &FieldPath) -> Result<u32, Issue> {
     bytes(raw, 64 * 1024, 1024..=16 * 1024 * 1024, path)
 }
 
+/// A size within `range` bytes.
 pub(super) fn bytes(
     raw: Option<StrOrInt>,
     default: u32,

@@ -9,7 +9,8 @@
 //! client's errors, MadeYouReset). Weir adds, per connection: the reset budget (resets of
 //! accepted streams, and every reset a client's error forces), the glitch budget (frames
 //! that carry no request), both watched in `io`, and the stall reaper (writes that make no
-//! progress for `stall_timeout`: the connection is dropped, GOAWAY or not).
+//! progress for `stall_timeout`: the connection is dropped, GOAWAY or not), and the bound on
+//! the response bytes all its streams together leave with the `h2` crate (`outbox`).
 //!
 //! While no stream runs (before the first, and whenever the last ends) the connection's
 //! seat among its worker's idle connections (`places`, taken over from its `ClientConn`)
@@ -30,6 +31,7 @@ use weir_config::{Http2, Listener};
 
 use super::budget::Budget;
 use super::io::Prefixed;
+use super::outbox::{Outbox, StreamOut};
 use crate::client::ClientConn;
 use crate::filters::forwarded::ClientIp;
 use crate::places::IdlePlace;
@@ -66,6 +68,9 @@ pub struct Shared {
     /// The connection's seat among the worker's idle connections (taken over from its
     /// `ClientConn`), resting while no stream runs.
     idle: IdlePlace,
+    /// Response DATA handed to the `h2` crate and not yet written, against
+    /// `max_connection_send_buffer`.
+    pub outbox: Outbox,
 }
 
 impl Shared {
@@ -183,6 +188,7 @@ pub async fn serve(worker: Rc<Worker>, slot: usize, mut conn: ClientConn) {
         own_refusals: Cell::new(0),
         tunnels: Cell::new(0),
         idle: std::mem::take(&mut conn.idle),
+        outbox: Outbox::new(h2.max_connection_send_buffer),
     });
     // Idle until its first stream: a connection that never sends one can be reclaimed.
     shared.idle.rest(&worker.idle, now);
@@ -336,9 +342,12 @@ fn spawn_stream(
         shared: shared.clone(),
         ended: None,
     };
+    // Its hand-offs of response DATA are counted against the connection's bound.
+    let id = respond.stream_id().as_u32();
+    let serve = super::stream::serve(shared.clone(), request, respond);
     // The stream's future is large (every await of an exchange is in it): boxed once here,
     // the task that is spawned (and copied into place) is small.
-    let serve = Box::pin(super::stream::serve(shared.clone(), request, respond));
+    let serve = Box::pin(StreamOut::scope(shared.clone(), id, serve));
     tokio::task::spawn_local(async move {
         running.ended = Some(serve.await);
         drop(running);

@@ -10,6 +10,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use h2::{Reason, SendStream};
 
+use super::outbox;
 use super::respond::{head_from_http1, ResponseStream, Sinking};
 use super::send::{window, Stop};
 use crate::codec::http1::{parse_response, BodyFraming, ResponseHead};
@@ -108,15 +109,16 @@ async fn send_read(
     trace: &mut Trace,
 ) -> Result<(), Stop> {
     let closed = |_| Stop::Error(ProxyError::ClientClosed);
+    // Window granted and not yet used: the connection's `max_connection_send_buffer` may
+    // cut a piece shorter than the window, and so does a multipart body's boundary text;
+    // the `h2` crate reports only increases of it, so a wait with some left never ends.
+    let mut credit = 0;
     loop {
-        let want = source.remaining().clamp(1, PIECE);
-        // Window granted and not used yet (a multipart body's boundary text takes less
-        // than it was given) is used first: `h2` announces only capacity it adds, so a
-        // wait for more with some left would never end.
-        let room = match send.capacity() {
-            0 => window(send, want as usize, stall).await?,
-            left => left.min(want as usize),
-        };
+        let want = source.remaining().clamp(1, PIECE) as usize;
+        if credit == 0 {
+            credit = window(send, want, stall).await?;
+        }
+        let room = outbox::within(send, credit.min(want), stall).await?;
         source.bound(room as u64);
         let Some((piece, last)) = source.next().await? else {
             return send.send_data(Bytes::new(), true).map_err(closed);
@@ -124,6 +126,8 @@ async fn send_read(
         let data = piece.into_bytes();
         let len = data.len() as u64;
         send.send_data(data, last).map_err(closed)?;
+        outbox::handed(len as usize);
+        credit = credit.saturating_sub(len as usize);
         trace.body_out += len;
         source.taken();
         if last {

@@ -6,8 +6,9 @@
 //! resets a client's errors force (MadeYouReset) on its own. Weir does not decode frames a
 //! second time: a [`Scanner`] walks frame headers only (9 bytes, plus the 4 first payload
 //! bytes of WINDOW_UPDATE and RST_STREAM), skipping payloads by length, with no copy and
-//! no allocation, and says what each frame is. [`Glitches`] judges client frames,
-//! [`forced_reset`] the resets Weir sends.
+//! no allocation, and says what each frame is (and, outbound, how many DATA payload bytes
+//! of which stream went: `outbox`). [`Glitches`] judges client frames, [`forced_reset`]
+//! the resets Weir sends.
 
 /// A frame header, with the first 32-bit word of the payload when it was asked for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -15,6 +16,8 @@ pub struct Frame {
     pub kind: u8,
     pub flags: u8,
     pub len: usize,
+    /// The stream identifier (0: the connection).
+    pub stream: u32,
     /// WINDOW_UPDATE's increment or RST_STREAM's error code, or the pad length of a
     /// PADDED DATA frame (`None`: a shorter payload, which the `h2` crate refuses as a
     /// FRAME_SIZE_ERROR anyway, or another kind).
@@ -23,7 +26,7 @@ pub struct Frame {
 
 const DATA: u8 = 0;
 const PRIORITY: u8 = 2;
-const RST_STREAM: u8 = 3;
+pub const RST_STREAM: u8 = 3;
 const SETTINGS: u8 = 4;
 const PING: u8 = 6;
 const WINDOW_UPDATE: u8 = 8;
@@ -61,6 +64,8 @@ pub struct Scanner {
     head: [u8; HEADER_LEN + 4],
     have: usize,
     want: usize,
+    /// The stream of the DATA frame whose payload is being skipped (0: no DATA frame).
+    data_of: u32,
 }
 
 impl Scanner {
@@ -72,18 +77,35 @@ impl Scanner {
             head: [0; HEADER_LEN + 4],
             have: 0,
             want: HEADER_LEN,
+            data_of: 0,
         }
     }
 
     /// Feeds the next bytes of the direction; calls `on_frame` for each frame header
     /// completed in them.
     #[inline]
-    pub fn feed(&mut self, mut bytes: &[u8], mut on_frame: impl FnMut(Frame)) {
+    pub fn feed(&mut self, bytes: &[u8], on_frame: impl FnMut(Frame)) {
+        self.feed_data(bytes, on_frame, |_, _| {});
+    }
+
+    /// As [`Scanner::feed`], and calls `on_data(stream, n)` for each run of `n` DATA
+    /// payload bytes of `stream` in them (as they pass, not when the header does: a
+    /// frame may be written in pieces).
+    #[inline]
+    pub fn feed_data(
+        &mut self,
+        mut bytes: &[u8],
+        mut on_frame: impl FnMut(Frame),
+        mut on_data: impl FnMut(u32, usize),
+    ) {
         loop {
             if self.skip > 0 {
                 let n = self.skip.min(bytes.len());
                 self.skip -= n;
                 bytes = &bytes[n..];
+                if self.data_of != 0 && n > 0 {
+                    on_data(self.data_of, n);
+                }
             }
             if bytes.is_empty() {
                 return;
@@ -98,6 +120,7 @@ impl Scanner {
             let h = &self.head;
             let len = usize::from(h[0]) << 16 | usize::from(h[1]) << 8 | usize::from(h[2]);
             let (kind, flags) = (h[3], h[4]);
+            let stream = u32::from_be_bytes([h[5], h[6], h[7], h[8]]) & 0x7fff_ffff;
             // The payload bytes wanted: a 32-bit word, or a PADDED DATA frame's pad length.
             let word_len = match kind {
                 WINDOW_UPDATE | RST_STREAM if len >= 4 => 4,
@@ -117,9 +140,11 @@ impl Scanner {
                 kind,
                 flags,
                 len,
+                stream,
                 word,
             });
             self.skip = len - (self.want - HEADER_LEN);
+            self.data_of = if kind == DATA { stream } else { 0 };
             self.have = 0;
             self.want = HEADER_LEN;
         }
@@ -264,6 +289,7 @@ mod tests {
                 kind,
                 flags,
                 len: payload.len(),
+                stream: 1,
                 word,
             });
         };
@@ -301,11 +327,39 @@ mod tests {
         assert_eq!(got, want);
     }
 
+    #[test]
+    fn counts_data_payload_bytes_per_stream_split_at_every_byte() {
+        let mut bytes = frame(HEADERS, 0, 1, &[0; 7]);
+        bytes.extend(frame(DATA, 0, 1, &[1; 300]));
+        bytes.extend(frame(DATA, END_STREAM, 3, &[]));
+        bytes.extend(frame(PING, 0, 0, &[7; 8]));
+        bytes.extend(frame(DATA, END_STREAM, 5, &[2; 20]));
+        for cut in 0..=bytes.len() {
+            let mut s = Scanner::new(0);
+            let mut data = Vec::new();
+            for part in [&bytes[..cut], &bytes[cut..]] {
+                s.feed_data(part, |_| {}, |id, n| data.push((id, n)));
+            }
+            let sum = |id| {
+                data.iter()
+                    .filter(|d| d.0 == id)
+                    .map(|d| d.1)
+                    .sum::<usize>()
+            };
+            assert_eq!(
+                (sum(1), sum(3), sum(5), sum(0)),
+                (300, 0, 20, 0),
+                "cut {cut}"
+            );
+        }
+    }
+
     fn of(kind: u8, flags: u8, len: usize) -> Frame {
         Frame {
             kind,
             flags,
             len,
+            stream: 1,
             word: None,
         }
     }
@@ -352,6 +406,7 @@ mod tests {
             kind: RST_STREAM,
             flags: 0,
             len: 4,
+            stream: 1,
             word: Some(CANCEL),
         };
         assert!(!forced_reset(&cancel));
@@ -362,6 +417,7 @@ mod tests {
             kind: DATA,
             flags: PADDED,
             len,
+            stream: 1,
             word: Some(pad),
         }
     }
@@ -415,6 +471,7 @@ mod tests {
             kind: WINDOW_UPDATE,
             flags: 0,
             len: 4,
+            stream: 1,
             word: Some(n),
         };
         let mut g = Glitches::default();

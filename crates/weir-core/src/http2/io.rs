@@ -5,7 +5,8 @@
 //! `h2` crate does not report (`frames`): glitch frames from the client and the resets
 //! its errors force go to the connection's budgets, and a write that makes no progress
 //! marks the connection stalled (a client that never reads; `conn` closes it after
-//! `stall_timeout`). Writes go through a [`Gather`], so that the frames of many streams
+//! `stall_timeout`). The DATA payload bytes written and the resets either way go to the
+//! connection's `outbox`. Writes go through a [`Gather`], so that the frames of many streams
 //! leave in one system call (`gather`).
 
 use std::io;
@@ -17,7 +18,7 @@ use std::time::Instant;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::conn::Shared;
-use super::frames::{forced_reset, Glitches, Scanner};
+use super::frames::{forced_reset, Frame, Glitches, Scanner, RST_STREAM};
 use super::gather::Gather;
 use super::PREFACE;
 use crate::client::ClientConn;
@@ -52,12 +53,17 @@ impl Prefixed {
             Poll::Ready(Ok(n)) => {
                 self.conn.sent += *n as u64;
                 let (shared, glitches) = (&self.shared, &mut self.glitches);
-                self.outbound.feed(&buf[..*n], |f| {
+                let on_frame = |f: Frame| {
                     glitches.outbound(&f);
-                    if forced_reset(&f) {
-                        shared.reset_written(f.word);
+                    if f.kind == RST_STREAM {
+                        shared.outbox.reset(f.stream);
+                        if forced_reset(&f) {
+                            shared.reset_written(f.word);
+                        }
                     }
-                });
+                };
+                let on_data = |stream, n| shared.outbox.wrote(stream, n);
+                self.outbound.feed_data(&buf[..*n], on_frame, on_data);
             }
             Poll::Pending => self.waits(),
             Poll::Ready(Err(_)) => {}
@@ -102,6 +108,11 @@ impl AsyncRead for Prefixed {
         this.inbound.feed(&out.filled()[before..], |f| {
             if glitches.inbound(&f) {
                 shared.glitch();
+            }
+            // The `h2` crate drops what the stream had queued (perhaps a little later:
+            // it stops decoding while a PING or SETTINGS ACK waits to be written).
+            if f.kind == RST_STREAM {
+                shared.outbox.reset(f.stream);
             }
         });
         read

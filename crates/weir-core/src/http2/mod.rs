@@ -10,9 +10,10 @@
 //! fields become an HTTP/1.1 head (`request`) that goes through the same router, upstream
 //! pick, retries, connector pool and response-head parsing as an HTTP/1.1 request
 //! (`exchange`), and the response streams back within the client's flow-control window
-//! (`send`). `budget` holds the reset and glitch accounting, fed by `io`, which watches
-//! the frames passing through (`frames`) and writes them through `gather` (the frames of
-//! many streams in one system call). `websocket` bridges RFC 8441 extended CONNECTs to
+//! (`send`), all streams together within `max_connection_send_buffer` (`outbox`). `budget`
+//! holds the reset and glitch accounting, fed by `io`, which watches the frames passing
+//! through (`frames`) and writes them through `gather` (the frames of many streams in one
+//! system call). `websocket` bridges RFC 8441 extended CONNECTs to
 //! HTTP/1.1 WebSocket upgrades. `grpc` turns the answers Weir makes itself to gRPC
 //! requests into gRPC statuses. `interim` relays the upstream's 1xx heads, `trailers` an
 //! HTTP/1.1 upstream's chunked trailers. `stream_log` counts a finished stream and writes
@@ -33,6 +34,7 @@ pub(crate) mod interim;
 mod io;
 pub(crate) mod local;
 mod names;
+mod outbox;
 pub(crate) mod request;
 pub(crate) mod respond;
 pub(crate) mod scratch;

@@ -12,6 +12,7 @@ use bytes::Bytes;
 use h2::server::SendResponse;
 use h2::{Reason, SendStream};
 
+use super::outbox;
 use crate::error::ProxyError;
 use crate::forward::head::Edits;
 use crate::forward::relay::{Piece, Sink, Trailers};
@@ -59,7 +60,7 @@ impl From<Stop> for ProxyError {
     }
 }
 
-fn stop_of(reset: Result<Reason, h2::Error>) -> Stop {
+pub(super) fn stop_of(reset: Result<Reason, h2::Error>) -> Stop {
     match reset {
         Ok(_) => Stop::Reset,
         Err(_) => Stop::Error(ProxyError::ClientClosed),
@@ -81,10 +82,11 @@ pub async fn unless_reset<F: Future>(
     .await
 }
 
-/// Sends `data` (ending the stream after it when `end`), in pieces as the client's window
-/// and the send buffer (`max_send_buffer`) allow. Waits at most `timeout` for each piece
-/// of window: a client that stops reading gets its stream reset. `data` is copied once
-/// into one `Bytes`, whose slices are the pieces.
+/// Sends `data` (ending the stream after it when `end`), in pieces as the client's window,
+/// the send buffer (`max_send_buffer`) and the connection's (`max_connection_send_buffer`,
+/// `outbox`) allow. Waits at most `timeout` for each piece of window: a client that stops
+/// reading gets its stream reset. `data` is copied once into one `Bytes`, whose slices are
+/// the pieces.
 pub async fn send_data(
     send: &mut SendStream<Bytes>,
     data: &[u8],
@@ -105,17 +107,23 @@ pub async fn send_bytes(
     if data.is_empty() {
         return if end { finish(send, data) } else { Ok(()) };
     }
+    // Window granted and not yet used: the `h2` crate reports only increases of it.
+    let mut credit = 0;
     while !data.is_empty() {
-        let n = window(send, data.len(), timeout).await?;
-        if n == 0 {
+        if credit == 0 {
+            credit = window(send, data.len(), timeout).await?;
             continue;
         }
+        let n = outbox::within(send, credit, timeout).await?;
         let piece = data.split_to(n);
+        credit -= n;
         if end && data.is_empty() {
-            return finish(send, piece);
+            finish(send, piece)?;
+        } else {
+            send.send_data(piece, false)
+                .map_err(|_| Stop::Error(ProxyError::ClientClosed))?;
         }
-        send.send_data(piece, false)
-            .map_err(|_| Stop::Error(ProxyError::ClientClosed))?;
+        outbox::handed(n);
     }
     Ok(())
 }
