@@ -714,6 +714,47 @@ async fn concurrent_downloads_complete_through_a_small_connection_send_buffer() 
     assert_eq!(weir.metric(&web("stalled")), 0);
 }
 
+/// A client's RST_STREAM gives the reset stream's bytes back at once, but the stream
+/// hands nothing more: the `h2` crate may not read that reset for a long time (it stops
+/// decoding while a PING ACK waits for a socket the client does not read), and would
+/// hold what the stream hands meanwhile. Was (review of the bound): a PING, then a reset
+/// of every stream, and each stream handed up to `max_send_buffer` uncounted, the 32 MiB
+/// a connection of the bound's first attack again.
+#[tokio::test]
+async fn resets_behind_an_unanswered_ping_do_not_undo_the_bound() {
+    const STREAMS: u32 = 16;
+    const PER_STREAM: u64 = 4 << 20;
+    let (addr, sent) = counting_backend(1 << 30).await;
+    let weir = single(addr)
+        .listener("http2 = { max_send_buffer = \"4MiB\", max_connection_send_buffer = \"1MiB\" }")
+        .start();
+    let paths = vec!["/huge"; STREAMS as usize];
+    let mut raw = wide_open_not_reading(weir.addr, &paths).await;
+    assert!(settles(&sent).await, "the upstreams never stopped");
+    let before = sent.load(Ordering::Relaxed);
+    let mut out = Vec::new();
+    frame(&mut out, kind::PING, 0, 0, b"blocking");
+    for i in 0..STREAMS {
+        frame(
+            &mut out,
+            kind::RST_STREAM,
+            0,
+            2 * i + 1,
+            &CANCEL.to_be_bytes(),
+        );
+    }
+    raw.send(&out).await.expect("ping and resets");
+    assert!(settles(&sent).await, "the upstreams never stopped again");
+    let more = sent.load(Ordering::Relaxed) - before;
+    // Unbounded, each stream handed its max_send_buffer again: 64 MiB.
+    let unbounded = u64::from(STREAMS) * PER_STREAM;
+    assert!(
+        more < unbounded / 4,
+        "after the resets the upstreams sent {} KiB more",
+        more >> 10
+    );
+}
+
 /// Bytes a stream left with the `h2` crate that its reset dropped leave the count: a
 /// client that fills the bound with a stream it does not read, resets that stream, then
 /// reads, gets its next stream whole on the same connection (were the dropped bytes still

@@ -15,8 +15,10 @@
 //! the stream still had queued. Both resets pass the scanners, and the reset stream's
 //! bytes leave the count there. A stream's entry lives from its task's start
 //! ([`Outbox::open`]) until its task ended and its bytes are written or dropped
-//! ([`Outbox::close`]); once reset, it takes no more bytes (the `h2` crate may process a
-//! client's RST_STREAM after the stream handed more: those bytes are dropped too).
+//! ([`Outbox::close`]); once reset, the stream hands nothing more ([`within`] ends it):
+//! the `h2` crate may read a client's RST_STREAM long after it passed here (not while a
+//! PING ACK waits for a socket the client does not read), and would hold, uncounted,
+//! what the stream handed meanwhile.
 //!
 //! No deadlock: the connection task writes whatever the `h2` crate holds without waiting
 //! on any stream, and waiters are woken as the count falls to half the bound, so a stream
@@ -118,6 +120,12 @@ impl Outbox {
         }
     }
 
+    /// Whether an RST_STREAM of the stream `id` passed (`io`).
+    fn was_reset(&self, id: u32) -> bool {
+        let streams = self.streams.borrow();
+        streams.iter().rev().any(|h| h.id == id && h.reset)
+    }
+
     /// The stream `id` handed `n` bytes to the `h2` crate.
     #[inline]
     pub fn handed(&self, id: u32, n: usize) {
@@ -181,16 +189,22 @@ impl Outbox {
         }
     }
 
-    /// Waits for room to hand at least `least` bytes (at most [`MIN_PIECE`]) to the `h2`
-    /// crate, unless the stream `send` is reset first or the connection writes no DATA for
+    /// Waits for room for the stream `id` to hand at least `least` bytes (at most
+    /// [`MIN_PIECE`]) to the `h2` crate, unless the stream `send` is reset first (or an
+    /// RST_STREAM of it passed `io`) or the connection writes no DATA for
     /// `stall`. Returns how many bytes may go.
     pub async fn room(
         &self,
+        id: u32,
         send: &mut SendStream<Bytes>,
         stall: Duration,
         least: usize,
     ) -> Result<usize, Stop> {
         loop {
+            // Woken by its own reset (which gave its bytes back): it hands nothing more.
+            if self.was_reset(id) {
+                return Err(Stop::Reset);
+            }
             let room = self.room_now(least);
             if room > 0 {
                 return Ok(room);
@@ -277,12 +291,19 @@ impl Drop for StreamOut {
 }
 
 /// Bytes the running stream may hand now, when at least `least` may (0: wait,
-/// [`wait_room`]); no bound outside a stream task.
+/// [`wait_room`]); no bound outside a stream task. `None`: the client's RST_STREAM for
+/// it passed, so it hands nothing more. The `h2` crate may not have read that reset yet
+/// (it stops decoding while a PING ACK waits for a socket the client does not read), and
+/// would take and hold what the stream hands, uncounted: the review's way around the
+/// bound (a PING, then a reset of every stream).
 #[inline]
-pub fn room_now(least: usize) -> usize {
+pub fn room_now(least: usize) -> Option<usize> {
     STREAM
-        .try_with(|s| s.shared.outbox.room_now(least))
-        .unwrap_or(usize::MAX)
+        .try_with(|s| {
+            let outbox = &s.shared.outbox;
+            (!outbox.was_reset(s.id)).then(|| outbox.room_now(least))
+        })
+        .unwrap_or(Some(usize::MAX))
 }
 
 /// The running stream handed `n` bytes to the `h2` crate.
@@ -303,8 +324,9 @@ pub async fn within(
     let least = n.min(MIN_PIECE);
     let room = match room_now(least) {
         _ if n == 0 => return Ok(0),
-        0 => wait_room(send, stall, least).await?,
-        room => room,
+        None => return Err(Stop::Reset),
+        Some(0) => wait_room(send, stall, least).await?,
+        Some(room) => room,
     };
     Ok(n.min(room))
 }
@@ -315,8 +337,8 @@ async fn wait_room(
     stall: Duration,
     least: usize,
 ) -> Result<usize, Stop> {
-    match STREAM.try_with(|s| s.shared.clone()) {
-        Ok(shared) => shared.outbox.room(send, stall, least).await,
+    match STREAM.try_with(|s| (s.shared.clone(), s.id)) {
+        Ok((shared, id)) => shared.outbox.room(id, send, stall, least).await,
         Err(_) => Ok(usize::MAX),
     }
 }
