@@ -105,6 +105,18 @@ impl Checked {
     }
 }
 
+/// A check under way: when it ends, however it ends (its job returned, panicked, or was
+/// dropped unrun by a runtime shutting down), the next hit may check again and the hits
+/// waiting for it go on; else they would wait forever.
+struct CheckRun(Arc<Entry>);
+
+impl Drop for CheckRun {
+    fn drop(&mut self) {
+        self.0.checked.running.store(false, Release);
+        self.0.checked.done.notify_waiters();
+    }
+}
+
 /// Where an entry's body is.
 pub enum Body {
     Memory(Bytes),
@@ -721,18 +733,18 @@ impl Store {
     /// Checks `entry`'s file on the blocking pool (run to its end even if no request
     /// waits for it any more), then wakes the requests waiting for it.
     fn start_check(self: &Arc<Self>, key: &[u8], entry: &Arc<Entry>, at: Location) {
-        let (store, entry, key) = (self.clone(), entry.clone(), key.to_vec());
+        let (store, run, key) = (self.clone(), CheckRun(entry.clone()), key.to_vec());
         let job = move || {
+            let entry = &run.0;
             let checked = match &store.disk {
                 Some(disk) => disk.check(&at, &key),
                 None => Err(Unreadable::Stale),
             };
             match checked {
                 Ok(()) => entry.checked.set_ok(),
-                Err(why) => store.unreadable(&key, &entry, why),
+                Err(why) => store.unreadable(&key, entry, why),
             }
-            entry.checked.running.store(false, Release);
-            entry.checked.done.notify_waiters();
+            drop(run);
         };
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => drop(runtime.spawn_blocking(job)),
