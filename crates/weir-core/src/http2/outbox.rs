@@ -58,6 +58,8 @@ struct Held {
     running: bool,
     /// Reset: what it held was dropped, and what it hands now will be.
     reset: bool,
+    /// It handed bytes before: its first [`MIN_PIECE`] went, bound or not.
+    started: bool,
 }
 
 /// One connection's count of response DATA held by the `h2` crate.
@@ -98,6 +100,7 @@ impl Outbox {
             bytes: 0,
             running: true,
             reset: false,
+            started: false,
         });
     }
 
@@ -126,6 +129,28 @@ impl Outbox {
         streams.iter().rev().any(|h| h.id == id && h.reset)
     }
 
+    /// Bytes the stream `id` may hand now, when at least `least` may (0: wait), as
+    /// [`Outbox::room_now`]; but a stream's first piece, up to [`MIN_PIECE`], goes at
+    /// once, bound or not, so that a small answer (an API call's, a gRPC message) does
+    /// not queue behind large downloads the client reads slowly, as it did not before the
+    /// bound (the `h2` crate interleaves the streams it holds). The bound is then exceeded
+    /// by at most `max_concurrent_streams` x [`MIN_PIECE`] (2 MiB with the defaults).
+    /// `None`: an RST_STREAM of it passed, so it hands nothing more.
+    fn room_for(&self, id: u32, least: usize) -> Option<usize> {
+        let streams = self.streams.borrow();
+        let fresh = match streams.iter().rev().find(|h| h.id == id) {
+            Some(h) if h.reset => return None,
+            Some(h) => !h.started,
+            None => false,
+        };
+        drop(streams);
+        let room = self.room_now(least);
+        Some(match fresh {
+            true => room.max(MIN_PIECE),
+            false => room,
+        })
+    }
+
     /// The stream `id` handed `n` bytes to the `h2` crate.
     #[inline]
     pub fn handed(&self, id: u32, n: usize) {
@@ -133,6 +158,7 @@ impl Outbox {
             true => 0,
             false => {
                 h.bytes += n;
+                h.started = true;
                 n
             }
         });
@@ -299,10 +325,7 @@ impl Drop for StreamOut {
 #[inline]
 pub fn room_now(least: usize) -> Option<usize> {
     STREAM
-        .try_with(|s| {
-            let outbox = &s.shared.outbox;
-            (!outbox.was_reset(s.id)).then(|| outbox.room_now(least))
-        })
+        .try_with(|s| s.shared.outbox.room_for(s.id, least))
         .unwrap_or(Some(usize::MAX))
 }
 
@@ -349,6 +372,21 @@ mod tests {
 
     fn entries(o: &Outbox) -> Vec<(u32, usize)> {
         o.streams.borrow().iter().map(|h| (h.id, h.bytes)).collect()
+    }
+
+    #[test]
+    fn a_streams_first_piece_goes_at_the_bound_and_a_reset_stream_hands_nothing() {
+        let o = Outbox::new(2 * MIN_PIECE as u32);
+        o.open(1);
+        o.open(3);
+        assert_eq!(o.room_for(1, 1), Some(2 * MIN_PIECE));
+        o.handed(1, 2 * MIN_PIECE);
+        assert_eq!(o.room_for(1, 1), Some(0), "started, at the bound: waits");
+        assert_eq!(o.room_for(3, 1), Some(MIN_PIECE), "its first piece goes");
+        o.handed(3, 100);
+        assert_eq!(o.room_for(3, 1), Some(0));
+        o.reset(3);
+        assert_eq!(o.room_for(3, 1), None);
     }
 
     #[test]
