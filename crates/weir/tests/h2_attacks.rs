@@ -640,14 +640,7 @@ async fn serve_counted(mut conn: TcpStream, len: u64, sent: Arc<AtomicU64>) {
 /// to send is that bound plus socket buffers, far below streams x `max_send_buffer`.
 #[tokio::test]
 async fn many_streams_that_never_read_hold_at_most_the_connection_send_buffer() {
-    const STREAMS: u32 = 16;
-    const PER_STREAM: u64 = 4 << 20;
-    let (addr, sent) = counting_backend(1 << 30).await;
-    let weir = single(addr)
-        .listener("http2 = { max_send_buffer = \"4MiB\", max_connection_send_buffer = \"1MiB\" }")
-        .start();
-    let paths = vec!["/huge"; STREAMS as usize];
-    let _raw = wide_open_not_reading(weir.addr, &paths).await;
+    let (_weir, _raw, sent) = many_huge_streams_not_read().await;
     // Until the upstreams are all blocked: nothing more sent for a second.
     let settled = settles(&sent).await;
     let sent = sent.load(Ordering::Relaxed);
@@ -722,14 +715,7 @@ async fn concurrent_downloads_complete_through_a_small_connection_send_buffer() 
 /// a connection of the bound's first attack again.
 #[tokio::test]
 async fn resets_behind_an_unanswered_ping_do_not_undo_the_bound() {
-    const STREAMS: u32 = 16;
-    const PER_STREAM: u64 = 4 << 20;
-    let (addr, sent) = counting_backend(1 << 30).await;
-    let weir = single(addr)
-        .listener("http2 = { max_send_buffer = \"4MiB\", max_connection_send_buffer = \"1MiB\" }")
-        .start();
-    let paths = vec!["/huge"; STREAMS as usize];
-    let mut raw = wide_open_not_reading(weir.addr, &paths).await;
+    let (_weir, mut raw, sent) = many_huge_streams_not_read().await;
     assert!(settles(&sent).await, "the upstreams never stopped");
     let before = sent.load(Ordering::Relaxed);
     let mut out = Vec::new();
@@ -794,6 +780,24 @@ async fn a_reset_stream_gives_its_room_back() {
         .await;
     assert_eq!(end, Some(kind::DATA), "stream 3 ended with {end:?}");
     assert_eq!(received, SIZE);
+}
+
+/// Streams on the connection of [`many_huge_streams_not_read`].
+const STREAMS: u32 = 16;
+/// Its `max_send_buffer`: what each of its streams could leave with the `h2` crate.
+const PER_STREAM: u64 = 4 << 20;
+
+/// Weir (`max_send_buffer` [`PER_STREAM`], `max_connection_send_buffer` 1 MiB) with a
+/// connection of [`wide_open_not_reading`] that asked [`STREAMS`] huge responses of an
+/// upstream counting what it sent.
+async fn many_huge_streams_not_read() -> (common::Weir, RawH2, Arc<AtomicU64>) {
+    let (addr, sent) = counting_backend(1 << 30).await;
+    let weir = single(addr)
+        .listener("http2 = { max_send_buffer = \"4MiB\", max_connection_send_buffer = \"1MiB\" }")
+        .start();
+    let paths = vec!["/huge"; STREAMS as usize];
+    let raw = wide_open_not_reading(weir.addr, &paths).await;
+    (weir, raw, sent)
 }
 
 /// A raw connection that never reads (small receive buffer), with windows wide open (the
