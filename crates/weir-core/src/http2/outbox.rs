@@ -24,8 +24,9 @@
 //! on any stream, and waiters are woken as the count falls to half the bound, so a stream
 //! whose own bytes are all that is held goes on once they are written (a stream waits for
 //! room for at most a DATA frame of the default size, [`MIN_PIECE`], which the least bound
-//! holds). No stream passes those that wait: while one waits, newcomers wait behind it
-//! (woken together, oldest first). A wait ends with the stream's reset, or after
+//! holds). No stream passes those that wait (but for a stream's first piece, which goes
+//! at once up to half the bound over it: [`Outbox::room_for`]): while one waits,
+//! newcomers wait behind it (woken together, oldest first). A wait ends with the stream's reset, or after
 //! `stall_timeout` in which the connection wrote no DATA at all.
 
 use std::cell::{Cell, RefCell};
@@ -134,7 +135,7 @@ impl Outbox {
     /// once, bound or not, so that a small answer (an API call's, a gRPC message) does
     /// not queue behind large downloads the client reads slowly, as it did not before the
     /// bound (the `h2` crate interleaves the streams it holds). The bound is then exceeded
-    /// by at most `max_concurrent_streams` x [`MIN_PIECE`] (2 MiB with the defaults).
+    /// by at most half of it and a piece.
     /// `None`: an RST_STREAM of it passed, so it hands nothing more.
     fn room_for(&self, id: u32, least: usize) -> Option<usize> {
         let streams = self.streams.borrow();
@@ -145,7 +146,10 @@ impl Outbox {
         };
         drop(streams);
         let room = self.room_now(least);
-        Some(match fresh {
+        // The allowance stops at half the bound over it, however many streams the
+        // listener lets a client open (`max_concurrent_streams` goes to 65,535).
+        let allowed = fresh && self.held.get() < self.limit + self.limit / 2;
+        Some(match allowed {
             true => room.max(MIN_PIECE),
             false => room,
         })
@@ -185,6 +189,12 @@ impl Outbox {
             std::mem::take(&mut h.bytes)
         });
         self.release(dropped);
+        if self.waiting.get() > 0 {
+            // The reset stream may be among the waiters: it ends now (`room`), not after
+            // `stall_timeout`, when the `h2` crate has not read its reset yet. The others
+            // wait again (their seats stay counted: no new round).
+            self.room.notify_waiters();
+        }
     }
 
     /// Runs `f` on the stream `id`'s entry, if it has one; removes the entry when its
@@ -387,6 +397,13 @@ mod tests {
         assert_eq!(o.room_for(3, 1), Some(0));
         o.reset(3);
         assert_eq!(o.room_for(3, 1), None);
+        // Past half the bound over it, a first piece waits like any other.
+        o.open(5);
+        o.handed(5, 10);
+        o.open(7);
+        assert_eq!(o.room_for(7, 1), Some(MIN_PIECE));
+        o.handed(1, MIN_PIECE);
+        assert_eq!(o.room_for(7, 1), Some(0));
     }
 
     #[test]
