@@ -85,6 +85,11 @@ pub struct Found {
     pub location: Location,
 }
 
+/// How many discarded (and how many unreadable) files a scan names in the log, one warning
+/// each; the store's summary after the scan counts them all. A directory of entries an older
+/// version wrote (or a disk gone bad) would otherwise log one line per file, millions of them.
+const NAMED_IN_LOG: u64 = 10;
+
 /// What the scan did.
 #[derive(Debug, Default)]
 pub struct Scanned {
@@ -364,12 +369,16 @@ impl Disk {
             }
             Err(e) if e.kind() == io::ErrorKind::NotFound => {} // Removed meanwhile.
             Err(e) if is_format(&e) => {
-                tracing::warn!(file = %path.display(), error = %e, "cache file discarded");
+                if out.discarded < NAMED_IN_LOG {
+                    tracing::warn!(file = %path.display(), error = %e, "cache file discarded");
+                }
                 self.remove_broken(path, name);
                 out.discarded += 1;
             }
             Err(e) => {
-                tracing::warn!(file = %path.display(), error = %e, "cache file unreadable: left");
+                if out.unreadable < NAMED_IN_LOG {
+                    tracing::warn!(file = %path.display(), error = %e, "cache file unreadable: left");
+                }
                 out.unreadable += 1;
             }
         }
