@@ -22,6 +22,8 @@ version=$(weir --version)
 weir check -c /etc/weir/weir.toml || fail "weir check of the installed config"
 getent passwd weir >/dev/null || fail "no weir user"
 [ "$(stat -c %G /etc/weir)" = weir ] || fail "/etc/weir is not the weir group's"
+[ "$(stat -c '%a %U %G %s' /etc/weir/admin.token)" = "640 root weir 64" ] \
+    || fail "/etc/weir/admin.token: $(stat -c '%a %U %G %s' /etc/weir/admin.token)"
 for f in /usr/share/man/man1/weir.1.gz /usr/share/bash-completion/completions/weir \
          /usr/share/zsh/vendor-completions/_weir /usr/share/fish/vendor_completions.d/weir.fish \
          /usr/share/weir/weir.schema.json /etc/logrotate.d/weir /lib/systemd/system/weir.service; do

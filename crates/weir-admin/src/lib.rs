@@ -31,6 +31,7 @@ use tokio::sync::watch;
 use weir_core::listener::backoff::{is_resource_exhaustion, ResourceLog, RESOURCE_BACKOFF};
 
 pub mod api;
+mod config_file;
 mod conn;
 pub mod shared;
 mod slots;

@@ -3,8 +3,8 @@
 //!
 //! Every change (SIGHUP, `PUT /api/v1/config`, an object edit) becomes a full config text,
 //! is validated exactly like the file (`weir_config::parse_str`), and is applied through
-//! `Proxy::apply`. API changes are then written to the config file atomically (a temp file
-//! in the same directory, then rename), so a restart keeps them. A lock serializes changes;
+//! `Proxy::apply`. API changes are written to the config file first (`config_file`: atomic,
+//! refused if the file was edited since it was loaded), so a restart keeps them. A lock serializes changes;
 //! each success bumps the version that `If-Match` is checked against, is logged (`config
 //! changed`, with who asked) and is kept in a short history (`GET /api/v1/history`,
 //! `weir ctl history`, the dashboard's diff view), with the keys it edited.
@@ -20,6 +20,7 @@ use weir_config::Config;
 use weir_core::Proxy;
 
 use crate::api::error::ApiError;
+use crate::config_file::ConfigFile;
 use crate::shared::{Shared, SharedError};
 
 pub struct Store {
@@ -222,18 +223,23 @@ impl Store {
                 "start weir with -c FILE",
             ));
         };
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            ApiError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                format!("cannot read {}: {e}", path.display()),
-                "check the file exists and is readable",
-            )
-        })?;
+        let read = || {
+            std::fs::read_to_string(path).map_err(|e| {
+                ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    format!("cannot read {}: {e}", path.display()),
+                    "check the file exists and is readable",
+                )
+            })
+        };
         if let Some(shared) = self.shared() {
-            shared.reload_local(text)?;
+            shared.reload_local(read()?)?;
             return Ok(self.unchanged());
         }
+        // Read under the lock: read before it, the text could predate an API change that
+        // held the lock meanwhile, and applying it would undo that acknowledged change.
         let mut state = self.lock();
+        let text = read()?;
         let origin = Origin::new("SIGHUP");
         self.commit(&mut state, text, WriteMode::default(), &origin, false)
     }
@@ -389,17 +395,19 @@ impl Store {
                 fields: field_changes(&state.text, &text),
             });
         }
-        // Written first, renamed after the apply: a failed apply leaves the file alone, and
-        // a failed write leaves the running config alone.
-        let staged = match (&self.path, persist) {
-            (Some(path), true) => Some(stage(path, &text)?),
-            _ => None,
-        };
+        // Written first, then applied, the old text written back if the apply fails: the
+        // running config and the file never disagree once this returns (`config_file`).
+        let file = self.path.as_deref().filter(|_| persist).map(ConfigFile::at);
+        if let Some(file) = &file {
+            file.check_unchanged(&state.text, &text)?;
+            file.write(&text)?;
+        }
         let changes = match self.proxy.apply(config) {
             Ok(changes) => changes,
             Err(e) => {
-                if let Some(tmp) = staged {
-                    let _ = std::fs::remove_file(tmp);
+                if let Some(Err(undo)) = file.map(|f| f.write(&state.text)) {
+                    tracing::error!(error = %undo.message,
+                        "config file holds a change that failed to apply: write it back by hand");
                 }
                 return Err(located(e, &name, &text));
             }
@@ -409,9 +417,6 @@ impl Store {
         state.text = text;
         record(state, state.version - 1, origin, &changes, fields);
         self.changed.send_replace(state.version);
-        if let (Some(tmp), Some(path)) = (staged, &self.path) {
-            std::fs::rename(&tmp, path).map_err(|e| write_error(path, &e))?;
-        }
         Ok(Applied {
             version: state.version,
             changes,
@@ -521,29 +526,6 @@ fn check_admin_unchanged(running: &Config, new: &Config) -> Result<(), ApiError>
     Ok(())
 }
 
-/// Writes `text` next to `path` (same directory, so the rename is atomic) and syncs it.
-fn stage(path: &Path, text: &str) -> Result<PathBuf, ApiError> {
-    use std::io::Write;
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".weir-tmp");
-    let tmp = PathBuf::from(tmp);
-    let write = || -> std::io::Result<()> {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(text.as_bytes())?;
-        f.sync_all()
-    };
-    write().map_err(|e| write_error(path, &e))?;
-    Ok(tmp)
-}
-
-fn write_error(path: &Path, e: &std::io::Error) -> ApiError {
-    ApiError::new(
-        StatusCode::INTERNAL_SERVER_ERROR,
-        format!("cannot write {}: {e}", path.display()),
-        "make the config file and its directory writable by weir",
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -569,5 +551,110 @@ mod tests {
         assert_eq!(json["fields"][0]["path"], "upstreams.u0.lb");
         assert_eq!(json["fields"][0]["old"], serde_json::Value::Null);
         assert_eq!(json["fields_omitted"], 7);
+    }
+
+    const CONFIG: &str = "[server]\nworkers = 1\ndrain_timeout = \"0s\"\n\n\
+                          [[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\n";
+
+    /// A store on a running proxy whose config file (in a directory of its own) holds
+    /// `CONFIG`.
+    fn store_with_file(tag: &str) -> (Arc<Store>, PathBuf) {
+        let dir = std::env::temp_dir().join(format!("weir-store-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("weir.toml");
+        std::fs::write(&path, CONFIG).unwrap();
+        let config = weir_config::parse_str(CONFIG, "test").unwrap();
+        let proxy = Arc::new(Proxy::start(config, 1).unwrap());
+        let store = Store::new(proxy, Some(path.clone()), CONFIG.to_string());
+        (Arc::new(store), path)
+    }
+
+    fn with_upstream(text: &str, name: &str) -> String {
+        format!("{text}\n[upstreams.{name}]\nservers = [{{ addr = \"127.0.0.1:9\" }}]\n")
+    }
+
+    /// Whether thread `tid` of this process sleeps (blocked on the store's lock).
+    fn sleeping(tid: &str) -> bool {
+        let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat"));
+        // The state follows the command's closing parenthesis.
+        stat.ok()
+            .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| rest.starts_with('S')))
+            .unwrap_or(false)
+    }
+
+    /// A SIGHUP that comes while an API change is being applied reloads the file as that
+    /// change left it: read before the store's lock, it was the older text, and applying
+    /// it undid the change the API had acknowledged.
+    #[test]
+    fn a_reload_during_an_api_change_keeps_the_change() {
+        let (store, path) = store_with_file("hup");
+        let (blocked_tx, blocked) = std::sync::mpsc::channel();
+        let reloader = store.clone();
+        *store.before_apply.lock().unwrap() = Some(Box::new(move || {
+            let reloader = reloader.clone();
+            let (tid_tx, tid) = std::sync::mpsc::channel();
+            let reload = std::thread::spawn(move || {
+                let me = std::fs::read_link("/proc/thread-self").unwrap();
+                tid_tx
+                    .send(me.file_name().unwrap().to_string_lossy().into_owned())
+                    .unwrap();
+                reloader.reload_file().map(|a| a.changes.len())
+            });
+            let tid = tid.recv().unwrap();
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            while !sleeping(&tid) && std::time::Instant::now() < deadline {
+                std::thread::yield_now();
+            }
+            blocked_tx.send(reload).unwrap();
+        }));
+        let changed = with_upstream(CONFIG, "u");
+        store
+            .replace(changed.clone(), WriteMode::default(), &Origin::new("test"))
+            .unwrap();
+        *store.before_apply.lock().unwrap() = None;
+        let reload = blocked.recv().unwrap().join().unwrap().unwrap();
+        assert_eq!(reload, 0, "the reload found the file as the change left it");
+        assert!(store
+            .proxy()
+            .config()
+            .upstreams
+            .iter()
+            .any(|u| u.name == "u"));
+        assert_eq!(store.current().1, changed);
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), changed);
+        std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
+    }
+
+    /// An edit of the file not reloaded yet is not overwritten by an API change; a change
+    /// that fails to apply leaves the file as it was.
+    #[test]
+    fn the_file_keeps_a_hand_edit_and_never_holds_a_change_that_failed() {
+        let (store, path) = store_with_file("edit");
+        let edited = format!("{CONFIG}# the operator's edit\n");
+        std::fs::write(&path, &edited).unwrap();
+        let origin = Origin::new("test");
+        let refused = store
+            .replace(with_upstream(CONFIG, "u"), WriteMode::default(), &origin)
+            .unwrap_err();
+        assert_eq!(refused.status, StatusCode::CONFLICT, "{}", refused.message);
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), edited);
+        assert!(!store
+            .proxy()
+            .config()
+            .upstreams
+            .iter()
+            .any(|u| u.name == "u"));
+
+        store.reload_file().unwrap();
+        // A port taken: valid, but the apply fails.
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = taken.local_addr().unwrap().port();
+        let failing = edited.replace("127.0.0.1:0", &format!("127.0.0.1:{port}"));
+        assert!(store
+            .replace(failing, WriteMode::default(), &origin)
+            .is_err());
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), edited);
+        std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
     }
 }

@@ -8,7 +8,7 @@ mod http;
 mod table;
 
 use std::io::Read;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context};
 use clap::{Args, Subcommand, ValueEnum};
@@ -24,7 +24,9 @@ pub struct Ctl {
     /// $WEIR_ADMIN_TOKEN_FILE, else [admin] token_file of --config].
     #[arg(long, global = true)]
     token_file: Option<PathBuf>,
-    /// A config file to take the admin address and token file from (its [admin] section).
+    /// A config file to take the admin address and token file from (its [admin] section)
+    /// [default: /etc/weir/weir.toml, the package's, if there and neither --admin nor
+    /// $WEIR_ADMIN is given].
     #[arg(short, long, global = true)]
     config: Option<PathBuf>,
     /// Output format.
@@ -187,19 +189,27 @@ struct Client {
 /// The default admin API URL.
 const DEFAULT_ADMIN: &str = "http://127.0.0.1:9901";
 
+/// The package's config: where its admin API and token are when nothing else says.
+const INSTALLED_CONFIG: &str = "/etc/weir/weir.toml";
+
 impl Client {
     /// Where the admin API is and its token: the options, else `WEIR_ADMIN` and
     /// `WEIR_ADMIN_TOKEN_FILE`, else `[admin]` of `--config`, else the default.
     fn new(ctl: &Ctl) -> anyhow::Result<Client> {
         let env = |name| std::env::var_os(name).filter(|v| !v.is_empty());
-        let admin_of_file = match &ctl.config {
+        let config = ctl.config.clone().or_else(|| {
+            let installed = Path::new(INSTALLED_CONFIG);
+            (ctl.admin.is_none() && env("WEIR_ADMIN").is_none() && installed.exists())
+                .then(|| installed.to_path_buf())
+        });
+        let admin_of_file = match &config {
             Some(path) => Some(weir_config::load_admin(path)?),
             None => None,
         };
         let url = match (&ctl.admin, env("WEIR_ADMIN"), &admin_of_file) {
             (Some(url), _, _) => url.clone(),
             (None, Some(url), _) => url.to_string_lossy().into_owned(),
-            (None, None, Some(admin)) => url_of(admin, ctl.config.as_deref())?,
+            (None, None, Some(admin)) => url_of(admin, config.as_deref())?,
             (None, None, None) => DEFAULT_ADMIN.to_string(),
         };
         let token_file = ctl
