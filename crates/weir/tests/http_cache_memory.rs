@@ -91,6 +91,9 @@ fn disk_cached(upstream: SocketAddr, dir: &DiskDir, store_keys: &str, route_keys
     );
     let cache = format!("cache = {{ store = \"disk\"{route_keys} }}");
     Conf::new()
+        // The first streams wait for their window as long as the others take to open (a
+        // loaded machine): not reset meanwhile.
+        .listener("http2 = { stall_timeout = \"300s\" }")
         .route("c", "up", &[&cache])
         .upstream("up", &[upstream], &[])
         .table(&store)
