@@ -8,7 +8,7 @@ mod common;
 
 use std::net::SocketAddr;
 
-use common::{h2_get, Conf};
+use common::{h2_get, Conf, DiskDir};
 use weir_testkit::{Backend, Client, Response};
 
 /// Route `c` on `/` caching in store `mem` (`route_keys`: more keys of the route's
@@ -48,27 +48,11 @@ fn beta_and_prod(store: &str, beta: SocketAddr, prod: SocketAddr) -> Conf {
         .table("[caches.mem]\nkind = \"memory\"")
 }
 
-/// A fresh directory for a disk store, removed on drop.
-struct DiskDir(std::path::PathBuf);
-
 impl DiskDir {
-    fn new(tag: &str) -> DiskDir {
-        let name = format!("weir-http-cache-{tag}-{}", std::process::id());
-        let dir = std::env::temp_dir().join(name);
-        let _ = std::fs::remove_dir_all(&dir);
-        DiskDir(dir)
-    }
-
     /// The store's table: on disk in this directory.
     fn store(&self) -> String {
         let path = self.0.display();
         format!("kind = \"disk\"\npath = \"{path}\"\nmax_size = \"16MiB\"")
-    }
-}
-
-impl Drop for DiskDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 
@@ -1172,6 +1156,52 @@ async fn a_stale_while_revalidate_entry_answers_at_once_and_is_refreshed_once() 
     let heads = up.heads();
     assert_eq!(heads.len(), 2, "{heads:?}");
     assert!(heads[1].contains("If-None-Match: \"v1\""), "{}", heads[1]);
+}
+
+/// [`etag_v1_swr`] with a 1 MiB body: a disk store's file for it is over 64 KiB.
+fn etag_v1_swr_1mib(head: &str, index: usize) -> String {
+    let small = etag_v1_swr(head, index);
+    match small.strip_suffix("Content-Length: 7\r\n\r\nversion") {
+        Some(head) => format!(
+            "{head}Content-Length: {}\r\n\r\n{}",
+            1 << 20,
+            "v".repeat(1 << 20)
+        ),
+        None => small,
+    }
+}
+
+/// A stale disk entry over 64 KiB answers at once while it is revalidated too (it was
+/// revalidated first: its body had to be read into memory for the `304` to store it
+/// again), sent from its file; the background `304` stores the new head with the body
+/// copied file to file.
+#[tokio::test]
+async fn a_large_stale_disk_entry_answers_while_it_is_revalidated() {
+    let dir = DiskDir::new("swr-large");
+    let up = Scripted::start(etag_v1_swr_1mib).await;
+    let weir = cached_in(up.addr, "", &dir.store()).start();
+    let mut c = weir.client().await;
+    let body = "v".repeat(1 << 20).into_bytes();
+    assert_eq!(get(&mut c, "/", &[]).await.body, body);
+    let stored = "weir_cache_stored_total{store=\"mem\"}";
+    weir.wait_metric(stored, 1).await;
+    let stale = get(&mut c, "/", &[]).await;
+    assert_eq!(
+        stale.header("Cache-Status"),
+        Some("weir; hit; detail=stale-while-revalidate")
+    );
+    assert!(stale.body == body, "the stored body, whole");
+    weir.wait_metric(stored, 2).await;
+    for _ in 0..2 {
+        let refreshed = get(&mut c, "/", &[]).await;
+        assert_eq!(refreshed.header("Cache-Status"), Some("weir; hit"));
+        assert_eq!(refreshed.header("Cache-Control"), Some("max-age=60"));
+        assert!(refreshed.body == body, "the copied body, whole");
+    }
+    let heads = up.heads();
+    assert_eq!(heads.len(), 2, "{heads:?}");
+    assert!(heads[1].contains("If-None-Match: \"v1\""), "{}", heads[1]);
+    assert_eq!(weir.metric("weir_cache_errors_total{store=\"mem\"}"), 0);
 }
 
 /// No validator: `old` (stale at once but for `stale-while-revalidate=60`), then `new`.

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::Conf;
+use common::{Conf, DiskDir};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::Notify;
 use weir_testkit::{Backend, Client, Response};
@@ -173,24 +173,6 @@ async fn a_memory_entry_counts_its_key_and_uri_each_time_they_are_held() {
         .await;
     let bytes = weir.metric("weir_cache_bytes{store=\"mem\"}");
     assert!(bytes >= 3 * 8000, "{bytes}");
-}
-
-/// A fresh directory for a disk store, removed on drop.
-struct DiskDir(std::path::PathBuf);
-
-impl DiskDir {
-    fn new(tag: &str) -> DiskDir {
-        let name = format!("weir-cache-bounds-{tag}-{}", std::process::id());
-        let dir = std::env::temp_dir().join(name);
-        let _ = std::fs::remove_dir_all(&dir);
-        DiskDir(dir)
-    }
-}
-
-impl Drop for DiskDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 /// A disk store's index stays within `index_size` whatever its `max_size`: entries with

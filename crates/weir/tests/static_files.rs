@@ -624,24 +624,7 @@ async fn an_http2_stream_reads_its_file_only_within_its_window() {
     let old = vec![b'o'; 300_000];
     site.write("big.bin", &old);
     let weir = serve(&site.root(), "", &[]);
-    let tcp = tokio::net::TcpStream::connect(weir.addr)
-        .await
-        .expect("tcp");
-    let (mut h2, mut conn) = h2::client::Builder::new()
-        .initial_window_size(0)
-        .handshake::<_, bytes::Bytes>(tcp)
-        .await
-        .expect("h2 handshake");
-    let (open, opened) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(async move {
-        tokio::select! {
-            _ = &mut conn => return,
-            _ = opened => {}
-        }
-        conn.set_target_window_size(1 << 20);
-        conn.set_initial_window_size(1 << 20).expect("SETTINGS");
-        let _ = conn.await;
-    });
+    let (mut h2, open) = common::h2c_without_window(weir.addr, 1 << 20, 1 << 20).await;
     let request = http::Request::get("http://test/big.bin").body(()).unwrap();
     let (response, _) = h2.send_request(request, true).expect("send");
     let response = response.await.expect("head");

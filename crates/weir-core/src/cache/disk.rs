@@ -3,8 +3,10 @@
 //!
 //! **Never torn.** An entry is written whole to a temporary file beside its final name and
 //! renamed into place, so a reader (or a restart after `kill -9`) finds the old file or the
-//! new one, never half of one. A file carries its own key and variant, its head, and the
-//! lengths and CRC-32s of both parts; a file that is short, long, foreign, or whose sums do
+//! new one, never half of one. A stale entry refreshed by a `304` is a new write too, its
+//! body copied from the old file by the kernel ([`Disk::write_copy`]), not through
+//! memory. A file carries its own key and variant, its head, and the lengths and CRC-32s
+//! of both parts; a file that is short, long, foreign, or whose sums do
 //! not match is discarded (removed) and never served: the scan at start checks the head
 //! part, every read of a body checks the body's sum. No fsync: a crash of the machine may
 //! lose recent entries (the sums then discard them), a cache can afford that, and an fsync
@@ -178,10 +180,57 @@ impl Disk {
     /// Writes the entry (`key`, its `variant`, `policy`, `status`, `headers`, `body`) to a
     /// temporary file, for [`Disk::place`].
     pub fn write(&self, key: &[u8], meta: Meta<'_>, body: &[u8]) -> io::Result<Written> {
+        let (mut file, written) = self.create(key, &meta, body.len() as u64, crc(&[body]))?;
+        file.write_all(body)?;
+        Ok(written)
+    }
+
+    /// [`Disk::write`] of a body that is in the open file `from` (another write's: a stale
+    /// entry whose head a `304` refreshed), `len` bytes from `at`. Copied file to file by
+    /// the kernel (`io::copy` between files is copy_file_range(2)), never read into memory,
+    /// whatever its length; the new file carries the sum `from`'s fixed part holds: that
+    /// body's, checked against it in this process before it was handed out
+    /// ([`super::store::Entry::checked`]). `from`'s offset is moved: its other readers
+    /// (the reply sending it) read at explicit offsets only.
+    pub fn write_copy(
+        &self,
+        key: &[u8],
+        meta: Meta<'_>,
+        from: &File,
+        at: u64,
+        len: u64,
+    ) -> io::Result<Written> {
+        use std::io::Seek;
+        use std::os::unix::fs::FileExt;
+        let mut buf = [0; FIXED];
+        from.read_exact_at(&mut buf, 0)?;
+        let fixed = Fixed::parse(&buf)?;
+        if fixed.body_at() != at || fixed.body_len != len {
+            return Err(invalid("the body is not where its file's head says"));
+        }
+        let (mut file, written) = self.create(key, &meta, len, fixed.body_crc)?;
+        let mut source = from;
+        source.seek(io::SeekFrom::Start(at))?;
+        let copied = io::copy(&mut source.take(len), &mut file)?;
+        if copied != len {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        Ok(written)
+    }
+
+    /// A new temporary file for the entry (`key`, `meta`) whose body is `body_len` bytes
+    /// summing to `body_crc`, its head part written: the body goes after it.
+    fn create(
+        &self,
+        key: &[u8],
+        meta: &Meta<'_>,
+        body_len: u64,
+        body_crc: u32,
+    ) -> io::Result<(File, Written)> {
         let name = name(key, meta.variant);
         let path = self.path_of(&name);
         let id = write_id()?;
-        let head = encode_head(key, &meta, id, body)?;
+        let head = encode_head(key, meta, id, body_len, body_crc)?;
         let seq = self.seq.fetch_add(1, Relaxed);
         let temp = path.with_extension(format!("{}.{seq}.tmp", std::process::id()));
         let mut file = match File::create_new(&temp) {
@@ -191,18 +240,19 @@ impl Disk {
             }
             other => other?,
         };
+        // Made before any byte is written: dropped on a failure, it removes the file.
         let written = Written {
             temp: Some(temp),
             path,
             at: Location {
                 name,
                 id,
-                file_len: (head.len() + body.len()) as u64,
+                file_len: head.len() as u64 + body_len,
                 body_at: head.len() as u64,
             },
         };
-        file.write_all(&head).and_then(|()| file.write_all(body))?;
-        Ok(written)
+        file.write_all(&head)?;
+        Ok((file, written))
     }
 
     /// Renames a written entry into place; `then` runs before anyone may remove the new
@@ -468,8 +518,15 @@ impl Fixed {
     }
 }
 
-/// The fixed part and the head part of an entry.
-fn encode_head(key: &[u8], meta: &Meta<'_>, id: u64, body: &[u8]) -> io::Result<Vec<u8>> {
+/// The fixed part and the head part of an entry whose body is `body_len` bytes summing to
+/// `body_crc`.
+fn encode_head(
+    key: &[u8],
+    meta: &Meta<'_>,
+    id: u64,
+    body_len: u64,
+    body_crc: u32,
+) -> io::Result<Vec<u8>> {
     let policy = serde_json::to_vec(meta.policy).map_err(io::Error::other)?;
     let mut head = Vec::new();
     head.extend_from_slice(&meta.status.as_u16().to_le_bytes());
@@ -489,8 +546,8 @@ fn encode_head(key: &[u8], meta: &Meta<'_>, id: u64, body: &[u8]) -> io::Result<
     for part in parts {
         out.extend_from_slice(&(part.len() as u32).to_le_bytes());
     }
-    out.extend_from_slice(&(body.len() as u64).to_le_bytes());
-    out.extend_from_slice(&crc(&[body]).to_le_bytes());
+    out.extend_from_slice(&body_len.to_le_bytes());
+    out.extend_from_slice(&body_crc.to_le_bytes());
     out.extend_from_slice(&id.to_le_bytes());
     for part in parts {
         out.extend_from_slice(part);

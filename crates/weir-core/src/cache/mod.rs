@@ -8,10 +8,13 @@
 //!   [`Held`]: shared `Bytes`, a small disk entry's read, or a large one's file, open),
 //!   which the client adapters send as an upstream's response (`response_headers`,
 //!   compression); a body of at least the store's `sendfile_min_size` goes to plain-TCP
-//!   HTTP/1.1 clients with sendfile(2) from a sealed memfd or the entry's file. A large
-//!   disk entry found by the scan has its sum checked once, read in pieces on the
-//!   blocking pool (the hits meanwhile wait for that check), before the miss path would
-//!   go upstream ([`Fill::collapse`]); then it is sent from its file.
+//!   HTTP/1.1 clients with sendfile(2) from a sealed memfd or the entry's file (a disk
+//!   entry's file over 64 KiB always goes out as the file). A large disk entry found by
+//!   the scan has its sum checked once, read in pieces on the blocking pool (the hits
+//!   meanwhile wait for that check), before the miss path would go upstream
+//!   ([`Fill::collapse`]); then it is sent from its file. A stale disk entry (answering
+//!   after a `304`, or for a failure) is held the same way: no request reads a large
+//!   body into memory.
 //! - **Misses** go upstream with a [`Fill`] (the exchange with an HTTP/1.1 or HTTP/2
 //!   upstream, for HTTP/1.x, HTTP/2 and HTTP/3 clients: `forward::exchange`,
 //!   `http2::filling`, `http2::upstream`); once the response head
@@ -144,7 +147,7 @@ pub fn lookup(
                 // A HEAD is answered with the length alone: no body is read.
                 let ready = match r.req.is_head {
                     true => Ready::Now(Held::Memory(Bytes::new())),
-                    false => store.body_now(&key, &entry, true),
+                    false => store.body_now(&key, &entry),
                 };
                 let body = match ready {
                     Ready::Now(body) => body,
@@ -269,7 +272,7 @@ impl Probe<'_> {
             store,
             cache,
         } = *self;
-        let Ready::Now(body) = store.body_now(key, entry, false) else {
+        let Ready::Now(body) = store.body_now(key, entry) else {
             return None;
         };
         store.counts.stale.fetch_add(1, Relaxed);
@@ -345,8 +348,9 @@ struct Stale {
     /// Its conditional header lines, added to the upstream request (empty: it has no
     /// validator, or the client sent a condition of its own).
     lines: Vec<u8>,
-    /// Its body (a disk entry's once read: [`Fill::collapse`]), in memory: a `304` stores
-    /// it again.
+    /// Its body as a hit's is held (a disk entry's once at hand, [`Fill::collapse`]: a
+    /// small file read, else its file once checked, never a large body read into memory):
+    /// what answers for it, and what a `304` stores again.
     body: Option<Held>,
 }
 
@@ -574,14 +578,15 @@ impl Fill {
         line.strip_prefix("Cache-Status: ")?.strip_suffix("\r\n")
     }
 
-    /// What is done before the request goes upstream: a fresh disk entry's body is read
-    /// (the request is answered from it); a stale disk entry's body is read (to answer
-    /// with if it is confirmed or the upstream fails); and the request fetching the same
+    /// What is done before the request goes upstream: a fresh disk entry's body is had
+    /// (the request is answered from it); a stale disk entry's body is had (to answer
+    /// with if it is confirmed or the upstream fails): each as a hit holds it, a large
+    /// file checked first if it was not ([`Store::body`]); and the request fetching the same
     /// key, if another one is, is waited for (within `lock_timeout`), then the store is
     /// looked at again. `None`: this request goes upstream.
     pub async fn collapse(&mut self) -> Option<Reply> {
         if let Some(load) = self.load.take() {
-            if let Some(body) = self.store.body(&self.key, &load.entry, true).await {
+            if let Some(body) = self.store.body(&self.key, &load.entry).await {
                 self.store.counts.hits.fetch_add(1, Relaxed);
                 let head = entry_head(&load.entry, SystemTime::now());
                 return Some(self.reply(Hit::whole(head, body, self.served(Served::Fresh))));
@@ -593,7 +598,7 @@ impl Fill {
         let on = self.serve_stale_on;
         let wanted = |s: &&mut Stale| s.body.is_none() && s.may_answer(on);
         if let Some(stale) = self.stale.as_mut().filter(wanted) {
-            stale.body = self.store.body(&self.key, &stale.entry, false).await;
+            stale.body = self.store.body(&self.key, &stale.entry).await;
             if stale.body.is_none() {
                 self.stale = None;
             }
@@ -609,7 +614,7 @@ impl Fill {
             matches!(policy, BeforeRequest::Fresh(_))
         });
         let entry = fresh?;
-        let body = self.store.body(&self.key, &entry, true).await?;
+        let body = self.store.body(&self.key, &entry).await?;
         self.store.counts.hits.fetch_add(1, Relaxed);
         let head = entry_head(&entry, SystemTime::now());
         let hit = Hit::whole(head, body, self.served(Served::Collapsed));
@@ -718,27 +723,27 @@ impl Fill {
             return Some(self.reply(Hit::whole(head, body, self.served(Served::Refreshed))));
         }
         let answer = head_at(head.status, &head.headers, &policy, now);
-        // A stale body is in memory (read for this: `Stale::body`).
-        if let Some(stored) = body.body() {
-            let variant = &stale.entry.variant;
-            let index = index_cost(self, variant, &head.headers, &kept.headers);
-            let entry = Entry {
-                staleness: Staleness::of(&policy, &head.headers, now),
-                size: body.len() + index,
-                index,
-                status: head.status,
-                headers: head.headers,
-                policy,
-                body: stored,
-                variant: variant.clone(),
-                checked: store::Checked::new(true),
-            };
-            // The waiting requests are let go once the store has the new head (a disk
-            // store: once its file is rewritten), so that they find it fresh instead of
-            // each going upstream.
-            let release = self.leading.replace(false).then(|| self.scope.clone());
-            self.store.put(self.key.clone(), entry, release);
-        }
+        let variant = &stale.entry.variant;
+        let index = index_cost(self, variant, &head.headers, &kept.headers);
+        let entry = Entry {
+            staleness: Staleness::of(&policy, &head.headers, now),
+            size: body.len() + index,
+            index,
+            status: head.status,
+            headers: head.headers,
+            policy,
+            // The stale body, `body`: `put_refreshed` puts it here.
+            body: Body::Memory(Bytes::new()),
+            variant: variant.clone(),
+            checked: store::Checked::new(true),
+        };
+        // The waiting requests are let go once the store has the new head (a disk store:
+        // once its file is rewritten, the body copied file to file if it is the entry's
+        // file), so that they find it fresh instead of each going upstream.
+        let release = self.leading.replace(false).then(|| self.scope.clone());
+        let stored = body.clone();
+        self.store
+            .put_refreshed(self.key.clone(), entry, stored, release);
         Some(self.reply(Hit::whole(answer, body, self.served(Served::Refreshed))))
     }
 

@@ -21,9 +21,10 @@ use crate::files::http::{evaluate, parse_date, Validate, Verdict};
 use crate::files::{Body, Data, Part, Reply};
 
 /// A body from a cache entry goes out with sendfile(2) when it is in a file (only entries
-/// of at least their store's `sendfile_min_size` are: `store`) and what is sent is at
-/// least this long: a short range of a large entry goes out in one write with its head
-/// (two system calls and two segments otherwise).
+/// of at least their store's `sendfile_min_size` are, and disk entries whose file is over
+/// 64 KiB: `store`) and what is sent is at least this long: a short range of a large
+/// entry goes out in one write with its head (two system calls and two segments
+/// otherwise).
 const SENDFILE_FLOOR: u64 = 16 << 10;
 
 /// The fields a `304` carries from the stored response (RFC 9110 15.4.5), and its age.

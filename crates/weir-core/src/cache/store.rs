@@ -10,22 +10,27 @@
 //!   is made on the runtime's blocking pool ([`Store::put`]), not on the worker.
 //! - `kind = "disk"`: an entry's body is in its file ([`Disk`]); the index (heads, policies,
 //!   where each body is) is in memory, rebuilt from the files at start by a background
-//!   scan, so entries are found again after a restart. Files are written, and large bodies
-//!   read, on the runtime's blocking pool ([`Store::put`], [`Store::body`]); a body
-//!   of at most [`SYNC_READ_MAX`] is read in one go where the hit is looked up
-//!   ([`Store::body_now`]). A fresh hit of a body of at least `sendfile_min_size` whose
-//!   sum was checked in this process ([`Entry::checked`]; one the scan found is checked
-//!   once, in pieces, by its first hit, which the others wait for) gets the entry's
-//!   file, open ([`Held::File`]): sendfile(2) sends it to plain-TCP HTTP/1.1 clients,
-//!   the others read it in pieces as a static file's. A file that cannot be read back whole is dropped from the index
-//!   and removed: a miss, a log line and `weir_cache_errors_total`, never an error to the
-//!   client; a file that cannot be read at all for now (too many open files, EIO, EACCES)
-//!   is a miss, logged and counted, and kept. Several processes may share a directory for
-//!   a while (a binary upgrade): each indexes what it wrote and found at start, and a file
-//!   the other replaced or removed is a miss (dropped from the index, the file left).
+//!   scan, so entries are found again after a restart. Files are written, and large
+//!   bodies checked, on the runtime's blocking pool ([`Store::put`], [`Store::body`]); a
+//!   file of at most [`SYNC_READ_MAX`] is read in one go where the hit is looked up
+//!   ([`Store::body_now`]). Any other body (and one of at least `sendfile_min_size`)
+//!   whose sum was checked in this process ([`Entry::checked`]; one the scan found is
+//!   checked once, in pieces, by its first hit, which the others wait for) goes out as
+//!   the entry's file, open ([`Held::File`]), whatever answers with it: a fresh hit, a
+//!   stale entry a `304` confirmed (its refreshed file gets the body copied file to file:
+//!   [`Store::put_refreshed`]) or that answers for a failure. No request reads a large
+//!   body into memory: sendfile(2) sends it to plain-TCP HTTP/1.1 clients, the others
+//!   read it in pieces as a static file's. A file that cannot be read back whole is
+//!   dropped from the index and removed: a miss, a log line and `weir_cache_errors_total`,
+//!   never an error to the client; a file that cannot be read at all for now (too many
+//!   open files, EIO, EACCES) is a miss, logged and counted, and kept. Several processes
+//!   may share a directory for a while (a binary upgrade): each indexes what it wrote and
+//!   found at start, and a file the other replaced or removed is a miss (dropped from the
+//!   index, the file left).
 
 use std::collections::HashMap;
 use std::fs::File;
+use std::io;
 use std::sync::atomic::{
     AtomicBool, AtomicU64, Ordering::AcqRel, Ordering::Acquire, Ordering::Relaxed,
     Ordering::Release,
@@ -38,7 +43,7 @@ use http_cache_semantics::CachePolicy;
 use tokio::sync::{watch, Notify};
 use weir_config::{CacheKind, CacheStore};
 
-use super::disk::{Disk, Found, Location, Meta, Unreadable};
+use super::disk::{Disk, Found, Location, Meta, Unreadable, Written};
 use super::lru::Lru;
 use super::sealed::{self, Memfd};
 
@@ -65,9 +70,9 @@ pub struct Entry {
     /// Bytes its index entry takes in memory (key, heads, policy; a memory store counts
     /// them in `size` too): a disk store's index is bounded by `index_size` with them.
     pub index: u64,
-    /// A disk entry's body sum was checked in this process (it wrote the file, or read it
-    /// whole since): its file may be sent as it is. Files the scan found are checked by
-    /// their first hit ([`Store::body`]).
+    /// A disk entry's body sum was checked in this process (it wrote the file, or copied
+    /// it from a checked one, or read it whole since): its file may be sent as it is.
+    /// Files the scan found are checked by their first hit ([`Store::body`]).
     pub checked: Checked,
 }
 
@@ -168,21 +173,13 @@ impl Held {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
-
-    /// The body as an entry keeps it, if it is in memory.
-    pub fn body(&self) -> Option<Body> {
-        match self {
-            Held::Memory(b) => Some(Body::Memory(b.clone())),
-            Held::Sealed(b, file) => Some(Body::Sealed(b.clone(), file.clone())),
-            Held::File(..) => None,
-        }
-    }
 }
 
 /// A body as [`Store::body_now`] has it.
 pub enum Ready {
     Now(Held),
-    /// On disk and large: [`Store::body`] reads it on the blocking pool.
+    /// On disk, large, and its sum not checked in this process yet: [`Store::body`] checks
+    /// it on the blocking pool (once, whatever the requests waiting for it).
     Later,
     /// Its file could not be read: a miss (the entry dropped if the file is not whole or
     /// not its own any more).
@@ -295,6 +292,24 @@ struct Putting {
     release: Option<Arc<[u8]>>,
     /// The fill's memory, let go once the entry is written or sealed.
     _memory: Option<FillMemory>,
+}
+
+impl Putting {
+    /// Runs `job` (given the store and the key) on the blocking pool, or here when there
+    /// is no runtime. The release is the guard's drop, after the job (or if it panics, or
+    /// is dropped unrun at shutdown): the waiting requests are never left until
+    /// `lock_timeout`.
+    fn run(self, job: impl FnOnce(&Arc<Store>, &[u8]) + Send + 'static) {
+        let task = move || {
+            // The whole guard, dropped once the job is over.
+            let putting = self;
+            job(&putting.store, &putting.key[..]);
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn_blocking(task)),
+            Err(_) => task(),
+        }
+    }
 }
 
 impl Drop for Putting {
@@ -481,25 +496,50 @@ impl Store {
             self.keep(&key, self.sealed(entry), release.as_deref());
             return;
         }
-        // The release is the guard's drop, after the job (or if it panics, or is dropped
-        // unrun at shutdown): the waiting requests are never left until `lock_timeout`.
         let putting = Putting {
             store: self.clone(),
             key,
             release,
             _memory: memory,
         };
-        let job = move || {
-            let Putting { store, key, .. } = &putting;
-            match store.disk.is_some() {
-                true => store.write(key, entry),
-                false => store.keep(key, store.sealed(entry), None),
+        putting.run(move |store, key| match store.disk.is_some() {
+            true => store.write(key, entry),
+            false => store.keep(key, store.sealed(entry), None),
+        });
+    }
+
+    /// Stores `entry` of `key` again, its head refreshed by a `304`, with `held`, the
+    /// stale body that `304` confirmed (as the reply to it holds it; `entry`'s own `body`
+    /// is replaced): a body in memory as [`Store::put`] does; a disk entry's file copied,
+    /// file to file, into the new entry's file on the blocking pool ([`Disk::write_copy`]),
+    /// so that a refresh never reads a large body into memory. `release`: as for `put`.
+    pub fn put_refreshed(
+        self: &Arc<Self>,
+        key: Vec<u8>,
+        mut entry: Entry,
+        held: Held,
+        release: Option<Arc<[u8]>>,
+    ) {
+        let (file, at, len) = match held {
+            Held::File(file, at, len) => (file, at, len),
+            Held::Memory(bytes) => {
+                entry.body = Body::Memory(bytes);
+                self.put(key, entry, release);
+                return;
+            }
+            Held::Sealed(bytes, memfd) => {
+                entry.body = Body::Sealed(bytes, memfd);
+                self.put(key, entry, release);
+                return;
             }
         };
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => drop(runtime.spawn_blocking(job)),
-            Err(_) => job(),
-        }
+        let putting = Putting {
+            store: self.clone(),
+            key,
+            release,
+            _memory: None,
+        };
+        putting.run(move |store, key| store.write_copy(key, entry, &file, at, len));
     }
 
     /// A memory store's insert of `entry`, then the fetch's release.
@@ -545,22 +585,31 @@ impl Store {
     }
 
     /// Writes `entry` to its file and indexes it there.
-    fn write(&self, key: &[u8], mut entry: Entry) {
+    fn write(&self, key: &[u8], entry: Entry) {
         let (Some(disk), Body::Memory(body)) = (&self.disk, &entry.body) else {
             return;
         };
-        let meta = Meta {
-            variant: &entry.variant,
-            policy: &entry.policy,
-            status: entry.status,
-            headers: &entry.headers,
-        };
-        let placed = disk.write(key, meta, body).and_then(|written| {
+        let written = disk.write(key, entry.meta(), body);
+        self.place(disk, key, entry, written);
+    }
+
+    /// [`Store::write`] of `entry` with the body `len` bytes from `at` in the open file
+    /// `from` (a refreshed disk entry's: [`Store::put_refreshed`]).
+    fn write_copy(&self, key: &[u8], entry: Entry, from: &File, at: u64, len: u64) {
+        let Some(disk) = &self.disk else { return };
+        let written = disk.write_copy(key, entry.meta(), from, at, len);
+        self.place(disk, key, entry, written);
+    }
+
+    /// Renames the file `written` for `entry` into place and indexes it there (removing
+    /// the files of the entries it lets go); a write that failed is logged and counted.
+    fn place(&self, disk: &Disk, key: &[u8], mut entry: Entry, written: io::Result<Written>) {
+        let placed = written.and_then(|written| {
             disk.place(written, |at| {
                 entry.size = at.file_len;
                 entry.index = disk_index_cost(key, &at, &entry.headers);
                 entry.body = Body::Disk(at);
-                // Its sum is of the bytes just written.
+                // Its sum is of the bytes just written (or copied from a checked file).
                 entry.checked = Checked::new(true);
                 self.index(key, entry, false)
             })
@@ -629,19 +678,20 @@ impl Store {
         }
     }
 
-    /// The body of `entry` (of `key`), if it can be had without waiting. `send_only`: it
-    /// is only sent (a fresh hit), so a checked disk entry's large body may come as its
-    /// open file; otherwise (a stale body, which may be stored again) it is read.
-    pub fn body_now(&self, key: &[u8], entry: &Arc<Entry>, send_only: bool) -> Ready {
+    /// The body of `entry` (of `key`), if it can be had without waiting: in memory, a
+    /// checked disk entry's file ([`Held::File`]: large enough for sendfile, or over
+    /// [`SYNC_READ_MAX`], whatever `sendfile_min_size` says: read whole, such a body would
+    /// be one copy in memory per request), or a small file read whole.
+    pub fn body_now(&self, key: &[u8], entry: &Arc<Entry>) -> Ready {
         let (at, disk) = match (&entry.body, &self.disk) {
             (Body::Disk(at), Some(disk)) => (at, disk),
             (Body::Disk(_), None) => return Ready::Gone,
             (body, _) => return body.held().map_or(Ready::Gone, Ready::Now),
         };
-        let file = send_only
-            && at.body_len() >= self.sendfile_min_size.load(Relaxed)
-            && entry.checked.is_ok();
-        let got = match (file, at.file_len <= SYNC_READ_MAX) {
+        let small = at.file_len <= SYNC_READ_MAX;
+        let file = entry.checked.is_ok()
+            && (!small || at.body_len() >= self.sendfile_min_size.load(Relaxed));
+        let got = match (file, small) {
             (true, _) => {
                 (disk.open(at)).map(|f| Held::File(Arc::new(f), at.body_at(), at.body_len()))
             }
@@ -660,46 +710,16 @@ impl Store {
         }
     }
 
-    /// Whether a hit of the disk entry at `at` that is `send_only` gets its file once
-    /// the entry is checked (large enough for sendfile).
-    fn sends_file(&self, at: &Location, send_only: bool) -> bool {
-        send_only && at.body_len() >= self.sendfile_min_size.load(Relaxed)
-    }
-
-    /// The body of `entry` (of `key`): [`Store::body_now`]; or, when it is large, its
-    /// file once checked ([`Store::checked_file`]) if it is only sent, else read whole on
-    /// the blocking pool (its sum checked: [`Entry::checked`]); `None` if its file could
-    /// not be read (the entry is gone then).
-    pub async fn body(
-        self: &Arc<Self>,
-        key: &[u8],
-        entry: &Arc<Entry>,
-        send_only: bool,
-    ) -> Option<Held> {
-        let at = match (self.body_now(key, entry, send_only), &entry.body) {
-            (Ready::Now(body), _) => return Some(body),
-            (Ready::Later, Body::Disk(at)) => *at,
-            _ => return None,
-        };
-        if self.sends_file(&at, send_only) {
-            return self.checked_file(key, entry, at).await;
-        }
-        let store = self.clone();
-        let owned = key.to_vec();
-        let read = tokio::task::spawn_blocking(move || {
-            let disk = store.disk.as_ref().ok_or(Unreadable::Stale)?;
-            disk.read(&at, &owned)
-        });
-        match read.await {
-            Ok(Ok(body)) => {
-                entry.checked.set_ok();
-                Some(Held::Memory(body))
-            }
-            Ok(Err(why)) => {
-                self.unreadable(key, entry, why);
-                None
-            }
-            Err(_) => None,
+    /// The body of `entry` (of `key`): [`Store::body_now`]; or, when it is large and its
+    /// sum not checked yet, its file once checked ([`Store::checked_file`]); `None` if its
+    /// file could not be read (the entry is gone then). Whatever answers with it (a fresh
+    /// hit, a stale entry a `304` confirmed or that answers for a failure), a disk body
+    /// over [`SYNC_READ_MAX`] is never read into memory.
+    pub async fn body(self: &Arc<Self>, key: &[u8], entry: &Arc<Entry>) -> Option<Held> {
+        match (self.body_now(key, entry), &entry.body) {
+            (Ready::Now(body), _) => Some(body),
+            (Ready::Later, Body::Disk(at)) => self.checked_file(key, entry, *at).await,
+            _ => None,
         }
     }
 
@@ -724,7 +744,7 @@ impl Store {
             done.await;
         }
         // Its file, open again (a few syscalls): checked since, or replaced meanwhile.
-        match self.body_now(key, entry, true) {
+        match self.body_now(key, entry) {
             Ready::Now(held) if checked.is_ok() => Some(held),
             _ => None,
         }
@@ -802,6 +822,16 @@ fn disk_index_cost(key: &[u8], at: &Location, headers: &http::HeaderMap) -> u64 
 }
 
 impl Entry {
+    /// What its file's head part holds besides its key.
+    fn meta(&self) -> Meta<'_> {
+        Meta {
+            variant: &self.variant,
+            policy: &self.policy,
+            status: self.status,
+            headers: &self.headers,
+        }
+    }
+
     /// The index entry of a file the scan found (`now`: when it was found).
     fn found(found: Found, now: SystemTime) -> Entry {
         let index = disk_index_cost(&found.key, &found.location, &found.headers);
@@ -972,7 +1002,7 @@ mod tests {
         // The same length, so that only the write id tells them apart.
         write_behind(&dir, b"http://h/a", &entry(4, b""), b"newr");
         assert!(
-            matches!(s.body_now(b"http://h/a", &old, false), Ready::Gone),
+            matches!(s.body_now(b"http://h/a", &old), Ready::Gone),
             "the old head never goes out with the new body"
         );
         assert!(
@@ -996,13 +1026,13 @@ mod tests {
         s.put(b"http://h/big".to_vec(), entry(64 << 10, b""), None);
         s.put(b"http://h/small".to_vec(), entry((64 << 10) - 1, b""), None);
         let big = s.get(b"http://h/big", b"").remove(0);
-        let Ready::Now(Held::Sealed(bytes, memfd)) = s.body_now(b"http://h/big", &big, true) else {
+        let Ready::Now(Held::Sealed(bytes, memfd)) = s.body_now(b"http://h/big", &big) else {
             panic!("a body of sendfile_min_size is in a sealed memfd");
         };
         assert_eq!(bytes, vec![b'x'; 64 << 10]);
         assert_eq!(memfd.file.metadata().unwrap().len(), 64 << 10);
         let small = s.get(b"http://h/small", b"").remove(0);
-        let ready = s.body_now(b"http://h/small", &small, true);
+        let ready = s.body_now(b"http://h/small", &small);
         assert!(matches!(ready, Ready::Now(Held::Memory(_))));
         // Purged while a hit holds it: the hit's bytes and file stay whole.
         assert_eq!(s.purge(b"http://h/big", false), 1);
@@ -1017,30 +1047,25 @@ mod tests {
         s.put(b"http://h/a".to_vec(), entry(100 << 10, b""), None);
         let written = s.get(b"http://h/a", b"").remove(0);
         // Written by this process: its file as it is.
-        let Ready::Now(Held::File(_, at, len)) = s.body_now(b"http://h/a", &written, true) else {
+        let Ready::Now(Held::File(_, at, len)) = s.body_now(b"http://h/a", &written) else {
             panic!("a checked entry's file");
         };
         assert_eq!((len, at + len), (100 << 10, written.size));
-        // Not only sent (a stale body, stored again): read.
-        assert!(matches!(
-            s.body_now(b"http://h/a", &written, false),
-            Ready::Later
-        ));
 
         // Found by the scan: its sum checked once (not read into memory), then its file.
         let again = Store::open(config(1 << 20, CacheKind::Disk { path: dir.clone() }));
         loaded(&again);
         let found = again.get(b"http://h/a", b"").remove(0);
         assert!(matches!(
-            again.body_now(b"http://h/a", &found, true),
+            again.body_now(b"http://h/a", &found),
             Ready::Later
         ));
         let runtime = tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap();
-        let read = runtime.block_on(again.body(b"http://h/a", &found, true));
+        let read = runtime.block_on(again.body(b"http://h/a", &found));
         assert!(matches!(read, Some(Held::File(_, _, len)) if len == 100 << 10));
-        let ready = again.body_now(b"http://h/a", &found, true);
+        let ready = again.body_now(b"http://h/a", &found);
         assert!(matches!(ready, Ready::Now(Held::File(..))));
         std::fs::remove_dir_all(dir).unwrap();
     }
@@ -1055,7 +1080,7 @@ mod tests {
         runtime.block_on(async {
             let hits = (0..n).map(|_| {
                 let (s, entry) = (s.clone(), entry.clone());
-                tokio::spawn(async move { s.body(key, &entry, true).await })
+                tokio::spawn(async move { s.body(key, &entry).await })
             });
             let hits: Vec<_> = hits.collect();
             let mut out = Vec::new();
@@ -1148,13 +1173,16 @@ mod tests {
             .build()
             .unwrap();
         assert!(runtime
-            .block_on(again.body(b"http://h/a", &found, true))
+            .block_on(again.body(b"http://h/a", &found))
             .is_none());
         assert!(again.get(b"http://h/a", b"").is_empty(), "dropped");
         assert!(!path.exists(), "its file removed");
         std::fs::remove_dir_all(dir).unwrap();
     }
 
+    /// A small body under a large head: its file is past what is read where a hit is
+    /// looked up, so it is never read there: sent from its file (checked: this process
+    /// wrote it), or checked on the blocking pool first (found by the scan).
     #[test]
     fn a_small_body_under_a_large_head_is_not_read_on_the_event_loop() {
         let (dir, s) = disk_store("bighead", 1 << 20);
@@ -1164,9 +1192,83 @@ mod tests {
         s.put(b"http://h/a".to_vec(), e, None);
         let got = s.get(b"http://h/a", b"");
         assert!(matches!(
-            s.body_now(b"http://h/a", &got[0], false),
+            s.body_now(b"http://h/a", &got[0]),
+            Ready::Now(Held::File(_, _, 10))
+        ));
+        let again = Store::open(config(1 << 20, CacheKind::Disk { path: dir.clone() }));
+        loaded(&again);
+        let found = again.get(b"http://h/a", b"").remove(0);
+        assert!(matches!(
+            again.body_now(b"http://h/a", &found),
             Ready::Later
         ));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// Review of content2: a body under `sendfile_min_size` whose file is over
+    /// [`SYNC_READ_MAX`] was read whole into memory by each hit (a `sendfile_min_size`
+    /// over `max_object_size` made every large hit a copy). Now it is sent from its file.
+    #[test]
+    fn a_large_body_under_sendfile_min_size_is_sent_from_its_file() {
+        let dir = std::env::temp_dir().join(format!("weir-store-under-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut conf = config(4 << 20, CacheKind::Disk { path: dir.clone() });
+        conf.sendfile_min_size = 1 << 30;
+        let s = Store::open(conf);
+        loaded(&s);
+        s.put(b"http://h/a".to_vec(), entry(1 << 20, b""), None);
+        s.put(b"http://h/b".to_vec(), entry(1000, b""), None);
+        let large = s.get(b"http://h/a", b"").remove(0);
+        let ready = s.body_now(b"http://h/a", &large);
+        assert!(matches!(ready, Ready::Now(Held::File(_, _, len)) if len == 1 << 20));
+        // A small file is still read at once (it goes out with its head in one write).
+        let small = s.get(b"http://h/b", b"").remove(0);
+        let ready = s.body_now(b"http://h/b", &small);
+        assert!(matches!(ready, Ready::Now(Held::Memory(b)) if b.len() == 1000));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// A stale disk entry refreshed by a `304` is stored again with its body copied from
+    /// the file its reply holds, file to file: the new file has the new head and the
+    /// body, whole and with its sum (a later process's check passes), and replaces the
+    /// old one.
+    #[test]
+    fn a_refreshed_disk_entry_gets_its_body_copied_from_its_file() {
+        let (dir, s) = disk_store("refresh-copy", 4 << 20);
+        let body: Vec<u8> = (0..1 << 20).map(|i: u32| (i % 251) as u8).collect();
+        let mut stale = entry(0, b"");
+        stale.body = Body::Memory(Bytes::from(body.clone()));
+        s.put(b"http://h/a".to_vec(), stale, None);
+        let old = s.get(b"http://h/a", b"").remove(0);
+        let Ready::Now(held @ Held::File(..)) = s.body_now(b"http://h/a", &old) else {
+            panic!("a checked entry's file");
+        };
+        let mut refreshed = entry(0, b"");
+        refreshed
+            .headers
+            .insert("x-refreshed", "1".parse().unwrap());
+        // No runtime here: the file is written before `put_refreshed` returns.
+        s.put_refreshed(b"http://h/a".to_vec(), refreshed, held, None);
+        assert_eq!(s.counts.errors.load(Relaxed), 0);
+        let new = s.get(b"http://h/a", b"").remove(0);
+        assert_eq!(new.headers["x-refreshed"], "1");
+        assert_eq!(files(&dir).0, 1, "the new file took the old one's place");
+
+        let again = Store::open(config(4 << 20, CacheKind::Disk { path: dir.clone() }));
+        loaded(&again);
+        let found = again.get(b"http://h/a", b"").remove(0);
+        assert_eq!(found.headers["x-refreshed"], "1");
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let Some(Held::File(file, at, len)) = runtime.block_on(again.body(b"http://h/a", &found))
+        else {
+            panic!("the copy passes the check");
+        };
+        let mut copied = vec![0; len as usize];
+        std::os::unix::fs::FileExt::read_exact_at(&*file, &mut copied, at).unwrap();
+        assert!(copied == body, "the body, whole");
+        assert_eq!(again.counts.errors.load(Relaxed), 0);
         std::fs::remove_dir_all(dir).unwrap();
     }
 
@@ -1186,10 +1288,7 @@ mod tests {
         let aside = path.with_extension("aside");
         std::fs::rename(&path, &aside).unwrap();
         std::fs::create_dir(&path).unwrap();
-        assert!(matches!(
-            s.body_now(b"http://h/a", &got[0], false),
-            Ready::Gone
-        ));
+        assert!(matches!(s.body_now(b"http://h/a", &got[0]), Ready::Gone));
         assert_eq!(s.counts.errors.load(Relaxed), 1);
         assert_eq!(s.get(b"http://h/a", b"").len(), 1, "the entry is kept");
         let again = Store::open(config(1 << 20, CacheKind::Disk { path: dir.clone() }));
@@ -1198,10 +1297,7 @@ mod tests {
         assert_eq!(again.counts.errors.load(Relaxed), 1);
         std::fs::remove_dir(&path).unwrap();
         std::fs::rename(&aside, &path).unwrap();
-        assert!(matches!(
-            s.body_now(b"http://h/a", &got[0], false),
-            Ready::Now(_)
-        ));
+        assert!(matches!(s.body_now(b"http://h/a", &got[0]), Ready::Now(_)));
         std::fs::remove_dir_all(dir).unwrap();
     }
 
@@ -1218,7 +1314,7 @@ mod tests {
         assert_eq!(count as u64, s.counts.entries.load(Relaxed));
         assert!(s.counts.evictions.load(Relaxed) >= 6);
         let newest = s.get(b"http://h/9", b"");
-        let Ready::Now(Held::Memory(body)) = s.body_now(b"http://h/9", &newest[0], false) else {
+        let Ready::Now(Held::Memory(body)) = s.body_now(b"http://h/9", &newest[0]) else {
             panic!("a small body is read at once");
         };
         assert_eq!(body.len(), 4000);

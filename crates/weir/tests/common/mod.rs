@@ -339,6 +339,56 @@ pub async fn h2c_client(addr: SocketAddr) -> h2::client::SendRequest<bytes::Byte
     client
 }
 
+/// An h2c connection to `addr` whose streams get no window (each gets its head, then
+/// waits): `open.send(())` gives each stream `stream` bytes of window and the connection
+/// `connection` (its connection task runs on the test's runtime).
+pub async fn h2c_without_window(
+    addr: SocketAddr,
+    stream: u32,
+    connection: u32,
+) -> (
+    h2::client::SendRequest<bytes::Bytes>,
+    tokio::sync::oneshot::Sender<()>,
+) {
+    let tcp = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("connect to weir");
+    let (h2, mut conn) = h2::client::Builder::new()
+        .initial_window_size(0)
+        .handshake::<_, bytes::Bytes>(tcp)
+        .await
+        .expect("h2 handshake");
+    let (open, opened) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = &mut conn => return,
+            _ = opened => {}
+        }
+        conn.set_target_window_size(connection);
+        conn.set_initial_window_size(stream).expect("SETTINGS");
+        let _ = conn.await;
+    });
+    (h2, open)
+}
+
+/// A fresh directory for a disk cache store (`tag`: the test's), removed on drop.
+pub struct DiskDir(pub std::path::PathBuf);
+
+impl DiskDir {
+    pub fn new(tag: &str) -> DiskDir {
+        let name = format!("weir-disk-store-{tag}-{}", std::process::id());
+        let dir = std::env::temp_dir().join(name);
+        let _ = std::fs::remove_dir_all(&dir);
+        DiskDir(dir)
+    }
+}
+
+impl Drop for DiskDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// A client socket to `addr` with a 64 KiB receive buffer (SO_RCVBUF set before the
 /// connect, so the window it advertises stays that small): with [`read_slowly`], a slow
 /// reader whose pace does not depend on how the kernel batches window updates.
