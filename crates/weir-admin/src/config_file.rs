@@ -10,9 +10,10 @@
 //! - **Atomic where it can be**: a temporary file beside the file, synced, renamed over
 //!   it, then the directory synced (without that, a crash can undo an acknowledged write).
 //!   A file that cannot be renamed over (a single file bind-mounted into a container:
-//!   `EBUSY`) is rewritten in place instead, and synced.
+//!   `EBUSY`) is rewritten in place instead, and synced (not crash-atomic).
 //! - **The same file, the same access**: a symlink is followed (the link's target gets the
-//!   change, so config management that owns the target sees it), and the new file keeps
+//!   change, so config management that owns the target sees it; a dangling one is an
+//!   error), and the new file keeps
 //!   the old one's permission bits and, where Weir may set them (root), its owner and group:
 //!   a `0600` file holding secrets does not become world-readable at the first `weir ctl`
 //!   call.
@@ -34,16 +35,23 @@ pub(crate) struct ConfigFile<'a> {
 }
 
 impl ConfigFile<'_> {
-    pub(crate) fn at(path: &Path) -> ConfigFile<'_> {
-        // A file that does not exist (removed meanwhile) is written where it was named.
-        let target = fs::canonicalize(path).unwrap_or_else(|_| path.to_owned());
-        ConfigFile { path, target }
+    pub(crate) fn at(path: &Path) -> Result<ConfigFile<'_>, ApiError> {
+        let target = match fs::canonicalize(path) {
+            Ok(target) => target,
+            // A file that does not exist (removed meanwhile) is written where it was named;
+            // a dangling symlink is not replaced by a file of its own.
+            Err(e) if fs::symlink_metadata(path).is_ok_and(|m| m.is_symlink()) => {
+                return Err(write_error(path, &e));
+            }
+            Err(_) => path.to_owned(),
+        };
+        Ok(ConfigFile { path, target })
     }
 
-    /// Refuses a change to `new` when the file is no longer `last` (the text Weir last read
-    /// or wrote), unless it already is `new` (`weir ctl apply -f` of the edited file itself).
-    /// A missing file is not an edit to keep; an unreadable one fails the write.
-    pub(crate) fn check_unchanged(&self, last: &str, new: &str) -> Result<(), ApiError> {
+    /// What the file holds now, refused when that is neither `last` (the text Weir last
+    /// read or wrote) nor `new` (`weir ctl apply -f` of the edited file itself): a change
+    /// would overwrite an edit not reloaded yet. `None`: the file is gone (no edit to keep).
+    pub(crate) fn holding(&self, last: &str, new: &str) -> Result<Option<Vec<u8>>, ApiError> {
         match fs::read(&self.target) {
             Ok(now) if now != last.as_bytes() && now != new.as_bytes() => Err(ApiError::new(
                 StatusCode::CONFLICT,
@@ -53,21 +61,35 @@ impl ConfigFile<'_> {
                     self.path.display()
                 ),
                 "apply the edit first (`systemctl reload weir`, SIGHUP, or `weir ctl apply -f \
-                 FILE`), or undo it; then repeat this change",
+                 FILE`; a reload takes a moment to run), or undo it; then repeat this change",
             )),
-            _ => Ok(()),
+            Ok(now) => Ok(Some(now)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("cannot read {}: {e}", self.target.display()),
+                "make the config file readable by weir",
+            )),
         }
     }
 
     /// Writes `text` over the file (see the module doc for how).
-    pub(crate) fn write(&self, text: &str) -> Result<(), ApiError> {
+    pub(crate) fn write(&self, text: &[u8]) -> Result<(), ApiError> {
         let mut tmp = self.target.as_os_str().to_owned();
         tmp.push(".weir-tmp");
         let tmp = PathBuf::from(tmp);
         let old = fs::metadata(&self.target).ok();
         let renamed = stage(&tmp, text, old.as_ref()).and_then(|()| fs::rename(&tmp, &self.target));
         let written = match renamed {
-            Ok(()) => sync_dir(&self.target),
+            Ok(()) => {
+                // The file is replaced: a directory weir may write but not read (so not
+                // sync) does not make the change fail.
+                if let Err(e) = sync_dir(&self.target) {
+                    tracing::warn!(file = %self.target.display(), error = %e,
+                        "config file written, its directory not synced");
+                }
+                Ok(())
+            }
             Err(e) if e.kind() == io::ErrorKind::ResourceBusy => {
                 let _ = fs::remove_file(&tmp);
                 write_in_place(&self.target, text)
@@ -77,32 +99,44 @@ impl ConfigFile<'_> {
                 Err(e)
             }
         };
-        written.map_err(|e| write_error(self.path, &e))
+        written.map_err(|e| write_error(&self.target, &e))
     }
 }
 
 /// Writes `text` to a new `tmp` (readable by its owner only until it has `old`'s mode and
 /// owner), synced.
-fn stage(tmp: &Path, text: &str, old: Option<&fs::Metadata>) -> io::Result<()> {
+fn stage(tmp: &Path, text: &[u8], old: Option<&fs::Metadata>) -> io::Result<()> {
     let _ = fs::remove_file(tmp); // A temporary file a crash left.
     let mut file = OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o600)
         .open(tmp)?;
-    file.write_all(text.as_bytes())?;
+    file.write_all(text)?;
     if let Some(old) = old {
-        // Only root may give a file away: elsewhere the new file is the weir user's.
-        let _ = std::os::unix::fs::fchown(&file, Some(old.uid()), Some(old.gid()));
+        // Only root may give a file away: elsewhere the new file is the weir user's, in
+        // the old one's group where weir is a member of it.
+        if std::os::unix::fs::fchown(&file, Some(old.uid()), Some(old.gid())).is_err() {
+            let _ = std::os::unix::fs::fchown(&file, None, Some(old.gid()));
+        }
         file.set_permissions(fs::Permissions::from_mode(old.mode() & 0o7777))?;
     }
     file.sync_all()
 }
 
-/// Rewrites `path` itself: for a file that cannot be replaced (a mount point).
-fn write_in_place(path: &Path, text: &str) -> io::Result<()> {
-    let mut file = OpenOptions::new().write(true).truncate(true).open(path)?;
-    file.write_all(text.as_bytes())?;
+/// Rewrites `path` itself: for a file that cannot be replaced (a mount point). Not
+/// crash-atomic; the file is first made long enough for `text`, so a full disk fails the
+/// write before any byte of the old text changes.
+fn write_in_place(path: &Path, text: &[u8]) -> io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let file = OpenOptions::new().write(true).open(path)?;
+    let old_len = file.metadata()?.len();
+    let len = text.len() as u64;
+    if len > old_len {
+        file.set_len(len)?;
+    }
+    file.write_all_at(text, 0)?;
+    file.set_len(len)?;
     file.sync_all()
 }
 
@@ -143,7 +177,7 @@ mod tests {
         let link = dir.join("weir.toml");
         std::os::unix::fs::symlink(&real, &link).unwrap();
 
-        ConfigFile::at(&link).write("new").unwrap();
+        ConfigFile::at(&link).unwrap().write(b"new").unwrap();
 
         assert!(fs::symlink_metadata(&link)
             .unwrap()
@@ -160,16 +194,22 @@ mod tests {
         let dir = dir("edit");
         let path = dir.join("weir.toml");
         fs::write(&path, "as loaded").unwrap();
-        let file = ConfigFile::at(&path);
-        assert!(file.check_unchanged("as loaded", "changed").is_ok());
+        let file = ConfigFile::at(&path).unwrap();
+        let held = file.holding("as loaded", "changed").unwrap();
+        assert_eq!(held.as_deref(), Some(&b"as loaded"[..]));
         let edited = "as loaded\n# the operator's edit";
         fs::write(&path, edited).unwrap();
-        let refused = file.check_unchanged("as loaded", "changed").unwrap_err();
+        let refused = file.holding("as loaded", "changed").unwrap_err();
         assert_eq!(refused.status, StatusCode::CONFLICT);
         // The edited file applied as it is (`weir ctl apply -f`) loses nothing.
-        assert!(file.check_unchanged("as loaded", edited).is_ok());
+        assert!(file.holding("as loaded", edited).is_ok());
         fs::remove_file(&path).unwrap();
-        assert!(file.check_unchanged("as loaded", "changed").is_ok());
+        assert_eq!(file.holding("as loaded", "changed").unwrap(), None);
+        std::os::unix::fs::symlink(dir.join("nowhere"), &path).unwrap();
+        assert!(
+            ConfigFile::at(&path).is_err(),
+            "a dangling link is not replaced"
+        );
         fs::remove_dir_all(&dir).unwrap();
     }
 }

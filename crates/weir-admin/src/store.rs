@@ -395,19 +395,31 @@ impl Store {
                 fields: field_changes(&state.text, &text),
             });
         }
-        // Written first, then applied, the old text written back if the apply fails: the
-        // running config and the file never disagree once this returns (`config_file`).
-        let file = self.path.as_deref().filter(|_| persist).map(ConfigFile::at);
+        // Written first, then applied, what the file held written back if either fails:
+        // the running config and the file never disagree once this returns
+        // (`config_file`). A file that already holds `text` (the operator's edit, applied
+        // with `weir ctl apply -f`) is not written, nor set back.
+        let file = match self.path.as_deref().filter(|_| persist) {
+            Some(path) => Some(ConfigFile::at(path)?),
+            None => None,
+        };
+        let mut held = None;
         if let Some(file) = &file {
-            file.check_unchanged(&state.text, &text)?;
-            file.write(&text)?;
+            let before = file.holding(&state.text, &text)?;
+            if before.as_deref() != Some(text.as_bytes()) {
+                let before = before.unwrap_or_else(|| state.text.clone().into_bytes());
+                if let Err(e) = file.write(text.as_bytes()) {
+                    undo(file, &before);
+                    return Err(e);
+                }
+                held = Some(before);
+            }
         }
         let changes = match self.proxy.apply(config) {
             Ok(changes) => changes,
             Err(e) => {
-                if let Some(Err(undo)) = file.map(|f| f.write(&state.text)) {
-                    tracing::error!(error = %undo.message,
-                        "config file holds a change that failed to apply: write it back by hand");
+                if let (Some(file), Some(before)) = (&file, &held) {
+                    undo(file, before);
                 }
                 return Err(located(e, &name, &text));
             }
@@ -431,6 +443,14 @@ impl Store {
 
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Writes `before` back over the config file after a change that did not run.
+fn undo(file: &ConfigFile<'_>, before: &[u8]) {
+    if let Err(e) = file.write(before) {
+        tracing::error!(error = %e.message,
+            "config file may hold a change that did not run: check it before a restart");
     }
 }
 
@@ -651,10 +671,16 @@ mod tests {
         let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = taken.local_addr().unwrap().port();
         let failing = edited.replace("127.0.0.1:0", &format!("127.0.0.1:{port}"));
-        assert!(store
-            .replace(failing, WriteMode::default(), &origin)
-            .is_err());
+        let failed = store.replace(failing.clone(), WriteMode::default(), &origin);
+        assert!(failed.is_err());
         assert_eq!(std::fs::read_to_string(&path).unwrap(), edited);
+        // The operator's own edit, applied as the file holds it (`weir ctl apply -f`), stays
+        // in the file when it fails to apply: the edit is theirs to fix.
+        std::fs::write(&path, &failing).unwrap();
+        assert!(store
+            .replace(failing.clone(), WriteMode::default(), &origin)
+            .is_err());
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), failing);
         std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
     }
 }

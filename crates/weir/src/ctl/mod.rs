@@ -197,12 +197,20 @@ impl Client {
     /// `WEIR_ADMIN_TOKEN_FILE`, else `[admin]` of `--config`, else the default.
     fn new(ctl: &Ctl) -> anyhow::Result<Client> {
         let env = |name| std::env::var_os(name).filter(|v| !v.is_empty());
-        let config = ctl.config.clone().or_else(|| {
-            let installed = Path::new(INSTALLED_CONFIG);
-            (ctl.admin.is_none() && env("WEIR_ADMIN").is_none() && installed.exists())
-                .then(|| installed.to_path_buf())
-        });
+        let installed = Path::new(INSTALLED_CONFIG);
+        let implicit = ctl.config.is_none()
+            && ctl.admin.is_none()
+            && env("WEIR_ADMIN").is_none()
+            && installed.exists();
+        let config = ctl
+            .config
+            .clone()
+            .or_else(|| implicit.then(|| installed.to_path_buf()));
         let admin_of_file = match &config {
+            // The installed config, not named: one it cannot read leaves the defaults.
+            Some(path) if implicit => weir_config::load_admin(path)
+                .inspect_err(|e| eprintln!("warning: {INSTALLED_CONFIG} not used: {e:#}"))
+                .ok(),
             Some(path) => Some(weir_config::load_admin(path)?),
             None => None,
         };
@@ -220,7 +228,15 @@ impl Client {
         let token = match token_file {
             Some(path) => Some(
                 std::fs::read_to_string(&path)
-                    .with_context(|| format!("cannot read the token file {}", path.display()))?
+                    .with_context(|| match implicit {
+                        true => format!(
+                            "cannot read the token file {} ([admin] of {INSTALLED_CONFIG}): run \
+                             as root or as a member of its group (sudo weir ctl ...), or give \
+                             --admin",
+                            path.display()
+                        ),
+                        false => format!("cannot read the token file {}", path.display()),
+                    })?
                     .trim()
                     .to_string(),
             ),
