@@ -262,10 +262,7 @@ impl ClientConn {
         head: &mut RequestHead,
         worker: &Worker,
     ) -> Result<NextRequest, ProxyError> {
-        let limits = HeadLimits {
-            max_header_size: listener.max_header_size,
-            max_headers: listener.max_headers,
-        };
+        let limits = HeadLimits::of(listener);
         if self.buf.is_empty() && !self.wait_first_byte(listener, worker).await {
             return Ok(NextRequest::Close);
         }

@@ -254,6 +254,40 @@ async fn many_fields_are_capped_by_max_headers() {
     assert_eq!(response.await.expect("response").status(), StatusCode::OK);
 }
 
+/// A request head within `max_header_list_size` (64 KiB) but over the listener's
+/// `max_header_size` as the HTTP/1.1 head written for it gets 431, as an HTTP/1.1 client's
+/// head does: no upstream gets a larger head, whatever protocol the client spoke.
+#[tokio::test]
+async fn a_head_over_max_header_size_is_431_as_over_http1() {
+    let backend = Backend::echo("up");
+    let weir = single(backend.addr())
+        .listener("max_header_size = \"2KiB\"")
+        .start();
+    let tcp = TcpStream::connect(weir.addr).await.expect("connect");
+    let (mut client, conn) = h2::client::handshake(tcp).await.expect("handshake");
+    tokio::spawn(conn);
+    for (len, status) in [
+        (3000, StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE),
+        (1000, StatusCode::OK),
+    ] {
+        let req = Request::get("http://example.test/")
+            .header("x-big", "v".repeat(len))
+            .body(())
+            .expect("request");
+        let (response, _) = client.send_request(req, true).expect("send");
+        assert_eq!(response.await.expect("response").status(), status, "{len}");
+    }
+    assert_eq!(backend.requests_served(), 1);
+    let over = format!(
+        "GET / HTTP/1.1\r\nHost: h\r\nx-big: {}\r\n\r\n",
+        "v".repeat(3000)
+    );
+    let raw = weir_testkit::send_raw_once(weir.addr, over.as_bytes())
+        .await
+        .expect("answer");
+    assert_eq!(weir_testkit::status_of(&raw), Some(431));
+}
+
 /// A raw connection with `settings` that has sent `GET /huge` on stream 1.
 async fn get_huge(addr: std::net::SocketAddr, settings: &[(u16, u32)]) -> RawH2 {
     let mut raw = RawH2::connect(addr, settings).await.expect("connect");

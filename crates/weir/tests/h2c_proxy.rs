@@ -667,16 +667,16 @@ async fn chunked_trailers_from_an_http1_upstream_reach_the_h2_client() {
     }
 }
 
-/// Trailer fields that may not be trailers (framing, routing, hop-by-hop) and those past
-/// `max_header_list_size` are dropped; the rest, the body and the stream's end come
+/// Trailer fields that may not be trailers (framing, routing, hop-by-hop, those the head's
+/// `Connection` lists) and those past `max_header_list_size` are dropped; the rest, the body and the stream's end come
 /// through. Only forbidden fields: the stream ends without trailers.
 #[tokio::test]
 async fn forbidden_and_oversized_trailers_are_dropped_not_fatal() {
     let big = "v".repeat(2000);
     let raw = format!(
-        "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\
-         X-Big: {big}\r\nContent-Length: 99\r\nHost: evil.test\r\nConnection: close\r\n\
-         X-Keep: 1\r\n\r\n"
+        "HTTP/1.1 200 OK\r\nConnection: X-Hop\r\nTransfer-Encoding: chunked\r\n\r\n\
+         2\r\nok\r\n0\r\nX-Big: {big}\r\nContent-Length: 99\r\nHost: evil.test\r\n\
+         Connection: close\r\nX-Hop: 1\r\nX-Keep: 1\r\n\r\n"
     );
     let backend = Backend::raw_response(raw.as_bytes());
     let only_forbidden = Backend::raw_response(

@@ -9,7 +9,7 @@ mod compression_support;
 use common::Conf;
 use compression_support::{decode, PieceBackend, Reply, TEXT};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use weir_testkit::Client;
+use weir_testkit::{Backend, Client};
 
 /// Route `c` on `/` with `compression = { keys }`, to `backend`.
 fn compressing(backend: std::net::SocketAddr, keys: &str) -> Conf {
@@ -433,4 +433,31 @@ async fn a_304_carries_the_etag_the_compressed_200_had() {
     assert_eq!(r.headers_all("ETag"), vec!["W/\"v1\""]);
     let r = get(&mut c, "/", "").await;
     assert_eq!(r.headers_all("ETag"), vec!["\"v1\""]);
+}
+
+/// A compressed chunked response keeps its trailer section (re-framed with the compressed
+/// chunks), less what its head lost (the digests of the uncompressed body) and what no
+/// trailer may carry; uncompressed, its digest is the body's own and is kept.
+#[tokio::test]
+async fn a_compressed_responses_trailers_lose_what_its_head_lost() {
+    let body = TEXT.repeat(40);
+    let raw = format!(
+        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n\
+         {:x}\r\n{body}\r\n0\r\nContent-Digest: sha-256=:AAAA=:\r\nHost: evil.test\r\n\
+         X-Kept: 2\r\n\r\n",
+        body.len()
+    );
+    let b = Backend::raw_response(raw.as_bytes());
+    let weir = compressing(b.addr(), r#"min_size = "100""#).start();
+    let mut c = weir.client().await;
+    let pair = |n: &str, v: &str| (n.to_string(), v.to_string());
+    let r = get(&mut c, "/", "gzip").await;
+    assert_eq!(r.header("content-encoding"), Some("gzip"));
+    assert_eq!(decode("gzip", &r.body), body.as_bytes());
+    assert_eq!(r.trailers, [pair("X-Kept", "2")]);
+    let r = get(&mut c, "/", "").await;
+    assert_eq!(r.header("content-encoding"), None);
+    assert_eq!(r.body, body.as_bytes());
+    let digest = pair("Content-Digest", "sha-256=:AAAA=:");
+    assert_eq!(r.trailers, [digest, pair("X-Kept", "2")]);
 }

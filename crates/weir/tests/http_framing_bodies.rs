@@ -4,7 +4,8 @@
 
 mod common;
 
-use common::{single, split_head, upstream_head};
+use common::{single, split_head, upstream_head, Conf};
+use tokio::sync::mpsc::UnboundedSender;
 use weir_testkit::{
     chunked, hash_bytes, pattern_hash, pattern_vec, send_raw_once, sink_summary, Backend, Hasher,
 };
@@ -347,4 +348,138 @@ async fn fifty_mib_request_streams_intact() {
     assert_eq!(r.body_str(), sink_summary(BIG, pattern_hash(BIG)));
     assert_eq!(small.body_str(), sink_summary(0, hash_bytes(b"")));
     assert_eq!(b.connections_accepted(), 1);
+}
+
+/// An HTTP/1.1 upstream's chunked trailer section reaches an HTTP/1.1 client re-written:
+/// the fields no trailer may carry (framing, routing, credentials, hop-by-hop, cookies,
+/// those the head's `Connection` lists) are dropped, the rest go as they came; a section
+/// left empty is the body's end alone.
+/// A line that is not a field (an obs-fold) is bad framing, as a bad chunk is: a 502 when
+/// it came with the head, else the body cut short; never relayed.
+#[tokio::test]
+async fn forbidden_trailer_fields_of_an_http1_upstream_do_not_reach_an_http11_client() {
+    let mixed = Backend::raw_response(
+        b"HTTP/1.1 200 OK\r\nConnection: keep-alive, X-Hop\r\nTransfer-Encoding: chunked\r\n\r\n\
+          2\r\nok\r\n0\r\nX-Checksum: abc\r\nContent-Length: 99\r\nHost: evil.test\r\n\
+          Transfer-Encoding: chunked\r\nConnection: close\r\nTrailer: X-Checksum\r\n\
+          Set-Cookie: s=1\r\nAuthorization: Basic eA==\r\nx-hop: 1\r\nx-keep:1\r\n\r\n",
+    );
+    let only_forbidden = Backend::raw_response(
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\
+          Content-Length: 2\r\nKeep-Alive: timeout=5\r\n\r\n",
+    );
+    let folded = Backend::raw_response(
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\
+          X-A: 1\r\n folded\r\n\r\n",
+    );
+    let weir = Conf::new()
+        .route("mixed", "mixed", &["path_prefix = \"/mixed\""])
+        .route("folded", "folded", &["path_prefix = \"/folded\""])
+        .route("rest", "forbidden", &[])
+        .upstream("mixed", &[mixed.addr()], &[])
+        .upstream("folded", &[folded.addr()], &[])
+        .upstream("forbidden", &[only_forbidden.addr()], &[])
+        .start();
+    let get = |path: &str| format!("GET {path} HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n");
+    let raw = send_raw_once(weir.addr, get("/mixed").as_bytes())
+        .await
+        .unwrap();
+    let (head, body) = split_head(&raw);
+    assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
+    assert_eq!(
+        String::from_utf8_lossy(&body),
+        "2\r\nok\r\n0\r\nX-Checksum: abc\r\nx-keep:1\r\n\r\n"
+    );
+    let raw = send_raw_once(weir.addr, get("/other").as_bytes())
+        .await
+        .unwrap();
+    let (head, body) = split_head(&raw);
+    assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
+    assert_eq!(String::from_utf8_lossy(&body), "2\r\nok\r\n0\r\n\r\n");
+    let raw = send_raw_once(weir.addr, get("/folded").as_bytes())
+        .await
+        .unwrap();
+    let raw = String::from_utf8_lossy(&raw);
+    assert!(!raw.contains("X-A") && !raw.contains("folded"), "{raw}");
+}
+
+/// An upstream that answers each request on its connections with the bytes it got of it
+/// (the head, then the chunked body as it came, to the body's end), after sending on
+/// `arrived` once the first body bytes came.
+fn echoing_raw_chunked(arrived: UnboundedSender<()>) -> std::net::SocketAddr {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for socket in listener.incoming().map_while(Result::ok) {
+            let arrived = arrived.clone();
+            std::thread::spawn(move || echo_raw_chunked(socket, arrived));
+        }
+    });
+    addr
+}
+
+/// [`echoing_raw_chunked`]'s connection.
+fn echo_raw_chunked(mut socket: std::net::TcpStream, arrived: UnboundedSender<()>) {
+    use std::io::{Read, Write};
+    let (mut got, mut buf, mut told) = (Vec::new(), [0u8; 4096], false);
+    loop {
+        match socket.read(&mut buf) {
+            Ok(n) if n > 0 => got.extend_from_slice(&buf[..n]),
+            _ => return,
+        }
+        let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") else {
+            continue;
+        };
+        let body = &got[end + 4..];
+        if !body.is_empty() && !std::mem::replace(&mut told, true) {
+            let _ = arrived.send(());
+        }
+        let Ok(decoded) = chunked::decode_all(body) else {
+            continue;
+        };
+        let request: Vec<u8> = got.drain(..end + 4 + decoded.consumed).collect();
+        told = false;
+        let head = format!(
+            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n",
+            request.len()
+        );
+        if socket
+            .write_all(&[head.as_bytes(), &request].concat())
+            .is_err()
+        {
+            return;
+        }
+    }
+}
+
+/// A client's chunked trailer section reaches an HTTP/1.1 upstream re-written as a
+/// response's does: whole in Weir's buffer with the head, or streamed after it.
+#[tokio::test]
+async fn forbidden_trailer_fields_of_a_client_do_not_reach_an_http1_upstream() {
+    let (arrived, mut arrivals) = tokio::sync::mpsc::unbounded_channel();
+    let weir = single(echoing_raw_chunked(arrived)).start();
+    let head = b"POST /up HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n";
+    let trailers = b"0\r\nX-Sum: 1\r\nHost: evil.test\r\nContent-Length: 5\r\n\
+                     Transfer-Encoding: chunked\r\nTE: trailers\r\nCookie: c=1\r\nx-b:2\r\n\r\n";
+    let sent_on = "3\r\nabc\r\n0\r\nX-Sum: 1\r\nx-b:2\r\n\r\n";
+    let mut c = weir.client().await;
+    // Whole: the body and its trailers come with the head.
+    c.send_raw(&[&head[..], b"3\r\nabc\r\n", trailers].concat())
+        .await
+        .unwrap();
+    let r = c.read_response(false).await.unwrap();
+    assert_eq!(r.status, 200);
+    let got = r.body_str().into_owned();
+    assert!(got.ends_with(&format!("\r\n\r\n{sent_on}")), "{got:?}");
+    arrivals.recv().await.expect("first body bytes");
+    // Streamed: the trailers come once the upstream has the body's first chunk.
+    c.send_raw(&[&head[..], b"3\r\nabc\r\n"].concat())
+        .await
+        .unwrap();
+    arrivals.recv().await.expect("first body bytes");
+    c.send_raw(trailers).await.unwrap();
+    let r = c.read_response(false).await.unwrap();
+    assert_eq!(r.status, 200);
+    let got = r.body_str().into_owned();
+    assert!(got.ends_with(&format!("\r\n\r\n{sent_on}")), "{got:?}");
 }

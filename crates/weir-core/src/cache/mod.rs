@@ -1079,6 +1079,14 @@ impl Recorder {
         }
     }
 
+    /// Ends a chunked body passed through whose trailer section was held back (the
+    /// section is not stored; the blank line that ends the body is).
+    pub fn end_chunks(&mut self) {
+        if self.chunked {
+            self.record(b"\r\n");
+        }
+    }
+
     /// The body passed what may be stored: the rest is for the client alone.
     pub fn is_over(&self) -> bool {
         self.over

@@ -21,8 +21,9 @@ pub enum BodyState {
         dechunk: bool,
         limit: Option<u64>,
         /// The trailer section's field lines, when kept ([`BodyState::keeping_trailers`]):
-        /// an HTTP/2 client gets them as a HEADERS frame. Allocated only when a response
-        /// has trailers; at most the decoder's trailer limit.
+        /// an HTTP/2 client gets them as a HEADERS frame, an HTTP/1.1 peer re-written
+        /// (`forward::trailer`). Allocated only when a message has trailers; at most the
+        /// decoder's trailer limit (16 KiB).
         trailers: Option<Vec<u8>>,
     },
     UntilClose {
@@ -61,6 +62,10 @@ impl BodyState {
 
     /// The same state, keeping a chunked body's trailer fields for [`BodyState::trailers`]
     /// (by default they pass through with the chunks, or are dropped when de-chunking).
+    /// A body that passes through as it came then stops before its trailer section: what
+    /// [`BodyState::take`] forwards ends with the last chunk's line when the message has
+    /// trailers, and the section and the blank line that ends the message are the
+    /// sink's to write (`relay::Http1Sink`), or [`BodyState::rewrite_trailers`]'s.
     pub fn keeping_trailers(mut self) -> BodyState {
         if let BodyState::Chunked { trailers, .. } = &mut self {
             *trailers = Some(Vec::new());
@@ -76,6 +81,46 @@ impl BodyState {
             } => t,
             _ => &[],
         }
+    }
+
+    /// Drops the kept trailer lines whose names `dropped` says (before the section is
+    /// relayed).
+    pub fn drop_trailers(&mut self, dropped: impl Fn(&[u8]) -> bool) {
+        if let BodyState::Chunked {
+            trailers: Some(t), ..
+        } = self
+        {
+            let mut kept = Vec::with_capacity(t.len());
+            for line in t.split_inclusive(|b| *b == b'\n') {
+                let name = line.split(|b| *b == b':').next().unwrap_or(line);
+                if !dropped(name) {
+                    kept.extend_from_slice(line);
+                }
+            }
+            *t = kept;
+        }
+    }
+
+    /// Writes the kept trailer section of a body that passed through as it came
+    /// ([`BodyState::keeping_trailers`]), less what may not be relayed
+    /// (`forward::trailer`), and the message's end into `data` (a whole message's bytes
+    /// after the `forward` that [`BodyState::take`] returned, up to what it consumed: the
+    /// section was in it, and its re-written form is never longer). Returns the new
+    /// length to forward.
+    pub fn rewrite_trailers(&self, data: &mut [u8], forward: usize) -> Result<usize, PumpError> {
+        let kept = self.trailers();
+        if kept.is_empty() || !self.is_done() {
+            return Ok(forward);
+        }
+        let mut section = Vec::with_capacity(kept.len() + 2);
+        super::trailer::push_lines(&mut section, kept, |_| false);
+        section.extend_from_slice(b"\r\n");
+        let end = forward + section.len();
+        let room = data
+            .get_mut(forward..end)
+            .ok_or(PumpError::Framing("trailer section"))?;
+        room.copy_from_slice(&section);
+        Ok(end)
     }
 
     pub fn is_done(&self) -> bool {
@@ -130,7 +175,8 @@ impl BodyState {
 }
 
 /// `dechunk`: the data is moved to the front of `data` without its framing; `trailers`:
-/// where the trailer field lines go, if they are kept.
+/// where the trailer field lines go, if they are kept (then a body passed through is
+/// forwarded only up to its trailer section: see [`BodyState::keeping_trailers`]).
 fn take_chunked(
     decoder: &mut ChunkedDecoder,
     dechunk: bool,
@@ -139,6 +185,11 @@ fn take_chunked(
 ) -> Result<(usize, usize), PumpError> {
     let mut pos = 0;
     let mut out = 0;
+    // Passed through: the bytes before the trailer section (none once it began).
+    let mut before = match trailers.as_deref() {
+        Some(t) if !t.is_empty() => Some(0),
+        _ => None,
+    };
     while pos < data.len() && !decoder.is_done() {
         let d = decoder
             .decode(&data[pos..])
@@ -150,13 +201,14 @@ fn take_chunked(
         }
         if let Some(t) = trailers.as_deref_mut().filter(|_| !d.trailers.is_empty()) {
             t.extend_from_slice(&data[pos + d.trailers.start..pos + d.trailers.end]);
+            before.get_or_insert(pos + d.trailers.start);
         }
         pos += d.consumed;
         if d.consumed == 0 {
             break;
         }
     }
-    Ok((if dechunk { out } else { pos }, pos))
+    Ok((if dechunk { out } else { before.unwrap_or(pos) }, pos))
 }
 
 /// Writes `a` then `b` with as few syscalls as possible (one `writev` when both fit).
@@ -278,6 +330,42 @@ mod tests {
         let mut state = BodyState::new(BodyFraming::Chunked, true, None);
         state.take(&mut msg.to_vec()).unwrap();
         assert!(state.is_done() && state.trailers().is_empty());
+    }
+
+    #[test]
+    fn a_body_passed_through_stops_before_its_kept_trailers_at_every_split() {
+        let msg = b"3\r\nabc\r\n0\r\nX-A: 1\r\nHost: h\r\n\r\nNEXT";
+        let end = msg.len() - b"NEXT".len();
+        for cut in 0..=end {
+            let mut state = BodyState::new(BodyFraming::Chunked, false, None).keeping_trailers();
+            let (mut forwarded, mut used) = (Vec::new(), 0);
+            for part in [&msg[..cut], &msg[cut..]] {
+                let mut data = part.to_vec();
+                let (forward, consumed) = state.take(&mut data).unwrap();
+                forwarded.extend_from_slice(&data[..forward]);
+                used += consumed;
+            }
+            assert!(state.is_done(), "cut {cut}");
+            assert_eq!(used, end, "cut {cut}");
+            assert_eq!(forwarded, b"3\r\nabc\r\n0\r\n", "cut {cut}");
+            assert_eq!(state.trailers(), b"X-A: 1\r\nHost: h\r\n", "cut {cut}");
+        }
+        // Without trailers, the whole message passes, as without keeping them.
+        let mut state = BodyState::new(BodyFraming::Chunked, false, None).keeping_trailers();
+        let mut data = b"3\r\nabc\r\n0\r\n\r\n".to_vec();
+        assert_eq!(state.take(&mut data).unwrap(), (13, 13));
+        assert_eq!(state.rewrite_trailers(&mut data, 13), Ok(13));
+    }
+
+    #[test]
+    fn a_whole_bodys_trailers_are_rewritten_in_place() {
+        let msg = b"3\r\nabc\r\n0\r\nX-A: 1\r\nHost: h\r\nx-b: 2\r\n\r\nGET /";
+        let mut data = msg.to_vec();
+        let mut state = BodyState::new(BodyFraming::Chunked, false, None).keeping_trailers();
+        let (forward, used) = state.take(&mut data).unwrap();
+        let n = state.rewrite_trailers(&mut data[..used], forward).unwrap();
+        assert_eq!(&data[..n], b"3\r\nabc\r\n0\r\nX-A: 1\r\nx-b: 2\r\n\r\n");
+        assert_eq!(&data[used..], b"GET /");
     }
 
     #[test]

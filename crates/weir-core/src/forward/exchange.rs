@@ -22,6 +22,7 @@ use super::relay::{
     at_hand, relay, Broke, Coding, Http1Sink, Http1Source, Peer, Piece, Sink, Source,
 };
 use super::request_head::{render_response_rules, write_upstream_head};
+use super::trailer;
 use super::{tunnel, Failure, Target, Timeouts};
 use crate::buffer::Buffer;
 use crate::cache::{Fetched, Fill, Recorder};
@@ -131,9 +132,13 @@ pub(crate) async fn forward_h1(
     meta: RequestMeta,
     keep_alive: bool,
 ) -> Result<bool, Failure> {
-    let mut body = BodyState::new(req.framing, false, x.target.listener.max_body_size);
-    let (buffered, _) = body
-        .take(&mut conn.buf.filled_mut()[req.head_len..])
+    // A chunked body's trailer section goes up re-written (`forward::trailer`).
+    let limit = x.target.listener.max_body_size;
+    let mut body = BodyState::new(req.framing, false, limit).keeping_trailers();
+    let after_head = &mut conn.buf.filled_mut()[req.head_len..];
+    let (forward, used) = body.take(after_head).map_err(client_pump_error)?;
+    let buffered = body
+        .rewrite_trailers(&mut after_head[..used], forward)
         .map_err(client_pump_error)?;
     let whole = body.is_done();
     let mut sender = Http1Sender {
@@ -142,6 +147,7 @@ pub(crate) async fn forward_h1(
         req,
         body,
         buffered,
+        used,
         whole,
         consumed: false,
         body_read: false,
@@ -167,7 +173,7 @@ pub(crate) async fn forward_h1(
     // failed: read whole, the connection may go on after Weir's answer.
     if !consumed {
         conn.buf
-            .consume(req.head_len + if whole { buffered } else { 0 });
+            .consume(req.head_len + if whole { used } else { 0 });
     }
     conn.current.read = whole || body_read;
     let result = match accepted {
@@ -199,8 +205,11 @@ struct Http1Sender<'x, 'c> {
     conn: &'c mut ClientConn,
     req: &'c RequestHead,
     body: BodyState,
-    /// Body bytes after the head in the buffer (framing included).
+    /// Body bytes after the head in the buffer to send (framing included; a trailer
+    /// section re-written, or left to the relay when the body is not all there).
     buffered: usize,
+    /// The buffer's bytes the body took (`buffered`'s, and a trailer section's).
+    used: usize,
     /// The whole body is in the buffer (kept until a response is accepted).
     whole: bool,
     /// The head and the buffered body were consumed (a streamed upload began).
@@ -249,22 +258,25 @@ impl Sender for Http1Sender<'_, '_> {
             let (head, buf) = (&conn.out, &mut conn.buf);
             let state = &mut self.body;
             let (consumed, body_read) = (&mut self.consumed, &mut self.body_read);
-            let (head_len, buffered) = (req.head_len, self.buffered);
+            let (head_len, buffered, used) = (req.head_len, self.buffered, self.used);
             let timeouts = Timeouts::of(&x.target);
             let upload = async |uw: &mut WriteHalf<'_>| {
                 // The head, then the body as it came: its bytes already at hand with it.
                 let mut uploaded = 0;
+                // The client's trailer fields go as any trailers do, the route's
+                // `response_headers` aside.
+                let unedited = Edits::default();
                 let mut sink = Http1Sink {
                     writer: uw,
                     timeout: timeouts.upstream,
                     sent: &mut uploaded,
                     head,
                     chunked: false,
-                    trailers: None,
+                    trailers: Some(&unedited),
                 };
                 let first = Piece::Slice(&buf.filled()[head_len..head_len + buffered]);
                 sink.data(first, false).await.map_err(Broke::Sink)?;
-                buf.consume(head_len + buffered);
+                buf.consume(head_len + used);
                 *consumed = true;
                 // Taken only now: a try that got no connection (a connect error, retried
                 // on another server) leaves the body's state to the next try.
@@ -355,6 +367,7 @@ impl Response<'_> {
         if let Some(line) = status_line {
             push_before_end(&mut conn.out, line);
         }
+        let listed = trailer::connection_listed(up_buf.filled(), resp);
         up_buf.consume(resp.head_len);
         let body_with_head = match at_hand(encoding, resp, up_buf) {
             // The usual small response: a Content-Length body all at hand goes out with its
@@ -379,7 +392,7 @@ impl Response<'_> {
                     head: resp,
                 };
                 // Boxed: the usual small response went out with its head above.
-                let relayed = self.relay_body(conn, up, &edits.plan, dechunk, recorder);
+                let relayed = self.relay_body(conn, up, &edits.plan, dechunk, listed, recorder);
                 Box::pin(relayed).await?
             }
         };
@@ -435,7 +448,8 @@ impl Response<'_> {
     }
 
     /// Relays the body of `up` after the head in `conn.out` (compressed when `plan` says so;
-    /// `dechunk`: a chunked body is decoded), counting the try; a cache's `recorder`
+    /// `dechunk`: a chunked body is decoded; `listed`: the head's `Connection` values that
+    /// name fields, which leave the trailers), counting the try; a cache's `recorder`
     /// keeps a copy of what the upstream sent, stored once all of it was relayed. Returns whether all of it came with the
     /// head (uncompressed: the connection is idle from the head's arrival).
     async fn relay_body(
@@ -444,6 +458,7 @@ impl Response<'_> {
         up: Http1Response<'_>,
         plan: &Plan,
         dechunk: bool,
+        listed: Vec<u8>,
         mut recorder: Option<Box<Recorder>>,
     ) -> Result<bool, Failure> {
         let Http1Response {
@@ -452,9 +467,15 @@ impl Response<'_> {
             head: resp,
         } = up;
         let (listener, upstream) = (self.x.target.listener, self.x.target.upstream);
-        let state = BodyState::new(resp.framing, dechunk, None);
+        // An HTTP/1.1 client gets the trailer section re-written (`forward::trailer`); an
+        // HTTP/1.0 one, whose body is de-chunked, none.
+        let state = match self.meta.http10 {
+            true => BodyState::new(resp.framing, dechunk, None),
+            false => BodyState::new(resp.framing, dechunk, None).keeping_trailers(),
+        };
         let timeout = upstream.response_timeout;
         let mut source = Http1Source::new(stream, up_buf, state, timeout, Peer::Upstream);
+        source.listed = listed;
         // Refused before any byte of it went out (a bad chunk with the head, a compressor
         // that did not start): the client gets Weir's 502, the try counts as one.
         let length = resp.framing.length();
@@ -468,13 +489,14 @@ impl Response<'_> {
             }
         };
         self.accepted.count(Ok(resp.status));
+        let dropping = Edits::dropping(route, *plan);
         let mut sink = Http1Sink {
             writer: &mut conn.stream,
             timeout: listener.client_timeout,
             sent: &mut conn.sent,
             head: &conn.out,
             chunked: plan.encoding.is_some(),
-            trailers: None,
+            trailers: Some(&dropping),
         };
         let recording = recorder.as_deref_mut();
         let relayed = relay_recorded(&mut source, &mut sink, coding.as_mut(), recording).await;

@@ -56,6 +56,18 @@ impl<'a> Edits<'a> {
         }
     }
 
+    /// The part of a `route`'s edits that trailer fields get (the names its rules and the
+    /// compression `plan` take out of the head), without the rendered lines a response's
+    /// edits borrow from its connection.
+    pub fn dropping(route: &'a Route, plan: Plan) -> Self {
+        let rules = route.filters.response_headers.as_ref();
+        Edits {
+            rules: rules.map(|r| (r, &[][..])),
+            plan,
+            ..Edits::default()
+        }
+    }
+
     /// Whether a field of the upstream's head named `name` stays out of the client's.
     pub fn drops(&self, name: &[u8]) -> bool {
         self.plan.drops(name) || self.rules.is_some_and(|(r, _)| r.drops(name))

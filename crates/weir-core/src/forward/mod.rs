@@ -18,6 +18,7 @@ pub(crate) mod h2;
 pub(crate) mod head;
 pub(crate) mod relay;
 pub mod request_head;
+pub(crate) mod trailer;
 pub(crate) mod tunnel;
 
 use weir_config::{Listener, Route, Upstream};

@@ -25,6 +25,8 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use super::body::{self, BodyState, ChunkLine, PumpError};
 use super::h1::{client_pump_error, upstream_pump_error};
 use super::h2::send_windowed;
+use super::head::Edits;
+use super::trailer;
 use crate::buffer::Buffer;
 use crate::cache::Recorder;
 use crate::codec::http1::{BodyFraming, ResponseHead};
@@ -277,7 +279,13 @@ impl<S: Source> Source for Recording<'_, S> {
     }
 
     async fn trailers(&mut self) -> Result<Trailers<'_>, ProxyError> {
-        self.inner.trailers().await
+        let trailers = self.inner.trailers().await?;
+        if let Trailers::Lines(_) = trailers {
+            // A chunked body passed through stops before its trailer section (which is
+            // not stored): the recorded one gets its end.
+            self.recorder.end_chunks();
+        }
+        Ok(trailers)
     }
 
     fn prime(&mut self) -> Result<bool, ProxyError> {
@@ -309,6 +317,9 @@ pub(crate) struct Http1Source<'b, R> {
     ended: bool,
     /// A piece framed by `prime`, not handed out yet: its length.
     primed: Option<usize>,
+    /// A response's: the head's `Connection` values that name fields, whose trailer
+    /// fields are dropped (`trailer::connection_listed`; empty: none).
+    pub listed: Vec<u8>,
     /// The first piece's bytes as `Bytes` (the copy of what arrived with the head), for a
     /// sink that takes `Bytes`; only for a body whose bytes are not decoded in place.
     pub first: Option<Bytes>,
@@ -333,6 +344,7 @@ impl<'b, R> Http1Source<'b, R> {
             used_forward: 0,
             ended: false,
             primed: None,
+            listed: Vec::new(),
             first: None,
         }
     }
@@ -372,10 +384,16 @@ impl<R: AsyncRead + Unpin> Source for Http1Source<'_, R> {
     }
 
     async fn trailers(&mut self) -> Result<Trailers<'_>, ProxyError> {
-        Ok(match self.state.trailers() {
-            [] => Trailers::None,
-            lines => Trailers::Lines(lines),
-        })
+        if self.state.trailers().is_empty() {
+            return Ok(Trailers::None);
+        }
+        if !self.listed.is_empty() {
+            let listed = &self.listed;
+            self.state
+                .drop_trailers(|name| trailer::listed_in(listed, name));
+        }
+        // Lines even when none is left: a body passed through still needs its end.
+        Ok(Trailers::Lines(self.state.trailers()))
     }
 
     fn prime(&mut self) -> Result<bool, ProxyError> {
@@ -556,7 +574,9 @@ impl Source for H2Source<'_> {
 }
 
 /// An HTTP/1.1 writer: the body as it came (its framing is already in its bytes, or it
-/// ends with the connection), or chunked. `head` goes out with the first bytes.
+/// ends with the connection), or chunked. `head` goes out with the first bytes. A chunked
+/// body that passes through as it came stops before its trailer section
+/// ([`BodyState::keeping_trailers`]): the sink writes the section, re-written, and its end.
 pub(crate) struct Http1Sink<'w, W> {
     pub writer: &'w mut W,
     /// For each write.
@@ -567,9 +587,10 @@ pub(crate) struct Http1Sink<'w, W> {
     pub head: &'w [u8],
     /// The body is chunked here (each piece one chunk, whole: nothing waits for more).
     pub chunked: bool,
-    /// Which HTTP/2 trailer fields go into the chunked body's trailer section (`None`:
-    /// none do; an HTTP/1.1 chunked body carries its own).
-    pub trailers: Option<fn(&str) -> bool>,
+    /// Trailer fields go into the chunked body's trailer section, less those no trailer
+    /// may carry (`forward::trailer`) and the names these edits take out of the head
+    /// (`None`: none go).
+    pub trailers: Option<&'w Edits<'w>>,
 }
 
 impl<W: AsyncWrite + Unpin> Http1Sink<'_, W> {
@@ -607,21 +628,44 @@ impl<W: AsyncWrite + Unpin> Sink for Http1Sink<'_, W> {
     }
 
     async fn end(&mut self, trailers: Trailers<'_>) -> Result<(), ProxyError> {
-        if !std::mem::take(&mut self.chunked) {
+        let chunked = std::mem::take(&mut self.chunked);
+        // A chunked body passed through as it came: its section and end were held back.
+        let held = !chunked && matches!(trailers, Trailers::Lines(_));
+        if !chunked && !held {
             return match self.head.is_empty() {
                 true => Ok(()),
                 false => self.write([&[], &[], &[]]).await,
             };
         }
-        let fields = match (&trailers, self.trailers) {
-            (Trailers::Fields(fields), Some(keeps)) => {
-                let mut lines = Vec::with_capacity(64);
-                super::h2::push_fields(&mut lines, fields, |name| !keeps(name));
-                lines
-            }
-            _ => Vec::new(),
+        let section = match trailers {
+            Trailers::None => Vec::new(),
+            _ => self.section(&trailers),
         };
-        self.write([b"0\r\n", &fields, b"\r\n"]).await
+        let last_chunk: &[u8] = if chunked { b"0\r\n" } else { b"" };
+        self.write([last_chunk, &section, b"\r\n"]).await
+    }
+}
+
+impl<W> Http1Sink<'_, W> {
+    /// The trailer section this sink writes for `trailers`, as HTTP/1.1 field lines.
+    #[cold]
+    fn section(&self, trailers: &Trailers<'_>) -> Vec<u8> {
+        let mut lines = Vec::new();
+        let Some(edits) = self.trailers else {
+            return lines;
+        };
+        match trailers {
+            Trailers::None => {}
+            Trailers::Lines(raw) => {
+                trailer::push_lines(&mut lines, raw, |name| edits.drops(name));
+            }
+            Trailers::Fields(fields) => {
+                let dropped =
+                    |name: &str| !trailer::relayed(name.as_bytes()) || edits.drops(name.as_bytes());
+                super::h2::push_fields(&mut lines, fields, dropped);
+            }
+        }
+        lines
     }
 }
 

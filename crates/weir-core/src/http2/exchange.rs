@@ -42,6 +42,7 @@ use crate::forward::relay::{
     Source,
 };
 use crate::forward::request_head::{render_response_rules, write_upstream_head};
+use crate::forward::trailer;
 use crate::forward::{Failure, Target};
 use crate::request::{Request, Trace};
 use crate::router::RoutedPath;
@@ -246,6 +247,7 @@ impl StreamRequest<'_> {
         edits.plan = plan_http1(route, up.buf.filled(), resp, is_head, self.accepted());
         let mut head = head_from_http1(resp, &arrived, &edits, self.spare.take());
         let mut recorder = self.admit(up.buf.filled(), resp, &mut head);
+        let listed = trailer::connection_listed(up.buf.filled(), resp);
         up.buf.consume(resp.head_len);
         // The usual small response: its body all at hand, nothing to frame or check.
         let at_hand = at_hand(edits.plan.encoding, resp, up.buf);
@@ -254,6 +256,7 @@ impl StreamRequest<'_> {
         let empty = self.request.req.is_head || state.is_done();
         let timeout = self.target.upstream.response_timeout;
         let mut source = Http1Source::new(up.stream, up.buf, state, timeout, Peer::Upstream);
+        source.listed = listed;
         // A chunked body is decoded in place: its bytes differ from `arrived`.
         source.first =
             (resp.framing != BodyFraming::Chunked).then(|| arrived.slice(resp.head_len..));

@@ -22,7 +22,6 @@ use super::upstream::{Answer, ClientBody, ClientSide, H2Facts, Relayed};
 use crate::buffer::Buffer;
 use crate::client::{origin, ClientConn};
 use crate::client_stream::{ClientReadHalf, ClientWriteHalf};
-use crate::codec::http1::header::is_token;
 use crate::codec::http1::write::push_header;
 use crate::codec::http1::{HeaderKind, RequestHead, ResponseHead};
 use crate::error::ProxyError;
@@ -30,7 +29,7 @@ use crate::files::{send_http1, Under};
 use crate::forward::body;
 use crate::forward::h1::{Http1Interim, Interim, RequestMeta};
 use crate::forward::h2::request_body::RequestBody;
-use crate::forward::h2::{forbidden_in_trailer, relay_while_uploading, send_windowed, HeadBounds};
+use crate::forward::h2::{relay_while_uploading, send_windowed, HeadBounds};
 use crate::forward::head::{write_from_h2, ForClient, Framing};
 use crate::forward::relay::{relay, Broke, Coding, Http1Sink, Sink, Source, Trailers};
 use crate::forward::{Failure, Target, Timeouts};
@@ -315,7 +314,9 @@ impl ClientSide for Http1Client<'_> {
             sent: &mut *self.sent,
             head: out,
             chunked: framing == Framing::Chunked,
-            trailers: answer.client.te_trailers.then_some(relayed_in_trailers),
+            // Less what no trailer may carry (`forward::trailer`) and what the route took
+            // out of the head, as for any client.
+            trailers: answer.client.te_trailers.then_some(answer.edits),
         };
         let relayed = async {
             match framing {
@@ -332,11 +333,4 @@ impl ClientSide for Http1Client<'_> {
             }
         }
     }
-}
-
-/// Whether an HTTP/2 upstream's trailer field goes into an HTTP/1.1 client's chunked
-/// trailer section: not one a trailer must not carry, and a token (`h2` takes names with
-/// `"`), as from an HTTP/1.1 upstream (`http2::trailers`).
-fn relayed_in_trailers(name: &str) -> bool {
-    !forbidden_in_trailer(name) && is_token(name.as_bytes())
 }

@@ -295,13 +295,13 @@ mod tests {
             method: 0..0,
             target: 0..0,
         });
-        let filled = fill_written(&out, line.method, line.target, max_headers, &mut filled)
-            .map(|()| format!("{filled:?}"));
-        let mut parsed = RequestHead::default();
         let limits = HeadLimits {
             max_header_size: out.len(),
             max_headers,
         };
+        let filled = fill_written(&out, line.method, line.target, limits, &mut filled)
+            .map(|()| format!("{filled:?}"));
+        let mut parsed = RequestHead::default();
         let parsed = match parse_request(&out, limits, &mut parsed) {
             Ok(true) => Ok(format!("{parsed:?}")),
             Ok(false) => Err(ProxyError::BadRequest("incomplete")),
@@ -391,19 +391,30 @@ mod tests {
             kind: HeaderKind::Host,
             connection_listed: false,
         });
-        let filled = fill_written(buf, 0..3, 4..8, 8, &mut head);
-        assert_eq!(
-            filled,
-            Err(ProxyError::BadRequest("malformed request line"))
-        );
         let limits = HeadLimits {
             max_header_size: buf.len(),
             max_headers: 8,
         };
+        let filled = fill_written(buf, 0..3, 4..8, limits, &mut head);
+        assert_eq!(
+            filled,
+            Err(ProxyError::BadRequest("malformed request line"))
+        );
         assert!(parse_request(buf, limits, &mut RequestHead::default()).is_err());
         head.headers.truncate(1);
         let fine = b"GET /a_b HTTP/1.1\r\nhost: e\r\n\r\n";
-        assert_eq!(fill_written(fine, 0..3, 4..8, 8, &mut head), Ok(()));
+        assert_eq!(fill_written(fine, 0..3, 4..8, limits, &mut head), Ok(()));
+        // One byte over `max_header_size`: 431, as `parse_request` answers.
+        let small = HeadLimits {
+            max_header_size: fine.len() - 1,
+            max_headers: 8,
+        };
+        let over = fill_written(fine, 0..3, 4..8, small, &mut head);
+        assert_eq!(over, Err(ProxyError::HeadTooLarge));
+        assert_eq!(
+            parse_request(fine, small, &mut RequestHead::default()).err(),
+            Some(ProxyError::HeadTooLarge)
+        );
     }
 
     #[test]

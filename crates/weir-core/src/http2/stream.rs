@@ -21,8 +21,8 @@ use super::stream_log::{StreamConn, StreamLog};
 use super::upstream::H2Facts;
 use super::websocket::new_key;
 use crate::answer::Answer;
-use crate::codec::http1::fill_written;
 use crate::codec::http1::RequestHead;
+use crate::codec::http1::{fill_written, HeadLimits};
 use crate::error::ProxyError;
 use crate::forward::{carrier, Carrier, Failure};
 use crate::metrics::shard::Protocol;
@@ -85,7 +85,7 @@ pub async fn serve(
         tls: shared.tls.as_deref(),
         protocol: Protocol::Http2,
     };
-    let max = listener.max_headers;
+    let max = HeadLimits::of(listener);
     let result = match fill_written(&buf, line.method, line.target, max, &mut req) {
         Ok(()) => {
             let parsed = Parsed {

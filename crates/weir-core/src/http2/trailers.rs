@@ -1,18 +1,19 @@
 //! The trailer section of an HTTP/1.1 upstream's chunked response, made into the field
-//! map of the trailing HEADERS frame an HTTP/2 client gets (RFC 9113 8.1).
+//! map of the trailing HEADERS frame an HTTP/2 client gets (RFC 9113 8.1), and an HTTP/2
+//! upstream's trailers checked for one.
 //!
 //! What the chunked decoder kept (field lines, validated byte by byte) is split here into
-//! fields. A field that may not be a trailer is dropped: the connection-specific ones
-//! HTTP/2 forbids, and those RFC 9110 6.5.1 says a sender must not put in trailers
-//! ([`forbidden_in_trailer`], which HTTP/2 upstreams' trailers to HTTP/1.1 clients go
-//! through too), and so is what the route's `response_headers` rules and compression
-//! took out of the head (the caller's `edited_out`). Fields past the listener's `max_header_list_size` (counted as
-//! HTTP/2 does: name + value + 32 each) are dropped too; none of this fails the response.
+//! fields. A field that may not be a trailer is dropped: the one filter every path uses
+//! ([`trailer::relayed`]: what RFC 9110 6.5.1 forbids, hop-by-hop fields, names that are
+//! not tokens), and so is what the route's `response_headers` rules and compression took
+//! out of the head (the caller's `edited_out`). Fields past the listener's
+//! `max_header_list_size` (counted as HTTP/2 does: name + value + 32 each) are dropped
+//! too; none of this fails the response.
 
 use http::{HeaderMap, HeaderValue};
 
 use super::names::response_name;
-use crate::forward::h2::{forbidden_in_trailer, is_connection_specific};
+use crate::forward::trailer;
 
 /// The fields of `lines` (trailer field lines, each ending in CRLF) that may go to an
 /// HTTP/2 client, at most `max_list_size` of them as HTTP/2 counts, less the names
@@ -29,23 +30,18 @@ pub fn to_h2(
     let mut fields = HeaderMap::new();
     let mut size = 0usize;
     let mut dropped = 0usize;
-    for line in lines.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
-        let line = line.strip_suffix(b"\r").unwrap_or(line);
-        let Some(colon) = line.iter().position(|b| *b == b':') else {
+    for field in trailer::fields(lines) {
+        let Some((_, raw, value)) = field.filter(|(_, name, _)| trailer::relayed(name)) else {
             dropped += 1;
             continue;
         };
-        let value = line[colon + 1..].trim_ascii();
-        let name = response_name(&line[..colon]);
+        let name = response_name(raw);
         let (Ok(name), Ok(value)) = (name, HeaderValue::from_bytes(value)) else {
             dropped += 1;
             continue;
         };
         let cost = name.as_str().len() + value.len() + 32;
-        let forbidden = is_connection_specific(&name)
-            || forbidden_in_trailer(name.as_str())
-            || edited_out(name.as_str().as_bytes());
-        if forbidden || size + cost > max_list_size as usize {
+        if edited_out(name.as_str().as_bytes()) || size + cost > max_list_size as usize {
             dropped += 1;
             continue;
         }
@@ -72,10 +68,9 @@ pub fn keep(
     let mut kept = |name: &http::HeaderName, value: &HeaderValue| {
         let cost = name.as_str().len() + value.len() + 32;
         size += cost;
-        !(is_connection_specific(name)
-            || forbidden_in_trailer(name.as_str())
-            || edited_out(name.as_str().as_bytes())
-            || size > max_list_size as usize)
+        trailer::relayed(name.as_str().as_bytes())
+            && !edited_out(name.as_str().as_bytes())
+            && size <= max_list_size as usize
     };
     // The usual gRPC trailers (`grpc-status`, `grpc-message`) all pass: no new map.
     if fields.iter().all(|(n, v)| kept(n, v)) {
@@ -85,8 +80,7 @@ pub fn keep(
     let mut out = HeaderMap::new();
     for (name, value) in &fields {
         let cost = name.as_str().len() + value.len() + 32;
-        let dropped = is_connection_specific(name)
-            || forbidden_in_trailer(name.as_str())
+        let dropped = !trailer::relayed(name.as_str().as_bytes())
             || edited_out(name.as_str().as_bytes())
             || size + cost > max_list_size as usize;
         if !dropped {

@@ -238,7 +238,7 @@ fn value_range(value: &[u8], at: usize) -> Range<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::codec::http1::fill_written;
+    use crate::codec::http1::{fill_written, HeadLimits};
     use crate::filters::forwarded::ClientIp;
     use crate::filters::headers::Vars;
     use crate::forward::h2::h1_head_to_h2;
@@ -283,7 +283,11 @@ mod tests {
         let (parts, ()) = client.into_parts();
         let (mut buf, mut req) = (Vec::new(), RequestHead::default());
         let line = write_head(&mut buf, &mut req.headers, &parts, eos).expect("h2 request");
-        fill_written(&buf, line.method, line.target, 64, &mut req).expect("filled");
+        let limits = HeadLimits {
+            max_header_size: 64 * 1024,
+            max_headers: 64,
+        };
+        fill_written(&buf, line.method, line.target, limits, &mut req).expect("filled");
         let mut path = RoutedPath::default();
         let raw = req.path(&buf);
         path.normalize(raw, &listener.path_normalization)

@@ -18,7 +18,7 @@ use super::conn::Conn;
 use super::exchange::{forward, Body};
 use super::send::H3Responder;
 use super::upstream::forward_h2;
-use crate::codec::http1::{fill_written, RequestHead};
+use crate::codec::http1::{fill_written, HeadLimits, RequestHead};
 use crate::error::ProxyError;
 use crate::forward::{carrier, Carrier, Failure};
 use crate::http2::exchange::StreamRequest;
@@ -83,8 +83,8 @@ pub(super) async fn serve(conn: Rc<Conn>, resolved: Resolved) {
     let facts = H2Facts::of(&parts.headers);
     let mut log = StreamLog::default();
     log.trace.grpc = facts.grpc;
-    let max_headers = listener.max_headers;
-    let filled = fill_written(&buf, line.method, line.target, max_headers, &mut req);
+    let limits = HeadLimits::of(listener);
+    let filled = fill_written(&buf, line.method, line.target, limits, &mut req);
     let at = conn.stream_conn(&snapshot, index);
     let result = match filled {
         Ok(()) => {

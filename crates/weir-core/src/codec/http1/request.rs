@@ -42,6 +42,16 @@ pub struct HeadLimits {
     pub max_headers: usize,
 }
 
+impl HeadLimits {
+    /// A listener's: the same for a request head whatever protocol brought it.
+    pub fn of(listener: &weir_config::Listener) -> HeadLimits {
+        HeadLimits {
+            max_header_size: listener.max_header_size,
+            max_headers: listener.max_headers,
+        }
+    }
+}
+
 /// A parsed request head; ranges index the buffer it was parsed from.
 #[derive(Debug, Default, Clone)]
 pub struct RequestHead {
@@ -169,17 +179,18 @@ fn fill_head(
 /// request line, and `head.headers` already lists every field line as the writer
 /// recorded it (values trimmed as httparse trims them, `line_end` after each CRLF). The
 /// writer owns what httparse would have checked of the bytes (token characters, field
-/// values, CRLFs); every check after that is the one `parse_request` runs: the field
-/// count against `max_headers`, the method, the target form, framing, Host, Expect and
-/// Connection.
+/// values, CRLFs); every check after that is the one `parse_request` runs: the head's
+/// size against `max_header_size` and its field count against `max_headers` (431, as an
+/// HTTP/1.1 client's head over them gets: the same bound protects the upstream whatever
+/// the client spoke), the method, the target form, framing, Host, Expect and Connection.
 pub fn fill_written(
     buf: &[u8],
     method: Range<usize>,
     target: Range<usize>,
-    max_headers: usize,
+    limits: HeadLimits,
     head: &mut RequestHead,
 ) -> Result<(), ProxyError> {
-    if head.headers.len() > max_headers {
+    if buf.len() > limits.max_header_size || head.headers.len() > limits.max_headers {
         return Err(ProxyError::HeadTooLarge);
     }
     if !buf[target.clone()].iter().all(|&b| uri_byte(b)) {

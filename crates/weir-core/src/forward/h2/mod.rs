@@ -314,38 +314,6 @@ pub(crate) fn is_connection_specific(name: &HeaderName) -> bool {
         || name.as_str() == "proxy-connection"
 }
 
-/// Fields a trailer must not carry (RFC 9110 6.5.1): framing, routing, authentication,
-/// cookies, and fields that change how the body already sent is read or cached. A
-/// client that merged them into the head would be misled; they are dropped.
-pub(crate) fn forbidden_in_trailer(name: &str) -> bool {
-    const FORBIDDEN: [&str; 22] = [
-        "content-length",
-        "transfer-encoding",
-        "trailer",
-        "te",
-        "host",
-        "authorization",
-        "proxy-authorization",
-        "www-authenticate",
-        "proxy-authenticate",
-        "set-cookie",
-        "cookie",
-        "content-type",
-        "content-encoding",
-        "content-range",
-        "cache-control",
-        "expires",
-        "age",
-        "date",
-        "location",
-        "retry-after",
-        "vary",
-        "max-forwards",
-    ];
-    // `HeaderName`s are lower case.
-    FORBIDDEN.contains(&name)
-}
-
 /// The first DATA of a request up to this size goes upstream without waiting for the
 /// stream's window (see `send_windowed`). Small (a gRPC call's message usually fits), as it
 /// is released to the client's window before h2 sent it: at most this much per stream
