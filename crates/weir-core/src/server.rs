@@ -618,6 +618,22 @@ where
 mod tests {
     use super::*;
 
+    /// A reload binds every new listener before any listens (F3): a connection the kernel
+    /// queued on a socket that a later bind failure then drops would be reset.
+    #[test]
+    fn bound_sockets_take_no_connection_until_they_listen() {
+        let toml = "[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\n\
+                    [[listeners.routes]]\nname = \"r\"\nupstream = \"u\"\n\
+                    [upstreams.u]\nservers = [{ addr = \"127.0.0.1:9\" }]\n";
+        let config = weir_config::parse_str(toml, "t.toml").unwrap();
+        let listener = &config.listeners[0];
+        let bound = bind_per_worker(listener, &listener.binds[0], 2, Vec::new()).unwrap();
+        let refused = std::net::TcpStream::connect(bound.addr).unwrap_err();
+        assert_eq!(refused.kind(), std::io::ErrorKind::ConnectionRefused);
+        listen_bound(listener, &bound).unwrap();
+        assert!(std::net::TcpStream::connect(bound.addr).is_ok());
+    }
+
     #[test]
     fn a_worker_ends_when_its_task_ends_even_by_a_panic() {
         let runtime = tokio::runtime::Builder::new_current_thread()

@@ -252,6 +252,25 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_raised_limit_wakes_a_paused_waiter() {
+        let cap = Arc::new(ConnectionCap::new(1));
+        let _held = cap.try_acquire(1).unwrap();
+        let waiter = {
+            let cap = cap.clone();
+            tokio::spawn(async move { cap.wait_below(|| {}).await })
+        };
+        while cap.waiting.load(SeqCst) == 0 {
+            tokio::task::yield_now().await;
+        }
+        cap.set_limit(2);
+        // Bounded only to turn a lost wake-up into a failure instead of a hang.
+        tokio::time::timeout(Duration::from_secs(30), waiter)
+            .await
+            .expect("woken by the new limit")
+            .unwrap();
+    }
+
+    #[tokio::test]
     async fn a_paused_waiter_wakes_when_a_connection_closes_on_another_thread() {
         let cap = Arc::new(ConnectionCap::new(1));
         let held = cap.try_acquire(1).unwrap();
