@@ -49,6 +49,9 @@ enum Phase {
     /// The first bytes of a request head arrived at `since` (`first`: the connection's
     /// first request).
     Head { since: Instant, first: bool },
+    /// An API request's body is being read: `api` bounds the read (`header_timeout`), and
+    /// the connection is not held against eviction (see `slots`).
+    Body,
     /// A request is being handled: the handler bounds its own waits (see `api`).
     Busy,
 }
@@ -92,6 +95,11 @@ impl Clock {
         BusyGuard(self.clone())
     }
 
+    /// Marks an API request's body as being read (see [`Phase::Body`]).
+    pub fn reading_body(&self) {
+        self.set(Phase::Body);
+    }
+
     fn read(&self) {
         let mut phase = self.lock();
         if let Phase::Waiting { since, first } = *phase {
@@ -121,7 +129,7 @@ impl Clock {
             Phase::Waiting { since, first: true } => Some(since + limits.header_timeout),
             Phase::Waiting { since, .. } => Some(since + limits.idle_timeout),
             Phase::Head { since, .. } => Some(since + limits.header_timeout),
-            Phase::Busy => None,
+            Phase::Body | Phase::Busy => None,
         }
     }
 

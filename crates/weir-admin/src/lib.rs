@@ -248,8 +248,11 @@ async fn serve_connection(
     let service = hyper::service::service_fn(move |req| {
         let (state, slot) = (state.clone(), slot.clone());
         async move {
+            if req.uri().path().starts_with("/api/") {
+                return Ok(api_request(req, &state, &slot, &limits, addrs).await);
+            }
             let _busy = slot.busy();
-            handle(req, state, limits.idle_timeout, addrs).await
+            handle(req, state, addrs).await
         }
     });
     let connection = hyper::server::conn::http1::Builder::new()
@@ -266,10 +269,44 @@ struct Addrs {
     listener: SocketAddr,
 }
 
+/// An `/api/` request. The connection counts as handling it (held, not evictable) only
+/// once its body has arrived, and only within the API's share of the connections
+/// ([`slots::api_share`]): a body must arrive within `header_timeout` (408) and its
+/// connection can be evicted meanwhile, and the probes always find a connection to take
+/// the place of.
+async fn api_request(
+    req: Request<Incoming>,
+    state: &AdminState,
+    slot: &Arc<Slot>,
+    limits: &Limits,
+    addrs: Addrs,
+) -> Response<Full<Bytes>> {
+    if let Err(e) = guard(state, addrs.listener, &req) {
+        drop(slot.busy());
+        return refused(e);
+    }
+    let response = match &state.store {
+        Some(store) => {
+            let share = slots::api_share(limits.max_connections);
+            slot.reading_body();
+            let with = (addrs.peer, limits.header_timeout);
+            api::handle(req, store.clone(), with, || slot.busy_api(share)).await
+        }
+        None => plain(StatusCode::NOT_FOUND, Bytes::from_static(NOT_FOUND), TEXT),
+    };
+    // The request is over: the connection waits for the next one (idle_timeout) and is
+    // the freshest.
+    drop(slot.busy());
+    response
+}
+
+fn refused(e: api::error::ApiError) -> Response<Full<Bytes>> {
+    plain(e.status, Bytes::from(format!("{}\n", e.to_json())), JSON)
+}
+
 async fn handle(
     req: Request<Incoming>,
     state: Arc<AdminState>,
-    body_timeout: Duration,
     addrs: Addrs,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let path = req.uri().path();
@@ -277,11 +314,7 @@ async fn handle(
     // listener, even with a token.
     if !matches!(path, "/live" | "/ready") {
         if let Err(e) = guard(&state, addrs.listener, &req) {
-            return Ok(plain(
-                e.status,
-                Bytes::from(format!("{}\n", e.to_json())),
-                JSON,
-            ));
+            return Ok(refused(e));
         }
     }
     if path == "/ui" || path.starts_with("/ui/") {
@@ -291,12 +324,6 @@ async fn handle(
             .as_ref()
             .is_some_and(|s| s.proxy().config().admin.dashboard.is_some());
         return Ok(ui::serve(req.method(), path, on));
-    }
-    if req.uri().path().starts_with("/api/") {
-        return Ok(match &state.store {
-            Some(store) => api::handle(req, store.clone(), body_timeout, addrs.peer).await,
-            None => plain(StatusCode::NOT_FOUND, Bytes::from_static(NOT_FOUND), TEXT),
-        });
     }
     if let (Some(store), "/metrics") = (&state.store, req.uri().path()) {
         if let Err(e) = api::check_read(store, req.headers()).await {

@@ -10,7 +10,14 @@
 //! (`weir_core::evict`, which says why): a probe is the freshest connection from its first
 //! byte, so an attacker must open `max_connections` new connections within the probe's
 //! round trip to push it out, not merely hold them.
+//!
+//! Two things keep connections from being held that way: a request counts as handled
+//! only once its body has arrived (until then the connection is in its head's time,
+//! `header_timeout`, and evictable), and at most [`api_share`] of the cap handle API
+//! requests at once (one waiting for a reload to finish is held): the rest is kept for
+//! `/live`, `/ready` and `/metrics`, and an API request over the share gets a 503.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use weir_core::evict::{Admitted, EvictionTable, Key};
@@ -21,6 +28,15 @@ use crate::conn::{BusyGuard, Clock};
 #[derive(Default)]
 pub struct Slots {
     open: Mutex<EvictionTable<Arc<Clock>>>,
+    /// Connections handling an API request now.
+    api: AtomicUsize,
+}
+
+/// How many of `max_connections` admin connections may handle API requests at once: three
+/// quarters (at least one). The rest cannot be held by API requests, so a probe always
+/// finds a connection to take the place of.
+pub fn api_share(max_connections: usize) -> usize {
+    (max_connections - max_connections / 4).max(1)
 }
 
 /// How a new connection was let in.
@@ -72,7 +88,27 @@ impl Slot {
         Handling {
             slot: self.clone(),
             _phase: self.clock.busy(),
+            api: false,
         }
+    }
+
+    /// The request's head has arrived and its body is being read: no deadline of the
+    /// connection's own (the reader has one), but not held either: it can be evicted.
+    pub fn reading_body(&self) {
+        self.clock.reading_body();
+    }
+
+    /// [`Slot::busy`] for an API request, if fewer than `max` are being handled; `None`:
+    /// the API's share of the connections is taken (see [`api_share`]).
+    pub fn busy_api(self: &Arc<Slot>, max: usize) -> Option<Handling> {
+        let api = &self.slots.api;
+        let taken = api.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+            (n < max).then_some(n + 1)
+        });
+        taken.ok()?;
+        let mut handling = self.busy();
+        handling.api = true;
+        Some(handling)
     }
 }
 
@@ -86,10 +122,15 @@ impl Drop for Slot {
 pub struct Handling {
     slot: Arc<Slot>,
     _phase: BusyGuard,
+    /// Counted in `Slots::api`.
+    api: bool,
 }
 
 impl Drop for Handling {
     fn drop(&mut self) {
+        if self.api {
+            self.slot.slots.api.fetch_sub(1, Ordering::AcqRel);
+        }
         self.slot.slots.lock().progressed(self.slot.key);
     }
 }
@@ -131,6 +172,32 @@ mod tests {
         drop(newcomer_slot);
         assert!(matches!(slots.admit(&Clock::new(), 3), Admission::Free(_)));
         held.clear();
+    }
+
+    #[tokio::test]
+    async fn api_requests_hold_at_most_their_share_and_probes_find_room() {
+        let slots = Arc::new(Slots::default());
+        let max = 4;
+        assert_eq!(api_share(max), 3);
+        assert_eq!(api_share(1), 1);
+        let conns: Vec<_> = (0..max)
+            .map(|_| admitted(slots.admit(&Clock::new(), max)).unwrap().0)
+            .collect();
+        let api: Vec<_> = conns[..3]
+            .iter()
+            .map(|s| s.busy_api(api_share(max)).expect("within the share"))
+            .collect();
+        assert!(
+            conns[3].busy_api(api_share(max)).is_none(),
+            "over the share"
+        );
+        // The fourth connection is not held: a probe takes its place.
+        assert!(matches!(
+            slots.admit(&Clock::new(), max),
+            Admission::Evicted(_)
+        ));
+        drop(api);
+        assert!(conns[3].busy_api(api_share(max)).is_some(), "a place freed");
     }
 
     #[tokio::test]

@@ -1,13 +1,18 @@
 //! Changing the running config: the one diff-and-apply path that SIGHUP, the admin API and
 //! `weir ctl apply` all go through.
 //!
-//! Applying a validated config (1) binds the listeners that are new or whose socket
-//! settings changed, so a bind failure changes nothing; (2) fills the metric slots of new
-//! objects in every worker's shard; (3) publishes a snapshot built `with_previous`, which
-//! keeps server health; (4) tells every worker to accept on the new sockets and to close
-//! the sockets of removed or rebound listeners. Requests in flight finish on the snapshot
-//! they started with; the next request on a connection uses the new one, and a connection
-//! whose listener is gone closes instead of taking another request.
+//! Applying a validated config (1) binds the listeners that are new or whose address (or
+//! kind: plain HTTP, TCP, HTTP/3) changed, without listening, so that a bind failure
+//! changes nothing and resets no connection; (2) has them all listen once every bind
+//! succeeded; (3) fills the metric slots of new objects in every worker's shard; (4)
+//! publishes a snapshot built `with_previous`, which keeps server health; (5) tells every
+//! worker to accept on the new sockets, then to close the sockets of removed or rebound
+//! listeners (an accept loop told to stop first accepts and serves what is queued on its
+//! socket); (6) changes `backlog`, `defer_accept` and `max_connections` of the sockets
+//! kept in place (a second `listen`, a `setsockopt`, the shared count's limit). Requests
+//! in flight finish on the snapshot they started with; the next request on a connection
+//! uses the new one, and a connection whose listener is gone closes instead of taking
+//! another request.
 //!
 //! DNS discovery (`cluster::discovery`) changes pools through the same path: an answer is
 //! kept here (the servers of a pool with `discover` are the last answer for it), and the
@@ -26,7 +31,7 @@ use crate::listener::cap::{ConnectionCap, ListenerCap};
 use crate::listener::{BindSlot, Command};
 use crate::metrics::layout::Layout;
 use crate::metrics::Metrics;
-use crate::server::{bind_per_worker, BoundAddr, InheritedBind, Proxy, StartError};
+use crate::server::{bind_per_worker, listen_bound, BoundAddr, InheritedBind, Proxy, StartError};
 use crate::snapshot::{Snapshot, TlsPlans};
 use crate::worker::Shared;
 
@@ -103,21 +108,38 @@ struct Active {
     id: u64,
     addr: SocketAddr,
     plain_http: bool,
-    /// Duplicates of the workers' sockets, kept to hand over in a binary upgrade.
+    /// Duplicates of the workers' sockets, kept to hand over in a binary upgrade (and to
+    /// change their backlog and `defer_accept` in place).
     sockets: Vec<std::net::TcpListener>,
+    /// The settings changed on the sockets in place.
+    tune: Tune,
 }
 
-/// What a bind's sockets were made with: a change to any of it binds new sockets.
+/// The socket settings a reload changes without new sockets.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Tune {
+    backlog: u32,
+    defer_accept: bool,
+}
+
+impl Tune {
+    fn of(l: &Listener) -> Tune {
+        Tune {
+            backlog: l.backlog,
+            defer_accept: l.defer_accept,
+        }
+    }
+}
+
+/// What a bind's sockets were made with: a change to any of it binds new sockets. The
+/// backlog, `defer_accept` and `max_connections` are not in it: they change in place.
 #[derive(Debug, PartialEq)]
 struct SocketKey {
     addr: SocketAddr,
     /// A plain-HTTP bind of a TLS listener.
     plain_http: bool,
-    backlog: u32,
-    max_connections: usize,
     /// The accept loop serves TCP (L4).
     tcp: bool,
-    defer_accept: bool,
     /// The bind has UDP sockets for HTTP/3: turning `http3` on or off rebinds.
     quic: bool,
 }
@@ -126,10 +148,7 @@ fn socket_key(l: &Listener, bind: &Bind) -> SocketKey {
     SocketKey {
         addr: bind.addr,
         plain_http: bind.plain_http,
-        backlog: l.backlog,
-        max_connections: l.max_connections,
         tcp: l.tcp().is_some(),
-        defer_accept: l.defer_accept,
         quic: crate::server::takes_http3(l, bind),
     }
 }
@@ -187,6 +206,7 @@ impl Control {
         self.next_id += 1;
         let mut kept = Vec::new();
         let cap = self.caps.entry(slot).or_default().clone();
+        cap.set_limit(bound.limit);
         let mut quic = bound.quic.into_iter();
         for (i, socket) in bound.sockets.into_iter().enumerate() {
             match socket.try_clone() {
@@ -201,10 +221,7 @@ impl Control {
                     plain_http: bound.bind.plain_http,
                 },
                 socket,
-                cap: ListenerCap {
-                    count: cap.clone(),
-                    limit: bound.limit,
-                },
+                cap: ListenerCap { count: cap.clone() },
                 quic: quic.next(),
             });
         }
@@ -215,7 +232,36 @@ impl Control {
             addr: bound.addr,
             plain_http: bound.bind.plain_http,
             sockets: kept,
+            tune: Tune::of(listener),
         });
+    }
+
+    /// Gives the sockets kept in place the backlog, `defer_accept` and `max_connections`
+    /// of `config` (`slots`: each listener's metric slot). On Linux a second `listen`
+    /// resizes the accept queue and keeps what is queued; a failure is logged (the socket
+    /// keeps its old setting: the config is committed by then).
+    fn tune(&mut self, config: &Config, slots: &[usize]) {
+        for (l, slot) in config.listeners.iter().zip(slots) {
+            if let Some(cap) = self.caps.get(slot) {
+                cap.set_limit(l.max_connections);
+            }
+            let tune = Tune::of(l);
+            for a in self
+                .active
+                .iter_mut()
+                .filter(|a| a.name == l.name && a.tune != tune)
+            {
+                for socket in &a.sockets {
+                    let done = crate::listener::listen(socket, tune.backlog).and_then(|()| {
+                        crate::listener::set_defer_accept(socket, tune.defer_accept)
+                    });
+                    if let Err(e) = done {
+                        tracing::warn!(listener = %l.name, addr = %a.addr, error = %e, "cannot change the backlog or defer_accept in place");
+                    }
+                }
+                a.tune = tune;
+            }
+        }
     }
 
     /// Closes the sockets of every listener `config` no longer has as it is.
@@ -364,15 +410,7 @@ impl Applier {
         // Upstream TLS clients too: a bad one rejects the change before anything moved.
         let upstream_tls = crate::connector::tls::build_all(&config, &old.tls_clients())?;
         let changes = diff(&old.config, &config);
-        let mut binds = Vec::new();
-        for (i, l) in config.listeners.iter().enumerate() {
-            for bind in l.binds.iter().filter(|b| !control.is_active(l, b)) {
-                binds.push((
-                    i,
-                    bind_per_worker(l, bind, self.shared.workers, Vec::new())?,
-                ));
-            }
-        }
+        let binds = bind_new(control, &config, self.shared.workers)?;
         control
             .layout
             .reclaim(|upstream, server| self.metrics.zero_server(upstream, server));
@@ -387,15 +425,38 @@ impl Applier {
         // epoch leads to its).
         let replaced = self.shared.publish(snapshot);
         control.layout.wait_for(&replaced.epoch);
-        control.stop_stale(&config);
+        // The new sockets are accepted on before the old ones stop: a rebind of the same
+        // address leaves no moment with nobody accepting.
         for (i, bound) in binds {
             // Only the listeners bound now: one whose routes or timeouts changed keeps
             // its sockets and is not `listening` anew.
             tracing::info!(listener = %config.listeners[i].name, addr = %bound.addr, "listening");
             control.listen(&config.listeners[i], listener_slots[i], bound);
         }
+        control.stop_stale(&config);
+        control.tune(&config, &listener_slots);
         Ok(changes)
     }
+}
+
+/// Binds the binds of `config` that no active socket serves (new, or moved to another
+/// address or kind), then has them listen. Nothing listens until every bind succeeded: a
+/// failure drops sockets no connection was queued on, and changes nothing.
+fn bind_new(
+    control: &Control,
+    config: &Config,
+    workers: usize,
+) -> Result<Vec<(usize, Bound)>, ApplyError> {
+    let mut binds = Vec::new();
+    for (i, l) in config.listeners.iter().enumerate() {
+        for bind in l.binds.iter().filter(|b| !control.is_active(l, b)) {
+            binds.push((i, bind_per_worker(l, bind, workers, Vec::new())?));
+        }
+    }
+    for (i, bound) in &binds {
+        listen_bound(&config.listeners[*i], bound)?;
+    }
+    Ok(binds)
 }
 
 /// Settings fixed for the life of the process: the worker count and the access logs (their

@@ -19,7 +19,7 @@ use weir_config::{Bind, Config, Listener};
 
 use crate::access_log::{ListenerSinks, LogBuffer, WriterThread, FLUSH_INTERVAL};
 use crate::listener::{
-    bind_reuseport, control_loop, refuse_foreign_listener, set_defer_accept, Command,
+    bind_unlistened, control_loop, refuse_foreign_listener, set_defer_accept, Command,
 };
 use crate::metrics::layout::Layout;
 use crate::metrics::{Metrics, WorkerMetrics};
@@ -319,8 +319,22 @@ pub(crate) fn bind_per_worker(
     }
 }
 
-/// The TCP sockets of [`bind_per_worker`], and the address they got; on error, the
-/// address it was about.
+/// Has the sockets [`bind_per_worker`] bound (not listening yet, but for inherited ones)
+/// listen with `listener`'s backlog: only then does the kernel queue connections on them.
+pub(crate) fn listen_bound(listener: &Listener, bound: &Bound) -> Result<(), StartError> {
+    for socket in &bound.sockets {
+        crate::listener::listen(socket, listener.backlog).map_err(|error| StartError::Bind {
+            listener: listener.name.clone(),
+            addr: bound.addr,
+            implied: bound.bind.implied,
+            error,
+        })?;
+    }
+    Ok(())
+}
+
+/// The TCP sockets of [`bind_per_worker`] (bound, not listening: see [`listen_bound`]),
+/// and the address they got; on error, the address it was about.
 fn bind_tcp(
     listener: &Listener,
     bind: &Bind,
@@ -336,12 +350,12 @@ fn bind_tcp(
     if sockets.is_empty() {
         // Only the first socket: the workers' others join it on purpose (SO_REUSEPORT).
         refuse_foreign_listener(bind.addr).map_err(at(bind.addr))?;
-        let first = bind_reuseport(bind.addr, listener.backlog, listener.defer_accept);
+        let first = bind_unlistened(bind.addr, listener.defer_accept);
         sockets.push(first.map_err(at(bind.addr))?);
     }
     let addr = sockets[0].local_addr().map_err(at(bind.addr))?;
     while sockets.len() < workers {
-        let next = bind_reuseport(addr, listener.backlog, listener.defer_accept);
+        let next = bind_unlistened(addr, listener.defer_accept);
         sockets.push(next.map_err(at(addr))?);
     }
     Ok((addr, sockets))
@@ -385,6 +399,7 @@ fn bind_all(
         for bind in &listener.binds {
             let inherited = take_inherited(inherited, listener, bind);
             let bound = bind_per_worker(listener, bind, workers, inherited)?;
+            listen_bound(listener, &bound)?;
             control.listen(listener, slots.slot, bound);
         }
     }
@@ -602,6 +617,22 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A reload binds every new listener before any listens (F3): a connection the kernel
+    /// queued on a socket that a later bind failure then drops would be reset.
+    #[test]
+    fn bound_sockets_take_no_connection_until_they_listen() {
+        let toml = "[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\n\
+                    [[listeners.routes]]\nname = \"r\"\nupstream = \"u\"\n\
+                    [upstreams.u]\nservers = [{ addr = \"127.0.0.1:9\" }]\n";
+        let config = weir_config::parse_str(toml, "t.toml").unwrap();
+        let listener = &config.listeners[0];
+        let bound = bind_per_worker(listener, &listener.binds[0], 2, Vec::new()).unwrap();
+        let refused = std::net::TcpStream::connect(bound.addr).unwrap_err();
+        assert_eq!(refused.kind(), std::io::ErrorKind::ConnectionRefused);
+        listen_bound(listener, &bound).unwrap();
+        assert!(std::net::TcpStream::connect(bound.addr).is_ok());
+    }
 
     #[test]
     fn a_worker_ends_when_its_task_ends_even_by_a_panic() {

@@ -1,6 +1,7 @@
 //! Issue 17, item 3: the admin listener under idle and descriptor-hungry clients, through
 //! the real binary. Idle admin connections are closed after `[admin] header_timeout` /
-//! `idle_timeout` (an API body that stops short gets 408); with `ulimit -n 64`, connections over `[admin] max_connections` are
+//! `header_timeout` (an API body that stops short gets 408, and its connection can be
+//! evicted for a probe meanwhile); with `ulimit -n 64`, connections over `[admin] max_connections` are
 //! closed at once so the data plane keeps its descriptors; and when the process is out of
 //! descriptors anyway, the admin accept loop pauses instead of spinning on EMFILE.
 
@@ -95,7 +96,7 @@ fn idle_admin_connections_are_closed_after_the_timeouts() {
     let (head, body) = get_on(&mut kept, "/live").expect("/live");
     assert_eq!((head.status, body.as_slice()), (200, &b"live\n"[..]));
 
-    // An API request whose body stops short: 408 after idle_timeout.
+    // An API request whose body stops short: 408 after header_timeout.
     let mut short = connect(admin, Duration::from_secs(2)).expect("connect");
     let head = format!(
         "PUT /api/v1/config HTTP/1.1\r\nHost: {admin}\r\nContent-Type: application/toml\r\n\
@@ -241,4 +242,48 @@ fn admin_accept_backs_off_when_out_of_descriptors() {
         || matches!(get(admin, "/live"), Ok((h, _)) if h.status == 200),
     );
     assert!(reachable, "admin serves new connections again");
+}
+
+/// Attack report F4: API requests whose bodies trickle (no token needed on a loopback
+/// bind) used to count as busy and fill `max_connections`, so `/live` and `/ready` were
+/// refused. A body being read leaves its connection evictable: the probes get in.
+#[test]
+fn api_bodies_that_trickle_do_not_lock_out_the_probes() {
+    const CAP: usize = 4;
+    let backend = Backend::echo("e");
+    let weir = Weir::start(&text(
+        &format!("max_connections = {CAP}\nheader_timeout = \"60s\""),
+        "",
+        backend.addr(),
+    ));
+    let admin = weir.admin_addr();
+    let mut stalled: Vec<TcpStream> = (0..CAP)
+        .map(|_| {
+            let mut s = connect(admin, Duration::from_secs(2)).expect("connect");
+            let head = format!(
+                "PUT /api/v1/config HTTP/1.1\r\nHost: {admin}\r\nContent-Type: application/toml\r\n\
+                 Content-Length: 100000\r\nExpect: 100-continue\r\n\r\n"
+            );
+            s.write_all(head.as_bytes()).unwrap();
+            s
+        })
+        .collect();
+    // hyper says 100 Continue when the handler starts reading the body: each connection is
+    // in its body now (a handler that counted as busy from its head on would hold it).
+    for (i, s) in stalled.iter_mut().enumerate() {
+        s.set_read_timeout(Some(START_WAIT)).unwrap();
+        let head = support_process::read_head(s)
+            .unwrap_or_else(|e| panic!("stalled {i}: no 100 Continue: {e}"));
+        assert_eq!(head.status, 100, "stalled {i}");
+        s.write_all(b"[server]\n").unwrap();
+    }
+    for probe in ["/live", "/ready", "/live"] {
+        let (head, body) = get(admin, probe).unwrap_or_else(|e| panic!("{probe}: {e}"));
+        assert_eq!(
+            head.status,
+            200,
+            "{probe}: {}",
+            String::from_utf8_lossy(&body)
+        );
+    }
 }

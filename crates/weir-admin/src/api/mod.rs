@@ -35,24 +35,26 @@ use error::ApiError;
 /// The largest request body accepted (a whole config fits many times over).
 pub const MAX_BODY: usize = 1 << 20;
 
-/// Serves one `/api/v1/...` request from `peer`; its body must arrive within `body_timeout`.
-pub async fn handle(
+/// Serves one `/api/v1/...` request from `peer`; its body must arrive within
+/// `body_timeout` (408). `busy` marks the connection as handling it once the body has
+/// arrived, and says `None` when the API's share of the admin connections is taken: 503.
+pub async fn handle<B>(
     req: Request<Incoming>,
     store: Arc<Store>,
-    body_timeout: Duration,
-    peer: SocketAddr,
+    (peer, body_timeout): (SocketAddr, Duration),
+    busy: impl FnOnce() -> Option<B>,
 ) -> Response<Full<Bytes>> {
-    match serve(req, store, body_timeout, peer).await {
+    match serve(req, store, (peer, body_timeout), busy).await {
         Ok(response) => response,
         Err(e) => json_response(e.status, &e.to_json(), None),
     }
 }
 
-async fn serve(
+async fn serve<B>(
     req: Request<Incoming>,
     store: Arc<Store>,
-    body_timeout: Duration,
-    peer: SocketAddr,
+    (peer, body_timeout): (SocketAddr, Duration),
+    busy: impl FnOnce() -> Option<B>,
 ) -> Result<Response<Full<Bytes>>, ApiError> {
     let write = req.method() != Method::GET && req.method() != Method::HEAD;
     let admin = &store.proxy().config().admin;
@@ -69,9 +71,16 @@ async fn serve(
             ApiError::new(
                 StatusCode::REQUEST_TIMEOUT,
                 format!("the request body did not arrive within {body_timeout:?}"),
-                "send the whole body at once; [admin] idle_timeout sets the limit",
+                "send the whole body at once; [admin] header_timeout sets the limit",
             )
         })??;
+    let _busy = busy().ok_or_else(|| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "too many admin API requests are in progress",
+            "retry shortly; at most three quarters of [admin] max_connections handle API requests at once",
+        )
+    })?;
     tokio::task::spawn_blocking(move || route(call, &store))
         .await
         .map_err(|e| {
@@ -266,13 +275,12 @@ async fn read_call(req: Request<Incoming>, by: String) -> Result<Call, ApiError>
     };
     let format = Format::of_content_type(header(CONTENT_TYPE));
     let wants_toml = header(ACCEPT).is_some_and(|a| a.contains("toml"));
-    let body = Limited::new(body, MAX_BODY).collect().await.map_err(|_| {
-        ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!("the body is over {MAX_BODY} bytes (or could not be read)"),
-            "send a smaller body",
-        )
-    })?;
+    // A read takes no body: one sent with it is left unread (hyper then closes the
+    // connection after the response), so it cannot keep the connection.
+    let body = match parts.method {
+        Method::GET | Method::HEAD => Bytes::new(),
+        _ => read_body(body).await?,
+    };
     Ok(Call {
         query: query.to_string(),
         method: parts.method,
@@ -281,8 +289,20 @@ async fn read_call(req: Request<Incoming>, by: String) -> Result<Call, ApiError>
         origin: Origin { by, source },
         format,
         wants_toml,
-        body: body.to_bytes(),
+        body,
     })
+}
+
+/// A write's body, at most [`MAX_BODY`] bytes.
+async fn read_body(body: Incoming) -> Result<Bytes, ApiError> {
+    let body = Limited::new(body, MAX_BODY).collect().await.map_err(|_| {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("the body is over {MAX_BODY} bytes (or could not be read)"),
+            "send a smaller body",
+        )
+    })?;
+    Ok(body.to_bytes())
 }
 
 /// A server's settings body, which may be empty (add with defaults).

@@ -120,7 +120,7 @@ async fn run(
     };
     let mut rate = Rate::default();
     let mut at_cap = AtCap {
-        reclaim: Reclaimer::asking(slot, &cap),
+        reclaim: Reclaimer::asking(slot),
         log: ResourceLog::default(),
     };
     loop {

@@ -7,6 +7,8 @@
 //! PROXY header, its ClientHello, its TLS handshake). With nothing idle, it stops
 //! accepting until a connection of the listener closes (the kernel backlog holds the rest;
 //! counted in `weir_accept_paused_total`).
+//! A listener stopped by a reload (removed, or moved to new sockets) first accepts and
+//! serves the connections queued on its socket: closing a listening socket resets them.
 //! When the process runs out of file descriptors (EMFILE / ENFILE, seed 002's crash) it
 //! logs, backs off briefly and keeps serving the connections it has: running out of
 //! descriptors never ends the process.
@@ -50,8 +52,11 @@ pub async fn accept_loop(
     // (`tcp::serve_tcp`). A listener with none pauses: a plain TCP one always does.
     let mut reclaim = Reclaimer::start(&worker, slot, &cap, &stop);
     loop {
-        if worker.is_draining() || stop.is_stopped() {
+        if worker.is_draining() {
             return;
+        }
+        if stop.is_stopped() {
+            return drain_queue(&worker, bind, tcp, &listener, &cap);
         }
         let accepted = tokio::select! {
             // The drain first: a worker that drains accepts nothing more. A connection
@@ -60,7 +65,7 @@ pub async fn accept_loop(
             // binary upgrade shares these sockets) accepts it.
             biased;
             _ = worker.drained() => return,
-            _ = stop.stopped() => return,
+            _ = stop.stopped() => continue,
             r = accept(&listener, &cap) => r,
         };
         match accepted {
@@ -69,6 +74,8 @@ pub async fn accept_loop(
                     Some(permit) => permit,
                     None => match reclaim.place_for(&worker, &cap, &mut cap_log, &stop).await {
                         Some(permit) => permit,
+                        // Stopped by a reload: served like the rest of the queue.
+                        None if !worker.is_draining() => cap.acquire_over(),
                         None => return,
                     },
                 };
@@ -82,12 +89,43 @@ pub async fn accept_loop(
                 tokio::select! {
                     _ = tokio::time::sleep(RESOURCE_BACKOFF) => {}
                     _ = worker.drained() => return,
-                    _ = stop.stopped() => return,
+                    _ = stop.stopped() => {}
                 }
             }
             Err(e) => {
                 count_accept_error(&worker, slot, &e);
                 tracing::debug!(error = %e, "accept failed");
+            }
+        }
+    }
+}
+
+/// Accepts and serves what is queued on the socket of a listener a reload stopped, until
+/// the queue is empty: those connections completed their handshake and would be reset when
+/// the socket closes. They are served even over `max_connections` (a transient excess: no
+/// more come). One that the kernel queues between the last accept and the close is still
+/// reset (short of `net.ipv4.tcp_migrate_req`, which moves it to a sibling socket).
+fn drain_queue(
+    worker: &Rc<Worker>,
+    bind: BindSlot,
+    tcp: bool,
+    listener: &AsyncFd<mio::net::TcpListener>,
+    cap: &ListenerCap,
+) {
+    loop {
+        match listener.get_ref().accept() {
+            Ok((stream, peer)) => {
+                let stream = std::net::TcpStream::from(OwnedFd::from(stream));
+                let permit = cap.try_acquire().unwrap_or_else(|| cap.acquire_over());
+                spawn_connection(worker, bind, tcp, stream, peer, permit);
+            }
+            Err(e) if e.kind() == io::ErrorKind::ConnectionAborted => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                if e.kind() != io::ErrorKind::WouldBlock {
+                    count_accept_error(worker, bind.slot, &e);
+                }
+                return;
             }
         }
     }
@@ -222,8 +260,7 @@ mod tests {
             let listener = mio::net::TcpListener::from_std(socket);
             let listener = crate::sys::register_listener(listener).unwrap();
             let cap = ListenerCap {
-                count: Arc::new(ConnectionCap::default()),
-                limit: 100,
+                count: Arc::new(ConnectionCap::new(100)),
             };
             let stop = Rc::new(StopSignal::default());
             let bind = BindSlot {

@@ -22,6 +22,15 @@ pub fn bind_reuseport(
     backlog: u32,
     defer_accept: bool,
 ) -> io::Result<std::net::TcpListener> {
+    let socket = bind_unlistened(addr, defer_accept)?;
+    listen(&socket, backlog)?;
+    Ok(socket)
+}
+
+/// [`bind_reuseport`] without the `listen`: the kernel queues no connection on the socket
+/// yet. A reload binds every new socket this way and listens only once all are bound, so
+/// that a bind failure closes no socket a connection was queued on (a reset).
+pub fn bind_unlistened(addr: SocketAddr, defer_accept: bool) -> io::Result<std::net::TcpListener> {
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
     socket.set_reuse_address(true)?;
     #[cfg(unix)]
@@ -35,8 +44,14 @@ pub fn bind_reuseport(
     if defer_accept {
         crate::sys::set_defer_accept(socket.as_fd(), DEFER_ACCEPT_SECONDS)?;
     }
-    socket.listen(i32::try_from(backlog).unwrap_or(i32::MAX))?;
     Ok(socket.into())
+}
+
+/// Starts (or, on a socket that listens already, resizes) the accept queue of `socket`:
+/// on Linux a second `listen` changes the backlog in place, keeping the queued connections.
+pub fn listen(socket: &std::net::TcpListener, backlog: u32) -> io::Result<()> {
+    let socket = socket2::SockRef::from(socket);
+    socket.listen(i32::try_from(backlog).unwrap_or(i32::MAX))
 }
 
 /// Sets or clears TCP_DEFER_ACCEPT on a socket bound earlier (one handed over by the
@@ -76,6 +91,15 @@ mod tests {
         assert_eq!(crate::sys::defer_accept(socket.as_fd()).unwrap(), 0);
         set_defer_accept(&socket, true).unwrap();
         assert!(crate::sys::defer_accept(socket.as_fd()).unwrap() > 0);
+    }
+
+    #[test]
+    fn a_second_listen_keeps_the_queued_connections() {
+        let listener = bind_reuseport("127.0.0.1:0".parse().unwrap(), 16, false).unwrap();
+        let _client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        listen(&listener, 64).unwrap();
+        listener.set_nonblocking(false).unwrap();
+        assert!(listener.accept().is_ok());
     }
 
     #[test]

@@ -28,6 +28,8 @@ use tokio::sync::Notify;
 #[derive(Debug, Default)]
 pub struct ConnectionCap {
     open: AtomicUsize,
+    /// The listener's `max_connections`: a reload changes it in place (no new sockets).
+    limit: AtomicUsize,
     /// Accept loops paused at the cap: only then does a close need to wake anyone (a
     /// `Notify` takes a lock; most closes happen below the cap and skip it).
     waiting: AtomicUsize,
@@ -41,31 +43,62 @@ pub struct ConnectionCap {
 }
 
 /// A listener's cap as one accept loop holds it: the open connections shared by every
-/// worker, and the listener's `max_connections`.
+/// worker, and the listener's `max_connections` (kept with them, so that a reload changes
+/// it for every accept loop at once).
 #[derive(Clone, Debug)]
 pub struct ListenerCap {
     pub count: Arc<ConnectionCap>,
-    pub limit: usize,
 }
 
 impl ListenerCap {
+    /// The listener's `max_connections` now.
+    pub fn limit(&self) -> usize {
+        self.count.limit()
+    }
+
     /// Takes a place for one connection if fewer than `limit` are open.
     pub fn try_acquire(&self) -> Option<Permit> {
-        self.count.try_acquire(self.limit)
+        self.count.try_acquire(self.limit())
+    }
+
+    /// A place even at the cap: for a connection already accepted that must not be reset
+    /// (the queue of a socket being closed, see `accept::drain_queue`). It counts like any.
+    pub fn acquire_over(&self) -> Permit {
+        self.count.open.fetch_add(1, SeqCst);
+        Permit(self.count.clone())
     }
 
     /// Whether fewer than `limit` connections are open.
     pub fn is_below(&self) -> bool {
-        self.count.open() < self.limit
+        self.count.open() < self.limit()
     }
 
     /// Waits until fewer than `limit` connections are open ([`ConnectionCap::wait_below`]).
     pub async fn wait_below(&self, paused: impl FnOnce()) {
-        self.count.wait_below(self.limit, paused).await
+        self.count.wait_below(paused).await
     }
 }
 
 impl ConnectionCap {
+    /// A cap of `limit` connections, none open.
+    pub fn new(limit: usize) -> ConnectionCap {
+        let cap = ConnectionCap::default();
+        cap.limit.store(limit, SeqCst);
+        cap
+    }
+
+    /// The listener's `max_connections`.
+    pub fn limit(&self) -> usize {
+        self.limit.load(SeqCst)
+    }
+
+    /// Changes the limit (a reload); accept loops paused at the old one look again.
+    pub fn set_limit(&self, limit: usize) {
+        if self.limit.swap(limit, SeqCst) != limit {
+            self.closed.notify_waiters();
+        }
+    }
+
     /// Takes a place for one connection if fewer than `limit` are open.
     pub fn try_acquire(self: &Arc<ConnectionCap>, limit: usize) -> Option<Permit> {
         self.open
@@ -79,10 +112,10 @@ impl ConnectionCap {
         self.open.load(SeqCst)
     }
 
-    /// Waits until fewer than `limit` connections are open. Returns at once if they are;
-    /// `paused` is called once if it has to wait.
-    pub async fn wait_below(&self, limit: usize, paused: impl FnOnce()) {
-        if self.open() < limit {
+    /// Waits until fewer than `limit` connections are open (or the limit is raised above
+    /// them). Returns at once if they are; `paused` is called once if it has to wait.
+    pub async fn wait_below(&self, paused: impl FnOnce()) {
+        if self.open() < self.limit() {
             return;
         }
         paused();
@@ -93,7 +126,7 @@ impl ConnectionCap {
             // (both sides use SeqCst: the closer's decrement and its read of `waiting` cannot
             // both miss the raise and the check).
             let closed = self.closed.notified();
-            if self.open() < limit {
+            if self.open() < self.limit() {
                 return;
             }
             closed.await;
@@ -219,8 +252,27 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_raised_limit_wakes_a_paused_waiter() {
+        let cap = Arc::new(ConnectionCap::new(1));
+        let _held = cap.try_acquire(1).unwrap();
+        let waiter = {
+            let cap = cap.clone();
+            tokio::spawn(async move { cap.wait_below(|| {}).await })
+        };
+        while cap.waiting.load(SeqCst) == 0 {
+            tokio::task::yield_now().await;
+        }
+        cap.set_limit(2);
+        // Bounded only to turn a lost wake-up into a failure instead of a hang.
+        tokio::time::timeout(Duration::from_secs(30), waiter)
+            .await
+            .expect("woken by the new limit")
+            .unwrap();
+    }
+
+    #[tokio::test]
     async fn a_paused_waiter_wakes_when_a_connection_closes_on_another_thread() {
-        let cap = Arc::new(ConnectionCap::default());
+        let cap = Arc::new(ConnectionCap::new(1));
         let held = cap.try_acquire(1).unwrap();
         let mut paused = false;
         let watched = cap.clone();
@@ -231,7 +283,7 @@ mod tests {
             }
             drop(held);
         });
-        let wait = cap.wait_below(1, || paused = true);
+        let wait = cap.wait_below(|| paused = true);
         // Bounded only to turn a lost wake-up into a failure instead of a hang.
         tokio::time::timeout(Duration::from_secs(30), wait)
             .await

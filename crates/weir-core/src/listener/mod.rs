@@ -15,7 +15,7 @@ pub mod proxy_protocol;
 pub(crate) mod reclaim;
 
 pub use accept::accept_loop;
-pub use bind::{bind_reuseport, set_defer_accept};
+pub use bind::{bind_reuseport, bind_unlistened, listen, set_defer_accept};
 pub use control::{control_loop, Command, StopSignal};
 pub use holder::refuse_foreign_listener;
 

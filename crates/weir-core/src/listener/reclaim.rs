@@ -58,7 +58,6 @@ static NEXT_ASKER: AtomicU64 = AtomicU64::new(0);
 pub(crate) struct Reclaimer {
     /// The listener's metric slot and `max_connections`.
     slot: usize,
-    limit: usize,
     asker: u64,
     log: ResourceLog,
     /// The task answering the other workers' asks (`None`: another loop of the listener
@@ -75,17 +74,16 @@ impl Reclaimer {
         stop: &Rc<StopSignal>,
     ) -> Reclaimer {
         let answers = answer_asks(worker.clone(), slot, cap.clone(), stop.clone());
-        let mut reclaimer = Reclaimer::asking(slot, cap);
+        let mut reclaimer = Reclaimer::asking(slot);
         reclaimer.answers = Some(tokio::task::spawn_local(answers));
         reclaimer
     }
 
     /// A reclaimer that only asks (a QUIC endpoint, whose listener's TCP accept loop on
     /// the same worker answers the asks).
-    pub fn asking(slot: usize, cap: &ListenerCap) -> Reclaimer {
+    pub fn asking(slot: usize) -> Reclaimer {
         Reclaimer {
             slot,
-            limit: cap.limit,
             asker: NEXT_ASKER.fetch_add(1, Ordering::Relaxed),
             log: ResourceLog::default(),
             answers: None,
@@ -109,7 +107,7 @@ impl Reclaimer {
             if let Some(permit) = cap.try_acquire() {
                 return Some(permit);
             }
-            if !evict_idlest(worker, self.slot, self.limit, &mut self.log) {
+            if !evict_idlest(worker, self.slot, cap.limit(), &mut self.log) {
                 // Again after an answer whose place another worker's newcomer took.
                 cap.count.ask(self.asker);
                 if asked.is_none() {
@@ -118,7 +116,7 @@ impl Reclaimer {
                     tell_at_cap(
                         worker,
                         self.slot,
-                        self.limit,
+                        cap.limit(),
                         pause_log,
                         |m| &m.accept_paused,
                         message,
@@ -161,7 +159,7 @@ async fn answer_asks(worker: Rc<Worker>, slot: usize, cap: ListenerCap, stop: Rc
             poll_fn(|cx| poll_idle(&worker, slot, cx)).await;
             // Nothing runs between the look and the eviction: the idle connection is there.
             if cap.count.take_ask() {
-                evict_idlest(&worker, slot, cap.limit, &mut log);
+                evict_idlest(&worker, slot, cap.limit(), &mut log);
             }
             // Many asks at once: let the connections closed meanwhile run.
             tokio::task::coop::consume_budget().await;
