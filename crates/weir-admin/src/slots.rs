@@ -33,10 +33,11 @@ pub struct Slots {
 }
 
 /// How many of `max_connections` admin connections may handle API requests at once: three
-/// quarters (at least one). The rest cannot be held by API requests, so a probe always
-/// finds a connection to take the place of.
+/// quarters, rounded down, and at least one. The rest (at least one connection from two
+/// on) cannot be held by API requests, so a probe always finds a connection to take the
+/// place of; with `max_connections = 1` nothing can be kept for it.
 pub fn api_share(max_connections: usize) -> usize {
-    (max_connections - max_connections / 4).max(1)
+    (max_connections - max_connections.div_ceil(4)).max(1)
 }
 
 /// How a new connection was let in.
@@ -180,6 +181,8 @@ mod tests {
         let max = 4;
         assert_eq!(api_share(max), 3);
         assert_eq!(api_share(1), 1);
+        // From two connections on, at least one is kept for the probes.
+        assert_eq!((api_share(2), api_share(3), api_share(64)), (1, 2, 48));
         let conns: Vec<_> = (0..max)
             .map(|_| admitted(slots.admit(&Clock::new(), max)).unwrap().0)
             .collect();

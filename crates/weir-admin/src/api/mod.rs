@@ -38,7 +38,7 @@ pub const MAX_BODY: usize = 1 << 20;
 /// Serves one `/api/v1/...` request from `peer`; its body must arrive within
 /// `body_timeout` (408). `busy` marks the connection as handling it once the body has
 /// arrived, and says `None` when the API's share of the admin connections is taken: 503.
-pub async fn handle<B>(
+pub async fn handle<B: Send + 'static>(
     req: Request<Incoming>,
     store: Arc<Store>,
     (peer, body_timeout): (SocketAddr, Duration),
@@ -50,7 +50,7 @@ pub async fn handle<B>(
     }
 }
 
-async fn serve<B>(
+async fn serve<B: Send + 'static>(
     req: Request<Incoming>,
     store: Arc<Store>,
     (peer, body_timeout): (SocketAddr, Duration),
@@ -74,23 +74,28 @@ async fn serve<B>(
                 "send the whole body at once; [admin] header_timeout sets the limit",
             )
         })??;
-    let _busy = busy().ok_or_else(|| {
+    // Held by the blocking task itself: a client that hangs up drops this future, not
+    // the work, which must keep its share until it ends.
+    let busy = busy().ok_or_else(|| {
         ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "too many admin API requests are in progress",
             "retry shortly; at most three quarters of [admin] max_connections handle API requests at once",
         )
     })?;
-    tokio::task::spawn_blocking(move || route(call, &store))
-        .await
-        .map_err(|e| {
-            tracing::error!(error = %e, "admin API handler failed");
-            ApiError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "the request failed inside weir",
-                "see weir's log; the running config is unchanged unless a GET shows otherwise",
-            )
-        })?
+    tokio::task::spawn_blocking(move || {
+        let _busy = busy;
+        route(call, &store)
+    })
+    .await
+    .map_err(|e| {
+        tracing::error!(error = %e, "admin API handler failed");
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "the request failed inside weir",
+            "see weir's log; the running config is unchanged unless a GET shows otherwise",
+        )
+    })?
 }
 
 /// A request reduced to what the handlers need, body read and size-checked.

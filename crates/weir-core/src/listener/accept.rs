@@ -41,11 +41,15 @@ pub async fn accept_loop(
     let slot = bind.slot;
     let (mut resource_log, mut cap_log) = (ResourceLog::default(), ResourceLog::default());
     // A listener's protocol is part of its socket settings: changing it rebinds (reload).
-    let tcp = {
+    let (tcp, backlog) = {
         let snapshot = worker.snapshot();
-        snapshot
+        let listener = snapshot
             .listener_index(slot)
-            .is_some_and(|i| snapshot.config.listeners[i].tcp().is_some())
+            .map(|i| &snapshot.config.listeners[i]);
+        (
+            listener.is_some_and(|l| l.tcp().is_some()),
+            listener.map_or(DRAIN_WITHOUT_BACKLOG, |l| l.backlog),
+        )
     };
     // Idle connections are closed for newcomers at the cap: HTTP connections waiting for a
     // request or in their TLS handshake, TCP ones that have not started relaying
@@ -56,7 +60,7 @@ pub async fn accept_loop(
             return;
         }
         if stop.is_stopped() {
-            return drain_queue(&worker, bind, tcp, &listener, &cap);
+            return drain_queue(&worker, bind, tcp, backlog, &listener, &cap);
         }
         let accepted = tokio::select! {
             // The drain first: a worker that drains accepts nothing more. A connection
@@ -105,14 +109,19 @@ pub async fn accept_loop(
 /// the socket closes. They are served even over `max_connections` (a transient excess: no
 /// more come). One that the kernel queues between the last accept and the close is still
 /// reset (short of `net.ipv4.tcp_migrate_req`, which moves it to a sibling socket).
+///
+/// At most `backlog + 1` are taken, what the queue could hold when the loop stopped: a
+/// client that keeps connecting to the old socket while it drains would otherwise keep
+/// this loop (and its worker) busy, and push the connection count past any bound.
 fn drain_queue(
     worker: &Rc<Worker>,
     bind: BindSlot,
     tcp: bool,
+    backlog: u32,
     listener: &AsyncFd<mio::net::TcpListener>,
     cap: &ListenerCap,
 ) {
-    loop {
+    for _ in 0..=backlog {
         match listener.get_ref().accept() {
             Ok((stream, peer)) => {
                 let stream = std::net::TcpStream::from(OwnedFd::from(stream));
@@ -130,6 +139,10 @@ fn drain_queue(
         }
     }
 }
+
+/// The drain's bound for a listener the running config no longer has (its backlog
+/// unknown here): Linux's default `net.core.somaxconn`, which caps every backlog.
+const DRAIN_WITHOUT_BACKLOG: u32 = 4096;
 
 /// Starts the task that serves an accepted connection from `peer` on `bind` under its
 /// `permit`.
