@@ -289,8 +289,8 @@ async fn api_request(
         Some(store) => {
             let share = slots::api_share(limits.max_connections);
             slot.reading_body();
-            let with = (addrs.peer, limits.header_timeout);
-            api::handle(req, store.clone(), with, || slot.busy_api(share)).await
+            let busy = || slot.busy_api(share);
+            api::handle(req, store.clone(), addrs.peer, limits.header_timeout, busy).await
         }
         None => plain(StatusCode::NOT_FOUND, Bytes::from_static(NOT_FOUND), TEXT),
     };

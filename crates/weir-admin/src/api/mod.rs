@@ -41,10 +41,11 @@ pub const MAX_BODY: usize = 1 << 20;
 pub async fn handle<B: Send + 'static>(
     req: Request<Incoming>,
     store: Arc<Store>,
-    (peer, body_timeout): (SocketAddr, Duration),
+    peer: SocketAddr,
+    body_timeout: Duration,
     busy: impl FnOnce() -> Option<B>,
 ) -> Response<Full<Bytes>> {
-    match serve(req, store, (peer, body_timeout), busy).await {
+    match serve(req, store, peer, body_timeout, busy).await {
         Ok(response) => response,
         Err(e) => json_response(e.status, &e.to_json(), None),
     }
@@ -53,7 +54,8 @@ pub async fn handle<B: Send + 'static>(
 async fn serve<B: Send + 'static>(
     req: Request<Incoming>,
     store: Arc<Store>,
-    (peer, body_timeout): (SocketAddr, Duration),
+    peer: SocketAddr,
+    body_timeout: Duration,
     busy: impl FnOnce() -> Option<B>,
 ) -> Result<Response<Full<Bytes>>, ApiError> {
     let write = req.method() != Method::GET && req.method() != Method::HEAD;
