@@ -220,7 +220,16 @@ impl Running {
         }
         tracing::info!(workers, "workers started");
         if let Some(admin) = &admin {
-            tracing::info!(addr = %admin.addr(), "admin api listening");
+            let token = proxy.config().admin.token_file.is_some();
+            tracing::info!(addr = %admin.addr(), token, "admin api listening");
+            if !token && admin.addr().ip().to_canonical().is_loopback() {
+                // Not a warning: a loopback API without a token is the default of a
+                // config with no `[admin]`, as Caddy's is. But who can use it is said.
+                tracing::info!(
+                    "admin api has no token_file: every local user may change the config \
+                     through it; set [admin] token_file to restrict it (the package does)"
+                );
+            }
         }
         if let Some(warning) = proxy.config().admin.exposure_warning() {
             tracing::warn!("{warning}");

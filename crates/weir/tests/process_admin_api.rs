@@ -64,6 +64,13 @@ fn config_reads_as_json_and_toml_with_its_version() {
     .expect("call");
     assert_eq!(head.status, 200);
     assert!(text.starts_with("# Weir under test"), "{text}");
+    // Who may change the config through a loopback API without a token is said at start.
+    let said = weir_testkit::wait_until(support_process::START_WAIT, || {
+        weir.log
+            .text()
+            .contains("every local user may change the config")
+    });
+    assert!(said, "{}", weir.log.text());
 }
 
 #[test]
@@ -237,6 +244,12 @@ fn a_token_file_requires_the_bearer_token() {
     let token = dir.write("token", "t0ken\n");
     let weir = Weir::start(&file(&a, &format!("token_file = \"{}\"", token.display())));
     let admin = weir.admin_addr();
+    let listening = weir
+        .log
+        .lines()
+        .into_iter()
+        .find(|l| l.contains("admin api listening"));
+    assert!(listening.is_some_and(|l| l.contains("token=true")));
     assert_eq!(api(admin, "GET", "/config", &[], "").0, 401);
     assert_eq!(
         api(
