@@ -265,6 +265,7 @@ max_idle = 256
                 cert_check_interval: Duration::from_secs(5),
                 log_format: LogFormat::Text,
                 background_revalidations: 64,
+                password_checks: 4,
             },
             admin: AdminSettings {
                 bind: Some(addr("127.0.0.1:9901")),
@@ -335,6 +336,7 @@ max_idle = 256
                 cert_check_interval: Duration::from_secs(5),
                 log_format: LogFormat::Text,
                 background_revalidations: 64,
+                password_checks: 4,
             },
             admin: AdminSettings {
                 bind: Some(addr("127.0.0.1:9901")),
@@ -446,6 +448,16 @@ servers = [{ addr = "10.0.0.1:80" }]
         let e = fail("[[listeners]]\nname = \"a\"\nname = \"b\"\n");
         assert_eq!(e.line, 3, "{e}");
         assert!(e.message.contains("duplicate key"), "{e}");
+    }
+
+    #[test]
+    fn password_checks_is_bounded() {
+        let listener = "[[listeners]]\nname = \"a\"\nbind = \"127.0.0.1:1\"\n";
+        let config = parse(&format!("[server]\npassword_checks = 32\n{listener}"));
+        assert_eq!(config.server.password_checks, 32);
+        let e = fail(&format!("[server]\npassword_checks = 0\n{listener}"));
+        assert_eq!(e.line, 2, "{e}");
+        assert!(e.message.contains("between 1 and 1024"), "{e}");
     }
 
     #[test]

@@ -49,6 +49,9 @@ pub struct ServerSettings {
     /// Cache revalidations (stale-while-revalidate) a worker runs in the background at
     /// once; past them a stale answer starts none (a later request does).
     pub background_revalidations: usize,
+    /// Password checks (`basic_auth` bcrypt or argon2 hashes) running at once in the
+    /// process, off the event loops; a request needing one more is answered 503.
+    pub password_checks: usize,
 }
 
 /// The process log's format (`[server] log_format`).

@@ -101,6 +101,7 @@ pub(crate) struct RawServer {
     pub cert_check_interval: Option<String>,
     pub log_format: Option<String>,
     pub background_revalidations: Option<i64>,
+    pub password_checks: Option<i64>,
 }
 
 /// `[admin]`.

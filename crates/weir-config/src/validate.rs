@@ -98,6 +98,12 @@ fn server(raw: RawServer, path: &FieldPath) -> Result<ServerSettings, Issue> {
             0..=100_000,
             &path.key("background_revalidations"),
         )?,
+        password_checks: int_in(
+            raw.password_checks,
+            4,
+            1..=1024,
+            &path.key("password_checks"),
+        )?,
         log_format: match raw.log_format.as_deref() {
             None => LogFormat::Text,
             Some(text) => LogFormat::parse(text).ok_or_else(|| {

@@ -42,7 +42,7 @@ pub enum Refusal<'a> {
     /// A shared `rate_limit` with `on_error = "deny"` while its Redis is down (503): the
     /// fleet's count cannot be known.
     RateLimitUnavailable,
-    /// `basic_auth` with `basic_auth::MAX_CHECKS` password checks already running in the
+    /// `basic_auth` with `[server] password_checks` password checks already running in the
     /// process (503, `Retry-After: 1`).
     PasswordChecksBusy,
 }

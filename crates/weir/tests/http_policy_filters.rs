@@ -698,6 +698,40 @@ async fn wrong_password_floods_do_not_stall_other_requests() {
     );
 }
 
+/// `[server] password_checks` bounds the checks running at once: with one allowed and two
+/// clients sending a wrong password (bcrypt cost 12), a check that finds the other under
+/// way is answered 503 with `Retry-After` at once, not queued.
+#[tokio::test]
+async fn password_checks_past_the_limit_are_answered_503() {
+    let b = Backend::fixed(200, &[], "ok");
+    let users = Htpasswd::new("limit", &[]);
+    let hash = bcrypt::hash_with_salt("secret", 12, [3u8; 16])
+        .unwrap()
+        .format_for_version(bcrypt::Version::TwoY);
+    std::fs::write(users.path(), format!("alice:{hash}\n")).unwrap();
+    let auth = format!(
+        "basic_auth = {{ users_file = \"{}\" }}",
+        users.path().display()
+    );
+    let weir = route_with(b.addr(), &[&auth])
+        .server("password_checks = 1")
+        .start();
+    let (mut one, mut two) = (weir.client().await, weir.client().await);
+    let deadline = tokio::time::Instant::now() + common::WAIT;
+    let busy = loop {
+        assert!(tokio::time::Instant::now() < deadline, "never 503");
+        let (a, b) = tokio::join!(get_as(&mut one, ALICE_WRONG), get_as(&mut two, ALICE_WRONG));
+        let mut statuses = [a.status, b.status];
+        statuses.sort_unstable();
+        match statuses {
+            [401, 401] => continue,
+            [401, 503] => break if a.status == 503 { a } else { b },
+            other => panic!("unexpected {other:?}"),
+        }
+    };
+    assert_eq!(busy.header("retry-after"), Some("1"));
+}
+
 #[tokio::test]
 async fn basic_auth_reload_rereads_the_file_and_the_cache_follows() {
     let b = Backend::fixed(200, &[], "ok");

@@ -11,8 +11,9 @@
 //! A check the cache cannot answer is never run on the worker's event loop (a bcrypt of
 //! cost 10 takes tens of milliseconds, and every other request of the worker would wait):
 //! [`authorized`] says [`Check::Verify`], and the caller awaits [`PendingCheck::run`] on
-//! tokio's blocking pool. At most [`MAX_CHECKS`] run at once in the process, so a flood of
-//! guesses cannot take the pool; past that a request is answered 503 with `Retry-After`
+//! tokio's blocking pool. At most `[server] password_checks` (default 4) run at once in the
+//! process, so a flood of guesses cannot take the pool; past that a request is answered 503
+//! with `Retry-After`
 //! at once (not queued: a queue would hold each guesser's connection and grow with the
 //! flood). A user the file does not name is checked too, against another entry's hash
 //! (same algorithm and cost) and refused whatever the result, so that the time taken does
@@ -20,6 +21,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::hash::{BuildHasher, RandomState};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use weir_config::BasicAuth;
 
@@ -32,12 +34,31 @@ const CACHE_LINES: usize = 64;
 /// The longest decoded `user:password` accepted (longer: refused).
 const MAX_CREDENTIALS: usize = 512;
 
-/// Password checks running at once in the process (on tokio's blocking pool); a request
-/// needing one more is answered 503.
-pub const MAX_CHECKS: usize = 4;
+/// Password checks running now in the process (on tokio's blocking pool). A counter, not a
+/// semaphore, so that a reload changing `[server] password_checks` needs no resizing: each
+/// check compares with the limit of the config it was routed by.
+static CHECKS: AtomicUsize = AtomicUsize::new(0);
 
-/// The permits of the checks under way.
-static CHECKS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(MAX_CHECKS);
+/// One of the [`CHECKS`] under way, given back when dropped.
+struct CheckSlot;
+
+impl CheckSlot {
+    /// A slot, unless `limit` checks are under way already.
+    fn take(limit: usize) -> Option<CheckSlot> {
+        CHECKS
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < limit).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| CheckSlot)
+    }
+}
+
+impl Drop for CheckSlot {
+    fn drop(&mut self) {
+        CHECKS.fetch_sub(1, Ordering::AcqRel);
+    }
+}
 
 /// What the credentials of a request come to.
 pub enum Check {
@@ -61,14 +82,15 @@ pub struct PendingCheck {
 pub enum Verdict {
     Admitted,
     Refused,
-    /// [`MAX_CHECKS`] checks were under way.
+    /// `[server] password_checks` checks were under way.
     Busy,
 }
 
 impl PendingCheck {
-    /// Verifies the password on the blocking pool (a success goes into `cache`).
-    pub async fn run(self, cache: &AuthCache) -> Verdict {
-        let Ok(permit) = CHECKS.try_acquire() else {
+    /// Verifies the password on the blocking pool (a success goes into `cache`), unless
+    /// `limit` checks are under way in the process.
+    pub async fn run(self, cache: &AuthCache, limit: usize) -> Verdict {
+        let Some(slot) = CheckSlot::take(limit) else {
             return Verdict::Busy;
         };
         let PendingCheck {
@@ -78,7 +100,7 @@ impl PendingCheck {
         } = self;
         let job = tokio::task::spawn_blocking(move || {
             let ok = verify(&password, &hash);
-            drop(permit);
+            drop(slot);
             ok
         });
         match (job.await, fingerprint) {
@@ -265,7 +287,7 @@ mod tests {
         match authorized(auth, cache, raw.as_bytes(), &h) {
             Check::Admitted => (true, false),
             Check::Refused => (false, false),
-            Check::Verify(check) => (check.run(cache).await == Verdict::Admitted, true),
+            Check::Verify(check) => (check.run(cache, 4).await == Verdict::Admitted, true),
         }
     }
 
@@ -310,15 +332,17 @@ mod tests {
         // A cache hit does not depend on bcrypt: the same fingerprint under another hash
         // string (a changed entry) is a different line.
         assert!(!cache.contains(cache.fingerprint(b"alice", b"secret", "other")));
-        // With `MAX_CHECKS` checks under way (no other test of this process runs one),
-        // one more is not started.
-        let permits = CHECKS.acquire_many(MAX_CHECKS as u32).await.unwrap();
+        // With `limit` checks under way (no other test of this process runs one), one
+        // more is not started.
+        let slots: Vec<CheckSlot> = (0..2).filter_map(|_| CheckSlot::take(2)).collect();
+        assert_eq!(slots.len(), 2);
         let (raw, h) = head("Authorization: Basic YWxpY2U6d3Jvbmc=\r\n");
         let Check::Verify(pending) = authorized(&auth, &cache, raw.as_bytes(), &h) else {
             panic!("a check");
         };
-        assert_eq!(pending.run(&cache).await, Verdict::Busy);
-        drop(permits);
+        assert_eq!(pending.run(&cache, 2).await, Verdict::Busy);
+        drop(slots);
+        assert!(CheckSlot::take(1).is_some(), "slots are given back");
     }
 
     #[test]

@@ -118,7 +118,8 @@ impl<'a> Routing<'a> {
         (index, check): (usize, Box<PendingCheck>),
     ) -> Decision<'a> {
         let auth = self.listener().routes[index].filters.basic_auth.as_ref();
-        let refused = match check.run(&self.worker.auth_cache).await {
+        let limit = self.snapshot.config.server.password_checks;
+        let refused = match check.run(&self.worker.auth_cache, limit).await {
             Verdict::Admitted => return self.admitted(r, path, index),
             Verdict::Refused => Refusal::Unauthorized(auth.map_or("", |a| &a.realm)),
             Verdict::Busy => Refusal::PasswordChecksBusy,

@@ -32,6 +32,8 @@ pub struct Conf {
     bind: Option<SocketAddr>,
     /// `server.drain_timeout`; `None`: `"0s"`.
     drain_timeout: Option<String>,
+    /// More `[server]` lines.
+    server: Vec<String>,
     request_ids: bool,
     listener: Vec<String>,
     routes: Vec<String>,
@@ -55,6 +57,12 @@ impl Conf {
     /// Sets `server.drain_timeout` (default here `"0s"`: dropping a harness never waits).
     pub fn drain_timeout(mut self, timeout: &str) -> Conf {
         self.drain_timeout = Some(timeout.to_string());
+        self
+    }
+
+    /// Adds a `key = value` line to `[server]`.
+    pub fn server(mut self, line: &str) -> Conf {
+        self.server.push(line.to_string());
         self
     }
 
@@ -123,10 +131,15 @@ impl Conf {
     /// The whole TOML text.
     pub fn toml(&self) -> String {
         let mut out = format!(
-            "[server]\nworkers = {}\ndrain_timeout = \"{}\"\n\n[admin]\nbind = \"off\"\n\n",
+            "[server]\nworkers = {}\ndrain_timeout = \"{}\"\n",
             self.workers.max(1),
             self.drain_timeout.as_deref().unwrap_or("0s")
         );
+        for line in &self.server {
+            out.push_str(line);
+            out.push('\n');
+        }
+        out.push_str("\n[admin]\nbind = \"off\"\n\n");
         let bind = self
             .bind
             .map_or("127.0.0.1:0".to_string(), |a| a.to_string());
