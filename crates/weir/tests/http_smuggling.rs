@@ -102,6 +102,11 @@ fn cases() -> Vec<Case> {
             &[400],
         ),
         case(
+            "chunk extension with an unclosed quoted string",
+            "POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n5;a=\"x\r\nhello\r\n0\r\n\r\n",
+            &[400],
+        ),
+        case(
             "TE xchunked",
             "POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: xchunked\r\n\r\n0\r\n\r\n",
             &[400, 501],

@@ -22,7 +22,7 @@ const MAX_SIZE_DIGITS: u8 = 16;
 enum State {
     Size,
     SizeWhitespace,
-    Extension,
+    Extension(Ext),
     SizeLf,
     Data,
     DataCr,
@@ -35,6 +35,25 @@ enum State {
     TrailerLf,
     EndLf,
     Done,
+}
+
+/// Where in a chunk extension (RFC 9112 7.1.1: `*( BWS ";" BWS name [ BWS "=" BWS
+/// value ] )`, a name a token, a value a token or a quoted string) the decoder is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ext {
+    /// After `;`: optional whitespace, then a name.
+    NameStart,
+    Name,
+    /// Whitespace after a name: `=`, `;` or the line end follows.
+    AfterName,
+    /// After `=`: optional whitespace, then a value.
+    ValueStart,
+    Token,
+    Quoted,
+    /// After `\` in a quoted string.
+    QuotedPair,
+    /// After a value: whitespace, then `;` or the line end.
+    AfterValue,
 }
 
 /// The outcome of one `decode` call.
@@ -143,11 +162,11 @@ impl ChunkedDecoder {
             State::Size => self.size_byte(b)?,
             State::SizeWhitespace => match b {
                 b' ' | b'\t' => State::SizeWhitespace,
-                b';' => State::Extension,
+                b';' => State::Extension(Ext::NameStart),
                 b'\r' => State::SizeLf,
                 _ => return Err(ChunkError("invalid chunk size line")),
             },
-            State::Extension => self.extension_byte(b)?,
+            State::Extension(at) => self.extension_byte(at, b)?,
             State::SizeLf => self.end_of_size_line(b)?,
             State::DataCr => expect(b, b'\r', State::DataLf)?,
             State::DataLf => {
@@ -195,23 +214,45 @@ impl ChunkedDecoder {
         }
         match b {
             b' ' | b'\t' => Ok(State::SizeWhitespace),
-            b';' => Ok(State::Extension),
+            b';' => Ok(State::Extension(Ext::NameStart)),
             b'\r' => Ok(State::SizeLf),
             _ => Err(ChunkError("invalid chunk size")),
         }
     }
 
-    fn extension_byte(&mut self, b: u8) -> Result<State, ChunkError> {
+    /// A byte of a chunk extension, checked against its grammar: extensions are passed on
+    /// as they came, and one a recipient could frame differently (an unclosed quoted
+    /// string it reads across the CRLF, "funky chunks") must not pass.
+    fn extension_byte(&mut self, at: Ext, b: u8) -> Result<State, ChunkError> {
         self.line_len += 1;
         if self.line_len > MAX_SIZE_LINE {
             return Err(ChunkError("chunk extension too long"));
         }
-        match b {
-            b'\r' => Ok(State::SizeLf),
-            b'\t' => Ok(State::Extension),
-            0..=0x1f | 0x7f => Err(ChunkError("invalid chunk extension")),
-            _ => Ok(State::Extension),
-        }
+        let blank = b == b' ' || b == b'\t';
+        let next = match (at, b) {
+            (Ext::Quoted, b'"') => Ext::AfterValue,
+            (Ext::Quoted, b'\\') => Ext::QuotedPair,
+            (Ext::Quoted | Ext::QuotedPair, _) if blank || (0x21..=0x7e).contains(&b) => {
+                Ext::Quoted
+            }
+            (Ext::Quoted | Ext::QuotedPair, 0x80..) => Ext::Quoted,
+            (Ext::Quoted | Ext::QuotedPair, _) => {
+                return Err(ChunkError("invalid chunk extension"))
+            }
+            (Ext::Name | Ext::AfterName | Ext::Token | Ext::AfterValue, b'\r') => {
+                return Ok(State::SizeLf)
+            }
+            (Ext::Name | Ext::AfterName | Ext::Token | Ext::AfterValue, b';') => Ext::NameStart,
+            (Ext::Name | Ext::AfterName, b'=') => Ext::ValueStart,
+            (Ext::NameStart | Ext::Name, _) if is_tchar(b) => Ext::Name,
+            (Ext::ValueStart | Ext::Token, _) if is_tchar(b) => Ext::Token,
+            (Ext::ValueStart, b'"') => Ext::Quoted,
+            (Ext::NameStart | Ext::AfterName | Ext::ValueStart, _) if blank => at,
+            (Ext::Name, _) if blank => Ext::AfterName,
+            (Ext::Token | Ext::AfterValue, _) if blank => Ext::AfterValue,
+            _ => return Err(ChunkError("invalid chunk extension")),
+        };
+        Ok(State::Extension(next))
     }
 
     fn end_of_size_line(&mut self, b: u8) -> Result<State, ChunkError> {
@@ -341,6 +382,15 @@ mod tests {
             b"0\r\n folded\r\n\r\n",
             b"0\r\n\rX",
             b"3;a\x01\r\n",
+            // Chunk extensions outside the grammar: an unclosed quoted string (a recipient
+            // reading it across the CRLF would frame the rest differently), no name, a
+            // name that is not a token, a value missing, a control byte in a quoted string.
+            b"5;a=\"x\r\nhello\r\n0\r\n\r\n",
+            b"5;\r\nhello\r\n0\r\n\r\n",
+            b"5;a b\r\nhello\r\n0\r\n\r\n",
+            b"5;a=\r\nhello\r\n0\r\n\r\n",
+            b"5;a=\"x\x01\"\r\nhello\r\n0\r\n\r\n",
+            b"5;a=\"x\"y\r\nhello\r\n0\r\n\r\n",
             // Trailer lines that are not fields: a request line, a name with a space,
             // no colon, a control byte in the value.
             b"0\r\nGET /admin HTTP/1.1\r\n\r\n",
@@ -353,6 +403,18 @@ mod tests {
                 "{:?}",
                 String::from_utf8_lossy(bad)
             );
+        }
+    }
+
+    #[test]
+    fn accepts_extensions_of_the_grammar() {
+        for good in [
+            &b"5;a\r\nhello\r\n0\r\n\r\n"[..],
+            b"5 ; a = b ; c\r\nhello\r\n0;last\r\n\r\n",
+            b"5;a=\"q; \\\" \\\\ \xc3\xa9\"\t;b=1\r\nhello\r\n0\r\n\r\n",
+        ] {
+            let pieces = decode_in_pieces(good, 1);
+            assert!(pieces.is_ok(), "{:?}", String::from_utf8_lossy(good));
         }
     }
 
