@@ -74,12 +74,13 @@ impl ConfigError {
     }
 
     /// The configuration file could not be read.
-    pub(crate) fn io(file: &str, err: &std::io::Error) -> Self {
+    pub fn io(file: &str, err: &std::io::Error) -> Self {
         let fix = match err.kind() {
             std::io::ErrorKind::NotFound => "check the path, or pass another file with -c FILE",
             std::io::ErrorKind::PermissionDenied => "make the file readable by this user",
             std::io::ErrorKind::InvalidData => "save the file as UTF-8",
-            _ => "check that the path names a readable file",
+            _ => crate::named_file::fix_for(err)
+                .unwrap_or("check that the path names a readable file"),
         };
         ConfigError {
             file: file.to_owned(),

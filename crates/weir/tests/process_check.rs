@@ -403,6 +403,55 @@ fn an_unreadable_certificate_is_located_with_the_path_tried_and_a_fix() {
     );
 }
 
+/// Makes a FIFO at `path`.
+fn mkfifo(path: &Path) {
+    let made = std::process::Command::new("mkfifo").arg(path).status();
+    assert!(made.expect("mkfifo").success(), "mkfifo {}", path.display());
+}
+
+/// Was: a FIFO as certificate hung `weir check` until something wrote to it (forever),
+/// and `/dev/zero` was read for 10 s until "out of memory". Now both are refused at once,
+/// at the `cert` line, saying what the file is.
+#[test]
+fn a_certificate_that_is_a_fifo_or_a_device_fails_fast() {
+    let ca = weir_testkit::certs::TestCa::new("Special CA");
+    let good = ca.leaf(&["a.example.com"]);
+    let dir = TempDir::new("check-cert-special");
+    let fifo = dir.path().join("cert.fifo");
+    mkfifo(&fifo);
+    for (cert, what) in [
+        (fifo.as_path(), "(a FIFO)"),
+        (Path::new("/dev/zero"), "(a character device)"),
+    ] {
+        let text = tls_config(cert, &good.key_path);
+        let path = dir.write("weir.toml", &text);
+        let started = std::time::Instant::now();
+        let out = weir_check(&path);
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(10),
+            "{stderr}"
+        );
+        assert!(!out.status.success(), "{stderr}");
+        let line = text
+            .lines()
+            .position(|l| l.starts_with("certs ="))
+            .expect("certs")
+            + 1;
+        let field = "listeners[0].tls.certs[0].cert";
+        let (_, message) = assert_located(&path.display().to_string(), &stderr, line, field);
+        let said = format!(
+            "{}: cannot read it: it is not a regular file {what}",
+            cert.display()
+        );
+        assert!(message.contains(&said), "{stderr}");
+        assert!(
+            message.contains("(fix: give the path of a regular file"),
+            "{stderr}"
+        );
+    }
+}
+
 /// `weir check -c FILE | head -1`: a reader that closed its end before the report was
 /// written is no error and no panic ("failed printing to stdout: Broken pipe").
 #[test]

@@ -84,3 +84,63 @@ fn sighup_with_a_broken_file_keeps_the_running_config() {
     assert!(wait_until(START_WAIT, || backend_of(weir.addr) == "b"));
     assert!(weir.wait_exit(Duration::from_millis(1)).is_none());
 }
+
+/// A TLS listener `tls` serving `cert` / `key`, for [`file`]'s `extra`.
+fn tls_listener(cert: &std::path::Path, key: &std::path::Path) -> String {
+    format!(
+        "[[listeners]]\nname = \"tls\"\nbind = \"127.0.0.1:0\"\n\
+         [listeners.tls]\ncerts = [{{ cert = \"{}\", key = \"{}\" }}]\n\
+         [[listeners.routes]]\nname = \"all\"\nupstream = \"a\"\n",
+        cert.display(),
+        key.display()
+    )
+}
+
+/// Was: a FIFO as certificate hung the reload for good, with the config store's lock held
+/// (every API request hung, SIGTERM was not acted on); `/dev/zero` was read to about 1 GB,
+/// kept afterwards. Now each is rejected at once, the log saying what the file is, and the
+/// running config stays.
+#[test]
+fn sighup_with_a_certificate_that_is_a_fifo_or_a_device_keeps_the_running_config() {
+    let (a, b) = (Backend::echo("a"), Backend::echo("b"));
+    let leaf = weir_testkit::certs::TestCa::new("Reload CA").leaf(&["a.example.com"]);
+    let mut weir = Weir::start(&file("a", &a, &b, ""));
+    let path = weir.config_path.clone().expect("path");
+    let fifo = path.with_file_name("cert.fifo");
+    let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+    assert!(made.expect("mkfifo").success());
+    let rejected = |log: &support_process::Log| {
+        let lines = log.lines();
+        lines
+            .into_iter()
+            .filter(|l| l.contains("config rejected"))
+            .collect::<Vec<_>>()
+    };
+    for (cert, what) in [
+        (fifo.as_path(), "(a FIFO)"),
+        (std::path::Path::new("/dev/zero"), "(a character device)"),
+    ] {
+        let before = rejected(&weir.log).len();
+        let extra = tls_listener(cert, &leaf.key_path);
+        std::fs::write(&path, file("b", &a, &b, &extra)).expect("write");
+        weir.signal(libc::SIGHUP);
+        assert!(
+            wait_until(Duration::from_secs(10), || rejected(&weir.log).len()
+                > before),
+            "{}",
+            weir.log.text()
+        );
+        let line = rejected(&weir.log).pop().unwrap_or_default();
+        assert!(
+            line.contains("field=listeners[1].tls.certs[0].cert"),
+            "{line}"
+        );
+        assert!(
+            line.contains(&format!("is not a regular file {what}")),
+            "{line}"
+        );
+        assert_eq!(backend_of(weir.addr), "a");
+    }
+    weir.signal(libc::SIGTERM);
+    assert!(weir.wait_exit(START_WAIT).is_some(), "SIGTERM acted on");
+}
