@@ -207,3 +207,40 @@ fn upgrades_and_api_changes_under_load_fail_no_request() {
     assert_eq!(changes, 100);
     drop(last);
 }
+
+/// Listeners beyond `web`: with one worker, one socket each.
+const MANY: usize = 260;
+
+/// Was: "257 sockets are more than one message can carry (253)", and the upgrade failed
+/// (`workers = "auto"` on a 64-core host with 4 binds). Now the sockets go across in
+/// several messages: `MANY` + 2 of them here, the last listener's included.
+#[test]
+fn more_sockets_than_one_message_carries_are_handed_over() {
+    let a = Backend::echo("a");
+    let mut text = format!(
+        "[server]\nworkers = 1\ndrain_timeout = \"1s\"\n\n[admin]\nbind = \"127.0.0.1:0\"\n\n\
+         [[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\n\
+         [[listeners.routes]]\nname = \"all\"\nupstream = \"a\"\n\n\
+         [upstreams.a]\nservers = [{{ addr = \"{}\" }}]\n",
+        a.addr()
+    );
+    for i in 0..MANY {
+        text += &format!(
+            "\n[[listeners]]\nname = \"l{i}\"\nbind = \"127.0.0.1:0\"\n\
+             [[listeners.routes]]\nname = \"r\"\nrespond = {{ status = 200, body = \"l{i}\" }}\n"
+        );
+    }
+    let mut weir = Weir::start(&text);
+    let last = format!("l{}", MANY - 1);
+    let last_addr = weir
+        .log
+        .listening(&last, "listening", START_WAIT)
+        .expect("the last listener listens");
+    let first = weir.pid();
+    let second = upgrade(&weir, first, 0, false);
+    let _last = Last(second);
+    assert!(weir.wait_exit(START_WAIT).is_some_and(|s| s.success()));
+    assert_eq!(get(weir.addr, "/").expect("web served").0.status, 200);
+    let (head, body) = get(last_addr, "/").expect("the last listener served");
+    assert_eq!((head.status, body), (200, last.into_bytes()));
+}
