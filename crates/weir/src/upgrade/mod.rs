@@ -1,17 +1,18 @@
 //! Zero-downtime binary upgrade (`weir upgrade` / SIGUSR2).
 //!
-//! The old process creates a unix socket, starts the binary at its own path (a new build
-//! installed there) with `run -c CONFIG --upgrade-from SOCKET`, and sends it every
-//! listening socket (each worker's, plus the admin listener's) with `SCM_RIGHTS`. The first
-//! message's data is a JSON manifest: per bind of a listener, its name, socket count and
-//! whether it is a plain-HTTP bind of a TLS listener, and the total count of sockets. A
-//! message carries at most 253 descriptors (`SCM_MAX_FD`): the first takes the first 253,
-//! each further message (one byte of data) the next 253, until all are sent. With 253
-//! sockets or fewer that is the single message earlier versions sent and expect. The new
-//! process starts on
-//! those very sockets, so connections waiting in their accept queues are never reset, and
-//! answers `ready`. Only then does the old process stop accepting and drain like on
-//! SIGTERM. If the new process fails at any point, the old one keeps serving.
+//! The old process creates a unix socket (in a directory only its user may enter), starts
+//! the binary at its own path (a new build installed there) with `run -c CONFIG
+//! --upgrade-from SOCKET`, and sends it every listening socket (each worker's, plus the
+//! admin listener's) with `SCM_RIGHTS`. The first message's data is a JSON manifest: per
+//! bind of a listener, its name, socket count and whether it is a plain-HTTP bind of a TLS
+//! listener, and the total count of sockets. A message carries at most 253 descriptors
+//! (`SCM_MAX_FD`): the first takes the first 253, each further message (one byte of data)
+//! the next 253, until all are sent. With 253 sockets or fewer that is the single message
+//! earlier versions sent and expect. The new process starts on those very sockets, so
+//! connections waiting in their accept queues are never reset, and answers `ready`. Only
+//! then does the old process stop accepting and drain like on SIGTERM. If the new process
+//! fails at any point, or does not report ready within 60 s, the old one stops it and keeps
+//! serving.
 
 mod sys;
 
@@ -44,16 +45,10 @@ pub struct Sockets {
 /// The old side: starts `exe` on `config` and hands it `sockets`. Returns the new pid
 /// once it is ready; the caller then drains and exits.
 pub fn hand_over(exe: &Path, config: &Path, sockets: Sockets) -> anyhow::Result<u32> {
-    let path = std::env::temp_dir().join(format!(
-        "weir-upgrade-{}-{}.sock",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos())
-    ));
+    let dir = private_dir()?;
+    let path = dir.0.join("upgrade.sock");
     let listener =
         UnixListener::bind(&path).with_context(|| format!("binding {}", path.display()))?;
-    let _cleanup = RemoveOnDrop(path.clone());
     listener.set_nonblocking(true)?;
     let mut child = Command::new(exe)
         .arg("run")
@@ -64,24 +59,51 @@ pub fn hand_over(exe: &Path, config: &Path, sockets: Sockets) -> anyhow::Result<
         .stdin(Stdio::null())
         .spawn()
         .with_context(|| format!("starting {}", exe.display()))?;
-    let pid = child.id();
-    let stream = match accept_from(&listener, &mut child) {
-        Ok(s) => s,
-        Err(e) => {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err(e);
-        }
-    };
-    send_sockets(&stream, &sockets)?;
-    stream.set_read_timeout(Some(HANDOVER_TIMEOUT))?;
-    let mut line = String::new();
-    BufReader::new(&stream).read_line(&mut line)?;
-    if line.trim() != READY {
+    let handshake = accept_from(&listener, &mut child).and_then(|stream| {
+        send_sockets(&stream, &sockets)?;
+        await_ready(&stream, HANDOVER_TIMEOUT)
+    });
+    if let Err(e) = handshake {
+        // Stopped and reaped whatever went wrong: a new process left running would hold
+        // the listening sockets, start serving late, and stay a zombie of this one.
+        let _ = child.kill();
         let _ = child.wait();
-        bail!("the new process did not start (see its log above)");
+        return Err(e);
     }
-    Ok(pid)
+    Ok(child.id())
+}
+
+/// A directory only this user may enter, for the handover socket: the first process to
+/// connect to it gets the listening sockets, so no other user must be able to.
+fn private_dir() -> anyhow::Result<RemoveOnDrop> {
+    use std::os::unix::fs::DirBuilderExt;
+    let dir = std::env::temp_dir().join(format!(
+        "weir-upgrade-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    ));
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&dir)
+        .with_context(|| format!("creating {}", dir.display()))?;
+    Ok(RemoveOnDrop(dir))
+}
+
+/// Waits for the new process's `ready` line, at most `timeout`.
+fn await_ready(stream: &UnixStream, timeout: Duration) -> anyhow::Result<()> {
+    use std::io::ErrorKind::{TimedOut, WouldBlock};
+    stream.set_read_timeout(Some(timeout))?;
+    let mut line = String::new();
+    match BufReader::new(stream).read_line(&mut line) {
+        Err(e) if matches!(e.kind(), WouldBlock | TimedOut) => {
+            bail!("the new process did not report ready within {timeout:?}: it is stopped")
+        }
+        Err(e) => Err(e).context("waiting for the new process to report ready"),
+        Ok(_) if line.trim() == READY => Ok(()),
+        Ok(_) => bail!("the new process did not start (see its log above)"),
+    }
 }
 
 /// Waits for the new process to connect; fails if it exits or takes too long.
@@ -243,7 +265,7 @@ struct RemoveOnDrop(PathBuf);
 
 impl Drop for RemoveOnDrop {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
+        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 
@@ -277,6 +299,19 @@ mod tests {
             .map(|fd| TcpListener::from(fd).local_addr().unwrap())
             .collect();
         assert_eq!(got, addrs);
+    }
+
+    /// Was: "Resource temporarily unavailable (os error 11)" after 60 s, the new process
+    /// left running. Now the message says what happened (the caller stops the process).
+    #[test]
+    fn a_new_process_that_never_reports_ready_is_named_at_the_timeout() {
+        let (a, _b) = UnixStream::pair().unwrap();
+        let e = await_ready(&a, Duration::from_millis(50)).unwrap_err();
+        let message = format!("{e:#}");
+        assert!(
+            message.contains("did not report ready within 50ms"),
+            "{message}"
+        );
     }
 
     /// A sender of an earlier version: one message and no count in it.
