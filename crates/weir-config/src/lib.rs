@@ -455,6 +455,23 @@ servers = [{ addr = "10.0.0.1:80" }]
         assert!(e.message.contains("duplicate key"), "{e}");
     }
 
+    /// Was: `weir.toml:2:11:  (fix: correct the TOML syntax at this position)`, no message
+    /// (toml_edit gives none where the text ends), in `weir check` and the API alike.
+    #[test]
+    fn a_file_cut_off_after_an_equals_sign_says_so() {
+        for text in [
+            "[server]\nworkers = ",
+            "x = ",
+            "[[listeners]]\nname = \"a\"\nbind =",
+        ] {
+            let e = fail(text);
+            assert!(e.message.contains("a value is missing"), "{e}");
+            assert!(e.message.contains("cut off"), "{e}");
+            assert!(e.fix.contains("complete the line"), "{e}");
+            assert_eq!(e.line, text.lines().count(), "{e}");
+        }
+    }
+
     #[test]
     fn background_revalidations_is_bounded() {
         let listener = "[[listeners]]\nname = \"a\"\nbind = \"127.0.0.1:1\"\n";

@@ -144,3 +144,70 @@ fn sighup_with_a_certificate_that_is_a_fifo_or_a_device_keeps_the_running_config
     weir.signal(libc::SIGTERM);
     assert!(weir.wait_exit(START_WAIT).is_some(), "SIGTERM acted on");
 }
+
+/// Was: a listener whose `bind` is taken was reported at the first `[[listeners]]` line
+/// (`field=listeners[extra].bind` could not be located by the listener's name).
+#[test]
+fn a_bind_failure_on_reload_is_located_at_that_bind() {
+    let (a, b) = (Backend::echo("a"), Backend::echo("b"));
+    let held = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let taken = held.local_addr().expect("addr");
+    let weir = Weir::start(&file("a", &a, &b, ""));
+    let path = weir.config_path.clone().expect("path");
+    let extra = format!(
+        "[[listeners]]\nname = \"extra\"\nbind = \"{}\"\n\
+         [[listeners.routes]]\nname = \"all\"\nupstream = \"a\"\n",
+        taken
+    );
+    let text = file("a", &a, &b, &extra);
+    std::fs::write(&path, &text).expect("write");
+    weir.signal(libc::SIGHUP);
+    assert!(
+        weir.log.wait_for("config rejected", START_WAIT),
+        "{}",
+        weir.log.text()
+    );
+    let log = weir.log.text();
+    let line = log
+        .lines()
+        .find(|l| l.contains("config rejected"))
+        .unwrap_or("");
+    let bind_line = text
+        .lines()
+        .position(|l| l == format!("bind = \"{taken}\""))
+        .expect("the extra bind")
+        + 1;
+    assert!(
+        line.contains(&format!("weir.toml:{bind_line}:")),
+        "line {bind_line}: {line}"
+    );
+    assert!(line.contains("field=listeners[extra].bind"), "{line}");
+    assert!(line.contains("fix="), "{line}");
+    assert_eq!(backend_of(weir.addr), "a");
+}
+
+/// Was: `at="" ... fix=check the file exists and is readable` for a file that is not UTF-8,
+/// where `weir check` says to save it as UTF-8. Now the reload says what `weir check` says.
+#[test]
+fn sighup_with_a_file_that_is_not_utf8_says_so() {
+    let (a, b) = (Backend::echo("a"), Backend::echo("b"));
+    let weir = Weir::start(&file("a", &a, &b, ""));
+    let path = weir.config_path.clone().expect("path");
+    let mut bytes = file("b", &a, &b, "").into_bytes();
+    bytes.extend_from_slice(b"# caf\xe9\n");
+    std::fs::write(&path, bytes).expect("write");
+    weir.signal(libc::SIGHUP);
+    assert!(
+        weir.log.wait_for("config rejected", START_WAIT),
+        "{}",
+        weir.log.text()
+    );
+    let log = weir.log.text();
+    let line = log
+        .lines()
+        .find(|l| l.contains("config rejected"))
+        .unwrap_or("");
+    assert!(line.contains("fix=save the file as UTF-8"), "{line}");
+    assert!(line.contains("weir.toml"), "names the file: {line}");
+    assert_eq!(backend_of(weir.addr), "a");
+}
