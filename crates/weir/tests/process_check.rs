@@ -371,6 +371,12 @@ fn relative_paths_resolve_against_the_config_file_and_check_says_where() {
     );
 }
 
+/// The line of `text` where `certs = ...` is (1-based).
+fn certs_line(text: &str) -> usize {
+    let index = text.lines().position(|l| l.starts_with("certs ="));
+    index.expect("a certs line") + 1
+}
+
 /// Was: `listener "https": certs/sitee.pem: cannot read it`: no position, no fix, and the
 /// path as written rather than the one tried.
 #[test]
@@ -381,15 +387,10 @@ fn an_unreadable_certificate_is_located_with_the_path_tried_and_a_fix() {
     let out = check_from(Path::new("/"), &path);
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(!out.status.success(), "{stderr}");
-    let line = text
-        .lines()
-        .position(|l| l.starts_with("certs ="))
-        .expect("certs line")
-        + 1;
     let (_, message) = assert_located(
         &path.display().to_string(),
         &stderr,
-        line,
+        certs_line(&text),
         "listeners[0].tls.certs[0].cert",
     );
     let tried = dir.path().join("certs/sitee.pem").display().to_string();
@@ -433,13 +434,9 @@ fn a_certificate_that_is_a_fifo_or_a_device_fails_fast() {
             "{stderr}"
         );
         assert!(!out.status.success(), "{stderr}");
-        let line = text
-            .lines()
-            .position(|l| l.starts_with("certs ="))
-            .expect("certs")
-            + 1;
         let field = "listeners[0].tls.certs[0].cert";
-        let (_, message) = assert_located(&path.display().to_string(), &stderr, line, field);
+        let shown = path.display().to_string();
+        let (_, message) = assert_located(&shown, &stderr, certs_line(&text), field);
         let said = format!(
             "{}: cannot read it: it is not a regular file {what}",
             cert.display()

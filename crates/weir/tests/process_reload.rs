@@ -9,6 +9,28 @@ use std::time::Duration;
 use support_process::{backend_of, refused, Weir, START_WAIT};
 use weir_testkit::{wait_until, Backend};
 
+/// The `config rejected` lines of the log so far.
+fn rejections(weir: &Weir) -> Vec<String> {
+    let lines = weir.log.lines().into_iter();
+    lines.filter(|l| l.contains("config rejected")).collect()
+}
+
+/// Writes `text` over the config file, sends SIGHUP, and returns the `config rejected` line
+/// that follows.
+fn rejected(weir: &Weir, text: impl AsRef<[u8]>) -> String {
+    let before = rejections(weir).len();
+    let path = weir.config_path.as_ref().expect("path");
+    std::fs::write(path, text).expect("write");
+    weir.signal(libc::SIGHUP);
+    let log = || weir.log.text();
+    assert!(
+        wait_until(START_WAIT, || rejections(weir).len() > before),
+        "{}",
+        log()
+    );
+    rejections(weir).pop().unwrap_or_default()
+}
+
 fn file(route_to: &str, a: &Backend, b: &Backend, extra: &str) -> String {
     format!(
         "[server]\nworkers = 1\ndrain_timeout = \"1s\"\n\n[admin]\nbind = \"off\"\n\n\
@@ -59,18 +81,7 @@ fn sighup_with_a_broken_file_keeps_the_running_config() {
     let (a, b) = (Backend::echo("a"), Backend::echo("b"));
     let mut weir = Weir::start(&file("a", &a, &b, ""));
     let path = weir.config_path.clone().expect("path");
-    std::fs::write(&path, file("nowhere", &a, &b, "")).expect("write");
-    weir.signal(libc::SIGHUP);
-    assert!(
-        weir.log.wait_for("config rejected", START_WAIT),
-        "{}",
-        weir.log.text()
-    );
-    let text = weir.log.text();
-    let line = text
-        .lines()
-        .find(|l| l.contains("config rejected"))
-        .unwrap_or("");
+    let line = rejected(&weir, file("nowhere", &a, &b, ""));
     assert!(
         line.contains("weir.toml:"),
         "names the file and line: {line}"
@@ -109,28 +120,12 @@ fn sighup_with_a_certificate_that_is_a_fifo_or_a_device_keeps_the_running_config
     let fifo = path.with_file_name("cert.fifo");
     let made = std::process::Command::new("mkfifo").arg(&fifo).status();
     assert!(made.expect("mkfifo").success());
-    let rejected = |log: &support_process::Log| {
-        let lines = log.lines();
-        lines
-            .into_iter()
-            .filter(|l| l.contains("config rejected"))
-            .collect::<Vec<_>>()
-    };
     for (cert, what) in [
         (fifo.as_path(), "(a FIFO)"),
         (std::path::Path::new("/dev/zero"), "(a character device)"),
     ] {
-        let before = rejected(&weir.log).len();
         let extra = tls_listener(cert, &leaf.key_path);
-        std::fs::write(&path, file("b", &a, &b, &extra)).expect("write");
-        weir.signal(libc::SIGHUP);
-        assert!(
-            wait_until(Duration::from_secs(10), || rejected(&weir.log).len()
-                > before),
-            "{}",
-            weir.log.text()
-        );
-        let line = rejected(&weir.log).pop().unwrap_or_default();
+        let line = rejected(&weir, file("b", &a, &b, &extra));
         assert!(
             line.contains("field=listeners[1].tls.certs[0].cert"),
             "{line}"
@@ -153,25 +148,13 @@ fn a_bind_failure_on_reload_is_located_at_that_bind() {
     let held = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let taken = held.local_addr().expect("addr");
     let weir = Weir::start(&file("a", &a, &b, ""));
-    let path = weir.config_path.clone().expect("path");
     let extra = format!(
         "[[listeners]]\nname = \"extra\"\nbind = \"{}\"\n\
          [[listeners.routes]]\nname = \"all\"\nupstream = \"a\"\n",
         taken
     );
     let text = file("a", &a, &b, &extra);
-    std::fs::write(&path, &text).expect("write");
-    weir.signal(libc::SIGHUP);
-    assert!(
-        weir.log.wait_for("config rejected", START_WAIT),
-        "{}",
-        weir.log.text()
-    );
-    let log = weir.log.text();
-    let line = log
-        .lines()
-        .find(|l| l.contains("config rejected"))
-        .unwrap_or("");
+    let line = rejected(&weir, &text);
     let bind_line = text
         .lines()
         .position(|l| l == format!("bind = \"{taken}\""))
@@ -192,21 +175,9 @@ fn a_bind_failure_on_reload_is_located_at_that_bind() {
 fn sighup_with_a_file_that_is_not_utf8_says_so() {
     let (a, b) = (Backend::echo("a"), Backend::echo("b"));
     let weir = Weir::start(&file("a", &a, &b, ""));
-    let path = weir.config_path.clone().expect("path");
     let mut bytes = file("b", &a, &b, "").into_bytes();
     bytes.extend_from_slice(b"# caf\xe9\n");
-    std::fs::write(&path, bytes).expect("write");
-    weir.signal(libc::SIGHUP);
-    assert!(
-        weir.log.wait_for("config rejected", START_WAIT),
-        "{}",
-        weir.log.text()
-    );
-    let log = weir.log.text();
-    let line = log
-        .lines()
-        .find(|l| l.contains("config rejected"))
-        .unwrap_or("");
+    let line = rejected(&weir, bytes);
     assert!(line.contains("fix=save the file as UTF-8"), "{line}");
     assert!(line.contains("weir.toml"), "names the file: {line}");
     assert_eq!(backend_of(weir.addr), "a");
