@@ -52,7 +52,7 @@ impl ConfigFile<'_> {
     /// read or wrote) nor `new` (`weir ctl apply -f` of the edited file itself): a change
     /// would overwrite an edit not reloaded yet. `None`: the file is gone (no edit to keep).
     pub(crate) fn holding(&self, last: &str, new: &str) -> Result<Option<Vec<u8>>, ApiError> {
-        match fs::read(&self.target) {
+        match weir_config::named_file::read(&self.target, weir_config::named_file::MAX_FILE_SIZE) {
             Ok(now) if now != last.as_bytes() && now != new.as_bytes() => Err(ApiError::new(
                 StatusCode::CONFLICT,
                 format!(

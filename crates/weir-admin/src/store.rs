@@ -223,13 +223,16 @@ impl Store {
                 "start weir with -c FILE",
             ));
         };
+        // The same message and fix as `weir check` gives for this file (not UTF-8, a FIFO).
         let read = || {
-            std::fs::read_to_string(path).map_err(|e| {
-                ApiError::new(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    format!("cannot read {}: {e}", path.display()),
-                    "check the file exists and is readable",
-                )
+            weir_config::read_config(path).map_err(|e| {
+                let e = weir_config::ConfigError::io(&path.display().to_string(), &e);
+                let status = StatusCode::INTERNAL_SERVER_ERROR;
+                let at = Some(e.file);
+                ApiError {
+                    at,
+                    ..ApiError::new(status, e.message, e.fix)
+                }
             })
         };
         if let Some(shared) = self.shared() {

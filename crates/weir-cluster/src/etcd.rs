@@ -113,7 +113,8 @@ impl Etcd {
             // watch moves to another member instead of staying open and never firing.
             .with_require_leader(true);
         if let (Some(user), Some(file)) = (&settings.user, &settings.password_file) {
-            let password = std::fs::read_to_string(file)
+            let secret = weir_config::named_file::MAX_SECRET_SIZE;
+            let password = weir_config::named_file::read_to_string(file, secret)
                 .map_err(|e| EtcdError::Refused(format!("cannot read {}: {e}", file.display())))?;
             options = options
                 .with_user(user, password.trim_end_matches(['\r', '\n']))

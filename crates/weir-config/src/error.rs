@@ -60,7 +60,7 @@ impl ConfigError {
     ) -> ConfigError {
         let offset = ImDocument::parse(text)
             .ok()
-            .and_then(|doc| locate(&doc, &FieldPath::parse(field)))
+            .and_then(|doc| locate(&doc, &FieldPath::parse_in(field, Some(&doc))))
             .unwrap_or(0);
         let (line, column) = line_column(text, offset);
         ConfigError {
@@ -74,12 +74,13 @@ impl ConfigError {
     }
 
     /// The configuration file could not be read.
-    pub(crate) fn io(file: &str, err: &std::io::Error) -> Self {
+    pub fn io(file: &str, err: &std::io::Error) -> Self {
         let fix = match err.kind() {
             std::io::ErrorKind::NotFound => "check the path, or pass another file with -c FILE",
             std::io::ErrorKind::PermissionDenied => "make the file readable by this user",
             std::io::ErrorKind::InvalidData => "save the file as UTF-8",
-            _ => "check that the path names a readable file",
+            _ => crate::named_file::fix_for(err)
+                .unwrap_or("check that the path names a readable file"),
         };
         ConfigError {
             file: file.to_owned(),
@@ -120,13 +121,25 @@ impl FieldPath {
 
     /// A path as `Display` writes it (`upstreams."a.b".servers[0].addr`).
     pub(crate) fn parse(text: &str) -> FieldPath {
+        FieldPath::parse_in(text, None)
+    }
+
+    /// Like [`FieldPath::parse`]; with `doc`, an element named by its `name` key rather than
+    /// its index (`listeners[web].bind`, as errors of a reload name listeners) is taken as
+    /// the index of that element in `doc`.
+    pub(crate) fn parse_in(text: &str, doc: Option<&ImDocument<&str>>) -> FieldPath {
         let mut segs = Vec::new();
         let mut rest = text;
         while !rest.is_empty() {
             rest = rest.strip_prefix('.').unwrap_or(rest);
             if let Some(after) = rest.strip_prefix('[') {
                 let end = after.find(']').unwrap_or(after.len());
-                segs.extend(after[..end].parse().ok().map(Seg::Index));
+                let inside = &after[..end];
+                let index = inside.parse().ok().or_else(|| {
+                    let array = node_at(doc?, &segs)?;
+                    array.elements().iter().position(|e| named(*e, inside))
+                });
+                segs.extend(index.map(Seg::Index));
                 rest = after.get(end + 1..).unwrap_or("");
             } else if let Some(after) = rest.strip_prefix('"') {
                 let end = after.find('"').unwrap_or(after.len());
@@ -222,12 +235,28 @@ impl Source<'_> {
 
     /// The document is not valid TOML.
     pub(crate) fn syntax_error(&self, err: &toml_edit::TomlError) -> ConfigError {
+        let offset = err.span().map_or(0, |s| s.start);
         let message = one_line(err.message());
+        if message.trim().is_empty() {
+            // toml_edit says nothing when the text ends where a value must come
+            // (`workers = ` at the end: an editor crash, a full disk, a write caught midway).
+            let (message, fix) = if self.text[offset.min(self.text.len())..].trim().is_empty() {
+                (
+                    "a value is missing: the file ends here (was it cut off?)",
+                    "complete the line, or put back the whole file (from a copy)",
+                )
+            } else {
+                (
+                    "invalid TOML here",
+                    "correct the TOML syntax at this position",
+                )
+            };
+            return self.error(offset, String::new(), message.to_owned(), fix.to_owned());
+        }
         let fix = SYNTAX_FIXES
             .iter()
             .find(|(needle, _)| message.contains(needle))
             .map_or("correct the TOML syntax at this position", |(_, fix)| fix);
-        let offset = err.span().map_or(0, |s| s.start);
         self.error(offset, String::new(), message, fix.to_owned())
     }
 
@@ -502,6 +531,27 @@ impl<'a> Node<'a> {
     }
 }
 
+/// The node at `path` in `doc`, if there is one.
+fn node_at<'a>(doc: &'a ImDocument<&str>, path: &[Seg]) -> Option<Node<'a>> {
+    let mut node = Node::Item(doc.as_item());
+    for seg in path {
+        node = match seg {
+            Seg::Key(key) => Node::Item(node.table()?.get(key)?),
+            Seg::Index(index) => *node.elements().get(*index)?,
+        };
+    }
+    Some(node)
+}
+
+/// Whether `node` is a table whose `name` is `name`.
+fn named(node: Node<'_>, name: &str) -> bool {
+    let given = node
+        .table()
+        .and_then(|t| t.get("name"))
+        .and_then(Item::as_str);
+    given == Some(name)
+}
+
 /// Byte offset of the key named by `path`, else of its nearest located parent.
 fn locate(doc: &ImDocument<&str>, path: &FieldPath) -> Option<usize> {
     let mut node = Node::Item(doc.as_item());
@@ -642,5 +692,18 @@ mod tests {
         assert_eq!(locate(&doc, &listeners.index(1).key("name")), Some(40));
         assert_eq!(locate(&doc, &listeners.index(1).key("bind")), Some(26));
         assert_eq!(locate(&doc, &FieldPath::default().key("upstreams")), None);
+    }
+
+    /// Was: `listeners[extra].bind` (a bind failure on reload) fell back to the first
+    /// `[[listeners]]` line; the listener's own `bind` line is meant.
+    #[test]
+    fn an_element_named_by_its_name_is_located() {
+        let text = "[[listeners]]\nname = \"a\"\nbind = \":1\"\n\n\
+                    [[listeners]]\nname = \"extra\"\nbind = \":2\"\n";
+        let e = ConfigError::at_field("f", text, "listeners[extra].bind", "taken", "fix");
+        assert_eq!((e.line, e.column), (7, 1), "{e}");
+        assert_eq!(e.field, "listeners[extra].bind");
+        let e = ConfigError::at_field("f", text, "listeners[nowhere].bind", "taken", "fix");
+        assert_eq!(e.line, 1, "an unknown name: the parent key");
     }
 }

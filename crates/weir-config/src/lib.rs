@@ -17,6 +17,7 @@ pub mod model;
 pub mod diff;
 mod error;
 pub mod field_diff;
+pub mod named_file;
 mod paths;
 mod raw;
 #[cfg(feature = "schema")]
@@ -75,7 +76,7 @@ pub fn load_file(path: &Path) -> Result<Config, ConfigError> {
 /// Relative paths in it resolve against the file's directory.
 pub fn load_file_with_text(path: &Path) -> Result<(Config, String), ConfigError> {
     let file = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|e| ConfigError::io(&file, &e))?;
+    let text = read_config(path).map_err(|e| ConfigError::io(&file, &e))?;
     Ok((parse_in(&text, &file, Some(&config_dir(path)))?, text))
 }
 
@@ -89,7 +90,7 @@ pub fn load_admin(path: &Path) -> Result<AdminSettings, ConfigError> {
         admin: Option<raw::RawAdmin>,
     }
     let file = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|e| ConfigError::io(&file, &e))?;
+    let text = read_config(path).map_err(|e| ConfigError::io(&file, &e))?;
     let src = Source {
         file: &file,
         text: &text,
@@ -109,9 +110,15 @@ pub fn load_admin(path: &Path) -> Result<AdminSettings, ConfigError> {
 /// (the log is set up first); `None` when absent or unreadable. A bad value is reported
 /// by the load itself.
 pub fn peek_log_format(path: &Path) -> Option<LogFormat> {
-    let text = std::fs::read_to_string(path).ok()?;
+    let text = read_config(path).ok()?;
     let table: toml::Table = text.parse().ok()?;
     LogFormat::parse(table.get("server")?.get("log_format")?.as_str()?)
+}
+
+/// The text of the config file at `path`: a regular file of at most
+/// [`named_file::MAX_FILE_SIZE`], in UTF-8.
+pub fn read_config(path: &Path) -> std::io::Result<String> {
+    named_file::read_to_string(path, named_file::MAX_FILE_SIZE)
 }
 
 /// The directory relative paths in the config file at `path` resolve against.
@@ -448,6 +455,23 @@ servers = [{ addr = "10.0.0.1:80" }]
         let e = fail("[[listeners]]\nname = \"a\"\nname = \"b\"\n");
         assert_eq!(e.line, 3, "{e}");
         assert!(e.message.contains("duplicate key"), "{e}");
+    }
+
+    /// Was: `weir.toml:2:11:  (fix: correct the TOML syntax at this position)`, no message
+    /// (toml_edit gives none where the text ends), in `weir check` and the API alike.
+    #[test]
+    fn a_file_cut_off_after_an_equals_sign_says_so() {
+        for text in [
+            "[server]\nworkers = ",
+            "x = ",
+            "[[listeners]]\nname = \"a\"\nbind =",
+        ] {
+            let e = fail(text);
+            assert!(e.message.contains("a value is missing"), "{e}");
+            assert!(e.message.contains("cut off"), "{e}");
+            assert!(e.fix.contains("complete the line"), "{e}");
+            assert_eq!(e.line, text.lines().count(), "{e}");
+        }
     }
 
     #[test]

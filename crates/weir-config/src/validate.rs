@@ -146,6 +146,21 @@ fn workers(raw: Option<StrOrInt>, path: &FieldPath) -> Result<Workers, Issue> {
     }
 }
 
+/// `[admin] token_file`, refused when it exists but is not a regular file or is too large:
+/// read for every API request, a FIFO would hang them all, `/dev/zero` fill memory. A file
+/// missing or unreadable here is accepted: it may be made later, or be readable only by
+/// the user weir runs as (the API answers 500 until it is readable).
+fn token_file(text: &str, at: &FieldPath) -> Result<std::path::PathBuf, Issue> {
+    use crate::named_file::{fix_for, read, MAX_SECRET_SIZE};
+    let path = std::path::PathBuf::from(text);
+    if let Err(e) = read(&path, MAX_SECRET_SIZE) {
+        if let Some(fix) = fix_for(&e) {
+            return Err(Issue::new(at, format!("token_file {text}: {e}"), fix));
+        }
+    }
+    Ok(path)
+}
+
 pub(crate) fn admin(raw: RawAdmin, path: &FieldPath) -> Result<AdminSettings, Issue> {
     let bind = match raw.bind.as_deref() {
         None => Some(DEFAULT_ADMIN_BIND),
@@ -167,7 +182,7 @@ pub(crate) fn admin(raw: RawAdmin, path: &FieldPath) -> Result<AdminSettings, Is
                 "give the path of a file holding the admin API token, or remove token_file",
             ))
         }
-        Some(p) => Some(std::path::PathBuf::from(p)),
+        Some(p) => Some(token_file(p, &path.key("token_file"))?),
     };
     let dashboard = dashboard(&raw, path)?;
     let allowed_hosts = admin_hosts::allowed_hosts(raw.allowed_hosts, &path.key("allowed_hosts"))?;

@@ -270,7 +270,7 @@ impl Running {
     pub fn wait_for_signal_and_stop(mut self, signals: Signals) -> anyhow::Result<()> {
         let store = self.store.clone();
         let exit = signals.wait(|| reload(&store), || self.upgrade())?;
-        if exit == Exit::Upgraded {
+        if matches!(exit, Exit::Upgraded { .. }) {
             // The new process serves the admin socket now; API writes must reach it.
             if let Some(admin) = self.admin.take() {
                 admin.stop();
@@ -294,9 +294,9 @@ impl Running {
         Ok(())
     }
 
-    /// SIGUSR2: hands the sockets to a new process; true once it runs and this one should
-    /// drain. A failure is logged and this process keeps serving.
-    fn upgrade(&self) -> bool {
+    /// SIGUSR2: hands the sockets to a new process; its pid once it runs and this one
+    /// should drain. A failure is logged and this process keeps serving.
+    fn upgrade(&self) -> Option<u32> {
         let result = (|| {
             let exe = self
                 .exe
@@ -319,12 +319,12 @@ impl Running {
                     new_pid = pid,
                     "upgrade: the new process is ready; draining this one"
                 );
-                true
+                Some(pid)
             }
             Err(e) => {
                 self.store.set_frozen(false);
                 tracing::error!(error = %format!("{e:#}"), "upgrade failed; this process keeps serving");
-                false
+                None
             }
         }
     }
@@ -371,7 +371,10 @@ pub struct Signals {
 #[derive(Debug, PartialEq, Eq)]
 enum Exit {
     Stop,
-    Upgraded,
+    /// Handed over to the process `new_pid`.
+    Upgraded {
+        new_pid: u32,
+    },
 }
 
 impl Signals {
@@ -392,8 +395,9 @@ impl Signals {
     }
 
     /// Waits for SIGTERM or SIGINT; SIGUSR1 on the way reopens the access logs (logrotate),
-    /// SIGHUP calls `on_hup`, SIGUSR2 `on_usr2` (an upgrade: true ends the wait).
-    fn wait(self, on_hup: impl Fn(), on_usr2: impl Fn() -> bool) -> anyhow::Result<Exit> {
+    /// SIGHUP calls `on_hup`, SIGUSR2 `on_usr2` (an upgrade: the new pid ends the wait, and
+    /// SIGHUPs from then on are passed on to it: see [`forward_hup`]).
+    fn wait(self, on_hup: impl Fn(), on_usr2: impl Fn() -> Option<u32>) -> anyhow::Result<Exit> {
         let Signals {
             runtime,
             mut term,
@@ -402,16 +406,16 @@ impl Signals {
             mut usr2,
             mut hup,
         } = self;
-        runtime.block_on(async move {
+        let exit = runtime.block_on(async {
             loop {
                 tokio::select! {
-                    _ = term.recv() => return Ok(Exit::Stop),
-                    _ = int.recv() => return Ok(Exit::Stop),
+                    _ = term.recv() => return Exit::Stop,
+                    _ = int.recv() => return Exit::Stop,
                     _ = usr2.recv() => {
                         tracing::info!("SIGUSR2: upgrading");
                         crate::notify::reloading("upgrading");
-                        if on_usr2() {
-                            return Ok(Exit::Upgraded);
+                        if let Some(new_pid) = on_usr2() {
+                            return Exit::Upgraded { new_pid };
                         }
                         crate::notify::ready();
                     }
@@ -426,6 +430,36 @@ impl Signals {
                     }
                 }
             }
-        })
+        });
+        if let Exit::Upgraded { new_pid } = exit {
+            forward_hup(runtime, hup, new_pid)?;
+        }
+        Ok(exit)
     }
+}
+
+/// After an upgrade: a SIGHUP this process gets while it drains is meant for the process
+/// now serving (an operator's `kill -HUP` of the pid they knew, or one sent during the
+/// handover, after the new process read the file: was dropped without a word). It is
+/// passed on to `new_pid`, logged, from a thread of its own (the drain blocks this one).
+fn forward_hup(
+    runtime: tokio::runtime::Runtime,
+    mut hup: tokio::signal::unix::Signal,
+    new_pid: u32,
+) -> std::io::Result<()> {
+    let forward = move || {
+        runtime.block_on(async {
+            while hup.recv().await.is_some() {
+                let sent = crate::upgrade::kill(new_pid, libc::SIGHUP);
+                match sent {
+                    Ok(()) => tracing::info!(new_pid, "SIGHUP while draining after the upgrade: passed on to the new process"),
+                    Err(e) => tracing::warn!(new_pid, error = %e, "SIGHUP while draining after the upgrade: cannot pass it on to the new process; send it there"),
+                }
+            }
+        });
+    };
+    std::thread::Builder::new()
+        .name("weir-hup-forward".into())
+        .spawn(forward)
+        .map(drop)
 }

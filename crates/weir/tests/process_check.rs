@@ -371,6 +371,12 @@ fn relative_paths_resolve_against_the_config_file_and_check_says_where() {
     );
 }
 
+/// The line of `text` where `certs = ...` is (1-based).
+fn certs_line(text: &str) -> usize {
+    let index = text.lines().position(|l| l.starts_with("certs ="));
+    index.expect("a certs line") + 1
+}
+
 /// Was: `listener "https": certs/sitee.pem: cannot read it`: no position, no fix, and the
 /// path as written rather than the one tried.
 #[test]
@@ -381,15 +387,10 @@ fn an_unreadable_certificate_is_located_with_the_path_tried_and_a_fix() {
     let out = check_from(Path::new("/"), &path);
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(!out.status.success(), "{stderr}");
-    let line = text
-        .lines()
-        .position(|l| l.starts_with("certs ="))
-        .expect("certs line")
-        + 1;
     let (_, message) = assert_located(
         &path.display().to_string(),
         &stderr,
-        line,
+        certs_line(&text),
         "listeners[0].tls.certs[0].cert",
     );
     let tried = dir.path().join("certs/sitee.pem").display().to_string();
@@ -401,6 +402,51 @@ fn an_unreadable_certificate_is_located_with_the_path_tried_and_a_fix() {
         message.contains(&format!("(fix: {tried} does not exist")),
         "{stderr}"
     );
+}
+
+/// Makes a FIFO at `path`.
+fn mkfifo(path: &Path) {
+    let made = std::process::Command::new("mkfifo").arg(path).status();
+    assert!(made.expect("mkfifo").success(), "mkfifo {}", path.display());
+}
+
+/// Was: a FIFO as certificate hung `weir check` until something wrote to it (forever),
+/// and `/dev/zero` was read for 10 s until "out of memory". Now both are refused at once,
+/// at the `cert` line, saying what the file is.
+#[test]
+fn a_certificate_that_is_a_fifo_or_a_device_fails_fast() {
+    let ca = weir_testkit::certs::TestCa::new("Special CA");
+    let good = ca.leaf(&["a.example.com"]);
+    let dir = TempDir::new("check-cert-special");
+    let fifo = dir.path().join("cert.fifo");
+    mkfifo(&fifo);
+    for (cert, what) in [
+        (fifo.as_path(), "(a FIFO)"),
+        (Path::new("/dev/zero"), "(a character device)"),
+    ] {
+        let text = tls_config(cert, &good.key_path);
+        let path = dir.write("weir.toml", &text);
+        let started = std::time::Instant::now();
+        let out = weir_check(&path);
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(10),
+            "{stderr}"
+        );
+        assert!(!out.status.success(), "{stderr}");
+        let field = "listeners[0].tls.certs[0].cert";
+        let shown = path.display().to_string();
+        let (_, message) = assert_located(&shown, &stderr, certs_line(&text), field);
+        let said = format!(
+            "{}: cannot read it: it is not a regular file {what}",
+            cert.display()
+        );
+        assert!(message.contains(&said), "{stderr}");
+        assert!(
+            message.contains("(fix: give the path of a regular file"),
+            "{stderr}"
+        );
+    }
 }
 
 /// `weir check -c FILE | head -1`: a reader that closed its end before the report was

@@ -207,3 +207,101 @@ fn upgrades_and_api_changes_under_load_fail_no_request() {
     assert_eq!(changes, 100);
     drop(last);
 }
+
+/// Listeners beyond `web`: with one worker, one socket each.
+const MANY: usize = 260;
+
+/// Was: "257 sockets are more than one message can carry (253)", and the upgrade failed
+/// (`workers = "auto"` on a 64-core host with 4 binds). Now the sockets go across in
+/// several messages: `MANY` + 2 of them here, the last listener's included.
+#[test]
+fn more_sockets_than_one_message_carries_are_handed_over() {
+    let a = Backend::echo("a");
+    let mut text = format!(
+        "[server]\nworkers = 1\ndrain_timeout = \"1s\"\n\n[admin]\nbind = \"127.0.0.1:0\"\n\n\
+         [[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\n\
+         [[listeners.routes]]\nname = \"all\"\nupstream = \"a\"\n\n\
+         [upstreams.a]\nservers = [{{ addr = \"{}\" }}]\n",
+        a.addr()
+    );
+    for i in 0..MANY {
+        text += &format!(
+            "\n[[listeners]]\nname = \"l{i}\"\nbind = \"127.0.0.1:0\"\n\
+             [[listeners.routes]]\nname = \"r\"\nrespond = {{ status = 200, body = \"l{i}\" }}\n"
+        );
+    }
+    let mut weir = Weir::start(&text);
+    let last = format!("l{}", MANY - 1);
+    let last_addr = weir
+        .log
+        .listening(&last, "listening", START_WAIT)
+        .expect("the last listener listens");
+    let first = weir.pid();
+    let second = upgrade(&weir, first, 0, false);
+    let _last = Last(second);
+    assert!(weir.wait_exit(START_WAIT).is_some_and(|s| s.success()));
+    assert_eq!(get(weir.addr, "/").expect("web served").0.status, 200);
+    let (head, body) = get(last_addr, "/").expect("the last listener served");
+    assert_eq!((head.status, body), (200, last.into_bytes()));
+}
+
+/// `file` with route `all` to `to`, a route `/slow` to `slow`, and a long drain.
+fn with_slow(to: &str, a: &Backend, b: &Backend, slow: &Backend) -> String {
+    format!(
+        "[server]\nworkers = 1\ndrain_timeout = \"30s\"\n\n[admin]\nbind = \"off\"\n\n\
+         [[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\n\
+         [[listeners.routes]]\nname = \"slow\"\npath_prefix = \"/slow\"\nupstream = \"slow\"\n\
+         [[listeners.routes]]\nname = \"all\"\nupstream = \"{to}\"\n\n\
+         [upstreams.a]\nservers = [{{ addr = \"{}\" }}]\n\
+         [upstreams.b]\nservers = [{{ addr = \"{}\" }}]\n\
+         [upstreams.slow]\nservers = [{{ addr = \"{}\" }}]\n",
+        a.addr(),
+        b.addr(),
+        slow.addr()
+    )
+}
+
+/// Was: a SIGHUP that reached the old process during the handover (the new one had read
+/// the file already) or while it drained was dropped without a word: the edit it was sent
+/// for never ran. Now the old process passes it on to the new one and logs that.
+#[test]
+fn a_sighup_to_the_old_process_after_the_handover_reaches_the_new_one() {
+    let (a, b) = (Backend::echo("a"), Backend::echo("b"));
+    let slow = Backend::echo_at(
+        "slow",
+        "127.0.0.1:0".parse().unwrap(),
+        Duration::from_secs(8),
+    )
+    .expect("slow backend");
+    let weir = Weir::start(&with_slow("a", &a, &b, &slow));
+    let path = weir.config_path.clone().expect("path");
+    let addr = weir.addr;
+    // A request in flight keeps the old process draining after the handover.
+    let held = std::thread::spawn(move || get(addr, "/slow").map(|(h, _)| h.status));
+    assert!(wait_until(START_WAIT, || slow.in_flight() == 1));
+    let first = weir.pid();
+    support_process::signal_pid(first, libc::SIGUSR2);
+    assert!(
+        wait_until(START_WAIT, || !new_pids(&weir).is_empty()),
+        "{}",
+        weir.log.text()
+    );
+    let _last = Last(new_pids(&weir)[0]);
+    assert!(
+        !has_exited(first),
+        "the old process drains the slow request"
+    );
+    std::fs::write(&path, with_slow("b", &a, &b, &slow)).expect("write");
+    support_process::signal_pid(first, libc::SIGHUP);
+    assert!(
+        wait_until(START_WAIT, || support_process::backend_of(addr) == "b"),
+        "{}",
+        weir.log.text()
+    );
+    assert!(
+        weir.log.contains("passed on to the new process"),
+        "{}",
+        weir.log.text()
+    );
+    assert_eq!(held.join().expect("held request").expect("answered"), 200);
+}

@@ -60,7 +60,10 @@ impl TokenCache {
 
 async fn read_token(file: PathBuf) -> Result<Arc<str>, Arc<str>> {
     let shown = file.display().to_string();
-    let read = tokio::task::spawn_blocking(move || std::fs::read_to_string(file)).await;
+    let secret = weir_config::named_file::MAX_SECRET_SIZE;
+    let read =
+        tokio::task::spawn_blocking(move || weir_config::named_file::read_to_string(&file, secret))
+            .await;
     match read {
         Ok(Ok(text)) => Ok(Arc::from(text.trim())),
         Ok(Err(e)) => Err(format!("cannot read token_file {shown}: {e}").into()),
@@ -193,5 +196,34 @@ mod tests {
         assert!(check(&b, &cache, &bearer("other"), false).await.is_ok());
         let _ = std::fs::remove_file(path);
         let _ = std::fs::remove_file(other);
+    }
+
+    /// Was: a FIFO as token file hung every API request (and the shutdown) behind the
+    /// cache's lock; `/dev/zero` was read to about 1 GB per second. Both answer 500 at once.
+    #[tokio::test]
+    async fn a_token_file_that_is_not_a_regular_file_is_an_error_at_once() {
+        let fifo = std::env::temp_dir().join(format!("weir-token-fifo-{}", std::process::id()));
+        let _ = std::fs::remove_file(&fifo);
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+        assert!(made.unwrap().success());
+        for (file, what) in [
+            (fifo.clone(), "(a FIFO)"),
+            ("/dev/zero".into(), "(a character device)"),
+        ] {
+            let a = admin("127.0.0.1:9901", Some(file));
+            let (cache, token) = (TokenCache::default(), bearer("x"));
+            let answer = check(&a, &cache, &token, false);
+            let e = tokio::time::timeout(std::time::Duration::from_secs(5), answer)
+                .await
+                .expect("answered at once")
+                .unwrap_err();
+            assert_eq!(e.status, StatusCode::INTERNAL_SERVER_ERROR);
+            assert!(
+                e.message.contains(&format!("is not a regular file {what}")),
+                "{}",
+                e.message
+            );
+        }
+        let _ = std::fs::remove_file(fifo);
     }
 }

@@ -150,7 +150,7 @@ fn fleet_key(path: PathBuf, at: &FieldPath) -> Result<FleetKey, Issue> {
     let fix = "write 32 random bytes as 64 hex digits, the same file on every instance: \
                openssl rand -hex 32 > /etc/weir/cluster.key; chmod 600 /etc/weir/cluster.key";
     let shown = path.display();
-    let data = std::fs::read(&path)
+    let data = crate::named_file::read(&path, crate::named_file::MAX_SECRET_SIZE)
         .map_err(|e| Issue::new(at, format!("cannot read key_file {shown}: {e}"), fix))?;
     let text = std::str::from_utf8(&data).map(str::trim).unwrap_or("");
     let mut bytes = [0u8; 32];

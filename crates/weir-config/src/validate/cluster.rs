@@ -4,7 +4,7 @@
 //! `[cluster]`'s `node`, `etcd` and `binds` (the fleet in etcd) validate in
 //! `crate::cluster`; each part in its own function.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::{check_name, duration};
@@ -104,11 +104,14 @@ fn password_file(
             "remove the password from the url (keep the user: redis://USER@HOST:PORT), or remove password_file",
         ));
     }
-    if let Err(e) = std::fs::metadata(&file).and_then(|_| std::fs::File::open(&file)) {
+    let secret = crate::named_file::MAX_SECRET_SIZE;
+    if let Err(e) = crate::named_file::read(Path::new(&file), secret) {
         return Err(Issue::new(
             path,
             format!("cannot read password_file {file}: {e}"),
-            "give a readable file holding the password (a trailing newline is ignored)",
+            crate::named_file::fix_for(&e).unwrap_or(
+                "give a readable file holding the password (a trailing newline is ignored)",
+            ),
         ));
     }
     Ok(Some(PathBuf::from(file)))

@@ -3,7 +3,7 @@
 //! reload re-reads it). Only bcrypt and argon2 (PHC string) entries are accepted: the old
 //! htpasswd formats (MD5 `$apr1$`, SHA-1 `{SHA}`, crypt, plain text) are fast to brute-force.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::error::{FieldPath, Issue};
 use crate::model::{BasicAuth, HtUser};
@@ -54,22 +54,14 @@ pub(super) fn basic_auth(raw: RawBasicAuth, path: &FieldPath) -> Result<BasicAut
 }
 
 fn read(file: &str, path: &FieldPath) -> Result<String, Issue> {
-    let cannot = |e: std::io::Error| {
-        Issue::new(
-            path,
-            format!("cannot read users_file \"{file}\": {e}"),
-            "check the path and that Weir's user may read it",
-        )
-    };
-    let meta = std::fs::metadata(file).map_err(cannot)?;
-    if meta.len() > MAX_FILE {
-        return Err(Issue::new(
-            path,
-            format!("users_file \"{file}\" is larger than 4 MiB"),
-            "split the users over several routes or files",
-        ));
-    }
-    std::fs::read_to_string(file).map_err(cannot)
+    crate::named_file::read_to_string(Path::new(file), MAX_FILE).map_err(|e| {
+        let fix = match e.kind() {
+            std::io::ErrorKind::FileTooLarge => "split the users over several routes or files",
+            _ => crate::named_file::fix_for(&e)
+                .unwrap_or("check the path and that Weir's user may read it"),
+        };
+        Issue::new(path, format!("cannot read users_file \"{file}\": {e}"), fix)
+    })
 }
 
 /// The entries of an htpasswd text, sorted by name; `Err((line, message))` on the first

@@ -164,6 +164,24 @@ fn an_open_admin_bind_without_a_token_is_warned_about() {
     ));
 }
 
+/// Was accepted: then every API request hung on the FIFO (or read `/dev/zero` to 500).
+/// A token file that is missing at load stays accepted (it may be made later).
+#[test]
+fn a_token_file_that_is_not_a_regular_file_is_refused() {
+    let field = "admin.token_file";
+    let with = |file: &str| format!("[admin]\ntoken_file = \"{file}\"\n{LISTENER}");
+    let not_regular = "is not a regular file (a character device)";
+    check(
+        &with("/dev/zero"),
+        field,
+        2,
+        not_regular,
+        "name a regular file",
+    );
+    check(&with("/"), field, 2, "(a directory)", "name a regular file");
+    assert!(parse_str(&with("/nonexistent/weir-token"), "t").is_ok());
+}
+
 #[test]
 fn dashboard_settings() {
     use std::time::Duration;

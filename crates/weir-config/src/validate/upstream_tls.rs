@@ -93,7 +93,7 @@ pub(crate) fn certificates(file: String, path: &FieldPath) -> Result<PemFile, Is
 
 fn read(file: String, path: &FieldPath) -> Result<PemFile, Issue> {
     let file = PathBuf::from(file);
-    match std::fs::read(&file) {
+    match crate::named_file::read(&file, crate::named_file::MAX_FILE_SIZE) {
         Ok(contents) => Ok(PemFile {
             path: file,
             contents,
@@ -101,7 +101,9 @@ fn read(file: String, path: &FieldPath) -> Result<PemFile, Issue> {
         Err(e) => Err(Issue::new(
             path,
             format!("cannot read {}: {e}", file.display()),
-            "check the path (relative paths start from the config file's directory) and its permissions",
+            crate::named_file::fix_for(&e).unwrap_or(
+                "check the path (relative paths start from the config file's directory) and its permissions",
+            ),
         )),
     }
 }

@@ -196,7 +196,8 @@ fn timed_out() -> redis::RedisError {
 fn client(settings: &RedisSettings) -> redis::RedisResult<Client> {
     let mut info = settings.url.as_str().into_connection_info()?;
     if let Some(file) = &settings.password_file {
-        let password = std::fs::read_to_string(file)?;
+        let secret = weir_config::named_file::MAX_SECRET_SIZE;
+        let password = weir_config::named_file::read_to_string(file, secret)?;
         let auth = info
             .redis_settings()
             .clone()

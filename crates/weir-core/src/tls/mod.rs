@@ -61,6 +61,10 @@ impl TlsError {
                 "{file} does not exist: correct the path (a relative path starts from the \
                  config file's directory) or put the file there"
             )
+        } else if reason.contains("not a regular file") {
+            format!("give the path of a regular file: {file} is not one (a FIFO, socket or device would block or never end)")
+        } else if reason.contains("the limit for this file") {
+            format!("check that {file} is the certificate or key meant: larger files are refused")
         } else if reason.contains("ermission denied") {
             format!("make {file} readable (and its directory searchable) by the user weir runs as")
         } else if reason.contains("PEM") || reason.starts_with("no ") {

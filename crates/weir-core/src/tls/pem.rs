@@ -6,6 +6,8 @@ use std::path::Path;
 use rustls::pki_types::pem::{self, PemObject};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
+use weir_config::named_file::{self, MAX_FILE_SIZE};
+
 use super::TlsError;
 
 /// The certificates in `path`, in file order (a server chain: leaf first).
@@ -35,6 +37,9 @@ pub fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
     })
 }
 
-fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
-    std::fs::read(path).map_err(|e| TlsError::new(path, format!("cannot read it: {e}")))
+/// The bytes of `path`: a regular file of at most [`MAX_FILE_SIZE`] (a FIFO would block the
+/// load, `/dev/zero` would fill memory).
+pub(crate) fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
+    named_file::read(path, MAX_FILE_SIZE)
+        .map_err(|e| TlsError::new(path, format!("cannot read it: {e}")))
 }

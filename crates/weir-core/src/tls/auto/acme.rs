@@ -286,7 +286,7 @@ async fn account(acme: &Acme) -> Result<Account, OrderError> {
             storage::write(&path, &json, true).map_err(|e| format!("{}: {e}", path.display()))?;
         }
     }
-    if let Ok(text) = std::fs::read(&path) {
+    if let Ok(text) = super::super::pem::read(&path) {
         let credentials: AccountCredentials = serde_json::from_slice(&text)
             .map_err(|e| format!("{}: unreadable account: {e}", path.display()))?;
         return Ok(builder()?.from_credentials(credentials).await?);

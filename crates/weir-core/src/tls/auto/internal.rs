@@ -21,7 +21,9 @@ fn ca(dir: &Path) -> Result<Issuer<'static, KeyPair>, TlsError> {
     let (cert_path, key_path) = (dir.join("ca.pem"), dir.join("ca.key"));
     if cert_path.exists() {
         let read = |p: &Path| {
-            std::fs::read_to_string(p).map_err(|e| TlsError::new(p, format!("cannot read it: {e}")))
+            let bytes = super::super::pem::read(p)?;
+            String::from_utf8(bytes)
+                .map_err(|_| TlsError::new(p, "not a valid PEM file: not UTF-8"))
         };
         let key = KeyPair::from_pem(&read(&key_path)?)
             .map_err(|e| TlsError::new(&key_path, format!("not a usable CA key: {e}")))?;

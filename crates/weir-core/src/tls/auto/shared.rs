@@ -122,7 +122,7 @@ pub async fn pull(store: &dyn Store, auto: &AutoCerts) -> Result<bool, String> {
     let (Some(Some(chain)), Some(Some(key))) = (got.next(), got.next()) else {
         return Ok(false);
     };
-    if std::fs::read(&files.cert).is_ok_and(|local| local == chain) {
+    if read(&files.cert).is_ok_and(|local| local == chain) {
         return Ok(false);
     }
     if auto.source == super::Source::Internal {
@@ -231,7 +231,6 @@ pub async fn issue_internal(
     }
     super::internal::issue(&auto.storage, &auto.names, lifetime).map_err(|e| e.to_string())?;
     let files = auto.files();
-    let read = |p: &std::path::Path| std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()));
     let (chain, key) = (read(&files.cert)?, read(&files.key)?);
     save(auto, Some(&fence), &chain, &key).await?;
     Ok(true)
@@ -249,7 +248,6 @@ async fn fleet_ca(store: &dyn Store, dir: &std::path::Path) -> Result<bool, Stri
     }
     let (cert, key) = (dir.join("ca.pem"), dir.join("ca.key"));
     super::internal::make_ca(dir).map_err(|e| e.to_string())?;
-    let read = |p: &std::path::Path| std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()));
     let files = pair(&cert, read(&cert)?, &key, read(&key)?);
     store.write(Some(&fence), files).await
 }
@@ -262,7 +260,7 @@ async fn adopt_ca(store: &dyn Store, dir: &std::path::Path) -> Result<bool, Stri
     let (Some(Some(pem)), Some(Some(private))) = (got.next(), got.next()) else {
         return Ok(false);
     };
-    if std::fs::read(&cert).ok().as_ref() != Some(&pem) {
+    if read(&cert).ok().as_ref() != Some(&pem) {
         storage::write_pair(&cert, &pem, &key, &private)
             .map_err(|e| format!("{}: {e}", cert.display()))?;
         tracing::info!(ca = %cert.display(), "the fleet's internal CA installed");
@@ -282,6 +280,12 @@ fn pair(cert: &std::path::Path, chain: Vec<u8>, key: &std::path::Path, pem: Vec<
             contents: pem,
         },
     ]
+}
+
+/// A storage file's bytes, through the checks of every file the config leads to
+/// (a regular file, bounded); the error names the file.
+fn read(path: &std::path::Path) -> Result<Vec<u8>, String> {
+    super::super::pem::read(path).map_err(|e| format!("{}: {}", path.display(), e.reason))
 }
 
 /// A stored file's name in the store (its name in the storage directory).
