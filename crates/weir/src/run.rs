@@ -432,7 +432,10 @@ impl Signals {
             }
         });
         if let Exit::Upgraded { new_pid } = exit {
-            forward_hup(runtime, hup, new_pid)?;
+            // The sockets are handed over: this process drains whatever happens here.
+            if let Err(e) = forward_hup(runtime, hup, new_pid) {
+                tracing::warn!(new_pid, error = %e, "cannot pass SIGHUPs on to the new process while draining; send them there");
+            }
         }
         Ok(exit)
     }

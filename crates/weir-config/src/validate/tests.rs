@@ -1696,6 +1696,11 @@ fn tls_automatic_certificates() {
             "mailto:",
         ),
         (
+            "acme = { domains = [\"a.com\"], storage = \"s\", directory_ca = \"/dev/zero\" }",
+            "directory_ca",
+            "not a regular file",
+        ),
+        (
             "acme = { domains = [\"a.com\"], storage = \"s\", retry_initial = \"100ms\" }",
             "retry_initial",
             "at least 1s",

@@ -116,6 +116,9 @@ fn accept_from(
         match listener.accept() {
             Ok((stream, _)) => {
                 stream.set_nonblocking(false)?;
+                // A new process that connects and never reads must not hold this one in
+                // the sockets' send once their messages fill the socket buffer.
+                stream.set_write_timeout(Some(HANDOVER_TIMEOUT))?;
                 return Ok(stream);
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
@@ -277,11 +280,15 @@ mod tests {
     /// a socket pair, 2 x 253 + 1 listening sockets go across in three messages, in order.
     #[test]
     fn more_sockets_than_one_message_carries_cross_in_order() {
-        let sent: Vec<TcpListener> = (0..2 * sys::MAX_FDS + 1)
+        // Three listeners sent over and over (a descriptor may go more than once), so the
+        // test holds about 500 descriptors at its peak, not twice that; three does not
+        // divide a message's 253, so a message out of order shifts the pattern.
+        let sent: Vec<TcpListener> = (0..3)
             .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
             .collect();
-        let addrs: Vec<_> = sent.iter().map(|l| l.local_addr().unwrap()).collect();
-        let fds: Vec<RawFd> = sent.iter().map(AsRawFd::as_raw_fd).collect();
+        let n = 2 * sys::MAX_FDS + 1;
+        let addrs: Vec<_> = (0..n).map(|i| sent[i % 3].local_addr().unwrap()).collect();
+        let fds: Vec<RawFd> = (0..n).map(|i| sent[i % 3].as_raw_fd()).collect();
         let (a, b) = UnixStream::pair().unwrap();
         let manifest = json!({ "sockets": fds.len() }).to_string();
         // The receiver reads while the sender writes: the messages need not fit the buffer.

@@ -13,6 +13,22 @@ use crate::raw::{RawAcme, RawInternalCa, StrOrList};
 /// Let's Encrypt's production directory: the default `acme.directory`.
 pub const LETS_ENCRYPT: &str = "https://acme-v02.api.letsencrypt.org/directory";
 
+/// `acme.directory_ca`: read here, within the limits of every file the config names, as
+/// the ACME client reads it later itself (with no limit) when it orders.
+fn directory_ca(raw: Option<String>, path: &FieldPath) -> Result<PathBuf, Issue> {
+    let ca = file(raw, path, "directory CA", "certs/acme-server-ca.pem")?;
+    if let Err(e) = crate::named_file::read(&ca, crate::named_file::MAX_FILE_SIZE) {
+        return Err(Issue::new(
+            path,
+            format!("cannot read directory_ca {}: {e}", ca.display()),
+            crate::named_file::fix_for(&e).unwrap_or(
+                "give the PEM file of the root that issued the ACME server's certificate",
+            ),
+        ));
+    }
+    Ok(ca)
+}
+
 pub(crate) fn acme(raw: Option<RawAcme>, path: &FieldPath) -> Result<Option<Acme>, Issue> {
     let Some(raw) = raw else { return Ok(None) };
     // Without `domains`, the names come from the listener's routes (`fill_acme_domains`).
@@ -54,12 +70,7 @@ pub(crate) fn acme(raw: Option<RawAcme>, path: &FieldPath) -> Result<Option<Acme
     let storage = storage(raw.storage, &path.key("storage"), "acme")?;
     let directory_ca = match raw.directory_ca {
         None => None,
-        some => Some(file(
-            some,
-            &path.key("directory_ca"),
-            "directory CA",
-            "certs/acme-server-ca.pem",
-        )?),
+        some => Some(directory_ca(some, &path.key("directory_ca"))?),
     };
     let retry_initial = at_least(raw.retry_initial, "10s", &path.key("retry_initial"), 1)?;
     Ok(Some(Acme {

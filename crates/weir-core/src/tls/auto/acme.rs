@@ -274,6 +274,13 @@ impl Pending {
 
 /// The stored account for `acme.directory`, or a new one (then stored, 0600).
 async fn account(acme: &Acme) -> Result<Account, OrderError> {
+    if let Some(ca) = &acme.directory_ca {
+        // The ACME client reads the file itself, with no limit: checked within the limits
+        // of every file the config names first, as it may have changed since the load.
+        use weir_config::named_file::{read, MAX_FILE_SIZE};
+        read(ca, MAX_FILE_SIZE)
+            .map_err(|e| format!("cannot read directory_ca {}: {e}", ca.display()))?;
+    }
     let builder = || match &acme.directory_ca {
         Some(ca) => Account::builder_with_root(ca),
         None => Account::builder(),
