@@ -591,8 +591,11 @@ pub(crate) struct Http1Sink<'w, W> {
     /// may carry (`forward::trailer`) and the names this says its peer's head lost: a
     /// response's `Edits::drops`, a request's `trailer::RequestTrailers::drops` (`None`:
     /// none go).
-    pub trailers: Option<&'w dyn Fn(&[u8]) -> bool>,
+    pub trailers: Option<Dropped<'w>>,
 }
+
+/// Which trailer field names (any case) stay out, besides those no trailer may carry.
+pub(crate) type Dropped<'w> = &'w dyn Fn(&[u8]) -> bool;
 
 impl<W: AsyncWrite + Unpin> Http1Sink<'_, W> {
     /// Writes `parts` after the head if it is still due.

@@ -17,9 +17,16 @@
 //! `X-Forwarded-For` or certificate for Weir's. This holds on every path a request's
 //! trailers take: an HTTP/1.1 upstream's (`BodyState::rewrite_trailers` for a body
 //! whole with its head, `relay::Http1Sink` for one streamed) and an HTTP/2 upstream's
-//! (`relay::H2Upload`, for an HTTP/2 or HTTP/3 client). A response's trailer fields
-//! lose what the route's `response_headers` and compression take out of its head
-//! (`forward::head::Edits::drops`), on every path too.
+//! (`relay::H2Upload`, for an HTTP/2 or HTTP/3 client); on the others (an HTTP/1.1
+//! client's toward an HTTP/2 upstream, an HTTP/2 or HTTP/3 client's toward an HTTP/1.1
+//! one) none go. A response's trailer fields lose what the route's `response_headers`
+//! and compression take out of its head (`forward::head::Edits::drops`), on every path
+//! too.
+//!
+//! Only a chunked HTTP/1.1 body has a trailer section: a message framed any other way (or
+//! without a body) pays nothing for this module (`forward::exchange::take_buffered` frames
+//! it as it always did, [`connection_listed`] is one comparison), and nothing here runs
+//! until a section arrives.
 //!
 //! A trailer arrives after the body a recipient may already have acted on, and some
 //! recipients merge it into the header section: a field that frames, routes,

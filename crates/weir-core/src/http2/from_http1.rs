@@ -31,7 +31,7 @@ use crate::forward::h1::{Http1Interim, Interim, RequestMeta};
 use crate::forward::h2::request_body::RequestBody;
 use crate::forward::h2::{relay_while_uploading, send_windowed, HeadBounds};
 use crate::forward::head::{write_from_h2, ForClient, Framing};
-use crate::forward::relay::{relay, Broke, Coding, Http1Sink, Sink, Source, Trailers};
+use crate::forward::relay::{relay, Broke, Coding, Dropped, Http1Sink, Sink, Source, Trailers};
 use crate::forward::request_head::HeadNames;
 use crate::forward::{Failure, Target, Timeouts};
 use crate::metrics::shard::Protocol;
@@ -321,7 +321,7 @@ impl ClientSide for Http1Client<'_> {
             chunked: framing == Framing::Chunked,
             // Less what no trailer may carry (`forward::trailer`) and what the route took
             // out of the head, as for any client.
-            trailers: (answer.client.te_trailers).then_some(&dropped as &dyn Fn(&[u8]) -> bool),
+            trailers: (answer.client.te_trailers).then_some(&dropped as Dropped<'_>),
         };
         let relayed = async {
             match framing {
