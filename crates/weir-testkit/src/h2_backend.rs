@@ -6,7 +6,9 @@
 //! separated) and the request's `content-type`; its DATA
 //! is echoed as it arrives; then trailers: `x-body-len`, `x-client-trailer` (the request
 //! trailer of that name, when sent), `grpc-status: 0` (the request's `x-grpc-status`
-//! instead, when it has one) (and, on `/bad-trailers`, the
+//! instead, when it has one), on a path starting with `/trailer-fields` `x-trailer-fields`
+//! (the names of the request's trailer fields, sorted, comma separated) (and, on
+//! `/bad-trailers`, the
 //! fields of [`FORBIDDEN_TRAILERS`]). A path starting with `/hang` is
 //! never answered (a reset of it is counted, [`H2Backend::resets`]); one starting with `/reset` is reset (INTERNAL_ERROR) before any head. With [`H2Backend::goaway_after`] each connection sends GOAWAY once it
 //! has accepted that many streams (and finishes them), and refuses any stream that still
@@ -367,6 +369,13 @@ async fn echo(
     if let Ok(Some(t)) = body.trailers().await {
         if let Some(v) = t.get("x-client-trailer") {
             trailers.insert("x-client-trailer", v.clone());
+        }
+        if path.starts_with("/trailer-fields") {
+            let mut names: Vec<&str> = t.keys().map(|n| n.as_str()).collect();
+            names.sort_unstable();
+            if let Ok(v) = HeaderValue::from_str(&names.join(",")) {
+                trailers.insert("x-trailer-fields", v);
+            }
         }
     }
     if path.starts_with("/quote-name-trailer") {

@@ -317,3 +317,27 @@ async fn trailers_lose_what_compression_and_header_rules_take_from_the_head() {
         ["content-digest", "x-kept"]
     );
 }
+
+/// An HTTP/2 client's trailers lose a `Server` the route's `response_headers` hides or
+/// replaces in the head, as an HTTP/1.1 client's do.
+#[tokio::test]
+async fn a_server_field_the_route_hides_does_not_come_back_as_a_trailer() {
+    let raw = b"HTTP/1.1 200 OK\r\nServer: backend/1.0\r\nTransfer-Encoding: chunked\r\n\r\n\
+                2\r\nok\r\n0\r\nServer: backend/1.0\r\nX-Kept: 1\r\n\r\n";
+    let b = Backend::raw_response(raw);
+    let weir = Conf::new()
+        .route(
+            "c",
+            "up",
+            &[r#"response_headers = { remove = ["Server"] }"#],
+        )
+        .upstream("up", &[b.addr()], &[])
+        .start();
+    let mut client = h2c(weir.addr).await;
+    let (head, got, trailers) = fetch_with_trailers(&mut client, Method::GET, "/", "").await;
+    assert_eq!(all(&head, "server"), Vec::<String>::new());
+    assert_eq!(got, b"ok");
+    let trailers = trailers.expect("trailers");
+    let names: Vec<_> = trailers.keys().map(|n| n.to_string()).collect();
+    assert_eq!(names, ["x-kept"]);
+}

@@ -322,6 +322,44 @@ async fn request_and_response_bodies_and_trailers_go_both_ways() {
     assert_eq!(full.trailer("x-client-trailer"), "from-client");
 }
 
+/// An HTTP/2 client's trailer fields reach an HTTP/2 upstream less the names its request
+/// head does not carry as they came (the forwarded headers Weir sets, in the CGI spelling
+/// too, the request id, the names the route's `request_headers` sets or removes) and
+/// those no trailer may carry: an upstream that merges trailers into the head would take
+/// them for Weir's. The others go.
+#[tokio::test]
+async fn request_trailers_lose_the_names_the_head_does_not_carry() {
+    let backend = H2Backend::h2c();
+    let rules = r#"request_headers = { set = { "X-User" = "weir" }, remove = ["x-secret"] }"#;
+    let weir = Conf::new()
+        .with_request_ids()
+        .route("all", "up", &[rules])
+        .upstream("up", &[backend.addr()], &["protocol = \"h2c\""])
+        .start();
+    let client = connect(&weir).await;
+    let mut trailers = HeaderMap::new();
+    for (name, value) in [
+        ("x-client-trailer", "kept"),
+        ("x-sum", "1"),
+        ("x-forwarded-for", "6.6.6.6"),
+        ("x-real-ip", "6.6.6.6"),
+        ("x_forwarded_for", "6.6.6.6"),
+        ("x-forwarded-proto", "https"),
+        ("x-request-id", "forged"),
+        ("x-user", "admin"),
+        ("x_secret", "s"),
+        ("authorization", "Basic eDp5"),
+    ] {
+        trailers.insert(name, value.parse().expect("value"));
+    }
+    let req = request(Method::POST, "/trailer-fields", &[]);
+    let full = exchange(&client, req, b"body", Some(trailers)).await;
+    assert_eq!(full.head.status(), StatusCode::OK);
+    assert_eq!(full.body, b"body");
+    assert_eq!(full.trailer("x-trailer-fields"), "x-client-trailer,x-sum");
+    assert_eq!(full.trailer("x-client-trailer"), "kept");
+}
+
 /// A gRPC message: compression flag, big-endian length, payload.
 fn grpc_frame(payload: &[u8]) -> Vec<u8> {
     let mut out = vec![0];

@@ -573,6 +573,49 @@ async fn request_trailers_an_h2_upstream_may_not_take_are_dropped() {
     assert_eq!(r.trailers.expect("trailers")["x-client-trailer"], "kept");
 }
 
+/// An HTTP/3 client's trailer fields reach an HTTP/2 upstream less the names its request
+/// head does not carry as they came: the forwarded headers Weir sets and the listener's
+/// client-certificate header (in any spelling), which an upstream that merges trailers
+/// into the head would take for Weir's. The others go.
+#[tokio::test]
+async fn request_trailers_lose_the_names_the_head_does_not_carry() {
+    let ca = TestCa::new("h3 CA");
+    let leaf = ca.leaf(&[NAME]);
+    let backend = H2Backend::h2c();
+    let conf = Conf::new()
+        .route("all", "up", &[])
+        .upstream("up", &[backend.addr()], &["protocol = \"h2c\""])
+        .listener("http3 = true")
+        .listener(&tls_table(
+            &[&leaf],
+            "client_cert_header = \"X-Client-Cert\"\n",
+        ));
+    let weir = conf.start();
+    let mut c = connect_to(&ca, weir.addr, NAME).await;
+    let mut trailers = http::HeaderMap::new();
+    for (name, value) in [
+        ("x-client-trailer", "kept"),
+        ("x-sum", "1"),
+        ("x-forwarded-for", "6.6.6.6"),
+        ("x-real-ip", "6.6.6.6"),
+        ("x-forwarded-host", "evil.test"),
+        ("x-client-cert", "forged"),
+        ("x_client_cert", "forged"),
+    ] {
+        trailers.insert(name, value.parse().expect("value"));
+    }
+    let post = Request::post(format!("https://{NAME}/trailer-fields"))
+        .body(())
+        .expect("request");
+    let r = request(&mut c.send, post, b"body", Some(trailers))
+        .await
+        .expect("POST");
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body, b"body");
+    let trailers = r.trailers.expect("trailers");
+    assert_eq!(trailers["x-trailer-fields"], "x-client-trailer,x-sum");
+}
+
 /// A bidirectional gRPC stream over HTTP/3 to an h2c upstream: each message comes back
 /// before the next is sent (nothing waits for the request's end), then the status trailer.
 #[tokio::test]

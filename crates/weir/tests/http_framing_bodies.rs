@@ -5,9 +5,10 @@
 mod common;
 
 use common::{single, split_head, upstream_head, Conf};
-use tokio::sync::mpsc::UnboundedSender;
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 use weir_testkit::{
-    chunked, hash_bytes, pattern_hash, pattern_vec, send_raw_once, sink_summary, Backend, Hasher,
+    chunked, hash_bytes, pattern_hash, pattern_vec, send_raw_once, sink_summary, Backend, Client,
+    Hasher,
 };
 
 const BIG: u64 = 50 * 1024 * 1024;
@@ -452,6 +453,30 @@ fn echo_raw_chunked(mut socket: std::net::TcpStream, arrived: UnboundedSender<()
     }
 }
 
+/// Sends a chunked request (`head`, the chunk `abc`, then the last chunk and `trailers`)
+/// twice on `c`: whole, its body and trailers with the head; then streamed, its trailers
+/// once `arrivals` says the upstream ([`echoing_raw_chunked`]) has the first chunk.
+/// Returns what the upstream got of each request: `[whole, streamed]`.
+async fn whole_then_streamed(
+    c: &mut Client,
+    arrivals: &mut UnboundedReceiver<()>,
+    head: &[u8],
+    trailers: &[u8],
+) -> [String; 2] {
+    c.send_raw(&[head, b"3\r\nabc\r\n", trailers].concat())
+        .await
+        .unwrap();
+    let whole = c.read_response(false).await.unwrap();
+    assert_eq!(whole.status, 200);
+    arrivals.recv().await.expect("first body bytes");
+    c.send_raw(&[head, b"3\r\nabc\r\n"].concat()).await.unwrap();
+    arrivals.recv().await.expect("first body bytes");
+    c.send_raw(trailers).await.unwrap();
+    let streamed = c.read_response(false).await.unwrap();
+    assert_eq!(streamed.status, 200);
+    [whole, streamed].map(|r| r.body_str().into_owned())
+}
+
 /// A client's chunked trailer section reaches an HTTP/1.1 upstream re-written as a
 /// response's does: whole in Weir's buffer with the head, or streamed after it.
 #[tokio::test]
@@ -461,25 +486,78 @@ async fn forbidden_trailer_fields_of_a_client_do_not_reach_an_http1_upstream() {
     let head = b"POST /up HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n";
     let trailers = b"0\r\nX-Sum: 1\r\nHost: evil.test\r\nContent-Length: 5\r\n\
                      Transfer-Encoding: chunked\r\nTE: trailers\r\nCookie: c=1\r\nx-b:2\r\n\r\n";
-    let sent_on = "3\r\nabc\r\n0\r\nX-Sum: 1\r\nx-b:2\r\n\r\n";
+    let sent_on = "\r\n\r\n3\r\nabc\r\n0\r\nX-Sum: 1\r\nx-b:2\r\n\r\n";
     let mut c = weir.client().await;
-    // Whole: the body and its trailers come with the head.
-    c.send_raw(&[&head[..], b"3\r\nabc\r\n", trailers].concat())
-        .await
-        .unwrap();
-    let r = c.read_response(false).await.unwrap();
-    assert_eq!(r.status, 200);
-    let got = r.body_str().into_owned();
-    assert!(got.ends_with(&format!("\r\n\r\n{sent_on}")), "{got:?}");
-    arrivals.recv().await.expect("first body bytes");
-    // Streamed: the trailers come once the upstream has the body's first chunk.
-    c.send_raw(&[&head[..], b"3\r\nabc\r\n"].concat())
-        .await
-        .unwrap();
-    arrivals.recv().await.expect("first body bytes");
-    c.send_raw(trailers).await.unwrap();
-    let r = c.read_response(false).await.unwrap();
-    assert_eq!(r.status, 200);
-    let got = r.body_str().into_owned();
-    assert!(got.ends_with(&format!("\r\n\r\n{sent_on}")), "{got:?}");
+    for got in whole_then_streamed(&mut c, &mut arrivals, head, trailers).await {
+        assert!(got.ends_with(sent_on), "{got:?}");
+    }
+}
+
+/// A client's trailer fields lose every name its request head does not carry upstream as
+/// it came, whole in Weir's buffer with the head or streamed after it: an upstream that
+/// merges trailers into the head (Go's `net/http` hands them to the handler) would
+/// otherwise take the client's own `X-Forwarded-For` or `X-Real-IP` (in the CGI spelling
+/// too), request id, a name the route's `request_headers` sets or removes, or a field the
+/// head's `Connection` lists, for the head's. The other fields go as they came.
+#[tokio::test]
+async fn a_clients_trailers_lose_the_names_its_head_does_not_carry() {
+    let (arrived, mut arrivals) = tokio::sync::mpsc::unbounded_channel();
+    let rules = r#"request_headers = { set = { "X-User" = "weir" }, remove = ["x-secret"] }"#;
+    let weir = Conf::new()
+        .with_request_ids()
+        .route("all", "up", &[rules])
+        .upstream("up", &[echoing_raw_chunked(arrived)], &[])
+        .start();
+    let head = b"POST /up HTTP/1.1\r\nHost: h\r\nConnection: keep-alive, X-Hop\r\nX-Hop: 1\r\n\
+                 Transfer-Encoding: chunked\r\n\r\n";
+    let trailers = b"0\r\nX-Sum: 1\r\nX-Forwarded-For: 6.6.6.6\r\nx-real-ip: 6.6.6.6\r\n\
+                     X_Forwarded_For: 6.6.6.6\r\nX-Forwarded-Proto: https\r\n\
+                     X-Forwarded-Host: evil.test\r\nX-Request-Id: forged\r\nX-User: admin\r\n\
+                     x_secret: s\r\nx-hop: 2\r\nx-b:2\r\n\r\n";
+    let sent_on = "\r\n\r\n3\r\nabc\r\n0\r\nX-Sum: 1\r\nx-b:2\r\n\r\n";
+    let mut c = weir.client().await;
+    for got in whole_then_streamed(&mut c, &mut arrivals, head, trailers).await {
+        assert!(got.ends_with(sent_on), "{got:?}");
+        // The head says what Weir says, once.
+        assert_eq!(got.matches("X-Forwarded-For: ").count(), 1, "{got:?}");
+        assert!(got.contains("\r\nX-User: weir\r\n"), "{got:?}");
+    }
+}
+
+/// A response's trailer fields lose the names its head loses to the route's
+/// `response_headers`: a `Server` it hides (`remove`) or replaces (`set`) does not come
+/// back in the trailer section.
+#[tokio::test]
+async fn a_server_field_the_route_hides_does_not_come_back_as_a_trailer() {
+    let raw = b"HTTP/1.1 200 OK\r\nServer: backend/1.0\r\nTransfer-Encoding: chunked\r\n\r\n\
+                2\r\nok\r\n0\r\nServer: backend/1.0\r\nserver: again\r\nX-Kept: 1\r\n\r\n";
+    let b = Backend::raw_response(raw);
+    let weir = Conf::new()
+        .route(
+            "hidden",
+            "up",
+            &[
+                "path_prefix = \"/hidden\"",
+                r#"response_headers = { remove = ["Server"] }"#,
+            ],
+        )
+        .route(
+            "set",
+            "up",
+            &[r#"response_headers = { set = { "Server" = "weir" } }"#],
+        )
+        .upstream("up", &[b.addr()], &[])
+        .start();
+    for path in ["/hidden", "/set"] {
+        let get = format!("GET {path} HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n");
+        let raw = send_raw_once(weir.addr, get.as_bytes()).await.unwrap();
+        let (head, body) = split_head(&raw);
+        assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
+        assert!(!head.contains("backend"), "{head}");
+        assert_eq!(
+            String::from_utf8_lossy(&body),
+            "2\r\nok\r\n0\r\nX-Kept: 1\r\n\r\n",
+            "{path}"
+        );
+    }
 }

@@ -103,17 +103,22 @@ impl BodyState {
 
     /// Writes the kept trailer section of a body that passed through as it came
     /// ([`BodyState::keeping_trailers`]), less what may not be relayed
-    /// (`forward::trailer`), and the message's end into `data` (a whole message's bytes
-    /// after the `forward` that [`BodyState::take`] returned, up to what it consumed: the
-    /// section was in it, and its re-written form is never longer). Returns the new
-    /// length to forward.
-    pub fn rewrite_trailers(&self, data: &mut [u8], forward: usize) -> Result<usize, PumpError> {
+    /// (`forward::trailer`) and the names `dropped` says, and the message's end into
+    /// `data` (a whole message's bytes after the `forward` that [`BodyState::take`]
+    /// returned, up to what it consumed: the section was in it, and its re-written form
+    /// is never longer). Returns the new length to forward.
+    pub fn rewrite_trailers(
+        &self,
+        data: &mut [u8],
+        forward: usize,
+        dropped: impl Fn(&[u8]) -> bool,
+    ) -> Result<usize, PumpError> {
         let kept = self.trailers();
         if kept.is_empty() || !self.is_done() {
             return Ok(forward);
         }
         let mut section = Vec::with_capacity(kept.len() + 2);
-        super::trailer::push_lines(&mut section, kept, |_| false);
+        super::trailer::push_lines(&mut section, kept, dropped);
         section.extend_from_slice(b"\r\n");
         let end = forward + section.len();
         let room = data
@@ -354,16 +359,18 @@ mod tests {
         let mut state = BodyState::new(BodyFraming::Chunked, false, None).keeping_trailers();
         let mut data = b"3\r\nabc\r\n0\r\n\r\n".to_vec();
         assert_eq!(state.take(&mut data).unwrap(), (13, 13));
-        assert_eq!(state.rewrite_trailers(&mut data, 13), Ok(13));
+        assert_eq!(state.rewrite_trailers(&mut data, 13, |_| false), Ok(13));
     }
 
     #[test]
     fn a_whole_bodys_trailers_are_rewritten_in_place() {
-        let msg = b"3\r\nabc\r\n0\r\nX-A: 1\r\nHost: h\r\nx-b: 2\r\n\r\nGET /";
+        let msg = b"3\r\nabc\r\n0\r\nX-A: 1\r\nHost: h\r\nx-b: 2\r\nX-Gone: 3\r\n\r\nGET /";
         let mut data = msg.to_vec();
         let mut state = BodyState::new(BodyFraming::Chunked, false, None).keeping_trailers();
         let (forward, used) = state.take(&mut data).unwrap();
-        let n = state.rewrite_trailers(&mut data[..used], forward).unwrap();
+        let dropped = |name: &[u8]| name.eq_ignore_ascii_case(b"x-gone");
+        let n = state.rewrite_trailers(&mut data[..used], forward, dropped);
+        let n = n.unwrap();
         assert_eq!(&data[..n], b"3\r\nabc\r\n0\r\nX-A: 1\r\nx-b: 2\r\n\r\n");
         assert_eq!(&data[used..], b"GET /");
     }

@@ -22,7 +22,7 @@ use super::relay::{
     at_hand, relay, Broke, Coding, Http1Sink, Http1Source, Peer, Piece, Sink, Source,
 };
 use super::request_head::{render_response_rules, write_upstream_head};
-use super::trailer;
+use super::trailer::{self, RequestTrailers};
 use super::{tunnel, Failure, Target, Timeouts};
 use crate::buffer::Buffer;
 use crate::cache::{Fetched, Fill, Recorder};
@@ -132,14 +132,9 @@ pub(crate) async fn forward_h1(
     meta: RequestMeta,
     keep_alive: bool,
 ) -> Result<bool, Failure> {
-    // A chunked body's trailer section goes up re-written (`forward::trailer`).
-    let limit = x.target.listener.max_body_size;
-    let mut body = BodyState::new(req.framing, false, limit).keeping_trailers();
-    let after_head = &mut conn.buf.filled_mut()[req.head_len..];
-    let (forward, used) = body.take(after_head).map_err(client_pump_error)?;
-    let buffered = body
-        .rewrite_trailers(&mut after_head[..used], forward)
-        .map_err(client_pump_error)?;
+    let traced = conn.trace.is_some();
+    let taken = take_buffered(x, req, traced, conn.buf.filled_mut());
+    let (body, buffered, used) = taken.map_err(client_pump_error)?;
     let whole = body.is_done();
     let mut sender = Http1Sender {
         x,
@@ -196,6 +191,49 @@ pub(crate) async fn forward_h1(
     };
     x.worker.give_buffer(up_buf);
     result
+}
+
+/// Frames the body bytes after the head `req` in `buf` (the head at its start; `traced`:
+/// the request has a sampled trace): the body's state, the bytes to send (`buffered`)
+/// and those it took (`used`), as [`Http1Sender`] keeps them. Only a chunked body has
+/// trailers: any other is framed as it always was, at no cost for them.
+#[inline]
+fn take_buffered(
+    x: &Exchange<'_>,
+    req: &RequestHead,
+    traced: bool,
+    buf: &mut [u8],
+) -> Result<(BodyState, usize, usize), body::PumpError> {
+    let limit = x.target.listener.max_body_size;
+    if req.framing != BodyFraming::Chunked {
+        let mut body = BodyState::new(req.framing, false, limit);
+        let (buffered, used) = body.take(&mut buf[req.head_len..])?;
+        return Ok((body, buffered, used));
+    }
+    take_chunked(x, req, traced, buf, limit)
+}
+
+/// [`take_buffered`] for a chunked body: its trailer section is kept, and goes up
+/// re-written (`forward::trailer`: less the names the head does not carry), here when
+/// it is all in `buf`, else by the upload's sink.
+#[inline(never)]
+fn take_chunked(
+    x: &Exchange<'_>,
+    req: &RequestHead,
+    traced: bool,
+    buf: &mut [u8],
+    limit: Option<u64>,
+) -> Result<(BodyState, usize, usize), body::PumpError> {
+    let mut body = BodyState::new(BodyFraming::Chunked, false, limit).keeping_trailers();
+    let (head, after_head) = buf.split_at_mut(req.head_len);
+    let (forward, used) = body.take(after_head)?;
+    if body.trailers().is_empty() {
+        return Ok((body, forward, used));
+    }
+    let drops = RequestTrailers::of(&x.target, traced, head, req);
+    let dropped = |name: &[u8]| drops.drops(name);
+    let buffered = body.rewrite_trailers(&mut after_head[..used], forward, dropped)?;
+    Ok((body, buffered, used))
 }
 
 /// Sends an HTTP/1.x client's request over HTTP/1.1 connections: the head written for
@@ -260,19 +298,22 @@ impl Sender for Http1Sender<'_, '_> {
             let (consumed, body_read) = (&mut self.consumed, &mut self.body_read);
             let (head_len, buffered, used) = (req.head_len, self.buffered, self.used);
             let timeouts = Timeouts::of(&x.target);
+            let traced = conn.trace.is_some();
             let upload = async |uw: &mut WriteHalf<'_>| {
                 // The head, then the body as it came: its bytes already at hand with it.
                 let mut uploaded = 0;
-                // The client's trailer fields go as any trailers do, the route's
-                // `response_headers` aside.
-                let unedited = Edits::default();
+                // The client's trailer fields lose what no trailer may carry and the
+                // names its head did not carry (`forward::trailer`); read from the head
+                // while it is in the buffer.
+                let drops = RequestTrailers::of(&x.target, traced, buf.filled(), req);
+                let dropped = |name: &[u8]| drops.drops(name);
                 let mut sink = Http1Sink {
                     writer: uw,
                     timeout: timeouts.upstream,
                     sent: &mut uploaded,
                     head,
                     chunked: false,
-                    trailers: Some(&unedited),
+                    trailers: Some(&dropped),
                 };
                 let first = Piece::Slice(&buf.filled()[head_len..head_len + buffered]);
                 sink.data(first, false).await.map_err(Broke::Sink)?;
@@ -367,7 +408,7 @@ impl Response<'_> {
         if let Some(line) = status_line {
             push_before_end(&mut conn.out, line);
         }
-        let listed = trailer::connection_listed(up_buf.filled(), resp);
+        let listed = trailer::connection_listed(up_buf.filled(), &resp.headers, resp.framing);
         up_buf.consume(resp.head_len);
         let body_with_head = match at_hand(encoding, resp, up_buf) {
             // The usual small response: a Content-Length body all at hand goes out with its
@@ -490,13 +531,14 @@ impl Response<'_> {
         };
         self.accepted.count(Ok(resp.status));
         let dropping = Edits::dropping(route, *plan);
+        let dropped = |name: &[u8]| dropping.drops(name);
         let mut sink = Http1Sink {
             writer: &mut conn.stream,
             timeout: listener.client_timeout,
             sent: &mut conn.sent,
             head: &conn.out,
             chunked: plan.encoding.is_some(),
-            trailers: Some(&dropping),
+            trailers: Some(&dropped),
         };
         let recording = recorder.as_deref_mut();
         let relayed = relay_recorded(&mut source, &mut sink, coding.as_mut(), recording).await;

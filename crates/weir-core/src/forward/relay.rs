@@ -25,7 +25,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use super::body::{self, BodyState, ChunkLine, PumpError};
 use super::h1::{client_pump_error, upstream_pump_error};
 use super::h2::send_windowed;
-use super::head::Edits;
+use super::request_head::HeadNames;
 use super::trailer;
 use crate::buffer::Buffer;
 use crate::cache::Recorder;
@@ -588,10 +588,14 @@ pub(crate) struct Http1Sink<'w, W> {
     /// The body is chunked here (each piece one chunk, whole: nothing waits for more).
     pub chunked: bool,
     /// Trailer fields go into the chunked body's trailer section, less those no trailer
-    /// may carry (`forward::trailer`) and the names these edits take out of the head
-    /// (`None`: none go).
-    pub trailers: Option<&'w Edits<'w>>,
+    /// may carry (`forward::trailer`) and the names this says its peer's head lost: a
+    /// response's `Edits::drops`, a request's `trailer::RequestTrailers::drops` (`None`:
+    /// none go).
+    pub trailers: Option<Dropped<'w>>,
 }
+
+/// Which trailer field names (any case) stay out, besides those no trailer may carry.
+pub(crate) type Dropped<'w> = &'w dyn Fn(&[u8]) -> bool;
 
 impl<W: AsyncWrite + Unpin> Http1Sink<'_, W> {
     /// Writes `parts` after the head if it is still due.
@@ -651,17 +655,17 @@ impl<W> Http1Sink<'_, W> {
     #[cold]
     fn section(&self, trailers: &Trailers<'_>) -> Vec<u8> {
         let mut lines = Vec::new();
-        let Some(edits) = self.trailers else {
+        let Some(drops) = self.trailers else {
             return lines;
         };
         match trailers {
             Trailers::None => {}
             Trailers::Lines(raw) => {
-                trailer::push_lines(&mut lines, raw, |name| edits.drops(name));
+                trailer::push_lines(&mut lines, raw, drops);
             }
             Trailers::Fields(fields) => {
                 let dropped =
-                    |name: &str| !trailer::relayed(name.as_bytes()) || edits.drops(name.as_bytes());
+                    |name: &str| !trailer::relayed(name.as_bytes()) || drops(name.as_bytes());
                 super::h2::push_fields(&mut lines, fields, dropped);
             }
         }
@@ -670,13 +674,18 @@ impl<W> Http1Sink<'_, W> {
 }
 
 /// An HTTP/2 upstream stream's request DATA, each piece sent within the stream's window
-/// (the first, when small, at once: `send_windowed`).
+/// (the first, when small, at once: `send_windowed`), then an HTTP/2 or HTTP/3 client's
+/// trailer fields.
 pub(crate) struct H2Upload<'s> {
     pub send: &'s mut SendStream<Bytes>,
     /// For each wait for window.
     pub timeout: Duration,
     /// Nothing sent yet.
     pub first: bool,
+    /// The names the client's request head carries upstream: its trailer fields go on
+    /// less the others and those no trailer may carry (`forward::trailer`); `None`: none
+    /// go.
+    pub names: Option<HeadNames<'s>>,
 }
 
 impl Sink for H2Upload<'_> {
@@ -686,11 +695,17 @@ impl Sink for H2Upload<'_> {
     }
 
     async fn end(&mut self, trailers: Trailers<'_>) -> Result<(), ProxyError> {
-        let sent = match trailers {
-            Trailers::Fields(fields) => self.send.send_trailers(fields),
+        let fields = match (trailers, &self.names) {
+            (Trailers::Fields(fields), Some(names)) => {
+                crate::http2::trailers::keep(fields, u32::MAX, |name| !names.forwards(name))
+            }
             // An HTTP/1.1 client's chunked trailers are dropped: rare, and it cannot know
             // the upstream speaks HTTP/2.
-            _ => self.send.send_data(Bytes::new(), true),
+            _ => None,
+        };
+        let sent = match fields {
+            Some(fields) => self.send.send_trailers(fields),
+            None => self.send.send_data(Bytes::new(), true),
         };
         sent.map_err(|_| ProxyError::UpstreamClosed)
     }

@@ -49,13 +49,10 @@ pub struct RequestEdits<'a> {
 }
 
 impl RequestEdits<'_> {
-    /// Whether an incoming header named `name` is left out (Weir writes its own): the
-    /// request id in either spelling (`X_Request_Id` too), as the forwarded headers.
+    /// Whether an incoming header named `name` is left out (Weir writes its own).
     #[inline]
     fn drops(&self, name: &[u8]) -> bool {
-        self.request_id.is_some_and(|id| same_header_name(name, id))
-            || self.rules.is_some_and(|r| r.drops(name))
-            || (self.trace.is_some() && is_trace_context(name))
+        written_by_weir(name, self.request_id, self.rules, self.trace.is_some())
     }
 
     fn push(&self, out: &mut Vec<u8>) {
@@ -71,9 +68,84 @@ impl RequestEdits<'_> {
     }
 }
 
+/// Whether a client field named `name` is left out of the upstream head because Weir
+/// writes its own or the route removes it: the request id (`request_id`, in either
+/// spelling: `X_Request_Id` too, as the forwarded headers), the names of the route's
+/// `set` and `remove` `rules`, and the trace context of a `traced` request.
+#[inline]
+fn written_by_weir(
+    name: &[u8],
+    request_id: Option<&[u8]>,
+    rules: Option<&HeaderRules>,
+    traced: bool,
+) -> bool {
+    request_id.is_some_and(|id| same_header_name(name, id))
+        || rules.is_some_and(|r| r.drops(name))
+        || (traced && is_trace_context(name))
+}
+
 /// `traceparent` or `tracestate`, in any case.
 fn is_trace_context(name: &[u8]) -> bool {
     name.eq_ignore_ascii_case(b"traceparent") || name.eq_ignore_ascii_case(b"tracestate")
+}
+
+/// Which client fields, by name alone, the upstream head copies as they came: not
+/// hop-by-hop, not `Host`, not one Weir writes itself or the route removes (the forwarded
+/// headers on a route that sets them, the listener's client-certificate header, the
+/// request id, the names of the route's `request_headers` `set` and `remove` rules, a
+/// sampled request's trace context). The head's writer asks the same of each field it
+/// copies (with the fields its `Connection` lists); the fields a client sends beside
+/// its head ask it here: an HTTP/2 or HTTP/3 request's own fields
+/// (`http2::upstream_request`), and every request's trailer fields (`forward::trailer`),
+/// which an upstream may merge into the head.
+#[derive(Clone, Copy)]
+pub struct HeadNames<'a> {
+    /// The route's `forwarded_headers`.
+    forwarded: bool,
+    /// The listener's `client_cert_header`.
+    cert_header: Option<&'a [u8]>,
+    /// The listener's request-id header name, when ids are on.
+    request_id: Option<&'a [u8]>,
+    /// The route's `request_headers`.
+    rules: Option<&'a HeaderRules>,
+    /// The request is sampled: Weir writes its `traceparent` and `tracestate`.
+    traced: bool,
+}
+
+impl<'a> HeadNames<'a> {
+    /// The names for a request on `target` (`traced`: it has a sampled trace).
+    pub fn of(target: &Target<'a>, traced: bool) -> Self {
+        let tls = target.listener.tls.as_ref();
+        let id = target.listener.policy.request_id.as_ref();
+        HeadNames {
+            forwarded: target.route.forwarded_headers,
+            cert_header: tls.and_then(|t| t.client_cert_header.as_deref().map(str::as_bytes)),
+            request_id: id.map(|id| id.header.as_bytes()),
+            rules: target.route.filters.request_headers.as_ref(),
+            traced,
+        }
+    }
+
+    /// The names for a request whose head says `client` on `route` (as
+    /// [`with_client_facts`] made them from [`HeadNames::of`]).
+    pub fn of_client(route: &Route, client: &ClientFacts<'a>) -> Self {
+        let edits = client.edits;
+        HeadNames {
+            forwarded: route.forwarded_headers,
+            cert_header: client.cert_header,
+            request_id: edits.and_then(|e| e.request_id),
+            rules: edits.and_then(|e| e.rules),
+            traced: edits.is_some_and(|e| e.trace.is_some()),
+        }
+    }
+
+    /// Whether the head copies a client field named `name` (any case) as it came.
+    #[inline]
+    pub fn forwards(&self, name: &[u8]) -> bool {
+        forwards_unchanged(HeaderKind::of(name), name, false, self.forwarded)
+            && !self.cert_header.is_some_and(|s| same_header_name(name, s))
+            && !written_by_weir(name, self.request_id, self.rules, self.traced)
+    }
 }
 
 /// Appends the upstream HTTP/1.1 head of `r` for `server` (`path`: its path as routed),
@@ -100,14 +172,14 @@ pub fn with_client_facts<T>(
     target: &Target<'_>,
     f: impl FnOnce(ClientFacts<'_>) -> T,
 ) -> T {
-    let rules = target.route.filters.request_headers.as_ref();
-    let id_header = target.listener.policy.request_id.as_ref();
+    // The names the head leaves out are the ones `HeadNames` says, whatever asks.
+    let names = HeadNames::of(target, r.trace.is_some());
+    let (rules, id_header) = (names.rules, names.request_id);
     let real_client = r.origin.behind.map(|(_, text)| text);
-    let cert_header = target.listener.tls.as_ref();
     let facts = ClientFacts {
         ip: r.origin.peer,
         tls: r.origin.tls,
-        cert_header: cert_header.and_then(|t| t.client_cert_header.as_deref().map(str::as_bytes)),
+        cert_header: names.cert_header,
         edits: None,
     };
     if rules.is_none() && id_header.is_none() && real_client.is_none() && r.trace.is_none() {
@@ -123,7 +195,7 @@ pub fn with_client_facts<T>(
     };
     let edits = RequestEdits {
         rules,
-        request_id: id_header.map(|id| id.header.as_bytes()),
+        request_id: id_header,
         real_client,
         vars,
         trace: r.trace,
@@ -254,17 +326,6 @@ pub fn write_added_fields(
     }
 }
 
-/// Whether a client field named `name` (lower-case, as HTTP/2 has it) is one
-/// `write_request_head` copies upstream as it is: end to end, not set by Weir (`Host`, the
-/// forwarded headers on a route that sets them, the request id, `set` and `remove`
-/// rules, the client-certificate header).
-pub fn forwards_field(name: &[u8], route: &Route, client: &ClientFacts<'_>) -> bool {
-    let strip = client.cert_header;
-    forwards_unchanged(HeaderKind::of(name), name, false, route.forwarded_headers)
-        && !strip.is_some_and(|s| same_header_name(name, s))
-        && !client.edits.is_some_and(|e| e.drops(name))
-}
-
 /// Copies the lines of the headers forwarded as they are, except those `dropped` names.
 #[inline]
 fn copy_headers(
@@ -327,4 +388,55 @@ fn forwarded_in_cgi_spelling(name: &[u8]) -> bool {
         b"x-forwarded-proto",
     ];
     matches!(name.len(), 9 | 15..=17) && SET.iter().any(|h| same_header_name(name, h))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::HeadNames;
+
+    #[test]
+    fn head_names_leave_out_what_weir_writes_in_any_spelling() {
+        let names = HeadNames {
+            forwarded: true,
+            cert_header: Some(b"X-Client-Cert"),
+            request_id: Some(b"X-Request-Id"),
+            rules: None,
+            traced: true,
+        };
+        for gone in [
+            "X-Forwarded-For",
+            "x_real_ip",
+            "X-Forwarded-Proto",
+            "x-forwarded-host",
+            "X-Client-Cert",
+            "x_client_cert",
+            "x-request-id",
+            "TraceParent",
+            "tracestate",
+            "Host",
+            "Connection",
+            "Transfer-Encoding",
+        ] {
+            assert!(!names.forwards(gone.as_bytes()), "{gone}");
+        }
+        for kept in ["X-Sum", "Forwarded", "X-Client-Certs"] {
+            assert!(names.forwards(kept.as_bytes()), "{kept}");
+        }
+        // What Weir does not write passes as it came.
+        let plain = HeadNames {
+            forwarded: false,
+            cert_header: None,
+            request_id: None,
+            rules: None,
+            traced: false,
+        };
+        for kept in [
+            "X-Forwarded-For",
+            "X-Client-Cert",
+            "X-Request-Id",
+            "traceparent",
+        ] {
+            assert!(plain.forwards(kept.as_bytes()), "{kept}");
+        }
+    }
 }

@@ -7,6 +7,27 @@
 //! in `Connection` leave its trailer section at the source ([`connection_listed`],
 //! `relay::Http1Source`), whatever the client.
 //!
+//! A client's trailer fields also lose every name its request head does not carry
+//! upstream as it came ([`RequestTrailers`]: `request_head::HeadNames`, the head writer's
+//! own decision, and the names the head's `Connection` lists): the forwarded headers
+//! Weir sets, the client-certificate header, the request id, the route's
+//! `request_headers` `set` and `remove` names, a sampled request's trace context. An
+//! upstream that merges trailers into the header section (Go's `net/http` hands them to
+//! the handler; some frameworks merge them) would otherwise take a client's own
+//! `X-Forwarded-For` or certificate for Weir's. This holds on every path a request's
+//! trailers take: an HTTP/1.1 upstream's (`BodyState::rewrite_trailers` for a body
+//! whole with its head, `relay::Http1Sink` for one streamed) and an HTTP/2 upstream's
+//! (`relay::H2Upload`, for an HTTP/2 or HTTP/3 client); on the others (an HTTP/1.1
+//! client's toward an HTTP/2 upstream, an HTTP/2 or HTTP/3 client's toward an HTTP/1.1
+//! one) none go. A response's trailer fields lose what the route's `response_headers`
+//! and compression take out of its head (`forward::head::Edits::drops`), on every path
+//! too.
+//!
+//! Only a chunked HTTP/1.1 body has a trailer section: a message framed any other way (or
+//! without a body) pays nothing for this module (`forward::exchange::take_buffered` frames
+//! it as it always did, [`connection_listed`] is one comparison), and nothing here runs
+//! until a section arrives.
+//!
 //! A trailer arrives after the body a recipient may already have acted on, and some
 //! recipients merge it into the header section: a field that frames, routes,
 //! authenticates or controls the message there (RFC 9110 6.5.1, 6.5.2) would mislead
@@ -17,8 +38,10 @@
 //! bad chunk ends it (HAProxy rejects the message too); the checks here are the same
 //! for every source, so a line that passed nothing still cannot reach a peer.
 
+use super::request_head::HeadNames;
+use super::Target;
 use crate::codec::http1::header::{is_token, tokens, trim};
-use crate::codec::http1::{BodyFraming, HeaderKind, ResponseHead};
+use crate::codec::http1::{BodyFraming, HeaderKind, HeaderSpan, RequestHead};
 
 /// Fields a trailer must not carry (RFC 9110 6.5.1, 6.5.2): framing, routing,
 /// authentication, cookies, controls and fields that change how the body already sent is
@@ -96,21 +119,29 @@ pub(crate) fn push_lines(
     left_out
 }
 
-/// The values of the `Connection` fields of `resp` (parsed from `buf`), joined by commas,
-/// when they name fields and the body is chunked: the fields they name are the
-/// connection's (RFC 9110 7.6.1), in the trailer section too ([`listed_in`]). Empty,
-/// without an allocation, for any other response (most name none: `keep-alive`,
-/// `close`).
-pub(crate) fn connection_listed(buf: &[u8], resp: &ResponseHead) -> Vec<u8> {
-    let mut listed = Vec::new();
-    if resp.framing != BodyFraming::Chunked {
-        return listed;
+/// The values of the `Connection` fields of a head (its `headers`, parsed from `buf`),
+/// joined by commas, when they name fields and its body is chunked (`framing`): the
+/// fields they name are the connection's (RFC 9110 7.6.1), in the trailer section too
+/// ([`listed_in`]). Empty, without an allocation, for any other message (most name none:
+/// `keep-alive`, `close`); a body that is not chunked costs the one comparison.
+#[inline]
+pub(crate) fn connection_listed(
+    buf: &[u8],
+    headers: &[HeaderSpan],
+    framing: BodyFraming,
+) -> Vec<u8> {
+    match framing {
+        BodyFraming::Chunked => listed_names(buf, headers),
+        _ => Vec::new(),
     }
+}
+
+/// [`connection_listed`]'s values, for a chunked body.
+#[inline(never)]
+fn listed_names(buf: &[u8], headers: &[HeaderSpan]) -> Vec<u8> {
+    let mut listed = Vec::new();
     let options: [&[u8]; 3] = [b"close", b"keep-alive", b"upgrade"];
-    let connection = resp
-        .headers
-        .iter()
-        .filter(|h| h.kind == HeaderKind::Connection);
+    let connection = headers.iter().filter(|h| h.kind == HeaderKind::Connection);
     for value in connection.map(|h| &buf[h.value.clone()]) {
         if tokens(value).any(|t| !options.iter().any(|o| t.eq_ignore_ascii_case(o))) {
             listed.extend_from_slice(value);
@@ -123,6 +154,32 @@ pub(crate) fn connection_listed(buf: &[u8], resp: &ResponseHead) -> Vec<u8> {
 /// Whether the `Connection` values `listed` ([`connection_listed`]) name `name`.
 pub(crate) fn listed_in(listed: &[u8], name: &[u8]) -> bool {
     tokens(listed).any(|t| t.eq_ignore_ascii_case(name))
+}
+
+/// What a client's trailer fields lose besides those no trailer may carry ([`relayed`]):
+/// the names its request head does not carry upstream as they came (`HeadNames`), and
+/// those the head's `Connection` lists.
+pub(crate) struct RequestTrailers<'a> {
+    names: HeadNames<'a>,
+    /// The head's `Connection` values that name fields ([`connection_listed`]).
+    listed: Vec<u8>,
+}
+
+impl<'a> RequestTrailers<'a> {
+    /// For the HTTP/1.1 request `req` (its head at the start of `buf`) on `target`
+    /// (`traced`: it has a sampled trace). Only a chunked body has trailers: build this
+    /// for one, once it has them.
+    pub fn of(target: &Target<'a>, traced: bool, buf: &[u8], req: &RequestHead) -> Self {
+        RequestTrailers {
+            names: HeadNames::of(target, traced),
+            listed: connection_listed(buf, &req.headers, req.framing),
+        }
+    }
+
+    /// Whether a trailer field named `name` (any case) stays out.
+    pub fn drops(&self, name: &[u8]) -> bool {
+        !self.names.forwards(name) || listed_in(&self.listed, name)
+    }
 }
 
 #[cfg(test)]
@@ -170,17 +227,20 @@ mod tests {
 
     #[test]
     fn names_the_heads_connection_lists_are_found() {
-        use crate::codec::http1::parse_response;
+        use crate::codec::http1::{parse_response, ResponseHead};
         let raw = b"HTTP/1.1 200 OK\r\nConnection: keep-alive\r\nConnection: X-Hop, close\r\n\
             Transfer-Encoding: chunked\r\n\r\n";
         let mut resp = ResponseHead::default();
         assert!(parse_response(raw, raw.len(), false, &mut resp).unwrap());
-        let listed = connection_listed(raw, &resp);
+        let listed = connection_listed(raw, &resp.headers, resp.framing);
         assert!(listed_in(&listed, b"x-hop") && !listed_in(&listed, b"x-end"));
+        // Only a chunked body has trailers.
+        let sized = connection_listed(raw, &resp.headers, BodyFraming::Length(2));
+        assert!(sized.is_empty() && sized.capacity() == 0);
         let plain =
             b"HTTP/1.1 200 OK\r\nConnection: keep-alive\r\nTransfer-Encoding: chunked\r\n\r\n";
         assert!(parse_response(plain, plain.len(), false, &mut resp).unwrap());
-        assert!(connection_listed(plain, &resp).is_empty());
+        assert!(connection_listed(plain, &resp.headers, resp.framing).is_empty());
     }
 
     #[test]

@@ -247,7 +247,7 @@ impl StreamRequest<'_> {
         edits.plan = plan_http1(route, up.buf.filled(), resp, is_head, self.accepted());
         let mut head = head_from_http1(resp, &arrived, &edits, self.spare.take());
         let mut recorder = self.admit(up.buf.filled(), resp, &mut head);
-        let listed = trailer::connection_listed(up.buf.filled(), resp);
+        let listed = trailer::connection_listed(up.buf.filled(), &resp.headers, resp.framing);
         up.buf.consume(resp.head_len);
         // The usual small response: its body all at hand, nothing to frame or check.
         let at_hand = at_hand(edits.plan.encoding, resp, up.buf);

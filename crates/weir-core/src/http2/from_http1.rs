@@ -31,7 +31,8 @@ use crate::forward::h1::{Http1Interim, Interim, RequestMeta};
 use crate::forward::h2::request_body::RequestBody;
 use crate::forward::h2::{relay_while_uploading, send_windowed, HeadBounds};
 use crate::forward::head::{write_from_h2, ForClient, Framing};
-use crate::forward::relay::{relay, Broke, Coding, Http1Sink, Sink, Source, Trailers};
+use crate::forward::relay::{relay, Broke, Coding, Dropped, Http1Sink, Sink, Source, Trailers};
+use crate::forward::request_head::HeadNames;
 use crate::forward::{Failure, Target, Timeouts};
 use crate::metrics::shard::Protocol;
 use crate::request::Request;
@@ -197,6 +198,8 @@ impl ClientBody for Http1Body<'_, '_> {
         consumed: &Cell<u64>,
         _limit: Option<u64>,
         timeouts: Timeouts,
+        // Its chunked trailers are not sent (`relay::H2Upload`).
+        _names: HeadNames<'_>,
     ) -> Result<(), Broke> {
         match self {
             Http1Body::Whole(whole) => {
@@ -308,6 +311,8 @@ impl ClientSide for Http1Client<'_> {
             push_header(out, b"Cache-Status", status.as_bytes());
             out.extend_from_slice(b"\r\n");
         }
+        let edits = answer.edits;
+        let dropped = |name: &[u8]| edits.drops(name);
         let mut sink = Http1Sink {
             writer: &mut self.writer,
             timeout: self.listener.client_timeout,
@@ -316,7 +321,7 @@ impl ClientSide for Http1Client<'_> {
             chunked: framing == Framing::Chunked,
             // Less what no trailer may carry (`forward::trailer`) and what the route took
             // out of the head, as for any client.
-            trailers: answer.client.te_trailers.then_some(answer.edits),
+            trailers: (answer.client.te_trailers).then_some(&dropped as Dropped<'_>),
         };
         let relayed = async {
             match framing {

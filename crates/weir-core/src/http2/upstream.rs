@@ -45,7 +45,7 @@ use crate::forward::h2::{
 };
 use crate::forward::head::{Edits, ForClient};
 use crate::forward::relay::{relay, Broke, Coding, H2Source, H2Upload, Peer, Recording, Source};
-use crate::forward::request_head::with_client_facts;
+use crate::forward::request_head::{with_client_facts, HeadNames};
 use crate::forward::{Failure, Timeouts};
 use crate::request::LastTry;
 use crate::request::Trace;
@@ -251,13 +251,15 @@ pub(crate) enum Relayed {
 /// HTTP/3 client's (`http3::upstream`), an HTTP/1.x client's (`http2::from_http1`).
 pub(crate) trait ClientBody {
     /// Sends the body up `up` (at most `limit` bytes), `consumed` above zero once any of
-    /// it was taken from the client.
+    /// it was taken from the client, and its trailer fields that the request head would
+    /// carry (`names`; `forward::trailer`).
     fn upload(
         &mut self,
         up: &mut SendStream<Bytes>,
         consumed: &Cell<u64>,
         limit: Option<u64>,
         timeouts: Timeouts,
+        names: HeadNames<'_>,
     ) -> impl Future<Output = Result<(), Broke>>;
 
     /// The whole body is at hand: it can be sent again whatever went.
@@ -273,11 +275,12 @@ impl ClientBody for RecvStream {
         consumed: &Cell<u64>,
         limit: Option<u64>,
         timeouts: Timeouts,
+        names: HeadNames<'_>,
     ) -> Result<(), Broke> {
         let mut source = H2Source::new(self, timeouts.client, Peer::Client, consumed)
             .paced(timeouts.min_body_rate);
         source.limit = limit;
-        upload(&mut source, up, timeouts.upstream).await
+        upload(&mut source, up, timeouts.upstream, names).await
     }
 }
 
@@ -427,16 +430,17 @@ impl<C, B> H2Sender<'_, '_, C, B> {
 }
 
 /// The request body going up `up_send` (nothing to do without one), `consumed` counting
-/// what was taken from the client.
+/// what was taken from the client; its trailers as `names` says (`ClientBody::upload`).
 async fn upload_body<B: ClientBody>(
     body: Option<&mut B>,
     up_send: &mut SendStream<Bytes>,
     consumed: &Cell<u64>,
     limit: Option<u64>,
     timeouts: Timeouts,
+    names: HeadNames<'_>,
 ) -> Result<(), Broke> {
     match body {
-        Some(b) => b.upload(up_send, consumed, limit, timeouts).await,
+        Some(b) => b.upload(up_send, consumed, limit, timeouts, names).await,
         None => Ok(()),
     }
 }
@@ -497,7 +501,8 @@ impl<C: ClientSide, B: ClientBody> Sender for H2Sender<'_, '_, C, B> {
         let whole = self.body.as_ref().is_some_and(ClientBody::is_whole);
         let (body, consumed) = (self.body.as_mut(), &self.consumed);
         let mut state = if end { Upload::Done } else { Upload::Running };
-        let upload = upload_body(body, &mut up_send, consumed, limit, timeouts);
+        let names = HeadNames::of(&r.target, r.request.trace.is_some());
+        let upload = upload_body(body, &mut up_send, consumed, limit, timeouts, names);
         tokio::pin!(upload);
         let (mut interim, gone) = self.client.waiting();
         let waited = final_head(
@@ -601,18 +606,21 @@ pub(crate) fn stream_head(
     head
 }
 
-/// Sends a client's request body (`source`, and its trailers) upstream within the
-/// upstream's window, the first piece at once (`send_windowed`), each piece released by
-/// the source (to an HTTP/2 client's window) once sent (`forward::relay`).
+/// Sends a client's request body (`source`, and its trailer fields the request head
+/// would carry: `names`) upstream within the upstream's window, the first piece at once
+/// (`send_windowed`), each piece released by the source (to an HTTP/2 client's window)
+/// once sent (`forward::relay`).
 pub(crate) async fn upload<S: Source>(
     source: &mut S,
     up: &mut SendStream<Bytes>,
     timeout: Duration,
+    names: HeadNames<'_>,
 ) -> Result<(), Broke> {
     let mut sink = H2Upload {
         send: up,
         timeout,
         first: true,
+        names: Some(names),
     };
     relay(source, &mut sink, None).await
 }

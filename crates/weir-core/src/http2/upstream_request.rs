@@ -3,7 +3,7 @@
 //! call about 8k instructions and five allocations).
 //!
 //! The client's `HeaderMap` is moved: its values stay the `Bytes` the HPACK decoder made.
-//! The fields `forward::request_head` does not copy are removed (`forwards_field`: hop-by-
+//! The fields `forward::request_head` does not copy are removed (`HeadNames`: hop-by-
 //! hop, `Host`, the forwarded headers on a route that sets them, the request id, `set` and
 //! `remove` rules, the client-certificate header), `te` stays when it is `trailers`. The
 //! fields Weir adds are written by the same writer as for an HTTP/1.1 upstream
@@ -32,7 +32,7 @@ use crate::codec::http1::{BodyFraming, RequestHead};
 use crate::error::ProxyError;
 use crate::filters::rewrite::upstream_path;
 use crate::forward::h2::is_connection_specific;
-use crate::forward::request_head::{forwards_field, write_added_fields, ClientFacts};
+use crate::forward::request_head::{write_added_fields, ClientFacts, HeadNames};
 use crate::router::RoutedPath;
 
 const BAD: ProxyError = ProxyError::BadRequest("request not expressible in HTTP/2");
@@ -164,12 +164,13 @@ fn append(out: &mut Vec<u8>, pieces: &[&[u8]]) -> Range<usize> {
 /// Removes the client's fields the HTTP/1.1 head would not carry upstream. Usually none
 /// is (a gRPC call's `te` stays), so the map is scanned once and left as it is.
 fn remove_unforwarded(headers: &mut HeaderMap, u: &Upstream<'_>) {
+    let names = HeadNames::of_client(u.route, &u.client);
     let kept = |name: &HeaderName| {
         if name == TE {
             return u.te_trailers;
         }
         // Written by Weir for an extended CONNECT only.
-        name != SEC_WEBSOCKET_KEY && forwards_field(name.as_str().as_bytes(), u.route, &u.client)
+        name != SEC_WEBSOCKET_KEY && names.forwards(name.as_str().as_bytes())
     };
     while let Some(name) = headers.keys().find(|n| !kept(n)).cloned() {
         headers.remove(&name);

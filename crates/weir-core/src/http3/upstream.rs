@@ -23,6 +23,7 @@ use crate::error::ProxyError;
 use crate::forward::h1::Interim;
 use crate::forward::h2::relay_while_uploading;
 use crate::forward::relay::{Broke, Coding, Source};
+use crate::forward::request_head::HeadNames;
 use crate::forward::{Failure, Timeouts};
 use crate::http2::exchange::StreamRequest;
 use crate::http2::respond::Sinking;
@@ -68,6 +69,7 @@ impl ClientBody for Body<'_> {
         consumed: &Cell<u64>,
         limit: Option<u64>,
         timeouts: Timeouts,
+        names: HeadNames<'_>,
     ) -> Result<(), Broke> {
         let mut source = H3Source {
             body: &mut *self.recv,
@@ -78,7 +80,7 @@ impl ClientBody for Body<'_> {
             limit,
             length: self.length,
         };
-        upload(&mut source, up, timeouts.upstream).await
+        upload(&mut source, up, timeouts.upstream, names).await
     }
 }
 

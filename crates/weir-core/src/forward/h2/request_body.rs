@@ -116,6 +116,7 @@ impl RequestBody {
             send: up,
             timeout: timeouts.upstream,
             first: false,
+            names: None,
         };
         let relayed = relay(&mut source, &mut sink, None).await;
         self.read = relayed.is_ok();
