@@ -307,10 +307,6 @@ impl ClientSide for ForStore {
         (NoInterim, std::future::pending())
     }
 
-    fn was_reset(&self) -> bool {
-        false
-    }
-
     fn for_client(&self, _: &StreamRequest<'_>, end_stream: bool) -> ForClient {
         ForClient {
             is_head: false,

@@ -248,10 +248,6 @@ impl ClientSide for Http1Client<'_> {
         (interim, std::future::pending())
     }
 
-    fn was_reset(&self) -> bool {
-        false
-    }
-
     fn for_client(&self, _: &StreamRequest<'_>, end_stream: bool) -> ForClient {
         ForClient {
             end_stream,

@@ -109,13 +109,9 @@ impl<'a> ClientStream<'a> {
         self.reset.get()
     }
 
-    /// Sends the final head (the stream ends with it when `end`).
-    pub fn send_response(
-        &self,
-        head: Response<()>,
-        end: bool,
-    ) -> Result<h2::SendStream<Bytes>, h2::Error> {
-        self.respond.borrow_mut().send_response(head, end)
+    /// The stream's response half, for the final head once the wait is over.
+    pub fn respond(&mut self) -> &mut SendResponse<Bytes> {
+        self.respond.get_mut()
     }
 
     /// Sends the informational `head` unless the bounds above skip it. Returns whether it

@@ -130,7 +130,7 @@ fn append_lines(
 /// Relays the body from `source` into the stream `send` (its head sent), compressed
 /// through `coding` when there is one, or sends `whole` (the body, all at hand: no rounds)
 /// as its one last DATA; on a failure the stream is reset (CANCEL).
-pub(super) async fn relay_body<S: Source>(
+async fn relay_body<S: Source>(
     mut send: SendStream<Bytes>,
     source: &mut S,
     sink: Sinking<'_>,
@@ -214,6 +214,12 @@ pub(crate) trait ResponseStream {
 
     /// Ends the stream with no response: the client left.
     fn cancel(&mut self);
+
+    /// Resets the stream after a failure once its head went out (the response is cut
+    /// short; a stream left as it is could look complete).
+    fn cut(&mut self) {
+        self.cancel();
+    }
 }
 
 /// Sends `head` on `respond` (ending the stream when `end`) and notes the `grpc-status`

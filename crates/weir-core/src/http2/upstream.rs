@@ -34,7 +34,7 @@ use weir_config::UpstreamServer;
 use super::exchange::StreamRequest;
 use super::filling::mark;
 use super::interim::ClientStream;
-use super::respond::{head_from_h2, relay_body, Sinking};
+use super::respond::{head_from_h2, ResponseStream, Sinking};
 use super::upstream_request::{upstream_request, Upstream};
 use crate::cache::{Fetched, Recorder};
 use crate::error::ProxyError;
@@ -298,8 +298,11 @@ pub(crate) trait ClientSide {
     /// when the client gives the request up (with the error the wait fails with).
     fn waiting(&mut self) -> (impl Interim + '_, impl Future<Output = ProxyError> + '_);
 
-    /// Whether the wait ended as the client gave up (it reset the stream).
-    fn was_reset(&self) -> bool;
+    /// Whether the wait ended as the client gave up (it reset the stream); a client that
+    /// is not watched never does.
+    fn was_reset(&self) -> bool {
+        false
+    }
 
     /// What the client asked that shapes the response's head (`end_stream`: the
     /// upstream's HEADERS ended its stream).
@@ -325,10 +328,18 @@ pub(crate) trait ClientSide {
         false
     }
 
+    /// The client's stream, for an HTTP/2 or HTTP/3 client: the answer goes into it as
+    /// any response does (`respond`). A side that writes the answer its own way (an
+    /// HTTP/1.x client's connection, a fetch for the store) overrides `respond` and has
+    /// none. `Err`: the stream cannot be answered any more.
+    fn stream(&mut self) -> Result<&mut impl ResponseStream, Failure> {
+        Err::<&mut SendResponse<Bytes>, _>(ProxyError::ClientClosed.into())
+    }
+
     /// Sends the answer's head and relays its body (from `source`) and trailers,
     /// compressed through `coding` when there is one, while the rest of the request body
     /// (`upload`, if still going) goes up. Whatever fails once the head went out is
-    /// `Reached::Head`.
+    /// `Reached::Head`, and cuts the client's stream short.
     fn respond<S: Source, U: Future<Output = Result<(), Broke>>>(
         &mut self,
         answer: Answer<'_>,
@@ -336,7 +347,28 @@ pub(crate) trait ClientSide {
         upload: Option<Pin<&mut U>>,
         coding: Option<&mut Coding>,
         trace: &mut Trace,
-    ) -> impl Future<Output = Result<(), Failure>>;
+    ) -> impl Future<Output = Result<(), Failure>> {
+        async move {
+            let stream = self.stream()?;
+            let head = stream_head(answer.parts, answer.edits, answer.cache_status);
+            let grpc_status = trace.grpc_status_in(head.headers());
+            // A head that ended the stream is all: nothing to relay, nor to wait for.
+            let empty = answer.client.end_stream;
+            let (source, upload) = (Some(source).filter(|_| !empty), upload.filter(|_| !empty));
+            let sinking = Sinking {
+                grpc_status,
+                ..Sinking::of(answer.http2, answer.edits, trace)
+            };
+            let relay = stream.send_relayed(head, source, sinking, coding, None);
+            // The head went out: whatever fails now (the upload included: a body over
+            // `max_body_size`, a silent client) cuts that response short.
+            let relayed = relay_while_uploading(upload, relay).await;
+            relayed.map(|_| ()).map_err(|f: Failure| {
+                stream.cut();
+                Failure::after_head(f.error)
+            })
+        }
+    }
 }
 
 impl ClientSide for ClientStream<'_> {
@@ -349,32 +381,8 @@ impl ClientSide for ClientStream<'_> {
         ClientStream::was_reset(self)
     }
 
-    async fn respond<S: Source, U: Future<Output = Result<(), Broke>>>(
-        &mut self,
-        answer: Answer<'_>,
-        source: &mut S,
-        upload: Option<Pin<&mut U>>,
-        coding: Option<&mut Coding>,
-        trace: &mut Trace,
-    ) -> Result<(), Failure> {
-        let head = stream_head(answer.parts, answer.edits, answer.cache_status);
-        let grpc_status = trace.grpc_status_in(head.headers());
-        let empty = answer.client.end_stream;
-        let Ok(send) = self.send_response(head, empty) else {
-            return Err(Failure::after_head(ProxyError::ClientClosed));
-        };
-        trace.sent_grpc_status(grpc_status);
-        if empty {
-            return Ok(());
-        }
-        let sink = Sinking::of(answer.http2, answer.edits, trace);
-        let relay = relay_body(send, source, sink, coding, None);
-        // The head went out: whatever fails now (the upload included: a body over
-        // `max_body_size`, a silent client) cuts that response short.
-        relay_while_uploading(upload, relay)
-            .await
-            .map(|_| ())
-            .map_err(|f: Failure| Failure::after_head(f.error))
+    fn stream(&mut self) -> Result<&mut impl ResponseStream, Failure> {
+        Ok(self.respond())
     }
 }
 

@@ -212,7 +212,7 @@ impl ResponseStream for SendHalf {
         sinking.trace.sent_grpc_status(sinking.grpc_status);
         self.relay_body(source, sinking, coding, whole)
             .await
-            .inspect_err(|_| self.stop_stream(h3::error::Code::H3_INTERNAL_ERROR))
+            .inspect_err(|_| self.cut())
     }
 
     async fn send_whole(
@@ -234,5 +234,9 @@ impl ResponseStream for SendHalf {
 
     fn cancel(&mut self) {
         self.stop_stream(h3::error::Code::H3_REQUEST_CANCELLED);
+    }
+
+    fn cut(&mut self) {
+        self.stop_stream(h3::error::Code::H3_INTERNAL_ERROR);
     }
 }

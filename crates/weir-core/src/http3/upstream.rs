@@ -2,14 +2,13 @@
 //! gRPC): the tries of an HTTP/2 client's stream (`http2::upstream`'s sender, generic
 //! over the client's side), with the HTTP/3 stream as that side: its DATA and trailers
 //! uploaded ([`H3Source`]) while the response's head, DATA and trailers go into the
-//! stream (`SendHalf::relay_body`), both ways at once (bidirectional gRPC streaming); 1xx
+//! stream as any response does (`ClientSide::respond`), both ways at once (bidirectional gRPC streaming); 1xx
 //! heads go to the client before the final one (`interim`). A client whose connection closes while
 //! the final head is awaited has the upstream's stream reset at once (`gone`); one that
 //! only stops its stream is noticed by the relay.
 
 use std::cell::Cell;
 use std::future::Future;
-use std::pin::Pin;
 
 use bytes::Bytes;
 use h2::SendStream;
@@ -21,15 +20,12 @@ use super::interim::{H3Interim, Shared};
 use super::send::H3Responder;
 use crate::error::ProxyError;
 use crate::forward::h1::Interim;
-use crate::forward::h2::relay_while_uploading;
-use crate::forward::relay::{Broke, Coding, Source};
+use crate::forward::relay::Broke;
 use crate::forward::request_head::HeadNames;
 use crate::forward::{Failure, Timeouts};
 use crate::http2::exchange::StreamRequest;
-use crate::http2::respond::Sinking;
-use crate::http2::upstream::{
-    stream_head, upload, Answer, ClientBody, ClientSide, H2Facts, Relayed,
-};
+use crate::http2::respond::ResponseStream;
+use crate::http2::upstream::{upload, ClientBody, ClientSide, H2Facts, Relayed};
 use crate::request::Trace;
 
 /// Forwards the stream's request `r` (the client's `parts` with its `facts`, its `body`)
@@ -115,35 +111,9 @@ impl ClientSide for H3Client<'_, '_> {
         self.closed.get()
     }
 
-    async fn respond<S: Source, U: Future<Output = Result<(), Broke>>>(
-        &mut self,
-        answer: Answer<'_>,
-        source: &mut S,
-        upload: Option<Pin<&mut U>>,
-        coding: Option<&mut Coding>,
-        trace: &mut Trace,
-    ) -> Result<(), Failure> {
-        // Always back in its place: a 1xx relay lends it only while it sends.
+    /// Always back in its place: a 1xx relay lends it only while it sends.
+    fn stream(&mut self) -> Result<&mut impl ResponseStream, Failure> {
         let send = self.send.get_mut().as_deref_mut();
-        let send = send.ok_or(Failure::from(ProxyError::ClientClosed))?;
-        let head = stream_head(answer.parts, answer.edits, answer.cache_status);
-        let grpc_status = trace.grpc_status_in(head.headers());
-        let stall = answer.http2.stall_timeout;
-        send.send_head(head, stall)
-            .await
-            .map_err(Failure::after_head)?;
-        trace.sent_grpc_status(grpc_status);
-        // A head that ended the stream is all: nothing to relay, nor to wait for.
-        let empty = answer.client.end_stream;
-        let (source, upload) = (Some(source).filter(|_| !empty), upload.filter(|_| !empty));
-        let sinking = Sinking::of(answer.http2, answer.edits, trace);
-        let relay = send.relay_body(source, sinking, coding, None);
-        // The head went out: whatever fails now (the upload included) cuts the response
-        // short.
-        let relayed = relay_while_uploading(upload, relay).await;
-        relayed.map(|_| ()).map_err(|f: Failure| {
-            send.stop_stream(h3::error::Code::H3_INTERNAL_ERROR);
-            Failure::after_head(f.error)
-        })
+        send.ok_or(Failure::from(ProxyError::ClientClosed))
     }
 }
