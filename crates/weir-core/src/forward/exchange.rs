@@ -302,18 +302,20 @@ impl Sender for Http1Sender<'_, '_> {
             let upload = async |uw: &mut WriteHalf<'_>| {
                 // The head, then the body as it came: its bytes already at hand with it.
                 let mut uploaded = 0;
-                // The client's trailer fields lose what no trailer may carry and the
+                // A chunked body's trailer fields lose what no trailer may carry and the
                 // names its head did not carry (`forward::trailer`); read from the head
-                // while it is in the buffer.
-                let drops = RequestTrailers::of(&x.target, traced, buf.filled(), req);
-                let dropped = |name: &[u8]| drops.drops(name);
+                // while it is in the buffer. Another body has no trailers: nothing to build.
+                let chunked = req.framing == BodyFraming::Chunked;
+                let drops =
+                    chunked.then(|| RequestTrailers::of(&x.target, traced, buf.filled(), req));
+                let dropped = |name: &[u8]| drops.as_ref().is_some_and(|d| d.drops(name));
                 let mut sink = Http1Sink {
                     writer: uw,
                     timeout: timeouts.upstream,
                     sent: &mut uploaded,
                     head,
                     chunked: false,
-                    trailers: Some(&dropped),
+                    trailers: chunked.then_some(&dropped as &dyn Fn(&[u8]) -> bool),
                 };
                 let first = Piece::Slice(&buf.filled()[head_len..head_len + buffered]);
                 sink.data(first, false).await.map_err(Broke::Sink)?;

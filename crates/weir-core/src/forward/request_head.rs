@@ -114,6 +114,7 @@ pub struct HeadNames<'a> {
 
 impl<'a> HeadNames<'a> {
     /// The names for a request on `target` (`traced`: it has a sampled trace).
+    #[inline]
     pub fn of(target: &Target<'a>, traced: bool) -> Self {
         let tls = target.listener.tls.as_ref();
         let id = target.listener.policy.request_id.as_ref();

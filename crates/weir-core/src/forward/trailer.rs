@@ -45,8 +45,10 @@ use crate::codec::http1::{BodyFraming, HeaderKind, HeaderSpan, RequestHead};
 
 /// Fields a trailer must not carry (RFC 9110 6.5.1, 6.5.2): framing, routing,
 /// authentication, cookies, controls and fields that change how the body already sent is
-/// read or cached. The hop-by-hop ones are `HeaderKind`'s.
-const FORBIDDEN: [&[u8]; 19] = [
+/// read or cached, and request modifiers (a range, conditionals, an expectation) that an
+/// upstream merging trailers into the head would honour after the fact. The hop-by-hop
+/// ones are `HeaderKind`'s.
+const FORBIDDEN: [&[u8]; 26] = [
     b"content-length",
     b"host",
     b"authorization",
@@ -66,6 +68,13 @@ const FORBIDDEN: [&[u8]; 19] = [
     b"retry-after",
     b"vary",
     b"max-forwards",
+    b"range",
+    b"if-range",
+    b"if-match",
+    b"if-none-match",
+    b"if-modified-since",
+    b"if-unmodified-since",
+    b"expect",
 ];
 
 /// Whether a trailer field named `name` (any case) may be relayed: a token, neither
@@ -190,6 +199,8 @@ mod tests {
     fn forbidden_hop_by_hop_and_non_token_names_are_not_relayed() {
         for name in [
             &b"Content-Length"[..],
+            b"Range",
+            b"If-None-Match",
             b"TRANSFER-ENCODING",
             b"host",
             b"Trailer",
