@@ -263,14 +263,8 @@ impl StreamRequest<'_> {
         let length = resp.framing.length();
         let ready = coding(route, &edits.plan, length);
         let ready = ready.and_then(|c| Ok((c, empty || at_hand.is_some() || source.prime()?)));
-        let (mut coding, body_with_head) = match ready {
-            Ok(ready) => ready,
-            Err(e) => {
-                count(Err(e));
-                return Err(e.into());
-            }
-        };
-        count(Ok(resp.status));
+        count(ready.as_ref().map(|_| resp.status).map_err(|e| *e));
+        let (mut coding, body_with_head) = ready?;
         trace.status = resp.status;
         let grpc_status = trace.grpc_status_in(head.headers());
         let sink = Sinking {

@@ -462,15 +462,18 @@ async fn relay_answer<C: ClientSide, U: Future<Output = Result<(), Broke>>>(
     answer: Answer<'_>,
     mut source: H2Source<'_>,
     upload: Option<Pin<&mut U>>,
-    coding: Option<&mut Coding>,
+    mut coding: Option<&mut Coding>,
     mut recorder: Option<Box<Recorder>>,
 ) -> Result<(), Failure> {
+    trace.status = answer.parts.status.as_u16();
     let relayed = match recorder.as_mut() {
         // Nobody waits for a body the store does not take.
         None if C::ALONE => return Ok(()),
         None => {
-            let responding = client.respond(answer, &mut source, upload, coding, trace);
-            responding.await
+            let coding = coding.as_deref_mut();
+            client
+                .respond(answer, &mut source, upload, coding, trace)
+                .await
         }
         Some(recorder) => {
             let mut recording = Recording {
@@ -478,11 +481,13 @@ async fn relay_answer<C: ClientSide, U: Future<Output = Result<(), Broke>>>(
                 recorder,
                 stop_when_over: C::ALONE,
             };
+            let coding = coding.as_deref_mut();
             let responding = client.respond(answer, &mut recording, upload, coding, trace);
             // Boxed: a route without `cache` keeps the stream's state as before.
             Box::pin(responding).await
         }
     };
+    trace.compressed = coding.as_deref().map(Coding::compressed);
     if let (Ok(()), Some(recorder)) = (&relayed, recorder) {
         recorder.finish();
     }
@@ -547,7 +552,6 @@ impl<C: ClientSide, B: ClientBody> Sender for H2Sender<'_, '_, C, B> {
             Err(e) => return Ok(Relayed::Over(Err(e.into()))),
         };
         let (cache_status, recorder) = r.admission(Fetched::Http2(&parts));
-        self.trace.status = status;
         let answer = Answer {
             parts,
             client,
@@ -569,9 +573,7 @@ impl<C: ClientSide, B: ClientBody> Sender for H2Sender<'_, '_, C, B> {
             coding.as_mut(),
             recorder,
         );
-        let relayed = relayed.await;
-        self.trace.compressed = coding.as_ref().map(Coding::compressed);
-        Ok(Relayed::Over(relayed))
+        Ok(Relayed::Over(relayed.await))
     }
 
     fn replayable(&self) -> bool {
