@@ -633,15 +633,10 @@ async fn basic_auth_challenges_refuses_and_admits() {
     );
 }
 
-/// A password check runs off the worker's event loop: while clients keep sending a wrong
-/// password (bcrypt cost 12), requests on another route of the same worker are answered at
-/// once. They waited behind the checks: a few of them took longer than one check.
-#[tokio::test]
-async fn wrong_password_floods_do_not_stall_other_requests() {
-    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-    use std::sync::Arc;
-    let b = Backend::fixed(200, &[], "ok");
-    let users = Htpasswd::new("flood", &[]);
+/// An htpasswd file with `alice:secret` hashed at bcrypt cost 12 (a check takes long
+/// enough to overlap others), and the route's `basic_auth` line naming it.
+fn slow_alice(tag: &str) -> (Htpasswd, String) {
+    let users = Htpasswd::new(tag, &[]);
     let hash = bcrypt::hash_with_salt("secret", 12, [3u8; 16])
         .unwrap()
         .format_for_version(bcrypt::Version::TwoY);
@@ -650,6 +645,18 @@ async fn wrong_password_floods_do_not_stall_other_requests() {
         "basic_auth = {{ users_file = \"{}\" }}",
         users.path().display()
     );
+    (users, auth)
+}
+
+/// A password check runs off the worker's event loop: while clients keep sending a wrong
+/// password (bcrypt cost 12), requests on another route of the same worker are answered at
+/// once. They waited behind the checks: a few of them took longer than one check.
+#[tokio::test]
+async fn wrong_password_floods_do_not_stall_other_requests() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let b = Backend::fixed(200, &[], "ok");
+    let (_users, auth) = slow_alice("flood");
     let weir = route_with(b.addr(), &[&auth])
         .route("open", "up", &[r#"path_prefix = "/open/""#])
         .start();
@@ -704,15 +711,7 @@ async fn wrong_password_floods_do_not_stall_other_requests() {
 #[tokio::test]
 async fn password_checks_past_the_limit_are_answered_503() {
     let b = Backend::fixed(200, &[], "ok");
-    let users = Htpasswd::new("limit", &[]);
-    let hash = bcrypt::hash_with_salt("secret", 12, [3u8; 16])
-        .unwrap()
-        .format_for_version(bcrypt::Version::TwoY);
-    std::fs::write(users.path(), format!("alice:{hash}\n")).unwrap();
-    let auth = format!(
-        "basic_auth = {{ users_file = \"{}\" }}",
-        users.path().display()
-    );
+    let (_users, auth) = slow_alice("limit");
     let weir = route_with(b.addr(), &[&auth])
         .server("password_checks = 1")
         .start();
