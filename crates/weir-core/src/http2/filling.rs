@@ -15,7 +15,6 @@ use std::time::{Duration, Instant};
 
 use crate::buffer::Buffer;
 use crate::cache::{CacheResult, Fetched, Fill, Recorder};
-use crate::codec::http1::ResponseHead;
 use crate::error::ProxyError;
 use crate::files::{BodySource, Reply, Under};
 use crate::forward::body::BodyState;
@@ -49,24 +48,17 @@ impl StreamRequest<'_> {
         respond: &mut R,
         trace: &mut Trace,
     ) -> Option<Result<(), Failure>> {
+        let mut fill = fill?;
         // Boxed: a route without `cache` keeps the stream's state as before.
-        Box::pin(self.collapse_or_keep(fill?, respond, trace)).await
-    }
-
-    /// [`StreamRequest::before_forward`] for a miss: the entry another request is
-    /// fetching (collapsed) or a large disk entry read first, else the fill kept.
-    async fn collapse_or_keep<R: ResponseStream>(
-        &self,
-        mut fill: Box<Fill>,
-        respond: &mut R,
-        trace: &mut Trace,
-    ) -> Option<Result<(), Failure>> {
-        trace.cache = Some(CacheResult::Miss);
-        if let Some(reply) = fill.collapse().await {
-            return Some(self.reply_from_store(respond, reply, trace).await);
-        }
-        self.fill.set(Some(fill));
-        None
+        Box::pin(async move {
+            trace.cache = Some(CacheResult::Miss);
+            let Some(reply) = fill.collapse().await else {
+                self.fill.set(Some(fill));
+                return None;
+            };
+            Some(self.reply_from_store(respond, reply, trace).await)
+        })
+        .await
     }
 
     /// Sends `reply`, an answer from the store, on the client's stream.
@@ -124,19 +116,6 @@ impl StreamRequest<'_> {
             self.fill.set(Some(fill));
         }
         reply
-    }
-
-    /// The recorder of the HTTP/1.1 upstream's response `resp` (its head in `buf`), if
-    /// the miss may store it; its `Cache-Status` goes into `head`, the client's.
-    pub(crate) fn admit(
-        &self,
-        buf: &[u8],
-        resp: &ResponseHead,
-        head: &mut http::Response<()>,
-    ) -> Option<Box<Recorder>> {
-        let (status, recorder) = self.admission(Fetched::Http1(buf, resp));
-        mark(head, status);
-        recorder
     }
 
     /// The `Cache-Status` value of the upstream's response `resp` (for the client's head:
