@@ -19,12 +19,10 @@ use crate::filters::headers::Vars;
 use crate::forward::{Failure, Reached};
 use crate::request::Trace;
 
-/// Sends `answer` on an HTTP/2 or HTTP/3 client's stream `respond`, each write waiting at
-/// most `stall`: rendered as the HTTP/1.1 bytes an HTTP/1.x client gets (its body left out
-/// for a HEAD request, `is_head`; `vars`: the request's, for a redirect), its head without
-/// hop-by-hop fields; to a gRPC request (`trace.grpc`), a status other than 2xx as a gRPC
-/// status instead (`grpc`: a trailers-only head, no body). Notes its status, the body
-/// bytes sent and the gRPC status in `trace`.
+/// Sends `answer` on an HTTP/2 or HTTP/3 client's stream `respond` (its body left out
+/// for a HEAD request, `is_head`; `vars`: the request's, for a redirect), as
+/// [`stream_answer`] makes it, each write waiting at most `stall`. Notes its status, the
+/// body bytes sent and the gRPC status in `trace`.
 pub(crate) async fn send_answer<R: ResponseStream>(
     respond: &mut R,
     answer: &Answer<'_>,
@@ -34,42 +32,10 @@ pub(crate) async fn send_answer<R: ResponseStream>(
     trace: &mut Trace,
 ) -> Result<(), ProxyError> {
     let mut out = Vec::new();
-    let rendered = answer.render(&mut out, Persistence::KeepAlive, is_head, vars);
-    let mut response = http::Response::new(());
-    let body = {
-        let mut head = ResponseHead::default();
-        // Weir rendered these bytes itself: they always parse.
-        if !parse_response(rendered, rendered.len(), is_head, &mut head)? {
-            return Err(ProxyError::UpstreamMalformed("incomplete local response"));
-        }
-        *response.status_mut() =
-            http::StatusCode::from_u16(head.status).unwrap_or(http::StatusCode::BAD_GATEWAY);
-        super::respond::end_to_end_fields(rendered, &head, response.headers_mut());
-        &rendered[head.head_len..]
-    };
-    let status = response.status().as_u16();
-    trace.status = status;
-    if !(trace.grpc && grpc::translates(status)) {
-        // A 2xx as the user wrote it: any `grpc-status` in it is what the client gets.
-        let grpc_status = trace.grpc_status_in(response.headers());
-        return respond
-            .send_whole(response, body, stall, trace, grpc_status)
-            .await;
-    }
-    // The fields that say more than the status stay (WWW-Authenticate, Retry-After,
-    // Location); the ones about the body do not, there is none.
-    let mut extra = std::mem::take(response.headers_mut());
-    extra.remove(http::header::CONTENT_TYPE);
-    extra.remove(http::header::CONTENT_LENGTH);
-    let code = match answer {
-        Answer::Error(error) => grpc::code_for_error(*error, status),
-        _ => grpc::code_for_status(status),
-    };
-    let head = grpc::status_head(code, &grpc_message(answer, status, body), extra);
+    let (response, body, grpc_status) = stream_answer(answer, vars, is_head, &mut out, trace)?;
     // A gRPC answer is its head alone (trailers-only).
-    let grpc_status = Some(u32::from(code));
     respond
-        .send_whole(head, &[], stall, trace, grpc_status)
+        .send_whole(response, body, stall, trace, grpc_status)
         .await
 }
 
@@ -96,6 +62,54 @@ pub(crate) async fn answer_failure<R: ResponseStream>(
     let stall = listener.http2.stall_timeout;
     let _ = send_answer(respond, &answer, &Vars::default(), false, stall, trace).await;
     status
+}
+
+/// A response for a stream: its head, its body, and the `grpc-status` to note once the
+/// head was sent (`ResponseStream::send_whole` notes it).
+type StreamAnswer<'o> = (http::Response<()>, &'o [u8], Option<u32>);
+
+/// `answer` as a stream's response (HTTP/2 or HTTP/3): rendered into `out` as the HTTP/1.1
+/// bytes an HTTP/1.x client gets, its head without hop-by-hop fields, and its body (empty
+/// for a HEAD request, `is_head`); to a gRPC request (`trace.grpc`), a status other than
+/// 2xx as a gRPC status instead (`grpc`: a trailers-only head, no body). Notes the status
+/// in `trace`; returns the head, the body, and the `grpc-status` to note once the head was
+/// sent (`Trace::sent_grpc_status`). Not async: `send_answer`'s state holds none of this.
+fn stream_answer<'o>(
+    answer: &'o Answer<'_>,
+    vars: &Vars<'_>,
+    is_head: bool,
+    out: &'o mut Vec<u8>,
+    trace: &mut Trace,
+) -> Result<StreamAnswer<'o>, ProxyError> {
+    let rendered = answer.render(out, Persistence::KeepAlive, is_head, vars);
+    let mut head = ResponseHead::default();
+    // Weir rendered these bytes itself: they always parse.
+    if !parse_response(rendered, rendered.len(), is_head, &mut head)? {
+        return Err(ProxyError::UpstreamMalformed("incomplete local response"));
+    }
+    let mut response = http::Response::new(());
+    *response.status_mut() =
+        http::StatusCode::from_u16(head.status).unwrap_or(http::StatusCode::BAD_GATEWAY);
+    super::respond::end_to_end_fields(rendered, &head, response.headers_mut());
+    let body = &rendered[head.head_len..];
+    let status = response.status().as_u16();
+    trace.status = status;
+    if !(trace.grpc && grpc::translates(status)) {
+        // A 2xx as the user wrote it: any `grpc-status` in it is what the client gets.
+        let grpc_status = trace.grpc_status_in(response.headers());
+        return Ok((response, body, grpc_status));
+    }
+    // The fields that say more than the status stay (WWW-Authenticate, Retry-After,
+    // Location); the ones about the body do not, there is none.
+    let mut extra = std::mem::take(response.headers_mut());
+    extra.remove(http::header::CONTENT_TYPE);
+    extra.remove(http::header::CONTENT_LENGTH);
+    let code = match answer {
+        Answer::Error(error) => grpc::code_for_error(*error, status),
+        _ => grpc::code_for_status(status),
+    };
+    let head = grpc::status_head(code, &grpc_message(answer, status, body), extra);
+    Ok((head, &[], Some(u32::from(code))))
 }
 
 /// The `grpc-message` of `answer` (sent with `status` and `body`): a failure's description

@@ -124,6 +124,32 @@ mod tests {
     }
 
     #[test]
+    fn an_h2_upstreams_trailers_keep_what_may_go_within_the_list_size() {
+        let map = |fields: &[(&'static str, &'static str)]| {
+            let mut map = http::HeaderMap::new();
+            for (name, value) in fields {
+                map.append(*name, http::HeaderValue::from_static(value));
+            }
+            map
+        };
+        let grpc = map(&[("grpc-status", "0"), ("grpc-message", "ok")]);
+        assert_eq!(super::keep(grpc.clone(), 1024, keep), Some(grpc));
+        let mixed = map(&[
+            ("x-a", "1"),
+            ("content-length", "5"),
+            ("x-secret", "2"),
+            ("x-a", "3"),
+            ("x-big", "vvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvv"),
+            ("x-b", "4"),
+        ]);
+        // `x-a` costs 3 + 1 + 32 = 36 each, `x-b` as much: 108 fit, `x-big` (75) does not.
+        let kept = super::keep(mixed, 110, |n: &[u8]| n == b"x-secret").expect("kept");
+        assert_eq!(kept, map(&[("x-a", "1"), ("x-a", "3"), ("x-b", "4")]));
+        assert_eq!(super::keep(map(&[("te", "trailers")]), 1024, keep), None);
+        assert_eq!(super::keep(http::HeaderMap::new(), 1024, keep), None);
+    }
+
+    #[test]
     fn names_the_caller_drops_are_dropped() {
         let lines = b"Content-Digest: sha-256=:AAAA=:\r\nX-Secret: 1\r\nX-Kept: 2\r\n";
         let dropped = |n: &[u8]| n == b"content-digest" || n == b"x-secret";
