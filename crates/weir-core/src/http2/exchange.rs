@@ -308,17 +308,11 @@ impl StreamRequest<'_> {
         Ok(body_with_head)
     }
 
-    /// Whether Weir answers the client's `expect: 100-continue` itself (for a request with
-    /// a body, `body`): it reads the body at once, so the client need not wait.
-    pub(super) fn answers_continue(&self, body: bool) -> bool {
-        self.request.req.expect_continue && body
-    }
-
-    /// Sends the client a 100 when Weir answers its `expect: 100-continue` itself
-    /// ([`StreamRequest::answers_continue`]): the client may wait for it before sending
-    /// DATA; Weir reads the body at once (and relays no upstream 100 after it: `interim`).
+    /// Sends the client a 100 when it sent `expect: 100-continue` with a request that has
+    /// a `body`: the client may wait for it before sending DATA; Weir reads the body at
+    /// once, so it answers itself (and relays no upstream 100 after it: `interim`).
     pub(super) fn continue_if_asked(&self, body: bool, respond: &mut SendResponse<Bytes>) {
-        if self.answers_continue(body) {
+        if self.request.req.expect_continue && body {
             let mut go_on = http::Response::new(());
             *go_on.status_mut() = http::StatusCode::CONTINUE;
             let _ = respond.send_informational(go_on);
@@ -343,7 +337,7 @@ impl StreamRequest<'_> {
         Bounds {
             heads: h2.max_informational,
             bytes: h2.max_header_list_size,
-            sent_continue: self.answers_continue(body),
+            sent_continue: self.request.req.expect_continue && body,
         }
     }
 

@@ -46,12 +46,9 @@ pub(crate) async fn respond_stream<R: ResponseStream>(
         .and_then(|c| compression::negotiate(c, r.buf, &r.req.headers));
     let mut lines = Vec::new();
     render_response_rules(&mut lines, r, path, route);
+    let rules = route.filters.response_headers.as_ref();
     let edits = Edits {
-        rules: route
-            .filters
-            .response_headers
-            .as_ref()
-            .map(|rules| (rules, &lines[..])),
+        rules: rules.map(|rules| (rules, &lines[..])),
         plan: reply.plan(route, &head, &resp, is_head, accepted),
         ..Edits::default()
     };

@@ -49,24 +49,17 @@ impl StreamRequest<'_> {
         respond: &mut R,
         trace: &mut Trace,
     ) -> Option<Result<(), Failure>> {
+        let mut fill = fill?;
         // Boxed: a route without `cache` keeps the stream's state as before.
-        Box::pin(self.collapse_or_keep(fill?, respond, trace)).await
-    }
-
-    /// [`StreamRequest::before_forward`] for a miss: the entry another request is
-    /// fetching (collapsed) or a large disk entry read first, else the fill kept.
-    async fn collapse_or_keep<R: ResponseStream>(
-        &self,
-        mut fill: Box<Fill>,
-        respond: &mut R,
-        trace: &mut Trace,
-    ) -> Option<Result<(), Failure>> {
-        trace.cache = Some(CacheResult::Miss);
-        if let Some(reply) = fill.collapse().await {
-            return Some(self.reply_from_store(respond, reply, trace).await);
-        }
-        self.fill.set(Some(fill));
-        None
+        Box::pin(async move {
+            trace.cache = Some(CacheResult::Miss);
+            let Some(reply) = fill.collapse().await else {
+                self.fill.set(Some(fill));
+                return None;
+            };
+            Some(self.reply_from_store(respond, reply, trace).await)
+        })
+        .await
     }
 
     /// Sends `reply`, an answer from the store, on the client's stream.

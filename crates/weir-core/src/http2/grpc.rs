@@ -89,11 +89,11 @@ pub fn status_head(code: u8, message: &[u8], extra: HeaderMap) -> http::Response
     let mut encoded = Vec::with_capacity(message.len());
     percent_encode(message, &mut encoded);
     // An empty message (a status without a reason phrase, and no body) is left out.
-    match HeaderValue::from_bytes(&encoded) {
-        Ok(v) if !v.is_empty() => {
-            headers.insert("grpc-message", v);
-        }
-        _ => {}
+    if let Some(v) = HeaderValue::from_bytes(&encoded)
+        .ok()
+        .filter(|v| !v.is_empty())
+    {
+        headers.insert("grpc-message", v);
     }
     head
 }

@@ -66,20 +66,32 @@ pub(crate) async fn answer_failure<R: ResponseStream>(
 
 /// A response for a stream: its head, its body, and the `grpc-status` to note once the
 /// head was sent (`ResponseStream::send_whole` notes it).
-pub(crate) type StreamAnswer<'o> = (http::Response<()>, &'o [u8], Option<u32>);
+type StreamAnswer<'o> = (http::Response<()>, &'o [u8], Option<u32>);
 
-/// `answer` as a stream's response (HTTP/2 or HTTP/3, [`answer_response`]); to a gRPC
-/// request (`trace.grpc`), a status other than 2xx as a gRPC status instead (`grpc`: a
-/// trailers-only head, no body). Notes the status in `trace`; returns the head, the body,
-/// and the `grpc-status` to note once the head was sent (`Trace::sent_grpc_status`).
-pub(crate) fn stream_answer<'o>(
+/// `answer` as a stream's response (HTTP/2 or HTTP/3): rendered into `out` as the HTTP/1.1
+/// bytes an HTTP/1.x client gets, its head without hop-by-hop fields, and its body (empty
+/// for a HEAD request, `is_head`); to a gRPC request (`trace.grpc`), a status other than
+/// 2xx as a gRPC status instead (`grpc`: a trailers-only head, no body). Notes the status
+/// in `trace`; returns the head, the body, and the `grpc-status` to note once the head was
+/// sent (`Trace::sent_grpc_status`). Not async: `send_answer`'s state holds none of this.
+fn stream_answer<'o>(
     answer: &'o Answer<'_>,
     vars: &Vars<'_>,
     is_head: bool,
     out: &'o mut Vec<u8>,
     trace: &mut Trace,
 ) -> Result<StreamAnswer<'o>, ProxyError> {
-    let (mut response, body) = answer_response(answer, vars, is_head, out)?;
+    let rendered = answer.render(out, Persistence::KeepAlive, is_head, vars);
+    let mut head = ResponseHead::default();
+    // Weir rendered these bytes itself: they always parse.
+    if !parse_response(rendered, rendered.len(), is_head, &mut head)? {
+        return Err(ProxyError::UpstreamMalformed("incomplete local response"));
+    }
+    let mut response = http::Response::new(());
+    *response.status_mut() =
+        http::StatusCode::from_u16(head.status).unwrap_or(http::StatusCode::BAD_GATEWAY);
+    super::respond::end_to_end_fields(rendered, &head, response.headers_mut());
+    let body = &rendered[head.head_len..];
     let status = response.status().as_u16();
     trace.status = status;
     if !(trace.grpc && grpc::translates(status)) {
@@ -96,31 +108,8 @@ pub(crate) fn stream_answer<'o>(
         Answer::Error(error) => grpc::code_for_error(*error, status),
         _ => grpc::code_for_status(status),
     };
-    let message = grpc_message(answer, status, body);
-    let head = grpc::status_head(code, &message, extra);
+    let head = grpc::status_head(code, &grpc_message(answer, status, body), extra);
     Ok((head, &[], Some(u32::from(code))))
-}
-
-/// `answer` as a response for a stream (HTTP/2 or HTTP/3): rendered into `out` as the
-/// HTTP/1.1 bytes an HTTP/1.x client gets, its head without hop-by-hop fields, and its
-/// body (empty for a HEAD request, `is_head`).
-pub(crate) fn answer_response<'o>(
-    answer: &'o Answer<'_>,
-    vars: &Vars<'_>,
-    is_head: bool,
-    out: &'o mut Vec<u8>,
-) -> Result<(http::Response<()>, &'o [u8]), ProxyError> {
-    let rendered = answer.render(out, Persistence::KeepAlive, is_head, vars);
-    let mut head = ResponseHead::default();
-    // Weir rendered these bytes itself: they always parse.
-    if !parse_response(rendered, rendered.len(), is_head, &mut head)? {
-        return Err(ProxyError::UpstreamMalformed("incomplete local response"));
-    }
-    let mut response = http::Response::new(());
-    *response.status_mut() =
-        http::StatusCode::from_u16(head.status).unwrap_or(http::StatusCode::BAD_GATEWAY);
-    super::respond::end_to_end_fields(rendered, &head, response.headers_mut());
-    Ok((response, &rendered[head.head_len..]))
 }
 
 /// The `grpc-message` of `answer` (sent with `status` and `body`): a failure's description

@@ -9,6 +9,7 @@ use h2::{Reason, SendStream};
 use http::{HeaderMap, HeaderValue};
 
 use super::names::response_name;
+pub(crate) use super::send::Sinking;
 use super::send::{send_data, StreamSink};
 use crate::codec::http1::ResponseHead;
 use crate::error::ProxyError;
@@ -137,19 +138,9 @@ async fn relay_body<S: Source>(
     coding: Option<&mut Coding>,
     whole: Option<Bytes>,
 ) -> Result<(), Failure> {
-    let Sinking {
-        edits,
-        trace,
-        stall,
-        max_trailers,
-        ..
-    } = sink;
     let mut sink = StreamSink {
         send: &mut send,
-        stall,
-        max_trailers,
-        edits,
-        trace,
+        sinking: sink,
     };
     let relayed = match whole {
         Some(whole) => sink
@@ -289,29 +280,4 @@ impl ResponseStream for h2::server::SendResponse<Bytes> {
     fn cancel(&mut self) {
         self.send_reset(Reason::CANCEL);
     }
-}
-
-impl<'s> Sinking<'s> {
-    /// A relay with the listener's HTTP/2 settings `http2` (its stall timeout, its
-    /// trailers' size), no `grpc-status` to note.
-    pub fn of(http2: &weir_config::Http2, edits: &'s Edits<'s>, trace: &'s mut Trace) -> Self {
-        Sinking {
-            edits,
-            trace,
-            stall: http2.stall_timeout,
-            max_trailers: http2.max_header_list_size,
-            grpc_status: None,
-        }
-    }
-}
-
-/// Where and how a body is relayed into a client's stream.
-pub(crate) struct Sinking<'s> {
-    pub edits: &'s Edits<'s>,
-    pub trace: &'s mut Trace,
-    /// How long the client's window may stay shut.
-    pub stall: std::time::Duration,
-    pub max_trailers: u32,
-    /// The head's `grpc-status` (`Trace::grpc_status_in`), noted once the head went out.
-    pub grpc_status: Option<u32>,
 }

@@ -164,17 +164,12 @@ fn finish(send: &mut SendStream<Bytes>, last: Bytes) -> Result<(), Stop> {
 /// stream ends every wait of the relay (`trace.reset`).
 pub(crate) struct StreamSink<'s> {
     pub send: &'s mut SendStream<Bytes>,
-    pub stall: Duration,
-    pub max_trailers: u32,
-    /// What the route does to the head (the names it drops leave the trailers too).
-    pub edits: &'s Edits<'s>,
-    /// Body bytes sent, the `grpc-status` sent, the client's reset.
-    pub trace: &'s mut Trace,
+    pub sinking: Sinking<'s>,
 }
 
 impl StreamSink<'_> {
     fn stopped(&mut self, stop: Stop) -> ProxyError {
-        self.trace.reset |= stop == Stop::Reset;
+        self.sinking.trace.reset |= stop == Stop::Reset;
         stop.into()
     }
 }
@@ -183,28 +178,29 @@ impl Sink for StreamSink<'_> {
     async fn data(&mut self, piece: Piece<'_>, last: bool) -> Result<(), ProxyError> {
         let data = piece.into_bytes();
         let len = data.len() as u64;
-        let sent = send_bytes(self.send, data, last, self.stall).await;
+        let sent = send_bytes(self.send, data, last, self.sinking.stall).await;
         sent.map_err(|stop| self.stopped(stop))?;
-        self.trace.body_out += len;
+        self.sinking.trace.body_out += len;
         Ok(())
     }
 
     async fn end(&mut self, trailers: Trailers<'_>) -> Result<(), ProxyError> {
-        let dropped = |name: &[u8]| self.edits.drops(name);
+        let (edits, max_trailers) = (self.sinking.edits, self.sinking.max_trailers);
+        let dropped = |name: &[u8]| edits.drops(name);
         let fields = match trailers {
             Trailers::None => None,
-            Trailers::Lines(lines) => super::trailers::to_h2(lines, self.max_trailers, dropped),
-            Trailers::Fields(fields) => super::trailers::keep(fields, self.max_trailers, dropped),
+            Trailers::Lines(lines) => super::trailers::to_h2(lines, max_trailers, dropped),
+            Trailers::Fields(fields) => super::trailers::keep(fields, max_trailers, dropped),
         };
         let Some(fields) = fields else {
-            let ended = send_data(self.send, &[], true, self.stall).await;
+            let ended = send_data(self.send, &[], true, self.sinking.stall).await;
             return ended.map_err(|stop| self.stopped(stop));
         };
-        let status = self.trace.grpc_status_in(&fields);
+        let status = self.sinking.trace.grpc_status_in(&fields);
         self.send
             .send_trailers(fields)
             .map_err(|_| ProxyError::ClientClosed)?;
-        self.trace.sent_grpc_status(status);
+        self.sinking.trace.sent_grpc_status(status);
         Ok(())
     }
 
@@ -214,4 +210,29 @@ impl Sink for StreamSink<'_> {
             Poll::Pending => Poll::Pending,
         }
     }
+}
+
+impl<'s> Sinking<'s> {
+    /// A relay with the listener's HTTP/2 settings `http2` (its stall timeout, its
+    /// trailers' size), no `grpc-status` to note.
+    pub fn of(http2: &weir_config::Http2, edits: &'s Edits<'s>, trace: &'s mut Trace) -> Self {
+        Sinking {
+            edits,
+            trace,
+            stall: http2.stall_timeout,
+            max_trailers: http2.max_header_list_size,
+            grpc_status: None,
+        }
+    }
+}
+
+/// Where and how a body is relayed into a client's stream.
+pub(crate) struct Sinking<'s> {
+    pub edits: &'s Edits<'s>,
+    pub trace: &'s mut Trace,
+    /// How long the client's window may stay shut.
+    pub stall: std::time::Duration,
+    pub max_trailers: u32,
+    /// The head's `grpc-status` (`Trace::grpc_status_in`), noted once the head went out.
+    pub grpc_status: Option<u32>,
 }

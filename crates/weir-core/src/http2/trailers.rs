@@ -10,7 +10,7 @@
 //! `max_header_list_size` (counted as HTTP/2 does: name + value + 32 each) are dropped
 //! too; none of this fails the response.
 
-use http::{HeaderMap, HeaderValue};
+use http::{HeaderMap, HeaderName, HeaderValue};
 
 use super::names::response_name;
 use crate::forward::trailer;
@@ -27,26 +27,18 @@ pub fn to_h2(
     if lines.is_empty() {
         return None;
     }
-    let mut fields = HeaderMap::new();
-    let mut size = 0usize;
-    let mut dropped = 0usize;
+    let (mut fields, mut size, mut dropped) = (HeaderMap::new(), 0, 0usize);
     for field in trailer::fields(lines) {
-        let Some((_, raw, value)) = field.filter(|(_, name, _)| trailer::relayed(name)) else {
-            dropped += 1;
-            continue;
-        };
-        let name = response_name(raw);
-        let (Ok(name), Ok(value)) = (name, HeaderValue::from_bytes(value)) else {
-            dropped += 1;
-            continue;
-        };
-        let cost = name.as_str().len() + value.len() + 32;
-        if edited_out(name.as_str().as_bytes()) || size + cost > max_list_size as usize {
-            dropped += 1;
-            continue;
+        let field = field.and_then(|(_, raw, value)| {
+            Some((
+                response_name(raw).ok()?,
+                HeaderValue::from_bytes(value).ok()?,
+            ))
+        });
+        match field.filter(|(n, v)| passes(n, v, &mut size, max_list_size, &edited_out)) {
+            Some((name, value)) => _ = fields.append(name, value),
+            None => dropped += 1,
         }
-        size += cost;
-        fields.append(name, value);
     }
     if dropped > 0 {
         tracing::debug!(
@@ -64,31 +56,37 @@ pub fn keep(
     max_list_size: u32,
     edited_out: impl Fn(&[u8]) -> bool,
 ) -> Option<HeaderMap> {
-    let mut size = 0usize;
-    let mut kept = |name: &http::HeaderName, value: &HeaderValue| {
-        let cost = name.as_str().len() + value.len() + 32;
-        size += cost;
-        trailer::relayed(name.as_str().as_bytes())
-            && !edited_out(name.as_str().as_bytes())
-            && size <= max_list_size as usize
-    };
+    let mut size = 0;
     // The usual gRPC trailers (`grpc-status`, `grpc-message`) all pass: no new map.
-    if fields.iter().all(|(n, v)| kept(n, v)) {
+    if (fields.iter()).all(|(n, v)| passes(n, v, &mut size, max_list_size, &edited_out)) {
         return (!fields.is_empty()).then_some(fields);
     }
-    let mut size = 0usize;
-    let mut out = HeaderMap::new();
-    for (name, value) in &fields {
-        let cost = name.as_str().len() + value.len() + 32;
-        let dropped = !trailer::relayed(name.as_str().as_bytes())
-            || edited_out(name.as_str().as_bytes())
-            || size + cost > max_list_size as usize;
-        if !dropped {
-            size += cost;
-            out.append(name.clone(), value.clone());
-        }
-    }
+    let mut size = 0;
+    let out: HeaderMap = (fields.iter())
+        .filter(|(n, v)| passes(n, v, &mut size, max_list_size, &edited_out))
+        .map(|(n, v)| (n.clone(), v.clone()))
+        .collect();
     (!out.is_empty()).then_some(out)
+}
+
+/// Whether the field `name: value` may be a trailer for the client ([`trailer::relayed`],
+/// not `edited_out`) within `max_list_size` with the fields before it (`size`, counted as
+/// HTTP/2 does: name + value + 32 each; a field that passes adds to it).
+fn passes(
+    name: &HeaderName,
+    value: &HeaderValue,
+    size: &mut usize,
+    max_list_size: u32,
+    edited_out: &impl Fn(&[u8]) -> bool,
+) -> bool {
+    let (name, cost) = (
+        name.as_str().as_bytes(),
+        name.as_str().len() + value.len() + 32,
+    );
+    let pass =
+        trailer::relayed(name) && !edited_out(name) && *size + cost <= max_list_size as usize;
+    *size += if pass { cost } else { 0 };
+    pass
 }
 
 #[cfg(test)]
@@ -123,6 +121,32 @@ mod tests {
         assert_eq!(fields["x-small"], "1");
         assert_eq!(to_h2(b"X-Small: 1\r\n", 39, keep), None);
         assert!(to_h2(b"X-Small: 1\r\n", 40, keep).is_some());
+    }
+
+    #[test]
+    fn an_h2_upstreams_trailers_keep_what_may_go_within_the_list_size() {
+        let map = |fields: &[(&'static str, &'static str)]| {
+            let mut map = http::HeaderMap::new();
+            for (name, value) in fields {
+                map.append(*name, http::HeaderValue::from_static(value));
+            }
+            map
+        };
+        let grpc = map(&[("grpc-status", "0"), ("grpc-message", "ok")]);
+        assert_eq!(super::keep(grpc.clone(), 1024, keep), Some(grpc));
+        let mixed = map(&[
+            ("x-a", "1"),
+            ("content-length", "5"),
+            ("x-secret", "2"),
+            ("x-a", "3"),
+            ("x-big", "vvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvv"),
+            ("x-b", "4"),
+        ]);
+        // `x-a` costs 3 + 1 + 32 = 36 each, `x-b` as much: 108 fit, `x-big` (75) does not.
+        let kept = super::keep(mixed, 110, |n: &[u8]| n == b"x-secret").expect("kept");
+        assert_eq!(kept, map(&[("x-a", "1"), ("x-a", "3"), ("x-b", "4")]));
+        assert_eq!(super::keep(map(&[("te", "trailers")]), 1024, keep), None);
+        assert_eq!(super::keep(http::HeaderMap::new(), 1024, keep), None);
     }
 
     #[test]

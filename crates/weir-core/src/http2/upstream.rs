@@ -178,19 +178,6 @@ impl StreamRequest<'_> {
         (relayed.map(|accepted| accepted.take().0), body)
     }
 
-    /// What an HTTP/2 or HTTP/3 client asked that shapes the response (`end_stream`: the
-    /// upstream's HEADERS ended its stream).
-    fn for_stream(&self, end_stream: bool) -> ForClient {
-        ForClient {
-            is_head: self.request.req.is_head,
-            http10: false,
-            te_trailers: true,
-            accepted: self.accepted(),
-            end_stream,
-            keep_alive: true,
-        }
-    }
-
     /// The upstream request: made from the client's request `client` when given (an
     /// HTTP/2 or HTTP/3 client's first one sent), else from the HTTP/1.1 head every
     /// request gets (written into `out`), as HTTP/2 fields. An upgrade (an HTTP/1.1
@@ -305,9 +292,16 @@ pub(crate) trait ClientSide {
     }
 
     /// What the client asked that shapes the response's head (`end_stream`: the
-    /// upstream's HEADERS ended its stream).
+    /// upstream's HEADERS ended its stream): an HTTP/2 or HTTP/3 client's by default.
     fn for_client(&self, r: &StreamRequest<'_>, end_stream: bool) -> ForClient {
-        r.for_stream(end_stream)
+        ForClient {
+            is_head: r.request.req.is_head,
+            http10: false,
+            te_trailers: true,
+            accepted: r.accepted(),
+            end_stream,
+            keep_alive: true,
+        }
     }
 
     /// The bounds of the wait for the final head, from a stream's.
@@ -350,7 +344,8 @@ pub(crate) trait ClientSide {
     ) -> impl Future<Output = Result<(), Failure>> {
         async move {
             let stream = self.stream()?;
-            let head = stream_head(answer.parts, answer.edits, answer.cache_status);
+            let mut head = head_from_h2(answer.parts, answer.edits);
+            mark(&mut head, answer.cache_status);
             let grpc_status = trace.grpc_status_in(head.headers());
             // A head that ended the stream is all: nothing to relay, nor to wait for.
             let empty = answer.client.end_stream;
@@ -403,13 +398,14 @@ struct H2Sender<'s, 'c, C, B> {
     lines: Vec<u8>,
 }
 
-impl<C, B> H2Sender<'_, '_, C, B> {
+impl<C: ClientSide, B> H2Sender<'_, '_, C, B> {
     /// How long each wait may take: for the client, and for the upstream (its
-    /// `response_timeout`, capped by the client's `grpc-timeout`). A gRPC request's body
-    /// has no `min_body_rate`: a streaming call sends a message when the application has
-    /// one (a bidirectional stream may send one a minute), as ASP.NET Core's gRPC lifts
-    /// Kestrel's.
-    fn timeouts(&self) -> Timeouts {
+    /// `response_timeout`, capped by the client's `grpc-timeout`); and how the final head
+    /// is awaited: within those, its 1xx heads relayed up to the route's bound. A gRPC
+    /// request's body has no `min_body_rate`: a streaming call sends a message when the
+    /// application has one (a bidirectional stream may send one a minute), as ASP.NET
+    /// Core's gRPC lifts Kestrel's.
+    fn waits(&self) -> (Timeouts, HeadBounds) {
         let mut timeouts = Timeouts::of(&self.r.target);
         if let Some(t) = self.facts.grpc_timeout {
             timeouts.upstream = timeouts.upstream.min(t);
@@ -417,23 +413,14 @@ impl<C, B> H2Sender<'_, '_, C, B> {
         if self.facts.grpc {
             timeouts.min_body_rate = None;
         }
-        timeouts
-    }
-
-    /// How the final head is awaited: within the upstream's `timeout` (and the client's
-    /// `grpc-timeout`), its 1xx heads relayed up to the route's bound.
-    #[inline]
-    fn head_bounds(&self, timeout: Duration) -> HeadBounds
-    where
-        C: ClientSide,
-    {
-        self.client.bounds(HeadBounds {
-            timeout,
+        let bounds = self.client.bounds(HeadBounds {
+            timeout: timeouts.upstream,
             deadline: self.facts.grpc_timeout,
             max_informational: self.r.informational_bound(),
             relay: true,
             tokens: false,
-        })
+        });
+        (timeouts, bounds)
     }
 }
 
@@ -508,8 +495,7 @@ impl<C: ClientSide, B: ClientBody> Sender for H2Sender<'_, '_, C, B> {
             return Ok(Relayed::Http1);
         };
         self.client.opened().await?;
-        let timeouts = self.timeouts();
-        let bounds = self.head_bounds(timeouts.upstream);
+        let (timeouts, bounds) = self.waits();
         let limit = r.target.listener.max_body_size;
         let whole = self.body.as_ref().is_some_and(ClientBody::is_whole);
         let (body, consumed) = (self.body.as_mut(), &self.consumed);
@@ -602,18 +588,6 @@ pub(crate) struct Answer<'e> {
     pub upload_stopped: bool,
     /// Room for the head, for a client side that writes it as bytes.
     pub out: &'e mut Vec<u8>,
-}
-
-/// The head of an HTTP/2 upstream's response `parts` for an HTTP/2 or HTTP/3 client's
-/// stream: with the route's `edits` and a cache miss's `Cache-Status`.
-pub(crate) fn stream_head(
-    parts: http::response::Parts,
-    edits: &Edits<'_>,
-    cache_status: Option<&'static str>,
-) -> http::Response<()> {
-    let mut head = head_from_h2(parts, edits);
-    mark(&mut head, cache_status);
-    head
 }
 
 /// Sends a client's request body (`source`, and its trailer fields the request head
