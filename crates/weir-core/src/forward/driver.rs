@@ -166,9 +166,7 @@ impl Tries<'_> {
 
     /// The sticky-session `Set-Cookie` line the response carries, if any.
     pub fn set_cookie(&self) -> Option<&[u8]> {
-        let pool = self.x.target.pool;
-        pool.set_cookie(self.pick.server)
-            .filter(|_| self.pick.set_cookie)
+        set_cookie(self.x.target, &self.pick)
     }
 
     /// The server to try next after `outcome`, if the rules allow one.
@@ -211,9 +209,7 @@ impl<'a, S> Accepted<'a, S> {
 
     /// The sticky-session `Set-Cookie` line the response carries, if any.
     pub fn set_cookie(&self) -> Option<&'a [u8]> {
-        let pool = self.target.pool;
-        pool.set_cookie(self.pick.server)
-            .filter(|_| self.pick.set_cookie)
+        set_cookie(self.target, &self.pick)
     }
 
     /// What was sent, apart from the rest.
@@ -243,10 +239,8 @@ pub(crate) async fn drive<'a, S: Sender>(
 ) -> Result<Accepted<'a, S::Sent>, Failure> {
     let (target, u) = (x.target, x.target.upstream);
     let pool = target.pool;
-    let picked = x
-        .worker
-        .upstreams
-        .pick(target.upstream_index, pool, u, x.key);
+    let upstreams = &x.worker.upstreams;
+    let picked = upstreams.pick(target.upstream_index, pool, u, x.key);
     let pick = picked.ok_or(ProxyError::NoServer)?;
     let mut tries = Tries {
         x,
@@ -362,6 +356,14 @@ fn attempt_end<T>(sent: &Result<T, Miss>) -> AttemptEnd {
             },
         },
     }
+}
+
+/// The sticky-session `Set-Cookie` line a response from `pick`'s server carries, if any.
+fn set_cookie<'a>(target: Target<'a>, pick: &Pick) -> Option<&'a [u8]> {
+    target
+        .pool
+        .set_cookie(pick.server)
+        .filter(|_| pick.set_cookie)
 }
 
 /// Records a try's outcome: for the server's passive health and load balancing (`pick`),

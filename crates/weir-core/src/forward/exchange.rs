@@ -279,7 +279,6 @@ impl Sender for Http1Sender<'_, '_> {
             resp: self.resp,
             timer: &mut conn.upstream_timer,
             meta: self.meta,
-            client_timeout: listener.client_timeout,
         };
         let sent = if self.whole {
             let body = &conn.buf.filled()[req.head_len..][..self.buffered];
@@ -420,7 +419,8 @@ impl Response<'_> {
                 self.accepted.count(Ok(resp.status));
                 let (whole, timeout) =
                     (&up_buf.filled()[..n], self.x.target.listener.client_timeout);
-                let written = body::write_all(&mut conn.stream, &conn.out, whole, timeout).await;
+                let written =
+                    body::write_parts(&mut conn.stream, [&conn.out, whole], timeout).await;
                 written.map_err(|e| Failure::after_head(client_write_error(e)))?;
                 conn.sent += (conn.out.len() + n) as u64;
                 if let Some(recorder) = recorder {
@@ -588,11 +588,7 @@ impl Response<'_> {
         let switch = self.may_switch(up_buf, resp);
         self.accepted.count(switch.map(|()| 101));
         switch?;
-        let framing = ClientFraming {
-            dechunk: false,
-            close: false,
-            http10: false,
-        };
+        let (listener, framing) = (self.x.target.listener, ClientFraming::default());
         conn.out.clear();
         write_from_http1(
             &mut conn.out,
@@ -602,15 +598,11 @@ impl Response<'_> {
             &framing,
         );
         up_buf.consume(resp.head_len);
-        body::write_all(
-            &mut conn.stream,
-            &conn.out,
-            &[],
-            self.x.target.listener.client_timeout,
-        )
-        .await
-        .map_err(|e| Failure::after_head(client_write_error(e)))?;
-        let limits = tunnel::limits(self.x.target.listener);
+        let written = body::write_parts(&mut conn.stream, [&conn.out], listener.client_timeout);
+        written
+            .await
+            .map_err(|e| Failure::after_head(client_write_error(e)))?;
+        let limits = tunnel::limits(listener);
         // A plain client socket is registered now (a tunnel waits anyway), so a failed
         // registration cannot drop it while the relay's probe borrows its descriptor (a
         // TLS client's socket was registered for its handshake).
