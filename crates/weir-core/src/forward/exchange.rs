@@ -524,15 +524,10 @@ impl Response<'_> {
         // that did not start): the client gets Weir's 502, the try counts as one.
         let length = resp.framing.length();
         let route = self.x.target.route;
-        let ready = coding(route, plan, length);
-        let (mut coding, body_with_head) = match ready.and_then(|c| Ok((c, source.prime()?))) {
-            Ok(ready) => ready,
-            Err(e) => {
-                self.accepted.count(Err(e));
-                return Err(e.into());
-            }
-        };
-        self.accepted.count(Ok(resp.status));
+        let ready = coding(route, plan, length).and_then(|c| Ok((c, source.prime()?)));
+        self.accepted
+            .count(ready.as_ref().map(|_| resp.status).map_err(|e| *e));
+        let (mut coding, body_with_head) = ready?;
         let dropping = Edits::dropping(route, *plan);
         let dropped = |name: &[u8]| dropping.drops(name);
         let mut sink = Http1Sink {

@@ -102,7 +102,11 @@ pub(crate) async fn send_whole<I: Interim>(
             rd.timer.set(Instant::from_std(sent_at) + timeout);
             read_final_head(&mut stream, rd, interim, true).await
         }
-        Err(e) => Err(HeadError::before_response(upstream_write_error(e))),
+        Err(e) => Err(HeadError {
+            error: upstream_write_error(e),
+            received: false,
+            interim_sent: false,
+        }),
     };
     head.map(|()| stream).map_err(|e| Miss {
         unprocessed: reused && x.idempotent && e.retryable(),
@@ -310,14 +314,6 @@ impl From<HeadError> for Failure {
 }
 
 impl HeadError {
-    fn before_response(error: ProxyError) -> HeadError {
-        HeadError {
-            error,
-            received: false,
-            interim_sent: false,
-        }
-    }
-
     /// A closed connection or an I/O error before any response byte: on a pooled
     /// connection, the server closed it before it read the request.
     pub(crate) fn retryable(&self) -> bool {
