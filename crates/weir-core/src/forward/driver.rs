@@ -123,7 +123,8 @@ pub(crate) trait Sender {
 
 /// Where a request stands among its tries.
 pub(crate) struct Tries<'a> {
-    x: &'a Exchange<'a>,
+    /// What every try shares.
+    pub x: &'a Exchange<'a>,
     pick: Pick,
     tried: Tried,
     /// The server picked after a retried head.
@@ -151,11 +152,6 @@ impl Tries<'_> {
         };
         self.next = self.next_pick(Outcome::Status(status), replay);
         self.next.is_none()
-    }
-
-    /// What every try shares.
-    pub fn exchange(&self) -> &Exchange<'_> {
-        self.x
     }
 
     /// Counts try `a` relayed inside its sender, once (as [`Accepted::count`]).
