@@ -141,7 +141,7 @@ async fn send_body(
     if let Some((file, first, end)) =
         in_file.filter(|(_, f, e)| plain && e - f >= reply.sendfile_min_size)
     {
-        let written = body::write_all(&mut conn.stream, head, &[], timeout).await;
+        let written = body::write_parts(&mut conn.stream, [head], timeout).await;
         written.map_err(client_write_error)?;
         conn.sent += head.len() as u64;
         return sendfile(conn, file.as_fd(), first..end, timeout).await;

@@ -216,16 +216,6 @@ fn take_chunked(
     Ok((if dechunk { out } else { before.unwrap_or(pos) }, pos))
 }
 
-/// Writes `a` then `b` with as few syscalls as possible (one `writev` when both fit).
-pub async fn write_all<W: AsyncWrite + Unpin>(
-    dst: &mut W,
-    a: &[u8],
-    b: &[u8],
-    write_timeout: Duration,
-) -> Result<(), PumpError> {
-    write_parts(dst, [a, b], write_timeout).await
-}
-
 /// Writes `parts` in order with as few syscalls as possible (one `writev` when they fit;
 /// a single non-empty part is a plain `write`).
 pub async fn write_parts<W: AsyncWrite + Unpin, const N: usize>(

@@ -123,7 +123,8 @@ pub(crate) trait Sender {
 
 /// Where a request stands among its tries.
 pub(crate) struct Tries<'a> {
-    x: &'a Exchange<'a>,
+    /// What every try shares.
+    pub x: &'a Exchange<'a>,
     pick: Pick,
     tried: Tried,
     /// The server picked after a retried head.
@@ -153,11 +154,6 @@ impl Tries<'_> {
         self.next.is_none()
     }
 
-    /// What every try shares.
-    pub fn exchange(&self) -> &Exchange<'_> {
-        self.x
-    }
-
     /// Counts try `a` relayed inside its sender, once (as [`Accepted::count`]).
     pub fn count(&self, a: &Attempt<'_>, result: Result<u16, ProxyError>) {
         let elapsed = self.head_at.map_or(Duration::ZERO, |at| at - a.started);
@@ -166,9 +162,7 @@ impl Tries<'_> {
 
     /// The sticky-session `Set-Cookie` line the response carries, if any.
     pub fn set_cookie(&self) -> Option<&[u8]> {
-        let pool = self.x.target.pool;
-        pool.set_cookie(self.pick.server)
-            .filter(|_| self.pick.set_cookie)
+        set_cookie(self.x.target, &self.pick)
     }
 
     /// The server to try next after `outcome`, if the rules allow one.
@@ -211,9 +205,7 @@ impl<'a, S> Accepted<'a, S> {
 
     /// The sticky-session `Set-Cookie` line the response carries, if any.
     pub fn set_cookie(&self) -> Option<&'a [u8]> {
-        let pool = self.target.pool;
-        pool.set_cookie(self.pick.server)
-            .filter(|_| self.pick.set_cookie)
+        set_cookie(self.target, &self.pick)
     }
 
     /// What was sent, apart from the rest.
@@ -243,10 +235,8 @@ pub(crate) async fn drive<'a, S: Sender>(
 ) -> Result<Accepted<'a, S::Sent>, Failure> {
     let (target, u) = (x.target, x.target.upstream);
     let pool = target.pool;
-    let picked = x
-        .worker
-        .upstreams
-        .pick(target.upstream_index, pool, u, x.key);
+    let upstreams = &x.worker.upstreams;
+    let picked = upstreams.pick(target.upstream_index, pool, u, x.key);
     let pick = picked.ok_or(ProxyError::NoServer)?;
     let mut tries = Tries {
         x,
@@ -362,6 +352,14 @@ fn attempt_end<T>(sent: &Result<T, Miss>) -> AttemptEnd {
             },
         },
     }
+}
+
+/// The sticky-session `Set-Cookie` line a response from `pick`'s server carries, if any.
+fn set_cookie<'a>(target: Target<'a>, pick: &Pick) -> Option<&'a [u8]> {
+    target
+        .pool
+        .set_cookie(pick.server)
+        .filter(|_| pick.set_cookie)
 }
 
 /// Records a try's outcome: for the server's passive health and load balancing (`pick`),

@@ -279,7 +279,6 @@ impl Sender for Http1Sender<'_, '_> {
             resp: self.resp,
             timer: &mut conn.upstream_timer,
             meta: self.meta,
-            client_timeout: listener.client_timeout,
         };
         let sent = if self.whole {
             let body = &conn.buf.filled()[req.head_len..][..self.buffered];
@@ -420,7 +419,8 @@ impl Response<'_> {
                 self.accepted.count(Ok(resp.status));
                 let (whole, timeout) =
                     (&up_buf.filled()[..n], self.x.target.listener.client_timeout);
-                let written = body::write_all(&mut conn.stream, &conn.out, whole, timeout).await;
+                let written =
+                    body::write_parts(&mut conn.stream, [&conn.out, whole], timeout).await;
                 written.map_err(|e| Failure::after_head(client_write_error(e)))?;
                 conn.sent += (conn.out.len() + n) as u64;
                 if let Some(recorder) = recorder {
@@ -524,15 +524,10 @@ impl Response<'_> {
         // that did not start): the client gets Weir's 502, the try counts as one.
         let length = resp.framing.length();
         let route = self.x.target.route;
-        let ready = coding(route, plan, length);
-        let (mut coding, body_with_head) = match ready.and_then(|c| Ok((c, source.prime()?))) {
-            Ok(ready) => ready,
-            Err(e) => {
-                self.accepted.count(Err(e));
-                return Err(e.into());
-            }
-        };
-        self.accepted.count(Ok(resp.status));
+        let ready = coding(route, plan, length).and_then(|c| Ok((c, source.prime()?)));
+        self.accepted
+            .count(ready.as_ref().map(|_| resp.status).map_err(|e| *e));
+        let (mut coding, body_with_head) = ready?;
         let dropping = Edits::dropping(route, *plan);
         let dropped = |name: &[u8]| dropping.drops(name);
         let mut sink = Http1Sink {
@@ -588,11 +583,7 @@ impl Response<'_> {
         let switch = self.may_switch(up_buf, resp);
         self.accepted.count(switch.map(|()| 101));
         switch?;
-        let framing = ClientFraming {
-            dechunk: false,
-            close: false,
-            http10: false,
-        };
+        let (listener, framing) = (self.x.target.listener, ClientFraming::default());
         conn.out.clear();
         write_from_http1(
             &mut conn.out,
@@ -602,15 +593,11 @@ impl Response<'_> {
             &framing,
         );
         up_buf.consume(resp.head_len);
-        body::write_all(
-            &mut conn.stream,
-            &conn.out,
-            &[],
-            self.x.target.listener.client_timeout,
-        )
-        .await
-        .map_err(|e| Failure::after_head(client_write_error(e)))?;
-        let limits = tunnel::limits(self.x.target.listener);
+        let written = body::write_parts(&mut conn.stream, [&conn.out], listener.client_timeout);
+        written
+            .await
+            .map_err(|e| Failure::after_head(client_write_error(e)))?;
+        let limits = tunnel::limits(listener);
         // A plain client socket is registered now (a tunnel waits anyway), so a failed
         // registration cannot drop it while the relay's probe borrows its descriptor (a
         // TLS client's socket was registered for its handshake).

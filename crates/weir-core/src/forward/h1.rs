@@ -29,7 +29,6 @@ use crate::error::ProxyError;
 use crate::filters::upgrade::Offered;
 use crate::metrics::shard::ServerMetrics;
 use crate::time::LazyTimer;
-use crate::worker::Worker;
 
 /// What the exchange needs to remember about the request once its head is consumed.
 #[derive(Clone, Copy)]
@@ -70,8 +69,6 @@ pub(crate) struct Reading<'b> {
     /// The wait for the final head (`response_timeout`).
     pub timer: &'b mut LazyTimer,
     pub meta: RequestMeta,
-    /// For each 1xx head written to the client.
-    pub client_timeout: Duration,
 }
 
 /// A request whose body is all at hand (none, or all of it buffered): `head` and `body`
@@ -92,7 +89,7 @@ pub(crate) async fn send_whole<I: Interim>(
         Obtained::Connect(connect) => (connect.await?, false),
     };
     let timeout = upstream.response_timeout;
-    let head = match body::write_all(&mut stream, head, body, timeout).await {
+    let head = match body::write_parts(&mut stream, [head, body], timeout).await {
         Ok(()) => {
             // response_timeout counts from the end of the request. On a pooled connection
             // the send completes at once, so that is when the try started (no clock read);
@@ -105,7 +102,11 @@ pub(crate) async fn send_whole<I: Interim>(
             rd.timer.set(Instant::from_std(sent_at) + timeout);
             read_final_head(&mut stream, rd, interim, true).await
         }
-        Err(e) => Err(HeadError::before_response(upstream_write_error(e))),
+        Err(e) => Err(HeadError {
+            error: upstream_write_error(e),
+            received: false,
+            interim_sent: false,
+        }),
     };
     head.map(|()| stream).map_err(|e| Miss {
         unprocessed: reused && x.idempotent && e.retryable(),
@@ -155,7 +156,14 @@ fn obtain_for<'a>(
     let tls = x.target.pool.tls.as_deref();
     let upstream = x.target.upstream;
     if !a.fresh {
-        if let Some(stream) = pooled(x.worker, a.server, tls, upstream, a.metrics, a.started) {
+        // An idle connection to the server, checked against the try's start.
+        let mut pool = x.worker.pool.borrow_mut();
+        let key = PoolKey::new(a.server, tls);
+        let (reused, idle) = pool.take(key, upstream.idle_timeout, a.started);
+        if let Some(m) = a.metrics {
+            m.pool_idle.set(idle as u64);
+        }
+        if let Some(stream) = reused {
             return Obtained::Pooled(stream);
         }
     }
@@ -166,26 +174,6 @@ fn obtain_for<'a>(
 enum Obtained<C> {
     Pooled(UpstreamStream),
     Connect(C),
-}
-
-/// A pooled idle connection to `server` (checked against `now`), if there is one.
-fn pooled(
-    worker: &Worker,
-    server: &UpstreamServer,
-    tls: Option<&TlsUpstream>,
-    upstream: &Upstream,
-    metrics: Option<&ServerMetrics>,
-    now: std::time::Instant,
-) -> Option<UpstreamStream> {
-    let key = PoolKey::new(server, tls);
-    let (reused, idle) = worker
-        .pool
-        .borrow_mut()
-        .take(key, upstream.idle_timeout, now);
-    if let Some(m) = metrics {
-        m.pool_idle.set(idle as u64);
-    }
-    reused
 }
 
 /// A new connection to `server`.
@@ -318,27 +306,14 @@ pub(crate) struct HeadError {
 
 impl From<HeadError> for Failure {
     fn from(e: HeadError) -> Failure {
-        let reached = if e.interim_sent {
-            Reached::Interim
-        } else {
-            Reached::Nothing
-        };
         Failure {
             error: e.error,
-            reached,
+            reached: Reached::before_head(e.interim_sent),
         }
     }
 }
 
 impl HeadError {
-    fn before_response(error: ProxyError) -> HeadError {
-        HeadError {
-            error,
-            received: false,
-            interim_sent: false,
-        }
-    }
-
     /// A closed connection or an I/O error before any response byte: on a pooled
     /// connection, the server closed it before it read the request.
     pub(crate) fn retryable(&self) -> bool {
@@ -359,13 +334,11 @@ pub(crate) const TOO_MANY_INFORMATIONAL: ProxyError =
 /// Each relay returns whether the client got the head (a stream may skip one); `Err`: the
 /// client cannot be answered any more, and why (`ClientClosed`: it left).
 pub(crate) trait Interim {
-    /// Relays an HTTP/1.1 upstream's 1xx head `resp`, whose bytes are `head`, within
-    /// `timeout`.
+    /// Relays an HTTP/1.1 upstream's 1xx head `resp`, whose bytes are `head`.
     fn relay(
         &mut self,
         head: &[u8],
         resp: &ResponseHead,
-        timeout: Duration,
     ) -> impl std::future::Future<Output = Result<bool, ProxyError>>;
 
     /// Relays an HTTP/2 upstream's 1xx head.
@@ -385,12 +358,7 @@ pub(crate) struct Http1Interim<'w, W> {
 }
 
 impl<W: AsyncWrite + Unpin> Interim for Http1Interim<'_, W> {
-    async fn relay(
-        &mut self,
-        head: &[u8],
-        resp: &ResponseHead,
-        _: Duration,
-    ) -> Result<bool, ProxyError> {
+    async fn relay(&mut self, head: &[u8], resp: &ResponseHead) -> Result<bool, ProxyError> {
         let mut out = Vec::with_capacity(head.len());
         super::head::write_interim_from_http1(&mut out, head, resp);
         self.send(&out).await
@@ -398,7 +366,7 @@ impl<W: AsyncWrite + Unpin> Interim for Http1Interim<'_, W> {
 
     async fn relay_h2(&mut self, head: http::Response<()>) -> Result<bool, ProxyError> {
         let mut out = Vec::with_capacity(128);
-        super::h2::write_interim(&mut out, &head);
+        super::head::write_interim_from_h2(&mut out, &head);
         self.send(&out).await
     }
 }
@@ -407,7 +375,7 @@ impl<W: AsyncWrite + Unpin> Http1Interim<'_, W> {
     /// Writes a 1xx head (`Ok(true)`: the client has it).
     async fn send(&mut self, head: &[u8]) -> Result<bool, ProxyError> {
         *self.informed = true;
-        body::write_all(self.writer, head, &[], self.timeout)
+        body::write_parts(self.writer, [head], self.timeout)
             .await
             .map(|()| true)
             .map_err(|_| ProxyError::ClientClosed)
@@ -418,7 +386,7 @@ impl<W: AsyncWrite + Unpin> Http1Interim<'_, W> {
 pub(crate) struct NoInterim;
 
 impl Interim for NoInterim {
-    async fn relay(&mut self, _: &[u8], _: &ResponseHead, _: Duration) -> Result<bool, ProxyError> {
+    async fn relay(&mut self, _: &[u8], _: &ResponseHead) -> Result<bool, ProxyError> {
         Ok(false)
     }
 
@@ -489,7 +457,7 @@ where
         }
         if !meta.http10 {
             let head = &rd.up_buf.filled()[..rd.resp.head_len];
-            let relayed = client.relay(head, rd.resp, rd.client_timeout).await;
+            let relayed = client.relay(head, rd.resp).await;
             // Err: the HTTP/1.1 client may have part of the head (so, `interim_sent`).
             interim_sent |= relayed.map_err(|e| fail(e, true, true))?;
         }

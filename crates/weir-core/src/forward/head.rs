@@ -3,13 +3,14 @@
 //! mapped back (`reverse_rewrite`), the `response_headers` rules, the compression plan, the
 //! sticky-session cookie), and its writing as HTTP/1.1 for an HTTP/1.x client from either
 //! upstream's head ([`write_from_http1`]: the upstream's lines copied in runs;
-//! [`write_from_h2`]: an HTTP/2 upstream's fields). An HTTP/2 client's head is built from
-//! the same `Edits` (`http2::respond::head_from_http1` / `head_from_h2`), as an HTTP/3
-//! client's is.
+//! [`write_from_h2`]: an HTTP/2 upstream's fields; 1xx heads by `write_interim_from_*`).
+//! An HTTP/2 client's head is built from the same `Edits` (`http2::respond::head_from_http1`
+//! / `head_from_h2`), as an HTTP/3 client's is.
 
-use http::StatusCode;
+use http::{HeaderMap, StatusCode};
 use weir_config::{HeaderRules, Route, UpstreamServer};
 
+use super::h2::is_connection_specific;
 use crate::codec::http1::write::{push_header, push_status_line, HeaderLines, Persistence};
 use crate::codec::http1::{BodyFraming, HeaderKind, ResponseHead};
 use crate::codec::Fields;
@@ -114,6 +115,7 @@ impl<'a> Edits<'a> {
 }
 
 /// How the head presents the client connection.
+#[derive(Default)]
 pub struct ClientFraming {
     /// The body is re-framed from chunked to close-delimited (HTTP/1.0 client).
     pub dechunk: bool,
@@ -130,6 +132,25 @@ pub(crate) fn write_interim_from_http1(out: &mut Vec<u8>, buf: &[u8], resp: &Res
     push_status_line(out, resp.status, &buf[resp.reason.clone()]);
     copy_lines(out, buf, resp, &Edits::default(), |_| false);
     out.extend_from_slice(b"\r\n");
+}
+
+/// Appends an HTTP/2 upstream's 1xx head as HTTP/1.1 (its connection-specific fields
+/// dropped).
+pub(crate) fn write_interim_from_h2(out: &mut Vec<u8>, head: &http::Response<()>) {
+    push_status_line(out, head.status().as_u16(), reason(head.status()));
+    push_fields(out, head.headers(), |_| false);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Appends HTTP/2 `fields` as HTTP/1.1 lines (lower-case names, as HTTP/2 has them) but
+/// connection-specific and `dropped` ones.
+pub(crate) fn push_fields(out: &mut Vec<u8>, fields: &HeaderMap, dropped: impl Fn(&str) -> bool) {
+    for (name, value) in fields {
+        if is_connection_specific(name) || dropped(name.as_str()) {
+            continue;
+        }
+        push_header(out, name.as_str().as_bytes(), value.as_bytes());
+    }
 }
 
 /// Appends the client's head for an HTTP/1.1 upstream's `resp` (parsed from `buf`).
@@ -240,7 +261,7 @@ pub(crate) fn write_from_h2(
     let status = parts.status;
     push_status_line(out, status.as_u16(), reason(status));
     for (name, value) in &parts.headers {
-        if super::h2::is_connection_specific(name) || edits.drops(name.as_str().as_bytes()) {
+        if is_connection_specific(name) || edits.drops(name.as_str().as_bytes()) {
             continue;
         }
         let name = name.as_str().as_bytes();
@@ -320,10 +341,95 @@ pub(crate) fn coding(
     };
     let encoder = crate::filters::compression::Encoder::new(encoding, &cfg.levels, length)
         .map_err(|_| super::relay::COMPRESSOR_FAILED)?;
-    Ok(Some(super::relay::Coding {
-        encoder,
+    let counts = crate::filters::compression::Compressed {
         encoding,
         bytes_in: 0,
         bytes_out: 0,
-    }))
+    };
+    Ok(Some(super::relay::Coding { encoder, counts }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{write_from_h2, Edits, ForClient, Framing};
+
+    fn parts(status: u16, fields: &[(&str, &str)]) -> http::response::Parts {
+        let mut builder = http::Response::builder().status(status);
+        for (n, v) in fields {
+            builder = builder.header(*n, *v);
+        }
+        builder.body(()).expect("response").into_parts().0
+    }
+
+    fn head(ask: ForClient, end_stream: bool) -> ForClient {
+        ForClient { end_stream, ..ask }
+    }
+
+    fn write_head(out: &mut Vec<u8>, p: &http::response::Parts, c: &ForClient) -> (Framing, bool) {
+        write_from_h2(out, p, &Edits::default(), c)
+    }
+
+    const GET11: ForClient = ForClient {
+        is_head: false,
+        http10: false,
+        te_trailers: false,
+        accepted: None,
+        end_stream: false,
+        keep_alive: true,
+    };
+
+    #[test]
+    fn head_framing_follows_length_status_and_client_version() {
+        let mut out = Vec::new();
+        let p = parts(200, &[("content-length", "5"), ("x-a", "1")]);
+        assert_eq!(
+            write_head(&mut out, &p, &head(GET11, false)),
+            (Framing::Length, true)
+        );
+        assert_eq!(
+            out,
+            b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\nx-a: 1\r\n\r\n"
+        );
+        out.clear();
+        let p = parts(200, &[]);
+        assert_eq!(
+            write_head(&mut out, &p, &head(GET11, false)),
+            (Framing::Chunked, true)
+        );
+        assert!(out.ends_with(b"Transfer-Encoding: chunked\r\n\r\n"));
+        out.clear();
+        assert_eq!(
+            write_head(&mut out, &p, &head(GET11, true)),
+            (Framing::Empty, true)
+        );
+        assert!(out.ends_with(b"Content-Length: 0\r\n\r\n"));
+        out.clear();
+        let http10 = ForClient {
+            http10: true,
+            ..GET11
+        };
+        assert_eq!(
+            write_head(&mut out, &p, &head(http10, false)),
+            (Framing::UntilClose, false)
+        );
+        assert!(out.ends_with(b"Connection: close\r\n\r\n"));
+        out.clear();
+        let head_req = ForClient {
+            is_head: true,
+            ..GET11
+        };
+        let p = parts(200, &[("content-length", "99")]);
+        assert_eq!(
+            write_head(&mut out, &p, &head(head_req, true)),
+            (Framing::Empty, true)
+        );
+        assert!(out.ends_with(b"content-length: 99\r\n\r\n"));
+        out.clear();
+        let p = parts(204, &[]);
+        assert_eq!(
+            write_head(&mut out, &p, &head(GET11, false)),
+            (Framing::Empty, true)
+        );
+        assert_eq!(out, b"HTTP/1.1 204 No Content\r\n\r\n");
+    }
 }

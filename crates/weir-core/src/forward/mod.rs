@@ -120,6 +120,16 @@ pub enum Reached {
     Head,
 }
 
+impl Reached {
+    /// Short of the final head: `Interim` once a 1xx went to the client.
+    pub fn before_head(interim_sent: bool) -> Reached {
+        match interim_sent {
+            true => Reached::Interim,
+            false => Reached::Nothing,
+        }
+    }
+}
+
 /// A failed exchange: what went wrong and how far the response had got.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Failure {

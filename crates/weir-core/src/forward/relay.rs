@@ -32,7 +32,7 @@ use crate::cache::Recorder;
 use crate::codec::http1::{BodyFraming, ResponseHead};
 use crate::connector::h2::h2_error;
 use crate::error::ProxyError;
-use crate::filters::compression::Encoder;
+use crate::filters::compression::{Compressed, Encoder};
 use crate::time::{paced, with_timeout, Pace, Waited};
 use weir_config::MinBodyRate;
 
@@ -145,13 +145,10 @@ impl From<ProxyError> for Broke {
     }
 }
 
-/// A response's compression on the way: the encoder and its byte counts.
+/// A response's compression on the way: the encoder, its coding and byte counts.
 pub(crate) struct Coding {
     pub encoder: Encoder,
-    pub encoding: weir_config::Encoding,
-    /// Body bytes fed to the encoder, and compressed bytes sent.
-    pub bytes_in: u64,
-    pub bytes_out: u64,
+    pub counts: Compressed,
 }
 
 /// A compressor that failed: the server's response cannot go out as planned (502).
@@ -203,12 +200,8 @@ pub(crate) async fn relay<S: Source, K: Sink>(
 
 impl Coding {
     /// What the compression did, for the metrics.
-    pub fn compressed(&self) -> crate::filters::compression::Compressed {
-        crate::filters::compression::Compressed {
-            encoding: self.encoding,
-            bytes_in: self.bytes_in,
-            bytes_out: self.bytes_out,
-        }
+    pub fn compressed(&self) -> Compressed {
+        self.counts
     }
 
     /// Encodes `data` (the encoder's end too when `data` is the last or empty), and sends
@@ -217,13 +210,13 @@ impl Coding {
         let failed = |_| Broke::Source(COMPRESSOR_FAILED);
         if !data.is_empty() {
             self.encoder.feed(data).map_err(failed)?;
-            self.bytes_in += data.len() as u64;
+            self.counts.bytes_in += data.len() as u64;
         }
         if last || data.is_empty() {
             self.encoder.finish().map_err(failed)?;
         }
         let out = self.encoder.output();
-        self.bytes_out += out.len() as u64;
+        self.counts.bytes_out += out.len() as u64;
         let sent = match out.is_empty() && !last {
             true => Ok(()),
             false => sink.data(Piece::Slice(out), last).await,
@@ -529,13 +522,6 @@ impl<'b> H2Source<'b> {
             Peer::Upstream => h2_error(&e),
         }
     }
-
-    fn timed_out(&self) -> ProxyError {
-        match self.from {
-            Peer::Client => ProxyError::ClientTimeout,
-            Peer::Upstream => ProxyError::UpstreamTimeout,
-        }
-    }
 }
 
 impl Source for H2Source<'_> {
@@ -543,7 +529,7 @@ impl Source for H2Source<'_> {
         loop {
             let data = match paced(self.pace.as_mut(), self.timeout, self.body.data()).await {
                 Err(Waited::TooSlow) => return Err(ProxyError::BodyTooSlow),
-                Err(Waited::Timeout) => return Err(self.timed_out()),
+                Err(Waited::Timeout) => return Err(self.from.error(PumpError::ReadTimeout)),
                 Ok(None) => return Ok(None),
                 Ok(Some(Err(e))) => return Err(self.error(e)),
                 Ok(Some(Ok(data))) => data,
@@ -572,7 +558,7 @@ impl Source for H2Source<'_> {
 
     async fn trailers(&mut self) -> Result<Trailers<'_>, ProxyError> {
         match with_timeout(self.timeout, self.body.trailers()).await {
-            Err(_) => Err(self.timed_out()),
+            Err(_) => Err(self.from.error(PumpError::ReadTimeout)),
             Ok(Err(e)) => Err(self.error(e)),
             Ok(Ok(Some(fields))) => Ok(Trailers::Fields(fields)),
             Ok(Ok(None)) => Ok(Trailers::None),
@@ -673,7 +659,7 @@ impl<W> Http1Sink<'_, W> {
             Trailers::Fields(fields) => {
                 let dropped =
                     |name: &str| !trailer::relayed(name.as_bytes()) || drops(name.as_bytes());
-                super::h2::push_fields(&mut lines, fields, dropped);
+                super::head::push_fields(&mut lines, fields, dropped);
             }
         }
         lines

@@ -414,7 +414,6 @@ impl<S: Source, I: Interim> Sender for StreamSender<'_, S, I> {
             resp: self.resp,
             timer: self.timer,
             meta,
-            client_timeout: x.target.listener.client_timeout,
         };
         let sent = match self.body.as_mut() {
             None => (

@@ -70,7 +70,7 @@ pub(crate) async fn forward_h2(
     }
     conn.current.exchange = trace;
     // The request is consumed once answered (a streamed body consumed it as it went).
-    conn.buf.consume(body.skip());
+    conn.buf.consume(body.skip);
     conn.current.read = body.is_read();
     match tried? {
         (Relayed::Over(relayed), kept) => relayed.map(|()| kept),
@@ -100,7 +100,7 @@ async fn tries(
 ) -> Result<(Relayed, bool), Failure> {
     // A streamed upload consumes the head from the buffer: the tries write their requests
     // from this copy (one per streamed upload, none for a body at hand).
-    let copy = match body.whole() {
+    let copy = match body.whole {
         Some(_) => Vec::new(),
         None => conn.buf.filled()[..req.head_len].to_vec(),
     };
@@ -120,8 +120,8 @@ async fn tries(
         ..
     } = &mut *conn;
     let (mut reader, writer) = stream.split().map_err(ProxyError::client_io)?;
-    let expect = req.expect_continue && body.whole().is_none();
-    let (head, up_body) = match body.whole() {
+    let expect = req.expect_continue && body.whole.is_none();
+    let (head, up_body) = match &body.whole {
         _ if body.is_empty() => (buf.filled(), None),
         Some(whole) => (buf.filled(), Some(Http1Body::Whole(whole.clone()))),
         None => {
@@ -281,7 +281,7 @@ impl ClientSide for Http1Client<'_> {
         }
         self.informed = true;
         let go_on = b"HTTP/1.1 100 Continue\r\n\r\n";
-        body::write_all(&mut self.writer, go_on, &[], self.listener.client_timeout)
+        body::write_parts(&mut self.writer, [go_on], self.listener.client_timeout)
             .await
             .map_err(|_| ProxyError::ClientClosed)
     }

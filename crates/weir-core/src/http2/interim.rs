@@ -17,7 +17,6 @@
 
 use std::cell::{Cell, RefCell};
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use bytes::Bytes;
 use h2::server::SendResponse;
@@ -157,12 +156,7 @@ impl Resettable for &ClientStream<'_> {
 /// head only); an HTTP/2 upstream's as they came. A client gone ends the wait
 /// through its reset (`gone`), not here.
 impl Interim for &ClientStream<'_> {
-    async fn relay(
-        &mut self,
-        head: &[u8],
-        resp: &ResponseHead,
-        _: Duration,
-    ) -> Result<bool, ProxyError> {
+    async fn relay(&mut self, head: &[u8], resp: &ResponseHead) -> Result<bool, ProxyError> {
         match informational(head, resp) {
             Some(response) => self.send(response).map_err(|()| ProxyError::ClientClosed),
             None => Ok(false),

@@ -491,7 +491,7 @@ impl<C: ClientSide, B: ClientBody> Sender for H2Sender<'_, '_, C, B> {
         let mut request = request.map_err(Miss::unsent)?;
         self.client.edit_request(&mut request);
         let end = self.body.is_none();
-        let Some((pending, mut up_send)) = open(tries.exchange(), a, request, end).await? else {
+        let Some((pending, mut up_send)) = open(tries.x, a, request, end).await? else {
             return Ok(Relayed::Http1);
         };
         self.client.opened().await?;

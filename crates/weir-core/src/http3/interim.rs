@@ -66,12 +66,7 @@ impl<'a, 's> H3Interim<'a, 's> {
 }
 
 impl Interim for H3Interim<'_, '_> {
-    async fn relay(
-        &mut self,
-        head: &[u8],
-        resp: &ResponseHead,
-        _: Duration,
-    ) -> Result<bool, ProxyError> {
+    async fn relay(&mut self, head: &[u8], resp: &ResponseHead) -> Result<bool, ProxyError> {
         match informational(head, resp) {
             Some(response) => self.send(response).await,
             None => Ok(false),

@@ -13,7 +13,6 @@
 //! again (not on a connection going away) when its body can be sent again.
 
 pub(crate) mod request_body;
-mod response;
 
 use std::future::{poll_fn, Future};
 use std::pin::Pin;
@@ -35,8 +34,6 @@ use crate::codec::http1::header::is_token;
 use crate::connector::h2::{checkout, h2_error, never_processed, Checkout, Lease};
 use crate::error::ProxyError;
 use crate::time::with_timeout;
-
-pub(crate) use response::{push_fields, write_interim};
 
 /// A stream sent to a server: its connection's lease and the response to come.
 pub(crate) struct Pending {
@@ -106,17 +103,6 @@ where
     let Pending { lease, response } = pending;
     let mut relayed = false;
     let head = next_final(response, interim, bounds, &mut relayed);
-    let failed = |error, relayed| Miss {
-        failure: Failure {
-            error,
-            reached: if relayed {
-                Reached::Interim
-            } else {
-                Reached::Nothing
-            },
-        },
-        ..Miss::from(error)
-    };
     let (timeout, deadline) = (bounds.timeout, bounds.deadline);
     let error = match upload_while_waiting(upload, state, head, timeout, deadline, gone).await {
         Ok(head) => return Ok((head, lease)),
@@ -125,13 +111,15 @@ where
             if e.is_go_away() {
                 lease.drain();
             }
-            let mut miss = failed(ProxyError::UpstreamClosed, false);
-            miss.unprocessed = true;
-            return Err(miss);
+            return Err(Miss {
+                unprocessed: true,
+                ..Miss::from(ProxyError::UpstreamClosed)
+            });
         }
         Err(NoFinal::H2(e)) => h2_error(&e),
     };
-    Err(failed(error, relayed))
+    let reached = Reached::before_head(relayed);
+    Err(Miss::from(Failure { error, reached }))
 }
 
 /// Why no final head came.

@@ -26,11 +26,13 @@ use crate::forward::Timeouts;
 pub(crate) struct RequestBody {
     framing: BodyFraming,
     limit: Option<u64>,
-    /// The whole body, decoded, when it was complete in the buffer.
-    whole: Option<Bytes>,
+    /// The whole body, decoded, when it was complete in the buffer (sent again as it is
+    /// on another try).
+    pub whole: Option<Bytes>,
     /// Bytes at the start of the client's buffer the request takes (its head, and the
-    /// whole body): consumed by the caller once answered, or when a streamed body starts.
-    skip: usize,
+    /// whole body): consumed by the caller once answered (none once a streamed body
+    /// consumed them).
+    pub skip: usize,
     /// A streamed body was read to its end.
     read: bool,
 }
@@ -69,12 +71,6 @@ impl RequestBody {
         Ok(body)
     }
 
-    /// The bytes of the client's buffer the request still takes: none once a streamed
-    /// body consumed them.
-    pub(crate) fn skip(&self) -> usize {
-        self.skip
-    }
-
     /// The whole body was taken from the client (whole in its buffer, or streamed to its
     /// end): the buffer starts at the client's next request once `skip` is consumed.
     pub(crate) fn is_read(&self) -> bool {
@@ -84,11 +80,6 @@ impl RequestBody {
     /// No DATA at all: the HEADERS frame ends the stream.
     pub(crate) fn is_empty(&self) -> bool {
         self.whole.as_ref().is_some_and(Bytes::is_empty)
-    }
-
-    /// The whole body, decoded, when it arrived with the head.
-    pub(crate) fn whole(&self) -> Option<&Bytes> {
-        self.whole.as_ref()
     }
 
     /// Sends a body that is not [`Self::whole`] as DATA within the upstream's window,
