@@ -52,9 +52,6 @@ pub struct Pace {
     received: u64,
     /// Time spent waiting for them.
     waited: Duration,
-    /// The wait for the first byte is not the client's: it sent `Expect: 100-continue` and
-    /// waits for the upstream's 100 (`client_timeout` still bounds that wait).
-    after_continue: bool,
 }
 
 impl Pace {
@@ -63,21 +60,7 @@ impl Pace {
             rate,
             received: 0,
             waited: Duration::ZERO,
-            after_continue: false,
         }
-    }
-
-    /// Counts no wait before the first body byte (see `after_continue`).
-    pub fn after_continue(self, waits: bool) -> Pace {
-        Pace {
-            after_continue: waits,
-            ..self
-        }
-    }
-
-    /// Whether the current wait counts against the rate.
-    fn counts(&self) -> bool {
-        self.received > 0 || !self.after_continue
     }
 
     /// Counts `n` more bytes received.
@@ -109,13 +92,10 @@ pub async fn paced<F: Future>(
     if let Poll::Ready(out) = poll_fn(|cx| Poll::Ready(fut.as_mut().poll(cx))).await {
         return Ok(out);
     }
-    let counts = pace.counts();
-    let left = if counts { pace.left() } else { Duration::MAX };
+    let left = pace.left();
     let started = Instant::now();
     let out = tokio::time::timeout(timeout.min(left), fut).await;
-    if counts {
-        pace.waited += started.elapsed();
-    }
+    pace.waited += started.elapsed();
     out.map_err(|_| match left < timeout {
         true => Waited::TooSlow,
         false => Waited::Timeout,

@@ -325,8 +325,7 @@ impl Sender for Http1Sender<'_, '_> {
                 let state = std::mem::replace(state, BodyState::Done);
                 let mut source =
                     Http1Source::new(&mut cr, buf, state, timeouts.client, Peer::Client)
-                        .paced(timeouts.min_body_rate)
-                        .after_continue(req.expect_continue && buffered == 0);
+                        .paced(timeouts.min_body_rate);
                 let relayed = relay(&mut source, &mut sink, None).await;
                 *body_read = relayed.is_ok();
                 relayed

@@ -347,13 +347,6 @@ impl<'b, R> Http1Source<'b, R> {
         self.pace = rate.map(Pace::new);
         self
     }
-
-    /// The client waits for the upstream's 100 before its first body byte
-    /// (`Pace::after_continue`).
-    pub fn after_continue(mut self, waits: bool) -> Self {
-        self.pace = self.pace.map(|p| p.after_continue(waits));
-        self
-    }
 }
 
 impl<R: AsyncRead + Unpin> Source for Http1Source<'_, R> {
