@@ -228,7 +228,9 @@ impl<'s> Sinking<'s> {
 
 /// Where and how a body is relayed into a client's stream.
 pub(crate) struct Sinking<'s> {
+    /// What the route does to the head (the names it drops leave the trailers too).
     pub edits: &'s Edits<'s>,
+    /// Body bytes sent, the `grpc-status` sent, the client's reset.
     pub trace: &'s mut Trace,
     /// How long the client's window may stay shut.
     pub stall: std::time::Duration,
