@@ -34,6 +34,7 @@ use super::io::Prefixed;
 use super::outbox::{Outbox, StreamOut};
 use crate::client::ClientConn;
 use crate::filters::forwarded::ClientIp;
+use crate::metrics::shard::{Counter, Http2Metrics};
 use crate::places::IdlePlace;
 use crate::tls::session::TlsSession;
 use crate::worker::Worker;
@@ -74,19 +75,22 @@ pub struct Shared {
 }
 
 impl Shared {
+    /// Counts an event of the connection in its listener's HTTP/2 metrics.
+    fn count(&self, counter: impl FnOnce(&Http2Metrics) -> &Counter) {
+        if let Some(m) = self.worker.metrics.listener(self.slot) {
+            counter(&m.http2).inc();
+        }
+    }
+
     /// The client reset a stream Weir had accepted (its upstream request was cancelled).
     pub fn reset_by_client(&self) {
-        if let Some(m) = self.worker.metrics.listener(self.slot) {
-            m.http2.client_resets.inc();
-        }
+        self.count(|m| &m.client_resets);
         self.budget.record(Instant::now());
     }
 
     /// Weir (or the `h2` crate) reset a stream because of the client's error on it.
     pub fn reset_by_client_error(&self) {
-        if let Some(m) = self.worker.metrics.listener(self.slot) {
-            m.http2.forced_resets.inc();
-        }
+        self.count(|m| &m.forced_resets);
         self.budget.record(Instant::now());
     }
 
@@ -110,9 +114,7 @@ impl Shared {
 
     /// The client sent a frame that carries no request (`frames::glitch`).
     pub fn glitch(&self) {
-        if let Some(m) = self.worker.metrics.listener(self.slot) {
-            m.http2.glitches.inc();
-        }
+        self.count(|m| &m.glitches);
         self.glitches.record(Instant::now());
     }
 
@@ -192,9 +194,7 @@ pub async fn serve(worker: Rc<Worker>, slot: usize, mut conn: ClientConn) {
     });
     // Idle until its first stream: a connection that never sends one can be reclaimed.
     shared.idle.rest(&worker.idle, now);
-    if let Some(m) = worker.metrics.listener(slot) {
-        m.http2.connections.inc();
-    }
+    shared.count(|m| &m.connections);
     let io = Prefixed::new(conn, shared.clone());
     let handshake = builder(h2).handshake::<_, Bytes>(io);
     let handshake = tokio::select! {
@@ -318,7 +318,7 @@ fn connection_failed(shared: &Shared, listener: &Listener, e: &h2::Error) {
     tracing::debug!(listener = %listener.name, error = %e, "HTTP/2 connection error");
     let calm = e.reason() == Some(Reason::ENHANCE_YOUR_CALM) && !e.is_remote();
     if calm && !shared.over_budget() {
-        count_calm(shared);
+        shared.count(|m| &m.calm_goaways);
     }
 }
 
@@ -326,9 +326,7 @@ fn connection_failed(shared: &Shared, listener: &Listener, e: &h2::Error) {
 /// dropped (counted).
 fn stalled_out(shared: &Shared, listener: &Listener) {
     tracing::debug!(listener = %listener.name, "HTTP/2 client stalled: closed");
-    if let Some(m) = shared.worker.metrics.listener(shared.slot) {
-        m.http2.stalled.inc();
-    }
+    shared.count(|m| &m.stalled);
 }
 
 /// Starts the task that serves one accepted stream.
@@ -374,7 +372,7 @@ fn calm_down(
         return false;
     }
     tracing::debug!(listener = %listener.name, budget = what, "HTTP/2 client over its budget");
-    count_calm(shared);
+    shared.count(|m| &m.calm_goaways);
     h2.abrupt_shutdown(Reason::ENHANCE_YOUR_CALM);
     true
 }
@@ -416,11 +414,5 @@ pub(crate) fn next_idle_look(since: Instant, running: usize, idle: Duration) -> 
         0 if since.elapsed() >= idle => None,
         0 => Some(since + idle),
         _ => Some(Instant::now() + idle.max(Duration::from_secs(1))),
-    }
-}
-
-fn count_calm(shared: &Shared) {
-    if let Some(m) = shared.worker.metrics.listener(shared.slot) {
-        m.http2.calm_goaways.inc();
     }
 }

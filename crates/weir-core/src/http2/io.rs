@@ -140,7 +140,9 @@ impl AsyncWrite for Prefixed {
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        let flushed = this.gather.poll_flush(&mut this.conn.stream, cx);
+        let flushed = this
+            .gather
+            .poll_then(&mut this.conn.stream, cx, AsyncWrite::poll_flush);
         this.progress();
         match &flushed {
             Poll::Pending => this.waits(),
@@ -154,6 +156,7 @@ impl AsyncWrite for Prefixed {
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        this.gather.poll_shutdown(&mut this.conn.stream, cx)
+        this.gather
+            .poll_then(&mut this.conn.stream, cx, AsyncWrite::poll_shutdown)
     }
 }
