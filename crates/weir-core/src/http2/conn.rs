@@ -34,7 +34,6 @@ use super::io::Prefixed;
 use super::outbox::{Outbox, StreamOut};
 use crate::client::ClientConn;
 use crate::filters::forwarded::ClientIp;
-use crate::metrics::shard::{Counter, Http2Metrics};
 use crate::places::IdlePlace;
 use crate::tls::session::TlsSession;
 use crate::worker::Worker;
@@ -75,22 +74,19 @@ pub struct Shared {
 }
 
 impl Shared {
-    /// Counts an event of the connection in its listener's HTTP/2 metrics.
-    fn count(&self, counter: impl FnOnce(&Http2Metrics) -> &Counter) {
-        if let Some(m) = self.worker.metrics.listener(self.slot) {
-            counter(&m.http2).inc();
-        }
-    }
-
     /// The client reset a stream Weir had accepted (its upstream request was cancelled).
     pub fn reset_by_client(&self) {
-        self.count(|m| &m.client_resets);
+        if let Some(m) = self.worker.metrics.listener(self.slot) {
+            m.http2.client_resets.inc();
+        }
         self.budget.record(Instant::now());
     }
 
     /// Weir (or the `h2` crate) reset a stream because of the client's error on it.
     pub fn reset_by_client_error(&self) {
-        self.count(|m| &m.forced_resets);
+        if let Some(m) = self.worker.metrics.listener(self.slot) {
+            m.http2.forced_resets.inc();
+        }
         self.budget.record(Instant::now());
     }
 
@@ -114,7 +110,9 @@ impl Shared {
 
     /// The client sent a frame that carries no request (`frames::glitch`).
     pub fn glitch(&self) {
-        self.count(|m| &m.glitches);
+        if let Some(m) = self.worker.metrics.listener(self.slot) {
+            m.http2.glitches.inc();
+        }
         self.glitches.record(Instant::now());
     }
 
@@ -194,7 +192,9 @@ pub async fn serve(worker: Rc<Worker>, slot: usize, mut conn: ClientConn) {
     });
     // Idle until its first stream: a connection that never sends one can be reclaimed.
     shared.idle.rest(&worker.idle, now);
-    shared.count(|m| &m.connections);
+    if let Some(m) = worker.metrics.listener(slot) {
+        m.http2.connections.inc();
+    }
     let io = Prefixed::new(conn, shared.clone());
     let handshake = builder(h2).handshake::<_, Bytes>(io);
     let handshake = tokio::select! {
@@ -318,7 +318,7 @@ fn connection_failed(shared: &Shared, listener: &Listener, e: &h2::Error) {
     tracing::debug!(listener = %listener.name, error = %e, "HTTP/2 connection error");
     let calm = e.reason() == Some(Reason::ENHANCE_YOUR_CALM) && !e.is_remote();
     if calm && !shared.over_budget() {
-        shared.count(|m| &m.calm_goaways);
+        count_calm(shared);
     }
 }
 
@@ -326,7 +326,9 @@ fn connection_failed(shared: &Shared, listener: &Listener, e: &h2::Error) {
 /// dropped (counted).
 fn stalled_out(shared: &Shared, listener: &Listener) {
     tracing::debug!(listener = %listener.name, "HTTP/2 client stalled: closed");
-    shared.count(|m| &m.stalled);
+    if let Some(m) = shared.worker.metrics.listener(shared.slot) {
+        m.http2.stalled.inc();
+    }
 }
 
 /// Starts the task that serves one accepted stream.
@@ -372,7 +374,7 @@ fn calm_down(
         return false;
     }
     tracing::debug!(listener = %listener.name, budget = what, "HTTP/2 client over its budget");
-    shared.count(|m| &m.calm_goaways);
+    count_calm(shared);
     h2.abrupt_shutdown(Reason::ENHANCE_YOUR_CALM);
     true
 }
@@ -414,5 +416,11 @@ pub(crate) fn next_idle_look(since: Instant, running: usize, idle: Duration) -> 
         0 if since.elapsed() >= idle => None,
         0 => Some(since + idle),
         _ => Some(Instant::now() + idle.max(Duration::from_secs(1))),
+    }
+}
+
+fn count_calm(shared: &Shared) {
+    if let Some(m) = shared.worker.metrics.listener(shared.slot) {
+        m.http2.calm_goaways.inc();
     }
 }

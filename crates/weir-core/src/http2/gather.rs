@@ -58,15 +58,24 @@ impl Gather {
         std::mem::take(&mut self.moved)
     }
 
-    /// Writes what is held, then polls `then` on `io` (its `poll_flush` or `poll_shutdown`).
-    pub fn poll_then<W: AsyncWrite + Unpin>(
+    /// Writes what is held, then flushes `io`.
+    pub fn poll_flush<W: AsyncWrite + Unpin>(
         &mut self,
         io: &mut W,
         cx: &mut Context<'_>,
-        then: impl FnOnce(Pin<&mut W>, &mut Context<'_>) -> Poll<io::Result<()>>,
     ) -> Poll<io::Result<()>> {
         ready!(self.poll_send(io, cx, &[]))?;
-        then(Pin::new(io), cx)
+        Pin::new(io).poll_flush(cx)
+    }
+
+    /// Writes what is held, then shuts `io` down.
+    pub fn poll_shutdown<W: AsyncWrite + Unpin>(
+        &mut self,
+        io: &mut W,
+        cx: &mut Context<'_>,
+    ) -> Poll<io::Result<()>> {
+        ready!(self.poll_send(io, cx, &[]))?;
+        Pin::new(io).poll_shutdown(cx)
     }
 
     /// Writes what is held and as much of `data` as `io` takes in the same call. Returns
@@ -173,10 +182,6 @@ mod tests {
         }
     }
 
-    async fn flush(g: &mut Gather, io: &mut Recorder) -> io::Result<()> {
-        poll_fn(|cx| g.poll_then(io, cx, Recorder::poll_flush)).await
-    }
-
     #[tokio::test]
     async fn a_short_write_goes_out_with_the_long_one_after_it() {
         let (mut g, mut io) = (Gather::default(), Recorder::default());
@@ -185,7 +190,7 @@ mod tests {
         write_all(&mut g, &mut io, &frames).await;
         assert_eq!(io.calls, 0, "the short write is held");
         write_all(&mut g, &mut io, &payload).await;
-        assert!(flush(&mut g, &mut io).await.is_ok());
+        assert!(poll_fn(|cx| g.poll_flush(&mut io, cx)).await.is_ok());
         assert_eq!(io.calls, 1, "one writev for both");
         assert_eq!(io.out, [frames, payload].concat());
     }
@@ -197,11 +202,11 @@ mod tests {
         for p in &pieces {
             write_all(&mut g, &mut io, p).await;
         }
-        assert!(flush(&mut g, &mut io).await.is_ok());
+        assert!(poll_fn(|cx| g.poll_flush(&mut io, cx)).await.is_ok());
         assert_eq!(io.out, pieces.concat());
         // 10 x 300 bytes fit in one gather; an empty flush writes nothing.
         assert_eq!(io.calls, 1);
-        assert!(flush(&mut g, &mut io).await.is_ok());
+        assert!(poll_fn(|cx| g.poll_flush(&mut io, cx)).await.is_ok());
         assert_eq!(io.calls, 1);
     }
 
@@ -214,12 +219,8 @@ mod tests {
             for piece in data.chunks(1500).chain(data.chunks(9000)) {
                 write_all(&mut g, &mut io, piece).await;
             }
-            assert!(flush(&mut g, &mut io).await.is_ok());
-            assert!(
-                poll_fn(|cx| g.poll_then(&mut io, cx, Recorder::poll_shutdown))
-                    .await
-                    .is_ok()
-            );
+            assert!(poll_fn(|cx| g.poll_flush(&mut io, cx)).await.is_ok());
+            assert!(poll_fn(|cx| g.poll_shutdown(&mut io, cx)).await.is_ok());
             assert_eq!(io.out, [&data[..], &data[..]].concat(), "limit {limit}");
         }
     }
@@ -297,14 +298,13 @@ mod tests {
         fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
             let this = self.get_mut();
             let mut pipe = Pipe(&mut this.io, &this.writes);
-            this.gather.poll_then(&mut pipe, cx, AsyncWrite::poll_flush)
+            this.gather.poll_flush(&mut pipe, cx)
         }
 
         fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
             let this = self.get_mut();
             let mut pipe = Pipe(&mut this.io, &this.writes);
-            this.gather
-                .poll_then(&mut pipe, cx, AsyncWrite::poll_shutdown)
+            this.gather.poll_shutdown(&mut pipe, cx)
         }
     }
 
@@ -389,7 +389,7 @@ mod tests {
         let (mut g, mut io) = (Gather::default(), Recorder::default());
         write_all(&mut g, &mut io, &[1; 100]).await;
         assert!(!g.take_moved(), "held, not sent");
-        assert!(flush(&mut g, &mut io).await.is_ok());
+        assert!(poll_fn(|cx| g.poll_flush(&mut io, cx)).await.is_ok());
         assert!(g.take_moved());
         assert!(!g.take_moved(), "asked once");
         write_all(&mut g, &mut io, &[2; 5000]).await;
