@@ -41,21 +41,15 @@ pub fn response_name(raw: &[u8]) -> Result<HeaderName, InvalidHeaderName> {
 /// allocates a name that is not a standard one); any other name takes `from_bytes`.
 pub fn added_name(raw: &[u8]) -> Result<HeaderName, InvalidHeaderName> {
     // Built at compile time: `from_static` checks its name each time it runs.
+    const fn named(name: &'static str) -> (&'static str, HeaderName) {
+        (name, HeaderName::from_static(name))
+    }
     const ADDED: [(&str, HeaderName); 5] = [
-        ("x-request-id", HeaderName::from_static("x-request-id")),
-        ("x-real-ip", HeaderName::from_static("x-real-ip")),
-        (
-            "x-forwarded-for",
-            HeaderName::from_static("x-forwarded-for"),
-        ),
-        (
-            "x-forwarded-proto",
-            HeaderName::from_static("x-forwarded-proto"),
-        ),
-        (
-            "x-forwarded-host",
-            HeaderName::from_static("x-forwarded-host"),
-        ),
+        named("x-request-id"),
+        named("x-real-ip"),
+        named("x-forwarded-for"),
+        named("x-forwarded-proto"),
+        named("x-forwarded-host"),
     ];
     match ADDED
         .iter()

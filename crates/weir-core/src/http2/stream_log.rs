@@ -16,7 +16,7 @@ use crate::forward::Failure;
 use crate::metrics::shard::{method_index, Protocol, METHODS};
 use crate::otel::RequestTrace;
 use crate::policy::identify;
-use crate::proxy::{record, ClientSide, Counters, Done, Handled};
+use crate::proxy::{record, ClientSide, Done, Handled};
 use crate::request::Trace;
 use crate::request::{Origin, Request};
 use crate::snapshot::Snapshot;
@@ -152,11 +152,6 @@ impl StreamLog {
             protocol: conn.protocol,
             status,
             duration,
-            // The stream's own byte counts (`side`), nothing before it to subtract.
-            counters: Counters {
-                bytes_in: 0,
-                bytes_out: 0,
-            },
         };
         let side = ClientSide {
             ip: self.who.behind.as_ref().map_or(conn.ip, |(_, text)| text),

@@ -25,7 +25,8 @@ use super::exchange::{stopped, StreamRequest, StreamSender};
 use super::respond::head_from_http1;
 use super::send::{send_data, unless_reset, Stop};
 use crate::buffer::Buffer;
-use crate::codec::http1::{HeaderSpan, ResponseHead};
+use crate::codec::http1::header::field;
+use crate::codec::http1::ResponseHead;
 use crate::connector::UpstreamStream;
 use crate::error::ProxyError;
 use crate::filters::upgrade::{switch_allowed, Offered};
@@ -86,14 +87,6 @@ fn base64(src: &[u8], out: &mut [u8]) {
     }
 }
 
-/// The value of the first field `name` among `headers` of `buf`.
-fn field<'a>(headers: &[HeaderSpan], buf: &'a [u8], name: &str) -> Option<&'a [u8]> {
-    headers
-        .iter()
-        .find(|h| buf[h.name.clone()].eq_ignore_ascii_case(name.as_bytes()))
-        .map(|h| &buf[h.value.clone()])
-}
-
 impl StreamRequest<'_> {
     /// Opens the WebSocket upstream for an extended CONNECT whose head (with `key`) is
     /// `self.req`, answers 200 and tunnels until both sides are done.
@@ -120,11 +113,10 @@ impl StreamRequest<'_> {
     ) -> Result<(), Failure> {
         let mut resp = ResponseHead::default();
         let opened = unless_reset(respond, self.open(key, up_buf, &mut resp, trace)).await;
-        let stream = match opened {
+        let (stream, switched) = match opened {
             Ok(opened) => opened?,
             Err(stop) => return Err(stopped(stop, trace)),
         };
-        let (stream, switched) = stream;
         if !switched {
             return self.refused(stream, &resp, up_buf, respond, trace).await;
         }
@@ -138,23 +130,22 @@ impl StreamRequest<'_> {
         let (stall, limits) = (listener.http2.stall_timeout, limits(listener));
         let result = tunnel(&mut send, body, stream, up_buf, stall, limits, trace).await;
         crate::idle::count(self.worker, self.target.listener_slot, End::from(result));
-        let error = match result {
-            Ok(()) => return Ok(()),
+        match result {
+            Ok(()) => Ok(()),
             // A reset is how a client closes an established tunnel (RFC 8441 section 5):
             // no cancelled request, so nothing for the reset budget (`trace.reset`).
-            Err(Cut::Failed(Stop::Reset)) => {
-                return Err(Failure::after_head(ProxyError::ClientClosed))
-            }
-            Err(Cut::Failed(Stop::Error(e))) => e,
+            Err(Cut::Failed(Stop::Reset)) => Err(Failure::after_head(ProxyError::ClientClosed)),
             // Still too long: neither side is at fault, the tunnel just ends (as over
             // HTTP/1.1), counted in `weir_tunnel_timeouts_total`, not as an aborted response.
             Err(Cut::Idle | Cut::Fin) => {
                 send.send_reset(Reason::CANCEL);
-                return Ok(());
+                Ok(())
             }
-        };
-        send.send_reset(Reason::CANCEL);
-        Err(Failure::after_head(error))
+            Err(Cut::Failed(Stop::Error(e))) => {
+                send.send_reset(Reason::CANCEL);
+                Err(Failure::after_head(e))
+            }
+        }
     }
 
     /// The upstream refused the upgrade (a final status other than 101 and 2xx, in `resp`):
@@ -256,7 +247,7 @@ pub(super) fn check_handshake_answer(
         return Ok(());
     }
     let allowed = &r.target.route.upgrades;
-    let accept = field(&resp.headers, buf, "sec-websocket-accept");
+    let accept = field(&resp.headers, buf, b"sec-websocket-accept");
     if !switch_allowed(&resp.headers, buf, allowed, offered) || accept != Some(&accept_of(key)[..])
     {
         return Err(ProxyError::UpgradeNotMade(

@@ -15,7 +15,7 @@ use weir_config::Listener;
 
 use super::forward::{forward, forward_filling};
 use super::route::{Decision, Routing};
-use super::{record, ClientSide, Counters, Done, Handled};
+use super::{record, ClientSide, Done, Handled};
 use crate::answer::Answer;
 use crate::client::{ClientConn, NextRequest};
 use crate::client_stream::ClientStream;
@@ -23,11 +23,13 @@ use crate::codec::http1::write::Persistence;
 use crate::codec::http1::{RequestHead, ResponseHead};
 use crate::error::{ProxyError, Side};
 use crate::filters::forwarded::ClientIp;
+use crate::filters::headers::Vars;
 use crate::forward::body::BodyState;
 use crate::forward::{Failure, Reached};
 use crate::listener::proxy_protocol::accept_step;
 use crate::listener::BindSlot;
 use crate::metrics::shard::{method_index, Protocol, METHODS};
+use crate::otel::RequestTrace;
 use crate::snapshot::Snapshot;
 use crate::worker::Worker;
 
@@ -102,18 +104,38 @@ pub async fn serve_client(
             protocol: Protocol::Http1,
             status,
             duration: finished.saturating_duration_since(started),
-            counters,
         };
         let trace = conn.trace.take();
-        let side = ClientSide {
-            trace: trace.as_deref(),
-            ..ClientSide::of(&conn)
-        };
+        let side = counters.side(&conn, trace.as_deref());
         record(&worker, &serving.snapshot, &side, &handled, &done);
         if !keep_alive {
             return;
         }
         kept = serving;
+    }
+}
+
+/// Byte counters of the client connection when a request started.
+struct Counters {
+    bytes_in: u64,
+    bytes_out: u64,
+}
+
+impl Counters {
+    /// What `record` needs of `conn` for the request started at these counts, with its
+    /// `trace` (taken from the connection).
+    fn side<'a>(&self, conn: &'a ClientConn, trace: Option<&'a RequestTrace>) -> ClientSide<'a> {
+        ClientSide {
+            // The client behind trusted proxies when there is one (the log shows it).
+            ip: conn.client_text(),
+            fields: &conn.current.log_fields,
+            bytes_in: conn.buf.consumed_total() - self.bytes_in,
+            bytes_out: conn.sent - self.bytes_out,
+            tls: conn.tls.as_deref(),
+            request_id: conn.current.request_id.as_bytes(),
+            exchange: &conn.current.exchange,
+            trace,
+        }
     }
 }
 
@@ -235,7 +257,7 @@ async fn serve(
             conn.current.real_client =
                 crate::policy::identify(worker, listener, buf, req, conn.peer_ip, id);
             if worker.log(slot).is_some() {
-                conn.capture_log_fields(req);
+                conn.current.log_fields.capture(conn.buf.filled(), req);
             }
             let method = method_index(&conn.buf.filled()[req.method.clone()]);
             let handled = handle(worker, &serving.snapshot, serving.index, conn, req, resp).await;
@@ -250,10 +272,11 @@ async fn serve(
     }
 }
 
-/// Answers a failure the client has not had a response for yet (`Answer::Error`). `req`:
-/// the request's head, if one was read. Returns the status the request counts with (the
-/// one sent to the client, also when the response was cut short after its head; 499 when
-/// the client left before it could be answered) and whether the connection stays open.
+/// Answers a failure the client has not had a response for yet (`Answer::Error`, best
+/// effort: the client may be gone). `req`: the request's head, if one was read. Returns the
+/// status the request counts with (the one sent to the client, also when the response was
+/// cut short after its head; 499 when the client left before it could be answered) and
+/// whether the connection stays open.
 async fn answer(
     worker: &Worker,
     conn: &mut ClientConn,
@@ -271,12 +294,17 @@ async fn answer(
         return (handled_status(handled, listener, resp), false);
     }
     let keep_alive = req.is_some_and(|req| keeps_after(worker, conn, failure, listener, req));
-    let http10 = req.is_some_and(|r| r.minor_version == 0);
-    let persistence = Persistence::of(keep_alive, http10);
+    let Some(status) = failure.error.status() else {
+        return (499, keep_alive);
+    };
+    let persistence = Persistence::of(keep_alive, req.is_some_and(|r| r.minor_version == 0));
     let is_head = req.is_some_and(|r| r.is_head);
-    conn.answer_error(failure.error, listener, persistence, is_head)
-        .await;
-    (failure.error.status().unwrap_or(499), keep_alive)
+    let mut out = std::mem::take(&mut conn.out);
+    let answer = Answer::Error(failure.error);
+    let bytes = answer.render(&mut out, persistence, is_head, &Vars::default());
+    let _ = conn.write_all(bytes, listener).await;
+    conn.out = out;
+    (status, keep_alive)
 }
 
 /// Whether the connection carries on after Weir answers `failure` to `req`, as nginx's
@@ -324,37 +352,32 @@ async fn handle(
     if let Some(trace) = routing.trace(route, || conn.request(req)) {
         conn.trace = Some(trace);
     }
-    match decision {
-        Decision::Forward(target, None) => Handled {
-            route,
-            local: false,
-            result: forward(worker, &target, conn, req, resp, keep_alive).await,
-        },
+    let (local, result) = match decision {
+        Decision::Forward(target, None) => (
+            false,
+            forward(worker, &target, conn, req, resp, keep_alive).await,
+        ),
         Decision::Forward(target, Some(fill)) => {
             // Boxed: a route without `cache` keeps the request's state as small as before.
             let filling = forward_filling(worker, target, conn, req, resp, keep_alive, fill);
-            Handled {
-                route,
-                local: false,
-                result: Box::pin(filling).await,
-            }
+            (false, Box::pin(filling).await)
         }
-        Decision::Answer(answer) => Handled {
-            route,
-            local: answer.is_local(),
-            result: local_response(listener, conn, req, keep_alive, &answer, resp).await,
-        },
+        Decision::Answer(answer) => {
+            let answered = local_response(listener, conn, req, keep_alive, &answer, resp);
+            (answer.is_local(), answered.await)
+        }
         Decision::Reply(reply) => {
             let under = crate::files::Under::of(listener, route);
             // Boxed: a reply's sending is not part of every request's state.
             let sent = crate::files::respond_http1(conn, req, under, *reply, keep_alive, resp);
-            Handled {
-                route,
-                local: true,
-                result: Box::pin(sent).await,
-            }
+            (true, Box::pin(sent).await)
         }
-        Decision::Refuse(error) => Handled::failed(route, error),
+        Decision::Refuse(error) => return Handled::failed(route, error),
+    };
+    Handled {
+        route,
+        local,
+        result,
     }
 }
 

@@ -25,7 +25,6 @@ pub mod route;
 use weir_config::Listener;
 
 use crate::access_log::{Outcome, RequestFields};
-use crate::client::ClientConn;
 use crate::error::ProxyError;
 use crate::filters::forwarded::ClientIp;
 use crate::forward::{Failure, Reached};
@@ -56,12 +55,6 @@ impl Handled {
     }
 }
 
-/// Byte counters of the client connection when a request started.
-pub(crate) struct Counters {
-    pub bytes_in: u64,
-    pub bytes_out: u64,
-}
-
 /// What is known about a request once it is finished.
 pub(crate) struct Done {
     /// The listener's config position in the request's snapshot, and its metric slot.
@@ -72,11 +65,10 @@ pub(crate) struct Done {
     pub protocol: Protocol,
     pub status: u16,
     pub duration: std::time::Duration,
-    pub counters: Counters,
 }
 
-/// What `record` needs of the client side: an HTTP/1 connection, or an HTTP/2 stream
-/// (`http2/`). Byte counters are totals, from which `Done::counters` is subtracted.
+/// What `record` needs of the client side: an HTTP/1 connection's request, or an HTTP/2
+/// or HTTP/3 stream. The byte counts are the request's own.
 pub(crate) struct ClientSide<'a> {
     pub ip: &'a ClientIp,
     pub fields: &'a RequestFields,
@@ -94,23 +86,6 @@ pub(crate) struct ClientSide<'a> {
     pub trace: Option<&'a crate::otel::RequestTrace>,
 }
 
-impl ClientSide<'_> {
-    fn of(conn: &ClientConn) -> ClientSide<'_> {
-        ClientSide {
-            // The client behind trusted proxies when there is one (the log shows it).
-            ip: conn.client_text(),
-            fields: &conn.current.log_fields,
-            bytes_in: conn.buf.consumed_total(),
-            bytes_out: conn.sent,
-            tls: conn.tls.as_deref(),
-            request_id: conn.current.request_id.as_bytes(),
-            exchange: &conn.current.exchange,
-            // The adapter's, taken from the connection (`serve_client`).
-            trace: None,
-        }
-    }
-}
-
 /// Counts one request in this worker's metric shard and writes its access-log line.
 pub(crate) fn record(
     worker: &Worker,
@@ -119,9 +94,7 @@ pub(crate) fn record(
     handled: &Handled,
     done: &Done,
 ) {
-    let duration = done.duration;
-    let bytes_in = conn.bytes_in - done.counters.bytes_in;
-    let bytes_out = conn.bytes_out - done.counters.bytes_out;
+    let (duration, bytes_in, bytes_out) = (done.duration, conn.bytes_in, conn.bytes_out);
     // A response cut short after its head counts with the head's status, plus why.
     let aborted = match &handled.result {
         Err(f) if f.reached == Reached::Head => Some(AbortReason::of(f.error)),

@@ -101,15 +101,12 @@ async fn run(worker: Rc<Worker>, job: Job) {
         listener: job.listener,
     };
     let listener = routing.listener();
-    let target = routing.target_at(job.to);
+    let target = routing.target(&listener.routes[job.to.route], job.to.upstream);
     let mut path = RoutedPath::default();
     let raw_path = job.req.path(&job.head);
-    if path
-        .normalize(raw_path, &listener.path_normalization)
-        .is_err()
-    {
+    let Ok(_) = path.normalize(raw_path, &listener.path_normalization) else {
         return;
-    }
+    };
     let origin = Origin {
         peer: &job.peer,
         peer_ip: job.peer_ip,

@@ -221,11 +221,6 @@ impl<'a> Routing<'a> {
             pool: &self.snapshot.upstreams[upstream_index],
         }
     }
-
-    /// [`Routing::target`] of the route and upstream `to` names.
-    pub(crate) fn target_at(&self, to: RouteTarget) -> Target<'a> {
-        self.target(&self.listener().routes[to.route], to.upstream)
-    }
 }
 
 /// What the listener decides before any route (`raw_path`: the request's path as sent): a

@@ -5,6 +5,7 @@ use weir_config::{HashKey, LbPolicy};
 
 use super::lb::consistent_hash::hash_key;
 use super::lb::sticky_cookie;
+use crate::codec::http1::header::field;
 use crate::codec::http1::RequestHead;
 use crate::filters::forwarded::ClientIp;
 
@@ -92,17 +93,9 @@ fn key_bytes<'a>(
             let end = path.iter().position(|&b| b == b'?').unwrap_or(path.len());
             Some(&path[..end])
         }
-        HashKey::Header(name) => header_value(buf, req, name.as_bytes()),
+        HashKey::Header(name) => field(&req.headers, buf, name.as_bytes()),
         HashKey::Cookie(name) => cookie_value(buf, req, name),
     }
-}
-
-/// The value of the first header named `name` (ASCII case-insensitive).
-fn header_value<'a>(buf: &'a [u8], req: &RequestHead, name: &[u8]) -> Option<&'a [u8]> {
-    req.headers
-        .iter()
-        .find(|h| buf[h.name.clone()].eq_ignore_ascii_case(name))
-        .map(|h| &buf[h.value.clone()])
 }
 
 /// The value of cookie `name` in the request's `Cookie` header(s), quotes removed.

@@ -285,6 +285,14 @@ fn mark_connection_listed(buf: &[u8], headers: &mut [HeaderSpan]) {
     }
 }
 
+/// The value of the first field named `name` (any case) among `headers`, spans of `buf`.
+pub fn field<'a>(headers: &[HeaderSpan], buf: &'a [u8], name: &[u8]) -> Option<&'a [u8]> {
+    headers
+        .iter()
+        .find(|h| buf[h.name.clone()].eq_ignore_ascii_case(name))
+        .map(|h| &buf[h.value.clone()])
+}
+
 /// Parses a Content-Length value strictly: ASCII digits only, no sign, no list, no overflow.
 pub fn parse_content_length(value: &[u8]) -> Option<u64> {
     if value.is_empty() || value.len() > 19 {
