@@ -12,11 +12,14 @@
 //!   connection touches the timer wheel about once per timeout period instead of twice
 //!   per request, and its deadlines are computed from times the request path already read.
 
+use std::cell::Cell;
 use std::future::{poll_fn, Future};
 use std::pin::Pin;
+use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
+use tokio::sync::Notify;
 use tokio::time::{Instant, Sleep};
 
 pub use tokio::time::error::Elapsed;
@@ -52,6 +55,27 @@ pub struct Pace {
     received: u64,
     /// Time spent waiting for them.
     waited: Duration,
+    /// The client sent `Expect: 100-continue` with no body byte: until the upstream's 100
+    /// goes out to it, its wait is the upstream's, not its own.
+    continued: Option<Rc<Continued>>,
+}
+
+/// Whether (and when) a client that sent `Expect: 100-continue` was told to go on: marked
+/// by the relay of the upstream's 100 (`forward::h1::Http1Interim`), which wakes a body
+/// read waiting for it, so that from then on the wait counts.
+#[derive(Default)]
+pub struct Continued {
+    told: Cell<bool>,
+    notify: Notify,
+}
+
+impl Continued {
+    /// The client has its 100: its waits count from now.
+    pub fn mark(&self) {
+        if !self.told.replace(true) {
+            self.notify.notify_waiters();
+        }
+    }
 }
 
 impl Pace {
@@ -60,7 +84,19 @@ impl Pace {
             rate,
             received: 0,
             waited: Duration::ZERO,
+            continued: None,
         }
+    }
+
+    /// Counts no wait before `continued` is marked (see `Pace::continued`).
+    pub fn after_continue(self, continued: Option<Rc<Continued>>) -> Pace {
+        Pace { continued, ..self }
+    }
+
+    /// The mark to wait for while the client waits for its 100 and has sent no byte.
+    fn untold(&self) -> Option<&Continued> {
+        let c = self.continued.as_deref()?;
+        (self.received == 0 && !c.told.get()).then_some(c)
     }
 
     /// Counts `n` more bytes received.
@@ -91,6 +127,16 @@ pub async fn paced<F: Future>(
     let mut fut = std::pin::pin!(fut);
     if let Poll::Ready(out) = poll_fn(|cx| Poll::Ready(fut.as_mut().poll(cx))).await {
         return Ok(out);
+    }
+    if let Some(continued) = pace.untold() {
+        // Not the client's wait until its 100 goes out; from then on, as any other.
+        let told = continued.notify.notified();
+        tokio::select! {
+            out = tokio::time::timeout(timeout, fut.as_mut()) => {
+                return out.map_err(|_| Waited::Timeout);
+            }
+            () = told => {}
+        }
     }
     let left = pace.left();
     let started = Instant::now();

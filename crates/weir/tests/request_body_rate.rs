@@ -107,3 +107,82 @@ async fn a_steady_body_at_the_rate_completes() {
     assert!(answer.starts_with("HTTP/1.1 200 "), "{answer:?}");
     assert!(answer.ends_with(&"x".repeat(600)), "the body went up whole");
 }
+
+/// A client that sent `Expect: 100-continue` waits for the upstream's 100 before its body:
+/// that wait is the upstream's, not the client's pace. Was: an upstream taking longer than
+/// the grace to say 100 got its client a 408.
+#[tokio::test]
+async fn a_wait_for_the_upstreams_100_is_not_held_against_the_client() {
+    let upstream = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let weir = paced(single(upstream.local_addr().unwrap()));
+    let server = tokio::spawn(async move {
+        let (mut s, _) = upstream.accept().await.unwrap();
+        let head = read_head(&mut s).await;
+        assert!(
+            head.to_ascii_lowercase().contains("expect: 100-continue"),
+            "{head}"
+        );
+        // Longer than the 1 s grace before the 100.
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        s.write_all(b"HTTP/1.1 100 Continue\r\n\r\n").await.unwrap();
+        let mut body = [0u8; 5];
+        s.read_exact(&mut body).await.unwrap();
+        s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        s.write_all(&body).await.unwrap();
+    });
+    let mut c = TcpStream::connect(weir.addr).await.unwrap();
+    c.write_all(
+        b"POST /up HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\
+          Connection: close\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let interim = read_head(&mut c).await;
+    assert!(interim.starts_with("HTTP/1.1 100 "), "{interim:?}");
+    c.write_all(b"hello").await.unwrap();
+    let answer = read_to_close(&mut c).await;
+    assert!(answer.starts_with("HTTP/1.1 200 "), "{answer:?}");
+    assert!(answer.ends_with("hello"), "{answer:?}");
+    server.await.unwrap();
+}
+
+/// Once the client has its 100, its wait is its own again: a client that then sends
+/// nothing gets the 408 after the grace, not after `client_timeout` (60 s here).
+#[tokio::test]
+async fn a_client_told_to_go_on_that_sends_nothing_gets_408_after_the_grace() {
+    let upstream = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let weir = paced(single(upstream.local_addr().unwrap()));
+    let server = tokio::spawn(async move {
+        let (mut s, _) = upstream.accept().await.unwrap();
+        read_head(&mut s).await;
+        s.write_all(b"HTTP/1.1 100 Continue\r\n\r\n").await.unwrap();
+        // Holds the connection until Weir gives the request up.
+        let mut rest = Vec::new();
+        let _ = s.read_to_end(&mut rest).await;
+    });
+    let started = Instant::now();
+    let mut c = TcpStream::connect(weir.addr).await.unwrap();
+    c.write_all(
+        b"POST /up HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let interim = read_head(&mut c).await;
+    assert!(interim.starts_with("HTTP/1.1 100 "), "{interim:?}");
+    let answer = read_to_close(&mut c).await;
+    assert!(answer.starts_with("HTTP/1.1 408 "), "{answer:?}");
+    assert!(started.elapsed() < Duration::from_secs(10));
+    server.await.unwrap();
+}
+
+/// Reads one head (to its blank line) from `s`, byte by byte: nothing after it is taken.
+async fn read_head(s: &mut TcpStream) -> String {
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let byte = tokio::time::timeout(Duration::from_secs(10), s.read_u8()).await;
+        head.push(byte.expect("a head within 10 s").expect("a byte"));
+    }
+    String::from_utf8_lossy(&head).into_owned()
+}

@@ -9,6 +9,7 @@
 
 use std::mem::take;
 use std::os::fd::AsRawFd;
+use std::rc::Rc;
 
 use super::body::{self, BodyState};
 use super::driver::{drive, Accepted, Attempt, Exchange, Miss, Sender, Tries};
@@ -34,6 +35,7 @@ use crate::files::{send_http1, Reply, Under};
 use crate::filters::compression::{self, Plan};
 use crate::filters::upgrade::{switch_allowed, Offered};
 use crate::otel::RequestTrace;
+use crate::time::Continued;
 use crate::upstream::RequestKey;
 use crate::worker::Worker;
 use weir_config::{Listener, Route, UpstreamServer};
@@ -286,6 +288,7 @@ impl Sender for Http1Sender<'_, '_> {
                 writer: &mut conn.stream,
                 timeout: listener.client_timeout,
                 informed: &mut self.informed,
+                continued: None,
             };
             let stream = send_whole(x, a, &conn.out, body, &mut rd, &mut interim).await?;
             (stream, true)
@@ -298,6 +301,10 @@ impl Sender for Http1Sender<'_, '_> {
             let (head_len, buffered, used) = (req.head_len, self.buffered, self.used);
             let timeouts = Timeouts::of(&x.target);
             let traced = conn.trace.is_some();
+            // A client waiting for the upstream's 100 is not held to its pace until then.
+            let waits = req.expect_continue && buffered == 0;
+            let continued = waits.then(|| Rc::new(Continued::default()));
+            let pace_continued = continued.clone();
             let upload = async |uw: &mut WriteHalf<'_>| {
                 // The head, then the body as it came: its bytes already at hand with it.
                 let mut uploaded = 0;
@@ -325,7 +332,8 @@ impl Sender for Http1Sender<'_, '_> {
                 let state = std::mem::replace(state, BodyState::Done);
                 let mut source =
                     Http1Source::new(&mut cr, buf, state, timeouts.client, Peer::Client)
-                        .paced(timeouts.min_body_rate);
+                        .paced(timeouts.min_body_rate)
+                        .after_continue(pace_continued.clone());
                 let relayed = relay(&mut source, &mut sink, None).await;
                 *body_read = relayed.is_ok();
                 relayed
@@ -334,6 +342,7 @@ impl Sender for Http1Sender<'_, '_> {
                 writer: &mut cw,
                 timeout: listener.client_timeout,
                 informed: &mut self.informed,
+                continued,
             };
             // Boxed: a request without a body still arriving keeps the try's state small.
             Box::pin(send_streaming(x, a, &mut rd, &mut interim, upload)).await?

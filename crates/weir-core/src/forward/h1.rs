@@ -12,6 +12,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::rc::Rc;
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -28,7 +29,7 @@ use crate::connector::{connect_server, PoolKey, TlsUpstream, UpstreamStream, Wri
 use crate::error::ProxyError;
 use crate::filters::upgrade::Offered;
 use crate::metrics::shard::ServerMetrics;
-use crate::time::LazyTimer;
+use crate::time::{Continued, LazyTimer};
 
 /// What the exchange needs to remember about the request once its head is consumed.
 #[derive(Clone, Copy)]
@@ -355,30 +356,34 @@ pub(crate) struct Http1Interim<'w, W> {
     pub timeout: Duration,
     /// Set once a 1xx head goes out (part of one included): no other server then.
     pub informed: &'w mut bool,
+    /// Marked once a 100 goes out to a client that waits for it (`time::Continued`).
+    pub continued: Option<Rc<Continued>>,
 }
 
 impl<W: AsyncWrite + Unpin> Interim for Http1Interim<'_, W> {
     async fn relay(&mut self, head: &[u8], resp: &ResponseHead) -> Result<bool, ProxyError> {
         let mut out = Vec::with_capacity(head.len());
         super::head::write_interim_from_http1(&mut out, head, resp);
-        self.send(&out).await
+        self.send(&out, resp.status).await
     }
 
     async fn relay_h2(&mut self, head: http::Response<()>) -> Result<bool, ProxyError> {
         let mut out = Vec::with_capacity(128);
         super::head::write_interim_from_h2(&mut out, &head);
-        self.send(&out).await
+        self.send(&out, head.status().as_u16()).await
     }
 }
 
 impl<W: AsyncWrite + Unpin> Http1Interim<'_, W> {
     /// Writes a 1xx head (`Ok(true)`: the client has it).
-    async fn send(&mut self, head: &[u8]) -> Result<bool, ProxyError> {
+    async fn send(&mut self, head: &[u8], status: u16) -> Result<bool, ProxyError> {
         *self.informed = true;
-        body::write_parts(self.writer, [head], self.timeout)
-            .await
-            .map(|()| true)
-            .map_err(|_| ProxyError::ClientClosed)
+        let sent = body::write_parts(self.writer, [head], self.timeout).await;
+        sent.map_err(|_| ProxyError::ClientClosed)?;
+        if let Some(continued) = self.continued.as_ref().filter(|_| status == 100) {
+            continued.mark();
+        }
+        Ok(true)
     }
 }
 

@@ -14,6 +14,7 @@
 //! carry them ([`Trailers`]).
 
 use std::future::{poll_fn, Future};
+use std::rc::Rc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -33,7 +34,7 @@ use crate::codec::http1::{BodyFraming, ResponseHead};
 use crate::connector::h2::h2_error;
 use crate::error::ProxyError;
 use crate::filters::compression::{Compressed, Encoder};
-use crate::time::{paced, with_timeout, Pace, Waited};
+use crate::time::{paced, with_timeout, Continued, Pace, Waited};
 use weir_config::MinBodyRate;
 
 /// A piece of a body: bytes in a buffer, or an HTTP/2 DATA payload (sent on without a copy).
@@ -345,6 +346,13 @@ impl<'b, R> Http1Source<'b, R> {
     /// Holds the body to the listener's `min_body_rate` (a client's request body).
     pub fn paced(mut self, rate: Option<MinBodyRate>) -> Self {
         self.pace = rate.map(Pace::new);
+        self
+    }
+
+    /// The client waits for the upstream's 100, marked in `continued`, before its first
+    /// body byte (`Pace::after_continue`).
+    pub fn after_continue(mut self, continued: Option<Rc<Continued>>) -> Self {
+        self.pace = self.pace.map(|p| p.after_continue(continued));
         self
     }
 }

@@ -243,6 +243,7 @@ impl ClientSide for Http1Client<'_> {
             writer: &mut self.writer,
             timeout: self.listener.client_timeout,
             informed: &mut self.informed,
+            continued: None,
         };
         // An HTTP/1.x client is not watched while it waits (it cannot cancel a request).
         (interim, std::future::pending())
