@@ -61,8 +61,9 @@ pub struct Pace {
 }
 
 /// Whether (and when) a client that sent `Expect: 100-continue` was told to go on: marked
-/// by the relay of the upstream's 100 (`forward::h1::Http1Interim`), which wakes a body
-/// read waiting for it, so that from then on the wait counts.
+/// when a 100 goes out to it (`forward::h1::Http1Interim`: the upstream's, or Weir's own
+/// after a second of upstream silence), which wakes a body read waiting for it, so that
+/// from then on the wait counts.
 #[derive(Default)]
 pub struct Continued {
     told: Cell<bool>,
@@ -70,6 +71,11 @@ pub struct Continued {
 }
 
 impl Continued {
+    /// Whether the client has had its 100.
+    pub fn told(&self) -> bool {
+        self.told.get()
+    }
+
     /// The client has its 100: its waits count from now.
     pub fn mark(&self) {
         if !self.told.replace(true) {
@@ -96,7 +102,7 @@ impl Pace {
     /// The mark to wait for while the client waits for its 100 and has sent no byte.
     fn untold(&self) -> Option<&Continued> {
         let c = self.continued.as_deref()?;
-        (self.received == 0 && !c.told.get()).then_some(c)
+        (self.received == 0 && !c.told()).then_some(c)
     }
 
     /// Counts `n` more bytes received.

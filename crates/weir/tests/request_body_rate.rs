@@ -6,11 +6,13 @@
 
 mod common;
 
+use std::future::Future;
 use std::time::{Duration, Instant};
 
 use common::{single, Conf, Weir};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio::task::JoinHandle;
 use weir_testkit::Backend;
 
 /// At least 100 bytes a second after a grace of 1 s; `client_timeout` far longer, so only
@@ -108,73 +110,122 @@ async fn a_steady_body_at_the_rate_completes() {
     assert!(answer.ends_with(&"x".repeat(600)), "the body went up whole");
 }
 
-/// A client that sent `Expect: 100-continue` waits for the upstream's 100 before its body:
-/// that wait is the upstream's, not the client's pace. Was: an upstream taking longer than
-/// the grace to say 100 got its client a 408.
+/// A client that sent `Expect: 100-continue` waits for a 100 before its body. An upstream
+/// slow to say it: Weir says it after a second of upstream silence, the upstream's own 100
+/// after that is not relayed a second time, and the body goes up. Was: an upstream taking
+/// longer than the grace to say 100 got its client a 408.
 #[tokio::test]
-async fn a_wait_for_the_upstreams_100_is_not_held_against_the_client() {
-    let upstream = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let weir = paced(single(upstream.local_addr().unwrap()));
-    let server = tokio::spawn(async move {
-        let (mut s, _) = upstream.accept().await.unwrap();
+async fn an_upstream_slow_to_say_100_gets_weirs_100_first() {
+    let (weir, server) = before_one_connection(async |mut s| {
         let head = read_head(&mut s).await;
-        assert!(
-            head.to_ascii_lowercase().contains("expect: 100-continue"),
-            "{head}"
-        );
-        // Longer than the 1 s grace before the 100.
+        let expects = head.to_ascii_lowercase().contains("expect: 100-continue");
+        assert!(expects, "{head}");
         tokio::time::sleep(Duration::from_millis(2500)).await;
         s.write_all(b"HTTP/1.1 100 Continue\r\n\r\n").await.unwrap();
         let mut body = [0u8; 5];
         s.read_exact(&mut body).await.unwrap();
-        s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nConnection: close\r\n\r\n")
-            .await
-            .unwrap();
+        let answer = "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nConnection: close\r\n\r\n";
+        s.write_all(answer.as_bytes()).await.unwrap();
         s.write_all(&body).await.unwrap();
     });
-    let mut c = TcpStream::connect(weir.addr).await.unwrap();
-    c.write_all(
-        b"POST /up HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\
-          Connection: close\r\n\r\n",
-    )
-    .await
-    .unwrap();
+    let started = Instant::now();
+    let mut c = expecting(weir.addr, "Connection: close\r\n").await;
+    let interim = read_head(&mut c).await;
+    assert!(interim.starts_with("HTTP/1.1 100 "), "{interim:?}");
+    let early = started.elapsed() < Duration::from_millis(2400);
+    assert!(early, "Weir's 100, before the upstream's");
+    c.write_all(b"hello").await.unwrap();
+    let answer = read_to_close(&mut c).await;
+    assert!(answer.starts_with("HTTP/1.1 200 "), "one 100: {answer:?}");
+    assert!(answer.ends_with("hello"), "{answer:?}");
+    server.await.unwrap();
+}
+
+/// An upstream that never says 100 and waits for the body (many do) and a client that
+/// waits for the 100 before sending it: Weir's 100 ends the wait. Was: each waited for the
+/// other until `response_timeout`.
+#[tokio::test]
+async fn an_upstream_that_never_says_100_does_not_deadlock_a_waiting_client() {
+    let (weir, server) = before_one_connection(async |mut s| {
+        read_head(&mut s).await;
+        let mut body = [0u8; 5];
+        s.read_exact(&mut body).await.unwrap();
+        let answer = "HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+        s.write_all(answer.as_bytes()).await.unwrap();
+    });
+    let mut c = expecting(weir.addr, "Connection: close\r\n").await;
     let interim = read_head(&mut c).await;
     assert!(interim.starts_with("HTTP/1.1 100 "), "{interim:?}");
     c.write_all(b"hello").await.unwrap();
     let answer = read_to_close(&mut c).await;
     assert!(answer.starts_with("HTTP/1.1 200 "), "{answer:?}");
-    assert!(answer.ends_with("hello"), "{answer:?}");
     server.await.unwrap();
 }
 
-/// Once the client has its 100, its wait is its own again: a client that then sends
-/// nothing gets the 408 after the grace, not after `client_timeout` (60 s here).
+/// A client that sends `Expect` and then nothing, toward an upstream that never says 100:
+/// its wait counts from Weir's 100, so it gets its 408 about a second after the grace, not
+/// after `client_timeout` (60 s here).
+#[tokio::test]
+async fn a_silent_client_with_expect_gets_408_soon_after_weirs_100() {
+    silent_after_100_gets_408(false).await;
+}
+
+/// Once the client has its 100 (the upstream's here), its wait is its own again: a client
+/// that then sends nothing gets the 408 after the grace, not after `client_timeout`.
 #[tokio::test]
 async fn a_client_told_to_go_on_that_sends_nothing_gets_408_after_the_grace() {
-    let upstream = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let weir = paced(single(upstream.local_addr().unwrap()));
-    let server = tokio::spawn(async move {
-        let (mut s, _) = upstream.accept().await.unwrap();
+    silent_after_100_gets_408(true).await;
+}
+
+/// A client that sends `Expect` and no body gets a 100 (the upstream's if it `says_100`,
+/// else Weir's), then its 408 within 10 s, far short of `client_timeout` (60 s).
+async fn silent_after_100_gets_408(says_100: bool) {
+    let (weir, server) = before_one_connection(async move |mut s| {
         read_head(&mut s).await;
-        s.write_all(b"HTTP/1.1 100 Continue\r\n\r\n").await.unwrap();
+        if says_100 {
+            s.write_all(b"HTTP/1.1 100 Continue\r\n\r\n").await.unwrap();
+        }
         // Holds the connection until Weir gives the request up.
         let mut rest = Vec::new();
         let _ = s.read_to_end(&mut rest).await;
     });
     let started = Instant::now();
-    let mut c = TcpStream::connect(weir.addr).await.unwrap();
-    c.write_all(
-        b"POST /up HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n",
-    )
-    .await
-    .unwrap();
+    let mut c = expecting(weir.addr, "").await;
     let interim = read_head(&mut c).await;
     assert!(interim.starts_with("HTTP/1.1 100 "), "{interim:?}");
     let answer = read_to_close(&mut c).await;
     assert!(answer.starts_with("HTTP/1.1 408 "), "{answer:?}");
     assert!(started.elapsed() < Duration::from_secs(10));
     server.await.unwrap();
+}
+
+/// Weir (`paced`) before an upstream that runs `serve` on the one connection it accepts.
+fn before_one_connection<F>(
+    serve: impl FnOnce(TcpStream) -> F + Send + 'static,
+) -> (Weir, JoinHandle<()>)
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    let upstream = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let weir = paced(single(upstream.local_addr().unwrap()));
+    upstream.set_nonblocking(true).unwrap();
+    let upstream = tokio::net::TcpListener::from_std(upstream).unwrap();
+    let server = tokio::spawn(async move {
+        let (s, _) = upstream.accept().await.unwrap();
+        serve(s).await;
+    });
+    (weir, server)
+}
+
+/// A client that sent a POST head of a 5-byte body with `Expect: 100-continue` (and the
+/// fields `more`), and no body yet.
+async fn expecting(addr: std::net::SocketAddr, more: &str) -> TcpStream {
+    let mut c = TcpStream::connect(addr).await.unwrap();
+    let head = format!(
+        "POST /up HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\nExpect: 100-continue\r\n{more}\r\n"
+    );
+    c.write_all(head.as_bytes()).await.unwrap();
+    c
 }
 
 /// Reads one head (to its blank line) from `s`, byte by byte: nothing after it is taken.

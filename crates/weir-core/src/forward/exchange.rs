@@ -284,12 +284,7 @@ impl Sender for Http1Sender<'_, '_> {
         };
         let sent = if self.whole {
             let body = &conn.buf.filled()[req.head_len..][..self.buffered];
-            let mut interim = Http1Interim {
-                writer: &mut conn.stream,
-                timeout: listener.client_timeout,
-                informed: &mut self.informed,
-                continued: None,
-            };
+            let mut interim = Http1Interim::new(&mut conn.stream, listener, &mut self.informed);
             let stream = send_whole(x, a, &conn.out, body, &mut rd, &mut interim).await?;
             (stream, true)
         } else {
@@ -301,9 +296,10 @@ impl Sender for Http1Sender<'_, '_> {
             let (head_len, buffered, used) = (req.head_len, self.buffered, self.used);
             let timeouts = Timeouts::of(&x.target);
             let traced = conn.trace.is_some();
-            // A client waiting for the upstream's 100 is not held to its pace until then.
-            let waits = req.expect_continue && buffered == 0;
-            let continued = waits.then(|| Rc::new(Continued::default()));
+            // A client waiting for its 100 is not held to its pace until it has it (an
+            // HTTP/1.0 client's Expect is ignored: it is sent no 1xx).
+            let waits = req.expect_continue && buffered == 0 && !self.meta.http10;
+            let continued = waits.then(Rc::<Continued>::default);
             let pace_continued = continued.clone();
             let upload = async |uw: &mut WriteHalf<'_>| {
                 // The head, then the body as it came: its bytes already at hand with it.
@@ -338,11 +334,10 @@ impl Sender for Http1Sender<'_, '_> {
                 *body_read = relayed.is_ok();
                 relayed
             };
+            let interim = Http1Interim::new(&mut cw, listener, &mut self.informed);
             let mut interim = Http1Interim {
-                writer: &mut cw,
-                timeout: listener.client_timeout,
-                informed: &mut self.informed,
                 continued,
+                ..interim
             };
             // Boxed: a request without a body still arriving keeps the try's state small.
             Box::pin(send_streaming(x, a, &mut rd, &mut interim, upload)).await?

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::Instant;
-use weir_config::{Encoding, Upstream, UpstreamServer};
+use weir_config::{Encoding, Listener, Upstream, UpstreamServer};
 
 use super::body::{self, PumpError};
 use super::driver::{Accepted, Attempt, Exchange, Miss};
@@ -347,7 +347,26 @@ pub(crate) trait Interim {
         &mut self,
         head: http::Response<()>,
     ) -> impl std::future::Future<Output = Result<bool, ProxyError>>;
+
+    /// Whether the client waits for a 100 it has not had (it sent `Expect: 100-continue`
+    /// and holds its body back): only an HTTP/1.1 client toward an HTTP/1.1 upstream,
+    /// the one cell where the upstream's 100 is relayed instead of Weir's sent at once.
+    fn untold(&self) -> bool {
+        false
+    }
+
+    /// Tells that client to go on with Weir's own `100 Continue` (`TELL_CONTINUE_AFTER`).
+    fn tell(&mut self) -> impl std::future::Future<Output = Result<bool, ProxyError>> {
+        std::future::ready(Ok(false))
+    }
 }
+
+/// How long an upstream may be silent before Weir sends a waiting `Expect: 100-continue`
+/// client its own 100. Many servers never send one and wait for the body, and RFC 9110
+/// (10.1.1) lets a client wait for the 100 as long as it likes: without this the two wait
+/// for each other until `response_timeout`. One second, as curl waits before it sends a
+/// body anyway; the client's `min_body_rate` counts from then (`time::Continued`).
+const TELL_CONTINUE_AFTER: Duration = Duration::from_secs(1);
 
 /// An HTTP/1.1 client's socket: an upstream's 1xx head written as HTTP/1.1, its
 /// end-to-end fields only (`client_timeout`, carried by the writer, bounds it).
@@ -360,8 +379,25 @@ pub(crate) struct Http1Interim<'w, W> {
     pub continued: Option<Rc<Continued>>,
 }
 
+impl<'w, W> Http1Interim<'w, W> {
+    /// The sink for a client of `listener`, waiting for no 100 of its own.
+    pub fn new(writer: &'w mut W, listener: &Listener, informed: &'w mut bool) -> Self {
+        let timeout = listener.client_timeout;
+        let continued = None;
+        Http1Interim {
+            writer,
+            timeout,
+            informed,
+            continued,
+        }
+    }
+}
+
 impl<W: AsyncWrite + Unpin> Interim for Http1Interim<'_, W> {
     async fn relay(&mut self, head: &[u8], resp: &ResponseHead) -> Result<bool, ProxyError> {
+        if self.told_already(resp.status) {
+            return Ok(true);
+        }
         let mut out = Vec::with_capacity(head.len());
         super::head::write_interim_from_http1(&mut out, head, resp);
         self.send(&out, resp.status).await
@@ -372,9 +408,22 @@ impl<W: AsyncWrite + Unpin> Interim for Http1Interim<'_, W> {
         super::head::write_interim_from_h2(&mut out, &head);
         self.send(&out, head.status().as_u16()).await
     }
+
+    fn untold(&self) -> bool {
+        self.continued.as_ref().is_some_and(|c| !c.told())
+    }
+
+    async fn tell(&mut self) -> Result<bool, ProxyError> {
+        self.send(b"HTTP/1.1 100 Continue\r\n\r\n", 100).await
+    }
 }
 
 impl<W: AsyncWrite + Unpin> Http1Interim<'_, W> {
+    /// An upstream's 100 after Weir's own: the client has one already.
+    fn told_already(&self, status: u16) -> bool {
+        status == 100 && self.continued.as_ref().is_some_and(|c| c.told())
+    }
+
     /// Writes a 1xx head (`Ok(true)`: the client has it).
     async fn send(&mut self, head: &[u8], status: u16) -> Result<bool, ProxyError> {
         *self.informed = true;
@@ -438,7 +487,11 @@ where
             let read = rd.up_buf.read_from(up);
             let read = match timed {
                 true => rd.timer.within(std::pin::pin!(read)).await,
-                false => Some(read.await),
+                false => Some(
+                    read_telling(read, client)
+                        .await
+                        .map_err(|e| fail(e, received, true))?,
+                ),
             };
             let error = match read {
                 Some(Ok(n)) if n > 0 => {
@@ -468,6 +521,23 @@ where
         }
         rd.up_buf.consume(rd.resp.head_len);
     }
+}
+
+/// `read` from the upstream; meanwhile, a client still waiting for its 100
+/// ([`Interim::untold`]) gets Weir's own once the upstream is silent for
+/// [`TELL_CONTINUE_AFTER`]. `Err`: the client could not be told (it left).
+async fn read_telling<W: Interim>(
+    read: impl Future<Output = std::io::Result<usize>>,
+    client: &mut W,
+) -> Result<std::io::Result<usize>, ProxyError> {
+    let mut read = std::pin::pin!(read);
+    if client.untold() {
+        if let Ok(out) = tokio::time::timeout(TELL_CONTINUE_AFTER, read.as_mut()).await {
+            return Ok(out);
+        }
+        client.tell().await?;
+    }
+    Ok(read.await)
 }
 
 pub(crate) fn upstream_write_error(e: PumpError) -> ProxyError {

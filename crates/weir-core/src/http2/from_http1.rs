@@ -239,12 +239,7 @@ struct Http1Client<'c> {
 
 impl ClientSide for Http1Client<'_> {
     fn waiting(&mut self) -> (impl Interim + '_, impl Future<Output = ProxyError> + '_) {
-        let interim = Http1Interim {
-            writer: &mut self.writer,
-            timeout: self.listener.client_timeout,
-            informed: &mut self.informed,
-            continued: None,
-        };
+        let interim = Http1Interim::new(&mut self.writer, self.listener, &mut self.informed);
         // An HTTP/1.x client is not watched while it waits (it cannot cancel a request).
         (interim, std::future::pending())
     }
