@@ -319,3 +319,58 @@ fn varint(bytes: &[u8]) -> Option<(u64, &[u8])> {
         .fold(u64::from(first & 0x3f), |v, b| (v << 8) | u64::from(*b));
     Some((value, &bytes[len..]))
 }
+
+/// A reload that removes an HTTP/3 listener: a connection with a request under way gets
+/// GOAWAY within about `keepalive_timeout` (at least a second), as an HTTP/2 one does, and
+/// its request still finishes; then the connection closes. Before, it went on taking
+/// requests (each refused) until it was idle.
+#[tokio::test]
+async fn a_busy_h3_connection_gets_goaway_when_its_listener_is_removed() {
+    let ca = TestCa::new("h3 removed CA");
+    let leaf = ca.leaf(&[NAME]);
+    let b = Backend::echo("app");
+    // No body rate: the body waits on the test as long as it takes.
+    let weir = start(
+        b.addr(),
+        &leaf,
+        "keepalive_timeout = \"300ms\"\nmin_body_rate = 0",
+    );
+    let tls = ca.client_config();
+    let (_endpoint, quic) = quic_connect(weir.addr, NAME, &tls).await.unwrap();
+    let mut control = quic.accept_uni().await.unwrap();
+    // A POST (QPACK, static table only: POST, https, /, then :authority) and part of its
+    // body: under way.
+    let (mut send, mut recv) = quic.open_bi().await.unwrap();
+    let mut head = vec![0x00, 0x00, 0xd4, 0xd7, 0xc1, 0x50, NAME.len() as u8];
+    head.extend_from_slice(NAME.as_bytes());
+    let mut frames = vec![0x01, head.len() as u8];
+    frames.extend_from_slice(&head);
+    frames.extend_from_slice(&[0x00, 0x04]);
+    frames.extend_from_slice(b"half");
+    send.write_all(&frames).await.unwrap();
+    assert!(wait_until_async(WAIT, || b.in_flight() == 1).await);
+    let without = single(b.addr())
+        .toml()
+        .replace("name = \"web\"", "name = \"other\"");
+    weir.apply_text(&without).expect("apply");
+    let mut got = Vec::new();
+    let mut chunk = [0u8; 256];
+    let goaway = async {
+        while !frame_types(got.get(1..).unwrap_or_default()).contains(&0x07) {
+            let n = control.read(&mut chunk).await.unwrap().expect("open");
+            got.extend_from_slice(&chunk[..n]);
+        }
+    };
+    tokio::time::timeout(WAIT, goaway).await.expect("GOAWAY");
+    assert_eq!(b.in_flight(), 1, "the request is still under way");
+    send.write_all(&[0x00, 0x04]).await.unwrap();
+    send.write_all(b"rest").await.unwrap();
+    send.finish().unwrap();
+    let answer = tokio::time::timeout(WAIT, recv.read_to_end(64 * 1024)).await;
+    let answer = answer.expect("answered").expect("a response");
+    assert_eq!(answer.first(), Some(&0x01), "a HEADERS frame first");
+    let why = tokio::time::timeout(WAIT, quic.closed())
+        .await
+        .expect("closes");
+    assert!(closed_with_no_error(&why), "{why:?}");
+}

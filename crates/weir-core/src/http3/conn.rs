@@ -379,8 +379,12 @@ async fn close_gracefully(h3: &mut h3::server::Connection<Guarded, Bytes>, conn:
 /// The idle timer fired: `None` when the connection has had no request under way for
 /// its idle bound (`header_timeout` before its first, `keepalive_timeout` after), else
 /// when to look again (while requests run, in a while: at least a second, so a
-/// `keepalive_timeout` of 0 does not spin).
+/// `keepalive_timeout` of 0 does not spin). Also `None` once a reload removed the
+/// listener (or shut this connection out by a new client-auth policy): a busy connection
+/// notices here, as an HTTP/2 one does, instead of refusing new requests until it idles.
 fn idle_deadline(conn: &Conn, limits: Limits) -> Option<Instant> {
+    let snapshot = conn.worker.snapshot();
+    snapshot.serving_index(conn.slot, Some(&conn.tls))?;
     let idle = match conn.served.get() {
         true => limits.keepalive_timeout,
         false => limits.header_timeout,
