@@ -115,11 +115,62 @@ impl Etcd {
             token,
             tls,
         };
-        for i in 0..n {
-            etcd.spawn(i, "new");
+        for attempt in 1..=3 {
+            for i in 0..n {
+                etcd.spawn(i, "new");
+            }
+            let healthy = etcd.became_healthy(0);
+            if healthy {
+                return etcd;
+            }
+            // A port found free can be taken by another test's socket before etcd binds
+            // it (the suite runs in parallel): a member that exited is started again, with
+            // the others, on new ports and new data directories.
+            let exited = etcd.exited();
+            for i in 0..n {
+                etcd.kill(i);
+            }
+            let logs = etcd.logs();
+            assert!(exited && attempt < 3, "etcd did not become healthy: {logs}");
+            for m in &mut etcd.members {
+                (m.client, m.peer) = (free_port(), free_port());
+            }
         }
-        etcd.wait_healthy(0);
-        etcd
+        unreachable!("the third attempt returns or fails")
+    }
+
+    /// Whether member `i` becomes healthy within 30 s (`false` at once when a member
+    /// exits).
+    fn became_healthy(&mut self, i: usize) -> bool {
+        let mut healthy = false;
+        weir_testkit::wait_until(Duration::from_secs(30), || {
+            healthy = self.is_healthy(i);
+            healthy || self.exited()
+        });
+        healthy
+    }
+
+    /// Whether a member started has exited (etcd exits when its ports are taken).
+    fn exited(&mut self) -> bool {
+        let gone = |c: &mut Child| matches!(c.try_wait(), Ok(Some(_)));
+        self.members
+            .iter_mut()
+            .any(|m| m.child.as_mut().is_some_and(gone))
+    }
+
+    /// What the members wrote to their standard error (errors only).
+    fn logs(&self) -> String {
+        let read = |m: &Member| std::fs::read_to_string(self.data_dir(m).with_extension("log"));
+        let logs = self
+            .members
+            .iter()
+            .map(|m| format!("{}: {}", m.name, read(m).unwrap_or_default()));
+        logs.collect::<Vec<_>>().join("\n")
+    }
+
+    /// Member `m`'s data directory (one per set of ports: a new start takes a new one).
+    fn data_dir(&self, m: &Member) -> PathBuf {
+        self.dir.path().join(format!("{}-{}", m.name, m.client))
     }
 
     fn spawn(&mut self, i: usize, state: &str) {
@@ -131,6 +182,7 @@ impl Etcd {
         let m = &self.members[i];
         let client = self.url(i);
         let peer = format!("http://127.0.0.1:{}", m.peer);
+        let log = std::fs::File::create(self.data_dir(m).with_extension("log")).expect("log");
         let mut command = Command::new(&self.bin);
         if let Some(tls) = &self.tls {
             command
@@ -145,7 +197,7 @@ impl Etcd {
         let child = command
             .args(["--name", &m.name])
             .arg("--data-dir")
-            .arg(self.dir.path().join(&m.name))
+            .arg(self.data_dir(m))
             .args([
                 "--listen-client-urls",
                 &client,
@@ -168,15 +220,25 @@ impl Etcd {
             .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
             .args(["--logger", "zap", "--log-level", "error"])
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(log)
             .spawn()
             .expect("spawn etcd");
         self.members[i].child = Some(child);
     }
 
     /// Waits until member `i` serves a linearizable read (there is a leader).
-    pub fn wait_healthy(&self, i: usize) {
-        let ok = weir_testkit::wait_until(Duration::from_secs(30), || match self.tls {
+    pub fn wait_healthy(&mut self, i: usize) {
+        let healthy = self.became_healthy(i);
+        assert!(
+            healthy,
+            "etcd member {i} did not become healthy: {}",
+            self.logs()
+        );
+    }
+
+    /// Whether member `i` serves a linearizable read now.
+    fn is_healthy(&self, i: usize) -> bool {
+        match self.tls {
             Some(_) => self.etcdctl(i, &["get", "/health-probe"]).is_ok(),
             None => self
                 .request(
@@ -185,8 +247,7 @@ impl Etcd {
                     &json!({"key": B64.encode("/health-probe")}),
                 )
                 .is_some_and(|v| v.get("header").is_some()),
-        });
-        assert!(ok, "etcd member {i} did not become healthy");
+        }
     }
 
     /// The client URL of member `i`: `https://` with TLS.
