@@ -47,6 +47,17 @@ fn prefix(file: &str, line: &usize, column: &usize, field: &str) -> String {
     out
 }
 
+/// The field `rest` (`.bind`, or empty) of the listener named `name`, as errors found
+/// after validation name it (`listeners[web].bind`): a name that reads as a number is
+/// quoted (`listeners["443"].bind`), so that it is not taken as the listener's index
+/// when the error is located ([`ConfigError::at_field`]).
+pub fn listener_field(name: &str, rest: &str) -> String {
+    match name.parse::<usize>() {
+        Ok(_) => format!("listeners[\"{name}\"]{rest}"),
+        Err(_) => format!("listeners[{name}]{rest}"),
+    }
+}
+
 impl ConfigError {
     /// An error found after validation (a certificate that cannot be loaded) about the
     /// key `field` (as errors print it: `listeners[0].tls.certs[1].cert`) of `text`,
@@ -135,9 +146,13 @@ impl FieldPath {
             if let Some(after) = rest.strip_prefix('[') {
                 let end = after.find(']').unwrap_or(after.len());
                 let inside = &after[..end];
-                let index = inside.parse().ok().or_else(|| {
+                // `["443"]`: a name that reads as a number (`listener_field`), not an index.
+                let quoted = inside.strip_prefix('"').and_then(|n| n.strip_suffix('"'));
+                let by_index = quoted.is_none().then(|| inside.parse().ok()).flatten();
+                let index = by_index.or_else(|| {
                     let array = node_at(doc?, &segs)?;
-                    array.elements().iter().position(|e| named(*e, inside))
+                    let name = quoted.unwrap_or(inside);
+                    array.elements().iter().position(|e| named(*e, name))
                 });
                 segs.extend(index.map(Seg::Index));
                 rest = after.get(end + 1..).unwrap_or("");
@@ -705,5 +720,23 @@ mod tests {
         assert_eq!(e.field, "listeners[extra].bind");
         let e = ConfigError::at_field("f", text, "listeners[nowhere].bind", "taken", "fix");
         assert_eq!(e.line, 1, "an unknown name: the parent key");
+    }
+
+    /// A listener named like a number (`443`) is its name, not an index, in the fields
+    /// apply errors name. Was: `listeners[1].bind` for a listener named "1" pointed at the
+    /// second listener's `bind`, and a name past the end at the first line.
+    #[test]
+    fn a_numeric_listener_name_is_located_by_name() {
+        let text = "[[listeners]]\nname = \"443\"\nbind = \":1\"\n\n\
+                    [[listeners]]\nname = \"0\"\nbind = \":2\"\n";
+        let field = listener_field("0", ".bind");
+        assert_eq!(field, "listeners[\"0\"].bind");
+        let e = ConfigError::at_field("f", text, &field, "taken", "fix");
+        assert_eq!((e.line, e.column), (7, 1), "{e}");
+        let e = ConfigError::at_field("f", text, &listener_field("443", ".bind"), "m", "f");
+        assert_eq!((e.line, e.column), (3, 1), "{e}");
+        assert_eq!(listener_field("web", ".bind"), "listeners[web].bind");
+        let e = ConfigError::at_field("f", text, "listeners[1].bind", "m", "f");
+        assert_eq!(e.line, 7, "an index is still an index: {e}");
     }
 }

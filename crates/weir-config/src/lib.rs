@@ -27,7 +27,7 @@ mod validate;
 
 use std::path::Path;
 
-pub use error::ConfigError;
+pub use error::{listener_field, ConfigError};
 pub use model::*;
 pub use paths::RelativePath;
 #[cfg(feature = "schema")]

@@ -61,7 +61,7 @@ impl ApplyError {
         match self {
             ApplyError::NotReloadable { field, .. } => field.clone(),
             ApplyError::Bind(StartError::Bind { listener, .. }) => {
-                format!("listeners[{listener}].bind")
+                weir_config::listener_field(listener, ".bind")
             }
             ApplyError::Bind(_) => String::new(),
             ApplyError::Tls(e) => e.field.clone(),
@@ -482,7 +482,7 @@ fn check_reloadable(old: &Config, new: &Config) -> Result<(), ApplyError> {
         let changed = before.map_or(l.access_log.is_some(), |o| o.access_log != l.access_log);
         if changed {
             return Err(ApplyError::NotReloadable {
-                field: format!("listeners[{}].access_log", l.name),
+                field: weir_config::listener_field(&l.name, ".access_log"),
                 message: "access logs are opened at start and cannot change while running".into(),
                 fix: "keep the running access_log settings, or restart (or `weir upgrade`) to change them",
             });
