@@ -67,6 +67,9 @@ pub struct Pace {
 #[derive(Default)]
 pub struct Continued {
     told: Cell<bool>,
+    /// The client sent a body byte without waiting (curl does after a second): it needs
+    /// no 100 any more (RFC 9110 10.1.1 lets the server omit it).
+    began: Cell<bool>,
     notify: Notify,
 }
 
@@ -74,6 +77,11 @@ impl Continued {
     /// Whether the client has had its 100.
     pub fn told(&self) -> bool {
         self.told.get()
+    }
+
+    /// Whether the client still waits for a 100: none went out, and it sent no body byte.
+    pub fn waits(&self) -> bool {
+        !self.told.get() && !self.began.get()
     }
 
     /// The client has its 100: its waits count from now.
@@ -107,6 +115,9 @@ impl Pace {
 
     /// Counts `n` more bytes received.
     pub fn add(&mut self, n: usize) {
+        if let Some(c) = self.continued.as_deref().filter(|_| self.received == 0) {
+            c.began.set(true);
+        }
         self.received = self.received.saturating_add(n as u64);
     }
 

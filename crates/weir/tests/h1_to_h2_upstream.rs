@@ -362,6 +362,23 @@ async fn expect_100_continue_is_answered_before_the_body() {
     assert_eq!(resp.body, b"body");
 }
 
+/// An HTTP/1.0 client is sent no 1xx (RFC 9110 15.2): its `Expect` gets no 100, only the
+/// final response. Was: Weir's own 100 went to it in this cell.
+#[tokio::test]
+async fn an_http10_client_with_expect_gets_no_100() {
+    let backend = H2Backend::h2c();
+    let weir = h2c(backend.addr());
+    let mut client = weir.client().await;
+    let head = b"PUT /e HTTP/1.0\r\nHost: t\r\nExpect: 100-continue\r\nContent-Length: 4\r\n\r\n";
+    client.send_raw(head).await.expect("send head");
+    // Its body once the server has the stream, as an HTTP/1.0 client that waits a moment.
+    wait_until_async(WAIT, || backend.streams() == 1).await;
+    client.send_raw(b"body").await.expect("send body");
+    let resp = client.read_response(false).await.expect("response");
+    assert_eq!(resp.status, 200, "the final response, no 100 before it");
+    assert_eq!(resp.body, b"body");
+}
+
 #[tokio::test]
 async fn websocket_upgrade_to_an_h2_only_upstream_is_refused_with_501() {
     let backend = H2Backend::h2c();

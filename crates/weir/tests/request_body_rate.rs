@@ -162,6 +162,60 @@ async fn an_upstream_that_never_says_100_does_not_deadlock_a_waiting_client() {
     server.await.unwrap();
 }
 
+/// The upstream's 100 after Weir's is read and dropped, and its connection is pooled
+/// clean: the next request goes over it (the upstream accepts one connection only).
+#[tokio::test]
+async fn an_upstream_connection_is_reused_after_its_late_100() {
+    let (weir, server) = before_one_connection(async |mut s| {
+        read_head(&mut s).await;
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        s.write_all(b"HTTP/1.1 100 Continue\r\n\r\n").await.unwrap();
+        let mut body = [0u8; 5];
+        s.read_exact(&mut body).await.unwrap();
+        s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            .await
+            .unwrap();
+        let next = read_head(&mut s).await;
+        assert!(next.starts_with("GET /next "), "{next}");
+        s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nnext")
+            .await
+            .unwrap();
+    });
+    let mut c = expecting(weir.addr, "Connection: close\r\n").await;
+    let interim = read_head(&mut c).await;
+    assert!(interim.starts_with("HTTP/1.1 100 "), "{interim:?}");
+    c.write_all(b"hello").await.unwrap();
+    let answer = read_to_close(&mut c).await;
+    assert!(answer.starts_with("HTTP/1.1 200 "), "one 100: {answer:?}");
+    let mut c = weir.client().await;
+    let next = c.get("/next", "h").await.unwrap();
+    assert_eq!((next.status, next.body.as_slice()), (200, &b"next"[..]));
+    server.await.unwrap();
+}
+
+/// A client that sent `Expect` but its body without waiting (as curl does after a second)
+/// gets no 100 from Weir, however long the upstream takes to answer.
+#[tokio::test]
+async fn a_client_that_did_not_wait_gets_no_100() {
+    let (got_head, head_read) = tokio::sync::oneshot::channel();
+    let (weir, server) = before_one_connection(async |mut s| {
+        read_head(&mut s).await;
+        got_head.send(()).unwrap();
+        let mut body = [0u8; 5];
+        s.read_exact(&mut body).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let answer = "HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+        s.write_all(answer.as_bytes()).await.unwrap();
+    });
+    let mut c = expecting(weir.addr, "Connection: close\r\n").await;
+    // The body after the head has gone up (not with it): Weir is waiting for the upstream.
+    head_read.await.unwrap();
+    c.write_all(b"hello").await.unwrap();
+    let answer = read_to_close(&mut c).await;
+    assert!(answer.starts_with("HTTP/1.1 200 "), "no 100: {answer:?}");
+    server.await.unwrap();
+}
+
 /// A client that sends `Expect` and then nothing, toward an upstream that never says 100:
 /// its wait counts from Weir's 100, so it gets its 408 about a second after the grace, not
 /// after `client_timeout` (60 s here).

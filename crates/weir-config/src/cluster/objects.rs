@@ -190,11 +190,12 @@ impl Assembled {
             return field.to_owned();
         };
         let (name, after) = rest.split_once(']').unwrap_or((rest, ""));
-        // A numeric name comes quoted (`crate::listener_field`).
-        let name = name
-            .strip_prefix('"')
-            .and_then(|n| n.strip_suffix('"'))
-            .unwrap_or(name);
+        // A numeric name comes quoted (`crate::listener_field`): a bare number is an index.
+        let name = match name.strip_prefix('"').and_then(|n| n.strip_suffix('"')) {
+            Some(quoted) => quoted,
+            None if name.parse::<usize>().is_ok() => return field.to_owned(),
+            None => name,
+        };
         match self.listeners.iter().position(|(l, _)| l == name) {
             Some(i) => format!("listeners[{i}]{after}"),
             None => field.to_owned(),

@@ -349,7 +349,7 @@ pub(crate) trait Interim {
     ) -> impl std::future::Future<Output = Result<bool, ProxyError>>;
 
     /// Whether the client waits for a 100 it has not had (it sent `Expect: 100-continue`
-    /// and holds its body back): only an HTTP/1.1 client toward an HTTP/1.1 upstream,
+    /// and no body byte yet): only an HTTP/1.1 client toward an HTTP/1.1 upstream,
     /// the one cell where the upstream's 100 is relayed instead of Weir's sent at once.
     fn untold(&self) -> bool {
         false
@@ -410,7 +410,7 @@ impl<W: AsyncWrite + Unpin> Interim for Http1Interim<'_, W> {
     }
 
     fn untold(&self) -> bool {
-        self.continued.as_ref().is_some_and(|c| !c.told())
+        self.continued.as_ref().is_some_and(|c| c.waits())
     }
 
     async fn tell(&mut self) -> Result<bool, ProxyError> {
@@ -468,6 +468,7 @@ where
     let mut received = !rd.up_buf.is_empty();
     let mut interim_sent = false;
     let mut informational = 0u32;
+    let mut tell_at = None;
     let fail = |error, received, interim_sent| HeadError {
         error,
         received,
@@ -488,7 +489,7 @@ where
             let read = match timed {
                 true => rd.timer.within(std::pin::pin!(read)).await,
                 false => Some(
-                    read_telling(read, client)
+                    read_telling(read, client, &mut tell_at)
                         .await
                         .map_err(|e| fail(e, received, true))?,
                 ),
@@ -524,18 +525,24 @@ where
 }
 
 /// `read` from the upstream; meanwhile, a client still waiting for its 100
-/// ([`Interim::untold`]) gets Weir's own once the upstream is silent for
-/// [`TELL_CONTINUE_AFTER`]. `Err`: the client could not be told (it left).
+/// ([`Interim::untold`]) gets Weir's own at `tell_at`, set on the first such read to
+/// [`TELL_CONTINUE_AFTER`] from then (so an upstream sending 103s or a head a byte at a
+/// time does not put it off). `Err`: the client could not be told (it left).
 async fn read_telling<W: Interim>(
     read: impl Future<Output = std::io::Result<usize>>,
     client: &mut W,
+    tell_at: &mut Option<Instant>,
 ) -> Result<std::io::Result<usize>, ProxyError> {
     let mut read = std::pin::pin!(read);
     if client.untold() {
-        if let Ok(out) = tokio::time::timeout(TELL_CONTINUE_AFTER, read.as_mut()).await {
+        let at = *tell_at.get_or_insert_with(|| Instant::now() + TELL_CONTINUE_AFTER);
+        if let Ok(out) = tokio::time::timeout_at(at, read.as_mut()).await {
             return Ok(out);
         }
-        client.tell().await?;
+        // Unless its body began meanwhile.
+        if client.untold() {
+            client.tell().await?;
+        }
     }
     Ok(read.await)
 }

@@ -272,7 +272,8 @@ impl ClientSide for Http1Client<'_> {
     /// Says `100 Continue` to a client that waits for it, once a server took the stream
     /// (an HTTP/2 server need not answer `expect`).
     async fn opened(&mut self) -> Result<(), ProxyError> {
-        if !self.expect || self.informed {
+        // An HTTP/1.0 client's Expect is not answered: it is sent no 1xx (RFC 9110 15.2).
+        if !self.expect || self.informed || self.client.http10 {
             return Ok(());
         }
         self.informed = true;

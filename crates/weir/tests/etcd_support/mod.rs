@@ -120,7 +120,8 @@ impl Etcd {
                 etcd.spawn(i, "new");
             }
             let healthy = etcd.became_healthy(0);
-            if healthy {
+            // Member 0 has a quorum without a member that exited: start them all again.
+            if healthy && !etcd.exited() {
                 return etcd;
             }
             // A port found free can be taken by another test's socket before etcd binds
@@ -182,7 +183,12 @@ impl Etcd {
         let m = &self.members[i];
         let client = self.url(i);
         let peer = format!("http://127.0.0.1:{}", m.peer);
-        let log = std::fs::File::create(self.data_dir(m).with_extension("log")).expect("log");
+        // Appended to: a restart keeps what the member said before.
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.data_dir(m).with_extension("log"))
+            .expect("log");
         let mut command = Command::new(&self.bin);
         if let Some(tls) = &self.tls {
             command
