@@ -113,14 +113,34 @@ impl StreamRequest<'_> {
     ) -> Result<(), Failure> {
         let mut resp = ResponseHead::default();
         let opened = unless_reset(respond, self.open(key, up_buf, &mut resp, trace)).await;
-        let (stream, switched) = match opened {
+        let mut stream = match opened {
             Ok(opened) => opened?,
             Err(stop) => return Err(stopped(stop, trace)),
         };
-        if !switched {
-            return self.refused(stream, &resp, up_buf, respond, trace).await;
+        let servers = &self.target.upstream.servers;
+        let server = &servers[trace.last_try.upstream_pick.map_or(0, |(_, server)| server)];
+        let mut lines = Vec::new();
+        let edits = self.edits(&mut lines, server);
+        if resp.status != 101 {
+            // The upstream refused the upgrade (a final status other than 101 and 2xx):
+            // the refusal goes to the client as any response would, with its fields and
+            // body (`WWW-Authenticate` of a 401, `Location` of a redirect). The try was
+            // counted when its head came (`open`).
+            let up = Http1Response {
+                stream: &mut stream,
+                buf: up_buf,
+                head: &resp,
+            };
+            let relayed = self.respond_http1(respond, up, edits, |_| {}, trace);
+            return relayed.await.map(|_| ());
         }
-        let head = self.accepted_head(&resp, up_buf.filled(), trace);
+        // The 200 to the client, with the end-to-end fields of the 101 (the subprotocol
+        // and extensions the server chose, cookies, ...) but `Sec-WebSocket-Accept`, which
+        // answered Weir's key.
+        let arrived = Bytes::copy_from_slice(up_buf.filled());
+        let mut head = head_from_http1(&resp, &arrived, &edits, http::HeaderMap::new());
+        *head.status_mut() = http::StatusCode::OK;
+        head.headers_mut().remove("sec-websocket-accept");
         up_buf.consume(resp.head_len);
         trace.status = 200;
         let mut send = respond
@@ -148,45 +168,15 @@ impl StreamRequest<'_> {
         }
     }
 
-    /// The upstream refused the upgrade (a final status other than 101 and 2xx, in `resp`):
-    /// the refusal goes to the client as any response would, with its fields and body
-    /// (`WWW-Authenticate` of a 401, `Location` of a redirect).
-    async fn refused(
-        &self,
-        mut stream: UpstreamStream,
-        resp: &ResponseHead,
-        up_buf: &mut Buffer,
-        respond: &mut SendResponse<Bytes>,
-        trace: &mut Trace,
-    ) -> Result<(), Failure> {
-        let mut lines = Vec::new();
-        let edits = self.edits(&mut lines, self.server_of(trace));
-        let up = Http1Response {
-            stream: &mut stream,
-            buf: up_buf,
-            head: resp,
-        };
-        // The try was counted when its head came (`open`).
-        let relayed = self.respond_http1(respond, up, edits, |_| {}, trace);
-        relayed.await.map(|_| ())
-    }
-
-    /// The server `open` picked.
-    fn server_of(&self, trace: &Trace) -> &weir_config::UpstreamServer {
-        let servers = &self.target.upstream.servers;
-        &servers[trace.last_try.upstream_pick.map_or(0, |(_, server)| server)]
-    }
-
-    /// Sends the Upgrade request (through the driver) and reads the answer: the upstream
-    /// connection, and whether it switched (a valid 101) or refused (another final status,
-    /// in `resp`).
+    /// Sends the Upgrade request (through the driver) and reads the answer into `resp`:
+    /// the upstream connection, switched (a valid 101) or refused (another final status).
     async fn open(
         &self,
         key: &[u8],
         up_buf: &mut Buffer,
         resp: &mut ResponseHead,
         trace: &mut Trace,
-    ) -> Result<(UpstreamStream, bool), Failure> {
+    ) -> Result<UpstreamStream, Failure> {
         let x = self.exchange_of();
         let mut out = Vec::with_capacity(self.request.buf.len() + 256);
         // A tunnel is rare: a timer of its own.
@@ -207,20 +197,7 @@ impl StreamRequest<'_> {
         let opened = drive(&x, &mut handshake, started, &mut trace.last_try).await;
         let ((stream, _), accepted) = opened?.take();
         accepted.count(Ok(handshake.resp.status));
-        Ok((stream, handshake.resp.status == 101))
-    }
-
-    /// The 200 to the client, with the end-to-end fields of the 101 (the subprotocol and
-    /// extensions the server chose, cookies, ...) but `Sec-WebSocket-Accept`, which
-    /// answered Weir's key.
-    fn accepted_head(&self, resp: &ResponseHead, buf: &[u8], trace: &Trace) -> http::Response<()> {
-        let arrived = Bytes::copy_from_slice(buf);
-        let mut lines = Vec::new();
-        let edits = self.edits(&mut lines, self.server_of(trace));
-        let mut head = head_from_http1(resp, &arrived, &edits, http::HeaderMap::new());
-        *head.status_mut() = http::StatusCode::OK;
-        head.headers_mut().remove("sec-websocket-accept");
-        head
+        Ok(stream)
     }
 }
 
