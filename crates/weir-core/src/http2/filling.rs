@@ -84,11 +84,7 @@ impl StreamRequest<'_> {
     ) -> Result<(), Failure> {
         // The fill (its key's lock) is held until the stale answer is sent.
         let fill = self.fill.take();
-        let stale = match (&result, &fill) {
-            (Err(failure), Some(fill)) => stale_answer(fill, failure),
-            _ => None,
-        };
-        match stale {
+        match stale_answer(fill.as_deref(), &result) {
             // Boxed: a route without `cache` keeps the stream's state as before.
             Some(reply) => Box::pin(self.reply_from_store(respond, reply, trace)).await,
             None => result,
