@@ -15,7 +15,6 @@ use std::time::{Duration, Instant};
 
 use crate::buffer::Buffer;
 use crate::cache::{CacheResult, Fetched, Fill, Recorder};
-use crate::codec::http1::ResponseHead;
 use crate::error::ProxyError;
 use crate::files::{BodySource, Reply, Under};
 use crate::forward::body::BodyState;
@@ -113,19 +112,6 @@ impl StreamRequest<'_> {
             self.fill.set(Some(fill));
         }
         reply
-    }
-
-    /// The recorder of the HTTP/1.1 upstream's response `resp` (its head in `buf`), if
-    /// the miss may store it; its `Cache-Status` goes into `head`, the client's.
-    pub(crate) fn admit(
-        &self,
-        buf: &[u8],
-        resp: &ResponseHead,
-        head: &mut http::Response<()>,
-    ) -> Option<Box<Recorder>> {
-        let (status, recorder) = self.admission(Fetched::Http1(buf, resp));
-        mark(head, status);
-        recorder
     }
 
     /// The `Cache-Status` value of the upstream's response `resp` (for the client's head:

@@ -16,7 +16,7 @@ use crate::error::ProxyError;
 use crate::files::BodySource;
 use crate::forward::head::Edits;
 use crate::forward::relay::{relay, Broke, Coding, Piece, Sink, Source};
-use crate::forward::{Failure, Reached};
+use crate::forward::Failure;
 use crate::request::Trace;
 
 /// The h2 head for an HTTP/1.1 upstream's `resp`, whose bytes are `buf` (one copy of what
@@ -159,10 +159,7 @@ async fn relay_body<S: Source>(
         Err(Broke::Source(e) | Broke::Sink(e)) => e,
     };
     send.send_reset(Reason::CANCEL);
-    Err(Failure {
-        error,
-        reached: Reached::Head,
-    })
+    Err(Failure::after_head(error))
 }
 
 /// A client's stream that takes a response from an HTTP/1.1 upstream or from a source of
