@@ -40,6 +40,7 @@ use crate::forward::Failure;
 use crate::idle::{Activity, Cut, End, Limits, Noted};
 use crate::request::Trace;
 use crate::time::LazyTimer;
+use crate::worker::UPSTREAM_BUFFER;
 
 /// RFC 6455 section 1.3.
 const GUID: &[u8] = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
@@ -73,7 +74,8 @@ pub fn accept_of(key: &[u8]) -> [u8; 28] {
 
 impl StreamRequest<'_> {
     /// Opens the WebSocket upstream for an extended CONNECT whose head (with `key`) is
-    /// `self.req`, answers 200 and tunnels until both sides are done.
+    /// `self.req`, answers 200 and tunnels until both sides are done. A tunnel is rare and
+    /// long: its upstream buffer is its own, not one of the worker's spares.
     pub async fn forward_websocket(
         &self,
         body: RecvStream,
@@ -81,20 +83,7 @@ impl StreamRequest<'_> {
         key: &[u8],
         trace: &mut Trace,
     ) -> Result<(), Failure> {
-        let mut up_buf = self.worker.take_buffer();
-        let result = self.websocket(body, respond, key, &mut up_buf, trace).await;
-        self.worker.give_buffer(up_buf);
-        result
-    }
-
-    async fn websocket(
-        &self,
-        body: RecvStream,
-        respond: &mut SendResponse<Bytes>,
-        key: &[u8],
-        up_buf: &mut Buffer,
-        trace: &mut Trace,
-    ) -> Result<(), Failure> {
+        let up_buf = &mut Buffer::new(UPSTREAM_BUFFER);
         let mut resp = ResponseHead::default();
         let opened = unless_reset(respond, self.open(key, up_buf, &mut resp, trace)).await;
         let mut stream = match opened {
