@@ -18,6 +18,7 @@ use tokio::io::AsyncWrite;
 use weir_config::UpstreamServer;
 
 use super::files::respond_stream;
+use super::filling::mark;
 use super::interim::{Bounds, ClientStream, Relayed};
 use super::respond::{head_from_http1, ResponseStream, Sinking};
 use super::scratch::ExchangeScratch;
@@ -246,7 +247,8 @@ impl StreamRequest<'_> {
         let is_head = self.request.req.is_head;
         edits.plan = plan_http1(route, up.buf.filled(), resp, is_head, self.accepted());
         let mut head = head_from_http1(resp, &arrived, &edits, self.spare.take());
-        let mut recorder = self.admit(up.buf.filled(), resp, &mut head);
+        let (cache_status, mut recorder) = self.admission(Fetched::Http1(up.buf.filled(), resp));
+        mark(&mut head, cache_status);
         let listed = trailer::connection_listed(up.buf.filled(), &resp.headers, resp.framing);
         up.buf.consume(resp.head_len);
         // The usual small response: its body all at hand, nothing to frame or check.

@@ -20,7 +20,7 @@ use crate::filters::compression;
 use crate::forward::head::{coding, Edits};
 use crate::forward::relay::{Coding, Source};
 use crate::forward::request_head::render_response_rules;
-use crate::forward::{Failure, Reached};
+use crate::forward::Failure;
 use crate::request::Request;
 use crate::request::Trace;
 use crate::router::RoutedPath;
@@ -92,10 +92,7 @@ pub(super) async fn relay_read(
     };
     trace.reset |= stop == Stop::Reset;
     send.send_reset(Reason::CANCEL);
-    Err(Failure {
-        error: stop.into(),
-        reached: Reached::Head,
-    })
+    Err(Failure::after_head(stop.into()))
 }
 
 /// [`relay_read`]'s pieces, each within the window `window` waits for (at most `stall`).

@@ -11,7 +11,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crate::buffer::Buffer;
 use crate::cache::{CacheResult, Fetched, Fill, Recorder};
@@ -25,16 +25,17 @@ use crate::forward::filling::stale_answer;
 use crate::forward::h1::{pool_after_answer, reuse, Interim, NoInterim};
 use crate::forward::head::ForClient;
 use crate::forward::relay::{
-    relay, Broke, Coding, Http1Sink, Http1Source, Peer, Recording, Source,
+    relay, Broke, Coding, Http1Source, Peer, Piece, Recording, Sink, Source, Trailers,
 };
 use crate::forward::{carrier, Carrier, Failure};
 use crate::metrics::shard::Protocol;
 use crate::request::LastTry;
+use crate::time::LazyTimer;
+use crate::worker::UPSTREAM_BUFFER;
 
 use super::exchange::{StreamRequest, StreamSender};
 use super::files::respond_stream;
 use super::respond::ResponseStream;
-use super::scratch::ExchangeScratch;
 use super::upstream::{Answer, ClientSide, H2Facts, Relayed};
 use crate::request::Trace;
 
@@ -84,11 +85,7 @@ impl StreamRequest<'_> {
     ) -> Result<(), Failure> {
         // The fill (its key's lock) is held until the stale answer is sent.
         let fill = self.fill.take();
-        let stale = match (&result, &fill) {
-            (Err(failure), Some(fill)) => stale_answer(fill, failure),
-            _ => None,
-        };
-        match stale {
+        match stale_answer(fill.as_deref(), &result) {
             // Boxed: a route without `cache` keeps the stream's state as before.
             Some(reply) => Box::pin(self.reply_from_store(respond, reply, trace)).await,
             None => result,
@@ -117,19 +114,6 @@ impl StreamRequest<'_> {
             self.fill.set(Some(fill));
         }
         reply
-    }
-
-    /// The recorder of the HTTP/1.1 upstream's response `resp` (its head in `buf`), if
-    /// the miss may store it; its `Cache-Status` goes into `head`, the client's.
-    pub(crate) fn admit(
-        &self,
-        buf: &[u8],
-        resp: &ResponseHead,
-        head: &mut http::Response<()>,
-    ) -> Option<Box<Recorder>> {
-        let (status, recorder) = self.admission(Fetched::Http1(buf, resp));
-        mark(head, status);
-        recorder
     }
 
     /// The `Cache-Status` value of the upstream's response `resp` (for the client's head:
@@ -189,10 +173,8 @@ impl StreamRequest<'_> {
         let (mut out, mut trace) = (Vec::new(), Trace::default());
         let no_body = None::<h2::RecvStream>;
         let facts = H2Facts::default();
-        let mut store = ForStore {
-            timeout: self.target.upstream.response_timeout,
-        };
-        let tried = self.drive_h2(&facts, None, no_body, &mut store, &mut out, &mut trace);
+        let store = &mut ForStore;
+        let tried = self.drive_h2(&facts, None, no_body, store, &mut out, &mut trace);
         match tried.await.0 {
             Ok(Relayed::Over(relayed)) => relayed.map_err(|f| f.error),
             // A refreshed entry (nobody to answer with it); `auto` never comes here.
@@ -201,22 +183,12 @@ impl StreamRequest<'_> {
         }
     }
 
-    /// [`StreamRequest::fetch_for_store`] toward an HTTP/1.1 upstream.
+    /// [`StreamRequest::fetch_for_store`] toward an HTTP/1.1 upstream. Rare (a stale entry's
+    /// background revalidation): its buffers and timer are its own, not the worker's spares.
     async fn fetch_over_http1(&self) -> Result<(), ProxyError> {
-        let mut up_buf = self.worker.take_buffer();
-        let mut scratch = self.worker.h2_scratch.take_exchange();
-        let fetched = self.fetch(&mut up_buf, &mut scratch).await;
-        self.worker.h2_scratch.give_exchange(scratch);
-        self.worker.give_buffer(up_buf);
-        fetched
-    }
-
-    async fn fetch(
-        &self,
-        up_buf: &mut Buffer,
-        scratch: &mut ExchangeScratch,
-    ) -> Result<(), ProxyError> {
-        let ExchangeScratch { out, resp, timer } = scratch;
+        let up_buf = &mut Buffer::new(UPSTREAM_BUFFER);
+        let resp = &mut ResponseHead::default();
+        let mut timer = LazyTimer::new(tokio::time::Instant::now());
         let x = self.exchange_of();
         let mut last_try = LastTry::default();
         let mut sender = StreamSender {
@@ -224,15 +196,14 @@ impl StreamRequest<'_> {
             x: &x,
             body: None::<BodySource<'static>>,
             up_buf: &mut *up_buf,
-            out,
+            out: &mut Vec::new(),
             resp: &mut *resp,
-            timer,
+            timer: &mut timer,
             interim: NoInterim,
             websocket_key: None,
         };
         let accepted = drive(&x, &mut sender, self.request.started, &mut last_try).await;
-        let (sent, accepted) = accepted.map_err(|f| f.error)?.take();
-        let (mut stream, request_done) = sent;
+        let ((mut stream, request_done), accepted) = accepted.map_err(|f| f.error)?.take();
         accepted.count(Ok(resp.status));
         // A 304 refreshes the entry (a 5xx leaves it as it is: nobody is answered).
         if self
@@ -243,10 +214,7 @@ impl StreamRequest<'_> {
             pool_after_answer(&x, &accepted, up_buf, resp, stream, request_done);
             return Ok(());
         }
-        let Some(fill) = self.fill.take() else {
-            return Ok(());
-        };
-        let recorder = fill.admit(Fetched::Http1(up_buf.filled(), resp), true);
+        let (_, recorder) = self.admission(Fetched::Http1(up_buf.filled(), resp));
         let Some(mut recorder) = recorder else {
             return Ok(());
         };
@@ -260,7 +228,7 @@ impl StreamRequest<'_> {
             recorder: &mut recorder,
             stop_when_over: true,
         };
-        discard(&mut recording, timeout).await?;
+        discard(&mut recording).await?;
         recorder.finish();
         if resp.keeps_alive() && request_done && up_buf.is_empty() {
             reuse(&x, &accepted, stream, Instant::now());
@@ -269,28 +237,27 @@ impl StreamRequest<'_> {
     }
 }
 
-/// Reads `source` to its end, its bytes going nowhere (a fetch for the store alone: its
-/// recorder keeps them); `timeout` for each write, which never waits.
-async fn discard<S: Source>(source: &mut S, timeout: Duration) -> Result<(), ProxyError> {
-    let (mut nowhere, mut sent) = (tokio::io::sink(), 0);
-    let mut sink = Http1Sink {
-        writer: &mut nowhere,
-        timeout,
-        sent: &mut sent,
-        head: &[],
-        chunked: false,
-        trailers: None,
-    };
-    let relayed = relay(source, &mut sink, None).await;
+/// Reads `source` to its end into [`ForStore`] (a fetch for the store alone: its recorder
+/// keeps the bytes).
+async fn discard<S: Source>(source: &mut S) -> Result<(), ProxyError> {
+    let relayed = relay(source, &mut ForStore, None).await;
     relayed.map_err(|(Broke::Source(e) | Broke::Sink(e))| e)
 }
 
 /// No client: the side an HTTP/2 upstream's response goes to when it is fetched for the
 /// store alone (`StreamRequest::fetch_for_store`). It takes no 1xx, never goes away,
-/// asks for no coding, and its body is read into nothing through the fill's recorder.
-pub(crate) struct ForStore {
-    /// For each write into nothing (the upstream's `response_timeout`; none waits).
-    timeout: Duration,
+/// asks for no coding, and its body is read into nothing (this sink drops every piece)
+/// through the fill's recorder.
+pub(crate) struct ForStore;
+
+impl Sink for ForStore {
+    async fn data(&mut self, _: Piece<'_>, _: bool) -> Result<(), ProxyError> {
+        Ok(())
+    }
+
+    async fn end(&mut self, _: Trailers<'_>) -> Result<(), ProxyError> {
+        Ok(())
+    }
 }
 
 impl ClientSide for ForStore {
@@ -319,8 +286,6 @@ impl ClientSide for ForStore {
         _: Option<&mut Coding>,
         _: &mut Trace,
     ) -> Result<(), Failure> {
-        discard(source, self.timeout)
-            .await
-            .map_err(Failure::after_head)
+        discard(source).await.map_err(Failure::after_head)
     }
 }

@@ -23,7 +23,7 @@ use h2::server::SendResponse;
 use h2::Reason;
 use http::{Response, StatusCode};
 
-use super::respond::end_to_end_fields;
+use super::respond::end_to_end_head;
 use super::send::Resettable;
 use crate::codec::http1::ResponseHead;
 use crate::error::ProxyError;
@@ -125,16 +125,6 @@ impl<'a> ClientStream<'a> {
     }
 }
 
-/// An HTTP/1.1 upstream's 1xx head `resp` (its bytes: `head`) as a response head for a
-/// client stream (HTTP/2 or HTTP/3): its end-to-end fields, names lower-cased (hop-by-hop
-/// and `Connection`-listed fields dropped). `None`: no valid status.
-pub(crate) fn informational(head: &[u8], resp: &ResponseHead) -> Option<Response<()>> {
-    let mut response = Response::new(());
-    *response.status_mut() = StatusCode::from_u16(resp.status).ok()?;
-    end_to_end_fields(head, resp, response.headers_mut());
-    Some(response)
-}
-
 /// The size of `head`'s header list as HTTP/2 counts it (RFC 9113 6.5.2), `:status`
 /// included.
 fn list_size(head: &Response<()>) -> u32 {
@@ -152,15 +142,13 @@ impl Resettable for &ClientStream<'_> {
 }
 
 /// The client's stream takes the upstream's 1xx heads: an HTTP/1.1 upstream's as
-/// [`informational`] makes them (the route's `response_headers` rules are for the final
+/// `respond::end_to_end_head` makes them (the route's `response_headers` rules are for the final
 /// head only); an HTTP/2 upstream's as they came. A client gone ends the wait
 /// through its reset (`gone`), not here.
 impl Interim for &ClientStream<'_> {
     async fn relay(&mut self, head: &[u8], resp: &ResponseHead) -> Result<bool, ProxyError> {
-        match informational(head, resp) {
-            Some(response) => self.send(response).map_err(|()| ProxyError::ClientClosed),
-            None => Ok(false),
-        }
+        let response = end_to_end_head(head, resp);
+        self.send(response).map_err(|()| ProxyError::ClientClosed)
     }
 
     async fn relay_h2(&mut self, head: Response<()>) -> Result<bool, ProxyError> {

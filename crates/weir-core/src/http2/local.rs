@@ -87,10 +87,7 @@ fn stream_answer<'o>(
     if !parse_response(rendered, rendered.len(), is_head, &mut head)? {
         return Err(ProxyError::UpstreamMalformed("incomplete local response"));
     }
-    let mut response = http::Response::new(());
-    *response.status_mut() =
-        http::StatusCode::from_u16(head.status).unwrap_or(http::StatusCode::BAD_GATEWAY);
-    super::respond::end_to_end_fields(rendered, &head, response.headers_mut());
+    let mut response = super::respond::end_to_end_head(rendered, &head);
     let body = &rendered[head.head_len..];
     let status = response.status().as_u16();
     trace.status = status;

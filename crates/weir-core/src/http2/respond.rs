@@ -16,7 +16,7 @@ use crate::error::ProxyError;
 use crate::files::BodySource;
 use crate::forward::head::Edits;
 use crate::forward::relay::{relay, Broke, Coding, Piece, Sink, Source};
-use crate::forward::{Failure, Reached};
+use crate::forward::Failure;
 use crate::request::Trace;
 
 /// The h2 head for an HTTP/1.1 upstream's `resp`, whose bytes are `buf` (one copy of what
@@ -56,10 +56,14 @@ pub(crate) fn head_from_http1(
     response
 }
 
-/// Appends the end-to-end fields of the HTTP/1.1 head `resp` (its bytes: `buf`) to
-/// `headers`, names lower-cased: hop-by-hop and `Connection`-listed fields dropped, and a
-/// field that is no valid HTTP/2 one (an upstream's 1xx head, Weir's own answers).
-pub(crate) fn end_to_end_fields(buf: &[u8], resp: &ResponseHead, headers: &mut HeaderMap) {
+/// The HTTP/1.1 head `resp` (its bytes: `buf`) as a client stream's head (HTTP/2 or
+/// HTTP/3), for an upstream's 1xx head or Weir's own answers: its end-to-end fields, names
+/// lower-cased (hop-by-hop and `Connection`-listed fields dropped, and a field that is no
+/// valid HTTP/2 one).
+pub(crate) fn end_to_end_head(buf: &[u8], resp: &ResponseHead) -> http::Response<()> {
+    let mut response = http::Response::new(());
+    *response.status_mut() =
+        http::StatusCode::from_u16(resp.status).unwrap_or(http::StatusCode::BAD_GATEWAY);
     for h in &resp.headers {
         if h.connection_listed || h.kind.is_hop_by_hop() {
             continue;
@@ -67,9 +71,10 @@ pub(crate) fn end_to_end_fields(buf: &[u8], resp: &ResponseHead, headers: &mut H
         let name = response_name(&buf[h.name.clone()]);
         let value = HeaderValue::from_bytes(&buf[h.value.clone()]);
         if let (Ok(name), Ok(value)) = (name, value) {
-            headers.append(name, value);
+            response.headers_mut().append(name, value);
         }
     }
+    response
 }
 
 /// An HTTP/2 upstream's head `parts` with `edits` applied in place (a route without edits
@@ -154,10 +159,7 @@ async fn relay_body<S: Source>(
         Err(Broke::Source(e) | Broke::Sink(e)) => e,
     };
     send.send_reset(Reason::CANCEL);
-    Err(Failure {
-        error,
-        reached: Reached::Head,
-    })
+    Err(Failure::after_head(error))
 }
 
 /// A client's stream that takes a response from an HTTP/1.1 upstream or from a source of

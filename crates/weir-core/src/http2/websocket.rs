@@ -16,6 +16,8 @@
 use std::time::Duration;
 
 use aws_lc_rs::digest;
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine;
 use bytes::Bytes;
 use h2::server::SendResponse;
 use h2::{Reason, RecvStream, SendStream};
@@ -38,6 +40,7 @@ use crate::forward::Failure;
 use crate::idle::{Activity, Cut, End, Limits, Noted};
 use crate::request::Trace;
 use crate::time::LazyTimer;
+use crate::worker::UPSTREAM_BUFFER;
 
 /// RFC 6455 section 1.3.
 const GUID: &[u8] = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
@@ -54,7 +57,8 @@ pub fn new_key() -> [u8; 24] {
         raw = t.to_le_bytes();
     }
     let mut out = [0u8; 24];
-    base64(&raw, &mut out);
+    // Sized for the padded encoding (4 bytes for each 3, rounded up): it cannot fail.
+    let _ = STANDARD.encode_slice(raw, &mut out);
     out
 }
 
@@ -64,32 +68,14 @@ pub fn accept_of(key: &[u8]) -> [u8; 28] {
     ctx.update(key);
     ctx.update(GUID);
     let mut out = [0u8; 28];
-    base64(ctx.finish().as_ref(), &mut out);
+    let _ = STANDARD.encode_slice(ctx.finish(), &mut out);
     out
-}
-
-/// Standard base64 with padding of `src` into `out` (4 bytes for each 3, rounded up).
-fn base64(src: &[u8], out: &mut [u8]) {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    for (chunk, o) in src.chunks(3).zip(out.chunks_mut(4)) {
-        let b = [
-            chunk[0],
-            *chunk.get(1).unwrap_or(&0),
-            *chunk.get(2).unwrap_or(&0),
-        ];
-        let n = u32::from(b[0]) << 16 | u32::from(b[1]) << 8 | u32::from(b[2]);
-        for (i, slot) in o.iter_mut().enumerate() {
-            *slot = match i <= chunk.len() {
-                true => ALPHABET[(n >> (18 - 6 * i) & 63) as usize],
-                false => b'=',
-            };
-        }
-    }
 }
 
 impl StreamRequest<'_> {
     /// Opens the WebSocket upstream for an extended CONNECT whose head (with `key`) is
-    /// `self.req`, answers 200 and tunnels until both sides are done.
+    /// `self.req`, answers 200 and tunnels until both sides are done. A tunnel is rare and
+    /// long: its upstream buffer is its own, not one of the worker's spares.
     pub async fn forward_websocket(
         &self,
         body: RecvStream,
@@ -97,30 +83,37 @@ impl StreamRequest<'_> {
         key: &[u8],
         trace: &mut Trace,
     ) -> Result<(), Failure> {
-        let mut up_buf = self.worker.take_buffer();
-        let result = self.websocket(body, respond, key, &mut up_buf, trace).await;
-        self.worker.give_buffer(up_buf);
-        result
-    }
-
-    async fn websocket(
-        &self,
-        body: RecvStream,
-        respond: &mut SendResponse<Bytes>,
-        key: &[u8],
-        up_buf: &mut Buffer,
-        trace: &mut Trace,
-    ) -> Result<(), Failure> {
+        let up_buf = &mut Buffer::new(UPSTREAM_BUFFER);
         let mut resp = ResponseHead::default();
         let opened = unless_reset(respond, self.open(key, up_buf, &mut resp, trace)).await;
-        let (stream, switched) = match opened {
+        let mut stream = match opened {
             Ok(opened) => opened?,
             Err(stop) => return Err(stopped(stop, trace)),
         };
-        if !switched {
-            return self.refused(stream, &resp, up_buf, respond, trace).await;
+        let servers = &self.target.upstream.servers;
+        let server = &servers[trace.last_try.upstream_pick.map_or(0, |(_, server)| server)];
+        let mut lines = Vec::new();
+        let edits = self.edits(&mut lines, server);
+        if resp.status != 101 {
+            // The upstream refused the upgrade (a final status other than 101 and 2xx):
+            // the refusal goes to the client as any response would, with its fields and
+            // body (`WWW-Authenticate` of a 401, `Location` of a redirect). The try was
+            // counted when its head came (`open`).
+            let up = Http1Response {
+                stream: &mut stream,
+                buf: up_buf,
+                head: &resp,
+            };
+            let relayed = self.respond_http1(respond, up, edits, |_| {}, trace);
+            return relayed.await.map(|_| ());
         }
-        let head = self.accepted_head(&resp, up_buf.filled(), trace);
+        // The 200 to the client, with the end-to-end fields of the 101 (the subprotocol
+        // and extensions the server chose, cookies, ...) but `Sec-WebSocket-Accept`, which
+        // answered Weir's key.
+        let arrived = Bytes::copy_from_slice(up_buf.filled());
+        let mut head = head_from_http1(&resp, &arrived, &edits, http::HeaderMap::new());
+        *head.status_mut() = http::StatusCode::OK;
+        head.headers_mut().remove("sec-websocket-accept");
         up_buf.consume(resp.head_len);
         trace.status = 200;
         let mut send = respond
@@ -148,45 +141,15 @@ impl StreamRequest<'_> {
         }
     }
 
-    /// The upstream refused the upgrade (a final status other than 101 and 2xx, in `resp`):
-    /// the refusal goes to the client as any response would, with its fields and body
-    /// (`WWW-Authenticate` of a 401, `Location` of a redirect).
-    async fn refused(
-        &self,
-        mut stream: UpstreamStream,
-        resp: &ResponseHead,
-        up_buf: &mut Buffer,
-        respond: &mut SendResponse<Bytes>,
-        trace: &mut Trace,
-    ) -> Result<(), Failure> {
-        let mut lines = Vec::new();
-        let edits = self.edits(&mut lines, self.server_of(trace));
-        let up = Http1Response {
-            stream: &mut stream,
-            buf: up_buf,
-            head: resp,
-        };
-        // The try was counted when its head came (`open`).
-        let relayed = self.respond_http1(respond, up, edits, |_| {}, trace);
-        relayed.await.map(|_| ())
-    }
-
-    /// The server `open` picked.
-    fn server_of(&self, trace: &Trace) -> &weir_config::UpstreamServer {
-        let servers = &self.target.upstream.servers;
-        &servers[trace.last_try.upstream_pick.map_or(0, |(_, server)| server)]
-    }
-
-    /// Sends the Upgrade request (through the driver) and reads the answer: the upstream
-    /// connection, and whether it switched (a valid 101) or refused (another final status,
-    /// in `resp`).
+    /// Sends the Upgrade request (through the driver) and reads the answer into `resp`:
+    /// the upstream connection, switched (a valid 101) or refused (another final status).
     async fn open(
         &self,
         key: &[u8],
         up_buf: &mut Buffer,
         resp: &mut ResponseHead,
         trace: &mut Trace,
-    ) -> Result<(UpstreamStream, bool), Failure> {
+    ) -> Result<UpstreamStream, Failure> {
         let x = self.exchange_of();
         let mut out = Vec::with_capacity(self.request.buf.len() + 256);
         // A tunnel is rare: a timer of its own.
@@ -207,20 +170,7 @@ impl StreamRequest<'_> {
         let opened = drive(&x, &mut handshake, started, &mut trace.last_try).await;
         let ((stream, _), accepted) = opened?.take();
         accepted.count(Ok(handshake.resp.status));
-        Ok((stream, handshake.resp.status == 101))
-    }
-
-    /// The 200 to the client, with the end-to-end fields of the 101 (the subprotocol and
-    /// extensions the server chose, cookies, ...) but `Sec-WebSocket-Accept`, which
-    /// answered Weir's key.
-    fn accepted_head(&self, resp: &ResponseHead, buf: &[u8], trace: &Trace) -> http::Response<()> {
-        let arrived = Bytes::copy_from_slice(buf);
-        let mut lines = Vec::new();
-        let edits = self.edits(&mut lines, self.server_of(trace));
-        let mut head = head_from_http1(resp, &arrived, &edits, http::HeaderMap::new());
-        *head.status_mut() = http::StatusCode::OK;
-        head.headers_mut().remove("sec-websocket-accept");
-        head
+        Ok(stream)
     }
 }
 
@@ -395,9 +345,9 @@ mod tests {
     #[test]
     fn base64_pads() {
         let mut out = [0u8; 8];
-        base64(b"ab", &mut out[..4]);
+        let _ = STANDARD.encode_slice(b"ab", &mut out[..4]);
         assert_eq!(&out[..4], b"YWI=");
-        base64(b"abcd", &mut out);
+        let _ = STANDARD.encode_slice(b"abcd", &mut out);
         assert_eq!(&out, b"YWJjZA==");
     }
 }

@@ -19,7 +19,8 @@ use crate::codec::http1::ResponseHead;
 use crate::error::ProxyError;
 use crate::forward::h1::Interim;
 use crate::http2::exchange::StreamRequest;
-use crate::http2::interim::{informational, Bounds, Relayed};
+use crate::http2::interim::{Bounds, Relayed};
+use crate::http2::respond::end_to_end_head;
 
 /// A stream's sending half, shared by the wait for the final head and the 1xx relay.
 pub(super) type Shared<'s> = Cell<Option<&'s mut SendHalf>>;
@@ -67,10 +68,7 @@ impl<'a, 's> H3Interim<'a, 's> {
 
 impl Interim for H3Interim<'_, '_> {
     async fn relay(&mut self, head: &[u8], resp: &ResponseHead) -> Result<bool, ProxyError> {
-        match informational(head, resp) {
-            Some(response) => self.send(response).await,
-            None => Ok(false),
-        }
+        self.send(end_to_end_head(head, resp)).await
     }
 
     async fn relay_h2(&mut self, head: Response<()>) -> Result<bool, ProxyError> {

@@ -85,11 +85,7 @@ pub(crate) async fn forward_filling(
     // The fill (its key's lock) is held until the stale answer is sent: requests waiting
     // for the key wake to what the leader got, not before.
     let fill = conn.fill.take();
-    let stale = match (&result, &fill) {
-        (Err(failure), Some(fill)) => stale_answer(fill, failure),
-        _ => None,
-    };
-    let Some(reply) = stale else {
+    let Some(reply) = stale_answer(fill.as_deref(), &result) else {
         return result;
     };
     let to = meta.sending(keep_alive && conn.current.read);
