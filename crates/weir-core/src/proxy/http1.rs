@@ -207,10 +207,10 @@ async fn open(
     let index = snapshot.listener_index(slot)?;
     let listener = &snapshot.config.listeners[index];
     let mut conn = ClientConn::new(worker.clone(), slot, stream, peer, listener);
+    let at = crate::listener::Slot { slot, listener };
     if listener.proxy_protocol.accept {
         let stream = conn.stream.registered().ok()?;
         let timeout = listener.header_timeout;
-        let at = crate::listener::Slot { slot, listener };
         let step = accept_step(worker, at, stream, peer, &mut conn.buf, timeout);
         // The carried client address is the one X-Forwarded-For and logs show.
         if let Some(addresses) = step.await.ok()? {
@@ -228,7 +228,6 @@ async fn open(
         .as_ref()
         .filter(|_| !plain_http);
     if let Some(tls) = tls {
-        let at = crate::listener::Slot { slot, listener };
         let hello = crate::tls::handshake::accept(worker, at, tls, &mut conn.stream, &mut conn.buf);
         conn.tls = Some(Box::new(hello.await?));
         // The first request gets its whole header_timeout after the handshake.
@@ -260,7 +259,7 @@ async fn serve(
                 conn.current.log_fields.capture(conn.buf.filled(), req);
             }
             let method = method_index(&conn.buf.filled()[req.method.clone()]);
-            let handled = handle(worker, &serving.snapshot, serving.index, conn, req, resp).await;
+            let handled = handle(worker, serving, conn, req, resp).await;
             Some((handled, method))
         }
         Ok(NextRequest::Close | NextRequest::Http2) => None,
@@ -316,16 +315,15 @@ async fn answer(
 /// One request: the routing decision, then what it says (forward, answer, refuse).
 async fn handle(
     worker: &Worker,
-    snapshot: &Snapshot,
-    listener_index: usize,
+    serving: &Serving,
     conn: &mut ClientConn,
     req: &RequestHead,
     resp: &mut ResponseHead,
 ) -> Handled {
     let routing = Routing {
         worker,
-        snapshot,
-        listener: listener_index,
+        snapshot: &serving.snapshot,
+        listener: serving.index,
     };
     let listener = routing.listener();
     let keep_alive = wants_keep_alive(worker, conn, req, listener);
@@ -369,6 +367,7 @@ async fn handle(
 }
 
 /// Whether the client connection may carry another request after this one.
+#[inline]
 fn wants_keep_alive(
     worker: &Worker,
     conn: &ClientConn,
