@@ -99,22 +99,6 @@ impl<'a> Edits<'a> {
         out.extend_from_slice(b"\r\n");
     }
 
-    /// Appends HTTP/2 `fields` as HTTP/1.1 lines (lower-case names, as HTTP/2 has them),
-    /// locations mapped back, but connection-specific and `dropped` ones.
-    pub fn push_fields(
-        &self,
-        out: &mut Vec<u8>,
-        fields: &HeaderMap,
-        dropped: impl Fn(&[u8]) -> bool,
-    ) {
-        for (name, value) in fields {
-            let bytes = name.as_str().as_bytes();
-            if !is_connection_specific(name) && !dropped(bytes) {
-                self.push_field(out, HeaderKind::of(bytes), bytes, value.as_bytes());
-            }
-        }
-    }
-
     /// Appends the lines the edits add after the upstream's fields: the rules', the
     /// plan's (from the upstream's `fields`), the cookie.
     pub fn push_lines(&self, out: &mut Vec<u8>, fields: Fields<'_>) {
@@ -154,8 +138,19 @@ pub(crate) fn write_interim_from_http1(out: &mut Vec<u8>, buf: &[u8], resp: &Res
 /// dropped).
 pub(crate) fn write_interim_from_h2(out: &mut Vec<u8>, head: &http::Response<()>) {
     push_status_line(out, head.status().as_u16(), reason(head.status()));
-    Edits::default().push_fields(out, head.headers(), |_| false);
+    push_fields(out, head.headers(), |_| false);
     out.extend_from_slice(b"\r\n");
+}
+
+/// Appends HTTP/2 `fields` as HTTP/1.1 lines (lower-case names, as HTTP/2 has them) but
+/// connection-specific and `dropped` ones.
+pub(crate) fn push_fields(out: &mut Vec<u8>, fields: &HeaderMap, dropped: impl Fn(&str) -> bool) {
+    for (name, value) in fields {
+        if is_connection_specific(name) || dropped(name.as_str()) {
+            continue;
+        }
+        push_header(out, name.as_str().as_bytes(), value.as_bytes());
+    }
 }
 
 /// Appends the client's head for an HTTP/1.1 upstream's `resp` (parsed from `buf`).
@@ -265,7 +260,13 @@ pub(crate) fn write_from_h2(
 ) -> (Framing, bool) {
     let status = parts.status;
     push_status_line(out, status.as_u16(), reason(status));
-    edits.push_fields(out, &parts.headers, |name| edits.drops(name));
+    for (name, value) in &parts.headers {
+        if is_connection_specific(name) || edits.drops(name.as_str().as_bytes()) {
+            continue;
+        }
+        let name = name.as_str().as_bytes();
+        edits.push_field(out, HeaderKind::of(name), name, value.as_bytes());
+    }
     edits.push_lines(out, Fields::Http2(&parts.headers));
     let bodiless = client.is_head || status == StatusCode::NO_CONTENT || status.as_u16() == 304;
     let framing = if bodiless {

@@ -26,7 +26,6 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use super::body::{self, BodyState, ChunkLine, PumpError};
 use super::h1::{client_pump_error, upstream_pump_error};
 use super::h2::send_windowed;
-use super::head::Edits;
 use super::request_head::HeadNames;
 use super::trailer;
 use crate::buffer::Buffer;
@@ -659,8 +658,9 @@ impl<W> Http1Sink<'_, W> {
                 trailer::push_lines(&mut lines, raw, drops);
             }
             Trailers::Fields(fields) => {
-                let dropped = |name: &[u8]| !trailer::relayed(name) || drops(name);
-                Edits::default().push_fields(&mut lines, fields, dropped);
+                let dropped =
+                    |name: &str| !trailer::relayed(name.as_bytes()) || drops(name.as_bytes());
+                super::head::push_fields(&mut lines, fields, dropped);
             }
         }
         lines
