@@ -16,7 +16,7 @@ use weir_core::filters::forwarded::ClientIp;
 use weir_core::filters::headers::{push_rules, Vars};
 use weir_core::filters::rate_limit::RateLimiter;
 use weir_core::filters::request_id::{self, RequestId, RequestIds};
-use weir_core::forward::request_head::{write_request_head, ClientFacts, RequestEdits};
+use weir_core::forward::request_head::{write_request_head, ClientFacts, HeadNames, RequestEdits};
 use weir_core::router::RoutedPath;
 
 const HEAD: &[u8] = b"GET /api/v1/items?page=2 HTTP/1.1\r\nHost: shop.example\r\n\
@@ -55,10 +55,17 @@ fn policy(c: &mut Criterion) {
     c.bench_function("policy/none", |b| {
         b.iter(|| {
             out.clear();
+            let names = HeadNames {
+                forwarded: route.forwarded_headers,
+                cert_header: None,
+                request_id: None,
+                rules: None,
+                traced: false,
+            };
             let facts = ClientFacts {
                 ip: &client,
                 tls: None,
-                cert_header: None,
+                names,
                 edits: None,
             };
             write_request_head(&mut out, HEAD, &req, &path, route, server, facts);
@@ -99,17 +106,22 @@ fn policy(c: &mut Criterion) {
                 &vars,
             );
             let edits = RequestEdits {
-                rules: filters.request_headers.as_ref(),
-                request_id: Some(id_settings.header.as_bytes()),
                 real_client: None,
                 vars,
                 trace: None,
             };
             out.clear();
+            let names = HeadNames {
+                forwarded: route.forwarded_headers,
+                cert_header: None,
+                request_id: Some(id_settings.header.as_bytes()),
+                rules: filters.request_headers.as_ref(),
+                traced: false,
+            };
             let facts = ClientFacts {
                 ip: &client,
                 tls: None,
-                cert_header: None,
+                names,
                 edits: Some(&edits),
             };
             write_request_head(&mut out, HEAD, &req, &path, route, server, facts);

@@ -718,30 +718,29 @@ mod tests {
         let state = BodyState::new(BodyFraming::Length(5), false, None);
         let t = Duration::from_secs(1);
         let mut written = 0;
+        fn sink<'w>(writer: &'w mut Vec<u8>, sent: &'w mut u64) -> Http1Sink<'w, Vec<u8>> {
+            let timeout = Duration::from_secs(1);
+            let (head, chunked, trailers) = (&[][..], false, None);
+            Http1Sink {
+                writer,
+                timeout,
+                sent,
+                head,
+                chunked,
+                trailers,
+            }
+        }
         let mut source = Http1Source::new(&mut src, &mut buf, state, t, Peer::Upstream);
-        let mut sink = Http1Sink {
-            writer: &mut dst,
-            timeout: t,
-            sent: &mut written,
-            head: &[],
-            chunked: false,
-            trailers: None,
-        };
-        relay(&mut source, &mut sink, None).await.unwrap();
+        relay(&mut source, &mut sink(&mut dst, &mut written), None)
+            .await
+            .unwrap();
         assert_eq!(dst, b"llo w");
         assert_eq!(written, 5);
         let state = BodyState::new(BodyFraming::Length(50), false, None);
         let mut src: &[u8] = b"short";
         let mut buf = Buffer::new(4);
         let mut source = Http1Source::new(&mut src, &mut buf, state, t, Peer::Upstream);
-        let mut sink = Http1Sink {
-            writer: &mut dst,
-            timeout: t,
-            sent: &mut written,
-            head: &[],
-            chunked: false,
-            trailers: None,
-        };
+        let mut sink = sink(&mut dst, &mut written);
         // Truncated: the upstream closed before the body's end.
         assert_eq!(
             relay(&mut source, &mut sink, None).await,

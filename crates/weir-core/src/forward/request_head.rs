@@ -27,61 +27,22 @@ pub struct ClientFacts<'a> {
     /// The connection's TLS session (`X-Forwarded-Proto: https`, the client-certificate
     /// header).
     pub tls: Option<&'a TlsSession>,
-    /// The listener's `client_cert_header`: the client's copies are removed on every
-    /// connection of the listener, TLS or plain (`http_bind`), in any case or spelling.
-    pub cert_header: Option<&'a [u8]>,
-    /// What the route's traffic policy changes; `None` when nothing.
+    /// The client fields the head does not copy as they came.
+    pub names: HeadNames<'a>,
+    /// What the route's traffic policy changes (the values of what `names` says Weir
+    /// writes); `None` when nothing.
     pub edits: Option<&'a RequestEdits<'a>>,
 }
 
 /// What the route's traffic policy changes in the upstream head; `None` when nothing.
 pub struct RequestEdits<'a> {
-    /// The route's `request_headers`.
-    pub rules: Option<&'a HeaderRules>,
-    /// The listener's request-id header name, when ids are on (the id is in `vars`).
-    pub request_id: Option<&'a [u8]>,
     /// The client behind trusted proxies (`X-Real-IP`), when it is not the peer.
     pub real_client: Option<&'a ClientIp>,
+    /// The `request_headers` rules' variables, and the request id.
     pub vars: Vars<'a>,
     /// The request's trace, when sampled: Weir's `traceparent` and `tracestate` replace
     /// the client's.
     pub trace: Option<&'a RequestTrace>,
-}
-
-impl RequestEdits<'_> {
-    /// Whether an incoming header named `name` is left out (Weir writes its own).
-    #[inline]
-    fn drops(&self, name: &[u8]) -> bool {
-        written_by_weir(name, self.request_id, self.rules, self.trace.is_some())
-    }
-
-    fn push(&self, out: &mut Vec<u8>) {
-        if let Some(name) = self.request_id {
-            push_header(out, name, self.vars.request_id);
-        }
-        if let Some(rules) = self.rules {
-            push_rules(out, rules, &self.vars);
-        }
-        if let Some(trace) = self.trace {
-            trace.push_headers(out);
-        }
-    }
-}
-
-/// Whether a client field named `name` is left out of the upstream head because Weir
-/// writes its own or the route removes it: the request id (`request_id`, in either
-/// spelling: `X_Request_Id` too, as the forwarded headers), the names of the route's
-/// `set` and `remove` `rules`, and the trace context of a `traced` request.
-#[inline]
-fn written_by_weir(
-    name: &[u8],
-    request_id: Option<&[u8]>,
-    rules: Option<&HeaderRules>,
-    traced: bool,
-) -> bool {
-    request_id.is_some_and(|id| same_header_name(name, id))
-        || rules.is_some_and(|r| r.drops(name))
-        || (traced && is_trace_context(name))
 }
 
 /// `traceparent` or `tracestate`, in any case.
@@ -101,15 +62,16 @@ fn is_trace_context(name: &[u8]) -> bool {
 #[derive(Clone, Copy)]
 pub struct HeadNames<'a> {
     /// The route's `forwarded_headers`.
-    forwarded: bool,
-    /// The listener's `client_cert_header`.
-    cert_header: Option<&'a [u8]>,
+    pub forwarded: bool,
+    /// The listener's `client_cert_header`: the client's copies are removed on every
+    /// connection of the listener, TLS or plain (`http_bind`), in any case or spelling.
+    pub cert_header: Option<&'a [u8]>,
     /// The listener's request-id header name, when ids are on.
-    request_id: Option<&'a [u8]>,
+    pub request_id: Option<&'a [u8]>,
     /// The route's `request_headers`.
-    rules: Option<&'a HeaderRules>,
+    pub rules: Option<&'a HeaderRules>,
     /// The request is sampled: Weir writes its `traceparent` and `tracestate`.
-    traced: bool,
+    pub traced: bool,
 }
 
 impl<'a> HeadNames<'a> {
@@ -127,25 +89,30 @@ impl<'a> HeadNames<'a> {
         }
     }
 
-    /// The names for a request whose head says `client` on `route` (as
-    /// [`with_client_facts`] made them from [`HeadNames::of`]).
-    pub fn of_client(route: &Route, client: &ClientFacts<'a>) -> Self {
-        let edits = client.edits;
-        HeadNames {
-            forwarded: route.forwarded_headers,
-            cert_header: client.cert_header,
-            request_id: edits.and_then(|e| e.request_id),
-            rules: edits.and_then(|e| e.rules),
-            traced: edits.is_some_and(|e| e.trace.is_some()),
-        }
-    }
-
     /// Whether the head copies a client field named `name` (any case) as it came.
     #[inline]
     pub fn forwards(&self, name: &[u8]) -> bool {
         forwards_unchanged(HeaderKind::of(name), name, false, self.forwarded)
-            && !self.cert_header.is_some_and(|s| same_header_name(name, s))
-            && !written_by_weir(name, self.request_id, self.rules, self.traced)
+            && !self.strips(name)
+            && !self.written_by_weir(name)
+    }
+
+    /// Whether `name` is the client-certificate header, Weir's to set: a client's copy
+    /// never passes.
+    #[inline]
+    fn strips(&self, name: &[u8]) -> bool {
+        self.cert_header.is_some_and(|s| same_header_name(name, s))
+    }
+
+    /// Whether a client field named `name` is left out because Weir writes its own or
+    /// the route removes it: the request id (in either spelling: `X_Request_Id` too, as
+    /// the forwarded headers), the names of the route's `set` and `remove` rules, and the
+    /// trace context of a traced request.
+    #[inline]
+    fn written_by_weir(&self, name: &[u8]) -> bool {
+        self.request_id.is_some_and(|id| same_header_name(name, id))
+            || self.rules.is_some_and(|r| r.drops(name))
+            || (self.traced && is_trace_context(name))
     }
 }
 
@@ -175,15 +142,15 @@ pub fn with_client_facts<T>(
 ) -> T {
     // The names the head leaves out are the ones `HeadNames` says, whatever asks.
     let names = HeadNames::of(target, r.trace.is_some());
-    let (rules, id_header) = (names.rules, names.request_id);
     let real_client = r.origin.behind.map(|(_, text)| text);
     let facts = ClientFacts {
         ip: r.origin.peer,
         tls: r.origin.tls,
-        cert_header: names.cert_header,
+        names,
         edits: None,
     };
-    if rules.is_none() && id_header.is_none() && real_client.is_none() && r.trace.is_none() {
+    let (rules, id) = (names.rules, names.request_id);
+    if rules.is_none() && id.is_none() && real_client.is_none() && r.trace.is_none() {
         return f(facts);
     }
     // The rules' `{variable}`s need the whole set; the request id alone, only itself.
@@ -195,8 +162,6 @@ pub fn with_client_facts<T>(
         },
     };
     let edits = RequestEdits {
-        rules,
-        request_id: id_header,
         real_client,
         vars,
         trace: r.trace,
@@ -229,7 +194,7 @@ pub fn write_request_head(
     server: &UpstreamServer,
     client: ClientFacts<'_>,
 ) -> Offered {
-    let (tls, edits, strip) = (client.tls, client.edits, client.cert_header);
+    let (edits, names) = (client.edits, &client.names);
     let (prefix, rest) = upstream_path(
         path.get(req.path(buf)),
         &route.path_prefix,
@@ -241,27 +206,24 @@ pub fn write_request_head(
     out.extend_from_slice(rest);
     out.extend_from_slice(b" HTTP/1.1\r\n");
     let client_host = req.host.as_ref().map(|r| &buf[r.clone()]);
-    let rules = edits.and_then(|e| e.rules);
     match client_host.filter(|_| route.preserve_host) {
-        _ if rules.is_some_and(|r| r.sets_host) => {}
+        _ if names.rules.is_some_and(|r| r.sets_host) => {}
         Some(host) => push_header(out, b"Host", host),
         None => push_header(out, b"Host", server.name.as_bytes()),
     }
-    // The client-certificate header is Weir's to set: a client's copy never passes.
-    let stripped = |name: &[u8]| strip.is_some_and(|s| same_header_name(name, s));
     match edits {
         // Two loops so that a request without edits runs exactly the copy it always ran.
         Some(e) => {
             copy_headers(out, buf, &req.headers, route, |name| {
-                stripped(name) || e.drops(name)
+                names.strips(name) || names.written_by_weir(name)
             });
-            e.push(out);
+            if let Some(name) = names.request_id {
+                push_header(out, name, e.vars.request_id);
+            }
         }
-        None => copy_headers(out, buf, &req.headers, route, stripped),
+        None => copy_headers(out, buf, &req.headers, route, |name| names.strips(name)),
     }
-    if let Some(line) = tls.and_then(|t| t.cert_header_line.as_deref()) {
-        out.extend_from_slice(line);
-    }
+    push_added(out, &client);
     if req.framing == BodyFraming::Chunked {
         out.extend_from_slice(b"Transfer-Encoding: chunked\r\n");
     }
@@ -312,18 +274,27 @@ pub fn write_added_fields(
     route: &Route,
     client: ClientFacts<'_>,
 ) {
-    if let Some((rules, e)) = client.edits.and_then(|e| e.rules.zip(Some(e))) {
-        push_rules(out, rules, &e.vars);
-    }
-    if let Some(trace) = client.edits.and_then(|e| e.trace) {
-        trace.push_headers(out);
-    }
-    if let Some(line) = client.tls.and_then(|t| t.cert_header_line.as_deref()) {
-        out.extend_from_slice(line);
-    }
+    push_added(out, &client);
     if route.forwarded_headers {
         let client_host = req.host.as_ref().map(|r| &buf[r.clone()]);
         push_client_forwarded(out, buf, req, client_host, client);
+    }
+}
+
+/// Appends the lines Weir adds after the client's own (the request id's aside): the
+/// route's `request_headers`, a sampled request's trace context, the client-certificate
+/// header.
+fn push_added(out: &mut Vec<u8>, client: &ClientFacts<'_>) {
+    if let Some(e) = client.edits {
+        if let Some(rules) = client.names.rules {
+            push_rules(out, rules, &e.vars);
+        }
+        if let Some(trace) = e.trace {
+            trace.push_headers(out);
+        }
+    }
+    if let Some(line) = client.tls.and_then(|t| t.cert_header_line.as_deref()) {
+        out.extend_from_slice(line);
     }
 }
 

@@ -32,7 +32,7 @@ use crate::codec::http1::{BodyFraming, RequestHead};
 use crate::error::ProxyError;
 use crate::filters::rewrite::upstream_path;
 use crate::forward::h2::is_connection_specific;
-use crate::forward::request_head::{write_added_fields, ClientFacts, HeadNames};
+use crate::forward::request_head::{write_added_fields, ClientFacts};
 use crate::router::RoutedPath;
 
 const BAD: ProxyError = ProxyError::BadRequest("request not expressible in HTTP/2");
@@ -90,8 +90,8 @@ pub(crate) fn upstream_request(
         (uri.path_and_query()).filter(|p| prefix.is_empty() && p.as_str().as_bytes() == rest);
     let host = u.host();
     let client_authority = (uri.authority()).filter(|a| host == Some(a.as_str().as_bytes()));
-    let edits = u.client.edits;
-    let id = edits.and_then(|e| e.request_id.map(|name| (name, e.vars.request_id)));
+    let (edits, id_name) = (u.client.edits, u.client.names.request_id);
+    let id = edits.and_then(|e| id_name.map(|name| (name, e.vars.request_id)));
     let (bytes, at) = scratch.render(|out| Written {
         path: client_path.is_none().then(|| append(out, &[prefix, rest])),
         authority: host
@@ -140,8 +140,7 @@ impl Upstream<'_> {
     /// The `Host` `write_request_head` writes: the client's (`preserve_host`) or the
     /// server's name; `None` when a `set` rule writes it.
     fn host(&self) -> Option<&[u8]> {
-        let rules = self.client.edits.and_then(|e| e.rules);
-        if rules.is_some_and(|r| r.sets_host) {
+        if self.client.names.rules.is_some_and(|r| r.sets_host) {
             return None;
         }
         let client_host = self.req.host.as_ref().map(|r| &self.buf[r.clone()]);
@@ -164,7 +163,7 @@ fn append(out: &mut Vec<u8>, pieces: &[&[u8]]) -> Range<usize> {
 /// Removes the client's fields the HTTP/1.1 head would not carry upstream. Usually none
 /// is (a gRPC call's `te` stays), so the map is scanned once and left as it is.
 fn remove_unforwarded(headers: &mut HeaderMap, u: &Upstream<'_>) {
-    let names = HeadNames::of_client(u.route, &u.client);
+    let names = u.client.names;
     let kept = |name: &HeaderName| {
         if name == TE {
             return u.te_trailers;
@@ -243,7 +242,7 @@ mod tests {
     use crate::filters::forwarded::ClientIp;
     use crate::filters::headers::Vars;
     use crate::forward::h2::h1_head_to_h2;
-    use crate::forward::request_head::{write_request_head, RequestEdits};
+    use crate::forward::request_head::{write_request_head, HeadNames, RequestEdits};
     use crate::http2::request::write_head;
 
     const ID: &str = "X-Request-Id";
@@ -306,16 +305,21 @@ mod tests {
             request_id: b"id-1",
         };
         let edits = RequestEdits {
-            rules: route.filters.request_headers.as_ref(),
-            request_id: Some(ID.as_bytes()),
             real_client: Some(&real),
             vars,
             trace: None,
         };
+        let names = HeadNames {
+            forwarded: route.forwarded_headers,
+            cert_header: None,
+            request_id: Some(ID.as_bytes()),
+            rules: route.filters.request_headers.as_ref(),
+            traced: false,
+        };
         let client = ClientFacts {
             ip: &ip,
             tls: None,
-            cert_header: None,
+            names,
             edits: Some(&edits),
         };
         let mut head = Vec::new();

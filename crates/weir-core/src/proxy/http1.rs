@@ -207,10 +207,10 @@ async fn open(
     let index = snapshot.listener_index(slot)?;
     let listener = &snapshot.config.listeners[index];
     let mut conn = ClientConn::new(worker.clone(), slot, stream, peer, listener);
+    let at = crate::listener::Slot { slot, listener };
     if listener.proxy_protocol.accept {
         let stream = conn.stream.registered().ok()?;
         let timeout = listener.header_timeout;
-        let at = crate::listener::Slot { slot, listener };
         let step = accept_step(worker, at, stream, peer, &mut conn.buf, timeout);
         // The carried client address is the one X-Forwarded-For and logs show.
         if let Some(addresses) = step.await.ok()? {
@@ -228,7 +228,6 @@ async fn open(
         .as_ref()
         .filter(|_| !plain_http);
     if let Some(tls) = tls {
-        let at = crate::listener::Slot { slot, listener };
         let hello = crate::tls::handshake::accept(worker, at, tls, &mut conn.stream, &mut conn.buf);
         conn.tls = Some(Box::new(hello.await?));
         // The first request gets its whole header_timeout after the handshake.
@@ -260,7 +259,7 @@ async fn serve(
                 conn.current.log_fields.capture(conn.buf.filled(), req);
             }
             let method = method_index(&conn.buf.filled()[req.method.clone()]);
-            let handled = handle(worker, &serving.snapshot, serving.index, conn, req, resp).await;
+            let handled = handle(worker, serving, conn, req, resp).await;
             Some((handled, method))
         }
         Ok(NextRequest::Close | NextRequest::Http2) => None,
@@ -293,7 +292,13 @@ async fn answer(
     if failure.reached == Reached::Head {
         return (handled_status(handled, listener, resp), false);
     }
-    let keep_alive = req.is_some_and(|req| keeps_after(worker, conn, failure, listener, req));
+    // The connection carries on, as nginx's does, only after an upstream failure or no
+    // server (502, 503, 504; a client's error closes), when the whole request had been read
+    // (a body still arriving, or one an upload left half-read, is not read to its end to
+    // save the connection), and when the request's own keep-alive rules allow it.
+    let keep_alive = failure.error.side() != Side::Client
+        && conn.current.read
+        && req.is_some_and(|req| wants_keep_alive(worker, conn, req, listener));
     let Some(status) = failure.error.status() else {
         return (499, keep_alive);
     };
@@ -307,41 +312,21 @@ async fn answer(
     (status, keep_alive)
 }
 
-/// Whether the connection carries on after Weir answers `failure` to `req`, as nginx's
-/// does: only after an upstream failure or no server (502, 503, 504; a client's error
-/// closes), when the whole request had been read (a body still arriving, or one an
-/// upload left half-read, is not read to its end to save the connection), and when the
-/// request's own keep-alive rules allow it.
-fn keeps_after(
-    worker: &Worker,
-    conn: &ClientConn,
-    failure: &Failure,
-    listener: &Listener,
-    req: &RequestHead,
-) -> bool {
-    let closing = worker.is_draining() || conn.last_request;
-    failure.error.side() != Side::Client
-        && conn.current.read
-        && wants_keep_alive(req, listener, conn.served, closing)
-}
-
 /// One request: the routing decision, then what it says (forward, answer, refuse).
 async fn handle(
     worker: &Worker,
-    snapshot: &Snapshot,
-    listener_index: usize,
+    serving: &Serving,
     conn: &mut ClientConn,
     req: &RequestHead,
     resp: &mut ResponseHead,
 ) -> Handled {
     let routing = Routing {
         worker,
-        snapshot,
-        listener: listener_index,
+        snapshot: &serving.snapshot,
+        listener: serving.index,
     };
     let listener = routing.listener();
-    let closing = worker.is_draining() || conn.last_request;
-    let keep_alive = wants_keep_alive(req, listener, conn.served, closing);
+    let keep_alive = wants_keep_alive(worker, conn, req, listener);
     let mut path = std::mem::take(&mut conn.path);
     let (route, decided) = routing.decide(&conn.request(req), &mut path);
     let decision = match decided {
@@ -382,14 +367,21 @@ async fn handle(
 }
 
 /// Whether the client connection may carry another request after this one.
-fn wants_keep_alive(req: &RequestHead, listener: &Listener, served: u64, draining: bool) -> bool {
+#[inline]
+fn wants_keep_alive(
+    worker: &Worker,
+    conn: &ClientConn,
+    req: &RequestHead,
+    listener: &Listener,
+) -> bool {
     let asked = if req.minor_version == 0 {
         req.connection.keep_alive && !req.connection.close
     } else {
         !req.connection.close
     };
-    let under_limit = listener.keepalive_requests == 0 || served < listener.keepalive_requests;
-    asked && under_limit && !draining && !listener.keepalive_timeout.is_zero()
+    let (limit, served) = (listener.keepalive_requests, conn.served);
+    let closing = worker.is_draining() || conn.last_request;
+    asked && (limit == 0 || served < limit) && !closing && !listener.keepalive_timeout.is_zero()
 }
 
 /// Answers the request with `answer`, keeping the connection exactly as a forwarded request

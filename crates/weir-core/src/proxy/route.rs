@@ -130,17 +130,15 @@ impl<'a> Routing<'a> {
     /// The decision for `r` on route `index`, its admission filters passed.
     #[inline]
     fn admitted(&self, r: &Request<'_>, path: &RoutedPath, index: usize) -> Decision<'a> {
-        let listener = self.listener();
         let plan = &self.snapshot.listeners[self.listener];
-        let raw_path = r.req.path(r.buf);
-        let routed = path.get(raw_path);
-        let route = Some(index);
-        let config = &listener.routes[index];
+        let routed = path.get(r.req.path(r.buf));
+        let config = &self.listener().routes[index];
         let upstream = match &plan.routes[index] {
             RoutePlan::Upstream(upstream) => *upstream,
             RoutePlan::Split(split) => {
                 let slots = &self.snapshot.slots.listeners[self.listener];
-                let cursor = self.worker.splits.next(slots.slot, slots.route(route));
+                let route = slots.route(Some(index));
+                let cursor = self.worker.splits.next(slots.slot, route);
                 split.pick(cursor, &self.snapshot.upstreams)
             }
             RoutePlan::Respond(canned) => return Decision::Answer(Answer::Respond(canned)),
