@@ -211,6 +211,11 @@ pub fn write_request_head(
         Some(host) => push_header(out, b"Host", host),
         None => push_header(out, b"Host", server.name.as_bytes()),
     }
+    // `names` says what `edits` writes: no edits, nothing of the client's to replace.
+    debug_assert!(
+        edits.is_some() || (names.rules.is_none() && names.request_id.is_none() && !names.traced),
+        "ClientFacts with names Weir writes but no edits"
+    );
     match edits {
         // Two loops so that a request without edits runs exactly the copy it always ran.
         Some(e) => {
@@ -263,8 +268,8 @@ fn push_client_forwarded(
 }
 
 /// Appends, as `write_request_head` writes them, the lines Weir adds to a request (the
-/// route's `request_headers`, the client-certificate header, the forwarded headers; the
-/// request id aside) and nothing else: the fields an HTTP/2 upstream's request gets on top
+/// route's `request_headers`, a sampled request's trace context, the client-certificate
+/// header, the forwarded headers; the request id aside) and nothing else: the fields an HTTP/2 upstream's request gets on top
 /// of the client's own and the id (`http2::upstream_request`). A `Host` line among them
 /// comes from a `set` rule.
 pub fn write_added_fields(
