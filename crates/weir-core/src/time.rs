@@ -55,8 +55,8 @@ pub struct Pace {
     received: u64,
     /// Time spent waiting for them.
     waited: Duration,
-    /// The client sent `Expect: 100-continue` with no body byte: until the upstream's 100
-    /// goes out to it, its wait is the upstream's, not its own.
+    /// The client sent `Expect: 100-continue` with no body byte: until a 100 goes out to
+    /// it (the upstream's, or Weir's own), its wait is the upstream's, not its own.
     continued: Option<Rc<Continued>>,
 }
 

@@ -349,8 +349,8 @@ impl<'b, R> Http1Source<'b, R> {
         self
     }
 
-    /// The client waits for the upstream's 100, marked in `continued`, before its first
-    /// body byte (`Pace::after_continue`).
+    /// The client waits for a 100 (the upstream's or Weir's), marked in `continued`,
+    /// before its first body byte (`Pace::after_continue`).
     pub fn after_continue(mut self, continued: Option<Rc<Continued>>) -> Self {
         self.pace = self.pace.map(|p| p.after_continue(continued));
         self
