@@ -120,6 +120,50 @@ async fn trailers_reach_a_client_that_sent_te_trailers_as_chunked_trailer_fields
     assert_eq!(backend.empty_data_frames(), 0);
 }
 
+/// An HTTP/1.1 client's chunked trailer section reaches an HTTP/2 upstream as trailing
+/// HEADERS, whether it came with the head or after the body began to stream, less the
+/// fields no trailer may carry and the names the request head does not carry as they
+/// came (the forwarded headers Weir sets, the request id, the route's `request_headers`
+/// names, the fields the head's `Connection` lists): an upstream that merges trailers into
+/// the head would take those for Weir's.
+#[tokio::test]
+async fn a_clients_chunked_trailers_reach_an_h2_upstream_less_what_the_head_lost() {
+    let backend = H2Backend::h2c();
+    let weir = common::user_rules_to_h2c(backend.addr());
+    let head = b"POST /trailer-fields HTTP/1.1\r\nHost: h\r\nTE: trailers\r\n\
+                 Connection: keep-alive, X-Hop\r\nX-Hop: 1\r\nTransfer-Encoding: chunked\r\n\r\n";
+    let trailers = b"0\r\nX-Client-Trailer: kept\r\nX-Sum: 1\r\nX-Forwarded-For: 6.6.6.6\r\n\
+                     x_real_ip: 6.6.6.6\r\nX-Request-Id: forged\r\nX-User: admin\r\n\
+                     x_secret: s\r\nx-hop: 2\r\nHost: evil.test\r\nCookie: c=1\r\n\r\n";
+    let mut c = weir.client().await;
+    for streamed in [false, true] {
+        let chunk = &b"3\r\nabc\r\n"[..];
+        match streamed {
+            false => c.send_raw(&[head, chunk, trailers].concat()).await,
+            true => c.send_raw(&[head, chunk].concat()).await,
+        }
+        .expect("send");
+        if streamed {
+            // The stream is open (its body streaming) before the trailers are sent.
+            let opened = wait_until_async(WAIT, || backend.streams() == 2).await;
+            assert!(opened, "the second request's stream never opened");
+            c.send_raw(trailers).await.expect("send trailers");
+        }
+        let resp = c.read_response(false).await.expect("response");
+        assert_eq!(resp.status, 200, "streamed: {streamed}");
+        assert_eq!(resp.body, b"abc");
+        assert_eq!(resp.trailer("x-body-len"), Some("3"));
+        let arrived = resp.trailer("x-trailer-fields");
+        assert_eq!(
+            arrived,
+            Some("x-client-trailer,x-sum"),
+            "streamed: {streamed}"
+        );
+        assert_eq!(resp.trailer("x-client-trailer"), Some("kept"));
+    }
+    assert_eq!(backend.connections(), 1);
+}
+
 /// Upstream trailer fields RFC 9110 6.5.1 forbids (framing, Host, credentials, cookies,
 /// content metadata) are not relayed; the others are.
 #[tokio::test]

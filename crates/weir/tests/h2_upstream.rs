@@ -330,12 +330,7 @@ async fn request_and_response_bodies_and_trailers_go_both_ways() {
 #[tokio::test]
 async fn request_trailers_lose_the_names_the_head_does_not_carry() {
     let backend = H2Backend::h2c();
-    let rules = r#"request_headers = { set = { "X-User" = "weir" }, remove = ["x-secret"] }"#;
-    let weir = Conf::new()
-        .with_request_ids()
-        .route("all", "up", &[rules])
-        .upstream("up", &[backend.addr()], &["protocol = \"h2c\""])
-        .start();
+    let weir = common::user_rules_to_h2c(backend.addr());
     let client = connect(&weir).await;
     let mut trailers = HeaderMap::new();
     for (name, value) in [

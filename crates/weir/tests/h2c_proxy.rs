@@ -701,6 +701,85 @@ async fn forbidden_and_oversized_trailers_are_dropped_not_fatal() {
     assert_eq!(trailers, None);
 }
 
+/// Sends a POST of `body` with the trailer fields `trailers` on `client` (a
+/// `content-length` when `length`), the trailers once `arrived` (if any) says the
+/// upstream has the first body bytes, and returns the response's status and body.
+async fn post_with_trailers(
+    client: &mut SendRequest<Bytes>,
+    length: bool,
+    trailers: &[(&'static str, &'static str)],
+    arrived: Option<&mut tokio::sync::mpsc::UnboundedReceiver<()>>,
+) -> (StatusCode, Vec<u8>) {
+    let mut req = request(Method::POST, if length { "/length" } else { "/up" });
+    if length {
+        req.headers_mut().insert("content-length", 3.into());
+    }
+    let (response, mut up) = client.send_request(req, false).expect("send request");
+    up.send_data(Bytes::from_static(b"abc"), false)
+        .expect("data");
+    if let Some(arrived) = arrived {
+        arrived.recv().await.expect("first body bytes upstream");
+    }
+    let fields = trailers
+        .iter()
+        .map(|(n, v)| (n.parse().unwrap(), v.parse().unwrap()));
+    up.send_trailers(fields.collect()).expect("trailers");
+    let response = response.await.expect("response");
+    (response.status(), read_body(response.into_body()).await)
+}
+
+/// An HTTP/2 client's trailer fields reach an HTTP/1.1 upstream in the chunked body's
+/// trailer section, less the fields no trailer may carry and the names the request head
+/// does not carry as they came (as for an HTTP/1.1 client's: an upstream that merges
+/// trailers into the head would take them for Weir's). A body with a `content-length` has
+/// no trailer section: its trailers stay out and the request goes through whole.
+#[tokio::test]
+async fn a_clients_trailers_reach_an_http1_upstream_in_the_chunked_body() {
+    let (arrived, mut arrivals) = tokio::sync::mpsc::unbounded_channel();
+    let raw = common::echoing_raw_chunked(arrived);
+    let echo = Backend::echo("e");
+    let weir = Conf::new()
+        .with_request_ids()
+        .route("length", "echo", &["path_prefix = \"/length\""])
+        .route(
+            "all",
+            "raw",
+            &[r#"request_headers = { set = { "X-User" = "weir" } }"#],
+        )
+        .upstream("raw", &[raw], &[])
+        .upstream("echo", &[echo.addr()], &[])
+        .start();
+    let trailers = [
+        ("x-sum", "1"),
+        ("x-forwarded-for", "6.6.6.6"),
+        ("x-request-id", "forged"),
+        ("x-user", "admin"),
+        ("cookie", "c=1"),
+        ("x-client-trailer", "kept"),
+    ];
+    let (mut client, _conn) = connect(weir.addr).await;
+    for streamed in [false, true] {
+        let waits = streamed.then_some(&mut arrivals);
+        let (status, got) = post_with_trailers(&mut client, false, &trailers, waits).await;
+        assert_eq!(status, StatusCode::OK);
+        let got = String::from_utf8_lossy(&got);
+        let (_, body) = got.split_once("\r\n\r\n").expect("a head");
+        assert_eq!(
+            body, "3\r\nabc\r\n0\r\nx-sum: 1\r\nx-client-trailer: kept\r\n\r\n",
+            "streamed: {streamed}"
+        );
+        assert!(got.contains("\r\nX-User: weir\r\n"), "{got}");
+        if !streamed {
+            arrivals.recv().await.expect("the first request's arrival");
+        }
+    }
+    let (status, got) = post_with_trailers(&mut client, true, &trailers, None).await;
+    assert_eq!(status, StatusCode::OK);
+    let got = String::from_utf8_lossy(&got);
+    assert!(got.ends_with("\r\n\r\nabc"), "{got}");
+    assert!(!got.contains("x-sum") && !got.contains("kept"), "{got}");
+}
+
 /// A GET of `path` on a new h2c connection: its 1xx heads, final head and body.
 async fn get_with_interims(weir: &common::Weir, path: &str) -> common::WithInterims {
     let (mut client, _conn) = connect(weir.addr).await;

@@ -573,18 +573,19 @@ async fn request_trailers_an_h2_upstream_may_not_take_are_dropped() {
     assert_eq!(r.trailers.expect("trailers")["x-client-trailer"], "kept");
 }
 
-/// An HTTP/3 client's trailer fields reach an HTTP/2 upstream less the names its request
-/// head does not carry as they came: the forwarded headers Weir sets and the listener's
-/// client-certificate header (in any spelling), which an upstream that merges trailers
-/// into the head would take for Weir's. The others go.
-#[tokio::test]
-async fn request_trailers_lose_the_names_the_head_does_not_carry() {
+/// POSTs `body` to `path` with the trailer `fields` over HTTP/3, to a Weir whose listener
+/// has a `client_cert_header` (`X-Client-Cert`), before `upstream` (its `keys`).
+async fn post_with_trailers(
+    upstream: SocketAddr,
+    keys: &[&str],
+    path: &str,
+    fields: &[(&'static str, &'static str)],
+) -> weir_testkit::h3_client::H3Response {
     let ca = TestCa::new("h3 CA");
     let leaf = ca.leaf(&[NAME]);
-    let backend = H2Backend::h2c();
     let conf = Conf::new()
         .route("all", "up", &[])
-        .upstream("up", &[backend.addr()], &["protocol = \"h2c\""])
+        .upstream("up", &[upstream], keys)
         .listener("http3 = true")
         .listener(&tls_table(
             &[&leaf],
@@ -593,7 +594,24 @@ async fn request_trailers_lose_the_names_the_head_does_not_carry() {
     let weir = conf.start();
     let mut c = connect_to(&ca, weir.addr, NAME).await;
     let mut trailers = http::HeaderMap::new();
-    for (name, value) in [
+    for (name, value) in fields {
+        trailers.insert(*name, value.parse().expect("value"));
+    }
+    let post = Request::post(format!("https://{NAME}{path}"))
+        .body(())
+        .expect("request");
+    let r = request(&mut c.send, post, b"body", Some(trailers)).await;
+    r.expect("POST")
+}
+
+/// An HTTP/3 client's trailer fields reach an HTTP/2 upstream less the names its request
+/// head does not carry as they came: the forwarded headers Weir sets and the listener's
+/// client-certificate header (in any spelling), which an upstream that merges trailers
+/// into the head would take for Weir's. The others go.
+#[tokio::test]
+async fn request_trailers_lose_the_names_the_head_does_not_carry() {
+    let backend = H2Backend::h2c();
+    let fields = [
         ("x-client-trailer", "kept"),
         ("x-sum", "1"),
         ("x-forwarded-for", "6.6.6.6"),
@@ -601,19 +619,34 @@ async fn request_trailers_lose_the_names_the_head_does_not_carry() {
         ("x-forwarded-host", "evil.test"),
         ("x-client-cert", "forged"),
         ("x_client_cert", "forged"),
-    ] {
-        trailers.insert(name, value.parse().expect("value"));
-    }
-    let post = Request::post(format!("https://{NAME}/trailer-fields"))
-        .body(())
-        .expect("request");
-    let r = request(&mut c.send, post, b"body", Some(trailers))
-        .await
-        .expect("POST");
+    ];
+    let h2c = ["protocol = \"h2c\""];
+    let r = post_with_trailers(backend.addr(), &h2c, "/trailer-fields", &fields).await;
     assert_eq!(r.status, 200);
     assert_eq!(r.body, b"body");
     let trailers = r.trailers.expect("trailers");
     assert_eq!(trailers["x-trailer-fields"], "x-client-trailer,x-sum");
+}
+
+/// An HTTP/3 client's trailer fields reach an HTTP/1.1 upstream in the chunked body's
+/// trailer section, less the names its request head does not carry as they came (the
+/// client-certificate header here) and those no trailer may carry.
+#[tokio::test]
+async fn request_trailers_reach_an_http1_upstream_in_the_chunked_body() {
+    let (arrived, _arrivals) = tokio::sync::mpsc::unbounded_channel();
+    let upstream = common::echoing_raw_chunked(arrived);
+    let fields = [
+        ("x-sum", "1"),
+        ("x-client-cert", "forged"),
+        ("content-length", "9"),
+    ];
+    let r = post_with_trailers(upstream, &[], "/up", &fields).await;
+    assert_eq!(r.status, 200);
+    let got = String::from_utf8_lossy(&r.body);
+    assert!(
+        got.ends_with("\r\n\r\n4\r\nbody\r\n0\r\nx-sum: 1\r\n\r\n"),
+        "{got}"
+    );
 }
 
 /// A bidirectional gRPC stream over HTTP/3 to an h2c upstream: each message comes back

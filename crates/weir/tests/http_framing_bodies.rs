@@ -4,8 +4,8 @@
 
 mod common;
 
-use common::{single, split_head, upstream_head, Conf};
-use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
+use common::{echoing_raw_chunked, single, split_head, upstream_head, Conf};
+use tokio::sync::mpsc::UnboundedReceiver;
 use weir_testkit::{
     chunked, hash_bytes, pattern_hash, pattern_vec, send_raw_once, sink_summary, Backend, Client,
     Hasher,
@@ -402,55 +402,6 @@ async fn forbidden_trailer_fields_of_an_http1_upstream_do_not_reach_an_http11_cl
         .unwrap();
     let raw = String::from_utf8_lossy(&raw);
     assert!(!raw.contains("X-A") && !raw.contains("folded"), "{raw}");
-}
-
-/// An upstream that answers each request on its connections with the bytes it got of it
-/// (the head, then the chunked body as it came, to the body's end), after sending on
-/// `arrived` once the first body bytes came.
-fn echoing_raw_chunked(arrived: UnboundedSender<()>) -> std::net::SocketAddr {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    std::thread::spawn(move || {
-        for socket in listener.incoming().map_while(Result::ok) {
-            let arrived = arrived.clone();
-            std::thread::spawn(move || echo_raw_chunked(socket, arrived));
-        }
-    });
-    addr
-}
-
-/// [`echoing_raw_chunked`]'s connection.
-fn echo_raw_chunked(mut socket: std::net::TcpStream, arrived: UnboundedSender<()>) {
-    use std::io::{Read, Write};
-    let (mut got, mut buf, mut told) = (Vec::new(), [0u8; 4096], false);
-    loop {
-        match socket.read(&mut buf) {
-            Ok(n) if n > 0 => got.extend_from_slice(&buf[..n]),
-            _ => return,
-        }
-        let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") else {
-            continue;
-        };
-        let body = &got[end + 4..];
-        if !body.is_empty() && !std::mem::replace(&mut told, true) {
-            let _ = arrived.send(());
-        }
-        let Ok(decoded) = chunked::decode_all(body) else {
-            continue;
-        };
-        let request: Vec<u8> = got.drain(..end + 4 + decoded.consumed).collect();
-        told = false;
-        let head = format!(
-            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n",
-            request.len()
-        );
-        if socket
-            .write_all(&[head.as_bytes(), &request].concat())
-            .is_err()
-        {
-            return;
-        }
-    }
 }
 
 /// Sends a chunked request (`head`, the chunk `abc`, then the last chunk and `trailers`)

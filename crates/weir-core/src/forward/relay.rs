@@ -311,8 +311,8 @@ pub(crate) struct Http1Source<'b, R> {
     ended: bool,
     /// A piece framed by `prime`, not handed out yet: its length.
     primed: Option<usize>,
-    /// A response's: the head's `Connection` values that name fields, whose trailer
-    /// fields are dropped (`trailer::connection_listed`; empty: none).
+    /// The head's `Connection` values that name fields, whose trailer fields are dropped
+    /// (`trailer::connection_listed`; empty: none).
     pub listed: Vec<u8>,
     /// The first piece's bytes as `Bytes` (the copy of what arrived with the head), for a
     /// sink that takes `Bytes`; only for a body whose bytes are not decoded in place.
@@ -668,8 +668,8 @@ impl<W> Http1Sink<'_, W> {
 }
 
 /// An HTTP/2 upstream stream's request DATA, each piece sent within the stream's window
-/// (the first, when small, at once: `send_windowed`), then an HTTP/2 or HTTP/3 client's
-/// trailer fields.
+/// (the first, when small, at once: `send_windowed`), then the client's trailer fields
+/// (an HTTP/1.1 client's chunked trailer section made into fields).
 pub(crate) struct H2Upload<'s> {
     pub send: &'s mut SendStream<Bytes>,
     /// For each wait for window.
@@ -693,8 +693,9 @@ impl Sink for H2Upload<'_> {
             (Trailers::Fields(fields), Some(names)) => {
                 crate::http2::trailers::keep(fields, u32::MAX, |name| !names.forwards(name))
             }
-            // An HTTP/1.1 client's chunked trailers are dropped: rare, and it cannot know
-            // the upstream speaks HTTP/2.
+            (Trailers::Lines(lines), Some(names)) => {
+                crate::http2::trailers::to_h2(lines, u32::MAX, |name| !names.forwards(name))
+            }
             _ => None,
         };
         let sent = match fields {

@@ -16,12 +16,11 @@
 //! the handler; some frameworks merge them) would otherwise take a client's own
 //! `X-Forwarded-For` or certificate for Weir's. This holds on every path a request's
 //! trailers take: an HTTP/1.1 upstream's (`BodyState::rewrite_trailers` for a body
-//! whole with its head, `relay::Http1Sink` for one streamed) and an HTTP/2 upstream's
-//! (`relay::H2Upload`, for an HTTP/2 or HTTP/3 client); on the others (an HTTP/1.1
-//! client's toward an HTTP/2 upstream, an HTTP/2 or HTTP/3 client's toward an HTTP/1.1
-//! one) none go. A response's trailer fields lose what the route's `response_headers`
-//! and compression take out of its head (`forward::head::Edits::drops`), on every path
-//! too.
+//! whole with its head, `relay::Http1Sink` for one streamed, an HTTP/2 or HTTP/3
+//! client's chunked upload among them) and an HTTP/2 upstream's (`relay::H2Upload`, an
+//! HTTP/1.1 client's chunked section made into fields). A response's trailer fields lose
+//! what the route's `response_headers` and compression take out of its head
+//! (`forward::head::Edits::drops`), on every path too.
 //!
 //! Only a chunked HTTP/1.1 body has a trailer section: a message framed any other way (or
 //! without a body) pays nothing for this module (`forward::exchange::take_buffered` frames

@@ -39,10 +39,10 @@ use crate::forward::h1::{
 };
 use crate::forward::head::{coding, plan_http1, Edits};
 use crate::forward::relay::{
-    at_hand, relay, Broke, Coding, H2Source, Http1Sink, Http1Source, Peer, Piece, Recording, Sink,
-    Source,
+    at_hand, relay, Broke, Coding, Dropped, H2Source, Http1Sink, Http1Source, Peer, Piece,
+    Recording, Sink, Source,
 };
-use crate::forward::request_head::{render_response_rules, write_upstream_head};
+use crate::forward::request_head::{render_response_rules, write_upstream_head, HeadNames};
 use crate::forward::trailer;
 use crate::forward::{Failure, Target};
 use crate::request::{Request, Trace};
@@ -424,10 +424,12 @@ impl<S: Source, I: Interim> Sender for StreamSender<'_, S, I> {
             ),
             Some(body) => {
                 let head = &*self.out;
+                // Trailer fields go only in a chunked body (none with a content-length).
                 let chunked = r.request.req.framing == BodyFraming::Chunked;
+                let names = chunked.then(|| HeadNames::of(&r.target, r.request.trace.is_some()));
                 let timeout = x.target.upstream.response_timeout;
                 let upload =
-                    async |uw: &mut WriteHalf<'_>| upload(body, uw, head, chunked, timeout).await;
+                    async |uw: &mut WriteHalf<'_>| upload(body, uw, head, names, timeout).await;
                 send_streaming(x, &a, &mut rd, &mut self.interim, upload).await?
             }
         };
@@ -456,23 +458,25 @@ impl<S: Source, I: Interim> Sender for StreamSender<'_, S, I> {
 }
 
 /// Uploads a client stream's request body `source` to an HTTP/1.1 upstream's writer `up`
-/// after `head`, chunk-framed when `chunked`, each write within `timeout`; each piece is
-/// released to the client's window once written (`forward::relay`).
+/// after `head`, each write within `timeout`; each piece is released to the client's
+/// window once written (`forward::relay`). With `names` the body is chunk-framed and its
+/// trailer fields the request head would carry go in its trailer section.
 async fn upload<S: Source, W: AsyncWrite + Unpin>(
     source: &mut S,
     up: &mut W,
     head: &[u8],
-    chunked: bool,
+    names: Option<HeadNames<'_>>,
     timeout: Duration,
 ) -> Result<(), Broke> {
     let mut written = 0;
+    let dropped = names.map(|names| move |name: &[u8]| !names.forwards(name));
     let mut sink = Http1Sink {
         writer: up,
         timeout,
         sent: &mut written,
         head,
-        chunked,
-        trailers: None,
+        chunked: names.is_some(),
+        trailers: dropped.as_ref().map(|d| d as Dropped<'_>),
     };
     // The head goes at once, not with the first DATA.
     sink.data(Piece::Slice(&[]), false)
@@ -485,6 +489,7 @@ async fn upload<S: Source, W: AsyncWrite + Unpin>(
 mod tests {
     use super::super::test_io::{request_body, Holding};
     use crate::forward::relay::{H2Source, Peer};
+    use crate::forward::request_head::HeadNames;
     use crate::request::Trace;
     use std::time::Duration;
 
@@ -496,7 +501,14 @@ mod tests {
         let timeout = Duration::from_secs(10);
         let total = std::cell::Cell::new(0);
         let mut source = H2Source::new(&mut body, timeout, Peer::Client, &total);
-        super::upload(&mut source, &mut up, &[], chunked, timeout)
+        let names = HeadNames {
+            forwarded: false,
+            cert_header: None,
+            request_id: None,
+            rules: None,
+            traced: false,
+        };
+        super::upload(&mut source, &mut up, &[], chunked.then_some(names), timeout)
             .await
             .expect("uploaded");
         assert_eq!(total.get(), 10);

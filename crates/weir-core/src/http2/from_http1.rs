@@ -54,7 +54,7 @@ pub(crate) async fn forward_h2(
 ) -> Result<bool, Failure> {
     let buf = conn.buf.filled();
     let limit = target.listener.max_body_size;
-    let mut body = RequestBody::new(req.framing, limit, buf, req.head_len)?;
+    let mut body = RequestBody::new(req, limit, buf)?;
     let ask = ForClient {
         is_head: meta.is_head,
         http10: meta.http10,
@@ -198,8 +198,7 @@ impl ClientBody for Http1Body<'_, '_> {
         consumed: &Cell<u64>,
         _limit: Option<u64>,
         timeouts: Timeouts,
-        // Its chunked trailers are not sent (`relay::H2Upload`).
-        _names: HeadNames<'_>,
+        names: HeadNames<'_>,
     ) -> Result<(), Broke> {
         match self {
             Http1Body::Whole(whole) => {
@@ -209,7 +208,8 @@ impl ClientBody for Http1Body<'_, '_> {
             }
             // Held to `max_body_size` as it is decoded (`RequestBody`).
             Http1Body::Streamed { body, reader, buf } => {
-                body.stream(*reader, buf, up, consumed, timeouts).await
+                body.stream(*reader, buf, up, consumed, timeouts, names)
+                    .await
             }
         }
     }

@@ -1,6 +1,6 @@
-//! The trailer section of an HTTP/1.1 upstream's chunked response, made into the field
-//! map of the trailing HEADERS frame an HTTP/2 client gets (RFC 9113 8.1), and an HTTP/2
-//! upstream's trailers checked for one.
+//! The trailer section of an HTTP/1.1 chunked body (an upstream's response, a client's
+//! request), made into the field map of the trailing HEADERS frame an HTTP/2 peer gets
+//! (RFC 9113 8.1), and an HTTP/2 peer's trailers checked for one.
 //!
 //! What the chunked decoder kept (field lines, validated byte by byte) is split here into
 //! fields. A field that may not be a trailer is dropped: the one filter every path uses
@@ -41,10 +41,7 @@ pub fn to_h2(
         }
     }
     if dropped > 0 {
-        tracing::debug!(
-            dropped,
-            "upstream trailer fields not relayed to an h2 client"
-        );
+        tracing::debug!(dropped, "trailer fields not relayed over HTTP/2");
     }
     (!fields.is_empty()).then_some(fields)
 }

@@ -8,6 +8,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use tokio::sync::mpsc::UnboundedSender;
 use weir_core::Proxy;
 use weir_testkit::{wait_until_async, Client};
 
@@ -573,5 +574,66 @@ pub fn assert_each_took(before: &[usize], after: &[usize], each: usize) {
             each,
             "server {i}: {before:?} then {after:?}"
         );
+    }
+}
+
+/// A Weir with request ids on before the h2c upstream `upstream`, whose one route's
+/// `request_headers` set `X-User` and remove `x-secret`: names a client's trailer fields
+/// lose (as the other names its request head does not carry as they came).
+pub fn user_rules_to_h2c(upstream: SocketAddr) -> Weir {
+    let rules = r#"request_headers = { set = { "X-User" = "weir" }, remove = ["x-secret"] }"#;
+    Conf::new()
+        .with_request_ids()
+        .route("all", "up", &[rules])
+        .upstream("up", &[upstream], &["protocol = \"h2c\""])
+        .start()
+}
+
+/// An upstream that answers each request on its connections with the bytes it got of it
+/// (the head, then the chunked body as it came, to the body's end), after sending on
+/// `arrived` once the first body bytes came.
+pub fn echoing_raw_chunked(arrived: UnboundedSender<()>) -> std::net::SocketAddr {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for socket in listener.incoming().map_while(Result::ok) {
+            let arrived = arrived.clone();
+            std::thread::spawn(move || echo_raw_chunked(socket, arrived));
+        }
+    });
+    addr
+}
+
+/// [`echoing_raw_chunked`]'s connection.
+fn echo_raw_chunked(mut socket: std::net::TcpStream, arrived: UnboundedSender<()>) {
+    use std::io::{Read, Write};
+    let (mut got, mut buf, mut told) = (Vec::new(), [0u8; 4096], false);
+    loop {
+        match socket.read(&mut buf) {
+            Ok(n) if n > 0 => got.extend_from_slice(&buf[..n]),
+            _ => return,
+        }
+        let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") else {
+            continue;
+        };
+        let body = &got[end + 4..];
+        if !body.is_empty() && !std::mem::replace(&mut told, true) {
+            let _ = arrived.send(());
+        }
+        let Ok(decoded) = weir_testkit::chunked::decode_all(body) else {
+            continue;
+        };
+        let request: Vec<u8> = got.drain(..end + 4 + decoded.consumed).collect();
+        told = false;
+        let head = format!(
+            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n",
+            request.len()
+        );
+        if socket
+            .write_all(&[head.as_bytes(), &request].concat())
+            .is_err()
+        {
+            return;
+        }
     }
 }

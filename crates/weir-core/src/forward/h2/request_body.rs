@@ -5,9 +5,11 @@
 //! another server sends it again without reading the client. A longer body is streamed
 //! through the one relay (`forward::relay`): decoded from the client buffer piece by piece,
 //! each piece sent within the upstream stream's window before the next read, so Weir holds
-//! at most one client buffer plus one window's worth per request. Chunk extensions and
-//! request trailers are dropped (HTTP/2 has no place for the former; the latter are rare
-//! and an HTTP/1 client cannot know the upstream speaks HTTP/2).
+//! at most one client buffer plus one window's worth per request. Chunk extensions are
+//! dropped (HTTP/2 has no place for them); a chunked body's trailer fields end the stream
+//! as a trailing HEADERS frame, filtered as on every path (`forward::trailer`), so a body
+//! with trailers is always streamed (it is rare: the whole-body copy has no place for
+//! them).
 
 use std::cell::Cell;
 
@@ -16,10 +18,12 @@ use h2::SendStream;
 use tokio::io::AsyncRead;
 
 use crate::buffer::Buffer;
-use crate::codec::http1::BodyFraming;
+use crate::codec::http1::{BodyFraming, RequestHead};
 use crate::error::ProxyError;
 use crate::forward::body::BodyState;
 use crate::forward::relay::{relay, Broke, H2Upload, Http1Source, Peer};
+use crate::forward::request_head::HeadNames;
+use crate::forward::trailer::connection_listed;
 use crate::forward::Timeouts;
 
 /// The request body of one request, for every try.
@@ -35,23 +39,27 @@ pub(crate) struct RequestBody {
     pub skip: usize,
     /// A streamed body was read to its end.
     read: bool,
+    /// The head's `Connection` values that name fields (`trailer::connection_listed`):
+    /// its trailer fields of those names stay out.
+    listed: Vec<u8>,
 }
 
 impl RequestBody {
-    /// The body of `buf` after the head's `head_len` (nothing consumed here).
+    /// The body of `req`, whose head starts `buf` (nothing consumed here).
     pub(crate) fn new(
-        framing: BodyFraming,
+        req: &RequestHead,
         limit: Option<u64>,
         buf: &[u8],
-        head_len: usize,
     ) -> Result<RequestBody, ProxyError> {
-        let mut state = BodyState::new(framing, true, limit);
+        let (framing, head_len) = (req.framing, req.head_len);
+        let mut state = BodyState::new(framing, true, limit).keeping_trailers();
         let mut body = RequestBody {
             framing,
             limit,
             whole: Some(Bytes::new()),
             skip: head_len,
             read: false,
+            listed: connection_listed(buf, &req.headers, framing),
         };
         if state.is_done() {
             return Ok(body);
@@ -60,7 +68,7 @@ impl RequestBody {
         let mut copy = buf[head_len..].to_vec();
         let taken = state.take(&mut copy);
         let (forward, used) = taken.map_err(crate::forward::h1::client_pump_error)?;
-        match state.is_done() {
+        match state.is_done() && state.trailers().is_empty() {
             true => {
                 copy.truncate(forward);
                 body.whole = Some(Bytes::from(copy));
@@ -83,9 +91,10 @@ impl RequestBody {
     }
 
     /// Sends a body that is not [`Self::whole`] as DATA within the upstream's window,
-    /// then the end of the stream, read from the client (`src`, `buf`). `consumed` is
-    /// above zero once body bytes are taken from the client (the body cannot be sent
-    /// again then): set before the first of them is framed.
+    /// then its trailer fields the request head would carry (`names`) or the end of the
+    /// stream, read from the client (`src`, `buf`). `consumed` is above zero once body
+    /// bytes are taken from the client (the body cannot be sent again then): set before
+    /// the first of them is framed.
     pub(crate) async fn stream<R: AsyncRead + Unpin>(
         &mut self,
         src: &mut R,
@@ -93,21 +102,23 @@ impl RequestBody {
         up: &mut SendStream<Bytes>,
         consumed: &Cell<u64>,
         timeouts: Timeouts,
+        names: HeadNames<'_>,
     ) -> Result<(), Broke> {
         // The head goes (the caller keeps a copy for another try); the body's bytes stay
         // as they came until the first of them is framed: until then a refused stream
         // or a retried status sends the request again as it was.
         buf.consume(std::mem::take(&mut self.skip));
-        let state = BodyState::new(self.framing, true, self.limit);
+        let state = BodyState::new(self.framing, true, self.limit).keeping_trailers();
         let mut source = Http1Source::new(src, buf, state, timeouts.client, Peer::Client)
             .paced(timeouts.min_body_rate);
+        source.listed = self.listed.clone();
         source.arrival().await.map_err(Broke::Source)?;
         consumed.set(1);
         let mut sink = H2Upload {
             send: up,
             timeout: timeouts.upstream,
             first: false,
-            names: None,
+            names: Some(names),
         };
         let relayed = relay(&mut source, &mut sink, None).await;
         self.read = relayed.is_ok();
