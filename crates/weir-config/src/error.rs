@@ -52,9 +52,15 @@ fn prefix(file: &str, line: &usize, column: &usize, field: &str) -> String {
 /// quoted (`listeners["443"].bind`), so that it is not taken as the listener's index
 /// when the error is located ([`ConfigError::at_field`]).
 pub fn listener_field(name: &str, rest: &str) -> String {
+    format!("{}{rest}", entry("listeners", name))
+}
+
+/// The entry named `name` of the list at `path` (`listeners[web]`), its name quoted when
+/// it reads as a number (`listeners["443"]`): a bare number is an index.
+pub fn entry(path: &str, name: &str) -> String {
     match name.parse::<usize>() {
-        Ok(_) => format!("listeners[\"{name}\"]{rest}"),
-        Err(_) => format!("listeners[{name}]{rest}"),
+        Ok(_) => format!("{path}[\"{name}\"]"),
+        Err(_) => format!("{path}[{name}]"),
     }
 }
 

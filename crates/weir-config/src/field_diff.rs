@@ -75,7 +75,7 @@ fn walk(path: &str, old: Option<&Value>, new: Option<&Value>, out: &mut Vec<Fiel
                 .filter_map(key_of)
                 .filter(|n| !by_a.contains_key(n));
             for name in a.iter().filter_map(key_of).chain(added) {
-                let at = format!("{path}[{name}]");
+                let at = crate::error::entry(path, name);
                 walk(&at, by_a.get(name).copied(), by_b.get(name).copied(), out);
             }
         }
@@ -181,5 +181,15 @@ servers = [{ addr = "10.0.0.1:80" }, { addr = "10.0.0.2:80", weight = 2 }]
         assert_eq!(changes[0].path, "upstreams.api.servers[10.0.0.3:80]");
         assert_eq!(changes[0].old, None);
         assert!(field_changes(OLD, "not = [toml").is_empty());
+    }
+
+    /// A name that reads as a number is quoted, as errors quote it: bare, it is an index.
+    #[test]
+    fn a_numeric_name_is_quoted() {
+        let old = OLD.replace("name = \"web\"", "name = \"443\"");
+        let new = old.replace("8080", "8443");
+        let changes = field_changes(&old, &new);
+        assert_eq!(changes.len(), 1, "{changes:?}");
+        assert_eq!(changes[0].path, "listeners[\"443\"].bind");
     }
 }
