@@ -164,6 +164,25 @@ async fn a_clients_chunked_trailers_reach_an_h2_upstream_less_what_the_head_lost
     assert_eq!(backend.connections(), 1);
 }
 
+/// A chunked request whose trailer section came with its head is kept whole with it: a
+/// refused stream sends it again, trailers included, and a client that sent `Expect:
+/// 100-continue` with all of it gets no 100 (it has nothing left to send).
+#[tokio::test]
+async fn a_whole_request_with_trailers_is_sent_again_after_a_refused_stream() {
+    let backend = H2Backend::early_once(REFUSE);
+    let weir = h2c(backend.addr());
+    let mut c = weir.client().await;
+    let req = b"POST /trailer-fields HTTP/1.1\r\nHost: h\r\nTE: trailers\r\n\
+                Expect: 100-continue\r\nTransfer-Encoding: chunked\r\n\r\n\
+                3\r\nabc\r\n0\r\nX-Client-Trailer: again\r\n\r\n";
+    c.send_raw(req).await.expect("send");
+    let resp = c.read_response(false).await.expect("response");
+    assert_eq!(resp.status, 200);
+    assert_eq!(resp.body, b"abc");
+    assert_eq!(resp.trailer("x-client-trailer"), Some("again"));
+    assert_eq!(backend.streams(), 2);
+}
+
 /// Upstream trailer fields RFC 9110 6.5.1 forbids (framing, Host, credentials, cookies,
 /// content metadata) are not relayed; the others are.
 #[tokio::test]

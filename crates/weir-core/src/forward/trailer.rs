@@ -3,9 +3,10 @@
 //! ([`push_lines`]: `forward::relay::Http1Sink`, and a whole request body in place,
 //! `BodyState::rewrite_trailers`), or made into an HTTP/2 or HTTP/3 client's trailing
 //! HEADERS (`http2::trailers::to_h2`), and an HTTP/2 or HTTP/3 peer's trailer fields
-//! (`http2::trailers::keep`, `Http1Sink`). The fields an HTTP/1.1 upstream's head lists
-//! in `Connection` leave its trailer section at the source ([`connection_listed`],
-//! `relay::Http1Source`), whatever the client.
+//! (`http2::trailers::keep`, `Http1Sink`). The fields an HTTP/1.1 head (an upstream's
+//! response, a client's request) lists in `Connection` leave its trailer section at the
+//! source ([`connection_listed`], `relay::Http1Source`, `RequestBody` for a whole request
+//! body toward an HTTP/2 upstream), whatever the other side.
 //!
 //! A client's trailer fields also lose every name its request head does not carry
 //! upstream as it came ([`RequestTrailers`]: `request_head::HeadNames`, the head writer's

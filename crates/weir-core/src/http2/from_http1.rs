@@ -29,9 +29,11 @@ use crate::files::{send_http1, Under};
 use crate::forward::body;
 use crate::forward::h1::{Http1Interim, Interim, RequestMeta};
 use crate::forward::h2::request_body::RequestBody;
-use crate::forward::h2::{relay_while_uploading, send_windowed, HeadBounds};
+use crate::forward::h2::{relay_while_uploading, HeadBounds};
 use crate::forward::head::{write_from_h2, ForClient, Framing};
-use crate::forward::relay::{relay, Broke, Coding, Dropped, Http1Sink, Sink, Source, Trailers};
+use crate::forward::relay::{
+    relay, Broke, Coding, Dropped, H2Upload, Http1Sink, Piece, Sink, Source, Trailers,
+};
 use crate::forward::request_head::HeadNames;
 use crate::forward::{Failure, Target, Timeouts};
 use crate::metrics::shard::Protocol;
@@ -123,7 +125,10 @@ async fn tries(
     let expect = req.expect_continue && body.whole.is_none();
     let (head, up_body) = match &body.whole {
         _ if body.is_empty() => (buf.filled(), None),
-        Some(whole) => (buf.filled(), Some(Http1Body::Whole(whole.clone()))),
+        Some(whole) => {
+            let whole = Http1Body::Whole(whole.clone(), body.trailers.clone());
+            (buf.filled(), Some(whole))
+        }
         None => {
             let reader = &mut reader;
             (&copy[..], Some(Http1Body::Streamed { body, reader, buf }))
@@ -180,10 +185,10 @@ fn te_trailers(buf: &[u8], req: &RequestHead) -> bool {
         })
 }
 
-/// An HTTP/1.x client's request body: whole at hand (sent again as it is on another try),
-/// or streamed from the client's socket and buffer.
+/// An HTTP/1.x client's request body: whole at hand with its trailer lines, if any (sent
+/// again as it is on another try), or streamed from the client's socket and buffer.
 enum Http1Body<'b, 'c> {
-    Whole(Bytes),
+    Whole(Bytes, Option<Bytes>),
     Streamed {
         body: &'b mut RequestBody,
         reader: &'b mut ClientReadHalf<'c>,
@@ -201,9 +206,22 @@ impl ClientBody for Http1Body<'_, '_> {
         names: HeadNames<'_>,
     ) -> Result<(), Broke> {
         match self {
-            Http1Body::Whole(whole) => {
+            Http1Body::Whole(whole, trailers) => {
                 consumed.set(whole.len() as u64);
-                let sent = send_windowed(up, whole.clone(), timeouts.upstream, None, true);
+                let mut sink = H2Upload {
+                    send: up,
+                    timeout: timeouts.upstream,
+                    first: false,
+                    names: Some(names),
+                };
+                let sent = async {
+                    let last = trailers.is_none();
+                    sink.data(Piece::Bytes(whole.clone()), last).await?;
+                    match trailers {
+                        Some(lines) => sink.end(Trailers::Lines(lines)).await,
+                        None => Ok(()),
+                    }
+                };
                 sent.await.map_err(Broke::Sink)
             }
             // Held to `max_body_size` as it is decoded (`RequestBody`).
@@ -215,7 +233,7 @@ impl ClientBody for Http1Body<'_, '_> {
     }
 
     fn is_whole(&self) -> bool {
-        matches!(self, Http1Body::Whole(_))
+        matches!(self, Http1Body::Whole(..))
     }
 }
 

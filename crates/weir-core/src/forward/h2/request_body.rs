@@ -7,9 +7,8 @@
 //! each piece sent within the upstream stream's window before the next read, so Weir holds
 //! at most one client buffer plus one window's worth per request. Chunk extensions are
 //! dropped (HTTP/2 has no place for them); a chunked body's trailer fields end the stream
-//! as a trailing HEADERS frame, filtered as on every path (`forward::trailer`), so a body
-//! with trailers is always streamed (it is rare: the whole-body copy has no place for
-//! them).
+//! as a trailing HEADERS frame, filtered as on every path (`forward::trailer`), whole
+//! bodies' (kept with them for another try) and streamed ones' alike.
 
 use std::cell::Cell;
 
@@ -23,7 +22,7 @@ use crate::error::ProxyError;
 use crate::forward::body::BodyState;
 use crate::forward::relay::{relay, Broke, H2Upload, Http1Source, Peer};
 use crate::forward::request_head::HeadNames;
-use crate::forward::trailer::connection_listed;
+use crate::forward::trailer::{self, connection_listed};
 use crate::forward::Timeouts;
 
 /// The request body of one request, for every try.
@@ -39,8 +38,11 @@ pub(crate) struct RequestBody {
     pub skip: usize,
     /// A streamed body was read to its end.
     read: bool,
-    /// The head's `Connection` values that name fields (`trailer::connection_listed`):
-    /// its trailer fields of those names stay out.
+    /// A [`Self::whole`] body's trailer field lines, less those its head's `Connection`
+    /// lists (`None`: it has none).
+    pub trailers: Option<Bytes>,
+    /// A streamed body's head's `Connection` values that name fields
+    /// (`trailer::connection_listed`): its trailer fields of those names stay out.
     listed: Vec<u8>,
 }
 
@@ -59,7 +61,8 @@ impl RequestBody {
             whole: Some(Bytes::new()),
             skip: head_len,
             read: false,
-            listed: connection_listed(buf, &req.headers, framing),
+            trailers: None,
+            listed: Vec::new(),
         };
         if state.is_done() {
             return Ok(body);
@@ -68,13 +71,19 @@ impl RequestBody {
         let mut copy = buf[head_len..].to_vec();
         let taken = state.take(&mut copy);
         let (forward, used) = taken.map_err(crate::forward::h1::client_pump_error)?;
-        match state.is_done() && state.trailers().is_empty() {
-            true => {
-                copy.truncate(forward);
-                body.whole = Some(Bytes::from(copy));
-                body.skip += used;
-            }
-            false => body.whole = None,
+        let listed = || connection_listed(buf, &req.headers, framing);
+        if !state.is_done() {
+            body.whole = None;
+            body.listed = listed();
+            return Ok(body);
+        }
+        copy.truncate(forward);
+        body.whole = Some(Bytes::from(copy));
+        body.skip += used;
+        if !state.trailers().is_empty() {
+            let listed = listed();
+            state.drop_trailers(|name| trailer::listed_in(&listed, name));
+            body.trailers = Some(Bytes::copy_from_slice(state.trailers()));
         }
         Ok(body)
     }
@@ -85,9 +94,9 @@ impl RequestBody {
         self.whole.is_some() || self.read
     }
 
-    /// No DATA at all: the HEADERS frame ends the stream.
+    /// No DATA and no trailers: the HEADERS frame ends the stream.
     pub(crate) fn is_empty(&self) -> bool {
-        self.whole.as_ref().is_some_and(Bytes::is_empty)
+        self.whole.as_ref().is_some_and(Bytes::is_empty) && self.trailers.is_none()
     }
 
     /// Sends a body that is not [`Self::whole`] as DATA within the upstream's window,
