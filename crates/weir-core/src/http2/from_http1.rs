@@ -123,12 +123,10 @@ async fn tries(
     } = &mut *conn;
     let (mut reader, writer) = stream.split().map_err(ProxyError::client_io)?;
     let expect = req.expect_continue && body.whole.is_none();
-    let (head, up_body) = match &body.whole {
+    let trailers = body.trailers.clone();
+    let (head, up_body) = match body.whole.clone() {
         _ if body.is_empty() => (buf.filled(), None),
-        Some(whole) => {
-            let whole = Http1Body::Whole(whole.clone(), body.trailers.clone());
-            (buf.filled(), Some(whole))
-        }
+        Some(whole) => (buf.filled(), Some(Http1Body::Whole(whole, trailers))),
         None => {
             let reader = &mut reader;
             (&copy[..], Some(Http1Body::Streamed { body, reader, buf }))
