@@ -82,14 +82,6 @@ impl Shared {
         self.budget.record(Instant::now());
     }
 
-    /// Weir (or the `h2` crate) reset a stream because of the client's error on it.
-    pub fn reset_by_client_error(&self) {
-        if let Some(m) = self.worker.metrics.listener(self.slot) {
-            m.http2.forced_resets.inc();
-        }
-        self.budget.record(Instant::now());
-    }
-
     /// Weir refuses a stream of its own accord: the REFUSED_STREAM it writes next is no
     /// client's error.
     pub fn refuse(&self, respond: &mut h2::server::SendResponse<Bytes>) {
@@ -97,15 +89,18 @@ impl Shared {
         respond.send_reset(Reason::REFUSED_STREAM);
     }
 
-    /// An RST_STREAM with error `code` was written: counts as forced by the client unless
-    /// it is one of Weir's own refusals.
+    /// An RST_STREAM with error `code` was written: Weir (or the `h2` crate) reset a stream
+    /// because of the client's error on it, unless it is one of Weir's own refusals.
     pub fn reset_written(&self, code: Option<u32>) {
         let refused = u32::from(Reason::REFUSED_STREAM);
         if code == Some(refused) && self.own_refusals.get() > 0 {
             self.own_refusals.set(self.own_refusals.get() - 1);
             return;
         }
-        self.reset_by_client_error();
+        if let Some(m) = self.worker.metrics.listener(self.slot) {
+            m.http2.forced_resets.inc();
+        }
+        self.budget.record(Instant::now());
     }
 
     /// The client sent a frame that carries no request (`frames::glitch`).

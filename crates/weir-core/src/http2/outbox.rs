@@ -64,7 +64,7 @@ struct Held {
 }
 
 /// One connection's count of response DATA held by the `h2` crate.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct Outbox {
     limit: usize,
     /// Bytes held, all streams together (the sum of `streams`).
@@ -85,12 +85,7 @@ impl Outbox {
     pub fn new(limit: u32) -> Outbox {
         Outbox {
             limit: limit as usize,
-            held: Cell::new(0),
-            streams: RefCell::new(Vec::new()),
-            written: Cell::new(0),
-            waiting: Cell::new(0),
-            round: Cell::new(0),
-            room: Notify::new(),
+            ..Outbox::default()
         }
     }
 

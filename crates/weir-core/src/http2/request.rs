@@ -15,23 +15,16 @@
 use std::ops::Range;
 
 use http::request::Parts;
-use http::{header, HeaderName, Method};
+use http::{header, Method};
 
-use crate::codec::http1::header::{is_token, trim};
+use super::upstream_request::value_range;
+use crate::codec::http1::header::is_token;
 use crate::codec::http1::{HeaderKind, HeaderSpan};
+use crate::forward::h2::is_connection_specific;
 
 /// Why a request is malformed (answered with RST_STREAM PROTOCOL_ERROR).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Malformed(pub &'static str);
-
-/// Connection-specific fields, which make an h2 request malformed (RFC 9113 8.2.2).
-fn connection_specific(name: &HeaderName) -> bool {
-    name == header::CONNECTION
-        || name == header::TRANSFER_ENCODING
-        || name == header::UPGRADE
-        || name.as_str() == "keep-alive"
-        || name.as_str() == "proxy-connection"
-}
 
 /// Where the request line's method and target were written.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -143,14 +136,15 @@ impl Writer<'_> {
             if !is_token(name.as_str().as_bytes()) {
                 return Err(Malformed("field name is not a token"));
             }
-            if connection_specific(name) {
-                return Err(Malformed("connection-specific header field"));
-            }
             if name == header::TE {
                 if value.as_bytes() != b"trailers" {
                     return Err(Malformed("te other than trailers"));
                 }
                 continue;
+            }
+            // Connection-specific fields make an h2 request malformed (RFC 9113 8.2.2).
+            if is_connection_specific(name) {
+                return Err(Malformed("connection-specific header field"));
             }
             if name == header::HOST && authority.is_some() {
                 continue;
@@ -234,15 +228,9 @@ impl Writer<'_> {
     /// records it, the value trimmed of SP / HTAB as httparse trims it (an empty value
     /// is an empty range at 0, as `header::offset_in` gives it).
     fn end_field(&mut self, start: usize, value: usize, name: &[u8]) {
-        let written = &self.out[value..];
-        let trimmed = trim(written);
-        let lead = written
-            .iter()
-            .take_while(|b| matches!(b, b' ' | b'\t'))
-            .count();
-        let value = match trimmed.len() {
-            0 => 0..0,
-            n => value + lead..value + lead + n,
+        let value = match value_range(&self.out[value..], value) {
+            trimmed if trimmed.is_empty() => 0..0,
+            trimmed => trimmed,
         };
         self.out.extend_from_slice(b"\r\n");
         self.fields.push(HeaderSpan {

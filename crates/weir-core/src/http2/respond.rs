@@ -57,24 +57,12 @@ pub(crate) fn head_from_http1(
 }
 
 /// The HTTP/1.1 head `resp` (its bytes: `buf`) as a client stream's head (HTTP/2 or
-/// HTTP/3), for an upstream's 1xx head or Weir's own answers: its end-to-end fields, names
-/// lower-cased (hop-by-hop and `Connection`-listed fields dropped, and a field that is no
-/// valid HTTP/2 one).
+/// HTTP/3), for an upstream's 1xx head or Weir's own answers: [`head_from_http1`] with no
+/// edits (its end-to-end fields, names lower-cased; a field that is no valid HTTP/2 one
+/// dropped), from one copy of the head that its values slice.
 pub(crate) fn end_to_end_head(buf: &[u8], resp: &ResponseHead) -> http::Response<()> {
-    let mut response = http::Response::new(());
-    *response.status_mut() =
-        http::StatusCode::from_u16(resp.status).unwrap_or(http::StatusCode::BAD_GATEWAY);
-    for h in &resp.headers {
-        if h.connection_listed || h.kind.is_hop_by_hop() {
-            continue;
-        }
-        let name = response_name(&buf[h.name.clone()]);
-        let value = HeaderValue::from_bytes(&buf[h.value.clone()]);
-        if let (Ok(name), Ok(value)) = (name, value) {
-            response.headers_mut().append(name, value);
-        }
-    }
-    response
+    let head = Bytes::copy_from_slice(&buf[..resp.head_len]);
+    head_from_http1(resp, &head, &Edits::default(), HeaderMap::new())
 }
 
 /// An HTTP/2 upstream's head `parts` with `edits` applied in place (a route without edits

@@ -104,8 +104,9 @@ pub async fn send_bytes(
     end: bool,
     timeout: Duration,
 ) -> Result<(), Stop> {
-    if data.is_empty() {
-        return if end { finish(send, data) } else { Ok(()) };
+    let closed = |_| Stop::Error(ProxyError::ClientClosed);
+    if data.is_empty() && end {
+        return send.send_data(data, true).map_err(closed);
     }
     // Window granted and not yet used: the `h2` crate reports only increases of it.
     let mut credit = 0;
@@ -117,12 +118,8 @@ pub async fn send_bytes(
         let n = outbox::within(send, credit, timeout).await?;
         let piece = data.split_to(n);
         credit -= n;
-        if end && data.is_empty() {
-            finish(send, piece)?;
-        } else {
-            send.send_data(piece, false)
-                .map_err(|_| Stop::Error(ProxyError::ClientClosed))?;
-        }
+        send.send_data(piece, end && data.is_empty())
+            .map_err(closed)?;
         outbox::handed(n);
     }
     Ok(())
@@ -150,11 +147,6 @@ pub(super) async fn window(
         .await
         .map_err(|_| Stop::Error(ProxyError::ClientTimeout))??;
     Ok(n.min(want))
-}
-
-fn finish(send: &mut SendStream<Bytes>, last: Bytes) -> Result<(), Stop> {
-    send.send_data(last, true)
-        .map_err(|_| Stop::Error(ProxyError::ClientClosed))
 }
 
 /// A client's stream as the sink of a response body: DATA within the client's window

@@ -424,22 +424,6 @@ impl<C: ClientSide, B> H2Sender<'_, '_, C, B> {
     }
 }
 
-/// The request body going up `up_send` (nothing to do without one), `consumed` counting
-/// what was taken from the client; its trailers as `names` says (`ClientBody::upload`).
-async fn upload_body<B: ClientBody>(
-    body: Option<&mut B>,
-    up_send: &mut SendStream<Bytes>,
-    consumed: &Cell<u64>,
-    limit: Option<u64>,
-    timeouts: Timeouts,
-    names: HeadNames<'_>,
-) -> Result<(), Broke> {
-    match body {
-        Some(b) => b.upload(up_send, consumed, limit, timeouts, names).await,
-        None => Ok(()),
-    }
-}
-
 /// Sends `answer` to `client` with the upstream's body from `source`, while the rest of
 /// the request body (`upload`, if still going) goes up; a route cache's `recorder`, if
 /// any, keeps a copy, stored once all of it went.
@@ -498,10 +482,13 @@ impl<C: ClientSide, B: ClientBody> Sender for H2Sender<'_, '_, C, B> {
         let (timeouts, bounds) = self.waits();
         let limit = r.target.listener.max_body_size;
         let whole = self.body.as_ref().is_some_and(ClientBody::is_whole);
-        let (body, consumed) = (self.body.as_mut(), &self.consumed);
+        let (body, consumed, up) = (self.body.as_mut(), &self.consumed, &mut up_send);
         let mut state = if end { Upload::Done } else { Upload::Running };
         let names = HeadNames::of(&r.target, r.request.trace.is_some());
-        let upload = upload_body(body, &mut up_send, consumed, limit, timeouts, names);
+        let upload = async {
+            let Some(body) = body else { return Ok(()) };
+            body.upload(up, consumed, limit, timeouts, names).await
+        };
         tokio::pin!(upload);
         let (mut interim, gone) = self.client.waiting();
         let waited = final_head(

@@ -225,8 +225,9 @@ fn add_lines(
     Ok(host)
 }
 
-/// The range of `value` (found at `at`) trimmed of SP / HTAB.
-fn value_range(value: &[u8], at: usize) -> Range<usize> {
+/// The range of `value` (found at `at`) trimmed of SP / HTAB, as httparse trims a
+/// field's value.
+pub(super) fn value_range(value: &[u8], at: usize) -> Range<usize> {
     let lead = value
         .iter()
         .take_while(|b| matches!(b, b' ' | b'\t'))
