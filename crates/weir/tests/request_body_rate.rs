@@ -153,11 +153,7 @@ async fn an_upstream_that_never_says_100_does_not_deadlock_a_waiting_client() {
         let answer = "HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
         s.write_all(answer.as_bytes()).await.unwrap();
     });
-    let mut c = expecting(weir.addr, "Connection: close\r\n").await;
-    let interim = read_head(&mut c).await;
-    assert!(interim.starts_with("HTTP/1.1 100 "), "{interim:?}");
-    c.write_all(b"hello").await.unwrap();
-    let answer = read_to_close(&mut c).await;
+    let answer = body_after_a_100(weir.addr).await;
     assert!(answer.starts_with("HTTP/1.1 200 "), "{answer:?}");
     server.await.unwrap();
 }
@@ -181,11 +177,7 @@ async fn an_upstream_connection_is_reused_after_its_late_100() {
             .await
             .unwrap();
     });
-    let mut c = expecting(weir.addr, "Connection: close\r\n").await;
-    let interim = read_head(&mut c).await;
-    assert!(interim.starts_with("HTTP/1.1 100 "), "{interim:?}");
-    c.write_all(b"hello").await.unwrap();
-    let answer = read_to_close(&mut c).await;
+    let answer = body_after_a_100(weir.addr).await;
     assert!(answer.starts_with("HTTP/1.1 200 "), "one 100: {answer:?}");
     let mut c = weir.client().await;
     let next = c.get("/next", "h").await.unwrap();
@@ -280,6 +272,16 @@ async fn expecting(addr: std::net::SocketAddr, more: &str) -> TcpStream {
     );
     c.write_all(head.as_bytes()).await.unwrap();
     c
+}
+
+/// An [`expecting`] client (`Connection: close`) that gets a 100, then sends its body:
+/// what follows the 100, to the connection's close.
+async fn body_after_a_100(addr: std::net::SocketAddr) -> String {
+    let mut c = expecting(addr, "Connection: close\r\n").await;
+    let interim = read_head(&mut c).await;
+    assert!(interim.starts_with("HTTP/1.1 100 "), "{interim:?}");
+    c.write_all(b"hello").await.unwrap();
+    read_to_close(&mut c).await
 }
 
 /// Reads one head (to its blank line) from `s`, byte by byte: nothing after it is taken.
