@@ -16,10 +16,11 @@ use std::time::Instant;
 use crate::buffer::Buffer;
 use crate::cache::{CacheResult, Fetched, Fill, Recorder};
 use crate::codec::http1::ResponseHead;
+use crate::connector::UpstreamStream;
 use crate::error::ProxyError;
 use crate::files::{BodySource, Reply, Under};
 use crate::forward::body::BodyState;
-use crate::forward::driver::drive;
+use crate::forward::driver::{drive, Accepted, Exchange};
 use crate::forward::exchange::push_before_end;
 use crate::forward::filling::stale_answer;
 use crate::forward::h1::{pool_after_answer, reuse, Interim, NoInterim};
@@ -183,28 +184,14 @@ impl StreamRequest<'_> {
         }
     }
 
-    /// [`StreamRequest::fetch_for_store`] toward an HTTP/1.1 upstream. Rare (a stale entry's
-    /// background revalidation): its buffers and timer are its own, not the worker's spares.
+    /// [`StreamRequest::fetch_for_store`] toward an HTTP/1.1 upstream.
     async fn fetch_over_http1(&self) -> Result<(), ProxyError> {
         let up_buf = &mut Buffer::new(UPSTREAM_BUFFER);
         let resp = &mut ResponseHead::default();
-        let mut timer = LazyTimer::new(tokio::time::Instant::now());
         let x = self.exchange_of();
-        let mut last_try = LastTry::default();
-        let mut sender = StreamSender {
-            r: self,
-            x: &x,
-            body: None::<BodySource<'static>>,
-            up_buf: &mut *up_buf,
-            out: &mut Vec::new(),
-            resp: &mut *resp,
-            timer: &mut timer,
-            interim: NoInterim,
-            websocket_key: None,
-        };
-        let accepted = drive(&x, &mut sender, self.request.started, &mut last_try).await;
-        let ((mut stream, request_done), accepted) = accepted.map_err(|f| f.error)?.take();
-        accepted.count(Ok(resp.status));
+        let (started, last_try) = (self.request.started, &mut LastTry::default());
+        let tried = self.try_alone(&x, None, up_buf, resp, started, last_try);
+        let (mut stream, request_done, accepted) = tried.await.map_err(|f| f.error)?;
         // A 304 refreshes the entry (a 5xx leaves it as it is: nobody is answered).
         if self
             .answer_instead(Fetched::Http1(up_buf.filled(), resp), true)
@@ -234,6 +221,36 @@ impl StreamRequest<'_> {
             reuse(&x, &accepted, stream, Instant::now());
         }
         Ok(())
+    }
+
+    /// The tries to an HTTP/1.1 upstream of a request with no body and no client stream
+    /// waiting for 1xx heads (a WebSocket handshake, with its `websocket_key`; a background
+    /// revalidation). Rare: its buffers and timer are its own. Counts the accepted try.
+    pub(super) async fn try_alone<'x>(
+        &'x self,
+        x: &'x Exchange<'x>,
+        websocket_key: Option<&[u8]>,
+        up_buf: &mut Buffer,
+        resp: &mut ResponseHead,
+        started: Instant,
+        last_try: &mut LastTry,
+    ) -> Result<(UpstreamStream, bool, Accepted<'x, ()>), Failure> {
+        let mut timer = LazyTimer::new(tokio::time::Instant::now());
+        let mut sender = StreamSender {
+            r: self,
+            x,
+            body: None::<BodySource<'static>>,
+            up_buf,
+            out: &mut Vec::with_capacity(self.request.buf.len() + 256),
+            resp,
+            timer: &mut timer,
+            interim: NoInterim,
+            websocket_key,
+        };
+        let tried = drive(x, &mut sender, started, last_try).await?;
+        let ((stream, request_done), accepted) = tried.take();
+        accepted.count(Ok(sender.resp.status));
+        Ok((stream, request_done, accepted))
     }
 }
 

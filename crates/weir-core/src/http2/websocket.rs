@@ -23,7 +23,7 @@ use h2::server::SendResponse;
 use h2::{Reason, RecvStream, SendStream};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
-use super::exchange::{stopped, StreamRequest, StreamSender};
+use super::exchange::{stopped, StreamRequest};
 use super::respond::head_from_http1;
 use super::send::{send_data, unless_reset, Stop};
 use crate::buffer::Buffer;
@@ -32,14 +32,11 @@ use crate::codec::http1::ResponseHead;
 use crate::connector::UpstreamStream;
 use crate::error::ProxyError;
 use crate::filters::upgrade::{switch_allowed, Offered};
-use crate::forward::driver::drive;
-use crate::forward::h1::{Http1Response, NoInterim};
-use crate::forward::relay::H2Source;
+use crate::forward::h1::Http1Response;
 use crate::forward::tunnel::limits;
 use crate::forward::Failure;
 use crate::idle::{Activity, Cut, End, Limits, Noted};
 use crate::request::Trace;
-use crate::time::LazyTimer;
 use crate::worker::UPSTREAM_BUFFER;
 
 /// RFC 6455 section 1.3.
@@ -143,6 +140,7 @@ impl StreamRequest<'_> {
 
     /// Sends the Upgrade request (through the driver) and reads the answer into `resp`:
     /// the upstream connection, switched (a valid 101) or refused (another final status).
+    /// The client waits for the 101 (as 200) only: 1xx heads before it are dropped.
     async fn open(
         &self,
         key: &[u8],
@@ -150,27 +148,9 @@ impl StreamRequest<'_> {
         resp: &mut ResponseHead,
         trace: &mut Trace,
     ) -> Result<UpstreamStream, Failure> {
-        let x = self.exchange_of();
-        let mut out = Vec::with_capacity(self.request.buf.len() + 256);
-        // A tunnel is rare: a timer of its own.
-        let mut timer = LazyTimer::new(tokio::time::Instant::now());
-        let mut handshake = StreamSender {
-            r: self,
-            x: &x,
-            body: None::<H2Source<'_>>,
-            up_buf,
-            out: &mut out,
-            resp,
-            timer: &mut timer,
-            // The client waits for the 101 (as 200) only: 1xx heads before it are dropped.
-            interim: NoInterim,
-            websocket_key: Some(key),
-        };
-        let started = std::time::Instant::now();
-        let opened = drive(&x, &mut handshake, started, &mut trace.last_try).await;
-        let ((stream, _), accepted) = opened?.take();
-        accepted.count(Ok(handshake.resp.status));
-        Ok(stream)
+        let (x, started) = (self.exchange_of(), std::time::Instant::now());
+        let opened = self.try_alone(&x, Some(key), up_buf, resp, started, &mut trace.last_try);
+        Ok(opened.await?.0)
     }
 }
 
