@@ -33,6 +33,7 @@ use crate::filters::compression;
 use crate::filters::upgrade::Offered;
 use crate::forward::body::BodyState;
 use crate::forward::driver::{drive, Accepted, Attempt, Exchange, Miss, Sender, Tries};
+use crate::forward::exchange::push_before_end;
 use crate::forward::h1::{
     pool_after_answer, reuse, send_streaming, send_whole, Http1Response, Interim, Reading,
     RequestMeta,
@@ -91,7 +92,7 @@ impl StreamRequest<'_> {
     /// cache miss's conditional lines.
     pub(crate) fn write_head(&self, out: &mut Vec<u8>, server: &UpstreamServer) -> Offered {
         let offered = write_upstream_head(out, &self.request, self.path, &self.target, server);
-        self.push_conditions(out);
+        self.with_fill(|fill| push_before_end(out, fill.conditional_lines()));
         offered
     }
 

@@ -21,7 +21,6 @@ use crate::error::ProxyError;
 use crate::files::{BodySource, Reply, Under};
 use crate::forward::body::BodyState;
 use crate::forward::driver::{drive, Accepted, Exchange};
-use crate::forward::exchange::push_before_end;
 use crate::forward::filling::stale_answer;
 use crate::forward::h1::{pool_after_answer, reuse, Interim, NoInterim};
 use crate::forward::head::ForClient;
@@ -92,16 +91,15 @@ impl StreamRequest<'_> {
             None => result,
         }
     }
-}
 
-impl StreamRequest<'_> {
-    /// The conditional lines of the miss's stale entry, for the upstream head (empty: none).
-    pub(crate) fn push_conditions(&self, out: &mut Vec<u8>) {
-        let Some(fill) = self.fill.take() else {
-            return;
-        };
-        push_before_end(out, fill.conditional_lines());
-        self.fill.set(Some(fill));
+    /// Runs `f` on the miss's fill, if there is one, which stays the request's (its
+    /// stale entry's conditions, for the upstream request).
+    #[inline]
+    pub(crate) fn with_fill(&self, f: impl FnOnce(&Fill)) {
+        if let Some(fill) = self.fill.take() {
+            f(&fill);
+            self.fill.set(Some(fill));
+        }
     }
 
     /// The stored entry that answers instead of the upstream's response `resp`, over
@@ -131,27 +129,6 @@ impl StreamRequest<'_> {
         (fill.status_value(), fill.admit(resp, true))
     }
 
-    /// The conditional fields of the miss's stale entry added to `headers`, an HTTP/2
-    /// upstream's request made from the client's fields (none: nothing to revalidate).
-    pub(crate) fn push_condition_fields(&self, headers: &mut http::HeaderMap) {
-        let Some(fill) = self.fill.take() else {
-            return;
-        };
-        fill.push_conditional_fields(headers);
-        self.fill.set(Some(fill));
-    }
-}
-
-/// Adds the `Cache-Status` value `status` (if any) to the client's `head`.
-#[inline]
-pub(crate) fn mark(head: &mut http::Response<()>, status: Option<&'static str>) {
-    if let Some(value) = status {
-        let value = http::HeaderValue::from_static(value);
-        head.headers_mut().append("cache-status", value);
-    }
-}
-
-impl StreamRequest<'_> {
     /// Fetches the key of the fill for the store alone, no client waiting (a stale entry's
     /// revalidation in the background): the driver's tries to the upstream, over the
     /// carrier an HTTP/1.x client's request takes (`forward::carrier`: an HTTP/1.1
@@ -251,6 +228,15 @@ impl StreamRequest<'_> {
         let ((stream, request_done), accepted) = tried.take();
         accepted.count(Ok(sender.resp.status));
         Ok((stream, request_done, accepted))
+    }
+}
+
+/// Adds the `Cache-Status` value `status` (if any) to the client's `head`.
+#[inline]
+pub(crate) fn mark(head: &mut http::Response<()>, status: Option<&'static str>) {
+    if let Some(value) = status {
+        let value = http::HeaderValue::from_static(value);
+        head.headers_mut().append("cache-status", value);
     }
 }
 

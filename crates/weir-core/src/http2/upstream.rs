@@ -219,7 +219,8 @@ impl StreamRequest<'_> {
             };
             upstream_request(parts, &u, &self.worker.h2_scratch)
         })?;
-        self.push_condition_fields(request.headers_mut());
+        // A cache miss's conditions (none: nothing to revalidate).
+        self.with_fill(|fill| fill.push_conditional_fields(request.headers_mut()));
         Ok(request)
     }
 }
