@@ -16,6 +16,7 @@ use crate::error::ProxyError;
 use crate::files::BodySource;
 use crate::forward::head::Edits;
 use crate::forward::relay::{relay, Broke, Coding, Piece, Sink, Source};
+use crate::forward::trailer;
 use crate::forward::Failure;
 use crate::request::Trace;
 
@@ -108,14 +109,8 @@ fn append_lines(
 ) {
     scratch.clear();
     edits.push_lines(scratch, fields);
-    for line in scratch.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
-        let line = line.strip_suffix(b"\r").unwrap_or(line);
-        let Some(colon) = line.iter().position(|b| *b == b':') else {
-            continue;
-        };
-        let name = response_name(&line[..colon]);
-        let value = HeaderValue::from_bytes(line[colon + 1..].trim_ascii());
-        if let (Ok(name), Ok(value)) = (name, value) {
+    for (_, name, value) in trailer::fields(scratch).flatten() {
+        if let (Ok(name), Ok(value)) = (response_name(name), HeaderValue::from_bytes(value)) {
             headers.append(name, value);
         }
     }
