@@ -32,8 +32,8 @@ use crate::codec::http1::{BodyFraming, RequestHead};
 use crate::error::ProxyError;
 use crate::filters::rewrite::upstream_path;
 use crate::forward::h2::is_connection_specific;
-use crate::forward::trailer;
 use crate::forward::request_head::{write_added_fields, ClientFacts};
+use crate::forward::trailer;
 use crate::router::RoutedPath;
 
 const BAD: ProxyError = ProxyError::BadRequest("request not expressible in HTTP/2");
