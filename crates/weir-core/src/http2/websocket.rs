@@ -82,20 +82,27 @@ impl StreamRequest<'_> {
     ) -> Result<(), Failure> {
         let up_buf = &mut Buffer::new(UPSTREAM_BUFFER);
         let mut resp = ResponseHead::default();
-        let opened = unless_reset(respond, self.open(key, up_buf, &mut resp, trace)).await;
-        let mut stream = match opened {
+        let (x, started) = (self.exchange_of(), std::time::Instant::now());
+        // The client waits for the 101 (as 200) only: 1xx heads before it are dropped.
+        let open = self.try_alone(
+            &x,
+            Some(key),
+            up_buf,
+            &mut resp,
+            started,
+            &mut trace.last_try,
+        );
+        let (mut stream, _, accepted) = match unless_reset(respond, open).await {
             Ok(opened) => opened?,
             Err(stop) => return Err(stopped(stop, trace)),
         };
-        let servers = &self.target.upstream.servers;
-        let server = &servers[trace.last_try.upstream_pick.map_or(0, |(_, server)| server)];
         let mut lines = Vec::new();
-        let edits = self.edits(&mut lines, server);
+        let edits = self.edits(&mut lines, accepted.server);
         if resp.status != 101 {
             // The upstream refused the upgrade (a final status other than 101 and 2xx):
             // the refusal goes to the client as any response would, with its fields and
             // body (`WWW-Authenticate` of a 401, `Location` of a redirect). The try was
-            // counted when its head came (`open`).
+            // counted when its head came (`try_alone`).
             let up = Http1Response {
                 stream: &mut stream,
                 buf: up_buf,
@@ -120,37 +127,20 @@ impl StreamRequest<'_> {
         let (stall, limits) = (listener.http2.stall_timeout, limits(listener));
         let result = tunnel(&mut send, body, stream, up_buf, stall, limits, trace).await;
         crate::idle::count(self.worker, self.target.listener_slot, End::from(result));
-        match result {
-            Ok(()) => Ok(()),
+        let ended = match result {
+            Ok(()) => return Ok(()),
             // A reset is how a client closes an established tunnel (RFC 8441 section 5):
             // no cancelled request, so nothing for the reset budget (`trace.reset`).
-            Err(Cut::Failed(Stop::Reset)) => Err(Failure::after_head(ProxyError::ClientClosed)),
+            Err(Cut::Failed(Stop::Reset)) => {
+                return Err(Failure::after_head(ProxyError::ClientClosed))
+            }
             // Still too long: neither side is at fault, the tunnel just ends (as over
             // HTTP/1.1), counted in `weir_tunnel_timeouts_total`, not as an aborted response.
-            Err(Cut::Idle | Cut::Fin) => {
-                send.send_reset(Reason::CANCEL);
-                Ok(())
-            }
-            Err(Cut::Failed(Stop::Error(e))) => {
-                send.send_reset(Reason::CANCEL);
-                Err(Failure::after_head(e))
-            }
-        }
-    }
-
-    /// Sends the Upgrade request (through the driver) and reads the answer into `resp`:
-    /// the upstream connection, switched (a valid 101) or refused (another final status).
-    /// The client waits for the 101 (as 200) only: 1xx heads before it are dropped.
-    async fn open(
-        &self,
-        key: &[u8],
-        up_buf: &mut Buffer,
-        resp: &mut ResponseHead,
-        trace: &mut Trace,
-    ) -> Result<UpstreamStream, Failure> {
-        let (x, started) = (self.exchange_of(), std::time::Instant::now());
-        let opened = self.try_alone(&x, Some(key), up_buf, resp, started, &mut trace.last_try);
-        Ok(opened.await?.0)
+            Err(Cut::Idle | Cut::Fin) => Ok(()),
+            Err(Cut::Failed(Stop::Error(e))) => Err(e),
+        };
+        send.send_reset(Reason::CANCEL);
+        ended.map_err(Failure::after_head)
     }
 }
 
