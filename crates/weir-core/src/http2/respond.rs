@@ -10,7 +10,7 @@ use http::{HeaderMap, HeaderValue};
 
 use super::names::response_name;
 pub(crate) use super::send::Sinking;
-use super::send::{send_data, StreamSink};
+use super::send::{send_bytes, StreamSink};
 use crate::codec::http1::ResponseHead;
 use crate::error::ProxyError;
 use crate::files::BodySource;
@@ -255,7 +255,7 @@ impl ResponseStream for h2::server::SendResponse<Bytes> {
             .map_err(|_| ProxyError::ClientClosed)?;
         trace.sent_grpc_status(grpc_status);
         if !body.is_empty() {
-            let sent = send_data(&mut send, body, true, stall);
+            let sent = send_bytes(&mut send, Bytes::copy_from_slice(body), true, stall);
             sent.await.map_err(|_| ProxyError::ClientClosed)?;
             trace.body_out = body.len() as u64;
         }

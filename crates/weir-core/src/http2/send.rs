@@ -82,22 +82,10 @@ pub async fn unless_reset<F: Future>(
     .await
 }
 
-/// Sends `data` (ending the stream after it when `end`), in pieces as the client's window,
-/// the send buffer (`max_send_buffer`) and the connection's (`max_connection_send_buffer`,
-/// `outbox`) allow. Waits at most `timeout` for each piece of window: a client that stops
-/// reading gets its stream reset. `data` is copied once into one `Bytes`, whose slices are
-/// the pieces.
-pub async fn send_data(
-    send: &mut SendStream<Bytes>,
-    data: &[u8],
-    end: bool,
-    timeout: Duration,
-) -> Result<(), Stop> {
-    send_bytes(send, Bytes::copy_from_slice(data), end, timeout).await
-}
-
-/// As [`send_data`] for data already in `Bytes` (from an HTTP/2 upstream, or the copy of
-/// a response's first bytes): sent in slices of it, without a copy.
+/// Sends `data` (ending the stream after it when `end`) in slices of it, as the client's
+/// window, the send buffer (`max_send_buffer`) and the connection's
+/// (`max_connection_send_buffer`, `outbox`) allow. Waits at most `timeout` for each piece
+/// of window: a client that stops reading gets its stream reset.
 pub async fn send_bytes(
     send: &mut SendStream<Bytes>,
     mut data: Bytes,
@@ -185,7 +173,7 @@ impl Sink for StreamSink<'_> {
             Trailers::Fields(fields) => super::trailers::keep(fields, max_trailers, dropped),
         };
         let Some(fields) = fields else {
-            let ended = send_data(self.send, &[], true, self.sinking.stall).await;
+            let ended = send_bytes(self.send, Bytes::new(), true, self.sinking.stall).await;
             return ended.map_err(|stop| self.stopped(stop));
         };
         let status = self.sinking.trace.grpc_status_in(&fields);

@@ -25,7 +25,7 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
 use super::exchange::{stopped, StreamRequest};
 use super::respond::head_from_http1;
-use super::send::{send_data, unless_reset, Stop};
+use super::send::{send_bytes, unless_reset, Stop};
 use crate::buffer::Buffer;
 use crate::codec::http1::header::field;
 use crate::codec::http1::ResponseHead;
@@ -223,14 +223,14 @@ async fn downstream<R: AsyncRead + Unpin>(
 ) -> Result<(), Stop> {
     loop {
         if !up_buf.is_empty() {
-            send_data(send, up_buf.filled(), false, stall).await?;
+            send_bytes(send, Bytes::copy_from_slice(up_buf.filled()), false, stall).await?;
             *sent += up_buf.len() as u64;
             up_buf.clear();
             // Sent within the client's window: progress even if the client reads slowly.
             activity.touch();
         }
         match unless_reset(send, up_buf.read_from(ur)).await? {
-            Ok(0) => return send_data(send, &[], true, stall).await,
+            Ok(0) => return send_bytes(send, Bytes::new(), true, stall).await,
             Ok(_) => activity.touch(),
             Err(e) => return Err(Stop::Error(ProxyError::upstream_io(e))),
         }
