@@ -152,7 +152,7 @@ impl StreamRequest<'_> {
             // state once more (callgrind: about -0.4k instructions of `memcpy` per stream).
             let started = self.request.started;
             let driving = std::pin::pin!(drive(&x, &mut sender, started, &mut trace.last_try));
-            unless_reset(&mut &client, driving).await
+            unless_reset(|cx| client.poll_reset(cx), driving).await
         };
         trace.body_in = body_in.get();
         let accepted = match accepted {

@@ -24,7 +24,6 @@ use h2::Reason;
 use http::{Response, StatusCode};
 
 use super::respond::end_to_end_head;
-use super::send::Resettable;
 use crate::codec::http1::ResponseHead;
 use crate::error::ProxyError;
 use crate::forward::h1::Interim;
@@ -98,9 +97,14 @@ impl<'a> ClientStream<'a> {
     /// Ends when the client resets the stream (or its connection fails), with the error
     /// the wait fails with.
     pub async fn gone(&self) -> ProxyError {
-        let _ = std::future::poll_fn(|cx| self.respond.borrow_mut().poll_reset(cx)).await;
+        let _ = std::future::poll_fn(|cx| self.poll_reset(cx)).await;
         self.reset.set(true);
         ProxyError::ClientClosed
+    }
+
+    /// Polls for the client's reset of the stream (or its connection's failure).
+    pub fn poll_reset(&self, cx: &mut Context<'_>) -> Poll<Result<Reason, h2::Error>> {
+        self.respond.borrow_mut().poll_reset(cx)
     }
 
     /// Whether `gone` saw the client reset the stream.
@@ -133,12 +137,6 @@ fn list_size(head: &Response<()>) -> u32 {
         n + name.as_str().len() + value.len() + 32
     });
     u32::try_from(size).unwrap_or(u32::MAX)
-}
-
-impl Resettable for &ClientStream<'_> {
-    fn poll_reset(&mut self, cx: &mut Context<'_>) -> Poll<Result<Reason, h2::Error>> {
-        self.respond.borrow_mut().poll_reset(cx)
-    }
 }
 
 /// The client's stream takes the upstream's 1xx heads: an HTTP/1.1 upstream's as

@@ -9,7 +9,6 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use h2::server::SendResponse;
 use h2::{Reason, SendStream};
 
 use super::outbox;
@@ -26,23 +25,6 @@ pub enum Stop {
     Reset,
     /// The stream or connection failed otherwise; the error says how.
     Error(ProxyError),
-}
-
-/// Either half of an h2 response, which can tell whether the client reset the stream.
-pub trait Resettable {
-    fn poll_reset(&mut self, cx: &mut Context<'_>) -> Poll<Result<Reason, h2::Error>>;
-}
-
-impl Resettable for SendResponse<Bytes> {
-    fn poll_reset(&mut self, cx: &mut Context<'_>) -> Poll<Result<Reason, h2::Error>> {
-        SendResponse::poll_reset(self, cx)
-    }
-}
-
-impl Resettable for SendStream<Bytes> {
-    fn poll_reset(&mut self, cx: &mut Context<'_>) -> Poll<Result<Reason, h2::Error>> {
-        SendStream::poll_reset(self, cx)
-    }
 }
 
 impl From<ProxyError> for Stop {
@@ -67,14 +49,15 @@ pub(super) fn stop_of(reset: Result<Reason, h2::Error>) -> Stop {
     }
 }
 
-/// Runs `fut` to completion unless the client resets the stream first.
+/// Runs `fut` to completion unless the client resets the stream first (`poll_reset`: the
+/// `poll_reset` of either half of the stream's response).
 pub async fn unless_reset<F: Future>(
-    stream: &mut impl Resettable,
+    mut poll_reset: impl FnMut(&mut Context<'_>) -> Poll<Result<Reason, h2::Error>>,
     fut: F,
 ) -> Result<F::Output, Stop> {
     let mut fut = std::pin::pin!(fut);
     poll_fn(|cx| {
-        if let Poll::Ready(r) = stream.poll_reset(cx) {
+        if let Poll::Ready(r) = poll_reset(cx) {
             return Poll::Ready(Err(stop_of(r)));
         }
         fut.as_mut().poll(cx).map(Ok)

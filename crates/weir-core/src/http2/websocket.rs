@@ -92,7 +92,8 @@ impl StreamRequest<'_> {
             started,
             &mut trace.last_try,
         );
-        let (mut stream, _, accepted) = match unless_reset(respond, open).await {
+        let (mut stream, _, accepted) = match unless_reset(|cx| respond.poll_reset(cx), open).await
+        {
             Ok(opened) => opened?,
             Err(stop) => return Err(stopped(stop, trace)),
         };
@@ -229,7 +230,7 @@ async fn downstream<R: AsyncRead + Unpin>(
             // Sent within the client's window: progress even if the client reads slowly.
             activity.touch();
         }
-        match unless_reset(send, up_buf.read_from(ur)).await? {
+        match unless_reset(|cx| send.poll_reset(cx), up_buf.read_from(ur)).await? {
             Ok(0) => return send_bytes(send, Bytes::new(), true, stall).await,
             Ok(_) => activity.touch(),
             Err(e) => return Err(Stop::Error(ProxyError::upstream_io(e))),
