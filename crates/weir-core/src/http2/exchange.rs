@@ -105,11 +105,11 @@ impl StreamRequest<'_> {
         trace: &mut Trace,
     ) -> Result<(), Failure> {
         let mut up_buf = self.worker.take_buffer();
-        let mut scratch = self.worker.h2_scratch.take_exchange();
+        let mut scratch = self.worker.h2_scratch.exchanges.take();
         let result = self
             .exchange(body, respond, &mut up_buf, &mut scratch, trace)
             .await;
-        self.worker.h2_scratch.give_exchange(scratch);
+        self.worker.h2_scratch.exchanges.give(scratch);
         self.worker.give_buffer(up_buf);
         result
     }
