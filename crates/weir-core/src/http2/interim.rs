@@ -77,11 +77,12 @@ pub(crate) struct Bounds {
 
 /// The client's stream while the upstream's final head is awaited.
 pub(super) struct ClientStream<'a> {
-    respond: RefCell<&'a mut SendResponse<Bytes>>,
+    /// The stream's response half (the final head's, once the wait is over).
+    pub respond: RefCell<&'a mut SendResponse<Bytes>>,
     relayed: &'a Relayed,
     bounds: Bounds,
     /// The client reset the stream (seen by `gone`).
-    reset: Cell<bool>,
+    pub reset: Cell<bool>,
 }
 
 impl<'a> ClientStream<'a> {
@@ -105,16 +106,6 @@ impl<'a> ClientStream<'a> {
     /// Polls for the client's reset of the stream (or its connection's failure).
     pub fn poll_reset(&self, cx: &mut Context<'_>) -> Poll<Result<Reason, h2::Error>> {
         self.respond.borrow_mut().poll_reset(cx)
-    }
-
-    /// Whether `gone` saw the client reset the stream.
-    pub fn was_reset(&self) -> bool {
-        self.reset.get()
-    }
-
-    /// The stream's response half, for the final head once the wait is over.
-    pub fn respond(&mut self) -> &mut SendResponse<Bytes> {
-        self.respond.get_mut()
     }
 
     /// Sends the informational `head` unless the bounds above skip it. Returns whether it

@@ -374,11 +374,11 @@ impl ClientSide for ClientStream<'_> {
     }
 
     fn was_reset(&self) -> bool {
-        ClientStream::was_reset(self)
+        self.reset.get()
     }
 
     fn stream(&mut self) -> Result<&mut impl ResponseStream, Failure> {
-        Ok(self.respond())
+        Ok(&mut **self.respond.get_mut())
     }
 }
 
