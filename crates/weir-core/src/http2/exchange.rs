@@ -17,7 +17,6 @@ use h2::RecvStream;
 use tokio::io::AsyncWrite;
 use weir_config::UpstreamServer;
 
-use super::files::respond_stream;
 use super::filling::mark;
 use super::interim::{Bounds, ClientStream, Relayed};
 use super::respond::{head_from_http1, ResponseStream, Sinking};
@@ -180,9 +179,7 @@ impl StreamRequest<'_> {
             accepted.count(Ok(resp.status));
             up_buf.consume(resp.head_len);
             pool_after_answer(x, &accepted, up_buf, resp, stream, request_done);
-            let under = crate::files::Under::of_target(&self.target);
-            let answered = respond_stream(respond, &self.request, self.path, under, reply, trace);
-            return Box::pin(answered).await;
+            return Box::pin(self.reply_from_store(respond, reply, trace)).await;
         }
         let mut lines = Vec::new();
         let mut edits = self.edits(&mut lines, accepted.server);
