@@ -170,10 +170,8 @@ impl StreamRequest<'_> {
         let tried = self.try_alone(&x, None, up_buf, resp, started, last_try);
         let (mut stream, request_done, accepted) = tried.await.map_err(|f| f.error)?;
         // A 304 refreshes the entry (a 5xx leaves it as it is: nobody is answered).
-        if self
-            .answer_instead(Fetched::Http1(up_buf.filled(), resp), true)
-            .is_some()
-        {
+        let fetched = Fetched::Http1(up_buf.filled(), resp);
+        if self.answer_instead(fetched, true).is_some() {
             up_buf.consume(resp.head_len);
             pool_after_answer(&x, &accepted, up_buf, resp, stream, request_done);
             return Ok(());
