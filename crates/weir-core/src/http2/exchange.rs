@@ -319,9 +319,7 @@ impl StreamRequest<'_> {
         }
     }
 
-    /// The client's stream while the final head is awaited: up to the listener's
-    /// `max_informational` 1xx heads relayed (of `max_header_list_size` in all) per
-    /// response, a 100 only if Weir sent none.
+    /// The client's stream while the final head is awaited (its 1xx heads: `interim_bounds`).
     pub(super) fn client_stream<'s>(
         &'s self,
         respond: &'s mut SendResponse<Bytes>,
