@@ -34,6 +34,7 @@ use super::io::Prefixed;
 use super::outbox::{Outbox, StreamOut};
 use crate::client::ClientConn;
 use crate::filters::forwarded::ClientIp;
+use crate::metrics::shard::{Counter, Http2Metrics};
 use crate::places::IdlePlace;
 use crate::tls::session::TlsSession;
 use crate::worker::Worker;
@@ -76,9 +77,7 @@ pub struct Shared {
 impl Shared {
     /// The client reset a stream Weir had accepted (its upstream request was cancelled).
     pub fn reset_by_client(&self) {
-        if let Some(m) = self.worker.metrics.listener(self.slot) {
-            m.http2.client_resets.inc();
-        }
+        self.count(|m| &m.client_resets);
         self.budget.record(Instant::now());
     }
 
@@ -97,22 +96,25 @@ impl Shared {
             self.own_refusals.set(self.own_refusals.get() - 1);
             return;
         }
-        if let Some(m) = self.worker.metrics.listener(self.slot) {
-            m.http2.forced_resets.inc();
-        }
+        self.count(|m| &m.forced_resets);
         self.budget.record(Instant::now());
     }
 
     /// The client sent a frame that carries no request (`frames::glitch`).
     pub fn glitch(&self) {
-        if let Some(m) = self.worker.metrics.listener(self.slot) {
-            m.http2.glitches.inc();
-        }
+        self.count(|m| &m.glitches);
         self.glitches.record(Instant::now());
     }
 
     fn over_budget(&self) -> bool {
         self.budget.is_exceeded() || self.glitches.is_exceeded()
+    }
+
+    /// Counts one in the listener's HTTP/2 metric `metric`.
+    fn count(&self, metric: impl FnOnce(&Http2Metrics) -> &Counter) {
+        if let Some(m) = self.worker.metrics.listener(self.slot) {
+            metric(&m.http2).inc();
+        }
     }
 }
 
@@ -187,9 +189,7 @@ pub async fn serve(worker: Rc<Worker>, slot: usize, mut conn: ClientConn) {
     });
     // Idle until its first stream: a connection that never sends one can be reclaimed.
     shared.idle.rest(&worker.idle, now);
-    if let Some(m) = worker.metrics.listener(slot) {
-        m.http2.connections.inc();
-    }
+    shared.count(|m| &m.connections);
     let io = Prefixed::new(conn, shared.clone());
     let handshake = builder(h2).handshake::<_, Bytes>(io);
     let handshake = tokio::select! {
@@ -313,7 +313,7 @@ fn connection_failed(shared: &Shared, listener: &Listener, e: &h2::Error) {
     tracing::debug!(listener = %listener.name, error = %e, "HTTP/2 connection error");
     let calm = e.reason() == Some(Reason::ENHANCE_YOUR_CALM) && !e.is_remote();
     if calm && !shared.over_budget() {
-        count_calm(shared);
+        shared.count(|m| &m.calm_goaways);
     }
 }
 
@@ -321,9 +321,7 @@ fn connection_failed(shared: &Shared, listener: &Listener, e: &h2::Error) {
 /// dropped (counted).
 fn stalled_out(shared: &Shared, listener: &Listener) {
     tracing::debug!(listener = %listener.name, "HTTP/2 client stalled: closed");
-    if let Some(m) = shared.worker.metrics.listener(shared.slot) {
-        m.http2.stalled.inc();
-    }
+    shared.count(|m| &m.stalled);
 }
 
 /// Starts the task that serves one accepted stream.
@@ -369,7 +367,7 @@ fn calm_down(
         return false;
     }
     tracing::debug!(listener = %listener.name, budget = what, "HTTP/2 client over its budget");
-    count_calm(shared);
+    shared.count(|m| &m.calm_goaways);
     h2.abrupt_shutdown(Reason::ENHANCE_YOUR_CALM);
     true
 }
@@ -411,11 +409,5 @@ pub(crate) fn next_idle_look(since: Instant, running: usize, idle: Duration) -> 
         0 if since.elapsed() >= idle => None,
         0 => Some(since + idle),
         _ => Some(Instant::now() + idle.max(Duration::from_secs(1))),
-    }
-}
-
-fn count_calm(shared: &Shared) {
-    if let Some(m) = shared.worker.metrics.listener(shared.slot) {
-        m.http2.calm_goaways.inc();
     }
 }

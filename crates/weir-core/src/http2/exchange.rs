@@ -17,7 +17,6 @@ use h2::RecvStream;
 use tokio::io::AsyncWrite;
 use weir_config::UpstreamServer;
 
-use super::files::respond_stream;
 use super::filling::mark;
 use super::interim::{Bounds, ClientStream, Relayed};
 use super::respond::{head_from_http1, ResponseStream, Sinking};
@@ -33,6 +32,7 @@ use crate::filters::compression;
 use crate::filters::upgrade::Offered;
 use crate::forward::body::BodyState;
 use crate::forward::driver::{drive, Accepted, Attempt, Exchange, Miss, Sender, Tries};
+use crate::forward::exchange::push_before_end;
 use crate::forward::h1::{
     pool_after_answer, reuse, send_streaming, send_whole, Http1Response, Interim, Reading,
     RequestMeta,
@@ -91,7 +91,7 @@ impl StreamRequest<'_> {
     /// cache miss's conditional lines.
     pub(crate) fn write_head(&self, out: &mut Vec<u8>, server: &UpstreamServer) -> Offered {
         let offered = write_upstream_head(out, &self.request, self.path, &self.target, server);
-        self.push_conditions(out);
+        self.with_fill(|fill| push_before_end(out, fill.conditional_lines()));
         offered
     }
 
@@ -104,11 +104,11 @@ impl StreamRequest<'_> {
         trace: &mut Trace,
     ) -> Result<(), Failure> {
         let mut up_buf = self.worker.take_buffer();
-        let mut scratch = self.worker.h2_scratch.take_exchange();
+        let mut scratch = self.worker.h2_scratch.exchanges.take();
         let result = self
             .exchange(body, respond, &mut up_buf, &mut scratch, trace)
             .await;
-        self.worker.h2_scratch.give_exchange(scratch);
+        self.worker.h2_scratch.exchanges.give(scratch);
         self.worker.give_buffer(up_buf);
         result
     }
@@ -151,7 +151,7 @@ impl StreamRequest<'_> {
             // state once more (callgrind: about -0.4k instructions of `memcpy` per stream).
             let started = self.request.started;
             let driving = std::pin::pin!(drive(&x, &mut sender, started, &mut trace.last_try));
-            unless_reset(&mut &client, driving).await
+            unless_reset(|cx| client.poll_reset(cx), driving).await
         };
         trace.body_in = body_in.get();
         let accepted = match accepted {
@@ -179,9 +179,7 @@ impl StreamRequest<'_> {
             accepted.count(Ok(resp.status));
             up_buf.consume(resp.head_len);
             pool_after_answer(x, &accepted, up_buf, resp, stream, request_done);
-            let under = crate::files::Under::of_target(&self.target);
-            let answered = respond_stream(respond, &self.request, self.path, under, reply, trace);
-            return Box::pin(answered).await;
+            return Box::pin(self.reply_from_store(respond, reply, trace)).await;
         }
         let mut lines = Vec::new();
         let mut edits = self.edits(&mut lines, accepted.server);
@@ -321,9 +319,7 @@ impl StreamRequest<'_> {
         }
     }
 
-    /// The client's stream while the final head is awaited: up to the listener's
-    /// `max_informational` 1xx heads relayed (of `max_header_list_size` in all) per
-    /// response, a 100 only if Weir sent none.
+    /// The client's stream while the final head is awaited (its 1xx heads: `interim_bounds`).
     pub(super) fn client_stream<'s>(
         &'s self,
         respond: &'s mut SendResponse<Bytes>,

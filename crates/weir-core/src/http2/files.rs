@@ -5,8 +5,6 @@
 //! uncompressed body on an HTTP/2 stream is read a piece at a time within the stream's
 //! window ([`relay_read`]), not read first and then held until the window opens.
 
-use std::time::Duration;
-
 use bytes::Bytes;
 use h2::{Reason, SendStream};
 
@@ -86,46 +84,40 @@ pub(super) async fn relay_read(
     source: &mut BodySource<'_>,
     sinking: Sinking<'_>,
 ) -> Result<(), Failure> {
-    let trace = sinking.trace;
-    let Err(stop) = send_read(&mut send, source, sinking.stall, trace).await else {
-        return Ok(());
-    };
-    trace.reset |= stop == Stop::Reset;
-    send.send_reset(Reason::CANCEL);
-    Err(Failure::after_head(stop.into()))
-}
-
-/// [`relay_read`]'s pieces, each within the window `window` waits for (at most `stall`).
-async fn send_read(
-    send: &mut SendStream<Bytes>,
-    source: &mut BodySource<'_>,
-    stall: Duration,
-    trace: &mut Trace,
-) -> Result<(), Stop> {
+    let (stall, trace) = (sinking.stall, sinking.trace);
     let closed = |_| Stop::Error(ProxyError::ClientClosed);
     // Window granted and not yet used: the connection's `max_connection_send_buffer` may
     // cut a piece shorter than the window, and so does a multipart body's boundary text;
     // the `h2` crate reports only increases of it, so a wait with some left never ends.
     let mut credit = 0;
-    loop {
-        let want = source.remaining().clamp(1, PIECE) as usize;
-        if credit == 0 {
-            credit = window(send, want, stall).await?;
-        }
-        let room = outbox::within(send, credit.min(want), stall).await?;
-        source.bound(room as u64);
-        let Some((piece, last)) = source.next().await? else {
-            return send.send_data(Bytes::new(), true).map_err(closed);
-        };
-        let data = piece.into_bytes();
-        let len = data.len() as u64;
-        send.send_data(data, last).map_err(closed)?;
-        outbox::handed(len as usize);
-        credit = credit.saturating_sub(len as usize);
-        trace.body_out += len;
-        source.taken();
-        if last {
-            return Ok(());
+    let sent: Result<(), Stop> = async {
+        loop {
+            let want = source.remaining().clamp(1, PIECE) as usize;
+            if credit == 0 {
+                credit = window(&mut send, want, stall).await?;
+            }
+            let room = outbox::within(&mut send, credit.min(want), stall).await?;
+            source.bound(room as u64);
+            let Some((piece, last)) = source.next().await? else {
+                return send.send_data(Bytes::new(), true).map_err(closed);
+            };
+            let data = piece.into_bytes();
+            let len = data.len() as u64;
+            send.send_data(data, last).map_err(closed)?;
+            outbox::handed(len as usize);
+            credit = credit.saturating_sub(len as usize);
+            trace.body_out += len;
+            source.taken();
+            if last {
+                return Ok(());
+            }
         }
     }
+    .await;
+    let Err(stop) = sent else {
+        return Ok(());
+    };
+    trace.reset |= stop == Stop::Reset;
+    send.send_reset(Reason::CANCEL);
+    Err(Failure::after_head(stop.into()))
 }

@@ -16,11 +16,11 @@ use std::time::Instant;
 use crate::buffer::Buffer;
 use crate::cache::{CacheResult, Fetched, Fill, Recorder};
 use crate::codec::http1::ResponseHead;
+use crate::connector::UpstreamStream;
 use crate::error::ProxyError;
 use crate::files::{BodySource, Reply, Under};
 use crate::forward::body::BodyState;
-use crate::forward::driver::drive;
-use crate::forward::exchange::push_before_end;
+use crate::forward::driver::{drive, Accepted, Exchange};
 use crate::forward::filling::stale_answer;
 use crate::forward::h1::{pool_after_answer, reuse, Interim, NoInterim};
 use crate::forward::head::ForClient;
@@ -91,16 +91,15 @@ impl StreamRequest<'_> {
             None => result,
         }
     }
-}
 
-impl StreamRequest<'_> {
-    /// The conditional lines of the miss's stale entry, for the upstream head (empty: none).
-    pub(crate) fn push_conditions(&self, out: &mut Vec<u8>) {
-        let Some(fill) = self.fill.take() else {
-            return;
-        };
-        push_before_end(out, fill.conditional_lines());
-        self.fill.set(Some(fill));
+    /// Runs `f` on the miss's fill, if there is one, which stays the request's (its
+    /// stale entry's conditions, for the upstream request).
+    #[inline]
+    pub(crate) fn with_fill(&self, f: impl FnOnce(&Fill)) {
+        if let Some(fill) = self.fill.take() {
+            f(&fill);
+            self.fill.set(Some(fill));
+        }
     }
 
     /// The stored entry that answers instead of the upstream's response `resp`, over
@@ -130,27 +129,6 @@ impl StreamRequest<'_> {
         (fill.status_value(), fill.admit(resp, true))
     }
 
-    /// The conditional fields of the miss's stale entry added to `headers`, an HTTP/2
-    /// upstream's request made from the client's fields (none: nothing to revalidate).
-    pub(crate) fn push_condition_fields(&self, headers: &mut http::HeaderMap) {
-        let Some(fill) = self.fill.take() else {
-            return;
-        };
-        fill.push_conditional_fields(headers);
-        self.fill.set(Some(fill));
-    }
-}
-
-/// Adds the `Cache-Status` value `status` (if any) to the client's `head`.
-#[inline]
-pub(crate) fn mark(head: &mut http::Response<()>, status: Option<&'static str>) {
-    if let Some(value) = status {
-        let value = http::HeaderValue::from_static(value);
-        head.headers_mut().append("cache-status", value);
-    }
-}
-
-impl StreamRequest<'_> {
     /// Fetches the key of the fill for the store alone, no client waiting (a stale entry's
     /// revalidation in the background): the driver's tries to the upstream, over the
     /// carrier an HTTP/1.x client's request takes (`forward::carrier`: an HTTP/1.1
@@ -183,33 +161,17 @@ impl StreamRequest<'_> {
         }
     }
 
-    /// [`StreamRequest::fetch_for_store`] toward an HTTP/1.1 upstream. Rare (a stale entry's
-    /// background revalidation): its buffers and timer are its own, not the worker's spares.
+    /// [`StreamRequest::fetch_for_store`] toward an HTTP/1.1 upstream.
     async fn fetch_over_http1(&self) -> Result<(), ProxyError> {
         let up_buf = &mut Buffer::new(UPSTREAM_BUFFER);
         let resp = &mut ResponseHead::default();
-        let mut timer = LazyTimer::new(tokio::time::Instant::now());
         let x = self.exchange_of();
-        let mut last_try = LastTry::default();
-        let mut sender = StreamSender {
-            r: self,
-            x: &x,
-            body: None::<BodySource<'static>>,
-            up_buf: &mut *up_buf,
-            out: &mut Vec::new(),
-            resp: &mut *resp,
-            timer: &mut timer,
-            interim: NoInterim,
-            websocket_key: None,
-        };
-        let accepted = drive(&x, &mut sender, self.request.started, &mut last_try).await;
-        let ((mut stream, request_done), accepted) = accepted.map_err(|f| f.error)?.take();
-        accepted.count(Ok(resp.status));
+        let (started, last_try) = (self.request.started, &mut LastTry::default());
+        let tried = self.try_alone(&x, None, up_buf, resp, started, last_try);
+        let (mut stream, request_done, accepted) = tried.await.map_err(|f| f.error)?;
         // A 304 refreshes the entry (a 5xx leaves it as it is: nobody is answered).
-        if self
-            .answer_instead(Fetched::Http1(up_buf.filled(), resp), true)
-            .is_some()
-        {
+        let fetched = Fetched::Http1(up_buf.filled(), resp);
+        if self.answer_instead(fetched, true).is_some() {
             up_buf.consume(resp.head_len);
             pool_after_answer(&x, &accepted, up_buf, resp, stream, request_done);
             return Ok(());
@@ -234,6 +196,45 @@ impl StreamRequest<'_> {
             reuse(&x, &accepted, stream, Instant::now());
         }
         Ok(())
+    }
+
+    /// The tries to an HTTP/1.1 upstream of a request with no body and no client stream
+    /// waiting for 1xx heads (a WebSocket handshake, with its `websocket_key`; a background
+    /// revalidation). Rare: its buffers and timer are its own. Counts the accepted try.
+    pub(super) async fn try_alone<'x>(
+        &'x self,
+        x: &'x Exchange<'x>,
+        websocket_key: Option<&[u8]>,
+        up_buf: &mut Buffer,
+        resp: &mut ResponseHead,
+        started: Instant,
+        last_try: &mut LastTry,
+    ) -> Result<(UpstreamStream, bool, Accepted<'x, ()>), Failure> {
+        let mut timer = LazyTimer::new(tokio::time::Instant::now());
+        let mut sender = StreamSender {
+            r: self,
+            x,
+            body: None::<BodySource<'static>>,
+            up_buf,
+            out: &mut Vec::with_capacity(self.request.buf.len() + 256),
+            resp,
+            timer: &mut timer,
+            interim: NoInterim,
+            websocket_key,
+        };
+        let tried = drive(x, &mut sender, started, last_try).await?;
+        let ((stream, request_done), accepted) = tried.take();
+        accepted.count(Ok(sender.resp.status));
+        Ok((stream, request_done, accepted))
+    }
+}
+
+/// Adds the `Cache-Status` value `status` (if any) to the client's `head`.
+#[inline]
+pub(crate) fn mark(head: &mut http::Response<()>, status: Option<&'static str>) {
+    if let Some(value) = status {
+        let value = http::HeaderValue::from_static(value);
+        head.headers_mut().append("cache-status", value);
     }
 }
 

@@ -22,6 +22,7 @@ use super::upstream::{Answer, ClientBody, ClientSide, H2Facts, Relayed};
 use crate::buffer::Buffer;
 use crate::client::{origin, ClientConn};
 use crate::client_stream::{ClientReadHalf, ClientWriteHalf};
+use crate::codec::http1::header::tokens;
 use crate::codec::http1::write::push_header;
 use crate::codec::http1::{HeaderKind, RequestHead, ResponseHead};
 use crate::error::ProxyError;
@@ -173,14 +174,8 @@ async fn tries(
 
 /// Whether the client sent `TE` with the `trailers` token.
 fn te_trailers(buf: &[u8], req: &RequestHead) -> bool {
-    req.headers
-        .iter()
-        .filter(|h| h.kind == HeaderKind::Te)
-        .any(|h| {
-            buf[h.value.clone()]
-                .split(|b| *b == b',')
-                .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"trailers"))
-        })
+    let mut te = req.headers.iter().filter(|h| h.kind == HeaderKind::Te);
+    te.any(|h| tokens(&buf[h.value.clone()]).any(|t| t.eq_ignore_ascii_case(b"trailers")))
 }
 
 /// An HTTP/1.x client's request body: whole at hand with its trailer lines, if any (sent

@@ -24,7 +24,6 @@ use h2::Reason;
 use http::{Response, StatusCode};
 
 use super::respond::end_to_end_head;
-use super::send::Resettable;
 use crate::codec::http1::ResponseHead;
 use crate::error::ProxyError;
 use crate::forward::h1::Interim;
@@ -78,11 +77,12 @@ pub(crate) struct Bounds {
 
 /// The client's stream while the upstream's final head is awaited.
 pub(super) struct ClientStream<'a> {
-    respond: RefCell<&'a mut SendResponse<Bytes>>,
+    /// The stream's response half (the final head's, once the wait is over).
+    pub respond: RefCell<&'a mut SendResponse<Bytes>>,
     relayed: &'a Relayed,
     bounds: Bounds,
     /// The client reset the stream (seen by `gone`).
-    reset: Cell<bool>,
+    pub reset: Cell<bool>,
 }
 
 impl<'a> ClientStream<'a> {
@@ -98,19 +98,14 @@ impl<'a> ClientStream<'a> {
     /// Ends when the client resets the stream (or its connection fails), with the error
     /// the wait fails with.
     pub async fn gone(&self) -> ProxyError {
-        let _ = std::future::poll_fn(|cx| self.respond.borrow_mut().poll_reset(cx)).await;
+        let _ = std::future::poll_fn(|cx| self.poll_reset(cx)).await;
         self.reset.set(true);
         ProxyError::ClientClosed
     }
 
-    /// Whether `gone` saw the client reset the stream.
-    pub fn was_reset(&self) -> bool {
-        self.reset.get()
-    }
-
-    /// The stream's response half, for the final head once the wait is over.
-    pub fn respond(&mut self) -> &mut SendResponse<Bytes> {
-        self.respond.get_mut()
+    /// Polls for the client's reset of the stream (or its connection's failure).
+    pub fn poll_reset(&self, cx: &mut Context<'_>) -> Poll<Result<Reason, h2::Error>> {
+        self.respond.borrow_mut().poll_reset(cx)
     }
 
     /// Sends the informational `head` unless the bounds above skip it. Returns whether it
@@ -133,12 +128,6 @@ fn list_size(head: &Response<()>) -> u32 {
         n + name.as_str().len() + value.len() + 32
     });
     u32::try_from(size).unwrap_or(u32::MAX)
-}
-
-impl Resettable for &ClientStream<'_> {
-    fn poll_reset(&mut self, cx: &mut Context<'_>) -> Poll<Result<Reason, h2::Error>> {
-        self.respond.borrow_mut().poll_reset(cx)
-    }
 }
 
 /// The client's stream takes the upstream's 1xx heads: an HTTP/1.1 upstream's as

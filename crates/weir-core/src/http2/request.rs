@@ -17,8 +17,7 @@ use std::ops::Range;
 use http::request::Parts;
 use http::{header, Method};
 
-use super::upstream_request::value_range;
-use crate::codec::http1::header::is_token;
+use crate::codec::http1::header::{is_token, trim};
 use crate::codec::http1::{HeaderKind, HeaderSpan};
 use crate::forward::h2::is_connection_specific;
 
@@ -241,6 +240,17 @@ impl Writer<'_> {
             connection_listed: false,
         });
     }
+}
+
+/// The range of `value` (found at `at`) trimmed of SP / HTAB, as httparse trims a
+/// field's value.
+fn value_range(value: &[u8], at: usize) -> Range<usize> {
+    let lead = value
+        .iter()
+        .take_while(|b| matches!(b, b' ' | b'\t'))
+        .count();
+    let start = at + lead;
+    start..start + trim(value).len()
 }
 
 #[cfg(test)]

@@ -10,12 +10,13 @@ use http::{HeaderMap, HeaderValue};
 
 use super::names::response_name;
 pub(crate) use super::send::Sinking;
-use super::send::{send_data, StreamSink};
+use super::send::{send_bytes, StreamSink};
 use crate::codec::http1::ResponseHead;
 use crate::error::ProxyError;
 use crate::files::BodySource;
 use crate::forward::head::Edits;
 use crate::forward::relay::{relay, Broke, Coding, Piece, Sink, Source};
+use crate::forward::trailer;
 use crate::forward::Failure;
 use crate::request::Trace;
 
@@ -108,14 +109,8 @@ fn append_lines(
 ) {
     scratch.clear();
     edits.push_lines(scratch, fields);
-    for line in scratch.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
-        let line = line.strip_suffix(b"\r").unwrap_or(line);
-        let Some(colon) = line.iter().position(|b| *b == b':') else {
-            continue;
-        };
-        let name = response_name(&line[..colon]);
-        let value = HeaderValue::from_bytes(line[colon + 1..].trim_ascii());
-        if let (Ok(name), Ok(value)) = (name, value) {
+    for (_, name, value) in trailer::fields(scratch).flatten() {
+        if let (Ok(name), Ok(value)) = (response_name(name), HeaderValue::from_bytes(value)) {
             headers.append(name, value);
         }
     }
@@ -260,7 +255,7 @@ impl ResponseStream for h2::server::SendResponse<Bytes> {
             .map_err(|_| ProxyError::ClientClosed)?;
         trace.sent_grpc_status(grpc_status);
         if !body.is_empty() {
-            let sent = send_data(&mut send, body, true, stall);
+            let sent = send_bytes(&mut send, Bytes::copy_from_slice(body), true, stall);
             sent.await.map_err(|_| ProxyError::ClientClosed)?;
             trace.body_out = body.len() as u64;
         }

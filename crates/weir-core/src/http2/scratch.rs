@@ -62,7 +62,7 @@ pub struct ExchangeScratch {
 }
 
 /// What a scratch needs to be reused.
-trait Reuse: Default {
+pub trait Reuse: Default {
     /// Empties it for the next stream; `false`: too large to keep.
     fn reset(&mut self) -> bool;
 }
@@ -98,10 +98,27 @@ fn fresh(spans: &mut Vec<HeaderSpan>) -> Vec<HeaderSpan> {
     spans
 }
 
+/// The worker's spare scratches of one kind.
+pub struct Kept<T>(Spares<T>);
+
+impl<T: Reuse> Kept<T> {
+    /// A spare scratch, or a new one.
+    pub fn take(&self) -> T {
+        self.0.take().unwrap_or_default()
+    }
+
+    /// Keeps `scratch`, emptied, for the next stream, unless it grew too large.
+    pub fn give(&self, mut scratch: T) {
+        if scratch.reset() {
+            self.0.give(scratch);
+        }
+    }
+}
+
 /// The worker's spare scratches.
 pub struct Scratches {
-    requests: Spares<RequestScratch>,
-    exchanges: Spares<ExchangeScratch>,
+    pub requests: Kept<RequestScratch>,
+    pub exchanges: Kept<ExchangeScratch>,
     /// The block responses are being copied into (empty: the next copy starts there).
     arena: RefCell<BytesMut>,
     /// Where `render` writes before the copy into the arena.
@@ -111,8 +128,8 @@ pub struct Scratches {
 impl Default for Scratches {
     fn default() -> Self {
         Scratches {
-            requests: Spares::new(SPARES),
-            exchanges: Spares::new(SPARES),
+            requests: Kept(Spares::new(SPARES)),
+            exchanges: Kept(Spares::new(SPARES)),
             // With this capacity as its first, the arena's next blocks are as large.
             arena: RefCell::new(BytesMut::with_capacity(ARENA_BLOCK)),
             spare: RefCell::default(),
@@ -149,36 +166,10 @@ impl Scratches {
         arena.split().freeze()
     }
 
-    pub fn take_request(&self) -> RequestScratch {
-        take(&self.requests)
-    }
-
-    pub fn give_request(&self, scratch: RequestScratch) {
-        give(&self.requests, scratch);
-    }
-
-    pub fn take_exchange(&self) -> ExchangeScratch {
-        take(&self.exchanges)
-    }
-
-    pub fn give_exchange(&self, scratch: ExchangeScratch) {
-        give(&self.exchanges, scratch);
-    }
-
     /// Frees the spare scratches no stream took since the last trim.
     pub fn trim(&self) {
-        self.requests.trim();
-        self.exchanges.trim();
-    }
-}
-
-fn take<T: Reuse>(spares: &Spares<T>) -> T {
-    spares.take().unwrap_or_default()
-}
-
-fn give<T: Reuse>(spares: &Spares<T>, mut scratch: T) {
-    if scratch.reset() {
-        spares.give(scratch);
+        self.requests.0.trim();
+        self.exchanges.0.trim();
     }
 }
 
@@ -190,7 +181,7 @@ mod tests {
     #[test]
     fn a_given_scratch_comes_back_empty_with_its_allocations() {
         let spares = Scratches::default();
-        let mut r = spares.take_request();
+        let mut r = spares.requests.take();
         r.head.extend_from_slice(b"GET / HTTP/1.1\r\n\r\n");
         r.req.headers.push(HeaderSpan {
             name: 0..3,
@@ -202,16 +193,16 @@ mod tests {
         r.req.framing = BodyFraming::Chunked;
         r.req.host = Some(1..2);
         let at = r.head.as_ptr();
-        spares.give_request(r);
-        let r = spares.take_request();
+        spares.requests.give(r);
+        let r = spares.requests.take();
         assert_eq!((r.head.len(), r.head.as_ptr()), (0, at));
         assert!(r.req.headers.is_empty() && r.req.headers.capacity() >= 1);
         assert_eq!((r.req.framing, r.req.host), (BodyFraming::None, None));
-        let mut e = spares.take_exchange();
+        let mut e = spares.exchanges.take();
         e.resp.status = 502;
         e.resp.head_len = 9;
-        spares.give_exchange(e);
-        let e = spares.take_exchange();
+        spares.exchanges.give(e);
+        let e = spares.exchanges.take();
         assert_eq!((e.resp.status, e.resp.head_len), (0, 0));
     }
 
@@ -236,13 +227,13 @@ mod tests {
     #[test]
     fn large_scratches_and_spares_past_the_cap_are_dropped() {
         let spares = Scratches::default();
-        let mut big = spares.take_request();
+        let mut big = spares.requests.take();
         big.head.reserve(KEPT_BYTES + 1);
-        spares.give_request(big);
-        assert!(spares.requests.is_empty());
+        spares.requests.give(big);
+        assert!(spares.requests.0.is_empty());
         for _ in 0..SPARES + 5 {
-            spares.give_exchange(ExchangeScratch::default());
+            spares.exchanges.give(ExchangeScratch::default());
         }
-        assert_eq!(spares.exchanges.len(), SPARES);
+        assert_eq!(spares.exchanges.0.len(), SPARES);
     }
 }

@@ -9,7 +9,6 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use h2::server::SendResponse;
 use h2::{Reason, SendStream};
 
 use super::outbox;
@@ -26,23 +25,6 @@ pub enum Stop {
     Reset,
     /// The stream or connection failed otherwise; the error says how.
     Error(ProxyError),
-}
-
-/// Either half of an h2 response, which can tell whether the client reset the stream.
-pub trait Resettable {
-    fn poll_reset(&mut self, cx: &mut Context<'_>) -> Poll<Result<Reason, h2::Error>>;
-}
-
-impl Resettable for SendResponse<Bytes> {
-    fn poll_reset(&mut self, cx: &mut Context<'_>) -> Poll<Result<Reason, h2::Error>> {
-        SendResponse::poll_reset(self, cx)
-    }
-}
-
-impl Resettable for SendStream<Bytes> {
-    fn poll_reset(&mut self, cx: &mut Context<'_>) -> Poll<Result<Reason, h2::Error>> {
-        SendStream::poll_reset(self, cx)
-    }
 }
 
 impl From<ProxyError> for Stop {
@@ -67,14 +49,15 @@ pub(super) fn stop_of(reset: Result<Reason, h2::Error>) -> Stop {
     }
 }
 
-/// Runs `fut` to completion unless the client resets the stream first.
+/// Runs `fut` to completion unless the client resets the stream first (`poll_reset`: the
+/// `poll_reset` of either half of the stream's response).
 pub async fn unless_reset<F: Future>(
-    stream: &mut impl Resettable,
+    mut poll_reset: impl FnMut(&mut Context<'_>) -> Poll<Result<Reason, h2::Error>>,
     fut: F,
 ) -> Result<F::Output, Stop> {
     let mut fut = std::pin::pin!(fut);
     poll_fn(|cx| {
-        if let Poll::Ready(r) = stream.poll_reset(cx) {
+        if let Poll::Ready(r) = poll_reset(cx) {
             return Poll::Ready(Err(stop_of(r)));
         }
         fut.as_mut().poll(cx).map(Ok)
@@ -82,22 +65,10 @@ pub async fn unless_reset<F: Future>(
     .await
 }
 
-/// Sends `data` (ending the stream after it when `end`), in pieces as the client's window,
-/// the send buffer (`max_send_buffer`) and the connection's (`max_connection_send_buffer`,
-/// `outbox`) allow. Waits at most `timeout` for each piece of window: a client that stops
-/// reading gets its stream reset. `data` is copied once into one `Bytes`, whose slices are
-/// the pieces.
-pub async fn send_data(
-    send: &mut SendStream<Bytes>,
-    data: &[u8],
-    end: bool,
-    timeout: Duration,
-) -> Result<(), Stop> {
-    send_bytes(send, Bytes::copy_from_slice(data), end, timeout).await
-}
-
-/// As [`send_data`] for data already in `Bytes` (from an HTTP/2 upstream, or the copy of
-/// a response's first bytes): sent in slices of it, without a copy.
+/// Sends `data` (ending the stream after it when `end`) in slices of it, as the client's
+/// window, the send buffer (`max_send_buffer`) and the connection's
+/// (`max_connection_send_buffer`, `outbox`) allow. Waits at most `timeout` for each piece
+/// of window: a client that stops reading gets its stream reset.
 pub async fn send_bytes(
     send: &mut SendStream<Bytes>,
     mut data: Bytes,
@@ -185,7 +156,7 @@ impl Sink for StreamSink<'_> {
             Trailers::Fields(fields) => super::trailers::keep(fields, max_trailers, dropped),
         };
         let Some(fields) = fields else {
-            let ended = send_data(self.send, &[], true, self.sinking.stall).await;
+            let ended = send_bytes(self.send, Bytes::new(), true, self.sinking.stall).await;
             return ended.map_err(|stop| self.stopped(stop));
         };
         let status = self.sinking.trace.grpc_status_in(&fields);

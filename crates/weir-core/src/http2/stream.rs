@@ -57,14 +57,14 @@ pub async fn serve(
     let RequestScratch {
         head: mut buf,
         mut req,
-    } = worker.h2_scratch.take_request();
+    } = worker.h2_scratch.requests.take();
     buf.reserve(512);
     let Some((line, upgrade)) = write_request(&parts, ended, &mut buf, &mut req) else {
         // Malformed (RFC 9113 8.1.1): a stream error. The reset is budgeted like a
         // client reset (MadeYouReset) where it is written out (`io`).
         respond.send_reset(Reason::PROTOCOL_ERROR);
         let scratch = RequestScratch { head: buf, req };
-        worker.h2_scratch.give_request(scratch);
+        worker.h2_scratch.requests.give(scratch);
         return Instant::now();
     };
     let facts = H2Facts::of(&parts.headers);
@@ -108,7 +108,7 @@ pub async fn serve(
     }
     log.record(&at, result, status, finished - started);
     let scratch = RequestScratch { head: buf, req };
-    worker.h2_scratch.give_request(scratch);
+    worker.h2_scratch.requests.give(scratch);
     finished
 }
 

@@ -75,16 +75,13 @@ pub(crate) struct StreamConn<'a> {
 impl<'c> StreamConn<'c> {
     /// The request in `buf` / `req` (received at `started`, sent by `who`) as every client
     /// protocol presents it to the routing decision.
-    pub fn request<'a>(
+    pub fn request(
         &self,
-        who: &'a Who,
-        buf: &'a [u8],
-        req: &'a RequestHead,
+        who: &'c Who,
+        buf: &'c [u8],
+        req: &'c RequestHead,
         started: Instant,
-    ) -> Request<'a>
-    where
-        'c: 'a,
-    {
+    ) -> Request<'c> {
         Request {
             buf,
             req,

@@ -219,7 +219,8 @@ impl StreamRequest<'_> {
             };
             upstream_request(parts, &u, &self.worker.h2_scratch)
         })?;
-        self.push_condition_fields(request.headers_mut());
+        // A cache miss's conditions (none: nothing to revalidate).
+        self.with_fill(|fill| fill.push_conditional_fields(request.headers_mut()));
         Ok(request)
     }
 }
@@ -373,11 +374,11 @@ impl ClientSide for ClientStream<'_> {
     }
 
     fn was_reset(&self) -> bool {
-        ClientStream::was_reset(self)
+        self.reset.get()
     }
 
     fn stream(&mut self) -> Result<&mut impl ResponseStream, Failure> {
-        Ok(self.respond())
+        Ok(&mut **self.respond.get_mut())
     }
 }
 

@@ -33,6 +33,7 @@ use crate::error::ProxyError;
 use crate::filters::rewrite::upstream_path;
 use crate::forward::h2::is_connection_specific;
 use crate::forward::request_head::{write_added_fields, ClientFacts};
+use crate::forward::trailer;
 use crate::router::RoutedPath;
 
 const BAD: ProxyError = ProxyError::BadRequest("request not expressible in HTTP/2");
@@ -197,43 +198,28 @@ fn trim_values(headers: &mut HeaderMap) {
 fn add_lines(
     headers: &mut HeaderMap,
     bytes: &Bytes,
-    mut start: usize,
+    start: usize,
     unindexed: Option<&str>,
 ) -> Result<Option<Bytes>, ProxyError> {
     let mut host = None;
-    while start < bytes.len() {
-        let line = &bytes[start..];
-        let end = line.windows(2).position(|w| w == b"\r\n").ok_or(BAD)?;
-        let colon = line[..end].iter().position(|b| *b == b':').ok_or(BAD)?;
-        let raw_name = &line[..colon];
-        let value = value_range(&line[colon + 1..end], start + colon + 1);
-        start += end + 2;
+    for field in trailer::fields(&bytes[start..]) {
+        let (_, raw_name, value) = field.ok_or(BAD)?;
+        let value = bytes.slice_ref(value);
         if raw_name.eq_ignore_ascii_case(b"host") {
-            host = Some(bytes.slice(value));
+            host = Some(value);
             continue;
         }
         let name = added_name(raw_name).map_err(|_| BAD)?;
         if is_connection_specific(&name) {
             continue;
         }
-        let mut value = HeaderValue::from_maybe_shared(bytes.slice(value)).map_err(|_| BAD)?;
+        let mut value = HeaderValue::from_maybe_shared(value).map_err(|_| BAD)?;
         if unindexed.is_some_and(|u| u.as_bytes().eq_ignore_ascii_case(raw_name)) {
             value.set_sensitive(true);
         }
         headers.append(name, value);
     }
     Ok(host)
-}
-
-/// The range of `value` (found at `at`) trimmed of SP / HTAB, as httparse trims a
-/// field's value.
-pub(super) fn value_range(value: &[u8], at: usize) -> Range<usize> {
-    let lead = value
-        .iter()
-        .take_while(|b| matches!(b, b' ' | b'\t'))
-        .count();
-    let start = at + lead;
-    start..start + trim(value).len()
 }
 
 #[cfg(test)]

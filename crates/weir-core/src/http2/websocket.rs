@@ -23,23 +23,20 @@ use h2::server::SendResponse;
 use h2::{Reason, RecvStream, SendStream};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
-use super::exchange::{stopped, StreamRequest, StreamSender};
+use super::exchange::{stopped, StreamRequest};
 use super::respond::head_from_http1;
-use super::send::{send_data, unless_reset, Stop};
+use super::send::{send_bytes, unless_reset, Stop};
 use crate::buffer::Buffer;
 use crate::codec::http1::header::field;
 use crate::codec::http1::ResponseHead;
 use crate::connector::UpstreamStream;
 use crate::error::ProxyError;
 use crate::filters::upgrade::{switch_allowed, Offered};
-use crate::forward::driver::drive;
-use crate::forward::h1::{Http1Response, NoInterim};
-use crate::forward::relay::H2Source;
+use crate::forward::h1::Http1Response;
 use crate::forward::tunnel::limits;
 use crate::forward::Failure;
 use crate::idle::{Activity, Cut, End, Limits, Noted};
 use crate::request::Trace;
-use crate::time::LazyTimer;
 use crate::worker::UPSTREAM_BUFFER;
 
 /// RFC 6455 section 1.3.
@@ -85,20 +82,28 @@ impl StreamRequest<'_> {
     ) -> Result<(), Failure> {
         let up_buf = &mut Buffer::new(UPSTREAM_BUFFER);
         let mut resp = ResponseHead::default();
-        let opened = unless_reset(respond, self.open(key, up_buf, &mut resp, trace)).await;
-        let mut stream = match opened {
+        let (x, started) = (self.exchange_of(), std::time::Instant::now());
+        // The client waits for the 101 (as 200) only: 1xx heads before it are dropped.
+        let open = self.try_alone(
+            &x,
+            Some(key),
+            up_buf,
+            &mut resp,
+            started,
+            &mut trace.last_try,
+        );
+        let (mut stream, _, accepted) = match unless_reset(|cx| respond.poll_reset(cx), open).await
+        {
             Ok(opened) => opened?,
             Err(stop) => return Err(stopped(stop, trace)),
         };
-        let servers = &self.target.upstream.servers;
-        let server = &servers[trace.last_try.upstream_pick.map_or(0, |(_, server)| server)];
         let mut lines = Vec::new();
-        let edits = self.edits(&mut lines, server);
+        let edits = self.edits(&mut lines, accepted.server);
         if resp.status != 101 {
             // The upstream refused the upgrade (a final status other than 101 and 2xx):
             // the refusal goes to the client as any response would, with its fields and
             // body (`WWW-Authenticate` of a 401, `Location` of a redirect). The try was
-            // counted when its head came (`open`).
+            // counted when its head came (`try_alone`).
             let up = Http1Response {
                 stream: &mut stream,
                 buf: up_buf,
@@ -123,54 +128,20 @@ impl StreamRequest<'_> {
         let (stall, limits) = (listener.http2.stall_timeout, limits(listener));
         let result = tunnel(&mut send, body, stream, up_buf, stall, limits, trace).await;
         crate::idle::count(self.worker, self.target.listener_slot, End::from(result));
-        match result {
-            Ok(()) => Ok(()),
+        let ended = match result {
+            Ok(()) => return Ok(()),
             // A reset is how a client closes an established tunnel (RFC 8441 section 5):
             // no cancelled request, so nothing for the reset budget (`trace.reset`).
-            Err(Cut::Failed(Stop::Reset)) => Err(Failure::after_head(ProxyError::ClientClosed)),
+            Err(Cut::Failed(Stop::Reset)) => {
+                return Err(Failure::after_head(ProxyError::ClientClosed))
+            }
             // Still too long: neither side is at fault, the tunnel just ends (as over
             // HTTP/1.1), counted in `weir_tunnel_timeouts_total`, not as an aborted response.
-            Err(Cut::Idle | Cut::Fin) => {
-                send.send_reset(Reason::CANCEL);
-                Ok(())
-            }
-            Err(Cut::Failed(Stop::Error(e))) => {
-                send.send_reset(Reason::CANCEL);
-                Err(Failure::after_head(e))
-            }
-        }
-    }
-
-    /// Sends the Upgrade request (through the driver) and reads the answer into `resp`:
-    /// the upstream connection, switched (a valid 101) or refused (another final status).
-    async fn open(
-        &self,
-        key: &[u8],
-        up_buf: &mut Buffer,
-        resp: &mut ResponseHead,
-        trace: &mut Trace,
-    ) -> Result<UpstreamStream, Failure> {
-        let x = self.exchange_of();
-        let mut out = Vec::with_capacity(self.request.buf.len() + 256);
-        // A tunnel is rare: a timer of its own.
-        let mut timer = LazyTimer::new(tokio::time::Instant::now());
-        let mut handshake = StreamSender {
-            r: self,
-            x: &x,
-            body: None::<H2Source<'_>>,
-            up_buf,
-            out: &mut out,
-            resp,
-            timer: &mut timer,
-            // The client waits for the 101 (as 200) only: 1xx heads before it are dropped.
-            interim: NoInterim,
-            websocket_key: Some(key),
+            Err(Cut::Idle | Cut::Fin) => Ok(()),
+            Err(Cut::Failed(Stop::Error(e))) => Err(e),
         };
-        let started = std::time::Instant::now();
-        let opened = drive(&x, &mut handshake, started, &mut trace.last_try).await;
-        let ((stream, _), accepted) = opened?.take();
-        accepted.count(Ok(handshake.resp.status));
-        Ok(stream)
+        send.send_reset(Reason::CANCEL);
+        ended.map_err(Failure::after_head)
     }
 }
 
@@ -253,14 +224,14 @@ async fn downstream<R: AsyncRead + Unpin>(
 ) -> Result<(), Stop> {
     loop {
         if !up_buf.is_empty() {
-            send_data(send, up_buf.filled(), false, stall).await?;
+            send_bytes(send, Bytes::copy_from_slice(up_buf.filled()), false, stall).await?;
             *sent += up_buf.len() as u64;
             up_buf.clear();
             // Sent within the client's window: progress even if the client reads slowly.
             activity.touch();
         }
-        match unless_reset(send, up_buf.read_from(ur)).await? {
-            Ok(0) => return send_data(send, &[], true, stall).await,
+        match unless_reset(|cx| send.poll_reset(cx), up_buf.read_from(ur)).await? {
+            Ok(0) => return send_bytes(send, Bytes::new(), true, stall).await,
             Ok(_) => activity.touch(),
             Err(e) => return Err(Stop::Error(ProxyError::upstream_io(e))),
         }

@@ -38,9 +38,9 @@ pub(crate) async fn forward(
 ) -> Result<(), Failure> {
     let worker = r.worker;
     let mut up_buf = worker.take_buffer();
-    let mut scratch = worker.h2_scratch.take_exchange();
+    let mut scratch = worker.h2_scratch.exchanges.take();
     let result = exchange(r, body, to, &mut up_buf, &mut scratch, trace).await;
-    worker.h2_scratch.give_exchange(scratch);
+    worker.h2_scratch.exchanges.give(scratch);
     worker.give_buffer(up_buf);
     result
 }

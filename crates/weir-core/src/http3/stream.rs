@@ -69,7 +69,7 @@ pub(super) async fn serve(conn: Rc<Conn>, resolved: Resolved) {
     let Some((length, first, ended)) = start.await else {
         return;
     };
-    let scratch = worker.h2_scratch.take_request();
+    let scratch = worker.h2_scratch.requests.take();
     let (mut buf, mut req) = (scratch.head, scratch.req);
     buf.reserve(512);
     let Ok(line) = write_head(&mut buf, &mut req.headers, &parts, ended) else {
@@ -77,7 +77,8 @@ pub(super) async fn serve(conn: Rc<Conn>, resolved: Resolved) {
         send.stop_stream(Code::H3_MESSAGE_ERROR);
         worker
             .h2_scratch
-            .give_request(RequestScratch { head: buf, req });
+            .requests
+            .give(RequestScratch { head: buf, req });
         return conn.reset_by_client();
     };
     let facts = H2Facts::of(&parts.headers);
@@ -116,7 +117,8 @@ pub(super) async fn serve(conn: Rc<Conn>, resolved: Resolved) {
     log.record(&at, result, status, Instant::now() - started);
     worker
         .h2_scratch
-        .give_request(RequestScratch { head: buf, req });
+        .requests
+        .give(RequestScratch { head: buf, req });
 }
 
 /// Where the request's body starts: its declared length; when it declares none, its first
