@@ -18,9 +18,8 @@ use crate::error::ProxyError;
 use crate::filters::compression::Plan;
 use crate::forward::body::{self, BodyState};
 use crate::forward::exchange::request_meta;
-use crate::forward::h1::client_write_error;
 use crate::forward::head::{coding, write_from_http1, ClientFraming, Edits};
-use crate::forward::relay::{relay, Broke, Coding, Http1Sink};
+use crate::forward::relay::{relay, Broke, Coding, Http1Sink, Peer};
 use crate::forward::request_head::render_response_rules;
 use crate::forward::Failure;
 use crate::time::with_timeout;
@@ -142,7 +141,7 @@ async fn send_body(
         in_file.filter(|(_, f, e)| plain && e - f >= reply.sendfile_min_size)
     {
         let written = body::write_parts(&mut conn.stream, [head], timeout).await;
-        written.map_err(client_write_error)?;
+        written.map_err(|e| Peer::Client.error(e))?;
         conn.sent += head.len() as u64;
         return sendfile(conn, file.as_fd(), first..end, timeout).await;
     }

@@ -15,7 +15,7 @@ use super::body::{self, BodyState};
 use super::driver::{drive, Accepted, Attempt, Exchange, Miss, Sender, Tries};
 use super::filling::relay_recorded;
 use super::h1::{
-    client_pump_error, client_write_error, pool_after_answer, reuse, send_streaming, send_whole,
+    pool_after_answer, reuse, send_streaming, send_whole,
     Http1Interim, Http1Response, Reading, RequestMeta,
 };
 use super::head::{coding, plan_http1, write_from_http1, ClientFraming, Edits};
@@ -136,7 +136,7 @@ pub(crate) async fn forward_h1(
 ) -> Result<bool, Failure> {
     let traced = conn.trace.is_some();
     let taken = take_buffered(x, req, traced, conn.buf.filled_mut());
-    let (body, buffered, used) = taken.map_err(client_pump_error)?;
+    let (body, buffered, used) = taken.map_err(|e| Peer::Client.error(e))?;
     let whole = body.is_done();
     let mut sender = Http1Sender {
         x,
@@ -424,7 +424,7 @@ impl Response<'_> {
                     (&up_buf.filled()[..n], self.x.target.listener.client_timeout);
                 let written =
                     body::write_parts(&mut conn.stream, [&conn.out, whole], timeout).await;
-                written.map_err(|e| Failure::after_head(client_write_error(e)))?;
+                written.map_err(|e| Failure::after_head(Peer::Client.error(e)))?;
                 conn.sent += (conn.out.len() + n) as u64;
                 if let Some(recorder) = recorder {
                     recorder.finish_with(&up_buf.filled()[..n]);
@@ -599,7 +599,7 @@ impl Response<'_> {
         let written = body::write_parts(&mut conn.stream, [&conn.out], listener.client_timeout);
         written
             .await
-            .map_err(|e| Failure::after_head(client_write_error(e)))?;
+            .map_err(|e| Failure::after_head(Peer::Client.error(e)))?;
         let limits = tunnel::limits(listener);
         // A plain client socket is registered now (a tunnel waits anyway), so a failed
         // registration cannot drop it while the relay's probe borrows its descriptor (a

@@ -19,9 +19,9 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::Instant;
 use weir_config::{Encoding, Listener, Upstream, UpstreamServer};
 
-use super::body::{self, PumpError};
+use super::body;
 use super::driver::{Accepted, Attempt, Exchange, Miss};
-use super::relay::Broke;
+use super::relay::{Broke, Peer};
 use super::{Failure, Reached};
 use crate::buffer::Buffer;
 use crate::codec::http1::{parse_response, BodyFraming, ResponseHead};
@@ -104,7 +104,7 @@ pub(crate) async fn send_whole<I: Interim>(
             read_final_head(&mut stream, rd, interim, true).await
         }
         Err(e) => Err(HeadError {
-            error: upstream_write_error(e),
+            error: Peer::Upstream.error(e),
             received: false,
             interim_sent: false,
         }),
@@ -545,44 +545,4 @@ async fn read_telling<W: Interim>(
         }
     }
     Ok(read.await)
-}
-
-pub(crate) fn upstream_write_error(e: PumpError) -> ProxyError {
-    match e {
-        PumpError::WriteTimeout => ProxyError::UpstreamTimeout,
-        PumpError::Write(kind) => ProxyError::upstream_io(kind.into()),
-        _ => ProxyError::UpstreamClosed,
-    }
-}
-
-/// Errors while moving the request body, seen from the client side.
-pub(crate) fn client_pump_error(e: PumpError) -> ProxyError {
-    match e {
-        PumpError::ReadTimeout => ProxyError::ClientTimeout,
-        PumpError::Framing(reason) => ProxyError::BadRequest(reason),
-        PumpError::TooLarge => ProxyError::BodyTooLarge,
-        PumpError::Read(kind) => ProxyError::ClientIo(kind),
-        PumpError::Truncated => ProxyError::ClientClosed,
-        PumpError::Write(_) | PumpError::WriteTimeout => ProxyError::UpstreamClosed,
-    }
-}
-
-/// Errors while moving the response body.
-pub(crate) fn upstream_pump_error(e: PumpError) -> ProxyError {
-    match e {
-        PumpError::ReadTimeout => ProxyError::UpstreamTimeout,
-        PumpError::Framing(reason) => ProxyError::UpstreamMalformed(reason),
-        PumpError::Read(kind) => ProxyError::UpstreamIo(kind),
-        PumpError::Truncated => ProxyError::UpstreamClosed,
-        PumpError::TooLarge => ProxyError::UpstreamMalformed("body too large"),
-        PumpError::Write(_) | PumpError::WriteTimeout => client_write_error(e),
-    }
-}
-
-/// Errors while writing the response to the client.
-pub(crate) fn client_write_error(e: PumpError) -> ProxyError {
-    match e {
-        PumpError::WriteTimeout => ProxyError::ClientTimeout,
-        _ => ProxyError::ClientClosed,
-    }
 }

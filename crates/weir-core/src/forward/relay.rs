@@ -24,7 +24,6 @@ use http::HeaderMap;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::body::{self, BodyState, ChunkLine, PumpError};
-use super::h1::{client_pump_error, upstream_pump_error};
 use super::h2::send_windowed;
 use super::request_head::HeadNames;
 use super::trailer;
@@ -69,7 +68,8 @@ pub(crate) enum Trailers<'a> {
     Fields(HeaderMap),
 }
 
-/// Which side a body comes from: says what its failures are.
+/// A side of the exchange, the one a body comes from or goes to: says what its failures
+/// are (a read's, or a write's to it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Peer {
     Client,
@@ -77,10 +77,21 @@ pub(crate) enum Peer {
 }
 
 impl Peer {
-    fn error(self, e: PumpError) -> ProxyError {
-        match self {
-            Peer::Client => client_pump_error(e),
-            Peer::Upstream => upstream_pump_error(e),
+    /// `e` as this side's error.
+    pub fn error(self, e: PumpError) -> ProxyError {
+        use PumpError::*;
+        match (self, e) {
+            (Peer::Client, ReadTimeout | WriteTimeout) => ProxyError::ClientTimeout,
+            (Peer::Client, Framing(reason)) => ProxyError::BadRequest(reason),
+            (Peer::Client, TooLarge) => ProxyError::BodyTooLarge,
+            (Peer::Client, Read(kind)) => ProxyError::ClientIo(kind),
+            (Peer::Client, Truncated | Write(_)) => ProxyError::ClientClosed,
+            (Peer::Upstream, ReadTimeout | WriteTimeout) => ProxyError::UpstreamTimeout,
+            (Peer::Upstream, Framing(reason)) => ProxyError::UpstreamMalformed(reason),
+            (Peer::Upstream, TooLarge) => ProxyError::UpstreamMalformed("body too large"),
+            (Peer::Upstream, Read(kind)) => ProxyError::UpstreamIo(kind),
+            (Peer::Upstream, Write(kind)) => ProxyError::upstream_io(kind.into()),
+            (Peer::Upstream, Truncated) => ProxyError::UpstreamClosed,
         }
     }
 }
@@ -597,7 +608,7 @@ impl<W: AsyncWrite + Unpin> Http1Sink<'_, W> {
         let head = std::mem::take(&mut self.head);
         let all = [head, parts[0], parts[1], parts[2]];
         let written = body::write_parts(self.writer, all, self.timeout);
-        written.await.map_err(super::h1::client_write_error)?;
+        written.await.map_err(|e| Peer::Client.error(e))?;
         *self.sent += all.iter().map(|p| p.len() as u64).sum::<u64>();
         Ok(())
     }

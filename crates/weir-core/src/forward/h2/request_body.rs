@@ -70,7 +70,7 @@ impl RequestBody {
         // Decoded on a copy: the client's bytes stay as they came until answered.
         let mut copy = buf[head_len..].to_vec();
         let taken = state.take(&mut copy);
-        let (forward, used) = taken.map_err(crate::forward::h1::client_pump_error)?;
+        let (forward, used) = taken.map_err(|e| Peer::Client.error(e))?;
         let listed = || connection_listed(buf, &req.headers, framing);
         if !state.is_done() {
             body.whole = None;
