@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::Instant;
-use weir_config::{Encoding, Listener, Upstream, UpstreamServer};
+use weir_config::{Encoding, Listener};
 
 use super::body;
 use super::driver::{Accepted, Attempt, Exchange, Miss};
@@ -25,10 +25,9 @@ use super::relay::{Broke, Peer};
 use super::{Failure, Reached};
 use crate::buffer::Buffer;
 use crate::codec::http1::{parse_response, BodyFraming, ResponseHead};
-use crate::connector::{connect_server, PoolKey, TlsUpstream, UpstreamStream, WriteHalf};
+use crate::connector::{connect_server, PoolKey, UpstreamStream, WriteHalf};
 use crate::error::ProxyError;
 use crate::filters::upgrade::Offered;
-use crate::metrics::shard::ServerMetrics;
 use crate::time::{Continued, LazyTimer};
 
 /// What the exchange needs to remember about the request once its head is consumed.
@@ -168,28 +167,21 @@ fn obtain_for<'a>(
             return Obtained::Pooled(stream);
         }
     }
-    Obtained::Connect(connect(a.server, tls, upstream, a.metrics))
+    let (server, metrics) = (a.server, a.metrics);
+    Obtained::Connect(async move {
+        let started = std::time::Instant::now();
+        let stream = connect_server(upstream, server, tls).await?;
+        if let Some(m) = metrics {
+            m.connect.observe(started.elapsed());
+        }
+        Ok(stream)
+    })
 }
 
 /// A connection taken from the pool, or the connect that makes a new one.
 enum Obtained<C> {
     Pooled(UpstreamStream),
     Connect(C),
-}
-
-/// A new connection to `server`.
-async fn connect(
-    server: &UpstreamServer,
-    tls: Option<&TlsUpstream>,
-    upstream: &Upstream,
-    metrics: Option<&ServerMetrics>,
-) -> Result<UpstreamStream, ProxyError> {
-    let started = std::time::Instant::now();
-    let stream = connect_server(upstream, server, tls).await?;
-    if let Some(m) = metrics {
-        m.connect.observe(started.elapsed());
-    }
-    Ok(stream)
 }
 
 /// After a cache's stored entry answered instead of the upstream's response `resp` (its
