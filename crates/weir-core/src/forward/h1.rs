@@ -5,8 +5,7 @@
 //! (`read_final_head`, through an [`Interim`] sink), and the connection pooled again once
 //! the exchange left it clean (`reuse`).
 //!
-//! A pooled connection found closed before any response byte ([`HeadError::retryable`]:
-//! closed, or an I/O error such as a reset; never a timeout, after which the server may be
+//! A pooled connection found closed before any response byte ([`no_head`]: closed, or an I/O error such as a reset; never a timeout, after which the server may be
 //! working on the request) did not process an idempotent request: the try is
 //! [`Miss::unprocessed`] and the driver sends it again on a new connection.
 
@@ -102,15 +101,11 @@ pub(crate) async fn send_whole<I: Interim>(
             rd.timer.set(Instant::from_std(sent_at) + timeout);
             read_final_head(&mut stream, rd, interim, true).await
         }
-        Err(e) => Err(HeadError {
-            error: Peer::Upstream.error(e),
-            received: false,
-            interim_sent: false,
-        }),
+        Err(e) => Err(no_head(Peer::Upstream.error(e), false, false)),
     };
-    head.map(|()| stream).map_err(|e| Miss {
-        unprocessed: reused && x.idempotent && e.retryable(),
-        ..Miss::from(e)
+    head.map(|()| stream).map_err(|miss| Miss {
+        unprocessed: miss.unprocessed && reused && x.idempotent,
+        ..miss
     })
 }
 
@@ -136,7 +131,7 @@ pub(crate) async fn send_streaming<I: Interim>(
         let upload = std::pin::pin!(upload(&mut uw));
         let head = async {
             let head = read_final_head(&mut ur, rd, interim, false).await;
-            head.map_err(Failure::from)
+            head.map_err(|miss| miss.failure)
         };
         let timeout = x.target.upstream.response_timeout;
         let gone = std::future::pending();
@@ -288,33 +283,17 @@ where
     }
 }
 
-/// Why no final head was read.
-pub(crate) struct HeadError {
-    pub error: ProxyError,
-    /// Some response byte arrived: the upstream processed the request.
-    pub received: bool,
-    /// A 1xx was relayed: the client has response bytes.
-    pub interim_sent: bool,
-}
-
-impl From<HeadError> for Failure {
-    fn from(e: HeadError) -> Failure {
-        Failure {
-            error: e.error,
-            reached: Reached::before_head(e.interim_sent),
-        }
-    }
-}
-
-impl HeadError {
-    /// A closed connection or an I/O error before any response byte: on a pooled
-    /// connection, the server closed it before it read the request.
-    pub(crate) fn retryable(&self) -> bool {
-        !self.received
-            && matches!(
-                self.error,
-                ProxyError::UpstreamClosed | ProxyError::UpstreamIo(_)
-            )
+/// Why no final head was read: `error`, after some response byte (`received`: the
+/// upstream processed the request) or none, and a relayed 1xx or none (`interim_sent`: the
+/// client has response bytes). A closed connection or an I/O error before any response
+/// byte is [`Miss::unprocessed`]: on a pooled connection, the server closed it before it
+/// read the request (the caller keeps that only for a pooled connection).
+fn no_head(error: ProxyError, received: bool, interim_sent: bool) -> Miss {
+    let closed = matches!(error, ProxyError::UpstreamClosed | ProxyError::UpstreamIo(_));
+    let reached = Reached::before_head(interim_sent);
+    Miss {
+        unprocessed: !received && closed,
+        ..Miss::from(Failure { error, reached })
     }
 }
 
@@ -451,7 +430,7 @@ pub(crate) async fn read_final_head<R, W>(
     rd: &mut Reading<'_>,
     client: &mut W,
     timed: bool,
-) -> Result<(), HeadError>
+) -> Result<(), Miss>
 where
     R: AsyncRead + Unpin,
     W: Interim,
@@ -461,11 +440,6 @@ where
     let mut interim_sent = false;
     let mut informational = 0u32;
     let mut tell_at = None;
-    let fail = |error, received, interim_sent| HeadError {
-        error,
-        received,
-        interim_sent,
-    };
     loop {
         // Nothing read yet (the usual case right after sending): nothing to parse.
         let complete = !rd.up_buf.is_empty()
@@ -475,7 +449,7 @@ where
                 meta.is_head,
                 rd.resp,
             )
-            .map_err(|e| fail(e, true, interim_sent))?;
+            .map_err(|e| no_head(e, true, interim_sent))?;
         if !complete {
             let read = rd.up_buf.read_from(up);
             let read = match timed {
@@ -483,7 +457,7 @@ where
                 false => Some(
                     read_telling(read, client, &mut tell_at)
                         .await
-                        .map_err(|e| fail(e, received, true))?,
+                        .map_err(|e| no_head(e, received, true))?,
                 ),
             };
             let error = match read {
@@ -495,7 +469,7 @@ where
                 Some(Err(e)) => ProxyError::upstream_io(e),
                 Some(Ok(_)) => ProxyError::UpstreamClosed,
             };
-            return Err(fail(error, received, interim_sent));
+            return Err(no_head(error, received, interim_sent));
         }
         if !rd.resp.is_interim() {
             return Ok(());
@@ -504,13 +478,13 @@ where
         // until the response timeout; the heads the client already has commit no status.
         informational = informational.saturating_add(1);
         if informational > meta.max_informational {
-            return Err(fail(TOO_MANY_INFORMATIONAL, true, interim_sent));
+            return Err(no_head(TOO_MANY_INFORMATIONAL, true, interim_sent));
         }
         if !meta.http10 {
             let head = &rd.up_buf.filled()[..rd.resp.head_len];
             let relayed = client.relay(head, rd.resp).await;
             // Err: the HTTP/1.1 client may have part of the head (so, `interim_sent`).
-            interim_sent |= relayed.map_err(|e| fail(e, true, true))?;
+            interim_sent |= relayed.map_err(|e| no_head(e, true, true))?;
         }
         rd.up_buf.consume(rd.resp.head_len);
     }
