@@ -15,8 +15,8 @@ use super::body::{self, BodyState};
 use super::driver::{drive, Accepted, Attempt, Exchange, Miss, Sender, Tries};
 use super::filling::relay_recorded;
 use super::h1::{
-    pool_after_answer, reuse, send_streaming, send_whole,
-    Http1Interim, Http1Response, Reading, RequestMeta,
+    pool_after_answer, reuse, send_streaming, send_whole, Http1Interim, Http1Response, Reading,
+    RequestMeta,
 };
 use super::head::{coding, plan_http1, write_from_http1, ClientFraming, Edits};
 use super::relay::{

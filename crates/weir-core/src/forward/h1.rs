@@ -289,7 +289,8 @@ where
 /// byte is [`Miss::unprocessed`]: on a pooled connection, the server closed it before it
 /// read the request (the caller keeps that only for a pooled connection).
 fn no_head(error: ProxyError, received: bool, interim_sent: bool) -> Miss {
-    let closed = matches!(error, ProxyError::UpstreamClosed | ProxyError::UpstreamIo(_));
+    use ProxyError::{UpstreamClosed, UpstreamIo};
+    let closed = matches!(error, UpstreamClosed | UpstreamIo(_));
     let reached = Reached::before_head(interim_sent);
     Miss {
         unprocessed: !received && closed,
