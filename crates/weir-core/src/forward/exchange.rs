@@ -328,8 +328,7 @@ impl Sender for Http1Sender<'_, '_> {
                 let state = std::mem::replace(state, BodyState::Done);
                 let mut source =
                     Http1Source::new(&mut cr, buf, state, timeouts.client, Peer::Client)
-                        .paced(timeouts.min_body_rate)
-                        .after_continue(pace_continued.clone());
+                        .paced(timeouts.min_body_rate, pace_continued.clone());
                 let relayed = relay(&mut source, &mut sink, None).await;
                 *body_read = relayed.is_ok();
                 relayed
@@ -586,15 +585,10 @@ impl Response<'_> {
         let switch = self.may_switch(up_buf, resp);
         self.accepted.count(switch.map(|()| 101));
         switch?;
-        let (listener, framing) = (self.x.target.listener, ClientFraming::default());
+        let listener = self.x.target.listener;
+        let (edits, framing) = (Edits::default(), ClientFraming::default());
         conn.out.clear();
-        write_from_http1(
-            &mut conn.out,
-            up_buf.filled(),
-            resp,
-            &Edits::default(),
-            &framing,
-        );
+        write_from_http1(&mut conn.out, up_buf.filled(), resp, &edits, &framing);
         up_buf.consume(resp.head_len);
         let written = body::write_parts(&mut conn.stream, [&conn.out], listener.client_timeout);
         written

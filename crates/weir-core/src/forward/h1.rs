@@ -367,7 +367,8 @@ impl<'w, W> Http1Interim<'w, W> {
 
 impl<W: AsyncWrite + Unpin> Interim for Http1Interim<'_, W> {
     async fn relay(&mut self, head: &[u8], resp: &ResponseHead) -> Result<bool, ProxyError> {
-        if self.told_already(resp.status) {
+        // An upstream's 100 after Weir's own: the client has one already.
+        if resp.status == 100 && self.continued.as_ref().is_some_and(|c| c.told()) {
             return Ok(true);
         }
         let mut out = Vec::with_capacity(head.len());
@@ -391,11 +392,6 @@ impl<W: AsyncWrite + Unpin> Interim for Http1Interim<'_, W> {
 }
 
 impl<W: AsyncWrite + Unpin> Http1Interim<'_, W> {
-    /// An upstream's 100 after Weir's own: the client has one already.
-    fn told_already(&self, status: u16) -> bool {
-        status == 100 && self.continued.as_ref().is_some_and(|c| c.told())
-    }
-
     /// Writes a 1xx head (`Ok(true)`: the client has it).
     async fn send(&mut self, head: &[u8], status: u16) -> Result<bool, ProxyError> {
         *self.informed = true;

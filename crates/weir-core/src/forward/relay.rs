@@ -354,16 +354,11 @@ impl<'b, R> Http1Source<'b, R> {
         }
     }
 
-    /// Holds the body to the listener's `min_body_rate` (a client's request body).
-    pub fn paced(mut self, rate: Option<MinBodyRate>) -> Self {
-        self.pace = rate.map(Pace::new);
-        self
-    }
-
-    /// The client waits for a 100 (the upstream's or Weir's), marked in `continued`,
-    /// before its first body byte (`Pace::after_continue`).
-    pub fn after_continue(mut self, continued: Option<Rc<Continued>>) -> Self {
-        self.pace = self.pace.map(|p| p.after_continue(continued));
+    /// Holds the body to the listener's `min_body_rate` (a client's request body); a
+    /// client that waits for a 100 (the upstream's or Weir's, marked in `continued`) is
+    /// not held to it before its first body byte (`Pace::after_continue`).
+    pub fn paced(mut self, rate: Option<MinBodyRate>, continued: Option<Rc<Continued>>) -> Self {
+        self.pace = rate.map(|rate| Pace::new(rate).after_continue(continued));
         self
     }
 }

@@ -119,7 +119,7 @@ impl RequestBody {
         buf.consume(std::mem::take(&mut self.skip));
         let state = BodyState::new(self.framing, true, self.limit).keeping_trailers();
         let mut source = Http1Source::new(src, buf, state, timeouts.client, Peer::Client)
-            .paced(timeouts.min_body_rate);
+            .paced(timeouts.min_body_rate, None);
         source.listed = self.listed.clone();
         source.arrival().await.map_err(Broke::Source)?;
         consumed.set(1);
