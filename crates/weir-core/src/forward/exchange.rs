@@ -488,9 +488,9 @@ impl Response<'_> {
             stream,
             self.request_done,
         );
-        let to = self.meta.sending(self.keep_alive && self.request_done);
-        send_http1(conn, Under::of_target(&self.x.target), reply, to, resp).await?;
-        Ok(to.keep_alive)
+        let under = Under::of_target(&self.x.target);
+        let keep_alive = self.keep_alive && self.request_done;
+        send_http1(conn, under, reply, self.meta, keep_alive, resp).await
     }
 
     /// Relays the body of `up` after the head in `conn.out` (compressed when `plan` says so;

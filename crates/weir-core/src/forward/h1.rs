@@ -48,19 +48,6 @@ pub(crate) struct RequestMeta {
     pub max_informational: u32,
 }
 
-impl RequestMeta {
-    /// How a reply (an answer from the cache) goes to this HTTP/1.x client;
-    /// `keep_alive`: the connection stays open after it.
-    pub fn sending(&self, keep_alive: bool) -> crate::files::Sending {
-        crate::files::Sending {
-            is_head: self.is_head,
-            http10: self.http10,
-            accepted: self.accepted,
-            keep_alive,
-        }
-    }
-}
-
 /// Where a try reads its response head into, and its bounds.
 pub(crate) struct Reading<'b> {
     pub up_buf: &'b mut Buffer,
