@@ -175,7 +175,7 @@ pub(crate) async fn forward_h1(
     conn.current.read = whole || body_read;
     let result = match accepted {
         Ok(accepted) => {
-            let ((stream, request_done), accepted) = accepted.take();
+            let ((stream, request_done), accepted) = accepted;
             let response = Response {
                 x,
                 accepted: &accepted,
@@ -359,7 +359,7 @@ impl Sender for Http1Sender<'_, '_> {
 /// The response half of an exchange: the accepted try's response relayed to the client.
 struct Response<'a> {
     x: &'a Exchange<'a>,
-    accepted: &'a Accepted<'a, ()>,
+    accepted: &'a Accepted<'a>,
     meta: RequestMeta,
     /// The whole request body went up.
     request_done: bool,

@@ -171,7 +171,7 @@ enum Obtained<C> {
 /// (nothing of it is left to read).
 pub(crate) fn pool_after_answer(
     x: &Exchange<'_>,
-    accepted: &Accepted<'_, ()>,
+    accepted: &Accepted<'_>,
     up_buf: &Buffer,
     resp: &ResponseHead,
     stream: UpstreamStream,
@@ -196,7 +196,7 @@ pub(crate) struct Http1Response<'u> {
 /// after the response.
 pub(crate) fn reuse(
     x: &Exchange<'_>,
-    accepted: &Accepted<'_, ()>,
+    accepted: &Accepted<'_>,
     stream: UpstreamStream,
     idle_from: std::time::Instant,
 ) {
