@@ -333,11 +333,8 @@ impl Sender for Http1Sender<'_, '_> {
                 *body_read = relayed.is_ok();
                 relayed
             };
-            let interim = Http1Interim::new(&mut cw, listener, &mut self.informed);
-            let mut interim = Http1Interim {
-                continued,
-                ..interim
-            };
+            let mut interim = Http1Interim::new(&mut cw, listener, &mut self.informed);
+            interim.continued = continued;
             // Boxed: a request without a body still arriving keeps the try's state small.
             Box::pin(send_streaming(x, a, &mut rd, &mut interim, upload)).await?
         };
