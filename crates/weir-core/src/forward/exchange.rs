@@ -174,8 +174,7 @@ pub(crate) async fn forward_h1(
     }
     conn.current.read = whole || body_read;
     let result = match accepted {
-        Ok(accepted) => {
-            let ((stream, request_done), accepted) = accepted;
+        Ok(((stream, request_done), accepted)) => {
             let response = Response {
                 x,
                 accepted: &accepted,
