@@ -245,9 +245,8 @@ pub(crate) async fn drive<'a, S: Sender>(
         last_try.upstream_time = tries.head_at.map(|_| elapsed);
         let miss = match sent {
             Ok(sent) => {
-                let pick = tries.pick;
                 let accepted = Accepted {
-                    pick,
+                    pick: tries.pick,
                     server,
                     metrics,
                     elapsed,

@@ -5,9 +5,10 @@
 //! (`read_final_head`, through an [`Interim`] sink), and the connection pooled again once
 //! the exchange left it clean (`reuse`).
 //!
-//! A pooled connection found closed before any response byte ([`no_head`]: closed, or an I/O error such as a reset; never a timeout, after which the server may be
-//! working on the request) did not process an idempotent request: the try is
-//! [`Miss::unprocessed`] and the driver sends it again on a new connection.
+//! A pooled connection found closed before any response byte ([`no_head`]: closed, or an
+//! I/O error such as a reset; never a timeout, after which the server may be working on
+//! the request) did not process an idempotent request: the try is [`Miss::unprocessed`]
+//! and the driver sends it again on a new connection.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -270,11 +271,12 @@ where
     }
 }
 
-/// Why no final head was read: `error`, after some response byte (`received`: the
-/// upstream processed the request) or none, and a relayed 1xx or none (`interim_sent`: the
+/// The try's end when no final head was read: `error`, `received` (some response byte
+/// came: the upstream processed the request), `interim_sent` (a 1xx was relayed: the
 /// client has response bytes). A closed connection or an I/O error before any response
 /// byte is [`Miss::unprocessed`]: on a pooled connection, the server closed it before it
-/// read the request (the caller keeps that only for a pooled connection).
+/// read the request (`send_whole` keeps that for a pooled connection and an idempotent
+/// request only, `send_streaming` never).
 fn no_head(error: ProxyError, received: bool, interim_sent: bool) -> Miss {
     use ProxyError::{UpstreamClosed, UpstreamIo};
     let closed = matches!(error, UpstreamClosed | UpstreamIo(_));

@@ -29,7 +29,7 @@ pub(crate) use super::h1::Upload;
 use super::h1::{upload_while_waiting, Interim, TOO_MANY_INFORMATIONAL};
 use super::head::{coding, plan, Edits, ForClient};
 use super::relay::{Broke, Coding};
-use super::{Failure, Reached, Target};
+use super::{Reached, Target};
 use crate::codec::http1::header::is_token;
 use crate::connector::h2::{checkout, h2_error, never_processed, Checkout, Lease};
 use crate::error::ProxyError;
@@ -106,13 +106,9 @@ where
     let (timeout, deadline) = (bounds.timeout, bounds.deadline);
     match upload_while_waiting(upload, state, head, timeout, deadline, gone).await {
         Ok(head) => Ok((head, lease)),
-        Err(miss) => {
-            let reached = Reached::before_head(relayed);
-            let failure = Failure {
-                reached,
-                ..miss.failure
-            };
-            Err(Miss { failure, ..miss })
+        Err(mut miss) => {
+            miss.failure.reached = Reached::before_head(relayed);
+            Err(miss)
         }
     }
 }
