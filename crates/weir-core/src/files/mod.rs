@@ -28,7 +28,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use weir_config::Files;
 
 pub(crate) use body::{Body, BodySource, Data, Part, PIECE};
-pub(crate) use reply::{respond_http1, send_http1, Sending, Under};
+pub(crate) use reply::{respond_http1, send_http1, Under};
 
 /// A route's `files`, prepared with its snapshot: the config and the open root.
 #[derive(Debug)]

@@ -8,7 +8,7 @@
 use std::future::poll_fn;
 use std::os::fd::AsFd;
 
-use weir_config::{Encoding, Listener, Route};
+use weir_config::{Listener, Route};
 
 use super::body::BodySource;
 use super::Reply;
@@ -18,9 +18,9 @@ use crate::error::ProxyError;
 use crate::filters::compression::Plan;
 use crate::forward::body::{self, BodyState};
 use crate::forward::exchange::request_meta;
-use crate::forward::h1::client_write_error;
+use crate::forward::h1::RequestMeta;
 use crate::forward::head::{coding, write_from_http1, ClientFraming, Edits};
-use crate::forward::relay::{relay, Broke, Coding, Http1Sink};
+use crate::forward::relay::{relay, Broke, Coding, Http1Sink, Peer};
 use crate::forward::request_head::render_response_rules;
 use crate::forward::Failure;
 use crate::time::with_timeout;
@@ -48,17 +48,6 @@ impl<'a> Under<'a> {
     }
 }
 
-/// How a reply goes to an HTTP/1.x client, made out while its request was at hand.
-#[derive(Clone, Copy)]
-pub(crate) struct Sending {
-    pub is_head: bool,
-    pub http10: bool,
-    /// The coding the client accepts, if the route compresses.
-    pub accepted: Option<Encoding>,
-    /// The connection stays open after the reply.
-    pub keep_alive: bool,
-}
-
 /// Sends `reply` to the HTTP/1.x client of `conn` for the request `req` (its head at the
 /// start of `conn.buf`); `resp` is set to the reply's head. Returns whether the
 /// connection stays open (as for Weir's answers: a request body not all in the buffer
@@ -81,21 +70,21 @@ pub(crate) async fn respond_http1(
     render_response_rules(&mut lines, &conn.request(req), &conn.path, route);
     conn.resp_lines = lines;
     conn.buf.consume(req.head_len + consumed);
-    let to = meta.sending(keep_alive && body.is_done());
-    send_http1(conn, under, reply, to, resp).await?;
-    Ok(to.keep_alive)
+    send_http1(conn, under, reply, meta, keep_alive && body.is_done(), resp).await
 }
 
 /// Sends `reply` to the HTTP/1.x client of `conn` (its request consumed, the route's
-/// `response_headers` rendered in `conn.resp_lines`) as `to` says; `resp` is set to the
-/// reply's head.
+/// `response_headers` rendered in `conn.resp_lines`; `meta`, what is remembered of the
+/// request); `resp` is set to the reply's head. `keep_alive`: the connection stays open
+/// after it; returned.
 pub(crate) async fn send_http1(
     conn: &mut ClientConn,
     under: Under<'_>,
     reply: Reply,
-    to: Sending,
+    to: RequestMeta,
+    keep_alive: bool,
     resp: &mut ResponseHead,
-) -> Result<(), Failure> {
+) -> Result<bool, Failure> {
     let head = &reply.head[..];
     // Weir wrote this head itself: it always parses.
     if !parse_response(head, head.len(), to.is_head, resp)? {
@@ -114,7 +103,7 @@ pub(crate) async fn send_http1(
     };
     let framing = ClientFraming {
         dechunk: false,
-        close: !to.keep_alive,
+        close: !keep_alive,
         http10: to.http10,
     };
     let mut out = std::mem::take(&mut conn.out);
@@ -122,7 +111,8 @@ pub(crate) async fn send_http1(
     write_from_http1(&mut out, head, resp, &edits, &framing);
     let sent = send_body(conn, &out, &reply, &edits.plan, under).await;
     (conn.out, conn.resp_lines) = (out, lines);
-    sent.map_err(Failure::after_head)
+    sent.map_err(Failure::after_head)?;
+    Ok(keep_alive)
 }
 
 /// Writes `head` and the reply's body: with sendfile(2) when it can, else relayed
@@ -142,7 +132,7 @@ async fn send_body(
         in_file.filter(|(_, f, e)| plain && e - f >= reply.sendfile_min_size)
     {
         let written = body::write_parts(&mut conn.stream, [head], timeout).await;
-        written.map_err(client_write_error)?;
+        written.map_err(|e| Peer::Client.error(e))?;
         conn.sent += head.len() as u64;
         return sendfile(conn, file.as_fd(), first..end, timeout).await;
     }

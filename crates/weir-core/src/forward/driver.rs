@@ -182,9 +182,8 @@ impl Tries<'_> {
     }
 }
 
-/// The relayed try.
-pub(crate) struct Accepted<'a, S> {
-    pub sent: S,
+/// The relayed try (beside what its sender left, [`Sender::Sent`]).
+pub(crate) struct Accepted<'a> {
     /// Held until the response is relayed: the request counts as in flight on the server.
     pub pick: Pick,
     pub server: &'a UpstreamServer,
@@ -196,7 +195,7 @@ pub(crate) struct Accepted<'a, S> {
     target: Target<'a>,
 }
 
-impl<'a, S> Accepted<'a, S> {
+impl<'a> Accepted<'a> {
     /// Counts the try as the client sees it, once: `Ok(status)` when its response is
     /// relayed, the error (the client's 502) when it is refused before any byte of it.
     pub fn count(&self, result: Result<u16, ProxyError>) {
@@ -207,32 +206,18 @@ impl<'a, S> Accepted<'a, S> {
     pub fn set_cookie(&self) -> Option<&'a [u8]> {
         set_cookie(self.target, &self.pick)
     }
-
-    /// What was sent, apart from the rest.
-    pub fn take(self) -> (S, Accepted<'a, ()>) {
-        let rest = Accepted {
-            sent: (),
-            pick: self.pick,
-            server: self.server,
-            metrics: self.metrics,
-            elapsed: self.elapsed,
-            head_at: self.head_at,
-            target: self.target,
-        };
-        (self.sent, rest)
-    }
 }
 
 /// Sends the request through `sender` to the server the load balancer picks, and to
-/// others as the rules above allow, until a try is relayed. `started`: the request's
-/// start (the first try's). Notes each try's server in `last_try`, and its time when a
-/// final head came.
+/// others as the rules above allow, until a try is relayed (returned, after what its
+/// sender left). `started`: the request's start (the first try's). Notes each try's server
+/// in `last_try`, and its time when a final head came.
 pub(crate) async fn drive<'a, S: Sender>(
     x: &'a Exchange<'a>,
     sender: &mut S,
     started: Instant,
     last_try: &mut LastTry,
-) -> Result<Accepted<'a, S::Sent>, Failure> {
+) -> Result<(S::Sent, Accepted<'a>), Failure> {
     let (target, u) = (x.target, x.target.upstream);
     let pool = target.pool;
     let upstreams = &x.worker.upstreams;
@@ -255,20 +240,20 @@ pub(crate) async fn drive<'a, S: Sender>(
         let sent = on_server(sender, server, metrics, started, &mut tries).await;
         // When the final head came (else now): the pool's idle time starts there too, so
         // it is kept as it is rather than added back from `elapsed` (an `Instant` sum).
-        let at = tries.head_at.unwrap_or_else(Instant::now);
-        let elapsed = at.saturating_duration_since(started);
+        let head_at = tries.head_at.unwrap_or_else(Instant::now);
+        let elapsed = head_at.saturating_duration_since(started);
         last_try.upstream_time = tries.head_at.map(|_| elapsed);
         let miss = match sent {
             Ok(sent) => {
-                return Ok(Accepted {
-                    sent,
+                let accepted = Accepted {
                     pick: tries.pick,
                     server,
                     metrics,
                     elapsed,
-                    head_at: at,
+                    head_at,
                     target,
-                })
+                };
+                return Ok((sent, accepted));
             }
             Err(miss) if miss.unsent => {
                 // A request that cannot be sent fails on its first try: no server tried.

@@ -15,8 +15,8 @@ use super::body::{self, BodyState};
 use super::driver::{drive, Accepted, Attempt, Exchange, Miss, Sender, Tries};
 use super::filling::relay_recorded;
 use super::h1::{
-    client_pump_error, client_write_error, pool_after_answer, reuse, send_streaming, send_whole,
-    Http1Interim, Http1Response, Reading, RequestMeta,
+    pool_after_answer, reuse, send_streaming, send_whole, Http1Interim, Http1Response, Reading,
+    RequestMeta,
 };
 use super::head::{coding, plan_http1, write_from_http1, ClientFraming, Edits};
 use super::relay::{
@@ -136,7 +136,7 @@ pub(crate) async fn forward_h1(
 ) -> Result<bool, Failure> {
     let traced = conn.trace.is_some();
     let taken = take_buffered(x, req, traced, conn.buf.filled_mut());
-    let (body, buffered, used) = taken.map_err(client_pump_error)?;
+    let (body, buffered, used) = taken.map_err(|e| Peer::Client.error(e))?;
     let whole = body.is_done();
     let mut sender = Http1Sender {
         x,
@@ -174,8 +174,7 @@ pub(crate) async fn forward_h1(
     }
     conn.current.read = whole || body_read;
     let result = match accepted {
-        Ok(accepted) => {
-            let ((stream, request_done), accepted) = accepted.take();
+        Ok(((stream, request_done), accepted)) => {
             let response = Response {
                 x,
                 accepted: &accepted,
@@ -328,17 +327,13 @@ impl Sender for Http1Sender<'_, '_> {
                 let state = std::mem::replace(state, BodyState::Done);
                 let mut source =
                     Http1Source::new(&mut cr, buf, state, timeouts.client, Peer::Client)
-                        .paced(timeouts.min_body_rate)
-                        .after_continue(pace_continued.clone());
+                        .paced(timeouts.min_body_rate, pace_continued.clone());
                 let relayed = relay(&mut source, &mut sink, None).await;
                 *body_read = relayed.is_ok();
                 relayed
             };
-            let interim = Http1Interim::new(&mut cw, listener, &mut self.informed);
-            let mut interim = Http1Interim {
-                continued,
-                ..interim
-            };
+            let mut interim = Http1Interim::new(&mut cw, listener, &mut self.informed);
+            interim.continued = continued;
             // Boxed: a request without a body still arriving keeps the try's state small.
             Box::pin(send_streaming(x, a, &mut rd, &mut interim, upload)).await?
         };
@@ -360,7 +355,7 @@ impl Sender for Http1Sender<'_, '_> {
 /// The response half of an exchange: the accepted try's response relayed to the client.
 struct Response<'a> {
     x: &'a Exchange<'a>,
-    accepted: &'a Accepted<'a, ()>,
+    accepted: &'a Accepted<'a>,
     meta: RequestMeta,
     /// The whole request body went up.
     request_done: bool,
@@ -424,7 +419,7 @@ impl Response<'_> {
                     (&up_buf.filled()[..n], self.x.target.listener.client_timeout);
                 let written =
                     body::write_parts(&mut conn.stream, [&conn.out, whole], timeout).await;
-                written.map_err(|e| Failure::after_head(client_write_error(e)))?;
+                written.map_err(|e| Failure::after_head(Peer::Client.error(e)))?;
                 conn.sent += (conn.out.len() + n) as u64;
                 if let Some(recorder) = recorder {
                     recorder.finish_with(&up_buf.filled()[..n]);
@@ -489,9 +484,9 @@ impl Response<'_> {
             stream,
             self.request_done,
         );
-        let to = self.meta.sending(self.keep_alive && self.request_done);
-        send_http1(conn, Under::of_target(&self.x.target), reply, to, resp).await?;
-        Ok(to.keep_alive)
+        let under = Under::of_target(&self.x.target);
+        let keep_alive = self.keep_alive && self.request_done;
+        send_http1(conn, under, reply, self.meta, keep_alive, resp).await
     }
 
     /// Relays the body of `up` after the head in `conn.out` (compressed when `plan` says so;
@@ -586,20 +581,15 @@ impl Response<'_> {
         let switch = self.may_switch(up_buf, resp);
         self.accepted.count(switch.map(|()| 101));
         switch?;
-        let (listener, framing) = (self.x.target.listener, ClientFraming::default());
+        let listener = self.x.target.listener;
+        let (edits, framing) = (Edits::default(), ClientFraming::default());
         conn.out.clear();
-        write_from_http1(
-            &mut conn.out,
-            up_buf.filled(),
-            resp,
-            &Edits::default(),
-            &framing,
-        );
+        write_from_http1(&mut conn.out, up_buf.filled(), resp, &edits, &framing);
         up_buf.consume(resp.head_len);
         let written = body::write_parts(&mut conn.stream, [&conn.out], listener.client_timeout);
         written
             .await
-            .map_err(|e| Failure::after_head(client_write_error(e)))?;
+            .map_err(|e| Failure::after_head(Peer::Client.error(e)))?;
         let limits = tunnel::limits(listener);
         // A plain client socket is registered now (a tunnel waits anyway), so a failed
         // registration cannot drop it while the relay's probe borrows its descriptor (a

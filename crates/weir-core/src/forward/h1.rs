@@ -5,10 +5,10 @@
 //! (`read_final_head`, through an [`Interim`] sink), and the connection pooled again once
 //! the exchange left it clean (`reuse`).
 //!
-//! A pooled connection found closed before any response byte ([`HeadError::retryable`]:
-//! closed, or an I/O error such as a reset; never a timeout, after which the server may be
-//! working on the request) did not process an idempotent request: the try is
-//! [`Miss::unprocessed`] and the driver sends it again on a new connection.
+//! A pooled connection found closed before any response byte ([`no_head`]: closed, or an
+//! I/O error such as a reset; never a timeout, after which the server may be working on
+//! the request) did not process an idempotent request: the try is [`Miss::unprocessed`]
+//! and the driver sends it again on a new connection.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -17,18 +17,17 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::Instant;
-use weir_config::{Encoding, Listener, Upstream, UpstreamServer};
+use weir_config::{Encoding, Listener};
 
-use super::body::{self, PumpError};
+use super::body;
 use super::driver::{Accepted, Attempt, Exchange, Miss};
-use super::relay::Broke;
+use super::relay::{Broke, Peer};
 use super::{Failure, Reached};
 use crate::buffer::Buffer;
 use crate::codec::http1::{parse_response, BodyFraming, ResponseHead};
-use crate::connector::{connect_server, PoolKey, TlsUpstream, UpstreamStream, WriteHalf};
+use crate::connector::{connect_server, PoolKey, UpstreamStream, WriteHalf};
 use crate::error::ProxyError;
 use crate::filters::upgrade::Offered;
-use crate::metrics::shard::ServerMetrics;
 use crate::time::{Continued, LazyTimer};
 
 /// What the exchange needs to remember about the request once its head is consumed.
@@ -48,19 +47,6 @@ pub(crate) struct RequestMeta {
     /// `http2.max_informational`, their stream dropping those past its own bounds in
     /// `http2::interim`); one more fails the response.
     pub max_informational: u32,
-}
-
-impl RequestMeta {
-    /// How a reply (an answer from the cache) goes to this HTTP/1.x client;
-    /// `keep_alive`: the connection stays open after it.
-    pub fn sending(&self, keep_alive: bool) -> crate::files::Sending {
-        crate::files::Sending {
-            is_head: self.is_head,
-            http10: self.http10,
-            accepted: self.accepted,
-            keep_alive,
-        }
-    }
 }
 
 /// Where a try reads its response head into, and its bounds.
@@ -103,15 +89,11 @@ pub(crate) async fn send_whole<I: Interim>(
             rd.timer.set(Instant::from_std(sent_at) + timeout);
             read_final_head(&mut stream, rd, interim, true).await
         }
-        Err(e) => Err(HeadError {
-            error: upstream_write_error(e),
-            received: false,
-            interim_sent: false,
-        }),
+        Err(e) => Err(no_head(Peer::Upstream.error(e), false, false)),
     };
-    head.map(|()| stream).map_err(|e| Miss {
-        unprocessed: reused && x.idempotent && e.retryable(),
-        ..Miss::from(e)
+    head.map(|()| stream).map_err(|miss| Miss {
+        unprocessed: miss.unprocessed && reused && x.idempotent,
+        ..miss
     })
 }
 
@@ -137,7 +119,7 @@ pub(crate) async fn send_streaming<I: Interim>(
         let upload = std::pin::pin!(upload(&mut uw));
         let head = async {
             let head = read_final_head(&mut ur, rd, interim, false).await;
-            head.map_err(Failure::from)
+            head.map_err(|miss| miss.failure)
         };
         let timeout = x.target.upstream.response_timeout;
         let gone = std::future::pending();
@@ -168,7 +150,15 @@ fn obtain_for<'a>(
             return Obtained::Pooled(stream);
         }
     }
-    Obtained::Connect(connect(a.server, tls, upstream, a.metrics))
+    let (server, metrics) = (a.server, a.metrics);
+    Obtained::Connect(async move {
+        let started = std::time::Instant::now();
+        let stream = connect_server(upstream, server, tls).await?;
+        if let Some(m) = metrics {
+            m.connect.observe(started.elapsed());
+        }
+        Ok(stream)
+    })
 }
 
 /// A connection taken from the pool, or the connect that makes a new one.
@@ -177,27 +167,12 @@ enum Obtained<C> {
     Connect(C),
 }
 
-/// A new connection to `server`.
-async fn connect(
-    server: &UpstreamServer,
-    tls: Option<&TlsUpstream>,
-    upstream: &Upstream,
-    metrics: Option<&ServerMetrics>,
-) -> Result<UpstreamStream, ProxyError> {
-    let started = std::time::Instant::now();
-    let stream = connect_server(upstream, server, tls).await?;
-    if let Some(m) = metrics {
-        m.connect.observe(started.elapsed());
-    }
-    Ok(stream)
-}
-
 /// After a cache's stored entry answered instead of the upstream's response `resp` (its
 /// head consumed from `up_buf`): its connection (`sent`) is pooled when `resp` has no body
 /// (nothing of it is left to read).
 pub(crate) fn pool_after_answer(
     x: &Exchange<'_>,
-    accepted: &Accepted<'_, ()>,
+    accepted: &Accepted<'_>,
     up_buf: &Buffer,
     resp: &ResponseHead,
     stream: UpstreamStream,
@@ -222,7 +197,7 @@ pub(crate) struct Http1Response<'u> {
 /// after the response.
 pub(crate) fn reuse(
     x: &Exchange<'_>,
-    accepted: &Accepted<'_, ()>,
+    accepted: &Accepted<'_>,
     stream: UpstreamStream,
     idle_from: std::time::Instant,
 ) {
@@ -296,33 +271,19 @@ where
     }
 }
 
-/// Why no final head was read.
-pub(crate) struct HeadError {
-    pub error: ProxyError,
-    /// Some response byte arrived: the upstream processed the request.
-    pub received: bool,
-    /// A 1xx was relayed: the client has response bytes.
-    pub interim_sent: bool,
-}
-
-impl From<HeadError> for Failure {
-    fn from(e: HeadError) -> Failure {
-        Failure {
-            error: e.error,
-            reached: Reached::before_head(e.interim_sent),
-        }
-    }
-}
-
-impl HeadError {
-    /// A closed connection or an I/O error before any response byte: on a pooled
-    /// connection, the server closed it before it read the request.
-    pub(crate) fn retryable(&self) -> bool {
-        !self.received
-            && matches!(
-                self.error,
-                ProxyError::UpstreamClosed | ProxyError::UpstreamIo(_)
-            )
+/// The try's end when no final head was read: `error`, `received` (some response byte
+/// came: the upstream processed the request), `interim_sent` (a 1xx was relayed: the
+/// client has response bytes). A closed connection or an I/O error before any response
+/// byte is [`Miss::unprocessed`]: on a pooled connection, the server closed it before it
+/// read the request (`send_whole` keeps that for a pooled connection and an idempotent
+/// request only, `send_streaming` never).
+fn no_head(error: ProxyError, received: bool, interim_sent: bool) -> Miss {
+    use ProxyError::{UpstreamClosed, UpstreamIo};
+    let closed = matches!(error, UpstreamClosed | UpstreamIo(_));
+    let reached = Reached::before_head(interim_sent);
+    Miss {
+        unprocessed: !received && closed,
+        ..Miss::from(Failure { error, reached })
     }
 }
 
@@ -395,7 +356,8 @@ impl<'w, W> Http1Interim<'w, W> {
 
 impl<W: AsyncWrite + Unpin> Interim for Http1Interim<'_, W> {
     async fn relay(&mut self, head: &[u8], resp: &ResponseHead) -> Result<bool, ProxyError> {
-        if self.told_already(resp.status) {
+        // An upstream's 100 after Weir's own: the client has one already.
+        if resp.status == 100 && self.continued.as_ref().is_some_and(|c| c.told()) {
             return Ok(true);
         }
         let mut out = Vec::with_capacity(head.len());
@@ -419,11 +381,6 @@ impl<W: AsyncWrite + Unpin> Interim for Http1Interim<'_, W> {
 }
 
 impl<W: AsyncWrite + Unpin> Http1Interim<'_, W> {
-    /// An upstream's 100 after Weir's own: the client has one already.
-    fn told_already(&self, status: u16) -> bool {
-        status == 100 && self.continued.as_ref().is_some_and(|c| c.told())
-    }
-
     /// Writes a 1xx head (`Ok(true)`: the client has it).
     async fn send(&mut self, head: &[u8], status: u16) -> Result<bool, ProxyError> {
         *self.informed = true;
@@ -459,7 +416,7 @@ pub(crate) async fn read_final_head<R, W>(
     rd: &mut Reading<'_>,
     client: &mut W,
     timed: bool,
-) -> Result<(), HeadError>
+) -> Result<(), Miss>
 where
     R: AsyncRead + Unpin,
     W: Interim,
@@ -469,11 +426,6 @@ where
     let mut interim_sent = false;
     let mut informational = 0u32;
     let mut tell_at = None;
-    let fail = |error, received, interim_sent| HeadError {
-        error,
-        received,
-        interim_sent,
-    };
     loop {
         // Nothing read yet (the usual case right after sending): nothing to parse.
         let complete = !rd.up_buf.is_empty()
@@ -483,7 +435,7 @@ where
                 meta.is_head,
                 rd.resp,
             )
-            .map_err(|e| fail(e, true, interim_sent))?;
+            .map_err(|e| no_head(e, true, interim_sent))?;
         if !complete {
             let read = rd.up_buf.read_from(up);
             let read = match timed {
@@ -491,7 +443,7 @@ where
                 false => Some(
                     read_telling(read, client, &mut tell_at)
                         .await
-                        .map_err(|e| fail(e, received, true))?,
+                        .map_err(|e| no_head(e, received, true))?,
                 ),
             };
             let error = match read {
@@ -503,7 +455,7 @@ where
                 Some(Err(e)) => ProxyError::upstream_io(e),
                 Some(Ok(_)) => ProxyError::UpstreamClosed,
             };
-            return Err(fail(error, received, interim_sent));
+            return Err(no_head(error, received, interim_sent));
         }
         if !rd.resp.is_interim() {
             return Ok(());
@@ -512,13 +464,13 @@ where
         // until the response timeout; the heads the client already has commit no status.
         informational = informational.saturating_add(1);
         if informational > meta.max_informational {
-            return Err(fail(TOO_MANY_INFORMATIONAL, true, interim_sent));
+            return Err(no_head(TOO_MANY_INFORMATIONAL, true, interim_sent));
         }
         if !meta.http10 {
             let head = &rd.up_buf.filled()[..rd.resp.head_len];
             let relayed = client.relay(head, rd.resp).await;
             // Err: the HTTP/1.1 client may have part of the head (so, `interim_sent`).
-            interim_sent |= relayed.map_err(|e| fail(e, true, true))?;
+            interim_sent |= relayed.map_err(|e| no_head(e, true, true))?;
         }
         rd.up_buf.consume(rd.resp.head_len);
     }
@@ -545,44 +497,4 @@ async fn read_telling<W: Interim>(
         }
     }
     Ok(read.await)
-}
-
-pub(crate) fn upstream_write_error(e: PumpError) -> ProxyError {
-    match e {
-        PumpError::WriteTimeout => ProxyError::UpstreamTimeout,
-        PumpError::Write(kind) => ProxyError::upstream_io(kind.into()),
-        _ => ProxyError::UpstreamClosed,
-    }
-}
-
-/// Errors while moving the request body, seen from the client side.
-pub(crate) fn client_pump_error(e: PumpError) -> ProxyError {
-    match e {
-        PumpError::ReadTimeout => ProxyError::ClientTimeout,
-        PumpError::Framing(reason) => ProxyError::BadRequest(reason),
-        PumpError::TooLarge => ProxyError::BodyTooLarge,
-        PumpError::Read(kind) => ProxyError::ClientIo(kind),
-        PumpError::Truncated => ProxyError::ClientClosed,
-        PumpError::Write(_) | PumpError::WriteTimeout => ProxyError::UpstreamClosed,
-    }
-}
-
-/// Errors while moving the response body.
-pub(crate) fn upstream_pump_error(e: PumpError) -> ProxyError {
-    match e {
-        PumpError::ReadTimeout => ProxyError::UpstreamTimeout,
-        PumpError::Framing(reason) => ProxyError::UpstreamMalformed(reason),
-        PumpError::Read(kind) => ProxyError::UpstreamIo(kind),
-        PumpError::Truncated => ProxyError::UpstreamClosed,
-        PumpError::TooLarge => ProxyError::UpstreamMalformed("body too large"),
-        PumpError::Write(_) | PumpError::WriteTimeout => client_write_error(e),
-    }
-}
-
-/// Errors while writing the response to the client.
-pub(crate) fn client_write_error(e: PumpError) -> ProxyError {
-    match e {
-        PumpError::WriteTimeout => ProxyError::ClientTimeout,
-        _ => ProxyError::ClientClosed,
-    }
 }

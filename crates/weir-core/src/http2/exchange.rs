@@ -168,13 +168,13 @@ impl StreamRequest<'_> {
     pub(crate) async fn respond_accepted<R: ResponseStream>(
         &self,
         x: &Exchange<'_>,
-        accepted: Accepted<'_, (UpstreamStream, bool)>,
+        accepted: ((UpstreamStream, bool), Accepted<'_>),
         respond: &mut R,
         up_buf: &mut Buffer,
         resp: &ResponseHead,
         trace: &mut Trace,
     ) -> Result<(), Failure> {
-        let ((mut stream, request_done), accepted) = accepted.take();
+        let ((mut stream, request_done), accepted) = accepted;
         if let Some(reply) = self.answer_instead(Fetched::Http1(up_buf.filled(), resp), false) {
             accepted.count(Ok(resp.status));
             up_buf.consume(resp.head_len);

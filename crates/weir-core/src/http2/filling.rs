@@ -209,7 +209,7 @@ impl StreamRequest<'_> {
         resp: &mut ResponseHead,
         started: Instant,
         last_try: &mut LastTry,
-    ) -> Result<(UpstreamStream, bool, Accepted<'x, ()>), Failure> {
+    ) -> Result<(UpstreamStream, bool, Accepted<'x>), Failure> {
         let mut timer = LazyTimer::new(tokio::time::Instant::now());
         let mut sender = StreamSender {
             r: self,
@@ -223,7 +223,7 @@ impl StreamRequest<'_> {
             websocket_key,
         };
         let tried = drive(x, &mut sender, started, last_try).await?;
-        let ((stream, request_done), accepted) = tried.take();
+        let ((stream, request_done), accepted) = tried;
         accepted.count(Ok(sender.resp.status));
         Ok((stream, request_done, accepted))
     }

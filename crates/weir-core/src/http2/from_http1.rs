@@ -78,10 +78,9 @@ pub(crate) async fn forward_h2(
     match tried? {
         (Relayed::Over(relayed), kept) => relayed.map(|()| kept),
         (Relayed::Stored(reply), _) => {
-            let to = meta.sending(ask.keep_alive && conn.current.read);
             let under = Under::of_target(&target);
-            send_http1(conn, under, *reply, to, resp).await?;
-            Ok(to.keep_alive)
+            let keep_alive = ask.keep_alive && conn.current.read;
+            send_http1(conn, under, *reply, meta, keep_alive, resp).await
         }
         // Only `auto` upstreams fall back, and HTTP/1.x clients do not take them to h2.
         (Relayed::Http1, _) => Err(ProxyError::UpstreamTls("the server chose HTTP/1.1").into()),

@@ -175,7 +175,7 @@ impl StreamRequest<'_> {
         let body = sender.body;
         self.response_lines.set(sender.lines);
         trace.last_try = last_try;
-        (relayed.map(|accepted| accepted.take().0), body)
+        (relayed.map(|(sent, _)| sent), body)
     }
 
     /// The upstream request: made from the client's request `client` when given (an

@@ -88,7 +88,6 @@ pub(crate) async fn forward_filling(
     let Some(reply) = stale_answer(fill.as_deref(), &result) else {
         return result;
     };
-    let to = meta.sending(keep_alive && conn.current.read);
-    send_http1(conn, Under::of_target(&target), reply, to, resp).await?;
-    Ok(to.keep_alive)
+    let (under, keep_alive) = (Under::of_target(&target), keep_alive && conn.current.read);
+    send_http1(conn, under, reply, meta, keep_alive, resp).await
 }

@@ -29,7 +29,7 @@ pub(crate) use super::h1::Upload;
 use super::h1::{upload_while_waiting, Interim, TOO_MANY_INFORMATIONAL};
 use super::head::{coding, plan, Edits, ForClient};
 use super::relay::{Broke, Coding};
-use super::{Failure, Reached, Target};
+use super::{Reached, Target};
 use crate::codec::http1::header::is_token;
 use crate::connector::h2::{checkout, h2_error, never_processed, Checkout, Lease};
 use crate::error::ProxyError;
@@ -102,46 +102,27 @@ where
 {
     let Pending { lease, response } = pending;
     let mut relayed = false;
-    let head = next_final(response, interim, bounds, &mut relayed);
+    let head = next_final(response, &lease, interim, bounds, &mut relayed);
     let (timeout, deadline) = (bounds.timeout, bounds.deadline);
-    let error = match upload_while_waiting(upload, state, head, timeout, deadline, gone).await {
-        Ok(head) => return Ok((head, lease)),
-        Err(NoFinal::Failed(error)) => error,
-        Err(NoFinal::H2(e)) if never_processed(&e) && !relayed => {
-            if e.is_go_away() {
-                lease.drain();
-            }
-            return Err(Miss {
-                unprocessed: true,
-                ..Miss::from(ProxyError::UpstreamClosed)
-            });
+    match upload_while_waiting(upload, state, head, timeout, deadline, gone).await {
+        Ok(head) => Ok((head, lease)),
+        Err(mut miss) => {
+            miss.failure.reached = Reached::before_head(relayed);
+            Err(miss)
         }
-        Err(NoFinal::H2(e)) => h2_error(&e),
-    };
-    let reached = Reached::before_head(relayed);
-    Err(Miss::from(Failure { error, reached }))
-}
-
-/// Why no final head came.
-enum NoFinal {
-    Failed(ProxyError),
-    H2(h2::Error),
-}
-
-impl From<ProxyError> for NoFinal {
-    fn from(error: ProxyError) -> NoFinal {
-        NoFinal::Failed(error)
     }
 }
 
-/// The final head of `response`, its 1xx heads relayed to `interim` (`relayed` set once
-/// one went out); more than `bounds.max_informational` of them fail it.
+/// The final head of `response` (a stream of `lease`'s connection), its 1xx heads relayed
+/// to `interim` (`relayed` set once one went out); more than `bounds.max_informational` of
+/// them fail it.
 async fn next_final<I: Interim>(
     mut response: ResponseFuture,
+    lease: &Lease,
     interim: &mut I,
     bounds: HeadBounds,
     relayed: &mut bool,
-) -> Result<http::Response<RecvStream>, NoFinal> {
+) -> Result<http::Response<RecvStream>, Miss> {
     let mut informational = 0u32;
     loop {
         let next = poll_fn(|cx| {
@@ -151,7 +132,16 @@ async fn next_final<I: Interim>(
             Pin::new(&mut response).poll(cx).map(|r| r.map(Ok))
         });
         let head = match next.await {
-            Err(e) => return Err(NoFinal::H2(e)),
+            Err(e) if never_processed(&e) && !*relayed => {
+                if e.is_go_away() {
+                    lease.drain();
+                }
+                return Err(Miss {
+                    unprocessed: true,
+                    ..Miss::from(ProxyError::UpstreamClosed)
+                });
+            }
+            Err(e) => return Err(h2_error(&e).into()),
             Ok(Ok(mut head)) if !bounds.tokens || names_are_tokens(head.headers()) => {
                 if head.status() == http::StatusCode::NO_CONTENT {
                     // No body, whatever it says (RFC 9110 8.6; see `parse_response`).
@@ -160,18 +150,17 @@ async fn next_final<I: Interim>(
                 return Ok(head);
             }
             Ok(Err(head)) if head.status() == http::StatusCode::SWITCHING_PROTOCOLS => {
-                return Err(NoFinal::Failed(SWITCHING_IN_HTTP2));
+                return Err(SWITCHING_IN_HTTP2.into());
             }
             Ok(Err(head)) if !bounds.tokens || names_are_tokens(head.headers()) => head,
-            Ok(_) => return Err(NoFinal::Failed(NAME_NOT_TOKEN)),
+            Ok(_) => return Err(NAME_NOT_TOKEN.into()),
         };
         informational = informational.saturating_add(1);
         if informational > bounds.max_informational {
-            return Err(NoFinal::Failed(TOO_MANY_INFORMATIONAL));
+            return Err(TOO_MANY_INFORMATIONAL.into());
         }
         if bounds.relay {
-            let sent = interim.relay_h2(head).await;
-            *relayed |= sent.map_err(NoFinal::Failed)?;
+            *relayed |= interim.relay_h2(head).await?;
         }
     }
 }

@@ -70,7 +70,7 @@ impl RequestBody {
         // Decoded on a copy: the client's bytes stay as they came until answered.
         let mut copy = buf[head_len..].to_vec();
         let taken = state.take(&mut copy);
-        let (forward, used) = taken.map_err(crate::forward::h1::client_pump_error)?;
+        let (forward, used) = taken.map_err(|e| Peer::Client.error(e))?;
         let listed = || connection_listed(buf, &req.headers, framing);
         if !state.is_done() {
             body.whole = None;
@@ -119,7 +119,7 @@ impl RequestBody {
         buf.consume(std::mem::take(&mut self.skip));
         let state = BodyState::new(self.framing, true, self.limit).keeping_trailers();
         let mut source = Http1Source::new(src, buf, state, timeouts.client, Peer::Client)
-            .paced(timeouts.min_body_rate);
+            .paced(timeouts.min_body_rate, None);
         source.listed = self.listed.clone();
         source.arrival().await.map_err(Broke::Source)?;
         consumed.set(1);
