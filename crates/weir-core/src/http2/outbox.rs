@@ -30,9 +30,8 @@
 //! `stall_timeout` in which the connection wrote no DATA at all.
 
 use std::cell::{Cell, RefCell};
-use std::future::{poll_fn, Future};
+use std::future::Future;
 use std::rc::Rc;
-use std::task::Poll;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -40,7 +39,7 @@ use h2::SendStream;
 use tokio::sync::Notify;
 
 use super::conn::Shared;
-use super::send::{stop_of, Stop};
+use super::send::{unless_reset, Stop};
 use crate::error::ProxyError;
 use crate::time::with_timeout;
 
@@ -242,13 +241,7 @@ impl Outbox {
             }
             let written = self.written.get();
             let _seat = Seat::take(self);
-            let mut notified = std::pin::pin!(self.room.notified());
-            let woken = poll_fn(|cx| {
-                if let Poll::Ready(r) = send.poll_reset(cx) {
-                    return Poll::Ready(Err(stop_of(r)));
-                }
-                notified.as_mut().poll(cx).map(Ok)
-            });
+            let woken = unless_reset(|cx| send.poll_reset(cx), self.room.notified());
             match with_timeout(stall, woken).await {
                 Ok(Ok(())) => {}
                 Ok(Err(stop)) => return Err(stop),
