@@ -17,6 +17,7 @@ use std::ops::Range;
 use http::request::Parts;
 use http::{header, Method};
 
+use super::upstream_request::append;
 use crate::codec::http1::header::{is_token, trim};
 use crate::codec::http1::{HeaderKind, HeaderSpan};
 use crate::forward::h2::is_connection_specific;
@@ -115,10 +116,10 @@ impl Writer<'_> {
         // One allocation for the spans: the fields, `host`, and a framing field.
         self.fields.reserve(parts.headers.len() + 2);
         let line = Line {
-            method: self.append(method.as_bytes()),
+            method: append(self.out, &[method.as_bytes()]),
             target: {
                 self.out.push(b' ');
-                self.append(path.as_bytes())
+                append(self.out, &[path.as_bytes()])
             },
         };
         self.out.extend_from_slice(b" HTTP/1.1\r\n");
@@ -207,12 +208,6 @@ impl Writer<'_> {
         let at = self.out.len();
         self.out.extend_from_slice(value);
         self.end_field(start, at, name);
-    }
-
-    fn append(&mut self, bytes: &[u8]) -> Range<usize> {
-        let start = self.out.len();
-        self.out.extend_from_slice(bytes);
-        start..self.out.len()
     }
 
     /// Writes `name: `; returns where the line starts.
