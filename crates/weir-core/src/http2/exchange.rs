@@ -339,17 +339,6 @@ impl StreamRequest<'_> {
         }
     }
 
-    pub(crate) fn meta(&self) -> RequestMeta {
-        RequestMeta {
-            is_head: self.request.req.is_head,
-            // 1xx heads go to the client's stream (`interim`).
-            http10: false,
-            upgrade: Offered::default(),
-            accepted: None,
-            max_informational: self.informational_bound(),
-        }
-    }
-
     /// The most 1xx heads an upstream may send before its final head: the listener's
     /// `max_informational`, or `http2.max_informational` when that relays more (the stream
     /// drops those past it, `interim`). One more fails the response (502), so an upstream
@@ -401,7 +390,15 @@ impl<S: Source, I: Interim> Sender for StreamSender<'_, S, I> {
         let (r, x) = (self.r, self.x);
         self.out.clear();
         let offered = r.write_head(self.out, a.server);
-        let (mut meta, mut a) = (r.meta(), *a);
+        let mut meta = RequestMeta {
+            is_head: r.request.req.is_head,
+            // 1xx heads go to the client's stream (`interim`).
+            http10: false,
+            upgrade: Offered::default(),
+            accepted: None,
+            max_informational: r.informational_bound(),
+        };
+        let mut a = *a;
         if self.websocket_key.is_some() {
             // A handshake never streams an upload: its tunnel carries the client's bytes.
             debug_assert!(self.body.is_none(), "a WebSocket handshake with a body");
