@@ -174,20 +174,17 @@ impl Writer<'_> {
         content_length: Option<&[u8]>,
         end_of_stream: bool,
     ) -> Result<(), Malformed> {
-        match (content_length, end_of_stream) {
-            (Some(v), true) if v != b"0" => Err(Malformed("content-length without DATA")),
-            (Some(_), _) => Ok(()),
-            (None, false) => {
-                self.push(b"transfer-encoding", b"chunked");
-                Ok(())
-            }
+        let (name, value): (&[u8], &[u8]) = match (content_length, end_of_stream) {
+            (Some(v), true) if v != b"0" => return Err(Malformed("content-length without DATA")),
+            (None, false) => (b"transfer-encoding", b"chunked"),
             // An HTTP/1.1 server may want a length for these (411 otherwise).
             (None, true) if [Method::POST, Method::PUT, Method::PATCH].contains(method) => {
-                self.push(b"content-length", b"0");
-                Ok(())
+                (b"content-length", b"0")
             }
-            (None, true) => Ok(()),
-        }
+            _ => return Ok(()),
+        };
+        self.push(name, value);
+        Ok(())
     }
 
     /// One `cookie` line from every cookie field, joined with "; ".
