@@ -125,7 +125,7 @@ impl StreamRequest<'_> {
         let x = self.exchange_of();
         let body_in = Cell::new(0);
         let accepted = {
-            let client = self.client_stream(respond, body.is_some());
+            let client = ClientStream::new(self, respond, body.is_some());
             let listener = self.target.listener;
             let mut body = body;
             let source = body.as_mut().map(|body| {
@@ -317,15 +317,6 @@ impl StreamRequest<'_> {
             *go_on.status_mut() = http::StatusCode::CONTINUE;
             let _ = respond.send_informational(go_on);
         }
-    }
-
-    /// The client's stream while the final head is awaited (its 1xx heads: `interim_bounds`).
-    pub(super) fn client_stream<'s>(
-        &'s self,
-        respond: &'s mut SendResponse<Bytes>,
-        body: bool,
-    ) -> ClientStream<'s> {
-        ClientStream::new(respond, &self.relayed, self.interim_bounds(body))
     }
 
     /// The bounds of this response's 1xx heads: the listener's `max_informational` heads

@@ -128,7 +128,7 @@ impl StreamRequest<'_> {
         trace: &mut Trace,
     ) -> Result<(), Failure> {
         let (relayed, body) = {
-            let mut client = self.client_stream(respond, body.is_some());
+            let mut client = ClientStream::new(self, respond, body.is_some());
             let (parts, out) = (Some(parts), &mut Vec::new());
             self.drive_h2(facts, parts, body, &mut client, out, trace)
                 .await
