@@ -176,8 +176,7 @@ impl StreamRequest<'_> {
             pool_after_answer(&x, &accepted, up_buf, resp, stream, request_done);
             return Ok(());
         }
-        let (_, recorder) = self.admission(Fetched::Http1(up_buf.filled(), resp));
-        let Some(mut recorder) = recorder else {
+        let (_, Some(mut recorder)) = self.admission(Fetched::Http1(up_buf.filled(), resp)) else {
             return Ok(());
         };
         up_buf.consume(resp.head_len);
