@@ -152,10 +152,9 @@ pub(super) fn check_handshake_answer(
     resp: &ResponseHead,
     buf: &[u8],
 ) -> Result<(), ProxyError> {
+    let not_made = |why| Err(ProxyError::UpgradeNotMade(why));
     if (200..300).contains(&resp.status) {
-        return Err(ProxyError::UpgradeNotMade(
-            "2xx answer to a WebSocket upgrade",
-        ));
+        return not_made("2xx answer to a WebSocket upgrade");
     }
     if resp.status != 101 {
         return Ok(());
@@ -164,9 +163,7 @@ pub(super) fn check_handshake_answer(
     let accept = field(&resp.headers, buf, b"sec-websocket-accept");
     if !switch_allowed(&resp.headers, buf, allowed, offered) || accept != Some(&accept_of(key)[..])
     {
-        return Err(ProxyError::UpgradeNotMade(
-            "WebSocket handshake not accepted",
-        ));
+        return not_made("WebSocket handshake not accepted");
     }
     Ok(())
 }
