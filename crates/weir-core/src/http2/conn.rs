@@ -27,7 +27,7 @@ use bytes::Bytes;
 use h2::server::{Builder, Connection};
 use h2::Reason;
 use tokio::sync::Notify;
-use weir_config::{Http2, Listener};
+use weir_config::Listener;
 
 use super::budget::Budget;
 use super::io::Prefixed;
@@ -144,20 +144,6 @@ impl Drop for Shared {
     }
 }
 
-fn builder(h2: &Http2) -> Builder {
-    let mut b = Builder::new();
-    b.max_concurrent_streams(h2.max_concurrent_streams)
-        .max_header_list_size(h2.max_header_list_size)
-        .initial_window_size(h2.initial_stream_window)
-        .initial_connection_window_size(h2.initial_connection_window)
-        .max_send_buffer_size(h2.max_send_buffer as usize)
-        .max_pending_accept_reset_streams(h2.max_pending_accept_resets as usize)
-        .max_local_error_reset_streams(Some(h2.max_local_error_resets as usize))
-        // SETTINGS_ENABLE_CONNECT_PROTOCOL: WebSocket over HTTP/2 (RFC 8441, `websocket`).
-        .enable_connect_protocol();
-    b
-}
-
 /// Serves an HTTP/2 connection whose preface is at the start of `conn.buf` or still to be
 /// read from `conn.stream` (plain, or TLS after ALPN h2), until it closes. Returns once
 /// every stream task has ended.
@@ -191,7 +177,17 @@ pub async fn serve(worker: Rc<Worker>, slot: usize, mut conn: ClientConn) {
     shared.idle.rest(&worker.idle, now);
     shared.count(|m| &m.connections);
     let io = Prefixed::new(conn, shared.clone());
-    let handshake = builder(h2).handshake::<_, Bytes>(io);
+    let handshake = Builder::new()
+        .max_concurrent_streams(h2.max_concurrent_streams)
+        .max_header_list_size(h2.max_header_list_size)
+        .initial_window_size(h2.initial_stream_window)
+        .initial_connection_window_size(h2.initial_connection_window)
+        .max_send_buffer_size(h2.max_send_buffer as usize)
+        .max_pending_accept_reset_streams(h2.max_pending_accept_resets as usize)
+        .max_local_error_reset_streams(Some(h2.max_local_error_resets as usize))
+        // SETTINGS_ENABLE_CONNECT_PROTOCOL: WebSocket over HTTP/2 (RFC 8441, `websocket`).
+        .enable_connect_protocol()
+        .handshake::<_, Bytes>(io);
     let handshake = tokio::select! {
         biased;
         done = tokio::time::timeout(listener.header_timeout, handshake) => done,

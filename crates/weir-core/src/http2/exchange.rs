@@ -125,7 +125,7 @@ impl StreamRequest<'_> {
         let x = self.exchange_of();
         let body_in = Cell::new(0);
         let accepted = {
-            let client = self.client_stream(respond, body.is_some());
+            let client = ClientStream::new(self, respond, body.is_some());
             let listener = self.target.listener;
             let mut body = body;
             let source = body.as_mut().map(|body| {
@@ -319,15 +319,6 @@ impl StreamRequest<'_> {
         }
     }
 
-    /// The client's stream while the final head is awaited (its 1xx heads: `interim_bounds`).
-    pub(super) fn client_stream<'s>(
-        &'s self,
-        respond: &'s mut SendResponse<Bytes>,
-        body: bool,
-    ) -> ClientStream<'s> {
-        ClientStream::new(respond, &self.relayed, self.interim_bounds(body))
-    }
-
     /// The bounds of this response's 1xx heads: the listener's `max_informational` heads
     /// of `max_header_list_size` in all, a 100 only if Weir sent none.
     pub(crate) fn interim_bounds(&self, body: bool) -> Bounds {
@@ -336,17 +327,6 @@ impl StreamRequest<'_> {
             heads: h2.max_informational,
             bytes: h2.max_header_list_size,
             sent_continue: self.request.req.expect_continue && body,
-        }
-    }
-
-    pub(crate) fn meta(&self) -> RequestMeta {
-        RequestMeta {
-            is_head: self.request.req.is_head,
-            // 1xx heads go to the client's stream (`interim`).
-            http10: false,
-            upgrade: Offered::default(),
-            accepted: None,
-            max_informational: self.informational_bound(),
         }
     }
 
@@ -401,7 +381,15 @@ impl<S: Source, I: Interim> Sender for StreamSender<'_, S, I> {
         let (r, x) = (self.r, self.x);
         self.out.clear();
         let offered = r.write_head(self.out, a.server);
-        let (mut meta, mut a) = (r.meta(), *a);
+        let mut meta = RequestMeta {
+            is_head: r.request.req.is_head,
+            // 1xx heads go to the client's stream (`interim`).
+            http10: false,
+            upgrade: Offered::default(),
+            accepted: None,
+            max_informational: r.informational_bound(),
+        };
+        let mut a = *a;
         if self.websocket_key.is_some() {
             // A handshake never streams an upload: its tunnel carries the client's bytes.
             debug_assert!(self.body.is_none(), "a WebSocket handshake with a body");

@@ -13,6 +13,8 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Instant;
 
+use h2::RecvStream;
+
 use crate::buffer::Buffer;
 use crate::cache::{CacheResult, Fetched, Fill, Recorder};
 use crate::codec::http1::ResponseHead;
@@ -148,11 +150,9 @@ impl StreamRequest<'_> {
     /// [`StreamRequest::fetch_for_store`] toward an HTTP/2 upstream: `http2::upstream`'s
     /// sender, its response relayed to [`ForStore`].
     async fn fetch_over_h2(&self) -> Result<(), ProxyError> {
-        let (mut out, mut trace) = (Vec::new(), Trace::default());
-        let no_body = None::<h2::RecvStream>;
+        let (out, trace, store) = (&mut Vec::new(), &mut Trace::default(), &mut ForStore);
         let facts = H2Facts::default();
-        let store = &mut ForStore;
-        let tried = self.drive_h2(&facts, None, no_body, store, &mut out, &mut trace);
+        let tried = self.drive_h2(&facts, None, None::<RecvStream>, store, out, trace);
         match tried.await.0 {
             Ok(Relayed::Over(relayed)) => relayed.map_err(|f| f.error),
             // A refreshed entry (nobody to answer with it); `auto` never comes here.
@@ -176,8 +176,7 @@ impl StreamRequest<'_> {
             pool_after_answer(&x, &accepted, up_buf, resp, stream, request_done);
             return Ok(());
         }
-        let (_, recorder) = self.admission(Fetched::Http1(up_buf.filled(), resp));
-        let Some(mut recorder) = recorder else {
+        let (_, Some(mut recorder)) = self.admission(Fetched::Http1(up_buf.filled(), resp)) else {
             return Ok(());
         };
         up_buf.consume(resp.head_len);

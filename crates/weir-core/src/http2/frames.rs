@@ -151,6 +151,16 @@ impl Scanner {
     }
 }
 
+/// Takes one off `credit`; whether there was none to take.
+#[inline]
+fn spent(credit: &mut u32) -> bool {
+    let Some(left) = credit.checked_sub(1) else {
+        return true;
+    };
+    *credit = left;
+    false
+}
+
 /// Tells glitches among a client's frames: work for Weir that carries no request (floods
 /// of CVE-2019-9512 PING, -9515 SETTINGS, -9518 empty DATA (padded or not), PRIORITY
 /// (-9513), unknown frame types, which the `h2` crate reads and ignores, PING ACKs for
@@ -205,13 +215,7 @@ impl Glitches {
                 false
             }
             SETTINGS => f.flags & ACK == 0 && !first,
-            PING if f.flags & ACK != 0 => match self.pings_out.checked_sub(1) {
-                Some(left) => {
-                    self.pings_out = left;
-                    false
-                }
-                None => true,
-            },
+            PING if f.flags & ACK != 0 => spent(&mut self.pings_out),
             PING => !std::mem::take(&mut self.sent_since_ping),
             PRIORITY => true,
             WINDOW_UPDATE => self.window_update(f),
@@ -221,13 +225,7 @@ impl Glitches {
 
     fn window_update(&mut self, f: &Frame) -> bool {
         let tiny = self.tiny_data && f.word.is_some_and(|n| n < TINY_UPDATE);
-        match self.update_credit.checked_sub(1) {
-            Some(left) => {
-                self.update_credit = left;
-                tiny
-            }
-            None => true,
-        }
+        spent(&mut self.update_credit) || tiny
     }
 
     /// Notes a frame Weir sent: DATA explains two WINDOW_UPDATEs, HEADERS or DATA the

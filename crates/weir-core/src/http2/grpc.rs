@@ -89,10 +89,8 @@ pub fn status_head(code: u8, message: &[u8], extra: HeaderMap) -> http::Response
     let mut encoded = Vec::with_capacity(message.len());
     percent_encode(message, &mut encoded);
     // An empty message (a status without a reason phrase, and no body) is left out.
-    if let Some(v) = HeaderValue::from_bytes(&encoded)
-        .ok()
-        .filter(|v| !v.is_empty())
-    {
+    let value = HeaderValue::from_bytes(&encoded).ok();
+    if let Some(v) = value.filter(|v| !v.is_empty()) {
         headers.insert("grpc-message", v);
     }
     head

@@ -23,6 +23,7 @@ use h2::server::SendResponse;
 use h2::Reason;
 use http::{Response, StatusCode};
 
+use super::exchange::StreamRequest;
 use super::respond::end_to_end_head;
 use crate::codec::http1::ResponseHead;
 use crate::error::ProxyError;
@@ -86,11 +87,13 @@ pub(super) struct ClientStream<'a> {
 }
 
 impl<'a> ClientStream<'a> {
-    pub fn new(respond: &'a mut SendResponse<Bytes>, relayed: &'a Relayed, bounds: Bounds) -> Self {
+    /// The stream `respond` of the request `r` (its 1xx heads: `interim_bounds`; `body`:
+    /// the request has one).
+    pub fn new(r: &'a StreamRequest<'_>, respond: &'a mut SendResponse<Bytes>, body: bool) -> Self {
         ClientStream {
             respond: RefCell::new(respond),
-            relayed,
-            bounds,
+            relayed: &r.relayed,
+            bounds: r.interim_bounds(body),
             reset: Cell::new(false),
         }
     }

@@ -30,9 +30,8 @@
 //! `stall_timeout` in which the connection wrote no DATA at all.
 
 use std::cell::{Cell, RefCell};
-use std::future::{poll_fn, Future};
+use std::future::Future;
 use std::rc::Rc;
-use std::task::Poll;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -40,7 +39,7 @@ use h2::SendStream;
 use tokio::sync::Notify;
 
 use super::conn::Shared;
-use super::send::{stop_of, Stop};
+use super::send::{unless_reset, Stop};
 use crate::error::ProxyError;
 use crate::time::with_timeout;
 
@@ -242,13 +241,7 @@ impl Outbox {
             }
             let written = self.written.get();
             let _seat = Seat::take(self);
-            let mut notified = std::pin::pin!(self.room.notified());
-            let woken = poll_fn(|cx| {
-                if let Poll::Ready(r) = send.poll_reset(cx) {
-                    return Poll::Ready(Err(stop_of(r)));
-                }
-                notified.as_mut().poll(cx).map(Ok)
-            });
+            let woken = unless_reset(|cx| send.poll_reset(cx), self.room.notified());
             match with_timeout(stall, woken).await {
                 Ok(Ok(())) => {}
                 Ok(Err(stop)) => return Err(stop),
@@ -322,7 +315,7 @@ impl Drop for StreamOut {
 }
 
 /// Bytes the running stream may hand now, when at least `least` may (0: wait,
-/// [`wait_room`]); no bound outside a stream task. `None`: the client's RST_STREAM for
+/// [`within`]); no bound outside a stream task. `None`: the client's RST_STREAM for
 /// it passed, so it hands nothing more. The `h2` crate may not have read that reset yet
 /// (it stops decoding while a PING ACK waits for a socket the client does not read), and
 /// would take and hold what the stream hands, uncounted: the review's way around the
@@ -353,22 +346,13 @@ pub async fn within(
     let room = match room_now(least) {
         _ if n == 0 => return Ok(0),
         None => return Err(Stop::Reset),
-        Some(0) => wait_room(send, stall, least).await?,
+        Some(0) => match STREAM.try_with(|s| (s.shared.clone(), s.id)) {
+            Ok((shared, id)) => shared.outbox.room(id, send, stall, least).await?,
+            Err(_) => usize::MAX,
+        },
         Some(room) => room,
     };
     Ok(n.min(room))
-}
-
-/// Waits for room for the running stream (its half `send`) as [`Outbox::room`] does.
-async fn wait_room(
-    send: &mut SendStream<Bytes>,
-    stall: Duration,
-    least: usize,
-) -> Result<usize, Stop> {
-    match STREAM.try_with(|s| (s.shared.clone(), s.id)) {
-        Ok((shared, id)) => shared.outbox.room(id, send, stall, least).await,
-        Err(_) => Ok(usize::MAX),
-    }
 }
 
 #[cfg(test)]

@@ -17,6 +17,7 @@ use std::ops::Range;
 use http::request::Parts;
 use http::{header, Method};
 
+use super::upstream_request::append;
 use crate::codec::http1::header::{is_token, trim};
 use crate::codec::http1::{HeaderKind, HeaderSpan};
 use crate::forward::h2::is_connection_specific;
@@ -115,10 +116,10 @@ impl Writer<'_> {
         // One allocation for the spans: the fields, `host`, and a framing field.
         self.fields.reserve(parts.headers.len() + 2);
         let line = Line {
-            method: self.append(method.as_bytes()),
+            method: append(self.out, &[method.as_bytes()]),
             target: {
                 self.out.push(b' ');
-                self.append(path.as_bytes())
+                append(self.out, &[path.as_bytes()])
             },
         };
         self.out.extend_from_slice(b" HTTP/1.1\r\n");
@@ -173,20 +174,17 @@ impl Writer<'_> {
         content_length: Option<&[u8]>,
         end_of_stream: bool,
     ) -> Result<(), Malformed> {
-        match (content_length, end_of_stream) {
-            (Some(v), true) if v != b"0" => Err(Malformed("content-length without DATA")),
-            (Some(_), _) => Ok(()),
-            (None, false) => {
-                self.push(b"transfer-encoding", b"chunked");
-                Ok(())
-            }
+        let (name, value): (&[u8], &[u8]) = match (content_length, end_of_stream) {
+            (Some(v), true) if v != b"0" => return Err(Malformed("content-length without DATA")),
+            (None, false) => (b"transfer-encoding", b"chunked"),
             // An HTTP/1.1 server may want a length for these (411 otherwise).
             (None, true) if [Method::POST, Method::PUT, Method::PATCH].contains(method) => {
-                self.push(b"content-length", b"0");
-                Ok(())
+                (b"content-length", b"0")
             }
-            (None, true) => Ok(()),
-        }
+            _ => return Ok(()),
+        };
+        self.push(name, value);
+        Ok(())
     }
 
     /// One `cookie` line from every cookie field, joined with "; ".
@@ -207,12 +205,6 @@ impl Writer<'_> {
         let at = self.out.len();
         self.out.extend_from_slice(value);
         self.end_field(start, at, name);
-    }
-
-    fn append(&mut self, bytes: &[u8]) -> Range<usize> {
-        let start = self.out.len();
-        self.out.extend_from_slice(bytes);
-        start..self.out.len()
     }
 
     /// Writes `name: `; returns where the line starts.

@@ -12,6 +12,7 @@ use super::names::response_name;
 pub(crate) use super::send::Sinking;
 use super::send::{send_bytes, StreamSink};
 use crate::codec::http1::ResponseHead;
+use crate::codec::Fields;
 use crate::error::ProxyError;
 use crate::files::BodySource;
 use crate::forward::head::Edits;
@@ -45,7 +46,7 @@ pub(crate) fn head_from_http1(
             headers.append(name, value);
         }
     }
-    let fields = crate::codec::Fields::Http1 {
+    let fields = Fields::Http1 {
         buf,
         headers: &resp.headers,
     };
@@ -88,12 +89,7 @@ pub(super) fn head_from_h2(parts: http::response::Parts, edits: &Edits<'_>) -> h
         };
         kept.append(name.clone(), value);
     }
-    append_lines(
-        &mut kept,
-        edits,
-        crate::codec::Fields::Http2(headers),
-        &mut scratch,
-    );
+    append_lines(&mut kept, edits, Fields::Http2(headers), &mut scratch);
     *headers = kept;
     response
 }
@@ -104,7 +100,7 @@ pub(super) fn head_from_h2(parts: http::response::Parts, edits: &Edits<'_>) -> h
 fn append_lines(
     headers: &mut HeaderMap,
     edits: &Edits<'_>,
-    fields: crate::codec::Fields<'_>,
+    fields: Fields<'_>,
     scratch: &mut Vec<u8>,
 ) {
     scratch.clear();

@@ -42,7 +42,7 @@ impl From<Stop> for ProxyError {
     }
 }
 
-pub(super) fn stop_of(reset: Result<Reason, h2::Error>) -> Stop {
+fn stop_of(reset: Result<Reason, h2::Error>) -> Stop {
     match reset {
         Ok(_) => Stop::Reset,
         Err(_) => Stop::Error(ProxyError::ClientClosed),

@@ -31,8 +31,6 @@ use crate::proxy::route::{Decision, Routing};
 use crate::request::Request;
 use crate::request::Trace;
 use crate::router::RoutedPath;
-use crate::snapshot::Snapshot;
-use crate::worker::Worker;
 
 /// Serves one accepted stream of the connection `shared`. Returns when it ended (read
 /// once for its duration; the connection's idle time starts there too).
@@ -88,16 +86,18 @@ pub async fn serve(
     let max = HeadLimits::of(listener);
     let result = match fill_written(&buf, line.method, line.target, max, &mut req) {
         Ok(()) => {
-            let parsed = Parsed {
+            let s = Stream {
+                at: &at,
                 buf: &buf,
                 req: &req,
+                started,
                 facts: &facts,
-                body: (!ended).then_some(body),
+                spare: &Cell::new(http::HeaderMap::new()),
                 tunnel: (upgrade.as_ref()).map(|(p, k)| (p.as_str().as_bytes(), &k[..])),
                 tunnels: &shared.tunnels,
-                started,
             };
-            run(&at, parsed, parts, &mut respond, &mut log).await
+            s.run(parts, (!ended).then_some(body), &mut respond, &mut log)
+                .await
         }
         Err(e) => Err(e.into()),
     };
@@ -133,55 +133,17 @@ fn write_request(
     Some((line.ok()?, Some((protocol.clone(), key))))
 }
 
-/// A stream's request, its HTTP/1.1 head written and checked.
-struct Parsed<'a> {
+/// A stream's request, its HTTP/1.1 head written and checked, on the connection (and the
+/// snapshot) it came on.
+struct Stream<'a> {
+    at: &'a StreamConn<'a>,
     buf: &'a [u8],
     req: &'a RequestHead,
-    facts: &'a H2Facts,
-    body: Option<RecvStream>,
-    /// An extended CONNECT: its `:protocol` and the `Sec-WebSocket-Key` in the head.
-    tunnel: Option<(&'a [u8], &'a [u8])>,
-    /// The connection's running tunnels.
-    tunnels: &'a Cell<u32>,
     started: Instant,
-}
-
-/// Notes the request for the log (`StreamLog::note`) and handles it (`Stream::handle`).
-async fn run(
-    at: &StreamConn<'_>,
-    parsed: Parsed<'_>,
-    parts: http::request::Parts,
-    respond: &mut SendResponse<Bytes>,
-    log: &mut StreamLog,
-) -> Result<(), Failure> {
-    log.note(at, parsed.buf, parsed.req);
-    // A field map for the response's fields (`spare`): the request's, emptied, when the
-    // upstream speaks HTTP/1.1 (`handle`), its two allocations serving both heads.
-    let spare = Cell::new(http::HeaderMap::new());
-    let s = Stream {
-        worker: at.worker,
-        snapshot: at.snapshot,
-        index: at.listener,
-        request: at.request(&log.who, parsed.buf, parsed.req, parsed.started),
-        facts: parsed.facts,
-        spare: &spare,
-        tunnel: parsed.tunnel,
-        tunnels: parsed.tunnels,
-    };
-    let (trace, otel) = (&mut log.trace, &mut log.otel);
-    let (route, result) = s.handle(parts, parsed.body, respond, trace, otel).await;
-    log.route = route;
-    result
-}
-
-/// A parsed request on the snapshot it runs on.
-struct Stream<'a> {
-    worker: &'a Worker,
-    snapshot: &'a Snapshot,
-    index: usize,
-    request: Request<'a>,
     facts: &'a H2Facts,
-    /// The request's field map, for the response's fields (`StreamRequest::spare`).
+    /// A field map for the response's fields (`StreamRequest::spare`): the request's,
+    /// emptied, when the upstream speaks HTTP/1.1 (`handle`), its two allocations serving
+    /// both heads.
     spare: &'a Cell<http::HeaderMap>,
     /// An extended CONNECT: its `:protocol` and the `Sec-WebSocket-Key` in the head.
     tunnel: Option<(&'a [u8], &'a [u8])>,
@@ -190,21 +152,40 @@ struct Stream<'a> {
 }
 
 impl<'a> Stream<'a> {
+    /// Notes the request for the log (`StreamLog::note`) and handles it (`Stream::handle`).
+    async fn run(
+        &self,
+        parts: http::request::Parts,
+        body: Option<RecvStream>,
+        respond: &mut SendResponse<Bytes>,
+        log: &mut StreamLog,
+    ) -> Result<(), Failure> {
+        log.note(self.at, self.buf, self.req);
+        let request = self.at.request(&log.who, self.buf, self.req, self.started);
+        let (trace, otel) = (&mut log.trace, &mut log.otel);
+        let (route, result) = self
+            .handle(request, parts, body, respond, trace, otel)
+            .await;
+        log.route = route;
+        result
+    }
+
     /// The stream's routing: its listener on its snapshot.
     fn routing(&self) -> Routing<'a> {
         Routing {
-            worker: self.worker,
-            snapshot: self.snapshot,
-            listener: self.index,
+            worker: self.at.worker,
+            snapshot: self.at.snapshot,
+            listener: self.at.listener,
         }
     }
 
     /// The routing decision, then what it says: forward the request, answer it (the
     /// default response, `respond`, a redirect, a refusal) or refuse it.
-    /// `parts`: the client's request, for an HTTP/2 upstream's request; `otel`: set to its
+    /// `parts`: the client's `request`, for an HTTP/2 upstream's request; `otel`: set to its
     /// trace when it is sampled.
     async fn handle(
         &self,
+        request: Request<'_>,
         parts: http::request::Parts,
         body: Option<RecvStream>,
         respond: &mut SendResponse<Bytes>,
@@ -214,20 +195,20 @@ impl<'a> Stream<'a> {
         let routing = self.routing();
         // Routed and forwarded on the normalised path, exactly as HTTP/1 requests are.
         let mut path = RoutedPath::default();
-        let (route, decided) = routing.decide(&self.request, &mut path);
+        let (route, decided) = routing.decide(&request, &mut path);
         let decision = match decided {
             Ok(decision) => decision,
-            Err(check) => Box::pin(routing.verified(&self.request, &path, check)).await,
+            Err(check) => Box::pin(routing.verified(&request, &path, check)).await,
         };
         // Without a trace, the request as it is (no copy).
         let traced;
-        let r = match routing.trace(route, || self.request) {
-            None => &self.request,
+        let r = match routing.trace(route, || request) {
+            None => &request,
             Some(trace) => {
                 let trace = &*otel.insert(trace);
                 traced = Request {
                     trace: Some(trace),
-                    ..self.request
+                    ..request
                 };
                 &traced
             }
@@ -247,7 +228,7 @@ impl<'a> Stream<'a> {
             Decision::Refuse(error) => return (route, Err(error.into())),
         };
         let r = StreamRequest {
-            worker: self.worker,
+            worker: self.at.worker,
             target,
             request: *r,
             path: &path,
@@ -265,11 +246,10 @@ impl<'a> Stream<'a> {
             return (route, Box::pin(tunnel).await);
         }
         r.continue_if_asked(body.is_some(), respond);
-        let carrier = carrier(Protocol::Http2, r.target.upstream);
         if let Some(answered) = r.before_forward(fill, respond, trace).await {
             return (route, answered);
         }
-        let result = match carrier == Carrier::Http2 {
+        let result = match carrier(Protocol::Http2, r.target.upstream) == Carrier::Http2 {
             true => Box::pin(r.forward_h2(self.facts, parts, body, respond, trace)).await,
             false => {
                 // The request's field map, emptied, takes the response's fields (two

@@ -104,15 +104,8 @@ impl StreamLog {
     /// `trusted_proxies`: `who`) and keeps what the access log and the metrics need.
     pub fn note(&mut self, conn: &StreamConn<'_>, buf: &[u8], req: &RequestHead) {
         let (worker, listener) = (conn.worker, &conn.snapshot.config.listeners[conn.listener]);
-        let who = &mut self.who;
-        who.behind = identify(
-            worker,
-            listener,
-            buf,
-            req,
-            conn.peer_ip,
-            &mut who.request_id,
-        );
+        let Who { behind, request_id } = &mut self.who;
+        *behind = identify(worker, listener, buf, req, conn.peer_ip, request_id);
         if worker.log(conn.slot).is_some() {
             self.fields.capture(buf, req);
             self.fields.http2 = conn.protocol == Protocol::Http2;

@@ -76,10 +76,8 @@ fn passes(
     max_list_size: u32,
     edited_out: &impl Fn(&[u8]) -> bool,
 ) -> bool {
-    let (name, cost) = (
-        name.as_str().as_bytes(),
-        name.as_str().len() + value.len() + 32,
-    );
+    let name = name.as_str().as_bytes();
+    let cost = name.len() + value.len() + 32;
     let pass =
         trailer::relayed(name) && !edited_out(name) && *size + cost <= max_list_size as usize;
     *size += if pass { cost } else { 0 };

@@ -128,7 +128,7 @@ impl StreamRequest<'_> {
         trace: &mut Trace,
     ) -> Result<(), Failure> {
         let (relayed, body) = {
-            let mut client = self.client_stream(respond, body.is_some());
+            let mut client = ClientStream::new(self, respond, body.is_some());
             let (parts, out) = (Some(parts), &mut Vec::new());
             self.drive_h2(facts, parts, body, &mut client, out, trace)
                 .await
@@ -484,7 +484,7 @@ impl<C: ClientSide, B: ClientBody> Sender for H2Sender<'_, '_, C, B> {
         let limit = r.target.listener.max_body_size;
         let whole = self.body.as_ref().is_some_and(ClientBody::is_whole);
         let (body, consumed, up) = (self.body.as_mut(), &self.consumed, &mut up_send);
-        let mut state = if end { Upload::Done } else { Upload::Running };
+        let state = &mut if end { Upload::Done } else { Upload::Running };
         let names = HeadNames::of(&r.target, r.request.trace.is_some());
         let upload = async {
             let Some(body) = body else { return Ok(()) };
@@ -492,14 +492,7 @@ impl<C: ClientSide, B: ClientBody> Sender for H2Sender<'_, '_, C, B> {
         };
         tokio::pin!(upload);
         let (mut interim, gone) = self.client.waiting();
-        let waited = final_head(
-            pending,
-            upload.as_mut(),
-            &mut state,
-            &mut interim,
-            bounds,
-            gone,
-        );
+        let waited = final_head(pending, upload.as_mut(), state, &mut interim, bounds, gone);
         let waited = waited.await;
         drop(interim);
         self.trace.reset |= self.client.was_reset();
@@ -532,10 +525,10 @@ impl<C: ClientSide, B: ClientBody> Sender for H2Sender<'_, '_, C, B> {
             edits: &edits,
             cache_status,
             http2: &r.target.listener.http2,
-            upload_stopped: state == Upload::Stopped,
+            upload_stopped: *state == Upload::Stopped,
             out: &mut *self.out,
         };
-        let upload = (state == Upload::Running).then_some(upload);
+        let upload = (*state == Upload::Running).then_some(upload);
         let received = Cell::new(0);
         let source = H2Source::new(&mut up_body, timeouts.upstream, Peer::Upstream, &received);
         let relayed = relay_answer(

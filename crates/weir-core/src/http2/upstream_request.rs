@@ -153,7 +153,8 @@ impl Upstream<'_> {
 }
 
 /// Appends `pieces`; returns where they are.
-fn append(out: &mut Vec<u8>, pieces: &[&[u8]]) -> Range<usize> {
+#[inline]
+pub(super) fn append(out: &mut Vec<u8>, pieces: &[&[u8]]) -> Range<usize> {
     let start = out.len();
     for p in pieces {
         out.extend_from_slice(p);

@@ -81,17 +81,10 @@ impl StreamRequest<'_> {
         trace: &mut Trace,
     ) -> Result<(), Failure> {
         let up_buf = &mut Buffer::new(UPSTREAM_BUFFER);
-        let mut resp = ResponseHead::default();
+        let resp = &mut ResponseHead::default();
         let (x, started) = (self.exchange_of(), std::time::Instant::now());
         // The client waits for the 101 (as 200) only: 1xx heads before it are dropped.
-        let open = self.try_alone(
-            &x,
-            Some(key),
-            up_buf,
-            &mut resp,
-            started,
-            &mut trace.last_try,
-        );
+        let open = self.try_alone(&x, Some(key), up_buf, resp, started, &mut trace.last_try);
         let (mut stream, _, accepted) = match unless_reset(|cx| respond.poll_reset(cx), open).await
         {
             Ok(opened) => opened?,
@@ -107,7 +100,7 @@ impl StreamRequest<'_> {
             let up = Http1Response {
                 stream: &mut stream,
                 buf: up_buf,
-                head: &resp,
+                head: resp,
             };
             let relayed = self.respond_http1(respond, up, edits, |_| {}, trace);
             return relayed.await.map(|_| ());
@@ -116,7 +109,7 @@ impl StreamRequest<'_> {
         // and extensions the server chose, cookies, ...) but `Sec-WebSocket-Accept`, which
         // answered Weir's key.
         let arrived = Bytes::copy_from_slice(up_buf.filled());
-        let mut head = head_from_http1(&resp, &arrived, &edits, http::HeaderMap::new());
+        let mut head = head_from_http1(resp, &arrived, &edits, http::HeaderMap::new());
         *head.status_mut() = http::StatusCode::OK;
         head.headers_mut().remove("sec-websocket-accept");
         up_buf.consume(resp.head_len);
@@ -159,10 +152,9 @@ pub(super) fn check_handshake_answer(
     resp: &ResponseHead,
     buf: &[u8],
 ) -> Result<(), ProxyError> {
+    let not_made = |why| Err(ProxyError::UpgradeNotMade(why));
     if (200..300).contains(&resp.status) {
-        return Err(ProxyError::UpgradeNotMade(
-            "2xx answer to a WebSocket upgrade",
-        ));
+        return not_made("2xx answer to a WebSocket upgrade");
     }
     if resp.status != 101 {
         return Ok(());
@@ -171,9 +163,7 @@ pub(super) fn check_handshake_answer(
     let accept = field(&resp.headers, buf, b"sec-websocket-accept");
     if !switch_allowed(&resp.headers, buf, allowed, offered) || accept != Some(&accept_of(key)[..])
     {
-        return Err(ProxyError::UpgradeNotMade(
-            "WebSocket handshake not accepted",
-        ));
+        return not_made("WebSocket handshake not accepted");
     }
     Ok(())
 }
