@@ -374,11 +374,8 @@ fn wants_keep_alive(
     req: &RequestHead,
     listener: &Listener,
 ) -> bool {
-    let asked = if req.minor_version == 0 {
-        req.connection.keep_alive && !req.connection.close
-    } else {
-        !req.connection.close
-    };
+    // An HTTP/1.0 client keeps the connection only when it asks to.
+    let asked = !req.connection.close && (req.minor_version != 0 || req.connection.keep_alive);
     let (limit, served) = (listener.keepalive_requests, conn.served);
     let closing = worker.is_draining() || conn.last_request;
     asked && (limit == 0 || served < limit) && !closing && !listener.keepalive_timeout.is_zero()
