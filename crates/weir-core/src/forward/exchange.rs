@@ -156,41 +156,32 @@ pub(crate) async fn forward_h1(
     let mut last_try = sender.conn.current.exchange.last_try;
     let started = sender.conn.current.started;
     let accepted = drive(x, &mut sender, started, &mut last_try).await;
-    let Http1Sender {
-        conn,
-        consumed,
-        body_read,
-        meta,
-        resp,
-        mut up_buf,
-        ..
-    } = sender;
+    let conn = &mut *sender.conn;
     conn.current.exchange.last_try = last_try;
     // The request (the body too, when it was whole) is consumed once it is answered, or
     // failed: read whole, the connection may go on after Weir's answer.
-    if !consumed {
+    if !sender.consumed {
         conn.buf
             .consume(req.head_len + if whole { used } else { 0 });
     }
-    conn.current.read = whole || body_read;
+    conn.current.read = whole || sender.body_read;
     let result = match accepted {
         Ok(((stream, request_done), accepted)) => {
             let response = Response {
                 x,
                 accepted: &accepted,
-                meta,
+                meta: sender.meta,
                 request_done,
                 keep_alive,
             };
             let fill = conn.fill.take();
-            response
-                .respond(conn, stream, &mut up_buf, resp, fill)
-                .await
+            let (up_buf, resp) = (&mut sender.up_buf, &mut *sender.resp);
+            response.respond(conn, stream, up_buf, resp, fill).await
         }
         // A cache's fill stays in `conn.fill`: `forward` weighs its stale entry.
         Err(failure) => Err(failure),
     };
-    x.worker.give_buffer(up_buf);
+    x.worker.give_buffer(sender.up_buf);
     result
 }
 
