@@ -445,10 +445,8 @@ impl Response<'_> {
         body_with_head: bool,
     ) {
         if resp.keeps_alive() && self.request_done && up_buf.is_empty() {
-            let idle_from = match body_with_head {
-                true => self.accepted.head_at,
-                false => std::time::Instant::now(),
-            };
+            let idle_from = body_with_head.then_some(self.accepted.head_at);
+            let idle_from = idle_from.unwrap_or_else(std::time::Instant::now);
             reuse(self.x, self.accepted, stream, idle_from);
         }
     }

@@ -83,11 +83,8 @@ pub(crate) async fn send_whole<I: Interim>(
             // response_timeout counts from the end of the request. On a pooled connection
             // the send completes at once, so that is when the try started (no clock read);
             // after a connect it is now.
-            let sent_at = if reused {
-                a.started
-            } else {
-                std::time::Instant::now()
-            };
+            let sent_at = reused.then_some(a.started);
+            let sent_at = sent_at.unwrap_or_else(std::time::Instant::now);
             rd.timer.set(Instant::from_std(sent_at) + timeout);
             read_final_head(&mut stream, rd, interim, true).await
         }
