@@ -492,12 +492,7 @@ impl Response<'_> {
         listed: Vec<u8>,
         mut recorder: Option<Box<Recorder>>,
     ) -> Result<bool, Failure> {
-        let Http1Response {
-            stream,
-            buf: up_buf,
-            head: resp,
-        } = up;
-        let (listener, upstream) = (self.x.target.listener, self.x.target.upstream);
+        let (listener, upstream, resp) = (self.x.target.listener, self.x.target.upstream, up.head);
         // An HTTP/1.1 client gets the trailer section re-written (`forward::trailer`); an
         // HTTP/1.0 one, whose body is de-chunked, none.
         let state = match self.meta.http10 {
@@ -505,7 +500,7 @@ impl Response<'_> {
             false => BodyState::new(resp.framing, dechunk, None).keeping_trailers(),
         };
         let timeout = upstream.response_timeout;
-        let mut source = Http1Source::new(stream, up_buf, state, timeout, Peer::Upstream);
+        let mut source = Http1Source::new(up.stream, up.buf, state, timeout, Peer::Upstream);
         source.listed = listed;
         // Refused before any byte of it went out (a bad chunk with the head, a compressor
         // that did not start): the client gets Weir's 502, the try counts as one.
