@@ -52,8 +52,7 @@ impl<'a> Edits<'a> {
                     .unwrap_or(&route.path_prefix),
                 public_prefix: &route.path_prefix,
             }),
-            plan: Plan::default(),
-            cookie: None,
+            ..Edits::default()
         }
     }
 
