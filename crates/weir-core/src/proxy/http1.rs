@@ -276,16 +276,7 @@ async fn answer(
         Ok(keep_alive) => return (handled_status(handled, listener, resp), *keep_alive),
         Err(failure) => failure,
     };
-    let error = failure.error;
-    match error.side() {
-        Side::Client => {
-            let client = String::from_utf8_lossy(conn.ip.as_bytes());
-            tracing::debug!(listener = %listener.name, %client, %error, "client error")
-        }
-        // Upstream TLS: already logged where the handshake failed, naming the server.
-        _ if matches!(error, ProxyError::UpstreamTls(_)) => {}
-        _ => tracing::warn!(listener = %listener.name, %error, "request failed"),
-    }
+    super::log_failure(&failure.error, listener, conn.ip.as_bytes());
     if failure.reached == Reached::Head {
         return (handled_status(handled, listener, resp), false);
     }

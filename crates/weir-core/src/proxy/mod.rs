@@ -22,6 +22,8 @@ mod http1;
 mod revalidate;
 pub mod route;
 
+use weir_config::Listener;
+
 use crate::access_log::{Outcome, RequestFields};
 use crate::error::ProxyError;
 use crate::filters::forwarded::ClientIp;
@@ -171,5 +173,18 @@ pub(crate) fn default_reason(error: ProxyError) -> Option<DefaultReason> {
         BodyTooLarge | HeadTooLarge => Some(DefaultReason::TooLarge),
         HeaderTimeout | ClientTimeout | BodyTooSlow => Some(DefaultReason::Timeout),
         _ => None,
+    }
+}
+
+/// Logs a failure of a request from `client` (its address as text).
+pub(crate) fn log_failure(error: &ProxyError, listener: &Listener, client: &[u8]) {
+    match error.side() {
+        crate::error::Side::Client => {
+            let client = String::from_utf8_lossy(client);
+            tracing::debug!(listener = %listener.name, %client, %error, "client error")
+        }
+        // Upstream TLS: already logged where the handshake failed, naming the server.
+        _ if matches!(error, ProxyError::UpstreamTls(_)) => {}
+        _ => tracing::warn!(listener = %listener.name, %error, "request failed"),
     }
 }
