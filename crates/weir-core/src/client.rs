@@ -332,9 +332,10 @@ impl ClientConn {
 
     /// Waits for the first byte of a request; false when the connection should close.
     async fn wait_first_byte(&mut self, listener: &Listener, worker: &Worker) -> bool {
-        let idle = match self.served {
-            0 => listener.header_timeout,
-            _ => listener.keepalive_timeout,
+        let idle = if self.served == 0 {
+            listener.header_timeout
+        } else {
+            listener.keepalive_timeout
         };
         if idle.is_zero() {
             return false;

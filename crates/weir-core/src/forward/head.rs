@@ -52,7 +52,8 @@ impl<'a> Edits<'a> {
                     .unwrap_or(&route.path_prefix),
                 public_prefix: &route.path_prefix,
             }),
-            ..Edits::default()
+            plan: Plan::default(),
+            cookie: None,
         }
     }
 

@@ -45,6 +45,11 @@ pub struct RequestEdits<'a> {
     pub trace: Option<&'a RequestTrace>,
 }
 
+/// `traceparent` or `tracestate`, in any case.
+fn is_trace_context(name: &[u8]) -> bool {
+    name.eq_ignore_ascii_case(b"traceparent") || name.eq_ignore_ascii_case(b"tracestate")
+}
+
 /// Which client fields, by name alone, the upstream head copies as they came: not
 /// hop-by-hop, not `Host`, not one Weir writes itself or the route removes (the forwarded
 /// headers on a route that sets them, the listener's client-certificate header, the
@@ -107,9 +112,7 @@ impl<'a> HeadNames<'a> {
     fn written_by_weir(&self, name: &[u8]) -> bool {
         self.request_id.is_some_and(|id| same_header_name(name, id))
             || self.rules.is_some_and(|r| r.drops(name))
-            || (self.traced
-                && (name.eq_ignore_ascii_case(b"traceparent")
-                    || name.eq_ignore_ascii_case(b"tracestate")))
+            || (self.traced && is_trace_context(name))
     }
 }
 
