@@ -75,8 +75,8 @@ pub(crate) async fn send_whole<I: Interim>(
     rd.up_buf.clear();
     let upstream = x.target.upstream;
     let (mut stream, reused) = match obtain_for(x, a) {
-        Ok(stream) => (stream, true),
-        Err(connect) => (connect.await?, false),
+        Obtained::Pooled(stream) => (stream, true),
+        Obtained::Connect(connect) => (connect.await?, false),
     };
     let timeout = upstream.response_timeout;
     let head = match body::write_parts(&mut stream, [head, body], timeout).await {
@@ -110,8 +110,8 @@ pub(crate) async fn send_streaming<I: Interim>(
 ) -> Result<(UpstreamStream, bool), Miss> {
     rd.up_buf.clear();
     let mut stream = match obtain_for(x, a) {
-        Ok(stream) => stream,
-        Err(connect) => connect.await?,
+        Obtained::Pooled(stream) => stream,
+        Obtained::Connect(connect) => connect.await?,
     };
     let mut state = Upload::Running;
     {
@@ -128,14 +128,14 @@ pub(crate) async fn send_streaming<I: Interim>(
     Ok((stream, state == Upload::Done))
 }
 
-/// A connection for try `a`: a pooled one unless `a.fresh` (`Ok`), else (`Err`) the
-/// connect that makes a new one. A plain function, not an `async fn`: the usual pooled
+/// A connection for try `a`: a pooled one unless `a.fresh` (`Obtained::Pooled`), else
+/// the connect that makes a new one. A plain function, not an `async fn`: the usual pooled
 /// connection is taken without making and polling a future (78 instructions fewer per
 /// proxied request, `bench/instructions.sh`); only a connect waits.
 fn obtain_for<'a>(
     x: &'a Exchange<'_>,
     a: &Attempt<'a>,
-) -> Result<UpstreamStream, impl Future<Output = Result<UpstreamStream, ProxyError>> + 'a> {
+) -> Obtained<impl Future<Output = Result<UpstreamStream, ProxyError>> + 'a> {
     let tls = x.target.pool.tls.as_deref();
     let upstream = x.target.upstream;
     if !a.fresh {
@@ -147,11 +147,11 @@ fn obtain_for<'a>(
             m.pool_idle.set(idle as u64);
         }
         if let Some(stream) = reused {
-            return Ok(stream);
+            return Obtained::Pooled(stream);
         }
     }
     let (server, metrics) = (a.server, a.metrics);
-    Err(async move {
+    Obtained::Connect(async move {
         let started = std::time::Instant::now();
         let stream = connect_server(upstream, server, tls).await?;
         if let Some(m) = metrics {
@@ -159,6 +159,12 @@ fn obtain_for<'a>(
         }
         Ok(stream)
     })
+}
+
+/// A connection taken from the pool, or the connect that makes a new one.
+enum Obtained<C> {
+    Pooled(UpstreamStream),
+    Connect(C),
 }
 
 /// After a cache's stored entry answered instead of the upstream's response `resp` (its
