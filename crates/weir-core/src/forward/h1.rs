@@ -31,7 +31,6 @@ use crate::connector::{connect_server, PoolKey, UpstreamStream, WriteHalf};
 use crate::error::ProxyError;
 use crate::filters::upgrade::Offered;
 use crate::time::{Continued, LazyTimer};
-use crate::worker::UPSTREAM_BUFFER;
 
 /// What the exchange needs to remember about the request once its head is consumed.
 #[derive(Clone, Copy)]
@@ -430,16 +429,22 @@ where
     loop {
         // Nothing read yet (the usual case right after sending): nothing to parse.
         let complete = !rd.up_buf.is_empty()
-            && parse_response(rd.up_buf.filled(), UPSTREAM_BUFFER, meta.is_head, rd.resp)
-                .map_err(|e| no_head(e, true, interim_sent))?;
+            && parse_response(
+                rd.up_buf.filled(),
+                crate::worker::UPSTREAM_BUFFER,
+                meta.is_head,
+                rd.resp,
+            )
+            .map_err(|e| no_head(e, true, interim_sent))?;
         if !complete {
             let read = rd.up_buf.read_from(up);
             let read = match timed {
                 true => rd.timer.within(std::pin::pin!(read)).await,
-                false => {
-                    let read = read_telling(read, client, &mut tell_at).await;
-                    Some(read.map_err(|e| no_head(e, received, true))?)
-                }
+                false => Some(
+                    read_telling(read, client, &mut tell_at)
+                        .await
+                        .map_err(|e| no_head(e, received, true))?,
+                ),
             };
             let error = match read {
                 Some(Ok(n)) if n > 0 => {

@@ -195,8 +195,11 @@ pub fn write_request_head(
     client: ClientFacts<'_>,
 ) -> Offered {
     let (edits, names) = (client.edits, &client.names);
-    let routed = path.get(req.path(buf));
-    let (prefix, rest) = upstream_path(routed, &route.path_prefix, route.rewrite_prefix.as_deref());
+    let (prefix, rest) = upstream_path(
+        path.get(req.path(buf)),
+        &route.path_prefix,
+        route.rewrite_prefix.as_deref(),
+    );
     out.extend_from_slice(&buf[req.method.clone()]);
     out.push(b' ');
     out.extend_from_slice(prefix);

@@ -52,8 +52,9 @@ pub(crate) async fn open(
 ) -> Result<Option<(Pending, SendStream<Bytes>)>, Miss> {
     let (pool, upstream) = (&x.worker.h2_pool, x.target.upstream);
     let tls = x.target.pool.tls.as_deref();
-    let Checkout::Lease(lease) = checkout(pool, upstream, a.server, tls, a.started).await? else {
-        return Ok(None);
+    let lease = match checkout(pool, upstream, a.server, tls, a.started).await? {
+        Checkout::Lease(lease) => lease,
+        Checkout::Http1 => return Ok(None),
     };
     match lease.send_request(request, end).await {
         Ok((response, send)) => Ok(Some((Pending { lease, response }, send))),
