@@ -172,8 +172,14 @@ impl Tries<'_> {
         if !may_retry(&u.retry.on, outcome, replay) {
             return None;
         }
-        let (upstreams, key) = (&self.x.worker.upstreams, self.x.key);
-        upstreams.retry(target.upstream_index, target.pool, u, key, &self.tried)
+        let upstreams = &self.x.worker.upstreams;
+        upstreams.retry(
+            target.upstream_index,
+            target.pool,
+            u,
+            self.x.key,
+            &self.tried,
+        )
     }
 }
 

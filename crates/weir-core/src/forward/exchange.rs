@@ -463,12 +463,18 @@ impl Response<'_> {
         resp: &mut ResponseHead,
         reply: Reply,
     ) -> Result<bool, Failure> {
-        let (accepted, done) = (self.accepted, self.request_done);
-        accepted.count(Ok(resp.status));
+        self.accepted.count(Ok(resp.status));
         up_buf.consume(resp.head_len);
-        pool_after_answer(self.x, accepted, up_buf, resp, stream, done);
+        pool_after_answer(
+            self.x,
+            self.accepted,
+            up_buf,
+            resp,
+            stream,
+            self.request_done,
+        );
         let under = Under::of_target(&self.x.target);
-        let keep_alive = self.keep_alive && done;
+        let keep_alive = self.keep_alive && self.request_done;
         send_http1(conn, under, reply, self.meta, keep_alive, resp).await
     }
 

@@ -201,8 +201,12 @@ pub(crate) fn reuse(
     idle_from: std::time::Instant,
 ) {
     let key = PoolKey::new(accepted.server, x.target.pool.tls.as_deref());
-    let mut pool = x.worker.pool.borrow_mut();
-    let idle = pool.put(key, stream, x.target.upstream.max_idle, idle_from);
+    let max_idle = x.target.upstream.max_idle;
+    let idle = x
+        .worker
+        .pool
+        .borrow_mut()
+        .put(key, stream, max_idle, idle_from);
     if let Some(m) = accepted.metrics {
         m.pool_idle.set(idle as u64);
     }

@@ -400,7 +400,8 @@ impl<R: AsyncRead + Unpin> Source for Http1Source<'_, R> {
         }
         if !self.listed.is_empty() {
             let listed = &self.listed;
-            self.state.drop_trailers(|n| trailer::listed_in(listed, n));
+            self.state
+                .drop_trailers(|name| trailer::listed_in(listed, name));
         }
         // Lines even when none is left: a body passed through still needs its end.
         Ok(Trailers::Lines(self.state.trailers()))
@@ -435,8 +436,12 @@ impl<R: AsyncRead + Unpin> Http1Source<'_, R> {
     /// Reads more of the body into `buf`. False: the body ended with the stream
     /// (`UntilClose`).
     async fn read_more(&mut self) -> Result<bool, ProxyError> {
-        let read = self.buf.read_from(self.stream);
-        let read = paced(self.pace.as_mut(), self.timeout, read).await;
+        let read = paced(
+            self.pace.as_mut(),
+            self.timeout,
+            self.buf.read_from(self.stream),
+        )
+        .await;
         let error = match read {
             Ok(Ok(n)) if n > 0 => {
                 if let Some(pace) = &mut self.pace {

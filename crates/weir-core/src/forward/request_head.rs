@@ -253,9 +253,18 @@ fn push_client_forwarded(
         .iter()
         .filter(|h| h.kind == HeaderKind::XForwardedFor)
         .map(|h| &buf[h.value.clone()]);
-    let real = client.edits.and_then(|e| e.real_client);
-    let (ip, tls) = (client.ip, client.tls.is_some());
-    push_forwarded(out, real.unwrap_or(ip), ip, client_host, prior, tls);
+    let real = client
+        .edits
+        .and_then(|e| e.real_client)
+        .unwrap_or(client.ip);
+    push_forwarded(
+        out,
+        real,
+        client.ip,
+        client_host,
+        prior,
+        client.tls.is_some(),
+    );
 }
 
 /// Appends, as `write_request_head` writes them, the lines Weir adds to a request (the

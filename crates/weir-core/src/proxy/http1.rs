@@ -213,8 +213,10 @@ async fn open(
     }
     // TLS listeners: the handshake, before the first request (see tls/handshake.rs); not
     // on their plain-HTTP binds.
-    let tls = snapshot.listeners[index].tls.as_ref();
-    let tls = tls.filter(|_| !plain_http);
+    let tls = snapshot.listeners[index]
+        .tls
+        .as_ref()
+        .filter(|_| !plain_http);
     if let Some(tls) = tls {
         let hello = crate::tls::handshake::accept(worker, at, tls, &mut conn.stream, &mut conn.buf);
         conn.tls = Some(Box::new(hello.await?));
@@ -382,8 +384,9 @@ async fn local_response(
     resp: &mut ResponseHead,
 ) -> Result<bool, Failure> {
     let mut body = BodyState::new(req.framing, false, listener.max_body_size);
-    let taken = body.take(&mut conn.buf.filled_mut()[req.head_len..]);
-    let (_, consumed) = taken.map_err(|_| ProxyError::BadRequest("malformed body"))?;
+    let (_, consumed) = body
+        .take(&mut conn.buf.filled_mut()[req.head_len..])
+        .map_err(|_| ProxyError::BadRequest("malformed body"))?;
     let keep_alive = keep_alive && body.is_done();
     let persistence = Persistence::of(keep_alive, req.minor_version == 0);
     let mut out = std::mem::take(&mut conn.out);
