@@ -264,34 +264,36 @@ impl ClientConn {
             return Ok(NextRequest::Close);
         }
         // HTTP/2 with prior knowledge on cleartext connections only: over TLS, HTTP/2 is
-        // chosen by ALPN (and the stream path must carry the TLS facts).
-        if self.served == 0 && self.tls.is_none() {
-            if let Some(next) = self.sniff_http2(listener).await {
-                return next;
-            }
-        }
+        // chosen by ALPN (and the stream path must carry the TLS facts). Decided on the
+        // first byte for every HTTP/1 method but `PRI`; read as HTTP/1 once not the preface.
+        let mut sniffing = self.served == 0 && self.tls.is_none();
         // Usually the whole head is there: parse at once. Otherwise re-parse only when an
         // end of head may have arrived (or the size limit is reached), so a client dribbling
         // a head byte by byte cannot make Weir re-parse it thousands of times.
-        if let Some(next) = self.parse(limits, head)? {
-            return Ok(next);
-        }
-        let deadline = self.head_deadline(listener);
-        let mut scanned = 0;
+        let (mut worth_parsing, mut scanned, mut deadline) = (true, 0, None);
         loop {
+            if sniffing {
+                match crate::http2::preface(self.buf.filled()) {
+                    crate::http2::Preface::Complete => return Ok(NextRequest::Http2),
+                    crate::http2::Preface::Not => sniffing = false,
+                    crate::http2::Preface::Partial => {}
+                }
+            }
+            if worth_parsing && !sniffing {
+                if let Some(next) = self.parse(limits, head)? {
+                    return Ok(next);
+                }
+            }
+            let deadline = *deadline.get_or_insert_with(|| self.head_deadline(listener));
             match timeout_at(deadline, self.buf.read_from(&mut self.stream)).await {
                 Err(_) => return Err(ProxyError::HeaderTimeout),
                 Ok(Ok(0)) | Ok(Err(_)) => return Ok(NextRequest::Close),
                 Ok(Ok(_)) => {}
             }
             let filled = self.buf.filled();
-            let worth_parsing =
-                head_end_seen(filled, &mut scanned) || filled.len() >= listener.max_header_size;
-            if worth_parsing {
-                if let Some(next) = self.parse(limits, head)? {
-                    return Ok(next);
-                }
-            }
+            worth_parsing = sniffing
+                || head_end_seen(filled, &mut scanned)
+                || filled.len() >= listener.max_header_size;
         }
     }
 
@@ -314,27 +316,6 @@ impl ClientConn {
                 Ok(Some(NextRequest::Close))
             }
             Err(e) => Err(e),
-        }
-    }
-
-    /// Whether the connection's first bytes are the HTTP/2 preface. `None`: they are not
-    /// (decided on the first byte for every HTTP/1 method but `PRI`); read as HTTP/1.
-    async fn sniff_http2(
-        &mut self,
-        listener: &Listener,
-    ) -> Option<Result<NextRequest, ProxyError>> {
-        let deadline = self.head_deadline(listener);
-        loop {
-            match crate::http2::preface(self.buf.filled()) {
-                crate::http2::Preface::Complete => return Some(Ok(NextRequest::Http2)),
-                crate::http2::Preface::Not => return None,
-                crate::http2::Preface::Partial => {}
-            }
-            match timeout_at(deadline, self.buf.read_from(&mut self.stream)).await {
-                Err(_) => return Some(Err(ProxyError::HeaderTimeout)),
-                Ok(Ok(0)) | Ok(Err(_)) => return Some(Ok(NextRequest::Close)),
-                Ok(Ok(_)) => {}
-            }
         }
     }
 

@@ -162,7 +162,8 @@ impl Tries<'_> {
 
     /// The sticky-session `Set-Cookie` line the response carries, if any.
     pub fn set_cookie(&self) -> Option<&[u8]> {
-        set_cookie(self.x.target, &self.pick)
+        let cookie = self.x.target.pool.set_cookie(self.pick.server);
+        cookie.filter(|_| self.pick.set_cookie)
     }
 
     /// The server to try next after `outcome`, if the rules allow one.
@@ -204,7 +205,8 @@ impl<'a> Accepted<'a> {
 
     /// The sticky-session `Set-Cookie` line the response carries, if any.
     pub fn set_cookie(&self) -> Option<&'a [u8]> {
-        set_cookie(self.target, &self.pick)
+        let cookie = self.target.pool.set_cookie(self.pick.server);
+        cookie.filter(|_| self.pick.set_cookie)
     }
 }
 
@@ -337,14 +339,6 @@ fn attempt_end<T>(sent: &Result<T, Miss>) -> AttemptEnd {
             },
         },
     }
-}
-
-/// The sticky-session `Set-Cookie` line a response from `pick`'s server carries, if any.
-fn set_cookie<'a>(target: Target<'a>, pick: &Pick) -> Option<&'a [u8]> {
-    target
-        .pool
-        .set_cookie(pick.server)
-        .filter(|_| pick.set_cookie)
 }
 
 /// Records a try's outcome: for the server's passive health and load balancing (`pick`),

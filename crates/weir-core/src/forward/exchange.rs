@@ -156,41 +156,32 @@ pub(crate) async fn forward_h1(
     let mut last_try = sender.conn.current.exchange.last_try;
     let started = sender.conn.current.started;
     let accepted = drive(x, &mut sender, started, &mut last_try).await;
-    let Http1Sender {
-        conn,
-        consumed,
-        body_read,
-        meta,
-        resp,
-        mut up_buf,
-        ..
-    } = sender;
+    let conn = &mut *sender.conn;
     conn.current.exchange.last_try = last_try;
     // The request (the body too, when it was whole) is consumed once it is answered, or
     // failed: read whole, the connection may go on after Weir's answer.
-    if !consumed {
+    if !sender.consumed {
         conn.buf
             .consume(req.head_len + if whole { used } else { 0 });
     }
-    conn.current.read = whole || body_read;
+    conn.current.read = whole || sender.body_read;
     let result = match accepted {
         Ok(((stream, request_done), accepted)) => {
             let response = Response {
                 x,
                 accepted: &accepted,
-                meta,
+                meta: sender.meta,
                 request_done,
                 keep_alive,
             };
             let fill = conn.fill.take();
-            response
-                .respond(conn, stream, &mut up_buf, resp, fill)
-                .await
+            let (up_buf, resp) = (&mut sender.up_buf, &mut *sender.resp);
+            response.respond(conn, stream, up_buf, resp, fill).await
         }
         // A cache's fill stays in `conn.fill`: `forward` weighs its stale entry.
         Err(failure) => Err(failure),
     };
-    x.worker.give_buffer(up_buf);
+    x.worker.give_buffer(sender.up_buf);
     result
 }
 
@@ -454,10 +445,8 @@ impl Response<'_> {
         body_with_head: bool,
     ) {
         if resp.keeps_alive() && self.request_done && up_buf.is_empty() {
-            let idle_from = match body_with_head {
-                true => self.accepted.head_at,
-                false => std::time::Instant::now(),
-            };
+            let idle_from = body_with_head.then_some(self.accepted.head_at);
+            let idle_from = idle_from.unwrap_or_else(std::time::Instant::now);
             reuse(self.x, self.accepted, stream, idle_from);
         }
     }
@@ -503,12 +492,7 @@ impl Response<'_> {
         listed: Vec<u8>,
         mut recorder: Option<Box<Recorder>>,
     ) -> Result<bool, Failure> {
-        let Http1Response {
-            stream,
-            buf: up_buf,
-            head: resp,
-        } = up;
-        let (listener, upstream) = (self.x.target.listener, self.x.target.upstream);
+        let (listener, upstream, resp) = (self.x.target.listener, self.x.target.upstream, up.head);
         // An HTTP/1.1 client gets the trailer section re-written (`forward::trailer`); an
         // HTTP/1.0 one, whose body is de-chunked, none.
         let state = match self.meta.http10 {
@@ -516,7 +500,7 @@ impl Response<'_> {
             false => BodyState::new(resp.framing, dechunk, None).keeping_trailers(),
         };
         let timeout = upstream.response_timeout;
-        let mut source = Http1Source::new(stream, up_buf, state, timeout, Peer::Upstream);
+        let mut source = Http1Source::new(up.stream, up.buf, state, timeout, Peer::Upstream);
         source.listed = listed;
         // Refused before any byte of it went out (a bad chunk with the head, a compressor
         // that did not start): the client gets Weir's 502, the try counts as one.

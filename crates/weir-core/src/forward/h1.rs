@@ -21,9 +21,11 @@ use weir_config::{Encoding, Listener};
 
 use super::body;
 use super::driver::{Accepted, Attempt, Exchange, Miss};
+use super::head::{push_fields, reason, write_from_http1, Edits};
 use super::relay::{Broke, Peer};
 use super::{Failure, Reached};
 use crate::buffer::Buffer;
+use crate::codec::http1::write::push_status_line;
 use crate::codec::http1::{parse_response, BodyFraming, ResponseHead};
 use crate::connector::{connect_server, PoolKey, UpstreamStream, WriteHalf};
 use crate::error::ProxyError;
@@ -81,11 +83,8 @@ pub(crate) async fn send_whole<I: Interim>(
             // response_timeout counts from the end of the request. On a pooled connection
             // the send completes at once, so that is when the try started (no clock read);
             // after a connect it is now.
-            let sent_at = if reused {
-                a.started
-            } else {
-                std::time::Instant::now()
-            };
+            let sent_at = reused.then_some(a.started);
+            let sent_at = sent_at.unwrap_or_else(std::time::Instant::now);
             rd.timer.set(Instant::from_std(sent_at) + timeout);
             read_final_head(&mut stream, rd, interim, true).await
         }
@@ -360,15 +359,20 @@ impl<W: AsyncWrite + Unpin> Interim for Http1Interim<'_, W> {
         if resp.status == 100 && self.continued.as_ref().is_some_and(|c| c.told()) {
             return Ok(true);
         }
+        // Its end-to-end lines, each ending in CRLF. Not as it came: a bare-LF line end, or
+        // a hop-by-hop field, could make a stricter parser in front read it differently.
         let mut out = Vec::with_capacity(head.len());
-        super::head::write_interim_from_http1(&mut out, head, resp);
+        write_from_http1(&mut out, head, resp, &Edits::default(), &Default::default());
         self.send(&out, resp.status).await
     }
 
     async fn relay_h2(&mut self, head: http::Response<()>) -> Result<bool, ProxyError> {
-        let mut out = Vec::with_capacity(128);
-        super::head::write_interim_from_h2(&mut out, &head);
-        self.send(&out, head.status().as_u16()).await
+        // Its connection-specific fields dropped.
+        let (mut out, status) = (Vec::with_capacity(128), head.status());
+        push_status_line(&mut out, status.as_u16(), reason(status));
+        push_fields(&mut out, head.headers(), |_| false);
+        out.extend_from_slice(b"\r\n");
+        self.send(&out, status.as_u16()).await
     }
 
     fn untold(&self) -> bool {

@@ -3,7 +3,7 @@
 //! mapped back (`reverse_rewrite`), the `response_headers` rules, the compression plan, the
 //! sticky-session cookie), and its writing as HTTP/1.1 for an HTTP/1.x client from either
 //! upstream's head ([`write_from_http1`]: the upstream's lines copied in runs;
-//! [`write_from_h2`]: an HTTP/2 upstream's fields; 1xx heads by `write_interim_from_*`).
+//! [`write_from_h2`]: an HTTP/2 upstream's fields; 1xx heads by `h1::Http1Interim`).
 //! An HTTP/2 client's head is built from the same `Edits` (`http2::respond::head_from_http1`
 //! / `head_from_h2`), as an HTTP/3 client's is.
 
@@ -123,23 +123,6 @@ pub struct ClientFraming {
     pub close: bool,
     /// The client speaks HTTP/1.0 (needs an explicit keep-alive).
     pub http10: bool,
-}
-
-/// Appends an HTTP/1.1 upstream's 1xx head `resp` (parsed from `buf`) as the client gets
-/// it: its end-to-end lines, each ending in CRLF. Not as it came: a bare-LF line end, or
-/// a hop-by-hop field, could make a stricter parser in front read it differently.
-pub(crate) fn write_interim_from_http1(out: &mut Vec<u8>, buf: &[u8], resp: &ResponseHead) {
-    push_status_line(out, resp.status, &buf[resp.reason.clone()]);
-    copy_lines(out, buf, resp, &Edits::default(), |_| false);
-    out.extend_from_slice(b"\r\n");
-}
-
-/// Appends an HTTP/2 upstream's 1xx head as HTTP/1.1 (its connection-specific fields
-/// dropped).
-pub(crate) fn write_interim_from_h2(out: &mut Vec<u8>, head: &http::Response<()>) {
-    push_status_line(out, head.status().as_u16(), reason(head.status()));
-    push_fields(out, head.headers(), |_| false);
-    out.extend_from_slice(b"\r\n");
 }
 
 /// Appends HTTP/2 `fields` as HTTP/1.1 lines (lower-case names, as HTTP/2 has them) but

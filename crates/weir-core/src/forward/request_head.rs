@@ -332,15 +332,11 @@ pub(crate) fn same_header_name(name: &[u8], header: &[u8]) -> bool {
     name.len() == header.len() && name.iter().map(fold).eq(header.iter().map(fold))
 }
 
-/// Headers copied as they are: everything end-to-end that the proxy does not set itself
-/// (`name`'s `kind`; on a route that sets the forwarded headers, in either spelling).
-fn forwards_unchanged(
-    kind: HeaderKind,
-    name: &[u8],
-    connection_listed: bool,
-    forwarded: bool,
-) -> bool {
-    if connection_listed || kind.is_hop_by_hop() || kind == HeaderKind::Host {
+/// Headers copied as they are: everything end-to-end (not `listed` in `Connection`) that
+/// the proxy does not set itself (`name`'s `kind`; on a route that sets the forwarded
+/// headers, in either spelling).
+fn forwards_unchanged(kind: HeaderKind, name: &[u8], listed: bool, forwarded: bool) -> bool {
+    if listed || kind.is_hop_by_hop() || kind == HeaderKind::Host {
         return false;
     }
     let set_by_proxy = match kind {

@@ -58,7 +58,7 @@ pub async fn serve_client(
     let mut resp = ResponseHead::default();
     loop {
         // The wait for the next request runs under the current config's timeouts.
-        let Some(waiting) = Serving::current(&worker, slot, kept, &mut conn) else {
+        let Some(waiting) = kept.current(&worker, slot, &mut conn) else {
             return;
         };
         let counters = Counters {
@@ -75,7 +75,7 @@ pub async fn serve_client(
         let parsed = matches!(next, Ok(NextRequest::Ready));
         // The request runs on the snapshot current when its head arrived, not the one from
         // before an idle wait: a reload in between applies to it.
-        let Some(serving) = Serving::current(&worker, slot, waiting, &mut conn) else {
+        let Some(serving) = waiting.current(&worker, slot, &mut conn) else {
             return;
         };
         let started = Instant::now();
@@ -149,31 +149,21 @@ struct Serving {
 impl Serving {
     /// The worker's current snapshot if it still has the listener of `slot`. If a reload
     /// removed the listener, the connection still gets its next request answered, on the
-    /// snapshot it was served with (`previous`), with `Connection: close`; if it changed
+    /// snapshot it was served with (`self`), with `Connection: close`; if it changed
     /// the client-auth policy the connection's handshake met, `None`: the connection
     /// closes unanswered (`Snapshot::admits`). Inlined (twice per request), with the rare
     /// reload out of line.
     #[inline]
-    fn current(
-        worker: &Worker,
-        slot: usize,
-        previous: Serving,
-        conn: &mut ClientConn,
-    ) -> Option<Serving> {
-        if worker.is_current(&previous.snapshot) {
-            return Some(previous);
+    fn current(self, worker: &Worker, slot: usize, conn: &mut ClientConn) -> Option<Serving> {
+        if worker.is_current(&self.snapshot) {
+            return Some(self);
         }
-        Serving::reloaded(worker, slot, previous, conn)
+        self.reloaded(worker, slot, conn)
     }
 
     /// [`Serving::current`] after a reload.
     #[inline(never)]
-    fn reloaded(
-        worker: &Worker,
-        slot: usize,
-        previous: Serving,
-        conn: &mut ClientConn,
-    ) -> Option<Serving> {
+    fn reloaded(self, worker: &Worker, slot: usize, conn: &mut ClientConn) -> Option<Serving> {
         let fresh = worker.snapshot();
         match fresh.listener_index(slot) {
             Some(index) if fresh.admits(index, conn.tls.as_deref()) => Some(Serving {
@@ -183,7 +173,7 @@ impl Serving {
             Some(_) => None,
             None => {
                 conn.last_request = true;
-                Some(previous)
+                Some(self)
             }
         }
     }
@@ -374,11 +364,8 @@ fn wants_keep_alive(
     req: &RequestHead,
     listener: &Listener,
 ) -> bool {
-    let asked = if req.minor_version == 0 {
-        req.connection.keep_alive && !req.connection.close
-    } else {
-        !req.connection.close
-    };
+    // An HTTP/1.0 client keeps the connection only when it asks to.
+    let asked = !req.connection.close && (req.minor_version != 0 || req.connection.keep_alive);
     let (limit, served) = (listener.keepalive_requests, conn.served);
     let closing = worker.is_draining() || conn.last_request;
     asked && (limit == 0 || served < limit) && !closing && !listener.keepalive_timeout.is_zero()

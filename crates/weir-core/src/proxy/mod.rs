@@ -126,7 +126,14 @@ pub(crate) fn record(
         }
     }
     if let Some(trace) = conn.trace {
-        end_trace(trace, handled, done.status, aborted);
+        // Its spans end: answered with the status, an error when it failed (or was cut
+        // short after its head).
+        let error = match (&handled.result, aborted) {
+            (_, Some(reason)) => Some(reason.label()),
+            (Err(f), None) => Some(crate::upstream::retry::Outcome::of_error(f.error).reason()),
+            (Ok(_), None) => None,
+        };
+        trace.finish(done.status, error);
     }
     if let Some(log) = worker.log(done.slot) {
         let config = &snapshot.config;
@@ -154,22 +161,6 @@ pub(crate) fn record(
         };
         log.log(conn.fields, &outcome);
     }
-}
-
-/// Ends a sampled request's spans: answered with `status`, an error when it failed (or
-/// was cut short after its head).
-fn end_trace(
-    trace: &crate::otel::RequestTrace,
-    handled: &Handled,
-    status: u16,
-    aborted: Option<AbortReason>,
-) {
-    let error = match (&handled.result, aborted) {
-        (_, Some(reason)) => Some(reason.label()),
-        (Err(f), None) => Some(crate::upstream::retry::Outcome::of_error(f.error).reason()),
-        (Ok(_), None) => None,
-    };
-    trace.finish(status, error);
 }
 
 /// Which default-response reason an error counts as (upstream failures are not one).

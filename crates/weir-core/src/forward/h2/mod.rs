@@ -266,11 +266,8 @@ pub(crate) fn h2_request(
     target: &Target<'_>,
     te_trailers: bool,
 ) -> Result<http::Request<()>, ProxyError> {
-    let scheme = if target.upstream.tls.is_some() {
-        "https"
-    } else {
-        "http"
-    };
+    let tls = target.upstream.tls.is_some();
+    let scheme = if tls { "https" } else { "http" };
     h1_head_to_h2(head, scheme, te_trailers, unindexed(target))
 }
 
