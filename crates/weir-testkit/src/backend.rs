@@ -67,6 +67,24 @@ impl fmt::Debug for Backend {
     }
 }
 
+/// Connections a backend's listener queues before the kernel drops SYNs: an attack test
+/// opens thousands of upstream connections at once, and the default of 128 made their
+/// connects wait seconds on SYN retries (the kernel caps it at `net.core.somaxconn`).
+const BACKLOG: i32 = 4096;
+
+/// A listener bound to `addr` with a [`BACKLOG`] queue.
+fn listen(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
+    let socket = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::STREAM,
+        None,
+    )?;
+    socket.set_reuse_address(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(BACKLOG)?;
+    Ok(socket.into())
+}
+
 impl Backend {
     /// Starts a backend with the given behaviour. Panics only if the
     /// loopback listener or the runtime cannot be created.
@@ -76,8 +94,8 @@ impl Backend {
 
     /// [`Backend::spawn`], speaking TLS with `tls` first when given.
     pub(crate) fn spawn_with(behaviour: Behaviour, tls: Option<TlsAcceptor>) -> Backend {
-        let listener =
-            std::net::TcpListener::bind(("127.0.0.1", 0)).expect("testkit: bind 127.0.0.1:0");
+        let loopback = SocketAddr::from(([127, 0, 0, 1], 0));
+        let listener = listen(loopback).expect("testkit: bind 127.0.0.1:0");
         Backend::spawn_on(listener, behaviour, tls)
     }
 
@@ -85,7 +103,7 @@ impl Backend {
     /// `addr` (another loopback address such as `127.0.0.2`, with a chosen port, as DNS
     /// answers name several hosts on one port). Fails where the address is taken.
     pub fn echo_at(name: &str, addr: SocketAddr, delay: Duration) -> io::Result<Backend> {
-        let listener = std::net::TcpListener::bind(addr)?;
+        let listener = listen(addr)?;
         let behaviour = Behaviour::Echo {
             name: name.to_string(),
             delay,

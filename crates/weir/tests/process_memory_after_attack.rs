@@ -61,8 +61,8 @@ async fn rss_until(
 #[tokio::test]
 async fn rss_comes_back_near_idle_within_a_minute_after_a_zero_window_attack() {
     let huge = Backend::huge(1 << 20);
-    // The test backend's listen backlog (128) overflows when 2,000 connections come at
-    // once: the dropped SYNs are retried, so the connects take seconds and must not fail.
+    // 2,000 upstream connections come at once: the test backend queues them (a backlog
+    // of 4,096), and a connect slowed by the busy machine must still not fail.
     let upstream = "connect_timeout = \"30s\"\n[upstreams.huge.passive]\nmax_fails = 0\n";
     let text = config("", "", &(route_to("huge", "/", huge.addr()) + upstream));
     let weir = Weir::start(&text.replace("workers = 1", "workers = 2"));
