@@ -3,7 +3,7 @@
 //! connection as the side the response goes to ([`Http1Client`]).
 //!
 //! Each try writes the HTTP/1.1 head every upstream gets, for its server, and sends it as
-//! HTTP/2 fields (`forward::h2::h1_head_to_h2`); the body goes as DATA under the
+//! HTTP/2 fields (`upstream_request::h1_head_to_h2`); the body goes as DATA under the
 //! upstream's flow control (`forward::h2::request_body`); the response head is written as
 //! HTTP/1.1 (`forward::head::write_from_h2`) and its body relayed by the one relay.
 //! Upgrades (WebSocket) cannot be carried to an HTTP/2-only upstream (`h2`, `h2c`:
