@@ -192,7 +192,7 @@ impl StreamRequest<'_> {
             None => Scheme::HTTP,
         };
         let id = self.target.listener.policy.request_id.as_ref();
-        let unindexed = id.map(|i| i.header.as_str());
+        let unindexed = id.map(|i| i.header.as_bytes());
         let Some(parts) = client else {
             out.clear();
             // The head's length: an HTTP/1.x client's buffer also holds its body and any
@@ -216,7 +216,6 @@ impl StreamRequest<'_> {
                 client,
                 scheme,
                 te_trailers: facts.te_trailers,
-                unindexed,
             };
             upstream_request(parts, &u, &self.worker.h2_scratch)
         })?;

@@ -51,8 +51,6 @@ pub(crate) struct Upstream<'a> {
     pub scheme: Scheme,
     /// The client sent `te: trailers`.
     pub te_trailers: bool,
-    /// The request id header: its field is sent as a literal never indexed.
-    pub unindexed: Option<&'a str>,
 }
 
 /// Where `render` wrote the values the request takes from Weir.
@@ -112,7 +110,7 @@ pub(crate) fn upstream_request(
         value.set_sensitive(true);
         headers.append(name, value);
     }
-    let set_host = add_lines(&mut headers, &bytes, at.lines, u.unindexed)?;
+    let set_host = add_lines(&mut headers, &bytes, at.lines, id_name)?;
     let path = match (client_path, at.path) {
         (Some(p), _) => p.clone(),
         (None, Some(r)) => PathAndQuery::from_maybe_shared(bytes.slice(r)).map_err(|_| BAD)?,
@@ -135,7 +133,7 @@ pub(crate) fn h1_head_to_h2(
     head: &[u8],
     scheme: Scheme,
     te_trailers: bool,
-    unindexed: Option<&str>,
+    unindexed: Option<&[u8]>,
 ) -> Result<http::Request<()>, ProxyError> {
     // One copy that the values slice, without the blank line that ends the head.
     let head = Bytes::copy_from_slice(head.strip_suffix(b"\r\n").ok_or(BAD)?);
@@ -241,7 +239,7 @@ fn add_lines(
     headers: &mut HeaderMap,
     bytes: &Bytes,
     start: usize,
-    unindexed: Option<&str>,
+    unindexed: Option<&[u8]>,
 ) -> Result<Option<Bytes>, ProxyError> {
     let mut host = None;
     for field in trailer::fields(&bytes[start..]) {
@@ -256,7 +254,7 @@ fn add_lines(
             continue;
         }
         let mut value = HeaderValue::from_maybe_shared(value).map_err(|_| BAD)?;
-        if unindexed.is_some_and(|u| u.as_bytes().eq_ignore_ascii_case(raw_name)) {
+        if unindexed.is_some_and(|u| u.eq_ignore_ascii_case(raw_name)) {
             value.set_sensitive(true);
         }
         headers.append(name, value);
@@ -352,7 +350,8 @@ mod tests {
         };
         let mut head = Vec::new();
         write_request_head(&mut head, &buf, &req, &path, route, server, client);
-        let via_head = h1_head_to_h2(&head, Scheme::HTTP, te_trailers, Some(ID)).expect("via head");
+        let via_head =
+            h1_head_to_h2(&head, Scheme::HTTP, te_trailers, Some(ID.as_bytes())).expect("via head");
         let u = Upstream {
             buf: &buf,
             req: &req,
@@ -362,7 +361,6 @@ mod tests {
             client,
             scheme: Scheme::HTTP,
             te_trailers,
-            unindexed: Some(ID),
         };
         let direct = upstream_request(parts, &u, &Scratches::default()).expect("direct");
         [seen(&direct), seen(&via_head)]
@@ -456,7 +454,7 @@ mod tests {
     fn request_id_is_marked_never_indexed_and_nothing_else() {
         let head = b"GET / HTTP/1.1\r\nHost: up.test\r\nX-Request-Id: 4f1c-0001\r\n\
             X-Trace: a\r\n\r\n";
-        let request = h1_head_to_h2(head, Scheme::HTTP, false, Some("x-request-ID")).expect("h2");
+        let request = h1_head_to_h2(head, Scheme::HTTP, false, Some(b"x-request-ID")).expect("h2");
         assert!(request.headers()["x-request-id"].is_sensitive());
         assert_eq!(request.headers()["x-request-id"], "4f1c-0001");
         assert!(!request.headers()["x-trace"].is_sensitive());
