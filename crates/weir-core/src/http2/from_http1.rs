@@ -3,7 +3,7 @@
 //! connection as the side the response goes to ([`Http1Client`]).
 //!
 //! Each try writes the HTTP/1.1 head every upstream gets, for its server, and sends it as
-//! HTTP/2 fields (`forward::h2::h1_head_to_h2`); the body goes as DATA under the
+//! HTTP/2 fields (`upstream_request::h1_head_to_h2`); the body goes as DATA under the
 //! upstream's flow control (`forward::h2::request_body`); the response head is written as
 //! HTTP/1.1 (`forward::head::write_from_h2`) and its body relayed by the one relay.
 //! Upgrades (WebSocket) cannot be carried to an HTTP/2-only upstream (`h2`, `h2c`:
@@ -27,7 +27,6 @@ use crate::codec::http1::write::push_header;
 use crate::codec::http1::{HeaderKind, RequestHead, ResponseHead};
 use crate::error::ProxyError;
 use crate::files::{send_http1, Under};
-use crate::forward::body;
 use crate::forward::h1::{Http1Interim, Interim, RequestMeta};
 use crate::forward::h2::request_body::RequestBody;
 use crate::forward::h2::{relay_while_uploading, HeadBounds};
@@ -286,11 +285,8 @@ impl ClientSide for Http1Client<'_> {
         if !self.expect || self.informed || self.client.http10 {
             return Ok(());
         }
-        self.informed = true;
-        let go_on = b"HTTP/1.1 100 Continue\r\n\r\n";
-        body::write_parts(&mut self.writer, [go_on], self.listener.client_timeout)
-            .await
-            .map_err(|_| ProxyError::ClientClosed)
+        let mut interim = Http1Interim::new(&mut self.writer, self.listener, &mut self.informed);
+        interim.tell().await.map(|_| ())
     }
 
     fn responded(&self) -> bool {

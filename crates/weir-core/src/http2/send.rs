@@ -108,11 +108,10 @@ pub(super) async fn window(
         if let Poll::Ready(r) = send.poll_reset(cx) {
             return Poll::Ready(Err(stop_of(r)));
         }
-        match send.poll_capacity(cx) {
-            Poll::Ready(Some(Ok(n))) => Poll::Ready(Ok(n)),
-            Poll::Ready(_) => Poll::Ready(Err(Stop::Error(ProxyError::ClientClosed))),
-            Poll::Pending => Poll::Pending,
-        }
+        (send.poll_capacity(cx)).map(|n| {
+            n.and_then(Result::ok)
+                .ok_or(Stop::Error(ProxyError::ClientClosed))
+        })
     });
     let n = with_timeout(timeout, window)
         .await
@@ -168,10 +167,7 @@ impl Sink for StreamSink<'_> {
     }
 
     fn poll_gone(&mut self, cx: &mut Context<'_>) -> Poll<ProxyError> {
-        match self.send.poll_reset(cx) {
-            Poll::Ready(r) => Poll::Ready(self.stopped(stop_of(r))),
-            Poll::Pending => Poll::Pending,
-        }
+        (self.send.poll_reset(cx)).map(|r| self.stopped(stop_of(r)))
     }
 }
 

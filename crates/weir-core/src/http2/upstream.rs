@@ -35,14 +35,12 @@ use super::exchange::StreamRequest;
 use super::filling::mark;
 use super::interim::ClientStream;
 use super::respond::{head_from_h2, ResponseStream, Sinking};
-use super::upstream_request::{upstream_request, Upstream};
+use super::upstream_request::{h1_head_to_h2, upstream_request, Upstream};
 use crate::cache::{Fetched, Recorder};
 use crate::error::ProxyError;
 use crate::forward::driver::{drive, Attempt, Miss, Sender, Tries};
 use crate::forward::h1::Interim;
-use crate::forward::h2::{
-    final_head, h2_request, open, plan_h2, relay_while_uploading, unindexed, HeadBounds, Upload,
-};
+use crate::forward::h2::{final_head, open, plan_h2, relay_while_uploading, HeadBounds, Upload};
 use crate::forward::head::{Edits, ForClient};
 use crate::forward::relay::{relay, Broke, Coding, H2Source, H2Upload, Peer, Recording, Source};
 use crate::forward::request_head::{with_client_facts, HeadNames};
@@ -189,6 +187,12 @@ impl StreamRequest<'_> {
         client: Option<Parts>,
         out: &mut Vec<u8>,
     ) -> Result<http::Request<()>, ProxyError> {
+        let scheme = match self.target.upstream.tls {
+            Some(_) => Scheme::HTTPS,
+            None => Scheme::HTTP,
+        };
+        let id = self.target.listener.policy.request_id.as_ref();
+        let unindexed = id.map(|i| i.header.as_bytes());
         let Some(parts) = client else {
             out.clear();
             // The head's length: an HTTP/1.x client's buffer also holds its body and any
@@ -200,7 +204,7 @@ impl StreamRequest<'_> {
                     "upgrade to an HTTP/2-only upstream",
                 ));
             }
-            return h2_request(out, &self.target, facts.te_trailers);
+            return h1_head_to_h2(out, scheme, facts.te_trailers, unindexed);
         };
         let mut request = with_client_facts(&self.request, self.path, &self.target, |client| {
             let u = Upstream {
@@ -210,12 +214,8 @@ impl StreamRequest<'_> {
                 route: self.target.route,
                 server,
                 client,
-                scheme: match self.target.upstream.tls {
-                    Some(_) => Scheme::HTTPS,
-                    None => Scheme::HTTP,
-                },
+                scheme,
                 te_trailers: facts.te_trailers,
-                unindexed: unindexed(&self.target),
             };
             upstream_request(parts, &u, &self.worker.h2_scratch)
         })?;

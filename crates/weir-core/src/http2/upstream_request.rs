@@ -51,8 +51,6 @@ pub(crate) struct Upstream<'a> {
     pub scheme: Scheme,
     /// The client sent `te: trailers`.
     pub te_trailers: bool,
-    /// The request id header: its field is sent as a literal never indexed.
-    pub unindexed: Option<&'a str>,
 }
 
 /// Where `render` wrote the values the request takes from Weir.
@@ -112,7 +110,7 @@ pub(crate) fn upstream_request(
         value.set_sensitive(true);
         headers.append(name, value);
     }
-    let set_host = add_lines(&mut headers, &bytes, at.lines, u.unindexed)?;
+    let set_host = add_lines(&mut headers, &bytes, at.lines, id_name)?;
     let path = match (client_path, at.path) {
         (Some(p), _) => p.clone(),
         (None, Some(r)) => PathAndQuery::from_maybe_shared(bytes.slice(r)).map_err(|_| BAD)?,
@@ -125,8 +123,46 @@ pub(crate) fn upstream_request(
         (None, None, Some(r)) => Some(written(bytes.slice(r))?),
         (None, None, None) => None,
     };
+    request(method, u.scheme.clone(), authority, path, headers)
+}
+
+/// An HTTP/1.1 request head (as Weir wrote it) as an HTTP/2 request: its fields as
+/// [`add_lines`] takes Weir's own (`Host` the authority, the request id field, named
+/// `unindexed`, never indexed), `te: trailers` put back when the client sent it.
+pub(crate) fn h1_head_to_h2(
+    head: &[u8],
+    scheme: Scheme,
+    te_trailers: bool,
+    unindexed: Option<&[u8]>,
+) -> Result<http::Request<()>, ProxyError> {
+    // One copy that the values slice, without the blank line that ends the head.
+    let head = Bytes::copy_from_slice(head.strip_suffix(b"\r\n").ok_or(BAD)?);
+    let fields = head.iter().position(|b| *b == b'\n').ok_or(BAD)? + 1;
+    let mut words = head[..fields].split(|b| *b == b' ');
+    let (Some(method), Some(path)) = (words.next(), words.next()) else {
+        return Err(BAD);
+    };
+    let method = Method::from_bytes(method).map_err(|_| BAD)?;
+    let path = PathAndQuery::from_maybe_shared(head.slice_ref(path)).map_err(|_| BAD)?;
+    let mut headers = HeaderMap::new();
+    let host = add_lines(&mut headers, &head, fields, unindexed)?;
+    if te_trailers {
+        headers.insert(TE, HeaderValue::from_static("trailers"));
+    }
+    let authority = host.map(Authority::from_maybe_shared).transpose();
+    request(method, scheme, authority.map_err(|_| BAD)?, path, headers)
+}
+
+/// The HTTP/2 request `method` to `scheme`, `authority` and `path`, with `headers`.
+fn request(
+    method: Method,
+    scheme: Scheme,
+    authority: Option<Authority>,
+    path: PathAndQuery,
+    headers: HeaderMap,
+) -> Result<http::Request<()>, ProxyError> {
     let mut target = http::uri::Parts::default();
-    target.scheme = Some(u.scheme.clone());
+    target.scheme = Some(scheme);
     target.authority = authority;
     target.path_and_query = Some(path);
     let mut request = http::Request::new(());
@@ -194,13 +230,16 @@ fn trim_values(headers: &mut HeaderMap) {
 
 /// Adds the `Name: value\r\n` lines of `bytes` from `start` on (as `write_added_fields`
 /// wrote them) as fields whose values are slices of `bytes`, the one named `unindexed`
-/// marked sensitive. Returns the value of a `Host` line (from a `set` rule): the
-/// authority, not a field.
+/// (the request id: a new value on every request) marked sensitive, so that the `h2`
+/// crate's HPACK encoder sends it as a literal never indexed: indexed, each id was
+/// inserted into the connection's 4 KiB dynamic table and evicted the entries that repeat
+/// (gRPC calls spent about 4.7k instructions per call in that table's upkeep). Returns the
+/// value of a `Host` line (from a `set` rule, or the head's): the authority, not a field.
 fn add_lines(
     headers: &mut HeaderMap,
     bytes: &Bytes,
     start: usize,
-    unindexed: Option<&str>,
+    unindexed: Option<&[u8]>,
 ) -> Result<Option<Bytes>, ProxyError> {
     let mut host = None;
     for field in trailer::fields(&bytes[start..]) {
@@ -215,7 +254,7 @@ fn add_lines(
             continue;
         }
         let mut value = HeaderValue::from_maybe_shared(value).map_err(|_| BAD)?;
-        if unindexed.is_some_and(|u| u.as_bytes().eq_ignore_ascii_case(raw_name)) {
+        if unindexed.is_some_and(|u| u.eq_ignore_ascii_case(raw_name)) {
             value.set_sensitive(true);
         }
         headers.append(name, value);
@@ -229,7 +268,6 @@ mod tests {
     use crate::codec::http1::{fill_written, HeadLimits};
     use crate::filters::forwarded::ClientIp;
     use crate::filters::headers::Vars;
-    use crate::forward::h2::h1_head_to_h2;
     use crate::forward::request_head::{write_request_head, HeadNames, RequestEdits};
     use crate::http2::request::write_head;
 
@@ -312,7 +350,8 @@ mod tests {
         };
         let mut head = Vec::new();
         write_request_head(&mut head, &buf, &req, &path, route, server, client);
-        let via_head = h1_head_to_h2(&head, "http", te_trailers, Some(ID)).expect("via head");
+        let via_head =
+            h1_head_to_h2(&head, Scheme::HTTP, te_trailers, Some(ID.as_bytes())).expect("via head");
         let u = Upstream {
             buf: &buf,
             req: &req,
@@ -322,7 +361,6 @@ mod tests {
             client,
             scheme: Scheme::HTTP,
             te_trailers,
-            unindexed: Some(ID),
         };
         let direct = upstream_request(parts, &u, &Scratches::default()).expect("direct");
         [seen(&direct), seen(&via_head)]
@@ -394,5 +432,33 @@ mod tests {
             assert_eq!(direct, via_head);
             assert_eq!(direct.contains("content-length: \"0\""), length, "{direct}");
         }
+    }
+
+    #[test]
+    fn h1_head_becomes_h2_fields_without_connection_specific_ones() {
+        let head = b"POST /a/b?c=d HTTP/1.1\r\nHost: up.test:8080\r\nConnection: keep-alive\r\n\
+            Keep-Alive: timeout=5\r\nTransfer-Encoding: chunked\r\nUpgrade: x\r\nTE: trailers\r\n\
+            Content-Type: application/grpc\r\nX-Forwarded-For: 10.0.0.1\r\n\r\n";
+        let request = h1_head_to_h2(head, Scheme::HTTP, true, None).expect("translated");
+        assert_eq!(request.method(), http::Method::POST);
+        assert_eq!(request.uri().to_string(), "http://up.test:8080/a/b?c=d");
+        let names: Vec<&str> = request.headers().keys().map(|n| n.as_str()).collect();
+        assert_eq!(names, ["content-type", "x-forwarded-for", "te"]);
+        assert_eq!(request.headers()["te"], "trailers");
+        let without_te = h1_head_to_h2(head, Scheme::HTTPS, false, None).expect("translated");
+        assert!(without_te.headers().get("te").is_none());
+        assert_eq!(without_te.uri().scheme_str(), Some("https"));
+    }
+
+    #[test]
+    fn request_id_is_marked_never_indexed_and_nothing_else() {
+        let head = b"GET / HTTP/1.1\r\nHost: up.test\r\nX-Request-Id: 4f1c-0001\r\n\
+            X-Trace: a\r\n\r\n";
+        let request = h1_head_to_h2(head, Scheme::HTTP, false, Some(b"x-request-ID")).expect("h2");
+        assert!(request.headers()["x-request-id"].is_sensitive());
+        assert_eq!(request.headers()["x-request-id"], "4f1c-0001");
+        assert!(!request.headers()["x-trace"].is_sensitive());
+        let off = h1_head_to_h2(head, Scheme::HTTP, false, None).expect("h2");
+        assert!(!off.headers()["x-request-id"].is_sensitive());
     }
 }

@@ -5,9 +5,9 @@
 //! ([`relay_while_uploading`]: gRPC streams both ways at once).
 //!
 //! The request is the HTTP/1.1 head every upstream gets (`forward::request_head`) as
-//! HTTP/2 fields ([`h1_head_to_h2`]: connection-specific fields dropped, `Host` to
-//! `:authority`, `te: trailers` kept when the client sent it); an HTTP/2 or HTTP/3
-//! client's first try is made from its own fields instead (`http2::upstream_request`). A
+//! HTTP/2 fields (`http2::upstream_request::h1_head_to_h2`: connection-specific fields
+//! dropped, `Host` to `:authority`, `te: trailers` kept when the client sent it); an HTTP/2
+//! or HTTP/3 client's first try is made from its own fields instead (`upstream_request`). A
 //! stream the server never processed (REFUSED_STREAM, above a GOAWAY's last stream id, or a
 //! connection that stopped taking streams) is [`Miss::unprocessed`]: the driver sends it
 //! again (not on a connection going away) when its body can be sent again.
@@ -22,14 +22,14 @@ use std::time::Duration;
 use bytes::Bytes;
 use h2::client::ResponseFuture;
 use h2::{RecvStream, SendStream};
-use http::header::{HeaderName, HeaderValue};
+use http::header::HeaderName;
 
 use super::driver::{Attempt, Exchange, Miss};
 pub(crate) use super::h1::Upload;
 use super::h1::{upload_while_waiting, Interim, TOO_MANY_INFORMATIONAL};
 use super::head::{coding, plan, Edits, ForClient};
 use super::relay::{Broke, Coding};
-use super::{Reached, Target};
+use super::Reached;
 use crate::codec::http1::header::is_token;
 use crate::connector::h2::{checkout, h2_error, never_processed, Checkout, Lease};
 use crate::error::ProxyError;
@@ -207,76 +207,6 @@ where
     }
 }
 
-/// An HTTP/1.1 request head (as Weir wrote it) as an HTTP/2 request. The field named
-/// `unindexed` (the request id header: a new value on every request) is marked sensitive so
-/// that the `h2` crate's HPACK encoder sends it as a literal never indexed: indexed, each
-/// id was inserted into the connection's 4 KiB dynamic table and evicted the entries that
-/// repeat (gRPC calls spent about 4.7k instructions per call in that table's upkeep).
-pub(crate) fn h1_head_to_h2(
-    head: &[u8],
-    scheme: &str,
-    te_trailers: bool,
-    unindexed: Option<&str>,
-) -> Result<http::Request<()>, ProxyError> {
-    const BAD: ProxyError = ProxyError::BadRequest("request not expressible in HTTP/2");
-    let count = head.split(|b| *b == b'\n').count();
-    let mut fields = vec![httparse::EMPTY_HEADER; count];
-    let mut parsed = httparse::Request::new(&mut fields);
-    if !matches!(parsed.parse(head), Ok(httparse::Status::Complete(_))) {
-        return Err(BAD);
-    }
-    let (Some(method), Some(path)) = (parsed.method, parsed.path) else {
-        return Err(BAD);
-    };
-    let mut request = http::Request::new(());
-    *request.method_mut() = http::Method::from_bytes(method.as_bytes()).map_err(|_| BAD)?;
-    let mut authority = None;
-    let headers = request.headers_mut();
-    for f in parsed.headers.iter() {
-        let name = HeaderName::from_bytes(f.name.as_bytes()).map_err(|_| BAD)?;
-        if name == http::header::HOST {
-            authority = Some(f.value);
-            continue;
-        }
-        if is_connection_specific(&name) {
-            continue;
-        }
-        let mut value = HeaderValue::from_bytes(f.value).map_err(|_| BAD)?;
-        if unindexed.is_some_and(|u| u.eq_ignore_ascii_case(f.name)) {
-            value.set_sensitive(true);
-        }
-        headers.append(name, value);
-    }
-    if te_trailers {
-        headers.insert(http::header::TE, HeaderValue::from_static("trailers"));
-    }
-    let mut uri = http::Uri::builder().scheme(scheme).path_and_query(path);
-    if let Some(a) = authority {
-        uri = uri.authority(a);
-    }
-    *request.uri_mut() = uri.build().map_err(|_| BAD)?;
-    *request.version_mut() = http::Version::HTTP_2;
-    Ok(request)
-}
-
-/// The HTTP/1.1 head `head` Weir wrote for `target`'s upstream as an HTTP/2 request: the
-/// upstream's scheme, the listener's request id field unindexed ([`h1_head_to_h2`]).
-pub(crate) fn h2_request(
-    head: &[u8],
-    target: &Target<'_>,
-    te_trailers: bool,
-) -> Result<http::Request<()>, ProxyError> {
-    let tls = target.upstream.tls.is_some();
-    let scheme = if tls { "https" } else { "http" };
-    h1_head_to_h2(head, scheme, te_trailers, unindexed(target))
-}
-
-/// The request id field's name (`h1_head_to_h2`'s `unindexed`), if the listener sets one.
-pub(crate) fn unindexed<'t>(target: &Target<'t>) -> Option<&'t str> {
-    let id = target.listener.policy.request_id.as_ref();
-    id.map(|i| i.header.as_str())
-}
-
 /// Fields HTTP/2 forbids (RFC 9113 8.2.2); `te` is put back when it was `trailers`.
 pub(crate) fn is_connection_specific(name: &HeaderName) -> bool {
     use http::header::{CONNECTION, TE, TRANSFER_ENCODING, UPGRADE};
@@ -362,37 +292,4 @@ pub(crate) fn plan_h2(
     };
     edits.plan = plan(route, &response);
     coding(route, &edits.plan, length)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn h1_head_becomes_h2_fields_without_connection_specific_ones() {
-        let head = b"POST /a/b?c=d HTTP/1.1\r\nHost: up.test:8080\r\nConnection: keep-alive\r\n\
-            Keep-Alive: timeout=5\r\nTransfer-Encoding: chunked\r\nUpgrade: x\r\nTE: trailers\r\n\
-            Content-Type: application/grpc\r\nX-Forwarded-For: 10.0.0.1\r\n\r\n";
-        let request = h1_head_to_h2(head, "http", true, None).expect("translated");
-        assert_eq!(request.method(), http::Method::POST);
-        assert_eq!(request.uri().to_string(), "http://up.test:8080/a/b?c=d");
-        let names: Vec<&str> = request.headers().keys().map(|n| n.as_str()).collect();
-        assert_eq!(names, ["content-type", "x-forwarded-for", "te"]);
-        assert_eq!(request.headers()["te"], "trailers");
-        let without_te = h1_head_to_h2(head, "https", false, None).expect("translated");
-        assert!(without_te.headers().get("te").is_none());
-        assert_eq!(without_te.uri().scheme_str(), Some("https"));
-    }
-
-    #[test]
-    fn request_id_is_marked_never_indexed_and_nothing_else() {
-        let head = b"GET / HTTP/1.1\r\nHost: up.test\r\nX-Request-Id: 4f1c-0001\r\n\
-            X-Trace: a\r\n\r\n";
-        let request = h1_head_to_h2(head, "http", false, Some("x-request-ID")).expect("h2");
-        assert!(request.headers()["x-request-id"].is_sensitive());
-        assert_eq!(request.headers()["x-request-id"], "4f1c-0001");
-        assert!(!request.headers()["x-trace"].is_sensitive());
-        let off = h1_head_to_h2(head, "http", false, None).expect("h2");
-        assert!(!off.headers()["x-request-id"].is_sensitive());
-    }
 }
