@@ -193,7 +193,8 @@ pub(crate) struct Accepted<'a> {
     pub elapsed: Duration,
     /// When the final head arrived.
     pub head_at: Instant,
-    target: Target<'a>,
+    pub(super) target: Target<'a>,
+    pub(super) worker: &'a Worker,
 }
 
 impl<'a> Accepted<'a> {
@@ -254,6 +255,7 @@ pub(crate) async fn drive<'a, S: Sender>(
                     elapsed,
                     head_at,
                     target,
+                    worker: x.worker,
                 };
                 return Ok((sent, accepted));
             }

@@ -14,10 +14,7 @@ use std::rc::Rc;
 use super::body::{self, BodyState};
 use super::driver::{drive, Accepted, Attempt, Exchange, Miss, Sender, Tries};
 use super::filling::relay_recorded;
-use super::h1::{
-    pool_after_answer, reuse, send_streaming, send_whole, Http1Interim, Http1Response, Reading,
-    RequestMeta,
-};
+use super::h1::{send_streaming, send_whole, Http1Interim, Http1Response, Reading, RequestMeta};
 use super::head::{coding, plan_http1, write_from_http1, ClientFraming, Edits};
 use super::relay::{
     at_hand, relay, Broke, Coding, Http1Sink, Http1Source, Peer, Piece, Sink, Source,
@@ -429,26 +426,9 @@ impl Response<'_> {
                 Box::pin(relayed).await?
             }
         };
-        self.pool_if_clean(stream, resp, up_buf, body_with_head);
+        self.accepted
+            .reuse(stream, resp, up_buf, self.request_done, body_with_head);
         Ok(!close)
-    }
-
-    /// Pools the upstream connection once the response is relayed, if it keeps alive and
-    /// nothing follows the response. `body_with_head`: the whole body came with the head
-    /// (the usual small response): the connection is idle from the head's arrival;
-    /// otherwise from the end of the relay.
-    fn pool_if_clean(
-        &self,
-        stream: UpstreamStream,
-        resp: &ResponseHead,
-        up_buf: &Buffer,
-        body_with_head: bool,
-    ) {
-        if resp.keeps_alive() && self.request_done && up_buf.is_empty() {
-            let idle_from = body_with_head.then_some(self.accepted.head_at);
-            let idle_from = idle_from.unwrap_or_else(std::time::Instant::now);
-            reuse(self.x, self.accepted, stream, idle_from);
-        }
     }
 
     /// Answers with a stored entry (`reply`) instead of the upstream's response `resp` (a
@@ -464,15 +444,8 @@ impl Response<'_> {
         reply: Reply,
     ) -> Result<bool, Failure> {
         self.accepted.count(Ok(resp.status));
-        up_buf.consume(resp.head_len);
-        pool_after_answer(
-            self.x,
-            self.accepted,
-            up_buf,
-            resp,
-            stream,
-            self.request_done,
-        );
+        self.accepted
+            .pool_after_answer(stream, resp, up_buf, self.request_done);
         let under = Under::of_target(&self.x.target);
         let keep_alive = self.keep_alive && self.request_done;
         send_http1(conn, under, reply, self.meta, keep_alive, resp).await

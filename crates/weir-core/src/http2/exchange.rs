@@ -9,7 +9,7 @@
 //! request cancelled, and a half-done exchange is never pooled.
 
 use std::cell::Cell;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use h2::server::SendResponse;
@@ -34,8 +34,7 @@ use crate::forward::body::BodyState;
 use crate::forward::driver::{drive, Accepted, Attempt, Exchange, Miss, Sender, Tries};
 use crate::forward::exchange::push_before_end;
 use crate::forward::h1::{
-    pool_after_answer, reuse, send_streaming, send_whole, Http1Response, Interim, Reading,
-    RequestMeta,
+    send_streaming, send_whole, Http1Response, Interim, Reading, RequestMeta,
 };
 use crate::forward::head::{coding, plan_http1, Edits};
 use crate::forward::relay::{
@@ -158,7 +157,7 @@ impl StreamRequest<'_> {
             Ok(accepted) => accepted?,
             Err(stop) => return Err(stopped(stop, trace)),
         };
-        self.respond_accepted(&x, accepted, respond, up_buf, resp, trace)
+        self.respond_accepted(accepted, respond, up_buf, resp, trace)
             .await
     }
 
@@ -167,7 +166,6 @@ impl StreamRequest<'_> {
     /// upstream connection when the exchange left it clean.
     pub(crate) async fn respond_accepted<R: ResponseStream>(
         &self,
-        x: &Exchange<'_>,
         accepted: ((UpstreamStream, bool), Accepted<'_>),
         respond: &mut R,
         up_buf: &mut Buffer,
@@ -177,8 +175,7 @@ impl StreamRequest<'_> {
         let ((mut stream, request_done), accepted) = accepted;
         if let Some(reply) = self.answer_instead(Fetched::Http1(up_buf.filled(), resp), false) {
             accepted.count(Ok(resp.status));
-            up_buf.consume(resp.head_len);
-            pool_after_answer(x, &accepted, up_buf, resp, stream, request_done);
+            accepted.pool_after_answer(stream, resp, up_buf, request_done);
             return Box::pin(self.reply_from_store(respond, reply, trace)).await;
         }
         let mut lines = Vec::new();
@@ -191,16 +188,7 @@ impl StreamRequest<'_> {
         };
         let count = |result| accepted.count(result);
         let body_with_head = self.respond_http1(respond, up, edits, count, trace).await?;
-        let reusable = resp.keeps_alive() && request_done && up_buf.is_empty();
-        if reusable && !(self.request.req.is_head && resp.framing == BodyFraming::UntilClose) {
-            // Idle since the head arrived when the body came with it, a time already read
-            // (no clock read for the usual small response); after a streamed body, from now.
-            let since = match body_with_head {
-                true => accepted.head_at,
-                false => Instant::now(),
-            };
-            reuse(x, &accepted, stream, since);
-        }
+        accepted.reuse(stream, resp, up_buf, request_done, body_with_head);
         Ok(())
     }
 

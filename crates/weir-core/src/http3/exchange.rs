@@ -94,6 +94,6 @@ async fn exchange(
     };
     drop(sender);
     trace.body_in = body_in.get();
-    r.respond_accepted(&x, accepted?, to.send, up_buf, resp, trace)
+    r.respond_accepted(accepted?, to.send, up_buf, resp, trace)
         .await
 }
