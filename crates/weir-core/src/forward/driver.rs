@@ -106,7 +106,7 @@ pub(crate) trait Sender {
     type Sent;
 
     /// Sends the request to `a.server`, relays 1xx heads, and puts the final head to
-    /// `tries.relays`; when that says no, returns [`Miss::retried`].
+    /// `tries.relays`, returning its [`Miss::retried`].
     fn send(
         &mut self,
         a: &Attempt<'_>,
@@ -134,16 +134,16 @@ pub(crate) struct Tries<'a> {
 }
 
 impl Tries<'_> {
-    /// Whether the final head with `status` is relayed to the client: `false` when the
-    /// retry rules send the request to another server instead (picked here). The sender
-    /// says whether the request can go again as it was (`replayable`) and whether the
-    /// client has a 1xx (`responded`).
+    /// `Ok` when the final head with `status` is relayed to the client; [`Miss::retried`]
+    /// when the retry rules send the request to another server instead (picked here). The
+    /// sender says whether the request can go again as it was (`replayable`) and whether
+    /// the client has a 1xx (`responded`).
     #[inline]
-    pub fn relays(&mut self, status: u16, replayable: bool, responded: bool) -> bool {
+    pub fn relays(&mut self, status: u16, replayable: bool, responded: bool) -> Result<(), Miss> {
         self.head_at = Some(Instant::now());
         // Only 5xx statuses are retried (the config takes no others).
         if status < 500 {
-            return true;
+            return Ok(());
         }
         let replay = Replay {
             idempotent: self.x.idempotent,
@@ -151,7 +151,10 @@ impl Tries<'_> {
             responded,
         };
         self.next = self.next_pick(Outcome::Status(status), replay);
-        self.next.is_none()
+        match self.next {
+            None => Ok(()),
+            Some(_) => Err(Miss::retried(status)),
+        }
     }
 
     /// Counts try `a` relayed inside its sender, once (as [`Accepted::count`]).

@@ -325,10 +325,8 @@ impl Sender for Http1Sender<'_, '_> {
             // Boxed: a request without a body still arriving keeps the try's state small.
             Box::pin(send_streaming(x, a, &mut rd, &mut interim, upload)).await?
         };
-        match tries.relays(self.resp.status, self.whole, self.informed) {
-            true => Ok(sent),
-            false => Err(Miss::retried(self.resp.status)),
-        }
+        tries.relays(self.resp.status, self.whole, self.informed)?;
+        Ok(sent)
     }
 
     fn replayable(&self) -> bool {

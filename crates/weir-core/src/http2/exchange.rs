@@ -414,10 +414,8 @@ impl<S: Source, I: Interim> Sender for StreamSender<'_, S, I> {
             }
             None => {}
         }
-        match tries.relays(self.resp.status, self.replayable(), self.responded()) {
-            true => Ok(sent),
-            false => Err(Miss::retried(self.resp.status)),
-        }
+        tries.relays(self.resp.status, self.replayable(), self.responded())?;
+        Ok(sent)
     }
 
     fn replayable(&self) -> bool {

@@ -501,9 +501,7 @@ impl<C: ClientSide, B: ClientBody> Sender for H2Sender<'_, '_, C, B> {
         let status = parts.status.as_u16();
         let replayable = end || whole || consumed.get() == 0;
         let responded = r.relayed.any() || self.client.responded();
-        if !tries.relays(status, replayable, responded) {
-            return Err(Miss::retried(status));
-        }
+        tries.relays(status, replayable, responded)?;
         if let Some(reply) = r.answer_instead(Fetched::Http2(&parts), C::ALONE) {
             tries.count(a, Ok(status));
             return Ok(Relayed::Stored(Box::new(reply)));
