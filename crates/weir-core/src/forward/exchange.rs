@@ -28,7 +28,7 @@ use crate::client::ClientConn;
 use crate::codec::http1::{BodyFraming, RequestHead, ResponseHead};
 use crate::connector::{UpstreamStream, WriteHalf};
 use crate::error::ProxyError;
-use crate::files::{send_http1, Reply, Under};
+use crate::files::{send_http1, Under};
 use crate::filters::compression::{self, Plan};
 use crate::filters::upgrade::{switch_allowed, Offered};
 use crate::otel::RequestTrace;
@@ -169,7 +169,7 @@ pub(crate) async fn forward_h1(
                 accepted: &accepted,
                 meta: sender.meta,
                 request_done,
-                keep_alive,
+                keep_alive: keep_alive && request_done,
             };
             let fill = conn.fill.take();
             let (up_buf, resp) = (&mut sender.up_buf, &mut *sender.resp);
@@ -345,6 +345,8 @@ struct Response<'a> {
     meta: RequestMeta,
     /// The whole request body went up.
     request_done: bool,
+    /// The client connection may stay open after the response (the whole request body
+    /// went up: nothing of it is left to read).
     keep_alive: bool,
 }
 
@@ -364,10 +366,15 @@ impl Response<'_> {
             // Boxed: a tunnel's state is not every response's.
             return Box::pin(self.upgrade(conn, stream, up_buf, resp)).await;
         }
-        // A 304 refreshing the stale entry, or a 5xx it may answer for.
+        // A 304 refreshing the stale entry, or a 5xx it may answer for: the entry answers
+        // (the try counts with the upstream's status, the request with the reply's).
         let fetched = Fetched::Http1(up_buf.filled(), resp);
         if let Some(reply) = fill.as_ref().and_then(|f| f.answer_instead(fetched, false)) {
-            let answered = self.answer_from_store(conn, stream, up_buf, resp, reply);
+            self.accepted.count(Ok(resp.status));
+            self.accepted
+                .pool_after_answer(stream, resp, up_buf, self.request_done);
+            let under = Under::of_target(&self.x.target);
+            let answered = send_http1(conn, under, reply, self.meta, self.keep_alive, resp);
             return Box::pin(answered).await;
         }
         let (route, meta) = (self.x.target.route, self.meta);
@@ -381,9 +388,7 @@ impl Response<'_> {
         let status_line = fill.as_ref().and_then(|f| f.status_line());
         let recorder = fill.and_then(|f| f.admit(fetched, dechunk));
         let close = !self.keep_alive
-            || !self.request_done
-            || (dechunk && encoding.is_none())
-            || (resp.framing == BodyFraming::UntilClose && encoding.is_none());
+            || (encoding.is_none() && (dechunk || resp.framing == BodyFraming::UntilClose));
         let framing = ClientFraming {
             dechunk,
             close,
@@ -427,26 +432,6 @@ impl Response<'_> {
         self.accepted
             .reuse(stream, resp, up_buf, self.request_done, body_with_head);
         Ok(!close)
-    }
-
-    /// Answers with a stored entry (`reply`) instead of the upstream's response `resp` (a
-    /// `304` that refreshed it, a 5xx it answers for); the try counts with the upstream's
-    /// status, the request with the reply's. The upstream connection is pooled only when
-    /// `resp` has no body.
-    async fn answer_from_store(
-        &self,
-        conn: &mut ClientConn,
-        stream: UpstreamStream,
-        up_buf: &mut Buffer,
-        resp: &mut ResponseHead,
-        reply: Reply,
-    ) -> Result<bool, Failure> {
-        self.accepted.count(Ok(resp.status));
-        self.accepted
-            .pool_after_answer(stream, resp, up_buf, self.request_done);
-        let under = Under::of_target(&self.x.target);
-        let keep_alive = self.keep_alive && self.request_done;
-        send_http1(conn, under, reply, self.meta, keep_alive, resp).await
     }
 
     /// Relays the body of `up` after the head in `conn.out` (compressed when `plan` says so;
