@@ -83,14 +83,6 @@ impl<F: Into<Failure>> From<F> for Miss {
 }
 
 impl Miss {
-    /// The final head with `status` goes no further: the request was sent on.
-    pub fn retried(status: u16) -> Miss {
-        Miss {
-            retried: Some(status),
-            ..Miss::from(ProxyError::UpstreamClosed)
-        }
-    }
-
     /// The request cannot go to the server as it is: `error` is the client's answer.
     pub fn unsent(error: ProxyError) -> Miss {
         Miss {
@@ -106,7 +98,7 @@ pub(crate) trait Sender {
     type Sent;
 
     /// Sends the request to `a.server`, relays 1xx heads, and puts the final head to
-    /// `tries.relays`, returning its [`Miss::retried`].
+    /// `tries.relays`, returning its miss when the request is [`Miss::retried`].
     fn send(
         &mut self,
         a: &Attempt<'_>,
@@ -134,7 +126,7 @@ pub(crate) struct Tries<'a> {
 }
 
 impl Tries<'_> {
-    /// `Ok` when the final head with `status` is relayed to the client; [`Miss::retried`]
+    /// `Ok` when the final head with `status` is relayed to the client; a [`Miss::retried`]
     /// when the retry rules send the request to another server instead (picked here). The
     /// sender says whether the request can go again as it was (`replayable`) and whether
     /// the client has a 1xx (`responded`).
@@ -153,7 +145,11 @@ impl Tries<'_> {
         self.next = self.next_pick(Outcome::Status(status), replay);
         match self.next {
             None => Ok(()),
-            Some(_) => Err(Miss::retried(status)),
+            // The final head goes no further: the request was sent on.
+            Some(_) => Err(Miss {
+                retried: Some(status),
+                ..Miss::from(ProxyError::UpstreamClosed)
+            }),
         }
     }
 
