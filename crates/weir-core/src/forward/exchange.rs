@@ -272,8 +272,7 @@ impl Sender for Http1Sender<'_, '_> {
         let sent = if self.whole {
             let body = &conn.buf.filled()[req.head_len..][..self.buffered];
             let mut interim = Http1Interim::new(&mut conn.stream, listener, &mut self.informed);
-            let stream = send_whole(x, a, &conn.out, body, &mut rd, &mut interim).await?;
-            (stream, true)
+            send_whole(x, a, &conn.out, body, &mut rd, &mut interim).await?
         } else {
             // A streamed upload waits on the client and the upstream at once: register.
             let (mut cr, mut cw) = conn.stream.split().map_err(ProxyError::client_io)?;

@@ -62,7 +62,8 @@ pub(crate) struct Reading<'b> {
 
 /// A request whose body is all at hand (none, or all of it buffered): `head` and `body`
 /// in one write, then the final head. Its connection is returned with the head in
-/// `rd.resp` (parsed from `rd.up_buf`).
+/// `rd.resp` (parsed from `rd.up_buf`), and that the whole body went up (as
+/// [`send_streaming`] returns it).
 pub(crate) async fn send_whole<I: Interim>(
     x: &Exchange<'_>,
     a: &Attempt<'_>,
@@ -70,7 +71,7 @@ pub(crate) async fn send_whole<I: Interim>(
     body: &[u8],
     rd: &mut Reading<'_>,
     interim: &mut I,
-) -> Result<UpstreamStream, Miss> {
+) -> Result<(UpstreamStream, bool), Miss> {
     rd.up_buf.clear();
     let upstream = x.target.upstream;
     let (mut stream, reused) = match obtain_for(x, a) {
@@ -90,7 +91,7 @@ pub(crate) async fn send_whole<I: Interim>(
         }
         Err(e) => Err(no_head(Peer::Upstream.error(e), false, false)),
     };
-    head.map(|()| stream).map_err(|miss| Miss {
+    head.map(|()| (stream, true)).map_err(|miss| Miss {
         unprocessed: miss.unprocessed && reused && x.idempotent,
         ..miss
     })

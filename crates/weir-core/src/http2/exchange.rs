@@ -390,10 +390,7 @@ impl<S: Source, I: Interim> Sender for StreamSender<'_, S, I> {
             meta,
         };
         let sent = match self.body.as_mut() {
-            None => (
-                send_whole(x, &a, self.out, &[], &mut rd, &mut self.interim).await?,
-                true,
-            ),
+            None => send_whole(x, &a, self.out, &[], &mut rd, &mut self.interim).await?,
             Some(body) => {
                 let head = &*self.out;
                 // Trailer fields go only in a chunked body (none with a content-length).
