@@ -13,11 +13,10 @@ use std::rc::Rc;
 
 use super::body::{self, BodyState};
 use super::driver::{drive, Accepted, Attempt, Exchange, Miss, Sender, Tries};
-use super::filling::relay_recorded;
 use super::h1::{send_streaming, send_whole, Http1Interim, Http1Response, Reading, RequestMeta};
 use super::head::{coding, plan_http1, write_from_http1, ClientFraming, Edits};
 use super::relay::{
-    at_hand, relay, Broke, Coding, Http1Sink, Http1Source, Peer, Piece, Sink, Source,
+    at_hand, relay, Broke, Coding, Http1Sink, Http1Source, Peer, Piece, Recording, Sink, Source,
 };
 use super::request_head::{render_response_rules, write_upstream_head};
 use super::trailer::{self, RequestTrailers};
@@ -475,8 +474,12 @@ impl Response<'_> {
             chunked: plan.encoding.is_some(),
             trailers: Some(&dropped),
         };
-        let recording = recorder.as_deref_mut();
-        let relayed = relay_recorded(&mut source, &mut sink, coding.as_mut(), recording).await;
+        let mut recording = Recording {
+            inner: &mut source,
+            recorder: recorder.as_deref_mut(),
+            stop_when_over: false,
+        };
+        let relayed = relay(&mut recording, &mut sink, coding.as_mut()).await;
         conn.current.exchange.compressed = coding.as_ref().map(Coding::compressed);
         relayed.map_err(|(Broke::Source(e) | Broke::Sink(e))| Failure::after_head(e))?;
         if let Some(recorder) = recorder {

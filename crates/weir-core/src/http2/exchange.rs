@@ -261,28 +261,18 @@ impl StreamRequest<'_> {
         };
         let at = resp.head_len;
         let whole = at_hand.map(|n| arrived.slice(at..at + n));
-        let relayed = match recorder.as_mut() {
-            None => {
-                let source = (!empty).then_some(&mut source);
-                respond
-                    .send_relayed(head, source, sink, coding.as_mut(), whole)
-                    .await
-            }
-            Some(recorder) => {
-                if let Some(whole) = whole.as_ref().filter(|_| !empty) {
-                    recorder.record(whole);
-                }
-                let mut recording = Recording {
-                    inner: &mut source,
-                    recorder,
-                    stop_when_over: false,
-                };
-                let source = (!empty).then_some(&mut recording);
-                // Boxed: a route without `cache` keeps the exchange's state as before.
-                let relaying = respond.send_relayed(head, source, sink, coding.as_mut(), whole);
-                Box::pin(relaying).await
-            }
+        if let (Some(recorder), Some(whole)) = (&mut recorder, whole.as_ref().filter(|_| !empty)) {
+            recorder.record(whole);
+        }
+        let mut recording = Recording {
+            inner: &mut source,
+            recorder: recorder.as_deref_mut(),
+            stop_when_over: false,
         };
+        let body = (!empty).then_some(&mut recording);
+        let relayed = respond
+            .send_relayed(head, body, sink, coding.as_mut(), whole)
+            .await;
         if !empty {
             trace.compressed = coding.as_ref().map(Coding::compressed);
         }

@@ -185,7 +185,7 @@ impl StreamRequest<'_> {
         // Nobody waits for the rest of a body the store does not take.
         let mut recording = Recording {
             inner: &mut source,
-            recorder: &mut recorder,
+            recorder: Some(&mut recorder),
             stop_when_over: true,
         };
         discard(&mut recording).await?;

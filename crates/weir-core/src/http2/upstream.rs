@@ -450,7 +450,7 @@ async fn relay_answer<C: ClientSide, U: Future<Output = Result<(), Broke>>>(
         Some(recorder) => {
             let mut recording = Recording {
                 inner: &mut source,
-                recorder,
+                recorder: Some(recorder),
                 stop_when_over: C::ALONE,
             };
             let coding = coding.as_deref_mut();
