@@ -135,7 +135,6 @@ pub(crate) async fn forward_h1(
     let (body, buffered, used) = taken.map_err(|e| Peer::Client.error(e))?;
     let whole = body.is_done();
     let mut sender = Http1Sender {
-        x,
         conn,
         req,
         body,
@@ -226,8 +225,7 @@ fn take_chunked(
 
 /// Sends an HTTP/1.x client's request over HTTP/1.1 connections: the head written for
 /// each try's server, and the body as it came.
-struct Http1Sender<'x, 'c> {
-    x: &'x Exchange<'x>,
+struct Http1Sender<'c> {
     conn: &'c mut ClientConn,
     req: &'c RequestHead,
     body: BodyState,
@@ -249,7 +247,7 @@ struct Http1Sender<'x, 'c> {
     meta: RequestMeta,
 }
 
-impl Sender for Http1Sender<'_, '_> {
+impl Sender for Http1Sender<'_> {
     /// The connection, and whether the whole request body went up.
     type Sent = (UpstreamStream, bool);
 
@@ -258,7 +256,7 @@ impl Sender for Http1Sender<'_, '_> {
         a: &Attempt<'_>,
         tries: &mut Tries<'_>,
     ) -> Result<(UpstreamStream, bool), Miss> {
-        let (x, req) = (self.x, self.req);
+        let (x, req) = (tries.x, self.req);
         let conn = &mut *self.conn;
         self.meta.upgrade = write_heads(conn, req, &x.target, a.server);
         let listener = x.target.listener;

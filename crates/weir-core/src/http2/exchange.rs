@@ -136,7 +136,6 @@ impl StreamRequest<'_> {
             });
             let mut sender = StreamSender {
                 r: self,
-                x: &x,
                 body: source,
                 up_buf: &mut *up_buf,
                 out,
@@ -336,7 +335,6 @@ pub(super) fn stopped(stop: Stop, trace: &mut Trace) -> Failure {
 /// 101 only, and the answer must be a WebSocket server's.
 pub(crate) struct StreamSender<'s, S, I> {
     pub r: &'s StreamRequest<'s>,
-    pub x: &'s Exchange<'s>,
     pub body: Option<S>,
     pub up_buf: &'s mut Buffer,
     pub out: &'s mut Vec<u8>,
@@ -356,7 +354,7 @@ impl<S: Source, I: Interim> Sender for StreamSender<'_, S, I> {
         a: &Attempt<'_>,
         tries: &mut Tries<'_>,
     ) -> Result<(UpstreamStream, bool), Miss> {
-        let (r, x) = (self.r, self.x);
+        let (r, x) = (self.r, tries.x);
         self.out.clear();
         let offered = r.write_head(self.out, a.server);
         let mut meta = RequestMeta {

@@ -209,7 +209,6 @@ impl StreamRequest<'_> {
         let mut timer = LazyTimer::new(tokio::time::Instant::now());
         let mut sender = StreamSender {
             r: self,
-            x,
             body: None::<BodySource<'static>>,
             up_buf,
             out: &mut Vec::with_capacity(self.request.buf.len() + 256),

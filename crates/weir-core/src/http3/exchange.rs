@@ -71,7 +71,6 @@ async fn exchange(
     let interim = H3Interim::of(&shared, r);
     let mut sender = StreamSender {
         r,
-        x: &x,
         body: source,
         up_buf: &mut *up_buf,
         out,
