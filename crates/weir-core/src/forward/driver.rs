@@ -83,14 +83,6 @@ impl<F: Into<Failure>> From<F> for Miss {
 }
 
 impl Miss {
-    /// The final head with `status` goes no further: the request was sent on.
-    pub fn retried(status: u16) -> Miss {
-        Miss {
-            retried: Some(status),
-            ..Miss::from(ProxyError::UpstreamClosed)
-        }
-    }
-
     /// The request cannot go to the server as it is: `error` is the client's answer.
     pub fn unsent(error: ProxyError) -> Miss {
         Miss {
@@ -106,7 +98,7 @@ pub(crate) trait Sender {
     type Sent;
 
     /// Sends the request to `a.server`, relays 1xx heads, and puts the final head to
-    /// `tries.relays`; when that says no, returns [`Miss::retried`].
+    /// `tries.relays`, returning its miss when the request is [`Miss::retried`].
     fn send(
         &mut self,
         a: &Attempt<'_>,
@@ -134,16 +126,16 @@ pub(crate) struct Tries<'a> {
 }
 
 impl Tries<'_> {
-    /// Whether the final head with `status` is relayed to the client: `false` when the
-    /// retry rules send the request to another server instead (picked here). The sender
-    /// says whether the request can go again as it was (`replayable`) and whether the
-    /// client has a 1xx (`responded`).
+    /// `Ok` when the final head with `status` is relayed to the client; a [`Miss::retried`]
+    /// when the retry rules send the request to another server instead (picked here). The
+    /// sender says whether the request can go again as it was (`replayable`) and whether
+    /// the client has a 1xx (`responded`).
     #[inline]
-    pub fn relays(&mut self, status: u16, replayable: bool, responded: bool) -> bool {
+    pub fn relays(&mut self, status: u16, replayable: bool, responded: bool) -> Result<(), Miss> {
         self.head_at = Some(Instant::now());
         // Only 5xx statuses are retried (the config takes no others).
         if status < 500 {
-            return true;
+            return Ok(());
         }
         let replay = Replay {
             idempotent: self.x.idempotent,
@@ -151,7 +143,14 @@ impl Tries<'_> {
             responded,
         };
         self.next = self.next_pick(Outcome::Status(status), replay);
-        self.next.is_none()
+        match self.next {
+            None => Ok(()),
+            // The final head goes no further: the request was sent on.
+            Some(_) => Err(Miss {
+                retried: Some(status),
+                ..Miss::from(ProxyError::UpstreamClosed)
+            }),
+        }
     }
 
     /// Counts try `a` relayed inside its sender, once (as [`Accepted::count`]).
@@ -193,7 +192,8 @@ pub(crate) struct Accepted<'a> {
     pub elapsed: Duration,
     /// When the final head arrived.
     pub head_at: Instant,
-    target: Target<'a>,
+    pub(super) target: Target<'a>,
+    pub(super) worker: &'a Worker,
 }
 
 impl<'a> Accepted<'a> {
@@ -254,6 +254,7 @@ pub(crate) async fn drive<'a, S: Sender>(
                     elapsed,
                     head_at,
                     target,
+                    worker: x.worker,
                 };
                 return Ok((sent, accepted));
             }

@@ -13,14 +13,10 @@ use std::rc::Rc;
 
 use super::body::{self, BodyState};
 use super::driver::{drive, Accepted, Attempt, Exchange, Miss, Sender, Tries};
-use super::filling::relay_recorded;
-use super::h1::{
-    pool_after_answer, reuse, send_streaming, send_whole, Http1Interim, Http1Response, Reading,
-    RequestMeta,
-};
+use super::h1::{send_streaming, send_whole, Http1Interim, Http1Response, Reading, RequestMeta};
 use super::head::{coding, plan_http1, write_from_http1, ClientFraming, Edits};
 use super::relay::{
-    at_hand, relay, Broke, Coding, Http1Sink, Http1Source, Peer, Piece, Sink, Source,
+    at_hand, relay, Broke, Coding, Http1Sink, Http1Source, Peer, Piece, Recording, Sink, Source,
 };
 use super::request_head::{render_response_rules, write_upstream_head};
 use super::trailer::{self, RequestTrailers};
@@ -31,7 +27,7 @@ use crate::client::ClientConn;
 use crate::codec::http1::{BodyFraming, RequestHead, ResponseHead};
 use crate::connector::{UpstreamStream, WriteHalf};
 use crate::error::ProxyError;
-use crate::files::{send_http1, Reply, Under};
+use crate::files::{send_http1, Under};
 use crate::filters::compression::{self, Plan};
 use crate::filters::upgrade::{switch_allowed, Offered};
 use crate::otel::RequestTrace;
@@ -139,7 +135,6 @@ pub(crate) async fn forward_h1(
     let (body, buffered, used) = taken.map_err(|e| Peer::Client.error(e))?;
     let whole = body.is_done();
     let mut sender = Http1Sender {
-        x,
         conn,
         req,
         body,
@@ -172,7 +167,7 @@ pub(crate) async fn forward_h1(
                 accepted: &accepted,
                 meta: sender.meta,
                 request_done,
-                keep_alive,
+                keep_alive: keep_alive && request_done,
             };
             let fill = conn.fill.take();
             let (up_buf, resp) = (&mut sender.up_buf, &mut *sender.resp);
@@ -230,8 +225,7 @@ fn take_chunked(
 
 /// Sends an HTTP/1.x client's request over HTTP/1.1 connections: the head written for
 /// each try's server, and the body as it came.
-struct Http1Sender<'x, 'c> {
-    x: &'x Exchange<'x>,
+struct Http1Sender<'c> {
     conn: &'c mut ClientConn,
     req: &'c RequestHead,
     body: BodyState,
@@ -253,7 +247,7 @@ struct Http1Sender<'x, 'c> {
     meta: RequestMeta,
 }
 
-impl Sender for Http1Sender<'_, '_> {
+impl Sender for Http1Sender<'_> {
     /// The connection, and whether the whole request body went up.
     type Sent = (UpstreamStream, bool);
 
@@ -262,7 +256,7 @@ impl Sender for Http1Sender<'_, '_> {
         a: &Attempt<'_>,
         tries: &mut Tries<'_>,
     ) -> Result<(UpstreamStream, bool), Miss> {
-        let (x, req) = (self.x, self.req);
+        let (x, req) = (tries.x, self.req);
         let conn = &mut *self.conn;
         self.meta.upgrade = write_heads(conn, req, &x.target, a.server);
         let listener = x.target.listener;
@@ -275,8 +269,7 @@ impl Sender for Http1Sender<'_, '_> {
         let sent = if self.whole {
             let body = &conn.buf.filled()[req.head_len..][..self.buffered];
             let mut interim = Http1Interim::new(&mut conn.stream, listener, &mut self.informed);
-            let stream = send_whole(x, a, &conn.out, body, &mut rd, &mut interim).await?;
-            (stream, true)
+            send_whole(x, a, &conn.out, body, &mut rd, &mut interim).await?
         } else {
             // A streamed upload waits on the client and the upstream at once: register.
             let (mut cr, mut cw) = conn.stream.split().map_err(ProxyError::client_io)?;
@@ -328,10 +321,8 @@ impl Sender for Http1Sender<'_, '_> {
             // Boxed: a request without a body still arriving keeps the try's state small.
             Box::pin(send_streaming(x, a, &mut rd, &mut interim, upload)).await?
         };
-        match tries.relays(self.resp.status, self.whole, self.informed) {
-            true => Ok(sent),
-            false => Err(Miss::retried(self.resp.status)),
-        }
+        tries.relays(self.resp.status, self.whole, self.informed)?;
+        Ok(sent)
     }
 
     fn replayable(&self) -> bool {
@@ -350,6 +341,8 @@ struct Response<'a> {
     meta: RequestMeta,
     /// The whole request body went up.
     request_done: bool,
+    /// The client connection may stay open after the response (the whole request body
+    /// went up: nothing of it is left to read).
     keep_alive: bool,
 }
 
@@ -369,10 +362,15 @@ impl Response<'_> {
             // Boxed: a tunnel's state is not every response's.
             return Box::pin(self.upgrade(conn, stream, up_buf, resp)).await;
         }
-        // A 304 refreshing the stale entry, or a 5xx it may answer for.
+        // A 304 refreshing the stale entry, or a 5xx it may answer for: the entry answers
+        // (the try counts with the upstream's status, the request with the reply's).
         let fetched = Fetched::Http1(up_buf.filled(), resp);
         if let Some(reply) = fill.as_ref().and_then(|f| f.answer_instead(fetched, false)) {
-            let answered = self.answer_from_store(conn, stream, up_buf, resp, reply);
+            self.accepted.count(Ok(resp.status));
+            self.accepted
+                .pool_after_answer(stream, resp, up_buf, self.request_done);
+            let under = Under::of_target(&self.x.target);
+            let answered = send_http1(conn, under, reply, self.meta, self.keep_alive, resp);
             return Box::pin(answered).await;
         }
         let (route, meta) = (self.x.target.route, self.meta);
@@ -386,9 +384,7 @@ impl Response<'_> {
         let status_line = fill.as_ref().and_then(|f| f.status_line());
         let recorder = fill.and_then(|f| f.admit(fetched, dechunk));
         let close = !self.keep_alive
-            || !self.request_done
-            || (dechunk && encoding.is_none())
-            || (resp.framing == BodyFraming::UntilClose && encoding.is_none());
+            || (encoding.is_none() && (dechunk || resp.framing == BodyFraming::UntilClose));
         let framing = ClientFraming {
             dechunk,
             close,
@@ -429,53 +425,9 @@ impl Response<'_> {
                 Box::pin(relayed).await?
             }
         };
-        self.pool_if_clean(stream, resp, up_buf, body_with_head);
+        self.accepted
+            .reuse(stream, resp, up_buf, self.request_done, body_with_head);
         Ok(!close)
-    }
-
-    /// Pools the upstream connection once the response is relayed, if it keeps alive and
-    /// nothing follows the response. `body_with_head`: the whole body came with the head
-    /// (the usual small response): the connection is idle from the head's arrival;
-    /// otherwise from the end of the relay.
-    fn pool_if_clean(
-        &self,
-        stream: UpstreamStream,
-        resp: &ResponseHead,
-        up_buf: &Buffer,
-        body_with_head: bool,
-    ) {
-        if resp.keeps_alive() && self.request_done && up_buf.is_empty() {
-            let idle_from = body_with_head.then_some(self.accepted.head_at);
-            let idle_from = idle_from.unwrap_or_else(std::time::Instant::now);
-            reuse(self.x, self.accepted, stream, idle_from);
-        }
-    }
-
-    /// Answers with a stored entry (`reply`) instead of the upstream's response `resp` (a
-    /// `304` that refreshed it, a 5xx it answers for); the try counts with the upstream's
-    /// status, the request with the reply's. The upstream connection is pooled only when
-    /// `resp` has no body.
-    async fn answer_from_store(
-        &self,
-        conn: &mut ClientConn,
-        stream: UpstreamStream,
-        up_buf: &mut Buffer,
-        resp: &mut ResponseHead,
-        reply: Reply,
-    ) -> Result<bool, Failure> {
-        self.accepted.count(Ok(resp.status));
-        up_buf.consume(resp.head_len);
-        pool_after_answer(
-            self.x,
-            self.accepted,
-            up_buf,
-            resp,
-            stream,
-            self.request_done,
-        );
-        let under = Under::of_target(&self.x.target);
-        let keep_alive = self.keep_alive && self.request_done;
-        send_http1(conn, under, reply, self.meta, keep_alive, resp).await
     }
 
     /// Relays the body of `up` after the head in `conn.out` (compressed when `plan` says so;
@@ -520,8 +472,12 @@ impl Response<'_> {
             chunked: plan.encoding.is_some(),
             trailers: Some(&dropped),
         };
-        let recording = recorder.as_deref_mut();
-        let relayed = relay_recorded(&mut source, &mut sink, coding.as_mut(), recording).await;
+        let mut recording = Recording {
+            inner: &mut source,
+            recorder: recorder.as_deref_mut(),
+            stop_when_over: false,
+        };
+        let relayed = relay(&mut recording, &mut sink, coding.as_mut()).await;
         conn.current.exchange.compressed = coding.as_ref().map(Coding::compressed);
         relayed.map_err(|(Broke::Source(e) | Broke::Sink(e))| Failure::after_head(e))?;
         if let Some(recorder) = recorder {

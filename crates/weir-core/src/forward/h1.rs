@@ -62,7 +62,8 @@ pub(crate) struct Reading<'b> {
 
 /// A request whose body is all at hand (none, or all of it buffered): `head` and `body`
 /// in one write, then the final head. Its connection is returned with the head in
-/// `rd.resp` (parsed from `rd.up_buf`).
+/// `rd.resp` (parsed from `rd.up_buf`), and that the whole body went up (as
+/// [`send_streaming`] returns it).
 pub(crate) async fn send_whole<I: Interim>(
     x: &Exchange<'_>,
     a: &Attempt<'_>,
@@ -70,7 +71,7 @@ pub(crate) async fn send_whole<I: Interim>(
     body: &[u8],
     rd: &mut Reading<'_>,
     interim: &mut I,
-) -> Result<UpstreamStream, Miss> {
+) -> Result<(UpstreamStream, bool), Miss> {
     rd.up_buf.clear();
     let upstream = x.target.upstream;
     let (mut stream, reused) = match obtain_for(x, a) {
@@ -90,7 +91,7 @@ pub(crate) async fn send_whole<I: Interim>(
         }
         Err(e) => Err(no_head(Peer::Upstream.error(e), false, false)),
     };
-    head.map(|()| stream).map_err(|miss| Miss {
+    head.map(|()| (stream, true)).map_err(|miss| Miss {
         unprocessed: miss.unprocessed && reused && x.idempotent,
         ..miss
     })
@@ -166,23 +167,6 @@ enum Obtained<C> {
     Connect(C),
 }
 
-/// After a cache's stored entry answered instead of the upstream's response `resp` (its
-/// head consumed from `up_buf`): its connection (`sent`) is pooled when `resp` has no body
-/// (nothing of it is left to read).
-pub(crate) fn pool_after_answer(
-    x: &Exchange<'_>,
-    accepted: &Accepted<'_>,
-    up_buf: &Buffer,
-    resp: &ResponseHead,
-    stream: UpstreamStream,
-    request_done: bool,
-) {
-    let bodiless = matches!(resp.framing, BodyFraming::None | BodyFraming::Length(0));
-    if resp.keeps_alive() && request_done && bodiless && up_buf.is_empty() {
-        reuse(x, accepted, stream, accepted.head_at);
-    }
-}
-
 /// An HTTP/1.1 upstream's response: its head (parsed from `buf`) and its connection.
 pub(crate) struct Http1Response<'u> {
     pub stream: &'u mut UpstreamStream,
@@ -190,25 +174,53 @@ pub(crate) struct Http1Response<'u> {
     pub head: &'u ResponseHead,
 }
 
-/// Pools `stream` (the `accepted` try's) idle since `idle_from`, when the exchange left it
-/// clean:
-/// the response complete and keeping the connection, the whole request sent, nothing
-/// after the response.
-pub(crate) fn reuse(
-    x: &Exchange<'_>,
-    accepted: &Accepted<'_>,
-    stream: UpstreamStream,
-    idle_from: std::time::Instant,
-) {
-    let key = PoolKey::new(accepted.server, x.target.pool.tls.as_deref());
-    let max_idle = x.target.upstream.max_idle;
-    let idle = x
-        .worker
-        .pool
-        .borrow_mut()
-        .put(key, stream, max_idle, idle_from);
-    if let Some(m) = accepted.metrics {
-        m.pool_idle.set(idle as u64);
+impl Accepted<'_> {
+    /// Pools the try's connection `stream` when the exchange left it clean: the response
+    /// `resp` complete and keeping the connection, the whole request sent
+    /// (`request_done`), nothing after the response in `up_buf`. `since_head`: idle since
+    /// the final head came (the body came with it, or there is none: no clock read);
+    /// otherwise from now.
+    pub fn reuse(
+        &self,
+        stream: UpstreamStream,
+        resp: &ResponseHead,
+        up_buf: &Buffer,
+        request_done: bool,
+        since_head: bool,
+    ) {
+        if !(resp.keeps_alive() && request_done && up_buf.is_empty()) {
+            return;
+        }
+        let idle_from = match since_head {
+            true => self.head_at,
+            false => std::time::Instant::now(),
+        };
+        let key = PoolKey::new(self.server, self.target.pool.tls.as_deref());
+        let max_idle = self.target.upstream.max_idle;
+        let idle = self
+            .worker
+            .pool
+            .borrow_mut()
+            .put(key, stream, max_idle, idle_from);
+        if let Some(m) = self.metrics {
+            m.pool_idle.set(idle as u64);
+        }
+    }
+
+    /// After a cache's stored entry answered instead of the upstream's response `resp`
+    /// (its head consumed here from `up_buf`): the connection is pooled when `resp` has no
+    /// body (nothing of it is left to read).
+    pub fn pool_after_answer(
+        &self,
+        stream: UpstreamStream,
+        resp: &ResponseHead,
+        up_buf: &mut Buffer,
+        request_done: bool,
+    ) {
+        up_buf.consume(resp.head_len);
+        if matches!(resp.framing, BodyFraming::None | BodyFraming::Length(0)) {
+            self.reuse(stream, resp, up_buf, request_done, true);
+        }
     }
 }
 

@@ -257,10 +257,10 @@ pub(crate) fn at_hand(
 
 /// A source whose pieces are also kept by a cache's recorder: the store's copy beside
 /// the client's sink (a miss's response on its way to the client), or the only one (a
-/// background revalidation's fetch).
+/// background revalidation's fetch). Without a recorder, the source as it is.
 pub(crate) struct Recording<'r, S> {
     pub inner: &'r mut S,
-    pub recorder: &'r mut Recorder,
+    pub recorder: Option<&'r mut Recorder>,
     /// The body ends with an error once it passes what the store takes: no client waits
     /// for the rest (a fetch for the store alone drops the upstream connection then, not
     /// reading a body of any size to its end). Else the rest streams on, unrecorded.
@@ -274,9 +274,9 @@ const OVER_MAX_OBJECT_SIZE: ProxyError = ProxyError::UpstreamMalformed("body ove
 impl<S: Source> Source for Recording<'_, S> {
     async fn next(&mut self) -> Result<Option<(Piece<'_>, bool)>, ProxyError> {
         let next = self.inner.next().await?;
-        if let Some((piece, _)) = &next {
-            self.recorder.record(piece.as_slice());
-            if self.stop_when_over && self.recorder.is_over() {
+        if let (Some((piece, _)), Some(recorder)) = (&next, self.recorder.as_deref_mut()) {
+            recorder.record(piece.as_slice());
+            if self.stop_when_over && recorder.is_over() {
                 return Err(OVER_MAX_OBJECT_SIZE);
             }
         }
@@ -289,10 +289,10 @@ impl<S: Source> Source for Recording<'_, S> {
 
     async fn trailers(&mut self) -> Result<Trailers<'_>, ProxyError> {
         let trailers = self.inner.trailers().await?;
-        if let Trailers::Lines(_) = trailers {
+        if let (Trailers::Lines(_), Some(recorder)) = (&trailers, self.recorder.as_deref_mut()) {
             // A chunked body passed through stops before its trailer section (which is
             // not stored): the recorded one gets its end.
-            self.recorder.end_chunks();
+            recorder.end_chunks();
         }
         Ok(trailers)
     }
@@ -303,7 +303,9 @@ impl<S: Source> Source for Recording<'_, S> {
 
     fn whole(&mut self) -> Option<Piece<'_>> {
         let piece = self.inner.whole()?;
-        self.recorder.record(piece.as_slice());
+        if let Some(recorder) = self.recorder.as_deref_mut() {
+            recorder.record(piece.as_slice());
+        }
         Some(piece)
     }
 }

@@ -9,7 +9,7 @@
 //! request cancelled, and a half-done exchange is never pooled.
 
 use std::cell::Cell;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use h2::server::SendResponse;
@@ -34,8 +34,7 @@ use crate::forward::body::BodyState;
 use crate::forward::driver::{drive, Accepted, Attempt, Exchange, Miss, Sender, Tries};
 use crate::forward::exchange::push_before_end;
 use crate::forward::h1::{
-    pool_after_answer, reuse, send_streaming, send_whole, Http1Response, Interim, Reading,
-    RequestMeta,
+    send_streaming, send_whole, Http1Response, Interim, Reading, RequestMeta,
 };
 use crate::forward::head::{coding, plan_http1, Edits};
 use crate::forward::relay::{
@@ -137,7 +136,6 @@ impl StreamRequest<'_> {
             });
             let mut sender = StreamSender {
                 r: self,
-                x: &x,
                 body: source,
                 up_buf: &mut *up_buf,
                 out,
@@ -158,7 +156,7 @@ impl StreamRequest<'_> {
             Ok(accepted) => accepted?,
             Err(stop) => return Err(stopped(stop, trace)),
         };
-        self.respond_accepted(&x, accepted, respond, up_buf, resp, trace)
+        self.respond_accepted(accepted, respond, up_buf, resp, trace)
             .await
     }
 
@@ -167,7 +165,6 @@ impl StreamRequest<'_> {
     /// upstream connection when the exchange left it clean.
     pub(crate) async fn respond_accepted<R: ResponseStream>(
         &self,
-        x: &Exchange<'_>,
         accepted: ((UpstreamStream, bool), Accepted<'_>),
         respond: &mut R,
         up_buf: &mut Buffer,
@@ -177,8 +174,7 @@ impl StreamRequest<'_> {
         let ((mut stream, request_done), accepted) = accepted;
         if let Some(reply) = self.answer_instead(Fetched::Http1(up_buf.filled(), resp), false) {
             accepted.count(Ok(resp.status));
-            up_buf.consume(resp.head_len);
-            pool_after_answer(x, &accepted, up_buf, resp, stream, request_done);
+            accepted.pool_after_answer(stream, resp, up_buf, request_done);
             return Box::pin(self.reply_from_store(respond, reply, trace)).await;
         }
         let mut lines = Vec::new();
@@ -191,16 +187,7 @@ impl StreamRequest<'_> {
         };
         let count = |result| accepted.count(result);
         let body_with_head = self.respond_http1(respond, up, edits, count, trace).await?;
-        let reusable = resp.keeps_alive() && request_done && up_buf.is_empty();
-        if reusable && !(self.request.req.is_head && resp.framing == BodyFraming::UntilClose) {
-            // Idle since the head arrived when the body came with it, a time already read
-            // (no clock read for the usual small response); after a streamed body, from now.
-            let since = match body_with_head {
-                true => accepted.head_at,
-                false => Instant::now(),
-            };
-            reuse(x, &accepted, stream, since);
-        }
+        accepted.reuse(stream, resp, up_buf, request_done, body_with_head);
         Ok(())
     }
 
@@ -273,28 +260,18 @@ impl StreamRequest<'_> {
         };
         let at = resp.head_len;
         let whole = at_hand.map(|n| arrived.slice(at..at + n));
-        let relayed = match recorder.as_mut() {
-            None => {
-                let source = (!empty).then_some(&mut source);
-                respond
-                    .send_relayed(head, source, sink, coding.as_mut(), whole)
-                    .await
-            }
-            Some(recorder) => {
-                if let Some(whole) = whole.as_ref().filter(|_| !empty) {
-                    recorder.record(whole);
-                }
-                let mut recording = Recording {
-                    inner: &mut source,
-                    recorder,
-                    stop_when_over: false,
-                };
-                let source = (!empty).then_some(&mut recording);
-                // Boxed: a route without `cache` keeps the exchange's state as before.
-                let relaying = respond.send_relayed(head, source, sink, coding.as_mut(), whole);
-                Box::pin(relaying).await
-            }
+        if let (Some(recorder), Some(whole)) = (&mut recorder, whole.as_ref().filter(|_| !empty)) {
+            recorder.record(whole);
+        }
+        let mut recording = Recording {
+            inner: &mut source,
+            recorder: recorder.as_deref_mut(),
+            stop_when_over: false,
         };
+        let body = (!empty).then_some(&mut recording);
+        let relayed = respond
+            .send_relayed(head, body, sink, coding.as_mut(), whole)
+            .await;
         if !empty {
             trace.compressed = coding.as_ref().map(Coding::compressed);
         }
@@ -358,7 +335,6 @@ pub(super) fn stopped(stop: Stop, trace: &mut Trace) -> Failure {
 /// 101 only, and the answer must be a WebSocket server's.
 pub(crate) struct StreamSender<'s, S, I> {
     pub r: &'s StreamRequest<'s>,
-    pub x: &'s Exchange<'s>,
     pub body: Option<S>,
     pub up_buf: &'s mut Buffer,
     pub out: &'s mut Vec<u8>,
@@ -378,7 +354,7 @@ impl<S: Source, I: Interim> Sender for StreamSender<'_, S, I> {
         a: &Attempt<'_>,
         tries: &mut Tries<'_>,
     ) -> Result<(UpstreamStream, bool), Miss> {
-        let (r, x) = (self.r, self.x);
+        let (r, x) = (self.r, tries.x);
         self.out.clear();
         let offered = r.write_head(self.out, a.server);
         let mut meta = RequestMeta {
@@ -402,10 +378,7 @@ impl<S: Source, I: Interim> Sender for StreamSender<'_, S, I> {
             meta,
         };
         let sent = match self.body.as_mut() {
-            None => (
-                send_whole(x, &a, self.out, &[], &mut rd, &mut self.interim).await?,
-                true,
-            ),
+            None => send_whole(x, &a, self.out, &[], &mut rd, &mut self.interim).await?,
             Some(body) => {
                 let head = &*self.out;
                 // Trailer fields go only in a chunked body (none with a content-length).
@@ -426,10 +399,8 @@ impl<S: Source, I: Interim> Sender for StreamSender<'_, S, I> {
             }
             None => {}
         }
-        match tries.relays(self.resp.status, self.replayable(), self.responded()) {
-            true => Ok(sent),
-            false => Err(Miss::retried(self.resp.status)),
-        }
+        tries.relays(self.resp.status, self.replayable(), self.responded())?;
+        Ok(sent)
     }
 
     fn replayable(&self) -> bool {

@@ -24,7 +24,7 @@ use crate::files::{BodySource, Reply, Under};
 use crate::forward::body::BodyState;
 use crate::forward::driver::{drive, Accepted, Exchange};
 use crate::forward::filling::stale_answer;
-use crate::forward::h1::{pool_after_answer, reuse, Interim, NoInterim};
+use crate::forward::h1::{Interim, NoInterim};
 use crate::forward::head::ForClient;
 use crate::forward::relay::{
     relay, Broke, Coding, Http1Source, Peer, Piece, Recording, Sink, Source, Trailers,
@@ -172,8 +172,7 @@ impl StreamRequest<'_> {
         // A 304 refreshes the entry (a 5xx leaves it as it is: nobody is answered).
         let fetched = Fetched::Http1(up_buf.filled(), resp);
         if self.answer_instead(fetched, true).is_some() {
-            up_buf.consume(resp.head_len);
-            pool_after_answer(&x, &accepted, up_buf, resp, stream, request_done);
+            accepted.pool_after_answer(stream, resp, up_buf, request_done);
             return Ok(());
         }
         let (_, Some(mut recorder)) = self.admission(Fetched::Http1(up_buf.filled(), resp)) else {
@@ -186,14 +185,12 @@ impl StreamRequest<'_> {
         // Nobody waits for the rest of a body the store does not take.
         let mut recording = Recording {
             inner: &mut source,
-            recorder: &mut recorder,
+            recorder: Some(&mut recorder),
             stop_when_over: true,
         };
         discard(&mut recording).await?;
         recorder.finish();
-        if resp.keeps_alive() && request_done && up_buf.is_empty() {
-            reuse(&x, &accepted, stream, Instant::now());
-        }
+        accepted.reuse(stream, resp, up_buf, request_done, false);
         Ok(())
     }
 
@@ -212,7 +209,6 @@ impl StreamRequest<'_> {
         let mut timer = LazyTimer::new(tokio::time::Instant::now());
         let mut sender = StreamSender {
             r: self,
-            x,
             body: None::<BodySource<'static>>,
             up_buf,
             out: &mut Vec::with_capacity(self.request.buf.len() + 256),

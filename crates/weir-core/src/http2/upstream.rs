@@ -450,7 +450,7 @@ async fn relay_answer<C: ClientSide, U: Future<Output = Result<(), Broke>>>(
         Some(recorder) => {
             let mut recording = Recording {
                 inner: &mut source,
-                recorder,
+                recorder: Some(recorder),
                 stop_when_over: C::ALONE,
             };
             let coding = coding.as_deref_mut();
@@ -501,9 +501,7 @@ impl<C: ClientSide, B: ClientBody> Sender for H2Sender<'_, '_, C, B> {
         let status = parts.status.as_u16();
         let replayable = end || whole || consumed.get() == 0;
         let responded = r.relayed.any() || self.client.responded();
-        if !tries.relays(status, replayable, responded) {
-            return Err(Miss::retried(status));
-        }
+        tries.relays(status, replayable, responded)?;
         if let Some(reply) = r.answer_instead(Fetched::Http2(&parts), C::ALONE) {
             tries.count(a, Ok(status));
             return Ok(Relayed::Stored(Box::new(reply)));

@@ -71,7 +71,6 @@ async fn exchange(
     let interim = H3Interim::of(&shared, r);
     let mut sender = StreamSender {
         r,
-        x: &x,
         body: source,
         up_buf: &mut *up_buf,
         out,
@@ -94,6 +93,6 @@ async fn exchange(
     };
     drop(sender);
     trace.body_in = body_in.get();
-    r.respond_accepted(&x, accepted?, to.send, up_buf, resp, trace)
+    r.respond_accepted(accepted?, to.send, up_buf, resp, trace)
         .await
 }
