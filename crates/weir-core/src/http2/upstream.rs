@@ -438,27 +438,18 @@ async fn relay_answer<C: ClientSide, U: Future<Output = Result<(), Broke>>>(
     mut recorder: Option<Box<Recorder>>,
 ) -> Result<(), Failure> {
     trace.status = answer.parts.status.as_u16();
-    let relayed = match recorder.as_mut() {
-        // Nobody waits for a body the store does not take.
-        None if C::ALONE => return Ok(()),
-        None => {
-            let coding = coding.as_deref_mut();
-            client
-                .respond(answer, &mut source, upload, coding, trace)
-                .await
-        }
-        Some(recorder) => {
-            let mut recording = Recording {
-                inner: &mut source,
-                recorder: Some(recorder),
-                stop_when_over: C::ALONE,
-            };
-            let coding = coding.as_deref_mut();
-            let responding = client.respond(answer, &mut recording, upload, coding, trace);
-            // Boxed: a route without `cache` keeps the stream's state as before.
-            Box::pin(responding).await
-        }
+    // Nobody waits for a body the store does not take.
+    if C::ALONE && recorder.is_none() {
+        return Ok(());
+    }
+    let mut recording = Recording {
+        inner: &mut source,
+        recorder: recorder.as_deref_mut(),
+        stop_when_over: C::ALONE,
     };
+    let relayed = client
+        .respond(answer, &mut recording, upload, coding.as_deref_mut(), trace)
+        .await;
     trace.compressed = coding.as_deref().map(Coding::compressed);
     if let (Ok(()), Some(recorder)) = (&relayed, recorder) {
         recorder.finish();
