@@ -33,13 +33,15 @@ use crate::snapshot::Snapshot;
 use crate::tls::session::TlsSession;
 use crate::worker::Worker;
 
-use super::route::{RouteTarget, Routing};
+use super::route::Routing;
 
 /// What a background revalidation keeps of the request that started it.
 struct Job {
     snapshot: Arc<Snapshot>,
     listener: usize,
-    to: RouteTarget,
+    /// The route's position in the listener's `routes`; its upstream's in the config's.
+    route: usize,
+    upstream: usize,
     /// The request's head (its bytes and the spans into them).
     head: Vec<u8>,
     req: RequestHead,
@@ -53,11 +55,17 @@ struct Job {
 }
 
 /// Starts the revalidation `fill` of the stale entry `r` was answered from (`r` routed by
-/// `routing` `to` a route and upstream) as a task of this worker. Nothing is
+/// `routing` to `route` and `upstream`) as a task of this worker. Nothing is
 /// started when the worker's snapshot is no longer the one `r` was routed on (the entry is
 /// revalidated by a later request), nor when the worker drains or runs
 /// `[server] background_revalidations` already (the fill is let go).
-pub(crate) fn start(routing: &Routing<'_>, r: &Request<'_>, to: RouteTarget, fill: Box<Fill>) {
+pub(crate) fn start(
+    routing: &Routing<'_>,
+    r: &Request<'_>,
+    route: usize,
+    upstream: usize,
+    fill: Box<Fill>,
+) {
     let Some(worker) = routing.worker.me.upgrade() else {
         return;
     };
@@ -79,7 +87,8 @@ pub(crate) fn start(routing: &Routing<'_>, r: &Request<'_>, to: RouteTarget, fil
     let job = Job {
         snapshot,
         listener: routing.listener,
-        to,
+        route,
+        upstream,
         head,
         req,
         peer: *origin.peer,
@@ -101,7 +110,7 @@ async fn run(worker: Rc<Worker>, job: Job) {
         listener: job.listener,
     };
     let listener = routing.listener();
-    let target = routing.target(&listener.routes[job.to.route], job.to.upstream);
+    let target = routing.target(&listener.routes[job.route], job.upstream);
     let mut path = RoutedPath::default();
     let raw_path = job.req.path(&job.head);
     let Ok(_) = path.normalize(raw_path, &listener.path_normalization) else {
