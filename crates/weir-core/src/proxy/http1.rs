@@ -267,13 +267,18 @@ async fn answer(
     req: Option<&RequestHead>,
     resp: &ResponseHead,
 ) -> (u16, bool) {
+    // The status a request handled (if `Reached::Head`, in part) was answered with.
+    let sent = match handled.route.is_some() || handled.local {
+        true => resp.status,
+        false => listener.default_response.status,
+    };
     let failure = match &handled.result {
-        Ok(keep_alive) => return (handled_status(handled, listener, resp), *keep_alive),
+        Ok(keep_alive) => return (sent, *keep_alive),
         Err(failure) => failure,
     };
     super::log_failure(&failure.error, listener, conn.ip.as_bytes());
     if failure.reached == Reached::Head {
-        return (handled_status(handled, listener, resp), false);
+        return (sent, false);
     }
     // The connection carries on, as nginx's does, only after an upstream failure or no
     // server (502, 503, 504; a client's error closes), when the whole request had been read
@@ -392,15 +397,6 @@ async fn local_response(
     conn.out = out;
     written.map_err(Failure::after_head)?;
     Ok(keep_alive)
-}
-
-/// The status a successfully handled request was answered with.
-fn handled_status(handled: &Handled, listener: &Listener, resp: &ResponseHead) -> u16 {
-    match handled.route {
-        Some(_) => resp.status,
-        None if handled.local => resp.status,
-        None => listener.default_response.status,
-    }
 }
 
 #[cfg(test)]
