@@ -127,19 +127,8 @@ pub struct Current {
 }
 
 impl Current {
-    fn new(started: std::time::Instant) -> Current {
-        Current {
-            started,
-            real_client: None,
-            request_id: RequestId::default(),
-            log_fields: RequestFields::default(),
-            exchange: Trace::default(),
-            read: false,
-        }
-    }
-
     /// Begins the next request, whose head was complete at `started`: every field as
-    /// `Current::new` makes it, the log fields' buffers kept. Field by field (the pattern
+    /// `ClientConn::new` makes it, the log fields' buffers kept. Field by field (the pattern
     /// names every field, so a new one cannot be missed): a whole new `Current` zeroed the
     /// request id's 128-byte buffer and copied the struct in, per request.
     pub fn begin(&mut self, started: std::time::Instant) {
@@ -246,7 +235,14 @@ impl ClientConn {
             idle_timer: LazyTimer::new(Instant::from_std(now)),
             upstream_timer: LazyTimer::new(Instant::from_std(now)),
             tls: None,
-            current: Current::new(now),
+            current: Current {
+                started: now,
+                real_client: None,
+                request_id: RequestId::default(),
+                log_fields: RequestFields::default(),
+                exchange: Trace::default(),
+                read: false,
+            },
             trace: None,
             fill: None,
         }
