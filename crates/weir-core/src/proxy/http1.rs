@@ -249,7 +249,12 @@ async fn serve(
         Err(error) => {
             // Nothing of the previous request's (id, client behind trusted proxies) is
             // left: `Current::begin` emptied it.
-            Some((Handled::failed(None, error), METHODS.len() - 1))
+            let handled = Handled {
+                route: None,
+                local: false,
+                result: Err(error.into()),
+            };
+            Some((handled, METHODS.len() - 1))
         }
     }
 }
@@ -345,7 +350,7 @@ async fn handle(
             let sent = crate::files::respond_http1(conn, req, under, *reply, keep_alive, resp);
             (true, Box::pin(sent).await)
         }
-        Decision::Refuse(error) => return Handled::failed(route, error),
+        Decision::Refuse(error) => (false, Err(error.into())),
     };
     Handled {
         route,
