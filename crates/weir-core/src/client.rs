@@ -127,19 +127,8 @@ pub struct Current {
 }
 
 impl Current {
-    fn new(started: std::time::Instant) -> Current {
-        Current {
-            started,
-            real_client: None,
-            request_id: RequestId::default(),
-            log_fields: RequestFields::default(),
-            exchange: Trace::default(),
-            read: false,
-        }
-    }
-
     /// Begins the next request, whose head was complete at `started`: every field as
-    /// `Current::new` makes it, the log fields' buffers kept. Field by field (the pattern
+    /// `ClientConn::new` makes it, the log fields' buffers kept. Field by field (the pattern
     /// names every field, so a new one cannot be missed): a whole new `Current` zeroed the
     /// request id's 128-byte buffer and copied the struct in, per request.
     pub fn begin(&mut self, started: std::time::Instant) {
@@ -246,7 +235,14 @@ impl ClientConn {
             idle_timer: LazyTimer::new(Instant::from_std(now)),
             upstream_timer: LazyTimer::new(Instant::from_std(now)),
             tls: None,
-            current: Current::new(now),
+            current: Current {
+                started: now,
+                real_client: None,
+                request_id: RequestId::default(),
+                log_fields: RequestFields::default(),
+                exchange: Trace::default(),
+                read: false,
+            },
             trace: None,
             fill: None,
         }
@@ -279,12 +275,34 @@ impl ClientConn {
                     crate::http2::Preface::Partial => {}
                 }
             }
+            // Parsed here, not in an `async fn` around `next_request`: that layer cost every
+            // request a state of its own.
             if worth_parsing && !sniffing {
-                if let Some(next) = self.parse(limits, head)? {
-                    return Ok(next);
+                match parse_request(self.buf.filled(), limits, head) {
+                    Ok(true) => return Ok(NextRequest::Ready),
+                    Ok(false) => {}
+                    // Neither HTTP/1 nor the HTTP/2 preface: maybe an HTTP/2 client with a bad
+                    // preface, which must see the connection closed (RFC 9113 3.4), not a 400.
+                    Err(ProxyError::BadRequest(_))
+                        if self.served == 0
+                            && crate::http2::neither_protocol(self.buf.filled()) =>
+                    {
+                        tracing::debug!(
+                            "first line is neither HTTP/1 nor the HTTP/2 preface; closing"
+                        );
+                        return Ok(NextRequest::Close);
+                    }
+                    Err(e) => return Err(e),
                 }
             }
-            let deadline = *deadline.get_or_insert_with(|| self.head_deadline(listener));
+            // The head must be whole `header_timeout` after the accept (or the TLS handshake,
+            // or the PROXY header) for a connection's first request, as nginx counts it, so a
+            // head trickled from late in the wait for its first byte gets no second
+            // `header_timeout`; after its first byte for a later one.
+            let deadline = *deadline.get_or_insert_with(|| match self.served {
+                0 => Instant::from_std(self.idle_since) + listener.header_timeout,
+                _ => Instant::now() + listener.header_timeout,
+            });
             match timeout_at(deadline, self.buf.read_from(&mut self.stream)).await {
                 Err(_) => return Err(ProxyError::HeaderTimeout),
                 Ok(Ok(0)) | Ok(Err(_)) => return Ok(NextRequest::Close),
@@ -294,39 +312,6 @@ impl ClientConn {
             worth_parsing = sniffing
                 || head_end_seen(filled, &mut scanned)
                 || filled.len() >= listener.max_header_size;
-        }
-    }
-
-    /// Parses the buffer's request head into `head`: `Some(Ready)` when complete, `None`
-    /// when more must be read. (A check here, not an `async fn` around `next_request`: that
-    /// layer cost every request a state of its own.)
-    fn parse(
-        &self,
-        limits: HeadLimits,
-        head: &mut RequestHead,
-    ) -> Result<Option<NextRequest>, ProxyError> {
-        match parse_request(self.buf.filled(), limits, head) {
-            Ok(complete) => Ok(complete.then_some(NextRequest::Ready)),
-            // Neither HTTP/1 nor the HTTP/2 preface: possibly an HTTP/2 client with a bad
-            // preface, which must see the connection closed (RFC 9113 3.4), not a 400.
-            Err(ProxyError::BadRequest(_))
-                if self.served == 0 && crate::http2::neither_protocol(self.buf.filled()) =>
-            {
-                tracing::debug!("first line is neither HTTP/1 nor the HTTP/2 preface; closing");
-                Ok(Some(NextRequest::Close))
-            }
-            Err(e) => Err(e),
-        }
-    }
-
-    /// When the request head whose first bytes are in must be whole: `header_timeout` after
-    /// the accept (or the TLS handshake, or the PROXY header) for a connection's first
-    /// request, as nginx counts it, so a head trickled from late in the wait for its first
-    /// byte gets no second `header_timeout`; after its first byte for a later one.
-    fn head_deadline(&self, listener: &Listener) -> Instant {
-        match self.served {
-            0 => Instant::from_std(self.idle_since) + listener.header_timeout,
-            _ => Instant::now() + listener.header_timeout,
         }
     }
 

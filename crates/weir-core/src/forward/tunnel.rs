@@ -39,13 +39,10 @@ where
 {
     let activity = Activity::new();
     let relay = async {
-        if !upstream_early.is_empty() {
-            client.write_all(upstream_early.filled()).await?;
-        }
+        // Nothing early: `write_all` of nothing returns at once, writing nothing.
+        client.write_all(upstream_early.filled()).await?;
         upstream_early.clear();
-        if !client_early.is_empty() {
-            upstream.write_all(client_early.filled()).await?;
-        }
+        upstream.write_all(client_early.filled()).await?;
         client_early.clear();
         let mut client = Noted {
             stream: client,

@@ -61,10 +61,7 @@ pub async fn serve_client(
         let Some(waiting) = kept.current(&worker, slot, &mut conn) else {
             return;
         };
-        let counters = Counters {
-            bytes_in: conn.buf.consumed_total(),
-            bytes_out: conn.sent,
-        };
+        let counted = (conn.buf.consumed_total(), conn.sent);
         let next = conn
             .next_request(waiting.listener(), &mut req, &worker)
             .await;
@@ -106,7 +103,7 @@ pub async fn serve_client(
             duration: finished.saturating_duration_since(started),
         };
         let trace = conn.trace.take();
-        let side = counters.side(&conn, trace.as_deref());
+        let side = client_side(&conn, counted, trace.as_deref());
         record(&worker, &serving.snapshot, &side, &handled, &done);
         if !keep_alive {
             return;
@@ -115,27 +112,23 @@ pub async fn serve_client(
     }
 }
 
-/// Byte counters of the client connection when a request started.
-struct Counters {
-    bytes_in: u64,
-    bytes_out: u64,
-}
-
-impl Counters {
-    /// What `record` needs of `conn` for the request started at these counts, with its
-    /// `trace` (taken from the connection).
-    fn side<'a>(&self, conn: &'a ClientConn, trace: Option<&'a RequestTrace>) -> ClientSide<'a> {
-        ClientSide {
-            // The client behind trusted proxies when there is one (the log shows it).
-            ip: conn.client_text(),
-            fields: &conn.current.log_fields,
-            bytes_in: conn.buf.consumed_total() - self.bytes_in,
-            bytes_out: conn.sent - self.bytes_out,
-            tls: conn.tls.as_deref(),
-            request_id: conn.current.request_id.as_bytes(),
-            exchange: &conn.current.exchange,
-            trace,
-        }
+/// What `record` needs of `conn` for the request started when its byte counters (in,
+/// out) were `counted`, with its `trace` (taken from the connection).
+fn client_side<'a>(
+    conn: &'a ClientConn,
+    (bytes_in, bytes_out): (u64, u64),
+    trace: Option<&'a RequestTrace>,
+) -> ClientSide<'a> {
+    ClientSide {
+        // The client behind trusted proxies when there is one (the log shows it).
+        ip: conn.client_text(),
+        fields: &conn.current.log_fields,
+        bytes_in: conn.buf.consumed_total() - bytes_in,
+        bytes_out: conn.sent - bytes_out,
+        tls: conn.tls.as_deref(),
+        request_id: conn.current.request_id.as_bytes(),
+        exchange: &conn.current.exchange,
+        trace,
     }
 }
 
@@ -256,7 +249,12 @@ async fn serve(
         Err(error) => {
             // Nothing of the previous request's (id, client behind trusted proxies) is
             // left: `Current::begin` emptied it.
-            Some((Handled::failed(None, error), METHODS.len() - 1))
+            let handled = Handled {
+                route: None,
+                local: false,
+                result: Err(error.into()),
+            };
+            Some((handled, METHODS.len() - 1))
         }
     }
 }
@@ -274,13 +272,18 @@ async fn answer(
     req: Option<&RequestHead>,
     resp: &ResponseHead,
 ) -> (u16, bool) {
+    // The status a request handled (if `Reached::Head`, in part) was answered with.
+    let sent = match handled.route.is_some() || handled.local {
+        true => resp.status,
+        false => listener.default_response.status,
+    };
     let failure = match &handled.result {
-        Ok(keep_alive) => return (handled_status(handled, listener, resp), *keep_alive),
+        Ok(keep_alive) => return (sent, *keep_alive),
         Err(failure) => failure,
     };
     super::log_failure(&failure.error, listener, conn.ip.as_bytes());
     if failure.reached == Reached::Head {
-        return (handled_status(handled, listener, resp), false);
+        return (sent, false);
     }
     // The connection carries on, as nginx's does, only after an upstream failure or no
     // server (502, 503, 504; a client's error closes), when the whole request had been read
@@ -347,7 +350,7 @@ async fn handle(
             let sent = crate::files::respond_http1(conn, req, under, *reply, keep_alive, resp);
             (true, Box::pin(sent).await)
         }
-        Decision::Refuse(error) => return Handled::failed(route, error),
+        Decision::Refuse(error) => (false, Err(error.into())),
     };
     Handled {
         route,
@@ -399,15 +402,6 @@ async fn local_response(
     conn.out = out;
     written.map_err(Failure::after_head)?;
     Ok(keep_alive)
-}
-
-/// The status a successfully handled request was answered with.
-fn handled_status(handled: &Handled, listener: &Listener, resp: &ResponseHead) -> u16 {
-    match handled.route {
-        Some(_) => resp.status,
-        None if handled.local => resp.status,
-        None => listener.default_response.status,
-    }
 }
 
 #[cfg(test)]

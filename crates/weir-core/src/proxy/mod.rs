@@ -44,17 +44,6 @@ pub(crate) struct Handled {
     pub result: Result<bool, Failure>,
 }
 
-impl Handled {
-    /// Refused before an answer was written: `error` becomes the response.
-    pub fn failed(route: Option<usize>, error: ProxyError) -> Handled {
-        Handled {
-            route,
-            local: false,
-            result: Err(error.into()),
-        }
-    }
-}
-
 /// What is known about a request once it is finished.
 pub(crate) struct Done {
     /// The listener's config position in the request's snapshot, and its metric slot.

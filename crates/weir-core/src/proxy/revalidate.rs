@@ -16,48 +16,31 @@
 //! request), and they are aborted when the worker drains.
 
 use std::cell::Cell;
-use std::net::IpAddr;
-use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Instant;
 
 use crate::cache::Fill;
-use crate::codec::http1::RequestHead;
-use crate::filters::forwarded::ClientIp;
 use crate::http2::exchange::StreamRequest;
 use crate::http2::interim::Relayed;
-use crate::metrics::shard::Protocol;
 use crate::request::{Origin, Request};
 use crate::router::RoutedPath;
 use crate::snapshot::Snapshot;
-use crate::tls::session::TlsSession;
-use crate::worker::Worker;
 
-use super::route::{RouteTarget, Routing};
-
-/// What a background revalidation keeps of the request that started it.
-struct Job {
-    snapshot: Arc<Snapshot>,
-    listener: usize,
-    to: RouteTarget,
-    /// The request's head (its bytes and the spans into them).
-    head: Vec<u8>,
-    req: RequestHead,
-    peer: ClientIp,
-    peer_ip: IpAddr,
-    behind: Option<(IpAddr, ClientIp)>,
-    tls: Option<TlsSession>,
-    request_id: Vec<u8>,
-    protocol: Protocol,
-    fill: Box<Fill>,
-}
+use super::route::Routing;
 
 /// Starts the revalidation `fill` of the stale entry `r` was answered from (`r` routed by
-/// `routing` `to` a route and upstream) as a task of this worker. Nothing is
-/// started when the worker's snapshot is no longer the one `r` was routed on (the entry is
-/// revalidated by a later request), nor when the worker drains or runs
-/// `[server] background_revalidations` already (the fill is let go).
-pub(crate) fn start(routing: &Routing<'_>, r: &Request<'_>, to: RouteTarget, fill: Box<Fill>) {
+/// `routing` to `route` and `upstream`) as a task of this worker, which keeps a copy of
+/// the request's head and who sent it. Nothing is started when the worker's snapshot is no
+/// longer the one `r` was routed on (the entry is revalidated by a later request), nor when
+/// the worker drains or runs `[server] background_revalidations` already (the fill is let
+/// go).
+pub(crate) fn start(
+    routing: &Routing<'_>,
+    r: &Request<'_>,
+    route: usize,
+    upstream: usize,
+    fill: Box<Fill>,
+) {
     let Some(worker) = routing.worker.me.upgrade() else {
         return;
     };
@@ -70,74 +53,62 @@ pub(crate) fn start(routing: &Routing<'_>, r: &Request<'_>, to: RouteTarget, fil
     if running.len() >= snapshot.config.server.background_revalidations {
         return;
     }
-    let origin = &r.origin;
+    let (origin, listener, protocol) = (&r.origin, routing.listener, r.protocol);
     let head = r.buf[..r.req.head_len].to_vec();
     let mut req = r.req.clone();
     // The entry's own validators make the request conditional, not the client's.
     req.headers
         .retain(|h| !crate::cache::is_condition(&head[h.name.clone()]));
-    let job = Job {
-        snapshot,
-        listener: routing.listener,
-        to,
-        head,
-        req,
-        peer: *origin.peer,
-        peer_ip: origin.peer_ip,
-        behind: origin.behind.map(|(ip, text)| (ip, *text)),
-        tls: origin.tls.cloned(),
-        request_id: origin.request_id.to_vec(),
-        protocol: r.protocol,
-        fill,
-    };
-    running.spawn_local(run(worker.clone(), job));
-}
-
-/// The revalidation's exchange.
-async fn run(worker: Rc<Worker>, job: Job) {
-    let routing = Routing {
-        worker: &worker,
-        snapshot: &job.snapshot,
-        listener: job.listener,
-    };
-    let listener = routing.listener();
-    let target = routing.target(&listener.routes[job.to.route], job.to.upstream);
-    let mut path = RoutedPath::default();
-    let raw_path = job.req.path(&job.head);
-    let Ok(_) = path.normalize(raw_path, &listener.path_normalization) else {
-        return;
-    };
-    let origin = Origin {
-        peer: &job.peer,
-        peer_ip: job.peer_ip,
-        behind: job.behind.as_ref().map(|(ip, text)| (*ip, text)),
-        tls: job.tls.as_ref(),
-        request_id: &job.request_id,
-    };
-    job.fill.count_revalidation();
-    let spare = Cell::new(http::HeaderMap::new());
-    let r = StreamRequest {
-        worker: &worker,
-        target,
-        request: Request {
-            buf: &job.head,
-            req: &job.req,
-            origin,
-            started: Instant::now(),
-            protocol: job.protocol,
-            trace: None,
-        },
-        path: &path,
-        spare: &spare,
-        relayed: Relayed::default(),
-        fill: Cell::new(Some(job.fill)),
-        response_lines: Cell::default(),
-    };
-    let deadline = r.target.upstream.response_timeout;
-    if tokio::time::timeout(deadline, r.fetch_for_store())
-        .await
-        .is_err()
-    {
-        tracing::debug!("cache: background revalidation cut at the upstream's response_timeout");
-    }
+    let (peer, peer_ip, tls) = (*origin.peer, origin.peer_ip, origin.tls.cloned());
+    let behind = origin.behind.map(|(ip, text)| (ip, *text));
+    let request_id = origin.request_id.to_vec();
+    let owner = worker.clone();
+    running.spawn_local(async move {
+        let routing = Routing {
+            worker: &owner,
+            snapshot: &snapshot,
+            listener,
+        };
+        let listener = routing.listener();
+        let target = routing.target(&listener.routes[route], upstream);
+        let mut path = RoutedPath::default();
+        let Ok(_) = path.normalize(req.path(&head), &listener.path_normalization) else {
+            return;
+        };
+        let origin = Origin {
+            peer: &peer,
+            peer_ip,
+            behind: behind.as_ref().map(|(ip, text)| (*ip, text)),
+            tls: tls.as_ref(),
+            request_id: &request_id,
+        };
+        fill.count_revalidation();
+        let spare = Cell::new(http::HeaderMap::new());
+        let r = StreamRequest {
+            worker: &owner,
+            target,
+            request: Request {
+                buf: &head,
+                req: &req,
+                origin,
+                started: Instant::now(),
+                protocol,
+                trace: None,
+            },
+            path: &path,
+            spare: &spare,
+            relayed: Relayed::default(),
+            fill: Cell::new(Some(fill)),
+            response_lines: Cell::default(),
+        };
+        let deadline = r.target.upstream.response_timeout;
+        if tokio::time::timeout(deadline, r.fetch_for_store())
+            .await
+            .is_err()
+        {
+            tracing::debug!(
+                "cache: background revalidation cut at the upstream's response_timeout"
+            );
+        }
+    });
 }

@@ -42,14 +42,6 @@ pub enum Decision<'a> {
     Refuse(ProxyError),
 }
 
-/// Where a routed request goes, by position: the listener's route (in its `routes`) and
-/// the upstream (in the config's `upstreams`, a split already resolved).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct RouteTarget {
-    pub route: usize,
-    pub upstream: usize,
-}
-
 /// A decision, or (`Err`) the route whose password check must be awaited first.
 pub type Decided<'a> = Result<Decision<'a>, (usize, Box<PendingCheck>)>;
 
@@ -150,22 +142,16 @@ impl<'a> Routing<'a> {
         };
         let fill = match &config.filters.cache {
             None => None,
-            Some(cache) => {
-                let to = RouteTarget {
-                    route: index,
-                    upstream,
-                };
-                match self.through_cache(r, routed, cache, to) {
-                    Ok(fill) => fill,
-                    Err(answered) => return answered,
-                }
-            }
+            Some(cache) => match self.through_cache(r, routed, cache, index, upstream) {
+                Ok(fill) => fill,
+                Err(answered) => return answered,
+            },
         };
         Decision::Forward(self.target(config, upstream), fill)
     }
 
     /// The route's `cache` for `r` (`routed`: its normalised path and query), before it
-    /// goes `to` its route's upstream: a fresh entry's reply, or a stale one's with its
+    /// goes to its route `index`'s `upstream` (in the config's, a split already resolved): a fresh entry's reply, or a stale one's with its
     /// revalidation started in the background (`Err`); else the miss's fill, if its
     /// response may be stored. Out of line: a route without `cache` keeps `decide` small.
     #[inline(never)]
@@ -174,7 +160,8 @@ impl<'a> Routing<'a> {
         r: &Request<'_>,
         routed: &[u8],
         cache: &weir_config::RouteCache,
-        to: RouteTarget,
+        index: usize,
+        upstream: usize,
     ) -> Result<Option<Box<Fill>>, Decision<'a>> {
         let store = &self.snapshot.caches[cache.store];
         let tls = self.snapshot.config.listeners[self.listener].tls.as_ref();
@@ -183,7 +170,7 @@ impl<'a> Routing<'a> {
             CacheLookup::Hit(reply) => Err(Decision::Reply(reply)),
             CacheLookup::Stale(reply, revalidation) => {
                 if let Some(fill) = revalidation {
-                    super::revalidate::start(self, r, to, fill);
+                    super::revalidate::start(self, r, index, upstream, fill);
                 }
                 Err(Decision::Reply(reply))
             }
