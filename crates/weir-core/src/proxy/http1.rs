@@ -61,7 +61,10 @@ pub async fn serve_client(
         let Some(waiting) = kept.current(&worker, slot, &mut conn) else {
             return;
         };
-        let counted = (conn.buf.consumed_total(), conn.sent);
+        let counters = Counters {
+            bytes_in: conn.buf.consumed_total(),
+            bytes_out: conn.sent,
+        };
         let next = conn
             .next_request(waiting.listener(), &mut req, &worker)
             .await;
@@ -103,7 +106,7 @@ pub async fn serve_client(
             duration: finished.saturating_duration_since(started),
         };
         let trace = conn.trace.take();
-        let side = client_side(&conn, counted, trace.as_deref());
+        let side = counters.side(&conn, trace.as_deref());
         record(&worker, &serving.snapshot, &side, &handled, &done);
         if !keep_alive {
             return;
@@ -112,23 +115,27 @@ pub async fn serve_client(
     }
 }
 
-/// What `record` needs of `conn` for the request started when its byte counters (in,
-/// out) were `counted`, with its `trace` (taken from the connection).
-fn client_side<'a>(
-    conn: &'a ClientConn,
-    (bytes_in, bytes_out): (u64, u64),
-    trace: Option<&'a RequestTrace>,
-) -> ClientSide<'a> {
-    ClientSide {
-        // The client behind trusted proxies when there is one (the log shows it).
-        ip: conn.client_text(),
-        fields: &conn.current.log_fields,
-        bytes_in: conn.buf.consumed_total() - bytes_in,
-        bytes_out: conn.sent - bytes_out,
-        tls: conn.tls.as_deref(),
-        request_id: conn.current.request_id.as_bytes(),
-        exchange: &conn.current.exchange,
-        trace,
+/// Byte counters of the client connection when a request started.
+struct Counters {
+    bytes_in: u64,
+    bytes_out: u64,
+}
+
+impl Counters {
+    /// What `record` needs of `conn` for the request started at these counts, with its
+    /// `trace` (taken from the connection).
+    fn side<'a>(&self, conn: &'a ClientConn, trace: Option<&'a RequestTrace>) -> ClientSide<'a> {
+        ClientSide {
+            // The client behind trusted proxies when there is one (the log shows it).
+            ip: conn.client_text(),
+            fields: &conn.current.log_fields,
+            bytes_in: conn.buf.consumed_total() - self.bytes_in,
+            bytes_out: conn.sent - self.bytes_out,
+            tls: conn.tls.as_deref(),
+            request_id: conn.current.request_id.as_bytes(),
+            exchange: &conn.current.exchange,
+            trace,
+        }
     }
 }
 
