@@ -151,9 +151,10 @@ impl<'a> Routing<'a> {
     }
 
     /// The route's `cache` for `r` (`routed`: its normalised path and query), before it
-    /// goes to its route `index`'s `upstream` (in the config's, a split already resolved): a fresh entry's reply, or a stale one's with its
-    /// revalidation started in the background (`Err`); else the miss's fill, if its
-    /// response may be stored. Out of line: a route without `cache` keeps `decide` small.
+    /// goes to route `index`'s `upstream` (in the config's, a split already resolved): a
+    /// fresh entry's reply, or a stale one's with its revalidation started in the
+    /// background (`Err`); else the miss's fill, if its response may be stored. Out of
+    /// line: a route without `cache` keeps `decide` small.
     #[inline(never)]
     fn through_cache(
         &self,
