@@ -117,7 +117,6 @@ pub(super) async fn relay_read(
     let Err(stop) = sent else {
         return Ok(());
     };
-    trace.reset |= stop == Stop::Reset;
     send.send_reset(Reason::CANCEL);
-    Err(Failure::after_head(stop.into()))
+    Err(Failure::after_head(stop.noted(trace)))
 }
