@@ -310,15 +310,19 @@ pub(crate) trait Interim {
     /// Relays an HTTP/1.1 upstream's 1xx head `resp`, whose bytes are `head`.
     fn relay(
         &mut self,
-        head: &[u8],
-        resp: &ResponseHead,
-    ) -> impl std::future::Future<Output = Result<bool, ProxyError>>;
+        _head: &[u8],
+        _resp: &ResponseHead,
+    ) -> impl std::future::Future<Output = Result<bool, ProxyError>> {
+        std::future::ready(Ok(false))
+    }
 
     /// Relays an HTTP/2 upstream's 1xx head.
     fn relay_h2(
         &mut self,
-        head: http::Response<()>,
-    ) -> impl std::future::Future<Output = Result<bool, ProxyError>>;
+        _head: http::Response<()>,
+    ) -> impl std::future::Future<Output = Result<bool, ProxyError>> {
+        std::future::ready(Ok(false))
+    }
 
     /// Whether the client waits for a 100 it has not had (it sent `Expect: 100-continue`
     /// and no body byte yet): only an HTTP/1.1 client toward an HTTP/1.1 upstream,
@@ -412,15 +416,7 @@ impl<W: AsyncWrite + Unpin> Http1Interim<'_, W> {
 /// No client waits for 1xx heads (an RFC 8441 tunnel waits for its 101 only).
 pub(crate) struct NoInterim;
 
-impl Interim for NoInterim {
-    async fn relay(&mut self, _: &[u8], _: &ResponseHead) -> Result<bool, ProxyError> {
-        Ok(false)
-    }
-
-    async fn relay_h2(&mut self, _: http::Response<()>) -> Result<bool, ProxyError> {
-        Ok(false)
-    }
-}
+impl Interim for NoInterim {}
 
 /// Reads until a final (non-1xx) response head is parsed into `rd.resp`, relaying 1xx
 /// heads to `client` (not to HTTP/1.0 clients: `meta.http10`); a 1xx past

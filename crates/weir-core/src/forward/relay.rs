@@ -24,7 +24,7 @@ use http::HeaderMap;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::body::{self, BodyState, ChunkLine, PumpError};
-use super::h2::send_windowed;
+use super::h2::EAGER_FIRST_PIECE;
 use super::request_head::HeadNames;
 use super::trailer;
 use crate::buffer::Buffer;
@@ -680,8 +680,16 @@ impl<W> Http1Sink<'_, W> {
 }
 
 /// An HTTP/2 upstream stream's request DATA, each piece sent within the stream's window
-/// (the first, when small, at once: `send_windowed`), then the client's trailer fields
-/// (an HTTP/1.1 client's chunked trailer section made into fields).
+/// (h2 would buffer the rest, so waiting for the window is what bounds memory per
+/// stream), then the client's trailer fields (an HTTP/1.1 client's chunked trailer
+/// section made into fields).
+///
+/// The first piece, if no larger than [`EAGER_FIRST_PIECE`], is handed to h2 at once
+/// (`first`). A new stream has no window before the connection task has sent its
+/// HEADERS, so waiting for it cost every small request (a gRPC call) a timer and a
+/// second poll of its task; h2 holds that one piece until the window opens, and the next
+/// piece waits for window as usual (h2 counts what it holds), so a stream still holds at
+/// most this much more than its window.
 pub(crate) struct H2Upload<'s> {
     pub send: &'s mut SendStream<Bytes>,
     /// For each wait for window.
@@ -689,26 +697,41 @@ pub(crate) struct H2Upload<'s> {
     /// Nothing sent yet.
     pub first: bool,
     /// The names the client's request head carries upstream: its trailer fields go on
-    /// less the others and those no trailer may carry (`forward::trailer`); `None`: none
-    /// go.
-    pub names: Option<HeadNames<'s>>,
+    /// less the others and those no trailer may carry (`forward::trailer`).
+    pub names: HeadNames<'s>,
 }
 
 impl Sink for H2Upload<'_> {
     async fn data(&mut self, piece: Piece<'_>, last: bool) -> Result<(), ProxyError> {
-        let eager = std::mem::take(&mut self.first).then_some(super::h2::EAGER_FIRST_PIECE);
-        send_windowed(self.send, piece.into_bytes(), self.timeout, eager, last).await
+        let up_error = |_: h2::Error| ProxyError::UpstreamClosed;
+        let mut rest = piece.into_bytes();
+        let eager = std::mem::take(&mut self.first) && rest.len() <= EAGER_FIRST_PIECE;
+        if (eager && !rest.is_empty()) || (rest.is_empty() && last) {
+            return self.send.send_data(rest, last).map_err(up_error);
+        }
+        while !rest.is_empty() {
+            self.send.reserve_capacity(rest.len());
+            let window = with_timeout(self.timeout, poll_fn(|cx| self.send.poll_capacity(cx)));
+            let n = match window.await {
+                Err(_) => return Err(ProxyError::UpstreamTimeout),
+                Ok(None) => return Err(ProxyError::UpstreamClosed),
+                Ok(Some(r)) => r.map_err(up_error)?,
+            };
+            let piece = rest.split_to(n.min(rest.len()));
+            self.send
+                .send_data(piece, last && rest.is_empty())
+                .map_err(up_error)?;
+        }
+        Ok(())
     }
 
     async fn end(&mut self, trailers: Trailers<'_>) -> Result<(), ProxyError> {
-        let fields = match (trailers, &self.names) {
-            (Trailers::Fields(fields), Some(names)) => {
-                crate::http2::trailers::keep(fields, u32::MAX, |name| !names.forwards(name))
-            }
-            (Trailers::Lines(lines), Some(names)) => {
-                crate::http2::trailers::to_h2(lines, u32::MAX, |name| !names.forwards(name))
-            }
-            _ => None,
+        let names = self.names;
+        let edited_out = |name: &[u8]| !names.forwards(name);
+        let fields = match trailers {
+            Trailers::Fields(fields) => crate::http2::trailers::keep(fields, u32::MAX, edited_out),
+            Trailers::Lines(lines) => crate::http2::trailers::to_h2(lines, u32::MAX, edited_out),
+            Trailers::None => None,
         };
         let sent = match fields {
             Some(fields) => self.send.send_trailers(fields),

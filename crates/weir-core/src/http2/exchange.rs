@@ -21,7 +21,7 @@ use super::filling::mark;
 use super::interim::{Bounds, ClientStream, Relayed};
 use super::respond::{head_from_http1, ResponseStream, Sinking};
 use super::scratch::ExchangeScratch;
-use super::send::{unless_reset, Stop};
+use super::send::unless_reset;
 use super::websocket::check_handshake_answer;
 use crate::buffer::Buffer;
 use crate::cache::Fetched;
@@ -154,7 +154,7 @@ impl StreamRequest<'_> {
         trace.body_in = body_in.get();
         let accepted = match accepted {
             Ok(accepted) => accepted?,
-            Err(stop) => return Err(stopped(stop, trace)),
+            Err(stop) => return Err(stop.noted(trace).into()),
         };
         self.respond_accepted(accepted, respond, up_buf, resp, trace)
             .await
@@ -317,13 +317,6 @@ impl StreamRequest<'_> {
             .max_informational
             .max(listener.http2.max_informational)
     }
-}
-
-/// A failure from a stream's early end, nothing sent yet; a client reset (a cancelled
-/// request) is marked in `trace`.
-pub(super) fn stopped(stop: Stop, trace: &mut Trace) -> Failure {
-    trace.reset |= stop == Stop::Reset;
-    ProxyError::from(stop).into()
 }
 
 /// Sends a stream's request over HTTP/1.1 connections, for HTTP/2 and HTTP/3 clients: the

@@ -81,9 +81,10 @@ pub(crate) async fn respond_stream<R: ResponseStream>(
 /// this costs no wait. On a failure the stream is reset.
 pub(super) async fn relay_read(
     mut send: SendStream<Bytes>,
-    source: &mut BodySource<'_>,
+    source: Option<&mut BodySource<'_>>,
     sinking: Sinking<'_>,
 ) -> Result<(), Failure> {
+    let Some(source) = source else { return Ok(()) };
     let (stall, trace) = (sinking.stall, sinking.trace);
     let closed = |_| Stop::Error(ProxyError::ClientClosed);
     // Window granted and not yet used: the connection's `max_connection_send_buffer` may
@@ -117,7 +118,6 @@ pub(super) async fn relay_read(
     let Err(stop) = sent else {
         return Ok(());
     };
-    trace.reset |= stop == Stop::Reset;
     send.send_reset(Reason::CANCEL);
-    Err(Failure::after_head(stop.into()))
+    Err(Failure::after_head(stop.noted(trace)))
 }

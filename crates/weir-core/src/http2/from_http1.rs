@@ -203,7 +203,7 @@ impl ClientBody for Http1Body<'_, '_> {
                     send: up,
                     timeout: timeouts.upstream,
                     first: false,
-                    names: Some(names),
+                    names,
                 };
                 let sent = async {
                     let last = trailers.is_none();

@@ -117,11 +117,12 @@ fn append_lines(
 /// as its one last DATA; on a failure the stream is reset (CANCEL).
 async fn relay_body<S: Source>(
     mut send: SendStream<Bytes>,
-    source: &mut S,
+    source: Option<&mut S>,
     sink: Sinking<'_>,
     coding: Option<&mut Coding>,
     whole: Option<Bytes>,
 ) -> Result<(), Failure> {
+    let Some(source) = source else { return Ok(()) };
     let mut sink = StreamSink {
         send: &mut send,
         sinking: sink,
@@ -219,10 +220,7 @@ impl ResponseStream for h2::server::SendResponse<Bytes> {
         whole: Option<Bytes>,
     ) -> Result<(), Failure> {
         let send = send_head(self, head, source.is_none(), &mut sinking)?;
-        match source {
-            Some(source) => relay_body(send, source, sinking, coding, whole).await,
-            None => Ok(()),
-        }
+        relay_body(send, source, sinking, coding, whole).await
     }
 
     async fn send_read(
@@ -232,10 +230,7 @@ impl ResponseStream for h2::server::SendResponse<Bytes> {
         mut sinking: Sinking<'_>,
     ) -> Result<(), Failure> {
         let send = send_head(self, head, source.is_none(), &mut sinking)?;
-        match source {
-            Some(source) => super::files::relay_read(send, source, sinking).await,
-            None => Ok(()),
-        }
+        super::files::relay_read(send, source, sinking).await
     }
 
     async fn send_whole(

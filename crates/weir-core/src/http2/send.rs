@@ -33,6 +33,15 @@ impl From<ProxyError> for Stop {
     }
 }
 
+impl Stop {
+    /// The error a stream's wait ends with; a client reset (a cancelled request) is marked
+    /// in `trace` (`Trace::reset`).
+    pub fn noted(self, trace: &mut Trace) -> ProxyError {
+        trace.reset |= self == Stop::Reset;
+        self.into()
+    }
+}
+
 impl From<Stop> for ProxyError {
     fn from(stop: Stop) -> ProxyError {
         match stop {
@@ -129,19 +138,12 @@ pub(crate) struct StreamSink<'s> {
     pub sinking: Sinking<'s>,
 }
 
-impl StreamSink<'_> {
-    fn stopped(&mut self, stop: Stop) -> ProxyError {
-        self.sinking.trace.reset |= stop == Stop::Reset;
-        stop.into()
-    }
-}
-
 impl Sink for StreamSink<'_> {
     async fn data(&mut self, piece: Piece<'_>, last: bool) -> Result<(), ProxyError> {
         let data = piece.into_bytes();
         let len = data.len() as u64;
         let sent = send_bytes(self.send, data, last, self.sinking.stall).await;
-        sent.map_err(|stop| self.stopped(stop))?;
+        sent.map_err(|stop| stop.noted(self.sinking.trace))?;
         self.sinking.trace.body_out += len;
         Ok(())
     }
@@ -156,7 +158,7 @@ impl Sink for StreamSink<'_> {
         };
         let Some(fields) = fields else {
             let ended = send_bytes(self.send, Bytes::new(), true, self.sinking.stall).await;
-            return ended.map_err(|stop| self.stopped(stop));
+            return ended.map_err(|stop| stop.noted(self.sinking.trace));
         };
         let status = self.sinking.trace.grpc_status_in(&fields);
         self.send
@@ -167,7 +169,7 @@ impl Sink for StreamSink<'_> {
     }
 
     fn poll_gone(&mut self, cx: &mut Context<'_>) -> Poll<ProxyError> {
-        (self.send.poll_reset(cx)).map(|r| self.stopped(stop_of(r)))
+        (self.send.poll_reset(cx)).map(|r| stop_of(r).noted(self.sinking.trace))
     }
 }
 

@@ -562,7 +562,7 @@ pub(crate) struct Answer<'e> {
 
 /// Sends a client's request body (`source`, and its trailer fields the request head
 /// would carry: `names`) upstream within the upstream's window, the first piece at once
-/// (`send_windowed`), each piece released by the source (to an HTTP/2 client's window)
+/// (`H2Upload`), each piece released by the source (to an HTTP/2 client's window)
 /// once sent (`forward::relay`).
 pub(crate) async fn upload<S: Source>(
     source: &mut S,
@@ -574,7 +574,7 @@ pub(crate) async fn upload<S: Source>(
         send: up,
         timeout,
         first: true,
-        names: Some(names),
+        names,
     };
     relay(source, &mut sink, None).await
 }

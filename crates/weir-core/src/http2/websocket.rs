@@ -23,7 +23,7 @@ use h2::server::SendResponse;
 use h2::{Reason, RecvStream, SendStream};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
-use super::exchange::{stopped, StreamRequest};
+use super::exchange::StreamRequest;
 use super::respond::head_from_http1;
 use super::send::{send_bytes, unless_reset, Stop};
 use crate::buffer::Buffer;
@@ -88,7 +88,7 @@ impl StreamRequest<'_> {
         let (mut stream, _, accepted) = match unless_reset(|cx| respond.poll_reset(cx), open).await
         {
             Ok(opened) => opened?,
-            Err(stop) => return Err(stopped(stop, trace)),
+            Err(stop) => return Err(stop.noted(trace).into()),
         };
         let mut lines = Vec::new();
         let edits = self.edits(&mut lines, accepted.server);

@@ -33,7 +33,6 @@ use super::Reached;
 use crate::codec::http1::header::is_token;
 use crate::connector::h2::{checkout, h2_error, never_processed, Checkout, Lease};
 use crate::error::ProxyError;
-use crate::time::with_timeout;
 
 /// A stream sent to a server: its connection's lease and the response to come.
 pub(crate) struct Pending {
@@ -219,46 +218,11 @@ pub(crate) fn is_connection_specific(name: &HeaderName) -> bool {
 }
 
 /// The first DATA of a request up to this size goes upstream without waiting for the
-/// stream's window (see `send_windowed`). Small (a gRPC call's message usually fits), as it
-/// is released to the client's window before h2 sent it: at most this much per stream
+/// stream's window (see `relay::H2Upload`). Small (a gRPC call's message usually fits), as
+/// it is released to the client's window before h2 sent it: at most this much per stream
 /// (128 KiB per connection at the default `max_concurrent_streams`) waits in Weir beyond
 /// the client's windows.
 pub(crate) const EAGER_FIRST_PIECE: usize = 1024;
-
-/// Sends `data` upstream as DATA, never more than the stream's window allows: h2 would
-/// buffer the rest, so waiting for the window is what bounds memory per stream. `end`
-/// puts END_STREAM on the last frame. `eager`: `data`, if no larger, is the stream's
-/// first piece and is handed to h2 at once. A new stream has no window before the
-/// connection task has sent its HEADERS, so waiting for it cost every small request (a
-/// gRPC call) a timer and a second poll of its task; h2 holds that one piece until the
-/// window opens, and the next piece waits for window as usual (h2 counts what it holds),
-/// so a stream still holds at most this much more than its window.
-pub(crate) async fn send_windowed(
-    up: &mut SendStream<Bytes>,
-    mut rest: Bytes,
-    upstream_timeout: Duration,
-    eager: Option<usize>,
-    end: bool,
-) -> Result<(), ProxyError> {
-    let up_error = |_: h2::Error| ProxyError::UpstreamClosed;
-    let eager = eager.is_some_and(|max| !rest.is_empty() && rest.len() <= max);
-    if eager || (rest.is_empty() && end) {
-        return up.send_data(rest, end).map_err(up_error);
-    }
-    while !rest.is_empty() {
-        up.reserve_capacity(rest.len());
-        let window = with_timeout(upstream_timeout, poll_fn(|cx| up.poll_capacity(cx)));
-        let n = match window.await {
-            Err(_) => return Err(ProxyError::UpstreamTimeout),
-            Ok(None) => return Err(ProxyError::UpstreamClosed),
-            Ok(Some(r)) => r.map_err(up_error)?,
-        };
-        let piece = rest.split_to(n.min(rest.len()));
-        up.send_data(piece, end && rest.is_empty())
-            .map_err(up_error)?;
-    }
-    Ok(())
-}
 
 /// The server's `content-length`, if it sent one.
 pub(crate) fn content_length(parts: &http::response::Parts) -> Option<u64> {

@@ -127,7 +127,7 @@ impl RequestBody {
             send: up,
             timeout: timeouts.upstream,
             first: false,
-            names: Some(names),
+            names,
         };
         let relayed = relay(&mut source, &mut sink, None).await;
         self.read = relayed.is_ok();
