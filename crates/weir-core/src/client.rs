@@ -100,7 +100,7 @@ pub(crate) fn origin<'a>(
     Origin {
         peer,
         peer_ip,
-        behind: (current.real_client.as_ref()).map(|(ip, text)| (*ip, text)),
+        behind: current.real_client.as_ref().map(|(ip, text)| (*ip, text)),
         tls,
         request_id: current.request_id.as_bytes(),
     }
@@ -370,7 +370,10 @@ impl ClientConn {
     /// proxies).
     #[inline]
     pub fn client_text(&self) -> &ClientIp {
-        (self.current.real_client.as_ref()).map_or(&self.ip, |(_, text)| text)
+        self.current
+            .real_client
+            .as_ref()
+            .map_or(&self.ip, |(_, text)| text)
     }
 
     /// The request whose head is `req` (at the start of `buf`), as the routing decision

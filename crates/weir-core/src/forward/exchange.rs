@@ -79,7 +79,10 @@ pub(crate) fn request_meta(
         upgrade: Default::default(),
         // HTTP/1.0 clients get identity: a compressed body has no length to announce,
         // and ending it by closing costs the connection.
-        accepted: (route.filters.compression.as_ref())
+        accepted: route
+            .filters
+            .compression
+            .as_ref()
             .filter(|_| !http10)
             .and_then(|c| compression::negotiate(c, buf, &req.headers)),
         max_informational: listener.max_informational,

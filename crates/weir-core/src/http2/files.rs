@@ -40,7 +40,10 @@ pub(crate) async fn respond_stream<R: ResponseStream>(
     if !parse_response(&head, head.len(), is_head, &mut resp)? {
         return Err(ProxyError::UpstreamMalformed("incomplete file reply head").into());
     }
-    let accepted = (route.filters.compression.as_ref())
+    let accepted = route
+        .filters
+        .compression
+        .as_ref()
         .and_then(|c| compression::negotiate(c, r.buf, &r.req.headers));
     let mut lines = Vec::new();
     render_response_rules(&mut lines, r, path, route);

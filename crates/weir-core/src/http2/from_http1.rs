@@ -320,7 +320,7 @@ impl ClientSide for Http1Client<'_> {
             chunked: framing == Framing::Chunked,
             // Less what no trailer may carry (`forward::trailer`) and what the route took
             // out of the head, as for any client.
-            trailers: (answer.client.te_trailers).then_some(&dropped as Dropped<'_>),
+            trailers: answer.client.te_trailers.then_some(&dropped as Dropped<'_>),
         };
         let relayed = async {
             match framing {

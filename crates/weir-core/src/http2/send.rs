@@ -117,7 +117,7 @@ pub(super) async fn window(
         if let Poll::Ready(r) = send.poll_reset(cx) {
             return Poll::Ready(Err(stop_of(r)));
         }
-        (send.poll_capacity(cx)).map(|n| {
+        send.poll_capacity(cx).map(|n| {
             n.and_then(Result::ok)
                 .ok_or(Stop::Error(ProxyError::ClientClosed))
         })
@@ -169,7 +169,9 @@ impl Sink for StreamSink<'_> {
     }
 
     fn poll_gone(&mut self, cx: &mut Context<'_>) -> Poll<ProxyError> {
-        (self.send.poll_reset(cx)).map(|r| stop_of(r).noted(self.sinking.trace))
+        self.send
+            .poll_reset(cx)
+            .map(|r| stop_of(r).noted(self.sinking.trace))
     }
 }
 

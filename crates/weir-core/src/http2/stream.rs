@@ -93,7 +93,9 @@ pub async fn serve(
                 started,
                 facts: &facts,
                 spare: &Cell::new(http::HeaderMap::new()),
-                tunnel: (upgrade.as_ref()).map(|(p, k)| (p.as_str().as_bytes(), &k[..])),
+                tunnel: upgrade
+                    .as_ref()
+                    .map(|(p, k)| (p.as_str().as_bytes(), &k[..])),
                 tunnels: &shared.tunnels,
             };
             s.run(parts, (!ended).then_some(body), &mut respond, &mut log)

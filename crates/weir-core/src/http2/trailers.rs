@@ -55,11 +55,15 @@ pub fn keep(
 ) -> Option<HeaderMap> {
     let mut size = 0;
     // The usual gRPC trailers (`grpc-status`, `grpc-message`) all pass: no new map.
-    if (fields.iter()).all(|(n, v)| passes(n, v, &mut size, max_list_size, &edited_out)) {
+    if fields
+        .iter()
+        .all(|(n, v)| passes(n, v, &mut size, max_list_size, &edited_out))
+    {
         return (!fields.is_empty()).then_some(fields);
     }
     let mut size = 0;
-    let out: HeaderMap = (fields.iter())
+    let out: HeaderMap = fields
+        .iter()
         .filter(|(n, v)| passes(n, v, &mut size, max_list_size, &edited_out))
         .map(|(n, v)| (n.clone(), v.clone()))
         .collect();

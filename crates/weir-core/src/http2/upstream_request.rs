@@ -85,10 +85,13 @@ pub(crate) fn upstream_request(
     let routed = u.path.get(u.req.path(u.buf));
     let rewrite = u.route.rewrite_prefix.as_deref();
     let (prefix, rest) = upstream_path(routed, &u.route.path_prefix, rewrite);
-    let client_path =
-        (uri.path_and_query()).filter(|p| prefix.is_empty() && p.as_str().as_bytes() == rest);
+    let client_path = uri
+        .path_and_query()
+        .filter(|p| prefix.is_empty() && p.as_str().as_bytes() == rest);
     let host = u.host();
-    let client_authority = (uri.authority()).filter(|a| host == Some(a.as_str().as_bytes()));
+    let client_authority = uri
+        .authority()
+        .filter(|a| host == Some(a.as_str().as_bytes()));
     let (edits, id_name) = (u.client.edits, u.client.names.request_id);
     let id = edits.and_then(|e| id_name.map(|name| (name, e.vars.request_id)));
     let (bytes, at) = scratch.render(|out| Written {

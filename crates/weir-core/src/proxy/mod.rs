@@ -129,7 +129,10 @@ pub(crate) fn record(
         let route_name = handled.route.map_or("default", |r| {
             config.listeners[done.listener].routes[r].name.as_str()
         });
-        let upstream = (conn.exchange.last_try.upstream_pick)
+        let upstream = conn
+            .exchange
+            .last_try
+            .upstream_pick
             .and_then(|(u, s)| config.upstreams.get(u)?.servers.get(s))
             .map(|s| s.name.as_str());
         let outcome = Outcome {
