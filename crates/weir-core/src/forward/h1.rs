@@ -3,7 +3,7 @@
 //! (`send_whole`) or the body streamed while the response head is awaited
 //! (`send_streaming`), the final head read with 1xx heads relayed to the client
 //! (`read_final_head`, through an [`Interim`] sink), and the connection pooled again once
-//! the exchange left it clean (`reuse`).
+//! the exchange left it clean (`Accepted::reuse`).
 //!
 //! A pooled connection found closed before any response byte ([`no_head`]: closed, or an
 //! I/O error such as a reset; never a timeout, after which the server may be working on
