@@ -232,3 +232,39 @@ fn an_access_log_that_cannot_be_opened_is_located_with_a_fix() {
         "{log}"
     );
 }
+
+/// Was: a request that failed upstream was logged (`request failed`, naming the error) only
+/// when it came over HTTP/1.x; an HTTP/2 (or HTTP/3) client's got its 502 and left no line.
+/// Every protocol's requests are recorded in one place (`proxy::record`), which logs it.
+#[test]
+fn an_upstream_failure_is_logged_for_an_http2_client_too() {
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead_addr = dead.local_addr().unwrap();
+    drop(dead);
+    let weir = Weir::start(&config(
+        "drain_timeout = \"0s\"",
+        "",
+        &route_to("gone", "/", dead_addr),
+    ));
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let status = runtime.block_on(async {
+        let tcp = tokio::net::TcpStream::connect(weir.addr).await.unwrap();
+        let (client, conn) = h2::client::handshake(tcp).await.expect("h2c handshake");
+        tokio::spawn(conn);
+        let mut client = client.ready().await.unwrap();
+        let request = http::Request::get(format!("http://{}/x", weir.addr))
+            .body(())
+            .unwrap();
+        let (response, _) = client.send_request(request, true).unwrap();
+        response.await.expect("a response").status()
+    });
+    assert_eq!(status, 502);
+    assert!(
+        weir.log.wait_for("request failed", START_WAIT),
+        "{}",
+        weir.log.text()
+    );
+}

@@ -288,7 +288,6 @@ async fn answer(
         Ok(keep_alive) => return (sent, *keep_alive),
         Err(failure) => failure,
     };
-    super::log_failure(&failure.error, listener, conn.ip.as_bytes());
     if failure.reached == Reached::Head {
         return (sent, false);
     }

@@ -84,6 +84,14 @@ pub(crate) fn record(
     done: &Done,
 ) {
     let (duration, bytes_in, bytes_out) = (done.duration, conn.bytes_in, conn.bytes_out);
+    let config = &snapshot.config;
+    if let Err(failure) = &handled.result {
+        log_failure(
+            &failure.error,
+            &config.listeners[done.listener],
+            conn.ip.as_bytes(),
+        );
+    }
     // A response cut short after its head counts with the head's status, plus why.
     let aborted = match &handled.result {
         Err(f) if f.reached == Reached::Head => Some(AbortReason::of(f.error)),
@@ -125,7 +133,6 @@ pub(crate) fn record(
         trace.finish(done.status, error);
     }
     if let Some(log) = worker.log(done.slot) {
-        let config = &snapshot.config;
         let route_name = handled.route.map_or("default", |r| {
             config.listeners[done.listener].routes[r].name.as_str()
         });
@@ -168,8 +175,9 @@ pub(crate) fn default_reason(error: ProxyError) -> Option<DefaultReason> {
     }
 }
 
-/// Logs a failure of a request from `client` (its address as text).
-pub(crate) fn log_failure(error: &ProxyError, listener: &Listener, client: &[u8]) {
+/// Logs a failure of a request from `client` (its address as text), whatever protocol
+/// it came over.
+fn log_failure(error: &ProxyError, listener: &Listener, client: &[u8]) {
     match error.side() {
         crate::error::Side::Client => {
             let client = String::from_utf8_lossy(client);
