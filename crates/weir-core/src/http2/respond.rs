@@ -112,36 +112,6 @@ fn append_lines(
     }
 }
 
-/// Relays the body from `source` into the stream `send` (its head sent), compressed
-/// through `coding` when there is one, or sends `whole` (the body, all at hand: no rounds)
-/// as its one last DATA; on a failure the stream is reset (CANCEL).
-async fn relay_body<S: Source>(
-    mut send: SendStream<Bytes>,
-    source: Option<&mut S>,
-    sink: Sinking<'_>,
-    coding: Option<&mut Coding>,
-    whole: Option<Bytes>,
-) -> Result<(), Failure> {
-    let Some(source) = source else { return Ok(()) };
-    let mut sink = StreamSink {
-        send: &mut send,
-        sinking: sink,
-    };
-    let relayed = match whole {
-        Some(whole) => sink
-            .data(Piece::Bytes(whole), true)
-            .await
-            .map_err(Broke::Sink),
-        None => relay(source, &mut sink, coding).await,
-    };
-    let error = match relayed {
-        Ok(()) => return Ok(()),
-        Err(Broke::Source(e) | Broke::Sink(e)) => e,
-    };
-    send.send_reset(Reason::CANCEL);
-    Err(Failure::after_head(error))
-}
-
 /// A client's stream that takes a response from an HTTP/1.1 upstream or from a source of
 /// Weir's own (a static file, a cache entry): an HTTP/2 client's (`SendResponse`) or an
 /// HTTP/3 client's (`http3::body`).
@@ -219,8 +189,26 @@ impl ResponseStream for h2::server::SendResponse<Bytes> {
         coding: Option<&mut Coding>,
         whole: Option<Bytes>,
     ) -> Result<(), Failure> {
-        let send = send_head(self, head, source.is_none(), &mut sinking)?;
-        relay_body(send, source, sinking, coding, whole).await
+        let mut send = send_head(self, head, source.is_none(), &mut sinking)?;
+        let Some(source) = source else { return Ok(()) };
+        let mut sink = StreamSink {
+            send: &mut send,
+            sinking,
+        };
+        let relayed = match whole {
+            Some(whole) => sink
+                .data(Piece::Bytes(whole), true)
+                .await
+                .map_err(Broke::Sink),
+            None => relay(source, &mut sink, coding).await,
+        };
+        let error = match relayed {
+            Ok(()) => return Ok(()),
+            Err(Broke::Source(e) | Broke::Sink(e)) => e,
+        };
+        // A failure once the head went out: the stream is reset (CANCEL).
+        send.send_reset(Reason::CANCEL);
+        Err(Failure::after_head(error))
     }
 
     async fn send_read(
