@@ -71,9 +71,9 @@ pub fn write_upgrade_head(
     if content_length.is_some() {
         return Err(Malformed("content-length on an extended CONNECT"));
     }
-    w.push(b"connection", b"upgrade");
-    w.push(b"upgrade", protocol);
-    w.push(b"sec-websocket-key", key);
+    w.push(b"connection", [b"upgrade"]);
+    w.push(b"upgrade", [protocol]);
+    w.push(b"sec-websocket-key", [key]);
     w.out.extend_from_slice(b"\r\n");
     Ok(line)
 }
@@ -125,7 +125,7 @@ impl Writer<'_> {
         self.out.extend_from_slice(b" HTTP/1.1\r\n");
         let authority = parts.uri.authority().map(|a| a.as_str().as_bytes());
         if let Some(a) = authority {
-            self.push(b"host", a);
+            self.push(b"host", [a]);
         }
         let mut content_length = None;
         let mut cookies = 0;
@@ -159,10 +159,10 @@ impl Writer<'_> {
             if name == header::CONTENT_LENGTH {
                 content_length = Some(value.as_bytes());
             }
-            self.push(name.as_str().as_bytes(), value.as_bytes());
+            self.push(name.as_str().as_bytes(), [value]);
         }
         if cookies > 0 {
-            self.push_cookies(parts);
+            self.push(b"cookie", parts.headers.get_all(header::COOKIE));
         }
         Ok((line, content_length))
     }
@@ -183,43 +183,26 @@ impl Writer<'_> {
             }
             _ => return Ok(()),
         };
-        self.push(name, value);
+        self.push(name, [value]);
         Ok(())
     }
 
-    /// One `cookie` line from every cookie field, joined with "; ".
-    fn push_cookies(&mut self, parts: &Parts) {
-        let start = self.start_field(b"cookie");
-        let value = self.out.len();
-        for (i, v) in parts.headers.get_all(header::COOKIE).iter().enumerate() {
-            if i > 0 {
-                self.out.extend_from_slice(b"; ");
-            }
-            self.out.extend_from_slice(v.as_bytes());
-        }
-        self.end_field(start, value, b"cookie");
-    }
-
-    fn push(&mut self, name: &[u8], value: &[u8]) {
-        let start = self.start_field(name);
-        let at = self.out.len();
-        self.out.extend_from_slice(value);
-        self.end_field(start, at, name);
-    }
-
-    /// Writes `name: `; returns where the line starts.
-    fn start_field(&mut self, name: &[u8]) -> usize {
+    /// Writes the field line `name: ` with its `values` joined with "; " (one, but for
+    /// `cookie`: every cookie field in one line) and records it, the value trimmed of SP /
+    /// HTAB as httparse trims it (an empty value is an empty range at 0, as
+    /// `header::offset_in` gives it).
+    fn push(&mut self, name: &[u8], values: impl IntoIterator<Item = impl AsRef<[u8]>>) {
         let start = self.out.len();
         self.out.extend_from_slice(name);
         self.out.extend_from_slice(b": ");
-        start
-    }
-
-    /// Ends the field line that starts at `start` (its value from `value` on) and
-    /// records it, the value trimmed of SP / HTAB as httparse trims it (an empty value
-    /// is an empty range at 0, as `header::offset_in` gives it).
-    fn end_field(&mut self, start: usize, value: usize, name: &[u8]) {
-        let value = match value_range(&self.out[value..], value) {
+        let at = self.out.len();
+        for (i, v) in values.into_iter().enumerate() {
+            if i > 0 {
+                self.out.extend_from_slice(b"; ");
+            }
+            self.out.extend_from_slice(v.as_ref());
+        }
+        let value = match value_range(&self.out[at..], at) {
             trimmed if trimmed.is_empty() => 0..0,
             trimmed => trimmed,
         };
