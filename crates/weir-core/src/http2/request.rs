@@ -18,7 +18,7 @@ use http::request::Parts;
 use http::{header, Method};
 
 use super::upstream_request::append;
-use crate::codec::http1::header::{is_token, trim};
+use crate::codec::http1::header::{is_token, offset_in, trim};
 use crate::codec::http1::{HeaderKind, HeaderSpan};
 use crate::forward::h2::is_connection_specific;
 
@@ -202,10 +202,7 @@ impl Writer<'_> {
             }
             self.out.extend_from_slice(v.as_ref());
         }
-        let value = match value_range(&self.out[at..], at) {
-            trimmed if trimmed.is_empty() => 0..0,
-            trimmed => trimmed,
-        };
+        let value = offset_in(self.out, trim(&self.out[at..]));
         self.out.extend_from_slice(b"\r\n");
         self.fields.push(HeaderSpan {
             name: start..start + name.len(),
@@ -215,17 +212,6 @@ impl Writer<'_> {
             connection_listed: false,
         });
     }
-}
-
-/// The range of `value` (found at `at`) trimmed of SP / HTAB, as httparse trims a
-/// field's value.
-fn value_range(value: &[u8], at: usize) -> Range<usize> {
-    let lead = value
-        .iter()
-        .take_while(|b| matches!(b, b' ' | b'\t'))
-        .count();
-    let start = at + lead;
-    start..start + trim(value).len()
 }
 
 #[cfg(test)]
