@@ -52,16 +52,12 @@ pub async fn serve(
     // The HEADERS frame ended the stream: no body (asked once: each asking takes h2's lock).
     let ended = body.is_end_stream();
     // The head and its spans come from the worker's spares and go back after the log.
-    let RequestScratch {
-        head: mut buf,
-        mut req,
-    } = worker.h2_scratch.requests.take();
-    buf.reserve(512);
-    let Some((line, upgrade)) = write_request(&parts, ended, &mut buf, &mut req) else {
+    let mut scratch = worker.h2_scratch.requests.take();
+    scratch.head.reserve(512);
+    let Some((line, upgrade)) = write_request(&parts, ended, &mut scratch) else {
         // Malformed (RFC 9113 8.1.1): a stream error. The reset is budgeted like a
         // client reset (MadeYouReset) where it is written out (`io`).
         respond.send_reset(Reason::PROTOCOL_ERROR);
-        let scratch = RequestScratch { head: buf, req };
         worker.h2_scratch.requests.give(scratch);
         return Instant::now();
     };
@@ -84,12 +80,13 @@ pub async fn serve(
         protocol: Protocol::Http2,
     };
     let max = HeadLimits::of(listener);
-    let result = match fill_written(&buf, line.method, line.target, max, &mut req) {
+    let RequestScratch { head: buf, req } = &mut scratch;
+    let result = match fill_written(buf, line.method, line.target, max, req) {
         Ok(()) => {
             let s = Stream {
                 at: &at,
-                buf: &buf,
-                req: &req,
+                buf,
+                req,
                 started,
                 facts: &facts,
                 spare: &Cell::new(http::HeaderMap::new()),
@@ -109,7 +106,6 @@ pub async fn serve(
         shared.reset_by_client();
     }
     log.record(&at, result, status, finished - started);
-    let scratch = RequestScratch { head: buf, req };
     worker.h2_scratch.requests.give(scratch);
     finished
 }
@@ -117,16 +113,15 @@ pub async fn serve(
 /// An extended CONNECT's `:protocol` and the `Sec-WebSocket-Key` Weir made for it.
 type Upgrade = (h2::ext::Protocol, [u8; 24]);
 
-/// Writes the stream's request as an HTTP/1.1 head into `buf` (its field lines recorded in
+/// Writes the stream's request as an HTTP/1.1 head into `scratch` (its field lines in
 /// `req`); an extended CONNECT (RFC 8441) as the Upgrade request it stands for, with a
 /// fresh `Sec-WebSocket-Key`, returned with its `:protocol`. `None`: malformed.
 fn write_request(
     parts: &http::request::Parts,
     ended: bool,
-    buf: &mut Vec<u8>,
-    req: &mut RequestHead,
+    scratch: &mut RequestScratch,
 ) -> Option<(Line, Option<Upgrade>)> {
-    let spans = &mut req.headers;
+    let (buf, spans) = (&mut scratch.head, &mut scratch.req.headers);
     let Some(protocol) = parts.extensions.get::<h2::ext::Protocol>() else {
         return write_head(buf, spans, parts, ended).ok().map(|l| (l, None));
     };
