@@ -21,7 +21,6 @@ use super::stream_log::{StreamConn, StreamLog};
 use super::upstream::H2Facts;
 use super::websocket::new_key;
 use crate::answer::Answer;
-use crate::codec::http1::RequestHead;
 use crate::codec::http1::{fill_written, HeadLimits};
 use crate::error::ProxyError;
 use crate::forward::{carrier, Carrier, Failure};
@@ -50,11 +49,11 @@ pub async fn serve(
     let listener = &snapshot.config.listeners[index];
     let (parts, body) = request.into_parts();
     // The HEADERS frame ended the stream: no body (asked once: each asking takes h2's lock).
-    let ended = body.is_end_stream();
+    let body = Some(body).filter(|body| !body.is_end_stream());
     // The head and its spans come from the worker's spares and go back after the log.
     let mut scratch = worker.h2_scratch.requests.take();
     scratch.head.reserve(512);
-    let Some((line, upgrade)) = write_request(&parts, ended, &mut scratch) else {
+    let Some((line, upgrade)) = write_request(&parts, body.is_none(), &mut scratch) else {
         // Malformed (RFC 9113 8.1.1): a stream error. The reset is budgeted like a
         // client reset (MadeYouReset) where it is written out (`io`).
         respond.send_reset(Reason::PROTOCOL_ERROR);
@@ -85,9 +84,6 @@ pub async fn serve(
         Ok(()) => {
             let s = Stream {
                 at: &at,
-                buf,
-                req,
-                started,
                 facts: &facts,
                 spare: &Cell::new(http::HeaderMap::new()),
                 tunnel: upgrade
@@ -95,8 +91,14 @@ pub async fn serve(
                     .map(|(p, k)| (p.as_str().as_bytes(), &k[..])),
                 tunnels: &shared.tunnels,
             };
-            s.run(parts, (!ended).then_some(body), &mut respond, &mut log)
-                .await
+            log.note(&at, buf, req);
+            let request = at.request(&log.who, buf, req, started);
+            let (trace, otel) = (&mut log.trace, &mut log.otel);
+            let (route, result) = s
+                .handle(request, parts, body, &mut respond, trace, otel)
+                .await;
+            log.route = route;
+            result
         }
         Err(e) => Err(e.into()),
     };
@@ -130,13 +132,10 @@ fn write_request(
     Some((line.ok()?, Some((protocol.clone(), key))))
 }
 
-/// A stream's request, its HTTP/1.1 head written and checked, on the connection (and the
-/// snapshot) it came on.
+/// What a stream's request (its HTTP/1.1 head written and checked) is handled with: the
+/// connection (and the snapshot) it came on, and what its HTTP/2 fields said.
 struct Stream<'a> {
     at: &'a StreamConn<'a>,
-    buf: &'a [u8],
-    req: &'a RequestHead,
-    started: Instant,
     facts: &'a H2Facts,
     /// A field map for the response's fields (`StreamRequest::spare`): the request's,
     /// emptied, when the upstream speaks HTTP/1.1 (`handle`), its two allocations serving
@@ -149,24 +148,6 @@ struct Stream<'a> {
 }
 
 impl<'a> Stream<'a> {
-    /// Notes the request for the log (`StreamLog::note`) and handles it (`Stream::handle`).
-    async fn run(
-        &self,
-        parts: http::request::Parts,
-        body: Option<RecvStream>,
-        respond: &mut SendResponse<Bytes>,
-        log: &mut StreamLog,
-    ) -> Result<(), Failure> {
-        log.note(self.at, self.buf, self.req);
-        let request = self.at.request(&log.who, self.buf, self.req, self.started);
-        let (trace, otel) = (&mut log.trace, &mut log.otel);
-        let (route, result) = self
-            .handle(request, parts, body, respond, trace, otel)
-            .await;
-        log.route = route;
-        result
-    }
-
     /// The stream's routing: its listener on its snapshot.
     fn routing(&self) -> Routing<'a> {
         Routing {
