@@ -44,7 +44,16 @@ pub fn write_head(
 ) -> Result<Line, Malformed> {
     let mut w = Writer { out, fields };
     let (line, content_length) = w.request_line_and_fields(parts.method.as_str(), parts)?;
-    w.framing(&parts.method, content_length, end_of_stream)?;
+    // Body framing for the HTTP/1.1 upstream.
+    match (content_length, end_of_stream) {
+        (Some(v), true) if v != b"0" => return Err(Malformed("content-length without DATA")),
+        (None, false) => w.push(b"transfer-encoding", [b"chunked"]),
+        // An HTTP/1.1 server may want a length for these (411 otherwise).
+        (None, true) if [Method::POST, Method::PUT, Method::PATCH].contains(&parts.method) => {
+            w.push(b"content-length", [b"0"]);
+        }
+        _ => {}
+    }
     w.out.extend_from_slice(b"\r\n");
     Ok(line)
 }
@@ -165,26 +174,6 @@ impl Writer<'_> {
             self.push(b"cookie", parts.headers.get_all(header::COOKIE));
         }
         Ok((line, content_length))
-    }
-
-    /// Body framing for the HTTP/1.1 upstream.
-    fn framing(
-        &mut self,
-        method: &Method,
-        content_length: Option<&[u8]>,
-        end_of_stream: bool,
-    ) -> Result<(), Malformed> {
-        let (name, value): (&[u8], &[u8]) = match (content_length, end_of_stream) {
-            (Some(v), true) if v != b"0" => return Err(Malformed("content-length without DATA")),
-            (None, false) => (b"transfer-encoding", b"chunked"),
-            // An HTTP/1.1 server may want a length for these (411 otherwise).
-            (None, true) if [Method::POST, Method::PUT, Method::PATCH].contains(method) => {
-                (b"content-length", b"0")
-            }
-            _ => return Ok(()),
-        };
-        self.push(name, [value]);
-        Ok(())
     }
 
     /// Writes the field line `name: ` with its `values` joined with "; " (one, but for
