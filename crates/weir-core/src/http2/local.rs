@@ -50,9 +50,8 @@ pub(crate) async fn answer_failure<R: ResponseStream>(
     trace: &mut Trace,
 ) -> u16 {
     let failure = match result {
-        Ok(()) => return trace.status,
-        Err(f) if f.reached == Reached::Head => return trace.status,
-        Err(f) => f,
+        Err(f) if f.reached != Reached::Head => f,
+        _ => return trace.status,
     };
     let Some(status) = failure.error.status().filter(|_| !trace.reset) else {
         respond.cancel();
