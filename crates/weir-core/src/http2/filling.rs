@@ -146,10 +146,9 @@ impl StreamRequest<'_> {
                 let facts = H2Facts::default();
                 let tried = self.drive_h2(&facts, None, None::<RecvStream>, store, out, trace);
                 match tried.await.0 {
-                    Ok(Relayed::Over(relayed)) => relayed.map_err(|f| f.error),
-                    // A refreshed entry (nobody to answer with it); `auto` never comes here.
-                    Ok(Relayed::Stored(_) | Relayed::Http1) => Ok(()),
-                    Err(failure) => Err(failure.error),
+                    Ok(Relayed::Over(Err(failure))) | Err(failure) => Err(failure.error),
+                    // Relayed, or a refreshed entry (nobody to answer); `auto` never comes here.
+                    Ok(_) => Ok(()),
                 }
             }
         };
