@@ -272,8 +272,12 @@ async fn accept_streams(
             () = &mut timer, if !closing => {
                 closing = idle_check(shared, &mut h2, idle, timer.as_mut());
             }
+            // At max_connections a newcomer took this idle connection's place: GOAWAY
+            // NO_ERROR (no stream runs); dropped at once when a write already waits: a
+            // client that does not read is not waited for (later writes get no stall time).
             () = poll_fn(|cx| shared.idle.poll_taken(&worker.idle, cx)), if !closing => {
-                if give_way(shared, &mut h2) {
+                h2.abrupt_shutdown(Reason::NO_ERROR);
+                if shared.stalled_since.get().is_some() {
                     return;
                 }
                 (closing, stall) = (true, Duration::ZERO);
@@ -341,14 +345,6 @@ fn spawn_stream(
         running.ended = Some(serve.await);
         drop(running);
     });
-}
-
-/// At max_connections a newcomer took this idle connection's place: GOAWAY NO_ERROR (no
-/// stream runs). Returns whether to drop the connection at once: a write already waits,
-/// and a client that does not read is not waited for (later writes get no stall time).
-fn give_way(shared: &Shared, h2: &mut Connection<Prefixed, Bytes>) -> bool {
-    h2.abrupt_shutdown(Reason::NO_ERROR);
-    shared.stalled_since.get().is_some()
 }
 
 /// A budget said it was exceeded: GOAWAY ENHANCE_YOUR_CALM. Returns whether the

@@ -104,23 +104,7 @@ impl StreamRequest<'_> {
     ) -> Result<(), Failure> {
         let mut up_buf = self.worker.take_buffer();
         let mut scratch = self.worker.h2_scratch.exchanges.take();
-        let result = self
-            .exchange(body, respond, &mut up_buf, &mut scratch, trace)
-            .await;
-        self.worker.h2_scratch.exchanges.give(scratch);
-        self.worker.give_buffer(up_buf);
-        result
-    }
-
-    async fn exchange(
-        &self,
-        body: Option<RecvStream>,
-        respond: &mut SendResponse<Bytes>,
-        up_buf: &mut Buffer,
-        scratch: &mut ExchangeScratch,
-        trace: &mut Trace,
-    ) -> Result<(), Failure> {
-        let ExchangeScratch { out, resp, timer } = scratch;
+        let ExchangeScratch { out, resp, timer } = &mut scratch;
         let x = self.exchange_of();
         let body_in = Cell::new(0);
         let accepted = {
@@ -137,7 +121,7 @@ impl StreamRequest<'_> {
             let mut sender = StreamSender {
                 r: self,
                 body: source,
-                up_buf: &mut *up_buf,
+                up_buf: &mut up_buf,
                 out,
                 resp: &mut *resp,
                 timer,
@@ -152,12 +136,17 @@ impl StreamRequest<'_> {
             unless_reset(|cx| client.poll_reset(cx), driving).await
         };
         trace.body_in = body_in.get();
-        let accepted = match accepted {
-            Ok(accepted) => accepted?,
-            Err(stop) => return Err(stop.noted(trace).into()),
+        let result = match accepted {
+            Ok(Ok(accepted)) => {
+                self.respond_accepted(accepted, respond, &mut up_buf, resp, trace)
+                    .await
+            }
+            Ok(Err(failure)) => Err(failure),
+            Err(stop) => Err(stop.noted(trace).into()),
         };
-        self.respond_accepted(accepted, respond, up_buf, resp, trace)
-            .await
+        self.worker.h2_scratch.exchanges.give(scratch);
+        self.worker.give_buffer(up_buf);
+        result
     }
 
     /// Relays the accepted try's response (its head `resp`, parsed from `up_buf`) to the

@@ -3,20 +3,17 @@
 //! the head through the route's `Edits` (`respond::head_from_http1`), the body through the one relay into the
 //! stream (`respond::ResponseStream`), compressed when the route's plan says so. An
 //! uncompressed body on an HTTP/2 stream is read a piece at a time within the stream's
-//! window ([`relay_read`]), not read first and then held until the window opens.
+//! window (`ResponseStream::send_read`), not read first and then held until the window opens.
 
 use bytes::Bytes;
-use h2::{Reason, SendStream};
 
-use super::outbox;
 use super::respond::{head_from_http1, ResponseStream, Sinking};
-use super::send::{window, Stop};
 use crate::codec::http1::{parse_response, BodyFraming, ResponseHead};
 use crate::error::ProxyError;
-use crate::files::{BodySource, Reply, Under, PIECE};
+use crate::files::{BodySource, Reply, Under};
 use crate::filters::compression;
 use crate::forward::head::{coding, Edits};
-use crate::forward::relay::{Coding, Source};
+use crate::forward::relay::Coding;
 use crate::forward::request_head::render_response_rules;
 use crate::forward::Failure;
 use crate::request::Request;
@@ -73,54 +70,4 @@ pub(crate) async fn respond_stream<R: ResponseStream>(
     };
     trace.compressed = coding.as_ref().map(Coding::compressed);
     relayed
-}
-
-/// Sends `source`'s body into the client's stream `send` (its head sent), each piece
-/// read only once the stream has window for it, and no more than that ([`PIECE`] at
-/// most): a client that opens many streams and gives them no window makes Weir read
-/// (and hold) none of their files, where a piece read first held up to [`PIECE`] per
-/// stream while it waited (attacker review: 10 connections of 100 such streams, 128 MB).
-/// A new stream's window is there as soon as its head is (the client opened it), so
-/// this costs no wait. On a failure the stream is reset.
-pub(super) async fn relay_read(
-    mut send: SendStream<Bytes>,
-    source: Option<&mut BodySource<'_>>,
-    sinking: Sinking<'_>,
-) -> Result<(), Failure> {
-    let Some(source) = source else { return Ok(()) };
-    let (stall, trace) = (sinking.stall, sinking.trace);
-    let closed = |_| Stop::Error(ProxyError::ClientClosed);
-    // Window granted and not yet used: the connection's `max_connection_send_buffer` may
-    // cut a piece shorter than the window, and so does a multipart body's boundary text;
-    // the `h2` crate reports only increases of it, so a wait with some left never ends.
-    let mut credit = 0;
-    let sent: Result<(), Stop> = async {
-        loop {
-            let want = source.remaining().clamp(1, PIECE) as usize;
-            if credit == 0 {
-                credit = window(&mut send, want, stall).await?;
-            }
-            let room = outbox::within(&mut send, credit.min(want), stall).await?;
-            source.bound(room as u64);
-            let Some((piece, last)) = source.next().await? else {
-                return send.send_data(Bytes::new(), true).map_err(closed);
-            };
-            let data = piece.into_bytes();
-            let len = data.len() as u64;
-            send.send_data(data, last).map_err(closed)?;
-            outbox::handed(len as usize);
-            credit = credit.saturating_sub(len as usize);
-            trace.body_out += len;
-            source.taken();
-            if last {
-                return Ok(());
-            }
-        }
-    }
-    .await;
-    let Err(stop) = sent else {
-        return Ok(());
-    };
-    send.send_reset(Reason::CANCEL);
-    Err(Failure::after_head(stop.noted(trace)))
 }

@@ -50,9 +50,8 @@ pub(crate) async fn answer_failure<R: ResponseStream>(
     trace: &mut Trace,
 ) -> u16 {
     let failure = match result {
-        Ok(()) => return trace.status,
-        Err(f) if f.reached == Reached::Head => return trace.status,
-        Err(f) => f,
+        Err(f) if f.reached != Reached::Head => f,
+        _ => return trace.status,
     };
     let Some(status) = failure.error.status().filter(|_| !trace.reset) else {
         respond.cancel();
@@ -105,17 +104,14 @@ fn stream_answer<'o>(
         Answer::Error(error) => grpc::code_for_error(*error, status),
         _ => grpc::code_for_status(status),
     };
-    let head = grpc::status_head(code, &grpc_message(answer, status, body), extra);
-    Ok((head, &[], Some(u32::from(code))))
-}
-
-/// The `grpc-message` of `answer` (sent with `status` and `body`): a failure's description
-/// (as Envoy's local replies give it), the reason phrase for the default response (its
-/// body is for browsers), else the short body.
-fn grpc_message<'a>(answer: &Answer<'_>, status: u16, body: &'a [u8]) -> Cow<'a, [u8]> {
-    match answer {
+    // The `grpc-message`: a failure's description (as Envoy's local replies give it), the
+    // reason phrase for the default response (its body is for browsers), else the short
+    // body.
+    let message = match answer {
         Answer::Error(error) => Cow::Owned(error.to_string().into_bytes()),
         Answer::Default(_) => Cow::Borrowed(reason_phrase(status).as_bytes()),
         _ => Cow::Borrowed(grpc::message(status, body)),
-    }
+    };
+    let head = grpc::status_head(code, &message, extra);
+    Ok((head, &[], Some(u32::from(code))))
 }

@@ -314,19 +314,6 @@ impl Drop for StreamOut {
     }
 }
 
-/// Bytes the running stream may hand now, when at least `least` may (0: wait,
-/// [`within`]); no bound outside a stream task. `None`: the client's RST_STREAM for
-/// it passed, so it hands nothing more. The `h2` crate may not have read that reset yet
-/// (it stops decoding while a PING ACK waits for a socket the client does not read), and
-/// would take and hold what the stream hands, uncounted: the review's way around the
-/// bound (a PING, then a reset of every stream).
-#[inline]
-pub fn room_now(least: usize) -> Option<usize> {
-    STREAM
-        .try_with(|s| s.shared.outbox.room_for(s.id, least))
-        .unwrap_or(Some(usize::MAX))
-}
-
 /// The running stream handed `n` bytes to the `h2` crate.
 #[inline]
 pub fn handed(n: usize) {
@@ -343,7 +330,15 @@ pub async fn within(
     stall: Duration,
 ) -> Result<usize, Stop> {
     let least = n.min(MIN_PIECE);
-    let room = match room_now(least) {
+    // No bound outside a stream task. Once the client's RST_STREAM for the stream passed,
+    // it hands nothing more: the `h2` crate may not have read that reset yet (it stops
+    // decoding while a PING ACK waits for a socket the client does not read), and would
+    // take and hold what the stream hands, uncounted: the review's way around the bound
+    // (a PING, then a reset of every stream).
+    let room = match STREAM
+        .try_with(|s| s.shared.outbox.room_for(s.id, least))
+        .unwrap_or(Some(usize::MAX))
+    {
         _ if n == 0 => return Ok(0),
         None => return Err(Stop::Reset),
         Some(0) => match STREAM.try_with(|s| (s.shared.clone(), s.id)) {

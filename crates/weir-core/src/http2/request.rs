@@ -18,7 +18,7 @@ use http::request::Parts;
 use http::{header, Method};
 
 use super::upstream_request::append;
-use crate::codec::http1::header::{is_token, trim};
+use crate::codec::http1::header::{is_token, offset_in, trim};
 use crate::codec::http1::{HeaderKind, HeaderSpan};
 use crate::forward::h2::is_connection_specific;
 
@@ -44,7 +44,16 @@ pub fn write_head(
 ) -> Result<Line, Malformed> {
     let mut w = Writer { out, fields };
     let (line, content_length) = w.request_line_and_fields(parts.method.as_str(), parts)?;
-    w.framing(&parts.method, content_length, end_of_stream)?;
+    // Body framing for the HTTP/1.1 upstream.
+    match (content_length, end_of_stream) {
+        (Some(v), true) if v != b"0" => return Err(Malformed("content-length without DATA")),
+        (None, false) => w.push(b"transfer-encoding", [b"chunked"]),
+        // An HTTP/1.1 server may want a length for these (411 otherwise).
+        (None, true) if [Method::POST, Method::PUT, Method::PATCH].contains(&parts.method) => {
+            w.push(b"content-length", [b"0"]);
+        }
+        _ => {}
+    }
     w.out.extend_from_slice(b"\r\n");
     Ok(line)
 }
@@ -71,9 +80,9 @@ pub fn write_upgrade_head(
     if content_length.is_some() {
         return Err(Malformed("content-length on an extended CONNECT"));
     }
-    w.push(b"connection", b"upgrade");
-    w.push(b"upgrade", protocol);
-    w.push(b"sec-websocket-key", key);
+    w.push(b"connection", [b"upgrade"]);
+    w.push(b"upgrade", [protocol]);
+    w.push(b"sec-websocket-key", [key]);
     w.out.extend_from_slice(b"\r\n");
     Ok(line)
 }
@@ -125,7 +134,7 @@ impl Writer<'_> {
         self.out.extend_from_slice(b" HTTP/1.1\r\n");
         let authority = parts.uri.authority().map(|a| a.as_str().as_bytes());
         if let Some(a) = authority {
-            self.push(b"host", a);
+            self.push(b"host", [a]);
         }
         let mut content_length = None;
         let mut cookies = 0;
@@ -159,70 +168,30 @@ impl Writer<'_> {
             if name == header::CONTENT_LENGTH {
                 content_length = Some(value.as_bytes());
             }
-            self.push(name.as_str().as_bytes(), value.as_bytes());
+            self.push(name.as_str().as_bytes(), [value]);
         }
         if cookies > 0 {
-            self.push_cookies(parts);
+            self.push(b"cookie", parts.headers.get_all(header::COOKIE));
         }
         Ok((line, content_length))
     }
 
-    /// Body framing for the HTTP/1.1 upstream.
-    fn framing(
-        &mut self,
-        method: &Method,
-        content_length: Option<&[u8]>,
-        end_of_stream: bool,
-    ) -> Result<(), Malformed> {
-        let (name, value): (&[u8], &[u8]) = match (content_length, end_of_stream) {
-            (Some(v), true) if v != b"0" => return Err(Malformed("content-length without DATA")),
-            (None, false) => (b"transfer-encoding", b"chunked"),
-            // An HTTP/1.1 server may want a length for these (411 otherwise).
-            (None, true) if [Method::POST, Method::PUT, Method::PATCH].contains(method) => {
-                (b"content-length", b"0")
-            }
-            _ => return Ok(()),
-        };
-        self.push(name, value);
-        Ok(())
-    }
-
-    /// One `cookie` line from every cookie field, joined with "; ".
-    fn push_cookies(&mut self, parts: &Parts) {
-        let start = self.start_field(b"cookie");
-        let value = self.out.len();
-        for (i, v) in parts.headers.get_all(header::COOKIE).iter().enumerate() {
-            if i > 0 {
-                self.out.extend_from_slice(b"; ");
-            }
-            self.out.extend_from_slice(v.as_bytes());
-        }
-        self.end_field(start, value, b"cookie");
-    }
-
-    fn push(&mut self, name: &[u8], value: &[u8]) {
-        let start = self.start_field(name);
-        let at = self.out.len();
-        self.out.extend_from_slice(value);
-        self.end_field(start, at, name);
-    }
-
-    /// Writes `name: `; returns where the line starts.
-    fn start_field(&mut self, name: &[u8]) -> usize {
+    /// Writes the field line `name: ` with its `values` joined with "; " (one, but for
+    /// `cookie`: every cookie field in one line) and records it, the value trimmed of SP /
+    /// HTAB as httparse trims it (an empty value is an empty range at 0, as
+    /// `header::offset_in` gives it).
+    fn push(&mut self, name: &[u8], values: impl IntoIterator<Item = impl AsRef<[u8]>>) {
         let start = self.out.len();
         self.out.extend_from_slice(name);
         self.out.extend_from_slice(b": ");
-        start
-    }
-
-    /// Ends the field line that starts at `start` (its value from `value` on) and
-    /// records it, the value trimmed of SP / HTAB as httparse trims it (an empty value
-    /// is an empty range at 0, as `header::offset_in` gives it).
-    fn end_field(&mut self, start: usize, value: usize, name: &[u8]) {
-        let value = match value_range(&self.out[value..], value) {
-            trimmed if trimmed.is_empty() => 0..0,
-            trimmed => trimmed,
-        };
+        let at = self.out.len();
+        for (i, v) in values.into_iter().enumerate() {
+            if i > 0 {
+                self.out.extend_from_slice(b"; ");
+            }
+            self.out.extend_from_slice(v.as_ref());
+        }
+        let value = offset_in(self.out, trim(&self.out[at..]));
         self.out.extend_from_slice(b"\r\n");
         self.fields.push(HeaderSpan {
             name: start..start + name.len(),
@@ -232,17 +201,6 @@ impl Writer<'_> {
             connection_listed: false,
         });
     }
-}
-
-/// The range of `value` (found at `at`) trimmed of SP / HTAB, as httparse trims a
-/// field's value.
-fn value_range(value: &[u8], at: usize) -> Range<usize> {
-    let lead = value
-        .iter()
-        .take_while(|b| matches!(b, b' ' | b'\t'))
-        .count();
-    let start = at + lead;
-    start..start + trim(value).len()
 }
 
 #[cfg(test)]

@@ -9,12 +9,13 @@ use h2::{Reason, SendStream};
 use http::{HeaderMap, HeaderValue};
 
 use super::names::response_name;
+use super::outbox;
 pub(crate) use super::send::Sinking;
-use super::send::{send_bytes, StreamSink};
+use super::send::{send_bytes, window, Stop, StreamSink};
 use crate::codec::http1::ResponseHead;
 use crate::codec::Fields;
 use crate::error::ProxyError;
-use crate::files::BodySource;
+use crate::files::{BodySource, PIECE};
 use crate::forward::head::Edits;
 use crate::forward::relay::{relay, Broke, Coding, Piece, Sink, Source};
 use crate::forward::trailer;
@@ -112,36 +113,6 @@ fn append_lines(
     }
 }
 
-/// Relays the body from `source` into the stream `send` (its head sent), compressed
-/// through `coding` when there is one, or sends `whole` (the body, all at hand: no rounds)
-/// as its one last DATA; on a failure the stream is reset (CANCEL).
-async fn relay_body<S: Source>(
-    mut send: SendStream<Bytes>,
-    source: Option<&mut S>,
-    sink: Sinking<'_>,
-    coding: Option<&mut Coding>,
-    whole: Option<Bytes>,
-) -> Result<(), Failure> {
-    let Some(source) = source else { return Ok(()) };
-    let mut sink = StreamSink {
-        send: &mut send,
-        sinking: sink,
-    };
-    let relayed = match whole {
-        Some(whole) => sink
-            .data(Piece::Bytes(whole), true)
-            .await
-            .map_err(Broke::Sink),
-        None => relay(source, &mut sink, coding).await,
-    };
-    let error = match relayed {
-        Ok(()) => return Ok(()),
-        Err(Broke::Source(e) | Broke::Sink(e)) => e,
-    };
-    send.send_reset(Reason::CANCEL);
-    Err(Failure::after_head(error))
-}
-
 /// A client's stream that takes a response from an HTTP/1.1 upstream or from a source of
 /// Weir's own (a static file, a cache entry): an HTTP/2 client's (`SendResponse`) or an
 /// HTTP/3 client's (`http3::body`).
@@ -161,7 +132,7 @@ pub(crate) trait ResponseStream {
 
     /// As [`ResponseStream::send_relayed`], uncompressed, for a body Weir reads itself
     /// (a static file's, a cache entry's): an HTTP/2 stream reads each piece only once
-    /// its client's window has room for it (`files::relay_read`); an HTTP/3 stream relays
+    /// its client's window has room for it; an HTTP/3 stream relays
     /// it as any body.
     fn send_read(
         &mut self,
@@ -219,18 +190,77 @@ impl ResponseStream for h2::server::SendResponse<Bytes> {
         coding: Option<&mut Coding>,
         whole: Option<Bytes>,
     ) -> Result<(), Failure> {
-        let send = send_head(self, head, source.is_none(), &mut sinking)?;
-        relay_body(send, source, sinking, coding, whole).await
+        let mut send = send_head(self, head, source.is_none(), &mut sinking)?;
+        let Some(source) = source else { return Ok(()) };
+        let mut sink = StreamSink {
+            send: &mut send,
+            sinking,
+        };
+        let relayed = match whole {
+            Some(whole) => sink
+                .data(Piece::Bytes(whole), true)
+                .await
+                .map_err(Broke::Sink),
+            None => relay(source, &mut sink, coding).await,
+        };
+        let error = match relayed {
+            Ok(()) => return Ok(()),
+            Err(Broke::Source(e) | Broke::Sink(e)) => e,
+        };
+        // A failure once the head went out: the stream is reset (CANCEL).
+        send.send_reset(Reason::CANCEL);
+        Err(Failure::after_head(error))
     }
 
+    /// Each piece is read only once the stream has window for it, and no more than that
+    /// ([`PIECE`] at most): a client that opens many streams and gives them no window
+    /// makes Weir read (and hold) none of their files, where a piece read first held up
+    /// to [`PIECE`] per stream while it waited (attacker review: 10 connections of 100
+    /// such streams, 128 MB). A new stream's window is there as soon as its head is (the
+    /// client opened it), so this costs no wait. On a failure the stream is reset.
     async fn send_read(
         &mut self,
         head: http::Response<()>,
         source: Option<&mut BodySource<'_>>,
         mut sinking: Sinking<'_>,
     ) -> Result<(), Failure> {
-        let send = send_head(self, head, source.is_none(), &mut sinking)?;
-        super::files::relay_read(send, source, sinking).await
+        let mut send = send_head(self, head, source.is_none(), &mut sinking)?;
+        let Some(source) = source else { return Ok(()) };
+        let (stall, trace) = (sinking.stall, sinking.trace);
+        let closed = |_| Stop::Error(ProxyError::ClientClosed);
+        // Window granted and not yet used: the connection's `max_connection_send_buffer` may
+        // cut a piece shorter than the window, and so does a multipart body's boundary text;
+        // the `h2` crate reports only increases of it, so a wait with some left never ends.
+        let mut credit = 0;
+        let sent: Result<(), Stop> = async {
+            loop {
+                let want = source.remaining().clamp(1, PIECE) as usize;
+                if credit == 0 {
+                    credit = window(&mut send, want, stall).await?;
+                }
+                let room = outbox::within(&mut send, credit.min(want), stall).await?;
+                source.bound(room as u64);
+                let Some((piece, last)) = source.next().await? else {
+                    return send.send_data(Bytes::new(), true).map_err(closed);
+                };
+                let data = piece.into_bytes();
+                let len = data.len() as u64;
+                send.send_data(data, last).map_err(closed)?;
+                outbox::handed(len as usize);
+                credit = credit.saturating_sub(len as usize);
+                trace.body_out += len;
+                source.taken();
+                if last {
+                    return Ok(());
+                }
+            }
+        }
+        .await;
+        let Err(stop) = sent else {
+            return Ok(());
+        };
+        send.send_reset(Reason::CANCEL);
+        Err(Failure::after_head(stop.noted(trace)))
     }
 
     async fn send_whole(

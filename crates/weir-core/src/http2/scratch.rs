@@ -69,33 +69,30 @@ pub trait Reuse: Default {
 
 impl Reuse for RequestScratch {
     fn reset(&mut self) -> bool {
-        self.head.clear();
-        let spans = fresh(&mut self.req.headers);
         self.req = RequestHead {
-            headers: spans,
+            headers: mem::take(&mut self.req.headers),
             ..RequestHead::default()
         };
-        self.head.capacity() <= KEPT_BYTES && self.req.headers.capacity() <= KEPT_SPANS
+        emptied(&mut self.head, &mut self.req.headers)
     }
 }
 
 impl Reuse for ExchangeScratch {
     fn reset(&mut self) -> bool {
-        self.out.clear();
-        let spans = fresh(&mut self.resp.headers);
         self.resp = ResponseHead {
-            headers: spans,
+            headers: mem::take(&mut self.resp.headers),
             ..ResponseHead::default()
         };
-        self.out.capacity() <= KEPT_BYTES && self.resp.headers.capacity() <= KEPT_SPANS
+        emptied(&mut self.out, &mut self.resp.headers)
     }
 }
 
-/// The span list, emptied, keeping its allocation.
-fn fresh(spans: &mut Vec<HeaderSpan>) -> Vec<HeaderSpan> {
-    let mut spans = mem::take(spans);
+/// Empties a scratch's bytes and spans, keeping their allocations; whether they are
+/// small enough to keep.
+fn emptied(bytes: &mut Vec<u8>, spans: &mut Vec<HeaderSpan>) -> bool {
+    bytes.clear();
     spans.clear();
-    spans
+    bytes.capacity() <= KEPT_BYTES && spans.capacity() <= KEPT_SPANS
 }
 
 /// The worker's spare scratches of one kind.

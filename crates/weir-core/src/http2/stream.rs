@@ -21,7 +21,6 @@ use super::stream_log::{StreamConn, StreamLog};
 use super::upstream::H2Facts;
 use super::websocket::new_key;
 use crate::answer::Answer;
-use crate::codec::http1::RequestHead;
 use crate::codec::http1::{fill_written, HeadLimits};
 use crate::error::ProxyError;
 use crate::forward::{carrier, Carrier, Failure};
@@ -50,18 +49,14 @@ pub async fn serve(
     let listener = &snapshot.config.listeners[index];
     let (parts, body) = request.into_parts();
     // The HEADERS frame ended the stream: no body (asked once: each asking takes h2's lock).
-    let ended = body.is_end_stream();
+    let body = Some(body).filter(|body| !body.is_end_stream());
     // The head and its spans come from the worker's spares and go back after the log.
-    let RequestScratch {
-        head: mut buf,
-        mut req,
-    } = worker.h2_scratch.requests.take();
-    buf.reserve(512);
-    let Some((line, upgrade)) = write_request(&parts, ended, &mut buf, &mut req) else {
+    let mut scratch = worker.h2_scratch.requests.take();
+    scratch.head.reserve(512);
+    let Some((line, upgrade)) = write_request(&parts, body.is_none(), &mut scratch) else {
         // Malformed (RFC 9113 8.1.1): a stream error. The reset is budgeted like a
         // client reset (MadeYouReset) where it is written out (`io`).
         respond.send_reset(Reason::PROTOCOL_ERROR);
-        let scratch = RequestScratch { head: buf, req };
         worker.h2_scratch.requests.give(scratch);
         return Instant::now();
     };
@@ -84,13 +79,11 @@ pub async fn serve(
         protocol: Protocol::Http2,
     };
     let max = HeadLimits::of(listener);
-    let result = match fill_written(&buf, line.method, line.target, max, &mut req) {
+    let RequestScratch { head: buf, req } = &mut scratch;
+    let result = match fill_written(buf, line.method, line.target, max, req) {
         Ok(()) => {
             let s = Stream {
                 at: &at,
-                buf: &buf,
-                req: &req,
-                started,
                 facts: &facts,
                 spare: &Cell::new(http::HeaderMap::new()),
                 tunnel: upgrade
@@ -98,8 +91,14 @@ pub async fn serve(
                     .map(|(p, k)| (p.as_str().as_bytes(), &k[..])),
                 tunnels: &shared.tunnels,
             };
-            s.run(parts, (!ended).then_some(body), &mut respond, &mut log)
-                .await
+            log.note(&at, buf, req);
+            let request = at.request(&log.who, buf, req, started);
+            let (trace, otel) = (&mut log.trace, &mut log.otel);
+            let (route, result) = s
+                .handle(request, parts, body, &mut respond, trace, otel)
+                .await;
+            log.route = route;
+            result
         }
         Err(e) => Err(e.into()),
     };
@@ -109,7 +108,6 @@ pub async fn serve(
         shared.reset_by_client();
     }
     log.record(&at, result, status, finished - started);
-    let scratch = RequestScratch { head: buf, req };
     worker.h2_scratch.requests.give(scratch);
     finished
 }
@@ -117,16 +115,15 @@ pub async fn serve(
 /// An extended CONNECT's `:protocol` and the `Sec-WebSocket-Key` Weir made for it.
 type Upgrade = (h2::ext::Protocol, [u8; 24]);
 
-/// Writes the stream's request as an HTTP/1.1 head into `buf` (its field lines recorded in
+/// Writes the stream's request as an HTTP/1.1 head into `scratch` (its field lines in
 /// `req`); an extended CONNECT (RFC 8441) as the Upgrade request it stands for, with a
 /// fresh `Sec-WebSocket-Key`, returned with its `:protocol`. `None`: malformed.
 fn write_request(
     parts: &http::request::Parts,
     ended: bool,
-    buf: &mut Vec<u8>,
-    req: &mut RequestHead,
+    scratch: &mut RequestScratch,
 ) -> Option<(Line, Option<Upgrade>)> {
-    let spans = &mut req.headers;
+    let (buf, spans) = (&mut scratch.head, &mut scratch.req.headers);
     let Some(protocol) = parts.extensions.get::<h2::ext::Protocol>() else {
         return write_head(buf, spans, parts, ended).ok().map(|l| (l, None));
     };
@@ -135,13 +132,10 @@ fn write_request(
     Some((line.ok()?, Some((protocol.clone(), key))))
 }
 
-/// A stream's request, its HTTP/1.1 head written and checked, on the connection (and the
-/// snapshot) it came on.
+/// What a stream's request (its HTTP/1.1 head written and checked) is handled with: the
+/// connection (and the snapshot) it came on, and what its HTTP/2 fields said.
 struct Stream<'a> {
     at: &'a StreamConn<'a>,
-    buf: &'a [u8],
-    req: &'a RequestHead,
-    started: Instant,
     facts: &'a H2Facts,
     /// A field map for the response's fields (`StreamRequest::spare`): the request's,
     /// emptied, when the upstream speaks HTTP/1.1 (`handle`), its two allocations serving
@@ -154,24 +148,6 @@ struct Stream<'a> {
 }
 
 impl<'a> Stream<'a> {
-    /// Notes the request for the log (`StreamLog::note`) and handles it (`Stream::handle`).
-    async fn run(
-        &self,
-        parts: http::request::Parts,
-        body: Option<RecvStream>,
-        respond: &mut SendResponse<Bytes>,
-        log: &mut StreamLog,
-    ) -> Result<(), Failure> {
-        log.note(self.at, self.buf, self.req);
-        let request = self.at.request(&log.who, self.buf, self.req, self.started);
-        let (trace, otel) = (&mut log.trace, &mut log.otel);
-        let (route, result) = self
-            .handle(request, parts, body, respond, trace, otel)
-            .await;
-        log.route = route;
-        result
-    }
-
     /// The stream's routing: its listener on its snapshot.
     fn routing(&self) -> Routing<'a> {
         Routing {

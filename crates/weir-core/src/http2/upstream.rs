@@ -36,7 +36,7 @@ use super::filling::mark;
 use super::interim::ClientStream;
 use super::respond::{head_from_h2, ResponseStream, Sinking};
 use super::upstream_request::{h1_head_to_h2, upstream_request, Upstream};
-use crate::cache::{Fetched, Recorder};
+use crate::cache::Fetched;
 use crate::error::ProxyError;
 use crate::forward::driver::{drive, Attempt, Miss, Sender, Tries};
 use crate::forward::h1::Interim;
@@ -425,38 +425,6 @@ impl<C: ClientSide, B> H2Sender<'_, '_, C, B> {
     }
 }
 
-/// Sends `answer` to `client` with the upstream's body from `source`, while the rest of
-/// the request body (`upload`, if still going) goes up; a route cache's `recorder`, if
-/// any, keeps a copy, stored once all of it went.
-async fn relay_answer<C: ClientSide, U: Future<Output = Result<(), Broke>>>(
-    client: &mut C,
-    trace: &mut Trace,
-    answer: Answer<'_>,
-    mut source: H2Source<'_>,
-    upload: Option<Pin<&mut U>>,
-    mut coding: Option<&mut Coding>,
-    mut recorder: Option<Box<Recorder>>,
-) -> Result<(), Failure> {
-    trace.status = answer.parts.status.as_u16();
-    // Nobody waits for a body the store does not take.
-    if C::ALONE && recorder.is_none() {
-        return Ok(());
-    }
-    let mut recording = Recording {
-        inner: &mut source,
-        recorder: recorder.as_deref_mut(),
-        stop_when_over: C::ALONE,
-    };
-    let relayed = client
-        .respond(answer, &mut recording, upload, coding.as_deref_mut(), trace)
-        .await;
-    trace.compressed = coding.as_deref().map(Coding::compressed);
-    if let (Ok(()), Some(recorder)) = (&relayed, recorder) {
-        recorder.finish();
-    }
-    relayed
-}
-
 impl<C: ClientSide, B: ClientBody> Sender for H2Sender<'_, '_, C, B> {
     type Sent = Relayed;
 
@@ -507,7 +475,12 @@ impl<C: ClientSide, B: ClientBody> Sender for H2Sender<'_, '_, C, B> {
             // The fill is still the request's: a stale entry may answer for this failure.
             Err(e) => return Ok(Relayed::Over(Err(e.into()))),
         };
-        let (cache_status, recorder) = r.admission(Fetched::Http2(&parts));
+        let (cache_status, mut recorder) = r.admission(Fetched::Http2(&parts));
+        self.trace.status = status;
+        // Nobody waits for a body the store does not take.
+        if C::ALONE && recorder.is_none() {
+            return Ok(Relayed::Over(Ok(())));
+        }
         let answer = Answer {
             parts,
             client,
@@ -519,17 +492,21 @@ impl<C: ClientSide, B: ClientBody> Sender for H2Sender<'_, '_, C, B> {
         };
         let upload = (*state == Upload::Running).then_some(upload);
         let received = Cell::new(0);
-        let source = H2Source::new(&mut up_body, timeouts.upstream, Peer::Upstream, &received);
-        let relayed = relay_answer(
-            &mut *self.client,
-            &mut *self.trace,
-            answer,
-            source,
-            upload,
-            coding.as_mut(),
-            recorder,
-        );
-        Ok(Relayed::Over(relayed.await))
+        let mut source = H2Source::new(&mut up_body, timeouts.upstream, Peer::Upstream, &received);
+        let mut recording = Recording {
+            inner: &mut source,
+            recorder: recorder.as_deref_mut(),
+            stop_when_over: C::ALONE,
+        };
+        let relayed = self
+            .client
+            .respond(answer, &mut recording, upload, coding.as_mut(), self.trace)
+            .await;
+        self.trace.compressed = coding.as_ref().map(Coding::compressed);
+        if let (Ok(()), Some(recorder)) = (&relayed, recorder) {
+            recorder.finish();
+        }
+        Ok(Relayed::Over(relayed))
     }
 
     fn replayable(&self) -> bool {
