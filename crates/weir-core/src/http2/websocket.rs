@@ -21,7 +21,7 @@ use base64::Engine;
 use bytes::Bytes;
 use h2::server::SendResponse;
 use h2::{Reason, RecvStream, SendStream};
-use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
 use super::exchange::StreamRequest;
 use super::respond::head_from_http1;
@@ -192,24 +192,7 @@ async fn tunnel(
     let mut received = 0u64;
     let activity = Activity::new();
     let result = {
-        // Upstream bytes to the client as DATA, within its window; END_STREAM at the
-        // upstream's EOF.
-        let down = async {
-            loop {
-                if !up_buf.is_empty() {
-                    send_bytes(send, Bytes::copy_from_slice(up_buf.filled()), false, stall).await?;
-                    sent += up_buf.len() as u64;
-                    up_buf.clear();
-                    // Sent within the client's window: progress even if the client reads slowly.
-                    activity.touch();
-                }
-                match unless_reset(|cx| send.poll_reset(cx), up_buf.read_from(&mut ur)).await? {
-                    Ok(0) => return send_bytes(send, Bytes::new(), true, stall).await,
-                    Ok(_) => activity.touch(),
-                    Err(e) => return Err(Stop::Error(ProxyError::upstream_io(e))),
-                }
-            }
-        };
+        let down = downstream(send, &mut ur, up_buf, stall, &mut sent, &activity);
         let up = upstream(&mut body, &mut uw, &mut received, &activity);
         let probe = || crate::sys::unsent_total(&[socket]);
         crate::idle::both_probed(down, up, &activity, limits, probe).await
@@ -217,6 +200,32 @@ async fn tunnel(
     trace.body_in = received;
     trace.body_out = sent;
     result
+}
+
+/// Upstream bytes to the client as DATA, within its window; END_STREAM at the upstream's
+/// EOF.
+async fn downstream<R: AsyncRead + Unpin>(
+    send: &mut SendStream<Bytes>,
+    ur: &mut R,
+    up_buf: &mut Buffer,
+    stall: Duration,
+    sent: &mut u64,
+    activity: &Activity,
+) -> Result<(), Stop> {
+    loop {
+        if !up_buf.is_empty() {
+            send_bytes(send, Bytes::copy_from_slice(up_buf.filled()), false, stall).await?;
+            *sent += up_buf.len() as u64;
+            up_buf.clear();
+            // Sent within the client's window: progress even if the client reads slowly.
+            activity.touch();
+        }
+        match unless_reset(|cx| send.poll_reset(cx), up_buf.read_from(ur)).await? {
+            Ok(0) => return send_bytes(send, Bytes::new(), true, stall).await,
+            Ok(_) => activity.touch(),
+            Err(e) => return Err(Stop::Error(ProxyError::upstream_io(e))),
+        }
+    }
 }
 
 /// Client DATA to the upstream, released to the client's window once written; the
