@@ -140,20 +140,24 @@ impl StreamRequest<'_> {
     pub(crate) async fn fetch_for_store(&self) {
         let fetched = match carrier(Protocol::Http1, self.target.upstream) {
             Carrier::Http1 => self.fetch_over_http1().await,
-            // `http2::upstream`'s sender, its response relayed to [`ForStore`].
-            Carrier::Http2 => {
-                let (out, trace, store) = (&mut Vec::new(), &mut Trace::default(), &mut ForStore);
-                let facts = H2Facts::default();
-                let tried = self.drive_h2(&facts, None, None::<RecvStream>, store, out, trace);
-                match tried.await.0 {
-                    Ok(Relayed::Over(Err(failure))) | Err(failure) => Err(failure.error),
-                    // Relayed, or a refreshed entry (nobody to answer); `auto` never comes here.
-                    Ok(_) => Ok(()),
-                }
-            }
+            Carrier::Http2 => self.fetch_over_h2().await,
         };
         if let Err(e) = fetched {
             tracing::debug!(error = %e, "cache: background revalidation failed");
+        }
+    }
+
+    /// [`StreamRequest::fetch_for_store`] toward an HTTP/2 upstream: `http2::upstream`'s
+    /// sender, its response relayed to [`ForStore`].
+    async fn fetch_over_h2(&self) -> Result<(), ProxyError> {
+        let (out, trace, store) = (&mut Vec::new(), &mut Trace::default(), &mut ForStore);
+        let facts = H2Facts::default();
+        let tried = self.drive_h2(&facts, None, None::<RecvStream>, store, out, trace);
+        match tried.await.0 {
+            Ok(Relayed::Over(relayed)) => relayed.map_err(|f| f.error),
+            // A refreshed entry (nobody to answer with it); `auto` never comes here.
+            Ok(Relayed::Stored(_) | Relayed::Http1) => Ok(()),
+            Err(failure) => Err(failure.error),
         }
     }
 

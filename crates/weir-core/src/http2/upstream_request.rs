@@ -76,17 +76,7 @@ pub(crate) fn upstream_request(
         ..
     } = parts;
     remove_unforwarded(&mut headers, u);
-    // Leading and trailing SP / HTAB trimmed off values, as httparse does to the head's:
-    // the `h2` crate lets such values through.
-    let padded = |b: Option<&u8>| matches!(b, Some(b' ' | b'\t'));
-    for value in headers.values_mut() {
-        let raw = value.as_bytes();
-        if padded(raw.first()) || padded(raw.last()) {
-            if let Ok(trimmed) = HeaderValue::from_bytes(trim(raw)) {
-                *value = trimmed;
-            }
-        }
-    }
+    trim_values(&mut headers);
     // The head says `content-length: 0` for a POST, PUT or PATCH without DATA.
     let zero_length = [Method::POST, Method::PUT, Method::PATCH].contains(&method);
     if u.req.framing == BodyFraming::None && zero_length && !headers.contains_key(CONTENT_LENGTH) {
@@ -224,6 +214,20 @@ fn remove_unforwarded(headers: &mut HeaderMap, u: &Upstream<'_>) {
     };
     while let Some(name) = headers.keys().find(|n| !kept(n)).cloned() {
         headers.remove(&name);
+    }
+}
+
+/// Trims leading and trailing SP / HTAB off values, as httparse does to the head's: the
+/// `h2` crate lets such values through.
+fn trim_values(headers: &mut HeaderMap) {
+    let padded = |b: Option<&u8>| matches!(b, Some(b' ' | b'\t'));
+    for value in headers.values_mut() {
+        let raw = value.as_bytes();
+        if padded(raw.first()) || padded(raw.last()) {
+            if let Ok(trimmed) = HeaderValue::from_bytes(trim(raw)) {
+                *value = trimmed;
+            }
+        }
     }
 }
 
