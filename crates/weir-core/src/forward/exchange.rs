@@ -16,7 +16,7 @@ use super::driver::{drive, Accepted, Attempt, Exchange, Miss, Sender, Tries};
 use super::h1::{send_streaming, send_whole, Http1Interim, Http1Response, Reading, RequestMeta};
 use super::head::{coding, plan_http1, write_from_http1, ClientFraming, Edits};
 use super::relay::{
-    at_hand, relay, Broke, Coding, Http1Sink, Http1Source, Peer, Piece, Recording, Sink, Source,
+    at_hand, relay, Broke, Coding, Http1Sink, Http1Source, Peer, Piece, Recording, Sink,
 };
 use super::request_head::{render_response_rules, write_upstream_head};
 use super::trailer::{self, RequestTrailers};

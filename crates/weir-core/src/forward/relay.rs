@@ -112,15 +112,8 @@ pub(crate) trait Source {
     /// The trailer fields after the body.
     fn trailers(&mut self) -> impl Future<Output = Result<Trailers<'_>, ProxyError>>;
 
-    /// Frames the body bytes already at hand (a response's that came with its head), so
-    /// that a framing error there is found before any of the response is sent. Returns
-    /// whether the whole body is at hand.
-    fn prime(&mut self) -> Result<bool, ProxyError> {
-        Ok(false)
-    }
-
-    /// The whole body as one last piece, when [`Source::prime`] found all of it at hand
-    /// and no trailers follow ([`Source::taken`] once sent); `None` otherwise.
+    /// The whole body as one last piece, when it is all at hand (`Http1Source::prime`
+    /// found it) and no trailers follow ([`Source::taken`] once sent); `None` otherwise.
     fn whole(&mut self) -> Option<Piece<'_>> {
         None
     }
@@ -297,10 +290,6 @@ impl<S: Source> Source for Recording<'_, S> {
         Ok(trailers)
     }
 
-    fn prime(&mut self) -> Result<bool, ProxyError> {
-        self.inner.prime()
-    }
-
     fn whole(&mut self) -> Option<Piece<'_>> {
         let piece = self.inner.whole()?;
         if let Some(recorder) = self.recorder.as_deref_mut() {
@@ -409,13 +398,6 @@ impl<R: AsyncRead + Unpin> Source for Http1Source<'_, R> {
         Ok(Trailers::Lines(self.state.trailers()))
     }
 
-    fn prime(&mut self) -> Result<bool, ProxyError> {
-        if !self.buf.is_empty() && self.frame()? {
-            self.primed = Some(self.used_forward);
-        }
-        Ok(self.state.is_done())
-    }
-
     fn whole(&mut self) -> Option<Piece<'_>> {
         if !self.ended || !self.state.trailers().is_empty() {
             return None;
@@ -426,6 +408,16 @@ impl<R: AsyncRead + Unpin> Source for Http1Source<'_, R> {
 }
 
 impl<R: AsyncRead + Unpin> Http1Source<'_, R> {
+    /// Frames the body bytes already at hand (a response's that came with its head), so
+    /// that a framing error there is found before any of the response is sent. Returns
+    /// whether the whole body is at hand.
+    pub fn prime(&mut self) -> Result<bool, ProxyError> {
+        if !self.buf.is_empty() && self.frame()? {
+            self.primed = Some(self.used_forward);
+        }
+        Ok(self.state.is_done())
+    }
+
     /// Waits until body bytes are at hand, reading once if the buffer has none: until
     /// then nothing of the body is framed or consumed (its request can still go again).
     pub async fn arrival(&mut self) -> Result<(), ProxyError> {
