@@ -390,9 +390,7 @@ impl<R: AsyncRead + Unpin> Source for Http1Source<'_, R> {
             return Ok(Trailers::None);
         }
         if !self.listed.is_empty() {
-            let listed = &self.listed;
-            self.state
-                .drop_trailers(|name| trailer::listed_in(listed, name));
+            self.state.drop_listed(&self.listed);
         }
         // Lines even when none is left: a body passed through still needs its end.
         Ok(Trailers::Lines(self.state.trailers()))
