@@ -24,7 +24,6 @@ use http::HeaderMap;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::body::{self, BodyState, ChunkLine, PumpError};
-use super::h2::EAGER_FIRST_PIECE;
 use super::request_head::HeadNames;
 use super::trailer;
 use crate::buffer::Buffer;
@@ -668,6 +667,13 @@ impl<W> Http1Sink<'_, W> {
         lines
     }
 }
+
+/// The first DATA of a request up to this size goes upstream without waiting for the
+/// stream's window ([`H2Upload`]). Small (a gRPC call's message usually fits), as it is
+/// released to the client's window before h2 sent it: at most this much per stream (128
+/// KiB per connection at the default `max_concurrent_streams`) waits in Weir beyond the
+/// client's windows.
+const EAGER_FIRST_PIECE: usize = 1024;
 
 /// An HTTP/2 upstream stream's request DATA, each piece sent within the stream's window
 /// (h2 would buffer the rest, so waiting for the window is what bounds memory per

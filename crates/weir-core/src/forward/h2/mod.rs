@@ -217,13 +217,6 @@ pub(crate) fn is_connection_specific(name: &HeaderName) -> bool {
         || name.as_str() == "proxy-connection"
 }
 
-/// The first DATA of a request up to this size goes upstream without waiting for the
-/// stream's window (see `relay::H2Upload`). Small (a gRPC call's message usually fits), as
-/// it is released to the client's window before h2 sent it: at most this much per stream
-/// (128 KiB per connection at the default `max_concurrent_streams`) waits in Weir beyond
-/// the client's windows.
-pub(crate) const EAGER_FIRST_PIECE: usize = 1024;
-
 /// The server's `content-length`, if it sent one.
 pub(crate) fn content_length(parts: &http::response::Parts) -> Option<u64> {
     let value = parts.headers.get(http::header::CONTENT_LENGTH)?;
