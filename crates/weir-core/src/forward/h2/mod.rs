@@ -83,9 +83,10 @@ pub(crate) struct HeadBounds {
 }
 
 /// Waits for the final head of `pending` while `upload` runs (`state` says where it is),
-/// its 1xx heads relayed to `interim`, unless the client goes away first (`gone`, with
-/// the error to fail with). A stream the server never processed is [`Miss::unprocessed`]
-/// (its connection marked going away on a GOAWAY).
+/// its 1xx heads relayed to `interim` (more than `bounds.max_informational` of them fail
+/// it), unless the client goes away first (`gone`, with the error to fail with). A stream
+/// the server never processed is [`Miss::unprocessed`] (its connection marked going away
+/// on a GOAWAY).
 pub(crate) async fn final_head<U, I, G>(
     pending: Pending,
     upload: Pin<&mut U>,
@@ -99,67 +100,59 @@ where
     I: Interim,
     G: Future<Output = ProxyError>,
 {
-    let Pending { lease, response } = pending;
+    let Pending {
+        lease,
+        mut response,
+    } = pending;
     let mut relayed = false;
-    let head = next_final(response, &lease, interim, bounds, &mut relayed);
+    let head = async {
+        let mut informational = 0u32;
+        loop {
+            let next = poll_fn(|cx| {
+                if let Poll::Ready(Some(r)) = response.poll_informational(cx) {
+                    return Poll::Ready(r.map(Err));
+                }
+                Pin::new(&mut response).poll(cx).map(|r| r.map(Ok))
+            });
+            let head = match next.await {
+                Err(e) if never_processed(&e) && !relayed => {
+                    if e.is_go_away() {
+                        lease.drain();
+                    }
+                    return Err(Miss {
+                        unprocessed: true,
+                        ..Miss::from(ProxyError::UpstreamClosed)
+                    });
+                }
+                Err(e) => return Err(h2_error(&e).into()),
+                Ok(Ok(mut head)) if !bounds.tokens || names_are_tokens(head.headers()) => {
+                    if head.status() == http::StatusCode::NO_CONTENT {
+                        // No body, whatever it says (RFC 9110 8.6; see `parse_response`).
+                        head.headers_mut().remove(http::header::CONTENT_LENGTH);
+                    }
+                    return Ok(head);
+                }
+                Ok(Err(head)) if head.status() == http::StatusCode::SWITCHING_PROTOCOLS => {
+                    return Err(SWITCHING_IN_HTTP2.into());
+                }
+                Ok(Err(head)) if !bounds.tokens || names_are_tokens(head.headers()) => head,
+                Ok(_) => return Err(NAME_NOT_TOKEN.into()),
+            };
+            informational = informational.saturating_add(1);
+            if informational > bounds.max_informational {
+                return Err(TOO_MANY_INFORMATIONAL.into());
+            }
+            if bounds.relay {
+                relayed |= interim.relay_h2(head).await?;
+            }
+        }
+    };
     let (timeout, deadline) = (bounds.timeout, bounds.deadline);
     match upload_while_waiting(upload, state, head, timeout, deadline, gone).await {
         Ok(head) => Ok((head, lease)),
         Err(mut miss) => {
             miss.failure.reached = Reached::before_head(relayed);
             Err(miss)
-        }
-    }
-}
-
-/// The final head of `response` (a stream of `lease`'s connection), its 1xx heads relayed
-/// to `interim` (`relayed` set once one went out); more than `bounds.max_informational` of
-/// them fail it.
-async fn next_final<I: Interim>(
-    mut response: ResponseFuture,
-    lease: &Lease,
-    interim: &mut I,
-    bounds: HeadBounds,
-    relayed: &mut bool,
-) -> Result<http::Response<RecvStream>, Miss> {
-    let mut informational = 0u32;
-    loop {
-        let next = poll_fn(|cx| {
-            if let Poll::Ready(Some(r)) = response.poll_informational(cx) {
-                return Poll::Ready(r.map(Err));
-            }
-            Pin::new(&mut response).poll(cx).map(|r| r.map(Ok))
-        });
-        let head = match next.await {
-            Err(e) if never_processed(&e) && !*relayed => {
-                if e.is_go_away() {
-                    lease.drain();
-                }
-                return Err(Miss {
-                    unprocessed: true,
-                    ..Miss::from(ProxyError::UpstreamClosed)
-                });
-            }
-            Err(e) => return Err(h2_error(&e).into()),
-            Ok(Ok(mut head)) if !bounds.tokens || names_are_tokens(head.headers()) => {
-                if head.status() == http::StatusCode::NO_CONTENT {
-                    // No body, whatever it says (RFC 9110 8.6; see `parse_response`).
-                    head.headers_mut().remove(http::header::CONTENT_LENGTH);
-                }
-                return Ok(head);
-            }
-            Ok(Err(head)) if head.status() == http::StatusCode::SWITCHING_PROTOCOLS => {
-                return Err(SWITCHING_IN_HTTP2.into());
-            }
-            Ok(Err(head)) if !bounds.tokens || names_are_tokens(head.headers()) => head,
-            Ok(_) => return Err(NAME_NOT_TOKEN.into()),
-        };
-        informational = informational.saturating_add(1);
-        if informational > bounds.max_informational {
-            return Err(TOO_MANY_INFORMATIONAL.into());
-        }
-        if bounds.relay {
-            *relayed |= interim.relay_h2(head).await?;
         }
     }
 }
