@@ -121,7 +121,7 @@ pub(crate) async fn send_streaming<I: Interim>(
             let head = read_final_head(&mut ur, rd, interim, false).await;
             head.map_err(|miss| miss.failure)
         };
-        let timeout = x.target.upstream.response_timeout;
+        let timeout = Some(x.target.upstream.response_timeout);
         let gone = std::future::pending();
         upload_while_waiting(upload, &mut state, head, timeout, None, gone).await?;
     }
@@ -238,12 +238,13 @@ pub(crate) enum Upload {
 /// response `head` together, unless the client is `gone` (with the error to fail with),
 /// for either upstream side. `timeout` counts from the end of the upload, however long the
 /// body takes to arrive (nginx's proxy_read_timeout does the same; while it uploads, a
-/// stalled upstream is caught by the upload's write timeout); `deadline` from now.
+/// stalled upstream is caught by the upload's write timeout; `None`: no bound, a relay's
+/// waits have their own); `deadline` from now.
 pub(crate) async fn upload_while_waiting<U, H, G, T, E>(
     mut upload: Pin<&mut U>,
     state: &mut Upload,
     head: H,
-    timeout: Duration,
+    timeout: Option<Duration>,
     deadline: Option<Duration>,
     gone: G,
 ) -> Result<T, E>
@@ -254,7 +255,7 @@ where
     E: From<ProxyError>,
 {
     let running = *state == Upload::Running;
-    let timer = tokio::time::sleep(if running { Duration::MAX } else { timeout });
+    let timer = tokio::time::sleep(timeout.filter(|_| !running).unwrap_or(Duration::MAX));
     let deadline = async {
         match deadline {
             Some(deadline) => tokio::time::sleep(deadline).await,
@@ -266,7 +267,9 @@ where
         let running = *state == Upload::Running;
         tokio::select! {
             r = upload.as_mut(), if running => {
-                timer.as_mut().reset(Instant::now() + timeout);
+                if let Some(timeout) = timeout {
+                    timer.as_mut().reset(Instant::now() + timeout);
+                }
                 *state = match r {
                     Ok(()) => Upload::Done,
                     // The upstream stopped taking the body; its response (if any) says why.
@@ -275,7 +278,9 @@ where
                 };
             }
             h = &mut head => return h,
-            () = &mut timer, if !running => return Err(ProxyError::UpstreamTimeout.into()),
+            () = &mut timer, if !running && timeout.is_some() => {
+                return Err(ProxyError::UpstreamTimeout.into())
+            }
             () = &mut deadline => return Err(ProxyError::UpstreamTimeout.into()),
             e = &mut gone => return Err(e.into()),
         }

@@ -147,7 +147,7 @@ where
             }
         }
     };
-    let (timeout, deadline) = (bounds.timeout, bounds.deadline);
+    let (timeout, deadline) = (Some(bounds.timeout), bounds.deadline);
     match upload_while_waiting(upload, state, head, timeout, deadline, gone).await {
         Ok(head) => Ok((head, lease)),
         Err(mut miss) => {
@@ -181,22 +181,14 @@ where
     R: Future<Output = Result<(), E>>,
     E: From<ProxyError>,
 {
-    let Some(mut upload) = upload else {
+    let Some(upload) = upload else {
         return relay.await.map(|()| true);
     };
-    tokio::pin!(relay);
-    let mut uploading = true;
-    loop {
-        tokio::select! {
-            r = upload.as_mut(), if uploading => match r {
-                Ok(()) => uploading = false,
-                Err(Broke::Source(e)) => return Err(e.into()),
-                // The server took no more (it may have answered already): the relay goes on.
-                Err(Broke::Sink(_)) => return relay.await.map(|()| false),
-            },
-            r = &mut relay => return r.map(|()| !uploading),
-        }
-    }
+    // Once the server takes no more (it may have answered already), the relay goes on.
+    let mut state = Upload::Running;
+    let gone = std::future::pending();
+    let relayed = upload_while_waiting(upload, &mut state, relay, None, None, gone).await;
+    relayed.map(|()| state == Upload::Done)
 }
 
 /// Fields HTTP/2 forbids (RFC 9113 8.2.2); `te` is put back when it was `trailers`.
