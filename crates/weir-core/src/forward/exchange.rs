@@ -16,10 +16,10 @@ use super::driver::{drive, Accepted, Attempt, Exchange, Miss, Sender, Tries};
 use super::h1::{send_streaming, send_whole, Http1Interim, Http1Response, Reading, RequestMeta};
 use super::head::{coding, plan_http1, write_from_http1, ClientFraming, Edits};
 use super::relay::{
-    at_hand, relay, Broke, Coding, Http1Sink, Http1Source, Peer, Piece, Recording, Sink,
+    at_hand, relay, Broke, Coding, Dropped, Http1Sink, Http1Source, Peer, Piece, Recording, Sink,
 };
 use super::request_head::{render_response_rules, write_upstream_head};
-use super::trailer::{self, RequestTrailers};
+use super::trailer::{self, request_drops};
 use super::{tunnel, Failure, Target, Timeouts};
 use crate::buffer::Buffer;
 use crate::cache::{Fetched, Fill, Recorder};
@@ -220,8 +220,7 @@ fn take_chunked(
     if body.trailers().is_empty() {
         return Ok((body, forward, used));
     }
-    let drops = RequestTrailers::of(&x.target, traced, head, req);
-    let dropped = |name: &[u8]| drops.drops(name);
+    let dropped = request_drops(&x.target, traced, head, req);
     let buffered = body.rewrite_trailers(&mut after_head[..used], forward, dropped)?;
     Ok((body, buffered, used))
 }
@@ -294,16 +293,14 @@ impl Sender for Http1Sender<'_> {
                 // names its head did not carry (`forward::trailer`); read from the head
                 // while it is in the buffer. Another body has no trailers: nothing to build.
                 let chunked = req.framing == BodyFraming::Chunked;
-                let drops =
-                    chunked.then(|| RequestTrailers::of(&x.target, traced, buf.filled(), req));
-                let dropped = |name: &[u8]| drops.as_ref().is_some_and(|d| d.drops(name));
+                let dropped = chunked.then(|| request_drops(&x.target, traced, buf.filled(), req));
                 let mut sink = Http1Sink {
                     writer: uw,
                     timeout: timeouts.upstream,
                     sent: &mut uploaded,
                     head,
                     chunked: false,
-                    trailers: chunked.then_some(&dropped as &dyn Fn(&[u8]) -> bool),
+                    trailers: dropped.as_ref().map(|d| d as Dropped<'_>),
                 };
                 let first = Piece::Slice(&buf.filled()[head_len..head_len + buffered]);
                 sink.data(first, false).await.map_err(Broke::Sink)?;

@@ -584,7 +584,7 @@ pub(crate) struct Http1Sink<'w, W> {
     pub chunked: bool,
     /// Trailer fields go into the chunked body's trailer section, less those no trailer
     /// may carry (`forward::trailer`) and the names this says its peer's head lost: a
-    /// response's `Edits::drops`, a request's `trailer::RequestTrailers::drops` (an HTTP/2
+    /// response's `Edits::drops`, a request's `trailer::request_drops` (an HTTP/2
     /// or HTTP/3 client's: the names `HeadNames::forwards` does not) (`None`: none go).
     pub trailers: Option<Dropped<'w>>,
 }
