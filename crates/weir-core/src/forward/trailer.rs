@@ -38,8 +38,8 @@
 //! bad chunk ends it (HAProxy rejects the message too); the checks here are the same
 //! for every source, so a line that passed nothing still cannot reach a peer.
 
+use super::driver::Exchange;
 use super::request_head::HeadNames;
-use super::Target;
 use crate::codec::http1::header::{is_token, tokens, trim};
 use crate::codec::http1::{BodyFraming, HeaderKind, HeaderSpan, RequestHead};
 
@@ -165,18 +165,17 @@ pub(crate) fn listed_in(listed: &[u8], name: &[u8]) -> bool {
     tokens(listed).any(|t| t.eq_ignore_ascii_case(name))
 }
 
-/// Which of the HTTP/1.1 request `req`'s trailer fields (its head at the start of `buf`,
-/// on `target`; `traced`: it has a sampled trace) stay out besides those no trailer may
-/// carry ([`relayed`]): the names its head does not carry upstream as they came
-/// (`HeadNames`), and those the head's `Connection` lists. Only a chunked body has
-/// trailers: make this for one, once it has them.
+/// Which of the HTTP/1.1 request `req`'s trailer fields (its head at the start of `buf`;
+/// `x`: its exchange) stay out besides those no trailer may carry ([`relayed`]): the
+/// names its head does not carry upstream as they came (`HeadNames`), and those the
+/// head's `Connection` lists. Only a chunked body has trailers: make this for one, once
+/// it has them.
 pub(crate) fn request_drops<'a>(
-    target: &Target<'a>,
-    traced: bool,
+    x: &Exchange<'a>,
     buf: &[u8],
     req: &RequestHead,
 ) -> impl Fn(&[u8]) -> bool + 'a {
-    let names = HeadNames::of(target, traced);
+    let names = HeadNames::of(&x.target, x.trace.is_some());
     let listed = connection_listed(buf, &req.headers, req.framing);
     move |name| !names.forwards(name) || listed_in(&listed, name)
 }
