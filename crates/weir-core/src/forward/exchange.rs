@@ -16,7 +16,7 @@ use super::driver::{drive, Accepted, Attempt, Exchange, Miss, Sender, Tries};
 use super::h1::{send_streaming, send_whole, Http1Interim, Http1Response, Reading, RequestMeta};
 use super::head::{coding, plan_http1, write_from_http1, ClientFraming, Edits};
 use super::relay::{
-    at_hand, relay, Broke, Coding, Dropped, Http1Sink, Http1Source, Peer, Piece, Recording, Sink,
+    at_hand, relay, Broke, Dropped, Http1Sink, Http1Source, Peer, Piece, Recording, Sink,
 };
 use super::request_head::{render_response_rules, write_upstream_head};
 use super::trailer::{self, request_drops};
@@ -474,7 +474,7 @@ impl Response<'_> {
             stop_when_over: false,
         };
         let relayed = relay(&mut recording, &mut sink, coding.as_mut()).await;
-        conn.current.exchange.compressed = coding.as_ref().map(Coding::compressed);
+        conn.current.exchange.compressed = coding.as_ref().map(|c| c.counts);
         relayed.map_err(|(Broke::Source(e) | Broke::Sink(e))| Failure::after_head(e))?;
         if let Some(recorder) = recorder {
             recorder.finish();

@@ -207,11 +207,6 @@ pub(crate) async fn relay<S: Source, K: Sink>(
 }
 
 impl Coding {
-    /// What the compression did, for the metrics.
-    pub fn compressed(&self) -> Compressed {
-        self.counts
-    }
-
     /// Encodes `data` (the encoder's end too when `data` is the last or empty), and sends
     /// what came out.
     async fn send<K: Sink>(&mut self, data: &[u8], last: bool, sink: &mut K) -> Result<(), Broke> {

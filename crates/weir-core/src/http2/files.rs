@@ -16,7 +16,7 @@ use crate::error::ProxyError;
 use crate::files::{BodySource, Reply, Under, PIECE};
 use crate::filters::compression;
 use crate::forward::head::{coding, Edits};
-use crate::forward::relay::{Coding, Source};
+use crate::forward::relay::Source;
 use crate::forward::request_head::render_response_rules;
 use crate::forward::Failure;
 use crate::request::Request;
@@ -71,7 +71,7 @@ pub(crate) async fn respond_stream<R: ResponseStream>(
             relayed.await
         }
     };
-    trace.compressed = coding.as_ref().map(Coding::compressed);
+    trace.compressed = coding.as_ref().map(|c| c.counts);
     relayed
 }
 

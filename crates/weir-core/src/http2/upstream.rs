@@ -450,7 +450,7 @@ async fn relay_answer<C: ClientSide, U: Future<Output = Result<(), Broke>>>(
     let relayed = client
         .respond(answer, &mut recording, upload, coding.as_deref_mut(), trace)
         .await;
-    trace.compressed = coding.as_deref().map(Coding::compressed);
+    trace.compressed = coding.as_deref().map(|c| c.counts);
     if let (Ok(()), Some(recorder)) = (&relayed, recorder) {
         recorder.finish();
     }
