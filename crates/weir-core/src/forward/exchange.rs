@@ -362,7 +362,6 @@ impl Response<'_> {
         // (the try counts with the upstream's status, the request with the reply's).
         let fetched = Fetched::Http1(up_buf.filled(), resp);
         if let Some(reply) = fill.as_ref().and_then(|f| f.answer_instead(fetched, false)) {
-            self.accepted.count(Ok(resp.status));
             self.accepted
                 .pool_after_answer(stream, resp, up_buf, self.request_done);
             let under = Under::of_target(&self.x.target);

@@ -208,8 +208,8 @@ impl Accepted<'_> {
     }
 
     /// After a cache's stored entry answered instead of the upstream's response `resp`
-    /// (its head consumed here from `up_buf`): the connection is pooled when `resp` has no
-    /// body (nothing of it is left to read).
+    /// (its head consumed here from `up_buf`): the try counts with `resp`'s status, and the
+    /// connection is pooled when `resp` has no body (nothing of it is left to read).
     pub fn pool_after_answer(
         &self,
         stream: UpstreamStream,
@@ -217,6 +217,7 @@ impl Accepted<'_> {
         up_buf: &mut Buffer,
         request_done: bool,
     ) {
+        self.count(Ok(resp.status));
         up_buf.consume(resp.head_len);
         if matches!(resp.framing, BodyFraming::None | BodyFraming::Length(0)) {
             self.reuse(stream, resp, up_buf, request_done, true);

@@ -173,7 +173,6 @@ impl StreamRequest<'_> {
     ) -> Result<(), Failure> {
         let ((mut stream, request_done), accepted) = accepted;
         if let Some(reply) = self.answer_instead(Fetched::Http1(up_buf.filled(), resp), false) {
-            accepted.count(Ok(resp.status));
             accepted.pool_after_answer(stream, resp, up_buf, request_done);
             return Box::pin(self.reply_from_store(respond, reply, trace)).await;
         }
