@@ -20,7 +20,7 @@ use crate::forward::body::{self, BodyState};
 use crate::forward::exchange::request_meta;
 use crate::forward::h1::RequestMeta;
 use crate::forward::head::{coding, write_from_http1, ClientFraming, Edits};
-use crate::forward::relay::{relay, Broke, Coding, Http1Sink, Peer};
+use crate::forward::relay::{relay, Broke, Http1Sink, Peer};
 use crate::forward::request_head::render_response_rules;
 use crate::forward::Failure;
 use crate::time::with_timeout;
@@ -148,7 +148,7 @@ async fn send_body(
         trailers: None,
     };
     let relayed = relay(&mut source, &mut sink, coding.as_mut()).await;
-    conn.current.exchange.compressed = coding.as_ref().map(Coding::compressed);
+    conn.current.exchange.compressed = coding.as_ref().map(|c| c.counts);
     relayed.map_err(|(Broke::Source(e) | Broke::Sink(e))| e)
 }
 

@@ -83,9 +83,9 @@ impl BodyState {
         }
     }
 
-    /// Drops the kept trailer lines whose names `dropped` says (before the section is
-    /// relayed).
-    pub fn drop_trailers(&mut self, dropped: impl Fn(&[u8]) -> bool) {
+    /// Drops the kept trailer lines whose names the head's `Connection` values `listed`
+    /// name (`trailer::connection_listed`), before the section is relayed.
+    pub fn drop_listed(&mut self, listed: &[u8]) {
         if let BodyState::Chunked {
             trailers: Some(t), ..
         } = self
@@ -93,7 +93,7 @@ impl BodyState {
             let mut kept = Vec::with_capacity(t.len());
             for line in t.split_inclusive(|b| *b == b'\n') {
                 let name = line.split(|b| *b == b':').next().unwrap_or(line);
-                if !dropped(name) {
+                if !super::trailer::listed_in(listed, name) {
                     kept.extend_from_slice(line);
                 }
             }

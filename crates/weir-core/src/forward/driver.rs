@@ -137,12 +137,7 @@ impl Tries<'_> {
         if status < 500 {
             return Ok(());
         }
-        let replay = Replay {
-            idempotent: self.x.idempotent,
-            buffered: replayable,
-            responded,
-        };
-        self.next = self.next_pick(Outcome::Status(status), replay);
+        self.next = self.next_pick(Outcome::Status(status), replayable, responded);
         match self.next {
             None => Ok(()),
             // The final head goes no further: the request was sent on.
@@ -165,9 +160,15 @@ impl Tries<'_> {
         cookie.filter(|_| self.pick.set_cookie)
     }
 
-    /// The server to try next after `outcome`, if the rules allow one.
-    fn next_pick(&mut self, outcome: Outcome, replay: Replay) -> Option<Pick> {
+    /// The server to try next after `outcome`, if the rules allow one (`buffered`: the
+    /// request can be sent again as it was; `responded`: the client has a 1xx).
+    fn next_pick(&mut self, outcome: Outcome, buffered: bool, responded: bool) -> Option<Pick> {
         let (target, u) = (self.x.target, self.x.target.upstream);
+        let replay = Replay {
+            idempotent: self.x.idempotent,
+            buffered,
+            responded,
+        };
         if !may_retry(&u.retry.on, outcome, replay) {
             return None;
         }
@@ -271,12 +272,8 @@ pub(crate) async fn drive<'a, S: Sender>(
             Some(next) => Some(next),
             None if miss.retried.is_some() => None,
             None => {
-                let replay = Replay {
-                    idempotent: x.idempotent,
-                    buffered: sender.replayable(),
-                    responded: sender.responded() || miss.failure.reached != Reached::Nothing,
-                };
-                tries.next_pick(outcome, replay)
+                let responded = sender.responded() || miss.failure.reached != Reached::Nothing;
+                tries.next_pick(outcome, sender.replayable(), responded)
             }
         };
         let Some(next) = next else {

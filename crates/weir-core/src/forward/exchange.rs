@@ -16,10 +16,10 @@ use super::driver::{drive, Accepted, Attempt, Exchange, Miss, Sender, Tries};
 use super::h1::{send_streaming, send_whole, Http1Interim, Http1Response, Reading, RequestMeta};
 use super::head::{coding, plan_http1, write_from_http1, ClientFraming, Edits};
 use super::relay::{
-    at_hand, relay, Broke, Coding, Http1Sink, Http1Source, Peer, Piece, Recording, Sink, Source,
+    at_hand, relay, Broke, Dropped, Http1Sink, Http1Source, Peer, Piece, Recording, Sink,
 };
 use super::request_head::{render_response_rules, write_upstream_head};
-use super::trailer::{self, RequestTrailers};
+use super::trailer::{self, request_drops};
 use super::{tunnel, Failure, Target, Timeouts};
 use crate::buffer::Buffer;
 use crate::cache::{Fetched, Fill, Recorder};
@@ -133,8 +133,7 @@ pub(crate) async fn forward_h1(
     meta: RequestMeta,
     keep_alive: bool,
 ) -> Result<bool, Failure> {
-    let traced = conn.trace.is_some();
-    let taken = take_buffered(x, req, traced, conn.buf.filled_mut());
+    let taken = take_buffered(x, req, conn.buf.filled_mut());
     let (body, buffered, used) = taken.map_err(|e| Peer::Client.error(e))?;
     let whole = body.is_done();
     let mut sender = Http1Sender {
@@ -183,15 +182,14 @@ pub(crate) async fn forward_h1(
     result
 }
 
-/// Frames the body bytes after the head `req` in `buf` (the head at its start; `traced`:
-/// the request has a sampled trace): the body's state, the bytes to send (`buffered`)
-/// and those it took (`used`), as [`Http1Sender`] keeps them. Only a chunked body has
-/// trailers: any other is framed as it always was, at no cost for them.
+/// Frames the body bytes after the head `req` in `buf` (the head at its start): the
+/// body's state, the bytes to send (`buffered`) and those it took (`used`), as
+/// [`Http1Sender`] keeps them. Only a chunked body has trailers: any other is framed as
+/// it always was, at no cost for them.
 #[inline]
 fn take_buffered(
     x: &Exchange<'_>,
     req: &RequestHead,
-    traced: bool,
     buf: &mut [u8],
 ) -> Result<(BodyState, usize, usize), body::PumpError> {
     let limit = x.target.listener.max_body_size;
@@ -200,7 +198,7 @@ fn take_buffered(
         let (buffered, used) = body.take(&mut buf[req.head_len..])?;
         return Ok((body, buffered, used));
     }
-    take_chunked(x, req, traced, buf, limit)
+    take_chunked(x, req, buf, limit)
 }
 
 /// [`take_buffered`] for a chunked body: its trailer section is kept, and goes up
@@ -210,7 +208,6 @@ fn take_buffered(
 fn take_chunked(
     x: &Exchange<'_>,
     req: &RequestHead,
-    traced: bool,
     buf: &mut [u8],
     limit: Option<u64>,
 ) -> Result<(BodyState, usize, usize), body::PumpError> {
@@ -220,8 +217,7 @@ fn take_chunked(
     if body.trailers().is_empty() {
         return Ok((body, forward, used));
     }
-    let drops = RequestTrailers::of(&x.target, traced, head, req);
-    let dropped = |name: &[u8]| drops.drops(name);
+    let dropped = request_drops(x, head, req);
     let buffered = body.rewrite_trailers(&mut after_head[..used], forward, dropped)?;
     Ok((body, buffered, used))
 }
@@ -281,7 +277,6 @@ impl Sender for Http1Sender<'_> {
             let (consumed, body_read) = (&mut self.consumed, &mut self.body_read);
             let (head_len, buffered, used) = (req.head_len, self.buffered, self.used);
             let timeouts = Timeouts::of(&x.target);
-            let traced = conn.trace.is_some();
             // A client waiting for its 100 is not held to its pace until it has it (an
             // HTTP/1.0 client's Expect is ignored: it is sent no 1xx).
             let waits = req.expect_continue && buffered == 0 && !self.meta.http10;
@@ -294,16 +289,14 @@ impl Sender for Http1Sender<'_> {
                 // names its head did not carry (`forward::trailer`); read from the head
                 // while it is in the buffer. Another body has no trailers: nothing to build.
                 let chunked = req.framing == BodyFraming::Chunked;
-                let drops =
-                    chunked.then(|| RequestTrailers::of(&x.target, traced, buf.filled(), req));
-                let dropped = |name: &[u8]| drops.as_ref().is_some_and(|d| d.drops(name));
+                let dropped = chunked.then(|| request_drops(x, buf.filled(), req));
                 let mut sink = Http1Sink {
                     writer: uw,
                     timeout: timeouts.upstream,
                     sent: &mut uploaded,
                     head,
                     chunked: false,
-                    trailers: chunked.then_some(&dropped as &dyn Fn(&[u8]) -> bool),
+                    trailers: dropped.as_ref().map(|d| d as Dropped<'_>),
                 };
                 let first = Piece::Slice(&buf.filled()[head_len..head_len + buffered]);
                 sink.data(first, false).await.map_err(Broke::Sink)?;
@@ -369,7 +362,6 @@ impl Response<'_> {
         // (the try counts with the upstream's status, the request with the reply's).
         let fetched = Fetched::Http1(up_buf.filled(), resp);
         if let Some(reply) = fill.as_ref().and_then(|f| f.answer_instead(fetched, false)) {
-            self.accepted.count(Ok(resp.status));
             self.accepted
                 .pool_after_answer(stream, resp, up_buf, self.request_done);
             let under = Under::of_target(&self.x.target);
@@ -481,7 +473,7 @@ impl Response<'_> {
             stop_when_over: false,
         };
         let relayed = relay(&mut recording, &mut sink, coding.as_mut()).await;
-        conn.current.exchange.compressed = coding.as_ref().map(Coding::compressed);
+        conn.current.exchange.compressed = coding.as_ref().map(|c| c.counts);
         relayed.map_err(|(Broke::Source(e) | Broke::Sink(e))| Failure::after_head(e))?;
         if let Some(recorder) = recorder {
             recorder.finish();

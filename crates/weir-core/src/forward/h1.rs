@@ -121,7 +121,7 @@ pub(crate) async fn send_streaming<I: Interim>(
             let head = read_final_head(&mut ur, rd, interim, false).await;
             head.map_err(|miss| miss.failure)
         };
-        let timeout = x.target.upstream.response_timeout;
+        let timeout = Some(x.target.upstream.response_timeout);
         let gone = std::future::pending();
         upload_while_waiting(upload, &mut state, head, timeout, None, gone).await?;
     }
@@ -208,8 +208,8 @@ impl Accepted<'_> {
     }
 
     /// After a cache's stored entry answered instead of the upstream's response `resp`
-    /// (its head consumed here from `up_buf`): the connection is pooled when `resp` has no
-    /// body (nothing of it is left to read).
+    /// (its head consumed here from `up_buf`): the try counts with `resp`'s status, and the
+    /// connection is pooled when `resp` has no body (nothing of it is left to read).
     pub fn pool_after_answer(
         &self,
         stream: UpstreamStream,
@@ -217,6 +217,7 @@ impl Accepted<'_> {
         up_buf: &mut Buffer,
         request_done: bool,
     ) {
+        self.count(Ok(resp.status));
         up_buf.consume(resp.head_len);
         if matches!(resp.framing, BodyFraming::None | BodyFraming::Length(0)) {
             self.reuse(stream, resp, up_buf, request_done, true);
@@ -238,12 +239,13 @@ pub(crate) enum Upload {
 /// response `head` together, unless the client is `gone` (with the error to fail with),
 /// for either upstream side. `timeout` counts from the end of the upload, however long the
 /// body takes to arrive (nginx's proxy_read_timeout does the same; while it uploads, a
-/// stalled upstream is caught by the upload's write timeout); `deadline` from now.
+/// stalled upstream is caught by the upload's write timeout; `None`: no bound, a relay's
+/// waits have their own); `deadline` from now.
 pub(crate) async fn upload_while_waiting<U, H, G, T, E>(
     mut upload: Pin<&mut U>,
     state: &mut Upload,
     head: H,
-    timeout: Duration,
+    timeout: Option<Duration>,
     deadline: Option<Duration>,
     gone: G,
 ) -> Result<T, E>
@@ -254,7 +256,7 @@ where
     E: From<ProxyError>,
 {
     let running = *state == Upload::Running;
-    let timer = tokio::time::sleep(if running { Duration::MAX } else { timeout });
+    let timer = tokio::time::sleep(timeout.filter(|_| !running).unwrap_or(Duration::MAX));
     let deadline = async {
         match deadline {
             Some(deadline) => tokio::time::sleep(deadline).await,
@@ -266,7 +268,9 @@ where
         let running = *state == Upload::Running;
         tokio::select! {
             r = upload.as_mut(), if running => {
-                timer.as_mut().reset(Instant::now() + timeout);
+                if let Some(timeout) = timeout {
+                    timer.as_mut().reset(Instant::now() + timeout);
+                }
                 *state = match r {
                     Ok(()) => Upload::Done,
                     // The upstream stopped taking the body; its response (if any) says why.
@@ -275,7 +279,9 @@ where
                 };
             }
             h = &mut head => return h,
-            () = &mut timer, if !running => return Err(ProxyError::UpstreamTimeout.into()),
+            () = &mut timer, if !running && timeout.is_some() => {
+                return Err(ProxyError::UpstreamTimeout.into())
+            }
             () = &mut deadline => return Err(ProxyError::UpstreamTimeout.into()),
             e = &mut gone => return Err(e.into()),
         }

@@ -24,7 +24,6 @@ use http::HeaderMap;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::body::{self, BodyState, ChunkLine, PumpError};
-use super::h2::EAGER_FIRST_PIECE;
 use super::request_head::HeadNames;
 use super::trailer;
 use crate::buffer::Buffer;
@@ -112,15 +111,8 @@ pub(crate) trait Source {
     /// The trailer fields after the body.
     fn trailers(&mut self) -> impl Future<Output = Result<Trailers<'_>, ProxyError>>;
 
-    /// Frames the body bytes already at hand (a response's that came with its head), so
-    /// that a framing error there is found before any of the response is sent. Returns
-    /// whether the whole body is at hand.
-    fn prime(&mut self) -> Result<bool, ProxyError> {
-        Ok(false)
-    }
-
-    /// The whole body as one last piece, when [`Source::prime`] found all of it at hand
-    /// and no trailers follow ([`Source::taken`] once sent); `None` otherwise.
+    /// The whole body as one last piece, when it is all at hand (`Http1Source::prime`
+    /// found it) and no trailers follow ([`Source::taken`] once sent); `None` otherwise.
     fn whole(&mut self) -> Option<Piece<'_>> {
         None
     }
@@ -215,11 +207,6 @@ pub(crate) async fn relay<S: Source, K: Sink>(
 }
 
 impl Coding {
-    /// What the compression did, for the metrics.
-    pub fn compressed(&self) -> Compressed {
-        self.counts
-    }
-
     /// Encodes `data` (the encoder's end too when `data` is the last or empty), and sends
     /// what came out.
     async fn send<K: Sink>(&mut self, data: &[u8], last: bool, sink: &mut K) -> Result<(), Broke> {
@@ -295,10 +282,6 @@ impl<S: Source> Source for Recording<'_, S> {
             recorder.end_chunks();
         }
         Ok(trailers)
-    }
-
-    fn prime(&mut self) -> Result<bool, ProxyError> {
-        self.inner.prime()
     }
 
     fn whole(&mut self) -> Option<Piece<'_>> {
@@ -401,19 +384,10 @@ impl<R: AsyncRead + Unpin> Source for Http1Source<'_, R> {
             return Ok(Trailers::None);
         }
         if !self.listed.is_empty() {
-            let listed = &self.listed;
-            self.state
-                .drop_trailers(|name| trailer::listed_in(listed, name));
+            self.state.drop_listed(&self.listed);
         }
         // Lines even when none is left: a body passed through still needs its end.
         Ok(Trailers::Lines(self.state.trailers()))
-    }
-
-    fn prime(&mut self) -> Result<bool, ProxyError> {
-        if !self.buf.is_empty() && self.frame()? {
-            self.primed = Some(self.used_forward);
-        }
-        Ok(self.state.is_done())
     }
 
     fn whole(&mut self) -> Option<Piece<'_>> {
@@ -426,6 +400,16 @@ impl<R: AsyncRead + Unpin> Source for Http1Source<'_, R> {
 }
 
 impl<R: AsyncRead + Unpin> Http1Source<'_, R> {
+    /// Frames the body bytes already at hand (a response's that came with its head), so
+    /// that a framing error there is found before any of the response is sent. Returns
+    /// whether the whole body is at hand.
+    pub fn prime(&mut self) -> Result<bool, ProxyError> {
+        if !self.buf.is_empty() && self.frame()? {
+            self.primed = Some(self.used_forward);
+        }
+        Ok(self.state.is_done())
+    }
+
     /// Waits until body bytes are at hand, reading once if the buffer has none: until
     /// then nothing of the body is framed or consumed (its request can still go again).
     pub async fn arrival(&mut self) -> Result<(), ProxyError> {
@@ -595,7 +579,7 @@ pub(crate) struct Http1Sink<'w, W> {
     pub chunked: bool,
     /// Trailer fields go into the chunked body's trailer section, less those no trailer
     /// may carry (`forward::trailer`) and the names this says its peer's head lost: a
-    /// response's `Edits::drops`, a request's `trailer::RequestTrailers::drops` (an HTTP/2
+    /// response's `Edits::drops`, a request's `trailer::request_drops` (an HTTP/2
     /// or HTTP/3 client's: the names `HeadNames::forwards` does not) (`None`: none go).
     pub trailers: Option<Dropped<'w>>,
 }
@@ -678,6 +662,13 @@ impl<W> Http1Sink<'_, W> {
         lines
     }
 }
+
+/// The first DATA of a request up to this size goes upstream without waiting for the
+/// stream's window ([`H2Upload`]). Small (a gRPC call's message usually fits), as it is
+/// released to the client's window before h2 sent it: at most this much per stream (128
+/// KiB per connection at the default `max_concurrent_streams`) waits in Weir beyond the
+/// client's windows.
+const EAGER_FIRST_PIECE: usize = 1024;
 
 /// An HTTP/2 upstream stream's request DATA, each piece sent within the stream's window
 /// (h2 would buffer the rest, so waiting for the window is what bounds memory per

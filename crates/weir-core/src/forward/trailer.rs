@@ -9,7 +9,7 @@
 //! body toward an HTTP/2 upstream), whatever the other side.
 //!
 //! A client's trailer fields also lose every name its request head does not carry
-//! upstream as it came ([`RequestTrailers`]: `request_head::HeadNames`, the head writer's
+//! upstream as it came ([`request_drops`]: `request_head::HeadNames`, the head writer's
 //! own decision, and the names the head's `Connection` lists): the forwarded headers
 //! Weir sets, the client-certificate header, the request id, the route's
 //! `request_headers` `set` and `remove` names, a sampled request's trace context. An
@@ -38,8 +38,8 @@
 //! bad chunk ends it (HAProxy rejects the message too); the checks here are the same
 //! for every source, so a line that passed nothing still cannot reach a peer.
 
+use super::driver::Exchange;
 use super::request_head::HeadNames;
-use super::Target;
 use crate::codec::http1::header::{is_token, tokens, trim};
 use crate::codec::http1::{BodyFraming, HeaderKind, HeaderSpan, RequestHead};
 
@@ -165,30 +165,19 @@ pub(crate) fn listed_in(listed: &[u8], name: &[u8]) -> bool {
     tokens(listed).any(|t| t.eq_ignore_ascii_case(name))
 }
 
-/// What a client's trailer fields lose besides those no trailer may carry ([`relayed`]):
-/// the names its request head does not carry upstream as they came (`HeadNames`), and
-/// those the head's `Connection` lists.
-pub(crate) struct RequestTrailers<'a> {
-    names: HeadNames<'a>,
-    /// The head's `Connection` values that name fields ([`connection_listed`]).
-    listed: Vec<u8>,
-}
-
-impl<'a> RequestTrailers<'a> {
-    /// For the HTTP/1.1 request `req` (its head at the start of `buf`) on `target`
-    /// (`traced`: it has a sampled trace). Only a chunked body has trailers: build this
-    /// for one, once it has them.
-    pub fn of(target: &Target<'a>, traced: bool, buf: &[u8], req: &RequestHead) -> Self {
-        RequestTrailers {
-            names: HeadNames::of(target, traced),
-            listed: connection_listed(buf, &req.headers, req.framing),
-        }
-    }
-
-    /// Whether a trailer field named `name` (any case) stays out.
-    pub fn drops(&self, name: &[u8]) -> bool {
-        !self.names.forwards(name) || listed_in(&self.listed, name)
-    }
+/// Which of the HTTP/1.1 request `req`'s trailer fields (its head at the start of `buf`;
+/// `x`: its exchange) stay out besides those no trailer may carry ([`relayed`]): the
+/// names its head does not carry upstream as they came (`HeadNames`), and those the
+/// head's `Connection` lists. Only a chunked body has trailers: make this for one, once
+/// it has them.
+pub(crate) fn request_drops<'a>(
+    x: &Exchange<'a>,
+    buf: &[u8],
+    req: &RequestHead,
+) -> impl Fn(&[u8]) -> bool + 'a {
+    let names = HeadNames::of(&x.target, x.trace.is_some());
+    let listed = connection_listed(buf, &req.headers, req.framing);
+    move |name| !names.forwards(name) || listed_in(&listed, name)
 }
 
 #[cfg(test)]

@@ -38,8 +38,8 @@ use crate::forward::h1::{
 };
 use crate::forward::head::{coding, plan_http1, Edits};
 use crate::forward::relay::{
-    at_hand, relay, Broke, Coding, Dropped, H2Source, Http1Sink, Http1Source, Peer, Piece,
-    Recording, Sink, Source,
+    at_hand, relay, Broke, Dropped, H2Source, Http1Sink, Http1Source, Peer, Piece, Recording, Sink,
+    Source,
 };
 use crate::forward::request_head::{render_response_rules, write_upstream_head, HeadNames};
 use crate::forward::trailer;
@@ -162,7 +162,6 @@ impl StreamRequest<'_> {
     ) -> Result<(), Failure> {
         let ((mut stream, request_done), accepted) = accepted;
         if let Some(reply) = self.answer_instead(Fetched::Http1(up_buf.filled(), resp), false) {
-            accepted.count(Ok(resp.status));
             accepted.pool_after_answer(stream, resp, up_buf, request_done);
             return Box::pin(self.reply_from_store(respond, reply, trace)).await;
         }
@@ -262,7 +261,7 @@ impl StreamRequest<'_> {
             .send_relayed(head, body, sink, coding.as_mut(), whole)
             .await;
         if !empty {
-            trace.compressed = coding.as_ref().map(Coding::compressed);
+            trace.compressed = coding.as_ref().map(|c| c.counts);
         }
         relayed?;
         if let Some(n) = at_hand.filter(|_| !empty) {

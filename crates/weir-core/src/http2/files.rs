@@ -13,7 +13,6 @@ use crate::error::ProxyError;
 use crate::files::{BodySource, Reply, Under};
 use crate::filters::compression;
 use crate::forward::head::{coding, Edits};
-use crate::forward::relay::Coding;
 use crate::forward::request_head::render_response_rules;
 use crate::forward::Failure;
 use crate::request::Request;
@@ -68,6 +67,6 @@ pub(crate) async fn respond_stream<R: ResponseStream>(
             relayed.await
         }
     };
-    trace.compressed = coding.as_ref().map(Coding::compressed);
+    trace.compressed = coding.as_ref().map(|c| c.counts);
     relayed
 }

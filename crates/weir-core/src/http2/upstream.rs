@@ -502,7 +502,7 @@ impl<C: ClientSide, B: ClientBody> Sender for H2Sender<'_, '_, C, B> {
             .client
             .respond(answer, &mut recording, upload, coding.as_mut(), self.trace)
             .await;
-        self.trace.compressed = coding.as_ref().map(Coding::compressed);
+        self.trace.compressed = coding.as_ref().map(|c| c.counts);
         if let (Ok(()), Some(recorder)) = (&relayed, recorder) {
             recorder.finish();
         }

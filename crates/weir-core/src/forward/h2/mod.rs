@@ -83,9 +83,10 @@ pub(crate) struct HeadBounds {
 }
 
 /// Waits for the final head of `pending` while `upload` runs (`state` says where it is),
-/// its 1xx heads relayed to `interim`, unless the client goes away first (`gone`, with
-/// the error to fail with). A stream the server never processed is [`Miss::unprocessed`]
-/// (its connection marked going away on a GOAWAY).
+/// its 1xx heads relayed to `interim` (more than `bounds.max_informational` of them fail
+/// it), unless the client goes away first (`gone`, with the error to fail with). A stream
+/// the server never processed is [`Miss::unprocessed`] (its connection marked going away
+/// on a GOAWAY).
 pub(crate) async fn final_head<U, I, G>(
     pending: Pending,
     upload: Pin<&mut U>,
@@ -99,67 +100,59 @@ where
     I: Interim,
     G: Future<Output = ProxyError>,
 {
-    let Pending { lease, response } = pending;
+    let Pending {
+        lease,
+        mut response,
+    } = pending;
     let mut relayed = false;
-    let head = next_final(response, &lease, interim, bounds, &mut relayed);
-    let (timeout, deadline) = (bounds.timeout, bounds.deadline);
+    let head = async {
+        let mut informational = 0u32;
+        loop {
+            let next = poll_fn(|cx| {
+                if let Poll::Ready(Some(r)) = response.poll_informational(cx) {
+                    return Poll::Ready(r.map(Err));
+                }
+                Pin::new(&mut response).poll(cx).map(|r| r.map(Ok))
+            });
+            let head = match next.await {
+                Err(e) if never_processed(&e) && !relayed => {
+                    if e.is_go_away() {
+                        lease.drain();
+                    }
+                    return Err(Miss {
+                        unprocessed: true,
+                        ..Miss::from(ProxyError::UpstreamClosed)
+                    });
+                }
+                Err(e) => return Err(h2_error(&e).into()),
+                Ok(Ok(mut head)) if !bounds.tokens || names_are_tokens(head.headers()) => {
+                    if head.status() == http::StatusCode::NO_CONTENT {
+                        // No body, whatever it says (RFC 9110 8.6; see `parse_response`).
+                        head.headers_mut().remove(http::header::CONTENT_LENGTH);
+                    }
+                    return Ok(head);
+                }
+                Ok(Err(head)) if head.status() == http::StatusCode::SWITCHING_PROTOCOLS => {
+                    return Err(SWITCHING_IN_HTTP2.into());
+                }
+                Ok(Err(head)) if !bounds.tokens || names_are_tokens(head.headers()) => head,
+                Ok(_) => return Err(NAME_NOT_TOKEN.into()),
+            };
+            informational = informational.saturating_add(1);
+            if informational > bounds.max_informational {
+                return Err(TOO_MANY_INFORMATIONAL.into());
+            }
+            if bounds.relay {
+                relayed |= interim.relay_h2(head).await?;
+            }
+        }
+    };
+    let (timeout, deadline) = (Some(bounds.timeout), bounds.deadline);
     match upload_while_waiting(upload, state, head, timeout, deadline, gone).await {
         Ok(head) => Ok((head, lease)),
         Err(mut miss) => {
             miss.failure.reached = Reached::before_head(relayed);
             Err(miss)
-        }
-    }
-}
-
-/// The final head of `response` (a stream of `lease`'s connection), its 1xx heads relayed
-/// to `interim` (`relayed` set once one went out); more than `bounds.max_informational` of
-/// them fail it.
-async fn next_final<I: Interim>(
-    mut response: ResponseFuture,
-    lease: &Lease,
-    interim: &mut I,
-    bounds: HeadBounds,
-    relayed: &mut bool,
-) -> Result<http::Response<RecvStream>, Miss> {
-    let mut informational = 0u32;
-    loop {
-        let next = poll_fn(|cx| {
-            if let Poll::Ready(Some(r)) = response.poll_informational(cx) {
-                return Poll::Ready(r.map(Err));
-            }
-            Pin::new(&mut response).poll(cx).map(|r| r.map(Ok))
-        });
-        let head = match next.await {
-            Err(e) if never_processed(&e) && !*relayed => {
-                if e.is_go_away() {
-                    lease.drain();
-                }
-                return Err(Miss {
-                    unprocessed: true,
-                    ..Miss::from(ProxyError::UpstreamClosed)
-                });
-            }
-            Err(e) => return Err(h2_error(&e).into()),
-            Ok(Ok(mut head)) if !bounds.tokens || names_are_tokens(head.headers()) => {
-                if head.status() == http::StatusCode::NO_CONTENT {
-                    // No body, whatever it says (RFC 9110 8.6; see `parse_response`).
-                    head.headers_mut().remove(http::header::CONTENT_LENGTH);
-                }
-                return Ok(head);
-            }
-            Ok(Err(head)) if head.status() == http::StatusCode::SWITCHING_PROTOCOLS => {
-                return Err(SWITCHING_IN_HTTP2.into());
-            }
-            Ok(Err(head)) if !bounds.tokens || names_are_tokens(head.headers()) => head,
-            Ok(_) => return Err(NAME_NOT_TOKEN.into()),
-        };
-        informational = informational.saturating_add(1);
-        if informational > bounds.max_informational {
-            return Err(TOO_MANY_INFORMATIONAL.into());
-        }
-        if bounds.relay {
-            *relayed |= interim.relay_h2(head).await?;
         }
     }
 }
@@ -188,22 +181,14 @@ where
     R: Future<Output = Result<(), E>>,
     E: From<ProxyError>,
 {
-    let Some(mut upload) = upload else {
+    let Some(upload) = upload else {
         return relay.await.map(|()| true);
     };
-    tokio::pin!(relay);
-    let mut uploading = true;
-    loop {
-        tokio::select! {
-            r = upload.as_mut(), if uploading => match r {
-                Ok(()) => uploading = false,
-                Err(Broke::Source(e)) => return Err(e.into()),
-                // The server took no more (it may have answered already): the relay goes on.
-                Err(Broke::Sink(_)) => return relay.await.map(|()| false),
-            },
-            r = &mut relay => return r.map(|()| !uploading),
-        }
-    }
+    // Once the server takes no more (it may have answered already), the relay goes on.
+    let mut state = Upload::Running;
+    let gone = std::future::pending();
+    let relayed = upload_while_waiting(upload, &mut state, relay, None, None, gone).await;
+    relayed.map(|()| state == Upload::Done)
 }
 
 /// Fields HTTP/2 forbids (RFC 9113 8.2.2); `te` is put back when it was `trailers`.
@@ -216,13 +201,6 @@ pub(crate) fn is_connection_specific(name: &HeaderName) -> bool {
         || name.as_str() == "keep-alive"
         || name.as_str() == "proxy-connection"
 }
-
-/// The first DATA of a request up to this size goes upstream without waiting for the
-/// stream's window (see `relay::H2Upload`). Small (a gRPC call's message usually fits), as
-/// it is released to the client's window before h2 sent it: at most this much per stream
-/// (128 KiB per connection at the default `max_concurrent_streams`) waits in Weir beyond
-/// the client's windows.
-pub(crate) const EAGER_FIRST_PIECE: usize = 1024;
 
 /// The server's `content-length`, if it sent one.
 pub(crate) fn content_length(parts: &http::response::Parts) -> Option<u64> {

@@ -22,7 +22,7 @@ use crate::error::ProxyError;
 use crate::forward::body::BodyState;
 use crate::forward::relay::{relay, Broke, H2Upload, Http1Source, Peer};
 use crate::forward::request_head::HeadNames;
-use crate::forward::trailer::{self, connection_listed};
+use crate::forward::trailer::connection_listed;
 use crate::forward::Timeouts;
 
 /// The request body of one request, for every try.
@@ -81,8 +81,7 @@ impl RequestBody {
         body.whole = Some(Bytes::from(copy));
         body.skip += used;
         if !state.trailers().is_empty() {
-            let listed = listed();
-            state.drop_trailers(|name| trailer::listed_in(&listed, name));
+            state.drop_listed(&listed());
             body.trailers = Some(Bytes::copy_from_slice(state.trailers()));
         }
         Ok(body)
