@@ -85,13 +85,7 @@ pub(crate) fn record(
 ) {
     let (duration, bytes_in, bytes_out) = (done.duration, conn.bytes_in, conn.bytes_out);
     let config = &snapshot.config;
-    if let Err(failure) = &handled.result {
-        log_failure(
-            &failure.error,
-            &config.listeners[done.listener],
-            conn.ip.as_bytes(),
-        );
-    }
+    log_failure(&handled.result, &config.listeners[done.listener], conn.ip);
     // A response cut short after its head counts with the head's status, plus why.
     let aborted = match &handled.result {
         Err(f) if f.reached == Reached::Head => Some(AbortReason::of(f.error)),
@@ -175,12 +169,14 @@ pub(crate) fn default_reason(error: ProxyError) -> Option<DefaultReason> {
     }
 }
 
-/// Logs a failure of a request from `client` (its address as text), whatever protocol
-/// it came over.
-fn log_failure(error: &ProxyError, listener: &Listener, client: &[u8]) {
+/// Logs a request from `client` that failed, whatever protocol it came over.
+fn log_failure(result: &Result<bool, Failure>, listener: &Listener, client: &ClientIp) {
+    let Err(Failure { error, .. }) = result else {
+        return;
+    };
     match error.side() {
         crate::error::Side::Client => {
-            let client = String::from_utf8_lossy(client);
+            let client = String::from_utf8_lossy(client.as_bytes());
             tracing::debug!(listener = %listener.name, %client, %error, "client error")
         }
         // Upstream TLS: already logged where the handshake failed, naming the server.
