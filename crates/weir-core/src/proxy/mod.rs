@@ -11,7 +11,8 @@
 //!      side carries it, `forward::driver` tries the servers, `forward::head::Edits` edits
 //!      the head, `forward::relay` moves the body), or Weir's own answer, rendered by the
 //!      client adapter from one description (`answer`)
-//!   -> `record`: metrics and the access log -> keep-alive or close
+//!   -> `record`: metrics, the access log, a failure's line in the process log -> keep-alive
+//!      or close
 //! ```
 //! A failure nothing was sent for becomes `Answer::Error`, rendered by the adapter like
 //! any other answer (`http1::answer`, `http2::stream`'s). Each box exists once; a client
@@ -75,7 +76,8 @@ pub(crate) struct ClientSide<'a> {
     pub trace: Option<&'a crate::otel::RequestTrace>,
 }
 
-/// Counts one request in this worker's metric shard and writes its access-log line.
+/// Counts one request in this worker's metric shard, writes its access-log line, and logs
+/// it to the process log if it failed.
 pub(crate) fn record(
     worker: &Worker,
     snapshot: &Snapshot,
