@@ -235,7 +235,7 @@ fn an_access_log_that_cannot_be_opened_is_located_with_a_fix() {
 
 /// Was: a request that failed upstream was logged (`request failed`, naming the error) only
 /// when it came over HTTP/1.x; an HTTP/2 (or HTTP/3) client's got its 502 and left no line.
-/// Every protocol's requests are recorded in one place (`proxy::record`), which logs it.
+/// Every adapter now logs a failure where it becomes its answer (`proxy::log_failure`).
 #[test]
 fn an_upstream_failure_is_logged_for_an_http2_client_too() {
     let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

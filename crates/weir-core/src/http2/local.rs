@@ -15,6 +15,7 @@ use crate::answer::Answer;
 use crate::codec::http1::write::Persistence;
 use crate::codec::http1::{parse_response, ResponseHead};
 use crate::error::{reason_phrase, ProxyError};
+use crate::filters::forwarded::ClientIp;
 use crate::filters::headers::Vars;
 use crate::forward::{Failure, Reached};
 use crate::request::Trace;
@@ -42,17 +43,23 @@ pub(crate) async fn send_answer<R: ResponseStream>(
 /// Answers a failure nothing was sent for yet with its status (to a gRPC request, as a
 /// gRPC status, each write waiting at most the `listener`'s `stall_timeout`), or ends
 /// the stream with none when there is none to give or the client left (`499`). Returns
-/// the status the request counts with.
+/// the status the request counts with. Every failure of `client`'s is logged
+/// (`proxy::log_failure`), one cut short after its head too.
 pub(crate) async fn answer_failure<R: ResponseStream>(
     respond: &mut R,
     result: &Result<(), Failure>,
     listener: &weir_config::Listener,
+    client: &ClientIp,
     trace: &mut Trace,
 ) -> u16 {
     let failure = match result {
-        Err(f) if f.reached != Reached::Head => f,
-        _ => return trace.status,
+        Ok(()) => return trace.status,
+        Err(f) => f,
     };
+    crate::proxy::log_failure(failure, listener, client);
+    if failure.reached == Reached::Head {
+        return trace.status;
+    }
     let Some(status) = failure.error.status().filter(|_| !trace.reset) else {
         respond.cancel();
         return 499;

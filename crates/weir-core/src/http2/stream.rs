@@ -102,7 +102,7 @@ pub async fn serve(
         }
         Err(e) => Err(e.into()),
     };
-    let status = answer_failure(&mut respond, &result, listener, &mut log.trace).await;
+    let status = answer_failure(&mut respond, &result, listener, &shared.ip, &mut log.trace).await;
     let finished = Instant::now();
     if log.trace.reset {
         shared.reset_by_client();

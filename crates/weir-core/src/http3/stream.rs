@@ -113,7 +113,7 @@ pub(super) async fn serve(conn: Rc<Conn>, resolved: Resolved) {
     if matches!(&result, Err(f) if f.error == ProxyError::ClientClosed) {
         conn.reset_by_client();
     }
-    let status = answer_failure(&mut send, &result, listener, &mut log.trace).await;
+    let status = answer_failure(&mut send, &result, listener, at.ip, &mut log.trace).await;
     log.record(&at, result, status, Instant::now() - started);
     worker
         .h2_scratch

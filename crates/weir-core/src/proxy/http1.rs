@@ -288,6 +288,7 @@ async fn answer(
         Ok(keep_alive) => return (sent, *keep_alive),
         Err(failure) => failure,
     };
+    super::log_failure(failure, listener, &conn.ip);
     if failure.reached == Reached::Head {
         return (sent, false);
     }

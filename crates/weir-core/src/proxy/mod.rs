@@ -11,8 +11,7 @@
 //!      side carries it, `forward::driver` tries the servers, `forward::head::Edits` edits
 //!      the head, `forward::relay` moves the body), or Weir's own answer, rendered by the
 //!      client adapter from one description (`answer`)
-//!   -> `record`: metrics, the access log, a failure's line in the process log -> keep-alive
-//!      or close
+//!   -> `record`: metrics and the access log -> keep-alive or close
 //! ```
 //! A failure nothing was sent for becomes `Answer::Error`, rendered by the adapter like
 //! any other answer (`http1::answer`, `http2::stream`'s). Each box exists once; a client
@@ -76,8 +75,7 @@ pub(crate) struct ClientSide<'a> {
     pub trace: Option<&'a crate::otel::RequestTrace>,
 }
 
-/// Counts one request in this worker's metric shard, writes its access-log line, and logs
-/// it to the process log if it failed.
+/// Counts one request in this worker's metric shard and writes its access-log line.
 pub(crate) fn record(
     worker: &Worker,
     snapshot: &Snapshot,
@@ -86,8 +84,6 @@ pub(crate) fn record(
     done: &Done,
 ) {
     let (duration, bytes_in, bytes_out) = (done.duration, conn.bytes_in, conn.bytes_out);
-    let config = &snapshot.config;
-    log_failure(&handled.result, &config.listeners[done.listener], conn.ip);
     // A response cut short after its head counts with the head's status, plus why.
     let aborted = match &handled.result {
         Err(f) if f.reached == Reached::Head => Some(AbortReason::of(f.error)),
@@ -129,6 +125,7 @@ pub(crate) fn record(
         trace.finish(done.status, error);
     }
     if let Some(log) = worker.log(done.slot) {
+        let config = &snapshot.config;
         let route_name = handled.route.map_or("default", |r| {
             config.listeners[done.listener].routes[r].name.as_str()
         });
@@ -171,11 +168,11 @@ pub(crate) fn default_reason(error: ProxyError) -> Option<DefaultReason> {
     }
 }
 
-/// Logs a request from `client` that failed, whatever protocol it came over.
-fn log_failure(result: &Result<bool, Failure>, listener: &Listener, client: &ClientIp) {
-    let Err(Failure { error, .. }) = result else {
-        return;
-    };
+/// Logs a request from `client` that failed, whatever protocol it came over: called by
+/// each adapter where a failure becomes its answer (`http1::answer`,
+/// `http2::local::answer_failure`), which a request that did not fail never reaches.
+pub(crate) fn log_failure(failure: &Failure, listener: &Listener, client: &ClientIp) {
+    let error = &failure.error;
     match error.side() {
         crate::error::Side::Client => {
             let client = String::from_utf8_lossy(client.as_bytes());
