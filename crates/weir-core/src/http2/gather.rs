@@ -58,18 +58,24 @@ impl Gather {
         std::mem::take(&mut self.moved)
     }
 
-    /// Writes what is held, then flushes `io`, or shuts it down (`shutdown`).
+    /// Writes what is held, then flushes `io`.
     pub fn poll_flush<W: AsyncWrite + Unpin>(
         &mut self,
         io: &mut W,
         cx: &mut Context<'_>,
-        shutdown: bool,
     ) -> Poll<io::Result<()>> {
         ready!(self.poll_send(io, cx, &[]))?;
-        match shutdown {
-            true => Pin::new(io).poll_shutdown(cx),
-            false => Pin::new(io).poll_flush(cx),
-        }
+        Pin::new(io).poll_flush(cx)
+    }
+
+    /// Writes what is held, then shuts `io` down.
+    pub fn poll_shutdown<W: AsyncWrite + Unpin>(
+        &mut self,
+        io: &mut W,
+        cx: &mut Context<'_>,
+    ) -> Poll<io::Result<()>> {
+        ready!(self.poll_send(io, cx, &[]))?;
+        Pin::new(io).poll_shutdown(cx)
     }
 
     /// Writes what is held and as much of `data` as `io` takes in the same call. Returns
@@ -184,7 +190,7 @@ mod tests {
         write_all(&mut g, &mut io, &frames).await;
         assert_eq!(io.calls, 0, "the short write is held");
         write_all(&mut g, &mut io, &payload).await;
-        assert!(poll_fn(|cx| g.poll_flush(&mut io, cx, false)).await.is_ok());
+        assert!(poll_fn(|cx| g.poll_flush(&mut io, cx)).await.is_ok());
         assert_eq!(io.calls, 1, "one writev for both");
         assert_eq!(io.out, [frames, payload].concat());
     }
@@ -196,11 +202,11 @@ mod tests {
         for p in &pieces {
             write_all(&mut g, &mut io, p).await;
         }
-        assert!(poll_fn(|cx| g.poll_flush(&mut io, cx, false)).await.is_ok());
+        assert!(poll_fn(|cx| g.poll_flush(&mut io, cx)).await.is_ok());
         assert_eq!(io.out, pieces.concat());
         // 10 x 300 bytes fit in one gather; an empty flush writes nothing.
         assert_eq!(io.calls, 1);
-        assert!(poll_fn(|cx| g.poll_flush(&mut io, cx, false)).await.is_ok());
+        assert!(poll_fn(|cx| g.poll_flush(&mut io, cx)).await.is_ok());
         assert_eq!(io.calls, 1);
     }
 
@@ -213,8 +219,8 @@ mod tests {
             for piece in data.chunks(1500).chain(data.chunks(9000)) {
                 write_all(&mut g, &mut io, piece).await;
             }
-            assert!(poll_fn(|cx| g.poll_flush(&mut io, cx, false)).await.is_ok());
-            assert!(poll_fn(|cx| g.poll_flush(&mut io, cx, true)).await.is_ok());
+            assert!(poll_fn(|cx| g.poll_flush(&mut io, cx)).await.is_ok());
+            assert!(poll_fn(|cx| g.poll_shutdown(&mut io, cx)).await.is_ok());
             assert_eq!(io.out, [&data[..], &data[..]].concat(), "limit {limit}");
         }
     }
@@ -292,13 +298,13 @@ mod tests {
         fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
             let this = self.get_mut();
             let mut pipe = Pipe(&mut this.io, &this.writes);
-            this.gather.poll_flush(&mut pipe, cx, false)
+            this.gather.poll_flush(&mut pipe, cx)
         }
 
         fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
             let this = self.get_mut();
             let mut pipe = Pipe(&mut this.io, &this.writes);
-            this.gather.poll_flush(&mut pipe, cx, true)
+            this.gather.poll_shutdown(&mut pipe, cx)
         }
     }
 
@@ -383,7 +389,7 @@ mod tests {
         let (mut g, mut io) = (Gather::default(), Recorder::default());
         write_all(&mut g, &mut io, &[1; 100]).await;
         assert!(!g.take_moved(), "held, not sent");
-        assert!(poll_fn(|cx| g.poll_flush(&mut io, cx, false)).await.is_ok());
+        assert!(poll_fn(|cx| g.poll_flush(&mut io, cx)).await.is_ok());
         assert!(g.take_moved());
         assert!(!g.take_moved(), "asked once");
         write_all(&mut g, &mut io, &[2; 5000]).await;

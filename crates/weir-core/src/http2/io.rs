@@ -140,7 +140,7 @@ impl AsyncWrite for Prefixed {
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        let flushed = this.gather.poll_flush(&mut this.conn.stream, cx, false);
+        let flushed = this.gather.poll_flush(&mut this.conn.stream, cx);
         this.progress();
         match &flushed {
             Poll::Pending => this.waits(),
@@ -154,6 +154,6 @@ impl AsyncWrite for Prefixed {
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        this.gather.poll_flush(&mut this.conn.stream, cx, true)
+        this.gather.poll_shutdown(&mut this.conn.stream, cx)
     }
 }
